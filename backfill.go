@@ -1,0 +1,225 @@
+package backfill
+
+import (
+	"context"
+	"log/slog"
+	"time"
+)
+
+// Mode says how a [Target] identifies records and what a merge does with a
+// staged row whose business key is already present.
+type Mode string
+
+const (
+	// Upsert updates mutable records by business key: a staged row whose
+	// key exists replaces the target row when any non-key column differs
+	// (IS DISTINCT FROM, NULL-safe) and is left alone otherwise.
+	Upsert Mode = "upsert"
+)
+
+// DuplicatePolicy is the deterministic rule for business keys that occur
+// more than once in one chunk.
+type DuplicatePolicy string
+
+const (
+	// KeepLast keeps, per business key, the row written last by the
+	// extractor (highest row number) and counts the others as deduplicated.
+	// It is the default. Deterministic as long as the extractor writes a
+	// chunk's rows in a deterministic order.
+	KeepLast DuplicatePolicy = "keep_last"
+	// KeepFirst keeps the row written first and counts the others as
+	// deduplicated.
+	KeepFirst DuplicatePolicy = "keep_first"
+)
+
+// Target describes the table a job writes to and how records are
+// identified in it.
+type Target struct {
+	// Table is the target table, optionally schema-qualified
+	// ("sales.order_lines"). Each part is quoted as an identifier; do not
+	// quote it yourself.
+	Table string
+	// Key lists the business key columns. The table must have a unique
+	// index or constraint on exactly these columns (any order), otherwise
+	// [Merger.Prepare] returns [ErrNoUniqueKey]. Required.
+	Key []string
+	// Columns lists, in order, the columns the extractor writes with
+	// [RowWriter.Write]. It must include every Key column. Empty means all
+	// of the table's columns in table order, except generated and identity
+	// columns.
+	Columns []string
+	// Mode is the merge mode; empty means [Upsert].
+	Mode Mode
+	// Duplicates resolves business keys repeated inside one chunk; empty
+	// means [KeepLast].
+	Duplicates DuplicatePolicy
+}
+
+// Job is one backfill: what to read (Chunker + Extractor), where to write
+// (Target) and the lineage to record. A Job is frozen into a plan when a run
+// starts; running a Job of the same Name again resumes that plan.
+type Job struct {
+	// Name identifies the job. The same Name with the same plan resumes
+	// the latest incomplete run. Required.
+	Name string
+	// Source names the source system, recorded in the manifest as lineage.
+	Source string
+	// CodeVersion is the version of the transformation code (a commit
+	// hash, a release tag). It is part of the plan fingerprint.
+	CodeVersion string
+	// Chunker splits the scope into chunks. Required.
+	Chunker Chunker
+	// Extractor reads one chunk from the source. Required.
+	Extractor Extractor
+	// Target is the table to merge into. Required.
+	Target Target
+	// NewRun starts a new run (a new batch ID) even if an incomplete run
+	// of the same Name exists; that run is marked abandoned. Without it a
+	// changed plan is refused with [ErrPlanChanged], and a completed plan
+	// is not run again.
+	NewRun bool
+}
+
+// Extractor reads the source for one chunk. It is the part of a backfill
+// that host applications write.
+type Extractor interface {
+	// Extract streams the rows of chunk c into w. It must read exactly the
+	// half-open interval c describes, in a deterministic order, and may
+	// call w.Reject for rows it cannot convert. Extract runs inside the
+	// chunk's transaction; it may be called again for the same chunk after
+	// a failure (never after the chunk completed). It must honour ctx.
+	Extract(ctx context.Context, c Chunk, w RowWriter) error
+}
+
+// ExtractorFunc adapts a function to [Extractor].
+type ExtractorFunc func(ctx context.Context, c Chunk, w RowWriter) error
+
+// Extract calls f(ctx, c, w).
+func (f ExtractorFunc) Extract(ctx context.Context, c Chunk, w RowWriter) error { return f(ctx, c, w) }
+
+// RowWriter receives the rows of one chunk from an [Extractor]. It is not
+// safe for concurrent use and is invalid once Extract returns.
+type RowWriter interface {
+	// Write adds one row, values in [Target.Columns] order. A value that
+	// cannot be stored in its column (wrong type, NULL in a key or NOT NULL
+	// column, NUL byte or invalid UTF-8 in text, text longer than the
+	// column allows) does not fail the chunk: the row goes to the
+	// exception queue with a reason naming the column and value, and Write
+	// returns nil. Write returns an error only when the chunk cannot go on
+	// (the staging COPY failed, ctx is done, too many rejects); the
+	// extractor should then return it.
+	Write(ctx context.Context, values ...any) error
+	// Reject records a row the extractor could not convert. raw is stored
+	// as jsonb (any JSON-marshalable value; a value that cannot be
+	// marshalled is stored as its fmt %v text), column may be empty.
+	Reject(ctx context.Context, raw any, column, reason string) error
+}
+
+// Config configures a [Runner]. The zero value is valid: every field has a
+// default.
+type Config struct {
+	// Concurrency is how many chunks run at once, each in its own
+	// transaction on its own connection. Default 1.
+	Concurrency int
+	// MaxAttempts is how many times a chunk is tried before the run stops
+	// with it failed; only retryable errors ([IsRetryable]) are retried.
+	// Default 3.
+	MaxAttempts int
+	// RetryBackoff is the wait before the second attempt; it doubles with
+	// each further attempt. Default 100ms.
+	RetryBackoff time.Duration
+	// MaxRejectsPerChunk fails a chunk that rejects more rows than this;
+	// 0 means no limit. Rejected rows are held in memory until the chunk's
+	// staging COPY ends, so the limit also bounds that memory.
+	// Default 0 (unlimited).
+	MaxRejectsPerChunk int
+	// Manifest records runs and chunks. Default: [NewPGManifest] with
+	// schema "backfill".
+	Manifest Manifest
+	// Merger stages and merges rows. Default: [NewPGMerger].
+	Merger Merger
+	// Logger receives one record per chunk and run event. Nil discards.
+	Logger *slog.Logger
+	// Hooks observe chunk progress (for progress bars and metrics). Nil
+	// means none.
+	Hooks Hooks
+	// WorkerID names this process in the manifest (defaults to
+	// hostname:pid).
+	WorkerID string
+}
+
+// Hooks observe a run. Every method is called from the goroutine running
+// the chunk; implementations must be safe for concurrent use when
+// Concurrency > 1.
+type Hooks interface {
+	// ChunkDone is called after a chunk committed, with its counts.
+	ChunkDone(ctx context.Context, batchID int64, r ChunkResult)
+}
+
+// HooksFunc adapts a function to [Hooks].
+type HooksFunc func(ctx context.Context, batchID int64, r ChunkResult)
+
+// ChunkDone calls f.
+func (f HooksFunc) ChunkDone(ctx context.Context, batchID int64, r ChunkResult) { f(ctx, batchID, r) }
+
+// Counts are the row outcomes of a chunk or a run. For every chunk
+// Read == Inserted + Updated + Unchanged + Rejected + Deduplicated.
+type Counts struct {
+	// Read is every row the extractor passed to Write or Reject.
+	Read int64 `db:"rows_read" json:"read"`
+	// Inserted rows had a business key absent from the target.
+	Inserted int64 `db:"rows_inserted" json:"inserted"`
+	// Updated rows replaced a target row with different content.
+	Updated int64 `db:"rows_updated" json:"updated"`
+	// Unchanged rows matched a target row exactly and wrote nothing.
+	Unchanged int64 `db:"rows_unchanged" json:"unchanged"`
+	// Rejected rows went to the exception queue.
+	Rejected int64 `db:"rows_rejected" json:"rejected"`
+	// Deduplicated rows lost to another row of the same business key in
+	// the same chunk ([DuplicatePolicy]).
+	Deduplicated int64 `db:"rows_deduplicated" json:"deduplicated"`
+}
+
+// Balanced reports whether Read == Inserted + Updated + Unchanged +
+// Rejected + Deduplicated.
+func (c Counts) Balanced() bool {
+	return c.Read == c.Inserted+c.Updated+c.Unchanged+c.Rejected+c.Deduplicated
+}
+
+// Add returns c + o, field by field.
+func (c Counts) Add(o Counts) Counts {
+	return Counts{
+		Read: c.Read + o.Read, Inserted: c.Inserted + o.Inserted, Updated: c.Updated + o.Updated,
+		Unchanged: c.Unchanged + o.Unchanged, Rejected: c.Rejected + o.Rejected, Deduplicated: c.Deduplicated + o.Deduplicated,
+	}
+}
+
+// ChunkResult is what one completed chunk recorded in the manifest.
+type ChunkResult struct {
+	Chunk Chunk
+	Counts
+	// Attempt is the 1-based attempt that completed the chunk.
+	Attempt int
+	// StartedAt and FinishedAt bound the successful attempt.
+	StartedAt, FinishedAt time.Time
+}
+
+// Report summarises a run as recorded in the manifest.
+type Report struct {
+	// BatchID is the run's batch ID.
+	BatchID int64
+	// Job is the job name.
+	Job string
+	// Status is the run status after this call.
+	Status RunStatus
+	// Resumed is true when this call continued an existing run.
+	Resumed bool
+	// ChunksTotal is the number of chunks in the plan; ChunksDone how many
+	// are completed (by this call or earlier ones); ChunksRun how many this
+	// call completed.
+	ChunksTotal, ChunksDone, ChunksRun int
+	// Counts sums every completed chunk of the run (not only this call's).
+	Counts Counts
+	// Elapsed is the wall time of this call.
+	Elapsed time.Duration
+}

@@ -1,0 +1,123 @@
+package backfill
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/lib/pq"
+)
+
+var (
+	// ErrEmptyScope is returned by [Chunker.Chunks] when the scope holds no
+	// chunk (start not before end, an empty list).
+	ErrEmptyScope = errors.New("backfill: empty scope")
+	// ErrInvalidScope is returned by chunker constructors and
+	// [Chunker.Chunks] for bounds that cannot be chunked (a non-positive
+	// step, a nil location, duplicate list items).
+	ErrInvalidScope = errors.New("backfill: invalid scope")
+	// ErrPlanChanged is returned by [Runner.Run] when an incomplete run of
+	// the same job name exists with a different plan fingerprint and
+	// [Job.NewRun] is false. The error text says which fields changed.
+	ErrPlanChanged = errors.New("backfill: plan changed")
+	// ErrNoUniqueKey is returned by [Merger.Prepare] when the target has no
+	// unique index or constraint on exactly the business key columns.
+	ErrNoUniqueKey = errors.New("backfill: target has no unique index on the business key")
+	// ErrTargetNotFound is returned by [Merger.Prepare] when the target
+	// table or one of the named columns does not exist.
+	ErrTargetNotFound = errors.New("backfill: target not found")
+	// ErrAccounting is returned (wrapped in a [*ChunkError]) when a chunk's
+	// counts do not balance: read != inserted + updated + unchanged +
+	// rejected + deduplicated. The chunk is rolled back.
+	ErrAccounting = errors.New("backfill: row accounting does not balance")
+	// ErrInvalidConfig is returned by [New] and [Runner.Run] for a Config or
+	// Job that fails validation; the message names the field.
+	ErrInvalidConfig = errors.New("backfill: invalid configuration")
+	// ErrRowRejected is returned by conversions of a single value; it never
+	// fails a chunk by itself, the row goes to the exception queue.
+	ErrRowRejected = errors.New("backfill: row rejected")
+	// ErrTooManyRejects is returned (wrapped in a [*ChunkError]) when a
+	// chunk rejects more rows than [Config.MaxRejectsPerChunk].
+	ErrTooManyRejects = errors.New("backfill: too many rejected rows")
+	// ErrWriterClosed is returned by [RowWriter] methods called after the
+	// extractor returned.
+	ErrWriterClosed = errors.New("backfill: row writer used after extract returned")
+	// ErrRunNotFound is returned by [Manifest] lookups of an unknown batch.
+	ErrRunNotFound = errors.New("backfill: run not found")
+)
+
+// ChunkError says which chunk failed and why. It wraps the cause.
+type ChunkError struct {
+	// Chunk is the chunk that failed.
+	Chunk Chunk
+	// Attempt is the 1-based attempt that failed.
+	Attempt int
+	// Err is the cause.
+	Err error
+}
+
+func (e *ChunkError) Error() string {
+	return fmt.Sprintf("backfill: chunk %d %s (attempt %d): %v", e.Chunk.Seq, e.Chunk.ID, e.Attempt, e.Err)
+}
+
+func (e *ChunkError) Unwrap() error { return e.Err }
+
+// PartialError is returned by [Runner.Run] when some chunks completed
+// before a failure. Completed chunks stay completed (they are checkpointed);
+// running the same job again resumes with the first incomplete chunk.
+type PartialError struct {
+	// BatchID is the run's batch ID.
+	BatchID int64
+	// Done lists the IDs of chunks completed by this call, in completion order.
+	Done []string
+	// Failed is the first chunk failure; others are in Errs.
+	Failed *ChunkError
+	// Errs holds every chunk failure of this call.
+	Errs []error
+}
+
+func (e *PartialError) Error() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "backfill: batch %d partially completed: %d chunks done in this call, %d failed", e.BatchID, len(e.Done), len(e.Errs))
+	if e.Failed != nil {
+		fmt.Fprintf(&b, ": %v", e.Failed)
+	}
+	return b.String()
+}
+
+func (e *PartialError) Unwrap() []error { return e.Errs }
+
+// RowError describes one rejected value: the chunk, the 1-based row number
+// within the chunk, the column and the offending value.
+type RowError struct {
+	ChunkID string
+	Row     int64
+	Column  string
+	Value   string
+	Reason  string
+}
+
+func (e *RowError) Error() string {
+	return fmt.Sprintf("backfill: chunk %s row %d column %q value %q: %s", e.ChunkID, e.Row, e.Column, e.Value, e.Reason)
+}
+
+func (e *RowError) Unwrap() error { return ErrRowRejected }
+
+// IsRetryable reports whether err is a transient database failure for which
+// retrying the chunk can succeed: serialization failure (40001), deadlock
+// (40P01), lock not available (55P03), unique violation caused by a
+// concurrent insert of the same key (23505), statement or lock timeout
+// (57014 query_canceled is not retried: it is also what cancellation looks
+// like), and connection failures (class 08).
+// See https://www.postgresql.org/docs/15/errcodes-appendix.html.
+func IsRetryable(err error) bool {
+	var pe *pq.Error
+	if errors.As(err, &pe) {
+		switch pe.Code {
+		case "40001", "40P01", "55P03", "23505":
+			return true
+		}
+		return strings.HasPrefix(string(pe.Code), "08")
+	}
+	return false
+}

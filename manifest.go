@@ -1,0 +1,163 @@
+package backfill
+
+import (
+	"context"
+	"encoding/json"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+)
+
+// RunStatus is the state of a run (one batch) in the manifest.
+type RunStatus string
+
+const (
+	// RunRunning: chunks remain to be done; running the job resumes it.
+	RunRunning RunStatus = "running"
+	// RunCompleted: every chunk is done.
+	RunCompleted RunStatus = "completed"
+	// RunFailed: a chunk failed for good; running the job again retries
+	// the failed chunks and resumes.
+	RunFailed RunStatus = "failed"
+	// RunAbandoned: a newer run of the same job was started with
+	// [Job.NewRun]; this run will not be resumed. Its completed chunks
+	// stay in the target.
+	RunAbandoned RunStatus = "abandoned"
+)
+
+// ChunkStatus is the state of one chunk of a run.
+type ChunkStatus string
+
+const (
+	// ChunkPending: not yet completed (never tried, or a retryable attempt
+	// failed, or its worker crashed). Claimable.
+	ChunkPending ChunkStatus = "pending"
+	// ChunkDone: merged and checkpointed; never extracted again by this run.
+	ChunkDone ChunkStatus = "done"
+	// ChunkFailed: the last attempt failed for good; reset to pending when
+	// the run is resumed.
+	ChunkFailed ChunkStatus = "failed"
+)
+
+// Plan is a job frozen at the start of a run: scope, chunks, target and
+// code version. Its Fingerprint (hex SHA-256 of the canonical JSON of every
+// field but Chunks' Seq) decides whether a later call resumes the run.
+type Plan struct {
+	Job         string     `json:"job"`
+	Source      string     `json:"source"`
+	CodeVersion string     `json:"code_version"`
+	Scope       string     `json:"scope"`
+	Target      PlanTarget `json:"target"`
+	// ChunkIDs lists the chunk IDs in order; the chunks themselves are
+	// rows of the manifest.
+	ChunkIDs []string `json:"chunk_ids"`
+	// Chunks are the plan's chunks (not part of the JSON form).
+	Chunks []Chunk `json:"-"`
+	// Fingerprint is set by [NewPlan].
+	Fingerprint string `json:"-"`
+}
+
+// PlanTarget is the frozen description of a [Target].
+type PlanTarget struct {
+	Table      string          `json:"table"`
+	Key        []string        `json:"key"`
+	Columns    []string        `json:"columns"`
+	Mode       Mode            `json:"mode"`
+	Duplicates DuplicatePolicy `json:"duplicates"`
+}
+
+// Run is one run (one batch) as recorded in the manifest.
+type Run struct {
+	BatchID     int64           `db:"batch_id"`
+	Job         string          `db:"job_name"`
+	Source      string          `db:"source"`
+	CodeVersion string          `db:"code_version"`
+	Fingerprint string          `db:"plan_fingerprint"`
+	Plan        json.RawMessage `db:"plan"`
+	// ScopeLower and ScopeUpper are the bounds of the first and last chunk.
+	ScopeLower  string     `db:"scope_lower"`
+	ScopeUpper  string     `db:"scope_upper"`
+	Status      RunStatus  `db:"status"`
+	ChunksTotal int        `db:"chunks_total"`
+	Worker      string     `db:"started_by"`
+	CreatedAt   time.Time  `db:"created_at"`
+	FinishedAt  *time.Time `db:"finished_at"`
+	LastError   string     `db:"last_error"`
+}
+
+// ChunkState is one chunk of a run as recorded in the manifest.
+type ChunkState struct {
+	BatchID int64
+	Chunk   Chunk
+	Status  ChunkStatus
+	// Attempts counts failed attempts recorded with FailChunk, plus the
+	// completing one for done chunks. An attempt cut short by a crash
+	// leaves no trace (its transaction never committed).
+	Attempts int
+	Counts
+	StartedAt  *time.Time
+	FinishedAt *time.Time
+	LastError  string
+}
+
+// Exception is one row of the exception queue: a row that was not loaded,
+// with the reason.
+type Exception struct {
+	BatchID int64 `db:"batch_id" json:"batch_id"`
+	ChunkID string `db:"chunk_id" json:"chunk_id"`
+	// Row is the 1-based row number within the chunk, in extraction order.
+	Row int64 `db:"row_number" json:"row"`
+	// Raw is the row as JSON: an object of column name to value for rows
+	// given to Write, the extractor's value for rows given to Reject.
+	Raw json.RawMessage `db:"raw" json:"raw"`
+	// Column names the offending column ("" if none).
+	Column string `db:"column_name" json:"column"`
+	// Value is the offending value as text.
+	Value string `db:"value" json:"value"`
+	// Reason says why the row was not loaded.
+	Reason    string    `db:"reason" json:"reason"`
+	CreatedAt time.Time `db:"created_at" json:"created_at"`
+}
+
+// Manifest is the durable ledger of runs, chunks and the exception queue.
+//
+// Every method takes the executor to use: the Runner passes the chunk's
+// transaction to ClaimChunk and CompleteChunk so that the checkpoint
+// commits, or rolls back, with the merge. Implementations must be safe for
+// concurrent use by several goroutines and several processes.
+// [PGManifest] is the PostgreSQL implementation; backfilltest.Manifest the
+// in-memory fake; backfilltest.TestManifest the conformance suite.
+type Manifest interface {
+	// Init creates or upgrades the manifest's storage. Idempotent and safe
+	// to call concurrently.
+	Init(ctx context.Context, db sqlx.ExtContext) error
+	// StartRun finds the run of plan.Job to continue or creates a new one.
+	// An incomplete (running or failed) run with the same fingerprint is
+	// resumed (its failed chunks become pending again) and resumed is true.
+	// A completed run with the same fingerprint is returned as it is,
+	// resumed true, unless newRun. An incomplete run with another
+	// fingerprint gives [ErrPlanChanged] naming the changed fields, unless
+	// newRun, which marks it abandoned and creates a new run.
+	StartRun(ctx context.Context, db sqlx.ExtContext, plan Plan, worker string, newRun bool) (run Run, resumed bool, err error)
+	// ClaimChunk locks the lowest-Seq pending chunk of the batch that no
+	// other transaction holds (FOR UPDATE SKIP LOCKED) and returns it; ok is
+	// false when none is left. The lock lasts until tx ends: it is the
+	// chunk's lease, released by commit, rollback or the death of the
+	// connection, so a crashed worker never blocks a resume.
+	ClaimChunk(ctx context.Context, tx sqlx.ExtContext, batchID int64) (c ChunkState, ok bool, err error)
+	// CompleteChunk marks a claimed chunk done with its counts and appends
+	// its exceptions, in tx. It returns an error wrapping [ErrAccounting]
+	// if r does not balance.
+	CompleteChunk(ctx context.Context, tx sqlx.ExtContext, batchID int64, r ChunkResult, exceptions []Exception) error
+	// FailChunk records a failed attempt outside the chunk's (rolled back)
+	// transaction; final marks the chunk failed, otherwise it stays pending.
+	FailChunk(ctx context.Context, db sqlx.ExtContext, batchID int64, seq int, msg string, final bool) error
+	// FinishRun sets the run's status to completed when every chunk is
+	// done, or to failed with msg when failed is true; otherwise it leaves
+	// the run running. It returns the resulting run.
+	FinishRun(ctx context.Context, db sqlx.ExtContext, batchID int64, failed bool, msg string) (Run, error)
+	// Chunks returns the batch's chunks in Seq order.
+	Chunks(ctx context.Context, db sqlx.ExtContext, batchID int64) ([]ChunkState, error)
+	// Exceptions returns the batch's exception queue in (chunk Seq, Row) order.
+	Exceptions(ctx context.Context, db sqlx.ExtContext, batchID int64) ([]Exception, error)
+}

@@ -1,0 +1,74 @@
+package backfill
+
+import (
+	"context"
+
+	"github.com/jmoiron/sqlx"
+)
+
+// Column describes one column of a target as the merger found it.
+type Column struct {
+	// Name is the column name, unquoted.
+	Name string
+	// Type is the declared type as format_type prints it ("character
+	// varying(3)", "timestamp with time zone"); "" when unknown (fakes).
+	Type string
+	// BaseType is the type's name in pg_type ("varchar", "int8",
+	// "timestamptz"); "" when unknown, in which case values are passed
+	// through without conversion.
+	BaseType string
+	// MaxLen is the maximum length in characters of a varchar(n) or
+	// char(n) column, 0 for none.
+	MaxLen int
+	// NotNull is true for NOT NULL columns.
+	NotNull bool
+	// Key is true for business key columns.
+	Key bool
+}
+
+// TableInfo is a prepared target: the Target it came from and its columns
+// in [Target.Columns] order.
+type TableInfo struct {
+	Target  Target
+	Columns []Column
+}
+
+// MergeResult counts what a merge did with the staged rows.
+// Staged rows == Inserted + Updated + Unchanged + Deduplicated.
+type MergeResult struct {
+	Inserted, Updated, Unchanged, Deduplicated int64
+}
+
+// Merger loads a chunk's rows into staging and merges them into the target
+// by business key. [PGMerger] is the PostgreSQL implementation;
+// backfilltest.Merger the in-memory fake; backfilltest.TestMerger the
+// conformance suite.
+//
+// Methods take the executor per call; Stage and Merge receive the chunk's
+// transaction. Implementations must be safe for concurrent use on
+// different transactions.
+type Merger interface {
+	// Prepare checks the target once per run before any chunk: the table
+	// and columns exist ([ErrTargetNotFound]) and a unique index covers
+	// exactly the business key ([ErrNoUniqueKey]). It resolves empty
+	// Target.Columns and fills in the defaults of Mode and Duplicates.
+	Prepare(ctx context.Context, db sqlx.ExtContext, t Target) (TableInfo, error)
+	// Stage opens an empty staging area for one chunk in tx.
+	Stage(ctx context.Context, tx sqlx.ExtContext, info TableInfo) (Stager, error)
+	// Merge merges the chunk's staged rows into the target in tx and
+	// clears the staging area. Rows identical to the target write nothing.
+	// Repeated business keys are resolved by Target.Duplicates first.
+	Merge(ctx context.Context, tx sqlx.ExtContext, info TableInfo) (MergeResult, error)
+}
+
+// Stager receives the converted rows of one chunk. Not safe for concurrent
+// use.
+type Stager interface {
+	// Add stages one row: row is its 1-based number in the chunk (the
+	// order for [DuplicatePolicy]), values follow TableInfo.Columns and
+	// are already converted to the column types.
+	Add(ctx context.Context, row int64, values []any) error
+	// Close ends staging and returns the number of staged rows. It must be
+	// called once, before Merge, also after an Add error.
+	Close(ctx context.Context) (int64, error)
+}
