@@ -4,8 +4,15 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"slices"
+	"sync"
+	"time"
 
 	"github.com/jmoiron/sqlx"
+	"golang.org/x/sync/errgroup"
 )
 
 // DB is what a [Runner] needs from a database: an executor for
@@ -43,11 +50,12 @@ type Runner struct {
 	cfg Config
 }
 
-// New returns a Runner on a PostgreSQL database. cfg may be nil. It returns
-// an error wrapping [ErrInvalidConfig] naming a bad field.
+// New returns a Runner on a PostgreSQL database. cfg may be nil (all
+// defaults). It returns an error wrapping [ErrInvalidConfig] naming a bad
+// field.
 func New(db *sqlx.DB, cfg *Config) (*Runner, error) {
 	if db == nil {
-		return nil, errors.New("backfill: new: nil db")
+		return nil, fmt.Errorf("backfill: new: %w: nil db", ErrInvalidConfig)
 	}
 	return NewWithDB(Postgres(db), cfg)
 }
@@ -55,14 +63,420 @@ func New(db *sqlx.DB, cfg *Config) (*Runner, error) {
 // NewWithDB returns a Runner on any [DB], such as backfilltest.NewDB for
 // tests with fakes. cfg may be nil.
 func NewWithDB(db DB, cfg *Config) (*Runner, error) {
-	r := &Runner{db: db}
-	if cfg != nil {
-		r.cfg = *cfg
+	if db == nil {
+		return nil, fmt.Errorf("backfill: new: %w: nil db", ErrInvalidConfig)
 	}
-	return r, nil
+	var c Config
+	if cfg != nil {
+		c = *cfg
+	}
+	if err := c.validate(); err != nil {
+		return nil, err
+	}
+	c.Concurrency = cmpOr(c.Concurrency, 1)
+	c.MaxAttempts = cmpOr(c.MaxAttempts, 3)
+	c.RetryBackoff = cmpOr(c.RetryBackoff, 100*time.Millisecond)
+	if c.Manifest == nil {
+		c.Manifest = NewPGManifest("")
+	}
+	if c.Merger == nil {
+		c.Merger = NewPGMerger()
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.WorkerID == "" {
+		host, _ := os.Hostname()
+		c.WorkerID = fmt.Sprintf("%s:%d", host, os.Getpid())
+	}
+	return &Runner{db: db, cfg: c}, nil
 }
 
-// Run freezes job into a plan and runs its chunks until all are done.
+func (c *Config) validate() error {
+	switch {
+	case c.Concurrency < 0:
+		return fmt.Errorf("%w: Concurrency cannot be less than zero", ErrInvalidConfig)
+	case c.MaxAttempts < 0:
+		return fmt.Errorf("%w: MaxAttempts cannot be less than zero", ErrInvalidConfig)
+	case c.RetryBackoff < 0:
+		return fmt.Errorf("%w: RetryBackoff cannot be less than zero", ErrInvalidConfig)
+	case c.MaxRejectsPerChunk < 0:
+		return fmt.Errorf("%w: MaxRejectsPerChunk cannot be less than zero", ErrInvalidConfig)
+	}
+	return nil
+}
+
+func (t Target) validate() error {
+	if t.Table == "" {
+		return fmt.Errorf("%w: Target.Table is required", ErrInvalidConfig)
+	}
+	if len(t.Key) == 0 {
+		return fmt.Errorf("%w: Target.Key is required for table %q", ErrInvalidConfig, t.Table)
+	}
+	seen := map[string]bool{}
+	for _, c := range append(slices.Clone(t.Key), t.Columns...) {
+		if c == "" {
+			return fmt.Errorf("%w: empty column name in Target of %q", ErrInvalidConfig, t.Table)
+		}
+	}
+	for _, c := range t.Columns {
+		if seen[c] {
+			return fmt.Errorf("%w: column %q repeated in Target.Columns of %q", ErrInvalidConfig, c, t.Table)
+		}
+		seen[c] = true
+	}
+	switch t.Mode {
+	case "", Upsert:
+	default:
+		return fmt.Errorf("%w: Target.Mode %q is not supported", ErrInvalidConfig, t.Mode)
+	}
+	switch t.Duplicates {
+	case "", KeepLast, KeepFirst:
+	default:
+		return fmt.Errorf("%w: Target.Duplicates %q is not supported", ErrInvalidConfig, t.Duplicates)
+	}
+	return nil
+}
+
+func (j Job) validate() error {
+	switch {
+	case j.Name == "":
+		return fmt.Errorf("%w: Job.Name is required", ErrInvalidConfig)
+	case j.Chunker == nil:
+		return fmt.Errorf("%w: Job.Chunker is required (job %q)", ErrInvalidConfig, j.Name)
+	case j.Extractor == nil:
+		return fmt.Errorf("%w: Job.Extractor is required (job %q)", ErrInvalidConfig, j.Name)
+	}
+	return j.Target.validate()
+}
+
+// Run freezes job into a plan and runs its chunks until every chunk is
+// done, a chunk fails for good, or ctx is done.
+//
+// The first call creates a run (a batch ID) in the manifest. A later call
+// with the same job name and the same plan resumes it: completed chunks
+// are never extracted again, failed chunks are retried. A completed plan
+// is not run again (the Report says so) unless [Job.NewRun]. A changed plan
+// returns [ErrPlanChanged] unless [Job.NewRun].
+//
+// Each chunk runs in one transaction: claim, extract, COPY into staging,
+// merge, exception queue, checkpoint, commit. Retryable errors
+// ([IsRetryable]) are retried up to [Config.MaxAttempts] times. When a
+// chunk fails for good, Run stops claiming, waits for the chunks in
+// progress and returns a [*PartialError]; the run's status is failed.
+// When ctx is done, chunks in progress roll back and stay pending; the
+// returned *PartialError wraps ctx.Err() and the run stays resumable.
 func (r *Runner) Run(ctx context.Context, job Job) (Report, error) {
-	return Report{}, errors.New("backfill: not implemented")
+	begin := time.Now()
+	if err := job.validate(); err != nil {
+		return Report{}, err
+	}
+	m := r.cfg.Manifest
+	if err := m.Init(ctx, r.db); err != nil {
+		return Report{}, err
+	}
+	chunks, err := job.Chunker.Chunks(ctx)
+	if err != nil {
+		return Report{}, fmt.Errorf("backfill: job %q: chunks: %w", job.Name, err)
+	}
+	info, err := r.cfg.Merger.Prepare(ctx, r.db, job.Target)
+	if err != nil {
+		return Report{}, err
+	}
+	plan := NewPlan(job, info, chunks)
+	run, resumed, err := m.StartRun(ctx, r.db, plan, r.cfg.WorkerID, job.NewRun)
+	if err != nil {
+		return Report{}, err
+	}
+	log := r.cfg.Logger.With("job", job.Name, "batch_id", run.BatchID)
+	log.Info("backfill run", "resumed", resumed, "status", run.Status, "chunks", len(chunks), "fingerprint", plan.Fingerprint[:12])
+
+	ex := &execution{r: r, job: job, info: info, plan: plan, batchID: run.BatchID, log: log}
+	if run.Status != RunCompleted {
+		ex.work(ctx)
+	}
+	var runErr error
+	if len(ex.errs) > 0 {
+		runErr = &PartialError{BatchID: run.BatchID, Done: ex.done, Failed: ex.failed, Errs: ex.errs}
+	}
+	// Finish with a fresh context: a cancelled run still records its state.
+	fctx := context.WithoutCancel(ctx)
+	failed := ex.failed != nil
+	msg := ""
+	if failed {
+		msg = ex.failed.Error()
+	}
+	run, err = m.FinishRun(fctx, r.db, run.BatchID, failed, msg)
+	if err != nil {
+		return Report{}, errors.Join(runErr, err)
+	}
+	rep, err := r.report(fctx, run, resumed)
+	rep.ChunksRun = len(ex.done)
+	rep.Elapsed = time.Since(begin)
+	log.Info("backfill run ended", "status", rep.Status, "chunks_done", rep.ChunksDone, "chunks_total", rep.ChunksTotal,
+		"chunks_run", rep.ChunksRun, "rows_read", rep.Counts.Read, "elapsed", rep.Elapsed)
+	return rep, errors.Join(runErr, err)
+}
+
+func (r *Runner) report(ctx context.Context, run Run, resumed bool) (Report, error) {
+	rep := Report{BatchID: run.BatchID, Job: run.Job, Status: run.Status, Resumed: resumed, ChunksTotal: run.ChunksTotal}
+	states, err := r.cfg.Manifest.Chunks(ctx, r.db, run.BatchID)
+	if err != nil {
+		return rep, err
+	}
+	for _, s := range states {
+		if s.Status == ChunkDone {
+			rep.ChunksDone++
+			rep.Counts = rep.Counts.Add(s.Counts)
+		}
+	}
+	return rep, nil
+}
+
+// execution is one call of Run: the workers and what they did.
+type execution struct {
+	r       *Runner
+	job     Job
+	info    TableInfo
+	plan    Plan
+	batchID int64
+	log     *slog.Logger
+
+	mu     sync.Mutex
+	done   []string
+	errs   []error
+	failed *ChunkError
+	stop   bool
+}
+
+func (ex *execution) stopped() bool {
+	ex.mu.Lock()
+	defer ex.mu.Unlock()
+	return ex.stop
+}
+
+func (ex *execution) work(ctx context.Context) {
+	g, gctx := errgroup.WithContext(ctx)
+	for range ex.r.cfg.Concurrency {
+		g.Go(func() error {
+			for !ex.stopped() {
+				if gctx.Err() != nil {
+					ex.fail(nil, gctx.Err())
+					return nil
+				}
+				more := ex.next(gctx)
+				if !more {
+					return nil
+				}
+			}
+			return nil
+		})
+	}
+	_ = g.Wait()
+}
+
+func (ex *execution) fail(ce *ChunkError, err error) {
+	ex.mu.Lock()
+	defer ex.mu.Unlock()
+	ex.stop = true
+	if ce != nil {
+		if ex.failed == nil {
+			ex.failed = ce
+		}
+		ex.errs = append(ex.errs, ce)
+		return
+	}
+	if !slices.ContainsFunc(ex.errs, func(e error) bool { return errors.Is(e, err) }) {
+		ex.errs = append(ex.errs, err)
+	}
+}
+
+// next claims and runs one chunk; it returns false when no chunk is left
+// to claim.
+func (ex *execution) next(ctx context.Context) bool {
+	res, claimed, attempt, err := ex.runChunk(ctx)
+	if !claimed && err == nil {
+		return false
+	}
+	if err == nil {
+		ex.mu.Lock()
+		ex.done = append(ex.done, res.Chunk.ID)
+		ex.mu.Unlock()
+		ex.log.Info("chunk done", "seq", res.Chunk.Seq, "chunk", res.Chunk.ID, "read", res.Read, "inserted", res.Inserted,
+			"updated", res.Updated, "unchanged", res.Unchanged, "rejected", res.Rejected, "deduplicated", res.Deduplicated,
+			"duration", res.FinishedAt.Sub(res.StartedAt))
+		if h := ex.r.cfg.Hooks; h != nil {
+			h.ChunkDone(ctx, ex.batchID, res)
+		}
+		return true
+	}
+	if ctx.Err() != nil {
+		// Cancelled: the chunk rolled back and stays pending.
+		ex.fail(nil, ctx.Err())
+		return false
+	}
+	var ce *ChunkError
+	if !errors.As(err, &ce) {
+		ex.fail(nil, err)
+		return false
+	}
+	final := !IsRetryable(err) || attempt >= ex.r.cfg.MaxAttempts
+	ex.log.Warn("chunk failed", "seq", ce.Chunk.Seq, "chunk", ce.Chunk.ID, "attempt", attempt, "final", final, "error", err)
+	fctx := context.WithoutCancel(ctx)
+	if ferr := ex.r.cfg.Manifest.FailChunk(fctx, ex.r.db, ex.batchID, ce.Chunk.Seq, ce.Err.Error(), final); ferr != nil {
+		ex.fail(ce, ferr)
+		return false
+	}
+	if final {
+		ex.fail(ce, nil)
+		return false
+	}
+	backoff := ex.r.cfg.RetryBackoff << (attempt - 1)
+	select {
+	case <-ctx.Done():
+	case <-time.After(backoff):
+	}
+	return true
+}
+
+// runChunk claims the next chunk and runs it in one transaction. claimed
+// is false (with a nil error) when no chunk is left.
+func (ex *execution) runChunk(ctx context.Context) (res ChunkResult, claimed bool, attempt int, err error) {
+	r := ex.r
+	tx, err := r.db.Begin(ctx)
+	if err != nil {
+		return res, false, 0, fmt.Errorf("backfill: begin chunk transaction: %w", err)
+	}
+	committed := false
+	defer func() {
+		if !committed {
+			_ = tx.Rollback()
+		}
+	}()
+	st, ok, err := r.cfg.Manifest.ClaimChunk(ctx, tx, ex.batchID)
+	if err != nil || !ok {
+		return res, false, 0, err
+	}
+	attempt = st.Attempts + 1
+	if st.Chunk.Seq < 0 || st.Chunk.Seq >= len(ex.plan.Chunks) || ex.plan.Chunks[st.Chunk.Seq].ID != st.Chunk.ID {
+		return res, true, attempt, &ChunkError{Chunk: st.Chunk, Attempt: attempt, Err: fmt.Errorf("manifest chunk %d %q is not in the plan", st.Chunk.Seq, st.Chunk.ID)}
+	}
+	c := ex.plan.Chunks[st.Chunk.Seq]
+	chunkErr := func(err error) error { return &ChunkError{Chunk: c, Attempt: attempt, Err: err} }
+	started := time.Now()
+
+	stager, err := r.cfg.Merger.Stage(ctx, tx, ex.info)
+	if err != nil {
+		return res, true, attempt, chunkErr(err)
+	}
+	defer stager.Close()
+	w := newRowWriter(c, ex.info, stager, r.cfg.MaxRejectsPerChunk)
+	xerr := ex.job.Extractor.Extract(ctx, c, w)
+	w.closed = true
+	if w.err != nil {
+		return res, true, attempt, chunkErr(w.err)
+	}
+	if xerr != nil {
+		return res, true, attempt, chunkErr(fmt.Errorf("extract: %w", xerr))
+	}
+	mr, err := stager.Merge(ctx)
+	if err != nil {
+		return res, true, attempt, chunkErr(err)
+	}
+	res = ChunkResult{
+		Chunk: c, Attempt: attempt, StartedAt: started,
+		Counts: Counts{Read: w.read, Inserted: mr.Inserted, Updated: mr.Updated, Unchanged: mr.Unchanged,
+			Rejected: w.rejected, Deduplicated: mr.Deduplicated},
+	}
+	if !res.Balanced() {
+		return res, true, attempt, chunkErr(fmt.Errorf("%w: read %d != inserted %d + updated %d + unchanged %d + rejected %d + deduplicated %d",
+			ErrAccounting, res.Read, res.Inserted, res.Updated, res.Unchanged, res.Rejected, res.Deduplicated))
+	}
+	res.FinishedAt = time.Now()
+	for i := range w.exceptions {
+		w.exceptions[i].BatchID = ex.batchID
+	}
+	if err := r.cfg.Manifest.CompleteChunk(ctx, tx, ex.batchID, res, w.exceptions); err != nil {
+		return res, true, attempt, chunkErr(err)
+	}
+	if err := tx.Commit(); err != nil {
+		return res, true, attempt, chunkErr(fmt.Errorf("commit: %w", err))
+	}
+	committed = true
+	return res, true, attempt, nil
+}
+
+// rowWriter converts, stages and counts one chunk's rows.
+type rowWriter struct {
+	chunk      Chunk
+	info       TableInfo
+	names      []string
+	stager     Stager
+	maxRejects int
+	buf        []any
+
+	row, read, rejected int64
+	exceptions          []Exception
+	err                 error // sticky: staging failed, the chunk cannot go on
+	closed              bool
+}
+
+func newRowWriter(c Chunk, info TableInfo, st Stager, maxRejects int) *rowWriter {
+	names := make([]string, len(info.Columns))
+	for i, col := range info.Columns {
+		names[i] = col.Name
+	}
+	return &rowWriter{chunk: c, info: info, names: names, stager: st, maxRejects: maxRejects, buf: make([]any, len(info.Columns))}
+}
+
+func (w *rowWriter) Write(ctx context.Context, values ...any) error {
+	if w.closed {
+		return ErrWriterClosed
+	}
+	if w.err != nil {
+		return w.err
+	}
+	w.row++
+	w.read++
+	if len(values) != len(w.info.Columns) {
+		return w.reject(rawJSON(w.names, values, nil), "", fmt.Sprint(len(values)),
+			fmt.Sprintf("wrong number of values: got %d, want %d (%v)", len(values), len(w.info.Columns), w.names))
+	}
+	for i, col := range w.info.Columns {
+		v, reason := convertValue(col, values[i])
+		if reason != "" {
+			return w.reject(rawJSON(w.names, values, nil), col.Name, displayValue(values[i]), reason)
+		}
+		w.buf[i] = v
+	}
+	if err := w.stager.Add(ctx, w.row, w.buf); err != nil {
+		w.err = err
+		return err
+	}
+	return nil
+}
+
+func (w *rowWriter) Reject(ctx context.Context, raw any, column, reason string) error {
+	if w.closed {
+		return ErrWriterClosed
+	}
+	if w.err != nil {
+		return w.err
+	}
+	w.row++
+	w.read++
+	if reason == "" {
+		reason = "rejected by extractor"
+	}
+	return w.reject(rawJSON(nil, nil, raw), column, "", reason)
+}
+
+func (w *rowWriter) reject(raw []byte, column, value, reason string) error {
+	w.rejected++
+	w.exceptions = append(w.exceptions, Exception{ChunkID: w.chunk.ID, Row: w.row, Raw: raw, Column: column, Value: value, Reason: reason})
+	if w.maxRejects > 0 && w.rejected > int64(w.maxRejects) {
+		w.err = fmt.Errorf("%w: more than %d in chunk %s (last: row %d column %q: %s)", ErrTooManyRejects, w.maxRejects, w.chunk.ID, w.row, column, reason)
+		return w.err
+	}
+	return nil
 }

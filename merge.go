@@ -44,7 +44,7 @@ type MergeResult struct {
 // backfilltest.Merger the in-memory fake; backfilltest.TestMerger the
 // conformance suite.
 //
-// Methods take the executor per call; Stage and Merge receive the chunk's
+// Methods take the executor per call; Stage receives the chunk's
 // transaction. Implementations must be safe for concurrent use on
 // different transactions.
 type Merger interface {
@@ -53,22 +53,24 @@ type Merger interface {
 	// exactly the business key ([ErrNoUniqueKey]). It resolves empty
 	// Target.Columns and fills in the defaults of Mode and Duplicates.
 	Prepare(ctx context.Context, db sqlx.ExtContext, t Target) (TableInfo, error)
-	// Stage opens an empty staging area for one chunk in tx.
+	// Stage opens an empty staging area for one chunk in tx. The returned
+	// Stager is used by one goroutine and ends with Merge or Close.
 	Stage(ctx context.Context, tx sqlx.ExtContext, info TableInfo) (Stager, error)
-	// Merge merges the chunk's staged rows into the target in tx and
-	// clears the staging area. Rows identical to the target write nothing.
-	// Repeated business keys are resolved by Target.Duplicates first.
-	Merge(ctx context.Context, tx sqlx.ExtContext, info TableInfo) (MergeResult, error)
 }
 
-// Stager receives the converted rows of one chunk. Not safe for concurrent
-// use.
+// Stager holds one chunk's staged rows until they are merged. Not safe for
+// concurrent use.
 type Stager interface {
 	// Add stages one row: row is its 1-based number in the chunk (the
 	// order for [DuplicatePolicy]), values follow TableInfo.Columns and
-	// are already converted to the column types.
+	// are already converted to the column types. Key values are never nil.
 	Add(ctx context.Context, row int64, values []any) error
-	// Close ends staging and returns the number of staged rows. It must be
-	// called once, before Merge, also after an Add error.
-	Close(ctx context.Context) (int64, error)
+	// Merge ends staging and merges the staged rows into the target in the
+	// chunk's transaction. Rows identical to their target row write
+	// nothing. Repeated business keys are resolved by Target.Duplicates
+	// first. It may be called once.
+	Merge(ctx context.Context) (MergeResult, error)
+	// Close releases the stager's resources; it is safe after Merge and
+	// after errors, and idempotent.
+	Close() error
 }

@@ -1,0 +1,516 @@
+package backfill
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+	"github.com/lib/pq"
+
+	"github.com/pgbackfill/backfill/internal/sqlgen"
+)
+
+// PGManifest is the PostgreSQL [Manifest]. It keeps its tables in one
+// schema (default "backfill") of the target database, so that a chunk's
+// checkpoint commits in the same transaction as its merge. Tables: runs,
+// chunks, exceptions (the exception queue), events (the audit log) and
+// schema_migrations.
+type PGManifest struct {
+	schema string
+}
+
+var _ Manifest = (*PGManifest)(nil)
+
+// NewPGManifest returns a PostgreSQL manifest in schema ("" means
+// "backfill"). The schema is created by [PGManifest.Init].
+func NewPGManifest(schema string) *PGManifest {
+	if schema == "" {
+		schema = "backfill"
+	}
+	return &PGManifest{schema: schema}
+}
+
+// Schema returns the manifest's schema name, unquoted.
+func (m *PGManifest) Schema() string { return m.schema }
+
+// pgMigrations are the manifest's versioned migrations; "{s}" stands for
+// the quoted schema. Append only: a released migration never changes.
+var pgMigrations = []string{
+	// 1: runs, chunks, exception queue, audit log.
+	`
+CREATE TABLE {s}.runs (
+	batch_id         bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+	job_name         text NOT NULL,
+	source           text NOT NULL DEFAULT '',
+	code_version     text NOT NULL DEFAULT '',
+	plan_fingerprint text NOT NULL,
+	plan             jsonb NOT NULL,
+	scope            text NOT NULL,
+	scope_lower      text NOT NULL,
+	scope_upper      text NOT NULL,
+	status           text NOT NULL CHECK (status IN ('running', 'completed', 'failed', 'abandoned')),
+	chunks_total     int NOT NULL,
+	started_by       text NOT NULL DEFAULT '',
+	created_at       timestamptz NOT NULL DEFAULT now(),
+	updated_at       timestamptz NOT NULL DEFAULT now(),
+	finished_at      timestamptz,
+	last_error       text NOT NULL DEFAULT ''
+);
+CREATE UNIQUE INDEX runs_one_active_per_job ON {s}.runs (job_name) WHERE status IN ('running', 'failed');
+CREATE INDEX runs_job ON {s}.runs (job_name, batch_id DESC);
+
+CREATE TABLE {s}.chunks (
+	batch_id          bigint NOT NULL REFERENCES {s}.runs ON DELETE CASCADE,
+	seq               int NOT NULL,
+	chunk_id          text NOT NULL,
+	kind              text NOT NULL,
+	lower_bound       text NOT NULL,
+	upper_bound       text NOT NULL,
+	start_at          timestamptz,
+	end_at            timestamptz,
+	lo                bigint,
+	hi                bigint,
+	item              text,
+	status            text NOT NULL DEFAULT 'pending' CHECK (status IN ('pending', 'done', 'failed')),
+	attempts          int NOT NULL DEFAULT 0,
+	rows_read         bigint NOT NULL DEFAULT 0,
+	rows_inserted     bigint NOT NULL DEFAULT 0,
+	rows_updated      bigint NOT NULL DEFAULT 0,
+	rows_unchanged    bigint NOT NULL DEFAULT 0,
+	rows_rejected     bigint NOT NULL DEFAULT 0,
+	rows_deduplicated bigint NOT NULL DEFAULT 0,
+	started_at        timestamptz,
+	finished_at       timestamptz,
+	worker            text NOT NULL DEFAULT '',
+	last_error        text NOT NULL DEFAULT '',
+	PRIMARY KEY (batch_id, seq),
+	UNIQUE (batch_id, chunk_id),
+	CONSTRAINT chunk_rows_balance CHECK (rows_read = rows_inserted + rows_updated + rows_unchanged + rows_rejected + rows_deduplicated)
+);
+CREATE INDEX chunks_pending ON {s}.chunks (batch_id, seq) WHERE status = 'pending';
+
+CREATE TABLE {s}.exceptions (
+	id          bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+	batch_id    bigint NOT NULL REFERENCES {s}.runs ON DELETE CASCADE,
+	chunk_id    text NOT NULL,
+	row_number  bigint NOT NULL,
+	raw         jsonb,
+	column_name text NOT NULL DEFAULT '',
+	value       text NOT NULL DEFAULT '',
+	reason      text NOT NULL,
+	created_at  timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX exceptions_batch_chunk ON {s}.exceptions (batch_id, chunk_id, row_number);
+
+CREATE TABLE {s}.events (
+	id         bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+	batch_id   bigint REFERENCES {s}.runs ON DELETE CASCADE,
+	job_name   text NOT NULL,
+	kind       text NOT NULL,
+	actor      text NOT NULL DEFAULT '',
+	detail     jsonb NOT NULL DEFAULT '{}',
+	created_at timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX events_batch ON {s}.events (batch_id, id);
+`,
+}
+
+func (m *PGManifest) sql(q string) string {
+	return strings.ReplaceAll(q, "{s}", sqlgen.Ident(m.schema))
+}
+
+type txBeginner interface {
+	BeginTxx(ctx context.Context, opts *sql.TxOptions) (*sqlx.Tx, error)
+}
+
+// inTx runs f in a transaction: a new one when db can begin one
+// (*sqlx.DB), otherwise db itself, which must then be a transaction.
+func inTx(ctx context.Context, db sqlx.ExtContext, f func(tx sqlx.ExtContext) error) error {
+	b, ok := db.(txBeginner)
+	if !ok {
+		if pd, ok := db.(pgDB); ok {
+			b = pd.DB
+		}
+	}
+	if b == nil {
+		return f(db)
+	}
+	tx, err := b.BeginTxx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	if err := f(tx); err != nil {
+		_ = tx.Rollback()
+		return err
+	}
+	return tx.Commit()
+}
+
+// Init creates the schema and applies pending migrations in one
+// transaction, serialised by a transaction-level advisory lock
+// (pg_advisory_xact_lock, PostgreSQL docs 9.27.10) so concurrent callers
+// are safe. When db is a transaction the migration joins it.
+func (m *PGManifest) Init(ctx context.Context, db sqlx.ExtContext) error {
+	err := inTx(ctx, db, func(tx sqlx.ExtContext) error {
+		if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock(hashtextextended('backfill.migrate:' || $1, 0))`, m.schema); err != nil {
+			return err
+		}
+		if _, err := tx.ExecContext(ctx, m.sql(`CREATE SCHEMA IF NOT EXISTS {s}`)); err != nil {
+			return err
+		}
+		if _, err := tx.ExecContext(ctx, m.sql(`CREATE TABLE IF NOT EXISTS {s}.schema_migrations (
+			version int PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())`)); err != nil {
+			return err
+		}
+		var cur int
+		if err := sqlx.GetContext(ctx, tx, &cur, m.sql(`SELECT coalesce(max(version), 0) FROM {s}.schema_migrations`)); err != nil {
+			return err
+		}
+		if cur > len(pgMigrations) {
+			return fmt.Errorf("manifest schema %q is at version %d, newer than this library's %d", m.schema, cur, len(pgMigrations))
+		}
+		for v := cur + 1; v <= len(pgMigrations); v++ {
+			if _, err := tx.ExecContext(ctx, m.sql(pgMigrations[v-1])); err != nil {
+				return fmt.Errorf("migration %d: %w", v, err)
+			}
+			if _, err := tx.ExecContext(ctx, m.sql(`INSERT INTO {s}.schema_migrations (version) VALUES ($1)`), v); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("backfill: manifest init: %w", err)
+	}
+	return nil
+}
+
+const runColumns = `batch_id, job_name, source, code_version, plan_fingerprint, plan, scope_lower, scope_upper,
+	status, chunks_total, started_by, created_at, finished_at, last_error`
+
+// StartRun implements [Manifest.StartRun]. It serialises callers for the
+// same job with a transaction-level advisory lock on the job name.
+func (m *PGManifest) StartRun(ctx context.Context, db sqlx.ExtContext, plan Plan, worker string, newRun bool) (Run, bool, error) {
+	var (
+		run     Run
+		resumed bool
+	)
+	err := inTx(ctx, db, func(tx sqlx.ExtContext) error {
+		if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock(hashtextextended('backfill.job:' || $1, 0))`, plan.Job); err != nil {
+			return err
+		}
+		var last []Run
+		if err := sqlx.SelectContext(ctx, tx, &last, m.sql(`SELECT `+runColumns+` FROM {s}.runs
+			WHERE job_name = $1 AND status <> 'abandoned' ORDER BY batch_id DESC LIMIT 1 FOR UPDATE`), plan.Job); err != nil {
+			return err
+		}
+		if len(last) == 1 {
+			prev := last[0]
+			same := prev.Fingerprint == plan.Fingerprint
+			switch {
+			case same && !newRun:
+				if prev.Status != RunCompleted {
+					if _, err := tx.ExecContext(ctx, m.sql(`UPDATE {s}.chunks SET status = 'pending' WHERE batch_id = $1 AND status = 'failed'`), prev.BatchID); err != nil {
+						return err
+					}
+					if _, err := tx.ExecContext(ctx, m.sql(`UPDATE {s}.runs SET status = 'running', updated_at = now(), last_error = '' WHERE batch_id = $1`), prev.BatchID); err != nil {
+						return err
+					}
+					prev.Status = RunRunning
+					if err := m.event(ctx, tx, prev.BatchID, plan.Job, "run_resumed", worker, nil); err != nil {
+						return err
+					}
+				}
+				run, resumed = prev, true
+				return nil
+			case !same && !newRun:
+				var old Plan
+				if err := json.Unmarshal(prev.Plan, &old); err != nil {
+					return fmt.Errorf("decode plan of batch %d: %w", prev.BatchID, err)
+				}
+				old.Fingerprint = prev.Fingerprint
+				return planChangedError(plan.Job, prev.BatchID, old, plan)
+			}
+			if prev.Status != RunCompleted {
+				if _, err := tx.ExecContext(ctx, m.sql(`UPDATE {s}.runs SET status = 'abandoned', updated_at = now() WHERE batch_id = $1`), prev.BatchID); err != nil {
+					return err
+				}
+				if err := m.event(ctx, tx, prev.BatchID, plan.Job, "run_abandoned", worker, map[string]any{"reason": "new run requested"}); err != nil {
+					return err
+				}
+			}
+		}
+		var err error
+		run, err = m.createRun(ctx, tx, plan, worker)
+		return err
+	})
+	if err != nil {
+		return Run{}, false, fmt.Errorf("backfill: start run of job %q: %w", plan.Job, err)
+	}
+	return run, resumed, nil
+}
+
+func (m *PGManifest) createRun(ctx context.Context, tx sqlx.ExtContext, plan Plan, worker string) (Run, error) {
+	pj, err := json.Marshal(plan)
+	if err != nil {
+		return Run{}, err
+	}
+	var lower, upper string
+	if n := len(plan.Chunks); n > 0 {
+		lower, _ = plan.Chunks[0].Bounds()
+		_, upper = plan.Chunks[n-1].Bounds()
+		if plan.Chunks[n-1].Kind == KindList {
+			upper = plan.Chunks[n-1].Item
+		}
+	}
+	var run Run
+	err = sqlx.GetContext(ctx, tx, &run, m.sql(`INSERT INTO {s}.runs
+		(job_name, source, code_version, plan_fingerprint, plan, scope, scope_lower, scope_upper, status, chunks_total, started_by)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'running', $9, $10) RETURNING `+runColumns),
+		plan.Job, plan.Source, plan.CodeVersion, plan.Fingerprint, string(pj), plan.Scope, lower, upper, len(plan.Chunks), worker)
+	if err != nil {
+		return Run{}, err
+	}
+	n := len(plan.Chunks)
+	seqs := make([]int64, n)
+	ids, kinds, lows, ups, items := make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]sql.NullString, n)
+	starts, ends := make([]sql.NullString, n), make([]sql.NullString, n)
+	los, his := make([]sql.NullInt64, n), make([]sql.NullInt64, n)
+	for i, c := range plan.Chunks {
+		seqs[i], ids[i], kinds[i] = int64(c.Seq), c.ID, string(c.Kind)
+		lows[i], ups[i] = c.Bounds()
+		switch c.Kind {
+		case KindTime:
+			starts[i] = sql.NullString{String: c.Start.Format(time.RFC3339Nano), Valid: true}
+			ends[i] = sql.NullString{String: c.End.Format(time.RFC3339Nano), Valid: true}
+		case KindInt:
+			los[i] = sql.NullInt64{Int64: c.Lo, Valid: true}
+			his[i] = sql.NullInt64{Int64: c.Hi, Valid: true}
+		case KindList:
+			items[i] = sql.NullString{String: c.Item, Valid: true}
+		}
+	}
+	_, err = tx.ExecContext(ctx, m.sql(`INSERT INTO {s}.chunks
+		(batch_id, seq, chunk_id, kind, lower_bound, upper_bound, start_at, end_at, lo, hi, item)
+		SELECT $1, u.* FROM unnest($2::int[], $3::text[], $4::text[], $5::text[], $6::text[],
+			$7::timestamptz[], $8::timestamptz[], $9::bigint[], $10::bigint[], $11::text[]) AS u`),
+		run.BatchID, pq.Array(seqs), pq.Array(ids), pq.Array(kinds), pq.Array(lows), pq.Array(ups),
+		pq.Array(starts), pq.Array(ends), pq.Array(los), pq.Array(his), pq.Array(items))
+	if err != nil {
+		return Run{}, fmt.Errorf("insert chunks: %w", err)
+	}
+	if err := m.event(ctx, tx, run.BatchID, plan.Job, "run_started", worker, map[string]any{"fingerprint": plan.Fingerprint, "chunks": n}); err != nil {
+		return Run{}, err
+	}
+	return run, nil
+}
+
+func (m *PGManifest) event(ctx context.Context, tx sqlx.ExtContext, batchID int64, job, kind, actor string, detail map[string]any) error {
+	if detail == nil {
+		detail = map[string]any{}
+	}
+	b, err := json.Marshal(detail)
+	if err != nil {
+		return err
+	}
+	_, err = tx.ExecContext(ctx, m.sql(`INSERT INTO {s}.events (batch_id, job_name, kind, actor, detail) VALUES ($1, $2, $3, $4, $5)`),
+		batchID, job, kind, actor, string(b))
+	return err
+}
+
+type pgChunkRow struct {
+	BatchID    int64          `db:"batch_id"`
+	Seq        int            `db:"seq"`
+	ChunkID    string         `db:"chunk_id"`
+	Kind       string         `db:"kind"`
+	StartAt    *time.Time     `db:"start_at"`
+	EndAt      *time.Time     `db:"end_at"`
+	Lo         sql.NullInt64  `db:"lo"`
+	Hi         sql.NullInt64  `db:"hi"`
+	Item       sql.NullString `db:"item"`
+	Status     string         `db:"status"`
+	Attempts   int            `db:"attempts"`
+	StartedAt  *time.Time     `db:"started_at"`
+	FinishedAt *time.Time     `db:"finished_at"`
+	LastError  string         `db:"last_error"`
+	Counts
+}
+
+const chunkColumns = `batch_id, seq, chunk_id, kind, start_at, end_at, lo, hi, item, status, attempts,
+	rows_read, rows_inserted, rows_updated, rows_unchanged, rows_rejected, rows_deduplicated,
+	started_at, finished_at, last_error`
+
+func (r pgChunkRow) state() ChunkState {
+	c := Chunk{ID: r.ChunkID, Seq: r.Seq, Kind: ChunkKind(r.Kind), Lo: r.Lo.Int64, Hi: r.Hi.Int64, Item: r.Item.String}
+	if r.StartAt != nil {
+		c.Start = *r.StartAt
+	}
+	if r.EndAt != nil {
+		c.End = *r.EndAt
+	}
+	return ChunkState{BatchID: r.BatchID, Chunk: c, Status: ChunkStatus(r.Status), Attempts: r.Attempts, Counts: r.Counts,
+		StartedAt: r.StartedAt, FinishedAt: r.FinishedAt, LastError: r.LastError}
+}
+
+// ClaimChunk implements [Manifest.ClaimChunk] with SELECT ... FOR UPDATE
+// SKIP LOCKED (PostgreSQL docs, SELECT, "The Locking Clause").
+func (m *PGManifest) ClaimChunk(ctx context.Context, tx sqlx.ExtContext, batchID int64) (ChunkState, bool, error) {
+	var rows []pgChunkRow
+	err := sqlx.SelectContext(ctx, tx, &rows, m.sql(`SELECT `+chunkColumns+` FROM {s}.chunks
+		WHERE batch_id = $1 AND status = 'pending' ORDER BY seq LIMIT 1 FOR UPDATE SKIP LOCKED`), batchID)
+	if err != nil {
+		return ChunkState{}, false, fmt.Errorf("backfill: claim chunk of batch %d: %w", batchID, err)
+	}
+	if len(rows) == 0 {
+		return ChunkState{}, false, nil
+	}
+	return rows[0].state(), true, nil
+}
+
+// CompleteChunk implements [Manifest.CompleteChunk]. The chunk must be
+// pending (claimed in tx); otherwise it returns an error and the caller
+// must roll back.
+func (m *PGManifest) CompleteChunk(ctx context.Context, tx sqlx.ExtContext, batchID int64, r ChunkResult, exceptions []Exception) error {
+	if !r.Balanced() {
+		return fmt.Errorf("backfill: complete chunk %s: %w: %+v", r.Chunk.ID, ErrAccounting, r.Counts)
+	}
+	if err := m.addExceptions(ctx, tx, batchID, r.Chunk.ID, exceptions); err != nil {
+		return fmt.Errorf("backfill: complete chunk %s: exceptions: %w", r.Chunk.ID, err)
+	}
+	res, err := tx.ExecContext(ctx, m.sql(`UPDATE {s}.chunks SET status = 'done', attempts = attempts + 1,
+		rows_read = $3, rows_inserted = $4, rows_updated = $5, rows_unchanged = $6, rows_rejected = $7, rows_deduplicated = $8,
+		started_at = $9, finished_at = $10, last_error = ''
+		WHERE batch_id = $1 AND seq = $2 AND status = 'pending'`),
+		batchID, r.Chunk.Seq, r.Read, r.Inserted, r.Updated, r.Unchanged, r.Rejected, r.Deduplicated, r.StartedAt, r.FinishedAt)
+	if err != nil {
+		return fmt.Errorf("backfill: complete chunk %s: %w", r.Chunk.ID, err)
+	}
+	if n, _ := res.RowsAffected(); n != 1 {
+		return fmt.Errorf("backfill: complete chunk %s of batch %d: chunk is not pending (completed by another worker?)", r.Chunk.ID, batchID)
+	}
+	return nil
+}
+
+func (m *PGManifest) addExceptions(ctx context.Context, tx sqlx.ExtContext, batchID int64, chunkID string, ex []Exception) error {
+	const batch = 5000
+	for len(ex) > 0 {
+		part := ex[:min(batch, len(ex))]
+		ex = ex[len(part):]
+		rowsN := make([]int64, len(part))
+		raws := make([]sql.NullString, len(part))
+		cols, vals, reasons := make([]string, len(part)), make([]string, len(part)), make([]string, len(part))
+		for i, e := range part {
+			rowsN[i], cols[i], vals[i], reasons[i] = e.Row, e.Column, e.Value, e.Reason
+			if len(e.Raw) > 0 {
+				raws[i] = sql.NullString{String: string(e.Raw), Valid: true}
+			}
+		}
+		_, err := tx.ExecContext(ctx, m.sql(`INSERT INTO {s}.exceptions (batch_id, chunk_id, row_number, raw, column_name, value, reason)
+			SELECT $1, $2, u.* FROM unnest($3::bigint[], $4::jsonb[], $5::text[], $6::text[], $7::text[]) AS u`),
+			batchID, chunkID, pq.Array(rowsN), pq.Array(raws), pq.Array(cols), pq.Array(vals), pq.Array(reasons))
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// FailChunk implements [Manifest.FailChunk].
+func (m *PGManifest) FailChunk(ctx context.Context, db sqlx.ExtContext, batchID int64, seq int, msg string, final bool) error {
+	status := ChunkPending
+	if final {
+		status = ChunkFailed
+	}
+	_, err := db.ExecContext(ctx, m.sql(`UPDATE {s}.chunks SET attempts = attempts + 1, last_error = $3, status = $4
+		WHERE batch_id = $1 AND seq = $2 AND status <> 'done'`), batchID, seq, msg, string(status))
+	if err != nil {
+		return fmt.Errorf("backfill: record failure of chunk %d of batch %d: %w", seq, batchID, err)
+	}
+	return nil
+}
+
+// FinishRun implements [Manifest.FinishRun].
+func (m *PGManifest) FinishRun(ctx context.Context, db sqlx.ExtContext, batchID int64, failed bool, msg string) (Run, error) {
+	var run Run
+	err := inTx(ctx, db, func(tx sqlx.ExtContext) error {
+		var runs []Run
+		if err := sqlx.SelectContext(ctx, tx, &runs, m.sql(`SELECT `+runColumns+` FROM {s}.runs WHERE batch_id = $1 FOR UPDATE`), batchID); err != nil {
+			return err
+		}
+		if len(runs) == 0 {
+			return fmt.Errorf("batch %d: %w", batchID, ErrRunNotFound)
+		}
+		run = runs[0]
+		if run.Status == RunCompleted || run.Status == RunAbandoned {
+			return nil
+		}
+		var open int
+		if err := sqlx.GetContext(ctx, tx, &open, m.sql(`SELECT count(*) FROM {s}.chunks WHERE batch_id = $1 AND status <> 'done'`), batchID); err != nil {
+			return err
+		}
+		var status RunStatus
+		switch {
+		case open == 0:
+			status = RunCompleted
+		case failed:
+			status = RunFailed
+		default:
+			return nil
+		}
+		err := sqlx.GetContext(ctx, tx, &run, m.sql(`UPDATE {s}.runs SET status = $2, last_error = $3, updated_at = now(),
+			finished_at = CASE WHEN $2 = 'completed' THEN now() END WHERE batch_id = $1 RETURNING `+runColumns), batchID, string(status), msg)
+		if err != nil {
+			return err
+		}
+		return m.event(ctx, tx, batchID, run.Job, "run_"+string(status), "", map[string]any{"error": msg})
+	})
+	if err != nil {
+		return Run{}, fmt.Errorf("backfill: finish run %d: %w", batchID, err)
+	}
+	return run, nil
+}
+
+// Chunks implements [Manifest.Chunks].
+func (m *PGManifest) Chunks(ctx context.Context, db sqlx.ExtContext, batchID int64) ([]ChunkState, error) {
+	var rows []pgChunkRow
+	if err := sqlx.SelectContext(ctx, db, &rows, m.sql(`SELECT `+chunkColumns+` FROM {s}.chunks WHERE batch_id = $1 ORDER BY seq`), batchID); err != nil {
+		return nil, fmt.Errorf("backfill: chunks of batch %d: %w", batchID, err)
+	}
+	out := make([]ChunkState, len(rows))
+	for i, r := range rows {
+		out[i] = r.state()
+	}
+	return out, nil
+}
+
+// Exceptions implements [Manifest.Exceptions].
+func (m *PGManifest) Exceptions(ctx context.Context, db sqlx.ExtContext, batchID int64) ([]Exception, error) {
+	var out []Exception
+	err := sqlx.SelectContext(ctx, db, &out, m.sql(`SELECT e.batch_id, e.chunk_id, e.row_number, coalesce(e.raw::text, '') AS raw,
+		e.column_name, e.value, e.reason, e.created_at
+		FROM {s}.exceptions e JOIN {s}.chunks c ON c.batch_id = e.batch_id AND c.chunk_id = e.chunk_id
+		WHERE e.batch_id = $1 ORDER BY c.seq, e.row_number, e.id`), batchID)
+	if err != nil {
+		return nil, fmt.Errorf("backfill: exceptions of batch %d: %w", batchID, err)
+	}
+	return out, nil
+}
+
+// Run returns the run with batchID, or an error wrapping [ErrRunNotFound].
+func (m *PGManifest) Run(ctx context.Context, db sqlx.ExtContext, batchID int64) (Run, error) {
+	var runs []Run
+	if err := sqlx.SelectContext(ctx, db, &runs, m.sql(`SELECT `+runColumns+` FROM {s}.runs WHERE batch_id = $1`), batchID); err != nil {
+		return Run{}, fmt.Errorf("backfill: run %d: %w", batchID, err)
+	}
+	if len(runs) == 0 {
+		return Run{}, fmt.Errorf("backfill: run %d: %w", batchID, ErrRunNotFound)
+	}
+	return runs[0], nil
+}
+
+var errNotTx = errors.New("backfill: executor is not a transaction")

@@ -1,0 +1,89 @@
+package backfill
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"slices"
+)
+
+// NewPlan freezes a prepared job into a [Plan] with its fingerprint. info
+// is the target as [Merger.Prepare] resolved it; chunks come from the
+// job's Chunker.
+func NewPlan(job Job, info TableInfo, chunks []Chunk) Plan {
+	cols := make([]string, len(info.Columns))
+	for i, c := range info.Columns {
+		cols[i] = c.Name
+	}
+	ids := make([]string, len(chunks))
+	for i, c := range chunks {
+		ids[i] = c.ID
+	}
+	p := Plan{
+		Job:         job.Name,
+		Source:      job.Source,
+		CodeVersion: job.CodeVersion,
+		Scope:       job.Chunker.Scope(),
+		Target: PlanTarget{
+			Table:      info.Target.Table,
+			Key:        slices.Clone(info.Target.Key),
+			Columns:    cols,
+			Mode:       info.Target.Mode,
+			Duplicates: info.Target.Duplicates,
+		},
+		ChunkIDs: ids,
+		Chunks:   chunks,
+	}
+	p.Fingerprint = p.fingerprint()
+	return p
+}
+
+func (p Plan) fingerprint() string {
+	b, err := json.Marshal(p)
+	if err != nil { // only plain strings and slices: cannot happen
+		panic(err)
+	}
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:])
+}
+
+// PlanDiff lists, in a stable order, the fields in which plan b differs
+// from plan a, each as `field: "old" -> "new"`. It is what [ErrPlanChanged]
+// messages show.
+func PlanDiff(a, b Plan) []string {
+	var d []string
+	add := func(field string, x, y any) {
+		xs, ys := fmt.Sprint(x), fmt.Sprint(y)
+		if xs != ys {
+			d = append(d, fmt.Sprintf("%s: %q -> %q", field, xs, ys))
+		}
+	}
+	add("source", a.Source, b.Source)
+	add("code_version", a.CodeVersion, b.CodeVersion)
+	add("scope", a.Scope, b.Scope)
+	add("target.table", a.Target.Table, b.Target.Table)
+	add("target.key", a.Target.Key, b.Target.Key)
+	add("target.columns", a.Target.Columns, b.Target.Columns)
+	add("target.mode", a.Target.Mode, b.Target.Mode)
+	add("target.duplicates", a.Target.Duplicates, b.Target.Duplicates)
+	if !slices.Equal(a.ChunkIDs, b.ChunkIDs) {
+		msg := fmt.Sprintf("chunks: %d -> %d", len(a.ChunkIDs), len(b.ChunkIDs))
+		for i := 0; i < min(len(a.ChunkIDs), len(b.ChunkIDs)); i++ {
+			if a.ChunkIDs[i] != b.ChunkIDs[i] {
+				msg += fmt.Sprintf(", first difference at seq %d: %q -> %q", i, a.ChunkIDs[i], b.ChunkIDs[i])
+				break
+			}
+		}
+		d = append(d, msg)
+	}
+	return d
+}
+
+func planChangedError(job string, batchID int64, old, cur Plan) error {
+	diff := PlanDiff(old, cur)
+	if len(diff) == 0 {
+		diff = []string{"fingerprint: " + old.Fingerprint + " -> " + cur.Fingerprint}
+	}
+	return fmt.Errorf("%w: job %q batch %d was planned differently (%v); set Job.NewRun to start a new run", ErrPlanChanged, job, batchID, diff)
+}
