@@ -3,10 +3,11 @@ module github.com/pgbackfill/backfill
 go 1.26.0
 
 require (
-	github.com/google/go-cmp v0.7.0 // indirect
-	github.com/jmoiron/sqlx v1.4.0 // indirect
-	github.com/lib/pq v1.12.3 // indirect
-	github.com/stretchr/testify v1.12.1 // indirect
-	golang.org/x/sync v0.25.0 // indirect
-	pgregory.net/rapid v1.3.0 // indirect
+	github.com/google/go-cmp v0.7.0
+	github.com/jmoiron/sqlx v1.4.0
+	github.com/lib/pq v1.12.3
+	github.com/stretchr/testify v1.12.1
+	golang.org/x/sync v0.25.0
 )
+
+require go.yaml.in/yaml/v3 v3.0.5 // indirect

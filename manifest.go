@@ -103,7 +103,7 @@ type ChunkState struct {
 // Exception is one row of the exception queue: a row that was not loaded,
 // with the reason.
 type Exception struct {
-	BatchID int64 `db:"batch_id" json:"batch_id"`
+	BatchID int64  `db:"batch_id" json:"batch_id"`
 	ChunkID string `db:"chunk_id" json:"chunk_id"`
 	// Row is the 1-based row number within the chunk, in extraction order.
 	Row int64 `db:"row_number" json:"row"`

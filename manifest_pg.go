@@ -490,13 +490,23 @@ func (m *PGManifest) Chunks(ctx context.Context, db sqlx.ExtContext, batchID int
 
 // Exceptions implements [Manifest.Exceptions].
 func (m *PGManifest) Exceptions(ctx context.Context, db sqlx.ExtContext, batchID int64) ([]Exception, error) {
-	var out []Exception
-	err := sqlx.SelectContext(ctx, db, &out, m.sql(`SELECT e.batch_id, e.chunk_id, e.row_number, coalesce(e.raw::text, '') AS raw,
+	var rows []struct {
+		Exception
+		RawText sql.NullString `db:"raw_text"`
+	}
+	err := sqlx.SelectContext(ctx, db, &rows, m.sql(`SELECT e.batch_id, e.chunk_id, e.row_number, e.raw::text AS raw_text,
 		e.column_name, e.value, e.reason, e.created_at
 		FROM {s}.exceptions e JOIN {s}.chunks c ON c.batch_id = e.batch_id AND c.chunk_id = e.chunk_id
 		WHERE e.batch_id = $1 ORDER BY c.seq, e.row_number, e.id`), batchID)
 	if err != nil {
 		return nil, fmt.Errorf("backfill: exceptions of batch %d: %w", batchID, err)
+	}
+	out := make([]Exception, len(rows))
+	for i, r := range rows {
+		out[i] = r.Exception
+		if r.RawText.Valid {
+			out[i].Raw = json.RawMessage(r.RawText.String)
+		}
 	}
 	return out, nil
 }
