@@ -1,0 +1,331 @@
+package backfilltest
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgbackfill/backfill"
+)
+
+// TestManifest is the conformance suite of [backfill.Manifest]. newManifest
+// returns a fresh, empty manifest and the database it lives in; it is
+// called once per subtest. Both [Manifest] and [backfill.PGManifest] pass
+// it; run it against your own implementation too.
+func TestManifest(t *testing.T, newManifest func(t *testing.T) (backfill.Manifest, backfill.DB)) {
+	t.Helper()
+	ctx := context.Background()
+	plan := func(t *testing.T, job string, version string, hi int64) backfill.Plan {
+		t.Helper()
+		ch := backfill.IntRange(0, hi, 10)
+		chunks, err := ch.Chunks(ctx)
+		require.NoError(t, err)
+		info := backfill.TableInfo{Target: backfill.Target{Table: "t", Key: []string{"id"}, Mode: backfill.Upsert, Duplicates: backfill.KeepLast},
+			Columns: []backfill.Column{{Name: "id", Key: true}, {Name: "v"}}}
+		return backfill.NewPlan(backfill.Job{Name: job, CodeVersion: version, Chunker: ch}, info, chunks)
+	}
+	setup := func(t *testing.T) (backfill.Manifest, backfill.DB) {
+		t.Helper()
+		m, db := newManifest(t)
+		require.NoError(t, m.Init(ctx, db))
+		require.NoError(t, m.Init(ctx, db), "Init is idempotent")
+		return m, db
+	}
+	claim := func(t *testing.T, m backfill.Manifest, db backfill.DB, batch int64) (backfill.Tx, backfill.ChunkState, bool) {
+		t.Helper()
+		tx, err := db.Begin(ctx)
+		require.NoError(t, err)
+		st, ok, err := m.ClaimChunk(ctx, tx, batch)
+		require.NoError(t, err)
+		return tx, st, ok
+	}
+	complete := func(t *testing.T, m backfill.Manifest, tx backfill.Tx, batch int64, st backfill.ChunkState, read int64, ex ...backfill.Exception) {
+		t.Helper()
+		now := time.Now()
+		res := backfill.ChunkResult{Chunk: st.Chunk, Counts: backfill.Counts{Read: read, Inserted: read - int64(len(ex)), Rejected: int64(len(ex))},
+			Attempt: 1, StartedAt: now, FinishedAt: now}
+		require.NoError(t, m.CompleteChunk(ctx, tx, batch, res, ex))
+	}
+
+	t.Run("StartResumeAndPlanChange", func(t *testing.T) {
+		m, db := setup(t)
+		p := plan(t, "job", "v1", 40)
+		run, resumed, err := m.StartRun(ctx, db, p, "w1", false)
+		require.NoError(t, err)
+		require.False(t, resumed)
+		require.Equal(t, backfill.RunRunning, run.Status)
+		require.Equal(t, 4, run.ChunksTotal)
+		require.Equal(t, "job", run.Job)
+		require.Equal(t, p.Fingerprint, run.Fingerprint)
+		require.Equal(t, "0", run.ScopeLower)
+		require.Equal(t, "40", run.ScopeUpper)
+
+		again, resumed, err := m.StartRun(ctx, db, p, "w2", false)
+		require.NoError(t, err)
+		require.True(t, resumed)
+		require.Equal(t, run.BatchID, again.BatchID)
+
+		_, _, err = m.StartRun(ctx, db, plan(t, "job", "v2", 40), "w1", false)
+		require.ErrorIs(t, err, backfill.ErrPlanChanged)
+		require.Contains(t, err.Error(), `code_version: "v1" -> "v2"`)
+
+		other, resumed, err := m.StartRun(ctx, db, plan(t, "other-job", "v1", 40), "w1", false)
+		require.NoError(t, err, "another job name is independent")
+		require.False(t, resumed)
+		require.NotEqual(t, run.BatchID, other.BatchID)
+
+		fresh, resumed, err := m.StartRun(ctx, db, plan(t, "job", "v2", 40), "w1", true)
+		require.NoError(t, err)
+		require.False(t, resumed)
+		require.NotEqual(t, run.BatchID, fresh.BatchID)
+		chunks, err := m.Chunks(ctx, db, fresh.BatchID)
+		require.NoError(t, err)
+		require.Len(t, chunks, 4)
+		for i, c := range chunks {
+			require.Equal(t, i, c.Chunk.Seq)
+			require.Equal(t, fmt.Sprintf("int:%d/%d", i*10, i*10+10), c.Chunk.ID)
+			require.Equal(t, backfill.ChunkPending, c.Status)
+			require.Equal(t, int64(i*10), c.Chunk.Lo)
+			require.Equal(t, int64(i*10+10), c.Chunk.Hi)
+		}
+	})
+
+	t.Run("ClaimsAreExclusiveUntilTheTransactionEnds", func(t *testing.T) {
+		m, db := setup(t)
+		run, _, err := m.StartRun(ctx, db, plan(t, "job", "v1", 30), "w", false)
+		require.NoError(t, err)
+		tx1, st1, ok := claim(t, m, db, run.BatchID)
+		require.True(t, ok)
+		require.Equal(t, 0, st1.Chunk.Seq)
+		tx2, st2, ok := claim(t, m, db, run.BatchID)
+		require.True(t, ok)
+		require.Equal(t, 1, st2.Chunk.Seq, "a claimed chunk is skipped")
+		require.NoError(t, tx1.Rollback())
+		tx3, st3, ok := claim(t, m, db, run.BatchID)
+		require.True(t, ok)
+		require.Equal(t, 0, st3.Chunk.Seq, "a rolled back claim is released")
+		tx4, st4, ok := claim(t, m, db, run.BatchID)
+		require.True(t, ok)
+		require.Equal(t, 2, st4.Chunk.Seq)
+		tx5, _, ok := claim(t, m, db, run.BatchID)
+		require.False(t, ok, "all chunks claimed")
+		for _, tx := range []backfill.Tx{tx2, tx3, tx4, tx5} {
+			require.NoError(t, tx.Rollback())
+		}
+	})
+
+	t.Run("CompletionCommitsWithTheTransaction", func(t *testing.T) {
+		m, db := setup(t)
+		run, _, err := m.StartRun(ctx, db, plan(t, "job", "v1", 20), "w", false)
+		require.NoError(t, err)
+		ex := []backfill.Exception{
+			{ChunkID: "int:0/10", Row: 2, Raw: []byte(`{"id":"x"}`), Column: "id", Value: "x", Reason: "invalid"},
+			{ChunkID: "int:0/10", Row: 1, Raw: []byte(`{"id":null}`), Column: "id", Value: "NULL", Reason: "missing key"},
+		}
+		tx, st, ok := claim(t, m, db, run.BatchID)
+		require.True(t, ok)
+		complete(t, m, tx, run.BatchID, st, 10, ex...)
+		require.NoError(t, tx.Rollback())
+		chunks, err := m.Chunks(ctx, db, run.BatchID)
+		require.NoError(t, err)
+		require.Equal(t, backfill.ChunkPending, chunks[0].Status, "rolled back completion leaves the chunk pending")
+		got, err := m.Exceptions(ctx, db, run.BatchID)
+		require.NoError(t, err)
+		require.Empty(t, got, "rolled back exceptions are gone")
+
+		tx, st, ok = claim(t, m, db, run.BatchID)
+		require.True(t, ok)
+		require.Equal(t, 0, st.Chunk.Seq)
+		complete(t, m, tx, run.BatchID, st, 10, ex...)
+		require.NoError(t, tx.Commit())
+		chunks, err = m.Chunks(ctx, db, run.BatchID)
+		require.NoError(t, err)
+		require.Equal(t, backfill.ChunkDone, chunks[0].Status)
+		require.Equal(t, backfill.Counts{Read: 10, Inserted: 8, Rejected: 2}, chunks[0].Counts)
+		require.Equal(t, 1, chunks[0].Attempts)
+		require.NotNil(t, chunks[0].FinishedAt)
+		got, err = m.Exceptions(ctx, db, run.BatchID)
+		require.NoError(t, err)
+		require.Len(t, got, 2)
+		require.Equal(t, []int64{1, 2}, []int64{got[0].Row, got[1].Row}, "exceptions in row order")
+		require.Equal(t, "missing key", got[0].Reason)
+		require.Equal(t, run.BatchID, got[0].BatchID)
+		require.JSONEq(t, `{"id":null}`, string(got[0].Raw))
+
+		tx, st, ok = claim(t, m, db, run.BatchID)
+		require.True(t, ok)
+		require.Equal(t, 1, st.Chunk.Seq, "a done chunk is not claimed again")
+		bad := backfill.ChunkResult{Chunk: st.Chunk, Counts: backfill.Counts{Read: 10, Inserted: 9}}
+		require.ErrorIs(t, m.CompleteChunk(ctx, tx, run.BatchID, bad, nil), backfill.ErrAccounting)
+		require.NoError(t, tx.Rollback())
+
+		r, err := m.FinishRun(ctx, db, run.BatchID, false, "")
+		require.NoError(t, err)
+		require.Equal(t, backfill.RunRunning, r.Status, "not all chunks are done")
+		tx, st, _ = claim(t, m, db, run.BatchID)
+		complete(t, m, tx, run.BatchID, st, 0)
+		require.NoError(t, tx.Commit())
+		r, err = m.FinishRun(ctx, db, run.BatchID, false, "")
+		require.NoError(t, err)
+		require.Equal(t, backfill.RunCompleted, r.Status)
+		require.NotNil(t, r.FinishedAt)
+	})
+
+	t.Run("FailedChunksAreRetriedOnResume", func(t *testing.T) {
+		m, db := setup(t)
+		p := plan(t, "job", "v1", 20)
+		run, _, err := m.StartRun(ctx, db, p, "w", false)
+		require.NoError(t, err)
+		require.NoError(t, m.FailChunk(ctx, db, run.BatchID, 0, "transient", false))
+		chunks, err := m.Chunks(ctx, db, run.BatchID)
+		require.NoError(t, err)
+		require.Equal(t, backfill.ChunkPending, chunks[0].Status)
+		require.Equal(t, 1, chunks[0].Attempts)
+		require.Equal(t, "transient", chunks[0].LastError)
+		require.NoError(t, m.FailChunk(ctx, db, run.BatchID, 0, "broken", true))
+		tx, st, ok := claim(t, m, db, run.BatchID)
+		require.True(t, ok)
+		require.Equal(t, 1, st.Chunk.Seq, "a failed chunk is not claimed")
+		require.NoError(t, tx.Rollback())
+		r, err := m.FinishRun(ctx, db, run.BatchID, true, "chunk 0 broken")
+		require.NoError(t, err)
+		require.Equal(t, backfill.RunFailed, r.Status)
+		require.Equal(t, "chunk 0 broken", r.LastError)
+
+		again, resumed, err := m.StartRun(ctx, db, p, "w", false)
+		require.NoError(t, err)
+		require.True(t, resumed)
+		require.Equal(t, run.BatchID, again.BatchID)
+		require.Equal(t, backfill.RunRunning, again.Status)
+		chunks, err = m.Chunks(ctx, db, run.BatchID)
+		require.NoError(t, err)
+		require.Equal(t, backfill.ChunkPending, chunks[0].Status)
+		require.Equal(t, 2, chunks[0].Attempts)
+	})
+
+	t.Run("UnknownBatch", func(t *testing.T) {
+		m, db := setup(t)
+		_, err := m.FinishRun(ctx, db, 987654, false, "")
+		require.ErrorIs(t, err, backfill.ErrRunNotFound)
+	})
+}
+
+// MergerHarness is what [TestMerger] needs from an implementation under
+// test: a fresh merger whose database has an empty table named Table with
+// columns (tenant text, id bigint, name text) and a unique key (tenant,
+// id), and a way to read that table back.
+type MergerHarness struct {
+	Merger backfill.Merger
+	DB     backfill.DB
+	Table  string
+	// Rows returns the committed rows as [tenant, id, name] with name nil
+	// for NULL, sorted by (tenant, id); id as int64.
+	Rows func(t *testing.T) [][]any
+}
+
+// TestMerger is the conformance suite of [backfill.Merger]. newHarness is
+// called once per subtest. Both [Merger] and [backfill.PGMerger] pass it.
+func TestMerger(t *testing.T, newHarness func(t *testing.T) MergerHarness) {
+	t.Helper()
+	ctx := context.Background()
+	target := func(h MergerHarness) backfill.Target {
+		return backfill.Target{Table: h.Table, Key: []string{"tenant", "id"}, Columns: []string{"tenant", "id", "name"}}
+	}
+	merge := func(t *testing.T, h MergerHarness, info backfill.TableInfo, commit bool, rows ...[]any) backfill.MergeResult {
+		t.Helper()
+		tx, err := h.DB.Begin(ctx)
+		require.NoError(t, err)
+		st, err := h.Merger.Stage(ctx, tx, info)
+		require.NoError(t, err)
+		defer st.Close()
+		for i, r := range rows {
+			require.NoError(t, st.Add(ctx, int64(i+1), r))
+		}
+		res, err := st.Merge(ctx)
+		require.NoError(t, err)
+		if commit {
+			require.NoError(t, tx.Commit())
+		} else {
+			require.NoError(t, tx.Rollback())
+		}
+		return res
+	}
+	prepare := func(t *testing.T, h MergerHarness, tg backfill.Target) backfill.TableInfo {
+		t.Helper()
+		info, err := h.Merger.Prepare(ctx, h.DB, tg)
+		require.NoError(t, err)
+		return info
+	}
+
+	t.Run("InsertReplayUpdate", func(t *testing.T) {
+		h := newHarness(t)
+		info := prepare(t, h, target(h))
+		require.Equal(t, backfill.Upsert, info.Target.Mode)
+		require.Equal(t, backfill.KeepLast, info.Target.Duplicates)
+		require.Len(t, info.Columns, 3)
+		require.True(t, info.Columns[0].Key)
+		require.False(t, info.Columns[2].Key)
+		rows := [][]any{{"a", int64(1), "x"}, {"a", int64(2), nil}, {"b", int64(1), "z"}}
+		require.Equal(t, backfill.MergeResult{Inserted: 3}, merge(t, h, info, true, rows...))
+		require.Equal(t, backfill.MergeResult{Unchanged: 3}, merge(t, h, info, true, rows...), "replay writes nothing")
+		changed := [][]any{{"a", int64(1), "x2"}, {"a", int64(2), "now set"}, {"b", int64(1), "z"}, {"c", int64(9), "new"}}
+		require.Equal(t, backfill.MergeResult{Inserted: 1, Updated: 2, Unchanged: 1}, merge(t, h, info, true, changed...))
+		require.Equal(t, [][]any{{"a", int64(1), "x2"}, {"a", int64(2), "now set"}, {"b", int64(1), "z"}, {"c", int64(9), "new"}}, h.Rows(t))
+		back := [][]any{{"a", int64(2), nil}}
+		require.Equal(t, backfill.MergeResult{Updated: 1}, merge(t, h, info, true, back...), "value to NULL is a change")
+		require.Equal(t, backfill.MergeResult{Unchanged: 1}, merge(t, h, info, true, back...), "NULL to NULL is not")
+	})
+
+	t.Run("DuplicatesInAChunk", func(t *testing.T) {
+		h := newHarness(t)
+		for _, p := range []backfill.DuplicatePolicy{backfill.KeepLast, backfill.KeepFirst} {
+			tg := target(h)
+			tg.Duplicates = p
+			info := prepare(t, h, tg)
+			res := merge(t, h, info, true, []any{"d", int64(1), "first-" + string(p)}, []any{"d", int64(2), "other"},
+				[]any{"d", int64(1), "second-" + string(p)}, []any{"d", int64(1), "third-" + string(p)})
+			want := "third-" + string(p)
+			if p == backfill.KeepFirst {
+				want = "first-" + string(p)
+			}
+			require.Equal(t, int64(2), res.Deduplicated, p)
+			require.Equal(t, int64(4), res.Inserted+res.Updated+res.Unchanged+res.Deduplicated)
+			require.Contains(t, h.Rows(t), []any{"d", int64(1), want}, p)
+		}
+	})
+
+	t.Run("RollbackLeavesTheTargetAlone", func(t *testing.T) {
+		h := newHarness(t)
+		info := prepare(t, h, target(h))
+		merge(t, h, info, true, []any{"a", int64(1), "kept"})
+		res := merge(t, h, info, false, []any{"a", int64(1), "rolled back"}, []any{"a", int64(2), "rolled back"})
+		require.Equal(t, backfill.MergeResult{Inserted: 1, Updated: 1}, res)
+		require.Equal(t, [][]any{{"a", int64(1), "kept"}}, h.Rows(t))
+		require.Equal(t, backfill.MergeResult{}, merge(t, h, info, true), "an empty chunk merges nothing")
+	})
+
+	t.Run("PrepareErrors", func(t *testing.T) {
+		h := newHarness(t)
+		tg := target(h)
+		tg.Table = "no_such_table"
+		_, err := h.Merger.Prepare(ctx, h.DB, tg)
+		require.ErrorIs(t, err, backfill.ErrTargetNotFound)
+		tg = target(h)
+		tg.Columns = []string{"tenant", "id", "no_such_column"}
+		_, err = h.Merger.Prepare(ctx, h.DB, tg)
+		require.ErrorIs(t, err, backfill.ErrTargetNotFound)
+		require.Contains(t, err.Error(), "no_such_column")
+		tg = target(h)
+		tg.Key = []string{"tenant"}
+		_, err = h.Merger.Prepare(ctx, h.DB, tg)
+		require.ErrorIs(t, err, backfill.ErrNoUniqueKey)
+		tg = target(h)
+		tg.Columns = nil
+		info, err := h.Merger.Prepare(ctx, h.DB, tg)
+		require.NoError(t, err)
+		require.Len(t, info.Columns, 3, "empty Columns means all columns")
+	})
+}

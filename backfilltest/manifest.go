@@ -1,0 +1,287 @@
+package backfilltest
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+
+	"github.com/pgbackfill/backfill"
+)
+
+// Manifest is an in-memory [backfill.Manifest] that behaves like
+// [backfill.PGManifest] under [TestManifest]: claims are exclusive until
+// their transaction ends (like FOR UPDATE SKIP LOCKED), and completions and
+// exceptions become visible on commit. Safe for concurrent use.
+type Manifest struct {
+	mu     sync.Mutex
+	runs   []*fakeRun // index = batch ID - 1
+	events []Event
+}
+
+// Event is one audit-log entry of the fake manifest.
+type Event struct {
+	BatchID int64
+	Job     string
+	Kind    string
+	Actor   string
+}
+
+type fakeRun struct {
+	run        backfill.Run
+	plan       backfill.Plan
+	chunks     []backfill.ChunkState
+	locked     map[int]*Tx
+	exceptions []backfill.Exception
+}
+
+var _ backfill.Manifest = (*Manifest)(nil)
+
+// NewManifest returns an empty in-memory manifest.
+func NewManifest() *Manifest { return &Manifest{} }
+
+// Init does nothing and returns nil.
+func (m *Manifest) Init(ctx context.Context, db sqlx.ExtContext) error { return ctx.Err() }
+
+// Events returns the audit log in order.
+func (m *Manifest) Events() []Event {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return slices.Clone(m.events)
+}
+
+// StartRun implements [backfill.Manifest.StartRun].
+func (m *Manifest) StartRun(ctx context.Context, db sqlx.ExtContext, plan backfill.Plan, worker string, newRun bool) (backfill.Run, bool, error) {
+	if err := ctx.Err(); err != nil {
+		return backfill.Run{}, false, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var prev *fakeRun
+	for i := len(m.runs) - 1; i >= 0; i-- {
+		if r := m.runs[i]; r.run.Job == plan.Job && r.run.Status != backfill.RunAbandoned {
+			prev = r
+			break
+		}
+	}
+	if prev != nil {
+		same := prev.run.Fingerprint == plan.Fingerprint
+		switch {
+		case same && !newRun:
+			if prev.run.Status != backfill.RunCompleted {
+				for i := range prev.chunks {
+					if prev.chunks[i].Status == backfill.ChunkFailed {
+						prev.chunks[i].Status = backfill.ChunkPending
+					}
+				}
+				prev.run.Status = backfill.RunRunning
+				prev.run.LastError = ""
+				m.events = append(m.events, Event{prev.run.BatchID, plan.Job, "run_resumed", worker})
+			}
+			return prev.run, true, nil
+		case !same && !newRun:
+			diff := backfill.PlanDiff(prev.plan, plan)
+			return backfill.Run{}, false, fmt.Errorf("backfill: start run of job %q: %w: job %q batch %d was planned differently (%v); set Job.NewRun to start a new run",
+				plan.Job, backfill.ErrPlanChanged, plan.Job, prev.run.BatchID, diff)
+		}
+		if prev.run.Status != backfill.RunCompleted {
+			prev.run.Status = backfill.RunAbandoned
+			m.events = append(m.events, Event{prev.run.BatchID, plan.Job, "run_abandoned", worker})
+		}
+	}
+	pj, err := json.Marshal(plan)
+	if err != nil {
+		return backfill.Run{}, false, err
+	}
+	id := int64(len(m.runs) + 1)
+	r := &fakeRun{plan: plan, locked: map[int]*Tx{}}
+	r.run = backfill.Run{BatchID: id, Job: plan.Job, Source: plan.Source, CodeVersion: plan.CodeVersion,
+		Fingerprint: plan.Fingerprint, Plan: pj, Status: backfill.RunRunning, ChunksTotal: len(plan.Chunks),
+		Worker: worker, CreatedAt: time.Now()}
+	if n := len(plan.Chunks); n > 0 {
+		r.run.ScopeLower, _ = plan.Chunks[0].Bounds()
+		_, r.run.ScopeUpper = plan.Chunks[n-1].Bounds()
+		if plan.Chunks[n-1].Kind == backfill.KindList {
+			r.run.ScopeUpper = plan.Chunks[n-1].Item
+		}
+	}
+	for _, c := range plan.Chunks {
+		r.chunks = append(r.chunks, backfill.ChunkState{BatchID: id, Chunk: c, Status: backfill.ChunkPending})
+	}
+	m.runs = append(m.runs, r)
+	m.events = append(m.events, Event{id, plan.Job, "run_started", worker})
+	return r.run, false, nil
+}
+
+func (m *Manifest) get(batchID int64) (*fakeRun, error) {
+	if batchID < 1 || batchID > int64(len(m.runs)) {
+		return nil, fmt.Errorf("backfill: batch %d: %w", batchID, backfill.ErrRunNotFound)
+	}
+	return m.runs[batchID-1], nil
+}
+
+// ClaimChunk implements [backfill.Manifest.ClaimChunk]. tx must be a fake
+// [*Tx]; the claim lasts until it ends.
+func (m *Manifest) ClaimChunk(ctx context.Context, tx sqlx.ExtContext, batchID int64) (backfill.ChunkState, bool, error) {
+	if err := ctx.Err(); err != nil {
+		return backfill.ChunkState{}, false, err
+	}
+	ftx, ok := tx.(*Tx)
+	if !ok {
+		return backfill.ChunkState{}, false, fmt.Errorf("backfilltest: claim chunk: executor %T is not a *backfilltest.Tx", tx)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	r, err := m.get(batchID)
+	if err != nil {
+		return backfill.ChunkState{}, false, err
+	}
+	for i, c := range r.chunks {
+		if c.Status != backfill.ChunkPending {
+			continue
+		}
+		if owner, held := r.locked[i]; held && owner != ftx {
+			continue
+		}
+		r.locked[i] = ftx
+		seq := i
+		if !ftx.OnEnd(func() {
+			m.mu.Lock()
+			defer m.mu.Unlock()
+			if r.locked[seq] == ftx {
+				delete(r.locked, seq)
+			}
+		}) {
+			delete(r.locked, i)
+			return backfill.ChunkState{}, false, fmt.Errorf("backfilltest: claim chunk: transaction already ended")
+		}
+		return c, true, nil
+	}
+	return backfill.ChunkState{}, false, nil
+}
+
+// CompleteChunk implements [backfill.Manifest.CompleteChunk].
+func (m *Manifest) CompleteChunk(ctx context.Context, tx sqlx.ExtContext, batchID int64, res backfill.ChunkResult, exceptions []backfill.Exception) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if !res.Balanced() {
+		return fmt.Errorf("backfill: complete chunk %s: %w: %+v", res.Chunk.ID, backfill.ErrAccounting, res.Counts)
+	}
+	m.mu.Lock()
+	r, err := m.get(batchID)
+	if err == nil && (res.Chunk.Seq < 0 || res.Chunk.Seq >= len(r.chunks) || r.chunks[res.Chunk.Seq].Status != backfill.ChunkPending) {
+		err = fmt.Errorf("backfill: complete chunk %s of batch %d: chunk is not pending (completed by another worker?)", res.Chunk.ID, batchID)
+	}
+	m.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	ex := slices.Clone(exceptions)
+	now := time.Now()
+	for i := range ex {
+		ex[i].BatchID, ex[i].ChunkID, ex[i].CreatedAt = batchID, res.Chunk.ID, now
+	}
+	return apply(tx, func() {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		c := &r.chunks[res.Chunk.Seq]
+		c.Status = backfill.ChunkDone
+		c.Attempts++
+		c.Counts = res.Counts
+		st, fin := res.StartedAt, res.FinishedAt
+		c.StartedAt, c.FinishedAt, c.LastError = &st, &fin, ""
+		r.exceptions = append(r.exceptions, ex...)
+	})
+}
+
+// FailChunk implements [backfill.Manifest.FailChunk].
+func (m *Manifest) FailChunk(ctx context.Context, db sqlx.ExtContext, batchID int64, seq int, msg string, final bool) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	r, err := m.get(batchID)
+	if err != nil {
+		return err
+	}
+	if seq < 0 || seq >= len(r.chunks) || r.chunks[seq].Status == backfill.ChunkDone {
+		return nil
+	}
+	c := &r.chunks[seq]
+	c.Attempts++
+	c.LastError = msg
+	c.Status = backfill.ChunkPending
+	if final {
+		c.Status = backfill.ChunkFailed
+	}
+	return nil
+}
+
+// FinishRun implements [backfill.Manifest.FinishRun].
+func (m *Manifest) FinishRun(ctx context.Context, db sqlx.ExtContext, batchID int64, failed bool, msg string) (backfill.Run, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	r, err := m.get(batchID)
+	if err != nil {
+		return backfill.Run{}, err
+	}
+	if r.run.Status == backfill.RunCompleted || r.run.Status == backfill.RunAbandoned {
+		return r.run, nil
+	}
+	open := 0
+	for _, c := range r.chunks {
+		if c.Status != backfill.ChunkDone {
+			open++
+		}
+	}
+	switch {
+	case open == 0:
+		now := time.Now()
+		r.run.Status, r.run.FinishedAt, r.run.LastError = backfill.RunCompleted, &now, msg
+	case failed:
+		r.run.Status, r.run.LastError = backfill.RunFailed, msg
+	default:
+		return r.run, nil
+	}
+	m.events = append(m.events, Event{batchID, r.run.Job, "run_" + string(r.run.Status), ""})
+	return r.run, nil
+}
+
+// Chunks implements [backfill.Manifest.Chunks].
+func (m *Manifest) Chunks(ctx context.Context, db sqlx.ExtContext, batchID int64) ([]backfill.ChunkState, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	r, err := m.get(batchID)
+	if err != nil {
+		return nil, err
+	}
+	return slices.Clone(r.chunks), nil
+}
+
+// Exceptions implements [backfill.Manifest.Exceptions].
+func (m *Manifest) Exceptions(ctx context.Context, db sqlx.ExtContext, batchID int64) ([]backfill.Exception, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	r, err := m.get(batchID)
+	if err != nil {
+		return nil, err
+	}
+	seq := map[string]int{}
+	for _, c := range r.chunks {
+		seq[c.Chunk.ID] = c.Chunk.Seq
+	}
+	out := slices.Clone(r.exceptions)
+	slices.SortStableFunc(out, func(a, b backfill.Exception) int {
+		if d := seq[a.ChunkID] - seq[b.ChunkID]; d != 0 {
+			return d
+		}
+		return int(a.Row - b.Row)
+	})
+	return out, nil
+}
