@@ -1,0 +1,111 @@
+/*
+Package backfill reprocesses history into PostgreSQL safely: frozen plans,
+chunking on stable boundaries, a durable manifest, idempotent merging by
+business key, an exception queue for bad rows, and resume after any crash.
+
+The worst backfill failure is not a crash but a half-finished run with no
+reliable record of what succeeded. backfill gives every run a batch ID and
+a manifest in the target database, and loads each chunk in one transaction
+from staging to checkpoint, so a crash leaves all of a chunk or none of it,
+and running the job again resumes where it stopped.
+
+# A job
+
+Host applications write only the [Extractor]: it reads one [Chunk] of the
+source and writes its rows to a [RowWriter]. Everything else is declared:
+
+	job := backfill.Job{
+		Name:        "orders-2024-restatement", // same name + same plan = resume
+		Source:      "erp",                     // lineage
+		CodeVersion: "v1.4.2",                  // part of the plan fingerprint
+		Chunker:     backfill.Days(start, end, loc),
+		Extractor:   myExtractor,
+		Target: backfill.Target{
+			Table:   "sales.order_lines",
+			Key:     []string{"source_system", "order_no", "line_no"},
+			Columns: []string{"source_system", "order_no", "line_no", "qty", "amount"},
+		},
+	}
+	r, err := backfill.New(db, &backfill.Config{Concurrency: 2})
+	report, err := r.Run(ctx, job)
+
+# Chunks
+
+A [Chunker] turns the scope into an ordered list of chunks that tile it:
+half-open intervals [start, end) with no gap and no overlap, each with a
+stable ID derived from its bounds. Built-ins: [Hours], [Days] and [Months]
+(calendar boundaries in an IANA location; a daylight-saving day is 23 or 25
+hours), [Every] (fixed durations), [IntRange] (integer keys) and [List]
+(tenants, files).
+
+# One chunk, one transaction
+
+For each chunk the [Runner]:
+
+ 1. claims it in the manifest with SELECT ... FOR UPDATE SKIP LOCKED; the
+    row lock is the chunk's lease, held until the transaction ends, so any
+    number of workers and processes can run the same job, and a crashed
+    worker's chunk is free again the moment its connection drops;
+ 2. calls the Extractor; each row is converted to its column's type in Go,
+    and rows that cannot be stored go to the exception queue with the chunk,
+    row number, column, value and reason;
+ 3. COPYs the good rows into a temporary staging table;
+ 4. merges staging into the target by business key ([Merger]);
+ 5. checks the accounting identity
+    read = inserted + updated + unchanged + rejected + deduplicated;
+ 6. writes the exception rows and marks the chunk done with its counts;
+ 7. commits.
+
+# Idempotency
+
+The PostgreSQL merge ([PGMerger]) updates only rows whose content differs
+(IS DISTINCT FROM, NULL-safe) and inserts only keys that are absent, so
+replaying a chunk rewrites, locks and WAL-logs nothing. Duplicate business
+keys inside one chunk are resolved before the merge by [DuplicatePolicy]
+and counted as deduplicated; the target must have a unique index on the
+key ([ErrNoUniqueKey] otherwise).
+
+# Plans and resume
+
+[Runner.Run] freezes the job into a [Plan]: scope, chunk IDs, target,
+columns and code version, with a SHA-256 fingerprint. Running the same job
+name again with the same plan resumes the incomplete run and never
+extracts a completed chunk again; a completed run is not repeated. A
+changed plan is refused with [ErrPlanChanged] naming what changed, unless
+[Job.NewRun] asks for a new batch.
+
+# The manifest
+
+[PGManifest] keeps runs, chunks, the exception queue and an audit log of
+events in its own schema (default "backfill"), created by versioned
+migrations that are safe to run concurrently. Query it directly:
+
+	SELECT seq, chunk_id, status, rows_read, rows_inserted, rows_updated,
+	       rows_unchanged, rows_rejected, rows_deduplicated
+	FROM backfill.chunks WHERE batch_id = 1 ORDER BY seq;
+	SELECT chunk_id, row_number, column_name, value, reason, raw
+	FROM backfill.exceptions WHERE batch_id = 1;
+
+A CHECK constraint on backfill.chunks enforces the accounting identity.
+
+# Testing pipelines
+
+Package backfilltest has in-memory fakes of [Manifest], [Merger] and [DB]
+that pass the same conformance suites as the PostgreSQL implementations,
+so a pipeline's extractor can be tested without a database:
+
+	m := backfilltest.NewMerger()
+	m.AddTable("orders", []string{"order_no"}, "order_no", "amount")
+	r, _ := backfill.NewWithDB(backfilltest.NewDB(), &backfill.Config{
+		Manifest: backfilltest.NewManifest(), Merger: m,
+	})
+
+# Errors
+
+Errors are wrapped with %w; test them with errors.Is against the sentinels
+in errors.go, and with errors.As for [*ChunkError] (which chunk failed),
+[*PartialError] (what completed before a failure) and [*RowError].
+[IsRetryable] tells transient database errors, which the runner retries up
+to [Config.MaxAttempts] times.
+*/
+package backfill
