@@ -131,8 +131,8 @@ func apply(ex sqlx.ExtContext, f func()) error {
 
 type noSQL struct{}
 
-func (noSQL) DriverName() string                    { return "backfilltest" }
-func (noSQL) Rebind(q string) string                { return q }
+func (noSQL) DriverName() string                           { return "backfilltest" }
+func (noSQL) Rebind(q string) string                       { return q }
 func (noSQL) BindNamed(string, any) (string, []any, error) { return "", nil, ErrNoSQL }
 func (noSQL) QueryContext(context.Context, string, ...any) (*sql.Rows, error) {
 	return nil, ErrNoSQL
