@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -89,6 +90,15 @@ func dryRun(ctx context.Context, out io.Writer, src *Flights, days backfill.Chun
 	ix := src.idx
 
 	fmt.Fprintf(out, "dry run: %s, %d chunks, concurrency %d\n", days.Scope(), len(chunks), concurrency)
+	fmt.Fprintf(out, "  file        written by %q; %d row groups of", src.pf.Metadata().CreatedBy, len(ix.rgs))
+	for _, rg := range src.pf.RowGroups() {
+		pages := "?"
+		if oi, err := rg.ColumnChunks()[src.cols[iDate]].OffsetIndex(); err == nil {
+			pages = fmt.Sprint(oi.NumPages())
+		}
+		fmt.Fprintf(out, " %d (%s pages)", rg.NumRows(), pages)
+	}
+	fmt.Fprintf(out, "\n  schema      %s\n", strings.Join(strings.Fields(src.pf.Schema().String()), " "))
 	fmt.Fprintf(out, "  rows        %d written + %d rejected = %d of %d in the file (all accounted for: %t)\n",
 		tot.rows, tot.rejects, tot.rows+tot.rejects, ix.rows, tot.rows+tot.rejects == ix.rows)
 	fmt.Fprintf(out, "  rejects     %v\n", reasons)

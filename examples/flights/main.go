@@ -231,7 +231,7 @@ func runError(job string, err error) error {
 		return nil
 	}
 	if errors.Is(err, backfill.ErrPlanChanged) {
-		return fmt.Errorf("job %s: %w\n(an unfinished run has a different plan, e.g. another -limit-days: finish it with the old flags, or pass -new-run to abandon it)", job, err)
+		return fmt.Errorf("job %s: %w\n(the job's existing run has a different plan, e.g. another -limit-days or code version: rerun with the old flags, or pass -new-run to start a new run)", job, err)
 	}
 	var pe *backfill.PartialError
 	if errors.As(err, &pe) {
