@@ -87,8 +87,11 @@ func (c Chunk) String() string {
 }
 
 // Contains reports whether v lies in the chunk's half-open interval. v must
-// be a time.Time for KindTime, an integer for KindInt and a string for
-// KindList; any other type returns false.
+// be a time.Time for KindTime (compared as an instant, in any location), an
+// int, int32 or int64 for KindInt and a string for KindList; any other type
+// returns false. The chunks of a built-in chunker ([Hours], [Days],
+// [Months], [Every], [IntRange], [List]) tile their scope, so every value of
+// the scope is contained in exactly one of them and no other value in any.
 func (c Chunk) Contains(v any) bool {
 	switch c.Kind {
 	case KindTime:

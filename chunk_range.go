@@ -1,0 +1,139 @@
+package backfill
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"fmt"
+	"slices"
+)
+
+// maxChunks bounds the number of chunks a built-in chunker returns, so that
+// a mistaken step (one second over ten years, a step of 1 over the whole
+// int64 range) fails with ErrInvalidScope instead of exhausting memory.
+// A million chunks is about a century of hours.
+const maxChunks = 1 << 20
+
+// IntRange returns a [Chunker] of [KindInt] chunks that tile the half-open
+// integer range [lo, hi) in steps of step: chunk i is
+// [lo+i*step, lo+(i+1)*step), and the last chunk is clipped to hi if step
+// does not divide hi-lo. IDs are "int:<Lo>/<Hi>" in decimal, e.g.
+// "int:1000/2000"; Scope is e.g. "int [0, 10000) step 1000".
+//
+// Any int64 bounds are accepted, math.MinInt64 and math.MaxInt64 included;
+// the arithmetic checks for overflow instead of wrapping. Because the range
+// is half-open, math.MaxInt64 itself can never be inside a chunk.
+//
+// Chunks returns [ErrInvalidScope] if step is not positive or the range has
+// more than 1<<20 (1,048,576) chunks, and [ErrEmptyScope] if lo is not less
+// than hi. The returned Chunker is immutable and safe for concurrent use.
+func IntRange(lo, hi, step int64) Chunker {
+	return &intChunker{lo: lo, hi: hi, step: step}
+}
+
+// intChunker implements IntRange.
+type intChunker struct{ lo, hi, step int64 }
+
+// Scope returns e.g. "int [0, 10000) step 1000".
+func (c *intChunker) Scope() string {
+	return fmt.Sprintf("int [%d, %d) step %d", c.lo, c.hi, c.step)
+}
+
+// Chunks implements [Chunker.Chunks]; see [IntRange].
+func (c *intChunker) Chunks(ctx context.Context) ([]Chunk, error) {
+	if c.step <= 0 {
+		return nil, fmt.Errorf("%w: int: step %d is not positive", ErrInvalidScope, c.step)
+	}
+	if c.lo >= c.hi {
+		return nil, fmt.Errorf("%w: int: lo %d is not less than hi %d", ErrEmptyScope, c.lo, c.hi)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	// hi-lo may not fit an int64 but always fits a uint64: 0 < hi-lo < 2^64,
+	// and unsigned subtraction is exact modulo 2^64.
+	span, step := uint64(c.hi)-uint64(c.lo), uint64(c.step)
+	n := span / step
+	if span%step != 0 {
+		n++
+	}
+	if n > maxChunks {
+		return nil, fmt.Errorf("%w: %s has %d chunks, more than %d", ErrInvalidScope, c.Scope(), n, maxChunks)
+	}
+	chunks := make([]Chunk, 0, n)
+	for lo := c.lo; ; {
+		hi := c.hi
+		if uint64(c.hi)-uint64(lo) > step {
+			hi = lo + c.step // lo+step < c.hi, so no overflow
+		}
+		chunks = append(chunks, Chunk{
+			ID:   fmt.Sprintf("int:%d/%d", lo, hi),
+			Seq:  len(chunks),
+			Kind: KindInt,
+			Lo:   lo,
+			Hi:   hi,
+		})
+		if hi == c.hi {
+			return chunks, nil
+		}
+		lo = hi
+	}
+}
+
+// List returns a [Chunker] of [KindList] chunks, one per item, in the given
+// order: a tenant, a file, a partition. IDs are "list:<item>", e.g.
+// "list:tenant-42". Scope is "list <n> items sha256:<16 hex digits>", a
+// SHA-256 prefix over the items in order, so it changes when an item is
+// added, removed, renamed or moved. List copies items; changing the slice
+// afterwards does not change the chunker.
+//
+// Chunks returns [ErrEmptyScope] if there are no items, and
+// [ErrInvalidScope] if an item is the empty string, two items are equal or
+// there are more than 1<<20 (1,048,576) items. The returned Chunker is
+// immutable and safe for concurrent use.
+func List(items ...string) Chunker {
+	return &listChunker{items: slices.Clone(items)}
+}
+
+// listChunker implements List.
+type listChunker struct{ items []string }
+
+// Scope returns e.g. "list 3 items sha256:1f2e3d4c5b6a7988".
+func (c *listChunker) Scope() string {
+	h := sha256.New()
+	var buf []byte
+	for _, it := range c.items {
+		// Length-prefixed, so ("ab", "c") and ("a", "bc") differ.
+		buf = binary.AppendUvarint(buf[:0], uint64(len(it)))
+		h.Write(buf)
+		h.Write([]byte(it))
+	}
+	return fmt.Sprintf("list %d items sha256:%s", len(c.items), hex.EncodeToString(h.Sum(nil)[:8]))
+}
+
+// Chunks implements [Chunker.Chunks]; see [List].
+func (c *listChunker) Chunks(ctx context.Context) ([]Chunk, error) {
+	if len(c.items) == 0 {
+		return nil, fmt.Errorf("%w: list: no items", ErrEmptyScope)
+	}
+	if len(c.items) > maxChunks {
+		return nil, fmt.Errorf("%w: list: %d items, more than %d", ErrInvalidScope, len(c.items), maxChunks)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	seen := make(map[string]int, len(c.items))
+	chunks := make([]Chunk, len(c.items))
+	for i, it := range c.items {
+		if it == "" {
+			return nil, fmt.Errorf("%w: list: item %d is empty", ErrInvalidScope, i)
+		}
+		if j, dup := seen[it]; dup {
+			return nil, fmt.Errorf("%w: list: item %d %q duplicates item %d", ErrInvalidScope, i, it, j)
+		}
+		seen[it] = i
+		chunks[i] = Chunk{ID: "list:" + it, Seq: i, Kind: KindList, Item: it}
+	}
+	return chunks, nil
+}

@@ -1,0 +1,408 @@
+package backfill
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// Hours returns a [Chunker] of [KindTime] chunks, one per clock hour of the
+// IANA location loc, that tile the half-open scope [start, end).
+//
+// start and end are instants: a time.Time in any location, only the instant
+// counts. The chunks' Start and End are expressed in loc, and their IDs are
+// "time:<Start>/<End>" in RFC 3339 with nanoseconds and loc's offset, e.g.
+// "time:2024-03-10T01:00:00-05:00/2024-03-10T03:00:00-04:00".
+//
+// Boundaries are instants, not wall-clock readings: a boundary is every
+// instant at which loc's clock reads a whole hour (minute, second and
+// nanosecond zero), plus every instant at which loc's UTC offset changes.
+// So every chunk lies inside one local clock hour under one offset and is at
+// most one hour long:
+//   - In zones with half-hour or 45-minute offsets (Asia/Kolkata +05:30,
+//     Asia/Kathmandu +05:45) the boundaries fall at :30 or :15 past the
+//     UTC hour.
+//   - A whole-hour daylight-saving change (America/New_York) keeps every
+//     chunk one hour long: the spring-forward chunk is
+//     [01:00-05:00, 03:00-04:00), and the repeated autumn hour yields two
+//     chunks, [01:00-04:00, 01:00-05:00) and [01:00-05:00, 02:00-05:00).
+//   - A 30-minute change (Australia/Lord_Howe) adds a boundary at the change
+//     and so a 30-minute chunk: [01:00+10:30, 02:30+11:00) and
+//     [02:30+11:00, 03:00+11:00) in October.
+//
+// If start or end is not on a boundary, the first or last chunk is clipped
+// to the scope and is shorter than the hour it lies in.
+//
+// Scope is "hours [<start>, <end>) <loc>" with both bounds in loc. The
+// returned Chunker is immutable and safe for concurrent use.
+//
+// Chunks returns [ErrInvalidScope] if loc is nil, start or end is the zero
+// time or outside the years 0001 to 9999 in loc, a boundary has a UTC offset
+// with seconds (local mean time before about 1900, which RFC 3339 cannot
+// represent), or the scope has more than 1<<20 (1,048,576) chunks; and
+// [ErrEmptyScope] if start is not before end.
+//
+// Pass a location from [time.LoadLocation]: [time.Local] is named "Local"
+// in Scope whatever zone the host uses, so the plan would not notice a
+// change of host zone.
+func Hours(start, end time.Time, loc *time.Location) Chunker {
+	return &timeChunker{unit: unitHour, start: start, end: end, loc: loc}
+}
+
+// Days returns a [Chunker] of [KindTime] chunks, one per calendar day of the
+// IANA location loc, that tile the half-open scope [start, end).
+//
+// start and end are instants (a time.Time in any location); the chunks'
+// Start and End are expressed in loc and their IDs are "time:<Start>/<End>"
+// in RFC 3339 with nanoseconds and loc's offset, e.g.
+// "time:2024-03-10T00:00:00-05:00/2024-03-11T00:00:00-04:00".
+//
+// A day starts at the first instant at which loc's clock reads that date,
+// which is local midnight in almost every zone and on almost every day. So
+// a day is 24 hours long, or 23 or 25 hours across a daylight-saving change
+// (23½ or 24½ in Australia/Lord_Howe)
+// ([Chunk.Duration] says which). Where a change skips midnight (clocks jump
+// from 24:00 to 01:00, as in America/Santiago, America/Havana or
+// Asia/Beirut when daylight saving starts) the day starts at the change,
+// at 01:00 in the new offset. Where midnight occurs twice (America/Havana
+// sets 01:00 back to 00:00) the day starts at the first. The boundaries are
+// computed from the zone's transitions ([time.Time.ZoneBounds]), not taken
+// from [time.Date], which for such times "returns a time that is correct in
+// one of the two zones involved in the transition, but it does not
+// guarantee which": for 2024-09-08 00:00 in America/Santiago it returns
+// 23:00 on the 7th. A date that does not exist at all (Pacific/Apia skipped
+// 2011-12-30) has no chunk.
+//
+// If start or end is not on a day boundary, the first or last chunk is
+// clipped to the scope: a scope from 06:00 yields a first chunk from 06:00
+// to the next local midnight.
+//
+// Scope is "days [<start>, <end>) <loc>" with both bounds in loc, e.g.
+// "days [2024-03-01T00:00:00-05:00, 2024-04-01T00:00:00-04:00) America/New_York".
+// The returned Chunker is immutable and safe for concurrent use.
+//
+// Chunks returns [ErrInvalidScope] if loc is nil, start or end is the zero
+// time or outside the years 0001 to 9999 in loc, a boundary has a UTC offset
+// with seconds (local mean time before about 1900, which RFC 3339 cannot
+// represent), or the scope has more than 1<<20 (1,048,576) chunks; and
+// [ErrEmptyScope] if start is not before end. Pass a location from
+// [time.LoadLocation] rather than [time.Local], whose name "Local" does not
+// say which zone the host uses.
+func Days(start, end time.Time, loc *time.Location) Chunker {
+	return &timeChunker{unit: unitDay, start: start, end: end, loc: loc}
+}
+
+// Months returns a [Chunker] of [KindTime] chunks, one per calendar month
+// of the IANA location loc, that tile the half-open scope [start, end).
+//
+// A month starts at the start of its first day, as defined by [Days]: local
+// midnight of the 1st, or the first instant of the 1st where a
+// daylight-saving change skips that midnight. Chunks are 28 to 31 days long,
+// give or take a daylight-saving hour. start and end are instants; the
+// chunks' Start and End are expressed in loc and their IDs are
+// "time:<Start>/<End>" in RFC 3339 with nanoseconds and loc's offset, e.g.
+// "time:2024-03-01T00:00:00-05:00/2024-04-01T00:00:00-04:00".
+//
+// If start or end is not on a month boundary, the first or last chunk is
+// clipped to the scope.
+//
+// Scope is "months [<start>, <end>) <loc>" with both bounds in loc. The
+// returned Chunker is immutable and safe for concurrent use.
+//
+// Chunks returns the same errors as for [Days]: [ErrInvalidScope] for a nil
+// loc, a zero or out-of-range bound, an offset with seconds or more than
+// 1<<20 chunks, and [ErrEmptyScope] if start is not before end.
+func Months(start, end time.Time, loc *time.Location) Chunker {
+	return &timeChunker{unit: unitMonth, start: start, end: end, loc: loc}
+}
+
+// Every returns a [Chunker] of [KindTime] chunks of a fixed duration step
+// that tile the half-open scope [start, end), aligned to start: chunk i is
+// [start+i*step, start+(i+1)*step), and the last chunk is clipped to end if
+// step does not divide end-start.
+//
+// Unlike [Days] and [Hours], Every ignores the calendar: Every(start, end,
+// 24*time.Hour, loc) yields 24-hour chunks that drift off local midnight
+// across a daylight-saving change. loc only sets the location in which the
+// chunks' Start and End (and so their IDs, "time:<Start>/<End>") are
+// expressed.
+//
+// Scope is "every <step> [<start>, <end>) <loc>", with step formatted by
+// [time.Duration.String], e.g. "every 15m0s [2024-03-01T00:00:00Z,
+// 2024-03-02T00:00:00Z) UTC". The returned Chunker is immutable and safe for
+// concurrent use.
+//
+// Chunks returns [ErrInvalidScope] if step is not positive, loc is nil,
+// start or end is the zero time or outside the years 0001 to 9999 in loc, a
+// boundary has a UTC offset with seconds, or the scope has more than 1<<20
+// (1,048,576) chunks; and [ErrEmptyScope] if start is not before end.
+func Every(start, end time.Time, step time.Duration, loc *time.Location) Chunker {
+	return &timeChunker{unit: unitEvery, start: start, end: end, step: step, loc: loc}
+}
+
+// timeUnit selects how a timeChunker places its boundaries.
+type timeUnit int
+
+const (
+	unitHour timeUnit = iota
+	unitDay
+	unitMonth
+	unitEvery
+)
+
+func (u timeUnit) String() string {
+	switch u {
+	case unitHour:
+		return "hours"
+	case unitDay:
+		return "days"
+	case unitMonth:
+		return "months"
+	default:
+		return "every"
+	}
+}
+
+// timeChunker implements Hours, Days, Months and Every.
+type timeChunker struct {
+	unit       timeUnit
+	start, end time.Time
+	step       time.Duration // unitEvery only
+	loc        *time.Location
+}
+
+// name is the chunker's kind as it appears in Scope and in errors.
+func (c *timeChunker) name() string {
+	if c.unit == unitEvery {
+		return fmt.Sprintf("every %v", c.step)
+	}
+	return c.unit.String()
+}
+
+// Scope returns e.g. "days [2024-03-01T00:00:00-05:00,
+// 2024-04-01T00:00:00-04:00) America/New_York" or "every 15m0s [...) UTC".
+// Bounds are formatted in loc; a nil loc is shown as "<nil>" with UTC bounds.
+func (c *timeChunker) Scope() string {
+	loc, locName := c.loc, "<nil>"
+	if loc == nil {
+		loc = time.UTC
+	} else {
+		locName = loc.String()
+	}
+	return fmt.Sprintf("%s [%s, %s) %s", c.name(),
+		c.start.In(loc).Format(time.RFC3339Nano), c.end.In(loc).Format(time.RFC3339Nano), locName)
+}
+
+func (c *timeChunker) validate() error {
+	name := c.name()
+	if c.loc == nil {
+		return fmt.Errorf("%w: %s: nil location", ErrInvalidScope, name)
+	}
+	if c.unit == unitEvery && c.step <= 0 {
+		return fmt.Errorf("%w: %s: step is not positive", ErrInvalidScope, name)
+	}
+	for _, b := range []struct {
+		name string
+		t    time.Time
+	}{{"start", c.start}, {"end", c.end}} {
+		if b.t.IsZero() {
+			return fmt.Errorf("%w: %s: %s is the zero time", ErrInvalidScope, name, b.name)
+		}
+		if y := b.t.In(c.loc).Year(); y < 1 || y > 9999 {
+			return fmt.Errorf("%w: %s: %s %s is outside the years 0001 to 9999 in %s",
+				ErrInvalidScope, name, b.name, b.t.In(c.loc).Format(time.RFC3339Nano), c.loc)
+		}
+	}
+	if !c.start.Before(c.end) {
+		return fmt.Errorf("%w: %s: start %s is not before end %s", ErrEmptyScope, name,
+			c.start.In(c.loc).Format(time.RFC3339Nano), c.end.In(c.loc).Format(time.RFC3339Nano))
+	}
+	return nil
+}
+
+// Chunks implements [Chunker.Chunks]; see [Hours], [Days], [Months] and
+// [Every] for the boundaries and errors.
+func (c *timeChunker) Chunks(ctx context.Context) ([]Chunk, error) {
+	if err := c.validate(); err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	start, end := c.start.In(c.loc), c.end.In(c.loc)
+
+	// cuts holds start, every boundary strictly inside the scope in
+	// increasing order, then end.
+	cuts := []time.Time{start}
+	add := func(b time.Time) error {
+		if len(cuts) > maxChunks {
+			return fmt.Errorf("%w: %s has more than %d chunks", ErrInvalidScope, c.Scope(), maxChunks)
+		}
+		if len(cuts)%4096 == 0 {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+		}
+		cuts = append(cuts, b)
+		return nil
+	}
+	switch c.unit {
+	case unitHour:
+		for b := nextHour(start); b.Before(end); b = nextHour(b) {
+			if err := add(b); err != nil {
+				return nil, err
+			}
+		}
+	case unitDay, unitMonth:
+		// at(k) is the start of the k-th day or month after the one start
+		// reads. at(0) <= start, because start itself reads that date;
+		// at(k) is non-decreasing in k but may repeat (a skipped date) or
+		// not yet exceed start (a clock set back across midnight).
+		y, m, d := start.Date()
+		at := func(k int) time.Time {
+			// time.Date normalises out-of-range months and days:
+			// "October 32 converts to November 1". UTC has no gaps, so
+			// this is plain calendar arithmetic.
+			if c.unit == unitDay {
+				return firstAtOrAfter(time.Date(y, m, d+k, 0, 0, 0, 0, time.UTC), c.loc)
+			}
+			return firstAtOrAfter(time.Date(y, m+time.Month(k), 1, 0, 0, 0, 0, time.UTC), c.loc)
+		}
+		for k := 1; ; k++ {
+			b := at(k)
+			if !b.After(cuts[len(cuts)-1]) {
+				continue
+			}
+			if !b.Before(end) {
+				break
+			}
+			if err := add(b); err != nil {
+				return nil, err
+			}
+		}
+	case unitEvery:
+		for b := start.Add(c.step); b.Before(end); b = b.Add(c.step) {
+			if err := add(b); err != nil {
+				return nil, err
+			}
+		}
+	}
+	if err := add(end); err != nil {
+		return nil, err
+	}
+
+	chunks := make([]Chunk, len(cuts)-1)
+	for i := range chunks {
+		lo, hi := cuts[i], cuts[i+1]
+		for _, b := range [...]time.Time{lo, hi} {
+			if _, off := b.Zone(); off%60 != 0 {
+				return nil, fmt.Errorf("%w: %s: boundary %s has UTC offset %ds in %s, which RFC 3339 cannot represent",
+					ErrInvalidScope, c.name(), b.Format(time.RFC3339Nano), off, c.loc)
+			}
+		}
+		chunks[i] = Chunk{
+			ID:    "time:" + lo.Format(time.RFC3339Nano) + "/" + hi.Format(time.RFC3339Nano),
+			Seq:   i,
+			Kind:  KindTime,
+			Start: lo,
+			End:   hi,
+		}
+	}
+	return chunks, nil
+}
+
+// maxOffset bounds the UTC offset of any zone period, with a wide margin:
+// real offsets, local mean time included, stay within ±16 hours.
+const maxOffset = 48 * time.Hour
+
+// firstAtOrAfter returns, in loc, the earliest instant at which loc's clock
+// reads the wall-clock time w or later. w carries the wall-clock reading as
+// a time in UTC.
+//
+// Within one zone period [p, e) with offset o the clock reads t+o, which
+// increases with t, so the earliest candidate there is max(p, w-o), valid if
+// before e. Periods are scanned in order from well before w, and the first
+// valid candidate is the earliest. This is exact where time.Date is not:
+// for a reading that does not exist it returns the instant of the
+// transition that skipped it, and for a reading that occurs twice it
+// returns the first.
+func firstAtOrAfter(w time.Time, loc *time.Location) time.Time {
+	p := w.Add(-maxOffset).In(loc)
+	for {
+		_, off := p.Zone()
+		e := zoneEnd(p)
+		cand := w.Add(-time.Duration(off) * time.Second)
+		if cand.Before(p) {
+			cand = p
+		}
+		if e.IsZero() || cand.Before(e) {
+			return cand.In(loc)
+		}
+		p = e
+	}
+}
+
+// nextHour returns the first instant strictly after t, in t's location, at
+// which the clock reads a whole hour or the UTC offset changes.
+func nextHour(t time.Time) time.Time {
+	for {
+		_, off := t.Zone()
+		e := zoneEnd(t)
+		o := time.Duration(off) * time.Second
+		// Truncate rounds down to a multiple of an hour since the zero
+		// time, which is itself on the hour, so this is the wall clock's
+		// next whole hour, as an instant under offset o.
+		cand := t.UTC().Add(o).Truncate(time.Hour).Add(time.Hour).Add(-o).In(t.Location())
+		if e.IsZero() || cand.Before(e) {
+			return cand
+		}
+		if _, off2 := e.Zone(); off2 != off || cand.Equal(e) {
+			return e
+		}
+		// The period ending at e changes only the zone's name or DST flag,
+		// or is a year boundary of an extrapolated rule (see zoneEnd), not
+		// the offset: the clock runs on, look past it.
+		t = e
+	}
+}
+
+// zoneEnd returns the end of the zone period that contains t: an instant
+// after t at or before the next change of t's zone, or the zero time if the
+// zone never changes again. The end may also be a point where nothing
+// changes; callers compare offsets.
+//
+// It is [time.Time.ZoneBounds] with one correction. For instants after the
+// last transition listed in the zone data, Go extrapolates the zone's TZ
+// rule one year at a time, and outside the daylight-saving period reports
+// the end of that year as start+365 days (time/zoneinfo.go, tzset). On
+// December 31 of a leap year that end is at or before t. No transition
+// happens on that day, so the period runs on to January 1 UTC; should the
+// offset differ there after all, the change is found by bisection.
+func zoneEnd(t time.Time) time.Time {
+	_, e := t.ZoneBounds()
+	if e.IsZero() || e.After(t) {
+		return e
+	}
+	e = time.Date(t.UTC().Year()+1, time.January, 1, 0, 0, 0, 0, time.UTC).In(t.Location())
+	if offset(e) == offset(t) {
+		return e
+	}
+	// Zone data changes offsets on whole seconds. Invariant: the offset at
+	// lo is t's, the offset at hi is not.
+	lo, hi := t.Truncate(time.Second), e
+	for hi.Sub(lo) > time.Second {
+		mid := lo.Add(hi.Sub(lo) / 2).Truncate(time.Second)
+		if offset(mid) == offset(t) {
+			lo = mid
+		} else {
+			hi = mid
+		}
+	}
+	return hi
+}
+
+// offset returns t's UTC offset in seconds.
+func offset(t time.Time) int {
+	_, off := t.Zone()
+	return off
+}
