@@ -1,0 +1,307 @@
+package pgtest
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+)
+
+func TestMain(m *testing.M) { Main(m) }
+
+// databaseExists asks the admin database whether name exists.
+func databaseExists(t *testing.T, name string) bool {
+	t.Helper()
+	admin, err := sqlx.Open("postgres", AdminURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	var n int
+	if err := admin.Get(&n, "SELECT count(*) FROM pg_database WHERE datname = $1", name); err != nil {
+		t.Fatal(err)
+	}
+	return n == 1
+}
+
+func TestParallelDatabasesAreIsolated(t *testing.T) {
+	adminDB(t) // skip here, not in the subtests, when there is no server
+	var mu sync.Mutex
+	names := map[string]string{} // subtest -> database
+
+	t.Run("group", func(t *testing.T) {
+		for _, marker := range []string{"a", "b"} {
+			t.Run(marker, func(t *testing.T) {
+				t.Parallel()
+				db := New(t)
+				var name string
+				if err := db.Get(&name, "SELECT current_database()"); err != nil {
+					t.Fatal(err)
+				}
+				if !strings.HasPrefix(name, "pgtest_") || !strings.Contains(name, "group_"+marker+"_") {
+					t.Errorf("database name %q does not come from the test name", name)
+				}
+				mu.Lock()
+				names[marker] = name
+				mu.Unlock()
+
+				// Same table name in both: fails if they share a database.
+				db.MustExec("CREATE TABLE items (v text NOT NULL)")
+				db.MustExec("INSERT INTO items VALUES ($1)", marker)
+				var got []string
+				if err := db.Select(&got, "SELECT v FROM items"); err != nil {
+					t.Fatal(err)
+				}
+				if len(got) != 1 || got[0] != marker {
+					t.Errorf("items = %v, want [%s]", got, marker)
+				}
+				var enc, collate string
+				if err := db.QueryRow("SELECT pg_encoding_to_char(encoding), datcollate FROM pg_database WHERE datname = current_database()").Scan(&enc, &collate); err != nil {
+					t.Fatal(err)
+				}
+				if enc != "UTF8" || collate != "C" {
+					t.Errorf("encoding %s collate %s, want UTF8 and C", enc, collate)
+				}
+			})
+		}
+	})
+
+	if len(names) != 2 || names["a"] == names["b"] {
+		t.Fatalf("databases = %v, want two distinct ones", names)
+	}
+	if t.Failed() {
+		return
+	}
+	// Both subtests passed, so both databases are gone.
+	for _, name := range names {
+		if databaseExists(t, name) {
+			t.Errorf("database %s of a passed test still exists", name)
+		}
+	}
+}
+
+func TestNewURLSeveralConnections(t *testing.T) {
+	u := NewURL(t)
+	w, err := sqlx.Open("postgres", u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	r, err := sqlx.Open("postgres", u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	w.MustExec("CREATE TABLE t (x int)")
+	w.MustExec("INSERT INTO t VALUES (42)")
+	var x int
+	if err := r.Get(&x, "SELECT x FROM t"); err != nil {
+		t.Fatal(err)
+	}
+	if x != 42 {
+		t.Fatalf("x = %d, want 42", x)
+	}
+}
+
+// fakeTB stands in for a finished test whose outcome the test chooses.
+type fakeTB struct {
+	testing.TB
+	failed bool
+	logs   []string
+	errs   []string
+}
+
+func (f *fakeTB) Failed() bool { return f.failed }
+func (f *fakeTB) Logf(format string, args ...any) {
+	f.logs = append(f.logs, fmt.Sprintf(format, args...))
+}
+func (f *fakeTB) Errorf(format string, args ...any) {
+	f.errs = append(f.errs, fmt.Sprintf(format, args...))
+}
+
+func TestReleaseKeepsFailedDropsPassed(t *testing.T) {
+	if keepDatabase(false) || !keepDatabase(true) {
+		t.Fatal("keepDatabase: want keep exactly when the test failed")
+	}
+	admin, adminURL := adminDB(t)
+	for _, failed := range []bool{false, true} {
+		name := databaseName(t.Name())
+		u, err := withDatabase(adminURL, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := admin.Exec("CREATE DATABASE " + quoteIdent(name) + " TEMPLATE template0"); err != nil {
+			t.Fatal(err)
+		}
+		// A leaked connection must not stop the drop.
+		leak, err := sqlx.Connect("postgres", u)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f := &fakeTB{TB: t, failed: failed}
+		release(f, admin, name, u)
+		_ = leak.Close()
+
+		if len(f.errs) > 0 {
+			t.Errorf("failed=%v: errors %v", failed, f.errs)
+		}
+		exists := databaseExists(t, name)
+		if failed {
+			if !exists {
+				t.Errorf("database of a failed test was dropped")
+			}
+			if len(f.logs) != 1 || !strings.Contains(f.logs[0], u) {
+				t.Errorf("logs = %q, want one line with %s", f.logs, u)
+			}
+			if _, err := admin.Exec("DROP DATABASE " + quoteIdent(name) + " WITH (FORCE)"); err != nil {
+				t.Fatal(err)
+			}
+		} else {
+			if exists {
+				t.Errorf("database of a passed test was kept")
+			}
+			if len(f.logs) != 0 {
+				t.Errorf("logs = %q, want none", f.logs)
+			}
+		}
+	}
+}
+
+func TestDatabaseName(t *testing.T) {
+	seen := map[string]bool{}
+	for _, in := range []string{
+		"TestX",
+		"TestX/sub_test#01",
+		"Test With Spaces/ünïcode/" + strings.Repeat("Long", 40),
+		"",
+		"///",
+	} {
+		for i := 0; i < 3; i++ {
+			got := databaseName(in)
+			if len(got) > 63 {
+				t.Errorf("databaseName(%q) = %q: longer than 63 bytes", in, got)
+			}
+			if !strings.HasPrefix(got, "pgtest_") {
+				t.Errorf("databaseName(%q) = %q: no pgtest_ prefix", in, got)
+			}
+			for _, r := range got {
+				if !(r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '_') {
+					t.Errorf("databaseName(%q) = %q: bad character %q", in, got, r)
+				}
+			}
+			if seen[got] {
+				t.Errorf("databaseName(%q) = %q: repeated", in, got)
+			}
+			seen[got] = true
+		}
+	}
+	if got := databaseName("TestX/sub_test#01"); !strings.HasPrefix(got, "pgtest_testx_sub_test_01_") {
+		t.Errorf("databaseName = %q", got)
+	}
+}
+
+func TestWithDatabase(t *testing.T) {
+	for _, tc := range []struct{ in, want string }{
+		{"postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable", "postgres://postgres@127.0.0.1:5432/x?sslmode=disable"},
+		{"postgresql://u:p@h/", "postgresql://u:p@h/x"},
+		{"host=/tmp dbname=postgres", "host=/tmp dbname=postgres dbname=x"},
+	} {
+		got, err := withDatabase(tc.in, "x")
+		if err != nil || got != tc.want {
+			t.Errorf("withDatabase(%q) = %q, %v; want %q", tc.in, got, err, tc.want)
+		}
+	}
+}
+
+func TestVersionLess(t *testing.T) {
+	if !versionLess("9.6", "15") || versionLess("15", "9.6") || !versionLess("15", "16") || versionLess("16", "16") {
+		t.Error("versionLess orders versions wrongly")
+	}
+}
+
+// TestStartStop starts a second server of its own: slower, so not in -short.
+func TestStartStop(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a server of its own")
+	}
+	if _, err := findBinDir(); err != nil {
+		if inCI() {
+			t.Fatal(err)
+		}
+		t.Skip(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	srv, err := Start(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stopped := false
+	defer func() {
+		if !stopped {
+			_ = srv.Stop()
+		}
+	}()
+	want := fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", srv.Port())
+	if srv.URL() != want {
+		t.Errorf("URL = %q, want %q", srv.URL(), want)
+	}
+	for _, u := range []string{srv.URL(), "host=" + srv.SocketDir() + fmt.Sprintf(" port=%d user=postgres dbname=postgres sslmode=disable", srv.Port())} {
+		db, err := sqlx.Connect("postgres", u)
+		if err != nil {
+			t.Fatalf("connecting with %q: %v", u, err)
+		}
+		var fsync string
+		if err := db.Get(&fsync, "SHOW fsync"); err != nil {
+			t.Fatal(err)
+		}
+		if fsync != "off" {
+			t.Errorf("fsync = %s, want off", fsync)
+		}
+		_ = db.Close()
+	}
+	pid := srv.cmd.Process.Pid
+	if err := srv.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	stopped = true
+	if err := srv.Stop(); err != nil {
+		t.Errorf("second Stop: %v", err)
+	}
+	if pidAlive(pid) {
+		t.Errorf("postmaster %d still running after Stop", pid)
+	}
+	if _, err := os.Stat(srv.SocketDir()); !os.IsNotExist(err) {
+		t.Errorf("temp dir %s not removed: %v", srv.SocketDir(), err)
+	}
+}
+
+// cleanupTB runs a test's cleanups when told to, not at its end.
+type cleanupTB struct {
+	testing.TB
+	fns []func()
+}
+
+func (c *cleanupTB) Cleanup(f func()) { c.fns = append(c.fns, f) }
+func (c *cleanupTB) Failed() bool     { return false }
+func (c *cleanupTB) finish() {
+	for i := len(c.fns) - 1; i >= 0; i-- {
+		c.fns[i]()
+	}
+}
+
+// BenchmarkNew measures a database's whole life: New (CREATE DATABASE and
+// connect), one query, and the cleanup that drops it.
+func BenchmarkNew(b *testing.B) {
+	for i := 0; i < b.N; i++ {
+		tb := &cleanupTB{TB: b}
+		db := New(tb)
+		db.MustExec("SELECT 1")
+		tb.finish()
+	}
+}
