@@ -27,4 +27,31 @@ lint:
 		cd examples && $(GO) vet ./... && $(GO) run $(STATICCHECK) ./...; \
 	fi
 
-# demo, data, bench: defined by their owners below.
+# demo: the main job, the flights example (examples/flights/README.md).
+# Fetches the data once, then runs against DATABASE_URL or a throwaway
+# server. Extra flags: make demo ARGS='-limit-days 7'
+ARGS ?=
+
+.PHONY: demo data
+demo: data
+	bash internal/pgtest/with-postgres.sh sh -c 'cd examples && $(GO) run ./flights $(ARGS)'
+
+# data: fetch flights-3m.parquet and airports.csv (npm pack vega-datasets@3.2.1).
+data:
+	bash examples/flights/fetch-data.sh
+
+# bench: the load benchmark (library vs hand-written chunked load, WAL of a
+# replay, peak RSS; see internal/benchload/README.md), then the Go
+# benchmarks if the module has any. No assertions: both only report.
+# Extra flags: make bench BENCHLOAD_FLAGS='-rows 300000 -runs 5 -rss'
+BENCHLOAD_FLAGS ?=
+
+.PHONY: bench
+bench:
+	$(GO) run ./internal/benchload $(BENCHLOAD_FLAGS)
+	@if grep -rqs --include='*_test.go' '^func Benchmark' . ; then \
+		echo "$(GO) test -run '^$$' -bench . -benchtime 1x ./..."; \
+		$(GO) test -run '^$$' -bench . -benchtime 1x ./...; \
+	else \
+		echo "bench: no Go benchmarks (func BenchmarkXxx) in the module; skipping go test -bench"; \
+	fi
