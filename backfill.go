@@ -7,18 +7,72 @@ import (
 )
 
 // Mode says how a [Target] identifies records and what a merge does with a
-// staged row whose business key is already present.
+// staged row whose business key is already present. Decide identity before
+// the upsert strategy: the mode is part of the plan.
 type Mode string
 
 const (
-	// Upsert updates mutable records by business key: a staged row whose
-	// key exists replaces the target row when any non-key column differs
-	// (IS DISTINCT FROM, NULL-safe) and is left alone otherwise.
+	// Upsert is for mutable master data: a staged row whose business key
+	// exists replaces the target row when any non-key column differs
+	// (IS DISTINCT FROM, NULL-safe) and is left alone otherwise; absent
+	// keys are inserted. [Target.Conflict] decides who wins a disagreement.
+	// It is the default.
 	Upsert Mode = "upsert"
+	// AppendOnly is for immutable events with a unique event ID (the Key).
+	// A replayed event resolves to the existing row and writes nothing. An
+	// event whose ID exists with different content is neither overwritten
+	// nor dropped: it goes to the exception queue with the differing
+	// columns named (reason "conflicting content for existing event: ...").
+	// Inside one chunk, the first row of an ID wins; later identical rows
+	// are deduplicated and later different rows are rejected the same way.
+	AppendOnly Mode = "append_only"
+	// History is versioned history (SCD type 2). Each version is a row
+	// keyed by Key plus [Target.ValidFrom]; [Target.ValidTo] holds the
+	// exclusive end of its half-open interval [valid_from, valid_to), NULL
+	// for the current version (an open end, never a sentinel date). The
+	// extractor writes versions with their valid_from; the merge keeps
+	// every version the source asserted at a distinct valid_from, inserts
+	// late versions at their place (splitting the interval they fall
+	// into) and recomputes valid_to for the keys it touched, so intervals
+	// per key tile its history with no overlap and no gap. A version whose
+	// (key, valid_from) exists is unchanged when its columns are identical
+	// (NULL-safe) and corrects the version in place otherwise. Versions
+	// equal to their predecessor are kept, not collapsed: collapsing
+	// would discard what the source said and make the result depend on
+	// arrival order.
+	History Mode = "history"
+	// Keyless is for legacy sources without a good key: the Key columns
+	// are derived by [Target.Derive] rules (trim, case fold, Unicode NFC,
+	// whitespace collapse, ...) from source columns. Rows whose derived
+	// keys collide with different content, inside a chunk or with the
+	// target, all go to the exception queue (reason "ambiguous derived
+	// key"); identical rows are deduplicated.
+	Keyless Mode = "keyless"
+)
+
+// ConflictPolicy decides, in [Upsert] mode, which side wins when a staged
+// row and the target row of the same business key differ.
+type ConflictPolicy string
+
+const (
+	// SourceWins always takes the staged row. It is the default. Order
+	// dependent when the same key appears in several chunks with different
+	// content: the chunk merged last wins.
+	SourceWins ConflictPolicy = "source_wins"
+	// TargetWins inserts missing keys only; differing existing rows are
+	// kept and counted as unchanged.
+	TargetWins ConflictPolicy = "target_wins"
+	// NewerVersionWins takes the row with the greater [Target.Version]
+	// value (NULL is older than any value). Ties with different content
+	// are broken by the greater text form of the non-key columns, so the
+	// final state is the same whatever the arrival order of versions.
+	// Inside a chunk the same rule picks the surviving row.
+	NewerVersionWins ConflictPolicy = "newer_version_wins"
 )
 
 // DuplicatePolicy is the deterministic rule for business keys that occur
-// more than once in one chunk.
+// more than once in one chunk ([Upsert] with SourceWins or TargetWins, and
+// [History] per (key, valid_from)).
 type DuplicatePolicy string
 
 const (
@@ -33,26 +87,49 @@ const (
 )
 
 // Target describes the table a job writes to and how records are
-// identified in it.
+// identified in it: which columns identify a record (Key), which may
+// change (the other Columns), and which side wins a disagreement (Mode,
+// Conflict).
 type Target struct {
 	// Table is the target table, optionally schema-qualified
 	// ("sales.order_lines"). Each part is quoted as an identifier; do not
 	// quote it yourself.
 	Table string
 	// Key lists the business key columns. The table must have a unique
-	// index or constraint on exactly these columns (any order), otherwise
-	// [Merger.Prepare] returns [ErrNoUniqueKey]. Required.
+	// index or constraint on exactly these columns (in History mode: Key
+	// plus ValidFrom), in any order, otherwise [Merger.Prepare] returns
+	// [ErrNoUniqueKey]. Required.
 	Key []string
 	// Columns lists, in order, the columns the extractor writes with
-	// [RowWriter.Write]. It must include every Key column. Empty means all
-	// of the table's columns in table order, except generated and identity
-	// columns.
+	// [RowWriter.Write]. It must include every Key column (in Keyless mode
+	// the derived key columns are filled by Derive and must not be
+	// listed; in History mode ValidFrom is listed and ValidTo is not).
+	// Empty means all of the table's columns in table order, except
+	// generated and identity columns, derived key columns and ValidTo.
 	Columns []string
 	// Mode is the merge mode; empty means [Upsert].
 	Mode Mode
 	// Duplicates resolves business keys repeated inside one chunk; empty
 	// means [KeepLast].
 	Duplicates DuplicatePolicy
+	// Conflict is the Upsert conflict policy; empty means [SourceWins].
+	Conflict ConflictPolicy
+	// Version names the column compared by [NewerVersionWins]: any type
+	// with an ordering (integer, numeric, timestamp). Typically the
+	// source's version number or modification time. Required with
+	// NewerVersionWins.
+	Version string
+	// ValidFrom and ValidTo name the interval columns of History mode;
+	// defaults "valid_from" and "valid_to". Both must have the same type
+	// (timestamptz, timestamp, date or an integer type).
+	ValidFrom, ValidTo string
+	// Derive lists, in Keyless mode, how each Key column is computed from
+	// a source column. Every Key column needs exactly one rule.
+	Derive []KeyRule
+	// HashColumn, if set, names a column that stores a hash of the non-key
+	// columns (see [RowHash]). The merge then compares hashes instead of
+	// every column to detect changes. It never identifies a row.
+	HashColumn string
 }
 
 // Job is one backfill: what to read (Chunker + Extractor), where to write

@@ -3,6 +3,7 @@ package backfill
 import (
 	"context"
 	"database/sql"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -102,38 +103,6 @@ func (c *Config) validate() error {
 		return fmt.Errorf("%w: RetryBackoff cannot be less than zero", ErrInvalidConfig)
 	case c.MaxRejectsPerChunk < 0:
 		return fmt.Errorf("%w: MaxRejectsPerChunk cannot be less than zero", ErrInvalidConfig)
-	}
-	return nil
-}
-
-func (t Target) validate() error {
-	if t.Table == "" {
-		return fmt.Errorf("%w: Target.Table is required", ErrInvalidConfig)
-	}
-	if len(t.Key) == 0 {
-		return fmt.Errorf("%w: Target.Key is required for table %q", ErrInvalidConfig, t.Table)
-	}
-	seen := map[string]bool{}
-	for _, c := range append(slices.Clone(t.Key), t.Columns...) {
-		if c == "" {
-			return fmt.Errorf("%w: empty column name in Target of %q", ErrInvalidConfig, t.Table)
-		}
-	}
-	for _, c := range t.Columns {
-		if seen[c] {
-			return fmt.Errorf("%w: column %q repeated in Target.Columns of %q", ErrInvalidConfig, c, t.Table)
-		}
-		seen[c] = true
-	}
-	switch t.Mode {
-	case "", Upsert:
-	default:
-		return fmt.Errorf("%w: Target.Mode %q is not supported", ErrInvalidConfig, t.Mode)
-	}
-	switch t.Duplicates {
-	case "", KeepLast, KeepFirst:
-	default:
-		return fmt.Errorf("%w: Target.Duplicates %q is not supported", ErrInvalidConfig, t.Duplicates)
 	}
 	return nil
 }
@@ -383,10 +352,14 @@ func (ex *execution) runChunk(ctx context.Context) (res ChunkResult, claimed boo
 	if err != nil {
 		return res, true, attempt, chunkErr(err)
 	}
+	for _, e := range mr.Rejected {
+		e.ChunkID = c.ID
+		w.exceptions = append(w.exceptions, e)
+	}
 	res = ChunkResult{
 		Chunk: c, Attempt: attempt, StartedAt: started,
 		Counts: Counts{Read: w.read, Inserted: mr.Inserted, Updated: mr.Updated, Unchanged: mr.Unchanged,
-			Rejected: w.rejected, Deduplicated: mr.Deduplicated},
+			Rejected: w.rejected + int64(len(mr.Rejected)), Deduplicated: mr.Deduplicated},
 	}
 	if !res.Balanced() {
 		return res, true, attempt, chunkErr(fmt.Errorf("%w: read %d != inserted %d + updated %d + unchanged %d + rejected %d + deduplicated %d",
@@ -411,6 +384,7 @@ type rowWriter struct {
 	chunk      Chunk
 	info       TableInfo
 	names      []string
+	rules      map[string]KeyRule
 	stager     Stager
 	maxRejects int
 	buf        []any
@@ -426,7 +400,11 @@ func newRowWriter(c Chunk, info TableInfo, st Stager, maxRejects int) *rowWriter
 	for i, col := range info.Columns {
 		names[i] = col.Name
 	}
-	return &rowWriter{chunk: c, info: info, names: names, stager: st, maxRejects: maxRejects, buf: make([]any, len(info.Columns))}
+	rules := map[string]KeyRule{}
+	for _, r := range info.Target.Derive {
+		rules[r.Column] = r
+	}
+	return &rowWriter{chunk: c, info: info, names: names, rules: rules, stager: st, maxRejects: maxRejects, buf: make([]any, len(info.Columns))}
 }
 
 func (w *rowWriter) Write(ctx context.Context, values ...any) error {
@@ -438,16 +416,42 @@ func (w *rowWriter) Write(ctx context.Context, values ...any) error {
 	}
 	w.row++
 	w.read++
-	if len(values) != len(w.info.Columns) {
-		return w.reject(rawJSON(w.names, values, nil), "", fmt.Sprint(len(values)),
-			fmt.Sprintf("wrong number of values: got %d, want %d (%v)", len(values), len(w.info.Columns), w.names))
+	n := w.info.Written
+	if len(values) != n {
+		return w.reject(rawJSON(w.names[:n], values, nil), "", fmt.Sprint(len(values)),
+			fmt.Sprintf("wrong number of values: got %d, want %d (%v)", len(values), n, w.names[:n]))
 	}
-	for i, col := range w.info.Columns {
+	for i, col := range w.info.Columns[:n] {
 		v, reason := convertValue(col, values[i])
 		if reason != "" {
-			return w.reject(rawJSON(w.names, values, nil), col.Name, displayValue(values[i]), reason)
+			return w.reject(rawJSON(w.names[:n], values, nil), col.Name, displayValue(values[i]), reason)
 		}
 		w.buf[i] = v
+	}
+	for i := n; i < len(w.info.Columns); i++ {
+		col := w.info.Columns[i]
+		switch col.Computed {
+		case "derive":
+			rule := w.rules[col.Name]
+			src := w.buf[slices.Index(w.names[:n], rule.From)]
+			k, reason := rule.Derive(src)
+			if reason == "" {
+				var v any
+				v, reason = convertValue(col, k)
+				k, _ = v.(string)
+			}
+			if reason != "" {
+				return w.reject(rawJSON(w.names[:n], values, nil), col.Name, displayValue(src), reason)
+			}
+			w.buf[i] = k
+		case "hash":
+			sum := rowHash(w.info, w.buf[:n])
+			if col.BaseType == "bytea" || col.BaseType == "" {
+				w.buf[i] = sum
+			} else {
+				w.buf[i] = hex.EncodeToString(sum)
+			}
+		}
 	}
 	if err := w.stager.Add(ctx, w.row, w.buf); err != nil {
 		w.err = err

@@ -42,6 +42,10 @@ var (
 	// ErrWriterClosed is returned by [RowWriter] methods called after the
 	// extractor returned.
 	ErrWriterClosed = errors.New("backfill: row writer used after extract returned")
+	// ErrHistoryIntervals is returned (wrapped in a [*ChunkError]) when a
+	// History merge would leave a key's valid_from/valid_to intervals
+	// overlapping or with a gap; the chunk is rolled back.
+	ErrHistoryIntervals = errors.New("backfill: history intervals do not tile")
 	// ErrRunNotFound is returned by [Manifest] lookups of an unknown batch.
 	ErrRunNotFound = errors.New("backfill: run not found")
 )

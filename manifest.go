@@ -57,13 +57,21 @@ type Plan struct {
 	Fingerprint string `json:"-"`
 }
 
-// PlanTarget is the frozen description of a [Target].
+// PlanTarget is the frozen description of a [Target]. Fields that do not
+// apply to the mode are empty (and omitted from the JSON form, so plans of
+// older versions keep their fingerprints).
 type PlanTarget struct {
 	Table      string          `json:"table"`
 	Key        []string        `json:"key"`
 	Columns    []string        `json:"columns"`
 	Mode       Mode            `json:"mode"`
 	Duplicates DuplicatePolicy `json:"duplicates"`
+	Conflict   ConflictPolicy  `json:"conflict,omitempty"`
+	Version    string          `json:"version,omitempty"`
+	ValidFrom  string          `json:"valid_from,omitempty"`
+	ValidTo    string          `json:"valid_to,omitempty"`
+	Derive     []string        `json:"derive,omitempty"`
+	HashColumn string          `json:"hash_column,omitempty"`
 }
 
 // Run is one run (one batch) as recorded in the manifest.

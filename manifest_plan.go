@@ -12,9 +12,13 @@ import (
 // is the target as [Merger.Prepare] resolved it; chunks come from the
 // job's Chunker.
 func NewPlan(job Job, info TableInfo, chunks []Chunk) Plan {
-	cols := make([]string, len(info.Columns))
-	for i, c := range info.Columns {
+	cols := make([]string, info.Written)
+	for i, c := range info.Columns[:info.Written] {
 		cols[i] = c.Name
+	}
+	var derive []string
+	for _, r := range info.Target.Derive {
+		derive = append(derive, r.String())
 	}
 	ids := make([]string, len(chunks))
 	for i, c := range chunks {
@@ -31,6 +35,12 @@ func NewPlan(job Job, info TableInfo, chunks []Chunk) Plan {
 			Columns:    cols,
 			Mode:       info.Target.Mode,
 			Duplicates: info.Target.Duplicates,
+			Conflict:   info.Target.Conflict,
+			Version:    info.Target.Version,
+			ValidFrom:  info.Target.ValidFrom,
+			ValidTo:    info.Target.ValidTo,
+			Derive:     derive,
+			HashColumn: info.Target.HashColumn,
 		},
 		ChunkIDs: ids,
 		Chunks:   chunks,
@@ -67,6 +77,12 @@ func PlanDiff(a, b Plan) []string {
 	add("target.columns", a.Target.Columns, b.Target.Columns)
 	add("target.mode", a.Target.Mode, b.Target.Mode)
 	add("target.duplicates", a.Target.Duplicates, b.Target.Duplicates)
+	add("target.conflict", a.Target.Conflict, b.Target.Conflict)
+	add("target.version", a.Target.Version, b.Target.Version)
+	add("target.valid_from", a.Target.ValidFrom, b.Target.ValidFrom)
+	add("target.valid_to", a.Target.ValidTo, b.Target.ValidTo)
+	add("target.derive", a.Target.Derive, b.Target.Derive)
+	add("target.hash_column", a.Target.HashColumn, b.Target.HashColumn)
 	if !slices.Equal(a.ChunkIDs, b.ChunkIDs) {
 		msg := fmt.Sprintf("chunks: %d -> %d", len(a.ChunkIDs), len(b.ChunkIDs))
 		for i := 0; i < min(len(a.ChunkIDs), len(b.ChunkIDs)); i++ {

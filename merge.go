@@ -22,21 +22,39 @@ type Column struct {
 	MaxLen int
 	// NotNull is true for NOT NULL columns.
 	NotNull bool
-	// Key is true for business key columns.
+	// Key is true for business key columns (in History mode not
+	// ValidFrom, which is part of the version's identity but not of the
+	// business key).
 	Key bool
+	// Computed says how the runner fills a column the extractor does not
+	// write: "derive" (a Keyless key, from [Target.Derive]), "hash" (the
+	// [Target.HashColumn]) or "" for written columns.
+	Computed string
 }
 
-// TableInfo is a prepared target: the Target it came from and its columns
-// in [Target.Columns] order.
+// TableInfo is a prepared target: the Target it came from, with defaults
+// filled in, and its staged columns: first the Written columns of
+// [Target.Columns] in order, then the computed ones (derived keys, hash).
 type TableInfo struct {
 	Target  Target
 	Columns []Column
+	// Written is how many of Columns the extractor writes.
+	Written int
 }
 
-// MergeResult counts what a merge did with the staged rows.
-// Staged rows == Inserted + Updated + Unchanged + Deduplicated.
+// MergeResult counts what a merge did with the staged rows:
+// staged rows == Inserted + Updated + Unchanged + Deduplicated +
+// len(Rejected).
 type MergeResult struct {
 	Inserted, Updated, Unchanged, Deduplicated int64
+	// Rejected are staged rows the merge refused ([AppendOnly] conflicts,
+	// [Keyless] ambiguities), with Row, Raw, Column and Reason set. The
+	// runner counts them as rejected and adds them to the exception queue.
+	Rejected []Exception
+	// Closed counts History versions whose valid_to the merge changed
+	// because a version was inserted after them (not staged rows, so not
+	// part of the accounting).
+	Closed int64
 }
 
 // Merger loads a chunk's rows into staging and merges them into the target

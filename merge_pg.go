@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"database/sql"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -43,13 +44,13 @@ func NewPGMerger() *PGMerger { return &PGMerger{} }
 // compared as text in IS DISTINCT FROM.
 var textCompared = map[string]bool{"json": true, "xml": true, "point": true, "line": true, "lseg": true, "box": true, "path": true, "polygon": true, "circle": true}
 
-// Prepare implements [Merger.Prepare].
+// Prepare implements [Merger.Prepare]: it reads the table's columns and
+// unique indexes from the catalogs (pg_attribute, pg_index; PostgreSQL
+// docs, chapter 53) and resolves the target with [ResolveTarget].
 func (m *PGMerger) Prepare(ctx context.Context, db sqlx.ExtContext, t Target) (TableInfo, error) {
 	if err := t.validate(); err != nil {
 		return TableInfo{}, err
 	}
-	t.Mode = cmpOr(t.Mode, Upsert)
-	t.Duplicates = cmpOr(t.Duplicates, KeepLast)
 	var oid sql.NullInt64
 	if err := sqlx.GetContext(ctx, db, &oid, `SELECT to_regclass($1)::oid::bigint`, sqlgen.Table(t.Table)); err != nil {
 		return TableInfo{}, fmt.Errorf("backfill: prepare %s: %w", t.Table, err)
@@ -79,37 +80,19 @@ func (m *PGMerger) Prepare(ctx context.Context, db sqlx.ExtContext, t Target) (T
 	if err != nil {
 		return TableInfo{}, fmt.Errorf("backfill: prepare %s: columns: %w", t.Table, err)
 	}
-	byName := map[string]Column{}
-	var all []string
+	var table []Column
 	for _, c := range cols {
+		if c.Generated != "" || c.Identity == "a" {
+			continue
+		}
 		col := Column{Name: c.Name, Type: c.Type, BaseType: c.Base, NotNull: c.NotNull}
 		if (c.Base == "varchar" || c.Base == "bpchar") && c.Typmod > 4 {
 			col.MaxLen = c.Typmod - 4
 		}
-		byName[c.Name] = col
-		if c.Generated == "" && c.Identity != "a" {
-			all = append(all, c.Name)
-		}
+		table = append(table, col)
 	}
-	if len(t.Columns) == 0 {
-		t.Columns = all
-	}
-	info := TableInfo{Target: t}
-	for _, name := range t.Columns {
-		col, ok := byName[name]
-		if !ok {
-			return TableInfo{}, fmt.Errorf("backfill: prepare: column %q of table %q: %w", name, t.Table, ErrTargetNotFound)
-		}
-		col.Key = slices.Contains(t.Key, name)
-		info.Columns = append(info.Columns, col)
-	}
-	for _, k := range t.Key {
-		if !slices.Contains(t.Columns, k) {
-			return TableInfo{}, fmt.Errorf("backfill: prepare %s: %w: key column %q is not in Target.Columns", t.Table, ErrInvalidConfig, k)
-		}
-	}
-	// A unique, non-partial, plain-column index whose columns are exactly
-	// the key (PostgreSQL docs, 11.6 "Unique Indexes"; pg_index).
+	// Unique, valid, non-partial indexes on plain columns (PostgreSQL docs,
+	// 11.6 "Unique Indexes").
 	var keys []pq.StringArray
 	err = sqlx.SelectContext(ctx, db, &keys, `
 		SELECT array_agg(a.attname::text ORDER BY a.attname)
@@ -120,18 +103,19 @@ func (m *PGMerger) Prepare(ctx context.Context, db sqlx.ExtContext, t Target) (T
 	if err != nil {
 		return TableInfo{}, fmt.Errorf("backfill: prepare %s: indexes: %w", t.Table, err)
 	}
-	want := slices.Sorted(slices.Values(t.Key))
-	found := false
-	for _, k := range keys {
-		if slices.Equal([]string(k), want) {
-			found = true
+	unique := make([][]string, len(keys))
+	for i, k := range keys {
+		unique[i] = k
+	}
+	info, err := ResolveTarget(t, table, unique)
+	if errors.Is(err, ErrNoUniqueKey) {
+		identity := t.Key
+		if t.Mode == History {
+			identity = append(slices.Clone(t.Key), cmpOr(t.ValidFrom, "valid_from"))
 		}
+		return TableInfo{}, fmt.Errorf("%w; add one with CREATE UNIQUE INDEX ON %s (%s)", err, sqlgen.Table(t.Table), sqlgen.List("", identity))
 	}
-	if !found {
-		return TableInfo{}, fmt.Errorf("backfill: prepare: table %q key (%s): %w; add one with CREATE UNIQUE INDEX ON %s (%s)",
-			t.Table, strings.Join(t.Key, ", "), ErrNoUniqueKey, sqlgen.Table(t.Table), sqlgen.List("", t.Key))
-	}
-	return info, nil
+	return info, err
 }
 
 func cmpOr[T comparable](v, def T) T {
@@ -142,26 +126,95 @@ func cmpOr[T comparable](v, def T) T {
 	return v
 }
 
-// pgMergeSQL is the generated SQL of one target shape.
+// pgMergeSQL is the generated SQL of one target shape. Statements that do
+// not apply to the mode are empty.
 type pgMergeSQL struct {
-	stage, create, copyIn, dupCheck, dedup, update, insert string
+	stage, create, copyIn, dupCheck string
+	// dedup deletes the rows that lose to another row of the same identity
+	// (Upsert, History).
+	dedup string
+	// inChunkConflicts lists (row, first row, differing columns, raw) of
+	// staged rows whose identity repeats with other content
+	// (AppendOnly, Keyless); sameDup lists rows identical to an earlier one.
+	inChunkConflicts string
+	// targetConflicts lists (row, differing columns, raw, existing) of
+	// staged rows whose key exists in the target with other content
+	// (AppendOnly, Keyless).
+	targetConflicts string
+	deleteRows      string
+	update          string
+	insert          string
+	// closeIntervals recomputes valid_to of the touched keys (History);
+	// checkIntervals finds keys whose intervals overlap or leave a gap.
+	closeIntervals, checkIntervals string
 }
 
 func buildMergeSQL(info TableInfo) pgMergeSQL {
 	t := info.Target
 	names := make([]string, len(info.Columns))
-	var nonKey []string
 	var defs []string
 	h := sha256.New()
 	fmt.Fprintf(h, "%s\x00", t.Table)
 	for i, c := range info.Columns {
 		names[i] = c.Name
-		if !c.Key {
-			nonKey = append(nonKey, c.Name)
-		}
 		defs = append(defs, sqlgen.Ident(c.Name)+" "+c.Type)
 		fmt.Fprintf(h, "%s\x00%s\x00%t\x00", c.Name, c.Type, c.Key)
 	}
+	// identity: what one target row is; content: what may change.
+	identity := slices.Clone(t.Key)
+	if t.Mode == History {
+		identity = append(identity, t.ValidFrom)
+	}
+	var content []string
+	for _, n := range names {
+		if !slices.Contains(identity, n) {
+			content = append(content, n)
+		}
+	}
+	compared := content
+	if t.HashColumn != "" {
+		compared = []string{t.HashColumn}
+	}
+	colType := map[string]Column{}
+	for _, c := range info.Columns {
+		colType[c.Name] = c
+	}
+	cmpExpr := func(alias, n string) string {
+		e := alias + "." + sqlgen.Ident(n)
+		if textCompared[colType[n].BaseType] {
+			e += "::text"
+		}
+		return e
+	}
+	rowOf := func(alias string, cols []string) string {
+		parts := make([]string, len(cols))
+		for i, n := range cols {
+			parts[i] = cmpExpr(alias, n)
+		}
+		return "ROW(" + strings.Join(parts, ", ") + ")"
+	}
+	distinct := func(a, b string) string {
+		if len(compared) == 0 {
+			return "false"
+		}
+		return rowOf(a, compared) + " IS DISTINCT FROM " + rowOf(b, compared)
+	}
+	// diffs names the content columns in which a and b differ.
+	diffs := func(a, b string) string {
+		if len(content) == 0 {
+			return "ARRAY[]::text[]"
+		}
+		parts := make([]string, len(content))
+		for i, n := range content {
+			parts[i] = fmt.Sprintf("CASE WHEN %s IS DISTINCT FROM %s THEN %s END", cmpExpr(a, n), cmpExpr(b, n), pq.QuoteLiteral(n))
+		}
+		return "array_remove(ARRAY[" + strings.Join(parts, ", ") + "]::text[], NULL)"
+	}
+	// rawOf renders a staged or target row as jsonb without our columns.
+	rawOf := func(alias string) string {
+		return fmt.Sprintf("(to_jsonb(%s) - '_backfill_row')::text", alias)
+	}
+
 	stage := "pg_temp." + sqlgen.Ident("backfill_stage_"+hex.EncodeToString(h.Sum(nil))[:16])
 	target := sqlgen.Table(t.Table)
 	var q pgMergeSQL
@@ -169,32 +222,91 @@ func buildMergeSQL(info TableInfo) pgMergeSQL {
 	q.create = fmt.Sprintf(`CREATE TEMP TABLE IF NOT EXISTS %s (%s, _backfill_row bigint NOT NULL) ON COMMIT DELETE ROWS`,
 		stage[len("pg_temp."):], strings.Join(defs, ", "))
 	q.copyIn = fmt.Sprintf(`COPY %s (%s, _backfill_row) FROM STDIN`, stage, sqlgen.List("", names))
-	q.dupCheck = fmt.Sprintf(`SELECT EXISTS (SELECT 1 FROM %s GROUP BY %s HAVING count(*) > 1)`, stage, sqlgen.List("", t.Key))
-	cmpOp := ">" // KeepLast: delete rows that a later row of the same key supersedes
-	if t.Duplicates == KeepFirst {
-		cmpOp = "<"
-	}
-	q.dedup = fmt.Sprintf(`DELETE FROM %s s USING %s d WHERE %s AND d._backfill_row %s s._backfill_row`,
-		stage, stage, sqlgen.Equal("s", "d", t.Key), cmpOp)
-	if len(nonKey) > 0 {
-		sets := make([]string, len(nonKey))
-		lhs := make([]string, len(nonKey))
-		rhs := make([]string, len(nonKey))
-		for i, n := range nonKey {
-			sets[i] = sqlgen.Ident(n) + " = s." + sqlgen.Ident(n)
-			lhs[i], rhs[i] = "t."+sqlgen.Ident(n), "s."+sqlgen.Ident(n)
-			for _, c := range info.Columns {
-				if c.Name == n && textCompared[c.BaseType] {
-					lhs[i] += "::text"
-					rhs[i] += "::text"
-				}
-			}
+	q.dupCheck = fmt.Sprintf(`SELECT EXISTS (SELECT 1 FROM %s GROUP BY %s HAVING count(*) > 1)`, stage, sqlgen.List("", identity))
+	q.deleteRows = fmt.Sprintf(`DELETE FROM %s WHERE _backfill_row = ANY ($1::bigint[])`, stage)
+	idEq := func(a, b string) string { return sqlgen.Equal(a, b, identity) }
+
+	switch t.Mode {
+	case Upsert, History:
+		order := "_backfill_row DESC"
+		switch {
+		case t.Conflict == NewerVersionWins:
+			order = fmt.Sprintf("%s DESC NULLS LAST, %s::text COLLATE \"C\" DESC, _backfill_row DESC", sqlgen.Ident(t.Version), rowOf("s", content))
+		case t.Duplicates == KeepFirst:
+			order = "_backfill_row ASC"
 		}
-		q.update = fmt.Sprintf(`UPDATE %s t SET %s FROM %s s WHERE %s AND ROW(%s) IS DISTINCT FROM ROW(%s)`,
-			target, strings.Join(sets, ", "), stage, sqlgen.Equal("t", "s", t.Key), strings.Join(lhs, ", "), strings.Join(rhs, ", "))
+		q.dedup = fmt.Sprintf(`DELETE FROM %[1]s WHERE _backfill_row IN (
+			SELECT _backfill_row FROM (
+				SELECT s._backfill_row, row_number() OVER (PARTITION BY %[2]s ORDER BY %[3]s) AS rn FROM %[1]s s) x
+			WHERE x.rn > 1)`, stage, sqlgen.List("s.", identity), order)
+	case AppendOnly, Keyless:
+		// First row per identity (AppendOnly keeps it; Keyless rejects the
+		// whole group when any two rows differ).
+		q.inChunkConflicts = fmt.Sprintf(`
+			WITH f AS (SELECT DISTINCT ON (%[2]s) * FROM %[1]s ORDER BY %[2]s, _backfill_row)
+			SELECT s._backfill_row AS row, f._backfill_row AS first_row, %[3]s AS diffs, %[4]s AS raw
+			FROM %[1]s s JOIN f ON %[5]s
+			WHERE EXISTS (SELECT 1 FROM %[1]s o WHERE %[6]s AND o._backfill_row <> s._backfill_row)
+			ORDER BY s._backfill_row`,
+			stage, sqlgen.List("", identity), diffs("s", "f"), rawOf("s"), idEq("s", "f"), idEq("o", "s"))
+		q.targetConflicts = fmt.Sprintf(`
+			SELECT s._backfill_row AS row, %[3]s AS diffs, %[4]s AS raw, (to_jsonb(t))::text AS existing
+			FROM %[1]s s JOIN %[2]s t ON %[5]s
+			WHERE %[6]s ORDER BY s._backfill_row`,
+			stage, target, diffs("s", "t"), rawOf("s"), idEq("t", "s"), distinct("t", "s"))
 	}
-	q.insert = fmt.Sprintf(`INSERT INTO %s (%s) SELECT %s FROM %s s WHERE NOT EXISTS (SELECT 1 FROM %s t WHERE %s)`,
-		target, sqlgen.List("", names), sqlgen.List("s.", names), stage, target, sqlgen.Equal("t", "s", t.Key))
+
+	if t.Mode == Upsert && t.Conflict != TargetWins && len(content) > 0 {
+		sets := make([]string, len(content))
+		for i, n := range content {
+			sets[i] = sqlgen.Ident(n) + " = s." + sqlgen.Ident(n)
+		}
+		cond := distinct("t", "s")
+		if t.Conflict == NewerVersionWins {
+			v := sqlgen.Ident(t.Version)
+			cond += fmt.Sprintf(` AND (s.%[1]s > t.%[1]s OR (t.%[1]s IS NULL AND s.%[1]s IS NOT NULL)
+				OR (s.%[1]s IS NOT DISTINCT FROM t.%[1]s AND %[2]s::text COLLATE "C" > %[3]s::text COLLATE "C"))`,
+				v, rowOf("s", content), rowOf("t", content))
+		}
+		q.update = fmt.Sprintf(`UPDATE %s t SET %s FROM %s s WHERE %s AND %s`,
+			target, strings.Join(sets, ", "), stage, idEq("t", "s"), cond)
+	}
+	if t.Mode == History && len(content) > 0 {
+		sets := make([]string, len(content))
+		for i, n := range content {
+			sets[i] = sqlgen.Ident(n) + " = s." + sqlgen.Ident(n)
+		}
+		q.update = fmt.Sprintf(`UPDATE %s t SET %s FROM %s s WHERE %s AND %s`,
+			target, strings.Join(sets, ", "), stage, idEq("t", "s"), distinct("t", "s"))
+	}
+
+	if t.Mode == History {
+		key := sqlgen.List("", t.Key)
+		vf, vt := sqlgen.Ident(t.ValidFrom), sqlgen.Ident(t.ValidTo)
+		// A new version ends where the next version of its key starts, in
+		// the target or in this chunk.
+		q.insert = fmt.Sprintf(`INSERT INTO %[1]s (%[3]s, %[7]s)
+			SELECT %[4]s, (SELECT min(z.vf) FROM (
+					SELECT t2.%[6]s AS vf FROM %[1]s t2 WHERE %[8]s AND t2.%[6]s > s.%[6]s
+					UNION ALL
+					SELECT s2.%[6]s FROM %[2]s s2 WHERE %[9]s AND s2.%[6]s > s.%[6]s) z)
+			FROM %[2]s s WHERE NOT EXISTS (SELECT 1 FROM %[1]s t WHERE %[5]s)`,
+			target, stage, sqlgen.List("", names), sqlgen.List("s.", names), idEq("t", "s"), vf, vt,
+			sqlgen.Equal("t2", "s", t.Key), sqlgen.Equal("s2", "s", t.Key))
+		q.closeIntervals = fmt.Sprintf(`UPDATE %[1]s t SET %[5]s = x.next_from
+			FROM (SELECT %[3]s, %[4]s, lead(%[4]s) OVER (PARTITION BY %[3]s ORDER BY %[4]s) AS next_from
+				FROM %[1]s WHERE (%[3]s) IN (SELECT %[3]s FROM %[2]s)) x
+			WHERE %[6]s AND t.%[4]s = x.%[4]s AND t.%[5]s IS DISTINCT FROM x.next_from`,
+			target, stage, key, vf, vt, sqlgen.Equal("t", "x", t.Key))
+		q.checkIntervals = fmt.Sprintf(`SELECT DISTINCT %[3]s FROM (
+				SELECT %[3]s, %[4]s, %[5]s, lead(%[4]s) OVER (PARTITION BY %[3]s ORDER BY %[4]s) AS next_from
+				FROM %[1]s WHERE (%[3]s) IN (SELECT %[3]s FROM %[2]s)) x
+			WHERE %[5]s IS DISTINCT FROM next_from OR %[5]s <= %[4]s LIMIT 5`,
+			target, stage, key, vf, vt)
+	} else {
+		q.insert = fmt.Sprintf(`INSERT INTO %s (%s) SELECT %s FROM %s s WHERE NOT EXISTS (SELECT 1 FROM %s t WHERE %s)`,
+			target, sqlgen.List("", names), sqlgen.List("s.", names), stage, target, idEq("t", "s"))
+	}
 	return q
 }
 
@@ -254,14 +366,34 @@ func (s *pgStager) endCopy(ctx context.Context) error {
 	return errors.Join(err, cerr)
 }
 
+type pgConflict struct {
+	Row      int64          `db:"row"`
+	FirstRow int64          `db:"first_row"`
+	Diffs    pq.StringArray `db:"diffs"`
+	Raw      string         `db:"raw"`
+	Existing sql.NullString `db:"existing"`
+}
+
+func (s *pgStager) exec(ctx context.Context, what, query string, args ...any) (int64, error) {
+	if query == "" {
+		return 0, nil
+	}
+	r, err := s.tx.ExecContext(ctx, query, args...)
+	if err != nil {
+		return 0, fmt.Errorf("backfill: merge %s: %s: %w", s.info.Target.Table, what, err)
+	}
+	n, _ := r.RowsAffected()
+	return n, nil
+}
+
 func (s *pgStager) Merge(ctx context.Context) (MergeResult, error) {
 	if s.done {
 		return MergeResult{}, ErrWriterClosed
 	}
 	s.done = true
-	table := s.info.Target.Table
+	t := s.info.Target
 	if err := s.endCopy(ctx); err != nil {
-		return MergeResult{}, fmt.Errorf("backfill: stage %s: end copy: %w", table, err)
+		return MergeResult{}, fmt.Errorf("backfill: stage %s: end copy: %w", t.Table, err)
 	}
 	var res MergeResult
 	if s.staged == 0 {
@@ -269,32 +401,121 @@ func (s *pgStager) Merge(ctx context.Context) (MergeResult, error) {
 	}
 	var dup bool
 	if err := sqlx.GetContext(ctx, s.tx, &dup, s.q.dupCheck); err != nil {
-		return res, fmt.Errorf("backfill: merge %s: duplicate check: %w", table, err)
+		return res, fmt.Errorf("backfill: merge %s: duplicate check: %w", t.Table, err)
 	}
-	if dup {
-		r, err := s.tx.ExecContext(ctx, s.q.dedup)
+	var drop []int64
+	if dup && s.q.dedup != "" {
+		n, err := s.exec(ctx, "deduplicate", s.q.dedup)
 		if err != nil {
-			return res, fmt.Errorf("backfill: merge %s: deduplicate: %w", table, err)
+			return res, err
 		}
-		res.Deduplicated, _ = r.RowsAffected()
+		res.Deduplicated = n
 	}
-	if s.q.update != "" {
-		r, err := s.tx.ExecContext(ctx, s.q.update)
+	if dup && s.q.inChunkConflicts != "" {
+		var cs []pgConflict
+		if err := sqlx.SelectContext(ctx, s.tx, &cs, s.q.inChunkConflicts); err != nil {
+			return res, fmt.Errorf("backfill: merge %s: duplicates in chunk: %w", t.Table, err)
+		}
+		// Rows of one identity: in AppendOnly the first row wins, later
+		// identical rows are duplicates and later different rows conflicts;
+		// in Keyless any difference makes every row of the group ambiguous.
+		ambiguous := map[int64]bool{} // first row -> the group has differences
+		for _, c := range cs {
+			if len(c.Diffs) > 0 {
+				ambiguous[c.FirstRow] = true
+			}
+		}
+		for _, c := range cs {
+			switch {
+			case t.Mode == Keyless && ambiguous[c.FirstRow]:
+				res.Rejected = append(res.Rejected, Exception{Row: c.Row, Raw: json.RawMessage(c.Raw), Column: strings.Join(c.Diffs, ","),
+					Value: keyText(t.Key, c.Raw), Reason: fmt.Sprintf("ambiguous derived key: rows %d and others share it with different content", c.FirstRow)})
+				drop = append(drop, c.Row)
+			case c.Row == c.FirstRow:
+				// AppendOnly keeps the first row; Keyless keeps one of identical rows.
+			case len(c.Diffs) == 0:
+				res.Deduplicated++
+				drop = append(drop, c.Row)
+			default:
+				res.Rejected = append(res.Rejected, Exception{Row: c.Row, Raw: json.RawMessage(c.Raw), Column: strings.Join(c.Diffs, ","),
+					Value: keyText(t.Key, c.Raw), Reason: fmt.Sprintf("conflicting content for event of row %d in the same chunk: %s differ", c.FirstRow, strings.Join(c.Diffs, ", "))})
+				drop = append(drop, c.Row)
+			}
+		}
+	}
+	if len(drop) > 0 {
+		if _, err := s.exec(ctx, "drop rows", s.q.deleteRows, pq.Array(drop)); err != nil {
+			return res, err
+		}
+		drop = drop[:0]
+	}
+	if s.q.targetConflicts != "" {
+		var cs []pgConflict
+		if err := sqlx.SelectContext(ctx, s.tx, &cs, s.q.targetConflicts); err != nil {
+			return res, fmt.Errorf("backfill: merge %s: conflicts with target: %w", t.Table, err)
+		}
+		for _, c := range cs {
+			reason := "conflicting content for existing event: " + strings.Join(c.Diffs, ", ") + " differ"
+			if t.Mode == Keyless {
+				reason = "ambiguous derived key: an existing row has the same key with different " + strings.Join(c.Diffs, ", ")
+			}
+			raw := json.RawMessage(fmt.Sprintf(`{"staged": %s, "existing": %s}`, c.Raw, c.Existing.String))
+			res.Rejected = append(res.Rejected, Exception{Row: c.Row, Raw: raw, Column: strings.Join(c.Diffs, ","), Value: keyText(t.Key, c.Raw), Reason: reason})
+			drop = append(drop, c.Row)
+		}
+		if len(drop) > 0 {
+			if _, err := s.exec(ctx, "drop conflicts", s.q.deleteRows, pq.Array(drop)); err != nil {
+				return res, err
+			}
+		}
+	}
+	var err error
+	if res.Updated, err = s.exec(ctx, "update", s.q.update); err != nil {
+		return res, err
+	}
+	if res.Inserted, err = s.exec(ctx, "insert", s.q.insert); err != nil {
+		return res, err
+	}
+	if res.Inserted > 0 && s.q.closeIntervals != "" {
+		if res.Closed, err = s.exec(ctx, "close intervals", s.q.closeIntervals); err != nil {
+			return res, err
+		}
+		var bad []string
+		rows, err := s.tx.QueryxContext(ctx, s.q.checkIntervals)
 		if err != nil {
-			return res, fmt.Errorf("backfill: merge %s: update: %w", table, err)
+			return res, fmt.Errorf("backfill: merge %s: check intervals: %w", t.Table, err)
 		}
-		res.Updated, _ = r.RowsAffected()
+		for rows.Next() {
+			vals, err := rows.SliceScan()
+			if err != nil {
+				rows.Close()
+				return res, err
+			}
+			bad = append(bad, fmt.Sprint(vals...))
+		}
+		rows.Close()
+		if len(bad) > 0 {
+			return res, fmt.Errorf("backfill: merge %s: %w: valid_from/valid_to intervals overlap or leave a gap for keys %v", t.Table, ErrHistoryIntervals, bad)
+		}
 	}
-	r, err := s.tx.ExecContext(ctx, s.q.insert)
-	if err != nil {
-		return res, fmt.Errorf("backfill: merge %s: insert: %w", table, err)
-	}
-	res.Inserted, _ = r.RowsAffected()
-	res.Unchanged = s.staged - res.Deduplicated - res.Updated - res.Inserted
+	res.Unchanged = s.staged - res.Deduplicated - res.Updated - res.Inserted - int64(len(res.Rejected))
 	if res.Unchanged < 0 {
-		return res, fmt.Errorf("backfill: merge %s: %w: staged %d, merged %+v", table, ErrAccounting, s.staged, res)
+		return res, fmt.Errorf("backfill: merge %s: %w: staged %d, merged %+v", t.Table, ErrAccounting, s.staged, res)
 	}
 	return res, nil
+}
+
+// keyText renders the key columns of a JSON row as "(a, b)" for messages.
+func keyText(key []string, raw string) string {
+	var m map[string]any
+	if json.Unmarshal([]byte(raw), &m) != nil {
+		return ""
+	}
+	parts := make([]string, len(key))
+	for i, k := range key {
+		parts[i] = fmt.Sprint(m[k])
+	}
+	return "(" + strings.Join(parts, ", ") + ")"
 }
 
 func (s *pgStager) Close() error {

@@ -77,31 +77,11 @@ func (m *Merger) Prepare(ctx context.Context, db sqlx.ExtContext, t backfill.Tar
 	if tab == nil {
 		return backfill.TableInfo{}, fmt.Errorf("backfill: prepare: table %q: %w", t.Table, backfill.ErrTargetNotFound)
 	}
-	if t.Mode == "" {
-		t.Mode = backfill.Upsert
+	cols := make([]backfill.Column, len(tab.columns))
+	for i, c := range tab.columns {
+		cols[i] = backfill.Column{Name: c}
 	}
-	if t.Duplicates == "" {
-		t.Duplicates = backfill.KeepLast
-	}
-	if len(t.Columns) == 0 {
-		t.Columns = slices.Clone(tab.columns)
-	}
-	info := backfill.TableInfo{Target: t}
-	for _, c := range t.Columns {
-		if !slices.Contains(tab.columns, c) {
-			return backfill.TableInfo{}, fmt.Errorf("backfill: prepare: column %q of table %q: %w", c, t.Table, backfill.ErrTargetNotFound)
-		}
-		info.Columns = append(info.Columns, backfill.Column{Name: c, Key: slices.Contains(t.Key, c)})
-	}
-	for _, k := range t.Key {
-		if !slices.Contains(t.Columns, k) {
-			return backfill.TableInfo{}, fmt.Errorf("backfill: prepare %s: %w: key column %q is not in Target.Columns", t.Table, backfill.ErrInvalidConfig, k)
-		}
-	}
-	if !slices.Equal(slices.Sorted(slices.Values(t.Key)), slices.Sorted(slices.Values(tab.key))) {
-		return backfill.TableInfo{}, fmt.Errorf("backfill: prepare: table %q key (%s): %w", t.Table, strings.Join(t.Key, ", "), backfill.ErrNoUniqueKey)
-	}
-	return info, nil
+	return backfill.ResolveTarget(t, cols, [][]string{tab.key})
 }
 
 // Stage implements [backfill.Merger.Stage].
