@@ -1,7 +1,12 @@
 package backfill_test
 
 import (
+	"fmt"
+	"strings"
 	"testing"
+	"time"
+
+	"github.com/lib/pq"
 
 	"github.com/stretchr/testify/require"
 
@@ -21,28 +26,47 @@ func TestPGMergerConformance(t *testing.T) {
 	t.Parallel()
 	backfilltest.TestMerger(t, func(t *testing.T) backfilltest.MergerHarness {
 		db := pgtest.New(t)
-		_, err := db.Exec(`CREATE TABLE "Items" (tenant text, id bigint, name text, PRIMARY KEY (tenant, id))`)
-		require.NoError(t, err)
-		return backfilltest.MergerHarness{Merger: backfill.NewPGMerger(), DB: backfill.Postgres(db), Table: "Items",
-			Rows: func(t *testing.T) [][]any {
-				rows, err := db.Queryx(`SELECT tenant, id, name FROM "Items" ORDER BY tenant, id`)
+		return backfilltest.MergerHarness{
+			Merger: backfill.NewPGMerger(),
+			DB:     backfill.Postgres(db),
+			CreateTable: func(t *testing.T, table string, columns []backfilltest.ColumnDef, unique []string) {
+				defs := make([]string, len(columns))
+				for i, c := range columns {
+					defs[i] = pq.QuoteIdentifier(c.Name) + " " + c.Type
+				}
+				quoted := make([]string, len(unique))
+				for i, u := range unique {
+					quoted[i] = pq.QuoteIdentifier(u)
+				}
+				_, err := db.Exec(fmt.Sprintf("CREATE TABLE %s (%s, UNIQUE (%s))", pq.QuoteIdentifier(table), strings.Join(defs, ", "), strings.Join(quoted, ", ")))
+				require.NoError(t, err)
+			},
+			Truncate: func(t *testing.T, table string) {
+				_, err := db.Exec("TRUNCATE " + pq.QuoteIdentifier(table))
+				require.NoError(t, err)
+			},
+			Rows: func(t *testing.T, table string) [][]any {
+				rows, err := db.Queryx("SELECT * FROM " + pq.QuoteIdentifier(table))
 				require.NoError(t, err)
 				defer rows.Close()
 				var out [][]any
 				for rows.Next() {
-					var tenant string
-					var id int64
-					var name *string
-					require.NoError(t, rows.Scan(&tenant, &id, &name))
-					var n any
-					if name != nil {
-						n = *name
+					vals, err := rows.SliceScan()
+					require.NoError(t, err)
+					for i, v := range vals {
+						switch x := v.(type) {
+						case []byte:
+							vals[i] = string(x)
+						case time.Time:
+							vals[i] = x.UTC()
+						}
 					}
-					out = append(out, []any{tenant, id, n})
+					out = append(out, vals)
 				}
 				require.NoError(t, rows.Err())
 				return out
-			}}
+			},
+		}
 	})
 }
 

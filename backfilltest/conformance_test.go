@@ -1,6 +1,7 @@
 package backfilltest_test
 
 import (
+	"slices"
 	"testing"
 
 	"github.com/pgbackfill/backfill"
@@ -16,8 +17,18 @@ func TestFakeManifestConformance(t *testing.T) {
 func TestFakeMergerConformance(t *testing.T) {
 	backfilltest.TestMerger(t, func(t *testing.T) backfilltest.MergerHarness {
 		m := backfilltest.NewMerger()
-		m.AddTable("items", []string{"tenant", "id"}, "tenant", "id", "name")
-		return backfilltest.MergerHarness{Merger: m, DB: backfilltest.NewDB(), Table: "items",
-			Rows: func(t *testing.T) [][]any { return m.Rows("items") }}
+		return backfilltest.MergerHarness{
+			Merger: m,
+			DB:     backfilltest.NewDB(),
+			CreateTable: func(t *testing.T, table string, columns []backfilltest.ColumnDef, unique []string) {
+				names := make([]string, len(columns))
+				for i, c := range columns {
+					names[i] = c.Name
+				}
+				m.AddTable(table, slices.Clone(unique), names...)
+			},
+			Truncate: func(t *testing.T, table string) { m.Truncate(table) },
+			Rows:     func(t *testing.T, table string) [][]any { return m.Rows(table) },
+		}
 	})
 }

@@ -43,6 +43,15 @@ func (m *Merger) AddTable(table string, key []string, columns ...string) {
 	m.tables[table] = &fakeTable{columns: slices.Clone(columns), key: slices.Clone(key), rows: map[string][]any{}}
 }
 
+// Truncate deletes every committed row of table.
+func (m *Merger) Truncate(table string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if t := m.tables[table]; t != nil {
+		t.rows = map[string][]any{}
+	}
+}
+
 // Rows returns the committed rows of table in column order, sorted by
 // their printed key; nil for an unknown table.
 func (m *Merger) Rows(table string) [][]any {
