@@ -175,6 +175,14 @@ func buildMergeSQL(info TableInfo) pgMergeSQL {
 	if t.HashColumn != "" {
 		compared = []string{t.HashColumn}
 	}
+	if t.Mode == Keyless {
+		// The sources of derived keys are the key's raw forms: rows that
+		// differ only there are the same record (the first one seen is kept).
+		compared = slices.DeleteFunc(slices.Clone(content), func(n string) bool {
+			return slices.ContainsFunc(t.Derive, func(r KeyRule) bool { return r.From == n })
+		})
+		content = compared
+	}
 	colType := map[string]Column{}
 	for _, c := range info.Columns {
 		colType[c.Name] = c
@@ -419,16 +427,18 @@ func (s *pgStager) Merge(ctx context.Context) (MergeResult, error) {
 		// Rows of one identity: in AppendOnly the first row wins, later
 		// identical rows are duplicates and later different rows conflicts;
 		// in Keyless any difference makes every row of the group ambiguous.
-		ambiguous := map[int64]bool{} // first row -> the group has differences
+		ambiguous := map[int64][]string{} // first row -> columns that differ in the group
 		for _, c := range cs {
-			if len(c.Diffs) > 0 {
-				ambiguous[c.FirstRow] = true
+			for _, d := range c.Diffs {
+				if !slices.Contains(ambiguous[c.FirstRow], d) {
+					ambiguous[c.FirstRow] = append(ambiguous[c.FirstRow], d)
+				}
 			}
 		}
 		for _, c := range cs {
 			switch {
-			case t.Mode == Keyless && ambiguous[c.FirstRow]:
-				res.Rejected = append(res.Rejected, Exception{Row: c.Row, Raw: json.RawMessage(c.Raw), Column: strings.Join(c.Diffs, ","),
+			case t.Mode == Keyless && len(ambiguous[c.FirstRow]) > 0:
+				res.Rejected = append(res.Rejected, Exception{Row: c.Row, Raw: json.RawMessage(c.Raw), Column: strings.Join(ambiguous[c.FirstRow], ","),
 					Value: keyText(t.Key, c.Raw), Reason: fmt.Sprintf("ambiguous derived key: rows %d and others share it with different content", c.FirstRow)})
 				drop = append(drop, c.Row)
 			case c.Row == c.FirstRow:
