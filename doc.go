@@ -65,6 +65,48 @@ keys inside one chunk are resolved before the merge by [DuplicatePolicy]
 and counted as deduplicated; the target must have a unique index on the
 key ([ErrNoUniqueKey] otherwise).
 
+# Identity first: merge modes
+
+Decide which columns identify a record, which may change, and which side
+wins a disagreement before choosing how to write. [Target.Mode] says it:
+
+  - [Upsert] (default), mutable master data: update by a stable business
+    key (composite keys are the norm), insert absent keys.
+    [Target.Conflict] decides who wins: [SourceWins] (default),
+    [TargetWins] (insert missing only) or [NewerVersionWins], which compares
+    [Target.Version] (a source version or modification time) and breaks
+    ties by content, so versions arriving out of order give the same final
+    state as in order.
+  - [AppendOnly], immutable events with a unique event ID: a replay
+    resolves to the existing event; the same ID with different content is
+    never overwritten and never dropped: it goes to the exception queue
+    with the differing columns named.
+  - [History], versioned history (SCD type 2): one row per version,
+    identified by Key plus valid_from, with half-open intervals
+    [valid_from, valid_to) and NULL valid_to on the current version. Late
+    versions are inserted at their place, splitting the interval they fall
+    into; intervals per key never overlap and leave no gap (checked after
+    every merge; a violation fails the chunk with [ErrHistoryIntervals]).
+    An identical replay adds no version; the same (key, valid_from) with
+    other content corrects that version in place.
+  - [Keyless], legacy files without a good key: [Target.Derive] rules
+    ([KeyRule] of composable [Normalizer]s: [Trim], [CollapseSpace],
+    [NFC], [NFKC], [CaseFold], [RemovePunctuation]) derive the key. Rows
+    whose derived keys collide with different content all go to the
+    exception queue; identical ones are deduplicated.
+
+A NULL in a key column never becomes a silent duplicate: the row is
+rejected ("missing key column"), unless a Keyless rule opts into
+[KeyRule.NullAsEmpty]. A row hash ([Target.HashColumn]) may detect changed
+content; it never identifies a row. Its input is unambiguous (NULL markers,
+length prefixes) and canonical for numerics (1.0 = 1.00) and floats (-0 =
+0, one NaN).
+
+Every mode is idempotent: merging the same chunks again, in any order,
+any number of times, yields the same table (a property test of the
+conformance suite, for the PostgreSQL merger and the fakes alike; for
+SourceWins this holds when chunks do not share keys).
+
 # Plans and resume
 
 [Runner.Run] freezes the job into a [Plan]: scope, chunk IDs, target,
