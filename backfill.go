@@ -126,6 +126,20 @@ type Target struct {
 	// Derive lists, in Keyless mode, how each Key column is computed from
 	// a source column. Every Key column needs exactly one rule.
 	Derive []KeyRule
+	// EventTime names the column holding the event time: the instant the
+	// record is about, which assigns its reporting period. Documentation
+	// and lineage only (recorded in the plan); it may differ from the
+	// chunking dimension, e.g. when extracting by ModifiedAt.
+	EventTime string
+	// ModifiedAt names the column holding the source modification time:
+	// the extraction cursor that watermarks and [Runner.Handoff] use.
+	// Recorded in the plan.
+	ModifiedAt string
+	// IngestedAt, if set, names a column the library fills with the
+	// ingestion time: the time the chunk's transaction started
+	// (timestamptz), on every inserted or updated row. It is excluded from
+	// change detection, so a replay does not touch it.
+	IngestedAt string
 	// HashColumn, if set, names a column that stores a hash of the non-key
 	// columns (see [RowHash]). The merge then compares hashes instead of
 	// every column to detect changes. It never identifies a row.
@@ -155,7 +169,44 @@ type Job struct {
 	// changed plan is refused with [ErrPlanChanged], and a completed plan
 	// is not run again.
 	NewRun bool
+
+	// ChunkColumn names the written column that carries each row's value
+	// of the chunking dimension (a time, an integer key, or a list item
+	// such as a tenant). When set, the runner rejects every row whose
+	// value lies outside its chunk's half-open interval [start, end) with
+	// reason "outside chunk" — catching extractors that use BETWEEN, <=
+	// end or an end-of-day 23:59:59.999. Empty disables the check.
+	ChunkColumn string
+	// Zone is the IANA location in which wall-clock values are read:
+	// values of a ChunkColumn of type timestamp without time zone, and of
+	// type date (midnight). It is never the session's or the machine's
+	// zone. Default time.UTC. Recorded in the plan.
+	Zone *time.Location
+	// DateMeaning says what a date-only value of the source means; it is
+	// recorded in the plan (and so in the manifest) for the people who
+	// read the data later. Default DateUnspecified.
+	DateMeaning DateMeaning
+	// Watermark, if set, is asked for the source's high-water mark when a
+	// run is created; the manifest records it, and [Runner.Handoff] rescans
+	// from it. See [SafetyLag] and [PGSourceWatermark].
+	Watermark Watermarker
 }
+
+// DateMeaning says what a date without a time means in a source.
+type DateMeaning string
+
+const (
+	// DateUnspecified: the job declared nothing (no date-only values, or
+	// their meaning is not known).
+	DateUnspecified DateMeaning = ""
+	// DateLocalCalendarDay: the local calendar day in [Job.Zone].
+	DateLocalCalendarDay DateMeaning = "local calendar day"
+	// DateAccountingPeriod: a business period identifier (the day an
+	// entry was booked to), not an instant.
+	DateAccountingPeriod DateMeaning = "accounting period"
+	// DateProcessingDate: the day the source processed the record.
+	DateProcessingDate DateMeaning = "processing date"
+)
 
 // Extractor reads the source for one chunk. It is the part of a backfill
 // that host applications write.

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"os"
 	"slices"
 	"sync"
@@ -152,7 +153,23 @@ func (r *Runner) Run(ctx context.Context, job Job) (Report, error) {
 	if err != nil {
 		return Report{}, err
 	}
+	for _, c := range chunks {
+		if c.Kind == KindTime && (!c.Start.Equal(truncMicro(c.Start)) || !c.End.Equal(truncMicro(c.End))) {
+			return Report{}, fmt.Errorf("backfill: job %q: %w: chunk %s has a bound finer than a microsecond, which PostgreSQL cannot store", job.Name, ErrInvalidScope, c)
+		}
+	}
+	if job.ChunkColumn != "" && !slices.ContainsFunc(info.Columns[:info.Written], func(c Column) bool { return c.Name == job.ChunkColumn }) {
+		return Report{}, fmt.Errorf("backfill: job %q: %w: ChunkColumn %q is not a written column of %q", job.Name, ErrInvalidConfig, job.ChunkColumn, info.Target.Table)
+	}
 	plan := NewPlan(job, info, chunks)
+	if job.Watermark != nil {
+		wm, err := job.Watermark.Watermark(ctx)
+		if err != nil {
+			return Report{}, fmt.Errorf("backfill: job %q: watermark: %w", job.Name, err)
+		}
+		wm = truncMicro(wm)
+		plan.Watermark = &wm
+	}
 	run, resumed, err := m.StartRun(ctx, r.db, plan, r.cfg.WorkerID, job.NewRun)
 	if err != nil {
 		return Report{}, err
@@ -339,7 +356,7 @@ func (ex *execution) runChunk(ctx context.Context) (res ChunkResult, claimed boo
 		return res, true, attempt, chunkErr(err)
 	}
 	defer stager.Close()
-	w := newRowWriter(c, ex.info, stager, r.cfg.MaxRejectsPerChunk)
+	w := newRowWriter(c, ex.job, ex.info, stager, r.cfg.MaxRejectsPerChunk, started)
 	xerr := ex.job.Extractor.Extract(ctx, c, w)
 	w.closed = true
 	if w.err != nil {
@@ -385,6 +402,9 @@ type rowWriter struct {
 	info       TableInfo
 	names      []string
 	rules      map[string]KeyRule
+	chunkCol   int // index of Job.ChunkColumn in the written columns, -1 for none
+	zone       *time.Location
+	ingested   string
 	stager     Stager
 	maxRejects int
 	buf        []any
@@ -395,7 +415,7 @@ type rowWriter struct {
 	closed              bool
 }
 
-func newRowWriter(c Chunk, info TableInfo, st Stager, maxRejects int) *rowWriter {
+func newRowWriter(c Chunk, job Job, info TableInfo, st Stager, maxRejects int, started time.Time) *rowWriter {
 	names := make([]string, len(info.Columns))
 	for i, col := range info.Columns {
 		names[i] = col.Name
@@ -404,7 +424,13 @@ func newRowWriter(c Chunk, info TableInfo, st Stager, maxRejects int) *rowWriter
 	for _, r := range info.Target.Derive {
 		rules[r.Column] = r
 	}
-	return &rowWriter{chunk: c, info: info, names: names, rules: rules, stager: st, maxRejects: maxRejects, buf: make([]any, len(info.Columns))}
+	w := &rowWriter{chunk: c, info: info, names: names, rules: rules, stager: st, maxRejects: maxRejects,
+		buf: make([]any, len(info.Columns)), chunkCol: -1, zone: cmpOr(job.Zone, time.UTC),
+		ingested: started.Truncate(time.Microsecond).Format(time.RFC3339Nano)}
+	if job.ChunkColumn != "" {
+		w.chunkCol = slices.Index(names[:info.Written], job.ChunkColumn)
+	}
+	return w
 }
 
 func (w *rowWriter) Write(ctx context.Context, values ...any) error {
@@ -428,6 +454,12 @@ func (w *rowWriter) Write(ctx context.Context, values ...any) error {
 		}
 		w.buf[i] = v
 	}
+	if w.chunkCol >= 0 {
+		v := values[w.chunkCol]
+		if ok, why := w.inChunk(v); !ok {
+			return w.reject(rawJSON(w.names[:n], values, nil), w.names[w.chunkCol], displayValue(v), why)
+		}
+	}
 	for i := n; i < len(w.info.Columns); i++ {
 		col := w.info.Columns[i]
 		switch col.Computed {
@@ -444,6 +476,8 @@ func (w *rowWriter) Write(ctx context.Context, values ...any) error {
 				return w.reject(rawJSON(w.names[:n], values, nil), col.Name, displayValue(src), reason)
 			}
 			w.buf[i] = k
+		case "ingested":
+			w.buf[i] = w.ingested
 		case "hash":
 			sum := rowHash(w.info, w.buf[:n])
 			if col.BaseType == "bytea" || col.BaseType == "" {
@@ -483,4 +517,70 @@ func (w *rowWriter) reject(raw []byte, column, value, reason string) error {
 		return w.err
 	}
 	return nil
+}
+
+// inChunk reports whether v, a row's value of Job.ChunkColumn as the
+// extractor wrote it, lies in the chunk's half-open interval. Times are
+// compared as instants: a wall-clock value (a timestamp or date column, or
+// a timestamp string) is read in Job.Zone; every time is truncated to
+// microseconds first, as it is stored.
+func (w *rowWriter) inChunk(v any) (bool, string) {
+	c := w.chunk
+	col := w.info.Columns[w.chunkCol]
+	outside := func(shown string) (bool, string) {
+		lo, hi := c.Bounds()
+		if c.Kind == KindList {
+			return false, fmt.Sprintf("outside chunk {%s}: value %s", lo, shown)
+		}
+		return false, fmt.Sprintf("outside chunk [%s, %s): value %s", lo, hi, shown)
+	}
+	switch c.Kind {
+	case KindTime:
+		t, ok := w.instant(col, v)
+		if !ok {
+			return false, fmt.Sprintf("outside chunk: value %s of %s is not a time", displayValue(v), col.Name)
+		}
+		if t.Before(c.Start) || !t.Before(c.End) {
+			return outside(t.In(c.Start.Location()).Format(time.RFC3339Nano))
+		}
+		return true, ""
+	case KindInt:
+		n, reason := toInt(v, math.MinInt64, math.MaxInt64, "bigint")
+		if reason != "" {
+			return false, "outside chunk: " + reason
+		}
+		if x := n.(int64); x < c.Lo || x >= c.Hi {
+			return outside(fmt.Sprint(x))
+		}
+		return true, ""
+	default:
+		s, ok := v.(string)
+		if !ok || s != c.Item {
+			return outside(displayValue(v))
+		}
+		return true, ""
+	}
+}
+
+// instant returns the instant a time value denotes, in the rules of
+// inChunk.
+func (w *rowWriter) instant(col Column, v any) (time.Time, bool) {
+	wall := col.BaseType == "timestamp" || col.BaseType == "date"
+	switch x := v.(type) {
+	case time.Time:
+		if wall {
+			x = time.Date(x.Year(), x.Month(), x.Day(), x.Hour(), x.Minute(), x.Second(), x.Nanosecond(), w.zone)
+		}
+		return x.Truncate(time.Microsecond), true
+	case string:
+		if t, err := time.Parse(time.RFC3339Nano, x); err == nil && !wall {
+			return t.Truncate(time.Microsecond), true
+		}
+		for _, layout := range []string{"2006-01-02 15:04:05.999999999", "2006-01-02T15:04:05.999999999", "2006-01-02"} {
+			if t, err := time.ParseInLocation(layout, x, w.zone); err == nil {
+				return t.Truncate(time.Microsecond), true
+			}
+		}
+	}
+	return time.Time{}, false
 }

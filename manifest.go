@@ -51,8 +51,13 @@ type Plan struct {
 	// ChunkIDs lists the chunk IDs in order; the chunks themselves are
 	// rows of the manifest.
 	ChunkIDs []string `json:"chunk_ids"`
+	// Time records the job's time declarations (omitted when none).
+	Time *PlanTime `json:"time,omitempty"`
 	// Chunks are the plan's chunks (not part of the JSON form).
 	Chunks []Chunk `json:"-"`
+	// Watermark is the source's high-water mark taken when the run was
+	// created ([Job.Watermark]); not part of the fingerprint.
+	Watermark *time.Time `json:"-"`
 	// Fingerprint is set by [NewPlan].
 	Fingerprint string `json:"-"`
 }
@@ -74,6 +79,16 @@ type PlanTarget struct {
 	HashColumn string          `json:"hash_column,omitempty"`
 }
 
+// PlanTime is the frozen time declarations of a [Job].
+type PlanTime struct {
+	ChunkColumn string      `json:"chunk_column,omitempty"`
+	Zone        string      `json:"zone,omitempty"`
+	DateMeaning DateMeaning `json:"date_meaning,omitempty"`
+	EventTime   string      `json:"event_time,omitempty"`
+	ModifiedAt  string      `json:"modified_at,omitempty"`
+	IngestedAt  string      `json:"ingested_at,omitempty"`
+}
+
 // Run is one run (one batch) as recorded in the manifest.
 type Run struct {
 	BatchID     int64           `db:"batch_id"`
@@ -91,6 +106,9 @@ type Run struct {
 	CreatedAt   time.Time  `db:"created_at"`
 	FinishedAt  *time.Time `db:"finished_at"`
 	LastError   string     `db:"last_error"`
+	// Watermark is the source's high-water mark recorded at creation, if
+	// the job has a [Job.Watermark].
+	Watermark *time.Time `db:"watermark"`
 }
 
 // ChunkState is one chunk of a run as recorded in the manifest.

@@ -118,6 +118,8 @@ CREATE TABLE {s}.events (
 );
 CREATE INDEX events_batch ON {s}.events (batch_id, id);
 `,
+	// 2: the source's high-water mark of a run.
+	`ALTER TABLE {s}.runs ADD COLUMN watermark timestamptz;`,
 }
 
 func (m *PGManifest) sql(q string) string {
@@ -191,7 +193,7 @@ func (m *PGManifest) Init(ctx context.Context, db sqlx.ExtContext) error {
 }
 
 const runColumns = `batch_id, job_name, source, code_version, plan_fingerprint, plan, scope_lower, scope_upper,
-	status, chunks_total, started_by, created_at, finished_at, last_error`
+	status, chunks_total, started_by, created_at, finished_at, last_error, watermark`
 
 // StartRun implements [Manifest.StartRun]. It serialises callers for the
 // same job with a transaction-level advisory lock on the job name.
@@ -270,9 +272,9 @@ func (m *PGManifest) createRun(ctx context.Context, tx sqlx.ExtContext, plan Pla
 	}
 	var run Run
 	err = sqlx.GetContext(ctx, tx, &run, m.sql(`INSERT INTO {s}.runs
-		(job_name, source, code_version, plan_fingerprint, plan, scope, scope_lower, scope_upper, status, chunks_total, started_by)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'running', $9, $10) RETURNING `+runColumns),
-		plan.Job, plan.Source, plan.CodeVersion, plan.Fingerprint, string(pj), plan.Scope, lower, upper, len(plan.Chunks), worker)
+		(job_name, source, code_version, plan_fingerprint, plan, scope, scope_lower, scope_upper, status, chunks_total, started_by, watermark)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'running', $9, $10, $11) RETURNING `+runColumns),
+		plan.Job, plan.Source, plan.CodeVersion, plan.Fingerprint, string(pj), plan.Scope, lower, upper, len(plan.Chunks), worker, plan.Watermark)
 	if err != nil {
 		return Run{}, err
 	}

@@ -45,6 +45,14 @@ func NewPlan(job Job, info TableInfo, chunks []Chunk) Plan {
 		ChunkIDs: ids,
 		Chunks:   chunks,
 	}
+	pt := PlanTime{ChunkColumn: job.ChunkColumn, DateMeaning: job.DateMeaning,
+		EventTime: info.Target.EventTime, ModifiedAt: info.Target.ModifiedAt, IngestedAt: info.Target.IngestedAt}
+	if job.Zone != nil {
+		pt.Zone = job.Zone.String()
+	}
+	if pt != (PlanTime{}) {
+		p.Time = &pt
+	}
 	p.Fingerprint = p.fingerprint()
 	return p
 }
@@ -83,6 +91,19 @@ func PlanDiff(a, b Plan) []string {
 	add("target.valid_to", a.Target.ValidTo, b.Target.ValidTo)
 	add("target.derive", a.Target.Derive, b.Target.Derive)
 	add("target.hash_column", a.Target.HashColumn, b.Target.HashColumn)
+	var at, bt PlanTime
+	if a.Time != nil {
+		at = *a.Time
+	}
+	if b.Time != nil {
+		bt = *b.Time
+	}
+	add("time.chunk_column", at.ChunkColumn, bt.ChunkColumn)
+	add("time.zone", at.Zone, bt.Zone)
+	add("time.date_meaning", at.DateMeaning, bt.DateMeaning)
+	add("time.event_time", at.EventTime, bt.EventTime)
+	add("time.modified_at", at.ModifiedAt, bt.ModifiedAt)
+	add("time.ingested_at", at.IngestedAt, bt.IngestedAt)
 	if !slices.Equal(a.ChunkIDs, b.ChunkIDs) {
 		msg := fmt.Sprintf("chunks: %d -> %d", len(a.ChunkIDs), len(b.ChunkIDs))
 		for i := 0; i < min(len(a.ChunkIDs), len(b.ChunkIDs)); i++ {

@@ -118,11 +118,11 @@ func convertValue(col Column, v any) (any, string) {
 			if x.Year() < 1 || x.Year() > 9999 {
 				return nil, "timestamp out of supported range (years 1-9999)"
 			}
-			return x.Format("2006-01-02 15:04:05.999999999"), ""
+			return truncMicro(x).Format("2006-01-02 15:04:05.999999"), ""
 		case string:
 			for _, layout := range []string{"2006-01-02 15:04:05.999999999", "2006-01-02T15:04:05.999999999", "2006-01-02"} {
 				if t, err := time.Parse(layout, x); err == nil {
-					return t.Format("2006-01-02 15:04:05.999999999"), ""
+					return truncMicro(t).Format("2006-01-02 15:04:05.999999"), ""
 				}
 			}
 			return nil, "invalid timestamp, want YYYY-MM-DD HH:MM:SS[.ffffff] without zone"
@@ -134,13 +134,13 @@ func convertValue(col Column, v any) (any, string) {
 			if x.Year() < 1 || x.Year() > 9999 {
 				return nil, "timestamp out of supported range (years 1-9999)"
 			}
-			return x.Format(time.RFC3339Nano), ""
+			return truncMicro(x).Format(time.RFC3339Nano), ""
 		case string:
 			t, err := time.Parse(time.RFC3339Nano, x)
 			if err != nil {
 				return nil, "invalid timestamptz, want RFC 3339 with a zone offset (a value without offset would be read in the session's TimeZone)"
 			}
-			return t.Format(time.RFC3339Nano), ""
+			return truncMicro(t).Format(time.RFC3339Nano), ""
 		}
 		return nil, wrongType(v, "timestamp with time zone")
 	case "uuid":
@@ -196,6 +196,16 @@ func convertValue(col Column, v any) (any, string) {
 		return s, ""
 	}
 	return v, ""
+}
+
+// truncMicro truncates t to whole microseconds, PostgreSQL's precision
+// (PostgreSQL docs, 8.5 "Date/Time Types"). The rule is truncation, toward
+// the past, never rounding: a value just below a chunk's end stays in that
+// chunk, and the chunk check and the stored value agree. Nanosecond
+// sources are normalised this way; coarser sources (milliseconds,
+// seconds) are exact.
+func truncMicro(t time.Time) time.Time {
+	return t.Truncate(time.Microsecond)
 }
 
 var uuidRE = regexp.MustCompile(`^[0-9a-fA-F]{8}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{12}$`)

@@ -171,17 +171,20 @@ func buildMergeSQL(info TableInfo) pgMergeSQL {
 			content = append(content, n)
 		}
 	}
-	compared := content
+	// tracked: content that change detection compares. Library-filled
+	// metadata (ingestion time, hash) is written but never compared, and
+	// in Keyless mode the sources of derived keys are the key's raw forms:
+	// rows that differ only there are the same record (the first one seen
+	// is kept).
+	tracked := slices.DeleteFunc(slices.Clone(content), func(n string) bool {
+		if n == t.IngestedAt || n == t.HashColumn {
+			return true
+		}
+		return t.Mode == Keyless && slices.ContainsFunc(t.Derive, func(r KeyRule) bool { return r.From == n })
+	})
+	compared := tracked
 	if t.HashColumn != "" {
 		compared = []string{t.HashColumn}
-	}
-	if t.Mode == Keyless {
-		// The sources of derived keys are the key's raw forms: rows that
-		// differ only there are the same record (the first one seen is kept).
-		compared = slices.DeleteFunc(slices.Clone(content), func(n string) bool {
-			return slices.ContainsFunc(t.Derive, func(r KeyRule) bool { return r.From == n })
-		})
-		content = compared
 	}
 	colType := map[string]Column{}
 	for _, c := range info.Columns {
@@ -207,13 +210,13 @@ func buildMergeSQL(info TableInfo) pgMergeSQL {
 		}
 		return rowOf(a, compared) + " IS DISTINCT FROM " + rowOf(b, compared)
 	}
-	// diffs names the content columns in which a and b differ.
+	// diffs names the tracked columns in which a and b differ.
 	diffs := func(a, b string) string {
-		if len(content) == 0 {
+		if len(tracked) == 0 {
 			return "ARRAY[]::text[]"
 		}
-		parts := make([]string, len(content))
-		for i, n := range content {
+		parts := make([]string, len(tracked))
+		for i, n := range tracked {
 			parts[i] = fmt.Sprintf("CASE WHEN %s IS DISTINCT FROM %s THEN %s END", cmpExpr(a, n), cmpExpr(b, n), pq.QuoteLiteral(n))
 		}
 		return "array_remove(ARRAY[" + strings.Join(parts, ", ") + "]::text[], NULL)"
@@ -239,7 +242,7 @@ func buildMergeSQL(info TableInfo) pgMergeSQL {
 		order := "_backfill_row DESC"
 		switch {
 		case t.Conflict == NewerVersionWins:
-			order = fmt.Sprintf("%s DESC NULLS LAST, %s::text COLLATE \"C\" DESC, _backfill_row DESC", sqlgen.Ident(t.Version), rowOf("s", content))
+			order = fmt.Sprintf("%s DESC NULLS LAST, %s::text COLLATE \"C\" DESC, _backfill_row DESC", sqlgen.Ident(t.Version), rowOf("s", tracked))
 		case t.Duplicates == KeepFirst:
 			order = "_backfill_row ASC"
 		}
@@ -274,7 +277,7 @@ func buildMergeSQL(info TableInfo) pgMergeSQL {
 			v := sqlgen.Ident(t.Version)
 			cond += fmt.Sprintf(` AND (s.%[1]s > t.%[1]s OR (t.%[1]s IS NULL AND s.%[1]s IS NOT NULL)
 				OR (s.%[1]s IS NOT DISTINCT FROM t.%[1]s AND %[2]s::text COLLATE "C" > %[3]s::text COLLATE "C"))`,
-				v, rowOf("s", content), rowOf("t", content))
+				v, rowOf("s", tracked), rowOf("t", tracked))
 		}
 		q.update = fmt.Sprintf(`UPDATE %s t SET %s FROM %s s WHERE %s AND %s`,
 			target, strings.Join(sets, ", "), stage, idEq("t", "s"), cond)

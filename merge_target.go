@@ -119,7 +119,7 @@ func ResolveTarget(t Target, table []Column, unique [][]string) (TableInfo, erro
 	}
 	computed := func(name string) bool {
 		_, d := derived[name]
-		return d || name == t.HashColumn || (t.Mode == History && name == t.ValidTo)
+		return d || name == t.HashColumn || name == t.IngestedAt || (t.Mode == History && name == t.ValidTo)
 	}
 	if len(t.Columns) == 0 {
 		for _, c := range table {
@@ -174,6 +174,17 @@ func ResolveTarget(t Target, table []Column, unique [][]string) (TableInfo, erro
 			return TableInfo{}, bad("HashColumn %q must be bytea or text, not %s", t.HashColumn, c.Type)
 		}
 		c.Key, c.Computed = false, "hash"
+		info.Columns = append(info.Columns, c)
+	}
+	if t.IngestedAt != "" {
+		c, err := col(t.IngestedAt, "ingested_at")
+		if err != nil {
+			return TableInfo{}, err
+		}
+		if c.BaseType != "" && c.BaseType != "timestamptz" {
+			return TableInfo{}, bad("IngestedAt %q must be timestamptz, not %s", t.IngestedAt, c.Type)
+		}
+		c.Key, c.Computed = false, "ingested"
 		info.Columns = append(info.Columns, c)
 	}
 	identity := slices.Clone(t.Key)

@@ -101,7 +101,7 @@ func (m *Manifest) StartRun(ctx context.Context, db sqlx.ExtContext, plan backfi
 	r := &fakeRun{plan: plan, locked: map[int]*Tx{}}
 	r.run = backfill.Run{BatchID: id, Job: plan.Job, Source: plan.Source, CodeVersion: plan.CodeVersion,
 		Fingerprint: plan.Fingerprint, Plan: pj, Status: backfill.RunRunning, ChunksTotal: len(plan.Chunks),
-		Worker: worker, CreatedAt: time.Now()}
+		Worker: worker, CreatedAt: time.Now(), Watermark: plan.Watermark}
 	if n := len(plan.Chunks); n > 0 {
 		r.run.ScopeLower, _ = plan.Chunks[0].Bounds()
 		_, r.run.ScopeUpper = plan.Chunks[n-1].Bounds()
