@@ -46,6 +46,13 @@ var (
 	// History merge would leave a key's valid_from/valid_to intervals
 	// overlapping or with a gap; the chunk is rolled back.
 	ErrHistoryIntervals = errors.New("backfill: history intervals do not tile")
+	// ErrUnsupported is returned when a feature needs an optional
+	// interface (such as [ManifestAudit]) that the configured
+	// implementation lacks.
+	ErrUnsupported = errors.New("backfill: not supported by this implementation")
+	// ErrNoWatermark is returned by [Runner.Handoff] when the job has no
+	// completed run with a recorded watermark.
+	ErrNoWatermark = errors.New("backfill: no completed run with a watermark")
 	// ErrRunNotFound is returned by [Manifest] lookups of an unknown batch.
 	ErrRunNotFound = errors.New("backfill: run not found")
 )

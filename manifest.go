@@ -187,3 +187,35 @@ type Manifest interface {
 	// Exceptions returns the batch's exception queue in (chunk Seq, Row) order.
 	Exceptions(ctx context.Context, db sqlx.ExtContext, batchID int64) ([]Exception, error)
 }
+
+// Event is one entry of the manifest's audit log: run starts, resumes,
+// completions, handoffs, operator decisions (pause, resume, approve,
+// rollback) with who and why. Entries are appended, never changed.
+type Event struct {
+	ID      int64  `db:"id" json:"id"`
+	BatchID int64  `db:"batch_id" json:"batch_id"`
+	Job     string `db:"job_name" json:"job"`
+	// Kind names what happened: "run_started", "run_resumed",
+	// "run_abandoned", "run_completed", "run_failed", "handoff", ...
+	Kind string `db:"kind" json:"kind"`
+	// Actor is who did it: a worker ID or an operator's name.
+	Actor string `db:"actor" json:"actor"`
+	// Detail is a JSON object with the event's data (reason, counts, ...).
+	Detail    json.RawMessage `db:"detail" json:"detail"`
+	CreatedAt time.Time       `db:"created_at" json:"created_at"`
+}
+
+// ManifestAudit is implemented by manifests that keep an audit log and
+// look runs up by job name; [PGManifest] and backfilltest.Manifest do.
+// Features that record operator decisions ([Runner.Handoff]) need it and
+// return [ErrUnsupported] without it.
+type ManifestAudit interface {
+	// RecordEvent appends e (ID and CreatedAt are set by the manifest). It
+	// joins db's transaction when db is one.
+	RecordEvent(ctx context.Context, db sqlx.ExtContext, e Event) error
+	// Events returns the events of batchID in order.
+	Events(ctx context.Context, db sqlx.ExtContext, batchID int64) ([]Event, error)
+	// LatestRun returns the newest run of job with one of the statuses
+	// (any status when none is given), or [ErrRunNotFound].
+	LatestRun(ctx context.Context, db sqlx.ExtContext, job string, statuses ...RunStatus) (Run, error)
+}

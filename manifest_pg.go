@@ -24,7 +24,10 @@ type PGManifest struct {
 	schema string
 }
 
-var _ Manifest = (*PGManifest)(nil)
+var (
+	_ Manifest      = (*PGManifest)(nil)
+	_ ManifestAudit = (*PGManifest)(nil)
+)
 
 // NewPGManifest returns a PostgreSQL manifest in schema ("" means
 // "backfill"). The schema is created by [PGManifest.Init].
@@ -526,3 +529,60 @@ func (m *PGManifest) Run(ctx context.Context, db sqlx.ExtContext, batchID int64)
 }
 
 var errNotTx = errors.New("backfill: executor is not a transaction")
+
+// RecordEvent implements [ManifestAudit.RecordEvent].
+func (m *PGManifest) RecordEvent(ctx context.Context, db sqlx.ExtContext, e Event) error {
+	detail := string(e.Detail)
+	if detail == "" {
+		detail = "{}"
+	}
+	var batch sql.NullInt64
+	if e.BatchID != 0 {
+		batch = sql.NullInt64{Int64: e.BatchID, Valid: true}
+	}
+	_, err := db.ExecContext(ctx, m.sql(`INSERT INTO {s}.events (batch_id, job_name, kind, actor, detail) VALUES ($1, $2, $3, $4, $5)`),
+		batch, e.Job, e.Kind, e.Actor, detail)
+	if err != nil {
+		return fmt.Errorf("backfill: record event %s of batch %d: %w", e.Kind, e.BatchID, err)
+	}
+	return nil
+}
+
+// Events implements [ManifestAudit.Events].
+func (m *PGManifest) Events(ctx context.Context, db sqlx.ExtContext, batchID int64) ([]Event, error) {
+	var rows []struct {
+		Event
+		Batch  sql.NullInt64 `db:"batch"`
+		Detail string        `db:"detail_text"`
+	}
+	err := sqlx.SelectContext(ctx, db, &rows, m.sql(`SELECT id, batch_id AS batch, job_name, kind, actor, detail::text AS detail_text, created_at
+		FROM {s}.events WHERE batch_id = $1 ORDER BY id`), batchID)
+	if err != nil {
+		return nil, fmt.Errorf("backfill: events of batch %d: %w", batchID, err)
+	}
+	out := make([]Event, len(rows))
+	for i, r := range rows {
+		out[i] = r.Event
+		out[i].BatchID = r.Batch.Int64
+		out[i].Detail = json.RawMessage(r.Detail)
+	}
+	return out, nil
+}
+
+// LatestRun implements [ManifestAudit.LatestRun].
+func (m *PGManifest) LatestRun(ctx context.Context, db sqlx.ExtContext, job string, statuses ...RunStatus) (Run, error) {
+	st := make([]string, len(statuses))
+	for i, s := range statuses {
+		st[i] = string(s)
+	}
+	var runs []Run
+	err := sqlx.SelectContext(ctx, db, &runs, m.sql(`SELECT `+runColumns+` FROM {s}.runs
+		WHERE job_name = $1 AND (cardinality($2::text[]) = 0 OR status = ANY ($2::text[])) ORDER BY batch_id DESC LIMIT 1`), job, pq.Array(st))
+	if err != nil {
+		return Run{}, fmt.Errorf("backfill: latest run of job %q: %w", job, err)
+	}
+	if len(runs) == 0 {
+		return Run{}, fmt.Errorf("backfill: latest run of job %q with status %v: %w", job, statuses, ErrRunNotFound)
+	}
+	return runs[0], nil
+}

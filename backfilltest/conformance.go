@@ -206,6 +206,48 @@ func TestManifest(t *testing.T, newManifest func(t *testing.T) (backfill.Manifes
 		require.Equal(t, 2, chunks[0].Attempts)
 	})
 
+	t.Run("AuditLogAndWatermark", func(t *testing.T) {
+		m, db := setup(t)
+		audit, ok := m.(backfill.ManifestAudit)
+		if !ok {
+			t.Skip("the manifest does not implement backfill.ManifestAudit")
+		}
+		p := plan(t, "job", "v1", 10)
+		wm := time.Date(2024, 5, 1, 12, 30, 0, 123456000, time.UTC)
+		p.Watermark = &wm
+		run, _, err := m.StartRun(ctx, db, p, "w", false)
+		require.NoError(t, err)
+		require.NotNil(t, run.Watermark)
+		require.True(t, wm.Equal(*run.Watermark), "watermark kept to the microsecond")
+
+		tx, err := db.Begin(ctx)
+		require.NoError(t, err)
+		require.NoError(t, audit.RecordEvent(ctx, tx, backfill.Event{BatchID: run.BatchID, Job: "job", Kind: "rolled_back_note", Actor: "ann"}))
+		require.NoError(t, tx.Rollback())
+		tx, err = db.Begin(ctx)
+		require.NoError(t, err)
+		require.NoError(t, audit.RecordEvent(ctx, tx, backfill.Event{BatchID: run.BatchID, Job: "job", Kind: "approve", Actor: "bob",
+			Detail: []byte(`{"why": "checked by hand"}`)}))
+		require.NoError(t, tx.Commit())
+		events, err := audit.Events(ctx, db, run.BatchID)
+		require.NoError(t, err)
+		var kinds []string
+		for _, e := range events {
+			kinds = append(kinds, e.Kind)
+		}
+		require.Equal(t, []string{"run_started", "approve"}, kinds, "events of a rolled back transaction are gone")
+		require.Equal(t, "bob", events[1].Actor)
+		require.JSONEq(t, `{"why": "checked by hand"}`, string(events[1].Detail))
+
+		latest, err := audit.LatestRun(ctx, db, "job")
+		require.NoError(t, err)
+		require.Equal(t, run.BatchID, latest.BatchID)
+		_, err = audit.LatestRun(ctx, db, "job", backfill.RunCompleted)
+		require.ErrorIs(t, err, backfill.ErrRunNotFound)
+		_, err = audit.LatestRun(ctx, db, "no-such-job")
+		require.ErrorIs(t, err, backfill.ErrRunNotFound)
+	})
+
 	t.Run("UnknownBatch", func(t *testing.T) {
 		m, db := setup(t)
 		_, err := m.FinishRun(ctx, db, 987654, false, "")

@@ -20,15 +20,7 @@ import (
 type Manifest struct {
 	mu     sync.Mutex
 	runs   []*fakeRun // index = batch ID - 1
-	events []Event
-}
-
-// Event is one audit-log entry of the fake manifest.
-type Event struct {
-	BatchID int64
-	Job     string
-	Kind    string
-	Actor   string
+	events []backfill.Event
 }
 
 type fakeRun struct {
@@ -39,7 +31,10 @@ type fakeRun struct {
 	exceptions []backfill.Exception
 }
 
-var _ backfill.Manifest = (*Manifest)(nil)
+var (
+	_ backfill.Manifest      = (*Manifest)(nil)
+	_ backfill.ManifestAudit = (*Manifest)(nil)
+)
 
 // NewManifest returns an empty in-memory manifest.
 func NewManifest() *Manifest { return &Manifest{} }
@@ -47,11 +42,53 @@ func NewManifest() *Manifest { return &Manifest{} }
 // Init does nothing and returns nil.
 func (m *Manifest) Init(ctx context.Context, db sqlx.ExtContext) error { return ctx.Err() }
 
-// Events returns the audit log in order.
-func (m *Manifest) Events() []Event {
+// event appends an audit-log entry; m.mu must be held.
+func (m *Manifest) event(batchID int64, job, kind, actor string) {
+	m.events = append(m.events, backfill.Event{ID: int64(len(m.events) + 1), BatchID: batchID, Job: job, Kind: kind,
+		Actor: actor, Detail: []byte("{}"), CreatedAt: time.Now()})
+}
+
+// RecordEvent implements [backfill.ManifestAudit.RecordEvent]; in a fake
+// transaction the event is appended on commit.
+func (m *Manifest) RecordEvent(ctx context.Context, db sqlx.ExtContext, e backfill.Event) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if len(e.Detail) == 0 {
+		e.Detail = []byte("{}")
+	}
+	return apply(db, func() {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		e.ID, e.CreatedAt = int64(len(m.events)+1), time.Now()
+		m.events = append(m.events, e)
+	})
+}
+
+// Events implements [backfill.ManifestAudit.Events].
+func (m *Manifest) Events(ctx context.Context, db sqlx.ExtContext, batchID int64) ([]backfill.Event, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return slices.Clone(m.events)
+	var out []backfill.Event
+	for _, e := range m.events {
+		if e.BatchID == batchID {
+			out = append(out, e)
+		}
+	}
+	return out, nil
+}
+
+// LatestRun implements [backfill.ManifestAudit.LatestRun].
+func (m *Manifest) LatestRun(ctx context.Context, db sqlx.ExtContext, job string, statuses ...backfill.RunStatus) (backfill.Run, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for i := len(m.runs) - 1; i >= 0; i-- {
+		r := m.runs[i].run
+		if r.Job == job && (len(statuses) == 0 || slices.Contains(statuses, r.Status)) {
+			return r, nil
+		}
+	}
+	return backfill.Run{}, fmt.Errorf("backfill: latest run of job %q with status %v: %w", job, statuses, backfill.ErrRunNotFound)
 }
 
 // StartRun implements [backfill.Manifest.StartRun].
@@ -80,7 +117,7 @@ func (m *Manifest) StartRun(ctx context.Context, db sqlx.ExtContext, plan backfi
 				}
 				prev.run.Status = backfill.RunRunning
 				prev.run.LastError = ""
-				m.events = append(m.events, Event{prev.run.BatchID, plan.Job, "run_resumed", worker})
+				m.event(prev.run.BatchID, plan.Job, "run_resumed", worker)
 			}
 			return prev.run, true, nil
 		case !same && !newRun:
@@ -90,7 +127,7 @@ func (m *Manifest) StartRun(ctx context.Context, db sqlx.ExtContext, plan backfi
 		}
 		if prev.run.Status != backfill.RunCompleted {
 			prev.run.Status = backfill.RunAbandoned
-			m.events = append(m.events, Event{prev.run.BatchID, plan.Job, "run_abandoned", worker})
+			m.event(prev.run.BatchID, plan.Job, "run_abandoned", worker)
 		}
 	}
 	pj, err := json.Marshal(plan)
@@ -113,7 +150,7 @@ func (m *Manifest) StartRun(ctx context.Context, db sqlx.ExtContext, plan backfi
 		r.chunks = append(r.chunks, backfill.ChunkState{BatchID: id, Chunk: c, Status: backfill.ChunkPending})
 	}
 	m.runs = append(m.runs, r)
-	m.events = append(m.events, Event{id, plan.Job, "run_started", worker})
+	m.event(id, plan.Job, "run_started", worker)
 	return r.run, false, nil
 }
 
@@ -249,7 +286,7 @@ func (m *Manifest) FinishRun(ctx context.Context, db sqlx.ExtContext, batchID in
 	default:
 		return r.run, nil
 	}
-	m.events = append(m.events, Event{batchID, r.run.Job, "run_" + string(r.run.Status), ""})
+	m.event(batchID, r.run.Job, "run_" + string(r.run.Status), "")
 	return r.run, nil
 }
 
