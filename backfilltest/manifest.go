@@ -286,7 +286,7 @@ func (m *Manifest) FinishRun(ctx context.Context, db sqlx.ExtContext, batchID in
 	default:
 		return r.run, nil
 	}
-	m.event(batchID, r.run.Job, "run_" + string(r.run.Status), "")
+	m.event(batchID, r.run.Job, "run_"+string(r.run.Status), "")
 	return r.run, nil
 }
 
