@@ -1,0 +1,431 @@
+// Command earthquakes backfills the 1,707 USGS events of earthquakes.json
+// (npm package vega-datasets 3.2.1: one week of the USGS "all earthquakes"
+// feed, 2018-01-31 to 2018-02-07) into PostgreSQL, one UTC day of event
+// time per chunk, keyed by the event id, where the newer source version
+// (USGS's "updated" time) wins. See README.md.
+//
+//	DATABASE_URL=postgres://... go run ./earthquakes [-replay] [-correction] [-hours] [-concurrency 2] [-new-run]
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+	_ "github.com/lib/pq" // the "postgres" database/sql driver
+
+	"github.com/pgbackfill/backfill"
+)
+
+// codeVersion is the version of the transformation (extract.go). It is part
+// of the plan fingerprint: bump it by hand when the rows a chunk produces
+// change, and only then.
+const codeVersion = "earthquakes-example/1"
+
+const (
+	quakesJob   = "earthquakes"
+	quakesSrc   = "vega-datasets@3.2.1/earthquakes.json"
+	quakesFile  = "earthquakes.json"
+	quakesTable = "earthquakes"
+)
+
+// schemaDDL creates the target table; it is idempotent.
+const schemaDDL = `
+CREATE TABLE IF NOT EXISTS earthquakes (
+	id                text             PRIMARY KEY,
+	event_time        timestamptz      NOT NULL,
+	source_updated_at timestamptz      NOT NULL,
+	mag               double precision,
+	mag_type          text,
+	place             text,
+	status            text,
+	type              text,
+	tz_offset_min     smallint,
+	lon               double precision,
+	lat               double precision,
+	depth_km          double precision
+);
+CREATE INDEX IF NOT EXISTS earthquakes_event_time ON earthquakes (event_time);
+COMMENT ON TABLE earthquakes IS 'USGS earthquake feed (all_week.geojson of 2018-02-07, from vega-datasets@3.2.1 earthquakes.json)';
+COMMENT ON COLUMN earthquakes.id IS 'USGS event id (feature id), e.g. ci37868143';
+COMMENT ON COLUMN earthquakes.event_time IS 'event (origin) time: properties.time; the chunking dimension';
+COMMENT ON COLUMN earthquakes.source_updated_at IS 'when USGS last modified the event: properties.updated; the version compared by newer-version-wins';
+COMMENT ON COLUMN earthquakes.tz_offset_min IS 'properties.tz: UTC offset in minutes at the epicentre, as the source gave it';
+COMMENT ON COLUMN earthquakes.depth_km IS 'third coordinate of the Point geometry, km below sea level';
+`
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "earthquakes:", err)
+		os.Exit(1)
+	}
+}
+
+type options struct {
+	dataDir     string
+	concurrency int
+	newRun      bool
+	hours       bool
+	replay      bool
+	correction  bool
+	corrections int
+	verbose     bool
+}
+
+func run() error {
+	var o options
+	flag.StringVar(&o.dataDir, "data", "", "directory holding earthquakes.json (default: earthquakes/data, examples/earthquakes/data or data, whichever exists)")
+	flag.IntVar(&o.concurrency, "concurrency", 2, "chunks loaded at once")
+	flag.BoolVar(&o.newRun, "new-run", false, "start a new run of the load even if one exists (needed after changing -hours)")
+	flag.BoolVar(&o.hours, "hours", false, "chunk by UTC hour of event time instead of by UTC day")
+	flag.BoolVar(&o.replay, "replay", false, "after the load, run it again as a new run (Job.NewRun): nothing is written")
+	flag.BoolVar(&o.correction, "correction", false, "after the load, simulate corrections arriving before, after and with the original versions, in scratch tables")
+	flag.IntVar(&o.corrections, "corrections", 20, "how many events -correction corrects")
+	flag.BoolVar(&o.verbose, "v", false, "log the runner's events to stderr")
+	flag.Parse()
+	if flag.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments %q", flag.Args())
+	}
+	if o.concurrency < 1 {
+		return errors.New("-concurrency must be at least 1")
+	}
+	if o.corrections < 1 {
+		return errors.New("-corrections must be at least 1")
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	dir, err := findDataDir(o.dataDir)
+	if err != nil {
+		return err
+	}
+	src, err := OpenQuakes(filepath.Join(dir, quakesFile))
+	if err != nil {
+		return err
+	}
+	first, end, ok := src.Scope()
+	if !ok {
+		return fmt.Errorf("%s has no feature with an event time", quakesFile)
+	}
+	fmt.Printf("earthquakes: pid %d; source %s: %d features, event times %s .. %s, %d without a usable time\n",
+		os.Getpid(), quakesFile, src.Len(), src.feats[0].Quake.Time.Format(time.RFC3339Nano),
+		src.feats[len(src.feats)-1].Quake.Time.Format(time.RFC3339Nano), len(src.untimed))
+
+	dsn := os.Getenv("DATABASE_URL")
+	if dsn == "" {
+		return errors.New("DATABASE_URL is not set; see README.md: bash internal/pgtest/with-postgres.sh sh -c 'cd examples && go run ./earthquakes'")
+	}
+	db, err := sqlx.Open("postgres", dsn)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	db.SetMaxOpenConns(o.concurrency + 2)
+	if err := db.PingContext(ctx); err != nil {
+		return fmt.Errorf("connect: %w", err)
+	}
+	var logger *slog.Logger
+	if o.verbose {
+		logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
+	}
+	chunker := chunkerFor(first, end, o.hours)
+	if _, err := load(ctx, os.Stdout, db, logger, src, chunker, o); err != nil {
+		return err
+	}
+	if o.replay {
+		if _, _, err := replay(ctx, os.Stdout, db, logger, src, chunker, o); err != nil {
+			return err
+		}
+	}
+	if o.correction {
+		res, err := correction(ctx, os.Stdout, db, logger, src, chunker, o)
+		if err != nil {
+			return err
+		}
+		if !res.Same() {
+			return errors.New("correction: the arrangements ended in different states")
+		}
+	}
+	return nil
+}
+
+// chunkerFor chunks [first, end) by UTC day or UTC hour of event time.
+func chunkerFor(first, end time.Time, hours bool) backfill.Chunker {
+	if hours {
+		return backfill.Hours(first, end, time.UTC)
+	}
+	return backfill.Days(first, end, time.UTC)
+}
+
+// quakeJob is a job that merges the events of src into table: keyed by
+// id, Upsert where the greater source_updated_at wins.
+func quakeJob(name, source string, src backfill.Extractor, chunker backfill.Chunker, table string, newRun bool) backfill.Job {
+	return backfill.Job{
+		Name:        name,
+		Source:      source,
+		CodeVersion: codeVersion,
+		Chunker:     chunker,
+		Extractor:   src,
+		Target: backfill.Target{
+			Table:    table,
+			Key:      quakeKey,
+			Columns:  quakeColumns,
+			Mode:     backfill.Upsert,
+			Conflict: backfill.NewerVersionWins,
+			Version:  versionColumn,
+		},
+		NewRun: newRun,
+	}
+}
+
+func newRunner(db *sqlx.DB, logger *slog.Logger, hooks backfill.Hooks, o options) (*backfill.Runner, error) {
+	return backfill.New(db, &backfill.Config{
+		Concurrency: o.concurrency,
+		Manifest:    backfill.NewPGManifest(""),
+		Logger:      logger,
+		Hooks:       hooks,
+	})
+}
+
+// load creates the table, runs the earthquakes job over chunker and prints
+// one line per chunk and a summary read from the manifest.
+func load(ctx context.Context, out io.Writer, db *sqlx.DB, logger *slog.Logger, src *Quakes, chunker backfill.Chunker, o options) (backfill.Report, error) {
+	if _, err := db.ExecContext(ctx, schemaDDL); err != nil {
+		return backfill.Report{}, fmt.Errorf("create table: %w", err)
+	}
+	fmt.Fprintf(out, "load: job %s, %s, concurrency %d\n", quakesJob, chunker.Scope(), o.concurrency)
+	return runJob(ctx, out, db, logger, quakeJob(quakesJob, quakesSrc, src, chunker, quakesTable, o.newRun), o)
+}
+
+// replay runs the earthquakes job again as a new run and reports how many
+// target rows it rewrote, by comparing every row's xmin and ctid before
+// and after: a replay must write none.
+func replay(ctx context.Context, out io.Writer, db *sqlx.DB, logger *slog.Logger, src *Quakes, chunker backfill.Chunker, o options) (backfill.Report, int, error) {
+	before, err := rowVersions(ctx, db, quakesTable)
+	if err != nil {
+		return backfill.Report{}, 0, err
+	}
+	fmt.Fprintf(out, "\nreplay: job %s again with Job.NewRun (a new batch over the same file)\n", quakesJob)
+	rep, err := runJob(ctx, out, db, logger, quakeJob(quakesJob, quakesSrc, src, chunker, quakesTable, true), o)
+	if err != nil {
+		return rep, 0, err
+	}
+	after, err := rowVersions(ctx, db, quakesTable)
+	if err != nil {
+		return rep, 0, err
+	}
+	rewritten := 0 // rows written, inserted or deleted
+	for id, v := range after {
+		if before[id] != v {
+			rewritten++
+		}
+	}
+	for id := range before {
+		if _, ok := after[id]; !ok {
+			rewritten++
+		}
+	}
+	fmt.Fprintf(out, "  target     %d of %d rows rewritten by the replay (xmin and ctid compared before and after)\n", rewritten, len(after))
+	return rep, rewritten, nil
+}
+
+// rowVersions returns each row's "xmin ctid": both change whenever the row
+// is written, even with identical content.
+func rowVersions(ctx context.Context, db *sqlx.DB, table string) (map[string]string, error) {
+	var rows []struct {
+		ID string `db:"id"`
+		V  string `db:"v"`
+	}
+	if err := db.SelectContext(ctx, &rows, `SELECT id, xmin::text || ' ' || ctid::text AS v FROM `+table); err != nil {
+		return nil, fmt.Errorf("row versions of %s: %w", table, err)
+	}
+	m := make(map[string]string, len(rows))
+	for _, r := range rows {
+		m[r.ID] = r.V
+	}
+	return m, nil
+}
+
+// runJob runs job with a progress line per chunk, then prints the summary.
+func runJob(ctx context.Context, out io.Writer, db *sqlx.DB, logger *slog.Logger, job backfill.Job, o options) (backfill.Report, error) {
+	chunks, err := job.Chunker.Chunks(ctx)
+	if err != nil {
+		return backfill.Report{}, err
+	}
+	p := &progress{out: out, total: len(chunks)}
+	runner, err := newRunner(db, logger, p, o)
+	if err != nil {
+		return backfill.Report{}, err
+	}
+	rep, runErr := runner.Run(ctx, job)
+	if rep.BatchID != 0 {
+		// The run exists in the manifest: summarise it even after a
+		// failure, then report the failure.
+		if err := summary(ctx, out, db, backfill.NewPGManifest(""), job.Target.Table, rep, p); err != nil {
+			return rep, errors.Join(runError(job.Name, runErr), err)
+		}
+	}
+	return rep, runError(job.Name, runErr)
+}
+
+func runError(job string, err error) error {
+	if err == nil {
+		return nil
+	}
+	if errors.Is(err, backfill.ErrPlanChanged) {
+		return fmt.Errorf("job %s: %w\n(the job's existing run has a different plan, e.g. another -hours or code version: rerun with the old flags, or pass -new-run to start a new run)", job, err)
+	}
+	var pe *backfill.PartialError
+	if errors.As(err, &pe) {
+		return fmt.Errorf("job %s: %w\n(completed chunks are checkpointed: run the same command again to resume)", job, err)
+	}
+	return fmt.Errorf("job %s: %w", job, err)
+}
+
+// findDataDir returns dir, or the first of the usual places holding the
+// data, depending on where the command runs from.
+func findDataDir(dir string) (string, error) {
+	cands := []string{dir}
+	if dir == "" {
+		cands = []string{"earthquakes/data", "examples/earthquakes/data", "data"}
+	}
+	for _, d := range cands {
+		if _, err := os.Stat(filepath.Join(d, quakesFile)); err == nil {
+			return d, nil
+		}
+	}
+	return "", fmt.Errorf("%s not found in %s: run examples/earthquakes/fetch-data.sh first", quakesFile, strings.Join(cands, ", "))
+}
+
+// progress prints one line per completed chunk. ChunkDone is called
+// concurrently when Concurrency > 1, so lines may come out of Seq order.
+type progress struct {
+	out   io.Writer
+	total int
+
+	mu   sync.Mutex
+	done int
+	sum  backfill.Counts
+}
+
+var _ backfill.Hooks = (*progress)(nil)
+
+// ChunkDone implements [backfill.Hooks].
+func (p *progress) ChunkDone(ctx context.Context, batchID int64, r backfill.ChunkResult) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.done++
+	p.sum = p.sum.Add(r.Counts)
+	label := r.Chunk.ID
+	if r.Chunk.Kind == backfill.KindTime {
+		label = r.Chunk.Start.UTC().Format("2006-01-02")
+		if r.Chunk.Duration() < 24*time.Hour {
+			label = r.Chunk.Start.UTC().Format("2006-01-02T15Z")
+		}
+	}
+	fmt.Fprintf(p.out, "  batch %d chunk %3d/%d %-14s rows %4d  inserted %4d  updated %3d  unchanged %4d  rejected %2d  dedup %2d  %5.3fs\n",
+		batchID, r.Chunk.Seq+1, p.total, label, r.Read, r.Inserted, r.Updated, r.Unchanged, r.Rejected, r.Deduplicated,
+		r.FinishedAt.Sub(r.StartedAt).Seconds())
+}
+
+func (p *progress) counts() (int, backfill.Counts) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.done, p.sum
+}
+
+// summary prints the run as the manifest recorded it and checks the
+// target against the ledger.
+func summary(ctx context.Context, out io.Writer, db *sqlx.DB, m *backfill.PGManifest, table string, rep backfill.Report, p *progress) error {
+	run, err := m.Run(ctx, db, rep.BatchID)
+	if err != nil {
+		return err
+	}
+	states, err := m.Chunks(ctx, db, rep.BatchID)
+	if err != nil {
+		return err
+	}
+	exc, err := m.Exceptions(ctx, db, rep.BatchID)
+	if err != nil {
+		return err
+	}
+	byStatus := map[backfill.ChunkStatus]int{}
+	var total backfill.Counts
+	for _, s := range states {
+		byStatus[s.Status]++
+		if s.Status == backfill.ChunkDone {
+			total = total.Add(s.Counts)
+		}
+	}
+	fmt.Fprintf(out, "summary (from the manifest, schema %s)\n", m.Schema())
+	fmt.Fprintf(out, "  run        batch %d, job %s, status %s, resumed %t, created %s\n",
+		run.BatchID, run.Job, run.Status, rep.Resumed, run.CreatedAt.UTC().Format(time.RFC3339))
+	fmt.Fprintf(out, "  chunks     %d total: %d done, %d pending, %d failed\n",
+		len(states), byStatus[backfill.ChunkDone], byStatus[backfill.ChunkPending], byStatus[backfill.ChunkFailed])
+	fmt.Fprintf(out, "  rows       %d read: %d inserted, %d updated, %d unchanged, %d rejected, %d deduplicated (balanced: %t)\n",
+		total.Read, total.Inserted, total.Updated, total.Unchanged, total.Rejected, total.Deduplicated, total.Balanced())
+	fmt.Fprintf(out, "  exceptions %d in the queue", len(exc))
+	var reasons []string
+	count := map[string]int{}
+	for _, e := range exc {
+		r := e.Column + ": " + e.Reason
+		if count[r] == 0 {
+			reasons = append(reasons, r)
+		}
+		count[r]++
+	}
+	for _, r := range reasons {
+		fmt.Fprintf(out, "; %d x %q", count[r], r)
+	}
+	fmt.Fprintln(out)
+	if ran, this := p.counts(); ran == 0 {
+		fmt.Fprintf(out, "  this call  nothing to do: the run was complete (-new-run or -replay runs it again)\n")
+	} else {
+		fmt.Fprintf(out, "  this call  %d chunks, %d rows in %s\n", ran, this.Read, rep.Elapsed.Round(time.Millisecond))
+	}
+
+	// Every chunk's surviving rows (inserted + updated + unchanged) are
+	// the distinct events of its time range; the target must hold as
+	// many rows in that range. (True for this file; a correction that
+	// moves an event's time across a chunk boundary would break it.)
+	mismatch := 0
+	var rows int64
+	for _, s := range states {
+		if s.Status != backfill.ChunkDone {
+			continue
+		}
+		var n int64
+		if err := db.GetContext(ctx, &n, `SELECT count(*) FROM `+table+` WHERE event_time >= $1 AND event_time < $2`,
+			s.Chunk.Start, s.Chunk.End); err != nil {
+			return fmt.Errorf("check target: %w", err)
+		}
+		rows += n
+		if n != s.Inserted+s.Updated+s.Unchanged {
+			mismatch++
+		}
+	}
+	var st struct {
+		Rows      int64 `db:"n"`
+		Reviewed  int64 `db:"reviewed"`
+		Automatic int64 `db:"automatic"`
+	}
+	if err := db.GetContext(ctx, &st, `SELECT count(*) AS n, count(*) FILTER (WHERE status = 'reviewed') AS reviewed,
+		count(*) FILTER (WHERE status = 'automatic') AS automatic FROM `+table); err != nil {
+		return fmt.Errorf("check target: %w", err)
+	}
+	fmt.Fprintf(out, "  target     %s holds %d rows (%d reviewed, %d automatic); %d in the run's chunks; chunks whose ledger disagrees with the target: %d\n",
+		table, st.Rows, st.Reviewed, st.Automatic, rows, mismatch)
+	return nil
+}
