@@ -3,11 +3,11 @@ package backfilltest
 import (
 	"context"
 	"fmt"
-	"reflect"
 	"slices"
 	"sort"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/jmoiron/sqlx"
 
@@ -15,10 +15,13 @@ import (
 )
 
 // Merger is an in-memory [backfill.Merger] with the merge semantics of
-// [backfill.PGMerger] under [TestMerger]: duplicates in a chunk resolved
-// by Target.Duplicates, identical rows left unchanged, changes applied on
-// commit. Tables are declared with [Merger.AddTable]; values are stored as
-// given (no type conversion). Safe for concurrent use.
+// [backfill.PGMerger] under [TestMerger], for every [backfill.Mode] and
+// [backfill.ConflictPolicy]: duplicates in a chunk resolved by
+// Target.Duplicates, identical rows left unchanged, AppendOnly conflicts
+// and Keyless ambiguities returned as rejected rows, History intervals
+// recomputed, changes applied on commit. Tables are declared with
+// [Merger.AddTable]; values are stored as given (no type conversion).
+// Safe for concurrent use.
 type Merger struct {
 	mu     sync.Mutex
 	tables map[string]*fakeTable
@@ -26,8 +29,9 @@ type Merger struct {
 
 type fakeTable struct {
 	columns []string
-	key     []string
-	rows    map[string][]any // key -> row in column order
+	info    []backfill.Column // the columns as Prepare describes them
+	key     []string          // the unique columns: a merge's identity
+	rows    map[string][]any  // keyOf(columns, key, row) -> row in column order
 }
 
 var _ backfill.Merger = (*Merger)(nil)
@@ -38,9 +42,28 @@ func NewMerger() *Merger { return &Merger{tables: map[string]*fakeTable{}} }
 // AddTable declares table with its columns in order and a unique key (the
 // columns of its primary key). Adding an existing table replaces it.
 func (m *Merger) AddTable(table string, key []string, columns ...string) {
+	cols := make([]backfill.Column, len(columns))
+	for i, c := range columns {
+		cols[i] = backfill.Column{Name: c}
+	}
+	m.AddTableColumns(table, key, cols...)
+}
+
+// AddTableColumns is [Merger.AddTable] with column descriptions: Prepare
+// checks their Type, BaseType and NotNull as [backfill.PGMerger] checks
+// the catalog's (History's ValidFrom and ValidTo must have the same Type,
+// ValidTo must be nullable, a HashColumn must be bytea or text). Only
+// Name is required; Key and Computed are ignored.
+func (m *Merger) AddTableColumns(table string, key []string, columns ...backfill.Column) {
+	info := slices.Clone(columns)
+	names := make([]string, len(info))
+	for i := range info {
+		info[i].Key, info[i].Computed = false, ""
+		names[i] = info[i].Name
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.tables[table] = &fakeTable{columns: slices.Clone(columns), key: slices.Clone(key), rows: map[string][]any{}}
+	m.tables[table] = &fakeTable{columns: names, info: info, key: slices.Clone(key), rows: map[string][]any{}}
 }
 
 // Truncate deletes every committed row of table.
@@ -73,9 +96,12 @@ func (m *Merger) Rows(table string) [][]any {
 	return out
 }
 
-// Prepare implements [backfill.Merger.Prepare]: the table must have been
-// added ([backfill.ErrTargetNotFound]) and its key must be Target.Key
-// ([backfill.ErrNoUniqueKey]).
+// Prepare implements [backfill.Merger.Prepare] with [backfill.ResolveTarget],
+// like PGMerger: the table must have been added
+// ([backfill.ErrTargetNotFound]) and its key must be the target's identity,
+// Target.Key (in History mode plus ValidFrom) ([backfill.ErrNoUniqueKey]).
+// Column types are checked only when declared with
+// [Merger.AddTableColumns].
 func (m *Merger) Prepare(ctx context.Context, db sqlx.ExtContext, t backfill.Target) (backfill.TableInfo, error) {
 	if err := ctx.Err(); err != nil {
 		return backfill.TableInfo{}, err
@@ -86,11 +112,7 @@ func (m *Merger) Prepare(ctx context.Context, db sqlx.ExtContext, t backfill.Tar
 	if tab == nil {
 		return backfill.TableInfo{}, fmt.Errorf("backfill: prepare: table %q: %w", t.Table, backfill.ErrTargetNotFound)
 	}
-	cols := make([]backfill.Column, len(tab.columns))
-	for i, c := range tab.columns {
-		cols[i] = backfill.Column{Name: c}
-	}
-	return backfill.ResolveTarget(t, cols, [][]string{tab.key})
+	return backfill.ResolveTarget(t, slices.Clone(tab.info), [][]string{tab.key})
 }
 
 // Stage implements [backfill.Merger.Stage].
@@ -125,15 +147,24 @@ func (s *stager) Add(ctx context.Context, row int64, values []any) error {
 	return nil
 }
 
+// keyOf renders the key columns of a row (values in names order) as a map
+// key. Times are rendered as instants, so that the location and the
+// monotonic clock reading do not make two equal times different keys.
 func keyOf(names, key []string, values []any) string {
 	var b strings.Builder
 	for _, k := range key {
-		i := slices.Index(names, k)
-		fmt.Fprintf(&b, "%T:%v\x00", values[i], values[i])
+		v := values[slices.Index(names, k)]
+		if t, ok := v.(time.Time); ok {
+			v = t.UTC().Format(time.RFC3339Nano)
+		}
+		fmt.Fprintf(&b, "%T:%v\x00", v, v)
 	}
 	return b.String()
 }
 
+// Merge merges the staged rows by the target's mode (see merge_modes.go)
+// against the committed rows, and writes the changes on commit of the
+// fake transaction.
 func (s *stager) Merge(ctx context.Context) (backfill.MergeResult, error) {
 	if s.merged {
 		return backfill.MergeResult{}, backfill.ErrWriterClosed
@@ -142,70 +173,41 @@ func (s *stager) Merge(ctx context.Context) (backfill.MergeResult, error) {
 	if err := ctx.Err(); err != nil {
 		return backfill.MergeResult{}, err
 	}
-	var res backfill.MergeResult
+	if len(s.rows) == 0 {
+		return backfill.MergeResult{}, nil
+	}
 	t := s.info.Target
-	names := make([]string, len(s.info.Columns))
-	for i, c := range s.info.Columns {
-		names[i] = c.Name
-	}
-	// Resolve duplicates: keep the last (or first) row of each key.
-	winner := map[string]stagedRow{}
-	var order []string
-	for _, r := range s.rows {
-		k := keyOf(names, t.Key, r.values)
-		w, seen := winner[k]
-		switch {
-		case !seen:
-			winner[k] = r
-			order = append(order, k)
-		case (t.Duplicates == backfill.KeepFirst) == (r.row < w.row):
-			winner[k] = r
-			res.Deduplicated++
-		default:
-			res.Deduplicated++
-		}
-	}
 	s.m.mu.Lock()
 	tab := s.m.tables[t.Table]
 	if tab == nil {
 		s.m.mu.Unlock()
-		return res, fmt.Errorf("backfill: merge: table %q: %w", t.Table, backfill.ErrTargetNotFound)
+		return backfill.MergeResult{}, fmt.Errorf("backfill: merge: table %q: %w", t.Table, backfill.ErrTargetNotFound)
 	}
-	type change struct {
-		key string
-		row []any
-	}
-	var changes []change
-	for _, k := range order {
-		in := winner[k].values
-		old, exists := tab.rows[k]
-		row := make([]any, len(tab.columns))
-		if exists {
-			copy(row, old)
-		}
-		for i, c := range names {
-			row[slices.Index(tab.columns, c)] = in[i]
-		}
-		switch {
-		case !exists:
-			res.Inserted++
-		case reflect.DeepEqual(old, row):
-			res.Unchanged++
-			continue
+	m, err := newMerge(s.info, tab, s.rows)
+	if err == nil {
+		switch t.Mode {
+		case backfill.Upsert, "":
+			err = m.upsert()
+		case backfill.History:
+			err = m.history()
+		case backfill.AppendOnly, backfill.Keyless:
+			err = m.appendOnlyOrKeyless()
 		default:
-			res.Updated++
+			err = fmt.Errorf("backfill: merge %s: mode %q: %w", t.Table, t.Mode, backfill.ErrInvalidConfig)
 		}
-		changes = append(changes, change{k, row})
 	}
 	s.m.mu.Unlock()
-	err := apply(s.tx, func() {
+	if err != nil {
+		return backfill.MergeResult{}, err
+	}
+	err = apply(s.tx, func() {
 		s.m.mu.Lock()
 		defer s.m.mu.Unlock()
-		for _, c := range changes {
-			tab.rows[c.key] = c.row
+		for k, row := range m.writes {
+			tab.rows[k] = row
 		}
 	})
-	return res, err
+	return m.res, err
 }
 
 func (s *stager) Close() error {
