@@ -20,6 +20,10 @@ type Column struct {
 	// MaxLen is the maximum length in characters of a varchar(n) or
 	// char(n) column, 0 for none.
 	MaxLen int
+	// Precision and Scale are a numeric(p,s) column's declared precision
+	// and scale (PostgreSQL docs, 8.1.2 "Arbitrary Precision Numbers");
+	// Precision is 0 for an unconstrained numeric.
+	Precision, Scale int
 	// NotNull is true for NOT NULL columns.
 	NotNull bool
 	// Key is true for business key columns (in History mode not

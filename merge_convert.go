@@ -74,7 +74,7 @@ func convertValue(col Column, v any) (any, string) {
 		}
 		return f, ""
 	case "numeric":
-		return toNumeric(v, col.Type)
+		return toNumeric(v, col)
 	case "bool":
 		switch x := v.(type) {
 		case bool:
@@ -319,13 +319,13 @@ func toFloat(v any) (float64, string) {
 	return 0, wrongType(v, "floating-point")
 }
 
-var numericRE = regexp.MustCompile(`^[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?$`)
-var numericMod = regexp.MustCompile(`^numeric\((\d+),(\d+)\)$`)
-
-// toNumeric validates v for a numeric column of declared type typ
-// ("numeric" or "numeric(p,s)"), including the precision check that would
-// otherwise fail the COPY ("numeric field overflow").
-func toNumeric(v any, typ string) (any, string) {
+// toNumeric validates v for a numeric column (precision 0 means
+// unconstrained), including the check that would otherwise fail the COPY
+// ("numeric field overflow"): rounded to scale, the absolute value must be
+// below 10^(precision-scale). Plain decimals are checked by one byte scan;
+// exponent notation and values whose rounding might carry into another
+// integer digit fall back to math/big.
+func toNumeric(v any, col Column) (any, string) {
 	var s string
 	switch x := v.(type) {
 	case string:
@@ -341,8 +341,12 @@ func toNumeric(v any, typ string) (any, string) {
 		}
 		s = strconv.FormatFloat(x, 'f', -1, 64)
 	case float32:
-		return toNumeric(float64(x), typ)
-	case int, int8, int16, int32, int64, uint8, uint16, uint32, uint, uint64:
+		return toNumeric(float64(x), col)
+	case int64:
+		s = strconv.FormatInt(x, 10)
+	case int:
+		s = strconv.Itoa(x)
+	case int8, int16, int32, uint8, uint16, uint32, uint, uint64:
 		s = fmt.Sprint(x)
 	default:
 		return nil, wrongType(v, "numeric")
@@ -350,24 +354,84 @@ func toNumeric(v any, typ string) (any, string) {
 	if s == "NaN" {
 		return s, ""
 	}
-	if !numericRE.MatchString(s) {
+	intDigits, fracDigits, plain, ok := scanDecimal(s)
+	if !ok {
 		return nil, "invalid input syntax for type numeric"
 	}
-	if m := numericMod.FindStringSubmatch(strings.ReplaceAll(typ, " ", "")); m != nil {
-		p, _ := strconv.Atoi(m[1])
-		sc, _ := strconv.Atoi(m[2])
-		r, ok := new(big.Rat).SetString(s)
-		if !ok {
-			return nil, "invalid input syntax for type numeric"
-		}
-		// Rounded to scale, the absolute value must be below 10^(p-s).
-		limit := new(big.Rat).SetInt(new(big.Int).Exp(big.NewInt(10), big.NewInt(int64(p-sc)), nil))
-		rounded, _ := new(big.Rat).SetString(r.FloatString(sc))
-		if rounded.Abs(rounded).Cmp(limit) >= 0 {
-			return nil, fmt.Sprintf("numeric field overflow for %s", typ)
-		}
+	if col.Precision == 0 {
+		return s, ""
+	}
+	p, sc := col.Precision, col.Scale
+	if plain && (fracDigits <= sc && intDigits <= p-sc || intDigits+1 <= p-sc) {
+		return s, ""
+	}
+	r, ok := new(big.Rat).SetString(s)
+	if !ok {
+		return nil, "invalid input syntax for type numeric"
+	}
+	limit := new(big.Rat).SetFrac(new(big.Int).Exp(big.NewInt(10), big.NewInt(int64(max(p-sc, 0))), nil), big.NewInt(1))
+	if p-sc < 0 {
+		limit.SetFrac(big.NewInt(1), new(big.Int).Exp(big.NewInt(10), big.NewInt(int64(sc-p)), nil))
+	}
+	rounded := new(big.Rat)
+	if sc >= 0 {
+		rounded.SetString(r.FloatString(sc))
+	} else {
+		scale := new(big.Rat).SetInt(new(big.Int).Exp(big.NewInt(10), big.NewInt(int64(-sc)), nil))
+		q := new(big.Rat).Quo(r, scale)
+		rounded.SetString(q.FloatString(0))
+		rounded.Mul(rounded, scale)
+	}
+	if rounded.Abs(rounded).Cmp(limit) >= 0 {
+		return nil, fmt.Sprintf("numeric field overflow for %s", col.Type)
 	}
 	return s, ""
+}
+
+// scanDecimal checks s as PostgreSQL numeric input: [+-]digits[.digits]
+// or [+-].digits, optionally with an exponent. It returns the number of
+// significant integer digits (leading zeros skipped), of fraction digits,
+// and whether s had no exponent.
+func scanDecimal(s string) (intDigits, fracDigits int, plain, ok bool) {
+	i := 0
+	if i < len(s) && (s[i] == '+' || s[i] == '-') {
+		i++
+	}
+	digits := 0
+	leading := true
+	for ; i < len(s) && s[i] >= '0' && s[i] <= '9'; i++ {
+		digits++
+		if leading && s[i] == '0' {
+			continue
+		}
+		leading = false
+		intDigits++
+	}
+	if i < len(s) && s[i] == '.' {
+		i++
+		for ; i < len(s) && s[i] >= '0' && s[i] <= '9'; i++ {
+			digits++
+			fracDigits++
+		}
+	}
+	if digits == 0 {
+		return 0, 0, false, false
+	}
+	if i == len(s) {
+		return intDigits, fracDigits, true, true
+	}
+	if s[i] != 'e' && s[i] != 'E' {
+		return 0, 0, false, false
+	}
+	i++
+	if i < len(s) && (s[i] == '+' || s[i] == '-') {
+		i++
+	}
+	exp := 0
+	for ; i < len(s) && s[i] >= '0' && s[i] <= '9'; i++ {
+		exp++
+	}
+	return intDigits, fracDigits, false, exp > 0 && i == len(s)
 }
 
 // displayValue renders v for an exception's value column: text that

@@ -89,6 +89,13 @@ func (m *PGMerger) Prepare(ctx context.Context, db sqlx.ExtContext, t Target) (T
 		if (c.Base == "varchar" || c.Base == "bpchar") && c.Typmod > 4 {
 			col.MaxLen = c.Typmod - 4
 		}
+		if c.Base == "numeric" && c.Typmod >= 4 {
+			// typmod = ((precision << 16) | (scale & 0x7ff)) + 4, the scale a
+			// signed 11-bit number (PostgreSQL 15, src/backend/utils/adt/numeric.c).
+			m := c.Typmod - 4
+			col.Precision = (m >> 16) & 0xffff
+			col.Scale = ((m & 0x7ff) ^ 1024) - 1024
+		}
 		table = append(table, col)
 	}
 	// Unique, valid, non-partial indexes on plain columns (PostgreSQL docs,
@@ -142,8 +149,11 @@ type pgMergeSQL struct {
 	// (AppendOnly, Keyless).
 	targetConflicts string
 	deleteRows      string
-	update          string
-	insert          string
+	// upsert is the whole Upsert merge in one statement, returning
+	// (updated, inserted).
+	upsert string
+	update string
+	insert string
 	// closeIntervals recomputes valid_to of the touched keys (History);
 	// checkIntervals finds keys whose intervals overlap or leave a gap.
 	closeIntervals, checkIntervals string
@@ -267,20 +277,38 @@ func buildMergeSQL(info TableInfo) pgMergeSQL {
 			stage, target, diffs("s", "t"), rawOf("s"), idEq("t", "s"), distinct("t", "s"))
 	}
 
-	if t.Mode == Upsert && t.Conflict != TargetWins && len(content) > 0 {
-		sets := make([]string, len(content))
-		for i, n := range content {
-			sets[i] = sqlgen.Ident(n) + " = s." + sqlgen.Ident(n)
-		}
-		cond := distinct("t", "s")
-		if t.Conflict == NewerVersionWins {
-			v := sqlgen.Ident(t.Version)
-			cond += fmt.Sprintf(` AND (s.%[1]s > t.%[1]s OR (t.%[1]s IS NULL AND s.%[1]s IS NOT NULL)
+	if t.Mode == Upsert {
+		// One statement, one index lookup per staged row: a materialised
+		// LEFT JOIN finds each row's target row and decides, then a
+		// data-modifying CTE updates the rows to change and another inserts
+		// the absent keys (PostgreSQL docs, 7.8.4 "Data-Modifying Statements
+		// in WITH"). Both see the same snapshot and touch disjoint keys.
+		apply := "false"
+		if t.Conflict != TargetWins && len(content) > 0 {
+			apply = "t." + sqlgen.Ident(t.Key[0]) + " IS NOT NULL AND " + distinct("t", "s")
+			if t.Conflict == NewerVersionWins {
+				v := sqlgen.Ident(t.Version)
+				apply += fmt.Sprintf(` AND (s.%[1]s > t.%[1]s OR (t.%[1]s IS NULL AND s.%[1]s IS NOT NULL)
 				OR (s.%[1]s IS NOT DISTINCT FROM t.%[1]s AND %[2]s::text COLLATE "C" > %[3]s::text COLLATE "C"))`,
-				v, rowOf("s", tracked), rowOf("t", tracked))
+					v, rowOf("s", tracked), rowOf("t", tracked))
+			}
 		}
-		q.update = fmt.Sprintf(`UPDATE %s t SET %s FROM %s s WHERE %s AND %s`,
-			target, strings.Join(sets, ", "), stage, idEq("t", "s"), cond)
+		update := "SELECT WHERE false"
+		if apply != "false" {
+			sets := make([]string, len(content))
+			for i, n := range content {
+				sets[i] = sqlgen.Ident(n) + " = j." + sqlgen.Ident(n)
+			}
+			update = fmt.Sprintf(`UPDATE %s t SET %s FROM j WHERE j._backfill_apply AND %s RETURNING 1`,
+				target, strings.Join(sets, ", "), idEq("t", "j"))
+		}
+		q.upsert = fmt.Sprintf(`WITH j AS MATERIALIZED (
+				SELECT s.*, t.%[4]s IS NOT NULL AS _backfill_found, %[5]s AS _backfill_apply
+				FROM %[1]s s LEFT JOIN %[2]s t ON %[6]s),
+			u AS (%[7]s),
+			i AS (INSERT INTO %[2]s (%[3]s) SELECT %[8]s FROM j WHERE NOT j._backfill_found RETURNING 1)
+			SELECT (SELECT count(*) FROM u) AS updated, (SELECT count(*) FROM i) AS inserted`,
+			stage, target, sqlgen.List("", names), sqlgen.Ident(t.Key[0]), apply, idEq("t", "s"), update, sqlgen.List("j.", names))
 	}
 	if t.Mode == History && len(content) > 0 {
 		sets := make([]string, len(content))
@@ -410,6 +438,16 @@ func (s *pgStager) Merge(ctx context.Context) (MergeResult, error) {
 	if s.staged == 0 {
 		return res, nil
 	}
+	// Index nested loops for every join of staging with the target: a
+	// chunk touches a sliver of the target, but before the target is
+	// analysed (and long after, below a few hundred thousand rows) the
+	// planner prefers hash and merge joins that read all of it per chunk,
+	// making a load quadratic (measured by internal/benchload). Local to
+	// the chunk's transaction (PostgreSQL docs, 20.7.1 "Planner Method
+	// Configuration"; set_config with is_local).
+	if _, err := s.tx.ExecContext(ctx, `SELECT set_config('enable_hashjoin', 'off', true), set_config('enable_mergejoin', 'off', true)`); err != nil {
+		return res, fmt.Errorf("backfill: merge %s: planner settings: %w", t.Table, err)
+	}
 	var dup bool
 	if err := sqlx.GetContext(ctx, s.tx, &dup, s.q.dupCheck); err != nil {
 		return res, fmt.Errorf("backfill: merge %s: duplicate check: %w", t.Table, err)
@@ -483,11 +521,22 @@ func (s *pgStager) Merge(ctx context.Context) (MergeResult, error) {
 		}
 	}
 	var err error
-	if res.Updated, err = s.exec(ctx, "update", s.q.update); err != nil {
-		return res, err
-	}
-	if res.Inserted, err = s.exec(ctx, "insert", s.q.insert); err != nil {
-		return res, err
+	if s.q.upsert != "" {
+		var n struct {
+			Updated  int64 `db:"updated"`
+			Inserted int64 `db:"inserted"`
+		}
+		if err := sqlx.GetContext(ctx, s.tx, &n, s.q.upsert); err != nil {
+			return res, fmt.Errorf("backfill: merge %s: upsert: %w", t.Table, err)
+		}
+		res.Updated, res.Inserted = n.Updated, n.Inserted
+	} else {
+		if res.Updated, err = s.exec(ctx, "update", s.q.update); err != nil {
+			return res, err
+		}
+		if res.Inserted, err = s.exec(ctx, "insert", s.q.insert); err != nil {
+			return res, err
+		}
 	}
 	if res.Inserted > 0 && s.q.closeIntervals != "" {
 		if res.Closed, err = s.exec(ctx, "close intervals", s.q.closeIntervals); err != nil {

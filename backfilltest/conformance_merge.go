@@ -272,7 +272,7 @@ func TestMerger(t *testing.T, newHarness func(t *testing.T) MergerHarness) {
 			{"history key includes valid_from", func(t *backfill.Target) {
 				*t = backfill.Target{Table: "addresses", Key: []string{"customer", "valid_from"}, Mode: backfill.History}
 			}, backfill.ErrInvalidConfig, "ValidFrom"},
-			{"history without interval index", func(t *backfill.Target) {
+			{"history valid_from and valid_to of different types", func(t *backfill.Target) {
 				*t = backfill.Target{Table: "items", Key: []string{"tenant"}, Mode: backfill.History, ValidFrom: "id", ValidTo: "name"}
 			}, backfill.ErrInvalidConfig, ""},
 		}

@@ -21,11 +21,11 @@ func TestFakeMergerConformance(t *testing.T) {
 			Merger: m,
 			DB:     backfilltest.NewDB(),
 			CreateTable: func(t *testing.T, table string, columns []backfilltest.ColumnDef, unique []string) {
-				names := make([]string, len(columns))
+				cols := make([]backfill.Column, len(columns))
 				for i, c := range columns {
-					names[i] = c.Name
+					cols[i] = backfill.Column{Name: c.Name, Type: c.Type}
 				}
-				m.AddTable(table, slices.Clone(unique), names...)
+				m.AddTableColumns(table, slices.Clone(unique), cols...)
 			},
 			Truncate: func(t *testing.T, table string) { m.Truncate(table) },
 			Rows:     func(t *testing.T, table string) [][]any { return m.Rows(table) },
