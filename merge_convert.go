@@ -134,13 +134,14 @@ func convertValue(col Column, v any) (any, string) {
 			if x.Year() < 1 || x.Year() > 9999 {
 				return nil, "timestamp out of supported range (years 1-9999)"
 			}
-			return truncMicro(x).Format(time.RFC3339Nano), ""
+			// In UTC, so that equal instants have equal text.
+			return truncMicro(x).UTC().Format(time.RFC3339Nano), ""
 		case string:
 			t, err := time.Parse(time.RFC3339Nano, x)
 			if err != nil {
 				return nil, "invalid timestamptz, want RFC 3339 with a zone offset (a value without offset would be read in the session's TimeZone)"
 			}
-			return truncMicro(t).Format(time.RFC3339Nano), ""
+			return truncMicro(t).UTC().Format(time.RFC3339Nano), ""
 		}
 		return nil, wrongType(v, "timestamp with time zone")
 	case "uuid":
@@ -152,7 +153,9 @@ func convertValue(col Column, v any) (any, string) {
 			if !uuidRE.MatchString(x) {
 				return nil, "invalid uuid"
 			}
-			return strings.ToLower(x), ""
+			// Canonical form, so that equal UUIDs have equal text.
+			h := strings.ToLower(strings.ReplaceAll(x, "-", ""))
+			return h[:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:], ""
 		}
 		return nil, wrongType(v, "uuid")
 	case "json", "jsonb":

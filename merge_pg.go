@@ -4,10 +4,12 @@ import (
 	"context"
 	"crypto/sha256"
 	"database/sql"
+	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"slices"
 	"strings"
 
@@ -369,8 +371,33 @@ func (m *PGMerger) Stage(ctx context.Context, tx sqlx.ExtContext, info TableInfo
 	if err != nil {
 		return nil, fmt.Errorf("backfill: stage %s: copy: %w", info.Target.Table, err)
 	}
-	return &pgStager{tx: tx, info: info, q: q, copy: stmt, buf: make([]any, len(info.Columns)+1)}, nil
+	st := &pgStager{tx: tx, info: info, q: q, copy: stmt, buf: make([]any, len(info.Columns)+1), track: true, seed: maphash.MakeSeed()}
+	identity := slices.Clone(info.Target.Key)
+	if info.Target.Mode == History {
+		identity = append(identity, info.Target.ValidFrom)
+	}
+	for _, name := range identity {
+		i := slices.IndexFunc(info.Columns, func(c Column) bool { return c.Name == name })
+		st.identity = append(st.identity, i)
+		if !goEqualIsPGEqual[info.Columns[i].BaseType] {
+			st.track = false
+		}
+	}
+	return st, nil
 }
+
+// goEqualIsPGEqual lists the types whose converted values (see
+// convertValue) are equal in Go exactly when PostgreSQL's default equality
+// says so; for keys of other types (numeric: 1.0 = 1.00, char(n): trailing
+// spaces, citext: case) duplicates are found in SQL only.
+var goEqualIsPGEqual = map[string]bool{
+	"int2": true, "int4": true, "int8": true, "text": true, "varchar": true, "uuid": true,
+	"bool": true, "date": true, "timestamp": true, "timestamptz": true,
+}
+
+// maxTrackedKeys bounds the memory of the in-Go duplicate detection (about
+// 40 bytes a key); larger chunks are checked in SQL.
+const maxTrackedKeys = 1 << 20
 
 type pgStager struct {
 	tx     sqlx.ExtContext
@@ -380,6 +407,64 @@ type pgStager struct {
 	buf    []any
 	staged int64
 	done   bool
+
+	// In-Go duplicate detection: while track holds, keys has a 64-bit
+	// hash of every staged identity; a repeated hash (a duplicate or a
+	// collision) sets maybeDup, and only then does Merge ask SQL.
+	track    bool
+	maybeDup bool
+	identity []int // indexes of the identity columns in Columns
+	seed     maphash.Seed
+	keys     map[uint64]struct{}
+}
+
+// trackKey records the identity of values; it returns false when
+// tracking is off or found a possible duplicate.
+func (s *pgStager) trackKey(values []any) {
+	if !s.track || s.maybeDup {
+		return
+	}
+	if s.keys == nil {
+		s.keys = make(map[uint64]struct{}, 1024)
+	}
+	var h maphash.Hash
+	h.SetSeed(s.seed)
+	var b [8]byte
+	for _, i := range s.identity {
+		switch x := values[i].(type) {
+		case int64:
+			binary.LittleEndian.PutUint64(b[:], uint64(x))
+			h.WriteByte('i')
+			h.Write(b[:])
+		case string:
+			binary.LittleEndian.PutUint64(b[:], uint64(len(x)))
+			h.WriteByte('s')
+			h.Write(b[:])
+			h.WriteString(x)
+		case bool:
+			h.WriteByte('b')
+			if x {
+				h.WriteByte(1)
+			} else {
+				h.WriteByte(0)
+			}
+		default:
+			s.track = false
+			return
+		}
+	}
+	k := h.Sum64()
+	if _, seen := s.keys[k]; seen {
+		s.maybeDup = true
+		s.keys = nil
+		return
+	}
+	if len(s.keys) >= maxTrackedKeys {
+		s.track = false
+		s.keys = nil
+		return
+	}
+	s.keys[k] = struct{}{}
 }
 
 func (s *pgStager) Add(ctx context.Context, row int64, values []any) error {
@@ -391,6 +476,7 @@ func (s *pgStager) Add(ctx context.Context, row int64, values []any) error {
 	if _, err := s.copy.ExecContext(ctx, s.buf...); err != nil {
 		return fmt.Errorf("backfill: stage %s row %d: %w", s.info.Target.Table, row, err)
 	}
+	s.trackKey(values)
 	s.staged++
 	return nil
 }
@@ -448,10 +534,13 @@ func (s *pgStager) Merge(ctx context.Context) (MergeResult, error) {
 	if _, err := s.tx.ExecContext(ctx, `SELECT set_config('enable_hashjoin', 'off', true), set_config('enable_mergejoin', 'off', true)`); err != nil {
 		return res, fmt.Errorf("backfill: merge %s: planner settings: %w", t.Table, err)
 	}
-	var dup bool
-	if err := sqlx.GetContext(ctx, s.tx, &dup, s.q.dupCheck); err != nil {
-		return res, fmt.Errorf("backfill: merge %s: duplicate check: %w", t.Table, err)
+	dup := false
+	if !s.track || s.maybeDup {
+		if err := sqlx.GetContext(ctx, s.tx, &dup, s.q.dupCheck); err != nil {
+			return res, fmt.Errorf("backfill: merge %s: duplicate check: %w", t.Table, err)
+		}
 	}
+	s.keys = nil
 	var drop []int64
 	if dup && s.q.dedup != "" {
 		n, err := s.exec(ctx, "deduplicate", s.q.dedup)

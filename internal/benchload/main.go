@@ -41,6 +41,8 @@ type options struct {
 	// libOptions are PostgreSQL session settings for the library's
 	// connections only (experiments: what would a planner setting do?).
 	libOptions string
+	// libConcurrency is the library's Config.Concurrency.
+	libConcurrency int
 }
 
 func main() {
@@ -66,6 +68,8 @@ func main() {
 	flag.StringVar(&c.breakdown, "breakdown", "", "internal (child): write a per-phase time breakdown to this file")
 	flag.StringVar(&c.explain, "explain", "", "internal (child): write auto_explain plans of every statement to this file")
 	flag.StringVar(&c.sqlOut, "sqlout", "", "internal (child): write the SQL statements issued to this file (JSON)")
+	flag.IntVar(&o.libConcurrency, "lib-concurrency", 1, "the library's Config.Concurrency (chunks in flight, each on its own connection); the baseline is always sequential")
+	flag.IntVar(&c.concurrency, "concurrency", 1, "internal (child): library Config.Concurrency")
 	flag.StringVar(&c.pgOptions, "pgoptions", "", "internal (child): PostgreSQL startup options of the load's connections")
 	flag.Parse()
 

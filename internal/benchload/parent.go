@@ -233,8 +233,8 @@ func (b *bench) printFacts() {
 	if b.o.libOptions != "" {
 		fmt.Fprintf(w, "- EXPERIMENT: the library's sessions run with options %q (-lib-options); the baseline's do not\n", b.o.libOptions)
 	}
-	fmt.Fprintf(w, "- load: %s rows, %s-row chunks (IntRange over ids), %d runs per variant alternating, Concurrency 1; client and server on the same machine\n\n",
-		thousands(b.o.rows), thousands(b.o.chunk), b.o.runs)
+	fmt.Fprintf(w, "- load: %s rows, %s-row chunks (IntRange over ids), %d runs per variant alternating, library Concurrency %d (baseline sequential); client and server on the same machine\n\n",
+		thousands(b.o.rows), thousands(b.o.chunk), b.o.runs, b.o.libConcurrency)
 }
 
 // endToEnd runs each variant o.runs times, alternating, each into a fresh
@@ -389,6 +389,9 @@ func (b *bench) child(ctx context.Context, c childOpts) (childResult, error) {
 		fmt.Sprintf("-rows=%d", c.rows), fmt.Sprintf("-chunk=%d", c.chunk), fmt.Sprintf("-lo=%d", c.lo)}
 	if c.newRun {
 		args = append(args, "-newrun")
+	}
+	if c.variant == "lib" {
+		args = append(args, fmt.Sprintf("-concurrency=%d", b.o.libConcurrency))
 	}
 	if c.variant == "lib" && b.o.libOptions != "" {
 		args = append(args, "-pgoptions="+b.o.libOptions)
