@@ -12,6 +12,7 @@ import (
 	"hash/maphash"
 	"slices"
 	"strings"
+	"sync"
 
 	"github.com/jmoiron/sqlx"
 	"github.com/lib/pq"
@@ -35,12 +36,38 @@ import (
 // conflicting row). A concurrent insert of the same key by another
 // transaction makes the INSERT fail with unique_violation, which
 // [IsRetryable] reports as retryable: the retried chunk then sees the row.
-type PGMerger struct{}
+//
+// Upsert has a fast path for loads into new ground: when the previous
+// chunk merged into the same table (by this merger) inserted every row, the
+// next chunk is first tried as a plain INSERT ... SELECT inside a
+// savepoint, which skips the per-row lookup; a unique violation rolls back
+// to the savepoint and the chunk takes the general path, which it then
+// keeps until a chunk is again all inserts. A replay or an overlapping
+// load never takes the fast path twice in a row.
+type PGMerger struct {
+	mu       sync.Mutex
+	allFresh map[string]bool // table -> the last chunk merged into it was all inserts
+}
 
 var _ Merger = (*PGMerger)(nil)
 
-// NewPGMerger returns the PostgreSQL merger.
-func NewPGMerger() *PGMerger { return &PGMerger{} }
+// NewPGMerger returns the PostgreSQL merger. It is safe for concurrent use.
+func NewPGMerger() *PGMerger { return &PGMerger{allFresh: map[string]bool{}} }
+
+func (m *PGMerger) fresh(table string) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.allFresh[table]
+}
+
+func (m *PGMerger) setFresh(table string, v bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.allFresh == nil {
+		m.allFresh = map[string]bool{}
+	}
+	m.allFresh[table] = v
+}
 
 // textCompared lists types without a default btree equality operator,
 // compared as text in IS DISTINCT FROM.
@@ -152,10 +179,10 @@ type pgMergeSQL struct {
 	targetConflicts string
 	deleteRows      string
 	// upsert is the whole Upsert merge in one statement, returning
-	// (updated, inserted).
-	upsert string
-	update string
-	insert string
+	// (updated, inserted); insertAll the fast path's plain INSERT.
+	upsert, insertAll string
+	update            string
+	insert            string
 	// closeIntervals recomputes valid_to of the touched keys (History);
 	// checkIntervals finds keys whose intervals overlap or leave a gap.
 	closeIntervals, checkIntervals string
@@ -304,6 +331,7 @@ func buildMergeSQL(info TableInfo) pgMergeSQL {
 			update = fmt.Sprintf(`UPDATE %s t SET %s FROM j WHERE j._backfill_apply AND %s RETURNING 1`,
 				target, strings.Join(sets, ", "), idEq("t", "j"))
 		}
+		q.insertAll = fmt.Sprintf(`INSERT INTO %s (%s) SELECT %s FROM %s`, target, sqlgen.List("", names), sqlgen.List("", names), stage)
 		q.upsert = fmt.Sprintf(`WITH j AS MATERIALIZED (
 				SELECT s.*, t.%[4]s IS NOT NULL AS _backfill_found, %[5]s AS _backfill_apply
 				FROM %[1]s s LEFT JOIN %[2]s t ON %[6]s),
@@ -371,7 +399,7 @@ func (m *PGMerger) Stage(ctx context.Context, tx sqlx.ExtContext, info TableInfo
 	if err != nil {
 		return nil, fmt.Errorf("backfill: stage %s: copy: %w", info.Target.Table, err)
 	}
-	st := &pgStager{tx: tx, info: info, q: q, copy: stmt, buf: make([]any, len(info.Columns)+1), track: true, seed: maphash.MakeSeed()}
+	st := &pgStager{m: m, tx: tx, info: info, q: q, copy: stmt, buf: make([]any, len(info.Columns)+1), track: true, seed: maphash.MakeSeed()}
 	identity := slices.Clone(info.Target.Key)
 	if info.Target.Mode == History {
 		identity = append(identity, info.Target.ValidFrom)
@@ -400,6 +428,7 @@ var goEqualIsPGEqual = map[string]bool{
 const maxTrackedKeys = 1 << 20
 
 type pgStager struct {
+	m      *PGMerger
 	tx     sqlx.ExtContext
 	info   TableInfo
 	q      pgMergeSQL
@@ -610,6 +639,16 @@ func (s *pgStager) Merge(ctx context.Context) (MergeResult, error) {
 		}
 	}
 	var err error
+	if s.q.upsert != "" && !dup && s.m.fresh(t.Table) {
+		ok, err := s.insertFresh(ctx, &res)
+		if err != nil {
+			return res, err
+		}
+		if ok {
+			res.Unchanged = 0
+			return res, nil
+		}
+	}
 	if s.q.upsert != "" {
 		var n struct {
 			Updated  int64 `db:"updated"`
@@ -649,11 +688,40 @@ func (s *pgStager) Merge(ctx context.Context) (MergeResult, error) {
 			return res, fmt.Errorf("backfill: merge %s: %w: valid_from/valid_to intervals overlap or leave a gap for keys %v", t.Table, ErrHistoryIntervals, bad)
 		}
 	}
+	if s.q.upsert != "" {
+		s.m.setFresh(t.Table, res.Inserted == s.staged-res.Deduplicated && res.Inserted > 0)
+	}
 	res.Unchanged = s.staged - res.Deduplicated - res.Updated - res.Inserted - int64(len(res.Rejected))
 	if res.Unchanged < 0 {
 		return res, fmt.Errorf("backfill: merge %s: %w: staged %d, merged %+v", t.Table, ErrAccounting, s.staged, res)
 	}
 	return res, nil
+}
+
+// insertFresh tries the chunk as a plain INSERT inside a savepoint. ok is
+// false, with the savepoint rolled back, when a key already existed.
+func (s *pgStager) insertFresh(ctx context.Context, res *MergeResult) (ok bool, err error) {
+	t := s.info.Target
+	if _, err := s.tx.ExecContext(ctx, `SAVEPOINT backfill_fresh`); err != nil {
+		return false, fmt.Errorf("backfill: merge %s: savepoint: %w", t.Table, err)
+	}
+	r, err := s.tx.ExecContext(ctx, s.q.insertAll)
+	if err != nil {
+		var pe *pq.Error
+		if errors.As(err, &pe) && pe.Code == "23505" {
+			if _, rerr := s.tx.ExecContext(ctx, `ROLLBACK TO SAVEPOINT backfill_fresh`); rerr != nil {
+				return false, fmt.Errorf("backfill: merge %s: rollback to savepoint: %w", t.Table, rerr)
+			}
+			s.m.setFresh(t.Table, false)
+			return false, nil
+		}
+		return false, fmt.Errorf("backfill: merge %s: insert: %w", t.Table, err)
+	}
+	if _, err := s.tx.ExecContext(ctx, `RELEASE SAVEPOINT backfill_fresh`); err != nil {
+		return false, fmt.Errorf("backfill: merge %s: release savepoint: %w", t.Table, err)
+	}
+	res.Inserted, _ = r.RowsAffected()
+	return true, nil
 }
 
 // keyText renders the key columns of a JSON row as "(a, b)" for messages.
