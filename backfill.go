@@ -256,10 +256,11 @@ type Config struct {
 	// RetryBackoff is the wait before the second attempt; it doubles with
 	// each further attempt. Default 100ms.
 	RetryBackoff time.Duration
-	// MaxRejectsPerChunk fails a chunk that rejects more rows than this;
-	// 0 means no limit. Rejected rows are held in memory until the chunk's
-	// staging COPY ends, so the limit also bounds that memory.
-	// Default 0 (unlimited).
+	// MaxRejectsPerChunk fails a chunk that rejects more rows than this
+	// (the chunk rolls back: nothing is dropped). Rejected rows are held
+	// in memory until the chunk commits (at most 64 KiB of raw row each),
+	// so the limit also bounds that memory. 0 means
+	// [DefaultMaxRejectsPerChunk]; a negative value means no limit.
 	MaxRejectsPerChunk int
 	// Manifest records runs and chunks. Default: [NewPGManifest] with
 	// schema "backfill".
@@ -275,6 +276,9 @@ type Config struct {
 	// hostname:pid).
 	WorkerID string
 }
+
+// DefaultMaxRejectsPerChunk is the default of [Config.MaxRejectsPerChunk].
+const DefaultMaxRejectsPerChunk = 100_000
 
 // Hooks observe a run. Every method is called from the goroutine running
 // the chunk; implementations must be safe for concurrent use when
@@ -328,6 +332,8 @@ type ChunkResult struct {
 	Counts
 	// Attempt is the 1-based attempt that completed the chunk.
 	Attempt int
+	// Worker is the [Config.WorkerID] of the process that completed it.
+	Worker string
 	// StartedAt and FinishedAt bound the successful attempt.
 	StartedAt, FinishedAt time.Time
 }

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"math"
 	"os"
+	"runtime/debug"
 	"slices"
 	"sync"
 	"time"
@@ -78,6 +79,12 @@ func NewWithDB(db DB, cfg *Config) (*Runner, error) {
 	c.Concurrency = cmpOr(c.Concurrency, 1)
 	c.MaxAttempts = cmpOr(c.MaxAttempts, 3)
 	c.RetryBackoff = cmpOr(c.RetryBackoff, 100*time.Millisecond)
+	switch {
+	case c.MaxRejectsPerChunk == 0:
+		c.MaxRejectsPerChunk = DefaultMaxRejectsPerChunk
+	case c.MaxRejectsPerChunk < 0:
+		c.MaxRejectsPerChunk = 0 // unlimited
+	}
 	if c.Manifest == nil {
 		c.Manifest = NewPGManifest("")
 	}
@@ -102,8 +109,6 @@ func (c *Config) validate() error {
 		return fmt.Errorf("%w: MaxAttempts cannot be less than zero", ErrInvalidConfig)
 	case c.RetryBackoff < 0:
 		return fmt.Errorf("%w: RetryBackoff cannot be less than zero", ErrInvalidConfig)
-	case c.MaxRejectsPerChunk < 0:
-		return fmt.Errorf("%w: MaxRejectsPerChunk cannot be less than zero", ErrInvalidConfig)
 	}
 	return nil
 }
@@ -196,6 +201,9 @@ func (r *Runner) Run(ctx context.Context, job Job) (Report, error) {
 	if err != nil {
 		return Report{}, errors.Join(runErr, err)
 	}
+	if run.Status == RunAbandoned {
+		runErr = errors.Join(runErr, fmt.Errorf("backfill: job %q batch %d: %w", job.Name, run.BatchID, ErrRunAbandoned))
+	}
 	rep, err := r.report(fctx, run, resumed)
 	rep.ChunksRun = len(ex.done)
 	rep.Elapsed = time.Since(begin)
@@ -233,6 +241,7 @@ type execution struct {
 	errs   []error
 	failed *ChunkError
 	stop   bool
+	tries  map[int]int // failed attempts per chunk Seq in this call
 }
 
 func (ex *execution) stopped() bool {
@@ -306,7 +315,16 @@ func (ex *execution) next(ctx context.Context) bool {
 		ex.fail(nil, err)
 		return false
 	}
-	final := !IsRetryable(err) || attempt >= ex.r.cfg.MaxAttempts
+	ex.mu.Lock()
+	if ex.tries == nil {
+		ex.tries = map[int]int{}
+	}
+	ex.tries[ce.Chunk.Seq]++
+	tries := ex.tries[ce.Chunk.Seq]
+	ex.mu.Unlock()
+	// MaxAttempts counts the attempts of this call: a resumed run gives a
+	// chunk that failed before its full share of retries again.
+	final := !IsRetryable(err) || tries >= ex.r.cfg.MaxAttempts
 	ex.log.Warn("chunk failed", "seq", ce.Chunk.Seq, "chunk", ce.Chunk.ID, "attempt", attempt, "final", final, "error", err)
 	fctx := context.WithoutCancel(ctx)
 	if ferr := ex.r.cfg.Manifest.FailChunk(fctx, ex.r.db, ex.batchID, ce.Chunk.Seq, ce.Err.Error(), final); ferr != nil {
@@ -317,7 +335,7 @@ func (ex *execution) next(ctx context.Context) bool {
 		ex.fail(ce, nil)
 		return false
 	}
-	backoff := ex.r.cfg.RetryBackoff << (attempt - 1)
+	backoff := ex.r.cfg.RetryBackoff << (tries - 1)
 	select {
 	case <-ctx.Done():
 	case <-time.After(backoff):
@@ -357,7 +375,7 @@ func (ex *execution) runChunk(ctx context.Context) (res ChunkResult, claimed boo
 	}
 	defer stager.Close()
 	w := newRowWriter(c, ex.job, ex.info, stager, r.cfg.MaxRejectsPerChunk, started)
-	xerr := ex.job.Extractor.Extract(ctx, c, w)
+	xerr := extractSafely(ctx, ex.job.Extractor, c, w)
 	w.closed = true
 	if w.err != nil {
 		return res, true, attempt, chunkErr(w.err)
@@ -374,7 +392,7 @@ func (ex *execution) runChunk(ctx context.Context) (res ChunkResult, claimed boo
 		w.exceptions = append(w.exceptions, e)
 	}
 	res = ChunkResult{
-		Chunk: c, Attempt: attempt, StartedAt: started,
+		Chunk: c, Attempt: attempt, StartedAt: started, Worker: r.cfg.WorkerID,
 		Counts: Counts{Read: w.read, Inserted: mr.Inserted, Updated: mr.Updated, Unchanged: mr.Unchanged,
 			Rejected: w.rejected + int64(len(mr.Rejected)), Deduplicated: mr.Deduplicated},
 	}
@@ -583,4 +601,16 @@ func (w *rowWriter) instant(col Column, v any) (time.Time, bool) {
 		}
 	}
 	return time.Time{}, false
+}
+
+// extractSafely calls the extractor, turning a panic into an error
+// wrapping [ErrExtractorPanic] (with the panic value and stack) so that
+// the chunk rolls back and the process lives on.
+func extractSafely(ctx context.Context, x Extractor, c Chunk, w RowWriter) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("%w (%w): %v\n%s", ErrExtractorPanic, errNotRetryable, p, debug.Stack())
+		}
+	}()
+	return x.Extract(ctx, c, w)
 }

@@ -1,8 +1,11 @@
 package backfill
 
 import (
+	"database/sql/driver"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"strings"
 
 	"github.com/lib/pq"
@@ -53,9 +56,20 @@ var (
 	// ErrNoWatermark is returned by [Runner.Handoff] when the job has no
 	// completed run with a recorded watermark.
 	ErrNoWatermark = errors.New("backfill: no completed run with a watermark")
+	// ErrRunAbandoned is returned by [Runner.Run] when the run it was
+	// working on was abandoned by a newer run of the same job
+	// ([Job.NewRun]) in another process: this call stopped claiming chunks.
+	ErrRunAbandoned = errors.New("backfill: run abandoned by a newer run")
+	// ErrExtractorPanic is returned (wrapped in a [*ChunkError]) when an
+	// extractor panicked; the chunk rolls back and is not retried.
+	ErrExtractorPanic = errors.New("backfill: extractor panicked")
 	// ErrRunNotFound is returned by [Manifest] lookups of an unknown batch.
 	ErrRunNotFound = errors.New("backfill: run not found")
 )
+
+// errNotRetryable marks an error that IsRetryable must refuse although its
+// code would otherwise be retried.
+var errNotRetryable = errors.New("not retryable")
 
 // ChunkError says which chunk failed and why. It wraps the cause.
 type ChunkError struct {
@@ -89,9 +103,19 @@ type PartialError struct {
 
 func (e *PartialError) Error() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "backfill: batch %d partially completed: %d chunks done in this call, %d failed", e.BatchID, len(e.Done), len(e.Errs))
-	if e.Failed != nil {
+	failed := 0
+	for _, err := range e.Errs {
+		var ce *ChunkError
+		if errors.As(err, &ce) {
+			failed++
+		}
+	}
+	fmt.Fprintf(&b, "backfill: batch %d partially completed: %d chunks done in this call, %d failed", e.BatchID, len(e.Done), failed)
+	switch {
+	case e.Failed != nil:
 		fmt.Fprintf(&b, ": %v", e.Failed)
+	case len(e.Errs) > 0:
+		fmt.Fprintf(&b, ": %v", e.Errs[0])
 	}
 	return b.String()
 }
@@ -116,12 +140,23 @@ func (e *RowError) Unwrap() error { return ErrRowRejected }
 
 // IsRetryable reports whether err is a transient database failure for which
 // retrying the chunk can succeed: serialization failure (40001), deadlock
-// (40P01), lock not available (55P03), unique violation caused by a
-// concurrent insert of the same key (23505), statement or lock timeout
-// (57014 query_canceled is not retried: it is also what cancellation looks
-// like), and connection failures (class 08).
+// (40P01), lock not available (55P03), a unique violation of the business
+// key caused by a concurrent insert of the same key (23505; violations of
+// other unique constraints are not retried), connection failures (class
+// 08, a broken connection, network errors). 57014 query_canceled is not
+// retried: it is also what cancellation looks like.
 // See https://www.postgresql.org/docs/15/errcodes-appendix.html.
 func IsRetryable(err error) bool {
+	if errors.Is(err, errNotRetryable) {
+		return false
+	}
+	if errors.Is(err, driver.ErrBadConn) || errors.Is(err, io.ErrUnexpectedEOF) {
+		return true
+	}
+	var ne net.Error
+	if errors.As(err, &ne) {
+		return true
+	}
 	var pe *pq.Error
 	if errors.As(err, &pe) {
 		switch pe.Code {

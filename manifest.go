@@ -124,6 +124,8 @@ type ChunkState struct {
 	StartedAt  *time.Time
 	FinishedAt *time.Time
 	LastError  string
+	// Worker is the [Config.WorkerID] that completed the chunk.
+	Worker string
 }
 
 // Exception is one row of the exception queue: a row that was not loaded,
@@ -167,7 +169,9 @@ type Manifest interface {
 	StartRun(ctx context.Context, db sqlx.ExtContext, plan Plan, worker string, newRun bool) (run Run, resumed bool, err error)
 	// ClaimChunk locks the lowest-Seq pending chunk of the batch that no
 	// other transaction holds (FOR UPDATE SKIP LOCKED) and returns it; ok is
-	// false when none is left. The lock lasts until tx ends: it is the
+	// false when none is left or the run is not running (abandoned,
+	// completed, failed, paused): a worker of an abandoned run stops.
+	// The run cannot change status while a claimed chunk is in flight. The lock lasts until tx ends: it is the
 	// chunk's lease, released by commit, rollback or the death of the
 	// connection, so a crashed worker never blocks a resume.
 	ClaimChunk(ctx context.Context, tx sqlx.ExtContext, batchID int64) (c ChunkState, ok bool, err error)

@@ -343,12 +343,13 @@ type pgChunkRow struct {
 	StartedAt  *time.Time     `db:"started_at"`
 	FinishedAt *time.Time     `db:"finished_at"`
 	LastError  string         `db:"last_error"`
+	Worker     string         `db:"worker"`
 	Counts
 }
 
 const chunkColumns = `batch_id, seq, chunk_id, kind, start_at, end_at, lo, hi, item, status, attempts,
 	rows_read, rows_inserted, rows_updated, rows_unchanged, rows_rejected, rows_deduplicated,
-	started_at, finished_at, last_error`
+	started_at, finished_at, last_error, worker`
 
 func (r pgChunkRow) state() ChunkState {
 	c := Chunk{ID: r.ChunkID, Seq: r.Seq, Kind: ChunkKind(r.Kind), Lo: r.Lo.Int64, Hi: r.Hi.Int64, Item: r.Item.String}
@@ -359,13 +360,26 @@ func (r pgChunkRow) state() ChunkState {
 		c.End = *r.EndAt
 	}
 	return ChunkState{BatchID: r.BatchID, Chunk: c, Status: ChunkStatus(r.Status), Attempts: r.Attempts, Counts: r.Counts,
-		StartedAt: r.StartedAt, FinishedAt: r.FinishedAt, LastError: r.LastError}
+		StartedAt: r.StartedAt, FinishedAt: r.FinishedAt, LastError: r.LastError, Worker: r.Worker}
 }
 
 // ClaimChunk implements [Manifest.ClaimChunk] with SELECT ... FOR UPDATE
-// SKIP LOCKED (PostgreSQL docs, SELECT, "The Locking Clause").
+// SKIP LOCKED (PostgreSQL docs, SELECT, "The Locking Clause"), after
+// FOR SHARE on the run's row.
 func (m *PGManifest) ClaimChunk(ctx context.Context, tx sqlx.ExtContext, batchID int64) (ChunkState, bool, error) {
 	var rows []pgChunkRow
+	// The run row is share-locked for the chunk's transaction: a run can
+	// only be abandoned (StartRun with newRun) once no chunk of it is in
+	// flight, and a chunk is only claimed while its run is running, so a
+	// worker of an abandoned run can never write over a newer run.
+	var running []int64
+	if err := sqlx.SelectContext(ctx, tx, &running, m.sql(`SELECT batch_id FROM {s}.runs
+		WHERE batch_id = $1 AND status = 'running' FOR SHARE`), batchID); err != nil {
+		return ChunkState{}, false, fmt.Errorf("backfill: claim chunk of batch %d: %w", batchID, err)
+	}
+	if len(running) == 0 {
+		return ChunkState{}, false, nil
+	}
 	err := sqlx.SelectContext(ctx, tx, &rows, m.sql(`SELECT `+chunkColumns+` FROM {s}.chunks
 		WHERE batch_id = $1 AND status = 'pending' ORDER BY seq LIMIT 1 FOR UPDATE SKIP LOCKED`), batchID)
 	if err != nil {
@@ -389,9 +403,9 @@ func (m *PGManifest) CompleteChunk(ctx context.Context, tx sqlx.ExtContext, batc
 	}
 	res, err := tx.ExecContext(ctx, m.sql(`UPDATE {s}.chunks SET status = 'done', attempts = attempts + 1,
 		rows_read = $3, rows_inserted = $4, rows_updated = $5, rows_unchanged = $6, rows_rejected = $7, rows_deduplicated = $8,
-		started_at = $9, finished_at = $10, last_error = ''
+		started_at = $9, finished_at = $10, last_error = '', worker = $11
 		WHERE batch_id = $1 AND seq = $2 AND status = 'pending'`),
-		batchID, r.Chunk.Seq, r.Read, r.Inserted, r.Updated, r.Unchanged, r.Rejected, r.Deduplicated, r.StartedAt, r.FinishedAt)
+		batchID, r.Chunk.Seq, r.Read, r.Inserted, r.Updated, r.Unchanged, r.Rejected, r.Deduplicated, r.StartedAt, r.FinishedAt, r.Worker)
 	if err != nil {
 		return fmt.Errorf("backfill: complete chunk %s: %w", r.Chunk.ID, err)
 	}

@@ -2,6 +2,7 @@ package backfill
 
 import (
 	"context"
+	"slices"
 
 	"github.com/jmoiron/sqlx"
 )
@@ -44,6 +45,20 @@ type TableInfo struct {
 	Columns []Column
 	// Written is how many of Columns the extractor writes.
 	Written int
+
+	// keyIndexes names the unique indexes that cover the identity
+	// (PGMerger).
+	keyIndexes []string
+}
+
+// identity returns the columns that identify one target row: Key, plus
+// ValidFrom in History mode.
+func (info TableInfo) identity() []string {
+	id := slices.Clone(info.Target.Key)
+	if info.Target.Mode == History {
+		id = append(id, info.Target.ValidFrom)
+	}
+	return id
 }
 
 // MergeResult counts what a merge did with the staged rows:

@@ -129,21 +129,34 @@ func (m *PGMerger) Prepare(ctx context.Context, db sqlx.ExtContext, t Target) (T
 	}
 	// Unique, valid, non-partial indexes on plain columns (PostgreSQL docs,
 	// 11.6 "Unique Indexes").
-	var keys []pq.StringArray
+	// Key columns only: INCLUDE columns (after indnkeyatts) do not count.
+	var keys []struct {
+		Name    string         `db:"name"`
+		Columns pq.StringArray `db:"columns"`
+	}
 	err = sqlx.SelectContext(ctx, db, &keys, `
-		SELECT array_agg(a.attname::text ORDER BY a.attname)
+		SELECT c.relname AS name, array_agg(a.attname::text ORDER BY a.attname) AS columns
 		FROM pg_index i
-		JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY (i.indkey)
+		JOIN pg_class c ON c.oid = i.indexrelid
+		JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY ((i.indkey::int2[])[0:i.indnkeyatts - 1])
 		WHERE i.indrelid = $1 AND i.indisunique AND i.indisvalid AND i.indpred IS NULL AND i.indexprs IS NULL
-		GROUP BY i.indexrelid`, oid.Int64)
+		GROUP BY c.relname`, oid.Int64)
 	if err != nil {
 		return TableInfo{}, fmt.Errorf("backfill: prepare %s: indexes: %w", t.Table, err)
 	}
 	unique := make([][]string, len(keys))
 	for i, k := range keys {
-		unique[i] = k
+		unique[i] = k.Columns
 	}
 	info, err := ResolveTarget(t, table, unique)
+	if err == nil {
+		identity := slices.Sorted(slices.Values(info.identity()))
+		for _, k := range keys {
+			if slices.Equal(slices.Sorted(slices.Values([]string(k.Columns))), identity) {
+				info.keyIndexes = append(info.keyIndexes, k.Name)
+			}
+		}
+	}
 	if errors.Is(err, ErrNoUniqueKey) {
 		identity := t.Key
 		if t.Mode == History {
@@ -333,11 +346,12 @@ func buildMergeSQL(info TableInfo) pgMergeSQL {
 		}
 		q.insertAll = fmt.Sprintf(`INSERT INTO %s (%s) SELECT %s FROM %s`, target, sqlgen.List("", names), sqlgen.List("", names), stage)
 		q.upsert = fmt.Sprintf(`WITH j AS MATERIALIZED (
-				SELECT s.*, t.%[4]s IS NOT NULL AS _backfill_found, %[5]s AS _backfill_apply
+				SELECT s.*, t.%[4]s IS NOT NULL AS _backfill_found, coalesce(%[5]s, false) AS _backfill_apply
 				FROM %[1]s s LEFT JOIN %[2]s t ON %[6]s),
 			u AS (%[7]s),
 			i AS (INSERT INTO %[2]s (%[3]s) SELECT %[8]s FROM j WHERE NOT j._backfill_found RETURNING 1)
-			SELECT (SELECT count(*) FROM u) AS updated, (SELECT count(*) FROM i) AS inserted`,
+			SELECT (SELECT count(*) FROM u) AS updated, (SELECT count(*) FROM i) AS inserted,
+				(SELECT count(*) FROM j WHERE j._backfill_found AND NOT j._backfill_apply) AS unchanged`,
 			stage, target, sqlgen.List("", names), sqlgen.Ident(t.Key[0]), apply, idEq("t", "s"), update, sqlgen.List("j.", names))
 	}
 	if t.Mode == History && len(content) > 0 {
@@ -534,7 +548,7 @@ func (s *pgStager) exec(ctx context.Context, what, query string, args ...any) (i
 	}
 	r, err := s.tx.ExecContext(ctx, query, args...)
 	if err != nil {
-		return 0, fmt.Errorf("backfill: merge %s: %s: %w", s.info.Target.Table, what, err)
+		return 0, fmt.Errorf("backfill: merge %s: %s: %w", s.info.Target.Table, what, s.classify(err))
 	}
 	n, _ := r.RowsAffected()
 	return n, nil
@@ -645,19 +659,29 @@ func (s *pgStager) Merge(ctx context.Context) (MergeResult, error) {
 			return res, err
 		}
 		if ok {
-			res.Unchanged = 0
+			if res.Inserted != s.staged {
+				return res, fmt.Errorf("backfill: merge %s: %w: %d rows to insert, but %d inserted (a trigger or rule on the target skipped or added rows?)",
+					t.Table, ErrAccounting, s.staged, res.Inserted)
+			}
 			return res, nil
 		}
 	}
 	if s.q.upsert != "" {
 		var n struct {
-			Updated  int64 `db:"updated"`
-			Inserted int64 `db:"inserted"`
+			Updated   int64 `db:"updated"`
+			Inserted  int64 `db:"inserted"`
+			Unchanged int64 `db:"unchanged"`
 		}
 		if err := sqlx.GetContext(ctx, s.tx, &n, s.q.upsert); err != nil {
-			return res, fmt.Errorf("backfill: merge %s: upsert: %w", t.Table, err)
+			return res, fmt.Errorf("backfill: merge %s: upsert: %w", t.Table, s.classify(err))
 		}
 		res.Updated, res.Inserted = n.Updated, n.Inserted
+		// Counted, not inferred: a trigger that drops rows (a BEFORE
+		// trigger returning NULL) must not pass for "unchanged".
+		if merged := s.staged - res.Deduplicated; n.Updated+n.Inserted+n.Unchanged != merged {
+			return res, fmt.Errorf("backfill: merge %s: %w: %d rows to merge, but %d inserted + %d updated + %d unchanged (a trigger or rule on the target skipped or added rows?)",
+				t.Table, ErrAccounting, merged, n.Inserted, n.Updated, n.Unchanged)
+		}
 	} else {
 		if res.Updated, err = s.exec(ctx, "update", s.q.update); err != nil {
 			return res, err
@@ -698,6 +722,17 @@ func (s *pgStager) Merge(ctx context.Context) (MergeResult, error) {
 	return res, nil
 }
 
+// classify marks a unique violation of a constraint other than the
+// business key's index as not retryable: retrying cannot help, unlike a
+// concurrent insert of the same key.
+func (s *pgStager) classify(err error) error {
+	var pe *pq.Error
+	if errors.As(err, &pe) && pe.Code == "23505" && !slices.Contains(s.info.keyIndexes, pe.Constraint) {
+		return fmt.Errorf("%w (%w: unique constraint %q is not the business key's)", err, errNotRetryable, pe.Constraint)
+	}
+	return err
+}
+
 // insertFresh tries the chunk as a plain INSERT inside a savepoint. ok is
 // false, with the savepoint rolled back, when a key already existed.
 func (s *pgStager) insertFresh(ctx context.Context, res *MergeResult) (ok bool, err error) {
@@ -708,14 +743,14 @@ func (s *pgStager) insertFresh(ctx context.Context, res *MergeResult) (ok bool, 
 	r, err := s.tx.ExecContext(ctx, s.q.insertAll)
 	if err != nil {
 		var pe *pq.Error
-		if errors.As(err, &pe) && pe.Code == "23505" {
+		if errors.As(err, &pe) && pe.Code == "23505" && slices.Contains(s.info.keyIndexes, pe.Constraint) {
 			if _, rerr := s.tx.ExecContext(ctx, `ROLLBACK TO SAVEPOINT backfill_fresh`); rerr != nil {
 				return false, fmt.Errorf("backfill: merge %s: rollback to savepoint: %w", t.Table, rerr)
 			}
 			s.m.setFresh(t.Table, false)
 			return false, nil
 		}
-		return false, fmt.Errorf("backfill: merge %s: insert: %w", t.Table, err)
+		return false, fmt.Errorf("backfill: merge %s: insert: %w", t.Table, s.classify(err))
 	}
 	if _, err := s.tx.ExecContext(ctx, `RELEASE SAVEPOINT backfill_fresh`); err != nil {
 		return false, fmt.Errorf("backfill: merge %s: release savepoint: %w", t.Table, err)

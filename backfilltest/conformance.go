@@ -248,6 +248,20 @@ func TestManifest(t *testing.T, newManifest func(t *testing.T) (backfill.Manifes
 		require.ErrorIs(t, err, backfill.ErrRunNotFound)
 	})
 
+	t.Run("AbandonedRunsAreNotClaimed", func(t *testing.T) {
+		m, db := setup(t)
+		old, _, err := m.StartRun(ctx, db, plan(t, "job", "v1", 20), "w", false)
+		require.NoError(t, err)
+		_, _, err = m.StartRun(ctx, db, plan(t, "job", "v2", 20), "w", true)
+		require.NoError(t, err)
+		tx, _, ok := claim(t, m, db, old.BatchID)
+		require.False(t, ok, "a worker of the abandoned run gets no chunk")
+		require.NoError(t, tx.Rollback())
+		r, err := m.FinishRun(ctx, db, old.BatchID, false, "")
+		require.NoError(t, err)
+		require.Equal(t, backfill.RunAbandoned, r.Status)
+	})
+
 	t.Run("UnknownBatch", func(t *testing.T) {
 		m, db := setup(t)
 		_, err := m.FinishRun(ctx, db, 987654, false, "")

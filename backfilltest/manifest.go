@@ -177,6 +177,9 @@ func (m *Manifest) ClaimChunk(ctx context.Context, tx sqlx.ExtContext, batchID i
 	if err != nil {
 		return backfill.ChunkState{}, false, err
 	}
+	if r.run.Status != backfill.RunRunning {
+		return backfill.ChunkState{}, false, nil
+	}
 	for i, c := range r.chunks {
 		if c.Status != backfill.ChunkPending {
 			continue
@@ -231,7 +234,7 @@ func (m *Manifest) CompleteChunk(ctx context.Context, tx sqlx.ExtContext, batchI
 		c.Attempts++
 		c.Counts = res.Counts
 		st, fin := res.StartedAt, res.FinishedAt
-		c.StartedAt, c.FinishedAt, c.LastError = &st, &fin, ""
+		c.StartedAt, c.FinishedAt, c.LastError, c.Worker = &st, &fin, "", res.Worker
 		r.exceptions = append(r.exceptions, ex...)
 	})
 }
