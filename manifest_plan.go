@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
+	"strings"
 )
 
 // NewPlan freezes a prepared job into a [Plan] with its fingerprint. info
@@ -71,8 +72,14 @@ func (p Plan) fingerprint() string {
 // messages show.
 func PlanDiff(a, b Plan) []string {
 	var d []string
+	show := func(v any) string {
+		if l, ok := v.([]string); ok {
+			return "[" + strings.Join(l, ", ") + "]"
+		}
+		return fmt.Sprint(v)
+	}
 	add := func(field string, x, y any) {
-		xs, ys := fmt.Sprint(x), fmt.Sprint(y)
+		xs, ys := show(x), show(y)
 		if xs != ys {
 			d = append(d, fmt.Sprintf("%s: %q -> %q", field, xs, ys))
 		}
@@ -122,5 +129,5 @@ func planChangedError(job string, batchID int64, old, cur Plan) error {
 	if len(diff) == 0 {
 		diff = []string{"fingerprint: " + old.Fingerprint + " -> " + cur.Fingerprint}
 	}
-	return fmt.Errorf("%w: job %q batch %d was planned differently (%v); set Job.NewRun to start a new run", ErrPlanChanged, job, batchID, diff)
+	return fmt.Errorf("%w: job %q batch %d was planned differently (%s); set Job.NewRun to start a new run", ErrPlanChanged, job, batchID, strings.Join(diff, "; "))
 }

@@ -21,6 +21,14 @@ type Column struct {
 	// MaxLen is the maximum length in characters of a varchar(n) or
 	// char(n) column, 0 for none.
 	MaxLen int
+	// Collation is the column's collation when it is not its type's
+	// default ("" otherwise), as a quoted, schema-qualified name. Staging
+	// uses it so that keys compare as in the target (a nondeterministic,
+	// case-insensitive collation deduplicates "Apple" and "APPLE").
+	Collation string
+	// textCompare: the type has no usable equality operator (json, point,
+	// arrays of them, composites); change detection compares its text.
+	textCompare bool
 	// Precision and Scale are a numeric(p,s) column's declared precision
 	// and scale (PostgreSQL docs, 8.1.2 "Arbitrary Precision Numbers");
 	// Precision is 0 for an unconstrained numeric.

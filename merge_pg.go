@@ -70,7 +70,8 @@ func (m *PGMerger) setFresh(table string, v bool) {
 }
 
 // textCompared lists types without a default btree equality operator,
-// compared as text in IS DISTINCT FROM.
+// compared as text in IS DISTINCT FROM; so are arrays of them and
+// composite types (which may contain them).
 var textCompared = map[string]bool{"json": true, "xml": true, "point": true, "line": true, "lseg": true, "box": true, "path": true, "polygon": true, "circle": true}
 
 // Prepare implements [Merger.Prepare]: it reads the table's columns and
@@ -80,13 +81,22 @@ func (m *PGMerger) Prepare(ctx context.Context, db sqlx.ExtContext, t Target) (T
 	if err := t.validate(); err != nil {
 		return TableInfo{}, err
 	}
-	var oid sql.NullInt64
-	if err := sqlx.GetContext(ctx, db, &oid, `SELECT to_regclass($1)::oid::bigint`, sqlgen.Table(t.Table)); err != nil {
+	var rel []struct {
+		OID    int64  `db:"oid"`
+		Schema string `db:"nspname"`
+		Name   string `db:"relname"`
+	}
+	if err := sqlx.SelectContext(ctx, db, &rel, `SELECT c.oid::bigint AS oid, n.nspname, c.relname
+		FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = to_regclass($1)`, sqlgen.Table(t.Table)); err != nil {
 		return TableInfo{}, fmt.Errorf("backfill: prepare %s: %w", t.Table, err)
 	}
-	if !oid.Valid {
+	if len(rel) == 0 {
 		return TableInfo{}, fmt.Errorf("backfill: prepare: table %q: %w", t.Table, ErrTargetNotFound)
 	}
+	oid := sql.NullInt64{Int64: rel[0].OID, Valid: true}
+	// The canonical, schema-qualified name: "t" and "public.t" are one
+	// target, one plan.
+	t.Table = rel[0].Schema + "." + rel[0].Name
 	var cols []struct {
 		Name      string `db:"attname"`
 		Type      string `db:"format_type"`
@@ -95,15 +105,24 @@ func (m *PGMerger) Prepare(ctx context.Context, db sqlx.ExtContext, t Target) (T
 		NotNull   bool   `db:"attnotnull"`
 		Identity  string `db:"attidentity"`
 		Generated string `db:"attgenerated"`
+		Elem      string `db:"elem"`
+		Kind      string `db:"kind"`
+		Collation string `db:"collation"`
 	}
 	err := sqlx.SelectContext(ctx, db, &cols, `
 		SELECT a.attname, format_type(a.atttypid, a.atttypmod),
 			coalesce(bt.typname, ty.typname) AS typname,
 			CASE WHEN ty.typtype = 'd' THEN ty.typtypmod ELSE a.atttypmod END AS atttypmod,
-			a.attnotnull, a.attidentity::text AS attidentity, a.attgenerated::text AS attgenerated
+			a.attnotnull, a.attidentity::text AS attidentity, a.attgenerated::text AS attgenerated,
+			coalesce(et.typname, '') AS elem, coalesce(bt.typtype, ty.typtype)::text AS kind,
+			CASE WHEN a.attcollation <> 0 AND a.attcollation <> coalesce(bt.typcollation, ty.typcollation)
+				THEN quote_ident(cn.nspname) || '.' || quote_ident(co.collname) ELSE '' END AS collation
 		FROM pg_attribute a
 		JOIN pg_type ty ON ty.oid = a.atttypid
 		LEFT JOIN pg_type bt ON ty.typtype = 'd' AND bt.oid = ty.typbasetype
+		LEFT JOIN pg_type et ON et.oid = coalesce(bt.typelem, ty.typelem) AND coalesce(bt.typcategory, ty.typcategory) = 'A'
+		LEFT JOIN pg_collation co ON co.oid = a.attcollation
+		LEFT JOIN pg_namespace cn ON cn.oid = co.collnamespace
 		WHERE a.attrelid = $1 AND a.attnum > 0 AND NOT a.attisdropped
 		ORDER BY a.attnum`, oid.Int64)
 	if err != nil {
@@ -114,7 +133,8 @@ func (m *PGMerger) Prepare(ctx context.Context, db sqlx.ExtContext, t Target) (T
 		if c.Generated != "" || c.Identity == "a" {
 			continue
 		}
-		col := Column{Name: c.Name, Type: c.Type, BaseType: c.Base, NotNull: c.NotNull}
+		col := Column{Name: c.Name, Type: c.Type, BaseType: c.Base, NotNull: c.NotNull, Collation: c.Collation,
+			textCompare: textCompared[c.Base] || textCompared[c.Elem] || c.Kind == "c"}
 		if (c.Base == "varchar" || c.Base == "bpchar") && c.Typmod > 4 {
 			col.MaxLen = c.Typmod - 4
 		}
@@ -209,7 +229,12 @@ func buildMergeSQL(info TableInfo) pgMergeSQL {
 	fmt.Fprintf(h, "%s\x00", t.Table)
 	for i, c := range info.Columns {
 		names[i] = c.Name
-		defs = append(defs, sqlgen.Ident(c.Name)+" "+c.Type)
+		def := sqlgen.Ident(c.Name) + " " + c.Type
+		if c.Collation != "" {
+			// Staging compares and deduplicates keys as the target does.
+			def += " COLLATE " + c.Collation
+		}
+		defs = append(defs, def)
 		fmt.Fprintf(h, "%s\x00%s\x00%t\x00", c.Name, c.Type, c.Key)
 	}
 	// identity: what one target row is; content: what may change.
@@ -244,7 +269,7 @@ func buildMergeSQL(info TableInfo) pgMergeSQL {
 	}
 	cmpExpr := func(alias, n string) string {
 		e := alias + "." + sqlgen.Ident(n)
-		if textCompared[colType[n].BaseType] {
+		if c := colType[n]; c.textCompare || textCompared[c.BaseType] {
 			e += "::text"
 		}
 		return e
@@ -421,7 +446,7 @@ func (m *PGMerger) Stage(ctx context.Context, tx sqlx.ExtContext, info TableInfo
 	for _, name := range identity {
 		i := slices.IndexFunc(info.Columns, func(c Column) bool { return c.Name == name })
 		st.identity = append(st.identity, i)
-		if !goEqualIsPGEqual[info.Columns[i].BaseType] {
+		if c := info.Columns[i]; !goEqualIsPGEqual[c.BaseType] || c.Collation != "" {
 			st.track = false
 		}
 	}

@@ -133,3 +133,42 @@ func TestOtherUniqueViolationsAreNotRetried(t *testing.T) {
 	require.Contains(t, err.Error(), `unique constraint "users_email_key" is not the business key's`)
 	require.Equal(t, int32(1), calls.Load(), "not retried")
 }
+
+func TestTypesWithoutEqualityReplay(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t)
+	_, err := db.Exec(`CREATE TYPE pair AS (doc json, n int);
+		CREATE TABLE docs (id int PRIMARY KEY, tags json[], p pair, pt point)`)
+	require.NoError(t, err)
+	r, err := backfill.New(db, nil)
+	require.NoError(t, err)
+	job := func(newRun bool, tag string) backfill.Job {
+		return backfill.Job{Name: "docs", NewRun: newRun, Chunker: backfill.List("a"),
+			Extractor: rowsFunc([]any{int64(1), `{"{\"a\": 1}","` + tag + `"}`, `("{\"x\": 2}",3)`, "(1,2)"}),
+			Target:    backfill.Target{Table: "docs", Key: []string{"id"}}}
+	}
+	_, err = r.Run(ctx, job(false, "{}"))
+	require.NoError(t, err)
+	rep, err := r.Run(ctx, job(true, "{}"))
+	require.NoError(t, err)
+	require.Equal(t, backfill.Counts{Read: 1, Unchanged: 1}, rep.Counts)
+	rep, err = r.Run(ctx, job(true, "[]"))
+	require.NoError(t, err)
+	require.Equal(t, backfill.Counts{Read: 1, Updated: 1}, rep.Counts)
+}
+
+func TestNondeterministicCollationKey(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	_, err := db.Exec(`CREATE COLLATION ci (provider = icu, locale = 'und-u-ks-level2', deterministic = false);
+		CREATE TABLE fruit (name text COLLATE ci PRIMARY KEY, n int)`)
+	require.NoError(t, err)
+	r, err := backfill.New(db, nil)
+	require.NoError(t, err)
+	rep, err := r.Run(context.Background(), backfill.Job{Name: "fruit", Chunker: backfill.List("a"),
+		Extractor: rowsFunc([]any{"Apple", int64(1)}, []any{"APPLE", int64(2)}, []any{"pear", int64(3)}),
+		Target:    backfill.Target{Table: "fruit", Key: []string{"name"}}})
+	require.NoError(t, err)
+	require.Equal(t, backfill.Counts{Read: 3, Inserted: 2, Deduplicated: 1}, rep.Counts, "Apple and APPLE are one key under the collation")
+}
