@@ -186,6 +186,12 @@ type Job struct {
 	// recorded in the plan (and so in the manifest) for the people who
 	// read the data later. Default DateUnspecified.
 	DateMeaning DateMeaning
+	// Validators check every chunk after its merge, before its checkpoint,
+	// in its transaction; their evidence goes to the manifest. A failed
+	// check of [SeverityError] is a quality gate: the chunk rolls back and
+	// the run pauses until [Runner.Resume]. See validate_pg.go for the
+	// PostgreSQL checks.
+	Validators []Validator
 	// Watermark, if set, is asked for the source's high-water mark when a
 	// run is created; the manifest records it, and [Runner.Handoff] rescans
 	// from it. See [SafetyLag] and [PGSourceWatermark].

@@ -182,6 +182,10 @@ func (r *Runner) Run(ctx context.Context, job Job) (Report, error) {
 	log := r.cfg.Logger.With("job", job.Name, "batch_id", run.BatchID)
 	log.Info("backfill run", "resumed", resumed, "status", run.Status, "chunks", len(chunks), "fingerprint", plan.Fingerprint[:12])
 
+	if run.Status == RunPaused {
+		rep, err := r.report(ctx, run, resumed)
+		return rep, errors.Join(err, fmt.Errorf("backfill: job %q batch %d: %w: %s; resume it with Runner.Resume", job.Name, run.BatchID, ErrRunPaused, run.LastError))
+	}
 	ex := &execution{r: r, job: job, info: info, plan: plan, batchID: run.BatchID, log: log}
 	if run.Status != RunCompleted {
 		ex.work(ctx)
@@ -315,6 +319,20 @@ func (ex *execution) next(ctx context.Context) bool {
 		ex.fail(nil, err)
 		return false
 	}
+	var ge *gateError
+	if errors.As(err, &ge) {
+		// The chunk rolled back; keep its evidence and pause the run.
+		fctx := context.WithoutCancel(ctx)
+		ex.log.Warn("quality gate failed; run paused", "seq", ce.Chunk.Seq, "chunk", ce.Chunk.ID, "reason", ge.reason)
+		mv, _ := ex.r.cfg.Manifest.(ManifestValidations)
+		var perr error
+		if mv != nil {
+			perr = errors.Join(mv.AddValidations(fctx, ex.r.db, ex.batchID, ce.Chunk.ID, ge.results),
+				mv.PauseRun(fctx, ex.r.db, ex.batchID, fmt.Sprintf("chunk %s: %s", ce.Chunk.ID, ge.reason)))
+		}
+		ex.fail(ce, perr)
+		return false
+	}
 	ex.mu.Lock()
 	if ex.tries == nil {
 		ex.tries = map[int]int{}
@@ -387,6 +405,30 @@ func (ex *execution) runChunk(ctx context.Context) (res ChunkResult, claimed boo
 	if err != nil {
 		return res, true, attempt, chunkErr(err)
 	}
+	var checks []CheckResult
+	if len(ex.job.Validators) > 0 {
+		scope := ValidationScope{BatchID: ex.batchID, Chunk: c, Info: ex.info, ChunkColumn: ex.job.ChunkColumn,
+			Zone: cmpOr(ex.job.Zone, time.UTC), Stager: stager,
+			Counts: Counts{Read: w.read, Inserted: mr.Inserted, Updated: mr.Updated, Unchanged: mr.Unchanged,
+				Rejected: w.rejected + int64(len(mr.Rejected)), Deduplicated: mr.Deduplicated}}
+		if st, ok := stager.(StagingTabler); ok {
+			scope.Staging = st.StagingTable()
+		}
+		gate := ""
+		for _, v := range ex.job.Validators {
+			cr, err := v.Validate(ctx, tx, scope)
+			if err != nil {
+				return res, true, attempt, chunkErr(fmt.Errorf("validate: %w", err))
+			}
+			checks = append(checks, cr)
+			if !cr.Passed && cr.Severity == SeverityError && gate == "" {
+				gate = fmt.Sprintf("%s: expected %s, got %s", cr.Check, cr.Expected, cr.Actual)
+			}
+		}
+		if gate != "" {
+			return res, true, attempt, &ChunkError{Chunk: c, Attempt: attempt, Err: &gateError{reason: gate, results: checks}}
+		}
+	}
 	for _, e := range mr.Rejected {
 		e.ChunkID = c.ID
 		w.exceptions = append(w.exceptions, e)
@@ -403,6 +445,15 @@ func (ex *execution) runChunk(ctx context.Context) (res ChunkResult, claimed boo
 	res.FinishedAt = time.Now()
 	for i := range w.exceptions {
 		w.exceptions[i].BatchID = ex.batchID
+	}
+	if len(checks) > 0 {
+		mv, ok := r.cfg.Manifest.(ManifestValidations)
+		if !ok {
+			return res, true, attempt, chunkErr(fmt.Errorf("%w: the manifest cannot keep validation results", ErrUnsupported))
+		}
+		if err := mv.AddValidations(ctx, tx, ex.batchID, c.ID, checks); err != nil {
+			return res, true, attempt, chunkErr(err)
+		}
 	}
 	if err := r.cfg.Manifest.CompleteChunk(ctx, tx, ex.batchID, res, w.exceptions); err != nil {
 		return res, true, attempt, chunkErr(err)
@@ -613,4 +664,41 @@ func extractSafely(ctx context.Context, x Extractor, c Chunk, w RowWriter) (err 
 		}
 	}()
 	return x.Extract(ctx, c, w)
+}
+
+// gateError is a failed quality gate: the reason and every check's result.
+type gateError struct {
+	reason  string
+	results []CheckResult
+}
+
+func (e *gateError) Error() string { return ErrGateFailed.Error() + ": " + e.reason }
+
+func (e *gateError) Unwrap() []error { return []error{ErrGateFailed, errNotRetryable} }
+
+// Resume resumes the paused run of job (a quality gate failed, see
+// [Job.Validators]) after recording in the audit log who resumes it and
+// why, then runs it like [Runner.Run]. It returns [ErrNotPaused] when the
+// job's latest run is not paused, and [ErrUnsupported] when the manifest
+// cannot pause runs.
+func (r *Runner) Resume(ctx context.Context, job Job, actor, why string) (Report, error) {
+	mv, ok := r.cfg.Manifest.(ManifestValidations)
+	audit, ok2 := r.cfg.Manifest.(ManifestAudit)
+	if !ok || !ok2 {
+		return Report{}, fmt.Errorf("backfill: resume job %q: %w", job.Name, ErrUnsupported)
+	}
+	if actor == "" || why == "" {
+		return Report{}, fmt.Errorf("backfill: resume job %q: %w: who and why are required", job.Name, ErrInvalidConfig)
+	}
+	if err := r.cfg.Manifest.Init(ctx, r.db); err != nil {
+		return Report{}, err
+	}
+	run, err := audit.LatestRun(ctx, r.db, job.Name, RunPaused)
+	if err != nil {
+		return Report{}, fmt.Errorf("backfill: resume job %q: %w (%w)", job.Name, ErrNotPaused, err)
+	}
+	if err := mv.ResumeRun(ctx, r.db, run.BatchID, actor, why); err != nil {
+		return Report{}, err
+	}
+	return r.Run(ctx, job)
 }

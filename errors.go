@@ -63,6 +63,15 @@ var (
 	// ErrExtractorPanic is returned (wrapped in a [*ChunkError]) when an
 	// extractor panicked; the chunk rolls back and is not retried.
 	ErrExtractorPanic = errors.New("backfill: extractor panicked")
+	// ErrNotPaused is returned by [Runner.Resume] when the job's latest
+	// run is not paused.
+	ErrNotPaused = errors.New("backfill: run is not paused")
+	// ErrRunPaused is returned by [Runner.Run] when the job's run is paused
+	// (a quality gate failed); resume it with [Runner.Resume].
+	ErrRunPaused = errors.New("backfill: run is paused")
+	// ErrGateFailed is returned (wrapped in a [*ChunkError]) when a check
+	// of severity error failed: the chunk rolled back and the run paused.
+	ErrGateFailed = errors.New("backfill: quality gate failed")
 	// ErrRunNotFound is returned by [Manifest] lookups of an unknown batch.
 	ErrRunNotFound = errors.New("backfill: run not found")
 )

@@ -19,6 +19,12 @@ const (
 	// RunFailed: a chunk failed for good; running the job again retries
 	// the failed chunks and resumes.
 	RunFailed RunStatus = "failed"
+	// RunPaused: a quality gate failed (or an operator paused the run);
+	// nothing more is claimed until [Runner.Resume] records who resumed it
+	// and why.
+	RunPaused RunStatus = "paused"
+	// RunRolledBack: the run's changes were withdrawn by a rollback.
+	RunRolledBack RunStatus = "rolled_back"
 	// RunAbandoned: a newer run of the same job was started with
 	// [Job.NewRun]; this run will not be resumed. Its completed chunks
 	// stay in the target.

@@ -25,8 +25,9 @@ type PGManifest struct {
 }
 
 var (
-	_ Manifest      = (*PGManifest)(nil)
-	_ ManifestAudit = (*PGManifest)(nil)
+	_ Manifest            = (*PGManifest)(nil)
+	_ ManifestAudit       = (*PGManifest)(nil)
+	_ ManifestValidations = (*PGManifest)(nil)
 )
 
 // NewPGManifest returns a PostgreSQL manifest in schema ("" means
@@ -123,6 +124,28 @@ CREATE INDEX events_batch ON {s}.events (batch_id, id);
 `,
 	// 2: the source's high-water mark of a run.
 	`ALTER TABLE {s}.runs ADD COLUMN watermark timestamptz;`,
+	// 3: paused and rolled back runs; validation evidence.
+	`
+ALTER TABLE {s}.runs DROP CONSTRAINT runs_status_check;
+ALTER TABLE {s}.runs ADD CONSTRAINT runs_status_check
+	CHECK (status IN ('running', 'completed', 'failed', 'abandoned', 'paused', 'rolled_back'));
+DROP INDEX {s}.runs_one_active_per_job;
+CREATE UNIQUE INDEX runs_one_active_per_job ON {s}.runs (job_name) WHERE status IN ('running', 'failed', 'paused');
+CREATE TABLE {s}.validations (
+	id         bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+	batch_id   bigint NOT NULL REFERENCES {s}.runs ON DELETE CASCADE,
+	chunk_id   text NOT NULL,
+	check_name text NOT NULL,
+	severity   text NOT NULL,
+	passed     boolean NOT NULL,
+	expected   text NOT NULL DEFAULT '',
+	actual     text NOT NULL DEFAULT '',
+	sample     jsonb NOT NULL DEFAULT '[]',
+	detail     jsonb,
+	created_at timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX validations_batch ON {s}.validations (batch_id, chunk_id, id);
+`,
 }
 
 func (m *PGManifest) sql(q string) string {
@@ -219,7 +242,7 @@ func (m *PGManifest) StartRun(ctx context.Context, db sqlx.ExtContext, plan Plan
 			same := prev.Fingerprint == plan.Fingerprint
 			switch {
 			case same && !newRun:
-				if prev.Status != RunCompleted {
+				if prev.Status != RunCompleted && prev.Status != RunPaused {
 					if _, err := tx.ExecContext(ctx, m.sql(`UPDATE {s}.chunks SET status = 'pending' WHERE batch_id = $1 AND status = 'failed'`), prev.BatchID); err != nil {
 						return err
 					}
@@ -465,7 +488,8 @@ func (m *PGManifest) FinishRun(ctx context.Context, db sqlx.ExtContext, batchID 
 			return fmt.Errorf("batch %d: %w", batchID, ErrRunNotFound)
 		}
 		run = runs[0]
-		if run.Status == RunCompleted || run.Status == RunAbandoned {
+		switch run.Status {
+		case RunCompleted, RunAbandoned, RunPaused, RunRolledBack:
 			return nil
 		}
 		var open int
@@ -599,4 +623,90 @@ func (m *PGManifest) LatestRun(ctx context.Context, db sqlx.ExtContext, job stri
 		return Run{}, fmt.Errorf("backfill: latest run of job %q with status %v: %w", job, statuses, ErrRunNotFound)
 	}
 	return runs[0], nil
+}
+
+// AddValidations implements [ManifestValidations.AddValidations].
+func (m *PGManifest) AddValidations(ctx context.Context, db sqlx.ExtContext, batchID int64, chunkID string, results []CheckResult) error {
+	for _, r := range results {
+		sample, err := json.Marshal(r.Sample)
+		if err != nil {
+			return err
+		}
+		if r.Sample == nil {
+			sample = []byte("[]")
+		}
+		var detail sql.NullString
+		if len(r.Detail) > 0 {
+			detail = sql.NullString{String: string(r.Detail), Valid: true}
+		}
+		_, err = db.ExecContext(ctx, m.sql(`INSERT INTO {s}.validations (batch_id, chunk_id, check_name, severity, passed, expected, actual, sample, detail)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)`), batchID, chunkID, r.Check, string(r.Severity), r.Passed, r.Expected, r.Actual, string(sample), detail)
+		if err != nil {
+			return fmt.Errorf("backfill: record validation %s of chunk %s: %w", r.Check, chunkID, err)
+		}
+	}
+	return nil
+}
+
+// Validations implements [ManifestValidations.Validations].
+func (m *PGManifest) Validations(ctx context.Context, db sqlx.ExtContext, batchID int64) ([]Validation, error) {
+	var rows []struct {
+		ChunkID   string         `db:"chunk_id"`
+		Check     string         `db:"check_name"`
+		Severity  string         `db:"severity"`
+		Passed    bool           `db:"passed"`
+		Expected  string         `db:"expected"`
+		Actual    string         `db:"actual"`
+		Sample    string         `db:"sample"`
+		Detail    sql.NullString `db:"detail"`
+		CreatedAt time.Time      `db:"created_at"`
+	}
+	err := sqlx.SelectContext(ctx, db, &rows, m.sql(`SELECT chunk_id, check_name, severity, passed, expected, actual,
+		sample::text AS sample, detail::text AS detail, created_at FROM {s}.validations WHERE batch_id = $1 ORDER BY id`), batchID)
+	if err != nil {
+		return nil, fmt.Errorf("backfill: validations of batch %d: %w", batchID, err)
+	}
+	out := make([]Validation, len(rows))
+	for i, r := range rows {
+		v := Validation{BatchID: batchID, ChunkID: r.ChunkID, CreatedAt: r.CreatedAt,
+			CheckResult: CheckResult{Check: r.Check, Severity: Severity(r.Severity), Passed: r.Passed, Expected: r.Expected, Actual: r.Actual}}
+		if err := json.Unmarshal([]byte(r.Sample), &v.Sample); err != nil {
+			return nil, err
+		}
+		if r.Detail.Valid {
+			v.Detail = json.RawMessage(r.Detail.String)
+		}
+		out[i] = v
+	}
+	return out, nil
+}
+
+// PauseRun implements [ManifestValidations.PauseRun].
+func (m *PGManifest) PauseRun(ctx context.Context, db sqlx.ExtContext, batchID int64, reason string) error {
+	return inTx(ctx, db, func(tx sqlx.ExtContext) error {
+		var runs []Run
+		if err := sqlx.SelectContext(ctx, tx, &runs, m.sql(`UPDATE {s}.runs SET status = 'paused', last_error = $2, updated_at = now()
+			WHERE batch_id = $1 AND status IN ('running', 'failed') RETURNING `+runColumns), batchID, reason); err != nil {
+			return fmt.Errorf("backfill: pause run %d: %w", batchID, err)
+		}
+		if len(runs) == 0 {
+			return nil
+		}
+		return m.event(ctx, tx, batchID, runs[0].Job, "run_paused", "", map[string]any{"reason": reason})
+	})
+}
+
+// ResumeRun implements [ManifestValidations.ResumeRun].
+func (m *PGManifest) ResumeRun(ctx context.Context, db sqlx.ExtContext, batchID int64, actor, why string) error {
+	return inTx(ctx, db, func(tx sqlx.ExtContext) error {
+		var runs []Run
+		if err := sqlx.SelectContext(ctx, tx, &runs, m.sql(`UPDATE {s}.runs SET status = 'running', last_error = '', updated_at = now()
+			WHERE batch_id = $1 AND status = 'paused' RETURNING `+runColumns), batchID); err != nil {
+			return fmt.Errorf("backfill: resume run %d: %w", batchID, err)
+		}
+		if len(runs) == 0 {
+			return fmt.Errorf("backfill: resume run %d: %w", batchID, ErrNotPaused)
+		}
+		return m.event(ctx, tx, batchID, runs[0].Job, "run_resumed_by_operator", actor, map[string]any{"why": why})
+	})
 }

@@ -747,6 +747,49 @@ func (s *pgStager) Merge(ctx context.Context) (MergeResult, error) {
 	return res, nil
 }
 
+// StagingTable implements [StagingTabler]: the quoted name of the chunk's
+// temporary staging table.
+func (s *pgStager) StagingTable() string { return s.q.stage }
+
+// Replay implements [Replayer]: it runs the merge statements again on the
+// merged staging rows inside a savepoint and rolls back to it, returning
+// what they would have written. After a correct merge every count but
+// Unchanged is 0.
+func (s *pgStager) Replay(ctx context.Context) (res MergeResult, err error) {
+	t := s.info.Target
+	if _, err := s.tx.ExecContext(ctx, `SAVEPOINT backfill_replay`); err != nil {
+		return res, fmt.Errorf("backfill: replay %s: savepoint: %w", t.Table, err)
+	}
+	defer func() {
+		if _, rerr := s.tx.ExecContext(context.WithoutCancel(ctx), `ROLLBACK TO SAVEPOINT backfill_replay`); rerr != nil && err == nil {
+			err = fmt.Errorf("backfill: replay %s: rollback to savepoint: %w", t.Table, rerr)
+		}
+	}()
+	if s.q.upsert != "" {
+		var n struct {
+			Updated   int64 `db:"updated"`
+			Inserted  int64 `db:"inserted"`
+			Unchanged int64 `db:"unchanged"`
+		}
+		if err := sqlx.GetContext(ctx, s.tx, &n, s.q.upsert); err != nil {
+			return res, fmt.Errorf("backfill: replay %s: %w", t.Table, err)
+		}
+		return MergeResult{Inserted: n.Inserted, Updated: n.Updated, Unchanged: n.Unchanged}, nil
+	}
+	if res.Updated, err = s.exec(ctx, "replay update", s.q.update); err != nil {
+		return res, err
+	}
+	if res.Inserted, err = s.exec(ctx, "replay insert", s.q.insert); err != nil {
+		return res, err
+	}
+	if s.q.closeIntervals != "" {
+		if res.Closed, err = s.exec(ctx, "replay close intervals", s.q.closeIntervals); err != nil {
+			return res, err
+		}
+	}
+	return res, nil
+}
+
 // classify marks a unique violation of a constraint other than the
 // business key's index as not retryable: retrying cannot help, unlike a
 // concurrent insert of the same key.

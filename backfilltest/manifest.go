@@ -27,13 +27,15 @@ type fakeRun struct {
 	run        backfill.Run
 	plan       backfill.Plan
 	chunks     []backfill.ChunkState
-	locked     map[int]*Tx
-	exceptions []backfill.Exception
+	locked      map[int]*Tx
+	exceptions  []backfill.Exception
+	validations []backfill.Validation
 }
 
 var (
-	_ backfill.Manifest      = (*Manifest)(nil)
-	_ backfill.ManifestAudit = (*Manifest)(nil)
+	_ backfill.Manifest            = (*Manifest)(nil)
+	_ backfill.ManifestAudit       = (*Manifest)(nil)
+	_ backfill.ManifestValidations = (*Manifest)(nil)
 )
 
 // NewManifest returns an empty in-memory manifest.
@@ -109,7 +111,7 @@ func (m *Manifest) StartRun(ctx context.Context, db sqlx.ExtContext, plan backfi
 		same := prev.run.Fingerprint == plan.Fingerprint
 		switch {
 		case same && !newRun:
-			if prev.run.Status != backfill.RunCompleted {
+			if prev.run.Status != backfill.RunCompleted && prev.run.Status != backfill.RunPaused {
 				for i := range prev.chunks {
 					if prev.chunks[i].Status == backfill.ChunkFailed {
 						prev.chunks[i].Status = backfill.ChunkPending
@@ -271,7 +273,8 @@ func (m *Manifest) FinishRun(ctx context.Context, db sqlx.ExtContext, batchID in
 	if err != nil {
 		return backfill.Run{}, err
 	}
-	if r.run.Status == backfill.RunCompleted || r.run.Status == backfill.RunAbandoned {
+	switch r.run.Status {
+	case backfill.RunCompleted, backfill.RunAbandoned, backfill.RunPaused, backfill.RunRolledBack:
 		return r.run, nil
 	}
 	open := 0
@@ -324,4 +327,78 @@ func (m *Manifest) Exceptions(ctx context.Context, db sqlx.ExtContext, batchID i
 		return int(a.Row - b.Row)
 	})
 	return out, nil
+}
+
+// AddValidations implements [backfill.ManifestValidations.AddValidations].
+func (m *Manifest) AddValidations(ctx context.Context, db sqlx.ExtContext, batchID int64, chunkID string, results []backfill.CheckResult) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	r, err := m.get(batchID)
+	m.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	now := time.Now()
+	vs := make([]backfill.Validation, len(results))
+	for i, cr := range results {
+		vs[i] = backfill.Validation{CheckResult: cr, BatchID: batchID, ChunkID: chunkID, CreatedAt: now}
+	}
+	return apply(db, func() {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		r.validations = append(r.validations, vs...)
+	})
+}
+
+// Validations implements [backfill.ManifestValidations.Validations].
+func (m *Manifest) Validations(ctx context.Context, db sqlx.ExtContext, batchID int64) ([]backfill.Validation, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	r, err := m.get(batchID)
+	if err != nil {
+		return nil, err
+	}
+	return slices.Clone(r.validations), nil
+}
+
+// PauseRun implements [backfill.ManifestValidations.PauseRun].
+func (m *Manifest) PauseRun(ctx context.Context, db sqlx.ExtContext, batchID int64, reason string) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	r, err := m.get(batchID)
+	if err != nil {
+		return err
+	}
+	if r.run.Status == backfill.RunRunning || r.run.Status == backfill.RunFailed {
+		r.run.Status, r.run.LastError = backfill.RunPaused, reason
+		m.event(batchID, r.run.Job, "run_paused", "")
+	}
+	return nil
+}
+
+// ResumeRun implements [backfill.ManifestValidations.ResumeRun].
+func (m *Manifest) ResumeRun(ctx context.Context, db sqlx.ExtContext, batchID int64, actor, why string) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	r, err := m.get(batchID)
+	if err != nil {
+		return err
+	}
+	if r.run.Status != backfill.RunPaused {
+		return fmt.Errorf("backfill: resume run %d: %w", batchID, backfill.ErrNotPaused)
+	}
+	r.run.Status, r.run.LastError = backfill.RunRunning, ""
+	m.events = append(m.events, backfill.Event{ID: int64(len(m.events) + 1), BatchID: batchID, Job: r.run.Job,
+		Kind: "run_resumed_by_operator", Actor: actor, Detail: mustJSON(map[string]string{"why": why}), CreatedAt: time.Now()})
+	return nil
+}
+
+func mustJSON(v any) []byte {
+	b, err := json.Marshal(v)
+	if err != nil {
+		panic(err)
+	}
+	return b
 }
