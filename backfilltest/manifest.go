@@ -24,9 +24,9 @@ type Manifest struct {
 }
 
 type fakeRun struct {
-	run        backfill.Run
-	plan       backfill.Plan
-	chunks     []backfill.ChunkState
+	run         backfill.Run
+	plan        backfill.Plan
+	chunks      []backfill.ChunkState
 	locked      map[int]*Tx
 	exceptions  []backfill.Exception
 	validations []backfill.Validation
