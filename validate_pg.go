@@ -1,0 +1,1108 @@
+package backfill
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+	"github.com/lib/pq"
+
+	"github.com/pgbackfill/backfill/internal/sqlgen"
+)
+
+// The built-in validators: each is a small struct whose zero value is a
+// useful check (only [ReferentialIntegrity] needs its table named), with
+// a Severity (zero value: [SeverityError], a quality gate) and a Name
+// (zero value: the check's default name, which is also CheckResult.Check).
+// Put them in [Job.Validators]; they run after the chunk's merge, in its
+// transaction, and write nothing.
+//
+// Every check except [CheckExceptionRate] reads the chunk's staging table
+// ([ValidationScope.Staging]) and so needs the PostgreSQL merger
+// ([PGMerger]); without a staging table Validate returns an error
+// wrapping [ErrUnsupported]. tx must be the chunk's transaction (the
+// staging table is a temporary table whose rows vanish at commit), and
+// the checks that join the target with staging or with another table
+// without an index to use run inside a savepoint that they roll back
+// (PostgreSQL docs, SAVEPOINT), with hash and merge joins allowed there
+// only: the merge disables them for the rest of the transaction.
+//
+// Evidence: Expected and Actual in words, Sample up to 10 offending keys
+// or groups, as PostgreSQL prints a row ("(acme,42)"), and Detail a JSON
+// object with the numbers. A check that cannot run returns an error (the
+// chunk fails like on any other error); a check that ran and found a
+// defect returns Passed false.
+//
+// Staged identity columns never hold NULL (the row writer rejects NULL
+// keys), and for a non-NULL operand x = y is the same as x IS NOT
+// DISTINCT FROM y; the checks join on = for them because PostgreSQL can
+// use an index or a hash for = but for neither form of IS NOT DISTINCT
+// FROM (PostgreSQL docs, 9.2 "Comparison Functions and Operators"). An
+// identity column that may be NULL in staging (a nullable History
+// ValidFrom) is compared with IS NOT DISTINCT FROM.
+
+var (
+	_ Validator = DuplicateKeys{}
+	_ Validator = Completeness{}
+	_ Validator = ReferentialIntegrity{}
+	_ Validator = Aggregates{}
+	_ Validator = ReplayChangesNothing{}
+	_ Validator = Sample{}
+	_ Validator = CheckExceptionRate{}
+)
+
+// maxSample is how many offending keys or groups a CheckResult lists.
+const maxSample = 10
+
+// DuplicateKeys finds business keys that occur more than once in the
+// target among the chunk's rows. The chunk's rows are the target rows
+// whose [Job.ChunkColumn] value lies in the chunk's half-open interval
+// when the job has a ChunkColumn, and otherwise the target rows whose
+// identity is in staging.
+//
+// With the default Columns (the identity: Key, plus ValidFrom in History
+// mode) the check cannot fail while the target's unique index exists; it
+// is meant for another candidate key, such as a natural key next to a
+// surrogate key: DuplicateKeys{Columns: []string{"order_no"}}. Rows with a
+// NULL in any of Columns are not duplicates of each other, as in a UNIQUE
+// constraint (PostgreSQL docs, 5.5.3 "Unique Constraints").
+//
+// Evidence: Actual counts the distinct keys that repeat; Sample lists
+// them with their row counts, "(o-17): 2 rows". Like every check of this
+// file but [CheckExceptionRate], it reads the chunk's staging table, in
+// the chunk's transaction: it needs [PGMerger] (an error wrapping
+// [ErrUnsupported] otherwise).
+type DuplicateKeys struct {
+	// Severity is what a failure does; empty means [SeverityError].
+	Severity Severity
+	// Name is CheckResult.Check; empty means "duplicate_keys".
+	Name string
+	// Columns is the candidate key checked, target column names; empty
+	// means the identity.
+	Columns []string
+	// AcrossTarget also counts a key of the chunk's rows as duplicate when
+	// its other occurrence lies outside the chunk (an earlier chunk or
+	// older data). It looks up every key of the chunk in the whole
+	// target: give the target an index on Columns.
+	AcrossTarget bool
+}
+
+// Validate implements [Validator].
+func (v DuplicateKeys) Validate(ctx context.Context, tx sqlx.ExtContext, scope ValidationScope) (CheckResult, error) {
+	c, err := newPGCheck(cmpOr(v.Name, "duplicate_keys"), v.Severity, scope)
+	if err != nil {
+		return CheckResult{}, err
+	}
+	cols := v.Columns
+	if len(cols) == 0 {
+		cols = scope.Info.identity()
+	}
+	var a sqlArgs
+	chunkRows, how, err := c.chunkRows("c", &a)
+	if err != nil {
+		return CheckResult{}, err
+	}
+	notNull := make([]string, len(cols))
+	for i, n := range cols {
+		notNull[i] = "c." + sqlgen.Ident(n) + " IS NOT NULL"
+	}
+	keys := fmt.Sprintf(`SELECT c.* FROM %s c WHERE %s AND %s`, c.target, chunkRows, strings.Join(notNull, " AND "))
+	if v.AcrossTarget {
+		keys = fmt.Sprintf(`SELECT d.* FROM %s d WHERE (%s) IN (SELECT %s FROM (%s) c)`,
+			c.target, sqlgen.List("d.", cols), sqlgen.List("c.", cols), keys)
+	}
+	q := fmt.Sprintf(`WITH k AS (%s)
+		SELECT ROW(%s)::text || ': ' || n || ' rows' AS k, count(*) OVER () AS n FROM (
+			SELECT %s, count(*) AS n FROM k GROUP BY %s HAVING count(*) > 1) x
+		ORDER BY %s LIMIT %d`,
+		keys, sqlgen.List("x.", cols), sqlgen.List("", cols), sqlgen.List("", cols), sqlgen.List("x.", cols), maxSample)
+	var n int64
+	var sample []string
+	policy := joinsIfLarge
+	if v.AcrossTarget {
+		policy = joinsAllowed
+	}
+	err = c.withJoins(ctx, tx, policy, func() (err error) {
+		n, sample, err = countSample(ctx, tx, q, a...)
+		return err
+	})
+	if err != nil {
+		return CheckResult{}, c.errorf("%w", err)
+	}
+	return c.result(n == 0, "0 duplicate keys", fmt.Sprintf("%d duplicate keys", n), sample, map[string]any{
+		"columns": cols, "duplicate_keys": n, "chunk_rows": how, "across_target": v.AcrossTarget,
+	})
+}
+
+// Completeness compares staging with the target in both directions, by
+// identity, with NOT EXISTS anti-joins (PostgreSQL docs, 9.23.1 "EXISTS";
+// never NOT IN, which finds nothing once the subquery yields a NULL,
+// 9.23.3). The identity is matched NULL-safely: Key columns, never NULL
+// in staging, with = (for a non-NULL operand the same as IS NOT DISTINCT
+// FROM, and able to use the target's unique index or a hash), any other
+// identity column (a nullable History ValidFrom) with IS NOT DISTINCT
+// FROM. It needs [PGMerger]'s staging table.
+//
+//   - staged rows whose identity is missing from the target (expected 0:
+//     every row the merge kept is in the target afterwards). Only the
+//     identity is compared: under [TargetWins] or [NewerVersionWins] a
+//     staged row may legitimately lose to the target's content.
+//   - target rows of the chunk (whose [Job.ChunkColumn] value lies in the
+//     chunk's interval) whose identity is missing from staging: rows the
+//     source no longer has, or rows the chunk rejected (Detail gives the
+//     chunk's rejected count). This direction needs a ChunkColumn; without
+//     one it is skipped and Detail says so. An index on the ChunkColumn
+//     keeps it proportional to the chunk.
+//
+// With CompareContent the rows present on both sides must also hold the
+// same content, column by column and NULL-safe (IS DISTINCT FROM),
+// wherever the mode says the staged row wins: always in [AppendOnly],
+// [History], [Keyless] and Upsert [SourceWins]; under [NewerVersionWins]
+// where the staged version is newer (as the merge decides); never under
+// [TargetWins]. Compared are the staged columns except the identity and
+// the columns the library fills ([Target.IngestedAt], lineage) and, in
+// Keyless mode, the derived keys' raw sources.
+//
+// Sample entries say which direction: "not in target: (42)", "not in
+// staging: (43)", "differs: (44): amount, qty"; Detail has the counts of
+// each direction, the compared columns and the chunk's rejected rows.
+type Completeness struct {
+	// Severity is what a failure does; empty means [SeverityError].
+	Severity Severity
+	// Name is CheckResult.Check; empty means "completeness".
+	Name string
+	// CompareContent also compares the content of the rows present on
+	// both sides (see above).
+	CompareContent bool
+}
+
+// Validate implements [Validator].
+func (v Completeness) Validate(ctx context.Context, tx sqlx.ExtContext, scope ValidationScope) (CheckResult, error) {
+	c, err := newPGCheck(cmpOr(v.Name, "completeness"), v.Severity, scope)
+	if err != nil {
+		return CheckResult{}, err
+	}
+	id := scope.Info.identity()
+	detail := map[string]any{"rejected": scope.Counts.Rejected}
+	var sample []string
+	add := func(prefix string, s []string) {
+		for _, k := range s {
+			if len(sample) < maxSample {
+				sample = append(sample, prefix+k)
+			}
+		}
+	}
+	var missingT int64
+	var s []string
+	err = c.withJoins(ctx, tx, joinsIfLarge, func() (err error) {
+		missingT, s, err = countSample(ctx, tx, fmt.Sprintf(`SELECT ROW(%s)::text AS k, count(*) OVER () AS n FROM %s s
+			WHERE NOT EXISTS (SELECT 1 FROM %s t WHERE %s) ORDER BY %s LIMIT %d`,
+			sqlgen.List("s.", id), c.staging, c.target, c.idMatch("t", "s"), sqlgen.List("s.", id), maxSample))
+		return err
+	})
+	if err != nil {
+		return CheckResult{}, c.errorf("staged rows missing from target: %w", err)
+	}
+	add("not in target: ", s)
+	detail["staged_missing_from_target"] = missingT
+	expected := []string{"0 staged rows missing from target"}
+	actual := []string{fmt.Sprintf("%d staged rows missing from target", missingT)}
+	passed := missingT == 0
+
+	if v.CompareContent {
+		wins := c.sourceWins("s", "t")
+		var differ int64
+		if wins == "false" {
+			detail["content"] = "not compared: the target wins every conflict (TargetWins)"
+		} else {
+			err = c.withJoins(ctx, tx, joinsIfLarge, func() (err error) {
+				differ, s, err = countSample(ctx, tx, fmt.Sprintf(`SELECT ROW(%[1]s)::text || ': ' || array_to_string(x.diffs, ', ') AS k, count(*) OVER () AS n
+					FROM (SELECT %[2]s, %[3]s AS diffs FROM %[4]s s JOIN %[5]s t ON %[6]s WHERE %[7]s) x
+					WHERE cardinality(x.diffs) > 0 ORDER BY %[1]s LIMIT %[8]d`,
+					sqlgen.List("x.", id), sqlgen.List("s.", id), c.diffs("s", "t"), c.staging, c.target, c.idMatch("t", "s"), wins, maxSample))
+				return err
+			})
+			if err != nil {
+				return CheckResult{}, c.errorf("content: %w", err)
+			}
+			add("differs: ", s)
+			detail["content_columns"] = c.content()
+		}
+		detail["differing"] = differ
+		expected = append(expected, "0 rows with other content")
+		actual = append(actual, fmt.Sprintf("%d rows with other content", differ))
+		passed = passed && differ == 0
+	}
+
+	if scope.ChunkColumn == "" {
+		detail["target_to_staging"] = "skipped: Job.ChunkColumn is not set, so the chunk's target rows are unknown"
+		expected = append(expected, "target rows not checked (no ChunkColumn)")
+		actual = append(actual, "target rows not checked (no ChunkColumn)")
+	} else {
+		var a sqlArgs
+		bounds, err := c.inChunk("t", &a)
+		if err != nil {
+			return CheckResult{}, err
+		}
+		var missingS int64
+		err = c.withJoins(ctx, tx, joinsAllowed, func() (err error) {
+			missingS, s, err = countSample(ctx, tx, fmt.Sprintf(`SELECT ROW(%s)::text AS k, count(*) OVER () AS n FROM %s t
+				WHERE %s AND NOT EXISTS (SELECT 1 FROM %s s WHERE %s) ORDER BY %s LIMIT %d`,
+				sqlgen.List("t.", id), c.target, bounds, c.staging, c.idMatch("t", "s"), sqlgen.List("t.", id), maxSample), a...)
+			return err
+		})
+		if err != nil {
+			return CheckResult{}, c.errorf("target rows missing from staging: %w", err)
+		}
+		add("not in staging: ", s)
+		detail["target_missing_from_staging"] = missingS
+		expected = append(expected, "0 target rows missing from staging")
+		actual = append(actual, fmt.Sprintf("%d target rows missing from staging", missingS))
+		passed = passed && missingS == 0
+	}
+	return c.result(passed, strings.Join(expected, "; "), strings.Join(actual, "; "), sample, detail)
+}
+
+// ReferentialIntegrity finds orphans: target rows of the chunk (the target
+// rows whose identity is in staging) whose Columns hold a key that
+// ParentTable lacks in ParentColumns. It is the check of a foreign key
+// (PostgreSQL docs, 5.5.5 "Foreign Keys") for targets that cannot have
+// one, such as a parent loaded later or in another database's copy. A row
+// with a NULL in any of Columns is not an orphan (MATCH SIMPLE). It needs
+// [PGMerger]'s staging table.
+//
+// Sample lists orphan rows with their missing parent key:
+// "(42) -> (7)". Validate returns an error wrapping [ErrInvalidConfig]
+// when Columns or ParentTable is empty or ParentColumns has another
+// length than Columns.
+type ReferentialIntegrity struct {
+	// Severity is what a failure does; empty means [SeverityError].
+	Severity Severity
+	// Name is CheckResult.Check; empty means "referential_integrity".
+	Name string
+	// Columns are the target's referencing columns. Required.
+	Columns []string
+	// ParentTable is the referenced table, optionally schema-qualified,
+	// unquoted ("sales.customers"). Required.
+	ParentTable string
+	// ParentColumns are the referenced columns, in the order of Columns;
+	// empty means the same names as Columns. Give the parent an index on
+	// them (a primary key or unique constraint does).
+	ParentColumns []string
+}
+
+// Validate implements [Validator].
+func (v ReferentialIntegrity) Validate(ctx context.Context, tx sqlx.ExtContext, scope ValidationScope) (CheckResult, error) {
+	c, err := newPGCheck(cmpOr(v.Name, "referential_integrity"), v.Severity, scope)
+	if err != nil {
+		return CheckResult{}, err
+	}
+	parentCols := cmpOrSlice(v.ParentColumns, v.Columns)
+	switch {
+	case len(v.Columns) == 0:
+		return CheckResult{}, c.errorf("%w: ReferentialIntegrity.Columns is required", ErrInvalidConfig)
+	case v.ParentTable == "":
+		return CheckResult{}, c.errorf("%w: ReferentialIntegrity.ParentTable is required", ErrInvalidConfig)
+	case len(parentCols) != len(v.Columns):
+		return CheckResult{}, c.errorf("%w: ReferentialIntegrity.ParentColumns has %d columns, Columns %d", ErrInvalidConfig, len(parentCols), len(v.Columns))
+	}
+	id := scope.Info.identity()
+	notNull := make([]string, len(v.Columns))
+	match := make([]string, len(v.Columns))
+	for i, n := range v.Columns {
+		notNull[i] = "t." + sqlgen.Ident(n) + " IS NOT NULL"
+		match[i] = "p." + sqlgen.Ident(parentCols[i]) + " = t." + sqlgen.Ident(n)
+	}
+	q := fmt.Sprintf(`SELECT ROW(%s)::text || ' -> ' || ROW(%s)::text AS k, count(*) OVER () AS n
+		FROM %s s JOIN %s t ON %s
+		WHERE %s AND NOT EXISTS (SELECT 1 FROM %s p WHERE %s)
+		ORDER BY %s LIMIT %d`,
+		sqlgen.List("t.", id), sqlgen.List("t.", v.Columns), c.staging, c.target, c.idMatch("t", "s"),
+		strings.Join(notNull, " AND "), sqlgen.Table(v.ParentTable), strings.Join(match, " AND "), sqlgen.List("t.", id), maxSample)
+	var n int64
+	var sample []string
+	err = c.withJoins(ctx, tx, joinsAllowed, func() (err error) {
+		n, sample, err = countSample(ctx, tx, q)
+		return err
+	})
+	if err != nil {
+		return CheckResult{}, c.errorf("%w", err)
+	}
+	return c.result(n == 0, "0 orphan rows", fmt.Sprintf("%d orphan rows", n), sample, map[string]any{
+		"columns": v.Columns, "parent_table": v.ParentTable, "parent_columns": parentCols, "orphans": n,
+	})
+}
+
+// Measure is a column that [Aggregates] sums per group.
+type Measure struct {
+	// Column is a staged column of a numeric type (integer, numeric,
+	// real, double precision).
+	Column string
+	// Tolerance is the largest absolute difference between the staged
+	// and the target sum that still passes; 0 means exact. Float sums
+	// depend on the order of addition: give float measures a tolerance.
+	Tolerance float64
+}
+
+// Aggregates compares, per group, what was staged with what the target
+// holds for the staged identities: the row count, and for each Measure
+// its sum and its count of NULLs. Counts must match exactly; sums may
+// differ by at most the measure's Tolerance (equal sums pass, NaN and
+// infinities included).
+//
+// A group is the day of the Day column and the values of the Dimensions.
+// Each side is aggregated on its own; the two aggregates are then
+// combined by grouping their UNION ALL by the group columns: the result
+// of a FULL OUTER JOIN of the two sides' groups, so that a group missing
+// on one side shows up with a count of 0 there, but NULL-safe (GROUP BY
+// puts NULLs in one group, PostgreSQL docs, 7.2.3 "The GROUP BY and
+// HAVING Clauses", while PostgreSQL cannot run a FULL JOIN on IS NOT
+// DISTINCT FROM). The zero value compares the chunk's row counts. It
+// needs [PGMerger]'s staging table.
+//
+// The target side holds what the merge left, so under [TargetWins] and
+// [NewerVersionWins] a staged row that lost shows up as a difference.
+//
+// Sample lists the differing groups with the measures that differ:
+// "(2024-03-01,EU): sum(amount) staged 35.00 target 30.00". Validate
+// returns an error wrapping [ErrInvalidConfig] for a column that is not
+// staged, a Day column that is not a timestamp, timestamptz or date, a
+// negative or NaN Tolerance, or a Day on a timestamptz column when
+// [Job.Zone] is [time.Local] (which PostgreSQL does not know by name).
+type Aggregates struct {
+	// Severity is what a failure does; empty means [SeverityError].
+	Severity Severity
+	// Name is CheckResult.Check; empty means "aggregates".
+	Name string
+	// Day, if set, names a staged timestamptz, timestamp or date column
+	// whose calendar day is the first group column: for timestamptz the
+	// day in [Job.Zone], date_trunc('day', col AT TIME ZONE zone) with
+	// the zone as a bind parameter (PostgreSQL docs, 9.9.4 "AT TIME
+	// ZONE"); a timestamp holds wall clocks in Job.Zone already and
+	// gives its date; a date is its own day.
+	Day string
+	// Dimensions are further staged columns to group by (region, product
+	// line, ...). Raw SQL expressions are not accepted.
+	Dimensions []string
+	// Measures are the columns summed per group.
+	Measures []Measure
+}
+
+// Validate implements [Validator].
+func (v Aggregates) Validate(ctx context.Context, tx sqlx.ExtContext, scope ValidationScope) (CheckResult, error) {
+	c, err := newPGCheck(cmpOr(v.Name, "aggregates"), v.Severity, scope)
+	if err != nil {
+		return CheckResult{}, err
+	}
+	for _, n := range append(append([]string{v.Day}, v.Dimensions...), measureColumns(v.Measures)...) {
+		if _, ok := c.cols[n]; n != "" && !ok {
+			return CheckResult{}, c.errorf("%w: column %q is not a staged column of %s", ErrInvalidConfig, n, scope.Info.Target.Table)
+		}
+	}
+	var a sqlArgs
+	zone := ""
+	var groupNames []string
+	var day func(alias string) string
+	if v.Day != "" {
+		groupNames = append(groupNames, "day("+v.Day+")")
+		switch base := c.cols[v.Day].BaseType; base {
+		case "timestamptz", "":
+			z, err := c.zone()
+			if err != nil {
+				return CheckResult{}, err
+			}
+			zone = z
+			p := a.bind(z)
+			day = func(alias string) string {
+				return fmt.Sprintf("date_trunc('day', %s.%s AT TIME ZONE %s::text)::date", alias, sqlgen.Ident(v.Day), p)
+			}
+		case "timestamp":
+			day = func(alias string) string { return fmt.Sprintf("%s.%s::date", alias, sqlgen.Ident(v.Day)) }
+		case "date":
+			day = func(alias string) string { return alias + "." + sqlgen.Ident(v.Day) }
+		default:
+			return CheckResult{}, c.errorf("%w: Aggregates.Day %q is %s, not a timestamp, timestamptz or date", ErrInvalidConfig, v.Day, c.cols[v.Day].Type)
+		}
+	}
+	groupNames = append(groupNames, v.Dimensions...)
+	groupOf := func(alias string) []string {
+		var g []string
+		if day != nil {
+			g = append(g, day(alias))
+		}
+		return append(g, prefixed(alias+".", v.Dimensions)...)
+	}
+	var gcols []string
+	for i := range groupNames {
+		gcols = append(gcols, fmt.Sprintf("_g%d", i))
+	}
+	// Each side is aggregated on its own (side 0 staging, side 1 the
+	// target rows of the staged identities), then the two aggregates are
+	// combined per group: every row is aggregated once, without FILTER.
+	sideSQL := func(alias string, side int) string {
+		var parts, pos []string
+		for i, g := range groupOf(alias) {
+			parts = append(parts, fmt.Sprintf("%s AS _g%d", g, i))
+			pos = append(pos, strconv.Itoa(i+1))
+		}
+		mine := func(expr, other string) (string, string) {
+			if side == 0 {
+				return expr, other
+			}
+			return other, expr
+		}
+		sn, tn := mine("count(*)", "0")
+		parts = append(parts, sn+" AS _sn", tn+" AS _tn")
+		for i, m := range v.Measures {
+			col := alias + "." + sqlgen.Ident(m.Column)
+			ssum, tsum := mine("sum("+col+")::numeric", "NULL::numeric")
+			snull, tnull := mine("count(*) - count("+col+")", "0")
+			parts = append(parts, fmt.Sprintf("%[1]s AS _ss%[3]d, %[2]s AS _ts%[3]d", ssum, tsum, i), fmt.Sprintf("%[1]s AS _sz%[3]d, %[2]s AS _tz%[3]d", snull, tnull, i))
+		}
+		from := c.staging + " s"
+		if side == 1 {
+			from = fmt.Sprintf("%s s JOIN %s t ON %s", c.staging, c.target, c.idMatch("t", "s"))
+		}
+		q := "SELECT " + strings.Join(parts, ", ") + " FROM " + from
+		if len(pos) > 0 {
+			q += " GROUP BY " + strings.Join(pos, ", ")
+		}
+		return q
+	}
+	aggs := []string{"sum(_sn)::bigint AS _sn", "sum(_tn)::bigint AS _tn"}
+	var ss, ts, sz, tz, bad []string
+	for i, m := range v.Measures {
+		if m.Tolerance < 0 || math.IsNaN(m.Tolerance) {
+			return CheckResult{}, c.errorf("%w: Measure %q: Tolerance must be a number >= 0", ErrInvalidConfig, m.Column)
+		}
+		aggs = append(aggs, fmt.Sprintf("sum(_ss%[1]d) AS _ss%[1]d, sum(_ts%[1]d) AS _ts%[1]d, sum(_sz%[1]d)::bigint AS _sz%[1]d, sum(_tz%[1]d)::bigint AS _tz%[1]d", i))
+		ss = append(ss, fmt.Sprintf("_ss%d::text", i))
+		ts = append(ts, fmt.Sprintf("_ts%d::text", i))
+		sz = append(sz, fmt.Sprintf("_sz%d", i))
+		tz = append(tz, fmt.Sprintf("_tz%d", i))
+		bad = append(bad, fmt.Sprintf("NOT (_ss%[1]d IS NOT DISTINCT FROM _ts%[1]d OR abs(coalesce(_ss%[1]d, 0) - coalesce(_ts%[1]d, 0)) <= %[2]s::numeric)",
+			i, a.bind(m.Tolerance)))
+	}
+	array := func(elems []string, typ string) string {
+		return "ARRAY[" + strings.Join(elems, ", ") + "]::" + typ + "[]"
+	}
+	groupBy, orderBy, groupText := "", "", "'(all rows)'"
+	if len(gcols) > 0 {
+		groupBy = "GROUP BY " + strings.Join(gcols, ", ")
+		orderBy = "ORDER BY " + strings.Join(gcols, ", ")
+		groupText = "ROW(" + strings.Join(gcols, ", ") + ")::text"
+	}
+	q := fmt.Sprintf(`WITH a AS (
+			SELECT %[1]s FROM (%[2]s UNION ALL %[3]s) x %[4]s),
+		b AS (SELECT a.*, %[5]s AS _mbad, %[9]s AS _sz, %[10]s AS _tz FROM a),
+		d AS (SELECT * FROM b WHERE _sn <> _tn OR true = ANY (_mbad) OR _sz <> _tz)
+		SELECT (SELECT count(*) FROM a) AS groups, (SELECT count(*) FROM d) AS differing, y.*
+		FROM (SELECT 1) one LEFT JOIN LATERAL (
+			SELECT %[6]s AS grp, _sn, _tn, %[7]s AS ss, %[8]s AS ts, _sz, _tz, _mbad
+			FROM d %[11]s LIMIT %[12]d) y ON true`,
+		strings.Join(append(slices.Clone(gcols), aggs...), ", "), sideSQL("s", 0), sideSQL("t", 1), groupBy,
+		array(bad, "bool"), groupText, array(ss, "text"), array(ts, "text"), array(sz, "bigint"), array(tz, "bigint"),
+		orderBy, maxSample)
+	type side struct {
+		Count int64            `json:"count"`
+		Sums  map[string]any   `json:"sums,omitempty"`
+		Nulls map[string]int64 `json:"nulls,omitempty"`
+	}
+	type difference struct {
+		Group  string `json:"group"`
+		Staged side   `json:"staged"`
+		Target side   `json:"target"`
+	}
+	var groups, differing int64
+	var sample []string
+	diffs := []difference{}
+	scan := func(rows *sqlx.Rows) error {
+		var grp sql.NullString
+		var sn, tn sql.NullInt64
+		var ssv, tsv []sql.NullString
+		var szv, tzv pq.Int64Array
+		var mbad pq.BoolArray
+		if err := rows.Scan(&groups, &differing, &grp, &sn, &tn, pq.Array(&ssv), pq.Array(&tsv), &szv, &tzv, &mbad); err != nil {
+			return err
+		}
+		if !grp.Valid {
+			return nil // no differing group
+		}
+		d := difference{Group: grp.String, Staged: side{Count: sn.Int64, Sums: map[string]any{}, Nulls: map[string]int64{}},
+			Target: side{Count: tn.Int64, Sums: map[string]any{}, Nulls: map[string]int64{}}}
+		var parts []string
+		if sn.Int64 != tn.Int64 {
+			parts = append(parts, fmt.Sprintf("count staged %d target %d", sn.Int64, tn.Int64))
+		}
+		for i, m := range v.Measures {
+			d.Staged.Sums[m.Column], d.Target.Sums[m.Column] = nullText(ssv[i]), nullText(tsv[i])
+			d.Staged.Nulls[m.Column], d.Target.Nulls[m.Column] = szv[i], tzv[i]
+			if mbad[i] {
+				parts = append(parts, fmt.Sprintf("sum(%s) staged %s target %s", m.Column, textOrNull(ssv[i]), textOrNull(tsv[i])))
+			}
+			if szv[i] != tzv[i] {
+				parts = append(parts, fmt.Sprintf("nulls(%s) staged %d target %d", m.Column, szv[i], tzv[i]))
+			}
+		}
+		diffs = append(diffs, d)
+		sample = append(sample, grp.String+": "+strings.Join(parts, ", "))
+		return nil
+	}
+	err = c.withJoins(ctx, tx, joinsIfLarge, func() error {
+		rows, err := tx.QueryxContext(ctx, q, a...)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			if err := scan(rows); err != nil {
+				return err
+			}
+		}
+		return rows.Err()
+	})
+	if err != nil {
+		return CheckResult{}, c.errorf("%w", err)
+	}
+	tolerances := map[string]float64{}
+	for _, m := range v.Measures {
+		tolerances[m.Column] = m.Tolerance
+	}
+	detail := map[string]any{"group_by": cmpOrSlice(groupNames, []string{}), "measures": measureColumns(v.Measures), "tolerances": tolerances,
+		"groups": groups, "differing": differing, "differences": diffs}
+	if zone != "" {
+		detail["zone"] = zone
+	}
+	return c.result(differing == 0, "0 differing groups", fmt.Sprintf("%d of %d groups differ", differing, groups), sample, detail)
+}
+
+// ReplayChangesNothing re-runs the chunk's merge on its staged rows and
+// asserts that it would write nothing: 0 inserted, 0 updated, 0 History
+// intervals closed. A merge that is not idempotent fails it, such as one
+// into a target whose trigger normalises values, so that the stored row
+// never equals the staged one and every replay rewrites it. The replay
+// runs in a savepoint that is rolled back ([Replayer]); it costs about as
+// much as the merge of an unchanged chunk (for a large chunk, with hash
+// joins allowed).
+//
+// It needs a stager that implements [Replayer] ([PGMerger]'s does): with
+// any other Validate returns an error wrapping [ErrUnsupported] rather
+// than a passing result, because a quality gate that did not run must not
+// read as passed in the evidence. Evidence: Detail holds the replay's
+// counts; there is no Sample (the merge reports counts, not keys; run
+// [Completeness] with CompareContent or [Sample] to find the rows).
+type ReplayChangesNothing struct {
+	// Severity is what a failure does; empty means [SeverityError].
+	Severity Severity
+	// Name is CheckResult.Check; empty means "replay_changes_nothing".
+	Name string
+}
+
+// Validate implements [Validator].
+func (v ReplayChangesNothing) Validate(ctx context.Context, tx sqlx.ExtContext, scope ValidationScope) (CheckResult, error) {
+	name := cmpOr(v.Name, "replay_changes_nothing")
+	rp, ok := scope.Stager.(Replayer)
+	if !ok {
+		return CheckResult{}, fmt.Errorf("backfill: validate %s: %w: the chunk's stager (%T) cannot replay its merge", name, ErrUnsupported, scope.Stager)
+	}
+	var r MergeResult
+	replay := func() (err error) {
+		r, err = rp.Replay(ctx)
+		return err
+	}
+	c := &pgCheck{name: name, severity: severityOr(v.Severity)}
+	var err error
+	if scope.Staging != "" {
+		// A large chunk replays faster with hash joins: as many lookups as
+		// rows otherwise.
+		c, err = newPGCheck(name, v.Severity, scope)
+		if err == nil {
+			err = c.withJoins(ctx, tx, joinsIfLarge, replay)
+		}
+	} else {
+		err = replay()
+	}
+	if err != nil {
+		return CheckResult{}, fmt.Errorf("backfill: validate %s: %w", name, err)
+	}
+	return c.result(r.Inserted == 0 && r.Updated == 0 && r.Closed == 0, "0 inserted, 0 updated, 0 closed",
+		fmt.Sprintf("%d inserted, %d updated, %d closed", r.Inserted, r.Updated, r.Closed), nil, map[string]any{
+			"inserted": r.Inserted, "updated": r.Updated, "unchanged": r.Unchanged, "closed": r.Closed,
+		})
+}
+
+// DefaultSampleSize is the default of [Sample].N.
+const DefaultSampleSize = 100
+
+// Sample compares a deterministic pseudo-random sample of the staged rows
+// with their target rows, column by column and NULL-safe (IS DISTINCT
+// FROM). The sample is the N staged rows with the smallest
+// md5(identity text || Seed) (PostgreSQL docs, 9.4 "String Functions"):
+// the same rows for the same data and seed, spread over the chunk
+// whatever the extractor's order. Compared are the columns of
+// [Completeness] with CompareContent, where the mode says the staged row
+// wins; a sampled row missing from the target is a difference too. It
+// needs [PGMerger]'s staging table.
+//
+// Sample lists "(42): amount, qty" per differing row, "(43): not in
+// target" per missing one; Detail holds the sample size, the seed and the
+// differences. Validate returns an error wrapping [ErrInvalidConfig] for
+// a negative N.
+type Sample struct {
+	// Severity is what a failure does; empty means [SeverityError].
+	Severity Severity
+	// Name is CheckResult.Check; empty means "sample".
+	Name string
+	// N is how many staged rows to compare; 0 means [DefaultSampleSize].
+	N int
+	// Seed selects the sample; runs with the same seed sample the same
+	// keys.
+	Seed int64
+}
+
+// Validate implements [Validator].
+func (v Sample) Validate(ctx context.Context, tx sqlx.ExtContext, scope ValidationScope) (CheckResult, error) {
+	c, err := newPGCheck(cmpOr(v.Name, "sample"), v.Severity, scope)
+	if err != nil {
+		return CheckResult{}, err
+	}
+	if v.N < 0 {
+		return CheckResult{}, c.errorf("%w: Sample.N cannot be less than zero", ErrInvalidConfig)
+	}
+	n := cmpOr(v.N, DefaultSampleSize)
+	id := scope.Info.identity()
+	wins := c.sourceWins("s", "t")
+	diffs := "ARRAY[]::text[]"
+	if wins != "false" {
+		diffs = fmt.Sprintf("CASE WHEN %s THEN %s ELSE ARRAY[]::text[] END", wins, c.diffs("s", "t"))
+	}
+	var a sqlArgs
+	order := fmt.Sprintf("md5(ROW(%s)::text || %s::text)", sqlgen.List("s.", id), a.bind(strconv.FormatInt(v.Seed, 10)))
+	q := fmt.Sprintf(`SELECT ROW(%[1]s)::text AS k, t.%[2]s IS NULL AS missing, %[3]s AS diffs
+		FROM (SELECT s.*, %[4]s AS _order FROM %[5]s s ORDER BY _order, %[1]s LIMIT %[6]s) s
+		LEFT JOIN %[7]s t ON %[8]s
+		ORDER BY s._order, %[1]s`,
+		sqlgen.List("s.", id), sqlgen.Ident(id[0]), diffs, order, c.staging, a.bind(n), c.target, c.idMatch("t", "s"))
+	rows, err := tx.QueryxContext(ctx, q, a...)
+	if err != nil {
+		return CheckResult{}, c.errorf("%w", err)
+	}
+	defer rows.Close()
+	type difference struct {
+		Key     string   `json:"key"`
+		Missing bool     `json:"missing,omitempty"`
+		Columns []string `json:"columns,omitempty"`
+	}
+	differences := []difference{}
+	var sampled int64
+	var sample []string
+	for rows.Next() {
+		var d difference
+		var cols pq.StringArray
+		if err := rows.Scan(&d.Key, &d.Missing, &cols); err != nil {
+			return CheckResult{}, c.errorf("%w", err)
+		}
+		sampled++
+		switch {
+		case d.Missing:
+			differences = append(differences, d)
+			if len(sample) < maxSample {
+				sample = append(sample, d.Key+": not in target")
+			}
+		case len(cols) > 0:
+			d.Columns = cols
+			differences = append(differences, d)
+			if len(sample) < maxSample {
+				sample = append(sample, d.Key+": "+strings.Join(cols, ", "))
+			}
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return CheckResult{}, c.errorf("%w", err)
+	}
+	detail := map[string]any{"sampled": sampled, "seed": v.Seed, "differing": len(differences), "differences": differences}
+	if wins == "false" {
+		detail["content"] = "not compared: the target wins every conflict (TargetWins)"
+	} else {
+		detail["content_columns"] = c.content()
+	}
+	return c.result(len(differences) == 0, fmt.Sprintf("0 of %d sampled rows differ", sampled),
+		fmt.Sprintf("%d of %d sampled rows differ", len(differences), sampled), sample, detail)
+}
+
+// CheckExceptionRate is a quality gate on the exception queue of one
+// chunk: it fails when the chunk's rejected rows divided by its read rows
+// ([ValidationScope.Counts]) exceed MaxRate. A chunk that read nothing
+// passes. It needs no database and runs with any merger, the fakes
+// included. A rate over the whole run is not checked yet: every chunk is
+// judged on its own.
+//
+// Validate returns an error wrapping [ErrInvalidConfig] when MaxRate is
+// not between 0 and 1.
+type CheckExceptionRate struct {
+	// Severity is what a failure does; empty means [SeverityError].
+	Severity Severity
+	// Name is CheckResult.Check; empty means "exception_rate".
+	Name string
+	// MaxRate is the largest share of rejected rows that passes, from 0
+	// (the zero value: no rejected row at all) to 1.
+	MaxRate float64
+}
+
+// Validate implements [Validator].
+func (v CheckExceptionRate) Validate(ctx context.Context, tx sqlx.ExtContext, scope ValidationScope) (CheckResult, error) {
+	c := &pgCheck{name: cmpOr(v.Name, "exception_rate"), severity: severityOr(v.Severity)}
+	if !(v.MaxRate >= 0 && v.MaxRate <= 1) {
+		return CheckResult{}, c.errorf("%w: CheckExceptionRate.MaxRate %v is not between 0 and 1", ErrInvalidConfig, v.MaxRate)
+	}
+	read, rejected := scope.Counts.Read, scope.Counts.Rejected
+	rate := 0.0
+	if read > 0 {
+		rate = float64(rejected) / float64(read)
+	}
+	return c.result(rate <= v.MaxRate, fmt.Sprintf("rejected/read <= %g", v.MaxRate),
+		fmt.Sprintf("%g (%d of %d rows rejected)", rate, rejected, read), nil, map[string]any{
+			"read": read, "rejected": rejected, "rate": rate, "max_rate": v.MaxRate,
+		})
+}
+
+// pgCheck is one run of a check: its name, severity and the scope's
+// quoted tables.
+type pgCheck struct {
+	name     string
+	severity Severity
+	scope    ValidationScope
+	target   string            // quoted target table
+	staging  string            // quoted staging table
+	cols     map[string]Column // staged columns by name
+	large    *bool             // largeChunk, once known
+}
+
+func newPGCheck(name string, sev Severity, scope ValidationScope) (*pgCheck, error) {
+	c := &pgCheck{name: name, severity: severityOr(sev), scope: scope, target: sqlgen.Table(scope.Info.Target.Table),
+		staging: scope.Staging, cols: map[string]Column{}}
+	if scope.Staging == "" {
+		return nil, c.errorf("%w: the merger has no staging table (this check needs PGMerger)", ErrUnsupported)
+	}
+	if len(scope.Info.Target.Key) == 0 {
+		return nil, c.errorf("%w: the target has no Key", ErrInvalidConfig)
+	}
+	for _, col := range scope.Info.Columns {
+		c.cols[col.Name] = col
+	}
+	return c, nil
+}
+
+func (c *pgCheck) errorf(format string, args ...any) error {
+	return fmt.Errorf("backfill: validate %s: "+format, append([]any{c.name}, args...)...)
+}
+
+func (c *pgCheck) result(passed bool, expected, actual string, sample []string, detail map[string]any) (CheckResult, error) {
+	r := CheckResult{Check: c.name, Severity: c.severity, Passed: passed, Expected: expected, Actual: actual, Sample: sample}
+	if detail != nil {
+		b, err := json.Marshal(detail)
+		if err != nil {
+			return CheckResult{}, c.errorf("detail: %w", err)
+		}
+		r.Detail = b
+	}
+	return r, nil
+}
+
+func severityOr(s Severity) Severity { return cmpOr(s, SeverityError) }
+
+func cmpOrSlice[T any](v, def []T) []T {
+	if len(v) == 0 {
+		return def
+	}
+	return v
+}
+
+func prefixed(prefix string, names []string) []string {
+	out := make([]string, len(names))
+	for i, n := range names {
+		out[i] = prefix + sqlgen.Ident(n)
+	}
+	return out
+}
+
+func measureColumns(ms []Measure) []string {
+	out := make([]string, len(ms))
+	for i, m := range ms {
+		out[i] = m.Column
+	}
+	return out
+}
+
+func nullText(s sql.NullString) any {
+	if !s.Valid {
+		return nil
+	}
+	return s.String
+}
+
+func textOrNull(s sql.NullString) string {
+	if !s.Valid {
+		return "NULL"
+	}
+	return s.String
+}
+
+// idMatch returns the condition that rows a and b have the same identity:
+// = for columns that cannot be NULL in staging (Key columns, NOT NULL
+// columns), IS NOT DISTINCT FROM otherwise (see [Completeness] and the
+// comment at the top of this file).
+func (c *pgCheck) idMatch(a, b string) string {
+	id := c.scope.Info.identity()
+	parts := make([]string, len(id))
+	for i, n := range id {
+		col := c.cols[n]
+		op := " = "
+		if !col.Key && !col.NotNull && !slices.Contains(c.scope.Info.Target.Key, n) {
+			op = " IS NOT DISTINCT FROM "
+		}
+		parts[i] = a + "." + sqlgen.Ident(n) + op + b + "." + sqlgen.Ident(n)
+	}
+	return strings.Join(parts, " AND ")
+}
+
+// content returns the staged columns whose values must equal the target's
+// after a merge the staged row won: every staged column but the identity,
+// the columns the library fills for the row (ingestion time, lineage; the
+// hash stays, it is a function of the content) and, in Keyless mode, the
+// raw sources of derived keys (rows differing only there are one record,
+// the first one seen is kept).
+func (c *pgCheck) content() []string {
+	t := c.scope.Info.Target
+	id := c.scope.Info.identity()
+	var out []string
+	for _, col := range c.scope.Info.Columns {
+		switch {
+		case slices.Contains(id, col.Name):
+		case col.Computed != "" && col.Computed != "hash" && col.Computed != "derive":
+		case col.Name == t.IngestedAt:
+		case t.Mode == Keyless && slices.ContainsFunc(t.Derive, func(r KeyRule) bool { return r.From == col.Name }):
+		default:
+			out = append(out, col.Name)
+		}
+	}
+	return out
+}
+
+// cmpExpr is how the merge compares a column: as text for types without
+// an equality operator.
+func (c *pgCheck) cmpExpr(alias, n string) string {
+	e := alias + "." + sqlgen.Ident(n)
+	if col := c.cols[n]; col.textCompare || textCompared[col.BaseType] {
+		e += "::text"
+	}
+	return e
+}
+
+// diffs returns a text[] expression naming the content columns in which
+// rows a and b differ (NULL-safe).
+func (c *pgCheck) diffs(a, b string) string {
+	cols := c.content()
+	if len(cols) == 0 {
+		return "ARRAY[]::text[]"
+	}
+	parts := make([]string, len(cols))
+	for i, n := range cols {
+		parts[i] = fmt.Sprintf("CASE WHEN %s IS DISTINCT FROM %s THEN %s END", c.cmpExpr(a, n), c.cmpExpr(b, n), pq.QuoteLiteral(n))
+	}
+	return "array_remove(ARRAY[" + strings.Join(parts, ", ") + "]::text[], NULL)"
+}
+
+// sourceWins returns the condition under which the merge must have made
+// target row t equal to staged row s: "true" but for Upsert TargetWins
+// ("false": the target keeps its content) and NewerVersionWins (the
+// merge's rule: a newer staged version, or an equal one whose text is
+// greater).
+func (c *pgCheck) sourceWins(s, t string) string {
+	tg := c.scope.Info.Target
+	if tg.Mode != Upsert && tg.Mode != "" {
+		return "true"
+	}
+	switch tg.Conflict {
+	case TargetWins:
+		return "false"
+	case NewerVersionWins:
+		// The merge breaks version ties by the text of the compared
+		// columns: the content without the hash.
+		tracked := slices.DeleteFunc(c.content(), func(n string) bool { return n == tg.HashColumn })
+		rowOf := func(alias string) string {
+			parts := make([]string, len(tracked))
+			for i, n := range tracked {
+				parts[i] = c.cmpExpr(alias, n)
+			}
+			return "ROW(" + strings.Join(parts, ", ") + ")"
+		}
+		v := sqlgen.Ident(tg.Version)
+		return fmt.Sprintf(`(%[1]s.%[3]s > %[2]s.%[3]s OR (%[2]s.%[3]s IS NULL AND %[1]s.%[3]s IS NOT NULL)
+			OR (%[1]s.%[3]s IS NOT DISTINCT FROM %[2]s.%[3]s AND %[4]s::text COLLATE "C" > %[5]s::text COLLATE "C"))`,
+			s, t, v, rowOf(s), rowOf(t))
+	}
+	return "true"
+}
+
+// zone returns the name of the scope's zone for PostgreSQL.
+func (c *pgCheck) zone() (string, error) {
+	loc := c.scope.Zone
+	if loc == nil {
+		loc = time.UTC
+	}
+	if loc == time.Local || loc.String() == "Local" {
+		return "", c.errorf("%w: Job.Zone is time.Local, whose name PostgreSQL does not know; use time.LoadLocation", ErrInvalidConfig)
+	}
+	return loc.String(), nil
+}
+
+// chunkRows returns the condition selecting the chunk's target rows
+// (alias): by ChunkColumn bounds when the job has one, by staged identity
+// otherwise; how says which.
+func (c *pgCheck) chunkRows(alias string, a *sqlArgs) (cond, how string, err error) {
+	if c.scope.ChunkColumn != "" {
+		cond, err := c.inChunk(alias, a)
+		return cond, "ChunkColumn " + c.scope.ChunkColumn + " in " + c.scope.Chunk.String(), err
+	}
+	return fmt.Sprintf("EXISTS (SELECT 1 FROM %s s WHERE %s)", c.staging, c.idMatch(alias, "s")), "identities in staging", nil
+}
+
+// inChunk returns the condition that alias's ChunkColumn lies in the
+// chunk's half-open interval, as the row writer checks it: instants for
+// time chunks, a wall-clock column (timestamp, date) read in Job.Zone —
+// by converting the bounds, so that an index on the column serves.
+func (c *pgCheck) inChunk(alias string, a *sqlArgs) (string, error) {
+	ch := c.scope.Chunk
+	col := alias + "." + sqlgen.Ident(c.scope.ChunkColumn)
+	switch ch.Kind {
+	case KindTime:
+		lo, hi := a.bind(ch.Start.Format(time.RFC3339Nano)), a.bind(ch.End.Format(time.RFC3339Nano))
+		switch c.cols[c.scope.ChunkColumn].BaseType {
+		case "timestamp", "date":
+			z, err := c.zone()
+			if err != nil {
+				return "", err
+			}
+			zp := a.bind(z)
+			return fmt.Sprintf("%[1]s >= (%[2]s::timestamptz AT TIME ZONE %[4]s::text) AND %[1]s < (%[3]s::timestamptz AT TIME ZONE %[4]s::text)", col, lo, hi, zp), nil
+		}
+		return fmt.Sprintf("%[1]s >= %[2]s::timestamptz AND %[1]s < %[3]s::timestamptz", col, lo, hi), nil
+	case KindInt:
+		return fmt.Sprintf("%[1]s >= %[2]s AND %[1]s < %[3]s", col, a.bind(ch.Lo), a.bind(ch.Hi)), nil
+	case KindList:
+		return fmt.Sprintf("%s = %s", col, a.bind(ch.Item)), nil
+	}
+	return "", c.errorf("%w: chunk %s has no kind", ErrInvalidScope, ch.ID)
+}
+
+// joinPolicy says which join methods a check's query may use.
+type joinPolicy int
+
+const (
+	// joinsAsMerged keeps the merge's settings: index nested loops only.
+	joinsAsMerged joinPolicy = iota
+	// joinsIfLarge allows hash and merge joins when the chunk is large
+	// next to the target (see largeChunk).
+	joinsIfLarge
+	// joinsAllowed always allows them: the query probes staging, which has
+	// no index, or a table that may lack one.
+	joinsAllowed
+)
+
+// largeChunkRatio: a chunk whose staging table is at least 1/8 of the
+// target's size joins faster by hashing than by one index lookup per row.
+const largeChunkRatio = 8
+
+// largeChunk reports whether the staging table is at least
+// 1/largeChunkRatio of the target's size (pg_relation_size, PostgreSQL
+// docs, 9.27.7 "Database Object Management Functions": a stat of the
+// files, no scan). Then one index lookup per staged row costs more than
+// hashing; for a small chunk next to a large target an index lookup per
+// row is what keeps checks proportional to the chunk.
+func (c *pgCheck) largeChunk(ctx context.Context, tx sqlx.ExtContext) (bool, error) {
+	if c.large != nil {
+		return *c.large, nil
+	}
+	var large bool
+	err := sqlx.GetContext(ctx, tx, &large, `SELECT pg_relation_size($1::regclass) * $3 >= pg_relation_size($2::regclass)`,
+		c.staging, c.target, largeChunkRatio)
+	if err != nil {
+		return false, fmt.Errorf("table sizes: %w", err)
+	}
+	c.large = &large
+	return large, nil
+}
+
+// withJoins runs fn with hash and merge joins enabled when policy says
+// so. The merge turns them off for the rest of the chunk's transaction
+// (index nested loops suit its lookups into the target), but a check that
+// probes staging, which has no index, from the target side needs them,
+// and a large chunk joins faster with them. The settings are made inside
+// a savepoint that is rolled back afterwards, restoring them (PostgreSQL
+// docs, SET: "The effects of SET or SET LOCAL are also canceled by
+// rolling back to a savepoint that is earlier than the command"); tx must
+// be a transaction.
+func (c *pgCheck) withJoins(ctx context.Context, tx sqlx.ExtContext, policy joinPolicy, fn func() error) (err error) {
+	if policy == joinsIfLarge {
+		large, err := c.largeChunk(ctx, tx)
+		if err != nil {
+			return err
+		}
+		if !large {
+			policy = joinsAsMerged
+		}
+	}
+	if policy == joinsAsMerged {
+		return fn()
+	}
+	if _, err := tx.ExecContext(ctx, `SAVEPOINT backfill_validate;
+		SELECT set_config('enable_hashjoin', 'on', true), set_config('enable_mergejoin', 'on', true)`); err != nil {
+		return fmt.Errorf("savepoint: %w", err)
+	}
+	defer func() {
+		_, rerr := tx.ExecContext(context.WithoutCancel(ctx), `ROLLBACK TO SAVEPOINT backfill_validate; RELEASE SAVEPOINT backfill_validate`)
+		if rerr != nil && err == nil {
+			err = fmt.Errorf("rollback to savepoint: %w", rerr)
+		}
+	}()
+	return fn()
+}
+
+// countSample runs q, which returns (k text, n bigint) rows: offending
+// keys, at most maxSample, each with the total count of offenders
+// (count(*) OVER ()). It returns the count (0 for no rows) and the keys.
+func countSample(ctx context.Context, tx sqlx.ExtContext, q string, args ...any) (int64, []string, error) {
+	rows, err := tx.QueryxContext(ctx, q, args...)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer rows.Close()
+	var n int64
+	var sample []string
+	for rows.Next() {
+		var k sql.NullString
+		if err := rows.Scan(&k, &n); err != nil {
+			return 0, nil, err
+		}
+		sample = append(sample, k.String)
+	}
+	return n, sample, errors.Join(rows.Err(), rows.Close())
+}
+
+// sqlArgs collects bind parameters: bind appends one and returns its
+// placeholder.
+type sqlArgs []any
+
+func (a *sqlArgs) bind(v any) string {
+	*a = append(*a, v)
+	return "$" + strconv.Itoa(len(*a))
+}
