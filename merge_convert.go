@@ -1,12 +1,14 @@
 package backfill
 
 import (
+	"cmp"
+	"database/sql/driver"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"math"
 	"math/big"
-	"regexp"
+	"reflect"
 	"strconv"
 	"strings"
 	"time"
@@ -16,10 +18,27 @@ import (
 // convertValue checks that v can be stored in col and returns it in the
 // form staged by COPY. A non-empty reason means the row must be rejected;
 // it names what is wrong with the value (the caller adds chunk, row and
-// column). Columns of unknown type (BaseType "") pass values through,
-// except that NULL keys and text with NUL bytes or invalid UTF-8 are
-// always rejected.
+// column).
+//
+// v is first reduced to a built-in type by normalize (driver.Valuer,
+// pointers, named types, fmt.Stringer). Columns of a type this function
+// does not check (interval aside: enums, inet, arrays, ranges...) take
+// text only, which PostgreSQL's input function reads; other Go values are
+// rejected rather than sent in a form PostgreSQL might misread. Columns of
+// unknown type (BaseType "", fakes) pass the reduced value through, except
+// that NULL keys and text with NUL bytes or invalid UTF-8 are always
+// rejected.
 func convertValue(col Column, v any) (any, string) {
+	src := v
+	switch v.(type) {
+	case nil, string, int64, int, int32, float64, bool, time.Time, []byte:
+		// Built-in types need no normalisation: the fast path.
+	default:
+		var reason string
+		if v, src, reason = normalize(v); reason != "" {
+			return nil, reason
+		}
+	}
 	if v == nil {
 		switch {
 		case col.Key:
@@ -29,34 +48,6 @@ func convertValue(col Column, v any) (any, string) {
 		}
 		return nil, ""
 	}
-	// Dereference common pointer and Valid-wrapper shapes.
-	switch x := v.(type) {
-	case *string:
-		if x == nil {
-			return convertValue(col, nil)
-		}
-		v = *x
-	case *int64:
-		if x == nil {
-			return convertValue(col, nil)
-		}
-		v = *x
-	case *float64:
-		if x == nil {
-			return convertValue(col, nil)
-		}
-		v = *x
-	case *time.Time:
-		if x == nil {
-			return convertValue(col, nil)
-		}
-		v = *x
-	case *bool:
-		if x == nil {
-			return convertValue(col, nil)
-		}
-		v = *x
-	}
 	switch col.BaseType {
 	case "int2":
 		return toInt(v, math.MinInt16, math.MaxInt16, "smallint")
@@ -65,11 +56,15 @@ func convertValue(col Column, v any) (any, string) {
 	case "int8":
 		return toInt(v, math.MinInt64, math.MaxInt64, "bigint")
 	case "float4", "float8":
-		f, reason := toFloat(v)
+		name := "double precision"
+		if col.BaseType == "float4" {
+			name = "real"
+		}
+		f, reason := toFloat(v, name)
 		if reason != "" {
 			return nil, reason
 		}
-		if col.BaseType == "float4" && !math.IsInf(f, 0) && !math.IsNaN(f) && math.Abs(f) > math.MaxFloat32 {
+		if col.BaseType == "float4" && !float4InRange(f) {
 			return nil, "out of range for type real"
 		}
 		return f, ""
@@ -80,20 +75,23 @@ func convertValue(col Column, v any) (any, string) {
 		case bool:
 			return x, ""
 		case string:
-			b, err := strconv.ParseBool(x)
-			if err != nil {
-				return nil, "invalid boolean"
+			b, ok := parseBool(x)
+			if !ok {
+				return nil, "invalid boolean, want t/f, true/false, yes/no, on/off or 1/0"
 			}
 			return b, ""
 		}
 		return nil, wrongType(v, "boolean")
 	case "text", "varchar", "bpchar", "name", "citext":
-		s, reason := toText(v)
+		s, reason := toText(v, src)
 		if reason != "" {
 			return nil, reason
 		}
 		if col.MaxLen > 0 && utf8.RuneCountInString(strings.TrimRight(s, " ")) > col.MaxLen {
 			return nil, fmt.Sprintf("value too long for type %s (%d characters)", col.Type, utf8.RuneCountInString(s))
+		}
+		if _, ok := v.(string); ok {
+			return v, "" // the string as it came, without boxing it again
 		}
 		return s, ""
 	case "date":
@@ -104,8 +102,12 @@ func convertValue(col Column, v any) (any, string) {
 			}
 			return x.Format("2006-01-02"), ""
 		case string:
-			if _, err := time.Parse("2006-01-02", x); err != nil {
+			t, err := time.Parse("2006-01-02", x)
+			if err != nil {
 				return nil, "invalid date, want YYYY-MM-DD"
+			}
+			if t.Year() < 1 {
+				return nil, "date out of supported range (years 1-9999)"
 			}
 			return x, ""
 		}
@@ -122,6 +124,9 @@ func convertValue(col Column, v any) (any, string) {
 		case string:
 			for _, layout := range []string{"2006-01-02 15:04:05.999999999", "2006-01-02T15:04:05.999999999", "2006-01-02"} {
 				if t, err := time.Parse(layout, x); err == nil {
+					if t.Year() < 1 {
+						return nil, "timestamp out of supported range (years 1-9999)"
+					}
 					return truncMicro(t).Format("2006-01-02 15:04:05.999999"), ""
 				}
 			}
@@ -129,38 +134,44 @@ func convertValue(col Column, v any) (any, string) {
 		}
 		return nil, wrongType(v, "timestamp")
 	case "timestamptz":
+		var t time.Time
 		switch x := v.(type) {
 		case time.Time:
-			if x.Year() < 1 || x.Year() > 9999 {
-				return nil, "timestamp out of supported range (years 1-9999)"
-			}
-			// In UTC, so that equal instants have equal text.
-			return truncMicro(x).UTC().Format(time.RFC3339Nano), ""
+			t = x
 		case string:
-			t, err := time.Parse(time.RFC3339Nano, x)
-			if err != nil {
+			var ok bool
+			if t, ok = parseTimestamptz(x); !ok {
 				return nil, "invalid timestamptz, want RFC 3339 with a zone offset (a value without offset would be read in the session's TimeZone)"
 			}
-			return truncMicro(t).UTC().Format(time.RFC3339Nano), ""
+			if t.Year() < 1 {
+				return nil, "timestamp out of supported range (years 1-9999)"
+			}
+		default:
+			return nil, wrongType(v, "timestamp with time zone")
 		}
-		return nil, wrongType(v, "timestamp with time zone")
+		// In UTC, so that equal instants have equal text; the range is
+		// checked in UTC, the year that is sent.
+		t = truncMicro(t).UTC()
+		if t.Year() < 1 || t.Year() > 9999 {
+			return nil, "timestamp out of supported range (years 1-9999)"
+		}
+		return t.Format(time.RFC3339Nano), ""
 	case "uuid":
 		switch x := v.(type) {
 		case [16]byte:
-			h := hex.EncodeToString(x[:])
-			return h[:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:], ""
+			return formatUUID(x), ""
 		case string:
-			if !uuidRE.MatchString(x) {
+			u, ok := parseUUID(x)
+			if !ok {
 				return nil, "invalid uuid"
 			}
 			// Canonical form, so that equal UUIDs have equal text.
-			h := strings.ToLower(strings.ReplaceAll(x, "-", ""))
-			return h[:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:], ""
+			return formatUUID(u), ""
 		}
 		return nil, wrongType(v, "uuid")
 	case "json", "jsonb":
 		var b []byte
-		switch x := v.(type) {
+		switch x := src.(type) {
 		case json.RawMessage:
 			b = x
 		case []byte:
@@ -168,6 +179,8 @@ func convertValue(col Column, v any) (any, string) {
 		case string:
 			b = []byte(x)
 		default:
+			// Named types too: a named string is a JSON string, not JSON
+			// text.
 			var err error
 			if b, err = json.Marshal(x); err != nil {
 				return nil, "cannot encode as json: " + err.Error()
@@ -176,8 +189,13 @@ func convertValue(col Column, v any) (any, string) {
 		if !json.Valid(b) {
 			return nil, "invalid json"
 		}
-		if col.BaseType == "jsonb" && strings.Contains(string(b), `\u0000`) {
-			return nil, `jsonb cannot store \u0000`
+		if !utf8.Valid(b) {
+			return nil, "json is not valid UTF-8"
+		}
+		if col.BaseType == "jsonb" {
+			if reason := jsonbReason(b); reason != "" {
+				return nil, reason
+			}
 		}
 		return string(b), ""
 	case "bytea":
@@ -188,17 +206,203 @@ func convertValue(col Column, v any) (any, string) {
 			return []byte(x), ""
 		}
 		return nil, wrongType(v, "bytea")
-	}
-	// Unknown type: pass through, but never send text PostgreSQL cannot store.
-	switch x := v.(type) {
-	case string, []byte:
-		s, reason := toText(x)
-		if reason != "" {
-			return nil, reason
+	case "interval":
+		if d, ok := src.(time.Duration); ok {
+			return formatInterval(d), ""
 		}
-		return s, ""
+		if s, ok := textOf(v, src); ok {
+			return textValue(s)
+		}
+		return nil, fmt.Sprintf("Go type %T is not supported for column type %s; write time.Duration or text", src, cmp.Or(col.Type, col.BaseType))
+	case "":
+		// Unknown type (fakes): pass through, but never send text
+		// PostgreSQL cannot store.
+		if s, ok := textOf(v, src); ok {
+			return textValue(s)
+		}
+		return v, ""
+	}
+	// A type not checked here: text only, read by PostgreSQL's input
+	// function. Any other Go value might be sent in a form PostgreSQL
+	// reads differently (time.Duration as nanoseconds into an interval).
+	if s, ok := textOf(v, src); ok {
+		return textValue(s)
+	}
+	return nil, fmt.Sprintf("Go type %T is not supported for column type %s; write text", src, cmp.Or(col.Type, col.BaseType))
+}
+
+// maxNormalizeDepth bounds the driver.Valuer calls and pointer
+// dereferences of normalize (a Valuer that returns itself).
+const maxNormalizeDepth = 16
+
+var (
+	timeType  = reflect.TypeFor[time.Time]()
+	uuidType  = reflect.TypeFor[[16]byte]()
+	bytesType = reflect.TypeFor[[]byte]()
+)
+
+// normalize reduces v, a value of a type outside convertValue's fast
+// path, to one of nil, string, int64, uint64, float64, float32, bool,
+// time.Time, []byte or [16]byte, in this order of rules:
+//
+//   - a driver.Valuer gives its Value (sql.NullString, decimal types),
+//     which is reduced in turn; sql.Null[T] gives V (or NULL) unconverted;
+//   - a nil pointer is NULL, another pointer its element;
+//   - a named type of a basic kind gives the basic value (type Code string,
+//     type Qty int64, a named []byte, a [16]byte-kind UUID); a struct
+//     convertible to time.Time the time;
+//   - any other fmt.Stringer gives its String (big.Int, decimal types;
+//     *big.Float its exact text, its String rounds to 10 digits).
+//
+// Anything else is returned unchanged (and rejected as the wrong type by
+// the column's conversion). src is v after Valuer calls and dereferences
+// only: the type a column may treat specially (time.Duration for
+// interval, a named type's String for text, any value for json).
+func normalize(v any) (norm, src any, reason string) {
+	var ptr any // the last pointer dereferenced, for its String method
+	for range maxNormalizeDepth {
+		switch x := v.(type) {
+		case nil:
+			return nil, nil, ""
+		case string, int64, int, int32, int16, int8, uint, uint64, uint32, uint16, uint8,
+			float64, float32, bool, time.Time, []byte, [16]byte:
+			return basic(v), v, ""
+		case *big.Float:
+			if x == nil {
+				return nil, nil, ""
+			}
+			s := x.Text('g', -1)
+			return s, v, ""
+		case driver.Valuer:
+			rv := reflect.ValueOf(v)
+			if rv.Kind() == reflect.Pointer && rv.IsNil() {
+				return nil, nil, ""
+			}
+			if t := rv.Type(); t.PkgPath() == "database/sql" && strings.HasPrefix(t.Name(), "Null[") {
+				// sql.Null[T]: its Value converts V as database/sql
+				// would (a time.Duration to int64, a [16]byte refused);
+				// take V itself.
+				if !rv.FieldByName("Valid").Bool() {
+					return nil, nil, ""
+				}
+				v = rv.FieldByName("V").Interface()
+				continue
+			}
+			dv, err := callValue(x)
+			if err != nil {
+				return nil, nil, fmt.Sprintf("%T.Value failed: %v", v, err)
+			}
+			v = dv
+			continue
+		}
+		rv := reflect.ValueOf(v)
+		if rv.Kind() == reflect.Pointer {
+			if rv.IsNil() {
+				return nil, nil, ""
+			}
+			ptr = v
+			v = rv.Elem().Interface()
+			continue
+		}
+		norm, reason := byKind(rv, v, ptr)
+		return norm, v, reason
+	}
+	return nil, nil, fmt.Sprintf("Go type %T: more than %d levels of driver.Valuer or pointer", v, maxNormalizeDepth)
+}
+
+// callValue calls v.Value, turning a panic (a nil receiver inside a
+// non-nil interface, say) into an error.
+func callValue(v driver.Valuer) (dv driver.Value, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("panic: %v", r)
+		}
+	}()
+	return v.Value()
+}
+
+// callString calls s.String, turning a panic into a reason.
+func callString(s fmt.Stringer) (str, reason string) {
+	defer func() {
+		if r := recover(); r != nil {
+			reason = fmt.Sprintf("%T.String failed: panic: %v", s, r)
+		}
+	}()
+	return s.String(), ""
+}
+
+// basic widens the small built-in integer types to int64 or uint64 and
+// returns other values unchanged.
+func basic(v any) any {
+	switch x := v.(type) {
+	case int16:
+		return int64(x)
+	case int8:
+		return int64(x)
+	case uint32:
+		return int64(x)
+	case uint16:
+		return int64(x)
+	case uint8:
+		return int64(x)
+	case uint:
+		return uint64(x)
+	}
+	return v
+}
+
+// byKind reduces a named type to its basic kind (see normalize); ptr is
+// the pointer v was reached through, or nil.
+func byKind(rv reflect.Value, v, ptr any) (any, string) {
+	switch rv.Kind() {
+	case reflect.String:
+		return rv.String(), ""
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
+		return rv.Int(), ""
+	case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		return rv.Uint(), ""
+	case reflect.Float32:
+		return float32(rv.Float()), ""
+	case reflect.Float64:
+		return rv.Float(), ""
+	case reflect.Bool:
+		return rv.Bool(), ""
+	case reflect.Slice:
+		if rv.Type().Elem().Kind() == reflect.Uint8 {
+			return rv.Bytes(), ""
+		}
+	case reflect.Array:
+		if rv.Type().ConvertibleTo(uuidType) {
+			return rv.Convert(uuidType).Interface(), ""
+		}
+	case reflect.Struct:
+		if rv.Type().ConvertibleTo(timeType) {
+			return rv.Convert(timeType).Interface(), ""
+		}
+	}
+	if s, ok := v.(fmt.Stringer); ok {
+		return callString(s)
+	}
+	if s, ok := ptr.(fmt.Stringer); ok {
+		return callString(s)
 	}
 	return v, ""
+}
+
+// textOf returns v, a normalised value, as text when it is text: a
+// string, or bytes (but the String of a named byte slice that has one,
+// such as net.IP, whose bytes are not its text).
+func textOf(v, src any) (string, bool) {
+	switch x := v.(type) {
+	case string:
+		return x, true
+	case []byte:
+		if s, ok := src.(fmt.Stringer); ok && reflect.TypeOf(src) != bytesType {
+			return s.String(), true
+		}
+		return string(x), true
+	}
+	return "", false
 }
 
 // truncMicro truncates t to whole microseconds, PostgreSQL's precision
@@ -211,33 +415,320 @@ func truncMicro(t time.Time) time.Time {
 	return t.Truncate(time.Microsecond)
 }
 
-var uuidRE = regexp.MustCompile(`^[0-9a-fA-F]{8}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{12}$`)
+// formatInterval renders d as interval input: whole microseconds,
+// PostgreSQL's precision, truncated toward the past like truncMicro (so
+// that t + d, truncated, is t + the stored interval for a stored t).
+func formatInterval(d time.Duration) string {
+	us := int64(d / time.Microsecond)
+	if d%time.Microsecond < 0 {
+		us--
+	}
+	return strconv.FormatInt(us, 10) + " microseconds"
+}
+
+// parseTimestamptz parses text with an explicit zone offset, as RFC 3339
+// and PostgreSQL's output write it: YYYY-MM-DD, then T, t or a space,
+// HH:MM[:SS[.fraction]], an optional space, then Z, z or
+// ±HH[[:]MM[[:]SS]] (at most 15:59:59, PostgreSQL's limit). Fractions
+// beyond nanoseconds are truncated. Text without an offset is refused: it
+// would be read in the session's TimeZone.
+func parseTimestamptz(s string) (time.Time, bool) {
+	num := func(i, n int) (int, bool) {
+		if i+n > len(s) {
+			return 0, false
+		}
+		v := 0
+		for _, c := range []byte(s[i : i+n]) {
+			if c < '0' || c > '9' {
+				return 0, false
+			}
+			v = v*10 + int(c-'0')
+		}
+		return v, true
+	}
+	at := func(i int, c byte) bool { return i < len(s) && s[i] == c }
+	year, ok1 := num(0, 4)
+	month, ok2 := num(5, 2)
+	day, ok3 := num(8, 2)
+	hour, ok4 := num(11, 2)
+	minute, ok5 := num(14, 2)
+	if !(ok1 && ok2 && ok3 && ok4 && ok5) || s[4] != '-' || s[7] != '-' || s[13] != ':' ||
+		(s[10] != 'T' && s[10] != 't' && s[10] != ' ') {
+		return time.Time{}, false
+	}
+	i := 16
+	sec, nsec := 0, 0
+	if at(i, ':') {
+		var ok bool
+		if sec, ok = num(i+1, 2); !ok {
+			return time.Time{}, false
+		}
+		i += 3
+		if at(i, '.') {
+			i++
+			start := i
+			for ; i < len(s) && s[i] >= '0' && s[i] <= '9'; i++ {
+				if i-start < 9 {
+					nsec = nsec*10 + int(s[i]-'0')
+				}
+			}
+			if i == start {
+				return time.Time{}, false
+			}
+			for n := i - start; n < 9; n++ {
+				nsec *= 10
+			}
+		}
+	}
+	if at(i, ' ') {
+		i++
+	}
+	if i == len(s) {
+		return time.Time{}, false // no offset
+	}
+	offset := 0
+	switch s[i] {
+	case 'Z', 'z':
+		i++
+	case '+', '-':
+		sign := 1
+		if s[i] == '-' {
+			sign = -1
+		}
+		hh, ok := num(i+1, 2)
+		if !ok {
+			return time.Time{}, false
+		}
+		i += 3
+		// Then MM and SS, both after a colon or neither.
+		colon := at(i, ':')
+		var mm, ss int
+		for _, part := range []*int{&mm, &ss} {
+			j := i
+			if colon != at(j, ':') {
+				break
+			}
+			if colon {
+				j++
+			}
+			n, ok := num(j, 2)
+			if !ok {
+				break
+			}
+			*part, i = n, j+2
+		}
+		if hh > 15 || mm > 59 || ss > 59 {
+			return time.Time{}, false
+		}
+		offset = sign * (hh*3600 + mm*60 + ss)
+	default:
+		return time.Time{}, false
+	}
+	if i != len(s) || month < 1 || month > 12 || day < 1 || hour > 23 || minute > 59 || sec > 59 {
+		return time.Time{}, false
+	}
+	t := time.Date(year, time.Month(month), day, hour, minute, sec, nsec, time.FixedZone("", offset))
+	if t.Day() != day {
+		return time.Time{}, false // February 30th
+	}
+	return t, true
+}
+
+// parseBool reads s as PostgreSQL's boolean input does: surrounding
+// whitespace ignored, any case, and any prefix of true, false, yes or no,
+// on, off (at least "of"), 1 or 0.
+func parseBool(s string) (value, ok bool) {
+	s = strings.Trim(s, " \t\n\v\f\r")
+	prefixOf := func(word string, least int) bool {
+		if len(s) < least || len(s) > len(word) {
+			return false
+		}
+		for i := range len(s) {
+			if c := s[i]; c != word[i] && c+'a'-'A' != word[i] {
+				return false
+			}
+		}
+		return true
+	}
+	if s == "" {
+		return false, false
+	}
+	switch s[0] {
+	case 't', 'T':
+		return true, prefixOf("true", 1)
+	case 'f', 'F':
+		return false, prefixOf("false", 1)
+	case 'y', 'Y':
+		return true, prefixOf("yes", 1)
+	case 'n', 'N':
+		return false, prefixOf("no", 1)
+	case 'o', 'O':
+		if prefixOf("on", 2) {
+			return true, true
+		}
+		return false, prefixOf("off", 2)
+	case '1':
+		return true, len(s) == 1
+	case '0':
+		return false, len(s) == 1
+	}
+	return false, false
+}
+
+// parseUUID reads s as PostgreSQL's uuid input does: 32 hex digits in
+// any case, optionally in braces, with a hyphen allowed after any group
+// of four digits but the last.
+func parseUUID(s string) ([16]byte, bool) {
+	var u [16]byte
+	braces := len(s) > 0 && s[0] == '{'
+	if braces {
+		if s[len(s)-1] != '}' {
+			return u, false
+		}
+		s = s[1 : len(s)-1]
+	}
+	j := 0
+	for i := range u {
+		if j+2 > len(s) {
+			return u, false
+		}
+		hi, ok1 := unhex(s[j])
+		lo, ok2 := unhex(s[j+1])
+		if !ok1 || !ok2 {
+			return u, false
+		}
+		u[i] = hi<<4 | lo
+		j += 2
+		if j < len(s) && s[j] == '-' && i%2 == 1 && i < len(u)-1 {
+			j++
+		}
+	}
+	return u, j == len(s)
+}
+
+func unhex(c byte) (byte, bool) {
+	switch {
+	case c >= '0' && c <= '9':
+		return c - '0', true
+	case c >= 'a' && c <= 'f':
+		return c - 'a' + 10, true
+	case c >= 'A' && c <= 'F':
+		return c - 'A' + 10, true
+	}
+	return 0, false
+}
+
+func formatUUID(u [16]byte) string {
+	var b [36]byte
+	hex.Encode(b[0:8], u[0:4])
+	b[8] = '-'
+	hex.Encode(b[9:13], u[4:6])
+	b[13] = '-'
+	hex.Encode(b[14:18], u[6:8])
+	b[18] = '-'
+	hex.Encode(b[19:23], u[8:10])
+	b[23] = '-'
+	hex.Encode(b[24:], u[10:])
+	return string(b[:])
+}
+
+// jsonbReason says why PostgreSQL's jsonb input refuses b, valid JSON
+// that the json type takes: a \u0000 escape (an escaped backslash
+// followed by "u0000" is fine), a surrogate escape not in a high-low
+// pair, or a number beyond the numeric format. "" when jsonb takes b.
+func jsonbReason(b []byte) string {
+	const unpaired = "jsonb cannot store an unpaired Unicode surrogate escape"
+	for i := 0; i < len(b); i++ {
+		switch c := b[i]; {
+		case c == '"':
+			high := false // the previous character was a high surrogate escape
+			for i++; i < len(b) && b[i] != '"'; i++ {
+				if b[i] != '\\' || b[i+1] != 'u' {
+					if high {
+						return unpaired
+					}
+					if b[i] == '\\' {
+						i++ // the escaped character, maybe a quote or backslash
+					}
+					continue
+				}
+				r, _ := strconv.ParseUint(string(b[i+2:i+6]), 16, 32)
+				i += 5
+				switch {
+				case r == 0:
+					return `jsonb cannot store \u0000`
+				case r >= 0xd800 && r <= 0xdbff:
+					if high {
+						return unpaired
+					}
+					high = true
+				case r >= 0xdc00 && r <= 0xdfff:
+					if !high {
+						return unpaired
+					}
+					high = false
+				default:
+					if high {
+						return unpaired
+					}
+				}
+			}
+			if high {
+				return unpaired
+			}
+		case c == '-' || c >= '0' && c <= '9':
+			j := i + 1
+			for j < len(b) && strings.IndexByte("0123456789.eE+-", b[j]) >= 0 {
+				j++
+			}
+			if reason := numericReason(string(b[i:j]), 0, 0); reason != "" {
+				return "jsonb number: " + reason
+			}
+			i = j - 1
+		}
+	}
+	return ""
+}
 
 func wrongType(v any, want string) string {
 	return fmt.Sprintf("wrong type %T for %s column", v, want)
 }
 
-func toText(v any) (string, string) {
-	var s string
-	switch x := v.(type) {
-	case string:
-		s = x
-	case []byte:
-		s = string(x)
-	case fmt.Stringer:
-		s = x.String()
-	default:
+// toText returns v, a normalised value, as text for a text column (see
+// textOf), checked by checkText.
+func toText(v, src any) (string, string) {
+	s, ok := textOf(v, src)
+	if !ok {
 		return "", wrongType(v, "text")
 	}
-	if strings.IndexByte(s, 0) >= 0 {
-		return "", "text contains a NUL byte"
-	}
-	if !utf8.ValidString(s) {
-		return "", "text is not valid UTF-8"
+	if reason := checkText(s); reason != "" {
+		return "", reason
 	}
 	return s, ""
 }
 
+// checkText says why PostgreSQL cannot store text s, "" when it can.
+func checkText(s string) string {
+	if strings.IndexByte(s, 0) >= 0 {
+		return "text contains a NUL byte"
+	}
+	if !utf8.ValidString(s) {
+		return "text is not valid UTF-8"
+	}
+	return ""
+}
+
+// textValue is s as convertValue returns text: s, or the reason it cannot
+// be stored.
+func textValue(s string) (any, string) {
+	if reason := checkText(s); reason != "" {
+		return nil, reason
+	}
+	return s, ""
+}
+
+// toInt converts v to an int64 in [lo, hi]; name is the column type for
+// reasons.
 func toInt(v any, lo, hi int64, name string) (any, string) {
 	var n int64
 	switch x := v.(type) {
@@ -268,7 +759,7 @@ func toInt(v any, lo, hi int64, name string) (any, string) {
 		}
 		n = int64(x)
 	case float32, float64:
-		f, _ := toFloat(x)
+		f, _ := toFloat(x, "double precision")
 		if f != math.Trunc(f) || math.IsInf(f, 0) || math.IsNaN(f) || f < -9.223372036854775e18 || f > 9.223372036854775e18 {
 			return nil, "not an integer or out of range for type " + name
 		}
@@ -286,6 +777,10 @@ func toInt(v any, lo, hi int64, name string) (any, string) {
 		}
 		n = p
 	default:
+		// Named types and Valuers, for callers that did not normalise.
+		if norm, _, reason := normalize(v); reason == "" && norm != nil && reflect.TypeOf(norm) != reflect.TypeOf(v) {
+			return toInt(norm, lo, hi, name)
+		}
 		return nil, wrongType(v, name)
 	}
 	if n < lo || n > hi {
@@ -294,7 +789,10 @@ func toInt(v any, lo, hi int64, name string) (any, string) {
 	return n, ""
 }
 
-func toFloat(v any) (float64, string) {
+// toFloat converts v to a float64; name is the column type for reasons.
+// Text that is not zero but reads as zero (1e-400) is out of range, as
+// PostgreSQL says.
+func toFloat(v any, name string) (float64, string) {
 	switch x := v.(type) {
 	case float64:
 		return x, ""
@@ -306,28 +804,63 @@ func toFloat(v any) (float64, string) {
 		return float64(x), ""
 	case int64:
 		return float64(x), ""
+	case uint64:
+		return float64(x), ""
 	case string:
 		f, err := strconv.ParseFloat(x, 64)
 		if err != nil {
-			return 0, "invalid input syntax for type double precision"
+			if ne, ok := err.(*strconv.NumError); ok && ne.Err == strconv.ErrRange {
+				return 0, "out of range for type " + name
+			}
+			return 0, "invalid input syntax for type " + name
+		}
+		if f == 0 && !zeroMantissa(x) {
+			return 0, "out of range for type " + name
 		}
 		return f, ""
 	case json.Number:
-		f, err := x.Float64()
-		if err != nil {
-			return 0, "invalid input syntax for type double precision"
-		}
-		return f, ""
+		return toFloat(string(x), name)
 	}
 	return 0, wrongType(v, "floating-point")
 }
 
+// zeroMantissa reports whether s, text strconv.ParseFloat read as zero,
+// has only zero digits before its exponent (decimal or hexadecimal).
+func zeroMantissa(s string) bool {
+	s = strings.TrimLeft(s, "+-")
+	hexa := len(s) > 1 && s[0] == '0' && (s[1] == 'x' || s[1] == 'X')
+	if hexa {
+		s = s[2:]
+	}
+	for _, c := range []byte(s) {
+		switch {
+		case !hexa && (c == 'e' || c == 'E'), hexa && (c == 'p' || c == 'P'):
+			return true
+		case c >= '1' && c <= '9', hexa && (c >= 'a' && c <= 'f' || c >= 'A' && c <= 'F'):
+			return false
+		}
+	}
+	return true
+}
+
+// float4InRange reports whether PostgreSQL's real input takes f as lib/pq
+// sends it (the shortest decimal text of the float64): its nearest
+// float32 must be neither infinite for a finite f nor zero for a non-zero
+// f ("out of range for type real"). Denormals are taken.
+func float4InRange(f float64) bool {
+	if f == 0 || math.IsInf(f, 0) || math.IsNaN(f) {
+		return true
+	}
+	if a := math.Abs(f); a > 1e-37 && a < 3e38 {
+		return true
+	}
+	f32, _ := strconv.ParseFloat(strconv.FormatFloat(f, 'f', -1, 64), 32)
+	return f32 != 0 && !math.IsInf(f32, 0)
+}
+
 // toNumeric validates v for a numeric column (precision 0 means
-// unconstrained), including the check that would otherwise fail the COPY
-// ("numeric field overflow"): rounded to scale, the absolute value must be
-// below 10^(precision-scale). Plain decimals are checked by one byte scan;
-// exponent notation and values whose rounding might carry into another
-// integer digit fall back to math/big.
+// unconstrained), including the checks that would otherwise fail the COPY
+// (see numericReason).
 func toNumeric(v any, col Column) (any, string) {
 	var s string
 	switch x := v.(type) {
@@ -349,7 +882,9 @@ func toNumeric(v any, col Column) (any, string) {
 		s = strconv.FormatInt(x, 10)
 	case int:
 		s = strconv.Itoa(x)
-	case int8, int16, int32, uint8, uint16, uint32, uint, uint64:
+	case uint64:
+		s = strconv.FormatUint(x, 10)
+	case int8, int16, int32, uint8, uint16, uint32, uint:
 		s = fmt.Sprint(x)
 	default:
 		return nil, wrongType(v, "numeric")
@@ -357,84 +892,151 @@ func toNumeric(v any, col Column) (any, string) {
 	if s == "NaN" {
 		return s, ""
 	}
-	intDigits, fracDigits, plain, ok := scanDecimal(s)
-	if !ok {
-		return nil, "invalid input syntax for type numeric"
+	if reason := numericReason(s, col.Precision, col.Scale); reason != "" {
+		if reason == errNumericFieldOverflow {
+			reason = fmt.Sprintf("numeric field overflow for %s", col.Type)
+		}
+		return nil, reason
 	}
-	if col.Precision == 0 {
-		return s, ""
-	}
-	p, sc := col.Precision, col.Scale
-	if plain && (fracDigits <= sc && intDigits <= p-sc || intDigits+1 <= p-sc) {
-		return s, ""
-	}
-	r, ok := new(big.Rat).SetString(s)
-	if !ok {
-		return nil, "invalid input syntax for type numeric"
-	}
-	limit := new(big.Rat).SetFrac(new(big.Int).Exp(big.NewInt(10), big.NewInt(int64(max(p-sc, 0))), nil), big.NewInt(1))
-	if p-sc < 0 {
-		limit.SetFrac(big.NewInt(1), new(big.Int).Exp(big.NewInt(10), big.NewInt(int64(sc-p)), nil))
-	}
-	rounded := new(big.Rat)
-	if sc >= 0 {
-		rounded.SetString(r.FloatString(sc))
-	} else {
-		scale := new(big.Rat).SetInt(new(big.Int).Exp(big.NewInt(10), big.NewInt(int64(-sc)), nil))
-		q := new(big.Rat).Quo(r, scale)
-		rounded.SetString(q.FloatString(0))
-		rounded.Mul(rounded, scale)
-	}
-	if rounded.Abs(rounded).Cmp(limit) >= 0 {
-		return nil, fmt.Sprintf("numeric field overflow for %s", col.Type)
+	if _, ok := v.(string); ok {
+		return v, "" // the string as it came, without boxing it again
 	}
 	return s, ""
 }
 
-// scanDecimal checks s as PostgreSQL numeric input: [+-]digits[.digits]
-// or [+-].digits, optionally with an exponent. It returns the number of
-// significant integer digits (leading zeros skipped), of fraction digits,
-// and whether s had no exponent.
-func scanDecimal(s string) (intDigits, fracDigits int, plain, ok bool) {
+// Limits of PostgreSQL's numeric format (src/backend/utils/adt/numeric.c,
+// PostgreSQL 15): at most 16383 digits after the point (dscale), a first
+// significant digit at most at 10^131071 (weight 32767 in base 10000
+// digits), and an exponent in input below INT_MAX/2 in absolute value.
+const (
+	numericMaxDscale   = 16383
+	numericMaxExp10    = 131071
+	numericMaxExponent = math.MaxInt32 / 2
+)
+
+const (
+	errNumericSyntax        = "invalid input syntax for type numeric"
+	errNumericFormat        = "value overflows numeric format"
+	errNumericFieldOverflow = "numeric field overflow"
+)
+
+// numericReason checks s as PostgreSQL 15's numeric input reads it into
+// numeric(p,s) (p 0: unconstrained): the syntax of decimalText; the
+// format's limits, checked before the type modifier (1e-20000 overflows
+// numeric(10,2) although it would round to 0.00); then, rounded half away
+// from zero to the scale, the absolute value must be below 10^(p-s)
+// ("numeric field overflow"). Plain decimals short enough are checked by
+// the scan alone.
+func numericReason(s string, p, sc int) string {
+	d, ok := parseDecimal(s)
+	if !ok {
+		return errNumericSyntax
+	}
+	if d.plain && len(d.frac) <= numericMaxDscale {
+		intDigits := len(strings.TrimLeft(d.int, "0"))
+		if p == 0 && intDigits <= numericMaxExp10+1 ||
+			p != 0 && (len(d.frac) <= sc && intDigits <= p-sc || intDigits+1 <= p-sc) {
+			return ""
+		}
+	}
+	if d.exp >= numericMaxExponent || d.exp <= -numericMaxExponent {
+		return errNumericFormat
+	}
+	if int64(len(d.frac))-d.exp > numericMaxDscale {
+		return errNumericFormat
+	}
+	sig, e10 := d.significant()
+	if sig == "" {
+		return "" // zero
+	}
+	if e10 > numericMaxExp10 {
+		return errNumericFormat
+	}
+	if p == 0 {
+		return ""
+	}
+	// Round to scale: keep the significant digits at 10^-sc and above.
+	keep := e10 + int64(sc) + 1
+	if keep <= 0 {
+		// 0, or 10^-sc when rounded up: within any precision.
+		return ""
+	}
+	if keep < int64(len(sig)) && sig[keep] >= '5' && strings.Trim(sig[:keep], "9") == "" {
+		e10++ // 99.96 rounds to 100.0
+	}
+	if e10 >= int64(p-sc) {
+		return errNumericFieldOverflow
+	}
+	return ""
+}
+
+// decimalText is numeric input text: [+-]digits[.digits] or [+-].digits,
+// optionally with an exponent [eE][+-]digits.
+type decimalText struct {
+	int, frac string // the digits before and after the point
+	exp       int64  // the exponent, saturated beyond ±2^40
+	plain     bool   // no exponent
+}
+
+// parseDecimal splits s as decimalText.
+func parseDecimal(s string) (d decimalText, ok bool) {
 	i := 0
 	if i < len(s) && (s[i] == '+' || s[i] == '-') {
 		i++
 	}
-	digits := 0
-	leading := true
-	for ; i < len(s) && s[i] >= '0' && s[i] <= '9'; i++ {
-		digits++
-		if leading && s[i] == '0' {
-			continue
+	digits := func() string {
+		start := i
+		for i < len(s) && s[i] >= '0' && s[i] <= '9' {
+			i++
 		}
-		leading = false
-		intDigits++
+		return s[start:i]
 	}
+	d.int = digits()
 	if i < len(s) && s[i] == '.' {
 		i++
-		for ; i < len(s) && s[i] >= '0' && s[i] <= '9'; i++ {
-			digits++
-			fracDigits++
-		}
+		d.frac = digits()
 	}
-	if digits == 0 {
-		return 0, 0, false, false
+	if d.int == "" && d.frac == "" {
+		return d, false
 	}
 	if i == len(s) {
-		return intDigits, fracDigits, true, true
+		d.plain = true
+		return d, true
 	}
 	if s[i] != 'e' && s[i] != 'E' {
-		return 0, 0, false, false
+		return d, false
 	}
 	i++
+	neg := false
 	if i < len(s) && (s[i] == '+' || s[i] == '-') {
+		neg = s[i] == '-'
 		i++
 	}
-	exp := 0
-	for ; i < len(s) && s[i] >= '0' && s[i] <= '9'; i++ {
-		exp++
+	e := digits()
+	if e == "" || i != len(s) {
+		return d, false
 	}
-	return intDigits, fracDigits, false, exp > 0 && i == len(s)
+	for _, c := range []byte(e) {
+		if d.exp < 1<<40 {
+			d.exp = d.exp*10 + int64(c-'0')
+		}
+	}
+	if neg {
+		d.exp = -d.exp
+	}
+	return d, true
+}
+
+// significant returns d's digits from the first non-zero one, and the
+// power of ten of that digit; "" for zero.
+func (d decimalText) significant() (string, int64) {
+	if i := strings.IndexFunc(d.int, func(r rune) bool { return r != '0' }); i >= 0 {
+		return d.int[i:] + d.frac, int64(len(d.int)-1-i) + d.exp
+	}
+	if i := strings.IndexFunc(d.frac, func(r rune) bool { return r != '0' }); i >= 0 {
+		return d.frac[i:], int64(-1-i) + d.exp
+	}
+	return "", 0
 }
 
 // displayValue renders v for an exception's value column: text that
@@ -448,6 +1050,8 @@ func displayValue(v any) string {
 	case string:
 		s = x
 	case []byte:
+		s = string(x)
+	case json.RawMessage:
 		s = string(x)
 	case time.Time:
 		s = x.Format(time.RFC3339Nano)
@@ -467,11 +1071,17 @@ func displayValue(v any) string {
 	return s
 }
 
+// maxRawJSON caps the JSON of a rejected row in the exception queue;
+// larger rows are stored as truncatedJSON.
+const maxRawJSON = 64 << 10
+
 // rawJSON renders a rejected row for the exception queue as jsonb-safe
 // JSON: an object of column to value when names are given, else raw
-// itself. Values that JSON or jsonb cannot hold are stored as escaped text.
+// itself. A value that JSON or jsonb cannot hold is stored as its
+// displayValue text, and only that value; a row whose JSON is longer than
+// maxRawJSON is stored as truncatedJSON.
 func rawJSON(names []string, values []any, raw any) json.RawMessage {
-	var obj any = raw
+	var obj any
 	if names != nil {
 		m := make(map[string]any, len(values))
 		for i, v := range values {
@@ -479,7 +1089,7 @@ func rawJSON(names []string, values []any, raw any) json.RawMessage {
 			if i < len(names) {
 				k = names[i]
 			}
-			m[k] = jsonSafe(v)
+			m[jsonSafeKey(k)] = jsonSafe(v)
 		}
 		obj = m
 	} else {
@@ -487,16 +1097,57 @@ func rawJSON(names []string, values []any, raw any) json.RawMessage {
 	}
 	b, err := json.Marshal(obj)
 	if err != nil {
-		b, _ = json.Marshal(displayValue(fmt.Sprint(raw)))
+		// Not expected: jsonSafe returns values that marshal.
+		b, _ = json.Marshal(displayValue(raw))
 	}
-	if strings.Contains(string(b), `\u0000`) {
-		b, _ = json.Marshal(strings.ReplaceAll(string(b), `\u0000`, `\\u0000`))
+	if len(b) > maxRawJSON {
+		return truncatedJSON(b)
 	}
 	return b
 }
 
+// truncatedJSON stores b, JSON longer than maxRawJSON, as
+// {"truncated":true,"bytes":len(b),"prefix":"<the start of b as text>"},
+// with the longest prefix that keeps the whole within maxRawJSON bytes.
+func truncatedJSON(b []byte) json.RawMessage {
+	head := `{"truncated":true,"bytes":` + strconv.Itoa(len(b)) + `,"prefix":"`
+	const tail = `"}`
+	out := make([]byte, 0, maxRawJSON)
+	out = append(out, head...)
+	limit := maxRawJSON - len(tail)
+	for i := 0; i < len(b); {
+		r, size := utf8.DecodeRune(b[i:])
+		i += size
+		var esc string
+		switch {
+		case r == '"':
+			esc = `\"`
+		case r == '\\':
+			esc = `\\`
+		case r == 0 || r == utf8.RuneError:
+			esc = "\ufffd" // not expected in JSON text; jsonb refuses \u0000
+		case r < 0x20:
+			esc = fmt.Sprintf(`\u%04x`, r)
+		default:
+			esc = string(r)
+		}
+		if len(out)+len(esc) > limit {
+			break
+		}
+		out = append(out, esc...)
+	}
+	return append(out, tail...)
+}
+
+// jsonSafe returns v in a form that json.Marshal encodes as JSON jsonb
+// takes: text with NUL bytes or invalid UTF-8 and non-finite floats as
+// escaped text, maps and slices element by element, and any other value
+// as its own JSON (json.RawMessage) unless that fails or jsonb would
+// refuse it, in which case as its displayValue.
 func jsonSafe(v any) any {
 	switch x := v.(type) {
+	case nil, bool, int, int8, int16, int32, int64, uint, uint8, uint16, uint32, uint64:
+		return v
 	case string:
 		if strings.IndexByte(x, 0) >= 0 || !utf8.ValidString(x) {
 			return strconv.QuoteToASCII(x)
@@ -508,12 +1159,13 @@ func jsonSafe(v any) any {
 		if math.IsNaN(x) || math.IsInf(x, 0) {
 			return fmt.Sprint(x)
 		}
+		return x
 	case float32:
 		return jsonSafe(float64(x))
 	case map[string]any:
 		m := make(map[string]any, len(x))
 		for k, e := range x {
-			m[k] = jsonSafe(e)
+			m[jsonSafeKey(k)] = jsonSafe(e)
 		}
 		return m
 	case []any:
@@ -523,5 +1175,27 @@ func jsonSafe(v any) any {
 		}
 		return s
 	}
-	return v
+	b, err := marshalJSON(v)
+	if err != nil || !utf8.Valid(b) || jsonbReason(b) != "" {
+		return displayValue(v)
+	}
+	return json.RawMessage(b)
+}
+
+func jsonSafeKey(k string) string {
+	if strings.IndexByte(k, 0) >= 0 || !utf8.ValidString(k) {
+		return strconv.QuoteToASCII(k)
+	}
+	return k
+}
+
+// marshalJSON is json.Marshal, with a panicking MarshalJSON or String
+// method an error.
+func marshalJSON(v any) (b []byte, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("panic: %v", r)
+		}
+	}()
+	return json.Marshal(v)
 }
