@@ -140,11 +140,47 @@ type Target struct {
 	// (timestamptz), on every inserted or updated row. It is excluded from
 	// change detection, so a replay does not touch it.
 	IngestedAt string
+	// Lineage names the lineage columns the library maintains on target
+	// rows. By default it uses the columns named backfill_inserted_by and
+	// backfill_updated_by (bigint) when the table has them.
+	Lineage Lineage
 	// HashColumn, if set, names a column that stores a hash of the non-key
 	// columns (see [RowHash]). The merge then compares hashes instead of
 	// every column to detect changes. It never identifies a row.
 	HashColumn string
 }
+
+// Lineage configures the lineage columns of a [Target]: which batch
+// inserted a row and which batch last changed it. They are written on
+// every insert and update, never compared (a replay does not touch them),
+// and they let a rollback refuse to undo rows that a later batch changed.
+// Ingestion time is [Target.IngestedAt].
+type Lineage struct {
+	// InsertedBy names a bigint column set to the batch ID that inserted
+	// the row; default "backfill_inserted_by" when the table has it.
+	InsertedBy string
+	// UpdatedBy names a bigint column set to the batch ID that last
+	// inserted or changed the row; default "backfill_updated_by" when the
+	// table has it.
+	UpdatedBy string
+	// Off disables lineage even when the default columns exist.
+	Off bool
+}
+
+// RollbackMechanism is how a job's batches can be withdrawn, chosen before
+// writing and recorded in the plan ([Job.Rollback]).
+type RollbackMechanism string
+
+const (
+	// RollbackUndoLog keeps, in the chunk's transaction, the prior image of
+	// every row a batch updated (and the SCD2 intervals it closed), and
+	// finds the rows it inserted by lineage; [Runner.Rollback] restores
+	// them. It needs the Lineage UpdatedBy and InsertedBy columns. The
+	// default when the target has them.
+	RollbackUndoLog RollbackMechanism = "undo_log"
+	// RollbackNone explicitly accepts that batches cannot be withdrawn.
+	RollbackNone RollbackMechanism = "none"
+)
 
 // Job is one backfill: what to read (Chunker + Extractor), where to write
 // (Target) and the lineage to record. A Job is frozen into a plan when a run
@@ -192,6 +228,11 @@ type Job struct {
 	// the run pauses until [Runner.Resume]. See validate_pg.go for the
 	// PostgreSQL checks.
 	Validators []Validator
+	// Rollback is the rollback mechanism. Empty means RollbackUndoLog when
+	// the target has lineage columns; without them the job must say
+	// RollbackNone explicitly ([ErrInvalidConfig] otherwise), so that no
+	// backfill runs without a decided way back.
+	Rollback RollbackMechanism
 	// Watermark, if set, is asked for the source's high-water mark when a
 	// run is created; the manifest records it, and [Runner.Handoff] rescans
 	// from it. See [SafetyLag] and [PGSourceWatermark].

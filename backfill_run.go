@@ -16,6 +16,8 @@ import (
 
 	"github.com/jmoiron/sqlx"
 	"golang.org/x/sync/errgroup"
+
+	"github.com/pgbackfill/backfill/internal/sqlgen"
 )
 
 // DB is what a [Runner] needs from a database: an executor for
@@ -166,6 +168,19 @@ func (r *Runner) Run(ctx context.Context, job Job) (Report, error) {
 	if job.ChunkColumn != "" && !slices.ContainsFunc(info.Columns[:info.Written], func(c Column) bool { return c.Name == job.ChunkColumn }) {
 		return Report{}, fmt.Errorf("backfill: job %q: %w: ChunkColumn %q is not a written column of %q", job.Name, ErrInvalidConfig, job.ChunkColumn, info.Target.Table)
 	}
+	mech, err := rollbackMechanism(job, info)
+	if err != nil {
+		return Report{}, err
+	}
+	job.Rollback = mech
+	undoTable := ""
+	if mech == RollbackUndoLog {
+		pm, ok := r.cfg.Manifest.(*PGManifest)
+		if !ok {
+			return Report{}, fmt.Errorf("backfill: job %q: %w: the undo log lives in the PostgreSQL manifest's schema", job.Name, ErrUnsupported)
+		}
+		undoTable = sqlgen.Ident(pm.schema) + ".undo"
+	}
 	plan := NewPlan(job, info, chunks)
 	if job.Watermark != nil {
 		wm, err := job.Watermark.Watermark(ctx)
@@ -186,7 +201,7 @@ func (r *Runner) Run(ctx context.Context, job Job) (Report, error) {
 		rep, err := r.report(ctx, run, resumed)
 		return rep, errors.Join(err, fmt.Errorf("backfill: job %q batch %d: %w: %s; resume it with Runner.Resume", job.Name, run.BatchID, ErrRunPaused, run.LastError))
 	}
-	ex := &execution{r: r, job: job, info: info, plan: plan, batchID: run.BatchID, log: log}
+	ex := &execution{r: r, job: job, info: info, plan: plan, batchID: run.BatchID, log: log, undoTable: undoTable}
 	if run.Status != RunCompleted {
 		ex.work(ctx)
 	}
@@ -246,6 +261,8 @@ type execution struct {
 	failed *ChunkError
 	stop   bool
 	tries  map[int]int // failed attempts per chunk Seq in this call
+	// undoTable is where the merger logs undo images ("" for none).
+	undoTable string
 }
 
 func (ex *execution) stopped() bool {
@@ -387,12 +404,14 @@ func (ex *execution) runChunk(ctx context.Context) (res ChunkResult, claimed boo
 	chunkErr := func(err error) error { return &ChunkError{Chunk: c, Attempt: attempt, Err: err} }
 	started := time.Now()
 
-	stager, err := r.cfg.Merger.Stage(ctx, tx, ex.info)
+	info := ex.info
+	info.Chunk = ChunkRef{BatchID: ex.batchID, Seq: c.Seq, UndoTable: ex.undoTable}
+	stager, err := r.cfg.Merger.Stage(ctx, tx, info)
 	if err != nil {
 		return res, true, attempt, chunkErr(err)
 	}
 	defer stager.Close()
-	w := newRowWriter(c, ex.job, ex.info, stager, r.cfg.MaxRejectsPerChunk, started)
+	w := newRowWriter(c, ex.job, info, stager, r.cfg.MaxRejectsPerChunk, started)
 	xerr := extractSafely(ctx, ex.job.Extractor, c, w)
 	w.closed = true
 	if w.err != nil {
@@ -547,6 +566,8 @@ func (w *rowWriter) Write(ctx context.Context, values ...any) error {
 			w.buf[i] = k
 		case "ingested":
 			w.buf[i] = w.ingested
+		case "inserted_by", "updated_by":
+			w.buf[i] = w.info.Chunk.BatchID
 		case "hash":
 			sum := rowHash(w.info, w.buf[:n])
 			if col.BaseType == "bytea" || col.BaseType == "" {
@@ -701,4 +722,24 @@ func (r *Runner) Resume(ctx context.Context, job Job, actor, why string) (Report
 		return Report{}, err
 	}
 	return r.Run(ctx, job)
+}
+
+// rollbackMechanism resolves Job.Rollback against the prepared target.
+func rollbackMechanism(job Job, info TableInfo) (RollbackMechanism, error) {
+	lineage := info.Target.Lineage.InsertedBy != "" && info.Target.Lineage.UpdatedBy != ""
+	switch job.Rollback {
+	case RollbackNone:
+		return RollbackNone, nil
+	case RollbackUndoLog:
+		if !lineage {
+			return "", fmt.Errorf("backfill: job %q: %w: RollbackUndoLog needs the lineage columns (Target.Lineage; bigint backfill_inserted_by and backfill_updated_by by default) on %q", job.Name, ErrInvalidConfig, info.Target.Table)
+		}
+		return RollbackUndoLog, nil
+	case "":
+		if lineage {
+			return RollbackUndoLog, nil
+		}
+		return "", fmt.Errorf("backfill: job %q: %w: no rollback mechanism: add lineage columns to %q (bigint backfill_inserted_by, backfill_updated_by) for an undo log, or accept Job.Rollback = RollbackNone", job.Name, ErrInvalidConfig, info.Target.Table)
+	}
+	return "", fmt.Errorf("backfill: job %q: %w: Job.Rollback %q is not supported", job.Name, ErrInvalidConfig, job.Rollback)
 }

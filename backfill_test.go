@@ -34,6 +34,8 @@ func newItems(t *testing.T) *itemsSetup {
 		name varchar(12),
 		amount numeric(10,2),
 		seen_at timestamptz,
+		backfill_inserted_by bigint,
+		backfill_updated_by bigint,
 		PRIMARY KEY (tenant, id))`)
 	require.NoError(t, err)
 	return &itemsSetup{db: db}

@@ -60,7 +60,8 @@ func init() {
 func createItems(t *testing.T, db *sqlx.DB) {
 	t.Helper()
 	_, err := db.Exec(`CREATE TABLE items (tenant text NOT NULL, id bigint NOT NULL, name varchar(12),
-		amount numeric(10,2), seen_at timestamptz, PRIMARY KEY (tenant, id))`)
+		amount numeric(10,2), seen_at timestamptz, backfill_inserted_by bigint, backfill_updated_by bigint,
+		PRIMARY KEY (tenant, id))`)
 	require.NoError(t, err)
 }
 

@@ -12,7 +12,7 @@ import (
 // runOnce runs a one-chunk job writing rows into a fake target and prints
 // its counts. The fakes behave like PostgreSQL (same conformance suite).
 func runOnce(r *backfill.Runner, name string, target backfill.Target, rows ...[]any) backfill.Report {
-	job := backfill.Job{Name: name, Chunker: backfill.List("batch"), Target: target, NewRun: true,
+	job := backfill.Job{Name: name, Chunker: backfill.List("batch"), Target: target, NewRun: true, Rollback: backfill.RollbackNone,
 		Extractor: backfill.ExtractorFunc(func(ctx context.Context, c backfill.Chunk, w backfill.RowWriter) error {
 			for _, row := range rows {
 				if err := w.Write(ctx, row...); err != nil {

@@ -46,7 +46,8 @@ func Example_resume() {
 			}
 			return nil
 		}),
-		Target: backfill.Target{Table: "readings", Key: []string{"sensor", "minute"}},
+		Rollback: backfill.RollbackNone,
+		Target:   backfill.Target{Table: "readings", Key: []string{"sensor", "minute"}},
 	}
 
 	report, err := r.Run(ctx, job)

@@ -57,6 +57,8 @@ type Plan struct {
 	// ChunkIDs lists the chunk IDs in order; the chunks themselves are
 	// rows of the manifest.
 	ChunkIDs []string `json:"chunk_ids"`
+	// Rollback is the job's rollback mechanism, decided before writing.
+	Rollback RollbackMechanism `json:"rollback,omitempty"`
 	// Time records the job's time declarations (omitted when none).
 	Time *PlanTime `json:"time,omitempty"`
 	// Chunks are the plan's chunks (not part of the JSON form).
@@ -83,6 +85,8 @@ type PlanTarget struct {
 	ValidTo    string          `json:"valid_to,omitempty"`
 	Derive     []string        `json:"derive,omitempty"`
 	HashColumn string          `json:"hash_column,omitempty"`
+	InsertedBy string          `json:"inserted_by,omitempty"`
+	UpdatedBy  string          `json:"updated_by,omitempty"`
 }
 
 // PlanTime is the frozen time declarations of a [Job].

@@ -42,7 +42,10 @@ func NewPlan(job Job, info TableInfo, chunks []Chunk) Plan {
 			ValidTo:    info.Target.ValidTo,
 			Derive:     derive,
 			HashColumn: info.Target.HashColumn,
+			InsertedBy: info.Target.Lineage.InsertedBy,
+			UpdatedBy:  info.Target.Lineage.UpdatedBy,
 		},
+		Rollback: job.Rollback,
 		ChunkIDs: ids,
 		Chunks:   chunks,
 	}
@@ -98,6 +101,9 @@ func PlanDiff(a, b Plan) []string {
 	add("target.valid_to", a.Target.ValidTo, b.Target.ValidTo)
 	add("target.derive", a.Target.Derive, b.Target.Derive)
 	add("target.hash_column", a.Target.HashColumn, b.Target.HashColumn)
+	add("target.inserted_by", a.Target.InsertedBy, b.Target.InsertedBy)
+	add("target.updated_by", a.Target.UpdatedBy, b.Target.UpdatedBy)
+	add("rollback", a.Rollback, b.Rollback)
 	var at, bt PlanTime
 	if a.Time != nil {
 		at = *a.Time

@@ -53,6 +53,9 @@ type TableInfo struct {
 	Columns []Column
 	// Written is how many of Columns the extractor writes.
 	Written int
+	// Chunk is set by the runner for each chunk before [Merger.Stage]: the
+	// batch and chunk being merged, for lineage and the undo log.
+	Chunk ChunkRef
 
 	// keyIndexes names the unique indexes that cover the identity
 	// (PGMerger).
@@ -67,6 +70,17 @@ func (info TableInfo) identity() []string {
 		id = append(id, info.Target.ValidFrom)
 	}
 	return id
+}
+
+// ChunkRef names the chunk a stager merges and where its undo log goes.
+type ChunkRef struct {
+	// BatchID is the run's batch ID, written to lineage columns.
+	BatchID int64
+	// Seq is the chunk's position in its plan.
+	Seq int
+	// UndoTable is the quoted, schema-qualified undo log table
+	// ("backfill"."undo"), or "" for no undo log ([RollbackNone]).
+	UndoTable string
 }
 
 // MergeResult counts what a merge did with the staged rows:

@@ -223,6 +223,7 @@ type pgMergeSQL struct {
 
 func buildMergeSQL(info TableInfo) pgMergeSQL {
 	t := info.Target
+	undo := info.Chunk.UndoTable
 	names := make([]string, len(info.Columns))
 	var defs []string
 	h := sha256.New()
@@ -253,8 +254,13 @@ func buildMergeSQL(info TableInfo) pgMergeSQL {
 	// in Keyless mode the sources of derived keys are the key's raw forms:
 	// rows that differ only there are the same record (the first one seen
 	// is kept).
+	lineage := func(n string) bool {
+		return n != "" && (n == t.Lineage.InsertedBy || n == t.Lineage.UpdatedBy)
+	}
+	// written on update: the content but the batch that inserted the row.
+	setCols := slices.DeleteFunc(slices.Clone(content), func(n string) bool { return n != "" && n == t.Lineage.InsertedBy })
 	tracked := slices.DeleteFunc(slices.Clone(content), func(n string) bool {
-		if n == t.IngestedAt || n == t.HashColumn {
+		if n == t.IngestedAt || n == t.HashColumn || lineage(n) {
 			return true
 		}
 		return t.Mode == Keyless && slices.ContainsFunc(t.Derive, func(r KeyRule) bool { return r.From == n })
@@ -362,30 +368,50 @@ func buildMergeSQL(info TableInfo) pgMergeSQL {
 		}
 		update := "SELECT WHERE false"
 		if apply != "false" {
-			sets := make([]string, len(content))
-			for i, n := range content {
+			sets := make([]string, len(setCols))
+			for i, n := range setCols {
 				sets[i] = sqlgen.Ident(n) + " = j." + sqlgen.Ident(n)
 			}
 			update = fmt.Sprintf(`UPDATE %s t SET %s FROM j WHERE j._backfill_apply AND %s RETURNING 1`,
 				target, strings.Join(sets, ", "), idEq("t", "j"))
 		}
 		q.insertAll = fmt.Sprintf(`INSERT INTO %s (%s) SELECT %s FROM %s`, target, sqlgen.List("", names), sqlgen.List("", names), stage)
+		before, undoCTEs := "", ""
+		if undo != "" {
+			// The undo log: the keys inserted and the prior image of every
+			// row updated, in the same statement and transaction.
+			before = fmt.Sprintf(", CASE WHEN coalesce(%s, false) THEN to_jsonb(t) END AS _backfill_before", apply)
+			undoCTEs = fmt.Sprintf(`,
+			ui AS (INSERT INTO %[1]s (batch_id, seq, op, key) SELECT $1::bigint, $2::int, 'insert', %[2]s FROM j WHERE NOT j._backfill_found),
+			uu AS (INSERT INTO %[1]s (batch_id, seq, op, key, before) SELECT $1::bigint, $2::int, 'update', %[2]s, j._backfill_before FROM j WHERE j._backfill_apply)`,
+				undo, keyJSON("j", identity))
+			q.insertAll = fmt.Sprintf(`WITH i AS (%s RETURNING %s)
+				INSERT INTO %s (batch_id, seq, op, key) SELECT $1::bigint, $2::int, 'insert', %s FROM i`,
+				q.insertAll, sqlgen.List("", identity), undo, keyJSON("i", identity))
+		}
 		q.upsert = fmt.Sprintf(`WITH j AS MATERIALIZED (
-				SELECT s.*, t.%[4]s IS NOT NULL AS _backfill_found, coalesce(%[5]s, false) AS _backfill_apply
+				SELECT s.*, t.%[4]s IS NOT NULL AS _backfill_found, coalesce(%[5]s, false) AS _backfill_apply%[9]s
 				FROM %[1]s s LEFT JOIN %[2]s t ON %[6]s),
 			u AS (%[7]s),
-			i AS (INSERT INTO %[2]s (%[3]s) SELECT %[8]s FROM j WHERE NOT j._backfill_found RETURNING 1)
+			i AS (INSERT INTO %[2]s (%[3]s) SELECT %[8]s FROM j WHERE NOT j._backfill_found RETURNING 1)%[10]s
 			SELECT (SELECT count(*) FROM u) AS updated, (SELECT count(*) FROM i) AS inserted,
 				(SELECT count(*) FROM j WHERE j._backfill_found AND NOT j._backfill_apply) AS unchanged`,
-			stage, target, sqlgen.List("", names), sqlgen.Ident(t.Key[0]), apply, idEq("t", "s"), update, sqlgen.List("j.", names))
+			stage, target, sqlgen.List("", names), sqlgen.Ident(t.Key[0]), apply, idEq("t", "s"), update, sqlgen.List("j.", names),
+			before, undoCTEs)
 	}
-	if t.Mode == History && len(content) > 0 {
-		sets := make([]string, len(content))
-		for i, n := range content {
+	if t.Mode == History && len(setCols) > 0 {
+		sets := make([]string, len(setCols))
+		for i, n := range setCols {
 			sets[i] = sqlgen.Ident(n) + " = s." + sqlgen.Ident(n)
 		}
-		q.update = fmt.Sprintf(`UPDATE %s t SET %s FROM %s s WHERE %s AND %s`,
-			target, strings.Join(sets, ", "), stage, idEq("t", "s"), distinct("t", "s"))
+		with := ""
+		if undo != "" {
+			with = fmt.Sprintf(`WITH b AS (INSERT INTO %s (batch_id, seq, op, key, before)
+				SELECT $1::bigint, $2::int, 'update', %s, to_jsonb(t) FROM %s t JOIN %s s ON %s WHERE %s) `,
+				undo, keyJSON("t", identity), target, stage, idEq("t", "s"), distinct("t", "s"))
+		}
+		q.update = fmt.Sprintf(`%sUPDATE %s t SET %s FROM %s s WHERE %s AND %s`,
+			with, target, strings.Join(sets, ", "), stage, idEq("t", "s"), distinct("t", "s"))
 	}
 
 	if t.Mode == History {
@@ -401,11 +427,23 @@ func buildMergeSQL(info TableInfo) pgMergeSQL {
 			FROM %[2]s s WHERE NOT EXISTS (SELECT 1 FROM %[1]s t WHERE %[5]s)`,
 			target, stage, sqlgen.List("", names), sqlgen.List("s.", names), idEq("t", "s"), vf, vt,
 			sqlgen.Equal("t2", "s", t.Key), sqlgen.Equal("s2", "s", t.Key))
-		q.closeIntervals = fmt.Sprintf(`UPDATE %[1]s t SET %[5]s = x.next_from
-			FROM (SELECT %[3]s, %[4]s, lead(%[4]s) OVER (PARTITION BY %[3]s ORDER BY %[4]s) AS next_from
-				FROM %[1]s WHERE (%[3]s) IN (SELECT %[3]s FROM %[2]s)) x
+		q.insert = withInsertUndo(q.insert, undo, identity)
+		lineageSet, undoCTE := "", ""
+		if t.Lineage.UpdatedBy != "" {
+			// Closing an interval is a change by this batch.
+			lineageSet = fmt.Sprintf(", %[1]s = (SELECT s.%[1]s FROM %[2]s s LIMIT 1)", sqlgen.Ident(t.Lineage.UpdatedBy), stage)
+		}
+		if undo != "" {
+			undoCTE = fmt.Sprintf(`, b AS (INSERT INTO %s (batch_id, seq, op, key, before)
+				SELECT $1::bigint, $2::int, 'update', %s, to_jsonb(t) FROM %s t JOIN x ON %s AND t.%s = x.%s
+				WHERE t.%s IS DISTINCT FROM x.next_from)`,
+				undo, keyJSON("t", identity), target, sqlgen.Equal("t", "x", t.Key), vf, vf, vt)
+		}
+		q.closeIntervals = fmt.Sprintf(`WITH x AS (SELECT %[3]s, %[4]s, lead(%[4]s) OVER (PARTITION BY %[3]s ORDER BY %[4]s) AS next_from
+				FROM %[1]s WHERE (%[3]s) IN (SELECT %[3]s FROM %[2]s))%[8]s
+			UPDATE %[1]s t SET %[5]s = x.next_from%[7]s FROM x
 			WHERE %[6]s AND t.%[4]s = x.%[4]s AND t.%[5]s IS DISTINCT FROM x.next_from`,
-			target, stage, key, vf, vt, sqlgen.Equal("t", "x", t.Key))
+			target, stage, key, vf, vt, sqlgen.Equal("t", "x", t.Key), lineageSet, undoCTE)
 		q.checkIntervals = fmt.Sprintf(`SELECT DISTINCT %[3]s FROM (
 				SELECT %[3]s, %[4]s, %[5]s, lead(%[4]s) OVER (PARTITION BY %[3]s ORDER BY %[4]s) AS next_from
 				FROM %[1]s WHERE (%[3]s) IN (SELECT %[3]s FROM %[2]s)) x
@@ -414,8 +452,39 @@ func buildMergeSQL(info TableInfo) pgMergeSQL {
 	} else {
 		q.insert = fmt.Sprintf(`INSERT INTO %s (%s) SELECT %s FROM %s s WHERE NOT EXISTS (SELECT 1 FROM %s t WHERE %s)`,
 			target, sqlgen.List("", names), sqlgen.List("s.", names), stage, target, idEq("t", "s"))
+		q.insert = withInsertUndo(q.insert, undo, identity)
 	}
 	return q
+}
+
+// keyJSON builds a jsonb object of the identity columns of alias, the
+// undo log's key.
+func keyJSON(alias string, identity []string) string {
+	parts := make([]string, len(identity))
+	for i, n := range identity {
+		parts[i] = pq.QuoteLiteral(n) + ", " + alias + "." + sqlgen.Ident(n)
+	}
+	return "jsonb_build_object(" + strings.Join(parts, ", ") + ")"
+}
+
+// withInsertUndo wraps an INSERT so that it also logs the inserted keys,
+// still reporting the inserted row count (as the rows the outer INSERT
+// logs, one per inserted row).
+func withInsertUndo(insert, undo string, identity []string) string {
+	if undo == "" {
+		return insert
+	}
+	return fmt.Sprintf(`WITH i AS (%s RETURNING %s)
+		INSERT INTO %s (batch_id, seq, op, key) SELECT $1::bigint, $2::int, 'insert', %s FROM i`,
+		insert, sqlgen.List("", identity), undo, keyJSON("i", identity))
+}
+
+// undoArgs are the bind parameters of statements that write the undo log.
+func (s *pgStager) args(query string) []any {
+	if strings.Contains(query, "$1::bigint") {
+		return []any{s.info.Chunk.BatchID, s.info.Chunk.Seq}
+	}
+	return nil
 }
 
 type preparer interface {
@@ -571,6 +640,9 @@ func (s *pgStager) exec(ctx context.Context, what, query string, args ...any) (i
 	if query == "" {
 		return 0, nil
 	}
+	if len(args) == 0 {
+		args = s.args(query)
+	}
 	r, err := s.tx.ExecContext(ctx, query, args...)
 	if err != nil {
 		return 0, fmt.Errorf("backfill: merge %s: %s: %w", s.info.Target.Table, what, s.classify(err))
@@ -697,7 +769,7 @@ func (s *pgStager) Merge(ctx context.Context) (MergeResult, error) {
 			Inserted  int64 `db:"inserted"`
 			Unchanged int64 `db:"unchanged"`
 		}
-		if err := sqlx.GetContext(ctx, s.tx, &n, s.q.upsert); err != nil {
+		if err := sqlx.GetContext(ctx, s.tx, &n, s.q.upsert, s.args(s.q.upsert)...); err != nil {
 			return res, fmt.Errorf("backfill: merge %s: upsert: %w", t.Table, s.classify(err))
 		}
 		res.Updated, res.Inserted = n.Updated, n.Inserted
@@ -771,7 +843,7 @@ func (s *pgStager) Replay(ctx context.Context) (res MergeResult, err error) {
 			Inserted  int64 `db:"inserted"`
 			Unchanged int64 `db:"unchanged"`
 		}
-		if err := sqlx.GetContext(ctx, s.tx, &n, s.q.upsert); err != nil {
+		if err := sqlx.GetContext(ctx, s.tx, &n, s.q.upsert, s.args(s.q.upsert)...); err != nil {
 			return res, fmt.Errorf("backfill: replay %s: %w", t.Table, err)
 		}
 		return MergeResult{Inserted: n.Inserted, Updated: n.Updated, Unchanged: n.Unchanged}, nil
@@ -808,7 +880,7 @@ func (s *pgStager) insertFresh(ctx context.Context, res *MergeResult) (ok bool, 
 	if _, err := s.tx.ExecContext(ctx, `SAVEPOINT backfill_fresh`); err != nil {
 		return false, fmt.Errorf("backfill: merge %s: savepoint: %w", t.Table, err)
 	}
-	r, err := s.tx.ExecContext(ctx, s.q.insertAll)
+	r, err := s.tx.ExecContext(ctx, s.q.insertAll, s.args(s.q.insertAll)...)
 	if err != nil {
 		var pe *pq.Error
 		if errors.As(err, &pe) && pe.Code == "23505" && slices.Contains(s.info.keyIndexes, pe.Constraint) {

@@ -117,9 +117,20 @@ func ResolveTarget(t Target, table []Column, unique [][]string) (TableInfo, erro
 			}
 		}
 	}
+	if !t.Lineage.Off {
+		if _, ok := byName["backfill_inserted_by"]; ok && t.Lineage.InsertedBy == "" {
+			t.Lineage.InsertedBy = "backfill_inserted_by"
+		}
+		if _, ok := byName["backfill_updated_by"]; ok && t.Lineage.UpdatedBy == "" {
+			t.Lineage.UpdatedBy = "backfill_updated_by"
+		}
+	} else {
+		t.Lineage.InsertedBy, t.Lineage.UpdatedBy = "", ""
+	}
 	computed := func(name string) bool {
 		_, d := derived[name]
-		return d || name == t.HashColumn || name == t.IngestedAt || (t.Mode == History && name == t.ValidTo)
+		return d || name == t.HashColumn || name == t.IngestedAt || (t.Mode == History && name == t.ValidTo) ||
+			(name != "" && (name == t.Lineage.InsertedBy || name == t.Lineage.UpdatedBy))
 	}
 	if len(t.Columns) == 0 {
 		for _, c := range table {
@@ -185,6 +196,20 @@ func ResolveTarget(t Target, table []Column, unique [][]string) (TableInfo, erro
 			return TableInfo{}, bad("IngestedAt %q must be timestamptz, not %s", t.IngestedAt, c.Type)
 		}
 		c.Key, c.Computed = false, "ingested"
+		info.Columns = append(info.Columns, c)
+	}
+	for _, l := range []struct{ name, role string }{{t.Lineage.InsertedBy, "inserted_by"}, {t.Lineage.UpdatedBy, "updated_by"}} {
+		if l.name == "" {
+			continue
+		}
+		c, err := col(l.name, "lineage "+l.role)
+		if err != nil {
+			return TableInfo{}, err
+		}
+		if c.BaseType != "" && c.BaseType != "int8" {
+			return TableInfo{}, bad("lineage column %q must be bigint, not %s", l.name, c.Type)
+		}
+		c.Key, c.Computed = false, l.role
 		info.Columns = append(info.Columns, c)
 	}
 	identity := slices.Clone(t.Key)

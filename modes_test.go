@@ -42,6 +42,7 @@ func TestAppendOnlyConflictingReplay(t *testing.T) {
 	require.NoError(t, err)
 	job := backfill.Job{Name: "events", Chunker: backfill.List("file-1"),
 		Extractor: rowsFunc([]any{"e1", "sale", "10.00"}, []any{"e2", "refund", "-5.00"}),
+		Rollback:  backfill.RollbackNone,
 		Target:    backfill.Target{Table: "events", Key: []string{"event_id"}, Mode: backfill.AppendOnly}}
 	_, err = r.Run(ctx, job)
 	require.NoError(t, err)
@@ -83,6 +84,7 @@ func TestKeylessDerivesKeysAndQueuesAmbiguity(t *testing.T) {
 			[]any{nil, "Lima"},            // no name: no key
 			[]any{"Ann", nil},
 		),
+		Rollback: backfill.RollbackNone,
 		Target: backfill.Target{Table: "customers", Key: []string{"customer_key"}, Mode: backfill.Keyless,
 			Columns: []string{"name", "city"},
 			Derive: []backfill.KeyRule{{Column: "customer_key", From: "name",
@@ -123,6 +125,7 @@ func TestHashColumnDetectsChanges(t *testing.T) {
 	job := func(price string, newRun bool) backfill.Job {
 		return backfill.Job{Name: "prices", Chunker: backfill.List("all"), NewRun: newRun,
 			Extractor: rowsFunc([]any{"a", price, nil}, []any{"b", "2", "x"}),
+			Rollback:  backfill.RollbackNone,
 			Target:    backfill.Target{Table: "prices", Key: []string{"sku"}, HashColumn: "row_hash"}}
 	}
 	rep, err := r.Run(ctx, job("1.5", false))

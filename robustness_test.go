@@ -79,7 +79,8 @@ func TestTriggerThatDropsRowsFailsTheChunk(t *testing.T) {
 			}
 			return nil
 		}),
-		Target: backfill.Target{Table: "t", Key: []string{"id"}}})
+		Rollback: backfill.RollbackNone,
+		Target:   backfill.Target{Table: "t", Key: []string{"id"}}})
 	require.ErrorIs(t, err, backfill.ErrAccounting)
 	require.Contains(t, err.Error(), "trigger")
 }
@@ -127,7 +128,8 @@ func TestOtherUniqueViolationsAreNotRetried(t *testing.T) {
 			}
 			return nil
 		}),
-		Target: backfill.Target{Table: "users", Key: []string{"id"}}})
+		Rollback: backfill.RollbackNone,
+		Target:   backfill.Target{Table: "users", Key: []string{"id"}}})
 	var pe *backfill.PartialError
 	require.True(t, errors.As(err, &pe), "%v", err)
 	require.Contains(t, err.Error(), `unique constraint "users_email_key" is not the business key's`)
@@ -146,6 +148,7 @@ func TestTypesWithoutEqualityReplay(t *testing.T) {
 	job := func(newRun bool, tag string) backfill.Job {
 		return backfill.Job{Name: "docs", NewRun: newRun, Chunker: backfill.List("a"),
 			Extractor: rowsFunc([]any{int64(1), `{"{\"a\": 1}","` + tag + `"}`, `("{\"x\": 2}",3)`, "(1,2)"}),
+			Rollback:  backfill.RollbackNone,
 			Target:    backfill.Target{Table: "docs", Key: []string{"id"}}}
 	}
 	_, err = r.Run(ctx, job(false, "{}"))
@@ -168,6 +171,7 @@ func TestNondeterministicCollationKey(t *testing.T) {
 	require.NoError(t, err)
 	rep, err := r.Run(context.Background(), backfill.Job{Name: "fruit", Chunker: backfill.List("a"),
 		Extractor: rowsFunc([]any{"Apple", int64(1)}, []any{"APPLE", int64(2)}, []any{"pear", int64(3)}),
+		Rollback:  backfill.RollbackNone,
 		Target:    backfill.Target{Table: "fruit", Key: []string{"name"}}})
 	require.NoError(t, err)
 	require.Equal(t, backfill.Counts{Read: 3, Inserted: 2, Deduplicated: 1}, rep.Counts, "Apple and APPLE are one key under the collation")

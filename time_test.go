@@ -65,6 +65,7 @@ func timedJob(loc *time.Location, src []time.Time, inclusiveEnd bool, chunkColum
 		Extractor:   timeExtractor(src, inclusiveEnd),
 		ChunkColumn: chunkColumn,
 		DateMeaning: backfill.DateLocalCalendarDay,
+		Rollback:    backfill.RollbackNone,
 		Target:      backfill.Target{Table: "timed", Key: []string{"at"}, Columns: []string{"at", "local_at", "label"}, EventTime: "at"}}
 }
 
@@ -222,7 +223,8 @@ func TestExtractByModificationTime(t *testing.T) {
 		return rows.Err()
 	})
 	job := backfill.Job{Name: "sales", Extractor: extract, ChunkColumn: "modified_at",
-		Chunker: backfill.Months(time.Date(2024, 1, 1, 0, 0, 0, 0, time.UTC), time.Date(2024, 4, 1, 0, 0, 0, 0, time.UTC), time.UTC),
+		Chunker:  backfill.Months(time.Date(2024, 1, 1, 0, 0, 0, 0, time.UTC), time.Date(2024, 4, 1, 0, 0, 0, 0, time.UTC), time.UTC),
+		Rollback: backfill.RollbackNone,
 		Target: backfill.Target{Table: "sales", Key: []string{"id"}, Columns: []string{"id", "event_at", "modified_at", "amount"},
 			EventTime: "event_at", ModifiedAt: "modified_at", IngestedAt: "ingested_at"}}
 	r, err := backfill.New(db, nil)
@@ -301,6 +303,7 @@ func TestHandoffPicksUpRowsCommittedLate(t *testing.T) {
 	job := backfill.Job{Name: "copy", Extractor: extract, ChunkColumn: "modified_at",
 		Chunker:   backfill.Every(now.Add(-3*time.Hour).Truncate(time.Hour), now.Truncate(time.Microsecond), time.Hour, time.UTC),
 		Watermark: backfill.PGSourceWatermark(db),
+		Rollback:  backfill.RollbackNone,
 		Target:    backfill.Target{Table: "dst", Key: []string{"id"}, ModifiedAt: "modified_at"}}
 	r, err := backfill.New(db, nil)
 	require.NoError(t, err)

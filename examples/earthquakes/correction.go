@@ -199,11 +199,14 @@ func countCorrected(ctx context.Context, db *sqlx.DB, table string, corr []Featu
 	return n, nil
 }
 
-// differ counts the rows that are in one table and not in the other.
+// differ counts the rows that are in one table and not in the other,
+// comparing the data columns (lineage columns name different batches in
+// each arrangement).
 func differ(ctx context.Context, db *sqlx.DB, a, b string) (int64, error) {
 	var n int64
+	cols := strings.Join(quakeColumns, ", ")
 	err := db.GetContext(ctx, &n, fmt.Sprintf(`SELECT count(*) FROM (
-		(TABLE %[1]s EXCEPT ALL TABLE %[2]s) UNION ALL (TABLE %[2]s EXCEPT ALL TABLE %[1]s)) d`, a, b))
+		(SELECT %[3]s FROM %[1]s EXCEPT ALL SELECT %[3]s FROM %[2]s) UNION ALL (SELECT %[3]s FROM %[2]s EXCEPT ALL SELECT %[3]s FROM %[1]s)) d`, a, b, cols))
 	if err != nil {
 		return 0, fmt.Errorf("compare %s with %s: %w", a, b, err)
 	}

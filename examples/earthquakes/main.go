@@ -54,7 +54,10 @@ CREATE TABLE IF NOT EXISTS earthquakes (
 	tz_offset_min     smallint,
 	lon               double precision,
 	lat               double precision,
-	depth_km          double precision
+	depth_km          double precision,
+	ingested_at       timestamptz,
+	backfill_inserted_by bigint,
+	backfill_updated_by  bigint
 );
 CREATE INDEX IF NOT EXISTS earthquakes_event_time ON earthquakes (event_time);
 COMMENT ON TABLE earthquakes IS 'USGS earthquake feed (all_week.geojson of 2018-02-07, from vega-datasets@3.2.1 earthquakes.json)';

@@ -56,7 +56,9 @@ CREATE TABLE IF NOT EXISTS airports (
 	state     varchar(2),
 	country   text             NOT NULL,
 	latitude  double precision NOT NULL,
-	longitude double precision NOT NULL
+	longitude double precision NOT NULL,
+	backfill_inserted_by bigint,
+	backfill_updated_by  bigint
 );
 COMMENT ON TABLE airports IS 'vega-datasets@3.2.1 airports.csv; iata holds FAA location identifiers (3-4 characters)';
 
@@ -67,6 +69,8 @@ CREATE TABLE IF NOT EXISTS flights (
 	seq         integer    NOT NULL CHECK (seq >= 1),
 	delay       integer,
 	distance    integer,
+	backfill_inserted_by bigint,
+	backfill_updated_by  bigint,
 	PRIMARY KEY (dep_local, origin, destination, seq)
 );
 COMMENT ON TABLE flights IS 'vega-datasets@3.2.1 flights-3m.parquet (BTS on-time data, Jan-Jun 2001)';

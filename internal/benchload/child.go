@@ -214,6 +214,9 @@ func loadLib(ctx context.Context, db *sqlx.DB, o childOpts, st *stats) (backfill
 		Extractor:   generator{st: st},
 		Target:      backfill.Target{Table: o.table, Key: keyColumns, Columns: allColumns},
 		NewRun:      o.newRun,
+		// The baseline keeps no undo log either; the rollback benchmark
+		// measures the undo log's cost.
+		Rollback: backfill.RollbackNone,
 	}
 	rep, err := r.Run(ctx, job)
 	if err != nil {
