@@ -256,7 +256,7 @@ func (m *PGManifest) StartRun(ctx context.Context, db sqlx.ExtContext, plan Plan
 			same := prev.Fingerprint == plan.Fingerprint
 			switch {
 			case same && !newRun:
-				if prev.Status != RunCompleted && prev.Status != RunPaused {
+				if prev.Status != RunCompleted && prev.Status != RunPaused && prev.Status != RunRolledBack {
 					if _, err := tx.ExecContext(ctx, m.sql(`UPDATE {s}.chunks SET status = 'pending' WHERE batch_id = $1 AND status = 'failed'`), prev.BatchID); err != nil {
 						return err
 					}

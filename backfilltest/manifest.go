@@ -111,7 +111,7 @@ func (m *Manifest) StartRun(ctx context.Context, db sqlx.ExtContext, plan backfi
 		same := prev.run.Fingerprint == plan.Fingerprint
 		switch {
 		case same && !newRun:
-			if prev.run.Status != backfill.RunCompleted && prev.run.Status != backfill.RunPaused {
+			if prev.run.Status != backfill.RunCompleted && prev.run.Status != backfill.RunPaused && prev.run.Status != backfill.RunRolledBack {
 				for i := range prev.chunks {
 					if prev.chunks[i].Status == backfill.ChunkFailed {
 						prev.chunks[i].Status = backfill.ChunkPending

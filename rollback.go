@@ -1,0 +1,229 @@
+package backfill
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+)
+
+// RollbackOptions configures [Runner.Rollback].
+type RollbackOptions struct {
+	// BatchID is the batch to roll back; 0 means the job's latest run
+	// that is completed, failed or paused.
+	BatchID int64
+	// ChunkID limits the rollback to one chunk of the batch. Rows that
+	// later chunks of the same batch changed again are restored as they
+	// were before this chunk.
+	ChunkID string
+	// Force rolls back rows that later batches changed too, overwriting
+	// their changes. The choice is recorded in the audit log. Without it a
+	// rollback that meets such rows is refused with [ErrRollbackConflict]
+	// and changes nothing.
+	Force bool
+	// Preview computes what the rollback would do without writing.
+	Preview bool
+	// Actor and Why are recorded in the audit log; both are required
+	// unless Preview.
+	Actor, Why string
+}
+
+// RollbackReport says what a rollback did (or, in a preview, would do).
+type RollbackReport struct {
+	BatchID int64
+	// Chunks is how many chunks this call rolled back (or would).
+	Chunks int
+	// Deleted counts rows the batch inserted that were deleted; Restored
+	// rows the batch updated (or whose SCD2 interval it closed) that got
+	// their prior image back.
+	Deleted, Restored int64
+	// Conflicts counts rows a later batch changed; ConflictKeys lists up
+	// to 100 of their keys as JSON.
+	Conflicts    int64
+	ConflictKeys []string
+	// Preview is true when nothing was written.
+	Preview bool
+	// Status is the batch's run status after the call.
+	Status  RunStatus
+	Elapsed time.Duration
+}
+
+// Rollback withdraws a batch of job (or one of its chunks) using the undo
+// log written during the batch ([RollbackUndoLog]): rows the batch
+// inserted are deleted, rows it updated get their prior image back, SCD2
+// intervals it closed or split are restored. It works in reverse chunk
+// order, one transaction per chunk that also marks the chunk rolled_back
+// in the manifest, so a crash mid-rollback leaves whole chunks and running
+// Rollback again completes it; a rollback of an already rolled back batch
+// changes nothing.
+//
+// Before writing anything it looks for rows that a later batch changed
+// (their lineage UpdatedBy names another batch) and refuses with
+// [ErrRollbackConflict], listing the keys, unless opts.Force. A rollback
+// is recorded in the audit log with who, why, when and the counts; a
+// whole-batch rollback sets the run's status to rolled_back.
+//
+// It needs [PGManifest] and [PGMerger] ([ErrUnsupported] otherwise) and a
+// batch planned with the undo log.
+func (r *Runner) Rollback(ctx context.Context, job Job, opts RollbackOptions) (RollbackReport, error) {
+	begin := time.Now()
+	pm, ok1 := r.cfg.Manifest.(*PGManifest)
+	pg, ok2 := r.cfg.Merger.(*PGMerger)
+	if !ok1 || !ok2 {
+		return RollbackReport{}, fmt.Errorf("backfill: rollback of job %q: %w: the undo log needs PGManifest and PGMerger", job.Name, ErrUnsupported)
+	}
+	if !opts.Preview && (opts.Actor == "" || opts.Why == "") {
+		return RollbackReport{}, fmt.Errorf("backfill: rollback of job %q: %w: Actor and Why are required", job.Name, ErrInvalidConfig)
+	}
+	if err := pm.Init(ctx, r.db); err != nil {
+		return RollbackReport{}, err
+	}
+	run, err := r.rollbackRun(ctx, pm, job.Name, opts.BatchID)
+	if err != nil {
+		return RollbackReport{}, err
+	}
+	var plan Plan
+	if err := json.Unmarshal(run.Plan, &plan); err != nil {
+		return RollbackReport{}, fmt.Errorf("backfill: rollback of batch %d: plan: %w", run.BatchID, err)
+	}
+	if plan.Rollback != RollbackUndoLog {
+		return RollbackReport{}, fmt.Errorf("backfill: rollback of batch %d: %w: it was planned with rollback %q", run.BatchID, ErrUnsupported, cmpOr(plan.Rollback, "none"))
+	}
+	info, err := pg.Prepare(ctx, r.db, job.Target)
+	if err != nil {
+		return RollbackReport{}, err
+	}
+	if info.Target.Table != plan.Target.Table {
+		return RollbackReport{}, fmt.Errorf("backfill: rollback of batch %d: %w: job target %q is not the batch's %q", run.BatchID, ErrInvalidConfig, info.Target.Table, plan.Target.Table)
+	}
+	states, err := pm.Chunks(ctx, r.db, run.BatchID)
+	if err != nil {
+		return RollbackReport{}, err
+	}
+	var seqs []int
+	for _, s := range states {
+		if s.Status == ChunkDone && (opts.ChunkID == "" || s.Chunk.ID == opts.ChunkID) {
+			seqs = append(seqs, s.Chunk.Seq)
+		}
+	}
+	if opts.ChunkID != "" && !slices.ContainsFunc(states, func(s ChunkState) bool { return s.Chunk.ID == opts.ChunkID }) {
+		return RollbackReport{}, fmt.Errorf("backfill: rollback of batch %d: %w: no chunk %q", run.BatchID, ErrInvalidConfig, opts.ChunkID)
+	}
+	slices.Reverse(seqs) // reverse order: the last change first
+	rb := newPGRollback(pm, info)
+	if err := rb.load(ctx, r.db); err != nil {
+		return RollbackReport{}, err
+	}
+	rep := RollbackReport{BatchID: run.BatchID, Preview: opts.Preview, Status: run.Status}
+	if rep.Conflicts, rep.ConflictKeys, err = rb.conflicts(ctx, r.db, run.BatchID, seqs); err != nil {
+		return rep, err
+	}
+	if opts.Preview {
+		rep.Chunks = len(seqs)
+		if rep.Deleted, rep.Restored, err = rb.preview(ctx, r.db, run.BatchID, seqs, opts.Force); err != nil {
+			return rep, err
+		}
+		rep.Elapsed = time.Since(begin)
+		return rep, nil
+	}
+	if rep.Conflicts > 0 && !opts.Force {
+		rep.Elapsed = time.Since(begin)
+		return rep, fmt.Errorf("backfill: rollback of batch %d: %w: %d rows were changed by later batches, e.g. %s; roll those back first or use Force",
+			run.BatchID, ErrRollbackConflict, rep.Conflicts, strings.Join(rep.ConflictKeys[:min(5, len(rep.ConflictKeys))], ", "))
+	}
+	for _, seq := range seqs {
+		deleted, restored, done, err := rb.chunk(ctx, r.db, run.BatchID, seq, opts.Force)
+		if err != nil {
+			return rep, fmt.Errorf("backfill: rollback of batch %d chunk %d: %w", run.BatchID, seq, err)
+		}
+		if done {
+			rep.Chunks++
+			rep.Deleted += deleted
+			rep.Restored += restored
+		}
+	}
+	if rep.Chunks == 0 && run.Status == RunRolledBack {
+		rep.Elapsed = time.Since(begin)
+		return rep, nil // rolled back already: nothing changes
+	}
+	kind := "rollback"
+	if opts.ChunkID != "" {
+		kind = "rollback_chunk"
+	}
+	detail, _ := json.Marshal(map[string]any{"why": opts.Why, "chunk": opts.ChunkID, "force": opts.Force, "chunks": rep.Chunks,
+		"deleted": rep.Deleted, "restored": rep.Restored, "conflicts_overridden": rep.Conflicts * boolInt(opts.Force)})
+	if err := rb.finish(ctx, r.db, run, opts.ChunkID == "", Event{BatchID: run.BatchID, Job: run.Job, Kind: kind, Actor: opts.Actor, Detail: detail}); err != nil {
+		return rep, err
+	}
+	if opts.ChunkID == "" {
+		rep.Status = RunRolledBack
+	}
+	rep.Elapsed = time.Since(begin)
+	r.cfg.Logger.Info("backfill rollback", "job", run.Job, "batch_id", run.BatchID, "chunks", rep.Chunks, "deleted", rep.Deleted,
+		"restored", rep.Restored, "force", opts.Force, "actor", opts.Actor)
+	return rep, nil
+}
+
+func boolInt(b bool) int64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+func (r *Runner) rollbackRun(ctx context.Context, pm *PGManifest, job string, batchID int64) (Run, error) {
+	if batchID != 0 {
+		run, err := pm.Run(ctx, r.db, batchID)
+		if err != nil {
+			return Run{}, err
+		}
+		if run.Job != job {
+			return Run{}, fmt.Errorf("backfill: rollback: %w: batch %d belongs to job %q, not %q", ErrInvalidConfig, batchID, run.Job, job)
+		}
+		return run, nil
+	}
+	run, err := pm.LatestRun(ctx, r.db, job, RunCompleted, RunFailed, RunPaused, RunRolledBack)
+	if err != nil {
+		return Run{}, fmt.Errorf("backfill: rollback of job %q: %w", job, err)
+	}
+	return run, nil
+}
+
+// RollbackModule rolls back the latest batch of each job of a module (a
+// named group of jobs), children before parents: jobs are given parents
+// first, and rolled back in reverse order. It previews every job first
+// and refuses, changing nothing, if any has conflicts (unless Force).
+// opts.BatchID and opts.ChunkID must be zero.
+func (r *Runner) RollbackModule(ctx context.Context, module string, jobs []Job, opts RollbackOptions) ([]RollbackReport, error) {
+	if opts.BatchID != 0 || opts.ChunkID != "" {
+		return nil, fmt.Errorf("backfill: rollback of module %q: %w: BatchID and ChunkID apply to one job", module, ErrInvalidConfig)
+	}
+	preview := opts
+	preview.Preview = true
+	var reports []RollbackReport
+	for i := len(jobs) - 1; i >= 0; i-- {
+		rep, err := r.Rollback(ctx, jobs[i], preview)
+		if err != nil {
+			return nil, err
+		}
+		if rep.Conflicts > 0 && !opts.Force {
+			return nil, fmt.Errorf("backfill: rollback of module %q: job %q: %w: %d rows changed by later batches", module, jobs[i].Name, ErrRollbackConflict, rep.Conflicts)
+		}
+		reports = append(reports, rep)
+	}
+	if opts.Preview {
+		return reports, nil
+	}
+	reports = reports[:0]
+	opts.Why = fmt.Sprintf("module %s: %s", module, opts.Why)
+	for i := len(jobs) - 1; i >= 0; i-- {
+		rep, err := r.Rollback(ctx, jobs[i], opts)
+		reports = append(reports, rep)
+		if err != nil {
+			return reports, err
+		}
+	}
+	return reports, nil
+}

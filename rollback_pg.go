@@ -1,0 +1,149 @@
+package backfill
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	"github.com/jmoiron/sqlx"
+	"github.com/lib/pq"
+
+	"github.com/pgbackfill/backfill/internal/sqlgen"
+)
+
+// pgRollback is the SQL of a rollback of one target from the undo log of
+// a [PGManifest]'s schema. Undo rows are matched to target rows through
+// jsonb_populate_record (PostgreSQL docs, 9.16 "JSON Functions"), which
+// turns the logged key or prior image back into a row of the target type.
+type pgRollback struct {
+	m        *PGManifest
+	info     TableInfo
+	target   string // quoted
+	undo     string // quoted
+	identity []string
+	updated  string // quoted lineage UpdatedBy column
+	columns  []string
+}
+
+func newPGRollback(m *PGManifest, info TableInfo) *pgRollback {
+	return &pgRollback{m: m, info: info, target: sqlgen.Table(info.Target.Table), undo: sqlgen.Ident(m.schema) + ".undo",
+		identity: info.identity(), updated: sqlgen.Ident(info.Target.Lineage.UpdatedBy)}
+}
+
+// load reads the target's updatable columns (not generated, not identity
+// ALWAYS): a prior image restores all of them.
+func (rb *pgRollback) load(ctx context.Context, db sqlx.ExtContext) error {
+	err := sqlx.SelectContext(ctx, db, &rb.columns, `SELECT a.attname::text FROM pg_attribute a
+		WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = '' AND a.attidentity <> 'a'
+		ORDER BY a.attnum`, rb.target)
+	if err != nil {
+		return fmt.Errorf("backfill: rollback %s: columns: %w", rb.info.Target.Table, err)
+	}
+	return nil
+}
+
+func (rb *pgRollback) match() string { return sqlgen.Equal("t", "r", rb.identity) }
+
+// conflicts counts the rows of the chunks' undo log that a later batch
+// changed, with up to 100 of their keys.
+func (rb *pgRollback) conflicts(ctx context.Context, db sqlx.ExtContext, batch int64, seqs []int) (int64, []string, error) {
+	var rows []struct {
+		N   int64  `db:"n"`
+		Key string `db:"key"`
+	}
+	err := sqlx.SelectContext(ctx, db, &rows, fmt.Sprintf(`WITH c AS (
+			SELECT DISTINCT u.key FROM %[1]s u CROSS JOIN LATERAL jsonb_populate_record(NULL::%[2]s, u.key) r
+			JOIN %[2]s t ON %[3]s
+			WHERE u.batch_id = $1 AND u.seq = ANY ($2::int[]) AND t.%[4]s IS DISTINCT FROM $1)
+		SELECT (SELECT count(*) FROM c) AS n, c.key::text AS key FROM c ORDER BY c.key::text LIMIT 100`,
+		rb.undo, rb.target, rb.match(), rb.updated), batch, pq.Array(seqs))
+	if err != nil {
+		return 0, nil, fmt.Errorf("backfill: rollback %s: conflicts: %w", rb.info.Target.Table, err)
+	}
+	if len(rows) == 0 {
+		return 0, nil, nil
+	}
+	keys := make([]string, len(rows))
+	for i, r := range rows {
+		keys[i] = r.Key
+	}
+	return rows[0].N, keys, nil
+}
+
+// preview counts the rows a rollback of the chunks would delete and
+// restore.
+func (rb *pgRollback) preview(ctx context.Context, db sqlx.ExtContext, batch int64, seqs []int, force bool) (deleted, restored int64, err error) {
+	var n struct {
+		Deleted  int64 `db:"deleted"`
+		Restored int64 `db:"restored"`
+	}
+	err = sqlx.GetContext(ctx, db, &n, fmt.Sprintf(`SELECT
+			count(DISTINCT u.key) FILTER (WHERE u.op = 'insert') AS deleted,
+			count(DISTINCT u.key) FILTER (WHERE u.op = 'update') AS restored
+		FROM %[1]s u CROSS JOIN LATERAL jsonb_populate_record(NULL::%[2]s, u.key) r
+		JOIN %[2]s t ON %[3]s
+		WHERE u.batch_id = $1 AND u.seq = ANY ($2::int[]) AND (t.%[4]s IS NOT DISTINCT FROM $1 OR $3)`,
+		rb.undo, rb.target, rb.match(), rb.updated), batch, pq.Array(seqs), force)
+	if err != nil {
+		return 0, 0, fmt.Errorf("backfill: rollback %s: preview: %w", rb.info.Target.Table, err)
+	}
+	return n.Deleted, n.Restored, nil
+}
+
+// chunk rolls back one chunk in its own transaction, with the chunk's
+// manifest row as checkpoint. done is false when the chunk was not (or no
+// longer) done: rolled back by an earlier, interrupted call.
+func (rb *pgRollback) chunk(ctx context.Context, db sqlx.ExtContext, batch int64, seq int, force bool) (deleted, restored int64, done bool, err error) {
+	err = inTx(ctx, db, func(tx sqlx.ExtContext) error {
+		var status []string
+		if err := sqlx.SelectContext(ctx, tx, &status, rb.m.sql(`SELECT status FROM {s}.chunks WHERE batch_id = $1 AND seq = $2 FOR UPDATE`), batch, seq); err != nil {
+			return err
+		}
+		if len(status) == 0 || status[0] != string(ChunkDone) {
+			return nil
+		}
+		sets := make([]string, len(rb.columns))
+		for i, c := range rb.columns {
+			sets[i] = "r." + sqlgen.Ident(c)
+		}
+		// The earliest prior image of each row in the chunk: the state
+		// before the chunk touched it.
+		res, err := tx.ExecContext(ctx, fmt.Sprintf(`UPDATE %[2]s t SET (%[5]s) = ROW(%[6]s)
+			FROM (SELECT DISTINCT ON (u.key) u.key, u.before FROM %[1]s u
+				WHERE u.batch_id = $1 AND u.seq = $2 AND u.op = 'update' ORDER BY u.key, u.id) u
+			CROSS JOIN LATERAL jsonb_populate_record(NULL::%[2]s, u.before) r
+			WHERE %[3]s AND (t.%[4]s IS NOT DISTINCT FROM $1 OR $3)`,
+			rb.undo, rb.target, rb.match(), rb.updated, sqlgen.List("", rb.columns), strings.Join(sets, ", ")), batch, seq, force)
+		if err != nil {
+			return fmt.Errorf("restore: %w", err)
+		}
+		restored, _ = res.RowsAffected()
+		res, err = tx.ExecContext(ctx, fmt.Sprintf(`DELETE FROM %[2]s t
+			USING %[1]s u CROSS JOIN LATERAL jsonb_populate_record(NULL::%[2]s, u.key) r
+			WHERE u.batch_id = $1 AND u.seq = $2 AND u.op = 'insert' AND %[3]s AND (t.%[4]s IS NOT DISTINCT FROM $1 OR $3)`,
+			rb.undo, rb.target, rb.match(), rb.updated), batch, seq, force)
+		if err != nil {
+			return fmt.Errorf("delete: %w", err)
+		}
+		deleted, _ = res.RowsAffected()
+		if _, err := tx.ExecContext(ctx, rb.m.sql(`UPDATE {s}.chunks SET status = 'rolled_back' WHERE batch_id = $1 AND seq = $2`), batch, seq); err != nil {
+			return err
+		}
+		done = true
+		return nil
+	})
+	return deleted, restored, done, err
+}
+
+// finish records the rollback in the audit log and, for a whole batch,
+// sets the run's status.
+func (rb *pgRollback) finish(ctx context.Context, db sqlx.ExtContext, run Run, whole bool, e Event) error {
+	return inTx(ctx, db, func(tx sqlx.ExtContext) error {
+		if whole {
+			if _, err := tx.ExecContext(ctx, rb.m.sql(`UPDATE {s}.runs SET status = 'rolled_back', updated_at = now() WHERE batch_id = $1`), run.BatchID); err != nil {
+				return err
+			}
+		}
+		return rb.m.RecordEvent(ctx, tx, e)
+	})
+}
