@@ -107,6 +107,38 @@ any number of times, yields the same table (a property test of the
 conformance suite, for the PostgreSQL merger and the fakes alike; for
 SourceWins this holds when chunks do not share keys).
 
+# Time
+
+Chunks are half-open intervals in a declared zone; [Job.ChunkColumn]
+rejects rows an extractor wrote outside their chunk ("outside chunk"),
+[Job.Zone] reads wall-clock values, and times are truncated to
+microseconds. Event time, source modification time and ingestion time are
+distinct ([Target.EventTime], [Target.ModifiedAt], [Target.IngestedAt]).
+[Job.Watermark] records a source high-water mark per run and
+[Runner.Handoff] rescans from it, minus a lookback, before live ingestion
+takes over.
+
+# Quality gates
+
+[Job.Validators] check each chunk after its merge, inside its transaction
+([Validator]; PostgreSQL checks [DuplicateKeys], [Completeness],
+[ReferentialIntegrity], [Aggregates], [ReplayChangesNothing], [Sample],
+[CheckExceptionRate]). Their evidence is appended to the manifest. A
+failed check of [SeverityError] rolls the chunk back and pauses the run
+until [Runner.Resume] records who resumed it and why.
+
+# Lineage and rollback
+
+With [Lineage] columns on the target (bigint backfill_inserted_by and
+backfill_updated_by by default), every row says which batch inserted it and
+which last changed it, and the default [Job.Rollback] is
+[RollbackUndoLog]: each chunk's transaction logs the keys it inserted and
+the prior images of the rows it updated (and SCD2 intervals it closed).
+[Runner.Rollback] withdraws a batch or one chunk in reverse order, one
+transaction per chunk with its own checkpoint, refuses rows a later batch
+changed unless forced, previews without writing, and records who, why and
+the counts. Without lineage, a job must accept [RollbackNone] explicitly.
+
 # Plans and resume
 
 [Runner.Run] freezes the job into a [Plan]: scope, chunk IDs, target,
