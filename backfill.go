@@ -213,10 +213,13 @@ type Job struct {
 	// reason "outside chunk" — catching extractors that use BETWEEN, <=
 	// end or an end-of-day 23:59:59.999. Empty disables the check.
 	ChunkColumn string
-	// Zone is the IANA location in which wall-clock values are read:
-	// values of a ChunkColumn of type timestamp without time zone, and of
-	// type date (midnight). It is never the session's or the machine's
-	// zone. Default time.UTC. Recorded in the plan.
+	// Zone is the IANA location of the job's wall clocks, never the
+	// session's or the machine's zone. A time.Time written to a timestamp
+	// without time zone column is an instant: its wall clock in Zone is
+	// stored. Text written to such a column is a wall clock read in Zone
+	// (for the ChunkColumn check). A date is the civil date of the value as
+	// given; as ChunkColumn it means its midnight in Zone. Default
+	// time.UTC. Recorded in the plan.
 	Zone *time.Location
 	// DateMeaning says what a date-only value of the source means; it is
 	// recorded in the plan (and so in the manifest) for the people who

@@ -3,6 +3,7 @@ package backfill
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"time"
 )
@@ -52,6 +53,9 @@ func (r *Runner) Handoff(ctx context.Context, job Job, opts HandoffOptions) (Rep
 		return Report{}, err
 	}
 	run, err := audit.LatestRun(ctx, r.db, job.Name, RunCompleted)
+	if errors.Is(err, ErrRunNotFound) {
+		return Report{}, fmt.Errorf("backfill: handoff of job %q: %w (no completed run)", job.Name, ErrNoWatermark)
+	}
 	if err != nil {
 		return Report{}, fmt.Errorf("backfill: handoff of job %q: %w", job.Name, err)
 	}
@@ -78,7 +82,7 @@ func (r *Runner) Handoff(ctx context.Context, job Job, opts HandoffOptions) (Rep
 	rescan.NewRun = true
 	rep, runErr := r.Run(ctx, rescan)
 	detail, err := json.Marshal(map[string]any{
-		"watermark": run.Watermark.Format(time.RFC3339Nano), "lookback": opts.Lookback.String(),
+		"watermark": run.Watermark.In(zone).Format(time.RFC3339Nano), "lookback": opts.Lookback.String(),
 		"from": from.In(zone).Format(time.RFC3339Nano), "until": until.In(zone).Format(time.RFC3339Nano),
 		"rescan_batch_id": rep.BatchID, "status": rep.Status, "counts": rep.Counts,
 	})

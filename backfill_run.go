@@ -536,7 +536,13 @@ func (w *rowWriter) Write(ctx context.Context, values ...any) error {
 			fmt.Sprintf("wrong number of values: got %d, want %d (%v)", len(values), n, w.names[:n]))
 	}
 	for i, col := range w.info.Columns[:n] {
-		v, reason := convertValue(col, values[i])
+		in := values[i]
+		if t, ok := in.(time.Time); ok && col.BaseType == "timestamp" {
+			// A time.Time is an instant: store its wall clock in Job.Zone,
+			// whatever location (a source session's TimeZone) it came in.
+			in = t.In(w.zone)
+		}
+		v, reason := convertValue(col, in)
 		if reason != "" {
 			return w.reject(rawJSON(w.names[:n], values, nil), col.Name, displayValue(values[i]), reason)
 		}
@@ -658,8 +664,9 @@ func (w *rowWriter) instant(col Column, v any) (time.Time, bool) {
 	wall := col.BaseType == "timestamp" || col.BaseType == "date"
 	switch x := v.(type) {
 	case time.Time:
-		if wall {
-			x = time.Date(x.Year(), x.Month(), x.Day(), x.Hour(), x.Minute(), x.Second(), x.Nanosecond(), w.zone)
+		if col.BaseType == "date" {
+			// A date is the civil date of the value, as stored.
+			x = time.Date(x.Year(), x.Month(), x.Day(), 0, 0, 0, 0, w.zone)
 		}
 		return x.Truncate(time.Microsecond), true
 	case string:
@@ -714,9 +721,12 @@ func (r *Runner) Resume(ctx context.Context, job Job, actor, why string) (Report
 	if err := r.cfg.Manifest.Init(ctx, r.db); err != nil {
 		return Report{}, err
 	}
-	run, err := audit.LatestRun(ctx, r.db, job.Name, RunPaused)
+	run, err := audit.LatestRun(ctx, r.db, job.Name)
 	if err != nil {
-		return Report{}, fmt.Errorf("backfill: resume job %q: %w (%w)", job.Name, ErrNotPaused, err)
+		return Report{}, fmt.Errorf("backfill: resume job %q: %w", job.Name, err)
+	}
+	if run.Status != RunPaused {
+		return Report{}, fmt.Errorf("backfill: resume job %q: %w: batch %d is %s", job.Name, ErrNotPaused, run.BatchID, run.Status)
 	}
 	if err := mv.ResumeRun(ctx, r.db, run.BatchID, actor, why); err != nil {
 		return Report{}, err

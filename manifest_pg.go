@@ -278,7 +278,7 @@ func (m *PGManifest) StartRun(ctx context.Context, db sqlx.ExtContext, plan Plan
 				old.Fingerprint = prev.Fingerprint
 				return planChangedError(plan.Job, prev.BatchID, old, plan)
 			}
-			if prev.Status != RunCompleted {
+			if prev.Status == RunRunning || prev.Status == RunFailed || prev.Status == RunPaused {
 				if _, err := tx.ExecContext(ctx, m.sql(`UPDATE {s}.runs SET status = 'abandoned', updated_at = now() WHERE batch_id = $1`), prev.BatchID); err != nil {
 					return err
 				}

@@ -84,6 +84,10 @@ func (r *Runner) Rollback(ctx context.Context, job Job, opts RollbackOptions) (R
 	if err != nil {
 		return RollbackReport{}, err
 	}
+	switch run.Status {
+	case RunRunning:
+		return RollbackReport{}, fmt.Errorf("backfill: rollback of batch %d: %w: the run is still running; wait for it or cancel it first", run.BatchID, ErrInvalidConfig)
+	}
 	var plan Plan
 	if err := json.Unmarshal(run.Plan, &plan); err != nil {
 		return RollbackReport{}, fmt.Errorf("backfill: rollback of batch %d: plan: %w", run.BatchID, err)
@@ -132,6 +136,13 @@ func (r *Runner) Rollback(ctx context.Context, job Job, opts RollbackOptions) (R
 		rep.Elapsed = time.Since(begin)
 		return rep, fmt.Errorf("backfill: rollback of batch %d: %w: %d rows were changed by later batches, e.g. %s; roll those back first or use Force",
 			run.BatchID, ErrRollbackConflict, rep.Conflicts, strings.Join(rep.ConflictKeys[:min(5, len(rep.ConflictKeys))], ", "))
+	}
+	if len(seqs) > 0 {
+		// Visible even if this call is interrupted: who started it and why.
+		started, _ := json.Marshal(map[string]any{"why": opts.Why, "chunk": opts.ChunkID, "force": opts.Force, "chunks": len(seqs)})
+		if err := pm.RecordEvent(ctx, r.db, Event{BatchID: run.BatchID, Job: run.Job, Kind: "rollback_started", Actor: opts.Actor, Detail: started}); err != nil {
+			return rep, err
+		}
 	}
 	for _, seq := range seqs {
 		deleted, restored, done, err := rb.chunk(ctx, r.db, run.BatchID, seq, opts.Force)

@@ -126,6 +126,11 @@ func (rb *pgRollback) chunk(ctx context.Context, db sqlx.ExtContext, batch int64
 			return fmt.Errorf("delete: %w", err)
 		}
 		deleted, _ = res.RowsAffected()
+		if rb.info.Target.Mode == History {
+			if err := rb.retile(ctx, tx, batch, seq); err != nil {
+				return err
+			}
+		}
 		if _, err := tx.ExecContext(ctx, rb.m.sql(`UPDATE {s}.chunks SET status = 'rolled_back' WHERE batch_id = $1 AND seq = $2`), batch, seq); err != nil {
 			return err
 		}
@@ -146,4 +151,36 @@ func (rb *pgRollback) finish(ctx context.Context, db sqlx.ExtContext, run Run, w
 		}
 		return rb.m.RecordEvent(ctx, tx, e)
 	})
+}
+
+// retile recomputes valid_to for the History keys the chunk's undo log
+// touched, so that the versions left tile each key's history again (a
+// restored prior image may end where a version of a later chunk or batch
+// now starts), then checks the tiling.
+func (rb *pgRollback) retile(ctx context.Context, tx sqlx.ExtContext, batch int64, seq int) error {
+	t := rb.info.Target
+	key := sqlgen.List("", t.Key)
+	vf, vt := sqlgen.Ident(t.ValidFrom), sqlgen.Ident(t.ValidTo)
+	keys := fmt.Sprintf(`SELECT DISTINCT %[3]s FROM %[1]s u CROSS JOIN LATERAL jsonb_populate_record(NULL::%[2]s, u.key) r
+		WHERE u.batch_id = $1 AND u.seq = $2`, rb.undo, rb.target, sqlgen.List("r.", t.Key))
+	_, err := tx.ExecContext(ctx, fmt.Sprintf(`WITH x AS (SELECT %[2]s, %[3]s, lead(%[3]s) OVER (PARTITION BY %[2]s ORDER BY %[3]s) AS next_from
+			FROM %[1]s WHERE (%[2]s) IN (%[5]s))
+		UPDATE %[1]s t SET %[4]s = x.next_from FROM x
+		WHERE %[6]s AND t.%[3]s = x.%[3]s AND t.%[4]s IS DISTINCT FROM x.next_from`,
+		rb.target, key, vf, vt, keys, sqlgen.Equal("t", "x", t.Key)), batch, seq)
+	if err != nil {
+		return fmt.Errorf("retile intervals: %w", err)
+	}
+	var bad []string
+	err = sqlx.SelectContext(ctx, tx, &bad, fmt.Sprintf(`SELECT DISTINCT row(%[2]s)::text FROM (
+			SELECT %[2]s, %[3]s, %[4]s, lead(%[3]s) OVER (PARTITION BY %[2]s ORDER BY %[3]s) AS next_from
+			FROM %[1]s WHERE (%[2]s) IN (%[5]s)) x
+		WHERE %[4]s IS DISTINCT FROM next_from OR %[4]s <= %[3]s LIMIT 5`, rb.target, key, vf, vt, keys), batch, seq)
+	if err != nil {
+		return fmt.Errorf("check intervals: %w", err)
+	}
+	if len(bad) > 0 {
+		return fmt.Errorf("%w: after rollback, keys %v", ErrHistoryIntervals, bad)
+	}
+	return nil
 }

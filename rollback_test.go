@@ -260,3 +260,51 @@ func TestKillDashNineDuringRollback(t *testing.T) {
 		t.Fatalf("rollback resumed after kill -9 differs from an uninterrupted one (-want +got):\n%s", d)
 	}
 }
+
+func TestRollbackOfOneHistoryChunkRetiles(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t)
+	rbSetup(t, db)
+	r, err := backfill.New(db, nil)
+	require.NoError(t, err)
+	_, err = r.Run(ctx, addrJob("addr", [][]any{{"a1", d(1), "Oslo"}, {"a1", d(20), "Rome"}}))
+	require.NoError(t, err)
+	// Chunk "a" of batch 2 holds both late versions of a1.
+	rep, err := r.Run(ctx, addrJob("addr", [][]any{{"a1", d(10), "Bergen"}, {"a1", d(15), "Bergen2"}}))
+	require.NoError(t, err)
+	_, err = r.Rollback(ctx, addrJob("addr", nil), backfill.RollbackOptions{BatchID: rep.BatchID, ChunkID: "list:a", Actor: "t", Why: "t"})
+	require.NoError(t, err)
+	var rows []string
+	require.NoError(t, db.Select(&rows, `SELECT city || ' ' || to_char(valid_from, 'MM-DD') || ' ' || coalesce(to_char(valid_to, 'MM-DD'), 'open') FROM addr ORDER BY valid_from`))
+	require.Equal(t, []string{"Oslo 01-01 01-20", "Rome 01-20 open"}, rows)
+
+	// After a rollback the run stays rolled back; a new run does not mark it abandoned.
+	_, err = r.Run(ctx, addrJob("addr", [][]any{{"a1", d(10), "Bergen"}}))
+	require.NoError(t, err)
+	var status string
+	require.NoError(t, db.Get(&status, `SELECT status FROM backfill.runs WHERE batch_id = $1`, rep.BatchID))
+	require.Equal(t, "completed", status, "a single-chunk rollback leaves the run completed")
+}
+
+func TestRollbackRetilesAroundLaterVersions(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t)
+	rbSetup(t, db)
+	r, err := backfill.New(db, nil)
+	require.NoError(t, err)
+	_, err = r.Run(ctx, addrJob("addr", [][]any{{"a1", d(1), "Oslo"}, {"a1", d(20), "Rome"}}))
+	require.NoError(t, err)
+	rep2, err := r.Run(ctx, addrJob("addr", [][]any{{"a1", d(10), "Bergen"}}))
+	require.NoError(t, err)
+	_, err = r.Run(ctx, addrJob("addr", [][]any{{"a1", d(15), "Bergen2"}}))
+	require.NoError(t, err)
+	// Batch 2 inserted Jan 10; batch 3 later closed it at Jan 15: forcing
+	// the rollback of batch 2 must leave tiled intervals.
+	_, err = r.Rollback(ctx, addrJob("addr", nil), backfill.RollbackOptions{BatchID: rep2.BatchID, Force: true, Actor: "t", Why: "t"})
+	require.NoError(t, err)
+	var rows []string
+	require.NoError(t, db.Select(&rows, `SELECT city || ' ' || to_char(valid_from, 'MM-DD') || ' ' || coalesce(to_char(valid_to, 'MM-DD'), 'open') FROM addr ORDER BY valid_from`))
+	require.Equal(t, []string{"Oslo 01-01 01-15", "Bergen2 01-15 01-20", "Rome 01-20 open"}, rows)
+}

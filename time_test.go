@@ -331,3 +331,23 @@ func TestHandoffPicksUpRowsCommittedLate(t *testing.T) {
 	require.Equal(t, "test", last.Actor)
 	require.Contains(t, string(last.Detail), fmt.Sprintf(`"rescan_batch_id": %d`, hrep.BatchID))
 }
+
+// TestTimestampColumnStoresWallClockInZone: a time.Time is an instant; its
+// wall clock in Job.Zone is stored, whatever location it came in.
+func TestTimestampColumnStoresWallClockInZone(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	createTimed(t, db)
+	ny, _ := time.LoadLocation("America/New_York")
+	noon := time.Date(2024, 7, 1, 12, 0, 0, 0, ny)
+	r, err := backfill.New(db, nil)
+	require.NoError(t, err)
+	_, err = r.Run(context.Background(), backfill.Job{Name: "wall", Zone: ny, ChunkColumn: "local_at", Rollback: backfill.RollbackNone,
+		Chunker:   backfill.Days(time.Date(2024, 7, 1, 0, 0, 0, 0, ny), time.Date(2024, 7, 2, 0, 0, 0, 0, ny), ny),
+		Extractor: rowsFunc([]any{noon.UTC(), noon.UTC(), "from a UTC session"}),
+		Target:    backfill.Target{Table: "timed", Key: []string{"at"}, Columns: []string{"at", "local_at", "label"}}})
+	require.NoError(t, err)
+	var local string
+	require.NoError(t, db.Get(&local, `SELECT local_at::text FROM timed`))
+	require.Equal(t, "2024-07-01 12:00:00", local)
+}

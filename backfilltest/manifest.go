@@ -127,7 +127,7 @@ func (m *Manifest) StartRun(ctx context.Context, db sqlx.ExtContext, plan backfi
 			return backfill.Run{}, false, fmt.Errorf("backfill: start run of job %q: %w: job %q batch %d was planned differently (%v); set Job.NewRun to start a new run",
 				plan.Job, backfill.ErrPlanChanged, plan.Job, prev.run.BatchID, diff)
 		}
-		if prev.run.Status != backfill.RunCompleted {
+		if st := prev.run.Status; st == backfill.RunRunning || st == backfill.RunFailed || st == backfill.RunPaused {
 			prev.run.Status = backfill.RunAbandoned
 			m.event(prev.run.BatchID, plan.Job, "run_abandoned", worker)
 		}
