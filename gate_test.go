@@ -84,3 +84,33 @@ func TestQualityGatePausesAndResumes(t *testing.T) {
 	}
 	require.Equal(t, `ann: {"why": "source fixed in ticket 42"}`, resumedBy)
 }
+
+// TestReportsCanExcludeIncompleteBatches: rows of a batch that has not
+// completed are hidden by joining the lineage to backfill.completed_batches.
+func TestReportsCanExcludeIncompleteBatches(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := newItems(t)
+	r, err := backfill.New(s.db, nil)
+	require.NoError(t, err)
+	_, err = r.Run(ctx, s.job(1))
+	require.NoError(t, err)
+	job := s.job(2)
+	job.NewRun = true
+	inner := job.Extractor
+	job.Extractor = backfill.ExtractorFunc(func(ctx context.Context, c backfill.Chunk, w backfill.RowWriter) error {
+		if c.Lo == 500 {
+			return fmt.Errorf("source down")
+		}
+		return inner.Extract(ctx, c, w)
+	})
+	_, err = r.Run(ctx, job) // batch 2 stops half way
+	require.Error(t, err)
+	const visible = `SELECT count(*) FROM items i WHERE i.backfill_updated_by IS NULL
+		OR EXISTS (SELECT 1 FROM backfill.completed_batches b WHERE b.batch_id = i.backfill_updated_by)`
+	var n, changed int
+	require.NoError(t, s.db.Get(&n, visible))
+	require.NoError(t, s.db.Get(&changed, `SELECT count(*) FROM items WHERE backfill_updated_by = 2`))
+	require.Equal(t, 50, changed, "batch 2 changed every tenth row of its 5 done chunks")
+	require.Equal(t, 1000-changed, n, "reports do not see the rows of the incomplete batch 2")
+}
