@@ -105,7 +105,10 @@ type Target struct {
 	// the derived key columns are filled by Derive and must not be
 	// listed; in History mode ValidFrom is listed and ValidTo is not).
 	// Empty means all of the table's columns in table order, except
-	// generated and identity columns, derived key columns and ValidTo.
+	// generated columns, identity columns GENERATED ALWAYS, and the columns
+	// the library fills (derived keys, ValidTo, IngestedAt, HashColumn,
+	// lineage). Columns with defaults are included: list Columns to leave
+	// them to their defaults.
 	Columns []string
 	// Mode is the merge mode; empty means [Upsert].
 	Mode Mode

@@ -178,7 +178,8 @@ so a pipeline's extractor can be tested without a database:
 
 Errors are wrapped with %w; test them with errors.Is against the sentinels
 in errors.go, and with errors.As for [*ChunkError] (which chunk failed),
-[*PartialError] (what completed before a failure) and [*RowError].
+[*PartialError] (what completed before a failure). Rejected rows are not
+errors: they are rows of the exception queue ([Manifest.Exceptions]).
 [IsRetryable] tells transient database errors, which the runner retries up
 to [Config.MaxAttempts] times.
 */

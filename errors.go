@@ -19,9 +19,10 @@ var (
 	// [Chunker.Chunks] for bounds that cannot be chunked (a non-positive
 	// step, a nil location, duplicate list items).
 	ErrInvalidScope = errors.New("backfill: invalid scope")
-	// ErrPlanChanged is returned by [Runner.Run] when an incomplete run of
-	// the same job name exists with a different plan fingerprint and
-	// [Job.NewRun] is false. The error text says which fields changed.
+	// ErrPlanChanged is returned by [Runner.Run] when the latest run of the
+	// same job name (incomplete, completed or rolled back) has a different
+	// plan fingerprint and [Job.NewRun] is false. The error text says which
+	// fields changed.
 	ErrPlanChanged = errors.New("backfill: plan changed")
 	// ErrNoUniqueKey is returned by [Merger.Prepare] when the target has no
 	// unique index or constraint on exactly the business key columns.
@@ -36,9 +37,6 @@ var (
 	// ErrInvalidConfig is returned by [New] and [Runner.Run] for a Config or
 	// Job that fails validation; the message names the field.
 	ErrInvalidConfig = errors.New("backfill: invalid configuration")
-	// ErrRowRejected is returned by conversions of a single value; it never
-	// fails a chunk by itself, the row goes to the exception queue.
-	ErrRowRejected = errors.New("backfill: row rejected")
 	// ErrTooManyRejects is returned (wrapped in a [*ChunkError]) when a
 	// chunk rejects more rows than [Config.MaxRejectsPerChunk].
 	ErrTooManyRejects = errors.New("backfill: too many rejected rows")
@@ -134,21 +132,6 @@ func (e *PartialError) Error() string {
 
 func (e *PartialError) Unwrap() []error { return e.Errs }
 
-// RowError describes one rejected value: the chunk, the 1-based row number
-// within the chunk, the column and the offending value.
-type RowError struct {
-	ChunkID string
-	Row     int64
-	Column  string
-	Value   string
-	Reason  string
-}
-
-func (e *RowError) Error() string {
-	return fmt.Sprintf("backfill: chunk %s row %d column %q value %q: %s", e.ChunkID, e.Row, e.Column, e.Value, e.Reason)
-}
-
-func (e *RowError) Unwrap() error { return ErrRowRejected }
 
 // IsRetryable reports whether err is a transient database failure for which
 // retrying the chunk can succeed: serialization failure (40001), deadlock
