@@ -132,7 +132,6 @@ func (e *PartialError) Error() string {
 
 func (e *PartialError) Unwrap() []error { return e.Errs }
 
-
 // IsRetryable reports whether err is a transient database failure for which
 // retrying the chunk can succeed: serialization failure (40001), deadlock
 // (40P01), lock not available (55P03), a unique violation of the business
