@@ -4,6 +4,7 @@
 //
 //	DATABASE_URL=postgres://... go run ./flights [-concurrency 2] [-limit-days N] [-new-run]
 //	go run ./flights -dry-run    # extract every chunk without a database
+//	go run ./flights -baseline   # the same rows by hand, into flights_baseline (compare.sh)
 package main
 
 import (
@@ -94,6 +95,7 @@ type options struct {
 	limitDays   int
 	dryRun      bool
 	verbose     bool
+	baseline    bool
 }
 
 func run() error {
@@ -104,6 +106,7 @@ func run() error {
 	flag.IntVar(&o.limitDays, "limit-days", 0, "load only the first N days (0: all)")
 	flag.BoolVar(&o.dryRun, "dry-run", false, "extract every chunk without a database; print data facts and extractor cost")
 	flag.BoolVar(&o.verbose, "v", false, "log the runner's events to stderr")
+	flag.BoolVar(&o.baseline, "baseline", false, "instead of the library, load the same rows by hand (temp table, COPY, INSERT ... ON CONFLICT per day) into flights_baseline; see baseline.go")
 	flag.Parse()
 	if flag.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments %q", flag.Args())
@@ -153,6 +156,9 @@ func run() error {
 	db.SetMaxOpenConns(o.concurrency + 2)
 	if err := db.PingContext(ctx); err != nil {
 		return fmt.Errorf("connect: %w", err)
+	}
+	if o.baseline {
+		return baseline(ctx, os.Stdout, db, src, days, o.concurrency)
 	}
 	var logger *slog.Logger
 	if o.verbose {
