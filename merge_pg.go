@@ -531,6 +531,21 @@ var goEqualIsPGEqual = map[string]bool{
 	"bool": true, "date": true, "timestamp": true, "timestamptz": true,
 }
 
+// keySets recycles the duplicate-detection sets of finished chunks: a
+// chunk's set grows to the chunk's size, and the next chunk reuses it.
+var keySets = sync.Pool{New: func() any { return make(map[uint64]struct{}, 1024) }}
+
+// releaseKeys returns the set to the pool, emptied.
+func (s *pgStager) releaseKeys() {
+	if s.keys != nil {
+		if len(s.keys) <= 1<<16 { // large sets are left to the GC
+			clear(s.keys)
+			keySets.Put(s.keys)
+		}
+		s.keys = nil
+	}
+}
+
 // maxTrackedKeys bounds the memory of the in-Go duplicate detection (about
 // 40 bytes a key); larger chunks are checked in SQL.
 const maxTrackedKeys = 1 << 20
@@ -562,7 +577,7 @@ func (s *pgStager) trackKey(values []any) {
 		return
 	}
 	if s.keys == nil {
-		s.keys = make(map[uint64]struct{}, 1024)
+		s.keys = keySets.Get().(map[uint64]struct{})
 	}
 	var h maphash.Hash
 	h.SetSeed(s.seed)
@@ -593,12 +608,12 @@ func (s *pgStager) trackKey(values []any) {
 	k := h.Sum64()
 	if _, seen := s.keys[k]; seen {
 		s.maybeDup = true
-		s.keys = nil
+		s.releaseKeys()
 		return
 	}
 	if len(s.keys) >= maxTrackedKeys {
 		s.track = false
-		s.keys = nil
+		s.releaseKeys()
 		return
 	}
 	s.keys[k] = struct{}{}
@@ -680,7 +695,7 @@ func (s *pgStager) Merge(ctx context.Context) (MergeResult, error) {
 			return res, fmt.Errorf("backfill: merge %s: duplicate check: %w", t.Table, err)
 		}
 	}
-	s.keys = nil
+	s.releaseKeys()
 	var drop []int64
 	if dup && s.q.dedup != "" {
 		n, err := s.exec(ctx, "deduplicate", s.q.dedup)
@@ -914,6 +929,7 @@ func keyText(key []string, raw string) string {
 
 func (s *pgStager) Close() error {
 	s.done = true
+	s.releaseKeys()
 	if s.copy != nil {
 		err := s.copy.Close()
 		s.copy = nil
