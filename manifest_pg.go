@@ -167,6 +167,11 @@ CREATE VIEW {s}.completed_batches AS
 COMMENT ON VIEW {s}.completed_batches IS
 	'Batches whose every chunk is done. Reports that must not see partly loaded batches keep rows whose lineage updated_by is NULL or in this view.';
 `,
+	// 6: inserted keys are logged once per statement, as a jsonb array.
+	`
+ALTER TABLE {s}.undo DROP CONSTRAINT undo_op_check;
+ALTER TABLE {s}.undo ADD CONSTRAINT undo_op_check CHECK (op IN ('insert', 'inserts', 'update'));
+`,
 }
 
 func (m *PGManifest) sql(q string) string {

@@ -382,12 +382,10 @@ func buildMergeSQL(info TableInfo) pgMergeSQL {
 			// row updated, in the same statement and transaction.
 			before = fmt.Sprintf(", CASE WHEN coalesce(%s, false) THEN to_jsonb(t) END AS _backfill_before", apply)
 			undoCTEs = fmt.Sprintf(`,
-			ui AS (INSERT INTO %[1]s (batch_id, seq, op, key) SELECT $1::bigint, $2::int, 'insert', %[2]s FROM j WHERE NOT j._backfill_found),
+			ui AS (INSERT INTO %[1]s (batch_id, seq, op, key) SELECT $1::bigint, $2::int, 'inserts', jsonb_agg(%[2]s) FROM j WHERE NOT j._backfill_found HAVING count(*) > 0),
 			uu AS (INSERT INTO %[1]s (batch_id, seq, op, key, before) SELECT $1::bigint, $2::int, 'update', %[2]s, j._backfill_before FROM j WHERE j._backfill_apply)`,
 				undo, keyJSON("j", identity))
-			q.insertAll = fmt.Sprintf(`WITH i AS (%s RETURNING %s)
-				INSERT INTO %s (batch_id, seq, op, key) SELECT $1::bigint, $2::int, 'insert', %s FROM i`,
-				q.insertAll, sqlgen.List("", identity), undo, keyJSON("i", identity))
+			q.insertAll = withInsertUndo(q.insertAll, undo, identity)
 		}
 		q.upsert = fmt.Sprintf(`WITH j AS MATERIALIZED (
 				SELECT s.*, t.%[4]s IS NOT NULL AS _backfill_found, coalesce(%[5]s, false) AS _backfill_apply%[9]s
@@ -467,16 +465,33 @@ func keyJSON(alias string, identity []string) string {
 	return "jsonb_build_object(" + strings.Join(parts, ", ") + ")"
 }
 
-// withInsertUndo wraps an INSERT so that it also logs the inserted keys,
-// still reporting the inserted row count (as the rows the outer INSERT
-// logs, one per inserted row).
+// withInsertUndo wraps an INSERT so that it also logs the inserted keys
+// (one undo row per statement: op "inserts", a jsonb array of keys) and
+// returns the inserted row count as its one result row.
 func withInsertUndo(insert, undo string, identity []string) string {
 	if undo == "" {
 		return insert
 	}
-	return fmt.Sprintf(`WITH i AS (%s RETURNING %s)
-		INSERT INTO %s (batch_id, seq, op, key) SELECT $1::bigint, $2::int, 'insert', %s FROM i`,
+	return fmt.Sprintf(`WITH i AS (%s RETURNING %s),
+		u AS (INSERT INTO %s (batch_id, seq, op, key) SELECT $1::bigint, $2::int, 'inserts', jsonb_agg(%s) FROM i HAVING count(*) > 0)
+		SELECT count(*) FROM i`,
 		insert, sqlgen.List("", identity), undo, keyJSON("i", identity))
+}
+
+// affected runs an INSERT built by withInsertUndo (or a plain one) and
+// returns how many rows it inserted.
+func (s *pgStager) affected(ctx context.Context, what, query string) (int64, error) {
+	if query == "" {
+		return 0, nil
+	}
+	if !strings.HasPrefix(query, "WITH i AS (") {
+		return s.exec(ctx, what, query)
+	}
+	var n int64
+	if err := sqlx.GetContext(ctx, s.tx, &n, query, s.args(query)...); err != nil {
+		return 0, fmt.Errorf("backfill: merge %s: %s: %w", s.info.Target.Table, what, s.classify(err))
+	}
+	return n, nil
 }
 
 // undoArgs are the bind parameters of statements that write the undo log.
@@ -798,7 +813,7 @@ func (s *pgStager) Merge(ctx context.Context) (MergeResult, error) {
 		if res.Updated, err = s.exec(ctx, "update", s.q.update); err != nil {
 			return res, err
 		}
-		if res.Inserted, err = s.exec(ctx, "insert", s.q.insert); err != nil {
+		if res.Inserted, err = s.affected(ctx, "insert", s.q.insert); err != nil {
 			return res, err
 		}
 	}
@@ -866,7 +881,7 @@ func (s *pgStager) Replay(ctx context.Context) (res MergeResult, err error) {
 	if res.Updated, err = s.exec(ctx, "replay update", s.q.update); err != nil {
 		return res, err
 	}
-	if res.Inserted, err = s.exec(ctx, "replay insert", s.q.insert); err != nil {
+	if res.Inserted, err = s.affected(ctx, "replay insert", s.q.insert); err != nil {
 		return res, err
 	}
 	if s.q.closeIntervals != "" {
@@ -895,7 +910,7 @@ func (s *pgStager) insertFresh(ctx context.Context, res *MergeResult) (ok bool, 
 	if _, err := s.tx.ExecContext(ctx, `SAVEPOINT backfill_fresh`); err != nil {
 		return false, fmt.Errorf("backfill: merge %s: savepoint: %w", t.Table, err)
 	}
-	r, err := s.tx.ExecContext(ctx, s.q.insertAll, s.args(s.q.insertAll)...)
+	n, err := s.affected(ctx, "insert", s.q.insertAll)
 	if err != nil {
 		var pe *pq.Error
 		if errors.As(err, &pe) && pe.Code == "23505" && slices.Contains(s.info.keyIndexes, pe.Constraint) {
@@ -905,12 +920,12 @@ func (s *pgStager) insertFresh(ctx context.Context, res *MergeResult) (ok bool, 
 			s.m.setFresh(t.Table, false)
 			return false, nil
 		}
-		return false, fmt.Errorf("backfill: merge %s: insert: %w", t.Table, s.classify(err))
+		return false, err
 	}
 	if _, err := s.tx.ExecContext(ctx, `RELEASE SAVEPOINT backfill_fresh`); err != nil {
 		return false, fmt.Errorf("backfill: merge %s: release savepoint: %w", t.Table, err)
 	}
-	res.Inserted, _ = r.RowsAffected()
+	res.Inserted = n
 	return true, nil
 }
 

@@ -44,6 +44,15 @@ func (rb *pgRollback) load(ctx context.Context, db sqlx.ExtContext) error {
 
 func (rb *pgRollback) match() string { return sqlgen.Equal("t", "r", rb.identity) }
 
+// entries is the undo log with key arrays ("inserts") expanded to one row
+// per inserted key: (batch_id, seq, id, op, key, before).
+func (rb *pgRollback) entries() string {
+	return fmt.Sprintf(`(SELECT u.batch_id, u.seq, u.id, 'insert' AS op, e.key, NULL::jsonb AS before
+		FROM %[1]s u CROSS JOIN LATERAL jsonb_array_elements(u.key) AS e(key) WHERE u.op = 'inserts'
+		UNION ALL
+		SELECT u.batch_id, u.seq, u.id, u.op, u.key, u.before FROM %[1]s u WHERE u.op IN ('insert', 'update'))`, rb.undo)
+}
+
 // conflicts counts the rows of the chunks' undo log that a later batch
 // changed, with up to 100 of their keys.
 func (rb *pgRollback) conflicts(ctx context.Context, db sqlx.ExtContext, batch int64, seqs []int) (int64, []string, error) {
@@ -56,7 +65,7 @@ func (rb *pgRollback) conflicts(ctx context.Context, db sqlx.ExtContext, batch i
 			JOIN %[2]s t ON %[3]s
 			WHERE u.batch_id = $1 AND u.seq = ANY ($2::int[]) AND t.%[4]s IS DISTINCT FROM $1)
 		SELECT (SELECT count(*) FROM c) AS n, c.key::text AS key FROM c ORDER BY c.key::text LIMIT 100`,
-		rb.undo, rb.target, rb.match(), rb.updated), batch, pq.Array(seqs))
+		rb.entries(), rb.target, rb.match(), rb.updated), batch, pq.Array(seqs))
 	if err != nil {
 		return 0, nil, fmt.Errorf("backfill: rollback %s: conflicts: %w", rb.info.Target.Table, err)
 	}
@@ -83,7 +92,7 @@ func (rb *pgRollback) preview(ctx context.Context, db sqlx.ExtContext, batch int
 		FROM %[1]s u CROSS JOIN LATERAL jsonb_populate_record(NULL::%[2]s, u.key) r
 		JOIN %[2]s t ON %[3]s
 		WHERE u.batch_id = $1 AND u.seq = ANY ($2::int[]) AND (t.%[4]s IS NOT DISTINCT FROM $1 OR $3)`,
-		rb.undo, rb.target, rb.match(), rb.updated), batch, pq.Array(seqs), force)
+		rb.entries(), rb.target, rb.match(), rb.updated), batch, pq.Array(seqs), force)
 	if err != nil {
 		return 0, 0, fmt.Errorf("backfill: rollback %s: preview: %w", rb.info.Target.Table, err)
 	}
@@ -121,7 +130,7 @@ func (rb *pgRollback) chunk(ctx context.Context, db sqlx.ExtContext, batch int64
 		res, err = tx.ExecContext(ctx, fmt.Sprintf(`DELETE FROM %[2]s t
 			USING %[1]s u CROSS JOIN LATERAL jsonb_populate_record(NULL::%[2]s, u.key) r
 			WHERE u.batch_id = $1 AND u.seq = $2 AND u.op = 'insert' AND %[3]s AND (t.%[4]s IS NOT DISTINCT FROM $1 OR $3)`,
-			rb.undo, rb.target, rb.match(), rb.updated), batch, seq, force)
+			rb.entries(), rb.target, rb.match(), rb.updated), batch, seq, force)
 		if err != nil {
 			return fmt.Errorf("delete: %w", err)
 		}
@@ -162,7 +171,7 @@ func (rb *pgRollback) retile(ctx context.Context, tx sqlx.ExtContext, batch int6
 	key := sqlgen.List("", t.Key)
 	vf, vt := sqlgen.Ident(t.ValidFrom), sqlgen.Ident(t.ValidTo)
 	keys := fmt.Sprintf(`SELECT DISTINCT %[3]s FROM %[1]s u CROSS JOIN LATERAL jsonb_populate_record(NULL::%[2]s, u.key) r
-		WHERE u.batch_id = $1 AND u.seq = $2`, rb.undo, rb.target, sqlgen.List("r.", t.Key))
+		WHERE u.batch_id = $1 AND u.seq = $2`, rb.entries(), rb.target, sqlgen.List("r.", t.Key))
 	_, err := tx.ExecContext(ctx, fmt.Sprintf(`WITH x AS (SELECT %[2]s, %[3]s, lead(%[3]s) OVER (PARTITION BY %[2]s ORDER BY %[3]s) AS next_from
 			FROM %[1]s WHERE (%[2]s) IN (%[5]s))
 		UPDATE %[1]s t SET %[4]s = x.next_from FROM x
