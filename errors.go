@@ -91,10 +91,12 @@ type ChunkError struct {
 	Err error
 }
 
+// Error says which chunk failed, on which attempt, and why.
 func (e *ChunkError) Error() string {
 	return fmt.Sprintf("backfill: chunk %d %s (attempt %d): %v", e.Chunk.Seq, e.Chunk.ID, e.Attempt, e.Err)
 }
 
+// Unwrap returns the cause, for errors.Is and errors.As.
 func (e *ChunkError) Unwrap() error { return e.Err }
 
 // PartialError is returned by [Runner.Run] when some chunks completed
@@ -111,6 +113,7 @@ type PartialError struct {
 	Errs []error
 }
 
+// Error says how many chunks this call completed and the first failure.
 func (e *PartialError) Error() string {
 	var b strings.Builder
 	failed := 0
@@ -130,6 +133,7 @@ func (e *PartialError) Error() string {
 	return b.String()
 }
 
+// Unwrap returns every failure of the call, for errors.Is and errors.As.
 func (e *PartialError) Unwrap() []error { return e.Errs }
 
 // IsRetryable reports whether err is a transient database failure for which

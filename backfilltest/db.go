@@ -129,20 +129,36 @@ func apply(ex sqlx.ExtContext, f func()) error {
 	return nil
 }
 
+// noSQL implements sqlx.ExtContext for the fakes: every statement fails
+// with ErrNoSQL (QueryRowxContext returns an empty row whose Scan must not
+// be called).
 type noSQL struct{}
 
-func (noSQL) DriverName() string                           { return "backfilltest" }
-func (noSQL) Rebind(q string) string                       { return q }
+// DriverName returns "backfilltest".
+func (noSQL) DriverName() string { return "backfilltest" }
+
+// Rebind returns q.
+func (noSQL) Rebind(q string) string { return q }
+
+// BindNamed returns ErrNoSQL.
 func (noSQL) BindNamed(string, any) (string, []any, error) { return "", nil, ErrNoSQL }
+
+// QueryContext returns ErrNoSQL.
 func (noSQL) QueryContext(context.Context, string, ...any) (*sql.Rows, error) {
 	return nil, ErrNoSQL
 }
+
+// QueryxContext returns ErrNoSQL.
 func (noSQL) QueryxContext(context.Context, string, ...any) (*sqlx.Rows, error) {
 	return nil, ErrNoSQL
 }
+
+// QueryRowxContext returns an empty row; do not Scan it.
 func (noSQL) QueryRowxContext(context.Context, string, ...any) *sqlx.Row {
 	return &sqlx.Row{}
 }
+
+// ExecContext returns ErrNoSQL.
 func (noSQL) ExecContext(context.Context, string, ...any) (sql.Result, error) {
 	return nil, ErrNoSQL
 }
