@@ -15,6 +15,7 @@ import (
 	"github.com/lib/pq"
 
 	"github.com/pgbackfill/backfill"
+	"github.com/pgbackfill/backfill/examples/internal/cli"
 )
 
 // correctionDelay is how much later than the original a simulated
@@ -149,7 +150,7 @@ func correction(ctx context.Context, out io.Writer, db *sqlx.DB, logger *slog.Lo
 			name := fmt.Sprintf("earthquakes-demo/%s/%d-%s", strings.ReplaceAll(a.name, " ", "-"), i+1, strings.Fields(d.name)[0])
 			rep, err := runner.Run(ctx, quakeJob(name, d.source, d.src, chunker, a.table, true))
 			if err != nil {
-				return res, runError(name, err)
+				return res, cli.RunError(name, planFlag, err)
 			}
 			c := rep.Counts
 			label := ""

@@ -17,8 +17,6 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
-	"strings"
-	"sync"
 	"syscall"
 	"time"
 
@@ -26,6 +24,7 @@ import (
 	_ "github.com/lib/pq" // the "postgres" database/sql driver
 
 	"github.com/pgbackfill/backfill"
+	"github.com/pgbackfill/backfill/examples/internal/cli"
 )
 
 // codeVersion is the version of the transformation (extract.go). It is part
@@ -110,7 +109,7 @@ func run() error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
-	dir, err := findDataDir(o.dataDir)
+	dir, err := cli.FindDataDir(o.dataDir, "earthquakes", quakesFile)
 	if err != nil {
 		return err
 	}
@@ -267,7 +266,7 @@ func runJob(ctx context.Context, out io.Writer, db *sqlx.DB, logger *slog.Logger
 	if err != nil {
 		return backfill.Report{}, err
 	}
-	p := &progress{out: out, total: len(chunks)}
+	p := newProgress(out, len(chunks))
 	runner, err := newRunner(db, logger, p, o)
 	if err != nil {
 		return backfill.Report{}, err
@@ -277,127 +276,46 @@ func runJob(ctx context.Context, out io.Writer, db *sqlx.DB, logger *slog.Logger
 		// The run exists in the manifest: summarise it even after a
 		// failure, then report the failure.
 		if err := summary(ctx, out, db, backfill.NewPGManifest(""), job.Target.Table, rep, p); err != nil {
-			return rep, errors.Join(runError(job.Name, runErr), err)
+			return rep, errors.Join(cli.RunError(job.Name, planFlag, runErr), err)
 		}
 	}
-	return rep, runError(job.Name, runErr)
+	return rep, cli.RunError(job.Name, planFlag, runErr)
 }
 
-func runError(job string, err error) error {
-	if err == nil {
-		return nil
-	}
-	if errors.Is(err, backfill.ErrPlanChanged) {
-		return fmt.Errorf("job %s: %w\n(the job's existing run has a different plan, e.g. another -hours or code version: rerun with the old flags, or pass -new-run to start a new run)", job, err)
-	}
-	var pe *backfill.PartialError
-	if errors.As(err, &pe) {
-		return fmt.Errorf("job %s: %w\n(completed chunks are checkpointed: run the same command again to resume)", job, err)
-	}
-	return fmt.Errorf("job %s: %w", job, err)
-}
+// planFlag is the flag named by the hint when a job's plan changed.
+const planFlag = "-hours"
 
-// findDataDir returns dir, or the first of the usual places holding the
-// data, depending on where the command runs from.
-func findDataDir(dir string) (string, error) {
-	cands := []string{dir}
-	if dir == "" {
-		cands = []string{"earthquakes/data", "examples/earthquakes/data", "data"}
+// newProgress returns the per-chunk printer of a job of total chunks: a
+// time chunk is labelled with its UTC day, or its UTC hour if shorter.
+func newProgress(out io.Writer, total int) *cli.Progress {
+	return &cli.Progress{
+		Out:    out,
+		Total:  total,
+		Format: "  batch %d chunk %3d/%d %-14s rows %4d  inserted %4d  updated %3d  unchanged %4d  rejected %2d  dedup %2d  %5.3fs",
+		Label: func(c backfill.Chunk) string {
+			if c.Kind != backfill.KindTime {
+				return c.ID
+			}
+			if c.Duration() < 24*time.Hour {
+				return c.Start.UTC().Format("2006-01-02T15Z")
+			}
+			return c.Start.UTC().Format("2006-01-02")
+		},
 	}
-	for _, d := range cands {
-		if _, err := os.Stat(filepath.Join(d, quakesFile)); err == nil {
-			return d, nil
-		}
-	}
-	return "", fmt.Errorf("%s not found in %s: run examples/earthquakes/fetch-data.sh first", quakesFile, strings.Join(cands, ", "))
-}
-
-// progress prints one line per completed chunk. ChunkDone is called
-// concurrently when Concurrency > 1, so lines may come out of Seq order.
-type progress struct {
-	out   io.Writer
-	total int
-
-	mu   sync.Mutex
-	done int
-	sum  backfill.Counts
-}
-
-var _ backfill.Hooks = (*progress)(nil)
-
-// ChunkDone implements [backfill.Hooks].
-func (p *progress) ChunkDone(ctx context.Context, batchID int64, r backfill.ChunkResult) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.done++
-	p.sum = p.sum.Add(r.Counts)
-	label := r.Chunk.ID
-	if r.Chunk.Kind == backfill.KindTime {
-		label = r.Chunk.Start.UTC().Format("2006-01-02")
-		if r.Chunk.Duration() < 24*time.Hour {
-			label = r.Chunk.Start.UTC().Format("2006-01-02T15Z")
-		}
-	}
-	fmt.Fprintf(p.out, "  batch %d chunk %3d/%d %-14s rows %4d  inserted %4d  updated %3d  unchanged %4d  rejected %2d  dedup %2d  %5.3fs\n",
-		batchID, r.Chunk.Seq+1, p.total, label, r.Read, r.Inserted, r.Updated, r.Unchanged, r.Rejected, r.Deduplicated,
-		r.FinishedAt.Sub(r.StartedAt).Seconds())
-}
-
-func (p *progress) counts() (int, backfill.Counts) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.done, p.sum
 }
 
 // summary prints the run as the manifest recorded it and checks the
 // target against the ledger.
-func summary(ctx context.Context, out io.Writer, db *sqlx.DB, m *backfill.PGManifest, table string, rep backfill.Report, p *progress) error {
-	run, err := m.Run(ctx, db, rep.BatchID)
+func summary(ctx context.Context, out io.Writer, db *sqlx.DB, m *backfill.PGManifest, table string, rep backfill.Report, p *cli.Progress) error {
+	l, err := cli.ReadLedger(ctx, db, m, rep.BatchID)
 	if err != nil {
 		return err
 	}
-	states, err := m.Chunks(ctx, db, rep.BatchID)
-	if err != nil {
-		return err
-	}
-	exc, err := m.Exceptions(ctx, db, rep.BatchID)
-	if err != nil {
-		return err
-	}
-	byStatus := map[backfill.ChunkStatus]int{}
-	var total backfill.Counts
-	for _, s := range states {
-		byStatus[s.Status]++
-		if s.Status == backfill.ChunkDone {
-			total = total.Add(s.Counts)
-		}
-	}
-	fmt.Fprintf(out, "summary (from the manifest, schema %s)\n", m.Schema())
-	fmt.Fprintf(out, "  run        batch %d, job %s, status %s, resumed %t, created %s\n",
-		run.BatchID, run.Job, run.Status, rep.Resumed, run.CreatedAt.UTC().Format(time.RFC3339))
-	fmt.Fprintf(out, "  chunks     %d total: %d done, %d pending, %d failed\n",
-		len(states), byStatus[backfill.ChunkDone], byStatus[backfill.ChunkPending], byStatus[backfill.ChunkFailed])
-	fmt.Fprintf(out, "  rows       %d read: %d inserted, %d updated, %d unchanged, %d rejected, %d deduplicated (balanced: %t)\n",
-		total.Read, total.Inserted, total.Updated, total.Unchanged, total.Rejected, total.Deduplicated, total.Balanced())
-	fmt.Fprintf(out, "  exceptions %d in the queue", len(exc))
-	var reasons []string
-	count := map[string]int{}
-	for _, e := range exc {
-		r := e.Column + ": " + e.Reason
-		if count[r] == 0 {
-			reasons = append(reasons, r)
-		}
-		count[r]++
-	}
-	for _, r := range reasons {
-		fmt.Fprintf(out, "; %d x %q", count[r], r)
-	}
-	fmt.Fprintln(out)
-	if ran, this := p.counts(); ran == 0 {
-		fmt.Fprintf(out, "  this call  nothing to do: the run was complete (-new-run or -replay runs it again)\n")
-	} else {
-		fmt.Fprintf(out, "  this call  %d chunks, %d rows in %s\n", ran, this.Read, rep.Elapsed.Round(time.Millisecond))
-	}
+	l.Summarize(out, rep, p, cli.SummaryFormat{
+		UTC:          true,
+		ExceptionKey: func(e backfill.Exception) string { return e.Column + ": " + e.Reason },
+		Rerun:        "-new-run or -replay runs it again",
+	})
 
 	// Every chunk's surviving rows (inserted + updated + unchanged) are
 	// the distinct events of its time range; the target must hold as
@@ -405,7 +323,7 @@ func summary(ctx context.Context, out io.Writer, db *sqlx.DB, m *backfill.PGMani
 	// moves an event's time across a chunk boundary would break it.)
 	mismatch := 0
 	var rows int64
-	for _, s := range states {
+	for _, s := range l.States {
 		if s.Status != backfill.ChunkDone {
 			continue
 		}

@@ -8,7 +8,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"flag"
@@ -18,8 +17,6 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
-	"strings"
-	"sync"
 	"syscall"
 	"time"
 
@@ -27,6 +24,7 @@ import (
 	_ "github.com/lib/pq" // the "postgres" database/sql driver
 
 	"github.com/pgbackfill/backfill"
+	"github.com/pgbackfill/backfill/examples/internal/cli"
 )
 
 // codeVersion is the version of the transformation (extract.go,
@@ -118,7 +116,7 @@ func run() error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
-	dir, err := findDataDir(o.dataDir)
+	dir, err := cli.FindDataDir(o.dataDir, "flights", flightsFile)
 	if err != nil {
 		return err
 	}
@@ -176,7 +174,7 @@ func load(ctx context.Context, out io.Writer, db *sqlx.DB, logger *slog.Logger, 
 		return backfill.Report{}, fmt.Errorf("create tables: %w", err)
 	}
 	manifest := backfill.NewPGManifest("")
-	newRunner := func(p *progress) (*backfill.Runner, error) {
+	newRunner := func(p *cli.Progress) (*backfill.Runner, error) {
 		return backfill.New(db, &backfill.Config{
 			Concurrency: o.concurrency,
 			Manifest:    manifest,
@@ -186,7 +184,7 @@ func load(ctx context.Context, out io.Writer, db *sqlx.DB, logger *slog.Logger, 
 	}
 
 	// Airports: one chunk, the whole file.
-	runner, err := newRunner(&progress{out: out, total: 1})
+	runner, err := newRunner(newProgress(out, 1))
 	if err != nil {
 		return backfill.Report{}, err
 	}
@@ -200,7 +198,7 @@ func load(ctx context.Context, out io.Writer, db *sqlx.DB, logger *slog.Logger, 
 		NewRun:      o.newRun,
 	})
 	if err != nil {
-		return rep, runError(airportsJob, err)
+		return rep, cli.RunError(airportsJob, planFlag, err)
 	}
 	fmt.Fprintf(out, "airports: batch %d %s, %d rows: %d inserted, %d updated, %d unchanged, %d rejected\n",
 		rep.BatchID, rep.Status, rep.Counts.Read, rep.Counts.Inserted, rep.Counts.Updated, rep.Counts.Unchanged, rep.Counts.Rejected)
@@ -210,7 +208,7 @@ func load(ctx context.Context, out io.Writer, db *sqlx.DB, logger *slog.Logger, 
 	if err != nil {
 		return backfill.Report{}, err
 	}
-	fp := &progress{out: out, total: len(chunks)}
+	fp := newProgress(out, len(chunks))
 	runner, err = newRunner(fp)
 	if err != nil {
 		return backfill.Report{}, err
@@ -230,133 +228,44 @@ func load(ctx context.Context, out io.Writer, db *sqlx.DB, logger *slog.Logger, 
 		// The run exists in the manifest: summarise it even after a
 		// failure, then report the failure.
 		if err := summary(ctx, out, db, manifest, rep, fp, src.Scanned()-scanned0); err != nil {
-			return rep, errors.Join(runError(flightsJob, runErr), err)
+			return rep, errors.Join(cli.RunError(flightsJob, planFlag, runErr), err)
 		}
 	}
-	return rep, runError(flightsJob, runErr)
-}
-
-func runError(job string, err error) error {
-	if err == nil {
-		return nil
-	}
-	if errors.Is(err, backfill.ErrPlanChanged) {
-		return fmt.Errorf("job %s: %w\n(the job's existing run has a different plan, e.g. another -limit-days or code version: rerun with the old flags, or pass -new-run to start a new run)", job, err)
-	}
-	var pe *backfill.PartialError
-	if errors.As(err, &pe) {
-		return fmt.Errorf("job %s: %w\n(completed chunks are checkpointed: run the same command again to resume)", job, err)
-	}
-	return fmt.Errorf("job %s: %w", job, err)
-}
-
-// findDataDir returns dir, or the first of the usual places holding the
-// data, depending on where the command runs from.
-func findDataDir(dir string) (string, error) {
-	cands := []string{dir}
-	if dir == "" {
-		cands = []string{"flights/data", "examples/flights/data", "data"}
-	}
-	for _, d := range cands {
-		if _, err := os.Stat(filepath.Join(d, flightsFile)); err == nil {
-			return d, nil
-		}
-	}
-	return "", fmt.Errorf("%s not found in %s: run examples/flights/fetch-data.sh first", flightsFile, strings.Join(cands, ", "))
+	return rep, cli.RunError(flightsJob, planFlag, runErr)
 }
 
 const civilLayout = "2006-01-02 15:04"
 
-// progress prints one line per completed chunk. ChunkDone is called
-// concurrently when Concurrency > 1.
-type progress struct {
-	out   io.Writer
-	total int
+// planFlag is the flag named by the hint when a job's plan changed.
+const planFlag = "-limit-days"
 
-	mu   sync.Mutex
-	done int
-	sum  backfill.Counts
-}
-
-var _ backfill.Hooks = (*progress)(nil)
-
-// ChunkDone implements [backfill.Hooks].
-func (p *progress) ChunkDone(ctx context.Context, batchID int64, r backfill.ChunkResult) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.done++
-	p.sum = p.sum.Add(r.Counts)
-	label := r.Chunk.ID
-	if r.Chunk.Kind == backfill.KindTime {
-		label = r.Chunk.Start.Format("2006-01-02")
+// newProgress returns the per-chunk printer of a job of total chunks: a
+// time chunk is labelled with its day.
+func newProgress(out io.Writer, total int) *cli.Progress {
+	return &cli.Progress{
+		Out:    out,
+		Total:  total,
+		Format: "  batch %d chunk %3d/%d %-12s rows %6d  inserted %6d  updated %5d  unchanged %6d  rejected %3d  dedup %d  %6.2fs",
+		Label: func(c backfill.Chunk) string {
+			if c.Kind == backfill.KindTime {
+				return c.Start.Format("2006-01-02")
+			}
+			return c.ID
+		},
+		Attempts: true,
 	}
-	fmt.Fprintf(p.out, "  batch %d chunk %3d/%d %-12s rows %6d  inserted %6d  updated %5d  unchanged %6d  rejected %3d  dedup %d  %6.2fs",
-		batchID, r.Chunk.Seq+1, p.total, label, r.Read, r.Inserted, r.Updated, r.Unchanged, r.Rejected, r.Deduplicated,
-		r.FinishedAt.Sub(r.StartedAt).Seconds())
-	if r.Attempt > 1 {
-		fmt.Fprintf(p.out, "  (attempt %d)", r.Attempt)
-	}
-	fmt.Fprintln(p.out)
-}
-
-func (p *progress) counts() (int, backfill.Counts) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.done, p.sum
 }
 
 // summary prints the run as the manifest recorded it, the extractor's
 // cost, two checks on the target and the process's peak memory.
-func summary(ctx context.Context, out io.Writer, db *sqlx.DB, m *backfill.PGManifest, rep backfill.Report, p *progress, scanned int64) error {
-	run, err := m.Run(ctx, db, rep.BatchID)
+func summary(ctx context.Context, out io.Writer, db *sqlx.DB, m *backfill.PGManifest, rep backfill.Report, p *cli.Progress, scanned int64) error {
+	l, err := cli.ReadLedger(ctx, db, m, rep.BatchID)
 	if err != nil {
 		return err
-	}
-	states, err := m.Chunks(ctx, db, rep.BatchID)
-	if err != nil {
-		return err
-	}
-	exc, err := m.Exceptions(ctx, db, rep.BatchID)
-	if err != nil {
-		return err
-	}
-	byStatus := map[backfill.ChunkStatus]int{}
-	var total backfill.Counts
-	retried := 0
-	for _, s := range states {
-		byStatus[s.Status]++
-		if s.Status == backfill.ChunkDone {
-			total = total.Add(s.Counts)
-		}
-		if s.Attempts > 1 {
-			retried++
-		}
-	}
-	fmt.Fprintf(out, "\nsummary (from the manifest, schema %s)\n", m.Schema())
-	fmt.Fprintf(out, "  run        batch %d, job %s, status %s, resumed %t, created %s\n",
-		run.BatchID, run.Job, run.Status, rep.Resumed, run.CreatedAt.Format(time.RFC3339))
-	fmt.Fprintf(out, "  chunks     %d total: %d done, %d pending, %d failed; %d needed more than one attempt\n",
-		len(states), byStatus[backfill.ChunkDone], byStatus[backfill.ChunkPending], byStatus[backfill.ChunkFailed], retried)
-	fmt.Fprintf(out, "  rows       %d read: %d inserted, %d updated, %d unchanged, %d rejected, %d deduplicated (balanced: %t)\n",
-		total.Read, total.Inserted, total.Updated, total.Unchanged, total.Rejected, total.Deduplicated, total.Balanced())
-	fmt.Fprintf(out, "  exceptions %d in the queue", len(exc))
-	reasons := map[string]int{}
-	for _, e := range exc {
-		reasons[e.Reason]++
-	}
-	for r, n := range reasons {
-		fmt.Fprintf(out, "; %d x %q", n, r)
 	}
 	fmt.Fprintln(out)
-
-	ran, this := p.counts()
-	if ran == 0 {
-		fmt.Fprintf(out, "  this call  nothing to do: the run was complete (-new-run replays it)\n")
-	} else {
-		fmt.Fprintf(out, "  this call  %d chunks, %d rows in %s = %.0f rows/s\n",
-			ran, this.Read, rep.Elapsed.Round(time.Millisecond), float64(this.Read)/max(rep.Elapsed.Seconds(), 1e-3))
-	}
-	if this.Read > 0 {
+	l.Summarize(out, rep, p, cli.SummaryFormat{Retried: true, Rerun: "-new-run replays it", Rate: true})
+	if _, this := p.Counts(); this.Read > 0 {
 		fmt.Fprintf(out, "  extractor  %d rows iterated for %d emitted (%.3fx)\n", scanned, this.Read, float64(scanned)/float64(this.Read))
 	}
 
@@ -378,22 +287,6 @@ func summary(ctx context.Context, out io.Writer, db *sqlx.DB, m *backfill.PGMani
 		return fmt.Errorf("check target: %w", err)
 	}
 	fmt.Fprintf(out, "  target     flights holds %d rows; %d airport references not in airports %s\n", q.Flights, q.Orphans, q.Codes)
-	fmt.Fprintf(out, "  memory     peak RSS %s\n", peakRSS())
+	fmt.Fprintf(out, "  memory     peak RSS %s\n", cli.PeakRSS())
 	return nil
-}
-
-// peakRSS returns VmHWM from /proc/self/status (Linux), or "unknown".
-func peakRSS() string {
-	f, err := os.Open("/proc/self/status")
-	if err != nil {
-		return "unknown"
-	}
-	defer f.Close()
-	s := bufio.NewScanner(f)
-	for s.Scan() {
-		if v, ok := strings.CutPrefix(s.Text(), "VmHWM:"); ok {
-			return strings.TrimSpace(v)
-		}
-	}
-	return "unknown"
 }

@@ -1,0 +1,232 @@
+// Package cli holds the helpers that the example commands (flights,
+// earthquakes) share: locating the data directory, explaining a failed
+// job, printing one line per chunk and a summary read from the manifest,
+// and reading the process's peak memory. What differs between the
+// commands is passed in; everything a single command needs stays in it.
+package cli
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+
+	"github.com/pgbackfill/backfill"
+)
+
+// RunError wraps err, the error of running job, with the job's name and,
+// for the errors a user can act on, a hint: for [backfill.ErrPlanChanged]
+// that the plan differs, naming planFlag (e.g. "-limit-days") as a likely
+// cause; for a [backfill.PartialError] that rerunning resumes the run. It
+// returns nil if err is nil.
+func RunError(job, planFlag string, err error) error {
+	if err == nil {
+		return nil
+	}
+	if errors.Is(err, backfill.ErrPlanChanged) {
+		return fmt.Errorf("job %s: %w\n(the job's existing run has a different plan, e.g. another %s or code version: rerun with the old flags, or pass -new-run to start a new run)", job, err, planFlag)
+	}
+	var pe *backfill.PartialError
+	if errors.As(err, &pe) {
+		return fmt.Errorf("job %s: %w\n(completed chunks are checkpointed: run the same command again to resume)", job, err)
+	}
+	return fmt.Errorf("job %s: %w", job, err)
+}
+
+// FindDataDir returns dir if it holds file, or, if dir is empty, the first
+// of the usual places of example name's data that holds file:
+// name/data, examples/name/data or data, depending on where the command
+// runs from. The error names examples/name/fetch-data.sh.
+func FindDataDir(dir, name, file string) (string, error) {
+	cands := []string{dir}
+	if dir == "" {
+		cands = []string{name + "/data", "examples/" + name + "/data", "data"}
+	}
+	for _, d := range cands {
+		if _, err := os.Stat(filepath.Join(d, file)); err == nil {
+			return d, nil
+		}
+	}
+	return "", fmt.Errorf("%s not found in %s: run examples/%s/fetch-data.sh first", file, strings.Join(cands, ", "), name)
+}
+
+// Progress is a [backfill.Hooks] that prints one line per completed chunk
+// to Out and counts the chunks and rows of this call. ChunkDone is called
+// concurrently when Concurrency > 1, so lines may come out of Seq order.
+type Progress struct {
+	Out   io.Writer
+	Total int // chunks in the job, printed after each chunk's number
+
+	// Format is the line without its newline. Its verbs take, in order:
+	// the batch id, the chunk's 1-based number, Total, the label, the
+	// chunk's Read, Inserted, Updated, Unchanged, Rejected and
+	// Deduplicated counts and its duration in seconds (float64).
+	Format string
+	// Label returns the label of a chunk; nil: the chunk's ID.
+	Label func(backfill.Chunk) string
+	// Attempts appends "  (attempt N)" to the line of a chunk that
+	// needed more than one attempt.
+	Attempts bool
+
+	mu   sync.Mutex
+	done int
+	sum  backfill.Counts
+}
+
+var _ backfill.Hooks = (*Progress)(nil)
+
+// ChunkDone implements [backfill.Hooks].
+func (p *Progress) ChunkDone(ctx context.Context, batchID int64, r backfill.ChunkResult) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.done++
+	p.sum = p.sum.Add(r.Counts)
+	label := r.Chunk.ID
+	if p.Label != nil {
+		label = p.Label(r.Chunk)
+	}
+	fmt.Fprintf(p.Out, p.Format,
+		batchID, r.Chunk.Seq+1, p.Total, label, r.Read, r.Inserted, r.Updated, r.Unchanged, r.Rejected, r.Deduplicated,
+		r.FinishedAt.Sub(r.StartedAt).Seconds())
+	if p.Attempts && r.Attempt > 1 {
+		fmt.Fprintf(p.Out, "  (attempt %d)", r.Attempt)
+	}
+	fmt.Fprintln(p.Out)
+}
+
+// Counts returns how many chunks completed so far and the sum of their
+// counts.
+func (p *Progress) Counts() (int, backfill.Counts) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.done, p.sum
+}
+
+// Ledger is a run as the manifest recorded it.
+type Ledger struct {
+	Schema     string // the manifest's schema
+	Run        backfill.Run
+	States     []backfill.ChunkState
+	Exceptions []backfill.Exception
+}
+
+// ReadLedger reads run batchID, its chunks and its exceptions from m.
+func ReadLedger(ctx context.Context, db *sqlx.DB, m *backfill.PGManifest, batchID int64) (*Ledger, error) {
+	run, err := m.Run(ctx, db, batchID)
+	if err != nil {
+		return nil, err
+	}
+	states, err := m.Chunks(ctx, db, batchID)
+	if err != nil {
+		return nil, err
+	}
+	exc, err := m.Exceptions(ctx, db, batchID)
+	if err != nil {
+		return nil, err
+	}
+	return &Ledger{Schema: m.Schema(), Run: run, States: states, Exceptions: exc}, nil
+}
+
+// SummaryFormat says how [Ledger.Summarize] differs between the commands.
+type SummaryFormat struct {
+	// UTC prints the run's creation time in UTC instead of in the
+	// location the driver returned.
+	UTC bool
+	// Retried appends to the chunks line how many chunks needed more
+	// than one attempt.
+	Retried bool
+	// ExceptionKey groups the exceptions, in order of first appearance;
+	// nil: by Reason.
+	ExceptionKey func(backfill.Exception) string
+	// Rerun is the hint printed in parentheses when this call had
+	// nothing to do, e.g. "-new-run replays it".
+	Rerun string
+	// Rate appends the rows per second of this call.
+	Rate bool
+}
+
+// Summarize prints the summary lines common to the commands: the header,
+// the run, its chunks by status, the rows of its completed chunks, its
+// exceptions and what this call (rep, p) did.
+func (l *Ledger) Summarize(out io.Writer, rep backfill.Report, p *Progress, f SummaryFormat) {
+	byStatus := map[backfill.ChunkStatus]int{}
+	var total backfill.Counts
+	retried := 0
+	for _, s := range l.States {
+		byStatus[s.Status]++
+		if s.Status == backfill.ChunkDone {
+			total = total.Add(s.Counts)
+		}
+		if s.Attempts > 1 {
+			retried++
+		}
+	}
+	created := l.Run.CreatedAt
+	if f.UTC {
+		created = created.UTC()
+	}
+	fmt.Fprintf(out, "summary (from the manifest, schema %s)\n", l.Schema)
+	fmt.Fprintf(out, "  run        batch %d, job %s, status %s, resumed %t, created %s\n",
+		l.Run.BatchID, l.Run.Job, l.Run.Status, rep.Resumed, created.Format(time.RFC3339))
+	fmt.Fprintf(out, "  chunks     %d total: %d done, %d pending, %d failed",
+		len(l.States), byStatus[backfill.ChunkDone], byStatus[backfill.ChunkPending], byStatus[backfill.ChunkFailed])
+	if f.Retried {
+		fmt.Fprintf(out, "; %d needed more than one attempt", retried)
+	}
+	fmt.Fprintln(out)
+	fmt.Fprintf(out, "  rows       %d read: %d inserted, %d updated, %d unchanged, %d rejected, %d deduplicated (balanced: %t)\n",
+		total.Read, total.Inserted, total.Updated, total.Unchanged, total.Rejected, total.Deduplicated, total.Balanced())
+	fmt.Fprintf(out, "  exceptions %d in the queue", len(l.Exceptions))
+	key := f.ExceptionKey
+	if key == nil {
+		key = func(e backfill.Exception) string { return e.Reason }
+	}
+	var reasons []string
+	count := map[string]int{}
+	for _, e := range l.Exceptions {
+		r := key(e)
+		if count[r] == 0 {
+			reasons = append(reasons, r)
+		}
+		count[r]++
+	}
+	for _, r := range reasons {
+		fmt.Fprintf(out, "; %d x %q", count[r], r)
+	}
+	fmt.Fprintln(out)
+
+	ran, this := p.Counts()
+	switch {
+	case ran == 0:
+		fmt.Fprintf(out, "  this call  nothing to do: the run was complete (%s)\n", f.Rerun)
+	case f.Rate:
+		fmt.Fprintf(out, "  this call  %d chunks, %d rows in %s = %.0f rows/s\n",
+			ran, this.Read, rep.Elapsed.Round(time.Millisecond), float64(this.Read)/max(rep.Elapsed.Seconds(), 1e-3))
+	default:
+		fmt.Fprintf(out, "  this call  %d chunks, %d rows in %s\n", ran, this.Read, rep.Elapsed.Round(time.Millisecond))
+	}
+}
+
+// PeakRSS returns VmHWM from /proc/self/status (Linux), or "unknown".
+func PeakRSS() string {
+	f, err := os.Open("/proc/self/status")
+	if err != nil {
+		return "unknown"
+	}
+	defer f.Close()
+	s := bufio.NewScanner(f)
+	for s.Scan() {
+		if v, ok := strings.CutPrefix(s.Text(), "VmHWM:"); ok {
+			return strings.TrimSpace(v)
+		}
+	}
+	return "unknown"
+}
