@@ -378,14 +378,13 @@ func buildMergeSQL(info TableInfo) pgMergeSQL {
 		q.insertAll = fmt.Sprintf(`INSERT INTO %s (%s) SELECT %s FROM %s`, target, sqlgen.List("", names), sqlgen.List("", names), stage)
 		before, undoCTEs := "", ""
 		if undo != "" {
-			// The undo log: the keys inserted and the prior image of every
-			// row updated, in the same statement and transaction.
+			// The undo log: the prior image of every row updated, in the
+			// same statement and transaction. Inserted rows are not logged:
+			// their lineage (InsertedBy) finds them.
 			before = fmt.Sprintf(", CASE WHEN coalesce(%s, false) THEN to_jsonb(t) END AS _backfill_before", apply)
 			undoCTEs = fmt.Sprintf(`,
-			ui AS (INSERT INTO %[1]s (batch_id, seq, op, key) SELECT $1::bigint, $2::int, 'inserts', jsonb_agg(%[2]s) FROM j WHERE NOT j._backfill_found HAVING count(*) > 0),
 			uu AS (INSERT INTO %[1]s (batch_id, seq, op, key, before) SELECT $1::bigint, $2::int, 'update', %[2]s, j._backfill_before FROM j WHERE j._backfill_apply)`,
 				undo, keyJSON("j", identity))
-			q.insertAll = withInsertUndo(q.insertAll, undo, identity)
 		}
 		q.upsert = fmt.Sprintf(`WITH j AS MATERIALIZED (
 				SELECT s.*, t.%[4]s IS NOT NULL AS _backfill_found, coalesce(%[5]s, false) AS _backfill_apply%[9]s
@@ -425,7 +424,6 @@ func buildMergeSQL(info TableInfo) pgMergeSQL {
 			FROM %[2]s s WHERE NOT EXISTS (SELECT 1 FROM %[1]s t WHERE %[5]s)`,
 			target, stage, sqlgen.List("", names), sqlgen.List("s.", names), idEq("t", "s"), vf, vt,
 			sqlgen.Equal("t2", "s", t.Key), sqlgen.Equal("s2", "s", t.Key))
-		q.insert = withInsertUndo(q.insert, undo, identity)
 		lineageSet, undoCTE := "", ""
 		if t.Lineage.UpdatedBy != "" {
 			// Closing an interval is a change by this batch.
@@ -450,7 +448,6 @@ func buildMergeSQL(info TableInfo) pgMergeSQL {
 	} else {
 		q.insert = fmt.Sprintf(`INSERT INTO %s (%s) SELECT %s FROM %s s WHERE NOT EXISTS (SELECT 1 FROM %s t WHERE %s)`,
 			target, sqlgen.List("", names), sqlgen.List("s.", names), stage, target, idEq("t", "s"))
-		q.insert = withInsertUndo(q.insert, undo, identity)
 	}
 	return q
 }
@@ -465,21 +462,8 @@ func keyJSON(alias string, identity []string) string {
 	return "jsonb_build_object(" + strings.Join(parts, ", ") + ")"
 }
 
-// withInsertUndo wraps an INSERT so that it also logs the inserted keys
-// (one undo row per statement: op "inserts", a jsonb array of keys) and
-// returns the inserted row count as its one result row.
-func withInsertUndo(insert, undo string, identity []string) string {
-	if undo == "" {
-		return insert
-	}
-	return fmt.Sprintf(`WITH i AS (%s RETURNING %s),
-		u AS (INSERT INTO %s (batch_id, seq, op, key) SELECT $1::bigint, $2::int, 'inserts', jsonb_agg(%s) FROM i HAVING count(*) > 0)
-		SELECT count(*) FROM i`,
-		insert, sqlgen.List("", identity), undo, keyJSON("i", identity))
-}
-
-// affected runs an INSERT built by withInsertUndo (or a plain one) and
-// returns how many rows it inserted.
+// affected runs an INSERT (plain, or a WITH i AS (...) statement that
+// returns its count) and returns how many rows it inserted.
 func (s *pgStager) affected(ctx context.Context, what, query string) (int64, error) {
 	if query == "" {
 		return 0, nil

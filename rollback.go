@@ -16,7 +16,9 @@ type RollbackOptions struct {
 	BatchID int64
 	// ChunkID limits the rollback to one chunk of the batch. Rows that
 	// later chunks of the same batch changed again are restored as they
-	// were before this chunk.
+	// were before this chunk. Rows the chunk inserted are found by lineage
+	// within the chunk's bounds of [Job.ChunkColumn]; without one, a chunk
+	// that inserted rows cannot be rolled back alone ([ErrUnsupported]).
 	ChunkID string
 	// Force rolls back rows that later batches changed too, overwriting
 	// their changes. The choice is recorded in the audit log. Without it a
@@ -117,16 +119,30 @@ func (r *Runner) Rollback(ctx context.Context, job Job, opts RollbackOptions) (R
 	}
 	slices.Reverse(seqs) // reverse order: the last change first
 	rb := newPGRollback(pm, info)
+	if plan.Time != nil {
+		rb.chunkColumn, rb.zone = plan.Time.ChunkColumn, plan.Time.Zone
+	}
 	if err := rb.load(ctx, r.db); err != nil {
 		return RollbackReport{}, err
 	}
+	// A single chunk's inserted rows are found by lineage within the
+	// chunk's bounds of Job.ChunkColumn; a whole batch's by lineage alone.
+	var one *ChunkState
+	if opts.ChunkID != "" {
+		i := slices.IndexFunc(states, func(s ChunkState) bool { return s.Chunk.ID == opts.ChunkID })
+		one = &states[i]
+		if rb.chunkColumn == "" && one.Inserted > 0 {
+			return RollbackReport{}, fmt.Errorf("backfill: rollback of batch %d chunk %s: %w: the chunk inserted %d rows and the job has no ChunkColumn to find them by; roll back the whole batch",
+				run.BatchID, opts.ChunkID, ErrUnsupported, one.Inserted)
+		}
+	}
 	rep := RollbackReport{BatchID: run.BatchID, Preview: opts.Preview, Status: run.Status}
-	if rep.Conflicts, rep.ConflictKeys, err = rb.conflicts(ctx, r.db, run.BatchID, seqs); err != nil {
+	if rep.Conflicts, rep.ConflictKeys, err = rb.conflicts(ctx, r.db, run.BatchID, seqs, one); err != nil {
 		return rep, err
 	}
 	if opts.Preview {
 		rep.Chunks = len(seqs)
-		if rep.Deleted, rep.Restored, err = rb.preview(ctx, r.db, run.BatchID, seqs, opts.Force); err != nil {
+		if rep.Deleted, rep.Restored, err = rb.preview(ctx, r.db, run.BatchID, seqs, one, opts.Force); err != nil {
 			return rep, err
 		}
 		rep.Elapsed = time.Since(begin)
@@ -145,7 +161,7 @@ func (r *Runner) Rollback(ctx context.Context, job Job, opts RollbackOptions) (R
 		}
 	}
 	for _, seq := range seqs {
-		deleted, restored, done, err := rb.chunk(ctx, r.db, run.BatchID, seq, opts.Force)
+		deleted, restored, done, err := rb.chunk(ctx, r.db, run.BatchID, seq, one, opts.Force)
 		if err != nil {
 			return rep, fmt.Errorf("backfill: rollback of batch %d chunk %d: %w", run.BatchID, seq, err)
 		}
@@ -163,11 +179,15 @@ func (r *Runner) Rollback(ctx context.Context, job Job, opts RollbackOptions) (R
 	if opts.ChunkID != "" {
 		kind = "rollback_chunk"
 	}
-	detail, _ := json.Marshal(map[string]any{"why": opts.Why, "chunk": opts.ChunkID, "force": opts.Force, "chunks": rep.Chunks,
-		"deleted": rep.Deleted, "restored": rep.Restored, "conflicts_overridden": rep.Conflicts * boolInt(opts.Force)})
-	if err := rb.finish(ctx, r.db, run, opts.ChunkID == "", Event{BatchID: run.BatchID, Job: run.Job, Kind: kind, Actor: opts.Actor, Detail: detail}); err != nil {
-		return rep, err
+	deleted, err := rb.finish(ctx, r.db, run, opts.ChunkID == "", opts.Force, func(deleted int64) Event {
+		detail, _ := json.Marshal(map[string]any{"why": opts.Why, "chunk": opts.ChunkID, "force": opts.Force, "chunks": rep.Chunks,
+			"deleted": rep.Deleted + deleted, "restored": rep.Restored, "conflicts_overridden": rep.Conflicts * boolInt(opts.Force)})
+		return Event{BatchID: run.BatchID, Job: run.Job, Kind: kind, Actor: opts.Actor, Detail: detail}
+	})
+	if err != nil {
+		return rep, fmt.Errorf("backfill: rollback of batch %d: %w", run.BatchID, err)
 	}
+	rep.Deleted += deleted
 	if opts.ChunkID == "" {
 		rep.Status = RunRolledBack
 	}

@@ -22,12 +22,17 @@ type pgRollback struct {
 	undo     string // quoted
 	identity []string
 	updated  string // quoted lineage UpdatedBy column
+	inserted string // quoted lineage InsertedBy column
 	columns  []string
+	// chunkColumn and zone are the plan's ChunkColumn and Zone: they find
+	// the rows a single chunk inserted (""/nil: unknown).
+	chunkColumn string
+	zone        string
 }
 
 func newPGRollback(m *PGManifest, info TableInfo) *pgRollback {
 	return &pgRollback{m: m, info: info, target: sqlgen.Table(info.Target.Table), undo: sqlgen.Ident(m.schema) + ".undo",
-		identity: info.identity(), updated: sqlgen.Ident(info.Target.Lineage.UpdatedBy)}
+		identity: info.identity(), updated: sqlgen.Ident(info.Target.Lineage.UpdatedBy), inserted: sqlgen.Ident(info.Target.Lineage.InsertedBy)}
 }
 
 // load reads the target's updatable columns (not generated, not identity
@@ -53,19 +58,23 @@ func (rb *pgRollback) entries() string {
 		SELECT u.batch_id, u.seq, u.id, u.op, u.key, u.before FROM %[1]s u WHERE u.op IN ('insert', 'update'))`, rb.undo)
 }
 
-// conflicts counts the rows of the chunks' undo log that a later batch
-// changed, with up to 100 of their keys.
-func (rb *pgRollback) conflicts(ctx context.Context, db sqlx.ExtContext, batch int64, seqs []int) (int64, []string, error) {
+// conflicts counts the rows the batch (or one chunk of it) changed that a
+// later batch changed again: rows of the undo log, and rows it inserted
+// (found by lineage), with up to 100 of their keys.
+func (rb *pgRollback) conflicts(ctx context.Context, db sqlx.ExtContext, batch int64, seqs []int, chunk *ChunkState) (int64, []string, error) {
 	var rows []struct {
 		N   int64  `db:"n"`
 		Key string `db:"key"`
 	}
+	filter, fargs := rb.insertedFilter(chunk, 3)
 	err := sqlx.SelectContext(ctx, db, &rows, fmt.Sprintf(`WITH c AS (
 			SELECT DISTINCT u.key FROM %[1]s u CROSS JOIN LATERAL jsonb_populate_record(NULL::%[2]s, u.key) r
 			JOIN %[2]s t ON %[3]s
-			WHERE u.batch_id = $1 AND u.seq = ANY ($2::int[]) AND t.%[4]s IS DISTINCT FROM $1)
+			WHERE u.batch_id = $1 AND u.seq = ANY ($2::int[]) AND t.%[4]s IS DISTINCT FROM $1
+			UNION
+			SELECT %[6]s FROM %[2]s t WHERE t.%[5]s = $1 AND t.%[4]s IS DISTINCT FROM $1 AND %[7]s)
 		SELECT (SELECT count(*) FROM c) AS n, c.key::text AS key FROM c ORDER BY c.key::text LIMIT 100`,
-		rb.entries(), rb.target, rb.match(), rb.updated), batch, pq.Array(seqs))
+		rb.entries(), rb.target, rb.match(), rb.updated, rb.inserted, keyJSON("t", rb.identity), filter), append([]any{batch, pq.Array(seqs)}, fargs...)...)
 	if err != nil {
 		return 0, nil, fmt.Errorf("backfill: rollback %s: conflicts: %w", rb.info.Target.Table, err)
 	}
@@ -81,18 +90,20 @@ func (rb *pgRollback) conflicts(ctx context.Context, db sqlx.ExtContext, batch i
 
 // preview counts the rows a rollback of the chunks would delete and
 // restore.
-func (rb *pgRollback) preview(ctx context.Context, db sqlx.ExtContext, batch int64, seqs []int, force bool) (deleted, restored int64, err error) {
+func (rb *pgRollback) preview(ctx context.Context, db sqlx.ExtContext, batch int64, seqs []int, chunk *ChunkState, force bool) (deleted, restored int64, err error) {
 	var n struct {
 		Deleted  int64 `db:"deleted"`
 		Restored int64 `db:"restored"`
 	}
+	filter, fargs := rb.insertedFilter(chunk, 4)
 	err = sqlx.GetContext(ctx, db, &n, fmt.Sprintf(`SELECT
+			(SELECT count(*) FROM %[2]s t WHERE t.%[5]s = $1 AND (t.%[4]s IS NOT DISTINCT FROM $1 OR $3) AND %[6]s) +
 			count(DISTINCT u.key) FILTER (WHERE u.op = 'insert') AS deleted,
 			count(DISTINCT u.key) FILTER (WHERE u.op = 'update') AS restored
 		FROM %[1]s u CROSS JOIN LATERAL jsonb_populate_record(NULL::%[2]s, u.key) r
 		JOIN %[2]s t ON %[3]s
 		WHERE u.batch_id = $1 AND u.seq = ANY ($2::int[]) AND (t.%[4]s IS NOT DISTINCT FROM $1 OR $3)`,
-		rb.entries(), rb.target, rb.match(), rb.updated), batch, pq.Array(seqs), force)
+		rb.entries(), rb.target, rb.match(), rb.updated, rb.inserted, filter), append([]any{batch, pq.Array(seqs), force}, fargs...)...)
 	if err != nil {
 		return 0, 0, fmt.Errorf("backfill: rollback %s: preview: %w", rb.info.Target.Table, err)
 	}
@@ -102,8 +113,11 @@ func (rb *pgRollback) preview(ctx context.Context, db sqlx.ExtContext, batch int
 // chunk rolls back one chunk in its own transaction, with the chunk's
 // manifest row as checkpoint. done is false when the chunk was not (or no
 // longer) done: rolled back by an earlier, interrupted call.
-func (rb *pgRollback) chunk(ctx context.Context, db sqlx.ExtContext, batch int64, seq int, force bool) (deleted, restored int64, done bool, err error) {
+func (rb *pgRollback) chunk(ctx context.Context, db sqlx.ExtContext, batch int64, seq int, chunk *ChunkState, force bool) (deleted, restored int64, done bool, err error) {
 	err = inTx(ctx, db, func(tx sqlx.ExtContext) error {
+		if err := rb.keysTable(ctx, tx); err != nil {
+			return err
+		}
 		var status []string
 		if err := sqlx.SelectContext(ctx, tx, &status, rb.m.sql(`SELECT status FROM {s}.chunks WHERE batch_id = $1 AND seq = $2 FOR UPDATE`), batch, seq); err != nil {
 			return err
@@ -135,6 +149,13 @@ func (rb *pgRollback) chunk(ctx context.Context, db sqlx.ExtContext, batch int64
 			return fmt.Errorf("delete: %w", err)
 		}
 		deleted, _ = res.RowsAffected()
+		if chunk != nil {
+			n, err := rb.deleteInserted(ctx, tx, batch, chunk, force)
+			if err != nil {
+				return err
+			}
+			deleted += n
+		}
 		if rb.info.Target.Mode == History {
 			if err := rb.retile(ctx, tx, batch, seq); err != nil {
 				return err
@@ -151,15 +172,83 @@ func (rb *pgRollback) chunk(ctx context.Context, db sqlx.ExtContext, batch int64
 
 // finish records the rollback in the audit log and, for a whole batch,
 // sets the run's status.
-func (rb *pgRollback) finish(ctx context.Context, db sqlx.ExtContext, run Run, whole bool, e Event) error {
-	return inTx(ctx, db, func(tx sqlx.ExtContext) error {
+func (rb *pgRollback) finish(ctx context.Context, db sqlx.ExtContext, run Run, whole, force bool, e func(deleted int64) Event) (deleted int64, err error) {
+	err = inTx(ctx, db, func(tx sqlx.ExtContext) error {
 		if whole {
+			// The rows the batch inserted, found by lineage, in one
+			// statement: a crash before the commit leaves them all, and the
+			// next call deletes them.
+			if err := rb.keysTable(ctx, tx); err != nil {
+				return err
+			}
+			n, err := rb.deleteInserted(ctx, tx, run.BatchID, nil, force)
+			if err != nil {
+				return err
+			}
+			deleted = n
+			if rb.info.Target.Mode == History {
+				if err := rb.retile(ctx, tx, run.BatchID, -1); err != nil {
+					return err
+				}
+			}
 			if _, err := tx.ExecContext(ctx, rb.m.sql(`UPDATE {s}.runs SET status = 'rolled_back', updated_at = now() WHERE batch_id = $1`), run.BatchID); err != nil {
 				return err
 			}
 		}
-		return rb.m.RecordEvent(ctx, tx, e)
+		return rb.m.RecordEvent(ctx, tx, e(deleted))
 	})
+	return deleted, err
+}
+
+// keysTable makes the transaction-local list of keys whose rows this
+// transaction deleted (for re-tiling History keys).
+func (rb *pgRollback) keysTable(ctx context.Context, tx sqlx.ExtContext) error {
+	_, err := tx.ExecContext(ctx, `CREATE TEMP TABLE IF NOT EXISTS backfill_rollback_keys (key jsonb NOT NULL) ON COMMIT DELETE ROWS`)
+	return err
+}
+
+// deleteInserted deletes the rows the batch inserted (lineage InsertedBy),
+// all of them or those of one chunk, that no later batch changed (unless
+// force), and lists their keys in backfill_rollback_keys.
+func (rb *pgRollback) deleteInserted(ctx context.Context, tx sqlx.ExtContext, batch int64, chunk *ChunkState, force bool) (int64, error) {
+	filter, fargs := rb.insertedFilter(chunk, 3)
+	res, err := tx.ExecContext(ctx, fmt.Sprintf(`WITH d AS (DELETE FROM %[1]s t WHERE t.%[2]s = $1 AND (t.%[3]s IS NOT DISTINCT FROM $1 OR $2) AND %[4]s RETURNING %[5]s AS key)
+		INSERT INTO backfill_rollback_keys SELECT key FROM d`, rb.target, rb.inserted, rb.updated, filter, keyJSON("t", rb.identity)),
+		append([]any{batch, force}, fargs...)...)
+	if err != nil {
+		return 0, fmt.Errorf("delete inserted rows: %w", err)
+	}
+	return res.RowsAffected()
+}
+
+// insertedFilter returns an SQL condition on target alias t that selects
+// the rows of one chunk by the plan's ChunkColumn, with its bind
+// parameters numbered from first; "true" for a whole batch (chunk nil).
+func (rb *pgRollback) insertedFilter(chunk *ChunkState, first int) (string, []any) {
+	if chunk == nil {
+		return "true", nil
+	}
+	col := "t." + sqlgen.Ident(rb.chunkColumn)
+	p := func(i int) string { return fmt.Sprintf("$%d", first+i) }
+	c := chunk.Chunk
+	switch c.Kind {
+	case KindTime:
+		var base string
+		for _, x := range rb.info.Columns {
+			if x.Name == rb.chunkColumn {
+				base = x.BaseType
+			}
+		}
+		if base == "timestamp" || base == "date" {
+			return fmt.Sprintf("%[1]s >= (%[2]s::timestamptz AT TIME ZONE %[4]s)::%[5]s AND %[1]s < (%[3]s::timestamptz AT TIME ZONE %[4]s)::%[5]s",
+				col, p(0), p(1), p(2), base), []any{c.Start, c.End, cmpOr(rb.zone, "UTC")}
+		}
+		return fmt.Sprintf("%s >= %s AND %s < %s", col, p(0), col, p(1)), []any{c.Start, c.End}
+	case KindInt:
+		return fmt.Sprintf("%s >= %s AND %s < %s", col, p(0), col, p(1)), []any{c.Lo, c.Hi}
+	default:
+		return fmt.Sprintf("%s = %s", col, p(0)), []any{c.Item}
+	}
 }
 
 // retile recomputes valid_to for the History keys the chunk's undo log
@@ -170,8 +259,10 @@ func (rb *pgRollback) retile(ctx context.Context, tx sqlx.ExtContext, batch int6
 	t := rb.info.Target
 	key := sqlgen.List("", t.Key)
 	vf, vt := sqlgen.Ident(t.ValidFrom), sqlgen.Ident(t.ValidTo)
-	keys := fmt.Sprintf(`SELECT DISTINCT %[3]s FROM %[1]s u CROSS JOIN LATERAL jsonb_populate_record(NULL::%[2]s, u.key) r
-		WHERE u.batch_id = $1 AND u.seq = $2`, rb.entries(), rb.target, sqlgen.List("r.", t.Key))
+	keys := fmt.Sprintf(`SELECT DISTINCT %[3]s FROM (
+			SELECT u.key FROM %[1]s u WHERE u.batch_id = $1 AND (u.seq = $2 OR $2 < 0)
+			UNION ALL SELECT k.key FROM backfill_rollback_keys k) u
+		CROSS JOIN LATERAL jsonb_populate_record(NULL::%[2]s, u.key) r`, rb.entries(), rb.target, sqlgen.List("r.", t.Key))
 	_, err := tx.ExecContext(ctx, fmt.Sprintf(`WITH x AS (SELECT %[2]s, %[3]s, lead(%[3]s) OVER (PARTITION BY %[2]s ORDER BY %[3]s) AS next_from
 			FROM %[1]s WHERE (%[2]s) IN (%[5]s))
 		UPDATE %[1]s t SET %[4]s = x.next_from FROM x
