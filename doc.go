@@ -132,8 +132,9 @@ until [Runner.Resume] records who resumed it and why.
 With [Lineage] columns on the target (bigint backfill_inserted_by and
 backfill_updated_by by default), every row says which batch inserted it and
 which last changed it, and the default [Job.Rollback] is
-[RollbackUndoLog]: each chunk's transaction logs the keys it inserted and
-the prior images of the rows it updated (and SCD2 intervals it closed).
+[RollbackUndoLog]: each chunk's transaction logs the prior images of the
+rows it updated (and SCD2 intervals it closed); the rows it inserted are
+found again by their lineage.
 [Runner.Rollback] withdraws a batch or one chunk in reverse order, one
 transaction per chunk with its own checkpoint, refuses rows a later batch
 changed unless forced, previews without writing, and records who, why and
