@@ -234,6 +234,9 @@ type Job struct {
 	// the run pauses until [Runner.Resume]. See validate_pg.go for the
 	// PostgreSQL checks.
 	Validators []Validator
+	// Publish says when rows become visible to readers; the zero value
+	// publishes each chunk as it commits. See [PublishVersionedView].
+	Publish Publish
 	// Rollback is the rollback mechanism. Empty means RollbackUndoLog when
 	// the target has lineage columns; without them the job must say
 	// RollbackNone explicitly ([ErrInvalidConfig] otherwise), so that no

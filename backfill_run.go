@@ -124,6 +124,9 @@ func (j Job) validate() error {
 	case j.Extractor == nil:
 		return fmt.Errorf("%w: Job.Extractor is required (job %q)", ErrInvalidConfig, j.Name)
 	}
+	if err := j.Publish.validate(j.Name); err != nil {
+		return err
+	}
 	return j.Target.validate()
 }
 
@@ -201,8 +204,14 @@ func (r *Runner) Run(ctx context.Context, job Job) (Report, error) {
 		rep, err := r.report(ctx, run, resumed)
 		return rep, errors.Join(err, fmt.Errorf("backfill: job %q batch %d: %w: %s; resume it with Runner.Resume", job.Name, run.BatchID, ErrRunPaused, run.LastError))
 	}
+	target := info.Target.Table
+	if job.Publish.Mode == PublishVersionedView && run.Status != RunCompleted && run.Status != RunRolledBack {
+		if info, err = r.prepareVersion(ctx, job, info, run.BatchID); err != nil {
+			return Report{}, err
+		}
+	}
 	ex := &execution{r: r, job: job, info: info, plan: plan, batchID: run.BatchID, log: log, undoTable: undoTable}
-	if run.Status != RunCompleted {
+	if run.Status != RunCompleted && run.Status != RunRolledBack {
 		ex.work(ctx)
 	}
 	var runErr error
@@ -222,6 +231,13 @@ func (r *Runner) Run(ctx context.Context, job Job) (Report, error) {
 	}
 	if run.Status == RunAbandoned {
 		runErr = errors.Join(runErr, fmt.Errorf("backfill: job %q batch %d: %w", job.Name, run.BatchID, ErrRunAbandoned))
+	}
+	if run.Status == RunCompleted && job.Publish.Mode == PublishVersionedView {
+		// Idempotent: a crash between completion and the switch publishes
+		// on the next call.
+		if err := r.publishVersion(fctx, job, run, target); err != nil {
+			return Report{}, errors.Join(runErr, err)
+		}
 	}
 	rep, err := r.report(fctx, run, resumed)
 	rep.ChunksRun = len(ex.done)

@@ -57,6 +57,8 @@ type Plan struct {
 	// ChunkIDs lists the chunk IDs in order; the chunks themselves are
 	// rows of the manifest.
 	ChunkIDs []string `json:"chunk_ids"`
+	// Publish is the job's publish mode and view ("" per chunk).
+	Publish string `json:"publish,omitempty"`
 	// Rollback is the job's rollback mechanism, decided before writing.
 	Rollback RollbackMechanism `json:"rollback,omitempty"`
 	// Time records the job's time declarations (omitted when none).

@@ -46,6 +46,7 @@ func NewPlan(job Job, info TableInfo, chunks []Chunk) Plan {
 			UpdatedBy:  info.Target.Lineage.UpdatedBy,
 		},
 		Rollback: job.Rollback,
+		Publish:  job.Publish.String(),
 		ChunkIDs: ids,
 		Chunks:   chunks,
 	}
@@ -104,6 +105,7 @@ func PlanDiff(a, b Plan) []string {
 	add("target.inserted_by", a.Target.InsertedBy, b.Target.InsertedBy)
 	add("target.updated_by", a.Target.UpdatedBy, b.Target.UpdatedBy)
 	add("rollback", a.Rollback, b.Rollback)
+	add("publish", a.Publish, b.Publish)
 	var at, bt PlanTime
 	if a.Time != nil {
 		at = *a.Time

@@ -7,6 +7,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/jmoiron/sqlx"
 )
 
 // RollbackOptions configures [Runner.Rollback].
@@ -93,6 +95,29 @@ func (r *Runner) Rollback(ctx context.Context, job Job, opts RollbackOptions) (R
 	var plan Plan
 	if err := json.Unmarshal(run.Plan, &plan); err != nil {
 		return RollbackReport{}, fmt.Errorf("backfill: rollback of batch %d: plan: %w", run.BatchID, err)
+	}
+	if job.Publish.Mode == PublishVersionedView && plan.Publish == job.Publish.String() && run.Status != RunRolledBack {
+		// Switch-back: the batch's rows live in their own table version.
+		if opts.Preview || opts.ChunkID != "" {
+			return RollbackReport{BatchID: run.BatchID, Preview: opts.Preview, Status: run.Status}, fmt.Errorf("backfill: rollback of batch %d: %w: a versioned-view batch is switched back whole", run.BatchID, ErrUnsupported)
+		}
+		switched, err := r.switchBack(ctx, run, opts.Actor, opts.Why)
+		if err != nil {
+			return RollbackReport{BatchID: run.BatchID, Status: run.Status}, err
+		}
+		if !switched {
+			// Never published: readers never saw the batch; withdraw the run.
+			if err := inTx(ctx, r.db, func(tx sqlx.ExtContext) error {
+				if _, err := tx.ExecContext(ctx, pm.sql(`UPDATE {s}.runs SET status = 'rolled_back', updated_at = now() WHERE batch_id = $1`), run.BatchID); err != nil {
+					return err
+				}
+				detail, _ := json.Marshal(map[string]string{"why": opts.Why})
+				return pm.RecordEvent(ctx, tx, Event{BatchID: run.BatchID, Job: run.Job, Kind: "rollback_unpublished", Actor: opts.Actor, Detail: detail})
+			}); err != nil {
+				return RollbackReport{BatchID: run.BatchID, Status: run.Status}, err
+			}
+		}
+		return RollbackReport{BatchID: run.BatchID, Status: RunRolledBack, Elapsed: time.Since(begin)}, nil
 	}
 	if plan.Rollback != RollbackUndoLog {
 		return RollbackReport{}, fmt.Errorf("backfill: rollback of batch %d: %w: it was planned with rollback %q", run.BatchID, ErrUnsupported, cmpOr(plan.Rollback, "none"))
