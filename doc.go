@@ -127,6 +127,14 @@ takes over.
 failed check of [SeverityError] rolls the chunk back and pauses the run
 until [Runner.Resume] records who resumed it and why.
 
+# Publishing
+
+By default each chunk is visible when its transaction commits; the view
+backfill.completed_batches lets reports keep only rows of completed
+batches. With [PublishVersionedView] a run loads its own version of the
+target table and [Job.Publish]'s view switches to it in one transaction at
+the end, keeping the previous version for [Runner.Rollback].
+
 # Lineage and rollback
 
 With [Lineage] columns on the target (bigint backfill_inserted_by and
