@@ -3,11 +3,15 @@ package backfill_test
 import (
 	"context"
 	"fmt"
+	"os"
+	"os/exec"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgbackfill/backfill"
@@ -89,4 +93,93 @@ func TestVersionedViewReadersNeverSeeAMix(t *testing.T) {
 	require.Equal(t, v1, state(), "switched back to the previous version")
 	_, err = r.Rollback(ctx, job(1, false), backfill.RollbackOptions{BatchID: rep1.BatchID, Actor: "ann", Why: "first"})
 	require.ErrorIs(t, err, backfill.ErrUnsupported, "the first version has nothing to switch back to")
+}
+
+func viewJob(slow bool) backfill.Job {
+	return backfill.Job{Name: "orders", Chunker: backfill.IntRange(0, 400, 20), ChunkColumn: "id",
+		Publish: backfill.Publish{Mode: backfill.PublishVersionedView, View: "orders_current"},
+		Extractor: backfill.ExtractorFunc(func(ctx context.Context, c backfill.Chunk, w backfill.RowWriter) error {
+			if slow {
+				time.Sleep(30 * time.Millisecond)
+			}
+			for id := c.Lo; id < c.Hi; id++ {
+				if err := w.Write(ctx, id, id*3); err != nil {
+					return err
+				}
+			}
+			return nil
+		}),
+		Target: backfill.Target{Table: "orders", Key: []string{"id"}, Columns: []string{"id", "amount"}}}
+}
+
+func init() {
+	// The child process of TestKillDashNineBeforePublish.
+	if url := os.Getenv("BACKFILL_VIEW_CHILD"); url != "" {
+		db := sqlx.MustOpen("postgres", url)
+		r, err := backfill.New(db, nil)
+		if err == nil {
+			_, err = r.Run(context.Background(), viewJob(true))
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+}
+
+// TestKillDashNineBeforePublish: kill -9 while a versioned-view run loads;
+// nothing is visible before the publish, and the rerun's result equals an
+// uninterrupted run.
+func TestKillDashNineBeforePublish(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("spawns a process")
+	}
+	ctx := context.Background()
+	create := `CREATE TABLE orders (id bigint PRIMARY KEY, amount bigint NOT NULL, backfill_inserted_by bigint, backfill_updated_by bigint);
+		INSERT INTO orders (id, amount) SELECT g, 0 FROM generate_series(0, 9) g;
+		CREATE VIEW orders_current AS SELECT * FROM orders;`
+	ref := pgtest.New(t)
+	_, err := ref.Exec(create)
+	require.NoError(t, err)
+	r, err := backfill.New(ref, nil)
+	require.NoError(t, err)
+	_, err = r.Run(ctx, viewJob(false))
+	require.NoError(t, err)
+	var want []string
+	require.NoError(t, ref.Select(&want, `SELECT row(id, amount)::text FROM orders_current ORDER BY id`))
+
+	url := pgtest.NewURL(t)
+	db := sqlx.MustOpen("postgres", url)
+	t.Cleanup(func() { db.Close() })
+	_, err = db.Exec(create)
+	require.NoError(t, err)
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), "BACKFILL_VIEW_CHILD="+url)
+	require.NoError(t, cmd.Start())
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		var n int
+		err := db.Get(&n, `SELECT count(*) FROM backfill.chunks WHERE status = 'done'`)
+		if err == nil && n >= 5 {
+			break
+		}
+		require.True(t, time.Now().Before(deadline), "child made no progress")
+		time.Sleep(5 * time.Millisecond)
+	}
+	require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
+	_ = cmd.Wait()
+	var visible string
+	require.NoError(t, db.Get(&visible, `SELECT count(*) || '/' || sum(amount) FROM orders_current`))
+	require.Equal(t, "10/0", visible, "nothing of the interrupted run is visible before the publish")
+
+	r, err = backfill.New(db, nil)
+	require.NoError(t, err)
+	rep, err := r.Run(ctx, viewJob(false))
+	require.NoError(t, err)
+	require.True(t, rep.Resumed)
+	var got []string
+	require.NoError(t, db.Select(&got, `SELECT row(id, amount)::text FROM orders_current ORDER BY id`))
+	require.Equal(t, want, got)
 }
