@@ -183,6 +183,10 @@ const (
 	RollbackUndoLog RollbackMechanism = "undo_log"
 	// RollbackNone explicitly accepts that batches cannot be withdrawn.
 	RollbackNone RollbackMechanism = "none"
+	// RollbackSwitchBack withdraws a batch published by a versioned view or
+	// partition swaps by pointing readers back to the versions it
+	// replaced, which are kept. The default of those publish modes.
+	RollbackSwitchBack RollbackMechanism = "switch_back"
 )
 
 // Job is one backfill: what to read (Chunker + Extractor), where to write

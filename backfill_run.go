@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -126,6 +127,9 @@ func (j Job) validate() error {
 	}
 	if err := j.Publish.validate(j.Name); err != nil {
 		return err
+	}
+	if j.Publish.Mode == PublishPartitionSwap && j.ChunkColumn == "" {
+		return fmt.Errorf("%w: PublishPartitionSwap needs Job.ChunkColumn, the partition key (job %q)", ErrInvalidConfig, j.Name)
 	}
 	return j.Target.validate()
 }
@@ -421,6 +425,12 @@ func (ex *execution) runChunk(ctx context.Context) (res ChunkResult, claimed boo
 	started := time.Now()
 
 	info := ex.info
+	var part, keyType string
+	if ex.job.Publish.Mode == PublishPartitionSwap {
+		if info, part, keyType, err = r.prepareSwap(ctx, tx, info, c, ex.batchID); err != nil {
+			return res, true, attempt, chunkErr(err)
+		}
+	}
 	info.Chunk = ChunkRef{BatchID: ex.batchID, Seq: c.Seq, UndoTable: ex.undoTable}
 	stager, err := r.cfg.Merger.Stage(ctx, tx, info)
 	if err != nil {
@@ -487,6 +497,19 @@ func (ex *execution) runChunk(ctx context.Context) (res ChunkResult, claimed boo
 			return res, true, attempt, chunkErr(fmt.Errorf("%w: the manifest cannot keep validation results", ErrUnsupported))
 		}
 		if err := mv.AddValidations(ctx, tx, ex.batchID, c.ID, checks); err != nil {
+			return res, true, attempt, chunkErr(err)
+		}
+	}
+	if part != "" {
+		if err := swapPartition(ctx, tx, ex.info.Target.Table, part, info.Target.Table, ex.job.ChunkColumn, keyType, c, cmpOr(ex.job.Publish.LockTimeout, "5s")); err != nil {
+			return res, true, attempt, chunkErr(err)
+		}
+		audit, ok := r.cfg.Manifest.(ManifestAudit)
+		if !ok {
+			return res, true, attempt, chunkErr(fmt.Errorf("%w: partition swaps are recorded in the audit log", ErrUnsupported))
+		}
+		detail, _ := json.Marshal(map[string]any{"seq": c.Seq, "chunk": c.ID, "parent": ex.info.Target.Table, "old": part, "new": info.Target.Table})
+		if err := audit.RecordEvent(ctx, tx, Event{BatchID: ex.batchID, Job: ex.job.Name, Kind: "partition_swapped", Actor: r.cfg.WorkerID, Detail: detail}); err != nil {
 			return res, true, attempt, chunkErr(err)
 		}
 	}
@@ -753,7 +776,18 @@ func (r *Runner) Resume(ctx context.Context, job Job, actor, why string) (Report
 // rollbackMechanism resolves Job.Rollback against the prepared target.
 func rollbackMechanism(job Job, info TableInfo) (RollbackMechanism, error) {
 	lineage := info.Target.Lineage.InsertedBy != "" && info.Target.Lineage.UpdatedBy != ""
+	if job.Publish.Mode != PublishPerChunk {
+		switch job.Rollback {
+		case "", RollbackSwitchBack:
+			return RollbackSwitchBack, nil
+		case RollbackNone:
+			return RollbackNone, nil
+		}
+		return "", fmt.Errorf("backfill: job %q: %w: publish mode %s is rolled back by switching back (RollbackSwitchBack) or not at all", job.Name, ErrInvalidConfig, job.Publish.Mode)
+	}
 	switch job.Rollback {
+	case RollbackSwitchBack:
+		return "", fmt.Errorf("backfill: job %q: %w: RollbackSwitchBack needs a versioned-view or partition-swap publish mode", job.Name, ErrInvalidConfig)
 	case RollbackNone:
 		return RollbackNone, nil
 	case RollbackUndoLog:

@@ -92,7 +92,9 @@ func TestVersionedViewReadersNeverSeeAMix(t *testing.T) {
 	require.Equal(t, backfill.RunRolledBack, rb.Status)
 	require.Equal(t, v1, state(), "switched back to the previous version")
 	_, err = r.Rollback(ctx, job(1, false), backfill.RollbackOptions{BatchID: rep1.BatchID, Actor: "ann", Why: "first"})
-	require.ErrorIs(t, err, backfill.ErrUnsupported, "the first version has nothing to switch back to")
+	require.NoError(t, err, "the first publish created the view: switching back points it at the base table")
+	require.NoError(t, db.Get(&n, `SELECT count(*) FROM orders_current`))
+	require.Zero(t, n)
 }
 
 func viewJob(slow bool) backfill.Job {
@@ -182,4 +184,85 @@ func TestKillDashNineBeforePublish(t *testing.T) {
 	var got []string
 	require.NoError(t, db.Select(&got, `SELECT row(id, amount)::text FROM orders_current ORDER BY id`))
 	require.Equal(t, want, got)
+}
+
+// TestPartitionSwap: each chunk's partition is rebuilt beside the old one
+// and swapped in; a reader of one day sees the old partition or the new
+// one, never a mix; rollback swaps the old partitions back.
+func TestPartitionSwap(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t)
+	_, err := db.Exec(`CREATE TABLE sales (day timestamptz NOT NULL, id int NOT NULL, amount int NOT NULL, PRIMARY KEY (day, id))
+			PARTITION BY RANGE (day);
+		CREATE TABLE sales_d1 PARTITION OF sales FOR VALUES FROM ('2024-01-01 00:00Z') TO ('2024-01-02 00:00Z');
+		CREATE TABLE sales_d2 PARTITION OF sales FOR VALUES FROM ('2024-01-02 00:00Z') TO ('2024-01-03 00:00Z');
+		INSERT INTO sales SELECT '2024-01-01 00:00Z'::timestamptz + g * interval '1 minute', g, 1 FROM generate_series(0, 99) g;`)
+	require.NoError(t, err)
+	job := func(rows int) backfill.Job {
+		return backfill.Job{Name: "sales", NewRun: true, ChunkColumn: "day",
+			Chunker: backfill.Days(time.Date(2024, 1, 1, 0, 0, 0, 0, time.UTC), time.Date(2024, 1, 3, 0, 0, 0, 0, time.UTC), time.UTC),
+			Publish: backfill.Publish{Mode: backfill.PublishPartitionSwap},
+			Extractor: backfill.ExtractorFunc(func(ctx context.Context, c backfill.Chunk, w backfill.RowWriter) error {
+				time.Sleep(30 * time.Millisecond)
+				for i := range rows {
+					if err := w.Write(ctx, c.Start.Add(time.Duration(i)*time.Minute), int64(i), int64(2)); err != nil {
+						return err
+					}
+				}
+				return nil
+			}),
+			Target: backfill.Target{Table: "sales", Key: []string{"day", "id"}, Columns: []string{"day", "id", "amount"}}}
+	}
+	count := func() string {
+		var s string
+		require.NoError(t, db.Get(&s, `SELECT count(*) || '/' || coalesce(sum(amount), 0) FROM sales WHERE day >= '2024-01-01Z' AND day < '2024-01-02Z'`))
+		return s
+	}
+	before := count()
+	require.Equal(t, "100/100", before)
+
+	var stop atomic.Bool
+	seen := map[string]int{}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for !stop.Load() {
+			var s string
+			if err := db.Get(&s, `SELECT count(*) || '/' || coalesce(sum(amount), 0) FROM sales WHERE day >= '2024-01-01Z' AND day < '2024-01-02Z'`); err == nil {
+				mu.Lock()
+				seen[s]++
+				mu.Unlock()
+			}
+		}
+	}()
+	r, err := backfill.New(db, nil)
+	require.NoError(t, err)
+	rep, err := r.Run(ctx, job(150))
+	require.NoError(t, err)
+	stop.Store(true)
+	wg.Wait()
+	after := count()
+	require.Equal(t, "150/300", after, "100 rows updated to 2, 50 inserted")
+	for s := range seen {
+		require.Contains(t, []string{before, after}, s, "a reader saw a mix of partitions")
+	}
+	var parts []string
+	require.NoError(t, db.Select(&parts, `SELECT c.relname::text FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+		WHERE i.inhparent = 'sales'::regclass ORDER BY 1`))
+	require.Equal(t, []string{fmt.Sprintf("sales_d1__v%d", rep.BatchID), fmt.Sprintf("sales_d2__v%d", rep.BatchID)}, parts)
+	var kept int
+	require.NoError(t, db.Get(&kept, `SELECT count(*) FROM sales_d1`))
+	require.Equal(t, 100, kept, "the old partition is kept, detached")
+
+	rb, err := r.Rollback(ctx, job(0), backfill.RollbackOptions{BatchID: rep.BatchID, Actor: "ann", Why: "wrong amounts"})
+	require.NoError(t, err)
+	require.Equal(t, 2, rb.Chunks)
+	require.Equal(t, backfill.RunRolledBack, rb.Status)
+	require.Equal(t, before, count(), "the old partitions are back")
+	again, err := r.Rollback(ctx, job(0), backfill.RollbackOptions{BatchID: rep.BatchID, Actor: "ann", Why: "twice"})
+	require.NoError(t, err)
+	require.Zero(t, again.Chunks)
 }

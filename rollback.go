@@ -32,6 +32,8 @@ type RollbackOptions struct {
 	// Actor and Why are recorded in the audit log; both are required
 	// unless Preview.
 	Actor, Why string
+
+	lockTimeout string // the job's Publish.LockTimeout, for swaps
 }
 
 // RollbackReport says what a rollback did (or, in a preview, would do).
@@ -96,12 +98,27 @@ func (r *Runner) Rollback(ctx context.Context, job Job, opts RollbackOptions) (R
 	if err := json.Unmarshal(run.Plan, &plan); err != nil {
 		return RollbackReport{}, fmt.Errorf("backfill: rollback of batch %d: plan: %w", run.BatchID, err)
 	}
-	if job.Publish.Mode == PublishVersionedView && plan.Publish == job.Publish.String() && run.Status != RunRolledBack {
-		// Switch-back: the batch's rows live in their own table version.
-		if opts.Preview || opts.ChunkID != "" {
-			return RollbackReport{BatchID: run.BatchID, Preview: opts.Preview, Status: run.Status}, fmt.Errorf("backfill: rollback of batch %d: %w: a versioned-view batch is switched back whole", run.BatchID, ErrUnsupported)
+	if job.Publish.Mode == PublishPartitionSwap && plan.Publish == job.Publish.String() {
+		if run.Status == RunRolledBack {
+			return RollbackReport{BatchID: run.BatchID, Status: run.Status}, nil
 		}
-		switched, err := r.switchBack(ctx, run, opts.Actor, opts.Why)
+		opts.lockTimeout = job.Publish.LockTimeout
+		rep, err := r.swapBack(ctx, pm, run, plan.Target.Table, opts)
+		rep.Elapsed = time.Since(begin)
+		return rep, err
+	}
+	if job.Publish.Mode == PublishVersionedView && plan.Publish == job.Publish.String() {
+		if run.Status == RunRolledBack {
+			return RollbackReport{BatchID: run.BatchID, Status: run.Status, Preview: opts.Preview}, nil
+		}
+		// Switch-back: the batch's rows live in their own table version.
+		if opts.ChunkID != "" {
+			return RollbackReport{BatchID: run.BatchID, Status: run.Status}, fmt.Errorf("backfill: rollback of batch %d: %w: a versioned-view batch is switched back whole", run.BatchID, ErrUnsupported)
+		}
+		if opts.Preview {
+			return RollbackReport{BatchID: run.BatchID, Preview: true, Status: run.Status, Elapsed: time.Since(begin)}, nil
+		}
+		switched, err := r.switchBack(ctx, run, plan.Target.Table, opts.Force, opts.Actor, opts.Why)
 		if err != nil {
 			return RollbackReport{BatchID: run.BatchID, Status: run.Status}, err
 		}
