@@ -133,7 +133,9 @@ By default each chunk is visible when its transaction commits; the view
 backfill.completed_batches lets reports keep only rows of completed
 batches. With [PublishVersionedView] a run loads its own version of the
 target table and [Job.Publish]'s view switches to it in one transaction at
-the end, keeping the previous version for [Runner.Rollback].
+the end, keeping the previous version for [Runner.Rollback]. With
+[PublishPartitionSwap] each chunk's partition is rebuilt beside the old one
+and swapped in within the chunk's transaction.
 
 # Lineage and rollback
 
