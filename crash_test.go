@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
-	"syscall"
 	"testing"
 	"time"
 
@@ -105,21 +103,7 @@ func TestKillDashNine(t *testing.T) {
 	createItems(t, db)
 	kills := 0
 	for _, doneBeforeKill := range []int{3, 11, 24} {
-		cmd := exec.Command(os.Args[0], "-test.run=^$")
-		cmd.Env = append(os.Environ(), "BACKFILL_CRASH_CHILD="+url)
-		require.NoError(t, cmd.Start())
-		deadline := time.Now().Add(60 * time.Second)
-		for {
-			var n int
-			err := db.Get(&n, `SELECT count(*) FROM backfill.chunks WHERE status = 'done'`)
-			if err == nil && n >= doneBeforeKill {
-				break
-			}
-			require.True(t, time.Now().Before(deadline), "child made no progress")
-			time.Sleep(2 * time.Millisecond)
-		}
-		require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
-		_ = cmd.Wait()
+		killChildWhen(t, db, "BACKFILL_CRASH_CHILD", url, `SELECT count(*) FROM backfill.chunks WHERE status = 'done'`, doneBeforeKill)
 		kills++
 	}
 	require.Equal(t, 3, kills)

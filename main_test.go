@@ -3,8 +3,13 @@ package backfill_test
 import (
 	"fmt"
 	"net/url"
+	"os"
+	"os/exec"
+	"syscall"
 	"testing"
 	"time"
+
+	"github.com/stretchr/testify/require"
 
 	"github.com/jmoiron/sqlx"
 	"github.com/lib/pq"
@@ -27,4 +32,25 @@ func exampleDB(name string) *sqlx.DB {
 	}
 	u.Path = "/" + dbname
 	return sqlx.MustOpen("postgres", u.String())
+}
+
+// killChildWhen starts this test binary again as a child process with
+// env=url (its init runs the work and exits), waits until query on db
+// counts at least n, and kills the child with SIGKILL.
+func killChildWhen(t *testing.T, db *sqlx.DB, env, url, query string, n int) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), env+"="+url)
+	require.NoError(t, cmd.Start())
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		var got int
+		if err := db.Get(&got, query); err == nil && got >= n {
+			break
+		}
+		require.True(t, time.Now().Before(deadline), "child made no progress")
+		time.Sleep(2 * time.Millisecond)
+	}
+	require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
+	_ = cmd.Wait()
 }

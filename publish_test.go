@@ -4,10 +4,8 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -157,21 +155,7 @@ func TestKillDashNineBeforePublish(t *testing.T) {
 	t.Cleanup(func() { db.Close() })
 	_, err = db.Exec(create)
 	require.NoError(t, err)
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), "BACKFILL_VIEW_CHILD="+url)
-	require.NoError(t, cmd.Start())
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		var n int
-		err := db.Get(&n, `SELECT count(*) FROM backfill.chunks WHERE status = 'done'`)
-		if err == nil && n >= 5 {
-			break
-		}
-		require.True(t, time.Now().Before(deadline), "child made no progress")
-		time.Sleep(5 * time.Millisecond)
-	}
-	require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
-	_ = cmd.Wait()
+	killChildWhen(t, db, "BACKFILL_VIEW_CHILD", url, `SELECT count(*) FROM backfill.chunks WHERE status = 'done'`, 5)
 	var visible string
 	require.NoError(t, db.Get(&visible, `SELECT count(*) || '/' || sum(amount) FROM orders_current`))
 	require.Equal(t, "10/0", visible, "nothing of the interrupted run is visible before the publish")

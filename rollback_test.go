@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
-	"syscall"
 	"testing"
 	"time"
 
@@ -230,21 +228,7 @@ func TestKillDashNineDuringRollback(t *testing.T) {
 	_, err = db.Exec(`CREATE FUNCTION slow() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_sleep(0.02); RETURN NEW; END $$;
 		CREATE TRIGGER slow BEFORE UPDATE ON items FOR EACH ROW EXECUTE FUNCTION slow();`)
 	require.NoError(t, err)
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), "BACKFILL_ROLLBACK_CHILD="+url)
-	require.NoError(t, cmd.Start())
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		var n int
-		require.NoError(t, db.Get(&n, `SELECT count(*) FROM backfill.chunks WHERE batch_id = 2 AND status = 'rolled_back'`))
-		if n >= 3 {
-			break
-		}
-		require.True(t, time.Now().Before(deadline), "child made no progress")
-		time.Sleep(5 * time.Millisecond)
-	}
-	require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
-	_ = cmd.Wait()
+	killChildWhen(t, db, "BACKFILL_ROLLBACK_CHILD", url, `SELECT count(*) FROM backfill.chunks WHERE batch_id = 2 AND status = 'rolled_back'`, 3)
 	var rolled int
 	require.NoError(t, db.Get(&rolled, `SELECT count(*) FROM backfill.chunks WHERE batch_id = 2 AND status = 'rolled_back'`))
 	require.Less(t, rolled, 10, "killed mid-rollback")
