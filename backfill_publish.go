@@ -62,7 +62,7 @@ func (p Publish) validate(job string) error {
 			return fmt.Errorf("%w: Job.Publish.View is required with PublishVersionedView (job %q)", ErrInvalidConfig, job)
 		}
 		return nil
-	case PublishPartitionSwap:
+	case PublishPartitionSwap, PublishAtEnd:
 		return nil
 	}
 	return fmt.Errorf("%w: Job.Publish.Mode %q is not supported (job %q)", ErrInvalidConfig, p.Mode, job)

@@ -214,9 +214,24 @@ func (r *Runner) Run(ctx context.Context, job Job) (Report, error) {
 			return Report{}, err
 		}
 	}
-	ex := &execution{r: r, job: job, info: info, plan: plan, batchID: run.BatchID, log: log, undoTable: undoTable}
+	var pmEnd *PGManifest
+	if job.Publish.Mode == PublishAtEnd {
+		var ok bool
+		if pmEnd, ok = m.(*PGManifest); !ok {
+			return Report{}, fmt.Errorf("backfill: job %q: %w: PublishAtEnd stages into the PostgreSQL manifest's schema", job.Name, ErrUnsupported)
+		}
+		if run.Status != RunCompleted && run.Status != RunRolledBack {
+			if err := createStageTable(ctx, r.db, stageTableName(pmEnd, run.BatchID), info); err != nil {
+				return Report{}, fmt.Errorf("backfill: job %q: staging table: %w", job.Name, err)
+			}
+		}
+	}
+	ex := &execution{r: r, job: job, info: info, plan: plan, batchID: run.BatchID, log: log, undoTable: undoTable, stageEnd: pmEnd}
 	if run.Status != RunCompleted && run.Status != RunRolledBack {
 		ex.work(ctx)
+		if pmEnd != nil && len(ex.errs) == 0 {
+			ex.publish(ctx, pmEnd)
+		}
 	}
 	var runErr error
 	if len(ex.errs) > 0 {
@@ -283,6 +298,38 @@ type execution struct {
 	tries  map[int]int // failed attempts per chunk Seq in this call
 	// undoTable is where the merger logs undo images ("" for none).
 	undoTable string
+	// stageEnd is the manifest whose schema holds the run's staging table
+	// when the job publishes at the end (nil otherwise).
+	stageEnd *PGManifest
+}
+
+// publish runs the end-of-run publish and records its outcome like chunks'.
+func (ex *execution) publish(ctx context.Context, pm *PGManifest) {
+	done, err := ex.publishAtEnd(ctx, pm)
+	if err == nil {
+		for _, res := range done {
+			ex.done = append(ex.done, res.Chunk.ID)
+			if h := ex.r.cfg.Hooks; h != nil {
+				h.ChunkDone(ctx, ex.batchID, res)
+			}
+		}
+		ex.log.Info("published at end", "chunks", len(done))
+		return
+	}
+	var ge *gateError
+	var ce *ChunkError
+	if errors.As(err, &ge) {
+		fctx := context.WithoutCancel(ctx)
+		ce = &ChunkError{Err: ge}
+		perr := pm.PauseRun(fctx, ex.r.db, ex.batchID, "publish: "+ge.reason)
+		ex.fail(ce, perr)
+		return
+	}
+	if errors.As(err, &ce) {
+		ex.fail(ce, nil)
+		return
+	}
+	ex.fail(&ChunkError{Err: fmt.Errorf("publish: %w", err)}, nil)
 }
 
 func (ex *execution) stopped() bool {
@@ -333,6 +380,10 @@ func (ex *execution) next(ctx context.Context) bool {
 	res, claimed, attempt, err := ex.runChunk(ctx)
 	if !claimed && err == nil {
 		return false
+	}
+	if err == nil && ex.stageEnd != nil {
+		ex.log.Info("chunk staged", "seq", res.Chunk.Seq, "chunk", res.Chunk.ID, "read", res.Read, "rejected", res.Rejected)
+		return true
 	}
 	if err == nil {
 		ex.mu.Lock()
@@ -424,6 +475,9 @@ func (ex *execution) runChunk(ctx context.Context) (res ChunkResult, claimed boo
 	chunkErr := func(err error) error { return &ChunkError{Chunk: c, Attempt: attempt, Err: err} }
 	started := time.Now()
 
+	if ex.stageEnd != nil {
+		return ex.stageChunk(ctx, tx, c, attempt, &committed)
+	}
 	info := ex.info
 	var part, keyType string
 	if ex.job.Publish.Mode == PublishPartitionSwap {
@@ -450,29 +504,14 @@ func (ex *execution) runChunk(ctx context.Context) (res ChunkResult, claimed boo
 	if err != nil {
 		return res, true, attempt, chunkErr(err)
 	}
-	var checks []CheckResult
-	if len(ex.job.Validators) > 0 {
-		scope := ValidationScope{BatchID: ex.batchID, Chunk: c, Info: ex.info, ChunkColumn: ex.job.ChunkColumn,
-			Zone: cmpOr(ex.job.Zone, time.UTC), Stager: stager,
-			Counts: Counts{Read: w.read, Inserted: mr.Inserted, Updated: mr.Updated, Unchanged: mr.Unchanged,
-				Rejected: w.rejected + int64(len(mr.Rejected)), Deduplicated: mr.Deduplicated}}
-		if st, ok := stager.(StagingTabler); ok {
-			scope.Staging = st.StagingTable()
+	checks, err := ex.validate(ctx, tx, c, info, stager, Counts{Read: w.read, Inserted: mr.Inserted, Updated: mr.Updated,
+		Unchanged: mr.Unchanged, Rejected: w.rejected + int64(len(mr.Rejected)), Deduplicated: mr.Deduplicated})
+	if err != nil {
+		var ge *gateError
+		if errors.As(err, &ge) {
+			return res, true, attempt, &ChunkError{Chunk: c, Attempt: attempt, Err: ge}
 		}
-		gate := ""
-		for _, v := range ex.job.Validators {
-			cr, err := v.Validate(ctx, tx, scope)
-			if err != nil {
-				return res, true, attempt, chunkErr(fmt.Errorf("validate: %w", err))
-			}
-			checks = append(checks, cr)
-			if !cr.Passed && cr.Severity == SeverityError && gate == "" {
-				gate = fmt.Sprintf("%s: expected %s, got %s", cr.Check, cr.Expected, cr.Actual)
-			}
-		}
-		if gate != "" {
-			return res, true, attempt, &ChunkError{Chunk: c, Attempt: attempt, Err: &gateError{reason: gate, results: checks}}
-		}
+		return res, true, attempt, chunkErr(err)
 	}
 	for _, e := range mr.Rejected {
 		e.ChunkID = c.ID
@@ -776,7 +815,7 @@ func (r *Runner) Resume(ctx context.Context, job Job, actor, why string) (Report
 // rollbackMechanism resolves Job.Rollback against the prepared target.
 func rollbackMechanism(job Job, info TableInfo) (RollbackMechanism, error) {
 	lineage := info.Target.Lineage.InsertedBy != "" && info.Target.Lineage.UpdatedBy != ""
-	if job.Publish.Mode != PublishPerChunk {
+	if job.Publish.Mode == PublishVersionedView || job.Publish.Mode == PublishPartitionSwap {
 		switch job.Rollback {
 		case "", RollbackSwitchBack:
 			return RollbackSwitchBack, nil
@@ -802,4 +841,72 @@ func rollbackMechanism(job Job, info TableInfo) (RollbackMechanism, error) {
 		return "", fmt.Errorf("backfill: job %q: %w: no rollback mechanism: add lineage columns to %q (bigint backfill_inserted_by, backfill_updated_by) for an undo log, or accept Job.Rollback = RollbackNone", job.Name, ErrInvalidConfig, info.Target.Table)
 	}
 	return "", fmt.Errorf("backfill: job %q: %w: Job.Rollback %q is not supported", job.Name, ErrInvalidConfig, job.Rollback)
+}
+
+// validate runs the job's validators on a merged chunk in tx. A failed
+// check of SeverityError returns a *gateError carrying every result.
+func (ex *execution) validate(ctx context.Context, tx sqlx.ExtContext, c Chunk, info TableInfo, stager Stager, counts Counts) ([]CheckResult, error) {
+	if len(ex.job.Validators) == 0 {
+		return nil, nil
+	}
+	scope := ValidationScope{BatchID: ex.batchID, Chunk: c, Info: info, ChunkColumn: ex.job.ChunkColumn,
+		Zone: cmpOr(ex.job.Zone, time.UTC), Stager: stager, Counts: counts}
+	if st, ok := stager.(StagingTabler); ok {
+		scope.Staging = st.StagingTable()
+	}
+	var checks []CheckResult
+	gate := ""
+	for _, v := range ex.job.Validators {
+		cr, err := v.Validate(ctx, tx, scope)
+		if err != nil {
+			return nil, fmt.Errorf("validate: %w", err)
+		}
+		checks = append(checks, cr)
+		if !cr.Passed && cr.Severity == SeverityError && gate == "" {
+			gate = fmt.Sprintf("%s: expected %s, got %s", cr.Check, cr.Expected, cr.Actual)
+		}
+	}
+	if gate != "" {
+		return checks, &gateError{reason: gate, results: checks}
+	}
+	return checks, nil
+}
+
+// stageChunk extracts a chunk into the run's persistent staging table and
+// checkpoints it as staged ([PublishAtEnd]).
+func (ex *execution) stageChunk(ctx context.Context, tx Tx, c Chunk, attempt int, committed *bool) (ChunkResult, bool, int, error) {
+	chunkErr := func(err error) error { return &ChunkError{Chunk: c, Attempt: attempt, Err: err} }
+	started := time.Now()
+	st, err := newPersistStager(ctx, tx, stageTableName(ex.stageEnd, ex.batchID), ex.info, c.Seq)
+	if err != nil {
+		return ChunkResult{}, true, attempt, chunkErr(err)
+	}
+	defer st.Close()
+	info := ex.info
+	info.Chunk = ChunkRef{BatchID: ex.batchID, Seq: c.Seq}
+	w := newRowWriter(c, ex.job, info, st, ex.r.cfg.MaxRejectsPerChunk, started)
+	xerr := extractSafely(ctx, ex.job.Extractor, c, w)
+	w.closed = true
+	if w.err != nil {
+		return ChunkResult{}, true, attempt, chunkErr(w.err)
+	}
+	if xerr != nil {
+		return ChunkResult{}, true, attempt, chunkErr(fmt.Errorf("extract: %w", xerr))
+	}
+	if _, err := st.Merge(ctx); err != nil {
+		return ChunkResult{}, true, attempt, chunkErr(err)
+	}
+	for i := range w.exceptions {
+		w.exceptions[i].BatchID = ex.batchID
+	}
+	if err := ex.stageEnd.StageChunk(ctx, tx, ex.batchID, c, w.read, w.rejected, st.staged, w.exceptions); err != nil {
+		return ChunkResult{}, true, attempt, chunkErr(err)
+	}
+	if err := tx.Commit(); err != nil {
+		return ChunkResult{}, true, attempt, chunkErr(fmt.Errorf("commit: %w", err))
+	}
+	*committed = true
+	// Staged, not yet published: the hooks hear of it at the publish.
+	return ChunkResult{Chunk: c, Attempt: attempt, StartedAt: started, FinishedAt: time.Now(), Worker: ex.r.cfg.WorkerID,
+		Counts: Counts{Read: w.read, Rejected: w.rejected}}, true, attempt, nil
 }

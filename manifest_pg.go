@@ -172,6 +172,16 @@ COMMENT ON VIEW {s}.completed_batches IS
 ALTER TABLE {s}.undo DROP CONSTRAINT undo_op_check;
 ALTER TABLE {s}.undo ADD CONSTRAINT undo_op_check CHECK (op IN ('insert', 'inserts', 'update'));
 `,
+	// 7: chunks staged for a publish at the end of the run.
+	`
+ALTER TABLE {s}.chunks DROP CONSTRAINT chunks_status_check;
+ALTER TABLE {s}.chunks ADD CONSTRAINT chunks_status_check CHECK (status IN ('pending', 'staged', 'done', 'failed', 'rolled_back'));
+ALTER TABLE {s}.chunks ADD COLUMN rows_staged bigint NOT NULL DEFAULT 0;
+ALTER TABLE {s}.chunks DROP CONSTRAINT chunk_rows_balance;
+ALTER TABLE {s}.chunks ADD CONSTRAINT chunk_rows_balance CHECK (status = 'staged' OR
+	rows_read = rows_inserted + rows_updated + rows_unchanged + rows_rejected + rows_deduplicated);
+ALTER TABLE {s}.chunks ADD CONSTRAINT chunk_staged_balance CHECK (status <> 'staged' OR rows_read = rows_staged + rows_rejected);
+`,
 }
 
 func (m *PGManifest) sql(q string) string {
@@ -453,7 +463,7 @@ func (m *PGManifest) CompleteChunk(ctx context.Context, tx sqlx.ExtContext, batc
 	res, err := tx.ExecContext(ctx, m.sql(`UPDATE {s}.chunks SET status = 'done', attempts = attempts + 1,
 		rows_read = $3, rows_inserted = $4, rows_updated = $5, rows_unchanged = $6, rows_rejected = $7, rows_deduplicated = $8,
 		started_at = $9, finished_at = $10, last_error = '', worker = $11
-		WHERE batch_id = $1 AND seq = $2 AND status = 'pending'`),
+		WHERE batch_id = $1 AND seq = $2 AND status IN ('pending', 'staged')`),
 		batchID, r.Chunk.Seq, r.Read, r.Inserted, r.Updated, r.Unchanged, r.Rejected, r.Deduplicated, r.StartedAt, r.FinishedAt, r.Worker)
 	if err != nil {
 		return fmt.Errorf("backfill: complete chunk %s: %w", r.Chunk.ID, err)
@@ -735,4 +745,42 @@ func (m *PGManifest) ResumeRun(ctx context.Context, db sqlx.ExtContext, batchID 
 		}
 		return m.event(ctx, tx, batchID, runs[0].Job, "run_resumed_by_operator", actor, map[string]any{"why": why})
 	})
+}
+
+// StageChunk checkpoints a chunk of a run published at its end
+// ([PublishAtEnd]): its rows are in the run's persistent staging table and
+// its exceptions in the queue; the merge counts come with the publish.
+// The chunk must be pending (claimed in tx).
+func (m *PGManifest) StageChunk(ctx context.Context, tx sqlx.ExtContext, batchID int64, c Chunk, read, rejected, staged int64, exceptions []Exception) error {
+	if read != rejected+staged {
+		return fmt.Errorf("backfill: stage chunk %s: %w: read %d != staged %d + rejected %d", c.ID, ErrAccounting, read, staged, rejected)
+	}
+	if err := m.addExceptions(ctx, tx, batchID, c.ID, exceptions); err != nil {
+		return fmt.Errorf("backfill: stage chunk %s: exceptions: %w", c.ID, err)
+	}
+	res, err := tx.ExecContext(ctx, m.sql(`UPDATE {s}.chunks SET status = 'staged', rows_read = $3, rows_rejected = $4, rows_staged = $5
+		WHERE batch_id = $1 AND seq = $2 AND status = 'pending'`), batchID, c.Seq, read, rejected, staged)
+	if err != nil {
+		return fmt.Errorf("backfill: stage chunk %s: %w", c.ID, err)
+	}
+	if n, _ := res.RowsAffected(); n != 1 {
+		return fmt.Errorf("backfill: stage chunk %s of batch %d: chunk is not pending", c.ID, batchID)
+	}
+	return nil
+}
+
+// stagedChunks returns (seq, rows_read, rows_rejected, rows_staged) of
+// the batch's staged chunks, locked for the publish.
+func (m *PGManifest) stagedChunks(ctx context.Context, tx sqlx.ExtContext, batchID int64) ([]stagedChunk, error) {
+	var out []stagedChunk
+	err := sqlx.SelectContext(ctx, tx, &out, m.sql(`SELECT seq, rows_read, rows_rejected, rows_staged FROM {s}.chunks
+		WHERE batch_id = $1 AND status = 'staged' ORDER BY seq FOR UPDATE`), batchID)
+	return out, err
+}
+
+type stagedChunk struct {
+	Seq      int   `db:"seq"`
+	Read     int64 `db:"rows_read"`
+	Rejected int64 `db:"rows_rejected"`
+	Staged   int64 `db:"rows_staged"`
 }

@@ -250,3 +250,92 @@ func TestPartitionSwap(t *testing.T) {
 	require.NoError(t, err)
 	require.Zero(t, again.Chunks)
 }
+
+func atEndJob(slow bool) backfill.Job {
+	return backfill.Job{Name: "orders-at-end", Chunker: backfill.IntRange(0, 400, 20), ChunkColumn: "id",
+		Publish: backfill.Publish{Mode: backfill.PublishAtEnd},
+		Extractor: backfill.ExtractorFunc(func(ctx context.Context, c backfill.Chunk, w backfill.RowWriter) error {
+			if slow {
+				time.Sleep(30 * time.Millisecond)
+			}
+			for id := c.Lo; id < c.Hi; id++ {
+				var amount any = id * 3
+				if id%50 == 7 {
+					amount = "not a number" // rejected, kept in the exception queue
+				}
+				if err := w.Write(ctx, id, amount); err != nil {
+					return err
+				}
+			}
+			return nil
+		}),
+		Target: backfill.Target{Table: "orders", Key: []string{"id"}, Columns: []string{"id", "amount"}}}
+}
+
+func init() {
+	// The child process of TestKillDashNineDuringStaging.
+	if url := os.Getenv("BACKFILL_ATEND_CHILD"); url != "" {
+		db := sqlx.MustOpen("postgres", url)
+		r, err := backfill.New(db, nil)
+		if err == nil {
+			_, err = r.Run(context.Background(), atEndJob(true))
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+}
+
+// TestKillDashNineDuringStaging: a run published at its end is killed
+// while staging; nothing is visible, and the rerun publishes a result equal
+// to an uninterrupted run, every chunk balanced, every reject queued once.
+func TestKillDashNineDuringStaging(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("spawns a process")
+	}
+	ctx := context.Background()
+	create := `CREATE TABLE orders (id bigint PRIMARY KEY, amount bigint NOT NULL, backfill_inserted_by bigint, backfill_updated_by bigint);
+		INSERT INTO orders (id, amount) SELECT g, 0 FROM generate_series(0, 9) g;`
+	ref := pgtest.New(t)
+	_, err := ref.Exec(create)
+	require.NoError(t, err)
+	r, err := backfill.New(ref, nil)
+	require.NoError(t, err)
+	refRep, err := r.Run(ctx, atEndJob(false))
+	require.NoError(t, err)
+	require.Equal(t, backfill.Counts{Read: 400, Inserted: 383, Updated: 8, Unchanged: 1, Rejected: 8}, refRep.Counts)
+	var want []string
+	require.NoError(t, ref.Select(&want, `SELECT row(id, amount)::text FROM orders ORDER BY id`))
+
+	url := pgtest.NewURL(t)
+	db := sqlx.MustOpen("postgres", url)
+	t.Cleanup(func() { db.Close() })
+	_, err = db.Exec(create)
+	require.NoError(t, err)
+	killChildWhen(t, db, "BACKFILL_ATEND_CHILD", url, `SELECT count(*) FROM backfill.chunks WHERE status = 'staged'`, 5)
+	var visible string
+	require.NoError(t, db.Get(&visible, `SELECT count(*) || '/' || sum(amount) FROM orders`))
+	require.Equal(t, "10/0", visible, "nothing is visible before the publish")
+
+	r, err = backfill.New(db, nil)
+	require.NoError(t, err)
+	rep, err := r.Run(ctx, atEndJob(false))
+	require.NoError(t, err)
+	require.Equal(t, backfill.RunCompleted, rep.Status)
+	require.Equal(t, refRep.Counts, rep.Counts)
+	var got []string
+	require.NoError(t, db.Select(&got, `SELECT row(id, amount)::text FROM orders ORDER BY id`))
+	require.Equal(t, want, got)
+	ex := exceptionsOf(t, db, rep.BatchID)
+	require.Len(t, ex, 8, "each reject queued once, across the kill")
+	for _, c := range manifestChunks(t, db, rep.BatchID) {
+		require.Equal(t, backfill.ChunkDone, c.Status)
+		require.True(t, c.Balanced(), "%s: %+v", c.Chunk.ID, c.Counts)
+	}
+	var stage int
+	require.NoError(t, db.Get(&stage, `SELECT count(*) FROM pg_tables WHERE schemaname = 'backfill' AND tablename LIKE 'stage_%'`))
+	require.Zero(t, stage, "the staging table is dropped after the publish")
+}
