@@ -246,6 +246,12 @@ type Job struct {
 	// RollbackNone explicitly ([ErrInvalidConfig] otherwise), so that no
 	// backfill runs without a decided way back.
 	Rollback RollbackMechanism
+	// MaxRunRejectRate is a quality gate on the whole run: when the
+	// rejected rows of the run's completed chunks exceed this fraction of
+	// their read rows (0.01 = 1%), the run pauses like on a failed
+	// [SeverityError] check, until [Runner.Resume]. 0 disables it. The
+	// per-chunk rate is [CheckExceptionRate].
+	MaxRunRejectRate float64
 	// Watermark, if set, is asked for the source's high-water mark when a
 	// run is created; the manifest records it, and [Runner.Handoff] rescans
 	// from it. See [SafetyLag] and [PGSourceWatermark].

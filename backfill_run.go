@@ -395,6 +395,10 @@ func (ex *execution) next(ctx context.Context) bool {
 		if h := ex.r.cfg.Hooks; h != nil {
 			h.ChunkDone(ctx, ex.batchID, res)
 		}
+		if err := ex.checkRunRejectRate(ctx); err != nil {
+			ex.fail(&ChunkError{Chunk: res.Chunk, Attempt: res.Attempt, Err: err}, nil)
+			return false
+		}
 		return true
 	}
 	if ctx.Err() != nil {
@@ -909,4 +913,34 @@ func (ex *execution) stageChunk(ctx context.Context, tx Tx, c Chunk, attempt int
 	// Staged, not yet published: the hooks hear of it at the publish.
 	return ChunkResult{Chunk: c, Attempt: attempt, StartedAt: started, FinishedAt: time.Now(), Worker: ex.r.cfg.WorkerID,
 		Counts: Counts{Read: w.read, Rejected: w.rejected}}, true, attempt, nil
+}
+
+// checkRunRejectRate pauses the run when its rejects exceed
+// Job.MaxRunRejectRate of its reads, over the chunks done so far.
+func (ex *execution) checkRunRejectRate(ctx context.Context) error {
+	max := ex.job.MaxRunRejectRate
+	if max <= 0 {
+		return nil
+	}
+	states, err := ex.r.cfg.Manifest.Chunks(ctx, ex.r.db, ex.batchID)
+	if err != nil {
+		return err
+	}
+	var total Counts
+	for _, s := range states {
+		if s.Status == ChunkDone {
+			total = total.Add(s.Counts)
+		}
+	}
+	if total.Read == 0 || float64(total.Rejected)/float64(total.Read) <= max {
+		return nil
+	}
+	reason := fmt.Sprintf("run reject rate %d/%d = %.4f exceeds %.4f", total.Rejected, total.Read, float64(total.Rejected)/float64(total.Read), max)
+	if mv, ok := ex.r.cfg.Manifest.(ManifestValidations); ok {
+		fctx := context.WithoutCancel(ctx)
+		if err := mv.PauseRun(fctx, ex.r.db, ex.batchID, reason); err != nil {
+			return err
+		}
+	}
+	return fmt.Errorf("%w: %s", ErrGateFailed, reason)
 }

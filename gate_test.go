@@ -114,3 +114,37 @@ func TestReportsCanExcludeIncompleteBatches(t *testing.T) {
 	require.Equal(t, 50, changed, "batch 2 changed every tenth row of its 5 done chunks")
 	require.Equal(t, 1000-changed, n, "reports do not see the rows of the incomplete batch 2")
 }
+
+func TestRunRejectRateGate(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := newItems(t)
+	job := s.job(1)
+	inner := job.Extractor
+	job.Extractor = backfill.ExtractorFunc(func(ctx context.Context, c backfill.Chunk, w backfill.RowWriter) error {
+		if c.Lo >= 300 {
+			// From the fourth chunk on, a third of the rows are bad.
+			for id := c.Lo; id < c.Hi; id++ {
+				if id%3 == 0 {
+					if err := w.Reject(ctx, map[string]any{"id": id}, "", "bad row"); err != nil {
+						return err
+					}
+					continue
+				}
+				if err := w.Write(ctx, "acme", id, "x", "1.00", nil); err != nil {
+					return err
+				}
+			}
+			return nil
+		}
+		return inner.Extract(ctx, c, w)
+	})
+	job.MaxRunRejectRate = 0.05
+	r, err := backfill.New(s.db, nil)
+	require.NoError(t, err)
+	rep, err := r.Run(ctx, job)
+	require.ErrorIs(t, err, backfill.ErrGateFailed)
+	require.Contains(t, err.Error(), "run reject rate")
+	require.Equal(t, backfill.RunPaused, rep.Status)
+	require.Equal(t, 4, rep.ChunksDone, "34/400 = 8.5% after the fourth chunk pauses the run")
+}
