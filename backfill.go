@@ -422,4 +422,9 @@ type Report struct {
 	Counts Counts
 	// Elapsed is the wall time of this call.
 	Elapsed time.Duration
+	// ChecksPassed and ChecksFailed count the validation results recorded
+	// for the run ([Job.Validators]); FailedChecks names the failed ones,
+	// as "chunk: check: expected ..., got ...".
+	ChecksPassed, ChecksFailed int
+	FailedChecks               []string
 }

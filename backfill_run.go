@@ -278,6 +278,20 @@ func (r *Runner) report(ctx context.Context, run Run, resumed bool) (Report, err
 			rep.Counts = rep.Counts.Add(s.Counts)
 		}
 	}
+	if mv, ok := r.cfg.Manifest.(ManifestValidations); ok {
+		vs, err := mv.Validations(ctx, r.db, run.BatchID)
+		if err != nil {
+			return rep, err
+		}
+		for _, v := range vs {
+			if v.Passed {
+				rep.ChecksPassed++
+				continue
+			}
+			rep.ChecksFailed++
+			rep.FailedChecks = append(rep.FailedChecks, fmt.Sprintf("%s: %s: expected %s, got %s", v.ChunkID, v.Check, v.Expected, v.Actual))
+		}
+	}
 	return rep, nil
 }
 
