@@ -214,8 +214,11 @@ type pgMergeSQL struct {
 	// upsert is the whole Upsert merge in one statement, returning
 	// (updated, inserted); insertAll the fast path's plain INSERT.
 	upsert, insertAll string
-	update            string
-	insert            string
+	// replayCheck counts, without writing, what replaying the merge would
+	// insert and update (Upsert).
+	replayCheck string
+	update      string
+	insert      string
 	// closeIntervals recomputes valid_to of the touched keys (History);
 	// checkIntervals finds keys whose intervals overlap or leave a gap.
 	closeIntervals, checkIntervals string
@@ -376,6 +379,12 @@ func buildMergeSQL(info TableInfo) pgMergeSQL {
 				target, strings.Join(sets, ", "), idEq("t", "j"))
 		}
 		q.insertAll = fmt.Sprintf(`INSERT INTO %s (%s) SELECT %s FROM %s`, target, sqlgen.List("", names), sqlgen.List("", names), stage)
+		// What a replay of the merged staging rows would write, read-only.
+		q.replayCheck = fmt.Sprintf(`SELECT count(*) FILTER (WHERE t.%[3]s IS NULL) AS inserted,
+				count(*) FILTER (WHERE coalesce(%[4]s, false)) AS updated,
+				count(*) FILTER (WHERE t.%[3]s IS NOT NULL AND NOT coalesce(%[4]s, false)) AS unchanged
+			FROM %[1]s s LEFT JOIN %[2]s t ON %[5]s`,
+			stage, target, sqlgen.Ident(t.Key[0]), apply, idEq("t", "s"))
 		before, undoCTEs := "", ""
 		if undo != "" {
 			// The undo log: the prior image of every row updated, in the
@@ -837,12 +846,24 @@ func (s *pgStager) Merge(ctx context.Context) (MergeResult, error) {
 // temporary staging table.
 func (s *pgStager) StagingTable() string { return s.q.stage }
 
-// Replay implements [Replayer]: it runs the merge statements again on the
-// merged staging rows inside a savepoint and rolls back to it, returning
-// what they would have written. After a correct merge every count but
-// Unchanged is 0.
+// Replay implements [Replayer]: it returns what merging the merged staging
+// rows again would write. For Upsert it counts it with one read-only join
+// (the merge's own decision, evaluated without writing); other modes run
+// their merge statements inside a savepoint and roll back to it. After a
+// correct merge every count but Unchanged is 0.
 func (s *pgStager) Replay(ctx context.Context) (res MergeResult, err error) {
 	t := s.info.Target
+	if s.q.replayCheck != "" {
+		var n struct {
+			Updated   int64 `db:"updated"`
+			Inserted  int64 `db:"inserted"`
+			Unchanged int64 `db:"unchanged"`
+		}
+		if err := sqlx.GetContext(ctx, s.tx, &n, s.q.replayCheck); err != nil {
+			return res, fmt.Errorf("backfill: replay %s: %w", t.Table, err)
+		}
+		return MergeResult{Inserted: n.Inserted, Updated: n.Updated, Unchanged: n.Unchanged}, nil
+	}
 	if _, err := s.tx.ExecContext(ctx, `SAVEPOINT backfill_replay`); err != nil {
 		return res, fmt.Errorf("backfill: replay %s: savepoint: %w", t.Table, err)
 	}
