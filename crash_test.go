@@ -2,8 +2,6 @@ package backfill_test
 
 import (
 	"context"
-	"fmt"
-	"os"
 	"testing"
 	"time"
 
@@ -31,28 +29,24 @@ func crashJob(s *itemsSetup) backfill.Job {
 }
 
 func init() {
-	// The child process of TestKillDashNine: run the crash job and exit.
-	if url := os.Getenv("BACKFILL_CRASH_CHILD"); url != "" {
-		db := sqlx.MustOpen("postgres", url)
+	// The child process of TestKillDashNine: run the crash job; its last
+	// chunks never finish by themselves, the parent kills it.
+	childProcess("BACKFILL_CRASH_CHILD", func(db *sqlx.DB) error {
 		r, err := backfill.New(db, &backfill.Config{Concurrency: 2})
-		if err == nil {
-			job := crashJob(&itemsSetup{db: db})
-			inner := job.Extractor
-			job.Extractor = backfill.ExtractorFunc(func(ctx context.Context, c backfill.Chunk, w backfill.RowWriter) error {
-				if c.Lo >= 9000 {
-					// The child never finishes by itself: the parent kills it.
-					time.Sleep(time.Minute)
-				}
-				return inner.Extract(ctx, c, w)
-			})
-			_, err = r.Run(context.Background(), job)
-		}
 		if err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			os.Exit(1)
+			return err
 		}
-		os.Exit(0)
-	}
+		job := crashJob(&itemsSetup{db: db})
+		inner := job.Extractor
+		job.Extractor = backfill.ExtractorFunc(func(ctx context.Context, c backfill.Chunk, w backfill.RowWriter) error {
+			if c.Lo >= 9000 {
+				time.Sleep(time.Minute)
+			}
+			return inner.Extract(ctx, c, w)
+		})
+		_, err = r.Run(context.Background(), job)
+		return err
+	})
 }
 
 func createItems(t *testing.T, db *sqlx.DB) {

@@ -54,3 +54,18 @@ func killChildWhen(t *testing.T, db *sqlx.DB, env, url, query string, n int) {
 	require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
 	_ = cmd.Wait()
 }
+
+// childProcess is the child side of killChildWhen: when env is set, it
+// opens the database it names, calls work and exits (1 on error). Call it
+// from an init function.
+func childProcess(env string, work func(db *sqlx.DB) error) {
+	url := os.Getenv(env)
+	if url == "" {
+		return
+	}
+	if err := work(sqlx.MustOpen("postgres", url)); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	os.Exit(0)
+}

@@ -3,7 +3,6 @@ package backfill_test
 import (
 	"context"
 	"fmt"
-	"os"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -114,18 +113,14 @@ func viewJob(slow bool) backfill.Job {
 
 func init() {
 	// The child process of TestKillDashNineBeforePublish.
-	if url := os.Getenv("BACKFILL_VIEW_CHILD"); url != "" {
-		db := sqlx.MustOpen("postgres", url)
+	childProcess("BACKFILL_VIEW_CHILD", func(db *sqlx.DB) error {
 		r, err := backfill.New(db, nil)
-		if err == nil {
-			_, err = r.Run(context.Background(), viewJob(true))
-		}
 		if err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			os.Exit(1)
+			return err
 		}
-		os.Exit(0)
-	}
+		_, err = r.Run(context.Background(), viewJob(true))
+		return err
+	})
 }
 
 // TestKillDashNineBeforePublish: kill -9 while a versioned-view run loads;
@@ -274,18 +269,14 @@ func atEndJob(slow bool) backfill.Job {
 
 func init() {
 	// The child process of TestKillDashNineDuringStaging.
-	if url := os.Getenv("BACKFILL_ATEND_CHILD"); url != "" {
-		db := sqlx.MustOpen("postgres", url)
+	childProcess("BACKFILL_ATEND_CHILD", func(db *sqlx.DB) error {
 		r, err := backfill.New(db, nil)
-		if err == nil {
-			_, err = r.Run(context.Background(), atEndJob(true))
-		}
 		if err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			os.Exit(1)
+			return err
 		}
-		os.Exit(0)
-	}
+		_, err = r.Run(context.Background(), atEndJob(true))
+		return err
+	})
 }
 
 // TestKillDashNineDuringStaging: a run published at its end is killed

@@ -3,7 +3,6 @@ package backfill_test
 import (
 	"context"
 	"fmt"
-	"os"
 	"testing"
 	"time"
 
@@ -176,18 +175,14 @@ func TestRollbackForceAndChunk(t *testing.T) {
 
 func init() {
 	// The child process of TestKillDashNineDuringRollback.
-	if url := os.Getenv("BACKFILL_ROLLBACK_CHILD"); url != "" {
-		db := sqlx.MustOpen("postgres", url)
+	childProcess("BACKFILL_ROLLBACK_CHILD", func(db *sqlx.DB) error {
 		r, err := backfill.New(db, nil)
-		if err == nil {
-			_, err = r.Rollback(context.Background(), itemsJob("items", nil), backfill.RollbackOptions{BatchID: 2, Actor: "child", Why: "crash test"})
-		}
 		if err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			os.Exit(1)
+			return err
 		}
-		os.Exit(0)
-	}
+		_, err = r.Rollback(context.Background(), itemsJob("items", nil), backfill.RollbackOptions{BatchID: 2, Actor: "child", Why: "crash test"})
+		return err
+	})
 }
 
 func TestKillDashNineDuringRollback(t *testing.T) {
