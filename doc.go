@@ -125,7 +125,11 @@ takes over.
 [ReferentialIntegrity], [Aggregates], [ReplayChangesNothing], [Sample],
 [CheckExceptionRate]). Their evidence is appended to the manifest. A
 failed check of [SeverityError] rolls the chunk back and pauses the run
-until [Runner.Resume] records who resumed it and why.
+until [Runner.Resume] records who resumed it and why. [Completeness],
+[Aggregates] and [ReplayChangesNothing] first compare fingerprints of the
+staged and the target rows (a row count and a sum of row hashes, one scan
+per side, computed once per chunk) and run their exact joins only when the
+fingerprints differ; set Exact on a check to always run them.
 
 # Publishing
 

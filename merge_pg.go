@@ -576,6 +576,16 @@ type pgStager struct {
 	identity []int // indexes of the identity columns in Columns
 	seed     maphash.Seed
 	keys     map[uint64]struct{}
+
+	// fingerprints computed by the chunk's checks, by target query.
+	fingerprints map[string]*fingerprintProof
+}
+
+func (s *pgStager) fingerprintMemo() map[string]*fingerprintProof {
+	if s.fingerprints == nil {
+		s.fingerprints = map[string]*fingerprintProof{}
+	}
+	return s.fingerprints
 }
 
 // trackKey records the identity of values; it returns false when

@@ -174,6 +174,18 @@ func (v DuplicateKeys) Validate(ctx context.Context, tx sqlx.ExtContext, scope V
 // Sample entries say which direction: "not in target: (42)", "not in
 // staging: (43)", "differs: (44): amount, qty"; Detail has the counts of
 // each direction, the compared columns and the chunk's rejected rows.
+//
+// Fingerprints first: unless Exact is set, the check compares the
+// fingerprints of the staged rows and of the chunk's target rows (by
+// ChunkColumn; without one, the target rows of the staged identities),
+// computed once per chunk and shared with [Aggregates] and
+// [ReplayChangesNothing] (validate_fingerprint.go). Equal fingerprints
+// prove every count above 0 and the check passes without its joins
+// (Detail "method": "fingerprint", with both fingerprints); otherwise the
+// joins run ("method": "exact"). Rows that legitimately differ, such as
+// rows the target won under [TargetWins], or values equal but spelled
+// otherwise in a column hashed by its text (numeric 1.0 and 1.00), make
+// the fingerprints differ and cost the joins, never a wrong verdict.
 type Completeness struct {
 	// Severity is what a failure does; empty means [SeverityError].
 	Severity Severity
@@ -182,6 +194,9 @@ type Completeness struct {
 	// CompareContent also compares the content of the rows present on
 	// both sides (see above).
 	CompareContent bool
+	// Exact runs the anti-joins even when the chunk's fingerprints show
+	// the staged and target rows equal (see validate_fingerprint.go).
+	Exact bool
 }
 
 // Validate implements [Validator].
@@ -200,14 +215,25 @@ func (v Completeness) Validate(ctx context.Context, tx sqlx.ExtContext, scope Va
 			}
 		}
 	}
-	var missingT int64
-	var s []string
-	err = c.withJoins(ctx, tx, joinsIfLarge, func() (err error) {
-		missingT, s, err = countSample(ctx, tx, fmt.Sprintf(`SELECT ROW(%s)::text AS k, count(*) OVER () AS n FROM %s s
+	proof, proven, err := c.provenBy(ctx, tx, v.Exact)
+	if err != nil {
+		return CheckResult{}, err
+	}
+	// query runs an exact comparison unless the fingerprints proved its
+	// answer: nothing missing, nothing different.
+	query := func(policy joinPolicy, q string, args ...any) (n int64, sample []string, err error) {
+		if proven {
+			return 0, nil, nil
+		}
+		err = c.withJoins(ctx, tx, policy, func() (err error) {
+			n, sample, err = countSample(ctx, tx, q, args...)
+			return err
+		})
+		return n, sample, err
+	}
+	missingT, s, err := query(joinsIfLarge, fmt.Sprintf(`SELECT ROW(%s)::text AS k, count(*) OVER () AS n FROM %s s
 			WHERE NOT EXISTS (SELECT 1 FROM %s t WHERE %s) ORDER BY %s LIMIT %d`,
-			sqlgen.List("s.", id), c.staging, c.target, c.idMatch("t", "s"), sqlgen.List("s.", id), maxSample))
-		return err
-	})
+		sqlgen.List("s.", id), c.staging, c.target, c.idMatch("t", "s"), sqlgen.List("s.", id), maxSample))
 	if err != nil {
 		return CheckResult{}, c.errorf("staged rows missing from target: %w", err)
 	}
@@ -223,13 +249,10 @@ func (v Completeness) Validate(ctx context.Context, tx sqlx.ExtContext, scope Va
 		if wins == "false" {
 			detail["content"] = "not compared: the target wins every conflict (TargetWins)"
 		} else {
-			err = c.withJoins(ctx, tx, joinsIfLarge, func() (err error) {
-				differ, s, err = countSample(ctx, tx, fmt.Sprintf(`SELECT ROW(%[1]s)::text || ': ' || array_to_string(x.diffs, ', ') AS k, count(*) OVER () AS n
+			differ, s, err = query(joinsIfLarge, fmt.Sprintf(`SELECT ROW(%[1]s)::text || ': ' || array_to_string(x.diffs, ', ') AS k, count(*) OVER () AS n
 					FROM (SELECT %[2]s, %[3]s AS diffs FROM %[4]s s JOIN %[5]s t ON %[6]s WHERE %[7]s) x
 					WHERE cardinality(x.diffs) > 0 ORDER BY %[1]s LIMIT %[8]d`,
-					sqlgen.List("x.", id), sqlgen.List("s.", id), c.diffs("s", "t"), c.staging, c.target, c.idMatch("t", "s"), wins, maxSample))
-				return err
-			})
+				sqlgen.List("x.", id), sqlgen.List("s.", id), c.diffs("s", "t"), c.staging, c.target, c.idMatch("t", "s"), wins, maxSample))
 			if err != nil {
 				return CheckResult{}, c.errorf("content: %w", err)
 			}
@@ -252,13 +275,9 @@ func (v Completeness) Validate(ctx context.Context, tx sqlx.ExtContext, scope Va
 		if err != nil {
 			return CheckResult{}, err
 		}
-		var missingS int64
-		err = c.withJoins(ctx, tx, joinsAllowed, func() (err error) {
-			missingS, s, err = countSample(ctx, tx, fmt.Sprintf(`SELECT ROW(%s)::text AS k, count(*) OVER () AS n FROM %s t
+		missingS, s, err := query(joinsAllowed, fmt.Sprintf(`SELECT ROW(%s)::text AS k, count(*) OVER () AS n FROM %s t
 				WHERE %s AND NOT EXISTS (SELECT 1 FROM %s s WHERE %s) ORDER BY %s LIMIT %d`,
-				sqlgen.List("t.", id), c.target, bounds, c.staging, c.idMatch("t", "s"), sqlgen.List("t.", id), maxSample), a...)
-			return err
-		})
+			sqlgen.List("t.", id), c.target, bounds, c.staging, c.idMatch("t", "s"), sqlgen.List("t.", id), maxSample), a...)
 		if err != nil {
 			return CheckResult{}, c.errorf("target rows missing from staging: %w", err)
 		}
@@ -268,6 +287,7 @@ func (v Completeness) Validate(ctx context.Context, tx sqlx.ExtContext, scope Va
 		actual = append(actual, fmt.Sprintf("%d target rows missing from staging", missingS))
 		passed = passed && missingS == 0
 	}
+	proof.evidence(detail)
 	return c.result(passed, strings.Join(expected, "; "), strings.Join(actual, "; "), sample, detail)
 }
 
@@ -377,6 +397,13 @@ type Measure struct {
 // staged, a Day column that is not a timestamp, timestamptz or date, a
 // negative or NaN Tolerance, or a Day on a timestamptz column when
 // [Job.Zone] is [time.Local] (which PostgreSQL does not know by name).
+//
+// Fingerprints first, as in [Completeness]: when the chunk's staged and
+// target rows have equal fingerprints and the Day, Dimensions and
+// Measures are among the fingerprinted columns, every group is equal by
+// construction and the check passes without computing the groups (Actual
+// says so, Detail has "method": "fingerprint" and no "groups"). Set Exact
+// to compute and record every group's figures anyway.
 type Aggregates struct {
 	// Severity is what a failure does; empty means [SeverityError].
 	Severity Severity
@@ -394,6 +421,10 @@ type Aggregates struct {
 	Dimensions []string
 	// Measures are the columns summed per group.
 	Measures []Measure
+	// Exact computes the groups' figures even when the chunk's
+	// fingerprints show the staged and target rows equal (see
+	// validate_fingerprint.go), so that the evidence lists every group.
+	Exact bool
 }
 
 // Validate implements [Validator].
@@ -491,6 +522,24 @@ func (v Aggregates) Validate(ctx context.Context, tx sqlx.ExtContext, scope Vali
 		bad = append(bad, fmt.Sprintf("NOT (_ss%[1]d IS NOT DISTINCT FROM _ts%[1]d OR abs(coalesce(_ss%[1]d, 0) - coalesce(_ts%[1]d, 0)) <= %[2]s::numeric)",
 			i, a.bind(m.Tolerance)))
 	}
+	tolerances := map[string]float64{}
+	for _, m := range v.Measures {
+		tolerances[m.Column] = m.Tolerance
+	}
+	detail := map[string]any{"group_by": cmpOrSlice(groupNames, []string{}), "measures": measureColumns(v.Measures), "tolerances": tolerances}
+	if zone != "" {
+		detail["zone"] = zone
+	}
+	proof, proven, err := c.provenBy(ctx, tx, v.Exact, append(append([]string{v.Day}, v.Dimensions...), measureColumns(v.Measures)...)...)
+	if err != nil {
+		return CheckResult{}, err
+	}
+	if proven {
+		// Equal rows: every group's count, sums and NULL counts are equal.
+		detail["differing"], detail["differences"] = 0, []any{}
+		proof.evidence(detail)
+		return c.result(true, "0 differing groups", "0 differing groups (staged and target rows equal by fingerprint)", nil, detail)
+	}
 	array := func(elems []string, typ string) string {
 		return "ARRAY[" + strings.Join(elems, ", ") + "]::" + typ + "[]"
 	}
@@ -572,15 +621,8 @@ func (v Aggregates) Validate(ctx context.Context, tx sqlx.ExtContext, scope Vali
 	if err != nil {
 		return CheckResult{}, c.errorf("%w", err)
 	}
-	tolerances := map[string]float64{}
-	for _, m := range v.Measures {
-		tolerances[m.Column] = m.Tolerance
-	}
-	detail := map[string]any{"group_by": cmpOrSlice(groupNames, []string{}), "measures": measureColumns(v.Measures), "tolerances": tolerances,
-		"groups": groups, "differing": differing, "differences": diffs}
-	if zone != "" {
-		detail["zone"] = zone
-	}
+	detail["groups"], detail["differing"], detail["differences"] = groups, differing, diffs
+	proof.evidence(detail)
 	return c.result(differing == 0, "0 differing groups", fmt.Sprintf("%d of %d groups differ", differing, groups), sample, detail)
 }
 
@@ -593,6 +635,20 @@ func (v Aggregates) Validate(ctx context.Context, tx sqlx.ExtContext, scope Vali
 // much as the merge of an unchanged chunk (for a large chunk, with hash
 // joins allowed).
 //
+// Fingerprints first: with [PGMerger]'s stager, in every mode but
+// History, and unless Exact is set, equal fingerprints of the staged rows
+// and the chunk's target rows (see [Completeness]) stand in for the
+// replay. They prove that every staged row has a target row of the same
+// identity and the same content, and on such a pair the merge writes
+// nothing: it inserts only identities the target lacks, and updates only
+// rows whose compared columns are DISTINCT, which equal values never are
+// (equality of a type's default B-tree operator class is reflexive,
+// PostgreSQL docs, 67.2 "Behavior of B-Tree Operator Classes"; types
+// without one compare as text). Detail then says "method":
+// "fingerprint" and counts every staged row as unchanged (Upsert). History
+// always replays: its merge also re-tiles validity intervals, which the
+// staged rows do not show. When the fingerprints differ, the replay runs.
+//
 // It needs a stager that implements [Replayer] ([PGMerger]'s does): with
 // any other Validate returns an error wrapping [ErrUnsupported] rather
 // than a passing result, because a quality gate that did not run must not
@@ -604,6 +660,9 @@ type ReplayChangesNothing struct {
 	Severity Severity
 	// Name is CheckResult.Check; empty means "replay_changes_nothing".
 	Name string
+	// Exact replays the merge even when the chunk's fingerprints prove
+	// what it would write (see above).
+	Exact bool
 }
 
 // Validate implements [Validator].
@@ -620,23 +679,50 @@ func (v ReplayChangesNothing) Validate(ctx context.Context, tx sqlx.ExtContext, 
 	}
 	c := &pgCheck{name: name, severity: severityOr(v.Severity)}
 	var err error
+	var proof *fingerprintProof
 	if scope.Staging != "" {
+		c, err = newPGCheck(name, v.Severity, scope)
+		if err != nil {
+			return CheckResult{}, err
+		}
+		_, memo := scope.Stager.(fingerprintMemo)
+		if mode := scope.Info.Target.Mode; memo && mode != History {
+			// The proof stands in for the replay where the merge's writes
+			// follow from row equality alone: it inserts the staged rows
+			// whose identity the target lacks and updates those its
+			// change detection finds different. History also re-tiles
+			// intervals, which the staged rows do not show: it replays.
+			var proven bool
+			proof, proven, err = c.provenBy(ctx, tx, v.Exact)
+			if err != nil {
+				return CheckResult{}, err
+			}
+			if proven {
+				if mode == Upsert || mode == "" {
+					r.Unchanged = proof.Staged.Rows
+				}
+				return v.result(c, r, proof)
+			}
+		}
 		// A large chunk replays faster with hash joins: as many lookups as
 		// rows otherwise.
-		c, err = newPGCheck(name, v.Severity, scope)
-		if err == nil {
-			err = c.withJoins(ctx, tx, joinsIfLarge, replay)
-		}
+		err = c.withJoins(ctx, tx, joinsIfLarge, replay)
 	} else {
 		err = replay()
 	}
 	if err != nil {
 		return CheckResult{}, fmt.Errorf("backfill: validate %s: %w", name, err)
 	}
+	return v.result(c, r, proof)
+}
+
+func (v ReplayChangesNothing) result(c *pgCheck, r MergeResult, proof *fingerprintProof) (CheckResult, error) {
+	detail := map[string]any{"inserted": r.Inserted, "updated": r.Updated, "unchanged": r.Unchanged, "closed": r.Closed}
+	if c.staging != "" {
+		proof.evidence(detail)
+	}
 	return c.result(r.Inserted == 0 && r.Updated == 0 && r.Closed == 0, "0 inserted, 0 updated, 0 closed",
-		fmt.Sprintf("%d inserted, %d updated, %d closed", r.Inserted, r.Updated, r.Closed), nil, map[string]any{
-			"inserted": r.Inserted, "updated": r.Updated, "unchanged": r.Unchanged, "closed": r.Closed,
-		})
+		fmt.Sprintf("%d inserted, %d updated, %d closed", r.Inserted, r.Updated, r.Closed), nil, detail)
 }
 
 // DefaultSampleSize is the default of [Sample].N.

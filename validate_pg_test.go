@@ -278,12 +278,25 @@ func TestValidateCompleteness(t *testing.T) {
 	t.Run("Clean", func(t *testing.T) {
 		t.Parallel()
 		s := newSales(t)
-		rep, vs, err := s.run(t, s.job(full))
+		exact := backfill.Completeness{Name: "exact", CompareContent: true, Exact: true}
+		rep, vs, err := s.run(t, s.job(full, exact))
 		requireCompleted(t, rep, err)
 		requireEvidence(t, passing("completeness", wantFull, wantFull), vs, "completeness")
-		require.Equal(t, map[string]any{"rejected": 0.0, "staged_missing_from_target": 0.0, "differing": 0.0,
-			"target_missing_from_staging": 0.0, "content_columns": []any{"order_no", "sold_at", "region", "customer_id", "amount", "qty"}},
-			detailOf(t, vs, "completeness", chunkDay1), "lineage columns are not content")
+		requireEvidence(t, passing("exact", wantFull, wantFull), vs, "exact")
+		want := map[string]any{"rejected": 0.0, "staged_missing_from_target": 0.0, "differing": 0.0,
+			"target_missing_from_staging": 0.0, "content_columns": []any{"order_no", "sold_at", "region", "customer_id", "amount", "qty"},
+			"method": "exact"}
+		require.Equal(t, want, detailOf(t, vs, "exact", chunkDay1), "lineage columns are not content")
+		// Without Exact the fingerprints prove the same: equal rows.
+		d := detailOf(t, vs, "completeness", chunkDay1)
+		fp := d["fingerprint"].(map[string]any)
+		delete(d, "fingerprint")
+		want["method"] = "fingerprint"
+		require.Equal(t, want, d)
+		require.Equal(t, true, fp["equal"])
+		require.Equal(t, []any{"id", "order_no", "sold_at", "region", "customer_id", "amount", "qty"}, fp["columns"])
+		require.Equal(t, fp["staged"], fp["target"])
+		require.Equal(t, 12.0, fp["staged"].(map[string]any)["rows"])
 	})
 
 	t.Run("StagedRowMissingFromTarget", func(t *testing.T) {
@@ -428,18 +441,28 @@ func TestValidateAggregates(t *testing.T) {
 	t.Parallel()
 	agg := backfill.Aggregates{Day: "sold_at", Dimensions: []string{"region"},
 		Measures: []backfill.Measure{{Column: "amount"}, {Column: "qty"}}}
-	const want = "0 differing groups"
+	const (
+		want   = "0 differing groups"
+		proven = "0 differing groups (staged and target rows equal by fingerprint)"
+	)
 
 	t.Run("Clean", func(t *testing.T) {
 		t.Parallel()
 		s := newSales(t)
-		rep, vs, err := s.run(t, s.job(agg, backfill.Aggregates{Name: "counts"}))
+		exact := agg
+		exact.Name, exact.Exact = "exact", true
+		rep, vs, err := s.run(t, s.job(agg, exact, backfill.Aggregates{Name: "counts", Exact: true}))
 		requireCompleted(t, rep, err)
-		requireEvidence(t, passing("aggregates", want, "0 of 2 groups differ"), vs, "aggregates")
+		requireEvidence(t, passing("aggregates", want, proven), vs, "aggregates")
+		requireEvidence(t, passing("exact", want, "0 of 2 groups differ"), vs, "exact")
 		requireEvidence(t, passing("counts", want, "0 of 1 groups differ"), vs, "counts")
 		require.Equal(t, map[string]any{"group_by": []any{"day(sold_at)", "region"}, "measures": []any{"amount", "qty"},
-			"tolerances": map[string]any{"amount": 0.0, "qty": 0.0}, "zone": "UTC", "groups": 2.0, "differing": 0.0, "differences": []any{}},
-			detailOf(t, vs, "aggregates", chunkDay1))
+			"tolerances": map[string]any{"amount": 0.0, "qty": 0.0}, "zone": "UTC", "groups": 2.0, "differing": 0.0, "differences": []any{},
+			"method": "exact"},
+			detailOf(t, vs, "exact", chunkDay1))
+		d := detailOf(t, vs, "aggregates", chunkDay1)
+		require.Equal(t, "fingerprint", d["method"])
+		require.NotContains(t, d, "groups", "the fingerprints prove equal groups without computing them")
 	})
 
 	t.Run("ShiftedSum", func(t *testing.T) {
@@ -464,7 +487,12 @@ func TestValidateAggregates(t *testing.T) {
 			Measures: []backfill.Measure{{Column: "amount", Tolerance: 0.01}, {Column: "qty"}}}
 		rep, vs, err := s.run(t, s.job(sabotage(`UPDATE sales SET amount = amount + 0.01 WHERE id = 4`), tolerant))
 		requireCompleted(t, rep, err)
-		requireEvidence(t, passing("aggregates", want, "0 of 2 groups differ"), vs, "aggregates")
+		// Day 1's rows differ, so its groups are computed; day 2's are
+		// equal.
+		requireEvidence(t, []evidence{
+			{Chunk: chunkDay1, Check: "aggregates", Passed: true, Expected: want, Actual: "0 of 2 groups differ"},
+			{Chunk: chunkDay2, Check: "aggregates", Passed: true, Expected: want, Actual: proven},
+		}, vs, "aggregates")
 	})
 
 	t.Run("GroupMissingOnOneSideAndNulls", func(t *testing.T) {
@@ -527,11 +555,16 @@ func TestValidateReplayChangesNothing(t *testing.T) {
 	t.Run("Clean", func(t *testing.T) {
 		t.Parallel()
 		s := newSales(t)
-		rep, vs, err := s.run(t, s.job(backfill.ReplayChangesNothing{}))
+		rep, vs, err := s.run(t, s.job(backfill.ReplayChangesNothing{}, backfill.ReplayChangesNothing{Name: "exact", Exact: true}))
 		requireCompleted(t, rep, err)
 		requireEvidence(t, passing("replay_changes_nothing", want, want), vs, "replay_changes_nothing")
-		require.Equal(t, map[string]any{"inserted": 0.0, "updated": 0.0, "unchanged": 12.0, "closed": 0.0},
-			detailOf(t, vs, "replay_changes_nothing", chunkDay1))
+		requireEvidence(t, passing("exact", want, want), vs, "exact")
+		require.Equal(t, map[string]any{"inserted": 0.0, "updated": 0.0, "unchanged": 12.0, "closed": 0.0, "method": "exact"},
+			detailOf(t, vs, "exact", chunkDay1))
+		d := detailOf(t, vs, "replay_changes_nothing", chunkDay1)
+		require.Equal(t, "fingerprint", d["method"])
+		delete(d, "fingerprint")
+		require.Equal(t, map[string]any{"inserted": 0.0, "updated": 0.0, "unchanged": 12.0, "closed": 0.0, "method": "fingerprint"}, d)
 	})
 
 	t.Run("MergeNotIdempotent", func(t *testing.T) {
@@ -726,6 +759,10 @@ func TestValidateCleanInEveryMode(t *testing.T) {
 				Validators: []backfill.Validator{
 					backfill.DuplicateKeys{}, backfill.Completeness{CompareContent: true}, backfill.ReplayChangesNothing{}, backfill.Sample{},
 					backfill.Aggregates{Day: tc.day, Measures: []backfill.Measure{{Column: "amount"}}}, backfill.CheckExceptionRate{},
+					// The same three checks without the fingerprint shortcut.
+					backfill.Completeness{Name: "completeness_exact", CompareContent: true, Exact: true},
+					backfill.ReplayChangesNothing{Name: "replay_exact", Exact: true},
+					backfill.Aggregates{Name: "aggregates_exact", Day: tc.day, Measures: []backfill.Measure{{Column: "amount"}}, Exact: true},
 				}}
 			if tc.chunkCol != "" {
 				job.Extractor = backfill.ExtractorFunc(func(ctx context.Context, c backfill.Chunk, w backfill.RowWriter) error {
@@ -751,10 +788,27 @@ func TestValidateCleanInEveryMode(t *testing.T) {
 				}
 				vs, err := backfill.NewPGManifest("").Validations(context.Background(), db, rep.BatchID)
 				require.NoError(t, err)
-				require.Len(t, vs, 6*rep.ChunksTotal)
+				require.Len(t, vs, 9*rep.ChunksTotal)
+				methods := map[string]string{}
 				for _, v := range vs {
 					require.True(t, v.Passed, "%s %s: expected %s, got %s %v %s", v.ChunkID, v.Check, v.Expected, v.Actual, v.Sample, v.Detail)
+					var d struct {
+						Method string `json:"method"`
+					}
+					if v.Detail != nil {
+						require.NoError(t, json.Unmarshal(v.Detail, &d))
+					}
+					if d.Method != "" {
+						methods[v.Check] = d.Method
+					}
 				}
+				// Clean chunks take the fingerprint shortcut; History replays.
+				replayMethod := "fingerprint"
+				if tc.target.Mode == backfill.History {
+					replayMethod = "exact"
+				}
+				require.Equal(t, map[string]string{"completeness": "fingerprint", "replay_changes_nothing": replayMethod, "aggregates": "fingerprint",
+					"completeness_exact": "exact", "replay_exact": "exact", "aggregates_exact": "exact"}, methods)
 			}
 		})
 	}

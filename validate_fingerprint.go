@@ -1,0 +1,306 @@
+package backfill
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+
+	"github.com/jmoiron/sqlx"
+
+	"github.com/pgbackfill/backfill/internal/sqlgen"
+)
+
+// Fingerprints: checksum first, detail on a mismatch.
+//
+// [Completeness], [Aggregates] and [ReplayChangesNothing] each compare the
+// staged rows with the chunk's target rows. Done literally, each is a
+// join of staging with the target, which for a large chunk costs about
+// as much as the merge itself. They share a cheaper proof instead: a
+// multiset hash of each side, one scan per side and no join, computed
+// once per chunk and reused by every check of the chunk. When the two
+// fingerprints are equal, the staged rows and the chunk's target rows are
+// the same multiset of rows (on the compared columns), and every one of
+// the three checks passes by construction: no row is missing either way,
+// every row has the same content, every per-group count and sum is
+// equal, and the merge's own change detection finds nothing to write.
+// When they differ (a defect, or a legitimate difference such as rows the
+// target won under [TargetWins]), the check runs its exact comparison,
+// which finds and names the rows. Set Exact on a check to always run the
+// exact comparison.
+//
+// This is the technique of table-diff tools (pt-table-checksum, Datafold's
+// data-diff): compare checksums, look at rows only where they differ. The
+// multiset hash is additive (Bellare and Micciancio, "A New Paradigm for
+// Collision-Free Hashing: Incrementality at Reduced Cost", EUROCRYPT
+// 1997): the row count and the sum, as a numeric, of a 64-bit hash of
+// each row. Unlike XOR, a sum does not cancel pairs of equal rows. The
+// row hash chains each column's extended hash support function, the one
+// PostgreSQL's hash indexes use (PostgreSQL docs, 38.16.3 "Index Method
+// Support Routines", hash support function 2, which takes a 64-bit seed):
+// the hash of each column is seeded with the hash of the columns before
+// it, XORed with a constant of the column's position, so that a value
+// moved to another column or row changes the sum. Such values hash alike
+// exactly when the merge finds them equal (the same instant in two
+// zones, 'ab' and 'ab  ' in char(4), -0 and 0). Types whose hash
+// function does not mix every bit of value and seed (see hashFuncs) are
+// hashed by their text, which is stricter than equality: numeric 1.0 and
+// 1.00 hash differently, and the check then runs its exact comparison.
+// Row hash, count and sum are computed by the server: no row leaves it.
+//
+// The proof is probabilistic: two different multisets of rows can have
+// equal fingerprints when their hash sums collide, which for rows that
+// differ by accident (not crafted to collide) has a chance of about
+// 2^-64. One structured weakness remains: PostgreSQL's timestamp hash
+// folds the 64-bit microsecond count to 32 bits (low half XOR high half)
+// before mixing, so two timestamps whose halves XOR alike hash alike.
+// No shift by less than an hour does that (the halves of a count within
+// the timestamp range leave a carry no room to cancel), but a defect that
+// replaces timestamps by exactly such partners and changes nothing else
+// would pass unseen. bigint columns hash their high half as well and are
+// not affected.
+
+// fingerprint is the multiset hash of one side: its row count and the sum
+// of its row hashes (a numeric, as text).
+type fingerprint struct {
+	Rows int64  `json:"rows" db:"rows"`
+	Sum  string `json:"hash_sum" db:"hash_sum"`
+}
+
+// fingerprintProof is the outcome of comparing the staged rows' and the
+// chunk's target rows' fingerprints.
+type fingerprintProof struct {
+	// Equal: the two sides are the same multiset of rows.
+	Equal bool `json:"equal"`
+	// Staged and Target are the two fingerprints.
+	Staged fingerprint `json:"staged"`
+	Target fingerprint `json:"target"`
+	// TargetRows says which target rows were hashed: the chunk's rows by
+	// ChunkColumn, or the target rows of the staged identities.
+	TargetRows string `json:"target_rows"`
+	// Columns are the hashed columns: the identity, then the content.
+	Columns []string `json:"columns"`
+	// Error says why no proof could be computed (then Equal is false).
+	Error string `json:"error,omitempty"`
+}
+
+// evidence returns the proof as Detail entries.
+func (p *fingerprintProof) evidence(detail map[string]any) {
+	if p == nil {
+		detail["method"] = "exact"
+		return
+	}
+	if p.Equal {
+		detail["method"] = "fingerprint"
+	} else {
+		detail["method"] = "exact"
+	}
+	b, err := json.Marshal(p)
+	if err == nil {
+		detail["fingerprint"] = json.RawMessage(b)
+	}
+}
+
+// fingerprintSeed starts every row hash: an arbitrary constant.
+const fingerprintSeed = "7020098106520436578"
+
+// hashFuncs maps a column's BaseType to an extended hash function (the
+// support function 2 of the type's default hash operator class, pg_amproc)
+// as a format taking the value and the seed (both SQL expressions), and a
+// value of the type that stands in for NULL. Listed are only the types
+// whose function mixes every bit of the value and of the seed, so that
+// the chain of seeds carries every column before it. Left out, and hashed
+// by their text instead: numeric (its hash ignores the sign, 1 and -1 hash
+// alike, and returns the seed for NaN and both infinities), jsonb ('{}'
+// and '[]' hash alike), arrays (an empty array or one of NULLs hashes to a
+// constant, whatever the seed), and interval, time and date (whose hashes
+// fold 64 bits to 32 or cannot be called on the type). Text is exact but
+// stricter than equality: 1.0 and 1.00 differ as text, and such a column
+// sends the check to its exact comparison. bigint hashes its high half as
+// well, as hashint8extended folds the value to 32 bits (lo ^ hi); the
+// timestamps keep the fold (see the comment at the top of this file).
+var hashFuncs = map[string]struct{ format, zero string }{
+	"int2":        {"hashint2extended(%s, %s)", "'0'"},
+	"int4":        {"hashint4extended(%s, %s)", "'0'"},
+	"int8":        {"hashint8extended(%[1]s >> 32, hashint8extended(%[1]s, %[2]s))", "'0'"},
+	"oid":         {"hashoidextended(%s, %s)", "'0'"},
+	"bool":        {"hashint4extended(%s::int4, %s)", "false"},
+	"float4":      {"hashfloat4extended(%s, %s)", "'0'"},
+	"float8":      {"hashfloat8extended(%s, %s)", "'0'"},
+	"text":        {"hashtextextended(%s, %s)", "''"},
+	"varchar":     {"hashtextextended(%s::text, %s)", "''"},
+	"bpchar":      {"hashbpcharextended(%s, %s)", "''"},
+	"uuid":        {"uuid_hash_extended(%s, %s)", "'00000000-0000-0000-0000-000000000000'"},
+	"inet":        {"hashinetextended(%s, %s)", "'0.0.0.0'"},
+	"cidr":        {"hashinetextended(%s::inet, %s)", "'0.0.0.0/0'"},
+	"timestamp":   {"timestamp_hash_extended(%s, %s)", "'epoch'"},
+	"timestamptz": {"timestamp_hash_extended(%s AT TIME ZONE 'UTC', %s)", "'epoch'"},
+}
+
+// hashStep returns the SQL expression hashing column col of alias with
+// seed (a bigint SQL expression); pos is the column's position in the row
+// hash. The seed is first XORed with a constant of the position
+// (positionKey), another one when the value is NULL, which then hashes as
+// the type's stand-in value. Constants per position matter because some
+// values hash to the seed itself (float zero, hashfloat8extended): with a
+// bare seed, (0, 2.5) and (2.5, 0) in a float8 and a real column would
+// collide, as would (NULL, 0) and (0, NULL) with one NULL marker for all
+// positions. notNull drops the NULL handling for columns that cannot be
+// NULL.
+func hashStep(col Column, alias, seed string, pos int, notNull bool) string {
+	raw := alias + "." + sqlgen.Ident(col.Name)
+	e := raw
+	f, ok := hashFuncs[col.BaseType]
+	if !ok || col.textCompare || textCompared[col.BaseType] {
+		f = struct{ format, zero string }{"hashtextextended(%s, %s)", "''"}
+		e += "::text"
+	}
+	if notNull {
+		return fmt.Sprintf(f.format, e, fmt.Sprintf("(%s # %d::int8)", seed, positionKey(pos)))
+	}
+	return fmt.Sprintf(f.format, "coalesce("+e+", "+f.zero+")",
+		fmt.Sprintf("(%s # CASE WHEN %s IS NULL THEN %d::int8 ELSE %d::int8 END)", seed, raw, positionKey(pos+1<<20), positionKey(pos)))
+}
+
+// positionKey returns a pseudo-random 64-bit constant for position i:
+// SplitMix64's output function (Steele, Lea and Flood, "Fast Splittable
+// Pseudorandom Number Generators", OOPSLA 2014).
+func positionKey(i int) int64 {
+	z := uint64(i+1) * 0x9e3779b97f4a7c15
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9
+	z = (z ^ (z >> 27)) * 0x94d049bb133111eb
+	return int64(z ^ (z >> 31))
+}
+
+// rowHashSQL returns the bigint SQL expression hashing cols of alias, in
+// order: each column's hash seeded with the hash of those before it.
+func rowHashSQL(info TableInfo, cols []string, alias string) string {
+	byName := map[string]Column{}
+	for _, c := range info.Columns {
+		byName[c.Name] = c
+	}
+	h := fingerprintSeed + "::int8"
+	for pos, n := range cols {
+		c := byName[n]
+		// Key columns are never NULL in staging (the row writer rejects a
+		// NULL key); NOT NULL columns are never NULL in the target. A NULL
+		// in staging where the target is NOT NULL (a staged row that lost
+		// to the target's) makes its row hash NULL, which sum skips: the
+		// fingerprints then differ, which is right, as the rows do. For a
+		// value that is not NULL both forms of hashStep agree.
+		h = hashStep(c, alias, h, pos, c.NotNull || slices.Contains(info.Target.Key, n))
+	}
+	return h
+}
+
+// fingerprintColumns returns the columns a fingerprint hashes: the
+// identity, then the content the checks compare (see [Completeness]).
+func (c *pgCheck) fingerprintColumns() []string {
+	return append(c.scope.Info.identity(), c.content()...)
+}
+
+// fingerprintMemo is implemented by stagers that keep the chunk's
+// fingerprints for the checks that follow ([PGMerger]'s).
+type fingerprintMemo interface {
+	fingerprintMemo() map[string]*fingerprintProof
+}
+
+// fingerprints returns the proof for the check's scope, computing it on
+// the first call of a chunk and returning the stager's copy afterwards.
+// An error of the queries themselves is not returned: the proof then has
+// Equal false and Error set, and the checks run their exact comparison
+// (the queries run inside a savepoint that is rolled back, so a failed
+// query leaves the chunk's transaction usable). Errors returned are those
+// of the savepoint commands.
+func (c *pgCheck) fingerprints(ctx context.Context, tx sqlx.ExtContext) (*fingerprintProof, error) {
+	var a sqlArgs
+	cols := c.fingerprintColumns()
+	p := &fingerprintProof{Columns: cols}
+	join := false
+	var targetQ string
+	if c.scope.ChunkColumn != "" {
+		bounds, err := c.inChunk("t", &a)
+		if err != nil {
+			return nil, err
+		}
+		p.TargetRows = "ChunkColumn " + c.scope.ChunkColumn + " in " + c.scope.Chunk.String()
+		targetQ = fmt.Sprintf(`SELECT count(*) AS rows, coalesce(sum(%s), 0)::text AS hash_sum FROM %s t WHERE %s`,
+			rowHashSQL(c.scope.Info, cols, "t"), c.target, bounds)
+	} else {
+		join = true
+		p.TargetRows = "identities in staging"
+		targetQ = fmt.Sprintf(`SELECT count(*) AS rows, coalesce(sum(%s), 0)::text AS hash_sum FROM %s s JOIN %s t ON %s`,
+			rowHashSQL(c.scope.Info, cols, "t"), c.staging, c.target, c.idMatch("t", "s"))
+	}
+	key := fmt.Sprint(targetQ, a)
+	memo, _ := c.scope.Stager.(fingerprintMemo)
+	if memo != nil {
+		if cached := memo.fingerprintMemo()[key]; cached != nil {
+			return cached, nil
+		}
+	}
+	stagingQ := fmt.Sprintf(`SELECT count(*) AS rows, coalesce(sum(%s), 0)::text AS hash_sum FROM %s s`,
+		rowHashSQL(c.scope.Info, cols, "s"), c.staging)
+	if join {
+		large, err := c.largeChunk(ctx, tx)
+		if err != nil {
+			return nil, err
+		}
+		join = large
+	}
+	if _, err := tx.ExecContext(ctx, `SAVEPOINT backfill_fingerprint`); err != nil {
+		return nil, fmt.Errorf("savepoint: %w", err)
+	}
+	qerr := func() error {
+		if err := sqlx.GetContext(ctx, tx, &p.Staged, stagingQ); err != nil {
+			return fmt.Errorf("staged rows: %w", err)
+		}
+		if join {
+			// A large chunk joins faster by hashing (see largeChunk); the
+			// setting is undone with the savepoint.
+			if _, err := tx.ExecContext(ctx, `SELECT set_config('enable_hashjoin', 'on', true)`); err != nil {
+				return err
+			}
+		}
+		if err := sqlx.GetContext(ctx, tx, &p.Target, targetQ, a...); err != nil {
+			return fmt.Errorf("target rows: %w", err)
+		}
+		return nil
+	}()
+	if _, err := tx.ExecContext(context.WithoutCancel(ctx), `ROLLBACK TO SAVEPOINT backfill_fingerprint; RELEASE SAVEPOINT backfill_fingerprint`); err != nil {
+		return nil, fmt.Errorf("rollback to savepoint: %w", err)
+	}
+	if qerr != nil {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		p.Error = qerr.Error()
+	} else {
+		p.Equal = p.Staged == p.Target
+	}
+	if memo != nil {
+		memo.fingerprintMemo()[key] = p
+	}
+	return p, nil
+}
+
+// provenBy returns the chunk's fingerprint proof when it shows the staged
+// rows equal the chunk's target rows and covers every column of need
+// (staged columns); otherwise nil, and the check runs its exact
+// comparison. exact skips the proof.
+func (c *pgCheck) provenBy(ctx context.Context, tx sqlx.ExtContext, exact bool, need ...string) (proof *fingerprintProof, ok bool, err error) {
+	if exact {
+		return nil, false, nil
+	}
+	cols := c.fingerprintColumns()
+	for _, n := range need {
+		if n != "" && !slices.Contains(cols, n) {
+			return nil, false, nil
+		}
+	}
+	p, err := c.fingerprints(ctx, tx)
+	if err != nil {
+		return nil, false, c.errorf("fingerprint: %w", err)
+	}
+	return p, p.Equal, nil
+}

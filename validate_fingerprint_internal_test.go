@@ -1,0 +1,163 @@
+package backfill
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/lib/pq"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgbackfill/backfill/internal/pgtest"
+)
+
+// fingerprintTypes are column types with values that their own hash
+// functions, or a careless chain of them, would not tell apart: numeric 1
+// and -1 (hash_numeric ignores the sign), NaN and the infinities, jsonb
+// '{}' and '[]', empty arrays and arrays of NULLs (hash_array ignores the
+// seed for them), bigints and times whose 32-bit halves fold alike (0 and
+// 4294967297 µs), float zero (whose hash is the seed), NULL next to each
+// type's stand-in value, and equal values spelled otherwise (1.0 and 1.00,
+// -0 and 0, 'ab' and 'ab  ' in char(4), '1 day' and '24 hours').
+var fingerprintTypes = []struct {
+	sqlType, base string
+	values        []string // "" is NULL
+}{
+	{"smallint", "int2", []string{"", "0", "1", "-1"}},
+	{"int", "int4", []string{"", "0", "1", "-1", "2147483647"}},
+	{"bigint", "int8", []string{"", "0", "1", "-1", "4294967297", "-4294967296", "4294967296"}},
+	{"numeric", "numeric", []string{"", "0", "1", "-1", "1.0", "1.00", "NaN", "Infinity", "-Infinity", "0.5", "-0.5"}},
+	{"float8", "float8", []string{"", "0", "-0", "1.5", "-1.5", "NaN", "Infinity", "-Infinity"}},
+	{"real", "float4", []string{"", "0", "-0", "2.5", "NaN"}},
+	{"text", "text", []string{"", "''", "a", "A", "a b"}},
+	{"varchar(5)", "varchar", []string{"", "''", "a", "b"}},
+	{"char(4)", "bpchar", []string{"", "''", "ab", "ab  ", "abc"}},
+	{"timestamp", "timestamp", []string{"", "epoch", "2024-03-01 00:00", "2024-03-01 01:00", "infinity", "-infinity"}},
+	{"timestamptz", "timestamptz", []string{"", "epoch", "2024-03-01 00:00+00", "2024-03-01 01:00+01", "2024-03-01 00:00+01", "infinity"}},
+	{"date", "date", []string{"", "2024-03-01", "2024-03-02", "infinity", "-infinity"}},
+	{"time", "time", []string{"", "00:00", "12:00", "01:11:34.967297"}},
+	{"bool", "bool", []string{"", "true", "false"}},
+	{"uuid", "uuid", []string{"", "00000000-0000-0000-0000-000000000000", "a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11"}},
+	{"jsonb", "jsonb", []string{"", `{"a":1}`, `{"a": 1}`, `{"a":2}`, "null", "{}", "[]", "[null]", "0", `""`}},
+	{"json", "json", []string{"", `{"a":1}`, `{"a": 1}`, "{}", "[]"}},
+	{"interval", "interval", []string{"", "1 day", "24 hours", "0", "-1 day", "4294967297 microseconds"}},
+	{"inet", "inet", []string{"", "10.0.0.1", "10.0.0.1/32", "10.0.0.0/8", "0.0.0.0", "::"}},
+	{"int[]", "_int4", []string{"", "{}", "{1,2}", "{2,1}", "{NULL}", "{NULL,NULL}"}},
+	{"text[]", "_text", []string{"", "{}", "{a}", "{a,b}", `{""}`, "{NULL}"}},
+	{"point", "point", []string{"", "(1,2)", "(2,1)"}},
+}
+
+// TestFingerprintHashTellsValuesApart: for every pair of values of every
+// type, a row hash that is equal means the values are equal as the merge
+// compares them (IS NOT DISTINCT FROM, or their text for types without
+// equality): the fingerprint never proves a difference away. For the types
+// hashed by their own hash function, equal values also hash equal: no
+// false alarm. Then the same over two-column rows, where a value moved to
+// the other column, or a NULL moved next to a zero, must change the hash.
+func TestFingerprintHashTellsValuesApart(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	literal := func(v, typ string) string {
+		if v == "" {
+			return "NULL::" + typ
+		}
+		if v == "''" {
+			return "''::" + typ
+		}
+		return pq.QuoteLiteral(v) + "::" + typ
+	}
+	distinct := func(base, a, b string) string {
+		if textCompared[base] {
+			return a + "::text IS DISTINCT FROM " + b + "::text"
+		}
+		return a + " IS DISTINCT FROM " + b
+	}
+	type verdict struct {
+		A        int  `db:"a"`
+		B        int  `db:"b"`
+		SameHash bool `db:"same_hash"`
+		Equal    bool `db:"equal"`
+	}
+	check := func(cols []Column, rows [][]string, sqlTypes []string) {
+		t.Helper()
+		info := TableInfo{Columns: cols}
+		names := make([]string, len(cols))
+		for i, c := range cols {
+			names[i] = c.Name
+		}
+		var values []string
+		for i, r := range rows {
+			parts := []string{fmt.Sprint(i)}
+			for j, v := range r {
+				parts = append(parts, literal(v, sqlTypes[j]))
+			}
+			values = append(values, "("+strings.Join(parts, ", ")+")")
+		}
+		var eq []string
+		for _, c := range cols {
+			eq = append(eq, "NOT ("+distinct(c.BaseType, "a."+c.Name, "b."+c.Name)+")")
+		}
+		q := fmt.Sprintf(`WITH v(i, %[1]s) AS (VALUES %[2]s)
+			SELECT a.i AS a, b.i AS b, (%[3]s) = (%[4]s) AS same_hash, %[5]s AS equal
+			FROM v a, v b WHERE a.i < b.i`,
+			strings.Join(names, ", "), strings.Join(values, ", "), rowHashSQL(info, names, "a"), rowHashSQL(info, names, "b"),
+			strings.Join(eq, " AND "))
+		var got []verdict
+		require.NoError(t, db.Select(&got, q))
+		require.Len(t, got, len(rows)*(len(rows)-1)/2)
+		strong := true
+		for _, c := range cols {
+			_, ok := hashFuncs[c.BaseType]
+			strong = strong && ok && !textCompared[c.BaseType]
+		}
+		for _, g := range got {
+			a, b := g.A, g.B
+			if g.SameHash && !g.Equal {
+				t.Errorf("%v: %q and %q differ but hash alike", sqlTypes, rows[a], rows[b])
+			}
+			if strong && g.Equal && !g.SameHash {
+				t.Errorf("%v: %q and %q are equal but hash differently", sqlTypes, rows[a], rows[b])
+			}
+		}
+	}
+	for _, ft := range fingerprintTypes {
+		var rows [][]string
+		for _, v := range ft.values {
+			rows = append(rows, []string{v})
+		}
+		check([]Column{{Name: "x", BaseType: ft.base}}, rows, []string{ft.sqlType})
+	}
+	// Two columns: every combination of two types' values, for the pairs
+	// whose hashes could cancel or shift: same hash family side by side.
+	byType := map[string]int{}
+	for i, ft := range fingerprintTypes {
+		byType[ft.sqlType] = i
+	}
+	for _, pair := range [][2]string{{"float8", "real"}, {"real", "float8"}, {"smallint", "int"}, {"int", "bigint"}, {"text", "varchar(5)"},
+		{"numeric", "numeric"}, {"int[]", "int[]"}, {"jsonb", "jsonb"}, {"float8", "float8"}, {"timestamp", "timestamptz"}} {
+		x, y := fingerprintTypes[byType[pair[0]]], fingerprintTypes[byType[pair[1]]]
+		var rows [][]string
+		for _, a := range x.values {
+			for _, b := range y.values {
+				rows = append(rows, []string{a, b})
+			}
+		}
+		check([]Column{{Name: "x", BaseType: x.base}, {Name: "y", BaseType: y.base}}, rows, []string{x.sqlType, y.sqlType})
+	}
+}
+
+// TestPositionKeysDiffer: the per-position constants of the row hash
+// are distinct, for values and for NULLs, over any realistic width.
+func TestPositionKeysDiffer(t *testing.T) {
+	t.Parallel()
+	seen := map[int64]int{}
+	for i := range 2000 {
+		for _, k := range []int{i, i + 1<<20} {
+			v := positionKey(k)
+			if j, dup := seen[v]; dup {
+				t.Fatalf("positionKey(%d) = positionKey(%d)", k, j)
+			}
+			seen[v] = k
+		}
+	}
+}
