@@ -241,12 +241,32 @@ func (c *pgCheck) fingerprints(ctx context.Context, tx sqlx.ExtContext) (*finger
 	}
 	stagingQ := fmt.Sprintf(`SELECT count(*) AS rows, coalesce(sum(%s), 0)::text AS hash_sum FROM %s s`,
 		rowHashSQL(c.scope.Info, cols, "s"), c.staging)
+	var settings string
 	if join {
 		large, err := c.largeChunk(ctx, tx)
 		if err != nil {
 			return nil, err
 		}
-		join = large
+		if large {
+			// A large chunk joins faster by hashing (see largeChunk).
+			settings = `SELECT set_config('enable_hashjoin', 'on', true)`
+		}
+	} else {
+		// A chunk whose staging is at least half the target's size holds
+		// most of the target: a sequential scan (parallel where the
+		// planner finds it worth it) reads it faster than the index on
+		// the ChunkColumn, which the planner may still prefer when the
+		// target's statistics predate the load (PostgreSQL docs, 15.1
+		// "How Parallel Query Works"; a read-only query of a transaction
+		// that wrote may run in parallel).
+		var most bool
+		err := sqlx.GetContext(ctx, tx, &most, `SELECT pg_relation_size($1::regclass) * 2 >= pg_relation_size($2::regclass)`, c.staging, c.target)
+		if err != nil {
+			return nil, fmt.Errorf("table sizes: %w", err)
+		}
+		if most {
+			settings = `SELECT set_config('enable_indexscan', 'off', true), set_config('enable_bitmapscan', 'off', true)`
+		}
 	}
 	if _, err := tx.ExecContext(ctx, `SAVEPOINT backfill_fingerprint`); err != nil {
 		return nil, fmt.Errorf("savepoint: %w", err)
@@ -255,10 +275,9 @@ func (c *pgCheck) fingerprints(ctx context.Context, tx sqlx.ExtContext) (*finger
 		if err := sqlx.GetContext(ctx, tx, &p.Staged, stagingQ); err != nil {
 			return fmt.Errorf("staged rows: %w", err)
 		}
-		if join {
-			// A large chunk joins faster by hashing (see largeChunk); the
-			// setting is undone with the savepoint.
-			if _, err := tx.ExecContext(ctx, `SELECT set_config('enable_hashjoin', 'on', true)`); err != nil {
+		if settings != "" {
+			// Undone with the savepoint.
+			if _, err := tx.ExecContext(ctx, settings); err != nil {
 				return err
 			}
 		}
