@@ -3,7 +3,6 @@ package backfill
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -50,6 +49,7 @@ type persistStager struct {
 	buf    []any
 	seq    int
 	staged int64
+	ended  bool // the COPY ended (endStaging)
 }
 
 func newPersistStager(ctx context.Context, tx sqlx.ExtContext, table string, info TableInfo, seq int) (*persistStager, error) {
@@ -79,13 +79,10 @@ func (s *persistStager) Add(ctx context.Context, row int64, values []any) error 
 }
 
 func (s *persistStager) Merge(ctx context.Context) (MergeResult, error) {
-	if s.copy == nil {
+	if s.copy == nil && !s.ended {
 		return MergeResult{}, ErrWriterClosed
 	}
-	_, err := s.copy.ExecContext(ctx)
-	cerr := s.copy.Close()
-	s.copy = nil
-	return MergeResult{}, errors.Join(err, cerr)
+	return MergeResult{}, s.endStaging(ctx)
 }
 
 func (s *persistStager) Close() error {

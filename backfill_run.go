@@ -88,6 +88,12 @@ func NewWithDB(db DB, cfg *Config) (*Runner, error) {
 	case c.MaxRejectsPerChunk < 0:
 		c.MaxRejectsPerChunk = 0 // unlimited
 	}
+	switch {
+	case c.MaxStagingRejects == 0:
+		c.MaxStagingRejects = DefaultMaxStagingRejects
+	case c.MaxStagingRejects < 0:
+		c.MaxStagingRejects = 0 // never isolate
+	}
 	if c.Manifest == nil {
 		c.Manifest = NewPGManifest("")
 	}
@@ -504,20 +510,14 @@ func (ex *execution) runChunk(ctx context.Context) (res ChunkResult, claimed boo
 		}
 	}
 	info.Chunk = ChunkRef{BatchID: ex.batchID, Seq: c.Seq, UndoTable: ex.undoTable}
-	stager, err := r.cfg.Merger.Stage(ctx, tx, info)
+	_, copies := r.cfg.Merger.(*PGMerger)
+	stager, w, err := ex.stage(ctx, tx, c, info, started, copies && r.cfg.MaxStagingRejects > 0, func() (Stager, error) {
+		return r.cfg.Merger.Stage(ctx, tx, info)
+	})
 	if err != nil {
 		return res, true, attempt, chunkErr(err)
 	}
 	defer stager.Close()
-	w := newRowWriter(c, ex.job, info, stager, r.cfg.MaxRejectsPerChunk, started)
-	xerr := extractSafely(ctx, ex.job.Extractor, c, w)
-	w.closed = true
-	if w.err != nil {
-		return res, true, attempt, chunkErr(w.err)
-	}
-	if xerr != nil {
-		return res, true, attempt, chunkErr(fmt.Errorf("extract: %w", xerr))
-	}
 	mr, err := stager.Merge(ctx)
 	if err != nil {
 		return res, true, attempt, chunkErr(err)
@@ -597,6 +597,12 @@ type rowWriter struct {
 	exceptions          []Exception
 	err                 error // sticky: staging failed, the chunk cannot go on
 	closed              bool
+
+	// stagingRejects are rows PostgreSQL refused in an earlier staging of
+	// the chunk, by row (backfill_isolate.go); lines maps staged lines to
+	// rows.
+	stagingRejects map[int64]stagingReject
+	lines          stagingLines
 }
 
 func newRowWriter(c Chunk, job Job, info TableInfo, st Stager, maxRejects int, started time.Time) *rowWriter {
@@ -679,6 +685,17 @@ func (w *rowWriter) Write(ctx context.Context, values ...any) error {
 			}
 		}
 	}
+	if rej, ok := w.stagingRejects[w.row]; ok {
+		i := slices.Index(w.names, rej.column)
+		if i < 0 || rej.matches(w.buf[i]) {
+			value := rej.value
+			if i >= 0 && i < n {
+				value = displayValue(values[i])
+			}
+			return w.reject(rawJSON(w.names[:n], values, nil), rej.column, value, rej.reason)
+		}
+	}
+	w.lines.add(w.row)
 	if err := w.stager.Add(ctx, w.row, w.buf); err != nil {
 		w.err = err
 		return err
@@ -895,22 +912,18 @@ func (ex *execution) validate(ctx context.Context, tx sqlx.ExtContext, c Chunk, 
 func (ex *execution) stageChunk(ctx context.Context, tx Tx, c Chunk, attempt int, committed *bool) (ChunkResult, bool, int, error) {
 	chunkErr := func(err error) error { return &ChunkError{Chunk: c, Attempt: attempt, Err: err} }
 	started := time.Now()
-	st, err := newPersistStager(ctx, tx, stageTableName(ex.stageEnd, ex.batchID), ex.info, c.Seq)
+	info := ex.info
+	info.Chunk = ChunkRef{BatchID: ex.batchID, Seq: c.Seq}
+	var st *persistStager
+	stager, w, err := ex.stage(ctx, tx, c, info, started, ex.r.cfg.MaxStagingRejects > 0, func() (Stager, error) {
+		s, err := newPersistStager(ctx, tx, stageTableName(ex.stageEnd, ex.batchID), ex.info, c.Seq)
+		st = s
+		return s, err
+	})
 	if err != nil {
 		return ChunkResult{}, true, attempt, chunkErr(err)
 	}
-	defer st.Close()
-	info := ex.info
-	info.Chunk = ChunkRef{BatchID: ex.batchID, Seq: c.Seq}
-	w := newRowWriter(c, ex.job, info, st, ex.r.cfg.MaxRejectsPerChunk, started)
-	xerr := extractSafely(ctx, ex.job.Extractor, c, w)
-	w.closed = true
-	if w.err != nil {
-		return ChunkResult{}, true, attempt, chunkErr(w.err)
-	}
-	if xerr != nil {
-		return ChunkResult{}, true, attempt, chunkErr(fmt.Errorf("extract: %w", xerr))
-	}
+	defer stager.Close()
 	if _, err := st.Merge(ctx); err != nil {
 		return ChunkResult{}, true, attempt, chunkErr(err)
 	}

@@ -223,8 +223,10 @@ func convertValue(col Column, v any) (any, string) {
 		return v, ""
 	}
 	// A type not checked here: text only, read by PostgreSQL's input
-	// function. Any other Go value might be sent in a form PostgreSQL
-	// reads differently (time.Duration as nanoseconds into an interval).
+	// function (a value it refuses is isolated and queued, see
+	// backfill_isolate.go). Any other Go value might be sent in a form
+	// PostgreSQL reads differently (time.Duration as nanoseconds into an
+	// interval).
 	if s, ok := textOf(v, src); ok {
 		return textValue(s)
 	}

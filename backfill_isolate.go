@@ -1,0 +1,241 @@
+package backfill
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/lib/pq"
+)
+
+// Isolating rows that PostgreSQL refuses while staging.
+//
+// The row writer converts and checks values for the common column types
+// (merge_convert.go), but some types it passes as text for PostgreSQL's
+// input function to read: enum labels, domains with CHECK constraints,
+// inet, ranges, arrays, geometric types and any extension type. A value
+// such an input function refuses fails the chunk's COPY, and with it the
+// whole chunk, for one bad row. Instead, the chunk's staging runs inside
+// a savepoint: a COPY that fails on a data error at line N (PostgreSQL
+// reports the line, column and value in the error's context, PostgreSQL
+// docs, COPY, "File Formats") is rolled back to the savepoint, line N is
+// mapped back to the extractor's row, and the chunk is extracted and
+// staged again with that row queued as an exception naming its column,
+// value and PostgreSQL's message. Everything else of the chunk loads.
+//
+// Each isolated row costs one more extraction of the chunk, so at most
+// [Config.MaxStagingRejects] rows are isolated per chunk; then the chunk
+// fails with an error naming its chunk, row, column and value. Rows are
+// identified by their position in the chunk's extraction and the refused
+// value; an extractor that returns rows in another order on the retry has
+// its rows checked again, never the wrong one rejected.
+
+// DefaultMaxStagingRejects is the default of [Config.MaxStagingRejects].
+const DefaultMaxStagingRejects = 10
+
+// stagingReject is a row PostgreSQL refused while staging.
+type stagingReject struct {
+	column, value, reason string
+	// truncated: PostgreSQL shortened the value in its message; it is a
+	// prefix of the refused text.
+	truncated bool
+}
+
+// copyContext is the context PostgreSQL gives a COPY FROM error:
+// "COPY name, line N, column col: "value"" (CopyFromErrorCallback in
+// src/backend/commands/copyfrom.c); the column part is absent for errors
+// of a whole line. A value longer than the message allows ends in "...".
+var copyContext = regexp.MustCompile(`(?s)COPY [^,]+, line (\d+)(?:, column ([^:]+): "(.*)")?`)
+
+// stagingDataError reports whether err is PostgreSQL refusing a value of
+// a staged row: a data exception (SQLSTATE class 22), or a domain's CHECK
+// (23514) or NOT NULL (23502) constraint, raised while reading COPY data.
+// It returns the line of the COPY data (1 for the first row staged), the
+// column and value when PostgreSQL names them, and the reason.
+func stagingDataError(err error) (line int64, rej stagingReject, ok bool) {
+	var pe *pq.Error
+	if !errors.As(err, &pe) {
+		return 0, rej, false
+	}
+	if code := string(pe.Code); !strings.HasPrefix(code, "22") && code != "23514" && code != "23502" {
+		return 0, rej, false
+	}
+	m := copyContext.FindStringSubmatch(pe.Where)
+	if m == nil {
+		return 0, rej, false
+	}
+	line, perr := strconv.ParseInt(m[1], 10, 64)
+	if perr != nil || line < 1 {
+		return 0, rej, false
+	}
+	rej = stagingReject{column: m[2], value: m[3], reason: fmt.Sprintf("%s (SQLSTATE %s)", pe.Message, pe.Code)}
+	if strings.HasSuffix(rej.value, "...") {
+		rej.value, rej.truncated = strings.TrimSuffix(rej.value, "..."), true
+	}
+	return line, rej, true
+}
+
+// stagingLines maps the lines of a chunk's COPY data to the rows the
+// extractor wrote: runs of consecutive rows, a new run after each row the
+// writer rejected before staging.
+type stagingLines struct {
+	runs    []struct{ line, row int64 }
+	line    int64
+	lastRow int64
+}
+
+// add records that row was staged as the next line.
+func (l *stagingLines) add(row int64) {
+	l.line++
+	if len(l.runs) == 0 || row != l.lastRow+1 {
+		l.runs = append(l.runs, struct{ line, row int64 }{l.line, row})
+	}
+	l.lastRow = row
+}
+
+// row returns the row staged as line, or 0 when no such line was staged.
+func (l *stagingLines) row(line int64) int64 {
+	if line < 1 || line > l.line {
+		return 0
+	}
+	for i := len(l.runs) - 1; i >= 0; i-- {
+		if r := l.runs[i]; r.line <= line {
+			return r.row + (line - r.line)
+		}
+	}
+	return 0
+}
+
+// matches reports whether v, the value a row's column would be staged
+// as, is the value PostgreSQL refused. Only text is compared: values the
+// row writer converted (numbers, times) are sent in lib/pq's encoding,
+// and their row is matched by position alone.
+func (r stagingReject) matches(v any) bool {
+	text, ok := v.(string)
+	if !ok {
+		return true
+	}
+	if r.truncated {
+		return strings.HasPrefix(text, r.value)
+	}
+	return text == r.value
+}
+
+// stagingRowError is a row PostgreSQL refused while staging, named by
+// row, column and value; it wraps the *pq.Error.
+type stagingRowError struct {
+	msg string
+	err error
+}
+
+func (e *stagingRowError) Error() string { return e.msg }
+func (e *stagingRowError) Unwrap() error { return e.err }
+
+// copyEnder is implemented by stagers that stage with COPY: endStaging
+// ends the COPY, so that a refused value shows before the merge.
+type copyEnder interface {
+	endStaging(ctx context.Context) error
+}
+
+func (s *pgStager) endStaging(ctx context.Context) error {
+	if err := s.endCopy(ctx); err != nil {
+		return fmt.Errorf("backfill: stage %s: end copy: %w", s.info.Target.Table, err)
+	}
+	return nil
+}
+
+func (s *persistStager) endStaging(ctx context.Context) error {
+	if s.copy == nil {
+		return nil
+	}
+	_, err := s.copy.ExecContext(ctx)
+	cerr := s.copy.Close()
+	s.copy = nil
+	s.ended = true
+	return errors.Join(err, cerr)
+}
+
+// stage extracts chunk c into a stager made by newStager and ends the
+// staging, isolating rows PostgreSQL refuses (see the top of this file)
+// when savepoints is true: tx must then be a transaction, and newStager's
+// stagers must stage with COPY. It returns the stager, to merge and
+// close, and the row writer with the chunk's counts and exceptions.
+func (ex *execution) stage(ctx context.Context, tx Tx, c Chunk, info TableInfo, started time.Time, savepoints bool, newStager func() (Stager, error)) (Stager, *rowWriter, error) {
+	rejects := map[int64]stagingReject{}
+	for {
+		if savepoints {
+			if _, err := tx.ExecContext(ctx, `SAVEPOINT backfill_stage`); err != nil {
+				return nil, nil, fmt.Errorf("savepoint: %w", err)
+			}
+		}
+		st, err := newStager()
+		if err != nil {
+			return nil, nil, err
+		}
+		w := newRowWriter(c, ex.job, info, st, ex.r.cfg.MaxRejectsPerChunk, started)
+		w.stagingRejects = rejects
+		xerr := extractSafely(ctx, ex.job.Extractor, c, w)
+		w.closed = true
+		serr := w.err
+		if serr == nil && xerr == nil {
+			if ce, ok := st.(copyEnder); ok {
+				serr = ce.endStaging(ctx)
+			}
+		}
+		line, rej, isData := stagingDataError(serr)
+		// where names the refused row; the chunk's error names the chunk.
+		where := func() string {
+			row := w.lines.row(line)
+			s := fmt.Sprintf("backfill: stage %s: row %d", info.Target.Table, row)
+			if row == 0 {
+				s = fmt.Sprintf("backfill: stage %s: staging line %d", info.Target.Table, line)
+			}
+			if rej.column != "" {
+				s += fmt.Sprintf(" column %q value %q", rej.column, rej.value)
+			}
+			return s
+		}
+		if !savepoints || !isData || ctx.Err() != nil {
+			if serr != nil || xerr != nil {
+				_ = st.Close()
+			}
+			switch {
+			case isData:
+				return nil, nil, &stagingRowError{msg: where() + " refused: " + rej.reason, err: serr}
+			case serr != nil:
+				return nil, nil, serr
+			case xerr != nil:
+				return nil, nil, fmt.Errorf("extract: %w", xerr)
+			}
+			if savepoints {
+				if _, err := tx.ExecContext(ctx, `RELEASE SAVEPOINT backfill_stage`); err != nil {
+					_ = st.Close()
+					return nil, nil, fmt.Errorf("release savepoint: %w", err)
+				}
+			}
+			return st, w, nil
+		}
+		_ = st.Close()
+		if _, err := tx.ExecContext(context.WithoutCancel(ctx), `ROLLBACK TO SAVEPOINT backfill_stage; RELEASE SAVEPOINT backfill_stage`); err != nil {
+			return nil, nil, errors.Join(serr, fmt.Errorf("rollback to savepoint: %w", err))
+		}
+		row := w.lines.row(line)
+		switch {
+		case row == 0:
+			return nil, nil, &stagingRowError{msg: where() + " refused: " + rej.reason, err: serr}
+		case rejects[row] != (stagingReject{}):
+			// Refused again although queued: the extractor wrote another
+			// row there this time.
+			return nil, nil, &stagingRowError{msg: where() + " refused again (the extractor's rows changed between attempts): " + rej.reason, err: serr}
+		case len(rejects) >= ex.r.cfg.MaxStagingRejects:
+			return nil, nil, fmt.Errorf("%w: %s refused: %s; %d rows of this chunk were refused already (Config.MaxStagingRejects): convert or Reject such values in the extractor",
+				ErrTooManyRejects, where(), rej.reason, len(rejects))
+		}
+		rejects[row] = rej
+		ex.log.Warn("row refused while staging; restaging the chunk without it", "chunk", c.ID, "row", row, "column", rej.column, "reason", rej.reason)
+	}
+}

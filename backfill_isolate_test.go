@@ -1,0 +1,185 @@
+package backfill_test
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync/atomic"
+	"testing"
+
+	"github.com/jmoiron/sqlx"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgbackfill/backfill"
+	"github.com/pgbackfill/backfill/internal/pgtest"
+)
+
+// refusedSetup is a target whose columns take values the row writer
+// passes as text for PostgreSQL to read: an enum, a domain with a CHECK,
+// inet, a range and an array.
+func refusedSetup(t *testing.T) *sqlx.DB {
+	t.Helper()
+	db := pgtest.New(t)
+	_, err := db.Exec(`
+		CREATE TYPE mood AS ENUM ('sad', 'ok');
+		CREATE DOMAIN posint AS int CHECK (VALUE > 0);
+		CREATE TABLE t (id int PRIMARY KEY, m mood, p posint, ip inet, r int4range, a int[])`)
+	require.NoError(t, err)
+	return db
+}
+
+// refusedRows returns 40 rows, ids 1..40, with a value PostgreSQL refuses
+// in the rows of bad (id: column), and an extractor-level rejection at id
+// 5 (a string for the int key), which shifts staged lines against rows.
+func refusedRows(bad map[int]string) [][]any {
+	var rows [][]any
+	for id := 1; id <= 40; id++ {
+		r := []any{id, "ok", 1, "10.0.0.1", "[1,5)", "{1,2}"}
+		switch bad[id] {
+		case "m":
+			r[1] = "happy"
+		case "p":
+			r[2] = -3
+		case "ip":
+			r[3] = "10.0.0.x"
+		case "r":
+			r[4] = "[5,1)"
+		case "a":
+			r[5] = "{1,"
+		}
+		if id == 5 {
+			r[0] = "five"
+		}
+		rows = append(rows, r)
+	}
+	return rows
+}
+
+func refusedJob(rows [][]any) backfill.Job {
+	return backfill.Job{Name: "refused", Chunker: backfill.List("file-1"), Extractor: rowsFunc(rows...),
+		Target: backfill.Target{Table: "t", Key: []string{"id"}, Columns: []string{"id", "m", "p", "ip", "r", "a"}}, Rollback: backfill.RollbackNone}
+}
+
+// TestStagingIsolatesRefusedRows: values that only PostgreSQL's input
+// functions can judge (an enum label, a domain's CHECK, inet, a range, an
+// array) go to the exception queue with their row, column, value and
+// PostgreSQL's message, and every other row of the chunk loads; the
+// chunk's counts balance.
+func TestStagingIsolatesRefusedRows(t *testing.T) {
+	t.Parallel()
+	for _, publish := range []backfill.PublishMode{backfill.PublishPerChunk, backfill.PublishAtEnd} {
+		t.Run(string(cmpOr(publish, "per_chunk")), func(t *testing.T) {
+			t.Parallel()
+			db := refusedSetup(t)
+			bad := map[int]string{1: "m", 6: "p", 17: "ip", 18: "r", 40: "a"}
+			job := refusedJob(refusedRows(bad))
+			job.Publish.Mode = publish
+			r, err := backfill.New(db, nil)
+			require.NoError(t, err)
+			rep, err := r.Run(context.Background(), job)
+			require.NoError(t, err)
+			require.Equal(t, backfill.RunCompleted, rep.Status)
+			require.Equal(t, backfill.Counts{Read: 40, Inserted: 34, Rejected: 6}, rep.Counts)
+
+			var got []string
+			for _, e := range exceptionsOf(t, db, rep.BatchID) {
+				got = append(got, fmt.Sprintf("%d %s=%s: %s", e.Row, e.Column, e.Value, e.Reason))
+			}
+			slices.Sort(got)
+			require.Equal(t, []string{
+				`1 m=happy: invalid input value for enum mood: "happy" (SQLSTATE 22P02)`,
+				`17 ip=10.0.0.x: invalid input syntax for type inet: "10.0.0.x" (SQLSTATE 22P02)`,
+				`18 r=[5,1): range lower bound must be less than or equal to range upper bound (SQLSTATE 22000)`,
+				`40 a={1,: malformed array literal: "{1," (SQLSTATE 22P02)`,
+				`5 id=five: invalid input syntax for type integer`,
+				`6 p=-3: value for domain posint violates check constraint "posint_check" (SQLSTATE 23514)`,
+			}, got)
+			var ids []int
+			require.NoError(t, db.Select(&ids, `SELECT id FROM t ORDER BY id`))
+			var want []int
+			for id := 1; id <= 40; id++ {
+				if bad[id] == "" && id != 5 {
+					want = append(want, id)
+				}
+			}
+			require.Equal(t, want, ids)
+		})
+	}
+}
+
+// TestStagingRejectsAreBounded: past Config.MaxStagingRejects refused
+// rows the chunk fails, naming the chunk, row, column and value, and
+// nothing of it is loaded; with a negative limit it fails at the first
+// refused row, naming it too.
+func TestStagingRejectsAreBounded(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		limit int
+		want  string
+	}{
+		{2, `backfill: stage public.t: row 18 column "r" value "[5,1)" refused: range lower bound must be less than or equal to range upper bound (SQLSTATE 22000); 2 rows of this chunk were refused already`},
+		{-1, `chunk 0 list:file-1 (attempt 1): backfill: stage public.t: row 1 column "m" value "happy" refused: invalid input value for enum mood: "happy" (SQLSTATE 22P02)`},
+	} {
+		t.Run(fmt.Sprint(tc.limit), func(t *testing.T) {
+			t.Parallel()
+			db := refusedSetup(t)
+			r, err := backfill.New(db, &backfill.Config{MaxStagingRejects: tc.limit, MaxAttempts: 1})
+			require.NoError(t, err)
+			rep, err := r.Run(context.Background(), refusedJob(refusedRows(map[int]string{1: "m", 6: "p", 18: "r", 40: "a"})))
+			require.Error(t, err)
+			require.Contains(t, err.Error(), tc.want)
+			if tc.limit > 0 {
+				require.ErrorIs(t, err, backfill.ErrTooManyRejects)
+			}
+			require.Equal(t, backfill.RunFailed, rep.Status)
+			var n int
+			require.NoError(t, db.Get(&n, `SELECT count(*) FROM t`))
+			require.Zero(t, n, "a failed chunk loads nothing")
+		})
+	}
+}
+
+// TestStagingRejectsFollowTheValue: an extractor that returns its rows in
+// another order on every extraction still gets the refused row, and only
+// it, rejected: a queued row is matched by position and value.
+func TestStagingRejectsFollowTheValue(t *testing.T) {
+	t.Parallel()
+	db := refusedSetup(t)
+	rows := refusedRows(map[int]string{3: "m"})[5:] // ids 6..40, id 3 is not among them
+	rows[2][1] = "happy"                             // id 8
+	var calls atomic.Int32
+	job := refusedJob(nil)
+	job.Extractor = backfill.ExtractorFunc(func(ctx context.Context, c backfill.Chunk, w backfill.RowWriter) error {
+		order := slices.Clone(rows)
+		if calls.Add(1)%2 == 0 {
+			slices.Reverse(order)
+		}
+		for _, r := range order {
+			if err := w.Write(ctx, r...); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	r, err := backfill.New(db, nil)
+	require.NoError(t, err)
+	rep, err := r.Run(context.Background(), job)
+	require.NoError(t, err)
+	require.Equal(t, backfill.Counts{Read: 35, Inserted: 34, Rejected: 1}, rep.Counts)
+	ex := exceptionsOf(t, db, rep.BatchID)
+	require.Len(t, ex, 1)
+	require.Equal(t, "happy", ex[0].Value)
+	require.Contains(t, string(ex[0].Raw), `"id": 8`)
+	var m string
+	require.NoError(t, db.Get(&m, `SELECT string_agg(DISTINCT m::text, ',') FROM t`))
+	require.Equal(t, "ok", m)
+	require.GreaterOrEqual(t, calls.Load(), int32(2))
+}
+
+func cmpOr[T comparable](v, def T) T {
+	var zero T
+	if v == zero {
+		return def
+	}
+	return v
+}
