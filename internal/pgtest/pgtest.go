@@ -553,6 +553,7 @@ var state struct {
 	unavailable string // why there is no server
 	throwaway   bool   // the server is Main's own, gone when the binary exits
 	admin       *sql.DB
+	unowned     []string // databases of Database, dropped when Main's tests pass
 }
 
 // inCI reports whether the CI environment variable says we run in CI.
@@ -627,7 +628,73 @@ func run(m *testing.M) int {
 			}
 		}()
 	}
-	return m.Run()
+	code := m.Run()
+	dropUnowned(code == 0)
+	return code
+}
+
+// Database creates a fresh database for code that has no testing.TB, such
+// as a runnable example, and returns its URL. It is dropped when the tests
+// of [Main] end, if they all passed (kept and listed otherwise, like
+// [New]'s). It panics when there is no server.
+func Database(prefix string) string {
+	state.mu.Lock()
+	u := state.adminURL
+	if !state.mainCalled {
+		u = os.Getenv("DATABASE_URL")
+	}
+	state.mu.Unlock()
+	if u == "" {
+		panic("pgtest: no PostgreSQL server for " + prefix)
+	}
+	name := databaseName(prefix)
+	du, err := withDatabase(u, name)
+	if err != nil {
+		panic(err)
+	}
+	admin, err := sql.Open("postgres", u)
+	if err != nil {
+		panic(err)
+	}
+	defer admin.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), adminTimeout)
+	defer cancel()
+	if _, err := admin.ExecContext(ctx, "CREATE DATABASE "+quoteIdent(name)+" TEMPLATE template0 ENCODING 'UTF8' LC_COLLATE 'C' LC_CTYPE 'C'"); err != nil {
+		panic(fmt.Sprintf("pgtest: creating database %s: %v", name, err))
+	}
+	state.mu.Lock()
+	state.unowned = append(state.unowned, name)
+	state.mu.Unlock()
+	return du
+}
+
+// dropUnowned drops the databases of [Database] when passed, or lists
+// them as kept.
+func dropUnowned(passed bool) {
+	state.mu.Lock()
+	names, u := state.unowned, state.adminURL
+	state.unowned = nil
+	state.mu.Unlock()
+	if len(names) == 0 || u == "" {
+		return
+	}
+	if !passed {
+		fmt.Fprintf(os.Stderr, "pgtest: tests failed, keeping databases %s\n", strings.Join(names, ", "))
+		return
+	}
+	admin, err := sql.Open("postgres", u)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "pgtest:", err)
+		return
+	}
+	defer admin.Close()
+	for _, name := range names {
+		ctx, cancel := context.WithTimeout(context.Background(), adminTimeout)
+		if _, err := admin.ExecContext(ctx, "DROP DATABASE IF EXISTS "+quoteIdent(name)+" WITH (FORCE)"); err != nil {
+			fmt.Fprintf(os.Stderr, "pgtest: dropping database %s: %v\n", name, err)
+		}
+		cancel()
+	}
 }
 
 func ping(u string) error {
