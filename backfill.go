@@ -124,7 +124,9 @@ type Target struct {
 	Version string
 	// ValidFrom and ValidTo name the interval columns of History mode;
 	// defaults "valid_from" and "valid_to". Both must have the same type
-	// (timestamptz, timestamp, date or an integer type).
+	// (timestamptz, timestamp, date or an integer type). A row with a NULL
+	// ValidFrom is rejected ("null value in NOT NULL column"), even when
+	// the column is nullable.
 	ValidFrom, ValidTo string
 	// Derive lists, in Keyless mode, how each Key column is computed from
 	// a source column. Every Key column needs exactly one rule.

@@ -29,6 +29,12 @@ type Column struct {
 	// textCompare: the type has no usable equality operator (json, point,
 	// arrays of them, composites); change detection compares its text.
 	textCompare bool
+	// kind is the (base) type's pg_type.typtype ("b", "e" enum, "c"
+	// composite, "r" range, ...); userType: it is not a pg_catalog type.
+	// elemKind and userElem say the same of an array's element type. ""
+	// and false when unknown (a TableInfo not from PGMerger.Prepare).
+	kind, elemKind     string
+	userType, userElem bool
 	// Precision and Scale are a numeric(p,s) column's declared precision
 	// and scale (PostgreSQL docs, 8.1.2 "Arbitrary Precision Numbers");
 	// Precision is 0 for an unconstrained numeric.

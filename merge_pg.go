@@ -108,6 +108,9 @@ func (m *PGMerger) Prepare(ctx context.Context, db sqlx.ExtContext, t Target) (T
 		Elem      string `db:"elem"`
 		Kind      string `db:"kind"`
 		Collation string `db:"collation"`
+		UserType  bool   `db:"user_type"`
+		ElemKind  string `db:"elem_kind"`
+		UserElem  bool   `db:"user_elem"`
 	}
 	err := sqlx.SelectContext(ctx, db, &cols, `
 		SELECT a.attname, format_type(a.atttypid, a.atttypmod),
@@ -116,7 +119,9 @@ func (m *PGMerger) Prepare(ctx context.Context, db sqlx.ExtContext, t Target) (T
 			a.attnotnull, a.attidentity::text AS attidentity, a.attgenerated::text AS attgenerated,
 			coalesce(et.typname, '') AS elem, coalesce(bt.typtype, ty.typtype)::text AS kind,
 			CASE WHEN a.attcollation <> 0 AND a.attcollation <> coalesce(bt.typcollation, ty.typcollation)
-				THEN quote_ident(cn.nspname) || '.' || quote_ident(co.collname) ELSE '' END AS collation
+				THEN quote_ident(cn.nspname) || '.' || quote_ident(co.collname) ELSE '' END AS collation,
+			coalesce(bt.typnamespace, ty.typnamespace) <> 'pg_catalog'::regnamespace AS user_type,
+			coalesce(et.typtype::text, '') AS elem_kind, coalesce(et.typnamespace <> 'pg_catalog'::regnamespace, false) AS user_elem
 		FROM pg_attribute a
 		JOIN pg_type ty ON ty.oid = a.atttypid
 		LEFT JOIN pg_type bt ON ty.typtype = 'd' AND bt.oid = ty.typbasetype
@@ -134,7 +139,8 @@ func (m *PGMerger) Prepare(ctx context.Context, db sqlx.ExtContext, t Target) (T
 			continue
 		}
 		col := Column{Name: c.Name, Type: c.Type, BaseType: c.Base, NotNull: c.NotNull, Collation: c.Collation,
-			textCompare: textCompared[c.Base] || textCompared[c.Elem] || c.Kind == "c"}
+			textCompare: textCompared[c.Base] || textCompared[c.Elem] || c.Kind == "c",
+			kind:        c.Kind, userType: c.UserType, elemKind: c.ElemKind, userElem: c.UserElem}
 		if (c.Base == "varchar" || c.Base == "bpchar") && c.Typmod > 4 {
 			col.MaxLen = c.Typmod - 4
 		}
@@ -703,8 +709,13 @@ func (s *pgStager) Merge(ctx context.Context) (MergeResult, error) {
 	// planner prefers hash and merge joins that read all of it per chunk,
 	// making a load quadratic (measured by internal/benchload). Local to
 	// the chunk's transaction (PostgreSQL docs, 20.7.1 "Planner Method
-	// Configuration"; set_config with is_local).
-	if _, err := s.tx.ExecContext(ctx, `SELECT set_config('enable_hashjoin', 'off', true), set_config('enable_mergejoin', 'off', true)`); err != nil {
+	// Configuration"; set_config with is_local). Change detection compares
+	// values without an equality operator (json, point, composites) as
+	// text: floats must print exactly, which extra_float_digits 0 or less
+	// (PostgreSQL docs, 20.11.2) would undo; it is raised to 1, the
+	// default, for the chunk's transaction.
+	if _, err := s.tx.ExecContext(ctx, `SELECT set_config('enable_hashjoin', 'off', true), set_config('enable_mergejoin', 'off', true),
+		set_config('extra_float_digits', greatest(current_setting('extra_float_digits')::int, 1)::text, true)`); err != nil {
 		return res, fmt.Errorf("backfill: merge %s: planner settings: %w", t.Table, err)
 	}
 	dup := false

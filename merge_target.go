@@ -233,6 +233,14 @@ func ResolveTarget(t Target, table []Column, unique [][]string) (TableInfo, erro
 			return TableInfo{}, bad("ValidFrom %q (%s) and ValidTo %q (%s) must have the same type", t.ValidFrom, vf.Type, t.ValidTo, vt.Type)
 		}
 		identity = append(identity, t.ValidFrom)
+		// A version without a start has no place in the tiling, and a NULL
+		// never matches itself in the merge's lookups: the row writer
+		// rejects it like a NULL in a NOT NULL column.
+		for i := range info.Columns {
+			if info.Columns[i].Name == t.ValidFrom {
+				info.Columns[i].NotNull = true
+			}
+		}
 	}
 	if t.Conflict == NewerVersionWins {
 		if !slices.Contains(t.Columns, t.Version) || slices.Contains(t.Key, t.Version) {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
+	"strings"
 
 	"github.com/jmoiron/sqlx"
 
@@ -135,6 +136,72 @@ var hashFuncs = map[string]struct{ format, zero string }{
 	"cidr":        {"hashinetextended(%s::inet, %s)", "'0.0.0.0/0'"},
 	"timestamp":   {"timestamp_hash_extended(%s, %s)", "'epoch'"},
 	"timestamptz": {"timestamp_hash_extended(%s AT TIME ZONE 'UTC', %s)", "'epoch'"},
+	// The object identifier types print names that need not be unique
+	// (overloaded functions, search_path): they hash their OID.
+	"regproc":       {"hashoidextended(%s::oid, %s)", "'0'"},
+	"regprocedure":  {"hashoidextended(%s::oid, %s)", "'0'"},
+	"regoper":       {"hashoidextended(%s::oid, %s)", "'0'"},
+	"regoperator":   {"hashoidextended(%s::oid, %s)", "'0'"},
+	"regclass":      {"hashoidextended(%s::oid, %s)", "'0'"},
+	"regtype":       {"hashoidextended(%s::oid, %s)", "'0'"},
+	"regrole":       {"hashoidextended(%s::oid, %s)", "'0'"},
+	"regnamespace":  {"hashoidextended(%s::oid, %s)", "'0'"},
+	"regconfig":     {"hashoidextended(%s::oid, %s)", "'0'"},
+	"regdictionary": {"hashoidextended(%s::oid, %s)", "'0'"},
+	"regcollation":  {"hashoidextended(%s::oid, %s)", "'0'"},
+}
+
+// textHashed lists the built-in types hashed by their text: their output
+// is one-to-one under the settings fingerprints pin (pinnedSettings).
+// Enums (labels are unique within an enum), built-in ranges and
+// multiranges, and arrays of hashable elements are hashed by text too.
+// Any other type (composites, and types of extensions or users, whose
+// output may drop information) has no fingerprint: the checks run their
+// exact comparisons for a table that has one.
+var textHashed = map[string]bool{
+	"numeric": true, "date": true, "time": true, "timetz": true, "interval": true,
+	"json": true, "jsonb": true, "jsonpath": true, "xml": true, "bytea": true, "money": true,
+	"bit": true, "varbit": true, "macaddr": true, "macaddr8": true, "tsvector": true, "tsquery": true,
+	"point": true, "line": true, "lseg": true, "box": true, "path": true, "polygon": true, "circle": true,
+	"name": true, "char": true, "pg_lsn": true, "txid_snapshot": true, "pg_snapshot": true, "xid8": true,
+	"citext": true, // extension type, its text is its value
+}
+
+// pinnedSettings fixes, inside the fingerprint's savepoint, the settings
+// that change how values print: shortest exact floats (extra_float_digits
+// 1, the default since PostgreSQL 12, a value of 0 or less rounds),
+// ISO dates with numeric zone offsets in UTC (DateStyle SQL prints zone
+// abbreviations that two instants can share), one interval style, hex
+// bytea and the C locale's money format (PostgreSQL docs, 20.11.2
+// "Locale and Formatting").
+const pinnedSettings = `SELECT set_config('extra_float_digits', '1', true), set_config('DateStyle', 'ISO, MDY', true),
+	set_config('TimeZone', 'UTC', true), set_config('IntervalStyle', 'postgres', true), set_config('bytea_output', 'hex', true),
+	set_config('lc_monetary', 'C', true)`
+
+// hashKind says how a column is hashed: by its type's hash function
+// (hashFuncs), by its text, or not at all ("").
+func hashKind(col Column) string {
+	switch {
+	case col.userType && col.kind == "e":
+		return "text"
+	case col.userType && col.BaseType != "citext":
+		return ""
+	case col.kind == "c" || col.kind == "p":
+		return ""
+	}
+	if _, ok := hashFuncs[col.BaseType]; ok && !col.textCompare && !textCompared[col.BaseType] {
+		return "func"
+	}
+	switch {
+	case textHashed[col.BaseType] || textCompared[col.BaseType] || col.kind == "r" || col.kind == "m":
+		return "text"
+	case strings.HasPrefix(col.BaseType, "_"):
+		elem := Column{BaseType: col.BaseType[1:], kind: col.elemKind, userType: col.userElem}
+		if hashKind(elem) != "" {
+			return "text"
+		}
+	}
+	return ""
 }
 
 // hashStep returns the SQL expression hashing column col of alias with
@@ -150,8 +217,8 @@ var hashFuncs = map[string]struct{ format, zero string }{
 func hashStep(col Column, alias, seed string, pos int, notNull bool) string {
 	raw := alias + "." + sqlgen.Ident(col.Name)
 	e := raw
-	f, ok := hashFuncs[col.BaseType]
-	if !ok || col.textCompare || textCompared[col.BaseType] {
+	f := hashFuncs[col.BaseType]
+	if hashKind(col) != "func" {
 		f = struct{ format, zero string }{"hashtextextended(%s, %s)", "''"}
 		e += "::text"
 	}
@@ -239,6 +306,15 @@ func (c *pgCheck) fingerprints(ctx context.Context, tx sqlx.ExtContext) (*finger
 			return cached, nil
 		}
 	}
+	for _, n := range cols {
+		if col := c.cols[n]; hashKind(col) == "" {
+			p.Error = fmt.Sprintf("column %q: no fingerprint for type %s (see validate_fingerprint.go)", n, cmpOr(col.Type, col.BaseType))
+			if memo != nil {
+				memo.fingerprintMemo()[key] = p
+			}
+			return p, nil
+		}
+	}
 	stagingQ := fmt.Sprintf(`SELECT count(*) AS rows, coalesce(sum(%s), 0)::text AS hash_sum FROM %s s`,
 		rowHashSQL(c.scope.Info, cols, "s"), c.staging)
 	var settings string
@@ -272,6 +348,9 @@ func (c *pgCheck) fingerprints(ctx context.Context, tx sqlx.ExtContext) (*finger
 		return nil, fmt.Errorf("savepoint: %w", err)
 	}
 	qerr := func() error {
+		if _, err := tx.ExecContext(ctx, pinnedSettings); err != nil {
+			return fmt.Errorf("settings: %w", err)
+		}
 		if err := sqlx.GetContext(ctx, tx, &p.Staged, stagingQ); err != nil {
 			return fmt.Errorf("staged rows: %w", err)
 		}

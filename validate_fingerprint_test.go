@@ -4,9 +4,11 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
 	"pgregory.net/rapid"
 
@@ -47,6 +49,8 @@ var wideColumns = []struct {
 	{"ai", "int[]", []any{nil, "{}", "{1,2}", "{2,1}", "{NULL}"}},
 	{"ta", "text[]", []any{nil, "{a}", "{a,b}", `{""}`}},
 	{"pt", "point", []any{nil, "(1,2)", "(2,1)"}},
+	{"fa", "float8[]", []any{nil, "{}", "{0.1}", "{0.30000000000000004}", "{-0}", "{0}"}},
+	{"rp", "regprocedure", []any{nil, "ff(integer)", "ff(text)"}},
 	{"m", "mood", []any{nil, "sad", "ok"}},
 	{"pi", "posint", []any{nil, "1", "2"}},
 }
@@ -65,6 +69,8 @@ func TestFingerprintAgreesWithExactChecks(t *testing.T) {
 	ctx := context.Background()
 	db := pgtest.New(t)
 	ddl := `CREATE TYPE mood AS ENUM ('sad', 'ok');
+		CREATE FUNCTION ff(int) RETURNS int LANGUAGE sql AS 'SELECT 1';
+		CREATE FUNCTION ff(text) RETURNS int LANGUAGE sql AS 'SELECT 2';
 		CREATE DOMAIN posint AS int CHECK (VALUE > 0);
 		CREATE TABLE wide (id bigint PRIMARY KEY, at timestamptz NOT NULL`
 	cols := []string{"id", "at"}
@@ -193,4 +199,91 @@ func TestFingerprintIsComputedOncePerChunk(t *testing.T) {
 	// fingerprints from before it, while an exact check sees the deletion.
 	// (Checks must not write, see Validator; only tests' sabotage does.)
 	require.False(t, evidenceOf(vs, "after_exact")[0].Passed)
+}
+
+// TestFingerprintIgnoresSessionSettings: values hashed by their text
+// print the same whatever the session's settings, so a defect that only
+// the settings would hide (floats rounded by extra_float_digits 0, two
+// instants that DateStyle SQL prints alike in a zone whose abbreviation
+// repeats, overloaded functions that regproc prints alike) still makes
+// the fingerprints differ; and a merge under extra_float_digits 0 still
+// sees a change in a composite's float.
+func TestFingerprintIgnoresSessionSettings(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	u := pgtest.NewURL(t)
+	setup := sqlx.MustOpen("postgres", u)
+	_, err := setup.Exec(`
+		CREATE FUNCTION ff(int) RETURNS int LANGUAGE sql AS 'SELECT 1';
+		CREATE FUNCTION ff(text) RETURNS int LANGUAGE sql AS 'SELECT 2';
+		CREATE TYPE reading AS (n int, v float8);
+		CREATE TABLE m (id bigint PRIMARY KEY, at timestamptz NOT NULL, readings float8[], stamps timestamptz[], fn regprocedure);
+		CREATE TABLE c (id bigint PRIMARY KEY, at timestamptz NOT NULL, r reading);
+		CREATE INDEX ON m (at);
+		DO $$ BEGIN EXECUTE format('ALTER DATABASE %I SET extra_float_digits = 0', current_database());
+			EXECUTE format('ALTER DATABASE %I SET DateStyle = %L', current_database(), 'SQL, DMY');
+			EXECUTE format('ALTER DATABASE %I SET TimeZone = %L', current_database(), 'Europe/Moscow'); END $$`)
+	require.NoError(t, err)
+	require.NoError(t, setup.Close())
+	db := sqlx.MustOpen("postgres", u) // new sessions: the database's settings
+	t.Cleanup(func() { _ = db.Close() })
+
+	job := func(validators ...backfill.Validator) backfill.Job {
+		day := time.Date(2014, 10, 25, 0, 0, 0, 0, time.UTC)
+		return backfill.Job{Name: "m", NewRun: true, Chunker: backfill.Days(day, day.AddDate(0, 0, 1), time.UTC), ChunkColumn: "at",
+			Extractor: rowsFunc(
+				[]any{int64(1), "2014-10-25T10:00:00Z", "{0.1,0.30000000000000004}", "{2014-10-25 21:30:00+00}", "ff(integer)"},
+				[]any{int64(2), "2014-10-25T11:00:00Z", "{1.0000000000000002}", "{2014-10-25 22:30:00+00}", "ff(text)"}),
+			Target:     backfill.Target{Table: "m", Key: []string{"id"}, Columns: []string{"id", "at", "readings", "stamps", "fn"}},
+			Rollback:   backfill.RollbackNone,
+			Validators: validators}
+	}
+	r, err := backfill.New(db, nil)
+	require.NoError(t, err)
+
+	// Clean: proven by fingerprint.
+	rep, err := r.Run(ctx, job(backfill.Completeness{CompareContent: true}))
+	require.NoError(t, err)
+	vs, err := backfill.NewPGManifest("").Validations(ctx, db, rep.BatchID)
+	require.NoError(t, err)
+	require.Len(t, vs, 1)
+	require.Contains(t, string(vs[0].Detail), `"method": "fingerprint"`)
+
+	// Each defect, seeded after the merge, is found: the fingerprints
+	// differ and the exact comparison names the row.
+	for _, defect := range []string{
+		`SET LOCAL extra_float_digits = 0; UPDATE m SET readings = readings::text::float8[] WHERE id = 1`,
+		`UPDATE m SET stamps = '{2014-10-25 22:30:00+00}' WHERE id = 1`,
+		`UPDATE m SET fn = 'ff(text)'::regprocedure WHERE id = 1`,
+	} {
+		rep, err := r.Run(ctx, job(sabotageIn("", defect), backfill.Completeness{CompareContent: true, Severity: backfill.SeverityWarn}))
+		require.NoError(t, err, defect)
+		vs, err := backfill.NewPGManifest("").Validations(ctx, db, rep.BatchID)
+		require.NoError(t, err)
+		ev := evidenceOf(vs, "completeness")
+		require.Len(t, ev, 1, defect)
+		require.False(t, ev[0].Passed, "%s: %s", defect, ev[0].Actual)
+		require.Equal(t, []string{"differs: (1): " + map[bool]string{true: "readings", false: ""}[strings.Contains(defect, "readings")] +
+			map[bool]string{true: "stamps", false: ""}[strings.Contains(defect, "stamps")] + map[bool]string{true: "fn", false: ""}[strings.Contains(defect, "fn =")]}, ev[0].Sample)
+	}
+
+	// The merge compares composites as text: a float in one that prints
+	// alike under extra_float_digits 0 is still a change. (Composites have
+	// no fingerprint: the check runs its exact comparison and says why.)
+	composite := job(backfill.Completeness{})
+	composite.Name, composite.Target = "c", backfill.Target{Table: "c", Key: []string{"id"}, Columns: []string{"id", "at", "r"}}
+	composite.Extractor = rowsFunc([]any{int64(1), "2014-10-25T10:00:00Z", "(1,0.30000000000000004)"})
+	rep, err = r.Run(ctx, composite)
+	require.NoError(t, err)
+	vs, err = backfill.NewPGManifest("").Validations(ctx, db, rep.BatchID)
+	require.NoError(t, err)
+	require.Contains(t, string(vs[0].Detail), `no fingerprint for type reading`)
+	_, err = db.Exec(`UPDATE c SET r = '(1,0.3)' WHERE id = 1`)
+	require.NoError(t, err)
+	rep, err = r.Run(ctx, composite)
+	require.NoError(t, err)
+	require.Equal(t, int64(1), rep.Counts.Updated)
+	var exact bool // compared in SQL: this session prints floats rounded
+	require.NoError(t, db.Get(&exact, `SELECT (r).v = '0.30000000000000004'::float8 FROM c WHERE id = 1`))
+	require.True(t, exact)
 }
