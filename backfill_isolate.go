@@ -149,14 +149,8 @@ func (s *pgStager) endStaging(ctx context.Context) error {
 }
 
 func (s *persistStager) endStaging(ctx context.Context) error {
-	if s.copy == nil {
-		return nil
-	}
-	_, err := s.copy.ExecContext(ctx)
-	cerr := s.copy.Close()
-	s.copy = nil
 	s.ended = true
-	return errors.Join(err, cerr)
+	return finishCopy(ctx, &s.copy)
 }
 
 // stage extracts chunk c into a stager made by newStager and ends the

@@ -657,13 +657,16 @@ func (s *pgStager) Add(ctx context.Context, row int64, values []any) error {
 	return nil
 }
 
-func (s *pgStager) endCopy(ctx context.Context) error {
-	if s.copy == nil {
+func (s *pgStager) endCopy(ctx context.Context) error { return finishCopy(ctx, &s.copy) }
+
+// finishCopy ends the COPY of *stmt, if any, and closes it.
+func finishCopy(ctx context.Context, stmt **sql.Stmt) error {
+	if *stmt == nil {
 		return nil
 	}
-	_, err := s.copy.ExecContext(ctx)
-	cerr := s.copy.Close()
-	s.copy = nil
+	_, err := (*stmt).ExecContext(ctx)
+	cerr := (*stmt).Close()
+	*stmt = nil
 	return errors.Join(err, cerr)
 }
 
