@@ -330,18 +330,19 @@ type Config struct {
 	// so the limit also bounds that memory. 0 means
 	// [DefaultMaxRejectsPerChunk]; a negative value means no limit.
 	MaxRejectsPerChunk int
-	// MaxStagingRejects is how many rows of one chunk PostgreSQL may
-	// refuse while staging (COPY) before the chunk fails. Such rows hold
-	// values the row writer passes as text for PostgreSQL to read: an
-	// enum label, a value a domain's CHECK refuses, malformed inet. Each
-	// is queued as an exception naming its column, value and
-	// PostgreSQL's message, and the chunk is extracted and staged again
-	// without it, inside the chunk's transaction (see backfill_isolate.go):
-	// one more extraction per refused row, which is what the limit bounds.
-	// Past it, the chunk fails with an error wrapping [ErrTooManyRejects]
-	// that names the chunk, row, column and value. They count toward
+	// MaxStagingRejects is how many distinct values PostgreSQL may refuse
+	// while staging (COPY) one chunk before the chunk fails. Such values
+	// are those the row writer passes as text for PostgreSQL to read: an
+	// enum label, a value a domain's CHECK or NOT NULL refuses, malformed
+	// inet. Every row holding a refused value is queued as an exception
+	// naming its column, value and PostgreSQL's message, and the chunk is
+	// extracted and staged again without them, inside the chunk's
+	// transaction (see backfill_isolate.go): one more extraction per
+	// refused value, which is what the limit bounds. Past it, the chunk
+	// fails with an error wrapping [ErrTooManyRejects] that names the
+	// chunk, row, column and value. The rows count toward
 	// MaxRejectsPerChunk too. 0 means [DefaultMaxStagingRejects]; a
-	// negative value fails the chunk at the first refused row (still
+	// negative value fails the chunk at the first refused value (still
 	// naming it). PostgreSQL stagers only ([PGMerger], [PublishAtEnd]).
 	MaxStagingRejects int
 	// Manifest records runs and chunks. Default: [NewPGManifest] with

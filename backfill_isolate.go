@@ -2,9 +2,11 @@ package backfill
 
 import (
 	"context"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -22,17 +24,21 @@ import (
 // whole chunk, for one bad row. Instead, the chunk's staging runs inside
 // a savepoint: a COPY that fails on a data error at line N (PostgreSQL
 // reports the line, column and value in the error's context, PostgreSQL
-// docs, COPY, "File Formats") is rolled back to the savepoint, line N is
-// mapped back to the extractor's row, and the chunk is extracted and
-// staged again with that row queued as an exception naming its column,
-// value and PostgreSQL's message. Everything else of the chunk loads.
+// docs, COPY, "File Formats") is rolled back to the savepoint, and the
+// chunk is extracted and staged again with every row that holds the
+// refused value in that column queued as an exception naming its column,
+// value and PostgreSQL's message. (An input function or a domain
+// constraint judges the value alone, so the value is refused wherever it
+// occurs: a label missing from an enum costs one restaging, however many
+// rows hold it.) Everything else of the chunk loads.
 //
-// Each isolated row costs one more extraction of the chunk, so at most
-// [Config.MaxStagingRejects] rows are isolated per chunk; then the chunk
-// fails with an error naming its chunk, row, column and value. Rows are
-// identified by their position in the chunk's extraction and the refused
-// value; an extractor that returns rows in another order on the retry has
-// its rows checked again, never the wrong one rejected.
+// Each refused value costs one more extraction of the chunk, so at most
+// [Config.MaxStagingRejects] values are isolated per chunk; then the
+// chunk fails with an error naming its chunk, row, column and value.
+// Rows are found by value, not position, so an extractor that returns its
+// rows in another order on the retry gets the same rows queued. Only when
+// PostgreSQL shortened a long value in its message is the row found by
+// its position in the extraction and the value's first characters.
 
 // DefaultMaxStagingRejects is the default of [Config.MaxStagingRejects].
 const DefaultMaxStagingRejects = 10
@@ -40,23 +46,27 @@ const DefaultMaxStagingRejects = 10
 // stagingReject is a row PostgreSQL refused while staging.
 type stagingReject struct {
 	column, value, reason string
+	// null: the refused value is NULL (a domain's NOT NULL).
+	null bool
 	// truncated: PostgreSQL shortened the value in its message; it is a
 	// prefix of the refused text.
 	truncated bool
 }
 
-// copyContext is the context PostgreSQL gives a COPY FROM error:
-// "COPY name, line N, column col: "value"" (CopyFromErrorCallback in
-// src/backend/commands/copyfrom.c); the column part is absent for errors
-// of a whole line. A value longer than the message allows ends in "...".
-var copyContext = regexp.MustCompile(`(?s)COPY [^,]+, line (\d+)(?:, column ([^:]+): "(.*)")?`)
+// copyLine is the start of the context PostgreSQL gives a COPY FROM
+// error: "COPY name, line N, column col: "value"" or "..., column col:
+// null input" (CopyFromErrorCallback in src/backend/commands/copyfrom.c);
+// the column part is absent for errors of a whole line. A value longer
+// than the message allows ends in "...".
+var copyLine = regexp.MustCompile(`^COPY [^,]+, line (\d+)`)
 
 // stagingDataError reports whether err is PostgreSQL refusing a value of
 // a staged row: a data exception (SQLSTATE class 22), or a domain's CHECK
 // (23514) or NOT NULL (23502) constraint, raised while reading COPY data.
 // It returns the line of the COPY data (1 for the first row staged), the
-// column and value when PostgreSQL names them, and the reason.
-func stagingDataError(err error) (line int64, rej stagingReject, ok bool) {
+// column (one of columns, which may contain any character) and value
+// when PostgreSQL names them, and the reason.
+func stagingDataError(err error, columns []string) (line int64, rej stagingReject, ok bool) {
 	var pe *pq.Error
 	if !errors.As(err, &pe) {
 		return 0, rej, false
@@ -64,15 +74,26 @@ func stagingDataError(err error) (line int64, rej stagingReject, ok bool) {
 	if code := string(pe.Code); !strings.HasPrefix(code, "22") && code != "23514" && code != "23502" {
 		return 0, rej, false
 	}
-	m := copyContext.FindStringSubmatch(pe.Where)
+	m := copyLine.FindStringSubmatchIndex(pe.Where)
 	if m == nil {
 		return 0, rej, false
 	}
-	line, perr := strconv.ParseInt(m[1], 10, 64)
+	line, perr := strconv.ParseInt(pe.Where[m[2]:m[3]], 10, 64)
 	if perr != nil || line < 1 {
 		return 0, rej, false
 	}
-	rej = stagingReject{column: m[2], value: m[3], reason: fmt.Sprintf("%s (SQLSTATE %s)", pe.Message, pe.Code)}
+	rej.reason = fmt.Sprintf("%s (SQLSTATE %s)", pe.Message, pe.Code)
+	rest := pe.Where[m[1]:]
+	for _, c := range columns {
+		switch {
+		case len(c) < len(rej.column):
+		case strings.HasPrefix(rest, ", column "+c+`: "`) && strings.HasSuffix(rest, `"`):
+			rej.column, rej.null = c, false
+			rej.value = rest[len(", column "+c+`: "`) : len(rest)-1]
+		case rest == ", column "+c+": null input":
+			rej.column, rej.value, rej.null = c, "", true
+		}
+	}
 	if strings.HasSuffix(rej.value, "...") {
 		rej.value, rej.truncated = strings.TrimSuffix(rej.value, "..."), true
 	}
@@ -111,18 +132,47 @@ func (l *stagingLines) row(line int64) int64 {
 }
 
 // matches reports whether v, the value a row's column would be staged
-// as, is the value PostgreSQL refused. Only text is compared: values the
-// row writer converted (numbers, times) are sent in lib/pq's encoding,
-// and their row is matched by position alone.
+// as, is the value PostgreSQL refused: its text as lib/pq sends it in COPY
+// data (or NULL), equal to the value PostgreSQL named, or starting with it
+// when PostgreSQL shortened it.
 func (r stagingReject) matches(v any) bool {
-	text, ok := v.(string)
+	if v == nil || r.null {
+		return v == nil && r.null
+	}
+	text, ok := copyText(v)
 	if !ok {
-		return true
+		return false
 	}
 	if r.truncated {
 		return strings.HasPrefix(text, r.value)
 	}
 	return text == r.value
+}
+
+// copyText returns the text lib/pq's COPY encoding sends for v, a value
+// of the row writer (encode.go, appendEncodedText), before COPY's escapes.
+func copyText(v any) (string, bool) {
+	switch v := v.(type) {
+	case string:
+		return v, true
+	case int64:
+		return strconv.FormatInt(v, 10), true
+	case int:
+		return strconv.Itoa(v), true
+	case int32:
+		return strconv.FormatInt(int64(v), 10), true
+	case float64:
+		return strconv.FormatFloat(v, 'f', -1, 64), true
+	case float32:
+		return strconv.FormatFloat(float64(v), 'f', -1, 64), true
+	case bool:
+		return strconv.FormatBool(v), true
+	case []byte:
+		return `\x` + hex.EncodeToString(v), true
+	case time.Time:
+		return string(pq.FormatTimestamp(v)), true
+	}
+	return "", false
 }
 
 // stagingRowError is a row PostgreSQL refused while staging, named by
@@ -159,7 +209,7 @@ func (s *persistStager) endStaging(ctx context.Context) error {
 // stagers must stage with COPY. It returns the stager, to merge and
 // close, and the row writer with the chunk's counts and exceptions.
 func (ex *execution) stage(ctx context.Context, tx Tx, c Chunk, info TableInfo, started time.Time, savepoints bool, newStager func() (Stager, error)) (Stager, *rowWriter, error) {
-	rejects := map[int64]stagingReject{}
+	rejects := &stagingRejects{}
 	for {
 		if savepoints {
 			if _, err := tx.ExecContext(ctx, `SAVEPOINT backfill_stage`); err != nil {
@@ -180,7 +230,7 @@ func (ex *execution) stage(ctx context.Context, tx Tx, c Chunk, info TableInfo, 
 				serr = ce.endStaging(ctx)
 			}
 		}
-		line, rej, isData := stagingDataError(serr)
+		line, rej, isData := stagingDataError(serr, w.names)
 		// where names the refused row; the chunk's error names the chunk.
 		where := func() string {
 			row := w.lines.row(line)
@@ -221,15 +271,65 @@ func (ex *execution) stage(ctx context.Context, tx Tx, c Chunk, info TableInfo, 
 		switch {
 		case row == 0:
 			return nil, nil, &stagingRowError{msg: where() + " refused: " + rej.reason, err: serr}
-		case rejects[row] != (stagingReject{}):
+		case rejects.has(row, rej):
 			// Refused again although queued: the extractor wrote another
 			// row there this time.
 			return nil, nil, &stagingRowError{msg: where() + " refused again (the extractor's rows changed between attempts): " + rej.reason, err: serr}
-		case len(rejects) >= ex.r.cfg.MaxStagingRejects:
-			return nil, nil, fmt.Errorf("%w: %s refused: %s; %d rows of this chunk were refused already (Config.MaxStagingRejects): convert or Reject such values in the extractor",
-				ErrTooManyRejects, where(), rej.reason, len(rejects))
+		case rejects.len() >= ex.r.cfg.MaxStagingRejects:
+			return nil, nil, fmt.Errorf("%w: %s refused: %s; %d values of this chunk were refused already (Config.MaxStagingRejects): convert or Reject such values in the extractor",
+				ErrTooManyRejects, where(), rej.reason, rejects.len())
 		}
-		rejects[row] = rej
-		ex.log.Warn("row refused while staging; restaging the chunk without it", "chunk", c.ID, "row", row, "column", rej.column, "reason", rej.reason)
+		rejects.add(row, rej)
+		ex.log.Warn("value refused while staging; restaging the chunk without its rows", "chunk", c.ID, "row", row, "column", rej.column, "reason", rej.reason)
 	}
+}
+
+// stagingRejects are the values PostgreSQL refused in earlier stagings of
+// a chunk. A value it named in full (or a NULL) is refused wherever it
+// occurs in its column, as input functions and domain constraints judge
+// the value alone: every row holding it is queued, found by value, in one
+// restaging. A value it shortened, or a line refused without a column,
+// identifies its row by position (and the value's start).
+type stagingRejects struct {
+	byValue []stagingReject
+	byRow   map[int64]stagingReject
+}
+
+func (r *stagingRejects) len() int { return len(r.byValue) + len(r.byRow) }
+
+func (r *stagingRejects) add(row int64, rej stagingReject) {
+	if rej.column != "" && !rej.truncated {
+		r.byValue = append(r.byValue, rej)
+		return
+	}
+	if r.byRow == nil {
+		r.byRow = map[int64]stagingReject{}
+	}
+	r.byRow[row] = rej
+}
+
+// has reports whether rej (refused at row) was queued already.
+func (r *stagingRejects) has(row int64, rej stagingReject) bool {
+	if rej.column != "" && !rej.truncated {
+		return slices.Contains(r.byValue, rej)
+	}
+	_, ok := r.byRow[row]
+	return ok
+}
+
+// match returns the refused value that row, whose staged values are buf
+// (columns names), holds, if any.
+func (r *stagingRejects) match(row int64, names []string, buf []any) (stagingReject, int, bool) {
+	if rej, ok := r.byRow[row]; ok {
+		i := slices.Index(names, rej.column)
+		if i < 0 || rej.matches(buf[i]) {
+			return rej, i, true
+		}
+	}
+	for _, rej := range r.byValue {
+		if i := slices.Index(names, rej.column); i >= 0 && rej.matches(buf[i]) {
+			return rej, i, true
+		}
+	}
+	return stagingReject{}, -1, false
 }

@@ -117,7 +117,7 @@ func TestStagingRejectsAreBounded(t *testing.T) {
 		limit int
 		want  string
 	}{
-		{2, `backfill: stage public.t: row 18 column "r" value "[5,1)" refused: range lower bound must be less than or equal to range upper bound (SQLSTATE 22000); 2 rows of this chunk were refused already`},
+		{2, `backfill: stage public.t: row 18 column "r" value "[5,1)" refused: range lower bound must be less than or equal to range upper bound (SQLSTATE 22000); 2 values of this chunk were refused already`},
 		{-1, `chunk 0 list:file-1 (attempt 1): backfill: stage public.t: row 1 column "m" value "happy" refused: invalid input value for enum mood: "happy" (SQLSTATE 22P02)`},
 	} {
 		t.Run(fmt.Sprint(tc.limit), func(t *testing.T) {
@@ -182,4 +182,93 @@ func cmpOr[T comparable](v, def T) T {
 		return def
 	}
 	return v
+}
+
+// TestStagingRejectsFollowTheValueOfAnyType: the refused row is found
+// again by its value whatever the value's Go type (an int into a domain
+// with a CHECK, NULL into a domain with NOT NULL) and whatever the column
+// is called (a colon in its name), when the extractor rotates its rows
+// between extractions: exactly the bad row is queued.
+func TestStagingRejectsFollowTheValueOfAnyType(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name, column string
+		bad          any
+		reason       string
+	}{
+		{"int into CHECK domain", "p", int64(-3), `value for domain posint violates check constraint "posint_check" (SQLSTATE 23514)`},
+		{"NULL into NOT NULL domain", "nn", nil, `domain nnint does not allow null values (SQLSTATE 23502)`},
+		{"colon in column name", "a:b", "happy", `invalid input value for enum mood: "happy" (SQLSTATE 22P02)`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			db := pgtest.New(t)
+			db.MustExec(`CREATE TYPE mood AS ENUM ('sad', 'ok');
+				CREATE DOMAIN posint AS int CHECK (VALUE > 0);
+				CREATE DOMAIN nnint AS int NOT NULL;
+				CREATE TABLE t (id int PRIMARY KEY, p posint, nn nnint, "a:b" mood)`)
+			var rows [][]any
+			for id := int64(1); id <= 30; id++ {
+				rows = append(rows, []any{id, id, id, "ok"})
+			}
+			col := map[string]int{"p": 1, "nn": 2, "a:b": 3}[tc.column]
+			rows[16][col] = tc.bad // id 17
+			var calls atomic.Int32
+			job := backfill.Job{Name: "t", Chunker: backfill.List("f"), Rollback: backfill.RollbackNone,
+				Target: backfill.Target{Table: "t", Key: []string{"id"}, Columns: []string{"id", "p", "nn", "a:b"}},
+				Extractor: backfill.ExtractorFunc(func(ctx context.Context, c backfill.Chunk, w backfill.RowWriter) error {
+					k := int(calls.Add(1)) * 7 % len(rows) // another rotation each time
+					for _, r := range append(slices.Clone(rows[k:]), rows[:k]...) {
+						if err := w.Write(ctx, r...); err != nil {
+							return err
+						}
+					}
+					return nil
+				})}
+			r, err := backfill.New(db, nil)
+			require.NoError(t, err)
+			rep, err := r.Run(context.Background(), job)
+			require.NoError(t, err)
+			require.Equal(t, backfill.Counts{Read: 30, Inserted: 29, Rejected: 1}, rep.Counts)
+			ex := exceptionsOf(t, db, rep.BatchID)
+			require.Len(t, ex, 1)
+			require.Equal(t, []string{tc.column, tc.reason}, []string{ex[0].Column, ex[0].Reason})
+			require.Contains(t, string(ex[0].Raw), `"id": 17`)
+			var n int
+			require.NoError(t, db.Get(&n, `SELECT count(*) FROM t WHERE id <> 17`))
+			require.Equal(t, 29, n)
+		})
+	}
+}
+
+// TestStagingRefusedValueIsQueuedEverywhereAtOnce: a value PostgreSQL
+// refuses is refused in every row that holds it, so all those rows are
+// queued after a single restaging: a label missing from an enum costs one
+// more extraction, not one per row.
+func TestStagingRefusedValueIsQueuedEverywhereAtOnce(t *testing.T) {
+	t.Parallel()
+	db := refusedSetup(t)
+	rows := refusedRows(nil)
+	for i := 9; i < 40; i += 3 {
+		rows[i][1] = "happy"
+	}
+	var calls atomic.Int32
+	job := refusedJob(nil)
+	job.Extractor = backfill.ExtractorFunc(func(ctx context.Context, c backfill.Chunk, w backfill.RowWriter) error {
+		calls.Add(1)
+		return rowsFunc(rows...).Extract(ctx, c, w)
+	})
+	r, err := backfill.New(db, &backfill.Config{MaxStagingRejects: 1})
+	require.NoError(t, err)
+	rep, err := r.Run(context.Background(), job)
+	require.NoError(t, err)
+	require.Equal(t, backfill.Counts{Read: 40, Inserted: 28, Rejected: 12}, rep.Counts) // 11 "happy", 1 "five"
+	require.Equal(t, int32(2), calls.Load(), "one staging that failed, one that loaded")
+	var happy int
+	for _, e := range exceptionsOf(t, db, rep.BatchID) {
+		if e.Value == "happy" {
+			happy++
+		}
+	}
+	require.Equal(t, 11, happy)
 }

@@ -598,10 +598,9 @@ type rowWriter struct {
 	err                 error // sticky: staging failed, the chunk cannot go on
 	closed              bool
 
-	// stagingRejects are rows PostgreSQL refused in an earlier staging of
-	// the chunk, by row (backfill_isolate.go); lines maps staged lines to
-	// rows.
-	stagingRejects map[int64]stagingReject
+	// stagingRejects are values PostgreSQL refused in an earlier staging
+	// of the chunk (backfill_isolate.go); lines maps staged lines to rows.
+	stagingRejects *stagingRejects
 	lines          stagingLines
 }
 
@@ -685,9 +684,8 @@ func (w *rowWriter) Write(ctx context.Context, values ...any) error {
 			}
 		}
 	}
-	if rej, ok := w.stagingRejects[w.row]; ok {
-		i := slices.Index(w.names, rej.column)
-		if i < 0 || rej.matches(w.buf[i]) {
+	if w.stagingRejects != nil && w.stagingRejects.len() > 0 {
+		if rej, i, ok := w.stagingRejects.match(w.row, w.names, w.buf); ok {
 			value := rej.value
 			if i >= 0 && i < n {
 				value = displayValue(values[i])

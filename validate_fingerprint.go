@@ -155,15 +155,19 @@ var hashFuncs = map[string]struct{ format, zero string }{
 // is one-to-one under the settings fingerprints pin (pinnedSettings).
 // Enums (labels are unique within an enum), built-in ranges and
 // multiranges, and arrays of hashable elements are hashed by text too.
-// Any other type (composites, and types of extensions or users, whose
-// output may drop information) has no fingerprint: the checks run their
-// exact comparisons for a table that has one.
+// Any other type (composites; tsquery, whose different trees can print
+// alike; arrays of reg* types; types of extensions or users, whose output
+// may drop information) has no fingerprint: the checks run their exact
+// comparisons for a table that has one. Text is hashed under the "C"
+// collation, byte by byte: a column's nondeterministic collation would
+// otherwise hash the array syntax {a,b} like {"a,b"}, or 'a,b' like 'ab'
+// in a citext column whose = tells them apart.
 var textHashed = map[string]bool{
 	"numeric": true, "date": true, "time": true, "timetz": true, "interval": true,
-	"json": true, "jsonb": true, "jsonpath": true, "xml": true, "bytea": true, "money": true,
-	"bit": true, "varbit": true, "macaddr": true, "macaddr8": true, "tsvector": true, "tsquery": true,
+	"json": true, "jsonb": true, "xml": true, "bytea": true, "money": true,
+	"bit": true, "varbit": true, "macaddr": true, "macaddr8": true, "tsvector": true,
 	"point": true, "line": true, "lseg": true, "box": true, "path": true, "polygon": true, "circle": true,
-	"name": true, "char": true, "pg_lsn": true, "txid_snapshot": true, "pg_snapshot": true, "xid8": true,
+	"name": true, "char": true, "pg_lsn": true, "xid8": true,
 	"citext": true, // extension type, its text is its value
 }
 
@@ -181,6 +185,15 @@ const pinnedSettings = `SELECT set_config('extra_float_digits', '1', true), set_
 // hashKind says how a column is hashed: by its type's hash function
 // (hashFuncs), by its text, or not at all ("").
 func hashKind(col Column) string {
+	if strings.HasPrefix(col.BaseType, "_") && (col.elemKind != "" || !col.userType) {
+		// An array (of a user's type, the array type is the user's too):
+		// by its text, when its elements' text is one-to-one.
+		elem := Column{BaseType: col.BaseType[1:], kind: col.elemKind, userType: col.userElem}
+		if k := hashKind(elem); k == "text" || k == "func" && !strings.HasPrefix(elem.BaseType, "reg") {
+			return "text"
+		}
+		return ""
+	}
 	switch {
 	case col.userType && col.kind == "e":
 		return "text"
@@ -192,14 +205,8 @@ func hashKind(col Column) string {
 	if _, ok := hashFuncs[col.BaseType]; ok && !col.textCompare && !textCompared[col.BaseType] {
 		return "func"
 	}
-	switch {
-	case textHashed[col.BaseType] || textCompared[col.BaseType] || col.kind == "r" || col.kind == "m":
+	if textHashed[col.BaseType] || textCompared[col.BaseType] || col.kind == "r" || col.kind == "m" {
 		return "text"
-	case strings.HasPrefix(col.BaseType, "_"):
-		elem := Column{BaseType: col.BaseType[1:], kind: col.elemKind, userType: col.userElem}
-		if hashKind(elem) != "" {
-			return "text"
-		}
 	}
 	return ""
 }
@@ -220,7 +227,7 @@ func hashStep(col Column, alias, seed string, pos int, notNull bool) string {
 	f := hashFuncs[col.BaseType]
 	if hashKind(col) != "func" {
 		f = struct{ format, zero string }{"hashtextextended(%s, %s)", "''"}
-		e += "::text"
+		e = "(" + e + `::text COLLATE "C")`
 	}
 	if notNull {
 		return fmt.Sprintf(f.format, e, fmt.Sprintf("(%s # %d::int8)", seed, positionKey(pos)))

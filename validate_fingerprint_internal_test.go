@@ -1,6 +1,7 @@
 package backfill
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"testing"
@@ -45,6 +46,10 @@ var fingerprintTypes = []struct {
 	{"int[]", "_int4", []string{"", "{}", "{1,2}", "{2,1}", "{NULL}", "{NULL,NULL}"}},
 	{"text[]", "_text", []string{"", "{}", "{a}", "{a,b}", `{""}`, "{NULL}"}},
 	{"point", "point", []string{"", "(1,2)", "(2,1)"}},
+	// A nondeterministic collation that ignores punctuation: array syntax
+	// must not be read through it.
+	{`text[] COLLATE ign`, "_text", []string{"", "{}", "{a,b}", `{"a,b"}`, "{NULL}", `{"NULL"}`, "{ab}"}},
+	{`text COLLATE ign`, "text", []string{"", "a,b", "ab", "a", "A"}},
 }
 
 // TestFingerprintHashTellsValuesApart: for every pair of values of every
@@ -57,6 +62,7 @@ var fingerprintTypes = []struct {
 func TestFingerprintHashTellsValuesApart(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
+	db.MustExec(`CREATE COLLATION ign (provider = icu, locale = 'und-u-ka-shifted', deterministic = false)`)
 	literal := func(v, typ string) string {
 		if v == "" {
 			return "NULL::" + typ
@@ -160,4 +166,33 @@ func TestPositionKeysDiffer(t *testing.T) {
 			seen[v] = k
 		}
 	}
+}
+
+// TestFingerprintHashKinds: which columns, as PGMerger.Prepare reads them
+// from the catalogs, get a fingerprint and how: by their type's hash
+// function, by their text, or none (their checks run exact).
+func TestFingerprintHashKinds(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	db.MustExec(`
+		CREATE SCHEMA u;
+		CREATE TYPE u.inet AS ENUM ('a', 'b');
+		CREATE TYPE mood AS ENUM ('sad', 'ok');
+		CREATE TYPE reading AS (n int, v float8);
+		CREATE TYPE floatrange AS RANGE (subtype = float8);
+		CREATE DOMAIN posint AS int CHECK (VALUE > 0);
+		CREATE DOMAIN tags AS text[];
+		CREATE TABLE k (id bigint PRIMARY KEY, i posint, n numeric, ts timestamptz, ip inet, uip u.inet, m mood, ms mood[],
+			q tsquery, rp regproc, rps regproc[], r int4range, fr floatrange, c reading, cs reading[], tg tags, j json, js jsonb[])`)
+	info, err := NewPGMerger().Prepare(context.Background(), db, Target{Table: "k", Key: []string{"id"},
+		Columns: []string{"id", "i", "n", "ts", "ip", "uip", "m", "ms", "q", "rp", "rps", "r", "fr", "c", "cs", "tg", "j", "js"}})
+	require.NoError(t, err)
+	got := map[string]string{}
+	for _, c := range info.Columns {
+		got[c.Name] = hashKind(c)
+	}
+	require.Equal(t, map[string]string{
+		"id": "func", "i": "func", "n": "text", "ts": "func", "ip": "func", "uip": "text", "m": "text", "ms": "text",
+		"q": "", "rp": "func", "rps": "", "r": "text", "fr": "", "c": "", "cs": "", "tg": "text", "j": "text", "js": "text",
+	}, got)
 }

@@ -277,7 +277,7 @@ func TestFingerprintIgnoresSessionSettings(t *testing.T) {
 	require.NoError(t, err)
 	vs, err = backfill.NewPGManifest("").Validations(ctx, db, rep.BatchID)
 	require.NoError(t, err)
-	require.Contains(t, string(vs[0].Detail), `no fingerprint for type reading`)
+	require.Contains(t, string(vs[0].Detail), `no fingerprint for type`)
 	_, err = db.Exec(`UPDATE c SET r = '(1,0.3)' WHERE id = 1`)
 	require.NoError(t, err)
 	rep, err = r.Run(ctx, composite)
