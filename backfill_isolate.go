@@ -272,9 +272,11 @@ func (ex *execution) stage(ctx context.Context, tx Tx, c Chunk, info TableInfo, 
 		case row == 0:
 			return nil, nil, &stagingRowError{msg: where() + " refused: " + rej.reason, err: serr}
 		case rejects.has(row, rej):
-			// Refused again although queued: the extractor wrote another
-			// row there this time.
-			return nil, nil, &stagingRowError{msg: where() + " refused again (the extractor's rows changed between attempts): " + rej.reason, err: serr}
+			// Refused again although queued: the row writer did not know
+			// the value again (its text differs from what PostgreSQL
+			// reported), or, for a row found by position, the extractor
+			// wrote another row there this time.
+			return nil, nil, &stagingRowError{msg: where() + " refused again although queued: " + rej.reason, err: serr}
 		case rejects.len() >= ex.r.cfg.MaxStagingRejects:
 			return nil, nil, fmt.Errorf("%w: %s refused: %s; %d values of this chunk were refused already (Config.MaxStagingRejects): convert or Reject such values in the extractor",
 				ErrTooManyRejects, where(), rej.reason, rejects.len())
