@@ -94,11 +94,20 @@ func stagingDataError(err error, columns []string) (line int64, rej stagingRejec
 			rej.column, rej.value, rej.null = c, "", true
 		}
 	}
-	if strings.HasSuffix(rej.value, "...") {
-		rej.value, rej.truncated = strings.TrimSuffix(rej.value, "..."), true
+	// PostgreSQL shortens a value longer than 100 bytes to its first 100
+	// bytes, cut back to a whole character (at most 3 bytes less), and
+	// appends "..." (limit_printout_length, MAX_COPY_DATA_DISPLAY); a
+	// shorter value that ends in "..." is the value itself.
+	if p := len(rej.value) - len("..."); strings.HasSuffix(rej.value, "...") && p >= maxCopyDisplay-3 && p <= maxCopyDisplay {
+		rej.value, rej.truncated = rej.value[:p], true
 	}
 	return line, rej, true
 }
+
+// maxCopyDisplay is PostgreSQL's MAX_COPY_DATA_DISPLAY
+// (src/backend/commands/copyfrom.c): the bytes of a value an error's
+// context shows.
+const maxCopyDisplay = 100
 
 // stagingLines maps the lines of a chunk's COPY data to the rows the
 // extractor wrote: runs of consecutive rows, a new run after each row the

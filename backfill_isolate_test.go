@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"testing"
 
@@ -271,4 +272,47 @@ func TestStagingRefusedValueIsQueuedEverywhereAtOnce(t *testing.T) {
 		}
 	}
 	require.Equal(t, 11, happy)
+}
+
+// TestStagingRefusedValuesLongAndDotted: a value PostgreSQL shortened in
+// its message (over 100 bytes) is found by its row and its first bytes;
+// a short value that merely ends in "..." is its whole self, found by
+// value: a good row holding its prefix stays.
+func TestStagingRefusedValuesLongAndDotted(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	db.MustExec(`CREATE TYPE mood AS ENUM ('sad', 'ok', 'happy');
+		CREATE DOMAIN short AS text CHECK (length(VALUE) <= 110);
+		CREATE TABLE t (id int PRIMARY KEY, m mood, s short)`)
+	long := strings.Repeat("x", 120)
+	var rows [][]any
+	for id := int64(1); id <= 20; id++ {
+		rows = append(rows, []any{id, "happy", "ok"})
+	}
+	rows[2][1] = "happy..." // id 3: refused, its text ends in dots
+	rows[5][2] = long       // id 6: refused, shortened in the message
+	rows[9][2] = long[:110] // id 10: good, shares the first 100 bytes
+	var calls atomic.Int32
+	job := backfill.Job{Name: "t", Chunker: backfill.List("f"), Rollback: backfill.RollbackNone,
+		Target: backfill.Target{Table: "t", Key: []string{"id"}, Columns: []string{"id", "m", "s"}},
+		Extractor: backfill.ExtractorFunc(func(ctx context.Context, c backfill.Chunk, w backfill.RowWriter) error {
+			order := slices.Clone(rows)
+			if calls.Add(1)%2 == 0 {
+				slices.Reverse(order)
+			}
+			for _, r := range order {
+				if err := w.Write(ctx, r...); err != nil {
+					return err
+				}
+			}
+			return nil
+		})}
+	r, err := backfill.New(db, nil)
+	require.NoError(t, err)
+	rep, err := r.Run(context.Background(), job)
+	require.NoError(t, err)
+	require.Equal(t, backfill.Counts{Read: 20, Inserted: 18, Rejected: 2}, rep.Counts)
+	var ids []int
+	require.NoError(t, db.Select(&ids, `SELECT id FROM t WHERE id IN (3, 6, 10) ORDER BY id`))
+	require.Equal(t, []int{10}, ids)
 }
