@@ -150,18 +150,7 @@ func TestStagingRejectsFollowTheValue(t *testing.T) {
 	rows[2][1] = "happy"         // id 8
 	var calls atomic.Int32
 	job := refusedJob(nil)
-	job.Extractor = backfill.ExtractorFunc(func(ctx context.Context, c backfill.Chunk, w backfill.RowWriter) error {
-		order := slices.Clone(rows)
-		if calls.Add(1)%2 == 0 {
-			slices.Reverse(order)
-		}
-		for _, r := range order {
-			if err := w.Write(ctx, r...); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
+	job.Extractor = flipping(rows, &calls)
 	r, err := backfill.New(db, nil)
 	require.NoError(t, err)
 	rep, err := r.Run(context.Background(), job)
@@ -294,19 +283,8 @@ func TestStagingRefusedValuesLongAndDotted(t *testing.T) {
 	rows[9][2] = long[:110] // id 10: good, shares the first 100 bytes
 	var calls atomic.Int32
 	job := backfill.Job{Name: "t", Chunker: backfill.List("f"), Rollback: backfill.RollbackNone,
-		Target: backfill.Target{Table: "t", Key: []string{"id"}, Columns: []string{"id", "m", "s"}},
-		Extractor: backfill.ExtractorFunc(func(ctx context.Context, c backfill.Chunk, w backfill.RowWriter) error {
-			order := slices.Clone(rows)
-			if calls.Add(1)%2 == 0 {
-				slices.Reverse(order)
-			}
-			for _, r := range order {
-				if err := w.Write(ctx, r...); err != nil {
-					return err
-				}
-			}
-			return nil
-		})}
+		Target:    backfill.Target{Table: "t", Key: []string{"id"}, Columns: []string{"id", "m", "s"}},
+		Extractor: flipping(rows, &calls)}
 	r, err := backfill.New(db, nil)
 	require.NoError(t, err)
 	rep, err := r.Run(context.Background(), job)
@@ -315,4 +293,21 @@ func TestStagingRefusedValuesLongAndDotted(t *testing.T) {
 	var ids []int
 	require.NoError(t, db.Select(&ids, `SELECT id FROM t WHERE id IN (3, 6, 10) ORDER BY id`))
 	require.Equal(t, []int{10}, ids)
+}
+
+// flipping is an extractor that writes rows in their order on odd calls
+// and in reverse on even ones, counting its calls.
+func flipping(rows [][]any, calls *atomic.Int32) backfill.Extractor {
+	return backfill.ExtractorFunc(func(ctx context.Context, c backfill.Chunk, w backfill.RowWriter) error {
+		order := slices.Clone(rows)
+		if calls.Add(1)%2 == 0 {
+			slices.Reverse(order)
+		}
+		for _, r := range order {
+			if err := w.Write(ctx, r...); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
 }
