@@ -401,13 +401,15 @@ func buildMergeSQL(info TableInfo) pgMergeSQL {
 			uu AS (INSERT INTO %[1]s (batch_id, seq, op, key, before) SELECT $1::bigint, $2::int, 'update', %[2]s, j._backfill_before FROM j WHERE j._backfill_apply)`,
 				undo, keyJSON("j", identity))
 		}
+		// The outer SELECT reads j first, in full: every lookup into the
+		// target is done before u or i writes to it.
 		q.upsert = fmt.Sprintf(`WITH j AS MATERIALIZED (
 				SELECT s.*, t.%[4]s IS NOT NULL AS _backfill_found, coalesce(%[5]s, false) AS _backfill_apply%[9]s
 				FROM %[1]s s LEFT JOIN %[2]s t ON %[6]s),
 			u AS (%[7]s),
 			i AS (INSERT INTO %[2]s (%[3]s) SELECT %[8]s FROM j WHERE NOT j._backfill_found RETURNING 1)%[10]s
-			SELECT (SELECT count(*) FROM u) AS updated, (SELECT count(*) FROM i) AS inserted,
-				(SELECT count(*) FROM j WHERE j._backfill_found AND NOT j._backfill_apply) AS unchanged`,
+			SELECT (SELECT count(*) FROM j WHERE j._backfill_found AND NOT j._backfill_apply) AS unchanged,
+				(SELECT count(*) FROM u) AS updated, (SELECT count(*) FROM i) AS inserted`,
 			stage, target, sqlgen.List("", names), sqlgen.Ident(t.Key[0]), apply, idEq("t", "s"), update, sqlgen.List("j.", names),
 			before, undoCTEs)
 	}
@@ -693,7 +695,7 @@ func (s *pgStager) exec(ctx context.Context, what, query string, args ...any) (i
 	return n, nil
 }
 
-func (s *pgStager) Merge(ctx context.Context) (MergeResult, error) {
+func (s *pgStager) Merge(ctx context.Context) (_ MergeResult, err error) {
 	if s.done {
 		return MergeResult{}, ErrWriterClosed
 	}
@@ -706,21 +708,17 @@ func (s *pgStager) Merge(ctx context.Context) (MergeResult, error) {
 	if s.staged == 0 {
 		return res, nil
 	}
-	// Index nested loops for every join of staging with the target: a
-	// chunk touches a sliver of the target, but before the target is
-	// analysed (and long after, below a few hundred thousand rows) the
-	// planner prefers hash and merge joins that read all of it per chunk,
-	// making a load quadratic (measured by internal/benchload). Local to
-	// the chunk's transaction (PostgreSQL docs, 20.7.1 "Planner Method
-	// Configuration"; set_config with is_local). Change detection compares
-	// values without an equality operator (json, point, composites) as
-	// text: floats must print exactly, which extra_float_digits 0 or less
-	// (PostgreSQL docs, 20.11.2) would undo; it is raised to 1, the
-	// default, for the chunk's transaction.
-	if _, err := s.tx.ExecContext(ctx, `SELECT set_config('enable_hashjoin', 'off', true), set_config('enable_mergejoin', 'off', true),
-		set_config('extra_float_digits', greatest(current_setting('extra_float_digits')::int, 1)::text, true)`); err != nil {
+	restore, err := s.plannerSettings(ctx)
+	if err != nil {
 		return res, fmt.Errorf("backfill: merge %s: planner settings: %w", t.Table, err)
 	}
+	defer func() {
+		if err == nil {
+			if err = restore(ctx); err != nil {
+				err = fmt.Errorf("backfill: merge %s: planner settings: %w", t.Table, err)
+			}
+		}
+	}()
 	dup := false
 	if !s.track || s.maybeDup {
 		if err := sqlx.GetContext(ctx, s.tx, &dup, s.q.dupCheck); err != nil {
@@ -796,7 +794,6 @@ func (s *pgStager) Merge(ctx context.Context) (MergeResult, error) {
 			}
 		}
 	}
-	var err error
 	if s.q.upsert != "" && !dup && s.m.fresh(t.Table) {
 		ok, err := s.insertFresh(ctx, &res)
 		if err != nil {
@@ -864,6 +861,53 @@ func (s *pgStager) Merge(ctx context.Context) (MergeResult, error) {
 		return res, fmt.Errorf("backfill: merge %s: %w: staged %d, merged %+v", t.Table, ErrAccounting, s.staged, res)
 	}
 	return res, nil
+}
+
+// plannerSettings sets, in the chunk's transaction, the settings the
+// merge's statements run under, and returns a function that restores
+// those not meant to outlast the merge.
+//
+// Index nested loops for every join of staging with the target: a
+// chunk touches a sliver of the target, but before the target is
+// analysed (and long after, below a few hundred thousand rows) the
+// planner prefers hash and merge joins that read all of it per chunk,
+// making a load quadratic (measured by internal/benchload). These stay
+// for the rest of the chunk's transaction (PostgreSQL docs, 20.7.1
+// "Planner Method Configuration"; set_config with is_local). Change detection compares
+// values without an equality operator (json, point, composites) as
+// text: floats must print exactly, which extra_float_digits 0 or less
+// (PostgreSQL docs, 20.11.2) would undo; it is raised to 1, the
+// default, for the chunk's transaction.
+//
+// Sequential scans are off for the merge's statements (and restored
+// after): every lookup into the target goes through its unique index
+// on the identity, which ResolveTarget requires. A target the planner
+// believes empty (vacuumed while empty, then truncated) otherwise gets
+// a sequential scan as the inner side of the lookup, which the
+// statement's own INSERT then grows row by row: a chunk of n rows into
+// it read n²/2 tuples (a 1,000,000-row chunk ran for hours). Staging
+// has no index and is still scanned sequentially.
+//
+// The penalty that disables a path (disable_cost, 1e10) also lifts
+// every plan's cost over jit_above_cost: JIT is off with it, or each
+// statement of a small chunk would spend 100 ms compiling.
+func (s *pgStager) plannerSettings(ctx context.Context) (restore func(context.Context) error, err error) {
+	var prev struct {
+		SeqScan string `db:"seqscan"`
+		JIT     string `db:"jit"`
+	}
+	if err := sqlx.GetContext(ctx, s.tx, &prev, `SELECT current_setting('enable_seqscan') AS seqscan, current_setting('jit') AS jit
+		FROM (SELECT set_config('enable_hashjoin', 'off', true), set_config('enable_mergejoin', 'off', true),
+			set_config('extra_float_digits', greatest(current_setting('extra_float_digits')::int, 1)::text, true)) x`); err != nil {
+		return nil, err
+	}
+	if _, err := s.tx.ExecContext(ctx, `SELECT set_config('enable_seqscan', 'off', true), set_config('jit', 'off', true)`); err != nil {
+		return nil, err
+	}
+	return func(ctx context.Context) error {
+		_, err := s.tx.ExecContext(ctx, `SELECT set_config('enable_seqscan', $1, true), set_config('jit', $2, true)`, prev.SeqScan, prev.JIT)
+		return err
+	}, nil
 }
 
 // StagingTable implements [StagingTabler]: the quoted name of the chunk's

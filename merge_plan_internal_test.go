@@ -1,0 +1,71 @@
+package backfill
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgbackfill/backfill/internal/pgtest"
+)
+
+// TestMergeNeverScansTheTargetSequentially: the merge's statements look
+// rows up in the target through its unique index, also when the planner
+// believes the target empty (vacuumed while empty). With a sequential
+// scan as the inner side of a lookup, a statement that also inserts into
+// the target reads the rows it has inserted so far once per staged row:
+// n²/2 tuples for a chunk of n (a 1,000,000-row chunk ran for hours).
+func TestMergeNeverScansTheTargetSequentially(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t)
+	for _, tc := range []struct {
+		name, ddl string
+		target    Target
+		rows      func(i int) []any
+	}{
+		{"upsert", `CREATE TABLE tgt (id bigint PRIMARY KEY, v int)`,
+			Target{Table: "tgt", Key: []string{"id"}, Columns: []string{"id", "v"}},
+			func(i int) []any { return []any{int64(i), int64(i)} }},
+		{"append_only", `CREATE TABLE tgt (id bigint PRIMARY KEY, v int)`,
+			Target{Table: "tgt", Key: []string{"id"}, Columns: []string{"id", "v"}, Mode: AppendOnly},
+			func(i int) []any { return []any{int64(i), int64(i)} }},
+		{"history", `CREATE TABLE tgt (k text, valid_from int, valid_to int, v int, PRIMARY KEY (k, valid_from))`,
+			Target{Table: "tgt", Key: []string{"k"}, Columns: []string{"k", "valid_from", "v"}, Mode: History},
+			func(i int) []any { return []any{fmt.Sprint("k", i%100), int64(i), int64(i)} }},
+	} {
+		_, err := db.Exec(`DROP TABLE IF EXISTS tgt; ` + tc.ddl)
+		require.NoError(t, err)
+		_, err = db.Exec(`VACUUM ANALYZE tgt`) // empty: reltuples 0
+		require.NoError(t, err)
+		tx, err := db.Beginx()
+		require.NoError(t, err)
+		m := NewPGMerger()
+		info, err := m.Prepare(ctx, tx, tc.target)
+		require.NoError(t, err, tc.name)
+		st, err := m.Stage(ctx, tx, info)
+		require.NoError(t, err)
+		for i := range 2000 {
+			require.NoError(t, st.Add(ctx, int64(i+1), tc.rows(i)))
+		}
+		s := st.(*pgStager)
+		require.NoError(t, s.endCopy(ctx))
+		_, err = tx.Exec(`ANALYZE ` + s.q.stage)
+		require.NoError(t, err)
+		_, err = s.plannerSettings(ctx)
+		require.NoError(t, err)
+		for name, q := range map[string]string{"upsert": s.q.upsert, "insert": s.q.insert, "update": s.q.update,
+			"close intervals": s.q.closeIntervals, "check intervals": s.q.checkIntervals, "target conflicts": s.q.targetConflicts} {
+			if q == "" {
+				continue
+			}
+			var plan []string
+			require.NoError(t, tx.Select(&plan, `EXPLAIN `+q, s.args(q)...), "%s %s", tc.name, name)
+			require.NotContains(t, strings.Join(plan, "\n"), "Seq Scan on tgt", "%s %s:\n%s", tc.name, name, strings.Join(plan, "\n"))
+		}
+		require.NoError(t, st.Close())
+		require.NoError(t, tx.Rollback())
+	}
+}
