@@ -2,6 +2,7 @@ package backfill_test
 
 import (
 	"fmt"
+	neturl "net/url"
 	"os"
 	"os/exec"
 	"syscall"
@@ -42,7 +43,24 @@ func killChildWhen(t *testing.T, db *sqlx.DB, env, url, query string, n int) {
 	}
 	require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
 	_ = cmd.Wait()
+	// A COMMIT the child sent just before the kill may still be running
+	// in its server process: wait until the child's server processes are
+	// gone, so that what the test reads next is what the crash left.
+	deadline = time.Now().Add(30 * time.Second)
+	for {
+		var left int
+		require.NoError(t, db.Get(&left, `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1`, childAppName(cmd.Process.Pid)))
+		if left == 0 {
+			break
+		}
+		require.True(t, time.Now().Before(deadline), "the child's server processes did not end")
+		time.Sleep(2 * time.Millisecond)
+	}
 }
+
+// childAppName is the application_name of the connections of the child
+// process pid (PostgreSQL docs, 20.11.1 "Statement Behavior").
+func childAppName(pid int) string { return fmt.Sprintf("backfill_test_child_%d", pid) }
 
 // childProcess is the child side of killChildWhen: when env is set, it
 // opens the database it names, calls work and exits (1 on error). Call it
@@ -52,7 +70,15 @@ func childProcess(env string, work func(db *sqlx.DB) error) {
 	if url == "" {
 		return
 	}
-	if err := work(sqlx.MustOpen("postgres", url)); err != nil {
+	u, err := neturl.Parse(url)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	q := u.Query()
+	q.Set("application_name", childAppName(os.Getpid()))
+	u.RawQuery = q.Encode()
+	if err := work(sqlx.MustOpen("postgres", u.String())); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
