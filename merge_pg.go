@@ -432,15 +432,29 @@ func buildMergeSQL(info TableInfo) pgMergeSQL {
 		key := sqlgen.List("", t.Key)
 		vf, vt := sqlgen.Ident(t.ValidFrom), sqlgen.Ident(t.ValidTo)
 		// A new version ends where the next version of its key starts, in
-		// the target or in this chunk.
+		// the target or in this chunk: the next valid_from among the
+		// chunk's versions and the target's versions of the chunk's keys,
+		// one sort of both (a window, PostgreSQL docs, 3.5 "Window
+		// Functions"), not a lookup per staged row into staging, which
+		// made a History chunk quadratic (20,000 rows took 13 s).
+		// keyRows: the target's rows of the chunk's keys, one index lookup
+		// per distinct key. LATERAL with OFFSET 0 (which keeps the
+		// subquery from being pulled up into a plain join) keeps the keys
+		// on the outer side: as a semi-join or a join, the planner, which
+		// has no statistics on staging (it guesses 200 distinct keys),
+		// scanned the whole target in index order against every staged key
+		// to save the window's sort, quadratic in the chunk.
+		keyRows := fmt.Sprintf(`(SELECT t.* FROM (SELECT DISTINCT %[1]s FROM %[2]s) k CROSS JOIN LATERAL (SELECT * FROM %[3]s t WHERE %[4]s OFFSET 0) t)`,
+			key, stage, target, sqlgen.Equal("t", "k", t.Key))
 		q.insert = fmt.Sprintf(`INSERT INTO %[1]s (%[3]s, %[7]s)
-			SELECT %[4]s, (SELECT min(z.vf) FROM (
-					SELECT t2.%[6]s AS vf FROM %[1]s t2 WHERE %[8]s AND t2.%[6]s > s.%[6]s
+			SELECT %[4]s, u._backfill_next FROM (
+				SELECT z.*, lead(z.%[6]s) OVER (PARTITION BY %[8]s ORDER BY z.%[6]s) AS _backfill_next FROM (
+					SELECT %[9]s, true AS _backfill_staged FROM %[2]s s
 					UNION ALL
-					SELECT s2.%[6]s FROM %[2]s s2 WHERE %[9]s AND s2.%[6]s > s.%[6]s) z)
-			FROM %[2]s s WHERE NOT EXISTS (SELECT 1 FROM %[1]s t WHERE %[5]s)`,
-			target, stage, sqlgen.List("", names), sqlgen.List("s.", names), idEq("t", "s"), vf, vt,
-			sqlgen.Equal("t2", "s", t.Key), sqlgen.Equal("s2", "s", t.Key))
+					SELECT %[10]s, false FROM %[11]s v) z) u
+			WHERE u._backfill_staged AND NOT EXISTS (SELECT 1 FROM %[1]s t WHERE %[5]s OFFSET 0)`,
+			target, stage, sqlgen.List("", names), sqlgen.List("u.", names), idEq("t", "u"), vf, vt,
+			sqlgen.List("z.", t.Key), sqlgen.List("s.", names), sqlgen.List("v.", names), keyRows)
 		lineageSet, undoCTE := "", ""
 		if t.Lineage.UpdatedBy != "" {
 			// Closing an interval is a change by this batch.
@@ -453,17 +467,20 @@ func buildMergeSQL(info TableInfo) pgMergeSQL {
 				undo, keyJSON("t", identity), target, sqlgen.Equal("t", "x", t.Key), vf, vf, vt)
 		}
 		q.closeIntervals = fmt.Sprintf(`WITH x AS (SELECT %[3]s, %[4]s, lead(%[4]s) OVER (PARTITION BY %[3]s ORDER BY %[4]s) AS next_from
-				FROM %[1]s WHERE (%[3]s) IN (SELECT %[3]s FROM %[2]s))%[8]s
+				FROM %[2]s v)%[8]s
 			UPDATE %[1]s t SET %[5]s = x.next_from%[7]s FROM x
 			WHERE %[6]s AND t.%[4]s = x.%[4]s AND t.%[5]s IS DISTINCT FROM x.next_from`,
-			target, stage, key, vf, vt, sqlgen.Equal("t", "x", t.Key), lineageSet, undoCTE)
-		q.checkIntervals = fmt.Sprintf(`SELECT DISTINCT %[3]s FROM (
-				SELECT %[3]s, %[4]s, %[5]s, lead(%[4]s) OVER (PARTITION BY %[3]s ORDER BY %[4]s) AS next_from
-				FROM %[1]s WHERE (%[3]s) IN (SELECT %[3]s FROM %[2]s)) x
-			WHERE %[5]s IS DISTINCT FROM next_from OR %[5]s <= %[4]s LIMIT 5`,
-			target, stage, key, vf, vt)
+			target, keyRows, key, vf, vt, sqlgen.Equal("t", "x", t.Key), lineageSet, undoCTE)
+		q.checkIntervals = fmt.Sprintf(`SELECT DISTINCT %[2]s FROM (
+				SELECT %[2]s, %[3]s, %[4]s, lead(%[3]s) OVER (PARTITION BY %[2]s ORDER BY %[3]s) AS next_from
+				FROM %[1]s v) x
+			WHERE %[4]s IS DISTINCT FROM next_from OR %[4]s <= %[3]s LIMIT 5`,
+			keyRows, key, vf, vt)
 	} else {
-		q.insert = fmt.Sprintf(`INSERT INTO %s (%s) SELECT %s FROM %s s WHERE NOT EXISTS (SELECT 1 FROM %s t WHERE %s)`,
+		// OFFSET 0 keeps NOT EXISTS a lookup per staged row through the
+		// unique index: as an anti-join the planner may read the whole
+		// target once and compare it with every staged row.
+		q.insert = fmt.Sprintf(`INSERT INTO %s (%s) SELECT %s FROM %s s WHERE NOT EXISTS (SELECT 1 FROM %s t WHERE %s OFFSET 0)`,
 			target, sqlgen.List("", names), sqlgen.List("s.", names), stage, target, idEq("t", "s"))
 	}
 	return q

@@ -17,6 +17,9 @@ import (
 // scan as the inner side of a lookup, a statement that also inserts into
 // the target reads the rows it has inserted so far once per staged row:
 // n²/2 tuples for a chunk of n (a 1,000,000-row chunk ran for hours).
+// History's statements also read the versions of the chunk's keys by one
+// lookup per key (a 20,000-row chunk took 13 s when the planner, without
+// statistics on staging, read the whole target per staged key).
 func TestMergeNeverScansTheTargetSequentially(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -63,7 +66,25 @@ func TestMergeNeverScansTheTargetSequentially(t *testing.T) {
 			}
 			var plan []string
 			require.NoError(t, tx.Select(&plan, `EXPLAIN `+q, s.args(q)...), "%s %s", tc.name, name)
-			require.NotContains(t, strings.Join(plan, "\n"), "Seq Scan on tgt", "%s %s:\n%s", tc.name, name, strings.Join(plan, "\n"))
+			text := strings.Join(plan, "\n")
+			require.NotContains(t, text, "Seq Scan on tgt", "%s %s:\n%s", tc.name, name, text)
+			if name == "close intervals" {
+				require.Contains(t, text, "Index Cond", "close intervals reads the chunk's keys by lookups:\n%s", text)
+			}
+			if name == "insert" || name == "check intervals" {
+				// Inserts look for the staged identity, History reads the
+				// versions of the chunk's keys: each read of the target is
+				// a lookup (an Index Cond), never the whole index against
+				// every staged key. (The updates' joins are left to the
+				// planner, which orders them by the target's estimated
+				// size: a target it believes empty is read whole once.)
+				for i, line := range plan {
+					if strings.Contains(line, " on tgt") && strings.Contains(line, "Scan") {
+						next := strings.Join(plan[i+1:min(i+3, len(plan))], "\n")
+						require.Contains(t, next, "Index Cond", "%s %s: a read of the whole target:\n%s", tc.name, name, text)
+					}
+				}
+			}
 		}
 		require.NoError(t, st.Close())
 		require.NoError(t, tx.Rollback())
