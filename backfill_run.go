@@ -622,7 +622,9 @@ func newRowWriter(c Chunk, job Job, info TableInfo, st Stager, maxRejects int, s
 	return w
 }
 
-func (w *rowWriter) Write(ctx context.Context, values ...any) error {
+// next counts the next row written or rejected, or returns why the
+// writer takes no more.
+func (w *rowWriter) next() error {
 	if w.closed {
 		return ErrWriterClosed
 	}
@@ -631,6 +633,13 @@ func (w *rowWriter) Write(ctx context.Context, values ...any) error {
 	}
 	w.row++
 	w.read++
+	return nil
+}
+
+func (w *rowWriter) Write(ctx context.Context, values ...any) error {
+	if err := w.next(); err != nil {
+		return err
+	}
 	n := w.info.Written
 	if len(values) != n {
 		return w.reject(rawJSON(w.names[:n], values, nil), "", fmt.Sprint(len(values)),
@@ -702,14 +711,9 @@ func (w *rowWriter) Write(ctx context.Context, values ...any) error {
 }
 
 func (w *rowWriter) Reject(ctx context.Context, raw any, column, reason string) error {
-	if w.closed {
-		return ErrWriterClosed
+	if err := w.next(); err != nil {
+		return err
 	}
-	if w.err != nil {
-		return w.err
-	}
-	w.row++
-	w.read++
 	if reason == "" {
 		reason = "rejected by extractor"
 	}

@@ -957,16 +957,10 @@ func (s *pgStager) Replay(ctx context.Context) (res MergeResult, err error) {
 			err = fmt.Errorf("backfill: replay %s: rollback to savepoint: %w", t.Table, rerr)
 		}
 	}()
-	if s.q.upsert != "" {
-		var n struct {
-			Updated   int64 `db:"updated"`
-			Inserted  int64 `db:"inserted"`
-			Unchanged int64 `db:"unchanged"`
-		}
-		if err := sqlx.GetContext(ctx, s.tx, &n, s.q.upsert, s.args(s.q.upsert)...); err != nil {
-			return res, fmt.Errorf("backfill: replay %s: %w", t.Table, err)
-		}
-		return MergeResult{Inserted: n.Inserted, Updated: n.Updated, Unchanged: n.Unchanged}, nil
+	// The merge's statements under the merge's settings; rolling back to
+	// the savepoint restores the check's own.
+	if _, err := s.plannerSettings(ctx); err != nil {
+		return res, fmt.Errorf("backfill: replay %s: planner settings: %w", t.Table, err)
 	}
 	if res.Updated, err = s.exec(ctx, "replay update", s.q.update); err != nil {
 		return res, err
