@@ -342,10 +342,9 @@ func (c *pgCheck) fingerprints(ctx context.Context, tx sqlx.ExtContext) (*finger
 		// target's statistics predate the load (PostgreSQL docs, 15.1
 		// "How Parallel Query Works"; a read-only query of a transaction
 		// that wrote may run in parallel).
-		var most bool
-		err := sqlx.GetContext(ctx, tx, &most, `SELECT pg_relation_size($1::regclass) * 2 >= pg_relation_size($2::regclass)`, c.staging, c.target)
+		most, err := c.stagingAtLeast(ctx, tx, 2)
 		if err != nil {
-			return nil, fmt.Errorf("table sizes: %w", err)
+			return nil, err
 		}
 		if most {
 			settings = `SELECT set_config('enable_indexscan', 'off', true), set_config('enable_bitmapscan', 'off', true)`

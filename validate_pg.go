@@ -869,7 +869,7 @@ type pgCheck struct {
 	target   string            // quoted target table
 	staging  string            // quoted staging table
 	cols     map[string]Column // staged columns by name
-	large    *bool             // largeChunk, once known
+	sizes    *[2]int64         // staging and target sizes in bytes, once known
 }
 
 func newPGCheck(name string, sev Severity, scope ValidationScope) (*pgCheck, error) {
@@ -1115,17 +1115,26 @@ const largeChunkRatio = 8
 // hashing; for a small chunk next to a large target an index lookup per
 // row is what keeps checks proportional to the chunk.
 func (c *pgCheck) largeChunk(ctx context.Context, tx sqlx.ExtContext) (bool, error) {
-	if c.large != nil {
-		return *c.large, nil
+	return c.stagingAtLeast(ctx, tx, largeChunkRatio)
+}
+
+// stagingAtLeast reports whether the staging table is at least 1/ratio
+// of the target's size (pg_relation_size, see largeChunk); the sizes are
+// read once per check.
+func (c *pgCheck) stagingAtLeast(ctx context.Context, tx sqlx.ExtContext, ratio int64) (bool, error) {
+	if c.sizes == nil {
+		var sz struct {
+			Staging int64 `db:"staging"`
+			Target  int64 `db:"target"`
+		}
+		err := sqlx.GetContext(ctx, tx, &sz, `SELECT pg_relation_size($1::regclass) AS staging, pg_relation_size($2::regclass) AS target`,
+			c.staging, c.target)
+		if err != nil {
+			return false, fmt.Errorf("table sizes: %w", err)
+		}
+		c.sizes = &[2]int64{sz.Staging, sz.Target}
 	}
-	var large bool
-	err := sqlx.GetContext(ctx, tx, &large, `SELECT pg_relation_size($1::regclass) * $3 >= pg_relation_size($2::regclass)`,
-		c.staging, c.target, largeChunkRatio)
-	if err != nil {
-		return false, fmt.Errorf("table sizes: %w", err)
-	}
-	c.large = &large
-	return large, nil
+	return c.sizes[0]*ratio >= c.sizes[1], nil
 }
 
 // withJoins runs fn with hash and merge joins enabled when policy says
