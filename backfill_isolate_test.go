@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
@@ -310,4 +311,95 @@ func flipping(rows [][]any, calls *atomic.Int32) backfill.Extractor {
 		}
 		return nil
 	})
+}
+
+// refusedKillJob is the job of TestKillDashNineWhileIsolating: 20 chunks
+// of 25 rows, each with one enum label PostgreSQL refuses, so that every
+// chunk is staged twice, with a sleep per extraction so that a kill lands
+// between and inside stagings.
+func refusedKillJob() backfill.Job {
+	return backfill.Job{Name: "refused-kill", Chunker: backfill.IntRange(0, 500, 25), ChunkColumn: "id", Rollback: backfill.RollbackNone,
+		Target: backfill.Target{Table: "t", Key: []string{"id"}, Columns: []string{"id", "m"}},
+		Extractor: backfill.ExtractorFunc(func(ctx context.Context, c backfill.Chunk, w backfill.RowWriter) error {
+			time.Sleep(10 * time.Millisecond)
+			for id := c.Lo; id < c.Hi; id++ {
+				m := "ok"
+				if id%25 == 7 {
+					m = fmt.Sprintf("bad-%d", id)
+				}
+				if err := w.Write(ctx, id, m); err != nil {
+					return err
+				}
+			}
+			return nil
+		})}
+}
+
+func init() {
+	childProcess("BACKFILL_REFUSED_CHILD", func(db *sqlx.DB) error {
+		r, err := backfill.New(db, &backfill.Config{Concurrency: 2})
+		if err != nil {
+			return err
+		}
+		job := refusedKillJob()
+		inner := job.Extractor
+		job.Extractor = backfill.ExtractorFunc(func(ctx context.Context, c backfill.Chunk, w backfill.RowWriter) error {
+			if c.Lo >= 450 {
+				time.Sleep(time.Minute) // the parent kills the child first
+			}
+			return inner.Extract(ctx, c, w)
+		})
+		_, err = r.Run(context.Background(), job)
+		return err
+	})
+}
+
+// TestKillDashNineWhileIsolating: a run whose chunks each restage without
+// a refused row, killed with SIGKILL mid-run and resumed, ends like an
+// uninterrupted run: the same rows, each refused row queued once, every
+// chunk balanced.
+func TestKillDashNineWhileIsolating(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("spawns a process")
+	}
+	ctx := context.Background()
+	create := `CREATE TYPE mood AS ENUM ('sad', 'ok'); CREATE TABLE t (id bigint PRIMARY KEY, m mood)`
+	ref := pgtest.New(t)
+	ref.MustExec(create)
+	r, err := backfill.New(ref, nil)
+	require.NoError(t, err)
+	refRep, err := r.Run(ctx, refusedKillJob())
+	require.NoError(t, err)
+	require.Equal(t, backfill.Counts{Read: 500, Inserted: 480, Rejected: 20}, refRep.Counts)
+	var want []string
+	require.NoError(t, ref.Select(&want, `SELECT row(id, m)::text FROM t ORDER BY id`))
+
+	url := pgtest.NewURL(t)
+	db := sqlx.MustOpen("postgres", url)
+	t.Cleanup(func() { db.Close() })
+	db.MustExec(create)
+	killChildWhen(t, db, "BACKFILL_REFUSED_CHILD", url, `SELECT count(*) FROM backfill.chunks WHERE status = 'done'`, 5)
+
+	r, err = backfill.New(db, nil)
+	require.NoError(t, err)
+	rep, err := r.Run(ctx, refusedKillJob())
+	require.NoError(t, err)
+	require.True(t, rep.Resumed)
+	require.Equal(t, refRep.Counts, rep.Counts)
+	var got []string
+	require.NoError(t, db.Select(&got, `SELECT row(id, m)::text FROM t ORDER BY id`))
+	require.Equal(t, want, got)
+	ex := exceptionsOf(t, db, rep.BatchID)
+	require.Len(t, ex, 20, "each refused row queued once, across the kill")
+	seen := map[string]bool{}
+	for _, e := range ex {
+		require.False(t, seen[e.Value], "queued twice: %s", e.Value)
+		seen[e.Value] = true
+		require.Contains(t, e.Reason, "invalid input value for enum mood")
+	}
+	for _, c := range manifestChunks(t, db, rep.BatchID) {
+		require.Equal(t, backfill.ChunkDone, c.Status)
+		require.True(t, c.Balanced(), "%s: %+v", c.Chunk.ID, c.Counts)
+	}
 }
