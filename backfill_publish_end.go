@@ -154,7 +154,7 @@ func (ex *execution) publishAtEnd(ctx context.Context, pm *PGManifest) ([]ChunkR
 				return fmt.Errorf("backfill: publish: chunk %s: %w: the staging table holds %d rows, the manifest %d", c.ID, ErrAccounting, n, sc.Staged)
 			}
 			info := ex.info
-			info.Chunk = ChunkRef{BatchID: ex.batchID, Seq: sc.Seq, UndoTable: ex.undoTable}
+			info.Chunk = ChunkRef{BatchID: ex.batchID, Seq: sc.Seq, UndoTable: ex.undoTable, DeliveredTable: ex.deliveredTable}
 			st, err := r.cfg.Merger.Stage(ctx, tx, info)
 			if err != nil {
 				return err

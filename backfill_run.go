@@ -194,6 +194,12 @@ func (r *Runner) Run(ctx context.Context, job Job) (Report, error) {
 		}
 		undoTable = sqlgen.Ident(pm.schema) + ".undo"
 	}
+	// Deliveries are summarised whatever this job's own rollback: they
+	// protect the rows of other batches from those batches' rollback.
+	deliveredTable := ""
+	if pm, ok := r.cfg.Manifest.(*PGManifest); ok && info.Target.Lineage.UpdatedBy != "" {
+		deliveredTable = sqlgen.Ident(pm.schema) + ".delivered"
+	}
 	plan := NewPlan(job, info, chunks)
 	if job.Watermark != nil {
 		wm, err := job.Watermark.Watermark(ctx)
@@ -232,7 +238,7 @@ func (r *Runner) Run(ctx context.Context, job Job) (Report, error) {
 			}
 		}
 	}
-	ex := &execution{r: r, job: job, info: info, plan: plan, batchID: run.BatchID, log: log, undoTable: undoTable, stageEnd: pmEnd}
+	ex := &execution{r: r, job: job, info: info, plan: plan, batchID: run.BatchID, log: log, undoTable: undoTable, deliveredTable: deliveredTable, stageEnd: pmEnd}
 	if run.Status != RunCompleted && run.Status != RunRolledBack {
 		ex.work(ctx)
 		if pmEnd != nil && len(ex.errs) == 0 {
@@ -318,6 +324,9 @@ type execution struct {
 	tries  map[int]int // failed attempts per chunk Seq in this call
 	// undoTable is where the merger logs undo images ("" for none).
 	undoTable string
+	// deliveredTable is where the merger summarises unchanged deliveries
+	// of other batches' rows ("" for none).
+	deliveredTable string
 	// stageEnd is the manifest whose schema holds the run's staging table
 	// when the job publishes at the end (nil otherwise).
 	stageEnd *PGManifest
@@ -509,7 +518,7 @@ func (ex *execution) runChunk(ctx context.Context) (res ChunkResult, claimed boo
 			return res, true, attempt, chunkErr(err)
 		}
 	}
-	info.Chunk = ChunkRef{BatchID: ex.batchID, Seq: c.Seq, UndoTable: ex.undoTable}
+	info.Chunk = ChunkRef{BatchID: ex.batchID, Seq: c.Seq, UndoTable: ex.undoTable, DeliveredTable: ex.deliveredTable}
 	_, copies := r.cfg.Merger.(*PGMerger)
 	stager, w, err := ex.stage(ctx, tx, c, info, started, copies && r.cfg.MaxStagingRejects > 0, func() (Stager, error) {
 		return r.cfg.Merger.Stage(ctx, tx, info)

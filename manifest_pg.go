@@ -182,6 +182,24 @@ ALTER TABLE {s}.chunks ADD CONSTRAINT chunk_rows_balance CHECK (status = 'staged
 	rows_read = rows_inserted + rows_updated + rows_unchanged + rows_rejected + rows_deduplicated);
 ALTER TABLE {s}.chunks ADD CONSTRAINT chunk_staged_balance CHECK (status <> 'staged' OR rows_read = rows_staged + rows_rejected);
 `,
+	// 8: rows a chunk delivered unchanged that another batch last wrote,
+	// summarised per (chunk, owner batch): how many and the least and
+	// greatest identity (JSON of key_columns). A rollback of the owner
+	// keeps its hands off them while the chunk stays done (see
+	// recordDelivered). One row per chunk and owner, never one per row.
+	`
+CREATE TABLE {s}.delivered (
+	batch_id    bigint NOT NULL,
+	seq         int NOT NULL,
+	owner       bigint NOT NULL,
+	key_columns text[] NOT NULL,
+	lo          jsonb NOT NULL,
+	hi          jsonb NOT NULL,
+	row_count   bigint NOT NULL,
+	PRIMARY KEY (batch_id, seq, owner)
+);
+CREATE INDEX delivered_owner ON {s}.delivered (owner);
+`,
 }
 
 func (m *PGManifest) sql(q string) string {

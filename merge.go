@@ -87,6 +87,12 @@ type ChunkRef struct {
 	// UndoTable is the quoted, schema-qualified undo log table
 	// ("backfill"."undo"), or "" for no undo log ([RollbackNone]).
 	UndoTable string
+	// DeliveredTable is the quoted, schema-qualified table where the
+	// merge summarises the rows it delivered unchanged that other batches
+	// last wrote ("backfill"."delivered"), so that their rollback leaves
+	// those rows alone; "" for none (no lineage or no PostgreSQL
+	// manifest).
+	DeliveredTable string
 }
 
 // MergeResult counts what a merge did with the staged rows:

@@ -877,6 +877,9 @@ func (s *pgStager) Merge(ctx context.Context) (_ MergeResult, err error) {
 	if res.Unchanged < 0 {
 		return res, fmt.Errorf("backfill: merge %s: %w: staged %d, merged %+v", t.Table, ErrAccounting, s.staged, res)
 	}
+	if err := s.recordDelivered(ctx, res.Unchanged); err != nil { // rollback_delivered.go
+		return res, err
+	}
 	return res, nil
 }
 

@@ -22,10 +22,12 @@ type RollbackOptions struct {
 	// within the chunk's bounds of [Job.ChunkColumn]; without one, a chunk
 	// that inserted rows cannot be rolled back alone ([ErrUnsupported]).
 	ChunkID string
-	// Force rolls back rows that later batches changed too, overwriting
-	// their changes. The choice is recorded in the audit log. Without it a
-	// rollback that meets such rows is refused with [ErrRollbackConflict]
-	// and changes nothing.
+	// Force rolls back rows that later, still applied batches changed or
+	// delivered unchanged too, overwriting their changes and removing (or
+	// restoring an older image over) rows they delivered. The choice and
+	// the rows are recorded in the audit log and the report's
+	// ConflictRows. Without it a rollback that meets such rows is refused
+	// with [ErrRollbackConflict], listing them, and changes nothing.
 	Force bool
 	// Preview computes what the rollback would do without writing.
 	Preview bool
@@ -34,6 +36,10 @@ type RollbackOptions struct {
 	Actor, Why string
 
 	lockTimeout string // the job's Publish.LockTimeout, for swaps
+	// exclude are batches the same call rolls back before this one
+	// (RollbackModule's preview): their changes and deliveries do not
+	// conflict.
+	exclude []int64
 }
 
 // RollbackReport says what a rollback did (or, in a preview, would do).
@@ -45,10 +51,15 @@ type RollbackReport struct {
 	// rows the batch updated (or whose SCD2 interval it closed) that got
 	// their prior image back.
 	Deleted, Restored int64
-	// Conflicts counts rows a later batch changed; ConflictKeys lists up
-	// to 100 of their keys as JSON.
-	Conflicts    int64
-	ConflictKeys []string
+	// Conflicts counts rows the rollback would delete or restore although
+	// a later batch that is still applied changed them (lineage) or
+	// delivered them unchanged; ConflictsDelivered counts the latter.
+	// ConflictRows lists up to 100 of them, ordered by key, each with the
+	// later batch; ConflictKeys their keys as JSON.
+	Conflicts          int64
+	ConflictsDelivered int64
+	ConflictRows       []RollbackConflict
+	ConflictKeys       []string
 	// Preview is true when nothing was written.
 	Preview bool
 	// Status is the batch's run status after the call.
@@ -65,9 +76,20 @@ type RollbackReport struct {
 // Rollback again completes it; a rollback of an already rolled back batch
 // changes nothing.
 //
-// Before writing anything it looks for rows that a later batch changed
-// (their lineage UpdatedBy names another batch) and refuses with
-// [ErrRollbackConflict], listing the keys, unless opts.Force. A rollback
+// Before writing anything it looks for rows that a later batch still
+// applied changed (their lineage UpdatedBy names another batch) or
+// delivered unchanged, and refuses with [ErrRollbackConflict], listing
+// the keys and those batches, unless opts.Force. A row a later batch
+// delivered unchanged still names this batch in its lineage; the merge of
+// each chunk with unchanged rows summarises, per batch that last wrote
+// them, how many it delivered and their least and greatest identity (one
+// manifest row per chunk and batch, never one per row). A row of this
+// batch within those bounds of a done chunk of another batch counts as
+// delivered by it: exact about which batches delivered rows, conservative
+// between the bounds (see rollback_delivered.go). Rolling back the later
+// batch first, then this one, meets no conflict. A preview reports the
+// same conflicts, and its Deleted and Restored leave out the rows a
+// refused rollback would not touch (unless Force). A rollback
 // is recorded in the audit log with who, why, when and the counts; a
 // whole-batch rollback sets the run's status to rolled_back.
 //
@@ -179,25 +201,50 @@ func (r *Runner) Rollback(ctx context.Context, job Job, opts RollbackOptions) (R
 		}
 	}
 	rep := RollbackReport{BatchID: run.BatchID, Preview: opts.Preview, Status: run.Status}
-	if rep.Conflicts, rep.ConflictKeys, err = rb.conflicts(ctx, r.db, run.BatchID, seqs, one); err != nil {
+	changed, changedRows, err := rb.conflicts(ctx, r.db, run.BatchID, seqs, one, opts.exclude)
+	if err != nil {
 		return rep, err
+	}
+	var deliveredDeleted int64
+	var deliveredRows []RollbackConflict
+	if one == nil || len(seqs) > 0 {
+		if rep.ConflictsDelivered, deliveredDeleted, deliveredRows, err = rb.delivered(ctx, r.db, run.BatchID, seqs, one, opts.exclude); err != nil {
+			return rep, err
+		}
+	}
+	rep.Conflicts = changed + rep.ConflictsDelivered
+	rep.ConflictRows = append(changedRows, deliveredRows...)
+	slices.SortFunc(rep.ConflictRows, func(a, b RollbackConflict) int { return strings.Compare(a.Key, b.Key) })
+	rep.ConflictRows = rep.ConflictRows[:min(100, len(rep.ConflictRows))]
+	for _, c := range rep.ConflictRows {
+		rep.ConflictKeys = append(rep.ConflictKeys, c.Key)
 	}
 	if opts.Preview {
 		rep.Chunks = len(seqs)
 		if rep.Deleted, rep.Restored, err = rb.preview(ctx, r.db, run.BatchID, seqs, one, opts.Force); err != nil {
 			return rep, err
 		}
+		if !opts.Force {
+			// Without Force those rows stay, as the changed ones do.
+			rep.Deleted = max(0, rep.Deleted-deliveredDeleted)
+			rep.Restored = max(0, rep.Restored-(rep.ConflictsDelivered-deliveredDeleted))
+		}
 		rep.Elapsed = time.Since(begin)
 		return rep, nil
 	}
 	if rep.Conflicts > 0 && !opts.Force {
 		rep.Elapsed = time.Since(begin)
-		return rep, fmt.Errorf("backfill: rollback of batch %d: %w: %d rows were changed by later batches, e.g. %s; roll those back first or use Force",
-			run.BatchID, ErrRollbackConflict, rep.Conflicts, strings.Join(rep.ConflictKeys[:min(5, len(rep.ConflictKeys))], ", "))
+		return rep, fmt.Errorf("backfill: rollback of batch %d: %w: %d rows were changed (%d) or delivered unchanged (%d) by later batches still applied: %s; roll those batches back first or use Force",
+			run.BatchID, ErrRollbackConflict, rep.Conflicts, changed, rep.ConflictsDelivered, conflictList(rep.ConflictRows, rep.Conflicts))
+	}
+	if rep.Conflicts > 0 {
+		r.cfg.Logger.Warn("backfill rollback forced over later batches", "job", run.Job, "batch_id", run.BatchID, "conflicts", rep.Conflicts,
+			"delivered", rep.ConflictsDelivered, "rows", conflictList(rep.ConflictRows, rep.Conflicts), "actor", opts.Actor)
 	}
 	if len(seqs) > 0 {
 		// Visible even if this call is interrupted: who started it and why.
-		started, _ := json.Marshal(map[string]any{"why": opts.Why, "chunk": opts.ChunkID, "force": opts.Force, "chunks": len(seqs)})
+		started, _ := json.Marshal(map[string]any{"why": opts.Why, "chunk": opts.ChunkID, "force": opts.Force, "chunks": len(seqs),
+			"conflicts_overridden": rep.Conflicts * boolInt(opts.Force), "conflict_rows": conflictStrings(rep.ConflictRows, 20)})
 		if err := pm.RecordEvent(ctx, r.db, Event{BatchID: run.BatchID, Job: run.Job, Kind: "rollback_started", Actor: opts.Actor, Detail: started}); err != nil {
 			return rep, err
 		}
@@ -223,7 +270,8 @@ func (r *Runner) Rollback(ctx context.Context, job Job, opts RollbackOptions) (R
 	}
 	deleted, err := rb.finish(ctx, r.db, run, opts.ChunkID == "", opts.Force, func(deleted int64) Event {
 		detail, _ := json.Marshal(map[string]any{"why": opts.Why, "chunk": opts.ChunkID, "force": opts.Force, "chunks": rep.Chunks,
-			"deleted": rep.Deleted + deleted, "restored": rep.Restored, "conflicts_overridden": rep.Conflicts * boolInt(opts.Force)})
+			"deleted": rep.Deleted + deleted, "restored": rep.Restored, "conflicts_overridden": rep.Conflicts * boolInt(opts.Force),
+			"delivered_overridden": rep.ConflictsDelivered * boolInt(opts.Force), "conflict_rows": conflictStrings(rep.ConflictRows, 20)})
 		return Event{BatchID: run.BatchID, Job: run.Job, Kind: kind, Actor: opts.Actor, Detail: detail}
 	})
 	if err != nil {
@@ -237,6 +285,24 @@ func (r *Runner) Rollback(ctx context.Context, job Job, opts RollbackOptions) (R
 	r.cfg.Logger.Info("backfill rollback", "job", run.Job, "batch_id", run.BatchID, "chunks", rep.Chunks, "deleted", rep.Deleted,
 		"restored", rep.Restored, "force", opts.Force, "actor", opts.Actor)
 	return rep, nil
+}
+
+// conflictList renders up to 10 conflicting rows for an error or a log
+// line, saying how many more there are.
+func conflictList(rows []RollbackConflict, total int64) string {
+	s := strings.Join(conflictStrings(rows, 10), ", ")
+	if more := total - int64(min(10, len(rows))); more > 0 {
+		s += fmt.Sprintf(" and %d more (RollbackReport.ConflictRows lists 100)", more)
+	}
+	return s
+}
+
+func conflictStrings(rows []RollbackConflict, n int) []string {
+	out := make([]string, 0, min(n, len(rows)))
+	for _, c := range rows[:min(n, len(rows))] {
+		out = append(out, c.String())
+	}
+	return out
 }
 
 func boolInt(b bool) int64 {
@@ -267,8 +333,10 @@ func (r *Runner) rollbackRun(ctx context.Context, pm *PGManifest, job string, ba
 // RollbackModule rolls back the latest batch of each job of a module (a
 // named group of jobs), children before parents: jobs are given parents
 // first, and rolled back in reverse order. It previews every job first
-// and refuses, changing nothing, if any has conflicts (unless Force).
-// opts.BatchID and opts.ChunkID must be zero.
+// and refuses, changing nothing, if any has conflicts (unless Force):
+// rows a later batch outside the module changed or delivered unchanged
+// (see [Runner.Rollback]); the module's own later batches, rolled back
+// first, do not count. opts.BatchID and opts.ChunkID must be zero.
 func (r *Runner) RollbackModule(ctx context.Context, module string, jobs []Job, opts RollbackOptions) ([]RollbackReport, error) {
 	if opts.BatchID != 0 || opts.ChunkID != "" {
 		return nil, fmt.Errorf("backfill: rollback of module %q: %w: BatchID and ChunkID apply to one job", module, ErrInvalidConfig)
@@ -282,9 +350,13 @@ func (r *Runner) RollbackModule(ctx context.Context, module string, jobs []Job, 
 			return nil, err
 		}
 		if rep.Conflicts > 0 && !opts.Force {
-			return nil, fmt.Errorf("backfill: rollback of module %q: job %q: %w: %d rows changed by later batches", module, jobs[i].Name, ErrRollbackConflict, rep.Conflicts)
+			return nil, fmt.Errorf("backfill: rollback of module %q: job %q: %w: %d rows changed or delivered by later batches still applied: %s",
+				module, jobs[i].Name, ErrRollbackConflict, rep.Conflicts, conflictList(rep.ConflictRows, rep.Conflicts))
 		}
 		reports = append(reports, rep)
+		if rep.Status != RunRolledBack {
+			preview.exclude = append(preview.exclude, rep.BatchID)
+		}
 	}
 	if opts.Preview {
 		return reports, nil

@@ -60,32 +60,36 @@ func (rb *pgRollback) entries() string {
 
 // conflicts counts the rows the batch (or one chunk of it) changed that a
 // later batch changed again: rows of the undo log, and rows it inserted
-// (found by lineage), with up to 100 of their keys.
-func (rb *pgRollback) conflicts(ctx context.Context, db sqlx.ExtContext, batch int64, seqs []int, chunk *ChunkState) (int64, []string, error) {
+// (found by lineage), with up to 100 of them and the batch that last
+// changed each. Changes by the batches in exclude (rolled back before
+// this one by the same call) do not count.
+func (rb *pgRollback) conflicts(ctx context.Context, db sqlx.ExtContext, batch int64, seqs []int, chunk *ChunkState, exclude []int64) (int64, []RollbackConflict, error) {
 	var rows []struct {
 		N   int64  `db:"n"`
 		Key string `db:"key"`
+		By  int64  `db:"by"`
 	}
-	filter, fargs := rb.insertedFilter(chunk, 3)
+	filter, fargs := rb.insertedFilter(chunk, 4)
 	err := sqlx.SelectContext(ctx, db, &rows, fmt.Sprintf(`WITH c AS (
-			SELECT DISTINCT u.key FROM %[1]s u CROSS JOIN LATERAL jsonb_populate_record(NULL::%[2]s, u.key) r
+			SELECT DISTINCT u.key, t.%[4]s AS by FROM %[1]s u CROSS JOIN LATERAL jsonb_populate_record(NULL::%[2]s, u.key) r
 			JOIN %[2]s t ON %[3]s
-			WHERE u.batch_id = $1 AND u.seq = ANY ($2::int[]) AND t.%[4]s IS DISTINCT FROM $1
+			WHERE u.batch_id = $1 AND u.seq = ANY ($2::int[]) AND t.%[4]s IS DISTINCT FROM $1 AND NOT coalesce(t.%[4]s = ANY ($3::bigint[]), false)
 			UNION
-			SELECT %[6]s FROM %[2]s t WHERE t.%[5]s = $1 AND t.%[4]s IS DISTINCT FROM $1 AND %[7]s)
-		SELECT (SELECT count(*) FROM c) AS n, c.key::text AS key FROM c ORDER BY c.key::text LIMIT 100`,
-		rb.entries(), rb.target, rb.match(), rb.updated, rb.inserted, keyJSON("t", rb.identity), filter), append([]any{batch, pq.Array(seqs)}, fargs...)...)
+			SELECT %[6]s, t.%[4]s FROM %[2]s t WHERE t.%[5]s = $1 AND t.%[4]s IS DISTINCT FROM $1 AND NOT coalesce(t.%[4]s = ANY ($3::bigint[]), false) AND %[7]s)
+		SELECT (SELECT count(*) FROM c) AS n, c.key::text AS key, coalesce(c.by, 0) AS by FROM c ORDER BY c.key::text LIMIT 100`,
+		rb.entries(), rb.target, rb.match(), rb.updated, rb.inserted, keyJSON("t", rb.identity), filter),
+		append([]any{batch, pq.Array(seqs), pq.Array(append([]int64{}, exclude...))}, fargs...)...)
 	if err != nil {
 		return 0, nil, fmt.Errorf("backfill: rollback %s: conflicts: %w", rb.info.Target.Table, err)
 	}
 	if len(rows) == 0 {
 		return 0, nil, nil
 	}
-	keys := make([]string, len(rows))
+	out := make([]RollbackConflict, len(rows))
 	for i, r := range rows {
-		keys[i] = r.Key
+		out[i] = RollbackConflict{Key: r.Key, Batch: r.By}
 	}
-	return rows[0].N, keys, nil
+	return rows[0].N, out, nil
 }
 
 // preview counts the rows a rollback of the chunks would delete and
@@ -227,6 +231,11 @@ func (rb *pgRollback) deleteInserted(ctx context.Context, tx sqlx.ExtContext, ba
 func (rb *pgRollback) insertedFilter(chunk *ChunkState, first int) (string, []any) {
 	if chunk == nil {
 		return "true", nil
+	}
+	if rb.chunkColumn == "" {
+		// No column to find them by: Rollback refuses a chunk that
+		// inserted rows without one, so there are none to find.
+		return "false", nil
 	}
 	col := "t." + sqlgen.Ident(rb.chunkColumn)
 	p := func(i int) string { return fmt.Sprintf("$%d", first+i) }

@@ -287,3 +287,28 @@ func TestRollbackRetilesAroundLaterVersions(t *testing.T) {
 	require.NoError(t, db.Select(&rows, `SELECT city || ' ' || to_char(valid_from, 'MM-DD') || ' ' || coalesce(to_char(valid_to, 'MM-DD'), 'open') FROM addr ORDER BY valid_from`))
 	require.Equal(t, []string{"Oslo 01-01 01-15", "Bergen2 01-15 01-20", "Rome 01-20 open"}, rows)
 }
+
+// TestRollbackDoesNotDeleteRowALaterBatchDelivered is the scenario of
+// issue 10 item 6, exactly: batch 1 writes {1: same, 2: old}, batch 2 (a
+// restatement, NewRun) writes {1: same, 3: new}. Rolling back batch 1 must
+// not delete key 1, which batch 2 delivered unchanged: it refuses, naming
+// key 1 and batch 2, and changes nothing.
+func TestRollbackDoesNotDeleteRowALaterBatchDelivered(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t)
+	rbSetup(t, db)
+	r, err := backfill.New(db, nil)
+	require.NoError(t, err)
+	rep1, err := r.Run(ctx, itemsJob("items", [][]any{{int64(1), "same", int64(0)}, {int64(2), "old", int64(0)}}))
+	require.NoError(t, err)
+	rep2, err := r.Run(ctx, itemsJob("items", [][]any{{int64(1), "same", int64(0)}, {int64(3), "new", int64(0)}}))
+	require.NoError(t, err)
+	require.Equal(t, backfill.Counts{Read: 2, Inserted: 1, Unchanged: 1}, rep2.Counts)
+	before := tableState(t, db)
+	_, err = r.Rollback(ctx, itemsJob("items", nil), backfill.RollbackOptions{BatchID: rep1.BatchID, Actor: "ann", Why: "bad batch 1"})
+	require.ErrorIs(t, err, backfill.ErrRollbackConflict)
+	require.Contains(t, err.Error(), fmt.Sprintf(`{"id": 1} (delivered unchanged by batch %d)`, rep2.BatchID))
+	require.NotContains(t, err.Error(), `{"id": 2}`, "batch 2 did not deliver key 2")
+	require.Equal(t, before, tableState(t, db), "a refused rollback changes nothing")
+}
