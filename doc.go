@@ -151,8 +151,23 @@ rows it updated (and SCD2 intervals it closed); the rows it inserted are
 found again by their lineage.
 [Runner.Rollback] withdraws a batch or one chunk in reverse order, one
 transaction per chunk with its own checkpoint, refuses rows a later batch
-changed unless forced, previews without writing, and records who, why and
-the counts. Without lineage, a job must accept [RollbackNone] explicitly.
+still applied changed or delivered unchanged unless forced (listing each
+row's key and that batch in [RollbackReport.ConflictRows]), previews
+without writing, and records who, why and the counts. Without lineage, a
+job must accept [RollbackNone] explicitly.
+
+Lineage names only the batch that last changed a row: a row a later batch
+delivered unchanged still names the earlier one. Each chunk that delivers
+unchanged rows that another batch last wrote therefore records, in the
+manifest's delivered table and in its own transaction, one summary per
+such batch: how many rows, and the least and greatest identity among
+them. Not a row per delivered row: a replay of an unchanged range writes
+one small row per chunk. A rollback treats the batch's rows within the
+bounds of a still-done delivering chunk as delivered by it. That is exact
+about which batches delivered rows, and conservative between the bounds:
+a row there that the later batch did not deliver is listed too, never
+removed silently. Rolling back the later batch first removes the
+conflict.
 
 # Plans and resume
 

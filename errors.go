@@ -71,7 +71,8 @@ var (
 	// of severity error failed: the chunk rolled back and the run paused.
 	ErrGateFailed = errors.New("backfill: quality gate failed")
 	// ErrRollbackConflict is returned by [Runner.Rollback] when rows the
-	// batch wrote were changed by a later batch; nothing was changed.
+	// batch wrote were changed or delivered unchanged by a later batch
+	// that is still applied; nothing was changed.
 	ErrRollbackConflict = errors.New("backfill: rollback conflicts with later batches")
 	// ErrRunNotFound is returned by [Manifest] lookups of an unknown batch.
 	ErrRunNotFound = errors.New("backfill: run not found")
