@@ -196,9 +196,8 @@ CREATE TABLE {s}.delivered (
 	lo          jsonb NOT NULL,
 	hi          jsonb NOT NULL,
 	row_count   bigint NOT NULL,
-	PRIMARY KEY (batch_id, seq, owner)
+	PRIMARY KEY (owner, batch_id, seq)
 );
-CREATE INDEX delivered_owner ON {s}.delivered (owner);
 `,
 }
 

@@ -66,16 +66,33 @@ func (s *pgStager) recordDelivered(ctx context.Context, unchanged int64) error {
 	}
 	identity := s.info.identity()
 	ub := sqlgen.Ident(t.Lineage.UpdatedBy)
-	order := sqlgen.List("x.", identity)
-	q := fmt.Sprintf(`INSERT INTO %[1]s (batch_id, seq, owner, key_columns, lo, hi, row_count)
-		SELECT DISTINCT ON (x._backfill_owner) $1::bigint, $2::int, x._backfill_owner, $3::text[],
-			first_value(x._backfill_key) OVER w, last_value(x._backfill_key) OVER w, count(*) OVER w
-		FROM (SELECT %[4]s, t.%[5]s AS _backfill_owner, %[6]s AS _backfill_key
-			FROM %[2]s s JOIN %[3]s t ON %[7]s WHERE t.%[5]s <> $1::bigint) x
-		WINDOW w AS (PARTITION BY x._backfill_owner ORDER BY %[8]s ROWS BETWEEN UNBOUNDED PRECEDING AND UNBOUNDED FOLLOWING)
-		ORDER BY x._backfill_owner`,
+	// The least and greatest identity per owner: one window over the
+	// found rows (first_value/last_value of each identity column), the
+	// JSON built for those two rows only. The target is looked up once
+	// per staged row (LATERAL with OFFSET 0, as in the History merge):
+	// as a plain join, once the target is analysed, the planner may read
+	// the whole target in index order against every staged row to save
+	// the window's sort (a 10,000-row chunk against 200,000 rows took
+	// 250 s).
+	lo, hi := make([]string, len(identity)), make([]string, len(identity))
+	loJSON, hiJSON := make([]string, len(identity)), make([]string, len(identity))
+	for i, c := range identity {
+		lo[i] = fmt.Sprintf("first_value(x.%s) OVER w AS _backfill_lo_%d", sqlgen.Ident(c), i)
+		hi[i] = fmt.Sprintf("last_value(x.%s) OVER w AS _backfill_hi_%d", sqlgen.Ident(c), i)
+		loJSON[i] = fmt.Sprintf("%s, y._backfill_lo_%d", pq.QuoteLiteral(c), i)
+		hiJSON[i] = fmt.Sprintf("%s, y._backfill_hi_%d", pq.QuoteLiteral(c), i)
+	}
+	q := fmt.Sprintf(`INSERT INTO %[1]s (owner, batch_id, seq, key_columns, lo, hi, row_count)
+		SELECT y._backfill_owner, $1::bigint, $2::int, $3::text[], jsonb_build_object(%[9]s), jsonb_build_object(%[10]s), y._backfill_n FROM (
+			SELECT DISTINCT ON (x._backfill_owner) x._backfill_owner, count(*) OVER w AS _backfill_n, %[7]s, %[8]s
+			FROM (SELECT t.* FROM %[2]s s CROSS JOIN LATERAL (
+				SELECT %[4]s, t.%[5]s AS _backfill_owner FROM %[3]s t WHERE %[6]s OFFSET 0) t
+				WHERE t._backfill_owner <> $1::bigint) x
+			WINDOW w AS (PARTITION BY x._backfill_owner ORDER BY %[11]s ROWS BETWEEN UNBOUNDED PRECEDING AND UNBOUNDED FOLLOWING)
+			ORDER BY x._backfill_owner) y`,
 		s.info.Chunk.DeliveredTable, s.q.stage, sqlgen.Table(t.Table), sqlgen.List("t.", identity), ub,
-		keyJSON("t", identity), sqlgen.Equal("t", "s", identity), order)
+		sqlgen.Equal("t", "s", identity), strings.Join(lo, ", "), strings.Join(hi, ", "),
+		strings.Join(loJSON, ", "), strings.Join(hiJSON, ", "), sqlgen.List("x.", identity))
 	if _, err := s.tx.ExecContext(ctx, q, s.info.Chunk.BatchID, s.info.Chunk.Seq, pq.Array(identity)); err != nil {
 		return fmt.Errorf("backfill: merge %s: record unchanged deliveries: %w", t.Table, err)
 	}

@@ -294,3 +294,31 @@ func TestRollbackModuleAndDeliveredRows(t *testing.T) {
 	require.Len(t, reps, 2)
 	require.Empty(t, dlvState(t, db))
 }
+
+// TestDeliveriesAreSummarisedPerChunk: a replay of an unchanged range
+// records one summary row per chunk and owner batch, not one per row, and
+// a first load none.
+func TestDeliveriesAreSummarisedPerChunk(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t)
+	rbSetup(t, db)
+	r, err := backfill.New(db, nil)
+	require.NoError(t, err)
+	var rows [][]any
+	for i := range int64(100) {
+		rows = append(rows, []any{i, "v", i})
+	}
+	rep1, err := r.Run(ctx, itemsJob("items", rows))
+	require.NoError(t, err)
+	var n int
+	require.NoError(t, db.Get(&n, `SELECT count(*) FROM backfill.delivered`))
+	require.Zero(t, n, "a first load summarises nothing")
+	rep2, err := r.Run(ctx, itemsJob("items", rows))
+	require.NoError(t, err)
+	require.Equal(t, int64(100), rep2.Counts.Unchanged)
+	var got []string
+	require.NoError(t, db.Select(&got, `SELECT format('%s %s %s %s %s', seq, owner, lo, hi, row_count) FROM backfill.delivered WHERE batch_id = $1 ORDER BY seq`, rep2.BatchID))
+	require.Len(t, got, 10)
+	require.Equal(t, fmt.Sprintf(`3 %d {"id": 30} {"id": 39} 10`, rep1.BatchID), got[3])
+}
