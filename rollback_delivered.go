@@ -142,7 +142,10 @@ func (rb *pgRollback) delivered(ctx context.Context, db sqlx.ExtContext, batch i
 	// inRange: t lies within the delivering chunk's identity bounds, or
 	// the chunk used another identity (a job with another Key on the same
 	// table) and every row of the batch counts.
-	inRange := fmt.Sprintf("(NOT d.ranged OR (%[1]s >= %[2]s AND %[1]s <= %[3]s))", tid, lo("d", "lo"), lo("d", "hi"))
+	// (Apart for the lookups into the target: an OR of the two would not
+	// be an index condition, and each chunk would read the whole target.)
+	ranged := fmt.Sprintf("%[1]s >= %[2]s AND %[1]s <= %[3]s", tid, lo("d", "lo"), lo("d", "hi"))
+	inRange := "(NOT d.ranged OR (" + ranged + "))"
 	// The rows the rollback would touch that batch last wrote: for a whole
 	// batch every row whose UpdatedBy is batch (inserted or updated by
 	// it); for one chunk, those it inserted within the chunk's bounds,
@@ -169,12 +172,16 @@ func (rb *pgRollback) delivered(ctx context.Context, db sqlx.ExtContext, batch i
 			WHERE d.owner = $1 AND d.batch_id <> $1 AND c.status = 'done' AND d.batch_id <> ALL ($3::bigint[])),
 		hit AS (
 			SELECT %[4]s AS key, d.batch_id AS by, t.%[5]s = $1 AS del
-			FROM d CROSS JOIN LATERAL (SELECT * FROM %[1]s t WHERE t.%[6]s = $1 AND %[7]s AND %[8]s OFFSET 0) t%[9]s),
+			FROM d CROSS JOIN LATERAL (SELECT * FROM %[1]s t WHERE t.%[6]s = $1 AND %[7]s AND %[8]s OFFSET 0) t
+			WHERE d.ranged
+			UNION ALL
+			SELECT %[4]s, d.batch_id, t.%[5]s = $1
+			FROM (SELECT DISTINCT d.batch_id FROM d WHERE NOT d.ranged) d CROSS JOIN LATERAL (SELECT * FROM %[1]s t WHERE t.%[6]s = $1 AND %[8]s OFFSET 0) t%[9]s),
 		x AS (SELECT DISTINCT ON (key) key, by, del FROM hit ORDER BY key, by)
 		SELECT count(*) OVER () AS n, count(*) FILTER (WHERE del) OVER () AS deleted, key::text AS key, by
 		FROM x ORDER BY key::text LIMIT 100`,
 		rb.target, rb.m.sql("{s}.delivered"), rb.m.sql("{s}.chunks"), keyJSON("t", identity), rb.inserted, rb.updated,
-		inRange, whole, undoBranch)
+		ranged, whole, undoBranch)
 	var res []struct {
 		N       int64  `db:"n"`
 		Deleted int64  `db:"deleted"`
