@@ -23,8 +23,6 @@ type dlvMode struct {
 	job func(name string, rows map[int64]string, atEnd bool) backfill.Job
 	// key is the rollback's JSON key of id.
 	key func(id int64) string
-	// state lists the target's rows as text, ordered.
-	state string
 }
 
 func dlvExtractor(rows map[int64]string, write func(ctx context.Context, w backfill.RowWriter, id int64, name string) error) backfill.Extractor {
