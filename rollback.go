@@ -21,6 +21,8 @@ type RollbackOptions struct {
 	// were before this chunk. Rows the chunk inserted are found by lineage
 	// within the chunk's bounds of [Job.ChunkColumn]; without one, a chunk
 	// that inserted rows cannot be rolled back alone ([ErrUnsupported]).
+	// Rows of the chunk that later batches changed or delivered unchanged
+	// are conflicts as for a whole batch (see Force).
 	ChunkID string
 	// Force rolls back rows that later, still applied batches changed or
 	// delivered unchanged too, overwriting their changes and removing (or
