@@ -320,3 +320,27 @@ func TestDeliveriesAreSummarisedPerChunk(t *testing.T) {
 	require.Len(t, got, 10)
 	require.Equal(t, fmt.Sprintf(`3 %d {"id": 30} {"id": 39} 10`, rep1.BatchID), got[3])
 }
+
+// TestRollbackSeesDeliveriesOfJobsWithoutUndoLog: a later job that cannot
+// be rolled back itself (RollbackNone) still protects the rows it
+// delivered from the rollback of the batch that wrote them.
+func TestRollbackSeesDeliveriesOfJobsWithoutUndoLog(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t)
+	m := dlvModes[0]
+	_, err := db.Exec(m.ddl)
+	require.NoError(t, err)
+	r, err := backfill.New(db, nil)
+	require.NoError(t, err)
+	rep1, err := r.Run(ctx, m.job("j", map[int64]string{1: "same", 2: "old"}, false))
+	require.NoError(t, err)
+	other := m.job("other", map[int64]string{1: "same"}, false)
+	other.Rollback = backfill.RollbackNone
+	rep2, err := r.Run(ctx, other)
+	require.NoError(t, err)
+	_, err = r.Rollback(ctx, m.job("j", nil, false), backfill.RollbackOptions{BatchID: rep1.BatchID, Actor: "a", Why: "t"})
+	require.ErrorIs(t, err, backfill.ErrRollbackConflict)
+	require.Contains(t, err.Error(), fmt.Sprintf(`{"id": 1} (delivered unchanged by batch %d)`, rep2.BatchID))
+	require.Len(t, dlvState(t, db), 2)
+}
