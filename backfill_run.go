@@ -207,6 +207,10 @@ func (r *Runner) Run(ctx context.Context, job Job) (Report, error) {
 	if err != nil {
 		return Report{}, err
 	}
+	// Only a run that goes on working is resumed: a completed, rolled back
+	// or paused run is returned as it is.
+	resumed = resumed && run.Status == RunRunning
+	finished := run.Status == RunCompleted || run.Status == RunRolledBack
 	log := r.cfg.Logger.With("job", job.Name, "batch_id", run.BatchID)
 	log.Info("backfill run", "resumed", resumed, "status", run.Status, "chunks", len(chunks), "fingerprint", plan.Fingerprint[:12])
 
@@ -257,12 +261,23 @@ func (r *Runner) Run(ctx context.Context, job Job) (Report, error) {
 	if run.Status == RunAbandoned {
 		runErr = errors.Join(runErr, fmt.Errorf("backfill: job %q batch %d: %w", job.Name, run.BatchID, ErrRunAbandoned))
 	}
+	published := false
 	if run.Status == RunCompleted && job.Publish.Mode == PublishVersionedView {
-		// Idempotent: a crash between completion and the switch publishes
-		// on the next call.
-		if err := r.publishVersion(fctx, job, run, target); err != nil {
-			return Report{}, errors.Join(runErr, err)
+		// Idempotent: a crash between completion and the switch, or a
+		// switch that gave up behind a reader's lock, publishes on the
+		// next call.
+		if published, err = r.publishVersion(fctx, job, run, target); err != nil {
+			rep, rerr := r.report(fctx, run, resumed)
+			rep.ChunksRun = len(ex.done)
+			rep.Elapsed = time.Since(begin)
+			return rep, errors.Join(runErr, err, rerr)
 		}
+	}
+	if finished && !published {
+		// Nothing completes silently: a second call on a finished plan did
+		// nothing, and says so.
+		log.Warn("backfill run already "+string(run.Status)+"; nothing done; set Job.NewRun to restate", "status", run.Status)
+		runErr = errors.Join(runErr, fmt.Errorf("%w: job %q batch %d is %s", ErrAlreadyCompleted, job.Name, run.BatchID, run.Status))
 	}
 	rep, err := r.report(fctx, run, resumed)
 	rep.ChunksRun = len(ex.done)
