@@ -145,9 +145,11 @@ func (j Job) validate() error {
 //
 // The first call creates a run (a batch ID) in the manifest. A later call
 // with the same job name and the same plan resumes it: completed chunks
-// are never extracted again, failed chunks are retried. A completed plan
-// is not run again (the Report says so) unless [Job.NewRun]. A changed plan
-// returns [ErrPlanChanged] unless [Job.NewRun].
+// are never extracted again, failed chunks are retried. A completed (or
+// rolled back) plan is not run again unless [Job.NewRun]: Run then does
+// nothing, logs it and returns the run's Report with an error wrapping
+// [ErrAlreadyCompleted] (Report.Resumed is false). A changed plan returns
+// [ErrPlanChanged] unless [Job.NewRun].
 //
 // Each chunk runs in one transaction: claim, extract, COPY into staging,
 // merge, exception queue, checkpoint, commit. Retryable errors
