@@ -254,9 +254,14 @@ type Job struct {
 	// [SeverityError] check, until [Runner.Resume]. 0 disables it. The
 	// per-chunk rate is [CheckExceptionRate].
 	MaxRunRejectRate float64
-	// Watermark, if set, is asked for the source's high-water mark when a
-	// run is created; the manifest records it, and [Runner.Handoff] rescans
-	// from it. See [SafetyLag] and [PGSourceWatermark].
+	// Watermark, if set, is asked for the source's high-water mark at
+	// each call of [Runner.Run]; the manifest records the one taken when
+	// the run is created, and [Runner.Handoff] rescans from it. A time
+	// chunk whose end lies after the watermark (or after the time it is
+	// read, with or without a watermark) is loaded but left [ChunkOpen]
+	// and read again by the next call: the run completes only once every
+	// chunk has ended before the horizon. See [SafetyLag] and
+	// [PGSourceWatermark].
 	Watermark Watermarker
 }
 
@@ -419,6 +424,12 @@ type ChunkResult struct {
 	Worker string
 	// StartedAt and FinishedAt bound the successful attempt.
 	StartedAt, FinishedAt time.Time
+	// Open is true when the chunk is a time chunk whose end lies after
+	// the run's horizon (the watermark of [Job.Watermark] taken by this
+	// call, or StartedAt when earlier or without one): rows of its
+	// interval may still arrive, so it is checkpointed as [ChunkOpen] and
+	// read again by the next call instead of being final.
+	Open bool
 }
 
 // Report summarises a run as recorded in the manifest.
@@ -432,11 +443,22 @@ type Report struct {
 	// Resumed is true when this call continued an existing run.
 	Resumed bool
 	// ChunksTotal is the number of chunks in the plan; ChunksDone how many
-	// are completed (by this call or earlier ones); ChunksRun how many this
-	// call completed.
+	// are completed for good (by this call or earlier ones); ChunksRun how
+	// many this call checkpointed (done or open).
 	ChunksTotal, ChunksDone, ChunksRun int
-	// Counts sums every completed chunk of the run (not only this call's).
+	// ChunksOpen counts the chunks checkpointed as [ChunkOpen]: loaded,
+	// but ending after the run's horizon (watermark or now), so not final;
+	// OpenChunks lists their IDs. The next call reads them again; until
+	// then the run is not completed (Status stays running).
+	ChunksOpen int
+	OpenChunks []string
+	// Counts sums every checkpointed (done or open) chunk of the run (not
+	// only this call's).
 	Counts Counts
+	// Warnings says what in the job may lose or hold back rows, e.g. a
+	// scope that reaches into the future, or a date-typed ChunkColumn
+	// used with a watermark. Each is also logged.
+	Warnings []string
 	// Elapsed is the wall time of this call.
 	Elapsed time.Duration
 	// ChecksPassed and ChecksFailed count the validation results recorded

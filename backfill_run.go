@@ -205,6 +205,10 @@ func (r *Runner) Run(ctx context.Context, job Job) (Report, error) {
 		wm = truncMicro(wm)
 		plan.Watermark = &wm
 	}
+	warnings, err := openScope(job, info, chunks, plan.Watermark, time.Now())
+	if err != nil {
+		return Report{}, err
+	}
 	run, resumed, err := m.StartRun(ctx, r.db, plan, r.cfg.WorkerID, job.NewRun)
 	if err != nil {
 		return Report{}, err
@@ -215,9 +219,13 @@ func (r *Runner) Run(ctx context.Context, job Job) (Report, error) {
 	finished := run.Status == RunCompleted || run.Status == RunRolledBack
 	log := r.cfg.Logger.With("job", job.Name, "batch_id", run.BatchID)
 	log.Info("backfill run", "resumed", resumed, "status", run.Status, "chunks", len(chunks), "fingerprint", plan.Fingerprint[:12])
+	for _, w := range warnings {
+		log.Warn(w)
+	}
 
 	if run.Status == RunPaused {
 		rep, err := r.report(ctx, run, resumed)
+		rep.Warnings = warnings
 		return rep, errors.Join(err, fmt.Errorf("backfill: job %q batch %d: %w: %s; resume it with Runner.Resume", job.Name, run.BatchID, ErrRunPaused, run.LastError))
 	}
 	target := info.Target.Table
@@ -238,7 +246,8 @@ func (r *Runner) Run(ctx context.Context, job Job) (Report, error) {
 			}
 		}
 	}
-	ex := &execution{r: r, job: job, info: info, plan: plan, batchID: run.BatchID, log: log, undoTable: undoTable, stageEnd: pmEnd}
+	ex := &execution{r: r, job: job, info: info, plan: plan, batchID: run.BatchID, log: log, undoTable: undoTable, stageEnd: pmEnd,
+		watermark: plan.Watermark}
 	if run.Status != RunCompleted && run.Status != RunRolledBack {
 		ex.work(ctx)
 		if pmEnd != nil && len(ex.errs) == 0 {
@@ -272,6 +281,7 @@ func (r *Runner) Run(ctx context.Context, job Job) (Report, error) {
 			rep, rerr := r.report(fctx, run, resumed)
 			rep.ChunksRun = len(ex.done)
 			rep.Elapsed = time.Since(begin)
+			rep.Warnings = warnings
 			return rep, errors.Join(runErr, err, rerr)
 		}
 	}
@@ -284,6 +294,11 @@ func (r *Runner) Run(ctx context.Context, job Job) (Report, error) {
 	rep, err := r.report(fctx, run, resumed)
 	rep.ChunksRun = len(ex.done)
 	rep.Elapsed = time.Since(begin)
+	rep.Warnings = warnings
+	if rep.ChunksOpen > 0 {
+		log.Warn("backfill run not complete: chunks end after the horizon (watermark or now) and are open; the next run reads them again",
+			"chunks_open", rep.ChunksOpen, "open", rep.OpenChunks)
+	}
 	log.Info("backfill run ended", "status", rep.Status, "chunks_done", rep.ChunksDone, "chunks_total", rep.ChunksTotal,
 		"chunks_run", rep.ChunksRun, "rows_read", rep.Counts.Read, "elapsed", rep.Elapsed)
 	return rep, errors.Join(runErr, err)
@@ -296,8 +311,13 @@ func (r *Runner) report(ctx context.Context, run Run, resumed bool) (Report, err
 		return rep, err
 	}
 	for _, s := range states {
-		if s.Status == ChunkDone {
+		switch s.Status {
+		case ChunkDone:
 			rep.ChunksDone++
+			rep.Counts = rep.Counts.Add(s.Counts)
+		case ChunkOpen:
+			rep.ChunksOpen++
+			rep.OpenChunks = append(rep.OpenChunks, s.Chunk.ID)
 			rep.Counts = rep.Counts.Add(s.Counts)
 		}
 	}
@@ -338,6 +358,65 @@ type execution struct {
 	// stageEnd is the manifest whose schema holds the run's staging table
 	// when the job publishes at the end (nil otherwise).
 	stageEnd *PGManifest
+	// watermark is the source's high-water mark taken by this call (nil
+	// without Job.Watermark): with the time a chunk is read, the horizon
+	// after which a chunk is open.
+	watermark *time.Time
+}
+
+// open reports whether chunk c, read at started, is still open: a time
+// chunk whose end lies after the horizon, the earlier of the watermark
+// and started. Rows of its interval may still arrive in the source.
+func (ex *execution) open(c Chunk, started time.Time) bool {
+	if c.Kind != KindTime {
+		return false
+	}
+	return c.End.After(started) || ex.watermark != nil && c.End.After(*ex.watermark)
+}
+
+// openScope returns the warnings about a scope that reaches past the
+// horizon (now, or the watermark wm) and about a date-typed ChunkColumn
+// under a watermark. Publish modes that cannot read a chunk twice
+// (PublishAtEnd, PublishPartitionSwap) refuse chunks that end after the
+// horizon with [ErrInvalidScope].
+func openScope(job Job, info TableInfo, chunks []Chunk, wm *time.Time, now time.Time) ([]string, error) {
+	var warnings []string
+	if job.Watermark != nil && job.ChunkColumn != "" {
+		for _, col := range info.Columns[:info.Written] {
+			if col.Name == job.ChunkColumn && col.BaseType == "date" {
+				warnings = append(warnings, fmt.Sprintf("ChunkColumn %q is a date while the job has a watermark: a date does not say when on its day a row was added, so rows added later on a day the watermark has reached can be missed; "+
+					"chunk on a timestamp column, or let each day's chunk end before the watermark", job.ChunkColumn))
+			}
+		}
+	}
+	var last *Chunk
+	for i := range chunks {
+		if chunks[i].Kind == KindTime && (last == nil || chunks[i].End.After(last.End)) {
+			last = &chunks[i]
+		}
+	}
+	if last == nil {
+		return warnings, nil
+	}
+	horizon, what := now, "now"
+	if wm != nil && wm.Before(now) {
+		horizon, what = *wm, "the source watermark"
+	}
+	if !last.End.After(horizon) {
+		return warnings, nil
+	}
+	if job.Publish.Mode == PublishAtEnd || job.Publish.Mode == PublishPartitionSwap {
+		return nil, fmt.Errorf("backfill: job %q: %w: the scope ends at %s, after %s (%s); publish mode %s cannot read a chunk twice: end the scope at or before %s",
+			job.Name, ErrInvalidScope, last.End.Format(time.RFC3339Nano), what, horizon.Format(time.RFC3339Nano), job.Publish.Mode, horizon.Format(time.RFC3339Nano))
+	}
+	if last.End.After(now) {
+		warnings = append(warnings, fmt.Sprintf("the scope reaches into the future: it ends at %s, after now (%s); chunks that end after the horizon are loaded but left open, not final, and the next run reads them again",
+			last.End.Format(time.RFC3339Nano), now.Format(time.RFC3339Nano)))
+	} else {
+		warnings = append(warnings, fmt.Sprintf("the scope ends at %s, after the source watermark (%s); chunks that end after it are loaded but left open, not final, and the next run reads them again",
+			last.End.Format(time.RFC3339Nano), horizon.Format(time.RFC3339Nano)))
+	}
+	return warnings, nil
 }
 
 // publish runs the end-of-run publish and records its outcome like chunks'.
@@ -426,7 +505,11 @@ func (ex *execution) next(ctx context.Context) bool {
 		ex.mu.Lock()
 		ex.done = append(ex.done, res.Chunk.ID)
 		ex.mu.Unlock()
-		ex.log.Info("chunk done", "seq", res.Chunk.Seq, "chunk", res.Chunk.ID, "read", res.Read, "inserted", res.Inserted,
+		if res.Open {
+			ex.log.Warn("chunk open: it ends after the horizon (watermark or now); loaded, not final, read again by the next run",
+				"seq", res.Chunk.Seq, "chunk", res.Chunk.ID, "read", res.Read, "inserted", res.Inserted)
+		}
+		ex.log.Info("chunk done", "seq", res.Chunk.Seq, "open", res.Open, "chunk", res.Chunk.ID, "read", res.Read, "inserted", res.Inserted,
 			"updated", res.Updated, "unchanged", res.Unchanged, "rejected", res.Rejected, "deduplicated", res.Deduplicated,
 			"duration", res.FinishedAt.Sub(res.StartedAt))
 		if h := ex.r.cfg.Hooks; h != nil {
@@ -587,6 +670,7 @@ func (ex *execution) runChunk(ctx context.Context) (res ChunkResult, claimed boo
 			return res, true, attempt, chunkErr(err)
 		}
 	}
+	res.Open = ex.open(c, started)
 	if err := r.cfg.Manifest.CompleteChunk(ctx, tx, ex.batchID, res, w.exceptions); err != nil {
 		return res, true, attempt, chunkErr(err)
 	}
@@ -974,7 +1058,7 @@ func (ex *execution) checkRunRejectRate(ctx context.Context) error {
 	}
 	var total Counts
 	for _, s := range states {
-		if s.Status == ChunkDone {
+		if s.Status == ChunkDone || s.Status == ChunkOpen {
 			total = total.Add(s.Counts)
 		}
 	}

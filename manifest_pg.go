@@ -182,6 +182,15 @@ ALTER TABLE {s}.chunks ADD CONSTRAINT chunk_rows_balance CHECK (status = 'staged
 	rows_read = rows_inserted + rows_updated + rows_unchanged + rows_rejected + rows_deduplicated);
 ALTER TABLE {s}.chunks ADD CONSTRAINT chunk_staged_balance CHECK (status <> 'staged' OR rows_read = rows_staged + rows_rejected);
 `,
+	// 8: open chunks (ending after the run's horizon), read again by the
+	// next call of the run: runs.calls counts the calls that started or
+	// resumed the run, chunks.open_call is the call that left a chunk open.
+	`
+ALTER TABLE {s}.chunks DROP CONSTRAINT chunks_status_check;
+ALTER TABLE {s}.chunks ADD CONSTRAINT chunks_status_check CHECK (status IN ('pending', 'staged', 'done', 'open', 'failed', 'rolled_back'));
+ALTER TABLE {s}.chunks ADD COLUMN open_call int;
+ALTER TABLE {s}.runs ADD COLUMN calls int NOT NULL DEFAULT 1;
+`,
 }
 
 func (m *PGManifest) sql(q string) string {
@@ -282,7 +291,7 @@ func (m *PGManifest) StartRun(ctx context.Context, db sqlx.ExtContext, plan Plan
 					if _, err := tx.ExecContext(ctx, m.sql(`UPDATE {s}.chunks SET status = 'pending' WHERE batch_id = $1 AND status = 'failed'`), prev.BatchID); err != nil {
 						return err
 					}
-					if _, err := tx.ExecContext(ctx, m.sql(`UPDATE {s}.runs SET status = 'running', updated_at = now(), last_error = '' WHERE batch_id = $1`), prev.BatchID); err != nil {
+					if _, err := tx.ExecContext(ctx, m.sql(`UPDATE {s}.runs SET status = 'running', updated_at = now(), last_error = '', calls = calls + 1 WHERE batch_id = $1`), prev.BatchID); err != nil {
 						return err
 					}
 					prev.Status = RunRunning
@@ -431,16 +440,18 @@ func (m *PGManifest) ClaimChunk(ctx context.Context, tx sqlx.ExtContext, batchID
 	// only be abandoned (StartRun with newRun) once no chunk of it is in
 	// flight, and a chunk is only claimed while its run is running, so a
 	// worker of an abandoned run can never write over a newer run.
-	var running []int64
-	if err := sqlx.SelectContext(ctx, tx, &running, m.sql(`SELECT batch_id FROM {s}.runs
+	var calls []int64
+	if err := sqlx.SelectContext(ctx, tx, &calls, m.sql(`SELECT calls FROM {s}.runs
 		WHERE batch_id = $1 AND status = 'running' FOR SHARE`), batchID); err != nil {
 		return ChunkState{}, false, fmt.Errorf("backfill: claim chunk of batch %d: %w", batchID, err)
 	}
-	if len(running) == 0 {
+	if len(calls) == 0 {
 		return ChunkState{}, false, nil
 	}
+	// An open chunk is read again once per later call of the run.
 	err := sqlx.SelectContext(ctx, tx, &rows, m.sql(`SELECT `+chunkColumns+` FROM {s}.chunks
-		WHERE batch_id = $1 AND status = 'pending' ORDER BY seq LIMIT 1 FOR UPDATE SKIP LOCKED`), batchID)
+		WHERE batch_id = $1 AND (status = 'pending' OR status = 'open' AND open_call < $2)
+		ORDER BY seq LIMIT 1 FOR UPDATE SKIP LOCKED`), batchID, calls[0])
 	if err != nil {
 		return ChunkState{}, false, fmt.Errorf("backfill: claim chunk of batch %d: %w", batchID, err)
 	}
@@ -460,11 +471,23 @@ func (m *PGManifest) CompleteChunk(ctx context.Context, tx sqlx.ExtContext, batc
 	if err := m.addExceptions(ctx, tx, batchID, r.Chunk.ID, exceptions); err != nil {
 		return fmt.Errorf("backfill: complete chunk %s: exceptions: %w", r.Chunk.ID, err)
 	}
-	res, err := tx.ExecContext(ctx, m.sql(`UPDATE {s}.chunks SET status = 'done', attempts = attempts + 1,
-		rows_read = $3, rows_inserted = $4, rows_updated = $5, rows_unchanged = $6, rows_rejected = $7, rows_deduplicated = $8,
-		started_at = $9, finished_at = $10, last_error = '', worker = $11
-		WHERE batch_id = $1 AND seq = $2 AND status IN ('pending', 'staged')`),
-		batchID, r.Chunk.Seq, r.Read, r.Inserted, r.Updated, r.Unchanged, r.Rejected, r.Deduplicated, r.StartedAt, r.FinishedAt, r.Worker)
+	// A chunk read before (open) adds this read's counts to its own; a
+	// staged chunk's rows_read and rows_rejected are this result's.
+	status := ChunkDone
+	if r.Open {
+		status = ChunkOpen
+	}
+	res, err := tx.ExecContext(ctx, m.sql(`UPDATE {s}.chunks SET status = $12, attempts = attempts + 1,
+		rows_read = $3 + CASE WHEN status = 'open' THEN rows_read ELSE 0 END,
+		rows_inserted = $4 + CASE WHEN status = 'open' THEN rows_inserted ELSE 0 END,
+		rows_updated = $5 + CASE WHEN status = 'open' THEN rows_updated ELSE 0 END,
+		rows_unchanged = $6 + CASE WHEN status = 'open' THEN rows_unchanged ELSE 0 END,
+		rows_rejected = $7 + CASE WHEN status = 'open' THEN rows_rejected ELSE 0 END,
+		rows_deduplicated = $8 + CASE WHEN status = 'open' THEN rows_deduplicated ELSE 0 END,
+		started_at = $9, finished_at = $10, last_error = '', worker = $11,
+		open_call = CASE WHEN $12 = 'open' THEN (SELECT calls FROM {s}.runs WHERE batch_id = $1) END
+		WHERE batch_id = $1 AND seq = $2 AND status IN ('pending', 'staged', 'open')`),
+		batchID, r.Chunk.Seq, r.Read, r.Inserted, r.Updated, r.Unchanged, r.Rejected, r.Deduplicated, r.StartedAt, r.FinishedAt, r.Worker, string(status))
 	if err != nil {
 		return fmt.Errorf("backfill: complete chunk %s: %w", r.Chunk.ID, err)
 	}
@@ -504,7 +527,10 @@ func (m *PGManifest) FailChunk(ctx context.Context, db sqlx.ExtContext, batchID 
 	if final {
 		status = ChunkFailed
 	}
-	_, err := db.ExecContext(ctx, m.sql(`UPDATE {s}.chunks SET attempts = attempts + 1, last_error = $3, status = $4
+	// An open chunk holds rows of earlier reads: it stays open (and
+	// claimable by the next call) whatever this attempt did.
+	_, err := db.ExecContext(ctx, m.sql(`UPDATE {s}.chunks SET attempts = attempts + 1, last_error = $3,
+		status = CASE WHEN status = 'open' THEN status ELSE $4 END
 		WHERE batch_id = $1 AND seq = $2 AND status <> 'done'`), batchID, seq, msg, string(status))
 	if err != nil {
 		return fmt.Errorf("backfill: record failure of chunk %d of batch %d: %w", seq, batchID, err)

@@ -28,6 +28,8 @@ type fakeRun struct {
 	plan        backfill.Plan
 	chunks      []backfill.ChunkState
 	locked      map[int]*Tx
+	calls       int         // calls that started or resumed the run
+	openCall    map[int]int // chunk Seq -> the call that left it open
 	exceptions  []backfill.Exception
 	validations []backfill.Validation
 }
@@ -119,6 +121,7 @@ func (m *Manifest) StartRun(ctx context.Context, db sqlx.ExtContext, plan backfi
 				}
 				prev.run.Status = backfill.RunRunning
 				prev.run.LastError = ""
+				prev.calls++
 				m.event(prev.run.BatchID, plan.Job, "run_resumed", worker)
 			}
 			return prev.run, true, nil
@@ -137,7 +140,7 @@ func (m *Manifest) StartRun(ctx context.Context, db sqlx.ExtContext, plan backfi
 		return backfill.Run{}, false, err
 	}
 	id := int64(len(m.runs) + 1)
-	r := &fakeRun{plan: plan, locked: map[int]*Tx{}}
+	r := &fakeRun{plan: plan, locked: map[int]*Tx{}, calls: 1, openCall: map[int]int{}}
 	r.run = backfill.Run{BatchID: id, Job: plan.Job, Source: plan.Source, CodeVersion: plan.CodeVersion,
 		Fingerprint: plan.Fingerprint, Plan: pj, Status: backfill.RunRunning, ChunksTotal: len(plan.Chunks),
 		Worker: worker, CreatedAt: time.Now(), Watermark: plan.Watermark}
@@ -183,7 +186,8 @@ func (m *Manifest) ClaimChunk(ctx context.Context, tx sqlx.ExtContext, batchID i
 		return backfill.ChunkState{}, false, nil
 	}
 	for i, c := range r.chunks {
-		if c.Status != backfill.ChunkPending {
+		// An open chunk is read again once per later call of the run.
+		if c.Status != backfill.ChunkPending && (c.Status != backfill.ChunkOpen || r.openCall[i] >= r.calls) {
 			continue
 		}
 		if owner, held := r.locked[i]; held && owner != ftx {
@@ -216,7 +220,8 @@ func (m *Manifest) CompleteChunk(ctx context.Context, tx sqlx.ExtContext, batchI
 	}
 	m.mu.Lock()
 	r, err := m.get(batchID)
-	if err == nil && (res.Chunk.Seq < 0 || res.Chunk.Seq >= len(r.chunks) || r.chunks[res.Chunk.Seq].Status != backfill.ChunkPending) {
+	if err == nil && (res.Chunk.Seq < 0 || res.Chunk.Seq >= len(r.chunks) ||
+		r.chunks[res.Chunk.Seq].Status != backfill.ChunkPending && r.chunks[res.Chunk.Seq].Status != backfill.ChunkOpen) {
 		err = fmt.Errorf("backfill: complete chunk %s of batch %d: chunk is not pending (completed by another worker?)", res.Chunk.ID, batchID)
 	}
 	m.mu.Unlock()
@@ -232,9 +237,19 @@ func (m *Manifest) CompleteChunk(ctx context.Context, tx sqlx.ExtContext, batchI
 		m.mu.Lock()
 		defer m.mu.Unlock()
 		c := &r.chunks[res.Chunk.Seq]
+		if c.Status == backfill.ChunkOpen {
+			// Read before: this read's counts add up.
+			c.Counts = c.Counts.Add(res.Counts)
+		} else {
+			c.Counts = res.Counts
+		}
 		c.Status = backfill.ChunkDone
+		delete(r.openCall, res.Chunk.Seq)
+		if res.Open {
+			c.Status = backfill.ChunkOpen
+			r.openCall[res.Chunk.Seq] = r.calls
+		}
 		c.Attempts++
-		c.Counts = res.Counts
 		st, fin := res.StartedAt, res.FinishedAt
 		c.StartedAt, c.FinishedAt, c.LastError, c.Worker = &st, &fin, "", res.Worker
 		r.exceptions = append(r.exceptions, ex...)
@@ -258,6 +273,9 @@ func (m *Manifest) FailChunk(ctx context.Context, db sqlx.ExtContext, batchID in
 	c := &r.chunks[seq]
 	c.Attempts++
 	c.LastError = msg
+	if c.Status == backfill.ChunkOpen {
+		return nil // it holds rows of its earlier reads
+	}
 	c.Status = backfill.ChunkPending
 	if final {
 		c.Status = backfill.ChunkFailed
