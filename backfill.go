@@ -461,9 +461,18 @@ type Report struct {
 	Warnings []string
 	// Elapsed is the wall time of this call.
 	Elapsed time.Duration
-	// ChecksPassed and ChecksFailed count the validation results recorded
-	// for the run ([Job.Validators]); FailedChecks names the failed ones,
-	// as "chunk: check: expected ..., got ...".
-	ChecksPassed, ChecksFailed int
-	FailedChecks               []string
+	// ChecksPassed and ChecksFailed count the verdicts of the run's
+	// validations ([Job.Validators]): one per chunk and check, the latest
+	// recorded, however often the chunk was judged (an attempt a gate
+	// rolled back, then a resume; an open chunk read again).
+	// FailedChecks names the failed ones, as "chunk: check: expected ...,
+	// got ...", with " (accepted)" for those an operator accepted
+	// ([Runner.AcceptGate]); ChecksAccepted counts these.
+	ChecksPassed, ChecksFailed, ChecksAccepted int
+	FailedChecks                               []string
+	// SupersededChecks names the failed results that a later judgment of
+	// the same chunk and check replaced, such as the gate failure of an
+	// attempt that rolled back before a resume, with the attempt number.
+	// They are evidence, not counted in ChecksPassed or ChecksFailed.
+	SupersededChecks []string
 }

@@ -248,6 +248,17 @@ func (r *Runner) Run(ctx context.Context, job Job) (Report, error) {
 	}
 	ex := &execution{r: r, job: job, info: info, plan: plan, batchID: run.BatchID, log: log, undoTable: undoTable, stageEnd: pmEnd,
 		watermark: plan.Watermark}
+	if run.Status == RunRunning {
+		warning, accepted, err := r.recordValidators(ctx, job, run.BatchID)
+		if err != nil {
+			return Report{}, fmt.Errorf("backfill: job %q batch %d: validators: %w", job.Name, run.BatchID, err)
+		}
+		if warning != "" {
+			log.Warn(warning)
+			warnings = append(warnings, warning)
+		}
+		ex.accepted = accepted
+	}
 	if run.Status != RunCompleted && run.Status != RunRolledBack {
 		ex.work(ctx)
 		if pmEnd != nil && len(ex.errs) == 0 {
@@ -326,14 +337,7 @@ func (r *Runner) report(ctx context.Context, run Run, resumed bool) (Report, err
 		if err != nil {
 			return rep, err
 		}
-		for _, v := range vs {
-			if v.Passed {
-				rep.ChecksPassed++
-				continue
-			}
-			rep.ChecksFailed++
-			rep.FailedChecks = append(rep.FailedChecks, fmt.Sprintf("%s: %s: expected %s, got %s", v.ChunkID, v.Check, v.Expected, v.Actual))
-		}
+		summarizeValidations(&rep, vs)
 	}
 	return rep, nil
 }
@@ -362,6 +366,9 @@ type execution struct {
 	// without Job.Watermark): with the time a chunk is read, the horizon
 	// after which a chunk is open.
 	watermark *time.Time
+	// accepted lists, per chunk ID, the failed checks operators accepted
+	// (Runner.AcceptGate).
+	accepted map[string][]string
 }
 
 // open reports whether chunk c, read at started, is still open: a time
@@ -533,12 +540,19 @@ func (ex *execution) next(ctx context.Context) bool {
 	}
 	var ge *gateError
 	if errors.As(err, &ge) {
-		// The chunk rolled back; keep its evidence and pause the run.
+		// The chunk rolled back; keep its evidence (results with their
+		// samples, the attempt's rejected rows) and pause the run, in one
+		// transaction of their own.
 		fctx := context.WithoutCancel(ctx)
-		ex.log.Warn("quality gate failed; run paused", "seq", ce.Chunk.Seq, "chunk", ce.Chunk.ID, "reason", ge.reason)
-		mv, _ := ex.r.cfg.Manifest.(ManifestValidations)
+		ex.log.Warn("quality gate failed; run paused", "seq", ce.Chunk.Seq, "chunk", ce.Chunk.ID, "attempt", ce.Attempt,
+			"reason", ge.reason, "rejected", len(ge.exceptions))
 		var perr error
-		if mv != nil {
+		if mg, ok := ex.r.cfg.Manifest.(ManifestGates); ok {
+			for i := range ge.exceptions {
+				ge.exceptions[i].BatchID = ex.batchID
+			}
+			perr = mg.RecordGateFailure(fctx, ex.r.db, ex.batchID, ce.Chunk.ID, ce.Attempt, ge.results, ge.exceptions, ge.reason)
+		} else if mv, ok := ex.r.cfg.Manifest.(ManifestValidations); ok {
 			perr = errors.Join(mv.AddValidations(fctx, ex.r.db, ex.batchID, ce.Chunk.ID, ge.results),
 				mv.PauseRun(fctx, ex.r.db, ex.batchID, fmt.Sprintf("chunk %s: %s", ce.Chunk.ID, ge.reason)))
 		}
@@ -591,6 +605,11 @@ func (ex *execution) runChunk(ctx context.Context) (res ChunkResult, claimed boo
 	if err != nil || !ok {
 		return res, false, 0, err
 	}
+	if ex.stopped() {
+		// A gate failed meanwhile (possibly on this very chunk, which its
+		// rollback released): claim nothing more until the run is paused.
+		return res, false, 0, nil
+	}
 	attempt = st.Attempts + 1
 	if st.Chunk.Seq < 0 || st.Chunk.Seq >= len(ex.plan.Chunks) || ex.plan.Chunks[st.Chunk.Seq].ID != st.Chunk.ID {
 		return res, true, attempt, &ChunkError{Chunk: st.Chunk, Attempt: attempt, Err: fmt.Errorf("manifest chunk %d %q is not in the plan", st.Chunk.Seq, st.Chunk.ID)}
@@ -627,6 +646,18 @@ func (ex *execution) runChunk(ctx context.Context) (res ChunkResult, claimed boo
 	if err != nil {
 		var ge *gateError
 		if errors.As(err, &ge) {
+			// No worker of this call claims another chunk (this one
+			// included, once it rolls back) before the run is paused.
+			ex.mu.Lock()
+			ex.stop = true
+			ex.mu.Unlock()
+			// The evidence outlives the rollback: the rows this attempt
+			// rejected go with the failed results (see next).
+			ge.exceptions = slices.Clone(w.exceptions)
+			for _, e := range mr.Rejected {
+				e.ChunkID = c.ID
+				ge.exceptions = append(ge.exceptions, e)
+			}
 			return res, true, attempt, &ChunkError{Chunk: c, Attempt: attempt, Err: ge}
 		}
 		return res, true, attempt, chunkErr(err)
@@ -910,10 +941,12 @@ func extractSafely(ctx context.Context, x Extractor, c Chunk, w RowWriter) (err 
 	return x.Extract(ctx, c, w)
 }
 
-// gateError is a failed quality gate: the reason and every check's result.
+// gateError is a failed quality gate: the reason, every check's result
+// and the exceptions of the attempt it rolled back.
 type gateError struct {
-	reason  string
-	results []CheckResult
+	reason     string
+	results    []CheckResult
+	exceptions []Exception
 }
 
 func (e *gateError) Error() string { return ErrGateFailed.Error() + ": " + e.reason }
@@ -999,8 +1032,14 @@ func (ex *execution) validate(ctx context.Context, tx sqlx.ExtContext, c Chunk, 
 		if err != nil {
 			return nil, fmt.Errorf("validate: %w", err)
 		}
+		if !cr.Passed && cr.Severity == SeverityError && slices.Contains(ex.accepted[c.ID], cr.Check) {
+			// An operator accepted this check's failure for this chunk.
+			cr.Accepted = true
+			ex.log.Warn("quality gate failed, accepted by operator", "seq", c.Seq, "chunk", c.ID, "check", cr.Check,
+				"expected", cr.Expected, "actual", cr.Actual)
+		}
 		checks = append(checks, cr)
-		if !cr.Passed && cr.Severity == SeverityError && gate == "" {
+		if !cr.Passed && cr.Severity == SeverityError && !cr.Accepted && gate == "" {
 			gate = fmt.Sprintf("%s: expected %s, got %s", cr.Check, cr.Expected, cr.Actual)
 		}
 	}

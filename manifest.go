@@ -164,8 +164,13 @@ type Exception struct {
 	// Value is the offending value as text.
 	Value string `db:"value" json:"value"`
 	// Reason says why the row was not loaded.
-	Reason    string    `db:"reason" json:"reason"`
-	CreatedAt time.Time `db:"created_at" json:"created_at"`
+	Reason string `db:"reason" json:"reason"`
+	// FailedAttempt is 0 for the exception queue, and the attempt number
+	// for a row of a chunk attempt that a failed quality gate rolled back:
+	// such rows are evidence ([ManifestGates.FailedAttemptExceptions]),
+	// not part of the queue, since the chunk is read again.
+	FailedAttempt int       `db:"failed_attempt" json:"failed_attempt,omitempty"`
+	CreatedAt     time.Time `db:"created_at" json:"created_at"`
 }
 
 // Manifest is the durable ledger of runs, chunks and the exception queue.

@@ -28,6 +28,7 @@ var (
 	_ Manifest            = (*PGManifest)(nil)
 	_ ManifestAudit       = (*PGManifest)(nil)
 	_ ManifestValidations = (*PGManifest)(nil)
+	_ ManifestGates       = (*PGManifest)(nil)
 )
 
 // NewPGManifest returns a PostgreSQL manifest in schema ("" means
@@ -190,6 +191,13 @@ ALTER TABLE {s}.chunks DROP CONSTRAINT chunks_status_check;
 ALTER TABLE {s}.chunks ADD CONSTRAINT chunks_status_check CHECK (status IN ('pending', 'staged', 'done', 'open', 'failed', 'rolled_back'));
 ALTER TABLE {s}.chunks ADD COLUMN open_call int;
 ALTER TABLE {s}.runs ADD COLUMN calls int NOT NULL DEFAULT 1;
+`,
+	// 9: the evidence of chunk attempts that a failed quality gate rolled
+	// back, kept outside them; failed checks an operator accepted.
+	`
+ALTER TABLE {s}.exceptions ADD COLUMN failed_attempt int;
+ALTER TABLE {s}.validations ADD COLUMN failed_attempt int;
+ALTER TABLE {s}.validations ADD COLUMN accepted boolean NOT NULL DEFAULT false;
 `,
 }
 
@@ -498,6 +506,12 @@ func (m *PGManifest) CompleteChunk(ctx context.Context, tx sqlx.ExtContext, batc
 }
 
 func (m *PGManifest) addExceptions(ctx context.Context, tx sqlx.ExtContext, batchID int64, chunkID string, ex []Exception) error {
+	return m.addExceptionsOf(ctx, tx, batchID, chunkID, ex, sql.NullInt64{})
+}
+
+// addExceptionsOf appends ex to the queue, or, when failedAttempt is set,
+// as the evidence of that rolled back attempt.
+func (m *PGManifest) addExceptionsOf(ctx context.Context, tx sqlx.ExtContext, batchID int64, chunkID string, ex []Exception, failedAttempt sql.NullInt64) error {
 	const batch = 5000
 	for len(ex) > 0 {
 		part := ex[:min(batch, len(ex))]
@@ -511,9 +525,9 @@ func (m *PGManifest) addExceptions(ctx context.Context, tx sqlx.ExtContext, batc
 				raws[i] = sql.NullString{String: string(e.Raw), Valid: true}
 			}
 		}
-		_, err := tx.ExecContext(ctx, m.sql(`INSERT INTO {s}.exceptions (batch_id, chunk_id, row_number, raw, column_name, value, reason)
-			SELECT $1, $2, u.* FROM unnest($3::bigint[], $4::jsonb[], $5::text[], $6::text[], $7::text[]) AS u`),
-			batchID, chunkID, pq.Array(rowsN), pq.Array(raws), pq.Array(cols), pq.Array(vals), pq.Array(reasons))
+		_, err := tx.ExecContext(ctx, m.sql(`INSERT INTO {s}.exceptions (batch_id, chunk_id, row_number, raw, column_name, value, reason, failed_attempt)
+			SELECT $1, $2, u.*, $8 FROM unnest($3::bigint[], $4::jsonb[], $5::text[], $6::text[], $7::text[]) AS u`),
+			batchID, chunkID, pq.Array(rowsN), pq.Array(raws), pq.Array(cols), pq.Array(vals), pq.Array(reasons), failedAttempt)
 		if err != nil {
 			return err
 		}
@@ -602,7 +616,7 @@ func (m *PGManifest) Exceptions(ctx context.Context, db sqlx.ExtContext, batchID
 	err := sqlx.SelectContext(ctx, db, &rows, m.sql(`SELECT e.batch_id, e.chunk_id, e.row_number, e.raw::text AS raw_text,
 		e.column_name, e.value, e.reason, e.created_at
 		FROM {s}.exceptions e JOIN {s}.chunks c ON c.batch_id = e.batch_id AND c.chunk_id = e.chunk_id
-		WHERE e.batch_id = $1 ORDER BY c.seq, e.row_number, e.id`), batchID)
+		WHERE e.batch_id = $1 AND e.failed_attempt IS NULL ORDER BY c.seq, e.row_number, e.id`), batchID)
 	if err != nil {
 		return nil, fmt.Errorf("backfill: exceptions of batch %d: %w", batchID, err)
 	}
@@ -689,6 +703,10 @@ func (m *PGManifest) LatestRun(ctx context.Context, db sqlx.ExtContext, job stri
 
 // AddValidations implements [ManifestValidations.AddValidations].
 func (m *PGManifest) AddValidations(ctx context.Context, db sqlx.ExtContext, batchID int64, chunkID string, results []CheckResult) error {
+	return m.addValidations(ctx, db, batchID, chunkID, results, sql.NullInt64{})
+}
+
+func (m *PGManifest) addValidations(ctx context.Context, db sqlx.ExtContext, batchID int64, chunkID string, results []CheckResult, failedAttempt sql.NullInt64) error {
 	for _, r := range results {
 		sample, err := json.Marshal(r.Sample)
 		if err != nil {
@@ -701,8 +719,9 @@ func (m *PGManifest) AddValidations(ctx context.Context, db sqlx.ExtContext, bat
 		if len(r.Detail) > 0 {
 			detail = sql.NullString{String: string(r.Detail), Valid: true}
 		}
-		_, err = db.ExecContext(ctx, m.sql(`INSERT INTO {s}.validations (batch_id, chunk_id, check_name, severity, passed, expected, actual, sample, detail)
-			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)`), batchID, chunkID, r.Check, string(r.Severity), r.Passed, r.Expected, r.Actual, string(sample), detail)
+		_, err = db.ExecContext(ctx, m.sql(`INSERT INTO {s}.validations (batch_id, chunk_id, check_name, severity, passed, expected, actual, sample, detail, failed_attempt, accepted)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)`), batchID, chunkID, r.Check, string(r.Severity), r.Passed, r.Expected, r.Actual, string(sample), detail,
+			failedAttempt, r.Accepted)
 		if err != nil {
 			return fmt.Errorf("backfill: record validation %s of chunk %s: %w", r.Check, chunkID, err)
 		}
@@ -722,16 +741,18 @@ func (m *PGManifest) Validations(ctx context.Context, db sqlx.ExtContext, batchI
 		Sample    string         `db:"sample"`
 		Detail    sql.NullString `db:"detail"`
 		CreatedAt time.Time      `db:"created_at"`
+		Failed    sql.NullInt64  `db:"failed_attempt"`
+		Accepted  bool           `db:"accepted"`
 	}
 	err := sqlx.SelectContext(ctx, db, &rows, m.sql(`SELECT chunk_id, check_name, severity, passed, expected, actual,
-		sample::text AS sample, detail::text AS detail, created_at FROM {s}.validations WHERE batch_id = $1 ORDER BY id`), batchID)
+		sample::text AS sample, detail::text AS detail, created_at, failed_attempt, accepted FROM {s}.validations WHERE batch_id = $1 ORDER BY id`), batchID)
 	if err != nil {
 		return nil, fmt.Errorf("backfill: validations of batch %d: %w", batchID, err)
 	}
 	out := make([]Validation, len(rows))
 	for i, r := range rows {
-		v := Validation{BatchID: batchID, ChunkID: r.ChunkID, CreatedAt: r.CreatedAt,
-			CheckResult: CheckResult{Check: r.Check, Severity: Severity(r.Severity), Passed: r.Passed, Expected: r.Expected, Actual: r.Actual}}
+		v := Validation{BatchID: batchID, ChunkID: r.ChunkID, CreatedAt: r.CreatedAt, FailedAttempt: int(r.Failed.Int64),
+			CheckResult: CheckResult{Check: r.Check, Severity: Severity(r.Severity), Passed: r.Passed, Expected: r.Expected, Actual: r.Actual, Accepted: r.Accepted}}
 		if err := json.Unmarshal([]byte(r.Sample), &v.Sample); err != nil {
 			return nil, err
 		}
@@ -739,6 +760,55 @@ func (m *PGManifest) Validations(ctx context.Context, db sqlx.ExtContext, batchI
 			v.Detail = json.RawMessage(r.Detail.String)
 		}
 		out[i] = v
+	}
+	return out, nil
+}
+
+// RecordGateFailure implements [ManifestGates.RecordGateFailure] in one
+// transaction of its own: the results and exceptions of the rolled back
+// attempt, marked with its number, the pause and its event commit
+// together or not at all.
+func (m *PGManifest) RecordGateFailure(ctx context.Context, db sqlx.ExtContext, batchID int64, chunkID string, attempt int, results []CheckResult, exceptions []Exception, reason string) error {
+	failed := sql.NullInt64{Int64: int64(attempt), Valid: true}
+	err := inTx(ctx, db, func(tx sqlx.ExtContext) error {
+		if err := m.addValidations(ctx, tx, batchID, chunkID, results, failed); err != nil {
+			return err
+		}
+		if err := m.addExceptionsOf(ctx, tx, batchID, chunkID, exceptions, failed); err != nil {
+			return err
+		}
+		// The attempt counts: the next one has the next number.
+		if _, err := tx.ExecContext(ctx, m.sql(`UPDATE {s}.chunks SET attempts = attempts + 1, last_error = $3
+			WHERE batch_id = $1 AND chunk_id = $2 AND status <> 'done'`), batchID, chunkID, "quality gate failed: "+reason); err != nil {
+			return err
+		}
+		return m.PauseRun(ctx, tx, batchID, fmt.Sprintf("chunk %s: %s", chunkID, reason))
+	})
+	if err != nil {
+		return fmt.Errorf("backfill: record failed gate of chunk %s of batch %d: %w", chunkID, batchID, err)
+	}
+	return nil
+}
+
+// FailedAttemptExceptions implements [ManifestGates.FailedAttemptExceptions].
+func (m *PGManifest) FailedAttemptExceptions(ctx context.Context, db sqlx.ExtContext, batchID int64) ([]Exception, error) {
+	var rows []struct {
+		Exception
+		RawText sql.NullString `db:"raw_text"`
+	}
+	err := sqlx.SelectContext(ctx, db, &rows, m.sql(`SELECT e.batch_id, e.chunk_id, e.row_number, e.raw::text AS raw_text,
+		e.column_name, e.value, e.reason, e.created_at, e.failed_attempt
+		FROM {s}.exceptions e JOIN {s}.chunks c ON c.batch_id = e.batch_id AND c.chunk_id = e.chunk_id
+		WHERE e.batch_id = $1 AND e.failed_attempt IS NOT NULL ORDER BY c.seq, e.failed_attempt, e.row_number, e.id`), batchID)
+	if err != nil {
+		return nil, fmt.Errorf("backfill: exceptions of failed attempts of batch %d: %w", batchID, err)
+	}
+	out := make([]Exception, len(rows))
+	for i, r := range rows {
+		out[i] = r.Exception
+		if r.RawText.Valid {
+			out[i].Raw = json.RawMessage(r.RawText.String)
+		}
 	}
 	return out, nil
 }

@@ -32,12 +32,16 @@ type fakeRun struct {
 	openCall    map[int]int // chunk Seq -> the call that left it open
 	exceptions  []backfill.Exception
 	validations []backfill.Validation
+	// failedExceptions are the exceptions of attempts a failed gate
+	// rolled back (RecordGateFailure).
+	failedExceptions []backfill.Exception
 }
 
 var (
 	_ backfill.Manifest            = (*Manifest)(nil)
 	_ backfill.ManifestAudit       = (*Manifest)(nil)
 	_ backfill.ManifestValidations = (*Manifest)(nil)
+	_ backfill.ManifestGates       = (*Manifest)(nil)
 )
 
 // NewManifest returns an empty in-memory manifest.
@@ -379,6 +383,66 @@ func (m *Manifest) Validations(ctx context.Context, db sqlx.ExtContext, batchID 
 		return nil, err
 	}
 	return slices.Clone(r.validations), nil
+}
+
+// RecordGateFailure implements [backfill.ManifestGates.RecordGateFailure]:
+// the results, the exceptions and the pause are applied together.
+func (m *Manifest) RecordGateFailure(ctx context.Context, db sqlx.ExtContext, batchID int64, chunkID string, attempt int,
+	results []backfill.CheckResult, exceptions []backfill.Exception, reason string) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	r, err := m.get(batchID)
+	if err != nil {
+		return err
+	}
+	now := time.Now()
+	for _, cr := range results {
+		r.validations = append(r.validations, backfill.Validation{CheckResult: cr, BatchID: batchID, ChunkID: chunkID, CreatedAt: now, FailedAttempt: attempt})
+	}
+	for _, e := range exceptions {
+		e.BatchID, e.ChunkID, e.CreatedAt, e.FailedAttempt = batchID, chunkID, now, attempt
+		r.failedExceptions = append(r.failedExceptions, e)
+	}
+	for i := range r.chunks {
+		if c := &r.chunks[i]; c.Chunk.ID == chunkID && c.Status != backfill.ChunkDone {
+			c.Attempts++
+			c.LastError = "quality gate failed: " + reason
+		}
+	}
+	if r.run.Status == backfill.RunRunning || r.run.Status == backfill.RunFailed {
+		r.run.Status, r.run.LastError = backfill.RunPaused, fmt.Sprintf("chunk %s: %s", chunkID, reason)
+		m.event(batchID, r.run.Job, "run_paused", "")
+	}
+	return nil
+}
+
+// FailedAttemptExceptions implements
+// [backfill.ManifestGates.FailedAttemptExceptions].
+func (m *Manifest) FailedAttemptExceptions(ctx context.Context, db sqlx.ExtContext, batchID int64) ([]backfill.Exception, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	r, err := m.get(batchID)
+	if err != nil {
+		return nil, err
+	}
+	seq := map[string]int{}
+	for _, c := range r.chunks {
+		seq[c.Chunk.ID] = c.Chunk.Seq
+	}
+	out := slices.Clone(r.failedExceptions)
+	slices.SortStableFunc(out, func(a, b backfill.Exception) int {
+		if d := seq[a.ChunkID] - seq[b.ChunkID]; d != 0 {
+			return d
+		}
+		if d := a.FailedAttempt - b.FailedAttempt; d != 0 {
+			return d
+		}
+		return int(a.Row - b.Row)
+	})
+	return out, nil
 }
 
 // PauseRun implements [backfill.ManifestValidations.PauseRun].
