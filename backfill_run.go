@@ -443,8 +443,17 @@ func (ex *execution) publish(ctx context.Context, pm *PGManifest) {
 	var ce *ChunkError
 	if errors.As(err, &ge) {
 		fctx := context.WithoutCancel(ctx)
-		ce = &ChunkError{Err: ge}
-		perr := pm.PauseRun(fctx, ex.r.db, ex.batchID, "publish: "+ge.reason)
+		var perr error
+		if errors.As(err, &ce) && ce.Chunk.ID != "" {
+			// The publish rolled back: keep the chunk's evidence.
+			for i := range ge.exceptions {
+				ge.exceptions[i].BatchID = ex.batchID
+			}
+			perr = pm.RecordGateFailure(fctx, ex.r.db, ex.batchID, ce.Chunk.ID, ce.Attempt, ge.results, ge.exceptions, "publish: "+ge.reason)
+		} else {
+			ce = &ChunkError{Err: ge}
+			perr = pm.PauseRun(fctx, ex.r.db, ex.batchID, "publish: "+ge.reason)
+		}
 		ex.fail(ce, perr)
 		return
 	}

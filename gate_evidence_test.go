@@ -334,3 +334,41 @@ func TestKillDashNineWhileRecordingGateEvidence(t *testing.T) {
 	require.Len(t, fx, 2)
 	require.Equal(t, 4, rep.ChunksDone, "chunks 0-3 done; the killed attempt left chunk 4 to judge again")
 }
+
+// TestGateEvidenceSurvivesPublishAtEnd: a gate that fails while a run
+// published at its end merges keeps its evidence too, outside the
+// publish it rolled back.
+func TestGateEvidenceSurvivesPublishAtEnd(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t)
+	_, err := db.Exec(`CREATE TABLE orders (id bigint PRIMARY KEY, amount bigint NOT NULL,
+		backfill_inserted_by bigint, backfill_updated_by bigint)`)
+	require.NoError(t, err)
+	job := atEndJob(false)
+	job.Validators = []backfill.Validator{backfill.ValidatorFunc(func(ctx context.Context, tx sqlx.ExtContext, sc backfill.ValidationScope) (backfill.CheckResult, error) {
+		ok := sc.Chunk.Lo != 100
+		var sample []string
+		if !ok {
+			sample = []string{"(100)"}
+		}
+		return backfill.CheckResult{Check: "no_chunk_100", Severity: backfill.SeverityError, Passed: ok, Expected: "not 100", Actual: fmt.Sprint(sc.Chunk.Lo), Sample: sample}, nil
+	})}
+	r, err := backfill.New(db, nil)
+	require.NoError(t, err)
+	rep, err := r.Run(ctx, job)
+	require.ErrorIs(t, err, backfill.ErrGateFailed)
+	require.Equal(t, backfill.RunPaused, rep.Status)
+	vs, err := backfill.NewPGManifest("").Validations(ctx, db, rep.BatchID)
+	require.NoError(t, err)
+	var failed []string
+	for _, v := range vs {
+		if !v.Passed {
+			failed = append(failed, fmt.Sprintf("%s %s %v attempt %d", v.ChunkID, v.Check, v.Sample, v.FailedAttempt))
+		}
+	}
+	require.Equal(t, []string{"int:100/120 no_chunk_100 [(100)] attempt 1"}, failed)
+	var n int
+	require.NoError(t, db.Get(&n, `SELECT count(*) FROM orders`))
+	require.Zero(t, n, "nothing published")
+}
