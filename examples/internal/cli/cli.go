@@ -178,7 +178,7 @@ func (l *Ledger) Summarize(out io.Writer, rep backfill.Report, p *Progress, f Su
 	retried := 0
 	for _, s := range l.States {
 		byStatus[s.Status]++
-		if s.Status == backfill.ChunkDone {
+		if s.Status == backfill.ChunkDone || s.Status == backfill.ChunkOpen {
 			total = total.Add(s.Counts)
 		}
 		if s.Attempts > 1 {
@@ -194,6 +194,9 @@ func (l *Ledger) Summarize(out io.Writer, rep backfill.Report, p *Progress, f Su
 		l.Run.BatchID, l.Run.Job, l.Run.Status, rep.Resumed, created.Format(time.RFC3339))
 	fmt.Fprintf(out, "  chunks     %d total: %d done, %d pending, %d failed",
 		len(l.States), byStatus[backfill.ChunkDone], byStatus[backfill.ChunkPending], byStatus[backfill.ChunkFailed])
+	if n := byStatus[backfill.ChunkOpen]; n > 0 {
+		fmt.Fprintf(out, ", %d open (ending after the watermark or now: the next run reads them again)", n)
+	}
 	if f.Retried {
 		fmt.Fprintf(out, "; %d needed more than one attempt", retried)
 	}
