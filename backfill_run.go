@@ -158,6 +158,13 @@ func (j Job) validate() error {
 // progress and returns a [*PartialError]; the run's status is failed.
 // When ctx is done, chunks in progress roll back and stay pending; the
 // returned *PartialError wraps ctx.Err() and the run stays resumable.
+//
+// A time chunk that ends after the horizon (the watermark of
+// [Job.Watermark] taken by this call, or the moment the chunk is read) is
+// loaded but left [ChunkOpen]: Run returns with the run still running,
+// Report.ChunksOpen and OpenChunks say which, and the next call reads them
+// again. Report.Warnings (also logged) flags a scope that reaches into the
+// future and a date ChunkColumn under a watermark.
 func (r *Runner) Run(ctx context.Context, job Job) (Report, error) {
 	begin := time.Now()
 	if err := job.validate(); err != nil {
