@@ -45,10 +45,10 @@ type Publish struct {
 	View string
 	// LockTimeout bounds the wait for the parent's lock when swapping a
 	// partition (PublishPartitionSwap), as a PostgreSQL interval; on
-	// timeout the chunk is retried (55P03 is retryable). It also bounds
-	// each try of the view switch of PublishVersionedView, which waits for
-	// readers' transactions on the view while new readers queue behind it.
-	// Default "5s".
+	// timeout the chunk is retried (55P03 is retryable); default "5s".
+	// It also bounds each try of the view switch of PublishVersionedView,
+	// which waits for readers' transactions on the view while new readers
+	// of the view queue behind it; default "1s" there.
 	LockTimeout string
 	// LockRetries is how many times the view switch of
 	// PublishVersionedView is tried when LockTimeout expires, pausing
@@ -174,7 +174,7 @@ func (r *Runner) publishVersion(ctx context.Context, job Job, run Run, table str
 		return false, fmt.Errorf("backfill: publish job %q: %w: the manifest has no audit log", job.Name, ErrUnsupported)
 	}
 	version := versionTable(table, run.BatchID)
-	timeout := cmpOr(job.Publish.LockTimeout, "5s")
+	timeout := cmpOr(job.Publish.LockTimeout, "1s")
 	tries := cmpOr(job.Publish.LockRetries, DefaultPublishLockRetries)
 	for try := 1; ; try++ {
 		switched := false
