@@ -178,6 +178,7 @@ func (r *Runner) publishVersion(ctx context.Context, job Job, run Run, table str
 	tries := cmpOr(job.Publish.LockRetries, DefaultPublishLockRetries)
 	for try := 1; ; try++ {
 		switched := false
+		var blocking string // what pg_blocking_pids said during the last try
 		err := inTx(ctx, r.db, func(tx sqlx.ExtContext) error {
 			if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock(hashtextextended('backfill.view:' || $1, 0))`, job.Publish.View); err != nil {
 				return err
@@ -189,10 +190,19 @@ func (r *Runner) publishVersion(ctx context.Context, job Job, run Run, table str
 			if previous == version {
 				return nil
 			}
-			if _, err := tx.ExecContext(ctx, `SELECT set_config('lock_timeout', $1, true)`, timeout); err != nil {
+			var pid int
+			if err := sqlx.GetContext(ctx, tx, &pid, `SELECT pg_backend_pid() FROM set_config('lock_timeout', $1, true)`, timeout); err != nil {
 				return err
 			}
-			if _, err := tx.ExecContext(ctx, fmt.Sprintf(`CREATE OR REPLACE VIEW %s AS SELECT * FROM %s`, sqlgen.Table(job.Publish.View), sqlgen.Table(version))); err != nil {
+			var watch func() string
+			if try >= tries {
+				watch = watchBlockers(ctx, r.db, pid)
+			}
+			_, err = tx.ExecContext(ctx, fmt.Sprintf(`CREATE OR REPLACE VIEW %s AS SELECT * FROM %s`, sqlgen.Table(job.Publish.View), sqlgen.Table(version)))
+			if watch != nil {
+				blocking = watch()
+			}
+			if err != nil {
 				return fmt.Errorf("backfill: publish job %q: switch view %s: %w", job.Name, job.Publish.View, err)
 			}
 			switched = true
@@ -207,7 +217,10 @@ func (r *Runner) publishVersion(ctx context.Context, job Job, run Run, table str
 			return false, err
 		}
 		if try >= tries {
-			blockers := lockHolders(context.WithoutCancel(ctx), r.db, job.Publish.View)
+			blockers := blocking
+			if blockers == "" {
+				blockers = lockHolders(context.WithoutCancel(ctx), r.db, job.Publish.View)
+			}
 			return false, fmt.Errorf("backfill: publish job %q batch %d: %w: view %s not switched to %s after %d tries with lock_timeout %s; held by %s; the run is completed but unpublished: run the job again to publish it",
 				job.Name, run.BatchID, ErrPublishBlocked, job.Publish.View, version, try, timeout, blockers)
 		}
@@ -220,11 +233,42 @@ func (r *Runner) publishVersion(ctx context.Context, job Job, run Run, table str
 	}
 }
 
-// lockHolders describes the other sessions that hold a lock on relation
-// rel (pg_locks joined to pg_stat_activity, PostgreSQL docs 54.12 and
-// 27.2.3): the sessions pg_blocking_pids would name for a waiter on an
-// ACCESS EXCLUSIVE lock of rel.
-func lockHolders(ctx context.Context, db sqlx.ExtContext, rel string) string {
+// watchBlockers polls, while session pid waits for a lock, the sessions
+// that block it (pg_blocking_pids, PostgreSQL docs 9.27.1, joined to
+// pg_stat_activity); the returned stop function ends the polling and
+// describes the last blockers seen ("" if none were).
+func watchBlockers(ctx context.Context, db sqlx.ExtContext, pid int) (stop func() string) {
+	done := make(chan struct{})
+	result := make(chan string, 1)
+	go func() {
+		last := ""
+		defer func() { result <- last }()
+		tick := time.NewTicker(10 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+			if s := describeSessions(ctx, db, `SELECT b.pid, coalesce(a.application_name, '') AS app, coalesce(a.state, '') AS state,
+				'' AS mode, coalesce(a.query, '') AS query
+				FROM unnest(pg_blocking_pids($1)) AS b(pid) JOIN pg_stat_activity a ON a.pid = b.pid ORDER BY b.pid`, pid); s != "" {
+				last = s
+			}
+		}
+	}()
+	return func() string {
+		close(done)
+		return <-result
+	}
+}
+
+// describeSessions runs q (columns pid, app, state, mode, query) and
+// describes the sessions it returns, "" for none or on error.
+func describeSessions(ctx context.Context, db sqlx.ExtContext, q string, args ...any) string {
 	var rows []struct {
 		PID   int    `db:"pid"`
 		App   string `db:"app"`
@@ -232,16 +276,8 @@ func lockHolders(ctx context.Context, db sqlx.ExtContext, rel string) string {
 		Mode  string `db:"mode"`
 		Query string `db:"query"`
 	}
-	err := sqlx.SelectContext(ctx, db, &rows, `SELECT DISTINCT a.pid, coalesce(a.application_name, '') AS app,
-		coalesce(a.state, '') AS state, l.mode, coalesce(a.query, '') AS query
-		FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
-		WHERE l.locktype = 'relation' AND l.relation = to_regclass($1) AND l.granted AND l.pid <> pg_backend_pid()
-		ORDER BY a.pid`, sqlgen.Table(rel))
-	if err != nil {
-		return fmt.Sprintf("unknown sessions (%v)", err)
-	}
-	if len(rows) == 0 {
-		return "sessions that have since released it"
+	if err := sqlx.SelectContext(ctx, db, &rows, q, args...); err != nil || len(rows) == 0 {
+		return ""
 	}
 	parts := make([]string, len(rows))
 	for i, h := range rows {
@@ -249,9 +285,29 @@ func lockHolders(ctx context.Context, db sqlx.ExtContext, rel string) string {
 		if len(q) > 200 {
 			q = q[:200] + "..."
 		}
-		parts[i] = fmt.Sprintf("pid %d (application_name %q, %s, %s, query %q)", h.PID, h.App, h.State, h.Mode, q)
+		what := h.State
+		if h.Mode != "" {
+			what += ", holding " + h.Mode
+		}
+		parts[i] = fmt.Sprintf("pid %d (application_name %q, %s, query %q)", h.PID, h.App, what, q)
 	}
 	return strings.Join(parts, ", ")
+}
+
+// lockHolders describes the other sessions that hold a lock on relation
+// rel (pg_locks joined to pg_stat_activity, PostgreSQL docs 54.12 and
+// 27.2.3): the sessions pg_blocking_pids would name for a waiter on an
+// ACCESS EXCLUSIVE lock of rel.
+func lockHolders(ctx context.Context, db sqlx.ExtContext, rel string) string {
+	s := describeSessions(ctx, db, `SELECT DISTINCT a.pid, coalesce(a.application_name, '') AS app,
+		coalesce(a.state, '') AS state, l.mode, coalesce(a.query, '') AS query
+		FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+		WHERE l.locktype = 'relation' AND l.relation = to_regclass($1) AND l.granted AND l.pid <> pg_backend_pid()
+		ORDER BY a.pid`, sqlgen.Table(rel))
+	if s == "" {
+		return "sessions that have since released it"
+	}
+	return s
 }
 
 // switchBack points the view of a versioned-view batch back to the version

@@ -104,6 +104,7 @@ func TestPublishVersionWaitsBoundedBehindReader(t *testing.T) {
 	})
 	rep, err := r.Run(ctx, job2)
 	require.ErrorIs(t, err, backfill.ErrPublishBlocked)
+	t.Log(err)
 	require.Contains(t, err.Error(), "long_report", "the error names the blocking session")
 	require.Contains(t, err.Error(), "SELECT count(*) FROM orders_current")
 	require.Contains(t, err.Error(), "after 2 tries")
