@@ -237,8 +237,12 @@ type Job struct {
 	// Validators check every chunk after its merge, before its checkpoint,
 	// in its transaction; their evidence goes to the manifest. A failed
 	// check of [SeverityError] is a quality gate: the chunk rolls back and
-	// the run pauses until [Runner.Resume]. See validate_pg.go for the
-	// PostgreSQL checks.
+	// the run pauses until [Runner.Resume] (or [Runner.AcceptGate], which
+	// accepts the failure for that chunk); the failed attempt's evidence is
+	// kept (see [ManifestGates]). Validators are not part of the plan:
+	// changing them between calls of a run does not refuse it, but each
+	// change is an audit event ([EventValidatorsChanged]) and a report
+	// warning. See validate_pg.go for the PostgreSQL checks.
 	Validators []Validator
 	// Publish says when rows become visible to readers; the zero value
 	// publishes each chunk as it commits. See [PublishVersionedView].
