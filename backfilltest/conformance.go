@@ -253,6 +253,43 @@ func TestManifest(t *testing.T, newManifest func(t *testing.T) (backfill.Manifes
 		require.Equal(t, backfill.RunCompleted, r.Status)
 	})
 
+	t.Run("GateEvidenceOutsideTheQueue", func(t *testing.T) {
+		m, db := setup(t)
+		mg, ok := m.(backfill.ManifestGates)
+		mv, ok2 := m.(backfill.ManifestValidations)
+		if !ok || !ok2 {
+			t.Skip("the manifest keeps no gate evidence")
+		}
+		p := plan(t, "job", "v1", 20)
+		run, _, err := m.StartRun(ctx, db, p, "w", false)
+		require.NoError(t, err)
+		failed := backfill.CheckResult{Check: "c", Severity: backfill.SeverityError, Expected: "0", Actual: "2", Sample: []string{"(1)", "(2)"}}
+		bad := []backfill.Exception{{Row: 3, Raw: []byte(`{"id": 3}`), Column: "v", Value: "x", Reason: "bad"}}
+		require.NoError(t, mg.RecordGateFailure(ctx, db, run.BatchID, "int:0/10", 1, []backfill.CheckResult{failed}, bad, "c: expected 0, got 2"))
+		r, err := m.(backfill.ManifestAudit).LatestRun(ctx, db, "job")
+		require.NoError(t, err)
+		require.Equal(t, backfill.RunPaused, r.Status)
+		chunks, err := m.Chunks(ctx, db, run.BatchID)
+		require.NoError(t, err)
+		require.Equal(t, backfill.ChunkPending, chunks[0].Status)
+		require.Equal(t, 1, chunks[0].Attempts, "the rolled back attempt counts")
+		vs, err := mv.Validations(ctx, db, run.BatchID)
+		require.NoError(t, err)
+		require.Len(t, vs, 1)
+		require.Equal(t, 1, vs[0].FailedAttempt)
+		require.Equal(t, []string{"(1)", "(2)"}, vs[0].Sample)
+		fx, err := mg.FailedAttemptExceptions(ctx, db, run.BatchID)
+		require.NoError(t, err)
+		require.Len(t, fx, 1)
+		require.Equal(t, 1, fx[0].FailedAttempt)
+		require.Equal(t, "int:0/10", fx[0].ChunkID)
+		require.Equal(t, "bad", fx[0].Reason)
+		require.JSONEq(t, `{"id": 3}`, string(fx[0].Raw))
+		queue, err := m.Exceptions(ctx, db, run.BatchID)
+		require.NoError(t, err)
+		require.Empty(t, queue, "evidence is not in the exception queue")
+	})
+
 	t.Run("AuditLogAndWatermark", func(t *testing.T) {
 		m, db := setup(t)
 		audit, ok := m.(backfill.ManifestAudit)
