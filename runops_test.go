@@ -203,6 +203,9 @@ func TestOpenDayIsNotClosedForGood(t *testing.T) {
 	src.add(3, today.Add(time.Microsecond)) // added later today
 	rep, err = r.Run(ctx, job)
 	require.NoError(t, err)
+	if !time.Now().UTC().Truncate(24 * time.Hour).Equal(today) {
+		t.Skip("the test ran across midnight UTC: today's chunk has closed")
+	}
 	require.True(t, rep.Resumed)
 	require.Equal(t, 1, rep.ChunksRun, "only the open chunk is read again")
 	require.Equal(t, []int64{1, 2, 3}, eventIDs(t, db), "the row added later today is loaded")
