@@ -48,7 +48,8 @@ type Publish struct {
 	// timeout the chunk is retried (55P03 is retryable); default "5s".
 	// It also bounds each try of the view switch of PublishVersionedView,
 	// which waits for readers' transactions on the view while new readers
-	// of the view queue behind it; default "1s" there.
+	// of the view queue behind it; default "200ms" there, so that they
+	// wait at most that long.
 	LockTimeout string
 	// LockRetries is how many times the view switch of
 	// PublishVersionedView is tried when LockTimeout expires, pausing
@@ -60,7 +61,7 @@ type Publish struct {
 }
 
 // DefaultPublishLockRetries is the default of [Publish.LockRetries].
-const DefaultPublishLockRetries = 5
+const DefaultPublishLockRetries = 10
 
 func (p Publish) String() string {
 	if p.Mode == PublishPerChunk {
@@ -174,7 +175,7 @@ func (r *Runner) publishVersion(ctx context.Context, job Job, run Run, table str
 		return false, fmt.Errorf("backfill: publish job %q: %w: the manifest has no audit log", job.Name, ErrUnsupported)
 	}
 	version := versionTable(table, run.BatchID)
-	timeout := cmpOr(job.Publish.LockTimeout, "1s")
+	timeout := cmpOr(job.Publish.LockTimeout, "200ms")
 	tries := cmpOr(job.Publish.LockRetries, DefaultPublishLockRetries)
 	for try := 1; ; try++ {
 		switched := false
