@@ -237,8 +237,12 @@ type Job struct {
 	// Validators check every chunk after its merge, before its checkpoint,
 	// in its transaction; their evidence goes to the manifest. A failed
 	// check of [SeverityError] is a quality gate: the chunk rolls back and
-	// the run pauses until [Runner.Resume]. See validate_pg.go for the
-	// PostgreSQL checks.
+	// the run pauses until [Runner.Resume] (or [Runner.AcceptGate], which
+	// accepts the failure for that chunk); the failed attempt's evidence is
+	// kept (see [ManifestGates]). Validators are not part of the plan:
+	// changing them between calls of a run does not refuse it, but each
+	// change is an audit event ([EventValidatorsChanged]) and a report
+	// warning. See validate_pg.go for the PostgreSQL checks.
 	Validators []Validator
 	// Publish says when rows become visible to readers; the zero value
 	// publishes each chunk as it commits. See [PublishVersionedView].
@@ -254,9 +258,14 @@ type Job struct {
 	// [SeverityError] check, until [Runner.Resume]. 0 disables it. The
 	// per-chunk rate is [CheckExceptionRate].
 	MaxRunRejectRate float64
-	// Watermark, if set, is asked for the source's high-water mark when a
-	// run is created; the manifest records it, and [Runner.Handoff] rescans
-	// from it. See [SafetyLag] and [PGSourceWatermark].
+	// Watermark, if set, is asked for the source's high-water mark at
+	// each call of [Runner.Run]; the manifest records the one taken when
+	// the run is created, and [Runner.Handoff] rescans from it. A time
+	// chunk whose end lies after the watermark (or after the time it is
+	// read, with or without a watermark) is loaded but left [ChunkOpen]
+	// and read again by the next call: the run completes only once every
+	// chunk has ended before the horizon. See [SafetyLag] and
+	// [PGSourceWatermark].
 	Watermark Watermarker
 }
 
@@ -419,6 +428,12 @@ type ChunkResult struct {
 	Worker string
 	// StartedAt and FinishedAt bound the successful attempt.
 	StartedAt, FinishedAt time.Time
+	// Open is true when the chunk is a time chunk whose end lies after
+	// the run's horizon (the watermark of [Job.Watermark] taken by this
+	// call, or StartedAt when earlier or without one): rows of its
+	// interval may still arrive, so it is checkpointed as [ChunkOpen] and
+	// read again by the next call instead of being final.
+	Open bool
 }
 
 // Report summarises a run as recorded in the manifest.
@@ -432,16 +447,36 @@ type Report struct {
 	// Resumed is true when this call continued an existing run.
 	Resumed bool
 	// ChunksTotal is the number of chunks in the plan; ChunksDone how many
-	// are completed (by this call or earlier ones); ChunksRun how many this
-	// call completed.
+	// are completed for good (by this call or earlier ones); ChunksRun how
+	// many this call checkpointed (done or open).
 	ChunksTotal, ChunksDone, ChunksRun int
-	// Counts sums every completed chunk of the run (not only this call's).
+	// ChunksOpen counts the chunks checkpointed as [ChunkOpen]: loaded,
+	// but ending after the run's horizon (watermark or now), so not final;
+	// OpenChunks lists their IDs. The next call reads them again; until
+	// then the run is not completed (Status stays running).
+	ChunksOpen int
+	OpenChunks []string
+	// Counts sums every checkpointed (done or open) chunk of the run (not
+	// only this call's).
 	Counts Counts
+	// Warnings says what in the job may lose or hold back rows, e.g. a
+	// scope that reaches into the future, or a date-typed ChunkColumn
+	// used with a watermark. Each is also logged.
+	Warnings []string
 	// Elapsed is the wall time of this call.
 	Elapsed time.Duration
-	// ChecksPassed and ChecksFailed count the validation results recorded
-	// for the run ([Job.Validators]); FailedChecks names the failed ones,
-	// as "chunk: check: expected ..., got ...".
-	ChecksPassed, ChecksFailed int
-	FailedChecks               []string
+	// ChecksPassed and ChecksFailed count the verdicts of the run's
+	// validations ([Job.Validators]): one per chunk and check, the latest
+	// recorded, however often the chunk was judged (an attempt a gate
+	// rolled back, then a resume; an open chunk read again).
+	// FailedChecks names the failed ones, as "chunk: check: expected ...,
+	// got ...", with " (accepted)" for those an operator accepted
+	// ([Runner.AcceptGate]); ChecksAccepted counts these.
+	ChecksPassed, ChecksFailed, ChecksAccepted int
+	FailedChecks                               []string
+	// SupersededChecks names the failed results that a later judgment of
+	// the same chunk and check replaced, such as the gate failure of an
+	// attempt that rolled back before a resume, with the attempt number.
+	// They are evidence, not counted in ChecksPassed or ChecksFailed.
+	SupersededChecks []string
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 )
 
@@ -36,7 +37,9 @@ type HandoffOptions struct {
 // reporting period from event time).
 //
 // The watermark is the one recorded by the latest completed run of job
-// ([Job.Watermark]); without one Handoff returns [ErrNoWatermark]. The
+// ([Job.Watermark]), or of its latest running run whose only unfinished
+// chunks are open ([ChunkOpen]: they end after the watermark, which is
+// what the rescan covers); without one Handoff returns [ErrNoWatermark]. The
 // rescan runs as its own run, job name job.Name+"/handoff", and a
 // "handoff" event with the watermark, interval and rescan's batch ID and
 // counts is appended to the backfill's audit log. The Manifest must
@@ -52,7 +55,15 @@ func (r *Runner) Handoff(ctx context.Context, job Job, opts HandoffOptions) (Rep
 	if err := r.cfg.Manifest.Init(ctx, r.db); err != nil {
 		return Report{}, err
 	}
-	run, err := audit.LatestRun(ctx, r.db, job.Name, RunCompleted)
+	run, err := audit.LatestRun(ctx, r.db, job.Name, RunCompleted, RunRunning)
+	if err == nil && run.Status == RunRunning {
+		// Loaded up to its open chunks, which end after the watermark.
+		var states []ChunkState
+		if states, err = r.cfg.Manifest.Chunks(ctx, r.db, run.BatchID); err == nil &&
+			slices.ContainsFunc(states, func(s ChunkState) bool { return s.Status != ChunkDone && s.Status != ChunkOpen }) {
+			err = ErrRunNotFound
+		}
+	}
 	if errors.Is(err, ErrRunNotFound) {
 		return Report{}, fmt.Errorf("backfill: handoff of job %q: %w (no completed run)", job.Name, ErrNoWatermark)
 	}

@@ -3,7 +3,10 @@ package backfill
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"strings"
+	"time"
 
 	"github.com/jmoiron/sqlx"
 	"github.com/lib/pq"
@@ -42,9 +45,23 @@ type Publish struct {
 	View string
 	// LockTimeout bounds the wait for the parent's lock when swapping a
 	// partition (PublishPartitionSwap), as a PostgreSQL interval; on
-	// timeout the chunk is retried (55P03 is retryable). Default "5s".
+	// timeout the chunk is retried (55P03 is retryable); default "5s".
+	// It also bounds each try of the view switch of PublishVersionedView,
+	// which waits for readers' transactions on the view while new readers
+	// of the view queue behind it; default "200ms" there, so that they
+	// wait at most that long.
 	LockTimeout string
+	// LockRetries is how many times the view switch of
+	// PublishVersionedView is tried when LockTimeout expires, pausing
+	// 100ms, 200ms, ... (at most 5s) in between; new readers read the old
+	// version meanwhile. After the last try the run returns an error
+	// wrapping [ErrPublishBlocked] naming the blocking sessions. 0 means
+	// [DefaultPublishLockRetries].
+	LockRetries int
 }
+
+// DefaultPublishLockRetries is the default of [Publish.LockRetries].
+const DefaultPublishLockRetries = 10
 
 func (p Publish) String() string {
 	if p.Mode == PublishPerChunk {
@@ -139,30 +156,159 @@ func (r *Runner) prepareVersion(ctx context.Context, job Job, info TableInfo, ba
 
 // publishVersion switches the view to the batch's version in one
 // transaction and records it ("published", with the previous version) in
-// the audit log; it does nothing when the view already reads it.
-func (r *Runner) publishVersion(ctx context.Context, job Job, run Run, table string) error {
+// the audit log; it does nothing, and reports false, when the view already
+// reads it.
+//
+// CREATE OR REPLACE VIEW needs an ACCESS EXCLUSIVE lock on the view, which
+// waits for every transaction that read the view, and every new reader of
+// the view queues behind that wait. So the switch waits at most
+// [Publish.LockTimeout] (lock_timeout, local to its transaction) and is
+// tried [Publish.LockRetries] times with a growing pause in between, while
+// readers go on reading the old version. When every try timed out it
+// returns an error wrapping [ErrPublishBlocked] that names the sessions
+// holding a lock on the view (pid, application_name, state, query); the
+// run stays completed and unpublished, and running the job again publishes
+// it.
+func (r *Runner) publishVersion(ctx context.Context, job Job, run Run, table string) (bool, error) {
 	audit, ok := r.cfg.Manifest.(ManifestAudit)
 	if !ok {
-		return fmt.Errorf("backfill: publish job %q: %w: the manifest has no audit log", job.Name, ErrUnsupported)
+		return false, fmt.Errorf("backfill: publish job %q: %w: the manifest has no audit log", job.Name, ErrUnsupported)
 	}
 	version := versionTable(table, run.BatchID)
-	return inTx(ctx, r.db, func(tx sqlx.ExtContext) error {
-		if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock(hashtextextended('backfill.view:' || $1, 0))`, job.Publish.View); err != nil {
-			return err
+	timeout := cmpOr(job.Publish.LockTimeout, "200ms")
+	tries := cmpOr(job.Publish.LockRetries, DefaultPublishLockRetries)
+	for try := 1; ; try++ {
+		switched := false
+		var blocking string // what pg_blocking_pids said during the last try
+		err := inTx(ctx, r.db, func(tx sqlx.ExtContext) error {
+			if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock(hashtextextended('backfill.view:' || $1, 0))`, job.Publish.View); err != nil {
+				return err
+			}
+			previous, err := viewSource(ctx, tx, job.Publish.View)
+			if err != nil {
+				return err
+			}
+			if previous == version {
+				return nil
+			}
+			var pid int
+			if err := sqlx.GetContext(ctx, tx, &pid, `SELECT pg_backend_pid() FROM set_config('lock_timeout', $1, true)`, timeout); err != nil {
+				return err
+			}
+			var watch func() string
+			if try >= tries {
+				watch = watchBlockers(ctx, r.db, pid)
+			}
+			_, err = tx.ExecContext(ctx, fmt.Sprintf(`CREATE OR REPLACE VIEW %s AS SELECT * FROM %s`, sqlgen.Table(job.Publish.View), sqlgen.Table(version)))
+			if watch != nil {
+				blocking = watch()
+			}
+			if err != nil {
+				return fmt.Errorf("backfill: publish job %q: switch view %s: %w", job.Name, job.Publish.View, err)
+			}
+			switched = true
+			detail, _ := json.Marshal(map[string]string{"view": job.Publish.View, "version": version, "previous": previous})
+			return audit.RecordEvent(ctx, tx, Event{BatchID: run.BatchID, Job: job.Name, Kind: "published", Actor: r.cfg.WorkerID, Detail: detail})
+		})
+		if err == nil {
+			return switched, nil
 		}
-		previous, err := viewSource(ctx, tx, job.Publish.View)
-		if err != nil {
-			return err
+		var pe *pq.Error
+		if !errors.As(err, &pe) || pe.Code != "55P03" {
+			return false, err
 		}
-		if previous == version {
-			return nil
+		if try >= tries {
+			blockers := blocking
+			if blockers == "" {
+				blockers = lockHolders(context.WithoutCancel(ctx), r.db, job.Publish.View)
+			}
+			return false, fmt.Errorf("backfill: publish job %q batch %d: %w: view %s not switched to %s after %d tries with lock_timeout %s; held by %s; the run is completed but unpublished: run the job again to publish it",
+				job.Name, run.BatchID, ErrPublishBlocked, job.Publish.View, version, try, timeout, blockers)
 		}
-		if _, err := tx.ExecContext(ctx, fmt.Sprintf(`CREATE OR REPLACE VIEW %s AS SELECT * FROM %s`, sqlgen.Table(job.Publish.View), sqlgen.Table(version))); err != nil {
-			return fmt.Errorf("backfill: publish job %q: switch view %s: %w", job.Name, job.Publish.View, err)
+		r.cfg.Logger.Warn("publish: view locked by readers; retrying", "job", job.Name, "batch_id", run.BatchID, "view", job.Publish.View, "try", try, "lock_timeout", timeout)
+		select {
+		case <-ctx.Done():
+			return false, ctx.Err()
+		case <-time.After(min(100*time.Millisecond<<(try-1), 5*time.Second)):
 		}
-		detail, _ := json.Marshal(map[string]string{"view": job.Publish.View, "version": version, "previous": previous})
-		return audit.RecordEvent(ctx, tx, Event{BatchID: run.BatchID, Job: job.Name, Kind: "published", Actor: r.cfg.WorkerID, Detail: detail})
-	})
+	}
+}
+
+// watchBlockers polls, while session pid waits for a lock, the sessions
+// that block it (pg_blocking_pids, PostgreSQL docs 9.27.1, joined to
+// pg_stat_activity); the returned stop function ends the polling and
+// describes the last blockers seen ("" if none were).
+func watchBlockers(ctx context.Context, db sqlx.ExtContext, pid int) (stop func() string) {
+	done := make(chan struct{})
+	result := make(chan string, 1)
+	go func() {
+		last := ""
+		defer func() { result <- last }()
+		tick := time.NewTicker(10 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+			if s := describeSessions(ctx, db, `SELECT b.pid, coalesce(a.application_name, '') AS app, coalesce(a.state, '') AS state,
+				'' AS mode, coalesce(a.query, '') AS query
+				FROM unnest(pg_blocking_pids($1)) AS b(pid) JOIN pg_stat_activity a ON a.pid = b.pid ORDER BY b.pid`, pid); s != "" {
+				last = s
+			}
+		}
+	}()
+	return func() string {
+		close(done)
+		return <-result
+	}
+}
+
+// describeSessions runs q (columns pid, app, state, mode, query) and
+// describes the sessions it returns, "" for none or on error.
+func describeSessions(ctx context.Context, db sqlx.ExtContext, q string, args ...any) string {
+	var rows []struct {
+		PID   int    `db:"pid"`
+		App   string `db:"app"`
+		State string `db:"state"`
+		Mode  string `db:"mode"`
+		Query string `db:"query"`
+	}
+	if err := sqlx.SelectContext(ctx, db, &rows, q, args...); err != nil || len(rows) == 0 {
+		return ""
+	}
+	parts := make([]string, len(rows))
+	for i, h := range rows {
+		q := h.Query
+		if len(q) > 200 {
+			q = q[:200] + "..."
+		}
+		what := h.State
+		if h.Mode != "" {
+			what += ", holding " + h.Mode
+		}
+		parts[i] = fmt.Sprintf("pid %d (application_name %q, %s, query %q)", h.PID, h.App, what, q)
+	}
+	return strings.Join(parts, ", ")
+}
+
+// lockHolders describes the other sessions that hold a lock on relation
+// rel (pg_locks joined to pg_stat_activity, PostgreSQL docs 54.12 and
+// 27.2.3): the sessions pg_blocking_pids would name for a waiter on an
+// ACCESS EXCLUSIVE lock of rel.
+func lockHolders(ctx context.Context, db sqlx.ExtContext, rel string) string {
+	s := describeSessions(ctx, db, `SELECT DISTINCT a.pid, coalesce(a.application_name, '') AS app,
+		coalesce(a.state, '') AS state, l.mode, coalesce(a.query, '') AS query
+		FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+		WHERE l.locktype = 'relation' AND l.relation = to_regclass($1) AND l.granted AND l.pid <> pg_backend_pid()
+		ORDER BY a.pid`, sqlgen.Table(rel))
+	if s == "" {
+		return "sessions that have since released it"
+	}
+	return s
 }
 
 // switchBack points the view of a versioned-view batch back to the version

@@ -3,6 +3,7 @@ package backfill
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -180,6 +181,15 @@ func (ex *execution) publishAtEnd(ctx context.Context, pm *PGManifest) ([]ChunkR
 				return &ChunkError{Chunk: c, Attempt: 1, Err: fmt.Errorf("%w: %+v", ErrAccounting, res.Counts)}
 			}
 			if checks, err := ex.validate(ctx, tx, c, info, st, res.Counts); err != nil {
+				var ge *gateError
+				if errors.As(err, &ge) {
+					// Kept outside the rolled back publish (Execution.publish).
+					for _, e := range mr.Rejected {
+						e.ChunkID = c.ID
+						ge.exceptions = append(ge.exceptions, e)
+					}
+					return &ChunkError{Chunk: c, Attempt: 1, Err: ge}
+				}
 				return err
 			} else if len(checks) > 0 {
 				if err := pm.AddValidations(ctx, tx, ex.batchID, c.ID, checks); err != nil {

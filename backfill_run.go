@@ -145,9 +145,11 @@ func (j Job) validate() error {
 //
 // The first call creates a run (a batch ID) in the manifest. A later call
 // with the same job name and the same plan resumes it: completed chunks
-// are never extracted again, failed chunks are retried. A completed plan
-// is not run again (the Report says so) unless [Job.NewRun]. A changed plan
-// returns [ErrPlanChanged] unless [Job.NewRun].
+// are never extracted again, failed chunks are retried. A completed (or
+// rolled back) plan is not run again unless [Job.NewRun]: Run then does
+// nothing, logs it and returns the run's Report with an error wrapping
+// [ErrAlreadyCompleted] (Report.Resumed is false). A changed plan returns
+// [ErrPlanChanged] unless [Job.NewRun].
 //
 // Each chunk runs in one transaction: claim, extract, COPY into staging,
 // merge, exception queue, checkpoint, commit. Retryable errors
@@ -156,6 +158,13 @@ func (j Job) validate() error {
 // progress and returns a [*PartialError]; the run's status is failed.
 // When ctx is done, chunks in progress roll back and stay pending; the
 // returned *PartialError wraps ctx.Err() and the run stays resumable.
+//
+// A time chunk that ends after the horizon (the watermark of
+// [Job.Watermark] taken by this call, or the moment the chunk is read) is
+// loaded but left [ChunkOpen]: Run returns with the run still running,
+// Report.ChunksOpen and OpenChunks say which, and the next call reads them
+// again. Report.Warnings (also logged) flags a scope that reaches into the
+// future and a date ChunkColumn under a watermark.
 func (r *Runner) Run(ctx context.Context, job Job) (Report, error) {
 	begin := time.Now()
 	if err := job.validate(); err != nil {
@@ -209,15 +218,27 @@ func (r *Runner) Run(ctx context.Context, job Job) (Report, error) {
 		wm = truncMicro(wm)
 		plan.Watermark = &wm
 	}
+	warnings, err := openScope(job, info, chunks, plan.Watermark, time.Now())
+	if err != nil {
+		return Report{}, err
+	}
 	run, resumed, err := m.StartRun(ctx, r.db, plan, r.cfg.WorkerID, job.NewRun)
 	if err != nil {
 		return Report{}, err
 	}
+	// Only a run that goes on working is resumed: a completed, rolled back
+	// or paused run is returned as it is.
+	resumed = resumed && run.Status == RunRunning
+	finished := run.Status == RunCompleted || run.Status == RunRolledBack
 	log := r.cfg.Logger.With("job", job.Name, "batch_id", run.BatchID)
 	log.Info("backfill run", "resumed", resumed, "status", run.Status, "chunks", len(chunks), "fingerprint", plan.Fingerprint[:12])
+	for _, w := range warnings {
+		log.Warn(w)
+	}
 
 	if run.Status == RunPaused {
 		rep, err := r.report(ctx, run, resumed)
+		rep.Warnings = warnings
 		return rep, errors.Join(err, fmt.Errorf("backfill: job %q batch %d: %w: %s; resume it with Runner.Resume", job.Name, run.BatchID, ErrRunPaused, run.LastError))
 	}
 	target := info.Target.Table
@@ -238,7 +259,19 @@ func (r *Runner) Run(ctx context.Context, job Job) (Report, error) {
 			}
 		}
 	}
-	ex := &execution{r: r, job: job, info: info, plan: plan, batchID: run.BatchID, log: log, undoTable: undoTable, deliveredTable: deliveredTable, stageEnd: pmEnd}
+	ex := &execution{r: r, job: job, info: info, plan: plan, batchID: run.BatchID, log: log, undoTable: undoTable, deliveredTable: deliveredTable, stageEnd: pmEnd,
+		watermark: plan.Watermark}
+	if run.Status == RunRunning {
+		warning, accepted, err := r.recordValidators(ctx, job, run.BatchID)
+		if err != nil {
+			return Report{}, fmt.Errorf("backfill: job %q batch %d: validators: %w", job.Name, run.BatchID, err)
+		}
+		if warning != "" {
+			log.Warn(warning)
+			warnings = append(warnings, warning)
+		}
+		ex.accepted = accepted
+	}
 	if run.Status != RunCompleted && run.Status != RunRolledBack {
 		ex.work(ctx)
 		if pmEnd != nil && len(ex.errs) == 0 {
@@ -263,16 +296,33 @@ func (r *Runner) Run(ctx context.Context, job Job) (Report, error) {
 	if run.Status == RunAbandoned {
 		runErr = errors.Join(runErr, fmt.Errorf("backfill: job %q batch %d: %w", job.Name, run.BatchID, ErrRunAbandoned))
 	}
+	published := false
 	if run.Status == RunCompleted && job.Publish.Mode == PublishVersionedView {
-		// Idempotent: a crash between completion and the switch publishes
-		// on the next call.
-		if err := r.publishVersion(fctx, job, run, target); err != nil {
-			return Report{}, errors.Join(runErr, err)
+		// Idempotent: a crash between completion and the switch, or a
+		// switch that gave up behind a reader's lock, publishes on the
+		// next call.
+		if published, err = r.publishVersion(fctx, job, run, target); err != nil {
+			rep, rerr := r.report(fctx, run, resumed)
+			rep.ChunksRun = len(ex.done)
+			rep.Elapsed = time.Since(begin)
+			rep.Warnings = warnings
+			return rep, errors.Join(runErr, err, rerr)
 		}
+	}
+	if finished && !published {
+		// Nothing completes silently: a second call on a finished plan did
+		// nothing, and says so.
+		log.Warn("backfill run already "+string(run.Status)+"; nothing done; set Job.NewRun to restate", "status", run.Status)
+		runErr = errors.Join(runErr, fmt.Errorf("%w: job %q batch %d is %s", ErrAlreadyCompleted, job.Name, run.BatchID, run.Status))
 	}
 	rep, err := r.report(fctx, run, resumed)
 	rep.ChunksRun = len(ex.done)
 	rep.Elapsed = time.Since(begin)
+	rep.Warnings = warnings
+	if rep.ChunksOpen > 0 {
+		log.Warn("backfill run not complete: chunks end after the horizon (watermark or now) and are open; the next run reads them again",
+			"chunks_open", rep.ChunksOpen, "open", rep.OpenChunks)
+	}
 	log.Info("backfill run ended", "status", rep.Status, "chunks_done", rep.ChunksDone, "chunks_total", rep.ChunksTotal,
 		"chunks_run", rep.ChunksRun, "rows_read", rep.Counts.Read, "elapsed", rep.Elapsed)
 	return rep, errors.Join(runErr, err)
@@ -285,8 +335,13 @@ func (r *Runner) report(ctx context.Context, run Run, resumed bool) (Report, err
 		return rep, err
 	}
 	for _, s := range states {
-		if s.Status == ChunkDone {
+		switch s.Status {
+		case ChunkDone:
 			rep.ChunksDone++
+			rep.Counts = rep.Counts.Add(s.Counts)
+		case ChunkOpen:
+			rep.ChunksOpen++
+			rep.OpenChunks = append(rep.OpenChunks, s.Chunk.ID)
 			rep.Counts = rep.Counts.Add(s.Counts)
 		}
 	}
@@ -295,14 +350,7 @@ func (r *Runner) report(ctx context.Context, run Run, resumed bool) (Report, err
 		if err != nil {
 			return rep, err
 		}
-		for _, v := range vs {
-			if v.Passed {
-				rep.ChecksPassed++
-				continue
-			}
-			rep.ChecksFailed++
-			rep.FailedChecks = append(rep.FailedChecks, fmt.Sprintf("%s: %s: expected %s, got %s", v.ChunkID, v.Check, v.Expected, v.Actual))
-		}
+		summarizeValidations(&rep, vs)
 	}
 	return rep, nil
 }
@@ -330,6 +378,68 @@ type execution struct {
 	// stageEnd is the manifest whose schema holds the run's staging table
 	// when the job publishes at the end (nil otherwise).
 	stageEnd *PGManifest
+	// watermark is the source's high-water mark taken by this call (nil
+	// without Job.Watermark): with the time a chunk is read, the horizon
+	// after which a chunk is open.
+	watermark *time.Time
+	// accepted lists, per chunk ID, the failed checks operators accepted
+	// (Runner.AcceptGate).
+	accepted map[string][]string
+}
+
+// open reports whether chunk c, read at started, is still open: a time
+// chunk whose end lies after the horizon, the earlier of the watermark
+// and started. Rows of its interval may still arrive in the source.
+func (ex *execution) open(c Chunk, started time.Time) bool {
+	if c.Kind != KindTime {
+		return false
+	}
+	return c.End.After(started) || ex.watermark != nil && c.End.After(*ex.watermark)
+}
+
+// openScope returns the warnings about a scope that reaches past the
+// horizon (now, or the watermark wm) and about a date-typed ChunkColumn
+// under a watermark. Publish modes that cannot read a chunk twice
+// (PublishAtEnd, PublishPartitionSwap) refuse chunks that end after the
+// horizon with [ErrInvalidScope].
+func openScope(job Job, info TableInfo, chunks []Chunk, wm *time.Time, now time.Time) ([]string, error) {
+	var warnings []string
+	if job.Watermark != nil && job.ChunkColumn != "" {
+		for _, col := range info.Columns[:info.Written] {
+			if col.Name == job.ChunkColumn && col.BaseType == "date" {
+				warnings = append(warnings, fmt.Sprintf("ChunkColumn %q is a date while the job has a watermark: a date does not say when on its day a row was added, so rows added later on a day the watermark has reached can be missed; "+
+					"chunk on a timestamp column, or let each day's chunk end before the watermark", job.ChunkColumn))
+			}
+		}
+	}
+	var last *Chunk
+	for i := range chunks {
+		if chunks[i].Kind == KindTime && (last == nil || chunks[i].End.After(last.End)) {
+			last = &chunks[i]
+		}
+	}
+	if last == nil {
+		return warnings, nil
+	}
+	horizon, what := now, "now"
+	if wm != nil && wm.Before(now) {
+		horizon, what = *wm, "the source watermark"
+	}
+	if !last.End.After(horizon) {
+		return warnings, nil
+	}
+	if job.Publish.Mode == PublishAtEnd || job.Publish.Mode == PublishPartitionSwap {
+		return nil, fmt.Errorf("backfill: job %q: %w: the scope ends at %s, after %s (%s); publish mode %s cannot read a chunk twice: end the scope at or before %s",
+			job.Name, ErrInvalidScope, last.End.Format(time.RFC3339Nano), what, horizon.Format(time.RFC3339Nano), job.Publish.Mode, horizon.Format(time.RFC3339Nano))
+	}
+	if last.End.After(now) {
+		warnings = append(warnings, fmt.Sprintf("the scope reaches into the future: it ends at %s, after now (%s); chunks that end after the horizon are loaded but left open, not final, and the next run reads them again",
+			last.End.Format(time.RFC3339Nano), now.Format(time.RFC3339Nano)))
+	} else {
+		warnings = append(warnings, fmt.Sprintf("the scope ends at %s, after the source watermark (%s); chunks that end after it are loaded but left open, not final, and the next run reads them again",
+			last.End.Format(time.RFC3339Nano), horizon.Format(time.RFC3339Nano)))
+	}
+	return warnings, nil
 }
 
 // publish runs the end-of-run publish and records its outcome like chunks'.
@@ -349,8 +459,17 @@ func (ex *execution) publish(ctx context.Context, pm *PGManifest) {
 	var ce *ChunkError
 	if errors.As(err, &ge) {
 		fctx := context.WithoutCancel(ctx)
-		ce = &ChunkError{Err: ge}
-		perr := pm.PauseRun(fctx, ex.r.db, ex.batchID, "publish: "+ge.reason)
+		var perr error
+		if errors.As(err, &ce) && ce.Chunk.ID != "" {
+			// The publish rolled back: keep the chunk's evidence.
+			for i := range ge.exceptions {
+				ge.exceptions[i].BatchID = ex.batchID
+			}
+			perr = pm.RecordGateFailure(fctx, ex.r.db, ex.batchID, ce.Chunk.ID, ce.Attempt, ge.results, ge.exceptions, "publish: "+ge.reason)
+		} else {
+			ce = &ChunkError{Err: ge}
+			perr = pm.PauseRun(fctx, ex.r.db, ex.batchID, "publish: "+ge.reason)
+		}
 		ex.fail(ce, perr)
 		return
 	}
@@ -418,7 +537,11 @@ func (ex *execution) next(ctx context.Context) bool {
 		ex.mu.Lock()
 		ex.done = append(ex.done, res.Chunk.ID)
 		ex.mu.Unlock()
-		ex.log.Info("chunk done", "seq", res.Chunk.Seq, "chunk", res.Chunk.ID, "read", res.Read, "inserted", res.Inserted,
+		if res.Open {
+			ex.log.Warn("chunk open: it ends after the horizon (watermark or now); loaded, not final, read again by the next run",
+				"seq", res.Chunk.Seq, "chunk", res.Chunk.ID, "read", res.Read, "inserted", res.Inserted)
+		}
+		ex.log.Info("chunk done", "seq", res.Chunk.Seq, "open", res.Open, "chunk", res.Chunk.ID, "read", res.Read, "inserted", res.Inserted,
 			"updated", res.Updated, "unchanged", res.Unchanged, "rejected", res.Rejected, "deduplicated", res.Deduplicated,
 			"duration", res.FinishedAt.Sub(res.StartedAt))
 		if h := ex.r.cfg.Hooks; h != nil {
@@ -442,12 +565,19 @@ func (ex *execution) next(ctx context.Context) bool {
 	}
 	var ge *gateError
 	if errors.As(err, &ge) {
-		// The chunk rolled back; keep its evidence and pause the run.
+		// The chunk rolled back; keep its evidence (results with their
+		// samples, the attempt's rejected rows) and pause the run, in one
+		// transaction of their own.
 		fctx := context.WithoutCancel(ctx)
-		ex.log.Warn("quality gate failed; run paused", "seq", ce.Chunk.Seq, "chunk", ce.Chunk.ID, "reason", ge.reason)
-		mv, _ := ex.r.cfg.Manifest.(ManifestValidations)
+		ex.log.Warn("quality gate failed; run paused", "seq", ce.Chunk.Seq, "chunk", ce.Chunk.ID, "attempt", ce.Attempt,
+			"reason", ge.reason, "rejected", len(ge.exceptions))
 		var perr error
-		if mv != nil {
+		if mg, ok := ex.r.cfg.Manifest.(ManifestGates); ok {
+			for i := range ge.exceptions {
+				ge.exceptions[i].BatchID = ex.batchID
+			}
+			perr = mg.RecordGateFailure(fctx, ex.r.db, ex.batchID, ce.Chunk.ID, ce.Attempt, ge.results, ge.exceptions, ge.reason)
+		} else if mv, ok := ex.r.cfg.Manifest.(ManifestValidations); ok {
 			perr = errors.Join(mv.AddValidations(fctx, ex.r.db, ex.batchID, ce.Chunk.ID, ge.results),
 				mv.PauseRun(fctx, ex.r.db, ex.batchID, fmt.Sprintf("chunk %s: %s", ce.Chunk.ID, ge.reason)))
 		}
@@ -500,6 +630,11 @@ func (ex *execution) runChunk(ctx context.Context) (res ChunkResult, claimed boo
 	if err != nil || !ok {
 		return res, false, 0, err
 	}
+	if ex.stopped() {
+		// A gate failed meanwhile (possibly on this very chunk, which its
+		// rollback released): claim nothing more until the run is paused.
+		return res, false, 0, nil
+	}
 	attempt = st.Attempts + 1
 	if st.Chunk.Seq < 0 || st.Chunk.Seq >= len(ex.plan.Chunks) || ex.plan.Chunks[st.Chunk.Seq].ID != st.Chunk.ID {
 		return res, true, attempt, &ChunkError{Chunk: st.Chunk, Attempt: attempt, Err: fmt.Errorf("manifest chunk %d %q is not in the plan", st.Chunk.Seq, st.Chunk.ID)}
@@ -536,6 +671,18 @@ func (ex *execution) runChunk(ctx context.Context) (res ChunkResult, claimed boo
 	if err != nil {
 		var ge *gateError
 		if errors.As(err, &ge) {
+			// No worker of this call claims another chunk (this one
+			// included, once it rolls back) before the run is paused.
+			ex.mu.Lock()
+			ex.stop = true
+			ex.mu.Unlock()
+			// The evidence outlives the rollback: the rows this attempt
+			// rejected go with the failed results (see next).
+			ge.exceptions = slices.Clone(w.exceptions)
+			for _, e := range mr.Rejected {
+				e.ChunkID = c.ID
+				ge.exceptions = append(ge.exceptions, e)
+			}
 			return res, true, attempt, &ChunkError{Chunk: c, Attempt: attempt, Err: ge}
 		}
 		return res, true, attempt, chunkErr(err)
@@ -579,6 +726,7 @@ func (ex *execution) runChunk(ctx context.Context) (res ChunkResult, claimed boo
 			return res, true, attempt, chunkErr(err)
 		}
 	}
+	res.Open = ex.open(c, started)
 	if err := r.cfg.Manifest.CompleteChunk(ctx, tx, ex.batchID, res, w.exceptions); err != nil {
 		return res, true, attempt, chunkErr(err)
 	}
@@ -818,10 +966,12 @@ func extractSafely(ctx context.Context, x Extractor, c Chunk, w RowWriter) (err 
 	return x.Extract(ctx, c, w)
 }
 
-// gateError is a failed quality gate: the reason and every check's result.
+// gateError is a failed quality gate: the reason, every check's result
+// and the exceptions of the attempt it rolled back.
 type gateError struct {
-	reason  string
-	results []CheckResult
+	reason     string
+	results    []CheckResult
+	exceptions []Exception
 }
 
 func (e *gateError) Error() string { return ErrGateFailed.Error() + ": " + e.reason }
@@ -907,8 +1057,14 @@ func (ex *execution) validate(ctx context.Context, tx sqlx.ExtContext, c Chunk, 
 		if err != nil {
 			return nil, fmt.Errorf("validate: %w", err)
 		}
+		if !cr.Passed && cr.Severity == SeverityError && slices.Contains(ex.accepted[c.ID], cr.Check) {
+			// An operator accepted this check's failure for this chunk.
+			cr.Accepted = true
+			ex.log.Warn("quality gate failed, accepted by operator", "seq", c.Seq, "chunk", c.ID, "check", cr.Check,
+				"expected", cr.Expected, "actual", cr.Actual)
+		}
 		checks = append(checks, cr)
-		if !cr.Passed && cr.Severity == SeverityError && gate == "" {
+		if !cr.Passed && cr.Severity == SeverityError && !cr.Accepted && gate == "" {
 			gate = fmt.Sprintf("%s: expected %s, got %s", cr.Check, cr.Expected, cr.Actual)
 		}
 	}
@@ -966,7 +1122,7 @@ func (ex *execution) checkRunRejectRate(ctx context.Context) error {
 	}
 	var total Counts
 	for _, s := range states {
-		if s.Status == ChunkDone {
+		if s.Status == ChunkDone || s.Status == ChunkOpen {
 			total = total.Add(s.Counts)
 		}
 	}

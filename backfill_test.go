@@ -126,8 +126,8 @@ func TestRunLoadsResumesAndReplaysWithoutWrites(t *testing.T) {
 
 	// Same job again: the completed plan is not extracted again.
 	rep2, err := r.Run(ctx, s.job(1))
-	require.NoError(t, err)
-	require.True(t, rep2.Resumed)
+	require.ErrorIs(t, err, backfill.ErrAlreadyCompleted)
+	require.False(t, rep2.Resumed)
 	require.Equal(t, rep.BatchID, rep2.BatchID)
 	require.Equal(t, 0, rep2.ChunksRun)
 	require.Equal(t, int64(1), s.count("int:0/100"))
@@ -349,7 +349,12 @@ func TestConcurrentRunnersClaimEachChunkOnce(t *testing.T) {
 	wg.Wait()
 	total := 0
 	for i := range 3 {
-		require.NoError(t, errs[i])
+		if errs[i] != nil {
+			// A runner that started after the others completed the run
+			// did nothing, and says so.
+			require.ErrorIs(t, errs[i], backfill.ErrAlreadyCompleted)
+			require.Zero(t, reps[i].ChunksRun)
+		}
 		total += reps[i].ChunksRun
 		require.Equal(t, reps[0].BatchID, reps[i].BatchID)
 	}

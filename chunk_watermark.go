@@ -15,8 +15,10 @@ import (
 // ingestion takes over, so that rows committed by transactions that were
 // still in flight are not lost.
 type Watermarker interface {
-	// Watermark returns the high-water mark now. It is called once per
-	// new run, before any chunk.
+	// Watermark returns the high-water mark now. [Runner.Run] calls it
+	// once per call, before any chunk: a new run records it, and every
+	// call uses it as the horizon after which a time chunk is left open
+	// ([ChunkOpen]) rather than final.
 	Watermark(ctx context.Context) (time.Time, error)
 }
 

@@ -74,6 +74,17 @@ var (
 	// batch wrote were changed or delivered unchanged by a later batch
 	// that is still applied; nothing was changed.
 	ErrRollbackConflict = errors.New("backfill: rollback conflicts with later batches")
+	// ErrAlreadyCompleted is returned by [Runner.Run] (with the run's
+	// Report) when the latest run of the job with the same plan is
+	// completed, or was rolled back: nothing was extracted or written
+	// (Report.ChunksRun is 0, Report.Resumed false). Set [Job.NewRun] to
+	// restate the scope in a new run.
+	ErrAlreadyCompleted = errors.New("backfill: already completed; nothing done; use Job.NewRun to restate")
+	// ErrPublishBlocked is returned by [Runner.Run] when the view switch
+	// of [PublishVersionedView] timed out on every try behind sessions
+	// holding locks on the view (the message names them). The run is
+	// completed but not published; running the job again publishes it.
+	ErrPublishBlocked = errors.New("backfill: publish blocked by sessions holding the view")
 	// ErrRunNotFound is returned by [Manifest] lookups of an unknown batch.
 	ErrRunNotFound = errors.New("backfill: run not found")
 )

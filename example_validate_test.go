@@ -38,7 +38,11 @@ func ExampleCheckExceptionRate() {
 // is compiled but not run.
 func ExampleCompleteness() {
 	ctx := context.Background()
-	db := sqlx.MustOpen("postgres", os.Getenv("DATABASE_URL"))
+	url := os.Getenv("DATABASE_URL")
+	if url == "" { // never fall back to libpq's defaults
+		log.Fatal("DATABASE_URL is not set: the PostgreSQL URL to load into")
+	}
+	db := sqlx.MustOpen("postgres", url)
 	defer db.Close()
 
 	var extractor backfill.Extractor // reads the orders of one range of ids from the source

@@ -62,8 +62,10 @@ func TestQualityGatePausesAndResumes(t *testing.T) {
 	require.Equal(t, backfill.RunCompleted, rep.Status)
 	require.Equal(t, int64(1000), rep.Counts.Inserted)
 
-	require.Equal(t, 10, rep.ChecksPassed)
-	require.Equal(t, []string{"int:400/500: no_bad_names: expected 0 bad names, got 1 bad names"}, rep.FailedChecks)
+	require.Equal(t, 10, rep.ChecksPassed, "one verdict per chunk and check: the latest")
+	require.Zero(t, rep.ChecksFailed)
+	require.Empty(t, rep.FailedChecks)
+	require.Equal(t, []string{"int:400/500: no_bad_names: expected 0 bad names, got 1 bad names (attempt 1, rolled back)"}, rep.SupersededChecks)
 	vs, err := backfill.NewPGManifest("").Validations(ctx, s.db, rep.BatchID)
 	require.NoError(t, err)
 	require.Len(t, vs, 11, "10 passing chunks and the failed attempt: evidence is appended, never overwritten")

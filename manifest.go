@@ -43,6 +43,15 @@ const (
 	// ChunkFailed: the last attempt failed for good; reset to pending when
 	// the run is resumed.
 	ChunkFailed ChunkStatus = "failed"
+	// ChunkOpen: merged and checkpointed, but not final: the chunk's end
+	// lay after the run's horizon (the watermark of [Job.Watermark], or
+	// the time the chunk was read), so rows of its interval may still
+	// arrive in the source. It is not claimed again in the same call; the
+	// next [Runner.Run] or [Runner.Resume] of the run sets it pending and
+	// reads it again (its counts and exceptions then add up: the rows
+	// merged before count as unchanged). A run with an open chunk is not
+	// completed.
+	ChunkOpen ChunkStatus = "open"
 )
 
 // Plan is a job frozen at the start of a run: scope, chunks, target and
@@ -155,8 +164,13 @@ type Exception struct {
 	// Value is the offending value as text.
 	Value string `db:"value" json:"value"`
 	// Reason says why the row was not loaded.
-	Reason    string    `db:"reason" json:"reason"`
-	CreatedAt time.Time `db:"created_at" json:"created_at"`
+	Reason string `db:"reason" json:"reason"`
+	// FailedAttempt is 0 for the exception queue, and the attempt number
+	// for a row of a chunk attempt that a failed quality gate rolled back:
+	// such rows are evidence ([ManifestGates.FailedAttemptExceptions]),
+	// not part of the queue, since the chunk is read again.
+	FailedAttempt int       `db:"failed_attempt" json:"failed_attempt,omitempty"`
+	CreatedAt     time.Time `db:"created_at" json:"created_at"`
 }
 
 // Manifest is the durable ledger of runs, chunks and the exception queue.
@@ -173,29 +187,33 @@ type Manifest interface {
 	Init(ctx context.Context, db sqlx.ExtContext) error
 	// StartRun finds the run of plan.Job to continue or creates a new one.
 	// An incomplete (running or failed) run with the same fingerprint is
-	// resumed (its failed chunks become pending again) and resumed is true.
+	// resumed (its failed and open chunks become pending again) and
+	// resumed is true.
 	// A completed run with the same fingerprint is returned as it is,
 	// resumed true, unless newRun. An incomplete run with another
 	// fingerprint gives [ErrPlanChanged] naming the changed fields, unless
 	// newRun, which marks it abandoned and creates a new run.
 	StartRun(ctx context.Context, db sqlx.ExtContext, plan Plan, worker string, newRun bool) (run Run, resumed bool, err error)
-	// ClaimChunk locks the lowest-Seq pending chunk of the batch that no
-	// other transaction holds (FOR UPDATE SKIP LOCKED) and returns it; ok is
+	// ClaimChunk locks the lowest-Seq pending chunk of the batch (or open
+	// chunk left open by an earlier call of the run, see [ChunkOpen]) that
+	// no other transaction holds (FOR UPDATE SKIP LOCKED) and returns it; ok is
 	// false when none is left or the run is not running (abandoned,
 	// completed, failed, paused): a worker of an abandoned run stops.
 	// The run cannot change status while a claimed chunk is in flight. The lock lasts until tx ends: it is the
 	// chunk's lease, released by commit, rollback or the death of the
 	// connection, so a crashed worker never blocks a resume.
 	ClaimChunk(ctx context.Context, tx sqlx.ExtContext, batchID int64) (c ChunkState, ok bool, err error)
-	// CompleteChunk marks a claimed chunk done with its counts and appends
-	// its exceptions, in tx. It returns an error wrapping [ErrAccounting]
-	// if r does not balance.
+	// CompleteChunk marks a claimed chunk done (or [ChunkOpen] when r.Open)
+	// with its counts and appends its exceptions, in tx. A chunk read
+	// before (open, then pending again) adds r's counts to those it has.
+	// It returns an error wrapping [ErrAccounting] if r does not balance.
 	CompleteChunk(ctx context.Context, tx sqlx.ExtContext, batchID int64, r ChunkResult, exceptions []Exception) error
 	// FailChunk records a failed attempt outside the chunk's (rolled back)
 	// transaction; final marks the chunk failed, otherwise it stays pending.
+	// An open chunk stays open (it holds rows of its earlier reads).
 	FailChunk(ctx context.Context, db sqlx.ExtContext, batchID int64, seq int, msg string, final bool) error
 	// FinishRun sets the run's status to completed when every chunk is
-	// done, or to failed with msg when failed is true; otherwise it leaves
+	// done (an open chunk is not), or to failed with msg when failed is true; otherwise it leaves
 	// the run running. It returns the resulting run.
 	FinishRun(ctx context.Context, db sqlx.ExtContext, batchID int64, failed bool, msg string) (Run, error)
 	// Chunks returns the batch's chunks in Seq order.

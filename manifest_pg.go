@@ -28,6 +28,7 @@ var (
 	_ Manifest            = (*PGManifest)(nil)
 	_ ManifestAudit       = (*PGManifest)(nil)
 	_ ManifestValidations = (*PGManifest)(nil)
+	_ ManifestGates       = (*PGManifest)(nil)
 )
 
 // NewPGManifest returns a PostgreSQL manifest in schema ("" means
@@ -199,6 +200,22 @@ CREATE TABLE {s}.delivered (
 	PRIMARY KEY (owner, batch_id, seq)
 );
 `,
+	// 9: open chunks (ending after the run's horizon), read again by the
+	// next call of the run: runs.calls counts the calls that started or
+	// resumed the run, chunks.open_call is the call that left a chunk open.
+	`
+ALTER TABLE {s}.chunks DROP CONSTRAINT chunks_status_check;
+ALTER TABLE {s}.chunks ADD CONSTRAINT chunks_status_check CHECK (status IN ('pending', 'staged', 'done', 'open', 'failed', 'rolled_back'));
+ALTER TABLE {s}.chunks ADD COLUMN open_call int;
+ALTER TABLE {s}.runs ADD COLUMN calls int NOT NULL DEFAULT 1;
+`,
+	// 10: the evidence of chunk attempts that a failed quality gate rolled
+	// back, kept outside them; failed checks an operator accepted.
+	`
+ALTER TABLE {s}.exceptions ADD COLUMN failed_attempt int;
+ALTER TABLE {s}.validations ADD COLUMN failed_attempt int;
+ALTER TABLE {s}.validations ADD COLUMN accepted boolean NOT NULL DEFAULT false;
+`,
 }
 
 func (m *PGManifest) sql(q string) string {
@@ -299,7 +316,7 @@ func (m *PGManifest) StartRun(ctx context.Context, db sqlx.ExtContext, plan Plan
 					if _, err := tx.ExecContext(ctx, m.sql(`UPDATE {s}.chunks SET status = 'pending' WHERE batch_id = $1 AND status = 'failed'`), prev.BatchID); err != nil {
 						return err
 					}
-					if _, err := tx.ExecContext(ctx, m.sql(`UPDATE {s}.runs SET status = 'running', updated_at = now(), last_error = '' WHERE batch_id = $1`), prev.BatchID); err != nil {
+					if _, err := tx.ExecContext(ctx, m.sql(`UPDATE {s}.runs SET status = 'running', updated_at = now(), last_error = '', calls = calls + 1 WHERE batch_id = $1`), prev.BatchID); err != nil {
 						return err
 					}
 					prev.Status = RunRunning
@@ -448,16 +465,18 @@ func (m *PGManifest) ClaimChunk(ctx context.Context, tx sqlx.ExtContext, batchID
 	// only be abandoned (StartRun with newRun) once no chunk of it is in
 	// flight, and a chunk is only claimed while its run is running, so a
 	// worker of an abandoned run can never write over a newer run.
-	var running []int64
-	if err := sqlx.SelectContext(ctx, tx, &running, m.sql(`SELECT batch_id FROM {s}.runs
+	var calls []int64
+	if err := sqlx.SelectContext(ctx, tx, &calls, m.sql(`SELECT calls FROM {s}.runs
 		WHERE batch_id = $1 AND status = 'running' FOR SHARE`), batchID); err != nil {
 		return ChunkState{}, false, fmt.Errorf("backfill: claim chunk of batch %d: %w", batchID, err)
 	}
-	if len(running) == 0 {
+	if len(calls) == 0 {
 		return ChunkState{}, false, nil
 	}
+	// An open chunk is read again once per later call of the run.
 	err := sqlx.SelectContext(ctx, tx, &rows, m.sql(`SELECT `+chunkColumns+` FROM {s}.chunks
-		WHERE batch_id = $1 AND status = 'pending' ORDER BY seq LIMIT 1 FOR UPDATE SKIP LOCKED`), batchID)
+		WHERE batch_id = $1 AND (status = 'pending' OR status = 'open' AND open_call < $2)
+		ORDER BY seq LIMIT 1 FOR UPDATE SKIP LOCKED`), batchID, calls[0])
 	if err != nil {
 		return ChunkState{}, false, fmt.Errorf("backfill: claim chunk of batch %d: %w", batchID, err)
 	}
@@ -477,11 +496,23 @@ func (m *PGManifest) CompleteChunk(ctx context.Context, tx sqlx.ExtContext, batc
 	if err := m.addExceptions(ctx, tx, batchID, r.Chunk.ID, exceptions); err != nil {
 		return fmt.Errorf("backfill: complete chunk %s: exceptions: %w", r.Chunk.ID, err)
 	}
-	res, err := tx.ExecContext(ctx, m.sql(`UPDATE {s}.chunks SET status = 'done', attempts = attempts + 1,
-		rows_read = $3, rows_inserted = $4, rows_updated = $5, rows_unchanged = $6, rows_rejected = $7, rows_deduplicated = $8,
-		started_at = $9, finished_at = $10, last_error = '', worker = $11
-		WHERE batch_id = $1 AND seq = $2 AND status IN ('pending', 'staged')`),
-		batchID, r.Chunk.Seq, r.Read, r.Inserted, r.Updated, r.Unchanged, r.Rejected, r.Deduplicated, r.StartedAt, r.FinishedAt, r.Worker)
+	// A chunk read before (open) adds this read's counts to its own; a
+	// staged chunk's rows_read and rows_rejected are this result's.
+	status := ChunkDone
+	if r.Open {
+		status = ChunkOpen
+	}
+	res, err := tx.ExecContext(ctx, m.sql(`UPDATE {s}.chunks SET status = $12, attempts = attempts + 1,
+		rows_read = $3 + CASE WHEN status = 'open' THEN rows_read ELSE 0 END,
+		rows_inserted = $4 + CASE WHEN status = 'open' THEN rows_inserted ELSE 0 END,
+		rows_updated = $5 + CASE WHEN status = 'open' THEN rows_updated ELSE 0 END,
+		rows_unchanged = $6 + CASE WHEN status = 'open' THEN rows_unchanged ELSE 0 END,
+		rows_rejected = $7 + CASE WHEN status = 'open' THEN rows_rejected ELSE 0 END,
+		rows_deduplicated = $8 + CASE WHEN status = 'open' THEN rows_deduplicated ELSE 0 END,
+		started_at = $9, finished_at = $10, last_error = '', worker = $11,
+		open_call = CASE WHEN $12 = 'open' THEN (SELECT calls FROM {s}.runs WHERE batch_id = $1) END
+		WHERE batch_id = $1 AND seq = $2 AND status IN ('pending', 'staged', 'open')`),
+		batchID, r.Chunk.Seq, r.Read, r.Inserted, r.Updated, r.Unchanged, r.Rejected, r.Deduplicated, r.StartedAt, r.FinishedAt, r.Worker, string(status))
 	if err != nil {
 		return fmt.Errorf("backfill: complete chunk %s: %w", r.Chunk.ID, err)
 	}
@@ -492,6 +523,12 @@ func (m *PGManifest) CompleteChunk(ctx context.Context, tx sqlx.ExtContext, batc
 }
 
 func (m *PGManifest) addExceptions(ctx context.Context, tx sqlx.ExtContext, batchID int64, chunkID string, ex []Exception) error {
+	return m.addExceptionsOf(ctx, tx, batchID, chunkID, ex, sql.NullInt64{})
+}
+
+// addExceptionsOf appends ex to the queue, or, when failedAttempt is set,
+// as the evidence of that rolled back attempt.
+func (m *PGManifest) addExceptionsOf(ctx context.Context, tx sqlx.ExtContext, batchID int64, chunkID string, ex []Exception, failedAttempt sql.NullInt64) error {
 	const batch = 5000
 	for len(ex) > 0 {
 		part := ex[:min(batch, len(ex))]
@@ -505,9 +542,9 @@ func (m *PGManifest) addExceptions(ctx context.Context, tx sqlx.ExtContext, batc
 				raws[i] = sql.NullString{String: string(e.Raw), Valid: true}
 			}
 		}
-		_, err := tx.ExecContext(ctx, m.sql(`INSERT INTO {s}.exceptions (batch_id, chunk_id, row_number, raw, column_name, value, reason)
-			SELECT $1, $2, u.* FROM unnest($3::bigint[], $4::jsonb[], $5::text[], $6::text[], $7::text[]) AS u`),
-			batchID, chunkID, pq.Array(rowsN), pq.Array(raws), pq.Array(cols), pq.Array(vals), pq.Array(reasons))
+		_, err := tx.ExecContext(ctx, m.sql(`INSERT INTO {s}.exceptions (batch_id, chunk_id, row_number, raw, column_name, value, reason, failed_attempt)
+			SELECT $1, $2, u.*, $8 FROM unnest($3::bigint[], $4::jsonb[], $5::text[], $6::text[], $7::text[]) AS u`),
+			batchID, chunkID, pq.Array(rowsN), pq.Array(raws), pq.Array(cols), pq.Array(vals), pq.Array(reasons), failedAttempt)
 		if err != nil {
 			return err
 		}
@@ -521,7 +558,10 @@ func (m *PGManifest) FailChunk(ctx context.Context, db sqlx.ExtContext, batchID 
 	if final {
 		status = ChunkFailed
 	}
-	_, err := db.ExecContext(ctx, m.sql(`UPDATE {s}.chunks SET attempts = attempts + 1, last_error = $3, status = $4
+	// An open chunk holds rows of earlier reads: it stays open (and
+	// claimable by the next call) whatever this attempt did.
+	_, err := db.ExecContext(ctx, m.sql(`UPDATE {s}.chunks SET attempts = attempts + 1, last_error = $3,
+		status = CASE WHEN status = 'open' THEN status ELSE $4 END
 		WHERE batch_id = $1 AND seq = $2 AND status <> 'done'`), batchID, seq, msg, string(status))
 	if err != nil {
 		return fmt.Errorf("backfill: record failure of chunk %d of batch %d: %w", seq, batchID, err)
@@ -593,7 +633,7 @@ func (m *PGManifest) Exceptions(ctx context.Context, db sqlx.ExtContext, batchID
 	err := sqlx.SelectContext(ctx, db, &rows, m.sql(`SELECT e.batch_id, e.chunk_id, e.row_number, e.raw::text AS raw_text,
 		e.column_name, e.value, e.reason, e.created_at
 		FROM {s}.exceptions e JOIN {s}.chunks c ON c.batch_id = e.batch_id AND c.chunk_id = e.chunk_id
-		WHERE e.batch_id = $1 ORDER BY c.seq, e.row_number, e.id`), batchID)
+		WHERE e.batch_id = $1 AND e.failed_attempt IS NULL ORDER BY c.seq, e.row_number, e.id`), batchID)
 	if err != nil {
 		return nil, fmt.Errorf("backfill: exceptions of batch %d: %w", batchID, err)
 	}
@@ -680,6 +720,10 @@ func (m *PGManifest) LatestRun(ctx context.Context, db sqlx.ExtContext, job stri
 
 // AddValidations implements [ManifestValidations.AddValidations].
 func (m *PGManifest) AddValidations(ctx context.Context, db sqlx.ExtContext, batchID int64, chunkID string, results []CheckResult) error {
+	return m.addValidations(ctx, db, batchID, chunkID, results, sql.NullInt64{})
+}
+
+func (m *PGManifest) addValidations(ctx context.Context, db sqlx.ExtContext, batchID int64, chunkID string, results []CheckResult, failedAttempt sql.NullInt64) error {
 	for _, r := range results {
 		sample, err := json.Marshal(r.Sample)
 		if err != nil {
@@ -692,8 +736,9 @@ func (m *PGManifest) AddValidations(ctx context.Context, db sqlx.ExtContext, bat
 		if len(r.Detail) > 0 {
 			detail = sql.NullString{String: string(r.Detail), Valid: true}
 		}
-		_, err = db.ExecContext(ctx, m.sql(`INSERT INTO {s}.validations (batch_id, chunk_id, check_name, severity, passed, expected, actual, sample, detail)
-			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)`), batchID, chunkID, r.Check, string(r.Severity), r.Passed, r.Expected, r.Actual, string(sample), detail)
+		_, err = db.ExecContext(ctx, m.sql(`INSERT INTO {s}.validations (batch_id, chunk_id, check_name, severity, passed, expected, actual, sample, detail, failed_attempt, accepted)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)`), batchID, chunkID, r.Check, string(r.Severity), r.Passed, r.Expected, r.Actual, string(sample), detail,
+			failedAttempt, r.Accepted)
 		if err != nil {
 			return fmt.Errorf("backfill: record validation %s of chunk %s: %w", r.Check, chunkID, err)
 		}
@@ -713,16 +758,18 @@ func (m *PGManifest) Validations(ctx context.Context, db sqlx.ExtContext, batchI
 		Sample    string         `db:"sample"`
 		Detail    sql.NullString `db:"detail"`
 		CreatedAt time.Time      `db:"created_at"`
+		Failed    sql.NullInt64  `db:"failed_attempt"`
+		Accepted  bool           `db:"accepted"`
 	}
 	err := sqlx.SelectContext(ctx, db, &rows, m.sql(`SELECT chunk_id, check_name, severity, passed, expected, actual,
-		sample::text AS sample, detail::text AS detail, created_at FROM {s}.validations WHERE batch_id = $1 ORDER BY id`), batchID)
+		sample::text AS sample, detail::text AS detail, created_at, failed_attempt, accepted FROM {s}.validations WHERE batch_id = $1 ORDER BY id`), batchID)
 	if err != nil {
 		return nil, fmt.Errorf("backfill: validations of batch %d: %w", batchID, err)
 	}
 	out := make([]Validation, len(rows))
 	for i, r := range rows {
-		v := Validation{BatchID: batchID, ChunkID: r.ChunkID, CreatedAt: r.CreatedAt,
-			CheckResult: CheckResult{Check: r.Check, Severity: Severity(r.Severity), Passed: r.Passed, Expected: r.Expected, Actual: r.Actual}}
+		v := Validation{BatchID: batchID, ChunkID: r.ChunkID, CreatedAt: r.CreatedAt, FailedAttempt: int(r.Failed.Int64),
+			CheckResult: CheckResult{Check: r.Check, Severity: Severity(r.Severity), Passed: r.Passed, Expected: r.Expected, Actual: r.Actual, Accepted: r.Accepted}}
 		if err := json.Unmarshal([]byte(r.Sample), &v.Sample); err != nil {
 			return nil, err
 		}
@@ -730,6 +777,55 @@ func (m *PGManifest) Validations(ctx context.Context, db sqlx.ExtContext, batchI
 			v.Detail = json.RawMessage(r.Detail.String)
 		}
 		out[i] = v
+	}
+	return out, nil
+}
+
+// RecordGateFailure implements [ManifestGates.RecordGateFailure] in one
+// transaction of its own: the results and exceptions of the rolled back
+// attempt, marked with its number, the pause and its event commit
+// together or not at all.
+func (m *PGManifest) RecordGateFailure(ctx context.Context, db sqlx.ExtContext, batchID int64, chunkID string, attempt int, results []CheckResult, exceptions []Exception, reason string) error {
+	failed := sql.NullInt64{Int64: int64(attempt), Valid: true}
+	err := inTx(ctx, db, func(tx sqlx.ExtContext) error {
+		if err := m.addValidations(ctx, tx, batchID, chunkID, results, failed); err != nil {
+			return err
+		}
+		if err := m.addExceptionsOf(ctx, tx, batchID, chunkID, exceptions, failed); err != nil {
+			return err
+		}
+		// The attempt counts: the next one has the next number.
+		if _, err := tx.ExecContext(ctx, m.sql(`UPDATE {s}.chunks SET attempts = attempts + 1, last_error = $3
+			WHERE batch_id = $1 AND chunk_id = $2 AND status <> 'done'`), batchID, chunkID, "quality gate failed: "+reason); err != nil {
+			return err
+		}
+		return m.PauseRun(ctx, tx, batchID, fmt.Sprintf("chunk %s: %s", chunkID, reason))
+	})
+	if err != nil {
+		return fmt.Errorf("backfill: record failed gate of chunk %s of batch %d: %w", chunkID, batchID, err)
+	}
+	return nil
+}
+
+// FailedAttemptExceptions implements [ManifestGates.FailedAttemptExceptions].
+func (m *PGManifest) FailedAttemptExceptions(ctx context.Context, db sqlx.ExtContext, batchID int64) ([]Exception, error) {
+	var rows []struct {
+		Exception
+		RawText sql.NullString `db:"raw_text"`
+	}
+	err := sqlx.SelectContext(ctx, db, &rows, m.sql(`SELECT e.batch_id, e.chunk_id, e.row_number, e.raw::text AS raw_text,
+		e.column_name, e.value, e.reason, e.created_at, e.failed_attempt
+		FROM {s}.exceptions e JOIN {s}.chunks c ON c.batch_id = e.batch_id AND c.chunk_id = e.chunk_id
+		WHERE e.batch_id = $1 AND e.failed_attempt IS NOT NULL ORDER BY c.seq, e.failed_attempt, e.row_number, e.id`), batchID)
+	if err != nil {
+		return nil, fmt.Errorf("backfill: exceptions of failed attempts of batch %d: %w", batchID, err)
+	}
+	out := make([]Exception, len(rows))
+	for i, r := range rows {
+		out[i] = r.Exception
+		if r.RawText.Valid {
+			out[i].Raw = json.RawMessage(r.RawText.String)
+		}
 	}
 	return out, nil
 }

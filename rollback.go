@@ -176,7 +176,7 @@ func (r *Runner) Rollback(ctx context.Context, job Job, opts RollbackOptions) (R
 	}
 	var seqs []int
 	for _, s := range states {
-		if s.Status == ChunkDone && (opts.ChunkID == "" || s.Chunk.ID == opts.ChunkID) {
+		if (s.Status == ChunkDone || s.Status == ChunkOpen) && (opts.ChunkID == "" || s.Chunk.ID == opts.ChunkID) {
 			seqs = append(seqs, s.Chunk.Seq)
 		}
 	}

@@ -169,7 +169,7 @@ func (rb *pgRollback) delivered(ctx context.Context, db sqlx.ExtContext, batch i
 			SELECT d.batch_id, d.key_columns = $2::text[] AS ranged,
 				jsonb_populate_record(NULL::%[1]s, d.lo) AS lo, jsonb_populate_record(NULL::%[1]s, d.hi) AS hi
 			FROM %[2]s d JOIN %[3]s c ON c.batch_id = d.batch_id AND c.seq = d.seq
-			WHERE d.owner = $1 AND d.batch_id <> $1 AND c.status = 'done' AND d.batch_id <> ALL ($3::bigint[])),
+			WHERE d.owner = $1 AND d.batch_id <> $1 AND c.status IN ('done', 'open') AND d.batch_id <> ALL ($3::bigint[])),
 		hit AS (
 			SELECT %[4]s AS key, d.batch_id AS by, t.%[5]s = $1 AS del
 			FROM d CROSS JOIN LATERAL (SELECT * FROM %[1]s t WHERE t.%[6]s = $1 AND %[7]s AND %[8]s OFFSET 0) t

@@ -126,7 +126,7 @@ func (rb *pgRollback) chunk(ctx context.Context, db sqlx.ExtContext, batch int64
 		if err := sqlx.SelectContext(ctx, tx, &status, rb.m.sql(`SELECT status FROM {s}.chunks WHERE batch_id = $1 AND seq = $2 FOR UPDATE`), batch, seq); err != nil {
 			return err
 		}
-		if len(status) == 0 || status[0] != string(ChunkDone) {
+		if len(status) == 0 || status[0] != string(ChunkDone) && status[0] != string(ChunkOpen) {
 			return nil
 		}
 		sets := make([]string, len(rb.columns))

@@ -39,6 +39,10 @@ type CheckResult struct {
 	Sample []string `json:"sample,omitempty"`
 	// Detail holds check-specific evidence as a JSON object (optional).
 	Detail json.RawMessage `json:"detail,omitempty"`
+	// Accepted is set by the runner on a failed check of [SeverityError]
+	// that an operator accepted for this chunk ([Runner.AcceptGate]): the
+	// chunk committed despite it, and the result is kept as evidence.
+	Accepted bool `json:"accepted,omitempty"`
 }
 
 // ValidationScope is what a [Validator] checks: one chunk of a run, after
@@ -104,6 +108,10 @@ type Validation struct {
 	BatchID   int64     `json:"batch_id"`
 	ChunkID   string    `json:"chunk_id"`
 	CreatedAt time.Time `json:"created_at"`
+	// FailedAttempt is 0 for the results of an attempt that committed, and
+	// the attempt number for those of an attempt that a failed gate rolled
+	// back (kept outside it, see [ManifestGates]).
+	FailedAttempt int `json:"failed_attempt,omitempty"`
 }
 
 // ManifestValidations is implemented by manifests that keep validation

@@ -28,14 +28,20 @@ type fakeRun struct {
 	plan        backfill.Plan
 	chunks      []backfill.ChunkState
 	locked      map[int]*Tx
+	calls       int         // calls that started or resumed the run
+	openCall    map[int]int // chunk Seq -> the call that left it open
 	exceptions  []backfill.Exception
 	validations []backfill.Validation
+	// failedExceptions are the exceptions of attempts a failed gate
+	// rolled back (RecordGateFailure).
+	failedExceptions []backfill.Exception
 }
 
 var (
 	_ backfill.Manifest            = (*Manifest)(nil)
 	_ backfill.ManifestAudit       = (*Manifest)(nil)
 	_ backfill.ManifestValidations = (*Manifest)(nil)
+	_ backfill.ManifestGates       = (*Manifest)(nil)
 )
 
 // NewManifest returns an empty in-memory manifest.
@@ -119,6 +125,7 @@ func (m *Manifest) StartRun(ctx context.Context, db sqlx.ExtContext, plan backfi
 				}
 				prev.run.Status = backfill.RunRunning
 				prev.run.LastError = ""
+				prev.calls++
 				m.event(prev.run.BatchID, plan.Job, "run_resumed", worker)
 			}
 			return prev.run, true, nil
@@ -137,7 +144,7 @@ func (m *Manifest) StartRun(ctx context.Context, db sqlx.ExtContext, plan backfi
 		return backfill.Run{}, false, err
 	}
 	id := int64(len(m.runs) + 1)
-	r := &fakeRun{plan: plan, locked: map[int]*Tx{}}
+	r := &fakeRun{plan: plan, locked: map[int]*Tx{}, calls: 1, openCall: map[int]int{}}
 	r.run = backfill.Run{BatchID: id, Job: plan.Job, Source: plan.Source, CodeVersion: plan.CodeVersion,
 		Fingerprint: plan.Fingerprint, Plan: pj, Status: backfill.RunRunning, ChunksTotal: len(plan.Chunks),
 		Worker: worker, CreatedAt: time.Now(), Watermark: plan.Watermark}
@@ -183,7 +190,8 @@ func (m *Manifest) ClaimChunk(ctx context.Context, tx sqlx.ExtContext, batchID i
 		return backfill.ChunkState{}, false, nil
 	}
 	for i, c := range r.chunks {
-		if c.Status != backfill.ChunkPending {
+		// An open chunk is read again once per later call of the run.
+		if c.Status != backfill.ChunkPending && (c.Status != backfill.ChunkOpen || r.openCall[i] >= r.calls) {
 			continue
 		}
 		if owner, held := r.locked[i]; held && owner != ftx {
@@ -216,7 +224,8 @@ func (m *Manifest) CompleteChunk(ctx context.Context, tx sqlx.ExtContext, batchI
 	}
 	m.mu.Lock()
 	r, err := m.get(batchID)
-	if err == nil && (res.Chunk.Seq < 0 || res.Chunk.Seq >= len(r.chunks) || r.chunks[res.Chunk.Seq].Status != backfill.ChunkPending) {
+	if err == nil && (res.Chunk.Seq < 0 || res.Chunk.Seq >= len(r.chunks) ||
+		r.chunks[res.Chunk.Seq].Status != backfill.ChunkPending && r.chunks[res.Chunk.Seq].Status != backfill.ChunkOpen) {
 		err = fmt.Errorf("backfill: complete chunk %s of batch %d: chunk is not pending (completed by another worker?)", res.Chunk.ID, batchID)
 	}
 	m.mu.Unlock()
@@ -232,9 +241,19 @@ func (m *Manifest) CompleteChunk(ctx context.Context, tx sqlx.ExtContext, batchI
 		m.mu.Lock()
 		defer m.mu.Unlock()
 		c := &r.chunks[res.Chunk.Seq]
+		if c.Status == backfill.ChunkOpen {
+			// Read before: this read's counts add up.
+			c.Counts = c.Counts.Add(res.Counts)
+		} else {
+			c.Counts = res.Counts
+		}
 		c.Status = backfill.ChunkDone
+		delete(r.openCall, res.Chunk.Seq)
+		if res.Open {
+			c.Status = backfill.ChunkOpen
+			r.openCall[res.Chunk.Seq] = r.calls
+		}
 		c.Attempts++
-		c.Counts = res.Counts
 		st, fin := res.StartedAt, res.FinishedAt
 		c.StartedAt, c.FinishedAt, c.LastError, c.Worker = &st, &fin, "", res.Worker
 		r.exceptions = append(r.exceptions, ex...)
@@ -258,6 +277,9 @@ func (m *Manifest) FailChunk(ctx context.Context, db sqlx.ExtContext, batchID in
 	c := &r.chunks[seq]
 	c.Attempts++
 	c.LastError = msg
+	if c.Status == backfill.ChunkOpen {
+		return nil // it holds rows of its earlier reads
+	}
 	c.Status = backfill.ChunkPending
 	if final {
 		c.Status = backfill.ChunkFailed
@@ -361,6 +383,66 @@ func (m *Manifest) Validations(ctx context.Context, db sqlx.ExtContext, batchID 
 		return nil, err
 	}
 	return slices.Clone(r.validations), nil
+}
+
+// RecordGateFailure implements [backfill.ManifestGates.RecordGateFailure]:
+// the results, the exceptions and the pause are applied together.
+func (m *Manifest) RecordGateFailure(ctx context.Context, db sqlx.ExtContext, batchID int64, chunkID string, attempt int,
+	results []backfill.CheckResult, exceptions []backfill.Exception, reason string) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	r, err := m.get(batchID)
+	if err != nil {
+		return err
+	}
+	now := time.Now()
+	for _, cr := range results {
+		r.validations = append(r.validations, backfill.Validation{CheckResult: cr, BatchID: batchID, ChunkID: chunkID, CreatedAt: now, FailedAttempt: attempt})
+	}
+	for _, e := range exceptions {
+		e.BatchID, e.ChunkID, e.CreatedAt, e.FailedAttempt = batchID, chunkID, now, attempt
+		r.failedExceptions = append(r.failedExceptions, e)
+	}
+	for i := range r.chunks {
+		if c := &r.chunks[i]; c.Chunk.ID == chunkID && c.Status != backfill.ChunkDone {
+			c.Attempts++
+			c.LastError = "quality gate failed: " + reason
+		}
+	}
+	if r.run.Status == backfill.RunRunning || r.run.Status == backfill.RunFailed {
+		r.run.Status, r.run.LastError = backfill.RunPaused, fmt.Sprintf("chunk %s: %s", chunkID, reason)
+		m.event(batchID, r.run.Job, "run_paused", "")
+	}
+	return nil
+}
+
+// FailedAttemptExceptions implements
+// [backfill.ManifestGates.FailedAttemptExceptions].
+func (m *Manifest) FailedAttemptExceptions(ctx context.Context, db sqlx.ExtContext, batchID int64) ([]backfill.Exception, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	r, err := m.get(batchID)
+	if err != nil {
+		return nil, err
+	}
+	seq := map[string]int{}
+	for _, c := range r.chunks {
+		seq[c.Chunk.ID] = c.Chunk.Seq
+	}
+	out := slices.Clone(r.failedExceptions)
+	slices.SortStableFunc(out, func(a, b backfill.Exception) int {
+		if d := seq[a.ChunkID] - seq[b.ChunkID]; d != 0 {
+			return d
+		}
+		if d := a.FailedAttempt - b.FailedAttempt; d != 0 {
+			return d
+		}
+		return int(a.Row - b.Row)
+	})
+	return out, nil
 }
 
 // PauseRun implements [backfill.ManifestValidations.PauseRun].

@@ -125,9 +125,9 @@ func run() error {
 		os.Getpid(), quakesFile, src.Len(), src.feats[0].Quake.Time.Format(time.RFC3339Nano),
 		src.feats[len(src.feats)-1].Quake.Time.Format(time.RFC3339Nano), len(src.untimed))
 
-	dsn := os.Getenv("DATABASE_URL")
-	if dsn == "" {
-		return errors.New("DATABASE_URL is not set; see README.md: bash internal/pgtest/with-postgres.sh sh -c 'cd examples && go run ./earthquakes'")
+	dsn, err := cli.DatabaseURL("see README.md: bash internal/pgtest/with-postgres.sh sh -c 'cd examples && go run ./earthquakes'")
+	if err != nil {
+		return err
 	}
 	db, err := sqlx.Open("postgres", dsn)
 	if err != nil {

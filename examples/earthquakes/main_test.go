@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -127,10 +128,10 @@ func TestLoadReplay(t *testing.T) {
 		t.Errorf("replay rewrote rows (reported %d; -before +after):\n%s", rewritten, diff)
 	}
 
-	// Running the job again without NewRun does nothing: the run is complete.
+	// Running the job again without NewRun does nothing, and says so: the run is complete.
 	out.Reset()
 	rep3, err := load(ctx, &out, db, nil, src, days, options{concurrency: 2})
-	if err != nil || rep3.BatchID != rep2.BatchID || !rep3.Resumed || rep3.ChunksRun != 0 {
+	if !errors.Is(err, backfill.ErrAlreadyCompleted) || rep3.BatchID != rep2.BatchID || rep3.Resumed || rep3.ChunksRun != 0 {
 		t.Errorf("third call: %+v, %v\n%s", rep3, err, out.String())
 	}
 }

@@ -142,9 +142,9 @@ func run() error {
 		return dryRun(ctx, os.Stdout, src, days, o.concurrency)
 	}
 
-	dsn := os.Getenv("DATABASE_URL")
-	if dsn == "" {
-		return errors.New("DATABASE_URL is not set (or use -dry-run); `make demo` at the repository root starts a throwaway server")
+	dsn, err := cli.DatabaseURL("or use -dry-run; `make demo` at the repository root starts a throwaway server")
+	if err != nil {
+		return err
 	}
 	db, err := sqlx.Open("postgres", dsn)
 	if err != nil {
@@ -197,7 +197,11 @@ func load(ctx context.Context, out io.Writer, db *sqlx.DB, logger *slog.Logger, 
 		Target:      backfill.Target{Table: "airports", Key: []string{"iata"}, Columns: airportColumns},
 		NewRun:      o.newRun,
 	})
-	if err != nil {
+	switch {
+	case errors.Is(err, backfill.ErrAlreadyCompleted):
+		// The airports are loaded; the flights may still need a resume.
+		fmt.Fprintf(out, "airports: batch %d already complete; nothing done (pass -new-run to load again)\n", rep.BatchID)
+	case err != nil:
 		return rep, cli.RunError(airportsJob, planFlag, err)
 	}
 	fmt.Fprintf(out, "airports: batch %d %s, %d rows: %d inserted, %d updated, %d unchanged, %d rejected\n",

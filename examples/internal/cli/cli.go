@@ -34,11 +34,27 @@ func RunError(job, planFlag string, err error) error {
 	if errors.Is(err, backfill.ErrPlanChanged) {
 		return fmt.Errorf("job %s: %w\n(the job's existing run has a different plan, e.g. another %s or code version: rerun with the old flags, or pass -new-run to start a new run)", job, err, planFlag)
 	}
+	if errors.Is(err, backfill.ErrAlreadyCompleted) {
+		return fmt.Errorf("job %s: %w\n(the job's run with this plan is already complete and nothing was done: pass -new-run to load it again as a new run)", job, err)
+	}
 	var pe *backfill.PartialError
 	if errors.As(err, &pe) {
 		return fmt.Errorf("job %s: %w\n(completed chunks are checkpointed: run the same command again to resume)", job, err)
 	}
 	return fmt.Errorf("job %s: %w", job, err)
+}
+
+// DatabaseURL returns the value of the DATABASE_URL environment variable,
+// or an error naming the variable (and hint, how to get a server) when it
+// is empty: an empty URL would make lib/pq fall back to its defaults
+// (PGHOST, a local socket, the user's name), so the example could write
+// into whatever database those happen to reach.
+func DatabaseURL(hint string) (string, error) {
+	url := os.Getenv("DATABASE_URL")
+	if strings.TrimSpace(url) == "" {
+		return "", fmt.Errorf("DATABASE_URL is not set: refusing to fall back to libpq defaults; set it to the PostgreSQL URL to load into (%s)", hint)
+	}
+	return url, nil
 }
 
 // FindDataDir returns dir if it holds file, or, if dir is empty, the first
@@ -162,7 +178,7 @@ func (l *Ledger) Summarize(out io.Writer, rep backfill.Report, p *Progress, f Su
 	retried := 0
 	for _, s := range l.States {
 		byStatus[s.Status]++
-		if s.Status == backfill.ChunkDone {
+		if s.Status == backfill.ChunkDone || s.Status == backfill.ChunkOpen {
 			total = total.Add(s.Counts)
 		}
 		if s.Attempts > 1 {
@@ -178,6 +194,9 @@ func (l *Ledger) Summarize(out io.Writer, rep backfill.Report, p *Progress, f Su
 		l.Run.BatchID, l.Run.Job, l.Run.Status, rep.Resumed, created.Format(time.RFC3339))
 	fmt.Fprintf(out, "  chunks     %d total: %d done, %d pending, %d failed",
 		len(l.States), byStatus[backfill.ChunkDone], byStatus[backfill.ChunkPending], byStatus[backfill.ChunkFailed])
+	if n := byStatus[backfill.ChunkOpen]; n > 0 {
+		fmt.Fprintf(out, ", %d open (ending after the watermark or now: the next run reads them again)", n)
+	}
 	if f.Retried {
 		fmt.Fprintf(out, "; %d needed more than one attempt", retried)
 	}

@@ -1,0 +1,25 @@
+package cli
+
+import (
+	"strings"
+	"testing"
+)
+
+// TestDatabaseURLRefusesEmpty: an empty DATABASE_URL is refused with a
+// message naming the variable, never passed on to libpq's defaults.
+func TestDatabaseURLRefusesEmpty(t *testing.T) {
+	for _, v := range []string{"", "  "} {
+		t.Setenv("DATABASE_URL", v)
+		url, err := DatabaseURL("make demo starts a server")
+		if err == nil || url != "" {
+			t.Fatalf("DATABASE_URL=%q: got %q, %v; want an error", v, url, err)
+		}
+		if !strings.Contains(err.Error(), "DATABASE_URL") || !strings.Contains(err.Error(), "make demo") {
+			t.Errorf("error %q does not name the variable and the hint", err)
+		}
+	}
+	t.Setenv("DATABASE_URL", "postgres://db.example/x")
+	if url, err := DatabaseURL(""); err != nil || url != "postgres://db.example/x" {
+		t.Errorf("got %q, %v", url, err)
+	}
+}
