@@ -95,8 +95,9 @@ func (m *PGMerger) Prepare(ctx context.Context, db sqlx.ExtContext, t Target) (T
 	}
 	oid := sql.NullInt64{Int64: rel[0].OID, Valid: true}
 	// The canonical, schema-qualified name: "t" and "public.t" are one
-	// target, one plan.
-	t.Table = rel[0].Schema + "." + rel[0].Name
+	// target, one plan. Parts holding a dot or a quote are quoted, so
+	// that the name parses back to this table and no other.
+	t.Table = sqlgen.Qualified(rel[0].Schema, rel[0].Name)
 	var cols []struct {
 		Name      string `db:"attname"`
 		Type      string `db:"format_type"`

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+
+	"github.com/pgbackfill/backfill/internal/sqlgen"
 )
 
 // validate checks what can be checked without the table.
@@ -13,6 +15,9 @@ func (t Target) validate() error {
 	}
 	if t.Table == "" {
 		return fmt.Errorf("%w: Target.Table is required", ErrInvalidConfig)
+	}
+	if _, _, err := sqlgen.ParseTable(t.Table); err != nil {
+		return fmt.Errorf("%w: Target.Table: %w", ErrInvalidConfig, err)
 	}
 	if len(t.Key) == 0 {
 		return bad("Target.Key is required")

@@ -310,8 +310,9 @@ type ReferentialIntegrity struct {
 	Name string
 	// Columns are the target's referencing columns. Required.
 	Columns []string
-	// ParentTable is the referenced table, optionally schema-qualified,
-	// unquoted ("sales.customers"). Required.
+	// ParentTable is the referenced table, optionally schema-qualified
+	// ("sales.customers"), in the form of [Target.Table] (quote a part
+	// that holds a dot: `"we.ird".customers`). Required.
 	ParentTable string
 	// ParentColumns are the referenced columns, in the order of Columns;
 	// empty means the same names as Columns. Give the parent an index on
@@ -333,6 +334,9 @@ func (v ReferentialIntegrity) Validate(ctx context.Context, tx sqlx.ExtContext, 
 		return CheckResult{}, c.errorf("%w: ReferentialIntegrity.ParentTable is required", ErrInvalidConfig)
 	case len(parentCols) != len(v.Columns):
 		return CheckResult{}, c.errorf("%w: ReferentialIntegrity.ParentColumns has %d columns, Columns %d", ErrInvalidConfig, len(parentCols), len(v.Columns))
+	}
+	if _, _, err := sqlgen.ParseTable(v.ParentTable); err != nil {
+		return CheckResult{}, c.errorf("%w: ReferentialIntegrity.ParentTable: %w", ErrInvalidConfig, err)
 	}
 	id := scope.Info.identity()
 	notNull := make([]string, len(v.Columns))
