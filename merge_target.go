@@ -8,6 +8,16 @@ import (
 	"github.com/pgbackfill/backfill/internal/sqlgen"
 )
 
+// ReservedPrefix begins every name that the library's generated SQL gives
+// to a column of its own (the staging table's row number) or to a
+// subquery's computed column, so that none can collide with a user's
+// column. A staged column (written, key, computed or lineage) whose name
+// begins with it is refused by [ResolveTarget] with an error wrapping
+// [ErrInvalidConfig]. Every other generated name is a table alias that
+// the SQL only uses to qualify columns (t."n", never a bare n) or as a
+// whole-row reference written t.*, which no column name can shadow.
+const ReservedPrefix = "_backfill_"
+
 // validate checks what can be checked without the table.
 func (t Target) validate() error {
 	bad := func(format string, args ...any) error {
@@ -250,6 +260,11 @@ func ResolveTarget(t Target, table []Column, unique [][]string) (TableInfo, erro
 	if t.Conflict == NewerVersionWins {
 		if !slices.Contains(t.Columns, t.Version) || slices.Contains(t.Key, t.Version) {
 			return TableInfo{}, bad("Version %q must be a non-key column of Target.Columns", t.Version)
+		}
+	}
+	for _, c := range info.Columns {
+		if strings.HasPrefix(c.Name, ReservedPrefix) {
+			return TableInfo{}, bad("column %q: names beginning with %q are reserved for the columns and aliases the library's SQL adds", c.Name, ReservedPrefix)
 		}
 	}
 	want := slices.Sorted(slices.Values(identity))

@@ -114,16 +114,16 @@ func (v DuplicateKeys) Validate(ctx context.Context, tx sqlx.ExtContext, scope V
 	for i, n := range cols {
 		notNull[i] = "c." + sqlgen.Ident(n) + " IS NOT NULL"
 	}
-	keys := fmt.Sprintf(`SELECT c.* FROM %s c WHERE %s AND %s`, c.target, chunkRows, strings.Join(notNull, " AND "))
+	keys := fmt.Sprintf(`SELECT %s FROM %s c WHERE %s AND %s`, sqlgen.List("c.", cols), c.target, chunkRows, strings.Join(notNull, " AND "))
 	if v.AcrossTarget {
 		keys = fmt.Sprintf(`SELECT d.* FROM %s d WHERE (%s) IN (SELECT %s FROM (%s) c)`,
 			c.target, sqlgen.List("d.", cols), sqlgen.List("c.", cols), keys)
 	}
 	q := fmt.Sprintf(`WITH k AS (%s)
-		SELECT ROW(%s)::text || ': ' || n || ' rows' AS k, count(*) OVER () AS n FROM (
-			SELECT %s, count(*) AS n FROM k GROUP BY %s HAVING count(*) > 1) x
+		SELECT ROW(%s)::text || ': ' || x._backfill_n || ' rows' AS k, count(*) OVER () AS n FROM (
+			SELECT %s, count(*) AS _backfill_n FROM k GROUP BY %s HAVING count(*) > 1) x
 		ORDER BY %s LIMIT %d`,
-		keys, sqlgen.List("x.", cols), sqlgen.List("", cols), sqlgen.List("", cols), sqlgen.List("x.", cols), maxSample)
+		keys, sqlgen.List("x.", cols), sqlgen.List("k.", cols), sqlgen.List("k.", cols), sqlgen.List("x.", cols), maxSample)
 	var n int64
 	var sample []string
 	policy := joinsIfLarge
@@ -249,9 +249,9 @@ func (v Completeness) Validate(ctx context.Context, tx sqlx.ExtContext, scope Va
 		if wins == "false" {
 			detail["content"] = "not compared: the target wins every conflict (TargetWins)"
 		} else {
-			differ, s, err = query(joinsIfLarge, fmt.Sprintf(`SELECT ROW(%[1]s)::text || ': ' || array_to_string(x.diffs, ', ') AS k, count(*) OVER () AS n
-					FROM (SELECT %[2]s, %[3]s AS diffs FROM %[4]s s JOIN %[5]s t ON %[6]s WHERE %[7]s) x
-					WHERE cardinality(x.diffs) > 0 ORDER BY %[1]s LIMIT %[8]d`,
+			differ, s, err = query(joinsIfLarge, fmt.Sprintf(`SELECT ROW(%[1]s)::text || ': ' || array_to_string(x._backfill_diffs, ', ') AS k, count(*) OVER () AS n
+					FROM (SELECT %[2]s, %[3]s AS _backfill_diffs FROM %[4]s s JOIN %[5]s t ON %[6]s WHERE %[7]s) x
+					WHERE cardinality(x._backfill_diffs) > 0 ORDER BY %[1]s LIMIT %[8]d`,
 				sqlgen.List("x.", id), sqlgen.List("s.", id), c.diffs("s", "t"), c.staging, c.target, c.idMatch("t", "s"), wins, maxSample))
 			if err != nil {
 				return CheckResult{}, c.errorf("content: %w", err)
@@ -777,9 +777,9 @@ func (v Sample) Validate(ctx context.Context, tx sqlx.ExtContext, scope Validati
 	var a sqlArgs
 	order := fmt.Sprintf("md5(ROW(%s)::text || %s::text)", sqlgen.List("s.", id), a.bind(strconv.FormatInt(v.Seed, 10)))
 	q := fmt.Sprintf(`SELECT ROW(%[1]s)::text AS k, t.%[2]s IS NULL AS missing, %[3]s AS diffs
-		FROM (SELECT s.*, %[4]s AS _order FROM %[5]s s ORDER BY _order, %[1]s LIMIT %[6]s) s
+		FROM (SELECT s.*, %[4]s AS _backfill_order FROM %[5]s s ORDER BY _backfill_order, %[1]s LIMIT %[6]s) s
 		LEFT JOIN %[7]s t ON %[8]s
-		ORDER BY s._order, %[1]s`,
+		ORDER BY s._backfill_order, %[1]s`,
 		sqlgen.List("s.", id), sqlgen.Ident(id[0]), diffs, order, c.staging, a.bind(n), c.target, c.idMatch("t", "s"))
 	rows, err := tx.QueryxContext(ctx, q, a...)
 	if err != nil {
