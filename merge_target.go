@@ -8,6 +8,20 @@ import (
 	"github.com/pgbackfill/backfill/internal/sqlgen"
 )
 
+// SplitTableName splits a table name of the form [Target.Table] accepts
+// into its schema ("" when the name has none) and table, unquoted. It
+// returns an error wrapping [ErrInvalidConfig] for a name that could mean
+// more than one table (more than one dot outside double quotes) or is
+// malformed (an empty part, an unterminated quote, a quote inside an
+// unquoted part). Mergers call it before looking the table up.
+func SplitTableName(name string) (schema, table string, err error) {
+	schema, table, err = sqlgen.ParseTable(name)
+	if err != nil {
+		return "", "", fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	return schema, table, nil
+}
+
 // ReservedPrefix begins every name that the library's generated SQL gives
 // to a column of its own (the staging table's row number) or to a
 // subquery's computed column, so that none can collide with a user's
