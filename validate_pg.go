@@ -734,6 +734,13 @@ func (v Aggregates) Validate(ctx context.Context, tx sqlx.ExtContext, scope Vali
 // always replays: its merge also re-tiles validity intervals, which the
 // staged rows do not show. When the fingerprints differ, the replay runs.
 //
+// The replay compares as the merge does: keys by the target's unique
+// index and values by each column's own equality, under which two texts
+// equal in a nondeterministic collation are one value (the merge leaves
+// such a row as it is, and so the replay finds nothing to write); use
+// [Completeness] with CompareContent, which compares them byte for byte,
+// to catch those.
+//
 // It needs a stager that implements [Replayer] ([PGMerger]'s does): with
 // any other Validate returns an error wrapping [ErrUnsupported] rather
 // than a passing result, because a quality gate that did not run must not
@@ -995,14 +1002,6 @@ func cmpOrSlice[T any](v, def []T) []T {
 		return def
 	}
 	return v
-}
-
-func prefixed(prefix string, names []string) []string {
-	out := make([]string, len(names))
-	for i, n := range names {
-		out[i] = prefix + sqlgen.Ident(n)
-	}
-	return out
 }
 
 func measureColumns(ms []Measure) []string {
