@@ -55,6 +55,7 @@ var aliasModes = []aliasMode{
 	{"history", backfill.History, "", ""},
 	{"keyless", backfill.Keyless, "", ""},
 	{"upsert_publish_at_end", backfill.Upsert, backfill.SourceWins, backfill.PublishAtEnd},
+	{"upsert_versioned_view", backfill.Upsert, backfill.SourceWins, backfill.PublishVersionedView},
 }
 
 // aliasOutcome is what a scenario did, in terms that do not name columns.
@@ -159,7 +160,7 @@ func runAliasScenario(t require.TestingT, db *sqlx.DB, schema string, m aliasMod
 		target.Version = role["version"]
 	}
 	job := backfill.Job{Name: "aliases", NewRun: true, Chunker: backfill.IntRange(0, 30, 10), ChunkColumn: role["chunk"], Target: target,
-		Publish: backfill.Publish{Mode: m.publish},
+		Publish: backfill.Publish{Mode: m.publish, View: sqlgen.Qualified(schema, tableName+" view")},
 		Validators: []backfill.Validator{
 			backfill.DuplicateKeys{Severity: warn},
 			backfill.DuplicateKeys{Severity: warn, Name: "duplicate_across", Columns: []string{role["dim"], role["content"]}, AcrossTarget: true},
@@ -184,7 +185,11 @@ func runAliasScenario(t require.TestingT, db *sqlx.DB, schema string, m aliasMod
 	}
 	snapshot := func() string {
 		var rows []string
-		require.NoError(t, db.Select(&rows, fmt.Sprintf(`SELECT ROW(%s)::text FROM %s t ORDER BY 1`, sqlgen.List("t.", compared), sqlgen.Table(table))))
+		read := table
+		if m.publish == backfill.PublishVersionedView {
+			read = job.Publish.View
+		}
+		require.NoError(t, db.Select(&rows, fmt.Sprintf(`SELECT ROW(%s)::text FROM %s t ORDER BY 1`, sqlgen.List("t.", compared), sqlgen.Table(read))))
 		return strings.Join(rows, "\n")
 	}
 	for batch := 1; batch <= 2; batch++ {
