@@ -3,7 +3,9 @@ package backfill_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -77,6 +79,34 @@ func TestDottedTableNames(t *testing.T) {
 		Publish: backfill.Publish{Mode: backfill.PublishVersionedView, View: `we.ird.v`},
 		Target:  backfill.Target{Table: `"we.ird".t`, Key: []string{"id"}}})
 	require.ErrorIs(t, err, backfill.ErrInvalidConfig)
+
+	// Partition swap under a parent and partitions with dots in their
+	// names: the new partitions are created next to the old ones.
+	_, err = db.Exec(`CREATE SCHEMA "p.s";
+		CREATE TABLE "p.s"."sa.les" (day timestamptz NOT NULL, id int NOT NULL, v text, PRIMARY KEY (day, id)) PARTITION BY RANGE (day);
+		CREATE TABLE "p.s"."d.1" PARTITION OF "p.s"."sa.les" FOR VALUES FROM ('2024-01-01 00:00Z') TO ('2024-01-02 00:00Z');
+		CREATE TABLE "p.s"."d.2" PARTITION OF "p.s"."sa.les" FOR VALUES FROM ('2024-01-02 00:00Z') TO ('2024-01-03 00:00Z')`)
+	require.NoError(t, err)
+	from := time.Date(2024, 1, 1, 0, 0, 0, 0, time.UTC)
+	swap := backfill.Job{Name: "dots swap", ChunkColumn: "day", Chunker: backfill.Days(from, from.AddDate(0, 0, 2), time.UTC),
+		Publish: backfill.Publish{Mode: backfill.PublishPartitionSwap},
+		Extractor: backfill.ExtractorFunc(func(ctx context.Context, c backfill.Chunk, w backfill.RowWriter) error {
+			return w.Write(ctx, c.Start, 1, "swapped")
+		}),
+		Target: backfill.Target{Table: `"p.s"."sa.les"`, Key: []string{"day", "id"}}}
+	rep, err := r.Run(ctx, swap)
+	require.NoError(t, err)
+	var parts []string
+	require.NoError(t, db.Select(&parts, `SELECT c.relname::text FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+		WHERE i.inhparent = '"p.s"."sa.les"'::regclass ORDER BY 1`))
+	require.Equal(t, []string{fmt.Sprintf("d.1__v%d", rep.BatchID), fmt.Sprintf("d.2__v%d", rep.BatchID)}, parts)
+	var n int
+	require.NoError(t, db.Get(&n, `SELECT count(*) FROM "p.s"."sa.les" WHERE v = 'swapped'`))
+	require.Equal(t, 2, n)
+	_, err = r.Rollback(ctx, swap, backfill.RollbackOptions{BatchID: rep.BatchID, Actor: "test", Why: "dots"})
+	require.NoError(t, err)
+	require.NoError(t, db.Get(&n, `SELECT count(*) FROM "p.s"."sa.les"`))
+	require.Zero(t, n, "the old, empty partitions are back")
 
 	// A validator's parent table is parsed the same way.
 	err = run(`"we.ird".t`, "again", backfill.ReferentialIntegrity{Columns: []string{"id"}, ParentTable: `we.ird.t`})
