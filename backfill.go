@@ -92,8 +92,16 @@ const (
 // Conflict).
 type Target struct {
 	// Table is the target table, optionally schema-qualified
-	// ("sales.order_lines"). Each part is quoted as an identifier; do not
-	// quote it yourself.
+	// ("sales.order_lines"). Schema and table are split on a dot outside
+	// double quotes; each part is taken literally (no case folding) and
+	// quoted as an identifier. A part that holds a dot or a double quote
+	// must be enclosed in double quotes, with "" for a quote inside:
+	// `"we.ird".t`, `we."ird.t"`, `"a""b".c`. A name with more than one
+	// unquoted dot, an empty part or an unterminated quote is refused
+	// with an error wrapping [ErrInvalidConfig]; the name is resolved
+	// through the catalog (to_regclass of the quoted parts), so it names
+	// one table or none. [Merger.Prepare] returns the schema-qualified
+	// name in this form.
 	Table string
 	// Key lists the business key columns. The table must have a unique
 	// index or constraint on exactly these columns (in History mode: Key

@@ -40,8 +40,9 @@ type Publish struct {
 	// through the backfill), not to the base table, whose later edits no
 	// version copies.
 	Mode PublishMode
-	// View is the view readers query, optionally schema-qualified
-	// (PublishVersionedView). It is created on the first publish.
+	// View is the view readers query, optionally schema-qualified, in the
+	// form of [Target.Table] (PublishVersionedView). It is created on the
+	// first publish.
 	View string
 	// LockTimeout bounds the wait for the parent's lock when swapping a
 	// partition (PublishPartitionSwap), as a PostgreSQL interval; on
@@ -78,6 +79,9 @@ func (p Publish) validate(job string) error {
 		if p.View == "" {
 			return fmt.Errorf("%w: Job.Publish.View is required with PublishVersionedView (job %q)", ErrInvalidConfig, job)
 		}
+		if _, _, err := sqlgen.ParseTable(p.View); err != nil {
+			return fmt.Errorf("%w: Job.Publish.View: %w (job %q)", ErrInvalidConfig, err, job)
+		}
 		return nil
 	case PublishPartitionSwap, PublishAtEnd:
 		return nil
@@ -85,9 +89,12 @@ func (p Publish) validate(job string) error {
 	return fmt.Errorf("%w: Job.Publish.Mode %q is not supported (job %q)", ErrInvalidConfig, p.Mode, job)
 }
 
-// versionTable names the table version a batch loads: "<table>__v<batch>".
+// versionTable names the table version a batch loads: "<table>__v<batch>"
+// in the table's schema (table is a name [sqlgen.ParseTable] accepts; the
+// result is in the same form).
 func versionTable(table string, batchID int64) string {
-	return fmt.Sprintf("%s__v%d", table, batchID)
+	s, t := sqlgen.SplitTable(table)
+	return sqlgen.Qualified(s, fmt.Sprintf("%s__v%d", t, batchID))
 }
 
 // viewSource returns the table the view reads (from pg_depend and
@@ -95,7 +102,11 @@ func versionTable(table string, batchID int64) string {
 // not exist yet.
 func viewSource(ctx context.Context, db sqlx.ExtContext, view string) (string, error) {
 	var src []string
-	err := sqlx.SelectContext(ctx, db, &src, `SELECT DISTINCT n.nspname || '.' || c.relname
+	var rels []struct {
+		Schema string `db:"nspname"`
+		Name   string `db:"relname"`
+	}
+	err := sqlx.SelectContext(ctx, db, &rels, `SELECT DISTINCT n.nspname, c.relname
 		FROM pg_rewrite r
 		JOIN pg_depend d ON d.classid = 'pg_rewrite'::regclass AND d.objid = r.oid AND d.deptype = 'n'
 		JOIN pg_class c ON c.oid = d.refobjid AND c.relkind IN ('r', 'p')
@@ -103,6 +114,9 @@ func viewSource(ctx context.Context, db sqlx.ExtContext, view string) (string, e
 		WHERE r.ev_class = to_regclass($1) AND d.refobjid <> r.ev_class`, sqlgen.Table(view))
 	if err != nil {
 		return "", fmt.Errorf("backfill: view %s: %w", view, err)
+	}
+	for _, r := range rels {
+		src = append(src, sqlgen.Qualified(r.Schema, r.Name))
 	}
 	if len(src) > 1 {
 		return "", fmt.Errorf("backfill: view %s reads %d tables %v; a versioned view reads one", view, len(src), src)
@@ -402,14 +416,21 @@ func partitionFor(ctx context.Context, db sqlx.ExtContext, parent string, c Chun
 		return "", "", fmt.Errorf("backfill: partition swap: %w: %s is not partitioned by RANGE on one column", ErrInvalidConfig, parent)
 	}
 	keyType = keyTypes[0]
-	var names []string
-	err = sqlx.SelectContext(ctx, db, &names, fmt.Sprintf(`SELECT n.nspname || '.' || c.relname FROM pg_inherits i
+	var rels []struct {
+		Schema string `db:"nspname"`
+		Name   string `db:"relname"`
+	}
+	err = sqlx.SelectContext(ctx, db, &rels, fmt.Sprintf(`SELECT n.nspname, c.relname FROM pg_inherits i
 		JOIN pg_class c ON c.oid = i.inhrelid JOIN pg_namespace n ON n.oid = c.relnamespace,
 		LATERAL regexp_match(pg_get_expr(c.relpartbound, c.oid), '^FOR VALUES FROM \(''(.*)''\) TO \(''(.*)''\)$') m
 		WHERE i.inhparent = to_regclass($1) AND m IS NOT NULL AND m[1]::%[1]s = $2::%[1]s AND m[2]::%[1]s = $3::%[1]s`, keyType),
 		sqlgen.Table(parent), lo, hi)
 	if err != nil {
 		return "", "", err
+	}
+	var names []string
+	for _, r := range rels {
+		names = append(names, sqlgen.Qualified(r.Schema, r.Name))
 	}
 	if len(names) != 1 {
 		return "", "", fmt.Errorf("backfill: partition swap: %w: %s has no partition for exactly %s", ErrInvalidConfig, parent, c)

@@ -32,7 +32,10 @@ var (
 )
 
 // NewPGManifest returns a PostgreSQL manifest in schema ("" means
-// "backfill"). The schema is created by [PGManifest.Init].
+// "backfill"). The schema is created by [PGManifest.Init]. schema is one
+// identifier, taken literally and always quoted: "ops.backfill" is the
+// schema of that name (with a dot), never schema backfill of a database
+// ops; do not quote it yourself.
 func NewPGManifest(schema string) *PGManifest {
 	if schema == "" {
 		schema = "backfill"

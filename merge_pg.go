@@ -95,8 +95,9 @@ func (m *PGMerger) Prepare(ctx context.Context, db sqlx.ExtContext, t Target) (T
 	}
 	oid := sql.NullInt64{Int64: rel[0].OID, Valid: true}
 	// The canonical, schema-qualified name: "t" and "public.t" are one
-	// target, one plan.
-	t.Table = rel[0].Schema + "." + rel[0].Name
+	// target, one plan. Parts holding a dot or a quote are quoted, so
+	// that the name parses back to this table and no other.
+	t.Table = sqlgen.Qualified(rel[0].Schema, rel[0].Name)
 	var cols []struct {
 		Name      string `db:"attname"`
 		Type      string `db:"format_type"`
@@ -315,7 +316,7 @@ func buildMergeSQL(info TableInfo) pgMergeSQL {
 	}
 	// rawOf renders a staged or target row as jsonb without our columns.
 	rawOf := func(alias string) string {
-		return fmt.Sprintf("(to_jsonb(%s) - '_backfill_row')::text", alias)
+		return fmt.Sprintf("(to_jsonb(%s.*) - '_backfill_row')::text", alias)
 	}
 
 	stage := "pg_temp." + sqlgen.Ident("backfill_stage_"+hex.EncodeToString(h.Sum(nil))[:16])
@@ -353,7 +354,7 @@ func buildMergeSQL(info TableInfo) pgMergeSQL {
 			ORDER BY s._backfill_row`,
 			stage, sqlgen.List("", identity), diffs("s", "f"), rawOf("s"), idEq("s", "f"), idEq("o", "s"))
 		q.targetConflicts = fmt.Sprintf(`
-			SELECT s._backfill_row AS row, %[3]s AS diffs, %[4]s AS raw, (to_jsonb(t))::text AS existing
+			SELECT s._backfill_row AS row, %[3]s AS diffs, %[4]s AS raw, (to_jsonb(t.*))::text AS existing
 			FROM %[1]s s JOIN %[2]s t ON %[5]s
 			WHERE %[6]s ORDER BY s._backfill_row`,
 			stage, target, diffs("s", "t"), rawOf("s"), idEq("t", "s"), distinct("t", "s"))
@@ -396,7 +397,7 @@ func buildMergeSQL(info TableInfo) pgMergeSQL {
 			// The undo log: the prior image of every row updated, in the
 			// same statement and transaction. Inserted rows are not logged:
 			// their lineage (InsertedBy) finds them.
-			before = fmt.Sprintf(", CASE WHEN coalesce(%s, false) THEN to_jsonb(t) END AS _backfill_before", apply)
+			before = fmt.Sprintf(", CASE WHEN coalesce(%s, false) THEN to_jsonb(t.*) END AS _backfill_before", apply)
 			undoCTEs = fmt.Sprintf(`,
 			uu AS (INSERT INTO %[1]s (batch_id, seq, op, key, before) SELECT $1::bigint, $2::int, 'update', %[2]s, j._backfill_before FROM j WHERE j._backfill_apply)`,
 				undo, keyJSON("j", identity))
@@ -421,7 +422,7 @@ func buildMergeSQL(info TableInfo) pgMergeSQL {
 		with := ""
 		if undo != "" {
 			with = fmt.Sprintf(`WITH b AS (INSERT INTO %s (batch_id, seq, op, key, before)
-				SELECT $1::bigint, $2::int, 'update', %s, to_jsonb(t) FROM %s t JOIN %s s ON %s WHERE %s) `,
+				SELECT $1::bigint, $2::int, 'update', %s, to_jsonb(t.*) FROM %s t JOIN %s s ON %s WHERE %s) `,
 				undo, keyJSON("t", identity), target, stage, idEq("t", "s"), distinct("t", "s"))
 		}
 		q.update = fmt.Sprintf(`%sUPDATE %s t SET %s FROM %s s WHERE %s AND %s`,
@@ -462,19 +463,19 @@ func buildMergeSQL(info TableInfo) pgMergeSQL {
 		}
 		if undo != "" {
 			undoCTE = fmt.Sprintf(`, b AS (INSERT INTO %s (batch_id, seq, op, key, before)
-				SELECT $1::bigint, $2::int, 'update', %s, to_jsonb(t) FROM %s t JOIN x ON %s AND t.%s = x.%s
-				WHERE t.%s IS DISTINCT FROM x.next_from)`,
+				SELECT $1::bigint, $2::int, 'update', %s, to_jsonb(t.*) FROM %s t JOIN x ON %s AND t.%s = x.%s
+				WHERE t.%s IS DISTINCT FROM x._backfill_next_from)`,
 				undo, keyJSON("t", identity), target, sqlgen.Equal("t", "x", t.Key), vf, vf, vt)
 		}
-		q.closeIntervals = fmt.Sprintf(`WITH x AS (SELECT %[3]s, %[4]s, lead(%[4]s) OVER (PARTITION BY %[3]s ORDER BY %[4]s) AS next_from
+		q.closeIntervals = fmt.Sprintf(`WITH x AS (SELECT %[3]s, %[4]s, lead(%[4]s) OVER (PARTITION BY %[3]s ORDER BY %[4]s) AS _backfill_next_from
 				FROM %[2]s v)%[8]s
-			UPDATE %[1]s t SET %[5]s = x.next_from%[7]s FROM x
-			WHERE %[6]s AND t.%[4]s = x.%[4]s AND t.%[5]s IS DISTINCT FROM x.next_from`,
+			UPDATE %[1]s t SET %[5]s = x._backfill_next_from%[7]s FROM x
+			WHERE %[6]s AND t.%[4]s = x.%[4]s AND t.%[5]s IS DISTINCT FROM x._backfill_next_from`,
 			target, keyRows, key, vf, vt, sqlgen.Equal("t", "x", t.Key), lineageSet, undoCTE)
 		q.checkIntervals = fmt.Sprintf(`SELECT DISTINCT %[2]s FROM (
-				SELECT %[2]s, %[3]s, %[4]s, lead(%[3]s) OVER (PARTITION BY %[2]s ORDER BY %[3]s) AS next_from
+				SELECT %[2]s, %[3]s, %[4]s, lead(%[3]s) OVER (PARTITION BY %[2]s ORDER BY %[3]s) AS _backfill_next_from
 				FROM %[1]s v) x
-			WHERE %[4]s IS DISTINCT FROM next_from OR %[4]s <= %[3]s LIMIT 5`,
+			WHERE %[4]s IS DISTINCT FROM _backfill_next_from OR %[4]s <= %[3]s LIMIT 5`,
 			keyRows, key, vf, vt)
 	} else {
 		// OFFSET 0 keeps NOT EXISTS a lookup per staged row through the

@@ -4,7 +4,33 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+
+	"github.com/pgbackfill/backfill/internal/sqlgen"
 )
+
+// SplitTableName splits a table name of the form [Target.Table] accepts
+// into its schema ("" when the name has none) and table, unquoted. It
+// returns an error wrapping [ErrInvalidConfig] for a name that could mean
+// more than one table (more than one dot outside double quotes) or is
+// malformed (an empty part, an unterminated quote, a quote inside an
+// unquoted part). Mergers call it before looking the table up.
+func SplitTableName(name string) (schema, table string, err error) {
+	schema, table, err = sqlgen.ParseTable(name)
+	if err != nil {
+		return "", "", fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	return schema, table, nil
+}
+
+// ReservedPrefix begins every name that the library's generated SQL gives
+// to a column of its own (the staging table's row number) or to a
+// subquery's computed column, so that none can collide with a user's
+// column. A staged column (written, key, computed or lineage) whose name
+// begins with it is refused by [ResolveTarget] with an error wrapping
+// [ErrInvalidConfig]. Every other generated name is a table alias that
+// the SQL only uses to qualify columns (t."n", never a bare n) or as a
+// whole-row reference written t.*, which no column name can shadow.
+const ReservedPrefix = "_backfill_"
 
 // validate checks what can be checked without the table.
 func (t Target) validate() error {
@@ -13,6 +39,9 @@ func (t Target) validate() error {
 	}
 	if t.Table == "" {
 		return fmt.Errorf("%w: Target.Table is required", ErrInvalidConfig)
+	}
+	if _, _, err := sqlgen.ParseTable(t.Table); err != nil {
+		return fmt.Errorf("%w: Target.Table: %w", ErrInvalidConfig, err)
 	}
 	if len(t.Key) == 0 {
 		return bad("Target.Key is required")
@@ -245,6 +274,11 @@ func ResolveTarget(t Target, table []Column, unique [][]string) (TableInfo, erro
 	if t.Conflict == NewerVersionWins {
 		if !slices.Contains(t.Columns, t.Version) || slices.Contains(t.Key, t.Version) {
 			return TableInfo{}, bad("Version %q must be a non-key column of Target.Columns", t.Version)
+		}
+	}
+	for _, c := range info.Columns {
+		if strings.HasPrefix(c.Name, ReservedPrefix) {
+			return TableInfo{}, bad("column %q: names beginning with %q are reserved for the columns and aliases the library's SQL adds", c.Name, ReservedPrefix)
 		}
 	}
 	want := slices.Sorted(slices.Values(identity))

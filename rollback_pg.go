@@ -272,19 +272,19 @@ func (rb *pgRollback) retile(ctx context.Context, tx sqlx.ExtContext, batch int6
 			SELECT u.key FROM %[1]s u WHERE u.batch_id = $1 AND (u.seq = $2 OR $2 < 0)
 			UNION ALL SELECT k.key FROM backfill_rollback_keys k) u
 		CROSS JOIN LATERAL jsonb_populate_record(NULL::%[2]s, u.key) r`, rb.entries(), rb.target, sqlgen.List("r.", t.Key))
-	_, err := tx.ExecContext(ctx, fmt.Sprintf(`WITH x AS (SELECT %[2]s, %[3]s, lead(%[3]s) OVER (PARTITION BY %[2]s ORDER BY %[3]s) AS next_from
+	_, err := tx.ExecContext(ctx, fmt.Sprintf(`WITH x AS (SELECT %[2]s, %[3]s, lead(%[3]s) OVER (PARTITION BY %[2]s ORDER BY %[3]s) AS _backfill_next_from
 			FROM %[1]s WHERE (%[2]s) IN (%[5]s))
-		UPDATE %[1]s t SET %[4]s = x.next_from FROM x
-		WHERE %[6]s AND t.%[3]s = x.%[3]s AND t.%[4]s IS DISTINCT FROM x.next_from`,
+		UPDATE %[1]s t SET %[4]s = x._backfill_next_from FROM x
+		WHERE %[6]s AND t.%[3]s = x.%[3]s AND t.%[4]s IS DISTINCT FROM x._backfill_next_from`,
 		rb.target, key, vf, vt, keys, sqlgen.Equal("t", "x", t.Key)), batch, seq)
 	if err != nil {
 		return fmt.Errorf("retile intervals: %w", err)
 	}
 	var bad []string
 	err = sqlx.SelectContext(ctx, tx, &bad, fmt.Sprintf(`SELECT DISTINCT row(%[2]s)::text FROM (
-			SELECT %[2]s, %[3]s, %[4]s, lead(%[3]s) OVER (PARTITION BY %[2]s ORDER BY %[3]s) AS next_from
+			SELECT %[2]s, %[3]s, %[4]s, lead(%[3]s) OVER (PARTITION BY %[2]s ORDER BY %[3]s) AS _backfill_next_from
 			FROM %[1]s WHERE (%[2]s) IN (%[5]s)) x
-		WHERE %[4]s IS DISTINCT FROM next_from OR %[4]s <= %[3]s LIMIT 5`, rb.target, key, vf, vt, keys), batch, seq)
+		WHERE %[4]s IS DISTINCT FROM _backfill_next_from OR %[4]s <= %[3]s LIMIT 5`, rb.target, key, vf, vt, keys), batch, seq)
 	if err != nil {
 		return fmt.Errorf("check intervals: %w", err)
 	}

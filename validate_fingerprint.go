@@ -228,6 +228,11 @@ func hashStep(col Column, alias, seed string, pos int, notNull bool) string {
 	if hashKind(col) != "func" {
 		f = struct{ format, zero string }{"hashtextextended(%s, %s)", "''"}
 		e = "(" + e + `::text COLLATE "C")`
+	} else if col.Collation != "" && collatable[col.BaseType] {
+		// A text column of a nondeterministic collation hashes its sort
+		// key ('a' and 'A' alike under a case-insensitive one): hash its
+		// bytes, under "C", as the checks compare them (exactForm).
+		e = "(" + e + ` COLLATE "C")`
 	}
 	if notNull {
 		return fmt.Sprintf(f.format, e, fmt.Sprintf("(%s # %d::int8)", seed, positionKey(pos)))

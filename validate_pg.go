@@ -114,16 +114,16 @@ func (v DuplicateKeys) Validate(ctx context.Context, tx sqlx.ExtContext, scope V
 	for i, n := range cols {
 		notNull[i] = "c." + sqlgen.Ident(n) + " IS NOT NULL"
 	}
-	keys := fmt.Sprintf(`SELECT c.* FROM %s c WHERE %s AND %s`, c.target, chunkRows, strings.Join(notNull, " AND "))
+	keys := fmt.Sprintf(`SELECT %s FROM %s c WHERE %s AND %s`, sqlgen.List("c.", cols), c.target, chunkRows, strings.Join(notNull, " AND "))
 	if v.AcrossTarget {
 		keys = fmt.Sprintf(`SELECT d.* FROM %s d WHERE (%s) IN (SELECT %s FROM (%s) c)`,
 			c.target, sqlgen.List("d.", cols), sqlgen.List("c.", cols), keys)
 	}
 	q := fmt.Sprintf(`WITH k AS (%s)
-		SELECT ROW(%s)::text || ': ' || n || ' rows' AS k, count(*) OVER () AS n FROM (
-			SELECT %s, count(*) AS n FROM k GROUP BY %s HAVING count(*) > 1) x
+		SELECT ROW(%s)::text || ': ' || x._backfill_n || ' rows' AS k, count(*) OVER () AS n FROM (
+			SELECT %s, count(*) AS _backfill_n FROM k GROUP BY %s HAVING count(*) > 1) x
 		ORDER BY %s LIMIT %d`,
-		keys, sqlgen.List("x.", cols), sqlgen.List("", cols), sqlgen.List("", cols), sqlgen.List("x.", cols), maxSample)
+		keys, sqlgen.List("x.", cols), sqlgen.List("k.", cols), sqlgen.List("k.", cols), sqlgen.List("x.", cols), maxSample)
 	var n int64
 	var sample []string
 	policy := joinsIfLarge
@@ -249,9 +249,9 @@ func (v Completeness) Validate(ctx context.Context, tx sqlx.ExtContext, scope Va
 		if wins == "false" {
 			detail["content"] = "not compared: the target wins every conflict (TargetWins)"
 		} else {
-			differ, s, err = query(joinsIfLarge, fmt.Sprintf(`SELECT ROW(%[1]s)::text || ': ' || array_to_string(x.diffs, ', ') AS k, count(*) OVER () AS n
-					FROM (SELECT %[2]s, %[3]s AS diffs FROM %[4]s s JOIN %[5]s t ON %[6]s WHERE %[7]s) x
-					WHERE cardinality(x.diffs) > 0 ORDER BY %[1]s LIMIT %[8]d`,
+			differ, s, err = query(joinsIfLarge, fmt.Sprintf(`SELECT ROW(%[1]s)::text || ': ' || array_to_string(x._backfill_diffs, ', ') AS k, count(*) OVER () AS n
+					FROM (SELECT %[2]s, %[3]s AS _backfill_diffs FROM %[4]s s JOIN %[5]s t ON %[6]s WHERE %[7]s) x
+					WHERE cardinality(x._backfill_diffs) > 0 ORDER BY %[1]s LIMIT %[8]d`,
 				sqlgen.List("x.", id), sqlgen.List("s.", id), c.diffs("s", "t"), c.staging, c.target, c.idMatch("t", "s"), wins, maxSample))
 			if err != nil {
 				return CheckResult{}, c.errorf("content: %w", err)
@@ -310,8 +310,9 @@ type ReferentialIntegrity struct {
 	Name string
 	// Columns are the target's referencing columns. Required.
 	Columns []string
-	// ParentTable is the referenced table, optionally schema-qualified,
-	// unquoted ("sales.customers"). Required.
+	// ParentTable is the referenced table, optionally schema-qualified
+	// ("sales.customers"), in the form of [Target.Table] (quote a part
+	// that holds a dot: `"we.ird".customers`). Required.
 	ParentTable string
 	// ParentColumns are the referenced columns, in the order of Columns;
 	// empty means the same names as Columns. Give the parent an index on
@@ -333,6 +334,9 @@ func (v ReferentialIntegrity) Validate(ctx context.Context, tx sqlx.ExtContext, 
 		return CheckResult{}, c.errorf("%w: ReferentialIntegrity.ParentTable is required", ErrInvalidConfig)
 	case len(parentCols) != len(v.Columns):
 		return CheckResult{}, c.errorf("%w: ReferentialIntegrity.ParentColumns has %d columns, Columns %d", ErrInvalidConfig, len(parentCols), len(v.Columns))
+	}
+	if _, _, err := sqlgen.ParseTable(v.ParentTable); err != nil {
+		return CheckResult{}, c.errorf("%w: ReferentialIntegrity.ParentTable: %w", ErrInvalidConfig, err)
 	}
 	id := scope.Info.identity()
 	notNull := make([]string, len(v.Columns))
@@ -367,16 +371,24 @@ type Measure struct {
 	// real, double precision).
 	Column string
 	// Tolerance is the largest absolute difference between the staged
-	// and the target sum that still passes; 0 means exact. Float sums
-	// depend on the order of addition: give float measures a tolerance.
+	// and the target sum (of the finite values) that still passes; 0
+	// means exact. Sums are exact for every type, floats included (see
+	// [Aggregates]): 0 never fails for the order of addition.
 	Tolerance float64
 }
 
 // Aggregates compares, per group, what was staged with what the target
 // holds for the staged identities: the row count, and for each Measure
-// its sum and its count of NULLs. Counts must match exactly; sums may
-// differ by at most the measure's Tolerance (equal sums pass, NaN and
-// infinities included).
+// the exact sum of its finite values, its counts of NaN, Infinity and
+// -Infinity, and its count of NULLs. Counts must match exactly; sums may
+// differ by at most the measure's Tolerance. Sums are exact: a float
+// measure is summed as the numeric of each value's shortest exact text
+// (whatever the session's extra_float_digits), so that the sum does not
+// depend on the order of addition and a value changed by one step (the
+// next float) changes it; a NaN or an infinity is counted, not summed,
+// so that it cannot hide the other values. Text dimensions group byte
+// for byte (under "C" where the column's collation may equate values
+// that differ, such as a case-insensitive one).
 //
 // A group is the day of the Day column and the values of the Dimensions.
 // Each side is aggregated on its own; the two aggregates are then
@@ -469,7 +481,44 @@ func (v Aggregates) Validate(ctx context.Context, tx sqlx.ExtContext, scope Vali
 		if day != nil {
 			g = append(g, day(alias))
 		}
-		return append(g, prefixed(alias+".", v.Dimensions)...)
+		for _, d := range v.Dimensions {
+			// Byte for byte: under a case-insensitive collation 'a' and
+			// 'A' would be one group (see exactForm).
+			g = append(g, c.exactForm(d, alias+"."+sqlgen.Ident(d)))
+		}
+		return g
+	}
+	// Sums are exact. A float sum depends on the order of addition, which
+	// no query fixes, and loses what is small next to what is large
+	// (1e300 + 1e-300); float8::numeric rounds to 15 significant digits.
+	// So a float measure is summed as numeric of each value's shortest
+	// exact text (extra_float_digits >= 1, pinned below, PostgreSQL docs,
+	// 8.1.3 "Floating-Point Types"): distinct floats have distinct texts,
+	// each names its float exactly, and a numeric sum is exact and does
+	// not depend on the order: a float changed by one step changes the
+	// sum. NaN and the infinities (float and numeric) are counted apart
+	// instead of summed, because one NaN would make both sums NaN and hide
+	// every other difference; the finite values are summed.
+	special := func(m Measure) bool {
+		switch c.cols[m.Column].BaseType {
+		case "float4", "float8", "numeric":
+			return true
+		}
+		return false
+	}
+	floats := false
+	for _, m := range v.Measures {
+		if b := c.cols[m.Column].BaseType; b == "float4" || b == "float8" {
+			floats = true
+		}
+	}
+	exactNum := func(m Measure, alias string) string {
+		col := alias + "." + sqlgen.Ident(m.Column)
+		switch c.cols[m.Column].BaseType {
+		case "float4", "float8":
+			return col + "::text::numeric"
+		}
+		return col + "::numeric"
 	}
 	var gcols []string
 	for i := range groupNames {
@@ -494,9 +543,21 @@ func (v Aggregates) Validate(ctx context.Context, tx sqlx.ExtContext, scope Vali
 		parts = append(parts, sn+" AS _sn", tn+" AS _tn")
 		for i, m := range v.Measures {
 			col := alias + "." + sqlgen.Ident(m.Column)
-			ssum, tsum := mine("sum("+col+")::numeric", "NULL::numeric")
+			finite := ""
+			if special(m) {
+				finite = fmt.Sprintf(" FILTER (WHERE %s NOT IN ('NaN', 'Infinity', '-Infinity'))", col)
+			}
+			ssum, tsum := mine("sum("+exactNum(m, alias)+")"+finite, "NULL::numeric")
 			snull, tnull := mine("count(*) - count("+col+")", "0")
 			parts = append(parts, fmt.Sprintf("%[1]s AS _ss%[3]d, %[2]s AS _ts%[3]d", ssum, tsum, i), fmt.Sprintf("%[1]s AS _sz%[3]d, %[2]s AS _tz%[3]d", snull, tnull, i))
+			for j, s := range []string{"NaN", "Infinity", "-Infinity"} {
+				cnt := "0"
+				if special(m) {
+					cnt = fmt.Sprintf("count(*) FILTER (WHERE %s = '%s')", col, s)
+				}
+				sx, tx := mine(cnt, "0")
+				parts = append(parts, fmt.Sprintf("%[1]s AS _sx%[3]d_%[4]d, %[2]s AS _tx%[3]d_%[4]d", sx, tx, i, j))
+			}
 		}
 		from := c.staging + " s"
 		if side == 1 {
@@ -515,11 +576,22 @@ func (v Aggregates) Validate(ctx context.Context, tx sqlx.ExtContext, scope Vali
 			return CheckResult{}, c.errorf("%w: Measure %q: Tolerance must be a number >= 0", ErrInvalidConfig, m.Column)
 		}
 		aggs = append(aggs, fmt.Sprintf("sum(_ss%[1]d) AS _ss%[1]d, sum(_ts%[1]d) AS _ts%[1]d, sum(_sz%[1]d)::bigint AS _sz%[1]d, sum(_tz%[1]d)::bigint AS _tz%[1]d", i))
-		ss = append(ss, fmt.Sprintf("_ss%d::text", i))
-		ts = append(ts, fmt.Sprintf("_ts%d::text", i))
+		// The sum as text: the finite values' sum, then the special
+		// values' counts ("12.5 + 1 NaN"); NULL for no value at all.
+		sumText := func(side string) string {
+			parts := []string{fmt.Sprintf("_%ss%d::text", side, i)}
+			for j, s := range []string{"NaN", "Infinity", "-Infinity"} {
+				aggs = append(aggs, fmt.Sprintf("sum(_%[1]sx%[2]d_%[3]d)::bigint AS _%[1]sx%[2]d_%[3]d", side, i, j))
+				parts = append(parts, fmt.Sprintf("CASE WHEN _%[1]sx%[2]d_%[3]d > 0 THEN _%[1]sx%[2]d_%[3]d || ' %[4]s' END", side, i, j, s))
+			}
+			return "nullif(concat_ws(' + ', " + strings.Join(parts, ", ") + "), '')"
+		}
+		ss = append(ss, sumText("s"))
+		ts = append(ts, sumText("t"))
 		sz = append(sz, fmt.Sprintf("_sz%d", i))
 		tz = append(tz, fmt.Sprintf("_tz%d", i))
-		bad = append(bad, fmt.Sprintf("NOT (_ss%[1]d IS NOT DISTINCT FROM _ts%[1]d OR abs(coalesce(_ss%[1]d, 0) - coalesce(_ts%[1]d, 0)) <= %[2]s::numeric)",
+		bad = append(bad, fmt.Sprintf(`NOT ((_ss%[1]d IS NOT DISTINCT FROM _ts%[1]d OR abs(coalesce(_ss%[1]d, 0) - coalesce(_ts%[1]d, 0)) <= %[2]s::numeric)
+			AND _sx%[1]d_0 = _tx%[1]d_0 AND _sx%[1]d_1 = _tx%[1]d_1 AND _sx%[1]d_2 = _tx%[1]d_2)`,
 			i, a.bind(m.Tolerance)))
 	}
 	tolerances := map[string]float64{}
@@ -605,7 +677,20 @@ func (v Aggregates) Validate(ctx context.Context, tx sqlx.ExtContext, scope Vali
 		sample = append(sample, grp.String+": "+strings.Join(parts, ", "))
 		return nil
 	}
-	err = c.withJoins(ctx, tx, joinsIfLarge, func() error {
+	err = c.withJoins(ctx, tx, joinsIfLarge, func() (err error) {
+		if floats {
+			// Shortest exact float text for the sums (see exactNum),
+			// whatever the session's setting; undone with the savepoint.
+			if _, err := tx.ExecContext(ctx, `SAVEPOINT backfill_floats; SELECT set_config('extra_float_digits', '1', true)`); err != nil {
+				return fmt.Errorf("savepoint: %w", err)
+			}
+			defer func() {
+				_, rerr := tx.ExecContext(context.WithoutCancel(ctx), `ROLLBACK TO SAVEPOINT backfill_floats; RELEASE SAVEPOINT backfill_floats`)
+				if rerr != nil && err == nil {
+					err = fmt.Errorf("rollback to savepoint: %w", rerr)
+				}
+			}()
+		}
 		rows, err := tx.QueryxContext(ctx, q, a...)
 		if err != nil {
 			return err
@@ -648,6 +733,13 @@ func (v Aggregates) Validate(ctx context.Context, tx sqlx.ExtContext, scope Vali
 // "fingerprint" and counts every staged row as unchanged (Upsert). History
 // always replays: its merge also re-tiles validity intervals, which the
 // staged rows do not show. When the fingerprints differ, the replay runs.
+//
+// The replay compares as the merge does: keys by the target's unique
+// index and values by each column's own equality, under which two texts
+// equal in a nondeterministic collation are one value (the merge leaves
+// such a row as it is, and so the replay finds nothing to write); use
+// [Completeness] with CompareContent, which compares them byte for byte,
+// to catch those.
 //
 // It needs a stager that implements [Replayer] ([PGMerger]'s does): with
 // any other Validate returns an error wrapping [ErrUnsupported] rather
@@ -773,9 +865,9 @@ func (v Sample) Validate(ctx context.Context, tx sqlx.ExtContext, scope Validati
 	var a sqlArgs
 	order := fmt.Sprintf("md5(ROW(%s)::text || %s::text)", sqlgen.List("s.", id), a.bind(strconv.FormatInt(v.Seed, 10)))
 	q := fmt.Sprintf(`SELECT ROW(%[1]s)::text AS k, t.%[2]s IS NULL AS missing, %[3]s AS diffs
-		FROM (SELECT s.*, %[4]s AS _order FROM %[5]s s ORDER BY _order, %[1]s LIMIT %[6]s) s
+		FROM (SELECT s.*, %[4]s AS _backfill_order FROM %[5]s s ORDER BY _backfill_order, %[1]s LIMIT %[6]s) s
 		LEFT JOIN %[7]s t ON %[8]s
-		ORDER BY s._order, %[1]s`,
+		ORDER BY s._backfill_order, %[1]s`,
 		sqlgen.List("s.", id), sqlgen.Ident(id[0]), diffs, order, c.staging, a.bind(n), c.target, c.idMatch("t", "s"))
 	rows, err := tx.QueryxContext(ctx, q, a...)
 	if err != nil {
@@ -912,14 +1004,6 @@ func cmpOrSlice[T any](v, def []T) []T {
 	return v
 }
 
-func prefixed(prefix string, names []string) []string {
-	out := make([]string, len(names))
-	for i, n := range names {
-		out[i] = prefix + sqlgen.Ident(n)
-	}
-	return out
-}
-
 func measureColumns(ms []Measure) []string {
 	out := make([]string, len(ms))
 	for i, m := range ms {
@@ -956,6 +1040,12 @@ func (c *pgCheck) idMatch(a, b string) string {
 			op = " IS NOT DISTINCT FROM "
 		}
 		parts[i] = a + "." + sqlgen.Ident(n) + op + b + "." + sqlgen.Ident(n)
+		if c.exactlyEqual(n) {
+			// The column's equality first (the target's index serves it),
+			// then byte for byte (see exactForm): staged 'a' is not target
+			// 'A' under a case-insensitive collation.
+			parts[i] += " AND " + c.exactForm(n, a+"."+sqlgen.Ident(n)) + op + c.exactForm(n, b+"."+sqlgen.Ident(n))
+		}
 	}
 	return strings.Join(parts, " AND ")
 }
@@ -983,14 +1073,48 @@ func (c *pgCheck) content() []string {
 	return out
 }
 
-// cmpExpr is how the merge compares a column: as text for types without
-// an equality operator.
+// cmpExpr is how the checks compare a column: as text for types without
+// an equality operator (as the merge does), and byte for byte where the
+// column's own equality is looser (see exactForm).
 func (c *pgCheck) cmpExpr(alias, n string) string {
 	e := alias + "." + sqlgen.Ident(n)
 	if col := c.cols[n]; col.textCompare || textCompared[col.BaseType] {
 		e += "::text"
 	}
+	return c.exactForm(n, e)
+}
+
+// exactForm returns the expression e, a value of column n, in a form
+// whose equality tells apart every two values that differ by a byte: a
+// column with a collation of its own (which may be nondeterministic,
+// equating 'a' and 'A', PostgreSQL docs, 24.2.2.4 "Nondeterministic
+// Collations") compares under "C", whose equality is byte for byte;
+// citext (case-insensitive by design) as its text under "C". Other
+// columns keep their type's equality, which is exact for every built-in
+// type the checks compare: floats, numerics, timestamps compare their
+// full values, never a rounded form. The database's default collation is
+// always deterministic.
+func (c *pgCheck) exactForm(n, e string) string {
+	col := c.cols[n]
+	switch {
+	case col.BaseType == "citext":
+		return "(" + e + `::text COLLATE "C")`
+	case col.Collation != "" && !strings.HasSuffix(e, "::text") && collatable[col.BaseType]:
+		return "(" + e + ` COLLATE "C")`
+	case col.Collation != "" && strings.HasSuffix(e, "::text"):
+		return "(" + e + ` COLLATE "C")`
+	}
 	return e
+}
+
+// collatable lists the built-in base types that take a collation.
+var collatable = map[string]bool{"text": true, "varchar": true, "bpchar": true, "name": true,
+	"_text": true, "_varchar": true, "_bpchar": true, "_name": true}
+
+// exactlyEqual reports whether the check compares column n through
+// exactForm, in another form than its own equality.
+func (c *pgCheck) exactlyEqual(n string) bool {
+	return c.exactForm(n, "x") != "x"
 }
 
 // diffs returns a text[] expression naming the content columns in which

@@ -262,6 +262,8 @@ func TestMerger(t *testing.T, newHarness func(t *testing.T) MergerHarness) {
 			text   string
 		}{
 			{"unknown table", func(t *backfill.Target) { t.Table = "no_such_table" }, backfill.ErrTargetNotFound, "no_such_table"},
+			{"table name with two unquoted dots", func(t *backfill.Target) { t.Table = "public.items.x" }, backfill.ErrInvalidConfig, "public.items.x"},
+			{"table name with an unterminated quote", func(t *backfill.Target) { t.Table = `"items` }, backfill.ErrInvalidConfig, "unterminated"},
 			{"unknown column", func(t *backfill.Target) { t.Columns = []string{"tenant", "id", "no_such_column"} }, backfill.ErrTargetNotFound, "no_such_column"},
 			{"key without index", func(t *backfill.Target) { t.Key = []string{"tenant"} }, backfill.ErrNoUniqueKey, "tenant"},
 			{"key not written", func(t *backfill.Target) { t.Columns = []string{"tenant", "name"} }, backfill.ErrInvalidConfig, `"id"`},

@@ -106,6 +106,9 @@ func (m *Merger) Prepare(ctx context.Context, db sqlx.ExtContext, t backfill.Tar
 	if err := ctx.Err(); err != nil {
 		return backfill.TableInfo{}, err
 	}
+	if _, _, err := backfill.SplitTableName(t.Table); err != nil {
+		return backfill.TableInfo{}, fmt.Errorf("backfill: prepare: Target.Table: %w", err)
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	tab := m.tables[t.Table]

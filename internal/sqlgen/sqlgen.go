@@ -4,6 +4,8 @@
 package sqlgen
 
 import (
+	"errors"
+	"fmt"
 	"strings"
 )
 
@@ -13,18 +15,115 @@ func Ident(name string) string {
 	return `"` + strings.ReplaceAll(name, `"`, `""`) + `"`
 }
 
-// SplitTable splits "schema.table" into its schema ("" if absent) and table.
-// A name already quoted is not supported: pass names unquoted.
-func SplitTable(name string) (schema, table string) {
-	if i := strings.IndexByte(name, '.'); i >= 0 {
-		return name[:i], name[i+1:]
+// ErrTableName is returned by [ParseTable] for a table name it cannot
+// split unambiguously.
+var ErrTableName = errors.New("invalid table name")
+
+// ParseTable splits a possibly schema-qualified table name into its schema
+// ("" if absent) and table. The name has one or two parts separated by a
+// dot outside double quotes. A part is either unquoted, taken literally
+// (no case folding: "Sales" names the table Sales), or wholly enclosed in
+// double quotes, with "" standing for one quote inside; a part quoted so
+// may contain dots: `"we.ird".t` is table t of schema we.ird, `we."ird.t"`
+// table ird.t of schema we, `"a""b".c` table c of schema a"b.
+//
+// Errors wrap [ErrTableName]: more than one unquoted dot ("a.b.c" could
+// mean "a"."b.c" or "a.b"."c"), an empty part, a quote inside an unquoted
+// part or text after a closing quote, and an unterminated quote.
+func ParseTable(name string) (schema, table string, err error) {
+	var parts []string
+	bad := func(why string) (string, string, error) {
+		return "", "", fmt.Errorf("%w %q: %s; quote a part that holds a dot, as in \"we.ird\".t", ErrTableName, name, why)
 	}
-	return "", name
+	i := 0
+	for {
+		var part strings.Builder
+		if i < len(name) && name[i] == '"' {
+			i++
+			closed := false
+			for i < len(name) {
+				if name[i] == '"' {
+					if i+1 < len(name) && name[i+1] == '"' {
+						part.WriteByte('"')
+						i += 2
+						continue
+					}
+					i++
+					closed = true
+					break
+				}
+				part.WriteByte(name[i])
+				i++
+			}
+			if !closed {
+				return bad("unterminated quote")
+			}
+			if i < len(name) && name[i] != '.' {
+				return bad("text after a closing quote")
+			}
+		} else {
+			for i < len(name) && name[i] != '.' {
+				if name[i] == '"' {
+					return bad("a quote inside an unquoted part")
+				}
+				part.WriteByte(name[i])
+				i++
+			}
+		}
+		if part.Len() == 0 {
+			return bad("empty part")
+		}
+		parts = append(parts, part.String())
+		if i == len(name) {
+			break
+		}
+		i++ // the dot
+		if len(parts) == 2 {
+			return bad("more than one unquoted dot")
+		}
+	}
+	if len(parts) == 1 {
+		return "", parts[0], nil
+	}
+	return parts[0], parts[1], nil
 }
 
-// Table quotes a possibly schema-qualified table name: "a.b" -> "a"."b".
+// SplitTable is [ParseTable] for names already checked: for a name
+// ParseTable refuses it returns ("", name) and [Table] does not use it.
+func SplitTable(name string) (schema, table string) {
+	s, t, err := ParseTable(name)
+	if err != nil {
+		return "", name
+	}
+	return s, t
+}
+
+// Qualified returns the name [ParseTable] parses back into schema and
+// table (schema "" for none): each part as is, or quoted when it holds a
+// dot or a double quote or starts with a quote. Prepare stores the target
+// in this form.
+func Qualified(schema, table string) string {
+	part := func(p string) string {
+		if p == "" || strings.ContainsAny(p, `."`) {
+			return Ident(p)
+		}
+		return p
+	}
+	if schema == "" {
+		return part(table)
+	}
+	return part(schema) + "." + part(table)
+}
+
+// Table quotes a possibly schema-qualified table name (see [ParseTable]):
+// "a.b" -> "a"."b", `"a.b".c` -> "a.b"."c". A name ParseTable refuses
+// gives SQL that cannot resolve to any table (a syntax error), never a
+// guess; callers check names with ParseTable first to report why.
 func Table(name string) string {
-	s, t := SplitTable(name)
+	s, t, err := ParseTable(name)
+	if err != nil {
+		return "(invalid table name " + Ident(name) + ")"
+	}
 	if s == "" {
 		return Ident(t)
 	}
