@@ -1041,9 +1041,13 @@ func (d decimalText) significant() (string, int64) {
 	return "", 0
 }
 
+// maxDisplay is the most bytes displayValue keeps.
+const maxDisplay = 1000
+
 // displayValue renders v for an exception's value column: text that
 // PostgreSQL can store (NUL bytes and invalid UTF-8 are escaped), at most
-// 1000 bytes.
+// maxDisplay bytes. Composite values are printed like fmt's %v, bounded
+// in depth and size and with cycles marked (see boundedText).
 func displayValue(v any) string {
 	var s string
 	switch x := v.(type) {
@@ -1058,13 +1062,13 @@ func displayValue(v any) string {
 	case time.Time:
 		s = x.Format(time.RFC3339Nano)
 	default:
-		s = fmt.Sprint(x)
+		s = boundedText(x, maxDisplay)
 	}
 	if strings.IndexByte(s, 0) >= 0 || !utf8.ValidString(s) {
 		s = strconv.QuoteToASCII(s)
 	}
-	if len(s) > 1000 {
-		s = s[:1000]
+	if len(s) > maxDisplay {
+		s = s[:maxDisplay]
 		for !utf8.ValidString(s) {
 			s = s[:len(s)-1]
 		}
@@ -1139,49 +1143,6 @@ func truncatedJSON(b []byte) json.RawMessage {
 		out = append(out, esc...)
 	}
 	return append(out, tail...)
-}
-
-// jsonSafe returns v in a form that json.Marshal encodes as JSON jsonb
-// takes: text with NUL bytes or invalid UTF-8 and non-finite floats as
-// escaped text, maps and slices element by element, and any other value
-// as its own JSON (json.RawMessage) unless that fails or jsonb would
-// refuse it, in which case as its displayValue.
-func jsonSafe(v any) any {
-	switch x := v.(type) {
-	case nil, bool, int, int8, int16, int32, int64, uint, uint8, uint16, uint32, uint64:
-		return v
-	case string:
-		if strings.IndexByte(x, 0) >= 0 || !utf8.ValidString(x) {
-			return strconv.QuoteToASCII(x)
-		}
-		return x
-	case []byte:
-		return jsonSafe(string(x))
-	case float64:
-		if math.IsNaN(x) || math.IsInf(x, 0) {
-			return fmt.Sprint(x)
-		}
-		return x
-	case float32:
-		return jsonSafe(float64(x))
-	case map[string]any:
-		m := make(map[string]any, len(x))
-		for k, e := range x {
-			m[jsonSafeKey(k)] = jsonSafe(e)
-		}
-		return m
-	case []any:
-		s := make([]any, len(x))
-		for i, e := range x {
-			s[i] = jsonSafe(e)
-		}
-		return s
-	}
-	b, err := marshalJSON(v)
-	if err != nil || !utf8.Valid(b) || jsonbReason(b) != "" {
-		return displayValue(v)
-	}
-	return json.RawMessage(b)
 }
 
 func jsonSafeKey(k string) string {
