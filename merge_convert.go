@@ -5,6 +5,7 @@ import (
 	"database/sql/driver"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 	"math/big"
@@ -182,7 +183,12 @@ func convertValue(col Column, v any) (any, string) {
 			// Named types too: a named string is a JSON string, not JSON
 			// text.
 			var err error
-			if b, err = json.Marshal(x); err != nil {
+			if b, err = marshalJSON(x); err != nil {
+				var te *json.UnsupportedTypeError
+				if errors.As(err, &te) && te.Type == reflect.TypeOf(x) {
+					// A channel, a function, a complex number: never JSON.
+					return nil, fmt.Sprintf("Go type %T cannot be encoded as json", x)
+				}
 				return nil, "cannot encode as json: " + err.Error()
 			}
 		}
@@ -692,8 +698,18 @@ func jsonbReason(b []byte) string {
 	return ""
 }
 
+// wrongType is the reason for a Go type that no value of can be stored in
+// a column of type want (see typeMismatch).
 func wrongType(v any, want string) string {
 	return fmt.Sprintf("wrong type %T for %s column", v, want)
+}
+
+// typeMismatch reports whether reason, from convertValue, says that the
+// value's Go type can never be stored in the column, whatever its value:
+// an extractor bug ([ErrExtractor]) rather than bad data. Such reasons,
+// and only they, begin "wrong type " (wrongType) or "Go type ".
+func typeMismatch(reason string) bool {
+	return strings.HasPrefix(reason, "wrong type ") || strings.HasPrefix(reason, "Go type ")
 }
 
 // toText returns v, a normalised value, as text for a text column (see
