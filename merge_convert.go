@@ -95,68 +95,18 @@ func convertValue(col Column, v any) (any, string) {
 			return v, "" // the string as it came, without boxing it again
 		}
 		return s, ""
-	case "date":
+	case "date", "timestamp", "timestamptz":
 		switch x := v.(type) {
 		case time.Time:
-			if x.Year() < 1 || x.Year() > 9999 {
-				return nil, "date out of supported range (years 1-9999)"
-			}
-			return x.Format("2006-01-02"), ""
+			return convertTime(col, x)
 		case string:
-			t, err := time.Parse("2006-01-02", x)
-			if err != nil {
-				return nil, "invalid date, want YYYY-MM-DD"
-			}
-			if t.Year() < 1 {
-				return nil, "date out of supported range (years 1-9999)"
-			}
-			return x, ""
+			return convertTimeText(col, x)
 		}
-		return nil, wrongType(v, "date")
-	case "timestamp":
-		switch x := v.(type) {
-		case time.Time:
-			// The wall clock of x, in its own location: a timestamp without
-			// time zone never depends on the session's TimeZone.
-			if x.Year() < 1 || x.Year() > 9999 {
-				return nil, "timestamp out of supported range (years 1-9999)"
-			}
-			return truncMicro(x).Format("2006-01-02 15:04:05.999999"), ""
-		case string:
-			for _, layout := range []string{"2006-01-02 15:04:05.999999999", "2006-01-02T15:04:05.999999999", "2006-01-02"} {
-				if t, err := time.Parse(layout, x); err == nil {
-					if t.Year() < 1 {
-						return nil, "timestamp out of supported range (years 1-9999)"
-					}
-					return truncMicro(t).Format("2006-01-02 15:04:05.999999"), ""
-				}
-			}
-			return nil, "invalid timestamp, want YYYY-MM-DD HH:MM:SS[.ffffff] without zone"
+		name := col.BaseType
+		if name == "timestamptz" {
+			name = "timestamp with time zone"
 		}
-		return nil, wrongType(v, "timestamp")
-	case "timestamptz":
-		var t time.Time
-		switch x := v.(type) {
-		case time.Time:
-			t = x
-		case string:
-			var ok bool
-			if t, ok = parseTimestamptz(x); !ok {
-				return nil, "invalid timestamptz, want RFC 3339 with a zone offset (a value without offset would be read in the session's TimeZone)"
-			}
-			if t.Year() < 1 {
-				return nil, "timestamp out of supported range (years 1-9999)"
-			}
-		default:
-			return nil, wrongType(v, "timestamp with time zone")
-		}
-		// In UTC, so that equal instants have equal text; the range is
-		// checked in UTC, the year that is sent.
-		t = truncMicro(t).UTC()
-		if t.Year() < 1 || t.Year() > 9999 {
-			return nil, "timestamp out of supported range (years 1-9999)"
-		}
-		return t.Format(time.RFC3339Nano), ""
+		return nil, wrongType(v, name)
 	case "uuid":
 		switch x := v.(type) {
 		case [16]byte:
@@ -432,114 +382,6 @@ func formatInterval(d time.Duration) string {
 		us--
 	}
 	return strconv.FormatInt(us, 10) + " microseconds"
-}
-
-// parseTimestamptz parses text with an explicit zone offset, as RFC 3339
-// and PostgreSQL's output write it: YYYY-MM-DD, then T, t or a space,
-// HH:MM[:SS[.fraction]], an optional space, then Z, z or
-// ±HH[[:]MM[[:]SS]] (at most 15:59:59, PostgreSQL's limit). Fractions
-// beyond nanoseconds are truncated. Text without an offset is refused: it
-// would be read in the session's TimeZone.
-func parseTimestamptz(s string) (time.Time, bool) {
-	num := func(i, n int) (int, bool) {
-		if i+n > len(s) {
-			return 0, false
-		}
-		v := 0
-		for _, c := range []byte(s[i : i+n]) {
-			if c < '0' || c > '9' {
-				return 0, false
-			}
-			v = v*10 + int(c-'0')
-		}
-		return v, true
-	}
-	at := func(i int, c byte) bool { return i < len(s) && s[i] == c }
-	year, ok1 := num(0, 4)
-	month, ok2 := num(5, 2)
-	day, ok3 := num(8, 2)
-	hour, ok4 := num(11, 2)
-	minute, ok5 := num(14, 2)
-	if !(ok1 && ok2 && ok3 && ok4 && ok5) || s[4] != '-' || s[7] != '-' || s[13] != ':' ||
-		(s[10] != 'T' && s[10] != 't' && s[10] != ' ') {
-		return time.Time{}, false
-	}
-	i := 16
-	sec, nsec := 0, 0
-	if at(i, ':') {
-		var ok bool
-		if sec, ok = num(i+1, 2); !ok {
-			return time.Time{}, false
-		}
-		i += 3
-		if at(i, '.') {
-			i++
-			start := i
-			for ; i < len(s) && s[i] >= '0' && s[i] <= '9'; i++ {
-				if i-start < 9 {
-					nsec = nsec*10 + int(s[i]-'0')
-				}
-			}
-			if i == start {
-				return time.Time{}, false
-			}
-			for n := i - start; n < 9; n++ {
-				nsec *= 10
-			}
-		}
-	}
-	if at(i, ' ') {
-		i++
-	}
-	if i == len(s) {
-		return time.Time{}, false // no offset
-	}
-	offset := 0
-	switch s[i] {
-	case 'Z', 'z':
-		i++
-	case '+', '-':
-		sign := 1
-		if s[i] == '-' {
-			sign = -1
-		}
-		hh, ok := num(i+1, 2)
-		if !ok {
-			return time.Time{}, false
-		}
-		i += 3
-		// Then MM and SS, both after a colon or neither.
-		colon := at(i, ':')
-		var mm, ss int
-		for _, part := range []*int{&mm, &ss} {
-			j := i
-			if colon != at(j, ':') {
-				break
-			}
-			if colon {
-				j++
-			}
-			n, ok := num(j, 2)
-			if !ok {
-				break
-			}
-			*part, i = n, j+2
-		}
-		if hh > 15 || mm > 59 || ss > 59 {
-			return time.Time{}, false
-		}
-		offset = sign * (hh*3600 + mm*60 + ss)
-	default:
-		return time.Time{}, false
-	}
-	if i != len(s) || month < 1 || month > 12 || day < 1 || hour > 23 || minute > 59 || sec > 59 {
-		return time.Time{}, false
-	}
-	t := time.Date(year, time.Month(month), day, hour, minute, sec, nsec, time.FixedZone("", offset))
-	if t.Day() != day {
-		return time.Time{}, false // February 30th
-	}
-	return t, true
 }
 
 // parseBool reads s as PostgreSQL's boolean input does: surrounding
