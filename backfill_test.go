@@ -267,8 +267,8 @@ func TestBadRowsGoToTheExceptionQueue(t *testing.T) {
 		{3, "tenant", "NULL", "missing key column: NULL business key value"},
 		{4, "name", `"nul\x00byte"`, "text contains a NUL byte"},
 		{5, "name", `"bad\xffutf8"`, "text is not valid UTF-8"},
-		{6, "name", "much too long for twelve", "value too long for type character varying(12) (24 characters)"},
-		{7, "amount", "123456789.00", "numeric field overflow for numeric(10,2)"},
+		{6, "name", "much too long for twelve", `value too long: character varying(12) column "name" holds at most 12 characters, got 24`},
+		{7, "amount", "123456789.00", `numeric field overflow: numeric(10,2) column "amount" holds at most 99999999.99 in absolute value`},
 		{8, "seen_at", "2024-01-01 00:00:00", "invalid timestamptz, want RFC 3339 with a zone offset (a value without offset would be read in the session's TimeZone)"},
 		{10, "", "", "unparseable line"},
 	}

@@ -51,22 +51,27 @@ func convertValue(col Column, v any) (any, string) {
 	}
 	switch col.BaseType {
 	case "int2":
-		return toInt(v, math.MinInt16, math.MaxInt16, "smallint")
+		return intValue(col, v, math.MinInt16, math.MaxInt16, "smallint")
 	case "int4":
-		return toInt(v, math.MinInt32, math.MaxInt32, "integer")
+		return intValue(col, v, math.MinInt32, math.MaxInt32, "integer")
 	case "int8":
-		return toInt(v, math.MinInt64, math.MaxInt64, "bigint")
+		return intValue(col, v, math.MinInt64, math.MaxInt64, "bigint")
 	case "float4", "float8":
 		name := "double precision"
 		if col.BaseType == "float4" {
 			name = "real"
+			if s, ok := v.(string); ok {
+				// Rounded once, to the nearest real, as PostgreSQL
+				// reads the text.
+				v = float4Text(s)
+			}
 		}
 		f, reason := toFloat(v, name)
 		if reason != "" {
-			return nil, reason
+			return nil, floatReason(col, reason)
 		}
 		if col.BaseType == "float4" && !float4InRange(f) {
-			return nil, "out of range for type real"
+			return nil, floatReason(col, "out of range for type real")
 		}
 		return f, ""
 	case "numeric":
@@ -88,8 +93,8 @@ func convertValue(col Column, v any) (any, string) {
 		if reason != "" {
 			return nil, reason
 		}
-		if col.MaxLen > 0 && utf8.RuneCountInString(strings.TrimRight(s, " ")) > col.MaxLen {
-			return nil, fmt.Sprintf("value too long for type %s (%d characters)", col.Type, utf8.RuneCountInString(s))
+		if col.MaxLen > 0 && len(s) > col.MaxLen && utf8.RuneCountInString(strings.TrimRight(s, " ")) > col.MaxLen {
+			return nil, fmt.Sprintf("value too long: %s column %q holds at most %d characters, got %d", cmpOr(col.Type, col.BaseType), col.Name, col.MaxLen, utf8.RuneCountInString(s))
 		}
 		if _, ok := v.(string); ok {
 			return v, "" // the string as it came, without boxing it again
@@ -587,6 +592,41 @@ func textValue(s string) (any, string) {
 	return s, ""
 }
 
+// intValue converts v for an integer column of type name holding [lo,
+// hi]; a value out of range is refused with the column's range.
+func intValue(col Column, v any, lo, hi int64, name string) (any, string) {
+	n, reason := toInt(v, lo, hi, name)
+	if strings.HasPrefix(reason, "out of range") {
+		reason = fmt.Sprintf("out of range: %s column %q holds %d to %d", cmpOr(col.Type, name), col.Name, lo, hi)
+	}
+	return n, reason
+}
+
+// floatReason names col and its range in an out-of-range reason of
+// toFloat.
+func floatReason(col Column, reason string) string {
+	if !strings.HasPrefix(reason, "out of range") {
+		return reason
+	}
+	if col.BaseType == "float4" {
+		return fmt.Sprintf("out of range: %s column %q holds magnitudes from about 1.4e-45 to 3.4028235e+38, 0, ±Infinity and NaN", cmpOr(col.Type, "real"), col.Name)
+	}
+	return fmt.Sprintf("out of range: %s column %q holds magnitudes from about 4.9e-324 to 1.7976931348623157e+308, 0, ±Infinity and NaN", cmpOr(col.Type, "double precision"), col.Name)
+}
+
+// float4Text reads s, text for a real column, as PostgreSQL's float4 input
+// does: rounded once to the nearest float32, which the returned float64
+// holds exactly. Text it cannot read, or out of range, is returned
+// unchanged for toFloat to give the reason.
+func float4Text(s string) any {
+	t := strings.Trim(s, pgSpace)
+	f, err := strconv.ParseFloat(t, 32)
+	if err != nil || f == 0 && !zeroMantissa(t) {
+		return s
+	}
+	return f
+}
+
 // toInt converts v to an int64 in [lo, hi]; name is the column type for
 // reasons.
 func toInt(v any, lo, hi int64, name string) (any, string) {
@@ -620,13 +660,22 @@ func toInt(v any, lo, hi int64, name string) (any, string) {
 		n = int64(x)
 	case float32, float64:
 		f, _ := toFloat(x, "double precision")
-		if f != math.Trunc(f) || math.IsInf(f, 0) || math.IsNaN(f) || f < -9.223372036854775e18 || f > 9.223372036854775e18 {
-			return nil, "not an integer or out of range for type " + name
+		if math.IsNaN(f) || !math.IsInf(f, 0) && f != math.Trunc(f) {
+			return nil, "not an integer: type " + name + " holds whole numbers"
+		}
+		if f < -9.223372036854775e18 || f > 9.223372036854775e18 {
+			return nil, "out of range for type " + name
 		}
 		n = int64(f)
 	case string:
 		p, err := strconv.ParseInt(x, 10, 64)
 		if err != nil {
+			if t := strings.Trim(x, pgSpace); t != x && t != "" {
+				return toInt(t, lo, hi, name) // PostgreSQL skips surrounding whitespace
+			}
+			if ne, ok := err.(*strconv.NumError); ok && ne.Err == strconv.ErrRange {
+				return nil, "out of range for type " + name
+			}
 			return nil, "invalid input syntax for type " + name
 		}
 		n = p
@@ -669,6 +718,9 @@ func toFloat(v any, name string) (float64, string) {
 	case string:
 		f, err := strconv.ParseFloat(x, 64)
 		if err != nil {
+			if t := strings.Trim(x, pgSpace); t != x && t != "" {
+				return toFloat(t, name) // PostgreSQL skips surrounding whitespace
+			}
 			if ne, ok := err.(*strconv.NumError); ok && ne.Err == strconv.ErrRange {
 				return 0, "out of range for type " + name
 			}
@@ -720,7 +772,9 @@ func float4InRange(f float64) bool {
 
 // toNumeric validates v for a numeric column (precision 0 means
 // unconstrained), including the checks that would otherwise fail the COPY
-// (see numericReason).
+// (see numericReason). NaN is stored in any numeric column, ±Infinity
+// (PostgreSQL 14 and later) in an unconstrained one: as float64 values or
+// as the text PostgreSQL reads (NaN, Infinity, inf, any case, signed).
 func toNumeric(v any, col Column) (any, string) {
 	var s string
 	switch x := v.(type) {
@@ -729,11 +783,13 @@ func toNumeric(v any, col Column) (any, string) {
 	case json.Number:
 		s = string(x)
 	case float64:
-		if math.IsNaN(x) {
+		switch {
+		case math.IsNaN(x):
 			return "NaN", ""
-		}
-		if math.IsInf(x, 0) {
-			return nil, "infinity is not accepted for numeric columns"
+		case math.IsInf(x, 1):
+			return numericInfinity(col, "Infinity")
+		case math.IsInf(x, -1):
+			return numericInfinity(col, "-Infinity")
 		}
 		s = strconv.FormatFloat(x, 'f', -1, 64)
 	case float32:
@@ -749,19 +805,58 @@ func toNumeric(v any, col Column) (any, string) {
 	default:
 		return nil, wrongType(v, "numeric")
 	}
-	if s == "NaN" {
-		return s, ""
-	}
-	if reason := numericReason(s, col.Precision, col.Scale); reason != "" {
-		if reason == errNumericFieldOverflow {
-			reason = fmt.Sprintf("numeric field overflow for %s", col.Type)
+	reason := numericReason(s, col.Precision, col.Scale)
+	if reason == errNumericSyntax {
+		// The slow path: surrounding whitespace, NaN and infinities.
+		t := strings.Trim(s, pgSpace)
+		switch strings.ToLower(t) {
+		case "nan":
+			return "NaN", ""
+		case "infinity", "+infinity", "inf", "+inf":
+			return numericInfinity(col, "Infinity")
+		case "-infinity", "-inf":
+			return numericInfinity(col, "-Infinity")
 		}
+		if t != s && t != "" {
+			return toNumeric(t, col)
+		}
+	}
+	switch reason {
+	case "":
+	case errNumericFieldOverflow:
+		return nil, fmt.Sprintf("numeric field overflow: %s column %q holds at most %s in absolute value", cmpOr(col.Type, "numeric"), col.Name, numericMax(col.Precision, col.Scale))
+	case errNumericFormat:
+		return nil, fmt.Sprintf("value overflows numeric format: %s column %q holds at most %d digits before the decimal point and %d after", cmpOr(col.Type, "numeric"), col.Name, numericMaxExp10+1, numericMaxDscale)
+	default:
 		return nil, reason
 	}
 	if _, ok := v.(string); ok {
 		return v, "" // the string as it came, without boxing it again
 	}
 	return s, ""
+}
+
+// numericInfinity returns inf ("Infinity" or "-Infinity") for col, or
+// why col cannot hold it: a numeric(p,s) column holds finite values only.
+func numericInfinity(col Column, inf string) (any, string) {
+	if col.Precision != 0 {
+		return nil, fmt.Sprintf("numeric field overflow: %s column %q cannot hold %s; it holds at most %s in absolute value (only an unconstrained numeric holds infinities)",
+			cmpOr(col.Type, "numeric"), col.Name, inf, numericMax(col.Precision, col.Scale))
+	}
+	return inf, ""
+}
+
+// numericMax is the largest value of numeric(p,s), in decimal: p nines,
+// s of them after the point (s may be negative, or greater than p).
+func numericMax(p, s int) string {
+	nines := strings.Repeat("9", p)
+	switch {
+	case s <= 0:
+		return nines + strings.Repeat("0", -s)
+	case s >= p:
+		return "0." + strings.Repeat("0", s-p) + nines
+	}
+	return nines[:p-s] + "." + nines[p-s:]
 }
 
 // Limits of PostgreSQL's numeric format (src/backend/utils/adt/numeric.c,
