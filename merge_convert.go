@@ -155,6 +155,10 @@ func convertValue(col Column, v any) (any, string) {
 		}
 		if col.BaseType == "jsonb" {
 			if reason := jsonbReason(b); reason != "" {
+				if strings.HasPrefix(reason, "jsonb number") {
+					reason = fmt.Sprintf("%s: %s column %q holds numbers of at most %d digits before the decimal point and %d after",
+						reason, cmpOr(col.Type, "jsonb"), col.Name, numericMaxExp10+1, numericMaxDscale)
+				}
 				return nil, reason
 			}
 		}
@@ -545,6 +549,24 @@ func jsonbReason(b []byte) string {
 	return ""
 }
 
+// limitNote returns, for a reason PostgreSQL gave while staging (see
+// backfill_isolate.go) that says a value is out of range (SQLSTATE
+// 22003, 22008, 22015), the reason with col's real limit appended, for
+// the column types whose text the row writer leaves to PostgreSQL.
+func limitNote(col Column, reason string) string {
+	if !strings.Contains(reason, "(SQLSTATE 22003)") && !strings.Contains(reason, "(SQLSTATE 22008)") && !strings.Contains(reason, "(SQLSTATE 22015)") {
+		return reason
+	}
+	typ := cmpOr(col.Type, col.BaseType)
+	switch col.BaseType {
+	case "interval":
+		return fmt.Sprintf("%s: %s column %q holds months and days each from -2147483648 to 2147483647 (about ±178000000 years) and a time part from -2562047788:00:54.775808 to 2562047788:00:54.775807", reason, typ, col.Name)
+	case "time", "timetz":
+		return fmt.Sprintf("%s: %s column %q holds 00:00:00 to 24:00:00", reason, typ, col.Name)
+	}
+	return reason
+}
+
 // wrongType is the reason for a Go type that no value of can be stored in
 // a column of type want (see typeMismatch).
 func wrongType(v any, want string) string {
@@ -596,8 +618,11 @@ func textValue(s string) (any, string) {
 // hi]; a value out of range is refused with the column's range.
 func intValue(col Column, v any, lo, hi int64, name string) (any, string) {
 	n, reason := toInt(v, lo, hi, name)
-	if strings.HasPrefix(reason, "out of range") {
+	switch {
+	case strings.HasPrefix(reason, "out of range"):
 		reason = fmt.Sprintf("out of range: %s column %q holds %d to %d", cmpOr(col.Type, name), col.Name, lo, hi)
+	case strings.HasPrefix(reason, "not an integer"):
+		reason = fmt.Sprintf("not an integer: %s column %q holds whole numbers from %d to %d", cmpOr(col.Type, name), col.Name, lo, hi)
 	}
 	return n, reason
 }
@@ -659,12 +684,16 @@ func toInt(v any, lo, hi int64, name string) (any, string) {
 		}
 		n = int64(x)
 	case float32, float64:
+		// As PostgreSQL reads the text lib/pq would send: out of range
+		// before a fraction (32769.5 is out of range for smallint).
 		f, _ := toFloat(x, "double precision")
-		if math.IsNaN(f) || !math.IsInf(f, 0) && f != math.Trunc(f) {
+		switch {
+		case math.IsNaN(f):
 			return nil, "not an integer: type " + name + " holds whole numbers"
-		}
-		if f < -9.223372036854775e18 || f > 9.223372036854775e18 {
+		case f < -9.223372036854775e18 || f > 9.223372036854775e18 || f < float64(lo) || f > float64(hi):
 			return nil, "out of range for type " + name
+		case f != math.Trunc(f):
+			return nil, "not an integer: type " + name + " holds whole numbers"
 		}
 		n = int64(f)
 	case string:

@@ -246,10 +246,14 @@ func TestConvertTimestamptzText(t *testing.T) {
 	}
 	const noOffset = "invalid timestamptz, want RFC 3339 with a zone offset (a value without offset would be read in the session's TimeZone)"
 	for _, in := range []string{"2024-03-10 12:00:00", "2024-03-10T12:00:00.123", "2024-03-10", "2024-03-10 12:00:00 ", "2024-03-10 12:00:00+16",
-		"2024-03-10 12:00:00+0530:00", "2024-03-10 12:00:00+05:3", "2024-02-30 12:00:00Z", "2024-03-10 24:00:01Z", "2024-03-10 12:00:00.Z",
-		"2024-03-10 12:00:00 UTC", "24-03-10 12:00:00Z", "2024-03-10  12:00:00Z", "", "0000-01-01T00:00:00Z", "now", "today"} {
+		"2024-03-10 12:00:00+0530:00", "2024-03-10 12:00:00+05:3", "2024-03-10 12:00:00.Z",
+		"2024-03-10 12:00:00 UTC", "24-03-10 12:00:00Z", "2024-03-10  12:00:00Z", "", "now", "today"} {
 		_, reason := convertValue(tz, in)
 		require.Equal(t, noOffset, reason, "%q", in)
+	}
+	for _, in := range []string{"2024-02-30 12:00:00Z", "2023-02-29 12:00:00Z", "2024-03-10 24:00:01Z", "2024-03-10 23:59:60.5Z", "0000-01-01T00:00:00Z", "2024-13-01T00:00:00Z"} {
+		_, reason := convertValue(tz, in)
+		require.Contains(t, reason, `date/time field value out of range: timestamptz column "c" holds calendar dates`, "%q", in)
 	}
 	for _, in := range []any{"4714-11-24T00:00:00+01 BC", "294277-01-01T00:00:00Z", "294276-12-31T23:00:00-05:00",
 		time.Date(-4713, 11, 23, 23, 0, 0, 0, time.UTC), time.Date(294277, 1, 1, 0, 0, 0, 0, time.UTC), time.Date(-4713, 11, 24, 0, 0, 0, 0, time.FixedZone("", 3600))} {

@@ -173,6 +173,9 @@ type dateTimeText struct {
 	offset               int  // seconds east of UTC
 	inf                  int  // +1 'infinity', -1 '-infinity' (no other field set)
 	epoch                bool // 'epoch': 1970-01-01 00:00:00 UTC
+	// badField: the text has the form but a field out of its range (year
+	// 0, February 30th, 25:00); ok is false.
+	badField bool
 }
 
 // parseDateTime reads s, surrounded by any whitespace, as
@@ -226,6 +229,7 @@ func parseDateTime(s string) (d dateTimeText, ok bool) {
 	if !ok1 || !at('-') {
 		return d, false
 	}
+	yearZero := d.year == 0 // no year 0, AD or BC
 	d.month, ok2 = digits(2, 2)
 	if !ok2 || !at('-') {
 		return d, false
@@ -283,20 +287,19 @@ func parseDateTime(s string) (d dateTimeText, ok bool) {
 	if i+3 == len(s) && s[i] == ' ' {
 		switch strings.ToUpper(s[i+1:]) {
 		case "BC":
-			if d.year == 0 {
-				return d, false
-			}
 			d.year = 1 - d.year
 			i = len(s)
 		case "AD":
 			i = len(s)
 		}
 	}
-	if i != len(s) || d.year == 0 || d.month < 1 || d.month > 12 || d.day < 1 || d.day > daysIn(d.year, d.month) {
+	if i != len(s) {
 		return d, false
 	}
-	if d.hour > 24 || d.minute > 59 || d.second > 60 ||
+	if yearZero || d.month < 1 || d.month > 12 || d.day < 1 || d.day > daysIn(d.year, d.month) ||
+		d.hour > 24 || d.minute > 59 || d.second > 60 ||
 		d.hour == 24 && (d.minute != 0 || d.second != 0 || d.nsec != 0) || d.second == 60 && d.nsec != 0 {
+		d.badField = true
 		return d, false
 	}
 	return d, true
@@ -379,6 +382,10 @@ const (
 // column to the form convertTime gives the same value.
 func convertTimeText(col Column, s string) (any, string) {
 	d, ok := parseDateTime(s)
+	if d.badField {
+		return nil, fmt.Sprintf("date/time field value out of range: %s column %q holds calendar dates of years 4714 BC (no year 0) and later, hours 00 to 24 (24:00:00 only), seconds 00 to 60",
+			cmpOr(col.Type, col.BaseType), col.Name)
+	}
 	if d.inf != 0 {
 		if d.inf > 0 {
 			return "infinity", ""
