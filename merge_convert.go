@@ -23,7 +23,8 @@ import (
 //
 // v is first reduced to a built-in type by normalize (driver.Valuer,
 // pointers, named types, fmt.Stringer). Columns of a type this function
-// does not check (interval aside: enums, inet, arrays, ranges...) take
+// does not check (interval, time and timetz aside, which also take
+// time.Duration and time.Time: enums, inet, arrays, ranges...) take
 // text only, which PostgreSQL's input function reads; other Go values are
 // rejected rather than sent in a form PostgreSQL might misread. Columns of
 // unknown type (BaseType "", fakes) pass the reduced value through, except
@@ -105,13 +106,26 @@ func convertValue(col Column, v any) (any, string) {
 		case time.Time:
 			return convertTime(col, x)
 		case string:
-			return convertTimeText(col, x)
+			return convertTimeText(col, x, v)
 		}
 		name := col.BaseType
 		if name == "timestamptz" {
 			name = "timestamp with time zone"
 		}
 		return nil, wrongType(v, name)
+	case "time", "timetz":
+		if x, ok := v.(time.Time); ok {
+			// The wall clock of x in its own location (as lib/pq reads
+			// a time column: on 0000-01-01), with its offset for timetz.
+			if col.BaseType == "time" {
+				return truncMicro(x).Format("15:04:05.999999"), ""
+			}
+			return truncMicro(x).Format("15:04:05.999999-07:00:00"), ""
+		}
+		if s, ok := textOf(v, src); ok {
+			return textValue(s)
+		}
+		return nil, fmt.Sprintf("Go type %T is not supported for column type %s; write time.Time or text", src, cmpOr(col.Type, col.BaseType))
 	case "uuid":
 		switch x := v.(type) {
 		case [16]byte:

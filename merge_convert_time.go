@@ -378,9 +378,9 @@ const (
 	reasonTimestamptzText = "invalid timestamptz, want RFC 3339 with a zone offset (a value without offset would be read in the session's TimeZone)"
 )
 
-// convertTimeText converts text for a date, timestamp or timestamptz
-// column to the form convertTime gives the same value.
-func convertTimeText(col Column, s string) (any, string) {
+// convertTimeText converts text s (v itself) for a date, timestamp or
+// timestamptz column to the form convertTime gives the same value.
+func convertTimeText(col Column, s string, v any) (any, string) {
 	d, ok := parseDateTime(s)
 	if d.badField {
 		return nil, fmt.Sprintf("date/time field value out of range: %s column %q holds calendar dates of years 4714 BC (no year 0) and later, hours 00 to 24 (24:00:00 only), seconds 00 to 60",
@@ -417,6 +417,9 @@ func convertTimeText(col Column, s string) (any, string) {
 	if y := t.Year(); y >= 1 && y <= 9999 {
 		switch col.BaseType {
 		case "date":
+			if len(s) == len("2006-01-02") && !d.epoch {
+				return v, "" // already YYYY-MM-DD: the string as it came, without boxing it again
+			}
 			return t.Format("2006-01-02"), ""
 		case "timestamp":
 			return t.Format("2006-01-02 15:04:05.999999"), ""

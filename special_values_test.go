@@ -29,6 +29,7 @@ var specialColumns = []struct{ name, typ string }{
 	{"c_num", "numeric"}, {"c_num52", "numeric(5,2)"}, {"c_num3m1", "numeric(3,-1)"},
 	{"c_bool", "boolean"}, {"c_text", "text"}, {"c_vc", "varchar(5)"}, {"c_bp", "char(3)"},
 	{"c_date", "date"}, {"c_ts", "timestamp"}, {"c_tstz", "timestamptz"},
+	{"c_time", "time"}, {"c_timetz", "timetz"},
 	{"c_uuid", "uuid"}, {"c_bytea", "bytea"}, {"c_interval", "interval"}, {"c_jsonb", "jsonb"},
 }
 
@@ -279,6 +280,24 @@ func valueGen(t *rapid.T, name string) (any, string) {
 		return s, s
 	case "c_date", "c_ts", "c_tstz":
 		return timeGen(t, name)
+	case "c_time", "c_timetz":
+		h, m, sec := rapid.IntRange(0, 24).Draw(t, "hour"), rapid.IntRange(0, 59).Draw(t, "minute"), rapid.IntRange(0, 60).Draw(t, "second")
+		us := rapid.OneOf(rapid.Just(0), rapid.IntRange(0, 999999)).Draw(t, "us")
+		offset := rapid.SampledFrom([]int{0, 3600, -(5*3600 + 1800), 14*3600 + 59*60 + 30, -15*3600 - 59*60 - 59}).Draw(t, "offset")
+		zone := ""
+		if name == "c_timetz" {
+			sign, o := "+", offset
+			if o < 0 {
+				sign, o = "-", -o
+			}
+			zone = fmt.Sprintf("%s%02d:%02d:%02d", sign, o/3600, o%3600/60, o%60)
+		}
+		if rapid.Bool().Draw(t, "go") {
+			at := time.Date(0, 1, 1, h%24, m, sec%60, us*1000, time.FixedZone("", offset))
+			return at, fmt.Sprintf("%02d:%02d:%02d.%06d%s", at.Hour(), at.Minute(), at.Second(), us, zone)
+		}
+		s := fmt.Sprintf("%02d:%02d:%02d.%06d%s", h, m, sec, us, zone)
+		return s, s
 	case "c_uuid":
 		var u [16]byte
 		copy(u[:], rapid.SliceOfN(rapid.Byte(), 16, 16).Draw(t, "u"))
