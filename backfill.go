@@ -312,7 +312,11 @@ type RowWriter interface {
 	// number or time beyond the column's range, unparsable text) is bad
 	// data: it does not fail the chunk, the row goes to the exception
 	// queue with a reason naming the column, its limit and the value, and
-	// Write returns nil. A row no data can make valid is an extractor bug:
+	// Write returns nil. Every value a column can hold is taken, as a Go
+	// value or as text: NaN and ±Inf floats (also in an unconstrained
+	// numeric), 'infinity' and '-infinity' times ([TimeInfinity],
+	// [TimeNegInfinity]), years 4714 BC to 294276 AD (dates to 5874897
+	// AD; see merge_convert_time.go for the text forms). A row no data can make valid is an extractor bug:
 	// a wrong number of values, or a Go type that no conversion accepts
 	// for its column (a struct for an integer column); Write then returns
 	// an error wrapping [ErrExtractor] and the chunk fails without retry,
