@@ -26,7 +26,10 @@ import (
 // loaded; forms whose meaning depends on the session's DateStyle
 // (01/02/2024) or timezone_abbreviations (EST); a timestamptz without an
 // offset (read in the session's TimeZone); a zone on a timestamp without
-// time zone, which PostgreSQL would silently ignore.
+// time zone, which PostgreSQL would silently ignore (write the wall clock,
+// or a time.Time, which is stored as its wall clock in Job.Zone). A date
+// is the date as written: a time and zone after it are ignored, as
+// PostgreSQL ignores them.
 
 // TimeInfinity and TimeNegInfinity stand, in a date, timestamp or
 // timestamptz column, for PostgreSQL's 'infinity' and '-infinity' (later
@@ -181,7 +184,7 @@ type dateTimeText struct {
 // parseDateTime reads s, surrounded by any whitespace, as
 //
 //	infinity | -infinity | epoch                 (any case)
-//	Y...Y-MM-DD [(T|t|space)HH:MM[:SS[.f...]]] [[space]zone] [space(AD|BC)]
+//	Y...Y-MM-DD [(T|t|space)HH:MM[:SS[.f...]]] [[space]zone] [[spaces](AD|BC)]
 //
 // with at least four year digits (fewer read as two-digit years by
 // PostgreSQL) and zone Z, z or ±HH[[:]MM[[:]SS]] (at most 15:59:59,
@@ -283,9 +286,9 @@ func parseDateTime(s string) (d dateTimeText, ok bool) {
 			}
 		}
 	}
-	// An era.
-	if i+3 == len(s) && s[i] == ' ' {
-		switch strings.ToUpper(s[i+1:]) {
+	// An era, after any whitespace.
+	if rest := strings.TrimLeft(s[i:], pgSpace); len(rest) == 2 {
+		switch strings.ToUpper(rest) {
 		case "BC":
 			d.year = 1 - d.year
 			i = len(s)
@@ -373,7 +376,7 @@ func (d dateTimeText) civil() time.Time {
 }
 
 const (
-	reasonDateText        = "invalid date, want YYYY-MM-DD (four or more year digits, optional BC), infinity or -infinity"
+	reasonDateText        = "invalid date, want YYYY-MM-DD (four or more year digits, optional BC; a time after it is ignored), infinity or -infinity"
 	reasonTimestampText   = "invalid timestamp, want YYYY-MM-DD HH:MM:SS[.ffffff] without zone (four or more year digits, optional BC), infinity or -infinity"
 	reasonTimestamptzText = "invalid timestamptz, want RFC 3339 with a zone offset (a value without offset would be read in the session's TimeZone)"
 )
@@ -394,9 +397,13 @@ func convertTimeText(col Column, s string, v any) (any, string) {
 	}
 	switch col.BaseType {
 	case "date":
-		if !ok || d.clock {
+		if !ok {
 			return nil, reasonDateText
 		}
+		// The date as written: a time of day and a zone after it are
+		// ignored, as PostgreSQL's date input ignores them (and as a
+		// time.Time gives its civil date).
+		d.hour, d.minute, d.second, d.nsec, d.zone = 0, 0, 0, 0, false
 	case "timestamp":
 		if !ok || d.zone {
 			return nil, reasonTimestampText

@@ -379,6 +379,9 @@ func timeGen(t *rapid.T, name string) (any, string) {
 	switch name {
 	case "c_date":
 		s = isoText(year, month, day, -1, 0, 0, 0, "")
+		if rapid.IntRange(0, 3).Draw(t, "with time") == 0 {
+			s = isoText(year, month, day, hour, minute, sec, us, rapid.SampledFrom([]string{"", "Z", zoneText(offset)}).Draw(t, "zone"))
+		}
 	case "c_ts":
 		if rapid.IntRange(0, 5).Draw(t, "midnight 24") == 0 {
 			hour, minute, sec, us = 24, 0, 0, 0
@@ -393,6 +396,13 @@ func timeGen(t *rapid.T, name string) (any, string) {
 	if rapid.Bool().Draw(t, "T") {
 		s = strings.Replace(s, " ", "T", 1)
 	}
+	if us != 0 && rapid.Bool().Draw(t, "short fraction") {
+		// .120000 as .12
+		if j := strings.Index(s, fmt.Sprintf(".%06d", us)); j >= 0 {
+			s = s[:j] + strings.TrimRight(s[j:j+7], "0") + s[j+7:]
+		}
+	}
+	s = eraVariant(t, s)
 	return s, s
 }
 
@@ -414,6 +424,18 @@ func isoText(year, month, day, hour, minute, sec, us int, zone string) string {
 	s += zone
 	if bc {
 		s += " BC"
+	}
+	return s
+}
+
+// eraVariant rewrites the " BC" or " AD" that ends s in another spelling
+// PostgreSQL reads.
+func eraVariant(t *rapid.T, s string) string {
+	for _, era := range []string{" BC", " AD"} {
+		if strings.HasSuffix(s, era) {
+			sep := rapid.SampledFrom([]string{" ", "", "  ", "\t"}).Draw(t, "era space")
+			return strings.TrimSuffix(s, era) + sep + mixCase(t, era[1:])
+		}
 	}
 	return s
 }
