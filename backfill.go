@@ -326,7 +326,12 @@ type RowWriter interface {
 	Write(ctx context.Context, values ...any) error
 	// Reject records a row the extractor could not convert. raw is stored
 	// as jsonb (any JSON-marshalable value; a value that cannot be
-	// marshalled is stored as its fmt %v text), column may be empty.
+	// marshalled is stored as its fmt %v text), column may be empty. Any
+	// value is stored: a map or slice that contains itself, or a pointer
+	// cycle, is cut where it recurs (marked "<cycle>"), nesting beyond 32
+	// levels is marked "<too deep>", and a raw row beyond 64 KiB of JSON
+	// is stored truncated ({"truncated": true, "bytes": ..., "prefix":
+	// ...}).
 	Reject(ctx context.Context, raw any, column, reason string) error
 }
 
