@@ -102,8 +102,12 @@ func (w *rawWalk) safe(v any, depth int) any {
 			return markCycle
 		}
 		defer w.leave()
-		m := make(map[string]any, len(x))
+		m := make(map[string]any, min(len(x), w.nodes+1))
 		for k, e := range x {
+			if w.nodes <= 0 {
+				m[markTruncated] = fmt.Sprintf("%d more entries", len(x)-len(m))
+				break
+			}
 			m[jsonSafeKey(k)] = w.safe(e, depth+1)
 		}
 		return m

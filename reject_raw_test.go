@@ -3,6 +3,7 @@ package backfill_test
 import (
 	"context"
 	"encoding/json"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -57,7 +58,11 @@ func TestRejectStoresAnyValue(t *testing.T) {
 	for i := range 200_000 {
 		hugeMap[i] = "v"
 	}
-	values := []any{selfMap, selfSlice, node, *node, viaAny, deep, deepMap, huge, hugeMap, strings.Repeat("é", 600_000)}
+	wideMap := map[string]any{}
+	for i := range 100_000 {
+		wideMap[strconv.Itoa(i)] = i
+	}
+	values := []any{selfMap, selfSlice, node, *node, viaAny, deep, deepMap, huge, hugeMap, strings.Repeat("é", 600_000), wideMap}
 
 	r, err := backfill.New(db, &backfill.Config{MaxRejectsPerChunk: -1})
 	require.NoError(t, err)
