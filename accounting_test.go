@@ -69,12 +69,11 @@ func TestAccountingProperty(t *testing.T) {
 			}
 			return nil
 		})
-		job := backfill.Job{Name: fmt.Sprintf("prop-%d", iteration), Chunker: backfill.IntRange(0, int64(nChunks)*100, 100), Extractor: extract,
+		job := backfill.Job{Name: fmt.Sprintf("prop-%d", iteration), Chunker: backfill.IntRange(0, int64(nChunks)*100, 100), Extractor: extract, MaxRunRejectRate: -1,
 			Target: backfill.Target{Table: "items", Key: []string{"tenant", "id"}, Columns: []string{"tenant", "id", "name", "amount", "seen_at"}}}
 		r, err := backfill.New(db, &backfill.Config{Concurrency: 2})
 		require.NoError(rt, err)
-		rep, err := r.Run(ctx, job)
-		require.NoError(rt, err)
+		rep, runErr := r.Run(ctx, job)
 
 		// Model: per key, the last good row wins.
 		model := map[int64]*string{}
@@ -93,6 +92,14 @@ func TestAccountingProperty(t *testing.T) {
 				model[r.ID] = name
 			}
 		}
+		allRejected := read > 0 && rejected == read
+		if allRejected {
+			// Nothing loaded: the run pauses rather than complete silently.
+			require.ErrorIs(rt, runErr, backfill.ErrGateFailed)
+			require.Equal(rt, backfill.RunPaused, rep.Status)
+		} else {
+			require.NoError(rt, runErr)
+		}
 		require.Equal(rt, read, rep.Counts.Read)
 		require.Equal(rt, rejected, rep.Counts.Rejected)
 		require.Equal(rt, int64(len(model)), rep.Counts.Inserted)
@@ -110,7 +117,11 @@ func TestAccountingProperty(t *testing.T) {
 
 		job.NewRun = true
 		rep2, err := r.Run(ctx, job)
-		require.NoError(rt, err)
+		if allRejected {
+			require.ErrorIs(rt, err, backfill.ErrGateFailed)
+		} else {
+			require.NoError(rt, err)
+		}
 		require.Zero(rt, rep2.Counts.Inserted+rep2.Counts.Updated, "replay writes nothing: %+v", rep2.Counts)
 		require.Equal(rt, rep.Counts.Read, rep2.Counts.Read)
 	})

@@ -260,11 +260,17 @@ type Job struct {
 	// RollbackNone explicitly ([ErrInvalidConfig] otherwise), so that no
 	// backfill runs without a decided way back.
 	Rollback RollbackMechanism
-	// MaxRunRejectRate is a quality gate on the whole run: when the
-	// rejected rows of the run's completed chunks exceed this fraction of
-	// their read rows (0.01 = 1%), the run pauses like on a failed
-	// [SeverityError] check, until [Runner.Resume]. 0 disables it. The
-	// per-chunk rate is [CheckExceptionRate].
+	// MaxRunRejectRate is a quality gate on the whole run, on by default:
+	// when the rejected rows of the run's completed chunks exceed this
+	// fraction of their read rows (0.01 = 1%), checked after each chunk,
+	// the run pauses like on a failed [SeverityError] check, until
+	// [Runner.Resume]; Run returns an error wrapping [ErrGateFailed].
+	// 0 means [DefaultMaxRunRejectRate] (10%); a negative value disables
+	// the gate. Whatever the gate, a run whose chunks rejected every row
+	// they read (none loaded, at least one read) never completes
+	// silently: when the call that ran its last chunks ends, the run
+	// pauses the same way ("no row loaded"). The per-chunk rate is
+	// [CheckExceptionRate].
 	MaxRunRejectRate float64
 	// Watermark, if set, is asked for the source's high-water mark at
 	// each call of [Runner.Run]; the manifest records the one taken when
@@ -276,6 +282,10 @@ type Job struct {
 	// [PGSourceWatermark].
 	Watermark Watermarker
 }
+
+// DefaultMaxRunRejectRate is the default of [Job.MaxRunRejectRate]: a
+// run pauses when more than 10% of the rows it read were rejected.
+const DefaultMaxRunRejectRate = 0.10
 
 // DateMeaning says what a date without a time means in a source.
 type DateMeaning string
@@ -314,17 +324,31 @@ func (f ExtractorFunc) Extract(ctx context.Context, c Chunk, w RowWriter) error 
 // safe for concurrent use and is invalid once Extract returns.
 type RowWriter interface {
 	// Write adds one row, values in [Target.Columns] order. A value that
-	// cannot be stored in its column (wrong type, NULL in a key or NOT NULL
-	// column, NUL byte or invalid UTF-8 in text, text longer than the
-	// column allows) does not fail the chunk: the row goes to the
-	// exception queue with a reason naming the column and value, and Write
-	// returns nil. Write returns an error only when the chunk cannot go on
-	// (the staging COPY failed, ctx is done, too many rejects); the
-	// extractor should then return it.
+	// its column cannot hold (NULL in a key or NOT NULL column, NUL byte
+	// or invalid UTF-8 in text, text longer than the column allows, a
+	// number or time beyond the column's range, unparsable text) is bad
+	// data: it does not fail the chunk, the row goes to the exception
+	// queue with a reason naming the column, its limit and the value, and
+	// Write returns nil. Every value a column can hold is taken, as a Go
+	// value or as text: NaN and ±Inf floats (also in an unconstrained
+	// numeric), 'infinity' and '-infinity' times ([TimeInfinity],
+	// [TimeNegInfinity]), years 4714 BC to 294276 AD (dates to 5874897
+	// AD; see merge_convert_time.go for the text forms). A row no data can make valid is an extractor bug:
+	// a wrong number of values, or a Go type that no conversion accepts
+	// for its column (a struct for an integer column); Write then returns
+	// an error wrapping [ErrExtractor] and the chunk fails without retry,
+	// even if the extractor ignores the error. Write returns an error also
+	// when the chunk cannot go on (the staging COPY failed, ctx is done,
+	// too many rejects); the extractor should then return it.
 	Write(ctx context.Context, values ...any) error
 	// Reject records a row the extractor could not convert. raw is stored
 	// as jsonb (any JSON-marshalable value; a value that cannot be
-	// marshalled is stored as its fmt %v text), column may be empty.
+	// marshalled is stored as its fmt %v text), column may be empty. Any
+	// value is stored: a map or slice that contains itself, or a pointer
+	// cycle, is cut where it recurs (marked "<cycle>"), nesting beyond 32
+	// levels is marked "<too deep>", and a raw row beyond 64 KiB of JSON
+	// is stored truncated ({"truncated": true, "bytes": ..., "prefix":
+	// ...}).
 	Reject(ctx context.Context, raw any, column, reason string) error
 }
 

@@ -240,6 +240,9 @@ func (ex *execution) stage(ctx context.Context, tx Tx, c Chunk, info TableInfo, 
 			}
 		}
 		line, rej, isData := stagingDataError(serr, w.names)
+		if i := slices.Index(w.names, rej.column); isData && i >= 0 {
+			rej.reason = limitNote(info.Columns[i], rej.reason) // the column's real limit
+		}
 		// where names the refused row; the chunk's error names the chunk.
 		where := func() string {
 			row := w.lines.row(line)

@@ -59,7 +59,8 @@ func refusedRows(bad map[int]string) [][]any {
 
 func refusedJob(rows [][]any) backfill.Job {
 	return backfill.Job{Name: "refused", Chunker: backfill.List("file-1"), Extractor: rowsFunc(rows...),
-		Target: backfill.Target{Table: "t", Key: []string{"id"}, Columns: []string{"id", "m", "p", "ip", "r", "a"}}, Rollback: backfill.RollbackNone}
+		Target: backfill.Target{Table: "t", Key: []string{"id"}, Columns: []string{"id", "m", "p", "ip", "r", "a"}}, Rollback: backfill.RollbackNone,
+		MaxRunRejectRate: -1} // the rejects are what the tests are about
 }
 
 // TestStagingIsolatesRefusedRows: values that only PostgreSQL's input

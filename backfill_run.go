@@ -12,6 +12,7 @@ import (
 	"os"
 	"runtime/debug"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -276,6 +277,11 @@ func (r *Runner) Run(ctx context.Context, job Job) (Report, error) {
 		ex.work(ctx)
 		if pmEnd != nil && len(ex.errs) == 0 {
 			ex.publish(ctx, pmEnd)
+		}
+		if len(ex.errs) == 0 && len(ex.done) > 0 {
+			if err := ex.checkLoaded(ctx); err != nil {
+				ex.fail(nil, err)
+			}
 		}
 	}
 	var runErr error
@@ -799,8 +805,7 @@ func (w *rowWriter) Write(ctx context.Context, values ...any) error {
 	}
 	n := w.info.Written
 	if len(values) != n {
-		return w.reject(rawJSON(w.names[:n], values, nil), "", fmt.Sprint(len(values)),
-			fmt.Sprintf("wrong number of values: got %d, want %d (%v)", len(values), n, w.names[:n]))
+		return w.extractorBug(values, fmt.Sprintf("wrong number of values: got %d, want %d", len(values), n))
 	}
 	for i, col := range w.info.Columns[:n] {
 		in := values[i]
@@ -811,6 +816,9 @@ func (w *rowWriter) Write(ctx context.Context, values ...any) error {
 		}
 		v, reason := convertValue(col, in)
 		if reason != "" {
+			if typeMismatch(reason) {
+				return w.extractorBug(values, fmt.Sprintf("column %q (%s, value %d of %d): %s", col.Name, cmpOr(col.Type, col.BaseType), i+1, n, reason))
+			}
 			return w.reject(rawJSON(w.names[:n], values, nil), col.Name, displayValue(values[i]), reason)
 		}
 		w.buf[i] = v
@@ -865,6 +873,23 @@ func (w *rowWriter) Write(ctx context.Context, values ...any) error {
 		return err
 	}
 	return nil
+}
+
+// extractorBug fails the chunk for a row that no data can make valid (see
+// [ErrExtractor]): the error names the chunk, the row, what is wrong, the
+// columns expected and the values passed. It is sticky: the chunk fails
+// even when the extractor ignores the error.
+func (w *rowWriter) extractorBug(values []any, what string) error {
+	shown := make([]string, len(values))
+	for i, v := range values {
+		shown[i] = fmt.Sprintf("%s (%T)", displayValue(v), v)
+		if len(shown[i]) > 200 {
+			shown[i] = validPrefix(shown[i], 200) + "…"
+		}
+	}
+	w.err = fmt.Errorf("%w (%w): chunk %s row %d: %s; Write takes the columns %s in this order, got [%s]",
+		ErrExtractor, errNotRetryable, w.chunk.ID, w.row, what, strings.Join(w.names[:w.info.Written], ", "), strings.Join(shown, ", "))
+	return w.err
 }
 
 func (w *rowWriter) Reject(ctx context.Context, raw any, column, reason string) error {
@@ -1110,11 +1135,15 @@ func (ex *execution) stageChunk(ctx context.Context, tx Tx, c Chunk, attempt int
 }
 
 // checkRunRejectRate pauses the run when its rejects exceed
-// Job.MaxRunRejectRate of its reads, over the chunks done so far.
+// Job.MaxRunRejectRate of its reads (default DefaultMaxRunRejectRate,
+// negative: off), over the chunks done so far.
 func (ex *execution) checkRunRejectRate(ctx context.Context) error {
 	max := ex.job.MaxRunRejectRate
-	if max <= 0 {
+	switch {
+	case max < 0:
 		return nil
+	case max == 0:
+		max = DefaultMaxRunRejectRate
 	}
 	states, err := ex.r.cfg.Manifest.Chunks(ctx, ex.r.db, ex.batchID)
 	if err != nil {
@@ -1137,4 +1166,33 @@ func (ex *execution) checkRunRejectRate(ctx context.Context) error {
 		}
 	}
 	return fmt.Errorf("%w: %s", ErrGateFailed, reason)
+}
+
+// checkLoaded pauses the run when every chunk is done and the chunks read
+// rows but loaded none: all of them were rejected. It is called when a
+// call of Run completed chunks without failing, so that a run resumed
+// after the pause ([Runner.Resume]) completes.
+func (ex *execution) checkLoaded(ctx context.Context) error {
+	states, err := ex.r.cfg.Manifest.Chunks(ctx, ex.r.db, ex.batchID)
+	if err != nil {
+		return err
+	}
+	var total Counts
+	for _, s := range states {
+		if s.Status != ChunkDone {
+			return nil
+		}
+		total = total.Add(s.Counts)
+	}
+	if total.Read == 0 || total.Rejected < total.Read {
+		return nil
+	}
+	reason := fmt.Sprintf("no row loaded: all %d rows read were rejected (see the exception queue)", total.Read)
+	ex.log.Warn("run paused", "reason", reason)
+	if mv, ok := ex.r.cfg.Manifest.(ManifestValidations); ok {
+		if err := mv.PauseRun(context.WithoutCancel(ctx), ex.r.db, ex.batchID, reason); err != nil {
+			return err
+		}
+	}
+	return fmt.Errorf("backfill: job %q batch %d: %w: %s", ex.job.Name, ex.batchID, ErrGateFailed, reason)
 }

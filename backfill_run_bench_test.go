@@ -41,3 +41,30 @@ func BenchmarkRowWriter(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkRowWriterTimeText measures rows of dates and times written as
+// text and as time.Time, the forms of the date and time columns.
+func BenchmarkRowWriterTimeText(b *testing.B) {
+	info := TableInfo{
+		Target: Target{Table: "t", Key: []string{"id"}},
+		Columns: []Column{
+			{Name: "id", BaseType: "int8", Key: true},
+			{Name: "d", BaseType: "date"},
+			{Name: "ts", BaseType: "timestamp"},
+			{Name: "tz", BaseType: "timestamptz"},
+			{Name: "d2", BaseType: "date"},
+			{Name: "ts2", BaseType: "timestamp"},
+		},
+		Written: 6,
+	}
+	c := Chunk{ID: "int:0/1", Kind: KindInt, Hi: 1}
+	w := newRowWriter(c, Job{}, info, &nopStager{}, 0, time.Now())
+	at := time.Date(2024, 1, 2, 3, 4, 5, 0, time.UTC)
+	ctx := context.Background()
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		if err := w.Write(ctx, int64(i), "2024-01-02", "2024-01-02 03:04:05.123456", "2024-01-02T03:04:05.123456+01:00", at, at); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

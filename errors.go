@@ -61,6 +61,17 @@ var (
 	// ErrExtractorPanic is returned (wrapped in a [*ChunkError]) when an
 	// extractor panicked; the chunk rolls back and is not retried.
 	ErrExtractorPanic = errors.New("backfill: extractor panicked")
+	// ErrExtractor is returned (wrapped in a [*ChunkError]) when an
+	// extractor wrote a row that no data can make valid: a wrong number of
+	// values, or a Go type that no conversion accepts for its column (a
+	// struct or a channel for an integer column, a bool for a timestamp).
+	// It is a bug in the extractor, not bad data: the chunk rolls back and
+	// is not retried, and the error names the chunk, the row, the column,
+	// the columns expected and what was passed. Values of an acceptable
+	// type that a column cannot hold (out of range, unparsable text, NULL
+	// in a NOT NULL column) are bad data instead and go to the exception
+	// queue.
+	ErrExtractor = errors.New("backfill: extractor bug")
 	// ErrNotPaused is returned by [Runner.Resume] when the job's latest
 	// run is not paused.
 	ErrNotPaused = errors.New("backfill: run is not paused")

@@ -12,7 +12,8 @@ import (
 // runOnce runs a one-chunk job writing rows into a fake target and prints
 // its counts. The fakes behave like PostgreSQL (same conformance suite).
 func runOnce(r *backfill.Runner, name string, target backfill.Target, rows ...[]any) backfill.Report {
-	job := backfill.Job{Name: name, Chunker: backfill.List("batch"), Target: target, NewRun: true, Rollback: backfill.RollbackNone,
+	// The examples reject rows on purpose: no run-level reject gate.
+	job := backfill.Job{Name: name, Chunker: backfill.List("batch"), Target: target, NewRun: true, Rollback: backfill.RollbackNone, MaxRunRejectRate: -1,
 		Extractor: backfill.ExtractorFunc(func(ctx context.Context, c backfill.Chunk, w backfill.RowWriter) error {
 			for _, row := range rows {
 				if err := w.Write(ctx, row...); err != nil {
@@ -47,14 +48,14 @@ func ExampleAppendOnly() {
 
 	runOnce(r, "events", target, []any{"e1", "sale", int64(10)}, []any{"e2", "refund", int64(-5)})
 	runOnce(r, "events", target, []any{"e1", "sale", int64(10)}, []any{"e2", "refund", int64(-5)})
-	rep := runOnce(r, "events", target, []any{"e2", "refund", int64(-7)})
+	rep := runOnce(r, "events", target, []any{"e1", "sale", int64(10)}, []any{"e2", "refund", int64(-7)})
 	ex, _ := man.Exceptions(context.Background(), nil, rep.BatchID)
 	fmt.Println(ex[0].Value, ex[0].Reason)
 	fmt.Println(m.Rows("events"))
 	// Output:
 	// read 2: inserted 2, updated 0, unchanged 0, rejected 0, deduplicated 0
 	// read 2: inserted 0, updated 0, unchanged 2, rejected 0, deduplicated 0
-	// read 1: inserted 0, updated 0, unchanged 0, rejected 1, deduplicated 0
+	// read 2: inserted 0, updated 0, unchanged 1, rejected 1, deduplicated 0
 	// (e2) conflicting content for existing event: amount differ
 	// [[e1 sale 10] [e2 refund -5]]
 }

@@ -5,6 +5,7 @@ import (
 	"database/sql/driver"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 	"math/big"
@@ -22,7 +23,8 @@ import (
 //
 // v is first reduced to a built-in type by normalize (driver.Valuer,
 // pointers, named types, fmt.Stringer). Columns of a type this function
-// does not check (interval aside: enums, inet, arrays, ranges...) take
+// does not check (interval, time and timetz aside, which also take
+// time.Duration and time.Time: enums, inet, arrays, ranges...) take
 // text only, which PostgreSQL's input function reads; other Go values are
 // rejected rather than sent in a form PostgreSQL might misread. Columns of
 // unknown type (BaseType "", fakes) pass the reduced value through, except
@@ -50,22 +52,27 @@ func convertValue(col Column, v any) (any, string) {
 	}
 	switch col.BaseType {
 	case "int2":
-		return toInt(v, math.MinInt16, math.MaxInt16, "smallint")
+		return intValue(col, v, math.MinInt16, math.MaxInt16, "smallint")
 	case "int4":
-		return toInt(v, math.MinInt32, math.MaxInt32, "integer")
+		return intValue(col, v, math.MinInt32, math.MaxInt32, "integer")
 	case "int8":
-		return toInt(v, math.MinInt64, math.MaxInt64, "bigint")
+		return intValue(col, v, math.MinInt64, math.MaxInt64, "bigint")
 	case "float4", "float8":
 		name := "double precision"
 		if col.BaseType == "float4" {
 			name = "real"
+			if s, ok := v.(string); ok {
+				// Rounded once, to the nearest real, as PostgreSQL
+				// reads the text.
+				v = float4Text(s)
+			}
 		}
 		f, reason := toFloat(v, name)
 		if reason != "" {
-			return nil, reason
+			return nil, floatReason(col, reason)
 		}
 		if col.BaseType == "float4" && !float4InRange(f) {
-			return nil, "out of range for type real"
+			return nil, floatReason(col, "out of range for type real")
 		}
 		return f, ""
 	case "numeric":
@@ -87,75 +94,38 @@ func convertValue(col Column, v any) (any, string) {
 		if reason != "" {
 			return nil, reason
 		}
-		if col.MaxLen > 0 && utf8.RuneCountInString(strings.TrimRight(s, " ")) > col.MaxLen {
-			return nil, fmt.Sprintf("value too long for type %s (%d characters)", col.Type, utf8.RuneCountInString(s))
+		if col.MaxLen > 0 && len(s) > col.MaxLen && utf8.RuneCountInString(strings.TrimRight(s, " ")) > col.MaxLen {
+			return nil, fmt.Sprintf("value too long: %s column %q holds at most %d characters, got %d", cmpOr(col.Type, col.BaseType), col.Name, col.MaxLen, utf8.RuneCountInString(s))
 		}
 		if _, ok := v.(string); ok {
 			return v, "" // the string as it came, without boxing it again
 		}
 		return s, ""
-	case "date":
+	case "date", "timestamp", "timestamptz":
 		switch x := v.(type) {
 		case time.Time:
-			if x.Year() < 1 || x.Year() > 9999 {
-				return nil, "date out of supported range (years 1-9999)"
-			}
-			return x.Format("2006-01-02"), ""
+			return convertTime(col, x)
 		case string:
-			t, err := time.Parse("2006-01-02", x)
-			if err != nil {
-				return nil, "invalid date, want YYYY-MM-DD"
-			}
-			if t.Year() < 1 {
-				return nil, "date out of supported range (years 1-9999)"
-			}
-			return x, ""
+			return convertTimeText(col, x, v)
 		}
-		return nil, wrongType(v, "date")
-	case "timestamp":
-		switch x := v.(type) {
-		case time.Time:
-			// The wall clock of x, in its own location: a timestamp without
-			// time zone never depends on the session's TimeZone.
-			if x.Year() < 1 || x.Year() > 9999 {
-				return nil, "timestamp out of supported range (years 1-9999)"
-			}
-			return truncMicro(x).Format("2006-01-02 15:04:05.999999"), ""
-		case string:
-			for _, layout := range []string{"2006-01-02 15:04:05.999999999", "2006-01-02T15:04:05.999999999", "2006-01-02"} {
-				if t, err := time.Parse(layout, x); err == nil {
-					if t.Year() < 1 {
-						return nil, "timestamp out of supported range (years 1-9999)"
-					}
-					return truncMicro(t).Format("2006-01-02 15:04:05.999999"), ""
-				}
-			}
-			return nil, "invalid timestamp, want YYYY-MM-DD HH:MM:SS[.ffffff] without zone"
+		name := col.BaseType
+		if name == "timestamptz" {
+			name = "timestamp with time zone"
 		}
-		return nil, wrongType(v, "timestamp")
-	case "timestamptz":
-		var t time.Time
-		switch x := v.(type) {
-		case time.Time:
-			t = x
-		case string:
-			var ok bool
-			if t, ok = parseTimestamptz(x); !ok {
-				return nil, "invalid timestamptz, want RFC 3339 with a zone offset (a value without offset would be read in the session's TimeZone)"
+		return nil, wrongType(v, name)
+	case "time", "timetz":
+		if x, ok := v.(time.Time); ok {
+			// The wall clock of x in its own location (as lib/pq reads
+			// a time column: on 0000-01-01), with its offset for timetz.
+			if col.BaseType == "time" {
+				return truncMicro(x).Format("15:04:05.999999"), ""
 			}
-			if t.Year() < 1 {
-				return nil, "timestamp out of supported range (years 1-9999)"
-			}
-		default:
-			return nil, wrongType(v, "timestamp with time zone")
+			return truncMicro(x).Format("15:04:05.999999-07:00:00"), ""
 		}
-		// In UTC, so that equal instants have equal text; the range is
-		// checked in UTC, the year that is sent.
-		t = truncMicro(t).UTC()
-		if t.Year() < 1 || t.Year() > 9999 {
-			return nil, "timestamp out of supported range (years 1-9999)"
+		if s, ok := textOf(v, src); ok {
+			return textValue(s)
 		}
-		return t.Format(time.RFC3339Nano), ""
+		return nil, fmt.Sprintf("Go type %T is not supported for column type %s; write time.Time or text", src, cmpOr(col.Type, col.BaseType))
 	case "uuid":
 		switch x := v.(type) {
 		case [16]byte:
@@ -182,7 +152,12 @@ func convertValue(col Column, v any) (any, string) {
 			// Named types too: a named string is a JSON string, not JSON
 			// text.
 			var err error
-			if b, err = json.Marshal(x); err != nil {
+			if b, err = marshalJSON(x); err != nil {
+				var te *json.UnsupportedTypeError
+				if errors.As(err, &te) && te.Type == reflect.TypeOf(x) {
+					// A channel, a function, a complex number: never JSON.
+					return nil, fmt.Sprintf("Go type %T cannot be encoded as json", x)
+				}
 				return nil, "cannot encode as json: " + err.Error()
 			}
 		}
@@ -194,6 +169,10 @@ func convertValue(col Column, v any) (any, string) {
 		}
 		if col.BaseType == "jsonb" {
 			if reason := jsonbReason(b); reason != "" {
+				if strings.HasPrefix(reason, "jsonb number") {
+					reason = fmt.Sprintf("%s: %s column %q holds numbers of at most %d digits before the decimal point and %d after",
+						reason, cmpOr(col.Type, "jsonb"), col.Name, numericMaxExp10+1, numericMaxDscale)
+				}
 				return nil, reason
 			}
 		}
@@ -428,114 +407,6 @@ func formatInterval(d time.Duration) string {
 	return strconv.FormatInt(us, 10) + " microseconds"
 }
 
-// parseTimestamptz parses text with an explicit zone offset, as RFC 3339
-// and PostgreSQL's output write it: YYYY-MM-DD, then T, t or a space,
-// HH:MM[:SS[.fraction]], an optional space, then Z, z or
-// ±HH[[:]MM[[:]SS]] (at most 15:59:59, PostgreSQL's limit). Fractions
-// beyond nanoseconds are truncated. Text without an offset is refused: it
-// would be read in the session's TimeZone.
-func parseTimestamptz(s string) (time.Time, bool) {
-	num := func(i, n int) (int, bool) {
-		if i+n > len(s) {
-			return 0, false
-		}
-		v := 0
-		for _, c := range []byte(s[i : i+n]) {
-			if c < '0' || c > '9' {
-				return 0, false
-			}
-			v = v*10 + int(c-'0')
-		}
-		return v, true
-	}
-	at := func(i int, c byte) bool { return i < len(s) && s[i] == c }
-	year, ok1 := num(0, 4)
-	month, ok2 := num(5, 2)
-	day, ok3 := num(8, 2)
-	hour, ok4 := num(11, 2)
-	minute, ok5 := num(14, 2)
-	if !(ok1 && ok2 && ok3 && ok4 && ok5) || s[4] != '-' || s[7] != '-' || s[13] != ':' ||
-		(s[10] != 'T' && s[10] != 't' && s[10] != ' ') {
-		return time.Time{}, false
-	}
-	i := 16
-	sec, nsec := 0, 0
-	if at(i, ':') {
-		var ok bool
-		if sec, ok = num(i+1, 2); !ok {
-			return time.Time{}, false
-		}
-		i += 3
-		if at(i, '.') {
-			i++
-			start := i
-			for ; i < len(s) && s[i] >= '0' && s[i] <= '9'; i++ {
-				if i-start < 9 {
-					nsec = nsec*10 + int(s[i]-'0')
-				}
-			}
-			if i == start {
-				return time.Time{}, false
-			}
-			for n := i - start; n < 9; n++ {
-				nsec *= 10
-			}
-		}
-	}
-	if at(i, ' ') {
-		i++
-	}
-	if i == len(s) {
-		return time.Time{}, false // no offset
-	}
-	offset := 0
-	switch s[i] {
-	case 'Z', 'z':
-		i++
-	case '+', '-':
-		sign := 1
-		if s[i] == '-' {
-			sign = -1
-		}
-		hh, ok := num(i+1, 2)
-		if !ok {
-			return time.Time{}, false
-		}
-		i += 3
-		// Then MM and SS, both after a colon or neither.
-		colon := at(i, ':')
-		var mm, ss int
-		for _, part := range []*int{&mm, &ss} {
-			j := i
-			if colon != at(j, ':') {
-				break
-			}
-			if colon {
-				j++
-			}
-			n, ok := num(j, 2)
-			if !ok {
-				break
-			}
-			*part, i = n, j+2
-		}
-		if hh > 15 || mm > 59 || ss > 59 {
-			return time.Time{}, false
-		}
-		offset = sign * (hh*3600 + mm*60 + ss)
-	default:
-		return time.Time{}, false
-	}
-	if i != len(s) || month < 1 || month > 12 || day < 1 || hour > 23 || minute > 59 || sec > 59 {
-		return time.Time{}, false
-	}
-	t := time.Date(year, time.Month(month), day, hour, minute, sec, nsec, time.FixedZone("", offset))
-	if t.Day() != day {
-		return time.Time{}, false // February 30th
-	}
-	return t, true
-}
-
 // parseBool reads s as PostgreSQL's boolean input does: surrounding
 // whitespace ignored, any case, and any prefix of true, false, yes or no,
 // on, off (at least "of"), 1 or 0.
@@ -692,8 +563,36 @@ func jsonbReason(b []byte) string {
 	return ""
 }
 
+// limitNote returns, for a reason PostgreSQL gave while staging (see
+// backfill_isolate.go) that says a value is out of range (SQLSTATE
+// 22003, 22008, 22015), the reason with col's real limit appended, for
+// the column types whose text the row writer leaves to PostgreSQL.
+func limitNote(col Column, reason string) string {
+	if !strings.Contains(reason, "(SQLSTATE 22003)") && !strings.Contains(reason, "(SQLSTATE 22008)") && !strings.Contains(reason, "(SQLSTATE 22015)") {
+		return reason
+	}
+	typ := cmpOr(col.Type, col.BaseType)
+	switch col.BaseType {
+	case "interval":
+		return fmt.Sprintf("%s: %s column %q holds months and days each from -2147483648 to 2147483647 (about ±178000000 years) and a time part from -2562047788:00:54.775808 to 2562047788:00:54.775807", reason, typ, col.Name)
+	case "time", "timetz":
+		return fmt.Sprintf("%s: %s column %q holds 00:00:00 to 24:00:00", reason, typ, col.Name)
+	}
+	return reason
+}
+
+// wrongType is the reason for a Go type that no value of can be stored in
+// a column of type want (see typeMismatch).
 func wrongType(v any, want string) string {
 	return fmt.Sprintf("wrong type %T for %s column", v, want)
+}
+
+// typeMismatch reports whether reason, from convertValue, says that the
+// value's Go type can never be stored in the column, whatever its value:
+// an extractor bug ([ErrExtractor]) rather than bad data. Such reasons,
+// and only they, begin "wrong type " (wrongType) or "Go type ".
+func typeMismatch(reason string) bool {
+	return strings.HasPrefix(reason, "wrong type ") || strings.HasPrefix(reason, "Go type ")
 }
 
 // toText returns v, a normalised value, as text for a text column (see
@@ -729,6 +628,44 @@ func textValue(s string) (any, string) {
 	return s, ""
 }
 
+// intValue converts v for an integer column of type name holding [lo,
+// hi]; a value out of range is refused with the column's range.
+func intValue(col Column, v any, lo, hi int64, name string) (any, string) {
+	n, reason := toInt(v, lo, hi, name)
+	switch {
+	case strings.HasPrefix(reason, "out of range"):
+		reason = fmt.Sprintf("out of range: %s column %q holds %d to %d", cmpOr(col.Type, name), col.Name, lo, hi)
+	case strings.HasPrefix(reason, "not an integer"):
+		reason = fmt.Sprintf("not an integer: %s column %q holds whole numbers from %d to %d", cmpOr(col.Type, name), col.Name, lo, hi)
+	}
+	return n, reason
+}
+
+// floatReason names col and its range in an out-of-range reason of
+// toFloat.
+func floatReason(col Column, reason string) string {
+	if !strings.HasPrefix(reason, "out of range") {
+		return reason
+	}
+	if col.BaseType == "float4" {
+		return fmt.Sprintf("out of range: %s column %q holds magnitudes from about 1.4e-45 to 3.4028235e+38, 0, ±Infinity and NaN", cmpOr(col.Type, "real"), col.Name)
+	}
+	return fmt.Sprintf("out of range: %s column %q holds magnitudes from about 4.9e-324 to 1.7976931348623157e+308, 0, ±Infinity and NaN", cmpOr(col.Type, "double precision"), col.Name)
+}
+
+// float4Text reads s, text for a real column, as PostgreSQL's float4 input
+// does: rounded once to the nearest float32, which the returned float64
+// holds exactly. Text it cannot read, or out of range, is returned
+// unchanged for toFloat to give the reason.
+func float4Text(s string) any {
+	t := strings.Trim(s, pgSpace)
+	f, err := strconv.ParseFloat(t, 32)
+	if err != nil || f == 0 && !zeroMantissa(t) {
+		return s
+	}
+	return f
+}
+
 // toInt converts v to an int64 in [lo, hi]; name is the column type for
 // reasons.
 func toInt(v any, lo, hi int64, name string) (any, string) {
@@ -761,14 +698,27 @@ func toInt(v any, lo, hi int64, name string) (any, string) {
 		}
 		n = int64(x)
 	case float32, float64:
+		// As PostgreSQL reads the text lib/pq would send: out of range
+		// before a fraction (32769.5 is out of range for smallint).
 		f, _ := toFloat(x, "double precision")
-		if f != math.Trunc(f) || math.IsInf(f, 0) || math.IsNaN(f) || f < -9.223372036854775e18 || f > 9.223372036854775e18 {
-			return nil, "not an integer or out of range for type " + name
+		switch {
+		case math.IsNaN(f):
+			return nil, "not an integer: type " + name + " holds whole numbers"
+		case f < -9.223372036854775e18 || f > 9.223372036854775e18 || f < float64(lo) || f > float64(hi):
+			return nil, "out of range for type " + name
+		case f != math.Trunc(f):
+			return nil, "not an integer: type " + name + " holds whole numbers"
 		}
 		n = int64(f)
 	case string:
 		p, err := strconv.ParseInt(x, 10, 64)
 		if err != nil {
+			if t := strings.Trim(x, pgSpace); t != x && t != "" {
+				return toInt(t, lo, hi, name) // PostgreSQL skips surrounding whitespace
+			}
+			if ne, ok := err.(*strconv.NumError); ok && ne.Err == strconv.ErrRange {
+				return nil, "out of range for type " + name
+			}
 			return nil, "invalid input syntax for type " + name
 		}
 		n = p
@@ -811,6 +761,9 @@ func toFloat(v any, name string) (float64, string) {
 	case string:
 		f, err := strconv.ParseFloat(x, 64)
 		if err != nil {
+			if t := strings.Trim(x, pgSpace); t != x && t != "" {
+				return toFloat(t, name) // PostgreSQL skips surrounding whitespace
+			}
 			if ne, ok := err.(*strconv.NumError); ok && ne.Err == strconv.ErrRange {
 				return 0, "out of range for type " + name
 			}
@@ -862,7 +815,9 @@ func float4InRange(f float64) bool {
 
 // toNumeric validates v for a numeric column (precision 0 means
 // unconstrained), including the checks that would otherwise fail the COPY
-// (see numericReason).
+// (see numericReason). NaN is stored in any numeric column, ±Infinity
+// (PostgreSQL 14 and later) in an unconstrained one: as float64 values or
+// as the text PostgreSQL reads (NaN, Infinity, inf, any case, signed).
 func toNumeric(v any, col Column) (any, string) {
 	var s string
 	switch x := v.(type) {
@@ -871,11 +826,13 @@ func toNumeric(v any, col Column) (any, string) {
 	case json.Number:
 		s = string(x)
 	case float64:
-		if math.IsNaN(x) {
+		switch {
+		case math.IsNaN(x):
 			return "NaN", ""
-		}
-		if math.IsInf(x, 0) {
-			return nil, "infinity is not accepted for numeric columns"
+		case math.IsInf(x, 1):
+			return numericInfinity(col, "Infinity")
+		case math.IsInf(x, -1):
+			return numericInfinity(col, "-Infinity")
 		}
 		s = strconv.FormatFloat(x, 'f', -1, 64)
 	case float32:
@@ -891,19 +848,58 @@ func toNumeric(v any, col Column) (any, string) {
 	default:
 		return nil, wrongType(v, "numeric")
 	}
-	if s == "NaN" {
-		return s, ""
-	}
-	if reason := numericReason(s, col.Precision, col.Scale); reason != "" {
-		if reason == errNumericFieldOverflow {
-			reason = fmt.Sprintf("numeric field overflow for %s", col.Type)
+	reason := numericReason(s, col.Precision, col.Scale)
+	if reason == errNumericSyntax {
+		// The slow path: surrounding whitespace, NaN and infinities.
+		t := strings.Trim(s, pgSpace)
+		switch strings.ToLower(t) {
+		case "nan":
+			return "NaN", ""
+		case "infinity", "+infinity", "inf", "+inf":
+			return numericInfinity(col, "Infinity")
+		case "-infinity", "-inf":
+			return numericInfinity(col, "-Infinity")
 		}
+		if t != s && t != "" {
+			return toNumeric(t, col)
+		}
+	}
+	switch reason {
+	case "":
+	case errNumericFieldOverflow:
+		return nil, fmt.Sprintf("numeric field overflow: %s column %q holds at most %s in absolute value", cmpOr(col.Type, "numeric"), col.Name, numericMax(col.Precision, col.Scale))
+	case errNumericFormat:
+		return nil, fmt.Sprintf("value overflows numeric format: %s column %q holds at most %d digits before the decimal point and %d after", cmpOr(col.Type, "numeric"), col.Name, numericMaxExp10+1, numericMaxDscale)
+	default:
 		return nil, reason
 	}
 	if _, ok := v.(string); ok {
 		return v, "" // the string as it came, without boxing it again
 	}
 	return s, ""
+}
+
+// numericInfinity returns inf ("Infinity" or "-Infinity") for col, or
+// why col cannot hold it: a numeric(p,s) column holds finite values only.
+func numericInfinity(col Column, inf string) (any, string) {
+	if col.Precision != 0 {
+		return nil, fmt.Sprintf("numeric field overflow: %s column %q cannot hold %s; it holds at most %s in absolute value (only an unconstrained numeric holds infinities)",
+			cmpOr(col.Type, "numeric"), col.Name, inf, numericMax(col.Precision, col.Scale))
+	}
+	return inf, ""
+}
+
+// numericMax is the largest value of numeric(p,s), in decimal: p nines,
+// s of them after the point (s may be negative, or greater than p).
+func numericMax(p, s int) string {
+	nines := strings.Repeat("9", p)
+	switch {
+	case s <= 0:
+		return nines + strings.Repeat("0", -s)
+	case s >= p:
+		return "0." + strings.Repeat("0", s-p) + nines
+	}
+	return nines[:p-s] + "." + nines[p-s:]
 }
 
 // Limits of PostgreSQL's numeric format (src/backend/utils/adt/numeric.c,
@@ -1041,9 +1037,13 @@ func (d decimalText) significant() (string, int64) {
 	return "", 0
 }
 
+// maxDisplay is the most bytes displayValue keeps.
+const maxDisplay = 1000
+
 // displayValue renders v for an exception's value column: text that
 // PostgreSQL can store (NUL bytes and invalid UTF-8 are escaped), at most
-// 1000 bytes.
+// maxDisplay bytes. Composite values are printed like fmt's %v, bounded
+// in depth and size and with cycles marked (see boundedText).
 func displayValue(v any) string {
 	var s string
 	switch x := v.(type) {
@@ -1058,13 +1058,13 @@ func displayValue(v any) string {
 	case time.Time:
 		s = x.Format(time.RFC3339Nano)
 	default:
-		s = fmt.Sprint(x)
+		s = boundedText(x, maxDisplay)
 	}
 	if strings.IndexByte(s, 0) >= 0 || !utf8.ValidString(s) {
 		s = strconv.QuoteToASCII(s)
 	}
-	if len(s) > 1000 {
-		s = s[:1000]
+	if len(s) > maxDisplay {
+		s = s[:maxDisplay]
 		for !utf8.ValidString(s) {
 			s = s[:len(s)-1]
 		}
@@ -1139,49 +1139,6 @@ func truncatedJSON(b []byte) json.RawMessage {
 		out = append(out, esc...)
 	}
 	return append(out, tail...)
-}
-
-// jsonSafe returns v in a form that json.Marshal encodes as JSON jsonb
-// takes: text with NUL bytes or invalid UTF-8 and non-finite floats as
-// escaped text, maps and slices element by element, and any other value
-// as its own JSON (json.RawMessage) unless that fails or jsonb would
-// refuse it, in which case as its displayValue.
-func jsonSafe(v any) any {
-	switch x := v.(type) {
-	case nil, bool, int, int8, int16, int32, int64, uint, uint8, uint16, uint32, uint64:
-		return v
-	case string:
-		if strings.IndexByte(x, 0) >= 0 || !utf8.ValidString(x) {
-			return strconv.QuoteToASCII(x)
-		}
-		return x
-	case []byte:
-		return jsonSafe(string(x))
-	case float64:
-		if math.IsNaN(x) || math.IsInf(x, 0) {
-			return fmt.Sprint(x)
-		}
-		return x
-	case float32:
-		return jsonSafe(float64(x))
-	case map[string]any:
-		m := make(map[string]any, len(x))
-		for k, e := range x {
-			m[jsonSafeKey(k)] = jsonSafe(e)
-		}
-		return m
-	case []any:
-		s := make([]any, len(x))
-		for i, e := range x {
-			s[i] = jsonSafe(e)
-		}
-		return s
-	}
-	b, err := marshalJSON(v)
-	if err != nil || !utf8.Valid(b) || jsonbReason(b) != "" {
-		return displayValue(v)
-	}
-	return json.RawMessage(b)
 }
 
 func jsonSafeKey(k string) string {

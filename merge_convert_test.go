@@ -56,5 +56,8 @@ func TestNumericCheckCases(t *testing.T) {
 		require.Equal(t, ok, reason == "", "%q: %s", in, reason)
 	}
 	_, reason := convertValue(col, 1e9)
-	require.Contains(t, reason, "numeric field overflow for numeric(10,2)")
+	require.Equal(t, `numeric field overflow: numeric(10,2) column "n" holds at most 99999999.99 in absolute value`, reason)
+	for p, want := range map[[2]int]string{{5, 2}: "999.99", {3, 0}: "999", {3, -2}: "99900", {3, 5}: "0.00999", {2, 2}: "0.99"} {
+		require.Equal(t, want, numericMax(p[0], p[1]))
+	}
 }

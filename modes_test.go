@@ -40,7 +40,7 @@ func TestAppendOnlyConflictingReplay(t *testing.T) {
 	require.NoError(t, err)
 	r, err := backfill.New(db, nil)
 	require.NoError(t, err)
-	job := backfill.Job{Name: "events", Chunker: backfill.List("file-1"),
+	job := backfill.Job{Name: "events", Chunker: backfill.List("file-1"), MaxRunRejectRate: -1,
 		Extractor: rowsFunc([]any{"e1", "sale", "10.00"}, []any{"e2", "refund", "-5.00"}),
 		Rollback:  backfill.RollbackNone,
 		Target:    backfill.Target{Table: "events", Key: []string{"event_id"}, Mode: backfill.AppendOnly}}
@@ -75,7 +75,7 @@ func TestKeylessDerivesKeysAndQueuesAmbiguity(t *testing.T) {
 	require.NoError(t, err)
 	r, err := backfill.New(db, nil)
 	require.NoError(t, err)
-	job := backfill.Job{Name: "legacy", Chunker: backfill.List("customers.csv"),
+	job := backfill.Job{Name: "legacy", Chunker: backfill.List("customers.csv"), MaxRunRejectRate: -1,
 		Extractor: rowsFunc(
 			[]any{"  Zoë  Müller", "Oslo"},
 			[]any{"ZOE\u0308 MÜLLER", "Oslo"}, // same person: identical content after normalisation
@@ -220,7 +220,7 @@ func TestHistoryRejectsNullValidFrom(t *testing.T) {
 	db := pgtest.New(t)
 	_, err := db.Exec(`CREATE TABLE prices (sku text NOT NULL, valid_from date, valid_to date, amount numeric(10,2), UNIQUE (sku, valid_from))`)
 	require.NoError(t, err)
-	job := backfill.Job{Name: "prices", Chunker: backfill.List("prices.csv"), Rollback: backfill.RollbackNone,
+	job := backfill.Job{Name: "prices", Chunker: backfill.List("prices.csv"), Rollback: backfill.RollbackNone, MaxRunRejectRate: -1,
 		Extractor:  rowsFunc([]any{"a", "2024-01-01", "1.00"}, []any{"c", nil, "3.00"}, []any{"a", "2024-02-01", "2.00"}),
 		Target:     backfill.Target{Table: "prices", Key: []string{"sku"}, Columns: []string{"sku", "valid_from", "amount"}, Mode: backfill.History},
 		Validators: []backfill.Validator{backfill.ReplayChangesNothing{}, backfill.Completeness{CompareContent: true}}}

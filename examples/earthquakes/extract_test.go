@@ -66,6 +66,10 @@ func synthetic() map[string]any {
 
 const syntheticRejects = 3
 
+// The synthetic source rejects 3 of its few events on purpose: no
+// run-level reject gate in the tests.
+func init() { maxRunRejectRate = -1 }
+
 func writeJSON(t *testing.T, v any) string {
 	t.Helper()
 	b, err := json.Marshal(v)

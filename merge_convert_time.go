@@ -1,0 +1,437 @@
+package backfill
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Dates and times over PostgreSQL's whole range.
+//
+// PostgreSQL's date, timestamp and timestamptz (PostgreSQL docs, 8.5
+// "Date/Time Types") start at 4714-11-24 BC, Julian day 0, and end at
+// 5874897-12-31 (date) or 294276-12-31 23:59:59.999999 (timestamps, for
+// timestamptz in UTC). Each also holds 'infinity' and '-infinity'. A
+// time.Time of any year in that range is stored (Go's year 0 is 1 BC, -1
+// is 2 BC, and so on, as in ISO 8601); text in the ISO form PostgreSQL
+// prints is read with any number of year digits and an " AD" or " BC"
+// suffix. 'infinity' and '-infinity' are written as that text (any case,
+// as PostgreSQL reads it) or as the Go sentinels [TimeInfinity] and
+// [TimeNegInfinity]; 'epoch' is 1970-01-01 00:00:00 UTC. Values outside
+// the range are rejected with a reason naming the column and its range.
+//
+// Text PostgreSQL would read otherwise than written is refused: relative
+// times ('now', 'today'), whose value depends on when the chunk is
+// loaded; forms whose meaning depends on the session's DateStyle
+// (01/02/2024) or timezone_abbreviations (EST); a timestamptz without an
+// offset (read in the session's TimeZone); a zone on a timestamp without
+// time zone, which PostgreSQL would silently ignore (write the wall clock,
+// or a time.Time, which is stored as its wall clock in Job.Zone). A date
+// is the date as written: a time and zone after it are ignored, as
+// PostgreSQL ignores them.
+
+// TimeInfinity and TimeNegInfinity stand, in a date, timestamp or
+// timestamptz column, for PostgreSQL's 'infinity' and '-infinity' (later
+// and earlier than every other value). They are instants no column can
+// hold otherwise (some 146 billion years from now or ago), compared with
+// time.Time.Equal. They also suit lib/pq's pq.EnableInfinityTs, so that
+// infinite source values read with lib/pq are written back as such.
+var (
+	TimeInfinity    = time.Unix(1<<62, 0).UTC()
+	TimeNegInfinity = time.Unix(-1<<62, 0).UTC()
+)
+
+// PostgreSQL's bounds: the first instant and the first instant after the
+// range (src/include/datatype/timestamp.h: DATETIME_MIN_JULIAN,
+// DATE_END_JULIAN, TIMESTAMP_END_JULIAN).
+var (
+	pgTimeMin      = time.Date(-4713, 11, 24, 0, 0, 0, 0, time.UTC)
+	pgDateEnd      = time.Date(5874898, 1, 1, 0, 0, 0, 0, time.UTC)
+	pgTimestampEnd = time.Date(294277, 1, 1, 0, 0, 0, 0, time.UTC)
+)
+
+// timeRangeReason is the reason for a value outside col's range.
+func timeRangeReason(col Column) string {
+	typ := cmpOr(col.Type, col.BaseType)
+	switch col.BaseType {
+	case "date":
+		return fmt.Sprintf("date out of range: %s column %q holds 4714-11-24 BC to 5874897-12-31 AD, and ±infinity", typ, col.Name)
+	case "timestamptz":
+		return fmt.Sprintf("timestamp out of range: %s column %q holds 4714-11-24 00:00:00+00 BC to 294276-12-31 23:59:59.999999+00 AD, and ±infinity", typ, col.Name)
+	}
+	return fmt.Sprintf("timestamp out of range: %s column %q holds 4714-11-24 00:00:00 BC to 294276-12-31 23:59:59.999999 AD, and ±infinity", typ, col.Name)
+}
+
+// timeEnd is the first instant after col's range.
+func timeEnd(col Column) time.Time {
+	if col.BaseType == "date" {
+		return pgDateEnd
+	}
+	return pgTimestampEnd
+}
+
+// infinity returns PostgreSQL's text for t when t is one of the
+// sentinels.
+func infinity(t time.Time) (string, bool) {
+	switch {
+	case t.Equal(TimeInfinity):
+		return "infinity", true
+	case t.Equal(TimeNegInfinity):
+		return "-infinity", true
+	}
+	return "", false
+}
+
+// convertTime converts a time.Time for a date, timestamp or timestamptz
+// column: its civil date (date), its wall clock in its own location
+// (timestamp) or its instant in UTC (timestamptz), truncated to
+// microseconds. Years 1 to 9999 take the fast path of time.Format.
+func convertTime(col Column, x time.Time) (any, string) {
+	x = truncMicro(x)
+	if col.BaseType == "timestamptz" {
+		x = x.UTC()
+	}
+	if y := x.Year(); y >= 1 && y <= 9999 {
+		switch col.BaseType {
+		case "date":
+			return x.Format("2006-01-02"), ""
+		case "timestamp":
+			return x.Format("2006-01-02 15:04:05.999999"), ""
+		}
+		return x.Format(time.RFC3339Nano), ""
+	}
+	if s, ok := infinity(x); ok {
+		return s, ""
+	}
+	// The same civil fields in UTC, to compare with the bounds.
+	civil := time.Date(x.Year(), x.Month(), x.Day(), x.Hour(), x.Minute(), x.Second(), x.Nanosecond(), time.UTC)
+	if col.BaseType == "date" {
+		civil = time.Date(x.Year(), x.Month(), x.Day(), 0, 0, 0, 0, time.UTC)
+	}
+	if civil.Before(pgTimeMin) || !civil.Before(timeEnd(col)) {
+		return nil, timeRangeReason(col)
+	}
+	return formatPGTime(col.BaseType, civil), ""
+}
+
+// formatPGTime renders t, in UTC and within PostgreSQL's range, as
+// PostgreSQL reads it for a column of type base: YYYY-MM-DD (at least
+// four year digits), then " HH:MM:SS[.ffffff]" (timestamp) or
+// "THH:MM:SS[.ffffff]Z" (timestamptz), then " BC" for years before 1.
+func formatPGTime(base string, t time.Time) string {
+	y := t.Year()
+	bc := y < 1
+	if bc {
+		y = 1 - y
+	}
+	b := make([]byte, 0, 40)
+	for n := 1000; n > 1 && y < n; n /= 10 {
+		b = append(b, '0')
+	}
+	b = strconv.AppendInt(b, int64(y), 10)
+	b = append(b, '-')
+	b = append2(b, int(t.Month()))
+	b = append(b, '-')
+	b = append2(b, t.Day())
+	if base != "date" {
+		if base == "timestamptz" {
+			b = append(b, 'T')
+		} else {
+			b = append(b, ' ')
+		}
+		b = append2(b, t.Hour())
+		b = append(b, ':')
+		b = append2(b, t.Minute())
+		b = append(b, ':')
+		b = append2(b, t.Second())
+		if us := t.Nanosecond() / 1000; us != 0 {
+			frac := strconv.Itoa(1_000_000 + us)[1:]
+			b = append(b, '.')
+			b = append(b, strings.TrimRight(frac, "0")...)
+		}
+		if base == "timestamptz" {
+			b = append(b, 'Z')
+		}
+	}
+	if bc {
+		b = append(b, " BC"...)
+	}
+	return string(b)
+}
+
+func append2(b []byte, n int) []byte {
+	return append(b, byte('0'+n/10), byte('0'+n%10))
+}
+
+// pgSpace is what PostgreSQL's input functions skip around a value.
+const pgSpace = " \t\n\r\v\f"
+
+// dateTimeText is date/time text as parseDateTime reads it.
+type dateTimeText struct {
+	year, month, day     int // year astronomical: 0 is 1 BC
+	hour, minute, second int
+	nsec                 int
+	clock, zone          bool // a time of day, a zone offset
+	offset               int  // seconds east of UTC
+	inf                  int  // +1 'infinity', -1 '-infinity' (no other field set)
+	epoch                bool // 'epoch': 1970-01-01 00:00:00 UTC
+	// badField: the text has the form but a field out of its range (year
+	// 0, February 30th, 25:00); ok is false.
+	badField bool
+}
+
+// parseDateTime reads s, surrounded by any whitespace, as
+//
+//	infinity | -infinity | epoch                 (any case)
+//	Y...Y-MM-DD [(T|t|space)HH:MM[:SS[.f...]]] [[space]zone] [[spaces](AD|BC)]
+//
+// with at least four year digits (fewer read as two-digit years by
+// PostgreSQL) and zone Z, z or ±HH[[:]MM[[:]SS]] (at most 15:59:59,
+// PostgreSQL's limit). Fractions beyond nanoseconds are truncated. A time
+// may be 24:00:00 (the next midnight) and a second 60 (the next minute),
+// as PostgreSQL allows. ok is false for anything else.
+func parseDateTime(s string) (d dateTimeText, ok bool) {
+	if s == "" || strings.IndexByte(pgSpace, s[0]) >= 0 || strings.IndexByte(pgSpace, s[len(s)-1]) >= 0 {
+		s = strings.Trim(s, pgSpace)
+	}
+	if len(s) < 10 {
+		switch strings.ToLower(s) {
+		case "infinity":
+			d.inf = 1
+			return d, true
+		case "-infinity":
+			d.inf = -1
+			return d, true
+		case "epoch":
+			d.year, d.month, d.day, d.epoch = 1970, 1, 1, true
+			return d, true
+		}
+	}
+	i := 0
+	digits := func(min, max int) (int, bool) {
+		start, v := i, 0
+		for i < len(s) && s[i] >= '0' && s[i] <= '9' && i-start < max {
+			v = v*10 + int(s[i]-'0')
+			i++
+		}
+		return v, i-start >= min
+	}
+	at := func(c byte) bool {
+		if i < len(s) && s[i] == c {
+			i++
+			return true
+		}
+		return false
+	}
+	var ok1, ok2, ok3 bool
+	d.year, ok1 = digits(4, 9)
+	if ok1 && i < len(s) && s[i] >= '0' && s[i] <= '9' {
+		return d, false // more year digits than any column holds
+	}
+	if !ok1 || !at('-') {
+		return d, false
+	}
+	yearZero := d.year == 0 // no year 0, AD or BC
+	d.month, ok2 = digits(2, 2)
+	if !ok2 || !at('-') {
+		return d, false
+	}
+	d.day, ok3 = digits(2, 2)
+	if !ok3 {
+		return d, false
+	}
+	if i < len(s) && (s[i] == 'T' || s[i] == 't' || s[i] == ' ') && i+1 < len(s) && s[i+1] >= '0' && s[i+1] <= '9' {
+		i++
+		var okh, okm bool
+		d.clock = true
+		d.hour, okh = digits(2, 2)
+		if !okh || !at(':') {
+			return d, false
+		}
+		d.minute, okm = digits(2, 2)
+		if !okm {
+			return d, false
+		}
+		if at(':') {
+			var oks bool
+			if d.second, oks = digits(2, 2); !oks {
+				return d, false
+			}
+			if at('.') {
+				start := i
+				for ; i < len(s) && s[i] >= '0' && s[i] <= '9'; i++ {
+					if i-start < 9 {
+						d.nsec = d.nsec*10 + int(s[i]-'0')
+					}
+				}
+				if i == start {
+					return d, false
+				}
+				for n := i - start; n < 9; n++ {
+					d.nsec *= 10
+				}
+			}
+		}
+		// The zone, after at most one space.
+		j := i
+		if j < len(s) && s[j] == ' ' {
+			j++
+		}
+		if j < len(s) && (s[j] == 'Z' || s[j] == 'z' || s[j] == '+' || s[j] == '-') {
+			i = j
+			d.zone = true
+			if !d.parseOffset(s, &i) {
+				return d, false
+			}
+		}
+	}
+	// An era, after any whitespace.
+	if rest := strings.TrimLeft(s[i:], pgSpace); len(rest) == 2 {
+		switch strings.ToUpper(rest) {
+		case "BC":
+			d.year = 1 - d.year
+			i = len(s)
+		case "AD":
+			i = len(s)
+		}
+	}
+	if i != len(s) {
+		return d, false
+	}
+	if yearZero || d.month < 1 || d.month > 12 || d.day < 1 || d.day > daysIn(d.year, d.month) ||
+		d.hour > 24 || d.minute > 59 || d.second > 60 ||
+		d.hour == 24 && (d.minute != 0 || d.second != 0 || d.nsec != 0) || d.second == 60 && d.nsec != 0 {
+		d.badField = true
+		return d, false
+	}
+	return d, true
+}
+
+// parseOffset reads a zone offset at s[*i:] into d.
+func (d *dateTimeText) parseOffset(s string, i *int) bool {
+	switch s[*i] {
+	case 'Z', 'z':
+		*i++
+		return true
+	}
+	sign := 1
+	if s[*i] == '-' {
+		sign = -1
+	}
+	num := func(j int) (int, bool) {
+		if j+2 > len(s) || s[j] < '0' || s[j] > '9' || s[j+1] < '0' || s[j+1] > '9' {
+			return 0, false
+		}
+		return int(s[j]-'0')*10 + int(s[j+1]-'0'), true
+	}
+	hh, ok := num(*i + 1)
+	if !ok {
+		return false
+	}
+	*i += 3
+	// Then MM and SS, both after a colon or neither.
+	colon := *i < len(s) && s[*i] == ':'
+	var mm, ss int
+	for _, part := range []*int{&mm, &ss} {
+		j := *i
+		if colon != (j < len(s) && s[j] == ':') {
+			break
+		}
+		if colon {
+			j++
+		}
+		n, ok := num(j)
+		if !ok {
+			break
+		}
+		*part, *i = n, j+2
+	}
+	if hh > 15 || mm > 59 || ss > 59 {
+		return false
+	}
+	d.offset = sign * (hh*3600 + mm*60 + ss)
+	return true
+}
+
+// daysIn is the number of days of month m of year y (astronomical, the
+// proleptic Gregorian calendar PostgreSQL uses for every year).
+func daysIn(y, m int) int {
+	switch m {
+	case 2:
+		if y%4 == 0 && (y%100 != 0 || y%400 == 0) {
+			return 29
+		}
+		return 28
+	case 4, 6, 9, 11:
+		return 30
+	}
+	return 31
+}
+
+// civil is d's date and time as a time.Time in UTC (its wall clock, the
+// offset not applied).
+func (d dateTimeText) civil() time.Time {
+	return time.Date(d.year, time.Month(d.month), d.day, d.hour, d.minute, d.second, d.nsec, time.UTC)
+}
+
+const (
+	reasonDateText        = "invalid date, want YYYY-MM-DD (four or more year digits, optional BC; a time after it is ignored), infinity or -infinity"
+	reasonTimestampText   = "invalid timestamp, want YYYY-MM-DD HH:MM:SS[.ffffff] without zone (four or more year digits, optional BC), infinity or -infinity"
+	reasonTimestamptzText = "invalid timestamptz, want RFC 3339 with a zone offset (a value without offset would be read in the session's TimeZone)"
+)
+
+// convertTimeText converts text s (v itself) for a date, timestamp or
+// timestamptz column to the form convertTime gives the same value.
+func convertTimeText(col Column, s string, v any) (any, string) {
+	d, ok := parseDateTime(s)
+	if d.badField {
+		return nil, fmt.Sprintf("date/time field value out of range: %s column %q holds calendar dates of years 4714 BC (no year 0) and later, hours 00 to 24 (24:00:00 only), seconds 00 to 60",
+			cmpOr(col.Type, col.BaseType), col.Name)
+	}
+	if d.inf != 0 {
+		if d.inf > 0 {
+			return "infinity", ""
+		}
+		return "-infinity", ""
+	}
+	switch col.BaseType {
+	case "date":
+		if !ok {
+			return nil, reasonDateText
+		}
+		// The date as written: a time of day and a zone after it are
+		// ignored, as PostgreSQL's date input ignores them (and as a
+		// time.Time gives its civil date).
+		d.hour, d.minute, d.second, d.nsec, d.zone = 0, 0, 0, 0, false
+	case "timestamp":
+		if !ok || d.zone {
+			return nil, reasonTimestampText
+		}
+	default:
+		if !ok || !d.zone && !d.epoch {
+			return nil, reasonTimestamptzText
+		}
+	}
+	t := d.civil()
+	if d.zone {
+		t = t.Add(-time.Duration(d.offset) * time.Second)
+	}
+	if t.Before(pgTimeMin) || !t.Before(timeEnd(col)) {
+		return nil, timeRangeReason(col)
+	}
+	t = truncMicro(t)
+	if y := t.Year(); y >= 1 && y <= 9999 {
+		switch col.BaseType {
+		case "date":
+			if len(s) == len("2006-01-02") && !d.epoch {
+				return v, "" // already YYYY-MM-DD: the string as it came, without boxing it again
+			}
+			return t.Format("2006-01-02"), ""
+		case "timestamp":
+			return t.Format("2006-01-02 15:04:05.999999"), ""
+		}
+		return t.Format(time.RFC3339Nano), ""
+	}
+	return formatPGTime(col.BaseType, t), ""
+}
