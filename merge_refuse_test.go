@@ -326,3 +326,36 @@ func TestMaxRejectsPerChunkCountsMergeRejects(t *testing.T) {
 	require.Zero(t, n)
 	require.True(t, strings.HasPrefix(fmt.Sprint(err), "backfill: "))
 }
+
+// TestMergeTransientErrorsAreNotRefusals: errors that are not about a row
+// (serialization failure, deadlock, lock timeout, cancellation), even
+// when a trigger raises them for one row, keep failing the chunk (retried
+// when retryable) and queue nothing.
+func TestMergeTransientErrorsAreNotRefusals(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		code     string
+		attempts int
+	}{{"40001", 2}, {"40P01", 2}, {"55P03", 2}, {"57014", 1}} {
+		t.Run(tc.code, func(t *testing.T) {
+			t.Parallel()
+			r := refusals[4]
+			r.ddl = strings.ReplaceAll(r.ddl, "'BF001'", "'"+tc.code+"'")
+			db := refusalSetup(t, refusalModes[0], r)
+			run, err := backfill.New(db, &backfill.Config{MaxAttempts: 2, RetryBackoff: time.Millisecond})
+			require.NoError(t, err)
+			rep, err := run.Run(context.Background(), refusalJob(refusalModes[0], r))
+			require.Error(t, err)
+			require.Contains(t, err.Error(), "is refused ("+tc.code+")")
+			require.NotErrorIs(t, err, backfill.ErrTooManyRejects)
+			require.Equal(t, backfill.RunFailed, rep.Status)
+			require.Empty(t, exceptionsOf(t, db, rep.BatchID))
+			states, err := backfill.NewPGManifest("").Chunks(context.Background(), db, rep.BatchID)
+			require.NoError(t, err)
+			require.Equal(t, tc.attempts, states[1].Attempts)
+			var n int
+			require.NoError(t, db.Get(&n, `SELECT count(*) FROM t WHERE id <= 40`))
+			require.Zero(t, n)
+		})
+	}
+}
