@@ -410,12 +410,20 @@ func (iso *isolation) suspects(ctx context.Context) []int64 {
 			for i, c := range ix.Key {
 				notNull[i] = "s." + sqlgen.Ident(c) + " IS NOT NULL"
 			}
-			qs = append(qs, fmt.Sprintf(`SELECT s._backfill_row FROM %[1]s s WHERE %[3]s AND (
-					EXISTS (SELECT 1 FROM %[1]s o WHERE %[4]s AND o._backfill_row < s._backfill_row)
-					OR EXISTS (SELECT 1 FROM %[2]s t WHERE %[5]s AND NOT (%[6]s)
-						AND NOT EXISTS (SELECT 1 FROM %[1]s o WHERE %[7]s)))`,
-				s.q.stage, target, strings.Join(notNull, " AND "), sqlgen.Equal("o", "s", ix.Key), sqlgen.Equal("t", "s", ix.Key),
-				sqlgen.Equal("t", "s", identity), sqlgen.Equal("o", "t", identity)))
+			// A later staged row with an earlier one's values (one sort,
+			// not a join of staging with itself: staging has no index),
+			// and a staged row with the values of a target row of another
+			// identity that the chunk does not write (one index lookup per
+			// staged row, through the unique index itself).
+			qs = append(qs, fmt.Sprintf(`SELECT x._backfill_row FROM (
+					SELECT s._backfill_row, row_number() OVER (PARTITION BY %[4]s ORDER BY s._backfill_row) AS n
+					FROM %[1]s s WHERE %[3]s) x WHERE x.n > 1`,
+				s.q.stage, target, strings.Join(notNull, " AND "), sqlgen.List("s.", ix.Key)),
+				fmt.Sprintf(`SELECT s._backfill_row FROM %[1]s s WHERE %[3]s
+					AND EXISTS (SELECT 1 FROM %[2]s t WHERE %[4]s AND NOT (%[5]s)
+						AND NOT EXISTS (SELECT 1 FROM %[1]s o WHERE %[6]s))`,
+					s.q.stage, target, strings.Join(notNull, " AND "), sqlgen.Equal("t", "s", ix.Key),
+					sqlgen.Equal("t", "s", identity), sqlgen.Equal("o", "t", identity)))
 		}
 		for _, c := range checks {
 			if all(c.Columns) {

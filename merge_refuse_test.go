@@ -58,6 +58,11 @@ var refusals = []refusal{
 	{name: "Check", ddl: `ALTER TABLE t ADD CONSTRAINT t_qty_check CHECK (qty >= 0)`,
 		spoil: func(_ int, _ *string, qty, _ *int, _ *string) { *qty = -1 },
 		want:  []string{`violates check constraint "t_qty_check" (SQLSTATE 23514)`, `constraint "t_qty_check"`}},
+	// A CHECK that raises a data error (22012) instead of failing: its
+	// pre-check fails and is skipped; bisection finds the rows.
+	{name: "CheckThatErrors", ddl: `ALTER TABLE t ADD CONSTRAINT t_qty_check CHECK (100 / (qty + 1) > 0)`,
+		spoil: func(_ int, _ *string, qty, _ *int, _ *string) { *qty = -1 },
+		want:  []string{`division by zero (SQLSTATE 22012)`}},
 	{name: "ForeignKey", ddl: `CREATE TABLE parent (id int PRIMARY KEY); INSERT INTO parent SELECT generate_series(0, 100);
 			ALTER TABLE t ADD CONSTRAINT t_ref_fkey FOREIGN KEY (ref) REFERENCES parent`,
 		spoil: func(_ int, _ *string, _, ref *int, _ *string) { *ref = 999 },
@@ -79,6 +84,11 @@ var refusals = []refusal{
 	{name: "BtreeLimit", ddl: `CREATE INDEX t_note_idx ON t (note)`,
 		spoil: func(_ int, _ *string, _, _ *int, note *string) { *note = bigText(3000) },
 		want:  []string{`exceeds btree version 4 maximum 2704 for index "t_note_idx" (SQLSTATE 54000)`}},
+}
+
+func refusalNamed(name string) refusal {
+	i := slices.IndexFunc(refusals, func(r refusal) bool { return r.name == name })
+	return refusals[i]
 }
 
 // refusedRowsAt are the rows of chunk "b" (ids 1..40) that the target
@@ -254,19 +264,19 @@ func TestMergeRefusalsAreBounded(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
 		limit int
-		kind  int // index in refusals
+		kind  string
 		want  string
 	}{
-		{2, 2, `chunk 1 list:b (attempt 1): backfill: merge public.t: backfill: too many rejected rows: row 29 key (29) refused by the target: new row for relation "t" violates check constraint "t_qty_check" (SQLSTATE 23514); constraint "t_qty_check"`},
-		{2, 3, `chunk 1 list:b (attempt 1): backfill: merge public.t: backfill: too many rejected rows: row 29 key (29) refused by the target: insert or update on table "t" violates foreign key constraint "t_ref_fkey" (SQLSTATE 23503)`},
-		{-1, 3, `chunk 1 list:b (attempt 1): backfill: merge public.t: backfill: too many rejected rows: row 1 key (1) refused by the target: insert or update on table "t" violates foreign key constraint "t_ref_fkey" (SQLSTATE 23503)`},
+		{2, "Check", `chunk 1 list:b (attempt 1): backfill: merge public.t: backfill: too many rejected rows: row 29 key (29) refused by the target: new row for relation "t" violates check constraint "t_qty_check" (SQLSTATE 23514); constraint "t_qty_check"`},
+		{2, "ForeignKey", `chunk 1 list:b (attempt 1): backfill: merge public.t: backfill: too many rejected rows: row 29 key (29) refused by the target: insert or update on table "t" violates foreign key constraint "t_ref_fkey" (SQLSTATE 23503)`},
+		{-1, "ForeignKey", `chunk 1 list:b (attempt 1): backfill: merge public.t: backfill: too many rejected rows: row 1 key (1) refused by the target: insert or update on table "t" violates foreign key constraint "t_ref_fkey" (SQLSTATE 23503)`},
 	} {
-		t.Run(fmt.Sprint(tc.limit, refusals[tc.kind].name), func(t *testing.T) {
+		t.Run(fmt.Sprint(tc.limit, tc.kind), func(t *testing.T) {
 			t.Parallel()
-			db := refusalSetup(t, refusalModes[0], refusals[tc.kind])
+			db := refusalSetup(t, refusalModes[0], refusalNamed(tc.kind))
 			run, err := backfill.New(db, &backfill.Config{MaxMergeRefusals: tc.limit, MaxAttempts: 3, RetryBackoff: time.Millisecond})
 			require.NoError(t, err)
-			rep, err := run.Run(context.Background(), refusalJob(refusalModes[0], refusals[tc.kind]))
+			rep, err := run.Run(context.Background(), refusalJob(refusalModes[0], refusalNamed(tc.kind)))
 			require.Error(t, err)
 			require.ErrorIs(t, err, backfill.ErrTooManyRejects)
 			require.Contains(t, err.Error(), tc.want)
@@ -339,7 +349,7 @@ func TestMergeTransientErrorsAreNotRefusals(t *testing.T) {
 	}{{"40001", 2}, {"40P01", 2}, {"55P03", 2}, {"57014", 1}} {
 		t.Run(tc.code, func(t *testing.T) {
 			t.Parallel()
-			r := refusals[4]
+			r := refusalNamed("Trigger")
 			r.ddl = strings.ReplaceAll(r.ddl, "'BF001'", "'"+tc.code+"'")
 			db := refusalSetup(t, refusalModes[0], r)
 			run, err := backfill.New(db, &backfill.Config{MaxAttempts: 2, RetryBackoff: time.Millisecond})
