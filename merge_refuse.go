@@ -326,14 +326,24 @@ func (iso *isolation) triggerNames(ctx context.Context, fn string) string {
 	if iso.triggers == nil {
 		iso.triggers = map[string]string{}
 	}
-	if i := strings.LastIndexByte(fn, '.'); i >= 0 {
-		fn = fn[i+1:]
+	name := fn
+	if i := strings.LastIndexByte(name, '.'); i >= 0 {
+		name = name[i+1:]
 	}
 	var names []string
-	// A catalog read in the chunk's transaction, healthy again after the
-	// rollback to the savepoint; a failure only leaves the name out.
-	_ = sqlx.SelectContext(ctx, iso.s.tx, &names, `SELECT tg.tgname::text FROM pg_trigger tg JOIN pg_proc p ON p.oid = tg.tgfoid
-		WHERE tg.tgrelid = to_regclass($1) AND NOT tg.tgisinternal AND p.proname = $2 ORDER BY 1`, sqlgen.Table(iso.s.info.Target.Table), fn)
+	// A catalog read in the chunk's transaction, in a savepoint: a failure
+	// only leaves the name out.
+	tx := iso.s.tx
+	if _, err := tx.ExecContext(ctx, `SAVEPOINT backfill_trigger`); err != nil {
+		return ""
+	}
+	err := sqlx.SelectContext(ctx, tx, &names, `SELECT tg.tgname::text FROM pg_trigger tg JOIN pg_proc p ON p.oid = tg.tgfoid
+		WHERE tg.tgrelid = to_regclass($1) AND NOT tg.tgisinternal AND p.proname = $2 ORDER BY 1`, sqlgen.Table(iso.s.info.Target.Table), name)
+	if err != nil {
+		names = nil
+		_, _ = tx.ExecContext(context.WithoutCancel(ctx), `ROLLBACK TO SAVEPOINT backfill_trigger`)
+	}
+	_, _ = tx.ExecContext(context.WithoutCancel(ctx), `RELEASE SAVEPOINT backfill_trigger`)
 	for i, n := range names {
 		names[i] = strconv.Quote(n)
 	}

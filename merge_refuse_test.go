@@ -369,3 +369,46 @@ func TestMergeTransientErrorsAreNotRefusals(t *testing.T) {
 		})
 	}
 }
+
+// TestMergeRefusesKeysOverTheBtreeLimit: a business key of 3,000 bytes
+// (random, so incompressible) cannot enter the key's own btree index
+// (54000): its row is queued naming the index, the rest of the chunk
+// merges, in every keyed mode.
+func TestMergeRefusesKeysOverTheBtreeLimit(t *testing.T) {
+	t.Parallel()
+	for _, mode := range []backfill.Mode{backfill.Upsert, backfill.AppendOnly, backfill.History} {
+		t.Run(string(mode), func(t *testing.T) {
+			t.Parallel()
+			db := pgtest.New(t)
+			_, err := db.Exec(`CREATE TABLE k (name text, valid_from int NOT NULL DEFAULT 0, valid_to int, v int, PRIMARY KEY (name, valid_from))`)
+			require.NoError(t, err)
+			target := backfill.Target{Table: "k", Key: []string{"name", "valid_from"}, Columns: []string{"name", "valid_from", "v"}, Mode: mode}
+			if mode == backfill.History {
+				target.Key = []string{"name"}
+			}
+			long := bigText(3000)
+			var rows [][]any
+			for i := range 10 {
+				name := fmt.Sprint("k", i)
+				if i == 4 {
+					name = long
+				}
+				rows = append(rows, []any{name, 0, i})
+			}
+			r, err := backfill.New(db, &backfill.Config{MaxAttempts: 1})
+			require.NoError(t, err)
+			job := backfill.Job{Name: "long", Chunker: backfill.List("a"), Extractor: rowsFunc(rows...), Target: target, Rollback: backfill.RollbackNone}
+			rep, err := r.Run(context.Background(), job)
+			require.NoError(t, err)
+			require.Equal(t, backfill.Counts{Read: 10, Inserted: 9, Rejected: 1}, rep.Counts)
+			ex := exceptionsOf(t, db, rep.BatchID)
+			require.Len(t, ex, 1)
+			require.EqualValues(t, 5, ex[0].Row)
+			require.Equal(t, "("+long+", 0)", ex[0].Value)
+			require.Contains(t, ex[0].Reason, `exceeds btree version 4 maximum 2704 for index "k_pkey" (SQLSTATE 54000)`)
+			var n int
+			require.NoError(t, db.Get(&n, `SELECT count(*) FROM k`))
+			require.Equal(t, 9, n)
+		})
+	}
+}
