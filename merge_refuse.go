@@ -290,8 +290,25 @@ func (iso *isolation) refuse(ctx context.Context, pos int64, pe *pq.Error, err e
 	if _, err := s.tx.ExecContext(ctx, fmt.Sprintf(`DELETE FROM %s WHERE _backfill_pos = $1`, iso.held), pos); err != nil {
 		return fmt.Errorf("backfill: merge %s: refused row: %w", t.Table, err)
 	}
-	iso.refused = append(iso.refused, Exception{Row: row.Row, Raw: json.RawMessage(row.Raw), Column: pe.Column, Value: key, Reason: reason})
+	iso.refused = append(iso.refused, Exception{Row: row.Row, Raw: json.RawMessage(row.Raw), Column: refusedColumns(pe), Value: key, Reason: reason})
 	return nil
+}
+
+// keyDetail is the start of the detail of a unique or foreign key
+// violation: "Key (a, b)=(1, 2) already exists."
+var keyDetail = regexp.MustCompile(`^Key \((.+?)\)=\(`)
+
+// refusedColumns names the columns of a refusal, comma-separated: the
+// column PostgreSQL names, or those of the key in the detail of a unique
+// or foreign key violation; "" when it names none (a CHECK, a trigger).
+func refusedColumns(pe *pq.Error) string {
+	if pe.Column != "" {
+		return pe.Column
+	}
+	if m := keyDetail.FindStringSubmatch(pe.Detail); m != nil {
+		return strings.ReplaceAll(m[1], ", ", ",")
+	}
+	return ""
 }
 
 // reason describes a refusal: PostgreSQL's message and SQLSTATE, the

@@ -24,8 +24,9 @@ type refusal struct {
 	ddl string
 	// spoil makes good row i (values code, qty, ref, note) refused.
 	spoil func(i int, code *string, qty, ref *int, note *string)
-	// want: what every refused row's reason contains.
-	want []string
+	// want: what every refused row's reason contains; column its Column.
+	want   []string
+	column string
 }
 
 // bigText returns n hex characters of random bytes: text that pglz does
@@ -46,7 +47,7 @@ var refusals = []refusal{
 				*code = "taken"
 			}
 		},
-		want: []string{`duplicate key value violates unique constraint "t_code_key" (SQLSTATE 23505)`, `constraint "t_code_key"`, "already exists"}},
+		want: []string{`duplicate key value violates unique constraint "t_code_key" (SQLSTATE 23505)`, `constraint "t_code_key"`, "already exists"}, column: "code"},
 	{name: "PartialUnique", ddl: `CREATE UNIQUE INDEX t_code_key ON t (code) WHERE qty >= 0`, // no pre-check: bisection
 		spoil: func(i int, code *string, _, _ *int, _ *string) {
 			*code = fmt.Sprintf("c%d", i-1)
@@ -54,7 +55,7 @@ var refusals = []refusal{
 				*code = "taken"
 			}
 		},
-		want: []string{`duplicate key value violates unique constraint "t_code_key" (SQLSTATE 23505)`}},
+		want: []string{`duplicate key value violates unique constraint "t_code_key" (SQLSTATE 23505)`}, column: "code"},
 	{name: "Check", ddl: `ALTER TABLE t ADD CONSTRAINT t_qty_check CHECK (qty >= 0)`,
 		spoil: func(_ int, _ *string, qty, _ *int, _ *string) { *qty = -1 },
 		want:  []string{`violates check constraint "t_qty_check" (SQLSTATE 23514)`, `constraint "t_qty_check"`}},
@@ -66,7 +67,7 @@ var refusals = []refusal{
 	{name: "ForeignKey", ddl: `CREATE TABLE parent (id int PRIMARY KEY); INSERT INTO parent SELECT generate_series(0, 100);
 			ALTER TABLE t ADD CONSTRAINT t_ref_fkey FOREIGN KEY (ref) REFERENCES parent`,
 		spoil: func(_ int, _ *string, _, ref *int, _ *string) { *ref = 999 },
-		want:  []string{`violates foreign key constraint "t_ref_fkey" (SQLSTATE 23503)`, `constraint "t_ref_fkey"`, `Key (ref)=(999) is not present in table "parent"`}},
+		want:  []string{`violates foreign key constraint "t_ref_fkey" (SQLSTATE 23503)`, `constraint "t_ref_fkey"`, `Key (ref)=(999) is not present in table "parent"`}, column: "ref"},
 	{name: "Trigger", ddl: `CREATE FUNCTION t_refuse_fn() RETURNS trigger LANGUAGE plpgsql AS $$
 			BEGIN
 				IF NEW.note = 'boom' THEN RAISE EXCEPTION 'note % is refused', NEW.note; END IF;
@@ -221,6 +222,7 @@ func TestMergeRefusedRows(t *testing.T) {
 						require.Equal(t, "list:b", e.ChunkID)
 						require.EqualValues(t, refusedRowsAt[i], e.Row)
 						require.Equal(t, m.key(refusedRowsAt[i]), e.Value)
+						require.Equal(t, r.column, e.Column)
 						require.Contains(t, e.Reason, "refused by the target: ")
 						for _, w := range r.want {
 							require.Contains(t, e.Reason, w)

@@ -128,7 +128,7 @@ func (m *merge) violations() []backfill.Exception {
 		byRow[r.row] = r
 	}
 	bad := map[int64]backfill.Exception{}
-	refuse := func(row int64, reason string) {
+	refuse := func(row int64, columns []string, reason string) {
 		if _, ok := bad[row]; ok {
 			return
 		}
@@ -138,7 +138,7 @@ func (m *merge) violations() []backfill.Exception {
 		if m.t.Mode == backfill.History {
 			identity = append(identity, m.t.ValidFrom)
 		}
-		bad[row] = backfill.Exception{Row: row, Raw: []byte(raw), Value: identityText(identity, raw), Reason: "refused by the target: " + reason}
+		bad[row] = backfill.Exception{Row: row, Raw: []byte(raw), Column: strings.Join(columns, ","), Value: identityText(identity, raw), Reason: "refused by the target: " + reason}
 	}
 	// CHECK constraints come first, as in PostgreSQL (before the row's
 	// index entries).
@@ -149,7 +149,7 @@ func (m *merge) violations() []backfill.Exception {
 		}
 		for _, c := range tab.checks {
 			if !c.ok(m.ofStored(row)) {
-				refuse(src, fmt.Sprintf("new row for relation %q violates check constraint %q (SQLSTATE 23514); constraint %q", m.t.Table, c.name, c.name))
+				refuse(src, nil, fmt.Sprintf("new row for relation %q violates check constraint %q (SQLSTATE 23514); constraint %q", m.t.Table, c.name, c.name))
 				break
 			}
 		}
@@ -187,7 +187,7 @@ func (m *merge) violations() []backfill.Exception {
 					for i, c := range u.columns {
 						vals[i] = scalarText(row[m.stored[c]])
 					}
-					refuse(src, fmt.Sprintf("duplicate key value violates unique constraint %q (SQLSTATE 23505); constraint %q; Key (%s)=(%s) already exists.",
+					refuse(src, u.columns, fmt.Sprintf("duplicate key value violates unique constraint %q (SQLSTATE 23505); constraint %q; Key (%s)=(%s) already exists.",
 						u.name, u.name, strings.Join(u.columns, ", "), strings.Join(vals, ", ")))
 				}
 			}
