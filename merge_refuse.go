@@ -98,6 +98,9 @@ func (s *pgStager) mergeRefusing(ctx context.Context, res MergeResult, dup bool)
 	if rerr := s.rollbackRefuse(ctx); rerr != nil {
 		return res, errors.Join(err, rerr)
 	}
+	if s.historyIndex(ctx, pe) {
+		return res, err
+	}
 	iso := &isolation{s: s, max: s.info.Chunk.MaxRefused}
 	if err := iso.run(ctx, n, pe, err); err != nil {
 		return res, err
@@ -149,6 +152,27 @@ func (s *pgStager) refusal(err error) (*pq.Error, bool) {
 		return pe, true
 	}
 	return nil, false
+}
+
+// historyIndex reports whether pe, a refusal, is a unique violation in
+// History mode of an index on business key columns only, such as the
+// single-open-version index UNIQUE (key) WHERE valid_to IS NULL. The
+// merge itself keeps such an invariant (it closes the old version when it
+// inserts a new one): a violation is the merge's or a concurrent run's
+// doing, not the row's, and fails the chunk as before. Called after the
+// rollback to the savepoint, when the transaction can read the catalog.
+func (s *pgStager) historyIndex(ctx context.Context, pe *pq.Error) bool {
+	t := s.info.Target
+	if t.Mode != History || pe.Code != "23505" || pe.Constraint == "" {
+		return false
+	}
+	var ok bool
+	err := sqlx.GetContext(ctx, s.tx, &ok, `SELECT coalesce(bool_and(a.attname::text = ANY ($3::text[])), false)
+		FROM pg_index i
+		JOIN pg_class c ON c.oid = i.indexrelid
+		JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY ((i.indkey::int2[])[0:i.indnkeyatts - 1])
+		WHERE i.indrelid = to_regclass($1) AND c.relname = $2`, sqlgen.Table(t.Table), pe.Constraint, pq.Array(t.Key))
+	return err == nil && ok
 }
 
 // isolation finds the rows the target refuses among a chunk's staged
@@ -234,6 +258,9 @@ func (iso *isolation) bisect(ctx context.Context, lo, hi int64, known *pq.Error,
 		}
 		if rerr := iso.s.rollbackRefuse(ctx); rerr != nil {
 			return errors.Join(err, rerr)
+		}
+		if iso.s.historyIndex(ctx, pe) {
+			return err
 		}
 	}
 	if hi-lo == 1 {

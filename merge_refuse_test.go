@@ -414,3 +414,33 @@ func TestMergeRefusesKeysOverTheBtreeLimit(t *testing.T) {
 		})
 	}
 }
+
+// TestMergeHistoryOpenVersionIndexIsNotARefusal: in History mode a
+// unique violation of an index on business key columns only (the
+// single-open-version index UNIQUE (key) WHERE valid_to IS NULL) is the
+// merge's own invariant, not a bad row: the new version is not queued as
+// refused (the chunk fails, or merges, as the History merge decides).
+func TestMergeHistoryOpenVersionIndexIsNotARefusal(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t)
+	_, err := db.Exec(`CREATE TABLE h (id int, valid_from int, valid_to int, v text, PRIMARY KEY (id, valid_from));
+		CREATE UNIQUE INDEX h_open ON h (id) WHERE valid_to IS NULL`)
+	require.NoError(t, err)
+	r, err := backfill.New(db, &backfill.Config{MaxAttempts: 1})
+	require.NoError(t, err)
+	job := func(name string, rows ...[]any) backfill.Job {
+		return backfill.Job{Name: name, Chunker: backfill.List("a"), Extractor: rowsFunc(rows...), Rollback: backfill.RollbackNone,
+			Target: backfill.Target{Table: "h", Key: []string{"id"}, Mode: backfill.History}}
+	}
+	_, err = r.Run(ctx, job("v1", []any{1, 1, "a"}))
+	require.NoError(t, err)
+	rep, err := r.Run(ctx, job("v2", []any{1, 2, "b"}))
+	if err == nil {
+		require.Zero(t, rep.Counts.Rejected)
+		require.Equal(t, backfill.Counts{Read: 1, Inserted: 1}, rep.Counts)
+	} else {
+		require.Contains(t, err.Error(), `"h_open"`)
+		require.Empty(t, exceptionsOf(t, db, rep.BatchID))
+	}
+}
