@@ -356,9 +356,12 @@ type Config struct {
 	// pre-checks, then bisection inside savepoints). Past the limit the
 	// chunk fails with an error wrapping [ErrTooManyRejects] naming the
 	// chunk, row, key and constraint. The rows count toward
-	// MaxRejectsPerChunk too. 0 means [DefaultMaxMergeRefusals]; a
-	// negative value fails the chunk at the first refused row (still
-	// naming it).
+	// MaxRejectsPerChunk too. A replay (a new run) refuses the same rows
+	// again and queues them once more, under its own batch. 0 means
+	// [DefaultMaxMergeRefusals]; a negative value fails the chunk at the
+	// first refused row (still naming it). Errors that are not about a
+	// row (serialization failures, deadlocks, lock timeouts,
+	// cancellation, lost connections) still fail, and retry, the chunk.
 	MaxMergeRefusals int
 	// Manifest records runs and chunks. Default: [NewPGManifest] with
 	// schema "backfill".
