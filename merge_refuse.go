@@ -205,6 +205,9 @@ func (iso *isolation) run(ctx context.Context, n int64, first *pq.Error, firstEr
 		return fmt.Errorf("backfill: merge %s: isolate refused rows: %w", t.Table, err)
 	}
 	suspects := iso.suspects(ctx)
+	if suspects == nil {
+		suspects = []int64{} // '{}', not NULL: no row is a suspect
+	}
 	if _, err := s.tx.ExecContext(ctx, fmt.Sprintf(`INSERT INTO %[1]s (%[2]s, _backfill_pos)
 		SELECT %[2]s, row_number() OVER (ORDER BY _backfill_row = ANY ($1::bigint[]), _backfill_row) FROM %[3]s`,
 		iso.held, iso.cols, s.q.stage), pq.Array(suspects)); err != nil {
