@@ -444,3 +444,55 @@ func TestMergeHistoryOpenVersionIndexIsNotARefusal(t *testing.T) {
 		require.Empty(t, exceptionsOf(t, db, rep.BatchID))
 	}
 }
+
+// TestMergeRefusalsRollBack: a batch whose chunk had rows refused (found
+// by bisection, so merged in parts, closing History intervals in several
+// statements) rolls back to exactly the table before it, in Upsert and
+// History mode.
+func TestMergeRefusalsRollBack(t *testing.T) {
+	t.Parallel()
+	for _, mode := range []backfill.Mode{backfill.Upsert, backfill.History} {
+		t.Run(string(mode), func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			db := pgtest.New(t)
+			_, err := db.Exec(`CREATE TABLE parent (id int PRIMARY KEY); INSERT INTO parent SELECT generate_series(0, 9);
+				CREATE TABLE t (id int, valid_from int NOT NULL, valid_to int, ref int REFERENCES parent,
+					backfill_inserted_by bigint, backfill_updated_by bigint, PRIMARY KEY (id, valid_from))`)
+			require.NoError(t, err)
+			target := backfill.Target{Table: "t", Key: []string{"id", "valid_from"}, Columns: []string{"id", "valid_from", "ref"}}
+			if mode == backfill.History {
+				target = backfill.Target{Table: "t", Key: []string{"id"}, Mode: mode, Columns: []string{"id", "valid_from", "ref"}}
+			}
+			job := func(rows [][]any) backfill.Job {
+				return backfill.Job{Name: "rb", Chunker: backfill.List("a"), Extractor: rowsFunc(rows...), Target: target, NewRun: true}
+			}
+			r, err := backfill.New(db, nil)
+			require.NoError(t, err)
+			var first, second [][]any
+			for id := 1; id <= 20; id++ {
+				first = append(first, []any{id, 1, id % 10})
+				// Batch 2: a changed version 1 (Upsert) and versions 2 and 3
+				// of every id; a foreign key refuses some.
+				for vf := 1; vf <= 3; vf++ {
+					ref := (id + vf) % 10
+					if (id*3+vf)%11 == 0 {
+						ref = 99
+					}
+					second = append(second, []any{id, vf, ref})
+				}
+			}
+			_, err = r.Run(ctx, job(first))
+			require.NoError(t, err)
+			before := tableDump(t, db)
+			rep, err := r.Run(ctx, job(second))
+			require.NoError(t, err)
+			require.Positive(t, rep.Counts.Rejected)
+			require.True(t, rep.Counts.Balanced())
+			require.NotEqual(t, before, tableDump(t, db))
+			_, err = r.Rollback(ctx, job(second), backfill.RollbackOptions{BatchID: rep.BatchID, Actor: "ann", Why: "test"})
+			require.NoError(t, err)
+			require.Equal(t, before, tableDump(t, db))
+		})
+	}
+}
