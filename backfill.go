@@ -386,6 +386,24 @@ type Config struct {
 	// negative value fails the chunk at the first refused value (still
 	// naming it). PostgreSQL stagers only ([PGMerger], [PublishAtEnd]).
 	MaxStagingRejects int
+	// MaxMergeRefusals is how many staged rows of one chunk the target may
+	// refuse while they are merged before the chunk fails: rows that
+	// violate a unique constraint or index other than the business key's,
+	// a CHECK or a foreign key, rows a trigger raises an error for, rows
+	// whose index entry exceeds the btree limit, and other per-row data
+	// errors. Each such row is queued as an exception naming the
+	// constraint (or trigger), its business key and PostgreSQL's message,
+	// and the rest of the chunk merges (see merge_refuse.go: set-based
+	// pre-checks, then bisection inside savepoints). Past the limit the
+	// chunk fails with an error wrapping [ErrTooManyRejects] naming the
+	// chunk, row, key and constraint. The rows count toward
+	// MaxRejectsPerChunk too. A replay (a new run) refuses the same rows
+	// again and queues them once more, under its own batch. 0 means
+	// [DefaultMaxMergeRefusals]; a negative value fails the chunk at the
+	// first refused row (still naming it). Errors that are not about a
+	// row (serialization failures, deadlocks, lock timeouts,
+	// cancellation, lost connections) still fail, and retry, the chunk.
+	MaxMergeRefusals int
 	// Manifest records runs and chunks. Default: [NewPGManifest] with
 	// schema "backfill".
 	Manifest Manifest

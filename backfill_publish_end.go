@@ -155,7 +155,8 @@ func (ex *execution) publishAtEnd(ctx context.Context, pm *PGManifest) ([]ChunkR
 				return fmt.Errorf("backfill: publish: chunk %s: %w: the staging table holds %d rows, the manifest %d", c.ID, ErrAccounting, n, sc.Staged)
 			}
 			info := ex.info
-			info.Chunk = ChunkRef{BatchID: ex.batchID, Seq: sc.Seq, UndoTable: ex.undoTable, DeliveredTable: ex.deliveredTable}
+			info.Chunk = ChunkRef{BatchID: ex.batchID, Seq: sc.Seq, UndoTable: ex.undoTable, DeliveredTable: ex.deliveredTable,
+				MaxRefused: r.cfg.MaxMergeRefusals}
 			st, err := r.cfg.Merger.Stage(ctx, tx, info)
 			if err != nil {
 				return err
@@ -172,6 +173,9 @@ func (ex *execution) publishAtEnd(ctx context.Context, pm *PGManifest) ([]ChunkR
 			mr, err := st.Merge(ctx)
 			st.Close()
 			if err != nil {
+				return &ChunkError{Chunk: c, Attempt: 1, Err: err}
+			}
+			if err := tooManyRejects(r.cfg.MaxRejectsPerChunk, c, sc.Rejected, mr.Rejected); err != nil {
 				return &ChunkError{Chunk: c, Attempt: 1, Err: err}
 			}
 			res := ChunkResult{Chunk: c, Attempt: 1, StartedAt: started, Worker: r.cfg.WorkerID,

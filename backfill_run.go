@@ -95,6 +95,12 @@ func NewWithDB(db DB, cfg *Config) (*Runner, error) {
 	case c.MaxStagingRejects < 0:
 		c.MaxStagingRejects = 0 // never isolate
 	}
+	switch {
+	case c.MaxMergeRefusals == 0:
+		c.MaxMergeRefusals = DefaultMaxMergeRefusals
+	case c.MaxMergeRefusals < 0:
+		c.MaxMergeRefusals = 0 // refuse none
+	}
 	if c.Manifest == nil {
 		c.Manifest = NewPGManifest("")
 	}
@@ -659,7 +665,8 @@ func (ex *execution) runChunk(ctx context.Context) (res ChunkResult, claimed boo
 			return res, true, attempt, chunkErr(err)
 		}
 	}
-	info.Chunk = ChunkRef{BatchID: ex.batchID, Seq: c.Seq, UndoTable: ex.undoTable, DeliveredTable: ex.deliveredTable}
+	info.Chunk = ChunkRef{BatchID: ex.batchID, Seq: c.Seq, UndoTable: ex.undoTable, DeliveredTable: ex.deliveredTable,
+		MaxRefused: r.cfg.MaxMergeRefusals}
 	_, copies := r.cfg.Merger.(*PGMerger)
 	stager, w, err := ex.stage(ctx, tx, c, info, started, copies && r.cfg.MaxStagingRejects > 0, func() (Stager, error) {
 		return r.cfg.Merger.Stage(ctx, tx, info)
@@ -670,6 +677,9 @@ func (ex *execution) runChunk(ctx context.Context) (res ChunkResult, claimed boo
 	defer stager.Close()
 	mr, err := stager.Merge(ctx)
 	if err != nil {
+		return res, true, attempt, chunkErr(err)
+	}
+	if err := tooManyRejects(r.cfg.MaxRejectsPerChunk, c, w.rejected, mr.Rejected); err != nil {
 		return res, true, attempt, chunkErr(err)
 	}
 	checks, err := ex.validate(ctx, tx, c, info, stager, Counts{Read: w.read, Inserted: mr.Inserted, Updated: mr.Updated,

@@ -66,6 +66,18 @@ func TestPGMergerConformance(t *testing.T) {
 				require.NoError(t, rows.Err())
 				return out
 			},
+			AddUnique: func(t *testing.T, table, name string, columns []string) {
+				quoted := make([]string, len(columns))
+				for i, c := range columns {
+					quoted[i] = pq.QuoteIdentifier(c)
+				}
+				_, err := db.Exec(fmt.Sprintf("CREATE UNIQUE INDEX %s ON %s (%s)", pq.QuoteIdentifier(name), pq.QuoteIdentifier(table), strings.Join(quoted, ", ")))
+				require.NoError(t, err)
+			},
+			AddCheck: func(t *testing.T, table, name, column string, min int64) {
+				_, err := db.Exec(fmt.Sprintf("ALTER TABLE %s ADD CONSTRAINT %s CHECK (%s >= %d)", pq.QuoteIdentifier(table), pq.QuoteIdentifier(name), pq.QuoteIdentifier(column), min))
+				require.NoError(t, err)
+			},
 		}
 	})
 }

@@ -50,7 +50,11 @@ For each chunk the [Runner]:
     and rows that cannot be stored go to the exception queue with the chunk,
     row number, column, value and reason;
  3. COPYs the good rows into a temporary staging table;
- 4. merges staging into the target by business key ([Merger]);
+ 4. merges staging into the target by business key ([Merger]); rows the
+    target refuses (another unique constraint, a CHECK, a foreign key, a
+    trigger that raises, the btree size limit) go to the exception queue
+    with the constraint and PostgreSQL's message, and the rest merges
+    ([Config.MaxMergeRefusals]);
  5. checks the accounting identity
     read = inserted + updated + unchanged + rejected + deduplicated;
  6. writes the exception rows and marks the chunk done with its counts;

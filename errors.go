@@ -38,7 +38,12 @@ var (
 	// Job that fails validation; the message names the field.
 	ErrInvalidConfig = errors.New("backfill: invalid configuration")
 	// ErrTooManyRejects is returned (wrapped in a [*ChunkError]) when a
-	// chunk rejects more rows than [Config.MaxRejectsPerChunk].
+	// chunk rejects more rows than [Config.MaxRejectsPerChunk] (every
+	// kind counted: the extractor's Reject, conversion rejects, values
+	// refused while staging, merge conflicts and rows the target
+	// refuses), or when PostgreSQL refuses more values while staging than
+	// [Config.MaxStagingRejects] or more rows while merging than
+	// [Config.MaxMergeRefusals].
 	ErrTooManyRejects = errors.New("backfill: too many rejected rows")
 	// ErrWriterClosed is returned by [RowWriter] methods called after the
 	// extractor returned.

@@ -190,7 +190,9 @@ ALTER TABLE {s}.chunks ADD CONSTRAINT chunk_staged_balance CHECK (status <> 'sta
 	// summarised per (chunk, owner batch): how many and the least and
 	// greatest identity (JSON of key_columns). A rollback of the owner
 	// keeps its hands off them while the chunk stays done (see
-	// recordDelivered). One row per chunk and owner, never one per row.
+	// recordDelivered). A few rows per chunk and owner (one per merge of
+	// the chunk: a chunk whose rows the target refused is merged in parts,
+	// an open chunk is read again), never one per row.
 	`
 CREATE TABLE {s}.delivered (
 	batch_id    bigint NOT NULL,
@@ -199,9 +201,9 @@ CREATE TABLE {s}.delivered (
 	key_columns text[] NOT NULL,
 	lo          jsonb NOT NULL,
 	hi          jsonb NOT NULL,
-	row_count   bigint NOT NULL,
-	PRIMARY KEY (owner, batch_id, seq)
+	row_count   bigint NOT NULL
 );
+CREATE INDEX delivered_owner ON {s}.delivered (owner, batch_id, seq);
 `,
 	// 9: open chunks (ending after the run's horizon), read again by the
 	// next call of the run: runs.calls counts the calls that started or

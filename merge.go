@@ -93,6 +93,16 @@ type ChunkRef struct {
 	// those rows alone; "" for none (no lineage or no PostgreSQL
 	// manifest).
 	DeliveredTable string
+	// MaxRefused is how many staged rows the target may refuse at merge
+	// time (another unique constraint, a CHECK, a foreign key, a trigger
+	// that raises, an index row over the btree limit) before the merge
+	// fails: up to MaxRefused such rows are returned in
+	// MergeResult.Rejected and the rest of the chunk merges; the next one
+	// fails the merge with an error wrapping [ErrTooManyRejects] that
+	// names its row, key and constraint. 0 refuses none: the first such
+	// row fails the merge, named. The runner sets it from
+	// [Config.MaxMergeRefusals].
+	MaxRefused int
 }
 
 // MergeResult counts what a merge did with the staged rows:
@@ -101,7 +111,8 @@ type ChunkRef struct {
 type MergeResult struct {
 	Inserted, Updated, Unchanged, Deduplicated int64
 	// Rejected are staged rows the merge refused ([AppendOnly] conflicts,
-	// [Keyless] ambiguities), with Row, Raw, Column and Reason set. The
+	// [Keyless] ambiguities, rows the target refused, see
+	// [ChunkRef.MaxRefused]), with Row, Raw, Column and Reason set. The
 	// runner counts them as rejected and adds them to the exception queue.
 	Rejected []Exception
 	// Closed counts History versions whose valid_to the merge changed

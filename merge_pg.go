@@ -812,34 +812,43 @@ func (s *pgStager) Merge(ctx context.Context) (_ MergeResult, err error) {
 			}
 		}
 	}
+	return s.mergeRefusing(ctx, res, dup)
+}
+
+// mergeStaged writes the n rows in staging into the target (deduplicated,
+// conflicts dropped) and returns what it did: Inserted, Updated,
+// Unchanged, Closed. mergeRefusing calls it for the whole chunk and, when
+// the target refuses a row, for parts of it (merge_refuse.go).
+func (s *pgStager) mergeStaged(ctx context.Context, n int64, dup bool) (res MergeResult, err error) {
+	t := s.info.Target
 	if s.q.upsert != "" && !dup && s.m.fresh(t.Table) {
 		ok, err := s.insertFresh(ctx, &res)
 		if err != nil {
 			return res, err
 		}
 		if ok {
-			if res.Inserted != s.staged {
+			if res.Inserted != n {
 				return res, fmt.Errorf("backfill: merge %s: %w: %d rows to insert, but %d inserted (a trigger or rule on the target skipped or added rows?)",
-					t.Table, ErrAccounting, s.staged, res.Inserted)
+					t.Table, ErrAccounting, n, res.Inserted)
 			}
 			return res, nil
 		}
 	}
 	if s.q.upsert != "" {
-		var n struct {
+		var c struct {
 			Updated   int64 `db:"updated"`
 			Inserted  int64 `db:"inserted"`
 			Unchanged int64 `db:"unchanged"`
 		}
-		if err := sqlx.GetContext(ctx, s.tx, &n, s.q.upsert, s.args(s.q.upsert)...); err != nil {
+		if err := sqlx.GetContext(ctx, s.tx, &c, s.q.upsert, s.args(s.q.upsert)...); err != nil {
 			return res, fmt.Errorf("backfill: merge %s: upsert: %w", t.Table, s.classify(err))
 		}
-		res.Updated, res.Inserted = n.Updated, n.Inserted
+		res.Updated, res.Inserted = c.Updated, c.Inserted
 		// Counted, not inferred: a trigger that drops rows (a BEFORE
 		// trigger returning NULL) must not pass for "unchanged".
-		if merged := s.staged - res.Deduplicated; n.Updated+n.Inserted+n.Unchanged != merged {
+		if merged := n; c.Updated+c.Inserted+c.Unchanged != merged {
 			return res, fmt.Errorf("backfill: merge %s: %w: %d rows to merge, but %d inserted + %d updated + %d unchanged (a trigger or rule on the target skipped or added rows?)",
-				t.Table, ErrAccounting, merged, n.Inserted, n.Updated, n.Unchanged)
+				t.Table, ErrAccounting, merged, c.Inserted, c.Updated, c.Unchanged)
 		}
 	} else {
 		if res.Updated, err = s.exec(ctx, "update", s.q.update); err != nil {
@@ -872,11 +881,11 @@ func (s *pgStager) Merge(ctx context.Context) (_ MergeResult, err error) {
 		}
 	}
 	if s.q.upsert != "" {
-		s.m.setFresh(t.Table, res.Inserted == s.staged-res.Deduplicated && res.Inserted > 0)
+		s.m.setFresh(t.Table, res.Inserted == n && res.Inserted > 0)
 	}
-	res.Unchanged = s.staged - res.Deduplicated - res.Updated - res.Inserted - int64(len(res.Rejected))
+	res.Unchanged = n - res.Updated - res.Inserted
 	if res.Unchanged < 0 {
-		return res, fmt.Errorf("backfill: merge %s: %w: staged %d, merged %+v", t.Table, ErrAccounting, s.staged, res)
+		return res, fmt.Errorf("backfill: merge %s: %w: staged %d, merged %+v", t.Table, ErrAccounting, n, res)
 	}
 	if err := s.recordDelivered(ctx, res.Unchanged); err != nil { // rollback_delivered.go
 		return res, err

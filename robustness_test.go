@@ -108,32 +108,51 @@ func TestExtractorPanicFailsOnlyTheChunk(t *testing.T) {
 	require.Equal(t, 1, cs[3].Attempts, "a panic is not retried")
 }
 
+// TestOtherUniqueViolationsAreNotRetried: a row that violates a unique
+// constraint other than the business key's is refused (queued, the rest
+// of the chunk merges), never retried; when no refusal is allowed
+// (MaxMergeRefusals < 0) the chunk fails at once, naming the row and the
+// constraint, without a retry.
 func TestOtherUniqueViolationsAreNotRetried(t *testing.T) {
 	t.Parallel()
-	db := pgtest.New(t)
-	// The key index has INCLUDE columns (still the key); email is another unique constraint.
-	_, err := db.Exec(`CREATE TABLE users (id int NOT NULL, email text UNIQUE, name text);
-		CREATE UNIQUE INDEX users_key ON users (id) INCLUDE (name);`)
-	require.NoError(t, err)
-	var calls atomic.Int32
-	r, err := backfill.New(db, &backfill.Config{MaxAttempts: 5, RetryBackoff: time.Millisecond})
-	require.NoError(t, err)
-	_, err = r.Run(context.Background(), backfill.Job{Name: "users", Chunker: backfill.List("a"),
-		Extractor: backfill.ExtractorFunc(func(ctx context.Context, c backfill.Chunk, w backfill.RowWriter) error {
-			calls.Add(1)
-			for i := range 3 {
-				if err := w.Write(ctx, int64(i), "same@example.com", fmt.Sprint(i)); err != nil {
-					return err
-				}
+	for _, limit := range []int{0, -1} {
+		t.Run(fmt.Sprint(limit), func(t *testing.T) {
+			t.Parallel()
+			db := pgtest.New(t)
+			// The key index has INCLUDE columns (still the key); email is another unique constraint.
+			_, err := db.Exec(`CREATE TABLE users (id int NOT NULL, email text UNIQUE, name text);
+				CREATE UNIQUE INDEX users_key ON users (id) INCLUDE (name);`)
+			require.NoError(t, err)
+			var calls atomic.Int32
+			r, err := backfill.New(db, &backfill.Config{MaxAttempts: 5, RetryBackoff: time.Millisecond, MaxMergeRefusals: limit})
+			require.NoError(t, err)
+			rep, err := r.Run(context.Background(), backfill.Job{Name: "users", Chunker: backfill.List("a"),
+				Extractor: backfill.ExtractorFunc(func(ctx context.Context, c backfill.Chunk, w backfill.RowWriter) error {
+					calls.Add(1)
+					for i := range 3 {
+						if err := w.Write(ctx, int64(i), "same@example.com", fmt.Sprint(i)); err != nil {
+							return err
+						}
+					}
+					return nil
+				}),
+				Rollback: backfill.RollbackNone,
+				Target:   backfill.Target{Table: "users", Key: []string{"id"}}})
+			require.Equal(t, int32(1), calls.Load(), "not retried")
+			if limit < 0 {
+				var pe *backfill.PartialError
+				require.True(t, errors.As(err, &pe), "%v", err)
+				require.ErrorIs(t, err, backfill.ErrTooManyRejects)
+				require.Contains(t, err.Error(), `row 2 key (1) refused by the target: duplicate key value violates unique constraint "users_email_key" (SQLSTATE 23505)`)
+				return
 			}
-			return nil
-		}),
-		Rollback: backfill.RollbackNone,
-		Target:   backfill.Target{Table: "users", Key: []string{"id"}}})
-	var pe *backfill.PartialError
-	require.True(t, errors.As(err, &pe), "%v", err)
-	require.Contains(t, err.Error(), `unique constraint "users_email_key" is not the business key's`)
-	require.Equal(t, int32(1), calls.Load(), "not retried")
+			require.NoError(t, err)
+			require.Equal(t, backfill.Counts{Read: 3, Inserted: 1, Rejected: 2}, rep.Counts)
+			var ids []int
+			require.NoError(t, db.Select(&ids, `SELECT id FROM users`))
+			require.Equal(t, []int{0}, ids)
+		})
+	}
 }
 
 func TestTypesWithoutEqualityReplay(t *testing.T) {

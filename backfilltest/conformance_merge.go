@@ -37,6 +37,12 @@ type MergerHarness struct {
 	// order of rows), with text as string, bigint as int64, timestamptz
 	// as time.Time in UTC and NULL as nil.
 	Rows func(t *testing.T, table string) [][]any
+	// AddUnique adds a unique constraint (or index) named name on columns
+	// of table, besides its key. Nil skips the refusal tests.
+	AddUnique func(t *testing.T, table, name string, columns []string)
+	// AddCheck adds the constraint CHECK (column >= min) named name to
+	// table (column bigint). Nil skips the refusal tests.
+	AddCheck func(t *testing.T, table, name, column string, min int64)
 }
 
 var (
@@ -387,4 +393,5 @@ func TestMerger(t *testing.T, newHarness func(t *testing.T) MergerHarness) {
 			name := fmt.Sprintf("Name%d", k)
 			return []any{name, fmt.Sprintf("city%d", k), strings.ToLower(name)}
 		})
+	testRefusals(t, newHarness)
 }

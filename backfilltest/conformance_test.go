@@ -29,6 +29,15 @@ func TestFakeMergerConformance(t *testing.T) {
 			},
 			Truncate: func(t *testing.T, table string) { m.Truncate(table) },
 			Rows:     func(t *testing.T, table string) [][]any { return m.Rows(table) },
+			AddUnique: func(t *testing.T, table, name string, columns []string) {
+				m.AddUnique(table, name, columns...)
+			},
+			AddCheck: func(t *testing.T, table, name, column string, min int64) {
+				m.AddCheck(table, name, func(col func(string) any) bool {
+					v, ok := col(column).(int64)
+					return !ok || v >= min // NULL passes
+				})
+			},
 		}
 	})
 }

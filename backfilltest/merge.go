@@ -18,8 +18,10 @@ import (
 // [backfill.PGMerger] under [TestMerger], for every [backfill.Mode] and
 // [backfill.ConflictPolicy]: duplicates in a chunk resolved by
 // Target.Duplicates, identical rows left unchanged, AppendOnly conflicts
-// and Keyless ambiguities returned as rejected rows, History intervals
-// recomputed, changes applied on commit. Tables are declared with
+// and Keyless ambiguities returned as rejected rows, rows that violate a
+// constraint declared with [Merger.AddUnique] or [Merger.AddCheck]
+// refused (returned as rejected rows, up to TableInfo.Chunk.MaxRefused),
+// History intervals recomputed, changes applied on commit. Tables are declared with
 // [Merger.AddTable]; values are stored as given (no type conversion).
 // Safe for concurrent use.
 type Merger struct {
@@ -32,6 +34,10 @@ type fakeTable struct {
 	info    []backfill.Column // the columns as Prepare describes them
 	key     []string          // the unique columns: a merge's identity
 	rows    map[string][]any  // keyOf(columns, key, row) -> row in column order
+	// uniques and checks are the table's other constraints
+	// (merge_refuse.go).
+	uniques []fakeUnique
+	checks  []fakeCheck
 }
 
 var _ backfill.Merger = (*Merger)(nil)
@@ -186,19 +192,7 @@ func (s *stager) Merge(ctx context.Context) (backfill.MergeResult, error) {
 		s.m.mu.Unlock()
 		return backfill.MergeResult{}, fmt.Errorf("backfill: merge: table %q: %w", t.Table, backfill.ErrTargetNotFound)
 	}
-	m, err := newMerge(s.info, tab, s.rows)
-	if err == nil {
-		switch t.Mode {
-		case backfill.Upsert, "":
-			err = m.upsert()
-		case backfill.History:
-			err = m.history()
-		case backfill.AppendOnly, backfill.Keyless:
-			err = m.appendOnlyOrKeyless()
-		default:
-			err = fmt.Errorf("backfill: merge %s: mode %q: %w", t.Table, t.Mode, backfill.ErrInvalidConfig)
-		}
-	}
+	m, err := mergeRefusing(s.info, tab, s.rows)
 	s.m.mu.Unlock()
 	if err != nil {
 		return backfill.MergeResult{}, err

@@ -40,6 +40,11 @@ type merge struct {
 
 	res    backfill.MergeResult
 	writes map[string][]any // keyOf(tab.columns, tab.key, row) -> row to store on commit
+	// source is the staged row each write came from (none for History
+	// intervals closed); refused the rows the target refuses
+	// (merge_refuse.go), skipped after deduplication.
+	source  map[string]int64
+	refused map[int64]backfill.Exception
 }
 
 // rowView reads a column of a staged or a table row by name.
@@ -47,7 +52,7 @@ type rowView func(column string) any
 
 func newMerge(info backfill.TableInfo, tab *fakeTable, rows []stagedRow) (*merge, error) {
 	t := info.Target
-	m := &merge{t: t, tab: tab, staged: map[string]int{}, stored: map[string]int{}, writes: map[string][]any{}}
+	m := &merge{t: t, tab: tab, staged: map[string]int{}, stored: map[string]int{}, writes: map[string][]any{}, source: map[string]int64{}}
 	for i, c := range tab.columns {
 		m.stored[c] = i
 	}
@@ -202,12 +207,12 @@ func (m *merge) upsert() error {
 	if err != nil {
 		return err
 	}
-	for _, r := range rows {
+	for _, r := range m.skipRefused(rows) {
 		k := m.id(r)
 		old, exists := m.tab.rows[k]
 		if !exists {
 			m.res.Inserted++
-			m.writes[k] = m.tableRow(r, nil)
+			m.writes[k], m.source[k] = m.tableRow(r, nil), r.row
 			continue
 		}
 		s, t := m.ofStaged(r), m.ofStored(old)
@@ -226,7 +231,7 @@ func (m *merge) upsert() error {
 		}
 		if update {
 			m.res.Updated++
-			m.writes[k] = m.tableRow(r, old)
+			m.writes[k], m.source[k] = m.tableRow(r, old), r.row
 		} else {
 			m.res.Unchanged++
 		}
@@ -252,6 +257,7 @@ func (m *merge) history() error {
 	if err != nil {
 		return err
 	}
+	rows = m.skipRefused(rows)
 	// The versions of every business key in the chunk, by identity.
 	byKey := map[string]map[string]*version{}
 	for _, r := range rows {
@@ -269,9 +275,11 @@ func (m *merge) history() error {
 		case v == nil:
 			m.res.Inserted++
 			vs[id] = &version{row: m.tableRow(r, nil), inserted: true, dirty: true}
+			m.source[id] = r.row
 		case m.distinct(m.ofStaged(r), m.ofStored(v.row)):
 			m.res.Updated++
 			v.row, v.dirty = m.tableRow(r, v.row), true
+			m.source[id] = r.row
 		default:
 			m.res.Unchanged++
 		}
@@ -388,13 +396,13 @@ func (m *merge) appendOnlyOrKeyless() error {
 	}
 	slices.SortStableFunc(inChunk, func(a, b backfill.Exception) int { return cmp.Compare(a.Row, b.Row) })
 	m.res.Rejected = inChunk
-	for _, r := range kept {
+	for _, r := range m.skipRefused(kept) {
 		k := m.id(r)
 		old, exists := m.tab.rows[k]
 		switch {
 		case !exists:
 			m.res.Inserted++
-			m.writes[k] = m.tableRow(r, nil)
+			m.writes[k], m.source[k] = m.tableRow(r, nil), r.row
 		case m.distinct(m.ofStaged(r), m.ofStored(old)):
 			diffs := m.diffs(m.ofStaged(r), m.ofStored(old))
 			reason := "conflicting content for existing event: " + strings.Join(diffs, ", ") + " differ"
