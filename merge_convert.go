@@ -704,7 +704,7 @@ func toInt(v any, lo, hi int64, name string) (any, string) {
 		switch {
 		case math.IsNaN(f):
 			return nil, "not an integer: type " + name + " holds whole numbers"
-		case f < -9.223372036854775e18 || f > 9.223372036854775e18 || f < float64(lo) || f > float64(hi):
+		case f < -0x1p63 || f >= 0x1p63 || f < float64(lo) || f > float64(hi): // int64 holds [-2^63, 2^63)
 			return nil, "out of range for type " + name
 		case f != math.Trunc(f):
 			return nil, "not an integer: type " + name + " holds whole numbers"

@@ -496,3 +496,46 @@ func TestMergeRefusalsRollBack(t *testing.T) {
 		})
 	}
 }
+
+// TestMergeRefusalsWithUnchangedDeliveries: a replay by a new batch whose
+// chunk the target refuses rows of (a foreign key, found by bisection, so
+// the chunk merges in parts) records the rows it delivered unchanged for
+// every part, and they still protect the first batch's rows from its
+// rollback.
+func TestMergeRefusalsWithUnchangedDeliveries(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t)
+	_, err := db.Exec(`CREATE TABLE parent (id int PRIMARY KEY); INSERT INTO parent SELECT generate_series(0, 9);
+		CREATE TABLE t (id int PRIMARY KEY, ref int REFERENCES parent,
+			backfill_inserted_by bigint, backfill_updated_by bigint)`)
+	require.NoError(t, err)
+	target := backfill.Target{Table: "t", Key: []string{"id"}, Columns: []string{"id", "ref"}}
+	job := func(rows [][]any) backfill.Job {
+		return backfill.Job{Name: "deliv", Chunker: backfill.List("a"), Extractor: rowsFunc(rows...), Target: target,
+			NewRun: true, MaxRunRejectRate: -1}
+	}
+	r, err := backfill.New(db, nil)
+	require.NoError(t, err)
+	var first, second [][]any
+	for id := 1; id <= 64; id++ {
+		first = append(first, []any{id, id % 10})
+		second = append(second, []any{id, id % 10}) // unchanged
+	}
+	for id := 65; id <= 68; id++ {
+		second = append(second, []any{id, 99}) // refused by the foreign key
+	}
+	rep1, err := r.Run(ctx, job(first))
+	require.NoError(t, err)
+	rep2, err := r.Run(ctx, job(second))
+	require.NoError(t, err)
+	require.Equal(t, backfill.Counts{Read: 68, Unchanged: 64, Rejected: 4}, rep2.Counts)
+	var parts int
+	require.NoError(t, db.Get(&parts, `SELECT count(*) FROM backfill.delivered WHERE owner = $1 AND batch_id = $2`, rep1.BatchID, rep2.BatchID))
+	require.Greater(t, parts, 1, "the chunk merged in parts, each recording its deliveries")
+	_, err = r.Rollback(ctx, job(first), backfill.RollbackOptions{BatchID: rep1.BatchID, Actor: "ann", Why: "test"})
+	require.ErrorIs(t, err, backfill.ErrRollbackConflict)
+	var n int
+	require.NoError(t, db.Get(&n, `SELECT count(*) FROM t`))
+	require.Equal(t, 64, n)
+}
