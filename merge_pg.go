@@ -47,6 +47,7 @@ import (
 type PGMerger struct {
 	mu       sync.Mutex
 	allFresh map[string]bool // table -> the last chunk merged into it was all inserts
+	hashable map[string]bool // table and key types -> the keys have a hash function (merge_lock.go)
 }
 
 var _ Merger = (*PGMerger)(nil)
@@ -592,6 +593,9 @@ type pgStager struct {
 	buf    []any
 	staged int64
 	done   bool
+	// lockWhole: the merge locks the whole target, not its keys
+	// (merge_lock.go).
+	lockWhole bool
 
 	// In-Go duplicate detection: while track holds, keys has a 64-bit
 	// hash of every staged identity; a repeated hash (a duplicate or a
@@ -724,6 +728,9 @@ func (s *pgStager) Merge(ctx context.Context) (_ MergeResult, err error) {
 	var res MergeResult
 	if s.staged == 0 {
 		return res, nil
+	}
+	if err := s.lockKeys(ctx); err != nil {
+		return res, fmt.Errorf("backfill: merge %s: lock keys: %w", t.Table, err)
 	}
 	restore, err := s.plannerSettings(ctx)
 	if err != nil {

@@ -37,6 +37,11 @@ type MergerHarness struct {
 	// order of rows), with text as string, bigint as int64, timestamptz
 	// as time.Time in UTC and NULL as nil.
 	Rows func(t *testing.T, table string) [][]any
+	// Manifest, when set, is a manifest in DB for the runner properties
+	// (RunnerProperty/...): jobs run by a [backfill.Runner] on DB with
+	// Merger and Manifest, at Concurrency 1 to 8. Without it they are
+	// skipped.
+	Manifest backfill.Manifest
 }
 
 var (
@@ -385,4 +390,5 @@ func TestMerger(t *testing.T, newHarness func(t *testing.T) MergerHarness) {
 			name := fmt.Sprintf("Name%d", k)
 			return []any{name, fmt.Sprintf("city%d", k), strings.ToLower(name)}
 		})
+	runnerProperties(t, newHarness)
 }
