@@ -183,6 +183,11 @@ func (m *PGMerger) Prepare(ctx context.Context, db sqlx.ExtContext, t Target) (T
 				info.keyIndexes = append(info.keyIndexes, k.Name)
 			}
 		}
+		if t.Mode == History {
+			if info.openIndexes, err = openVersionIndexes(ctx, db, oid.Int64, info.Target.Key); err != nil {
+				return TableInfo{}, fmt.Errorf("backfill: prepare %s: partial indexes: %w", t.Table, err)
+			}
+		}
 	}
 	if errors.Is(err, ErrNoUniqueKey) {
 		identity := t.Key
@@ -226,7 +231,8 @@ type pgMergeSQL struct {
 	replayCheck string
 	update      string
 	insert      string
-	// closeIntervals recomputes valid_to of the touched keys (History);
+	// closeIntervals recomputes, before the insert, valid_to of the
+	// touched keys' versions when the chunk adds versions (History);
 	// checkIntervals finds keys whose intervals overlap or leave a gap.
 	closeIntervals, checkIntervals string
 }
@@ -467,11 +473,19 @@ func buildMergeSQL(info TableInfo) pgMergeSQL {
 				WHERE t.%s IS DISTINCT FROM x.next_from)`,
 				undo, keyJSON("t", identity), target, sqlgen.Equal("t", "x", t.Key), vf, vf, vt)
 		}
-		q.closeIntervals = fmt.Sprintf(`WITH x AS (SELECT %[3]s, %[4]s, lead(%[4]s) OVER (PARTITION BY %[3]s ORDER BY %[4]s) AS next_from
-				FROM %[2]s v)%[8]s
+		// Before the insert: the target's versions of the chunk's keys end
+		// where the next version starts, among them and the chunk's new
+		// versions (n, those absent from the target; nothing changes when
+		// there are none). Closing first means the new last version is
+		// inserted after the old one was closed: a target with one open
+		// version per key (a partial unique index on the key WHERE valid_to
+		// IS NULL) never holds two.
+		q.closeIntervals = fmt.Sprintf(`WITH n AS MATERIALIZED (SELECT %[3]s, %[4]s FROM %[9]s s WHERE NOT EXISTS (SELECT 1 FROM %[1]s t WHERE %[10]s OFFSET 0)),
+			x AS (SELECT %[3]s, %[4]s, lead(%[4]s) OVER (PARTITION BY %[3]s ORDER BY %[4]s) AS next_from FROM (
+				SELECT %[3]s, %[4]s FROM n UNION ALL SELECT %[3]s, %[4]s FROM %[2]s v WHERE EXISTS (SELECT FROM n)) z)%[8]s
 			UPDATE %[1]s t SET %[5]s = x.next_from%[7]s FROM x
 			WHERE %[6]s AND t.%[4]s = x.%[4]s AND t.%[5]s IS DISTINCT FROM x.next_from`,
-			target, keyRows, key, vf, vt, sqlgen.Equal("t", "x", t.Key), lineageSet, undoCTE)
+			target, keyRows, key, vf, vt, sqlgen.Equal("t", "x", t.Key), lineageSet, undoCTE, stage, idEq("t", "s"))
 		q.checkIntervals = fmt.Sprintf(`SELECT DISTINCT %[2]s FROM (
 				SELECT %[2]s, %[3]s, %[4]s, lead(%[3]s) OVER (PARTITION BY %[2]s ORDER BY %[3]s) AS next_from
 				FROM %[1]s v) x
@@ -851,14 +865,14 @@ func (s *pgStager) Merge(ctx context.Context) (_ MergeResult, err error) {
 		if res.Updated, err = s.exec(ctx, "update", s.q.update); err != nil {
 			return res, err
 		}
+		if res.Closed, err = s.exec(ctx, "close intervals", s.q.closeIntervals); err != nil {
+			return res, err
+		}
 		if res.Inserted, err = s.affected(ctx, "insert", s.q.insert); err != nil {
 			return res, err
 		}
 	}
 	if res.Inserted > 0 && s.q.closeIntervals != "" {
-		if res.Closed, err = s.exec(ctx, "close intervals", s.q.closeIntervals); err != nil {
-			return res, err
-		}
 		var bad []string
 		rows, err := s.tx.QueryxContext(ctx, s.q.checkIntervals)
 		if err != nil {
@@ -972,13 +986,11 @@ func (s *pgStager) Replay(ctx context.Context) (res MergeResult, err error) {
 	if res.Updated, err = s.exec(ctx, "replay update", s.q.update); err != nil {
 		return res, err
 	}
-	if res.Inserted, err = s.affected(ctx, "replay insert", s.q.insert); err != nil {
+	if res.Closed, err = s.exec(ctx, "replay close intervals", s.q.closeIntervals); err != nil {
 		return res, err
 	}
-	if s.q.closeIntervals != "" {
-		if res.Closed, err = s.exec(ctx, "replay close intervals", s.q.closeIntervals); err != nil {
-			return res, err
-		}
+	if res.Inserted, err = s.affected(ctx, "replay insert", s.q.insert); err != nil {
+		return res, err
 	}
 	return res, nil
 }
@@ -987,6 +999,9 @@ func (s *pgStager) Replay(ctx context.Context) (res MergeResult, err error) {
 // business key's index as not retryable: retrying cannot help, unlike a
 // concurrent insert of the same key.
 func (s *pgStager) classify(err error) error {
+	if e := s.openVersionConflict(err); e != nil {
+		return e
+	}
 	var pe *pq.Error
 	if errors.As(err, &pe) && pe.Code == "23505" && !slices.Contains(s.info.keyIndexes, pe.Constraint) {
 		return fmt.Errorf("%w (%w: unique constraint %q is not the business key's)", err, errNotRetryable, pe.Constraint)
