@@ -38,14 +38,19 @@ import (
 // takes the target's lock -1 in shared mode, then one exclusive lock per
 // key hash (31 bits of hash_array_extended of each key column, which
 // hashes values as their type's equality compares them, collations
-// included), all in one statement in ascending order: two merges never
-// wait for each other's locks in a cycle. A larger chunk, or one whose key
-// type has no hash function, takes lock -1 exclusively: it waits for, and
-// blocks, every other merge into the target. A transaction thus never
-// holds more than mergeLockKeys+1 of these locks, whatever the chunk's
-// size (the lock table is shared and sized by max_locks_per_transaction,
-// PostgreSQL docs, 20.12), and a large chunk costs one statement that
-// reads nothing.
+// included; a single integer key is hashed by ranges of 4,096 values, so
+// that chunks of neighbouring ids take few locks and chunks of disjoint
+// id ranges do not wait for each other), all in one statement in
+// ascending order: two merges never
+// wait for each other's locks in a cycle. A larger chunk (more key
+// hashes, or more than mergeLockScanRows rows), or one whose key type has
+// no hash function, takes lock -1 exclusively: it waits for, and blocks,
+// every other merge into the target. A transaction thus never holds more
+// than mergeLockKeys+1 of these locks, whatever the chunk's size (the lock
+// table is shared and sized by max_locks_per_transaction, PostgreSQL docs,
+// 20.12), and a large chunk costs one statement that reads nothing. The
+// price: at Concurrency > 1, the merges (not the extraction and staging)
+// of large chunks into one target run one at a time.
 //
 // The merge relies on READ COMMITTED: the runner's transactions use it.
 
@@ -54,8 +59,16 @@ import (
 var mergeLockKeys = 64
 
 // mergeLockScanRows: a chunk of more staged rows locks the whole target
+// without reading its keys (it most likely has more than mergeLockKeys).
+var mergeLockScanRows int64 = 4096
+
+// An integer key is locked by ranges of 1<<mergeLockRangeBits values; a
+// chunk of more than mergeLockRangeScanRows rows locks the whole target
 // without reading its keys.
-var mergeLockScanRows int64 = 1 << 16
+const (
+	mergeLockRangeBits           = 12
+	mergeLockRangeScanRows int64 = 1 << 18
+)
 
 // wholeTarget is the lock that stands for every key of the target.
 const wholeTarget = -1
@@ -132,23 +145,42 @@ func (s *pgStager) lockKeys(ctx context.Context) error {
 		_, err := s.tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock($1::int, $2::int)`, ns, wholeTarget)
 		return err
 	}
-	if s.lockWhole || s.staged > mergeLockScanRows {
+	if s.lockWhole {
 		return whole()
 	}
-	ok, err := s.keyHashable(ctx)
-	if err != nil {
-		return err
-	}
-	if !ok {
-		return whole()
-	}
-	parts := make([]string, len(t.Key))
-	for i, k := range t.Key {
-		parts[i] = fmt.Sprintf("hash_array_extended(ARRAY[s.%s], %d)", sqlgen.Ident(k), i)
+	var bucket string
+	if k, ok := s.rangeKey(); ok {
+		// One lock per mergeLockRange consecutive values: a chunk of
+		// neighbouring ids (a range of ids, or of time with ids that grow
+		// with it) takes a few locks, however large.
+		if s.staged > mergeLockRangeScanRows {
+			return whole()
+		}
+		bucket = fmt.Sprintf("hashint8extended(s.%s::int8 >> %d, 0)", sqlgen.Ident(k), mergeLockRangeBits)
+	} else {
+		// Known without reading staging: too many rows to be worth
+		// counting the keys of, or (Go saw every identity, no repeats,
+		// and the identity is the key) more keys than locks.
+		distinct := t.Mode != History && s.track && !s.maybeDup
+		if s.staged > mergeLockScanRows || distinct && s.staged > int64(mergeLockKeys) {
+			return whole()
+		}
+		ok, err := s.keyHashable(ctx)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			return whole()
+		}
+		parts := make([]string, len(t.Key))
+		for i, k := range t.Key {
+			parts[i] = fmt.Sprintf("hash_array_extended(ARRAY[s.%s], %d)", sqlgen.Ident(k), i)
+		}
+		bucket = strings.Join(parts, " # ")
 	}
 	var buckets []int64
 	if err := sqlx.SelectContext(ctx, s.tx, &buckets, fmt.Sprintf(`SELECT b FROM (SELECT DISTINCT ((%s) & 2147483647)::int AS b FROM %s s) x ORDER BY b LIMIT $1`,
-		strings.Join(parts, " # "), s.q.stage), mergeLockKeys+1); err != nil {
+		bucket, s.q.stage), mergeLockKeys+1); err != nil {
 		return err
 	}
 	if len(buckets) > mergeLockKeys {
@@ -159,6 +191,24 @@ func (s *pgStager) lockKeys(ctx context.Context) error {
 	if _, err := s.tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock_shared($1::int, $2::int)`, ns, wholeTarget); err != nil {
 		return err
 	}
-	_, err = s.tx.ExecContext(ctx, `SELECT count(pg_advisory_xact_lock($1::int, b)) FROM unnest($2::int[]) AS b`, ns, pq.Array(buckets))
+	_, err := s.tx.ExecContext(ctx, `SELECT count(pg_advisory_xact_lock($1::int, b)) FROM unnest($2::int[]) AS b`, ns, pq.Array(buckets))
 	return err
+}
+
+// rangeKey returns the business key's column when it is a single integer
+// column, whose locks cover ranges of values.
+func (s *pgStager) rangeKey() (string, bool) {
+	t := s.info.Target
+	if len(t.Key) != 1 {
+		return "", false
+	}
+	for _, c := range s.info.Columns {
+		if c.Name == t.Key[0] {
+			switch c.BaseType {
+			case "int2", "int4", "int8":
+				return c.Name, true
+			}
+		}
+	}
+	return "", false
 }

@@ -221,6 +221,16 @@ func runnerProperties(t *testing.T, newHarness func(t *testing.T) MergerHarness)
 			}
 			return []any{fmt.Sprintf("p%d", rapid.IntRange(0, 3).Draw(rt, "sku")), name, v}
 		})
+	// The same with an integer key (PGMerger locks ranges of its values).
+	prop("newer_version_wins_int_key", []ColumnDef{{"id", "bigint"}, {"name", "text"}, {"version", "bigint"}}, []string{"id"},
+		backfill.Target{Key: []string{"id"}, Conflict: backfill.NewerVersionWins, Version: "version"},
+		func(rt *rapid.T, _, row int) []any {
+			name := rapid.SampledFrom([]string{"a", "b", "c"}).Draw(rt, "name")
+			if row == 0 {
+				return []any{int64(7), name, int64(rapid.IntRange(1, 1000).Draw(rt, "version"))}
+			}
+			return []any{int64(rapid.IntRange(0, 3).Draw(rt, "id") * 5000), name, int64(rapid.IntRange(1, 6).Draw(rt, "version"))}
+		})
 	prop("append_only", eventsDef, []string{"event_id"},
 		backfill.Target{Key: []string{"event_id"}, Mode: backfill.AppendOnly},
 		func(rt *rapid.T, _, _ int) []any {
