@@ -248,7 +248,8 @@ func TestHistoryOpenVersionRaceWithAnotherWriter(t *testing.T) {
 		deadline := time.Now().Add(30 * time.Second)
 		for time.Now().Before(deadline) {
 			var p int
-			if db.Get(&p, `SELECT pid FROM pg_locks l WHERE NOT granted AND locktype = 'transactionid' LIMIT 1`) == nil {
+			if db.Get(&p, `SELECT l.pid FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+				WHERE NOT l.granted AND l.locktype = 'transactionid' AND a.datname = current_database() LIMIT 1`) == nil {
 				pid <- p
 				return
 			}
@@ -269,6 +270,53 @@ func TestHistoryOpenVersionRaceWithAnotherWriter(t *testing.T) {
 	defer logMu.Unlock()
 	require.Contains(t, log.String(), `allows one version per key WHERE (valid_to IS NULL)`, "the first attempt's error says what happened")
 	require.NotContains(t, log.String(), "do not tile")
+}
+
+// TestHistoryRaceWithAnotherWriterWithoutOpenIndex: as above, on a target
+// without the one-open-version index: the merge leaves the key's versions
+// overlapping, and the error says that another writer changed them (not
+// only that intervals do not tile) and is retried.
+func TestHistoryRaceWithAnotherWriterWithoutOpenIndex(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	tg := scd2(t, db)
+	db.MustExec(`DROP INDEX scd_one_open`)
+	db.MustExec(`INSERT INTO scd VALUES ('a', '2024-01-01', NULL, 'Oslo')`)
+	other, err := db.Beginx()
+	require.NoError(t, err)
+	other.MustExec(`UPDATE scd SET valid_to = '2024-07-01' WHERE customer = 'a' AND valid_to IS NULL`)
+	other.MustExec(`INSERT INTO scd VALUES ('a', '2024-07-01', NULL, 'Other')`)
+	var log bytes.Buffer
+	var logMu sync.Mutex
+	r, err := backfill.New(db, &backfill.Config{RetryBackoff: time.Millisecond,
+		Logger: slog.New(slog.NewTextHandler(syncWriter{&log, &logMu}, nil))})
+	require.NoError(t, err)
+	job := backfill.Job{Name: "late", Chunker: backfill.List("x"), Target: tg, Rollback: backfill.RollbackNone,
+		Extractor: backfill.ExtractorFunc(func(ctx context.Context, c backfill.Chunk, w backfill.RowWriter) error {
+			return w.Write(ctx, "a", ymd(9, 1), "Late")
+		})}
+	done := make(chan error, 1)
+	go func() {
+		_, err := r.Run(context.Background(), job)
+		done <- err
+	}()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var waiting bool
+		require.NoError(t, db.Get(&waiting, `SELECT EXISTS (SELECT 1 FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+			WHERE NOT l.granted AND l.locktype = 'transactionid' AND a.datname = current_database())`))
+		if waiting {
+			break
+		}
+		require.True(t, time.Now().Before(deadline), "the merge never waited for the other writer")
+		time.Sleep(time.Millisecond)
+	}
+	require.NoError(t, other.Commit())
+	require.NoError(t, <-done)
+	require.Equal(t, []string{"a 01-01-07-01 Oslo", "a 07-01-09-01 Other", "a 09-01-open Late"}, scdRows(t, db))
+	logMu.Lock()
+	defer logMu.Unlock()
+	require.Contains(t, log.String(), "another transaction, not a merge of this library, added or changed versions of these keys during the merge")
 }
 
 type syncWriter struct {

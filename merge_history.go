@@ -59,3 +59,21 @@ func (s *pgStager) openVersionConflict(err error) error {
 	return fmt.Errorf("%w (unique index %q allows one version per key WHERE %s: another transaction, not a merge of this library, "+
 		"added a version of the same key at the same time (%s); retrying the chunk merges after it)", err, pe.Constraint, pred, pe.Detail)
 }
+
+// errConcurrentChange marks an error that [IsRetryable] accepts although
+// it has no retryable SQLSTATE: another transaction changed what the
+// merge read, and a retry reads it again.
+var errConcurrentChange = errors.New("changed concurrently")
+
+// historyRace is the error of a History merge after which the versions of
+// keys bad do not tile. The merge recomputed valid_to of every version of
+// those keys, and inserted its new versions with the valid_to of the next,
+// from what its statements saw: the intervals tile unless versions of the
+// keys changed between those statements, committed by a writer that does
+// not take the merge's key locks (or a trigger on the target changed
+// them). It wraps [ErrHistoryIntervals] and is retryable.
+func historyRace(table string, bad []string) error {
+	return fmt.Errorf("backfill: merge %s: %w: valid_from/valid_to intervals overlap or leave a gap for keys %v after the merge recomputed them: "+
+		"another transaction, not a merge of this library, added or changed versions of these keys during the merge (%w; the chunk is retried), "+
+		"or a trigger on the target changed valid_to", table, ErrHistoryIntervals, bad, errConcurrentChange)
+}

@@ -888,7 +888,7 @@ func (s *pgStager) Merge(ctx context.Context) (_ MergeResult, err error) {
 		}
 		rows.Close()
 		if len(bad) > 0 {
-			return res, fmt.Errorf("backfill: merge %s: %w: valid_from/valid_to intervals overlap or leave a gap for keys %v", t.Table, ErrHistoryIntervals, bad)
+			return res, historyRace(t.Table, bad)
 		}
 	}
 	if s.q.upsert != "" {
