@@ -319,9 +319,10 @@ type Config struct {
 	// result: merges of chunks that share business keys (in this run, in
 	// other processes running the job, or in other jobs on the target)
 	// take locks on those keys and run one after the other, so every mode
-	// leaves the table that running the chunks one at a time leaves
-	// (the order aside where the mode itself depends on it: SourceWins
-	// and TargetWins when chunks disagree on a key's content).
+	// leaves the table that running the chunks one at a time leaves.
+	// Where a mode itself depends on the order of chunks that disagree on
+	// a key's content (SourceWins keeps the last, TargetWins, AppendOnly
+	// and Keyless the first), the order is the order of their commits.
 	Concurrency int
 	// MaxAttempts is how many times a chunk is tried before the run stops
 	// with it failed; only retryable errors ([IsRetryable]) are retried.

@@ -36,31 +36,33 @@ import (
 // from the bigint locks elsewhere in the library) in a namespace per
 // target table. A chunk of at most mergeLockKeys distinct key hashes
 // takes the target's lock -1 in shared mode, then one exclusive lock per
-// key hash (31 bits of hash_array_extended of each key column, which
-// hashes values as their type's equality compares them, collations
-// included; a single integer key is hashed by ranges of 4,096 values, so
-// that chunks of neighbouring ids take few locks and chunks of disjoint
-// id ranges do not wait for each other), all in one statement in
-// ascending order: two merges never
-// wait for each other's locks in a cycle. A larger chunk (more key
-// hashes, or more than mergeLockScanRows rows), or one whose key type has
-// no hash function, takes lock -1 exclusively: it waits for, and blocks,
-// every other merge into the target. A transaction thus never holds more
-// than mergeLockKeys+1 of these locks, whatever the chunk's size (the lock
-// table is shared and sized by max_locks_per_transaction, PostgreSQL docs,
-// 20.12), and a large chunk costs one statement that reads nothing. The
-// price: at Concurrency > 1, the merges (not the extraction and staging)
-// of large chunks into one target run one at a time.
+// key hash, all in one statement in ascending order: two merges never wait
+// for each other's locks in a cycle. The hash is 31 bits of
+// hash_array_extended of each key column, which hashes values as their
+// type's equality compares them, collations included; a single integer
+// key is hashed by ranges of 4,096 values, so that a chunk of neighbouring
+// ids takes few locks however large, and chunks of disjoint id ranges do
+// not wait for each other.
+//
+// A larger chunk (more key hashes, or more rows than are worth reading
+// for them), or one whose key type has no hash function, takes lock -1
+// exclusively: it waits for, and blocks, every other merge into the
+// target. A transaction thus never holds more than mergeLockKeys+1 of
+// these locks, whatever the chunk's size (the lock table is shared and
+// sized by max_locks_per_transaction, PostgreSQL docs, 20.12), and such a
+// chunk costs one statement that reads nothing. The price: at
+// Concurrency > 1, the merges (not the extraction and staging) of large
+// chunks with other keys than a single integer run one at a time.
 //
 // The merge relies on READ COMMITTED: the runner's transactions use it.
 
 // mergeLockKeys is the most key locks one chunk takes; a chunk with more
 // distinct key hashes locks the whole target.
-var mergeLockKeys = 64
+const mergeLockKeys = 64
 
 // mergeLockScanRows: a chunk of more staged rows locks the whole target
 // without reading its keys (it most likely has more than mergeLockKeys).
-var mergeLockScanRows int64 = 4096
+const mergeLockScanRows int64 = 4096
 
 // An integer key is locked by ranges of 1<<mergeLockRangeBits values; a
 // chunk of more than mergeLockRangeScanRows rows locks the whole target
