@@ -356,7 +356,14 @@ type RowWriter interface {
 // default.
 type Config struct {
 	// Concurrency is how many chunks run at once, each in its own
-	// transaction on its own connection. Default 1.
+	// transaction on its own connection. Default 1. It never changes the
+	// result: merges of chunks that share business keys (in this run, in
+	// other processes running the job, or in other jobs on the target)
+	// take locks on those keys and run one after the other, so every mode
+	// leaves the table that running the chunks one at a time leaves.
+	// Where a mode itself depends on the order of chunks that disagree on
+	// a key's content (SourceWins keeps the last, TargetWins, AppendOnly
+	// and Keyless the first), the order is the order of their commits.
 	Concurrency int
 	// MaxAttempts is how many times a chunk is tried before the run stops
 	// with it failed; only retryable errors ([IsRetryable]) are retried.

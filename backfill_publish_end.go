@@ -114,6 +114,9 @@ func (s *pgStager) fill(ctx context.Context, query string, args ...any) error {
 	}
 	s.staged, _ = res.RowsAffected()
 	s.track = false // duplicates are found in SQL
+	// One transaction merges every chunk: it locks the whole target once
+	// rather than accumulate key locks.
+	s.lockWhole = true
 	return nil
 }
 

@@ -29,7 +29,10 @@ import (
 type DB interface {
 	sqlx.ExtContext
 	// Begin starts a transaction. Its Commit makes the chunk's merge,
-	// exceptions and checkpoint durable together.
+	// exceptions and checkpoint durable together. [PGMerger] needs READ
+	// COMMITTED (or SERIALIZABLE) transactions: it locks the chunk's keys,
+	// then reads the target in statements that must see what the merges
+	// it waited for committed.
 	Begin(ctx context.Context) (Tx, error)
 }
 
@@ -42,8 +45,12 @@ type Tx interface {
 
 type pgDB struct{ *sqlx.DB }
 
+// Begin starts a READ COMMITTED transaction, whatever the database's
+// default_transaction_isolation: the merge takes its key locks
+// (merge_lock.go) and then reads the target in later statements, whose
+// snapshots must show what the merges it waited for committed.
 func (d pgDB) Begin(ctx context.Context) (Tx, error) {
-	return d.BeginTxx(ctx, &sql.TxOptions{})
+	return d.BeginTxx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
 }
 
 // Postgres adapts db (opened with the "postgres" driver of lib/pq) to [DB].

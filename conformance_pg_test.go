@@ -27,8 +27,9 @@ func TestPGMergerConformance(t *testing.T) {
 	backfilltest.TestMerger(t, func(t *testing.T) backfilltest.MergerHarness {
 		db := pgtest.New(t)
 		return backfilltest.MergerHarness{
-			Merger: backfill.NewPGMerger(),
-			DB:     backfill.Postgres(db),
+			Merger:   backfill.NewPGMerger(),
+			DB:       backfill.Postgres(db),
+			Manifest: backfill.NewPGManifest("ledger"),
 			CreateTable: func(t *testing.T, table string, columns []backfilltest.ColumnDef, unique []string) {
 				defs := make([]string, len(columns))
 				for i, c := range columns {

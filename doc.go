@@ -92,7 +92,9 @@ wins a disagreement before choosing how to write. [Target.Mode] says it:
     into; intervals per key never overlap and leave no gap (checked after
     every merge; a violation fails the chunk with [ErrHistoryIntervals]).
     An identical replay adds no version; the same (key, valid_from) with
-    other content corrects that version in place.
+    other content corrects that version in place. A key's versions are
+    closed before new ones are inserted, so a single-open-version index,
+    UNIQUE (key) WHERE valid_to IS NULL, is supported.
   - [Keyless], legacy files without a good key: [Target.Derive] rules
     ([KeyRule] of composable [Normalizer]s: [Trim], [CollapseSpace],
     [NFC], [NFKC], [CaseFold], [RemovePunctuation]) derive the key. Rows

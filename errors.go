@@ -50,7 +50,10 @@ var (
 	ErrWriterClosed = errors.New("backfill: row writer used after extract returned")
 	// ErrHistoryIntervals is returned (wrapped in a [*ChunkError]) when a
 	// History merge would leave a key's valid_from/valid_to intervals
-	// overlapping or with a gap; the chunk is rolled back.
+	// overlapping or with a gap; the chunk is rolled back. Since the merge
+	// recomputes the intervals of the keys it touches, only a concurrent
+	// writer that does not take the merge's key locks (or a trigger) can
+	// cause it: the error says so and is retryable ([IsRetryable]).
 	ErrHistoryIntervals = errors.New("backfill: history intervals do not tile")
 	// ErrUnsupported is returned when a feature needs an optional
 	// interface (such as [ManifestAudit]) that the configured
@@ -168,13 +171,17 @@ func (e *PartialError) Unwrap() []error { return e.Errs }
 // retrying the chunk can succeed: serialization failure (40001), deadlock
 // (40P01), lock not available (55P03), a unique violation of the business
 // key caused by a concurrent insert of the same key (23505; violations of
-// other unique constraints are not retried), connection failures (class
-// 08, a broken connection, network errors). 57014 query_canceled is not
-// retried: it is also what cancellation looks like.
+// other unique constraints are not retried), [ErrHistoryIntervals] (another
+// writer changed the versions of the merged keys meanwhile), connection
+// failures (class 08, a broken connection, network errors). 57014
+// query_canceled is not retried: it is also what cancellation looks like.
 // See https://www.postgresql.org/docs/15/errcodes-appendix.html.
 func IsRetryable(err error) bool {
 	if errors.Is(err, errNotRetryable) {
 		return false
+	}
+	if errors.Is(err, errConcurrentChange) {
+		return true
 	}
 	if errors.Is(err, driver.ErrBadConn) || errors.Is(err, io.ErrUnexpectedEOF) {
 		return true

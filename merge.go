@@ -66,6 +66,9 @@ type TableInfo struct {
 	// keyIndexes names the unique indexes that cover the identity
 	// (PGMerger).
 	keyIndexes []string
+	// openIndexes: History's partial unique indexes on the business key
+	// (one open version per key), name -> predicate (PGMerger).
+	openIndexes map[string]string
 }
 
 // identity returns the columns that identify one target row: Key, plus

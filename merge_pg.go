@@ -47,6 +47,7 @@ import (
 type PGMerger struct {
 	mu       sync.Mutex
 	allFresh map[string]bool // table -> the last chunk merged into it was all inserts
+	hashable map[string]bool // table and key types -> the keys have a hash function (merge_lock.go)
 }
 
 var _ Merger = (*PGMerger)(nil)
@@ -183,6 +184,11 @@ func (m *PGMerger) Prepare(ctx context.Context, db sqlx.ExtContext, t Target) (T
 				info.keyIndexes = append(info.keyIndexes, k.Name)
 			}
 		}
+		if t.Mode == History {
+			if info.openIndexes, err = openVersionIndexes(ctx, db, oid.Int64, info.Target.Key); err != nil {
+				return TableInfo{}, fmt.Errorf("backfill: prepare %s: partial indexes: %w", t.Table, err)
+			}
+		}
 	}
 	if errors.Is(err, ErrNoUniqueKey) {
 		identity := t.Key
@@ -226,7 +232,8 @@ type pgMergeSQL struct {
 	replayCheck string
 	update      string
 	insert      string
-	// closeIntervals recomputes valid_to of the touched keys (History);
+	// closeIntervals recomputes, before the insert, valid_to of the
+	// touched keys' versions when the chunk adds versions (History);
 	// checkIntervals finds keys whose intervals overlap or leave a gap.
 	closeIntervals, checkIntervals string
 }
@@ -467,11 +474,19 @@ func buildMergeSQL(info TableInfo) pgMergeSQL {
 				WHERE t.%s IS DISTINCT FROM x._backfill_next_from)`,
 				undo, keyJSON("t", identity), target, sqlgen.Equal("t", "x", t.Key), vf, vf, vt)
 		}
-		q.closeIntervals = fmt.Sprintf(`WITH x AS (SELECT %[3]s, %[4]s, lead(%[4]s) OVER (PARTITION BY %[3]s ORDER BY %[4]s) AS _backfill_next_from
-				FROM %[2]s v)%[8]s
+		// Before the insert: the target's versions of the chunk's keys end
+		// where the next version starts, among them and the chunk's new
+		// versions (_backfill_new, those absent from the target; nothing changes when
+		// there are none). Closing first means the new last version is
+		// inserted after the old one was closed: a target with one open
+		// version per key (a partial unique index on the key WHERE valid_to
+		// IS NULL) never holds two.
+		q.closeIntervals = fmt.Sprintf(`WITH _backfill_new AS MATERIALIZED (SELECT %[3]s, %[4]s FROM %[9]s s WHERE NOT EXISTS (SELECT 1 FROM %[1]s t WHERE %[10]s OFFSET 0)),
+			x AS (SELECT %[3]s, %[4]s, lead(%[4]s) OVER (PARTITION BY %[3]s ORDER BY %[4]s) AS _backfill_next_from FROM (
+				SELECT %[3]s, %[4]s FROM _backfill_new UNION ALL SELECT %[3]s, %[4]s FROM %[2]s v WHERE EXISTS (SELECT FROM _backfill_new)) _backfill_z)%[8]s
 			UPDATE %[1]s t SET %[5]s = x._backfill_next_from%[7]s FROM x
 			WHERE %[6]s AND t.%[4]s = x.%[4]s AND t.%[5]s IS DISTINCT FROM x._backfill_next_from`,
-			target, keyRows, key, vf, vt, sqlgen.Equal("t", "x", t.Key), lineageSet, undoCTE)
+			target, keyRows, key, vf, vt, sqlgen.Equal("t", "x", t.Key), lineageSet, undoCTE, stage, idEq("t", "s"))
 		q.checkIntervals = fmt.Sprintf(`SELECT DISTINCT %[2]s FROM (
 				SELECT %[2]s, %[3]s, %[4]s, lead(%[3]s) OVER (PARTITION BY %[2]s ORDER BY %[3]s) AS _backfill_next_from
 				FROM %[1]s v) x
@@ -593,6 +608,9 @@ type pgStager struct {
 	buf    []any
 	staged int64
 	done   bool
+	// lockWhole: the merge locks the whole target, not its keys
+	// (merge_lock.go).
+	lockWhole bool
 
 	// In-Go duplicate detection: while track holds, keys has a 64-bit
 	// hash of every staged identity; a repeated hash (a duplicate or a
@@ -726,6 +744,9 @@ func (s *pgStager) Merge(ctx context.Context) (_ MergeResult, err error) {
 	if s.staged == 0 {
 		return res, nil
 	}
+	if err := s.lockKeys(ctx); err != nil {
+		return res, fmt.Errorf("backfill: merge %s: lock keys: %w", t.Table, err)
+	}
 	restore, err := s.plannerSettings(ctx)
 	if err != nil {
 		return res, fmt.Errorf("backfill: merge %s: planner settings: %w", t.Table, err)
@@ -854,14 +875,14 @@ func (s *pgStager) mergeStaged(ctx context.Context, n int64, dup bool) (res Merg
 		if res.Updated, err = s.exec(ctx, "update", s.q.update); err != nil {
 			return res, err
 		}
+		if res.Closed, err = s.exec(ctx, "close intervals", s.q.closeIntervals); err != nil {
+			return res, err
+		}
 		if res.Inserted, err = s.affected(ctx, "insert", s.q.insert); err != nil {
 			return res, err
 		}
 	}
 	if res.Inserted > 0 && s.q.closeIntervals != "" {
-		if res.Closed, err = s.exec(ctx, "close intervals", s.q.closeIntervals); err != nil {
-			return res, err
-		}
 		var bad []string
 		rows, err := s.tx.QueryxContext(ctx, s.q.checkIntervals)
 		if err != nil {
@@ -877,7 +898,7 @@ func (s *pgStager) mergeStaged(ctx context.Context, n int64, dup bool) (res Merg
 		}
 		rows.Close()
 		if len(bad) > 0 {
-			return res, fmt.Errorf("backfill: merge %s: %w: valid_from/valid_to intervals overlap or leave a gap for keys %v", t.Table, ErrHistoryIntervals, bad)
+			return res, historyRace(t.Table, bad)
 		}
 	}
 	if s.q.upsert != "" {
@@ -978,13 +999,11 @@ func (s *pgStager) Replay(ctx context.Context) (res MergeResult, err error) {
 	if res.Updated, err = s.exec(ctx, "replay update", s.q.update); err != nil {
 		return res, err
 	}
-	if res.Inserted, err = s.affected(ctx, "replay insert", s.q.insert); err != nil {
+	if res.Closed, err = s.exec(ctx, "replay close intervals", s.q.closeIntervals); err != nil {
 		return res, err
 	}
-	if s.q.closeIntervals != "" {
-		if res.Closed, err = s.exec(ctx, "replay close intervals", s.q.closeIntervals); err != nil {
-			return res, err
-		}
+	if res.Inserted, err = s.affected(ctx, "replay insert", s.q.insert); err != nil {
+		return res, err
 	}
 	return res, nil
 }
@@ -993,6 +1012,9 @@ func (s *pgStager) Replay(ctx context.Context) (res MergeResult, err error) {
 // business key's index as not retryable: retrying cannot help, unlike a
 // concurrent insert of the same key.
 func (s *pgStager) classify(err error) error {
+	if e := s.openVersionConflict(err); e != nil {
+		return e
+	}
 	var pe *pq.Error
 	if errors.As(err, &pe) && pe.Code == "23505" && !slices.Contains(s.info.keyIndexes, pe.Constraint) {
 		return fmt.Errorf("%w (%w: unique constraint %q is not the business key's)", err, errNotRetryable, pe.Constraint)

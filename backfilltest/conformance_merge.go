@@ -43,6 +43,11 @@ type MergerHarness struct {
 	// AddCheck adds the constraint CHECK (column >= min) named name to
 	// table (column bigint). Nil skips the refusal tests.
 	AddCheck func(t *testing.T, table, name, column string, min int64)
+	// Manifest, when set, is a manifest in DB for the runner properties
+	// (RunnerProperty/...): jobs run by a [backfill.Runner] on DB with
+	// Merger and Manifest, at Concurrency 1 to 8. Without it they are
+	// skipped.
+	Manifest backfill.Manifest
 }
 
 var (
@@ -394,4 +399,5 @@ func TestMerger(t *testing.T, newHarness func(t *testing.T) MergerHarness) {
 			return []any{name, fmt.Sprintf("city%d", k), strings.ToLower(name)}
 		})
 	testRefusals(t, newHarness)
+	runnerProperties(t, newHarness)
 }

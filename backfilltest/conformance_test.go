@@ -18,8 +18,9 @@ func TestFakeMergerConformance(t *testing.T) {
 	backfilltest.TestMerger(t, func(t *testing.T) backfilltest.MergerHarness {
 		m := backfilltest.NewMerger()
 		return backfilltest.MergerHarness{
-			Merger: m,
-			DB:     backfilltest.NewDB(),
+			Merger:   m,
+			DB:       backfilltest.NewDB(),
+			Manifest: backfilltest.NewManifest(),
 			CreateTable: func(t *testing.T, table string, columns []backfilltest.ColumnDef, unique []string) {
 				cols := make([]backfill.Column, len(columns))
 				for i, c := range columns {

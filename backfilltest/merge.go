@@ -21,12 +21,20 @@ import (
 // and Keyless ambiguities returned as rejected rows, rows that violate a
 // constraint declared with [Merger.AddUnique] or [Merger.AddCheck]
 // refused (returned as rejected rows, up to TableInfo.Chunk.MaxRefused),
-// History intervals recomputed, changes applied on commit. Tables are declared with
+// History intervals recomputed, changes applied on commit. Like PGMerger, a merge holds
+// locks on its business keys until its transaction ends, so that merges
+// of the same keys in concurrent transactions see each other's rows and
+// the result does not depend on their order. Tables are declared with
 // [Merger.AddTable]; values are stored as given (no type conversion).
 // Safe for concurrent use.
 type Merger struct {
 	mu     sync.Mutex
 	tables map[string]*fakeTable
+	// keyLocks: table and business key -> the transaction (or stager)
+	// holding it; released is closed when locks are released
+	// (merge_lock.go).
+	keyLocks map[string]any
+	released chan struct{}
 }
 
 type fakeTable struct {
@@ -185,6 +193,11 @@ func (s *stager) Merge(ctx context.Context) (backfill.MergeResult, error) {
 	if len(s.rows) == 0 {
 		return backfill.MergeResult{}, nil
 	}
+	unlock, err := s.lockStaged(ctx)
+	if err != nil {
+		return backfill.MergeResult{}, err
+	}
+	defer unlock()
 	t := s.info.Target
 	s.m.mu.Lock()
 	tab := s.m.tables[t.Table]
