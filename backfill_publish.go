@@ -2,19 +2,10 @@ package backfill
 
 import (
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
-	"strings"
-	"time"
-
-	"github.com/jmoiron/sqlx"
-	"github.com/lib/pq"
 
 	"github.com/pgbackfill/backfill/internal/sqlgen"
 )
-
-func pqQuoteLiteral(s string) string { return pq.QuoteLiteral(s) }
 
 // PublishMode says when a run's rows become visible to readers.
 type PublishMode string
@@ -71,7 +62,9 @@ func (p Publish) String() string {
 	return string(p.Mode) + ":" + p.View
 }
 
-func (p Publish) validate(job string) error {
+// validate checks p for job, whose ChunkColumn is chunkColumn; it names
+// the bad field.
+func (p Publish) validate(job, chunkColumn string) error {
 	switch p.Mode {
 	case PublishPerChunk:
 		return nil
@@ -83,511 +76,85 @@ func (p Publish) validate(job string) error {
 			return fmt.Errorf("%w: Job.Publish.View: %w (job %q)", ErrInvalidConfig, err, job)
 		}
 		return nil
-	case PublishPartitionSwap, PublishAtEnd:
+	case PublishPartitionSwap:
+		if chunkColumn == "" {
+			return fmt.Errorf("%w: PublishPartitionSwap needs Job.ChunkColumn, the partition key (job %q)", ErrInvalidConfig, job)
+		}
+		return nil
+	case PublishAtEnd:
 		return nil
 	}
 	return fmt.Errorf("%w: Job.Publish.Mode %q is not supported (job %q)", ErrInvalidConfig, p.Mode, job)
 }
 
-// versionTable names the table version a batch loads: "<table>__v<batch>"
-// in the table's schema (table is a name [sqlgen.ParseTable] accepts; the
-// result is in the same form).
-func versionTable(table string, batchID int64) string {
-	s, t := sqlgen.SplitTable(table)
-	return sqlgen.Qualified(s, fmt.Sprintf("%s__v%d", t, batchID))
+// publisher is how a publish mode makes a run's rows visible: one
+// implementation per mode (backfill_publish_*.go), chosen once per call
+// by publisherFor. The Runner calls its hooks in this order: requires
+// before any work; prepare once per call that works on the run; target
+// and beforeCommit in every chunk's transaction; finish when the call's
+// chunks are done; published after the run is finished; rollback from
+// [Runner.Rollback]. Hooks get the execution (or Runner) and use only
+// its resolved capabilities; none is called concurrently with prepare,
+// finish or published, while target and beforeCommit run in as many
+// chunks at once as [Config.Concurrency].
+type publisher interface {
+	// requires returns an error wrapping [ErrUnsupported] naming the
+	// capability the mode needs and c lacks.
+	requires(c capabilities) error
+	// rereads reports whether a loaded chunk can be read again: a
+	// mode that cannot refuses scopes that end after the horizon.
+	rereads() bool
+	// switchesBack reports whether a run is rolled back by switching
+	// back to what it replaced ([RollbackSwitchBack]), not by an undo log.
+	switchesBack() bool
+	// prepare readies the run before its first chunk of this call (it may
+	// change ex.info, the table merged into).
+	prepare(ctx context.Context, ex *execution) error
+	// target returns chunk c's target in tx: where it merges, and how it
+	// stages.
+	target(ctx context.Context, ex *execution, tx Tx, c Chunk) (chunkTarget, error)
+	// beforeCommit checkpoints the chunk in tx, after its merge and
+	// validation, with the chunk's exceptions; the commit follows.
+	beforeCommit(ctx context.Context, ex *execution, tx Tx, t chunkTarget, res ChunkResult, exceptions []Exception) error
+	// finish runs when every chunk of the call is checkpointed and none
+	// failed; it records failures with ex.fail.
+	finish(ctx context.Context, ex *execution)
+	// published runs after the run is finished; it reports whether it
+	// made the run visible now.
+	published(ctx context.Context, ex *execution, run Run) (bool, error)
+	// rollback rolls run (planned with this mode) back by switching back;
+	// handled is false when the mode leaves it to the undo log.
+	rollback(ctx context.Context, r *Runner, run Run, plan Plan, opts RollbackOptions) (rep RollbackReport, handled bool, err error)
 }
 
-// viewSource returns the table the view reads (from pg_depend and
-// pg_rewrite, PostgreSQL docs 53.18 and 53.43), or "" when the view does
-// not exist yet.
-func viewSource(ctx context.Context, db sqlx.ExtContext, view string) (string, error) {
-	var src []string
-	var rels []struct {
-		Schema string `db:"nspname"`
-		Name   string `db:"relname"`
-	}
-	err := sqlx.SelectContext(ctx, db, &rels, `SELECT DISTINCT n.nspname, c.relname
-		FROM pg_rewrite r
-		JOIN pg_depend d ON d.classid = 'pg_rewrite'::regclass AND d.objid = r.oid AND d.deptype = 'n'
-		JOIN pg_class c ON c.oid = d.refobjid AND c.relkind IN ('r', 'p')
-		JOIN pg_namespace n ON n.oid = c.relnamespace
-		WHERE r.ev_class = to_regclass($1) AND d.refobjid <> r.ev_class`, sqlgen.Table(view))
-	if err != nil {
-		return "", fmt.Errorf("backfill: view %s: %w", view, err)
-	}
-	for _, r := range rels {
-		src = append(src, sqlgen.Qualified(r.Schema, r.Name))
-	}
-	if len(src) > 1 {
-		return "", fmt.Errorf("backfill: view %s reads %d tables %v; a versioned view reads one", view, len(src), src)
-	}
-	if len(src) == 0 {
-		return "", nil
-	}
-	return src[0], nil
+// chunkTarget is where and how one chunk is loaded (publisher.target).
+type chunkTarget struct {
+	// info is the table merged into, with the chunk's ChunkRef.
+	info TableInfo
+	// newStager makes the chunk's stager in its transaction; isolate
+	// says whether it stages with COPY in that transaction, so that
+	// refused values can be isolated by savepoint (backfill_isolate.go).
+	newStager func() (Stager, error)
+	isolate   bool
+	// deferred: the chunk's rows are only staged; the run's publish
+	// merges, validates and completes it (PublishAtEnd).
+	deferred bool
+	// staged returns how many rows a deferred chunk staged.
+	staged func() int64
+	// part and keyType are the partition the chunk's table replaces and
+	// its key type (PublishPartitionSwap).
+	part, keyType string
 }
 
-// prepareVersion creates, once per batch, the table version the run loads
-// (a copy of the version readers see now, or of the target table before
-// the first publish), and prepares the merge into it.
-func (r *Runner) prepareVersion(ctx context.Context, job Job, info TableInfo, batchID int64) (TableInfo, error) {
-	version := versionTable(info.Target.Table, batchID)
-	err := inTx(ctx, r.db, func(tx sqlx.ExtContext) error {
-		if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock(hashtextextended('backfill.version:' || $1, 0))`, version); err != nil {
-			return err
-		}
-		var exists bool
-		if err := sqlx.GetContext(ctx, tx, &exists, `SELECT to_regclass($1) IS NOT NULL`, sqlgen.Table(version)); err != nil {
-			return err
-		}
-		if exists {
-			return nil
-		}
-		current, err := viewSource(ctx, tx, job.Publish.View)
-		if err != nil {
-			return err
-		}
-		if current == "" {
-			current = info.Target.Table
-		}
-		if _, err := tx.ExecContext(ctx, fmt.Sprintf(`CREATE TABLE %s (LIKE %s INCLUDING ALL)`, sqlgen.Table(version), sqlgen.Table(current))); err != nil {
-			return err
-		}
-		_, err = tx.ExecContext(ctx, fmt.Sprintf(`INSERT INTO %s SELECT * FROM %s`, sqlgen.Table(version), sqlgen.Table(current)))
-		return err
-	})
-	if err != nil {
-		return TableInfo{}, fmt.Errorf("backfill: job %q: create version %s: %w", job.Name, version, err)
+// publisherFor returns the publisher of p.Mode, which p.validate accepted.
+func publisherFor(p Publish) publisher {
+	switch p.Mode {
+	case PublishVersionedView:
+		return publishView{}
+	case PublishPartitionSwap:
+		return publishSwap{}
+	case PublishAtEnd:
+		return publishEnd{}
 	}
-	t := info.Target
-	t.Table = version
-	t.Columns = nil
-	for _, c := range info.Columns[:info.Written] {
-		t.Columns = append(t.Columns, c.Name)
-	}
-	return r.cfg.Merger.Prepare(ctx, r.db, t)
-}
-
-// publishVersion switches the view to the batch's version in one
-// transaction and records it ("published", with the previous version) in
-// the audit log; it does nothing, and reports false, when the view already
-// reads it.
-//
-// CREATE OR REPLACE VIEW needs an ACCESS EXCLUSIVE lock on the view, which
-// waits for every transaction that read the view, and every new reader of
-// the view queues behind that wait. So the switch waits at most
-// [Publish.LockTimeout] (lock_timeout, local to its transaction) and is
-// tried [Publish.LockRetries] times with a growing pause in between, while
-// readers go on reading the old version. When every try timed out it
-// returns an error wrapping [ErrPublishBlocked] that names the sessions
-// holding a lock on the view (pid, application_name, state, query); the
-// run stays completed and unpublished, and running the job again publishes
-// it.
-func (r *Runner) publishVersion(ctx context.Context, job Job, run Run, table string) (bool, error) {
-	audit, ok := r.cfg.Manifest.(ManifestAudit)
-	if !ok {
-		return false, fmt.Errorf("backfill: publish job %q: %w: the manifest has no audit log", job.Name, ErrUnsupported)
-	}
-	version := versionTable(table, run.BatchID)
-	timeout := cmpOr(job.Publish.LockTimeout, "200ms")
-	tries := cmpOr(job.Publish.LockRetries, DefaultPublishLockRetries)
-	for try := 1; ; try++ {
-		switched := false
-		var blocking string // what pg_blocking_pids said during the last try
-		err := inTx(ctx, r.db, func(tx sqlx.ExtContext) error {
-			if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock(hashtextextended('backfill.view:' || $1, 0))`, job.Publish.View); err != nil {
-				return err
-			}
-			previous, err := viewSource(ctx, tx, job.Publish.View)
-			if err != nil {
-				return err
-			}
-			if previous == version {
-				return nil
-			}
-			var pid int
-			if err := sqlx.GetContext(ctx, tx, &pid, `SELECT pg_backend_pid() FROM set_config('lock_timeout', $1, true)`, timeout); err != nil {
-				return err
-			}
-			var watch func() string
-			if try >= tries {
-				watch = watchBlockers(ctx, r.db, pid)
-			}
-			_, err = tx.ExecContext(ctx, fmt.Sprintf(`CREATE OR REPLACE VIEW %s AS SELECT * FROM %s`, sqlgen.Table(job.Publish.View), sqlgen.Table(version)))
-			if watch != nil {
-				blocking = watch()
-			}
-			if err != nil {
-				return fmt.Errorf("backfill: publish job %q: switch view %s: %w", job.Name, job.Publish.View, err)
-			}
-			switched = true
-			detail, _ := json.Marshal(map[string]string{"view": job.Publish.View, "version": version, "previous": previous})
-			return audit.RecordEvent(ctx, tx, Event{BatchID: run.BatchID, Job: job.Name, Kind: "published", Actor: r.cfg.WorkerID, Detail: detail})
-		})
-		if err == nil {
-			return switched, nil
-		}
-		var pe *pq.Error
-		if !errors.As(err, &pe) || pe.Code != "55P03" {
-			return false, err
-		}
-		if try >= tries {
-			blockers := blocking
-			if blockers == "" {
-				blockers = lockHolders(context.WithoutCancel(ctx), r.db, job.Publish.View)
-			}
-			return false, fmt.Errorf("backfill: publish job %q batch %d: %w: view %s not switched to %s after %d tries with lock_timeout %s; held by %s; the run is completed but unpublished: run the job again to publish it",
-				job.Name, run.BatchID, ErrPublishBlocked, job.Publish.View, version, try, timeout, blockers)
-		}
-		r.cfg.Logger.Warn("publish: view locked by readers; retrying", "job", job.Name, "batch_id", run.BatchID, "view", job.Publish.View, "try", try, "lock_timeout", timeout)
-		select {
-		case <-ctx.Done():
-			return false, ctx.Err()
-		case <-time.After(min(100*time.Millisecond<<(try-1), 5*time.Second)):
-		}
-	}
-}
-
-// watchBlockers polls, while session pid waits for a lock, the sessions
-// that block it (pg_blocking_pids, PostgreSQL docs 9.27.1, joined to
-// pg_stat_activity); the returned stop function ends the polling and
-// describes the last blockers seen ("" if none were).
-func watchBlockers(ctx context.Context, db sqlx.ExtContext, pid int) (stop func() string) {
-	done := make(chan struct{})
-	result := make(chan string, 1)
-	go func() {
-		last := ""
-		defer func() { result <- last }()
-		tick := time.NewTicker(10 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			select {
-			case <-done:
-				return
-			case <-ctx.Done():
-				return
-			case <-tick.C:
-			}
-			if s := describeSessions(ctx, db, `SELECT b.pid, coalesce(a.application_name, '') AS app, coalesce(a.state, '') AS state,
-				'' AS mode, coalesce(a.query, '') AS query
-				FROM unnest(pg_blocking_pids($1)) AS b(pid) JOIN pg_stat_activity a ON a.pid = b.pid ORDER BY b.pid`, pid); s != "" {
-				last = s
-			}
-		}
-	}()
-	return func() string {
-		close(done)
-		return <-result
-	}
-}
-
-// describeSessions runs q (columns pid, app, state, mode, query) and
-// describes the sessions it returns, "" for none or on error.
-func describeSessions(ctx context.Context, db sqlx.ExtContext, q string, args ...any) string {
-	var rows []struct {
-		PID   int    `db:"pid"`
-		App   string `db:"app"`
-		State string `db:"state"`
-		Mode  string `db:"mode"`
-		Query string `db:"query"`
-	}
-	if err := sqlx.SelectContext(ctx, db, &rows, q, args...); err != nil || len(rows) == 0 {
-		return ""
-	}
-	parts := make([]string, len(rows))
-	for i, h := range rows {
-		q := h.Query
-		if len(q) > 200 {
-			q = q[:200] + "..."
-		}
-		what := h.State
-		if h.Mode != "" {
-			what += ", holding " + h.Mode
-		}
-		parts[i] = fmt.Sprintf("pid %d (application_name %q, %s, query %q)", h.PID, h.App, what, q)
-	}
-	return strings.Join(parts, ", ")
-}
-
-// lockHolders describes the other sessions that hold a lock on relation
-// rel (pg_locks joined to pg_stat_activity, PostgreSQL docs 54.12 and
-// 27.2.3): the sessions pg_blocking_pids would name for a waiter on an
-// ACCESS EXCLUSIVE lock of rel.
-func lockHolders(ctx context.Context, db sqlx.ExtContext, rel string) string {
-	s := describeSessions(ctx, db, `SELECT DISTINCT a.pid, coalesce(a.application_name, '') AS app,
-		coalesce(a.state, '') AS state, l.mode, coalesce(a.query, '') AS query
-		FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
-		WHERE l.locktype = 'relation' AND l.relation = to_regclass($1) AND l.granted AND l.pid <> pg_backend_pid()
-		ORDER BY a.pid`, sqlgen.Table(rel))
-	if s == "" {
-		return "sessions that have since released it"
-	}
-	return s
-}
-
-// switchBack points the view of a versioned-view batch back to the version
-// it replaced; it reports false when the batch was never published.
-func (r *Runner) switchBack(ctx context.Context, run Run, base string, force bool, actor, why string) (bool, error) {
-	audit, ok := r.cfg.Manifest.(ManifestAudit)
-	if !ok {
-		return false, fmt.Errorf("backfill: switch back batch %d: %w", run.BatchID, ErrUnsupported)
-	}
-	events, err := audit.Events(ctx, r.db, run.BatchID)
-	if err != nil {
-		return false, err
-	}
-	var pub struct{ View, Version, Previous string }
-	found := false
-	for _, e := range events {
-		if e.Kind == "published" {
-			if err := json.Unmarshal(e.Detail, &pub); err != nil {
-				return false, err
-			}
-			found = true
-		}
-	}
-	if !found {
-		return false, nil
-	}
-	err = inTx(ctx, r.db, func(tx sqlx.ExtContext) error {
-		current, err := viewSource(ctx, tx, pub.View)
-		if err != nil {
-			return err
-		}
-		if current != pub.Version && !force {
-			return fmt.Errorf("backfill: switch back batch %d: %w: view %s reads %s, not this batch's %s (a later batch published)",
-				run.BatchID, ErrRollbackConflict, pub.View, current, pub.Version)
-		}
-		if pub.Previous == "" {
-			// The first publish created the view: before it, the data was
-			// the base table's.
-			pub.Previous = base
-		}
-		if _, err := tx.ExecContext(ctx, fmt.Sprintf(`CREATE OR REPLACE VIEW %s AS SELECT * FROM %s`, sqlgen.Table(pub.View), sqlgen.Table(pub.Previous))); err != nil {
-			return err
-		}
-		if _, err := tx.ExecContext(ctx, `UPDATE `+sqlgen.Ident(r.pgManifestSchema())+`.runs SET status = 'rolled_back', updated_at = now() WHERE batch_id = $1`, run.BatchID); err != nil {
-			return err
-		}
-		detail, _ := json.Marshal(map[string]any{"why": why, "view": pub.View, "from": pub.Version, "to": pub.Previous, "force": force})
-		return audit.RecordEvent(ctx, tx, Event{BatchID: run.BatchID, Job: run.Job, Kind: "rollback_switch_back", Actor: actor, Detail: detail})
-	})
-	return err == nil, err
-}
-
-func (r *Runner) pgManifestSchema() string {
-	if pm, ok := r.cfg.Manifest.(*PGManifest); ok {
-		return pm.schema
-	}
-	return "backfill"
-}
-
-// PublishPartitionSwap loads each chunk into a new table beside the
-// target's partition for exactly the chunk's bounds (a copy of it, merged
-// with the chunk's rows), validates it, and swaps it in — DETACH the old
-// partition, ATTACH the new one — in the chunk's transaction, with the
-// lock_timeout of [Publish.LockTimeout] (PostgreSQL docs, 5.11.2.2
-// "Partition Maintenance"). Readers see the old partition or the new one,
-// never a mix. The old partition is kept, detached, for
-// [Runner.Rollback], which swaps it back. The target must be partitioned
-// by RANGE on [Job.ChunkColumn] with one partition per chunk.
-const PublishPartitionSwap PublishMode = "partition_swap"
-
-// partitionFor finds the partition of parent whose range bounds are the
-// chunk's, by reading the bounds back from pg_get_expr(relpartbound) and
-// casting them to the partition key's type.
-func partitionFor(ctx context.Context, db sqlx.ExtContext, parent string, c Chunk) (name, keyType string, err error) {
-	var lo, hi any
-	switch c.Kind {
-	case KindTime:
-		lo, hi = c.Start, c.End
-	case KindInt:
-		lo, hi = c.Lo, c.Hi
-	default:
-		return "", "", fmt.Errorf("backfill: partition swap: %w: list chunks have no range partition", ErrUnsupported)
-	}
-	var keyTypes []string
-	if err := sqlx.SelectContext(ctx, db, &keyTypes, `SELECT format_type(a.atttypid, a.atttypmod)
-		FROM pg_partitioned_table p JOIN pg_attribute a ON a.attrelid = p.partrelid AND a.attnum = p.partattrs[0]
-		WHERE p.partrelid = to_regclass($1) AND p.partstrat = 'r' AND p.partnatts = 1`, sqlgen.Table(parent)); err != nil {
-		return "", "", err
-	}
-	if len(keyTypes) != 1 {
-		return "", "", fmt.Errorf("backfill: partition swap: %w: %s is not partitioned by RANGE on one column", ErrInvalidConfig, parent)
-	}
-	keyType = keyTypes[0]
-	var rels []struct {
-		Schema string `db:"nspname"`
-		Name   string `db:"relname"`
-	}
-	err = sqlx.SelectContext(ctx, db, &rels, fmt.Sprintf(`SELECT n.nspname, c.relname FROM pg_inherits i
-		JOIN pg_class c ON c.oid = i.inhrelid JOIN pg_namespace n ON n.oid = c.relnamespace,
-		LATERAL regexp_match(pg_get_expr(c.relpartbound, c.oid), '^FOR VALUES FROM \(''(.*)''\) TO \(''(.*)''\)$') m
-		WHERE i.inhparent = to_regclass($1) AND m IS NOT NULL AND m[1]::%[1]s = $2::%[1]s AND m[2]::%[1]s = $3::%[1]s`, keyType),
-		sqlgen.Table(parent), lo, hi)
-	if err != nil {
-		return "", "", err
-	}
-	var names []string
-	for _, r := range rels {
-		names = append(names, sqlgen.Qualified(r.Schema, r.Name))
-	}
-	if len(names) != 1 {
-		return "", "", fmt.Errorf("backfill: partition swap: %w: %s has no partition for exactly %s", ErrInvalidConfig, parent, c)
-	}
-	return names[0], keyType, nil
-}
-
-// prepareSwap creates the chunk's new partition table (a copy of the
-// current partition) in tx and prepares the merge into it.
-func (r *Runner) prepareSwap(ctx context.Context, tx sqlx.ExtContext, info TableInfo, c Chunk, batchID int64) (TableInfo, string, string, error) {
-	part, keyType, err := partitionFor(ctx, tx, info.Target.Table, c)
-	if err != nil {
-		return TableInfo{}, "", "", err
-	}
-	next := versionTable(part, batchID)
-	if _, err := tx.ExecContext(ctx, fmt.Sprintf(`CREATE TABLE %[1]s (LIKE %[2]s INCLUDING ALL); INSERT INTO %[1]s SELECT * FROM %[2]s`,
-		sqlgen.Table(next), sqlgen.Table(part))); err != nil {
-		return TableInfo{}, "", "", fmt.Errorf("backfill: partition swap: copy %s: %w", part, err)
-	}
-	t := info.Target
-	t.Table = next
-	t.Columns = nil
-	for _, col := range info.Columns[:info.Written] {
-		t.Columns = append(t.Columns, col.Name)
-	}
-	ninfo, err := r.cfg.Merger.Prepare(ctx, tx, t)
-	return ninfo, part, keyType, err
-}
-
-// swapPartition attaches next in place of part, in tx.
-func swapPartition(ctx context.Context, tx sqlx.ExtContext, parent, part, next, col, keyType string, c Chunk, lockTimeout string) error {
-	lo, hi := any(c.Lo), any(c.Hi)
-	if c.Kind == KindTime {
-		lo, hi = c.Start, c.End
-	}
-	q := sqlgen.Ident(col)
-	// A CHECK constraint matching the bounds lets ATTACH skip its scan.
-	var check string
-	if err := sqlx.GetContext(ctx, tx, &check, fmt.Sprintf(`SELECT format('%%s IS NOT NULL AND %%s >= %%L::%[2]s AND %%s < %%L::%[2]s', %[1]s, %[1]s, $1::%[2]s, %[1]s, $2::%[2]s)`,
-		pqQuoteLiteral(q), keyType), lo, hi); err != nil {
-		return err
-	}
-	var bounds string
-	if err := sqlx.GetContext(ctx, tx, &bounds, fmt.Sprintf(`SELECT format('FROM (%%L) TO (%%L)', $1::%[1]s, $2::%[1]s)`, keyType), lo, hi); err != nil {
-		return err
-	}
-	stmts := []string{
-		`SELECT set_config('lock_timeout', ` + pqQuoteLiteral(lockTimeout) + `, true)`,
-		fmt.Sprintf(`ALTER TABLE %s ADD CONSTRAINT backfill_bounds CHECK (%s)`, sqlgen.Table(next), check),
-		fmt.Sprintf(`ALTER TABLE %s DETACH PARTITION %s`, sqlgen.Table(parent), sqlgen.Table(part)),
-		fmt.Sprintf(`ALTER TABLE %s ATTACH PARTITION %s FOR VALUES %s`, sqlgen.Table(parent), sqlgen.Table(next), bounds),
-		fmt.Sprintf(`ALTER TABLE %s DROP CONSTRAINT backfill_bounds`, sqlgen.Table(next)),
-	}
-	for _, s := range stmts {
-		if _, err := tx.ExecContext(ctx, s); err != nil {
-			return fmt.Errorf("backfill: partition swap of %s: %w", part, err)
-		}
-	}
-	return nil
-}
-
-// swapBack withdraws a partition-swap batch: in reverse chunk order, one
-// transaction per chunk with its checkpoint, it attaches the partition
-// each chunk replaced in place of the chunk's. It refuses, changing
-// nothing, when a later batch swapped one of those partitions again.
-func (r *Runner) swapBack(ctx context.Context, pm *PGManifest, run Run, parent string, opts RollbackOptions) (RollbackReport, error) {
-	rep := RollbackReport{BatchID: run.BatchID, Status: run.Status, Preview: opts.Preview}
-	events, err := pm.Events(ctx, r.db, run.BatchID)
-	if err != nil {
-		return rep, err
-	}
-	states, err := pm.Chunks(ctx, r.db, run.BatchID)
-	if err != nil {
-		return rep, err
-	}
-	type swap struct {
-		Seq      int
-		Chunk    string
-		Old, New string
-	}
-	var swaps []swap
-	for _, e := range events {
-		if e.Kind != "partition_swapped" {
-			continue
-		}
-		var s swap
-		if err := json.Unmarshal(e.Detail, &s); err != nil {
-			return rep, err
-		}
-		if states[s.Seq].Status == ChunkDone && (opts.ChunkID == "" || s.Chunk == opts.ChunkID) {
-			swaps = append(swaps, s)
-		}
-	}
-	for i, j := 0, len(swaps)-1; i < j; i, j = i+1, j-1 {
-		swaps[i], swaps[j] = swaps[j], swaps[i]
-	}
-	for _, s := range swaps {
-		cur, _, err := partitionFor(ctx, r.db, parent, states[s.Seq].Chunk)
-		if err != nil {
-			return rep, err
-		}
-		if cur != s.New {
-			rep.Conflicts++
-			rep.ConflictKeys = append(rep.ConflictKeys, fmt.Sprintf("%s: %s is attached, not %s", s.Chunk, cur, s.New))
-		}
-	}
-	rep.Chunks = len(swaps)
-	if opts.Preview {
-		return rep, nil
-	}
-	if rep.Conflicts > 0 {
-		return rep, fmt.Errorf("backfill: rollback of batch %d: %w: later batches swapped %d partitions again: %v", run.BatchID, ErrRollbackConflict, rep.Conflicts, rep.ConflictKeys)
-	}
-	rep.Chunks = 0
-	for _, s := range swaps {
-		c := states[s.Seq].Chunk
-		err := inTx(ctx, r.db, func(tx sqlx.ExtContext) error {
-			var status []string
-			if err := sqlx.SelectContext(ctx, tx, &status, pm.sql(`SELECT status FROM {s}.chunks WHERE batch_id = $1 AND seq = $2 FOR UPDATE`), run.BatchID, s.Seq); err != nil {
-				return err
-			}
-			if len(status) == 0 || status[0] != string(ChunkDone) {
-				return nil
-			}
-			_, keyType, err := partitionFor(ctx, tx, parent, c)
-			if err != nil {
-				return err
-			}
-			var col string
-			if err := sqlx.GetContext(ctx, tx, &col, `SELECT a.attname FROM pg_partitioned_table p JOIN pg_attribute a
-				ON a.attrelid = p.partrelid AND a.attnum = p.partattrs[0] WHERE p.partrelid = to_regclass($1)`, sqlgen.Table(parent)); err != nil {
-				return err
-			}
-			if err := swapPartition(ctx, tx, parent, s.New, s.Old, col, keyType, c, cmpOr(opts.lockTimeout, "5s")); err != nil {
-				return err
-			}
-			if _, err := tx.ExecContext(ctx, pm.sql(`UPDATE {s}.chunks SET status = 'rolled_back' WHERE batch_id = $1 AND seq = $2`), run.BatchID, s.Seq); err != nil {
-				return err
-			}
-			rep.Chunks++
-			return nil
-		})
-		if err != nil {
-			return rep, fmt.Errorf("backfill: rollback of batch %d chunk %s: %w", run.BatchID, s.Chunk, err)
-		}
-	}
-	err = inTx(ctx, r.db, func(tx sqlx.ExtContext) error {
-		if opts.ChunkID == "" {
-			if _, err := tx.ExecContext(ctx, pm.sql(`UPDATE {s}.runs SET status = 'rolled_back', updated_at = now() WHERE batch_id = $1`), run.BatchID); err != nil {
-				return err
-			}
-		}
-		detail, _ := json.Marshal(map[string]any{"why": opts.Why, "chunk": opts.ChunkID, "partitions": rep.Chunks})
-		return pm.RecordEvent(ctx, tx, Event{BatchID: run.BatchID, Job: run.Job, Kind: "rollback_switch_back", Actor: opts.Actor, Detail: detail})
-	})
-	if err == nil && opts.ChunkID == "" {
-		rep.Status = RunRolledBack
-	}
-	return rep, err
+	return publishChunk{}
 }

@@ -66,9 +66,8 @@ const (
 // gate to accept, and [ErrUnsupported] when the manifest cannot keep
 // validations and an audit log.
 func (r *Runner) AcceptGate(ctx context.Context, job Job, chunkID, actor, why string) (Report, error) {
-	mv, ok := r.cfg.Manifest.(ManifestValidations)
-	audit, ok2 := r.cfg.Manifest.(ManifestAudit)
-	if !ok || !ok2 {
+	mv, audit := r.caps.validations, r.caps.audit
+	if mv == nil || audit == nil {
 		return Report{}, fmt.Errorf("backfill: accept gate of job %q: %w", job.Name, ErrUnsupported)
 	}
 	if actor == "" || why == "" {
@@ -167,8 +166,8 @@ func validatorNames(vs []Validator) []string {
 // resume, but every change is on record. It returns a warning for a
 // change ("" otherwise) and the accepted gates found in the log.
 func (r *Runner) recordValidators(ctx context.Context, job Job, batchID int64) (string, map[string][]string, error) {
-	audit, ok := r.cfg.Manifest.(ManifestAudit)
-	if !ok {
+	audit := r.caps.audit
+	if audit == nil {
 		return "", nil, nil
 	}
 	events, err := audit.Events(ctx, r.db, batchID)

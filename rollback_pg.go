@@ -16,7 +16,7 @@ import (
 // jsonb_populate_record (PostgreSQL docs, 9.16 "JSON Functions"), which
 // turns the logged key or prior image back into a row of the target type.
 type pgRollback struct {
-	m        *PGManifest
+	m        sqlManifest
 	info     TableInfo
 	target   string // quoted
 	undo     string // quoted
@@ -30,8 +30,8 @@ type pgRollback struct {
 	zone        string
 }
 
-func newPGRollback(m *PGManifest, info TableInfo) *pgRollback {
-	return &pgRollback{m: m, info: info, target: sqlgen.Table(info.Target.Table), undo: sqlgen.Ident(m.schema) + ".undo",
+func newPGRollback(m sqlManifest, info TableInfo) *pgRollback {
+	return &pgRollback{m: m, info: info, target: sqlgen.Table(info.Target.Table), undo: m.UndoTable(),
 		identity: info.identity(), updated: sqlgen.Ident(info.Target.Lineage.UpdatedBy), inserted: sqlgen.Ident(info.Target.Lineage.InsertedBy)}
 }
 
