@@ -237,7 +237,7 @@ func (ex *execution) publishAtEnd(ctx context.Context) ([]ChunkResult, error) {
 			return nil // other chunks are still to be staged
 		}
 		for _, sc := range staged {
-			res, err := ex.publishChunk(ctx, tx, stage, sc)
+			res, err := ex.publishStaged(ctx, tx, stage, sc)
 			if err != nil {
 				return err
 			}
@@ -255,9 +255,9 @@ func (ex *execution) publishAtEnd(ctx context.Context) ([]ChunkResult, error) {
 // ([ManifestStaging.StageChunk]).
 const chunkStaged ChunkStatus = "staged"
 
-// publishChunk merges, validates and completes staged chunk sc in the
+// publishStaged merges, validates and completes staged chunk sc in the
 // publish's transaction tx.
-func (ex *execution) publishChunk(ctx context.Context, tx sqlx.ExtContext, stage string, sc StagedChunk) (ChunkResult, error) {
+func (ex *execution) publishStaged(ctx context.Context, tx sqlx.ExtContext, stage string, sc StagedChunk) (ChunkResult, error) {
 	r := ex.r
 	c := ex.plan.Chunks[sc.Seq]
 	started := time.Now()

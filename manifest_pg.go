@@ -235,7 +235,8 @@ type txBeginner interface {
 }
 
 // inTx runs f in a transaction: a new one when db can begin one
-// (*sqlx.DB), otherwise db itself, which must then be a transaction.
+// (*sqlx.DB, or a [DB]), otherwise db itself, which must then be a
+// transaction.
 func inTx(ctx context.Context, db sqlx.ExtContext, f func(tx sqlx.ExtContext) error) error {
 	b, ok := db.(txBeginner)
 	if !ok {
@@ -244,9 +245,26 @@ func inTx(ctx context.Context, db sqlx.ExtContext, f func(tx sqlx.ExtContext) er
 		}
 	}
 	if b == nil {
+		if d, ok := db.(DB); ok {
+			// Another DB, such as backfilltest's: its own transactions.
+			return inDBTx(ctx, d, f)
+		}
 		return f(db)
 	}
 	tx, err := b.BeginTxx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	if err := f(tx); err != nil {
+		_ = tx.Rollback()
+		return err
+	}
+	return tx.Commit()
+}
+
+// inDBTx runs f in a transaction of d.
+func inDBTx(ctx context.Context, d DB, f func(tx sqlx.ExtContext) error) error {
+	tx, err := d.Begin(ctx)
 	if err != nil {
 		return err
 	}
