@@ -20,8 +20,9 @@ import (
 // to stage, one transaction checks every chunk's staged rows against the
 // manifest, merges the chunks in order, runs [Job.Validators] on each and
 // checkpoints them done. Readers see nothing of the run before that
-// transaction commits, and all of it after. Needs [PGManifest] and
-// [PGMerger].
+// transaction commits, and all of it after. Needs a manifest with
+// [ManifestStaging] and a merger with [MergerStaging] ([PGManifest] and
+// [PGMerger], or backfilltest's fakes).
 const PublishAtEnd PublishMode = "at_end"
 
 // publishEnd is the publisher of [PublishAtEnd]: chunks are staged into

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jmoiron/sqlx"
@@ -176,34 +177,13 @@ func swapPartition(ctx context.Context, tx sqlx.ExtContext, parent, part, next, 
 // nothing, when a later batch swapped one of those partitions again.
 func (r *Runner) swapBack(ctx context.Context, pm sqlManifest, run Run, parent string, opts RollbackOptions) (RollbackReport, error) {
 	rep := RollbackReport{BatchID: run.BatchID, Status: run.Status, Preview: opts.Preview}
-	events, err := pm.Events(ctx, r.db, run.BatchID)
-	if err != nil {
-		return rep, err
-	}
 	states, err := pm.Chunks(ctx, r.db, run.BatchID)
 	if err != nil {
 		return rep, err
 	}
-	type swap struct {
-		Seq      int
-		Chunk    string
-		Old, New string
-	}
-	var swaps []swap
-	for _, e := range events {
-		if e.Kind != "partition_swapped" {
-			continue
-		}
-		var s swap
-		if err := json.Unmarshal(e.Detail, &s); err != nil {
-			return rep, err
-		}
-		if states[s.Seq].Status == ChunkDone && (opts.ChunkID == "" || s.Chunk == opts.ChunkID) {
-			swaps = append(swaps, s)
-		}
-	}
-	for i, j := 0, len(swaps)-1; i < j; i, j = i+1, j-1 {
-		swaps[i], swaps[j] = swaps[j], swaps[i]
+	swaps, err := r.batchSwaps(ctx, pm, run.BatchID, states, opts.ChunkID)
+	if err != nil {
+		return rep, err
 	}
 	for _, s := range swaps {
 		cur, _, err := partitionFor(ctx, r.db, parent, states[s.Seq].Chunk)
@@ -224,35 +204,12 @@ func (r *Runner) swapBack(ctx context.Context, pm sqlManifest, run Run, parent s
 	}
 	rep.Chunks = 0
 	for _, s := range swaps {
-		c := states[s.Seq].Chunk
-		err := inTx(ctx, r.db, func(tx sqlx.ExtContext) error {
-			var status []string
-			if err := sqlx.SelectContext(ctx, tx, &status, pm.sql(`SELECT status FROM {s}.chunks WHERE batch_id = $1 AND seq = $2 FOR UPDATE`), run.BatchID, s.Seq); err != nil {
-				return err
-			}
-			if len(status) == 0 || status[0] != string(ChunkDone) {
-				return nil
-			}
-			_, keyType, err := partitionFor(ctx, tx, parent, c)
-			if err != nil {
-				return err
-			}
-			var col string
-			if err := sqlx.GetContext(ctx, tx, &col, `SELECT a.attname FROM pg_partitioned_table p JOIN pg_attribute a
-				ON a.attrelid = p.partrelid AND a.attnum = p.partattrs[0] WHERE p.partrelid = to_regclass($1)`, sqlgen.Table(parent)); err != nil {
-				return err
-			}
-			if err := swapPartition(ctx, tx, parent, s.New, s.Old, col, keyType, c, cmpOr(opts.lockTimeout, "5s")); err != nil {
-				return err
-			}
-			if _, err := tx.ExecContext(ctx, pm.sql(`UPDATE {s}.chunks SET status = 'rolled_back' WHERE batch_id = $1 AND seq = $2`), run.BatchID, s.Seq); err != nil {
-				return err
-			}
-			rep.Chunks++
-			return nil
-		})
+		done, err := r.swapBackChunk(ctx, pm, run.BatchID, parent, states[s.Seq].Chunk, s, opts.lockTimeout)
 		if err != nil {
 			return rep, fmt.Errorf("backfill: rollback of batch %d chunk %s: %w", run.BatchID, s.Chunk, err)
+		}
+		if done {
+			rep.Chunks++
 		}
 	}
 	err = inTx(ctx, r.db, func(tx sqlx.ExtContext) error {
@@ -268,4 +225,70 @@ func (r *Runner) swapBack(ctx context.Context, pm sqlManifest, run Run, parent s
 		rep.Status = RunRolledBack
 	}
 	return rep, err
+}
+
+// partitionSwap is a "partition_swapped" event: chunk Seq's partition Old
+// was replaced by New.
+type partitionSwap struct {
+	Seq      int
+	Chunk    string
+	Old, New string
+}
+
+// batchSwaps returns the swaps of the batch's done chunks (only chunkID's
+// unless ""), the last first.
+func (r *Runner) batchSwaps(ctx context.Context, pm sqlManifest, batchID int64, states []ChunkState, chunkID string) ([]partitionSwap, error) {
+	events, err := pm.Events(ctx, r.db, batchID)
+	if err != nil {
+		return nil, err
+	}
+	var swaps []partitionSwap
+	for _, e := range events {
+		if e.Kind != "partition_swapped" {
+			continue
+		}
+		var s partitionSwap
+		if err := json.Unmarshal(e.Detail, &s); err != nil {
+			return nil, err
+		}
+		if states[s.Seq].Status == ChunkDone && (chunkID == "" || s.Chunk == chunkID) {
+			swaps = append(swaps, s)
+		}
+	}
+	slices.Reverse(swaps)
+	return swaps, nil
+}
+
+// swapBackChunk attaches s.Old in place of s.New for chunk c, with the
+// chunk's checkpoint, in one transaction; it reports false when the chunk
+// is no longer done (rolled back meanwhile).
+func (r *Runner) swapBackChunk(ctx context.Context, pm sqlManifest, batchID int64, parent string, c Chunk, s partitionSwap, lockTimeout string) (bool, error) {
+	done := false
+	err := inTx(ctx, r.db, func(tx sqlx.ExtContext) error {
+		var status []string
+		if err := sqlx.SelectContext(ctx, tx, &status, pm.sql(`SELECT status FROM {s}.chunks WHERE batch_id = $1 AND seq = $2 FOR UPDATE`), batchID, s.Seq); err != nil {
+			return err
+		}
+		if len(status) == 0 || status[0] != string(ChunkDone) {
+			return nil
+		}
+		_, keyType, err := partitionFor(ctx, tx, parent, c)
+		if err != nil {
+			return err
+		}
+		var col string
+		if err := sqlx.GetContext(ctx, tx, &col, `SELECT a.attname FROM pg_partitioned_table p JOIN pg_attribute a
+			ON a.attrelid = p.partrelid AND a.attnum = p.partattrs[0] WHERE p.partrelid = to_regclass($1)`, sqlgen.Table(parent)); err != nil {
+			return err
+		}
+		if err := swapPartition(ctx, tx, parent, s.New, s.Old, col, keyType, c, cmpOr(lockTimeout, "5s")); err != nil {
+			return err
+		}
+		if _, err := tx.ExecContext(ctx, pm.sql(`UPDATE {s}.chunks SET status = 'rolled_back' WHERE batch_id = $1 AND seq = $2`), batchID, s.Seq); err != nil {
+			return err
+		}
+		done = true
+		return nil
+	})
+	return done && err == nil, err
 }
