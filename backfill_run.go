@@ -1106,15 +1106,9 @@ func (r *Runner) Resume(ctx context.Context, job Job, actor, why string) (Report
 	if actor == "" || why == "" {
 		return Report{}, fmt.Errorf("backfill: resume job %q: %w: who and why are required", job.Name, ErrInvalidConfig)
 	}
-	if err := r.cfg.Manifest.Init(ctx, r.db); err != nil {
-		return Report{}, err
-	}
-	run, err := audit.LatestRun(ctx, r.db, job.Name)
+	run, err := r.pausedRun(ctx, job, "resume job")
 	if err != nil {
-		return Report{}, fmt.Errorf("backfill: resume job %q: %w", job.Name, err)
-	}
-	if run.Status != RunPaused {
-		return Report{}, fmt.Errorf("backfill: resume job %q: %w: batch %d is %s", job.Name, ErrNotPaused, run.BatchID, run.Status)
+		return Report{}, err
 	}
 	if err := mv.ResumeRun(ctx, r.db, run.BatchID, actor, why); err != nil {
 		return Report{}, err

@@ -73,33 +73,15 @@ func (r *Runner) AcceptGate(ctx context.Context, job Job, chunkID, actor, why st
 	if actor == "" || why == "" {
 		return Report{}, fmt.Errorf("backfill: accept gate of job %q: %w: who and why are required", job.Name, ErrInvalidConfig)
 	}
-	if err := r.cfg.Manifest.Init(ctx, r.db); err != nil {
-		return Report{}, err
-	}
-	run, err := audit.LatestRun(ctx, r.db, job.Name)
+	run, err := r.pausedRun(ctx, job, "accept gate of job")
 	if err != nil {
-		return Report{}, fmt.Errorf("backfill: accept gate of job %q: %w", job.Name, err)
-	}
-	if run.Status != RunPaused {
-		return Report{}, fmt.Errorf("backfill: accept gate of job %q: %w: batch %d is %s", job.Name, ErrNotPaused, run.BatchID, run.Status)
+		return Report{}, err
 	}
 	vs, err := mv.Validations(ctx, r.db, run.BatchID)
 	if err != nil {
 		return Report{}, err
 	}
-	// The failed gate checks of the chunk's last failed attempt.
-	last := 0
-	for _, v := range vs {
-		if v.ChunkID == chunkID && v.FailedAttempt > last {
-			last = v.FailedAttempt
-		}
-	}
-	var checks []string
-	for _, v := range vs {
-		if v.ChunkID == chunkID && v.FailedAttempt == last && last > 0 && !v.Passed && v.Severity == SeverityError && !slices.Contains(checks, v.Check) {
-			checks = append(checks, v.Check)
-		}
-	}
+	checks, last := failedGate(vs, chunkID)
 	if len(checks) == 0 {
 		return Report{}, fmt.Errorf("backfill: accept gate of job %q batch %d: %w: chunk %q has no failed gate to accept", job.Name, run.BatchID, ErrInvalidConfig, chunkID)
 	}
@@ -119,6 +101,38 @@ func (r *Runner) AcceptGate(ctx context.Context, job Job, chunkID, actor, why st
 	r.cfg.Logger.Warn("quality gate accepted by operator; run resumed", "job", job.Name, "batch_id", run.BatchID, "chunk", chunkID,
 		"checks", checks, "actor", actor, "why", why)
 	return r.Run(ctx, job)
+}
+
+// pausedRun returns job's latest run, which must be paused
+// ([ErrNotPaused] otherwise); what prefixes errors ("resume job").
+func (r *Runner) pausedRun(ctx context.Context, job Job, what string) (Run, error) {
+	if err := r.cfg.Manifest.Init(ctx, r.db); err != nil {
+		return Run{}, err
+	}
+	run, err := r.caps.audit.LatestRun(ctx, r.db, job.Name)
+	if err != nil {
+		return Run{}, fmt.Errorf("backfill: %s %q: %w", what, job.Name, err)
+	}
+	if run.Status != RunPaused {
+		return Run{}, fmt.Errorf("backfill: %s %q: %w: batch %d is %s", what, job.Name, ErrNotPaused, run.BatchID, run.Status)
+	}
+	return run, nil
+}
+
+// failedGate returns the failed checks of severity error of chunkID's
+// last attempt that a gate rolled back, and that attempt (0 for none).
+func failedGate(vs []Validation, chunkID string) (checks []string, attempt int) {
+	for _, v := range vs {
+		if v.ChunkID == chunkID && v.FailedAttempt > attempt {
+			attempt = v.FailedAttempt
+		}
+	}
+	for _, v := range vs {
+		if v.ChunkID == chunkID && v.FailedAttempt == attempt && attempt > 0 && !v.Passed && v.Severity == SeverityError && !slices.Contains(checks, v.Check) {
+			checks = append(checks, v.Check)
+		}
+	}
+	return checks, attempt
 }
 
 // acceptedGates returns, per chunk ID, the checks accepted by operators
