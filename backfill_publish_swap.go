@@ -39,7 +39,11 @@ func (publishSwap) switchesBack() bool { return true }
 
 // target is a copy of the chunk's partition, beside it.
 func (publishSwap) target(ctx context.Context, ex *execution, tx Tx, c Chunk) (chunkTarget, error) {
-	info, part, keyType, err := ex.r.prepareSwap(ctx, tx, ex.info, c, ex.batchID)
+	part, keyType, err := partitionFor(ctx, tx, ex.info.Target.Table, c)
+	if err != nil {
+		return chunkTarget{}, err
+	}
+	info, err := ex.r.prepareSwap(ctx, tx, ex.info, part, ex.batchID)
 	if err != nil {
 		return chunkTarget{}, err
 	}
@@ -117,17 +121,13 @@ func partitionFor(ctx context.Context, db sqlx.ExtContext, parent string, c Chun
 	return names[0], keyType, nil
 }
 
-// prepareSwap creates the chunk's new partition table (a copy of the
-// current partition) in tx and prepares the merge into it.
-func (r *Runner) prepareSwap(ctx context.Context, tx sqlx.ExtContext, info TableInfo, c Chunk, batchID int64) (TableInfo, string, string, error) {
-	part, keyType, err := partitionFor(ctx, tx, info.Target.Table, c)
-	if err != nil {
-		return TableInfo{}, "", "", err
-	}
+// prepareSwap creates the new table of partition part (a copy of it) in
+// tx and prepares the merge into it.
+func (r *Runner) prepareSwap(ctx context.Context, tx sqlx.ExtContext, info TableInfo, part string, batchID int64) (TableInfo, error) {
 	next := versionTable(part, batchID)
 	if _, err := tx.ExecContext(ctx, fmt.Sprintf(`CREATE TABLE %[1]s (LIKE %[2]s INCLUDING ALL); INSERT INTO %[1]s SELECT * FROM %[2]s`,
 		sqlgen.Table(next), sqlgen.Table(part))); err != nil {
-		return TableInfo{}, "", "", fmt.Errorf("backfill: partition swap: copy %s: %w", part, err)
+		return TableInfo{}, fmt.Errorf("backfill: partition swap: copy %s: %w", part, err)
 	}
 	t := info.Target
 	t.Table = next
@@ -135,8 +135,7 @@ func (r *Runner) prepareSwap(ctx context.Context, tx sqlx.ExtContext, info Table
 	for _, col := range info.Columns[:info.Written] {
 		t.Columns = append(t.Columns, col.Name)
 	}
-	ninfo, err := r.cfg.Merger.Prepare(ctx, tx, t)
-	return ninfo, part, keyType, err
+	return r.cfg.Merger.Prepare(ctx, tx, t)
 }
 
 // swapPartition attaches next in place of part, in tx.
