@@ -163,8 +163,9 @@ func (r *Runner) prepareVersion(ctx context.Context, job Job, info TableInfo, ba
 		}
 		if len(found) == 1 {
 			if found[0].String != marker {
-				return fmt.Errorf("%w: table %s exists but is not the version backfill created for batch %d of %s (its comment is %q, not %q); rename it",
-					ErrInvalidConfig, version, batchID, info.Target.Table, found[0].String, marker)
+				return fmt.Errorf("%w: table %s exists but is not the version backfill created for batch %d of %s (its comment is %q, not %q); rename it, "+
+					"or, if an older version of this library created it for this run, mark it with COMMENT ON TABLE %s IS %s",
+					ErrInvalidConfig, version, batchID, info.Target.Table, found[0].String, marker, sqlgen.Table(version), pqQuoteLiteral(marker))
 			}
 			return nil
 		}
