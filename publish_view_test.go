@@ -346,3 +346,51 @@ func TestVersionTableNotOursRefused(t *testing.T) {
 	require.Equal(t, 1, n, "the user's table is untouched")
 	require.Equal(t, "orders__v1", viewReads(t, db))
 }
+
+// Partition swap names its new partitions like table versions: with a
+// 60-byte partition name, batch 1's partition "<60>__v1" and batch 2's
+// "<60>__v1__v2" were truncated by PostgreSQL to one name, so the second
+// batch could not create its partition (or took batch 1's). Every batch
+// gets its own partition, and rollback swaps back to the right one.
+func TestPartitionSwapLongNames(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t)
+	part := strings.Repeat("p", 60)
+	_, err := db.Exec(`CREATE TABLE sales (day timestamptz NOT NULL, id int NOT NULL, amount int NOT NULL, PRIMARY KEY (day, id))
+			PARTITION BY RANGE (day);
+		CREATE TABLE ` + part + ` PARTITION OF sales FOR VALUES FROM ('2024-01-01 00:00Z') TO ('2024-01-02 00:00Z');`)
+	require.NoError(t, err)
+	job := func(amount int64) backfill.Job {
+		return backfill.Job{Name: "sales", NewRun: true, ChunkColumn: "day", Rollback: backfill.RollbackSwitchBack,
+			Chunker: backfill.Days(time.Date(2024, 1, 1, 0, 0, 0, 0, time.UTC), time.Date(2024, 1, 2, 0, 0, 0, 0, time.UTC), time.UTC),
+			Publish: backfill.Publish{Mode: backfill.PublishPartitionSwap},
+			Extractor: backfill.ExtractorFunc(func(ctx context.Context, c backfill.Chunk, w backfill.RowWriter) error {
+				for i := range 10 {
+					if err := w.Write(ctx, c.Start.Add(time.Duration(i)*time.Minute), int64(i), amount); err != nil {
+						return err
+					}
+				}
+				return nil
+			}),
+			Target: backfill.Target{Table: "sales", Key: []string{"day", "id"}, Columns: []string{"day", "id", "amount"}}}
+	}
+	sum := func() int64 {
+		var s int64
+		require.NoError(t, db.Get(&s, `SELECT coalesce(sum(amount), 0) FROM sales`))
+		return s
+	}
+	r, err := backfill.New(db, nil)
+	require.NoError(t, err)
+	for _, amount := range []int64{1, 2, 3} {
+		_, err := r.Run(ctx, job(amount))
+		require.NoError(t, err, "batch with amount %d", amount)
+		require.Equal(t, 10*amount, sum())
+	}
+	var names []string
+	require.NoError(t, db.Select(&names, `SELECT relname FROM pg_class WHERE relname LIKE 'ppp%' AND relkind = 'r' ORDER BY 1`))
+	require.Len(t, names, 4, "the original partition and one per batch: %v", names)
+	_, err = r.Rollback(ctx, job(3), backfill.RollbackOptions{Actor: "ops", Why: "test"})
+	require.NoError(t, err)
+	require.Equal(t, int64(20), sum(), "batch 3 swapped back to batch 2's partition")
+}
