@@ -321,6 +321,10 @@ func (r *Runner) Run(ctx context.Context, job Job) (Report, error) {
 		// switch that gave up behind a reader's lock, publishes on the
 		// next call.
 		if published, err = r.publishVersion(fctx, job, run, target); err != nil {
+			if errors.Is(err, ErrAlreadyCompleted) {
+				// Rolled back while its publish was pending: never published.
+				run.Status = RunRolledBack
+			}
 			rep, rerr := r.report(fctx, run, resumed)
 			rep.ChunksRun = len(ex.done)
 			rep.Elapsed = time.Since(begin)
@@ -420,7 +424,10 @@ func (ex *execution) open(c Chunk, started time.Time) bool {
 // horizon (now, or the watermark wm) and about a date-typed ChunkColumn
 // under a watermark. Publish modes that cannot read a chunk twice
 // (PublishAtEnd, PublishPartitionSwap) refuse chunks that end after the
-// horizon with [ErrInvalidScope].
+// horizon with [ErrInvalidScope]; so does PublishVersionedView, which
+// publishes only a completed run, and a run with an open chunk never
+// completes: it would load and return nil on every call while readers
+// never see the rows.
 func openScope(job Job, info TableInfo, chunks []Chunk, wm *time.Time, now time.Time) ([]string, error) {
 	var warnings []string
 	if job.Watermark != nil && job.ChunkColumn != "" {
@@ -449,6 +456,10 @@ func openScope(job Job, info TableInfo, chunks []Chunk, wm *time.Time, now time.
 	}
 	if job.Publish.Mode == PublishAtEnd || job.Publish.Mode == PublishPartitionSwap {
 		return nil, fmt.Errorf("backfill: job %q: %w: the scope ends at %s, after %s (%s); publish mode %s cannot read a chunk twice: end the scope at or before %s",
+			job.Name, ErrInvalidScope, last.End.Format(time.RFC3339Nano), what, horizon.Format(time.RFC3339Nano), job.Publish.Mode, horizon.Format(time.RFC3339Nano))
+	}
+	if job.Publish.Mode == PublishVersionedView {
+		return nil, fmt.Errorf("backfill: job %q: %w: the scope ends at %s, after %s (%s); publish mode %s publishes a run only when every chunk is final, and a chunk ending after it stays open: end the scope at or before %s",
 			job.Name, ErrInvalidScope, last.End.Format(time.RFC3339Nano), what, horizon.Format(time.RFC3339Nano), job.Publish.Mode, horizon.Format(time.RFC3339Nano))
 	}
 	if last.End.After(now) {

@@ -102,7 +102,10 @@ var (
 	// ErrPublishBlocked is returned by [Runner.Run] when the view switch
 	// of [PublishVersionedView] timed out on every try behind sessions
 	// holding locks on the view (the message names them). The run is
-	// completed but not published; running the job again publishes it.
+	// completed but not published (an [EventPublishBlocked] and the run's
+	// last_error say so); running the job again publishes it.
+	// [Runner.Rollback] of a published versioned-view batch returns it too
+	// when its switch back is blocked so; nothing changed then.
 	ErrPublishBlocked = errors.New("backfill: publish blocked by sessions holding the view")
 	// ErrRunNotFound is returned by [Manifest] lookups of an unknown batch.
 	ErrRunNotFound = errors.New("backfill: run not found")

@@ -7,8 +7,6 @@ import (
 	"slices"
 	"strings"
 	"time"
-
-	"github.com/jmoiron/sqlx"
 )
 
 // RollbackOptions configures [Runner.Rollback].
@@ -142,21 +140,11 @@ func (r *Runner) Rollback(ctx context.Context, job Job, opts RollbackOptions) (R
 		if opts.Preview {
 			return RollbackReport{BatchID: run.BatchID, Preview: true, Status: run.Status, Elapsed: time.Since(begin)}, nil
 		}
-		switched, err := r.switchBack(ctx, run, plan.Target.Table, opts.Force, opts.Actor, opts.Why)
-		if err != nil {
+		// One transaction under the view's and the run row's locks, with
+		// the publish's bounded lock_timeout and retries: a publish of the
+		// batch still pending never switches the view after it.
+		if _, err := r.switchBack(ctx, job, run, plan.Target.Table, opts); err != nil {
 			return RollbackReport{BatchID: run.BatchID, Status: run.Status}, err
-		}
-		if !switched {
-			// Never published: readers never saw the batch; withdraw the run.
-			if err := inTx(ctx, r.db, func(tx sqlx.ExtContext) error {
-				if _, err := tx.ExecContext(ctx, pm.sql(`UPDATE {s}.runs SET status = 'rolled_back', updated_at = now() WHERE batch_id = $1`), run.BatchID); err != nil {
-					return err
-				}
-				detail, _ := json.Marshal(map[string]string{"why": opts.Why})
-				return pm.RecordEvent(ctx, tx, Event{BatchID: run.BatchID, Job: run.Job, Kind: "rollback_unpublished", Actor: opts.Actor, Detail: detail})
-			}); err != nil {
-				return RollbackReport{BatchID: run.BatchID, Status: run.Status}, err
-			}
 		}
 		return RollbackReport{BatchID: run.BatchID, Status: RunRolledBack, Elapsed: time.Since(begin)}, nil
 	}
