@@ -475,6 +475,30 @@ func (c Counts) Add(o Counts) Counts {
 	}
 }
 
+// Reread returns the counts of a chunk read again while open
+// ([ChunkOpen]): c are the counts it holds from its earlier reads, latest
+// those of the read that just merged. They describe the chunk's rows as
+// they stand, not the sum of the reads: Read, Rejected and Deduplicated
+// are the latest read's (a row read, or rejected, by several reads
+// counts once). Of the rows the latest read merged (its Inserted +
+// Updated + Unchanged), those an earlier read inserted or changed stay
+// counted as Inserted and Updated: Inserted is c.Inserted +
+// latest.Inserted and Updated c.Updated + latest.Updated, each capped by
+// the merged rows left (Inserted first); the rest are Unchanged. The
+// result balances when latest does, and its Inserted and Updated never
+// decrease from one read to the next unless the chunk's merged rows do
+// (rows gone from the source, or now rejected). The counts are
+// aggregates: a row inserted by one read and changed by the next counts
+// as inserted, and rows changed by several reads are counted at most
+// once each only as far as the cap tells.
+func (c Counts) Reread(latest Counts) Counts {
+	merged := latest.Inserted + latest.Updated + latest.Unchanged
+	ins := min(c.Inserted+latest.Inserted, merged)
+	upd := min(c.Updated+latest.Updated, merged-ins)
+	return Counts{Read: latest.Read, Inserted: ins, Updated: upd, Unchanged: merged - ins - upd,
+		Rejected: latest.Rejected, Deduplicated: latest.Deduplicated}
+}
+
 // ChunkResult is what one completed chunk recorded in the manifest.
 type ChunkResult struct {
 	Chunk Chunk
@@ -514,7 +538,10 @@ type Report struct {
 	ChunksOpen int
 	OpenChunks []string
 	// Counts sums every checkpointed (done or open) chunk of the run (not
-	// only this call's).
+	// only this call's), each as it stands: a chunk read several times
+	// while open counts its rows once, as its latest read found them
+	// ([Counts.Reread]), so a row read by four reads counts once in Read
+	// (and once in Rejected when every read rejected it).
 	Counts Counts
 	// Warnings says what in the job may lose or hold back rows, e.g. a
 	// scope that reaches into the future, or a date-typed ChunkColumn
