@@ -264,12 +264,17 @@ type Job struct {
 	// when the rejected rows of the run's completed chunks exceed this
 	// fraction of their read rows (0.01 = 1%), checked after each chunk,
 	// the run pauses like on a failed [SeverityError] check, until
-	// [Runner.Resume]; Run returns an error wrapping [ErrGateFailed].
+	// [Runner.Resume]; Run returns an error wrapping [ErrGateFailed]
+	// (not a [*ChunkError]: the chunk after which it paused is done).
+	// After a Resume (or [Runner.AcceptGate]) the gate judges only the
+	// rows read since ([EventGateBaseline]): the rejects before were the
+	// operator's decision.
 	// 0 means [DefaultMaxRunRejectRate] (10%); a negative value disables
 	// the gate. Whatever the gate, a run whose chunks rejected every row
 	// they read (none loaded, at least one read) never completes
-	// silently: when the call that ran its last chunks ends, the run
-	// pauses the same way ("no row loaded"). The per-chunk rate is
+	// silently: when the call that ran its last chunks ends (open chunks
+	// included), the run pauses the same way ("no row loaded"; after a
+	// resume, of the rows read since). The per-chunk rate is
 	// [CheckExceptionRate].
 	MaxRunRejectRate float64
 	// Watermark, if set, is asked for the source's high-water mark at

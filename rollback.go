@@ -98,7 +98,9 @@ type RollbackReport struct {
 // A run that is still running can be rolled back whole when its only
 // unfinished chunks are open ([ChunkOpen]: loaded, but ending after the
 // horizon): Rollback first pauses it (an audit event with Actor and Why),
-// so no call reads them again, then withdraws it. A running run with
+// so no call reads them again, then withdraws it; if the rollback is then
+// refused (conflicts) the run stays paused, and [Runner.Resume] continues
+// it. A running run with
 // pending or failed chunks is refused with [ErrInvalidConfig] saying what
 // to do: finish it (run the job again) or abandon it with [Job.NewRun].
 //
