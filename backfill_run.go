@@ -308,6 +308,9 @@ func (r *Runner) Run(ctx context.Context, job Job) (Report, error) {
 	msg := ""
 	if failed {
 		msg = ex.failed.Error()
+	} else if ex.runGate != nil {
+		// A manifest that cannot pause the run: the run gate fails it.
+		failed, msg = true, ex.runGate.Error()
 	}
 	run, err = m.FinishRun(fctx, r.db, run.BatchID, failed, msg)
 	if err != nil {
@@ -415,6 +418,10 @@ type execution struct {
 	// resumed it (Resume, AcceptGate; zero if never): the run reject gate
 	// and the "no row loaded" pause judge only the rows after it.
 	baseline Counts
+	// runGate is the run reject gate's failure in this call (nil if
+	// none): the run is paused, or, with a manifest that cannot pause
+	// it, failed.
+	runGate error
 }
 
 // open reports whether chunk c, read at started, is still open: a time
@@ -580,7 +587,11 @@ func (ex *execution) next(ctx context.Context) bool {
 		if err := ex.checkRunRejectRate(ctx); err != nil {
 			// The chunk is done (listed in PartialError.Done); the run
 			// gate paused the run after it: not a chunk failure.
-			ex.fail(nil, fmt.Errorf("backfill: job %q batch %d: after chunk %d %s: %w", ex.job.Name, ex.batchID, res.Chunk.Seq, res.Chunk.ID, err))
+			err = fmt.Errorf("backfill: job %q batch %d: after chunk %d %s: %w", ex.job.Name, ex.batchID, res.Chunk.Seq, res.Chunk.ID, err)
+			ex.fail(nil, err)
+			ex.mu.Lock()
+			ex.runGate = err
+			ex.mu.Unlock()
 			return false
 		}
 		return true
