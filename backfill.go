@@ -539,7 +539,8 @@ type Report struct {
 	// ChunksOpen counts the chunks checkpointed as [ChunkOpen]: loaded,
 	// but ending after the run's horizon (watermark or now), so not final;
 	// OpenChunks lists their IDs. The next call reads them again; until
-	// then the run is not completed (Status stays running).
+	// then the run is not completed (Status stays running) and Run
+	// returns an error wrapping [ErrChunksOpen] with this report.
 	ChunksOpen int
 	OpenChunks []string
 	// Counts sums every checkpointed (done or open) chunk of the run (not
