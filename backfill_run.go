@@ -175,7 +175,8 @@ func (j Job) validate() error {
 //
 // A time chunk that ends after the horizon (the watermark of
 // [Job.Watermark] taken by this call, or the moment the chunk is read) is
-// loaded but left [ChunkOpen]: Run returns with the run still running,
+// loaded but left [ChunkOpen]: Run returns with the run still running and
+// an error wrapping [ErrChunksOpen] (joined with any other error);
 // Report.ChunksOpen and OpenChunks say which, and the next call reads them
 // again. Report.Warnings (also logged) flags a scope that reaches into the
 // future and a date ChunkColumn under a watermark.
@@ -276,7 +277,7 @@ func (r *Runner) Run(ctx context.Context, job Job) (Report, error) {
 	ex := &execution{r: r, job: job, info: info, plan: plan, batchID: run.BatchID, log: log, undoTable: undoTable, deliveredTable: deliveredTable, stageEnd: pmEnd,
 		watermark: plan.Watermark}
 	if run.Status == RunRunning {
-		warning, accepted, err := r.recordValidators(ctx, job, run.BatchID)
+		warning, accepted, baseline, err := r.recordValidators(ctx, job, run.BatchID)
 		if err != nil {
 			return Report{}, fmt.Errorf("backfill: job %q batch %d: validators: %w", job.Name, run.BatchID, err)
 		}
@@ -284,7 +285,7 @@ func (r *Runner) Run(ctx context.Context, job Job) (Report, error) {
 			log.Warn(warning)
 			warnings = append(warnings, warning)
 		}
-		ex.accepted = accepted
+		ex.accepted, ex.baseline = accepted, baseline
 	}
 	if run.Status != RunCompleted && run.Status != RunRolledBack {
 		ex.work(ctx)
@@ -307,6 +308,9 @@ func (r *Runner) Run(ctx context.Context, job Job) (Report, error) {
 	msg := ""
 	if failed {
 		msg = ex.failed.Error()
+	} else if ex.runGate != nil {
+		// A manifest that cannot pause the run: the run gate fails it.
+		failed, msg = true, ex.runGate.Error()
 	}
 	run, err = m.FinishRun(fctx, r.db, run.BatchID, failed, msg)
 	if err != nil {
@@ -345,6 +349,12 @@ func (r *Runner) Run(ctx context.Context, job Job) (Report, error) {
 	if rep.ChunksOpen > 0 {
 		log.Warn("backfill run not complete: chunks end after the horizon (watermark or now) and are open; the next run reads them again",
 			"chunks_open", rep.ChunksOpen, "open", rep.OpenChunks)
+		if rep.Status == RunRunning {
+			// Not a success: a caller that checks err == nil must not
+			// take an unfinished run for a finished one.
+			runErr = errors.Join(runErr, fmt.Errorf("backfill: job %q batch %d: %w: %d chunks end after the horizon (watermark or now) and were loaded but not closed: %s",
+				job.Name, run.BatchID, ErrChunksOpen, rep.ChunksOpen, strings.Join(rep.OpenChunks, ", ")))
+		}
 	}
 	log.Info("backfill run ended", "status", rep.Status, "chunks_done", rep.ChunksDone, "chunks_total", rep.ChunksTotal,
 		"chunks_run", rep.ChunksRun, "rows_read", rep.Counts.Read, "elapsed", rep.Elapsed)
@@ -405,9 +415,17 @@ type execution struct {
 	// without Job.Watermark): with the time a chunk is read, the horizon
 	// after which a chunk is open.
 	watermark *time.Time
-	// accepted lists, per chunk ID, the failed checks operators accepted
-	// (Runner.AcceptGate).
-	accepted map[string][]string
+	// accepted lists, per chunk ID, the failed check results operators
+	// accepted (Runner.AcceptGate).
+	accepted map[string][]acceptedCheck
+	// baseline is the run's read and rejected rows when an operator last
+	// resumed it (Resume, AcceptGate; zero if never): the run reject gate
+	// and the "no row loaded" pause judge only the rows after it.
+	baseline Counts
+	// runGate is the run reject gate's failure in this call (nil if
+	// none): the run is paused, or, with a manifest that cannot pause
+	// it, failed.
+	runGate error
 }
 
 // open reports whether chunk c, read at started, is still open: a time
@@ -578,7 +596,13 @@ func (ex *execution) next(ctx context.Context) bool {
 			h.ChunkDone(ctx, ex.batchID, res)
 		}
 		if err := ex.checkRunRejectRate(ctx); err != nil {
-			ex.fail(&ChunkError{Chunk: res.Chunk, Attempt: res.Attempt, Err: err}, nil)
+			// The chunk is done (listed in PartialError.Done); the run
+			// gate paused the run after it: not a chunk failure.
+			err = fmt.Errorf("backfill: job %q batch %d: after chunk %d %s: %w", ex.job.Name, ex.batchID, res.Chunk.Seq, res.Chunk.ID, err)
+			ex.fail(nil, err)
+			ex.mu.Lock()
+			ex.runGate = err
+			ex.mu.Unlock()
 			return false
 		}
 		return true
@@ -1033,7 +1057,11 @@ func (e *gateError) Unwrap() []error { return []error{ErrGateFailed, errNotRetry
 
 // Resume resumes the paused run of job (a quality gate failed, see
 // [Job.Validators]) after recording in the audit log who resumes it and
-// why, then runs it like [Runner.Run]. It returns [ErrNotPaused] when the
+// why, then runs it like [Runner.Run]. It also records the run's read and
+// rejected rows at this point ([EventGateBaseline]): from then on the run
+// reject gate ([Job.MaxRunRejectRate]) and the "no row loaded" pause
+// judge only the rows read after the resume, so one Resume gets a run
+// past rejects the operator has seen. It returns [ErrNotPaused] when the
 // job's latest run is not paused, and [ErrUnsupported] when the manifest
 // cannot pause runs.
 func (r *Runner) Resume(ctx context.Context, job Job, actor, why string) (Report, error) {
@@ -1055,7 +1083,20 @@ func (r *Runner) Resume(ctx context.Context, job Job, actor, why string) (Report
 	if run.Status != RunPaused {
 		return Report{}, fmt.Errorf("backfill: resume job %q: %w: batch %d is %s", job.Name, ErrNotPaused, run.BatchID, run.Status)
 	}
-	if err := mv.ResumeRun(ctx, r.db, run.BatchID, actor, why); err != nil {
+	// The run's rows now: the run reject gate and the "no row loaded"
+	// pause judge only what is read after this decision. Recorded with
+	// the resume, in one transaction.
+	baseline, err := r.baselineEvent(ctx, job.Name, run.BatchID, actor)
+	if err != nil {
+		return Report{}, err
+	}
+	err = inTx(ctx, r.db, func(tx sqlx.ExtContext) error {
+		if err := audit.RecordEvent(ctx, tx, baseline); err != nil {
+			return err
+		}
+		return mv.ResumeRun(ctx, tx, run.BatchID, actor, why)
+	})
+	if err != nil {
 		return Report{}, err
 	}
 	return r.Run(ctx, job)
@@ -1110,8 +1151,9 @@ func (ex *execution) validate(ctx context.Context, tx sqlx.ExtContext, c Chunk, 
 		if err != nil {
 			return nil, fmt.Errorf("validate: %w", err)
 		}
-		if !cr.Passed && cr.Severity == SeverityError && slices.Contains(ex.accepted[c.ID], cr.Check) {
-			// An operator accepted this check's failure for this chunk.
+		if !cr.Passed && cr.Severity == SeverityError && acceptedResult(ex.accepted[c.ID], cr) {
+			// An operator accepted this very failure (same check, same
+			// evidence) for this chunk; a different verdict fails again.
 			cr.Accepted = true
 			ex.log.Warn("quality gate failed, accepted by operator", "seq", c.Seq, "chunk", c.ID, "check", cr.Check,
 				"expected", cr.Expected, "actual", cr.Actual)
@@ -1183,10 +1225,16 @@ func (ex *execution) checkRunRejectRate(ctx context.Context) error {
 			total = total.Add(s.Counts)
 		}
 	}
-	if total.Read == 0 || float64(total.Rejected)/float64(total.Read) <= max {
+	// After an operator resumed the run, only the rows read since count:
+	// the rejects before were judged by the operator (ex.baseline).
+	read, rejected := total.Read-ex.baseline.Read, total.Rejected-ex.baseline.Rejected
+	if read <= 0 || float64(rejected)/float64(read) <= max {
 		return nil
 	}
-	reason := fmt.Sprintf("run reject rate %d/%d = %.4f exceeds %.4f", total.Rejected, total.Read, float64(total.Rejected)/float64(total.Read), max)
+	reason := fmt.Sprintf("run reject rate %d/%d = %.4f exceeds %.4f", rejected, read, float64(rejected)/float64(read), max)
+	if ex.baseline.Read > 0 {
+		reason += fmt.Sprintf(" (rows read since the run was last resumed, at %d read and %d rejected)", ex.baseline.Read, ex.baseline.Rejected)
+	}
 	if mv, ok := ex.r.cfg.Manifest.(ManifestValidations); ok {
 		fctx := context.WithoutCancel(ctx)
 		if err := mv.PauseRun(fctx, ex.r.db, ex.batchID, reason); err != nil {
@@ -1207,15 +1255,21 @@ func (ex *execution) checkLoaded(ctx context.Context) error {
 	}
 	var total Counts
 	for _, s := range states {
-		if s.Status != ChunkDone {
+		// An open chunk is loaded (not final): it does not skip the check.
+		if s.Status != ChunkDone && s.Status != ChunkOpen {
 			return nil
 		}
 		total = total.Add(s.Counts)
 	}
-	if total.Read == 0 || total.Rejected < total.Read {
+	// Only what was read since an operator last resumed the run counts.
+	read, rejected := total.Read-ex.baseline.Read, total.Rejected-ex.baseline.Rejected
+	if read <= 0 || rejected < read {
 		return nil
 	}
-	reason := fmt.Sprintf("no row loaded: all %d rows read were rejected (see the exception queue)", total.Read)
+	reason := fmt.Sprintf("no row loaded: all %d rows read were rejected (see the exception queue)", read)
+	if ex.baseline.Read > 0 {
+		reason = fmt.Sprintf("no row loaded: all %d rows read since the run was last resumed were rejected (see the exception queue)", read)
+	}
 	ex.log.Warn("run paused", "reason", reason)
 	if mv, ok := ex.r.cfg.Manifest.(ManifestValidations); ok {
 		if err := mv.PauseRun(context.WithoutCancel(ctx), ex.r.db, ex.batchID, reason); err != nil {
