@@ -7,6 +7,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/jmoiron/sqlx"
 )
 
 // RollbackOptions configures [Runner.Rollback].
