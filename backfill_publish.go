@@ -18,7 +18,12 @@ const (
 	// table, invisible to readers who query [Publish.View], and switches
 	// the view to it in one transaction when every chunk is done: readers
 	// see the old version or the new one, never a mix. The previous
-	// version is kept; [Runner.Rollback] switches the view back to it.
+	// version is kept; [Runner.Rollback] switches the view back to it, or,
+	// for a batch not yet published, makes sure it never is. A scope that
+	// ends after now (or the watermark) is refused with [ErrInvalidScope]:
+	// its open chunks would keep the run from completing, so from being
+	// published. Versions are named "<table>__v<batch>", shortened with a
+	// hash when longer than PostgreSQL's 63 bytes.
 	PublishVersionedView PublishMode = "versioned_view"
 )
 
@@ -104,6 +109,10 @@ type publisher interface {
 	// rereads reports whether a loaded chunk can be read again: a
 	// mode that cannot refuses scopes that end after the horizon.
 	rereads() bool
+	// publishesOpen reports whether a run with open chunks (ending after
+	// the horizon) gets published; a mode that does not refuses such
+	// scopes.
+	publishesOpen() bool
 	// switchesBack reports whether a run is rolled back by switching
 	// back to what it replaced ([RollbackSwitchBack]), not by an undo log.
 	switchesBack() bool
@@ -124,7 +133,7 @@ type publisher interface {
 	published(ctx context.Context, ex *execution, run Run) (bool, error)
 	// rollback rolls run (planned with this mode) back by switching back;
 	// handled is false when the mode leaves it to the undo log.
-	rollback(ctx context.Context, r *Runner, run Run, plan Plan, opts RollbackOptions) (rep RollbackReport, handled bool, err error)
+	rollback(ctx context.Context, r *Runner, job Job, run Run, plan Plan, opts RollbackOptions) (rep RollbackReport, handled bool, err error)
 }
 
 // chunkTarget is where and how one chunk is loaded (publisher.target).

@@ -13,6 +13,8 @@ func (publishChunk) rereads() bool { return true }
 
 func (publishChunk) switchesBack() bool { return false }
 
+func (publishChunk) publishesOpen() bool { return true }
+
 func (publishChunk) prepare(context.Context, *execution) error { return nil }
 
 func (publishChunk) target(ctx context.Context, ex *execution, tx Tx, c Chunk) (chunkTarget, error) {
@@ -27,7 +29,7 @@ func (publishChunk) finish(context.Context, *execution) {}
 
 func (publishChunk) published(context.Context, *execution, Run) (bool, error) { return false, nil }
 
-func (publishChunk) rollback(context.Context, *Runner, Run, Plan, RollbackOptions) (RollbackReport, bool, error) {
+func (publishChunk) rollback(context.Context, *Runner, Job, Run, Plan, RollbackOptions) (RollbackReport, bool, error) {
 	return RollbackReport{}, false, nil
 }
 

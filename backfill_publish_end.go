@@ -45,6 +45,8 @@ func (publishEnd) rereads() bool { return false }
 
 func (publishEnd) switchesBack() bool { return false }
 
+func (publishEnd) publishesOpen() bool { return true }
+
 func (publishEnd) prepare(ctx context.Context, ex *execution) error {
 	if err := ex.r.caps.mergeStage.CreateStaging(ctx, ex.r.db, ex.r.caps.staging.StagingTable(ex.batchID), ex.info); err != nil {
 		return fmt.Errorf("backfill: job %q: staging table: %w", ex.job.Name, err)
@@ -75,7 +77,7 @@ func (publishEnd) finish(ctx context.Context, ex *execution) { ex.publish(ctx) }
 
 func (publishEnd) published(context.Context, *execution, Run) (bool, error) { return false, nil }
 
-func (publishEnd) rollback(context.Context, *Runner, Run, Plan, RollbackOptions) (RollbackReport, bool, error) {
+func (publishEnd) rollback(context.Context, *Runner, Job, Run, Plan, RollbackOptions) (RollbackReport, bool, error) {
 	return RollbackReport{}, false, nil
 }
 

@@ -66,7 +66,7 @@ func (publishSwap) beforeCommit(ctx context.Context, ex *execution, tx Tx, t chu
 	return ex.r.cfg.Manifest.CompleteChunk(ctx, tx, ex.batchID, res, exceptions)
 }
 
-func (publishSwap) rollback(ctx context.Context, r *Runner, run Run, plan Plan, opts RollbackOptions) (RollbackReport, bool, error) {
+func (publishSwap) rollback(ctx context.Context, r *Runner, _ Job, run Run, plan Plan, opts RollbackOptions) (RollbackReport, bool, error) {
 	if run.Status == RunRolledBack {
 		return RollbackReport{BatchID: run.BatchID, Status: run.Status}, true, nil
 	}

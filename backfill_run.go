@@ -172,7 +172,8 @@ func (j Job) validate() error {
 //
 // A time chunk that ends after the horizon (the watermark of
 // [Job.Watermark] taken by this call, or the moment the chunk is read) is
-// loaded but left [ChunkOpen]: Run returns with the run still running,
+// loaded but left [ChunkOpen]: Run returns with the run still running and
+// an error wrapping [ErrChunksOpen] (joined with any other error);
 // Report.ChunksOpen and OpenChunks say which, and the next call reads them
 // again. Report.Warnings (also logged) flags a scope that reaches into the
 // future and a date ChunkColumn under a watermark.
@@ -266,7 +267,7 @@ func (r *Runner) planRun(ctx context.Context, job Job) (runSetup, error) {
 		wm = truncMicro(wm)
 		rs.plan.Watermark = &wm
 	}
-	rs.warnings, err = openScope(job, rs.info, chunks, rs.plan.Watermark, time.Now(), rs.pub.rereads())
+	rs.warnings, err = openScope(job, rs.info, chunks, rs.plan.Watermark, time.Now(), rs.pub)
 	return rs, err
 }
 
@@ -313,7 +314,7 @@ func (r *Runner) startExecution(ctx context.Context, rs runSetup, run Run, log *
 		return nil, err
 	}
 	if run.Status == RunRunning {
-		warning, accepted, err := r.recordValidators(ctx, ex.job, run.BatchID)
+		warning, accepted, baseline, err := r.recordValidators(ctx, ex.job, run.BatchID)
 		if err != nil {
 			return nil, fmt.Errorf("backfill: job %q batch %d: validators: %w", ex.job.Name, run.BatchID, err)
 		}
@@ -321,7 +322,7 @@ func (r *Runner) startExecution(ctx context.Context, rs runSetup, run Run, log *
 			log.Warn(warning)
 			ex.warnings = append(ex.warnings, warning)
 		}
-		ex.accepted = accepted
+		ex.accepted, ex.baseline = accepted, baseline
 	}
 	return ex, nil
 }
@@ -351,11 +352,14 @@ func (ex *execution) finishRun(ctx context.Context, run Run, resumed, finished b
 	}
 	// Finish with a fresh context: a cancelled run still records its state.
 	fctx := context.WithoutCancel(ctx)
-	msg := ""
-	if ex.failed != nil {
+	failed, msg := ex.failed != nil, ""
+	if failed {
 		msg = ex.failed.Error()
+	} else if ex.runGate != nil {
+		// A manifest that cannot pause the run: the run gate fails it.
+		failed, msg = true, ex.runGate.Error()
 	}
-	run, err := r.cfg.Manifest.FinishRun(fctx, r.db, run.BatchID, ex.failed != nil, msg)
+	run, err := r.cfg.Manifest.FinishRun(fctx, r.db, run.BatchID, failed, msg)
 	if err != nil {
 		return Report{}, errors.Join(runErr, err)
 	}
@@ -363,6 +367,10 @@ func (ex *execution) finishRun(ctx context.Context, run Run, resumed, finished b
 		runErr = errors.Join(runErr, fmt.Errorf("backfill: job %q batch %d: %w", job.Name, run.BatchID, ErrRunAbandoned))
 	}
 	published, err := ex.pub.published(fctx, ex, run)
+	if errors.Is(err, ErrAlreadyCompleted) {
+		// Rolled back while its publish was pending: never published.
+		run.Status = RunRolledBack
+	}
 	if err != nil {
 		rep, rerr := ex.report(fctx, run, resumed, begin)
 		return rep, errors.Join(runErr, err, rerr)
@@ -377,6 +385,12 @@ func (ex *execution) finishRun(ctx context.Context, run Run, resumed, finished b
 	if rep.ChunksOpen > 0 {
 		log.Warn("backfill run not complete: chunks end after the horizon (watermark or now) and are open; the next run reads them again",
 			"chunks_open", rep.ChunksOpen, "open", rep.OpenChunks)
+		if rep.Status == RunRunning {
+			// Not a success: a caller that checks err == nil must not
+			// take an unfinished run for a finished one.
+			runErr = errors.Join(runErr, fmt.Errorf("backfill: job %q batch %d: %w: %d chunks end after the horizon (watermark or now) and were loaded but not closed: %s",
+				job.Name, run.BatchID, ErrChunksOpen, rep.ChunksOpen, strings.Join(rep.OpenChunks, ", ")))
+		}
 	}
 	log.Info("backfill run ended", "status", rep.Status, "chunks_done", rep.ChunksDone, "chunks_total", rep.ChunksTotal,
 		"chunks_run", rep.ChunksRun, "rows_read", rep.Counts.Read, "elapsed", rep.Elapsed)
@@ -447,9 +461,17 @@ type execution struct {
 	// without Job.Watermark): with the time a chunk is read, the horizon
 	// after which a chunk is open.
 	watermark *time.Time
-	// accepted lists, per chunk ID, the failed checks operators accepted
-	// (Runner.AcceptGate).
-	accepted map[string][]string
+	// accepted lists, per chunk ID, the failed check results operators
+	// accepted (Runner.AcceptGate).
+	accepted map[string][]acceptedCheck
+	// baseline is the run's read and rejected rows when an operator last
+	// resumed it (Resume, AcceptGate; zero if never): the run reject gate
+	// and the "no row loaded" pause judge only the rows after it.
+	baseline Counts
+	// runGate is the run reject gate's failure in this call (nil if
+	// none): the run is paused, or, with a manifest that cannot pause
+	// it, failed.
+	runGate error
 }
 
 // open reports whether chunk c, read at started, is still open: a time
@@ -466,8 +488,11 @@ func (ex *execution) open(c Chunk, started time.Time) bool {
 // horizon (now, or the watermark wm) and about a date-typed ChunkColumn
 // under a watermark. Publish modes that cannot read a chunk twice
 // (rereads false: PublishAtEnd, PublishPartitionSwap) refuse chunks that end after the
-// horizon with [ErrInvalidScope].
-func openScope(job Job, info TableInfo, chunks []Chunk, wm *time.Time, now time.Time, rereads bool) ([]string, error) {
+// horizon with [ErrInvalidScope]; so does PublishVersionedView
+// (publishesOpen false), which publishes only a completed run, and a run
+// with an open chunk never completes: it would load and return nil on
+// every call while readers never see the rows.
+func openScope(job Job, info TableInfo, chunks []Chunk, wm *time.Time, now time.Time, pub publisher) ([]string, error) {
 	var warnings []string
 	if job.Watermark != nil && job.ChunkColumn != "" {
 		for _, col := range info.Columns[:info.Written] {
@@ -493,8 +518,12 @@ func openScope(job Job, info TableInfo, chunks []Chunk, wm *time.Time, now time.
 	if !last.End.After(horizon) {
 		return warnings, nil
 	}
-	if !rereads {
+	if !pub.rereads() {
 		return nil, fmt.Errorf("backfill: job %q: %w: the scope ends at %s, after %s (%s); publish mode %s cannot read a chunk twice: end the scope at or before %s",
+			job.Name, ErrInvalidScope, last.End.Format(time.RFC3339Nano), what, horizon.Format(time.RFC3339Nano), job.Publish.Mode, horizon.Format(time.RFC3339Nano))
+	}
+	if !pub.publishesOpen() {
+		return nil, fmt.Errorf("backfill: job %q: %w: the scope ends at %s, after %s (%s); publish mode %s publishes a run only when every chunk is final, and a chunk ending after it stays open: end the scope at or before %s",
 			job.Name, ErrInvalidScope, last.End.Format(time.RFC3339Nano), what, horizon.Format(time.RFC3339Nano), job.Publish.Mode, horizon.Format(time.RFC3339Nano))
 	}
 	if last.End.After(now) {
@@ -652,7 +681,13 @@ func (ex *execution) chunkDone(ctx context.Context, res ChunkResult) bool {
 		h.ChunkDone(ctx, ex.batchID, res)
 	}
 	if err := ex.checkRunRejectRate(ctx); err != nil {
-		ex.fail(&ChunkError{Chunk: res.Chunk, Attempt: res.Attempt, Err: err}, nil)
+		// The chunk is done (listed in PartialError.Done); the run gate
+		// paused the run after it: not a chunk failure.
+		err = fmt.Errorf("backfill: job %q batch %d: after chunk %d %s: %w", ex.job.Name, ex.batchID, res.Chunk.Seq, res.Chunk.ID, err)
+		ex.fail(nil, err)
+		ex.mu.Lock()
+		ex.runGate = err
+		ex.mu.Unlock()
 		return false
 	}
 	// Pause: a check of the run's status (paused by an operator) goes
@@ -1095,7 +1130,11 @@ func (e *gateError) Unwrap() []error { return []error{ErrGateFailed, errNotRetry
 
 // Resume resumes the paused run of job (a quality gate failed, see
 // [Job.Validators]) after recording in the audit log who resumes it and
-// why, then runs it like [Runner.Run]. It returns [ErrNotPaused] when the
+// why, then runs it like [Runner.Run]. It also records the run's read and
+// rejected rows at this point ([EventGateBaseline]): from then on the run
+// reject gate ([Job.MaxRunRejectRate]) and the "no row loaded" pause
+// judge only the rows read after the resume, so one Resume gets a run
+// past rejects the operator has seen. It returns [ErrNotPaused] when the
 // job's latest run is not paused, and [ErrUnsupported] when the manifest
 // cannot pause runs.
 func (r *Runner) Resume(ctx context.Context, job Job, actor, why string) (Report, error) {
@@ -1110,7 +1149,20 @@ func (r *Runner) Resume(ctx context.Context, job Job, actor, why string) (Report
 	if err != nil {
 		return Report{}, err
 	}
-	if err := mv.ResumeRun(ctx, r.db, run.BatchID, actor, why); err != nil {
+	// The run's rows now: the run reject gate and the "no row loaded"
+	// pause judge only what is read after this decision. Recorded with
+	// the resume, in one transaction.
+	baseline, err := r.baselineEvent(ctx, job.Name, run.BatchID, actor)
+	if err != nil {
+		return Report{}, err
+	}
+	err = inTx(ctx, r.db, func(tx sqlx.ExtContext) error {
+		if err := audit.RecordEvent(ctx, tx, baseline); err != nil {
+			return err
+		}
+		return mv.ResumeRun(ctx, tx, run.BatchID, actor, why)
+	})
+	if err != nil {
 		return Report{}, err
 	}
 	return r.Run(ctx, job)
@@ -1165,8 +1217,9 @@ func (ex *execution) validate(ctx context.Context, tx sqlx.ExtContext, c Chunk, 
 		if err != nil {
 			return nil, fmt.Errorf("validate: %w", err)
 		}
-		if !cr.Passed && cr.Severity == SeverityError && slices.Contains(ex.accepted[c.ID], cr.Check) {
-			// An operator accepted this check's failure for this chunk.
+		if !cr.Passed && cr.Severity == SeverityError && acceptedResult(ex.accepted[c.ID], cr) {
+			// An operator accepted this very failure (same check, same
+			// evidence) for this chunk; a different verdict fails again.
 			cr.Accepted = true
 			ex.log.Warn("quality gate failed, accepted by operator", "seq", c.Seq, "chunk", c.ID, "check", cr.Check,
 				"expected", cr.Expected, "actual", cr.Actual)
@@ -1203,10 +1256,16 @@ func (ex *execution) checkRunRejectRate(ctx context.Context) error {
 			total = total.Add(s.Counts)
 		}
 	}
-	if total.Read == 0 || float64(total.Rejected)/float64(total.Read) <= max {
+	// After an operator resumed the run, only the rows read since count:
+	// the rejects before were judged by the operator (ex.baseline).
+	read, rejected := total.Read-ex.baseline.Read, total.Rejected-ex.baseline.Rejected
+	if read <= 0 || float64(rejected)/float64(read) <= max {
 		return nil
 	}
-	reason := fmt.Sprintf("run reject rate %d/%d = %.4f exceeds %.4f", total.Rejected, total.Read, float64(total.Rejected)/float64(total.Read), max)
+	reason := fmt.Sprintf("run reject rate %d/%d = %.4f exceeds %.4f", rejected, read, float64(rejected)/float64(read), max)
+	if ex.baseline.Read > 0 {
+		reason += fmt.Sprintf(" (rows read since the run was last resumed, at %d read and %d rejected)", ex.baseline.Read, ex.baseline.Rejected)
+	}
 	if mv := ex.r.caps.validations; mv != nil {
 		fctx := context.WithoutCancel(ctx)
 		if err := mv.PauseRun(fctx, ex.r.db, ex.batchID, reason); err != nil {
@@ -1227,15 +1286,21 @@ func (ex *execution) checkLoaded(ctx context.Context) error {
 	}
 	var total Counts
 	for _, s := range states {
-		if s.Status != ChunkDone {
+		// An open chunk is loaded (not final): it does not skip the check.
+		if s.Status != ChunkDone && s.Status != ChunkOpen {
 			return nil
 		}
 		total = total.Add(s.Counts)
 	}
-	if total.Read == 0 || total.Rejected < total.Read {
+	// Only what was read since an operator last resumed the run counts.
+	read, rejected := total.Read-ex.baseline.Read, total.Rejected-ex.baseline.Rejected
+	if read <= 0 || rejected < read {
 		return nil
 	}
-	reason := fmt.Sprintf("no row loaded: all %d rows read were rejected (see the exception queue)", total.Read)
+	reason := fmt.Sprintf("no row loaded: all %d rows read were rejected (see the exception queue)", read)
+	if ex.baseline.Read > 0 {
+		reason = fmt.Sprintf("no row loaded: all %d rows read since the run was last resumed were rejected (see the exception queue)", read)
+	}
 	ex.log.Warn("run paused", "reason", reason)
 	if mv := ex.r.caps.validations; mv != nil {
 		if err := mv.PauseRun(context.WithoutCancel(ctx), ex.r.db, ex.batchID, reason); err != nil {
