@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/lib/pq"
+	"github.com/pgbackfill/backfill/internal/pgconv"
 )
 
 // Isolating rows that PostgreSQL refuses while staging.
@@ -241,7 +242,7 @@ func (ex *execution) stage(ctx context.Context, tx Tx, c Chunk, info TableInfo, 
 		}
 		line, rej, isData := stagingDataError(serr, w.names)
 		if i := slices.Index(w.names, rej.column); isData && i >= 0 {
-			rej.reason = limitNote(info.Columns[i], rej.reason) // the column's real limit
+			rej.reason = pgconv.LimitNote(info.Columns[i].conv(), rej.reason) // the column's real limit
 		}
 		// where names the refused row; the chunk's error names the chunk.
 		where := func() string {

@@ -8,7 +8,10 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 	"unicode/utf8"
+
+	"github.com/pgbackfill/backfill/internal/pgconv"
 )
 
 // Rejected rows keep what the extractor passed, whatever it is: a value
@@ -132,8 +135,8 @@ func (w *rawWalk) safe(v any, depth int) any {
 		return displayValue(v) // boundedText, escaped
 	}
 	w.nodes = shape.nodes
-	b, err := marshalJSON(v)
-	if err != nil || !utf8.Valid(b) || jsonbReason(b) != "" {
+	b, err := pgconv.MarshalJSON(v)
+	if err != nil || !utf8.Valid(b) || pgconv.JSONBReason(b) != "" {
 		return displayValue(v)
 	}
 	return json.RawMessage(b)
@@ -352,4 +355,115 @@ func validPrefix(s string, n int) string {
 		s = s[:len(s)-1]
 	}
 	return s
+}
+
+// maxDisplay is the most bytes displayValue keeps.
+const maxDisplay = 1000
+
+// displayValue renders v for an exception's value column: text that
+// PostgreSQL can store (NUL bytes and invalid UTF-8 are escaped), at most
+// maxDisplay bytes. Composite values are printed like fmt's %v, bounded
+// in depth and size and with cycles marked (see boundedText).
+func displayValue(v any) string {
+	var s string
+	switch x := v.(type) {
+	case nil:
+		return "NULL"
+	case string:
+		s = x
+	case []byte:
+		s = string(x)
+	case json.RawMessage:
+		s = string(x)
+	case time.Time:
+		s = x.Format(time.RFC3339Nano)
+	default:
+		s = boundedText(x, maxDisplay)
+	}
+	if strings.IndexByte(s, 0) >= 0 || !utf8.ValidString(s) {
+		s = strconv.QuoteToASCII(s)
+	}
+	if len(s) > maxDisplay {
+		s = s[:maxDisplay]
+		for !utf8.ValidString(s) {
+			s = s[:len(s)-1]
+		}
+		s += "…"
+	}
+	return s
+}
+
+// maxRawJSON caps the JSON of a rejected row in the exception queue;
+// larger rows are stored as truncatedJSON.
+const maxRawJSON = 64 << 10
+
+// rawJSON renders a rejected row for the exception queue as jsonb-safe
+// JSON: an object of column to value when names are given, else raw
+// itself. A value that JSON or jsonb cannot hold is stored as its
+// displayValue text, and only that value; a row whose JSON is longer than
+// maxRawJSON is stored as truncatedJSON.
+func rawJSON(names []string, values []any, raw any) json.RawMessage {
+	var obj any
+	if names != nil {
+		m := make(map[string]any, len(values))
+		for i, v := range values {
+			k := fmt.Sprintf("$%d", i+1)
+			if i < len(names) {
+				k = names[i]
+			}
+			m[jsonSafeKey(k)] = jsonSafe(v)
+		}
+		obj = m
+	} else {
+		obj = jsonSafe(raw)
+	}
+	b, err := json.Marshal(obj)
+	if err != nil {
+		// Not expected: jsonSafe returns values that marshal.
+		b, _ = json.Marshal(displayValue(raw))
+	}
+	if len(b) > maxRawJSON {
+		return truncatedJSON(b)
+	}
+	return b
+}
+
+// truncatedJSON stores b, JSON longer than maxRawJSON, as
+// {"truncated":true,"bytes":len(b),"prefix":"<the start of b as text>"},
+// with the longest prefix that keeps the whole within maxRawJSON bytes.
+func truncatedJSON(b []byte) json.RawMessage {
+	head := `{"truncated":true,"bytes":` + strconv.Itoa(len(b)) + `,"prefix":"`
+	const tail = `"}`
+	out := make([]byte, 0, maxRawJSON)
+	out = append(out, head...)
+	limit := maxRawJSON - len(tail)
+	for i := 0; i < len(b); {
+		r, size := utf8.DecodeRune(b[i:])
+		i += size
+		var esc string
+		switch {
+		case r == '"':
+			esc = `\"`
+		case r == '\\':
+			esc = `\\`
+		case r == 0 || r == utf8.RuneError:
+			esc = "\ufffd" // not expected in JSON text; jsonb refuses \u0000
+		case r < 0x20:
+			esc = fmt.Sprintf(`\u%04x`, r)
+		default:
+			esc = string(r)
+		}
+		if len(out)+len(esc) > limit {
+			break
+		}
+		out = append(out, esc...)
+	}
+	return append(out, tail...)
+}
+
+func jsonSafeKey(k string) string {
+	if strings.IndexByte(k, 0) >= 0 || !utf8.ValidString(k) {
+		return strconv.QuoteToASCII(k)
+	}
+	return k
 }

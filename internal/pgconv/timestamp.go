@@ -1,11 +1,28 @@
-package backfill
+package pgconv
 
 import (
+	"cmp"
 	"fmt"
 	"strconv"
 	"strings"
 	"time"
 )
+
+// convertTimestamp converts v for a date, timestamp or timestamptz
+// column: a time.Time or text.
+func convertTimestamp(col *Column, v, _ any) (any, string) {
+	switch x := v.(type) {
+	case time.Time:
+		return convertTime(col, x)
+	case string:
+		return convertTimeText(col, x, v)
+	}
+	name := col.BaseType
+	if name == "timestamptz" {
+		name = "timestamp with time zone"
+	}
+	return nil, wrongType(v, name)
+}
 
 // Dates and times over PostgreSQL's whole range.
 //
@@ -17,8 +34,8 @@ import (
 // is 2 BC, and so on, as in ISO 8601); text in the ISO form PostgreSQL
 // prints is read with any number of year digits and an " AD" or " BC"
 // suffix. 'infinity' and '-infinity' are written as that text (any case,
-// as PostgreSQL reads it) or as the Go sentinels [TimeInfinity] and
-// [TimeNegInfinity]; 'epoch' is 1970-01-01 00:00:00 UTC. Values outside
+// as PostgreSQL reads it) or as the Go sentinels Infinity and
+// NegInfinity; 'epoch' is 1970-01-01 00:00:00 UTC. Values outside
 // the range are rejected with a reason naming the column and its range.
 //
 // Text PostgreSQL would read otherwise than written is refused: relative
@@ -31,15 +48,16 @@ import (
 // is the date as written: a time and zone after it are ignored, as
 // PostgreSQL ignores them.
 
-// TimeInfinity and TimeNegInfinity stand, in a date, timestamp or
+// Infinity and NegInfinity (the values of backfill.TimeInfinity and
+// TimeNegInfinity) stand, in a date, timestamp or
 // timestamptz column, for PostgreSQL's 'infinity' and '-infinity' (later
 // and earlier than every other value). They are instants no column can
 // hold otherwise (some 146 billion years from now or ago), compared with
 // time.Time.Equal. They also suit lib/pq's pq.EnableInfinityTs, so that
 // infinite source values read with lib/pq are written back as such.
 var (
-	TimeInfinity    = time.Unix(1<<62, 0).UTC()
-	TimeNegInfinity = time.Unix(-1<<62, 0).UTC()
+	Infinity    = time.Unix(1<<62, 0).UTC()
+	NegInfinity = time.Unix(-1<<62, 0).UTC()
 )
 
 // PostgreSQL's bounds: the first instant and the first instant after the
@@ -52,8 +70,8 @@ var (
 )
 
 // timeRangeReason is the reason for a value outside col's range.
-func timeRangeReason(col Column) string {
-	typ := cmpOr(col.Type, col.BaseType)
+func timeRangeReason(col *Column) string {
+	typ := cmp.Or(col.Type, col.BaseType)
 	switch col.BaseType {
 	case "date":
 		return fmt.Sprintf("date out of range: %s column %q holds 4714-11-24 BC to 5874897-12-31 AD, and ±infinity", typ, col.Name)
@@ -64,7 +82,7 @@ func timeRangeReason(col Column) string {
 }
 
 // timeEnd is the first instant after col's range.
-func timeEnd(col Column) time.Time {
+func timeEnd(col *Column) time.Time {
 	if col.BaseType == "date" {
 		return pgDateEnd
 	}
@@ -75,9 +93,9 @@ func timeEnd(col Column) time.Time {
 // sentinels.
 func infinity(t time.Time) (string, bool) {
 	switch {
-	case t.Equal(TimeInfinity):
+	case t.Equal(Infinity):
 		return "infinity", true
-	case t.Equal(TimeNegInfinity):
+	case t.Equal(NegInfinity):
 		return "-infinity", true
 	}
 	return "", false
@@ -87,8 +105,8 @@ func infinity(t time.Time) (string, bool) {
 // column: its civil date (date), its wall clock in its own location
 // (timestamp) or its instant in UTC (timestamptz), truncated to
 // microseconds. Years 1 to 9999 take the fast path of time.Format.
-func convertTime(col Column, x time.Time) (any, string) {
-	x = truncMicro(x)
+func convertTime(col *Column, x time.Time) (any, string) {
+	x = TruncMicro(x)
 	if col.BaseType == "timestamptz" {
 		x = x.UTC()
 	}
@@ -164,9 +182,6 @@ func append2(b []byte, n int) []byte {
 	return append(b, byte('0'+n/10), byte('0'+n%10))
 }
 
-// pgSpace is what PostgreSQL's input functions skip around a value.
-const pgSpace = " \t\n\r\v\f"
-
 // dateTimeText is date/time text as parseDateTime reads it.
 type dateTimeText struct {
 	year, month, day     int // year astronomical: 0 is 1 BC
@@ -192,8 +207,8 @@ type dateTimeText struct {
 // may be 24:00:00 (the next midnight) and a second 60 (the next minute),
 // as PostgreSQL allows. ok is false for anything else.
 func parseDateTime(s string) (d dateTimeText, ok bool) {
-	if s == "" || strings.IndexByte(pgSpace, s[0]) >= 0 || strings.IndexByte(pgSpace, s[len(s)-1]) >= 0 {
-		s = strings.Trim(s, pgSpace)
+	if s == "" || strings.IndexByte(Space, s[0]) >= 0 || strings.IndexByte(Space, s[len(s)-1]) >= 0 {
+		s = strings.Trim(s, Space)
 	}
 	if len(s) < 10 {
 		switch strings.ToLower(s) {
@@ -287,7 +302,7 @@ func parseDateTime(s string) (d dateTimeText, ok bool) {
 		}
 	}
 	// An era, after any whitespace.
-	if rest := strings.TrimLeft(s[i:], pgSpace); len(rest) == 2 {
+	if rest := strings.TrimLeft(s[i:], Space); len(rest) == 2 {
 		switch strings.ToUpper(rest) {
 		case "BC":
 			d.year = 1 - d.year
@@ -383,11 +398,11 @@ const (
 
 // convertTimeText converts text s (v itself) for a date, timestamp or
 // timestamptz column to the form convertTime gives the same value.
-func convertTimeText(col Column, s string, v any) (any, string) {
+func convertTimeText(col *Column, s string, v any) (any, string) {
 	d, ok := parseDateTime(s)
 	if d.badField {
 		return nil, fmt.Sprintf("date/time field value out of range: %s column %q holds calendar dates of years 4714 BC (no year 0) and later, hours 00 to 24 (24:00:00 only), seconds 00 to 60",
-			cmpOr(col.Type, col.BaseType), col.Name)
+			cmp.Or(col.Type, col.BaseType), col.Name)
 	}
 	if d.inf != 0 {
 		if d.inf > 0 {
@@ -420,7 +435,7 @@ func convertTimeText(col Column, s string, v any) (any, string) {
 	if t.Before(pgTimeMin) || !t.Before(timeEnd(col)) {
 		return nil, timeRangeReason(col)
 	}
-	t = truncMicro(t)
+	t = TruncMicro(t)
 	if y := t.Year(); y >= 1 && y <= 9999 {
 		switch col.BaseType {
 		case "date":

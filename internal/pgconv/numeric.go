@@ -1,0 +1,238 @@
+package pgconv
+
+import (
+	"cmp"
+	"encoding/json"
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+)
+
+func convertNumeric(col *Column, v, _ any) (any, string) {
+	return toNumeric(v, col)
+}
+
+// toNumeric validates v for a numeric column (precision 0 means
+// unconstrained), including the checks that would otherwise fail the COPY
+// (see numericReason). NaN is stored in any numeric column, ±Infinity
+// (PostgreSQL 14 and later) in an unconstrained one: as float64 values or
+// as the text PostgreSQL reads (NaN, Infinity, inf, any case, signed).
+func toNumeric(v any, col *Column) (any, string) {
+	var s string
+	switch x := v.(type) {
+	case string:
+		s = x
+	case json.Number:
+		s = string(x)
+	case float64:
+		switch {
+		case math.IsNaN(x):
+			return "NaN", ""
+		case math.IsInf(x, 1):
+			return numericInfinity(col, "Infinity")
+		case math.IsInf(x, -1):
+			return numericInfinity(col, "-Infinity")
+		}
+		s = strconv.FormatFloat(x, 'f', -1, 64)
+	case float32:
+		return toNumeric(float64(x), col)
+	case int64:
+		s = strconv.FormatInt(x, 10)
+	case int:
+		s = strconv.Itoa(x)
+	case uint64:
+		s = strconv.FormatUint(x, 10)
+	case int8, int16, int32, uint8, uint16, uint32, uint:
+		s = fmt.Sprint(x)
+	default:
+		return nil, wrongType(v, "numeric")
+	}
+	reason := numericReason(s, col.Precision, col.Scale)
+	if reason == errNumericSyntax {
+		// The slow path: surrounding whitespace, NaN and infinities.
+		t := strings.Trim(s, Space)
+		switch strings.ToLower(t) {
+		case "nan":
+			return "NaN", ""
+		case "infinity", "+infinity", "inf", "+inf":
+			return numericInfinity(col, "Infinity")
+		case "-infinity", "-inf":
+			return numericInfinity(col, "-Infinity")
+		}
+		if t != s && t != "" {
+			return toNumeric(t, col)
+		}
+	}
+	switch reason {
+	case "":
+	case errNumericFieldOverflow:
+		return nil, fmt.Sprintf("numeric field overflow: %s column %q holds at most %s in absolute value", cmp.Or(col.Type, "numeric"), col.Name, numericMax(col.Precision, col.Scale))
+	case errNumericFormat:
+		return nil, fmt.Sprintf("value overflows numeric format: %s column %q holds at most %d digits before the decimal point and %d after", cmp.Or(col.Type, "numeric"), col.Name, numericMaxExp10+1, numericMaxDscale)
+	default:
+		return nil, reason
+	}
+	if _, ok := v.(string); ok {
+		return v, "" // the string as it came, without boxing it again
+	}
+	return s, ""
+}
+
+// numericInfinity returns inf ("Infinity" or "-Infinity") for col, or
+// why col cannot hold it: a numeric(p,s) column holds finite values only.
+func numericInfinity(col *Column, inf string) (any, string) {
+	if col.Precision != 0 {
+		return nil, fmt.Sprintf("numeric field overflow: %s column %q cannot hold %s; it holds at most %s in absolute value (only an unconstrained numeric holds infinities)",
+			cmp.Or(col.Type, "numeric"), col.Name, inf, numericMax(col.Precision, col.Scale))
+	}
+	return inf, ""
+}
+
+// numericMax is the largest value of numeric(p,s), in decimal: p nines,
+// s of them after the point (s may be negative, or greater than p).
+func numericMax(p, s int) string {
+	nines := strings.Repeat("9", p)
+	switch {
+	case s <= 0:
+		return nines + strings.Repeat("0", -s)
+	case s >= p:
+		return "0." + strings.Repeat("0", s-p) + nines
+	}
+	return nines[:p-s] + "." + nines[p-s:]
+}
+
+// Limits of PostgreSQL's numeric format (src/backend/utils/adt/numeric.c,
+// PostgreSQL 15): at most 16383 digits after the point (dscale), a first
+// significant digit at most at 10^131071 (weight 32767 in base 10000
+// digits), and an exponent in input below INT_MAX/2 in absolute value.
+const (
+	numericMaxDscale   = 16383
+	numericMaxExp10    = 131071
+	numericMaxExponent = math.MaxInt32 / 2
+)
+
+const (
+	errNumericSyntax        = "invalid input syntax for type numeric"
+	errNumericFormat        = "value overflows numeric format"
+	errNumericFieldOverflow = "numeric field overflow"
+)
+
+// numericReason checks s as PostgreSQL 15's numeric input reads it into
+// numeric(p,s) (p 0: unconstrained): the syntax of decimalText; the
+// format's limits, checked before the type modifier (1e-20000 overflows
+// numeric(10,2) although it would round to 0.00); then, rounded half away
+// from zero to the scale, the absolute value must be below 10^(p-s)
+// ("numeric field overflow"). Plain decimals short enough are checked by
+// the scan alone.
+func numericReason(s string, p, sc int) string {
+	d, ok := parseDecimal(s)
+	if !ok {
+		return errNumericSyntax
+	}
+	if d.plain && len(d.frac) <= numericMaxDscale {
+		intDigits := len(strings.TrimLeft(d.int, "0"))
+		if p == 0 && intDigits <= numericMaxExp10+1 ||
+			p != 0 && (len(d.frac) <= sc && intDigits <= p-sc || intDigits+1 <= p-sc) {
+			return ""
+		}
+	}
+	if d.exp >= numericMaxExponent || d.exp <= -numericMaxExponent {
+		return errNumericFormat
+	}
+	if int64(len(d.frac))-d.exp > numericMaxDscale {
+		return errNumericFormat
+	}
+	sig, e10 := d.significant()
+	if sig == "" {
+		return "" // zero
+	}
+	if e10 > numericMaxExp10 {
+		return errNumericFormat
+	}
+	if p == 0 {
+		return ""
+	}
+	// Round to scale: keep the significant digits at 10^-sc and above.
+	keep := e10 + int64(sc) + 1
+	if keep <= 0 {
+		// 0, or 10^-sc when rounded up: within any precision.
+		return ""
+	}
+	if keep < int64(len(sig)) && sig[keep] >= '5' && strings.Trim(sig[:keep], "9") == "" {
+		e10++ // 99.96 rounds to 100.0
+	}
+	if e10 >= int64(p-sc) {
+		return errNumericFieldOverflow
+	}
+	return ""
+}
+
+// decimalText is numeric input text: [+-]digits[.digits] or [+-].digits,
+// optionally with an exponent [eE][+-]digits.
+type decimalText struct {
+	int, frac string // the digits before and after the point
+	exp       int64  // the exponent, saturated beyond ±2^40
+	plain     bool   // no exponent
+}
+
+// parseDecimal splits s as decimalText.
+func parseDecimal(s string) (d decimalText, ok bool) {
+	i := 0
+	if i < len(s) && (s[i] == '+' || s[i] == '-') {
+		i++
+	}
+	digits := func() string {
+		start := i
+		for i < len(s) && s[i] >= '0' && s[i] <= '9' {
+			i++
+		}
+		return s[start:i]
+	}
+	d.int = digits()
+	if i < len(s) && s[i] == '.' {
+		i++
+		d.frac = digits()
+	}
+	if d.int == "" && d.frac == "" {
+		return d, false
+	}
+	if i == len(s) {
+		d.plain = true
+		return d, true
+	}
+	if s[i] != 'e' && s[i] != 'E' {
+		return d, false
+	}
+	i++
+	neg := false
+	if i < len(s) && (s[i] == '+' || s[i] == '-') {
+		neg = s[i] == '-'
+		i++
+	}
+	e := digits()
+	if e == "" || i != len(s) {
+		return d, false
+	}
+	for _, c := range []byte(e) {
+		if d.exp < 1<<40 {
+			d.exp = d.exp*10 + int64(c-'0')
+		}
+	}
+	if neg {
+		d.exp = -d.exp
+	}
+	return d, true
+}
+
+// significant returns d's digits from the first non-zero one, and the
+// power of ten of that digit; "" for zero.
+func (d decimalText) significant() (string, int64) {
+	if i := strings.IndexFunc(d.int, func(r rune) bool { return r != '0' }); i >= 0 {
+		return d.int[i:] + d.frac, int64(len(d.int)-1-i) + d.exp
+	}
+	if i := strings.IndexFunc(d.frac, func(r rune) bool { return r != '0' }); i >= 0 {
+		return d.frac[i:], int64(-1-i) + d.exp
+	}
+	return "", 0
+}
