@@ -881,14 +881,14 @@ func (w *rowWriter) Write(ctx context.Context, values ...any) error {
 	}
 	if w.stagingRejects != nil && w.stagingRejects.len() > 0 {
 		if rej, i, ok := w.stagingRejects.match(w.row, w.names, w.buf); ok {
-			value := rej.value
+			value := rej.Value
 			if i >= 0 && i < n {
 				value = displayValue(values[i])
 			}
-			return w.reject(rawJSON(w.names[:n], values, nil), rej.column, value, rej.reason)
+			return w.reject(rawJSON(w.names[:n], values, nil), rej.Column, value, rej.Reason)
 		}
 	}
-	w.lines.add(w.row)
+	w.lines.Add(w.row)
 	if err := w.stager.Add(ctx, w.row, w.buf); err != nil {
 		w.err = err
 		return err
