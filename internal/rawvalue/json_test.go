@@ -1,4 +1,4 @@
-package backfill
+package rawvalue
 
 import (
 	"encoding/json"
@@ -21,7 +21,7 @@ func TestRawJSONKeepsWhatItCan(t *testing.T) {
 	values := []any{"fine", complex(1, 2), struct{ F float64 }{math.Inf(1)}, make(chan int), struct{ S string }{"a\x00b"},
 		json.Number("1e200000"), json.RawMessage(`"\ud800"`), time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC),
 		map[string]any{"x\x00": []any{1.5, math.NaN(), "y"}}, 7, "extra"}
-	raw := rawJSON(names, values, nil)
+	raw := JSON(names, values, nil)
 	require.True(t, json.Valid(raw), "%s", raw)
 	var got map[string]any
 	require.NoError(t, json.Unmarshal(raw, &got))
@@ -39,8 +39,8 @@ func TestRawJSONKeepsWhatItCan(t *testing.T) {
 	var stored string
 	require.NoError(t, db.Get(&stored, "SELECT $1::jsonb::text", string(raw)))
 
-	require.JSONEq(t, `"(1+0i)"`, string(rawJSON(nil, nil, complex(1, 0))))
-	require.JSONEq(t, `{"a":"(2+0i)","b":[1]}`, string(rawJSON(nil, nil, map[string]any{"a": complex(2, 0), "b": []any{1}})))
+	require.JSONEq(t, `"(1+0i)"`, string(JSON(nil, nil, complex(1, 0))))
+	require.JSONEq(t, `{"a":"(2+0i)","b":[1]}`, string(JSON(nil, nil, map[string]any{"a": complex(2, 0), "b": []any{1}})))
 }
 
 // TestRawJSONTruncatesLargeRows: a row's JSON beyond 64 KiB is stored as
@@ -50,7 +50,7 @@ func TestRawJSONTruncatesLargeRows(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
 	long := strings.Repeat(`quote " backslash \ \u0000 nul-text é 😀 <&> `+"\n\t", 3000)
-	for _, values := range [][]any{{long}, {strings.Repeat("x", maxRawJSON)}, {strings.Repeat("é", maxRawJSON)}, {long, long}} {
+	for _, values := range [][]any{{long}, {strings.Repeat("x", MaxJSON)}, {strings.Repeat("é", MaxJSON)}, {long, long}} {
 		full, err := json.Marshal(map[string]any{"c": values[0]})
 		require.NoError(t, err)
 		names := []string{"c", "d"}[:len(values)]
@@ -58,8 +58,8 @@ func TestRawJSONTruncatesLargeRows(t *testing.T) {
 			full, err = json.Marshal(map[string]any{"c": values[0], "d": values[1]})
 			require.NoError(t, err)
 		}
-		raw := rawJSON(names, values, nil)
-		require.LessOrEqual(t, len(raw), maxRawJSON)
+		raw := JSON(names, values, nil)
+		require.LessOrEqual(t, len(raw), MaxJSON)
 		require.True(t, json.Valid(raw))
 		require.True(t, utf8.Valid(raw))
 		var got struct {
@@ -71,11 +71,11 @@ func TestRawJSONTruncatesLargeRows(t *testing.T) {
 		require.True(t, got.Truncated)
 		require.Equal(t, len(full), got.Bytes)
 		require.True(t, strings.HasPrefix(string(full), got.Prefix))
-		require.Greater(t, len(raw), maxRawJSON-16, "the prefix fills the cap")
+		require.Greater(t, len(raw), MaxJSON-16, "the prefix fills the cap")
 		var n int
 		require.NoError(t, db.Get(&n, "SELECT length($1::jsonb->>'prefix')", string(raw)))
 		require.Equal(t, utf8.RuneCountInString(got.Prefix), n)
 	}
-	small := rawJSON([]string{"c"}, []any{strings.Repeat("x", 1000)}, nil)
+	small := JSON([]string{"c"}, []any{strings.Repeat("x", 1000)}, nil)
 	require.JSONEq(t, `{"c":"`+strings.Repeat("x", 1000)+`"}`, string(small))
 }
