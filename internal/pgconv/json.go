@@ -57,44 +57,12 @@ func convertJSON(col *Column, _, src any) (any, string) {
 // followed by "u0000" is fine), a surrogate escape not in a high-low
 // pair, or a number beyond the numeric format. "" when jsonb takes b.
 func JSONBReason(b []byte) string {
-	const unpaired = "jsonb cannot store an unpaired Unicode surrogate escape"
 	for i := 0; i < len(b); i++ {
 		switch c := b[i]; {
 		case c == '"':
-			high := false // the previous character was a high surrogate escape
-			for i++; i < len(b) && b[i] != '"'; i++ {
-				if b[i] != '\\' || b[i+1] != 'u' {
-					if high {
-						return unpaired
-					}
-					if b[i] == '\\' {
-						i++ // the escaped character, maybe a quote or backslash
-					}
-					continue
-				}
-				r, _ := strconv.ParseUint(string(b[i+2:i+6]), 16, 32)
-				i += 5
-				switch {
-				case r == 0:
-					return `jsonb cannot store \u0000`
-				case r >= 0xd800 && r <= 0xdbff:
-					if high {
-						return unpaired
-					}
-					high = true
-				case r >= 0xdc00 && r <= 0xdfff:
-					if !high {
-						return unpaired
-					}
-					high = false
-				default:
-					if high {
-						return unpaired
-					}
-				}
-			}
-			if high {
-				return unpaired
+			var reason string
+			if i, reason = jsonbString(b, i+1); reason != "" {
+				return reason
 			}
 		case c == '-' || c >= '0' && c <= '9':
 			j := i + 1
@@ -108,6 +76,58 @@ func JSONBReason(b []byte) string {
 		}
 	}
 	return ""
+}
+
+const jsonbUnpaired = "jsonb cannot store an unpaired Unicode surrogate escape"
+
+// jsonbString checks the JSON string of valid JSON b whose text starts at
+// b[i], after its opening quote, as JSONBReason does; it returns the
+// index of the closing quote.
+func jsonbString(b []byte, i int) (int, string) {
+	high := false // the previous character was a high surrogate escape
+	for ; i < len(b) && b[i] != '"'; i++ {
+		if b[i] != '\\' || b[i+1] != 'u' {
+			if high {
+				return i, jsonbUnpaired
+			}
+			if b[i] == '\\' {
+				i++ // the escaped character, maybe a quote or backslash
+			}
+			continue
+		}
+		r, _ := strconv.ParseUint(string(b[i+2:i+6]), 16, 32)
+		i += 5
+		var reason string
+		if high, reason = jsonbEscape(r, high); reason != "" {
+			return i, reason
+		}
+	}
+	if high {
+		return i, jsonbUnpaired
+	}
+	return i, ""
+}
+
+// jsonbEscape checks the escape \u of code r, after a high surrogate
+// escape when high; it reports whether r is a high surrogate.
+func jsonbEscape(r uint64, high bool) (bool, string) {
+	switch {
+	case r == 0:
+		return false, `jsonb cannot store \u0000`
+	case r >= 0xd800 && r <= 0xdbff:
+		if high {
+			return false, jsonbUnpaired
+		}
+		return true, ""
+	case r >= 0xdc00 && r <= 0xdfff:
+		if !high {
+			return false, jsonbUnpaired
+		}
+		return false, ""
+	case high:
+		return false, jsonbUnpaired
+	}
+	return false, ""
 }
 
 // MarshalJSON is json.Marshal, with a panicking MarshalJSON or String
