@@ -19,49 +19,14 @@ func convertNumeric(col *Column, v, _ any) (any, string) {
 // (PostgreSQL 14 and later) in an unconstrained one: as float64 values or
 // as the text PostgreSQL reads (NaN, Infinity, inf, any case, signed).
 func toNumeric(v any, col *Column) (any, string) {
-	var s string
-	switch x := v.(type) {
-	case string:
-		s = x
-	case json.Number:
-		s = string(x)
-	case float64:
-		switch {
-		case math.IsNaN(x):
-			return "NaN", ""
-		case math.IsInf(x, 1):
-			return numericInfinity(col, "Infinity")
-		case math.IsInf(x, -1):
-			return numericInfinity(col, "-Infinity")
-		}
-		s = strconv.FormatFloat(x, 'f', -1, 64)
-	case float32:
-		return toNumeric(float64(x), col)
-	case int64:
-		s = strconv.FormatInt(x, 10)
-	case int:
-		s = strconv.Itoa(x)
-	case uint64:
-		s = strconv.FormatUint(x, 10)
-	case int8, int16, int32, uint8, uint16, uint32, uint:
-		s = fmt.Sprint(x)
-	default:
+	s, ok := numericText(v)
+	if !ok {
 		return nil, wrongType(v, "numeric")
 	}
 	reason := numericReason(s, col.Precision, col.Scale)
 	if reason == errNumericSyntax {
-		// The slow path: surrounding whitespace, NaN and infinities.
-		t := strings.Trim(s, Space)
-		switch strings.ToLower(t) {
-		case "nan":
-			return "NaN", ""
-		case "infinity", "+infinity", "inf", "+inf":
-			return numericInfinity(col, "Infinity")
-		case "-infinity", "-inf":
-			return numericInfinity(col, "-Infinity")
-		}
-		if t != s && t != "" {
-			return toNumeric(t, col)
+		if val, reason, done := numericSpecial(s, col); done {
+			return val, reason
 		}
 	}
 	switch reason {
@@ -77,6 +42,62 @@ func toNumeric(v any, col *Column) (any, string) {
 		return v, "" // the string as it came, without boxing it again
 	}
 	return s, ""
+}
+
+// numericText returns v as numeric input text: text as it is, numbers
+// in decimal, a float's NaN and infinities as PostgreSQL's words for
+// them. false for a Go type numeric does not take.
+func numericText(v any) (string, bool) {
+	switch x := v.(type) {
+	case string:
+		return x, true
+	case json.Number:
+		return string(x), true
+	case float64:
+		switch {
+		case math.IsNaN(x):
+			return "NaN", true
+		case math.IsInf(x, 1):
+			return "Infinity", true
+		case math.IsInf(x, -1):
+			return "-Infinity", true
+		}
+		return strconv.FormatFloat(x, 'f', -1, 64), true
+	case float32:
+		return numericText(float64(x))
+	case int64:
+		return strconv.FormatInt(x, 10), true
+	case int:
+		return strconv.Itoa(x), true
+	case uint64:
+		return strconv.FormatUint(x, 10), true
+	case int8, int16, int32, uint8, uint16, uint32, uint:
+		return fmt.Sprint(x), true
+	}
+	return "", false
+}
+
+// numericSpecial is the slow path of toNumeric for text s that is not a
+// plain decimal: NaN and the infinities (any case, signed), and text
+// with surrounding whitespace. done is false for text that is none of
+// them.
+func numericSpecial(s string, col *Column) (val any, reason string, done bool) {
+	t := strings.Trim(s, Space)
+	switch strings.ToLower(t) {
+	case "nan":
+		return "NaN", "", true
+	case "infinity", "+infinity", "inf", "+inf":
+		val, reason = numericInfinity(col, "Infinity")
+		return val, reason, true
+	case "-infinity", "-inf":
+		val, reason = numericInfinity(col, "-Infinity")
+		return val, reason, true
+	}
+	if t != s && t != "" {
+		val, reason = toNumeric(t, col)
+		return val, reason, true
+	}
+	return nil, "", false
 }
 
 // numericInfinity returns inf ("Infinity" or "-Infinity") for col, or
