@@ -192,33 +192,17 @@ const (
 // timestamptz column to the form convertTime gives the same value.
 func convertTimeText(col *Column, s string, v any) (any, string) {
 	d, ok := parseDateTime(s)
-	if d.badField {
+	switch {
+	case d.badField:
 		return nil, fmt.Sprintf("date/time field value out of range: %s column %q holds calendar dates of years 4714 BC (no year 0) and later, hours 00 to 24 (24:00:00 only), seconds 00 to 60",
 			cmp.Or(col.Type, col.BaseType), col.Name)
-	}
-	if d.inf != 0 {
-		if d.inf > 0 {
-			return "infinity", ""
-		}
+	case d.inf > 0:
+		return "infinity", ""
+	case d.inf < 0:
 		return "-infinity", ""
 	}
-	switch col.BaseType {
-	case "date":
-		if !ok {
-			return nil, reasonDateText
-		}
-		// The date as written: a time of day and a zone after it are
-		// ignored, as PostgreSQL's date input ignores them (and as a
-		// time.Time gives its civil date).
-		d.hour, d.minute, d.second, d.nsec, d.zone = 0, 0, 0, 0, false
-	case "timestamp":
-		if !ok || d.zone {
-			return nil, reasonTimestampText
-		}
-	default:
-		if !ok || !d.zone && !d.epoch {
-			return nil, reasonTimestamptzText
-		}
+	if reason := d.fitColumn(col, ok); reason != "" {
+		return nil, reason
 	}
 	t := d.civil()
 	if d.zone {
@@ -228,17 +212,43 @@ func convertTimeText(col *Column, s string, v any) (any, string) {
 		return nil, timeRangeReason(col)
 	}
 	t = TruncMicro(t)
-	if y := t.Year(); y >= 1 && y <= 9999 {
-		switch col.BaseType {
-		case "date":
-			if len(s) == len("2006-01-02") && !d.epoch {
-				return v, "" // already YYYY-MM-DD: the string as it came, without boxing it again
-			}
-			return t.Format("2006-01-02"), ""
-		case "timestamp":
-			return t.Format("2006-01-02 15:04:05.999999"), ""
-		}
-		return t.Format(time.RFC3339Nano), ""
+	if y := t.Year(); y < 1 || y > 9999 {
+		return formatPGTime(col.BaseType, t), ""
 	}
-	return formatPGTime(col.BaseType, t), ""
+	switch col.BaseType {
+	case "date":
+		if len(s) == len("2006-01-02") && !d.epoch {
+			return v, "" // already YYYY-MM-DD: the string as it came, without boxing it again
+		}
+		return t.Format("2006-01-02"), ""
+	case "timestamp":
+		return t.Format("2006-01-02 15:04:05.999999"), ""
+	}
+	return t.Format(time.RFC3339Nano), ""
+}
+
+// fitColumn says why text read as d (ok: it has the form) cannot be
+// stored in col, "" when it can: a date takes any date/time text, whose
+// time and zone it ignores (so d loses them); a timestamp takes no zone;
+// a timestamptz needs one (or epoch).
+func (d *dateTimeText) fitColumn(col *Column, ok bool) string {
+	switch col.BaseType {
+	case "date":
+		if !ok {
+			return reasonDateText
+		}
+		// The date as written: a time of day and a zone after it are
+		// ignored, as PostgreSQL's date input ignores them (and as a
+		// time.Time gives its civil date).
+		d.hour, d.minute, d.second, d.nsec, d.zone = 0, 0, 0, 0, false
+	case "timestamp":
+		if !ok || d.zone {
+			return reasonTimestampText
+		}
+	default:
+		if !ok || !d.zone && !d.epoch {
+			return reasonTimestamptzText
+		}
+	}
+	return ""
 }
