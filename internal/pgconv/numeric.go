@@ -151,27 +151,19 @@ func numericReason(s string, p, sc int) string {
 	if !ok {
 		return errNumericSyntax
 	}
-	if d.plain && len(d.frac) <= numericMaxDscale {
-		intDigits := len(strings.TrimLeft(d.int, "0"))
-		if p == 0 && intDigits <= numericMaxExp10+1 ||
-			p != 0 && (len(d.frac) <= sc && intDigits <= p-sc || intDigits+1 <= p-sc) {
-			return ""
-		}
+	if d.plainFits(p, sc) {
+		return ""
 	}
-	if d.exp >= numericMaxExponent || d.exp <= -numericMaxExponent {
-		return errNumericFormat
-	}
-	if int64(len(d.frac))-d.exp > numericMaxDscale {
+	if d.exp >= numericMaxExponent || d.exp <= -numericMaxExponent || int64(len(d.frac))-d.exp > numericMaxDscale {
 		return errNumericFormat
 	}
 	sig, e10 := d.significant()
-	if sig == "" {
+	switch {
+	case sig == "":
 		return "" // zero
-	}
-	if e10 > numericMaxExp10 {
+	case e10 > numericMaxExp10:
 		return errNumericFormat
-	}
-	if p == 0 {
+	case p == 0:
 		return ""
 	}
 	// Round to scale: keep the significant digits at 10^-sc and above.
@@ -187,6 +179,21 @@ func numericReason(s string, p, sc int) string {
 		return errNumericFieldOverflow
 	}
 	return ""
+}
+
+// plainFits reports whether d is a plain decimal (no exponent) that the
+// scan alone shows numeric(p,s) takes (p 0: unconstrained): short enough
+// for the format, and, with its fraction within the scale or its integer
+// part a digit short of the limit, within the precision.
+func (d decimalText) plainFits(p, sc int) bool {
+	if !d.plain || len(d.frac) > numericMaxDscale {
+		return false
+	}
+	intDigits := len(strings.TrimLeft(d.int, "0"))
+	if p == 0 {
+		return intDigits <= numericMaxExp10+1
+	}
+	return len(d.frac) <= sc && intDigits <= p-sc || intDigits+1 <= p-sc
 }
 
 // decimalText is numeric input text: [+-]digits[.digits] or [+-].digits,
@@ -215,35 +222,42 @@ func parseDecimal(s string) (d decimalText, ok bool) {
 		i++
 		d.frac = digits()
 	}
-	if d.int == "" && d.frac == "" {
+	switch {
+	case d.int == "" && d.frac == "":
 		return d, false
-	}
-	if i == len(s) {
+	case i == len(s):
 		d.plain = true
 		return d, true
-	}
-	if s[i] != 'e' && s[i] != 'E' {
+	case s[i] != 'e' && s[i] != 'E':
 		return d, false
 	}
-	i++
+	d.exp, ok = parseExponent(s[i+1:])
+	return d, ok
+}
+
+// parseExponent reads an exponent's [+-]digits, saturated beyond ±2^40.
+func parseExponent(s string) (int64, bool) {
 	neg := false
-	if i < len(s) && (s[i] == '+' || s[i] == '-') {
-		neg = s[i] == '-'
-		i++
+	if s != "" && (s[0] == '+' || s[0] == '-') {
+		neg = s[0] == '-'
+		s = s[1:]
 	}
-	e := digits()
-	if e == "" || i != len(s) {
-		return d, false
+	if s == "" {
+		return 0, false
 	}
-	for _, c := range []byte(e) {
-		if d.exp < 1<<40 {
-			d.exp = d.exp*10 + int64(c-'0')
+	var exp int64
+	for _, c := range []byte(s) {
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		if exp < 1<<40 {
+			exp = exp*10 + int64(c-'0')
 		}
 	}
 	if neg {
-		d.exp = -d.exp
+		exp = -exp
 	}
-	return d, true
+	return exp, true
 }
 
 // significant returns d's digits from the first non-zero one, and the
