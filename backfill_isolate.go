@@ -81,84 +81,135 @@ func (s *persistStager) endStaging(ctx context.Context) error {
 // stagers must stage with COPY. It returns the stager, to merge and
 // close, and the row writer with the chunk's counts and exceptions.
 func (ex *execution) stage(ctx context.Context, tx Tx, c Chunk, info TableInfo, started time.Time, savepoints bool, newStager func() (Stager, error)) (Stager, *rowWriter, error) {
-	rejects := &stagingRejects{}
+	s := &chunkStaging{ex: ex, tx: tx, chunk: c, info: info, started: started, savepoints: savepoints, newStager: newStager}
 	for {
-		if savepoints {
-			if _, err := tx.ExecContext(ctx, `SAVEPOINT backfill_stage`); err != nil {
-				return nil, nil, fmt.Errorf("savepoint: %w", err)
-			}
-		}
-		st, err := newStager()
+		st, w, ref, err := s.attempt(ctx)
 		if err != nil {
 			return nil, nil, err
 		}
-		w := newRowWriter(c, ex.job, info, st, ex.r.cfg.MaxRejectsPerChunk, started)
-		w.stagingRejects = rejects
-		xerr := extractSafely(ctx, ex.job.Extractor, c, w)
-		w.closed = true
-		serr := w.err
-		if serr == nil && xerr == nil {
-			if ce, ok := st.(copyEnder); ok {
-				serr = ce.endStaging(ctx)
-			}
+		if !savepoints || !ref.isData || ctx.Err() != nil {
+			return s.finish(ctx, st, w, ref)
 		}
-		line, rej, isData := copyerr.Parse(serr, w.names)
-		if i := slices.Index(w.names, rej.Column); isData && i >= 0 {
-			rej.Reason = pgconv.LimitNote(info.Columns[i].conv(), rej.Reason) // the column's real limit
+		if err := s.requeue(ctx, st, w, ref); err != nil {
+			return nil, nil, err
 		}
-		// where names the refused row; the chunk's error names the chunk.
-		where := func() string {
-			row := w.lines.Row(line)
-			s := fmt.Sprintf("backfill: stage %s: row %d", info.Target.Table, row)
-			if row == 0 {
-				s = fmt.Sprintf("backfill: stage %s: staging line %d", info.Target.Table, line)
-			}
-			if rej.Column != "" {
-				s += fmt.Sprintf(" column %q value %q", rej.Column, rej.Value)
-			}
-			return s
-		}
-		if !savepoints || !isData || ctx.Err() != nil {
-			if serr != nil || xerr != nil {
-				_ = st.Close()
-			}
-			switch {
-			case isData:
-				return nil, nil, &stagingRowError{msg: where() + " refused: " + rej.Reason, err: serr}
-			case serr != nil:
-				return nil, nil, serr
-			case xerr != nil:
-				return nil, nil, fmt.Errorf("extract: %w", xerr)
-			}
-			if savepoints {
-				if _, err := tx.ExecContext(ctx, `RELEASE SAVEPOINT backfill_stage`); err != nil {
-					_ = st.Close()
-					return nil, nil, fmt.Errorf("release savepoint: %w", err)
-				}
-			}
-			return st, w, nil
-		}
-		_ = st.Close()
-		if _, err := tx.ExecContext(context.WithoutCancel(ctx), `ROLLBACK TO SAVEPOINT backfill_stage; RELEASE SAVEPOINT backfill_stage`); err != nil {
-			return nil, nil, errors.Join(serr, fmt.Errorf("rollback to savepoint: %w", err))
-		}
-		row := w.lines.Row(line)
-		switch {
-		case row == 0:
-			return nil, nil, &stagingRowError{msg: where() + " refused: " + rej.Reason, err: serr}
-		case rejects.has(row, rej):
-			// Refused again although queued: the row writer did not know
-			// the value again (its text differs from what PostgreSQL
-			// reported), or, for a row found by position, the extractor
-			// wrote another row there this time.
-			return nil, nil, &stagingRowError{msg: where() + " refused again although queued: " + rej.Reason, err: serr}
-		case rejects.len() >= ex.r.cfg.MaxStagingRejects:
-			return nil, nil, fmt.Errorf("%w: %s refused: %s; %d values of this chunk were refused already (Config.MaxStagingRejects): convert or Reject such values in the extractor",
-				ErrTooManyRejects, where(), rej.Reason, rejects.len())
-		}
-		rejects.add(row, rej)
-		ex.log.Warn("value refused while staging; restaging the chunk without its rows", "chunk", c.ID, "row", row, "column", rej.Column, "reason", rej.Reason)
 	}
+}
+
+// chunkStaging is one call of execution.stage: its inputs, and the
+// values PostgreSQL refused in its earlier attempts.
+type chunkStaging struct {
+	ex         *execution
+	tx         Tx
+	chunk      Chunk
+	info       TableInfo
+	started    time.Time
+	savepoints bool
+	newStager  func() (Stager, error)
+	rejects    stagingRejects
+}
+
+// stagingRefusal is how a staging attempt ended: the extractor's error,
+// the staging's error and, when that is PostgreSQL refusing a value
+// (isData), the staged line and the value.
+type stagingRefusal struct {
+	xerr, serr error
+	line       int64
+	rej        stagingReject
+	isData     bool
+}
+
+// attempt stages the chunk once, inside a savepoint when savepoints is
+// true, queueing the values refused in earlier attempts.
+func (s *chunkStaging) attempt(ctx context.Context) (Stager, *rowWriter, stagingRefusal, error) {
+	var ref stagingRefusal
+	if s.savepoints {
+		if _, err := s.tx.ExecContext(ctx, `SAVEPOINT backfill_stage`); err != nil {
+			return nil, nil, ref, fmt.Errorf("savepoint: %w", err)
+		}
+	}
+	st, err := s.newStager()
+	if err != nil {
+		return nil, nil, ref, err
+	}
+	w := newRowWriter(s.chunk, s.ex.job, s.info, st, s.ex.r.cfg.MaxRejectsPerChunk, s.started)
+	w.stagingRejects = &s.rejects
+	ref.xerr = extractSafely(ctx, s.ex.job.Extractor, s.chunk, w)
+	w.closed = true
+	ref.serr = w.err
+	if ref.serr == nil && ref.xerr == nil {
+		if ce, ok := st.(copyEnder); ok {
+			ref.serr = ce.endStaging(ctx)
+		}
+	}
+	ref.line, ref.rej, ref.isData = copyerr.Parse(ref.serr, w.names)
+	if i := slices.Index(w.names, ref.rej.Column); ref.isData && i >= 0 {
+		ref.rej.Reason = pgconv.LimitNote(s.info.Columns[i].conv(), ref.rej.Reason) // the column's real limit
+	}
+	return st, w, ref, nil
+}
+
+// where names the refused row of ref; the chunk's error names the chunk.
+func (s *chunkStaging) where(w *rowWriter, ref stagingRefusal) string {
+	row := w.lines.Row(ref.line)
+	msg := fmt.Sprintf("backfill: stage %s: row %d", s.info.Target.Table, row)
+	if row == 0 {
+		msg = fmt.Sprintf("backfill: stage %s: staging line %d", s.info.Target.Table, ref.line)
+	}
+	if ref.rej.Column != "" {
+		msg += fmt.Sprintf(" column %q value %q", ref.rej.Column, ref.rej.Value)
+	}
+	return msg
+}
+
+// finish ends an attempt that is not restaged: its error, or its stager
+// and row writer with the savepoint released.
+func (s *chunkStaging) finish(ctx context.Context, st Stager, w *rowWriter, ref stagingRefusal) (Stager, *rowWriter, error) {
+	if ref.serr != nil || ref.xerr != nil {
+		_ = st.Close()
+	}
+	switch {
+	case ref.isData:
+		return nil, nil, &stagingRowError{msg: s.where(w, ref) + " refused: " + ref.rej.Reason, err: ref.serr}
+	case ref.serr != nil:
+		return nil, nil, ref.serr
+	case ref.xerr != nil:
+		return nil, nil, fmt.Errorf("extract: %w", ref.xerr)
+	}
+	if s.savepoints {
+		if _, err := s.tx.ExecContext(ctx, `RELEASE SAVEPOINT backfill_stage`); err != nil {
+			_ = st.Close()
+			return nil, nil, fmt.Errorf("release savepoint: %w", err)
+		}
+	}
+	return st, w, nil
+}
+
+// requeue rolls an attempt refused on a value back to its savepoint and
+// queues the refused row's value for the next attempt, or says why the
+// chunk cannot be staged.
+func (s *chunkStaging) requeue(ctx context.Context, st Stager, w *rowWriter, ref stagingRefusal) error {
+	_ = st.Close()
+	if _, err := s.tx.ExecContext(context.WithoutCancel(ctx), `ROLLBACK TO SAVEPOINT backfill_stage; RELEASE SAVEPOINT backfill_stage`); err != nil {
+		return errors.Join(ref.serr, fmt.Errorf("rollback to savepoint: %w", err))
+	}
+	row := w.lines.Row(ref.line)
+	switch {
+	case row == 0:
+		return &stagingRowError{msg: s.where(w, ref) + " refused: " + ref.rej.Reason, err: ref.serr}
+	case s.rejects.has(row, ref.rej):
+		// Refused again although queued: the row writer did not know the
+		// value again (its text differs from what PostgreSQL reported),
+		// or, for a row found by position, the extractor wrote another
+		// row there this time.
+		return &stagingRowError{msg: s.where(w, ref) + " refused again although queued: " + ref.rej.Reason, err: ref.serr}
+	case s.rejects.len() >= s.ex.r.cfg.MaxStagingRejects:
+		return fmt.Errorf("%w: %s refused: %s; %d values of this chunk were refused already (Config.MaxStagingRejects): convert or Reject such values in the extractor",
+			ErrTooManyRejects, s.where(w, ref), ref.rej.Reason, s.rejects.len())
+	}
+	s.rejects.add(row, ref.rej)
+	s.ex.log.Warn("value refused while staging; restaging the chunk without its rows", "chunk", s.chunk.ID, "row", row, "column", ref.rej.Column, "reason", ref.rej.Reason)
+	return nil
 }
 
 // stagingRejects are the values PostgreSQL refused in earlier stagings of
