@@ -24,8 +24,10 @@ import (
 // {"a": 1.0} = {"a": 1.00}, a range or array or composite of any of them,
 // text under a nondeterministic collation 'abc' = 'ABC'. Those columns are
 // compared by their text under the "C" collation (byte for byte); floats
-// print exactly because the merge pins extra_float_digits to 1 or more
-// (plannerSettings). Lookups by key keep the type's own equality, which
+// and arrays of them by their binary form (float8send, array_send), which
+// no session setting rounds (floats inside composites and ranges print
+// exactly in the merge, which pins extra_float_digits to 1 or more in
+// plannerSettings). Lookups by key keep the type's own equality, which
 // the target's unique index serves. The checks (validate_pg.go) and
 // fingerprints (validate_fingerprint.go) compare by the same rule.
 //
@@ -65,6 +67,13 @@ var looseEquality = map[string]bool{"numeric": true, "float4": true, "float8": t
 // equality is exact, else its text under "C".
 func exactCompare(c Column, e string) string {
 	switch {
+	case c.BaseType == "float8" || c.BaseType == "float4":
+		// The binary form (typsend): exact whatever extra_float_digits a
+		// session sets (a check may run under SET LOCAL 0, which rounds
+		// the text), -0 apart from 0.
+		return c.BaseType + "send(" + e + ")"
+	case c.BaseType == "_float8" || c.BaseType == "_float4":
+		return "array_send(" + e + ")"
 	case c.textCompare || textCompared[c.BaseType] || looseEquality[c.BaseType] || c.BaseType == "citext":
 		return "(" + e + `::text COLLATE "C")`
 	case c.Collation != "" && collatable[c.BaseType]:
