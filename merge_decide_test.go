@@ -129,8 +129,8 @@ func TestMergeDecidesUnderTheRowLock(t *testing.T) {
 }
 
 // refuseRun runs rows (id, ref) into table t created by ddl and returns
-// the report, the error and the ids left in t.
-func refuseRun(t *testing.T, ddl string, rows ...[]any) (backfill.Report, error, []int) {
+// the report, the ids left in t and the run's error.
+func refuseRun(t *testing.T, ddl string, rows ...[]any) (backfill.Report, []int, error) {
 	db := pgtest.New(t)
 	db.MustExec(ddl)
 	r, err := backfill.New(db, &backfill.Config{MaxAttempts: 2})
@@ -139,7 +139,7 @@ func refuseRun(t *testing.T, ddl string, rows ...[]any) (backfill.Report, error,
 		Rollback: backfill.RollbackNone, MaxRunRejectRate: -1, Target: backfill.Target{Table: "t", Key: []string{"id"}, Columns: []string{"id", "ref"}}})
 	var ids []int
 	require.NoError(t, db.Select(&ids, `SELECT id FROM t ORDER BY id`))
-	return rep, err, ids
+	return rep, ids, err
 }
 
 var fiveRefs = [][]any{{1, 1}, {2, 2}, {3, 999}, {4, 4}, {5, 5}}
@@ -160,7 +160,7 @@ func TestMergeDeferredConstraintsRefuseTheRow(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			rep, err, ids := refuseRun(t, ddl, fiveRefs...)
+			rep, ids, err := refuseRun(t, ddl, fiveRefs...)
 			require.NoError(t, err)
 			require.Equal(t, backfill.Counts{Read: 5, Inserted: 4, Rejected: 1}, rep.Counts)
 			require.Equal(t, []int{1, 2, 4, 5}, ids)
@@ -173,7 +173,7 @@ func TestMergeDeferredConstraintsRefuseTheRow(t *testing.T) {
 // naming the trigger, and no row is queued as refused.
 func TestMergeStatementTriggerFailsTheChunk(t *testing.T) {
 	t.Parallel()
-	rep, err, ids := refuseRun(t, `CREATE TABLE t (id int PRIMARY KEY, ref int);
+	rep, ids, err := refuseRun(t, `CREATE TABLE t (id int PRIMARY KEY, ref int);
 		CREATE FUNCTION f() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'table t is frozen for maintenance'; END $$;
 		CREATE TRIGGER st BEFORE INSERT OR UPDATE ON t FOR EACH STATEMENT EXECUTE FUNCTION f()`, fiveRefs...)
 	require.Error(t, err)
