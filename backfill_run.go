@@ -17,6 +17,8 @@ import (
 
 	"github.com/jmoiron/sqlx"
 	"golang.org/x/sync/errgroup"
+
+	"github.com/pgbackfill/backfill/internal/pgconv"
 )
 
 // DB is what a [Runner] needs from a database: an executor for
@@ -880,6 +882,7 @@ type rowWriter struct {
 	stager     Stager
 	maxRejects int
 	buf        []any
+	convs      []pgconv.Converter // per column, resolved once
 
 	row, read, rejected int64
 	exceptions          []Exception
@@ -894,14 +897,16 @@ type rowWriter struct {
 
 func newRowWriter(c Chunk, job Job, info TableInfo, st Stager, maxRejects int, started time.Time) *rowWriter {
 	names := make([]string, len(info.Columns))
+	convs := make([]pgconv.Converter, len(info.Columns))
 	for i, col := range info.Columns {
 		names[i] = col.Name
+		convs[i] = pgconv.For(col.conv())
 	}
 	rules := map[string]KeyRule{}
 	for _, r := range info.Target.Derive {
 		rules[r.Column] = r
 	}
-	w := &rowWriter{chunk: c, info: info, names: names, rules: rules, stager: st, maxRejects: maxRejects,
+	w := &rowWriter{chunk: c, info: info, names: names, convs: convs, rules: rules, stager: st, maxRejects: maxRejects,
 		buf: make([]any, len(info.Columns)), chunkCol: -1, zone: cmpOr(job.Zone, time.UTC),
 		ingested: started.Truncate(time.Microsecond).Format(time.RFC3339Nano)}
 	if job.ChunkColumn != "" {
@@ -939,9 +944,9 @@ func (w *rowWriter) Write(ctx context.Context, values ...any) error {
 			// whatever location (a source session's TimeZone) it came in.
 			in = t.In(w.zone)
 		}
-		v, reason := convertValue(col, in)
+		v, reason := w.convs[i].Convert(in)
 		if reason != "" {
-			if typeMismatch(reason) {
+			if pgconv.TypeMismatch(reason) {
 				return w.extractorBug(values, fmt.Sprintf("column %q (%s, value %d of %d): %s", col.Name, cmpOr(col.Type, col.BaseType), i+1, n, reason))
 			}
 			return w.reject(rawJSON(w.names[:n], values, nil), col.Name, displayValue(values[i]), reason)
@@ -963,7 +968,7 @@ func (w *rowWriter) Write(ctx context.Context, values ...any) error {
 			k, reason := rule.Derive(src)
 			if reason == "" {
 				var v any
-				v, reason = convertValue(col, k)
+				v, reason = w.convs[i].Convert(k)
 				k, _ = v.(string)
 			}
 			if reason != "" {
@@ -985,14 +990,14 @@ func (w *rowWriter) Write(ctx context.Context, values ...any) error {
 	}
 	if w.stagingRejects != nil && w.stagingRejects.len() > 0 {
 		if rej, i, ok := w.stagingRejects.match(w.row, w.names, w.buf); ok {
-			value := rej.value
+			value := rej.Value
 			if i >= 0 && i < n {
 				value = displayValue(values[i])
 			}
-			return w.reject(rawJSON(w.names[:n], values, nil), rej.column, value, rej.reason)
+			return w.reject(rawJSON(w.names[:n], values, nil), rej.Column, value, rej.Reason)
 		}
 	}
-	w.lines.add(w.row)
+	w.lines.Add(w.row)
 	if err := w.stager.Add(ctx, w.row, w.buf); err != nil {
 		w.err = err
 		return err
@@ -1063,7 +1068,7 @@ func (w *rowWriter) inChunk(v any) (bool, string) {
 		}
 		return true, ""
 	case KindInt:
-		n, reason := toInt(v, math.MinInt64, math.MaxInt64, "bigint")
+		n, reason := pgconv.ToInt(v, math.MinInt64, math.MaxInt64, "bigint")
 		if reason != "" {
 			return false, "outside chunk: " + reason
 		}

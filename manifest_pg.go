@@ -358,7 +358,7 @@ func (m *PGManifest) StartRun(ctx context.Context, db sqlx.ExtContext, plan Plan
 						return err
 					}
 					prev.Status = RunRunning
-					if err := m.event(ctx, tx, prev.BatchID, plan.Job, "run_resumed", worker, nil); err != nil {
+					if err := m.event(ctx, tx, pgEvent{batchID: prev.BatchID, job: plan.Job, kind: "run_resumed", actor: worker}); err != nil {
 						return err
 					}
 				}
@@ -376,7 +376,7 @@ func (m *PGManifest) StartRun(ctx context.Context, db sqlx.ExtContext, plan Plan
 				if _, err := tx.ExecContext(ctx, m.sql(`UPDATE {s}.runs SET status = 'abandoned', updated_at = now() WHERE batch_id = $1`), prev.BatchID); err != nil {
 					return err
 				}
-				if err := m.event(ctx, tx, prev.BatchID, plan.Job, "run_abandoned", worker, map[string]any{"reason": "new run requested"}); err != nil {
+				if err := m.event(ctx, tx, pgEvent{batchID: prev.BatchID, job: plan.Job, kind: "run_abandoned", actor: worker, detail: map[string]any{"reason": "new run requested"}}); err != nil {
 					return err
 				}
 			}
@@ -440,13 +440,23 @@ func (m *PGManifest) createRun(ctx context.Context, tx sqlx.ExtContext, plan Pla
 	if err != nil {
 		return Run{}, fmt.Errorf("insert chunks: %w", err)
 	}
-	if err := m.event(ctx, tx, run.BatchID, plan.Job, "run_started", worker, map[string]any{"fingerprint": plan.Fingerprint, "chunks": n}); err != nil {
+	if err := m.event(ctx, tx, pgEvent{batchID: run.BatchID, job: plan.Job, kind: "run_started", actor: worker, detail: map[string]any{"fingerprint": plan.Fingerprint, "chunks": n}}); err != nil {
 		return Run{}, err
 	}
 	return run, nil
 }
 
-func (m *PGManifest) event(ctx context.Context, tx sqlx.ExtContext, batchID int64, job, kind, actor string, detail map[string]any) error {
+// pgEvent is a row of the events table: what happened (kind) to a run of
+// job, who did it (actor, "" for the library) and details as JSON.
+type pgEvent struct {
+	batchID          int64
+	job, kind, actor string
+	detail           map[string]any // nil for none
+}
+
+// event records e in tx.
+func (m *PGManifest) event(ctx context.Context, tx sqlx.ExtContext, e pgEvent) error {
+	detail := e.detail
 	if detail == nil {
 		detail = map[string]any{}
 	}
@@ -455,7 +465,7 @@ func (m *PGManifest) event(ctx context.Context, tx sqlx.ExtContext, batchID int6
 		return err
 	}
 	_, err = tx.ExecContext(ctx, m.sql(`INSERT INTO {s}.events (batch_id, job_name, kind, actor, detail) VALUES ($1, $2, $3, $4, $5)`),
-		batchID, job, kind, actor, string(b))
+		e.batchID, e.job, e.kind, e.actor, string(b))
 	return err
 }
 
@@ -652,7 +662,7 @@ func (m *PGManifest) FinishRun(ctx context.Context, db sqlx.ExtContext, batchID 
 		if err != nil {
 			return err
 		}
-		return m.event(ctx, tx, batchID, run.Job, "run_"+string(status), "", map[string]any{"error": msg})
+		return m.event(ctx, tx, pgEvent{batchID: batchID, job: run.Job, kind: "run_" + string(status), detail: map[string]any{"error": msg}})
 	})
 	if err != nil {
 		return Run{}, fmt.Errorf("backfill: finish run %d: %w", batchID, err)
@@ -890,7 +900,7 @@ func (m *PGManifest) PauseRun(ctx context.Context, db sqlx.ExtContext, batchID i
 		if len(runs) == 0 {
 			return nil
 		}
-		return m.event(ctx, tx, batchID, runs[0].Job, "run_paused", "", map[string]any{"reason": reason})
+		return m.event(ctx, tx, pgEvent{batchID: batchID, job: runs[0].Job, kind: "run_paused", detail: map[string]any{"reason": reason}})
 	})
 }
 
@@ -905,7 +915,7 @@ func (m *PGManifest) ResumeRun(ctx context.Context, db sqlx.ExtContext, batchID 
 		if len(runs) == 0 {
 			return fmt.Errorf("backfill: resume run %d: %w", batchID, ErrNotPaused)
 		}
-		return m.event(ctx, tx, batchID, runs[0].Job, "run_resumed_by_operator", actor, map[string]any{"why": why})
+		return m.event(ctx, tx, pgEvent{batchID: batchID, job: runs[0].Job, kind: "run_resumed_by_operator", actor: actor, detail: map[string]any{"why": why}})
 	})
 }
 

@@ -141,7 +141,7 @@ func (m *PGMerger) Prepare(ctx context.Context, db sqlx.ExtContext, t Target) (T
 			continue
 		}
 		col := Column{Name: c.Name, Type: c.Type, BaseType: c.Base, NotNull: c.NotNull, Collation: c.Collation,
-			textCompare: textCompared[c.Base] || textCompared[c.Elem] || c.Kind == "c",
+			textCompare: comparedAsText(c.Base, c.Kind, c.Elem, c.ElemKind), // merge_decide.go
 			kind:        c.Kind, userType: c.UserType, elemKind: c.ElemKind, userElem: c.UserElem}
 		if (c.Base == "varchar" || c.Base == "bpchar") && c.Typmod > 4 {
 			col.MaxLen = c.Typmod - 4
@@ -183,6 +183,9 @@ func (m *PGMerger) Prepare(ctx context.Context, db sqlx.ExtContext, t Target) (T
 			if slices.Equal(slices.Sorted(slices.Values([]string(k.Columns))), identity) {
 				info.keyIndexes = append(info.keyIndexes, k.Name)
 			}
+		}
+		if err := prepareDecide(ctx, db, oid.Int64, &info); err != nil { // merge_decide.go
+			return TableInfo{}, fmt.Errorf("backfill: prepare %s: partition root and deferrable constraints: %w", t.Table, err)
 		}
 		if t.Mode == History {
 			if info.openIndexes, err = openVersionIndexes(ctx, db, oid.Int64, info.Target.Key); err != nil {
@@ -230,8 +233,11 @@ type pgMergeSQL struct {
 	// replayCheck counts, without writing, what replaying the merge would
 	// insert and update (Upsert).
 	replayCheck string
-	update      string
-	insert      string
+	// lockChanging locks the target rows the merge would change, before
+	// the statement that decides (merge_decide.go); "" when none can.
+	lockChanging string
+	update       string
+	insert       string
 	// closeIntervals recomputes, before the insert, valid_to of the
 	// touched keys' versions when the chunk adds versions (History);
 	// checkIntervals finds keys whose intervals overlap or leave a gap.
@@ -290,12 +296,10 @@ func buildMergeSQL(info TableInfo) pgMergeSQL {
 	for _, c := range info.Columns {
 		colType[c.Name] = c
 	}
+	// Compared byte for byte (merge_decide.go): as text under "C" where
+	// the type's equality is looser than its stored form.
 	cmpExpr := func(alias, n string) string {
-		e := alias + "." + sqlgen.Ident(n)
-		if c := colType[n]; c.textCompare || textCompared[c.BaseType] {
-			e += "::text"
-		}
-		return e
+		return exactCompare(colType[n], alias+"."+sqlgen.Ident(n))
 	}
 	rowOf := func(alias string, cols []string) string {
 		parts := make([]string, len(cols))
@@ -385,6 +389,9 @@ func buildMergeSQL(info TableInfo) pgMergeSQL {
 		}
 		update := "SELECT WHERE false"
 		if apply != "false" {
+			// The rows the upsert would update, by its own predicate.
+			q.lockChanging = fmt.Sprintf(`SELECT count(*) FROM (SELECT 1 FROM %s s JOIN %s t ON %s WHERE %s FOR UPDATE OF t) x`,
+				stage, target, idEq("t", "s"), apply)
 			sets := make([]string, len(setCols))
 			for i, n := range setCols {
 				sets[i] = sqlgen.Ident(n) + " = j." + sqlgen.Ident(n)
@@ -434,6 +441,11 @@ func buildMergeSQL(info TableInfo) pgMergeSQL {
 		}
 		q.update = fmt.Sprintf(`%sUPDATE %s t SET %s FROM %s s WHERE %s AND %s`,
 			with, target, strings.Join(sets, ", "), stage, idEq("t", "s"), distinct("t", "s"))
+		if len(compared) > 0 {
+			// The rows the update would change (merge_decide.go).
+			q.lockChanging = fmt.Sprintf(`SELECT count(*) FROM (SELECT 1 FROM %s s JOIN %s t ON %s WHERE %s FOR UPDATE OF t) x`,
+				stage, target, idEq("t", "s"), distinct("t", "s"))
+		}
 	}
 
 	if t.Mode == History {
@@ -855,6 +867,11 @@ func (s *pgStager) mergeStaged(ctx context.Context, n int64, dup bool) (res Merg
 			return res, nil
 		}
 	}
+	// Lock the rows to change, so that the statements below decide from
+	// their committed versions (merge_decide.go).
+	if err := s.lockChanging(ctx); err != nil {
+		return res, err
+	}
 	if s.q.upsert != "" {
 		var c struct {
 			Updated   int64 `db:"updated"`
@@ -881,6 +898,11 @@ func (s *pgStager) mergeStaged(ctx context.Context, n int64, dup bool) (res Merg
 		if res.Inserted, err = s.affected(ctx, "insert", s.q.insert); err != nil {
 			return res, err
 		}
+	}
+	// Deferred constraints fire here, inside the caller's savepoint
+	// (merge_decide.go).
+	if err := s.checkDeferred(ctx); err != nil {
+		return res, err
 	}
 	if res.Inserted > 0 && s.q.closeIntervals != "" {
 		var bad []string
@@ -1030,6 +1052,9 @@ func (s *pgStager) insertFresh(ctx context.Context, res *MergeResult) (ok bool, 
 		return false, fmt.Errorf("backfill: merge %s: savepoint: %w", t.Table, err)
 	}
 	n, err := s.affected(ctx, "insert", s.q.insertAll)
+	if err == nil {
+		err = s.checkDeferred(ctx) // merge_decide.go
+	}
 	if err != nil {
 		var pe *pq.Error
 		if errors.As(err, &pe) && pe.Code == "23505" && slices.Contains(s.info.keyIndexes, pe.Constraint) {

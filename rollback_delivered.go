@@ -131,12 +131,22 @@ func (c RollbackConflict) String() string {
 // to 100 of them ordered by key.
 func (rb *pgRollback) delivered(ctx context.Context, db sqlx.ExtContext, batch int64, seqs []int, chunk *ChunkState, exclude []int64) (n, deleted int64, rows []RollbackConflict, err error) {
 	identity := rb.identity
+	// The delivering chunk's bounds, as columns _backfill_lo_<i> and
+	// _backfill_hi_<i> of d (boundCols; see keyRecord for why not a whole
+	// target row).
 	lo := func(alias, bound string) string {
 		parts := make([]string, len(identity))
-		for i, c := range identity {
-			parts[i] = "(" + alias + "." + bound + ")." + sqlgen.Ident(c)
+		for i := range identity {
+			parts[i] = fmt.Sprintf("%s._backfill_%s_%d", alias, bound, i)
 		}
 		return "ROW(" + strings.Join(parts, ", ") + ")"
+	}
+	boundCols := func(bound string) string {
+		parts := make([]string, len(identity))
+		for i, c := range identity {
+			parts[i] = fmt.Sprintf("%s.%s AS _backfill_%s_%d", bound, sqlgen.Ident(c), bound, i)
+		}
+		return strings.Join(parts, ", ")
 	}
 	tid := "ROW(" + sqlgen.List("t.", identity) + ")"
 	// inRange: t lies within the delivering chunk's identity bounds, or
@@ -159,16 +169,16 @@ func (rb *pgRollback) delivered(ctx context.Context, db sqlx.ExtContext, batch i
 	if chunk != nil {
 		undoBranch = fmt.Sprintf(`
 			UNION ALL
-			SELECT %[1]s, d.batch_id, false FROM %[2]s u CROSS JOIN LATERAL jsonb_populate_record(NULL::%[3]s, u.key) r
+			SELECT %[1]s, d.batch_id, false FROM %[2]s u CROSS JOIN LATERAL %[7]s
 			JOIN %[3]s t ON %[4]s
 			JOIN d ON %[5]s
 			WHERE u.batch_id = $1 AND u.seq = ANY ($4::int[]) AND t.%[6]s = $1`,
-			keyJSON("t", identity), rb.entries(), rb.target, rb.match(), inRange, rb.updated)
+			keyJSON("t", identity), rb.entries(), rb.target, rb.match(), inRange, rb.updated, rb.keyRecord("u.key", "r"))
 	}
 	q := fmt.Sprintf(`WITH d AS MATERIALIZED (
-			SELECT d.batch_id, d.key_columns = $2::text[] AS ranged,
-				jsonb_populate_record(NULL::%[1]s, d.lo) AS lo, jsonb_populate_record(NULL::%[1]s, d.hi) AS hi
+			SELECT d.batch_id, d.key_columns = $2::text[] AS ranged, %[10]s, %[11]s
 			FROM %[2]s d JOIN %[3]s c ON c.batch_id = d.batch_id AND c.seq = d.seq
+			LEFT JOIN LATERAL %[12]s ON true LEFT JOIN LATERAL %[13]s ON true
 			WHERE d.owner = $1 AND d.batch_id <> $1 AND c.status IN ('done', 'open') AND d.batch_id <> ALL ($3::bigint[])),
 		hit AS (
 			SELECT %[4]s AS key, d.batch_id AS by, t.%[5]s = $1 AS del
@@ -181,7 +191,8 @@ func (rb *pgRollback) delivered(ctx context.Context, db sqlx.ExtContext, batch i
 		SELECT count(*) OVER () AS n, count(*) FILTER (WHERE del) OVER () AS deleted, key::text AS key, by
 		FROM x ORDER BY key::text LIMIT 100`,
 		rb.target, rb.m.sql("{s}.delivered"), rb.m.sql("{s}.chunks"), keyJSON("t", identity), rb.inserted, rb.updated,
-		ranged, whole, undoBranch)
+		ranged, whole, undoBranch, boundCols("lo"), boundCols("hi"),
+		rb.keyRecord("CASE WHEN d.key_columns = $2::text[] THEN d.lo END", "lo"), rb.keyRecord("CASE WHEN d.key_columns = $2::text[] THEN d.hi END", "hi"))
 	var res []struct {
 		N       int64  `db:"n"`
 		Deleted int64  `db:"deleted"`

@@ -13,8 +13,10 @@ import (
 
 // pgRollback is the SQL of a rollback of one target from the undo log of
 // a [PGManifest]'s schema. Undo rows are matched to target rows through
-// jsonb_populate_record (PostgreSQL docs, 9.16 "JSON Functions"), which
-// turns the logged key or prior image back into a row of the target type.
+// jsonb_to_record (PostgreSQL docs, 9.16 "JSON Functions"), which turns
+// the logged key back into a record of the identity columns (keyRecord),
+// and a prior image, which holds every column, is restored through
+// jsonb_populate_record as a row of the target type.
 type pgRollback struct {
 	m        sqlManifest
 	info     TableInfo
@@ -28,6 +30,9 @@ type pgRollback struct {
 	// the rows a single chunk inserted (""/nil: unknown).
 	chunkColumn string
 	zone        string
+	// keyTypes: the identity columns' types (format_type), which read
+	// a logged key back as a record of those columns only (keyRecord).
+	keyTypes map[string]string
 }
 
 func newPGRollback(m sqlManifest, info TableInfo) *pgRollback {
@@ -44,7 +49,33 @@ func (rb *pgRollback) load(ctx context.Context, db sqlx.ExtContext) error {
 	if err != nil {
 		return fmt.Errorf("backfill: rollback %s: columns: %w", rb.info.Target.Table, err)
 	}
+	var types []struct {
+		Name string `db:"attname"`
+		Type string `db:"type"`
+	}
+	if err := sqlx.SelectContext(ctx, db, &types, `SELECT a.attname::text AS attname, format_type(a.atttypid, a.atttypmod) AS type FROM pg_attribute a
+		WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped AND a.attname = ANY ($2::text[])`, rb.target, pq.Array(rb.identity)); err != nil {
+		return fmt.Errorf("backfill: rollback %s: key types: %w", rb.info.Target.Table, err)
+	}
+	rb.keyTypes = map[string]string{}
+	for _, t := range types {
+		rb.keyTypes[t.Name] = t.Type
+	}
 	return nil
+}
+
+// keyRecord is a FROM item reading the jsonb expression j (a logged key)
+// as a record named alias of the identity columns only, typed as in the
+// target. Not jsonb_populate_record(NULL::target, j): that builds a whole
+// target row, and a column of a NOT NULL domain (CREATE DOMAIN d AS text
+// NOT NULL) refuses the NULL it would get, failing every rollback and
+// preview.
+func (rb *pgRollback) keyRecord(j, alias string) string {
+	defs := make([]string, len(rb.identity))
+	for i, n := range rb.identity {
+		defs[i] = sqlgen.Ident(n) + " " + rb.keyTypes[n]
+	}
+	return fmt.Sprintf("jsonb_to_record(%s) AS %s(%s)", j, alias, strings.Join(defs, ", "))
 }
 
 func (rb *pgRollback) match() string { return sqlgen.Equal("t", "r", rb.identity) }
@@ -71,13 +102,13 @@ func (rb *pgRollback) conflicts(ctx context.Context, db sqlx.ExtContext, batch i
 	}
 	filter, fargs := rb.insertedFilter(chunk, 4)
 	err := sqlx.SelectContext(ctx, db, &rows, fmt.Sprintf(`WITH c AS (
-			SELECT DISTINCT u.key, t.%[4]s AS by FROM %[1]s u CROSS JOIN LATERAL jsonb_populate_record(NULL::%[2]s, u.key) r
+			SELECT DISTINCT u.key, t.%[4]s AS by FROM %[1]s u CROSS JOIN LATERAL %[8]s
 			JOIN %[2]s t ON %[3]s
 			WHERE u.batch_id = $1 AND u.seq = ANY ($2::int[]) AND t.%[4]s IS DISTINCT FROM $1 AND NOT coalesce(t.%[4]s = ANY ($3::bigint[]), false)
 			UNION
 			SELECT %[6]s, t.%[4]s FROM %[2]s t WHERE t.%[5]s = $1 AND t.%[4]s IS DISTINCT FROM $1 AND NOT coalesce(t.%[4]s = ANY ($3::bigint[]), false) AND %[7]s)
 		SELECT (SELECT count(*) FROM c) AS n, c.key::text AS key, coalesce(c.by, 0) AS by FROM c ORDER BY c.key::text LIMIT 100`,
-		rb.entries(), rb.target, rb.match(), rb.updated, rb.inserted, keyJSON("t", rb.identity), filter),
+		rb.entries(), rb.target, rb.match(), rb.updated, rb.inserted, keyJSON("t", rb.identity), filter, rb.keyRecord("u.key", "r")),
 		append([]any{batch, pq.Array(seqs), pq.Array(append([]int64{}, exclude...))}, fargs...)...)
 	if err != nil {
 		return 0, nil, fmt.Errorf("backfill: rollback %s: conflicts: %w", rb.info.Target.Table, err)
@@ -104,10 +135,10 @@ func (rb *pgRollback) preview(ctx context.Context, db sqlx.ExtContext, batch int
 			(SELECT count(*) FROM %[2]s t WHERE t.%[5]s = $1 AND (t.%[4]s IS NOT DISTINCT FROM $1 OR $3) AND %[6]s) +
 			count(DISTINCT u.key) FILTER (WHERE u.op = 'insert') AS deleted,
 			count(DISTINCT u.key) FILTER (WHERE u.op = 'update') AS restored
-		FROM %[1]s u CROSS JOIN LATERAL jsonb_populate_record(NULL::%[2]s, u.key) r
+		FROM %[1]s u CROSS JOIN LATERAL %[7]s
 		JOIN %[2]s t ON %[3]s
 		WHERE u.batch_id = $1 AND u.seq = ANY ($2::int[]) AND (t.%[4]s IS NOT DISTINCT FROM $1 OR $3)`,
-		rb.entries(), rb.target, rb.match(), rb.updated, rb.inserted, filter), append([]any{batch, pq.Array(seqs), force}, fargs...)...)
+		rb.entries(), rb.target, rb.match(), rb.updated, rb.inserted, filter, rb.keyRecord("u.key", "r")), append([]any{batch, pq.Array(seqs), force}, fargs...)...)
 	if err != nil {
 		return 0, 0, fmt.Errorf("backfill: rollback %s: preview: %w", rb.info.Target.Table, err)
 	}
@@ -146,9 +177,9 @@ func (rb *pgRollback) chunk(ctx context.Context, db sqlx.ExtContext, batch int64
 		}
 		restored, _ = res.RowsAffected()
 		res, err = tx.ExecContext(ctx, fmt.Sprintf(`DELETE FROM %[2]s t
-			USING %[1]s u CROSS JOIN LATERAL jsonb_populate_record(NULL::%[2]s, u.key) r
+			USING %[1]s u CROSS JOIN LATERAL %[5]s
 			WHERE u.batch_id = $1 AND u.seq = $2 AND u.op = 'insert' AND %[3]s AND (t.%[4]s IS NOT DISTINCT FROM $1 OR $3)`,
-			rb.entries(), rb.target, rb.match(), rb.updated), batch, seq, force)
+			rb.entries(), rb.target, rb.match(), rb.updated, rb.keyRecord("u.key", "r")), batch, seq, force)
 		if err != nil {
 			return fmt.Errorf("delete: %w", err)
 		}
@@ -271,7 +302,7 @@ func (rb *pgRollback) retile(ctx context.Context, tx sqlx.ExtContext, batch int6
 	keys := fmt.Sprintf(`SELECT DISTINCT %[3]s FROM (
 			SELECT u.key FROM %[1]s u WHERE u.batch_id = $1 AND (u.seq = $2 OR $2 < 0)
 			UNION ALL SELECT k.key FROM backfill_rollback_keys k) u
-		CROSS JOIN LATERAL jsonb_populate_record(NULL::%[2]s, u.key) r`, rb.entries(), rb.target, sqlgen.List("r.", t.Key))
+		CROSS JOIN LATERAL %[2]s`, rb.entries(), rb.keyRecord("u.key", "r"), sqlgen.List("r.", t.Key))
 	_, err := tx.ExecContext(ctx, fmt.Sprintf(`WITH x AS (SELECT %[2]s, %[3]s, lead(%[3]s) OVER (PARTITION BY %[2]s ORDER BY %[3]s) AS _backfill_next_from
 			FROM %[1]s WHERE (%[2]s) IN (%[5]s))
 		UPDATE %[1]s t SET %[4]s = x._backfill_next_from FROM x
