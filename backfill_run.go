@@ -310,7 +310,8 @@ func (r *Runner) Run(ctx context.Context, job Job) (Report, error) {
 	}
 	run, err = m.FinishRun(fctx, r.db, run.BatchID, failed, msg)
 	if err != nil {
-		return Report{}, errors.Join(runErr, err)
+		// Not silent: the manifest still says the run is running.
+		return Report{}, errors.Join(runErr, fmt.Errorf("backfill: job %q batch %d: the end of the run could not be recorded; the manifest still shows it as it was: %w", job.Name, run.BatchID, err))
 	}
 	if run.Status == RunAbandoned {
 		runErr = errors.Join(runErr, fmt.Errorf("backfill: job %q batch %d: %w", job.Name, run.BatchID, ErrRunAbandoned))
@@ -534,6 +535,11 @@ func (ex *execution) fail(ce *ChunkError, err error) {
 			ex.failed = ce
 		}
 		ex.errs = append(ex.errs, ce)
+		if err != nil {
+			// The chunk's failure could not be recorded (FailChunk,
+			// RecordGateFailure): never silent, the caller sees both.
+			ex.errs = append(ex.errs, err)
+		}
 		return
 	}
 	if !slices.ContainsFunc(ex.errs, func(e error) bool { return errors.Is(e, err) }) {
