@@ -233,7 +233,9 @@ type Job struct {
 	// Zone is the IANA location of the job's wall clocks, never the
 	// session's or the machine's zone. A time.Time written to a timestamp
 	// without time zone column is an instant: its wall clock in Zone is
-	// stored. Text written to such a column is a wall clock read in Zone
+	// stored, whatever wrapper delivers it (a *time.Time, sql.NullTime,
+	// sql.Null[time.Time], a named time type, a driver.Valuer returning a
+	// time.Time). Text written to such a column is a wall clock read in Zone
 	// (for the ChunkColumn check). A date is the civil date of the value as
 	// given; as ChunkColumn it means its midnight in Zone. Default
 	// time.UTC. Recorded in the plan.

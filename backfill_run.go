@@ -830,12 +830,15 @@ func (w *rowWriter) Write(ctx context.Context, values ...any) error {
 	if len(values) != n {
 		return w.extractorBug(values, fmt.Sprintf("wrong number of values: got %d, want %d", len(values), n))
 	}
+	var chunkIn any // the ChunkColumn's value as converted, for inChunk
 	for i, col := range w.info.Columns[:n] {
 		in := values[i]
-		if t, ok := in.(time.Time); ok && col.BaseType == "timestamp" {
-			// A time.Time is an instant: store its wall clock in Job.Zone,
-			// whatever location (a source session's TimeZone) it came in.
-			in = t.In(w.zone)
+		switch col.BaseType {
+		case "date", "timestamp", "timestamptz":
+			in = w.timeValue(col, in)
+		}
+		if i == w.chunkCol {
+			chunkIn = in
 		}
 		v, reason := convertValue(col, in)
 		if reason != "" {
@@ -848,7 +851,7 @@ func (w *rowWriter) Write(ctx context.Context, values ...any) error {
 	}
 	if w.chunkCol >= 0 {
 		v := values[w.chunkCol]
-		if ok, why := w.inChunk(v); !ok {
+		if ok, why := w.inChunk(chunkIn, w.buf[w.chunkCol]); !ok {
 			return w.reject(rawJSON(w.names[:n], values, nil), w.names[w.chunkCol], displayValue(v), why)
 		}
 	}
@@ -935,12 +938,55 @@ func (w *rowWriter) reject(raw []byte, column, value, reason string) error {
 	return nil
 }
 
-// inChunk reports whether v, a row's value of Job.ChunkColumn as the
-// extractor wrote it, lies in the chunk's half-open interval. Times are
-// compared as instants: a wall-clock value (a timestamp or date column, or
-// a timestamp string) is read in Job.Zone; every time is truncated to
-// microseconds first, as it is stored.
-func (w *rowWriter) inChunk(v any) (bool, string) {
+// timeValue returns v, a value written to a date, timestamp or timestamptz
+// column, with the time.Time it delivers unwrapped: bare, or through any
+// wrapper normalize reduces (a pointer, sql.NullTime, sql.Null[time.Time],
+// a named type such as type myTime time.Time, a driver.Valuer returning a
+// time.Time). For a timestamp column the time is moved to Job.Zone: a
+// time.Time is an instant, stored as its wall clock in Job.Zone, whatever
+// location (a source session's TimeZone) it came in and whatever wrapper
+// delivered it. This is the one place where Job.Zone applies to a Go
+// value; the chunk check (inChunk) sees the value returned here. Other
+// values are returned as they are (text) or reduced (a *string, a
+// sql.NullString), and convertValue judges them.
+func (w *rowWriter) timeValue(col Column, v any) any {
+	switch x := v.(type) {
+	case time.Time:
+		if col.BaseType == "timestamp" {
+			return x.In(w.zone)
+		}
+		return v
+	case nil, string:
+		return v
+	}
+	norm, _, reason := normalize(v)
+	switch x := norm.(type) {
+	case time.Time:
+		if reason == "" && col.BaseType == "timestamp" {
+			return x.In(w.zone)
+		}
+		if reason == "" {
+			return x
+		}
+	case nil, string:
+		if reason == "" {
+			return norm
+		}
+	}
+	// Not a time nor text: convertValue gives the reason, naming the
+	// value's own Go type.
+	return v
+}
+
+// inChunk reports whether v, a row's value of Job.ChunkColumn (as
+// timeValue reduced it, for a time column), lies in the chunk's half-open
+// interval; stored is the value convertValue gave for it. Times are
+// compared as instants, the instant stored: a time.Time truncated to
+// microseconds, as convertTime stores it (a date column: its civil date,
+// at midnight in Job.Zone); text as its stored canonical form reads (so
+// that rounding and the forms convertTimeText takes agree with the
+// check), a wall-clock value (date, timestamp) in Job.Zone.
+func (w *rowWriter) inChunk(v, stored any) (bool, string) {
 	c := w.chunk
 	col := w.info.Columns[w.chunkCol]
 	outside := func(shown string) (bool, string) {
@@ -952,7 +998,7 @@ func (w *rowWriter) inChunk(v any) (bool, string) {
 	}
 	switch c.Kind {
 	case KindTime:
-		t, ok := w.instant(col, v)
+		t, ok := w.instant(col, v, stored)
 		if !ok {
 			return false, fmt.Sprintf("outside chunk: value %s of %s is not a time", displayValue(v), col.Name)
 		}
@@ -980,26 +1026,48 @@ func (w *rowWriter) inChunk(v any) (bool, string) {
 
 // instant returns the instant a time value denotes, in the rules of
 // inChunk.
-func (w *rowWriter) instant(col Column, v any) (time.Time, bool) {
-	wall := col.BaseType == "timestamp" || col.BaseType == "date"
-	switch x := v.(type) {
-	case time.Time:
+func (w *rowWriter) instant(col Column, v, stored any) (time.Time, bool) {
+	if x, ok := v.(time.Time); ok {
 		if col.BaseType == "date" {
 			// A date is the civil date of the value, as stored.
 			x = time.Date(x.Year(), x.Month(), x.Day(), 0, 0, 0, 0, w.zone)
 		}
 		return x.Truncate(time.Microsecond), true
-	case string:
-		if t, err := time.Parse(time.RFC3339Nano, x); err == nil && !wall {
+	}
+	s, ok := stored.(string)
+	if !ok {
+		return time.Time{}, false
+	}
+	switch col.BaseType {
+	case "date", "timestamp", "timestamptz":
+	default:
+		// A column of unknown type (a fake merger's) or not a time type:
+		// RFC 3339 is an instant, other ISO forms a wall clock in
+		// Job.Zone.
+		if t, err := time.Parse(time.RFC3339Nano, s); err == nil {
 			return t.Truncate(time.Microsecond), true
 		}
 		for _, layout := range []string{"2006-01-02 15:04:05.999999999", "2006-01-02T15:04:05.999999999", "2006-01-02"} {
-			if t, err := time.ParseInLocation(layout, x, w.zone); err == nil {
+			if t, err := time.ParseInLocation(layout, s, w.zone); err == nil {
 				return t.Truncate(time.Microsecond), true
 			}
 		}
+		return time.Time{}, false
 	}
-	return time.Time{}, false
+	// The canonical text convertValue stored: read back exactly.
+	d, ok := parseDateTime(s)
+	switch {
+	case !ok:
+		return time.Time{}, false
+	case d.inf > 0:
+		return TimeInfinity, true
+	case d.inf < 0:
+		return TimeNegInfinity, true
+	case d.zone:
+		return d.civil().Add(-time.Duration(d.offset) * time.Second), true
+	}
+	c := d.civil()
+	return time.Date(c.Year(), c.Month(), c.Day(), c.Hour(), c.Minute(), c.Second(), c.Nanosecond(), w.zone), true
 }
 
 // extractSafely calls the extractor, turning a panic into an error
