@@ -335,7 +335,11 @@ type RowWriter interface {
 	// value or as text: NaN and ±Inf floats (also in an unconstrained
 	// numeric), 'infinity' and '-infinity' times ([TimeInfinity],
 	// [TimeNegInfinity]), years 4714 BC to 294276 AD (dates to 5874897
-	// AD; see merge_convert_time.go for the text forms). A row no data can make valid is an extractor bug:
+	// AD; see merge_convert_time.go for the text forms). Times are
+	// stored in whole microseconds: a time.Time (or time.Duration) with
+	// nanoseconds is truncated toward the past; date/time text with more
+	// than six fractional digits is rounded as PostgreSQL rounds it.
+	// A row no data can make valid is an extractor bug:
 	// a wrong number of values, or a Go type that no conversion accepts
 	// for its column (a struct for an integer column); Write then returns
 	// an error wrapping [ErrExtractor] and the chunk fails without retry,

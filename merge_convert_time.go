@@ -2,6 +2,7 @@ package backfill
 
 import (
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -20,6 +21,15 @@ import (
 // as PostgreSQL reads it) or as the Go sentinels [TimeInfinity] and
 // [TimeNegInfinity]; 'epoch' is 1970-01-01 00:00:00 UTC. Values outside
 // the range are rejected with a reason naming the column and its range.
+//
+// Precision: PostgreSQL stores whole microseconds. Text with more
+// fractional digits is rounded as PostgreSQL's input rounds it (half to
+// even on the double it reads; '2024-12-31 23:59:59.9999999+00' is
+// 2025-01-01 00:00:00+00), so that text is stored exactly as an INSERT
+// of it would store it. A Go time.Time with nanoseconds is truncated
+// toward the past instead (truncMicro): a value just before a chunk's end
+// stays in that chunk, and the chunk check and the stored value agree.
+// Text for time, timetz and interval columns is read by PostgreSQL itself.
 //
 // Text PostgreSQL would read otherwise than written is refused: relative
 // times ('now', 'today'), whose value depends on when the chunk is
@@ -188,9 +198,12 @@ type dateTimeText struct {
 //
 // with at least four year digits (fewer read as two-digit years by
 // PostgreSQL) and zone Z, z or ±HH[[:]MM[[:]SS]] (at most 15:59:59,
-// PostgreSQL's limit). Fractions beyond nanoseconds are truncated. A time
-// may be 24:00:00 (the next midnight) and a second 60 (the next minute),
-// as PostgreSQL allows. ok is false for anything else.
+// PostgreSQL's limit). A fraction of a second is rounded to microseconds
+// as PostgreSQL rounds it (fracMicros); d.nsec is then a whole number of
+// microseconds, up to a whole second (59.9999995 is 60.000000, carried
+// into the minute by civil). A time may be 24:00:00 (the next midnight)
+// and a second 60 (the next minute), as PostgreSQL allows. ok is false for
+// anything else.
 func parseDateTime(s string) (d dateTimeText, ok bool) {
 	if s == "" || strings.IndexByte(pgSpace, s[0]) >= 0 || strings.IndexByte(pgSpace, s[len(s)-1]) >= 0 {
 		s = strings.Trim(s, pgSpace)
@@ -260,17 +273,13 @@ func parseDateTime(s string) (d dateTimeText, ok bool) {
 			}
 			if at('.') {
 				start := i
-				for ; i < len(s) && s[i] >= '0' && s[i] <= '9'; i++ {
-					if i-start < 9 {
-						d.nsec = d.nsec*10 + int(s[i]-'0')
-					}
+				for i < len(s) && s[i] >= '0' && s[i] <= '9' {
+					i++
 				}
 				if i == start {
 					return d, false
 				}
-				for n := i - start; n < 9; n++ {
-					d.nsec *= 10
-				}
+				d.nsec = fracMicros(s[start-1:i]) * 1000
 			}
 		}
 		// The zone, after at most one space.
@@ -354,6 +363,34 @@ func (d *dateTimeText) parseOffset(s string, i *int) bool {
 	return true
 }
 
+// fracMicros returns frac, a fraction of a second as text ("." and one
+// or more digits), in whole microseconds, rounded as PostgreSQL's
+// date/time input rounds it (ParseFractionalSecond in
+// src/backend/utils/adt/datetime.c: strtod, then rint(frac * 1000000),
+// which rounds half to even in the default rounding mode): so
+// .9999995 is 1000000 (the next second) and .1234575 is 123458 but
+// .1234565 is 123456, whose double lies below the half. Go's ParseFloat
+// and float64 multiplication are the same IEEE 754 operations as C's
+// strtod and double multiplication, so the result is PostgreSQL's to the
+// bit. Up to six digits the value is exact and read without floats.
+func fracMicros(frac string) int {
+	if len(frac) <= 7 {
+		us := 0
+		for _, c := range []byte(frac[1:]) {
+			us = us*10 + int(c-'0')
+		}
+		for n := len(frac) - 1; n < 6; n++ {
+			us *= 10
+		}
+		return us
+	}
+	f, err := strconv.ParseFloat(frac, 64)
+	if err != nil {
+		return 0 // not reached: frac is digits
+	}
+	return int(math.RoundToEven(f * 1e6))
+}
+
 // daysIn is the number of days of month m of year y (astronomical, the
 // proleptic Gregorian calendar PostgreSQL uses for every year).
 func daysIn(y, m int) int {
@@ -420,7 +457,8 @@ func convertTimeText(col Column, s string, v any) (any, string) {
 	if t.Before(pgTimeMin) || !t.Before(timeEnd(col)) {
 		return nil, timeRangeReason(col)
 	}
-	t = truncMicro(t)
+	// t is whole microseconds already: parseDateTime rounded the
+	// fraction as PostgreSQL does.
 	if y := t.Year(); y >= 1 && y <= 9999 {
 		switch col.BaseType {
 		case "date":
