@@ -209,7 +209,117 @@ func convertValue(col Column, v any) (any, string) {
 	if s, ok := textOf(v, src); ok {
 		return textValue(s)
 	}
+	if strings.HasPrefix(col.BaseType, "_") {
+		// An array column (pg_type names array types "_" + element):
+		// a Go slice or array is rendered as array text.
+		if rv := reflect.ValueOf(v); rv.Kind() == reflect.Slice || rv.Kind() == reflect.Array {
+			return arrayValue(col, rv)
+		}
+	}
 	return nil, fmt.Sprintf("Go type %T is not supported for column type %s; write text", src, cmp.Or(col.Type, col.BaseType))
+}
+
+// arrayValue renders rv, a Go slice or array ([]int64, []string,
+// [][]float64, []*string, []any...) written to col, an array column, as
+// PostgreSQL array text: each element converted by convertValue for the
+// element type (so checked as a column of that type would check it),
+// strings double-quoted with backslash and double quote escaped, numbers
+// and booleans bare, NULL for nil elements, nested slices as
+// sub-arrays. A nil slice is NULL. An element whose Go type can never fit
+// the element type gives convertValue's reason, an extractor bug (see
+// typeMismatch); an element value the type cannot hold, its reason for
+// the row. Sub-arrays of unequal lengths are left to PostgreSQL, which
+// refuses them (the row is queued, see backfill_isolate.go).
+func arrayValue(col Column, rv reflect.Value) (any, string) {
+	if rv.Kind() == reflect.Slice && rv.IsNil() {
+		return convertValue(col, nil) // NULL, or why col cannot be NULL
+	}
+	elem := Column{Name: col.Name, BaseType: col.BaseType[1:], Type: strings.TrimSuffix(col.Type, "[]")}
+	var b strings.Builder
+	if reason := appendArray(&b, elem, rv, 0); reason != "" {
+		return nil, reason
+	}
+	return textValue(b.String())
+}
+
+// appendArray appends rv's elements as array text to b (see arrayValue).
+func appendArray(b *strings.Builder, elem Column, rv reflect.Value, depth int) string {
+	if depth >= 6 {
+		return "array has more than 6 dimensions, PostgreSQL's limit"
+	}
+	b.WriteByte('{')
+	for i := range rv.Len() {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		e := rv.Index(i)
+		for e.Kind() == reflect.Interface && !e.IsNil() {
+			e = e.Elem()
+		}
+		if e.Kind() == reflect.Slice && e.IsNil() {
+			b.WriteString("NULL") // a nil slice, []byte too, is NULL
+			continue
+		}
+		if (e.Kind() == reflect.Slice || e.Kind() == reflect.Array) && e.Type().Elem().Kind() != reflect.Uint8 {
+			if reason := appendArray(b, elem, e, depth+1); reason != "" {
+				return reason
+			}
+			continue
+		}
+		var x any
+		if e.IsValid() && (e.Kind() != reflect.Interface || !e.IsNil()) {
+			x = e.Interface()
+		}
+		conv, reason := convertValue(elem, x)
+		if reason != "" {
+			if typeMismatch(reason) {
+				// No element of this Go type fits: an extractor bug.
+				return fmt.Sprintf("Go type %s is not supported for column type %s[] (element %d: %s)", rv.Type(), cmp.Or(elem.Type, elem.BaseType), i+1, reason)
+			}
+			return fmt.Sprintf("array element %d: %s", i+1, reason)
+		}
+		switch c := conv.(type) {
+		case nil:
+			b.WriteString("NULL")
+		case int64:
+			b.WriteString(strconv.FormatInt(c, 10))
+		case float64:
+			switch {
+			case math.IsInf(c, 1):
+				b.WriteString("Infinity")
+			case math.IsInf(c, -1):
+				b.WriteString("-Infinity")
+			default:
+				b.WriteString(strconv.FormatFloat(c, 'g', -1, 64))
+			}
+		case bool:
+			if c {
+				b.WriteByte('t')
+			} else {
+				b.WriteByte('f')
+			}
+		case []byte:
+			quoteArrayElem(b, `\x`+hex.EncodeToString(c))
+		case string:
+			quoteArrayElem(b, c)
+		default:
+			quoteArrayElem(b, fmt.Sprint(c))
+		}
+	}
+	b.WriteByte('}')
+	return ""
+}
+
+// quoteArrayElem appends s to b as a double-quoted array element.
+func quoteArrayElem(b *strings.Builder, s string) {
+	b.WriteByte('"')
+	for i := 0; i < len(s); i++ {
+		if s[i] == '"' || s[i] == '\\' {
+			b.WriteByte('\\')
+		}
+		b.WriteByte(s[i])
+	}
+	b.WriteByte('"')
 }
 
 // maxNormalizeDepth bounds the driver.Valuer calls and pointer
@@ -254,6 +364,12 @@ func normalize(v any) (norm, src any, reason string) {
 			}
 			s := x.Text('g', -1)
 			return s, v, ""
+		case *big.Rat:
+			if x == nil {
+				return nil, nil, ""
+			}
+			s, reason := ratDecimal(x)
+			return s, v, reason
 		case driver.Valuer:
 			rv := reflect.ValueOf(v)
 			if rv.Kind() == reflect.Pointer && rv.IsNil() {
@@ -289,6 +405,33 @@ func normalize(v any) (norm, src any, reason string) {
 		return norm, v, reason
 	}
 	return nil, nil, fmt.Sprintf("Go type %T: more than %d levels of driver.Valuer or pointer", v, maxNormalizeDepth)
+}
+
+// ratDecimal returns r as exact decimal text, or, when r has no finite
+// decimal expansion (its reduced denominator has a prime factor other
+// than 2 and 5, as 1/3), why it cannot be stored exactly. The reason is
+// about the value, not the Go type: the row is queued.
+func ratDecimal(r *big.Rat) (string, string) {
+	if r.IsInt() {
+		return r.Num().String(), ""
+	}
+	d := new(big.Int).Set(r.Denom())
+	twos := int(d.TrailingZeroBits())
+	d.Rsh(d, uint(twos))
+	fives := 0
+	five, q, rem := big.NewInt(5), new(big.Int), new(big.Int)
+	for {
+		q.QuoRem(d, five, rem)
+		if rem.Sign() != 0 {
+			break
+		}
+		d.Set(q)
+		fives++
+	}
+	if d.Cmp(big.NewInt(1)) != 0 {
+		return "", fmt.Sprintf("*big.Rat %s has no finite decimal expansion, and numeric and float columns store decimals: round it first (Rat.FloatString)", boundedText(r, 100))
+	}
+	return r.FloatString(max(twos, fives)), ""
 }
 
 // callValue calls v.Value, turning a panic (a nil receiver inside a

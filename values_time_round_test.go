@@ -52,7 +52,7 @@ func TestTimeTextRoundsAsPostgreSQL(t *testing.T) {
 			Target: backfill.Target{Table: table, Key: []string{"id"}, Columns: []string{"id", "ts", "tz", "d"}},
 			Extractor: backfill.ExtractorFunc(func(ctx context.Context, ch backfill.Chunk, w backfill.RowWriter) error {
 				for i, s := range texts {
-					if err := w.Write(ctx, int64(i), s, s+"+00", s); err != nil {
+					if err := w.Write(ctx, int64(i), s, withOffset(s), s); err != nil {
 						return err
 					}
 				}
@@ -60,10 +60,22 @@ func TestTimeTextRoundsAsPostgreSQL(t *testing.T) {
 			})}
 		_, err = r.Run(ctx, job)
 		require.NoError(rt, err)
+		tzs := make([]string, len(texts))
+		for i, s := range texts {
+			tzs[i] = withOffset(s)
+		}
 		var got, want []string
 		require.NoError(rt, db.Select(&got, `SELECT concat_ws(' | ', ts, tz, d) FROM `+table+` ORDER BY id`))
-		require.NoError(rt, db.Select(&want, `SELECT concat_ws(' | ', s::timestamp, (s || '+00')::timestamptz, s::date)
-			FROM unnest($1::text[]) WITH ORDINALITY AS u(s, i) ORDER BY i`, pq.Array(texts)))
+		require.NoError(rt, db.Select(&want, `SELECT concat_ws(' | ', s::timestamp, tz::timestamptz, s::date)
+			FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS u(s, tz, i) ORDER BY i`, pq.Array(texts), pq.Array(tzs)))
 		require.Equal(rt, want, got, "texts %q", texts)
 	})
+}
+
+// withOffset is s with the zone offset +00 after its time, before an era.
+func withOffset(s string) string {
+	if t, ok := strings.CutSuffix(s, " BC"); ok {
+		return t + "+00 BC"
+	}
+	return s + "+00"
 }
