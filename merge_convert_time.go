@@ -5,6 +5,7 @@ import (
 	"math"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -31,11 +32,20 @@ import (
 // stays in that chunk, and the chunk check and the stored value agree.
 // Text for time, timetz and interval columns is read by PostgreSQL itself.
 //
+// Besides the ISO form, PostgreSQL's compact forms that no session
+// setting changes are read: YYYYMMDD and Julian day numbers (J2451187).
+// A timestamptz takes a zone offset or an IANA zone name
+// (America/New_York), resolved with Go's time zone database (the tzdata
+// of the system, or of time/tzdata if the program embeds it) as
+// PostgreSQL resolves local times at a transition (wallInstant); for
+// times where the two databases disagree (some historical local mean
+// times) write an offset.
+//
 // Text PostgreSQL would read otherwise than written is refused: relative
 // times ('now', 'today'), whose value depends on when the chunk is
 // loaded; forms whose meaning depends on the session's DateStyle
-// (01/02/2024) or timezone_abbreviations (EST); a timestamptz without an
-// offset (read in the session's TimeZone); a zone on a timestamp without
+// (01/02/2024, month names, two-digit years) or timezone_abbreviations
+// (EST); a timestamptz without a zone (read in the session's TimeZone); a zone on a timestamp without
 // time zone, which PostgreSQL would silently ignore (write the wall clock,
 // or a time.Time, which is stored as its wall clock in Job.Zone). A date
 // is the date as written: a time and zone after it are ignored, as
@@ -182,10 +192,11 @@ type dateTimeText struct {
 	year, month, day     int // year astronomical: 0 is 1 BC
 	hour, minute, second int
 	nsec                 int
-	clock, zone          bool // a time of day, a zone offset
-	offset               int  // seconds east of UTC
-	inf                  int  // +1 'infinity', -1 '-infinity' (no other field set)
-	epoch                bool // 'epoch': 1970-01-01 00:00:00 UTC
+	clock, zone          bool   // a time of day, a zone offset
+	offset               int    // seconds east of UTC
+	zoneName             string // an IANA zone name instead of an offset
+	inf                  int    // +1 'infinity', -1 '-infinity' (no other field set)
+	epoch                bool   // 'epoch': 1970-01-01 00:00:00 UTC
 	// badField: the text has the form but a field out of its range (year
 	// 0, February 30th, 25:00); ok is false.
 	badField bool
@@ -220,6 +231,9 @@ func parseDateTime(s string) (d dateTimeText, ok bool) {
 			d.year, d.month, d.day, d.epoch = 1970, 1, 1, true
 			return d, true
 		}
+	}
+	if d, ok, handled := compactDate(s); handled {
+		return d, ok
 	}
 	i := 0
 	digits := func(min, max int) (int, bool) {
@@ -292,6 +306,17 @@ func parseDateTime(s string) (d dateTimeText, ok bool) {
 			d.zone = true
 			if !d.parseOffset(s, &i) {
 				return d, false
+			}
+		} else if j < len(s) && (s[j] >= 'A' && s[j] <= 'Z' || s[j] >= 'a' && s[j] <= 'z') {
+			// An IANA zone name, Area/Location (America/New_York): not
+			// an abbreviation (PST), whose meaning depends on the
+			// session's timezone_abbreviations, nor an era.
+			k := j
+			for k < len(s) && strings.IndexByte(pgSpace, s[k]) < 0 {
+				k++
+			}
+			if name := s[j:k]; strings.IndexByte(name, '/') > 0 {
+				d.zone, d.zoneName, i = true, name, k
 			}
 		}
 	}
@@ -406,16 +431,99 @@ func daysIn(y, m int) int {
 	return 31
 }
 
+// compactDate reads s as one of the compact date forms PostgreSQL reads
+// whatever its DateStyle: YYYYMMDD (exactly eight digits, ISO 8601 basic)
+// and a Julian day number J<digits> (day 0 is 4714-11-24 BC). handled is
+// false for any other text.
+func compactDate(s string) (d dateTimeText, ok, handled bool) {
+	allDigits := func(t string) bool {
+		for i := range len(t) {
+			if t[i] < '0' || t[i] > '9' {
+				return false
+			}
+		}
+		return t != ""
+	}
+	switch {
+	case len(s) >= 2 && len(s) <= 11 && s[0] == 'J' && allDigits(s[1:]):
+		jd, _ := strconv.Atoi(s[1:])
+		t := pgTimeMin.AddDate(0, 0, jd)
+		d.year, d.month, d.day = t.Year(), int(t.Month()), t.Day()
+		return d, true, true
+	case len(s) == 8 && allDigits(s):
+		y, _ := strconv.Atoi(s[:4])
+		m, _ := strconv.Atoi(s[4:6])
+		day, _ := strconv.Atoi(s[6:])
+		d.year, d.month, d.day = y, m, day
+		if y == 0 || m < 1 || m > 12 || day < 1 || day > daysIn(y, m) {
+			d.badField = true
+			return d, false, true
+		}
+		return d, true, true
+	}
+	return d, false, false
+}
+
+// zones caches loaded locations by IANA name (time.LoadLocation reads
+// the zone file on every call): *time.Location, or nil for an unknown
+// name.
+var zones sync.Map
+
+// loadZone returns the location of an IANA zone name, nil if unknown.
+func loadZone(name string) *time.Location {
+	if l, ok := zones.Load(name); ok {
+		return l.(*time.Location)
+	}
+	l, err := time.LoadLocation(name)
+	if err != nil || name == "Local" {
+		l = nil
+	}
+	zones.Store(name, l)
+	return l
+}
+
+// wallInstant returns the instant of wall clock w (its fields, in UTC) in
+// loc, resolved as PostgreSQL resolves a local time at a transition
+// (DetermineTimeZoneOffsetInternal in src/backend/utils/adt/datetime.c):
+// a time that does not exist (in a spring-forward gap) takes the offset
+// before the transition, an ambiguous one (a fall-back overlap) the
+// offset after it. time.Date resolves these otherwise.
+func wallInstant(w time.Time, loc *time.Location) time.Time {
+	offAt := func(u time.Time) int {
+		_, o := u.In(loc).Zone()
+		return o
+	}
+	before, after := offAt(w.Add(-24*time.Hour)), offAt(w.Add(24*time.Hour))
+	c1, c2 := w.Add(-time.Duration(before)*time.Second), w.Add(-time.Duration(after)*time.Second)
+	v1, v2 := offAt(c1) == before, offAt(c2) == after
+	switch {
+	case v2:
+		return c2 // valid with the later offset: unique, or ambiguous (PostgreSQL takes "after")
+	case v1:
+		return c1
+	}
+	return c1 // in a gap: the offset before the transition
+}
+
 // civil is d's date and time as a time.Time in UTC (its wall clock, the
 // offset not applied).
 func (d dateTimeText) civil() time.Time {
 	return time.Date(d.year, time.Month(d.month), d.day, d.hour, d.minute, d.second, d.nsec, time.UTC)
 }
 
+// The reasons for date/time text outside the forms taken: they list the
+// forms taken exactly. Forms refused although PostgreSQL may read them
+// are those whose reading depends on the session (DateStyle: 01/02/2024,
+// month names, two-digit years; timezone_abbreviations: PST; TimeZone: a
+// timestamptz without zone) or on the clock (now, today).
 const (
-	reasonDateText        = "invalid date, want YYYY-MM-DD (four or more year digits, optional BC; a time after it is ignored), infinity or -infinity"
-	reasonTimestampText   = "invalid timestamp, want YYYY-MM-DD HH:MM:SS[.ffffff] without zone (four or more year digits, optional BC), infinity or -infinity"
-	reasonTimestamptzText = "invalid timestamptz, want RFC 3339 with a zone offset (a value without offset would be read in the session's TimeZone)"
+	reasonDateText = "invalid date: accepted forms are YYYY-MM-DD (four or more year digits; a time and zone after it are ignored), YYYYMMDD, " +
+		"Julian day J<number>, each with optional AD/BC, and infinity, -infinity, epoch; forms that depend on DateStyle (01/02/2024, month names, two-digit years) or on the clock (today) are refused"
+	reasonTimestampText = "invalid timestamp: accepted forms are YYYY-MM-DD[ |T]HH:MM[:SS[.ffffff]] without zone (four or more year digits), YYYYMMDD, Julian day J<number>, " +
+		"each with optional AD/BC, and infinity, -infinity, epoch; a zone is refused (PostgreSQL would ignore it), as are forms that depend on DateStyle or on the clock (now)"
+	reasonTimestamptzText = "invalid timestamptz: accepted forms are YYYY-MM-DD[ |T]HH:MM[:SS[.ffffff]] (four or more year digits, optional AD/BC) followed by a zone: " +
+		"Z, an offset ±HH[:MM[:SS]], or an IANA name (America/New_York); and infinity, -infinity, epoch. Without a zone the text would be read in the session's TimeZone; " +
+		"abbreviations (PST) depend on timezone_abbreviations and are refused"
 )
 
 // convertTimeText converts text s (v itself) for a date, timestamp or
@@ -451,7 +559,14 @@ func convertTimeText(col Column, s string, v any) (any, string) {
 		}
 	}
 	t := d.civil()
-	if d.zone {
+	switch {
+	case d.zoneName != "":
+		loc := loadZone(d.zoneName)
+		if loc == nil {
+			return nil, fmt.Sprintf("unknown time zone %q: %s column %q takes IANA zone names of Go's time zone database (America/New_York) or offsets", d.zoneName, cmpOr(col.Type, col.BaseType), col.Name)
+		}
+		t = wallInstant(t, loc)
+	case d.zone:
 		t = t.Add(-time.Duration(d.offset) * time.Second)
 	}
 	if t.Before(pgTimeMin) || !t.Before(timeEnd(col)) {
@@ -462,7 +577,7 @@ func convertTimeText(col Column, s string, v any) (any, string) {
 	if y := t.Year(); y >= 1 && y <= 9999 {
 		switch col.BaseType {
 		case "date":
-			if len(s) == len("2006-01-02") && !d.epoch {
+			if len(s) == len("2006-01-02") && s[4] == '-' && !d.epoch {
 				return v, "" // already YYYY-MM-DD: the string as it came, without boxing it again
 			}
 			return t.Format("2006-01-02"), ""

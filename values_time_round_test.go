@@ -79,3 +79,60 @@ func withOffset(s string) string {
 	}
 	return s + "+00"
 }
+
+// Date/time text PostgreSQL reads the same whatever the session's
+// settings is taken and stored as a cast stores it: IANA zone names
+// (including times in a DST gap or overlap, resolved as PostgreSQL
+// resolves them), YYYYMMDD, Julian days. Forms that depend on DateStyle,
+// timezone_abbreviations or the clock are queued with a reason listing
+// the accepted forms.
+func TestTimeTextFormsAsPostgreSQL(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t)
+	tz := []string{"2024-01-01 12:00:00 America/New_York", "2024-03-10 02:30:00 America/New_York", "2024-11-03 01:30:00 America/New_York",
+		"2024-10-06 02:15:00 Australia/Lord_Howe", "2024-04-07 01:45:00 Australia/Lord_Howe", "2024-03-31 01:30:00 Europe/London",
+		"2024-10-27 01:30:00.9999995 Europe/London", "1999-12-31T23:59:59 Asia/Kolkata", "2024-06-01 12:00 Europe/Amsterdam"}
+	dates := []string{"20240101", "J2451187", "J0", "20240229", "0001-01-01 BC"}
+	refused := []string{"January 8, 99 BC", "01/02/2024", "today", "20230229", "2024-01-01 12:00:00 PST", "2024-01-01 12:00:00 Nowhere/Land"}
+	_, err := db.Exec(`CREATE TABLE tforms (id bigint PRIMARY KEY, tz timestamptz, d date, ts timestamp)`)
+	require.NoError(t, err)
+	var rows [][]any
+	for _, s := range tz {
+		rows = append(rows, []any{int64(len(rows)), s, nil, nil})
+	}
+	for _, s := range dates {
+		rows = append(rows, []any{int64(len(rows)), nil, s, s})
+	}
+	firstRefused := len(rows)
+	for _, s := range refused {
+		rows = append(rows, []any{int64(len(rows)), s, s, nil})
+	}
+	job := backfill.Job{Name: "tforms", Chunker: backfill.IntRange(0, 1, 1), Rollback: backfill.RollbackNone, MaxRunRejectRate: -1,
+		Target: backfill.Target{Table: "tforms", Key: []string{"id"}, Columns: []string{"id", "tz", "d", "ts"}},
+		Extractor: backfill.ExtractorFunc(func(ctx context.Context, ch backfill.Chunk, w backfill.RowWriter) error {
+			for _, r := range rows {
+				if err := w.Write(ctx, r...); err != nil {
+					return err
+				}
+			}
+			return nil
+		})}
+	r, err := backfill.New(db, nil)
+	require.NoError(t, err)
+	rep, err := r.Run(ctx, job)
+	require.NoError(t, err)
+	for i, row := range rows[:firstRefused] {
+		var got, want string
+		require.NoError(t, db.Get(&got, `SELECT concat_ws(' | ', tz, d, ts) FROM tforms WHERE id = $1`, i))
+		require.NoError(t, db.Get(&want, `SELECT concat_ws(' | ', $1::timestamptz, $2::date, $3::timestamp)`, row[1], row[2], row[3]))
+		require.Equal(t, want, got, "%q", row[1:])
+	}
+	ex, err := backfill.NewPGManifest("").Exceptions(ctx, db, rep.BatchID)
+	require.NoError(t, err)
+	require.Len(t, ex, len(refused))
+	for _, e := range ex[:len(refused)-1] {
+		require.Regexp(t, "accepted forms are|out of range", e.Reason, "%q", e.Value)
+	}
+	require.Contains(t, ex[len(refused)-1].Reason, `unknown time zone "Nowhere/Land"`)
+}
