@@ -234,7 +234,10 @@ func arrayValue(col Column, rv reflect.Value) (any, string) {
 	if rv.Kind() == reflect.Slice && rv.IsNil() {
 		return convertValue(col, nil) // NULL, or why col cannot be NULL
 	}
-	elem := Column{Name: col.Name, BaseType: col.BaseType[1:], Type: strings.TrimSuffix(col.Type, "[]")}
+	elem := Column{Name: col.Name, BaseType: col.BaseType[1:]}
+	if t, ok := strings.CutSuffix(col.Type, "[]"); ok {
+		elem.Type = t // "character varying(3)[]": the element's declared type
+	}
 	var b strings.Builder
 	if reason := appendArray(&b, elem, rv, 0); reason != "" {
 		return nil, reason

@@ -320,8 +320,9 @@ func parseDateTime(s string) (d dateTimeText, ok bool) {
 			}
 		}
 	}
-	// An era, after any whitespace.
-	if rest := strings.TrimLeft(s[i:], pgSpace); len(rest) == 2 {
+	// An era, after any whitespace; after a letter (the zone Z) only
+	// after whitespace, as PostgreSQL reads "ZBC" as one word.
+	if rest := strings.TrimLeft(s[i:], pgSpace); len(rest) == 2 && (len(rest) < len(s)-i || i == 0 || s[i-1] != 'Z' && s[i-1] != 'z') {
 		switch strings.ToUpper(rest) {
 		case "BC":
 			d.year = 1 - d.year
