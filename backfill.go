@@ -233,7 +233,9 @@ type Job struct {
 	// Zone is the IANA location of the job's wall clocks, never the
 	// session's or the machine's zone. A time.Time written to a timestamp
 	// without time zone column is an instant: its wall clock in Zone is
-	// stored. Text written to such a column is a wall clock read in Zone
+	// stored, whatever wrapper delivers it (a *time.Time, sql.NullTime,
+	// sql.Null[time.Time], a named time type, a driver.Valuer returning a
+	// time.Time). Text written to such a column is a wall clock read in Zone
 	// (for the ChunkColumn check). A date is the civil date of the value as
 	// given; as ChunkColumn it means its midnight in Zone. Default
 	// time.UTC. Recorded in the plan.
@@ -338,7 +340,11 @@ type RowWriter interface {
 	// value or as text: NaN and ±Inf floats (also in an unconstrained
 	// numeric), 'infinity' and '-infinity' times ([TimeInfinity],
 	// [TimeNegInfinity]), years 4714 BC to 294276 AD (dates to 5874897
-	// AD; see merge_convert_time.go for the text forms). A row no data can make valid is an extractor bug:
+	// AD; see internal/pgconv/timestamp.go for the text forms). Times are
+	// stored in whole microseconds: a time.Time (or time.Duration) with
+	// nanoseconds is truncated toward the past; date/time text with more
+	// than six fractional digits is rounded as PostgreSQL rounds it.
+	// A row no data can make valid is an extractor bug:
 	// a wrong number of values, or a Go type that no conversion accepts
 	// for its column (a struct for an integer column); Write then returns
 	// an error wrapping [ErrExtractor] and the chunk fails without retry,

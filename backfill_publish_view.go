@@ -347,13 +347,14 @@ func (r *Runner) publishVersion(ctx context.Context, job Job, run Run, table str
 	return switched, nil
 }
 
-// setRunError sets the run's last_error in tx ([PGManifest] only).
+// setRunError sets the run's last_error in tx ([PGManifest] only), as
+// free text is stored ([ManifestText]).
 func (r *Runner) setRunError(ctx context.Context, tx sqlx.ExtContext, batchID int64, msg string) error {
 	pm := r.caps.sql
 	if pm == nil {
 		return nil
 	}
-	_, err := tx.ExecContext(ctx, pm.sql(`UPDATE {s}.runs SET last_error = $2, updated_at = now() WHERE batch_id = $1 AND last_error <> $2`), batchID, msg)
+	_, err := tx.ExecContext(ctx, pm.sql(`UPDATE {s}.runs SET last_error = $2, updated_at = now() WHERE batch_id = $1 AND last_error <> $2`), batchID, ManifestText(msg))
 	return err
 }
 

@@ -363,7 +363,8 @@ func (ex *execution) finishRun(ctx context.Context, run Run, resumed, finished b
 	}
 	run, err := r.cfg.Manifest.FinishRun(fctx, r.db, run.BatchID, failed, msg)
 	if err != nil {
-		return Report{}, errors.Join(runErr, err)
+		// Not silent: the manifest still says the run is running.
+		return Report{}, errors.Join(runErr, fmt.Errorf("backfill: job %q batch %d: the end of the run could not be recorded; the manifest still shows it as it was: %w", job.Name, run.BatchID, err))
 	}
 	if run.Status == RunAbandoned {
 		runErr = errors.Join(runErr, fmt.Errorf("backfill: job %q batch %d: %w", job.Name, run.BatchID, ErrRunAbandoned))
@@ -624,6 +625,11 @@ func (ex *execution) fail(ce *ChunkError, err error) {
 			ex.failed = ce
 		}
 		ex.errs = append(ex.errs, ce)
+		if err != nil {
+			// The chunk's failure could not be recorded (FailChunk,
+			// RecordGateFailure): never silent, the caller sees both.
+			ex.errs = append(ex.errs, err)
+		}
 		return
 	}
 	if !slices.ContainsFunc(ex.errs, func(e error) bool { return errors.Is(e, err) }) {
@@ -937,12 +943,15 @@ func (w *rowWriter) Write(ctx context.Context, values ...any) error {
 	if len(values) != n {
 		return w.extractorBug(values, fmt.Sprintf("wrong number of values: got %d, want %d", len(values), n))
 	}
+	var chunkIn any // the ChunkColumn's value as converted, for inChunk
 	for i, col := range w.info.Columns[:n] {
 		in := values[i]
-		if t, ok := in.(time.Time); ok && col.BaseType == "timestamp" {
-			// A time.Time is an instant: store its wall clock in Job.Zone,
-			// whatever location (a source session's TimeZone) it came in.
-			in = t.In(w.zone)
+		switch col.BaseType {
+		case "date", "timestamp", "timestamptz":
+			in = w.timeValue(col, in)
+		}
+		if i == w.chunkCol {
+			chunkIn = in
 		}
 		v, reason := w.convs[i].Convert(in)
 		if reason != "" {
@@ -955,7 +964,7 @@ func (w *rowWriter) Write(ctx context.Context, values ...any) error {
 	}
 	if w.chunkCol >= 0 {
 		v := values[w.chunkCol]
-		if ok, why := w.inChunk(v); !ok {
+		if ok, why := w.inChunk(chunkIn, w.buf[w.chunkCol]); !ok {
 			return w.reject(rawJSON(w.names[:n], values, nil), w.names[w.chunkCol], displayValue(v), why)
 		}
 	}
@@ -1042,12 +1051,55 @@ func (w *rowWriter) reject(raw []byte, column, value, reason string) error {
 	return nil
 }
 
-// inChunk reports whether v, a row's value of Job.ChunkColumn as the
-// extractor wrote it, lies in the chunk's half-open interval. Times are
-// compared as instants: a wall-clock value (a timestamp or date column, or
-// a timestamp string) is read in Job.Zone; every time is truncated to
-// microseconds first, as it is stored.
-func (w *rowWriter) inChunk(v any) (bool, string) {
+// timeValue returns v, a value written to a date, timestamp or timestamptz
+// column, with the time.Time it delivers unwrapped: bare, or through any
+// wrapper pgconv.Normalize reduces (a pointer, sql.NullTime, sql.Null[time.Time],
+// a named type such as type myTime time.Time, a driver.Valuer returning a
+// time.Time). For a timestamp column the time is moved to Job.Zone: a
+// time.Time is an instant, stored as its wall clock in Job.Zone, whatever
+// location (a source session's TimeZone) it came in and whatever wrapper
+// delivered it. This is the one place where Job.Zone applies to a Go
+// value; the chunk check (inChunk) sees the value returned here. Other
+// values are returned as they are (text) or reduced (a *string, a
+// sql.NullString), and convertValue judges them.
+func (w *rowWriter) timeValue(col Column, v any) any {
+	switch x := v.(type) {
+	case time.Time:
+		if col.BaseType == "timestamp" {
+			return x.In(w.zone)
+		}
+		return v
+	case nil, string:
+		return v
+	}
+	norm, _, reason := pgconv.Normalize(v)
+	switch x := norm.(type) {
+	case time.Time:
+		if reason == "" && col.BaseType == "timestamp" {
+			return x.In(w.zone)
+		}
+		if reason == "" {
+			return x
+		}
+	case nil, string:
+		if reason == "" {
+			return norm
+		}
+	}
+	// Not a time nor text: convertValue gives the reason, naming the
+	// value's own Go type.
+	return v
+}
+
+// inChunk reports whether v, a row's value of Job.ChunkColumn (as
+// timeValue reduced it, for a time column), lies in the chunk's half-open
+// interval; stored is the value convertValue gave for it. Times are
+// compared as instants, the instant stored: a time.Time truncated to
+// microseconds, as pgconv stores it (a date column: its civil date,
+// at midnight in Job.Zone); text as its stored canonical form reads (so
+// that rounding and the forms pgconv takes agree with the
+// check), a wall-clock value (date, timestamp) in Job.Zone.
+func (w *rowWriter) inChunk(v, stored any) (bool, string) {
 	c := w.chunk
 	col := w.info.Columns[w.chunkCol]
 	outside := func(shown string) (bool, string) {
@@ -1059,7 +1111,7 @@ func (w *rowWriter) inChunk(v any) (bool, string) {
 	}
 	switch c.Kind {
 	case KindTime:
-		t, ok := w.instant(col, v)
+		t, ok := w.instant(col, v, stored)
 		if !ok {
 			return false, fmt.Sprintf("outside chunk: value %s of %s is not a time", displayValue(v), col.Name)
 		}
@@ -1087,26 +1139,43 @@ func (w *rowWriter) inChunk(v any) (bool, string) {
 
 // instant returns the instant a time value denotes, in the rules of
 // inChunk.
-func (w *rowWriter) instant(col Column, v any) (time.Time, bool) {
-	wall := col.BaseType == "timestamp" || col.BaseType == "date"
-	switch x := v.(type) {
-	case time.Time:
+func (w *rowWriter) instant(col Column, v, stored any) (time.Time, bool) {
+	if x, ok := v.(time.Time); ok {
 		if col.BaseType == "date" {
 			// A date is the civil date of the value, as stored.
 			x = time.Date(x.Year(), x.Month(), x.Day(), 0, 0, 0, 0, w.zone)
 		}
 		return x.Truncate(time.Microsecond), true
-	case string:
-		if t, err := time.Parse(time.RFC3339Nano, x); err == nil && !wall {
+	}
+	s, ok := stored.(string)
+	if !ok {
+		return time.Time{}, false
+	}
+	switch col.BaseType {
+	case "date", "timestamp", "timestamptz":
+	default:
+		// A column of unknown type (a fake merger's) or not a time type:
+		// RFC 3339 is an instant, other ISO forms a wall clock in
+		// Job.Zone.
+		if t, err := time.Parse(time.RFC3339Nano, s); err == nil {
 			return t.Truncate(time.Microsecond), true
 		}
 		for _, layout := range []string{"2006-01-02 15:04:05.999999999", "2006-01-02T15:04:05.999999999", "2006-01-02"} {
-			if t, err := time.ParseInLocation(layout, x, w.zone); err == nil {
+			if t, err := time.ParseInLocation(layout, s, w.zone); err == nil {
 				return t.Truncate(time.Microsecond), true
 			}
 		}
+		return time.Time{}, false
 	}
-	return time.Time{}, false
+	// The canonical text convertValue stored: read back exactly.
+	c, zoned, ok := pgconv.ReadTime(s)
+	switch {
+	case !ok:
+		return time.Time{}, false
+	case zoned:
+		return c, true
+	}
+	return time.Date(c.Year(), c.Month(), c.Day(), c.Hour(), c.Minute(), c.Second(), c.Nanosecond(), w.zone), true
 }
 
 // extractSafely calls the extractor, turning a panic into an error

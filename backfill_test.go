@@ -269,7 +269,9 @@ func TestBadRowsGoToTheExceptionQueue(t *testing.T) {
 		{5, "name", `"bad\xffutf8"`, "text is not valid UTF-8"},
 		{6, "name", "much too long for twelve", `value too long: character varying(12) column "name" holds at most 12 characters, got 24`},
 		{7, "amount", "123456789.00", `numeric field overflow: numeric(10,2) column "amount" holds at most 99999999.99 in absolute value`},
-		{8, "seen_at", "2024-01-01 00:00:00", "invalid timestamptz, want RFC 3339 with a zone offset (a value without offset would be read in the session's TimeZone)"},
+		{8, "seen_at", "2024-01-01 00:00:00", "invalid timestamptz: accepted forms are YYYY-MM-DD[ |T]HH:MM[:SS[.ffffff]] (four or more year digits, optional AD/BC) followed by a zone: " +
+			"Z, an offset ±HH[:MM[:SS]], or an IANA name (America/New_York); and infinity, -infinity, epoch. Without a zone the text would be read in the session's TimeZone; " +
+			"abbreviations (PST) depend on timezone_abbreviations and are refused"},
 		{10, "", "", "unparseable line"},
 	}
 	if d := cmp.Diff(want, gots); d != "" {

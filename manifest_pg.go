@@ -332,6 +332,7 @@ const runColumns = `batch_id, job_name, source, code_version, plan_fingerprint, 
 // StartRun implements [Manifest.StartRun]. It serialises callers for the
 // same job with a transaction-level advisory lock on the job name.
 func (m *PGManifest) StartRun(ctx context.Context, db sqlx.ExtContext, plan Plan, worker string, newRun bool) (Run, bool, error) {
+	worker = ManifestText(worker)
 	var (
 		run     Run
 		resumed bool
@@ -465,7 +466,7 @@ func (m *PGManifest) event(ctx context.Context, tx sqlx.ExtContext, e pgEvent) e
 		return err
 	}
 	_, err = tx.ExecContext(ctx, m.sql(`INSERT INTO {s}.events (batch_id, job_name, kind, actor, detail) VALUES ($1, $2, $3, $4, $5)`),
-		e.batchID, e.job, e.kind, e.actor, string(b))
+		e.batchID, e.job, e.kind, ManifestText(e.actor), string(ManifestJSON(b)))
 	return err
 }
 
@@ -571,7 +572,7 @@ func (m *PGManifest) CompleteChunk(ctx context.Context, tx sqlx.ExtContext, batc
 		started_at = $9, finished_at = $10, last_error = '', worker = $11,
 		open_call = CASE WHEN $12 = 'open' THEN (SELECT calls FROM {s}.runs WHERE batch_id = $1) END
 		WHERE batch_id = $1 AND seq = $2 AND status IN ('pending', 'staged', 'open')`),
-		batchID, r.Chunk.Seq, r.Read, r.Inserted, r.Updated, r.Unchanged, r.Rejected, r.Deduplicated, r.StartedAt, r.FinishedAt, r.Worker, string(status))
+		batchID, r.Chunk.Seq, r.Read, r.Inserted, r.Updated, r.Unchanged, r.Rejected, r.Deduplicated, r.StartedAt, r.FinishedAt, ManifestText(r.Worker), string(status))
 	if err != nil {
 		return fmt.Errorf("backfill: complete chunk %s: %w", r.Chunk.ID, err)
 	}
@@ -596,6 +597,7 @@ func (m *PGManifest) addExceptionsOf(ctx context.Context, tx sqlx.ExtContext, ba
 		raws := make([]sql.NullString, len(part))
 		cols, vals, reasons := make([]string, len(part)), make([]string, len(part)), make([]string, len(part))
 		for i, e := range part {
+			e = ManifestException(e) // free text PostgreSQL can store
 			rowsN[i], cols[i], vals[i], reasons[i] = e.Row, e.Column, e.Value, e.Reason
 			if len(e.Raw) > 0 {
 				raws[i] = sql.NullString{String: string(e.Raw), Valid: true}
@@ -621,7 +623,7 @@ func (m *PGManifest) FailChunk(ctx context.Context, db sqlx.ExtContext, batchID 
 	// claimable by the next call) whatever this attempt did.
 	_, err := db.ExecContext(ctx, m.sql(`UPDATE {s}.chunks SET attempts = attempts + 1, last_error = $3,
 		status = CASE WHEN status = 'open' THEN status ELSE $4 END
-		WHERE batch_id = $1 AND seq = $2 AND status <> 'done'`), batchID, seq, msg, string(status))
+		WHERE batch_id = $1 AND seq = $2 AND status <> 'done'`), batchID, seq, ManifestText(msg), string(status))
 	if err != nil {
 		return fmt.Errorf("backfill: record failure of chunk %d of batch %d: %w", seq, batchID, err)
 	}
@@ -630,6 +632,7 @@ func (m *PGManifest) FailChunk(ctx context.Context, db sqlx.ExtContext, batchID 
 
 // FinishRun implements [Manifest.FinishRun].
 func (m *PGManifest) FinishRun(ctx context.Context, db sqlx.ExtContext, batchID int64, failed bool, msg string) (Run, error) {
+	msg = ManifestText(msg)
 	var run Run
 	err := inTx(ctx, db, func(tx sqlx.ExtContext) error {
 		var runs []Run
@@ -722,7 +725,7 @@ var errNotTx = errors.New("backfill: executor is not a transaction")
 
 // RecordEvent implements [ManifestAudit.RecordEvent].
 func (m *PGManifest) RecordEvent(ctx context.Context, db sqlx.ExtContext, e Event) error {
-	detail := string(e.Detail)
+	detail := string(ManifestJSON(e.Detail))
 	if detail == "" {
 		detail = "{}"
 	}
@@ -731,7 +734,7 @@ func (m *PGManifest) RecordEvent(ctx context.Context, db sqlx.ExtContext, e Even
 		batch = sql.NullInt64{Int64: e.BatchID, Valid: true}
 	}
 	_, err := db.ExecContext(ctx, m.sql(`INSERT INTO {s}.events (batch_id, job_name, kind, actor, detail) VALUES ($1, $2, $3, $4, $5)`),
-		batch, e.Job, e.Kind, e.Actor, detail)
+		batch, e.Job, e.Kind, ManifestText(e.Actor), detail)
 	if err != nil {
 		return fmt.Errorf("backfill: record event %s of batch %d: %w", e.Kind, e.BatchID, err)
 	}
@@ -784,6 +787,7 @@ func (m *PGManifest) AddValidations(ctx context.Context, db sqlx.ExtContext, bat
 
 func (m *PGManifest) addValidations(ctx context.Context, db sqlx.ExtContext, batchID int64, chunkID string, results []CheckResult, failedAttempt sql.NullInt64) error {
 	for _, r := range results {
+		r = ManifestCheckResult(r) // free text PostgreSQL can store
 		sample, err := json.Marshal(r.Sample)
 		if err != nil {
 			return err
@@ -845,6 +849,7 @@ func (m *PGManifest) Validations(ctx context.Context, db sqlx.ExtContext, batchI
 // attempt, marked with its number, the pause and its event commit
 // together or not at all.
 func (m *PGManifest) RecordGateFailure(ctx context.Context, db sqlx.ExtContext, batchID int64, chunkID string, attempt int, results []CheckResult, exceptions []Exception, reason string) error {
+	reason = ManifestText(reason)
 	failed := sql.NullInt64{Int64: int64(attempt), Valid: true}
 	err := inTx(ctx, db, func(tx sqlx.ExtContext) error {
 		if err := m.addValidations(ctx, tx, batchID, chunkID, results, failed); err != nil {
@@ -891,6 +896,7 @@ func (m *PGManifest) FailedAttemptExceptions(ctx context.Context, db sqlx.ExtCon
 
 // PauseRun implements [ManifestValidations.PauseRun].
 func (m *PGManifest) PauseRun(ctx context.Context, db sqlx.ExtContext, batchID int64, reason string) error {
+	reason = ManifestText(reason)
 	return inTx(ctx, db, func(tx sqlx.ExtContext) error {
 		var runs []Run
 		if err := sqlx.SelectContext(ctx, tx, &runs, m.sql(`UPDATE {s}.runs SET status = 'paused', last_error = $2, updated_at = now()
@@ -906,6 +912,7 @@ func (m *PGManifest) PauseRun(ctx context.Context, db sqlx.ExtContext, batchID i
 
 // ResumeRun implements [ManifestValidations.ResumeRun].
 func (m *PGManifest) ResumeRun(ctx context.Context, db sqlx.ExtContext, batchID int64, actor, why string) error {
+	actor, why = ManifestText(actor), ManifestText(why)
 	return inTx(ctx, db, func(tx sqlx.ExtContext) error {
 		var runs []Run
 		if err := sqlx.SelectContext(ctx, tx, &runs, m.sql(`UPDATE {s}.runs SET status = 'running', last_error = '', updated_at = now()

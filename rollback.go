@@ -381,7 +381,8 @@ func (r *Runner) stopOpenRun(ctx context.Context, pm sqlManifest, run Run, opts 
 		if n > 0 {
 			return refuse(n)
 		}
-		reason := fmt.Sprintf("rollback requested by %s: %s", opts.Actor, opts.Why)
+		// The operator's free text, stored as the manifest stores it.
+		reason := ManifestText(fmt.Sprintf("rollback requested by %s: %s", opts.Actor, opts.Why))
 		if _, err := tx.ExecContext(ctx, pm.sql(`UPDATE {s}.runs SET status = 'paused', last_error = $2, updated_at = now() WHERE batch_id = $1`), run.BatchID, reason); err != nil {
 			return err
 		}

@@ -340,6 +340,64 @@ func TestManifest(t *testing.T, newManifest func(t *testing.T) (backfill.Manifes
 		require.ErrorIs(t, err, backfill.ErrRunNotFound)
 	})
 
+	t.Run("FreeTextIsStoredAsPostgreSQLCan", func(t *testing.T) {
+		// Text the library does not control (a Reject's column and reason,
+		// an extractor's error, a worker id, an operator's why) may hold
+		// invalid UTF-8 or NUL, which PostgreSQL's text and jsonb refuse:
+		// recording it must never fail, and every manifest stores it alike
+		// (backfill.ManifestText).
+		const bad = "a\xff\x00b"
+		want := backfill.ManifestText(bad)
+		require.Equal(t, "a\ufffd\u2400b", want)
+		m, db := setup(t)
+		run, _, err := m.StartRun(ctx, db, plan(t, "job", "v1", 30), "w"+bad, false)
+		require.NoError(t, err)
+		require.Equal(t, "w"+want, run.Worker)
+		tx, st, ok := claim(t, m, db, run.BatchID)
+		require.True(t, ok)
+		complete(t, m, tx, run.BatchID, st, 1, backfill.Exception{Row: 1, Raw: []byte(`{"v": "\u0000"}`), Column: "c" + bad, Value: bad, Reason: "r" + bad})
+		require.NoError(t, tx.Commit())
+		got, err := m.Exceptions(ctx, db, run.BatchID)
+		require.NoError(t, err)
+		require.Len(t, got, 1)
+		require.Equal(t, []string{"c" + want, want, "r" + want}, []string{got[0].Column, got[0].Value, got[0].Reason})
+		require.JSONEq(t, `{"v": "\u2400"}`, string(got[0].Raw))
+		require.NoError(t, m.FailChunk(ctx, db, run.BatchID, 1, "extract: "+bad, false))
+		chunks, err := m.Chunks(ctx, db, run.BatchID)
+		require.NoError(t, err)
+		require.Equal(t, "extract: "+want, chunks[1].LastError)
+		r, err := m.FinishRun(ctx, db, run.BatchID, true, "failed: "+bad)
+		require.NoError(t, err)
+		require.Equal(t, backfill.RunFailed, r.Status)
+		require.Equal(t, "failed: "+want, r.LastError)
+		if audit, ok := m.(backfill.ManifestAudit); ok {
+			require.NoError(t, audit.RecordEvent(ctx, db, backfill.Event{BatchID: run.BatchID, Job: "job", Kind: "note", Actor: "ann" + bad,
+				Detail: []byte(`{"why": "x\u0000y", "k\u0000": ["\ud800"]}`)}))
+			events, err := audit.Events(ctx, db, run.BatchID)
+			require.NoError(t, err)
+			last := events[len(events)-1]
+			require.Equal(t, "ann"+want, last.Actor)
+			require.JSONEq(t, `{"why": "x\u2400y", "k\u2400": ["\ufffd"]}`, string(last.Detail))
+		}
+		if mg, ok := m.(backfill.ManifestGates); ok {
+			res := backfill.CheckResult{Check: "c", Severity: backfill.SeverityError, Expected: "0", Actual: bad, Sample: []string{bad}}
+			require.NoError(t, mg.RecordGateFailure(ctx, db, run.BatchID, "int:20/30", 1, []backfill.CheckResult{res},
+				[]backfill.Exception{{Row: 1, Column: bad, Value: bad, Reason: bad}}, "gate: "+bad))
+			fx, err := mg.FailedAttemptExceptions(ctx, db, run.BatchID)
+			require.NoError(t, err)
+			require.Equal(t, []string{want, want, want}, []string{fx[0].Column, fx[0].Value, fx[0].Reason})
+			vs, err := m.(backfill.ManifestValidations).Validations(ctx, db, run.BatchID)
+			require.NoError(t, err)
+			require.Equal(t, want, vs[0].Actual)
+			require.Equal(t, []string{want}, vs[0].Sample)
+			r, err := m.(backfill.ManifestAudit).LatestRun(ctx, db, "job")
+			require.NoError(t, err)
+			require.Equal(t, backfill.RunPaused, r.Status)
+			require.Contains(t, r.LastError, "gate: "+want)
+			require.NoError(t, m.(backfill.ManifestValidations).ResumeRun(ctx, db, run.BatchID, "ann"+bad, "why"+bad))
+		}
+	})
+
 	t.Run("AbandonedRunsAreNotClaimed", func(t *testing.T) {
 		t.Parallel()
 		m, db := setup(t)

@@ -55,7 +55,7 @@ func (m *Manifest) Init(ctx context.Context, db sqlx.ExtContext) error { return 
 // event appends an audit-log entry; m.mu must be held.
 func (m *Manifest) event(batchID int64, job, kind, actor string) {
 	m.events = append(m.events, backfill.Event{ID: int64(len(m.events) + 1), BatchID: batchID, Job: job, Kind: kind,
-		Actor: actor, Detail: []byte("{}"), CreatedAt: time.Now()})
+		Actor: backfill.ManifestText(actor), Detail: []byte("{}"), CreatedAt: time.Now()})
 }
 
 // RecordEvent implements [backfill.ManifestAudit.RecordEvent]; in a fake
@@ -67,6 +67,8 @@ func (m *Manifest) RecordEvent(ctx context.Context, db sqlx.ExtContext, e backfi
 	if len(e.Detail) == 0 {
 		e.Detail = []byte("{}")
 	}
+	// Free text as PostgreSQL stores it (see backfill.ManifestText).
+	e.Actor, e.Detail = backfill.ManifestText(e.Actor), backfill.ManifestJSON(e.Detail)
 	return apply(db, func() {
 		m.mu.Lock()
 		defer m.mu.Unlock()
@@ -106,6 +108,7 @@ func (m *Manifest) StartRun(ctx context.Context, db sqlx.ExtContext, plan backfi
 	if err := ctx.Err(); err != nil {
 		return backfill.Run{}, false, err
 	}
+	worker = backfill.ManifestText(worker)
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	var prev *fakeRun
@@ -237,6 +240,7 @@ func (m *Manifest) CompleteChunk(ctx context.Context, tx sqlx.ExtContext, batchI
 	ex := slices.Clone(exceptions)
 	now := time.Now()
 	for i := range ex {
+		ex[i] = backfill.ManifestException(ex[i])
 		ex[i].BatchID, ex[i].ChunkID, ex[i].CreatedAt = batchID, res.Chunk.ID, now
 	}
 	return apply(tx, func() {
@@ -259,7 +263,7 @@ func (m *Manifest) CompleteChunk(ctx context.Context, tx sqlx.ExtContext, batchI
 		}
 		c.Attempts++
 		st, fin := res.StartedAt, res.FinishedAt
-		c.StartedAt, c.FinishedAt, c.LastError, c.Worker = &st, &fin, "", res.Worker
+		c.StartedAt, c.FinishedAt, c.LastError, c.Worker = &st, &fin, "", backfill.ManifestText(res.Worker)
 		r.exceptions = append(r.exceptions, ex...)
 	})
 }
@@ -280,7 +284,7 @@ func (m *Manifest) FailChunk(ctx context.Context, db sqlx.ExtContext, batchID in
 	}
 	c := &r.chunks[seq]
 	c.Attempts++
-	c.LastError = msg
+	c.LastError = backfill.ManifestText(msg)
 	if c.Status == backfill.ChunkOpen {
 		return nil // it holds rows of its earlier reads
 	}
@@ -293,6 +297,7 @@ func (m *Manifest) FailChunk(ctx context.Context, db sqlx.ExtContext, batchID in
 
 // FinishRun implements [backfill.Manifest.FinishRun].
 func (m *Manifest) FinishRun(ctx context.Context, db sqlx.ExtContext, batchID int64, failed bool, msg string) (backfill.Run, error) {
+	msg = backfill.ManifestText(msg)
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	r, err := m.get(batchID)
@@ -369,7 +374,7 @@ func (m *Manifest) AddValidations(ctx context.Context, db sqlx.ExtContext, batch
 	now := time.Now()
 	vs := make([]backfill.Validation, len(results))
 	for i, cr := range results {
-		vs[i] = backfill.Validation{CheckResult: cr, BatchID: batchID, ChunkID: chunkID, CreatedAt: now}
+		vs[i] = backfill.Validation{CheckResult: backfill.ManifestCheckResult(cr), BatchID: batchID, ChunkID: chunkID, CreatedAt: now}
 	}
 	return apply(db, func() {
 		m.mu.Lock()
@@ -396,6 +401,7 @@ func (m *Manifest) RecordGateFailure(ctx context.Context, db sqlx.ExtContext, ba
 	if err := ctx.Err(); err != nil {
 		return err
 	}
+	reason = backfill.ManifestText(reason)
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	r, err := m.get(batchID)
@@ -404,9 +410,10 @@ func (m *Manifest) RecordGateFailure(ctx context.Context, db sqlx.ExtContext, ba
 	}
 	now := time.Now()
 	for _, cr := range results {
-		r.validations = append(r.validations, backfill.Validation{CheckResult: cr, BatchID: batchID, ChunkID: chunkID, CreatedAt: now, FailedAttempt: attempt})
+		r.validations = append(r.validations, backfill.Validation{CheckResult: backfill.ManifestCheckResult(cr), BatchID: batchID, ChunkID: chunkID, CreatedAt: now, FailedAttempt: attempt})
 	}
 	for _, e := range exceptions {
+		e = backfill.ManifestException(e)
 		e.BatchID, e.ChunkID, e.CreatedAt, e.FailedAttempt = batchID, chunkID, now, attempt
 		r.failedExceptions = append(r.failedExceptions, e)
 	}
@@ -451,6 +458,7 @@ func (m *Manifest) FailedAttemptExceptions(ctx context.Context, db sqlx.ExtConte
 
 // PauseRun implements [backfill.ManifestValidations.PauseRun].
 func (m *Manifest) PauseRun(ctx context.Context, db sqlx.ExtContext, batchID int64, reason string) error {
+	reason = backfill.ManifestText(reason)
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	r, err := m.get(batchID)
@@ -466,6 +474,7 @@ func (m *Manifest) PauseRun(ctx context.Context, db sqlx.ExtContext, batchID int
 
 // ResumeRun implements [backfill.ManifestValidations.ResumeRun].
 func (m *Manifest) ResumeRun(ctx context.Context, db sqlx.ExtContext, batchID int64, actor, why string) error {
+	actor, why = backfill.ManifestText(actor), backfill.ManifestText(why)
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	r, err := m.get(batchID)

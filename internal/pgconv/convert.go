@@ -10,6 +10,7 @@ package pgconv
 import (
 	"cmp"
 	"fmt"
+	"reflect"
 	"strings"
 	"time"
 )
@@ -92,7 +93,8 @@ func For(col Column) Converter {
 // pointers, named types, fmt.Stringer). Columns of a type no family
 // checks (interval, time and timetz aside, which also take time.Duration
 // and time.Time: enums, inet, arrays, ranges...) take text only, which
-// PostgreSQL's input function reads; other Go values are rejected rather
+// PostgreSQL's input function reads (array columns also a Go slice or
+// array, rendered as array text); other Go values are rejected rather
 // than sent in a form PostgreSQL might misread. Columns of unknown type
 // (BaseType "", fakes) pass the reduced value through, except that NULL
 // keys and text with NUL bytes or invalid UTF-8 are always rejected.
@@ -133,12 +135,20 @@ func typeName(col *Column, name string) string {
 
 // convertOther converts v for a column of a type no family checks: text
 // only, read by PostgreSQL's input function (a value it refuses is
-// isolated and queued by the caller). Any other Go value might be sent in
-// a form PostgreSQL reads differently (time.Duration as nanoseconds into
-// an interval).
+// isolated and queued by the caller), and for an array column a Go slice
+// or array (see arrayValue). Any other Go value might be sent in a form
+// PostgreSQL reads differently (time.Duration as nanoseconds into an
+// interval).
 func convertOther(col *Column, v, src any) (any, string) {
 	if s, ok := textOf(v, src); ok {
 		return textValue(s)
+	}
+	if strings.HasPrefix(col.BaseType, "_") {
+		// An array column (pg_type names array types "_" + element):
+		// a Go slice or array is rendered as array text.
+		if rv := reflect.ValueOf(v); rv.Kind() == reflect.Slice || rv.Kind() == reflect.Array {
+			return arrayValue(col, rv)
+		}
 	}
 	return nil, fmt.Sprintf("Go type %T is not supported for column type %s; write text", src, typeName(col, col.BaseType))
 }

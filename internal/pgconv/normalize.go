@@ -19,6 +19,15 @@ var (
 	bytesType = reflect.TypeFor[[]byte]()
 )
 
+// Normalize reduces v to a built-in type as Convert does before it
+// converts v (see normalize): a time.Time delivered through a pointer,
+// sql.NullTime, sql.Null[time.Time], a named type or a driver.Valuer comes
+// out as the time.Time. reason is non-empty when the reduction failed (a
+// Valuer's error, a *big.Rat without a finite decimal expansion).
+func Normalize(v any) (norm, src any, reason string) {
+	return normalize(v)
+}
+
 // normalize reduces v, a value of a type outside Convert's fast
 // path, to one of nil, string, int64, uint64, float64, float32, bool,
 // time.Time, []byte or [16]byte, in this order of rules:
@@ -30,7 +39,8 @@ var (
 //     type Qty int64, a named []byte, a [16]byte-kind UUID); a struct
 //     convertible to time.Time the time;
 //   - any other fmt.Stringer gives its String (big.Int, decimal types;
-//     *big.Float its exact text, its String rounds to 10 digits).
+//     *big.Float its exact text, its String rounds to 10 digits; *big.Rat
+//     its exact decimal text, see ratDecimal).
 //
 // Anything else is returned unchanged (and rejected as the wrong type by
 // the column's conversion). src is v after Valuer calls and dereferences
@@ -51,6 +61,12 @@ func normalize(v any) (norm, src any, reason string) {
 			}
 			s := x.Text('g', -1)
 			return s, v, ""
+		case *big.Rat:
+			if x == nil {
+				return nil, nil, ""
+			}
+			s, reason := ratDecimal(x)
+			return s, v, reason
 		case driver.Valuer:
 			rv := reflect.ValueOf(v)
 			if rv.Kind() == reflect.Pointer && rv.IsNil() {
@@ -86,6 +102,43 @@ func normalize(v any) (norm, src any, reason string) {
 		return norm, v, reason
 	}
 	return nil, nil, fmt.Sprintf("Go type %T: more than %d levels of driver.Valuer or pointer", v, maxNormalizeDepth)
+}
+
+// ratDecimal returns r as exact decimal text, or, when r has no finite
+// decimal expansion (its reduced denominator has a prime factor other
+// than 2 and 5, as 1/3), why it cannot be stored exactly. The reason is
+// about the value, not the Go type: the row is queued.
+func ratDecimal(r *big.Rat) (string, string) {
+	if r.IsInt() {
+		return r.Num().String(), ""
+	}
+	d := new(big.Int).Set(r.Denom())
+	twos := int(d.TrailingZeroBits())
+	d.Rsh(d, uint(twos))
+	fives := 0
+	five, q, rem := big.NewInt(5), new(big.Int), new(big.Int)
+	for {
+		q.QuoRem(d, five, rem)
+		if rem.Sign() != 0 {
+			break
+		}
+		d.Set(q)
+		fives++
+	}
+	if d.Cmp(big.NewInt(1)) != 0 {
+		return "", fmt.Sprintf("*big.Rat %s has no finite decimal expansion, and numeric and float columns store decimals: round it first (Rat.FloatString)", ratShown(r))
+	}
+	return r.FloatString(max(twos, fives)), ""
+}
+
+// ratShown is r as a/b for a reason, at most about 100 bytes.
+func ratShown(r *big.Rat) string {
+	const maxShown = 100
+	s := r.String()
+	if len(s) > maxShown {
+		s = s[:maxShown] + "…" // ASCII: digits, sign and slash
+	}
+	return s
 }
 
 // callValue calls v.Value, turning a panic (a nil receiver inside a

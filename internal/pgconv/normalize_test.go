@@ -153,10 +153,10 @@ func TestConvertNormalizesGoTypes(t *testing.T) {
 		{"int into enum", col("mood"), 1, "Go type int is not supported for column type mood; write text"},
 		{"float into inet", col("inet"), 1.5, "Go type float64 is not supported for column type inet; write text"},
 		{"int into interval", col("interval"), int64(5), "Go type int64 is not supported for column type interval; write time.Duration or text"},
-		{"slice into array", col("_int4"), []int64{1}, "Go type []int64 is not supported for column type _int4"},
+		{"slice of structs into array", col("_int4"), []struct{}{{}}, "Go type []struct {} is not supported for column type int4[]"},
 		{"NUL in enum text", col("mood"), testCode("a\x00"), "NUL byte"},
 		{"bad UTF-8 in interval text", col("interval"), "1 \xff", "not valid UTF-8"},
-		{"big.Rat is not decimal text", col("numeric"), big.NewRat(1, 3), "invalid input syntax for type numeric"},
+		{"big.Rat without a finite decimal expansion", col("numeric"), big.NewRat(1, 3), "1/3 has no finite decimal expansion"},
 	}
 	for _, c := range rejects {
 		got, reason := Convert(c.col, c.in)

@@ -38,12 +38,30 @@ func convertTimestamp(col *Column, v, _ any) (any, string) {
 // NegInfinity; 'epoch' is 1970-01-01 00:00:00 UTC. Values outside
 // the range are rejected with a reason naming the column and its range.
 //
+// Precision: PostgreSQL stores whole microseconds. Text with more
+// fractional digits is rounded as PostgreSQL's input rounds it (half to
+// even on the double it reads; '2024-12-31 23:59:59.9999999+00' is
+// 2025-01-01 00:00:00+00), so that text is stored exactly as an INSERT
+// of it would store it. A Go time.Time with nanoseconds is truncated
+// toward the past instead (TruncMicro): a value just before a chunk's end
+// stays in that chunk, and the chunk check and the stored value agree.
+// Text for time, timetz and interval columns is read by PostgreSQL itself.
+//
+// Besides the ISO form, PostgreSQL's compact forms that no session
+// setting changes are read: YYYYMMDD and Julian day numbers (J2451187).
+// A timestamptz takes a zone offset or an IANA zone name
+// (America/New_York), resolved with Go's time zone database (the tzdata
+// of the system, or of time/tzdata if the program embeds it) as
+// PostgreSQL resolves local times at a transition (wallInstant); for
+// times where the two databases disagree (some historical local mean
+// times) write an offset.
+//
 // Text PostgreSQL would read otherwise than written is refused: relative
 // times ('now', 'today'), whose value depends on when the chunk is
 // loaded; forms whose meaning depends on the session's DateStyle
-// (01/02/2024) or timezone_abbreviations (EST); a timestamptz without an
-// offset (read in the session's TimeZone); a zone on a timestamp without
-// time zone, which PostgreSQL would silently ignore (write the wall clock,
+// (01/02/2024, month names, two-digit years) or timezone_abbreviations
+// (EST); a timestamptz without a zone (read in the session's TimeZone); a
+// zone on a timestamp without time zone, which PostgreSQL would silently ignore (write the wall clock,
 // or a time.Time, which is stored as its wall clock in Job.Zone). A date
 // is the date as written: a time and zone after it are ignored, as
 // PostgreSQL ignores them.
@@ -182,10 +200,19 @@ func append2(b []byte, n int) []byte {
 	return append(b, byte('0'+n/10), byte('0'+n%10))
 }
 
+// The reasons for date/time text outside the forms taken: they list the
+// forms taken exactly. Forms refused although PostgreSQL may read them
+// are those whose reading depends on the session (DateStyle: 01/02/2024,
+// month names, two-digit years; timezone_abbreviations: PST; TimeZone: a
+// timestamptz without zone) or on the clock (now, today).
 const (
-	reasonDateText        = "invalid date, want YYYY-MM-DD (four or more year digits, optional BC; a time after it is ignored), infinity or -infinity"
-	reasonTimestampText   = "invalid timestamp, want YYYY-MM-DD HH:MM:SS[.ffffff] without zone (four or more year digits, optional BC), infinity or -infinity"
-	reasonTimestamptzText = "invalid timestamptz, want RFC 3339 with a zone offset (a value without offset would be read in the session's TimeZone)"
+	reasonDateText = "invalid date: accepted forms are YYYY-MM-DD (four or more year digits; a time and zone after it are ignored), YYYYMMDD, " +
+		"Julian day J<number>, each with optional AD/BC, and infinity, -infinity, epoch; forms that depend on DateStyle (01/02/2024, month names, two-digit years) or on the clock (today) are refused"
+	reasonTimestampText = "invalid timestamp: accepted forms are YYYY-MM-DD[ |T]HH:MM[:SS[.ffffff]] without zone (four or more year digits), YYYYMMDD, Julian day J<number>, " +
+		"each with optional AD/BC, and infinity, -infinity, epoch; a zone is refused (PostgreSQL would ignore it), as are forms that depend on DateStyle or on the clock (now)"
+	reasonTimestamptzText = "invalid timestamptz: accepted forms are YYYY-MM-DD[ |T]HH:MM[:SS[.ffffff]] (four or more year digits, optional AD/BC) followed by a zone: " +
+		"Z, an offset ±HH[:MM[:SS]], or an IANA name (America/New_York); and infinity, -infinity, epoch. Without a zone the text would be read in the session's TimeZone; " +
+		"abbreviations (PST) depend on timezone_abbreviations and are refused"
 )
 
 // convertTimeText converts text s (v itself) for a date, timestamp or
@@ -205,19 +232,27 @@ func convertTimeText(col *Column, s string, v any) (any, string) {
 		return nil, reason
 	}
 	t := d.civil()
-	if d.zone {
+	switch {
+	case d.zoneName != "":
+		loc := loadZone(d.zoneName)
+		if loc == nil {
+			return nil, fmt.Sprintf("unknown time zone %q: %s column %q takes IANA zone names of Go's time zone database (America/New_York) or offsets", d.zoneName, cmp.Or(col.Type, col.BaseType), col.Name)
+		}
+		t = wallInstant(t, loc)
+	case d.zone:
 		t = t.Add(-time.Duration(d.offset) * time.Second)
 	}
 	if t.Before(pgTimeMin) || !t.Before(timeEnd(col)) {
 		return nil, timeRangeReason(col)
 	}
-	t = TruncMicro(t)
+	// t is whole microseconds already: parseDateTime rounded the
+	// fraction as PostgreSQL does.
 	if y := t.Year(); y < 1 || y > 9999 {
 		return formatPGTime(col.BaseType, t), ""
 	}
 	switch col.BaseType {
 	case "date":
-		if len(s) == len("2006-01-02") && !d.epoch {
+		if len(s) == len("2006-01-02") && s[4] == '-' && !d.epoch {
 			return v, "" // already YYYY-MM-DD: the string as it came, without boxing it again
 		}
 		return t.Format("2006-01-02"), ""
@@ -240,7 +275,7 @@ func (d *dateTimeText) fitColumn(col *Column, ok bool) string {
 		// The date as written: a time of day and a zone after it are
 		// ignored, as PostgreSQL's date input ignores them (and as a
 		// time.Time gives its civil date).
-		d.hour, d.minute, d.second, d.nsec, d.zone = 0, 0, 0, 0, false
+		d.hour, d.minute, d.second, d.nsec, d.zone, d.zoneName = 0, 0, 0, 0, false, ""
 	case "timestamp":
 		if !ok || d.zone {
 			return reasonTimestampText

@@ -1,6 +1,8 @@
 package pgconv
 
 import (
+	"math"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -10,10 +12,11 @@ type dateTimeText struct {
 	year, month, day     int // year astronomical: 0 is 1 BC
 	hour, minute, second int
 	nsec                 int
-	clock, zone          bool // a time of day, a zone offset
-	offset               int  // seconds east of UTC
-	inf                  int  // +1 'infinity', -1 '-infinity' (no other field set)
-	epoch                bool // 'epoch': 1970-01-01 00:00:00 UTC
+	clock, zone          bool   // a time of day, a zone offset
+	offset               int    // seconds east of UTC
+	zoneName             string // an IANA zone name instead of an offset
+	inf                  int    // +1 'infinity', -1 '-infinity' (no other field set)
+	epoch                bool   // 'epoch': 1970-01-01 00:00:00 UTC
 	// badField: the text has the form but a field out of its range (year
 	// 0, February 30th, 25:00); ok is false.
 	badField bool
@@ -26,9 +29,13 @@ type dateTimeText struct {
 //
 // with at least four year digits (fewer read as two-digit years by
 // PostgreSQL) and zone Z, z or ±HH[[:]MM[[:]SS]] (at most 15:59:59,
-// PostgreSQL's limit). Fractions beyond nanoseconds are truncated. A time
-// may be 24:00:00 (the next midnight) and a second 60 (the next minute),
-// as PostgreSQL allows. ok is false for anything else.
+// PostgreSQL's limit), or an IANA zone name Area/Location after at most
+// one space; or one of the compact dates compactDate reads. A fraction of
+// a second is rounded to microseconds as PostgreSQL rounds it
+// (fracMicros); d.nsec is then a whole number of microseconds, up to a
+// whole second (59.9999995 is 60.000000, carried into the minute by
+// civil). A time may be 24:00:00 (the next midnight) and a second 60 (the
+// next minute), as PostgreSQL allows. ok is false for anything else.
 func parseDateTime(s string) (d dateTimeText, ok bool) {
 	if s == "" || strings.IndexByte(Space, s[0]) >= 0 || strings.IndexByte(Space, s[len(s)-1]) >= 0 {
 		s = strings.Trim(s, Space)
@@ -37,6 +44,9 @@ func parseDateTime(s string) (d dateTimeText, ok bool) {
 		if d, ok := specialDateTime(s); ok {
 			return d, true
 		}
+	}
+	if d, ok, handled := compactDate(s); handled {
+		return d, ok
 	}
 	p := &dateTimeScanner{s: s}
 	if !d.scanDate(p) {
@@ -55,6 +65,34 @@ func parseDateTime(s string) (d dateTimeText, ok bool) {
 		return d, false
 	}
 	return d, true
+}
+
+// ReadTime reads s, text Convert returns (or takes) for a date, timestamp
+// or timestamptz column, back into a time: the instant when the text has
+// a zone (zoned), else its wall clock as a time.Time in UTC, for the
+// caller to place in its zone; Infinity and NegInfinity for 'infinity'
+// and '-infinity'. The fraction is rounded as Convert rounds it, so that
+// the time read is the time stored. ok is false for text Convert refuses
+// for every such column, and for an unknown zone name.
+func ReadTime(s string) (t time.Time, zoned, ok bool) {
+	d, ok := parseDateTime(s)
+	switch {
+	case !ok:
+		return time.Time{}, false, false
+	case d.inf > 0:
+		return Infinity, true, true
+	case d.inf < 0:
+		return NegInfinity, true, true
+	case d.zoneName != "":
+		loc := loadZone(d.zoneName)
+		if loc == nil {
+			return time.Time{}, false, false
+		}
+		return wallInstant(d.civil(), loc), true, true
+	case d.zone:
+		return d.civil().Add(-time.Duration(d.offset) * time.Second), true, true
+	}
+	return d.civil(), false, true
 }
 
 // specialDateTime reads PostgreSQL's special date/time words (any case):
@@ -127,7 +165,7 @@ func (d *dateTimeText) scanDate(p *dateTimeScanner) bool {
 }
 
 // scanClock reads the separator, HH:MM[:SS[.f...]] and an optional zone
-// after at most one space.
+// (an offset or an IANA zone name) after at most one space.
 func (d *dateTimeText) scanClock(p *dateTimeScanner) bool {
 	p.i++ // T, t or space
 	d.clock = true
@@ -156,30 +194,73 @@ func (d *dateTimeText) scanClock(p *dateTimeScanner) bool {
 		d.zone = true
 		return d.parseOffset(p.s, &p.i)
 	}
+	if j < len(p.s) && (p.s[j] >= 'A' && p.s[j] <= 'Z' || p.s[j] >= 'a' && p.s[j] <= 'z') {
+		// An IANA zone name, Area/Location (America/New_York): not an
+		// abbreviation (PST), whose meaning depends on the session's
+		// timezone_abbreviations, nor an era.
+		k := j
+		for k < len(p.s) && strings.IndexByte(Space, p.s[k]) < 0 {
+			k++
+		}
+		if name := p.s[j:k]; strings.IndexByte(name, '/') > 0 {
+			d.zone, d.zoneName, p.i = true, name, k
+		}
+	}
 	return true
 }
 
-// scanFraction reads the digits of a fraction of a second, truncated to
-// nanoseconds; at least one.
+// scanFraction reads the digits of a fraction of a second, at least one,
+// rounded to microseconds as PostgreSQL rounds them (fracMicros).
 func (d *dateTimeText) scanFraction(p *dateTimeScanner) bool {
 	start := p.i
-	for ; p.digitAt(p.i); p.i++ {
-		if p.i-start < 9 {
-			d.nsec = d.nsec*10 + int(p.s[p.i]-'0')
+	for p.digitAt(p.i) {
+		p.i++
+	}
+	if p.i == start {
+		return false
+	}
+	d.nsec = fracMicros(p.s[start-1:p.i]) * 1000
+	return true
+}
+
+// fracMicros returns frac, a fraction of a second as text ("." and one
+// or more digits), in whole microseconds, rounded as PostgreSQL's
+// date/time input rounds it (ParseFractionalSecond in
+// src/backend/utils/adt/datetime.c: strtod, then rint(frac * 1000000),
+// which rounds half to even in the default rounding mode): so
+// .9999995 is 1000000 (the next second) and .1234575 is 123458 but
+// .1234565 is 123456, whose double lies below the half. Go's ParseFloat
+// and float64 multiplication are the same IEEE 754 operations as C's
+// strtod and double multiplication, so the result is PostgreSQL's to the
+// bit. Up to six digits the value is exact and read without floats.
+func fracMicros(frac string) int {
+	if len(frac) <= 7 {
+		us := 0
+		for _, c := range []byte(frac[1:]) {
+			us = us*10 + int(c-'0')
 		}
+		for n := len(frac) - 1; n < 6; n++ {
+			us *= 10
+		}
+		return us
 	}
-	for n := p.i - start; n < 9; n++ {
-		d.nsec *= 10
+	f, err := strconv.ParseFloat(frac, 64)
+	if err != nil {
+		return 0 // not reached: frac is digits
 	}
-	return p.i > start
+	return int(math.RoundToEven(f * 1e6))
 }
 
 // scanEra reads an era, AD or BC in any case, after any whitespace, when
-// it ends the text.
+// it ends the text; after a letter (the zone Z) only after whitespace, as
+// PostgreSQL reads "ZBC" as one word.
 func (d *dateTimeText) scanEra(p *dateTimeScanner) {
 	rest := strings.TrimLeft(p.s[p.i:], Space)
 	if len(rest) != 2 {
 		return
+	}
+	if len(rest) == len(p.s)-p.i && p.i > 0 && (p.s[p.i-1] == 'Z' || p.s[p.i-1] == 'z') {
+		return // "ZBC": one word
 	}
 	switch strings.ToUpper(rest) {
 	case "BC":
@@ -258,6 +339,39 @@ func daysIn(y, m int) int {
 		return 30
 	}
 	return 31
+}
+
+// compactDate reads s as one of the compact date forms PostgreSQL reads
+// whatever its DateStyle: YYYYMMDD (exactly eight digits, ISO 8601 basic)
+// and a Julian day number J<digits> (day 0 is 4714-11-24 BC). handled is
+// false for any other text.
+func compactDate(s string) (d dateTimeText, ok, handled bool) {
+	allDigits := func(t string) bool {
+		for i := range len(t) {
+			if t[i] < '0' || t[i] > '9' {
+				return false
+			}
+		}
+		return t != ""
+	}
+	switch {
+	case len(s) >= 2 && len(s) <= 11 && s[0] == 'J' && allDigits(s[1:]):
+		jd, _ := strconv.Atoi(s[1:])
+		t := pgTimeMin.AddDate(0, 0, jd)
+		d.year, d.month, d.day = t.Year(), int(t.Month()), t.Day()
+		return d, true, true
+	case len(s) == 8 && allDigits(s):
+		y, _ := strconv.Atoi(s[:4])
+		m, _ := strconv.Atoi(s[4:6])
+		day, _ := strconv.Atoi(s[6:])
+		d.year, d.month, d.day = y, m, day
+		if y == 0 || m < 1 || m > 12 || day < 1 || day > daysIn(y, m) {
+			d.badField = true
+			return d, false, true
+		}
+		return d, true, true
+	}
+	return d, false, false
 }
 
 // civil is d's date and time as a time.Time in UTC (its wall clock, the
