@@ -12,15 +12,15 @@ SELECT EXISTS (SELECT 1 FROM pg_temp."backfill_stage_503052ecb0639772" GROUP BY 
 
 -- inChunkConflicts
 WITH f AS (SELECT DISTINCT ON ("id") * FROM pg_temp."backfill_stage_503052ecb0639772" ORDER BY "id", _backfill_row)
-			SELECT s._backfill_row AS row, f._backfill_row AS first_row, array_remove(ARRAY[CASE WHEN s."name" IS DISTINCT FROM f."name" THEN 'name' END, CASE WHEN s."amount" IS DISTINCT FROM f."amount" THEN 'amount' END, CASE WHEN s."doc"::text IS DISTINCT FROM f."doc"::text THEN 'doc' END, CASE WHEN s."pos"::text IS DISTINCT FROM f."pos"::text THEN 'pos' END, CASE WHEN s."Odd ""col""" IS DISTINCT FROM f."Odd ""col""" THEN 'Odd "col"' END, CASE WHEN s."version" IS DISTINCT FROM f."version" THEN 'version' END]::text[], NULL) AS diffs, (to_jsonb(s.*) - '_backfill_row')::text AS raw
-			FROM pg_temp."backfill_stage_503052ecb0639772" s JOIN f ON s."id" = f."id"
-			WHERE EXISTS (SELECT 1 FROM pg_temp."backfill_stage_503052ecb0639772" o WHERE o."id" = s."id" AND o._backfill_row <> s._backfill_row)
-			ORDER BY s._backfill_row;
+SELECT s._backfill_row AS row, f._backfill_row AS first_row, array_remove(ARRAY[CASE WHEN s."name" IS DISTINCT FROM f."name" THEN 'name' END, CASE WHEN s."amount" IS DISTINCT FROM f."amount" THEN 'amount' END, CASE WHEN s."doc"::text IS DISTINCT FROM f."doc"::text THEN 'doc' END, CASE WHEN s."pos"::text IS DISTINCT FROM f."pos"::text THEN 'pos' END, CASE WHEN s."Odd ""col""" IS DISTINCT FROM f."Odd ""col""" THEN 'Odd "col"' END, CASE WHEN s."version" IS DISTINCT FROM f."version" THEN 'version' END]::text[], NULL) AS diffs, (to_jsonb(s.*) - '_backfill_row')::text AS raw
+FROM pg_temp."backfill_stage_503052ecb0639772" s JOIN f ON s."id" = f."id"
+WHERE EXISTS (SELECT 1 FROM pg_temp."backfill_stage_503052ecb0639772" o WHERE o."id" = s."id" AND o._backfill_row <> s._backfill_row)
+ORDER BY s._backfill_row;
 
 -- targetConflicts
 SELECT s._backfill_row AS row, array_remove(ARRAY[CASE WHEN s."name" IS DISTINCT FROM t."name" THEN 'name' END, CASE WHEN s."amount" IS DISTINCT FROM t."amount" THEN 'amount' END, CASE WHEN s."doc"::text IS DISTINCT FROM t."doc"::text THEN 'doc' END, CASE WHEN s."pos"::text IS DISTINCT FROM t."pos"::text THEN 'pos' END, CASE WHEN s."Odd ""col""" IS DISTINCT FROM t."Odd ""col""" THEN 'Odd "col"' END, CASE WHEN s."version" IS DISTINCT FROM t."version" THEN 'version' END]::text[], NULL) AS diffs, (to_jsonb(s.*) - '_backfill_row')::text AS raw, (to_jsonb(t.*))::text AS existing
-			FROM pg_temp."backfill_stage_503052ecb0639772" s JOIN "sales"."orders" t ON t."id" = s."id"
-			WHERE ROW(t."name", t."amount", t."doc"::text, t."pos"::text, t."Odd ""col""", t."version") IS DISTINCT FROM ROW(s."name", s."amount", s."doc"::text, s."pos"::text, s."Odd ""col""", s."version") ORDER BY s._backfill_row;
+FROM pg_temp."backfill_stage_503052ecb0639772" s JOIN "sales"."orders" t ON t."id" = s."id"
+WHERE ROW(t."name", t."amount", t."doc"::text, t."pos"::text, t."Odd ""col""", t."version") IS DISTINCT FROM ROW(s."name", s."amount", s."doc"::text, s."pos"::text, s."Odd ""col""", s."version") ORDER BY s._backfill_row;
 
 -- deleteRows
 DELETE FROM pg_temp."backfill_stage_503052ecb0639772" WHERE _backfill_row = ANY ($1::bigint[]);

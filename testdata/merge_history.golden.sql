@@ -12,9 +12,9 @@ SELECT EXISTS (SELECT 1 FROM pg_temp."backfill_stage_dbb50d90b2979430" GROUP BY 
 
 -- dedup
 DELETE FROM pg_temp."backfill_stage_dbb50d90b2979430" WHERE _backfill_row IN (
-			SELECT _backfill_row FROM (
-				SELECT s._backfill_row, row_number() OVER (PARTITION BY s."id", s."valid_from" ORDER BY _backfill_row DESC) AS rn FROM pg_temp."backfill_stage_dbb50d90b2979430" s) x
-			WHERE x.rn > 1);
+	SELECT _backfill_row FROM (
+		SELECT s._backfill_row, row_number() OVER (PARTITION BY s."id", s."valid_from" ORDER BY _backfill_row DESC) AS rn FROM pg_temp."backfill_stage_dbb50d90b2979430" s) x
+	WHERE x.rn > 1);
 
 -- deleteRows
 DELETE FROM pg_temp."backfill_stage_dbb50d90b2979430" WHERE _backfill_row = ANY ($1::bigint[]);
@@ -24,22 +24,22 @@ UPDATE "sales"."orders" t SET "name" = s."name", "amount" = s."amount", "doc" = 
 
 -- insert
 INSERT INTO "sales"."orders" ("valid_from", "id", "name", "amount", "doc", "pos", "Odd ""col""", "version", "valid_to")
-			SELECT u."valid_from", u."id", u."name", u."amount", u."doc", u."pos", u."Odd ""col""", u."version", u._backfill_next FROM (
-				SELECT z.*, lead(z."valid_from") OVER (PARTITION BY z."id" ORDER BY z."valid_from") AS _backfill_next FROM (
-					SELECT s."valid_from", s."id", s."name", s."amount", s."doc", s."pos", s."Odd ""col""", s."version", true AS _backfill_staged FROM pg_temp."backfill_stage_dbb50d90b2979430" s
-					UNION ALL
-					SELECT v."valid_from", v."id", v."name", v."amount", v."doc", v."pos", v."Odd ""col""", v."version", false FROM (SELECT t.* FROM (SELECT DISTINCT "id" FROM pg_temp."backfill_stage_dbb50d90b2979430") k CROSS JOIN LATERAL (SELECT * FROM "sales"."orders" t WHERE t."id" = k."id" OFFSET 0) t) v) z) u
-			WHERE u._backfill_staged AND NOT EXISTS (SELECT 1 FROM "sales"."orders" t WHERE t."id" = u."id" AND t."valid_from" = u."valid_from" OFFSET 0);
+SELECT u."valid_from", u."id", u."name", u."amount", u."doc", u."pos", u."Odd ""col""", u."version", u._backfill_next FROM (
+	SELECT z.*, lead(z."valid_from") OVER (PARTITION BY z."id" ORDER BY z."valid_from") AS _backfill_next FROM (
+		SELECT s."valid_from", s."id", s."name", s."amount", s."doc", s."pos", s."Odd ""col""", s."version", true AS _backfill_staged FROM pg_temp."backfill_stage_dbb50d90b2979430" s
+		UNION ALL
+		SELECT v."valid_from", v."id", v."name", v."amount", v."doc", v."pos", v."Odd ""col""", v."version", false FROM (SELECT t.* FROM (SELECT DISTINCT "id" FROM pg_temp."backfill_stage_dbb50d90b2979430") k CROSS JOIN LATERAL (SELECT * FROM "sales"."orders" t WHERE t."id" = k."id" OFFSET 0) t) v) z) u
+WHERE u._backfill_staged AND NOT EXISTS (SELECT 1 FROM "sales"."orders" t WHERE t."id" = u."id" AND t."valid_from" = u."valid_from" OFFSET 0);
 
 -- closeIntervals
 WITH _backfill_new AS MATERIALIZED (SELECT "id", "valid_from" FROM pg_temp."backfill_stage_dbb50d90b2979430" s WHERE NOT EXISTS (SELECT 1 FROM "sales"."orders" t WHERE t."id" = s."id" AND t."valid_from" = s."valid_from" OFFSET 0)),
-			x AS (SELECT "id", "valid_from", lead("valid_from") OVER (PARTITION BY "id" ORDER BY "valid_from") AS _backfill_next_from FROM (
-				SELECT "id", "valid_from" FROM _backfill_new UNION ALL SELECT "id", "valid_from" FROM (SELECT t.* FROM (SELECT DISTINCT "id" FROM pg_temp."backfill_stage_dbb50d90b2979430") k CROSS JOIN LATERAL (SELECT * FROM "sales"."orders" t WHERE t."id" = k."id" OFFSET 0) t) v WHERE EXISTS (SELECT FROM _backfill_new)) _backfill_z)
-			UPDATE "sales"."orders" t SET "valid_to" = x._backfill_next_from FROM x
-			WHERE t."id" = x."id" AND t."valid_from" = x."valid_from" AND t."valid_to" IS DISTINCT FROM x._backfill_next_from;
+x AS (SELECT "id", "valid_from", lead("valid_from") OVER (PARTITION BY "id" ORDER BY "valid_from") AS _backfill_next_from FROM (
+	SELECT "id", "valid_from" FROM _backfill_new UNION ALL SELECT "id", "valid_from" FROM (SELECT t.* FROM (SELECT DISTINCT "id" FROM pg_temp."backfill_stage_dbb50d90b2979430") k CROSS JOIN LATERAL (SELECT * FROM "sales"."orders" t WHERE t."id" = k."id" OFFSET 0) t) v WHERE EXISTS (SELECT FROM _backfill_new)) _backfill_z)
+UPDATE "sales"."orders" t SET "valid_to" = x._backfill_next_from FROM x
+WHERE t."id" = x."id" AND t."valid_from" = x."valid_from" AND t."valid_to" IS DISTINCT FROM x._backfill_next_from;
 
 -- checkIntervals
 SELECT DISTINCT "id" FROM (
-				SELECT "id", "valid_from", "valid_to", lead("valid_from") OVER (PARTITION BY "id" ORDER BY "valid_from") AS _backfill_next_from
-				FROM (SELECT t.* FROM (SELECT DISTINCT "id" FROM pg_temp."backfill_stage_dbb50d90b2979430") k CROSS JOIN LATERAL (SELECT * FROM "sales"."orders" t WHERE t."id" = k."id" OFFSET 0) t) v) x
-			WHERE "valid_to" IS DISTINCT FROM _backfill_next_from OR "valid_to" <= "valid_from" LIMIT 5;
+	SELECT "id", "valid_from", "valid_to", lead("valid_from") OVER (PARTITION BY "id" ORDER BY "valid_from") AS _backfill_next_from
+	FROM (SELECT t.* FROM (SELECT DISTINCT "id" FROM pg_temp."backfill_stage_dbb50d90b2979430") k CROSS JOIN LATERAL (SELECT * FROM "sales"."orders" t WHERE t."id" = k."id" OFFSET 0) t) v) x
+WHERE "valid_to" IS DISTINCT FROM _backfill_next_from OR "valid_to" <= "valid_from" LIMIT 5;
