@@ -425,6 +425,11 @@ func (s *pgStager) exec(ctx context.Context, what, query string, args ...any) (i
 	return n, nil
 }
 
+// Merge implements [Stager.Merge] in phases: end the COPY, take the key
+// locks and the planner settings (beginMerge), settle the rows whose
+// identity repeats in the chunk (settleDuplicates), drop the rows that
+// conflict with the target (dropTargetConflicts), then write the rest
+// (mergeRefusing, which isolates rows the target refuses).
 func (s *pgStager) Merge(ctx context.Context) (_ MergeResult, err error) {
 	if s.done {
 		return MergeResult{}, ErrWriterClosed
@@ -438,12 +443,9 @@ func (s *pgStager) Merge(ctx context.Context) (_ MergeResult, err error) {
 	if s.staged == 0 {
 		return res, nil
 	}
-	if err := s.lockKeys(ctx); err != nil {
-		return res, fmt.Errorf("backfill: merge %s: lock keys: %w", t.Table, err)
-	}
-	restore, err := s.plannerSettings(ctx)
+	restore, err := s.beginMerge(ctx)
 	if err != nil {
-		return res, fmt.Errorf("backfill: merge %s: planner settings: %w", t.Table, err)
+		return res, err
 	}
 	defer func() {
 		if err == nil {
@@ -452,82 +454,132 @@ func (s *pgStager) Merge(ctx context.Context) (_ MergeResult, err error) {
 			}
 		}
 	}()
-	dup := false
+	dup, err := s.settleDuplicates(ctx, &res)
+	if err != nil {
+		return res, err
+	}
+	if err := s.dropTargetConflicts(ctx, &res); err != nil {
+		return res, err
+	}
+	return s.mergeRefusing(ctx, res, dup)
+}
+
+// beginMerge locks the chunk's keys (merge_lock.go) and sets the
+// planner settings of the merge's statements; restore undoes those not
+// meant to outlast the merge.
+func (s *pgStager) beginMerge(ctx context.Context) (restore func(context.Context) error, err error) {
+	t := s.info.Target
+	if err := s.lockKeys(ctx); err != nil {
+		return nil, fmt.Errorf("backfill: merge %s: lock keys: %w", t.Table, err)
+	}
+	restore, err = s.plannerSettings(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("backfill: merge %s: planner settings: %w", t.Table, err)
+	}
+	return restore, nil
+}
+
+// settleDuplicates finds whether an identity repeats in staging (asking
+// SQL only when the in-Go tracking could not rule it out) and, if so,
+// deletes the losing rows (Upsert, History) or sorts the repeated rows
+// into kept, duplicates and rejected (AppendOnly, Keyless). dup reports
+// whether an identity repeated.
+func (s *pgStager) settleDuplicates(ctx context.Context, res *MergeResult) (dup bool, err error) {
+	t := s.info.Target
 	if !s.track || s.maybeDup {
 		if err := sqlx.GetContext(ctx, s.tx, &dup, s.q.dupCheck); err != nil {
-			return res, fmt.Errorf("backfill: merge %s: duplicate check: %w", t.Table, err)
+			return false, fmt.Errorf("backfill: merge %s: duplicate check: %w", t.Table, err)
 		}
 	}
 	s.releaseKeys()
-	var drop []int64
-	if dup && s.q.dedup != "" {
+	if !dup {
+		return false, nil
+	}
+	if s.q.dedup != "" {
 		n, err := s.exec(ctx, "deduplicate", s.q.dedup)
 		if err != nil {
-			return res, err
+			return true, err
 		}
 		res.Deduplicated = n
 	}
-	if dup && s.q.inChunkConflicts != "" {
-		var cs []pgConflict
-		if err := sqlx.SelectContext(ctx, s.tx, &cs, s.q.inChunkConflicts); err != nil {
-			return res, fmt.Errorf("backfill: merge %s: duplicates in chunk: %w", t.Table, err)
-		}
-		// Rows of one identity: in AppendOnly the first row wins, later
-		// identical rows are duplicates and later different rows conflicts;
-		// in Keyless any difference makes every row of the group ambiguous.
-		ambiguous := map[int64][]string{} // first row -> columns that differ in the group
-		for _, c := range cs {
-			for _, d := range c.Diffs {
-				if !slices.Contains(ambiguous[c.FirstRow], d) {
-					ambiguous[c.FirstRow] = append(ambiguous[c.FirstRow], d)
-				}
-			}
-		}
-		for _, c := range cs {
-			switch {
-			case t.Mode == Keyless && len(ambiguous[c.FirstRow]) > 0:
-				res.Rejected = append(res.Rejected, Exception{Row: c.Row, Raw: json.RawMessage(c.Raw), Column: strings.Join(ambiguous[c.FirstRow], ","),
-					Value: keyText(t.Key, c.Raw), Reason: fmt.Sprintf("ambiguous derived key: rows %d and others share it with different content", c.FirstRow)})
-				drop = append(drop, c.Row)
-			case c.Row == c.FirstRow:
-				// AppendOnly keeps the first row; Keyless keeps one of identical rows.
-			case len(c.Diffs) == 0:
-				res.Deduplicated++
-				drop = append(drop, c.Row)
-			default:
-				res.Rejected = append(res.Rejected, Exception{Row: c.Row, Raw: json.RawMessage(c.Raw), Column: strings.Join(c.Diffs, ","),
-					Value: keyText(t.Key, c.Raw), Reason: fmt.Sprintf("conflicting content for event of row %d in the same chunk: %s differ", c.FirstRow, strings.Join(c.Diffs, ", "))})
-				drop = append(drop, c.Row)
-			}
-		}
+	if s.q.inChunkConflicts == "" {
+		return true, nil
 	}
+	var cs []pgConflict
+	if err := sqlx.SelectContext(ctx, s.tx, &cs, s.q.inChunkConflicts); err != nil {
+		return true, fmt.Errorf("backfill: merge %s: duplicates in chunk: %w", t.Table, err)
+	}
+	drop := inChunkConflicts(t, cs, res)
 	if len(drop) > 0 {
 		if _, err := s.exec(ctx, "drop rows", s.q.deleteRows, pq.Array(drop)); err != nil {
-			return res, err
+			return true, err
 		}
-		drop = drop[:0]
 	}
-	if s.q.targetConflicts != "" {
-		var cs []pgConflict
-		if err := sqlx.SelectContext(ctx, s.tx, &cs, s.q.targetConflicts); err != nil {
-			return res, fmt.Errorf("backfill: merge %s: conflicts with target: %w", t.Table, err)
-		}
-		for _, c := range cs {
-			reason := "conflicting content for existing event: " + strings.Join(c.Diffs, ", ") + " differ"
-			if t.Mode == Keyless {
-				reason = "ambiguous derived key: an existing row has the same key with different " + strings.Join(c.Diffs, ", ")
+	return true, nil
+}
+
+// inChunkConflicts sorts the rows of repeated identities: in AppendOnly
+// the first row wins, later identical rows are duplicates and later
+// different rows conflicts; in Keyless any difference makes every row of
+// the group ambiguous. It counts duplicates and rejects into res and
+// returns the rows to drop from staging.
+func inChunkConflicts(t Target, cs []pgConflict, res *MergeResult) (drop []int64) {
+	ambiguous := map[int64][]string{} // first row -> columns that differ in the group
+	for _, c := range cs {
+		for _, d := range c.Diffs {
+			if !slices.Contains(ambiguous[c.FirstRow], d) {
+				ambiguous[c.FirstRow] = append(ambiguous[c.FirstRow], d)
 			}
-			raw := json.RawMessage(fmt.Sprintf(`{"staged": %s, "existing": %s}`, c.Raw, c.Existing.String))
-			res.Rejected = append(res.Rejected, Exception{Row: c.Row, Raw: raw, Column: strings.Join(c.Diffs, ","), Value: keyText(t.Key, c.Raw), Reason: reason})
+		}
+	}
+	for _, c := range cs {
+		switch {
+		case t.Mode == Keyless && len(ambiguous[c.FirstRow]) > 0:
+			res.Rejected = append(res.Rejected, Exception{Row: c.Row, Raw: json.RawMessage(c.Raw), Column: strings.Join(ambiguous[c.FirstRow], ","),
+				Value: keyText(t.Key, c.Raw), Reason: fmt.Sprintf("ambiguous derived key: rows %d and others share it with different content", c.FirstRow)})
+			drop = append(drop, c.Row)
+		case c.Row == c.FirstRow:
+			// AppendOnly keeps the first row; Keyless keeps one of identical rows.
+		case len(c.Diffs) == 0:
+			res.Deduplicated++
+			drop = append(drop, c.Row)
+		default:
+			res.Rejected = append(res.Rejected, Exception{Row: c.Row, Raw: json.RawMessage(c.Raw), Column: strings.Join(c.Diffs, ","),
+				Value: keyText(t.Key, c.Raw), Reason: fmt.Sprintf("conflicting content for event of row %d in the same chunk: %s differ", c.FirstRow, strings.Join(c.Diffs, ", "))})
 			drop = append(drop, c.Row)
 		}
-		if len(drop) > 0 {
-			if _, err := s.exec(ctx, "drop conflicts", s.q.deleteRows, pq.Array(drop)); err != nil {
-				return res, err
-			}
+	}
+	return drop
+}
+
+// dropTargetConflicts rejects and drops from staging the rows whose
+// identity exists in the target with other content (AppendOnly,
+// Keyless).
+func (s *pgStager) dropTargetConflicts(ctx context.Context, res *MergeResult) error {
+	t := s.info.Target
+	if s.q.targetConflicts == "" {
+		return nil
+	}
+	var cs []pgConflict
+	if err := sqlx.SelectContext(ctx, s.tx, &cs, s.q.targetConflicts); err != nil {
+		return fmt.Errorf("backfill: merge %s: conflicts with target: %w", t.Table, err)
+	}
+	var drop []int64
+	for _, c := range cs {
+		reason := "conflicting content for existing event: " + strings.Join(c.Diffs, ", ") + " differ"
+		if t.Mode == Keyless {
+			reason = "ambiguous derived key: an existing row has the same key with different " + strings.Join(c.Diffs, ", ")
+		}
+		raw := json.RawMessage(fmt.Sprintf(`{"staged": %s, "existing": %s}`, c.Raw, c.Existing.String))
+		res.Rejected = append(res.Rejected, Exception{Row: c.Row, Raw: raw, Column: strings.Join(c.Diffs, ","), Value: keyText(t.Key, c.Raw), Reason: reason})
+		drop = append(drop, c.Row)
+	}
+	if len(drop) > 0 {
+		if _, err := s.exec(ctx, "drop conflicts", s.q.deleteRows, pq.Array(drop)); err != nil {
+			return err
 		}
 	}
-	return s.mergeRefusing(ctx, res, dup)
+	return nil
 }
 
 // mergeStaged writes the n rows in staging into the target (deduplicated,
