@@ -427,3 +427,22 @@ func (c *pgCheck) aggregatesSideSQL(day func(alias string) string, dims []string
 	}
 	return q
 }
+
+// fingerprintStagingSQL counts the staged rows and sums their row hashes
+// of cols (see rowHashSQL).
+func (c *pgCheck) fingerprintStagingSQL(cols []string) string {
+	return sqlf(`SELECT count(*) AS rows, coalesce(sum({hash}), 0)::text AS hash_sum FROM {staging} s`,
+		"hash", rowHashSQL(c.scope.Info, cols, "s"), "staging", c.staging)
+}
+
+// fingerprintTargetSQL counts the chunk's target rows and sums their row
+// hashes of cols: the rows within bounds (a condition on alias t), or,
+// for bounds "", the target rows of the staged identities.
+func (c *pgCheck) fingerprintTargetSQL(cols []string, bounds string) string {
+	if bounds == "" {
+		return sqlf(`SELECT count(*) AS rows, coalesce(sum({hash}), 0)::text AS hash_sum FROM {staging} s JOIN {target} t ON {ts}`,
+			"hash", rowHashSQL(c.scope.Info, cols, "t"), "staging", c.staging, "target", c.target, "ts", c.idMatch("t", "s"))
+	}
+	return sqlf(`SELECT count(*) AS rows, coalesce(sum({hash}), 0)::text AS hash_sum FROM {target} t WHERE {bounds}`,
+		"hash", rowHashSQL(c.scope.Info, cols, "t"), "target", c.target, "bounds", bounds)
+}
