@@ -275,7 +275,8 @@ func rowHashSQL(info TableInfo, cols []string, alias string) string {
 // fingerprintColumns returns the columns a fingerprint hashes: the
 // identity, then the content the checks compare (see [Completeness]).
 func (c *pgCheck) fingerprintColumns() []string {
-	return append(c.scope.Info.identity(), c.content()...)
+	cc := c.scope.Info.Compared()
+	return append(cc.Identity, cc.Checked...)
 }
 
 // fingerprintMemo is implemented by stagers that keep the chunk's

@@ -7,7 +7,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/lib/pq"
 	"github.com/pgbackfill/backfill/internal/sqlgen"
 )
 
@@ -41,27 +40,11 @@ func (c *pgCheck) idMatch(a, b string) string {
 }
 
 // content returns the staged columns whose values must equal the target's
-// after a merge the staged row won: every staged column but the identity,
-// the columns the library fills for the row (ingestion time, lineage; the
-// hash stays, it is a function of the content) and, in Keyless mode, the
-// raw sources of derived keys (rows differing only there are one record,
-// the first one seen is kept).
-func (c *pgCheck) content() []string {
-	t := c.scope.Info.Target
-	id := c.scope.Info.identity()
-	var out []string
-	for _, col := range c.scope.Info.Columns {
-		switch {
-		case slices.Contains(id, col.Name):
-		case col.Computed != "" && col.Computed != "hash" && col.Computed != "derive":
-		case col.Name == t.IngestedAt:
-		case t.Mode == Keyless && slices.ContainsFunc(t.Derive, func(r KeyRule) bool { return r.From == col.Name }):
-		default:
-			out = append(out, col.Name)
-		}
-	}
-	return out
-}
+// after a merge the staged row won: [ComparedColumns].Checked, every
+// staged column but the identity, the columns the library fills for the
+// row (ingestion time, lineage; the hash stays, it is a function of the
+// content) and, in Keyless mode, the raw sources of derived keys.
+func (c *pgCheck) content() []string { return slices.Clone(c.scope.Info.Compared().Checked) }
 
 // cmpExpr is how the checks compare a column: as text for types without
 // an equality operator (as the merge does), and byte for byte where the
@@ -108,24 +91,14 @@ func (c *pgCheck) exactlyEqual(n string) bool {
 }
 
 // diffs returns a text[] expression naming the content columns in which
-// rows a and b differ (NULL-safe).
-func (c *pgCheck) diffs(a, b string) string {
-	cols := c.content()
-	if len(cols) == 0 {
-		return "ARRAY[]::text[]"
-	}
-	parts := make([]string, len(cols))
-	for i, n := range cols {
-		parts[i] = fmt.Sprintf("CASE WHEN %s IS DISTINCT FROM %s THEN %s END", c.cmpExpr(a, n), c.cmpExpr(b, n), pq.QuoteLiteral(n))
-	}
-	return "array_remove(ARRAY[" + strings.Join(parts, ", ") + "]::text[], NULL)"
-}
+// rows a and b differ (NULL-safe), compared as cmpExpr renders them.
+func (c *pgCheck) diffs(a, b string) string { return diffsExpr(a, b, c.content(), c.cmpExpr) }
 
 // sourceWins returns the condition under which the merge must have made
 // target row t equal to staged row s: "true" but for Upsert TargetWins
 // ("false": the target keeps its content) and NewerVersionWins (the
-// merge's rule: a newer staged version, or an equal one whose text is
-// greater).
+// merge's rule, newerVersionWins, on the Tracked columns compared as
+// cmpExpr renders them).
 func (c *pgCheck) sourceWins(s, t string) string {
 	tg := c.scope.Info.Target
 	if tg.Mode != Upsert && tg.Mode != "" {
@@ -135,20 +108,7 @@ func (c *pgCheck) sourceWins(s, t string) string {
 	case TargetWins:
 		return "false"
 	case NewerVersionWins:
-		// The merge breaks version ties by the text of the compared
-		// columns: the content without the hash.
-		tracked := slices.DeleteFunc(c.content(), func(n string) bool { return n == tg.HashColumn })
-		rowOf := func(alias string) string {
-			parts := make([]string, len(tracked))
-			for i, n := range tracked {
-				parts[i] = c.cmpExpr(alias, n)
-			}
-			return "ROW(" + strings.Join(parts, ", ") + ")"
-		}
-		v := sqlgen.Ident(tg.Version)
-		return fmt.Sprintf(`(%[1]s.%[3]s > %[2]s.%[3]s OR (%[2]s.%[3]s IS NULL AND %[1]s.%[3]s IS NOT NULL)
-			OR (%[1]s.%[3]s IS NOT DISTINCT FROM %[2]s.%[3]s AND %[4]s::text COLLATE "C" > %[5]s::text COLLATE "C"))`,
-			s, t, v, rowOf(s), rowOf(t))
+		return newerVersionWins(s, t, tg.Version, c.scope.Info.Compared().Tracked, c.cmpExpr)
 	}
 	return "true"
 }
