@@ -18,14 +18,15 @@ import (
 // of the undo log, and rows it inserted (lineage) that filter selects
 // (bind parameters from $4).
 func (rb *pgRollback) conflictsSQL(filter string) string {
-	return fmt.Sprintf(`WITH c AS (
-			SELECT DISTINCT u.key, t.%[4]s AS by FROM %[1]s u CROSS JOIN LATERAL jsonb_populate_record(NULL::%[2]s, u.key) r
-			JOIN %[2]s t ON %[3]s
-			WHERE u.batch_id = $1 AND u.seq = ANY ($2::int[]) AND t.%[4]s IS DISTINCT FROM $1 AND NOT coalesce(t.%[4]s = ANY ($3::bigint[]), false)
-			UNION
-			SELECT %[6]s, t.%[4]s FROM %[2]s t WHERE t.%[5]s = $1 AND t.%[4]s IS DISTINCT FROM $1 AND NOT coalesce(t.%[4]s = ANY ($3::bigint[]), false) AND %[7]s)
-		SELECT (SELECT count(*) FROM c) AS n, c.key::text AS key, coalesce(c.by, 0) AS by FROM c ORDER BY c.key::text LIMIT 100`,
-		rb.entries(), rb.target, rb.match(), rb.updated, rb.inserted, keyJSON("t", rb.identity), filter)
+	return sqlf(`WITH c AS (
+	SELECT DISTINCT u.key, t.{ub} AS by FROM {entries} u CROSS JOIN LATERAL jsonb_populate_record(NULL::{target}, u.key) r
+	JOIN {target} t ON {match}
+	WHERE u.batch_id = $1 AND u.seq = ANY ($2::int[]) AND t.{ub} IS DISTINCT FROM $1 AND NOT coalesce(t.{ub} = ANY ($3::bigint[]), false)
+	UNION
+	SELECT {key}, t.{ub} FROM {target} t WHERE t.{ib} = $1 AND t.{ub} IS DISTINCT FROM $1 AND NOT coalesce(t.{ub} = ANY ($3::bigint[]), false) AND {filter})
+SELECT (SELECT count(*) FROM c) AS n, c.key::text AS key, coalesce(c.by, 0) AS by FROM c ORDER BY c.key::text LIMIT 100`,
+		"entries", rb.entries(), "target", rb.target, "match", rb.match(), "ub", rb.updated, "ib", rb.inserted,
+		"key", keyJSON("t", rb.identity), "filter", filter)
 }
 
 // previewSQL counts (deleted, restored) the rows a rollback of the chunks
@@ -33,40 +34,37 @@ func (rb *pgRollback) conflictsSQL(filter string) string {
 // changed, or all with force ($3); filter selects the inserted rows (bind
 // parameters from $4).
 func (rb *pgRollback) previewSQL(filter string) string {
-	return fmt.Sprintf(`SELECT
-			(SELECT count(*) FROM %[2]s t WHERE t.%[5]s = $1 AND (t.%[4]s IS NOT DISTINCT FROM $1 OR $3) AND %[6]s) +
-			count(DISTINCT u.key) FILTER (WHERE u.op = 'insert') AS deleted,
-			count(DISTINCT u.key) FILTER (WHERE u.op = 'update') AS restored
-		FROM %[1]s u CROSS JOIN LATERAL jsonb_populate_record(NULL::%[2]s, u.key) r
-		JOIN %[2]s t ON %[3]s
-		WHERE u.batch_id = $1 AND u.seq = ANY ($2::int[]) AND (t.%[4]s IS NOT DISTINCT FROM $1 OR $3)`,
-		rb.entries(), rb.target, rb.match(), rb.updated, rb.inserted, filter)
+	return sqlf(`SELECT
+	(SELECT count(*) FROM {target} t WHERE t.{ib} = $1 AND (t.{ub} IS NOT DISTINCT FROM $1 OR $3) AND {filter}) +
+	count(DISTINCT u.key) FILTER (WHERE u.op = 'insert') AS deleted,
+	count(DISTINCT u.key) FILTER (WHERE u.op = 'update') AS restored
+FROM {entries} u CROSS JOIN LATERAL jsonb_populate_record(NULL::{target}, u.key) r
+JOIN {target} t ON {match}
+WHERE u.batch_id = $1 AND u.seq = ANY ($2::int[]) AND (t.{ub} IS NOT DISTINCT FROM $1 OR $3)`,
+		"entries", rb.entries(), "target", rb.target, "match", rb.match(), "ub", rb.updated, "ib", rb.inserted, "filter", filter)
 }
 
 // restoreSQL restores the earliest prior image of each row that chunk $2
 // of batch $1 updated (the state before the chunk touched it), unless a
 // later batch changed the row and not force ($3).
 func (rb *pgRollback) restoreSQL() string {
-	sets := make([]string, len(rb.columns))
-	for i, c := range rb.columns {
-		sets[i] = "r." + sqlgen.Ident(c)
-	}
-	return fmt.Sprintf(`UPDATE %[2]s t SET (%[5]s) = ROW(%[6]s)
-			FROM (SELECT DISTINCT ON (u.key) u.key, u.before FROM %[1]s u
-				WHERE u.batch_id = $1 AND u.seq = $2 AND u.op = 'update' ORDER BY u.key, u.id) u
-			CROSS JOIN LATERAL jsonb_populate_record(NULL::%[2]s, u.before) r
-			WHERE %[3]s AND (t.%[4]s IS NOT DISTINCT FROM $1 OR $3)`,
-		rb.undo, rb.target, rb.match(), rb.updated, sqlgen.List("", rb.columns), strings.Join(sets, ", "))
+	return sqlf(`UPDATE {target} t SET ({columns}) = ROW({rcolumns})
+FROM (SELECT DISTINCT ON (u.key) u.key, u.before FROM {undo} u
+	WHERE u.batch_id = $1 AND u.seq = $2 AND u.op = 'update' ORDER BY u.key, u.id) u
+CROSS JOIN LATERAL jsonb_populate_record(NULL::{target}, u.before) r
+WHERE {match} AND (t.{ub} IS NOT DISTINCT FROM $1 OR $3)`,
+		"undo", rb.undo, "target", rb.target, "match", rb.match(), "ub", rb.updated,
+		"columns", sqlgen.List("", rb.columns), "rcolumns", sqlgen.List("r.", rb.columns))
 }
 
 // deleteLoggedSQL deletes the rows the undo log of chunk $2 of batch $1
 // records as inserted, unless a later batch changed the row and not
 // force ($3).
 func (rb *pgRollback) deleteLoggedSQL() string {
-	return fmt.Sprintf(`DELETE FROM %[2]s t
-			USING %[1]s u CROSS JOIN LATERAL jsonb_populate_record(NULL::%[2]s, u.key) r
-			WHERE u.batch_id = $1 AND u.seq = $2 AND u.op = 'insert' AND %[3]s AND (t.%[4]s IS NOT DISTINCT FROM $1 OR $3)`,
-		rb.entries(), rb.target, rb.match(), rb.updated)
+	return sqlf(`DELETE FROM {target} t
+USING {entries} u CROSS JOIN LATERAL jsonb_populate_record(NULL::{target}, u.key) r
+WHERE u.batch_id = $1 AND u.seq = $2 AND u.op = 'insert' AND {match} AND (t.{ub} IS NOT DISTINCT FROM $1 OR $3)`,
+		"entries", rb.entries(), "target", rb.target, "match", rb.match(), "ub", rb.updated)
 }
 
 // deleteInsertedSQL deletes the rows batch $1 inserted (lineage) that
@@ -74,56 +72,56 @@ func (rb *pgRollback) deleteLoggedSQL() string {
 // the row and not force ($2), and lists their keys in
 // backfill_rollback_keys.
 func (rb *pgRollback) deleteInsertedSQL(filter string) string {
-	return fmt.Sprintf(`WITH d AS (DELETE FROM %[1]s t WHERE t.%[2]s = $1 AND (t.%[3]s IS NOT DISTINCT FROM $1 OR $2) AND %[4]s RETURNING %[5]s AS key)
-		INSERT INTO backfill_rollback_keys SELECT key FROM d`, rb.target, rb.inserted, rb.updated, filter, keyJSON("t", rb.identity))
+	return sqlf(`WITH d AS (DELETE FROM {target} t WHERE t.{ib} = $1 AND (t.{ub} IS NOT DISTINCT FROM $1 OR $2) AND {filter} RETURNING {key} AS key)
+INSERT INTO backfill_rollback_keys SELECT key FROM d`,
+		"target", rb.target, "ib", rb.inserted, "ub", rb.updated, "filter", filter, "key", keyJSON("t", rb.identity))
 }
 
 // retileKeys lists the History keys the undo log of chunk $2 of batch $1
 // (every chunk for $2 < 0) touched or whose rows the rollback deleted.
 func (rb *pgRollback) retileKeys() string {
-	t := rb.info.Target
-	return fmt.Sprintf(`SELECT DISTINCT %[3]s FROM (
-			SELECT u.key FROM %[1]s u WHERE u.batch_id = $1 AND (u.seq = $2 OR $2 < 0)
-			UNION ALL SELECT k.key FROM backfill_rollback_keys k) u
-		CROSS JOIN LATERAL jsonb_populate_record(NULL::%[2]s, u.key) r`, rb.entries(), rb.target, sqlgen.List("r.", t.Key))
+	return sqlf(`SELECT DISTINCT {rkey} FROM (
+	SELECT u.key FROM {entries} u WHERE u.batch_id = $1 AND (u.seq = $2 OR $2 < 0)
+	UNION ALL SELECT k.key FROM backfill_rollback_keys k) u
+CROSS JOIN LATERAL jsonb_populate_record(NULL::{target}, u.key) r`,
+		"entries", rb.entries(), "target", rb.target, "rkey", sqlgen.List("r.", rb.info.Target.Key))
 }
 
 // retileSQL recomputes valid_to of the versions of retileKeys: each ends
 // where the next version of its key starts.
 func (rb *pgRollback) retileSQL() string {
 	t := rb.info.Target
-	key := sqlgen.List("", t.Key)
-	vf, vt := sqlgen.Ident(t.ValidFrom), sqlgen.Ident(t.ValidTo)
-	keys := rb.retileKeys()
-	return fmt.Sprintf(`WITH x AS (SELECT %[2]s, %[3]s, lead(%[3]s) OVER (PARTITION BY %[2]s ORDER BY %[3]s) AS _backfill_next_from
-			FROM %[1]s WHERE (%[2]s) IN (%[5]s))
-		UPDATE %[1]s t SET %[4]s = x._backfill_next_from FROM x
-		WHERE %[6]s AND t.%[3]s = x.%[3]s AND t.%[4]s IS DISTINCT FROM x._backfill_next_from`,
-		rb.target, key, vf, vt, keys, sqlgen.Equal("t", "x", t.Key))
+	return sqlf(`WITH x AS (SELECT {key}, {vf}, lead({vf}) OVER (PARTITION BY {key} ORDER BY {vf}) AS _backfill_next_from
+	FROM {target} WHERE ({key}) IN ({keys}))
+UPDATE {target} t SET {vt} = x._backfill_next_from FROM x
+WHERE {tx} AND t.{vf} = x.{vf} AND t.{vt} IS DISTINCT FROM x._backfill_next_from`,
+		"target", rb.target, "key", sqlgen.List("", t.Key), "vf", sqlgen.Ident(t.ValidFrom), "vt", sqlgen.Ident(t.ValidTo),
+		"keys", rb.retileKeys(), "tx", sqlgen.Equal("t", "x", t.Key))
 }
 
 // checkRetiledSQL lists up to 5 keys of retileKeys whose versions overlap
 // or leave a gap.
 func (rb *pgRollback) checkRetiledSQL() string {
 	t := rb.info.Target
-	key := sqlgen.List("", t.Key)
-	vf, vt := sqlgen.Ident(t.ValidFrom), sqlgen.Ident(t.ValidTo)
-	keys := rb.retileKeys()
-	return fmt.Sprintf(`SELECT DISTINCT row(%[2]s)::text FROM (
-			SELECT %[2]s, %[3]s, %[4]s, lead(%[3]s) OVER (PARTITION BY %[2]s ORDER BY %[3]s) AS _backfill_next_from
-			FROM %[1]s WHERE (%[2]s) IN (%[5]s)) x
-		WHERE %[4]s IS DISTINCT FROM _backfill_next_from OR %[4]s <= %[3]s LIMIT 5`, rb.target, key, vf, vt, keys)
+	return sqlf(`SELECT DISTINCT row({key})::text FROM (
+	SELECT {key}, {vf}, {vt}, lead({vf}) OVER (PARTITION BY {key} ORDER BY {vf}) AS _backfill_next_from
+	FROM {target} WHERE ({key}) IN ({keys})) x
+WHERE {vt} IS DISTINCT FROM _backfill_next_from OR {vt} <= {vf} LIMIT 5`,
+		"target", rb.target, "key", sqlgen.List("", t.Key), "vf", sqlgen.Ident(t.ValidFrom), "vt", sqlgen.Ident(t.ValidTo),
+		"keys", rb.retileKeys())
 }
 
+// match is the condition that target row t and undo row r (a logged key
+// or prior image) have the same identity.
 func (rb *pgRollback) match() string { return sqlgen.Equal("t", "r", rb.identity) }
 
 // entries is the undo log with key arrays ("inserts") expanded to one row
 // per inserted key: (batch_id, seq, id, op, key, before).
 func (rb *pgRollback) entries() string {
-	return fmt.Sprintf(`(SELECT u.batch_id, u.seq, u.id, 'insert' AS op, e.key, NULL::jsonb AS before
-		FROM %[1]s u CROSS JOIN LATERAL jsonb_array_elements(u.key) AS e(key) WHERE u.op = 'inserts'
-		UNION ALL
-		SELECT u.batch_id, u.seq, u.id, u.op, u.key, u.before FROM %[1]s u WHERE u.op IN ('insert', 'update'))`, rb.undo)
+	return sqlf(`(SELECT u.batch_id, u.seq, u.id, 'insert' AS op, e.key, NULL::jsonb AS before
+	FROM {undo} u CROSS JOIN LATERAL jsonb_array_elements(u.key) AS e(key) WHERE u.op = 'inserts'
+	UNION ALL
+	SELECT u.batch_id, u.seq, u.id, u.op, u.key, u.before FROM {undo} u WHERE u.op IN ('insert', 'update'))`, "undo", rb.undo)
 }
 
 // insertedFilter returns an SQL condition on target alias t that selects
@@ -150,8 +148,8 @@ func (rb *pgRollback) insertedFilter(chunk *ChunkState, first int) (string, []an
 			}
 		}
 		if base == "timestamp" || base == "date" {
-			return fmt.Sprintf("%[1]s >= (%[2]s::timestamptz AT TIME ZONE %[4]s)::%[5]s AND %[1]s < (%[3]s::timestamptz AT TIME ZONE %[4]s)::%[5]s",
-				col, p(0), p(1), p(2), base), []any{c.Start, c.End, cmpOr(rb.zone, "UTC")}
+			return sqlf("{col} >= ({lo}::timestamptz AT TIME ZONE {zone})::{type} AND {col} < ({hi}::timestamptz AT TIME ZONE {zone})::{type}",
+				"col", col, "lo", p(0), "hi", p(1), "zone", p(2), "type", base), []any{c.Start, c.End, cmpOr(rb.zone, "UTC")}
 		}
 		return fmt.Sprintf("%s >= %s AND %s < %s", col, p(0), col, p(1)), []any{c.Start, c.End}
 	case KindInt:
@@ -181,7 +179,7 @@ func (rb *pgRollback) deliveredSQL(oneChunk bool, filter string) string {
 	// table) and every row of the batch counts.
 	// (Apart for the lookups into the target: an OR of the two would not
 	// be an index condition, and each chunk would read the whole target.)
-	ranged := fmt.Sprintf("%[1]s >= %[2]s AND %[1]s <= %[3]s", tid, lo("d", "lo"), lo("d", "hi"))
+	ranged := sqlf("{tid} >= {lo} AND {tid} <= {hi}", "tid", tid, "lo", lo("d", "lo"), "hi", lo("d", "hi"))
 	inRange := "(NOT d.ranged OR (" + ranged + "))"
 	// The rows the rollback would touch that batch last wrote: for a whole
 	// batch every row whose UpdatedBy is batch (inserted or updated by
@@ -193,31 +191,32 @@ func (rb *pgRollback) deliveredSQL(oneChunk bool, filter string) string {
 	}
 	var undoBranch string
 	if oneChunk {
-		undoBranch = fmt.Sprintf(`
-			UNION ALL
-			SELECT %[1]s, d.batch_id, false FROM %[2]s u CROSS JOIN LATERAL jsonb_populate_record(NULL::%[3]s, u.key) r
-			JOIN %[3]s t ON %[4]s
-			JOIN d ON %[5]s
-			WHERE u.batch_id = $1 AND u.seq = ANY ($4::int[]) AND t.%[6]s = $1`,
-			keyJSON("t", identity), rb.entries(), rb.target, rb.match(), inRange, rb.updated)
+		undoBranch = sqlf(`
+	UNION ALL
+	SELECT {key}, d.batch_id, false FROM {entries} u CROSS JOIN LATERAL jsonb_populate_record(NULL::{target}, u.key) r
+	JOIN {target} t ON {match}
+	JOIN d ON {inRange}
+	WHERE u.batch_id = $1 AND u.seq = ANY ($4::int[]) AND t.{ub} = $1`,
+			"key", keyJSON("t", identity), "entries", rb.entries(), "target", rb.target, "match", rb.match(), "inRange", inRange,
+			"ub", rb.updated)
 	}
-	return fmt.Sprintf(`WITH d AS MATERIALIZED (
-			SELECT d.batch_id, d.key_columns = $2::text[] AS ranged,
-				jsonb_populate_record(NULL::%[1]s, d.lo) AS lo, jsonb_populate_record(NULL::%[1]s, d.hi) AS hi
-			FROM %[2]s d JOIN %[3]s c ON c.batch_id = d.batch_id AND c.seq = d.seq
-			WHERE d.owner = $1 AND d.batch_id <> $1 AND c.status IN ('done', 'open') AND d.batch_id <> ALL ($3::bigint[])),
-		hit AS (
-			SELECT %[4]s AS key, d.batch_id AS by, t.%[5]s = $1 AS del
-			FROM d CROSS JOIN LATERAL (SELECT * FROM %[1]s t WHERE t.%[6]s = $1 AND %[7]s AND %[8]s OFFSET 0) t
-			WHERE d.ranged
-			UNION ALL
-			SELECT %[4]s, d.batch_id, t.%[5]s = $1
-			FROM (SELECT DISTINCT d.batch_id FROM d WHERE NOT d.ranged) d CROSS JOIN LATERAL (SELECT * FROM %[1]s t WHERE t.%[6]s = $1 AND %[8]s OFFSET 0) t%[9]s),
-		x AS (SELECT DISTINCT ON (key) key, by, del FROM hit ORDER BY key, by)
-		SELECT count(*) OVER () AS n, count(*) FILTER (WHERE del) OVER () AS deleted, key::text AS key, by
-		FROM x ORDER BY key::text LIMIT 100`,
-		rb.target, rb.m.sql("{s}.delivered"), rb.m.sql("{s}.chunks"), keyJSON("t", identity), rb.inserted, rb.updated,
-		ranged, whole, undoBranch)
+	return sqlf(`WITH d AS MATERIALIZED (
+	SELECT d.batch_id, d.key_columns = $2::text[] AS ranged,
+		jsonb_populate_record(NULL::{target}, d.lo) AS lo, jsonb_populate_record(NULL::{target}, d.hi) AS hi
+	FROM {delivered} d JOIN {chunks} c ON c.batch_id = d.batch_id AND c.seq = d.seq
+	WHERE d.owner = $1 AND d.batch_id <> $1 AND c.status IN ('done', 'open') AND d.batch_id <> ALL ($3::bigint[])),
+hit AS (
+	SELECT {key} AS key, d.batch_id AS by, t.{ib} = $1 AS del
+	FROM d CROSS JOIN LATERAL (SELECT * FROM {target} t WHERE t.{ub} = $1 AND {ranged} AND {whole} OFFSET 0) t
+	WHERE d.ranged
+	UNION ALL
+	SELECT {key}, d.batch_id, t.{ib} = $1
+	FROM (SELECT DISTINCT d.batch_id FROM d WHERE NOT d.ranged) d CROSS JOIN LATERAL (SELECT * FROM {target} t WHERE t.{ub} = $1 AND {whole} OFFSET 0) t{undoBranch}),
+x AS (SELECT DISTINCT ON (key) key, by, del FROM hit ORDER BY key, by)
+SELECT count(*) OVER () AS n, count(*) FILTER (WHERE del) OVER () AS deleted, key::text AS key, by
+FROM x ORDER BY key::text LIMIT 100`,
+		"target", rb.target, "delivered", rb.m.sql("{s}.delivered"), "chunks", rb.m.sql("{s}.chunks"), "key", keyJSON("t", identity),
+		"ib", rb.inserted, "ub", rb.updated, "ranged", ranged, "whole", whole, "undoBranch", undoBranch)
 }
 
 // recordDeliveredSQL summarises the staged rows the target holds as last
@@ -227,7 +226,6 @@ func (rb *pgRollback) deliveredSQL(oneChunk bool, filter string) string {
 func (s *pgStager) recordDeliveredSQL() string {
 	t := s.info.Target
 	identity := s.info.identity()
-	ub := sqlgen.Ident(t.Lineage.UpdatedBy)
 	// The least and greatest identity per owner: one window over the
 	// found rows (first_value/last_value of each identity column), the
 	// JSON built for those two rows only. The target is looked up once
@@ -244,15 +242,16 @@ func (s *pgStager) recordDeliveredSQL() string {
 		loJSON[i] = fmt.Sprintf("%s, y._backfill_lo_%d", pq.QuoteLiteral(c), i)
 		hiJSON[i] = fmt.Sprintf("%s, y._backfill_hi_%d", pq.QuoteLiteral(c), i)
 	}
-	return fmt.Sprintf(`INSERT INTO %[1]s (owner, batch_id, seq, key_columns, lo, hi, row_count)
-		SELECT y._backfill_owner, $1::bigint, $2::int, $3::text[], jsonb_build_object(%[9]s), jsonb_build_object(%[10]s), y._backfill_n FROM (
-			SELECT DISTINCT ON (x._backfill_owner) x._backfill_owner, count(*) OVER w AS _backfill_n, %[7]s, %[8]s
-			FROM (SELECT t.* FROM %[2]s s CROSS JOIN LATERAL (
-				SELECT %[4]s, t.%[5]s AS _backfill_owner FROM %[3]s t WHERE %[6]s OFFSET 0) t
-				WHERE t._backfill_owner <> $1::bigint) x
-			WINDOW w AS (PARTITION BY x._backfill_owner ORDER BY %[11]s ROWS BETWEEN UNBOUNDED PRECEDING AND UNBOUNDED FOLLOWING)
-			ORDER BY x._backfill_owner) y`,
-		s.info.Chunk.DeliveredTable, s.q.stage, sqlgen.Table(t.Table), sqlgen.List("t.", identity), ub,
-		sqlgen.Equal("t", "s", identity), strings.Join(lo, ", "), strings.Join(hi, ", "),
-		strings.Join(loJSON, ", "), strings.Join(hiJSON, ", "), sqlgen.List("x.", identity))
+	return sqlf(`INSERT INTO {delivered} (owner, batch_id, seq, key_columns, lo, hi, row_count)
+SELECT y._backfill_owner, $1::bigint, $2::int, $3::text[], jsonb_build_object({loJSON}), jsonb_build_object({hiJSON}), y._backfill_n FROM (
+	SELECT DISTINCT ON (x._backfill_owner) x._backfill_owner, count(*) OVER w AS _backfill_n, {lo}, {hi}
+	FROM (SELECT t.* FROM {stage} s CROSS JOIN LATERAL (
+		SELECT {tid}, t.{ub} AS _backfill_owner FROM {target} t WHERE {ts} OFFSET 0) t
+		WHERE t._backfill_owner <> $1::bigint) x
+	WINDOW w AS (PARTITION BY x._backfill_owner ORDER BY {xid} ROWS BETWEEN UNBOUNDED PRECEDING AND UNBOUNDED FOLLOWING)
+	ORDER BY x._backfill_owner) y`,
+		"delivered", s.info.Chunk.DeliveredTable, "stage", s.q.stage, "target", sqlgen.Table(t.Table), "tid", sqlgen.List("t.", identity),
+		"ub", sqlgen.Ident(t.Lineage.UpdatedBy), "ts", sqlgen.Equal("t", "s", identity), "lo", strings.Join(lo, ", "),
+		"hi", strings.Join(hi, ", "), "loJSON", strings.Join(loJSON, ", "), "hiJSON", strings.Join(hiJSON, ", "),
+		"xid", sqlgen.List("x.", identity))
 }

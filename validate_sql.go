@@ -141,11 +141,12 @@ func (c *pgCheck) inChunk(alias string, a *sqlArgs) (string, error) {
 				return "", err
 			}
 			zp := a.bind(z)
-			return fmt.Sprintf("%[1]s >= (%[2]s::timestamptz AT TIME ZONE %[4]s::text) AND %[1]s < (%[3]s::timestamptz AT TIME ZONE %[4]s::text)", col, lo, hi, zp), nil
+			return sqlf("{col} >= ({lo}::timestamptz AT TIME ZONE {zone}::text) AND {col} < ({hi}::timestamptz AT TIME ZONE {zone}::text)",
+				"col", col, "lo", lo, "hi", hi, "zone", zp), nil
 		}
-		return fmt.Sprintf("%[1]s >= %[2]s::timestamptz AND %[1]s < %[3]s::timestamptz", col, lo, hi), nil
+		return sqlf("{col} >= {lo}::timestamptz AND {col} < {hi}::timestamptz", "col", col, "lo", lo, "hi", hi), nil
 	case KindInt:
-		return fmt.Sprintf("%[1]s >= %[2]s AND %[1]s < %[3]s", col, a.bind(ch.Lo), a.bind(ch.Hi)), nil
+		return sqlf("{col} >= {lo} AND {col} < {hi}", "col", col, "lo", a.bind(ch.Lo), "hi", a.bind(ch.Hi)), nil
 	case KindList:
 		return fmt.Sprintf("%s = %s", col, a.bind(ch.Item)), nil
 	}
@@ -270,14 +271,15 @@ func (c *pgCheck) aggregatesSQL(day func(alias string) string, dims []string, me
 	aggs := []string{"sum(_sn)::bigint AS _sn", "sum(_tn)::bigint AS _tn"}
 	var ss, ts, sz, tz, bad []string
 	for i, m := range measures {
-		aggs = append(aggs, fmt.Sprintf("sum(_ss%[1]d) AS _ss%[1]d, sum(_ts%[1]d) AS _ts%[1]d, sum(_sz%[1]d)::bigint AS _sz%[1]d, sum(_tz%[1]d)::bigint AS _tz%[1]d", i))
+		aggs = append(aggs, sqlf("sum(_ss{i}) AS _ss{i}, sum(_ts{i}) AS _ts{i}, sum(_sz{i})::bigint AS _sz{i}, sum(_tz{i})::bigint AS _tz{i}", "i", strconv.Itoa(i)))
 		// The sum as text: the finite values' sum, then the special
 		// values' counts ("12.5 + 1 NaN"); NULL for no value at all.
 		sumText := func(side string) string {
 			parts := []string{fmt.Sprintf("_%ss%d::text", side, i)}
 			for j, s := range []string{"NaN", "Infinity", "-Infinity"} {
-				aggs = append(aggs, fmt.Sprintf("sum(_%[1]sx%[2]d_%[3]d)::bigint AS _%[1]sx%[2]d_%[3]d", side, i, j))
-				parts = append(parts, fmt.Sprintf("CASE WHEN _%[1]sx%[2]d_%[3]d > 0 THEN _%[1]sx%[2]d_%[3]d || ' %[4]s' END", side, i, j, s))
+				x := fmt.Sprintf("_%sx%d_%d", side, i, j)
+				aggs = append(aggs, sqlf("sum({x})::bigint AS {x}", "x", x))
+				parts = append(parts, sqlf("CASE WHEN {x} > 0 THEN {x} || ' {special}' END", "x", x, "special", s))
 			}
 			return "nullif(concat_ws(' + ', " + strings.Join(parts, ", ") + "), '')"
 		}
@@ -367,14 +369,14 @@ func (c *pgCheck) aggregatesSideSQL(day func(alias string) string, dims []string
 		}
 		ssum, tsum := mine("sum("+exact+")"+finite, "NULL::numeric")
 		snull, tnull := mine("count(*) - count("+col+")", "0")
-		parts = append(parts, fmt.Sprintf("%[1]s AS _ss%[3]d, %[2]s AS _ts%[3]d", ssum, tsum, i), fmt.Sprintf("%[1]s AS _sz%[3]d, %[2]s AS _tz%[3]d", snull, tnull, i))
+		parts = append(parts, fmt.Sprintf("%s AS _ss%d, %s AS _ts%d", ssum, i, tsum, i), fmt.Sprintf("%s AS _sz%d, %s AS _tz%d", snull, i, tnull, i))
 		for j, s := range []string{"NaN", "Infinity", "-Infinity"} {
 			cnt := "0"
 			if special {
 				cnt = fmt.Sprintf("count(*) FILTER (WHERE %s = '%s')", col, s)
 			}
 			sx, tx := mine(cnt, "0")
-			parts = append(parts, fmt.Sprintf("%[1]s AS _sx%[3]d_%[4]d, %[2]s AS _tx%[3]d_%[4]d", sx, tx, i, j))
+			parts = append(parts, fmt.Sprintf("%s AS _sx%d_%d, %s AS _tx%d_%d", sx, i, j, tx, i, j))
 		}
 	}
 	from := c.staging + " s"
