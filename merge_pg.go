@@ -251,11 +251,7 @@ func (m *PGMerger) Stage(ctx context.Context, tx sqlx.ExtContext, info TableInfo
 		return nil, fmt.Errorf("backfill: stage %s: copy: %w", info.Target.Table, err)
 	}
 	st := &pgStager{m: m, tx: tx, info: info, q: q, copy: stmt, buf: make([]any, len(info.Columns)+1), track: true, seed: maphash.MakeSeed()}
-	identity := slices.Clone(info.Target.Key)
-	if info.Target.Mode == History {
-		identity = append(identity, info.Target.ValidFrom)
-	}
-	for _, name := range identity {
+	for _, name := range info.identity() {
 		i := slices.IndexFunc(info.Columns, func(c Column) bool { return c.Name == name })
 		st.identity = append(st.identity, i)
 		if c := info.Columns[i]; !goEqualIsPGEqual[c.BaseType] || c.Collation != "" {

@@ -149,3 +149,34 @@ func TestMergeSQLGolden(t *testing.T) {
 		})
 	}
 }
+
+// TestComparedColumns pins the one definition of what a merge compares,
+// per mode and policy.
+func TestComparedColumns(t *testing.T) {
+	want := map[string]ComparedColumns{
+		"upsert_source_wins": {Identity: []string{"id"}, Content: []string{"name", "amount", "doc", "pos", `Odd "col"`},
+			Written: []string{"name", "amount", "doc", "pos", `Odd "col"`}, Tracked: []string{"name", "amount", "doc", "pos", `Odd "col"`},
+			Compared: []string{"name", "amount", "doc", "pos", `Odd "col"`}, Checked: []string{"name", "amount", "doc", "pos", `Odd "col"`}},
+		"upsert_newer_version_wins_lineage_undo": {Identity: []string{"id"},
+			Content:  []string{"name", "amount", "doc", "pos", `Odd "col"`, "version", "row_hash", "ingested_at", "inserted_by", "updated_by"},
+			Written:  []string{"name", "amount", "doc", "pos", `Odd "col"`, "version", "row_hash", "ingested_at", "updated_by"},
+			Tracked:  []string{"name", "amount", "doc", "pos", `Odd "col"`, "version"},
+			Compared: []string{"row_hash"},
+			Checked:  []string{"name", "amount", "doc", "pos", `Odd "col"`, "version", "row_hash"}},
+		"history": {Identity: []string{"id", "valid_from"}, Content: []string{"name", "amount", "doc", "pos", `Odd "col"`, "version"},
+			Written: []string{"name", "amount", "doc", "pos", `Odd "col"`, "version"}, Tracked: []string{"name", "amount", "doc", "pos", `Odd "col"`, "version"},
+			Compared: []string{"name", "amount", "doc", "pos", `Odd "col"`, "version"}, Checked: []string{"name", "amount", "doc", "pos", `Odd "col"`, "version"}},
+		"keyless": {Identity: []string{"k"}, Content: []string{"id", "name", "amount", "doc", "pos", `Odd "col"`, "version"},
+			Written: []string{"id", "name", "amount", "doc", "pos", `Odd "col"`, "version"}, Tracked: []string{"id", "amount", "doc", "pos", `Odd "col"`, "version"},
+			Compared: []string{"id", "amount", "doc", "pos", `Odd "col"`, "version"}, Checked: []string{"id", "amount", "doc", "pos", `Odd "col"`, "version"}},
+	}
+	for _, g := range goldenTargets() {
+		w, ok := want[g.name]
+		if !ok {
+			continue
+		}
+		got := goldenInfo(t, g).Compared()
+		got.cols = nil
+		require.Equal(t, w, got, g.name)
+	}
+}

@@ -31,7 +31,7 @@ type pgRollback struct {
 
 func newPGRollback(m *PGManifest, info TableInfo) *pgRollback {
 	return &pgRollback{m: m, info: info, target: sqlgen.Table(info.Target.Table), undo: sqlgen.Ident(m.schema) + ".undo",
-		identity: info.identity(), updated: sqlgen.Ident(info.Target.Lineage.UpdatedBy), inserted: sqlgen.Ident(info.Target.Lineage.InsertedBy)}
+		identity: info.Compared().Identity, updated: sqlgen.Ident(info.Target.Lineage.UpdatedBy), inserted: sqlgen.Ident(info.Target.Lineage.InsertedBy)}
 }
 
 // load reads the target's updatable columns (not generated, not identity
