@@ -80,23 +80,72 @@ func (m *PGMerger) Prepare(ctx context.Context, db sqlx.ExtContext, t Target) (T
 	if err := t.validate(); err != nil {
 		return TableInfo{}, err
 	}
+	oid, name, err := relation(ctx, db, t.Table)
+	if err != nil {
+		return TableInfo{}, err
+	}
+	// The canonical, schema-qualified name: "t" and "public.t" are one
+	// target, one plan. Parts holding a dot or a quote are quoted, so
+	// that the name parses back to this table and no other.
+	t.Table = name
+	table, err := tableColumns(ctx, db, oid)
+	if err != nil {
+		return TableInfo{}, fmt.Errorf("backfill: prepare %s: columns: %w", t.Table, err)
+	}
+	keys, err := uniqueIndexes(ctx, db, oid)
+	if err != nil {
+		return TableInfo{}, fmt.Errorf("backfill: prepare %s: indexes: %w", t.Table, err)
+	}
+	unique := make([][]string, len(keys))
+	for i, k := range keys {
+		unique[i] = k.Columns
+	}
+	info, err := ResolveTarget(t, table, unique)
+	if err == nil {
+		identity := slices.Sorted(slices.Values(info.identity()))
+		for _, k := range keys {
+			if slices.Equal(slices.Sorted(slices.Values([]string(k.Columns))), identity) {
+				info.keyIndexes = append(info.keyIndexes, k.Name)
+			}
+		}
+		if t.Mode == History {
+			if info.openIndexes, err = openVersionIndexes(ctx, db, oid, info.Target.Key); err != nil {
+				return TableInfo{}, fmt.Errorf("backfill: prepare %s: partial indexes: %w", t.Table, err)
+			}
+		}
+	}
+	if errors.Is(err, ErrNoUniqueKey) {
+		identity := t.Key
+		if t.Mode == History {
+			identity = append(slices.Clone(t.Key), cmpOr(t.ValidFrom, "valid_from"))
+		}
+		return TableInfo{}, fmt.Errorf("%w; add one with CREATE UNIQUE INDEX ON %s (%s)", err, sqlgen.Table(t.Table), sqlgen.List("", identity))
+	}
+	return info, err
+}
+
+// relation finds table in the catalogs: its oid and its canonical,
+// schema-qualified name (sqlgen.Qualified). A table that does not exist
+// is [ErrTargetNotFound].
+func relation(ctx context.Context, db sqlx.ExtContext, table string) (oid int64, name string, err error) {
 	var rel []struct {
 		OID    int64  `db:"oid"`
 		Schema string `db:"nspname"`
 		Name   string `db:"relname"`
 	}
 	if err := sqlx.SelectContext(ctx, db, &rel, `SELECT c.oid::bigint AS oid, n.nspname, c.relname
-		FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = to_regclass($1)`, sqlgen.Table(t.Table)); err != nil {
-		return TableInfo{}, fmt.Errorf("backfill: prepare %s: %w", t.Table, err)
+		FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = to_regclass($1)`, sqlgen.Table(table)); err != nil {
+		return 0, "", fmt.Errorf("backfill: prepare %s: %w", table, err)
 	}
 	if len(rel) == 0 {
-		return TableInfo{}, fmt.Errorf("backfill: prepare: table %q: %w", t.Table, ErrTargetNotFound)
+		return 0, "", fmt.Errorf("backfill: prepare: table %q: %w", table, ErrTargetNotFound)
 	}
-	oid := sql.NullInt64{Int64: rel[0].OID, Valid: true}
-	// The canonical, schema-qualified name: "t" and "public.t" are one
-	// target, one plan. Parts holding a dot or a quote are quoted, so
-	// that the name parses back to this table and no other.
-	t.Table = sqlgen.Qualified(rel[0].Schema, rel[0].Name)
+	return rel[0].OID, sqlgen.Qualified(rel[0].Schema, rel[0].Name), nil
+}
+
+// tableColumns reads the columns of the table oid that a merge can write:
+// not generated, not GENERATED ALWAYS AS IDENTITY.
+func tableColumns(ctx context.Context, db sqlx.ExtContext, oid int64) ([]Column, error) {
 	var cols []struct {
 		Name      string `db:"attname"`
 		Type      string `db:"format_type"`
@@ -129,9 +178,9 @@ func (m *PGMerger) Prepare(ctx context.Context, db sqlx.ExtContext, t Target) (T
 		LEFT JOIN pg_collation co ON co.oid = a.attcollation
 		LEFT JOIN pg_namespace cn ON cn.oid = co.collnamespace
 		WHERE a.attrelid = $1 AND a.attnum > 0 AND NOT a.attisdropped
-		ORDER BY a.attnum`, oid.Int64)
+		ORDER BY a.attnum`, oid)
 	if err != nil {
-		return TableInfo{}, fmt.Errorf("backfill: prepare %s: columns: %w", t.Table, err)
+		return nil, err
 	}
 	var table []Column
 	for _, c := range cols {
@@ -153,49 +202,28 @@ func (m *PGMerger) Prepare(ctx context.Context, db sqlx.ExtContext, t Target) (T
 		}
 		table = append(table, col)
 	}
-	// Unique, valid, non-partial indexes on plain columns (PostgreSQL docs,
-	// 11.6 "Unique Indexes").
-	// Key columns only: INCLUDE columns (after indnkeyatts) do not count.
-	var keys []struct {
-		Name    string         `db:"name"`
-		Columns pq.StringArray `db:"columns"`
-	}
-	err = sqlx.SelectContext(ctx, db, &keys, `
+	return table, nil
+}
+
+// uniqueIndex is a unique index and its key columns, sorted.
+type uniqueIndex struct {
+	Name    string         `db:"name"`
+	Columns pq.StringArray `db:"columns"`
+}
+
+// uniqueIndexes reads the unique, valid, non-partial indexes on plain
+// columns of the table oid (PostgreSQL docs, 11.6 "Unique Indexes"): key
+// columns only, INCLUDE columns (after indnkeyatts) do not count.
+func uniqueIndexes(ctx context.Context, db sqlx.ExtContext, oid int64) ([]uniqueIndex, error) {
+	var keys []uniqueIndex
+	err := sqlx.SelectContext(ctx, db, &keys, `
 		SELECT c.relname AS name, array_agg(a.attname::text ORDER BY a.attname) AS columns
 		FROM pg_index i
 		JOIN pg_class c ON c.oid = i.indexrelid
 		JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY ((i.indkey::int2[])[0:i.indnkeyatts - 1])
 		WHERE i.indrelid = $1 AND i.indisunique AND i.indisvalid AND i.indpred IS NULL AND i.indexprs IS NULL
-		GROUP BY c.relname`, oid.Int64)
-	if err != nil {
-		return TableInfo{}, fmt.Errorf("backfill: prepare %s: indexes: %w", t.Table, err)
-	}
-	unique := make([][]string, len(keys))
-	for i, k := range keys {
-		unique[i] = k.Columns
-	}
-	info, err := ResolveTarget(t, table, unique)
-	if err == nil {
-		identity := slices.Sorted(slices.Values(info.identity()))
-		for _, k := range keys {
-			if slices.Equal(slices.Sorted(slices.Values([]string(k.Columns))), identity) {
-				info.keyIndexes = append(info.keyIndexes, k.Name)
-			}
-		}
-		if t.Mode == History {
-			if info.openIndexes, err = openVersionIndexes(ctx, db, oid.Int64, info.Target.Key); err != nil {
-				return TableInfo{}, fmt.Errorf("backfill: prepare %s: partial indexes: %w", t.Table, err)
-			}
-		}
-	}
-	if errors.Is(err, ErrNoUniqueKey) {
-		identity := t.Key
-		if t.Mode == History {
-			identity = append(slices.Clone(t.Key), cmpOr(t.ValidFrom, "valid_from"))
-		}
-		return TableInfo{}, fmt.Errorf("%w; add one with CREATE UNIQUE INDEX ON %s (%s)", err, sqlgen.Table(t.Table), sqlgen.List("", identity))
-	}
-	return info, err
+		GROUP BY c.relname`, oid)
+	return keys, err
 }
 
 func cmpOr[T comparable](v, def T) T {
