@@ -116,6 +116,15 @@ func run() error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
+	// The database first: nothing is read (3,000,000 rows) before the
+	// command knows where they go.
+	dsn := ""
+	if !o.dryRun {
+		var err error
+		if dsn, err = cli.DatabaseURL("or use -dry-run; `make demo` at the repository root starts a throwaway server"); err != nil {
+			return err
+		}
+	}
 	dir, err := cli.FindDataDir(o.dataDir, "flights", flightsFile)
 	if err != nil {
 		return err
@@ -142,10 +151,6 @@ func run() error {
 		return dryRun(ctx, os.Stdout, src, days, o.concurrency)
 	}
 
-	dsn, err := cli.DatabaseURL("or use -dry-run; `make demo` at the repository root starts a throwaway server")
-	if err != nil {
-		return err
-	}
 	db, err := sqlx.Open("postgres", dsn)
 	if err != nil {
 		return err
