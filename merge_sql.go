@@ -134,12 +134,42 @@ func newerVersionWins(s, t, version string, tracked []string, expr func(alias, n
 }
 
 // sqlf replaces each {name} in tmpl by its value; pairs are name, value,
-// name, value... Values are not scanned again.
+// name, value... A brace not opening a known name stays as it is, and
+// values are not scanned again.
 func sqlf(tmpl string, pairs ...string) string {
-	for i := 0; i < len(pairs); i += 2 {
-		pairs[i] = "{" + pairs[i] + "}"
+	var b strings.Builder
+	b.Grow(len(tmpl))
+	for {
+		i := strings.IndexByte(tmpl, '{')
+		if i < 0 {
+			b.WriteString(tmpl)
+			return b.String()
+		}
+		b.WriteString(tmpl[:i])
+		tmpl = tmpl[i:]
+		j := strings.IndexByte(tmpl, '}')
+		v, ok := "", false
+		if j > 0 {
+			v, ok = lookup(pairs, tmpl[1:j])
+		}
+		if !ok {
+			b.WriteByte('{')
+			tmpl = tmpl[1:]
+			continue
+		}
+		b.WriteString(v)
+		tmpl = tmpl[j+1:]
 	}
-	return strings.NewReplacer(pairs...).Replace(tmpl)
+}
+
+// lookup returns the value of name in pairs (name, value, ...).
+func lookup(pairs []string, name string) (string, bool) {
+	for i := 0; i+1 < len(pairs); i += 2 {
+		if pairs[i] == name {
+			return pairs[i+1], true
+		}
+	}
+	return "", false
 }
 
 // pgMergeSQL is the generated SQL of one target shape. Statements that do
