@@ -180,3 +180,7 @@ func TestComparedColumns(t *testing.T) {
 		require.Equal(t, w, got, g.name)
 	}
 }
+
+func TestSQLF(t *testing.T) {
+	require.Equal(t, `SELECT "{b}" FROM x WHERE {unknown} AND {`, sqlf(`SELECT {a} FROM x WHERE {unknown} AND {`, "a", `"{b}"`, "b", "never"))
+}
