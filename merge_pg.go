@@ -626,20 +626,8 @@ func (s *pgStager) mergeStaged(ctx context.Context, n int64, dup bool) (res Merg
 		}
 	}
 	if s.q.upsert != "" {
-		var c struct {
-			Updated   int64 `db:"updated"`
-			Inserted  int64 `db:"inserted"`
-			Unchanged int64 `db:"unchanged"`
-		}
-		if err := sqlx.GetContext(ctx, s.tx, &c, s.q.upsert, s.args(s.q.upsert)...); err != nil {
-			return res, fmt.Errorf("backfill: merge %s: upsert: %w", t.Table, s.classify(err))
-		}
-		res.Updated, res.Inserted = c.Updated, c.Inserted
-		// Counted, not inferred: a trigger that drops rows (a BEFORE
-		// trigger returning NULL) must not pass for "unchanged".
-		if merged := n; c.Updated+c.Inserted+c.Unchanged != merged {
-			return res, fmt.Errorf("backfill: merge %s: %w: %d rows to merge, but %d inserted + %d updated + %d unchanged (a trigger or rule on the target skipped or added rows?)",
-				t.Table, ErrAccounting, merged, c.Inserted, c.Updated, c.Unchanged)
+		if err := s.upsertStaged(ctx, n, &res); err != nil {
+			return res, err
 		}
 	} else {
 		if res.Updated, err = s.exec(ctx, "update", s.q.update); err != nil {
@@ -653,22 +641,8 @@ func (s *pgStager) mergeStaged(ctx context.Context, n int64, dup bool) (res Merg
 		}
 	}
 	if res.Inserted > 0 && s.q.closeIntervals != "" {
-		var bad []string
-		rows, err := s.tx.QueryxContext(ctx, s.q.checkIntervals)
-		if err != nil {
-			return res, fmt.Errorf("backfill: merge %s: check intervals: %w", t.Table, err)
-		}
-		for rows.Next() {
-			vals, err := rows.SliceScan()
-			if err != nil {
-				rows.Close()
-				return res, err
-			}
-			bad = append(bad, fmt.Sprint(vals...))
-		}
-		rows.Close()
-		if len(bad) > 0 {
-			return res, historyRace(t.Table, bad)
+		if err := s.checkIntervals(ctx); err != nil {
+			return res, err
 		}
 	}
 	if s.q.upsert != "" {
@@ -682,6 +656,53 @@ func (s *pgStager) mergeStaged(ctx context.Context, n int64, dup bool) (res Merg
 		return res, err
 	}
 	return res, nil
+}
+
+// upsertStaged runs the Upsert merge of the n staged rows in one
+// statement and checks its accounting: counted, not inferred, so that a
+// trigger that drops rows (a BEFORE trigger returning NULL) does not pass
+// for "unchanged".
+func (s *pgStager) upsertStaged(ctx context.Context, n int64, res *MergeResult) error {
+	t := s.info.Target
+	var c struct {
+		Updated   int64 `db:"updated"`
+		Inserted  int64 `db:"inserted"`
+		Unchanged int64 `db:"unchanged"`
+	}
+	if err := sqlx.GetContext(ctx, s.tx, &c, s.q.upsert, s.args(s.q.upsert)...); err != nil {
+		return fmt.Errorf("backfill: merge %s: upsert: %w", t.Table, s.classify(err))
+	}
+	res.Updated, res.Inserted = c.Updated, c.Inserted
+	if c.Updated+c.Inserted+c.Unchanged != n {
+		return fmt.Errorf("backfill: merge %s: %w: %d rows to merge, but %d inserted + %d updated + %d unchanged (a trigger or rule on the target skipped or added rows?)",
+			t.Table, ErrAccounting, n, c.Inserted, c.Updated, c.Unchanged)
+	}
+	return nil
+}
+
+// checkIntervals fails the merge with historyRace when the versions of
+// the chunk's keys overlap or leave a gap after it inserted versions
+// (History): a concurrent writer of the same keys.
+func (s *pgStager) checkIntervals(ctx context.Context) error {
+	t := s.info.Target
+	var bad []string
+	rows, err := s.tx.QueryxContext(ctx, s.q.checkIntervals)
+	if err != nil {
+		return fmt.Errorf("backfill: merge %s: check intervals: %w", t.Table, err)
+	}
+	for rows.Next() {
+		vals, err := rows.SliceScan()
+		if err != nil {
+			rows.Close()
+			return err
+		}
+		bad = append(bad, fmt.Sprint(vals...))
+	}
+	rows.Close()
+	if len(bad) > 0 {
+		return historyRace(t.Table, bad)
+	}
+	return nil
 }
 
 // plannerSettings sets, in the chunk's transaction, the settings the
