@@ -264,12 +264,17 @@ type Job struct {
 	// when the rejected rows of the run's completed chunks exceed this
 	// fraction of their read rows (0.01 = 1%), checked after each chunk,
 	// the run pauses like on a failed [SeverityError] check, until
-	// [Runner.Resume]; Run returns an error wrapping [ErrGateFailed].
+	// [Runner.Resume]; Run returns an error wrapping [ErrGateFailed]
+	// (not a [*ChunkError]: the chunk after which it paused is done).
+	// After a Resume (or [Runner.AcceptGate]) the gate judges only the
+	// rows read since ([EventGateBaseline]): the rejects before were the
+	// operator's decision.
 	// 0 means [DefaultMaxRunRejectRate] (10%); a negative value disables
 	// the gate. Whatever the gate, a run whose chunks rejected every row
 	// they read (none loaded, at least one read) never completes
-	// silently: when the call that ran its last chunks ends, the run
-	// pauses the same way ("no row loaded"). The per-chunk rate is
+	// silently: when the call that ran its last chunks ends (open chunks
+	// included), the run pauses the same way ("no row loaded"; after a
+	// resume, of the rows read since). The per-chunk rate is
 	// [CheckExceptionRate].
 	MaxRunRejectRate float64
 	// Watermark, if set, is asked for the source's high-water mark at
@@ -475,6 +480,30 @@ func (c Counts) Add(o Counts) Counts {
 	}
 }
 
+// Reread returns the counts of a chunk read again while open
+// ([ChunkOpen]): c are the counts it holds from its earlier reads, latest
+// those of the read that just merged. They describe the chunk's rows as
+// they stand, not the sum of the reads: Read, Rejected and Deduplicated
+// are the latest read's (a row read, or rejected, by several reads
+// counts once). Of the rows the latest read merged (its Inserted +
+// Updated + Unchanged), those an earlier read inserted or changed stay
+// counted as Inserted and Updated: Inserted is c.Inserted +
+// latest.Inserted and Updated c.Updated + latest.Updated, each capped by
+// the merged rows left (Inserted first); the rest are Unchanged. The
+// result balances when latest does, and its Inserted and Updated never
+// decrease from one read to the next unless the chunk's merged rows do
+// (rows gone from the source, or now rejected). The counts are
+// aggregates: a row inserted by one read and changed by the next counts
+// as inserted, and rows changed by several reads are counted at most
+// once each only as far as the cap tells.
+func (c Counts) Reread(latest Counts) Counts {
+	merged := latest.Inserted + latest.Updated + latest.Unchanged
+	ins := min(c.Inserted+latest.Inserted, merged)
+	upd := min(c.Updated+latest.Updated, merged-ins)
+	return Counts{Read: latest.Read, Inserted: ins, Updated: upd, Unchanged: merged - ins - upd,
+		Rejected: latest.Rejected, Deduplicated: latest.Deduplicated}
+}
+
 // ChunkResult is what one completed chunk recorded in the manifest.
 type ChunkResult struct {
 	Chunk Chunk
@@ -510,11 +539,15 @@ type Report struct {
 	// ChunksOpen counts the chunks checkpointed as [ChunkOpen]: loaded,
 	// but ending after the run's horizon (watermark or now), so not final;
 	// OpenChunks lists their IDs. The next call reads them again; until
-	// then the run is not completed (Status stays running).
+	// then the run is not completed (Status stays running) and Run
+	// returns an error wrapping [ErrChunksOpen] with this report.
 	ChunksOpen int
 	OpenChunks []string
 	// Counts sums every checkpointed (done or open) chunk of the run (not
-	// only this call's).
+	// only this call's), each as it stands: a chunk read several times
+	// while open counts its rows once, as its latest read found them
+	// ([Counts.Reread]), so a row read by four reads counts once in Read
+	// (and once in Rejected when every read rejected it).
 	Counts Counts
 	// Warnings says what in the job may lose or hold back rows, e.g. a
 	// scope that reaches into the future, or a date-typed ChunkColumn

@@ -2,22 +2,19 @@ package backfill
 
 import (
 	"context"
-	"encoding/hex"
 	"errors"
 	"fmt"
-	"regexp"
 	"slices"
-	"strconv"
-	"strings"
 	"time"
 
-	"github.com/lib/pq"
+	"github.com/pgbackfill/backfill/internal/copyerr"
+	"github.com/pgbackfill/backfill/internal/pgconv"
 )
 
 // Isolating rows that PostgreSQL refuses while staging.
 //
 // The row writer converts and checks values for the common column types
-// (merge_convert.go), but some types it passes as text for PostgreSQL's
+// (internal/pgconv), but some types it passes as text for PostgreSQL's
 // input function to read: enum labels, domains with CHECK constraints,
 // inet, ranges, arrays, geometric types and any extension type. A value
 // such an input function refuses fails the chunk's COPY, and with it the
@@ -43,146 +40,12 @@ import (
 // DefaultMaxStagingRejects is the default of [Config.MaxStagingRejects].
 const DefaultMaxStagingRejects = 10
 
-// stagingReject is a row PostgreSQL refused while staging.
-type stagingReject struct {
-	column, value, reason string
-	// null: the refused value is NULL (a domain's NOT NULL).
-	null bool
-	// truncated: PostgreSQL shortened the value in its message; it is a
-	// prefix of the refused text.
-	truncated bool
-}
-
-// copyLine is the start of the context PostgreSQL gives a COPY FROM
-// error: "COPY name, line N, column col: "value"" or "..., column col:
-// null input" (CopyFromErrorCallback in src/backend/commands/copyfrom.c);
-// the column part is absent for errors of a whole line. A value longer
-// than the message allows ends in "...".
-var copyLine = regexp.MustCompile(`^COPY [^,]+, line (\d+)`)
-
-// stagingDataError reports whether err is PostgreSQL refusing a value of
-// a staged row: a data exception (SQLSTATE class 22), or a domain's CHECK
-// (23514) or NOT NULL (23502) constraint, raised while reading COPY data.
-// It returns the line of the COPY data (1 for the first row staged), the
-// column (one of columns, which may contain any character) and value
-// when PostgreSQL names them, and the reason.
-func stagingDataError(err error, columns []string) (line int64, rej stagingReject, ok bool) {
-	var pe *pq.Error
-	if !errors.As(err, &pe) {
-		return 0, rej, false
-	}
-	if code := string(pe.Code); !strings.HasPrefix(code, "22") && code != "23514" && code != "23502" {
-		return 0, rej, false
-	}
-	m := copyLine.FindStringSubmatchIndex(pe.Where)
-	if m == nil {
-		return 0, rej, false
-	}
-	line, perr := strconv.ParseInt(pe.Where[m[2]:m[3]], 10, 64)
-	if perr != nil || line < 1 {
-		return 0, rej, false
-	}
-	rej.reason = fmt.Sprintf("%s (SQLSTATE %s)", pe.Message, pe.Code)
-	rest := pe.Where[m[1]:]
-	for _, c := range columns {
-		switch {
-		case len(c) < len(rej.column):
-		case strings.HasPrefix(rest, ", column "+c+`: "`) && strings.HasSuffix(rest, `"`):
-			rej.column, rej.null = c, false
-			rej.value = rest[len(", column "+c+`: "`) : len(rest)-1]
-		case rest == ", column "+c+": null input":
-			rej.column, rej.value, rej.null = c, "", true
-		}
-	}
-	// PostgreSQL shortens a value longer than 100 bytes to its first 100
-	// bytes, cut back to a whole character (at most 3 bytes less), and
-	// appends "..." (limit_printout_length, MAX_COPY_DATA_DISPLAY); a
-	// shorter value that ends in "..." is the value itself.
-	if p := len(rej.value) - len("..."); strings.HasSuffix(rej.value, "...") && p >= maxCopyDisplay-3 && p <= maxCopyDisplay {
-		rej.value, rej.truncated = rej.value[:p], true
-	}
-	return line, rej, true
-}
-
-// maxCopyDisplay is PostgreSQL's MAX_COPY_DATA_DISPLAY
-// (src/backend/commands/copyfrom.c): the bytes of a value an error's
-// context shows.
-const maxCopyDisplay = 100
-
-// stagingLines maps the lines of a chunk's COPY data to the rows the
-// extractor wrote: runs of consecutive rows, a new run after each row the
-// writer rejected before staging.
-type stagingLines struct {
-	runs    []struct{ line, row int64 }
-	line    int64
-	lastRow int64
-}
-
-// add records that row was staged as the next line.
-func (l *stagingLines) add(row int64) {
-	l.line++
-	if len(l.runs) == 0 || row != l.lastRow+1 {
-		l.runs = append(l.runs, struct{ line, row int64 }{l.line, row})
-	}
-	l.lastRow = row
-}
-
-// row returns the row staged as line, or 0 when no such line was staged.
-func (l *stagingLines) row(line int64) int64 {
-	if line < 1 || line > l.line {
-		return 0
-	}
-	for i := len(l.runs) - 1; i >= 0; i-- {
-		if r := l.runs[i]; r.line <= line {
-			return r.row + (line - r.line)
-		}
-	}
-	return 0
-}
-
-// matches reports whether v, the value a row's column would be staged
-// as, is the value PostgreSQL refused: its text as lib/pq sends it in COPY
-// data (or NULL), equal to the value PostgreSQL named, or starting with it
-// when PostgreSQL shortened it.
-func (r stagingReject) matches(v any) bool {
-	if v == nil || r.null {
-		return v == nil && r.null
-	}
-	text, ok := copyText(v)
-	if !ok {
-		return false
-	}
-	if r.truncated {
-		return strings.HasPrefix(text, r.value)
-	}
-	return text == r.value
-}
-
-// copyText returns the text lib/pq's COPY encoding sends for v, a value
-// of the row writer (encode.go, appendEncodedText), before COPY's escapes.
-func copyText(v any) (string, bool) {
-	switch v := v.(type) {
-	case string:
-		return v, true
-	case int64:
-		return strconv.FormatInt(v, 10), true
-	case int:
-		return strconv.Itoa(v), true
-	case int32:
-		return strconv.FormatInt(int64(v), 10), true
-	case float64:
-		return strconv.FormatFloat(v, 'f', -1, 64), true
-	case float32:
-		return strconv.FormatFloat(float64(v), 'f', -1, 64), true
-	case bool:
-		return strconv.FormatBool(v), true
-	case []byte:
-		return `\x` + hex.EncodeToString(v), true
-	case time.Time:
-		return string(pq.FormatTimestamp(v)), true
-	}
-	return "", false
-}
+// stagingReject is a row PostgreSQL refused while staging; stagingLines
+// maps the lines of a chunk's COPY data to the rows the extractor wrote.
+type (
+	stagingReject = copyerr.Reject
+	stagingLines  = copyerr.Lines
+)
 
 // stagingRowError is a row PostgreSQL refused while staging, named by
 // row, column and value; it wraps the *pq.Error.
@@ -218,84 +81,135 @@ func (s *persistStager) endStaging(ctx context.Context) error {
 // stagers must stage with COPY. It returns the stager, to merge and
 // close, and the row writer with the chunk's counts and exceptions.
 func (ex *execution) stage(ctx context.Context, tx Tx, c Chunk, info TableInfo, started time.Time, savepoints bool, newStager func() (Stager, error)) (Stager, *rowWriter, error) {
-	rejects := &stagingRejects{}
+	s := &chunkStaging{ex: ex, tx: tx, chunk: c, info: info, started: started, savepoints: savepoints, newStager: newStager}
 	for {
-		if savepoints {
-			if _, err := tx.ExecContext(ctx, `SAVEPOINT backfill_stage`); err != nil {
-				return nil, nil, fmt.Errorf("savepoint: %w", err)
-			}
-		}
-		st, err := newStager()
+		st, w, ref, err := s.attempt(ctx)
 		if err != nil {
 			return nil, nil, err
 		}
-		w := newRowWriter(c, ex.job, info, st, ex.r.cfg.MaxRejectsPerChunk, started)
-		w.stagingRejects = rejects
-		xerr := extractSafely(ctx, ex.job.Extractor, c, w)
-		w.closed = true
-		serr := w.err
-		if serr == nil && xerr == nil {
-			if ce, ok := st.(copyEnder); ok {
-				serr = ce.endStaging(ctx)
-			}
+		if !savepoints || !ref.isData || ctx.Err() != nil {
+			return s.finish(ctx, st, w, ref)
 		}
-		line, rej, isData := stagingDataError(serr, w.names)
-		if i := slices.Index(w.names, rej.column); isData && i >= 0 {
-			rej.reason = limitNote(info.Columns[i], rej.reason) // the column's real limit
+		if err := s.requeue(ctx, st, w, ref); err != nil {
+			return nil, nil, err
 		}
-		// where names the refused row; the chunk's error names the chunk.
-		where := func() string {
-			row := w.lines.row(line)
-			s := fmt.Sprintf("backfill: stage %s: row %d", info.Target.Table, row)
-			if row == 0 {
-				s = fmt.Sprintf("backfill: stage %s: staging line %d", info.Target.Table, line)
-			}
-			if rej.column != "" {
-				s += fmt.Sprintf(" column %q value %q", rej.column, rej.value)
-			}
-			return s
-		}
-		if !savepoints || !isData || ctx.Err() != nil {
-			if serr != nil || xerr != nil {
-				_ = st.Close()
-			}
-			switch {
-			case isData:
-				return nil, nil, &stagingRowError{msg: where() + " refused: " + rej.reason, err: serr}
-			case serr != nil:
-				return nil, nil, serr
-			case xerr != nil:
-				return nil, nil, fmt.Errorf("extract: %w", xerr)
-			}
-			if savepoints {
-				if _, err := tx.ExecContext(ctx, `RELEASE SAVEPOINT backfill_stage`); err != nil {
-					_ = st.Close()
-					return nil, nil, fmt.Errorf("release savepoint: %w", err)
-				}
-			}
-			return st, w, nil
-		}
-		_ = st.Close()
-		if _, err := tx.ExecContext(context.WithoutCancel(ctx), `ROLLBACK TO SAVEPOINT backfill_stage; RELEASE SAVEPOINT backfill_stage`); err != nil {
-			return nil, nil, errors.Join(serr, fmt.Errorf("rollback to savepoint: %w", err))
-		}
-		row := w.lines.row(line)
-		switch {
-		case row == 0:
-			return nil, nil, &stagingRowError{msg: where() + " refused: " + rej.reason, err: serr}
-		case rejects.has(row, rej):
-			// Refused again although queued: the row writer did not know
-			// the value again (its text differs from what PostgreSQL
-			// reported), or, for a row found by position, the extractor
-			// wrote another row there this time.
-			return nil, nil, &stagingRowError{msg: where() + " refused again although queued: " + rej.reason, err: serr}
-		case rejects.len() >= ex.r.cfg.MaxStagingRejects:
-			return nil, nil, fmt.Errorf("%w: %s refused: %s; %d values of this chunk were refused already (Config.MaxStagingRejects): convert or Reject such values in the extractor",
-				ErrTooManyRejects, where(), rej.reason, rejects.len())
-		}
-		rejects.add(row, rej)
-		ex.log.Warn("value refused while staging; restaging the chunk without its rows", "chunk", c.ID, "row", row, "column", rej.column, "reason", rej.reason)
 	}
+}
+
+// chunkStaging is one call of execution.stage: its inputs, and the
+// values PostgreSQL refused in its earlier attempts.
+type chunkStaging struct {
+	ex         *execution
+	tx         Tx
+	chunk      Chunk
+	info       TableInfo
+	started    time.Time
+	savepoints bool
+	newStager  func() (Stager, error)
+	rejects    stagingRejects
+}
+
+// stagingRefusal is how a staging attempt ended: the extractor's error,
+// the staging's error and, when that is PostgreSQL refusing a value
+// (isData), the staged line and the value.
+type stagingRefusal struct {
+	xerr, serr error
+	line       int64
+	rej        stagingReject
+	isData     bool
+}
+
+// attempt stages the chunk once, inside a savepoint when savepoints is
+// true, queueing the values refused in earlier attempts.
+func (s *chunkStaging) attempt(ctx context.Context) (Stager, *rowWriter, stagingRefusal, error) {
+	var ref stagingRefusal
+	if s.savepoints {
+		if _, err := s.tx.ExecContext(ctx, `SAVEPOINT backfill_stage`); err != nil {
+			return nil, nil, ref, fmt.Errorf("savepoint: %w", err)
+		}
+	}
+	st, err := s.newStager()
+	if err != nil {
+		return nil, nil, ref, err
+	}
+	w := newRowWriter(s.chunk, s.ex.job, s.info, st, s.ex.r.cfg.MaxRejectsPerChunk, s.started)
+	w.stagingRejects = &s.rejects
+	ref.xerr = extractSafely(ctx, s.ex.job.Extractor, s.chunk, w)
+	w.closed = true
+	ref.serr = w.err
+	if ref.serr == nil && ref.xerr == nil {
+		if ce, ok := st.(copyEnder); ok {
+			ref.serr = ce.endStaging(ctx)
+		}
+	}
+	ref.line, ref.rej, ref.isData = copyerr.Parse(ref.serr, w.names)
+	if i := slices.Index(w.names, ref.rej.Column); ref.isData && i >= 0 {
+		ref.rej.Reason = pgconv.LimitNote(s.info.Columns[i].conv(), ref.rej.Reason) // the column's real limit
+	}
+	return st, w, ref, nil
+}
+
+// where names the refused row of ref; the chunk's error names the chunk.
+func (s *chunkStaging) where(w *rowWriter, ref stagingRefusal) string {
+	row := w.lines.Row(ref.line)
+	msg := fmt.Sprintf("backfill: stage %s: row %d", s.info.Target.Table, row)
+	if row == 0 {
+		msg = fmt.Sprintf("backfill: stage %s: staging line %d", s.info.Target.Table, ref.line)
+	}
+	if ref.rej.Column != "" {
+		msg += fmt.Sprintf(" column %q value %q", ref.rej.Column, ref.rej.Value)
+	}
+	return msg
+}
+
+// finish ends an attempt that is not restaged: its error, or its stager
+// and row writer with the savepoint released.
+func (s *chunkStaging) finish(ctx context.Context, st Stager, w *rowWriter, ref stagingRefusal) (Stager, *rowWriter, error) {
+	if ref.serr != nil || ref.xerr != nil {
+		_ = st.Close()
+	}
+	switch {
+	case ref.isData:
+		return nil, nil, &stagingRowError{msg: s.where(w, ref) + " refused: " + ref.rej.Reason, err: ref.serr}
+	case ref.serr != nil:
+		return nil, nil, ref.serr
+	case ref.xerr != nil:
+		return nil, nil, fmt.Errorf("extract: %w", ref.xerr)
+	}
+	if s.savepoints {
+		if _, err := s.tx.ExecContext(ctx, `RELEASE SAVEPOINT backfill_stage`); err != nil {
+			_ = st.Close()
+			return nil, nil, fmt.Errorf("release savepoint: %w", err)
+		}
+	}
+	return st, w, nil
+}
+
+// requeue rolls an attempt refused on a value back to its savepoint and
+// queues the refused row's value for the next attempt, or says why the
+// chunk cannot be staged.
+func (s *chunkStaging) requeue(ctx context.Context, st Stager, w *rowWriter, ref stagingRefusal) error {
+	_ = st.Close()
+	if _, err := s.tx.ExecContext(context.WithoutCancel(ctx), `ROLLBACK TO SAVEPOINT backfill_stage; RELEASE SAVEPOINT backfill_stage`); err != nil {
+		return errors.Join(ref.serr, fmt.Errorf("rollback to savepoint: %w", err))
+	}
+	row := w.lines.Row(ref.line)
+	switch {
+	case row == 0:
+		return &stagingRowError{msg: s.where(w, ref) + " refused: " + ref.rej.Reason, err: ref.serr}
+	case s.rejects.has(row, ref.rej):
+		// Refused again although queued: the row writer did not know the
+		// value again (its text differs from what PostgreSQL reported),
+		// or, for a row found by position, the extractor wrote another
+		// row there this time.
+		return &stagingRowError{msg: s.where(w, ref) + " refused again although queued: " + ref.rej.Reason, err: ref.serr}
+	case s.rejects.len() >= s.ex.r.cfg.MaxStagingRejects:
+		return fmt.Errorf("%w: %s refused: %s; %d values of this chunk were refused already (Config.MaxStagingRejects): convert or Reject such values in the extractor",
+			ErrTooManyRejects, s.where(w, ref), ref.rej.Reason, s.rejects.len())
+	}
+	s.rejects.add(row, ref.rej)
+	s.ex.log.Warn("value refused while staging; restaging the chunk without its rows", "chunk", s.chunk.ID, "row", row, "column", ref.rej.Column, "reason", ref.rej.Reason)
+	return nil
 }
 
 // stagingRejects are the values PostgreSQL refused in earlier stagings of
@@ -312,7 +226,7 @@ type stagingRejects struct {
 func (r *stagingRejects) len() int { return len(r.byValue) + len(r.byRow) }
 
 func (r *stagingRejects) add(row int64, rej stagingReject) {
-	if rej.column != "" && !rej.truncated {
+	if rej.Column != "" && !rej.Truncated {
 		r.byValue = append(r.byValue, rej)
 		return
 	}
@@ -324,7 +238,7 @@ func (r *stagingRejects) add(row int64, rej stagingReject) {
 
 // has reports whether rej (refused at row) was queued already.
 func (r *stagingRejects) has(row int64, rej stagingReject) bool {
-	if rej.column != "" && !rej.truncated {
+	if rej.Column != "" && !rej.Truncated {
 		return slices.Contains(r.byValue, rej)
 	}
 	_, ok := r.byRow[row]
@@ -335,13 +249,13 @@ func (r *stagingRejects) has(row int64, rej stagingReject) bool {
 // (columns names), holds, if any.
 func (r *stagingRejects) match(row int64, names []string, buf []any) (stagingReject, int, bool) {
 	if rej, ok := r.byRow[row]; ok {
-		i := slices.Index(names, rej.column)
-		if i < 0 || rej.matches(buf[i]) {
+		i := slices.Index(names, rej.Column)
+		if i < 0 || rej.Matches(buf[i]) {
 			return rej, i, true
 		}
 	}
 	for _, rej := range r.byValue {
-		if i := slices.Index(names, rej.column); i >= 0 && rej.matches(buf[i]) {
+		if i := slices.Index(names, rej.Column); i >= 0 && rej.Matches(buf[i]) {
 			return rej, i, true
 		}
 	}

@@ -2,6 +2,7 @@ package backfill
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -27,7 +28,12 @@ const (
 	// table, invisible to readers who query [Publish.View], and switches
 	// the view to it in one transaction when every chunk is done: readers
 	// see the old version or the new one, never a mix. The previous
-	// version is kept; [Runner.Rollback] switches the view back to it.
+	// version is kept; [Runner.Rollback] switches the view back to it, or,
+	// for a batch not yet published, makes sure it never is. A scope that
+	// ends after now (or the watermark) is refused with [ErrInvalidScope]:
+	// its open chunks would keep the run from completing, so from being
+	// published. Versions are named "<table>__v<batch>", shortened with a
+	// hash when longer than PostgreSQL's 63 bytes.
 	PublishVersionedView PublishMode = "versioned_view"
 )
 
@@ -91,10 +97,21 @@ func (p Publish) validate(job string) error {
 
 // versionTable names the table version a batch loads: "<table>__v<batch>"
 // in the table's schema (table is a name [sqlgen.ParseTable] accepts; the
-// result is in the same form).
+// result is in the same form). A name longer than PostgreSQL keeps (63
+// bytes) is shortened by [sqlgen.Derived], which keeps "__v<batch>" whole:
+// left to PostgreSQL's truncation, batch 10's version of a 59-byte table
+// would be batch 1's table. Partition swap names its new partitions so too.
 func versionTable(table string, batchID int64) string {
 	s, t := sqlgen.SplitTable(table)
-	return sqlgen.Qualified(s, fmt.Sprintf("%s__v%d", t, batchID))
+	return sqlgen.Qualified(s, sqlgen.Derived(t, fmt.Sprintf("__v%d", batchID)))
+}
+
+// versionMarker is the comment prepareVersion puts on the version it
+// creates for batchID of table, in the transaction that creates it: a
+// table of that name without it (a user's table, or another derived name)
+// is never merged into.
+func versionMarker(table string, batchID int64) string {
+	return fmt.Sprintf("backfill: version of %s for batch %d", table, batchID)
 }
 
 // viewSource returns the table the view reads (from pg_depend and
@@ -132,15 +149,24 @@ func viewSource(ctx context.Context, db sqlx.ExtContext, view string) (string, e
 // the first publish), and prepares the merge into it.
 func (r *Runner) prepareVersion(ctx context.Context, job Job, info TableInfo, batchID int64) (TableInfo, error) {
 	version := versionTable(info.Target.Table, batchID)
+	marker := versionMarker(info.Target.Table, batchID)
 	err := inTx(ctx, r.db, func(tx sqlx.ExtContext) error {
 		if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock(hashtextextended('backfill.version:' || $1, 0))`, version); err != nil {
 			return err
 		}
-		var exists bool
-		if err := sqlx.GetContext(ctx, tx, &exists, `SELECT to_regclass($1) IS NOT NULL`, sqlgen.Table(version)); err != nil {
+		// The name must resolve to the version this batch created (an
+		// earlier call of the run), or to nothing: never to a table of
+		// someone else's that happens to have the name.
+		var found []sql.NullString
+		if err := sqlx.SelectContext(ctx, tx, &found, `SELECT obj_description(c.oid, 'pg_class') FROM (SELECT to_regclass($1) AS oid) c WHERE c.oid IS NOT NULL`, sqlgen.Table(version)); err != nil {
 			return err
 		}
-		if exists {
+		if len(found) == 1 {
+			if found[0].String != marker {
+				return fmt.Errorf("%w: table %s exists but is not the version backfill created for batch %d of %s (its comment is %q, not %q); rename it, "+
+					"or, if an older version of this library created it for this run, mark it with COMMENT ON TABLE %s IS %s",
+					ErrInvalidConfig, version, batchID, info.Target.Table, found[0].String, marker, sqlgen.Table(version), pqQuoteLiteral(marker))
+			}
 			return nil
 		}
 		current, err := viewSource(ctx, tx, job.Publish.View)
@@ -151,6 +177,9 @@ func (r *Runner) prepareVersion(ctx context.Context, job Job, info TableInfo, ba
 			current = info.Target.Table
 		}
 		if _, err := tx.ExecContext(ctx, fmt.Sprintf(`CREATE TABLE %s (LIKE %s INCLUDING ALL)`, sqlgen.Table(version), sqlgen.Table(current))); err != nil {
+			return err
+		}
+		if _, err := tx.ExecContext(ctx, fmt.Sprintf(`COMMENT ON TABLE %s IS %s`, sqlgen.Table(version), pqQuoteLiteral(marker))); err != nil {
 			return err
 		}
 		_, err = tx.ExecContext(ctx, fmt.Sprintf(`INSERT INTO %s SELECT * FROM %s`, sqlgen.Table(version), sqlgen.Table(current)))
@@ -168,84 +197,278 @@ func (r *Runner) prepareVersion(ctx context.Context, job Job, info TableInfo, ba
 	return r.cfg.Merger.Prepare(ctx, r.db, t)
 }
 
-// publishVersion switches the view to the batch's version in one
-// transaction and records it ("published", with the previous version) in
-// the audit log; it does nothing, and reports false, when the view already
-// reads it.
+// Event kinds of the view switch of [PublishVersionedView], in the audit
+// log ([ManifestAudit]).
+const (
+	// EventPublished: the view was switched to the batch's version, in
+	// the switch's transaction; detail: view, version, previous.
+	EventPublished = "published"
+	// EventPublishBlocked: every try of the switch timed out behind
+	// sessions holding the view; the run is completed but unpublished
+	// (runs.last_error says so, and backfill.completed_batches leaves it
+	// out) until a later call of Run publishes it; detail: view, version,
+	// tries, lock_timeout, blockers.
+	EventPublishBlocked = "publish_blocked"
+)
+
+// viewSwitch is one switch of a versioned view, publish or switch back:
+// each try runs in its own transaction that first takes a
+// transaction-level advisory lock on the view (so publishes and switch
+// backs of one view run one at a time) and then calls try, which does its
+// checks under that lock (and the run row's) and calls replace to point
+// the view at another table.
 //
 // CREATE OR REPLACE VIEW needs an ACCESS EXCLUSIVE lock on the view, which
 // waits for every transaction that read the view, and every new reader of
-// the view queues behind that wait. So the switch waits at most
-// [Publish.LockTimeout] (lock_timeout, local to its transaction) and is
-// tried [Publish.LockRetries] times with a growing pause in between, while
-// readers go on reading the old version. When every try timed out it
-// returns an error wrapping [ErrPublishBlocked] that names the sessions
-// holding a lock on the view (pid, application_name, state, query); the
-// run stays completed and unpublished, and running the job again publishes
-// it.
+// the view queues behind that wait. So replace waits at most timeout
+// (lock_timeout, local to the try's transaction), and a try that timed out
+// (55P03) is run again, up to tries times, pausing 100ms, 200ms, ... (at
+// most 5s) in between while readers go on reading the old table. When
+// every try timed out, switchView returns an error wrapping
+// [ErrPublishBlocked] that names the sessions holding the view
+// (pid, application_name, state, query) and them alone in blockers.
+type viewSwitch struct {
+	view    string // the view, in the form of Publish.View
+	target  string // the table the view is switched to, for messages
+	timeout string // lock_timeout of each try
+	tries   int
+	what    string // what switches, for messages: "publish job "x" batch 2"
+}
+
+func (r *Runner) switchView(ctx context.Context, vs viewSwitch, try func(tx sqlx.ExtContext, replace func(source string) error) error) (blockers string, err error) {
+	for n := 1; ; n++ {
+		var blocking string // what pg_blocking_pids said during the last try
+		err := inTx(ctx, r.db, func(tx sqlx.ExtContext) error {
+			if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock(hashtextextended('backfill.view:' || $1, 0))`, vs.view); err != nil {
+				return err
+			}
+			return try(tx, func(source string) error {
+				var pid int
+				if err := sqlx.GetContext(ctx, tx, &pid, `SELECT pg_backend_pid() FROM set_config('lock_timeout', $1, true)`, vs.timeout); err != nil {
+					return err
+				}
+				var watch func() string
+				if n >= vs.tries {
+					watch = watchBlockers(ctx, r.db, pid)
+				}
+				_, err := tx.ExecContext(ctx, fmt.Sprintf(`CREATE OR REPLACE VIEW %s AS SELECT * FROM %s`, sqlgen.Table(vs.view), sqlgen.Table(source)))
+				if watch != nil {
+					blocking = watch()
+				}
+				if err != nil {
+					return fmt.Errorf("backfill: %s: switch view %s: %w", vs.what, vs.view, err)
+				}
+				return nil
+			})
+		})
+		var pe *pq.Error
+		if err == nil || !errors.As(err, &pe) || pe.Code != "55P03" {
+			return "", err
+		}
+		if n >= vs.tries {
+			blockers := blocking
+			if blockers == "" {
+				blockers = lockHolders(context.WithoutCancel(ctx), r.db, vs.view)
+			}
+			return blockers, fmt.Errorf("backfill: %s: %w: view %s not switched to %s after %d tries with lock_timeout %s; held by %s",
+				vs.what, ErrPublishBlocked, vs.view, vs.target, n, vs.timeout, blockers)
+		}
+		r.cfg.Logger.Warn("view locked by readers; retrying its switch", "switch", vs.what, "view", vs.view, "to", vs.target, "try", n, "lock_timeout", vs.timeout)
+		select {
+		case <-ctx.Done():
+			return "", ctx.Err()
+		case <-time.After(min(100*time.Millisecond<<(n-1), 5*time.Second)):
+		}
+	}
+}
+
+// lockRunRow locks the batch's run row (FOR UPDATE) in tx and returns its
+// status: publish and rollback of a batch take it, after the view's lock,
+// so that each sees the other's outcome. With a manifest other than
+// [PGManifest] (no runs table; [Runner.Rollback] needs PGManifest, so no
+// rollback can interleave) it returns RunCompleted.
+func (r *Runner) lockRunRow(ctx context.Context, tx sqlx.ExtContext, batchID int64) (RunStatus, error) {
+	pm, ok := r.cfg.Manifest.(*PGManifest)
+	if !ok {
+		return RunCompleted, nil
+	}
+	var st []RunStatus
+	if err := sqlx.SelectContext(ctx, tx, &st, pm.sql(`SELECT status FROM {s}.runs WHERE batch_id = $1 FOR UPDATE`), batchID); err != nil {
+		return "", err
+	}
+	if len(st) == 0 {
+		return "", fmt.Errorf("batch %d: %w", batchID, ErrRunNotFound)
+	}
+	return st[0], nil
+}
+
+// publishVersion switches the view to the batch's version (see
+// [viewSwitch]: bounded lock_timeout, retries, blockers named) and records
+// it, in the switch's transaction, as an [EventPublished] with the previous
+// version, clearing the run's last_error. It reports false, doing nothing,
+// when the view already reads the version.
+//
+// Under the view's and the run row's locks it checks that the run is
+// still completed: a batch rolled back while its publish was pending (a
+// blocked publish, or one retrying) is never published, now or by any
+// later call; it returns an error wrapping [ErrAlreadyCompleted] then.
+//
+// When every try timed out it records an [EventPublishBlocked] naming the
+// blockers and sets the run's last_error, so that the manifest says the
+// run is completed but unpublished, and returns the error wrapping
+// [ErrPublishBlocked]; running the job again publishes it.
 func (r *Runner) publishVersion(ctx context.Context, job Job, run Run, table string) (bool, error) {
 	audit, ok := r.cfg.Manifest.(ManifestAudit)
 	if !ok {
 		return false, fmt.Errorf("backfill: publish job %q: %w: the manifest has no audit log", job.Name, ErrUnsupported)
 	}
 	version := versionTable(table, run.BatchID)
-	timeout := cmpOr(job.Publish.LockTimeout, "200ms")
-	tries := cmpOr(job.Publish.LockRetries, DefaultPublishLockRetries)
-	for try := 1; ; try++ {
-		switched := false
-		var blocking string // what pg_blocking_pids said during the last try
-		err := inTx(ctx, r.db, func(tx sqlx.ExtContext) error {
-			if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock(hashtextextended('backfill.view:' || $1, 0))`, job.Publish.View); err != nil {
+	vs := viewSwitch{view: job.Publish.View, target: version, timeout: cmpOr(job.Publish.LockTimeout, "200ms"),
+		tries: cmpOr(job.Publish.LockRetries, DefaultPublishLockRetries), what: fmt.Sprintf("publish job %q batch %d", job.Name, run.BatchID)}
+	switched := false
+	status := RunCompleted
+	blockers, err := r.switchView(ctx, vs, func(tx sqlx.ExtContext, replace func(string) error) error {
+		var err error
+		if status, err = r.lockRunRow(ctx, tx, run.BatchID); err != nil || status != RunCompleted {
+			return err
+		}
+		previous, err := viewSource(ctx, tx, job.Publish.View)
+		if err != nil || previous == version {
+			return err
+		}
+		if err := replace(version); err != nil {
+			return err
+		}
+		if err := r.setRunError(ctx, tx, run.BatchID, ""); err != nil {
+			return err
+		}
+		detail, _ := json.Marshal(map[string]string{"view": job.Publish.View, "version": version, "previous": previous})
+		if err := audit.RecordEvent(ctx, tx, Event{BatchID: run.BatchID, Job: job.Name, Kind: EventPublished, Actor: r.cfg.WorkerID, Detail: detail}); err != nil {
+			return err
+		}
+		switched = true
+		return nil
+	})
+	switch {
+	case errors.Is(err, ErrPublishBlocked):
+		err = fmt.Errorf("%w; the run is completed but unpublished: run the job again to publish it", err)
+		fctx := context.WithoutCancel(ctx)
+		rerr := inTx(fctx, r.db, func(tx sqlx.ExtContext) error {
+			if st, err := r.lockRunRow(fctx, tx, run.BatchID); err != nil || st != RunCompleted {
 				return err
 			}
-			previous, err := viewSource(ctx, tx, job.Publish.View)
-			if err != nil {
+			if err := r.setRunError(fctx, tx, run.BatchID, err.Error()); err != nil {
 				return err
 			}
-			if previous == version {
-				return nil
-			}
-			var pid int
-			if err := sqlx.GetContext(ctx, tx, &pid, `SELECT pg_backend_pid() FROM set_config('lock_timeout', $1, true)`, timeout); err != nil {
-				return err
-			}
-			var watch func() string
-			if try >= tries {
-				watch = watchBlockers(ctx, r.db, pid)
-			}
-			_, err = tx.ExecContext(ctx, fmt.Sprintf(`CREATE OR REPLACE VIEW %s AS SELECT * FROM %s`, sqlgen.Table(job.Publish.View), sqlgen.Table(version)))
-			if watch != nil {
-				blocking = watch()
-			}
-			if err != nil {
-				return fmt.Errorf("backfill: publish job %q: switch view %s: %w", job.Name, job.Publish.View, err)
-			}
-			switched = true
-			detail, _ := json.Marshal(map[string]string{"view": job.Publish.View, "version": version, "previous": previous})
-			return audit.RecordEvent(ctx, tx, Event{BatchID: run.BatchID, Job: job.Name, Kind: "published", Actor: r.cfg.WorkerID, Detail: detail})
+			detail, _ := json.Marshal(map[string]any{"view": job.Publish.View, "version": version, "tries": vs.tries,
+				"lock_timeout": vs.timeout, "blockers": blockers})
+			return audit.RecordEvent(fctx, tx, Event{BatchID: run.BatchID, Job: job.Name, Kind: EventPublishBlocked, Actor: r.cfg.WorkerID, Detail: detail})
 		})
-		if err == nil {
-			return switched, nil
-		}
-		var pe *pq.Error
-		if !errors.As(err, &pe) || pe.Code != "55P03" {
-			return false, err
-		}
-		if try >= tries {
-			blockers := blocking
-			if blockers == "" {
-				blockers = lockHolders(context.WithoutCancel(ctx), r.db, job.Publish.View)
-			}
-			return false, fmt.Errorf("backfill: publish job %q batch %d: %w: view %s not switched to %s after %d tries with lock_timeout %s; held by %s; the run is completed but unpublished: run the job again to publish it",
-				job.Name, run.BatchID, ErrPublishBlocked, job.Publish.View, version, try, timeout, blockers)
-		}
-		r.cfg.Logger.Warn("publish: view locked by readers; retrying", "job", job.Name, "batch_id", run.BatchID, "view", job.Publish.View, "try", try, "lock_timeout", timeout)
-		select {
-		case <-ctx.Done():
-			return false, ctx.Err()
-		case <-time.After(min(100*time.Millisecond<<(try-1), 5*time.Second)):
-		}
+		return false, errors.Join(err, rerr)
+	case err != nil:
+		return false, err
+	case status != RunCompleted:
+		return false, fmt.Errorf("backfill: publish job %q batch %d: %w: the batch is %s (rolled back while its publish was pending); view %s not switched to %s",
+			job.Name, run.BatchID, ErrAlreadyCompleted, status, job.Publish.View, version)
 	}
+	return switched, nil
+}
+
+// setRunError sets the run's last_error in tx ([PGManifest] only).
+func (r *Runner) setRunError(ctx context.Context, tx sqlx.ExtContext, batchID int64, msg string) error {
+	pm, ok := r.cfg.Manifest.(*PGManifest)
+	if !ok {
+		return nil
+	}
+	_, err := tx.ExecContext(ctx, pm.sql(`UPDATE {s}.runs SET last_error = $2, updated_at = now() WHERE batch_id = $1 AND last_error <> $2`), batchID, msg)
+	return err
+}
+
+// switchBack withdraws a versioned-view batch (see [Runner.Rollback]) in
+// one [viewSwitch] of the job's view, bounded like the publish by
+// [Publish.LockTimeout] and [Publish.LockRetries] ([ErrPublishBlocked]
+// names the blocking readers; nothing changes then). Under the view's and
+// the run row's locks, so that a pending publish of the batch cannot slip
+// in between, it either points the view back to the version the batch's
+// [EventPublished] replaced (the base table for the first publish;
+// refused with [ErrRollbackConflict] when a later batch published, unless
+// force), or, when the batch was never published, only marks it
+// rolled_back: its pending publish then never happens. Either way the run
+// becomes rolled_back in the same transaction. It reports what it did:
+// "switched_back", "unpublished", or "" when the batch was rolled back
+// already.
+func (r *Runner) switchBack(ctx context.Context, job Job, run Run, base string, opts RollbackOptions) (string, error) {
+	audit, ok := r.cfg.Manifest.(ManifestAudit)
+	if !ok {
+		return "", fmt.Errorf("backfill: switch back batch %d: %w", run.BatchID, ErrUnsupported)
+	}
+	vs := viewSwitch{view: job.Publish.View, target: "the previous version", timeout: cmpOr(job.Publish.LockTimeout, "200ms"),
+		tries: cmpOr(job.Publish.LockRetries, DefaultPublishLockRetries), what: fmt.Sprintf("rollback of batch %d", run.BatchID)}
+	outcome := ""
+	_, err := r.switchView(ctx, vs, func(tx sqlx.ExtContext, replace func(string) error) error {
+		outcome = ""
+		status, err := r.lockRunRow(ctx, tx, run.BatchID)
+		if err != nil {
+			return err
+		}
+		switch status {
+		case RunRolledBack:
+			return nil
+		case RunRunning:
+			return fmt.Errorf("backfill: rollback of batch %d: %w: the run is running again; wait for it or cancel it first", run.BatchID, ErrInvalidConfig)
+		}
+		events, err := audit.Events(ctx, tx, run.BatchID)
+		if err != nil {
+			return err
+		}
+		var pub struct{ View, Version, Previous string }
+		found := false
+		for _, e := range events {
+			if e.Kind == EventPublished {
+				if err := json.Unmarshal(e.Detail, &pub); err != nil {
+					return err
+				}
+				found = true
+			}
+		}
+		kind := "rollback_switch_back"
+		detail := map[string]any{"why": opts.Why}
+		if found {
+			current, err := viewSource(ctx, tx, pub.View)
+			if err != nil {
+				return err
+			}
+			if current != pub.Version && !opts.Force {
+				return fmt.Errorf("backfill: switch back batch %d: %w: view %s reads %s, not this batch's %s (a later batch published)",
+					run.BatchID, ErrRollbackConflict, pub.View, current, pub.Version)
+			}
+			if pub.Previous == "" {
+				// The first publish created the view: before it, the data
+				// was the base table's.
+				pub.Previous = base
+			}
+			if err := replace(pub.Previous); err != nil {
+				return err
+			}
+			detail = map[string]any{"why": opts.Why, "view": pub.View, "from": pub.Version, "to": pub.Previous, "force": opts.Force}
+			outcome = "switched_back"
+		} else {
+			// Never published: readers never saw the batch. Withdrawn
+			// under the run row's lock, its pending publish (if any)
+			// finds it rolled back and never switches the view.
+			kind = "rollback_unpublished"
+			outcome = "unpublished"
+		}
+		if _, err := tx.ExecContext(ctx, `UPDATE `+sqlgen.Ident(r.pgManifestSchema())+`.runs SET status = 'rolled_back', updated_at = now() WHERE batch_id = $1`, run.BatchID); err != nil {
+			return err
+		}
+		d, _ := json.Marshal(detail)
+		return audit.RecordEvent(ctx, tx, Event{BatchID: run.BatchID, Job: run.Job, Kind: kind, Actor: opts.Actor, Detail: d})
+	})
+	if err != nil {
+		return "", err
+	}
+	return outcome, nil
 }
 
 // watchBlockers polls, while session pid waits for a lock, the sessions
@@ -323,56 +546,6 @@ func lockHolders(ctx context.Context, db sqlx.ExtContext, rel string) string {
 		return "sessions that have since released it"
 	}
 	return s
-}
-
-// switchBack points the view of a versioned-view batch back to the version
-// it replaced; it reports false when the batch was never published.
-func (r *Runner) switchBack(ctx context.Context, run Run, base string, force bool, actor, why string) (bool, error) {
-	audit, ok := r.cfg.Manifest.(ManifestAudit)
-	if !ok {
-		return false, fmt.Errorf("backfill: switch back batch %d: %w", run.BatchID, ErrUnsupported)
-	}
-	events, err := audit.Events(ctx, r.db, run.BatchID)
-	if err != nil {
-		return false, err
-	}
-	var pub struct{ View, Version, Previous string }
-	found := false
-	for _, e := range events {
-		if e.Kind == "published" {
-			if err := json.Unmarshal(e.Detail, &pub); err != nil {
-				return false, err
-			}
-			found = true
-		}
-	}
-	if !found {
-		return false, nil
-	}
-	err = inTx(ctx, r.db, func(tx sqlx.ExtContext) error {
-		current, err := viewSource(ctx, tx, pub.View)
-		if err != nil {
-			return err
-		}
-		if current != pub.Version && !force {
-			return fmt.Errorf("backfill: switch back batch %d: %w: view %s reads %s, not this batch's %s (a later batch published)",
-				run.BatchID, ErrRollbackConflict, pub.View, current, pub.Version)
-		}
-		if pub.Previous == "" {
-			// The first publish created the view: before it, the data was
-			// the base table's.
-			pub.Previous = base
-		}
-		if _, err := tx.ExecContext(ctx, fmt.Sprintf(`CREATE OR REPLACE VIEW %s AS SELECT * FROM %s`, sqlgen.Table(pub.View), sqlgen.Table(pub.Previous))); err != nil {
-			return err
-		}
-		if _, err := tx.ExecContext(ctx, `UPDATE `+sqlgen.Ident(r.pgManifestSchema())+`.runs SET status = 'rolled_back', updated_at = now() WHERE batch_id = $1`, run.BatchID); err != nil {
-			return err
-		}
-		detail, _ := json.Marshal(map[string]any{"why": why, "view": pub.View, "from": pub.Version, "to": pub.Previous, "force": force})
-		return audit.RecordEvent(ctx, tx, Event{BatchID: run.BatchID, Job: run.Job, Kind: "rollback_switch_back", Actor: actor, Detail: detail})
-	})
-	return err == nil, err
 }
 
 func (r *Runner) pgManifestSchema() string {

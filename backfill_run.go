@@ -19,6 +19,7 @@ import (
 	"github.com/jmoiron/sqlx"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/pgbackfill/backfill/internal/pgconv"
 	"github.com/pgbackfill/backfill/internal/sqlgen"
 )
 
@@ -175,7 +176,8 @@ func (j Job) validate() error {
 //
 // A time chunk that ends after the horizon (the watermark of
 // [Job.Watermark] taken by this call, or the moment the chunk is read) is
-// loaded but left [ChunkOpen]: Run returns with the run still running,
+// loaded but left [ChunkOpen]: Run returns with the run still running and
+// an error wrapping [ErrChunksOpen] (joined with any other error);
 // Report.ChunksOpen and OpenChunks say which, and the next call reads them
 // again. Report.Warnings (also logged) flags a scope that reaches into the
 // future and a date ChunkColumn under a watermark.
@@ -276,7 +278,7 @@ func (r *Runner) Run(ctx context.Context, job Job) (Report, error) {
 	ex := &execution{r: r, job: job, info: info, plan: plan, batchID: run.BatchID, log: log, undoTable: undoTable, deliveredTable: deliveredTable, stageEnd: pmEnd,
 		watermark: plan.Watermark}
 	if run.Status == RunRunning {
-		warning, accepted, err := r.recordValidators(ctx, job, run.BatchID)
+		warning, accepted, baseline, err := r.recordValidators(ctx, job, run.BatchID)
 		if err != nil {
 			return Report{}, fmt.Errorf("backfill: job %q batch %d: validators: %w", job.Name, run.BatchID, err)
 		}
@@ -284,7 +286,7 @@ func (r *Runner) Run(ctx context.Context, job Job) (Report, error) {
 			log.Warn(warning)
 			warnings = append(warnings, warning)
 		}
-		ex.accepted = accepted
+		ex.accepted, ex.baseline = accepted, baseline
 	}
 	if run.Status != RunCompleted && run.Status != RunRolledBack {
 		ex.work(ctx)
@@ -307,6 +309,9 @@ func (r *Runner) Run(ctx context.Context, job Job) (Report, error) {
 	msg := ""
 	if failed {
 		msg = ex.failed.Error()
+	} else if ex.runGate != nil {
+		// A manifest that cannot pause the run: the run gate fails it.
+		failed, msg = true, ex.runGate.Error()
 	}
 	run, err = m.FinishRun(fctx, r.db, run.BatchID, failed, msg)
 	if err != nil {
@@ -321,6 +326,10 @@ func (r *Runner) Run(ctx context.Context, job Job) (Report, error) {
 		// switch that gave up behind a reader's lock, publishes on the
 		// next call.
 		if published, err = r.publishVersion(fctx, job, run, target); err != nil {
+			if errors.Is(err, ErrAlreadyCompleted) {
+				// Rolled back while its publish was pending: never published.
+				run.Status = RunRolledBack
+			}
 			rep, rerr := r.report(fctx, run, resumed)
 			rep.ChunksRun = len(ex.done)
 			rep.Elapsed = time.Since(begin)
@@ -341,6 +350,12 @@ func (r *Runner) Run(ctx context.Context, job Job) (Report, error) {
 	if rep.ChunksOpen > 0 {
 		log.Warn("backfill run not complete: chunks end after the horizon (watermark or now) and are open; the next run reads them again",
 			"chunks_open", rep.ChunksOpen, "open", rep.OpenChunks)
+		if rep.Status == RunRunning {
+			// Not a success: a caller that checks err == nil must not
+			// take an unfinished run for a finished one.
+			runErr = errors.Join(runErr, fmt.Errorf("backfill: job %q batch %d: %w: %d chunks end after the horizon (watermark or now) and were loaded but not closed: %s",
+				job.Name, run.BatchID, ErrChunksOpen, rep.ChunksOpen, strings.Join(rep.OpenChunks, ", ")))
+		}
 	}
 	log.Info("backfill run ended", "status", rep.Status, "chunks_done", rep.ChunksDone, "chunks_total", rep.ChunksTotal,
 		"chunks_run", rep.ChunksRun, "rows_read", rep.Counts.Read, "elapsed", rep.Elapsed)
@@ -401,9 +416,17 @@ type execution struct {
 	// without Job.Watermark): with the time a chunk is read, the horizon
 	// after which a chunk is open.
 	watermark *time.Time
-	// accepted lists, per chunk ID, the failed checks operators accepted
-	// (Runner.AcceptGate).
-	accepted map[string][]string
+	// accepted lists, per chunk ID, the failed check results operators
+	// accepted (Runner.AcceptGate).
+	accepted map[string][]acceptedCheck
+	// baseline is the run's read and rejected rows when an operator last
+	// resumed it (Resume, AcceptGate; zero if never): the run reject gate
+	// and the "no row loaded" pause judge only the rows after it.
+	baseline Counts
+	// runGate is the run reject gate's failure in this call (nil if
+	// none): the run is paused, or, with a manifest that cannot pause
+	// it, failed.
+	runGate error
 }
 
 // open reports whether chunk c, read at started, is still open: a time
@@ -420,7 +443,10 @@ func (ex *execution) open(c Chunk, started time.Time) bool {
 // horizon (now, or the watermark wm) and about a date-typed ChunkColumn
 // under a watermark. Publish modes that cannot read a chunk twice
 // (PublishAtEnd, PublishPartitionSwap) refuse chunks that end after the
-// horizon with [ErrInvalidScope].
+// horizon with [ErrInvalidScope]; so does PublishVersionedView, which
+// publishes only a completed run, and a run with an open chunk never
+// completes: it would load and return nil on every call while readers
+// never see the rows.
 func openScope(job Job, info TableInfo, chunks []Chunk, wm *time.Time, now time.Time) ([]string, error) {
 	var warnings []string
 	if job.Watermark != nil && job.ChunkColumn != "" {
@@ -449,6 +475,10 @@ func openScope(job Job, info TableInfo, chunks []Chunk, wm *time.Time, now time.
 	}
 	if job.Publish.Mode == PublishAtEnd || job.Publish.Mode == PublishPartitionSwap {
 		return nil, fmt.Errorf("backfill: job %q: %w: the scope ends at %s, after %s (%s); publish mode %s cannot read a chunk twice: end the scope at or before %s",
+			job.Name, ErrInvalidScope, last.End.Format(time.RFC3339Nano), what, horizon.Format(time.RFC3339Nano), job.Publish.Mode, horizon.Format(time.RFC3339Nano))
+	}
+	if job.Publish.Mode == PublishVersionedView {
+		return nil, fmt.Errorf("backfill: job %q: %w: the scope ends at %s, after %s (%s); publish mode %s publishes a run only when every chunk is final, and a chunk ending after it stays open: end the scope at or before %s",
 			job.Name, ErrInvalidScope, last.End.Format(time.RFC3339Nano), what, horizon.Format(time.RFC3339Nano), job.Publish.Mode, horizon.Format(time.RFC3339Nano))
 	}
 	if last.End.After(now) {
@@ -567,7 +597,13 @@ func (ex *execution) next(ctx context.Context) bool {
 			h.ChunkDone(ctx, ex.batchID, res)
 		}
 		if err := ex.checkRunRejectRate(ctx); err != nil {
-			ex.fail(&ChunkError{Chunk: res.Chunk, Attempt: res.Attempt, Err: err}, nil)
+			// The chunk is done (listed in PartialError.Done); the run
+			// gate paused the run after it: not a chunk failure.
+			err = fmt.Errorf("backfill: job %q batch %d: after chunk %d %s: %w", ex.job.Name, ex.batchID, res.Chunk.Seq, res.Chunk.ID, err)
+			ex.fail(nil, err)
+			ex.mu.Lock()
+			ex.runGate = err
+			ex.mu.Unlock()
 			return false
 		}
 		return true
@@ -772,6 +808,7 @@ type rowWriter struct {
 	stager     Stager
 	maxRejects int
 	buf        []any
+	convs      []pgconv.Converter // per column, resolved once
 
 	row, read, rejected int64
 	exceptions          []Exception
@@ -786,14 +823,16 @@ type rowWriter struct {
 
 func newRowWriter(c Chunk, job Job, info TableInfo, st Stager, maxRejects int, started time.Time) *rowWriter {
 	names := make([]string, len(info.Columns))
+	convs := make([]pgconv.Converter, len(info.Columns))
 	for i, col := range info.Columns {
 		names[i] = col.Name
+		convs[i] = pgconv.For(col.conv())
 	}
 	rules := map[string]KeyRule{}
 	for _, r := range info.Target.Derive {
 		rules[r.Column] = r
 	}
-	w := &rowWriter{chunk: c, info: info, names: names, rules: rules, stager: st, maxRejects: maxRejects,
+	w := &rowWriter{chunk: c, info: info, names: names, convs: convs, rules: rules, stager: st, maxRejects: maxRejects,
 		buf: make([]any, len(info.Columns)), chunkCol: -1, zone: cmpOr(job.Zone, time.UTC),
 		ingested: started.Truncate(time.Microsecond).Format(time.RFC3339Nano)}
 	if job.ChunkColumn != "" {
@@ -831,9 +870,9 @@ func (w *rowWriter) Write(ctx context.Context, values ...any) error {
 			// whatever location (a source session's TimeZone) it came in.
 			in = t.In(w.zone)
 		}
-		v, reason := convertValue(col, in)
+		v, reason := w.convs[i].Convert(in)
 		if reason != "" {
-			if typeMismatch(reason) {
+			if pgconv.TypeMismatch(reason) {
 				return w.extractorBug(values, fmt.Sprintf("column %q (%s, value %d of %d): %s", col.Name, cmpOr(col.Type, col.BaseType), i+1, n, reason))
 			}
 			return w.reject(rawJSON(w.names[:n], values, nil), col.Name, displayValue(values[i]), reason)
@@ -855,7 +894,7 @@ func (w *rowWriter) Write(ctx context.Context, values ...any) error {
 			k, reason := rule.Derive(src)
 			if reason == "" {
 				var v any
-				v, reason = convertValue(col, k)
+				v, reason = w.convs[i].Convert(k)
 				k, _ = v.(string)
 			}
 			if reason != "" {
@@ -877,14 +916,14 @@ func (w *rowWriter) Write(ctx context.Context, values ...any) error {
 	}
 	if w.stagingRejects != nil && w.stagingRejects.len() > 0 {
 		if rej, i, ok := w.stagingRejects.match(w.row, w.names, w.buf); ok {
-			value := rej.value
+			value := rej.Value
 			if i >= 0 && i < n {
 				value = displayValue(values[i])
 			}
-			return w.reject(rawJSON(w.names[:n], values, nil), rej.column, value, rej.reason)
+			return w.reject(rawJSON(w.names[:n], values, nil), rej.Column, value, rej.Reason)
 		}
 	}
-	w.lines.add(w.row)
+	w.lines.Add(w.row)
 	if err := w.stager.Add(ctx, w.row, w.buf); err != nil {
 		w.err = err
 		return err
@@ -955,7 +994,7 @@ func (w *rowWriter) inChunk(v any) (bool, string) {
 		}
 		return true, ""
 	case KindInt:
-		n, reason := toInt(v, math.MinInt64, math.MaxInt64, "bigint")
+		n, reason := pgconv.ToInt(v, math.MinInt64, math.MaxInt64, "bigint")
 		if reason != "" {
 			return false, "outside chunk: " + reason
 		}
@@ -1022,7 +1061,11 @@ func (e *gateError) Unwrap() []error { return []error{ErrGateFailed, errNotRetry
 
 // Resume resumes the paused run of job (a quality gate failed, see
 // [Job.Validators]) after recording in the audit log who resumes it and
-// why, then runs it like [Runner.Run]. It returns [ErrNotPaused] when the
+// why, then runs it like [Runner.Run]. It also records the run's read and
+// rejected rows at this point ([EventGateBaseline]): from then on the run
+// reject gate ([Job.MaxRunRejectRate]) and the "no row loaded" pause
+// judge only the rows read after the resume, so one Resume gets a run
+// past rejects the operator has seen. It returns [ErrNotPaused] when the
 // job's latest run is not paused, and [ErrUnsupported] when the manifest
 // cannot pause runs.
 func (r *Runner) Resume(ctx context.Context, job Job, actor, why string) (Report, error) {
@@ -1044,7 +1087,20 @@ func (r *Runner) Resume(ctx context.Context, job Job, actor, why string) (Report
 	if run.Status != RunPaused {
 		return Report{}, fmt.Errorf("backfill: resume job %q: %w: batch %d is %s", job.Name, ErrNotPaused, run.BatchID, run.Status)
 	}
-	if err := mv.ResumeRun(ctx, r.db, run.BatchID, actor, why); err != nil {
+	// The run's rows now: the run reject gate and the "no row loaded"
+	// pause judge only what is read after this decision. Recorded with
+	// the resume, in one transaction.
+	baseline, err := r.baselineEvent(ctx, job.Name, run.BatchID, actor)
+	if err != nil {
+		return Report{}, err
+	}
+	err = inTx(ctx, r.db, func(tx sqlx.ExtContext) error {
+		if err := audit.RecordEvent(ctx, tx, baseline); err != nil {
+			return err
+		}
+		return mv.ResumeRun(ctx, tx, run.BatchID, actor, why)
+	})
+	if err != nil {
 		return Report{}, err
 	}
 	return r.Run(ctx, job)
@@ -1099,8 +1155,9 @@ func (ex *execution) validate(ctx context.Context, tx sqlx.ExtContext, c Chunk, 
 		if err != nil {
 			return nil, fmt.Errorf("validate: %w", err)
 		}
-		if !cr.Passed && cr.Severity == SeverityError && slices.Contains(ex.accepted[c.ID], cr.Check) {
-			// An operator accepted this check's failure for this chunk.
+		if !cr.Passed && cr.Severity == SeverityError && acceptedResult(ex.accepted[c.ID], cr) {
+			// An operator accepted this very failure (same check, same
+			// evidence) for this chunk; a different verdict fails again.
 			cr.Accepted = true
 			ex.log.Warn("quality gate failed, accepted by operator", "seq", c.Seq, "chunk", c.ID, "check", cr.Check,
 				"expected", cr.Expected, "actual", cr.Actual)
@@ -1172,10 +1229,16 @@ func (ex *execution) checkRunRejectRate(ctx context.Context) error {
 			total = total.Add(s.Counts)
 		}
 	}
-	if total.Read == 0 || float64(total.Rejected)/float64(total.Read) <= max {
+	// After an operator resumed the run, only the rows read since count:
+	// the rejects before were judged by the operator (ex.baseline).
+	read, rejected := total.Read-ex.baseline.Read, total.Rejected-ex.baseline.Rejected
+	if read <= 0 || float64(rejected)/float64(read) <= max {
 		return nil
 	}
-	reason := fmt.Sprintf("run reject rate %d/%d = %.4f exceeds %.4f", total.Rejected, total.Read, float64(total.Rejected)/float64(total.Read), max)
+	reason := fmt.Sprintf("run reject rate %d/%d = %.4f exceeds %.4f", rejected, read, float64(rejected)/float64(read), max)
+	if ex.baseline.Read > 0 {
+		reason += fmt.Sprintf(" (rows read since the run was last resumed, at %d read and %d rejected)", ex.baseline.Read, ex.baseline.Rejected)
+	}
 	if mv, ok := ex.r.cfg.Manifest.(ManifestValidations); ok {
 		fctx := context.WithoutCancel(ctx)
 		if err := mv.PauseRun(fctx, ex.r.db, ex.batchID, reason); err != nil {
@@ -1196,15 +1259,21 @@ func (ex *execution) checkLoaded(ctx context.Context) error {
 	}
 	var total Counts
 	for _, s := range states {
-		if s.Status != ChunkDone {
+		// An open chunk is loaded (not final): it does not skip the check.
+		if s.Status != ChunkDone && s.Status != ChunkOpen {
 			return nil
 		}
 		total = total.Add(s.Counts)
 	}
-	if total.Read == 0 || total.Rejected < total.Read {
+	// Only what was read since an operator last resumed the run counts.
+	read, rejected := total.Read-ex.baseline.Read, total.Rejected-ex.baseline.Rejected
+	if read <= 0 || rejected < read {
 		return nil
 	}
-	reason := fmt.Sprintf("no row loaded: all %d rows read were rejected (see the exception queue)", total.Read)
+	reason := fmt.Sprintf("no row loaded: all %d rows read were rejected (see the exception queue)", read)
+	if ex.baseline.Read > 0 {
+		reason = fmt.Sprintf("no row loaded: all %d rows read since the run was last resumed were rejected (see the exception queue)", read)
+	}
 	ex.log.Warn("run paused", "reason", reason)
 	if mv, ok := ex.r.cfg.Manifest.(ManifestValidations); ok {
 		if err := mv.PauseRun(context.WithoutCancel(ctx), ex.r.db, ex.batchID, reason); err != nil {

@@ -3,7 +3,10 @@ package backfill
 import (
 	"context"
 	"fmt"
+	"iter"
 	"time"
+
+	"github.com/pgbackfill/backfill/internal/calendar"
 )
 
 // Hours returns a [Chunker] of [KindTime] chunks, one per clock hour of the
@@ -229,10 +232,17 @@ func (c *timeChunker) Chunks(ctx context.Context) ([]Chunk, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	start, end := c.start.In(c.loc), c.end.In(c.loc)
+	cuts, err := c.cuts(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return c.tile(cuts)
+}
 
-	// cuts holds start, every boundary strictly inside the scope in
-	// increasing order, then end.
+// cuts returns the scope's start, every boundary strictly inside the
+// scope in increasing order, then its end, all in loc.
+func (c *timeChunker) cuts(ctx context.Context) ([]time.Time, error) {
+	start, end := c.start.In(c.loc), c.end.In(c.loc)
 	cuts := []time.Time{start}
 	add := func(b time.Time) error {
 		if len(cuts) > maxChunks {
@@ -246,51 +256,60 @@ func (c *timeChunker) Chunks(ctx context.Context) ([]Chunk, error) {
 		cuts = append(cuts, b)
 		return nil
 	}
-	switch c.unit {
-	case unitHour:
-		for b := nextHour(start); b.Before(end); b = nextHour(b) {
-			if err := add(b); err != nil {
-				return nil, err
-			}
+	for b := range c.boundaries(start) {
+		if !b.Before(end) {
+			break
 		}
-	case unitDay, unitMonth:
-		// at(k) is the start of the k-th day or month after the one start
-		// reads. at(0) <= start, because start itself reads that date;
-		// at(k) is non-decreasing in k but may repeat (a skipped date) or
-		// not yet exceed start (a clock set back across midnight).
-		y, m, d := start.Date()
-		at := func(k int) time.Time {
-			// time.Date normalises out-of-range months and days:
-			// "October 32 converts to November 1". UTC has no gaps, so
-			// this is plain calendar arithmetic.
-			if c.unit == unitDay {
-				return firstAtOrAfter(time.Date(y, m, d+k, 0, 0, 0, 0, time.UTC), c.loc)
-			}
-			return firstAtOrAfter(time.Date(y, m+time.Month(k), 1, 0, 0, 0, 0, time.UTC), c.loc)
-		}
-		for k := 1; ; k++ {
-			b := at(k)
-			if !b.After(cuts[len(cuts)-1]) {
-				continue
-			}
-			if !b.Before(end) {
-				break
-			}
-			if err := add(b); err != nil {
-				return nil, err
-			}
-		}
-	case unitEvery:
-		for b := start.Add(c.step); b.Before(end); b = b.Add(c.step) {
-			if err := add(b); err != nil {
-				return nil, err
-			}
+		if err := add(b); err != nil {
+			return nil, err
 		}
 	}
 	if err := add(end); err != nil {
 		return nil, err
 	}
+	return cuts, nil
+}
 
+// boundaries yields the chunker's boundaries after start, in increasing
+// order, without end.
+func (c *timeChunker) boundaries(start time.Time) iter.Seq[time.Time] {
+	return func(yield func(time.Time) bool) {
+		switch c.unit {
+		case unitHour:
+			for b := calendar.NextHour(start); yield(b); b = calendar.NextHour(b) {
+			}
+		case unitEvery:
+			for b := start.Add(c.step); yield(b); b = b.Add(c.step) {
+			}
+		default:
+			// The start of the k-th day or month after the one start
+			// reads is at or before start for k 0, because start itself
+			// reads that date; it is non-decreasing in k but may repeat
+			// (a skipped date) or not yet exceed start (a clock set back
+			// across midnight).
+			y, m, d := start.Date()
+			last := start
+			for k := 1; ; k++ {
+				var b time.Time
+				if c.unit == unitDay {
+					b = calendar.DayStart(y, m, d+k, c.loc)
+				} else {
+					b = calendar.MonthStart(y, m+time.Month(k), c.loc)
+				}
+				if !b.After(last) {
+					continue
+				}
+				if !yield(b) {
+					return
+				}
+				last = b
+			}
+		}
+	}
+}
+
+// tile returns the chunks between consecutive cuts.
+func (c *timeChunker) tile(cuts []time.Time) ([]Chunk, error) {
 	chunks := make([]Chunk, len(cuts)-1)
 	for i := range chunks {
 		lo, hi := cuts[i], cuts[i+1]
@@ -309,100 +328,4 @@ func (c *timeChunker) Chunks(ctx context.Context) ([]Chunk, error) {
 		}
 	}
 	return chunks, nil
-}
-
-// maxOffset bounds the UTC offset of any zone period, with a wide margin:
-// real offsets, local mean time included, stay within ±16 hours.
-const maxOffset = 48 * time.Hour
-
-// firstAtOrAfter returns, in loc, the earliest instant at which loc's clock
-// reads the wall-clock time w or later. w carries the wall-clock reading as
-// a time in UTC.
-//
-// Within one zone period [p, e) with offset o the clock reads t+o, which
-// increases with t, so the earliest candidate there is max(p, w-o), valid if
-// before e. Periods are scanned in order from well before w, and the first
-// valid candidate is the earliest. This is exact where time.Date is not:
-// for a reading that does not exist it returns the instant of the
-// transition that skipped it, and for a reading that occurs twice it
-// returns the first.
-func firstAtOrAfter(w time.Time, loc *time.Location) time.Time {
-	p := w.Add(-maxOffset).In(loc)
-	for {
-		_, off := p.Zone()
-		e := zoneEnd(p)
-		cand := w.Add(-time.Duration(off) * time.Second)
-		if cand.Before(p) {
-			cand = p
-		}
-		if e.IsZero() || cand.Before(e) {
-			return cand.In(loc)
-		}
-		p = e
-	}
-}
-
-// nextHour returns the first instant strictly after t, in t's location, at
-// which the clock reads a whole hour or the UTC offset changes.
-func nextHour(t time.Time) time.Time {
-	for {
-		_, off := t.Zone()
-		e := zoneEnd(t)
-		o := time.Duration(off) * time.Second
-		// Truncate rounds down to a multiple of an hour since the zero
-		// time, which is itself on the hour, so this is the wall clock's
-		// next whole hour, as an instant under offset o.
-		cand := t.UTC().Add(o).Truncate(time.Hour).Add(time.Hour).Add(-o).In(t.Location())
-		if e.IsZero() || cand.Before(e) {
-			return cand
-		}
-		if _, off2 := e.Zone(); off2 != off || cand.Equal(e) {
-			return e
-		}
-		// The period ending at e changes only the zone's name or DST flag,
-		// or is a year boundary of an extrapolated rule (see zoneEnd), not
-		// the offset: the clock runs on, look past it.
-		t = e
-	}
-}
-
-// zoneEnd returns the end of the zone period that contains t: an instant
-// after t at or before the next change of t's zone, or the zero time if the
-// zone never changes again. The end may also be a point where nothing
-// changes; callers compare offsets.
-//
-// It is [time.Time.ZoneBounds] with one correction. For instants after the
-// last transition listed in the zone data, Go extrapolates the zone's TZ
-// rule one year at a time, and outside the daylight-saving period reports
-// the end of that year as start+365 days (time/zoneinfo.go, tzset). On
-// December 31 of a leap year that end is at or before t. No transition
-// happens on that day, so the period runs on to January 1 UTC; should the
-// offset differ there after all, the change is found by bisection.
-func zoneEnd(t time.Time) time.Time {
-	_, e := t.ZoneBounds()
-	if e.IsZero() || e.After(t) {
-		return e
-	}
-	e = time.Date(t.UTC().Year()+1, time.January, 1, 0, 0, 0, 0, time.UTC).In(t.Location())
-	if offset(e) == offset(t) {
-		return e
-	}
-	// Zone data changes offsets on whole seconds. Invariant: the offset at
-	// lo is t's, the offset at hi is not.
-	lo, hi := t.Truncate(time.Second), e
-	for hi.Sub(lo) > time.Second {
-		mid := lo.Add(hi.Sub(lo) / 2).Truncate(time.Second)
-		if offset(mid) == offset(t) {
-			lo = mid
-		} else {
-			hi = mid
-		}
-	}
-	return hi
-}
-
-// offset returns t's UTC offset in seconds.
-func offset(t time.Time) int {
-	_, off := t.Zone()
-	return off
 }

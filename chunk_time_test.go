@@ -705,13 +705,3 @@ func TestTimeChunkersExtrapolatedLeapYear(t *testing.T) {
 		})
 	}
 }
-
-func TestChunkContainsWrongType(t *testing.T) {
-	t.Parallel()
-	start := time.Date(2024, 1, 1, 0, 0, 0, 0, time.UTC)
-	c := mustChunks(t, backfill.Days(start, start.AddDate(0, 0, 1), time.UTC))[0]
-	require.True(t, c.Contains(start))
-	require.False(t, c.Contains("2024-01-01"))
-	require.False(t, c.Contains(nil))
-	require.False(t, c.Contains(&start))
-}

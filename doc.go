@@ -143,7 +143,13 @@ By default each chunk is visible when its transaction commits; the view
 backfill.completed_batches lets reports keep only rows of completed
 batches. With [PublishVersionedView] a run loads its own version of the
 target table and [Job.Publish]'s view switches to it in one transaction at
-the end, keeping the previous version for [Runner.Rollback]. With
+the end, keeping the previous version for [Runner.Rollback]. The switch
+waits for readers of the view at most [Publish.LockTimeout] per try; a
+publish blocked on every try ([ErrPublishBlocked]) is recorded (a
+publish_blocked event, the run's last_error, and the batch stays out of
+backfill.completed_batches) until a later Run publishes it. Its scope must
+end before now (or the watermark): a chunk that could still change would
+keep the run from ever being published ([ErrInvalidScope]). With
 [PublishPartitionSwap] each chunk's partition is rebuilt beside the old one
 and swapped in within the chunk's transaction.
 

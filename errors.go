@@ -102,8 +102,28 @@ var (
 	// ErrPublishBlocked is returned by [Runner.Run] when the view switch
 	// of [PublishVersionedView] timed out on every try behind sessions
 	// holding locks on the view (the message names them). The run is
-	// completed but not published; running the job again publishes it.
+	// completed but not published (an [EventPublishBlocked] and the run's
+	// last_error say so); running the job again publishes it.
+	// [Runner.Rollback] of a published versioned-view batch returns it too
+	// when its switch back is blocked so; nothing changed then.
 	ErrPublishBlocked = errors.New("backfill: publish blocked by sessions holding the view")
+	// ErrChunksOpen is returned by [Runner.Run] (joined with any other
+	// error, with the Report) when the call ends with chunks left
+	// [ChunkOpen]: time chunks that end after the horizon (the watermark
+	// or now) were loaded but are not final, so the run is still running,
+	// not completed. Report.ChunksOpen and Report.OpenChunks say which.
+	// It is not a failure: run the job again once the horizon has passed
+	// their end, or withdraw the run with [Runner.Rollback]. Scripts that
+	// treat a nil error as "done" thus never take an unfinished run for a
+	// finished one.
+	ErrChunksOpen = errors.New("backfill: chunks are still open; the run is not complete; run the job again later")
+	// ErrNoFailedGate is returned (with [ErrInvalidConfig]) by
+	// [Runner.AcceptGate] for a chunk that has no failed gate to accept:
+	// it never failed one, or its failed gate is not the current verdict
+	// on it (the chunk was judged again since, e.g. it completed with an
+	// acceptance, while another chunk's gate paused the run). The message
+	// names the chunks whose failed gates can be accepted.
+	ErrNoFailedGate = errors.New("backfill: the chunk has no failed gate to accept")
 	// ErrRunNotFound is returned by [Manifest] lookups of an unknown batch.
 	ErrRunNotFound = errors.New("backfill: run not found")
 )

@@ -2,9 +2,12 @@ package backfill
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"reflect"
+	"runtime"
 	"slices"
 	"strings"
 
@@ -48,23 +51,76 @@ const (
 	// than the previous call; Detail holds "before", "after", "added"
 	// and "removed".
 	EventValidatorsChanged = "validators_changed"
+	// EventGateBaseline: an operator resumed a paused run
+	// ([Runner.Resume], [Runner.AcceptGate]); Detail holds "read" and
+	// "rejected", the run's rows (of its done and open chunks) at that
+	// point. The run reject gate ([Job.MaxRunRejectRate]) and the "no
+	// row loaded" pause then judge only the rows read after it: the
+	// rejects before were the operator's decision. Recorded in the
+	// resume's transaction.
+	EventGateBaseline = "gate_baseline"
 )
+
+// acceptedCheck is one failed check result an operator accepted for a
+// chunk: its check name and the fingerprint of its evidence (empty for
+// acceptances recorded before evidence was: the check name alone).
+type acceptedCheck struct {
+	Check       string `json:"check"`
+	Expected    string `json:"expected"`
+	Actual      string `json:"actual"`
+	Fingerprint string `json:"fingerprint"`
+}
+
+// evidenceFingerprint identifies the evidence of a check result: its
+// check, severity, expected and actual values and sample (hex SHA-256
+// prefix). Two judgments of a chunk that found the same thing have the
+// same fingerprint; a different count or other offending keys do not.
+func evidenceFingerprint(cr CheckResult) string {
+	sample := cr.Sample
+	if sample == nil {
+		sample = []string{}
+	}
+	b, _ := json.Marshal([]any{cr.Check, string(cr.Severity), cr.Expected, cr.Actual, sample})
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:16])
+}
+
+// acceptedResult reports whether a failed result cr is covered by one of
+// the accepted checks of its chunk: the same check with the same
+// evidence.
+func acceptedResult(acc []acceptedCheck, cr CheckResult) bool {
+	fp := evidenceFingerprint(cr)
+	return slices.ContainsFunc(acc, func(a acceptedCheck) bool {
+		return a.Check == cr.Check && (a.Fingerprint == "" || a.Fingerprint == fp)
+	})
+}
 
 // AcceptGate accepts, for one chunk of job's paused run, the checks of
 // severity error that failed on its last attempt, records that in the
 // audit log (an [EventGateAccepted] event with actor and why, appended,
 // never changed), resumes the run like [Runner.Resume] and runs it.
 //
-// The chunk is read again; when the accepted checks fail again they no
-// longer stop it: it commits, its failed results are recorded with
-// [CheckResult.Accepted] set, beside the evidence of the attempt that
-// failed. Any other failed check of severity error still stops it. Other
-// chunks are judged as before.
+// The acceptance covers the evidence accepted, not the check's name: the
+// failed results of the chunk's last failed attempt, each identified by
+// its check, expected and actual values and sample (recorded in the
+// event's "evidence"). The chunk is read again; when an accepted check
+// fails again with the same evidence it no longer stops it: it commits,
+// its failed results are recorded with [CheckResult.Accepted] set, beside
+// the evidence of the attempt that failed. A different verdict (another
+// count, other offending keys, as when an open chunk is read again with
+// new rows) fails the gate again, and so does any other failed check of
+// severity error. Other chunks are judged as before. Like Resume, it
+// records the run's rows at this point ([EventGateBaseline]).
 //
-// It returns [ErrNotPaused] when the latest run is not paused,
-// [ErrInvalidConfig] when actor or why is empty or the chunk has no failed
-// gate to accept, and [ErrUnsupported] when the manifest cannot keep
-// validations and an audit log.
+// Only a chunk whose latest judgment is a failed gate can be accepted: a
+// chunk judged again since (completed with an acceptance, or passed) is
+// refused, even while another chunk's gate pauses the run.
+//
+// It returns [ErrNotPaused] when the latest run is not paused, an error
+// wrapping [ErrNoFailedGate] and [ErrInvalidConfig] when the chunk has no
+// failed gate to accept (naming the chunks that have one),
+// [ErrInvalidConfig] when actor or why is empty, and [ErrUnsupported]
+// when the manifest cannot keep validations and an audit log.
 func (r *Runner) AcceptGate(ctx context.Context, job Job, chunkID, actor, why string) (Report, error) {
 	mv, ok := r.cfg.Manifest.(ManifestValidations)
 	audit, ok2 := r.cfg.Manifest.(ManifestAudit)
@@ -88,28 +144,54 @@ func (r *Runner) AcceptGate(ctx context.Context, job Job, chunkID, actor, why st
 	if err != nil {
 		return Report{}, err
 	}
-	// The failed gate checks of the chunk's last failed attempt.
-	last := 0
-	for _, v := range vs {
-		if v.ChunkID == chunkID && v.FailedAttempt > last {
-			last = v.FailedAttempt
+	// Which chunks have a failed gate to accept: those whose latest
+	// judgment is an attempt a gate rolled back, and that are not done.
+	states, err := r.cfg.Manifest.Chunks(ctx, r.db, run.BatchID)
+	if err != nil {
+		return Report{}, err
+	}
+	latest := map[string]int{} // chunk ID -> index of its latest result
+	for i, v := range vs {
+		latest[v.ChunkID] = i
+	}
+	var failedChunks []string
+	for _, st := range states {
+		if i, ok := latest[st.Chunk.ID]; ok && vs[i].FailedAttempt > 0 && st.Status != ChunkDone {
+			failedChunks = append(failedChunks, st.Chunk.ID)
 		}
 	}
+	if !slices.Contains(failedChunks, chunkID) {
+		return Report{}, fmt.Errorf("backfill: accept gate of job %q batch %d: %w (%w): chunk %q has no failed gate to accept (never failed one, or judged again since); chunks with a failed gate: [%s]; the run is paused for: %s",
+			job.Name, run.BatchID, ErrNoFailedGate, ErrInvalidConfig, chunkID, strings.Join(failedChunks, ", "), run.LastError)
+	}
+	last := vs[latest[chunkID]].FailedAttempt
 	var checks []string
+	var evidence []acceptedCheck
 	for _, v := range vs {
-		if v.ChunkID == chunkID && v.FailedAttempt == last && last > 0 && !v.Passed && v.Severity == SeverityError && !slices.Contains(checks, v.Check) {
-			checks = append(checks, v.Check)
+		if v.ChunkID == chunkID && v.FailedAttempt == last && !v.Passed && v.Severity == SeverityError {
+			if !slices.Contains(checks, v.Check) {
+				checks = append(checks, v.Check)
+			}
+			evidence = append(evidence, acceptedCheck{Check: v.Check, Expected: v.Expected, Actual: v.Actual, Fingerprint: evidenceFingerprint(v.CheckResult)})
 		}
 	}
 	if len(checks) == 0 {
-		return Report{}, fmt.Errorf("backfill: accept gate of job %q batch %d: %w: chunk %q has no failed gate to accept", job.Name, run.BatchID, ErrInvalidConfig, chunkID)
+		return Report{}, fmt.Errorf("backfill: accept gate of job %q batch %d: %w (%w): chunk %q failed no check of severity error on attempt %d",
+			job.Name, run.BatchID, ErrNoFailedGate, ErrInvalidConfig, chunkID, last)
 	}
-	detail, err := json.Marshal(map[string]any{"chunk": chunkID, "checks": checks, "attempt": last, "why": why})
+	detail, err := json.Marshal(map[string]any{"chunk": chunkID, "checks": checks, "attempt": last, "why": why, "evidence": evidence})
+	if err != nil {
+		return Report{}, err
+	}
+	baseline, err := r.baselineEvent(ctx, job.Name, run.BatchID, actor)
 	if err != nil {
 		return Report{}, err
 	}
 	err = inTx(ctx, r.db, func(tx sqlx.ExtContext) error {
 		if err := audit.RecordEvent(ctx, tx, Event{BatchID: run.BatchID, Job: job.Name, Kind: EventGateAccepted, Actor: actor, Detail: detail}); err != nil {
+			return err
+		}
+		if err := audit.RecordEvent(ctx, tx, baseline); err != nil {
 			return err
 		}
 		return mv.ResumeRun(ctx, tx, run.BatchID, actor, why)
@@ -122,37 +204,102 @@ func (r *Runner) AcceptGate(ctx context.Context, job Job, chunkID, actor, why st
 	return r.Run(ctx, job)
 }
 
-// acceptedGates returns, per chunk ID, the checks accepted by operators
-// in the run's audit log.
-func acceptedGates(events []Event) map[string][]string {
-	out := map[string][]string{}
-	for _, e := range events {
-		if e.Kind != EventGateAccepted {
-			continue
-		}
-		var d struct {
-			Chunk  string   `json:"chunk"`
-			Checks []string `json:"checks"`
-		}
-		if json.Unmarshal(e.Detail, &d) == nil {
-			out[d.Chunk] = append(out[d.Chunk], d.Checks...)
+// baselineEvent returns the [EventGateBaseline] event of a resume of
+// batchID by actor: the run's read and rejected rows now, over its done
+// and open chunks. The run is paused: no chunk is in flight.
+func (r *Runner) baselineEvent(ctx context.Context, job string, batchID int64, actor string) (Event, error) {
+	states, err := r.cfg.Manifest.Chunks(ctx, r.db, batchID)
+	if err != nil {
+		return Event{}, err
+	}
+	var total Counts
+	for _, s := range states {
+		if s.Status == ChunkDone || s.Status == ChunkOpen {
+			total = total.Add(s.Counts)
 		}
 	}
-	return out
+	detail, err := json.Marshal(map[string]int64{"read": total.Read, "rejected": total.Rejected})
+	if err != nil {
+		return Event{}, err
+	}
+	return Event{BatchID: batchID, Job: job, Kind: EventGateBaseline, Actor: actor, Detail: detail}, nil
 }
 
-// validatorNames describes each validator for the audit log: its type and,
-// for values JSON can show (the built-in checks are structs), its fields.
-// Functions show their type only.
+// acceptedGates returns, per chunk ID, the check results accepted by
+// operators in the run's audit log, and the latest resume baseline.
+func acceptedGates(events []Event) (map[string][]acceptedCheck, Counts) {
+	out := map[string][]acceptedCheck{}
+	var baseline Counts
+	for _, e := range events {
+		switch e.Kind {
+		case EventGateAccepted:
+			var d struct {
+				Chunk    string          `json:"chunk"`
+				Checks   []string        `json:"checks"`
+				Evidence []acceptedCheck `json:"evidence"`
+			}
+			if json.Unmarshal(e.Detail, &d) != nil {
+				continue
+			}
+			if d.Evidence != nil {
+				out[d.Chunk] = append(out[d.Chunk], d.Evidence...)
+				continue
+			}
+			// Recorded before acceptances kept their evidence: the
+			// check's name alone.
+			for _, c := range d.Checks {
+				out[d.Chunk] = append(out[d.Chunk], acceptedCheck{Check: c})
+			}
+		case EventGateBaseline:
+			var d struct {
+				Read     int64 `json:"read"`
+				Rejected int64 `json:"rejected"`
+			}
+			if json.Unmarshal(e.Detail, &d) == nil {
+				baseline = Counts{Read: d.Read, Rejected: d.Rejected}
+			}
+		}
+	}
+	return out, baseline
+}
+
+// validatorNames describes each validator for the audit log, so that a
+// change of validator changes the description where Go lets it be seen:
+// its type; for a [fmt.Stringer] its String(); for a function (such as
+// a [ValidatorFunc]) the symbol name of the function
+// (runtime.FuncForPC), so swapping one function literal for another is
+// seen; for other values their JSON (exported fields), followed, when
+// the value holds what JSON cannot show (unexported fields, functions),
+// by a dump of every field (functions by symbol name, pointers followed,
+// no addresses). Limits: two closures of the same function literal that
+// capture different values look the same, and so do values differing
+// only behind a channel, an unsafe pointer or past 4 levels of nesting.
 func validatorNames(vs []Validator) []string {
 	out := make([]string, len(vs))
 	for i, v := range vs {
 		name := fmt.Sprintf("%T", v)
-		if s, ok := v.(fmt.Stringer); ok {
-			name += " " + s.String()
-		} else if rv := reflect.ValueOf(v); rv.IsValid() && rv.Kind() != reflect.Func {
+		rv := reflect.ValueOf(v)
+		switch {
+		case !rv.IsValid():
+		case rv.Kind() == reflect.Func:
+			name += " " + funcName(rv)
+		default:
+			if s, ok := v.(fmt.Stringer); ok {
+				name += " " + s.String()
+				break
+			}
 			if b, err := json.Marshal(v); err == nil {
 				name += " " + string(b)
+			}
+			if hiddenConfig(rv.Type(), map[reflect.Type]bool{}) {
+				var b strings.Builder
+				dumpValue(&b, rv, 0)
+				d := b.String()
+				if len(d) > 1000 {
+					sum := sha256.Sum256([]byte(d))
+					d = validPrefix(d, 500) + "…#" + hex.EncodeToString(sum[:8])
+				}
+				name += " " + d
 			}
 		}
 		out[i] = name
@@ -160,20 +307,122 @@ func validatorNames(vs []Validator) []string {
 	return out
 }
 
+// funcName returns the symbol name of function value f ("nil" for nil).
+func funcName(f reflect.Value) string {
+	if f.IsNil() {
+		return "nil"
+	}
+	if fn := runtime.FuncForPC(f.Pointer()); fn != nil {
+		return fn.Name()
+	}
+	return "func"
+}
+
+// hiddenConfig reports whether values of t hold what encoding/json does
+// not show: unexported struct fields or functions.
+func hiddenConfig(t reflect.Type, seen map[reflect.Type]bool) bool {
+	if seen[t] {
+		return false
+	}
+	seen[t] = true
+	switch t.Kind() {
+	case reflect.Func:
+		return true
+	case reflect.Pointer, reflect.Slice, reflect.Array:
+		return hiddenConfig(t.Elem(), seen)
+	case reflect.Map:
+		return hiddenConfig(t.Key(), seen) || hiddenConfig(t.Elem(), seen)
+	case reflect.Struct:
+		for i := range t.NumField() {
+			if f := t.Field(i); !f.IsExported() || hiddenConfig(f.Type, seen) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// dumpValue writes a deterministic description of v: every field,
+// exported or not, functions by symbol name, pointers followed (never
+// their address), map entries sorted; at most 4 levels deep.
+func dumpValue(b *strings.Builder, v reflect.Value, depth int) {
+	if depth > 4 {
+		b.WriteString("…")
+		return
+	}
+	switch v.Kind() {
+	case reflect.Invalid:
+		b.WriteString("nil")
+	case reflect.Func:
+		b.WriteString(funcName(v))
+	case reflect.Pointer, reflect.Interface:
+		if v.IsNil() {
+			b.WriteString("nil")
+			return
+		}
+		dumpValue(b, v.Elem(), depth+1)
+	case reflect.Struct:
+		b.WriteString("{")
+		for i := range v.NumField() {
+			if i > 0 {
+				b.WriteString(" ")
+			}
+			b.WriteString(v.Type().Field(i).Name + ":")
+			dumpValue(b, v.Field(i), depth+1)
+		}
+		b.WriteString("}")
+	case reflect.Slice, reflect.Array:
+		b.WriteString("[")
+		for i := range min(v.Len(), 100) {
+			if i > 0 {
+				b.WriteString(" ")
+			}
+			dumpValue(b, v.Index(i), depth+1)
+		}
+		b.WriteString("]")
+	case reflect.Map:
+		entries := make([]string, 0, v.Len())
+		for it := v.MapRange(); it.Next(); {
+			var e strings.Builder
+			dumpValue(&e, it.Key(), depth+1)
+			e.WriteString(":")
+			dumpValue(&e, it.Value(), depth+1)
+			entries = append(entries, e.String())
+		}
+		slices.Sort(entries)
+		b.WriteString("map[" + strings.Join(entries, " ") + "]")
+	case reflect.Chan, reflect.UnsafePointer:
+		b.WriteString(v.Type().String())
+	case reflect.String:
+		fmt.Fprintf(b, "%q", v.String())
+	case reflect.Bool:
+		fmt.Fprint(b, v.Bool())
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
+		fmt.Fprint(b, v.Int())
+	case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64, reflect.Uintptr:
+		fmt.Fprint(b, v.Uint())
+	case reflect.Float32, reflect.Float64:
+		fmt.Fprint(b, v.Float())
+	case reflect.Complex64, reflect.Complex128:
+		fmt.Fprint(b, v.Complex())
+	}
+}
+
 // recordValidators appends to the run's audit log the validators this
 // call runs with: [EventValidatorsSet] the first time,
 // [EventValidatorsChanged] when they differ from the last recorded set.
 // Validators are not part of the plan: changing them does not refuse a
 // resume, but every change is on record. It returns a warning for a
-// change ("" otherwise) and the accepted gates found in the log.
-func (r *Runner) recordValidators(ctx context.Context, job Job, batchID int64) (string, map[string][]string, error) {
+// change ("" otherwise), the accepted gates found in the log and the
+// latest resume baseline ([EventGateBaseline]).
+func (r *Runner) recordValidators(ctx context.Context, job Job, batchID int64) (string, map[string][]acceptedCheck, Counts, error) {
 	audit, ok := r.cfg.Manifest.(ManifestAudit)
 	if !ok {
-		return "", nil, nil
+		return "", nil, Counts{}, nil
 	}
 	events, err := audit.Events(ctx, r.db, batchID)
 	if err != nil {
-		return "", nil, err
+		return "", nil, Counts{}, err
 	}
 	cur := validatorNames(job.Validators)
 	var prev []string
@@ -194,9 +443,9 @@ func (r *Runner) recordValidators(ctx context.Context, job Job, batchID int64) (
 			}
 		}
 	}
-	accepted := acceptedGates(events)
+	accepted, baseline := acceptedGates(events)
 	if seen && slices.Equal(prev, cur) || !seen && len(cur) == 0 {
-		return "", accepted, nil
+		return "", accepted, baseline, nil
 	}
 	ev := Event{BatchID: batchID, Job: job.Name, Kind: EventValidatorsSet, Actor: r.cfg.WorkerID}
 	detail := map[string]any{"validators": cur}
@@ -219,12 +468,12 @@ func (r *Runner) recordValidators(ctx context.Context, job Job, batchID int64) (
 			strings.Join(added, "; "), strings.Join(removed, "; "))
 	}
 	if ev.Detail, err = json.Marshal(detail); err != nil {
-		return "", nil, err
+		return "", nil, Counts{}, err
 	}
 	if err := audit.RecordEvent(ctx, r.db, ev); err != nil {
-		return "", nil, err
+		return "", nil, Counts{}, err
 	}
-	return warning, accepted, nil
+	return warning, accepted, baseline, nil
 }
 
 // summarizeValidations fills the report's validation summary: one verdict

@@ -48,9 +48,13 @@ const (
 	// the time the chunk was read), so rows of its interval may still
 	// arrive in the source. It is not claimed again in the same call; the
 	// next [Runner.Run] or [Runner.Resume] of the run sets it pending and
-	// reads it again (its counts and exceptions then add up: the rows
-	// merged before count as unchanged). A run with an open chunk is not
-	// completed.
+	// reads it again. Its counts and exceptions always describe the chunk
+	// as it stands, not the sum of its reads: each read replaces the
+	// exceptions of the one before, and its counts combine with the
+	// chunk's as [Counts.Reread] says (Read is the latest read's; rows
+	// an earlier read inserted or changed stay counted as such). A run
+	// with an open chunk is not completed: [Runner.Run] returns
+	// [ErrChunksOpen], and [Runner.Rollback] can withdraw it.
 	ChunkOpen ChunkStatus = "open"
 )
 
@@ -205,7 +209,8 @@ type Manifest interface {
 	ClaimChunk(ctx context.Context, tx sqlx.ExtContext, batchID int64) (c ChunkState, ok bool, err error)
 	// CompleteChunk marks a claimed chunk done (or [ChunkOpen] when r.Open)
 	// with its counts and appends its exceptions, in tx. A chunk read
-	// before (open, then pending again) adds r's counts to those it has.
+	// before and still open replaces its exceptions with these and
+	// combines its counts with r's by [Counts.Reread], in tx.
 	// It returns an error wrapping [ErrAccounting] if r does not balance.
 	CompleteChunk(ctx context.Context, tx sqlx.ExtContext, batchID int64, r ChunkResult, exceptions []Exception) error
 	// FailChunk records a failed attempt outside the chunk's (rolled back)

@@ -221,6 +221,18 @@ ALTER TABLE {s}.exceptions ADD COLUMN failed_attempt int;
 ALTER TABLE {s}.validations ADD COLUMN failed_attempt int;
 ALTER TABLE {s}.validations ADD COLUMN accepted boolean NOT NULL DEFAULT false;
 `,
+	// 11: a versioned-view batch is not completed for readers until its
+	// view switch is recorded (the "published" event, written in the
+	// switch's transaction): a publish blocked by readers leaves it out.
+	`
+CREATE OR REPLACE VIEW {s}.completed_batches AS
+	SELECT r.batch_id, r.job_name, r.finished_at FROM {s}.runs r
+	WHERE r.status = 'completed'
+		AND (left(coalesce(r.plan->>'publish', ''), 15) <> 'versioned_view:'
+			OR EXISTS (SELECT 1 FROM {s}.events e WHERE e.batch_id = r.batch_id AND e.kind = 'published'));
+COMMENT ON VIEW {s}.completed_batches IS
+	'Batches whose every chunk is done and, for a versioned view, whose view switch is done. Reports that must not see partly loaded batches keep rows whose lineage updated_by is NULL or in this view.';
+`,
 }
 
 func (m *PGManifest) sql(q string) string {
@@ -325,7 +337,7 @@ func (m *PGManifest) StartRun(ctx context.Context, db sqlx.ExtContext, plan Plan
 						return err
 					}
 					prev.Status = RunRunning
-					if err := m.event(ctx, tx, prev.BatchID, plan.Job, "run_resumed", worker, nil); err != nil {
+					if err := m.event(ctx, tx, pgEvent{batchID: prev.BatchID, job: plan.Job, kind: "run_resumed", actor: worker}); err != nil {
 						return err
 					}
 				}
@@ -343,7 +355,7 @@ func (m *PGManifest) StartRun(ctx context.Context, db sqlx.ExtContext, plan Plan
 				if _, err := tx.ExecContext(ctx, m.sql(`UPDATE {s}.runs SET status = 'abandoned', updated_at = now() WHERE batch_id = $1`), prev.BatchID); err != nil {
 					return err
 				}
-				if err := m.event(ctx, tx, prev.BatchID, plan.Job, "run_abandoned", worker, map[string]any{"reason": "new run requested"}); err != nil {
+				if err := m.event(ctx, tx, pgEvent{batchID: prev.BatchID, job: plan.Job, kind: "run_abandoned", actor: worker, detail: map[string]any{"reason": "new run requested"}}); err != nil {
 					return err
 				}
 			}
@@ -407,13 +419,23 @@ func (m *PGManifest) createRun(ctx context.Context, tx sqlx.ExtContext, plan Pla
 	if err != nil {
 		return Run{}, fmt.Errorf("insert chunks: %w", err)
 	}
-	if err := m.event(ctx, tx, run.BatchID, plan.Job, "run_started", worker, map[string]any{"fingerprint": plan.Fingerprint, "chunks": n}); err != nil {
+	if err := m.event(ctx, tx, pgEvent{batchID: run.BatchID, job: plan.Job, kind: "run_started", actor: worker, detail: map[string]any{"fingerprint": plan.Fingerprint, "chunks": n}}); err != nil {
 		return Run{}, err
 	}
 	return run, nil
 }
 
-func (m *PGManifest) event(ctx context.Context, tx sqlx.ExtContext, batchID int64, job, kind, actor string, detail map[string]any) error {
+// pgEvent is a row of the events table: what happened (kind) to a run of
+// job, who did it (actor, "" for the library) and details as JSON.
+type pgEvent struct {
+	batchID          int64
+	job, kind, actor string
+	detail           map[string]any // nil for none
+}
+
+// event records e in tx.
+func (m *PGManifest) event(ctx context.Context, tx sqlx.ExtContext, e pgEvent) error {
+	detail := e.detail
 	if detail == nil {
 		detail = map[string]any{}
 	}
@@ -422,7 +444,7 @@ func (m *PGManifest) event(ctx context.Context, tx sqlx.ExtContext, batchID int6
 		return err
 	}
 	_, err = tx.ExecContext(ctx, m.sql(`INSERT INTO {s}.events (batch_id, job_name, kind, actor, detail) VALUES ($1, $2, $3, $4, $5)`),
-		batchID, job, kind, actor, string(b))
+		e.batchID, e.job, e.kind, e.actor, string(b))
 	return err
 }
 
@@ -498,22 +520,33 @@ func (m *PGManifest) CompleteChunk(ctx context.Context, tx sqlx.ExtContext, batc
 	if !r.Balanced() {
 		return fmt.Errorf("backfill: complete chunk %s: %w: %+v", r.Chunk.ID, ErrAccounting, r.Counts)
 	}
+	// A chunk read again while open: the latest read replaces its
+	// exception queue (a row rejected by every read is queued once), in
+	// this transaction, before the status changes below.
+	if _, err := tx.ExecContext(ctx, m.sql(`DELETE FROM {s}.exceptions e USING {s}.chunks c
+		WHERE c.batch_id = $1 AND c.seq = $2 AND c.status = 'open'
+		AND e.batch_id = $1 AND e.chunk_id = c.chunk_id AND e.failed_attempt IS NULL`), batchID, r.Chunk.Seq); err != nil {
+		return fmt.Errorf("backfill: complete chunk %s: exceptions of the earlier read: %w", r.Chunk.ID, err)
+	}
 	if err := m.addExceptions(ctx, tx, batchID, r.Chunk.ID, exceptions); err != nil {
 		return fmt.Errorf("backfill: complete chunk %s: exceptions: %w", r.Chunk.ID, err)
 	}
-	// A chunk read before (open) adds this read's counts to its own; a
-	// staged chunk's rows_read and rows_rejected are this result's.
+	// A chunk read before (open) takes this read's counts as
+	// [Counts.Reread] combines them with its own (the same formula, in
+	// SQL: $4+$5+$6 are the rows this read merged); a staged chunk's
+	// rows_read and rows_rejected are this result's.
 	status := ChunkDone
 	if r.Open {
 		status = ChunkOpen
 	}
 	res, err := tx.ExecContext(ctx, m.sql(`UPDATE {s}.chunks SET status = $12, attempts = attempts + 1,
-		rows_read = $3 + CASE WHEN status = 'open' THEN rows_read ELSE 0 END,
-		rows_inserted = $4 + CASE WHEN status = 'open' THEN rows_inserted ELSE 0 END,
-		rows_updated = $5 + CASE WHEN status = 'open' THEN rows_updated ELSE 0 END,
-		rows_unchanged = $6 + CASE WHEN status = 'open' THEN rows_unchanged ELSE 0 END,
-		rows_rejected = $7 + CASE WHEN status = 'open' THEN rows_rejected ELSE 0 END,
-		rows_deduplicated = $8 + CASE WHEN status = 'open' THEN rows_deduplicated ELSE 0 END,
+		rows_read = $3,
+		rows_inserted = CASE WHEN status = 'open' THEN least(rows_inserted + $4, $4 + $5 + $6) ELSE $4 END,
+		rows_updated = CASE WHEN status = 'open' THEN least(rows_updated + $5, $4 + $5 + $6 - least(rows_inserted + $4, $4 + $5 + $6)) ELSE $5 END,
+		rows_unchanged = CASE WHEN status = 'open' THEN $4 + $5 + $6 - least(rows_inserted + $4, $4 + $5 + $6)
+			- least(rows_updated + $5, $4 + $5 + $6 - least(rows_inserted + $4, $4 + $5 + $6)) ELSE $6 END,
+		rows_rejected = $7,
+		rows_deduplicated = $8,
 		started_at = $9, finished_at = $10, last_error = '', worker = $11,
 		open_call = CASE WHEN $12 = 'open' THEN (SELECT calls FROM {s}.runs WHERE batch_id = $1) END
 		WHERE batch_id = $1 AND seq = $2 AND status IN ('pending', 'staged', 'open')`),
@@ -608,7 +641,7 @@ func (m *PGManifest) FinishRun(ctx context.Context, db sqlx.ExtContext, batchID 
 		if err != nil {
 			return err
 		}
-		return m.event(ctx, tx, batchID, run.Job, "run_"+string(status), "", map[string]any{"error": msg})
+		return m.event(ctx, tx, pgEvent{batchID: batchID, job: run.Job, kind: "run_" + string(status), detail: map[string]any{"error": msg}})
 	})
 	if err != nil {
 		return Run{}, fmt.Errorf("backfill: finish run %d: %w", batchID, err)
@@ -846,7 +879,7 @@ func (m *PGManifest) PauseRun(ctx context.Context, db sqlx.ExtContext, batchID i
 		if len(runs) == 0 {
 			return nil
 		}
-		return m.event(ctx, tx, batchID, runs[0].Job, "run_paused", "", map[string]any{"reason": reason})
+		return m.event(ctx, tx, pgEvent{batchID: batchID, job: runs[0].Job, kind: "run_paused", detail: map[string]any{"reason": reason}})
 	})
 }
 
@@ -861,7 +894,7 @@ func (m *PGManifest) ResumeRun(ctx context.Context, db sqlx.ExtContext, batchID 
 		if len(runs) == 0 {
 			return fmt.Errorf("backfill: resume run %d: %w", batchID, ErrNotPaused)
 		}
-		return m.event(ctx, tx, batchID, runs[0].Job, "run_resumed_by_operator", actor, map[string]any{"why": why})
+		return m.event(ctx, tx, pgEvent{batchID: batchID, job: runs[0].Job, kind: "run_resumed_by_operator", actor: actor, detail: map[string]any{"why": why}})
 	})
 }
 

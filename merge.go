@@ -69,6 +69,14 @@ type TableInfo struct {
 	// openIndexes: History's partial unique indexes on the business key
 	// (one open version per key), name -> predicate (PGMerger).
 	openIndexes map[string]string
+	// lockRoot is the canonical name of the target's partition root (the
+	// target itself when it is not a partition), which names its key
+	// locks' namespace (merge_lock.go); "" when unknown.
+	lockRoot string
+	// deferrable: the target, or a table referencing it, has deferrable
+	// constraints or constraint triggers, which the merge checks at once
+	// (SET CONSTRAINTS ALL IMMEDIATE, merge_exact.go).
+	deferrable bool
 }
 
 // identity returns the columns that identify one target row: Key, plus

@@ -142,7 +142,9 @@ func (s *pgStager) keyHashable(ctx context.Context) (bool, error) {
 // the target.
 func (s *pgStager) lockKeys(ctx context.Context) error {
 	t := s.info.Target
-	ns := lockNamespace(t.Table)
+	// A partition and its partitioned parent share one namespace: merges
+	// through either lock the same keys (merge_decide.go).
+	ns := lockNamespace(cmpOr(s.info.lockRoot, t.Table))
 	whole := func() error {
 		_, err := s.tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock($1::int, $2::int)`, ns, wholeTarget)
 		return err

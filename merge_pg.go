@@ -108,6 +108,9 @@ func (m *PGMerger) Prepare(ctx context.Context, db sqlx.ExtContext, t Target) (T
 				info.keyIndexes = append(info.keyIndexes, k.Name)
 			}
 		}
+		if err := prepareDecide(ctx, db, oid, &info); err != nil { // merge_decide.go
+			return TableInfo{}, fmt.Errorf("backfill: prepare %s: partition root and deferrable constraints: %w", t.Table, err)
+		}
 		if t.Mode == History {
 			if info.openIndexes, err = openVersionIndexes(ctx, db, oid, info.Target.Key); err != nil {
 				return TableInfo{}, fmt.Errorf("backfill: prepare %s: partial indexes: %w", t.Table, err)
@@ -188,7 +191,7 @@ func tableColumns(ctx context.Context, db sqlx.ExtContext, oid int64) ([]Column,
 			continue
 		}
 		col := Column{Name: c.Name, Type: c.Type, BaseType: c.Base, NotNull: c.NotNull, Collation: c.Collation,
-			textCompare: textCompared[c.Base] || textCompared[c.Elem] || c.Kind == "c",
+			textCompare: comparedAsText(c.Base, c.Kind, c.Elem, c.ElemKind), // merge_decide.go
 			kind:        c.Kind, userType: c.UserType, elemKind: c.ElemKind, userElem: c.UserElem}
 		if (c.Base == "varchar" || c.Base == "bpchar") && c.Typmod > 4 {
 			col.MaxLen = c.Typmod - 4
@@ -625,6 +628,11 @@ func (s *pgStager) mergeStaged(ctx context.Context, n int64, dup bool) (res Merg
 			return res, nil
 		}
 	}
+	// Lock the rows to change, so that the statements below decide from
+	// their committed versions (merge_decide.go).
+	if err := s.lockChanging(ctx); err != nil {
+		return res, err
+	}
 	if s.q.upsert != "" {
 		if err := s.upsertStaged(ctx, n, &res); err != nil {
 			return res, err
@@ -639,6 +647,11 @@ func (s *pgStager) mergeStaged(ctx context.Context, n int64, dup bool) (res Merg
 		if res.Inserted, err = s.affected(ctx, "insert", s.q.insert); err != nil {
 			return res, err
 		}
+	}
+	// Deferred constraints fire here, inside the caller's savepoint
+	// (merge_decide.go).
+	if err := s.checkDeferred(ctx); err != nil {
+		return res, err
 	}
 	if res.Inserted > 0 && s.q.closeIntervals != "" {
 		if err := s.checkIntervals(ctx); err != nil {
@@ -821,6 +834,9 @@ func (s *pgStager) insertFresh(ctx context.Context, res *MergeResult) (ok bool, 
 		return false, fmt.Errorf("backfill: merge %s: savepoint: %w", t.Table, err)
 	}
 	n, err := s.affected(ctx, "insert", s.q.insertAll)
+	if err == nil {
+		err = s.checkDeferred(ctx) // merge_decide.go
+	}
 	if err != nil {
 		var pe *pq.Error
 		if errors.As(err, &pe) && pe.Code == "23505" && slices.Contains(s.info.keyIndexes, pe.Constraint) {

@@ -101,6 +101,9 @@ func (s *pgStager) mergeRefusing(ctx context.Context, res MergeResult, dup bool)
 	if s.historyIndex(ctx, pe) {
 		return res, err
 	}
+	if e := s.statementTrigger(ctx, pe, err); e != nil { // not a row's fault (merge_decide.go)
+		return res, e
+	}
 	iso := &isolation{s: s, max: s.info.Chunk.MaxRefused}
 	if err := iso.run(ctx, n, pe, err); err != nil {
 		return res, err
@@ -265,6 +268,9 @@ func (iso *isolation) bisect(ctx context.Context, lo, hi int64, known *pq.Error,
 		}
 		if iso.s.historyIndex(ctx, pe) {
 			return err
+		}
+		if e := iso.s.statementTrigger(ctx, pe, err); e != nil { // merge_decide.go
+			return e
 		}
 	}
 	if hi-lo == 1 {

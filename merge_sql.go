@@ -82,14 +82,11 @@ func (info TableInfo) Compared() ComparedColumns {
 	return cc
 }
 
-// expr is how the merge compares column n of alias: as text for types
-// without a default btree equality operator (see textCompared).
+// expr is how the merge compares column n of alias: byte for byte
+// (exactCompare, merge_decide.go), as text under "C" where the type's
+// equality is looser than its stored form or missing.
 func (cc ComparedColumns) expr(alias, n string) string {
-	e := alias + "." + sqlgen.Ident(n)
-	if c := cc.cols[n]; c.textCompare || textCompared[c.BaseType] {
-		e += "::text"
-	}
-	return e
+	return exactCompare(cc.cols[n], alias+"."+sqlgen.Ident(n))
 }
 
 // distinct is the merge's "rows a and b differ": the Compared columns,
@@ -194,8 +191,11 @@ type pgMergeSQL struct {
 	// replayCheck counts, without writing, what replaying the merge would
 	// insert and update (Upsert).
 	replayCheck string
-	update      string
-	insert      string
+	// lockChanging locks the target rows the merge would change, before
+	// the statement that decides (merge_decide.go); "" when none can.
+	lockChanging string
+	update       string
+	insert       string
 	// closeIntervals recomputes, before the insert, valid_to of the
 	// touched keys' versions when the chunk adds versions (History);
 	// checkIntervals finds keys whose intervals overlap or leave a gap.
@@ -227,10 +227,10 @@ func buildMergeSQL(info TableInfo) pgMergeSQL {
 		q.inChunkConflicts, q.targetConflicts = m.inChunkConflicts(), m.targetConflicts()
 	}
 	if m.t.Mode == Upsert {
-		q.upsert, q.insertAll, q.replayCheck = m.upsert(), m.insertAll(), m.replayCheck()
+		q.upsert, q.insertAll, q.replayCheck, q.lockChanging = m.upsert(), m.insertAll(), m.replayCheck(), m.upsertLockChanging()
 	}
 	if m.t.Mode == History {
-		q.update, q.insert = m.historyUpdate(), m.historyInsert()
+		q.update, q.insert, q.lockChanging = m.historyUpdate(), m.historyInsert(), m.historyLockChanging()
 		q.closeIntervals, q.checkIntervals = m.closeIntervals(), m.checkIntervals()
 	} else {
 		q.insert = m.insert()
@@ -386,6 +386,32 @@ func (m mergeShape) upsertUndo(apply string) (before, cte string) {
 uu AS (INSERT INTO {undo} (batch_id, seq, op, key, before) SELECT $1::bigint, $2::int, 'update', {key}, j._backfill_before FROM j WHERE j._backfill_apply)`,
 		"undo", m.undo, "key", keyJSON("j", m.cc.Identity))
 	return before, cte
+}
+
+// upsertLockChanging locks the target rows the upsert would update, by
+// its own predicate (merge_decide.go); "" when it updates none.
+func (m mergeShape) upsertLockChanging() string {
+	apply := m.apply()
+	if apply == "false" {
+		return ""
+	}
+	return m.lockChanging(apply)
+}
+
+// historyLockChanging locks the target rows historyUpdate would change
+// (merge_decide.go); "" when it changes none.
+func (m mergeShape) historyLockChanging() string {
+	if len(m.cc.Written) == 0 || len(m.cc.Compared) == 0 {
+		return ""
+	}
+	return m.lockChanging(m.cc.distinct("t", "s"))
+}
+
+// lockChanging locks, FOR UPDATE, the target rows of the staged
+// identities for which cond (on staged s and target t) holds.
+func (m mergeShape) lockChanging(cond string) string {
+	return sqlf(`SELECT count(*) FROM (SELECT 1 FROM {stage} s JOIN {target} t ON {ts} WHERE {cond} FOR UPDATE OF t) x`,
+		"stage", m.stage, "target", m.target, "ts", m.idEq("t", "s"), "cond", cond)
 }
 
 // setList is the SET list of cols, each from the same column of alias.

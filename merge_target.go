@@ -59,6 +59,12 @@ func (t Target) validate() error {
 		}
 		seen[c] = true
 	}
+	return t.validatePolicies(bad)
+}
+
+// validatePolicies checks the target's mode and policies and the fields
+// that go with them.
+func (t Target) validatePolicies(bad func(format string, args ...any) error) error {
 	switch t.Mode {
 	case "", Upsert, AppendOnly, History, Keyless:
 	default:
@@ -106,6 +112,28 @@ func ResolveTarget(t Target, table []Column, unique [][]string) (TableInfo, erro
 	if err := t.validate(); err != nil {
 		return TableInfo{}, err
 	}
+	r := &targetResolver{t: t.withDefaults(), table: table, byName: map[string]Column{}}
+	for _, c := range table {
+		r.byName[c.Name] = c
+	}
+	if err := r.deriveRules(); err != nil {
+		return TableInfo{}, err
+	}
+	r.lineageDefaults()
+	for _, phase := range []func() error{r.writtenColumns, r.derivedKeys, r.computedColumns, r.historyColumns, r.version, r.reservedNames} {
+		if err := phase(); err != nil {
+			return TableInfo{}, err
+		}
+	}
+	if err := r.uniqueIndex(unique); err != nil {
+		return TableInfo{}, err
+	}
+	return r.info, nil
+}
+
+// withDefaults returns t with its mode, duplicates and conflict policies
+// and, in History mode, its interval columns defaulted.
+func (t Target) withDefaults() Target {
 	t.Mode = cmpOr(t.Mode, Upsert)
 	t.Duplicates = cmpOr(t.Duplicates, KeepLast)
 	if t.Mode == Upsert {
@@ -115,177 +143,234 @@ func ResolveTarget(t Target, table []Column, unique [][]string) (TableInfo, erro
 		t.ValidFrom = cmpOr(t.ValidFrom, "valid_from")
 		t.ValidTo = cmpOr(t.ValidTo, "valid_to")
 	}
-	bad := func(format string, args ...any) error {
-		return fmt.Errorf("%w: "+format+" (target %q)", append([]any{ErrInvalidConfig}, append(args, t.Table)...)...)
+	return t
+}
+
+// targetResolver carries ResolveTarget's phases: each checks one part of
+// the target against the table and adds its columns to info.
+type targetResolver struct {
+	t       Target   // with defaults
+	table   []Column // the table's columns, in table order
+	byName  map[string]Column
+	derived map[string]KeyRule // by key column
+	info    TableInfo
+}
+
+// bad is an error wrapping ErrInvalidConfig that names the target.
+func (r *targetResolver) bad(format string, args ...any) error {
+	return fmt.Errorf("%w: "+format+" (target %q)", append([]any{ErrInvalidConfig}, append(args, r.t.Table)...)...)
+}
+
+// col returns the table's column name, which the target uses as role.
+func (r *targetResolver) col(name, role string) (Column, error) {
+	c, ok := r.byName[name]
+	if !ok {
+		return Column{}, fmt.Errorf("backfill: prepare: %s column %q of table %q: %w", role, name, r.t.Table, ErrTargetNotFound)
 	}
-	byName := map[string]Column{}
-	for _, c := range table {
-		byName[c.Name] = c
-	}
-	col := func(name, role string) (Column, error) {
-		c, ok := byName[name]
-		if !ok {
-			return Column{}, fmt.Errorf("backfill: prepare: %s column %q of table %q: %w", role, name, t.Table, ErrTargetNotFound)
+	return c, nil
+}
+
+// deriveRules indexes the Derive rules by key column: at most one per
+// column, of a Key column, and one for every key column in Keyless mode.
+func (r *targetResolver) deriveRules() error {
+	r.derived = map[string]KeyRule{}
+	for _, k := range r.t.Derive {
+		if _, dup := r.derived[k.Column]; dup {
+			return r.bad("two Derive rules for key column %q", k.Column)
 		}
-		return c, nil
-	}
-	derived := map[string]KeyRule{}
-	for _, r := range t.Derive {
-		if _, dup := derived[r.Column]; dup {
-			return TableInfo{}, bad("two Derive rules for key column %q", r.Column)
+		if !slices.Contains(r.t.Key, k.Column) {
+			return r.bad("Derive rule for %q, which is not a Key column", k.Column)
 		}
-		if !slices.Contains(t.Key, r.Column) {
-			return TableInfo{}, bad("Derive rule for %q, which is not a Key column", r.Column)
-		}
-		derived[r.Column] = r
+		r.derived[k.Column] = k
 	}
-	if t.Mode == Keyless {
-		for _, k := range t.Key {
-			if _, ok := derived[k]; !ok {
-				return TableInfo{}, bad("Keyless mode needs a Derive rule for key column %q", k)
+	if r.t.Mode == Keyless {
+		for _, k := range r.t.Key {
+			if _, ok := r.derived[k]; !ok {
+				return r.bad("Keyless mode needs a Derive rule for key column %q", k)
 			}
 		}
 	}
-	if !t.Lineage.Off {
-		if _, ok := byName["backfill_inserted_by"]; ok && t.Lineage.InsertedBy == "" {
-			t.Lineage.InsertedBy = "backfill_inserted_by"
-		}
-		if _, ok := byName["backfill_updated_by"]; ok && t.Lineage.UpdatedBy == "" {
-			t.Lineage.UpdatedBy = "backfill_updated_by"
-		}
-	} else {
-		t.Lineage.InsertedBy, t.Lineage.UpdatedBy = "", ""
+	return nil
+}
+
+// lineageDefaults names the lineage columns backfill_inserted_by and
+// backfill_updated_by when the table has them and the target names none,
+// and none at all when lineage is off.
+func (r *targetResolver) lineageDefaults() {
+	l := &r.t.Lineage
+	if l.Off {
+		l.InsertedBy, l.UpdatedBy = "", ""
+		return
 	}
-	computed := func(name string) bool {
-		_, d := derived[name]
-		return d || name == t.HashColumn || name == t.IngestedAt || (t.Mode == History && name == t.ValidTo) ||
-			(name != "" && (name == t.Lineage.InsertedBy || name == t.Lineage.UpdatedBy))
+	if _, ok := r.byName["backfill_inserted_by"]; ok && l.InsertedBy == "" {
+		l.InsertedBy = "backfill_inserted_by"
 	}
-	if len(t.Columns) == 0 {
-		for _, c := range table {
-			if !computed(c.Name) {
-				t.Columns = append(t.Columns, c.Name)
+	if _, ok := r.byName["backfill_updated_by"]; ok && l.UpdatedBy == "" {
+		l.UpdatedBy = "backfill_updated_by"
+	}
+}
+
+// computed reports whether the library fills column name.
+func (r *targetResolver) computed(name string) bool {
+	t := r.t
+	_, d := r.derived[name]
+	return d || name == t.HashColumn || name == t.IngestedAt || (t.Mode == History && name == t.ValidTo) ||
+		(name != "" && (name == t.Lineage.InsertedBy || name == t.Lineage.UpdatedBy))
+}
+
+// writtenColumns resolves the columns the extractor writes:
+// Target.Columns, or by default every table column the library does not
+// fill. Every key column that is not derived must be among them.
+func (r *targetResolver) writtenColumns() error {
+	if len(r.t.Columns) == 0 {
+		for _, c := range r.table {
+			if !r.computed(c.Name) {
+				r.t.Columns = append(r.t.Columns, c.Name)
 			}
 		}
 	}
-	info := TableInfo{Target: t}
-	for _, name := range t.Columns {
-		if computed(name) {
-			return TableInfo{}, bad("column %q is filled by the library and must not be in Target.Columns", name)
+	r.info.Target = r.t
+	for _, name := range r.t.Columns {
+		if r.computed(name) {
+			return r.bad("column %q is filled by the library and must not be in Target.Columns", name)
 		}
-		c, err := col(name, "written")
+		c, err := r.col(name, "written")
 		if err != nil {
-			return TableInfo{}, err
+			return err
 		}
-		c.Key = slices.Contains(t.Key, name)
+		c.Key = slices.Contains(r.t.Key, name)
 		c.Computed = ""
-		info.Columns = append(info.Columns, c)
+		r.info.Columns = append(r.info.Columns, c)
 	}
-	info.Written = len(info.Columns)
-	for _, k := range t.Key {
-		if _, ok := derived[k]; ok {
-			continue
-		}
-		if !slices.Contains(t.Columns, k) {
-			return TableInfo{}, bad("key column %q is not in Target.Columns", k)
+	r.info.Written = len(r.info.Columns)
+	for _, k := range r.t.Key {
+		if _, ok := r.derived[k]; !ok && !slices.Contains(r.t.Columns, k) {
+			return r.bad("key column %q is not in Target.Columns", k)
 		}
 	}
-	for _, k := range t.Key {
-		r, ok := derived[k]
+	return nil
+}
+
+// derivedKeys adds the key columns derived from a written column (Keyless
+// mode), in Key order.
+func (r *targetResolver) derivedKeys() error {
+	for _, k := range r.t.Key {
+		rule, ok := r.derived[k]
 		if !ok {
 			continue
 		}
-		if !slices.Contains(t.Columns, r.From) {
-			return TableInfo{}, bad("Derive source %q of key column %q is not in Target.Columns", r.From, k)
+		if !slices.Contains(r.t.Columns, rule.From) {
+			return r.bad("Derive source %q of key column %q is not in Target.Columns", rule.From, k)
 		}
-		c, err := col(k, "derived key")
+		c, err := r.col(k, "derived key")
 		if err != nil {
-			return TableInfo{}, err
+			return err
 		}
 		c.Key, c.Computed = true, "derive"
-		info.Columns = append(info.Columns, c)
+		r.info.Columns = append(r.info.Columns, c)
 	}
-	if t.HashColumn != "" {
-		c, err := col(t.HashColumn, "hash")
-		if err != nil {
-			return TableInfo{}, err
-		}
-		if c.BaseType != "" && c.BaseType != "bytea" && c.BaseType != "text" && c.BaseType != "varchar" {
-			return TableInfo{}, bad("HashColumn %q must be bytea or text, not %s", t.HashColumn, c.Type)
-		}
-		c.Key, c.Computed = false, "hash"
-		info.Columns = append(info.Columns, c)
-	}
-	if t.IngestedAt != "" {
-		c, err := col(t.IngestedAt, "ingested_at")
-		if err != nil {
-			return TableInfo{}, err
-		}
-		if c.BaseType != "" && c.BaseType != "timestamptz" {
-			return TableInfo{}, bad("IngestedAt %q must be timestamptz, not %s", t.IngestedAt, c.Type)
-		}
-		c.Key, c.Computed = false, "ingested"
-		info.Columns = append(info.Columns, c)
-	}
-	for _, l := range []struct{ name, role string }{{t.Lineage.InsertedBy, "inserted_by"}, {t.Lineage.UpdatedBy, "updated_by"}} {
-		if l.name == "" {
+	return nil
+}
+
+// computedColumns adds the other columns the library fills, each of a
+// type that holds its value: HashColumn, IngestedAt and the lineage
+// columns.
+func (r *targetResolver) computedColumns() error {
+	t := r.t
+	for _, f := range []struct {
+		name, role, computed string
+		types                []string // the base types allowed, besides "" (unknown)
+		what                 string   // the field and the types, for errors
+	}{
+		{t.HashColumn, "hash", "hash", []string{"bytea", "text", "varchar"}, "HashColumn %q must be bytea or text, not %s"},
+		{t.IngestedAt, "ingested_at", "ingested", []string{"timestamptz"}, "IngestedAt %q must be timestamptz, not %s"},
+		{t.Lineage.InsertedBy, "lineage inserted_by", "inserted_by", []string{"int8"}, "lineage column %q must be bigint, not %s"},
+		{t.Lineage.UpdatedBy, "lineage updated_by", "updated_by", []string{"int8"}, "lineage column %q must be bigint, not %s"},
+	} {
+		if f.name == "" {
 			continue
 		}
-		c, err := col(l.name, "lineage "+l.role)
+		c, err := r.col(f.name, f.role)
 		if err != nil {
-			return TableInfo{}, err
+			return err
 		}
-		if c.BaseType != "" && c.BaseType != "int8" {
-			return TableInfo{}, bad("lineage column %q must be bigint, not %s", l.name, c.Type)
+		if c.BaseType != "" && !slices.Contains(f.types, c.BaseType) {
+			return r.bad(f.what, f.name, c.Type)
 		}
-		c.Key, c.Computed = false, l.role
-		info.Columns = append(info.Columns, c)
+		c.Key, c.Computed = false, f.computed
+		r.info.Columns = append(r.info.Columns, c)
 	}
-	identity := slices.Clone(t.Key)
-	switch t.Mode {
-	case History:
-		if slices.Contains(t.Key, t.ValidFrom) {
-			return TableInfo{}, bad("ValidFrom %q must not be in Key: the version identity is Key plus ValidFrom", t.ValidFrom)
-		}
-		if !slices.Contains(t.Columns, t.ValidFrom) {
-			return TableInfo{}, bad("ValidFrom %q must be in Target.Columns", t.ValidFrom)
-		}
-		vf, _ := col(t.ValidFrom, "valid_from")
-		vt, err := col(t.ValidTo, "valid_to")
-		if err != nil {
-			return TableInfo{}, err
-		}
-		if vt.NotNull {
-			return TableInfo{}, bad("ValidTo %q must be nullable: NULL marks the current version", t.ValidTo)
-		}
-		if vf.Type != vt.Type {
-			return TableInfo{}, bad("ValidFrom %q (%s) and ValidTo %q (%s) must have the same type", t.ValidFrom, vf.Type, t.ValidTo, vt.Type)
-		}
-		identity = append(identity, t.ValidFrom)
-		// A version without a start has no place in the tiling, and a NULL
-		// never matches itself in the merge's lookups: the row writer
-		// rejects it like a NULL in a NOT NULL column.
-		for i := range info.Columns {
-			if info.Columns[i].Name == t.ValidFrom {
-				info.Columns[i].NotNull = true
-			}
+	return nil
+}
+
+// historyColumns checks, in History mode, the interval columns: ValidFrom
+// written and not a key, ValidTo nullable and of the same type. A version
+// without a start has no place in the tiling, and a NULL never matches
+// itself in the merge's lookups: the row writer rejects it like a NULL in
+// a NOT NULL column.
+func (r *targetResolver) historyColumns() error {
+	t := r.t
+	if t.Mode != History {
+		return nil
+	}
+	if slices.Contains(t.Key, t.ValidFrom) {
+		return r.bad("ValidFrom %q must not be in Key: the version identity is Key plus ValidFrom", t.ValidFrom)
+	}
+	if !slices.Contains(t.Columns, t.ValidFrom) {
+		return r.bad("ValidFrom %q must be in Target.Columns", t.ValidFrom)
+	}
+	vf, _ := r.col(t.ValidFrom, "valid_from")
+	vt, err := r.col(t.ValidTo, "valid_to")
+	if err != nil {
+		return err
+	}
+	if vt.NotNull {
+		return r.bad("ValidTo %q must be nullable: NULL marks the current version", t.ValidTo)
+	}
+	if vf.Type != vt.Type {
+		return r.bad("ValidFrom %q (%s) and ValidTo %q (%s) must have the same type", t.ValidFrom, vf.Type, t.ValidTo, vt.Type)
+	}
+	for i := range r.info.Columns {
+		if r.info.Columns[i].Name == t.ValidFrom {
+			r.info.Columns[i].NotNull = true
 		}
 	}
-	if t.Conflict == NewerVersionWins {
-		if !slices.Contains(t.Columns, t.Version) || slices.Contains(t.Key, t.Version) {
-			return TableInfo{}, bad("Version %q must be a non-key column of Target.Columns", t.Version)
-		}
+	return nil
+}
+
+// version checks that NewerVersionWins compares a written non-key column.
+func (r *targetResolver) version() error {
+	t := r.t
+	if t.Conflict == NewerVersionWins && (!slices.Contains(t.Columns, t.Version) || slices.Contains(t.Key, t.Version)) {
+		return r.bad("Version %q must be a non-key column of Target.Columns", t.Version)
 	}
-	for _, c := range info.Columns {
+	return nil
+}
+
+// reservedNames refuses staged columns whose names begin with
+// ReservedPrefix.
+func (r *targetResolver) reservedNames() error {
+	for _, c := range r.info.Columns {
 		if strings.HasPrefix(c.Name, ReservedPrefix) {
-			return TableInfo{}, bad("column %q: names beginning with %q are reserved for the columns and aliases the library's SQL adds", c.Name, ReservedPrefix)
+			return r.bad("column %q: names beginning with %q are reserved for the columns and aliases the library's SQL adds", c.Name, ReservedPrefix)
 		}
+	}
+	return nil
+}
+
+// uniqueIndex checks that one of unique, the column sets of the table's
+// unique indexes and constraints, is exactly the version identity: Key,
+// plus ValidFrom in History mode.
+func (r *targetResolver) uniqueIndex(unique [][]string) error {
+	identity := slices.Clone(r.t.Key)
+	if r.t.Mode == History {
+		identity = append(identity, r.t.ValidFrom)
 	}
 	want := slices.Sorted(slices.Values(identity))
 	for _, u := range unique {
 		if slices.Equal(slices.Sorted(slices.Values(u)), want) {
-			return info, nil
+			return nil
 		}
 	}
-	return TableInfo{}, fmt.Errorf("backfill: prepare: table %q key (%s): %w", t.Table, strings.Join(identity, ", "), ErrNoUniqueKey)
+	return fmt.Errorf("backfill: prepare: table %q key (%s): %w", r.t.Table, strings.Join(identity, ", "), ErrNoUniqueKey)
 }

@@ -95,6 +95,15 @@ type RollbackReport struct {
 // is recorded in the audit log with who, why, when and the counts; a
 // whole-batch rollback sets the run's status to rolled_back.
 //
+// A run that is still running can be rolled back whole when its only
+// unfinished chunks are open ([ChunkOpen]: loaded, but ending after the
+// horizon): Rollback first pauses it (an audit event with Actor and Why),
+// so no call reads them again, then withdraws it; if the rollback is then
+// refused (conflicts) the run stays paused, and [Runner.Resume] continues
+// it. A running run with
+// pending or failed chunks is refused with [ErrInvalidConfig] saying what
+// to do: finish it (run the job again) or abandon it with [Job.NewRun].
+//
 // It needs [PGManifest] and [PGMerger] ([ErrUnsupported] otherwise) and a
 // batch planned with the undo log.
 func (r *Runner) Rollback(ctx context.Context, job Job, opts RollbackOptions) (RollbackReport, error) {
@@ -114,9 +123,13 @@ func (r *Runner) Rollback(ctx context.Context, job Job, opts RollbackOptions) (R
 	if err != nil {
 		return RollbackReport{}, err
 	}
-	switch run.Status {
-	case RunRunning:
-		return RollbackReport{}, fmt.Errorf("backfill: rollback of batch %d: %w: the run is still running; wait for it or cancel it first", run.BatchID, ErrInvalidConfig)
+	if run.Status == RunRunning {
+		// A run whose only unfinished chunks are open (loaded, read again
+		// by each call until the horizon passes their end) can be
+		// withdrawn: it is paused first, so that no call reads them again.
+		if run, err = r.stopOpenRun(ctx, pm, run, opts); err != nil {
+			return RollbackReport{}, err
+		}
 	}
 	var plan Plan
 	if err := json.Unmarshal(run.Plan, &plan); err != nil {
@@ -142,21 +155,11 @@ func (r *Runner) Rollback(ctx context.Context, job Job, opts RollbackOptions) (R
 		if opts.Preview {
 			return RollbackReport{BatchID: run.BatchID, Preview: true, Status: run.Status, Elapsed: time.Since(begin)}, nil
 		}
-		switched, err := r.switchBack(ctx, run, plan.Target.Table, opts.Force, opts.Actor, opts.Why)
-		if err != nil {
+		// One transaction under the view's and the run row's locks, with
+		// the publish's bounded lock_timeout and retries: a publish of the
+		// batch still pending never switches the view after it.
+		if _, err := r.switchBack(ctx, job, run, plan.Target.Table, opts); err != nil {
 			return RollbackReport{BatchID: run.BatchID, Status: run.Status}, err
-		}
-		if !switched {
-			// Never published: readers never saw the batch; withdraw the run.
-			if err := inTx(ctx, r.db, func(tx sqlx.ExtContext) error {
-				if _, err := tx.ExecContext(ctx, pm.sql(`UPDATE {s}.runs SET status = 'rolled_back', updated_at = now() WHERE batch_id = $1`), run.BatchID); err != nil {
-					return err
-				}
-				detail, _ := json.Marshal(map[string]string{"why": opts.Why})
-				return pm.RecordEvent(ctx, tx, Event{BatchID: run.BatchID, Job: run.Job, Kind: "rollback_unpublished", Actor: opts.Actor, Detail: detail})
-			}); err != nil {
-				return RollbackReport{BatchID: run.BatchID, Status: run.Status}, err
-			}
 		}
 		return RollbackReport{BatchID: run.BatchID, Status: RunRolledBack, Elapsed: time.Since(begin)}, nil
 	}
@@ -287,6 +290,69 @@ func (r *Runner) Rollback(ctx context.Context, job Job, opts RollbackOptions) (R
 	r.cfg.Logger.Info("backfill rollback", "job", run.Job, "batch_id", run.BatchID, "chunks", rep.Chunks, "deleted", rep.Deleted,
 		"restored", rep.Restored, "force", opts.Force, "actor", opts.Actor)
 	return rep, nil
+}
+
+// stopOpenRun makes a running run whose every unfinished chunk is open
+// ([ChunkOpen]) ready for a whole-batch rollback: in one transaction, it
+// locks the run's row (waiting for the chunks in flight, which hold it
+// FOR SHARE, see ClaimChunk), checks that no chunk is pending or failed,
+// and pauses the run with the rollback's actor and why, so that no call
+// claims its chunks again; Rollback then proceeds as for a paused run
+// (and, interrupted, resumes on the paused run). A preview changes
+// nothing. Any other running run is refused with what to do.
+func (r *Runner) stopOpenRun(ctx context.Context, pm *PGManifest, run Run, opts RollbackOptions) (Run, error) {
+	refuse := func(unfinished int) error {
+		return fmt.Errorf("backfill: rollback of batch %d: %w: the run is still running with %d chunks pending or failed; finish it first "+
+			"(run the job again; a run paused by a gate can be resumed, or rolled back as it is), or start a new run with Job.NewRun, "+
+			"which abandons this one; a running run whose only unfinished chunks are open can be rolled back", run.BatchID, ErrInvalidConfig, unfinished)
+	}
+	if opts.ChunkID != "" {
+		return run, fmt.Errorf("backfill: rollback of batch %d: %w: the run is still running (chunks are open); roll back the whole batch, or wait until it completes to roll back one chunk",
+			run.BatchID, ErrInvalidConfig)
+	}
+	countUnfinished := func(db sqlx.ExtContext) (int, error) {
+		var n int
+		err := sqlx.GetContext(ctx, db, &n, pm.sql(`SELECT count(*) FROM {s}.chunks WHERE batch_id = $1 AND status NOT IN ('done', 'open')`), run.BatchID)
+		return n, err
+	}
+	if opts.Preview {
+		n, err := countUnfinished(r.db)
+		if err != nil {
+			return run, err
+		}
+		if n > 0 {
+			return run, refuse(n)
+		}
+		return run, nil
+	}
+	err := inTx(ctx, r.db, func(tx sqlx.ExtContext) error {
+		var status string
+		if err := sqlx.GetContext(ctx, tx, &status, pm.sql(`SELECT status FROM {s}.runs WHERE batch_id = $1 FOR UPDATE`), run.BatchID); err != nil {
+			return err
+		}
+		run.Status = RunStatus(status)
+		if run.Status != RunRunning {
+			return nil // finished meanwhile: Rollback goes on with its status
+		}
+		n, err := countUnfinished(tx)
+		if err != nil {
+			return err
+		}
+		if n > 0 {
+			return refuse(n)
+		}
+		reason := fmt.Sprintf("rollback requested by %s: %s", opts.Actor, opts.Why)
+		if _, err := tx.ExecContext(ctx, pm.sql(`UPDATE {s}.runs SET status = 'paused', last_error = $2, updated_at = now() WHERE batch_id = $1`), run.BatchID, reason); err != nil {
+			return err
+		}
+		run.Status, run.LastError = RunPaused, reason
+		detail, _ := json.Marshal(map[string]string{"reason": reason})
+		return pm.RecordEvent(ctx, tx, Event{BatchID: run.BatchID, Job: run.Job, Kind: "run_paused", Actor: opts.Actor, Detail: detail})
+	})
+	if err != nil {
+		return run, err
+	}
+	return run, nil
 }
 
 // conflictList renders up to 10 conflicting rows for an error or a log

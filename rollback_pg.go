@@ -12,8 +12,10 @@ import (
 
 // pgRollback is the SQL of a rollback of one target from the undo log of
 // a [PGManifest]'s schema. Undo rows are matched to target rows through
-// jsonb_populate_record (PostgreSQL docs, 9.16 "JSON Functions"), which
-// turns the logged key or prior image back into a row of the target type.
+// jsonb_to_record (PostgreSQL docs, 9.16 "JSON Functions"), which turns
+// the logged key back into a record of the identity columns (keyRecord),
+// and a prior image, which holds every column, is restored through
+// jsonb_populate_record as a row of the target type.
 type pgRollback struct {
 	m        *PGManifest
 	info     TableInfo
@@ -27,6 +29,9 @@ type pgRollback struct {
 	// the rows a single chunk inserted (""/nil: unknown).
 	chunkColumn string
 	zone        string
+	// keyTypes: the identity columns' types (format_type), which read
+	// a logged key back as a record of those columns only (keyRecord).
+	keyTypes map[string]string
 }
 
 func newPGRollback(m *PGManifest, info TableInfo) *pgRollback {
@@ -42,6 +47,18 @@ func (rb *pgRollback) load(ctx context.Context, db sqlx.ExtContext) error {
 		ORDER BY a.attnum`, rb.target)
 	if err != nil {
 		return fmt.Errorf("backfill: rollback %s: columns: %w", rb.info.Target.Table, err)
+	}
+	var types []struct {
+		Name string `db:"attname"`
+		Type string `db:"type"`
+	}
+	if err := sqlx.SelectContext(ctx, db, &types, `SELECT a.attname::text AS attname, format_type(a.atttypid, a.atttypmod) AS type FROM pg_attribute a
+		WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped AND a.attname = ANY ($2::text[])`, rb.target, pq.Array(rb.identity)); err != nil {
+		return fmt.Errorf("backfill: rollback %s: key types: %w", rb.info.Target.Table, err)
+	}
+	rb.keyTypes = map[string]string{}
+	for _, t := range types {
+		rb.keyTypes[t.Name] = t.Type
 	}
 	return nil
 }

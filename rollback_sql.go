@@ -19,14 +19,14 @@ import (
 // (bind parameters from $4).
 func (rb *pgRollback) conflictsSQL(filter string) string {
 	return sqlf(`WITH c AS (
-	SELECT DISTINCT u.key, t.{ub} AS by FROM {entries} u CROSS JOIN LATERAL jsonb_populate_record(NULL::{target}, u.key) r
+	SELECT DISTINCT u.key, t.{ub} AS by FROM {entries} u CROSS JOIN LATERAL {record}
 	JOIN {target} t ON {match}
 	WHERE u.batch_id = $1 AND u.seq = ANY ($2::int[]) AND t.{ub} IS DISTINCT FROM $1 AND NOT coalesce(t.{ub} = ANY ($3::bigint[]), false)
 	UNION
 	SELECT {key}, t.{ub} FROM {target} t WHERE t.{ib} = $1 AND t.{ub} IS DISTINCT FROM $1 AND NOT coalesce(t.{ub} = ANY ($3::bigint[]), false) AND {filter})
 SELECT (SELECT count(*) FROM c) AS n, c.key::text AS key, coalesce(c.by, 0) AS by FROM c ORDER BY c.key::text LIMIT 100`,
 		"entries", rb.entries(), "target", rb.target, "match", rb.match(), "ub", rb.updated, "ib", rb.inserted,
-		"key", keyJSON("t", rb.identity), "filter", filter)
+		"key", keyJSON("t", rb.identity), "filter", filter, "record", rb.keyRecord("u.key", "r"))
 }
 
 // previewSQL counts (deleted, restored) the rows a rollback of the chunks
@@ -38,10 +38,11 @@ func (rb *pgRollback) previewSQL(filter string) string {
 	(SELECT count(*) FROM {target} t WHERE t.{ib} = $1 AND (t.{ub} IS NOT DISTINCT FROM $1 OR $3) AND {filter}) +
 	count(DISTINCT u.key) FILTER (WHERE u.op = 'insert') AS deleted,
 	count(DISTINCT u.key) FILTER (WHERE u.op = 'update') AS restored
-FROM {entries} u CROSS JOIN LATERAL jsonb_populate_record(NULL::{target}, u.key) r
+FROM {entries} u CROSS JOIN LATERAL {record}
 JOIN {target} t ON {match}
 WHERE u.batch_id = $1 AND u.seq = ANY ($2::int[]) AND (t.{ub} IS NOT DISTINCT FROM $1 OR $3)`,
-		"entries", rb.entries(), "target", rb.target, "match", rb.match(), "ub", rb.updated, "ib", rb.inserted, "filter", filter)
+		"entries", rb.entries(), "target", rb.target, "match", rb.match(), "ub", rb.updated, "ib", rb.inserted, "filter", filter,
+		"record", rb.keyRecord("u.key", "r"))
 }
 
 // restoreSQL restores the earliest prior image of each row that chunk $2
@@ -62,9 +63,9 @@ WHERE {match} AND (t.{ub} IS NOT DISTINCT FROM $1 OR $3)`,
 // force ($3).
 func (rb *pgRollback) deleteLoggedSQL() string {
 	return sqlf(`DELETE FROM {target} t
-USING {entries} u CROSS JOIN LATERAL jsonb_populate_record(NULL::{target}, u.key) r
+USING {entries} u CROSS JOIN LATERAL {record}
 WHERE u.batch_id = $1 AND u.seq = $2 AND u.op = 'insert' AND {match} AND (t.{ub} IS NOT DISTINCT FROM $1 OR $3)`,
-		"entries", rb.entries(), "target", rb.target, "match", rb.match(), "ub", rb.updated)
+		"entries", rb.entries(), "target", rb.target, "match", rb.match(), "ub", rb.updated, "record", rb.keyRecord("u.key", "r"))
 }
 
 // deleteInsertedSQL deletes the rows batch $1 inserted (lineage) that
@@ -83,8 +84,8 @@ func (rb *pgRollback) retileKeys() string {
 	return sqlf(`SELECT DISTINCT {rkey} FROM (
 	SELECT u.key FROM {entries} u WHERE u.batch_id = $1 AND (u.seq = $2 OR $2 < 0)
 	UNION ALL SELECT k.key FROM backfill_rollback_keys k) u
-CROSS JOIN LATERAL jsonb_populate_record(NULL::{target}, u.key) r`,
-		"entries", rb.entries(), "target", rb.target, "rkey", sqlgen.List("r.", rb.info.Target.Key))
+CROSS JOIN LATERAL {record}`,
+		"entries", rb.entries(), "record", rb.keyRecord("u.key", "r"), "rkey", sqlgen.List("r.", rb.info.Target.Key))
 }
 
 // retileSQL recomputes valid_to of the versions of retileKeys: each ends
@@ -109,6 +110,20 @@ func (rb *pgRollback) checkRetiledSQL() string {
 WHERE {vt} IS DISTINCT FROM _backfill_next_from OR {vt} <= {vf} LIMIT 5`,
 		"target", rb.target, "key", sqlgen.List("", t.Key), "vf", sqlgen.Ident(t.ValidFrom), "vt", sqlgen.Ident(t.ValidTo),
 		"keys", rb.retileKeys())
+}
+
+// keyRecord is a FROM item reading the jsonb expression j (a logged key)
+// as a record named alias of the identity columns only, typed as in the
+// target. Not jsonb_populate_record(NULL::target, j): that builds a whole
+// target row, and a column of a NOT NULL domain (CREATE DOMAIN d AS text
+// NOT NULL) refuses the NULL it would get, failing every rollback and
+// preview.
+func (rb *pgRollback) keyRecord(j, alias string) string {
+	defs := make([]string, len(rb.identity))
+	for i, n := range rb.identity {
+		defs[i] = sqlgen.Ident(n) + " " + rb.keyTypes[n]
+	}
+	return sqlf("jsonb_to_record({j}) AS {alias}({defs})", "j", j, "alias", alias, "defs", strings.Join(defs, ", "))
 }
 
 // match is the condition that target row t and undo row r (a logged key
@@ -166,12 +181,22 @@ func (rb *pgRollback) insertedFilter(chunk *ChunkState, first int) (string, []an
 // $5). $2 is the identity's column names.
 func (rb *pgRollback) deliveredSQL(oneChunk bool, filter string) string {
 	identity := rb.identity
+	// The delivering chunk's bounds, as columns _backfill_lo_<i> and
+	// _backfill_hi_<i> of d (boundCols; see keyRecord for why not a whole
+	// target row).
 	lo := func(alias, bound string) string {
 		parts := make([]string, len(identity))
-		for i, c := range identity {
-			parts[i] = "(" + alias + "." + bound + ")." + sqlgen.Ident(c)
+		for i := range identity {
+			parts[i] = fmt.Sprintf("%s._backfill_%s_%d", alias, bound, i)
 		}
 		return "ROW(" + strings.Join(parts, ", ") + ")"
+	}
+	boundCols := func(bound string) string {
+		parts := make([]string, len(identity))
+		for i, c := range identity {
+			parts[i] = fmt.Sprintf("%s.%s AS _backfill_%s_%d", bound, sqlgen.Ident(c), bound, i)
+		}
+		return strings.Join(parts, ", ")
 	}
 	tid := "ROW(" + sqlgen.List("t.", identity) + ")"
 	// inRange: t lies within the delivering chunk's identity bounds, or
@@ -193,17 +218,17 @@ func (rb *pgRollback) deliveredSQL(oneChunk bool, filter string) string {
 	if oneChunk {
 		undoBranch = sqlf(`
 	UNION ALL
-	SELECT {key}, d.batch_id, false FROM {entries} u CROSS JOIN LATERAL jsonb_populate_record(NULL::{target}, u.key) r
+	SELECT {key}, d.batch_id, false FROM {entries} u CROSS JOIN LATERAL {record}
 	JOIN {target} t ON {match}
 	JOIN d ON {inRange}
 	WHERE u.batch_id = $1 AND u.seq = ANY ($4::int[]) AND t.{ub} = $1`,
 			"key", keyJSON("t", identity), "entries", rb.entries(), "target", rb.target, "match", rb.match(), "inRange", inRange,
-			"ub", rb.updated)
+			"ub", rb.updated, "record", rb.keyRecord("u.key", "r"))
 	}
 	return sqlf(`WITH d AS MATERIALIZED (
-	SELECT d.batch_id, d.key_columns = $2::text[] AS ranged,
-		jsonb_populate_record(NULL::{target}, d.lo) AS lo, jsonb_populate_record(NULL::{target}, d.hi) AS hi
+	SELECT d.batch_id, d.key_columns = $2::text[] AS ranged, {loCols}, {hiCols}
 	FROM {delivered} d JOIN {chunks} c ON c.batch_id = d.batch_id AND c.seq = d.seq
+	LEFT JOIN LATERAL {loRecord} ON true LEFT JOIN LATERAL {hiRecord} ON true
 	WHERE d.owner = $1 AND d.batch_id <> $1 AND c.status IN ('done', 'open') AND d.batch_id <> ALL ($3::bigint[])),
 hit AS (
 	SELECT {key} AS key, d.batch_id AS by, t.{ib} = $1 AS del
@@ -216,7 +241,10 @@ x AS (SELECT DISTINCT ON (key) key, by, del FROM hit ORDER BY key, by)
 SELECT count(*) OVER () AS n, count(*) FILTER (WHERE del) OVER () AS deleted, key::text AS key, by
 FROM x ORDER BY key::text LIMIT 100`,
 		"target", rb.target, "delivered", rb.m.sql("{s}.delivered"), "chunks", rb.m.sql("{s}.chunks"), "key", keyJSON("t", identity),
-		"ib", rb.inserted, "ub", rb.updated, "ranged", ranged, "whole", whole, "undoBranch", undoBranch)
+		"ib", rb.inserted, "ub", rb.updated, "ranged", ranged, "whole", whole, "undoBranch", undoBranch,
+		"loCols", boundCols("lo"), "hiCols", boundCols("hi"),
+		"loRecord", rb.keyRecord("CASE WHEN d.key_columns = $2::text[] THEN d.lo END", "lo"),
+		"hiRecord", rb.keyRecord("CASE WHEN d.key_columns = $2::text[] THEN d.hi END", "hi"))
 }
 
 // recordDeliveredSQL summarises the staged rows the target holds as last

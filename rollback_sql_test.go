@@ -18,6 +18,10 @@ func rollbackStatements(t *testing.T, g goldenTarget) [][2]string {
 		rb.columns = append(rb.columns, info.Target.ValidTo)
 	}
 	rb.chunkColumn, rb.zone = "version", "Europe/Berlin"
+	rb.keyTypes = map[string]string{}
+	for _, c := range info.Columns {
+		rb.keyTypes[c.Name] = c.Type
+	}
 	start := time.Date(2024, 3, 1, 0, 0, 0, 0, time.UTC)
 	chunk := &ChunkState{Chunk: Chunk{ID: "2024-03-01", Seq: 3, Kind: KindTime, Start: start, End: start.AddDate(0, 0, 1)}}
 	whole, _ := rb.insertedFilter(nil, 4)

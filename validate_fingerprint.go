@@ -202,10 +202,13 @@ func hashKind(col Column) string {
 	case col.kind == "c" || col.kind == "p":
 		return ""
 	}
-	if _, ok := hashFuncs[col.BaseType]; ok && !col.textCompare && !textCompared[col.BaseType] {
+	// Types whose equality is looser than their stored form (float 0 and
+	// -0 hash alike) hash their text, as the merge compares it
+	// (merge_decide.go).
+	if _, ok := hashFuncs[col.BaseType]; ok && !col.textCompare && !textCompared[col.BaseType] && !looseEquality[col.BaseType] {
 		return "func"
 	}
-	if textHashed[col.BaseType] || textCompared[col.BaseType] || col.kind == "r" || col.kind == "m" {
+	if textHashed[col.BaseType] || textCompared[col.BaseType] || looseEquality[col.BaseType] || col.kind == "r" || col.kind == "m" {
 		return "text"
 	}
 	return ""

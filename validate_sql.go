@@ -50,11 +50,9 @@ func (c *pgCheck) content() []string { return slices.Clone(c.scope.Info.Compared
 // an equality operator (as the merge does), and byte for byte where the
 // column's own equality is looser (see exactForm).
 func (c *pgCheck) cmpExpr(alias, n string) string {
-	e := alias + "." + sqlgen.Ident(n)
-	if col := c.cols[n]; col.textCompare || textCompared[col.BaseType] {
-		e += "::text"
-	}
-	return c.exactForm(n, e)
+	// The merge's rule (merge_decide.go): a check that compares content
+	// fails when the target holds another form of an equal value.
+	return exactCompare(c.cols[n], alias+"."+sqlgen.Ident(n))
 }
 
 // exactForm returns the expression e, a value of column n, in a form

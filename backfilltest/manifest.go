@@ -242,8 +242,10 @@ func (m *Manifest) CompleteChunk(ctx context.Context, tx sqlx.ExtContext, batchI
 		defer m.mu.Unlock()
 		c := &r.chunks[res.Chunk.Seq]
 		if c.Status == backfill.ChunkOpen {
-			// Read before: this read's counts add up.
-			c.Counts = c.Counts.Add(res.Counts)
+			// Read before: the chunk's counts and exception queue are
+			// those of the rows as they stand (see Counts.Reread).
+			c.Counts = c.Counts.Reread(res.Counts)
+			r.exceptions = slices.DeleteFunc(r.exceptions, func(e backfill.Exception) bool { return e.ChunkID == res.Chunk.ID })
 		} else {
 			c.Counts = res.Counts
 		}

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"math"
 	"reflect"
 	"slices"
 	"strconv"
@@ -18,8 +19,8 @@ import (
 // suite uses (text as string, bigint as int64, timestamptz as time.Time)
 // and a few more.
 
-// sameValue is IS NOT DISTINCT FROM: nil equals nil only, times are equal
-// when they are the same instant.
+// sameValue is the merger's change detection: nil equals nil only, times
+// are equal when they are the same instant, floats when their bits are.
 func sameValue(a, b any) bool {
 	if a == nil || b == nil {
 		return a == nil && b == nil
@@ -31,6 +32,14 @@ func sameValue(a, b any) bool {
 	case []byte:
 		y, ok := b.([]byte)
 		return ok && bytes.Equal(x, y)
+	case float64:
+		// Byte for byte, as the PostgreSQL merger compares floats
+		// (float8send): -0 is not 0, NaN is NaN.
+		y, ok := b.(float64)
+		return ok && math.Float64bits(x) == math.Float64bits(y)
+	case float32:
+		y, ok := b.(float32)
+		return ok && math.Float32bits(x) == math.Float32bits(y)
 	}
 	return reflect.DeepEqual(a, b)
 }

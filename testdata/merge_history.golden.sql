@@ -19,8 +19,11 @@ DELETE FROM pg_temp."backfill_stage_dbb50d90b2979430" WHERE _backfill_row IN (
 -- deleteRows
 DELETE FROM pg_temp."backfill_stage_dbb50d90b2979430" WHERE _backfill_row = ANY ($1::bigint[]);
 
+-- lockChanging
+SELECT count(*) FROM (SELECT 1 FROM pg_temp."backfill_stage_dbb50d90b2979430" s JOIN "sales"."orders" t ON t."id" = s."id" AND t."valid_from" = s."valid_from" WHERE ROW((t."name" COLLATE "C"), (t."amount"::text COLLATE "C"), (t."doc"::text COLLATE "C"), (t."pos"::text COLLATE "C"), t."Odd ""col""", t."version") IS DISTINCT FROM ROW((s."name" COLLATE "C"), (s."amount"::text COLLATE "C"), (s."doc"::text COLLATE "C"), (s."pos"::text COLLATE "C"), s."Odd ""col""", s."version") FOR UPDATE OF t) x;
+
 -- update
-UPDATE "sales"."orders" t SET "name" = s."name", "amount" = s."amount", "doc" = s."doc", "pos" = s."pos", "Odd ""col""" = s."Odd ""col""", "version" = s."version" FROM pg_temp."backfill_stage_dbb50d90b2979430" s WHERE t."id" = s."id" AND t."valid_from" = s."valid_from" AND ROW(t."name", t."amount", t."doc"::text, t."pos"::text, t."Odd ""col""", t."version") IS DISTINCT FROM ROW(s."name", s."amount", s."doc"::text, s."pos"::text, s."Odd ""col""", s."version");
+UPDATE "sales"."orders" t SET "name" = s."name", "amount" = s."amount", "doc" = s."doc", "pos" = s."pos", "Odd ""col""" = s."Odd ""col""", "version" = s."version" FROM pg_temp."backfill_stage_dbb50d90b2979430" s WHERE t."id" = s."id" AND t."valid_from" = s."valid_from" AND ROW((t."name" COLLATE "C"), (t."amount"::text COLLATE "C"), (t."doc"::text COLLATE "C"), (t."pos"::text COLLATE "C"), t."Odd ""col""", t."version") IS DISTINCT FROM ROW((s."name" COLLATE "C"), (s."amount"::text COLLATE "C"), (s."doc"::text COLLATE "C"), (s."pos"::text COLLATE "C"), s."Odd ""col""", s."version");
 
 -- insert
 INSERT INTO "sales"."orders" ("valid_from", "id", "name", "amount", "doc", "pos", "Odd ""col""", "version", "valid_to")

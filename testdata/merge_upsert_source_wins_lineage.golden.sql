@@ -21,7 +21,7 @@ DELETE FROM pg_temp."backfill_stage_ef0f8af3d5d50a91" WHERE _backfill_row = ANY 
 
 -- upsert
 WITH j AS MATERIALIZED (
-	SELECT s.*, t."id" IS NOT NULL AS _backfill_found, coalesce(t."id" IS NOT NULL AND ROW(t."name", t."amount", t."doc"::text, t."pos"::text, t."Odd ""col""", t."version") IS DISTINCT FROM ROW(s."name", s."amount", s."doc"::text, s."pos"::text, s."Odd ""col""", s."version"), false) AS _backfill_apply
+	SELECT s.*, t."id" IS NOT NULL AS _backfill_found, coalesce(t."id" IS NOT NULL AND ROW((t."name" COLLATE "C"), (t."amount"::text COLLATE "C"), (t."doc"::text COLLATE "C"), (t."pos"::text COLLATE "C"), t."Odd ""col""", t."version") IS DISTINCT FROM ROW((s."name" COLLATE "C"), (s."amount"::text COLLATE "C"), (s."doc"::text COLLATE "C"), (s."pos"::text COLLATE "C"), s."Odd ""col""", s."version"), false) AS _backfill_apply
 	FROM pg_temp."backfill_stage_ef0f8af3d5d50a91" s LEFT JOIN "sales"."orders" t ON t."id" = s."id"),
 u AS (UPDATE "sales"."orders" t SET "name" = j."name", "amount" = j."amount", "doc" = j."doc", "pos" = j."pos", "Odd ""col""" = j."Odd ""col""", "version" = j."version", "ingested_at" = j."ingested_at", "updated_by" = j."updated_by" FROM j WHERE j._backfill_apply AND t."id" = j."id" RETURNING 1),
 i AS (INSERT INTO "sales"."orders" ("id", "name", "amount", "doc", "pos", "Odd ""col""", "version", "ingested_at", "inserted_by", "updated_by") SELECT j."id", j."name", j."amount", j."doc", j."pos", j."Odd ""col""", j."version", j."ingested_at", j."inserted_by", j."updated_by" FROM j WHERE NOT j._backfill_found RETURNING 1)
@@ -33,9 +33,12 @@ INSERT INTO "sales"."orders" ("id", "name", "amount", "doc", "pos", "Odd ""col""
 
 -- replayCheck
 SELECT count(*) FILTER (WHERE t."id" IS NULL) AS inserted,
-	count(*) FILTER (WHERE coalesce(t."id" IS NOT NULL AND ROW(t."name", t."amount", t."doc"::text, t."pos"::text, t."Odd ""col""", t."version") IS DISTINCT FROM ROW(s."name", s."amount", s."doc"::text, s."pos"::text, s."Odd ""col""", s."version"), false)) AS updated,
-	count(*) FILTER (WHERE t."id" IS NOT NULL AND NOT coalesce(t."id" IS NOT NULL AND ROW(t."name", t."amount", t."doc"::text, t."pos"::text, t."Odd ""col""", t."version") IS DISTINCT FROM ROW(s."name", s."amount", s."doc"::text, s."pos"::text, s."Odd ""col""", s."version"), false)) AS unchanged
+	count(*) FILTER (WHERE coalesce(t."id" IS NOT NULL AND ROW((t."name" COLLATE "C"), (t."amount"::text COLLATE "C"), (t."doc"::text COLLATE "C"), (t."pos"::text COLLATE "C"), t."Odd ""col""", t."version") IS DISTINCT FROM ROW((s."name" COLLATE "C"), (s."amount"::text COLLATE "C"), (s."doc"::text COLLATE "C"), (s."pos"::text COLLATE "C"), s."Odd ""col""", s."version"), false)) AS updated,
+	count(*) FILTER (WHERE t."id" IS NOT NULL AND NOT coalesce(t."id" IS NOT NULL AND ROW((t."name" COLLATE "C"), (t."amount"::text COLLATE "C"), (t."doc"::text COLLATE "C"), (t."pos"::text COLLATE "C"), t."Odd ""col""", t."version") IS DISTINCT FROM ROW((s."name" COLLATE "C"), (s."amount"::text COLLATE "C"), (s."doc"::text COLLATE "C"), (s."pos"::text COLLATE "C"), s."Odd ""col""", s."version"), false)) AS unchanged
 FROM pg_temp."backfill_stage_ef0f8af3d5d50a91" s LEFT JOIN "sales"."orders" t ON t."id" = s."id";
+
+-- lockChanging
+SELECT count(*) FROM (SELECT 1 FROM pg_temp."backfill_stage_ef0f8af3d5d50a91" s JOIN "sales"."orders" t ON t."id" = s."id" WHERE t."id" IS NOT NULL AND ROW((t."name" COLLATE "C"), (t."amount"::text COLLATE "C"), (t."doc"::text COLLATE "C"), (t."pos"::text COLLATE "C"), t."Odd ""col""", t."version") IS DISTINCT FROM ROW((s."name" COLLATE "C"), (s."amount"::text COLLATE "C"), (s."doc"::text COLLATE "C"), (s."pos"::text COLLATE "C"), s."Odd ""col""", s."version") FOR UPDATE OF t) x;
 
 -- insert
 INSERT INTO "sales"."orders" ("id", "name", "amount", "doc", "pos", "Odd ""col""", "version", "ingested_at", "inserted_by", "updated_by") SELECT s."id", s."name", s."amount", s."doc", s."pos", s."Odd ""col""", s."version", s."ingested_at", s."inserted_by", s."updated_by" FROM pg_temp."backfill_stage_ef0f8af3d5d50a91" s WHERE NOT EXISTS (SELECT 1 FROM "sales"."orders" t WHERE t."id" = s."id" OFFSET 0);

@@ -3,7 +3,7 @@ WITH c AS (
 	SELECT DISTINCT u.key, t."updated_by" AS by FROM (SELECT u.batch_id, u.seq, u.id, 'insert' AS op, e.key, NULL::jsonb AS before
 	FROM "backfill".undo u CROSS JOIN LATERAL jsonb_array_elements(u.key) AS e(key) WHERE u.op = 'inserts'
 	UNION ALL
-	SELECT u.batch_id, u.seq, u.id, u.op, u.key, u.before FROM "backfill".undo u WHERE u.op IN ('insert', 'update')) u CROSS JOIN LATERAL jsonb_populate_record(NULL::"sales"."orders", u.key) r
+	SELECT u.batch_id, u.seq, u.id, u.op, u.key, u.before FROM "backfill".undo u WHERE u.op IN ('insert', 'update')) u CROSS JOIN LATERAL jsonb_to_record(u.key) AS r("id" bigint)
 	JOIN "sales"."orders" t ON t."id" = r."id"
 	WHERE u.batch_id = $1 AND u.seq = ANY ($2::int[]) AND t."updated_by" IS DISTINCT FROM $1 AND NOT coalesce(t."updated_by" = ANY ($3::bigint[]), false)
 	UNION
@@ -15,7 +15,7 @@ WITH c AS (
 	SELECT DISTINCT u.key, t."updated_by" AS by FROM (SELECT u.batch_id, u.seq, u.id, 'insert' AS op, e.key, NULL::jsonb AS before
 	FROM "backfill".undo u CROSS JOIN LATERAL jsonb_array_elements(u.key) AS e(key) WHERE u.op = 'inserts'
 	UNION ALL
-	SELECT u.batch_id, u.seq, u.id, u.op, u.key, u.before FROM "backfill".undo u WHERE u.op IN ('insert', 'update')) u CROSS JOIN LATERAL jsonb_populate_record(NULL::"sales"."orders", u.key) r
+	SELECT u.batch_id, u.seq, u.id, u.op, u.key, u.before FROM "backfill".undo u WHERE u.op IN ('insert', 'update')) u CROSS JOIN LATERAL jsonb_to_record(u.key) AS r("id" bigint)
 	JOIN "sales"."orders" t ON t."id" = r."id"
 	WHERE u.batch_id = $1 AND u.seq = ANY ($2::int[]) AND t."updated_by" IS DISTINCT FROM $1 AND NOT coalesce(t."updated_by" = ANY ($3::bigint[]), false)
 	UNION
@@ -30,7 +30,7 @@ SELECT
 FROM (SELECT u.batch_id, u.seq, u.id, 'insert' AS op, e.key, NULL::jsonb AS before
 	FROM "backfill".undo u CROSS JOIN LATERAL jsonb_array_elements(u.key) AS e(key) WHERE u.op = 'inserts'
 	UNION ALL
-	SELECT u.batch_id, u.seq, u.id, u.op, u.key, u.before FROM "backfill".undo u WHERE u.op IN ('insert', 'update')) u CROSS JOIN LATERAL jsonb_populate_record(NULL::"sales"."orders", u.key) r
+	SELECT u.batch_id, u.seq, u.id, u.op, u.key, u.before FROM "backfill".undo u WHERE u.op IN ('insert', 'update')) u CROSS JOIN LATERAL jsonb_to_record(u.key) AS r("id" bigint)
 JOIN "sales"."orders" t ON t."id" = r."id"
 WHERE u.batch_id = $1 AND u.seq = ANY ($2::int[]) AND (t."updated_by" IS NOT DISTINCT FROM $1 OR $3);
 
@@ -42,7 +42,7 @@ SELECT
 FROM (SELECT u.batch_id, u.seq, u.id, 'insert' AS op, e.key, NULL::jsonb AS before
 	FROM "backfill".undo u CROSS JOIN LATERAL jsonb_array_elements(u.key) AS e(key) WHERE u.op = 'inserts'
 	UNION ALL
-	SELECT u.batch_id, u.seq, u.id, u.op, u.key, u.before FROM "backfill".undo u WHERE u.op IN ('insert', 'update')) u CROSS JOIN LATERAL jsonb_populate_record(NULL::"sales"."orders", u.key) r
+	SELECT u.batch_id, u.seq, u.id, u.op, u.key, u.before FROM "backfill".undo u WHERE u.op IN ('insert', 'update')) u CROSS JOIN LATERAL jsonb_to_record(u.key) AS r("id" bigint)
 JOIN "sales"."orders" t ON t."id" = r."id"
 WHERE u.batch_id = $1 AND u.seq = ANY ($2::int[]) AND (t."updated_by" IS NOT DISTINCT FROM $1 OR $3);
 
@@ -58,7 +58,7 @@ DELETE FROM "sales"."orders" t
 USING (SELECT u.batch_id, u.seq, u.id, 'insert' AS op, e.key, NULL::jsonb AS before
 	FROM "backfill".undo u CROSS JOIN LATERAL jsonb_array_elements(u.key) AS e(key) WHERE u.op = 'inserts'
 	UNION ALL
-	SELECT u.batch_id, u.seq, u.id, u.op, u.key, u.before FROM "backfill".undo u WHERE u.op IN ('insert', 'update')) u CROSS JOIN LATERAL jsonb_populate_record(NULL::"sales"."orders", u.key) r
+	SELECT u.batch_id, u.seq, u.id, u.op, u.key, u.before FROM "backfill".undo u WHERE u.op IN ('insert', 'update')) u CROSS JOIN LATERAL jsonb_to_record(u.key) AS r("id" bigint)
 WHERE u.batch_id = $1 AND u.seq = $2 AND u.op = 'insert' AND t."id" = r."id" AND (t."updated_by" IS NOT DISTINCT FROM $1 OR $3);
 
 -- delete inserted: batch
@@ -71,13 +71,13 @@ INSERT INTO backfill_rollback_keys SELECT key FROM d;
 
 -- delivered: batch
 WITH d AS MATERIALIZED (
-	SELECT d.batch_id, d.key_columns = $2::text[] AS ranged,
-		jsonb_populate_record(NULL::"sales"."orders", d.lo) AS lo, jsonb_populate_record(NULL::"sales"."orders", d.hi) AS hi
+	SELECT d.batch_id, d.key_columns = $2::text[] AS ranged, lo."id" AS _backfill_lo_0, hi."id" AS _backfill_hi_0
 	FROM "backfill".delivered d JOIN "backfill".chunks c ON c.batch_id = d.batch_id AND c.seq = d.seq
+	LEFT JOIN LATERAL jsonb_to_record(CASE WHEN d.key_columns = $2::text[] THEN d.lo END) AS lo("id" bigint) ON true LEFT JOIN LATERAL jsonb_to_record(CASE WHEN d.key_columns = $2::text[] THEN d.hi END) AS hi("id" bigint) ON true
 	WHERE d.owner = $1 AND d.batch_id <> $1 AND c.status IN ('done', 'open') AND d.batch_id <> ALL ($3::bigint[])),
 hit AS (
 	SELECT jsonb_build_object('id', t."id") AS key, d.batch_id AS by, t."inserted_by" = $1 AS del
-	FROM d CROSS JOIN LATERAL (SELECT * FROM "sales"."orders" t WHERE t."updated_by" = $1 AND ROW(t."id") >= ROW((d.lo)."id") AND ROW(t."id") <= ROW((d.hi)."id") AND true OFFSET 0) t
+	FROM d CROSS JOIN LATERAL (SELECT * FROM "sales"."orders" t WHERE t."updated_by" = $1 AND ROW(t."id") >= ROW(d._backfill_lo_0) AND ROW(t."id") <= ROW(d._backfill_hi_0) AND true OFFSET 0) t
 	WHERE d.ranged
 	UNION ALL
 	SELECT jsonb_build_object('id', t."id"), d.batch_id, t."inserted_by" = $1
@@ -88,13 +88,13 @@ FROM x ORDER BY key::text LIMIT 100;
 
 -- delivered: chunk
 WITH d AS MATERIALIZED (
-	SELECT d.batch_id, d.key_columns = $2::text[] AS ranged,
-		jsonb_populate_record(NULL::"sales"."orders", d.lo) AS lo, jsonb_populate_record(NULL::"sales"."orders", d.hi) AS hi
+	SELECT d.batch_id, d.key_columns = $2::text[] AS ranged, lo."id" AS _backfill_lo_0, hi."id" AS _backfill_hi_0
 	FROM "backfill".delivered d JOIN "backfill".chunks c ON c.batch_id = d.batch_id AND c.seq = d.seq
+	LEFT JOIN LATERAL jsonb_to_record(CASE WHEN d.key_columns = $2::text[] THEN d.lo END) AS lo("id" bigint) ON true LEFT JOIN LATERAL jsonb_to_record(CASE WHEN d.key_columns = $2::text[] THEN d.hi END) AS hi("id" bigint) ON true
 	WHERE d.owner = $1 AND d.batch_id <> $1 AND c.status IN ('done', 'open') AND d.batch_id <> ALL ($3::bigint[])),
 hit AS (
 	SELECT jsonb_build_object('id', t."id") AS key, d.batch_id AS by, t."inserted_by" = $1 AS del
-	FROM d CROSS JOIN LATERAL (SELECT * FROM "sales"."orders" t WHERE t."updated_by" = $1 AND ROW(t."id") >= ROW((d.lo)."id") AND ROW(t."id") <= ROW((d.hi)."id") AND t."inserted_by" = $1 AND t."version" >= $5 AND t."version" < $6 OFFSET 0) t
+	FROM d CROSS JOIN LATERAL (SELECT * FROM "sales"."orders" t WHERE t."updated_by" = $1 AND ROW(t."id") >= ROW(d._backfill_lo_0) AND ROW(t."id") <= ROW(d._backfill_hi_0) AND t."inserted_by" = $1 AND t."version" >= $5 AND t."version" < $6 OFFSET 0) t
 	WHERE d.ranged
 	UNION ALL
 	SELECT jsonb_build_object('id', t."id"), d.batch_id, t."inserted_by" = $1
@@ -103,9 +103,9 @@ hit AS (
 	SELECT jsonb_build_object('id', t."id"), d.batch_id, false FROM (SELECT u.batch_id, u.seq, u.id, 'insert' AS op, e.key, NULL::jsonb AS before
 	FROM "backfill".undo u CROSS JOIN LATERAL jsonb_array_elements(u.key) AS e(key) WHERE u.op = 'inserts'
 	UNION ALL
-	SELECT u.batch_id, u.seq, u.id, u.op, u.key, u.before FROM "backfill".undo u WHERE u.op IN ('insert', 'update')) u CROSS JOIN LATERAL jsonb_populate_record(NULL::"sales"."orders", u.key) r
+	SELECT u.batch_id, u.seq, u.id, u.op, u.key, u.before FROM "backfill".undo u WHERE u.op IN ('insert', 'update')) u CROSS JOIN LATERAL jsonb_to_record(u.key) AS r("id" bigint)
 	JOIN "sales"."orders" t ON t."id" = r."id"
-	JOIN d ON (NOT d.ranged OR (ROW(t."id") >= ROW((d.lo)."id") AND ROW(t."id") <= ROW((d.hi)."id")))
+	JOIN d ON (NOT d.ranged OR (ROW(t."id") >= ROW(d._backfill_lo_0) AND ROW(t."id") <= ROW(d._backfill_hi_0)))
 	WHERE u.batch_id = $1 AND u.seq = ANY ($4::int[]) AND t."updated_by" = $1),
 x AS (SELECT DISTINCT ON (key) key, by, del FROM hit ORDER BY key, by)
 SELECT count(*) OVER () AS n, count(*) FILTER (WHERE del) OVER () AS deleted, key::text AS key, by

@@ -18,7 +18,7 @@ WHERE NOT EXISTS (SELECT 1 FROM "sales"."orders" t WHERE t."id" = s."id") ORDER 
 
 -- completeness: differing content
 SELECT ROW(x."id")::text || ': ' || array_to_string(x._backfill_diffs, ', ') AS k, count(*) OVER () AS n
-FROM (SELECT s."id", array_remove(ARRAY[CASE WHEN (s."name" COLLATE "C") IS DISTINCT FROM (t."name" COLLATE "C") THEN 'name' END, CASE WHEN s."amount" IS DISTINCT FROM t."amount" THEN 'amount' END, CASE WHEN s."doc"::text IS DISTINCT FROM t."doc"::text THEN 'doc' END, CASE WHEN s."pos"::text IS DISTINCT FROM t."pos"::text THEN 'pos' END, CASE WHEN s."Odd ""col""" IS DISTINCT FROM t."Odd ""col""" THEN 'Odd "col"' END, CASE WHEN s."version" IS DISTINCT FROM t."version" THEN 'version' END]::text[], NULL) AS _backfill_diffs FROM pg_temp."backfill_stage_ef0f8af3d5d50a91" s JOIN "sales"."orders" t ON t."id" = s."id" WHERE true) x
+FROM (SELECT s."id", array_remove(ARRAY[CASE WHEN (s."name" COLLATE "C") IS DISTINCT FROM (t."name" COLLATE "C") THEN 'name' END, CASE WHEN (s."amount"::text COLLATE "C") IS DISTINCT FROM (t."amount"::text COLLATE "C") THEN 'amount' END, CASE WHEN (s."doc"::text COLLATE "C") IS DISTINCT FROM (t."doc"::text COLLATE "C") THEN 'doc' END, CASE WHEN (s."pos"::text COLLATE "C") IS DISTINCT FROM (t."pos"::text COLLATE "C") THEN 'pos' END, CASE WHEN s."Odd ""col""" IS DISTINCT FROM t."Odd ""col""" THEN 'Odd "col"' END, CASE WHEN s."version" IS DISTINCT FROM t."version" THEN 'version' END]::text[], NULL) AS _backfill_diffs FROM pg_temp."backfill_stage_ef0f8af3d5d50a91" s JOIN "sales"."orders" t ON t."id" = s."id" WHERE true) x
 WHERE cardinality(x._backfill_diffs) > 0 ORDER BY x."id" LIMIT 10;
 
 -- completeness: missing from staging
@@ -57,7 +57,7 @@ FROM (SELECT 1) one LEFT JOIN LATERAL (
 
 -- sample
 -- args: [42 100]
-SELECT ROW(s."id")::text AS k, t."id" IS NULL AS missing, CASE WHEN true THEN array_remove(ARRAY[CASE WHEN (s."name" COLLATE "C") IS DISTINCT FROM (t."name" COLLATE "C") THEN 'name' END, CASE WHEN s."amount" IS DISTINCT FROM t."amount" THEN 'amount' END, CASE WHEN s."doc"::text IS DISTINCT FROM t."doc"::text THEN 'doc' END, CASE WHEN s."pos"::text IS DISTINCT FROM t."pos"::text THEN 'pos' END, CASE WHEN s."Odd ""col""" IS DISTINCT FROM t."Odd ""col""" THEN 'Odd "col"' END, CASE WHEN s."version" IS DISTINCT FROM t."version" THEN 'version' END]::text[], NULL) ELSE ARRAY[]::text[] END AS diffs
+SELECT ROW(s."id")::text AS k, t."id" IS NULL AS missing, CASE WHEN true THEN array_remove(ARRAY[CASE WHEN (s."name" COLLATE "C") IS DISTINCT FROM (t."name" COLLATE "C") THEN 'name' END, CASE WHEN (s."amount"::text COLLATE "C") IS DISTINCT FROM (t."amount"::text COLLATE "C") THEN 'amount' END, CASE WHEN (s."doc"::text COLLATE "C") IS DISTINCT FROM (t."doc"::text COLLATE "C") THEN 'doc' END, CASE WHEN (s."pos"::text COLLATE "C") IS DISTINCT FROM (t."pos"::text COLLATE "C") THEN 'pos' END, CASE WHEN s."Odd ""col""" IS DISTINCT FROM t."Odd ""col""" THEN 'Odd "col"' END, CASE WHEN s."version" IS DISTINCT FROM t."version" THEN 'version' END]::text[], NULL) ELSE ARRAY[]::text[] END AS diffs
 FROM (SELECT s.*, md5(ROW(s."id")::text || $1::text) AS _backfill_order FROM pg_temp."backfill_stage_ef0f8af3d5d50a91" s ORDER BY _backfill_order, s."id" LIMIT $2) s
 LEFT JOIN "sales"."orders" t ON t."id" = s."id"
 ORDER BY s._backfill_order, s."id";

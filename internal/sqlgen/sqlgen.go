@@ -4,15 +4,45 @@
 package sqlgen
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"strings"
+	"unicode/utf8"
 )
 
 // Ident quotes one identifier: doubles embedded double quotes and wraps it
 // in double quotes (PostgreSQL docs, 4.1.1 "Identifiers and Key Words").
 func Ident(name string) string {
 	return `"` + strings.ReplaceAll(name, `"`, `""`) + `"`
+}
+
+// MaxIdentLen is the length in bytes of the longest identifier PostgreSQL
+// keeps (NAMEDATALEN - 1 in a default build, PostgreSQL docs 4.1.1): it
+// silently truncates longer ones, so two long names that differ only
+// after byte 63 name the same object.
+const MaxIdentLen = 63
+
+// Derived names an object derived from base, such as a table version:
+// base + suffix when that fits [MaxIdentLen] bytes. A longer name is
+// shortened deterministically instead of being left to PostgreSQL's
+// truncation: base is cut (at a UTF-8 character boundary) and followed by
+// "_", 12 hex digits of the SHA-256 of the whole base, and the whole
+// suffix. So the suffix (e.g. a batch ID) always survives, and two bases
+// that share a long prefix get different names. suffix must be shorter
+// than MaxIdentLen - 13 bytes.
+func Derived(base, suffix string) string {
+	if len(base)+len(suffix) <= MaxIdentLen {
+		return base + suffix
+	}
+	sum := sha256.Sum256([]byte(base))
+	tag := "_" + hex.EncodeToString(sum[:])[:12]
+	keep := max(0, MaxIdentLen-len(suffix)-len(tag))
+	for keep > 0 && !utf8.RuneStart(base[keep]) {
+		keep--
+	}
+	return base[:keep] + tag + suffix
 }
 
 // ErrTableName is returned by [ParseTable] for a table name it cannot

@@ -37,6 +37,12 @@ func RunError(job, planFlag string, err error) error {
 	if errors.Is(err, backfill.ErrAlreadyCompleted) {
 		return fmt.Errorf("job %s: %w\n(the job's run with this plan is already complete and nothing was done: pass -new-run to load it again as a new run)", job, err)
 	}
+	if errors.Is(err, backfill.ErrChunksOpen) && !errors.Is(err, backfill.ErrGateFailed) {
+		var pe *backfill.PartialError
+		if !errors.As(err, &pe) {
+			return fmt.Errorf("job %s: %w\n(the scope reaches past the source's horizon: its last chunks were loaded but stay open; run the same command again later to close them)", job, err)
+		}
+	}
 	var pe *backfill.PartialError
 	if errors.As(err, &pe) {
 		return fmt.Errorf("job %s: %w\n(completed chunks are checkpointed: run the same command again to resume)", job, err)

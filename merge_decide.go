@@ -1,0 +1,180 @@
+package backfill
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/jmoiron/sqlx"
+	"github.com/lib/pq"
+
+	"github.com/pgbackfill/backfill/internal/sqlgen"
+)
+
+// What the merge decides from, and when it finds out.
+//
+// Exact comparison. Change detection (IS DISTINCT FROM between a staged
+// and a target row) must tell apart every two values that are stored
+// differently, or a restatement that only changes a value's form is
+// counted unchanged and the old form kept. Several types' equality is
+// looser than what they store: numeric 1.0 = 1.00 (the scale is stored),
+// float8 and real 0 = -0, interval '1 day' = '24 hours' = ... , jsonb
+// {"a": 1.0} = {"a": 1.00}, a range or array or composite of any of them,
+// text under a nondeterministic collation 'abc' = 'ABC'. Those columns are
+// compared by their text under the "C" collation (byte for byte); floats
+// and arrays of them by their binary form (float8send, array_send), which
+// no session setting rounds (floats inside composites and ranges print
+// exactly in the merge, which pins extra_float_digits to 1 or more in
+// plannerSettings). Lookups by key keep the type's own equality, which
+// the target's unique index serves. The checks (validate_pg.go) and
+// fingerprints (validate_fingerprint.go) compare by the same rule.
+//
+// The row lock before the decision. The merge's deciding statement reads
+// the target under a snapshot taken when it starts (READ COMMITTED,
+// PostgreSQL docs, 13.2.1). When another transaction holds a row it
+// decides to update (an application's uncommitted UPDATE, or a merge into
+// a partition while another one merges through the partitioned parent),
+// its UPDATE waits for the row and then writes over the other
+// transaction's committed version with a decision made from the old one:
+// NewerVersionWins lets a lower version win, and the undo log records the
+// old image as the row's "before". So, first, one statement of its own
+// locks FOR UPDATE the target rows the merge would change (the rows for
+// which the merge's own predicate holds); it waits for concurrent writers
+// of those rows and re-checks the predicate on their committed versions.
+// The deciding statement that follows takes a new snapshot, in which the
+// rows it would change are locked by this transaction and can no longer
+// change. Rows that would stay unchanged are not locked (a replay of an
+// unchanged chunk writes no WAL), and the fresh-insert path, which finds
+// no rows to change, skips it.
+//
+// Deferred constraints. A DEFERRABLE INITIALLY DEFERRED foreign key or
+// constraint trigger fires at COMMIT, outside the savepoint in which the
+// merge isolates refused rows (merge_refuse.go): one bad row failed the
+// whole chunk, unnamed. A target with deferrable constraints (its own,
+// or a foreign key referencing it) runs SET CONSTRAINTS ALL IMMEDIATE at
+// the end of each merge, inside that savepoint, so pending checks fire
+// there and are bisected like any other refusal. Deferrable constraints
+// stay immediate for the rest of the chunk's transaction.
+
+// looseEquality lists the built-in types whose equality operator equates
+// values stored differently; they are compared by their text.
+var looseEquality = map[string]bool{"numeric": true, "float4": true, "float8": true, "interval": true, "jsonb": true}
+
+// exactCompare returns the expression e, a value of column c, in a form
+// whose equality is byte for byte (see above): e itself for types whose
+// equality is exact, else its text under "C".
+func exactCompare(c Column, e string) string {
+	switch {
+	case c.BaseType == "float8" || c.BaseType == "float4":
+		// The binary form (typsend): exact whatever extra_float_digits a
+		// session sets (a check may run under SET LOCAL 0, which rounds
+		// the text), -0 apart from 0.
+		return c.BaseType + "send(" + e + ")"
+	case c.BaseType == "_float8" || c.BaseType == "_float4":
+		return "array_send(" + e + ")"
+	case c.textCompare || textCompared[c.BaseType] || looseEquality[c.BaseType] || c.BaseType == "citext":
+		return "(" + e + `::text COLLATE "C")`
+	case c.Collation != "" && collatable[c.BaseType]:
+		return "(" + e + ` COLLATE "C")`
+	case c.Collation != "":
+		return "(" + e + `::text COLLATE "C")`
+	}
+	return e
+}
+
+// comparedAsText reports whether Prepare's column, of base type base
+// (kind its typtype), array element type elem (elemKind), is compared
+// by its text: types without an equality operator, types whose equality
+// is looser than their stored form, and ranges, arrays or composites
+// that may hold them.
+func comparedAsText(base, kind, elem, elemKind string) bool {
+	return textCompared[base] || textCompared[elem] || looseEquality[base] || looseEquality[elem] ||
+		kind == "c" || kind == "r" || kind == "m" || elemKind == "c" || elemKind == "r" || elemKind == "m"
+}
+
+// prepareDecide reads what Prepare records for the merge's decision: the
+// partition root naming the key locks and whether deferrable constraints
+// apply to the target (oid).
+func prepareDecide(ctx context.Context, db sqlx.ExtContext, oid int64, info *TableInfo) error {
+	var r struct {
+		Schema     string `db:"nspname"`
+		Name       string `db:"relname"`
+		Deferrable bool   `db:"deferrable"`
+	}
+	err := sqlx.GetContext(ctx, db, &r, `SELECT n.nspname, c.relname,
+			EXISTS (SELECT 1 FROM pg_constraint co WHERE co.condeferrable AND (co.conrelid = $1::oid OR co.confrelid = $1::oid))
+			OR EXISTS (SELECT 1 FROM pg_trigger tg WHERE tg.tgrelid = $1::oid AND tg.tgdeferrable) AS deferrable
+		FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+		WHERE c.oid = coalesce(pg_partition_root($1::oid::regclass), $1::oid::regclass)`, oid)
+	if err != nil {
+		return err
+	}
+	info.lockRoot = sqlgen.Qualified(r.Schema, r.Name)
+	info.deferrable = r.Deferrable
+	return nil
+}
+
+// lockChanging locks the target rows the merge would change (see above),
+// before the deciding statement.
+func (s *pgStager) lockChanging(ctx context.Context) error {
+	if s.q.lockChanging == "" {
+		return nil
+	}
+	if _, err := s.tx.ExecContext(ctx, s.q.lockChanging); err != nil {
+		return fmt.Errorf("backfill: merge %s: lock rows to change: %w", s.info.Target.Table, s.classify(err))
+	}
+	return nil
+}
+
+// checkDeferred fires the pending checks of deferrable constraints (see
+// above), inside the merge's savepoint.
+func (s *pgStager) checkDeferred(ctx context.Context) error {
+	if !s.info.deferrable {
+		return nil
+	}
+	if _, err := s.tx.ExecContext(ctx, `SET CONSTRAINTS ALL IMMEDIATE`); err != nil {
+		return fmt.Errorf("backfill: merge %s: deferred constraints: %w", s.info.Target.Table, s.classify(err))
+	}
+	return nil
+}
+
+// statementTrigger returns a non-retryable error naming the trigger when
+// pe, a refusal, was raised by a statement-level trigger of the target:
+// such a trigger refuses the statement, not a row, and bisecting would
+// blame every row in turn. nil otherwise. Called after the rollback to
+// the merge's savepoint, when the transaction can read the catalog.
+func (s *pgStager) statementTrigger(ctx context.Context, pe *pq.Error, err error) error {
+	m := plpgsqlContext.FindAllStringSubmatch(pe.Where, -1)
+	if len(m) == 0 {
+		return nil
+	}
+	fn := m[len(m)-1][1] // the outermost function
+	if i := strings.LastIndexByte(fn, '.'); i >= 0 {
+		fn = fn[i+1:]
+	}
+	var tg []struct {
+		Name string `db:"tgname"`
+		Row  bool   `db:"row"`
+	}
+	// tgtype bit 0 is TRIGGER_TYPE_ROW (src/include/catalog/pg_trigger.h).
+	if qerr := sqlx.SelectContext(ctx, s.tx, &tg, `SELECT tg.tgname::text AS tgname, tg.tgtype::int & 1 = 1 AS row
+		FROM pg_trigger tg JOIN pg_proc p ON p.oid = tg.tgfoid
+		WHERE tg.tgrelid = to_regclass($1) AND NOT tg.tgisinternal AND p.proname = $2 ORDER BY 1`,
+		sqlgen.Table(s.info.Target.Table), fn); qerr != nil {
+		return errors.Join(err, qerr)
+	}
+	var names []string
+	for _, t := range tg {
+		if t.Row {
+			return nil // a row trigger calls it too: it may be about a row
+		}
+		names = append(names, strconv.Quote(t.Name))
+	}
+	if len(names) == 0 {
+		return nil
+	}
+	return fmt.Errorf("backfill: merge %s: statement-level trigger %s refused the merge, not a row (%s): %w: %w",
+		s.info.Target.Table, strings.Join(names, ", "), pe.Message, errNotRetryable, err)
+}
