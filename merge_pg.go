@@ -633,20 +633,8 @@ func (s *pgStager) mergeStaged(ctx context.Context, n int64, dup bool) (res Merg
 	if err := s.lockChanging(ctx); err != nil {
 		return res, err
 	}
-	if s.q.upsert != "" {
-		if err := s.upsertStaged(ctx, n, &res); err != nil {
-			return res, err
-		}
-	} else {
-		if res.Updated, err = s.exec(ctx, "update", s.q.update); err != nil {
-			return res, err
-		}
-		if res.Closed, err = s.exec(ctx, "close intervals", s.q.closeIntervals); err != nil {
-			return res, err
-		}
-		if res.Inserted, err = s.affected(ctx, "insert", s.q.insert); err != nil {
-			return res, err
-		}
+	if err := s.writeStaged(ctx, n, &res); err != nil {
+		return res, err
 	}
 	// Deferred constraints fire here, inside the caller's savepoint
 	// (merge_decide.go).
@@ -669,6 +657,23 @@ func (s *pgStager) mergeStaged(ctx context.Context, n int64, dup bool) (res Merg
 		return res, err
 	}
 	return res, nil
+}
+
+// writeStaged runs the mode's writing statements on the n staged rows:
+// the one Upsert statement, or update, close intervals (History) and
+// insert.
+func (s *pgStager) writeStaged(ctx context.Context, n int64, res *MergeResult) (err error) {
+	if s.q.upsert != "" {
+		return s.upsertStaged(ctx, n, res)
+	}
+	if res.Updated, err = s.exec(ctx, "update", s.q.update); err != nil {
+		return err
+	}
+	if res.Closed, err = s.exec(ctx, "close intervals", s.q.closeIntervals); err != nil {
+		return err
+	}
+	res.Inserted, err = s.affected(ctx, "insert", s.q.insert)
+	return err
 }
 
 // upsertStaged runs the Upsert merge of the n staged rows in one
