@@ -396,7 +396,7 @@ type Config struct {
 	// chunk, row, column and value. The rows count toward
 	// MaxRejectsPerChunk too. 0 means [DefaultMaxStagingRejects]; a
 	// negative value fails the chunk at the first refused value (still
-	// naming it). PostgreSQL stagers only ([PGMerger], [PublishAtEnd]).
+	// naming it). Mergers with [StagingIsolator] only ([PGMerger]).
 	MaxStagingRejects int
 	// MaxMergeRefusals is how many staged rows of one chunk the target may
 	// refuse while they are merged before the chunk fails: rows that

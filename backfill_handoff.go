@@ -45,8 +45,8 @@ type HandoffOptions struct {
 // counts is appended to the backfill's audit log. The Manifest must
 // implement [ManifestAudit] ([ErrUnsupported] otherwise).
 func (r *Runner) Handoff(ctx context.Context, job Job, opts HandoffOptions) (Report, error) {
-	audit, ok := r.cfg.Manifest.(ManifestAudit)
-	if !ok {
+	audit := r.caps.audit
+	if audit == nil {
 		return Report{}, fmt.Errorf("backfill: handoff of job %q: %w: the manifest has no audit log", job.Name, ErrUnsupported)
 	}
 	if opts.Lookback <= 0 {

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -19,13 +20,110 @@ import (
 // to stage, one transaction checks every chunk's staged rows against the
 // manifest, merges the chunks in order, runs [Job.Validators] on each and
 // checkpoints them done. Readers see nothing of the run before that
-// transaction commits, and all of it after. Needs [PGManifest] and
-// [PGMerger].
+// transaction commits, and all of it after. Needs a manifest with
+// [ManifestStaging] and a merger with [MergerStaging] ([PGManifest] and
+// [PGMerger], or backfilltest's fakes).
 const PublishAtEnd PublishMode = "at_end"
 
-func stageTableName(pm *PGManifest, batchID int64) string {
-	return sqlgen.Ident(pm.schema) + "." + sqlgen.Ident(fmt.Sprintf("stage_%d", batchID))
+// publishEnd is the publisher of [PublishAtEnd]: chunks are staged into
+// the run's persistent staging table, and the run's last call merges them
+// all in one transaction (finish).
+type publishEnd struct{}
+
+var (
+	_ MergerStaging   = (*PGMerger)(nil)
+	_ StagingIsolator = (*PGMerger)(nil)
+	_ UndoLogWriter   = (*PGMerger)(nil)
+)
+
+func (publishEnd) requires(c capabilities) error {
+	return errors.Join(need(c.staging != nil, "ManifestStaging", "PublishAtEnd checkpoints staged chunks in the manifest"),
+		need(c.mergeStage != nil, "MergerStaging", "PublishAtEnd stages into the run's persistent staging table"))
 }
+
+func (publishEnd) rereads() bool { return false }
+
+func (publishEnd) switchesBack() bool { return false }
+
+func (publishEnd) publishesOpen() bool { return true }
+
+func (publishEnd) prepare(ctx context.Context, ex *execution) error {
+	if err := ex.r.caps.mergeStage.CreateStaging(ctx, ex.r.db, ex.r.caps.staging.StagingTable(ex.batchID), ex.info); err != nil {
+		return fmt.Errorf("backfill: job %q: staging table: %w", ex.job.Name, err)
+	}
+	return nil
+}
+
+func (publishEnd) target(ctx context.Context, ex *execution, tx Tx, c Chunk) (chunkTarget, error) {
+	info := ex.info
+	info.Chunk = ChunkRef{BatchID: ex.batchID, Seq: c.Seq}
+	t := chunkTarget{info: info, deferred: true, isolate: ex.r.caps.isolates && ex.r.cfg.MaxStagingRejects > 0}
+	var ps PersistentStager
+	t.newStager = func() (Stager, error) {
+		st, err := ex.r.caps.mergeStage.StagePersistent(ctx, tx, ex.r.caps.staging.StagingTable(ex.batchID), ex.info, c.Seq)
+		ps = st
+		return st, err
+	}
+	t.staged = func() int64 { return ps.Staged() }
+	return t, nil
+}
+
+// beforeCommit checkpoints the chunk as staged.
+func (publishEnd) beforeCommit(ctx context.Context, ex *execution, tx Tx, t chunkTarget, res ChunkResult, exceptions []Exception) error {
+	return ex.r.caps.staging.StageChunk(ctx, tx, ex.batchID, res.Chunk, res.Read, res.Rejected, t.staged(), exceptions)
+}
+
+func (publishEnd) finish(ctx context.Context, ex *execution) { ex.publish(ctx) }
+
+func (publishEnd) published(context.Context, *execution, Run) (bool, error) { return false, nil }
+
+func (publishEnd) rollback(context.Context, *Runner, Job, Run, Plan, RollbackOptions) (RollbackReport, bool, error) {
+	return RollbackReport{}, false, nil
+}
+
+// CreateStaging implements [MergerStaging.CreateStaging].
+func (m *PGMerger) CreateStaging(ctx context.Context, db sqlx.ExtContext, table string, info TableInfo) error {
+	return createStageTable(ctx, db, table, info)
+}
+
+// StagePersistent implements [MergerStaging.StagePersistent] with COPY.
+func (m *PGMerger) StagePersistent(ctx context.Context, tx sqlx.ExtContext, table string, info TableInfo, seq int) (PersistentStager, error) {
+	return newPersistStager(ctx, tx, table, info, seq)
+}
+
+// StageFrom implements [MergerStaging.StageFrom].
+func (m *PGMerger) StageFrom(ctx context.Context, tx sqlx.ExtContext, info TableInfo, table string, seq int, rows int64) (Stager, error) {
+	st, err := m.Stage(ctx, tx, info)
+	if err != nil {
+		return nil, err
+	}
+	names := make([]string, len(info.Columns))
+	for i, c := range info.Columns {
+		names[i] = c.Name
+	}
+	if err := st.(*pgStager).fill(ctx, fmt.Sprintf(`SELECT %s, _backfill_row FROM %s WHERE _backfill_seq = $1`, sqlgen.List("", names), table), seq); err != nil {
+		st.Close()
+		return nil, err
+	}
+	if n := st.(*pgStager).staged; n != rows {
+		st.Close()
+		return nil, fmt.Errorf("%w: the staging table holds %d rows, the manifest %d", ErrAccounting, n, rows)
+	}
+	return st, nil
+}
+
+// DropStaging implements [MergerStaging.DropStaging].
+func (m *PGMerger) DropStaging(ctx context.Context, tx sqlx.ExtContext, table string) error {
+	_, err := tx.ExecContext(ctx, `DROP TABLE `+table)
+	return err
+}
+
+// IsolatesRefusedValues implements [StagingIsolator]: its stagers COPY
+// in the chunk's transaction.
+func (m *PGMerger) IsolatesRefusedValues() bool { return true }
+
+// WritesUndoLog implements [UndoLogWriter].
+func (m *PGMerger) WritesUndoLog() bool { return true }
 
 // createStageTable creates the run's persistent staging table once.
 func createStageTable(ctx context.Context, db sqlx.ExtContext, table string, info TableInfo) error {
@@ -86,6 +184,9 @@ func (s *persistStager) Merge(ctx context.Context) (MergeResult, error) {
 	return MergeResult{}, s.endStaging(ctx)
 }
 
+// Staged implements [PersistentStager].
+func (s *persistStager) Staged() int64 { return s.staged }
+
 func (s *persistStager) Close() error {
 	if s.copy != nil {
 		err := s.copy.Close()
@@ -122,103 +223,97 @@ func (s *pgStager) fill(ctx context.Context, query string, args ...any) error {
 
 // publishAtEnd merges every staged chunk of the run in one transaction.
 // It returns the results of the chunks it completed.
-func (ex *execution) publishAtEnd(ctx context.Context, pm *PGManifest) ([]ChunkResult, error) {
+func (ex *execution) publishAtEnd(ctx context.Context) ([]ChunkResult, error) {
 	r := ex.r
-	stage := stageTableName(pm, ex.batchID)
+	stage := r.caps.staging.StagingTable(ex.batchID)
 	var done []ChunkResult
 	err := inTx(ctx, r.db, func(tx sqlx.ExtContext) error {
-		staged, err := pm.stagedChunks(ctx, tx, ex.batchID)
+		staged, err := r.caps.staging.StagedChunks(ctx, tx, ex.batchID)
+		if err != nil || len(staged) == 0 {
+			return err
+		}
+		states, err := r.cfg.Manifest.Chunks(ctx, tx, ex.batchID)
 		if err != nil {
 			return err
 		}
-		if len(staged) == 0 {
-			return nil
-		}
-		var open int
-		if err := sqlx.GetContext(ctx, tx, &open, pm.sql(`SELECT count(*) FROM {s}.chunks WHERE batch_id = $1 AND status NOT IN ('staged', 'done')`), ex.batchID); err != nil {
-			return err
-		}
-		if open > 0 {
+		if slices.ContainsFunc(states, func(s ChunkState) bool { return s.Status != chunkStaged && s.Status != ChunkDone }) {
 			return nil // other chunks are still to be staged
 		}
-		names := make([]string, len(ex.info.Columns))
-		for i, c := range ex.info.Columns {
-			names[i] = c.Name
-		}
 		for _, sc := range staged {
-			c := ex.plan.Chunks[sc.Seq]
-			started := time.Now()
-			// Verified against the manifest: what a crash kept is what was
-			// checkpointed.
-			var n int64
-			if err := sqlx.GetContext(ctx, tx, &n, `SELECT count(*) FROM `+stage+` WHERE _backfill_seq = $1`, sc.Seq); err != nil {
-				return err
-			}
-			if n != sc.Staged {
-				return fmt.Errorf("backfill: publish: chunk %s: %w: the staging table holds %d rows, the manifest %d", c.ID, ErrAccounting, n, sc.Staged)
-			}
-			info := ex.info
-			info.Chunk = ChunkRef{BatchID: ex.batchID, Seq: sc.Seq, UndoTable: ex.undoTable, DeliveredTable: ex.deliveredTable,
-				MaxRefused: r.cfg.MaxMergeRefusals}
-			st, err := r.cfg.Merger.Stage(ctx, tx, info)
+			res, err := ex.publishStaged(ctx, tx, stage, sc)
 			if err != nil {
-				return err
-			}
-			pst, ok := st.(*pgStager)
-			if !ok {
-				st.Close()
-				return fmt.Errorf("backfill: publish: %w: PublishAtEnd needs PGMerger", ErrUnsupported)
-			}
-			if err := pst.fill(ctx, fmt.Sprintf(`SELECT %s, _backfill_row FROM %s WHERE _backfill_seq = $1`, sqlgen.List("", names), stage), sc.Seq); err != nil {
-				st.Close()
-				return err
-			}
-			mr, err := st.Merge(ctx)
-			st.Close()
-			if err != nil {
-				return &ChunkError{Chunk: c, Attempt: 1, Err: err}
-			}
-			if err := tooManyRejects(r.cfg.MaxRejectsPerChunk, c, sc.Rejected, mr.Rejected); err != nil {
-				return &ChunkError{Chunk: c, Attempt: 1, Err: err}
-			}
-			res := ChunkResult{Chunk: c, Attempt: 1, StartedAt: started, Worker: r.cfg.WorkerID,
-				Counts: Counts{Read: sc.Read, Inserted: mr.Inserted, Updated: mr.Updated, Unchanged: mr.Unchanged,
-					Rejected: sc.Rejected + int64(len(mr.Rejected)), Deduplicated: mr.Deduplicated}}
-			if !res.Balanced() {
-				return &ChunkError{Chunk: c, Attempt: 1, Err: fmt.Errorf("%w: %+v", ErrAccounting, res.Counts)}
-			}
-			if checks, err := ex.validate(ctx, tx, c, info, st, res.Counts); err != nil {
-				var ge *gateError
-				if errors.As(err, &ge) {
-					// Kept outside the rolled back publish (Execution.publish).
-					for _, e := range mr.Rejected {
-						e.ChunkID = c.ID
-						ge.exceptions = append(ge.exceptions, e)
-					}
-					return &ChunkError{Chunk: c, Attempt: 1, Err: ge}
-				}
-				return err
-			} else if len(checks) > 0 {
-				if err := pm.AddValidations(ctx, tx, ex.batchID, c.ID, checks); err != nil {
-					return err
-				}
-			}
-			res.FinishedAt = time.Now()
-			ex2 := make([]Exception, len(mr.Rejected))
-			for i, e := range mr.Rejected {
-				e.BatchID, e.ChunkID = ex.batchID, c.ID
-				ex2[i] = e
-			}
-			if err := pm.CompleteChunk(ctx, tx, ex.batchID, res, ex2); err != nil {
 				return err
 			}
 			done = append(done, res)
 		}
-		_, err = tx.ExecContext(ctx, `DROP TABLE `+stage)
-		return err
+		return r.caps.mergeStage.DropStaging(ctx, tx, stage)
 	})
 	if err != nil {
 		return nil, err
 	}
 	return done, nil
+}
+
+// chunkStaged is the status of a chunk staged for the publish at the end
+// ([ManifestStaging.StageChunk]).
+const chunkStaged ChunkStatus = "staged"
+
+// publishStaged merges, validates and completes staged chunk sc in the
+// publish's transaction tx.
+func (ex *execution) publishStaged(ctx context.Context, tx sqlx.ExtContext, stage string, sc StagedChunk) (ChunkResult, error) {
+	r := ex.r
+	c := ex.plan.Chunks[sc.Seq]
+	started := time.Now()
+	info := ex.chunkInfo(ex.info, c)
+	// Verified against the manifest: what a crash kept is what was
+	// checkpointed.
+	st, err := r.caps.mergeStage.StageFrom(ctx, tx, info, stage, sc.Seq, sc.Staged)
+	if errors.Is(err, ErrAccounting) {
+		return ChunkResult{}, fmt.Errorf("backfill: publish: chunk %s: %w", c.ID, err)
+	}
+	if err != nil {
+		return ChunkResult{}, err
+	}
+	defer st.Close()
+	mr, err := st.Merge(ctx)
+	if err != nil {
+		return ChunkResult{}, &ChunkError{Chunk: c, Attempt: 1, Err: err}
+	}
+	if err := tooManyRejects(r.cfg.MaxRejectsPerChunk, c, sc.Rejected, mr.Rejected); err != nil {
+		return ChunkResult{}, &ChunkError{Chunk: c, Attempt: 1, Err: err}
+	}
+	res := ChunkResult{Chunk: c, Attempt: 1, StartedAt: started, Worker: r.cfg.WorkerID,
+		Counts: Counts{Read: sc.Read, Inserted: mr.Inserted, Updated: mr.Updated, Unchanged: mr.Unchanged,
+			Rejected: sc.Rejected + int64(len(mr.Rejected)), Deduplicated: mr.Deduplicated}}
+	if !res.Balanced() {
+		return ChunkResult{}, &ChunkError{Chunk: c, Attempt: 1, Err: fmt.Errorf("%w: %+v", ErrAccounting, res.Counts)}
+	}
+	checks, err := ex.validate(ctx, tx, c, info, st, res.Counts)
+	var ge *gateError
+	if errors.As(err, &ge) {
+		// Kept outside the rolled back publish (execution.publish).
+		for _, e := range mr.Rejected {
+			e.ChunkID = c.ID
+			ge.exceptions = append(ge.exceptions, e)
+		}
+		return ChunkResult{}, &ChunkError{Chunk: c, Attempt: 1, Err: ge}
+	}
+	if err != nil {
+		return ChunkResult{}, err
+	}
+	if len(checks) > 0 {
+		if err := r.caps.validations.AddValidations(ctx, tx, ex.batchID, c.ID, checks); err != nil {
+			return ChunkResult{}, err
+		}
+	}
+	res.FinishedAt = time.Now()
+	exceptions := make([]Exception, len(mr.Rejected))
+	for i, e := range mr.Rejected {
+		e.BatchID, e.ChunkID = ex.batchID, c.ID
+		exceptions[i] = e
+	}
+	if err := r.cfg.Manifest.CompleteChunk(ctx, tx, ex.batchID, res, exceptions); err != nil {
+		return ChunkResult{}, err
+	}
+	return res, nil
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -20,7 +19,6 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/pgbackfill/backfill/internal/pgconv"
-	"github.com/pgbackfill/backfill/internal/sqlgen"
 )
 
 // DB is what a [Runner] needs from a database: an executor for
@@ -63,6 +61,9 @@ func Postgres(db *sqlx.DB) DB { return pgDB{db} }
 type Runner struct {
 	db  DB
 	cfg Config
+	// caps are the optional interfaces of cfg.Manifest and cfg.Merger,
+	// resolved once by NewWithDB.
+	caps capabilities
 }
 
 // New returns a Runner on a PostgreSQL database. cfg may be nil (all
@@ -122,7 +123,7 @@ func NewWithDB(db DB, cfg *Config) (*Runner, error) {
 		host, _ := os.Hostname()
 		c.WorkerID = fmt.Sprintf("%s:%d", host, os.Getpid())
 	}
-	return &Runner{db: db, cfg: c}, nil
+	return &Runner{db: db, cfg: c, caps: resolveCapabilities(c.Manifest, c.Merger)}, nil
 }
 
 func (c *Config) validate() error {
@@ -146,11 +147,8 @@ func (j Job) validate() error {
 	case j.Extractor == nil:
 		return fmt.Errorf("%w: Job.Extractor is required (job %q)", ErrInvalidConfig, j.Name)
 	}
-	if err := j.Publish.validate(j.Name); err != nil {
+	if err := j.Publish.validate(j.Name, j.ChunkColumn); err != nil {
 		return err
-	}
-	if j.Publish.Mode == PublishPartitionSwap && j.ChunkColumn == "" {
-		return fmt.Errorf("%w: PublishPartitionSwap needs Job.ChunkColumn, the partition key (job %q)", ErrInvalidConfig, j.Name)
 	}
 	return j.Target.validate()
 }
@@ -183,159 +181,201 @@ func (j Job) validate() error {
 // future and a date ChunkColumn under a watermark.
 func (r *Runner) Run(ctx context.Context, job Job) (Report, error) {
 	begin := time.Now()
-	if err := job.validate(); err != nil {
-		return Report{}, err
-	}
-	m := r.cfg.Manifest
-	if err := m.Init(ctx, r.db); err != nil {
-		return Report{}, err
-	}
-	chunks, err := job.Chunker.Chunks(ctx)
-	if err != nil {
-		return Report{}, fmt.Errorf("backfill: job %q: chunks: %w", job.Name, err)
-	}
-	info, err := r.cfg.Merger.Prepare(ctx, r.db, job.Target)
+	rs, err := r.planRun(ctx, job)
 	if err != nil {
 		return Report{}, err
 	}
-	for _, c := range chunks {
-		if c.Kind == KindTime && (!c.Start.Equal(truncMicro(c.Start)) || !c.End.Equal(truncMicro(c.End))) {
-			return Report{}, fmt.Errorf("backfill: job %q: %w: chunk %s has a bound finer than a microsecond, which PostgreSQL cannot store", job.Name, ErrInvalidScope, c)
-		}
-	}
-	if job.ChunkColumn != "" && !slices.ContainsFunc(info.Columns[:info.Written], func(c Column) bool { return c.Name == job.ChunkColumn }) {
-		return Report{}, fmt.Errorf("backfill: job %q: %w: ChunkColumn %q is not a written column of %q", job.Name, ErrInvalidConfig, job.ChunkColumn, info.Target.Table)
-	}
-	mech, err := rollbackMechanism(job, info)
-	if err != nil {
-		return Report{}, err
-	}
-	job.Rollback = mech
-	undoTable := ""
-	if mech == RollbackUndoLog {
-		pm, ok := r.cfg.Manifest.(*PGManifest)
-		if !ok {
-			return Report{}, fmt.Errorf("backfill: job %q: %w: the undo log lives in the PostgreSQL manifest's schema", job.Name, ErrUnsupported)
-		}
-		undoTable = sqlgen.Ident(pm.schema) + ".undo"
-	}
-	// Deliveries are summarised whatever this job's own rollback: they
-	// protect the rows of other batches from those batches' rollback.
-	deliveredTable := ""
-	if pm, ok := r.cfg.Manifest.(*PGManifest); ok && info.Target.Lineage.UpdatedBy != "" {
-		deliveredTable = sqlgen.Ident(pm.schema) + ".delivered"
-	}
-	plan := NewPlan(job, info, chunks)
-	if job.Watermark != nil {
-		wm, err := job.Watermark.Watermark(ctx)
-		if err != nil {
-			return Report{}, fmt.Errorf("backfill: job %q: watermark: %w", job.Name, err)
-		}
-		wm = truncMicro(wm)
-		plan.Watermark = &wm
-	}
-	warnings, err := openScope(job, info, chunks, plan.Watermark, time.Now())
-	if err != nil {
-		return Report{}, err
-	}
-	run, resumed, err := m.StartRun(ctx, r.db, plan, r.cfg.WorkerID, job.NewRun)
+	run, resumed, err := r.cfg.Manifest.StartRun(ctx, r.db, rs.plan, r.cfg.WorkerID, job.NewRun)
 	if err != nil {
 		return Report{}, err
 	}
 	// Only a run that goes on working is resumed: a completed, rolled back
 	// or paused run is returned as it is.
 	resumed = resumed && run.Status == RunRunning
-	finished := run.Status == RunCompleted || run.Status == RunRolledBack
 	log := r.cfg.Logger.With("job", job.Name, "batch_id", run.BatchID)
-	log.Info("backfill run", "resumed", resumed, "status", run.Status, "chunks", len(chunks), "fingerprint", plan.Fingerprint[:12])
-	for _, w := range warnings {
+	log.Info("backfill run", "resumed", resumed, "status", run.Status, "chunks", len(rs.plan.Chunks), "fingerprint", rs.plan.Fingerprint[:12])
+	for _, w := range rs.warnings {
 		log.Warn(w)
 	}
-
 	if run.Status == RunPaused {
 		rep, err := r.report(ctx, run, resumed)
-		rep.Warnings = warnings
+		rep.Warnings = rs.warnings
 		return rep, errors.Join(err, fmt.Errorf("backfill: job %q batch %d: %w: %s; resume it with Runner.Resume", job.Name, run.BatchID, ErrRunPaused, run.LastError))
 	}
-	target := info.Target.Table
-	if job.Publish.Mode == PublishVersionedView && run.Status != RunCompleted && run.Status != RunRolledBack {
-		if info, err = r.prepareVersion(ctx, job, info, run.BatchID); err != nil {
-			return Report{}, err
-		}
+	ex, err := r.startExecution(ctx, rs, run, log)
+	if err != nil {
+		return Report{}, err
 	}
-	var pmEnd *PGManifest
-	if job.Publish.Mode == PublishAtEnd {
-		var ok bool
-		if pmEnd, ok = m.(*PGManifest); !ok {
-			return Report{}, fmt.Errorf("backfill: job %q: %w: PublishAtEnd stages into the PostgreSQL manifest's schema", job.Name, ErrUnsupported)
-		}
-		if run.Status != RunCompleted && run.Status != RunRolledBack {
-			if err := createStageTable(ctx, r.db, stageTableName(pmEnd, run.BatchID), info); err != nil {
-				return Report{}, fmt.Errorf("backfill: job %q: staging table: %w", job.Name, err)
-			}
-		}
+	finished := run.Status == RunCompleted || run.Status == RunRolledBack
+	if !finished {
+		ex.run(ctx)
 	}
-	ex := &execution{r: r, job: job, info: info, plan: plan, batchID: run.BatchID, log: log, undoTable: undoTable, deliveredTable: deliveredTable, stageEnd: pmEnd,
-		watermark: plan.Watermark}
-	if run.Status == RunRunning {
-		warning, accepted, baseline, err := r.recordValidators(ctx, job, run.BatchID)
+	return ex.finishRun(ctx, run, resumed, finished, begin)
+}
+
+// runSetup is what Run decides before the run exists in the manifest.
+type runSetup struct {
+	job      Job // with its resolved Rollback
+	info     TableInfo
+	plan     Plan
+	pub      publisher
+	warnings []string
+	// undoTable and deliveredTable are ChunkRef's tables ("" for none).
+	undoTable, deliveredTable string
+}
+
+// planRun validates job, prepares its target and freezes its plan. It
+// refuses a job that needs a capability the Runner lacks, before any run
+// is created.
+func (r *Runner) planRun(ctx context.Context, job Job) (runSetup, error) {
+	if err := job.validate(); err != nil {
+		return runSetup{}, err
+	}
+	rs := runSetup{pub: publisherFor(job.Publish)}
+	if err := r.cfg.Manifest.Init(ctx, r.db); err != nil {
+		return runSetup{}, err
+	}
+	chunks, err := job.Chunker.Chunks(ctx)
+	if err != nil {
+		return runSetup{}, fmt.Errorf("backfill: job %q: chunks: %w", job.Name, err)
+	}
+	if rs.info, err = r.cfg.Merger.Prepare(ctx, r.db, job.Target); err != nil {
+		return runSetup{}, err
+	}
+	if err := checkChunks(job, rs.info, chunks); err != nil {
+		return runSetup{}, err
+	}
+	if job.Rollback, err = rollbackMechanism(job, rs.info, rs.pub); err != nil {
+		return runSetup{}, err
+	}
+	if err := r.requires(job, rs.pub); err != nil {
+		return runSetup{}, err
+	}
+	if job.Rollback == RollbackUndoLog {
+		rs.undoTable = r.caps.undo.UndoTable()
+	}
+	// Deliveries are summarised whatever this job's own rollback: they
+	// protect the rows of other batches from those batches' rollback.
+	if r.caps.undo != nil && r.caps.writesUndo && rs.info.Target.Lineage.UpdatedBy != "" {
+		rs.deliveredTable = r.caps.undo.DeliveredTable()
+	}
+	rs.job = job
+	rs.plan = NewPlan(job, rs.info, chunks)
+	if job.Watermark != nil {
+		wm, err := job.Watermark.Watermark(ctx)
 		if err != nil {
-			return Report{}, fmt.Errorf("backfill: job %q batch %d: validators: %w", job.Name, run.BatchID, err)
+			return runSetup{}, fmt.Errorf("backfill: job %q: watermark: %w", job.Name, err)
+		}
+		wm = truncMicro(wm)
+		rs.plan.Watermark = &wm
+	}
+	rs.warnings, err = openScope(job, rs.info, chunks, rs.plan.Watermark, time.Now(), rs.pub)
+	return rs, err
+}
+
+// checkChunks refuses chunk bounds PostgreSQL cannot store and a
+// ChunkColumn the target does not write.
+func checkChunks(job Job, info TableInfo, chunks []Chunk) error {
+	for _, c := range chunks {
+		if c.Kind == KindTime && (!c.Start.Equal(truncMicro(c.Start)) || !c.End.Equal(truncMicro(c.End))) {
+			return fmt.Errorf("backfill: job %q: %w: chunk %s has a bound finer than a microsecond, which PostgreSQL cannot store", job.Name, ErrInvalidScope, c)
+		}
+	}
+	if job.ChunkColumn != "" && !slices.ContainsFunc(info.Columns[:info.Written], func(c Column) bool { return c.Name == job.ChunkColumn }) {
+		return fmt.Errorf("backfill: job %q: %w: ChunkColumn %q is not a written column of %q", job.Name, ErrInvalidConfig, job.ChunkColumn, info.Target.Table)
+	}
+	return nil
+}
+
+// requires returns an error wrapping [ErrUnsupported] naming the
+// capabilities job (with its resolved Rollback) needs and the Runner's
+// Manifest or Merger lacks.
+func (r *Runner) requires(job Job, pub publisher) error {
+	c := r.caps
+	err := errors.Join(pub.requires(c),
+		need(len(job.Validators) == 0 || c.validations != nil, "ManifestValidations", "Job.Validators record their results in the manifest"))
+	if job.Rollback == RollbackUndoLog {
+		err = errors.Join(err, need(c.undo != nil, "ManifestUndoLog", "the undo log lives in the manifest's database"),
+			need(c.writesUndo, "UndoLogWriter", "the merger writes the undo log"))
+	}
+	if err != nil {
+		return fmt.Errorf("backfill: job %q: %w", job.Name, err)
+	}
+	return nil
+}
+
+// startExecution readies a call of Run on run: the publish mode's
+// preparation and the validators' record.
+func (r *Runner) startExecution(ctx context.Context, rs runSetup, run Run, log *slog.Logger) (*execution, error) {
+	ex := &execution{r: r, job: rs.job, info: rs.info, base: rs.info.Target.Table, plan: rs.plan, pub: rs.pub, batchID: run.BatchID, log: log,
+		undoTable: rs.undoTable, deliveredTable: rs.deliveredTable, watermark: rs.plan.Watermark, warnings: rs.warnings}
+	if run.Status == RunCompleted || run.Status == RunRolledBack {
+		return ex, nil
+	}
+	if err := ex.pub.prepare(ctx, ex); err != nil {
+		return nil, err
+	}
+	if run.Status == RunRunning {
+		warning, accepted, baseline, err := r.recordValidators(ctx, ex.job, run.BatchID)
+		if err != nil {
+			return nil, fmt.Errorf("backfill: job %q batch %d: validators: %w", ex.job.Name, run.BatchID, err)
 		}
 		if warning != "" {
 			log.Warn(warning)
-			warnings = append(warnings, warning)
+			ex.warnings = append(ex.warnings, warning)
 		}
 		ex.accepted, ex.baseline = accepted, baseline
 	}
-	if run.Status != RunCompleted && run.Status != RunRolledBack {
-		ex.work(ctx)
-		if pmEnd != nil && len(ex.errs) == 0 {
-			ex.publish(ctx, pmEnd)
-		}
-		if len(ex.errs) == 0 && len(ex.done) > 0 {
-			if err := ex.checkLoaded(ctx); err != nil {
-				ex.fail(nil, err)
-			}
+	return ex, nil
+}
+
+// run works the chunks of this call, then lets the publish mode finish
+// and checks that the run loaded rows.
+func (ex *execution) run(ctx context.Context) {
+	ex.work(ctx)
+	if len(ex.errs) == 0 {
+		ex.pub.finish(ctx, ex)
+	}
+	if len(ex.errs) == 0 && len(ex.done) > 0 {
+		if err := ex.checkLoaded(ctx); err != nil {
+			ex.fail(nil, err)
 		}
 	}
+}
+
+// finishRun records the run's state, lets the publish mode publish and
+// returns the call's report. finished says the run was completed or
+// rolled back before this call.
+func (ex *execution) finishRun(ctx context.Context, run Run, resumed, finished bool, begin time.Time) (Report, error) {
+	r, job, log := ex.r, ex.job, ex.log
 	var runErr error
 	if len(ex.errs) > 0 {
 		runErr = &PartialError{BatchID: run.BatchID, Done: ex.done, Failed: ex.failed, Errs: ex.errs}
 	}
 	// Finish with a fresh context: a cancelled run still records its state.
 	fctx := context.WithoutCancel(ctx)
-	failed := ex.failed != nil
-	msg := ""
+	failed, msg := ex.failed != nil, ""
 	if failed {
 		msg = ex.failed.Error()
 	} else if ex.runGate != nil {
 		// A manifest that cannot pause the run: the run gate fails it.
 		failed, msg = true, ex.runGate.Error()
 	}
-	run, err = m.FinishRun(fctx, r.db, run.BatchID, failed, msg)
+	run, err := r.cfg.Manifest.FinishRun(fctx, r.db, run.BatchID, failed, msg)
 	if err != nil {
 		return Report{}, errors.Join(runErr, err)
 	}
 	if run.Status == RunAbandoned {
 		runErr = errors.Join(runErr, fmt.Errorf("backfill: job %q batch %d: %w", job.Name, run.BatchID, ErrRunAbandoned))
 	}
-	published := false
-	if run.Status == RunCompleted && job.Publish.Mode == PublishVersionedView {
-		// Idempotent: a crash between completion and the switch, or a
-		// switch that gave up behind a reader's lock, publishes on the
-		// next call.
-		if published, err = r.publishVersion(fctx, job, run, target); err != nil {
-			if errors.Is(err, ErrAlreadyCompleted) {
-				// Rolled back while its publish was pending: never published.
-				run.Status = RunRolledBack
-			}
-			rep, rerr := r.report(fctx, run, resumed)
-			rep.ChunksRun = len(ex.done)
-			rep.Elapsed = time.Since(begin)
-			rep.Warnings = warnings
-			return rep, errors.Join(runErr, err, rerr)
-		}
+	published, err := ex.pub.published(fctx, ex, run)
+	if errors.Is(err, ErrAlreadyCompleted) {
+		// Rolled back while its publish was pending: never published.
+		run.Status = RunRolledBack
+	}
+	if err != nil {
+		rep, rerr := ex.report(fctx, run, resumed, begin)
+		return rep, errors.Join(runErr, err, rerr)
 	}
 	if finished && !published {
 		// Nothing completes silently: a second call on a finished plan did
@@ -343,10 +383,7 @@ func (r *Runner) Run(ctx context.Context, job Job) (Report, error) {
 		log.Warn("backfill run already "+string(run.Status)+"; nothing done; set Job.NewRun to restate", "status", run.Status)
 		runErr = errors.Join(runErr, fmt.Errorf("%w: job %q batch %d is %s", ErrAlreadyCompleted, job.Name, run.BatchID, run.Status))
 	}
-	rep, err := r.report(fctx, run, resumed)
-	rep.ChunksRun = len(ex.done)
-	rep.Elapsed = time.Since(begin)
-	rep.Warnings = warnings
+	rep, err := ex.report(fctx, run, resumed, begin)
 	if rep.ChunksOpen > 0 {
 		log.Warn("backfill run not complete: chunks end after the horizon (watermark or now) and are open; the next run reads them again",
 			"chunks_open", rep.ChunksOpen, "open", rep.OpenChunks)
@@ -360,6 +397,15 @@ func (r *Runner) Run(ctx context.Context, job Job) (Report, error) {
 	log.Info("backfill run ended", "status", rep.Status, "chunks_done", rep.ChunksDone, "chunks_total", rep.ChunksTotal,
 		"chunks_run", rep.ChunksRun, "rows_read", rep.Counts.Read, "elapsed", rep.Elapsed)
 	return rep, errors.Join(runErr, err)
+}
+
+// report is the Report of this call on run.
+func (ex *execution) report(ctx context.Context, run Run, resumed bool, begin time.Time) (Report, error) {
+	rep, err := ex.r.report(ctx, run, resumed)
+	rep.ChunksRun = len(ex.done)
+	rep.Elapsed = time.Since(begin)
+	rep.Warnings = ex.warnings
+	return rep, err
 }
 
 func (r *Runner) report(ctx context.Context, run Run, resumed bool) (Report, error) {
@@ -379,7 +425,7 @@ func (r *Runner) report(ctx context.Context, run Run, resumed bool) (Report, err
 			rep.Counts = rep.Counts.Add(s.Counts)
 		}
 	}
-	if mv, ok := r.cfg.Manifest.(ManifestValidations); ok {
+	if mv := r.caps.validations; mv != nil {
 		vs, err := mv.Validations(ctx, r.db, run.BatchID)
 		if err != nil {
 			return rep, err
@@ -391,12 +437,16 @@ func (r *Runner) report(ctx context.Context, run Run, resumed bool) (Report, err
 
 // execution is one call of Run: the workers and what they did.
 type execution struct {
-	r       *Runner
-	job     Job
-	info    TableInfo
-	plan    Plan
-	batchID int64
-	log     *slog.Logger
+	r    *Runner
+	job  Job
+	info TableInfo // the table merged into (publish modes may change it)
+	base string    // the job's target table, Target.Table of the prepared job
+	plan Plan
+	// pub is the job's publish mode.
+	pub      publisher
+	batchID  int64
+	log      *slog.Logger
+	warnings []string // the report's
 
 	mu     sync.Mutex
 	done   []string
@@ -409,9 +459,6 @@ type execution struct {
 	// deliveredTable is where the merger summarises unchanged deliveries
 	// of other batches' rows ("" for none).
 	deliveredTable string
-	// stageEnd is the manifest whose schema holds the run's staging table
-	// when the job publishes at the end (nil otherwise).
-	stageEnd *PGManifest
 	// watermark is the source's high-water mark taken by this call (nil
 	// without Job.Watermark): with the time a chunk is read, the horizon
 	// after which a chunk is open.
@@ -442,12 +489,12 @@ func (ex *execution) open(c Chunk, started time.Time) bool {
 // openScope returns the warnings about a scope that reaches past the
 // horizon (now, or the watermark wm) and about a date-typed ChunkColumn
 // under a watermark. Publish modes that cannot read a chunk twice
-// (PublishAtEnd, PublishPartitionSwap) refuse chunks that end after the
-// horizon with [ErrInvalidScope]; so does PublishVersionedView, which
-// publishes only a completed run, and a run with an open chunk never
-// completes: it would load and return nil on every call while readers
-// never see the rows.
-func openScope(job Job, info TableInfo, chunks []Chunk, wm *time.Time, now time.Time) ([]string, error) {
+// (rereads false: PublishAtEnd, PublishPartitionSwap) refuse chunks that end after the
+// horizon with [ErrInvalidScope]; so does PublishVersionedView
+// (publishesOpen false), which publishes only a completed run, and a run
+// with an open chunk never completes: it would load and return nil on
+// every call while readers never see the rows.
+func openScope(job Job, info TableInfo, chunks []Chunk, wm *time.Time, now time.Time, pub publisher) ([]string, error) {
 	var warnings []string
 	if job.Watermark != nil && job.ChunkColumn != "" {
 		for _, col := range info.Columns[:info.Written] {
@@ -473,11 +520,11 @@ func openScope(job Job, info TableInfo, chunks []Chunk, wm *time.Time, now time.
 	if !last.End.After(horizon) {
 		return warnings, nil
 	}
-	if job.Publish.Mode == PublishAtEnd || job.Publish.Mode == PublishPartitionSwap {
+	if !pub.rereads() {
 		return nil, fmt.Errorf("backfill: job %q: %w: the scope ends at %s, after %s (%s); publish mode %s cannot read a chunk twice: end the scope at or before %s",
 			job.Name, ErrInvalidScope, last.End.Format(time.RFC3339Nano), what, horizon.Format(time.RFC3339Nano), job.Publish.Mode, horizon.Format(time.RFC3339Nano))
 	}
-	if job.Publish.Mode == PublishVersionedView {
+	if !pub.publishesOpen() {
 		return nil, fmt.Errorf("backfill: job %q: %w: the scope ends at %s, after %s (%s); publish mode %s publishes a run only when every chunk is final, and a chunk ending after it stays open: end the scope at or before %s",
 			job.Name, ErrInvalidScope, last.End.Format(time.RFC3339Nano), what, horizon.Format(time.RFC3339Nano), job.Publish.Mode, horizon.Format(time.RFC3339Nano))
 	}
@@ -491,9 +538,10 @@ func openScope(job Job, info TableInfo, chunks []Chunk, wm *time.Time, now time.
 	return warnings, nil
 }
 
-// publish runs the end-of-run publish and records its outcome like chunks'.
-func (ex *execution) publish(ctx context.Context, pm *PGManifest) {
-	done, err := ex.publishAtEnd(ctx, pm)
+// publish runs the end-of-run publish ([PublishAtEnd]) and records its
+// outcome like chunks'.
+func (ex *execution) publish(ctx context.Context) {
+	done, err := ex.publishAtEnd(ctx)
 	if err == nil {
 		for _, res := range done {
 			ex.done = append(ex.done, res.Chunk.ID)
@@ -506,27 +554,39 @@ func (ex *execution) publish(ctx context.Context, pm *PGManifest) {
 	}
 	var ge *gateError
 	var ce *ChunkError
-	if errors.As(err, &ge) {
-		fctx := context.WithoutCancel(ctx)
+	switch {
+	case errors.As(err, &ge) && errors.As(err, &ce) && ce.Chunk.ID != "":
+		// The publish rolled back: keep the chunk's evidence.
+		ex.fail(ce, ex.recordGate(ctx, ce, ge, "publish: "+ge.reason))
+	case ge != nil:
 		var perr error
-		if errors.As(err, &ce) && ce.Chunk.ID != "" {
-			// The publish rolled back: keep the chunk's evidence.
-			for i := range ge.exceptions {
-				ge.exceptions[i].BatchID = ex.batchID
-			}
-			perr = pm.RecordGateFailure(fctx, ex.r.db, ex.batchID, ce.Chunk.ID, ce.Attempt, ge.results, ge.exceptions, "publish: "+ge.reason)
-		} else {
-			ce = &ChunkError{Err: ge}
-			perr = pm.PauseRun(fctx, ex.r.db, ex.batchID, "publish: "+ge.reason)
+		if mv := ex.r.caps.validations; mv != nil {
+			perr = mv.PauseRun(context.WithoutCancel(ctx), ex.r.db, ex.batchID, "publish: "+ge.reason)
 		}
-		ex.fail(ce, perr)
-		return
-	}
-	if errors.As(err, &ce) {
+		ex.fail(&ChunkError{Err: ge}, perr)
+	case errors.As(err, &ce):
 		ex.fail(ce, nil)
-		return
+	default:
+		ex.fail(&ChunkError{Err: fmt.Errorf("publish: %w", err)}, nil)
 	}
-	ex.fail(&ChunkError{Err: fmt.Errorf("publish: %w", err)}, nil)
+}
+
+// recordGate keeps, outside the rolled back attempt ce, the evidence of
+// the failed gate ge and pauses the run with reason, in one transaction
+// of its own when the manifest has [ManifestGates].
+func (ex *execution) recordGate(ctx context.Context, ce *ChunkError, ge *gateError, reason string) error {
+	fctx := context.WithoutCancel(ctx)
+	if mg := ex.r.caps.gates; mg != nil {
+		for i := range ge.exceptions {
+			ge.exceptions[i].BatchID = ex.batchID
+		}
+		return mg.RecordGateFailure(fctx, ex.r.db, ex.batchID, ce.Chunk.ID, ce.Attempt, ge.results, ge.exceptions, reason)
+	}
+	if mv := ex.r.caps.validations; mv != nil {
+		return errors.Join(mv.AddValidations(fctx, ex.r.db, ex.batchID, ce.Chunk.ID, ge.results),
+			mv.PauseRun(fctx, ex.r.db, ex.batchID, fmt.Sprintf("chunk %s: %s", ce.Chunk.ID, ge.reason)))
+	}
+	return nil
 }
 
 func (ex *execution) stopped() bool {
@@ -572,43 +632,18 @@ func (ex *execution) fail(ce *ChunkError, err error) {
 }
 
 // next claims and runs one chunk; it returns false when no chunk is left
-// to claim.
+// to claim or the run stops.
 func (ex *execution) next(ctx context.Context) bool {
-	res, claimed, attempt, err := ex.runChunk(ctx)
-	if !claimed && err == nil {
+	cr, err := ex.runChunk(ctx)
+	switch {
+	case !cr.claimed && err == nil:
 		return false
-	}
-	if err == nil && ex.stageEnd != nil {
-		ex.log.Info("chunk staged", "seq", res.Chunk.Seq, "chunk", res.Chunk.ID, "read", res.Read, "rejected", res.Rejected)
+	case err == nil && cr.staged:
+		ex.log.Info("chunk staged", "seq", cr.res.Chunk.Seq, "chunk", cr.res.Chunk.ID, "read", cr.res.Read, "rejected", cr.res.Rejected)
 		return true
-	}
-	if err == nil {
-		ex.mu.Lock()
-		ex.done = append(ex.done, res.Chunk.ID)
-		ex.mu.Unlock()
-		if res.Open {
-			ex.log.Warn("chunk open: it ends after the horizon (watermark or now); loaded, not final, read again by the next run",
-				"seq", res.Chunk.Seq, "chunk", res.Chunk.ID, "read", res.Read, "inserted", res.Inserted)
-		}
-		ex.log.Info("chunk done", "seq", res.Chunk.Seq, "open", res.Open, "chunk", res.Chunk.ID, "read", res.Read, "inserted", res.Inserted,
-			"updated", res.Updated, "unchanged", res.Unchanged, "rejected", res.Rejected, "deduplicated", res.Deduplicated,
-			"duration", res.FinishedAt.Sub(res.StartedAt))
-		if h := ex.r.cfg.Hooks; h != nil {
-			h.ChunkDone(ctx, ex.batchID, res)
-		}
-		if err := ex.checkRunRejectRate(ctx); err != nil {
-			// The chunk is done (listed in PartialError.Done); the run
-			// gate paused the run after it: not a chunk failure.
-			err = fmt.Errorf("backfill: job %q batch %d: after chunk %d %s: %w", ex.job.Name, ex.batchID, res.Chunk.Seq, res.Chunk.ID, err)
-			ex.fail(nil, err)
-			ex.mu.Lock()
-			ex.runGate = err
-			ex.mu.Unlock()
-			return false
-		}
-		return true
-	}
-	if ctx.Err() != nil {
+	case err == nil:
+		return ex.chunkDone(ctx, cr.res)
+	case ctx.Err() != nil:
 		// Cancelled: the chunk rolled back and stays pending.
 		ex.fail(nil, ctx.Err())
 		return false
@@ -623,22 +658,48 @@ func (ex *execution) next(ctx context.Context) bool {
 		// The chunk rolled back; keep its evidence (results with their
 		// samples, the attempt's rejected rows) and pause the run, in one
 		// transaction of their own.
-		fctx := context.WithoutCancel(ctx)
 		ex.log.Warn("quality gate failed; run paused", "seq", ce.Chunk.Seq, "chunk", ce.Chunk.ID, "attempt", ce.Attempt,
 			"reason", ge.reason, "rejected", len(ge.exceptions))
-		var perr error
-		if mg, ok := ex.r.cfg.Manifest.(ManifestGates); ok {
-			for i := range ge.exceptions {
-				ge.exceptions[i].BatchID = ex.batchID
-			}
-			perr = mg.RecordGateFailure(fctx, ex.r.db, ex.batchID, ce.Chunk.ID, ce.Attempt, ge.results, ge.exceptions, ge.reason)
-		} else if mv, ok := ex.r.cfg.Manifest.(ManifestValidations); ok {
-			perr = errors.Join(mv.AddValidations(fctx, ex.r.db, ex.batchID, ce.Chunk.ID, ge.results),
-				mv.PauseRun(fctx, ex.r.db, ex.batchID, fmt.Sprintf("chunk %s: %s", ce.Chunk.ID, ge.reason)))
-		}
-		ex.fail(ce, perr)
+		ex.fail(ce, ex.recordGate(ctx, ce, ge, ge.reason))
 		return false
 	}
+	return ex.chunkFailed(ctx, ce, cr.attempt, err)
+}
+
+// chunkDone records a committed chunk; it returns false when the run's
+// reject rate stops the run.
+func (ex *execution) chunkDone(ctx context.Context, res ChunkResult) bool {
+	ex.mu.Lock()
+	ex.done = append(ex.done, res.Chunk.ID)
+	ex.mu.Unlock()
+	if res.Open {
+		ex.log.Warn("chunk open: it ends after the horizon (watermark or now); loaded, not final, read again by the next run",
+			"seq", res.Chunk.Seq, "chunk", res.Chunk.ID, "read", res.Read, "inserted", res.Inserted)
+	}
+	ex.log.Info("chunk done", "seq", res.Chunk.Seq, "open", res.Open, "chunk", res.Chunk.ID, "read", res.Read, "inserted", res.Inserted,
+		"updated", res.Updated, "unchanged", res.Unchanged, "rejected", res.Rejected, "deduplicated", res.Deduplicated,
+		"duration", res.FinishedAt.Sub(res.StartedAt))
+	if h := ex.r.cfg.Hooks; h != nil {
+		h.ChunkDone(ctx, ex.batchID, res)
+	}
+	if err := ex.checkRunRejectRate(ctx); err != nil {
+		// The chunk is done (listed in PartialError.Done); the run gate
+		// paused the run after it: not a chunk failure.
+		err = fmt.Errorf("backfill: job %q batch %d: after chunk %d %s: %w", ex.job.Name, ex.batchID, res.Chunk.Seq, res.Chunk.ID, err)
+		ex.fail(nil, err)
+		ex.mu.Lock()
+		ex.runGate = err
+		ex.mu.Unlock()
+		return false
+	}
+	// Pause: a check of the run's status (paused by an operator) goes
+	// here, between chunks.
+	return true
+}
+
+// chunkFailed records a failed attempt of ce's chunk and waits before the
+// retry; it returns false when the failure is final.
+func (ex *execution) chunkFailed(ctx context.Context, ce *ChunkError, attempt int, err error) bool {
 	ex.mu.Lock()
 	if ex.tries == nil {
 		ex.tries = map[int]int{}
@@ -667,13 +728,30 @@ func (ex *execution) next(ctx context.Context) bool {
 	return true
 }
 
-// runChunk claims the next chunk and runs it in one transaction. claimed
-// is false (with a nil error) when no chunk is left.
-func (ex *execution) runChunk(ctx context.Context) (res ChunkResult, claimed bool, attempt int, err error) {
+// chunkRun is what runChunk did: whether it claimed a chunk, with which
+// attempt, and the chunk's result when it committed.
+type chunkRun struct {
+	res     ChunkResult
+	claimed bool
+	attempt int
+	// staged: the chunk was only staged; the run's publish merges it
+	// (PublishAtEnd).
+	staged bool
+}
+
+// runChunk claims the next chunk and runs it in one transaction: claim,
+// the publish mode's target, extract and stage, merge, validate,
+// checkpoint, commit. claimed is false (with a nil error) when no chunk
+// is left.
+func (ex *execution) runChunk(ctx context.Context) (cr chunkRun, err error) {
 	r := ex.r
+	// Throttle: a rate limit waits here, before the claim (and its
+	// transaction) begins.
+	// Trace: a span per phase starts at each comment below.
+	// Claim.
 	tx, err := r.db.Begin(ctx)
 	if err != nil {
-		return res, false, 0, fmt.Errorf("backfill: begin chunk transaction: %w", err)
+		return cr, fmt.Errorf("backfill: begin chunk transaction: %w", err)
 	}
 	committed := false
 	defer func() {
@@ -683,117 +761,113 @@ func (ex *execution) runChunk(ctx context.Context) (res ChunkResult, claimed boo
 	}()
 	st, ok, err := r.cfg.Manifest.ClaimChunk(ctx, tx, ex.batchID)
 	if err != nil || !ok {
-		return res, false, 0, err
+		return cr, err
 	}
 	if ex.stopped() {
 		// A gate failed meanwhile (possibly on this very chunk, which its
 		// rollback released): claim nothing more until the run is paused.
-		return res, false, 0, nil
+		return cr, nil
 	}
-	attempt = st.Attempts + 1
+	cr.claimed, cr.attempt = true, st.Attempts+1
 	if st.Chunk.Seq < 0 || st.Chunk.Seq >= len(ex.plan.Chunks) || ex.plan.Chunks[st.Chunk.Seq].ID != st.Chunk.ID {
-		return res, true, attempt, &ChunkError{Chunk: st.Chunk, Attempt: attempt, Err: fmt.Errorf("manifest chunk %d %q is not in the plan", st.Chunk.Seq, st.Chunk.ID)}
+		return cr, &ChunkError{Chunk: st.Chunk, Attempt: cr.attempt, Err: fmt.Errorf("manifest chunk %d %q is not in the plan", st.Chunk.Seq, st.Chunk.ID)}
 	}
 	c := ex.plan.Chunks[st.Chunk.Seq]
-	chunkErr := func(err error) error { return &ChunkError{Chunk: c, Attempt: attempt, Err: err} }
+	chunkErr := func(err error) error { return &ChunkError{Chunk: c, Attempt: cr.attempt, Err: err} }
 	started := time.Now()
 
-	if ex.stageEnd != nil {
-		return ex.stageChunk(ctx, tx, c, attempt, &committed)
-	}
-	info := ex.info
-	var part, keyType string
-	if ex.job.Publish.Mode == PublishPartitionSwap {
-		if info, part, keyType, err = r.prepareSwap(ctx, tx, info, c, ex.batchID); err != nil {
-			return res, true, attempt, chunkErr(err)
-		}
-	}
-	info.Chunk = ChunkRef{BatchID: ex.batchID, Seq: c.Seq, UndoTable: ex.undoTable, DeliveredTable: ex.deliveredTable,
-		MaxRefused: r.cfg.MaxMergeRefusals}
-	_, copies := r.cfg.Merger.(*PGMerger)
-	stager, w, err := ex.stage(ctx, tx, c, info, started, copies && r.cfg.MaxStagingRejects > 0, func() (Stager, error) {
-		return r.cfg.Merger.Stage(ctx, tx, info)
-	})
+	// Target: where the publish mode loads the chunk.
+	t, err := ex.pub.target(ctx, ex, tx, c)
 	if err != nil {
-		return res, true, attempt, chunkErr(err)
+		return cr, chunkErr(err)
+	}
+	cr.staged = t.deferred
+
+	// Extract and stage.
+	stager, w, err := ex.stage(ctx, tx, c, t.info, started, t.isolate, t.newStager)
+	if err != nil {
+		return cr, chunkErr(err)
 	}
 	defer stager.Close()
+
+	// Merge (a deferred chunk's stager only ends its staging).
 	mr, err := stager.Merge(ctx)
 	if err != nil {
-		return res, true, attempt, chunkErr(err)
+		return cr, chunkErr(err)
 	}
 	if err := tooManyRejects(r.cfg.MaxRejectsPerChunk, c, w.rejected, mr.Rejected); err != nil {
-		return res, true, attempt, chunkErr(err)
-	}
-	checks, err := ex.validate(ctx, tx, c, info, stager, Counts{Read: w.read, Inserted: mr.Inserted, Updated: mr.Updated,
-		Unchanged: mr.Unchanged, Rejected: w.rejected + int64(len(mr.Rejected)), Deduplicated: mr.Deduplicated})
-	if err != nil {
-		var ge *gateError
-		if errors.As(err, &ge) {
-			// No worker of this call claims another chunk (this one
-			// included, once it rolls back) before the run is paused.
-			ex.mu.Lock()
-			ex.stop = true
-			ex.mu.Unlock()
-			// The evidence outlives the rollback: the rows this attempt
-			// rejected go with the failed results (see next).
-			ge.exceptions = slices.Clone(w.exceptions)
-			for _, e := range mr.Rejected {
-				e.ChunkID = c.ID
-				ge.exceptions = append(ge.exceptions, e)
-			}
-			return res, true, attempt, &ChunkError{Chunk: c, Attempt: attempt, Err: ge}
-		}
-		return res, true, attempt, chunkErr(err)
+		return cr, chunkErr(err)
 	}
 	for _, e := range mr.Rejected {
 		e.ChunkID = c.ID
 		w.exceptions = append(w.exceptions, e)
 	}
-	res = ChunkResult{
-		Chunk: c, Attempt: attempt, StartedAt: started, Worker: r.cfg.WorkerID,
+	cr.res = ChunkResult{
+		Chunk: c, Attempt: cr.attempt, StartedAt: started, Worker: r.cfg.WorkerID,
 		Counts: Counts{Read: w.read, Inserted: mr.Inserted, Updated: mr.Updated, Unchanged: mr.Unchanged,
 			Rejected: w.rejected + int64(len(mr.Rejected)), Deduplicated: mr.Deduplicated},
 	}
-	if !res.Balanced() {
-		return res, true, attempt, chunkErr(fmt.Errorf("%w: read %d != inserted %d + updated %d + unchanged %d + rejected %d + deduplicated %d",
-			ErrAccounting, res.Read, res.Inserted, res.Updated, res.Unchanged, res.Rejected, res.Deduplicated))
+
+	// Validate: the job's checks and the row accounting (a deferred chunk
+	// is validated when the run's publish merges it).
+	if !t.deferred {
+		if err := ex.validateChunk(ctx, tx, t.info, stager, cr.res, w.exceptions); err != nil {
+			return cr, err
+		}
 	}
-	res.FinishedAt = time.Now()
+
+	// Checkpoint.
+	cr.res.FinishedAt = time.Now()
+	cr.res.Open = ex.open(c, started)
 	for i := range w.exceptions {
 		w.exceptions[i].BatchID = ex.batchID
 	}
-	if len(checks) > 0 {
-		mv, ok := r.cfg.Manifest.(ManifestValidations)
-		if !ok {
-			return res, true, attempt, chunkErr(fmt.Errorf("%w: the manifest cannot keep validation results", ErrUnsupported))
-		}
-		if err := mv.AddValidations(ctx, tx, ex.batchID, c.ID, checks); err != nil {
-			return res, true, attempt, chunkErr(err)
-		}
+	if err := ex.pub.beforeCommit(ctx, ex, tx, t, cr.res, w.exceptions); err != nil {
+		return cr, chunkErr(err)
 	}
-	if part != "" {
-		if err := swapPartition(ctx, tx, ex.info.Target.Table, part, info.Target.Table, ex.job.ChunkColumn, keyType, c, cmpOr(ex.job.Publish.LockTimeout, "5s")); err != nil {
-			return res, true, attempt, chunkErr(err)
-		}
-		audit, ok := r.cfg.Manifest.(ManifestAudit)
-		if !ok {
-			return res, true, attempt, chunkErr(fmt.Errorf("%w: partition swaps are recorded in the audit log", ErrUnsupported))
-		}
-		detail, _ := json.Marshal(map[string]any{"seq": c.Seq, "chunk": c.ID, "parent": ex.info.Target.Table, "old": part, "new": info.Target.Table})
-		if err := audit.RecordEvent(ctx, tx, Event{BatchID: ex.batchID, Job: ex.job.Name, Kind: "partition_swapped", Actor: r.cfg.WorkerID, Detail: detail}); err != nil {
-			return res, true, attempt, chunkErr(err)
-		}
-	}
-	res.Open = ex.open(c, started)
-	if err := r.cfg.Manifest.CompleteChunk(ctx, tx, ex.batchID, res, w.exceptions); err != nil {
-		return res, true, attempt, chunkErr(err)
-	}
+
+	// Commit.
 	if err := tx.Commit(); err != nil {
-		return res, true, attempt, chunkErr(fmt.Errorf("commit: %w", err))
+		return cr, chunkErr(fmt.Errorf("commit: %w", err))
 	}
 	committed = true
-	return res, true, attempt, nil
+	return cr, nil
+}
+
+// validateChunk runs the job's validators on merged chunk res in tx,
+// records their results there, and checks the row accounting. A failed
+// gate stops the claims of this call and returns a *ChunkError wrapping
+// a *gateError with the attempt's exceptions.
+func (ex *execution) validateChunk(ctx context.Context, tx Tx, info TableInfo, stager Stager, res ChunkResult, exceptions []Exception) error {
+	c := res.Chunk
+	chunkErr := func(err error) error { return &ChunkError{Chunk: c, Attempt: res.Attempt, Err: err} }
+	checks, err := ex.validate(ctx, tx, c, info, stager, res.Counts)
+	var ge *gateError
+	if errors.As(err, &ge) {
+		// No worker of this call claims another chunk (this one
+		// included, once it rolls back) before the run is paused.
+		ex.mu.Lock()
+		ex.stop = true
+		ex.mu.Unlock()
+		// The evidence outlives the rollback: the rows this attempt
+		// rejected go with the failed results (see next).
+		ge.exceptions = slices.Clone(exceptions)
+		return chunkErr(ge)
+	}
+	if err != nil {
+		return chunkErr(err)
+	}
+	if !res.Balanced() {
+		return chunkErr(fmt.Errorf("%w: read %d != inserted %d + updated %d + unchanged %d + rejected %d + deduplicated %d",
+			ErrAccounting, res.Read, res.Inserted, res.Updated, res.Unchanged, res.Rejected, res.Deduplicated))
+	}
+	if len(checks) > 0 {
+		// Run refused validators without ManifestValidations.
+		if err := ex.r.caps.validations.AddValidations(ctx, tx, ex.batchID, c.ID, checks); err != nil {
+			return chunkErr(err)
+		}
+	}
+	return nil
 }
 
 // rowWriter converts, stages and counts one chunk's rows.
@@ -1069,23 +1143,16 @@ func (e *gateError) Unwrap() []error { return []error{ErrGateFailed, errNotRetry
 // job's latest run is not paused, and [ErrUnsupported] when the manifest
 // cannot pause runs.
 func (r *Runner) Resume(ctx context.Context, job Job, actor, why string) (Report, error) {
-	mv, ok := r.cfg.Manifest.(ManifestValidations)
-	audit, ok2 := r.cfg.Manifest.(ManifestAudit)
-	if !ok || !ok2 {
-		return Report{}, fmt.Errorf("backfill: resume job %q: %w", job.Name, ErrUnsupported)
+	mv, audit := r.caps.validations, r.caps.audit
+	if mv == nil || audit == nil {
+		return Report{}, fmt.Errorf("backfill: resume job %q: %w: pausing needs ManifestValidations and ManifestAudit", job.Name, ErrUnsupported)
 	}
 	if actor == "" || why == "" {
 		return Report{}, fmt.Errorf("backfill: resume job %q: %w: who and why are required", job.Name, ErrInvalidConfig)
 	}
-	if err := r.cfg.Manifest.Init(ctx, r.db); err != nil {
-		return Report{}, err
-	}
-	run, err := audit.LatestRun(ctx, r.db, job.Name)
+	run, err := r.pausedRun(ctx, job, "resume job")
 	if err != nil {
-		return Report{}, fmt.Errorf("backfill: resume job %q: %w", job.Name, err)
-	}
-	if run.Status != RunPaused {
-		return Report{}, fmt.Errorf("backfill: resume job %q: %w: batch %d is %s", job.Name, ErrNotPaused, run.BatchID, run.Status)
+		return Report{}, err
 	}
 	// The run's rows now: the run reject gate and the "no row loaded"
 	// pause judge only what is read after this decision. Recorded with
@@ -1107,9 +1174,9 @@ func (r *Runner) Resume(ctx context.Context, job Job, actor, why string) (Report
 }
 
 // rollbackMechanism resolves Job.Rollback against the prepared target.
-func rollbackMechanism(job Job, info TableInfo) (RollbackMechanism, error) {
+func rollbackMechanism(job Job, info TableInfo, pub publisher) (RollbackMechanism, error) {
 	lineage := info.Target.Lineage.InsertedBy != "" && info.Target.Lineage.UpdatedBy != ""
-	if job.Publish.Mode == PublishVersionedView || job.Publish.Mode == PublishPartitionSwap {
+	if pub.switchesBack() {
 		switch job.Rollback {
 		case "", RollbackSwitchBack:
 			return RollbackSwitchBack, nil
@@ -1173,41 +1240,6 @@ func (ex *execution) validate(ctx context.Context, tx sqlx.ExtContext, c Chunk, 
 	return checks, nil
 }
 
-// stageChunk extracts a chunk into the run's persistent staging table and
-// checkpoints it as staged ([PublishAtEnd]).
-func (ex *execution) stageChunk(ctx context.Context, tx Tx, c Chunk, attempt int, committed *bool) (ChunkResult, bool, int, error) {
-	chunkErr := func(err error) error { return &ChunkError{Chunk: c, Attempt: attempt, Err: err} }
-	started := time.Now()
-	info := ex.info
-	info.Chunk = ChunkRef{BatchID: ex.batchID, Seq: c.Seq}
-	var st *persistStager
-	stager, w, err := ex.stage(ctx, tx, c, info, started, ex.r.cfg.MaxStagingRejects > 0, func() (Stager, error) {
-		s, err := newPersistStager(ctx, tx, stageTableName(ex.stageEnd, ex.batchID), ex.info, c.Seq)
-		st = s
-		return s, err
-	})
-	if err != nil {
-		return ChunkResult{}, true, attempt, chunkErr(err)
-	}
-	defer stager.Close()
-	if _, err := st.Merge(ctx); err != nil {
-		return ChunkResult{}, true, attempt, chunkErr(err)
-	}
-	for i := range w.exceptions {
-		w.exceptions[i].BatchID = ex.batchID
-	}
-	if err := ex.stageEnd.StageChunk(ctx, tx, ex.batchID, c, w.read, w.rejected, st.staged, w.exceptions); err != nil {
-		return ChunkResult{}, true, attempt, chunkErr(err)
-	}
-	if err := tx.Commit(); err != nil {
-		return ChunkResult{}, true, attempt, chunkErr(fmt.Errorf("commit: %w", err))
-	}
-	*committed = true
-	// Staged, not yet published: the hooks hear of it at the publish.
-	return ChunkResult{Chunk: c, Attempt: attempt, StartedAt: started, FinishedAt: time.Now(), Worker: ex.r.cfg.WorkerID,
-		Counts: Counts{Read: w.read, Rejected: w.rejected}}, true, attempt, nil
-}
-
 // checkRunRejectRate pauses the run when its rejects exceed
 // Job.MaxRunRejectRate of its reads (default DefaultMaxRunRejectRate,
 // negative: off), over the chunks done so far.
@@ -1239,7 +1271,7 @@ func (ex *execution) checkRunRejectRate(ctx context.Context) error {
 	if ex.baseline.Read > 0 {
 		reason += fmt.Sprintf(" (rows read since the run was last resumed, at %d read and %d rejected)", ex.baseline.Read, ex.baseline.Rejected)
 	}
-	if mv, ok := ex.r.cfg.Manifest.(ManifestValidations); ok {
+	if mv := ex.r.caps.validations; mv != nil {
 		fctx := context.WithoutCancel(ctx)
 		if err := mv.PauseRun(fctx, ex.r.db, ex.batchID, reason); err != nil {
 			return err
@@ -1275,7 +1307,7 @@ func (ex *execution) checkLoaded(ctx context.Context) error {
 		reason = fmt.Sprintf("no row loaded: all %d rows read since the run was last resumed were rejected (see the exception queue)", read)
 	}
 	ex.log.Warn("run paused", "reason", reason)
-	if mv, ok := ex.r.cfg.Manifest.(ManifestValidations); ok {
+	if mv := ex.r.caps.validations; mv != nil {
 		if err := mv.PauseRun(context.WithoutCancel(ctx), ex.r.db, ex.batchID, reason); err != nil {
 			return err
 		}

@@ -216,6 +216,23 @@ so a pipeline's extractor can be tested without a database:
 		Manifest: backfilltest.NewManifest(), Merger: m,
 	})
 
+The fakes run the per-chunk and at-end publish modes ([PublishAtEnd]),
+validators, quality gates, pause and resume. What they lack is refused
+before any batch is created, with [ErrUnsupported] naming the optional
+interface: the undo log ([ManifestUndoLog], [UndoLogWriter]) and so
+[Runner.Rollback], refused values isolated while staging
+([StagingIsolator]), and the modes that need PostgreSQL DDL (partition
+swap, versioned view).
+
+# Capabilities
+
+Besides [Manifest] and [Merger], a Runner uses optional interfaces when
+their implementations have them: [ManifestAudit], [ManifestValidations],
+[ManifestGates], [ManifestUndoLog], [ManifestStaging], [MergerStaging],
+[StagingIsolator] and [UndoLogWriter]. [NewWithDB] looks them up once; a
+job that needs one the Runner lacks is refused before any work. The
+conformance suites of backfilltest test each one an implementation has.
+
 # Errors
 
 Errors are wrapped with %w; test them with errors.Is against the sentinels

@@ -122,59 +122,31 @@ func acceptedResult(acc []acceptedCheck, cr CheckResult) bool {
 // [ErrInvalidConfig] when actor or why is empty, and [ErrUnsupported]
 // when the manifest cannot keep validations and an audit log.
 func (r *Runner) AcceptGate(ctx context.Context, job Job, chunkID, actor, why string) (Report, error) {
-	mv, ok := r.cfg.Manifest.(ManifestValidations)
-	audit, ok2 := r.cfg.Manifest.(ManifestAudit)
-	if !ok || !ok2 {
+	mv, audit := r.caps.validations, r.caps.audit
+	if mv == nil || audit == nil {
 		return Report{}, fmt.Errorf("backfill: accept gate of job %q: %w", job.Name, ErrUnsupported)
 	}
 	if actor == "" || why == "" {
 		return Report{}, fmt.Errorf("backfill: accept gate of job %q: %w: who and why are required", job.Name, ErrInvalidConfig)
 	}
-	if err := r.cfg.Manifest.Init(ctx, r.db); err != nil {
-		return Report{}, err
-	}
-	run, err := audit.LatestRun(ctx, r.db, job.Name)
+	run, err := r.pausedRun(ctx, job, "accept gate of job")
 	if err != nil {
-		return Report{}, fmt.Errorf("backfill: accept gate of job %q: %w", job.Name, err)
-	}
-	if run.Status != RunPaused {
-		return Report{}, fmt.Errorf("backfill: accept gate of job %q: %w: batch %d is %s", job.Name, ErrNotPaused, run.BatchID, run.Status)
+		return Report{}, err
 	}
 	vs, err := mv.Validations(ctx, r.db, run.BatchID)
 	if err != nil {
 		return Report{}, err
 	}
-	// Which chunks have a failed gate to accept: those whose latest
-	// judgment is an attempt a gate rolled back, and that are not done.
 	states, err := r.cfg.Manifest.Chunks(ctx, r.db, run.BatchID)
 	if err != nil {
 		return Report{}, err
 	}
-	latest := map[string]int{} // chunk ID -> index of its latest result
-	for i, v := range vs {
-		latest[v.ChunkID] = i
-	}
-	var failedChunks []string
-	for _, st := range states {
-		if i, ok := latest[st.Chunk.ID]; ok && vs[i].FailedAttempt > 0 && st.Status != ChunkDone {
-			failedChunks = append(failedChunks, st.Chunk.ID)
-		}
-	}
-	if !slices.Contains(failedChunks, chunkID) {
+	g := failedGates(vs, states, chunkID)
+	if !slices.Contains(g.chunks, chunkID) {
 		return Report{}, fmt.Errorf("backfill: accept gate of job %q batch %d: %w (%w): chunk %q has no failed gate to accept (never failed one, or judged again since); chunks with a failed gate: [%s]; the run is paused for: %s",
-			job.Name, run.BatchID, ErrNoFailedGate, ErrInvalidConfig, chunkID, strings.Join(failedChunks, ", "), run.LastError)
+			job.Name, run.BatchID, ErrNoFailedGate, ErrInvalidConfig, chunkID, strings.Join(g.chunks, ", "), run.LastError)
 	}
-	last := vs[latest[chunkID]].FailedAttempt
-	var checks []string
-	var evidence []acceptedCheck
-	for _, v := range vs {
-		if v.ChunkID == chunkID && v.FailedAttempt == last && !v.Passed && v.Severity == SeverityError {
-			if !slices.Contains(checks, v.Check) {
-				checks = append(checks, v.Check)
-			}
-			evidence = append(evidence, acceptedCheck{Check: v.Check, Expected: v.Expected, Actual: v.Actual, Fingerprint: evidenceFingerprint(v.CheckResult)})
-		}
-	}
+	checks, evidence, last := g.checks, g.evidence, g.attempt
 	if len(checks) == 0 {
 		return Report{}, fmt.Errorf("backfill: accept gate of job %q batch %d: %w (%w): chunk %q failed no check of severity error on attempt %d",
 			job.Name, run.BatchID, ErrNoFailedGate, ErrInvalidConfig, chunkID, last)
@@ -202,6 +174,62 @@ func (r *Runner) AcceptGate(ctx context.Context, job Job, chunkID, actor, why st
 	r.cfg.Logger.Warn("quality gate accepted by operator; run resumed", "job", job.Name, "batch_id", run.BatchID, "chunk", chunkID,
 		"checks", checks, "actor", actor, "why", why)
 	return r.Run(ctx, job)
+}
+
+// gateToAccept is what failedGates found: the chunks whose latest
+// judgment is a failed gate, and chunkID's failed checks of severity error
+// on that attempt with their evidence.
+type gateToAccept struct {
+	chunks   []string
+	attempt  int
+	checks   []string
+	evidence []acceptedCheck
+}
+
+// failedGates finds, in the validations vs of a run whose chunks are
+// states, the chunks with a failed gate to accept (those whose latest
+// judgment is an attempt a gate rolled back, and that are not done) and,
+// when chunkID is one, what its gate failed.
+func failedGates(vs []Validation, states []ChunkState, chunkID string) gateToAccept {
+	var g gateToAccept
+	latest := map[string]int{} // chunk ID -> index of its latest result
+	for i, v := range vs {
+		latest[v.ChunkID] = i
+	}
+	for _, st := range states {
+		if i, ok := latest[st.Chunk.ID]; ok && vs[i].FailedAttempt > 0 && st.Status != ChunkDone {
+			g.chunks = append(g.chunks, st.Chunk.ID)
+		}
+	}
+	if !slices.Contains(g.chunks, chunkID) {
+		return g
+	}
+	g.attempt = vs[latest[chunkID]].FailedAttempt
+	for _, v := range vs {
+		if v.ChunkID == chunkID && v.FailedAttempt == g.attempt && !v.Passed && v.Severity == SeverityError {
+			if !slices.Contains(g.checks, v.Check) {
+				g.checks = append(g.checks, v.Check)
+			}
+			g.evidence = append(g.evidence, acceptedCheck{Check: v.Check, Expected: v.Expected, Actual: v.Actual, Fingerprint: evidenceFingerprint(v.CheckResult)})
+		}
+	}
+	return g
+}
+
+// pausedRun returns job's latest run, which must be paused
+// ([ErrNotPaused] otherwise); what prefixes errors ("resume job").
+func (r *Runner) pausedRun(ctx context.Context, job Job, what string) (Run, error) {
+	if err := r.cfg.Manifest.Init(ctx, r.db); err != nil {
+		return Run{}, err
+	}
+	run, err := r.caps.audit.LatestRun(ctx, r.db, job.Name)
+	if err != nil {
+		return Run{}, fmt.Errorf("backfill: %s %q: %w", what, job.Name, err)
+	}
+	if run.Status != RunPaused {
+		return Run{}, fmt.Errorf("backfill: %s %q: %w: batch %d is %s", what, job.Name, ErrNotPaused, run.BatchID, run.Status)
+	}
+	return run, nil
 }
 
 // baselineEvent returns the [EventGateBaseline] event of a resume of
@@ -416,8 +444,8 @@ func dumpValue(b *strings.Builder, v reflect.Value, depth int) {
 // change ("" otherwise), the accepted gates found in the log and the
 // latest resume baseline ([EventGateBaseline]).
 func (r *Runner) recordValidators(ctx context.Context, job Job, batchID int64) (string, map[string][]acceptedCheck, Counts, error) {
-	audit, ok := r.cfg.Manifest.(ManifestAudit)
-	if !ok {
+	audit := r.caps.audit
+	if audit == nil {
 		return "", nil, Counts{}, nil
 	}
 	events, err := audit.Events(ctx, r.db, batchID)

@@ -29,6 +29,9 @@ var (
 	_ ManifestAudit       = (*PGManifest)(nil)
 	_ ManifestValidations = (*PGManifest)(nil)
 	_ ManifestGates       = (*PGManifest)(nil)
+	_ ManifestUndoLog     = (*PGManifest)(nil)
+	_ ManifestStaging     = (*PGManifest)(nil)
+	_ sqlManifest         = (*PGManifest)(nil)
 )
 
 // NewPGManifest returns a PostgreSQL manifest in schema ("" means
@@ -244,7 +247,8 @@ type txBeginner interface {
 }
 
 // inTx runs f in a transaction: a new one when db can begin one
-// (*sqlx.DB), otherwise db itself, which must then be a transaction.
+// (*sqlx.DB, or a [DB]), otherwise db itself, which must then be a
+// transaction.
 func inTx(ctx context.Context, db sqlx.ExtContext, f func(tx sqlx.ExtContext) error) error {
 	b, ok := db.(txBeginner)
 	if !ok {
@@ -253,9 +257,26 @@ func inTx(ctx context.Context, db sqlx.ExtContext, f func(tx sqlx.ExtContext) er
 		}
 	}
 	if b == nil {
+		if d, ok := db.(DB); ok {
+			// Another DB, such as backfilltest's: its own transactions.
+			return inDBTx(ctx, d, f)
+		}
 		return f(db)
 	}
 	tx, err := b.BeginTxx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	if err := f(tx); err != nil {
+		_ = tx.Rollback()
+		return err
+	}
+	return tx.Commit()
+}
+
+// inDBTx runs f in a transaction of d.
+func inDBTx(ctx context.Context, d DB, f func(tx sqlx.ExtContext) error) error {
+	tx, err := d.Begin(ctx)
 	if err != nil {
 		return err
 	}
@@ -898,8 +919,8 @@ func (m *PGManifest) ResumeRun(ctx context.Context, db sqlx.ExtContext, batchID 
 	})
 }
 
-// StageChunk checkpoints a chunk of a run published at its end
-// ([PublishAtEnd]): its rows are in the run's persistent staging table and
+// StageChunk implements [ManifestStaging.StageChunk]: it checkpoints a
+// chunk of a run published at its end ([PublishAtEnd]): its rows are in the run's persistent staging table and
 // its exceptions in the queue; the merge counts come with the publish.
 // The chunk must be pending (claimed in tx).
 func (m *PGManifest) StageChunk(ctx context.Context, tx sqlx.ExtContext, batchID int64, c Chunk, read, rejected, staged int64, exceptions []Exception) error {
@@ -920,18 +941,24 @@ func (m *PGManifest) StageChunk(ctx context.Context, tx sqlx.ExtContext, batchID
 	return nil
 }
 
-// stagedChunks returns (seq, rows_read, rows_rejected, rows_staged) of
-// the batch's staged chunks, locked for the publish.
-func (m *PGManifest) stagedChunks(ctx context.Context, tx sqlx.ExtContext, batchID int64) ([]stagedChunk, error) {
-	var out []stagedChunk
+// StagedChunks implements [ManifestStaging.StagedChunks].
+func (m *PGManifest) StagedChunks(ctx context.Context, tx sqlx.ExtContext, batchID int64) ([]StagedChunk, error) {
+	var out []StagedChunk
 	err := sqlx.SelectContext(ctx, tx, &out, m.sql(`SELECT seq, rows_read, rows_rejected, rows_staged FROM {s}.chunks
 		WHERE batch_id = $1 AND status = 'staged' ORDER BY seq FOR UPDATE`), batchID)
 	return out, err
 }
 
-type stagedChunk struct {
-	Seq      int   `db:"seq"`
-	Read     int64 `db:"rows_read"`
-	Rejected int64 `db:"rows_rejected"`
-	Staged   int64 `db:"rows_staged"`
+// StagingTable implements [ManifestStaging.StagingTable]: stage_<batch>
+// in the manifest's schema.
+func (m *PGManifest) StagingTable(batchID int64) string {
+	return sqlgen.Ident(m.schema) + "." + sqlgen.Ident(fmt.Sprintf("stage_%d", batchID))
 }
+
+// UndoTable implements [ManifestUndoLog.UndoTable]: undo in the
+// manifest's schema.
+func (m *PGManifest) UndoTable() string { return sqlgen.Ident(m.schema) + ".undo" }
+
+// DeliveredTable implements [ManifestUndoLog.DeliveredTable]: delivered
+// in the manifest's schema.
+func (m *PGManifest) DeliveredTable() string { return sqlgen.Ident(m.schema) + ".delivered" }

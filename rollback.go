@@ -104,116 +104,160 @@ type RollbackReport struct {
 // pending or failed chunks is refused with [ErrInvalidConfig] saying what
 // to do: finish it (run the job again) or abandon it with [Job.NewRun].
 //
-// It needs [PGManifest] and [PGMerger] ([ErrUnsupported] otherwise) and a
-// batch planned with the undo log.
+// It needs a manifest whose tables live in the target's database
+// ([PGManifest]) and, for the undo log, a merger that writes it
+// ([UndoLogWriter]); [ErrUnsupported] otherwise.
 func (r *Runner) Rollback(ctx context.Context, job Job, opts RollbackOptions) (RollbackReport, error) {
 	begin := time.Now()
-	pm, ok1 := r.cfg.Manifest.(*PGManifest)
-	pg, ok2 := r.cfg.Merger.(*PGMerger)
-	if !ok1 || !ok2 {
-		return RollbackReport{}, fmt.Errorf("backfill: rollback of job %q: %w: the undo log needs PGManifest and PGMerger", job.Name, ErrUnsupported)
-	}
-	if !opts.Preview && (opts.Actor == "" || opts.Why == "") {
-		return RollbackReport{}, fmt.Errorf("backfill: rollback of job %q: %w: Actor and Why are required", job.Name, ErrInvalidConfig)
-	}
-	if err := pm.Init(ctx, r.db); err != nil {
-		return RollbackReport{}, err
-	}
-	run, err := r.rollbackRun(ctx, pm, job.Name, opts.BatchID)
+	run, plan, err := r.rollbackBatch(ctx, job, opts)
 	if err != nil {
 		return RollbackReport{}, err
+	}
+	if plan.Publish == job.Publish.String() {
+		// A publish mode that switches back rolls back its own way.
+		opts.lockTimeout = job.Publish.LockTimeout
+		if rep, handled, err := publisherFor(job.Publish).rollback(ctx, r, job, run, plan, opts); handled {
+			return rep, err
+		}
+	}
+	u, err := r.undoRollback(ctx, job, run, plan, opts)
+	if err != nil {
+		return RollbackReport{}, err
+	}
+	rep, err := u.conflicts(ctx)
+	if err != nil {
+		return rep, err
+	}
+	if opts.Preview {
+		rep, err = u.preview(ctx, rep)
+		rep.Elapsed = time.Since(begin)
+		return rep, err
+	}
+	if rep.Conflicts > 0 && !opts.Force {
+		rep.Elapsed = time.Since(begin)
+		return rep, fmt.Errorf("backfill: rollback of batch %d: %w: %d rows were changed (%d) or delivered unchanged (%d) by later batches still applied: %s; roll those batches back first or use Force",
+			run.BatchID, ErrRollbackConflict, rep.Conflicts, rep.Conflicts-rep.ConflictsDelivered, rep.ConflictsDelivered, conflictList(rep.ConflictRows, rep.Conflicts))
+	}
+	if rep.Conflicts > 0 {
+		r.cfg.Logger.Warn("backfill rollback forced over later batches", "job", run.Job, "batch_id", run.BatchID, "conflicts", rep.Conflicts,
+			"delivered", rep.ConflictsDelivered, "rows", conflictList(rep.ConflictRows, rep.Conflicts), "actor", opts.Actor)
+	}
+	rep, err = u.apply(ctx, rep)
+	rep.Elapsed = time.Since(begin)
+	if err != nil || rep.Chunks == 0 && run.Status == RunRolledBack {
+		return rep, err
+	}
+	r.cfg.Logger.Info("backfill rollback", "job", run.Job, "batch_id", run.BatchID, "chunks", rep.Chunks, "deleted", rep.Deleted,
+		"restored", rep.Restored, "force", opts.Force, "actor", opts.Actor)
+	return rep, nil
+}
+
+// rollbackBatch checks opts and finds the batch of job to roll back and
+// its plan; the batch must not be running.
+func (r *Runner) rollbackBatch(ctx context.Context, job Job, opts RollbackOptions) (Run, Plan, error) {
+	if r.caps.sql == nil {
+		return Run{}, Plan{}, fmt.Errorf("backfill: rollback of job %q: %w: the manifest's tables must live in the target's database (PGManifest)", job.Name, ErrUnsupported)
+	}
+	if !opts.Preview && (opts.Actor == "" || opts.Why == "") {
+		return Run{}, Plan{}, fmt.Errorf("backfill: rollback of job %q: %w: Actor and Why are required", job.Name, ErrInvalidConfig)
+	}
+	if err := r.caps.sql.Init(ctx, r.db); err != nil {
+		return Run{}, Plan{}, err
+	}
+	run, err := r.rollbackRun(ctx, r.caps.sql, job.Name, opts.BatchID)
+	if err != nil {
+		return Run{}, Plan{}, err
 	}
 	if run.Status == RunRunning {
 		// A run whose only unfinished chunks are open (loaded, read again
 		// by each call until the horizon passes their end) can be
 		// withdrawn: it is paused first, so that no call reads them again.
-		if run, err = r.stopOpenRun(ctx, pm, run, opts); err != nil {
-			return RollbackReport{}, err
+		if run, err = r.stopOpenRun(ctx, r.caps.sql, run, opts); err != nil {
+			return Run{}, Plan{}, err
 		}
 	}
 	var plan Plan
 	if err := json.Unmarshal(run.Plan, &plan); err != nil {
-		return RollbackReport{}, fmt.Errorf("backfill: rollback of batch %d: plan: %w", run.BatchID, err)
+		return Run{}, Plan{}, fmt.Errorf("backfill: rollback of batch %d: plan: %w", run.BatchID, err)
 	}
-	if job.Publish.Mode == PublishPartitionSwap && plan.Publish == job.Publish.String() {
-		if run.Status == RunRolledBack {
-			return RollbackReport{BatchID: run.BatchID, Status: run.Status}, nil
-		}
-		opts.lockTimeout = job.Publish.LockTimeout
-		rep, err := r.swapBack(ctx, pm, run, plan.Target.Table, opts)
-		rep.Elapsed = time.Since(begin)
-		return rep, err
-	}
-	if job.Publish.Mode == PublishVersionedView && plan.Publish == job.Publish.String() {
-		if run.Status == RunRolledBack {
-			return RollbackReport{BatchID: run.BatchID, Status: run.Status, Preview: opts.Preview}, nil
-		}
-		// Switch-back: the batch's rows live in their own table version.
-		if opts.ChunkID != "" {
-			return RollbackReport{BatchID: run.BatchID, Status: run.Status}, fmt.Errorf("backfill: rollback of batch %d: %w: a versioned-view batch is switched back whole", run.BatchID, ErrUnsupported)
-		}
-		if opts.Preview {
-			return RollbackReport{BatchID: run.BatchID, Preview: true, Status: run.Status, Elapsed: time.Since(begin)}, nil
-		}
-		// One transaction under the view's and the run row's locks, with
-		// the publish's bounded lock_timeout and retries: a publish of the
-		// batch still pending never switches the view after it.
-		if _, err := r.switchBack(ctx, job, run, plan.Target.Table, opts); err != nil {
-			return RollbackReport{BatchID: run.BatchID, Status: run.Status}, err
-		}
-		return RollbackReport{BatchID: run.BatchID, Status: RunRolledBack, Elapsed: time.Since(begin)}, nil
-	}
+	return run, plan, nil
+}
+
+// undoRollback is one call of Rollback by the undo log: the batch, the
+// chunks it rolls back (seqs, in reverse order) and, for one chunk, its
+// state.
+type undoRollback struct {
+	r    *Runner
+	run  Run
+	opts RollbackOptions
+	rb   *pgRollback
+	seqs []int
+	one  *ChunkState
+	// deliveredDeleted counts the delivered conflicts the rollback would
+	// delete (conflicts).
+	deliveredDeleted int64
+}
+
+// undoRollback readies the rollback of run by the undo log.
+func (r *Runner) undoRollback(ctx context.Context, job Job, run Run, plan Plan, opts RollbackOptions) (*undoRollback, error) {
 	if plan.Rollback != RollbackUndoLog {
-		return RollbackReport{}, fmt.Errorf("backfill: rollback of batch %d: %w: it was planned with rollback %q", run.BatchID, ErrUnsupported, cmpOr(plan.Rollback, "none"))
+		return nil, fmt.Errorf("backfill: rollback of batch %d: %w: it was planned with rollback %q", run.BatchID, ErrUnsupported, cmpOr(plan.Rollback, "none"))
 	}
-	info, err := pg.Prepare(ctx, r.db, job.Target)
+	if !r.caps.writesUndo {
+		return nil, fmt.Errorf("backfill: rollback of batch %d: %w: the merger does not write the undo log (UndoLogWriter)", run.BatchID, ErrUnsupported)
+	}
+	info, err := r.cfg.Merger.Prepare(ctx, r.db, job.Target)
 	if err != nil {
-		return RollbackReport{}, err
+		return nil, err
 	}
 	if info.Target.Table != plan.Target.Table {
-		return RollbackReport{}, fmt.Errorf("backfill: rollback of batch %d: %w: job target %q is not the batch's %q", run.BatchID, ErrInvalidConfig, info.Target.Table, plan.Target.Table)
+		return nil, fmt.Errorf("backfill: rollback of batch %d: %w: job target %q is not the batch's %q", run.BatchID, ErrInvalidConfig, info.Target.Table, plan.Target.Table)
 	}
-	states, err := pm.Chunks(ctx, r.db, run.BatchID)
+	states, err := r.caps.sql.Chunks(ctx, r.db, run.BatchID)
 	if err != nil {
-		return RollbackReport{}, err
+		return nil, err
 	}
-	var seqs []int
+	u := &undoRollback{r: r, run: run, opts: opts, rb: newPGRollback(r.caps.sql, info)}
 	for _, s := range states {
 		if (s.Status == ChunkDone || s.Status == ChunkOpen) && (opts.ChunkID == "" || s.Chunk.ID == opts.ChunkID) {
-			seqs = append(seqs, s.Chunk.Seq)
+			u.seqs = append(u.seqs, s.Chunk.Seq)
 		}
 	}
 	if opts.ChunkID != "" && !slices.ContainsFunc(states, func(s ChunkState) bool { return s.Chunk.ID == opts.ChunkID }) {
-		return RollbackReport{}, fmt.Errorf("backfill: rollback of batch %d: %w: no chunk %q", run.BatchID, ErrInvalidConfig, opts.ChunkID)
+		return nil, fmt.Errorf("backfill: rollback of batch %d: %w: no chunk %q", run.BatchID, ErrInvalidConfig, opts.ChunkID)
 	}
-	slices.Reverse(seqs) // reverse order: the last change first
-	rb := newPGRollback(pm, info)
+	slices.Reverse(u.seqs) // reverse order: the last change first
 	if plan.Time != nil {
-		rb.chunkColumn, rb.zone = plan.Time.ChunkColumn, plan.Time.Zone
+		u.rb.chunkColumn, u.rb.zone = plan.Time.ChunkColumn, plan.Time.Zone
 	}
-	if err := rb.load(ctx, r.db); err != nil {
-		return RollbackReport{}, err
+	if err := u.rb.load(ctx, r.db); err != nil {
+		return nil, err
 	}
 	// A single chunk's inserted rows are found by lineage within the
 	// chunk's bounds of Job.ChunkColumn; a whole batch's by lineage alone.
-	var one *ChunkState
 	if opts.ChunkID != "" {
 		i := slices.IndexFunc(states, func(s ChunkState) bool { return s.Chunk.ID == opts.ChunkID })
-		one = &states[i]
-		if rb.chunkColumn == "" && one.Inserted > 0 {
-			return RollbackReport{}, fmt.Errorf("backfill: rollback of batch %d chunk %s: %w: the chunk inserted %d rows and the job has no ChunkColumn to find them by; roll back the whole batch",
-				run.BatchID, opts.ChunkID, ErrUnsupported, one.Inserted)
+		u.one = &states[i]
+		if u.rb.chunkColumn == "" && u.one.Inserted > 0 {
+			return nil, fmt.Errorf("backfill: rollback of batch %d chunk %s: %w: the chunk inserted %d rows and the job has no ChunkColumn to find them by; roll back the whole batch",
+				run.BatchID, opts.ChunkID, ErrUnsupported, u.one.Inserted)
 		}
 	}
-	rep := RollbackReport{BatchID: run.BatchID, Preview: opts.Preview, Status: run.Status}
-	changed, changedRows, err := rb.conflicts(ctx, r.db, run.BatchID, seqs, one, opts.exclude)
+	return u, nil
+}
+
+// conflicts returns the report with the rows later batches still applied
+// changed or delivered unchanged.
+func (u *undoRollback) conflicts(ctx context.Context) (RollbackReport, error) {
+	db, batch := u.r.db, u.run.BatchID
+	rep := RollbackReport{BatchID: batch, Preview: u.opts.Preview, Status: u.run.Status}
+	changed, changedRows, err := u.rb.conflicts(ctx, db, batch, u.seqs, u.one, u.opts.exclude)
 	if err != nil {
 		return rep, err
 	}
-	var deliveredDeleted int64
 	var deliveredRows []RollbackConflict
-	if one == nil || len(seqs) > 0 {
-		if rep.ConflictsDelivered, deliveredDeleted, deliveredRows, err = rb.delivered(ctx, r.db, run.BatchID, seqs, one, opts.exclude); err != nil {
+	if u.one == nil || len(u.seqs) > 0 {
+		if rep.ConflictsDelivered, u.deliveredDeleted, deliveredRows, err = u.rb.delivered(ctx, db, batch, u.seqs, u.one, u.opts.exclude); err != nil {
 			return rep, err
 		}
 	}
@@ -224,38 +268,38 @@ func (r *Runner) Rollback(ctx context.Context, job Job, opts RollbackOptions) (R
 	for _, c := range rep.ConflictRows {
 		rep.ConflictKeys = append(rep.ConflictKeys, c.Key)
 	}
-	if opts.Preview {
-		rep.Chunks = len(seqs)
-		if rep.Deleted, rep.Restored, err = rb.preview(ctx, r.db, run.BatchID, seqs, one, opts.Force); err != nil {
-			return rep, err
-		}
-		if !opts.Force {
-			// Without Force those rows stay, as the changed ones do.
-			rep.Deleted = max(0, rep.Deleted-deliveredDeleted)
-			rep.Restored = max(0, rep.Restored-(rep.ConflictsDelivered-deliveredDeleted))
-		}
-		rep.Elapsed = time.Since(begin)
-		return rep, nil
+	return rep, nil
+}
+
+// preview adds to rep what the rollback would delete and restore.
+func (u *undoRollback) preview(ctx context.Context, rep RollbackReport) (RollbackReport, error) {
+	rep.Chunks = len(u.seqs)
+	var err error
+	if rep.Deleted, rep.Restored, err = u.rb.preview(ctx, u.r.db, u.run.BatchID, u.seqs, u.one, u.opts.Force); err != nil {
+		return rep, err
 	}
-	if rep.Conflicts > 0 && !opts.Force {
-		rep.Elapsed = time.Since(begin)
-		return rep, fmt.Errorf("backfill: rollback of batch %d: %w: %d rows were changed (%d) or delivered unchanged (%d) by later batches still applied: %s; roll those batches back first or use Force",
-			run.BatchID, ErrRollbackConflict, rep.Conflicts, changed, rep.ConflictsDelivered, conflictList(rep.ConflictRows, rep.Conflicts))
+	if !u.opts.Force {
+		// Without Force those rows stay, as the changed ones do.
+		rep.Deleted = max(0, rep.Deleted-u.deliveredDeleted)
+		rep.Restored = max(0, rep.Restored-(rep.ConflictsDelivered-u.deliveredDeleted))
 	}
-	if rep.Conflicts > 0 {
-		r.cfg.Logger.Warn("backfill rollback forced over later batches", "job", run.Job, "batch_id", run.BatchID, "conflicts", rep.Conflicts,
-			"delivered", rep.ConflictsDelivered, "rows", conflictList(rep.ConflictRows, rep.Conflicts), "actor", opts.Actor)
-	}
-	if len(seqs) > 0 {
+	return rep, nil
+}
+
+// apply rolls the chunks back, one transaction each, then finishes the
+// batch (or chunk) and records it in the audit log.
+func (u *undoRollback) apply(ctx context.Context, rep RollbackReport) (RollbackReport, error) {
+	run, opts, db := u.run, u.opts, u.r.db
+	if len(u.seqs) > 0 {
 		// Visible even if this call is interrupted: who started it and why.
-		started, _ := json.Marshal(map[string]any{"why": opts.Why, "chunk": opts.ChunkID, "force": opts.Force, "chunks": len(seqs),
+		started, _ := json.Marshal(map[string]any{"why": opts.Why, "chunk": opts.ChunkID, "force": opts.Force, "chunks": len(u.seqs),
 			"conflicts_overridden": rep.Conflicts * boolInt(opts.Force), "conflict_rows": conflictStrings(rep.ConflictRows, 20)})
-		if err := pm.RecordEvent(ctx, r.db, Event{BatchID: run.BatchID, Job: run.Job, Kind: "rollback_started", Actor: opts.Actor, Detail: started}); err != nil {
+		if err := u.r.caps.sql.RecordEvent(ctx, db, Event{BatchID: run.BatchID, Job: run.Job, Kind: "rollback_started", Actor: opts.Actor, Detail: started}); err != nil {
 			return rep, err
 		}
 	}
-	for _, seq := range seqs {
-		deleted, restored, done, err := rb.chunk(ctx, r.db, run.BatchID, seq, one, opts.Force)
+	for _, seq := range u.seqs {
+		deleted, restored, done, err := u.rb.chunk(ctx, db, run.BatchID, seq, u.one, opts.Force)
 		if err != nil {
 			return rep, fmt.Errorf("backfill: rollback of batch %d chunk %d: %w", run.BatchID, seq, err)
 		}
@@ -266,14 +310,13 @@ func (r *Runner) Rollback(ctx context.Context, job Job, opts RollbackOptions) (R
 		}
 	}
 	if rep.Chunks == 0 && run.Status == RunRolledBack {
-		rep.Elapsed = time.Since(begin)
 		return rep, nil // rolled back already: nothing changes
 	}
 	kind := "rollback"
 	if opts.ChunkID != "" {
 		kind = "rollback_chunk"
 	}
-	deleted, err := rb.finish(ctx, r.db, run, opts.ChunkID == "", opts.Force, func(deleted int64) Event {
+	deleted, err := u.rb.finish(ctx, db, run, opts.ChunkID == "", opts.Force, func(deleted int64) Event {
 		detail, _ := json.Marshal(map[string]any{"why": opts.Why, "chunk": opts.ChunkID, "force": opts.Force, "chunks": rep.Chunks,
 			"deleted": rep.Deleted + deleted, "restored": rep.Restored, "conflicts_overridden": rep.Conflicts * boolInt(opts.Force),
 			"delivered_overridden": rep.ConflictsDelivered * boolInt(opts.Force), "conflict_rows": conflictStrings(rep.ConflictRows, 20)})
@@ -286,9 +329,6 @@ func (r *Runner) Rollback(ctx context.Context, job Job, opts RollbackOptions) (R
 	if opts.ChunkID == "" {
 		rep.Status = RunRolledBack
 	}
-	rep.Elapsed = time.Since(begin)
-	r.cfg.Logger.Info("backfill rollback", "job", run.Job, "batch_id", run.BatchID, "chunks", rep.Chunks, "deleted", rep.Deleted,
-		"restored", rep.Restored, "force", opts.Force, "actor", opts.Actor)
 	return rep, nil
 }
 
@@ -300,7 +340,7 @@ func (r *Runner) Rollback(ctx context.Context, job Job, opts RollbackOptions) (R
 // claims its chunks again; Rollback then proceeds as for a paused run
 // (and, interrupted, resumes on the paused run). A preview changes
 // nothing. Any other running run is refused with what to do.
-func (r *Runner) stopOpenRun(ctx context.Context, pm *PGManifest, run Run, opts RollbackOptions) (Run, error) {
+func (r *Runner) stopOpenRun(ctx context.Context, pm sqlManifest, run Run, opts RollbackOptions) (Run, error) {
 	refuse := func(unfinished int) error {
 		return fmt.Errorf("backfill: rollback of batch %d: %w: the run is still running with %d chunks pending or failed; finish it first "+
 			"(run the job again; a run paused by a gate can be resumed, or rolled back as it is), or start a new run with Job.NewRun, "+
@@ -380,7 +420,7 @@ func boolInt(b bool) int64 {
 	return 0
 }
 
-func (r *Runner) rollbackRun(ctx context.Context, pm *PGManifest, job string, batchID int64) (Run, error) {
+func (r *Runner) rollbackRun(ctx context.Context, pm sqlManifest, job string, batchID int64) (Run, error) {
 	if batchID != 0 {
 		run, err := pm.Run(ctx, r.db, batchID)
 		if err != nil {

@@ -17,7 +17,7 @@ import (
 // and a prior image, which holds every column, is restored through
 // jsonb_populate_record as a row of the target type.
 type pgRollback struct {
-	m        *PGManifest
+	m        sqlManifest
 	info     TableInfo
 	target   string // quoted
 	undo     string // quoted
@@ -34,8 +34,8 @@ type pgRollback struct {
 	keyTypes map[string]string
 }
 
-func newPGRollback(m *PGManifest, info TableInfo) *pgRollback {
-	return &pgRollback{m: m, info: info, target: sqlgen.Table(info.Target.Table), undo: sqlgen.Ident(m.schema) + ".undo",
+func newPGRollback(m sqlManifest, info TableInfo) *pgRollback {
+	return &pgRollback{m: m, info: info, target: sqlgen.Table(info.Target.Table), undo: m.UndoTable(),
 		identity: info.Compared().Identity, updated: sqlgen.Ident(info.Target.Lineage.UpdatedBy), inserted: sqlgen.Ident(info.Target.Lineage.InsertedBy)}
 }
 

@@ -51,6 +51,7 @@ func TestManifest(t *testing.T, newManifest func(t *testing.T) (backfill.Manifes
 	}
 
 	t.Run("StartResumeAndPlanChange", func(t *testing.T) {
+		t.Parallel()
 		m, db := setup(t)
 		p := plan(t, "job", "v1", 40)
 		run, resumed, err := m.StartRun(ctx, db, p, "w1", false)
@@ -94,6 +95,7 @@ func TestManifest(t *testing.T, newManifest func(t *testing.T) (backfill.Manifes
 	})
 
 	t.Run("ClaimsAreExclusiveUntilTheTransactionEnds", func(t *testing.T) {
+		t.Parallel()
 		m, db := setup(t)
 		run, _, err := m.StartRun(ctx, db, plan(t, "job", "v1", 30), "w", false)
 		require.NoError(t, err)
@@ -118,6 +120,7 @@ func TestManifest(t *testing.T, newManifest func(t *testing.T) (backfill.Manifes
 	})
 
 	t.Run("CompletionCommitsWithTheTransaction", func(t *testing.T) {
+		t.Parallel()
 		m, db := setup(t)
 		run, _, err := m.StartRun(ctx, db, plan(t, "job", "v1", 20), "w", false)
 		require.NoError(t, err)
@@ -175,6 +178,7 @@ func TestManifest(t *testing.T, newManifest func(t *testing.T) (backfill.Manifes
 	})
 
 	t.Run("FailedChunksAreRetriedOnResume", func(t *testing.T) {
+		t.Parallel()
 		m, db := setup(t)
 		p := plan(t, "job", "v1", 20)
 		run, _, err := m.StartRun(ctx, db, p, "w", false)
@@ -207,6 +211,7 @@ func TestManifest(t *testing.T, newManifest func(t *testing.T) (backfill.Manifes
 	})
 
 	t.Run("OpenChunksAreReadAgainByTheNextCall", func(t *testing.T) {
+		t.Parallel()
 		m, db := setup(t)
 		p := plan(t, "job", "v1", 20)
 		run, _, err := m.StartRun(ctx, db, p, "w", false)
@@ -255,6 +260,7 @@ func TestManifest(t *testing.T, newManifest func(t *testing.T) (backfill.Manifes
 	})
 
 	t.Run("GateEvidenceOutsideTheQueue", func(t *testing.T) {
+		t.Parallel()
 		m, db := setup(t)
 		mg, ok := m.(backfill.ManifestGates)
 		mv, ok2 := m.(backfill.ManifestValidations)
@@ -292,6 +298,7 @@ func TestManifest(t *testing.T, newManifest func(t *testing.T) (backfill.Manifes
 	})
 
 	t.Run("AuditLogAndWatermark", func(t *testing.T) {
+		t.Parallel()
 		m, db := setup(t)
 		audit, ok := m.(backfill.ManifestAudit)
 		if !ok {
@@ -334,6 +341,7 @@ func TestManifest(t *testing.T, newManifest func(t *testing.T) (backfill.Manifes
 	})
 
 	t.Run("AbandonedRunsAreNotClaimed", func(t *testing.T) {
+		t.Parallel()
 		m, db := setup(t)
 		old, _, err := m.StartRun(ctx, db, plan(t, "job", "v1", 20), "w", false)
 		require.NoError(t, err)
@@ -348,8 +356,11 @@ func TestManifest(t *testing.T, newManifest func(t *testing.T) (backfill.Manifes
 	})
 
 	t.Run("UnknownBatch", func(t *testing.T) {
+		t.Parallel()
 		m, db := setup(t)
 		_, err := m.FinishRun(ctx, db, 987654, false, "")
 		require.ErrorIs(t, err, backfill.ErrRunNotFound)
 	})
+
+	testManifestCapabilities(t, setup, plan, claim)
 }

@@ -111,6 +111,7 @@ func TestMerger(t *testing.T, newHarness func(t *testing.T) MergerHarness) {
 	}
 
 	t.Run("UpsertInsertReplayUpdate", func(t *testing.T) {
+		t.Parallel()
 		h := newHarness(t)
 		info := prepare(t, h, items(t, h))
 		require.Equal(t, backfill.Upsert, info.Target.Mode)
@@ -154,6 +155,7 @@ func TestMerger(t *testing.T, newHarness func(t *testing.T) MergerHarness) {
 	})
 
 	t.Run("UpsertDuplicatesInAChunk", func(t *testing.T) {
+		t.Parallel()
 		h := newHarness(t)
 		tg := items(t, h)
 		for _, p := range []backfill.DuplicatePolicy{backfill.KeepLast, backfill.KeepFirst} {
@@ -172,6 +174,7 @@ func TestMerger(t *testing.T, newHarness func(t *testing.T) MergerHarness) {
 	})
 
 	t.Run("UpsertTargetWins", func(t *testing.T) {
+		t.Parallel()
 		h := newHarness(t)
 		tg := items(t, h)
 		tg.Conflict = backfill.TargetWins
@@ -182,6 +185,7 @@ func TestMerger(t *testing.T, newHarness func(t *testing.T) MergerHarness) {
 	})
 
 	t.Run("UpsertNewerVersionWins", func(t *testing.T) {
+		t.Parallel()
 		h := newHarness(t)
 		h.CreateTable(t, "products", productDef, []string{"sku"})
 		tg := backfill.Target{Table: "products", Key: []string{"sku"}, Conflict: backfill.NewerVersionWins, Version: "version"}
@@ -201,6 +205,7 @@ func TestMerger(t *testing.T, newHarness func(t *testing.T) MergerHarness) {
 	})
 
 	t.Run("AppendOnly", func(t *testing.T) {
+		t.Parallel()
 		h := newHarness(t)
 		h.CreateTable(t, "events", eventsDef, []string{"event_id"})
 		info := prepare(t, h, backfill.Target{Table: "events", Key: []string{"event_id"}, Mode: backfill.AppendOnly})
@@ -223,6 +228,7 @@ func TestMerger(t *testing.T, newHarness func(t *testing.T) MergerHarness) {
 	})
 
 	t.Run("History", func(t *testing.T) {
+		t.Parallel()
 		h := newHarness(t)
 		h.CreateTable(t, "addresses", historyDef, []string{"customer", "valid_from"})
 		info := prepare(t, h, backfill.Target{Table: "addresses", Key: []string{"customer"}, Mode: backfill.History})
@@ -252,6 +258,7 @@ func TestMerger(t *testing.T, newHarness func(t *testing.T) MergerHarness) {
 	})
 
 	t.Run("Keyless", func(t *testing.T) {
+		t.Parallel()
 		h := newHarness(t)
 		h.CreateTable(t, "legacy", legacyDef, []string{"name_key"})
 		tg := backfill.Target{Table: "legacy", Key: []string{"name_key"}, Mode: backfill.Keyless,
@@ -275,6 +282,7 @@ func TestMerger(t *testing.T, newHarness func(t *testing.T) MergerHarness) {
 	})
 
 	t.Run("RollbackLeavesTheTargetAlone", func(t *testing.T) {
+		t.Parallel()
 		h := newHarness(t)
 		info := prepare(t, h, items(t, h))
 		merge(t, h, info, true, []any{"a", int64(1), "kept"})
@@ -285,6 +293,7 @@ func TestMerger(t *testing.T, newHarness func(t *testing.T) MergerHarness) {
 	})
 
 	t.Run("PrepareErrors", func(t *testing.T) {
+		t.Parallel()
 		h := newHarness(t)
 		tg := items(t, h)
 		h.CreateTable(t, "addresses", historyDef, []string{"customer", "valid_from"})
@@ -422,4 +431,5 @@ func TestMerger(t *testing.T, newHarness func(t *testing.T) MergerHarness) {
 		})
 	testRefusals(t, newHarness)
 	runnerProperties(t, newHarness)
+	testMergerCapabilities(t, newHarness)
 }

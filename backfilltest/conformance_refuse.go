@@ -82,6 +82,7 @@ func testRefusals(t *testing.T, newHarness func(t *testing.T) MergerHarness) {
 			[][]any{{"a", "A", "paris"}, {"b", "B", "rome"}, {"e", "E", "oslo"}}},
 	} {
 		t.Run("Refusals/"+tc.name, func(t *testing.T) {
+			t.Parallel()
 			h := newHarness(t)
 			if h.AddUnique == nil {
 				t.Skip("the harness cannot add constraints")
@@ -133,6 +134,7 @@ func testRefusals(t *testing.T, newHarness func(t *testing.T) MergerHarness) {
 			{"e8", nil, nil},       // a NULL passes a CHECK
 		}
 		t.Run("Refusals/"+string(mode), func(t *testing.T) {
+			t.Parallel()
 			table := "refuse_" + string(mode)
 			h, info := setup(t, table)
 			first := merge(t, h, info, chunk...)
@@ -159,6 +161,7 @@ func testRefusals(t *testing.T, newHarness func(t *testing.T) MergerHarness) {
 			require.Len(t, h.Rows(t, table), 5)
 		})
 		t.Run("RefusalsBounded/"+string(mode), func(t *testing.T) {
+			t.Parallel()
 			table := "bound_" + string(mode)
 			h, info := setup(t, table)
 			for _, tc := range []struct {

@@ -35,6 +35,8 @@ type fakeRun struct {
 	// failedExceptions are the exceptions of attempts a failed gate
 	// rolled back (RecordGateFailure).
 	failedExceptions []backfill.Exception
+	// staged counts the staged rows per chunk Seq (StageChunk).
+	staged map[int]int64
 }
 
 var (
@@ -225,7 +227,7 @@ func (m *Manifest) CompleteChunk(ctx context.Context, tx sqlx.ExtContext, batchI
 	m.mu.Lock()
 	r, err := m.get(batchID)
 	if err == nil && (res.Chunk.Seq < 0 || res.Chunk.Seq >= len(r.chunks) ||
-		r.chunks[res.Chunk.Seq].Status != backfill.ChunkPending && r.chunks[res.Chunk.Seq].Status != backfill.ChunkOpen) {
+		!slices.Contains([]backfill.ChunkStatus{backfill.ChunkPending, chunkStaged, backfill.ChunkOpen}, r.chunks[res.Chunk.Seq].Status)) {
 		err = fmt.Errorf("backfill: complete chunk %s of batch %d: chunk is not pending (completed by another worker?)", res.Chunk.ID, batchID)
 	}
 	m.mu.Unlock()

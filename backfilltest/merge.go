@@ -35,6 +35,9 @@ type Merger struct {
 	// (merge_lock.go).
 	keyLocks map[string]any
 	released chan struct{}
+	// staging are the persistent staging tables: table name -> chunk
+	// Seq -> rows (merge_staging.go).
+	staging map[string]map[int][]stagedRow
 }
 
 type fakeTable struct {

@@ -1,0 +1,252 @@
+package backfilltest
+
+import (
+	"context"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgbackfill/backfill"
+)
+
+// testManifestCapabilities runs the subtests of [TestManifest] for the
+// optional interfaces of a manifest, each skipped when the manifest
+// lacks it (as riverdrivertest does for a driver's optional features).
+func testManifestCapabilities(t *testing.T,
+	setup func(t *testing.T) (backfill.Manifest, backfill.DB),
+	plan func(t *testing.T, job, version string, hi int64) backfill.Plan,
+	claim func(t *testing.T, m backfill.Manifest, db backfill.DB, batch int64) (backfill.Tx, backfill.ChunkState, bool),
+) {
+	t.Helper()
+	ctx := context.Background()
+
+	t.Run("PauseAndResume", func(t *testing.T) {
+		t.Parallel()
+		m, db := setup(t)
+		mv, ok := m.(backfill.ManifestValidations)
+		audit, ok2 := m.(backfill.ManifestAudit)
+		if !ok || !ok2 {
+			t.Skip("the manifest does not implement backfill.ManifestValidations and backfill.ManifestAudit")
+		}
+		run, _, err := m.StartRun(ctx, db, plan(t, "job", "v1", 20), "w", false)
+		require.NoError(t, err)
+		require.ErrorIs(t, mv.ResumeRun(ctx, db, run.BatchID, "ann", "why"), backfill.ErrNotPaused, "a running run is not paused")
+
+		require.NoError(t, mv.PauseRun(ctx, db, run.BatchID, "gate c failed"))
+		latest, err := audit.LatestRun(ctx, db, "job")
+		require.NoError(t, err)
+		require.Equal(t, backfill.RunPaused, latest.Status)
+		require.Equal(t, "gate c failed", latest.LastError)
+		tx, _, ok := claim(t, m, db, run.BatchID)
+		require.False(t, ok, "a paused run gives no chunk")
+		require.NoError(t, tx.Rollback())
+		again, resumed, err := m.StartRun(ctx, db, plan(t, "job", "v1", 20), "w", false)
+		require.NoError(t, err)
+		require.Equal(t, run.BatchID, again.BatchID, "StartRun returns the paused run")
+		require.Equal(t, backfill.RunPaused, again.Status)
+		require.True(t, resumed)
+
+		require.NoError(t, mv.ResumeRun(ctx, db, run.BatchID, "ann", "fixed the source"))
+		latest, err = audit.LatestRun(ctx, db, "job")
+		require.NoError(t, err)
+		require.Equal(t, backfill.RunRunning, latest.Status)
+		tx, st, ok := claim(t, m, db, run.BatchID)
+		require.True(t, ok, "a resumed run gives chunks again")
+		require.Equal(t, 0, st.Chunk.Seq)
+		require.NoError(t, tx.Rollback())
+		events, err := audit.Events(ctx, db, run.BatchID)
+		require.NoError(t, err)
+		var resumedBy []string
+		for _, e := range events {
+			if e.Kind == "run_resumed_by_operator" {
+				resumedBy = append(resumedBy, e.Actor)
+				require.JSONEq(t, `{"why": "fixed the source"}`, string(e.Detail))
+			}
+		}
+		require.Equal(t, []string{"ann"}, resumedBy, "who resumed and why are in the audit log")
+	})
+
+	t.Run("ValidationsCommitWithTheTransaction", func(t *testing.T) {
+		t.Parallel()
+		m, db := setup(t)
+		mv, ok := m.(backfill.ManifestValidations)
+		if !ok {
+			t.Skip("the manifest does not implement backfill.ManifestValidations")
+		}
+		run, _, err := m.StartRun(ctx, db, plan(t, "job", "v1", 20), "w", false)
+		require.NoError(t, err)
+		lost := backfill.CheckResult{Check: "lost", Severity: backfill.SeverityError, Passed: true, Expected: "1", Actual: "1"}
+		tx, err := db.Begin(ctx)
+		require.NoError(t, err)
+		require.NoError(t, mv.AddValidations(ctx, tx, run.BatchID, "int:0/10", []backfill.CheckResult{lost}))
+		require.NoError(t, tx.Rollback())
+		kept := []backfill.CheckResult{
+			{Check: "count", Severity: backfill.SeverityError, Passed: true, Expected: "10", Actual: "10"},
+			{Check: "sum", Severity: backfill.SeverityWarn, Passed: false, Expected: "5", Actual: "6", Sample: []string{"(3)"}},
+		}
+		tx, err = db.Begin(ctx)
+		require.NoError(t, err)
+		require.NoError(t, mv.AddValidations(ctx, tx, run.BatchID, "int:10/20", kept))
+		require.NoError(t, tx.Commit())
+		vs, err := mv.Validations(ctx, db, run.BatchID)
+		require.NoError(t, err)
+		require.Len(t, vs, 2, "results of a rolled back transaction are gone")
+		for i, v := range vs {
+			require.Equal(t, "int:10/20", v.ChunkID)
+			require.Equal(t, kept[i].Check, v.Check, "in the order recorded")
+			require.Equal(t, kept[i].Passed, v.Passed)
+			require.Equal(t, kept[i].Severity, v.Severity)
+			require.Equal(t, kept[i].Expected, v.Expected)
+			require.Equal(t, kept[i].Actual, v.Actual)
+		}
+		require.Equal(t, []string{"(3)"}, vs[1].Sample)
+	})
+
+	t.Run("StagedChunks", func(t *testing.T) {
+		t.Parallel()
+		m, db := setup(t)
+		ms, ok := m.(backfill.ManifestStaging)
+		if !ok {
+			t.Skip("the manifest does not implement backfill.ManifestStaging")
+		}
+		run, _, err := m.StartRun(ctx, db, plan(t, "job", "v1", 20), "w", false)
+		require.NoError(t, err)
+		require.NotEmpty(t, ms.StagingTable(run.BatchID))
+		require.Equal(t, ms.StagingTable(run.BatchID), ms.StagingTable(run.BatchID), "the staging table's name is stable")
+		bad := []backfill.Exception{{ChunkID: "int:0/10", Row: 4, Raw: []byte(`{"id": 4}`), Column: "v", Value: "x", Reason: "bad"}}
+
+		tx, st, ok := claim(t, m, db, run.BatchID)
+		require.True(t, ok)
+		require.ErrorIs(t, ms.StageChunk(ctx, tx, run.BatchID, st.Chunk, 10, 1, 8, bad), backfill.ErrAccounting)
+		require.NoError(t, tx.Rollback())
+		tx, st, ok = claim(t, m, db, run.BatchID)
+		require.True(t, ok)
+		require.NoError(t, ms.StageChunk(ctx, tx, run.BatchID, st.Chunk, 10, 1, 9, bad))
+		require.NoError(t, tx.Rollback())
+		chunks, err := m.Chunks(ctx, db, run.BatchID)
+		require.NoError(t, err)
+		require.Equal(t, backfill.ChunkPending, chunks[0].Status, "a rolled back stage leaves the chunk pending")
+
+		tx, st, ok = claim(t, m, db, run.BatchID)
+		require.True(t, ok)
+		require.Equal(t, 0, st.Chunk.Seq)
+		require.NoError(t, ms.StageChunk(ctx, tx, run.BatchID, st.Chunk, 10, 1, 9, bad))
+		require.NoError(t, tx.Commit())
+		chunks, err = m.Chunks(ctx, db, run.BatchID)
+		require.NoError(t, err)
+		require.Equal(t, backfill.ChunkStatus("staged"), chunks[0].Status)
+		require.Equal(t, int64(10), chunks[0].Read)
+		require.Equal(t, int64(1), chunks[0].Rejected)
+		queue, err := m.Exceptions(ctx, db, run.BatchID)
+		require.NoError(t, err)
+		require.Len(t, queue, 1, "a staged chunk's exceptions are queued")
+		tx, st, ok = claim(t, m, db, run.BatchID)
+		require.True(t, ok)
+		require.Equal(t, 1, st.Chunk.Seq, "a staged chunk is not claimed again")
+		require.NoError(t, tx.Rollback())
+		r, err := m.FinishRun(ctx, db, run.BatchID, false, "")
+		require.NoError(t, err)
+		require.Equal(t, backfill.RunRunning, r.Status, "a staged chunk is not done")
+
+		tx, err = db.Begin(ctx)
+		require.NoError(t, err)
+		staged, err := ms.StagedChunks(ctx, tx, run.BatchID)
+		require.NoError(t, err)
+		require.Equal(t, []backfill.StagedChunk{{Seq: 0, Read: 10, Rejected: 1, Staged: 9}}, staged)
+		res := backfill.ChunkResult{Chunk: chunks[0].Chunk, Attempt: 1, Counts: backfill.Counts{Read: 10, Inserted: 9, Rejected: 1}}
+		require.NoError(t, m.CompleteChunk(ctx, tx, run.BatchID, res, nil), "the publish completes a staged chunk")
+		require.NoError(t, tx.Commit())
+		chunks, err = m.Chunks(ctx, db, run.BatchID)
+		require.NoError(t, err)
+		require.Equal(t, backfill.ChunkDone, chunks[0].Status)
+		require.Equal(t, backfill.Counts{Read: 10, Inserted: 9, Rejected: 1}, chunks[0].Counts)
+		tx, err = db.Begin(ctx)
+		require.NoError(t, err)
+		staged, err = ms.StagedChunks(ctx, tx, run.BatchID)
+		require.NoError(t, err)
+		require.Empty(t, staged)
+		require.NoError(t, tx.Rollback())
+	})
+
+	t.Run("UndoLogTables", func(t *testing.T) {
+		t.Parallel()
+		m, _ := setup(t)
+		mu, ok := m.(backfill.ManifestUndoLog)
+		if !ok {
+			t.Skip("the manifest does not implement backfill.ManifestUndoLog")
+		}
+		require.NotEmpty(t, mu.UndoTable())
+		require.NotEmpty(t, mu.DeliveredTable())
+		require.NotEqual(t, mu.UndoTable(), mu.DeliveredTable())
+		require.Equal(t, mu.UndoTable(), mu.UndoTable(), "stable")
+	})
+}
+
+// testMergerCapabilities runs the subtests of [TestMerger] for the
+// optional interfaces of a merger, each skipped when the merger lacks it.
+func testMergerCapabilities(t *testing.T, newHarness func(t *testing.T) MergerHarness) {
+	t.Helper()
+	ctx := context.Background()
+
+	t.Run("PersistentStaging", func(t *testing.T) {
+		t.Parallel()
+		h := newHarness(t)
+		ms, ok := h.Merger.(backfill.MergerStaging)
+		if !ok {
+			t.Skip("the merger does not implement backfill.MergerStaging")
+		}
+		h.CreateTable(t, "items", itemsDef, []string{"tenant", "id"})
+		info, err := h.Merger.Prepare(ctx, h.DB, backfill.Target{Table: "items", Key: []string{"tenant", "id"}, Columns: []string{"tenant", "id", "name"}})
+		require.NoError(t, err)
+		const table = "staging_conformance"
+		require.NoError(t, ms.CreateStaging(ctx, h.DB, table, info))
+		require.NoError(t, ms.CreateStaging(ctx, h.DB, table, info), "CreateStaging is idempotent")
+		stage := func(t *testing.T, commit bool, seq int, rows ...[]any) {
+			t.Helper()
+			tx, err := h.DB.Begin(ctx)
+			require.NoError(t, err)
+			st, err := ms.StagePersistent(ctx, tx, table, info, seq)
+			require.NoError(t, err)
+			for i, r := range rows {
+				require.NoError(t, st.Add(ctx, int64(i+1), r))
+			}
+			res, err := st.Merge(ctx)
+			require.NoError(t, err)
+			require.Equal(t, backfill.MergeResult{}, res, "staging merges nothing")
+			require.Equal(t, int64(len(rows)), st.Staged())
+			require.NoError(t, st.Close())
+			if commit {
+				require.NoError(t, tx.Commit())
+			} else {
+				require.NoError(t, tx.Rollback())
+			}
+		}
+		chunk0 := [][]any{{"a", int64(1), "x"}, {"a", int64(1), "y"}, {"b", int64(2), "z"}}
+		stage(t, false, 0, chunk0...)
+		stage(t, true, 0, chunk0...)
+		stage(t, true, 1, []any{"c", int64(3), "w"})
+		require.Empty(t, h.Rows(t, "items"), "staged rows are not in the target")
+
+		tx, err := h.DB.Begin(ctx)
+		require.NoError(t, err)
+		_, err = ms.StageFrom(ctx, tx, info, table, 0, 2)
+		require.ErrorIs(t, err, backfill.ErrAccounting, "the rolled back staging kept nothing: 3 rows, not 2 (or 6)")
+		require.NoError(t, tx.Rollback())
+
+		tx, err = h.DB.Begin(ctx)
+		require.NoError(t, err)
+		var got []backfill.MergeResult
+		for seq, n := range []int64{3, 1} {
+			st, err := ms.StageFrom(ctx, tx, info, table, seq, n)
+			require.NoError(t, err)
+			res, err := st.Merge(ctx)
+			require.NoError(t, err)
+			require.NoError(t, st.Close())
+			got = append(got, res)
+		}
+		require.NoError(t, ms.DropStaging(ctx, tx, table))
+		require.NoError(t, tx.Commit())
+		require.Equal(t, []backfill.MergeResult{{Inserted: 2, Deduplicated: 1}, {Inserted: 1}}, got)
+		require.Equal(t, [][]any{{"a", int64(1), "y"}, {"b", int64(2), "z"}, {"c", int64(3), "w"}}, sortRows(h.Rows(t, "items")))
+	})
+}

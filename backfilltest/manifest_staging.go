@@ -1,0 +1,99 @@
+package backfilltest
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+
+	"github.com/pgbackfill/backfill"
+)
+
+// chunkStaged is the status of a chunk checkpointed by StageChunk, as
+// [backfill.PGManifest] records it.
+const chunkStaged backfill.ChunkStatus = "staged"
+
+var _ backfill.ManifestStaging = (*Manifest)(nil)
+
+// StagingTable implements [backfill.ManifestStaging.StagingTable]: a name
+// for [Merger]'s persistent staging of the batch.
+func (m *Manifest) StagingTable(batchID int64) string { return fmt.Sprintf("stage_%d", batchID) }
+
+// StageChunk implements [backfill.ManifestStaging.StageChunk]; in a fake
+// transaction the checkpoint is applied on commit.
+func (m *Manifest) StageChunk(ctx context.Context, tx sqlx.ExtContext, batchID int64, c backfill.Chunk, read, rejected, staged int64, exceptions []backfill.Exception) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if read != rejected+staged {
+		return fmt.Errorf("backfill: stage chunk %s: %w: read %d != staged %d + rejected %d", c.ID, backfill.ErrAccounting, read, staged, rejected)
+	}
+	m.mu.Lock()
+	r, err := m.get(batchID)
+	if err == nil && (c.Seq < 0 || c.Seq >= len(r.chunks) || r.chunks[c.Seq].Status != backfill.ChunkPending) {
+		err = fmt.Errorf("backfill: stage chunk %s of batch %d: chunk is not pending", c.ID, batchID)
+	}
+	m.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	ex := slices.Clone(exceptions)
+	now := time.Now()
+	for i := range ex {
+		ex[i].BatchID, ex[i].ChunkID, ex[i].CreatedAt = batchID, c.ID, now
+	}
+	return apply(tx, func() {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		st := &r.chunks[c.Seq]
+		st.Status = chunkStaged
+		st.Counts = backfill.Counts{Read: read, Rejected: rejected}
+		if r.staged == nil {
+			r.staged = map[int]int64{}
+		}
+		r.staged[c.Seq] = staged
+		r.exceptions = append(r.exceptions, ex...)
+	})
+}
+
+// StagedChunks implements [backfill.ManifestStaging.StagedChunks]. tx
+// must be a fake [*Tx]: the chunks stay claimed by it until it ends, and
+// chunks another transaction holds are left out (PostgreSQL waits for
+// that transaction, after which they are no longer staged).
+func (m *Manifest) StagedChunks(ctx context.Context, tx sqlx.ExtContext, batchID int64) ([]backfill.StagedChunk, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	ftx, ok := tx.(*Tx)
+	if !ok {
+		return nil, fmt.Errorf("backfilltest: staged chunks: executor %T is not a *backfilltest.Tx", tx)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	r, err := m.get(batchID)
+	if err != nil {
+		return nil, err
+	}
+	var out []backfill.StagedChunk
+	for i, c := range r.chunks {
+		if c.Status != chunkStaged {
+			continue
+		}
+		if owner, held := r.locked[i]; held && owner != ftx {
+			continue
+		}
+		r.locked[i] = ftx
+		seq := i
+		ftx.OnEnd(func() {
+			m.mu.Lock()
+			defer m.mu.Unlock()
+			if r.locked[seq] == ftx {
+				delete(r.locked, seq)
+			}
+		})
+		out = append(out, backfill.StagedChunk{Seq: i, Read: c.Read, Rejected: c.Rejected, Staged: r.staged[i]})
+	}
+	return out, nil
+}
