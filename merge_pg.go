@@ -2,10 +2,8 @@ package backfill
 
 import (
 	"context"
-	"crypto/sha256"
 	"database/sql"
 	"encoding/binary"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -82,23 +80,75 @@ func (m *PGMerger) Prepare(ctx context.Context, db sqlx.ExtContext, t Target) (T
 	if err := t.validate(); err != nil {
 		return TableInfo{}, err
 	}
+	oid, name, err := relation(ctx, db, t.Table)
+	if err != nil {
+		return TableInfo{}, err
+	}
+	// The canonical, schema-qualified name: "t" and "public.t" are one
+	// target, one plan. Parts holding a dot or a quote are quoted, so
+	// that the name parses back to this table and no other.
+	t.Table = name
+	table, err := tableColumns(ctx, db, oid)
+	if err != nil {
+		return TableInfo{}, fmt.Errorf("backfill: prepare %s: columns: %w", t.Table, err)
+	}
+	keys, err := uniqueIndexes(ctx, db, oid)
+	if err != nil {
+		return TableInfo{}, fmt.Errorf("backfill: prepare %s: indexes: %w", t.Table, err)
+	}
+	unique := make([][]string, len(keys))
+	for i, k := range keys {
+		unique[i] = k.Columns
+	}
+	info, err := ResolveTarget(t, table, unique)
+	if err == nil {
+		identity := slices.Sorted(slices.Values(info.identity()))
+		for _, k := range keys {
+			if slices.Equal(slices.Sorted(slices.Values([]string(k.Columns))), identity) {
+				info.keyIndexes = append(info.keyIndexes, k.Name)
+			}
+		}
+		if err := prepareDecide(ctx, db, oid, &info); err != nil { // merge_decide.go
+			return TableInfo{}, fmt.Errorf("backfill: prepare %s: partition root and deferrable constraints: %w", t.Table, err)
+		}
+		if t.Mode == History {
+			if info.openIndexes, err = openVersionIndexes(ctx, db, oid, info.Target.Key); err != nil {
+				return TableInfo{}, fmt.Errorf("backfill: prepare %s: partial indexes: %w", t.Table, err)
+			}
+		}
+	}
+	if errors.Is(err, ErrNoUniqueKey) {
+		identity := t.Key
+		if t.Mode == History {
+			identity = append(slices.Clone(t.Key), cmpOr(t.ValidFrom, "valid_from"))
+		}
+		return TableInfo{}, fmt.Errorf("%w; add one with CREATE UNIQUE INDEX ON %s (%s)", err, sqlgen.Table(t.Table), sqlgen.List("", identity))
+	}
+	return info, err
+}
+
+// relation finds table in the catalogs: its oid and its canonical,
+// schema-qualified name (sqlgen.Qualified). A table that does not exist
+// is [ErrTargetNotFound].
+func relation(ctx context.Context, db sqlx.ExtContext, table string) (oid int64, name string, err error) {
 	var rel []struct {
 		OID    int64  `db:"oid"`
 		Schema string `db:"nspname"`
 		Name   string `db:"relname"`
 	}
 	if err := sqlx.SelectContext(ctx, db, &rel, `SELECT c.oid::bigint AS oid, n.nspname, c.relname
-		FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = to_regclass($1)`, sqlgen.Table(t.Table)); err != nil {
-		return TableInfo{}, fmt.Errorf("backfill: prepare %s: %w", t.Table, err)
+		FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = to_regclass($1)`, sqlgen.Table(table)); err != nil {
+		return 0, "", fmt.Errorf("backfill: prepare %s: %w", table, err)
 	}
 	if len(rel) == 0 {
-		return TableInfo{}, fmt.Errorf("backfill: prepare: table %q: %w", t.Table, ErrTargetNotFound)
+		return 0, "", fmt.Errorf("backfill: prepare: table %q: %w", table, ErrTargetNotFound)
 	}
-	oid := sql.NullInt64{Int64: rel[0].OID, Valid: true}
-	// The canonical, schema-qualified name: "t" and "public.t" are one
-	// target, one plan. Parts holding a dot or a quote are quoted, so
-	// that the name parses back to this table and no other.
-	t.Table = sqlgen.Qualified(rel[0].Schema, rel[0].Name)
+	return rel[0].OID, sqlgen.Qualified(rel[0].Schema, rel[0].Name), nil
+}
+
+// tableColumns reads the columns of the table oid that a merge can write:
+// not generated, not GENERATED ALWAYS AS IDENTITY.
+func tableColumns(ctx context.Context, db sqlx.ExtContext, oid int64) ([]Column, error) {
 	var cols []struct {
 		Name      string `db:"attname"`
 		Type      string `db:"format_type"`
@@ -131,9 +181,9 @@ func (m *PGMerger) Prepare(ctx context.Context, db sqlx.ExtContext, t Target) (T
 		LEFT JOIN pg_collation co ON co.oid = a.attcollation
 		LEFT JOIN pg_namespace cn ON cn.oid = co.collnamespace
 		WHERE a.attrelid = $1 AND a.attnum > 0 AND NOT a.attisdropped
-		ORDER BY a.attnum`, oid.Int64)
+		ORDER BY a.attnum`, oid)
 	if err != nil {
-		return TableInfo{}, fmt.Errorf("backfill: prepare %s: columns: %w", t.Table, err)
+		return nil, err
 	}
 	var table []Column
 	for _, c := range cols {
@@ -155,52 +205,28 @@ func (m *PGMerger) Prepare(ctx context.Context, db sqlx.ExtContext, t Target) (T
 		}
 		table = append(table, col)
 	}
-	// Unique, valid, non-partial indexes on plain columns (PostgreSQL docs,
-	// 11.6 "Unique Indexes").
-	// Key columns only: INCLUDE columns (after indnkeyatts) do not count.
-	var keys []struct {
-		Name    string         `db:"name"`
-		Columns pq.StringArray `db:"columns"`
-	}
-	err = sqlx.SelectContext(ctx, db, &keys, `
+	return table, nil
+}
+
+// uniqueIndex is a unique index and its key columns, sorted.
+type uniqueIndex struct {
+	Name    string         `db:"name"`
+	Columns pq.StringArray `db:"columns"`
+}
+
+// uniqueIndexes reads the unique, valid, non-partial indexes on plain
+// columns of the table oid (PostgreSQL docs, 11.6 "Unique Indexes"): key
+// columns only, INCLUDE columns (after indnkeyatts) do not count.
+func uniqueIndexes(ctx context.Context, db sqlx.ExtContext, oid int64) ([]uniqueIndex, error) {
+	var keys []uniqueIndex
+	err := sqlx.SelectContext(ctx, db, &keys, `
 		SELECT c.relname AS name, array_agg(a.attname::text ORDER BY a.attname) AS columns
 		FROM pg_index i
 		JOIN pg_class c ON c.oid = i.indexrelid
 		JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY ((i.indkey::int2[])[0:i.indnkeyatts - 1])
 		WHERE i.indrelid = $1 AND i.indisunique AND i.indisvalid AND i.indpred IS NULL AND i.indexprs IS NULL
-		GROUP BY c.relname`, oid.Int64)
-	if err != nil {
-		return TableInfo{}, fmt.Errorf("backfill: prepare %s: indexes: %w", t.Table, err)
-	}
-	unique := make([][]string, len(keys))
-	for i, k := range keys {
-		unique[i] = k.Columns
-	}
-	info, err := ResolveTarget(t, table, unique)
-	if err == nil {
-		identity := slices.Sorted(slices.Values(info.identity()))
-		for _, k := range keys {
-			if slices.Equal(slices.Sorted(slices.Values([]string(k.Columns))), identity) {
-				info.keyIndexes = append(info.keyIndexes, k.Name)
-			}
-		}
-		if err := prepareDecide(ctx, db, oid.Int64, &info); err != nil { // merge_decide.go
-			return TableInfo{}, fmt.Errorf("backfill: prepare %s: partition root and deferrable constraints: %w", t.Table, err)
-		}
-		if t.Mode == History {
-			if info.openIndexes, err = openVersionIndexes(ctx, db, oid.Int64, info.Target.Key); err != nil {
-				return TableInfo{}, fmt.Errorf("backfill: prepare %s: partial indexes: %w", t.Table, err)
-			}
-		}
-	}
-	if errors.Is(err, ErrNoUniqueKey) {
-		identity := t.Key
-		if t.Mode == History {
-			identity = append(slices.Clone(t.Key), cmpOr(t.ValidFrom, "valid_from"))
-		}
-		return TableInfo{}, fmt.Errorf("%w; add one with CREATE UNIQUE INDEX ON %s (%s)", err, sqlgen.Table(t.Table), sqlgen.List("", identity))
-	}
-	return info, err
+		GROUP BY c.relname`, oid)
+	return keys, err
 }
 
 func cmpOr[T comparable](v, def T) T {
@@ -209,319 +235,6 @@ func cmpOr[T comparable](v, def T) T {
 		return def
 	}
 	return v
-}
-
-// pgMergeSQL is the generated SQL of one target shape. Statements that do
-// not apply to the mode are empty.
-type pgMergeSQL struct {
-	stage, create, copyIn, dupCheck string
-	// dedup deletes the rows that lose to another row of the same identity
-	// (Upsert, History).
-	dedup string
-	// inChunkConflicts lists (row, first row, differing columns, raw) of
-	// staged rows whose identity repeats with other content
-	// (AppendOnly, Keyless); sameDup lists rows identical to an earlier one.
-	inChunkConflicts string
-	// targetConflicts lists (row, differing columns, raw, existing) of
-	// staged rows whose key exists in the target with other content
-	// (AppendOnly, Keyless).
-	targetConflicts string
-	deleteRows      string
-	// upsert is the whole Upsert merge in one statement, returning
-	// (updated, inserted); insertAll the fast path's plain INSERT.
-	upsert, insertAll string
-	// replayCheck counts, without writing, what replaying the merge would
-	// insert and update (Upsert).
-	replayCheck string
-	// lockChanging locks the target rows the merge would change, before
-	// the statement that decides (merge_decide.go); "" when none can.
-	lockChanging string
-	update       string
-	insert       string
-	// closeIntervals recomputes, before the insert, valid_to of the
-	// touched keys' versions when the chunk adds versions (History);
-	// checkIntervals finds keys whose intervals overlap or leave a gap.
-	closeIntervals, checkIntervals string
-}
-
-func buildMergeSQL(info TableInfo) pgMergeSQL {
-	t := info.Target
-	undo := info.Chunk.UndoTable
-	names := make([]string, len(info.Columns))
-	var defs []string
-	h := sha256.New()
-	fmt.Fprintf(h, "%s\x00", t.Table)
-	for i, c := range info.Columns {
-		names[i] = c.Name
-		def := sqlgen.Ident(c.Name) + " " + c.Type
-		if c.Collation != "" {
-			// Staging compares and deduplicates keys as the target does.
-			def += " COLLATE " + c.Collation
-		}
-		defs = append(defs, def)
-		fmt.Fprintf(h, "%s\x00%s\x00%t\x00", c.Name, c.Type, c.Key)
-	}
-	// identity: what one target row is; content: what may change.
-	identity := slices.Clone(t.Key)
-	if t.Mode == History {
-		identity = append(identity, t.ValidFrom)
-	}
-	var content []string
-	for _, n := range names {
-		if !slices.Contains(identity, n) {
-			content = append(content, n)
-		}
-	}
-	// tracked: content that change detection compares. Library-filled
-	// metadata (ingestion time, hash) is written but never compared, and
-	// in Keyless mode the sources of derived keys are the key's raw forms:
-	// rows that differ only there are the same record (the first one seen
-	// is kept).
-	lineage := func(n string) bool {
-		return n != "" && (n == t.Lineage.InsertedBy || n == t.Lineage.UpdatedBy)
-	}
-	// written on update: the content but the batch that inserted the row.
-	setCols := slices.DeleteFunc(slices.Clone(content), func(n string) bool { return n != "" && n == t.Lineage.InsertedBy })
-	tracked := slices.DeleteFunc(slices.Clone(content), func(n string) bool {
-		if n == t.IngestedAt || n == t.HashColumn || lineage(n) {
-			return true
-		}
-		return t.Mode == Keyless && slices.ContainsFunc(t.Derive, func(r KeyRule) bool { return r.From == n })
-	})
-	compared := tracked
-	if t.HashColumn != "" {
-		compared = []string{t.HashColumn}
-	}
-	colType := map[string]Column{}
-	for _, c := range info.Columns {
-		colType[c.Name] = c
-	}
-	// Compared byte for byte (merge_decide.go): as text under "C" where
-	// the type's equality is looser than its stored form.
-	cmpExpr := func(alias, n string) string {
-		return exactCompare(colType[n], alias+"."+sqlgen.Ident(n))
-	}
-	rowOf := func(alias string, cols []string) string {
-		parts := make([]string, len(cols))
-		for i, n := range cols {
-			parts[i] = cmpExpr(alias, n)
-		}
-		return "ROW(" + strings.Join(parts, ", ") + ")"
-	}
-	distinct := func(a, b string) string {
-		if len(compared) == 0 {
-			return "false"
-		}
-		return rowOf(a, compared) + " IS DISTINCT FROM " + rowOf(b, compared)
-	}
-	// diffs names the tracked columns in which a and b differ.
-	diffs := func(a, b string) string {
-		if len(tracked) == 0 {
-			return "ARRAY[]::text[]"
-		}
-		parts := make([]string, len(tracked))
-		for i, n := range tracked {
-			parts[i] = fmt.Sprintf("CASE WHEN %s IS DISTINCT FROM %s THEN %s END", cmpExpr(a, n), cmpExpr(b, n), pq.QuoteLiteral(n))
-		}
-		return "array_remove(ARRAY[" + strings.Join(parts, ", ") + "]::text[], NULL)"
-	}
-	// rawOf renders a staged or target row as jsonb without our columns.
-	rawOf := func(alias string) string {
-		return fmt.Sprintf("(to_jsonb(%s.*) - '_backfill_row')::text", alias)
-	}
-
-	stage := "pg_temp." + sqlgen.Ident("backfill_stage_"+hex.EncodeToString(h.Sum(nil))[:16])
-	target := sqlgen.Table(t.Table)
-	var q pgMergeSQL
-	q.stage = stage
-	q.create = fmt.Sprintf(`CREATE TEMP TABLE IF NOT EXISTS %s (%s, _backfill_row bigint NOT NULL) ON COMMIT DELETE ROWS`,
-		stage[len("pg_temp."):], strings.Join(defs, ", "))
-	q.copyIn = fmt.Sprintf(`COPY %s (%s, _backfill_row) FROM STDIN`, stage, sqlgen.List("", names))
-	q.dupCheck = fmt.Sprintf(`SELECT EXISTS (SELECT 1 FROM %s GROUP BY %s HAVING count(*) > 1)`, stage, sqlgen.List("", identity))
-	q.deleteRows = fmt.Sprintf(`DELETE FROM %s WHERE _backfill_row = ANY ($1::bigint[])`, stage)
-	idEq := func(a, b string) string { return sqlgen.Equal(a, b, identity) }
-
-	switch t.Mode {
-	case Upsert, History:
-		order := "_backfill_row DESC"
-		switch {
-		case t.Conflict == NewerVersionWins:
-			order = fmt.Sprintf("%s DESC NULLS LAST, %s::text COLLATE \"C\" DESC, _backfill_row DESC", sqlgen.Ident(t.Version), rowOf("s", tracked))
-		case t.Duplicates == KeepFirst:
-			order = "_backfill_row ASC"
-		}
-		q.dedup = fmt.Sprintf(`DELETE FROM %[1]s WHERE _backfill_row IN (
-			SELECT _backfill_row FROM (
-				SELECT s._backfill_row, row_number() OVER (PARTITION BY %[2]s ORDER BY %[3]s) AS rn FROM %[1]s s) x
-			WHERE x.rn > 1)`, stage, sqlgen.List("s.", identity), order)
-	case AppendOnly, Keyless:
-		// First row per identity (AppendOnly keeps it; Keyless rejects the
-		// whole group when any two rows differ).
-		q.inChunkConflicts = fmt.Sprintf(`
-			WITH f AS (SELECT DISTINCT ON (%[2]s) * FROM %[1]s ORDER BY %[2]s, _backfill_row)
-			SELECT s._backfill_row AS row, f._backfill_row AS first_row, %[3]s AS diffs, %[4]s AS raw
-			FROM %[1]s s JOIN f ON %[5]s
-			WHERE EXISTS (SELECT 1 FROM %[1]s o WHERE %[6]s AND o._backfill_row <> s._backfill_row)
-			ORDER BY s._backfill_row`,
-			stage, sqlgen.List("", identity), diffs("s", "f"), rawOf("s"), idEq("s", "f"), idEq("o", "s"))
-		q.targetConflicts = fmt.Sprintf(`
-			SELECT s._backfill_row AS row, %[3]s AS diffs, %[4]s AS raw, (to_jsonb(t.*))::text AS existing
-			FROM %[1]s s JOIN %[2]s t ON %[5]s
-			WHERE %[6]s ORDER BY s._backfill_row`,
-			stage, target, diffs("s", "t"), rawOf("s"), idEq("t", "s"), distinct("t", "s"))
-	}
-
-	if t.Mode == Upsert {
-		// One statement, one index lookup per staged row: a materialised
-		// LEFT JOIN finds each row's target row and decides, then a
-		// data-modifying CTE updates the rows to change and another inserts
-		// the absent keys (PostgreSQL docs, 7.8.4 "Data-Modifying Statements
-		// in WITH"). Both see the same snapshot and touch disjoint keys.
-		apply := "false"
-		if t.Conflict != TargetWins && len(content) > 0 {
-			apply = "t." + sqlgen.Ident(t.Key[0]) + " IS NOT NULL AND " + distinct("t", "s")
-			if t.Conflict == NewerVersionWins {
-				v := sqlgen.Ident(t.Version)
-				apply += fmt.Sprintf(` AND (s.%[1]s > t.%[1]s OR (t.%[1]s IS NULL AND s.%[1]s IS NOT NULL)
-				OR (s.%[1]s IS NOT DISTINCT FROM t.%[1]s AND %[2]s::text COLLATE "C" > %[3]s::text COLLATE "C"))`,
-					v, rowOf("s", tracked), rowOf("t", tracked))
-			}
-		}
-		update := "SELECT WHERE false"
-		if apply != "false" {
-			// The rows the upsert would update, by its own predicate.
-			q.lockChanging = fmt.Sprintf(`SELECT count(*) FROM (SELECT 1 FROM %s s JOIN %s t ON %s WHERE %s FOR UPDATE OF t) x`,
-				stage, target, idEq("t", "s"), apply)
-			sets := make([]string, len(setCols))
-			for i, n := range setCols {
-				sets[i] = sqlgen.Ident(n) + " = j." + sqlgen.Ident(n)
-			}
-			update = fmt.Sprintf(`UPDATE %s t SET %s FROM j WHERE j._backfill_apply AND %s RETURNING 1`,
-				target, strings.Join(sets, ", "), idEq("t", "j"))
-		}
-		q.insertAll = fmt.Sprintf(`INSERT INTO %s (%s) SELECT %s FROM %s`, target, sqlgen.List("", names), sqlgen.List("", names), stage)
-		// What a replay of the merged staging rows would write, read-only.
-		q.replayCheck = fmt.Sprintf(`SELECT count(*) FILTER (WHERE t.%[3]s IS NULL) AS inserted,
-				count(*) FILTER (WHERE coalesce(%[4]s, false)) AS updated,
-				count(*) FILTER (WHERE t.%[3]s IS NOT NULL AND NOT coalesce(%[4]s, false)) AS unchanged
-			FROM %[1]s s LEFT JOIN %[2]s t ON %[5]s`,
-			stage, target, sqlgen.Ident(t.Key[0]), apply, idEq("t", "s"))
-		before, undoCTEs := "", ""
-		if undo != "" {
-			// The undo log: the prior image of every row updated, in the
-			// same statement and transaction. Inserted rows are not logged:
-			// their lineage (InsertedBy) finds them.
-			before = fmt.Sprintf(", CASE WHEN coalesce(%s, false) THEN to_jsonb(t.*) END AS _backfill_before", apply)
-			undoCTEs = fmt.Sprintf(`,
-			uu AS (INSERT INTO %[1]s (batch_id, seq, op, key, before) SELECT $1::bigint, $2::int, 'update', %[2]s, j._backfill_before FROM j WHERE j._backfill_apply)`,
-				undo, keyJSON("j", identity))
-		}
-		// The outer SELECT reads j first, in full: every lookup into the
-		// target is done before u or i writes to it.
-		q.upsert = fmt.Sprintf(`WITH j AS MATERIALIZED (
-				SELECT s.*, t.%[4]s IS NOT NULL AS _backfill_found, coalesce(%[5]s, false) AS _backfill_apply%[9]s
-				FROM %[1]s s LEFT JOIN %[2]s t ON %[6]s),
-			u AS (%[7]s),
-			i AS (INSERT INTO %[2]s (%[3]s) SELECT %[8]s FROM j WHERE NOT j._backfill_found RETURNING 1)%[10]s
-			SELECT (SELECT count(*) FROM j WHERE j._backfill_found AND NOT j._backfill_apply) AS unchanged,
-				(SELECT count(*) FROM u) AS updated, (SELECT count(*) FROM i) AS inserted`,
-			stage, target, sqlgen.List("", names), sqlgen.Ident(t.Key[0]), apply, idEq("t", "s"), update, sqlgen.List("j.", names),
-			before, undoCTEs)
-	}
-	if t.Mode == History && len(setCols) > 0 {
-		sets := make([]string, len(setCols))
-		for i, n := range setCols {
-			sets[i] = sqlgen.Ident(n) + " = s." + sqlgen.Ident(n)
-		}
-		with := ""
-		if undo != "" {
-			with = fmt.Sprintf(`WITH b AS (INSERT INTO %s (batch_id, seq, op, key, before)
-				SELECT $1::bigint, $2::int, 'update', %s, to_jsonb(t.*) FROM %s t JOIN %s s ON %s WHERE %s) `,
-				undo, keyJSON("t", identity), target, stage, idEq("t", "s"), distinct("t", "s"))
-		}
-		q.update = fmt.Sprintf(`%sUPDATE %s t SET %s FROM %s s WHERE %s AND %s`,
-			with, target, strings.Join(sets, ", "), stage, idEq("t", "s"), distinct("t", "s"))
-		if len(compared) > 0 {
-			// The rows the update would change (merge_decide.go).
-			q.lockChanging = fmt.Sprintf(`SELECT count(*) FROM (SELECT 1 FROM %s s JOIN %s t ON %s WHERE %s FOR UPDATE OF t) x`,
-				stage, target, idEq("t", "s"), distinct("t", "s"))
-		}
-	}
-
-	if t.Mode == History {
-		key := sqlgen.List("", t.Key)
-		vf, vt := sqlgen.Ident(t.ValidFrom), sqlgen.Ident(t.ValidTo)
-		// A new version ends where the next version of its key starts, in
-		// the target or in this chunk: the next valid_from among the
-		// chunk's versions and the target's versions of the chunk's keys,
-		// one sort of both (a window, PostgreSQL docs, 3.5 "Window
-		// Functions"), not a lookup per staged row into staging, which
-		// made a History chunk quadratic (20,000 rows took 13 s).
-		// keyRows: the target's rows of the chunk's keys, one index lookup
-		// per distinct key. LATERAL with OFFSET 0 (which keeps the
-		// subquery from being pulled up into a plain join) keeps the keys
-		// on the outer side: as a semi-join or a join, the planner, which
-		// has no statistics on staging (it guesses 200 distinct keys),
-		// scanned the whole target in index order against every staged key
-		// to save the window's sort, quadratic in the chunk.
-		keyRows := fmt.Sprintf(`(SELECT t.* FROM (SELECT DISTINCT %[1]s FROM %[2]s) k CROSS JOIN LATERAL (SELECT * FROM %[3]s t WHERE %[4]s OFFSET 0) t)`,
-			key, stage, target, sqlgen.Equal("t", "k", t.Key))
-		q.insert = fmt.Sprintf(`INSERT INTO %[1]s (%[3]s, %[7]s)
-			SELECT %[4]s, u._backfill_next FROM (
-				SELECT z.*, lead(z.%[6]s) OVER (PARTITION BY %[8]s ORDER BY z.%[6]s) AS _backfill_next FROM (
-					SELECT %[9]s, true AS _backfill_staged FROM %[2]s s
-					UNION ALL
-					SELECT %[10]s, false FROM %[11]s v) z) u
-			WHERE u._backfill_staged AND NOT EXISTS (SELECT 1 FROM %[1]s t WHERE %[5]s OFFSET 0)`,
-			target, stage, sqlgen.List("", names), sqlgen.List("u.", names), idEq("t", "u"), vf, vt,
-			sqlgen.List("z.", t.Key), sqlgen.List("s.", names), sqlgen.List("v.", names), keyRows)
-		lineageSet, undoCTE := "", ""
-		if t.Lineage.UpdatedBy != "" {
-			// Closing an interval is a change by this batch.
-			lineageSet = fmt.Sprintf(", %[1]s = (SELECT s.%[1]s FROM %[2]s s LIMIT 1)", sqlgen.Ident(t.Lineage.UpdatedBy), stage)
-		}
-		if undo != "" {
-			undoCTE = fmt.Sprintf(`, b AS (INSERT INTO %s (batch_id, seq, op, key, before)
-				SELECT $1::bigint, $2::int, 'update', %s, to_jsonb(t.*) FROM %s t JOIN x ON %s AND t.%s = x.%s
-				WHERE t.%s IS DISTINCT FROM x._backfill_next_from)`,
-				undo, keyJSON("t", identity), target, sqlgen.Equal("t", "x", t.Key), vf, vf, vt)
-		}
-		// Before the insert: the target's versions of the chunk's keys end
-		// where the next version starts, among them and the chunk's new
-		// versions (_backfill_new, those absent from the target; nothing changes when
-		// there are none). Closing first means the new last version is
-		// inserted after the old one was closed: a target with one open
-		// version per key (a partial unique index on the key WHERE valid_to
-		// IS NULL) never holds two.
-		q.closeIntervals = fmt.Sprintf(`WITH _backfill_new AS MATERIALIZED (SELECT %[3]s, %[4]s FROM %[9]s s WHERE NOT EXISTS (SELECT 1 FROM %[1]s t WHERE %[10]s OFFSET 0)),
-			x AS (SELECT %[3]s, %[4]s, lead(%[4]s) OVER (PARTITION BY %[3]s ORDER BY %[4]s) AS _backfill_next_from FROM (
-				SELECT %[3]s, %[4]s FROM _backfill_new UNION ALL SELECT %[3]s, %[4]s FROM %[2]s v WHERE EXISTS (SELECT FROM _backfill_new)) _backfill_z)%[8]s
-			UPDATE %[1]s t SET %[5]s = x._backfill_next_from%[7]s FROM x
-			WHERE %[6]s AND t.%[4]s = x.%[4]s AND t.%[5]s IS DISTINCT FROM x._backfill_next_from`,
-			target, keyRows, key, vf, vt, sqlgen.Equal("t", "x", t.Key), lineageSet, undoCTE, stage, idEq("t", "s"))
-		q.checkIntervals = fmt.Sprintf(`SELECT DISTINCT %[2]s FROM (
-				SELECT %[2]s, %[3]s, %[4]s, lead(%[3]s) OVER (PARTITION BY %[2]s ORDER BY %[3]s) AS _backfill_next_from
-				FROM %[1]s v) x
-			WHERE %[4]s IS DISTINCT FROM _backfill_next_from OR %[4]s <= %[3]s LIMIT 5`,
-			keyRows, key, vf, vt)
-	} else {
-		// OFFSET 0 keeps NOT EXISTS a lookup per staged row through the
-		// unique index: as an anti-join the planner may read the whole
-		// target once and compare it with every staged row.
-		q.insert = fmt.Sprintf(`INSERT INTO %s (%s) SELECT %s FROM %s s WHERE NOT EXISTS (SELECT 1 FROM %s t WHERE %s OFFSET 0)`,
-			target, sqlgen.List("", names), sqlgen.List("s.", names), stage, target, idEq("t", "s"))
-	}
-	return q
-}
-
-// keyJSON builds a jsonb object of the identity columns of alias, the
-// undo log's key.
-func keyJSON(alias string, identity []string) string {
-	parts := make([]string, len(identity))
-	for i, n := range identity {
-		parts[i] = pq.QuoteLiteral(n) + ", " + alias + "." + sqlgen.Ident(n)
-	}
-	return "jsonb_build_object(" + strings.Join(parts, ", ") + ")"
 }
 
 // affected runs an INSERT (plain, or a WITH i AS (...) statement that
@@ -569,11 +282,7 @@ func (m *PGMerger) Stage(ctx context.Context, tx sqlx.ExtContext, info TableInfo
 		return nil, fmt.Errorf("backfill: stage %s: copy: %w", info.Target.Table, err)
 	}
 	st := &pgStager{m: m, tx: tx, info: info, q: q, copy: stmt, buf: make([]any, len(info.Columns)+1), track: true, seed: maphash.MakeSeed()}
-	identity := slices.Clone(info.Target.Key)
-	if info.Target.Mode == History {
-		identity = append(identity, info.Target.ValidFrom)
-	}
-	for _, name := range identity {
+	for _, name := range info.identity() {
 		i := slices.IndexFunc(info.Columns, func(c Column) bool { return c.Name == name })
 		st.identity = append(st.identity, i)
 		if c := info.Columns[i]; !goEqualIsPGEqual[c.BaseType] || c.Collation != "" {
@@ -743,6 +452,11 @@ func (s *pgStager) exec(ctx context.Context, what, query string, args ...any) (i
 	return n, nil
 }
 
+// Merge implements [Stager.Merge] in phases: end the COPY, take the key
+// locks and the planner settings (beginMerge), settle the rows whose
+// identity repeats in the chunk (settleDuplicates), drop the rows that
+// conflict with the target (dropTargetConflicts), then write the rest
+// (mergeRefusing, which isolates rows the target refuses).
 func (s *pgStager) Merge(ctx context.Context) (_ MergeResult, err error) {
 	if s.done {
 		return MergeResult{}, ErrWriterClosed
@@ -756,12 +470,9 @@ func (s *pgStager) Merge(ctx context.Context) (_ MergeResult, err error) {
 	if s.staged == 0 {
 		return res, nil
 	}
-	if err := s.lockKeys(ctx); err != nil {
-		return res, fmt.Errorf("backfill: merge %s: lock keys: %w", t.Table, err)
-	}
-	restore, err := s.plannerSettings(ctx)
+	restore, err := s.beginMerge(ctx)
 	if err != nil {
-		return res, fmt.Errorf("backfill: merge %s: planner settings: %w", t.Table, err)
+		return res, err
 	}
 	defer func() {
 		if err == nil {
@@ -770,82 +481,132 @@ func (s *pgStager) Merge(ctx context.Context) (_ MergeResult, err error) {
 			}
 		}
 	}()
-	dup := false
+	dup, err := s.settleDuplicates(ctx, &res)
+	if err != nil {
+		return res, err
+	}
+	if err := s.dropTargetConflicts(ctx, &res); err != nil {
+		return res, err
+	}
+	return s.mergeRefusing(ctx, res, dup)
+}
+
+// beginMerge locks the chunk's keys (merge_lock.go) and sets the
+// planner settings of the merge's statements; restore undoes those not
+// meant to outlast the merge.
+func (s *pgStager) beginMerge(ctx context.Context) (restore func(context.Context) error, err error) {
+	t := s.info.Target
+	if err := s.lockKeys(ctx); err != nil {
+		return nil, fmt.Errorf("backfill: merge %s: lock keys: %w", t.Table, err)
+	}
+	restore, err = s.plannerSettings(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("backfill: merge %s: planner settings: %w", t.Table, err)
+	}
+	return restore, nil
+}
+
+// settleDuplicates finds whether an identity repeats in staging (asking
+// SQL only when the in-Go tracking could not rule it out) and, if so,
+// deletes the losing rows (Upsert, History) or sorts the repeated rows
+// into kept, duplicates and rejected (AppendOnly, Keyless). dup reports
+// whether an identity repeated.
+func (s *pgStager) settleDuplicates(ctx context.Context, res *MergeResult) (dup bool, err error) {
+	t := s.info.Target
 	if !s.track || s.maybeDup {
 		if err := sqlx.GetContext(ctx, s.tx, &dup, s.q.dupCheck); err != nil {
-			return res, fmt.Errorf("backfill: merge %s: duplicate check: %w", t.Table, err)
+			return false, fmt.Errorf("backfill: merge %s: duplicate check: %w", t.Table, err)
 		}
 	}
 	s.releaseKeys()
-	var drop []int64
-	if dup && s.q.dedup != "" {
+	if !dup {
+		return false, nil
+	}
+	if s.q.dedup != "" {
 		n, err := s.exec(ctx, "deduplicate", s.q.dedup)
 		if err != nil {
-			return res, err
+			return true, err
 		}
 		res.Deduplicated = n
 	}
-	if dup && s.q.inChunkConflicts != "" {
-		var cs []pgConflict
-		if err := sqlx.SelectContext(ctx, s.tx, &cs, s.q.inChunkConflicts); err != nil {
-			return res, fmt.Errorf("backfill: merge %s: duplicates in chunk: %w", t.Table, err)
-		}
-		// Rows of one identity: in AppendOnly the first row wins, later
-		// identical rows are duplicates and later different rows conflicts;
-		// in Keyless any difference makes every row of the group ambiguous.
-		ambiguous := map[int64][]string{} // first row -> columns that differ in the group
-		for _, c := range cs {
-			for _, d := range c.Diffs {
-				if !slices.Contains(ambiguous[c.FirstRow], d) {
-					ambiguous[c.FirstRow] = append(ambiguous[c.FirstRow], d)
-				}
-			}
-		}
-		for _, c := range cs {
-			switch {
-			case t.Mode == Keyless && len(ambiguous[c.FirstRow]) > 0:
-				res.Rejected = append(res.Rejected, Exception{Row: c.Row, Raw: json.RawMessage(c.Raw), Column: strings.Join(ambiguous[c.FirstRow], ","),
-					Value: keyText(t.Key, c.Raw), Reason: fmt.Sprintf("ambiguous derived key: rows %d and others share it with different content", c.FirstRow)})
-				drop = append(drop, c.Row)
-			case c.Row == c.FirstRow:
-				// AppendOnly keeps the first row; Keyless keeps one of identical rows.
-			case len(c.Diffs) == 0:
-				res.Deduplicated++
-				drop = append(drop, c.Row)
-			default:
-				res.Rejected = append(res.Rejected, Exception{Row: c.Row, Raw: json.RawMessage(c.Raw), Column: strings.Join(c.Diffs, ","),
-					Value: keyText(t.Key, c.Raw), Reason: fmt.Sprintf("conflicting content for event of row %d in the same chunk: %s differ", c.FirstRow, strings.Join(c.Diffs, ", "))})
-				drop = append(drop, c.Row)
-			}
-		}
+	if s.q.inChunkConflicts == "" {
+		return true, nil
 	}
+	var cs []pgConflict
+	if err := sqlx.SelectContext(ctx, s.tx, &cs, s.q.inChunkConflicts); err != nil {
+		return true, fmt.Errorf("backfill: merge %s: duplicates in chunk: %w", t.Table, err)
+	}
+	drop := inChunkConflicts(t, cs, res)
 	if len(drop) > 0 {
 		if _, err := s.exec(ctx, "drop rows", s.q.deleteRows, pq.Array(drop)); err != nil {
-			return res, err
+			return true, err
 		}
-		drop = drop[:0]
 	}
-	if s.q.targetConflicts != "" {
-		var cs []pgConflict
-		if err := sqlx.SelectContext(ctx, s.tx, &cs, s.q.targetConflicts); err != nil {
-			return res, fmt.Errorf("backfill: merge %s: conflicts with target: %w", t.Table, err)
-		}
-		for _, c := range cs {
-			reason := "conflicting content for existing event: " + strings.Join(c.Diffs, ", ") + " differ"
-			if t.Mode == Keyless {
-				reason = "ambiguous derived key: an existing row has the same key with different " + strings.Join(c.Diffs, ", ")
+	return true, nil
+}
+
+// inChunkConflicts sorts the rows of repeated identities: in AppendOnly
+// the first row wins, later identical rows are duplicates and later
+// different rows conflicts; in Keyless any difference makes every row of
+// the group ambiguous. It counts duplicates and rejects into res and
+// returns the rows to drop from staging.
+func inChunkConflicts(t Target, cs []pgConflict, res *MergeResult) (drop []int64) {
+	ambiguous := map[int64][]string{} // first row -> columns that differ in the group
+	for _, c := range cs {
+		for _, d := range c.Diffs {
+			if !slices.Contains(ambiguous[c.FirstRow], d) {
+				ambiguous[c.FirstRow] = append(ambiguous[c.FirstRow], d)
 			}
-			raw := json.RawMessage(fmt.Sprintf(`{"staged": %s, "existing": %s}`, c.Raw, c.Existing.String))
-			res.Rejected = append(res.Rejected, Exception{Row: c.Row, Raw: raw, Column: strings.Join(c.Diffs, ","), Value: keyText(t.Key, c.Raw), Reason: reason})
+		}
+	}
+	for _, c := range cs {
+		switch {
+		case t.Mode == Keyless && len(ambiguous[c.FirstRow]) > 0:
+			res.Rejected = append(res.Rejected, Exception{Row: c.Row, Raw: json.RawMessage(c.Raw), Column: strings.Join(ambiguous[c.FirstRow], ","),
+				Value: keyText(t.Key, c.Raw), Reason: fmt.Sprintf("ambiguous derived key: rows %d and others share it with different content", c.FirstRow)})
+			drop = append(drop, c.Row)
+		case c.Row == c.FirstRow:
+			// AppendOnly keeps the first row; Keyless keeps one of identical rows.
+		case len(c.Diffs) == 0:
+			res.Deduplicated++
+			drop = append(drop, c.Row)
+		default:
+			res.Rejected = append(res.Rejected, Exception{Row: c.Row, Raw: json.RawMessage(c.Raw), Column: strings.Join(c.Diffs, ","),
+				Value: keyText(t.Key, c.Raw), Reason: fmt.Sprintf("conflicting content for event of row %d in the same chunk: %s differ", c.FirstRow, strings.Join(c.Diffs, ", "))})
 			drop = append(drop, c.Row)
 		}
-		if len(drop) > 0 {
-			if _, err := s.exec(ctx, "drop conflicts", s.q.deleteRows, pq.Array(drop)); err != nil {
-				return res, err
-			}
+	}
+	return drop
+}
+
+// dropTargetConflicts rejects and drops from staging the rows whose
+// identity exists in the target with other content (AppendOnly,
+// Keyless).
+func (s *pgStager) dropTargetConflicts(ctx context.Context, res *MergeResult) error {
+	t := s.info.Target
+	if s.q.targetConflicts == "" {
+		return nil
+	}
+	var cs []pgConflict
+	if err := sqlx.SelectContext(ctx, s.tx, &cs, s.q.targetConflicts); err != nil {
+		return fmt.Errorf("backfill: merge %s: conflicts with target: %w", t.Table, err)
+	}
+	var drop []int64
+	for _, c := range cs {
+		reason := "conflicting content for existing event: " + strings.Join(c.Diffs, ", ") + " differ"
+		if t.Mode == Keyless {
+			reason = "ambiguous derived key: an existing row has the same key with different " + strings.Join(c.Diffs, ", ")
+		}
+		raw := json.RawMessage(fmt.Sprintf(`{"staged": %s, "existing": %s}`, c.Raw, c.Existing.String))
+		res.Rejected = append(res.Rejected, Exception{Row: c.Row, Raw: raw, Column: strings.Join(c.Diffs, ","), Value: keyText(t.Key, c.Raw), Reason: reason})
+		drop = append(drop, c.Row)
+	}
+	if len(drop) > 0 {
+		if _, err := s.exec(ctx, "drop conflicts", s.q.deleteRows, pq.Array(drop)); err != nil {
+			return err
 		}
 	}
-	return s.mergeRefusing(ctx, res, dup)
+	return nil
 }
 
 // mergeStaged writes the n rows in staging into the target (deduplicated,
@@ -872,32 +633,8 @@ func (s *pgStager) mergeStaged(ctx context.Context, n int64, dup bool) (res Merg
 	if err := s.lockChanging(ctx); err != nil {
 		return res, err
 	}
-	if s.q.upsert != "" {
-		var c struct {
-			Updated   int64 `db:"updated"`
-			Inserted  int64 `db:"inserted"`
-			Unchanged int64 `db:"unchanged"`
-		}
-		if err := sqlx.GetContext(ctx, s.tx, &c, s.q.upsert, s.args(s.q.upsert)...); err != nil {
-			return res, fmt.Errorf("backfill: merge %s: upsert: %w", t.Table, s.classify(err))
-		}
-		res.Updated, res.Inserted = c.Updated, c.Inserted
-		// Counted, not inferred: a trigger that drops rows (a BEFORE
-		// trigger returning NULL) must not pass for "unchanged".
-		if merged := n; c.Updated+c.Inserted+c.Unchanged != merged {
-			return res, fmt.Errorf("backfill: merge %s: %w: %d rows to merge, but %d inserted + %d updated + %d unchanged (a trigger or rule on the target skipped or added rows?)",
-				t.Table, ErrAccounting, merged, c.Inserted, c.Updated, c.Unchanged)
-		}
-	} else {
-		if res.Updated, err = s.exec(ctx, "update", s.q.update); err != nil {
-			return res, err
-		}
-		if res.Closed, err = s.exec(ctx, "close intervals", s.q.closeIntervals); err != nil {
-			return res, err
-		}
-		if res.Inserted, err = s.affected(ctx, "insert", s.q.insert); err != nil {
-			return res, err
-		}
+	if err := s.writeStaged(ctx, n, &res); err != nil {
+		return res, err
 	}
 	// Deferred constraints fire here, inside the caller's savepoint
 	// (merge_decide.go).
@@ -905,22 +642,8 @@ func (s *pgStager) mergeStaged(ctx context.Context, n int64, dup bool) (res Merg
 		return res, err
 	}
 	if res.Inserted > 0 && s.q.closeIntervals != "" {
-		var bad []string
-		rows, err := s.tx.QueryxContext(ctx, s.q.checkIntervals)
-		if err != nil {
-			return res, fmt.Errorf("backfill: merge %s: check intervals: %w", t.Table, err)
-		}
-		for rows.Next() {
-			vals, err := rows.SliceScan()
-			if err != nil {
-				rows.Close()
-				return res, err
-			}
-			bad = append(bad, fmt.Sprint(vals...))
-		}
-		rows.Close()
-		if len(bad) > 0 {
-			return res, historyRace(t.Table, bad)
+		if err := s.checkIntervals(ctx); err != nil {
+			return res, err
 		}
 	}
 	if s.q.upsert != "" {
@@ -934,6 +657,70 @@ func (s *pgStager) mergeStaged(ctx context.Context, n int64, dup bool) (res Merg
 		return res, err
 	}
 	return res, nil
+}
+
+// writeStaged runs the mode's writing statements on the n staged rows:
+// the one Upsert statement, or update, close intervals (History) and
+// insert.
+func (s *pgStager) writeStaged(ctx context.Context, n int64, res *MergeResult) (err error) {
+	if s.q.upsert != "" {
+		return s.upsertStaged(ctx, n, res)
+	}
+	if res.Updated, err = s.exec(ctx, "update", s.q.update); err != nil {
+		return err
+	}
+	if res.Closed, err = s.exec(ctx, "close intervals", s.q.closeIntervals); err != nil {
+		return err
+	}
+	res.Inserted, err = s.affected(ctx, "insert", s.q.insert)
+	return err
+}
+
+// upsertStaged runs the Upsert merge of the n staged rows in one
+// statement and checks its accounting: counted, not inferred, so that a
+// trigger that drops rows (a BEFORE trigger returning NULL) does not pass
+// for "unchanged".
+func (s *pgStager) upsertStaged(ctx context.Context, n int64, res *MergeResult) error {
+	t := s.info.Target
+	var c struct {
+		Updated   int64 `db:"updated"`
+		Inserted  int64 `db:"inserted"`
+		Unchanged int64 `db:"unchanged"`
+	}
+	if err := sqlx.GetContext(ctx, s.tx, &c, s.q.upsert, s.args(s.q.upsert)...); err != nil {
+		return fmt.Errorf("backfill: merge %s: upsert: %w", t.Table, s.classify(err))
+	}
+	res.Updated, res.Inserted = c.Updated, c.Inserted
+	if c.Updated+c.Inserted+c.Unchanged != n {
+		return fmt.Errorf("backfill: merge %s: %w: %d rows to merge, but %d inserted + %d updated + %d unchanged (a trigger or rule on the target skipped or added rows?)",
+			t.Table, ErrAccounting, n, c.Inserted, c.Updated, c.Unchanged)
+	}
+	return nil
+}
+
+// checkIntervals fails the merge with historyRace when the versions of
+// the chunk's keys overlap or leave a gap after it inserted versions
+// (History): a concurrent writer of the same keys.
+func (s *pgStager) checkIntervals(ctx context.Context) error {
+	t := s.info.Target
+	var bad []string
+	rows, err := s.tx.QueryxContext(ctx, s.q.checkIntervals)
+	if err != nil {
+		return fmt.Errorf("backfill: merge %s: check intervals: %w", t.Table, err)
+	}
+	for rows.Next() {
+		vals, err := rows.SliceScan()
+		if err != nil {
+			rows.Close()
+			return err
+		}
+		bad = append(bad, fmt.Sprint(vals...))
+	}
+	rows.Close()
+	if len(bad) > 0 {
+		return historyRace(t.Table, bad)
+	}
+	return nil
 }
 
 // plannerSettings sets, in the chunk's transaction, the settings the

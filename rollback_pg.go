@@ -3,7 +3,6 @@ package backfill
 import (
 	"context"
 	"fmt"
-	"strings"
 
 	"github.com/jmoiron/sqlx"
 	"github.com/lib/pq"
@@ -37,7 +36,7 @@ type pgRollback struct {
 
 func newPGRollback(m sqlManifest, info TableInfo) *pgRollback {
 	return &pgRollback{m: m, info: info, target: sqlgen.Table(info.Target.Table), undo: m.UndoTable(),
-		identity: info.identity(), updated: sqlgen.Ident(info.Target.Lineage.UpdatedBy), inserted: sqlgen.Ident(info.Target.Lineage.InsertedBy)}
+		identity: info.Compared().Identity, updated: sqlgen.Ident(info.Target.Lineage.UpdatedBy), inserted: sqlgen.Ident(info.Target.Lineage.InsertedBy)}
 }
 
 // load reads the target's updatable columns (not generated, not identity
@@ -64,31 +63,6 @@ func (rb *pgRollback) load(ctx context.Context, db sqlx.ExtContext) error {
 	return nil
 }
 
-// keyRecord is a FROM item reading the jsonb expression j (a logged key)
-// as a record named alias of the identity columns only, typed as in the
-// target. Not jsonb_populate_record(NULL::target, j): that builds a whole
-// target row, and a column of a NOT NULL domain (CREATE DOMAIN d AS text
-// NOT NULL) refuses the NULL it would get, failing every rollback and
-// preview.
-func (rb *pgRollback) keyRecord(j, alias string) string {
-	defs := make([]string, len(rb.identity))
-	for i, n := range rb.identity {
-		defs[i] = sqlgen.Ident(n) + " " + rb.keyTypes[n]
-	}
-	return fmt.Sprintf("jsonb_to_record(%s) AS %s(%s)", j, alias, strings.Join(defs, ", "))
-}
-
-func (rb *pgRollback) match() string { return sqlgen.Equal("t", "r", rb.identity) }
-
-// entries is the undo log with key arrays ("inserts") expanded to one row
-// per inserted key: (batch_id, seq, id, op, key, before).
-func (rb *pgRollback) entries() string {
-	return fmt.Sprintf(`(SELECT u.batch_id, u.seq, u.id, 'insert' AS op, e.key, NULL::jsonb AS before
-		FROM %[1]s u CROSS JOIN LATERAL jsonb_array_elements(u.key) AS e(key) WHERE u.op = 'inserts'
-		UNION ALL
-		SELECT u.batch_id, u.seq, u.id, u.op, u.key, u.before FROM %[1]s u WHERE u.op IN ('insert', 'update'))`, rb.undo)
-}
-
 // conflicts counts the rows the batch (or one chunk of it) changed that a
 // later batch changed again: rows of the undo log, and rows it inserted
 // (found by lineage), with up to 100 of them and the batch that last
@@ -101,14 +75,7 @@ func (rb *pgRollback) conflicts(ctx context.Context, db sqlx.ExtContext, batch i
 		By  int64  `db:"by"`
 	}
 	filter, fargs := rb.insertedFilter(chunk, 4)
-	err := sqlx.SelectContext(ctx, db, &rows, fmt.Sprintf(`WITH c AS (
-			SELECT DISTINCT u.key, t.%[4]s AS by FROM %[1]s u CROSS JOIN LATERAL %[8]s
-			JOIN %[2]s t ON %[3]s
-			WHERE u.batch_id = $1 AND u.seq = ANY ($2::int[]) AND t.%[4]s IS DISTINCT FROM $1 AND NOT coalesce(t.%[4]s = ANY ($3::bigint[]), false)
-			UNION
-			SELECT %[6]s, t.%[4]s FROM %[2]s t WHERE t.%[5]s = $1 AND t.%[4]s IS DISTINCT FROM $1 AND NOT coalesce(t.%[4]s = ANY ($3::bigint[]), false) AND %[7]s)
-		SELECT (SELECT count(*) FROM c) AS n, c.key::text AS key, coalesce(c.by, 0) AS by FROM c ORDER BY c.key::text LIMIT 100`,
-		rb.entries(), rb.target, rb.match(), rb.updated, rb.inserted, keyJSON("t", rb.identity), filter, rb.keyRecord("u.key", "r")),
+	err := sqlx.SelectContext(ctx, db, &rows, rb.conflictsSQL(filter),
 		append([]any{batch, pq.Array(seqs), pq.Array(append([]int64{}, exclude...))}, fargs...)...)
 	if err != nil {
 		return 0, nil, fmt.Errorf("backfill: rollback %s: conflicts: %w", rb.info.Target.Table, err)
@@ -131,14 +98,7 @@ func (rb *pgRollback) preview(ctx context.Context, db sqlx.ExtContext, batch int
 		Restored int64 `db:"restored"`
 	}
 	filter, fargs := rb.insertedFilter(chunk, 4)
-	err = sqlx.GetContext(ctx, db, &n, fmt.Sprintf(`SELECT
-			(SELECT count(*) FROM %[2]s t WHERE t.%[5]s = $1 AND (t.%[4]s IS NOT DISTINCT FROM $1 OR $3) AND %[6]s) +
-			count(DISTINCT u.key) FILTER (WHERE u.op = 'insert') AS deleted,
-			count(DISTINCT u.key) FILTER (WHERE u.op = 'update') AS restored
-		FROM %[1]s u CROSS JOIN LATERAL %[7]s
-		JOIN %[2]s t ON %[3]s
-		WHERE u.batch_id = $1 AND u.seq = ANY ($2::int[]) AND (t.%[4]s IS NOT DISTINCT FROM $1 OR $3)`,
-		rb.entries(), rb.target, rb.match(), rb.updated, rb.inserted, filter, rb.keyRecord("u.key", "r")), append([]any{batch, pq.Array(seqs), force}, fargs...)...)
+	err = sqlx.GetContext(ctx, db, &n, rb.previewSQL(filter), append([]any{batch, pq.Array(seqs), force}, fargs...)...)
 	if err != nil {
 		return 0, 0, fmt.Errorf("backfill: rollback %s: preview: %w", rb.info.Target.Table, err)
 	}
@@ -160,26 +120,12 @@ func (rb *pgRollback) chunk(ctx context.Context, db sqlx.ExtContext, batch int64
 		if len(status) == 0 || status[0] != string(ChunkDone) && status[0] != string(ChunkOpen) {
 			return nil
 		}
-		sets := make([]string, len(rb.columns))
-		for i, c := range rb.columns {
-			sets[i] = "r." + sqlgen.Ident(c)
-		}
-		// The earliest prior image of each row in the chunk: the state
-		// before the chunk touched it.
-		res, err := tx.ExecContext(ctx, fmt.Sprintf(`UPDATE %[2]s t SET (%[5]s) = ROW(%[6]s)
-			FROM (SELECT DISTINCT ON (u.key) u.key, u.before FROM %[1]s u
-				WHERE u.batch_id = $1 AND u.seq = $2 AND u.op = 'update' ORDER BY u.key, u.id) u
-			CROSS JOIN LATERAL jsonb_populate_record(NULL::%[2]s, u.before) r
-			WHERE %[3]s AND (t.%[4]s IS NOT DISTINCT FROM $1 OR $3)`,
-			rb.undo, rb.target, rb.match(), rb.updated, sqlgen.List("", rb.columns), strings.Join(sets, ", ")), batch, seq, force)
+		res, err := tx.ExecContext(ctx, rb.restoreSQL(), batch, seq, force)
 		if err != nil {
 			return fmt.Errorf("restore: %w", err)
 		}
 		restored, _ = res.RowsAffected()
-		res, err = tx.ExecContext(ctx, fmt.Sprintf(`DELETE FROM %[2]s t
-			USING %[1]s u CROSS JOIN LATERAL %[5]s
-			WHERE u.batch_id = $1 AND u.seq = $2 AND u.op = 'insert' AND %[3]s AND (t.%[4]s IS NOT DISTINCT FROM $1 OR $3)`,
-			rb.entries(), rb.target, rb.match(), rb.updated, rb.keyRecord("u.key", "r")), batch, seq, force)
+		res, err = tx.ExecContext(ctx, rb.deleteLoggedSQL(), batch, seq, force)
 		if err != nil {
 			return fmt.Errorf("delete: %w", err)
 		}
@@ -247,8 +193,7 @@ func (rb *pgRollback) keysTable(ctx context.Context, tx sqlx.ExtContext) error {
 // force), and lists their keys in backfill_rollback_keys.
 func (rb *pgRollback) deleteInserted(ctx context.Context, tx sqlx.ExtContext, batch int64, chunk *ChunkState, force bool) (int64, error) {
 	filter, fargs := rb.insertedFilter(chunk, 3)
-	res, err := tx.ExecContext(ctx, fmt.Sprintf(`WITH d AS (DELETE FROM %[1]s t WHERE t.%[2]s = $1 AND (t.%[3]s IS NOT DISTINCT FROM $1 OR $2) AND %[4]s RETURNING %[5]s AS key)
-		INSERT INTO backfill_rollback_keys SELECT key FROM d`, rb.target, rb.inserted, rb.updated, filter, keyJSON("t", rb.identity)),
+	res, err := tx.ExecContext(ctx, rb.deleteInsertedSQL(filter),
 		append([]any{batch, force}, fargs...)...)
 	if err != nil {
 		return 0, fmt.Errorf("delete inserted rows: %w", err)
@@ -256,66 +201,17 @@ func (rb *pgRollback) deleteInserted(ctx context.Context, tx sqlx.ExtContext, ba
 	return res.RowsAffected()
 }
 
-// insertedFilter returns an SQL condition on target alias t that selects
-// the rows of one chunk by the plan's ChunkColumn, with its bind
-// parameters numbered from first; "true" for a whole batch (chunk nil).
-func (rb *pgRollback) insertedFilter(chunk *ChunkState, first int) (string, []any) {
-	if chunk == nil {
-		return "true", nil
-	}
-	if rb.chunkColumn == "" {
-		// No column to find them by: Rollback refuses a chunk that
-		// inserted rows without one, so there are none to find.
-		return "false", nil
-	}
-	col := "t." + sqlgen.Ident(rb.chunkColumn)
-	p := func(i int) string { return fmt.Sprintf("$%d", first+i) }
-	c := chunk.Chunk
-	switch c.Kind {
-	case KindTime:
-		var base string
-		for _, x := range rb.info.Columns {
-			if x.Name == rb.chunkColumn {
-				base = x.BaseType
-			}
-		}
-		if base == "timestamp" || base == "date" {
-			return fmt.Sprintf("%[1]s >= (%[2]s::timestamptz AT TIME ZONE %[4]s)::%[5]s AND %[1]s < (%[3]s::timestamptz AT TIME ZONE %[4]s)::%[5]s",
-				col, p(0), p(1), p(2), base), []any{c.Start, c.End, cmpOr(rb.zone, "UTC")}
-		}
-		return fmt.Sprintf("%s >= %s AND %s < %s", col, p(0), col, p(1)), []any{c.Start, c.End}
-	case KindInt:
-		return fmt.Sprintf("%s >= %s AND %s < %s", col, p(0), col, p(1)), []any{c.Lo, c.Hi}
-	default:
-		return fmt.Sprintf("%s = %s", col, p(0)), []any{c.Item}
-	}
-}
-
 // retile recomputes valid_to for the History keys the chunk's undo log
 // touched, so that the versions left tile each key's history again (a
 // restored prior image may end where a version of a later chunk or batch
 // now starts), then checks the tiling.
 func (rb *pgRollback) retile(ctx context.Context, tx sqlx.ExtContext, batch int64, seq int) error {
-	t := rb.info.Target
-	key := sqlgen.List("", t.Key)
-	vf, vt := sqlgen.Ident(t.ValidFrom), sqlgen.Ident(t.ValidTo)
-	keys := fmt.Sprintf(`SELECT DISTINCT %[3]s FROM (
-			SELECT u.key FROM %[1]s u WHERE u.batch_id = $1 AND (u.seq = $2 OR $2 < 0)
-			UNION ALL SELECT k.key FROM backfill_rollback_keys k) u
-		CROSS JOIN LATERAL %[2]s`, rb.entries(), rb.keyRecord("u.key", "r"), sqlgen.List("r.", t.Key))
-	_, err := tx.ExecContext(ctx, fmt.Sprintf(`WITH x AS (SELECT %[2]s, %[3]s, lead(%[3]s) OVER (PARTITION BY %[2]s ORDER BY %[3]s) AS _backfill_next_from
-			FROM %[1]s WHERE (%[2]s) IN (%[5]s))
-		UPDATE %[1]s t SET %[4]s = x._backfill_next_from FROM x
-		WHERE %[6]s AND t.%[3]s = x.%[3]s AND t.%[4]s IS DISTINCT FROM x._backfill_next_from`,
-		rb.target, key, vf, vt, keys, sqlgen.Equal("t", "x", t.Key)), batch, seq)
+	_, err := tx.ExecContext(ctx, rb.retileSQL(), batch, seq)
 	if err != nil {
 		return fmt.Errorf("retile intervals: %w", err)
 	}
 	var bad []string
-	err = sqlx.SelectContext(ctx, tx, &bad, fmt.Sprintf(`SELECT DISTINCT row(%[2]s)::text FROM (
-			SELECT %[2]s, %[3]s, %[4]s, lead(%[3]s) OVER (PARTITION BY %[2]s ORDER BY %[3]s) AS _backfill_next_from
-			FROM %[1]s WHERE (%[2]s) IN (%[5]s)) x
-		WHERE %[4]s IS DISTINCT FROM _backfill_next_from OR %[4]s <= %[3]s LIMIT 5`, rb.target, key, vf, vt, keys), batch, seq)
+	err = sqlx.SelectContext(ctx, tx, &bad, rb.checkRetiledSQL(), batch, seq)
 	if err != nil {
 		return fmt.Errorf("check intervals: %w", err)
 	}

@@ -278,7 +278,8 @@ func rowHashSQL(info TableInfo, cols []string, alias string) string {
 // fingerprintColumns returns the columns a fingerprint hashes: the
 // identity, then the content the checks compare (see [Completeness]).
 func (c *pgCheck) fingerprintColumns() []string {
-	return append(c.scope.Info.identity(), c.content()...)
+	cc := c.scope.Info.Compared()
+	return append(cc.Identity, cc.Checked...)
 }
 
 // fingerprintMemo is implemented by stagers that keep the chunk's
@@ -306,13 +307,11 @@ func (c *pgCheck) fingerprints(ctx context.Context, tx sqlx.ExtContext) (*finger
 			return nil, err
 		}
 		p.TargetRows = "ChunkColumn " + c.scope.ChunkColumn + " in " + c.scope.Chunk.String()
-		targetQ = fmt.Sprintf(`SELECT count(*) AS rows, coalesce(sum(%s), 0)::text AS hash_sum FROM %s t WHERE %s`,
-			rowHashSQL(c.scope.Info, cols, "t"), c.target, bounds)
+		targetQ = c.fingerprintTargetSQL(cols, bounds)
 	} else {
 		join = true
 		p.TargetRows = "identities in staging"
-		targetQ = fmt.Sprintf(`SELECT count(*) AS rows, coalesce(sum(%s), 0)::text AS hash_sum FROM %s s JOIN %s t ON %s`,
-			rowHashSQL(c.scope.Info, cols, "t"), c.staging, c.target, c.idMatch("t", "s"))
+		targetQ = c.fingerprintTargetSQL(cols, "")
 	}
 	key := fmt.Sprint(targetQ, a)
 	memo, _ := c.scope.Stager.(fingerprintMemo)
@@ -330,8 +329,7 @@ func (c *pgCheck) fingerprints(ctx context.Context, tx sqlx.ExtContext) (*finger
 			return p, nil
 		}
 	}
-	stagingQ := fmt.Sprintf(`SELECT count(*) AS rows, coalesce(sum(%s), 0)::text AS hash_sum FROM %s s`,
-		rowHashSQL(c.scope.Info, cols, "s"), c.staging)
+	stagingQ := c.fingerprintStagingSQL(cols)
 	var settings string
 	if join {
 		large, err := c.largeChunk(ctx, tx)

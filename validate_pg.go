@@ -7,8 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -110,20 +108,7 @@ func (v DuplicateKeys) Validate(ctx context.Context, tx sqlx.ExtContext, scope V
 	if err != nil {
 		return CheckResult{}, err
 	}
-	notNull := make([]string, len(cols))
-	for i, n := range cols {
-		notNull[i] = "c." + sqlgen.Ident(n) + " IS NOT NULL"
-	}
-	keys := fmt.Sprintf(`SELECT %s FROM %s c WHERE %s AND %s`, sqlgen.List("c.", cols), c.target, chunkRows, strings.Join(notNull, " AND "))
-	if v.AcrossTarget {
-		keys = fmt.Sprintf(`SELECT d.* FROM %s d WHERE (%s) IN (SELECT %s FROM (%s) c)`,
-			c.target, sqlgen.List("d.", cols), sqlgen.List("c.", cols), keys)
-	}
-	q := fmt.Sprintf(`WITH k AS (%s)
-		SELECT ROW(%s)::text || ': ' || x._backfill_n || ' rows' AS k, count(*) OVER () AS n FROM (
-			SELECT %s, count(*) AS _backfill_n FROM k GROUP BY %s HAVING count(*) > 1) x
-		ORDER BY %s LIMIT %d`,
-		keys, sqlgen.List("x.", cols), sqlgen.List("k.", cols), sqlgen.List("k.", cols), sqlgen.List("x.", cols), maxSample)
+	q := c.duplicateKeysSQL(cols, chunkRows, v.AcrossTarget)
 	var n int64
 	var sample []string
 	policy := joinsIfLarge
@@ -205,7 +190,6 @@ func (v Completeness) Validate(ctx context.Context, tx sqlx.ExtContext, scope Va
 	if err != nil {
 		return CheckResult{}, err
 	}
-	id := scope.Info.identity()
 	detail := map[string]any{"rejected": scope.Counts.Rejected}
 	var sample []string
 	add := func(prefix string, s []string) {
@@ -231,9 +215,7 @@ func (v Completeness) Validate(ctx context.Context, tx sqlx.ExtContext, scope Va
 		})
 		return n, sample, err
 	}
-	missingT, s, err := query(joinsIfLarge, fmt.Sprintf(`SELECT ROW(%s)::text AS k, count(*) OVER () AS n FROM %s s
-			WHERE NOT EXISTS (SELECT 1 FROM %s t WHERE %s) ORDER BY %s LIMIT %d`,
-		sqlgen.List("s.", id), c.staging, c.target, c.idMatch("t", "s"), sqlgen.List("s.", id), maxSample))
+	missingT, s, err := query(joinsIfLarge, c.missingFromTargetSQL())
 	if err != nil {
 		return CheckResult{}, c.errorf("staged rows missing from target: %w", err)
 	}
@@ -249,10 +231,7 @@ func (v Completeness) Validate(ctx context.Context, tx sqlx.ExtContext, scope Va
 		if wins == "false" {
 			detail["content"] = "not compared: the target wins every conflict (TargetWins)"
 		} else {
-			differ, s, err = query(joinsIfLarge, fmt.Sprintf(`SELECT ROW(%[1]s)::text || ': ' || array_to_string(x._backfill_diffs, ', ') AS k, count(*) OVER () AS n
-					FROM (SELECT %[2]s, %[3]s AS _backfill_diffs FROM %[4]s s JOIN %[5]s t ON %[6]s WHERE %[7]s) x
-					WHERE cardinality(x._backfill_diffs) > 0 ORDER BY %[1]s LIMIT %[8]d`,
-				sqlgen.List("x.", id), sqlgen.List("s.", id), c.diffs("s", "t"), c.staging, c.target, c.idMatch("t", "s"), wins, maxSample))
+			differ, s, err = query(joinsIfLarge, c.differingContentSQL(wins))
 			if err != nil {
 				return CheckResult{}, c.errorf("content: %w", err)
 			}
@@ -275,9 +254,7 @@ func (v Completeness) Validate(ctx context.Context, tx sqlx.ExtContext, scope Va
 		if err != nil {
 			return CheckResult{}, err
 		}
-		missingS, s, err := query(joinsAllowed, fmt.Sprintf(`SELECT ROW(%s)::text AS k, count(*) OVER () AS n FROM %s t
-				WHERE %s AND NOT EXISTS (SELECT 1 FROM %s s WHERE %s) ORDER BY %s LIMIT %d`,
-			sqlgen.List("t.", id), c.target, bounds, c.staging, c.idMatch("t", "s"), sqlgen.List("t.", id), maxSample), a...)
+		missingS, s, err := query(joinsAllowed, c.missingFromStagingSQL(bounds), a...)
 		if err != nil {
 			return CheckResult{}, c.errorf("target rows missing from staging: %w", err)
 		}
@@ -338,19 +315,7 @@ func (v ReferentialIntegrity) Validate(ctx context.Context, tx sqlx.ExtContext, 
 	if _, _, err := sqlgen.ParseTable(v.ParentTable); err != nil {
 		return CheckResult{}, c.errorf("%w: ReferentialIntegrity.ParentTable: %w", ErrInvalidConfig, err)
 	}
-	id := scope.Info.identity()
-	notNull := make([]string, len(v.Columns))
-	match := make([]string, len(v.Columns))
-	for i, n := range v.Columns {
-		notNull[i] = "t." + sqlgen.Ident(n) + " IS NOT NULL"
-		match[i] = "p." + sqlgen.Ident(parentCols[i]) + " = t." + sqlgen.Ident(n)
-	}
-	q := fmt.Sprintf(`SELECT ROW(%s)::text || ' -> ' || ROW(%s)::text AS k, count(*) OVER () AS n
-		FROM %s s JOIN %s t ON %s
-		WHERE %s AND NOT EXISTS (SELECT 1 FROM %s p WHERE %s)
-		ORDER BY %s LIMIT %d`,
-		sqlgen.List("t.", id), sqlgen.List("t.", v.Columns), c.staging, c.target, c.idMatch("t", "s"),
-		strings.Join(notNull, " AND "), sqlgen.Table(v.ParentTable), strings.Join(match, " AND "), sqlgen.List("t.", id), maxSample)
+	q := c.orphansSQL(v.Columns, v.ParentTable, parentCols)
 	var n int64
 	var sample []string
 	err = c.withJoins(ctx, tx, joinsAllowed, func() (err error) {
@@ -451,157 +416,17 @@ func (v Aggregates) Validate(ctx context.Context, tx sqlx.ExtContext, scope Vali
 		}
 	}
 	var a sqlArgs
-	zone := ""
-	var groupNames []string
-	var day func(alias string) string
-	if v.Day != "" {
-		groupNames = append(groupNames, "day("+v.Day+")")
-		switch base := c.cols[v.Day].BaseType; base {
-		case "timestamptz", "":
-			z, err := c.zone()
-			if err != nil {
-				return CheckResult{}, err
-			}
-			zone = z
-			p := a.bind(z)
-			day = func(alias string) string {
-				return fmt.Sprintf("date_trunc('day', %s.%s AT TIME ZONE %s::text)::date", alias, sqlgen.Ident(v.Day), p)
-			}
-		case "timestamp":
-			day = func(alias string) string { return fmt.Sprintf("%s.%s::date", alias, sqlgen.Ident(v.Day)) }
-		case "date":
-			day = func(alias string) string { return alias + "." + sqlgen.Ident(v.Day) }
-		default:
-			return CheckResult{}, c.errorf("%w: Aggregates.Day %q is %s, not a timestamp, timestamptz or date", ErrInvalidConfig, v.Day, c.cols[v.Day].Type)
-		}
+	day, zone, err := v.day(c, &a)
+	if err != nil {
+		return CheckResult{}, err
 	}
-	groupNames = append(groupNames, v.Dimensions...)
-	groupOf := func(alias string) []string {
-		var g []string
-		if day != nil {
-			g = append(g, day(alias))
-		}
-		for _, d := range v.Dimensions {
-			// Byte for byte: under a case-insensitive collation 'a' and
-			// 'A' would be one group (see exactForm).
-			g = append(g, c.exactForm(d, alias+"."+sqlgen.Ident(d)))
-		}
-		return g
-	}
-	// Sums are exact. A float sum depends on the order of addition, which
-	// no query fixes, and loses what is small next to what is large
-	// (1e300 + 1e-300); float8::numeric rounds to 15 significant digits.
-	// So a float measure is summed as numeric of each value's shortest
-	// exact text (extra_float_digits >= 1, pinned below, PostgreSQL docs,
-	// 8.1.3 "Floating-Point Types"): distinct floats have distinct texts,
-	// each names its float exactly, and a numeric sum is exact and does
-	// not depend on the order: a float changed by one step changes the
-	// sum. NaN and the infinities (float and numeric) are counted apart
-	// instead of summed, because one NaN would make both sums NaN and hide
-	// every other difference; the finite values are summed.
-	special := func(m Measure) bool {
-		switch c.cols[m.Column].BaseType {
-		case "float4", "float8", "numeric":
-			return true
-		}
-		return false
-	}
-	floats := false
 	for _, m := range v.Measures {
-		if b := c.cols[m.Column].BaseType; b == "float4" || b == "float8" {
-			floats = true
-		}
-	}
-	exactNum := func(m Measure, alias string) string {
-		col := alias + "." + sqlgen.Ident(m.Column)
-		switch c.cols[m.Column].BaseType {
-		case "float4", "float8":
-			return col + "::text::numeric"
-		}
-		return col + "::numeric"
-	}
-	var gcols []string
-	for i := range groupNames {
-		gcols = append(gcols, fmt.Sprintf("_g%d", i))
-	}
-	// Each side is aggregated on its own (side 0 staging, side 1 the
-	// target rows of the staged identities), then the two aggregates are
-	// combined per group: every row is aggregated once, without FILTER.
-	sideSQL := func(alias string, side int) string {
-		var parts, pos []string
-		for i, g := range groupOf(alias) {
-			parts = append(parts, fmt.Sprintf("%s AS _g%d", g, i))
-			pos = append(pos, strconv.Itoa(i+1))
-		}
-		mine := func(expr, other string) (string, string) {
-			if side == 0 {
-				return expr, other
-			}
-			return other, expr
-		}
-		sn, tn := mine("count(*)", "0")
-		parts = append(parts, sn+" AS _sn", tn+" AS _tn")
-		for i, m := range v.Measures {
-			col := alias + "." + sqlgen.Ident(m.Column)
-			finite := ""
-			if special(m) {
-				finite = fmt.Sprintf(" FILTER (WHERE %s NOT IN ('NaN', 'Infinity', '-Infinity'))", col)
-			}
-			ssum, tsum := mine("sum("+exactNum(m, alias)+")"+finite, "NULL::numeric")
-			snull, tnull := mine("count(*) - count("+col+")", "0")
-			parts = append(parts, fmt.Sprintf("%[1]s AS _ss%[3]d, %[2]s AS _ts%[3]d", ssum, tsum, i), fmt.Sprintf("%[1]s AS _sz%[3]d, %[2]s AS _tz%[3]d", snull, tnull, i))
-			for j, s := range []string{"NaN", "Infinity", "-Infinity"} {
-				cnt := "0"
-				if special(m) {
-					cnt = fmt.Sprintf("count(*) FILTER (WHERE %s = '%s')", col, s)
-				}
-				sx, tx := mine(cnt, "0")
-				parts = append(parts, fmt.Sprintf("%[1]s AS _sx%[3]d_%[4]d, %[2]s AS _tx%[3]d_%[4]d", sx, tx, i, j))
-			}
-		}
-		from := c.staging + " s"
-		if side == 1 {
-			from = fmt.Sprintf("%s s JOIN %s t ON %s", c.staging, c.target, c.idMatch("t", "s"))
-		}
-		q := "SELECT " + strings.Join(parts, ", ") + " FROM " + from
-		if len(pos) > 0 {
-			q += " GROUP BY " + strings.Join(pos, ", ")
-		}
-		return q
-	}
-	aggs := []string{"sum(_sn)::bigint AS _sn", "sum(_tn)::bigint AS _tn"}
-	var ss, ts, sz, tz, bad []string
-	for i, m := range v.Measures {
 		if m.Tolerance < 0 || math.IsNaN(m.Tolerance) {
 			return CheckResult{}, c.errorf("%w: Measure %q: Tolerance must be a number >= 0", ErrInvalidConfig, m.Column)
 		}
-		aggs = append(aggs, fmt.Sprintf("sum(_ss%[1]d) AS _ss%[1]d, sum(_ts%[1]d) AS _ts%[1]d, sum(_sz%[1]d)::bigint AS _sz%[1]d, sum(_tz%[1]d)::bigint AS _tz%[1]d", i))
-		// The sum as text: the finite values' sum, then the special
-		// values' counts ("12.5 + 1 NaN"); NULL for no value at all.
-		sumText := func(side string) string {
-			parts := []string{fmt.Sprintf("_%ss%d::text", side, i)}
-			for j, s := range []string{"NaN", "Infinity", "-Infinity"} {
-				aggs = append(aggs, fmt.Sprintf("sum(_%[1]sx%[2]d_%[3]d)::bigint AS _%[1]sx%[2]d_%[3]d", side, i, j))
-				parts = append(parts, fmt.Sprintf("CASE WHEN _%[1]sx%[2]d_%[3]d > 0 THEN _%[1]sx%[2]d_%[3]d || ' %[4]s' END", side, i, j, s))
-			}
-			return "nullif(concat_ws(' + ', " + strings.Join(parts, ", ") + "), '')"
-		}
-		ss = append(ss, sumText("s"))
-		ts = append(ts, sumText("t"))
-		sz = append(sz, fmt.Sprintf("_sz%d", i))
-		tz = append(tz, fmt.Sprintf("_tz%d", i))
-		bad = append(bad, fmt.Sprintf(`NOT ((_ss%[1]d IS NOT DISTINCT FROM _ts%[1]d OR abs(coalesce(_ss%[1]d, 0) - coalesce(_ts%[1]d, 0)) <= %[2]s::numeric)
-			AND _sx%[1]d_0 = _tx%[1]d_0 AND _sx%[1]d_1 = _tx%[1]d_1 AND _sx%[1]d_2 = _tx%[1]d_2)`,
-			i, a.bind(m.Tolerance)))
 	}
-	tolerances := map[string]float64{}
-	for _, m := range v.Measures {
-		tolerances[m.Column] = m.Tolerance
-	}
-	detail := map[string]any{"group_by": cmpOrSlice(groupNames, []string{}), "measures": measureColumns(v.Measures), "tolerances": tolerances}
-	if zone != "" {
-		detail["zone"] = zone
-	}
+	q := c.aggregatesSQL(day, v.Dimensions, v.Measures, &a)
+	detail := v.detail(zone)
 	proof, proven, err := c.provenBy(ctx, tx, v.Exact, append(append([]string{v.Day}, v.Dimensions...), measureColumns(v.Measures)...)...)
 	if err != nil {
 		return CheckResult{}, err
@@ -612,74 +437,94 @@ func (v Aggregates) Validate(ctx context.Context, tx sqlx.ExtContext, scope Vali
 		proof.evidence(detail)
 		return c.result(true, "0 differing groups", "0 differing groups (staged and target rows equal by fingerprint)", nil, detail)
 	}
-	array := func(elems []string, typ string) string {
-		return "ARRAY[" + strings.Join(elems, ", ") + "]::" + typ + "[]"
+	r, err := v.compare(ctx, tx, c, q, a)
+	if err != nil {
+		return CheckResult{}, c.errorf("%w", err)
 	}
-	groupBy, orderBy, groupText := "", "", "'(all rows)'"
-	if len(gcols) > 0 {
-		groupBy = "GROUP BY " + strings.Join(gcols, ", ")
-		orderBy = "ORDER BY " + strings.Join(gcols, ", ")
-		groupText = "ROW(" + strings.Join(gcols, ", ") + ")::text"
+	detail["groups"], detail["differing"], detail["differences"] = r.groups, r.differing, r.differences
+	proof.evidence(detail)
+	return c.result(r.differing == 0, "0 differing groups", fmt.Sprintf("%d of %d groups differ", r.differing, r.groups), r.sample, detail)
+}
+
+// day returns the expression of the Day column's calendar day of an
+// alias (nil without Day), and the zone it is taken in ("" for none),
+// bound in a.
+func (v Aggregates) day(c *pgCheck, a *sqlArgs) (day func(alias string) string, zone string, err error) {
+	if v.Day == "" {
+		return nil, "", nil
 	}
-	q := fmt.Sprintf(`WITH a AS (
-			SELECT %[1]s FROM (%[2]s UNION ALL %[3]s) x %[4]s),
-		b AS (SELECT a.*, %[5]s AS _mbad, %[9]s AS _sz, %[10]s AS _tz FROM a),
-		d AS (SELECT * FROM b WHERE _sn <> _tn OR true = ANY (_mbad) OR _sz <> _tz)
-		SELECT (SELECT count(*) FROM a) AS groups, (SELECT count(*) FROM d) AS differing, y.*
-		FROM (SELECT 1) one LEFT JOIN LATERAL (
-			SELECT %[6]s AS grp, _sn, _tn, %[7]s AS ss, %[8]s AS ts, _sz, _tz, _mbad
-			FROM d %[11]s LIMIT %[12]d) y ON true`,
-		strings.Join(append(slices.Clone(gcols), aggs...), ", "), sideSQL("s", 0), sideSQL("t", 1), groupBy,
-		array(bad, "bool"), groupText, array(ss, "text"), array(ts, "text"), array(sz, "bigint"), array(tz, "bigint"),
-		orderBy, maxSample)
-	type side struct {
-		Count int64            `json:"count"`
-		Sums  map[string]any   `json:"sums,omitempty"`
-		Nulls map[string]int64 `json:"nulls,omitempty"`
+	switch base := c.cols[v.Day].BaseType; base {
+	case "timestamptz", "":
+		z, err := c.zone()
+		if err != nil {
+			return nil, "", err
+		}
+		p := a.bind(z)
+		return func(alias string) string {
+			return fmt.Sprintf("date_trunc('day', %s.%s AT TIME ZONE %s::text)::date", alias, sqlgen.Ident(v.Day), p)
+		}, z, nil
+	case "timestamp":
+		return func(alias string) string { return fmt.Sprintf("%s.%s::date", alias, sqlgen.Ident(v.Day)) }, "", nil
+	case "date":
+		return func(alias string) string { return alias + "." + sqlgen.Ident(v.Day) }, "", nil
 	}
-	type difference struct {
-		Group  string `json:"group"`
-		Staged side   `json:"staged"`
-		Target side   `json:"target"`
+	return nil, "", c.errorf("%w: Aggregates.Day %q is %s, not a timestamp, timestamptz or date", ErrInvalidConfig, v.Day, c.cols[v.Day].Type)
+}
+
+// detail is the evidence every Aggregates result has: the group
+// columns, measures, tolerances and zone.
+func (v Aggregates) detail(zone string) map[string]any {
+	var groupNames []string
+	if v.Day != "" {
+		groupNames = append(groupNames, "day("+v.Day+")")
 	}
-	var groups, differing int64
-	var sample []string
-	diffs := []difference{}
-	scan := func(rows *sqlx.Rows) error {
-		var grp sql.NullString
-		var sn, tn sql.NullInt64
-		var ssv, tsv []sql.NullString
-		var szv, tzv pq.Int64Array
-		var mbad pq.BoolArray
-		if err := rows.Scan(&groups, &differing, &grp, &sn, &tn, pq.Array(&ssv), pq.Array(&tsv), &szv, &tzv, &mbad); err != nil {
-			return err
+	groupNames = append(groupNames, v.Dimensions...)
+	tolerances := map[string]float64{}
+	for _, m := range v.Measures {
+		tolerances[m.Column] = m.Tolerance
+	}
+	detail := map[string]any{"group_by": cmpOrSlice(groupNames, []string{}), "measures": measureColumns(v.Measures), "tolerances": tolerances}
+	if zone != "" {
+		detail["zone"] = zone
+	}
+	return detail
+}
+
+// aggregatesSide is one side's figures of a differing group.
+type aggregatesSide struct {
+	Count int64            `json:"count"`
+	Sums  map[string]any   `json:"sums,omitempty"`
+	Nulls map[string]int64 `json:"nulls,omitempty"`
+}
+
+// aggregatesDifference is a differing group in the evidence.
+type aggregatesDifference struct {
+	Group  string         `json:"group"`
+	Staged aggregatesSide `json:"staged"`
+	Target aggregatesSide `json:"target"`
+}
+
+// aggregatesResult is what the comparison of the groups found.
+type aggregatesResult struct {
+	groups, differing int64
+	differences       []aggregatesDifference
+	sample            []string
+}
+
+// compare runs q (aggregatesSQL) with args and collects the differing
+// groups, with hash joins for a large chunk and, for float measures,
+// extra_float_digits pinned (see aggregatesSideSQL), both undone afterwards.
+func (v Aggregates) compare(ctx context.Context, tx sqlx.ExtContext, c *pgCheck, q string, args []any) (r aggregatesResult, err error) {
+	r.differences = []aggregatesDifference{}
+	floats := false
+	for _, m := range v.Measures {
+		if b := c.cols[m.Column].BaseType; b == "float4" || b == "float8" {
+			floats = true
 		}
-		if !grp.Valid {
-			return nil // no differing group
-		}
-		d := difference{Group: grp.String, Staged: side{Count: sn.Int64, Sums: map[string]any{}, Nulls: map[string]int64{}},
-			Target: side{Count: tn.Int64, Sums: map[string]any{}, Nulls: map[string]int64{}}}
-		var parts []string
-		if sn.Int64 != tn.Int64 {
-			parts = append(parts, fmt.Sprintf("count staged %d target %d", sn.Int64, tn.Int64))
-		}
-		for i, m := range v.Measures {
-			d.Staged.Sums[m.Column], d.Target.Sums[m.Column] = nullText(ssv[i]), nullText(tsv[i])
-			d.Staged.Nulls[m.Column], d.Target.Nulls[m.Column] = szv[i], tzv[i]
-			if mbad[i] {
-				parts = append(parts, fmt.Sprintf("sum(%s) staged %s target %s", m.Column, textOrNull(ssv[i]), textOrNull(tsv[i])))
-			}
-			if szv[i] != tzv[i] {
-				parts = append(parts, fmt.Sprintf("nulls(%s) staged %d target %d", m.Column, szv[i], tzv[i]))
-			}
-		}
-		diffs = append(diffs, d)
-		sample = append(sample, grp.String+": "+strings.Join(parts, ", "))
-		return nil
 	}
 	err = c.withJoins(ctx, tx, joinsIfLarge, func() (err error) {
 		if floats {
-			// Shortest exact float text for the sums (see exactNum),
+			// Shortest exact float text for the sums (see aggregatesSideSQL),
 			// whatever the session's setting; undone with the savepoint.
 			if _, err := tx.ExecContext(ctx, `SAVEPOINT backfill_floats; SELECT set_config('extra_float_digits', '1', true)`); err != nil {
 				return fmt.Errorf("savepoint: %w", err)
@@ -691,24 +536,55 @@ func (v Aggregates) Validate(ctx context.Context, tx sqlx.ExtContext, scope Vali
 				}
 			}()
 		}
-		rows, err := tx.QueryxContext(ctx, q, a...)
+		rows, err := tx.QueryxContext(ctx, q, args...)
 		if err != nil {
 			return err
 		}
 		defer rows.Close()
 		for rows.Next() {
-			if err := scan(rows); err != nil {
+			if err := v.scan(rows, &r); err != nil {
 				return err
 			}
 		}
 		return rows.Err()
 	})
-	if err != nil {
-		return CheckResult{}, c.errorf("%w", err)
+	return r, err
+}
+
+// scan reads one row of aggregatesSQL into r: the group counts, and the
+// differing group it lists, if any, with a sample line naming what
+// differs.
+func (v Aggregates) scan(rows *sqlx.Rows, r *aggregatesResult) error {
+	var grp sql.NullString
+	var sn, tn sql.NullInt64
+	var ssv, tsv []sql.NullString
+	var szv, tzv pq.Int64Array
+	var mbad pq.BoolArray
+	if err := rows.Scan(&r.groups, &r.differing, &grp, &sn, &tn, pq.Array(&ssv), pq.Array(&tsv), &szv, &tzv, &mbad); err != nil {
+		return err
 	}
-	detail["groups"], detail["differing"], detail["differences"] = groups, differing, diffs
-	proof.evidence(detail)
-	return c.result(differing == 0, "0 differing groups", fmt.Sprintf("%d of %d groups differ", differing, groups), sample, detail)
+	if !grp.Valid {
+		return nil // no differing group
+	}
+	d := aggregatesDifference{Group: grp.String, Staged: aggregatesSide{Count: sn.Int64, Sums: map[string]any{}, Nulls: map[string]int64{}},
+		Target: aggregatesSide{Count: tn.Int64, Sums: map[string]any{}, Nulls: map[string]int64{}}}
+	var parts []string
+	if sn.Int64 != tn.Int64 {
+		parts = append(parts, fmt.Sprintf("count staged %d target %d", sn.Int64, tn.Int64))
+	}
+	for i, m := range v.Measures {
+		d.Staged.Sums[m.Column], d.Target.Sums[m.Column] = nullText(ssv[i]), nullText(tsv[i])
+		d.Staged.Nulls[m.Column], d.Target.Nulls[m.Column] = szv[i], tzv[i]
+		if mbad[i] {
+			parts = append(parts, fmt.Sprintf("sum(%s) staged %s target %s", m.Column, textOrNull(ssv[i]), textOrNull(tsv[i])))
+		}
+		if szv[i] != tzv[i] {
+			parts = append(parts, fmt.Sprintf("nulls(%s) staged %d target %d", m.Column, szv[i], tzv[i]))
+		}
+	}
+	r.differences = append(r.differences, d)
+	r.sample = append(r.sample, grp.String+": "+strings.Join(parts, ", "))
+	return nil
 }
 
 // ReplayChangesNothing re-runs the chunk's merge on its staged rows and
@@ -856,19 +732,9 @@ func (v Sample) Validate(ctx context.Context, tx sqlx.ExtContext, scope Validati
 		return CheckResult{}, c.errorf("%w: Sample.N cannot be less than zero", ErrInvalidConfig)
 	}
 	n := cmpOr(v.N, DefaultSampleSize)
-	id := scope.Info.identity()
 	wins := c.sourceWins("s", "t")
-	diffs := "ARRAY[]::text[]"
-	if wins != "false" {
-		diffs = fmt.Sprintf("CASE WHEN %s THEN %s ELSE ARRAY[]::text[] END", wins, c.diffs("s", "t"))
-	}
 	var a sqlArgs
-	order := fmt.Sprintf("md5(ROW(%s)::text || %s::text)", sqlgen.List("s.", id), a.bind(strconv.FormatInt(v.Seed, 10)))
-	q := fmt.Sprintf(`SELECT ROW(%[1]s)::text AS k, t.%[2]s IS NULL AS missing, %[3]s AS diffs
-		FROM (SELECT s.*, %[4]s AS _backfill_order FROM %[5]s s ORDER BY _backfill_order, %[1]s LIMIT %[6]s) s
-		LEFT JOIN %[7]s t ON %[8]s
-		ORDER BY s._backfill_order, %[1]s`,
-		sqlgen.List("s.", id), sqlgen.Ident(id[0]), diffs, order, c.staging, a.bind(n), c.target, c.idMatch("t", "s"))
+	q := c.sampleSQL(n, v.Seed, wins, &a)
 	rows, err := tx.QueryxContext(ctx, q, a...)
 	if err != nil {
 		return CheckResult{}, c.errorf("%w", err)
@@ -1026,141 +892,6 @@ func textOrNull(s sql.NullString) string {
 	return s.String
 }
 
-// idMatch returns the condition that rows a and b have the same identity:
-// = for columns that cannot be NULL in staging (Key columns, NOT NULL
-// columns), IS NOT DISTINCT FROM otherwise (see [Completeness] and the
-// comment at the top of this file).
-func (c *pgCheck) idMatch(a, b string) string {
-	id := c.scope.Info.identity()
-	parts := make([]string, len(id))
-	for i, n := range id {
-		col := c.cols[n]
-		op := " = "
-		if !col.Key && !col.NotNull && !slices.Contains(c.scope.Info.Target.Key, n) {
-			op = " IS NOT DISTINCT FROM "
-		}
-		parts[i] = a + "." + sqlgen.Ident(n) + op + b + "." + sqlgen.Ident(n)
-		if c.exactlyEqual(n) {
-			// The column's equality first (the target's index serves it),
-			// then byte for byte (see exactForm): staged 'a' is not target
-			// 'A' under a case-insensitive collation.
-			parts[i] += " AND " + c.exactForm(n, a+"."+sqlgen.Ident(n)) + op + c.exactForm(n, b+"."+sqlgen.Ident(n))
-		}
-	}
-	return strings.Join(parts, " AND ")
-}
-
-// content returns the staged columns whose values must equal the target's
-// after a merge the staged row won: every staged column but the identity,
-// the columns the library fills for the row (ingestion time, lineage; the
-// hash stays, it is a function of the content) and, in Keyless mode, the
-// raw sources of derived keys (rows differing only there are one record,
-// the first one seen is kept).
-func (c *pgCheck) content() []string {
-	t := c.scope.Info.Target
-	id := c.scope.Info.identity()
-	var out []string
-	for _, col := range c.scope.Info.Columns {
-		switch {
-		case slices.Contains(id, col.Name):
-		case col.Computed != "" && col.Computed != "hash" && col.Computed != "derive":
-		case col.Name == t.IngestedAt:
-		case t.Mode == Keyless && slices.ContainsFunc(t.Derive, func(r KeyRule) bool { return r.From == col.Name }):
-		default:
-			out = append(out, col.Name)
-		}
-	}
-	return out
-}
-
-// cmpExpr is how the checks compare a column: as text for types without
-// an equality operator (as the merge does), and byte for byte where the
-// column's own equality is looser (see exactForm).
-func (c *pgCheck) cmpExpr(alias, n string) string {
-	// The merge's rule (merge_decide.go): a check that compares content
-	// fails when the target holds another form of an equal value.
-	return exactCompare(c.cols[n], alias+"."+sqlgen.Ident(n))
-}
-
-// exactForm returns the expression e, a value of column n, in a form
-// whose equality tells apart every two values that differ by a byte: a
-// column with a collation of its own (which may be nondeterministic,
-// equating 'a' and 'A', PostgreSQL docs, 24.2.2.4 "Nondeterministic
-// Collations") compares under "C", whose equality is byte for byte;
-// citext (case-insensitive by design) as its text under "C". Other
-// columns keep their type's equality, which is exact for every built-in
-// type the checks compare: floats, numerics, timestamps compare their
-// full values, never a rounded form. The database's default collation is
-// always deterministic.
-func (c *pgCheck) exactForm(n, e string) string {
-	col := c.cols[n]
-	switch {
-	case col.BaseType == "citext":
-		return "(" + e + `::text COLLATE "C")`
-	case col.Collation != "" && !strings.HasSuffix(e, "::text") && collatable[col.BaseType]:
-		return "(" + e + ` COLLATE "C")`
-	case col.Collation != "" && strings.HasSuffix(e, "::text"):
-		return "(" + e + ` COLLATE "C")`
-	}
-	return e
-}
-
-// collatable lists the built-in base types that take a collation.
-var collatable = map[string]bool{"text": true, "varchar": true, "bpchar": true, "name": true,
-	"_text": true, "_varchar": true, "_bpchar": true, "_name": true}
-
-// exactlyEqual reports whether the check compares column n through
-// exactForm, in another form than its own equality.
-func (c *pgCheck) exactlyEqual(n string) bool {
-	return c.exactForm(n, "x") != "x"
-}
-
-// diffs returns a text[] expression naming the content columns in which
-// rows a and b differ (NULL-safe).
-func (c *pgCheck) diffs(a, b string) string {
-	cols := c.content()
-	if len(cols) == 0 {
-		return "ARRAY[]::text[]"
-	}
-	parts := make([]string, len(cols))
-	for i, n := range cols {
-		parts[i] = fmt.Sprintf("CASE WHEN %s IS DISTINCT FROM %s THEN %s END", c.cmpExpr(a, n), c.cmpExpr(b, n), pq.QuoteLiteral(n))
-	}
-	return "array_remove(ARRAY[" + strings.Join(parts, ", ") + "]::text[], NULL)"
-}
-
-// sourceWins returns the condition under which the merge must have made
-// target row t equal to staged row s: "true" but for Upsert TargetWins
-// ("false": the target keeps its content) and NewerVersionWins (the
-// merge's rule: a newer staged version, or an equal one whose text is
-// greater).
-func (c *pgCheck) sourceWins(s, t string) string {
-	tg := c.scope.Info.Target
-	if tg.Mode != Upsert && tg.Mode != "" {
-		return "true"
-	}
-	switch tg.Conflict {
-	case TargetWins:
-		return "false"
-	case NewerVersionWins:
-		// The merge breaks version ties by the text of the compared
-		// columns: the content without the hash.
-		tracked := slices.DeleteFunc(c.content(), func(n string) bool { return n == tg.HashColumn })
-		rowOf := func(alias string) string {
-			parts := make([]string, len(tracked))
-			for i, n := range tracked {
-				parts[i] = c.cmpExpr(alias, n)
-			}
-			return "ROW(" + strings.Join(parts, ", ") + ")"
-		}
-		v := sqlgen.Ident(tg.Version)
-		return fmt.Sprintf(`(%[1]s.%[3]s > %[2]s.%[3]s OR (%[2]s.%[3]s IS NULL AND %[1]s.%[3]s IS NOT NULL)
-			OR (%[1]s.%[3]s IS NOT DISTINCT FROM %[2]s.%[3]s AND %[4]s::text COLLATE "C" > %[5]s::text COLLATE "C"))`,
-			s, t, v, rowOf(s), rowOf(t))
-	}
-	return "true"
-}
-
 // zone returns the name of the scope's zone for PostgreSQL.
 func (c *pgCheck) zone() (string, error) {
 	loc := c.scope.Zone
@@ -1171,45 +902,6 @@ func (c *pgCheck) zone() (string, error) {
 		return "", c.errorf("%w: Job.Zone is time.Local, whose name PostgreSQL does not know; use time.LoadLocation", ErrInvalidConfig)
 	}
 	return loc.String(), nil
-}
-
-// chunkRows returns the condition selecting the chunk's target rows
-// (alias): by ChunkColumn bounds when the job has one, by staged identity
-// otherwise; how says which.
-func (c *pgCheck) chunkRows(alias string, a *sqlArgs) (cond, how string, err error) {
-	if c.scope.ChunkColumn != "" {
-		cond, err := c.inChunk(alias, a)
-		return cond, "ChunkColumn " + c.scope.ChunkColumn + " in " + c.scope.Chunk.String(), err
-	}
-	return fmt.Sprintf("EXISTS (SELECT 1 FROM %s s WHERE %s)", c.staging, c.idMatch(alias, "s")), "identities in staging", nil
-}
-
-// inChunk returns the condition that alias's ChunkColumn lies in the
-// chunk's half-open interval, as the row writer checks it: instants for
-// time chunks, a wall-clock column (timestamp, date) read in Job.Zone —
-// by converting the bounds, so that an index on the column serves.
-func (c *pgCheck) inChunk(alias string, a *sqlArgs) (string, error) {
-	ch := c.scope.Chunk
-	col := alias + "." + sqlgen.Ident(c.scope.ChunkColumn)
-	switch ch.Kind {
-	case KindTime:
-		lo, hi := a.bind(ch.Start.Format(time.RFC3339Nano)), a.bind(ch.End.Format(time.RFC3339Nano))
-		switch c.cols[c.scope.ChunkColumn].BaseType {
-		case "timestamp", "date":
-			z, err := c.zone()
-			if err != nil {
-				return "", err
-			}
-			zp := a.bind(z)
-			return fmt.Sprintf("%[1]s >= (%[2]s::timestamptz AT TIME ZONE %[4]s::text) AND %[1]s < (%[3]s::timestamptz AT TIME ZONE %[4]s::text)", col, lo, hi, zp), nil
-		}
-		return fmt.Sprintf("%[1]s >= %[2]s::timestamptz AND %[1]s < %[3]s::timestamptz", col, lo, hi), nil
-	case KindInt:
-		return fmt.Sprintf("%[1]s >= %[2]s AND %[1]s < %[3]s", col, a.bind(ch.Lo), a.bind(ch.Hi)), nil
-	case KindList:
-		return fmt.Sprintf("%s = %s", col, a.bind(ch.Item)), nil
-	}
-	return "", c.errorf("%w: chunk %s has no kind", ErrInvalidScope, ch.ID)
 }
 
 // joinPolicy says which join methods a check's query may use.
@@ -1313,13 +1005,4 @@ func countSample(ctx context.Context, tx sqlx.ExtContext, q string, args ...any)
 		sample = append(sample, k.String)
 	}
 	return n, sample, errors.Join(rows.Err(), rows.Close())
-}
-
-// sqlArgs collects bind parameters: bind appends one and returns its
-// placeholder.
-type sqlArgs []any
-
-func (a *sqlArgs) bind(v any) string {
-	*a = append(*a, v)
-	return "$" + strconv.Itoa(len(*a))
 }

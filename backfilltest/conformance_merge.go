@@ -132,6 +132,28 @@ func TestMerger(t *testing.T, newHarness func(t *testing.T) MergerHarness) {
 		require.Equal(t, [5]int64{0, 0, 1, 0, 0}, counts(merge(t, h, info, true, back)), "NULL to NULL is not")
 	})
 
+	t.Run("UpsertComparesWhatTableInfoComparedSays", func(t *testing.T) {
+		// The columns the library fills (ingestion time, lineage) are
+		// written but never compared, and an update keeps the batch that
+		// inserted the row: TableInfo.Compared is the one definition.
+		h := newHarness(t)
+		h.CreateTable(t, "stamped", append(slices.Clone(itemsDef), ColumnDef{"inserted_by", "bigint"}, ColumnDef{"updated_by", "bigint"},
+			ColumnDef{"ingested_at", "timestamptz"}), []string{"tenant", "id"})
+		info := prepare(t, h, backfill.Target{Table: "stamped", Key: []string{"tenant", "id"}, Columns: []string{"tenant", "id", "name"},
+			IngestedAt: "ingested_at", Lineage: backfill.Lineage{InsertedBy: "inserted_by", UpdatedBy: "updated_by"}})
+		cc := info.Compared()
+		require.Equal(t, []string{"name"}, cc.Tracked)
+		require.Equal(t, []string{"name"}, cc.Compared)
+		require.Equal(t, []string{"name", "ingested_at", "updated_by"}, cc.Written)
+		// Staged in info.Columns order: written, ingested_at, inserted_by, updated_by.
+		require.Equal(t, [5]int64{1, 0, 0, 0, 0}, counts(merge(t, h, info, true, []any{"a", int64(1), "x", day(1), int64(1), int64(1)})))
+		require.Equal(t, [5]int64{0, 0, 1, 0, 0}, counts(merge(t, h, info, true, []any{"a", int64(1), "x", day(2), int64(2), int64(2)})),
+			"another batch delivering the same content changes nothing")
+		require.Equal(t, [][]any{{"a", int64(1), "x", int64(1), int64(1), day(1)}}, rows(t, h, "stamped"))
+		require.Equal(t, [5]int64{0, 1, 0, 0, 0}, counts(merge(t, h, info, true, []any{"a", int64(1), "y", day(3), int64(3), int64(3)})))
+		require.Equal(t, [][]any{{"a", int64(1), "y", int64(1), int64(3), day(3)}}, rows(t, h, "stamped"), "the update keeps inserted_by")
+	})
+
 	t.Run("UpsertDuplicatesInAChunk", func(t *testing.T) {
 		t.Parallel()
 		h := newHarness(t)

@@ -14,17 +14,20 @@ import (
 // mode methods fill res and writes; nothing touches the table until the
 // writes are applied on commit.
 //
-// The semantics are those of buildMergeSQL and pgStager.Merge in
-// merge_pg.go, which are the reference:
+// The semantics are those of the PostgreSQL merger (merge_sql.go and
+// pgStager.Merge in merge_pg.go), which is the reference. What it
+// compares comes from [backfill.TableInfo.Compared], the definition the
+// merge SQL and the validators use too:
 //
 //   - identity: the columns that identify a target row, the table's
 //     unique key (Target.Key; in History mode plus ValidFrom);
-//   - content: the other staged columns, all written by an insert or an
-//     update;
+//   - content: the other staged columns, all written by an insert, and
+//     but Lineage.InsertedBy by an update;
 //   - tracked: the content that change detection looks at: without the
-//     library-filled Target.IngestedAt and Target.HashColumn and, in
-//     Keyless mode, the Derive sources (the raw forms of the key). Exceptions
-//     name differing tracked columns; NewerVersionWins orders by their text;
+//     library-filled Target.IngestedAt, Target.HashColumn and lineage
+//     and, in Keyless mode, the Derive sources (the raw forms of the key).
+//     Exceptions name differing tracked columns; NewerVersionWins orders
+//     by their text;
 //   - compared: what decides whether two rows differ, NULL-safe (IS
 //     DISTINCT FROM): the tracked columns, or only Target.HashColumn when
 //     set.
@@ -36,7 +39,8 @@ type merge struct {
 	stored   map[string]int // table column -> index in a table row
 	tracked  []string
 	compared []string
-	rows     []stagedRow // by row number
+	kept     map[string]bool // staged columns an update leaves as they were (Lineage.InsertedBy)
+	rows     []stagedRow     // by row number
 
 	res    backfill.MergeResult
 	writes map[string][]any // keyOf(tab.columns, tab.key, row) -> row to store on commit
@@ -71,18 +75,15 @@ func newMerge(info backfill.TableInfo, tab *fakeTable, rows []stagedRow) (*merge
 	if _, ok := m.stored[t.ValidTo]; t.Mode == backfill.History && !ok {
 		return nil, fmt.Errorf("backfill: merge: valid_to column %q of table %q: %w", t.ValidTo, t.Table, backfill.ErrTargetNotFound)
 	}
-	for _, n := range m.names {
-		derivedFrom := slices.ContainsFunc(t.Derive, func(r backfill.KeyRule) bool { return r.From == n })
-		switch {
-		case slices.Contains(tab.key, n), n == t.IngestedAt, n == t.HashColumn:
-		case t.Mode == backfill.Keyless && derivedFrom:
-		default:
-			m.tracked = append(m.tracked, n)
+	// What the merge compares is the library's one definition, as the
+	// PostgreSQL merger's SQL uses it.
+	cc := info.Compared()
+	m.tracked, m.compared = cc.Tracked, cc.Compared
+	m.kept = map[string]bool{}
+	for _, n := range cc.Content {
+		if !slices.Contains(cc.Written, n) {
+			m.kept[n] = true
 		}
-	}
-	m.compared = m.tracked
-	if t.HashColumn != "" {
-		m.compared = []string{t.HashColumn}
 	}
 	m.rows = slices.Clone(rows)
 	slices.SortStableFunc(m.rows, func(a, b stagedRow) int { return cmp.Compare(a.row, b.row) })
@@ -114,12 +115,14 @@ func (m *merge) diffs(a, b rowView) []string {
 }
 
 // tableRow returns a new table row: base (nil for none) with the staged
-// columns of r set.
+// columns of r set; updating base, those it writes (not kept).
 func (m *merge) tableRow(r stagedRow, base []any) []any {
 	row := make([]any, len(m.tab.columns))
 	copy(row, base)
 	for i, c := range m.names {
-		row[m.stored[c]] = r.values[i]
+		if base == nil || !m.kept[c] {
+			row[m.stored[c]] = r.values[i]
+		}
 	}
 	return row
 }

@@ -1,0 +1,285 @@
+package backfill
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/lib/pq"
+	"github.com/pgbackfill/backfill/internal/sqlgen"
+)
+
+// This file builds the SQL of a rollback, one function per statement.
+// Identifiers are quoted through internal/sqlgen; values are bind
+// parameters, numbered as each function says. The statements are pinned
+// by testdata/rollback_*.golden.sql.
+
+// conflictsSQL counts and lists (n, key, by) the rows the chunks seqs ($2)
+// of batch $1 changed that a later batch, not in $3, changed again: rows
+// of the undo log, and rows it inserted (lineage) that filter selects
+// (bind parameters from $4).
+func (rb *pgRollback) conflictsSQL(filter string) string {
+	return sqlf(`WITH c AS (
+	SELECT DISTINCT u.key, t.{ub} AS by FROM {entries} u CROSS JOIN LATERAL {record}
+	JOIN {target} t ON {match}
+	WHERE u.batch_id = $1 AND u.seq = ANY ($2::int[]) AND t.{ub} IS DISTINCT FROM $1 AND NOT coalesce(t.{ub} = ANY ($3::bigint[]), false)
+	UNION
+	SELECT {key}, t.{ub} FROM {target} t WHERE t.{ib} = $1 AND t.{ub} IS DISTINCT FROM $1 AND NOT coalesce(t.{ub} = ANY ($3::bigint[]), false) AND {filter})
+SELECT (SELECT count(*) FROM c) AS n, c.key::text AS key, coalesce(c.by, 0) AS by FROM c ORDER BY c.key::text LIMIT 100`,
+		"entries", rb.entries(), "target", rb.target, "match", rb.match(), "ub", rb.updated, "ib", rb.inserted,
+		"key", keyJSON("t", rb.identity), "filter", filter, "record", rb.keyRecord("u.key", "r"))
+}
+
+// previewSQL counts (deleted, restored) the rows a rollback of the chunks
+// seqs ($2) of batch $1 would delete and restore: those no later batch
+// changed, or all with force ($3); filter selects the inserted rows (bind
+// parameters from $4).
+func (rb *pgRollback) previewSQL(filter string) string {
+	return sqlf(`SELECT
+	(SELECT count(*) FROM {target} t WHERE t.{ib} = $1 AND (t.{ub} IS NOT DISTINCT FROM $1 OR $3) AND {filter}) +
+	count(DISTINCT u.key) FILTER (WHERE u.op = 'insert') AS deleted,
+	count(DISTINCT u.key) FILTER (WHERE u.op = 'update') AS restored
+FROM {entries} u CROSS JOIN LATERAL {record}
+JOIN {target} t ON {match}
+WHERE u.batch_id = $1 AND u.seq = ANY ($2::int[]) AND (t.{ub} IS NOT DISTINCT FROM $1 OR $3)`,
+		"entries", rb.entries(), "target", rb.target, "match", rb.match(), "ub", rb.updated, "ib", rb.inserted, "filter", filter,
+		"record", rb.keyRecord("u.key", "r"))
+}
+
+// restoreSQL restores the earliest prior image of each row that chunk $2
+// of batch $1 updated (the state before the chunk touched it), unless a
+// later batch changed the row and not force ($3).
+func (rb *pgRollback) restoreSQL() string {
+	return sqlf(`UPDATE {target} t SET ({columns}) = ROW({rcolumns})
+FROM (SELECT DISTINCT ON (u.key) u.key, u.before FROM {undo} u
+	WHERE u.batch_id = $1 AND u.seq = $2 AND u.op = 'update' ORDER BY u.key, u.id) u
+CROSS JOIN LATERAL jsonb_populate_record(NULL::{target}, u.before) r
+WHERE {match} AND (t.{ub} IS NOT DISTINCT FROM $1 OR $3)`,
+		"undo", rb.undo, "target", rb.target, "match", rb.match(), "ub", rb.updated,
+		"columns", sqlgen.List("", rb.columns), "rcolumns", sqlgen.List("r.", rb.columns))
+}
+
+// deleteLoggedSQL deletes the rows the undo log of chunk $2 of batch $1
+// records as inserted, unless a later batch changed the row and not
+// force ($3).
+func (rb *pgRollback) deleteLoggedSQL() string {
+	return sqlf(`DELETE FROM {target} t
+USING {entries} u CROSS JOIN LATERAL {record}
+WHERE u.batch_id = $1 AND u.seq = $2 AND u.op = 'insert' AND {match} AND (t.{ub} IS NOT DISTINCT FROM $1 OR $3)`,
+		"entries", rb.entries(), "target", rb.target, "match", rb.match(), "ub", rb.updated, "record", rb.keyRecord("u.key", "r"))
+}
+
+// deleteInsertedSQL deletes the rows batch $1 inserted (lineage) that
+// filter selects (bind parameters from $3), unless a later batch changed
+// the row and not force ($2), and lists their keys in
+// backfill_rollback_keys.
+func (rb *pgRollback) deleteInsertedSQL(filter string) string {
+	return sqlf(`WITH d AS (DELETE FROM {target} t WHERE t.{ib} = $1 AND (t.{ub} IS NOT DISTINCT FROM $1 OR $2) AND {filter} RETURNING {key} AS key)
+INSERT INTO backfill_rollback_keys SELECT key FROM d`,
+		"target", rb.target, "ib", rb.inserted, "ub", rb.updated, "filter", filter, "key", keyJSON("t", rb.identity))
+}
+
+// retileKeys lists the History keys the undo log of chunk $2 of batch $1
+// (every chunk for $2 < 0) touched or whose rows the rollback deleted.
+func (rb *pgRollback) retileKeys() string {
+	return sqlf(`SELECT DISTINCT {rkey} FROM (
+	SELECT u.key FROM {entries} u WHERE u.batch_id = $1 AND (u.seq = $2 OR $2 < 0)
+	UNION ALL SELECT k.key FROM backfill_rollback_keys k) u
+CROSS JOIN LATERAL {record}`,
+		"entries", rb.entries(), "record", rb.keyRecord("u.key", "r"), "rkey", sqlgen.List("r.", rb.info.Target.Key))
+}
+
+// retileSQL recomputes valid_to of the versions of retileKeys: each ends
+// where the next version of its key starts.
+func (rb *pgRollback) retileSQL() string {
+	t := rb.info.Target
+	return sqlf(`WITH x AS (SELECT {key}, {vf}, lead({vf}) OVER (PARTITION BY {key} ORDER BY {vf}) AS _backfill_next_from
+	FROM {target} WHERE ({key}) IN ({keys}))
+UPDATE {target} t SET {vt} = x._backfill_next_from FROM x
+WHERE {tx} AND t.{vf} = x.{vf} AND t.{vt} IS DISTINCT FROM x._backfill_next_from`,
+		"target", rb.target, "key", sqlgen.List("", t.Key), "vf", sqlgen.Ident(t.ValidFrom), "vt", sqlgen.Ident(t.ValidTo),
+		"keys", rb.retileKeys(), "tx", sqlgen.Equal("t", "x", t.Key))
+}
+
+// checkRetiledSQL lists up to 5 keys of retileKeys whose versions overlap
+// or leave a gap.
+func (rb *pgRollback) checkRetiledSQL() string {
+	t := rb.info.Target
+	return sqlf(`SELECT DISTINCT row({key})::text FROM (
+	SELECT {key}, {vf}, {vt}, lead({vf}) OVER (PARTITION BY {key} ORDER BY {vf}) AS _backfill_next_from
+	FROM {target} WHERE ({key}) IN ({keys})) x
+WHERE {vt} IS DISTINCT FROM _backfill_next_from OR {vt} <= {vf} LIMIT 5`,
+		"target", rb.target, "key", sqlgen.List("", t.Key), "vf", sqlgen.Ident(t.ValidFrom), "vt", sqlgen.Ident(t.ValidTo),
+		"keys", rb.retileKeys())
+}
+
+// keyRecord is a FROM item reading the jsonb expression j (a logged key)
+// as a record named alias of the identity columns only, typed as in the
+// target. Not jsonb_populate_record(NULL::target, j): that builds a whole
+// target row, and a column of a NOT NULL domain (CREATE DOMAIN d AS text
+// NOT NULL) refuses the NULL it would get, failing every rollback and
+// preview.
+func (rb *pgRollback) keyRecord(j, alias string) string {
+	defs := make([]string, len(rb.identity))
+	for i, n := range rb.identity {
+		defs[i] = sqlgen.Ident(n) + " " + rb.keyTypes[n]
+	}
+	return sqlf("jsonb_to_record({j}) AS {alias}({defs})", "j", j, "alias", alias, "defs", strings.Join(defs, ", "))
+}
+
+// match is the condition that target row t and undo row r (a logged key
+// or prior image) have the same identity.
+func (rb *pgRollback) match() string { return sqlgen.Equal("t", "r", rb.identity) }
+
+// entries is the undo log with key arrays ("inserts") expanded to one row
+// per inserted key: (batch_id, seq, id, op, key, before).
+func (rb *pgRollback) entries() string {
+	return sqlf(`(SELECT u.batch_id, u.seq, u.id, 'insert' AS op, e.key, NULL::jsonb AS before
+	FROM {undo} u CROSS JOIN LATERAL jsonb_array_elements(u.key) AS e(key) WHERE u.op = 'inserts'
+	UNION ALL
+	SELECT u.batch_id, u.seq, u.id, u.op, u.key, u.before FROM {undo} u WHERE u.op IN ('insert', 'update'))`, "undo", rb.undo)
+}
+
+// insertedFilter returns an SQL condition on target alias t that selects
+// the rows of one chunk by the plan's ChunkColumn, with its bind
+// parameters numbered from first; "true" for a whole batch (chunk nil).
+func (rb *pgRollback) insertedFilter(chunk *ChunkState, first int) (string, []any) {
+	if chunk == nil {
+		return "true", nil
+	}
+	if rb.chunkColumn == "" {
+		// No column to find them by: Rollback refuses a chunk that
+		// inserted rows without one, so there are none to find.
+		return "false", nil
+	}
+	col := "t." + sqlgen.Ident(rb.chunkColumn)
+	p := func(i int) string { return fmt.Sprintf("$%d", first+i) }
+	c := chunk.Chunk
+	switch c.Kind {
+	case KindTime:
+		var base string
+		for _, x := range rb.info.Columns {
+			if x.Name == rb.chunkColumn {
+				base = x.BaseType
+			}
+		}
+		if base == "timestamp" || base == "date" {
+			return sqlf("{col} >= ({lo}::timestamptz AT TIME ZONE {zone})::{type} AND {col} < ({hi}::timestamptz AT TIME ZONE {zone})::{type}",
+				"col", col, "lo", p(0), "hi", p(1), "zone", p(2), "type", base), []any{c.Start, c.End, cmpOr(rb.zone, "UTC")}
+		}
+		return fmt.Sprintf("%s >= %s AND %s < %s", col, p(0), col, p(1)), []any{c.Start, c.End}
+	case KindInt:
+		return fmt.Sprintf("%s >= %s AND %s < %s", col, p(0), col, p(1)), []any{c.Lo, c.Hi}
+	default:
+		return fmt.Sprintf("%s = %s", col, p(0)), []any{c.Item}
+	}
+}
+
+// deliveredSQL lists (n, deleted, key, by) the rows a rollback of batch
+// $1 would delete or restore that a done chunk of another batch, not in
+// $3, delivered unchanged: for the whole batch, or for oneChunk the
+// chunks $4, whose inserted rows filter selects (bind parameters from
+// $5). $2 is the identity's column names.
+func (rb *pgRollback) deliveredSQL(oneChunk bool, filter string) string {
+	identity := rb.identity
+	// The delivering chunk's bounds, as columns _backfill_lo_<i> and
+	// _backfill_hi_<i> of d (boundCols; see keyRecord for why not a whole
+	// target row).
+	lo := func(alias, bound string) string {
+		parts := make([]string, len(identity))
+		for i := range identity {
+			parts[i] = fmt.Sprintf("%s._backfill_%s_%d", alias, bound, i)
+		}
+		return "ROW(" + strings.Join(parts, ", ") + ")"
+	}
+	boundCols := func(bound string) string {
+		parts := make([]string, len(identity))
+		for i, c := range identity {
+			parts[i] = fmt.Sprintf("%s.%s AS _backfill_%s_%d", bound, sqlgen.Ident(c), bound, i)
+		}
+		return strings.Join(parts, ", ")
+	}
+	tid := "ROW(" + sqlgen.List("t.", identity) + ")"
+	// inRange: t lies within the delivering chunk's identity bounds, or
+	// the chunk used another identity (a job with another Key on the same
+	// table) and every row of the batch counts.
+	// (Apart for the lookups into the target: an OR of the two would not
+	// be an index condition, and each chunk would read the whole target.)
+	ranged := sqlf("{tid} >= {lo} AND {tid} <= {hi}", "tid", tid, "lo", lo("d", "lo"), "hi", lo("d", "hi"))
+	inRange := "(NOT d.ranged OR (" + ranged + "))"
+	// The rows the rollback would touch that batch last wrote: for a whole
+	// batch every row whose UpdatedBy is batch (inserted or updated by
+	// it); for one chunk, those it inserted within the chunk's bounds,
+	// then those its undo log names.
+	whole := "true"
+	if oneChunk {
+		whole = "t." + rb.inserted + " = $1 AND " + filter
+	}
+	var undoBranch string
+	if oneChunk {
+		undoBranch = sqlf(`
+	UNION ALL
+	SELECT {key}, d.batch_id, false FROM {entries} u CROSS JOIN LATERAL {record}
+	JOIN {target} t ON {match}
+	JOIN d ON {inRange}
+	WHERE u.batch_id = $1 AND u.seq = ANY ($4::int[]) AND t.{ub} = $1`,
+			"key", keyJSON("t", identity), "entries", rb.entries(), "target", rb.target, "match", rb.match(), "inRange", inRange,
+			"ub", rb.updated, "record", rb.keyRecord("u.key", "r"))
+	}
+	return sqlf(`WITH d AS MATERIALIZED (
+	SELECT d.batch_id, d.key_columns = $2::text[] AS ranged, {loCols}, {hiCols}
+	FROM {delivered} d JOIN {chunks} c ON c.batch_id = d.batch_id AND c.seq = d.seq
+	LEFT JOIN LATERAL {loRecord} ON true LEFT JOIN LATERAL {hiRecord} ON true
+	WHERE d.owner = $1 AND d.batch_id <> $1 AND c.status IN ('done', 'open') AND d.batch_id <> ALL ($3::bigint[])),
+hit AS (
+	SELECT {key} AS key, d.batch_id AS by, t.{ib} = $1 AS del
+	FROM d CROSS JOIN LATERAL (SELECT * FROM {target} t WHERE t.{ub} = $1 AND {ranged} AND {whole} OFFSET 0) t
+	WHERE d.ranged
+	UNION ALL
+	SELECT {key}, d.batch_id, t.{ib} = $1
+	FROM (SELECT DISTINCT d.batch_id FROM d WHERE NOT d.ranged) d CROSS JOIN LATERAL (SELECT * FROM {target} t WHERE t.{ub} = $1 AND {whole} OFFSET 0) t{undoBranch}),
+x AS (SELECT DISTINCT ON (key) key, by, del FROM hit ORDER BY key, by)
+SELECT count(*) OVER () AS n, count(*) FILTER (WHERE del) OVER () AS deleted, key::text AS key, by
+FROM x ORDER BY key::text LIMIT 100`,
+		"target", rb.target, "delivered", rb.m.sql("{s}.delivered"), "chunks", rb.m.sql("{s}.chunks"), "key", keyJSON("t", identity),
+		"ib", rb.inserted, "ub", rb.updated, "ranged", ranged, "whole", whole, "undoBranch", undoBranch,
+		"loCols", boundCols("lo"), "hiCols", boundCols("hi"),
+		"loRecord", rb.keyRecord("CASE WHEN d.key_columns = $2::text[] THEN d.lo END", "lo"),
+		"hiRecord", rb.keyRecord("CASE WHEN d.key_columns = $2::text[] THEN d.hi END", "hi"))
+}
+
+// recordDeliveredSQL summarises the staged rows the target holds as last
+// written by another batch: one row per owner in the delivered table,
+// with the least and greatest identity ($1 batch, $2 chunk, $3 the
+// identity's column names).
+func (s *pgStager) recordDeliveredSQL() string {
+	t := s.info.Target
+	identity := s.info.identity()
+	// The least and greatest identity per owner: one window over the
+	// found rows (first_value/last_value of each identity column), the
+	// JSON built for those two rows only. The target is looked up once
+	// per staged row (LATERAL with OFFSET 0, as in the History merge):
+	// as a plain join, once the target is analysed, the planner may read
+	// the whole target in index order against every staged row to save
+	// the window's sort (a 10,000-row chunk against 200,000 rows took
+	// 250 s).
+	lo, hi := make([]string, len(identity)), make([]string, len(identity))
+	loJSON, hiJSON := make([]string, len(identity)), make([]string, len(identity))
+	for i, c := range identity {
+		lo[i] = fmt.Sprintf("first_value(x.%s) OVER w AS _backfill_lo_%d", sqlgen.Ident(c), i)
+		hi[i] = fmt.Sprintf("last_value(x.%s) OVER w AS _backfill_hi_%d", sqlgen.Ident(c), i)
+		loJSON[i] = fmt.Sprintf("%s, y._backfill_lo_%d", pq.QuoteLiteral(c), i)
+		hiJSON[i] = fmt.Sprintf("%s, y._backfill_hi_%d", pq.QuoteLiteral(c), i)
+	}
+	return sqlf(`INSERT INTO {delivered} (owner, batch_id, seq, key_columns, lo, hi, row_count)
+SELECT y._backfill_owner, $1::bigint, $2::int, $3::text[], jsonb_build_object({loJSON}), jsonb_build_object({hiJSON}), y._backfill_n FROM (
+	SELECT DISTINCT ON (x._backfill_owner) x._backfill_owner, count(*) OVER w AS _backfill_n, {lo}, {hi}
+	FROM (SELECT t.* FROM {stage} s CROSS JOIN LATERAL (
+		SELECT {tid}, t.{ub} AS _backfill_owner FROM {target} t WHERE {ts} OFFSET 0) t
+		WHERE t._backfill_owner <> $1::bigint) x
+	WINDOW w AS (PARTITION BY x._backfill_owner ORDER BY {xid} ROWS BETWEEN UNBOUNDED PRECEDING AND UNBOUNDED FOLLOWING)
+	ORDER BY x._backfill_owner) y`,
+		"delivered", s.info.Chunk.DeliveredTable, "stage", s.q.stage, "target", sqlgen.Table(t.Table), "tid", sqlgen.List("t.", identity),
+		"ub", sqlgen.Ident(t.Lineage.UpdatedBy), "ts", sqlgen.Equal("t", "s", identity), "lo", strings.Join(lo, ", "),
+		"hi", strings.Join(hi, ", "), "loJSON", strings.Join(loJSON, ", "), "hiJSON", strings.Join(hiJSON, ", "),
+		"xid", sqlgen.List("x.", identity))
+}

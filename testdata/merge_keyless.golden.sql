@@ -1,0 +1,29 @@
+-- stage
+pg_temp."backfill_stage_273c389e71776144";
+
+-- create
+CREATE TEMP TABLE IF NOT EXISTS "backfill_stage_273c389e71776144" ("id" bigint, "name" text COLLATE pg_catalog."C", "amount" numeric(12,2), "doc" json, "pos" point, "Odd ""col""" text, "version" timestamp with time zone, "k" text, _backfill_row bigint NOT NULL) ON COMMIT DELETE ROWS;
+
+-- copyIn
+COPY pg_temp."backfill_stage_273c389e71776144" ("id", "name", "amount", "doc", "pos", "Odd ""col""", "version", "k", _backfill_row) FROM STDIN;
+
+-- dupCheck
+SELECT EXISTS (SELECT 1 FROM pg_temp."backfill_stage_273c389e71776144" GROUP BY "k" HAVING count(*) > 1);
+
+-- inChunkConflicts
+WITH f AS (SELECT DISTINCT ON ("k") * FROM pg_temp."backfill_stage_273c389e71776144" ORDER BY "k", _backfill_row)
+SELECT s._backfill_row AS row, f._backfill_row AS first_row, array_remove(ARRAY[CASE WHEN s."id" IS DISTINCT FROM f."id" THEN 'id' END, CASE WHEN (s."amount"::text COLLATE "C") IS DISTINCT FROM (f."amount"::text COLLATE "C") THEN 'amount' END, CASE WHEN (s."doc"::text COLLATE "C") IS DISTINCT FROM (f."doc"::text COLLATE "C") THEN 'doc' END, CASE WHEN (s."pos"::text COLLATE "C") IS DISTINCT FROM (f."pos"::text COLLATE "C") THEN 'pos' END, CASE WHEN s."Odd ""col""" IS DISTINCT FROM f."Odd ""col""" THEN 'Odd "col"' END, CASE WHEN s."version" IS DISTINCT FROM f."version" THEN 'version' END]::text[], NULL) AS diffs, (to_jsonb(s.*) - '_backfill_row')::text AS raw
+FROM pg_temp."backfill_stage_273c389e71776144" s JOIN f ON s."k" = f."k"
+WHERE EXISTS (SELECT 1 FROM pg_temp."backfill_stage_273c389e71776144" o WHERE o."k" = s."k" AND o._backfill_row <> s._backfill_row)
+ORDER BY s._backfill_row;
+
+-- targetConflicts
+SELECT s._backfill_row AS row, array_remove(ARRAY[CASE WHEN s."id" IS DISTINCT FROM t."id" THEN 'id' END, CASE WHEN (s."amount"::text COLLATE "C") IS DISTINCT FROM (t."amount"::text COLLATE "C") THEN 'amount' END, CASE WHEN (s."doc"::text COLLATE "C") IS DISTINCT FROM (t."doc"::text COLLATE "C") THEN 'doc' END, CASE WHEN (s."pos"::text COLLATE "C") IS DISTINCT FROM (t."pos"::text COLLATE "C") THEN 'pos' END, CASE WHEN s."Odd ""col""" IS DISTINCT FROM t."Odd ""col""" THEN 'Odd "col"' END, CASE WHEN s."version" IS DISTINCT FROM t."version" THEN 'version' END]::text[], NULL) AS diffs, (to_jsonb(s.*) - '_backfill_row')::text AS raw, (to_jsonb(t.*))::text AS existing
+FROM pg_temp."backfill_stage_273c389e71776144" s JOIN "sales"."orders" t ON t."k" = s."k"
+WHERE ROW(t."id", (t."amount"::text COLLATE "C"), (t."doc"::text COLLATE "C"), (t."pos"::text COLLATE "C"), t."Odd ""col""", t."version") IS DISTINCT FROM ROW(s."id", (s."amount"::text COLLATE "C"), (s."doc"::text COLLATE "C"), (s."pos"::text COLLATE "C"), s."Odd ""col""", s."version") ORDER BY s._backfill_row;
+
+-- deleteRows
+DELETE FROM pg_temp."backfill_stage_273c389e71776144" WHERE _backfill_row = ANY ($1::bigint[]);
+
+-- insert
+INSERT INTO "sales"."orders" ("id", "name", "amount", "doc", "pos", "Odd ""col""", "version", "k") SELECT s."id", s."name", s."amount", s."doc", s."pos", s."Odd ""col""", s."version", s."k" FROM pg_temp."backfill_stage_273c389e71776144" s WHERE NOT EXISTS (SELECT 1 FROM "sales"."orders" t WHERE t."k" = s."k" OFFSET 0);

@@ -1,0 +1,408 @@
+package backfill
+
+import (
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/pgbackfill/backfill/internal/sqlgen"
+)
+
+// This file builds the SQL of the validators, one function per
+// statement, and the comparison expressions they share. Identifiers are
+// quoted through internal/sqlgen; values are bind parameters (sqlArgs).
+// The statements are pinned by testdata/validate_*.golden.sql.
+
+// idMatch returns the condition that rows a and b have the same identity:
+// = for columns that cannot be NULL in staging (Key columns, NOT NULL
+// columns), IS NOT DISTINCT FROM otherwise (see [Completeness] and the
+// comment at the top of validate_pg.go).
+func (c *pgCheck) idMatch(a, b string) string {
+	id := c.scope.Info.identity()
+	parts := make([]string, len(id))
+	for i, n := range id {
+		col := c.cols[n]
+		op := " = "
+		if !col.Key && !col.NotNull && !slices.Contains(c.scope.Info.Target.Key, n) {
+			op = " IS NOT DISTINCT FROM "
+		}
+		parts[i] = a + "." + sqlgen.Ident(n) + op + b + "." + sqlgen.Ident(n)
+		if c.exactlyEqual(n) {
+			// The column's equality first (the target's index serves it),
+			// then byte for byte (see exactForm): staged 'a' is not target
+			// 'A' under a case-insensitive collation.
+			parts[i] += " AND " + c.exactForm(n, a+"."+sqlgen.Ident(n)) + op + c.exactForm(n, b+"."+sqlgen.Ident(n))
+		}
+	}
+	return strings.Join(parts, " AND ")
+}
+
+// content returns the staged columns whose values must equal the target's
+// after a merge the staged row won: [ComparedColumns].Checked, every
+// staged column but the identity, the columns the library fills for the
+// row (ingestion time, lineage; the hash stays, it is a function of the
+// content) and, in Keyless mode, the raw sources of derived keys.
+func (c *pgCheck) content() []string { return slices.Clone(c.scope.Info.Compared().Checked) }
+
+// cmpExpr is how the checks compare a column: as text for types without
+// an equality operator (as the merge does), and byte for byte where the
+// column's own equality is looser (see exactForm).
+func (c *pgCheck) cmpExpr(alias, n string) string {
+	// The merge's rule (merge_decide.go): a check that compares content
+	// fails when the target holds another form of an equal value.
+	return exactCompare(c.cols[n], alias+"."+sqlgen.Ident(n))
+}
+
+// exactForm returns the expression e, a value of column n, in a form
+// whose equality tells apart every two values that differ by a byte: a
+// column with a collation of its own (which may be nondeterministic,
+// equating 'a' and 'A', PostgreSQL docs, 24.2.2.4 "Nondeterministic
+// Collations") compares under "C", whose equality is byte for byte;
+// citext (case-insensitive by design) as its text under "C". Other
+// columns keep their type's equality, which is exact for every built-in
+// type the checks compare: floats, numerics, timestamps compare their
+// full values, never a rounded form. The database's default collation is
+// always deterministic.
+func (c *pgCheck) exactForm(n, e string) string {
+	col := c.cols[n]
+	switch {
+	case col.BaseType == "citext":
+		return "(" + e + `::text COLLATE "C")`
+	case col.Collation != "" && !strings.HasSuffix(e, "::text") && collatable[col.BaseType]:
+		return "(" + e + ` COLLATE "C")`
+	case col.Collation != "" && strings.HasSuffix(e, "::text"):
+		return "(" + e + ` COLLATE "C")`
+	}
+	return e
+}
+
+// collatable lists the built-in base types that take a collation.
+var collatable = map[string]bool{"text": true, "varchar": true, "bpchar": true, "name": true,
+	"_text": true, "_varchar": true, "_bpchar": true, "_name": true}
+
+// exactlyEqual reports whether the check compares column n through
+// exactForm, in another form than its own equality.
+func (c *pgCheck) exactlyEqual(n string) bool {
+	return c.exactForm(n, "x") != "x"
+}
+
+// diffs returns a text[] expression naming the content columns in which
+// rows a and b differ (NULL-safe), compared as cmpExpr renders them.
+func (c *pgCheck) diffs(a, b string) string { return diffsExpr(a, b, c.content(), c.cmpExpr) }
+
+// sourceWins returns the condition under which the merge must have made
+// target row t equal to staged row s: "true" but for Upsert TargetWins
+// ("false": the target keeps its content) and NewerVersionWins (the
+// merge's rule, newerVersionWins, on the Tracked columns compared as
+// cmpExpr renders them).
+func (c *pgCheck) sourceWins(s, t string) string {
+	tg := c.scope.Info.Target
+	if tg.Mode != Upsert && tg.Mode != "" {
+		return "true"
+	}
+	switch tg.Conflict {
+	case TargetWins:
+		return "false"
+	case NewerVersionWins:
+		return newerVersionWins(s, t, tg.Version, c.scope.Info.Compared().Tracked, c.cmpExpr)
+	}
+	return "true"
+}
+
+// chunkRows returns the condition selecting the chunk's target rows
+// (alias): by ChunkColumn bounds when the job has one, by staged identity
+// otherwise; how says which.
+func (c *pgCheck) chunkRows(alias string, a *sqlArgs) (cond, how string, err error) {
+	if c.scope.ChunkColumn != "" {
+		cond, err := c.inChunk(alias, a)
+		return cond, "ChunkColumn " + c.scope.ChunkColumn + " in " + c.scope.Chunk.String(), err
+	}
+	return fmt.Sprintf("EXISTS (SELECT 1 FROM %s s WHERE %s)", c.staging, c.idMatch(alias, "s")), "identities in staging", nil
+}
+
+// inChunk returns the condition that alias's ChunkColumn lies in the
+// chunk's half-open interval, as the row writer checks it: instants for
+// time chunks, a wall-clock column (timestamp, date) read in Job.Zone —
+// by converting the bounds, so that an index on the column serves.
+func (c *pgCheck) inChunk(alias string, a *sqlArgs) (string, error) {
+	ch := c.scope.Chunk
+	col := alias + "." + sqlgen.Ident(c.scope.ChunkColumn)
+	switch ch.Kind {
+	case KindTime:
+		lo, hi := a.bind(ch.Start.Format(time.RFC3339Nano)), a.bind(ch.End.Format(time.RFC3339Nano))
+		switch c.cols[c.scope.ChunkColumn].BaseType {
+		case "timestamp", "date":
+			z, err := c.zone()
+			if err != nil {
+				return "", err
+			}
+			zp := a.bind(z)
+			return sqlf("{col} >= ({lo}::timestamptz AT TIME ZONE {zone}::text) AND {col} < ({hi}::timestamptz AT TIME ZONE {zone}::text)",
+				"col", col, "lo", lo, "hi", hi, "zone", zp), nil
+		}
+		return sqlf("{col} >= {lo}::timestamptz AND {col} < {hi}::timestamptz", "col", col, "lo", lo, "hi", hi), nil
+	case KindInt:
+		return sqlf("{col} >= {lo} AND {col} < {hi}", "col", col, "lo", a.bind(ch.Lo), "hi", a.bind(ch.Hi)), nil
+	case KindList:
+		return fmt.Sprintf("%s = %s", col, a.bind(ch.Item)), nil
+	}
+	return "", c.errorf("%w: chunk %s has no kind", ErrInvalidScope, ch.ID)
+}
+
+// sqlArgs collects bind parameters: bind appends one and returns its
+// placeholder.
+type sqlArgs []any
+
+func (a *sqlArgs) bind(v any) string {
+	*a = append(*a, v)
+	return "$" + strconv.Itoa(len(*a))
+}
+
+// duplicateKeysSQL lists (k, n) the keys of cols that occur more than
+// once among the chunk's target rows (chunkRows, of alias c), or, with
+// acrossTarget, among all target rows that share a key with them; rows
+// with a NULL in cols are no duplicates.
+func (c *pgCheck) duplicateKeysSQL(cols []string, chunkRows string, acrossTarget bool) string {
+	notNull := make([]string, len(cols))
+	for i, n := range cols {
+		notNull[i] = "c." + sqlgen.Ident(n) + " IS NOT NULL"
+	}
+	keys := sqlf(`SELECT {ccols} FROM {target} c WHERE {chunkRows} AND {notNull}`,
+		"ccols", sqlgen.List("c.", cols), "target", c.target, "chunkRows", chunkRows, "notNull", strings.Join(notNull, " AND "))
+	if acrossTarget {
+		keys = sqlf(`SELECT d.* FROM {target} d WHERE ({dcols}) IN (SELECT {ccols} FROM ({keys}) c)`,
+			"target", c.target, "dcols", sqlgen.List("d.", cols), "ccols", sqlgen.List("c.", cols), "keys", keys)
+	}
+	return sqlf(`WITH k AS ({keys})
+SELECT ROW({xcols})::text || ': ' || x._backfill_n || ' rows' AS k, count(*) OVER () AS n FROM (
+	SELECT {kcols}, count(*) AS _backfill_n FROM k GROUP BY {kcols} HAVING count(*) > 1) x
+ORDER BY {xcols} LIMIT {max}`,
+		"keys", keys, "xcols", sqlgen.List("x.", cols), "kcols", sqlgen.List("k.", cols), "max", strconv.Itoa(maxSample))
+}
+
+// missingFromTargetSQL lists (k, n) the staged identities the target
+// lacks.
+func (c *pgCheck) missingFromTargetSQL() string {
+	id := c.scope.Info.identity()
+	return sqlf(`SELECT ROW({sid})::text AS k, count(*) OVER () AS n FROM {staging} s
+WHERE NOT EXISTS (SELECT 1 FROM {target} t WHERE {ts}) ORDER BY {sid} LIMIT {max}`,
+		"sid", sqlgen.List("s.", id), "staging", c.staging, "target", c.target, "ts", c.idMatch("t", "s"), "max", strconv.Itoa(maxSample))
+}
+
+// differingContentSQL lists (k, n) the staged rows whose target row holds
+// other content where the staged row wins (wins, see sourceWins), with
+// the columns that differ.
+func (c *pgCheck) differingContentSQL(wins string) string {
+	id := c.scope.Info.identity()
+	return sqlf(`SELECT ROW({xid})::text || ': ' || array_to_string(x._backfill_diffs, ', ') AS k, count(*) OVER () AS n
+FROM (SELECT {sid}, {diffs} AS _backfill_diffs FROM {staging} s JOIN {target} t ON {ts} WHERE {wins}) x
+WHERE cardinality(x._backfill_diffs) > 0 ORDER BY {xid} LIMIT {max}`,
+		"xid", sqlgen.List("x.", id), "sid", sqlgen.List("s.", id), "diffs", c.diffs("s", "t"), "staging", c.staging,
+		"target", c.target, "ts", c.idMatch("t", "s"), "wins", wins, "max", strconv.Itoa(maxSample))
+}
+
+// missingFromStagingSQL lists (k, n) the chunk's target rows (bounds, of
+// alias t) whose identity is not staged.
+func (c *pgCheck) missingFromStagingSQL(bounds string) string {
+	id := c.scope.Info.identity()
+	return sqlf(`SELECT ROW({tid})::text AS k, count(*) OVER () AS n FROM {target} t
+WHERE {bounds} AND NOT EXISTS (SELECT 1 FROM {staging} s WHERE {ts}) ORDER BY {tid} LIMIT {max}`,
+		"tid", sqlgen.List("t.", id), "target", c.target, "bounds", bounds, "staging", c.staging, "ts", c.idMatch("t", "s"),
+		"max", strconv.Itoa(maxSample))
+}
+
+// orphansSQL lists (k, n) the chunk's target rows whose cols, all not
+// NULL, name no row of parentTable in parentCols.
+func (c *pgCheck) orphansSQL(cols []string, parentTable string, parentCols []string) string {
+	id := c.scope.Info.identity()
+	notNull := make([]string, len(cols))
+	match := make([]string, len(cols))
+	for i, n := range cols {
+		notNull[i] = "t." + sqlgen.Ident(n) + " IS NOT NULL"
+		match[i] = "p." + sqlgen.Ident(parentCols[i]) + " = t." + sqlgen.Ident(n)
+	}
+	return sqlf(`SELECT ROW({tid})::text || ' -> ' || ROW({tcols})::text AS k, count(*) OVER () AS n
+FROM {staging} s JOIN {target} t ON {ts}
+WHERE {notNull} AND NOT EXISTS (SELECT 1 FROM {parent} p WHERE {match})
+ORDER BY {tid} LIMIT {max}`,
+		"tid", sqlgen.List("t.", id), "tcols", sqlgen.List("t.", cols), "staging", c.staging, "target", c.target,
+		"ts", c.idMatch("t", "s"), "notNull", strings.Join(notNull, " AND "), "parent", sqlgen.Table(parentTable),
+		"match", strings.Join(match, " AND "), "max", strconv.Itoa(maxSample))
+}
+
+// sampleSQL lists (k, missing, diffs) for the n staged rows with the
+// smallest md5 of their identity and seed: whether the target lacks the
+// row, and the columns that differ where the staged row wins (wins).
+func (c *pgCheck) sampleSQL(n int, seed int64, wins string, a *sqlArgs) string {
+	id := c.scope.Info.identity()
+	diffs := "ARRAY[]::text[]"
+	if wins != "false" {
+		diffs = sqlf("CASE WHEN {wins} THEN {diffs} ELSE ARRAY[]::text[] END", "wins", wins, "diffs", c.diffs("s", "t"))
+	}
+	order := sqlf("md5(ROW({sid})::text || {seed}::text)", "sid", sqlgen.List("s.", id), "seed", a.bind(strconv.FormatInt(seed, 10)))
+	return sqlf(`SELECT ROW({sid})::text AS k, t.{id0} IS NULL AS missing, {diffs} AS diffs
+FROM (SELECT s.*, {order} AS _backfill_order FROM {staging} s ORDER BY _backfill_order, {sid} LIMIT {n}) s
+LEFT JOIN {target} t ON {ts}
+ORDER BY s._backfill_order, {sid}`,
+		"sid", sqlgen.List("s.", id), "id0", sqlgen.Ident(id[0]), "diffs", diffs, "order", order, "staging", c.staging,
+		"n", a.bind(n), "target", c.target, "ts", c.idMatch("t", "s"))
+}
+
+// aggregatesSQL compares, per group (day, the Day expression of an
+// alias, nil for none, then dims), the row counts and each measure's
+// exact sum, special values and NULLs of staging with those of the
+// target rows of the staged identities (see [Aggregates]). It returns
+// (groups, differing, grp, _sn, _tn, ss, ts, _sz, _tz, _mbad): the counts,
+// then one differing group per row (up to maxSample), or one row of NULLs
+// when no group differs. Tolerances are bound in a.
+func (c *pgCheck) aggregatesSQL(day func(alias string) string, dims []string, measures []Measure, a *sqlArgs) string {
+	var gcols []string
+	n := len(dims)
+	if day != nil {
+		n++
+	}
+	for i := range n {
+		gcols = append(gcols, fmt.Sprintf("_g%d", i))
+	}
+	aggs := []string{"sum(_sn)::bigint AS _sn", "sum(_tn)::bigint AS _tn"}
+	var ss, ts, sz, tz, bad []string
+	for i, m := range measures {
+		aggs = append(aggs, sqlf("sum(_ss{i}) AS _ss{i}, sum(_ts{i}) AS _ts{i}, sum(_sz{i})::bigint AS _sz{i}, sum(_tz{i})::bigint AS _tz{i}", "i", strconv.Itoa(i)))
+		// The sum as text: the finite values' sum, then the special
+		// values' counts ("12.5 + 1 NaN"); NULL for no value at all.
+		sumText := func(side string) string {
+			parts := []string{fmt.Sprintf("_%ss%d::text", side, i)}
+			for j, s := range []string{"NaN", "Infinity", "-Infinity"} {
+				x := fmt.Sprintf("_%sx%d_%d", side, i, j)
+				aggs = append(aggs, sqlf("sum({x})::bigint AS {x}", "x", x))
+				parts = append(parts, sqlf("CASE WHEN {x} > 0 THEN {x} || ' {special}' END", "x", x, "special", s))
+			}
+			return "nullif(concat_ws(' + ', " + strings.Join(parts, ", ") + "), '')"
+		}
+		ss = append(ss, sumText("s"))
+		ts = append(ts, sumText("t"))
+		sz = append(sz, fmt.Sprintf("_sz%d", i))
+		tz = append(tz, fmt.Sprintf("_tz%d", i))
+		bad = append(bad, sqlf(`NOT ((_ss{i} IS NOT DISTINCT FROM _ts{i} OR abs(coalesce(_ss{i}, 0) - coalesce(_ts{i}, 0)) <= {tolerance}::numeric)
+	AND _sx{i}_0 = _tx{i}_0 AND _sx{i}_1 = _tx{i}_1 AND _sx{i}_2 = _tx{i}_2)`,
+			"i", strconv.Itoa(i), "tolerance", a.bind(m.Tolerance)))
+	}
+	array := func(elems []string, typ string) string {
+		return "ARRAY[" + strings.Join(elems, ", ") + "]::" + typ + "[]"
+	}
+	groupBy, orderBy, groupText := "", "", "'(all rows)'"
+	if len(gcols) > 0 {
+		groupBy = "GROUP BY " + strings.Join(gcols, ", ")
+		orderBy = "ORDER BY " + strings.Join(gcols, ", ")
+		groupText = "ROW(" + strings.Join(gcols, ", ") + ")::text"
+	}
+	return sqlf(`WITH a AS (
+	SELECT {aggs} FROM ({staged} UNION ALL {target}) x {groupBy}),
+b AS (SELECT a.*, {bad} AS _mbad, {sz} AS _sz, {tz} AS _tz FROM a),
+d AS (SELECT * FROM b WHERE _sn <> _tn OR true = ANY (_mbad) OR _sz <> _tz)
+SELECT (SELECT count(*) FROM a) AS groups, (SELECT count(*) FROM d) AS differing, y.*
+FROM (SELECT 1) one LEFT JOIN LATERAL (
+	SELECT {groupText} AS grp, _sn, _tn, {ss} AS ss, {ts} AS ts, _sz, _tz, _mbad
+	FROM d {orderBy} LIMIT {max}) y ON true`,
+		"aggs", strings.Join(append(slices.Clone(gcols), aggs...), ", "),
+		"staged", c.aggregatesSideSQL(day, dims, measures, "s", 0), "target", c.aggregatesSideSQL(day, dims, measures, "t", 1),
+		"groupBy", groupBy, "bad", array(bad, "bool"), "groupText", groupText, "ss", array(ss, "text"), "ts", array(ts, "text"),
+		"sz", array(sz, "bigint"), "tz", array(tz, "bigint"), "orderBy", orderBy, "max", strconv.Itoa(maxSample))
+}
+
+// aggregatesSideSQL aggregates one side per group: side 0 staging (alias
+// s), side 1 the target rows of the staged identities (alias t). Each
+// side fills its own columns and zeros the other's, so that the two
+// combine per group without FILTER, every row aggregated once.
+//
+// Sums are exact. A float sum depends on the order of addition, which
+// no query fixes, and loses what is small next to what is large
+// (1e300 + 1e-300); float8::numeric rounds to 15 significant digits.
+// So a float measure is summed as numeric of each value's shortest
+// exact text (extra_float_digits >= 1, pinned by Aggregates.compare,
+// PostgreSQL docs, 8.1.3 "Floating-Point Types"): distinct floats have
+// distinct texts, each names its float exactly, and a numeric sum is
+// exact and does not depend on the order: a float changed by one step
+// changes the sum. NaN and the infinities (float and numeric) are
+// counted apart instead of summed, because one NaN would make both sums
+// NaN and hide every other difference; the finite values are summed.
+func (c *pgCheck) aggregatesSideSQL(day func(alias string) string, dims []string, measures []Measure, alias string, side int) string {
+	var groups []string
+	if day != nil {
+		groups = append(groups, day(alias))
+	}
+	for _, d := range dims {
+		// Byte for byte: under a case-insensitive collation 'a' and
+		// 'A' would be one group (see exactForm).
+		groups = append(groups, c.exactForm(d, alias+"."+sqlgen.Ident(d)))
+	}
+	var parts, pos []string
+	for i, g := range groups {
+		parts = append(parts, fmt.Sprintf("%s AS _g%d", g, i))
+		pos = append(pos, strconv.Itoa(i+1))
+	}
+	mine := func(expr, other string) (string, string) {
+		if side == 0 {
+			return expr, other
+		}
+		return other, expr
+	}
+	sn, tn := mine("count(*)", "0")
+	parts = append(parts, sn+" AS _sn", tn+" AS _tn")
+	for i, m := range measures {
+		col := alias + "." + sqlgen.Ident(m.Column)
+		special := false
+		exact := col + "::numeric"
+		switch c.cols[m.Column].BaseType {
+		case "float4", "float8":
+			special, exact = true, col+"::text::numeric"
+		case "numeric":
+			special = true
+		}
+		finite := ""
+		if special {
+			finite = fmt.Sprintf(" FILTER (WHERE %s NOT IN ('NaN', 'Infinity', '-Infinity'))", col)
+		}
+		ssum, tsum := mine("sum("+exact+")"+finite, "NULL::numeric")
+		snull, tnull := mine("count(*) - count("+col+")", "0")
+		parts = append(parts, fmt.Sprintf("%s AS _ss%d, %s AS _ts%d", ssum, i, tsum, i), fmt.Sprintf("%s AS _sz%d, %s AS _tz%d", snull, i, tnull, i))
+		for j, s := range []string{"NaN", "Infinity", "-Infinity"} {
+			cnt := "0"
+			if special {
+				cnt = fmt.Sprintf("count(*) FILTER (WHERE %s = '%s')", col, s)
+			}
+			sx, tx := mine(cnt, "0")
+			parts = append(parts, fmt.Sprintf("%s AS _sx%d_%d, %s AS _tx%d_%d", sx, i, j, tx, i, j))
+		}
+	}
+	from := c.staging + " s"
+	if side == 1 {
+		from = fmt.Sprintf("%s s JOIN %s t ON %s", c.staging, c.target, c.idMatch("t", "s"))
+	}
+	q := "SELECT " + strings.Join(parts, ", ") + " FROM " + from
+	if len(pos) > 0 {
+		q += " GROUP BY " + strings.Join(pos, ", ")
+	}
+	return q
+}
+
+// fingerprintStagingSQL counts the staged rows and sums their row hashes
+// of cols (see rowHashSQL).
+func (c *pgCheck) fingerprintStagingSQL(cols []string) string {
+	return sqlf(`SELECT count(*) AS rows, coalesce(sum({hash}), 0)::text AS hash_sum FROM {staging} s`,
+		"hash", rowHashSQL(c.scope.Info, cols, "s"), "staging", c.staging)
+}
+
+// fingerprintTargetSQL counts the chunk's target rows and sums their row
+// hashes of cols: the rows within bounds (a condition on alias t), or,
+// for bounds "", the target rows of the staged identities.
+func (c *pgCheck) fingerprintTargetSQL(cols []string, bounds string) string {
+	if bounds == "" {
+		return sqlf(`SELECT count(*) AS rows, coalesce(sum({hash}), 0)::text AS hash_sum FROM {staging} s JOIN {target} t ON {ts}`,
+			"hash", rowHashSQL(c.scope.Info, cols, "t"), "staging", c.staging, "target", c.target, "ts", c.idMatch("t", "s"))
+	}
+	return sqlf(`SELECT count(*) AS rows, coalesce(sum({hash}), 0)::text AS hash_sum FROM {target} t WHERE {bounds}`,
+		"hash", rowHashSQL(c.scope.Info, cols, "t"), "target", c.target, "bounds", bounds)
+}
