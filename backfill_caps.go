@@ -109,16 +109,94 @@ type UndoLogWriter interface {
 	WritesUndoLog() bool
 }
 
-// sqlManifest is a manifest whose tables live in the target's
-// PostgreSQL database, in the schema sql substitutes for {s}: the undo
-// log's rollback and the switch back of a publish mode update them in
-// the same transactions as the target. Only [PGManifest] is one.
-type sqlManifest interface {
-	Manifest
+// ManifestRollback is implemented by manifests that keep the bookkeeping
+// of a rollback by the undo log ([Runner.Rollback], [RollbackUndoLog]):
+// which run to roll back, which of its chunks are rolled back, and the
+// audit log. [PGManifest] and backfilltest's Manifest do. A rollback
+// needs it, and a [MergerRollback].
+type ManifestRollback interface {
 	ManifestAudit
-	ManifestUndoLog
 	// Run returns the run of batchID ([ErrRunNotFound] if none).
 	Run(ctx context.Context, db sqlx.ExtContext, batchID int64) (Run, error)
+	// RollBackChunk marks chunk seq of batchID rolled back in tx if it is
+	// done or open, and reports whether it was; false (and no change)
+	// when an earlier, interrupted rollback marked it already. It locks
+	// the chunk's row until tx ends.
+	RollBackChunk(ctx context.Context, tx sqlx.ExtContext, batchID int64, seq int) (bool, error)
+	// RollBackRun sets the status of run batchID to rolled_back in tx.
+	RollBackRun(ctx context.Context, tx sqlx.ExtContext, batchID int64) error
+}
+
+// MergerRollback is implemented by mergers that roll a batch back from
+// the undo log their stagers wrote ([UndoLogWriter]). [PGMerger] and
+// backfilltest's Merger do. [Runner.Rollback] needs it.
+type MergerRollback interface {
+	// UndoRollback returns the rollback of scope on info's target, whose
+	// manifest is m. It returns an error wrapping [ErrUnsupported] when
+	// it cannot roll back with m (PGMerger needs a [PGManifest], whose
+	// schema holds the undo log).
+	UndoRollback(ctx context.Context, db sqlx.ExtContext, m ManifestRollback, info TableInfo, scope RollbackScope) (UndoRollback, error)
+}
+
+// RollbackScope is what one call of [Runner.Rollback] rolls back.
+type RollbackScope struct {
+	// BatchID is the batch rolled back.
+	BatchID int64
+	// Seqs are the chunks rolled back (done or open), in reverse order.
+	Seqs []int
+	// Chunk is the one chunk rolled back ([RollbackOptions.ChunkID]), or
+	// nil for the whole batch.
+	Chunk *ChunkState
+	// Exclude are batches rolled back before this one by the same call
+	// ([Runner.RollbackModule]): their changes do not conflict.
+	Exclude []int64
+	// ChunkColumn and Zone are the plan's: they find the rows one chunk
+	// inserted ("": unknown).
+	ChunkColumn, Zone string
+}
+
+// RollbackConflicts are the rows a rollback would delete or restore that
+// later batches still applied changed or delivered unchanged.
+type RollbackConflicts struct {
+	// Changed counts the rows later batches changed (lineage UpdatedBy);
+	// Delivered those they delivered unchanged, DeliveredDeleted how many
+	// of these the rollback would delete (the rest it would restore).
+	Changed, Delivered, DeliveredDeleted int64
+	// Rows lists up to 100 of each kind, in any order.
+	Rows []RollbackConflict
+}
+
+// UndoRollback is the rollback of one [RollbackScope] by the undo log
+// ([MergerRollback]). The Runner calls Conflicts, then Preview or, one
+// transaction each, RollBackChunk for every chunk of the scope in its
+// order and Finish. force rolls back the conflicting rows too.
+type UndoRollback interface {
+	// Conflicts finds the rows later batches still applied changed or
+	// delivered unchanged.
+	Conflicts(ctx context.Context, db sqlx.ExtContext) (RollbackConflicts, error)
+	// Preview counts the rows the rollback would delete and restore.
+	Preview(ctx context.Context, db sqlx.ExtContext, force bool) (deleted, restored int64, err error)
+	// RollBackChunk rolls back chunk seq in tx, marking it rolled back
+	// in the manifest ([ManifestRollback.RollBackChunk]): rows it
+	// updated get their earliest prior image back, rows it inserted are
+	// deleted. done is false, and nothing changes, when the chunk was
+	// rolled back already.
+	RollBackChunk(ctx context.Context, tx sqlx.ExtContext, seq int, force bool) (deleted, restored int64, done bool, err error)
+	// Finish ends the rollback in tx: for a whole batch (whole) it
+	// deletes the rows the batch inserted that remain and sets the run
+	// rolled back ([ManifestRollback.RollBackRun]); then it records
+	// event(deleted) in the audit log.
+	Finish(ctx context.Context, tx sqlx.ExtContext, whole, force bool, event func(deleted int64) Event) (deleted int64, err error)
+}
+
+// sqlManifest is a manifest whose tables live in the target's
+// PostgreSQL database, in the schema sql substitutes for {s}: the undo
+// log's SQL reads them, and the switch back of a publish mode updates
+// them in the same transactions as the target. Only [PGManifest] is one.
+type sqlManifest interface {
+	Manifest
+	ManifestRollback
+	ManifestUndoLog
 	sql(q string) string
 }
 
@@ -131,8 +209,10 @@ type capabilities struct {
 	gates       ManifestGates
 	undo        ManifestUndoLog
 	staging     ManifestStaging
-	sql         sqlManifest // rollback and switch back
+	sql         sqlManifest // switch back, a running run's rollback
+	rollback    ManifestRollback
 	mergeStage  MergerStaging
+	mergeUndo   MergerRollback
 	isolates    bool // StagingIsolator
 	writesUndo  bool // UndoLogWriter
 }
@@ -145,7 +225,9 @@ func resolveCapabilities(m Manifest, mg Merger) capabilities {
 	c.undo, _ = m.(ManifestUndoLog)
 	c.staging, _ = m.(ManifestStaging)
 	c.sql, _ = m.(sqlManifest)
+	c.rollback, _ = m.(ManifestRollback)
 	c.mergeStage, _ = mg.(MergerStaging)
+	c.mergeUndo, _ = mg.(MergerRollback)
 	if si, ok := mg.(StagingIsolator); ok {
 		c.isolates = si.IsolatesRefusedValues()
 	}

@@ -142,6 +142,16 @@ func TestFakesPublishAtEndGate(t *testing.T) {
 // manifestOnly hides every optional interface of the manifest it wraps.
 type manifestOnly struct{ backfill.Manifest }
 
+// mergerOnly hides the optional interfaces of the Merger it wraps.
+type mergerOnly struct{ backfill.Merger }
+
+// undoWriterOnly is a merger that writes the undo log (UndoLogWriter)
+// but does not roll back from it (no MergerRollback).
+type undoWriterOnly struct {
+	backfill.Merger
+	backfill.UndoLogWriter
+}
+
 // A job that needs a capability the Runner's Manifest or Merger lacks is
 // refused before any run is created, with ErrUnsupported naming it.
 func TestMissingCapabilityRefusedBeforeRun(t *testing.T) {
@@ -186,19 +196,46 @@ func TestMissingCapabilityRefusedBeforeRun(t *testing.T) {
 
 	t.Run("UndoLog", func(t *testing.T) {
 		t.Parallel()
-		s := newFakeSetup(t)
+		// The fakes write and roll back the undo log; wrappers that hide
+		// their capabilities do not.
+		inner := backfilltest.NewManifest()
+		merger := backfilltest.NewMerger()
+		merger.AddTableColumns("readings", []string{"sensor", "minute"}, backfill.Column{Name: "sensor"}, backfill.Column{Name: "minute"},
+			backfill.Column{Name: "celsius"}, backfill.Column{Name: "backfill_inserted_by"}, backfill.Column{Name: "backfill_updated_by"})
+		r, err := backfill.NewWithDB(backfilltest.NewDB(), &backfill.Config{Manifest: manifestOnly{inner}, Merger: mergerOnly{merger}})
+		require.NoError(t, err)
 		job := readingsJob("", nil)
 		job.Rollback = backfill.RollbackUndoLog
-		s.merger.AddTableColumns("readings", []string{"sensor", "minute"}, backfill.Column{Name: "sensor"}, backfill.Column{Name: "minute"},
-			backfill.Column{Name: "celsius"}, backfill.Column{Name: "backfill_inserted_by"}, backfill.Column{Name: "backfill_updated_by"})
-		_, err := s.runner.Run(ctx, job)
+		_, err = r.Run(ctx, job)
 		require.ErrorIs(t, err, backfill.ErrUnsupported)
 		require.ErrorContains(t, err, "ManifestUndoLog")
 		require.ErrorContains(t, err, "UndoLogWriter")
-		_, err = s.manifest.LatestRun(ctx, nil, job.Name)
+		_, err = inner.LatestRun(ctx, nil, job.Name)
 		require.ErrorIs(t, err, backfill.ErrRunNotFound, "no batch was created")
 
-		_, err = s.runner.Rollback(ctx, job, backfill.RollbackOptions{Preview: true})
+		_, err = r.Rollback(ctx, job, backfill.RollbackOptions{Preview: true})
 		require.ErrorIs(t, err, backfill.ErrUnsupported)
+		require.ErrorContains(t, err, "ManifestRollback")
+	})
+
+	t.Run("MergerRollback", func(t *testing.T) {
+		t.Parallel()
+		// A merger that writes the undo log but cannot roll back from it:
+		// the batch is refused before anything changes, naming it.
+		manifest := backfilltest.NewManifest()
+		merger := backfilltest.NewMerger()
+		merger.AddTableColumns("readings", []string{"sensor", "minute"}, backfill.Column{Name: "sensor"}, backfill.Column{Name: "minute"},
+			backfill.Column{Name: "celsius"}, backfill.Column{Name: "backfill_inserted_by"}, backfill.Column{Name: "backfill_updated_by"})
+		r, err := backfill.NewWithDB(backfilltest.NewDB(), &backfill.Config{Manifest: manifest, Merger: undoWriterOnly{merger, merger}})
+		require.NoError(t, err)
+		job := readingsJob("", nil)
+		job.Rollback = backfill.RollbackUndoLog
+		_, err = r.Run(ctx, job)
+		require.NoError(t, err)
+		before := merger.Rows("readings")
+		_, err = r.Rollback(ctx, job, backfill.RollbackOptions{Actor: "ann", Why: "test"})
+		require.ErrorIs(t, err, backfill.ErrUnsupported)
+		require.ErrorContains(t, err, "MergerRollback")
+		require.Equal(t, before, merger.Rows("readings"), "nothing changed")
 	})
 }

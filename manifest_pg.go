@@ -32,6 +32,7 @@ var (
 	_ ManifestUndoLog     = (*PGManifest)(nil)
 	_ ManifestStaging     = (*PGManifest)(nil)
 	_ sqlManifest         = (*PGManifest)(nil)
+	_ ManifestRollback    = (*PGManifest)(nil)
 )
 
 // NewPGManifest returns a PostgreSQL manifest in schema ("" means
@@ -892,6 +893,27 @@ func (m *PGManifest) FailedAttemptExceptions(ctx context.Context, db sqlx.ExtCon
 		}
 	}
 	return out, nil
+}
+
+// RollBackChunk implements [ManifestRollback].
+func (m *PGManifest) RollBackChunk(ctx context.Context, tx sqlx.ExtContext, batchID int64, seq int) (bool, error) {
+	var status []string
+	if err := sqlx.SelectContext(ctx, tx, &status, m.sql(`SELECT status FROM {s}.chunks WHERE batch_id = $1 AND seq = $2 FOR UPDATE`), batchID, seq); err != nil {
+		return false, err
+	}
+	if len(status) == 0 || status[0] != string(ChunkDone) && status[0] != string(ChunkOpen) {
+		return false, nil
+	}
+	if _, err := tx.ExecContext(ctx, m.sql(`UPDATE {s}.chunks SET status = 'rolled_back' WHERE batch_id = $1 AND seq = $2`), batchID, seq); err != nil {
+		return false, err
+	}
+	return true, nil
+}
+
+// RollBackRun implements [ManifestRollback].
+func (m *PGManifest) RollBackRun(ctx context.Context, tx sqlx.ExtContext, batchID int64) error {
+	_, err := tx.ExecContext(ctx, m.sql(`UPDATE {s}.runs SET status = 'rolled_back', updated_at = now() WHERE batch_id = $1`), batchID)
+	return err
 }
 
 // PauseRun implements [ManifestValidations.PauseRun].

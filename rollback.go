@@ -104,9 +104,11 @@ type RollbackReport struct {
 // pending or failed chunks is refused with [ErrInvalidConfig] saying what
 // to do: finish it (run the job again) or abandon it with [Job.NewRun].
 //
-// It needs a manifest whose tables live in the target's database
-// ([PGManifest]) and, for the undo log, a merger that writes it
-// ([UndoLogWriter]); [ErrUnsupported] otherwise.
+// It needs a manifest that keeps the rollback's bookkeeping
+// ([ManifestRollback]) and, for the undo log, a merger that writes it
+// ([UndoLogWriter]) and rolls back from it ([MergerRollback]); a publish
+// mode that switches back, or a running run, needs a [PGManifest];
+// [ErrUnsupported] otherwise, naming what is missing.
 func (r *Runner) Rollback(ctx context.Context, job Job, opts RollbackOptions) (RollbackReport, error) {
 	begin := time.Now()
 	run, plan, err := r.rollbackBatch(ctx, job, opts)
@@ -116,6 +118,9 @@ func (r *Runner) Rollback(ctx context.Context, job Job, opts RollbackOptions) (R
 	if plan.Publish == job.Publish.String() {
 		// A publish mode that switches back rolls back its own way.
 		opts.lockTimeout = job.Publish.LockTimeout
+		if publisherFor(job.Publish).switchesBack() && r.caps.sql == nil {
+			return RollbackReport{}, fmt.Errorf("backfill: rollback of batch %d: %w: publish mode %s switches back in the manifest's tables (PGManifest)", run.BatchID, ErrUnsupported, job.Publish.Mode)
+		}
 		if rep, handled, err := publisherFor(job.Publish).rollback(ctx, r, job, run, plan, opts); handled {
 			return rep, err
 		}
@@ -155,16 +160,16 @@ func (r *Runner) Rollback(ctx context.Context, job Job, opts RollbackOptions) (R
 // rollbackBatch checks opts and finds the batch of job to roll back and
 // its plan; the batch must not be running.
 func (r *Runner) rollbackBatch(ctx context.Context, job Job, opts RollbackOptions) (Run, Plan, error) {
-	if r.caps.sql == nil {
-		return Run{}, Plan{}, fmt.Errorf("backfill: rollback of job %q: %w: the manifest's tables must live in the target's database (PGManifest)", job.Name, ErrUnsupported)
+	if err := need(r.caps.rollback != nil, "ManifestRollback", "the manifest keeps the rollback's bookkeeping"); err != nil {
+		return Run{}, Plan{}, fmt.Errorf("backfill: rollback of job %q: %w", job.Name, err)
 	}
 	if !opts.Preview && (opts.Actor == "" || opts.Why == "") {
 		return Run{}, Plan{}, fmt.Errorf("backfill: rollback of job %q: %w: Actor and Why are required", job.Name, ErrInvalidConfig)
 	}
-	if err := r.caps.sql.Init(ctx, r.db); err != nil {
+	if err := r.cfg.Manifest.Init(ctx, r.db); err != nil {
 		return Run{}, Plan{}, err
 	}
-	run, err := r.rollbackRun(ctx, r.caps.sql, job.Name, opts.BatchID)
+	run, err := r.rollbackRun(ctx, r.caps.rollback, job.Name, opts.BatchID)
 	if err != nil {
 		return Run{}, Plan{}, err
 	}
@@ -172,6 +177,9 @@ func (r *Runner) rollbackBatch(ctx context.Context, job Job, opts RollbackOption
 		// A run whose only unfinished chunks are open (loaded, read again
 		// by each call until the horizon passes their end) can be
 		// withdrawn: it is paused first, so that no call reads them again.
+		if err := need(r.caps.sql != nil, "PGManifest", "a running run is paused in the manifest's tables first"); err != nil {
+			return Run{}, Plan{}, fmt.Errorf("backfill: rollback of batch %d: %w", run.BatchID, err)
+		}
 		if run, err = r.stopOpenRun(ctx, r.caps.sql, run, opts); err != nil {
 			return Run{}, Plan{}, err
 		}
@@ -190,7 +198,7 @@ type undoRollback struct {
 	r    *Runner
 	run  Run
 	opts RollbackOptions
-	rb   *pgRollback
+	rb   UndoRollback
 	seqs []int
 	one  *ChunkState
 	// deliveredDeleted counts the delivered conflicts the rollback would
@@ -206,6 +214,9 @@ func (r *Runner) undoRollback(ctx context.Context, job Job, run Run, plan Plan, 
 	if !r.caps.writesUndo {
 		return nil, fmt.Errorf("backfill: rollback of batch %d: %w: the merger does not write the undo log (UndoLogWriter)", run.BatchID, ErrUnsupported)
 	}
+	if err := need(r.caps.mergeUndo != nil, "MergerRollback", "the merger rolls back from its undo log"); err != nil {
+		return nil, fmt.Errorf("backfill: rollback of batch %d: %w", run.BatchID, err)
+	}
 	info, err := r.cfg.Merger.Prepare(ctx, r.db, job.Target)
 	if err != nil {
 		return nil, err
@@ -213,11 +224,11 @@ func (r *Runner) undoRollback(ctx context.Context, job Job, run Run, plan Plan, 
 	if info.Target.Table != plan.Target.Table {
 		return nil, fmt.Errorf("backfill: rollback of batch %d: %w: job target %q is not the batch's %q", run.BatchID, ErrInvalidConfig, info.Target.Table, plan.Target.Table)
 	}
-	states, err := r.caps.sql.Chunks(ctx, r.db, run.BatchID)
+	states, err := r.cfg.Manifest.Chunks(ctx, r.db, run.BatchID)
 	if err != nil {
 		return nil, err
 	}
-	u := &undoRollback{r: r, run: run, opts: opts, rb: newPGRollback(r.caps.sql, info)}
+	u := &undoRollback{r: r, run: run, opts: opts}
 	for _, s := range states {
 		if (s.Status == ChunkDone || s.Status == ChunkOpen) && (opts.ChunkID == "" || s.Chunk.ID == opts.ChunkID) {
 			u.seqs = append(u.seqs, s.Chunk.Seq)
@@ -227,21 +238,23 @@ func (r *Runner) undoRollback(ctx context.Context, job Job, run Run, plan Plan, 
 		return nil, fmt.Errorf("backfill: rollback of batch %d: %w: no chunk %q", run.BatchID, ErrInvalidConfig, opts.ChunkID)
 	}
 	slices.Reverse(u.seqs) // reverse order: the last change first
+	scope := RollbackScope{BatchID: run.BatchID, Seqs: u.seqs, Exclude: opts.exclude}
 	if plan.Time != nil {
-		u.rb.chunkColumn, u.rb.zone = plan.Time.ChunkColumn, plan.Time.Zone
-	}
-	if err := u.rb.load(ctx, r.db); err != nil {
-		return nil, err
+		scope.ChunkColumn, scope.Zone = plan.Time.ChunkColumn, plan.Time.Zone
 	}
 	// A single chunk's inserted rows are found by lineage within the
 	// chunk's bounds of Job.ChunkColumn; a whole batch's by lineage alone.
 	if opts.ChunkID != "" {
 		i := slices.IndexFunc(states, func(s ChunkState) bool { return s.Chunk.ID == opts.ChunkID })
 		u.one = &states[i]
-		if u.rb.chunkColumn == "" && u.one.Inserted > 0 {
+		scope.Chunk = u.one
+		if scope.ChunkColumn == "" && u.one.Inserted > 0 {
 			return nil, fmt.Errorf("backfill: rollback of batch %d chunk %s: %w: the chunk inserted %d rows and the job has no ChunkColumn to find them by; roll back the whole batch",
 				run.BatchID, opts.ChunkID, ErrUnsupported, u.one.Inserted)
 		}
+	}
+	if u.rb, err = r.caps.mergeUndo.UndoRollback(ctx, r.db, r.caps.rollback, info, scope); err != nil {
+		return nil, err
 	}
 	return u, nil
 }
@@ -249,20 +262,14 @@ func (r *Runner) undoRollback(ctx context.Context, job Job, run Run, plan Plan, 
 // conflicts returns the report with the rows later batches still applied
 // changed or delivered unchanged.
 func (u *undoRollback) conflicts(ctx context.Context) (RollbackReport, error) {
-	db, batch := u.r.db, u.run.BatchID
-	rep := RollbackReport{BatchID: batch, Preview: u.opts.Preview, Status: u.run.Status}
-	changed, changedRows, err := u.rb.conflicts(ctx, db, batch, u.seqs, u.one, u.opts.exclude)
+	rep := RollbackReport{BatchID: u.run.BatchID, Preview: u.opts.Preview, Status: u.run.Status}
+	c, err := u.rb.Conflicts(ctx, u.r.db)
 	if err != nil {
 		return rep, err
 	}
-	var deliveredRows []RollbackConflict
-	if u.one == nil || len(u.seqs) > 0 {
-		if rep.ConflictsDelivered, u.deliveredDeleted, deliveredRows, err = u.rb.delivered(ctx, db, batch, u.seqs, u.one, u.opts.exclude); err != nil {
-			return rep, err
-		}
-	}
-	rep.Conflicts = changed + rep.ConflictsDelivered
-	rep.ConflictRows = append(changedRows, deliveredRows...)
+	rep.ConflictsDelivered, u.deliveredDeleted = c.Delivered, c.DeliveredDeleted
+	rep.Conflicts = c.Changed + c.Delivered
+	rep.ConflictRows = c.Rows
 	slices.SortFunc(rep.ConflictRows, func(a, b RollbackConflict) int { return strings.Compare(a.Key, b.Key) })
 	rep.ConflictRows = rep.ConflictRows[:min(100, len(rep.ConflictRows))]
 	for _, c := range rep.ConflictRows {
@@ -275,7 +282,7 @@ func (u *undoRollback) conflicts(ctx context.Context) (RollbackReport, error) {
 func (u *undoRollback) preview(ctx context.Context, rep RollbackReport) (RollbackReport, error) {
 	rep.Chunks = len(u.seqs)
 	var err error
-	if rep.Deleted, rep.Restored, err = u.rb.preview(ctx, u.r.db, u.run.BatchID, u.seqs, u.one, u.opts.Force); err != nil {
+	if rep.Deleted, rep.Restored, err = u.rb.Preview(ctx, u.r.db, u.opts.Force); err != nil {
 		return rep, err
 	}
 	if !u.opts.Force {
@@ -294,12 +301,17 @@ func (u *undoRollback) apply(ctx context.Context, rep RollbackReport) (RollbackR
 		// Visible even if this call is interrupted: who started it and why.
 		started, _ := json.Marshal(map[string]any{"why": opts.Why, "chunk": opts.ChunkID, "force": opts.Force, "chunks": len(u.seqs),
 			"conflicts_overridden": rep.Conflicts * boolInt(opts.Force), "conflict_rows": conflictStrings(rep.ConflictRows, 20)})
-		if err := u.r.caps.sql.RecordEvent(ctx, db, Event{BatchID: run.BatchID, Job: run.Job, Kind: "rollback_started", Actor: opts.Actor, Detail: started}); err != nil {
+		if err := u.r.caps.rollback.RecordEvent(ctx, db, Event{BatchID: run.BatchID, Job: run.Job, Kind: "rollback_started", Actor: opts.Actor, Detail: started}); err != nil {
 			return rep, err
 		}
 	}
 	for _, seq := range u.seqs {
-		deleted, restored, done, err := u.rb.chunk(ctx, db, run.BatchID, seq, u.one, opts.Force)
+		var deleted, restored int64
+		var done bool
+		err := inTx(ctx, db, func(tx sqlx.ExtContext) (err error) {
+			deleted, restored, done, err = u.rb.RollBackChunk(ctx, tx, seq, opts.Force)
+			return err
+		})
 		if err != nil {
 			return rep, fmt.Errorf("backfill: rollback of batch %d chunk %d: %w", run.BatchID, seq, err)
 		}
@@ -316,11 +328,15 @@ func (u *undoRollback) apply(ctx context.Context, rep RollbackReport) (RollbackR
 	if opts.ChunkID != "" {
 		kind = "rollback_chunk"
 	}
-	deleted, err := u.rb.finish(ctx, db, run, opts.ChunkID == "", opts.Force, func(deleted int64) Event {
-		detail, _ := json.Marshal(map[string]any{"why": opts.Why, "chunk": opts.ChunkID, "force": opts.Force, "chunks": rep.Chunks,
-			"deleted": rep.Deleted + deleted, "restored": rep.Restored, "conflicts_overridden": rep.Conflicts * boolInt(opts.Force),
-			"delivered_overridden": rep.ConflictsDelivered * boolInt(opts.Force), "conflict_rows": conflictStrings(rep.ConflictRows, 20)})
-		return Event{BatchID: run.BatchID, Job: run.Job, Kind: kind, Actor: opts.Actor, Detail: detail}
+	var deleted int64
+	err := inTx(ctx, db, func(tx sqlx.ExtContext) (err error) {
+		deleted, err = u.rb.Finish(ctx, tx, opts.ChunkID == "", opts.Force, func(deleted int64) Event {
+			detail, _ := json.Marshal(map[string]any{"why": opts.Why, "chunk": opts.ChunkID, "force": opts.Force, "chunks": rep.Chunks,
+				"deleted": rep.Deleted + deleted, "restored": rep.Restored, "conflicts_overridden": rep.Conflicts * boolInt(opts.Force),
+				"delivered_overridden": rep.ConflictsDelivered * boolInt(opts.Force), "conflict_rows": conflictStrings(rep.ConflictRows, 20)})
+			return Event{BatchID: run.BatchID, Job: run.Job, Kind: kind, Actor: opts.Actor, Detail: detail}
+		})
+		return err
 	})
 	if err != nil {
 		return rep, fmt.Errorf("backfill: rollback of batch %d: %w", run.BatchID, err)
@@ -421,7 +437,7 @@ func boolInt(b bool) int64 {
 	return 0
 }
 
-func (r *Runner) rollbackRun(ctx context.Context, pm sqlManifest, job string, batchID int64) (Run, error) {
+func (r *Runner) rollbackRun(ctx context.Context, pm ManifestRollback, job string, batchID int64) (Run, error) {
 	if batchID != 0 {
 		run, err := pm.Run(ctx, r.db, batchID)
 		if err != nil {

@@ -32,6 +32,58 @@ type pgRollback struct {
 	// keyTypes: the identity columns' types (format_type), which read
 	// a logged key back as a record of those columns only (keyRecord).
 	keyTypes map[string]string
+	scope    RollbackScope
+}
+
+var _ UndoRollback = (*pgRollback)(nil)
+
+// UndoRollback implements [MergerRollback]: the rollback by the undo log
+// that m, a [PGManifest], holds in its schema.
+func (p *PGMerger) UndoRollback(ctx context.Context, db sqlx.ExtContext, m ManifestRollback, info TableInfo, scope RollbackScope) (UndoRollback, error) {
+	pm, ok := m.(sqlManifest)
+	if !ok {
+		return nil, fmt.Errorf("backfill: rollback %s: %w: PGMerger rolls back from the undo log of a PGManifest", info.Target.Table, ErrUnsupported)
+	}
+	rb := newPGRollback(pm, info)
+	rb.scope, rb.chunkColumn, rb.zone = scope, scope.ChunkColumn, scope.Zone
+	if err := rb.load(ctx, db); err != nil {
+		return nil, err
+	}
+	return rb, nil
+}
+
+// Conflicts implements [UndoRollback].
+func (rb *pgRollback) Conflicts(ctx context.Context, db sqlx.ExtContext) (RollbackConflicts, error) {
+	sc := rb.scope
+	var c RollbackConflicts
+	changed, rows, err := rb.conflicts(ctx, db, sc.BatchID, sc.Seqs, sc.Chunk, sc.Exclude)
+	if err != nil {
+		return c, err
+	}
+	c.Changed, c.Rows = changed, rows
+	if sc.Chunk == nil || len(sc.Seqs) > 0 {
+		var delivered []RollbackConflict
+		if c.Delivered, c.DeliveredDeleted, delivered, err = rb.delivered(ctx, db, sc.BatchID, sc.Seqs, sc.Chunk, sc.Exclude); err != nil {
+			return c, err
+		}
+		c.Rows = append(c.Rows, delivered...)
+	}
+	return c, nil
+}
+
+// Preview implements [UndoRollback].
+func (rb *pgRollback) Preview(ctx context.Context, db sqlx.ExtContext, force bool) (deleted, restored int64, err error) {
+	return rb.preview(ctx, db, rb.scope.BatchID, rb.scope.Seqs, rb.scope.Chunk, force)
+}
+
+// RollBackChunk implements [UndoRollback].
+func (rb *pgRollback) RollBackChunk(ctx context.Context, tx sqlx.ExtContext, seq int, force bool) (deleted, restored int64, done bool, err error) {
+	return rb.chunk(ctx, tx, rb.scope.BatchID, seq, rb.scope.Chunk, force)
+}
+
+// Finish implements [UndoRollback].
+func (rb *pgRollback) Finish(ctx context.Context, tx sqlx.ExtContext, whole, force bool, event func(deleted int64) Event) (int64, error) {
+	return rb.finish(ctx, tx, rb.scope.BatchID, whole, force, event)
 }
 
 func newPGRollback(m sqlManifest, info TableInfo) *pgRollback {
@@ -105,20 +157,16 @@ func (rb *pgRollback) preview(ctx context.Context, db sqlx.ExtContext, batch int
 	return n.Deleted, n.Restored, nil
 }
 
-// chunk rolls back one chunk in its own transaction, with the chunk's
-// manifest row as checkpoint. done is false when the chunk was not (or no
-// longer) done: rolled back by an earlier, interrupted call.
-func (rb *pgRollback) chunk(ctx context.Context, db sqlx.ExtContext, batch int64, seq int, chunk *ChunkState, force bool) (deleted, restored int64, done bool, err error) {
-	err = inTx(ctx, db, func(tx sqlx.ExtContext) error {
+// chunk rolls back one chunk in tx, with the chunk's manifest row as
+// checkpoint. done is false when the chunk was not (or no longer) done:
+// rolled back by an earlier, interrupted call.
+func (rb *pgRollback) chunk(ctx context.Context, tx sqlx.ExtContext, batch int64, seq int, chunk *ChunkState, force bool) (deleted, restored int64, done bool, err error) {
+	err = func() error {
 		if err := rb.keysTable(ctx, tx); err != nil {
 			return err
 		}
-		var status []string
-		if err := sqlx.SelectContext(ctx, tx, &status, rb.m.sql(`SELECT status FROM {s}.chunks WHERE batch_id = $1 AND seq = $2 FOR UPDATE`), batch, seq); err != nil {
+		if ok, err := rb.m.RollBackChunk(ctx, tx, batch, seq); err != nil || !ok {
 			return err
-		}
-		if len(status) == 0 || status[0] != string(ChunkDone) && status[0] != string(ChunkOpen) {
-			return nil
 		}
 		res, err := tx.ExecContext(ctx, rb.restoreSQL(), batch, seq, force)
 		if err != nil {
@@ -142,19 +190,16 @@ func (rb *pgRollback) chunk(ctx context.Context, db sqlx.ExtContext, batch int64
 				return err
 			}
 		}
-		if _, err := tx.ExecContext(ctx, rb.m.sql(`UPDATE {s}.chunks SET status = 'rolled_back' WHERE batch_id = $1 AND seq = $2`), batch, seq); err != nil {
-			return err
-		}
 		done = true
 		return nil
-	})
+	}()
 	return deleted, restored, done, err
 }
 
 // finish records the rollback in the audit log and, for a whole batch,
 // sets the run's status.
-func (rb *pgRollback) finish(ctx context.Context, db sqlx.ExtContext, run Run, whole, force bool, e func(deleted int64) Event) (deleted int64, err error) {
-	err = inTx(ctx, db, func(tx sqlx.ExtContext) error {
+func (rb *pgRollback) finish(ctx context.Context, tx sqlx.ExtContext, batch int64, whole, force bool, e func(deleted int64) Event) (deleted int64, err error) {
+	err = func() error {
 		if whole {
 			// The rows the batch inserted, found by lineage, in one
 			// statement: a crash before the commit leaves them all, and the
@@ -162,22 +207,22 @@ func (rb *pgRollback) finish(ctx context.Context, db sqlx.ExtContext, run Run, w
 			if err := rb.keysTable(ctx, tx); err != nil {
 				return err
 			}
-			n, err := rb.deleteInserted(ctx, tx, run.BatchID, nil, force)
+			n, err := rb.deleteInserted(ctx, tx, batch, nil, force)
 			if err != nil {
 				return err
 			}
 			deleted = n
 			if rb.info.Target.Mode == History {
-				if err := rb.retile(ctx, tx, run.BatchID, -1); err != nil {
+				if err := rb.retile(ctx, tx, batch, -1); err != nil {
 					return err
 				}
 			}
-			if _, err := tx.ExecContext(ctx, rb.m.sql(`UPDATE {s}.runs SET status = 'rolled_back', updated_at = now() WHERE batch_id = $1`), run.BatchID); err != nil {
+			if err := rb.m.RollBackRun(ctx, tx, batch); err != nil {
 				return err
 			}
 		}
 		return rb.m.RecordEvent(ctx, tx, e(deleted))
-	})
+	}()
 	return deleted, err
 }
 

@@ -33,7 +33,7 @@ func Example() {
 	job := backfill.Job{
 		Name:     "orders",
 		Chunker:  backfill.Days(day, day.AddDate(0, 0, 1), time.UTC),
-		Rollback: backfill.RollbackNone, // the fakes keep no undo log
+		Rollback: backfill.RollbackNone, // no lineage columns: no undo log
 		Extractor: backfill.ExtractorFunc(func(ctx context.Context, c backfill.Chunk, w backfill.RowWriter) error {
 			if err := w.Write(ctx, "erp", "A-1", 1, 2, "19.90", c.Start.Add(time.Hour)); err != nil {
 				return err

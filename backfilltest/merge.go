@@ -38,6 +38,9 @@ type Merger struct {
 	// staging are the persistent staging tables: table name -> chunk
 	// Seq -> rows (merge_staging.go).
 	staging map[string]map[int][]stagedRow
+	// undo is the undo log: table name -> entries in write order
+	// (merge_undo.go).
+	undo map[string][]undoEntry
 }
 
 type fakeTable struct {
@@ -209,6 +212,10 @@ func (s *stager) Merge(ctx context.Context) (backfill.MergeResult, error) {
 		return backfill.MergeResult{}, fmt.Errorf("backfill: merge: table %q: %w", t.Table, backfill.ErrTargetNotFound)
 	}
 	m, err := mergeRefusing(s.info, tab, s.rows)
+	var undo []undoEntry
+	if err == nil {
+		undo = undoEntries(s.info, tab, m.writes)
+	}
 	s.m.mu.Unlock()
 	if err != nil {
 		return backfill.MergeResult{}, err
@@ -218,6 +225,12 @@ func (s *stager) Merge(ctx context.Context) (backfill.MergeResult, error) {
 		defer s.m.mu.Unlock()
 		for k, row := range m.writes {
 			tab.rows[k] = row
+		}
+		if len(undo) > 0 {
+			if s.m.undo == nil {
+				s.m.undo = map[string][]undoEntry{}
+			}
+			s.m.undo[t.Table] = append(s.m.undo[t.Table], undo...)
 		}
 	})
 	return m.res, err
