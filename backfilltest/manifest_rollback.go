@@ -21,10 +21,11 @@ var (
 // the undo log in memory under this name.
 func (m *Manifest) UndoTable() string { return `"backfilltest"."undo"` }
 
-// DeliveredTable implements [backfill.ManifestUndoLog]. It returns "":
-// the fakes keep no summary of unchanged deliveries, so their rollback
-// reports no delivered conflicts (only rows later batches changed).
-func (m *Manifest) DeliveredTable() string { return "" }
+// DeliveredTable implements [backfill.ManifestUndoLog]. The fake Merger
+// keeps no summary of unchanged deliveries under this name, so its
+// rollback reports no delivered conflicts (only rows later batches
+// changed).
+func (m *Manifest) DeliveredTable() string { return `"backfilltest"."delivered"` }
 
 // Run implements [backfill.ManifestRollback.Run].
 func (m *Manifest) Run(ctx context.Context, db sqlx.ExtContext, batchID int64) (backfill.Run, error) {
