@@ -432,4 +432,5 @@ func TestMerger(t *testing.T, newHarness func(t *testing.T) MergerHarness) {
 	testRefusals(t, newHarness)
 	runnerProperties(t, newHarness)
 	testMergerCapabilities(t, newHarness)
+	testUndoRollback(t, newHarness)
 }
