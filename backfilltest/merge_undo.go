@@ -99,10 +99,10 @@ type undoRollback struct {
 	idx      []int // identity columns in the table
 }
 
-// plan is what rolling back some chunks would do, against the committed
+// undoPlan is what rolling back some chunks would do, against the committed
 // rows: restore (key -> prior image, the earliest of the chunks) and
 // delete; conflicts lists rows a later batch changed (key -> batch).
-type plan struct {
+type undoPlan struct {
 	restore   map[string][]any
 	delete    map[string]bool
 	conflicts map[string]int64
@@ -110,9 +110,9 @@ type plan struct {
 
 // plan computes what rolling back seqs does; whole adds the rows the
 // batch inserted by lineage. m.mu must be held.
-func (u *undoRollback) plan(seqs []int, whole, force bool) plan {
+func (u *undoRollback) plan(seqs []int, whole, force bool) undoPlan {
 	tab, b := u.m.tables[u.table], u.scope.BatchID
-	p := plan{restore: map[string][]any{}, delete: map[string]bool{}, conflicts: map[string]int64{}}
+	p := undoPlan{restore: map[string][]any{}, delete: map[string]bool{}, conflicts: map[string]int64{}}
 	// consider records row as a conflict when a batch other than b (and
 	// not excluded) changed it last, or a NULL lineage, as PostgreSQL's
 	// IS DISTINCT FROM; it reports whether the rollback touches the row.
@@ -213,7 +213,7 @@ func (u *undoRollback) Finish(ctx context.Context, tx sqlx.ExtContext, whole, fo
 		p := u.plan(nil, true, force)
 		u.m.mu.Unlock()
 		deleted = int64(len(p.delete))
-		if err := u.write(tx, plan{delete: p.delete}); err != nil {
+		if err := u.write(tx, undoPlan{delete: p.delete}); err != nil {
 			return 0, err
 		}
 		if err := u.man.RollBackRun(ctx, tx, u.scope.BatchID); err != nil {
@@ -224,7 +224,7 @@ func (u *undoRollback) Finish(ctx context.Context, tx sqlx.ExtContext, whole, fo
 }
 
 // write applies p's restores and deletes on commit of tx.
-func (u *undoRollback) write(tx sqlx.ExtContext, p plan) error {
+func (u *undoRollback) write(tx sqlx.ExtContext, p undoPlan) error {
 	return apply(tx, func() {
 		u.m.mu.Lock()
 		defer u.m.mu.Unlock()
