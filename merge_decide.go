@@ -52,11 +52,14 @@ import (
 // Deferred constraints. A DEFERRABLE INITIALLY DEFERRED foreign key or
 // constraint trigger fires at COMMIT, outside the savepoint in which the
 // merge isolates refused rows (merge_refuse.go): one bad row failed the
-// whole chunk, unnamed. A target with deferrable constraints (its own,
-// or a foreign key referencing it) runs SET CONSTRAINTS ALL IMMEDIATE at
-// the end of each merge, inside that savepoint, so pending checks fire
-// there and are bisected like any other refusal. Deferrable constraints
-// stay immediate for the rest of the chunk's transaction.
+// whole chunk, unnamed. Which deferred checks a merge queues cannot be
+// read from the target's catalog entry: its triggers may write to other
+// tables whose own constraints are deferred, or a deferrable foreign key
+// may be created after Prepare. So every merge runs SET CONSTRAINTS ALL
+// IMMEDIATE at its end, inside that savepoint (one round trip per merge),
+// so pending checks fire there and are bisected like any other refusal.
+// Deferrable constraints stay immediate for the rest of the chunk's
+// transaction.
 
 // looseEquality lists the built-in types whose equality operator equates
 // values stored differently; they are compared by their text.
@@ -95,24 +98,19 @@ func comparedAsText(base, kind, elem, elemKind string) bool {
 }
 
 // prepareDecide reads what Prepare records for the merge's decision: the
-// partition root naming the key locks and whether deferrable constraints
-// apply to the target (oid).
+// partition root naming the key locks.
 func prepareDecide(ctx context.Context, db sqlx.ExtContext, oid int64, info *TableInfo) error {
 	var r struct {
-		Schema     string `db:"nspname"`
-		Name       string `db:"relname"`
-		Deferrable bool   `db:"deferrable"`
+		Schema string `db:"nspname"`
+		Name   string `db:"relname"`
 	}
-	err := sqlx.GetContext(ctx, db, &r, `SELECT n.nspname, c.relname,
-			EXISTS (SELECT 1 FROM pg_constraint co WHERE co.condeferrable AND (co.conrelid = $1::oid OR co.confrelid = $1::oid))
-			OR EXISTS (SELECT 1 FROM pg_trigger tg WHERE tg.tgrelid = $1::oid AND tg.tgdeferrable) AS deferrable
+	err := sqlx.GetContext(ctx, db, &r, `SELECT n.nspname, c.relname
 		FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 		WHERE c.oid = coalesce(pg_partition_root($1::oid::regclass), $1::oid::regclass)`, oid)
 	if err != nil {
 		return err
 	}
 	info.lockRoot = sqlgen.Qualified(r.Schema, r.Name)
-	info.deferrable = r.Deferrable
 	return nil
 }
 
@@ -128,12 +126,9 @@ func (s *pgStager) lockChanging(ctx context.Context) error {
 	return nil
 }
 
-// checkDeferred fires the pending checks of deferrable constraints (see
-// above), inside the merge's savepoint.
+// checkDeferred fires the pending checks of deferred constraints,
+// wherever they are (see above), inside the merge's savepoint.
 func (s *pgStager) checkDeferred(ctx context.Context) error {
-	if !s.info.deferrable {
-		return nil
-	}
 	if _, err := s.tx.ExecContext(ctx, `SET CONSTRAINTS ALL IMMEDIATE`); err != nil {
 		return fmt.Errorf("backfill: merge %s: deferred constraints: %w", s.info.Target.Table, s.classify(err))
 	}

@@ -148,7 +148,9 @@ var fiveRefs = [][]any{{1, 1}, {2, 2}, {3, 999}, {4, 4}, {5, 5}}
 // constraint trigger refuses its row at merge time, like an immediate
 // one, instead of failing the chunk at COMMIT; so does one referencing
 // the target (a deferred foreign key of another table checked on delete
-// is out of reach of a merge, which does not delete).
+// is out of reach of a merge, which does not delete). Deferred checks a
+// merge queues elsewhere, through a trigger writing to another table,
+// or of a deferrable foreign key created after Prepare, fire there too.
 func TestMergeDeferredConstraintsRefuseTheRow(t *testing.T) {
 	t.Parallel()
 	for name, ddl := range map[string]string{
@@ -157,6 +159,17 @@ func TestMergeDeferredConstraintsRefuseTheRow(t *testing.T) {
 		"constraint trigger": `CREATE TABLE t (id int PRIMARY KEY, ref int);
 			CREATE FUNCTION f() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN IF NEW.ref = 999 THEN RAISE EXCEPTION 'bad ref %', NEW.ref; END IF; RETURN NULL; END $$;
 			CREATE CONSTRAINT TRIGGER ct AFTER INSERT OR UPDATE ON t DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION f()`,
+		"trigger writing another table": `CREATE TABLE parent (id int PRIMARY KEY); INSERT INTO parent SELECT generate_series(0, 10);
+			CREATE TABLE t (id int PRIMARY KEY, ref int);
+			CREATE TABLE audit (ref int REFERENCES parent DEFERRABLE INITIALLY DEFERRED);
+			CREATE FUNCTION f() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN INSERT INTO audit VALUES (NEW.ref); RETURN NULL; END $$;
+			CREATE TRIGGER tg AFTER INSERT OR UPDATE ON t FOR EACH ROW EXECUTE FUNCTION f()`,
+		"deferred check on another table": `CREATE TABLE t (id int PRIMARY KEY, ref int);
+			CREATE TABLE audit (ref int);
+			CREATE FUNCTION g() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN IF NEW.ref = 999 THEN RAISE EXCEPTION 'bad ref %', NEW.ref; END IF; RETURN NULL; END $$;
+			CREATE CONSTRAINT TRIGGER ct AFTER INSERT ON audit DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION g();
+			CREATE FUNCTION f() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN INSERT INTO audit VALUES (NEW.ref); RETURN NULL; END $$;
+			CREATE TRIGGER tg AFTER INSERT OR UPDATE ON t FOR EACH ROW EXECUTE FUNCTION f()`,
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()

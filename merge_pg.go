@@ -109,7 +109,7 @@ func (m *PGMerger) Prepare(ctx context.Context, db sqlx.ExtContext, t Target) (T
 			}
 		}
 		if err := prepareDecide(ctx, db, oid, &info); err != nil { // merge_decide.go
-			return TableInfo{}, fmt.Errorf("backfill: prepare %s: partition root and deferrable constraints: %w", t.Table, err)
+			return TableInfo{}, fmt.Errorf("backfill: prepare %s: partition root: %w", t.Table, err)
 		}
 		if t.Mode == History {
 			if info.openIndexes, err = openVersionIndexes(ctx, db, oid, info.Target.Key); err != nil {
