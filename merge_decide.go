@@ -65,9 +65,55 @@ import (
 // values stored differently; they are compared by their text.
 var looseEquality = map[string]bool{"numeric": true, "float4": true, "float8": true, "interval": true, "jsonb": true}
 
+// exactTypes lists the built-in base types whose default equality holds
+// only between values stored alike: integers, identifiers, booleans,
+// uuids, bytes, bit strings, times and timestamps (one stored form per
+// instant), addresses, and text types under a deterministic collation,
+// whose equality compares bytes (PostgreSQL docs, 24.2.2.4
+// "Nondeterministic Collations"). Only these, and enums (whose labels
+// are compared by OID), arrays of them, keep their own equality in the
+// merge's change detection; everything else (numerics, floats,
+// intervals, jsonb, ranges, composites, types of extensions or users,
+// arrays of any of them, text under a collation of its own) is compared
+// byte for byte by exactCompare. An allow list, not a deny list: a type
+// not known to be exact is treated as loose.
+var exactTypes = map[string]bool{
+	"int2": true, "int4": true, "int8": true, "oid": true, "bool": true, "uuid": true, "bytea": true,
+	"bit": true, "varbit": true, "char": true, "money": true, "pg_lsn": true, "xid8": true,
+	"date": true, "time": true, "timetz": true, "timestamp": true, "timestamptz": true,
+	"inet": true, "cidr": true, "macaddr": true, "macaddr8": true,
+	"text": true, "varchar": true, "bpchar": true, "name": true,
+	"regproc": true, "regprocedure": true, "regoper": true, "regoperator": true, "regclass": true,
+	"regtype": true, "regrole": true, "regnamespace": true, "regconfig": true, "regdictionary": true,
+	"regcollation": true,
+}
+
+// exactEquality reports whether column c's own equality tells apart every
+// two values stored differently (see exactTypes). An array is judged by
+// its element type (resolved through domains by Prepare); a collatable
+// type only under its type's default collation (Collation ""). A column
+// whose type is unknown (BaseType "") is not.
+func exactEquality(c Column) bool {
+	base, kind, user := c.BaseType, c.kind, c.userType
+	if strings.HasPrefix(base, "_") && (c.elemKind != "" || kind == "") {
+		base, kind, user = base[1:], c.elemKind, c.userElem
+	}
+	switch {
+	case kind == "e":
+		return true
+	case user || kind != "" && kind != "b" || textCompared[base]:
+		return false
+	case collatable[base] && c.Collation != "":
+		return false
+	}
+	return exactTypes[base]
+}
+
 // exactCompare returns the expression e, a value of column c, in a form
 // whose equality is byte for byte (see above): e itself for types whose
-// equality is exact, else its text under "C".
+// equality is exact (exactEquality), floats and arrays of floats by their
+// binary form, text of a collation of its own under "C", anything else
+// by its text under "C".
 func exactCompare(c Column, e string) string {
 	switch {
 	case c.BaseType == "float8" || c.BaseType == "float4":
@@ -75,16 +121,14 @@ func exactCompare(c Column, e string) string {
 		// session sets (a check may run under SET LOCAL 0, which rounds
 		// the text), -0 apart from 0.
 		return c.BaseType + "send(" + e + ")"
-	case c.BaseType == "_float8" || c.BaseType == "_float4":
+	case (c.BaseType == "_float8" || c.BaseType == "_float4") && !c.userElem:
 		return "array_send(" + e + ")"
-	case c.textCompare || textCompared[c.BaseType] || looseEquality[c.BaseType] || c.BaseType == "citext":
-		return "(" + e + `::text COLLATE "C")`
-	case c.Collation != "" && collatable[c.BaseType]:
+	case exactEquality(c):
+		return e
+	case c.Collation != "" && collatable[c.BaseType] && !c.textCompare:
 		return "(" + e + ` COLLATE "C")`
-	case c.Collation != "":
-		return "(" + e + `::text COLLATE "C")`
 	}
-	return e
+	return "(" + e + `::text COLLATE "C")`
 }
 
 // comparedAsText reports whether Prepare's column, of base type base

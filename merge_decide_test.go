@@ -226,10 +226,31 @@ func TestRollbackNotNullDomain(t *testing.T) {
 	require.Equal(t, []string{"1=same", "2=old"}, got)
 }
 
+// looseSetup creates the types of looseCases.
+const looseSetup = `CREATE COLLATION IF NOT EXISTS ci (provider = icu, locale = 'und-u-ks-level2', deterministic = false);
+	CREATE EXTENSION IF NOT EXISTS citext;
+	CREATE DOMAIN nd AS numeric; CREATE DOMAIN nd2 AS nd; CREATE DOMAIN fd AS float8; CREATE DOMAIN jd AS jsonb;
+	CREATE DOMAIN jda AS jsonb[]; CREATE DOMAIN idd AS interval; CREATE DOMAIN cit AS text COLLATE ci; CREATE DOMAIN cit2 AS cit`
+
 // looseCases are values equal by their type's equality but stored
 // differently: numeric scale, float -0, interval units, jsonb numbers,
-// arrays and ranges of them, a nondeterministic collation.
+// arrays and ranges of them, a nondeterministic collation; domains over
+// them (of any depth), arrays of those domains, domains over arrays; an
+// extension type (citext) and arrays of it.
 var looseCases = []struct{ typ, old, new string }{
+	{"nd[]", "{1.0}", "{1.00}"},
+	{"nd2", "1.0", "1.00"},
+	{"nd2[]", "{1.0}", "{1.00}"},
+	{"fd[]", "{0}", "{-0}"},
+	{"jd[]", `{"{\"a\": 1.0}"}`, `{"{\"a\": 1.00}"}`},
+	{"jda", `{"{\"a\": 1.0}"}`, `{"{\"a\": 1.00}"}`},
+	{"idd[]", "{1 day}", "{24 hours}"},
+	{"citext", "abc", "ABC"},
+	{"citext[]", "{abc}", "{ABC}"},
+	{"cit", "abc", "ABC"},
+	{"cit[]", "{abc}", "{ABC}"},
+	{"cit2[]", "{abc}", "{ABC}"},
+	{"text[] COLLATE ci", "{abc}", "{ABC}"},
 	{"numeric", "1.0", "1.00"},
 	{"double precision", "0", "-0"},
 	{"real", "0", "-0"},
@@ -257,7 +278,7 @@ func TestMergeComparesExactly(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := pgtest.New(t)
-	db.MustExec(`CREATE COLLATION IF NOT EXISTS ci (provider = icu, locale = 'und-u-ks-level2', deterministic = false)`)
+	db.MustExec(looseSetup)
 	r, err := backfill.New(db, nil)
 	require.NoError(t, err)
 	for i, c := range looseCases {
@@ -285,7 +306,7 @@ func TestChecksCompareExactly(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := pgtest.New(t)
-	db.MustExec(`CREATE COLLATION IF NOT EXISTS ci (provider = icu, locale = 'und-u-ks-level2', deterministic = false)`)
+	db.MustExec(looseSetup)
 	r, err := backfill.New(db, nil)
 	require.NoError(t, err)
 	for i, c := range looseCases {
