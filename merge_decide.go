@@ -22,8 +22,11 @@ import (
 // looser than what they store: numeric 1.0 = 1.00 (the scale is stored),
 // float8 and real 0 = -0, interval '1 day' = '24 hours' = ... , jsonb
 // {"a": 1.0} = {"a": 1.00}, a range or array or composite of any of them,
-// text under a nondeterministic collation 'abc' = 'ABC'. Those columns are
-// compared by their text under the "C" collation (byte for byte); floats
+// text under a nondeterministic collation 'abc' = 'ABC', bpchar 'a' =
+// 'a ', extension types (citext), domains and arrays of any of them. Only
+// the types known to compare exactly keep their own equality (exactTypes,
+// an allow list); every other column is compared by its text under the
+// "C" collation (byte for byte); floats
 // and arrays of them by their binary form (float8send, array_send), which
 // no session setting rounds (floats inside composites and ranges print
 // exactly in the merge, which pins extra_float_digits to 1 or more in
@@ -101,6 +104,10 @@ func exactEquality(c Column) bool {
 	switch {
 	case kind == "e":
 		return true
+	case base == "bpchar" && (base != c.BaseType || c.MaxLen == 0):
+		// Trailing spaces are insignificant to bpchar's equality; only a
+		// char(n) column, which pads every value to n, stores one form.
+		return false
 	case user || kind != "" && kind != "b" || textCompared[base]:
 		return false
 	case collatable[base] && c.Collation != "":
@@ -125,10 +132,20 @@ func exactCompare(c Column, e string) string {
 		return "array_send(" + e + ")"
 	case exactEquality(c):
 		return e
-	case c.Collation != "" && collatable[c.BaseType] && !c.textCompare:
+	case c.Collation != "" && collatable[c.BaseType] && !c.textCompare && c.BaseType != "bpchar":
 		return "(" + e + ` COLLATE "C")`
 	}
-	return "(" + e + `::text COLLATE "C")`
+	return "(" + textForm(c, e) + ` COLLATE "C")`
+}
+
+// textForm returns the expression e, a value of column c, as text by its
+// type's output function: e::text, but for bpchar, whose cast to text
+// drops trailing spaces, the output itself.
+func textForm(c Column, e string) string {
+	if c.BaseType == "bpchar" {
+		return "textin(bpcharout(" + e + "))"
+	}
+	return e + "::text"
 }
 
 // comparedAsText reports whether Prepare's column, of base type base

@@ -251,6 +251,8 @@ var looseCases = []struct{ typ, old, new string }{
 	{"cit[]", "{abc}", "{ABC}"},
 	{"cit2[]", "{abc}", "{ABC}"},
 	{"text[] COLLATE ci", "{abc}", "{ABC}"},
+	{"bpchar", "a", "a "},
+	{"bpchar COLLATE ci", "a", "A "},
 	{"numeric", "1.0", "1.00"},
 	{"double precision", "0", "-0"},
 	{"real", "0", "-0"},

@@ -235,7 +235,7 @@ func hashStep(col Column, alias, seed string, pos int, notNull bool) string {
 		// type's hash would hash the sort key ('a' and 'A' alike under a
 		// case-insensitive collation).
 		f = struct{ format, zero string }{"hashtextextended(%s, %s)", "''"}
-		e = "(" + e + `::text COLLATE "C")`
+		e = "(" + textForm(col, e) + ` COLLATE "C")`
 	}
 	if notNull {
 		return fmt.Sprintf(f.format, e, fmt.Sprintf("(%s # %d::int8)", seed, positionKey(pos)))

@@ -57,6 +57,7 @@ var wideColumns = []struct {
 	{"fda", "fd[]", []any{nil, "{0}", "{-0}"}},
 	{"cia", "cit[]", []any{nil, "{abc}", "{ABC}"}},
 	{"cx", "citext[]", []any{nil, "{abc}", "{ABC}"}},
+	{"ub", "bpchar", []any{nil, "a", "a ", ""}},
 }
 
 // TestFingerprintAgreesWithExactChecks is the property behind the
