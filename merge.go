@@ -73,10 +73,6 @@ type TableInfo struct {
 	// target itself when it is not a partition), which names its key
 	// locks' namespace (merge_lock.go); "" when unknown.
 	lockRoot string
-	// deferrable: the target, or a table referencing it, has deferrable
-	// constraints or constraint triggers, which the merge checks at once
-	// (SET CONSTRAINTS ALL IMMEDIATE, merge_exact.go).
-	deferrable bool
 }
 
 // identity returns the columns that identify one target row: Key, plus

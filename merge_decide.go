@@ -22,8 +22,11 @@ import (
 // looser than what they store: numeric 1.0 = 1.00 (the scale is stored),
 // float8 and real 0 = -0, interval '1 day' = '24 hours' = ... , jsonb
 // {"a": 1.0} = {"a": 1.00}, a range or array or composite of any of them,
-// text under a nondeterministic collation 'abc' = 'ABC'. Those columns are
-// compared by their text under the "C" collation (byte for byte); floats
+// text under a nondeterministic collation 'abc' = 'ABC', bpchar 'a' =
+// 'a ', extension types (citext), domains and arrays of any of them. Only
+// the types known to compare exactly keep their own equality (exactTypes,
+// an allow list); every other column is compared by its text under the
+// "C" collation (byte for byte); floats
 // and arrays of them by their binary form (float8send, array_send), which
 // no session setting rounds (floats inside composites and ranges print
 // exactly in the merge, which pins extra_float_digits to 1 or more in
@@ -52,19 +55,72 @@ import (
 // Deferred constraints. A DEFERRABLE INITIALLY DEFERRED foreign key or
 // constraint trigger fires at COMMIT, outside the savepoint in which the
 // merge isolates refused rows (merge_refuse.go): one bad row failed the
-// whole chunk, unnamed. A target with deferrable constraints (its own,
-// or a foreign key referencing it) runs SET CONSTRAINTS ALL IMMEDIATE at
-// the end of each merge, inside that savepoint, so pending checks fire
-// there and are bisected like any other refusal. Deferrable constraints
-// stay immediate for the rest of the chunk's transaction.
+// whole chunk, unnamed. Which deferred checks a merge queues cannot be
+// read from the target's catalog entry: its triggers may write to other
+// tables whose own constraints are deferred, or a deferrable foreign key
+// may be created after Prepare. So every merge runs SET CONSTRAINTS ALL
+// IMMEDIATE at its end, inside that savepoint (one round trip per merge),
+// so pending checks fire there and are bisected like any other refusal.
+// Deferrable constraints stay immediate for the rest of the chunk's
+// transaction.
 
 // looseEquality lists the built-in types whose equality operator equates
 // values stored differently; they are compared by their text.
 var looseEquality = map[string]bool{"numeric": true, "float4": true, "float8": true, "interval": true, "jsonb": true}
 
+// exactTypes lists the built-in base types whose default equality holds
+// only between values stored alike: integers, identifiers, booleans,
+// uuids, bytes, bit strings, times and timestamps (one stored form per
+// instant), addresses, and text types under a deterministic collation,
+// whose equality compares bytes (PostgreSQL docs, 24.2.2.4
+// "Nondeterministic Collations"). Only these, and enums (whose labels
+// are compared by OID), arrays of them, keep their own equality in the
+// merge's change detection; everything else (numerics, floats,
+// intervals, jsonb, ranges, composites, types of extensions or users,
+// arrays of any of them, text under a collation of its own) is compared
+// byte for byte by exactCompare. An allow list, not a deny list: a type
+// not known to be exact is treated as loose.
+var exactTypes = map[string]bool{
+	"int2": true, "int4": true, "int8": true, "oid": true, "bool": true, "uuid": true, "bytea": true,
+	"bit": true, "varbit": true, "char": true, "money": true, "pg_lsn": true, "xid8": true,
+	"date": true, "time": true, "timetz": true, "timestamp": true, "timestamptz": true,
+	"inet": true, "cidr": true, "macaddr": true, "macaddr8": true,
+	"text": true, "varchar": true, "bpchar": true, "name": true,
+	"regproc": true, "regprocedure": true, "regoper": true, "regoperator": true, "regclass": true,
+	"regtype": true, "regrole": true, "regnamespace": true, "regconfig": true, "regdictionary": true,
+	"regcollation": true,
+}
+
+// exactEquality reports whether column c's own equality tells apart every
+// two values stored differently (see exactTypes). An array is judged by
+// its element type (resolved through domains by Prepare); a collatable
+// type only under its type's default collation (Collation ""). A column
+// whose type is unknown (BaseType "") is not.
+func exactEquality(c Column) bool {
+	base, kind, user := c.BaseType, c.kind, c.userType
+	if strings.HasPrefix(base, "_") && (c.elemKind != "" || kind == "") {
+		base, kind, user = base[1:], c.elemKind, c.userElem
+	}
+	switch {
+	case kind == "e":
+		return true
+	case base == "bpchar" && (base != c.BaseType || c.MaxLen == 0):
+		// Trailing spaces are insignificant to bpchar's equality; only a
+		// char(n) column, which pads every value to n, stores one form.
+		return false
+	case user || kind != "" && kind != "b" || textCompared[base]:
+		return false
+	case collatable[base] && c.Collation != "":
+		return false
+	}
+	return exactTypes[base]
+}
+
 // exactCompare returns the expression e, a value of column c, in a form
 // whose equality is byte for byte (see above): e itself for types whose
-// equality is exact, else its text under "C".
+// equality is exact (exactEquality), floats and arrays of floats by their
+// binary form, text of a collation of its own under "C", anything else
+// by its text under "C".
 func exactCompare(c Column, e string) string {
 	switch {
 	case c.BaseType == "float8" || c.BaseType == "float4":
@@ -72,16 +128,24 @@ func exactCompare(c Column, e string) string {
 		// session sets (a check may run under SET LOCAL 0, which rounds
 		// the text), -0 apart from 0.
 		return c.BaseType + "send(" + e + ")"
-	case c.BaseType == "_float8" || c.BaseType == "_float4":
+	case (c.BaseType == "_float8" || c.BaseType == "_float4") && !c.userElem:
 		return "array_send(" + e + ")"
-	case c.textCompare || textCompared[c.BaseType] || looseEquality[c.BaseType] || c.BaseType == "citext":
-		return "(" + e + `::text COLLATE "C")`
-	case c.Collation != "" && collatable[c.BaseType]:
+	case exactEquality(c):
+		return e
+	case c.Collation != "" && collatable[c.BaseType] && !c.textCompare && c.BaseType != "bpchar":
 		return "(" + e + ` COLLATE "C")`
-	case c.Collation != "":
-		return "(" + e + `::text COLLATE "C")`
 	}
-	return e
+	return "(" + textForm(c, e) + ` COLLATE "C")`
+}
+
+// textForm returns the expression e, a value of column c, as text by its
+// type's output function: e::text, but for bpchar, whose cast to text
+// drops trailing spaces, the output itself.
+func textForm(c Column, e string) string {
+	if c.BaseType == "bpchar" {
+		return "textin(bpcharout(" + e + "))"
+	}
+	return e + "::text"
 }
 
 // comparedAsText reports whether Prepare's column, of base type base
@@ -95,24 +159,19 @@ func comparedAsText(base, kind, elem, elemKind string) bool {
 }
 
 // prepareDecide reads what Prepare records for the merge's decision: the
-// partition root naming the key locks and whether deferrable constraints
-// apply to the target (oid).
+// partition root naming the key locks.
 func prepareDecide(ctx context.Context, db sqlx.ExtContext, oid int64, info *TableInfo) error {
 	var r struct {
-		Schema     string `db:"nspname"`
-		Name       string `db:"relname"`
-		Deferrable bool   `db:"deferrable"`
+		Schema string `db:"nspname"`
+		Name   string `db:"relname"`
 	}
-	err := sqlx.GetContext(ctx, db, &r, `SELECT n.nspname, c.relname,
-			EXISTS (SELECT 1 FROM pg_constraint co WHERE co.condeferrable AND (co.conrelid = $1::oid OR co.confrelid = $1::oid))
-			OR EXISTS (SELECT 1 FROM pg_trigger tg WHERE tg.tgrelid = $1::oid AND tg.tgdeferrable) AS deferrable
+	err := sqlx.GetContext(ctx, db, &r, `SELECT n.nspname, c.relname
 		FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 		WHERE c.oid = coalesce(pg_partition_root($1::oid::regclass), $1::oid::regclass)`, oid)
 	if err != nil {
 		return err
 	}
 	info.lockRoot = sqlgen.Qualified(r.Schema, r.Name)
-	info.deferrable = r.Deferrable
 	return nil
 }
 
@@ -128,12 +187,9 @@ func (s *pgStager) lockChanging(ctx context.Context) error {
 	return nil
 }
 
-// checkDeferred fires the pending checks of deferrable constraints (see
-// above), inside the merge's savepoint.
+// checkDeferred fires the pending checks of deferred constraints,
+// wherever they are (see above), inside the merge's savepoint.
 func (s *pgStager) checkDeferred(ctx context.Context) error {
-	if !s.info.deferrable {
-		return nil
-	}
 	if _, err := s.tx.ExecContext(ctx, `SET CONSTRAINTS ALL IMMEDIATE`); err != nil {
 		return fmt.Errorf("backfill: merge %s: deferred constraints: %w", s.info.Target.Table, s.classify(err))
 	}

@@ -148,7 +148,9 @@ var fiveRefs = [][]any{{1, 1}, {2, 2}, {3, 999}, {4, 4}, {5, 5}}
 // constraint trigger refuses its row at merge time, like an immediate
 // one, instead of failing the chunk at COMMIT; so does one referencing
 // the target (a deferred foreign key of another table checked on delete
-// is out of reach of a merge, which does not delete).
+// is out of reach of a merge, which does not delete). Deferred checks a
+// merge queues elsewhere, through a trigger writing to another table,
+// or of a deferrable foreign key created after Prepare, fire there too.
 func TestMergeDeferredConstraintsRefuseTheRow(t *testing.T) {
 	t.Parallel()
 	for name, ddl := range map[string]string{
@@ -157,6 +159,17 @@ func TestMergeDeferredConstraintsRefuseTheRow(t *testing.T) {
 		"constraint trigger": `CREATE TABLE t (id int PRIMARY KEY, ref int);
 			CREATE FUNCTION f() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN IF NEW.ref = 999 THEN RAISE EXCEPTION 'bad ref %', NEW.ref; END IF; RETURN NULL; END $$;
 			CREATE CONSTRAINT TRIGGER ct AFTER INSERT OR UPDATE ON t DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION f()`,
+		"trigger writing another table": `CREATE TABLE parent (id int PRIMARY KEY); INSERT INTO parent SELECT generate_series(0, 10);
+			CREATE TABLE t (id int PRIMARY KEY, ref int);
+			CREATE TABLE audit (ref int REFERENCES parent DEFERRABLE INITIALLY DEFERRED);
+			CREATE FUNCTION f() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN INSERT INTO audit VALUES (NEW.ref); RETURN NULL; END $$;
+			CREATE TRIGGER tg AFTER INSERT OR UPDATE ON t FOR EACH ROW EXECUTE FUNCTION f()`,
+		"deferred check on another table": `CREATE TABLE t (id int PRIMARY KEY, ref int);
+			CREATE TABLE audit (ref int);
+			CREATE FUNCTION g() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN IF NEW.ref = 999 THEN RAISE EXCEPTION 'bad ref %', NEW.ref; END IF; RETURN NULL; END $$;
+			CREATE CONSTRAINT TRIGGER ct AFTER INSERT ON audit DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION g();
+			CREATE FUNCTION f() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN INSERT INTO audit VALUES (NEW.ref); RETURN NULL; END $$;
+			CREATE TRIGGER tg AFTER INSERT OR UPDATE ON t FOR EACH ROW EXECUTE FUNCTION f()`,
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
@@ -213,10 +226,33 @@ func TestRollbackNotNullDomain(t *testing.T) {
 	require.Equal(t, []string{"1=same", "2=old"}, got)
 }
 
+// looseSetup creates the types of looseCases.
+const looseSetup = `CREATE COLLATION IF NOT EXISTS ci (provider = icu, locale = 'und-u-ks-level2', deterministic = false);
+	CREATE EXTENSION IF NOT EXISTS citext;
+	CREATE DOMAIN nd AS numeric; CREATE DOMAIN nd2 AS nd; CREATE DOMAIN fd AS float8; CREATE DOMAIN jd AS jsonb;
+	CREATE DOMAIN jda AS jsonb[]; CREATE DOMAIN idd AS interval; CREATE DOMAIN cit AS text COLLATE ci; CREATE DOMAIN cit2 AS cit`
+
 // looseCases are values equal by their type's equality but stored
 // differently: numeric scale, float -0, interval units, jsonb numbers,
-// arrays and ranges of them, a nondeterministic collation.
+// arrays and ranges of them, a nondeterministic collation; domains over
+// them (of any depth), arrays of those domains, domains over arrays; an
+// extension type (citext) and arrays of it.
 var looseCases = []struct{ typ, old, new string }{
+	{"nd[]", "{1.0}", "{1.00}"},
+	{"nd2", "1.0", "1.00"},
+	{"nd2[]", "{1.0}", "{1.00}"},
+	{"fd[]", "{0}", "{-0}"},
+	{"jd[]", `{"{\"a\": 1.0}"}`, `{"{\"a\": 1.00}"}`},
+	{"jda", `{"{\"a\": 1.0}"}`, `{"{\"a\": 1.00}"}`},
+	{"idd[]", "{1 day}", "{24 hours}"},
+	{"citext", "abc", "ABC"},
+	{"citext[]", "{abc}", "{ABC}"},
+	{"cit", "abc", "ABC"},
+	{"cit[]", "{abc}", "{ABC}"},
+	{"cit2[]", "{abc}", "{ABC}"},
+	{"text[] COLLATE ci", "{abc}", "{ABC}"},
+	{"bpchar", "a", "a "},
+	{"bpchar COLLATE ci", "a", "A "},
 	{"numeric", "1.0", "1.00"},
 	{"double precision", "0", "-0"},
 	{"real", "0", "-0"},
@@ -244,7 +280,7 @@ func TestMergeComparesExactly(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := pgtest.New(t)
-	db.MustExec(`CREATE COLLATION IF NOT EXISTS ci (provider = icu, locale = 'und-u-ks-level2', deterministic = false)`)
+	db.MustExec(looseSetup)
 	r, err := backfill.New(db, nil)
 	require.NoError(t, err)
 	for i, c := range looseCases {
@@ -272,7 +308,7 @@ func TestChecksCompareExactly(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := pgtest.New(t)
-	db.MustExec(`CREATE COLLATION IF NOT EXISTS ci (provider = icu, locale = 'und-u-ks-level2', deterministic = false)`)
+	db.MustExec(looseSetup)
 	r, err := backfill.New(db, nil)
 	require.NoError(t, err)
 	for i, c := range looseCases {

@@ -109,7 +109,7 @@ func (m *PGMerger) Prepare(ctx context.Context, db sqlx.ExtContext, t Target) (T
 			}
 		}
 		if err := prepareDecide(ctx, db, oid, &info); err != nil { // merge_decide.go
-			return TableInfo{}, fmt.Errorf("backfill: prepare %s: partition root and deferrable constraints: %w", t.Table, err)
+			return TableInfo{}, fmt.Errorf("backfill: prepare %s: partition root: %w", t.Table, err)
 		}
 		if t.Mode == History {
 			if info.openIndexes, err = openVersionIndexes(ctx, db, oid, info.Target.Key); err != nil {
@@ -164,20 +164,41 @@ func tableColumns(ctx context.Context, db sqlx.ExtContext, oid int64) ([]Column,
 		ElemKind  string `db:"elem_kind"`
 		UserElem  bool   `db:"user_elem"`
 	}
+	// Domains are resolved to their base type through every level, and so
+	// is an array's element type (an array of a domain over numeric
+	// compares its elements as numerics do): what a column is compared
+	// and converted by is its base type (merge_decide.go). An array of a
+	// domain names the array of the element's base type ("_numeric"), and
+	// its collation is told apart from that base's.
 	err := sqlx.SelectContext(ctx, db, &cols, `
+		WITH RECURSIVE dom(start, cur) AS (
+			SELECT a.atttypid, a.atttypid FROM pg_attribute a WHERE a.attrelid = $1 AND a.attnum > 0
+			UNION
+			SELECT d.start, t.typbasetype FROM dom d JOIN pg_type t ON t.oid = d.cur WHERE t.typtype = 'd'
+		), base AS (
+			SELECT d.start, d.cur AS base FROM dom d JOIN pg_type t ON t.oid = d.cur WHERE t.typtype <> 'd'
+		), edom(start, cur) AS (
+			SELECT b.base, t.typelem FROM base b JOIN pg_type t ON t.oid = b.base WHERE t.typcategory = 'A' AND t.typelem <> 0
+			UNION
+			SELECT d.start, t.typbasetype FROM edom d JOIN pg_type t ON t.oid = d.cur WHERE t.typtype = 'd'
+		), elem AS (
+			SELECT d.start, d.cur AS elem FROM edom d JOIN pg_type t ON t.oid = d.cur WHERE t.typtype <> 'd'
+		)
 		SELECT a.attname, format_type(a.atttypid, a.atttypmod),
-			coalesce(bt.typname, ty.typname) AS typname,
+			CASE WHEN et.oid <> bt.typelem THEN '_' || et.typname ELSE bt.typname END AS typname,
 			CASE WHEN ty.typtype = 'd' THEN ty.typtypmod ELSE a.atttypmod END AS atttypmod,
 			a.attnotnull, a.attidentity::text AS attidentity, a.attgenerated::text AS attgenerated,
-			coalesce(et.typname, '') AS elem, coalesce(bt.typtype, ty.typtype)::text AS kind,
-			CASE WHEN a.attcollation <> 0 AND a.attcollation <> coalesce(bt.typcollation, ty.typcollation)
+			coalesce(et.typname, '') AS elem, bt.typtype::text AS kind,
+			CASE WHEN a.attcollation <> 0 AND a.attcollation <> coalesce(et.typcollation, bt.typcollation)
 				THEN quote_ident(cn.nspname) || '.' || quote_ident(co.collname) ELSE '' END AS collation,
-			coalesce(bt.typnamespace, ty.typnamespace) <> 'pg_catalog'::regnamespace AS user_type,
+			bt.typnamespace <> 'pg_catalog'::regnamespace AS user_type,
 			coalesce(et.typtype::text, '') AS elem_kind, coalesce(et.typnamespace <> 'pg_catalog'::regnamespace, false) AS user_elem
 		FROM pg_attribute a
 		JOIN pg_type ty ON ty.oid = a.atttypid
-		LEFT JOIN pg_type bt ON ty.typtype = 'd' AND bt.oid = ty.typbasetype
-		LEFT JOIN pg_type et ON et.oid = coalesce(bt.typelem, ty.typelem) AND coalesce(bt.typcategory, ty.typcategory) = 'A'
+		JOIN base b ON b.start = a.atttypid
+		JOIN pg_type bt ON bt.oid = b.base
+		LEFT JOIN elem e ON e.start = b.base
+		LEFT JOIN pg_type et ON et.oid = e.elem
 		LEFT JOIN pg_collation co ON co.oid = a.attcollation
 		LEFT JOIN pg_namespace cn ON cn.oid = co.collnamespace
 		WHERE a.attrelid = $1 AND a.attnum > 0 AND NOT a.attisdropped

@@ -202,13 +202,15 @@ func hashKind(col Column) string {
 	case col.kind == "c" || col.kind == "p":
 		return ""
 	}
-	// Types whose equality is looser than their stored form (float 0 and
-	// -0 hash alike) hash their text, as the merge compares it
-	// (merge_decide.go).
-	if _, ok := hashFuncs[col.BaseType]; ok && !col.textCompare && !textCompared[col.BaseType] && !looseEquality[col.BaseType] {
+	// Only types whose own equality is exact (exactEquality, the merge's
+	// rule, merge_decide.go) hash by their type's function; the others
+	// (float 0 and -0 hash alike; text under a collation of its own hashes
+	// its sort key) hash their text, as the merge compares it.
+	_, hashable := hashFuncs[col.BaseType]
+	if hashable && exactEquality(col) {
 		return "func"
 	}
-	if textHashed[col.BaseType] || textCompared[col.BaseType] || looseEquality[col.BaseType] || col.kind == "r" || col.kind == "m" {
+	if hashable || textHashed[col.BaseType] || textCompared[col.BaseType] || looseEquality[col.BaseType] || col.kind == "r" || col.kind == "m" {
 		return "text"
 	}
 	return ""
@@ -229,13 +231,11 @@ func hashStep(col Column, alias, seed string, pos int, notNull bool) string {
 	e := raw
 	f := hashFuncs[col.BaseType]
 	if hashKind(col) != "func" {
+		// A text column of a collation of its own is hashed here too: its
+		// type's hash would hash the sort key ('a' and 'A' alike under a
+		// case-insensitive collation).
 		f = struct{ format, zero string }{"hashtextextended(%s, %s)", "''"}
-		e = "(" + e + `::text COLLATE "C")`
-	} else if col.Collation != "" && collatable[col.BaseType] {
-		// A text column of a nondeterministic collation hashes its sort
-		// key ('a' and 'A' alike under a case-insensitive one): hash its
-		// bytes, under "C", as the checks compare them (exactForm).
-		e = "(" + e + ` COLLATE "C")`
+		e = "(" + textForm(col, e) + ` COLLATE "C")`
 	}
 	if notNull {
 		return fmt.Sprintf(f.format, e, fmt.Sprintf("(%s # %d::int8)", seed, positionKey(pos)))

@@ -53,6 +53,11 @@ var wideColumns = []struct {
 	{"rp", "regprocedure", []any{nil, "ff(integer)", "ff(text)"}},
 	{"m", "mood", []any{nil, "sad", "ok"}},
 	{"pi", "posint", []any{nil, "1", "2"}},
+	{"nda", "nd[]", []any{nil, "{1.0}", "{1.00}"}},
+	{"fda", "fd[]", []any{nil, "{0}", "{-0}"}},
+	{"cia", "cit[]", []any{nil, "{abc}", "{ABC}"}},
+	{"cx", "citext[]", []any{nil, "{abc}", "{ABC}"}},
+	{"ub", "bpchar", []any{nil, "a", "a ", ""}},
 }
 
 // TestFingerprintAgreesWithExactChecks is the property behind the
@@ -72,6 +77,9 @@ func TestFingerprintAgreesWithExactChecks(t *testing.T) {
 		CREATE FUNCTION ff(int) RETURNS int LANGUAGE sql AS 'SELECT 1';
 		CREATE FUNCTION ff(text) RETURNS int LANGUAGE sql AS 'SELECT 2';
 		CREATE DOMAIN posint AS int CHECK (VALUE > 0);
+		CREATE DOMAIN nd AS numeric; CREATE DOMAIN fd AS float8; CREATE EXTENSION IF NOT EXISTS citext;
+		CREATE COLLATION ci (provider = icu, locale = 'und-u-ks-level2', deterministic = false);
+		CREATE DOMAIN cit AS text COLLATE ci;
 		CREATE TABLE wide (id bigint PRIMARY KEY, at timestamptz NOT NULL`
 	cols := []string{"id", "at"}
 	for _, c := range wideColumns {
