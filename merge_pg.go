@@ -669,6 +669,12 @@ func (s *pgStager) writeStaged(ctx context.Context, n int64, res *MergeResult) (
 	if res.Updated, err = s.exec(ctx, "update", s.q.update); err != nil {
 		return err
 	}
+	// Lock the versions whose intervals close first: the closing
+	// statement's snapshot (and the prior images it logs) then holds their
+	// committed versions (merge_sql.go, lockClosing).
+	if _, err = s.exec(ctx, "lock intervals to close", s.q.lockClosing); err != nil {
+		return err
+	}
 	if res.Closed, err = s.exec(ctx, "close intervals", s.q.closeIntervals); err != nil {
 		return err
 	}

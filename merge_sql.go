@@ -198,8 +198,9 @@ type pgMergeSQL struct {
 	insert       string
 	// closeIntervals recomputes, before the insert, valid_to of the
 	// touched keys' versions when the chunk adds versions (History);
+	// lockClosing locks, before it, the versions it would change;
 	// checkIntervals finds keys whose intervals overlap or leave a gap.
-	closeIntervals, checkIntervals string
+	closeIntervals, lockClosing, checkIntervals string
 }
 
 // mergeShape is what the statements of one target shape are built from.
@@ -231,7 +232,7 @@ func buildMergeSQL(info TableInfo) pgMergeSQL {
 	}
 	if m.t.Mode == History {
 		q.update, q.insert, q.lockChanging = m.historyUpdate(), m.historyInsert(), m.historyLockChanging()
-		q.closeIntervals, q.checkIntervals = m.closeIntervals(), m.checkIntervals()
+		q.closeIntervals, q.lockClosing, q.checkIntervals = m.closeIntervals(), m.lockClosing(), m.checkIntervals()
 	} else {
 		q.insert = m.insert()
 	}
@@ -524,13 +525,38 @@ b AS (INSERT INTO {undo} (batch_id, seq, op, key, before)
 			"undo", m.undo, "key", keyJSON("t", m.cc.Identity), "target", m.target, "tx", sqlgen.Equal("t", "x", m.t.Key),
 			"vf", vf, "vt", vt)
 	}
-	return sqlf(`WITH _backfill_new AS MATERIALIZED (SELECT {key}, {vf} FROM {stage} s WHERE NOT EXISTS (SELECT 1 FROM {target} t WHERE {ts} OFFSET 0)),
-x AS (SELECT {key}, {vf}, lead({vf}) OVER (PARTITION BY {key} ORDER BY {vf}) AS _backfill_next_from FROM (
-	SELECT {key}, {vf} FROM _backfill_new UNION ALL SELECT {key}, {vf} FROM {keyRows} v WHERE EXISTS (SELECT FROM _backfill_new)) _backfill_z){undo}
+	return sqlf(`{x}{undo}
 UPDATE {target} t SET {vt} = x._backfill_next_from{lineageSet} FROM x
 WHERE {tx} AND t.{vf} = x.{vf} AND t.{vt} IS DISTINCT FROM x._backfill_next_from`,
-		"target", m.target, "keyRows", m.historyKeyRows(), "key", sqlgen.List("", m.t.Key), "vf", vf, "vt", vt,
-		"tx", sqlgen.Equal("t", "x", m.t.Key), "lineageSet", lineageSet, "undo", undo, "stage", m.stage, "ts", m.idEq("t", "s"))
+		"x", m.closingX(), "target", m.target, "vt", vt, "vf", vf,
+		"tx", sqlgen.Equal("t", "x", m.t.Key), "lineageSet", lineageSet, "undo", undo)
+}
+
+// closingX is the WITH clause of closeIntervals and lockClosing: x, each
+// version of the chunk's keys (the target's and the chunk's new ones) with
+// the start of the next one.
+func (m mergeShape) closingX() string {
+	vf := sqlgen.Ident(m.t.ValidFrom)
+	return sqlf(`WITH _backfill_new AS MATERIALIZED (SELECT {key}, {vf} FROM {stage} s WHERE NOT EXISTS (SELECT 1 FROM {target} t WHERE {ts} OFFSET 0)),
+x AS (SELECT {key}, {vf}, lead({vf}) OVER (PARTITION BY {key} ORDER BY {vf}) AS _backfill_next_from FROM (
+	SELECT {key}, {vf} FROM _backfill_new UNION ALL SELECT {key}, {vf} FROM {keyRows} v WHERE EXISTS (SELECT FROM _backfill_new)) _backfill_z)`,
+		"target", m.target, "keyRows", m.historyKeyRows(), "key", sqlgen.List("", m.t.Key), "vf", vf,
+		"stage", m.stage, "ts", m.idEq("t", "s"))
+}
+
+// lockClosing locks, FOR UPDATE, the target's versions closeIntervals
+// would change, in a statement before it (as lockChanging does for the
+// update): closeIntervals' snapshot, taken after the locks are granted,
+// then sees their committed versions, so the prior images it logs to the
+// undo log are the rows it overwrites, not older versions that a
+// concurrent writer (an application's UPDATE) replaced while the merge
+// waited for the row.
+func (m mergeShape) lockClosing() string {
+	return sqlf(`{x}
+SELECT count(*) FROM (SELECT 1 FROM {target} t JOIN x ON {tx} AND t.{vf} = x.{vf}
+	WHERE t.{vt} IS DISTINCT FROM x._backfill_next_from FOR UPDATE OF t) _backfill_l`,
+		"x", m.closingX(), "target", m.target, "tx", sqlgen.Equal("t", "x", m.t.Key),
+		"vf", sqlgen.Ident(m.t.ValidFrom), "vt", sqlgen.Ident(m.t.ValidTo))
 }
 
 // checkIntervals finds up to 5 keys of the chunk whose versions overlap
