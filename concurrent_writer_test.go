@@ -2,6 +2,7 @@ package backfill_test
 
 import (
 	"context"
+	"sync"
 	"testing"
 	"time"
 
@@ -75,4 +76,54 @@ func TestHistoryCloseLogsRowItOverwrites(t *testing.T) {
 	rows = nil
 	require.NoError(t, db.Select(&rows, `SELECT row(customer, valid_from::date, valid_to::date, city)::text FROM addr ORDER BY valid_from`))
 	require.Equal(t, []string{"(a1,2024-01-01,,AppCity)"}, rows, "the rollback restored a stale image over the application's committed update")
+}
+
+// Rollback vs a run delivering the same rows: batch 2 delivers batch 1's
+// rows unchanged and, while its chunk is between merge and commit, batch 1
+// is rolled back. The rollback must wait for the merge (the target's merge
+// lock), then see batch 2's delivery and refuse; it must never delete rows
+// a completed, still-applied batch delivered.
+func TestRollbackWaitsForMergeOfSameTarget(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t)
+	rbSetup(t, db)
+	r, err := backfill.New(db, nil)
+	require.NoError(t, err)
+	rows := [][]any{{int64(1), "same", int64(1)}, {int64(2), "same", int64(2)}}
+	rep1, err := r.Run(ctx, itemsJob("items", rows))
+	require.NoError(t, err)
+
+	job2 := itemsJob("items2", rows)
+	merged, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	job2.Validators = []backfill.Validator{backfill.ValidatorFunc(func(ctx context.Context, tx sqlx.ExtContext, sc backfill.ValidationScope) (backfill.CheckResult, error) {
+		once.Do(func() { close(merged) })
+		<-release // the chunk's transaction stays open, its merge done
+		return backfill.CheckResult{Check: "pause", Passed: true}, nil
+	})}
+	runDone := make(chan error, 1)
+	var rep2 backfill.Report
+	go func() {
+		var err error
+		rep2, err = r.Run(ctx, job2)
+		runDone <- err
+	}()
+	<-merged
+	rbDone := make(chan struct{})
+	var rbErr error
+	go func() {
+		defer close(rbDone)
+		_, rbErr = r.Rollback(ctx, itemsJob("items", nil), backfill.RollbackOptions{BatchID: rep1.BatchID, Actor: "t", Why: "test"})
+	}()
+	waited := untilLockWait(t, db, rbDone)
+	close(release)
+	require.NoError(t, <-runDone)
+	<-rbDone
+	require.Equal(t, backfill.RunCompleted, rep2.Status)
+	var n int
+	require.NoError(t, db.Get(&n, `SELECT count(*) FROM items`))
+	require.Equal(t, 2, n, "the rollback deleted the rows batch 2 delivered (rollback error: %v)", rbErr)
+	require.True(t, waited, "the rollback did not wait for the merge")
+	require.ErrorIs(t, rbErr, backfill.ErrRollbackConflict)
 }

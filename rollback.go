@@ -124,6 +124,15 @@ func (r *Runner) Rollback(ctx context.Context, job Job, opts RollbackOptions) (R
 	if err != nil {
 		return RollbackReport{}, err
 	}
+	if !opts.Preview {
+		// Wait for, and keep out, every merge into the target until the
+		// rollback ends (rollback_lock.go).
+		unlock, err := u.lockTarget(ctx)
+		if err != nil {
+			return RollbackReport{}, err
+		}
+		defer unlock()
+	}
 	rep, err := u.conflicts(ctx)
 	if err != nil {
 		return rep, err
@@ -187,7 +196,10 @@ func (r *Runner) rollbackBatch(ctx context.Context, job Job, opts RollbackOption
 // chunks it rolls back (seqs, in reverse order) and, for one chunk, its
 // state.
 type undoRollback struct {
-	r    *Runner
+	r *Runner
+	// db is where the rollback reads and writes: the connection holding
+	// the target's merge lock (lockTarget), else the runner's db.
+	db   sqlx.ExtContext
 	run  Run
 	opts RollbackOptions
 	rb   *pgRollback
@@ -217,7 +229,7 @@ func (r *Runner) undoRollback(ctx context.Context, job Job, run Run, plan Plan, 
 	if err != nil {
 		return nil, err
 	}
-	u := &undoRollback{r: r, run: run, opts: opts, rb: newPGRollback(r.caps.sql, info)}
+	u := &undoRollback{r: r, db: r.db, run: run, opts: opts, rb: newPGRollback(r.caps.sql, info)}
 	for _, s := range states {
 		if (s.Status == ChunkDone || s.Status == ChunkOpen) && (opts.ChunkID == "" || s.Chunk.ID == opts.ChunkID) {
 			u.seqs = append(u.seqs, s.Chunk.Seq)
@@ -249,7 +261,7 @@ func (r *Runner) undoRollback(ctx context.Context, job Job, run Run, plan Plan, 
 // conflicts returns the report with the rows later batches still applied
 // changed or delivered unchanged.
 func (u *undoRollback) conflicts(ctx context.Context) (RollbackReport, error) {
-	db, batch := u.r.db, u.run.BatchID
+	db, batch := u.db, u.run.BatchID
 	rep := RollbackReport{BatchID: batch, Preview: u.opts.Preview, Status: u.run.Status}
 	changed, changedRows, err := u.rb.conflicts(ctx, db, batch, u.seqs, u.one, u.opts.exclude)
 	if err != nil {
@@ -275,7 +287,7 @@ func (u *undoRollback) conflicts(ctx context.Context) (RollbackReport, error) {
 func (u *undoRollback) preview(ctx context.Context, rep RollbackReport) (RollbackReport, error) {
 	rep.Chunks = len(u.seqs)
 	var err error
-	if rep.Deleted, rep.Restored, err = u.rb.preview(ctx, u.r.db, u.run.BatchID, u.seqs, u.one, u.opts.Force); err != nil {
+	if rep.Deleted, rep.Restored, err = u.rb.preview(ctx, u.db, u.run.BatchID, u.seqs, u.one, u.opts.Force); err != nil {
 		return rep, err
 	}
 	if !u.opts.Force {
@@ -289,7 +301,7 @@ func (u *undoRollback) preview(ctx context.Context, rep RollbackReport) (Rollbac
 // apply rolls the chunks back, one transaction each, then finishes the
 // batch (or chunk) and records it in the audit log.
 func (u *undoRollback) apply(ctx context.Context, rep RollbackReport) (RollbackReport, error) {
-	run, opts, db := u.run, u.opts, u.r.db
+	run, opts, db := u.run, u.opts, u.db
 	if len(u.seqs) > 0 {
 		// Visible even if this call is interrupted: who started it and why.
 		started, _ := json.Marshal(map[string]any{"why": opts.Why, "chunk": opts.ChunkID, "force": opts.Force, "chunks": len(u.seqs),
