@@ -1,7 +1,11 @@
 package backfill_test
 
 import (
+	"bytes"
 	"context"
+	"fmt"
+	"log/slog"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -126,4 +130,48 @@ func TestRollbackWaitsForMergeOfSameTarget(t *testing.T) {
 	require.Equal(t, 2, n, "the rollback deleted the rows batch 2 delivered (rollback error: %v)", rbErr)
 	require.True(t, waited, "the rollback did not wait for the merge")
 	require.ErrorIs(t, rbErr, backfill.ErrRollbackConflict)
+}
+
+// TargetWins: chunks of one run that disagree on a new key's content leave
+// the row of the first to commit, which depends on commit order. On a
+// target with lineage columns, the merge sees that the row another chunk
+// of the same batch wrote differs and the run warns, naming the fix.
+func TestTargetWinsWarnsWhenChunksOfRunDisagree(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t)
+	rbSetup(t, db)
+	var log bytes.Buffer
+	var mu sync.Mutex
+	r, err := backfill.New(db, &backfill.Config{Logger: slog.New(slog.NewTextHandler(syncWriter{&log, &mu}, nil))})
+	require.NoError(t, err)
+	job := backfill.Job{Name: "tw", Chunker: backfill.IntRange(0, 30, 10),
+		Extractor: backfill.ExtractorFunc(func(ctx context.Context, c backfill.Chunk, w backfill.RowWriter) error {
+			name := fmt.Sprintf("chunk%d", c.Lo/10)
+			if c.Lo == 20 {
+				name = "chunk0" // the name of chunk 0, but another qty: still a disagreement
+			}
+			return w.Write(ctx, int64(1000), name, c.Lo)
+		}),
+		Target: backfill.Target{Table: "items", Key: []string{"id"}, Columns: []string{"id", "name", "qty"}, Conflict: backfill.TargetWins}}
+	rep, err := r.Run(ctx, job)
+	require.NoError(t, err)
+	require.Equal(t, int64(1), rep.Counts.Inserted)
+	mu.Lock()
+	defer mu.Unlock()
+	require.Contains(t, log.String(), "chunks of this run disagree on keys")
+	require.Equal(t, 2, strings.Count(log.String(), "chunks of this run disagree on keys"), "chunks 1 and 2 differ from chunk 0's row")
+
+	// Chunks that agree do not warn.
+	db.MustExec(`TRUNCATE items`)
+	log.Reset()
+	mu.Unlock()
+	job.Name, job.NewRun = "tw2", true
+	job.Extractor = backfill.ExtractorFunc(func(ctx context.Context, c backfill.Chunk, w backfill.RowWriter) error {
+		return w.Write(ctx, int64(1000), "same", int64(7))
+	})
+	_, err = r.Run(ctx, job)
+	mu.Lock()
+	require.NoError(t, err)
+	require.NotContains(t, log.String(), "disagree")
 }

@@ -633,6 +633,14 @@ func (s *pgStager) mergeStaged(ctx context.Context, n int64, dup bool) (res Merg
 	if err := s.lockChanging(ctx); err != nil {
 		return res, err
 	}
+	// Chunks of this batch that disagree on a key (TargetWins): counted
+	// for the runner's warning, after the key locks, so the other chunk's
+	// row is committed and seen.
+	if s.q.disagreed != "" {
+		if err := sqlx.GetContext(ctx, s.tx, &res.Disagreed, s.q.disagreed, s.info.Chunk.BatchID); err != nil {
+			return res, fmt.Errorf("backfill: merge %s: rows other chunks of the batch wrote: %w", t.Table, s.classify(err))
+		}
+	}
 	if err := s.writeStaged(ctx, n, &res); err != nil {
 		return res, err
 	}

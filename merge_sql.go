@@ -191,6 +191,9 @@ type pgMergeSQL struct {
 	// replayCheck counts, without writing, what replaying the merge would
 	// insert and update (Upsert).
 	replayCheck string
+	// disagreed counts the staged rows whose target row this batch ($1)
+	// wrote with other content (TargetWins with lineage); "" otherwise.
+	disagreed string
 	// lockChanging locks the target rows the merge would change, before
 	// the statement that decides (merge_decide.go); "" when none can.
 	lockChanging string
@@ -229,6 +232,7 @@ func buildMergeSQL(info TableInfo) pgMergeSQL {
 	}
 	if m.t.Mode == Upsert {
 		q.upsert, q.insertAll, q.replayCheck, q.lockChanging = m.upsert(), m.insertAll(), m.replayCheck(), m.upsertLockChanging()
+		q.disagreed = m.disagreed()
 	}
 	if m.t.Mode == History {
 		q.update, q.insert, q.lockChanging = m.historyUpdate(), m.historyInsert(), m.historyLockChanging()
@@ -387,6 +391,27 @@ func (m mergeShape) upsertUndo(apply string) (before, cte string) {
 uu AS (INSERT INTO {undo} (batch_id, seq, op, key, before) SELECT $1::bigint, $2::int, 'update', {key}, j._backfill_before FROM j WHERE j._backfill_apply)`,
 		"undo", m.undo, "key", keyJSON("j", m.cc.Identity))
 	return before, cte
+}
+
+// disagreed counts, for TargetWins on a target with lineage columns, the
+// staged rows whose target row batch $1 (this one, another chunk) wrote
+// with other content: TargetWins keeps it, so the winner between the
+// chunks is the first to commit. "" for other policies or without
+// lineage.
+func (m mergeShape) disagreed() string {
+	l := m.t.Lineage
+	if m.t.Conflict != TargetWins || l.InsertedBy == "" && l.UpdatedBy == "" || len(m.cc.Compared) == 0 {
+		return ""
+	}
+	var by []string
+	for _, c := range []string{l.InsertedBy, l.UpdatedBy} {
+		if c != "" {
+			by = append(by, "t."+sqlgen.Ident(c)+" = $1::bigint")
+		}
+	}
+	return sqlf(`SELECT count(*) FROM {stage} s JOIN {target} t ON {ts} WHERE ({by}) AND {distinct}`,
+		"stage", m.stage, "target", m.target, "ts", m.idEq("t", "s"), "by", strings.Join(by, " OR "),
+		"distinct", m.cc.distinct("t", "s"))
 }
 
 // upsertLockChanging locks the target rows the upsert would update, by
