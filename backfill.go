@@ -25,6 +25,11 @@ const (
 	// columns named (reason "conflicting content for existing event: ...").
 	// Inside one chunk, the first row of an ID wins; later identical rows
 	// are deduplicated and later different rows are rejected the same way.
+	// Between chunks (of one run, or of runs in parallel) that carry one
+	// ID with different content, the chunk whose transaction commits
+	// first wins and the others queue their row: which one that is
+	// depends on commit order, so at Concurrency > 1 it can differ from
+	// run to run (the queued loser says which).
 	AppendOnly Mode = "append_only"
 	// History is versioned history (SCD type 2). Each version is a row
 	// keyed by Key plus [Target.ValidFrom]; [Target.ValidTo] holds the
@@ -56,11 +61,22 @@ type ConflictPolicy string
 
 const (
 	// SourceWins always takes the staged row. It is the default. Order
-	// dependent when the same key appears in several chunks with different
-	// content: the chunk merged last wins.
+	// dependent when the same key appears in several chunks (of one run,
+	// or of runs in parallel) with different content: the chunk whose
+	// transaction commits last wins. At Concurrency 1 that is the chunk
+	// planned last; above it, whichever finishes last, which can differ
+	// from run to run. Use a [Target.Version] with NewerVersionWins for a
+	// result independent of order and concurrency.
 	SourceWins ConflictPolicy = "source_wins"
 	// TargetWins inserts missing keys only; differing existing rows are
-	// kept and counted as unchanged.
+	// kept and counted as unchanged. Order dependent when the same key,
+	// absent from the target, appears in several chunks with different
+	// content: the chunk whose transaction commits first inserts it and
+	// wins, the others find it and leave it (counted unchanged, not
+	// queued). At Concurrency 1 that is the chunk planned first; above it,
+	// whichever commits first, which can differ from run to run. Use a
+	// [Target.Version] with NewerVersionWins for a result independent of
+	// order and concurrency.
 	TargetWins ConflictPolicy = "target_wins"
 	// NewerVersionWins takes the row with the greater [Target.Version]
 	// value (NULL is older than any value). Ties with different content
@@ -367,14 +383,21 @@ type RowWriter interface {
 // default.
 type Config struct {
 	// Concurrency is how many chunks run at once, each in its own
-	// transaction on its own connection. Default 1. It never changes the
-	// result: merges of chunks that share business keys (in this run, in
-	// other processes running the job, or in other jobs on the target)
-	// take locks on those keys and run one after the other, so every mode
-	// leaves the table that running the chunks one at a time leaves.
-	// Where a mode itself depends on the order of chunks that disagree on
-	// a key's content (SourceWins keeps the last, TargetWins, AppendOnly
-	// and Keyless the first), the order is the order of their commits.
+	// transaction on its own connection. Default 1. Merges of chunks that
+	// share business keys (in this run, in other processes running the
+	// job, or in other jobs on the target) take locks on those keys and
+	// run one after the other, so each sees the rows the others
+	// committed: History, NewerVersionWins and chunks that agree on each
+	// key's content leave the table that running the chunks one at a time
+	// leaves, whatever the Concurrency.
+	//
+	// Where chunks of one run disagree on a key's content and the mode
+	// itself decides by order, the winner is the chunk that commits first
+	// (TargetWins, AppendOnly, Keyless) or last (SourceWins), and above
+	// Concurrency 1 commit order is not plan order: the result can differ
+	// from run to run. Use a [Target.Version] with NewerVersionWins for
+	// an order-independent result; AppendOnly and Keyless queue the loser
+	// to the exception queue, so nothing is lost silently there.
 	Concurrency int
 	// MaxAttempts is how many times a chunk is tried before the run stops
 	// with it failed; only retryable errors ([IsRetryable]) are retried.

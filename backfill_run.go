@@ -801,6 +801,10 @@ func (ex *execution) runChunk(ctx context.Context) (cr chunkRun, err error) {
 	if err != nil {
 		return cr, chunkErr(err)
 	}
+	if mr.Disagreed > 0 {
+		ex.log.Warn("chunks of this run disagree on keys: TargetWins kept the row the first chunk to commit wrote, so the result depends on commit order (Config.Concurrency); give the target a Version and use NewerVersionWins for an order-independent result",
+			"seq", c.Seq, "chunk", c.ID, "rows", mr.Disagreed)
+	}
 	if err := tooManyRejects(r.cfg.MaxRejectsPerChunk, c, w.rejected, mr.Rejected); err != nil {
 		return cr, chunkErr(err)
 	}

@@ -126,6 +126,14 @@ type MergeResult struct {
 	// because a version was inserted after them (not staged rows, so not
 	// part of the accounting).
 	Closed int64
+	// Disagreed counts staged rows of a [TargetWins] Upsert whose key's
+	// target row another chunk of the same batch wrote (lineage
+	// InsertedBy or UpdatedBy is the batch) with other content: chunks of
+	// one run disagree, and the one that committed first won (see
+	// [Config.Concurrency]). The rows count as unchanged; the runner logs
+	// a warning. Not part of the accounting; 0 without lineage columns,
+	// for other policies and modes, and for mergers that do not look.
+	Disagreed int64
 }
 
 // Merger loads a chunk's rows into staging and merges them into the target

@@ -50,7 +50,13 @@ import (
 // rows it would change are locked by this transaction and can no longer
 // change. Rows that would stay unchanged are not locked (a replay of an
 // unchanged chunk writes no WAL), and the fresh-insert path, which finds
-// no rows to change, skips it.
+// no rows to change, skips it. Every statement that writes the target and
+// logs prior images has such a lock before it: the Upsert, the History
+// update (lockChanging) and History's closing of intervals (lockClosing,
+// merge_sql.go), whose logged images are then the rows they overwrite.
+// What remains: a row the lock statement did not lock (it would not have
+// changed then) that another transaction commits a change to and then
+// holds again before the deciding statement runs.
 //
 // Deferred constraints. A DEFERRABLE INITIALLY DEFERRED foreign key or
 // constraint trigger fires at COMMIT, outside the savepoint in which the

@@ -654,6 +654,14 @@ func (s *pgStager) mergeStaged(ctx context.Context, n int64, dup bool) (res Merg
 	if err := s.lockChanging(ctx); err != nil {
 		return res, err
 	}
+	// Chunks of this batch that disagree on a key (TargetWins): counted
+	// for the runner's warning, after the key locks, so the other chunk's
+	// row is committed and seen.
+	if s.q.disagreed != "" {
+		if err := sqlx.GetContext(ctx, s.tx, &res.Disagreed, s.q.disagreed, s.info.Chunk.BatchID); err != nil {
+			return res, fmt.Errorf("backfill: merge %s: rows other chunks of the batch wrote: %w", t.Table, s.classify(err))
+		}
+	}
 	if err := s.writeStaged(ctx, n, &res); err != nil {
 		return res, err
 	}
@@ -688,6 +696,12 @@ func (s *pgStager) writeStaged(ctx context.Context, n int64, res *MergeResult) (
 		return s.upsertStaged(ctx, n, res)
 	}
 	if res.Updated, err = s.exec(ctx, "update", s.q.update); err != nil {
+		return err
+	}
+	// Lock the versions whose intervals close first: the closing
+	// statement's snapshot (and the prior images it logs) then holds their
+	// committed versions (merge_sql.go, lockClosing).
+	if _, err = s.exec(ctx, "lock intervals to close", s.q.lockClosing); err != nil {
 		return err
 	}
 	if res.Closed, err = s.exec(ctx, "close intervals", s.q.closeIntervals); err != nil {

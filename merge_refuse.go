@@ -88,7 +88,7 @@ func (s *pgStager) mergeRefusing(ctx context.Context, res MergeResult, dup bool)
 		if _, err := s.tx.ExecContext(ctx, `RELEASE SAVEPOINT backfill_refuse`); err != nil {
 			return res, fmt.Errorf("backfill: merge %s: release savepoint: %w", t.Table, err)
 		}
-		res.Inserted, res.Updated, res.Unchanged, res.Closed = r.Inserted, r.Updated, r.Unchanged, r.Closed
+		res.Inserted, res.Updated, res.Unchanged, res.Closed, res.Disagreed = r.Inserted, r.Updated, r.Unchanged, r.Closed, r.Disagreed
 		return res, nil
 	}
 	pe, ok := s.refusal(err)
@@ -109,7 +109,7 @@ func (s *pgStager) mergeRefusing(ctx context.Context, res MergeResult, dup bool)
 		return res, err
 	}
 	s.m.setFresh(t.Table, false)
-	res.Inserted, res.Updated, res.Unchanged, res.Closed = iso.res.Inserted, iso.res.Updated, iso.res.Unchanged, iso.res.Closed
+	res.Inserted, res.Updated, res.Unchanged, res.Closed, res.Disagreed = iso.res.Inserted, iso.res.Updated, iso.res.Unchanged, iso.res.Closed, iso.res.Disagreed
 	res.Rejected = append(res.Rejected, iso.refused...)
 	return res, nil
 }
@@ -257,6 +257,7 @@ func (iso *isolation) bisect(ctx context.Context, lo, hi int64, known *pq.Error,
 			iso.res.Updated += r.Updated
 			iso.res.Unchanged += r.Unchanged
 			iso.res.Closed += r.Closed
+			iso.res.Disagreed += r.Disagreed
 			return nil
 		}
 		var ok bool

@@ -191,6 +191,9 @@ type pgMergeSQL struct {
 	// replayCheck counts, without writing, what replaying the merge would
 	// insert and update (Upsert).
 	replayCheck string
+	// disagreed counts the staged rows whose target row this batch ($1)
+	// wrote with other content (TargetWins with lineage); "" otherwise.
+	disagreed string
 	// lockChanging locks the target rows the merge would change, before
 	// the statement that decides (merge_decide.go); "" when none can.
 	lockChanging string
@@ -198,8 +201,9 @@ type pgMergeSQL struct {
 	insert       string
 	// closeIntervals recomputes, before the insert, valid_to of the
 	// touched keys' versions when the chunk adds versions (History);
+	// lockClosing locks, before it, the versions it would change;
 	// checkIntervals finds keys whose intervals overlap or leave a gap.
-	closeIntervals, checkIntervals string
+	closeIntervals, lockClosing, checkIntervals string
 }
 
 // mergeShape is what the statements of one target shape are built from.
@@ -228,10 +232,11 @@ func buildMergeSQL(info TableInfo) pgMergeSQL {
 	}
 	if m.t.Mode == Upsert {
 		q.upsert, q.insertAll, q.replayCheck, q.lockChanging = m.upsert(), m.insertAll(), m.replayCheck(), m.upsertLockChanging()
+		q.disagreed = m.disagreed()
 	}
 	if m.t.Mode == History {
 		q.update, q.insert, q.lockChanging = m.historyUpdate(), m.historyInsert(), m.historyLockChanging()
-		q.closeIntervals, q.checkIntervals = m.closeIntervals(), m.checkIntervals()
+		q.closeIntervals, q.lockClosing, q.checkIntervals = m.closeIntervals(), m.lockClosing(), m.checkIntervals()
 	} else {
 		q.insert = m.insert()
 	}
@@ -388,6 +393,27 @@ uu AS (INSERT INTO {undo} (batch_id, seq, op, key, before) SELECT $1::bigint, $2
 	return before, cte
 }
 
+// disagreed counts, for TargetWins on a target with lineage columns, the
+// staged rows whose target row batch $1 (this one, another chunk) wrote
+// with other content: TargetWins keeps it, so the winner between the
+// chunks is the first to commit. "" for other policies or without
+// lineage.
+func (m mergeShape) disagreed() string {
+	l := m.t.Lineage
+	if m.t.Conflict != TargetWins || l.InsertedBy == "" && l.UpdatedBy == "" || len(m.cc.Compared) == 0 {
+		return ""
+	}
+	var by []string
+	for _, c := range []string{l.InsertedBy, l.UpdatedBy} {
+		if c != "" {
+			by = append(by, "t."+sqlgen.Ident(c)+" = $1::bigint")
+		}
+	}
+	return sqlf(`SELECT count(*) FROM {stage} s JOIN {target} t ON {ts} WHERE ({by}) AND {distinct}`,
+		"stage", m.stage, "target", m.target, "ts", m.idEq("t", "s"), "by", strings.Join(by, " OR "),
+		"distinct", m.cc.distinct("t", "s"))
+}
+
 // upsertLockChanging locks the target rows the upsert would update, by
 // its own predicate (merge_decide.go); "" when it updates none.
 func (m mergeShape) upsertLockChanging() string {
@@ -524,13 +550,38 @@ b AS (INSERT INTO {undo} (batch_id, seq, op, key, before)
 			"undo", m.undo, "key", keyJSON("t", m.cc.Identity), "target", m.target, "tx", sqlgen.Equal("t", "x", m.t.Key),
 			"vf", vf, "vt", vt)
 	}
-	return sqlf(`WITH _backfill_new AS MATERIALIZED (SELECT {key}, {vf} FROM {stage} s WHERE NOT EXISTS (SELECT 1 FROM {target} t WHERE {ts} OFFSET 0)),
-x AS (SELECT {key}, {vf}, lead({vf}) OVER (PARTITION BY {key} ORDER BY {vf}) AS _backfill_next_from FROM (
-	SELECT {key}, {vf} FROM _backfill_new UNION ALL SELECT {key}, {vf} FROM {keyRows} v WHERE EXISTS (SELECT FROM _backfill_new)) _backfill_z){undo}
+	return sqlf(`{x}{undo}
 UPDATE {target} t SET {vt} = x._backfill_next_from{lineageSet} FROM x
 WHERE {tx} AND t.{vf} = x.{vf} AND t.{vt} IS DISTINCT FROM x._backfill_next_from`,
-		"target", m.target, "keyRows", m.historyKeyRows(), "key", sqlgen.List("", m.t.Key), "vf", vf, "vt", vt,
-		"tx", sqlgen.Equal("t", "x", m.t.Key), "lineageSet", lineageSet, "undo", undo, "stage", m.stage, "ts", m.idEq("t", "s"))
+		"x", m.closingX(), "target", m.target, "vt", vt, "vf", vf,
+		"tx", sqlgen.Equal("t", "x", m.t.Key), "lineageSet", lineageSet, "undo", undo)
+}
+
+// closingX is the WITH clause of closeIntervals and lockClosing: x, each
+// version of the chunk's keys (the target's and the chunk's new ones) with
+// the start of the next one.
+func (m mergeShape) closingX() string {
+	vf := sqlgen.Ident(m.t.ValidFrom)
+	return sqlf(`WITH _backfill_new AS MATERIALIZED (SELECT {key}, {vf} FROM {stage} s WHERE NOT EXISTS (SELECT 1 FROM {target} t WHERE {ts} OFFSET 0)),
+x AS (SELECT {key}, {vf}, lead({vf}) OVER (PARTITION BY {key} ORDER BY {vf}) AS _backfill_next_from FROM (
+	SELECT {key}, {vf} FROM _backfill_new UNION ALL SELECT {key}, {vf} FROM {keyRows} v WHERE EXISTS (SELECT FROM _backfill_new)) _backfill_z)`,
+		"target", m.target, "keyRows", m.historyKeyRows(), "key", sqlgen.List("", m.t.Key), "vf", vf,
+		"stage", m.stage, "ts", m.idEq("t", "s"))
+}
+
+// lockClosing locks, FOR UPDATE, the target's versions closeIntervals
+// would change, in a statement before it (as lockChanging does for the
+// update): closeIntervals' snapshot, taken after the locks are granted,
+// then sees their committed versions, so the prior images it logs to the
+// undo log are the rows it overwrites, not older versions that a
+// concurrent writer (an application's UPDATE) replaced while the merge
+// waited for the row.
+func (m mergeShape) lockClosing() string {
+	return sqlf(`{x}
+SELECT count(*) FROM (SELECT 1 FROM {target} t JOIN x ON {tx} AND t.{vf} = x.{vf}
+	WHERE t.{vt} IS DISTINCT FROM x._backfill_next_from FOR UPDATE OF t) _backfill_l`,
+		"x", m.closingX(), "target", m.target, "tx", sqlgen.Equal("t", "x", m.t.Key),
+		"vf", sqlgen.Ident(m.t.ValidFrom), "vt", sqlgen.Ident(m.t.ValidTo))
 }
 
 // checkIntervals finds up to 5 keys of the chunk whose versions overlap

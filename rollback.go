@@ -129,6 +129,15 @@ func (r *Runner) Rollback(ctx context.Context, job Job, opts RollbackOptions) (R
 	if err != nil {
 		return RollbackReport{}, err
 	}
+	if !opts.Preview {
+		// Wait for, and keep out, every merge into the target until the
+		// rollback ends (rollback_lock.go).
+		unlock, err := u.lockTarget(ctx)
+		if err != nil {
+			return RollbackReport{}, err
+		}
+		defer unlock()
+	}
 	rep, err := u.conflicts(ctx)
 	if err != nil {
 		return rep, err
@@ -195,10 +204,15 @@ func (r *Runner) rollbackBatch(ctx context.Context, job Job, opts RollbackOption
 // chunks it rolls back (seqs, in reverse order) and, for one chunk, its
 // state.
 type undoRollback struct {
-	r    *Runner
+	r *Runner
+	// db is where the rollback reads and writes: the connection holding
+	// the target's merge lock (lockTarget), else the runner's db.
+	db   sqlx.ExtContext
 	run  Run
 	opts RollbackOptions
 	rb   UndoRollback
+	// info is the target, whose merge lock the rollback takes (lockTarget).
+	info TableInfo
 	seqs []int
 	one  *ChunkState
 	// deliveredDeleted counts the delivered conflicts the rollback would
@@ -228,7 +242,7 @@ func (r *Runner) undoRollback(ctx context.Context, job Job, run Run, plan Plan, 
 	if err != nil {
 		return nil, err
 	}
-	u := &undoRollback{r: r, run: run, opts: opts}
+	u := &undoRollback{r: r, db: r.db, run: run, opts: opts, info: info}
 	for _, s := range states {
 		if (s.Status == ChunkDone || s.Status == ChunkOpen) && (opts.ChunkID == "" || s.Chunk.ID == opts.ChunkID) {
 			u.seqs = append(u.seqs, s.Chunk.Seq)
@@ -263,7 +277,7 @@ func (r *Runner) undoRollback(ctx context.Context, job Job, run Run, plan Plan, 
 // changed or delivered unchanged.
 func (u *undoRollback) conflicts(ctx context.Context) (RollbackReport, error) {
 	rep := RollbackReport{BatchID: u.run.BatchID, Preview: u.opts.Preview, Status: u.run.Status}
-	c, err := u.rb.Conflicts(ctx, u.r.db)
+	c, err := u.rb.Conflicts(ctx, u.db)
 	if err != nil {
 		return rep, err
 	}
@@ -282,7 +296,7 @@ func (u *undoRollback) conflicts(ctx context.Context) (RollbackReport, error) {
 func (u *undoRollback) preview(ctx context.Context, rep RollbackReport) (RollbackReport, error) {
 	rep.Chunks = len(u.seqs)
 	var err error
-	if rep.Deleted, rep.Restored, err = u.rb.Preview(ctx, u.r.db, u.opts.Force); err != nil {
+	if rep.Deleted, rep.Restored, err = u.rb.Preview(ctx, u.db, u.opts.Force); err != nil {
 		return rep, err
 	}
 	if !u.opts.Force {
@@ -296,7 +310,7 @@ func (u *undoRollback) preview(ctx context.Context, rep RollbackReport) (Rollbac
 // apply rolls the chunks back, one transaction each, then finishes the
 // batch (or chunk) and records it in the audit log.
 func (u *undoRollback) apply(ctx context.Context, rep RollbackReport) (RollbackReport, error) {
-	run, opts, db := u.run, u.opts, u.r.db
+	run, opts, db := u.run, u.opts, u.db
 	if len(u.seqs) > 0 {
 		// Visible even if this call is interrupted: who started it and why.
 		started, _ := json.Marshal(map[string]any{"why": opts.Why, "chunk": opts.ChunkID, "force": opts.Force, "chunks": len(u.seqs),

@@ -41,6 +41,13 @@ x AS (SELECT "id", "valid_from", lead("valid_from") OVER (PARTITION BY "id" ORDE
 UPDATE "sales"."orders" t SET "valid_to" = x._backfill_next_from FROM x
 WHERE t."id" = x."id" AND t."valid_from" = x."valid_from" AND t."valid_to" IS DISTINCT FROM x._backfill_next_from;
 
+-- lockClosing
+WITH _backfill_new AS MATERIALIZED (SELECT "id", "valid_from" FROM pg_temp."backfill_stage_dbb50d90b2979430" s WHERE NOT EXISTS (SELECT 1 FROM "sales"."orders" t WHERE t."id" = s."id" AND t."valid_from" = s."valid_from" OFFSET 0)),
+x AS (SELECT "id", "valid_from", lead("valid_from") OVER (PARTITION BY "id" ORDER BY "valid_from") AS _backfill_next_from FROM (
+	SELECT "id", "valid_from" FROM _backfill_new UNION ALL SELECT "id", "valid_from" FROM (SELECT t.* FROM (SELECT DISTINCT "id" FROM pg_temp."backfill_stage_dbb50d90b2979430") k CROSS JOIN LATERAL (SELECT * FROM "sales"."orders" t WHERE t."id" = k."id" OFFSET 0) t) v WHERE EXISTS (SELECT FROM _backfill_new)) _backfill_z)
+SELECT count(*) FROM (SELECT 1 FROM "sales"."orders" t JOIN x ON t."id" = x."id" AND t."valid_from" = x."valid_from"
+	WHERE t."valid_to" IS DISTINCT FROM x._backfill_next_from FOR UPDATE OF t) _backfill_l;
+
 -- checkIntervals
 SELECT DISTINCT "id" FROM (
 	SELECT "id", "valid_from", "valid_to", lead("valid_from") OVER (PARTITION BY "id" ORDER BY "valid_from") AS _backfill_next_from
