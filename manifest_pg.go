@@ -952,20 +952,20 @@ func (m *PGManifest) ResumeRun(ctx context.Context, db sqlx.ExtContext, batchID 
 // chunk of a run published at its end ([PublishAtEnd]): its rows are in the run's persistent staging table and
 // its exceptions in the queue; the merge counts come with the publish.
 // The chunk must be pending (claimed in tx).
-func (m *PGManifest) StageChunk(ctx context.Context, tx sqlx.ExtContext, batchID int64, c Chunk, read, rejected, staged int64, exceptions []Exception) error {
-	if read != rejected+staged {
-		return fmt.Errorf("backfill: stage chunk %s: %w: read %d != staged %d + rejected %d", c.ID, ErrAccounting, read, staged, rejected)
+func (m *PGManifest) StageChunk(ctx context.Context, tx sqlx.ExtContext, p StageChunkParams) error {
+	if p.Read != p.Rejected+p.Staged {
+		return fmt.Errorf("backfill: stage chunk %s: %w: read %d != staged %d + rejected %d", p.Chunk.ID, ErrAccounting, p.Read, p.Staged, p.Rejected)
 	}
-	if err := m.addExceptions(ctx, tx, batchID, c.ID, exceptions); err != nil {
-		return fmt.Errorf("backfill: stage chunk %s: exceptions: %w", c.ID, err)
+	if err := m.addExceptions(ctx, tx, p.BatchID, p.Chunk.ID, p.Exceptions); err != nil {
+		return fmt.Errorf("backfill: stage chunk %s: exceptions: %w", p.Chunk.ID, err)
 	}
 	res, err := tx.ExecContext(ctx, m.sql(`UPDATE {s}.chunks SET status = 'staged', rows_read = $3, rows_rejected = $4, rows_staged = $5
-		WHERE batch_id = $1 AND seq = $2 AND status = 'pending'`), batchID, c.Seq, read, rejected, staged)
+		WHERE batch_id = $1 AND seq = $2 AND status = 'pending'`), p.BatchID, p.Chunk.Seq, p.Read, p.Rejected, p.Staged)
 	if err != nil {
-		return fmt.Errorf("backfill: stage chunk %s: %w", c.ID, err)
+		return fmt.Errorf("backfill: stage chunk %s: %w", p.Chunk.ID, err)
 	}
 	if n, _ := res.RowsAffected(); n != 1 {
-		return fmt.Errorf("backfill: stage chunk %s of batch %d: chunk is not pending", c.ID, batchID)
+		return fmt.Errorf("backfill: stage chunk %s of batch %d: chunk is not pending", p.Chunk.ID, p.BatchID)
 	}
 	return nil
 }
