@@ -581,7 +581,9 @@ func (ex *execution) recordGate(ctx context.Context, ce *ChunkError, ge *gateErr
 		for i := range ge.exceptions {
 			ge.exceptions[i].BatchID = ex.batchID
 		}
-		return mg.RecordGateFailure(fctx, ex.r.db, ex.batchID, ce.Chunk.ID, ce.Attempt, ge.results, ge.exceptions, reason)
+		return mg.RecordGateFailure(fctx, ex.r.db, GateFailure{
+			BatchID: ex.batchID, ChunkID: ce.Chunk.ID, Attempt: ce.Attempt, Results: ge.results, Exceptions: ge.exceptions, Reason: reason,
+		})
 	}
 	if mv := ex.r.caps.validations; mv != nil {
 		return errors.Join(mv.AddValidations(fctx, ex.r.db, ex.batchID, ce.Chunk.ID, ge.results),

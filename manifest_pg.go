@@ -849,25 +849,25 @@ func (m *PGManifest) Validations(ctx context.Context, db sqlx.ExtContext, batchI
 // transaction of its own: the results and exceptions of the rolled back
 // attempt, marked with its number, the pause and its event commit
 // together or not at all.
-func (m *PGManifest) RecordGateFailure(ctx context.Context, db sqlx.ExtContext, batchID int64, chunkID string, attempt int, results []CheckResult, exceptions []Exception, reason string) error {
-	reason = ManifestText(reason)
-	failed := sql.NullInt64{Int64: int64(attempt), Valid: true}
+func (m *PGManifest) RecordGateFailure(ctx context.Context, db sqlx.ExtContext, p GateFailure) error {
+	reason := ManifestText(p.Reason)
+	failed := sql.NullInt64{Int64: int64(p.Attempt), Valid: true}
 	err := inTx(ctx, db, func(tx sqlx.ExtContext) error {
-		if err := m.addValidations(ctx, tx, batchID, chunkID, results, failed); err != nil {
+		if err := m.addValidations(ctx, tx, p.BatchID, p.ChunkID, p.Results, failed); err != nil {
 			return err
 		}
-		if err := m.addExceptionsOf(ctx, tx, batchID, chunkID, exceptions, failed); err != nil {
+		if err := m.addExceptionsOf(ctx, tx, p.BatchID, p.ChunkID, p.Exceptions, failed); err != nil {
 			return err
 		}
 		// The attempt counts: the next one has the next number.
 		if _, err := tx.ExecContext(ctx, m.sql(`UPDATE {s}.chunks SET attempts = attempts + 1, last_error = $3
-			WHERE batch_id = $1 AND chunk_id = $2 AND status <> 'done'`), batchID, chunkID, "quality gate failed: "+reason); err != nil {
+			WHERE batch_id = $1 AND chunk_id = $2 AND status <> 'done'`), p.BatchID, p.ChunkID, "quality gate failed: "+reason); err != nil {
 			return err
 		}
-		return m.PauseRun(ctx, tx, batchID, fmt.Sprintf("chunk %s: %s", chunkID, reason))
+		return m.PauseRun(ctx, tx, p.BatchID, fmt.Sprintf("chunk %s: %s", p.ChunkID, reason))
 	})
 	if err != nil {
-		return fmt.Errorf("backfill: record failed gate of chunk %s of batch %d: %w", chunkID, batchID, err)
+		return fmt.Errorf("backfill: record failed gate of chunk %s of batch %d: %w", p.ChunkID, p.BatchID, err)
 	}
 	return nil
 }
