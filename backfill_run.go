@@ -792,7 +792,7 @@ func (ex *execution) runChunk(ctx context.Context) (cr chunkRun, err error) {
 	cr.staged = t.deferred
 
 	// Extract and stage.
-	stager, w, err := ex.stage(ctx, tx, c, t.info, started, t.isolate, t.newStager)
+	stager, w, err := ex.stage(ctx, tx, stageParams{chunk: c, info: t.info, started: started, savepoints: t.isolate, newStager: t.newStager})
 	if err != nil {
 		return cr, chunkErr(err)
 	}
