@@ -38,14 +38,39 @@ type ManifestStaging interface {
 	// StagingTable returns the run's persistent staging table, quoted and
 	// schema-qualified. It does not block and is safe for concurrent use.
 	StagingTable(batchID int64) string
-	// StageChunk checkpoints chunk c, claimed in tx, as staged: read rows
-	// of which rejected went to the exception queue (exceptions) and
-	// staged to the staging table, in tx. It returns an error wrapping
-	// [ErrAccounting] when read != rejected + staged.
-	StageChunk(ctx context.Context, tx sqlx.ExtContext, batchID int64, c Chunk, read, rejected, staged int64, exceptions []Exception) error
+	// StageChunk checkpoints chunk p.Chunk, claimed in tx, as staged, in
+	// tx: p.Read rows of which p.Rejected went to the exception queue
+	// (p.Exceptions) and p.Staged to the staging table. It returns an
+	// error wrapping [ErrAccounting] when p.Read != p.Rejected + p.Staged,
+	// and an error when the chunk is not pending.
+	StageChunk(ctx context.Context, tx sqlx.ExtContext, p StageChunkParams) error
 	// StagedChunks returns the batch's staged chunks in Seq order, locked
 	// in tx (the publish's transaction) until it ends.
 	StagedChunks(ctx context.Context, tx sqlx.ExtContext, batchID int64) ([]StagedChunk, error)
+}
+
+// StageChunkParams are the arguments of [ManifestStaging.StageChunk]:
+// one chunk's checkpoint as staged.
+type StageChunkParams struct {
+	// BatchID is the run (batch) the chunk belongs to.
+	BatchID int64
+	// Chunk is the chunk to checkpoint, claimed (pending) in the
+	// transaction StageChunk is given; its Seq and ID are used.
+	Chunk Chunk
+	// Read is the number of source rows the chunk's extract read.
+	Read int64
+	// Rejected is the number of those rows that went to the exception
+	// queue instead of the staging table; len(Exceptions) of them are
+	// recorded as Exceptions.
+	Rejected int64
+	// Staged is the number of rows written to the run's persistent
+	// staging table ([ManifestStaging.StagingTable]). Read must equal
+	// Rejected + Staged.
+	Staged int64
+	// Exceptions are the chunk's rejected rows, added to the exception
+	// queue with the checkpoint; their BatchID, ChunkID and CreatedAt are
+	// set by StageChunk.
+	Exceptions []Exception
 }
 
 // StagedChunk is a chunk checkpointed as staged ([ManifestStaging]).

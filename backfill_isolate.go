@@ -75,19 +75,34 @@ func (s *persistStager) endStaging(ctx context.Context) error {
 	return finishCopy(ctx, &s.copy)
 }
 
-// stage extracts chunk c into a stager made by newStager and ends the
-// staging, isolating rows PostgreSQL refuses (see the top of this file)
-// when savepoints is true: tx must then be a transaction, and newStager's
-// stagers must stage with COPY. It returns the stager, to merge and
-// close, and the row writer with the chunk's counts and exceptions.
-func (ex *execution) stage(ctx context.Context, tx Tx, c Chunk, info TableInfo, started time.Time, savepoints bool, newStager func() (Stager, error)) (Stager, *rowWriter, error) {
-	s := &chunkStaging{ex: ex, tx: tx, chunk: c, info: info, started: started, savepoints: savepoints, newStager: newStager}
+// stageParams are the inputs of execution.stage besides its transaction.
+type stageParams struct {
+	// chunk is the chunk to extract and stage.
+	chunk Chunk
+	// info is the staged table's columns.
+	info TableInfo
+	// started is when the chunk's attempt started, for its exceptions.
+	started time.Time
+	// savepoints isolates rows PostgreSQL refuses, each staging attempt
+	// in a savepoint; the transaction must then be one, and newStager's
+	// stagers must stage with COPY.
+	savepoints bool
+	// newStager makes the stager of one staging attempt.
+	newStager func() (Stager, error)
+}
+
+// stage extracts chunk p.chunk into a stager made by p.newStager and
+// ends the staging, isolating rows PostgreSQL refuses (see the top of
+// this file) when p.savepoints is true. It returns the stager, to merge
+// and close, and the row writer with the chunk's counts and exceptions.
+func (ex *execution) stage(ctx context.Context, tx Tx, p stageParams) (Stager, *rowWriter, error) {
+	s := &chunkStaging{ex: ex, tx: tx, stageParams: p}
 	for {
 		st, w, ref, err := s.attempt(ctx)
 		if err != nil {
 			return nil, nil, err
 		}
-		if !savepoints || !ref.isData || ctx.Err() != nil {
+		if !p.savepoints || !ref.isData || ctx.Err() != nil {
 			return s.finish(ctx, st, w, ref)
 		}
 		if err := s.requeue(ctx, st, w, ref); err != nil {
@@ -99,14 +114,10 @@ func (ex *execution) stage(ctx context.Context, tx Tx, c Chunk, info TableInfo, 
 // chunkStaging is one call of execution.stage: its inputs, and the
 // values PostgreSQL refused in its earlier attempts.
 type chunkStaging struct {
-	ex         *execution
-	tx         Tx
-	chunk      Chunk
-	info       TableInfo
-	started    time.Time
-	savepoints bool
-	newStager  func() (Stager, error)
-	rejects    stagingRejects
+	ex *execution
+	tx Tx
+	stageParams
+	rejects stagingRejects
 }
 
 // stagingRefusal is how a staging attempt ended: the extractor's error,

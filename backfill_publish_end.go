@@ -70,7 +70,9 @@ func (publishEnd) target(ctx context.Context, ex *execution, tx Tx, c Chunk) (ch
 
 // beforeCommit checkpoints the chunk as staged.
 func (publishEnd) beforeCommit(ctx context.Context, ex *execution, tx Tx, t chunkTarget, res ChunkResult, exceptions []Exception) error {
-	return ex.r.caps.staging.StageChunk(ctx, tx, ex.batchID, res.Chunk, res.Read, res.Rejected, t.staged(), exceptions)
+	return ex.r.caps.staging.StageChunk(ctx, tx, StageChunkParams{
+		BatchID: ex.batchID, Chunk: res.Chunk, Read: res.Read, Rejected: res.Rejected, Staged: t.staged(), Exceptions: exceptions,
+	})
 }
 
 func (publishEnd) finish(ctx context.Context, ex *execution) { ex.publish(ctx) }

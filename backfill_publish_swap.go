@@ -56,7 +56,10 @@ func (publishSwap) target(ctx context.Context, ex *execution, tx Tx, c Chunk) (c
 // completes the chunk.
 func (publishSwap) beforeCommit(ctx context.Context, ex *execution, tx Tx, t chunkTarget, res ChunkResult, exceptions []Exception) error {
 	c := res.Chunk
-	if err := swapPartition(ctx, tx, ex.info.Target.Table, t.part, t.info.Target.Table, ex.job.ChunkColumn, t.keyType, c, cmpOr(ex.job.Publish.LockTimeout, "5s")); err != nil {
+	if err := swapPartition(ctx, tx, swapParams{
+		parent: ex.info.Target.Table, part: t.part, next: t.info.Target.Table, col: ex.job.ChunkColumn,
+		keyType: t.keyType, chunk: c, lockTimeout: cmpOr(ex.job.Publish.LockTimeout, "5s"),
+	}); err != nil {
 		return err
 	}
 	detail, _ := json.Marshal(map[string]any{"seq": c.Seq, "chunk": c.ID, "parent": ex.info.Target.Table, "old": t.part, "new": t.info.Target.Table})
@@ -138,33 +141,52 @@ func (r *Runner) prepareSwap(ctx context.Context, tx sqlx.ExtContext, info Table
 	return r.cfg.Merger.Prepare(ctx, tx, t)
 }
 
-// swapPartition attaches next in place of part, in tx.
-func swapPartition(ctx context.Context, tx sqlx.ExtContext, parent, part, next, col, keyType string, c Chunk, lockTimeout string) error {
-	lo, hi := any(c.Lo), any(c.Hi)
-	if c.Kind == KindTime {
-		lo, hi = c.Start, c.End
+// swapParams are the inputs of swapPartition besides its transaction.
+type swapParams struct {
+	// parent is the partitioned table's name, unquoted (sqlgen.Table
+	// quotes it).
+	parent string
+	// part is the partition attached now, to detach, named as parent.
+	part string
+	// next is the table to attach in its place.
+	next string
+	// col is the partition key column.
+	col string
+	// keyType is the key column's SQL type, e.g. "bigint".
+	keyType string
+	// chunk is the chunk whose bounds are the partition's.
+	chunk Chunk
+	// lockTimeout is PostgreSQL's lock_timeout for the swap, e.g. "5s".
+	lockTimeout string
+}
+
+// swapPartition attaches p.next in place of p.part, in tx.
+func swapPartition(ctx context.Context, tx sqlx.ExtContext, p swapParams) error {
+	lo, hi := any(p.chunk.Lo), any(p.chunk.Hi)
+	if p.chunk.Kind == KindTime {
+		lo, hi = p.chunk.Start, p.chunk.End
 	}
-	q := sqlgen.Ident(col)
+	q := sqlgen.Ident(p.col)
 	// A CHECK constraint matching the bounds lets ATTACH skip its scan.
 	var check string
 	if err := sqlx.GetContext(ctx, tx, &check, fmt.Sprintf(`SELECT format('%%s IS NOT NULL AND %%s >= %%L::%[2]s AND %%s < %%L::%[2]s', %[1]s, %[1]s, $1::%[2]s, %[1]s, $2::%[2]s)`,
-		pqQuoteLiteral(q), keyType), lo, hi); err != nil {
+		pqQuoteLiteral(q), p.keyType), lo, hi); err != nil {
 		return err
 	}
 	var bounds string
-	if err := sqlx.GetContext(ctx, tx, &bounds, fmt.Sprintf(`SELECT format('FROM (%%L) TO (%%L)', $1::%[1]s, $2::%[1]s)`, keyType), lo, hi); err != nil {
+	if err := sqlx.GetContext(ctx, tx, &bounds, fmt.Sprintf(`SELECT format('FROM (%%L) TO (%%L)', $1::%[1]s, $2::%[1]s)`, p.keyType), lo, hi); err != nil {
 		return err
 	}
 	stmts := []string{
-		`SELECT set_config('lock_timeout', ` + pqQuoteLiteral(lockTimeout) + `, true)`,
-		fmt.Sprintf(`ALTER TABLE %s ADD CONSTRAINT backfill_bounds CHECK (%s)`, sqlgen.Table(next), check),
-		fmt.Sprintf(`ALTER TABLE %s DETACH PARTITION %s`, sqlgen.Table(parent), sqlgen.Table(part)),
-		fmt.Sprintf(`ALTER TABLE %s ATTACH PARTITION %s FOR VALUES %s`, sqlgen.Table(parent), sqlgen.Table(next), bounds),
-		fmt.Sprintf(`ALTER TABLE %s DROP CONSTRAINT backfill_bounds`, sqlgen.Table(next)),
+		`SELECT set_config('lock_timeout', ` + pqQuoteLiteral(p.lockTimeout) + `, true)`,
+		fmt.Sprintf(`ALTER TABLE %s ADD CONSTRAINT backfill_bounds CHECK (%s)`, sqlgen.Table(p.next), check),
+		fmt.Sprintf(`ALTER TABLE %s DETACH PARTITION %s`, sqlgen.Table(p.parent), sqlgen.Table(p.part)),
+		fmt.Sprintf(`ALTER TABLE %s ATTACH PARTITION %s FOR VALUES %s`, sqlgen.Table(p.parent), sqlgen.Table(p.next), bounds),
+		fmt.Sprintf(`ALTER TABLE %s DROP CONSTRAINT backfill_bounds`, sqlgen.Table(p.next)),
 	}
 	for _, s := range stmts {
 		if _, err := tx.ExecContext(ctx, s); err != nil {
-			return fmt.Errorf("backfill: partition swap of %s: %w", part, err)
+			return fmt.Errorf("backfill: partition swap of %s: %w", p.part, err)
 		}
 	}
 	return nil
@@ -203,7 +225,9 @@ func (r *Runner) swapBack(ctx context.Context, pm sqlManifest, run Run, parent s
 	}
 	rep.Chunks = 0
 	for _, s := range swaps {
-		done, err := r.swapBackChunk(ctx, pm, run.BatchID, parent, states[s.Seq].Chunk, s, opts.lockTimeout)
+		done, err := r.swapBackChunk(ctx, pm, swapBackParams{
+			batchID: run.BatchID, parent: parent, chunk: states[s.Seq].Chunk, swap: s, lockTimeout: opts.lockTimeout,
+		})
 		if err != nil {
 			return rep, fmt.Errorf("backfill: rollback of batch %d chunk %s: %w", run.BatchID, s.Chunk, err)
 		}
@@ -258,32 +282,49 @@ func (r *Runner) batchSwaps(ctx context.Context, pm sqlManifest, batchID int64, 
 	return swaps, nil
 }
 
-// swapBackChunk attaches s.Old in place of s.New for chunk c, with the
-// chunk's checkpoint, in one transaction; it reports false when the chunk
-// is no longer done (rolled back meanwhile).
-func (r *Runner) swapBackChunk(ctx context.Context, pm sqlManifest, batchID int64, parent string, c Chunk, s partitionSwap, lockTimeout string) (bool, error) {
+// swapBackParams are the inputs of Runner.swapBackChunk besides its
+// manifest.
+type swapBackParams struct {
+	// batchID is the run (batch) being rolled back.
+	batchID int64
+	// parent is the partitioned table's name, unquoted.
+	parent string
+	// chunk is the chunk whose swap is withdrawn.
+	chunk Chunk
+	// swap is the chunk's "partition_swapped" event.
+	swap partitionSwap
+	// lockTimeout is PostgreSQL's lock_timeout for the swap; "" is "5s".
+	lockTimeout string
+}
+
+// swapBackChunk attaches p.swap.Old in place of p.swap.New for p.chunk,
+// with the chunk's checkpoint, in one transaction; it reports false when
+// the chunk is no longer done (rolled back meanwhile).
+func (r *Runner) swapBackChunk(ctx context.Context, pm sqlManifest, p swapBackParams) (bool, error) {
 	done := false
 	err := inTx(ctx, r.db, func(tx sqlx.ExtContext) error {
 		var status []string
-		if err := sqlx.SelectContext(ctx, tx, &status, pm.sql(`SELECT status FROM {s}.chunks WHERE batch_id = $1 AND seq = $2 FOR UPDATE`), batchID, s.Seq); err != nil {
+		if err := sqlx.SelectContext(ctx, tx, &status, pm.sql(`SELECT status FROM {s}.chunks WHERE batch_id = $1 AND seq = $2 FOR UPDATE`), p.batchID, p.swap.Seq); err != nil {
 			return err
 		}
 		if len(status) == 0 || status[0] != string(ChunkDone) {
 			return nil
 		}
-		_, keyType, err := partitionFor(ctx, tx, parent, c)
+		_, keyType, err := partitionFor(ctx, tx, p.parent, p.chunk)
 		if err != nil {
 			return err
 		}
 		var col string
 		if err := sqlx.GetContext(ctx, tx, &col, `SELECT a.attname FROM pg_partitioned_table p JOIN pg_attribute a
-			ON a.attrelid = p.partrelid AND a.attnum = p.partattrs[0] WHERE p.partrelid = to_regclass($1)`, sqlgen.Table(parent)); err != nil {
+			ON a.attrelid = p.partrelid AND a.attnum = p.partattrs[0] WHERE p.partrelid = to_regclass($1)`, sqlgen.Table(p.parent)); err != nil {
 			return err
 		}
-		if err := swapPartition(ctx, tx, parent, s.New, s.Old, col, keyType, c, cmpOr(lockTimeout, "5s")); err != nil {
+		if err := swapPartition(ctx, tx, swapParams{
+			parent: p.parent, part: p.swap.New, next: p.swap.Old, col: col, keyType: keyType, chunk: p.chunk, lockTimeout: cmpOr(p.lockTimeout, "5s"),
+		}); err != nil {
 			return err
 		}
-		if _, err := tx.ExecContext(ctx, pm.sql(`UPDATE {s}.chunks SET status = 'rolled_back' WHERE batch_id = $1 AND seq = $2`), batchID, s.Seq); err != nil {
+		if _, err := tx.ExecContext(ctx, pm.sql(`UPDATE {s}.chunks SET status = 'rolled_back' WHERE batch_id = $1 AND seq = $2`), p.batchID, p.swap.Seq); err != nil {
 			return err
 		}
 		done = true

@@ -581,7 +581,9 @@ func (ex *execution) recordGate(ctx context.Context, ce *ChunkError, ge *gateErr
 		for i := range ge.exceptions {
 			ge.exceptions[i].BatchID = ex.batchID
 		}
-		return mg.RecordGateFailure(fctx, ex.r.db, ex.batchID, ce.Chunk.ID, ce.Attempt, ge.results, ge.exceptions, reason)
+		return mg.RecordGateFailure(fctx, ex.r.db, GateFailure{
+			BatchID: ex.batchID, ChunkID: ce.Chunk.ID, Attempt: ce.Attempt, Results: ge.results, Exceptions: ge.exceptions, Reason: reason,
+		})
 	}
 	if mv := ex.r.caps.validations; mv != nil {
 		return errors.Join(mv.AddValidations(fctx, ex.r.db, ex.batchID, ce.Chunk.ID, ge.results),
@@ -790,7 +792,7 @@ func (ex *execution) runChunk(ctx context.Context) (cr chunkRun, err error) {
 	cr.staged = t.deferred
 
 	// Extract and stage.
-	stager, w, err := ex.stage(ctx, tx, c, t.info, started, t.isolate, t.newStager)
+	stager, w, err := ex.stage(ctx, tx, stageParams{chunk: c, info: t.info, started: started, savepoints: t.isolate, newStager: t.newStager})
 	if err != nil {
 		return cr, chunkErr(err)
 	}

@@ -849,25 +849,25 @@ func (m *PGManifest) Validations(ctx context.Context, db sqlx.ExtContext, batchI
 // transaction of its own: the results and exceptions of the rolled back
 // attempt, marked with its number, the pause and its event commit
 // together or not at all.
-func (m *PGManifest) RecordGateFailure(ctx context.Context, db sqlx.ExtContext, batchID int64, chunkID string, attempt int, results []CheckResult, exceptions []Exception, reason string) error {
-	reason = ManifestText(reason)
-	failed := sql.NullInt64{Int64: int64(attempt), Valid: true}
+func (m *PGManifest) RecordGateFailure(ctx context.Context, db sqlx.ExtContext, p GateFailure) error {
+	reason := ManifestText(p.Reason)
+	failed := sql.NullInt64{Int64: int64(p.Attempt), Valid: true}
 	err := inTx(ctx, db, func(tx sqlx.ExtContext) error {
-		if err := m.addValidations(ctx, tx, batchID, chunkID, results, failed); err != nil {
+		if err := m.addValidations(ctx, tx, p.BatchID, p.ChunkID, p.Results, failed); err != nil {
 			return err
 		}
-		if err := m.addExceptionsOf(ctx, tx, batchID, chunkID, exceptions, failed); err != nil {
+		if err := m.addExceptionsOf(ctx, tx, p.BatchID, p.ChunkID, p.Exceptions, failed); err != nil {
 			return err
 		}
 		// The attempt counts: the next one has the next number.
 		if _, err := tx.ExecContext(ctx, m.sql(`UPDATE {s}.chunks SET attempts = attempts + 1, last_error = $3
-			WHERE batch_id = $1 AND chunk_id = $2 AND status <> 'done'`), batchID, chunkID, "quality gate failed: "+reason); err != nil {
+			WHERE batch_id = $1 AND chunk_id = $2 AND status <> 'done'`), p.BatchID, p.ChunkID, "quality gate failed: "+reason); err != nil {
 			return err
 		}
-		return m.PauseRun(ctx, tx, batchID, fmt.Sprintf("chunk %s: %s", chunkID, reason))
+		return m.PauseRun(ctx, tx, p.BatchID, fmt.Sprintf("chunk %s: %s", p.ChunkID, reason))
 	})
 	if err != nil {
-		return fmt.Errorf("backfill: record failed gate of chunk %s of batch %d: %w", chunkID, batchID, err)
+		return fmt.Errorf("backfill: record failed gate of chunk %s of batch %d: %w", p.ChunkID, p.BatchID, err)
 	}
 	return nil
 }
@@ -952,20 +952,20 @@ func (m *PGManifest) ResumeRun(ctx context.Context, db sqlx.ExtContext, batchID 
 // chunk of a run published at its end ([PublishAtEnd]): its rows are in the run's persistent staging table and
 // its exceptions in the queue; the merge counts come with the publish.
 // The chunk must be pending (claimed in tx).
-func (m *PGManifest) StageChunk(ctx context.Context, tx sqlx.ExtContext, batchID int64, c Chunk, read, rejected, staged int64, exceptions []Exception) error {
-	if read != rejected+staged {
-		return fmt.Errorf("backfill: stage chunk %s: %w: read %d != staged %d + rejected %d", c.ID, ErrAccounting, read, staged, rejected)
+func (m *PGManifest) StageChunk(ctx context.Context, tx sqlx.ExtContext, p StageChunkParams) error {
+	if p.Read != p.Rejected+p.Staged {
+		return fmt.Errorf("backfill: stage chunk %s: %w: read %d != staged %d + rejected %d", p.Chunk.ID, ErrAccounting, p.Read, p.Staged, p.Rejected)
 	}
-	if err := m.addExceptions(ctx, tx, batchID, c.ID, exceptions); err != nil {
-		return fmt.Errorf("backfill: stage chunk %s: exceptions: %w", c.ID, err)
+	if err := m.addExceptions(ctx, tx, p.BatchID, p.Chunk.ID, p.Exceptions); err != nil {
+		return fmt.Errorf("backfill: stage chunk %s: exceptions: %w", p.Chunk.ID, err)
 	}
 	res, err := tx.ExecContext(ctx, m.sql(`UPDATE {s}.chunks SET status = 'staged', rows_read = $3, rows_rejected = $4, rows_staged = $5
-		WHERE batch_id = $1 AND seq = $2 AND status = 'pending'`), batchID, c.Seq, read, rejected, staged)
+		WHERE batch_id = $1 AND seq = $2 AND status = 'pending'`), p.BatchID, p.Chunk.Seq, p.Read, p.Rejected, p.Staged)
 	if err != nil {
-		return fmt.Errorf("backfill: stage chunk %s: %w", c.ID, err)
+		return fmt.Errorf("backfill: stage chunk %s: %w", p.Chunk.ID, err)
 	}
 	if n, _ := res.RowsAffected(); n != 1 {
-		return fmt.Errorf("backfill: stage chunk %s of batch %d: chunk is not pending", c.ID, batchID)
+		return fmt.Errorf("backfill: stage chunk %s of batch %d: chunk is not pending", p.Chunk.ID, p.BatchID)
 	}
 	return nil
 }

@@ -272,7 +272,9 @@ func TestManifest(t *testing.T, newManifest func(t *testing.T) (backfill.Manifes
 		require.NoError(t, err)
 		failed := backfill.CheckResult{Check: "c", Severity: backfill.SeverityError, Expected: "0", Actual: "2", Sample: []string{"(1)", "(2)"}}
 		bad := []backfill.Exception{{Row: 3, Raw: []byte(`{"id": 3}`), Column: "v", Value: "x", Reason: "bad"}}
-		require.NoError(t, mg.RecordGateFailure(ctx, db, run.BatchID, "int:0/10", 1, []backfill.CheckResult{failed}, bad, "c: expected 0, got 2"))
+		require.NoError(t, mg.RecordGateFailure(ctx, db, backfill.GateFailure{
+			BatchID: run.BatchID, ChunkID: "int:0/10", Attempt: 1, Results: []backfill.CheckResult{failed}, Exceptions: bad, Reason: "c: expected 0, got 2",
+		}))
 		r, err := m.(backfill.ManifestAudit).LatestRun(ctx, db, "job")
 		require.NoError(t, err)
 		require.Equal(t, backfill.RunPaused, r.Status)
@@ -381,8 +383,10 @@ func TestManifest(t *testing.T, newManifest func(t *testing.T) (backfill.Manifes
 		}
 		if mg, ok := m.(backfill.ManifestGates); ok {
 			res := backfill.CheckResult{Check: "c", Severity: backfill.SeverityError, Expected: "0", Actual: bad, Sample: []string{bad}}
-			require.NoError(t, mg.RecordGateFailure(ctx, db, run.BatchID, "int:20/30", 1, []backfill.CheckResult{res},
-				[]backfill.Exception{{Row: 1, Column: bad, Value: bad, Reason: bad}}, "gate: "+bad))
+			require.NoError(t, mg.RecordGateFailure(ctx, db, backfill.GateFailure{
+				BatchID: run.BatchID, ChunkID: "int:20/30", Attempt: 1, Results: []backfill.CheckResult{res},
+				Exceptions: []backfill.Exception{{Row: 1, Column: bad, Value: bad, Reason: bad}}, Reason: "gate: " + bad,
+			}))
 			fx, err := mg.FailedAttemptExceptions(ctx, db, run.BatchID)
 			require.NoError(t, err)
 			require.Equal(t, []string{want, want, want}, []string{fx[0].Column, fx[0].Value, fx[0].Reason})

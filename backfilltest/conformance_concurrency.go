@@ -69,19 +69,33 @@ func (r *rendezvous) wait(ctx context.Context) {
 	r.mu.Unlock()
 }
 
+// runnerCase is one case of runnerProperty: a target table and the rows
+// of its chunks.
+type runnerCase struct {
+	// name names the case; the table is "run_" + name.
+	name string
+	// def and unique are the table's columns and unique key, as
+	// [MergerHarness.CreateTable] takes them.
+	def    []ColumnDef
+	unique []string
+	// target is the job's Target; its Table is set to the case's table.
+	target backfill.Target
+	// gen draws row number row of chunk number chunk, in def's order.
+	gen func(rt *rapid.T, chunk, row int) []any
+}
+
 // runnerProperty is the permutation property through the real
 // [backfill.Runner]: the chunks of a scenario, planned in any order and
 // run at any Concurrency from 2 to 8 (several transactions merging the
 // same keys at once), leave the table that the chunks in order at
 // Concurrency 1 leave; then a new run of the same chunks (a replay)
 // inserts and updates nothing and leaves the table as it was.
-func runnerProperty(t *testing.T, h MergerHarness, name string, def []ColumnDef, unique []string, tg backfill.Target,
-	gen func(rt *rapid.T, chunk, row int) []any) {
+func runnerProperty(t *testing.T, h MergerHarness, p runnerCase) {
 	t.Helper()
 	ctx := context.Background()
-	table := "run_" + name
-	h.CreateTable(t, table, def, unique)
-	tg.Table = table
+	table := "run_" + p.name
+	h.CreateTable(t, table, p.def, p.unique)
+	p.target.Table = table
 	n := 0
 	run := func(tb require.TestingT, chunks [][][]any, order []int, concurrency int, replay bool) (backfill.Report, [][]any) {
 		n++
@@ -112,7 +126,7 @@ func runnerProperty(t *testing.T, h MergerHarness, name string, def []ColumnDef,
 			return backfill.CheckResult{Check: "pause", Severity: backfill.SeverityWarn, Passed: true}, nil
 		})
 		job := backfill.Job{Name: fmt.Sprintf("%s_%d", table, n), Chunker: backfill.List(items...), Extractor: ex,
-			Target: tg, Rollback: backfill.RollbackNone, Validators: []backfill.Validator{slow}}
+			Target: p.target, Rollback: backfill.RollbackNone, Validators: []backfill.Validator{slow}}
 		if replay {
 			job.Name = fmt.Sprintf("%s_%d", table, n-1)
 			job.NewRun = true
@@ -146,7 +160,7 @@ func runnerProperty(t *testing.T, h MergerHarness, name string, def []ColumnDef,
 		for i := range sc.chunks {
 			size := rapid.IntRange(1, 8).Draw(rt, "size")
 			for j := range size {
-				sc.chunks[i] = append(sc.chunks[i], gen(rt, i, j))
+				sc.chunks[i] = append(sc.chunks[i], p.gen(rt, i, j))
 			}
 		}
 		identity := make([]int, nChunks)
@@ -178,7 +192,7 @@ func runnerProperties(t *testing.T, newHarness func(t *testing.T) MergerHarness)
 			if h.Manifest == nil {
 				t.Skip("the harness has no Manifest")
 			}
-			runnerProperty(t, h, name, def, unique, tg, gen)
+			runnerProperty(t, h, runnerCase{name: name, def: def, unique: unique, target: tg, gen: gen})
 		})
 	}
 	// SourceWins and TargetWins let the last or the first chunk win when

@@ -396,36 +396,35 @@ func (m *Manifest) Validations(ctx context.Context, db sqlx.ExtContext, batchID 
 
 // RecordGateFailure implements [backfill.ManifestGates.RecordGateFailure]:
 // the results, the exceptions and the pause are applied together.
-func (m *Manifest) RecordGateFailure(ctx context.Context, db sqlx.ExtContext, batchID int64, chunkID string, attempt int,
-	results []backfill.CheckResult, exceptions []backfill.Exception, reason string) error {
+func (m *Manifest) RecordGateFailure(ctx context.Context, db sqlx.ExtContext, p backfill.GateFailure) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	reason = backfill.ManifestText(reason)
+	reason := backfill.ManifestText(p.Reason)
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	r, err := m.get(batchID)
+	r, err := m.get(p.BatchID)
 	if err != nil {
 		return err
 	}
 	now := time.Now()
-	for _, cr := range results {
-		r.validations = append(r.validations, backfill.Validation{CheckResult: backfill.ManifestCheckResult(cr), BatchID: batchID, ChunkID: chunkID, CreatedAt: now, FailedAttempt: attempt})
+	for _, cr := range p.Results {
+		r.validations = append(r.validations, backfill.Validation{CheckResult: backfill.ManifestCheckResult(cr), BatchID: p.BatchID, ChunkID: p.ChunkID, CreatedAt: now, FailedAttempt: p.Attempt})
 	}
-	for _, e := range exceptions {
+	for _, e := range p.Exceptions {
 		e = backfill.ManifestException(e)
-		e.BatchID, e.ChunkID, e.CreatedAt, e.FailedAttempt = batchID, chunkID, now, attempt
+		e.BatchID, e.ChunkID, e.CreatedAt, e.FailedAttempt = p.BatchID, p.ChunkID, now, p.Attempt
 		r.failedExceptions = append(r.failedExceptions, e)
 	}
 	for i := range r.chunks {
-		if c := &r.chunks[i]; c.Chunk.ID == chunkID && c.Status != backfill.ChunkDone {
+		if c := &r.chunks[i]; c.Chunk.ID == p.ChunkID && c.Status != backfill.ChunkDone {
 			c.Attempts++
 			c.LastError = "quality gate failed: " + reason
 		}
 	}
 	if r.run.Status == backfill.RunRunning || r.run.Status == backfill.RunFailed {
-		r.run.Status, r.run.LastError = backfill.RunPaused, fmt.Sprintf("chunk %s: %s", chunkID, reason)
-		m.event(batchID, r.run.Job, "run_paused", "")
+		r.run.Status, r.run.LastError = backfill.RunPaused, fmt.Sprintf("chunk %s: %s", p.ChunkID, reason)
+		m.event(p.BatchID, r.run.Job, "run_paused", "")
 	}
 	return nil
 }

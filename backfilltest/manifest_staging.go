@@ -23,37 +23,37 @@ func (m *Manifest) StagingTable(batchID int64) string { return fmt.Sprintf("stag
 
 // StageChunk implements [backfill.ManifestStaging.StageChunk]; in a fake
 // transaction the checkpoint is applied on commit.
-func (m *Manifest) StageChunk(ctx context.Context, tx sqlx.ExtContext, batchID int64, c backfill.Chunk, read, rejected, staged int64, exceptions []backfill.Exception) error {
+func (m *Manifest) StageChunk(ctx context.Context, tx sqlx.ExtContext, p backfill.StageChunkParams) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	if read != rejected+staged {
-		return fmt.Errorf("backfill: stage chunk %s: %w: read %d != staged %d + rejected %d", c.ID, backfill.ErrAccounting, read, staged, rejected)
+	if p.Read != p.Rejected+p.Staged {
+		return fmt.Errorf("backfill: stage chunk %s: %w: read %d != staged %d + rejected %d", p.Chunk.ID, backfill.ErrAccounting, p.Read, p.Staged, p.Rejected)
 	}
 	m.mu.Lock()
-	r, err := m.get(batchID)
-	if err == nil && (c.Seq < 0 || c.Seq >= len(r.chunks) || r.chunks[c.Seq].Status != backfill.ChunkPending) {
-		err = fmt.Errorf("backfill: stage chunk %s of batch %d: chunk is not pending", c.ID, batchID)
+	r, err := m.get(p.BatchID)
+	if err == nil && (p.Chunk.Seq < 0 || p.Chunk.Seq >= len(r.chunks) || r.chunks[p.Chunk.Seq].Status != backfill.ChunkPending) {
+		err = fmt.Errorf("backfill: stage chunk %s of batch %d: chunk is not pending", p.Chunk.ID, p.BatchID)
 	}
 	m.mu.Unlock()
 	if err != nil {
 		return err
 	}
-	ex := slices.Clone(exceptions)
+	ex := slices.Clone(p.Exceptions)
 	now := time.Now()
 	for i := range ex {
-		ex[i].BatchID, ex[i].ChunkID, ex[i].CreatedAt = batchID, c.ID, now
+		ex[i].BatchID, ex[i].ChunkID, ex[i].CreatedAt = p.BatchID, p.Chunk.ID, now
 	}
 	return apply(tx, func() {
 		m.mu.Lock()
 		defer m.mu.Unlock()
-		st := &r.chunks[c.Seq]
+		st := &r.chunks[p.Chunk.Seq]
 		st.Status = chunkStaged
-		st.Counts = backfill.Counts{Read: read, Rejected: rejected}
+		st.Counts = backfill.Counts{Read: p.Read, Rejected: p.Rejected}
 		if r.staged == nil {
 			r.staged = map[int]int64{}
 		}
-		r.staged[c.Seq] = staged
+		r.staged[p.Chunk.Seq] = p.Staged
 		r.exceptions = append(r.exceptions, ex...)
 	})
 }
