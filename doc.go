@@ -117,12 +117,24 @@ SourceWins this holds when chunks do not share keys).
 
 Chunks are half-open intervals in a declared zone; [Job.ChunkColumn]
 rejects rows an extractor wrote outside their chunk ("outside chunk"),
-[Job.Zone] reads wall-clock values, and times are truncated to
-microseconds. Event time, source modification time and ingestion time are
-distinct ([Target.EventTime], [Target.ModifiedAt], [Target.IngestedAt]).
+[Job.Zone] reads wall-clock values (a time.Time in a timestamp column,
+whatever wrapper delivers it), a Go time.Time is truncated to microseconds
+and time text is rounded to microseconds as PostgreSQL rounds it. Event
+time, source modification time and ingestion time are distinct
+([Target.EventTime], [Target.ModifiedAt], [Target.IngestedAt]).
 [Job.Watermark] records a source high-water mark per run and
 [Runner.Handoff] rescans from it, minus a lookback, before live ingestion
 takes over.
+
+A time chunk that ends after the horizon (the run's watermark, or the
+moment it is read) is still open: rows can still arrive in it. It is
+loaded but checkpointed as [ChunkOpen], not done; each later call of the
+run reads it again (its counts and exceptions then describe the chunk as
+it stands), the run stays running until every chunk has closed, and Run
+returns an error wrapping [ErrChunksOpen] naming the open chunks. A scope
+that reaches into the future, and a date-typed ChunkColumn under a
+watermark, are warned about ([Report.Warnings]); publish modes that cannot
+read a chunk twice refuse such scopes with [ErrInvalidScope].
 
 # Quality gates
 
