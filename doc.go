@@ -60,6 +60,26 @@ For each chunk the [Runner]:
  6. writes the exception rows and marks the chunk done with its counts;
  7. commits.
 
+# Isolation levels and conflicts
+
+Every transaction the library begins is READ COMMITTED, whatever the
+database's default_transaction_isolation: each one takes a lock first (an
+advisory lock on the job, the schema or the view; a row lock with FOR
+UPDATE) and then must see what the holder before it committed, which a
+REPEATABLE READ or SERIALIZABLE snapshot taken before the lock would hide.
+So [PGManifest.Init] and the start of a run are safe when any number of
+processes start one job at once under any default, and they converge on
+one run. A transaction outside a chunk (Init, starting, finishing and
+pausing a run, recording a failed attempt, an event, validations or gate
+evidence, accepting a gate, resuming, rollback and publish steps) that
+fails with serialization_failure (40001) or deadlock_detected (40P01) is
+run again, up to 8 times with a jittered backoff of at most 320 ms; a
+chunk's transaction is retried as a chunk attempt ([IsRetryable],
+[Config.MaxAttempts]). The other statements the library runs on a
+*sqlx.DB are single reads, each its own transaction whose snapshot is
+taken when it starts, so they see the latest committed state under any
+level.
+
 # Idempotency
 
 The PostgreSQL merge ([PGMerger]) updates only rows whose content differs

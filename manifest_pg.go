@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"strings"
 	"time"
 
@@ -250,6 +251,16 @@ type txBeginner interface {
 // inTx runs f in a transaction: a new one when db can begin one
 // (*sqlx.DB, or a [DB]), otherwise db itself, which must then be a
 // transaction.
+//
+// A transaction inTx begins is READ COMMITTED, whatever the database's
+// default_transaction_isolation: the library's transactions take a lock
+// (an advisory lock, or a row lock with FOR UPDATE) and then read what the
+// holder before them committed, which a snapshot taken before the lock
+// (REPEATABLE READ, SERIALIZABLE) would not show. When it fails with
+// serialization_failure (40001) or deadlock_detected (40P01) it is rolled
+// back and f runs again in a new transaction, up to txAttempts times with
+// a short jittered backoff (retryTx), so f must not keep state across
+// attempts. When db is a transaction, its owner retries.
 func inTx(ctx context.Context, db sqlx.ExtContext, f func(tx sqlx.ExtContext) error) error {
 	b, ok := db.(txBeginner)
 	if !ok {
@@ -260,19 +271,56 @@ func inTx(ctx context.Context, db sqlx.ExtContext, f func(tx sqlx.ExtContext) er
 	if b == nil {
 		if d, ok := db.(DB); ok {
 			// Another DB, such as backfilltest's: its own transactions.
-			return inDBTx(ctx, d, f)
+			return retryTx(ctx, func() error { return inDBTx(ctx, d, f) })
 		}
 		return f(db)
 	}
-	tx, err := b.BeginTxx(ctx, nil)
-	if err != nil {
-		return err
+	return retryTx(ctx, func() error {
+		tx, err := b.BeginTxx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
+		if err != nil {
+			return err
+		}
+		if err := f(tx); err != nil {
+			_ = tx.Rollback()
+			return err
+		}
+		return tx.Commit()
+	})
+}
+
+// txAttempts bounds the attempts of a transaction retried by retryTx.
+const txAttempts = 8
+
+// retryTx runs attempt until it succeeds, fails with an error other than
+// a transaction conflict (isTxConflict), ctx ends, or txAttempts attempts
+// are made. Between attempts it sleeps a random duration of up to 5 ms
+// doubled per attempt (at most 320 ms), so conflicting callers spread out.
+func retryTx(ctx context.Context, attempt func() error) error {
+	for n := 1; ; n++ {
+		err := attempt()
+		if err == nil || n >= txAttempts || !isTxConflict(err) {
+			return err
+		}
+		backoff := time.Duration(rand.Int64N(int64(5*time.Millisecond) << min(n, 6)))
+		t := time.NewTimer(backoff)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return err
+		case <-t.C:
+		}
 	}
-	if err := f(tx); err != nil {
-		_ = tx.Rollback()
-		return err
+}
+
+// isTxConflict reports whether err is a serialization failure (40001) or
+// a deadlock (40P01): PostgreSQL rolled the transaction back and running
+// it again can succeed.
+func isTxConflict(err error) bool {
+	var pe *pq.Error
+	if errors.As(err, &pe) {
+		return pe.Code == "40001" || pe.Code == "40P01"
 	}
-	return tx.Commit()
+	return false
 }
 
 // inDBTx runs f in a transaction of d.
@@ -291,7 +339,11 @@ func inDBTx(ctx context.Context, d DB, f func(tx sqlx.ExtContext) error) error {
 // Init creates the schema and applies pending migrations in one
 // transaction, serialised by a transaction-level advisory lock
 // (pg_advisory_xact_lock, PostgreSQL docs 9.27.10) so concurrent callers
-// are safe. When db is a transaction the migration joins it.
+// are safe. The transaction is READ COMMITTED whatever the database's
+// default isolation, so each statement after the lock sees what the
+// caller before it created, and it is retried on 40001 and 40P01 (inTx).
+// When db is a transaction the migration joins it, at that transaction's
+// isolation level.
 func (m *PGManifest) Init(ctx context.Context, db sqlx.ExtContext) error {
 	err := inTx(ctx, db, func(tx sqlx.ExtContext) error {
 		if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock(hashtextextended('backfill.migrate:' || $1, 0))`, m.schema); err != nil {
@@ -622,9 +674,14 @@ func (m *PGManifest) FailChunk(ctx context.Context, db sqlx.ExtContext, batchID 
 	}
 	// An open chunk holds rows of earlier reads: it stays open (and
 	// claimable by the next call) whatever this attempt did.
-	_, err := db.ExecContext(ctx, m.sql(`UPDATE {s}.chunks SET attempts = attempts + 1, last_error = $3,
-		status = CASE WHEN status = 'open' THEN status ELSE $4 END
-		WHERE batch_id = $1 AND seq = $2 AND status <> 'done'`), batchID, seq, ManifestText(msg), string(status))
+	// In its own READ COMMITTED transaction (inTx), retried on 40001 and
+	// 40P01, when db is not one already.
+	err := inTx(ctx, db, func(tx sqlx.ExtContext) error {
+		_, err := tx.ExecContext(ctx, m.sql(`UPDATE {s}.chunks SET attempts = attempts + 1, last_error = $3,
+			status = CASE WHEN status = 'open' THEN status ELSE $4 END
+			WHERE batch_id = $1 AND seq = $2 AND status <> 'done'`), batchID, seq, ManifestText(msg), string(status))
+		return err
+	})
 	if err != nil {
 		return fmt.Errorf("backfill: record failure of chunk %d of batch %d: %w", seq, batchID, err)
 	}
@@ -734,8 +791,11 @@ func (m *PGManifest) RecordEvent(ctx context.Context, db sqlx.ExtContext, e Even
 	if e.BatchID != 0 {
 		batch = sql.NullInt64{Int64: e.BatchID, Valid: true}
 	}
-	_, err := db.ExecContext(ctx, m.sql(`INSERT INTO {s}.events (batch_id, job_name, kind, actor, detail) VALUES ($1, $2, $3, $4, $5)`),
-		batch, e.Job, e.Kind, ManifestText(e.Actor), detail)
+	err := inTx(ctx, db, func(tx sqlx.ExtContext) error {
+		_, err := tx.ExecContext(ctx, m.sql(`INSERT INTO {s}.events (batch_id, job_name, kind, actor, detail) VALUES ($1, $2, $3, $4, $5)`),
+			batch, e.Job, e.Kind, ManifestText(e.Actor), detail)
+		return err
+	})
 	if err != nil {
 		return fmt.Errorf("backfill: record event %s of batch %d: %w", e.Kind, e.BatchID, err)
 	}
@@ -787,6 +847,14 @@ func (m *PGManifest) AddValidations(ctx context.Context, db sqlx.ExtContext, bat
 }
 
 func (m *PGManifest) addValidations(ctx context.Context, db sqlx.ExtContext, batchID int64, chunkID string, results []CheckResult, failedAttempt sql.NullInt64) error {
+	// All or none, in one READ COMMITTED transaction retried on 40001 and
+	// 40P01 (inTx) when db is not one already.
+	return inTx(ctx, db, func(tx sqlx.ExtContext) error {
+		return m.insertValidations(ctx, tx, batchID, chunkID, results, failedAttempt)
+	})
+}
+
+func (m *PGManifest) insertValidations(ctx context.Context, db sqlx.ExtContext, batchID int64, chunkID string, results []CheckResult, failedAttempt sql.NullInt64) error {
 	for _, r := range results {
 		r = ManifestCheckResult(r) // free text PostgreSQL can store
 		sample, err := json.Marshal(r.Sample)
