@@ -232,12 +232,18 @@ func (r *Runner) planRun(ctx context.Context, job Job) (runSetup, error) {
 		return runSetup{}, err
 	}
 	rs := runSetup{pub: publisherFor(job.Publish)}
-	if err := r.cfg.Manifest.Init(ctx, r.db); err != nil {
-		return runSetup{}, err
+	// A role that lacks privileges on the manifest hears of them together
+	// with those on the target, below.
+	initErr := r.cfg.Manifest.Init(ctx, r.db)
+	if initErr != nil && !errors.Is(initErr, ErrPrivilege) {
+		return runSetup{}, initErr
 	}
 	chunks, err := job.Chunker.Chunks(ctx)
 	if err != nil {
 		return runSetup{}, fmt.Errorf("backfill: job %q: chunks: %w", job.Name, err)
+	}
+	if err := r.checkTargetSchema(ctx, job); err != nil { // backfill_privileges.go
+		return runSetup{}, err
 	}
 	if rs.info, err = r.cfg.Merger.Prepare(ctx, r.db, job.Target); err != nil {
 		return runSetup{}, err
@@ -250,6 +256,14 @@ func (r *Runner) planRun(ctx context.Context, job Job) (runSetup, error) {
 	}
 	if err := r.requires(job, rs.pub); err != nil {
 		return runSetup{}, err
+	}
+	// Before the run exists: every missing privilege at once.
+	privWarnings, err := r.checkRunPrivileges(ctx, job, rs.info)
+	if err != nil {
+		return runSetup{}, err
+	}
+	if initErr != nil {
+		return runSetup{}, initErr
 	}
 	if job.Rollback == RollbackUndoLog {
 		rs.undoTable = r.caps.undo.UndoTable()
@@ -270,6 +284,7 @@ func (r *Runner) planRun(ctx context.Context, job Job) (runSetup, error) {
 		rs.plan.Watermark = &wm
 	}
 	rs.warnings, err = openScope(job, rs.info, chunks, rs.plan.Watermark, time.Now(), rs.pub)
+	rs.warnings = append(rs.warnings, privWarnings...)
 	return rs, err
 }
 

@@ -126,6 +126,21 @@ var (
 	ErrNoFailedGate = errors.New("backfill: the chunk has no failed gate to accept")
 	// ErrRunNotFound is returned by [Manifest] lookups of an unknown batch.
 	ErrRunNotFound = errors.New("backfill: run not found")
+	// ErrPrivilege is returned (wrapped in a [*PrivilegeError] that lists
+	// every missing privilege with the GRANT statement to run) by
+	// [Runner.Run] before it creates or resumes a batch, and by
+	// [Runner.Rollback] before it changes anything, when the session's
+	// role lacks a privilege the job needs; and (wrapped in a
+	// [*ChunkError]) when an Upsert run by a role without UPDATE on the
+	// target meets a row it would update: the chunk rolls back.
+	ErrPrivilege = errors.New("backfill: insufficient privilege")
+	// ErrSchemaBehind is returned by [PGManifest.Init] when the manifest's
+	// schema is older than this library's and the session's role cannot
+	// migrate it (it lacks CREATE on the database or the schema, or does
+	// not own the tables): an administrator runs [PGManifest.Migrate]
+	// (the command "backfill migrate") once. The message names both
+	// versions.
+	ErrSchemaBehind = errors.New("backfill: manifest schema is behind this library; an administrator must run backfill migrate")
 )
 
 // errNotRetryable marks an error that IsRetryable must refuse although its

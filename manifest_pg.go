@@ -336,48 +336,8 @@ func inDBTx(ctx context.Context, d DB, f func(tx sqlx.ExtContext) error) error {
 	return tx.Commit()
 }
 
-// Init creates the schema and applies pending migrations in one
-// transaction, serialised by a transaction-level advisory lock
-// (pg_advisory_xact_lock, PostgreSQL docs 9.27.10) so concurrent callers
-// are safe. The transaction is READ COMMITTED whatever the database's
-// default isolation, so each statement after the lock sees what the
-// caller before it created, and it is retried on 40001 and 40P01 (inTx).
-// When db is a transaction the migration joins it, at that transaction's
-// isolation level.
-func (m *PGManifest) Init(ctx context.Context, db sqlx.ExtContext) error {
-	err := inTx(ctx, db, func(tx sqlx.ExtContext) error {
-		if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock(hashtextextended('backfill.migrate:' || $1, 0))`, m.schema); err != nil {
-			return err
-		}
-		if _, err := tx.ExecContext(ctx, m.sql(`CREATE SCHEMA IF NOT EXISTS {s}`)); err != nil {
-			return err
-		}
-		if _, err := tx.ExecContext(ctx, m.sql(`CREATE TABLE IF NOT EXISTS {s}.schema_migrations (
-			version int PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())`)); err != nil {
-			return err
-		}
-		var cur int
-		if err := sqlx.GetContext(ctx, tx, &cur, m.sql(`SELECT coalesce(max(version), 0) FROM {s}.schema_migrations`)); err != nil {
-			return err
-		}
-		if cur > len(pgMigrations) {
-			return fmt.Errorf("manifest schema %q is at version %d, newer than this library's %d", m.schema, cur, len(pgMigrations))
-		}
-		for v := cur + 1; v <= len(pgMigrations); v++ {
-			if _, err := tx.ExecContext(ctx, m.sql(pgMigrations[v-1])); err != nil {
-				return fmt.Errorf("migration %d: %w", v, err)
-			}
-			if _, err := tx.ExecContext(ctx, m.sql(`INSERT INTO {s}.schema_migrations (version) VALUES ($1)`), v); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		return fmt.Errorf("backfill: manifest init: %w", err)
-	}
-	return nil
-}
+// Init, Migrate, Version and the privilege checks are in
+// manifest_privileges.go.
 
 const runColumns = `batch_id, job_name, source, code_version, plan_fingerprint, plan, scope_lower, scope_upper,
 	status, chunks_total, started_by, created_at, finished_at, last_error, watermark`

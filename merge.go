@@ -73,6 +73,12 @@ type TableInfo struct {
 	// target itself when it is not a partition), which names its key
 	// locks' namespace (merge_lock.go); "" when unknown.
 	lockRoot string
+	// insertOnly: an Upsert that may update rows, prepared for a role
+	// (role) without UPDATE on the columns it would write; the merge
+	// neither locks nor updates target rows and fails a chunk that would
+	// update one with ErrPrivilege (PGMerger, backfill_privileges.go).
+	insertOnly bool
+	role       string
 }
 
 // identity returns the columns that identify one target row: Key, plus

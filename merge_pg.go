@@ -116,6 +116,9 @@ func (m *PGMerger) Prepare(ctx context.Context, db sqlx.ExtContext, t Target) (T
 				return TableInfo{}, fmt.Errorf("backfill: prepare %s: partial indexes: %w", t.Table, err)
 			}
 		}
+		if err := prepareInsertOnly(ctx, db, oid, &info); err != nil { // merge_privileges.go
+			return TableInfo{}, fmt.Errorf("backfill: prepare %s: privileges: %w", t.Table, err)
+		}
 	}
 	if errors.Is(err, ErrNoUniqueKey) {
 		identity := t.Key
@@ -724,6 +727,9 @@ func (s *pgStager) upsertStaged(ctx context.Context, n int64, res *MergeResult) 
 	}
 	if err := sqlx.GetContext(ctx, s.tx, &c, s.q.upsert, s.args(s.q.upsert)...); err != nil {
 		return fmt.Errorf("backfill: merge %s: upsert: %w", t.Table, s.classify(err))
+	}
+	if s.info.insertOnly && c.Updated > 0 {
+		return insertOnlyRefused(s.info, c.Updated) // merge_privileges.go
 	}
 	res.Updated, res.Inserted = c.Updated, c.Inserted
 	if c.Updated+c.Inserted+c.Unchanged != n {

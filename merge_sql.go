@@ -214,6 +214,9 @@ type mergeShape struct {
 	stage  string   // pg_temp-qualified, quoted staging table
 	target string   // quoted target table
 	undo   string   // quoted undo log table, "" for none
+	// insertOnly: the upsert counts the rows it would update instead of
+	// updating them (merge_privileges.go).
+	insertOnly bool
 }
 
 func buildMergeSQL(info TableInfo) pgMergeSQL {
@@ -233,6 +236,11 @@ func buildMergeSQL(info TableInfo) pgMergeSQL {
 	if m.t.Mode == Upsert {
 		q.upsert, q.insertAll, q.replayCheck, q.lockChanging = m.upsert(), m.insertAll(), m.replayCheck(), m.upsertLockChanging()
 		q.disagreed = m.disagreed()
+		if info.insertOnly { // merge_privileges.go
+			ro := m
+			ro.undo, ro.insertOnly = "", true
+			q.upsert, q.lockChanging = ro.upsert(), ""
+		}
 	}
 	if m.t.Mode == History {
 		q.update, q.insert, q.lockChanging = m.historyUpdate(), m.historyInsert(), m.historyLockChanging()
@@ -373,6 +381,9 @@ SELECT (SELECT count(*) FROM j WHERE j._backfill_found AND NOT j._backfill_apply
 func (m mergeShape) upsertUpdate(apply string) string {
 	if apply == "false" {
 		return "SELECT WHERE false"
+	}
+	if m.insertOnly {
+		return "SELECT 1 FROM j WHERE j._backfill_apply"
 	}
 	return sqlf(`UPDATE {target} t SET {sets} FROM j WHERE j._backfill_apply AND {tj} RETURNING 1`,
 		"target", m.target, "sets", setList(m.cc.Written, "j"), "tj", m.idEq("t", "j"))

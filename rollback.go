@@ -130,6 +130,10 @@ func (r *Runner) Rollback(ctx context.Context, job Job, opts RollbackOptions) (R
 		return RollbackReport{}, err
 	}
 	if !opts.Preview {
+		// Before anything changes: every missing privilege at once.
+		if err := r.checkRollbackPrivileges(ctx, u.info, run.BatchID); err != nil { // backfill_privileges.go
+			return RollbackReport{}, err
+		}
 		// Wait for, and keep out, every merge into the target until the
 		// rollback ends (rollback_lock.go).
 		unlock, err := u.lockTarget(ctx)

@@ -1,0 +1,378 @@
+package backfill
+
+import (
+	"context"
+	"fmt"
+	"slices"
+
+	"github.com/jmoiron/sqlx"
+	"github.com/lib/pq"
+
+	"github.com/pgbackfill/backfill/internal/sqlgen"
+)
+
+// The target's privileges. With a [PGManifest] and a [PGMerger] on
+// PostgreSQL, [Runner.Run] checks, before it creates or resumes a batch,
+// every privilege the job needs (the manifest's are in
+// manifest_privileges.go), and reports all the missing ones at once in a
+// [*PrivilegeError] with the GRANT statements to run:
+//
+//   - USAGE on the target's schema; SELECT on the target (every column:
+//     the merge reads whole rows for exceptions and the undo log); INSERT
+//     on the columns it writes; USAGE on the sequences of serial columns
+//     it does not write;
+//   - UPDATE on the columns an update writes, in History mode (closing an
+//     interval updates the old version). An Upsert that may update rows
+//     (SourceWins, NewerVersionWins) runs without UPDATE as an
+//     insert-only load: it neither locks nor updates target rows, Run
+//     warns, and a chunk that meets a row it would update fails with
+//     [ErrPrivilege] (rolled back, nothing of it written). AppendOnly,
+//     Keyless, Upsert with TargetWins or without content columns never
+//     update: they need no UPDATE;
+//   - CREATE on the manifest's schema for [PublishAtEnd] (the run's
+//     persistent staging table); CREATE on the target's schema and
+//     ownership of the target for [PublishPartitionSwap] (DETACH and
+//     ATTACH PARTITION); CREATE on the target's and the view's schemas,
+//     and ownership of the view once it exists, for
+//     [PublishVersionedView].
+//
+// [Runner.Rollback] by the undo log checks, before it changes anything,
+// DELETE on the target (rows the batch inserted) and UPDATE when the
+// batch's undo log holds prior images to restore.
+
+// privilegeChecker gathers the missing privileges of one check.
+type privilegeChecker struct {
+	db      sqlx.ExtContext
+	role    string
+	missing []Privilege
+}
+
+func newPrivilegeChecker(ctx context.Context, db sqlx.ExtContext) (*privilegeChecker, error) {
+	c := &privilegeChecker{db: db}
+	if err := sqlx.GetContext(ctx, db, &c.role, `SELECT current_user`); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+func (c *privilegeChecker) add(object, privilege, grant, why string) {
+	c.missing = append(c.missing, Privilege{Object: object, Privilege: privilege, Grant: grant, Why: why})
+}
+
+func (c *privilegeChecker) err() error { return privilegeError(c.role, c.missing) }
+
+// schemaOf returns the schema a relation name (in the form of
+// [Target.Table]) is in or would be created in: its qualifier, or the
+// schema it resolves to on the search path, or current_schema(). It
+// needs no privilege on the schema.
+func schemaOf(ctx context.Context, db sqlx.ExtContext, name string) (string, error) {
+	var s string
+	err := sqlx.GetContext(ctx, db, &s, `SELECT CASE WHEN cardinality(p) > 1 THEN p[cardinality(p) - 1]
+		ELSE coalesce((SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+			WHERE c.oid = to_regclass(quote_ident(p[1]))), current_schema(), '') END
+		FROM parse_ident($1) AS p`, sqlgen.Table(name))
+	return s, err
+}
+
+// schema checks privilege (USAGE or CREATE) on schema.
+func (c *privilegeChecker) schema(ctx context.Context, schema, privilege, why string) error {
+	if schema == "" {
+		return nil // no schema on the search path: Prepare says the table is not found
+	}
+	var ok []bool
+	if err := sqlx.SelectContext(ctx, c.db, &ok, `SELECT has_schema_privilege(oid, $2) FROM pg_namespace WHERE nspname = $1`, schema, privilege); err != nil {
+		return err
+	}
+	if len(ok) == 1 && !ok[0] {
+		q := sqlgen.Ident(schema)
+		c.add("schema "+q, privilege, grantOn(privilege, "SCHEMA "+q, c.role), why)
+	}
+	return nil
+}
+
+// columns checks privilege on the columns cols of the table oid (every
+// column when cols is empty): a table-level grant or column-level grants
+// on all of them.
+func (c *privilegeChecker) columns(ctx context.Context, oid int64, table, privilege string, cols []string, why string) error {
+	var ok bool
+	err := sqlx.GetContext(ctx, c.db, &ok, `SELECT coalesce(bool_and(has_column_privilege($1::oid, a.attnum, $2)), true)
+		FROM pg_attribute a WHERE a.attrelid = $1::oid AND a.attnum > 0 AND NOT a.attisdropped
+			AND (coalesce(cardinality($3::text[]), 0) = 0 OR a.attname = ANY ($3::text[]))`, oid, privilege, pq.Array(cols))
+	if err != nil {
+		return err
+	}
+	if !ok {
+		q := sqlgen.Table(table)
+		c.add("table "+q, privilege, grantOn(privilege, "TABLE "+q, c.role), why)
+	}
+	return nil
+}
+
+// table checks a table-level privilege (DELETE) on the table oid.
+func (c *privilegeChecker) table(ctx context.Context, oid int64, table, privilege, why string) error {
+	var ok bool
+	if err := sqlx.GetContext(ctx, c.db, &ok, `SELECT has_table_privilege($1::oid, $2)`, oid, privilege); err != nil {
+		return err
+	}
+	if !ok {
+		q := sqlgen.Table(table)
+		c.add("table "+q, privilege, grantOn(privilege, "TABLE "+q, c.role), why)
+	}
+	return nil
+}
+
+// owner checks that the role owns the relation oid (or is a member of its
+// owner's role), as ALTER TABLE and CREATE OR REPLACE VIEW require.
+func (c *privilegeChecker) owner(ctx context.Context, oid int64, kind, name, why string) error {
+	var own struct {
+		OK    bool   `db:"ok"`
+		Owner string `db:"owner"`
+	}
+	if err := sqlx.GetContext(ctx, c.db, &own, `SELECT pg_has_role(c.relowner, 'USAGE') AS ok, r.rolname AS owner
+		FROM pg_class c JOIN pg_roles r ON r.oid = c.relowner WHERE c.oid = $1::oid`, oid); err != nil {
+		return err
+	}
+	if !own.OK {
+		c.add(kind+" "+sqlgen.Table(name), "OWNER", fmt.Sprintf("GRANT %s TO %s;", sqlgen.Ident(own.Owner), sqlgen.Ident(c.role)), why)
+	}
+	return nil
+}
+
+// serials checks USAGE on the sequences of the serial columns of the
+// table oid that the merge does not write (their default calls nextval).
+func (c *privilegeChecker) serials(ctx context.Context, oid int64, written []string) error {
+	var rows []struct {
+		Schema string `db:"nspname"`
+		Name   string `db:"relname"`
+	}
+	err := sqlx.SelectContext(ctx, c.db, &rows, `SELECT n.nspname, s.relname
+		FROM pg_depend d
+		JOIN pg_class s ON s.oid = d.objid AND s.relkind = 'S'
+		JOIN pg_namespace n ON n.oid = s.relnamespace
+		JOIN pg_attribute a ON a.attrelid = d.refobjid AND a.attnum = d.refobjsubid
+		WHERE d.classid = 'pg_class'::regclass AND d.refobjid = $1::oid AND d.deptype = 'a'
+			AND NOT a.attname = ANY ($2::text[])
+			AND CASE WHEN s.relkind = 'S' THEN NOT has_sequence_privilege(s.oid, 'USAGE') END
+		ORDER BY 1, 2`, oid, pq.Array(written))
+	for _, r := range rows {
+		s := sqlgen.Ident(r.Schema) + "." + sqlgen.Ident(r.Name)
+		c.add("sequence "+s, "USAGE", grantOn("USAGE", "SEQUENCE "+s, c.role), "defaults of serial columns")
+	}
+	return err
+}
+
+// relationOID returns the oid of table, 0 when it does not exist.
+func relationOID(ctx context.Context, db sqlx.ExtContext, table string) (int64, error) {
+	var oid []int64
+	err := sqlx.SelectContext(ctx, db, &oid, `SELECT oid::bigint FROM pg_class WHERE oid = to_regclass($1)`, sqlgen.Table(table))
+	if err != nil || len(oid) == 0 {
+		return 0, err
+	}
+	return oid[0], nil
+}
+
+// pgPrivileges reports whether the Runner checks privileges: on
+// PostgreSQL, with a PGManifest (nil otherwise) and whether a PGMerger
+// writes the target.
+func (r *Runner) pgPrivileges() (pm *PGManifest, target bool) {
+	if _, ok := r.db.(pgDB); !ok {
+		return nil, false
+	}
+	pm, _ = r.cfg.Manifest.(*PGManifest)
+	_, target = r.cfg.Merger.(*PGMerger)
+	return pm, target
+}
+
+// checkTargetSchema checks USAGE on the schema of job's target, before
+// Prepare (which cannot find a table in a schema it may not use).
+func (r *Runner) checkTargetSchema(ctx context.Context, job Job) error {
+	if _, target := r.pgPrivileges(); !target {
+		return nil
+	}
+	c, err := newPrivilegeChecker(ctx, r.db)
+	if err != nil {
+		return fmt.Errorf("backfill: job %q: privileges: %w", job.Name, err)
+	}
+	s, err := schemaOf(ctx, r.db, job.Target.Table)
+	if err == nil {
+		err = c.schema(ctx, s, "USAGE", "the target")
+	}
+	if pm, _ := r.pgPrivileges(); err == nil && len(c.missing) > 0 && pm != nil {
+		// The run stops here: name the manifest's missing privileges too.
+		var missing []Privilege
+		missing, _, err = pm.missingPrivileges(ctx, r.db)
+		c.missing = append(missing, c.missing...)
+	}
+	if err != nil {
+		return fmt.Errorf("backfill: job %q: privileges: %w", job.Name, err)
+	}
+	if err := c.err(); err != nil {
+		return fmt.Errorf("backfill: job %q: %w", job.Name, err)
+	}
+	return nil
+}
+
+// checkRunPrivileges checks every privilege the run of job on the
+// prepared target info needs (see the top of this file) and returns
+// warnings (an insert-only Upsert) or a *PrivilegeError listing all the
+// missing ones. Called by planRun before the run is created or resumed.
+func (r *Runner) checkRunPrivileges(ctx context.Context, job Job, info TableInfo) (warnings []string, err error) {
+	pm, target := r.pgPrivileges()
+	if pm == nil && !target {
+		return nil, nil
+	}
+	c, err := newPrivilegeChecker(ctx, r.db)
+	if err == nil {
+		err = r.runPrivileges(ctx, c, pm, target, job, info)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("backfill: job %q: privileges: %w", job.Name, err)
+	}
+	if err := c.err(); err != nil {
+		return nil, fmt.Errorf("backfill: job %q: %w", job.Name, err)
+	}
+	if target && info.insertOnly {
+		warnings = append(warnings, fmt.Sprintf("role %s lacks UPDATE on %s: the run only inserts; a chunk with a row to update fails with %v (%s)",
+			sqlgen.Ident(c.role), sqlgen.Table(info.Target.Table), ErrPrivilege, grantOn("UPDATE", "TABLE "+sqlgen.Table(info.Target.Table), c.role)))
+	}
+	return warnings, nil
+}
+
+func (r *Runner) runPrivileges(ctx context.Context, c *privilegeChecker, pm *PGManifest, target bool, job Job, info TableInfo) error {
+	if pm != nil {
+		missing, _, err := pm.missingPrivileges(ctx, r.db)
+		if err != nil {
+			return err
+		}
+		c.missing = append(c.missing, missing...)
+		if job.Publish.Mode == PublishAtEnd {
+			if err := c.schema(ctx, pm.schema, "CREATE", "the run's staging table (PublishAtEnd)"); err != nil {
+				return err
+			}
+		}
+	}
+	if !target {
+		return nil
+	}
+	t := info.Target
+	oid, err := relationOID(ctx, r.db, t.Table)
+	if err != nil || oid == 0 {
+		return err
+	}
+	names := make([]string, len(info.Columns))
+	for i, col := range info.Columns {
+		names[i] = col.Name
+	}
+	if err := c.columns(ctx, oid, t.Table, "SELECT", nil, "the merge reads target rows"); err != nil {
+		return err
+	}
+	if err := c.columns(ctx, oid, t.Table, "INSERT", names, "the merge inserts rows"); err != nil {
+		return err
+	}
+	if t.Mode == History {
+		cols := append(slices.Clone(info.Compared().Written), t.ValidTo)
+		if err := c.columns(ctx, oid, t.Table, "UPDATE", cols, "History updates and closes versions"); err != nil {
+			return err
+		}
+	}
+	if err := c.serials(ctx, oid, names); err != nil {
+		return err
+	}
+	schema, err := schemaOf(ctx, r.db, t.Table)
+	if err != nil {
+		return err
+	}
+	switch job.Publish.Mode {
+	case PublishPartitionSwap:
+		if err := c.schema(ctx, schema, "CREATE", "the partitions PublishPartitionSwap creates"); err != nil {
+			return err
+		}
+		if err := c.owner(ctx, oid, "table", t.Table, "PublishPartitionSwap detaches and attaches its partitions"); err != nil {
+			return err
+		}
+	case PublishVersionedView:
+		if err := c.schema(ctx, schema, "CREATE", "the table versions PublishVersionedView creates"); err != nil {
+			return err
+		}
+		vs, err := schemaOf(ctx, r.db, job.Publish.View)
+		if err != nil {
+			return err
+		}
+		if vs != schema {
+			if err := c.schema(ctx, vs, "CREATE", "the view PublishVersionedView creates"); err != nil {
+				return err
+			}
+		}
+		view, err := relationOID(ctx, r.db, job.Publish.View)
+		if err != nil {
+			return err
+		}
+		if view != 0 {
+			if err := c.owner(ctx, view, "view", job.Publish.View, "PublishVersionedView replaces the view"); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// checkRollbackPrivileges checks, before a rollback of batchID by the
+// undo log changes anything, DELETE on the target and, when the batch's
+// undo log holds prior images, UPDATE; and the manifest's privileges.
+func (r *Runner) checkRollbackPrivileges(ctx context.Context, info TableInfo, batchID int64) error {
+	pm, target := r.pgPrivileges()
+	if pm == nil && !target {
+		return nil
+	}
+	c, err := newPrivilegeChecker(ctx, r.db)
+	if err == nil {
+		err = r.rollbackPrivileges(ctx, c, pm, target, info, batchID)
+	}
+	if err != nil {
+		return fmt.Errorf("backfill: rollback of batch %d: privileges: %w", batchID, err)
+	}
+	if err := c.err(); err != nil {
+		return fmt.Errorf("backfill: rollback of batch %d: %w", batchID, err)
+	}
+	return nil
+}
+
+func (r *Runner) rollbackPrivileges(ctx context.Context, c *privilegeChecker, pm *PGManifest, target bool, info TableInfo, batchID int64) error {
+	updates := info.Target.Mode == History
+	if pm != nil {
+		missing, _, err := pm.missingPrivileges(ctx, r.db)
+		if err != nil {
+			return err
+		}
+		c.missing = append(c.missing, missing...)
+		if len(missing) == 0 {
+			if err := sqlx.GetContext(ctx, r.db, &updates, pm.sql(`SELECT EXISTS (SELECT FROM {s}.undo WHERE batch_id = $1 AND op = 'update')`), batchID); err != nil {
+				return err
+			}
+		}
+	}
+	if !target {
+		return nil
+	}
+	t := info.Target
+	oid, err := relationOID(ctx, r.db, t.Table)
+	if err != nil || oid == 0 {
+		return err
+	}
+	if err := c.columns(ctx, oid, t.Table, "SELECT", nil, "the rollback reads target rows"); err != nil {
+		return err
+	}
+	if err := c.table(ctx, oid, t.Table, "DELETE", "the rollback deletes the rows the batch inserted"); err != nil {
+		return err
+	}
+	if updates {
+		cols := slices.Clone(info.Compared().Written)
+		if t.Mode == History {
+			cols = append(cols, t.ValidTo)
+		}
+		if err := c.columns(ctx, oid, t.Table, "UPDATE", cols, "the rollback restores the rows the batch updated"); err != nil {
+			return err
+		}
+	}
+	return nil
+}

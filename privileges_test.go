@@ -1,0 +1,269 @@
+package backfill_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	neturl "net/url"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgbackfill/backfill"
+	"github.com/pgbackfill/backfill/internal/pgtest"
+)
+
+// leastRole is a login role of its own for a test, on the test's own
+// database: url connects as it. Dropped (with its privileges) when the
+// test ends, before the database.
+type leastRole struct {
+	name, url string
+	admin     *sqlx.DB // the test database, as the superuser
+	db        *sqlx.DB // the test database, as the role
+}
+
+func newLeastRole(t *testing.T) *leastRole {
+	t.Helper()
+	adminURL := pgtest.NewURL(t)
+	admin := sqlx.MustOpen("postgres", adminURL)
+	b := make([]byte, 6)
+	_, _ = rand.Read(b)
+	name := "rt_" + hex.EncodeToString(b)
+	_, err := admin.Exec(`CREATE ROLE ` + name + ` LOGIN PASSWORD 'pw'`)
+	require.NoError(t, err)
+	u, err := neturl.Parse(adminURL)
+	require.NoError(t, err)
+	u.User = neturl.UserPassword(name, "pw")
+	r := &leastRole{name: name, url: u.String(), admin: admin, db: sqlx.MustOpen("postgres", u.String())}
+	t.Cleanup(func() {
+		_ = r.db.Close()
+		_, _ = admin.Exec(`DROP OWNED BY ` + name)
+		_, _ = admin.Exec(`DROP ROLE ` + name)
+		_ = admin.Close()
+	})
+	return r
+}
+
+func (r *leastRole) exec(t *testing.T, sql string) {
+	t.Helper()
+	_, err := r.admin.Exec(strings.ReplaceAll(sql, "{role}", r.name))
+	require.NoError(t, err, sql)
+}
+
+// TestLeastPrivilegeRunResumeRollback: after an administrator's migration,
+// a role with only USAGE on the manifest's schema and DML on its tables,
+// TEMPORARY on the database, and SELECT and INSERT on the target runs a
+// first load (Upsert, which only inserts). A replay that would update
+// rows fails with ErrPrivilege and writes nothing until UPDATE is
+// granted, then resumes; the rollback needs DELETE, refused with the
+// GRANT to run before anything changes, then done.
+func TestLeastPrivilegeRunResumeRollback(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	r := newLeastRole(t)
+	s := &itemsSetup{db: r.admin}
+	r.exec(t, `CREATE TABLE items (tenant text NOT NULL, id bigint NOT NULL, name varchar(12), amount numeric(10,2), seen_at timestamptz,
+		backfill_inserted_by bigint, backfill_updated_by bigint, PRIMARY KEY (tenant, id))`)
+	// The administrator's step, then the grants (no CREATE anywhere, and
+	// TEMPORARY only by grant).
+	require.NoError(t, backfill.NewPGManifest("").Init(ctx, r.admin))
+	r.exec(t, `REVOKE TEMPORARY ON DATABASE "`+dbName(t, r.admin)+`" FROM PUBLIC`)
+	r.exec(t, `GRANT TEMPORARY ON DATABASE "`+dbName(t, r.admin)+`" TO {role}`)
+	r.exec(t, `GRANT USAGE ON SCHEMA backfill TO {role}`)
+	r.exec(t, `GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA backfill TO {role}`)
+	r.exec(t, `GRANT SELECT, INSERT ON items TO {role}`)
+
+	runner, err := backfill.New(r.db, nil)
+	require.NoError(t, err)
+	rep, err := runner.Run(ctx, s.job(1))
+	require.NoError(t, err, "first load as the role")
+	require.Equal(t, backfill.Counts{Read: 1000, Inserted: 1000}, rep.Counts)
+
+	// A replay with changed rows needs UPDATE: the first chunk fails, with
+	// the GRANT to run, and writes nothing.
+	job := s.job(2)
+	job.NewRun = true
+	rep2, err := runner.Run(ctx, job)
+	require.ErrorIs(t, err, backfill.ErrPrivilege)
+	require.Contains(t, err.Error(), `GRANT UPDATE ON TABLE "public"."items" TO "`+r.name+`";`)
+	var changed int
+	require.NoError(t, r.admin.Get(&changed, `SELECT count(*) FROM items WHERE name LIKE 'v2-%' OR backfill_updated_by IS DISTINCT FROM backfill_inserted_by`))
+	require.Zero(t, changed)
+	r.exec(t, `GRANT UPDATE ON items TO {role}`)
+	job.NewRun = false
+	rep2, err = runner.Run(ctx, job)
+	require.NoError(t, err, "resume after GRANT UPDATE")
+	require.Equal(t, int64(1000), rep2.Counts.Read)
+	require.Equal(t, int64(100), rep2.Counts.Updated)
+	require.Equal(t, int64(900), rep2.Counts.Unchanged)
+
+	// The rollback of the replay needs DELETE (it deletes what the batch
+	// inserted), refused before it changes anything.
+	_, err = runner.Rollback(ctx, job, backfill.RollbackOptions{Actor: "test", Why: "test"})
+	require.ErrorIs(t, err, backfill.ErrPrivilege)
+	require.Contains(t, err.Error(), `GRANT DELETE ON TABLE "public"."items" TO "`+r.name+`";`)
+	require.NoError(t, r.admin.Get(&changed, `SELECT count(*) FROM items WHERE name LIKE 'v2-%'`))
+	require.Equal(t, 100, changed)
+	r.exec(t, `GRANT DELETE ON items TO {role}`)
+	rb, err := runner.Rollback(ctx, job, backfill.RollbackOptions{Actor: "test", Why: "test"})
+	require.NoError(t, err)
+	require.Equal(t, int64(100), rb.Restored)
+	require.NoError(t, r.admin.Get(&changed, `SELECT count(*) FROM items WHERE name LIKE 'v2-%'`))
+	require.Zero(t, changed)
+}
+
+func dbName(t *testing.T, db *sqlx.DB) string {
+	var n string
+	require.NoError(t, db.Get(&n, `SELECT current_database()`))
+	return n
+}
+
+// TestPrivilegeCheckedBeforeBatch: each privilege of the minimal list,
+// revoked in turn, is reported naming the object and the privilege with
+// the GRANT statement to run, before any batch exists; two revoked
+// together are reported together.
+func TestPrivilegeCheckedBeforeBatch(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	r := newLeastRole(t)
+	db := dbName(t, r.admin)
+	r.exec(t, `CREATE SCHEMA app`)
+	r.exec(t, `CREATE TABLE app.items (id bigint PRIMARY KEY, name text, n serial)`)
+	r.exec(t, `CREATE TABLE app.scd (customer text NOT NULL, valid_from timestamptz NOT NULL, valid_to timestamptz, city text,
+		PRIMARY KEY (customer, valid_from))`)
+	require.NoError(t, backfill.NewPGManifest("").Migrate(ctx, r.admin))
+	r.exec(t, `REVOKE TEMPORARY ON DATABASE "`+db+`" FROM PUBLIC`)
+	grantAll := func() {
+		r.exec(t, `GRANT TEMPORARY ON DATABASE "`+db+`" TO {role}`)
+		r.exec(t, `GRANT USAGE ON SCHEMA backfill, app TO {role}`)
+		r.exec(t, `GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA backfill TO {role}`)
+		r.exec(t, `GRANT SELECT, INSERT ON app.items TO {role}`)
+		r.exec(t, `GRANT USAGE ON SEQUENCE app.items_n_seq TO {role}`)
+		r.exec(t, `GRANT SELECT, INSERT, UPDATE ON app.scd TO {role}`)
+	}
+	rows := backfill.ExtractorFunc(func(ctx context.Context, c backfill.Chunk, w backfill.RowWriter) error {
+		return w.Write(ctx, c.Lo, "x")
+	})
+	items := backfill.Job{Name: "items", Chunker: backfill.IntRange(0, 4, 2), Extractor: rows,
+		Target: backfill.Target{Table: "app.items", Key: []string{"id"}, Columns: []string{"id", "name"}}, Rollback: backfill.RollbackNone}
+	versions := backfill.ExtractorFunc(func(ctx context.Context, c backfill.Chunk, w backfill.RowWriter) error {
+		return w.Write(ctx, fmt.Sprint(c.Lo), time.Date(2024, 1, 1, 0, 0, 0, 0, time.UTC), "x")
+	})
+	scd := backfill.Job{Name: "scd", Chunker: backfill.IntRange(0, 4, 2), Extractor: versions, Rollback: backfill.RollbackNone,
+		Target: backfill.Target{Table: "app.scd", Key: []string{"customer"}, Mode: backfill.History, Columns: []string{"customer", "valid_from", "city"}}}
+	atEnd := items
+	atEnd.Name, atEnd.Publish = "at_end", backfill.Publish{Mode: backfill.PublishAtEnd}
+	grant := func(privs, object string) string { return "GRANT " + privs + " ON " + object + ` TO "` + r.name + `";` }
+	type miss struct{ object, privilege, grant string }
+	cases := []struct {
+		name   string
+		revoke []string
+		job    backfill.Job
+		want   []miss
+	}{
+		{"manifest schema usage", []string{`REVOKE USAGE ON SCHEMA backfill FROM {role}`}, items,
+			[]miss{{`schema "backfill"`, "USAGE", grant("USAGE", `SCHEMA "backfill"`)}}},
+		{"runs update", []string{`REVOKE UPDATE ON backfill.runs FROM {role}`}, items,
+			[]miss{{`table "backfill"."runs"`, "UPDATE", grant("UPDATE", `TABLE "backfill"."runs"`)}}},
+		{"chunks insert", []string{`REVOKE INSERT ON backfill.chunks FROM {role}`}, items,
+			[]miss{{`table "backfill"."chunks"`, "INSERT", grant("INSERT", `TABLE "backfill"."chunks"`)}}},
+		{"exceptions delete", []string{`REVOKE DELETE ON backfill.exceptions FROM {role}`}, items,
+			[]miss{{`table "backfill"."exceptions"`, "DELETE", grant("DELETE", `TABLE "backfill"."exceptions"`)}}},
+		{"schema_migrations select", []string{`REVOKE SELECT ON backfill.schema_migrations FROM {role}`}, items,
+			[]miss{{`table "backfill"."schema_migrations"`, "SELECT", grant("SELECT", `TABLE "backfill"."schema_migrations"`)}}},
+		{"temporary", []string{`REVOKE TEMPORARY ON DATABASE "` + db + `" FROM {role}`}, items,
+			[]miss{{`database "` + db + `"`, "TEMPORARY", grant("TEMPORARY", `DATABASE "`+db+`"`)}}},
+		{"target schema usage", []string{`REVOKE USAGE ON SCHEMA app FROM {role}`}, items,
+			[]miss{{`schema "app"`, "USAGE", grant("USAGE", `SCHEMA "app"`)}}},
+		{"target select", []string{`REVOKE SELECT ON app.items FROM {role}`}, items,
+			[]miss{{`table "app"."items"`, "SELECT", grant("SELECT", `TABLE "app"."items"`)}}},
+		{"target insert", []string{`REVOKE INSERT ON app.items FROM {role}`}, items,
+			[]miss{{`table "app"."items"`, "INSERT", grant("INSERT", `TABLE "app"."items"`)}}},
+		{"serial sequence", []string{`REVOKE USAGE ON SEQUENCE app.items_n_seq FROM {role}`}, items,
+			[]miss{{`sequence "app"."items_n_seq"`, "USAGE", grant("USAGE", `SEQUENCE "app"."items_n_seq"`)}}},
+		{"history update", []string{`REVOKE UPDATE ON app.scd FROM {role}`}, scd,
+			[]miss{{`table "app"."scd"`, "UPDATE", grant("UPDATE", `TABLE "app"."scd"`)}}},
+		{"publish at end create", nil, atEnd,
+			[]miss{{`schema "backfill"`, "CREATE", grant("CREATE", `SCHEMA "backfill"`)}}},
+		{"two at once", []string{`REVOKE TEMPORARY ON DATABASE "` + db + `" FROM {role}`, `REVOKE INSERT ON app.items FROM {role}`}, items,
+			[]miss{{`database "` + db + `"`, "TEMPORARY", grant("TEMPORARY", `DATABASE "`+db+`"`)},
+				{`table "app"."items"`, "INSERT", grant("INSERT", `TABLE "app"."items"`)}}},
+	}
+	runner, err := backfill.New(r.db, nil)
+	require.NoError(t, err)
+	for _, c := range cases {
+		grantAll()
+		for _, q := range c.revoke {
+			r.exec(t, q)
+		}
+		_, err := runner.Run(ctx, c.job)
+		var pe *backfill.PrivilegeError
+		require.ErrorIs(t, err, backfill.ErrPrivilege, c.name)
+		require.True(t, errors.As(err, &pe), c.name)
+		var got []miss
+		for _, m := range pe.Missing {
+			got = append(got, miss{m.Object, m.Privilege, m.Grant})
+			require.Contains(t, err.Error(), m.Grant, c.name)
+		}
+		require.Equal(t, c.want, got, c.name)
+		require.Equal(t, r.name, pe.Role)
+		var runs int
+		require.NoError(t, r.admin.Get(&runs, `SELECT count(*) FROM backfill.runs`))
+		require.Zero(t, runs, "%s: a batch was created", c.name)
+		// The statements it names are enough.
+		for _, g := range pe.Grants() {
+			_, err := r.admin.Exec(g)
+			require.NoError(t, err, g)
+		}
+		if c.job.Publish.Mode == "" {
+			_, err = runner.Run(ctx, c.job)
+			require.NoError(t, err, "%s: after the GRANTs it named", c.name)
+			c.job.NewRun = true // later cases start a new run of the job
+		}
+		r.exec(t, `DELETE FROM backfill.runs`)
+		r.exec(t, `REVOKE CREATE ON SCHEMA backfill FROM {role}`)
+	}
+}
+
+// TestInitNoDDLAfterMigrate: once the schema is migrated, Init of a role
+// without any CREATE privilege only reads the version; when the schema is
+// behind and the role cannot migrate it, Init says so, naming both
+// versions and the command to run.
+func TestInitNoDDLAfterMigrate(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	r := newLeastRole(t)
+	m := backfill.NewPGManifest("ops")
+	err := m.Init(ctx, r.db)
+	require.ErrorIs(t, err, backfill.ErrSchemaBehind)
+	_, latest, _ := m.Version(ctx, r.admin)
+	require.Contains(t, err.Error(), `is at version 0, this library needs version `)
+	require.Contains(t, err.Error(), "backfill migrate")
+
+	require.NoError(t, m.Migrate(ctx, r.admin))
+	cur, latest2, err := m.Version(ctx, r.admin)
+	require.NoError(t, err)
+	require.Equal(t, latest, cur)
+	require.Equal(t, latest, latest2)
+	// Without USAGE, Init names what to grant.
+	err = m.Init(ctx, r.db)
+	require.ErrorIs(t, err, backfill.ErrPrivilege)
+	require.Contains(t, err.Error(), `GRANT USAGE ON SCHEMA "ops" TO "`+r.name+`";`)
+	for _, g := range m.Grants(dbName(t, r.admin), r.name) {
+		r.exec(t, g)
+	}
+	require.NoError(t, m.Init(ctx, r.db))
+	require.NoError(t, m.CheckPrivileges(ctx, r.db))
+	// A schema one version behind: the role cannot migrate it.
+	r.exec(t, `DELETE FROM ops.schema_migrations WHERE version = (SELECT max(version) FROM ops.schema_migrations)`)
+	err = m.Init(ctx, r.db)
+	require.ErrorIs(t, err, backfill.ErrSchemaBehind)
+	require.Contains(t, err.Error(), "is at version "+strconv.Itoa(latest-1)+", this library needs version "+strconv.Itoa(latest))
+}
+
