@@ -1,5 +1,8 @@
 # Targets for developers and CI (.ci/run calls `make test`).
 #
+# examples/ and cmd/backfill (the operator's command) are modules of their
+# own; test and lint cover them too.
+#
 # Tests need PostgreSQL: with DATABASE_URL unset, each test binary starts a
 # throwaway server of its own through internal/pgtest (TestMain calls
 # pgtest.Main), from the PostgreSQL binaries installed on the machine.
@@ -16,6 +19,9 @@ test:
 	if test -f examples/go.mod; then \
 		cd examples && $(GO) vet ./... && $(GO) test -count=1 -timeout 15m ./...; \
 	fi
+	if test -f cmd/backfill/go.mod; then \
+		cd cmd/backfill && $(GO) vet ./... && $(GO) test -count=1 -timeout 15m ./...; \
+	fi
 
 lint:
 	@out=$$(gofmt -l .); if test -n "$$out"; then \
@@ -25,6 +31,9 @@ lint:
 	$(GO) run $(STATICCHECK) ./...
 	if test -f examples/go.mod; then \
 		cd examples && $(GO) vet ./... && $(GO) run $(STATICCHECK) ./...; \
+	fi
+	if test -f cmd/backfill/go.mod; then \
+		cd cmd/backfill && $(GO) vet ./... && $(GO) run $(STATICCHECK) ./...; \
 	fi
 
 # demo: the main job, the flights example (examples/flights/README.md).

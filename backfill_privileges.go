@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 
 	"github.com/jmoiron/sqlx"
 	"github.com/lib/pq"
@@ -375,4 +376,66 @@ func (r *Runner) rollbackPrivileges(ctx context.Context, c *privilegeChecker, pm
 		}
 	}
 	return nil
+}
+
+// GrantOptions says what a role does with a target, for [TargetGrants].
+type GrantOptions struct {
+	// Publish is the job's publish mode.
+	Publish PublishMode
+	// ManifestSchema is the manifest's schema, for PublishAtEnd's
+	// staging tables; "" means "backfill".
+	ManifestSchema string
+	// Rollback: the role also rolls batches back ([Runner.Rollback]),
+	// which deletes the rows a batch inserted and, when runs update rows,
+	// restores them.
+	Rollback bool
+	// InsertOnly leaves UPDATE out for an Upsert that could update rows:
+	// the role loads new ground only, and a chunk that would update a row
+	// fails with [ErrPrivilege]. Ignored for History, which always
+	// updates.
+	InsertOnly bool
+}
+
+// TargetGrants returns the GRANT statements that give role what a job
+// writing t needs on its target (the manifest's are [PGManifest.Grants]):
+// USAGE on the target's schema; SELECT and INSERT on the table; UPDATE
+// when the runs update rows (History, an Upsert with SourceWins or
+// NewerVersionWins unless o.InsertOnly; not AppendOnly, Keyless or
+// TargetWins); DELETE with o.Rollback; CREATE on the schemas a publish
+// mode creates tables or views in; and, as SQL comments, the ownership
+// PublishPartitionSwap and PublishVersionedView need. An unqualified
+// t.Table is taken in schema "public". USAGE on the sequences of serial
+// columns the job does not write is not listed: [Runner.Run] names them
+// when it checks. Identifiers are quoted.
+func TargetGrants(role string, t Target, o GrantOptions) ([]string, error) {
+	schema, table, err := sqlgen.ParseTable(t.Table)
+	if err != nil {
+		return nil, fmt.Errorf("backfill: grants: %w: %w", ErrInvalidConfig, err)
+	}
+	schema = cmpOr(schema, "public")
+	q := sqlgen.Ident(schema) + "." + sqlgen.Ident(table)
+	privs := []string{"SELECT", "INSERT"}
+	mode := cmpOr(t.Mode, Upsert)
+	updates := mode == History || mode == Upsert && t.Conflict != TargetWins && !o.InsertOnly
+	if updates {
+		privs = append(privs, "UPDATE")
+	}
+	if o.Rollback {
+		privs = append(privs, "DELETE")
+	}
+	out := []string{
+		grantOn("USAGE", "SCHEMA "+sqlgen.Ident(schema), role),
+		grantOn(strings.Join(privs, ", "), "TABLE "+q, role),
+	}
+	switch o.Publish {
+	case PublishAtEnd:
+		out = append(out, grantOn("CREATE", "SCHEMA "+sqlgen.Ident(cmpOr(o.ManifestSchema, "backfill")), role))
+	case PublishPartitionSwap:
+		out = append(out, grantOn("CREATE", "SCHEMA "+sqlgen.Ident(schema), role),
+			fmt.Sprintf("-- PublishPartitionSwap: %s must own %s (or be a member of its owner's role): GRANT <owner> TO %s;", sqlgen.Ident(role), q, sqlgen.Ident(role)))
+	case PublishVersionedView:
+		out = append(out, grantOn("CREATE", "SCHEMA "+sqlgen.Ident(schema), role),
+			fmt.Sprintf("-- PublishVersionedView: CREATE on the view's schema too, and %s must own the view once it exists (or be a member of its owner's role)", sqlgen.Ident(role)))
+	}
+	return out, nil
 }

@@ -266,4 +266,3 @@ func TestInitNoDDLAfterMigrate(t *testing.T) {
 	require.ErrorIs(t, err, backfill.ErrSchemaBehind)
 	require.Contains(t, err.Error(), "is at version "+strconv.Itoa(latest-1)+", this library needs version "+strconv.Itoa(latest))
 }
-

@@ -168,12 +168,21 @@ func (rb *pgRollback) chunk(ctx context.Context, tx sqlx.ExtContext, batch int64
 		if ok, err := rb.m.RollBackChunk(ctx, tx, batch, seq); err != nil || !ok {
 			return err
 		}
-		res, err := tx.ExecContext(ctx, rb.restoreSQL(), batch, seq, force)
-		if err != nil {
+		// The UPDATE needs UPDATE privilege on the target even when it
+		// restores nothing: a chunk that only inserted is rolled back by
+		// a role that may only delete (backfill_privileges.go).
+		var updated bool
+		if err := sqlx.GetContext(ctx, tx, &updated, `SELECT EXISTS (SELECT FROM `+rb.undo+` WHERE batch_id = $1 AND seq = $2 AND op = 'update')`, batch, seq); err != nil {
 			return fmt.Errorf("restore: %w", err)
 		}
-		restored, _ = res.RowsAffected()
-		res, err = tx.ExecContext(ctx, rb.deleteLoggedSQL(), batch, seq, force)
+		if updated {
+			res, err := tx.ExecContext(ctx, rb.restoreSQL(), batch, seq, force)
+			if err != nil {
+				return fmt.Errorf("restore: %w", err)
+			}
+			restored, _ = res.RowsAffected()
+		}
+		res, err := tx.ExecContext(ctx, rb.deleteLoggedSQL(), batch, seq, force)
 		if err != nil {
 			return fmt.Errorf("delete: %w", err)
 		}

@@ -94,6 +94,9 @@ type options struct {
 	dryRun      bool
 	verbose     bool
 	baseline    bool
+	// noCreate: the tables exist, created by an administrator; the
+	// command runs no DDL (a runtime role with least privilege).
+	noCreate bool
 }
 
 func run() error {
@@ -104,6 +107,7 @@ func run() error {
 	flag.IntVar(&o.limitDays, "limit-days", 0, "load only the first N days (0: all)")
 	flag.BoolVar(&o.dryRun, "dry-run", false, "extract every chunk without a database; print data facts and extractor cost")
 	flag.BoolVar(&o.verbose, "v", false, "log the runner's events to stderr")
+	flag.BoolVar(&o.noCreate, "no-create", false, "the tables and the manifest exist (an administrator created them and ran backfill migrate): run no DDL, as a role with least privilege")
 	flag.BoolVar(&o.baseline, "baseline", false, "instead of the library, load the same rows by hand (temp table, COPY, INSERT ... ON CONFLICT per day) into flights_baseline; see baseline.go")
 	flag.Parse()
 	if flag.NArg() > 0 {
@@ -171,12 +175,14 @@ func run() error {
 	return err
 }
 
-// load creates the tables, runs the airports job and then the flights job
+// load creates the tables (unless o.noCreate), runs the airports job and then the flights job
 // over days, and prints a summary read from the manifest. It returns the
 // flights job's report.
 func load(ctx context.Context, out io.Writer, db *sqlx.DB, logger *slog.Logger, src *Flights, days backfill.Chunker, airportsPath string, o options) (backfill.Report, error) {
-	if _, err := db.ExecContext(ctx, schemaDDL); err != nil {
-		return backfill.Report{}, fmt.Errorf("create tables: %w", err)
+	if !o.noCreate {
+		if _, err := db.ExecContext(ctx, schemaDDL); err != nil {
+			return backfill.Report{}, fmt.Errorf("create tables: %w", err)
+		}
 	}
 	manifest := backfill.NewPGManifest("")
 	newRunner := func(p *cli.Progress) (*backfill.Runner, error) {
