@@ -84,6 +84,7 @@ func TestLeastPrivilegeRunResumeRollback(t *testing.T) {
 	rep, err := runner.Run(ctx, s.job(1))
 	require.NoError(t, err, "first load as the role")
 	require.Equal(t, backfill.Counts{Read: 1000, Inserted: 1000}, rep.Counts)
+	require.Contains(t, strings.Join(rep.Warnings, "\n"), "lacks UPDATE on \"public\".\"items\": the run only inserts")
 
 	// A replay with changed rows needs UPDATE: the first chunk fails, with
 	// the GRANT to run, and writes nothing.
