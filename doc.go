@@ -60,6 +60,21 @@ For each chunk the [Runner]:
  6. writes the exception rows and marks the chunk done with its counts;
  7. commits.
 
+# Least privilege
+
+An administrator creates and migrates the manifest's schema once
+([PGManifest.Migrate], the command "backfill migrate" of the module
+cmd/backfill); [PGManifest.Init] then only reads its version, so the role
+that runs jobs needs no DDL privilege. [Runner.Run] checks, before it
+creates or resumes a batch, every privilege the job needs (USAGE on the
+manifest's schema and DML on its tables, TEMPORARY on the database, USAGE
+on the target's schema, SELECT and INSERT on the target, UPDATE where runs
+update rows, CREATE for the publish modes that create tables), and
+[Runner.Rollback] DELETE (and UPDATE to restore updated rows) before it
+changes anything; a missing one is a [*PrivilegeError] listing them all
+with the GRANT statements to run. An Upsert by a role without UPDATE runs
+insert-only. See backfill_privileges.go and the README's "Deploying".
+
 # Isolation levels and conflicts
 
 Every transaction the library begins is READ COMMITTED, whatever the

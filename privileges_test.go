@@ -105,7 +105,13 @@ func TestLeastPrivilegeRunResumeRollback(t *testing.T) {
 	require.Equal(t, int64(900), rep2.Counts.Unchanged)
 
 	// The rollback of the replay needs DELETE (it deletes what the batch
-	// inserted), refused before it changes anything.
+	// inserted) and UPDATE (it restores the rows the batch updated),
+	// refused before it changes anything.
+	r.exec(t, `REVOKE UPDATE ON items FROM {role}`)
+	_, err = runner.Rollback(ctx, job, backfill.RollbackOptions{Actor: "test", Why: "test"})
+	require.ErrorIs(t, err, backfill.ErrPrivilege)
+	require.Contains(t, err.Error(), `GRANT DELETE, UPDATE ON TABLE "public"."items" TO "`+r.name+`";`)
+	r.exec(t, `GRANT UPDATE ON items TO {role}`)
 	_, err = runner.Rollback(ctx, job, backfill.RollbackOptions{Actor: "test", Why: "test"})
 	require.ErrorIs(t, err, backfill.ErrPrivilege)
 	require.Contains(t, err.Error(), `GRANT DELETE ON TABLE "public"."items" TO "`+r.name+`";`)
@@ -160,6 +166,8 @@ func TestPrivilegeCheckedBeforeBatch(t *testing.T) {
 		Target: backfill.Target{Table: "app.scd", Key: []string{"customer"}, Mode: backfill.History, Columns: []string{"customer", "valid_from", "city"}}}
 	atEnd := items
 	atEnd.Name, atEnd.Publish = "at_end", backfill.Publish{Mode: backfill.PublishAtEnd}
+	view := items
+	view.Name, view.Publish, view.Rollback = "view", backfill.Publish{Mode: backfill.PublishVersionedView, View: "app.items_v"}, ""
 	grant := func(privs, object string) string { return "GRANT " + privs + " ON " + object + ` TO "` + r.name + `";` }
 	type miss struct{ object, privilege, grant string }
 	cases := []struct {
@@ -192,6 +200,8 @@ func TestPrivilegeCheckedBeforeBatch(t *testing.T) {
 			[]miss{{`table "app"."scd"`, "UPDATE", grant("UPDATE", `TABLE "app"."scd"`)}}},
 		{"publish at end create", nil, atEnd,
 			[]miss{{`schema "backfill"`, "CREATE", grant("CREATE", `SCHEMA "backfill"`)}}},
+		{"versioned view create", nil, view,
+			[]miss{{`schema "app"`, "CREATE", grant("CREATE", `SCHEMA "app"`)}}},
 		{"two at once", []string{`REVOKE TEMPORARY ON DATABASE "` + db + `" FROM {role}`, `REVOKE INSERT ON app.items FROM {role}`}, items,
 			[]miss{{`database "` + db + `"`, "TEMPORARY", grant("TEMPORARY", `DATABASE "`+db+`"`)},
 				{`table "app"."items"`, "INSERT", grant("INSERT", `TABLE "app"."items"`)}}},
@@ -228,7 +238,7 @@ func TestPrivilegeCheckedBeforeBatch(t *testing.T) {
 			c.job.NewRun = true // later cases start a new run of the job
 		}
 		r.exec(t, `DELETE FROM backfill.runs`)
-		r.exec(t, `REVOKE CREATE ON SCHEMA backfill FROM {role}`)
+		r.exec(t, `REVOKE CREATE ON SCHEMA backfill, app FROM {role}`)
 	}
 }
 
