@@ -81,7 +81,12 @@ func TestLeastPrivilegeRunResumeRollback(t *testing.T) {
 
 	runner, err := backfill.New(r.db, nil)
 	require.NoError(t, err)
-	rep, err := runner.Run(ctx, s.job(1))
+	// Validators run as the role too (exact: they replay and compare).
+	validators := []backfill.Validator{backfill.DuplicateKeys{}, backfill.Completeness{CompareContent: true, Exact: true},
+		backfill.ReplayChangesNothing{Exact: true}}
+	first := s.job(1)
+	first.Validators = validators
+	rep, err := runner.Run(ctx, first)
 	require.NoError(t, err, "first load as the role")
 	require.Equal(t, backfill.Counts{Read: 1000, Inserted: 1000}, rep.Counts)
 	require.Contains(t, strings.Join(rep.Warnings, "\n"), "lacks UPDATE on \"public\".\"items\": the run only inserts")
@@ -89,7 +94,7 @@ func TestLeastPrivilegeRunResumeRollback(t *testing.T) {
 	// A replay with changed rows needs UPDATE: the first chunk fails, with
 	// the GRANT to run, and writes nothing.
 	job := s.job(2)
-	job.NewRun = true
+	job.NewRun, job.Validators = true, validators
 	rep2, err := runner.Run(ctx, job)
 	require.ErrorIs(t, err, backfill.ErrPrivilege)
 	require.Contains(t, err.Error(), `GRANT UPDATE ON TABLE "public"."items" TO "`+r.name+`";`)
@@ -271,6 +276,16 @@ func TestInitNoDDLAfterMigrate(t *testing.T) {
 	}
 	require.NoError(t, m.Init(ctx, r.db))
 	require.NoError(t, m.CheckPrivileges(ctx, r.db))
+	// A role with CREATE on one schema only (none on the database) may
+	// migrate the manifest in it: the schema is not created again.
+	r.exec(t, `CREATE SCHEMA own`)
+	r.exec(t, `GRANT USAGE, CREATE ON SCHEMA own TO {role}`)
+	own := backfill.NewPGManifest("own")
+	require.NoError(t, own.Init(ctx, r.db))
+	require.NoError(t, own.CheckPrivileges(ctx, r.db))
+	cur, _, err = own.Version(ctx, r.db)
+	require.NoError(t, err)
+	require.Equal(t, latest, cur)
 	// A schema one version behind: the role cannot migrate it.
 	r.exec(t, `DELETE FROM ops.schema_migrations WHERE version = (SELECT max(version) FROM ops.schema_migrations)`)
 	err = m.Init(ctx, r.db)
