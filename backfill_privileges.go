@@ -416,6 +416,14 @@ func TargetGrants(role string, t Target, o GrantOptions) ([]string, error) {
 	q := sqlgen.Ident(schema) + "." + sqlgen.Ident(table)
 	privs := []string{"SELECT", "INSERT"}
 	mode := cmpOr(t.Mode, Upsert)
+	switch {
+	case !slices.Contains([]Mode{Upsert, AppendOnly, Keyless, History}, mode):
+		return nil, fmt.Errorf("backfill: grants: %w: mode %q is not upsert, append_only, keyless or history", ErrInvalidConfig, t.Mode)
+	case !slices.Contains([]ConflictPolicy{"", SourceWins, TargetWins, NewerVersionWins}, t.Conflict):
+		return nil, fmt.Errorf("backfill: grants: %w: conflict policy %q is not source_wins, target_wins or newer_version_wins", ErrInvalidConfig, t.Conflict)
+	case !slices.Contains([]PublishMode{PublishPerChunk, PublishAtEnd, PublishPartitionSwap, PublishVersionedView}, o.Publish):
+		return nil, fmt.Errorf("backfill: grants: %w: publish mode %q is not \"\", at_end, partition_swap or versioned_view", ErrInvalidConfig, o.Publish)
+	}
 	updates := mode == History || mode == Upsert && t.Conflict != TargetWins && !o.InsertOnly
 	if updates {
 		privs = append(privs, "UPDATE")

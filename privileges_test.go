@@ -292,3 +292,38 @@ func TestInitNoDDLAfterMigrate(t *testing.T) {
 	require.ErrorIs(t, err, backfill.ErrSchemaBehind)
 	require.Contains(t, err.Error(), "is at version "+strconv.Itoa(latest-1)+", this library needs version "+strconv.Itoa(latest))
 }
+
+// TestTargetGrants: the target's GRANTs per mode, quoted; UPDATE only
+// where runs update rows, DELETE only for rollback.
+func TestTargetGrants(t *testing.T) {
+	t.Parallel()
+	on := func(privs string) []string {
+		return []string{`GRANT USAGE ON SCHEMA "Sales" TO "load er";`, `GRANT ` + privs + ` ON TABLE "Sales"."order lines" TO "load er";`}
+	}
+	table := `"Sales"."order lines"`
+	cases := []struct {
+		t    backfill.Target
+		o    backfill.GrantOptions
+		want []string
+	}{
+		{backfill.Target{Table: table}, backfill.GrantOptions{}, on("SELECT, INSERT, UPDATE")},
+		{backfill.Target{Table: table}, backfill.GrantOptions{InsertOnly: true}, on("SELECT, INSERT")},
+		{backfill.Target{Table: table, Conflict: backfill.TargetWins}, backfill.GrantOptions{Rollback: true}, on("SELECT, INSERT, DELETE")},
+		{backfill.Target{Table: table, Conflict: backfill.NewerVersionWins}, backfill.GrantOptions{}, on("SELECT, INSERT, UPDATE")},
+		{backfill.Target{Table: table, Mode: backfill.AppendOnly}, backfill.GrantOptions{}, on("SELECT, INSERT")},
+		{backfill.Target{Table: table, Mode: backfill.Keyless}, backfill.GrantOptions{Rollback: true}, on("SELECT, INSERT, DELETE")},
+		{backfill.Target{Table: table, Mode: backfill.History}, backfill.GrantOptions{InsertOnly: true, Rollback: true}, on("SELECT, INSERT, UPDATE, DELETE")},
+		{backfill.Target{Table: table, Mode: backfill.AppendOnly}, backfill.GrantOptions{Publish: backfill.PublishAtEnd, ManifestSchema: "ops"},
+			append(on("SELECT, INSERT"), `GRANT CREATE ON SCHEMA "ops" TO "load er";`)},
+	}
+	for _, c := range cases {
+		got, err := backfill.TargetGrants("load er", c.t, c.o)
+		require.NoError(t, err)
+		require.Equal(t, c.want, got, "%+v %+v", c.t, c.o)
+	}
+	got, err := backfill.TargetGrants("r", backfill.Target{Table: "t"}, backfill.GrantOptions{})
+	require.NoError(t, err)
+	require.Equal(t, `GRANT SELECT, INSERT, UPDATE ON TABLE "public"."t" TO "r";`, got[1])
+	_, err = backfill.TargetGrants("r", backfill.Target{Table: "t", Mode: "merge"}, backfill.GrantOptions{})
+	require.ErrorIs(t, err, backfill.ErrInvalidConfig)
+}
