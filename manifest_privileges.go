@@ -37,8 +37,8 @@ type Privilege struct {
 	// what only the object's owner (or a member of its role) may do.
 	Privilege string
 	// Grant is the statement an administrator runs to give it, with
-	// every identifier quoted; for OWNER, the ALTER ... OWNER TO
-	// statement.
+	// every identifier quoted; for OWNER, the GRANT of the owner's role
+	// to the session's role (membership gives the owner's rights).
 	Grant string
 	// Why says what needs it.
 	Why string
@@ -125,7 +125,7 @@ type pgPrivilegeRow struct {
 	Why       string `db:"why"`
 }
 
-// rows turns the query's rows into Privileges of role.
+// privilegeRows turns the query's rows into Privileges of role.
 func privilegeRows(rows []pgPrivilegeRow, role string) []Privilege {
 	out := make([]Privilege, len(rows))
 	for i, r := range rows {
