@@ -120,4 +120,10 @@ func TestThroughPoolerConcurrentRunners(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, s.db.Get(&changed, `SELECT count(*) FROM items WHERE name LIKE 'v2-%'`))
 	require.Zero(t, changed)
+	// No lock outlives the transaction that took it: the pooler would
+	// leave it on a server connection that other clients then use.
+	var locks int
+	require.NoError(t, s.db.Get(&locks, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'
+		AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`))
+	require.Zero(t, locks)
 }

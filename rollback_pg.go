@@ -54,7 +54,15 @@ func (p *PGMerger) UndoRollback(ctx context.Context, db sqlx.ExtContext, m Manif
 
 // Conflicts implements [UndoRollback].
 func (rb *pgRollback) Conflicts(ctx context.Context, db sqlx.ExtContext) (RollbackConflicts, error) {
+	return rb.conflictsOf(ctx, db, rb.scope.Seqs)
+}
+
+// conflictsOf is Conflicts for the chunks seqs of the scope, those not
+// rolled back yet (rollback_lock.go): what a new call of the rollback
+// would check.
+func (rb *pgRollback) conflictsOf(ctx context.Context, db sqlx.ExtContext, seqs []int) (RollbackConflicts, error) {
 	sc := rb.scope
+	sc.Seqs = seqs
 	var c RollbackConflicts
 	changed, rows, err := rb.conflicts(ctx, db, sc.BatchID, sc.Seqs, sc.Chunk, sc.Exclude)
 	if err != nil {
