@@ -3,9 +3,14 @@ package backfill_test
 import (
 	"context"
 	"fmt"
+	neturl "net/url"
+	"os"
+	"os/exec"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
@@ -38,6 +43,18 @@ func pooledItems(t *testing.T) (s *itemsSetup, pooledURL string) {
 		PRIMARY KEY (tenant, id))`)
 	require.NoError(t, err)
 	return &itemsSetup{db: db}, pooledURL
+}
+
+// directURL is the URL of the database of pooled (a URL through the
+// pooler) on the server itself.
+func directURL(t *testing.T, pooled string) string {
+	t.Helper()
+	pu, err := neturl.Parse(pooled)
+	require.NoError(t, err)
+	au, err := neturl.Parse(pgtest.AdminURL())
+	require.NoError(t, err)
+	pu.Host = au.Host
+	return pu.String()
 }
 
 // TestThroughPoolerConcurrentRunners: four processes (each its own pool
@@ -126,4 +143,79 @@ func TestThroughPoolerConcurrentRunners(t *testing.T) {
 	require.NoError(t, s.db.Get(&locks, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'
 		AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`))
 	require.Zero(t, locks)
+}
+
+// TestThroughPoolerKillDashNine is TestKillDashNine through the pooler:
+// the child process runs the crash job with the pooler's URL and is killed
+// with SIGKILL twice, at chunk boundaries it does not know of; the resumed
+// run completes with every chunk counted once and the target equal to an
+// uninterrupted run's.
+func TestThroughPoolerKillDashNine(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("spawns processes")
+	}
+	ctx := context.Background()
+	pooled := pgtest.NewPoolerURL(t)
+	// The test's own checks go to the server directly.
+	db := sqlx.MustOpen("postgres", directURL(t, pooled))
+	t.Cleanup(func() { db.Close() })
+	createItems(t, db)
+
+	for _, doneBeforeKill := range []int{4, 15} {
+		cmd := exec.Command(os.Args[0], "-test.run=^$")
+		cmd.Env = append(os.Environ(), "BACKFILL_CRASH_CHILD="+pooled)
+		require.NoError(t, cmd.Start())
+		for deadline := time.Now().Add(60 * time.Second); ; {
+			var got int
+			if err := db.Get(&got, `SELECT count(*) FROM backfill.chunks WHERE status = 'done'`); err == nil && got >= doneBeforeKill {
+				break
+			}
+			require.True(t, time.Now().Before(deadline), "child made no progress")
+			time.Sleep(2 * time.Millisecond)
+		}
+		require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
+		_ = cmd.Wait()
+		// The pooler's server connections outlive the child: wait until
+		// none of them works on the database (a COMMIT sent before the
+		// kill finishes), so that what the test reads is what the crash
+		// left.
+		for deadline := time.Now().Add(30 * time.Second); ; {
+			var busy int
+			require.NoError(t, db.Get(&busy, `SELECT count(*) FROM pg_stat_activity
+				WHERE datname = current_database() AND pid <> pg_backend_pid() AND state NOT IN ('idle')`))
+			if busy == 0 {
+				break
+			}
+			require.True(t, time.Now().Before(deadline), "the child's transactions did not end")
+			time.Sleep(2 * time.Millisecond)
+		}
+	}
+	var done int
+	require.NoError(t, db.Get(&done, `SELECT count(*) FROM backfill.chunks WHERE status = 'done'`))
+	require.Less(t, done, 40, "the child was killed before the end")
+
+	pdb := sqlx.MustOpen("postgres", pooled)
+	t.Cleanup(func() { pdb.Close() })
+	r, err := backfill.New(pdb, &backfill.Config{Concurrency: 3})
+	require.NoError(t, err)
+	rep, err := r.Run(ctx, crashJob(&itemsSetup{db: pdb}))
+	require.NoError(t, err)
+	require.True(t, rep.Resumed)
+	require.Equal(t, backfill.RunCompleted, rep.Status)
+	require.Equal(t, 40-done, rep.ChunksRun, "resume ran only the chunks not done")
+	require.Equal(t, backfill.Counts{Read: 10000, Inserted: 10000}, rep.Counts, "no chunk counted twice")
+	var bad int
+	require.NoError(t, db.Get(&bad, `SELECT count(*) FROM backfill.chunks WHERE status <> 'done'
+		OR rows_read <> rows_inserted + rows_updated + rows_unchanged + rows_rejected + rows_deduplicated OR rows_read <> 250`))
+	require.Zero(t, bad)
+	// An uninterrupted run writes these rows (itemsSetup's generator).
+	var mismatched int
+	require.NoError(t, db.Get(&mismatched, `SELECT count(*) FROM generate_series(0, 9999) g(id)
+		FULL JOIN items i ON i.id = g.id AND i.tenant = 'acme'
+		WHERE i.id IS NULL OR g.id IS NULL OR i.name <> 'item-' || g.id OR i.amount <> (g.id::text || '.' || lpad((g.id % 100)::text, 2, '0'))::numeric`))
+	require.Zero(t, mismatched)
+	var runs int
+	require.NoError(t, db.Get(&runs, `SELECT count(*) FROM backfill.runs`))
+	require.Equal(t, 1, runs, "every restart resumed the same batch")
 }
