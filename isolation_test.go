@@ -6,8 +6,10 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/jmoiron/sqlx"
+	"github.com/lib/pq"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgbackfill/backfill"
@@ -121,4 +123,47 @@ func concurrentStarts(t *testing.T, via, level string) {
 	var rows int
 	require.NoError(t, admin.Get(&rows, `SELECT count(*) FROM items`))
 	require.Equal(t, 1000, rows)
+}
+
+// TestChunkRetriesSerializationFailureAndDeadlock: a chunk's transaction
+// that PostgreSQL aborts with serialization_failure (40001) or
+// deadlock_detected (40P01) is retried (IsRetryable), and the retry
+// commits the chunk once. A trigger on the target raises each error once,
+// counted by a sequence (which a rollback does not undo).
+func TestChunkRetriesSerializationFailureAndDeadlock(t *testing.T) {
+	t.Parallel()
+	for _, code := range []string{"40001", "40P01"} {
+		require.True(t, backfill.IsRetryable(&pq.Error{Code: pq.ErrorCode(code)}), code)
+	}
+	ctx := context.Background()
+	s := newItems(t)
+	_, err := s.db.Exec(`CREATE SEQUENCE merges;
+		CREATE FUNCTION fail_twice() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			CASE nextval('merges')
+			WHEN 1 THEN RAISE EXCEPTION 'simulated serialization failure' USING ERRCODE = '40001';
+			WHEN 2 THEN RAISE EXCEPTION 'simulated deadlock' USING ERRCODE = '40P01';
+			ELSE NULL;
+			END CASE;
+			RETURN NULL;
+		END $$;
+		CREATE TRIGGER fail_twice AFTER INSERT ON items FOR EACH STATEMENT EXECUTE FUNCTION fail_twice()`)
+	require.NoError(t, err)
+	r, err := backfill.New(s.db, &backfill.Config{MaxAttempts: 3, RetryBackoff: time.Millisecond})
+	require.NoError(t, err)
+	job := s.job(1)
+	job.Chunker = backfill.IntRange(0, 200, 100)
+	rep, err := r.Run(ctx, job)
+	require.NoError(t, err)
+	require.Equal(t, backfill.RunCompleted, rep.Status)
+	require.Equal(t, backfill.Counts{Read: 200, Inserted: 200}, rep.Counts)
+	var merges int
+	require.NoError(t, s.db.Get(&merges, `SELECT last_value FROM merges`))
+	require.GreaterOrEqual(t, merges, 4, "the two failed merges ran again")
+	var attempts int
+	require.NoError(t, s.db.Get(&attempts, `SELECT sum(attempts) FROM backfill.chunks WHERE rows_read = 100 AND status = 'done'`))
+	require.Equal(t, 4, attempts, "two chunks, two failed attempts recorded, each chunk committed once")
+	var rows int
+	require.NoError(t, s.db.Get(&rows, `SELECT count(*) FROM items`))
+	require.Equal(t, 200, rows)
 }
