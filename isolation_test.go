@@ -10,6 +10,7 @@ import (
 
 	"github.com/jmoiron/sqlx"
 	"github.com/lib/pq"
+	"github.com/lib/pq/pqerror"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgbackfill/backfill"
@@ -132,8 +133,8 @@ func concurrentStarts(t *testing.T, via, level string) {
 // counted by a sequence (which a rollback does not undo).
 func TestChunkRetriesSerializationFailureAndDeadlock(t *testing.T) {
 	t.Parallel()
-	for _, code := range []string{"40001", "40P01"} {
-		require.True(t, backfill.IsRetryable(&pq.Error{Code: pq.ErrorCode(code)}), code)
+	for _, code := range []pqerror.Code{"40001", "40P01"} {
+		require.True(t, backfill.IsRetryable(&pq.Error{Code: code}), code)
 	}
 	ctx := context.Background()
 	s := newItems(t)

@@ -297,8 +297,7 @@ func (u *undoRollback) conflicts(ctx context.Context) (RollbackReport, error) {
 // preview adds to rep what the rollback would delete and restore.
 func (u *undoRollback) preview(ctx context.Context, rep RollbackReport) (RollbackReport, error) {
 	rep.Chunks = len(u.seqs)
-	var err error
-	err = readTx(ctx, u.r.db, func(tx sqlx.ExtContext) (err error) {
+	err := readTx(ctx, u.r.db, func(tx sqlx.ExtContext) (err error) {
 		rep.Deleted, rep.Restored, err = u.rb.Preview(ctx, tx, u.opts.Force)
 		return err
 	})
