@@ -324,12 +324,12 @@ func (u *undoRollback) apply(ctx context.Context, rep RollbackReport) (RollbackR
 			return rep, err
 		}
 	}
-	for i, seq := range u.seqs {
+	for _, seq := range u.seqs {
 		var deleted, restored int64
 		var done bool
 		// Holding the target's merge lock, after a new conflict check
 		// (rollback_lock.go).
-		err := u.lockedTx(ctx, u.seqs[i:], func(tx sqlx.ExtContext) (err error) {
+		err := u.lockedTx(ctx, []int{seq}, u.one != nil, func(tx sqlx.ExtContext) (err error) {
 			deleted, restored, done, err = u.rb.RollBackChunk(ctx, tx, seq, opts.Force)
 			return err
 		})
@@ -350,7 +350,7 @@ func (u *undoRollback) apply(ctx context.Context, rep RollbackReport) (RollbackR
 		kind = "rollback_chunk"
 	}
 	var deleted int64
-	err := u.lockedTx(ctx, []int{}, func(tx sqlx.ExtContext) (err error) {
+	err := u.lockedTx(ctx, []int{}, true, func(tx sqlx.ExtContext) (err error) {
 		deleted, err = u.rb.Finish(ctx, tx, opts.ChunkID == "", opts.Force, func(deleted int64) Event {
 			detail, _ := json.Marshal(map[string]any{"why": opts.Why, "chunk": opts.ChunkID, "force": opts.Force, "chunks": rep.Chunks,
 				"deleted": rep.Deleted + deleted, "restored": rep.Restored, "conflicts_overridden": rep.Conflicts * boolInt(opts.Force),

@@ -59,23 +59,25 @@ func (u *undoRollback) lockTarget(ctx context.Context, tx sqlx.ExtContext) error
 // scopedConflicts is an [UndoRollback] that checks the conflicts of some
 // of its chunks: those not rolled back yet.
 type scopedConflicts interface {
-	conflictsOf(ctx context.Context, db sqlx.ExtContext, seqs []int) (RollbackConflicts, error)
+	conflictsOf(ctx context.Context, db sqlx.ExtContext, seqs []int, lineage bool) (RollbackConflicts, error)
 }
 
 // lockedTx runs f in a transaction of the rollback (inTx: READ COMMITTED,
 // retried on 40001 and 40P01) that holds the target's merge lock. Unless
-// the rollback is forced, it first checks again for conflicts of the
-// chunks seqs, not rolled back yet, which a merge committed since the
-// last check may have made, and returns [ErrRollbackConflict] without
-// running f when there are any. (A rollback of the caller's, not
-// [PGMerger]'s, takes no lock and checks once.)
-func (u *undoRollback) lockedTx(ctx context.Context, seqs []int, f func(tx sqlx.ExtContext) error) error {
+// the rollback is forced, it first checks again for the conflicts that a
+// merge committed since the last check may have made with what f writes:
+// those of the undo log of chunks seqs, the deliveries, and with lineage
+// set the rows the batch inserted (a scan of the target: Finish). It
+// returns [ErrRollbackConflict] without running f when there are any. (A
+// rollback of the caller's, not [PGMerger]'s, takes no lock and checks
+// once.)
+func (u *undoRollback) lockedTx(ctx context.Context, seqs []int, lineage bool, f func(tx sqlx.ExtContext) error) error {
 	return inTx(ctx, u.r.db, func(tx sqlx.ExtContext) error {
 		if err := u.lockTarget(ctx, tx); err != nil {
 			return err
 		}
 		if sc, ok := u.rb.(scopedConflicts); ok && !u.opts.Force {
-			c, err := sc.conflictsOf(ctx, tx, seqs)
+			c, err := sc.conflictsOf(ctx, tx, seqs, lineage)
 			if err != nil {
 				return err
 			}
