@@ -219,3 +219,127 @@ func TestThroughPoolerKillDashNine(t *testing.T) {
 	require.NoError(t, db.Get(&runs, `SELECT count(*) FROM backfill.runs`))
 	require.Equal(t, 1, runs, "every restart resumed the same batch")
 }
+
+// TestThroughPoolerPublishModes runs each publish mode through the
+// pooler with two processes on one job, then rolls the batch back: the
+// view switch, the partition swap and the publish at the end take their
+// locks and settings in transactions of their own.
+func TestThroughPoolerPublishModes(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	runTwo := func(t *testing.T, u string, job backfill.Job) int64 {
+		t.Helper()
+		var (
+			wg      sync.WaitGroup
+			batches [2]int64
+			errs    [2]error
+		)
+		for i := range 2 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				db, err := sqlx.Open("postgres", u)
+				if err != nil {
+					errs[i] = err
+					return
+				}
+				defer db.Close()
+				r, err := backfill.New(db, &backfill.Config{Concurrency: 3, WorkerID: fmt.Sprintf("w%d", i)})
+				if err != nil {
+					errs[i] = err
+					return
+				}
+				rep, err := r.Run(ctx, job)
+				batches[i], errs[i] = rep.BatchID, err
+			}()
+		}
+		wg.Wait()
+		for i, err := range errs {
+			if err != nil {
+				require.ErrorIs(t, err, backfill.ErrAlreadyCompleted, "worker %d", i)
+			}
+		}
+		require.Equal(t, batches[0], batches[1])
+		return batches[0]
+	}
+	rollBack := func(t *testing.T, db *sqlx.DB, job backfill.Job, batch int64) {
+		t.Helper()
+		r, err := backfill.New(db, nil)
+		require.NoError(t, err)
+		rb, err := r.Rollback(ctx, job, backfill.RollbackOptions{BatchID: batch, Actor: "t", Why: "test"})
+		require.NoError(t, err)
+		require.Equal(t, backfill.RunRolledBack, rb.Status)
+	}
+	balanced := func(t *testing.T, db *sqlx.DB, batch int64) {
+		t.Helper()
+		var bad int
+		require.NoError(t, db.Get(&bad, `SELECT count(*) FROM backfill.chunks WHERE batch_id = $1 AND (status <> 'done'
+			OR rows_read <> rows_inserted + rows_updated + rows_unchanged + rows_rejected + rows_deduplicated)`, batch))
+		require.Zero(t, bad)
+	}
+
+	t.Run("versioned_view", func(t *testing.T) {
+		t.Parallel()
+		u := pgtest.NewPoolerURL(t)
+		db := sqlx.MustOpen("postgres", u)
+		t.Cleanup(func() { db.Close() })
+		_, err := db.Exec(`CREATE TABLE orders (id bigint PRIMARY KEY, amount bigint NOT NULL, backfill_inserted_by bigint, backfill_updated_by bigint)`)
+		require.NoError(t, err)
+		batch := runTwo(t, u, viewJob(false))
+		balanced(t, db, batch)
+		var s string
+		require.NoError(t, db.Get(&s, `SELECT count(*) || '/' || sum(amount) FROM orders_current`))
+		require.Equal(t, fmt.Sprintf("400/%d", 3*399*400/2), s)
+		rollBack(t, db, viewJob(false), batch)
+	})
+	t.Run("partition_swap", func(t *testing.T) {
+		t.Parallel()
+		u := pgtest.NewPoolerURL(t)
+		db := sqlx.MustOpen("postgres", u)
+		t.Cleanup(func() { db.Close() })
+		_, err := db.Exec(`CREATE TABLE sales (day timestamptz NOT NULL, id int NOT NULL, amount int NOT NULL, PRIMARY KEY (day, id))
+				PARTITION BY RANGE (day);
+			CREATE TABLE sales_d1 PARTITION OF sales FOR VALUES FROM ('2024-01-01 00:00Z') TO ('2024-01-02 00:00Z');
+			CREATE TABLE sales_d2 PARTITION OF sales FOR VALUES FROM ('2024-01-02 00:00Z') TO ('2024-01-03 00:00Z');
+			INSERT INTO sales SELECT '2024-01-01 00:00Z'::timestamptz + g * interval '1 minute', g, 1 FROM generate_series(0, 99) g;`)
+		require.NoError(t, err)
+		job := backfill.Job{Name: "sales", ChunkColumn: "day",
+			Chunker: backfill.Days(time.Date(2024, 1, 1, 0, 0, 0, 0, time.UTC), time.Date(2024, 1, 3, 0, 0, 0, 0, time.UTC), time.UTC),
+			Publish: backfill.Publish{Mode: backfill.PublishPartitionSwap},
+			Extractor: backfill.ExtractorFunc(func(ctx context.Context, c backfill.Chunk, w backfill.RowWriter) error {
+				for i := range 150 {
+					if err := w.Write(ctx, c.Start.Add(time.Duration(i)*time.Minute), int64(i), int64(2)); err != nil {
+						return err
+					}
+				}
+				return nil
+			}),
+			Target: backfill.Target{Table: "sales", Key: []string{"day", "id"}, Columns: []string{"day", "id", "amount"}}}
+		batch := runTwo(t, u, job)
+		balanced(t, db, batch)
+		var s string
+		require.NoError(t, db.Get(&s, `SELECT count(*) || '/' || sum(amount) FROM sales`))
+		require.Equal(t, "300/600", s)
+		rollBack(t, db, job, batch)
+		require.NoError(t, db.Get(&s, `SELECT count(*) || '/' || sum(amount) FROM sales`))
+		require.Equal(t, "100/100", s, "the old partitions are back")
+	})
+	t.Run("at_end", func(t *testing.T) {
+		t.Parallel()
+		u := pgtest.NewPoolerURL(t)
+		db := sqlx.MustOpen("postgres", u)
+		t.Cleanup(func() { db.Close() })
+		_, err := db.Exec(`CREATE TABLE orders (id bigint PRIMARY KEY, amount bigint NOT NULL, backfill_inserted_by bigint, backfill_updated_by bigint);
+			INSERT INTO orders (id, amount) SELECT g, 0 FROM generate_series(0, 9) g;`)
+		require.NoError(t, err)
+		batch := runTwo(t, u, atEndJob(false))
+		balanced(t, db, batch)
+		var s string
+		require.NoError(t, db.Get(&s, `SELECT count(*) || '/' || count(*) FILTER (WHERE amount = id * 3) FROM orders`))
+		require.Equal(t, "393/392", s, "8 rejected rows not loaded; row 7, there before, kept at 0")
+		require.Len(t, exceptionsOf(t, db, batch), 8)
+		rollBack(t, db, atEndJob(false), batch)
+		require.NoError(t, db.Get(&s, `SELECT count(*) || '/' || sum(amount) FROM orders`))
+		require.Equal(t, "10/0", s)
+	})
+}
