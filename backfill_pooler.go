@@ -3,6 +3,9 @@ package backfill
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
+	"errors"
+	"fmt"
 
 	"github.com/jmoiron/sqlx"
 )
@@ -71,4 +74,25 @@ func (d pgDB) QueryRowxContext(ctx context.Context, query string, args ...any) *
 // must not keep state across attempts.
 func readTx(ctx context.Context, db sqlx.ExtContext, f func(tx sqlx.ExtContext) error) error {
 	return inTx(ctx, db, f)
+}
+
+// statementPoolerHint explains err, the failure of a BEGIN, when it is a
+// dropped connection (driver.ErrBadConn) on a database that runs a
+// statement without a transaction block: a pooler in statement mode
+// (PgBouncer's pool_mode = statement) closes the connection of a client
+// that begins a transaction, and lib/pq loses its message. backfill needs
+// transactions. Other errors are returned as they are.
+func statementPoolerHint(ctx context.Context, b txBeginner, err error) error {
+	if !errors.Is(err, driver.ErrBadConn) {
+		return err
+	}
+	ex, ok := b.(sqlx.ExecerContext)
+	if !ok {
+		return err
+	}
+	if _, perr := ex.ExecContext(ctx, `SELECT 1`); perr != nil {
+		return err
+	}
+	return fmt.Errorf("%w: the database runs statements but drops the connection at BEGIN, as a pooler in statement mode does "+
+		"(PgBouncer pool_mode = statement); backfill needs transactions: set pool_mode = transaction (or session) for this database and user", err)
 }

@@ -90,7 +90,9 @@ connections), settings are SET LOCAL (set_config with is_local), advisory
 locks are transaction locks (a rollback takes the target's merge lock in
 each of its transactions and checks for conflicts again in each), staging
 tables are created in the chunk's transaction when missing and emptied at
-its commit, and no named prepared statement is used. Size the pooler's
+its commit, and no named prepared statement is used. A pooler in
+statement mode refuses transactions: the error of the first transaction
+says to set pool_mode = transaction. Size the pooler's
 pool (default_pool_size) for [Config.Concurrency] times the number of
 workers plus one: each chunk holds a server connection for its
 transaction.

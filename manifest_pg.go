@@ -278,7 +278,7 @@ func inTx(ctx context.Context, db sqlx.ExtContext, f func(tx sqlx.ExtContext) er
 	return retryTx(ctx, func() error {
 		tx, err := b.BeginTxx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
 		if err != nil {
-			return err
+			return statementPoolerHint(ctx, b, err) // backfill_pooler.go
 		}
 		if err := f(tx); err != nil {
 			_ = tx.Rollback()

@@ -2,6 +2,7 @@ package backfill_test
 
 import (
 	"context"
+	"database/sql/driver"
 	"fmt"
 	neturl "net/url"
 	"os"
@@ -342,4 +343,18 @@ func TestThroughPoolerPublishModes(t *testing.T) {
 		require.NoError(t, db.Get(&s, `SELECT count(*) || '/' || sum(amount) FROM orders`))
 		require.Equal(t, "10/0", s)
 	})
+}
+
+// TestStatementPoolerIsNamed: a pooler in statement mode refuses
+// transactions by dropping the connection, and lib/pq loses its message;
+// the library's error says what to set.
+func TestStatementPoolerIsNamed(t *testing.T) {
+	t.Parallel()
+	db := sqlx.MustOpen("postgres", pgtest.NewStatementPoolerURL(t))
+	t.Cleanup(func() { db.Close() })
+	r, err := backfill.New(db, nil)
+	require.NoError(t, err)
+	_, err = r.Run(context.Background(), (&itemsSetup{}).job(1))
+	require.ErrorIs(t, err, driver.ErrBadConn)
+	require.ErrorContains(t, err, "pool_mode = transaction")
 }

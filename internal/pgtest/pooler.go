@@ -39,6 +39,10 @@ type Pooler struct {
 	stopErr  error
 }
 
+// StatementPoolUser is the user whose connections the test pooler pools
+// in statement mode (pool_mode = statement), see [NewStatementPoolerURL].
+const StatementPoolUser = "pgtest_statement_pool"
+
 // Port returns the TCP port the pooler listens on.
 func (p *Pooler) Port() int { return p.port }
 
@@ -108,7 +112,8 @@ func StartPooler(ctx context.Context, serverURL string) (p *Pooler, err error) {
 		}
 	}()
 	quote := func(s string) string { return `"` + strings.ReplaceAll(s, `"`, `""`) + `"` }
-	if err := writeOwned(filepath.Join(dir, "userlist.txt"), quote(user)+" "+quote(pass)+"\n", cred); err != nil {
+	users := quote(user) + " " + quote(pass) + "\n" + quote(StatementPoolUser) + " \"\"\n"
+	if err := writeOwned(filepath.Join(dir, "userlist.txt"), users, cred); err != nil {
 		return nil, err
 	}
 	for attempt := 1; ; attempt++ {
@@ -161,6 +166,10 @@ func startPgBouncer(ctx context.Context, bin, dir, host, serverPort, user string
 		"pidfile = " + filepath.Join(dir, "pgbouncer.pid"),
 		"log_connections = 0",
 		"log_disconnections = 0",
+		// One user whose pools are in statement mode, which refuses
+		// transactions ([NewStatementPoolerURL]).
+		"[users]",
+		StatementPoolUser + " = pool_mode=statement",
 		"",
 	}, "\n")
 	iniPath := filepath.Join(dir, "pgbouncer.ini")
@@ -320,4 +329,36 @@ func NewPoolerURL(t testing.TB) string {
 		t.Fatal(err)
 	}
 	return u
+}
+
+// NewStatementPoolerURL is [NewPoolerURL] for a pooler in statement mode
+// (pool_mode = statement: every statement on any server connection, no
+// transaction blocks), as user [StatementPoolUser], a superuser role it
+// creates on the server when missing. It needs Main's throwaway server
+// (it does not create roles on a DATABASE_URL server): otherwise t is
+// skipped.
+func NewStatementPoolerURL(t testing.TB) string {
+	t.Helper()
+	u := NewPoolerURL(t)
+	state.mu.Lock()
+	throwaway := state.throwaway
+	state.mu.Unlock()
+	if !throwaway {
+		t.Skip("pgtest: a statement-mode pooler needs a role of its own, created only on the throwaway server (DATABASE_URL is set)")
+	}
+	admin, _ := adminDB(t)
+	ctx, cancel := context.WithTimeout(context.Background(), adminTimeout)
+	defer cancel()
+	_, err := admin.ExecContext(ctx, `DO $$ BEGIN
+		CREATE ROLE `+quoteIdent(StatementPoolUser)+` LOGIN SUPERUSER;
+	EXCEPTION WHEN duplicate_object THEN NULL; END $$`)
+	if err != nil {
+		t.Fatalf("pgtest: creating role %s: %v", StatementPoolUser, err)
+	}
+	p, err := url.Parse(u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.User = url.User(StatementPoolUser)
+	return p.String()
 }
