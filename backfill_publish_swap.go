@@ -81,8 +81,18 @@ func (publishSwap) rollback(ctx context.Context, r *Runner, _ Job, run Run, plan
 
 // partitionFor finds the partition of parent whose range bounds are the
 // chunk's, by reading the bounds back from pg_get_expr(relpartbound) and
-// casting them to the partition key's type.
+// casting them to the partition key's type. When db is not a
+// transaction, it reads in one of its own (readTx).
 func partitionFor(ctx context.Context, db sqlx.ExtContext, parent string, c Chunk) (name, keyType string, err error) {
+	err = readTx(ctx, db, func(tx sqlx.ExtContext) error {
+		var err error
+		name, keyType, err = partitionForTx(ctx, tx, parent, c)
+		return err
+	})
+	return name, keyType, err
+}
+
+func partitionForTx(ctx context.Context, db sqlx.ExtContext, parent string, c Chunk) (name, keyType string, err error) {
 	var lo, hi any
 	switch c.Kind {
 	case KindTime:

@@ -485,7 +485,11 @@ func describeSessions(ctx context.Context, db sqlx.ExtContext, q string, args ..
 		Mode  string `db:"mode"`
 		Query string `db:"query"`
 	}
-	if err := sqlx.SelectContext(ctx, db, &rows, q, args...); err != nil || len(rows) == 0 {
+	err := readTx(ctx, db, func(tx sqlx.ExtContext) error {
+		rows = nil // a retried attempt starts over
+		return sqlx.SelectContext(ctx, tx, &rows, q, args...)
+	})
+	if err != nil || len(rows) == 0 {
 		return ""
 	}
 	parts := make([]string, len(rows))

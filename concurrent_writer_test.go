@@ -87,10 +87,27 @@ func TestHistoryCloseLogsRowItOverwrites(t *testing.T) {
 // is rolled back. The rollback must wait for the merge (the target's merge
 // lock), then see batch 2's delivery and refuse; it must never delete rows
 // a completed, still-applied batch delivered.
+//
+// The same through PgBouncer in transaction mode: the rollback's lock is a
+// transaction lock in each of its transactions (rollback_lock.go), never a
+// session lock that the pooler would leave on a shared server connection.
 func TestRollbackWaitsForMergeOfSameTarget(t *testing.T) {
 	t.Parallel()
+	t.Run("direct", func(t *testing.T) {
+		t.Parallel()
+		rollbackWaitsForMerge(t, pgtest.New(t))
+	})
+	t.Run("pooler", func(t *testing.T) {
+		t.Parallel()
+		db, err := sqlx.Open("postgres", pgtest.NewPoolerURL(t))
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = db.Close() })
+		rollbackWaitsForMerge(t, db)
+	})
+}
+
+func rollbackWaitsForMerge(t *testing.T, db *sqlx.DB) {
 	ctx := context.Background()
-	db := pgtest.New(t)
 	rbSetup(t, db)
 	r, err := backfill.New(db, nil)
 	require.NoError(t, err)

@@ -90,10 +90,27 @@ evidence, accepting a gate, resuming, rollback and publish steps) that
 fails with serialization_failure (40001) or deadlock_detected (40P01) is
 run again, up to 8 times with a jittered backoff of at most 320 ms; a
 chunk's transaction is retried as a chunk attempt ([IsRetryable],
-[Config.MaxAttempts]). The other statements the library runs on a
-*sqlx.DB are single reads, each its own transaction whose snapshot is
-taken when it starts, so they see the latest committed state under any
-level.
+[Config.MaxAttempts]). Its reads outside a chunk (the manifest's Chunks,
+Run, Events, the catalog reads of [PGMerger.Prepare], ...) run in READ
+COMMITTED transactions of their own too, retried the same way.
+
+# Poolers
+
+The library works behind a transaction pooler, such as PgBouncer with
+pool_mode = transaction, with an ordinary connection string. No statement
+depends on the server session across transactions: every statement with
+bind parameters runs inside a transaction (lib/pq sends one outside a
+transaction in two round trips, between which a pooler may switch server
+connections), settings are SET LOCAL (set_config with is_local), advisory
+locks are transaction locks (a rollback takes the target's merge lock in
+each of its transactions and checks for conflicts again in each), staging
+tables are created in the chunk's transaction when missing and emptied at
+its commit, and no named prepared statement is used. A pooler in
+statement mode refuses transactions: the error of the first transaction
+says to set pool_mode = transaction. Size the pooler's
+pool (default_pool_size) for [Config.Concurrency] times the number of
+workers plus one: each chunk holds a server connection for its
+transaction.
 
 # Idempotency
 

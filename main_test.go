@@ -5,6 +5,7 @@ import (
 	neturl "net/url"
 	"os"
 	"os/exec"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -13,10 +14,30 @@ import (
 
 	"github.com/jmoiron/sqlx"
 
+	"github.com/pgbackfill/backfill"
 	"github.com/pgbackfill/backfill/internal/pgtest"
 )
 
-func TestMain(m *testing.M) { pgtest.Main(m) }
+func TestMain(m *testing.M) { pgtest.Main(poolerGuard{m}) }
+
+// poolerGuard fails the test binary when the library ran a statement with
+// bind parameters outside a transaction on a Postgres DB, which a
+// transaction pooler may mix up with another client's (backfill_pooler.go):
+// every test of the package checks the kind, not only those run through a
+// pooler.
+type poolerGuard struct{ m *testing.M }
+
+func (g poolerGuard) Run() int {
+	code := g.m.Run()
+	if bad := backfill.OutsideTxStatements(); len(bad) > 0 {
+		fmt.Fprintf(os.Stderr, "FAIL: %d statements with parameters ran outside a transaction (unsafe behind a transaction pooler):\n  %s\n",
+			len(bad), strings.Join(bad, "\n  "))
+		if code == 0 {
+			code = 1
+		}
+	}
+	return code
+}
 
 // exampleDB returns a fresh database on the tests' server for a runnable
 // example (examples have no *testing.T); it is dropped with the server.

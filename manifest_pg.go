@@ -278,7 +278,7 @@ func inTx(ctx context.Context, db sqlx.ExtContext, f func(tx sqlx.ExtContext) er
 	return retryTx(ctx, func() error {
 		tx, err := b.BeginTxx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
 		if err != nil {
-			return err
+			return statementPoolerHint(ctx, b, err) // backfill_pooler.go
 		}
 		if err := f(tx); err != nil {
 			_ = tx.Rollback()
@@ -694,7 +694,10 @@ func (m *PGManifest) FinishRun(ctx context.Context, db sqlx.ExtContext, batchID 
 // Chunks implements [Manifest.Chunks].
 func (m *PGManifest) Chunks(ctx context.Context, db sqlx.ExtContext, batchID int64) ([]ChunkState, error) {
 	var rows []pgChunkRow
-	if err := sqlx.SelectContext(ctx, db, &rows, m.sql(`SELECT `+chunkColumns+` FROM {s}.chunks WHERE batch_id = $1 ORDER BY seq`), batchID); err != nil {
+	if err := readTx(ctx, db, func(tx sqlx.ExtContext) error {
+		rows = nil // a retried attempt starts over
+		return sqlx.SelectContext(ctx, tx, &rows, m.sql(`SELECT `+chunkColumns+` FROM {s}.chunks WHERE batch_id = $1 ORDER BY seq`), batchID)
+	}); err != nil {
 		return nil, fmt.Errorf("backfill: chunks of batch %d: %w", batchID, err)
 	}
 	out := make([]ChunkState, len(rows))
@@ -710,10 +713,13 @@ func (m *PGManifest) Exceptions(ctx context.Context, db sqlx.ExtContext, batchID
 		Exception
 		RawText sql.NullString `db:"raw_text"`
 	}
-	err := sqlx.SelectContext(ctx, db, &rows, m.sql(`SELECT e.batch_id, e.chunk_id, e.row_number, e.raw::text AS raw_text,
+	err := readTx(ctx, db, func(tx sqlx.ExtContext) error {
+		rows = nil // a retried attempt starts over
+		return sqlx.SelectContext(ctx, tx, &rows, m.sql(`SELECT e.batch_id, e.chunk_id, e.row_number, e.raw::text AS raw_text,
 		e.column_name, e.value, e.reason, e.created_at
 		FROM {s}.exceptions e JOIN {s}.chunks c ON c.batch_id = e.batch_id AND c.chunk_id = e.chunk_id
 		WHERE e.batch_id = $1 AND e.failed_attempt IS NULL ORDER BY c.seq, e.row_number, e.id`), batchID)
+	})
 	if err != nil {
 		return nil, fmt.Errorf("backfill: exceptions of batch %d: %w", batchID, err)
 	}
@@ -730,7 +736,10 @@ func (m *PGManifest) Exceptions(ctx context.Context, db sqlx.ExtContext, batchID
 // Run returns the run with batchID, or an error wrapping [ErrRunNotFound].
 func (m *PGManifest) Run(ctx context.Context, db sqlx.ExtContext, batchID int64) (Run, error) {
 	var runs []Run
-	if err := sqlx.SelectContext(ctx, db, &runs, m.sql(`SELECT `+runColumns+` FROM {s}.runs WHERE batch_id = $1`), batchID); err != nil {
+	if err := readTx(ctx, db, func(tx sqlx.ExtContext) error {
+		runs = nil // a retried attempt starts over
+		return sqlx.SelectContext(ctx, tx, &runs, m.sql(`SELECT `+runColumns+` FROM {s}.runs WHERE batch_id = $1`), batchID)
+	}); err != nil {
 		return Run{}, fmt.Errorf("backfill: run %d: %w", batchID, err)
 	}
 	if len(runs) == 0 {
@@ -769,8 +778,11 @@ func (m *PGManifest) Events(ctx context.Context, db sqlx.ExtContext, batchID int
 		Batch  sql.NullInt64 `db:"batch"`
 		Detail string        `db:"detail_text"`
 	}
-	err := sqlx.SelectContext(ctx, db, &rows, m.sql(`SELECT id, batch_id AS batch, job_name, kind, actor, detail::text AS detail_text, created_at
+	err := readTx(ctx, db, func(tx sqlx.ExtContext) error {
+		rows = nil // a retried attempt starts over
+		return sqlx.SelectContext(ctx, tx, &rows, m.sql(`SELECT id, batch_id AS batch, job_name, kind, actor, detail::text AS detail_text, created_at
 		FROM {s}.events WHERE batch_id = $1 ORDER BY id`), batchID)
+	})
 	if err != nil {
 		return nil, fmt.Errorf("backfill: events of batch %d: %w", batchID, err)
 	}
@@ -790,8 +802,11 @@ func (m *PGManifest) LatestRun(ctx context.Context, db sqlx.ExtContext, job stri
 		st[i] = string(s)
 	}
 	var runs []Run
-	err := sqlx.SelectContext(ctx, db, &runs, m.sql(`SELECT `+runColumns+` FROM {s}.runs
+	err := readTx(ctx, db, func(tx sqlx.ExtContext) error {
+		runs = nil // a retried attempt starts over
+		return sqlx.SelectContext(ctx, tx, &runs, m.sql(`SELECT `+runColumns+` FROM {s}.runs
 		WHERE job_name = $1 AND (cardinality($2::text[]) = 0 OR status = ANY ($2::text[])) ORDER BY batch_id DESC LIMIT 1`), job, pq.Array(st))
+	})
 	if err != nil {
 		return Run{}, fmt.Errorf("backfill: latest run of job %q: %w", job, err)
 	}
@@ -853,8 +868,11 @@ func (m *PGManifest) Validations(ctx context.Context, db sqlx.ExtContext, batchI
 		Failed    sql.NullInt64  `db:"failed_attempt"`
 		Accepted  bool           `db:"accepted"`
 	}
-	err := sqlx.SelectContext(ctx, db, &rows, m.sql(`SELECT chunk_id, check_name, severity, passed, expected, actual,
+	err := readTx(ctx, db, func(tx sqlx.ExtContext) error {
+		rows = nil // a retried attempt starts over
+		return sqlx.SelectContext(ctx, tx, &rows, m.sql(`SELECT chunk_id, check_name, severity, passed, expected, actual,
 		sample::text AS sample, detail::text AS detail, created_at, failed_attempt, accepted FROM {s}.validations WHERE batch_id = $1 ORDER BY id`), batchID)
+	})
 	if err != nil {
 		return nil, fmt.Errorf("backfill: validations of batch %d: %w", batchID, err)
 	}
@@ -906,10 +924,13 @@ func (m *PGManifest) FailedAttemptExceptions(ctx context.Context, db sqlx.ExtCon
 		Exception
 		RawText sql.NullString `db:"raw_text"`
 	}
-	err := sqlx.SelectContext(ctx, db, &rows, m.sql(`SELECT e.batch_id, e.chunk_id, e.row_number, e.raw::text AS raw_text,
+	err := readTx(ctx, db, func(tx sqlx.ExtContext) error {
+		rows = nil // a retried attempt starts over
+		return sqlx.SelectContext(ctx, tx, &rows, m.sql(`SELECT e.batch_id, e.chunk_id, e.row_number, e.raw::text AS raw_text,
 		e.column_name, e.value, e.reason, e.created_at, e.failed_attempt
 		FROM {s}.exceptions e JOIN {s}.chunks c ON c.batch_id = e.batch_id AND c.chunk_id = e.chunk_id
 		WHERE e.batch_id = $1 AND e.failed_attempt IS NOT NULL ORDER BY c.seq, e.failed_attempt, e.row_number, e.id`), batchID)
+	})
 	if err != nil {
 		return nil, fmt.Errorf("backfill: exceptions of failed attempts of batch %d: %w", batchID, err)
 	}

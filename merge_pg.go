@@ -75,8 +75,20 @@ var textCompared = map[string]bool{"json": true, "xml": true, "point": true, "li
 
 // Prepare implements [Merger.Prepare]: it reads the table's columns and
 // unique indexes from the catalogs (pg_attribute, pg_index; PostgreSQL
-// docs, chapter 53) and resolves the target with [ResolveTarget].
+// docs, chapter 53) and resolves the target with [ResolveTarget]. When db
+// is not a transaction, the catalog reads run in one READ COMMITTED
+// transaction of their own (readTx: safe behind a transaction pooler).
 func (m *PGMerger) Prepare(ctx context.Context, db sqlx.ExtContext, t Target) (TableInfo, error) {
+	var info TableInfo
+	err := readTx(ctx, db, func(tx sqlx.ExtContext) error {
+		var err error
+		info, err = m.prepare(ctx, tx, t)
+		return err
+	})
+	return info, err
+}
+
+func (m *PGMerger) prepare(ctx context.Context, db sqlx.ExtContext, t Target) (TableInfo, error) {
 	if err := t.validate(); err != nil {
 		return TableInfo{}, err
 	}

@@ -134,13 +134,6 @@ func (r *Runner) Rollback(ctx context.Context, job Job, opts RollbackOptions) (R
 		if err := r.checkRollbackPrivileges(ctx, u.info, run.BatchID); err != nil { // backfill_privileges.go
 			return RollbackReport{}, err
 		}
-		// Wait for, and keep out, every merge into the target until the
-		// rollback ends (rollback_lock.go).
-		unlock, err := u.lockTarget(ctx)
-		if err != nil {
-			return RollbackReport{}, err
-		}
-		defer unlock()
 	}
 	rep, err := u.conflicts(ctx)
 	if err != nil {
@@ -208,10 +201,7 @@ func (r *Runner) rollbackBatch(ctx context.Context, job Job, opts RollbackOption
 // chunks it rolls back (seqs, in reverse order) and, for one chunk, its
 // state.
 type undoRollback struct {
-	r *Runner
-	// db is where the rollback reads and writes: the connection holding
-	// the target's merge lock (lockTarget), else the runner's db.
-	db   sqlx.ExtContext
+	r    *Runner
 	run  Run
 	opts RollbackOptions
 	rb   UndoRollback
@@ -246,7 +236,7 @@ func (r *Runner) undoRollback(ctx context.Context, job Job, run Run, plan Plan, 
 	if err != nil {
 		return nil, err
 	}
-	u := &undoRollback{r: r, db: r.db, run: run, opts: opts, info: info}
+	u := &undoRollback{r: r, run: run, opts: opts, info: info}
 	for _, s := range states {
 		if (s.Status == ChunkDone || s.Status == ChunkOpen) && (opts.ChunkID == "" || s.Chunk.ID == opts.ChunkID) {
 			u.seqs = append(u.seqs, s.Chunk.Seq)
@@ -271,17 +261,31 @@ func (r *Runner) undoRollback(ctx context.Context, job Job, run Run, plan Plan, 
 				run.BatchID, opts.ChunkID, ErrUnsupported, u.one.Inserted)
 		}
 	}
-	if u.rb, err = r.caps.mergeUndo.UndoRollback(ctx, r.db, r.caps.rollback, info, scope); err != nil {
+	err = readTx(ctx, r.db, func(tx sqlx.ExtContext) (err error) {
+		u.rb, err = r.caps.mergeUndo.UndoRollback(ctx, tx, r.caps.rollback, info, scope)
+		return err
+	})
+	if err != nil {
 		return nil, err
 	}
 	return u, nil
 }
 
 // conflicts returns the report with the rows later batches still applied
-// changed or delivered unchanged.
+// changed or delivered unchanged. Unless it is a preview, it checks
+// holding the target's merge lock (rollback_lock.go).
 func (u *undoRollback) conflicts(ctx context.Context) (RollbackReport, error) {
 	rep := RollbackReport{BatchID: u.run.BatchID, Preview: u.opts.Preview, Status: u.run.Status}
-	c, err := u.rb.Conflicts(ctx, u.db)
+	var c RollbackConflicts
+	err := inTx(ctx, u.r.db, func(tx sqlx.ExtContext) (err error) {
+		if !u.opts.Preview {
+			if err := u.lockTarget(ctx, tx); err != nil {
+				return err
+			}
+		}
+		c, err = u.rb.Conflicts(ctx, tx)
+		return err
+	})
 	if err != nil {
 		return rep, err
 	}
@@ -299,8 +303,11 @@ func (u *undoRollback) conflicts(ctx context.Context) (RollbackReport, error) {
 // preview adds to rep what the rollback would delete and restore.
 func (u *undoRollback) preview(ctx context.Context, rep RollbackReport) (RollbackReport, error) {
 	rep.Chunks = len(u.seqs)
-	var err error
-	if rep.Deleted, rep.Restored, err = u.rb.Preview(ctx, u.db, u.opts.Force); err != nil {
+	err := readTx(ctx, u.r.db, func(tx sqlx.ExtContext) (err error) {
+		rep.Deleted, rep.Restored, err = u.rb.Preview(ctx, tx, u.opts.Force)
+		return err
+	})
+	if err != nil {
 		return rep, err
 	}
 	if !u.opts.Force {
@@ -314,7 +321,7 @@ func (u *undoRollback) preview(ctx context.Context, rep RollbackReport) (Rollbac
 // apply rolls the chunks back, one transaction each, then finishes the
 // batch (or chunk) and records it in the audit log.
 func (u *undoRollback) apply(ctx context.Context, rep RollbackReport) (RollbackReport, error) {
-	run, opts, db := u.run, u.opts, u.db
+	run, opts, db := u.run, u.opts, u.r.db
 	if len(u.seqs) > 0 {
 		// Visible even if this call is interrupted: who started it and why.
 		started, _ := json.Marshal(map[string]any{"why": opts.Why, "chunk": opts.ChunkID, "force": opts.Force, "chunks": len(u.seqs),
@@ -326,7 +333,9 @@ func (u *undoRollback) apply(ctx context.Context, rep RollbackReport) (RollbackR
 	for _, seq := range u.seqs {
 		var deleted, restored int64
 		var done bool
-		err := inTx(ctx, db, func(tx sqlx.ExtContext) (err error) {
+		// Holding the target's merge lock, after a new conflict check
+		// (rollback_lock.go).
+		err := u.lockedTx(ctx, []int{seq}, u.one != nil, func(tx sqlx.ExtContext) (err error) {
 			deleted, restored, done, err = u.rb.RollBackChunk(ctx, tx, seq, opts.Force)
 			return err
 		})
@@ -347,7 +356,7 @@ func (u *undoRollback) apply(ctx context.Context, rep RollbackReport) (RollbackR
 		kind = "rollback_chunk"
 	}
 	var deleted int64
-	err := inTx(ctx, db, func(tx sqlx.ExtContext) (err error) {
+	err := u.lockedTx(ctx, []int{}, true, func(tx sqlx.ExtContext) (err error) {
 		deleted, err = u.rb.Finish(ctx, tx, opts.ChunkID == "", opts.Force, func(deleted int64) Event {
 			detail, _ := json.Marshal(map[string]any{"why": opts.Why, "chunk": opts.ChunkID, "force": opts.Force, "chunks": rep.Chunks,
 				"deleted": rep.Deleted + deleted, "restored": rep.Restored, "conflicts_overridden": rep.Conflicts * boolInt(opts.Force),
@@ -386,7 +395,9 @@ func (r *Runner) stopOpenRun(ctx context.Context, pm sqlManifest, run Run, opts 
 	}
 	countUnfinished := func(db sqlx.ExtContext) (int, error) {
 		var n int
-		err := sqlx.GetContext(ctx, db, &n, pm.sql(`SELECT count(*) FROM {s}.chunks WHERE batch_id = $1 AND status NOT IN ('done', 'open')`), run.BatchID)
+		err := readTx(ctx, db, func(tx sqlx.ExtContext) error {
+			return sqlx.GetContext(ctx, tx, &n, pm.sql(`SELECT count(*) FROM {s}.chunks WHERE batch_id = $1 AND status NOT IN ('done', 'open')`), run.BatchID)
+		})
 		return n, err
 	}
 	if opts.Preview {

@@ -54,9 +54,18 @@ func (p *PGMerger) UndoRollback(ctx context.Context, db sqlx.ExtContext, m Manif
 
 // Conflicts implements [UndoRollback].
 func (rb *pgRollback) Conflicts(ctx context.Context, db sqlx.ExtContext) (RollbackConflicts, error) {
+	return rb.conflictsOf(ctx, db, rb.scope.Seqs, true)
+}
+
+// conflictsOf is Conflicts for the chunks seqs of the scope
+// (rollback_lock.go): their undo log and the deliveries, and, when
+// lineage is set, the rows the batch (or chunk) inserted found by lineage
+// (a scan of the target, which only Finish's deletes need).
+func (rb *pgRollback) conflictsOf(ctx context.Context, db sqlx.ExtContext, seqs []int, lineage bool) (RollbackConflicts, error) {
 	sc := rb.scope
+	sc.Seqs = seqs
 	var c RollbackConflicts
-	changed, rows, err := rb.conflicts(ctx, db, sc.BatchID, sc.Seqs, sc.Chunk, sc.Exclude)
+	changed, rows, err := rb.conflicts(ctx, db, sc.BatchID, sc.Seqs, sc.Chunk, sc.Exclude, lineage)
 	if err != nil {
 		return c, err
 	}
@@ -120,13 +129,16 @@ func (rb *pgRollback) load(ctx context.Context, db sqlx.ExtContext) error {
 // (found by lineage), with up to 100 of them and the batch that last
 // changed each. Changes by the batches in exclude (rolled back before
 // this one by the same call) do not count.
-func (rb *pgRollback) conflicts(ctx context.Context, db sqlx.ExtContext, batch int64, seqs []int, chunk *ChunkState, exclude []int64) (int64, []RollbackConflict, error) {
+func (rb *pgRollback) conflicts(ctx context.Context, db sqlx.ExtContext, batch int64, seqs []int, chunk *ChunkState, exclude []int64, lineage bool) (int64, []RollbackConflict, error) {
 	var rows []struct {
 		N   int64  `db:"n"`
 		Key string `db:"key"`
 		By  int64  `db:"by"`
 	}
 	filter, fargs := rb.insertedFilter(chunk, 4)
+	if !lineage {
+		filter, fargs = "false", nil
+	}
 	err := sqlx.SelectContext(ctx, db, &rows, rb.conflictsSQL(filter),
 		append([]any{batch, pq.Array(seqs), pq.Array(append([]int64{}, exclude...))}, fargs...)...)
 	if err != nil {

@@ -16,10 +16,15 @@
 // (CI=true), where Main exits with status 1 so that the run fails instead of
 // silently skipping.
 //
+// [NewPoolerURL] gives a fresh database through PgBouncer in transaction
+// pooling mode, started on first use in front of the server and stopped by
+// Main; without pgbouncer installed such tests are skipped (failed in CI).
+//
 // Environment: DATABASE_URL (use this server), PG_BIN (directory of initdb
 // and postgres), PGTEST_TMPDIR (where throwaway servers live; by default
 // /dev/shm when it has room, which makes CREATE DATABASE several times
-// faster than on a slow disk), CI (true: fail rather than skip).
+// faster than on a slow disk), PGBOUNCER (the pgbouncer binary), CI (true:
+// fail rather than skip).
 package pgtest
 
 import (
@@ -568,11 +573,14 @@ func inCI() bool {
 // stops after the tests (and on SIGINT/SIGTERM). It runs the tests and
 // exits with their status. Without a server it exits 1 in CI (CI=true);
 // elsewhere it prints a note and the tests that call New are skipped.
-func Main(m *testing.M) {
+//
+// m is usually the *testing.M of TestMain; a wrapper of it that checks
+// something after the tests may stand in for it.
+func Main(m interface{ Run() int }) {
 	os.Exit(run(m))
 }
 
-func run(m *testing.M) int {
+func run(m interface{ Run() int }) int {
 	var srv *Server
 	adminURL, reason := os.Getenv("DATABASE_URL"), ""
 	if adminURL != "" {
@@ -616,6 +624,7 @@ func run(m *testing.M) int {
 			case sig := <-sigs:
 				fmt.Fprintf(os.Stderr, "pgtest: %v: stopping the test server\n", sig)
 				closeAdmin()
+				stopPooler()
 				_ = srv.Stop()
 				os.Exit(1)
 			case <-done:
@@ -629,6 +638,7 @@ func run(m *testing.M) int {
 		}()
 	}
 	code := m.Run()
+	stopPooler()
 	dropUnowned(code == 0)
 	return code
 }

@@ -305,3 +305,57 @@ func BenchmarkNew(b *testing.B) {
 		tb.finish()
 	}
 }
+
+// TestPoolerSharesServerConnections: the pooler is in transaction mode
+// with a small pool, so that many clients share few server processes.
+func TestPoolerSharesServerConnections(t *testing.T) {
+	u := NewPoolerURL(t)
+	const clients = 3 * PoolerPoolSize
+	var (
+		mu   sync.Mutex
+		pids = map[int]bool{}
+		wg   sync.WaitGroup
+		errs = make(chan error, clients)
+	)
+	for i := 0; i < clients; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			db, err := sqlx.Open("postgres", u)
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer db.Close()
+			for j := 0; j < 20; j++ {
+				var pid int
+				// In a transaction, with a sleep, so that clients
+				// overlap and wait for a server connection.
+				tx, err := db.Beginx()
+				if err != nil {
+					errs <- err
+					return
+				}
+				if err := tx.Get(&pid, "SELECT pg_backend_pid() FROM pg_sleep(0.001)"); err != nil {
+					errs <- err
+					return
+				}
+				if err := tx.Commit(); err != nil {
+					errs <- err
+					return
+				}
+				mu.Lock()
+				pids[pid] = true
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	if len(pids) > PoolerPoolSize {
+		t.Fatalf("%d clients used %d server processes, want at most the pool size %d", clients, len(pids), PoolerPoolSize)
+	}
+}
