@@ -190,20 +190,25 @@ func (r *Runner) checkTargetSchema(ctx context.Context, job Job) error {
 	if _, target := r.pgPrivileges(); !target {
 		return nil
 	}
-	c, err := newPrivilegeChecker(ctx, r.db)
-	if err != nil {
-		return fmt.Errorf("backfill: job %q: privileges: %w", job.Name, err)
-	}
-	s, err := schemaOf(ctx, r.db, job.Target.Table)
-	if err == nil {
-		err = c.schema(ctx, s, "USAGE", "the target")
-	}
-	if pm, _ := r.pgPrivileges(); err == nil && len(c.missing) > 0 && pm != nil {
-		// The run stops here: name the manifest's missing privileges too.
-		var missing []Privilege
-		missing, _, err = pm.missingPrivileges(ctx, r.db)
-		c.missing = append(missing, c.missing...)
-	}
+	// In one read transaction: safe behind a transaction pooler.
+	var c *privilegeChecker
+	err := readTx(ctx, r.db, func(tx sqlx.ExtContext) error {
+		var err error
+		if c, err = newPrivilegeChecker(ctx, tx); err != nil {
+			return err
+		}
+		s, err := schemaOf(ctx, tx, job.Target.Table)
+		if err == nil {
+			err = c.schema(ctx, s, "USAGE", "the target")
+		}
+		if pm, _ := r.pgPrivileges(); err == nil && len(c.missing) > 0 && pm != nil {
+			// The run stops here: name the manifest's missing privileges too.
+			var missing []Privilege
+			missing, _, err = pm.missingPrivileges(ctx, tx)
+			c.missing = append(missing, c.missing...)
+		}
+		return err
+	})
 	if err != nil {
 		return fmt.Errorf("backfill: job %q: privileges: %w", job.Name, err)
 	}
@@ -222,10 +227,15 @@ func (r *Runner) checkRunPrivileges(ctx context.Context, job Job, info TableInfo
 	if pm == nil && !target {
 		return nil, nil
 	}
-	c, err := newPrivilegeChecker(ctx, r.db)
-	if err == nil {
-		err = r.runPrivileges(ctx, c, pm, target, job, info)
-	}
+	// In one read transaction: safe behind a transaction pooler.
+	var c *privilegeChecker
+	err = readTx(ctx, r.db, func(tx sqlx.ExtContext) error {
+		var err error
+		if c, err = newPrivilegeChecker(ctx, tx); err != nil {
+			return err
+		}
+		return r.runPrivileges(ctx, c, pm, target, job, info)
+	})
 	if err != nil {
 		return nil, fmt.Errorf("backfill: job %q: privileges: %w", job.Name, err)
 	}
@@ -241,7 +251,7 @@ func (r *Runner) checkRunPrivileges(ctx context.Context, job Job, info TableInfo
 
 func (r *Runner) runPrivileges(ctx context.Context, c *privilegeChecker, pm *PGManifest, target bool, job Job, info TableInfo) error {
 	if pm != nil {
-		missing, _, err := pm.missingPrivileges(ctx, r.db)
+		missing, _, err := pm.missingPrivileges(ctx, c.db)
 		if err != nil {
 			return err
 		}
@@ -256,7 +266,7 @@ func (r *Runner) runPrivileges(ctx context.Context, c *privilegeChecker, pm *PGM
 		return nil
 	}
 	t := info.Target
-	oid, err := relationOID(ctx, r.db, t.Table)
+	oid, err := relationOID(ctx, c.db, t.Table)
 	if err != nil || oid == 0 {
 		return err
 	}
@@ -279,7 +289,7 @@ func (r *Runner) runPrivileges(ctx context.Context, c *privilegeChecker, pm *PGM
 	if err := c.serials(ctx, oid, names); err != nil {
 		return err
 	}
-	schema, err := schemaOf(ctx, r.db, t.Table)
+	schema, err := schemaOf(ctx, c.db, t.Table)
 	if err != nil {
 		return err
 	}
@@ -295,7 +305,7 @@ func (r *Runner) runPrivileges(ctx context.Context, c *privilegeChecker, pm *PGM
 		if err := c.schema(ctx, schema, "CREATE", "the table versions PublishVersionedView creates"); err != nil {
 			return err
 		}
-		vs, err := schemaOf(ctx, r.db, job.Publish.View)
+		vs, err := schemaOf(ctx, c.db, job.Publish.View)
 		if err != nil {
 			return err
 		}
@@ -304,7 +314,7 @@ func (r *Runner) runPrivileges(ctx context.Context, c *privilegeChecker, pm *PGM
 				return err
 			}
 		}
-		view, err := relationOID(ctx, r.db, job.Publish.View)
+		view, err := relationOID(ctx, c.db, job.Publish.View)
 		if err != nil {
 			return err
 		}
@@ -325,10 +335,15 @@ func (r *Runner) checkRollbackPrivileges(ctx context.Context, info TableInfo, ba
 	if pm == nil && !target {
 		return nil
 	}
-	c, err := newPrivilegeChecker(ctx, r.db)
-	if err == nil {
-		err = r.rollbackPrivileges(ctx, c, pm, target, info, batchID)
-	}
+	// In one read transaction: safe behind a transaction pooler.
+	var c *privilegeChecker
+	err := readTx(ctx, r.db, func(tx sqlx.ExtContext) error {
+		var err error
+		if c, err = newPrivilegeChecker(ctx, tx); err != nil {
+			return err
+		}
+		return r.rollbackPrivileges(ctx, c, pm, target, info, batchID)
+	})
 	if err != nil {
 		return fmt.Errorf("backfill: rollback of batch %d: privileges: %w", batchID, err)
 	}
@@ -341,13 +356,13 @@ func (r *Runner) checkRollbackPrivileges(ctx context.Context, info TableInfo, ba
 func (r *Runner) rollbackPrivileges(ctx context.Context, c *privilegeChecker, pm *PGManifest, target bool, info TableInfo, batchID int64) error {
 	updates := info.Target.Mode == History
 	if pm != nil {
-		missing, _, err := pm.missingPrivileges(ctx, r.db)
+		missing, _, err := pm.missingPrivileges(ctx, c.db)
 		if err != nil {
 			return err
 		}
 		c.missing = append(c.missing, missing...)
 		if len(missing) == 0 {
-			if err := sqlx.GetContext(ctx, r.db, &updates, pm.sql(`SELECT EXISTS (SELECT FROM {s}.undo WHERE batch_id = $1 AND op = 'update')`), batchID); err != nil {
+			if err := sqlx.GetContext(ctx, c.db, &updates, pm.sql(`SELECT EXISTS (SELECT FROM {s}.undo WHERE batch_id = $1 AND op = 'update')`), batchID); err != nil {
 				return err
 			}
 		}
@@ -356,7 +371,7 @@ func (r *Runner) rollbackPrivileges(ctx context.Context, c *privilegeChecker, pm
 		return nil
 	}
 	t := info.Target
-	oid, err := relationOID(ctx, r.db, t.Table)
+	oid, err := relationOID(ctx, c.db, t.Table)
 	if err != nil || oid == 0 {
 		return err
 	}

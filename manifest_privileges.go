@@ -180,7 +180,14 @@ ORDER BY ord, name, array_position(ARRAY['USAGE', 'SELECT', 'INSERT', 'UPDATE', 
 // them all. It runs one catalog query, needs no privilege itself, and
 // does not check the manifest's version ([PGManifest.Version]).
 func (m *PGManifest) CheckPrivileges(ctx context.Context, db sqlx.ExtContext) error {
-	missing, role, err := m.missingPrivileges(ctx, db)
+	var (
+		missing []Privilege
+		role    string
+	)
+	err := readTx(ctx, db, func(tx sqlx.ExtContext) (err error) {
+		missing, role, err = m.missingPrivileges(ctx, tx)
+		return err
+	})
 	if err != nil {
 		return fmt.Errorf("backfill: privileges on manifest %q: %w", m.schema, err)
 	}
@@ -221,6 +228,15 @@ func (m *PGManifest) Grants(database, role string) []string {
 // library needs. It runs no DDL and takes no lock. A role without USAGE
 // on the schema or SELECT on schema_migrations gets a [*PrivilegeError].
 func (m *PGManifest) Version(ctx context.Context, db sqlx.ExtContext) (current, latest int, err error) {
+	// In a read transaction: safe behind a transaction pooler.
+	err = readTx(ctx, db, func(tx sqlx.ExtContext) (err error) {
+		current, latest, err = m.version(ctx, tx)
+		return err
+	})
+	return current, latest, err
+}
+
+func (m *PGManifest) version(ctx context.Context, db sqlx.ExtContext) (current, latest int, err error) {
 	latest = len(pgMigrations)
 	var st struct {
 		Table    bool `db:"has_table"`
