@@ -492,7 +492,10 @@ func (m *PGManifest) StartRun(ctx context.Context, db sqlx.ExtContext, plan Plan
 			return run, resumed, nil
 		}
 		fw := fenceWaitFrom(ctx)
-		fw.what = "start run: wait for the chunks in flight of the abandoned run"
+		if fw.what == "" {
+			fw.what = "start run of job " + plan.Job
+		}
+		fw.what += ": wait for the chunks in flight of abandoned batch " + fmt.Sprint(wait)
 		if err := m.waitInFlight(ctx, db, wait, fw); err != nil {
 			return Run{}, false, fmt.Errorf("backfill: start run of job %q: %w", plan.Job, err)
 		}

@@ -3,8 +3,10 @@ package backfill
 import (
 	"bytes"
 	"context"
+	"database/sql/driver"
 	"fmt"
 	"log/slog"
+	"net/url"
 	"strings"
 	"sync"
 	"testing"
@@ -304,4 +306,179 @@ func TestRunLiveness(t *testing.T) {
 		require.Equal(t, "finished", w.State, w.ID)
 		require.NotNil(t, w.FinishedAt)
 	}
+}
+
+// TestServerRestartDuringChunk: `pg_ctl restart -m immediate` of the
+// server while a chunk is in flight fails that attempt; recording the
+// failed attempt fails too while the server is down, and is retried with
+// backoff until it is back; the chunk is then retried and the run
+// completes. On the starting commit the run ended at the first attempt,
+// its failure unrecorded and the run left running.
+func TestServerRestartDuringChunk(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	srv, err := pgtest.Start(ctx)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, srv.Stop()) }()
+	// Commits durable across the crash (the throwaway server's default
+	// is synchronous_commit off).
+	db, err := sqlx.Open("postgres", srv.URL()+"&options="+url.QueryEscape("-c synchronous_commit=on"))
+	require.NoError(t, err)
+	defer db.Close()
+	_, err = db.Exec(`CREATE TABLE live (id bigint PRIMARY KEY, v text NOT NULL)`)
+	require.NoError(t, err)
+
+	var logs syncBuffer
+	r, err := New(db, &Config{WorkerID: "w", HeartbeatInterval: 100 * time.Millisecond, StaleAfter: 5 * time.Second,
+		RetryBackoff: 20 * time.Millisecond, Logger: slog.New(slog.NewJSONHandler(&logs, nil))})
+	require.NoError(t, err)
+	mid, down := make(chan struct{}), make(chan struct{})
+	var first sync.Once
+	done := goRun(ctx, r, liveJob(func(c Chunk) {
+		if c.Seq == 2 {
+			first.Do(func() {
+				close(mid)
+				<-down // the server is down: this attempt's writes fail
+			})
+		}
+	}))
+	<-mid
+	require.NoError(t, srv.RestartImmediate(ctx, func() {
+		close(down)
+		time.Sleep(time.Second) // the failed attempt is recorded while the server is down
+	}))
+	res := <-done
+	require.NoError(t, res.err)
+	require.Equal(t, RunCompleted, res.rep.Status)
+	require.Regexp(t, `"msg":"backfill: recorded after the connection came back",[^\n]*"what":"record failed attempt"`, logs.String())
+
+	var attempts int
+	require.NoError(t, db.Get(&attempts, `SELECT attempts FROM backfill.chunks WHERE seq = 2`))
+	require.Equal(t, 2, attempts, "the failed attempt is recorded, then the chunk done")
+	var n int
+	require.NoError(t, db.Get(&n, `SELECT count(*) FROM live`))
+	require.Equal(t, 10*liveChunks, n)
+}
+
+// TestConnectionFailuresExhaustAttempts: a chunk that fails with a
+// connection-class error at every attempt is retried MaxAttempts times;
+// the run then ends failed with the error as its last_error, not running.
+func TestConnectionFailuresExhaustAttempts(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := liveDB(t)
+	r := liveRunner(t, db, "w", nil)
+	job := liveJob(nil)
+	inner := job.Extractor
+	job.Extractor = ExtractorFunc(func(ctx context.Context, c Chunk, w RowWriter) error {
+		if c.Seq == 1 {
+			return fmt.Errorf("source: %w", driver.ErrBadConn)
+		}
+		return inner.Extract(ctx, c, w)
+	})
+	rep, err := r.Run(ctx, job)
+	require.Error(t, err)
+	require.Equal(t, RunFailed, rep.Status)
+	var run struct {
+		Status    string `db:"status"`
+		LastError string `db:"last_error"`
+	}
+	require.NoError(t, db.Get(&run, `SELECT status, last_error FROM backfill.runs WHERE batch_id = $1`, rep.BatchID))
+	require.Equal(t, "failed", run.Status)
+	require.Contains(t, run.LastError, "bad connection")
+	var attempts int
+	require.NoError(t, db.Get(&attempts, `SELECT attempts FROM backfill.chunks WHERE batch_id = $1 AND seq = 1`, rep.BatchID))
+	require.Equal(t, 3, attempts)
+	require.Equal(t, ExitFailed, exitCode(ctx, rep, err))
+}
+
+// TestStatementTimeoutNotChargedWithExtractor: a statement_timeout of the
+// database shorter than the extractor's time does not cancel the COPY
+// that stays open while the extractor runs; the merge's statements run
+// under the database's statement_timeout again.
+func TestStatementTimeoutNotChargedWithExtractor(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	u := pgtest.NewURL(t)
+	db := sqlx.MustOpen("postgres", u)
+	defer db.Close()
+	_, err := db.Exec(`CREATE TABLE live (id bigint PRIMARY KEY, v text NOT NULL)`)
+	require.NoError(t, err)
+	var name string
+	require.NoError(t, db.Get(&name, `SELECT current_database()`))
+	_, err = db.Exec(`ALTER DATABASE "` + name + `" SET statement_timeout = '300ms'`)
+	require.NoError(t, err)
+	db.SetMaxIdleConns(0) // new sessions: they take the database's setting
+	db2 := sqlx.MustOpen("postgres", u)
+	defer db2.Close()
+
+	r := liveRunner(t, db2, "w", nil)
+	job := liveJob(func(c Chunk) {
+		if c.Seq == 0 {
+			time.Sleep(900 * time.Millisecond) // 3 times the statement_timeout
+		}
+	})
+	job.Chunker = IntRange(0, 20, 10)
+	var mu sync.Mutex
+	var seen []string
+	job.Validators = []Validator{ValidatorFunc(func(ctx context.Context, tx sqlx.ExtContext, s ValidationScope) (CheckResult, error) {
+		var v string
+		if err := sqlx.GetContext(ctx, tx, &v, `SELECT current_setting('statement_timeout')`); err != nil {
+			return CheckResult{}, err
+		}
+		mu.Lock()
+		seen = append(seen, v)
+		mu.Unlock()
+		return CheckResult{Check: "timeout", Severity: SeverityWarn, Passed: true}, nil
+	})}
+	rep, err := r.Run(ctx, job)
+	require.NoError(t, err)
+	require.Equal(t, RunCompleted, rep.Status)
+	require.Equal(t, []string{"300ms", "300ms"}, seen, "the merge and what follows run under the database's statement_timeout")
+}
+
+// TestAbandonWaitsForChunksInFlight: a new run (Job.NewRun) abandons the
+// running one at once, without waiting on its row behind chunks in
+// flight, but creates the new run only once those chunks ended, saying
+// so in its log; a chunk in flight of the abandoned run cannot commit
+// its checkpoint, so a worker of an abandoned run never writes over the
+// new run.
+func TestAbandonWaitsForChunksInFlight(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := liveDB(t)
+	inFlight, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	defer once.Do(func() { close(release) })
+	a := liveRunner(t, db, "old", nil)
+	aDone := goRun(ctx, a, liveJob(func(c Chunk) {
+		if c.Seq == 0 {
+			close(inFlight)
+			<-release
+		}
+	}))
+	<-inFlight
+
+	var logs syncBuffer
+	b := liveRunner(t, db, "new", &logs)
+	job := liveJob(nil)
+	job.NewRun, job.CodeVersion = true, "v2"
+	bDone := goRun(ctx, b, job)
+	require.Eventually(t, func() bool {
+		return strings.Contains(logs.String(), `"what":"start run of job live: wait for the chunks in flight of abandoned batch 1"`) &&
+			strings.Contains(logs.String(), `"holder":"old"`)
+	}, 30*time.Second, 20*time.Millisecond, "the new run waits for the abandoned run's chunk in flight, and says so")
+	var runs []string
+	require.NoError(t, db.Select(&runs, `SELECT status FROM backfill.runs ORDER BY batch_id`))
+	require.Equal(t, []string{"abandoned"}, runs, "abandoned at once; no new run while its chunk is in flight")
+
+	once.Do(func() { close(release) })
+	ra, rb := <-aDone, <-bDone
+	require.ErrorIs(t, ra.err, ErrRunAbandoned)
+	require.NoError(t, rb.err)
+	require.Equal(t, RunCompleted, rb.rep.Status)
+	var done int
+	require.NoError(t, db.Get(&done, `SELECT count(*) FROM backfill.chunks c JOIN backfill.runs r USING (batch_id) WHERE r.status = 'abandoned' AND c.status = 'done'`))
+	require.Zero(t, done, "the abandoned run's chunk in flight did not commit")
+	require.Equal(t, liveChunks, rb.rep.ChunksDone)
 }
