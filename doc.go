@@ -107,8 +107,9 @@ other workers does not return: it waits, polling every
 HeartbeatInterval (at most every second), and logs each held chunk with
 its holder (worker, host, backend pid, heartbeat age) and how long it has
 waited. The holder is found through the locked row's transaction
-(pg_locks) and the application_name "backfill <worker key>" that the
-claim statement gives the chunk's transaction. A holder whose worker's
+(pg_locks) and the application_name "backfill <worker key> " that the
+claim statement puts before the session's own for the chunk's
+transaction. A holder whose worker's
 heartbeat is older than [Config.StaleAfter] (default 30 s) is fenced: its
 backend is terminated with pg_terminate_backend, in the same statement
 that checks the heartbeat, which rolls its chunk back; the waiting worker

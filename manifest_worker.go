@@ -23,8 +23,9 @@ import (
 // The lease of a chunk is the row lock its transaction holds on the
 // chunk's manifest row (ClaimChunk, FOR UPDATE SKIP LOCKED). The claim
 // statement tags the transaction's backend with application_name
-// "backfill <worker key>" (set_config local, reverted when the
-// transaction ends), so that pg_locks (the transaction ID the locked row
+// "backfill <worker key> " followed by the session's own (set_config
+// local, reverted when the transaction ends; cut at 63 bytes, the key
+// first), so that pg_locks (the transaction ID the locked row
 // names in xmax) and pg_stat_activity lead from a held chunk to its
 // worker and its heartbeat. A worker that finds nothing to claim while
 // chunks are held by others waits, and terminates (pg_terminate_backend)
@@ -93,7 +94,7 @@ const (
 // workers table records it.
 type Worker struct {
 	// Key is the call's random key; a chunk's transaction carries it in
-	// application_name ("backfill <key>").
+	// application_name ("backfill <key> " before the session's own).
 	Key string `db:"worker_key" json:"key"`
 	// ID is [Config.WorkerID].
 	ID string `db:"worker_id" json:"id"`
@@ -244,7 +245,7 @@ type lease struct {
 // settings returns the lease's session settings as set_config arguments.
 func (l lease) settings() (appName, idleMS, keepIdle, keepInterval, keepCount, userTimeoutMS string) {
 	s := max(int(l.staleAfter/time.Second), 3)
-	return "backfill " + l.key, fmt.Sprint(l.staleAfter.Milliseconds()), fmt.Sprint(max(s/3, 1)), fmt.Sprint(max(s/9, 1)), "3",
+	return "backfill " + l.key + " ", fmt.Sprint(l.staleAfter.Milliseconds()), fmt.Sprint(max(s/3, 1)), fmt.Sprint(max(s/9, 1)), "3",
 		fmt.Sprint(l.staleAfter.Milliseconds())
 }
 
@@ -252,8 +253,8 @@ func (l lease) settings() (appName, idleMS, keepIdle, keepInterval, keepCount, u
 // the run's status (without locking the run's row) and sets the chunk
 // transaction's lease settings:
 //
-//   - application_name "backfill <worker key>": the chunk's holder, for
-//     the waiting workers' fencing;
+//   - application_name "backfill <worker key> " before the session's
+//     own: the chunk's holder, for the waiting workers' fencing;
 //   - idle_in_transaction_session_timeout = StaleAfter, and TCP
 //     keepalives (idle StaleAfter/3, interval StaleAfter/9, 3 probes) and
 //     tcp_user_timeout = StaleAfter: the server ends the transaction of a
@@ -288,7 +289,7 @@ func (m *PGManifest) claimLeased(ctx context.Context, tx sqlx.ExtContext, batchI
 		app, idle, kIdle, kInt, kCount, userTO := l.settings()
 		err = sqlx.SelectContext(ctx, tx, &rows, m.sql(`SELECT c.*
 			FROM (`+claim+`) c
-			WHERE set_config('application_name', $2, true) IS NOT NULL
+			WHERE set_config('application_name', left($2 || current_setting('application_name'), 63), true) IS NOT NULL
 				AND set_config('idle_in_transaction_session_timeout', $3, true) IS NOT NULL
 				AND set_config('tcp_keepalives_idle', $4, true) IS NOT NULL
 				AND set_config('tcp_keepalives_interval', $5, true) IS NOT NULL
@@ -342,7 +343,7 @@ func (m *PGManifest) holders(ctx context.Context, db sqlx.ExtContext, batchID in
 			FROM {s}.chunks c
 			JOIN pg_locks l ON l.locktype = 'transactionid' AND l.transactionid = c.xmax AND l.granted AND l.mode = 'ExclusiveLock'
 			LEFT JOIN pg_stat_activity a ON a.pid = l.pid
-			LEFT JOIN {s}.workers w ON a.application_name = 'backfill ' || w.worker_key
+			LEFT JOIN {s}.workers w ON a.application_name LIKE 'backfill ' || w.worker_key || ' %'
 			WHERE c.batch_id = $1 AND c.status IN ('pending', 'open') AND l.pid <> pg_backend_pid()
 				AND ($2 = '' OR coalesce(w.worker_key, '') <> $2)
 				AND (NOT $5 OR EXISTS (SELECT 1 FROM {s}.runs r WHERE r.batch_id = $1 AND r.status = 'running'))
