@@ -482,3 +482,35 @@ func TestAbandonWaitsForChunksInFlight(t *testing.T) {
 	require.Zero(t, done, "the abandoned run's chunk in flight did not commit")
 	require.Equal(t, liveChunks, rb.rep.ChunksDone)
 }
+
+// TestWorkersConverge: N workers started at once, each calling Work with
+// the same job (as N hosts would), converge on one run: every one exits
+// with ExitDone, every chunk is merged exactly once, and each worker is
+// recorded finished in the manifest.
+func TestWorkersConverge(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := liveDB(t)
+	const n = 3
+	codes := make(chan ExitCode, n)
+	for i := range n {
+		r := liveRunner(t, db, fmt.Sprint("host-", i), nil)
+		r.cfg.Concurrency = 2
+		go func() { codes <- Work(ctx, r, liveJob(nil)) }()
+	}
+	for range n {
+		require.Equal(t, ExitDone, <-codes)
+	}
+	var runs []string
+	require.NoError(t, db.Select(&runs, `SELECT status FROM backfill.runs`))
+	require.Equal(t, []string{"completed"}, runs, "one run")
+	var attempts []int
+	require.NoError(t, db.Select(&attempts, `SELECT attempts FROM backfill.chunks ORDER BY seq`))
+	require.Equal(t, []int{1, 1, 1, 1, 1, 1}, attempts, "every chunk merged once")
+	var inserted int64
+	require.NoError(t, db.Get(&inserted, `SELECT sum(rows_inserted) FROM backfill.chunks`))
+	require.Equal(t, int64(10*liveChunks), inserted)
+	var unfinished int
+	require.NoError(t, db.Get(&unfinished, `SELECT count(*) FROM backfill.workers WHERE finished_at IS NULL`))
+	require.Zero(t, unfinished)
+}
