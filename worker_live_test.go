@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"database/sql/driver"
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"net/url"
@@ -207,6 +208,7 @@ func TestFrozenWorkerIsFencedAndCannotCommit(t *testing.T) {
 	require.Equal(t, liveChunks, rb.rep.ChunksRun, "the healthy worker did every chunk, the frozen one's too")
 	require.Contains(t, logs.String(), `"msg":"backfill: fenced a stale worker: terminated the backend holding the chunk; its transaction rolls back and the chunk is claimable"`)
 	require.Contains(t, logs.String(), `"holder":"frozen"`)
+	t.Logf("longest wait of the healthy worker behind the frozen one: %v (StaleAfter %v)", longestWait(t, logs.String()), b.cfg.StaleAfter)
 
 	workers, err := NewPGManifest("").Workers(ctx, db, rb.rep.BatchID)
 	require.NoError(t, err)
@@ -233,6 +235,22 @@ func TestFrozenWorkerIsFencedAndCannotCommit(t *testing.T) {
 	var n int
 	require.NoError(t, db.Get(&n, `SELECT count(*) FROM live`))
 	require.Equal(t, 10*liveChunks, n)
+}
+
+// longestWait is the longest "waited" of the wait records in JSON logs.
+func longestWait(t *testing.T, logs string) time.Duration {
+	var longest time.Duration
+	for _, line := range strings.Split(logs, "\n") {
+		var rec struct {
+			Msg    string        `json:"msg"`
+			Waited time.Duration `json:"waited"`
+		}
+		if line == "" || json.Unmarshal([]byte(line), &rec) != nil {
+			continue
+		}
+		longest = max(longest, rec.Waited)
+	}
+	return longest
 }
 
 // TestRunLiveness: the manifest's run_liveness view and RunLiveness say
