@@ -124,6 +124,7 @@ type Worker struct {
 
 // RunLiveness is a run's liveness ([ManifestWorkers.RunLiveness]).
 type RunLiveness struct {
+	// BatchID, Job and Status are the run's.
 	BatchID int64     `db:"batch_id" json:"batch_id"`
 	Job     string    `db:"job_name" json:"job"`
 	Status  RunStatus `db:"status" json:"status"`
