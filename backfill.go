@@ -458,7 +458,35 @@ type Config struct {
 	// WorkerID names this process in the manifest (defaults to
 	// hostname:pid).
 	WorkerID string
+	// HeartbeatInterval is how often a call of [Runner.Run] refreshes its
+	// worker's heartbeat in the manifest ([ManifestWorkers]), from a
+	// goroutine of its own, and how often a worker waiting for chunks
+	// held by others looks again (at most every second). Default
+	// [DefaultHeartbeatInterval]. The heartbeat needs a connection of
+	// the pool while every chunk holds one: give the *sql.DB a
+	// MaxOpenConns of at least Concurrency + 2 (Run warns otherwise).
+	HeartbeatInterval time.Duration
+	// StaleAfter is how old a worker's heartbeat may get before other
+	// workers fence it: a worker that finds nothing to claim while chunks
+	// are held by others waits, and terminates the backend of a holder
+	// whose heartbeat is older than StaleAfter, which rolls the
+	// holder's chunk back and frees it. It also bounds, in each chunk's
+	// transaction, idle_in_transaction_session_timeout, the TCP
+	// keepalives and tcp_user_timeout, so that the server itself ends
+	// the transaction of a worker cut off. A healthy worker waits behind
+	// a frozen one at most about StaleAfter + HeartbeatInterval + a
+	// second. Default [DefaultStaleAfter]; it must exceed twice
+	// HeartbeatInterval.
+	StaleAfter time.Duration
 }
+
+// Defaults of [Config.HeartbeatInterval] and [Config.StaleAfter]: a
+// healthy worker waits behind a frozen one at most about 36 s, within
+// the documented bound of one minute.
+const (
+	DefaultHeartbeatInterval = 5 * time.Second
+	DefaultStaleAfter        = 30 * time.Second
+)
 
 // DefaultMaxRejectsPerChunk is the default of [Config.MaxRejectsPerChunk].
 const DefaultMaxRejectsPerChunk = 100_000

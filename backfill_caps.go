@@ -240,6 +240,8 @@ type capabilities struct {
 	mergeUndo   MergerRollback
 	isolates    bool // StagingIsolator
 	writesUndo  bool // UndoLogWriter
+	// workers: heartbeats, leases and fencing (PGManifest only).
+	workers workerManifest
 }
 
 func resolveCapabilities(m Manifest, mg Merger) capabilities {
@@ -251,6 +253,7 @@ func resolveCapabilities(m Manifest, mg Merger) capabilities {
 	c.staging, _ = m.(ManifestStaging)
 	c.sql, _ = m.(sqlManifest)
 	c.rollback, _ = m.(ManifestRollback)
+	c.workers, _ = m.(workerManifest)
 	c.mergeStage, _ = mg.(MergerStaging)
 	c.mergeUndo, _ = mg.(MergerRollback)
 	if si, ok := mg.(StagingIsolator); ok {

@@ -92,6 +92,8 @@ func NewWithDB(db DB, cfg *Config) (*Runner, error) {
 	c.Concurrency = cmpOr(c.Concurrency, 1)
 	c.MaxAttempts = cmpOr(c.MaxAttempts, 3)
 	c.RetryBackoff = cmpOr(c.RetryBackoff, 100*time.Millisecond)
+	c.HeartbeatInterval = cmpOr(c.HeartbeatInterval, DefaultHeartbeatInterval)
+	c.StaleAfter = cmpOr(c.StaleAfter, max(DefaultStaleAfter, 3*c.HeartbeatInterval))
 	switch {
 	case c.MaxRejectsPerChunk == 0:
 		c.MaxRejectsPerChunk = DefaultMaxRejectsPerChunk
@@ -134,6 +136,10 @@ func (c *Config) validate() error {
 		return fmt.Errorf("%w: MaxAttempts cannot be less than zero", ErrInvalidConfig)
 	case c.RetryBackoff < 0:
 		return fmt.Errorf("%w: RetryBackoff cannot be less than zero", ErrInvalidConfig)
+	case c.HeartbeatInterval < 0 || c.StaleAfter < 0:
+		return fmt.Errorf("%w: HeartbeatInterval and StaleAfter cannot be less than zero", ErrInvalidConfig)
+	case c.StaleAfter > 0 && c.StaleAfter <= 2*cmpOr(c.HeartbeatInterval, DefaultHeartbeatInterval):
+		return fmt.Errorf("%w: StaleAfter (%v) must exceed twice HeartbeatInterval (%v)", ErrInvalidConfig, c.StaleAfter, cmpOr(c.HeartbeatInterval, DefaultHeartbeatInterval))
 	}
 	return nil
 }
@@ -185,7 +191,9 @@ func (r *Runner) Run(ctx context.Context, job Job) (Report, error) {
 	if err != nil {
 		return Report{}, err
 	}
-	run, resumed, err := r.cfg.Manifest.StartRun(ctx, r.db, rs.plan, r.cfg.WorkerID, job.NewRun)
+	// StartRun waits (logging, fencing) for the chunks in flight of a run
+	// it abandons.
+	run, resumed, err := r.cfg.Manifest.StartRun(withFenceWait(ctx, r.fenceWait("start run of job "+job.Name)), r.db, rs.plan, r.cfg.WorkerID, job.NewRun)
 	if err != nil {
 		return Report{}, err
 	}
@@ -208,6 +216,10 @@ func (r *Runner) Run(ctx context.Context, job Job) (Report, error) {
 	}
 	finished := run.Status == RunCompleted || run.Status == RunRolledBack
 	if !finished {
+		// A worker of the run: registered, heartbeating, until the run's
+		// end is recorded.
+		ex.startWorker(ctx)
+		defer ex.stopWorker()
 		ex.run(ctx)
 	}
 	return ex.finishRun(ctx, run, resumed, finished, begin)
@@ -376,7 +388,12 @@ func (ex *execution) finishRun(ctx context.Context, run Run, resumed, finished b
 		// A manifest that cannot pause the run: the run gate fails it.
 		failed, msg = true, ex.runGate.Error()
 	}
-	run, err := r.cfg.Manifest.FinishRun(fctx, r.db, run.BatchID, failed, msg)
+	// A server restart does not leave the run's end unrecorded.
+	err := ex.retryConn(fctx, "finish run", func() error {
+		var err error
+		run, err = r.cfg.Manifest.FinishRun(fctx, r.db, run.BatchID, failed, msg)
+		return err
+	})
 	if err != nil {
 		// Not silent: the manifest still says the run is running.
 		return Report{}, errors.Join(runErr, fmt.Errorf("backfill: job %q batch %d: the end of the run could not be recorded; the manifest still shows it as it was: %w", job.Name, run.BatchID, err))
@@ -463,6 +480,9 @@ type execution struct {
 	batchID  int64
 	log      *slog.Logger
 	warnings []string // the report's
+
+	// worker is this call's registration (nil without ManifestWorkers).
+	worker *workerCall
 
 	mu     sync.Mutex
 	done   []string
@@ -617,12 +637,13 @@ func (ex *execution) work(ctx context.Context) {
 	g, gctx := errgroup.WithContext(ctx)
 	for range ex.r.cfg.Concurrency {
 		g.Go(func() error {
+			var ws waitState
 			for !ex.stopped() {
 				if gctx.Err() != nil {
 					ex.fail(nil, gctx.Err())
 					return nil
 				}
-				more := ex.next(gctx)
+				more := ex.next(gctx, &ws)
 				if !more {
 					return nil
 				}
@@ -655,12 +676,16 @@ func (ex *execution) fail(ce *ChunkError, err error) {
 }
 
 // next claims and runs one chunk; it returns false when no chunk is left
-// to claim or the run stops.
-func (ex *execution) next(ctx context.Context) bool {
+// to claim (nor held by another worker: waitHeld) or the run stops. A
+// connection failure before a chunk is claimed is retried (connFailed).
+func (ex *execution) next(ctx context.Context, ws *waitState) bool {
 	cr, err := ex.runChunk(ctx)
+	if err == nil {
+		ws.connSince, ws.connFails = time.Time{}, 0
+	}
 	switch {
 	case !cr.claimed && err == nil:
-		return false
+		return ex.waitHeld(ctx, ws)
 	case err == nil && cr.staged:
 		ex.log.Info("chunk staged", "seq", cr.res.Chunk.Seq, "chunk", cr.res.Chunk.ID, "read", cr.res.Read, "rejected", cr.res.Rejected)
 		return true
@@ -673,6 +698,9 @@ func (ex *execution) next(ctx context.Context) bool {
 	}
 	var ce *ChunkError
 	if !errors.As(err, &ce) {
+		if isConnectionError(err) {
+			return ex.connFailed(ctx, ws, err)
+		}
 		ex.fail(nil, err)
 		return false
 	}
@@ -735,7 +763,12 @@ func (ex *execution) chunkFailed(ctx context.Context, ce *ChunkError, attempt in
 	final := !IsRetryable(err) || tries >= ex.r.cfg.MaxAttempts
 	ex.log.Warn("chunk failed", "seq", ce.Chunk.Seq, "chunk", ce.Chunk.ID, "attempt", attempt, "final", final, "error", err)
 	fctx := context.WithoutCancel(ctx)
-	if ferr := ex.r.cfg.Manifest.FailChunk(fctx, ex.r.db, ex.batchID, ce.Chunk.Seq, ce.Err.Error(), final); ferr != nil {
+	// Recorded once the server is back, when a restart or a dropped
+	// connection failed the attempt.
+	ferr := ex.retryConn(fctx, "record failed attempt", func() error {
+		return ex.r.cfg.Manifest.FailChunk(fctx, ex.r.db, ex.batchID, ce.Chunk.Seq, ce.Err.Error(), final)
+	})
+	if ferr != nil {
 		ex.fail(ce, ferr)
 		return false
 	}
@@ -782,7 +815,7 @@ func (ex *execution) runChunk(ctx context.Context) (cr chunkRun, err error) {
 			_ = tx.Rollback()
 		}
 	}()
-	st, ok, err := r.cfg.Manifest.ClaimChunk(ctx, tx, ex.batchID)
+	st, ok, err := ex.claim(ctx, tx)
 	if err != nil || !ok {
 		return cr, err
 	}

@@ -112,6 +112,83 @@ pool (default_pool_size) for [Config.Concurrency] times the number of
 workers plus one: each chunk holds a server connection for its
 transaction.
 
+# Many workers and hosts
+
+Any number of processes on any number of hosts run one job by calling
+[Runner.Run] (or [Work], which returns an exit code) with the same job:
+the first creates the run, the others resume it, each claims chunks no
+other holds. The lease of a chunk is the row lock its transaction holds
+on the chunk's manifest row; the run's row is not locked by chunks, so a
+worker joining a running job, or finishing its share, never waits on it
+behind chunks in flight.
+
+Liveness. Each call registers in the manifest's workers table (a random
+worker key, [Config.WorkerID], host, pid, its stale bound) and refreshes
+heartbeat_at every [Config.HeartbeatInterval] (default 5 s) from a
+goroutine of its own, then marks itself finished. The run_liveness view
+([ManifestWorkers.RunLiveness], [ManifestWorkers.Workers]) gives each
+run's liveness: running (a worker heartbeated within its StaleAfter),
+stalled (the freshest unfinished worker is past StaleAfter but within
+twice it), dead (no unfinished worker within twice StaleAfter, or none:
+nobody works the run; run the job again to resume it); a run that is not
+running has its status. Times are the server's, so host clocks do not
+matter.
+
+Fencing. A worker that finds nothing to claim while chunks are held by
+other workers does not return: it waits, polling every
+HeartbeatInterval (at most every second), and logs each held chunk with
+its holder (worker, host, backend pid, heartbeat age) and how long it has
+waited. The holder is found through the locked row's transaction
+(pg_locks) and the application_name "backfill <worker key> " that the
+claim statement puts before the session's own for the chunk's
+transaction. A holder whose worker's
+heartbeat is older than [Config.StaleAfter] (default 30 s) is fenced: its
+backend is terminated with pg_terminate_backend, in the same statement
+that checks the heartbeat, which rolls its chunk back; the waiting worker
+then claims it. A healthy worker therefore waits behind a frozen one at
+most about StaleAfter + HeartbeatInterval + 1 s (36 s by default), within
+the documented bound of one minute; a slow worker whose heartbeats go on
+is never fenced. Terminating another role's backend needs the role
+pg_signal_backend (or all workers running as one role); without it the
+waiting worker logs the GRANT needed and waits on.
+
+The server bounds a cut-off worker too: each chunk's transaction sets,
+locally, idle_in_transaction_session_timeout = StaleAfter, TCP keepalives
+(idle StaleAfter/3, interval StaleAfter/9, 3 probes) and tcp_user_timeout
+= StaleAfter, so that a network split or a frozen client between
+statements ends the backend within the bound even with no worker waiting.
+It also sets statement_timeout 0 for the COPY that stays open while the
+extractor runs, so the extractor's time is not charged to a role's or
+database's statement_timeout; the merge's statements run under the
+caller's value again.
+
+The token. A fenced-out worker can never commit its chunk: the chunk's
+writes, exceptions and checkpoint are in the one transaction that holds
+the chunk's row lock, and terminating the backend rolls it back; a
+later attempt must claim the chunk again (only while it is pending and
+unheld), and the checkpoint updates the chunk's row only while it is
+pending (or staged, open) and the run is not abandoned or rolled back. A
+worker of an abandoned run never writes over a newer run: [Job.NewRun]
+commits the abandon first, then waits for the abandoned run's chunks in
+flight (fencing stale holders, logging the wait) before it creates the
+new run; a rollback of a failed or paused run waits for them likewise.
+
+Restarts. A server restart or a dropped connection (class 08, 57P01,
+57P02, 57P03, a bad connection, EOF, connection refused) fails the
+chunk's attempt, which is retried up to [Config.MaxAttempts]; recording
+the failed attempt, registering, claiming and recording the run's end
+are retried with backoff until the server is back, for up to twice
+StaleAfter. The run ends completed when all chunks are done, failed with
+last_error when a chunk's attempts are exhausted, and a call that
+returns early (cancelled) leaves it running for the next call, its
+liveness dead.
+
+Exit codes. [Work] returns [ExitDone] (0: completed, by this worker or
+others), [ExitFailed] (1: failed; last_error says why; do not restart
+blindly), [ExitUsage] (64: bad job or configuration) or [ExitTempFail]
+(75: not finished: cancelled, paused, chunks open, database away, or
+abandoned for a newer run; restart later to resume).
+
 # Idempotency
 
 The PostgreSQL merge ([PGMerger]) updates only rows whose content differs

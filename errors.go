@@ -208,7 +208,8 @@ func (e *PartialError) Unwrap() []error { return e.Errs }
 // key caused by a concurrent insert of the same key (23505; violations of
 // other unique constraints are not retried), [ErrHistoryIntervals] (another
 // writer changed the versions of the merged keys meanwhile), connection
-// failures (class 08, a broken connection, network errors). 57014
+// failures (class 08, 57P01-57P03 a server shutting down, restarting or
+// terminating the backend, a broken connection, io.EOF, network errors). 57014
 // query_canceled is not retried: it is also what cancellation looks like.
 // See https://www.postgresql.org/docs/15/errcodes-appendix.html.
 func IsRetryable(err error) bool {
@@ -218,7 +219,7 @@ func IsRetryable(err error) bool {
 	if errors.Is(err, errConcurrentChange) {
 		return true
 	}
-	if errors.Is(err, driver.ErrBadConn) || errors.Is(err, io.ErrUnexpectedEOF) {
+	if errors.Is(err, driver.ErrBadConn) || errors.Is(err, io.ErrUnexpectedEOF) || isConnectionError(err) {
 		return true
 	}
 	var ne net.Error

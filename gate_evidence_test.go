@@ -276,7 +276,7 @@ func TestKillDashNineWhileRecordingGateEvidence(t *testing.T) {
 	for {
 		var waiting int
 		require.NoError(t, db.Get(&waiting, `SELECT count(*) FROM pg_stat_activity
-			WHERE application_name = $1 AND wait_event_type = 'Lock' AND query LIKE '%exceptions%'`, app))
+			WHERE (application_name = $1 OR application_name LIKE 'backfill % ' || $1) AND wait_event_type = 'Lock' AND query LIKE '%exceptions%'`, app))
 		if waiting > 0 {
 			break
 		}
@@ -292,7 +292,7 @@ func TestKillDashNineWhileRecordingGateEvidence(t *testing.T) {
 	deadline = time.Now().Add(30 * time.Second)
 	for {
 		var left int
-		require.NoError(t, db.Get(&left, `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1`, app))
+		require.NoError(t, db.Get(&left, `SELECT count(*) FROM pg_stat_activity WHERE (application_name = $1 OR application_name LIKE 'backfill % ' || $1)`, app))
 		if left == 0 {
 			break
 		}

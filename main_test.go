@@ -70,7 +70,7 @@ func killChildWhen(t *testing.T, db *sqlx.DB, env, url, query string, n int) {
 	deadline = time.Now().Add(30 * time.Second)
 	for {
 		var left int
-		require.NoError(t, db.Get(&left, `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1`, childAppName(cmd.Process.Pid)))
+		require.NoError(t, db.Get(&left, `SELECT count(*) FROM pg_stat_activity WHERE (application_name = $1 OR application_name LIKE 'backfill % ' || $1)`, childAppName(cmd.Process.Pid)))
 		if left == 0 {
 			break
 		}
@@ -80,7 +80,8 @@ func killChildWhen(t *testing.T, db *sqlx.DB, env, url, query string, n int) {
 }
 
 // childAppName is the application_name of the connections of the child
-// process pid (PostgreSQL docs, 20.11.1 "Statement Behavior").
+// process pid (PostgreSQL docs, 20.11.1 "Statement Behavior"); a chunk's
+// transaction puts "backfill <worker key> " before it.
 func childAppName(pid int) string { return fmt.Sprintf("backfill_test_child_%d", pid) }
 
 // childProcess is the child side of killChildWhen: when env is set, it

@@ -203,7 +203,10 @@ type Manifest interface {
 	// no other transaction holds (FOR UPDATE SKIP LOCKED) and returns it; ok is
 	// false when none is left or the run is not running (abandoned,
 	// completed, failed, paused): a worker of an abandoned run stops.
-	// The run cannot change status while a claimed chunk is in flight. The lock lasts until tx ends: it is the
+	// The run's row is not locked: the run may change status while a
+	// claimed chunk is in flight; the checkpoint (CompleteChunk) refuses a
+	// chunk of a run abandoned or rolled back meanwhile, and whoever
+	// abandons or rolls back a run waits for its chunks in flight. The lock lasts until tx ends: it is the
 	// chunk's lease, released by commit, rollback or the death of the
 	// connection, so a crashed worker never blocks a resume.
 	ClaimChunk(ctx context.Context, tx sqlx.ExtContext, batchID int64) (c ChunkState, ok bool, err error)

@@ -238,6 +238,9 @@ CREATE OR REPLACE VIEW {s}.completed_batches AS
 COMMENT ON VIEW {s}.completed_batches IS
 	'Batches whose every chunk is done and, for a versioned view, whose view switch is done. Reports that must not see partly loaded batches keep rows whose lineage updated_by is NULL or in this view.';
 `,
+	// 12: workers and their heartbeats; each run's liveness
+	// (manifest_worker.go).
+	migrationWorkers,
 }
 
 func (m *PGManifest) sql(q string) string {
@@ -344,65 +347,120 @@ const runColumns = `batch_id, job_name, source, code_version, plan_fingerprint, 
 
 // StartRun implements [Manifest.StartRun]. It serialises callers for the
 // same job with a transaction-level advisory lock on the job name.
+//
+// Abandoning a run (newRun) does not wait behind its chunks in flight
+// with the advisory lock held: the abandon commits first (its chunks stop
+// being claimed: the claim reads the run's status), then waitInFlight
+// waits for the chunks claimed before (fencing stale holders), and only
+// then, in a new transaction, is the new run created. Whoever creates a
+// run first waits so for the job's latest run if it is abandoned, so a
+// crash between the abandon and the creation leaves no gap.
 func (m *PGManifest) StartRun(ctx context.Context, db sqlx.ExtContext, plan Plan, worker string, newRun bool) (Run, bool, error) {
 	worker = ManifestText(worker)
 	var (
 		run     Run
 		resumed bool
+		// abandoned is the run this call abandoned (0: none); waited
+		// the abandoned run whose chunks in flight it waited for.
+		abandoned, waited int64
 	)
-	err := inTx(ctx, db, func(tx sqlx.ExtContext) error {
-		if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock(hashtextextended('backfill.job:' || $1, 0))`, plan.Job); err != nil {
-			return err
-		}
-		var last []Run
-		if err := sqlx.SelectContext(ctx, tx, &last, m.sql(`SELECT `+runColumns+` FROM {s}.runs
-			WHERE job_name = $1 AND status <> 'abandoned' ORDER BY batch_id DESC LIMIT 1 FOR UPDATE`), plan.Job); err != nil {
-			return err
-		}
-		if len(last) == 1 {
-			prev := last[0]
-			same := prev.Fingerprint == plan.Fingerprint
-			switch {
-			case same && !newRun:
-				if prev.Status != RunCompleted && prev.Status != RunPaused && prev.Status != RunRolledBack {
-					if _, err := tx.ExecContext(ctx, m.sql(`UPDATE {s}.chunks SET status = 'pending' WHERE batch_id = $1 AND status = 'failed'`), prev.BatchID); err != nil {
-						return err
-					}
-					if _, err := tx.ExecContext(ctx, m.sql(`UPDATE {s}.runs SET status = 'running', updated_at = now(), last_error = '', calls = calls + 1 WHERE batch_id = $1`), prev.BatchID); err != nil {
-						return err
-					}
-					prev.Status = RunRunning
-					if err := m.event(ctx, tx, pgEvent{batchID: prev.BatchID, job: plan.Job, kind: "run_resumed", actor: worker}); err != nil {
-						return err
-					}
+	for {
+		var wait int64 // an abandoned run to wait for before creating
+		err := inTx(ctx, db, func(tx sqlx.ExtContext) error {
+			wait = 0
+			if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock(hashtextextended('backfill.job:' || $1, 0))`, plan.Job); err != nil {
+				return err
+			}
+			var last []Run
+			if err := sqlx.SelectContext(ctx, tx, &last, m.sql(`SELECT `+runColumns+` FROM {s}.runs
+				WHERE job_name = $1 AND status <> 'abandoned' ORDER BY batch_id DESC LIMIT 1 FOR UPDATE`), plan.Job); err != nil {
+				return err
+			}
+			if len(last) == 1 {
+				prev := last[0]
+				same := prev.Fingerprint == plan.Fingerprint
+				if abandoned != 0 && prev.BatchID > abandoned && same {
+					// Another caller created the new run after this call
+					// abandoned the old one: join it.
+					newRun = false
+				} else if abandoned != 0 && prev.BatchID < abandoned {
+					// An older run: this call already abandoned the one
+					// it replaces.
+					last = nil
 				}
-				run, resumed = prev, true
+			}
+			if len(last) == 1 {
+				prev := last[0]
+				same := prev.Fingerprint == plan.Fingerprint
+				switch {
+				case same && !newRun:
+					if prev.Status != RunCompleted && prev.Status != RunPaused && prev.Status != RunRolledBack {
+						if _, err := tx.ExecContext(ctx, m.sql(`UPDATE {s}.chunks SET status = 'pending' WHERE batch_id = $1 AND status = 'failed'`), prev.BatchID); err != nil {
+							return err
+						}
+						if _, err := tx.ExecContext(ctx, m.sql(`UPDATE {s}.runs SET status = 'running', updated_at = now(), last_error = '', calls = calls + 1 WHERE batch_id = $1`), prev.BatchID); err != nil {
+							return err
+						}
+						prev.Status = RunRunning
+						if err := m.event(ctx, tx, pgEvent{batchID: prev.BatchID, job: plan.Job, kind: "run_resumed", actor: worker}); err != nil {
+							return err
+						}
+					}
+					run, resumed = prev, true
+					return nil
+				case !same && !newRun:
+					var old Plan
+					if err := json.Unmarshal(prev.Plan, &old); err != nil {
+						return fmt.Errorf("decode plan of batch %d: %w", prev.BatchID, err)
+					}
+					old.Fingerprint = prev.Fingerprint
+					return planChangedError(plan.Job, prev.BatchID, old, plan)
+				}
+				if prev.Status == RunRunning || prev.Status == RunFailed || prev.Status == RunPaused {
+					if _, err := tx.ExecContext(ctx, m.sql(`UPDATE {s}.runs SET status = 'abandoned', updated_at = now() WHERE batch_id = $1`), prev.BatchID); err != nil {
+						return err
+					}
+					if err := m.event(ctx, tx, pgEvent{batchID: prev.BatchID, job: plan.Job, kind: "run_abandoned", actor: worker, detail: map[string]any{"reason": "new run requested"}}); err != nil {
+						return err
+					}
+					// Committed first; the new run after the wait.
+					abandoned, wait = prev.BatchID, prev.BatchID
+					return nil
+				}
+			}
+			// The job's latest run, if abandoned, may have chunks in
+			// flight: wait for them before a new run exists.
+			var latest []struct {
+				BatchID int64  `db:"batch_id"`
+				Status  string `db:"status"`
+			}
+			if err := sqlx.SelectContext(ctx, tx, &latest, m.sql(`SELECT batch_id, status FROM {s}.runs WHERE job_name = $1 ORDER BY batch_id DESC LIMIT 1`), plan.Job); err != nil {
+				return err
+			}
+			if len(latest) == 1 && latest[0].Status == string(RunAbandoned) && latest[0].BatchID != waited {
+				wait = latest[0].BatchID
 				return nil
-			case !same && !newRun:
-				var old Plan
-				if err := json.Unmarshal(prev.Plan, &old); err != nil {
-					return fmt.Errorf("decode plan of batch %d: %w", prev.BatchID, err)
-				}
-				old.Fingerprint = prev.Fingerprint
-				return planChangedError(plan.Job, prev.BatchID, old, plan)
 			}
-			if prev.Status == RunRunning || prev.Status == RunFailed || prev.Status == RunPaused {
-				if _, err := tx.ExecContext(ctx, m.sql(`UPDATE {s}.runs SET status = 'abandoned', updated_at = now() WHERE batch_id = $1`), prev.BatchID); err != nil {
-					return err
-				}
-				if err := m.event(ctx, tx, pgEvent{batchID: prev.BatchID, job: plan.Job, kind: "run_abandoned", actor: worker, detail: map[string]any{"reason": "new run requested"}}); err != nil {
-					return err
-				}
-			}
+			var err error
+			run, err = m.createRun(ctx, tx, plan, worker)
+			return err
+		})
+		if err != nil {
+			return Run{}, false, fmt.Errorf("backfill: start run of job %q: %w", plan.Job, err)
 		}
-		var err error
-		run, err = m.createRun(ctx, tx, plan, worker)
-		return err
-	})
-	if err != nil {
-		return Run{}, false, fmt.Errorf("backfill: start run of job %q: %w", plan.Job, err)
+		if wait == 0 {
+			return run, resumed, nil
+		}
+		fw := fenceWaitFrom(ctx)
+		if fw.what == "" {
+			fw.what = "start run of job " + plan.Job
+		}
+		fw.what += ": wait for the chunks in flight of abandoned batch " + fmt.Sprint(wait)
+		if err := m.waitInFlight(ctx, db, wait, fw); err != nil {
+			return Run{}, false, fmt.Errorf("backfill: start run of job %q: %w", plan.Job, err)
+		}
+		waited = wait
 	}
-	return run, resumed, nil
 }
 
 func (m *PGManifest) createRun(ctx context.Context, tx sqlx.ExtContext, plan Plan, worker string) (Run, error) {
@@ -519,33 +577,12 @@ func (r pgChunkRow) state() ChunkState {
 }
 
 // ClaimChunk implements [Manifest.ClaimChunk] with SELECT ... FOR UPDATE
-// SKIP LOCKED (PostgreSQL docs, SELECT, "The Locking Clause"), after
-// FOR SHARE on the run's row.
+// SKIP LOCKED (PostgreSQL docs, SELECT, "The Locking Clause"), checking
+// in the same statement that the run is running, without locking the
+// run's row: see claimLeased for the races and why a worker of an
+// abandoned run still never writes over a newer run.
 func (m *PGManifest) ClaimChunk(ctx context.Context, tx sqlx.ExtContext, batchID int64) (ChunkState, bool, error) {
-	var rows []pgChunkRow
-	// The run row is share-locked for the chunk's transaction: a run can
-	// only be abandoned (StartRun with newRun) once no chunk of it is in
-	// flight, and a chunk is only claimed while its run is running, so a
-	// worker of an abandoned run can never write over a newer run.
-	var calls []int64
-	if err := sqlx.SelectContext(ctx, tx, &calls, m.sql(`SELECT calls FROM {s}.runs
-		WHERE batch_id = $1 AND status = 'running' FOR SHARE`), batchID); err != nil {
-		return ChunkState{}, false, fmt.Errorf("backfill: claim chunk of batch %d: %w", batchID, err)
-	}
-	if len(calls) == 0 {
-		return ChunkState{}, false, nil
-	}
-	// An open chunk is read again once per later call of the run.
-	err := sqlx.SelectContext(ctx, tx, &rows, m.sql(`SELECT `+chunkColumns+` FROM {s}.chunks
-		WHERE batch_id = $1 AND (status = 'pending' OR status = 'open' AND open_call < $2)
-		ORDER BY seq LIMIT 1 FOR UPDATE SKIP LOCKED`), batchID, calls[0])
-	if err != nil {
-		return ChunkState{}, false, fmt.Errorf("backfill: claim chunk of batch %d: %w", batchID, err)
-	}
-	if len(rows) == 0 {
-		return ChunkState{}, false, nil
-	}
-	return rows[0].state(), true, nil
+	return m.claimLeased(ctx, tx, batchID, lease{})
 }
 
 // CompleteChunk implements [Manifest.CompleteChunk]. The chunk must be
@@ -584,13 +621,14 @@ func (m *PGManifest) CompleteChunk(ctx context.Context, tx sqlx.ExtContext, batc
 		rows_deduplicated = $8,
 		started_at = $9, finished_at = $10, last_error = '', worker = $11,
 		open_call = CASE WHEN $12 = 'open' THEN (SELECT calls FROM {s}.runs WHERE batch_id = $1) END
-		WHERE batch_id = $1 AND seq = $2 AND status IN ('pending', 'staged', 'open')`),
+		WHERE batch_id = $1 AND seq = $2 AND status IN ('pending', 'staged', 'open')
+			AND EXISTS (SELECT 1 FROM {s}.runs WHERE batch_id = $1 AND status NOT IN ('abandoned', 'rolled_back'))`),
 		batchID, r.Chunk.Seq, r.Read, r.Inserted, r.Updated, r.Unchanged, r.Rejected, r.Deduplicated, r.StartedAt, r.FinishedAt, ManifestText(r.Worker), string(status))
 	if err != nil {
 		return fmt.Errorf("backfill: complete chunk %s: %w", r.Chunk.ID, err)
 	}
 	if n, _ := res.RowsAffected(); n != 1 {
-		return fmt.Errorf("backfill: complete chunk %s of batch %d: chunk is not pending (completed by another worker?)", r.Chunk.ID, batchID)
+		return fmt.Errorf("backfill: complete chunk %s of batch %d: chunk is not pending (completed by another worker?) or the run was abandoned or rolled back", r.Chunk.ID, batchID)
 	}
 	return nil
 }
@@ -1009,7 +1047,8 @@ func (m *PGManifest) StageChunk(ctx context.Context, tx sqlx.ExtContext, p Stage
 		return fmt.Errorf("backfill: stage chunk %s: exceptions: %w", p.Chunk.ID, err)
 	}
 	res, err := tx.ExecContext(ctx, m.sql(`UPDATE {s}.chunks SET status = 'staged', rows_read = $3, rows_rejected = $4, rows_staged = $5
-		WHERE batch_id = $1 AND seq = $2 AND status = 'pending'`), p.BatchID, p.Chunk.Seq, p.Read, p.Rejected, p.Staged)
+		WHERE batch_id = $1 AND seq = $2 AND status = 'pending'
+			AND EXISTS (SELECT 1 FROM {s}.runs WHERE batch_id = $1 AND status NOT IN ('abandoned', 'rolled_back'))`), p.BatchID, p.Chunk.Seq, p.Read, p.Rejected, p.Staged)
 	if err != nil {
 		return fmt.Errorf("backfill: stage chunk %s: %w", p.Chunk.ID, err)
 	}

@@ -190,6 +190,14 @@ func (r *Runner) rollbackBatch(ctx context.Context, job Job, opts RollbackOption
 			return Run{}, Plan{}, err
 		}
 	}
+	if wm := r.caps.workers; wm != nil && !opts.Preview && (run.Status == RunPaused || run.Status == RunFailed) {
+		// Chunks claimed while the run was running may still be in
+		// flight (the run's row is no lock they hold): wait for them,
+		// fencing stale holders, before the rollback reads what to undo.
+		if err := wm.waitInFlight(ctx, r.db, run.BatchID, r.fenceWait(fmt.Sprintf("rollback of batch %d", run.BatchID))); err != nil {
+			return Run{}, Plan{}, err
+		}
+	}
 	var plan Plan
 	if err := json.Unmarshal(run.Plan, &plan); err != nil {
 		return Run{}, Plan{}, fmt.Errorf("backfill: rollback of batch %d: plan: %w", run.BatchID, err)
@@ -377,12 +385,13 @@ func (u *undoRollback) apply(ctx context.Context, rep RollbackReport) (RollbackR
 
 // stopOpenRun makes a running run whose every unfinished chunk is open
 // ([ChunkOpen]) ready for a whole-batch rollback: in one transaction, it
-// locks the run's row (waiting for the chunks in flight, which hold it
-// FOR SHARE, see ClaimChunk), checks that no chunk is pending or failed,
+// locks the run's row, checks that no chunk is pending or failed,
 // and pauses the run with the rollback's actor and why, so that no call
 // claims its chunks again; Rollback then proceeds as for a paused run
 // (and, interrupted, resumes on the paused run). A preview changes
-// nothing. Any other running run is refused with what to do.
+// nothing. Any other running run is refused with what to do. The chunks
+// in flight (open chunks read again) are waited for after the pause
+// commits (rollbackBatch, waitInFlight).
 func (r *Runner) stopOpenRun(ctx context.Context, pm sqlManifest, run Run, opts RollbackOptions) (Run, error) {
 	refuse := func(unfinished int) error {
 		return fmt.Errorf("backfill: rollback of batch %d: %w: the run is still running with %d chunks pending or failed; finish it first "+

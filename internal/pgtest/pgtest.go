@@ -77,6 +77,8 @@ type Server struct {
 	cmd     *exec.Cmd
 	exited  chan struct{} // closed when the postmaster has exited
 	waitErr error         // set before exited is closed
+	bin     string
+	cred    *syscall.Credential
 
 	stopOnce sync.Once
 	stopErr  error
@@ -129,6 +131,45 @@ func (s *Server) stop() error {
 	return errors.Join(errs...)
 }
 
+// RestartImmediate restarts the server as `pg_ctl restart -m immediate`
+// does: SIGQUIT to the postmaster, which ends every backend at once
+// without a checkpoint (clients see their connections drop), then a start
+// on the same data directory and port, which recovers from the WAL. down,
+// if not nil, is called once the server is down, before it starts again
+// (clients then get "connection refused"). It returns once the server
+// accepts connections again. Not safe concurrently with Stop.
+func (s *Server) RestartImmediate(ctx context.Context, down func()) error {
+	if s.cmd == nil || s.cmd.Process == nil {
+		return errors.New("pgtest: restart: server not started")
+	}
+	_ = s.cmd.Process.Signal(syscall.SIGQUIT)
+	select {
+	case <-s.exited:
+	case <-time.After(stopTimeout):
+		_ = syscall.Kill(-s.cmd.Process.Pid, syscall.SIGKILL)
+		<-s.exited
+	}
+	if down != nil {
+		down()
+	}
+	var (
+		next *Server
+		err  error
+	)
+	// The old postmaster's children may hold the port for a moment.
+	for attempt := 1; attempt <= portAttempts; attempt++ {
+		if next, err = startPostgres(ctx, s.bin, s.dir, s.dataDir, s.cred, s.port); err == nil || !errors.Is(err, errPortInUse) {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if err != nil {
+		return fmt.Errorf("pgtest: restart: %w", err)
+	}
+	s.cmd, s.exited = next.cmd, next.exited
+	return nil
+}
+
 // Start starts a throwaway PostgreSQL server: initdb into a new temporary
 // directory (under $PGTEST_TMPDIR, else $TMPDIR, else /dev/shm when it has
 // room, else the system temp dir), then postgres with settings that favour
@@ -177,7 +218,7 @@ func Start(ctx context.Context) (srv *Server, err error) {
 	}
 
 	for attempt := 1; ; attempt++ {
-		srv, err = startPostgres(ctx, bin, dir, dataDir, cred)
+		srv, err = startPostgres(ctx, bin, dir, dataDir, cred, 0)
 		if err == nil || !errors.Is(err, errPortInUse) || attempt == portAttempts {
 			return srv, err
 		}
@@ -186,13 +227,17 @@ func Start(ctx context.Context) (srv *Server, err error) {
 
 var errPortInUse = errors.New("port in use")
 
-func startPostgres(ctx context.Context, bin, dir, dataDir string, cred *syscall.Credential) (*Server, error) {
-	port, err := freePort()
-	if err != nil {
-		return nil, err
+// startPostgres starts postgres on dataDir, listening on port (0: a free
+// one).
+func startPostgres(ctx context.Context, bin, dir, dataDir string, cred *syscall.Credential, port int) (*Server, error) {
+	var err error
+	if port == 0 {
+		if port, err = freePort(); err != nil {
+			return nil, err
+		}
 	}
 	logPath := filepath.Join(dir, "postgres.log")
-	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o644)
+	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, fmt.Errorf("pgtest: %w", err)
 	}
@@ -242,6 +287,8 @@ func startPostgres(ctx context.Context, bin, dir, dataDir string, cred *syscall.
 		port:    port,
 		cmd:     cmd,
 		exited:  make(chan struct{}),
+		bin:     bin,
+		cred:    cred,
 	}
 	go func() {
 		s.waitErr = cmd.Wait()

@@ -1,0 +1,111 @@
+package backfill
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+)
+
+// ExitCode is the outcome of [Work] as a process exit status, for
+// schedulers (Kubernetes Jobs, Airflow, systemd, cron) that start N
+// workers on N hosts for one job and decide from the exit status what to
+// do next.
+type ExitCode int
+
+// The exit-code contract of [Work].
+const (
+	// ExitDone (0): the run is completed, by this worker or by others
+	// (including a run that was already completed or rolled back, which
+	// Work does not run again). Do not restart.
+	ExitDone ExitCode = 0
+	// ExitFailed (1): the run failed: a chunk failed for good (its
+	// attempts exhausted, or an error that is not retryable, such as an
+	// extractor bug), or an error the library cannot classify. The run's
+	// last_error and the chunk's in the manifest say why. Do not restart
+	// blindly: restarting resumes the run and retries the failed chunks,
+	// which helps only once the cause is fixed.
+	ExitFailed ExitCode = 1
+	// ExitUsage (64, EX_USAGE): the job or the configuration is wrong
+	// (ErrInvalidConfig, ErrInvalidScope, ErrPlanChanged, ErrUnsupported,
+	// ErrNoUniqueKey, ErrTargetNotFound): nothing was run. Fix the
+	// configuration; restarting cannot help.
+	ExitUsage ExitCode = 64
+	// ExitTempFail (75, EX_TEMPFAIL): the run is not finished and
+	// restarting later resumes it: the context was cancelled (SIGTERM),
+	// the database was unreachable for longer than the reconnect budget,
+	// chunks are open (they end after the horizon, see [ErrChunksOpen]),
+	// the run was abandoned for a newer run of the job (restarting joins
+	// it), or the run is paused by a quality gate (it resumes after an
+	// operator's [Runner.Resume]; until then a restart returns 75 again).
+	ExitTempFail ExitCode = 75
+)
+
+// Work runs job with r as one worker among any number, on any number of
+// hosts, and returns the exit code of the contract above; it logs the
+// outcome (Config.Logger) with the code. Host programs call it and exit
+// with its result:
+//
+//	os.Exit(int(backfill.Work(ctx, runner, job)))
+//
+// Workers started at once, or joining later, converge on one run: the
+// first creates it, the others resume it (Job.NewRun must be false, or
+// each would abandon the others' run), each claims chunks no other worker
+// holds, and a worker that finds nothing to claim waits for the chunks
+// other workers hold, fencing frozen ones ([Config.StaleAfter]), so that
+// every worker returns once the run is completed (ExitDone) or failed
+// (ExitFailed).
+func Work(ctx context.Context, r *Runner, job Job) ExitCode {
+	log := slog.New(slog.DiscardHandler)
+	if r != nil {
+		log = r.cfg.Logger
+	}
+	if r == nil {
+		log.Error("backfill worker: no runner")
+		return ExitUsage
+	}
+	rep, err := r.Run(ctx, job)
+	code := exitCode(ctx, rep, err)
+	attrs := []any{"job", job.Name, "batch_id", rep.BatchID, "exit_code", int(code), "status", rep.Status,
+		"chunks_done", rep.ChunksDone, "chunks_total", rep.ChunksTotal, "chunks_run", rep.ChunksRun}
+	if err != nil {
+		attrs = append(attrs, "error", err)
+	}
+	switch code {
+	case ExitDone:
+		log.Info("backfill worker: run completed", attrs...)
+	case ExitTempFail:
+		log.Warn("backfill worker: run not finished; restart later to resume it", attrs...)
+	case ExitUsage:
+		log.Error("backfill worker: bad job or configuration; nothing run", attrs...)
+	default:
+		log.Error("backfill worker: run failed; see last_error in the manifest", attrs...)
+	}
+	return code
+}
+
+// exitCode maps the result of Run to the contract of [Work].
+func exitCode(ctx context.Context, rep Report, err error) ExitCode {
+	switch {
+	case err == nil && rep.Status == RunCompleted:
+		return ExitDone
+	case err == nil && rep.Status == RunFailed:
+		return ExitFailed
+	case err == nil:
+		// Running (others still work it, or it waits for a later call)
+		// or paused.
+		return ExitTempFail
+	case errors.Is(err, ErrAlreadyCompleted):
+		return ExitDone
+	case errors.Is(err, ErrInvalidConfig), errors.Is(err, ErrInvalidScope), errors.Is(err, ErrPlanChanged),
+		errors.Is(err, ErrUnsupported), errors.Is(err, ErrNoUniqueKey), errors.Is(err, ErrTargetNotFound):
+		return ExitUsage
+	case rep.Status == RunFailed:
+		return ExitFailed
+	case errors.Is(err, ErrChunksOpen), errors.Is(err, ErrRunPaused), errors.Is(err, ErrRunAbandoned),
+		rep.Status == RunPaused, ctx.Err() != nil, errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return ExitTempFail
+	case isConnectionError(err):
+		return ExitTempFail
+	}
+	return ExitFailed
+}

@@ -1,0 +1,442 @@
+package backfill
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+	"github.com/lib/pq"
+)
+
+// Liveness and fencing of the workers of a run (see doc.go, "Many workers
+// and hosts").
+//
+// Each call of [Runner.Run] registers a row in the manifest's workers
+// table (a random worker key), refreshes its heartbeat_at every
+// [Config.HeartbeatInterval] from a goroutine of its own, and marks it
+// finished when it returns. Every time is the server's now(), so the
+// clocks of the hosts do not matter.
+//
+// The lease of a chunk is the row lock its transaction holds on the
+// chunk's manifest row (ClaimChunk, FOR UPDATE SKIP LOCKED). The claim
+// statement tags the transaction's backend with application_name
+// "backfill <worker key> " followed by the session's own (set_config
+// local, reverted when the transaction ends; cut at 63 bytes, the key
+// first), so that pg_locks (the transaction ID the locked row
+// names in xmax) and pg_stat_activity lead from a held chunk to its
+// worker and its heartbeat. A worker that finds nothing to claim while
+// chunks are held by others waits, and terminates (pg_terminate_backend)
+// the backend of a holder whose worker's heartbeat is older than
+// [Config.StaleAfter]; the check of the heartbeat and the termination are
+// one statement.
+//
+// The token that keeps a fenced-out worker from committing: its chunk's
+// writes are in the transaction that holds the row lock; terminating the
+// backend rolls that transaction back, and the worker can never commit it.
+// A new transaction must claim the chunk again, which only works while the
+// chunk is pending (or open) and no one else holds it, and the checkpoint
+// (CompleteChunk) updates the row only WHERE its status is still pending,
+// staged or open and the run is not abandoned or rolled back.
+
+// migrationWorkers is manifest migration 12: the workers table and the
+// run_liveness view.
+const migrationWorkers = `
+CREATE TABLE {s}.workers (
+	worker_key   text PRIMARY KEY,
+	worker_id    text NOT NULL,
+	batch_id     bigint NOT NULL REFERENCES {s}.runs ON DELETE CASCADE,
+	job_name     text NOT NULL,
+	host         text NOT NULL DEFAULT '',
+	pid          int NOT NULL DEFAULT 0,
+	stale_after  interval NOT NULL,
+	started_at   timestamptz NOT NULL DEFAULT now(),
+	heartbeat_at timestamptz NOT NULL DEFAULT now(),
+	finished_at  timestamptz,
+	state        text NOT NULL DEFAULT 'working' CHECK (state IN ('working', 'finished'))
+);
+CREATE INDEX workers_batch ON {s}.workers (batch_id, heartbeat_at DESC);
+CREATE VIEW {s}.run_liveness AS
+	SELECT r.batch_id, r.job_name, r.status,
+		CASE WHEN r.status <> 'running' THEN r.status
+			WHEN EXISTS (SELECT 1 FROM {s}.workers w WHERE w.batch_id = r.batch_id AND w.finished_at IS NULL
+				AND w.heartbeat_at >= now() - w.stale_after) THEN 'running'
+			WHEN EXISTS (SELECT 1 FROM {s}.workers w WHERE w.batch_id = r.batch_id AND w.finished_at IS NULL
+				AND w.heartbeat_at >= now() - 2 * w.stale_after) THEN 'stalled'
+			ELSE 'dead' END AS liveness,
+		(SELECT max(w.heartbeat_at) FROM {s}.workers w WHERE w.batch_id = r.batch_id) AS last_heartbeat,
+		(SELECT count(*) FROM {s}.workers w WHERE w.batch_id = r.batch_id AND w.finished_at IS NULL
+			AND w.heartbeat_at >= now() - w.stale_after) AS live_workers
+	FROM {s}.runs r;
+COMMENT ON VIEW {s}.run_liveness IS
+	'Liveness of each run: for a running run, running (a worker heartbeated within its stale bound), stalled (the freshest unfinished worker is past the bound but within twice it), dead (no unfinished worker heartbeated within twice the bound, or none ever did: nobody works the run; run the job again to resume it); otherwise the run''s status.';
+`
+
+// Liveness values of [RunLiveness.Liveness] for a running run; a run that
+// is not running has its status as its liveness.
+const (
+	// LivenessRunning: a worker of the run heartbeated within its
+	// [Config.StaleAfter].
+	LivenessRunning = "running"
+	// LivenessStalled: no unfinished worker heartbeated within its
+	// StaleAfter, but one did within twice it: a worker is frozen or cut
+	// off, and waiting workers fence it.
+	LivenessStalled = "stalled"
+	// LivenessDead: the run is running in the manifest but no unfinished
+	// worker heartbeated within twice its StaleAfter (or none ever
+	// registered): nobody works it. Running the job again resumes it.
+	LivenessDead = "dead"
+)
+
+// Worker is one call of [Runner.Run] working a run, as the manifest's
+// workers table records it.
+type Worker struct {
+	// Key is the call's random key; a chunk's transaction carries it in
+	// application_name ("backfill <key> " before the session's own).
+	Key string `db:"worker_key" json:"key"`
+	// ID is [Config.WorkerID].
+	ID string `db:"worker_id" json:"id"`
+	// BatchID and Job are the run worked.
+	BatchID int64  `db:"batch_id" json:"batch_id"`
+	Job     string `db:"job_name" json:"job"`
+	// Host and PID are the worker's host name and operating system
+	// process ID.
+	Host string `db:"host" json:"host"`
+	PID  int    `db:"pid" json:"pid"`
+	// StaleAfter is the worker's [Config.StaleAfter].
+	StaleAfter time.Duration `db:"-" json:"stale_after"`
+	// StartedAt, HeartbeatAt and FinishedAt (nil while working) are the
+	// server's times.
+	StartedAt   time.Time  `db:"started_at" json:"started_at"`
+	HeartbeatAt time.Time  `db:"heartbeat_at" json:"heartbeat_at"`
+	FinishedAt  *time.Time `db:"finished_at" json:"finished_at,omitempty"`
+	// State is "working" or "finished".
+	State string `db:"state" json:"state"`
+	// HeartbeatAge is how long ago, by the server's clock, the worker
+	// last heartbeated, when the manifest was read.
+	HeartbeatAge time.Duration `db:"-" json:"heartbeat_age"`
+	// Stale reports whether the worker is unfinished and its heartbeat
+	// older than its StaleAfter.
+	Stale bool `db:"stale" json:"stale"`
+}
+
+// RunLiveness is a run's liveness ([ManifestWorkers.RunLiveness]).
+type RunLiveness struct {
+	// BatchID, Job and Status are the run's.
+	BatchID int64     `db:"batch_id" json:"batch_id"`
+	Job     string    `db:"job_name" json:"job"`
+	Status  RunStatus `db:"status" json:"status"`
+	// Liveness is [LivenessRunning], [LivenessStalled] or [LivenessDead]
+	// for a running run, else the run's status.
+	Liveness string `db:"liveness" json:"liveness"`
+	// LastHeartbeat is the latest heartbeat of any worker of the run (nil
+	// if none registered).
+	LastHeartbeat *time.Time `db:"last_heartbeat" json:"last_heartbeat,omitempty"`
+	// LiveWorkers counts the unfinished workers that heartbeated within
+	// their StaleAfter.
+	LiveWorkers int `db:"live_workers" json:"live_workers"`
+}
+
+// ManifestWorkers is implemented by manifests that record the workers of
+// a run and their heartbeats ([PGManifest]). With it, [Runner.Run]
+// registers and heartbeats, waits for chunks in flight rather than
+// returning, and fences frozen workers ([Config.StaleAfter]).
+type ManifestWorkers interface {
+	// Workers returns the workers that worked run batchID, latest first.
+	Workers(ctx context.Context, db sqlx.ExtContext, batchID int64) ([]Worker, error)
+	// RunLiveness returns the liveness of run batchID, or an error
+	// wrapping [ErrRunNotFound].
+	RunLiveness(ctx context.Context, db sqlx.ExtContext, batchID int64) (RunLiveness, error)
+}
+
+var _ ManifestWorkers = (*PGManifest)(nil)
+
+// workerManifest is the runner's side of [ManifestWorkers]: only
+// [PGManifest] has it (it reads pg_locks and pg_stat_activity).
+type workerManifest interface {
+	ManifestWorkers
+	registerWorker(ctx context.Context, db sqlx.ExtContext, w Worker) error
+	heartbeat(ctx context.Context, db sqlx.ExtContext, key string) error
+	finishWorker(ctx context.Context, db sqlx.ExtContext, key string) error
+	holders(ctx context.Context, db sqlx.ExtContext, batchID int64, self string, staleAfter time.Duration, fence, running bool) ([]chunkHolder, error)
+	claimLeased(ctx context.Context, tx sqlx.ExtContext, batchID int64, l lease) (ChunkState, bool, error)
+	waitInFlight(ctx context.Context, db sqlx.ExtContext, batchID int64, w fenceWait) error
+}
+
+var _ workerManifest = (*PGManifest)(nil)
+
+// Workers implements [ManifestWorkers.Workers].
+func (m *PGManifest) Workers(ctx context.Context, db sqlx.ExtContext, batchID int64) ([]Worker, error) {
+	var rows []struct {
+		Worker
+		StaleSec float64 `db:"stale_sec"`
+		AgeSec   float64 `db:"age_sec"`
+	}
+	err := sqlx.SelectContext(ctx, db, &rows, m.sql(`SELECT worker_key, worker_id, batch_id, job_name, host, pid, started_at, heartbeat_at,
+		finished_at, state, extract(epoch FROM stale_after)::float8 AS stale_sec, extract(epoch FROM now() - heartbeat_at)::float8 AS age_sec,
+		(finished_at IS NULL AND heartbeat_at < now() - stale_after) AS stale
+		FROM {s}.workers WHERE batch_id = $1 ORDER BY started_at DESC, worker_key`), batchID)
+	if err != nil {
+		return nil, fmt.Errorf("backfill: workers of batch %d: %w", batchID, err)
+	}
+	out := make([]Worker, len(rows))
+	for i, r := range rows {
+		out[i] = r.Worker
+		out[i].StaleAfter = time.Duration(r.StaleSec * float64(time.Second))
+		out[i].HeartbeatAge = time.Duration(r.AgeSec * float64(time.Second))
+	}
+	return out, nil
+}
+
+// RunLiveness implements [ManifestWorkers.RunLiveness] from the
+// run_liveness view.
+func (m *PGManifest) RunLiveness(ctx context.Context, db sqlx.ExtContext, batchID int64) (RunLiveness, error) {
+	var rows []RunLiveness
+	if err := sqlx.SelectContext(ctx, db, &rows, m.sql(`SELECT batch_id, job_name, status, liveness, last_heartbeat, live_workers
+		FROM {s}.run_liveness WHERE batch_id = $1`), batchID); err != nil {
+		return RunLiveness{}, fmt.Errorf("backfill: liveness of batch %d: %w", batchID, err)
+	}
+	if len(rows) == 0 {
+		return RunLiveness{}, fmt.Errorf("backfill: liveness of batch %d: %w", batchID, ErrRunNotFound)
+	}
+	return rows[0], nil
+}
+
+func (m *PGManifest) registerWorker(ctx context.Context, db sqlx.ExtContext, w Worker) error {
+	return inTx(ctx, db, func(tx sqlx.ExtContext) error {
+		_, err := tx.ExecContext(ctx, m.sql(`INSERT INTO {s}.workers (worker_key, worker_id, batch_id, job_name, host, pid, stale_after)
+			VALUES ($1, $2, $3, $4, $5, $6, make_interval(secs => $7))`),
+			w.Key, ManifestText(w.ID), w.BatchID, w.Job, ManifestText(w.Host), w.PID, w.StaleAfter.Seconds())
+		return err
+	})
+}
+
+// heartbeat refreshes the worker's heartbeat_at, in a short transaction
+// of its own that does not wait for its WAL to be flushed (a lost
+// heartbeat is harmless).
+func (m *PGManifest) heartbeat(ctx context.Context, db sqlx.ExtContext, key string) error {
+	return inTx(ctx, db, func(tx sqlx.ExtContext) error {
+		_, err := tx.ExecContext(ctx, m.sql(`UPDATE {s}.workers SET heartbeat_at = now()
+			WHERE worker_key = $1 AND finished_at IS NULL AND set_config('synchronous_commit', 'local', true) IS NOT NULL`), key)
+		return err
+	})
+}
+
+func (m *PGManifest) finishWorker(ctx context.Context, db sqlx.ExtContext, key string) error {
+	return inTx(ctx, db, func(tx sqlx.ExtContext) error {
+		_, err := tx.ExecContext(ctx, m.sql(`UPDATE {s}.workers SET heartbeat_at = now(), finished_at = now(), state = 'finished'
+			WHERE worker_key = $1`), key)
+		return err
+	})
+}
+
+// lease is what a chunk's transaction sets for itself in the claim
+// statement (set_config local: it ends with the transaction).
+type lease struct {
+	// key is the worker key, tagged in application_name.
+	key string
+	// staleAfter bounds the idle time in the transaction
+	// (idle_in_transaction_session_timeout) and the time a dead peer
+	// (network cut) goes unnoticed (TCP keepalives, tcp_user_timeout).
+	staleAfter time.Duration
+}
+
+// settings returns the lease's session settings as set_config arguments.
+func (l lease) settings() (appName, idleMS, keepIdle, keepInterval, keepCount, userTimeoutMS string) {
+	s := max(int(l.staleAfter/time.Second), 3)
+	return "backfill " + l.key + " ", fmt.Sprint(l.staleAfter.Milliseconds()), fmt.Sprint(max(s/3, 1)), fmt.Sprint(max(s/9, 1)), "3",
+		fmt.Sprint(l.staleAfter.Milliseconds())
+}
+
+// claimLeased claims like ClaimChunk, in one statement that also checks
+// the run's status (without locking the run's row) and sets the chunk
+// transaction's lease settings:
+//
+//   - application_name "backfill <worker key> " before the session's
+//     own: the chunk's holder, for the waiting workers' fencing;
+//   - idle_in_transaction_session_timeout = StaleAfter, and TCP
+//     keepalives (idle StaleAfter/3, interval StaleAfter/9, 3 probes) and
+//     tcp_user_timeout = StaleAfter: the server ends the transaction of a
+//     worker cut off or frozen between statements within the bound;
+//   - statement_timeout 0, the previous value kept in
+//     backfill.statement_timeout: the COPY that stays open while the
+//     extractor runs is not charged with the extractor's time. The merge
+//     puts the caller's statement_timeout back (PGMerger's planner
+//     settings) for its statements.
+//
+// No lock on the run's row: a run that is abandoned or rolled back is
+// first set so (committed), then waitInFlight waits for the chunks in
+// flight. A claim statement that read the run as running either locked
+// its chunk row before waitInFlight reached it (waitInFlight waits for
+// it) or finds it locked by waitInFlight and skips it. A claim whose
+// statement snapshot is older than the change, and that locks its row
+// only after waitInFlight released it, is stopped by the checkpoint,
+// which reads the run's status afresh (CompleteChunk). A run that is
+// failed or paused meanwhile lets its chunks in flight commit: they were
+// claimed while it ran, and a resume or a rollback waits for them.
+func (m *PGManifest) claimLeased(ctx context.Context, tx sqlx.ExtContext, batchID int64, l lease) (ChunkState, bool, error) {
+	var rows []pgChunkRow
+	var err error
+	const claim = `SELECT ` + chunkColumns + ` FROM {s}.chunks
+		WHERE batch_id = $1 AND (status = 'pending' OR status = 'open'
+			AND open_call < (SELECT calls FROM {s}.runs WHERE batch_id = $1 AND status = 'running'))
+		AND EXISTS (SELECT 1 FROM {s}.runs WHERE batch_id = $1 AND status = 'running')
+		ORDER BY seq LIMIT 1 FOR UPDATE SKIP LOCKED`
+	if l.key == "" {
+		err = sqlx.SelectContext(ctx, tx, &rows, m.sql(claim), batchID)
+	} else {
+		app, idle, kIdle, kInt, kCount, userTO := l.settings()
+		err = sqlx.SelectContext(ctx, tx, &rows, m.sql(`SELECT c.*
+			FROM (`+claim+`) c
+			WHERE set_config('application_name', left($2 || current_setting('application_name'), 63), true) IS NOT NULL
+				AND set_config('idle_in_transaction_session_timeout', $3, true) IS NOT NULL
+				AND set_config('tcp_keepalives_idle', $4, true) IS NOT NULL
+				AND set_config('tcp_keepalives_interval', $5, true) IS NOT NULL
+				AND set_config('tcp_keepalives_count', $6, true) IS NOT NULL
+				AND set_config('tcp_user_timeout', $7, true) IS NOT NULL
+				AND set_config('statement_timeout', CASE WHEN set_config('backfill.statement_timeout', current_setting('statement_timeout'), true) IS NOT NULL THEN '0' END, true) IS NOT NULL`),
+			batchID, app, idle, kIdle, kInt, kCount, userTO)
+	}
+	if err != nil {
+		return ChunkState{}, false, fmt.Errorf("backfill: claim chunk of batch %d: %w", batchID, err)
+	}
+	if len(rows) == 0 {
+		return ChunkState{}, false, nil
+	}
+	return rows[0].state(), true, nil
+}
+
+// chunkHolder is a chunk of a running run held (row-locked) by a
+// transaction, and that transaction's worker.
+type chunkHolder struct {
+	Seq       int    `db:"seq"`
+	ChunkID   string `db:"chunk_id"`
+	PID       int    `db:"pid"`
+	WorkerKey string `db:"worker_key"`
+	WorkerID  string `db:"worker_id"`
+	Host      string `db:"host"`
+	// AgeSec is the age of the worker's heartbeat in seconds, -1 when
+	// the holder is not a registered worker.
+	AgeSec     float64 `db:"age_sec"`
+	Stale      bool    `db:"stale"`
+	Terminated bool    `db:"terminated"`
+}
+
+// holders lists the chunks of run batchID (only while it is running,
+// when running) held by transactions other than those of worker self
+// ("" for none). With fence, the same statement
+// terminates the backend of each holder whose worker is stale (heartbeat
+// older than its registered stale bound, or finished) by the server's
+// clock at that moment.
+func (m *PGManifest) holders(ctx context.Context, db sqlx.ExtContext, batchID int64, self string, staleAfter time.Duration, fence, running bool) ([]chunkHolder, error) {
+	var out []chunkHolder
+	err := inTx(ctx, db, func(tx sqlx.ExtContext) error {
+		out = out[:0]
+		return sqlx.SelectContext(ctx, tx, &out, m.sql(`SELECT c.seq, c.chunk_id, l.pid, coalesce(w.worker_key, '') AS worker_key,
+			coalesce(w.worker_id, a.application_name, '') AS worker_id, coalesce(w.host, '') AS host,
+			coalesce(extract(epoch FROM now() - w.heartbeat_at)::float8, -1) AS age_sec,
+			coalesce(w.finished_at IS NOT NULL OR w.heartbeat_at < now() - greatest(w.stale_after, make_interval(secs => $3)), false) AS stale,
+			CASE WHEN $4 AND w.worker_key IS NOT NULL AND w.worker_key <> $2
+				AND (w.finished_at IS NOT NULL OR w.heartbeat_at < now() - greatest(w.stale_after, make_interval(secs => $3)))
+				THEN pg_terminate_backend(l.pid) ELSE false END AS terminated
+			FROM {s}.chunks c
+			JOIN pg_locks l ON l.locktype = 'transactionid' AND l.transactionid = c.xmax AND l.granted AND l.mode = 'ExclusiveLock'
+			LEFT JOIN pg_stat_activity a ON a.pid = l.pid
+			LEFT JOIN {s}.workers w ON a.application_name LIKE 'backfill ' || w.worker_key || ' %'
+			WHERE c.batch_id = $1 AND c.status IN ('pending', 'open') AND l.pid <> pg_backend_pid()
+				AND ($2 = '' OR coalesce(w.worker_key, '') <> $2)
+				AND (NOT $5 OR EXISTS (SELECT 1 FROM {s}.runs r WHERE r.batch_id = $1 AND r.status = 'running'))
+			ORDER BY c.seq`), batchID, self, staleAfter.Seconds(), fence, running)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("backfill: chunks in flight of batch %d: %w", batchID, err)
+	}
+	return out, nil
+}
+
+// fenceWait says how waitInFlight waits and fences, and where it logs.
+type fenceWait struct {
+	self       string
+	staleAfter time.Duration
+	poll       time.Duration
+	log        *slog.Logger
+	what       string // what waits, for the log
+}
+
+// waitInFlight waits until no transaction holds a chunk of batchID that
+// was pending or open: it locks those rows (FOR UPDATE, which waits for
+// each holder) with lock_timeout = poll, and between tries lists the
+// holders (logged with the wait's duration) and fences the stale ones. It
+// is the barrier after a run stops being running (abandoned, paused for a
+// rollback, failed before a rollback): a chunk claimed while it ran
+// either holds its row (the barrier waits for its commit or rollback) or
+// is skipped by the claim (the barrier holds its row).
+func (m *PGManifest) waitInFlight(ctx context.Context, db sqlx.ExtContext, batchID int64, w fenceWait) error {
+	begin := time.Now()
+	log := w.log
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	fenceOK := true
+	for n := 0; ; n++ {
+		err := inTx(ctx, db, func(tx sqlx.ExtContext) error {
+			_, err := tx.ExecContext(ctx, m.sql(`SELECT 1 FROM {s}.chunks WHERE batch_id = $1 AND status IN ('pending', 'open')
+				AND set_config('lock_timeout', $2, true) IS NOT NULL ORDER BY seq FOR UPDATE`), batchID, fmt.Sprint(max(w.poll.Milliseconds(), 1)))
+			return err
+		})
+		var pe *pq.Error
+		if err == nil {
+			if n > 0 {
+				log.Info("backfill: chunks in flight ended", "what", w.what, "batch_id", batchID, "waited", time.Since(begin))
+			}
+			return nil
+		}
+		if !errors.As(err, &pe) || pe.Code != "55P03" {
+			return fmt.Errorf("backfill: wait for the chunks in flight of batch %d: %w", batchID, err)
+		}
+		hs, herr := m.holders(ctx, db, batchID, w.self, w.staleAfter, fenceOK, false)
+		if herr != nil && isPermission(herr) {
+			fenceOK = false
+			log.Error("backfill: cannot terminate a stale worker's backend: grant the role pg_signal_backend (or run every worker as the same role)",
+				"batch_id", batchID, "error", herr)
+			hs, herr = m.holders(ctx, db, batchID, w.self, w.staleAfter, false, false)
+		}
+		if herr != nil {
+			log.Warn("backfill: listing chunks in flight failed", "batch_id", batchID, "error", herr)
+		}
+		for _, h := range hs {
+			logHolder(log, w.what, batchID, h, time.Since(begin))
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+	}
+}
+
+// logHolder logs one chunk a worker waits for: which chunk, its holder
+// (worker, host, backend pid, heartbeat age), how long the wait lasts so
+// far, and whether the holder was fenced.
+func logHolder(log *slog.Logger, what string, batchID int64, h chunkHolder, waited time.Duration) {
+	attrs := []any{"what", what, "batch_id", batchID, "seq", h.Seq, "chunk", h.ChunkID, "holder", h.WorkerID, "holder_host", h.Host,
+		"holder_pid", h.PID, "waited", waited}
+	if h.AgeSec >= 0 {
+		attrs = append(attrs, "holder_heartbeat_age", time.Duration(h.AgeSec*float64(time.Second)))
+	}
+	switch {
+	case h.Terminated:
+		log.Warn("backfill: fenced a stale worker: terminated the backend holding the chunk; its transaction rolls back and the chunk is claimable", attrs...)
+	case h.Stale:
+		log.Warn("backfill: waiting for a chunk held by a stale worker (not fenced)", attrs...)
+	default:
+		log.Info("backfill: waiting for a chunk in flight", attrs...)
+	}
+}
+
+// isPermission reports whether err is PostgreSQL refusing a privilege
+// (42501), as pg_terminate_backend does for another role's backend.
+func isPermission(err error) bool {
+	var pe *pq.Error
+	return errors.As(err, &pe) && pe.Code == "42501"
+}
