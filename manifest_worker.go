@@ -174,10 +174,14 @@ func (m *PGManifest) Workers(ctx context.Context, db sqlx.ExtContext, batchID in
 		StaleSec float64 `db:"stale_sec"`
 		AgeSec   float64 `db:"age_sec"`
 	}
-	err := sqlx.SelectContext(ctx, db, &rows, m.sql(`SELECT worker_key, worker_id, batch_id, job_name, host, pid, started_at, heartbeat_at,
+	// In a read transaction: safe behind a transaction pooler.
+	err := readTx(ctx, db, func(tx sqlx.ExtContext) error {
+		rows = rows[:0]
+		return sqlx.SelectContext(ctx, tx, &rows, m.sql(`SELECT worker_key, worker_id, batch_id, job_name, host, pid, started_at, heartbeat_at,
 		finished_at, state, extract(epoch FROM stale_after)::float8 AS stale_sec, extract(epoch FROM now() - heartbeat_at)::float8 AS age_sec,
 		(finished_at IS NULL AND heartbeat_at < now() - stale_after) AS stale
 		FROM {s}.workers WHERE batch_id = $1 ORDER BY started_at DESC, worker_key`), batchID)
+	})
 	if err != nil {
 		return nil, fmt.Errorf("backfill: workers of batch %d: %w", batchID, err)
 	}
@@ -194,8 +198,12 @@ func (m *PGManifest) Workers(ctx context.Context, db sqlx.ExtContext, batchID in
 // run_liveness view.
 func (m *PGManifest) RunLiveness(ctx context.Context, db sqlx.ExtContext, batchID int64) (RunLiveness, error) {
 	var rows []RunLiveness
-	if err := sqlx.SelectContext(ctx, db, &rows, m.sql(`SELECT batch_id, job_name, status, liveness, last_heartbeat, live_workers
-		FROM {s}.run_liveness WHERE batch_id = $1`), batchID); err != nil {
+	err := readTx(ctx, db, func(tx sqlx.ExtContext) error {
+		rows = rows[:0]
+		return sqlx.SelectContext(ctx, tx, &rows, m.sql(`SELECT batch_id, job_name, status, liveness, last_heartbeat, live_workers
+		FROM {s}.run_liveness WHERE batch_id = $1`), batchID)
+	})
+	if err != nil {
 		return RunLiveness{}, fmt.Errorf("backfill: liveness of batch %d: %w", batchID, err)
 	}
 	if len(rows) == 0 {
