@@ -32,6 +32,9 @@ const (
 	envAll    = "BACKFILL_FAULTS_ALL"    // 1: also run the subtests known to fail before issue 12 items 1, 4, 5
 	envBound  = "BACKFILL_FAULTS_BOUND"  // the liveness bound (default 60s)
 	envLogDir = "BACKFILL_FAULTS_LOGDIR" // keep the workers' logs there (default: a temporary directory)
+	// 1: loopback hosts even where network namespaces can be made (the
+	// fallback's own check).
+	envLoopback = "BACKFILL_FAULTS_LOOPBACK"
 )
 
 const (
@@ -47,6 +50,7 @@ const (
 type summary struct {
 	mu           sync.Mutex
 	mode         string
+	pooler       string
 	seed         int64
 	runs         []string
 	faults       map[string]int
@@ -69,7 +73,7 @@ func (s *summary) print(t *testing.T) {
 	sort.Strings(kinds)
 	var b strings.Builder
 	fmt.Fprintf(&b, "\n=== fault suite summary (seed %d; reproduce: %s=%d) ===\n", s.seed, envSeed, s.seed)
-	fmt.Fprintf(&b, "hosts: %d (%s), %d workers per host, every second worker through PgBouncer (transaction mode)\n", numHosts, s.mode, workersPerHost)
+	fmt.Fprintf(&b, "hosts: %d (%s), %d workers per host, %s\n", numHosts, s.mode, workersPerHost, s.pooler)
 	fmt.Fprintf(&b, "runs: %d (%s)\n", len(s.runs), strings.Join(s.runs, "; "))
 	fmt.Fprintf(&b, "faults injected: %s\n", strings.Join(kinds, " "))
 	fmt.Fprintf(&b, "worker processes started: %d; worker exits with a failure (restarted): %d\n", s.workerStarts, s.exits)
@@ -154,6 +158,10 @@ func TestFaults(t *testing.T) {
 		}
 	})
 	s.bouncer = startBouncer(t, cl.Port(), s.nw.addrs)
+	s.sum.pooler = "every second worker through PgBouncer (transaction mode)"
+	if s.bouncer == 0 {
+		s.sum.pooler = "no PgBouncer (not installed)"
+	}
 	defer s.sum.print(t)
 
 	for i := range rounds {
@@ -246,7 +254,6 @@ type roundOptions struct {
 	// binary_parameters=yes).
 	plainPooler bool
 	allPooler   bool
-	deadline    time.Duration
 }
 
 // newRound creates the round's database, runs the reference job
@@ -371,16 +378,6 @@ func (r *round) holding() []*worker {
 	var out []*worker
 	for _, w := range r.workers {
 		if _, ok := w.running(); ok && last[w.idx].kind == "extract" {
-			out = append(out, w)
-		}
-	}
-	return out
-}
-
-func (r *round) runningWorkers() []*worker {
-	var out []*worker
-	for _, w := range r.workers {
-		if _, ok := w.running(); ok {
 			out = append(out, w)
 		}
 	}

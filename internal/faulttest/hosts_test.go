@@ -73,7 +73,11 @@ func ipRun(args ...string) error {
 func newNetwork(t *testing.T, n int) *network {
 	t.Helper()
 	removeStaleNamespaces(t)
-	nw, err := makeNamespaces(n)
+	var nw *network
+	err := fmt.Errorf("%s=1", envLoopback)
+	if os.Getenv(envLoopback) != "1" {
+		nw, err = makeNamespaces(n)
+	}
 	if err == nil {
 		t.Cleanup(nw.close)
 		t.Logf("hosts: %d network namespaces (%s), each on its own veth pair", n, nw.subnet)

@@ -14,8 +14,8 @@ import (
 
 // Cluster is a throwaway PostgreSQL server managed with pg_ctl, for tests
 // that restart it (a crash: [Cluster.RestartImmediate]) or need it on more
-// addresses than 127.0.0.1. It runs with the same test-speed settings as
-// [Start]'s server. Unlike a [Server], it is not a child of the test
+// addresses than 127.0.0.1. It runs with [Start]'s test-speed settings,
+// except that synchronous_commit stays on. Unlike a [Server], it is not a child of the test
 // binary: the caller must call [Cluster.Stop] (a later [StartCluster]
 // stops the clusters of test binaries that died without doing so).
 type Cluster struct {
@@ -83,7 +83,11 @@ func StartCluster(ctx context.Context, opts ClusterOptions) (c *Cluster, err err
 		}
 		conf := fmt.Sprintf("\n# pgtest.StartCluster\nlisten_addresses = '%s'\nport = %d\nunix_socket_directories = '%s'\n",
 			strings.Join(append([]string{"127.0.0.1"}, opts.ListenAddresses...), ","), c.port, dir)
-		for _, s := range []string{"fsync = off", "synchronous_commit = off", "full_page_writes = off",
+		// Unlike Start's server, synchronous_commit stays on: an immediate
+		// restart loses WAL not yet written, and a suite that crashes the
+		// server must not see an acknowledged COMMIT vanish (fsync can stay
+		// off: the machine itself does not crash).
+		for _, s := range []string{"fsync = off", "full_page_writes = off",
 			"max_connections = 300", "shared_buffers = 128MB", "max_wal_size = 1GB", "checkpoint_timeout = 30min",
 			"log_min_messages = warning", "log_min_error_statement = panic"} {
 			conf += s + "\n"
