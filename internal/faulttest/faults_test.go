@@ -556,7 +556,13 @@ func (r *round) check() {
 	t := r.t
 	t.Helper()
 	ctx := context.Background()
-	db := r.db
+	// A pool of its own: the round's may hold connections a server
+	// restart cut, whose first use returns the server's FATAL message.
+	db, err := sqlx.Open("postgres", r.dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
 	var runs []struct {
 		BatchID int64  `db:"batch_id"`
 		Status  string `db:"status"`

@@ -64,6 +64,7 @@ func (w *worker) supervise(stop <-chan struct{}) {
 		switch {
 		case err != nil:
 			w.r.noteExit(w, -1, fmt.Sprintf("cannot start: %v", err))
+			failures++
 		case killed:
 			failures = 0
 		case code == 0:
