@@ -23,6 +23,16 @@ test:
 		cd cmd/backfill && $(GO) vet ./... && $(GO) test -count=1 -timeout 15m ./...; \
 	fi
 
+# test-faults: the fault suite (internal/faulttest, build tag faults):
+# worker processes on simulated hosts (network namespaces as root, else
+# loopback) under kill -9, SIGSTOP, network cuts, server restarts and
+# PgBouncer; prints a summary. BACKFILL_FAULTS_SEED replays a seed,
+# BACKFILL_FAULTS_ALL=1 also runs the faults known to fail until issue 12
+# lands.
+.PHONY: test-faults
+test-faults:
+	$(GO) test -tags faults -count=1 -timeout 20m -v ./internal/faulttest/...
+
 lint:
 	@out=$$(gofmt -l .); if test -n "$$out"; then \
 		echo "gofmt: these files need formatting (gofmt -w):"; echo "$$out"; exit 1; \

@@ -1,0 +1,176 @@
+//go:build faults
+
+package faulttest
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// event is something a worker process did, as the suite saw it: started,
+// began extracting a chunk, committed one, exited.
+type event struct {
+	at     time.Time
+	worker int
+	kind   string // start, joined (Run began working), extract, done, exit
+	seq    int
+	code   int // exit
+}
+
+// worker is one worker process slot, supervised like an orchestrator
+// would (a Kubernetes Job's pod with restartPolicy OnFailure): restarted
+// when killed or when it exits with a failure, left alone once it exits 0.
+type worker struct {
+	r    *round
+	idx  int
+	id   string // WorkerID in the manifest
+	host *host
+	url  string
+	via  string // "direct" or "pgbouncer"
+
+	mu         sync.Mutex
+	proc       *os.Process // nil when not running
+	killedByUs bool
+	stopped    bool // SIGSTOPped by the suite
+	starts     int
+	lastError  string // the last "worker failed" record
+	logPath    string
+}
+
+func (w *worker) running() (*os.Process, bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.proc, w.proc != nil && !w.stopped
+}
+
+// supervise runs the worker until it exits 0 or stop is closed.
+func (w *worker) supervise(stop <-chan struct{}) {
+	failures := 0
+	for {
+		code, err := w.runOnce()
+		w.mu.Lock()
+		killed := w.killedByUs
+		w.killedByUs = false
+		lastErr := w.lastError
+		w.mu.Unlock()
+		switch {
+		case err != nil:
+			w.r.noteExit(w, -1, fmt.Sprintf("cannot start: %v", err))
+			failures++
+		case killed:
+			failures = 0
+		case code == 0:
+			return
+		default:
+			w.r.noteExit(w, code, lastErr)
+			failures++
+		}
+		backoff := 100 * time.Millisecond << min(failures, 4)
+		select {
+		case <-stop:
+			return
+		case <-time.After(backoff):
+		}
+	}
+}
+
+// runOnce starts the worker process and waits for it to exit. It returns
+// the exit code (-1 for a signal).
+func (w *worker) runOnce() (int, error) {
+	s := w.r.s
+	sp := w.r.spec
+	cmd := w.host.command(s.workerBin,
+		"-url", w.url, "-job", sp.Name, "-table", sp.Table,
+		"-chunks", fmt.Sprint(sp.Chunks), "-rows", fmt.Sprint(sp.RowsPerChunk),
+		"-sleep", sp.Sleep.String(), "-id", w.id)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		return 0, err
+	}
+	logf, err := os.OpenFile(w.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return 0, err
+	}
+	defer logf.Close()
+	if err := cmd.Start(); err != nil {
+		return 0, err
+	}
+	w.mu.Lock()
+	w.proc = cmd.Process
+	w.starts++
+	w.mu.Unlock()
+	w.r.record(event{at: time.Now(), worker: w.idx, kind: "start"})
+
+	sc := bufio.NewScanner(stderr)
+	sc.Buffer(make([]byte, 0, 64<<10), 4<<20)
+	for sc.Scan() {
+		line := sc.Bytes()
+		at := time.Now()
+		_, _ = logf.Write(append(line, '\n'))
+		var rec struct {
+			Msg   string `json:"msg"`
+			Seq   *int   `json:"seq"`
+			Error string `json:"error"`
+		}
+		if json.Unmarshal(line, &rec) != nil {
+			continue
+		}
+		switch {
+		case rec.Msg == "backfill run":
+			w.r.record(event{at: at, worker: w.idx, kind: "joined"})
+		case rec.Msg == "extract" && rec.Seq != nil:
+			w.r.record(event{at: at, worker: w.idx, kind: "extract", seq: *rec.Seq})
+		case rec.Msg == "chunk done" && rec.Seq != nil:
+			w.r.record(event{at: at, worker: w.idx, kind: "done", seq: *rec.Seq})
+		case rec.Msg == "worker failed":
+			w.mu.Lock()
+			w.lastError = rec.Error
+			w.mu.Unlock()
+		}
+	}
+	err = cmd.Wait()
+	code := 0
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		code = ee.ExitCode()
+	} else if err != nil {
+		return 0, err
+	}
+	w.mu.Lock()
+	w.proc = nil
+	w.stopped = false
+	w.mu.Unlock()
+	w.r.record(event{at: time.Now(), worker: w.idx, kind: "exit", code: code})
+	return code, nil
+}
+
+// signal sends sig to the worker's process if it runs.
+func (w *worker) signal(sig syscall.Signal) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.proc == nil {
+		return false
+	}
+	switch sig {
+	case syscall.SIGKILL:
+		w.killedByUs = true
+	case syscall.SIGSTOP:
+		w.stopped = true
+	case syscall.SIGCONT:
+		w.stopped = false
+	}
+	return w.proc.Signal(sig) == nil
+}
+
+func workerLogPath(dir string, round, idx int) string {
+	return filepath.Join(dir, fmt.Sprintf("round%d-worker%d.log", round, idx))
+}
