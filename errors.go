@@ -1,11 +1,8 @@
 package backfill
 
 import (
-	"database/sql/driver"
 	"errors"
 	"fmt"
-	"io"
-	"net"
 	"strings"
 
 	"github.com/lib/pq"
@@ -219,11 +216,7 @@ func IsRetryable(err error) bool {
 	if errors.Is(err, errConcurrentChange) {
 		return true
 	}
-	if errors.Is(err, driver.ErrBadConn) || errors.Is(err, io.ErrUnexpectedEOF) || isConnectionError(err) {
-		return true
-	}
-	var ne net.Error
-	if errors.As(err, &ne) {
+	if isConnectionError(err) { // backfill_worker.go
 		return true
 	}
 	var pe *pq.Error
@@ -232,7 +225,6 @@ func IsRetryable(err error) bool {
 		case "40001", "40P01", "55P03", "23505":
 			return true
 		}
-		return strings.HasPrefix(string(pe.Code), "08")
 	}
 	return false
 }
