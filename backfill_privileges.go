@@ -35,7 +35,13 @@ import (
 //     ownership of the target for [PublishPartitionSwap] (DETACH and
 //     ATTACH PARTITION); CREATE on the target's and the view's schemas,
 //     and ownership of the view once it exists, for
-//     [PublishVersionedView].
+//     [PublishVersionedView]. A missing ownership is reported with
+//     "ALTER TABLE|VIEW ... OWNER TO role", or with membership in the
+//     owner's role only when that role is a plain owner role (NOLOGIN,
+//     no SUPERUSER, CREATEROLE, CREATEDB, REPLICATION or BYPASSRLS, no
+//     pg_* role, none of these through its own memberships): membership
+//     in any other role, such as "postgres", would give the runtime
+//     role far more than one relation's ownership.
 //
 // [Runner.Rollback] by the undo log checks, before it changes anything,
 // DELETE on the target (rows the batch inserted) and UPDATE when the
@@ -123,20 +129,54 @@ func (c *privilegeChecker) table(ctx context.Context, oid int64, table, privileg
 }
 
 // owner checks that the role owns the relation oid (or is a member of its
-// owner's role), as ALTER TABLE and CREATE OR REPLACE VIEW require.
+// owner's role), as ALTER TABLE and CREATE OR REPLACE VIEW require. When
+// it does not, the statement it names is never membership in a highly
+// privileged role (see ownerGrant).
 func (c *privilegeChecker) owner(ctx context.Context, oid int64, kind, name, why string) error {
 	var own struct {
 		OK    bool   `db:"ok"`
 		Owner string `db:"owner"`
+		Plain bool   `db:"plain"`
 	}
-	if err := sqlx.GetContext(ctx, c.db, &own, `SELECT pg_has_role(c.relowner, 'USAGE') AS ok, r.rolname AS owner
+	if err := sqlx.GetContext(ctx, c.db, &own, `SELECT pg_has_role(c.relowner, 'USAGE') AS ok, r.rolname AS owner,
+		`+plainOwnerRoleSQL+` AS plain
 		FROM pg_class c JOIN pg_roles r ON r.oid = c.relowner WHERE c.oid = $1::oid`, oid); err != nil {
 		return err
 	}
 	if !own.OK {
-		c.add(kind+" "+sqlgen.Table(name), "OWNER", fmt.Sprintf("GRANT %s TO %s;", sqlgen.Ident(own.Owner), sqlgen.Ident(c.role)), why)
+		c.add(kind+" "+sqlgen.Table(name), "OWNER", ownerGrant(kind, sqlgen.Table(name), own.Owner, c.role, own.Plain), why)
 	}
 	return nil
+}
+
+// plainOwnerRoleSQL is true when the role r (of pg_roles, the owner of a
+// relation) is a plain owner role: it cannot log in, has none of
+// SUPERUSER, CREATEROLE, CREATEDB, REPLICATION or BYPASSRLS, is not a
+// predefined role (pg_*), and is not a member, directly or through other
+// roles, of any role that has one of these or is predefined. Membership
+// in such a role gives its owner's rights on what it owns, and nothing
+// more.
+const plainOwnerRoleSQL = `(NOT r.rolcanlogin AND NOT EXISTS (
+		WITH RECURSIVE up(oid) AS (SELECT r.oid UNION SELECT m.roleid FROM pg_auth_members m JOIN up ON m.member = up.oid)
+		SELECT FROM up JOIN pg_roles x ON x.oid = up.oid
+		WHERE x.rolsuper OR x.rolcreaterole OR x.rolcreatedb OR x.rolreplication OR x.rolbypassrls OR x.rolname LIKE 'pg\_%'))`
+
+// ownerGrant is the statement an administrator runs so that role may do
+// what only the owner of the relation object (kind "table" or "view",
+// quoted name) may do. Membership in the owner's role ("GRANT owner TO
+// role") is suggested only when the owner is a plain owner role
+// (plainOwnerRoleSQL): membership in any other role could give role far
+// more than the ownership of one relation (a superuser's rights, CREATEROLE,
+// BYPASSRLS, a pg_* role's, or logging in as a person's role's objects).
+// Otherwise the statement transfers the ownership:
+// "ALTER TABLE object OWNER TO role;", which an administrator (a superuser,
+// or a member of both the old and the new owner's roles) runs and which
+// needs role to have CREATE on the relation's schema.
+func ownerGrant(kind, object, owner, role string, plain bool) string {
+	if plain {
+		return fmt.Sprintf("GRANT %s TO %s;", sqlgen.Ident(owner), sqlgen.Ident(role))
+	}
+	return fmt.Sprintf("ALTER %s %s OWNER TO %s;", strings.ToUpper(kind), object, sqlgen.Ident(role))
 }
 
 // serials checks USAGE on the sequences of the serial columns of the
@@ -455,10 +495,10 @@ func TargetGrants(role string, t Target, o GrantOptions) ([]string, error) {
 		out = append(out, grantOn("CREATE", "SCHEMA "+sqlgen.Ident(cmpOr(o.ManifestSchema, "backfill")), role))
 	case PublishPartitionSwap:
 		out = append(out, grantOn("CREATE", "SCHEMA "+sqlgen.Ident(schema), role),
-			fmt.Sprintf("-- PublishPartitionSwap: %s must own %s (or be a member of its owner's role): GRANT <owner> TO %s;", sqlgen.Ident(role), q, sqlgen.Ident(role)))
+			fmt.Sprintf("-- PublishPartitionSwap: %s must own %s: ALTER TABLE %s OWNER TO %s; (or be a member of its owner's role, only if that is a NOLOGIN role without SUPERUSER, CREATEROLE, CREATEDB, REPLICATION, BYPASSRLS or pg_* memberships)", sqlgen.Ident(role), q, q, sqlgen.Ident(role)))
 	case PublishVersionedView:
 		out = append(out, grantOn("CREATE", "SCHEMA "+sqlgen.Ident(schema), role),
-			fmt.Sprintf("-- PublishVersionedView: CREATE on the view's schema too, and %s must own the view once it exists (or be a member of its owner's role)", sqlgen.Ident(role)))
+			fmt.Sprintf("-- PublishVersionedView: CREATE on the view's schema too, and %s must own the view once it exists: ALTER VIEW <view> OWNER TO %s; (or be a member of its owner's role, only if that is a NOLOGIN role without SUPERUSER, CREATEROLE, CREATEDB, REPLICATION, BYPASSRLS or pg_* memberships)", sqlgen.Ident(role), sqlgen.Ident(role)))
 	}
 	return out, nil
 }

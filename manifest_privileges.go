@@ -37,8 +37,11 @@ type Privilege struct {
 	// what only the object's owner (or a member of its role) may do.
 	Privilege string
 	// Grant is the statement an administrator runs to give it, with
-	// every identifier quoted; for OWNER, the GRANT of the owner's role
-	// to the session's role (membership gives the owner's rights).
+	// every identifier quoted. For OWNER it is "ALTER TABLE|VIEW ...
+	// OWNER TO role;", or the GRANT of the owner's role to the session's
+	// role only when the owner is a plain NOLOGIN role without SUPERUSER,
+	// CREATEROLE, CREATEDB, REPLICATION, BYPASSRLS or pg_* memberships
+	// (never membership in a superuser or otherwise privileged role).
 	Grant string
 	// Why says what needs it.
 	Why string
@@ -57,7 +60,11 @@ type PrivilegeError struct {
 // needs it, and the GRANT statements to run.
 func (e *PrivilegeError) Error() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "%v: role %s lacks %d privileges:", ErrPrivilege, sqlgen.Ident(e.Role), len(e.Missing))
+	noun := "privileges"
+	if len(e.Missing) == 1 {
+		noun = "privilege"
+	}
+	fmt.Fprintf(&b, "%v: role %s lacks %d %s:", ErrPrivilege, sqlgen.Ident(e.Role), len(e.Missing), noun)
 	for _, p := range e.Missing {
 		fmt.Fprintf(&b, " %s on %s (%s);", p.Privilege, p.Object, p.Why)
 	}
