@@ -38,7 +38,14 @@ import (
 // parameters run on a pgDB outside a transaction. Tests set it.
 var outsideTxHook func(query string)
 
+// outsideTxAnyHook, when not nil, is called with every statement run on a
+// pgDB outside a transaction, with or without parameters. Tests set it.
+var outsideTxAnyHook func(query string)
+
 func (d pgDB) checkOutsideTx(query string, args []any) {
+	if outsideTxAnyHook != nil {
+		outsideTxAnyHook(query)
+	}
 	if len(args) > 0 && outsideTxHook != nil {
 		outsideTxHook(query)
 	}
