@@ -23,17 +23,18 @@ func TestCreateStagingInTx(t *testing.T) {
 		mu      sync.Mutex
 		outside []string
 	)
-	outsideTxAnyHook = func(q string) {
+	hook := func(q string) {
 		if strings.Contains(q, "stage_1") {
 			mu.Lock()
 			defer mu.Unlock()
 			outside = append(outside, q)
 		}
 	}
-	defer func() { outsideTxAnyHook = nil }()
+	outsideTxAnyHook.Store(&hook)
+	defer outsideTxAnyHook.Store(nil)
 	info := TableInfo{Columns: []Column{{Name: "id", Type: "bigint"}, {Name: "name", Type: "text"}}}
 	require.NoError(t, (&PGMerger{}).CreateStaging(ctx, pgDB{db}, `"public"."stage_1"`, info))
-	outsideTxAnyHook = nil
+	outsideTxAnyHook.Store(nil)
 	mu.Lock()
 	defer mu.Unlock()
 	require.Empty(t, outside, "statements outside a transaction")
