@@ -44,8 +44,10 @@ import (
 //     role far more than one relation's ownership.
 //
 // [Runner.Rollback] by the undo log checks, before it changes anything,
-// DELETE on the target (rows the batch inserted) and UPDATE when the
-// batch's undo log holds prior images to restore.
+// DELETE on the target when the batch inserted rows (its undo log has
+// inserted keys, its chunks counted inserted rows, or the target has rows
+// whose lineage InsertedBy names the batch) and UPDATE when the batch's undo log holds prior images to
+// restore. When the role cannot read the manifest, both are required.
 
 // privilegeChecker gathers the missing privileges of one check.
 type privilegeChecker struct {
@@ -368,8 +370,9 @@ func (r *Runner) runPrivileges(ctx context.Context, c *privilegeChecker, pm *PGM
 }
 
 // checkRollbackPrivileges checks, before a rollback of batchID by the
-// undo log changes anything, DELETE on the target and, when the batch's
-// undo log holds prior images, UPDATE; and the manifest's privileges.
+// undo log changes anything, DELETE on the target when the batch
+// inserted rows, UPDATE when its undo log holds prior images, and the
+// manifest's privileges.
 func (r *Runner) checkRollbackPrivileges(ctx context.Context, info TableInfo, batchID int64) error {
 	pm, target := r.pgPrivileges()
 	if pm == nil && !target {
@@ -394,7 +397,8 @@ func (r *Runner) checkRollbackPrivileges(ctx context.Context, info TableInfo, ba
 }
 
 func (r *Runner) rollbackPrivileges(ctx context.Context, c *privilegeChecker, pm *PGManifest, target bool, info TableInfo, batchID int64) error {
-	updates := info.Target.Mode == History
+	// Without the manifest's word, both are required.
+	updates, deletes := info.Target.Mode == History, true
 	if pm != nil {
 		missing, _, err := pm.missingPrivileges(ctx, c.db)
 		if err != nil {
@@ -402,9 +406,22 @@ func (r *Runner) rollbackPrivileges(ctx context.Context, c *privilegeChecker, pm
 		}
 		c.missing = append(c.missing, missing...)
 		if len(missing) == 0 {
-			if err := sqlx.GetContext(ctx, c.db, &updates, pm.sql(`SELECT EXISTS (SELECT FROM {s}.undo WHERE batch_id = $1 AND op = 'update')`), batchID); err != nil {
+			var need struct {
+				Updates bool `db:"updates"`
+				Deletes bool `db:"deletes"`
+			}
+			// The rows a rollback deletes are the rows the batch inserted:
+			// logged in the undo log, or found by lineage (InsertedBy), and
+			// counted in the rows_inserted of the chunks that committed
+			// them (in the chunk's transaction). A History version the
+			// batch opened is an inserted row too. None: no DELETE.
+			if err := sqlx.GetContext(ctx, c.db, &need, pm.sql(`SELECT
+				EXISTS (SELECT FROM {s}.undo WHERE batch_id = $1 AND op = 'update') AS updates,
+				EXISTS (SELECT FROM {s}.undo WHERE batch_id = $1 AND op IN ('insert', 'inserts'))
+					OR EXISTS (SELECT FROM {s}.chunks WHERE batch_id = $1 AND rows_inserted > 0) AS deletes`), batchID); err != nil {
 				return err
 			}
+			updates, deletes = need.Updates, need.Deletes
 		}
 	}
 	if !target {
@@ -415,11 +432,25 @@ func (r *Runner) rollbackPrivileges(ctx context.Context, c *privilegeChecker, pm
 	if err != nil || oid == 0 {
 		return err
 	}
+	n := len(c.missing)
 	if err := c.columns(ctx, oid, t.Table, "SELECT", nil, "the rollback reads target rows"); err != nil {
 		return err
 	}
-	if err := c.table(ctx, oid, t.Table, "DELETE", "the rollback deletes the rows the batch inserted"); err != nil {
-		return err
+	if !deletes && t.Lineage.InsertedBy != "" {
+		// The rows lineage finds, whatever the chunks' counts say (a
+		// chunk read again may count its earlier inserts as unchanged).
+		deletes = len(c.missing) > n
+		if !deletes {
+			if err := sqlx.GetContext(ctx, c.db, &deletes, fmt.Sprintf(`SELECT EXISTS (SELECT FROM %s WHERE %s = $1)`,
+				sqlgen.Table(t.Table), sqlgen.Ident(t.Lineage.InsertedBy)), batchID); err != nil {
+				return err
+			}
+		}
+	}
+	if deletes {
+		if err := c.table(ctx, oid, t.Table, "DELETE", "the rollback deletes the rows the batch inserted"); err != nil {
+			return err
+		}
 	}
 	if updates {
 		cols := slices.Clone(info.Compared().Written)
