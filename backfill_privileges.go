@@ -285,8 +285,9 @@ func (r *Runner) checkRunPrivileges(ctx context.Context, job Job, info TableInfo
 		return nil, fmt.Errorf("backfill: job %q: %w", job.Name, err)
 	}
 	if target && info.insertOnly {
+		what, grant := updateLacks(info)
 		warnings = append(warnings, fmt.Sprintf("role %s lacks UPDATE on %s: the run only inserts; a chunk with a row to update fails with %v (%s)",
-			sqlgen.Ident(c.role), sqlgen.Table(info.Target.Table), ErrPrivilege, grantOn("UPDATE", "TABLE "+sqlgen.Table(info.Target.Table), c.role)))
+			sqlgen.Ident(c.role), what, ErrPrivilege, grant))
 	}
 	return warnings, nil
 }

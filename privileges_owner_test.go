@@ -93,3 +93,39 @@ func TestOwnerPrivilegeNeverSuggestsPrivilegedMembership(t *testing.T) {
 		job.NewRun = true
 	}
 }
+
+// TestInsertOnlyNamesColumns: a role with UPDATE on some of the columns an
+// Upsert writes but not all runs insert-only, and the warning and the
+// refused chunk name the missing columns with the column-level GRANT,
+// which is enough.
+func TestInsertOnlyNamesColumns(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	r := newLeastRole(t)
+	s := &itemsSetup{db: r.admin}
+	r.exec(t, `CREATE TABLE items (tenant text NOT NULL, id bigint NOT NULL, name varchar(12), amount numeric(10,2), seen_at timestamptz,
+		backfill_inserted_by bigint, backfill_updated_by bigint, PRIMARY KEY (tenant, id))`)
+	require.NoError(t, backfill.NewPGManifest("").Migrate(ctx, r.admin))
+	r.exec(t, `GRANT USAGE ON SCHEMA backfill TO {role}`)
+	r.exec(t, `GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA backfill TO {role}`)
+	r.exec(t, `GRANT SELECT, INSERT ON items TO {role}`)
+	r.exec(t, `GRANT UPDATE (name, backfill_updated_by) ON items TO {role}`)
+	runner, err := backfill.New(r.db, nil)
+	require.NoError(t, err)
+	rep, err := runner.Run(ctx, s.job(1))
+	require.NoError(t, err)
+	grant := `GRANT UPDATE ("amount", "seen_at") ON TABLE "public"."items" TO "` + r.name + `";`
+	require.Contains(t, strings.Join(rep.Warnings, "\n"), `lacks UPDATE on "public"."items" (columns "amount", "seen_at"): the run only inserts`)
+	require.Contains(t, strings.Join(rep.Warnings, "\n"), grant)
+	job := s.job(2)
+	job.NewRun = true
+	_, err = runner.Run(ctx, job)
+	require.ErrorIs(t, err, backfill.ErrPrivilege)
+	require.Contains(t, err.Error(), `lacks UPDATE on "public"."items" (columns "amount", "seen_at")`)
+	require.Contains(t, err.Error(), grant)
+	r.exec(t, grant)
+	job.NewRun = false
+	rep, err = runner.Run(ctx, job)
+	require.NoError(t, err, "after %s", grant)
+	require.Equal(t, int64(100), rep.Counts.Updated)
+}
