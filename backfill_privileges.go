@@ -492,8 +492,9 @@ type GrantOptions struct {
 // mode creates tables or views in; and, as SQL comments, the ownership
 // PublishPartitionSwap and PublishVersionedView need. An unqualified
 // t.Table is taken in schema "public". USAGE on the sequences of serial
-// columns the job does not write is not listed: [Runner.Run] names them
-// when it checks. Identifiers are quoted.
+// columns the job does not write is not listed, since it needs the
+// catalog: [Runner.Run] names them when it checks, and the command
+// "backfill grants" looks them up. Identifiers are quoted.
 func TargetGrants(role string, t Target, o GrantOptions) ([]string, error) {
 	schema, table, err := sqlgen.ParseTable(t.Table)
 	if err != nil {
