@@ -6,6 +6,7 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
+	"sync/atomic"
 
 	"github.com/jmoiron/sqlx"
 )
@@ -38,7 +39,14 @@ import (
 // parameters run on a pgDB outside a transaction. Tests set it.
 var outsideTxHook func(query string)
 
+// outsideTxAnyHook, when not nil, is called with every statement run on a
+// pgDB outside a transaction, with or without parameters. Tests set it.
+var outsideTxAnyHook atomic.Pointer[func(query string)]
+
 func (d pgDB) checkOutsideTx(query string, args []any) {
+	if h := outsideTxAnyHook.Load(); h != nil {
+		(*h)(query)
+	}
 	if len(args) > 0 && outsideTxHook != nil {
 		outsideTxHook(query)
 	}

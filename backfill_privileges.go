@@ -35,11 +35,19 @@ import (
 //     ownership of the target for [PublishPartitionSwap] (DETACH and
 //     ATTACH PARTITION); CREATE on the target's and the view's schemas,
 //     and ownership of the view once it exists, for
-//     [PublishVersionedView].
+//     [PublishVersionedView]. A missing ownership is reported with
+//     "ALTER TABLE|VIEW ... OWNER TO role", or with membership in the
+//     owner's role only when that role is a plain owner role (NOLOGIN,
+//     no SUPERUSER, CREATEROLE, CREATEDB, REPLICATION or BYPASSRLS, no
+//     pg_* role, none of these through its own memberships): membership
+//     in any other role, such as "postgres", would give the runtime
+//     role far more than one relation's ownership.
 //
 // [Runner.Rollback] by the undo log checks, before it changes anything,
-// DELETE on the target (rows the batch inserted) and UPDATE when the
-// batch's undo log holds prior images to restore.
+// DELETE on the target when the batch inserted rows (its undo log has
+// inserted keys, its chunks counted inserted rows, or the target has rows
+// whose lineage InsertedBy names the batch) and UPDATE when the batch's undo log holds prior images to
+// restore. When the role cannot read the manifest, both are required.
 
 // privilegeChecker gathers the missing privileges of one check.
 type privilegeChecker struct {
@@ -123,20 +131,54 @@ func (c *privilegeChecker) table(ctx context.Context, oid int64, table, privileg
 }
 
 // owner checks that the role owns the relation oid (or is a member of its
-// owner's role), as ALTER TABLE and CREATE OR REPLACE VIEW require.
+// owner's role), as ALTER TABLE and CREATE OR REPLACE VIEW require. When
+// it does not, the statement it names is never membership in a highly
+// privileged role (see ownerGrant).
 func (c *privilegeChecker) owner(ctx context.Context, oid int64, kind, name, why string) error {
 	var own struct {
 		OK    bool   `db:"ok"`
 		Owner string `db:"owner"`
+		Plain bool   `db:"plain"`
 	}
-	if err := sqlx.GetContext(ctx, c.db, &own, `SELECT pg_has_role(c.relowner, 'USAGE') AS ok, r.rolname AS owner
+	if err := sqlx.GetContext(ctx, c.db, &own, `SELECT pg_has_role(c.relowner, 'USAGE') AS ok, r.rolname AS owner,
+		`+plainOwnerRoleSQL+` AS plain
 		FROM pg_class c JOIN pg_roles r ON r.oid = c.relowner WHERE c.oid = $1::oid`, oid); err != nil {
 		return err
 	}
 	if !own.OK {
-		c.add(kind+" "+sqlgen.Table(name), "OWNER", fmt.Sprintf("GRANT %s TO %s;", sqlgen.Ident(own.Owner), sqlgen.Ident(c.role)), why)
+		c.add(kind+" "+sqlgen.Table(name), "OWNER", ownerGrant(kind, sqlgen.Table(name), own.Owner, c.role, own.Plain), why)
 	}
 	return nil
+}
+
+// plainOwnerRoleSQL is true when the role r (of pg_roles, the owner of a
+// relation) is a plain owner role: it cannot log in, has none of
+// SUPERUSER, CREATEROLE, CREATEDB, REPLICATION or BYPASSRLS, is not a
+// predefined role (pg_*), and is not a member, directly or through other
+// roles, of any role that has one of these or is predefined. Membership
+// in such a role gives its owner's rights on what it owns, and nothing
+// more.
+const plainOwnerRoleSQL = `(NOT r.rolcanlogin AND NOT EXISTS (
+		WITH RECURSIVE up(oid) AS (SELECT r.oid UNION SELECT m.roleid FROM pg_auth_members m JOIN up ON m.member = up.oid)
+		SELECT FROM up JOIN pg_roles x ON x.oid = up.oid
+		WHERE x.rolsuper OR x.rolcreaterole OR x.rolcreatedb OR x.rolreplication OR x.rolbypassrls OR x.rolname LIKE 'pg\_%'))`
+
+// ownerGrant is the statement an administrator runs so that role may do
+// what only the owner of the relation object (kind "table" or "view",
+// quoted name) may do. Membership in the owner's role ("GRANT owner TO
+// role") is suggested only when the owner is a plain owner role
+// (plainOwnerRoleSQL): membership in any other role could give role far
+// more than the ownership of one relation (a superuser's rights, CREATEROLE,
+// BYPASSRLS, a pg_* role's, or logging in as a person's role's objects).
+// Otherwise the statement transfers the ownership:
+// "ALTER TABLE object OWNER TO role;", which an administrator (a superuser,
+// or a member of both the old and the new owner's roles) runs and which
+// needs role to have CREATE on the relation's schema.
+func ownerGrant(kind, object, owner, role string, plain bool) string {
+	if plain {
+		return fmt.Sprintf("GRANT %s TO %s;", sqlgen.Ident(owner), sqlgen.Ident(role))
+	}
+	return fmt.Sprintf("ALTER %s %s OWNER TO %s;", strings.ToUpper(kind), object, sqlgen.Ident(role))
 }
 
 // serials checks USAGE on the sequences of the serial columns of the
@@ -243,8 +285,9 @@ func (r *Runner) checkRunPrivileges(ctx context.Context, job Job, info TableInfo
 		return nil, fmt.Errorf("backfill: job %q: %w", job.Name, err)
 	}
 	if target && info.insertOnly {
+		what, grant := updateLacks(info)
 		warnings = append(warnings, fmt.Sprintf("role %s lacks UPDATE on %s: the run only inserts; a chunk with a row to update fails with %v (%s)",
-			sqlgen.Ident(c.role), sqlgen.Table(info.Target.Table), ErrPrivilege, grantOn("UPDATE", "TABLE "+sqlgen.Table(info.Target.Table), c.role)))
+			sqlgen.Ident(c.role), what, ErrPrivilege, grant))
 	}
 	return warnings, nil
 }
@@ -328,8 +371,9 @@ func (r *Runner) runPrivileges(ctx context.Context, c *privilegeChecker, pm *PGM
 }
 
 // checkRollbackPrivileges checks, before a rollback of batchID by the
-// undo log changes anything, DELETE on the target and, when the batch's
-// undo log holds prior images, UPDATE; and the manifest's privileges.
+// undo log changes anything, DELETE on the target when the batch
+// inserted rows, UPDATE when its undo log holds prior images, and the
+// manifest's privileges.
 func (r *Runner) checkRollbackPrivileges(ctx context.Context, info TableInfo, batchID int64) error {
 	pm, target := r.pgPrivileges()
 	if pm == nil && !target {
@@ -354,7 +398,8 @@ func (r *Runner) checkRollbackPrivileges(ctx context.Context, info TableInfo, ba
 }
 
 func (r *Runner) rollbackPrivileges(ctx context.Context, c *privilegeChecker, pm *PGManifest, target bool, info TableInfo, batchID int64) error {
-	updates := info.Target.Mode == History
+	// Without the manifest's word, both are required.
+	updates, deletes := info.Target.Mode == History, true
 	if pm != nil {
 		missing, _, err := pm.missingPrivileges(ctx, c.db)
 		if err != nil {
@@ -362,9 +407,22 @@ func (r *Runner) rollbackPrivileges(ctx context.Context, c *privilegeChecker, pm
 		}
 		c.missing = append(c.missing, missing...)
 		if len(missing) == 0 {
-			if err := sqlx.GetContext(ctx, c.db, &updates, pm.sql(`SELECT EXISTS (SELECT FROM {s}.undo WHERE batch_id = $1 AND op = 'update')`), batchID); err != nil {
+			var need struct {
+				Updates bool `db:"updates"`
+				Deletes bool `db:"deletes"`
+			}
+			// The rows a rollback deletes are the rows the batch inserted:
+			// logged in the undo log, or found by lineage (InsertedBy), and
+			// counted in the rows_inserted of the chunks that committed
+			// them (in the chunk's transaction). A History version the
+			// batch opened is an inserted row too. None: no DELETE.
+			if err := sqlx.GetContext(ctx, c.db, &need, pm.sql(`SELECT
+				EXISTS (SELECT FROM {s}.undo WHERE batch_id = $1 AND op = 'update') AS updates,
+				EXISTS (SELECT FROM {s}.undo WHERE batch_id = $1 AND op IN ('insert', 'inserts'))
+					OR EXISTS (SELECT FROM {s}.chunks WHERE batch_id = $1 AND rows_inserted > 0) AS deletes`), batchID); err != nil {
 				return err
 			}
+			updates, deletes = need.Updates, need.Deletes
 		}
 	}
 	if !target {
@@ -375,11 +433,25 @@ func (r *Runner) rollbackPrivileges(ctx context.Context, c *privilegeChecker, pm
 	if err != nil || oid == 0 {
 		return err
 	}
+	n := len(c.missing)
 	if err := c.columns(ctx, oid, t.Table, "SELECT", nil, "the rollback reads target rows"); err != nil {
 		return err
 	}
-	if err := c.table(ctx, oid, t.Table, "DELETE", "the rollback deletes the rows the batch inserted"); err != nil {
-		return err
+	if !deletes && t.Lineage.InsertedBy != "" {
+		// The rows lineage finds, whatever the chunks' counts say (a
+		// chunk read again may count its earlier inserts as unchanged).
+		deletes = len(c.missing) > n
+		if !deletes {
+			if err := sqlx.GetContext(ctx, c.db, &deletes, fmt.Sprintf(`SELECT EXISTS (SELECT FROM %s WHERE %s = $1)`,
+				sqlgen.Table(t.Table), sqlgen.Ident(t.Lineage.InsertedBy)), batchID); err != nil {
+				return err
+			}
+		}
+	}
+	if deletes {
+		if err := c.table(ctx, oid, t.Table, "DELETE", "the rollback deletes the rows the batch inserted"); err != nil {
+			return err
+		}
 	}
 	if updates {
 		cols := slices.Clone(info.Compared().Written)
@@ -420,8 +492,9 @@ type GrantOptions struct {
 // mode creates tables or views in; and, as SQL comments, the ownership
 // PublishPartitionSwap and PublishVersionedView need. An unqualified
 // t.Table is taken in schema "public". USAGE on the sequences of serial
-// columns the job does not write is not listed: [Runner.Run] names them
-// when it checks. Identifiers are quoted.
+// columns the job does not write is not listed, since it needs the
+// catalog: [Runner.Run] names them when it checks, and the command
+// "backfill grants" looks them up. Identifiers are quoted.
 func TargetGrants(role string, t Target, o GrantOptions) ([]string, error) {
 	schema, table, err := sqlgen.ParseTable(t.Table)
 	if err != nil {
@@ -455,10 +528,10 @@ func TargetGrants(role string, t Target, o GrantOptions) ([]string, error) {
 		out = append(out, grantOn("CREATE", "SCHEMA "+sqlgen.Ident(cmpOr(o.ManifestSchema, "backfill")), role))
 	case PublishPartitionSwap:
 		out = append(out, grantOn("CREATE", "SCHEMA "+sqlgen.Ident(schema), role),
-			fmt.Sprintf("-- PublishPartitionSwap: %s must own %s (or be a member of its owner's role): GRANT <owner> TO %s;", sqlgen.Ident(role), q, sqlgen.Ident(role)))
+			fmt.Sprintf("-- PublishPartitionSwap: %s must own %s: ALTER TABLE %s OWNER TO %s; (or be a member of its owner's role, only if that is a NOLOGIN role without SUPERUSER, CREATEROLE, CREATEDB, REPLICATION, BYPASSRLS or pg_* memberships)", sqlgen.Ident(role), q, q, sqlgen.Ident(role)))
 	case PublishVersionedView:
 		out = append(out, grantOn("CREATE", "SCHEMA "+sqlgen.Ident(schema), role),
-			fmt.Sprintf("-- PublishVersionedView: CREATE on the view's schema too, and %s must own the view once it exists (or be a member of its owner's role)", sqlgen.Ident(role)))
+			fmt.Sprintf("-- PublishVersionedView: CREATE on the view's schema too, and %s must own the view once it exists: ALTER VIEW <view> OWNER TO %s; (or be a member of its owner's role, only if that is a NOLOGIN role without SUPERUSER, CREATEROLE, CREATEDB, REPLICATION, BYPASSRLS or pg_* memberships)", sqlgen.Ident(role), sqlgen.Ident(role)))
 	}
 	return out, nil
 }

@@ -84,8 +84,10 @@ func (publishEnd) rollback(context.Context, *Runner, Job, Run, Plan, RollbackOpt
 }
 
 // CreateStaging implements [MergerStaging.CreateStaging].
+// The DDL runs in a READ COMMITTED transaction of its own (inTx), not
+// under the server's default isolation outside any transaction.
 func (m *PGMerger) CreateStaging(ctx context.Context, db sqlx.ExtContext, table string, info TableInfo) error {
-	return createStageTable(ctx, db, table, info)
+	return inTx(ctx, db, func(tx sqlx.ExtContext) error { return createStageTable(ctx, tx, table, info) })
 }
 
 // StagePersistent implements [MergerStaging.StagePersistent] with COPY.

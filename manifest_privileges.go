@@ -37,8 +37,11 @@ type Privilege struct {
 	// what only the object's owner (or a member of its role) may do.
 	Privilege string
 	// Grant is the statement an administrator runs to give it, with
-	// every identifier quoted; for OWNER, the GRANT of the owner's role
-	// to the session's role (membership gives the owner's rights).
+	// every identifier quoted. For OWNER it is "ALTER TABLE|VIEW ...
+	// OWNER TO role;", or the GRANT of the owner's role to the session's
+	// role only when the owner is a plain NOLOGIN role without SUPERUSER,
+	// CREATEROLE, CREATEDB, REPLICATION, BYPASSRLS or pg_* memberships
+	// (never membership in a superuser or otherwise privileged role).
 	Grant string
 	// Why says what needs it.
 	Why string
@@ -57,7 +60,11 @@ type PrivilegeError struct {
 // needs it, and the GRANT statements to run.
 func (e *PrivilegeError) Error() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "%v: role %s lacks %d privileges:", ErrPrivilege, sqlgen.Ident(e.Role), len(e.Missing))
+	noun := "privileges"
+	if len(e.Missing) == 1 {
+		noun = "privilege"
+	}
+	fmt.Fprintf(&b, "%v: role %s lacks %d %s:", ErrPrivilege, sqlgen.Ident(e.Role), len(e.Missing), noun)
 	for _, p := range e.Missing {
 		fmt.Fprintf(&b, " %s on %s (%s);", p.Privilege, p.Object, p.Why)
 	}
@@ -123,6 +130,7 @@ type pgPrivilegeRow struct {
 	Name      string `db:"name"`   // the relation or database; "" for a schema
 	Privilege string `db:"privilege"`
 	Why       string `db:"why"`
+	Owner     string `db:"owner"` // the object's owner
 }
 
 // privilegeRows turns the query's rows into Privileges of role.
@@ -145,32 +153,33 @@ func privilegeRows(rows []pgPrivilegeRow, role string) []Privilege {
 }
 
 // manifestPrivilegesSQL lists the privileges on the manifest (schema $1)
-// and the database that the session's role lacks. It names objects by
+// and the database that the role $2 lacks, with each object's owner. It names objects by
 // OID, so it runs without USAGE on the schema. Persistent staging tables
 // (stage_<batch>, created by the runs that use them) are left out.
 const manifestPrivilegesSQL = `
-WITH ns AS (SELECT oid, nspname FROM pg_namespace WHERE nspname = $1),
+WITH ns AS (SELECT oid, nspname, nspowner FROM pg_namespace WHERE nspname = $1),
 rels AS (
-	SELECT c.oid, c.relkind, ns.nspname, c.relname
+	SELECT c.oid, c.relkind, ns.nspname, c.relname, c.relowner
 	FROM pg_class c JOIN ns ON c.relnamespace = ns.oid
 	WHERE c.relkind IN ('r', 'p', 'S') AND c.relname !~ '^stage_[0-9]+$'),
 want AS (
 	SELECT 'SCHEMA' AS kind, nspname AS schema, '' AS name, 'USAGE' AS privilege, 'the manifest' AS why,
-		has_schema_privilege(oid, 'USAGE') AS ok, 0 AS ord FROM ns
+		has_schema_privilege($2::name, oid, 'USAGE') AS ok, 0 AS ord, pg_get_userbyid(nspowner) AS owner FROM ns
 	UNION ALL
-	SELECT 'TABLE', r.nspname, r.relname, p, 'the manifest', CASE WHEN r.relkind <> 'S' THEN has_table_privilege(r.oid, p) END, 1
+	SELECT 'TABLE', r.nspname, r.relname, p, 'the manifest', CASE WHEN r.relkind <> 'S' THEN has_table_privilege($2::name, r.oid, p) END, 1, pg_get_userbyid(r.relowner)
 	FROM rels r, unnest(CASE WHEN r.relname = 'schema_migrations' THEN ARRAY['SELECT']
 		ELSE ARRAY['SELECT', 'INSERT', 'UPDATE', 'DELETE'] END) WITH ORDINALITY AS x(p, i)
 	WHERE r.relkind <> 'S'
 	UNION ALL
-	SELECT 'SEQUENCE', r.nspname, r.relname, 'USAGE', 'the manifest', CASE WHEN r.relkind = 'S' THEN has_sequence_privilege(r.oid, 'USAGE') END, 2
+	SELECT 'SEQUENCE', r.nspname, r.relname, 'USAGE', 'the manifest', CASE WHEN r.relkind = 'S' THEN has_sequence_privilege($2::name, r.oid, 'USAGE') END, 2, pg_get_userbyid(r.relowner)
 	FROM rels r WHERE r.relkind = 'S'
 		-- identity columns' sequences need no privilege of the inserting role
 		AND NOT EXISTS (SELECT 1 FROM pg_depend d WHERE d.classid = 'pg_class'::regclass AND d.objid = r.oid AND d.deptype = 'i')
 	UNION ALL
 	SELECT 'DATABASE', '', current_database(), 'TEMPORARY', 'staging tables',
-		has_database_privilege(current_database(), 'TEMPORARY'), 3)
-SELECT kind, schema, name, privilege, why FROM want WHERE ok IS FALSE
+		has_database_privilege($2::name, current_database(), 'TEMPORARY'), 3,
+		(SELECT pg_get_userbyid(datdba) FROM pg_database WHERE datname = current_database()))
+SELECT kind, schema, name, privilege, why, owner FROM want WHERE ok IS FALSE
 ORDER BY ord, name, array_position(ARRAY['USAGE', 'SELECT', 'INSERT', 'UPDATE', 'DELETE', 'TEMPORARY'], privilege)`
 
 // CheckPrivileges returns a [*PrivilegeError] (wrapping [ErrPrivilege])
@@ -200,7 +209,7 @@ func (m *PGManifest) missingPrivileges(ctx context.Context, db sqlx.ExtContext) 
 		return nil, "", err
 	}
 	var rows []pgPrivilegeRow
-	if err := sqlx.SelectContext(ctx, db, &rows, manifestPrivilegesSQL, m.schema); err != nil {
+	if err := sqlx.SelectContext(ctx, db, &rows, manifestPrivilegesSQL, m.schema, role); err != nil {
 		return nil, "", err
 	}
 	return privilegeRows(rows, role), role, nil
@@ -297,58 +306,192 @@ func (m *PGManifest) Init(ctx context.Context, db sqlx.ExtContext) error {
 // 9.27.10) so concurrent callers are safe. It is the administrator's step
 // ("backfill migrate"): it needs CREATE on the database (for CREATE
 // SCHEMA, unless the schema exists) and ownership of the schema and its
-// tables. The transaction is READ COMMITTED whatever the database's
-// default isolation, so each statement after the lock sees what the
-// caller before it created, and it is retried on 40001 and 40P01 (inTx).
-// When db is a transaction the migration joins it, at that transaction's
+// tables; a statement refused for a missing privilege (42501) is named in
+// the error, which then also wraps a [*PrivilegeError] with the GRANT to
+// run (or, for CREATE SCHEMA, says to create the schema first). The
+// transaction is READ COMMITTED whatever the database's default
+// isolation, so each statement after the lock sees what the caller
+// before it created, and it is retried on 40001 and 40P01 (inTx). When db
+// is a transaction the migration joins it, at that transaction's
 // isolation level. A schema already current is left alone.
 func (m *PGManifest) Migrate(ctx context.Context, db sqlx.ExtContext) error {
-	err := inTx(ctx, db, func(tx sqlx.ExtContext) error {
-		if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock(hashtextextended('backfill.migrate:' || $1, 0))`, m.schema); err != nil {
+	_, err := m.MigrateGrant(ctx, db)
+	return err
+}
+
+// MigrateResult is what [PGManifest.MigrateGrant] did.
+type MigrateResult struct {
+	// From is the schema's version before this call, read under the
+	// migration's lock: when several callers migrate at once, one reports
+	// the migration and the others From == To.
+	From int
+	// To is the schema's version after the call.
+	To int
+	// Granted lists the GRANT statements run whose privileges the role
+	// has afterwards, in order.
+	Granted []string
+	// NotGranted lists the privileges a role of the call still lacks
+	// after its GRANT statements: PostgreSQL grants nothing, with only a
+	// warning, when the caller holds the privilege without its grant
+	// option. Why names the object's owner, who can grant it.
+	NotGranted []RolePrivilege
+}
+
+// RolePrivilege is a privilege a named role lacks.
+type RolePrivilege struct {
+	// Role is the role that lacks it.
+	Role string
+	Privilege
+	// Owner is the object's owner: the owner (or a superuser, or a role
+	// holding the privilege WITH GRANT OPTION) can grant it.
+	Owner string
+}
+
+// MigrateGrant migrates the schema as [PGManifest.Migrate] does and, in
+// the same transaction and under the same advisory lock, runs the
+// statements of [PGManifest.Grants] for each of roles, then checks that
+// each role has every privilege they give (has_*_privilege). Concurrent
+// callers are serialised by the lock, so concurrent GRANTs on the same
+// object cannot fail with "tuple concurrently updated" (XX000), and each
+// caller's MigrateResult says what it did (the version is read after the
+// lock). A privilege a role still lacks (the caller holds it without
+// grant option, so PostgreSQL only warned) is listed in NotGranted and
+// the error wraps [ErrPrivilege], naming the role, the privilege, the
+// statement and the object's owner who can run it; the migration and the
+// effective grants are committed all the same.
+func (m *PGManifest) MigrateGrant(ctx context.Context, db sqlx.ExtContext, roles ...string) (MigrateResult, error) {
+	var res MigrateResult
+	err := inTx(ctx, db, func(tx sqlx.ExtContext) (err error) {
+		res = MigrateResult{}
+		if res.From, res.To, err = m.migrate(ctx, tx); err != nil || len(roles) == 0 {
 			return err
 		}
-		// Already current (another caller migrated it while this one
-		// waited for the lock): nothing to create.
-		cur, latest, err := m.Version(ctx, tx)
-		if err != nil {
+		var database string
+		if err := sqlx.GetContext(ctx, tx, &database, `SELECT current_database()`); err != nil {
 			return err
 		}
-		if cur == latest {
-			return nil
-		}
-		if cur == 0 {
-			// CREATE SCHEMA IF NOT EXISTS needs CREATE on the database even
-			// when the schema exists: a schema an administrator created
-			// for the role is used as it is.
-			var exists bool
-			if err := sqlx.GetContext(ctx, tx, &exists, `SELECT EXISTS (SELECT FROM pg_namespace WHERE nspname = $1)`, m.schema); err != nil {
-				return err
-			}
-			if !exists {
-				if _, err := tx.ExecContext(ctx, m.sql(`CREATE SCHEMA {s}`)); err != nil {
-					return err
+		for _, role := range roles {
+			for _, q := range m.Grants(database, role) {
+				if _, err := tx.ExecContext(ctx, q); err != nil {
+					return fmt.Errorf("%s: %w", q, err)
 				}
 			}
-			if _, err := tx.ExecContext(ctx, m.sql(`CREATE TABLE IF NOT EXISTS {s}.schema_migrations (
-			version int PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())`)); err != nil {
-				return err
+			var rows []pgPrivilegeRow
+			if err := sqlx.SelectContext(ctx, tx, &rows, manifestPrivilegesSQL, m.schema, role); err != nil {
+				return fmt.Errorf("verify the grants to %s: %w", sqlgen.Ident(role), err)
 			}
-		}
-		if cur > latest {
-			return fmt.Errorf("manifest schema %q is at version %d, newer than this library's %d", m.schema, cur, latest)
-		}
-		for v := cur + 1; v <= latest; v++ {
-			if _, err := tx.ExecContext(ctx, m.sql(pgMigrations[v-1])); err != nil {
-				return fmt.Errorf("migration %d: %w", v, err)
+			missing := privilegeRows(rows, role)
+			for i, p := range missing {
+				res.NotGranted = append(res.NotGranted, RolePrivilege{Role: role, Privilege: p, Owner: rows[i].Owner})
 			}
-			if _, err := tx.ExecContext(ctx, m.sql(`INSERT INTO {s}.schema_migrations (version) VALUES ($1)`), v); err != nil {
-				return err
+			for _, q := range m.Grants(database, role) {
+				if !slices.ContainsFunc(missing, func(p Privilege) bool { return grantCovers(q, p) }) {
+					res.Granted = append(res.Granted, q)
+				}
 			}
 		}
 		return nil
 	})
 	if err != nil {
-		return fmt.Errorf("backfill: manifest migrate: %w", err)
+		return MigrateResult{}, fmt.Errorf("backfill: manifest migrate: %w", err)
 	}
-	return nil
+	if len(res.NotGranted) > 0 {
+		var b strings.Builder
+		for _, p := range res.NotGranted {
+			fmt.Fprintf(&b, "; role %s lacks %s on %s: run %s as its owner %s (or a superuser, or a role holding it WITH GRANT OPTION)",
+				sqlgen.Ident(p.Role), p.Privilege.Privilege, p.Object, p.Grant, sqlgen.Ident(p.Owner))
+		}
+		return res, fmt.Errorf("backfill: manifest grant: %w: PostgreSQL granted %d of the privileges only with a warning, because this role holds them without grant option%s",
+			ErrPrivilege, len(res.NotGranted), b.String())
+	}
+	return res, nil
+}
+
+// grantCovers reports whether the statement q of [PGManifest.Grants]
+// gives the privilege p.
+func grantCovers(q string, p Privilege) bool {
+	kind, _, _ := strings.Cut(p.Object, " ")
+	switch strings.ToUpper(kind) {
+	case "DATABASE":
+		return strings.Contains(q, " ON DATABASE ")
+	case "SCHEMA":
+		return strings.Contains(q, " ON SCHEMA ")
+	case "TABLE":
+		return strings.Contains(q, " ON ALL TABLES ")
+	case "SEQUENCE":
+		return strings.Contains(q, " ON ALL SEQUENCES ")
+	}
+	return false
+}
+
+// migrate is Migrate in the transaction tx: it returns the version before
+// (read under the lock) and after.
+func (m *PGManifest) migrate(ctx context.Context, tx sqlx.ExtContext) (from, to int, err error) {
+	if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock(hashtextextended('backfill.migrate:' || $1, 0))`, m.schema); err != nil {
+		return 0, 0, err
+	}
+	// Read under the lock: another caller may have migrated it while this
+	// one waited.
+	cur, latest, err := m.Version(ctx, tx)
+	if err != nil {
+		return 0, 0, err
+	}
+	if cur == latest {
+		return cur, cur, nil
+	}
+	if cur > latest {
+		return cur, cur, fmt.Errorf("manifest schema %q is at version %d, newer than this library's %d", m.schema, cur, latest)
+	}
+	var who struct {
+		Role     string `db:"role"`
+		Database string `db:"database"`
+		Exists   bool   `db:"exists"`
+		Owner    string `db:"owner"`
+	}
+	if err := sqlx.GetContext(ctx, tx, &who, `SELECT current_user AS role, current_database() AS database,
+		n.oid IS NOT NULL AS exists, coalesce(pg_get_userbyid(n.nspowner), '') AS owner
+		FROM (SELECT 1) x LEFT JOIN pg_namespace n ON n.nspname = $1`, m.schema); err != nil {
+		return 0, 0, err
+	}
+	s := sqlgen.Ident(m.schema)
+	// denied names the statement q refused for a missing privilege.
+	denied := func(q string, err error) error {
+		var pe *pq.Error
+		if !errors.As(err, &pe) || pe.Code != "42501" {
+			return err
+		}
+		return fmt.Errorf("%s: %w: role %s may not run it (%w); run the migration as the owner of schema %s (%s) or a superuser",
+			q, ErrPrivilege, sqlgen.Ident(who.Role), err, s, sqlgen.Ident(who.Owner))
+	}
+	if cur == 0 {
+		// CREATE SCHEMA IF NOT EXISTS needs CREATE on the database even
+		// when the schema exists: a schema an administrator created for
+		// the role is used as it is.
+		if !who.Exists {
+			if _, err := tx.ExecContext(ctx, m.sql(`CREATE SCHEMA {s}`)); err != nil {
+				var pe *pq.Error
+				if !errors.As(err, &pe) || pe.Code != "42501" {
+					return 0, 0, err
+				}
+				db := sqlgen.Ident(who.Database)
+				perr := &PrivilegeError{Role: who.Role, Missing: []Privilege{{Object: "database " + db, Privilege: "CREATE",
+					Grant: grantOn("CREATE", "DATABASE "+db, who.Role),
+					Why:   fmt.Sprintf("to run CREATE SCHEMA %s; or else an administrator creates the schema first: CREATE SCHEMA %s AUTHORIZATION %s", s, s, sqlgen.Ident(who.Role))}}}
+				return 0, 0, fmt.Errorf("CREATE SCHEMA %s: %w (%w)", s, perr, err)
+			}
+		}
+		if _, err := tx.ExecContext(ctx, m.sql(`CREATE TABLE IF NOT EXISTS {s}.schema_migrations (
+			version int PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())`)); err != nil {
+			return 0, 0, denied("CREATE TABLE "+s+".schema_migrations", err)
+		}
+	}
+	for v := cur + 1; v <= latest; v++ {
+		if _, err := tx.ExecContext(ctx, m.sql(pgMigrations[v-1])); err != nil {
+			return 0, 0, fmt.Errorf("migration %d: %w", v, denied("its DDL", err))
+		}
+		if _, err := tx.ExecContext(ctx, m.sql(`INSERT INTO {s}.schema_migrations (version) VALUES ($1)`), v); err != nil {
+			return 0, 0, denied("INSERT INTO "+s+".schema_migrations", err)
+		}
+	}
+	return cur, latest, nil
 }

@@ -79,6 +79,10 @@ type TableInfo struct {
 	// update one with ErrPrivilege (PGMerger, backfill_privileges.go).
 	insertOnly bool
 	role       string
+	// noUpdate: the written columns the role may not update (in table
+	// order); noUpdateAll: none of them.
+	noUpdate    []string
+	noUpdateAll bool
 }
 
 // identity returns the columns that identify one target row: Key, plus

@@ -61,8 +61,10 @@ func (r *leastRole) exec(t *testing.T, sql string) {
 // TEMPORARY on the database, and SELECT and INSERT on the target runs a
 // first load (Upsert, which only inserts). A replay that would update
 // rows fails with ErrPrivilege and writes nothing until UPDATE is
-// granted, then resumes; the rollback needs DELETE, refused with the
-// GRANT to run before anything changes, then done.
+// granted, then resumes. The rollback of the replay, which only updated
+// rows, needs UPDATE but not DELETE; the rollback of the first load needs
+// DELETE: each refused with the GRANT to run before anything changes,
+// then done.
 func TestLeastPrivilegeRunResumeRollback(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -109,24 +111,34 @@ func TestLeastPrivilegeRunResumeRollback(t *testing.T) {
 	require.Equal(t, int64(100), rep2.Counts.Updated)
 	require.Equal(t, int64(900), rep2.Counts.Unchanged)
 
-	// The rollback of the replay needs DELETE (it deletes what the batch
-	// inserted) and UPDATE (it restores the rows the batch updated),
-	// refused before it changes anything.
+	// The rollback of the replay, which only updated rows, needs UPDATE
+	// (it restores them) and not DELETE: refused before it changes
+	// anything, naming UPDATE alone.
 	r.exec(t, `REVOKE UPDATE ON items FROM {role}`)
 	_, err = runner.Rollback(ctx, job, backfill.RollbackOptions{Actor: "test", Why: "test"})
 	require.ErrorIs(t, err, backfill.ErrPrivilege)
-	require.Contains(t, err.Error(), `GRANT DELETE, UPDATE ON TABLE "public"."items" TO "`+r.name+`";`)
-	r.exec(t, `GRANT UPDATE ON items TO {role}`)
-	_, err = runner.Rollback(ctx, job, backfill.RollbackOptions{Actor: "test", Why: "test"})
-	require.ErrorIs(t, err, backfill.ErrPrivilege)
-	require.Contains(t, err.Error(), `GRANT DELETE ON TABLE "public"."items" TO "`+r.name+`";`)
+	require.Contains(t, err.Error(), `run as an administrator: GRANT UPDATE ON TABLE "public"."items" TO "`+r.name+`";`)
+	require.NotContains(t, err.Error(), "DELETE")
 	require.NoError(t, r.admin.Get(&changed, `SELECT count(*) FROM items WHERE name LIKE 'v2-%'`))
 	require.Equal(t, 100, changed)
-	r.exec(t, `GRANT DELETE ON items TO {role}`)
+	r.exec(t, `GRANT UPDATE ON items TO {role}`)
 	rb, err := runner.Rollback(ctx, job, backfill.RollbackOptions{Actor: "test", Why: "test"})
-	require.NoError(t, err)
+	require.NoError(t, err, "rollback of updates without DELETE")
 	require.Equal(t, int64(100), rb.Restored)
 	require.NoError(t, r.admin.Get(&changed, `SELECT count(*) FROM items WHERE name LIKE 'v2-%'`))
+	require.Zero(t, changed)
+	// The rollback of the first load deletes the rows it inserted: it
+	// needs DELETE, refused before anything changes.
+	_, err = runner.Rollback(ctx, first, backfill.RollbackOptions{Actor: "test", Why: "test", BatchID: rep.BatchID})
+	require.ErrorIs(t, err, backfill.ErrPrivilege)
+	require.Contains(t, err.Error(), `GRANT DELETE ON TABLE "public"."items" TO "`+r.name+`";`)
+	require.NoError(t, r.admin.Get(&changed, `SELECT count(*) FROM items`))
+	require.Equal(t, 1000, changed)
+	r.exec(t, `GRANT DELETE ON items TO {role}`)
+	rb, err = runner.Rollback(ctx, first, backfill.RollbackOptions{Actor: "test", Why: "test", BatchID: rep.BatchID})
+	require.NoError(t, err)
+	require.Equal(t, int64(1000), rb.Deleted)
+	require.NoError(t, r.admin.Get(&changed, `SELECT count(*) FROM items`))
 	require.Zero(t, changed)
 }
 

@@ -33,6 +33,10 @@ type pgRollback struct {
 	// a logged key back as a record of those columns only (keyRecord).
 	keyTypes map[string]string
 	scope    RollbackScope
+	// noDelete: the role lacks DELETE on the target (load). A DELETE
+	// needs it even when it deletes nothing, so the rollback of a batch
+	// that only updated rows then runs none (backfill_privileges.go).
+	noDelete bool
 }
 
 var _ UndoRollback = (*pgRollback)(nil)
@@ -121,6 +125,11 @@ func (rb *pgRollback) load(ctx context.Context, db sqlx.ExtContext) error {
 	for _, t := range types {
 		rb.keyTypes[t.Name] = t.Type
 	}
+	var mayDelete bool
+	if err := sqlx.GetContext(ctx, db, &mayDelete, `SELECT coalesce(has_table_privilege(to_regclass($1), 'DELETE'), true)`, rb.target); err != nil {
+		return fmt.Errorf("backfill: rollback %s: privileges: %w", rb.info.Target.Table, err)
+	}
+	rb.noDelete = !mayDelete
 	return nil
 }
 
@@ -194,11 +203,21 @@ func (rb *pgRollback) chunk(ctx context.Context, tx sqlx.ExtContext, batch int64
 			}
 			restored, _ = res.RowsAffected()
 		}
-		res, err := tx.ExecContext(ctx, rb.deleteLoggedSQL(), batch, seq, force)
-		if err != nil {
-			return fmt.Errorf("delete: %w", err)
+		// Likewise DELETE: without the privilege, only when the undo log
+		// has inserted keys.
+		logged := !rb.noDelete
+		if !logged {
+			if err := sqlx.GetContext(ctx, tx, &logged, `SELECT EXISTS (SELECT FROM `+rb.undo+` WHERE batch_id = $1 AND seq = $2 AND op IN ('insert', 'inserts'))`, batch, seq); err != nil {
+				return fmt.Errorf("delete: %w", err)
+			}
 		}
-		deleted, _ = res.RowsAffected()
+		if logged {
+			res, err := tx.ExecContext(ctx, rb.deleteLoggedSQL(), batch, seq, force)
+			if err != nil {
+				return fmt.Errorf("delete: %w", err)
+			}
+			deleted, _ = res.RowsAffected()
+		}
 		if chunk != nil {
 			n, err := rb.deleteInserted(ctx, tx, batch, chunk, force)
 			if err != nil {
@@ -259,6 +278,18 @@ func (rb *pgRollback) keysTable(ctx context.Context, tx sqlx.ExtContext) error {
 // force), and lists their keys in backfill_rollback_keys.
 func (rb *pgRollback) deleteInserted(ctx context.Context, tx sqlx.ExtContext, batch int64, chunk *ChunkState, force bool) (int64, error) {
 	filter, fargs := rb.insertedFilter(chunk, 3)
+	if rb.noDelete {
+		// Without DELETE privilege, a DELETE only when there are rows to
+		// delete (it fails then, as it must).
+		var found bool
+		if err := sqlx.GetContext(ctx, tx, &found, fmt.Sprintf(`SELECT EXISTS (SELECT FROM %s t WHERE t.%s = $1 AND $2::bool IS NOT NULL AND %s)`,
+			rb.target, rb.inserted, filter), append([]any{batch, force}, fargs...)...); err != nil {
+			return 0, fmt.Errorf("delete inserted rows: %w", err)
+		}
+		if !found {
+			return 0, nil
+		}
+	}
 	res, err := tx.ExecContext(ctx, rb.deleteInsertedSQL(filter),
 		append([]any{batch, force}, fargs...)...)
 	if err != nil {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/lib/pq"
 	"github.com/spf13/cobra"
 
 	"github.com/pgbackfill/backfill"
@@ -32,9 +33,12 @@ run, resume, validate and (with --rollback) roll back jobs: USAGE on the
 manifest's schema and DML on its tables, TEMPORARY on the database, and,
 for each --table, USAGE on its schema, SELECT and INSERT, UPDATE where the
 runs update rows (--mode history, or upsert with --conflict source_wins or
-newer_version_wins, unless --insert-only), DELETE with --rollback, and what
-a --publish mode creates. It reads the database's name and the tables'
-schemas; it changes nothing.`,
+newer_version_wins, unless --insert-only), DELETE with --rollback, USAGE
+on the sequences of its serial columns (needed unless the job writes the
+column; identity columns need none), and what a --publish mode creates.
+It reads the database's name, the tables' schemas and their serial
+columns' sequences; it changes nothing. The ownership PublishPartitionSwap
+and PublishVersionedView need is printed as an SQL comment.`,
 		Args: func(cmd *cobra.Command, args []string) error {
 			if len(args) != 1 {
 				return fmt.Errorf("%w: grants takes one ROLE, got %d arguments", errUsage, len(args))
@@ -71,6 +75,27 @@ schemas; it changes nothing.`,
 					return fmt.Errorf("%w: %w", errUsage, err)
 				}
 				res.Statements = append(res.Statements, stmts...)
+				// The sequences of its serial columns: an INSERT that
+				// leaves such a column to its default calls nextval.
+				// (Identity columns need no privilege on theirs.)
+				var seqs []struct {
+					Schema   string `db:"nspname"`
+					Sequence string `db:"relname"`
+					Column   string `db:"attname"`
+				}
+				if err := db.SelectContext(ctx, &seqs, `SELECT n.nspname, s.relname, a.attname
+					FROM pg_depend d
+					JOIN pg_class s ON s.oid = d.objid AND s.relkind = 'S'
+					JOIN pg_namespace n ON n.oid = s.relnamespace
+					JOIN pg_attribute a ON a.attrelid = d.refobjid AND a.attnum = d.refobjsubid
+					WHERE d.classid = 'pg_class'::regclass AND d.refobjid = to_regclass($1) AND d.deptype = 'a'
+					ORDER BY a.attnum`, name[0]); err != nil {
+					return fmt.Errorf("table %s: sequences: %w", t, err)
+				}
+				for _, q := range seqs {
+					res.Statements = append(res.Statements, fmt.Sprintf("GRANT USAGE ON SEQUENCE %s.%s TO %s; -- serial column %s of %s, unless the job writes it",
+						pq.QuoteIdentifier(q.Schema), pq.QuoteIdentifier(q.Sequence), pq.QuoteIdentifier(role), pq.QuoteIdentifier(q.Column), name[0]))
+				}
 			}
 			return g.print(res, strings.Join(res.Statements, "\n")+"\n")
 		},

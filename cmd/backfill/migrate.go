@@ -15,6 +15,18 @@ type migrateResult struct {
 	From    int      `json:"from_version"`
 	To      int      `json:"to_version"`
 	Granted []string `json:"granted,omitempty"`
+	// NotGranted: privileges a --grant role still lacks after its GRANT
+	// (the caller holds them without grant option); the exit status is 1.
+	NotGranted []notGranted `json:"not_granted,omitempty"`
+}
+
+// notGranted is a privilege migrate --grant could not give.
+type notGranted struct {
+	Role      string `json:"role"`
+	Object    string `json:"object"`
+	Privilege string `json:"privilege"`
+	Grant     string `json:"grant"`
+	Owner     string `json:"owner"`
 }
 
 func newMigrateCmd(g *globals) *cobra.Command {
@@ -28,7 +40,12 @@ role that may create the schema (CREATE on the database) or owns it.
 Afterwards the roles that run jobs need no DDL privilege on the manifest.
 
 With --grant ROLE (repeatable), it then grants each role the manifest's
-privileges a runtime role needs (see "backfill grants").`,
+privileges a runtime role needs (see "backfill grants"), under the same
+lock, and checks that each role has them afterwards: a privilege
+PostgreSQL did not grant (the caller holds it without grant option) is
+reported with its owner, who can grant it, and the exit status is 1.
+Several migrate calls may run at once: one migrates, the others report
+"nothing to migrate".`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
@@ -37,41 +54,33 @@ privileges a runtime role needs (see "backfill grants").`,
 				return err
 			}
 			defer db.Close()
-			m := backfill.NewPGManifest(g.schema)
-			from, _, err := m.Version(ctx, db)
-			if err != nil {
+			// The version is read, the schema migrated and the roles
+			// granted under one lock, in one transaction: what this call
+			// did, even when others run at once.
+			r, err := backfill.NewPGManifest(g.schema).MigrateGrant(ctx, db, roles...)
+			if err != nil && len(r.NotGranted) == 0 {
 				return err
 			}
-			if err := m.Migrate(ctx, db); err != nil {
-				return err
-			}
-			to, _, err := m.Version(ctx, db)
-			if err != nil {
-				return err
-			}
-			res := migrateResult{Schema: g.schema, From: from, To: to}
-			var database string
-			if err := db.GetContext(ctx, &database, `SELECT current_database()`); err != nil {
-				return err
-			}
-			for _, role := range roles {
-				for _, q := range m.Grants(database, role) {
-					if _, err := db.ExecContext(ctx, q); err != nil {
-						return fmt.Errorf("%s: %w", q, err)
-					}
-					res.Granted = append(res.Granted, q)
-				}
+			res := migrateResult{Schema: g.schema, From: r.From, To: r.To, Granted: r.Granted}
+			for _, p := range r.NotGranted {
+				res.NotGranted = append(res.NotGranted, notGranted{Role: p.Role, Object: p.Object, Privilege: p.Privilege.Privilege, Grant: p.Grant, Owner: p.Owner})
 			}
 			var b strings.Builder
-			if from == to {
-				fmt.Fprintf(&b, "manifest schema %q is at version %d; nothing to migrate\n", g.schema, to)
+			if r.From == r.To {
+				fmt.Fprintf(&b, "manifest schema %q is at version %d; nothing to migrate\n", g.schema, r.To)
 			} else {
-				fmt.Fprintf(&b, "manifest schema %q migrated from version %d to %d\n", g.schema, from, to)
+				fmt.Fprintf(&b, "manifest schema %q migrated from version %d to %d\n", g.schema, r.From, r.To)
 			}
 			for _, q := range res.Granted {
 				fmt.Fprintln(&b, q)
 			}
-			return g.print(res, b.String())
+			for _, p := range res.NotGranted {
+				fmt.Fprintf(&b, "NOT GRANTED: %s on %s to %q: run %s as its owner %q (or a superuser)\n", p.Privilege, p.Object, p.Role, p.Grant, p.Owner)
+			}
+			if perr := g.print(res, b.String()); perr != nil {
+				return perr
+			}
+			return err
 		},
 	}
 	cmd.Flags().StringArrayVar(&roles, "grant", nil, "grant this runtime role the manifest's privileges after migrating (repeatable)")

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 
 	"github.com/jmoiron/sqlx"
 	_ "github.com/lib/pq" // the "postgres" driver
@@ -44,10 +45,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 	case err == nil:
 		return exitOK
 	case errors.Is(err, errUsage):
-		fmt.Fprintln(stderr, "backfill:", err)
+		fmt.Fprintln(stderr, "backfill:", strings.TrimPrefix(err.Error(), "backfill: "))
 		return exitUsage
 	default:
-		fmt.Fprintln(stderr, "backfill:", err)
+		// The library's errors begin with "backfill: " too: once is enough.
+		fmt.Fprintln(stderr, "backfill:", strings.TrimPrefix(err.Error(), "backfill: "))
 		return exitError
 	}
 }
