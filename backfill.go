@@ -471,9 +471,9 @@ type Config struct {
 	// are held by others waits, and terminates the backend of a holder
 	// whose heartbeat is older than StaleAfter, which rolls the
 	// holder's chunk back and frees it. It also bounds, in each chunk's
-	// transaction, idle_in_transaction_session_timeout, the TCP
-	// keepalives and tcp_user_timeout, so that the server itself ends
-	// the transaction of a worker cut off. A healthy worker waits behind
+	// transaction, the TCP keepalives and tcp_user_timeout, so that the
+	// server itself ends the transaction of a worker cut off. A healthy
+	// worker waits behind
 	// a frozen one at most about StaleAfter + HeartbeatInterval + a
 	// second. Default [DefaultStaleAfter]; it must exceed twice
 	// HeartbeatInterval.

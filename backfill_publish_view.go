@@ -269,7 +269,7 @@ func (r *Runner) lockRunRow(ctx context.Context, tx sqlx.ExtContext, batchID int
 		return RunCompleted, nil
 	}
 	var st []RunStatus
-	if err := sqlx.SelectContext(ctx, tx, &st, pm.sql(`SELECT status FROM {s}.runs WHERE batch_id = $1 FOR UPDATE`), batchID); err != nil {
+	if err := sqlx.SelectContext(ctx, tx, &st, pm.sql(`SELECT status FROM {s}.runs WHERE batch_id = $1 FOR NO KEY UPDATE`), batchID); err != nil {
 		return "", err
 	}
 	if len(st) == 0 {

@@ -153,10 +153,16 @@ pg_signal_backend (or all workers running as one role); without it the
 waiting worker logs the GRANT needed and waits on.
 
 The server bounds a cut-off worker too: each chunk's transaction sets,
-locally, idle_in_transaction_session_timeout = StaleAfter, TCP keepalives
-(idle StaleAfter/3, interval StaleAfter/9, 3 probes) and tcp_user_timeout
-= StaleAfter, so that a network split or a frozen client between
-statements ends the backend within the bound even with no worker waiting.
+locally, TCP keepalives (idle StaleAfter/3, interval StaleAfter/9, 3
+probes) and tcp_user_timeout = StaleAfter, so that a network split ends
+the backend within the bound even with no worker waiting. The chunk's
+transaction sets no idle_in_transaction_session_timeout: it is idle while
+validators run in the process, which may be slow and healthy. The
+library's short manifest transactions (starting, finishing, pausing a
+run, recording a failure) set idle_in_transaction_session_timeout = 10 s
+locally, so a worker frozen inside one holds the run's row at most that
+long. Run-row locks are FOR NO KEY UPDATE, which never blocks a chunk's
+transaction (its rows reference the run's row with FOR KEY SHARE).
 It also sets statement_timeout 0 for the COPY that stays open while the
 extractor runs, so the extractor's time is not charged to a role's or
 database's statement_timeout; the merge's statements run under the

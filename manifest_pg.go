@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/jmoiron/sqlx"
@@ -265,6 +266,19 @@ type txBeginner interface {
 // a short jittered backoff (retryTx), so f must not keep state across
 // attempts. When db is a transaction, its owner retries.
 func inTx(ctx context.Context, db sqlx.ExtContext, f func(tx sqlx.ExtContext) error) error {
+	return inTxIdle(ctx, db, false, f)
+}
+
+// inShortTx is inTx for a transaction that only runs statements (no
+// validator, no extractor, nothing of the caller's between them): it
+// also sets idle_in_transaction_session_timeout to manifestIdleTimeout,
+// locally, so that a worker frozen inside it (SIGSTOP, a stalled host)
+// holds its locks, such as the run's row, for that long at most.
+func inShortTx(ctx context.Context, db sqlx.ExtContext, f func(tx sqlx.ExtContext) error) error {
+	return inTxIdle(ctx, db, true, f)
+}
+
+func inTxIdle(ctx context.Context, db sqlx.ExtContext, short bool, f func(tx sqlx.ExtContext) error) error {
 	b, ok := db.(txBeginner)
 	if !ok {
 		if pd, ok := db.(pgDB); ok {
@@ -283,12 +297,34 @@ func inTx(ctx context.Context, db sqlx.ExtContext, f func(tx sqlx.ExtContext) er
 		if err != nil {
 			return statementPoolerHint(ctx, b, err) // backfill_pooler.go
 		}
+		if short {
+			// No parameters: one round trip, pooler-safe.
+			if _, err := tx.ExecContext(ctx, manifestIdleSetting()); err != nil {
+				_ = tx.Rollback()
+				return err
+			}
+		}
 		if err := f(tx); err != nil {
 			_ = tx.Rollback()
 			return err
 		}
 		return tx.Commit()
 	})
+}
+
+// manifestIdleTimeout is idle_in_transaction_session_timeout in the
+// transactions inShortTx begins: they only run statements, so a longer
+// idle time means a frozen client.
+const manifestIdleTimeout = 10 * time.Second
+
+// manifestIdleMS is manifestIdleTimeout in milliseconds; tests shorten it.
+var manifestIdleMS atomic.Int64
+
+func init() { manifestIdleMS.Store(manifestIdleTimeout.Milliseconds()) }
+
+// manifestIdleSetting sets manifestIdleMS, locally.
+func manifestIdleSetting() string {
+	return fmt.Sprintf(`SELECT set_config('idle_in_transaction_session_timeout', '%d', true)`, manifestIdleMS.Load())
 }
 
 // txAttempts bounds the attempts of a transaction retried by retryTx.
@@ -366,14 +402,14 @@ func (m *PGManifest) StartRun(ctx context.Context, db sqlx.ExtContext, plan Plan
 	)
 	for {
 		var wait int64 // an abandoned run to wait for before creating
-		err := inTx(ctx, db, func(tx sqlx.ExtContext) error {
+		err := inShortTx(ctx, db, func(tx sqlx.ExtContext) error {
 			wait = 0
 			if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock(hashtextextended('backfill.job:' || $1, 0))`, plan.Job); err != nil {
 				return err
 			}
 			var last []Run
 			if err := sqlx.SelectContext(ctx, tx, &last, m.sql(`SELECT `+runColumns+` FROM {s}.runs
-				WHERE job_name = $1 AND status <> 'abandoned' ORDER BY batch_id DESC LIMIT 1 FOR UPDATE`), plan.Job); err != nil {
+				WHERE job_name = $1 AND status <> 'abandoned' ORDER BY batch_id DESC LIMIT 1 FOR NO KEY UPDATE`), plan.Job); err != nil {
 				return err
 			}
 			if len(last) == 1 {
@@ -674,7 +710,7 @@ func (m *PGManifest) FailChunk(ctx context.Context, db sqlx.ExtContext, batchID 
 	// claimable by the next call) whatever this attempt did.
 	// In its own READ COMMITTED transaction (inTx), retried on 40001 and
 	// 40P01, when db is not one already.
-	err := inTx(ctx, db, func(tx sqlx.ExtContext) error {
+	err := inShortTx(ctx, db, func(tx sqlx.ExtContext) error {
 		_, err := tx.ExecContext(ctx, m.sql(`UPDATE {s}.chunks SET attempts = attempts + 1, last_error = $3,
 			status = CASE WHEN status = 'open' THEN status ELSE $4 END
 			WHERE batch_id = $1 AND seq = $2 AND status <> 'done'`), batchID, seq, ManifestText(msg), string(status))
@@ -690,9 +726,9 @@ func (m *PGManifest) FailChunk(ctx context.Context, db sqlx.ExtContext, batchID 
 func (m *PGManifest) FinishRun(ctx context.Context, db sqlx.ExtContext, batchID int64, failed bool, msg string) (Run, error) {
 	msg = ManifestText(msg)
 	var run Run
-	err := inTx(ctx, db, func(tx sqlx.ExtContext) error {
+	err := inShortTx(ctx, db, func(tx sqlx.ExtContext) error {
 		var runs []Run
-		if err := sqlx.SelectContext(ctx, tx, &runs, m.sql(`SELECT `+runColumns+` FROM {s}.runs WHERE batch_id = $1 FOR UPDATE`), batchID); err != nil {
+		if err := sqlx.SelectContext(ctx, tx, &runs, m.sql(`SELECT `+runColumns+` FROM {s}.runs WHERE batch_id = $1 FOR NO KEY UPDATE`), batchID); err != nil {
 			return err
 		}
 		if len(runs) == 0 {
@@ -798,7 +834,7 @@ func (m *PGManifest) RecordEvent(ctx context.Context, db sqlx.ExtContext, e Even
 	if e.BatchID != 0 {
 		batch = sql.NullInt64{Int64: e.BatchID, Valid: true}
 	}
-	err := inTx(ctx, db, func(tx sqlx.ExtContext) error {
+	err := inShortTx(ctx, db, func(tx sqlx.ExtContext) error {
 		_, err := tx.ExecContext(ctx, m.sql(`INSERT INTO {s}.events (batch_id, job_name, kind, actor, detail) VALUES ($1, $2, $3, $4, $5)`),
 			batch, e.Job, e.Kind, ManifestText(e.Actor), detail)
 		return err
@@ -862,7 +898,7 @@ func (m *PGManifest) AddValidations(ctx context.Context, db sqlx.ExtContext, bat
 func (m *PGManifest) addValidations(ctx context.Context, db sqlx.ExtContext, batchID int64, chunkID string, results []CheckResult, failedAttempt sql.NullInt64) error {
 	// All or none, in one READ COMMITTED transaction retried on 40001 and
 	// 40P01 (inTx) when db is not one already.
-	return inTx(ctx, db, func(tx sqlx.ExtContext) error {
+	return inShortTx(ctx, db, func(tx sqlx.ExtContext) error {
 		return m.insertValidations(ctx, tx, batchID, chunkID, results, failedAttempt)
 	})
 }
@@ -936,7 +972,7 @@ func (m *PGManifest) Validations(ctx context.Context, db sqlx.ExtContext, batchI
 func (m *PGManifest) RecordGateFailure(ctx context.Context, db sqlx.ExtContext, p GateFailure) error {
 	reason := ManifestText(p.Reason)
 	failed := sql.NullInt64{Int64: int64(p.Attempt), Valid: true}
-	err := inTx(ctx, db, func(tx sqlx.ExtContext) error {
+	err := inShortTx(ctx, db, func(tx sqlx.ExtContext) error {
 		if err := m.addValidations(ctx, tx, p.BatchID, p.ChunkID, p.Results, failed); err != nil {
 			return err
 		}
@@ -1006,7 +1042,7 @@ func (m *PGManifest) RollBackRun(ctx context.Context, tx sqlx.ExtContext, batchI
 // PauseRun implements [ManifestValidations.PauseRun].
 func (m *PGManifest) PauseRun(ctx context.Context, db sqlx.ExtContext, batchID int64, reason string) error {
 	reason = ManifestText(reason)
-	return inTx(ctx, db, func(tx sqlx.ExtContext) error {
+	return inShortTx(ctx, db, func(tx sqlx.ExtContext) error {
 		var runs []Run
 		if err := sqlx.SelectContext(ctx, tx, &runs, m.sql(`UPDATE {s}.runs SET status = 'paused', last_error = $2, updated_at = now()
 			WHERE batch_id = $1 AND status IN ('running', 'failed') RETURNING `+runColumns), batchID, reason); err != nil {
@@ -1022,7 +1058,7 @@ func (m *PGManifest) PauseRun(ctx context.Context, db sqlx.ExtContext, batchID i
 // ResumeRun implements [ManifestValidations.ResumeRun].
 func (m *PGManifest) ResumeRun(ctx context.Context, db sqlx.ExtContext, batchID int64, actor, why string) error {
 	actor, why = ManifestText(actor), ManifestText(why)
-	return inTx(ctx, db, func(tx sqlx.ExtContext) error {
+	return inShortTx(ctx, db, func(tx sqlx.ExtContext) error {
 		var runs []Run
 		if err := sqlx.SelectContext(ctx, tx, &runs, m.sql(`UPDATE {s}.runs SET status = 'running', last_error = '', updated_at = now()
 			WHERE batch_id = $1 AND status = 'paused' RETURNING `+runColumns), batchID); err != nil {

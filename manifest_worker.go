@@ -213,7 +213,7 @@ func (m *PGManifest) RunLiveness(ctx context.Context, db sqlx.ExtContext, batchI
 }
 
 func (m *PGManifest) registerWorker(ctx context.Context, db sqlx.ExtContext, w Worker) error {
-	return inTx(ctx, db, func(tx sqlx.ExtContext) error {
+	return inShortTx(ctx, db, func(tx sqlx.ExtContext) error {
 		_, err := tx.ExecContext(ctx, m.sql(`INSERT INTO {s}.workers (worker_key, worker_id, batch_id, job_name, host, pid, stale_after)
 			VALUES ($1, $2, $3, $4, $5, $6, make_interval(secs => $7))`),
 			w.Key, ManifestText(w.ID), w.BatchID, w.Job, ManifestText(w.Host), w.PID, w.StaleAfter.Seconds())
@@ -225,7 +225,7 @@ func (m *PGManifest) registerWorker(ctx context.Context, db sqlx.ExtContext, w W
 // of its own that does not wait for its WAL to be flushed (a lost
 // heartbeat is harmless).
 func (m *PGManifest) heartbeat(ctx context.Context, db sqlx.ExtContext, key string) error {
-	return inTx(ctx, db, func(tx sqlx.ExtContext) error {
+	return inShortTx(ctx, db, func(tx sqlx.ExtContext) error {
 		_, err := tx.ExecContext(ctx, m.sql(`UPDATE {s}.workers SET heartbeat_at = now()
 			WHERE worker_key = $1 AND finished_at IS NULL AND set_config('synchronous_commit', 'local', true) IS NOT NULL`), key)
 		return err
@@ -233,7 +233,7 @@ func (m *PGManifest) heartbeat(ctx context.Context, db sqlx.ExtContext, key stri
 }
 
 func (m *PGManifest) finishWorker(ctx context.Context, db sqlx.ExtContext, key string) error {
-	return inTx(ctx, db, func(tx sqlx.ExtContext) error {
+	return inShortTx(ctx, db, func(tx sqlx.ExtContext) error {
 		_, err := tx.ExecContext(ctx, m.sql(`UPDATE {s}.workers SET heartbeat_at = now(), finished_at = now(), state = 'finished'
 			WHERE worker_key = $1`), key)
 		return err
@@ -245,16 +245,15 @@ func (m *PGManifest) finishWorker(ctx context.Context, db sqlx.ExtContext, key s
 type lease struct {
 	// key is the worker key, tagged in application_name.
 	key string
-	// staleAfter bounds the idle time in the transaction
-	// (idle_in_transaction_session_timeout) and the time a dead peer
-	// (network cut) goes unnoticed (TCP keepalives, tcp_user_timeout).
+	// staleAfter bounds the time a dead peer (network cut) goes
+	// unnoticed (TCP keepalives, tcp_user_timeout).
 	staleAfter time.Duration
 }
 
 // settings returns the lease's session settings as set_config arguments.
-func (l lease) settings() (appName, idleMS, keepIdle, keepInterval, keepCount, userTimeoutMS string) {
+func (l lease) settings() (appName, keepIdle, keepInterval, keepCount, userTimeoutMS string) {
 	s := max(int(l.staleAfter/time.Second), 3)
-	return "backfill " + l.key + " ", fmt.Sprint(l.staleAfter.Milliseconds()), fmt.Sprint(max(s/3, 1)), fmt.Sprint(max(s/9, 1)), "3",
+	return "backfill " + l.key + " ", fmt.Sprint(max(s/3, 1)), fmt.Sprint(max(s/9, 1)), "3",
 		fmt.Sprint(l.staleAfter.Milliseconds())
 }
 
@@ -264,10 +263,13 @@ func (l lease) settings() (appName, idleMS, keepIdle, keepInterval, keepCount, u
 //
 //   - application_name "backfill <worker key> " before the session's
 //     own: the chunk's holder, for the waiting workers' fencing;
-//   - idle_in_transaction_session_timeout = StaleAfter, and TCP
-//     keepalives (idle StaleAfter/3, interval StaleAfter/9, 3 probes) and
-//     tcp_user_timeout = StaleAfter: the server ends the transaction of a
-//     worker cut off or frozen between statements within the bound;
+//   - TCP keepalives (idle StaleAfter/3, interval StaleAfter/9, 3
+//     probes) and tcp_user_timeout = StaleAfter: the server ends the
+//     transaction of a worker cut off within the bound. Not
+//     idle_in_transaction_session_timeout: the chunk's transaction is
+//     idle while its validators run in the process, which may take
+//     long; a worker frozen between statements stops heartbeating and is
+//     fenced by the others instead;
 //   - statement_timeout 0, the previous value kept in
 //     backfill.statement_timeout: the COPY that stays open while the
 //     extractor runs is not charged with the extractor's time. The merge
@@ -295,17 +297,16 @@ func (m *PGManifest) claimLeased(ctx context.Context, tx sqlx.ExtContext, batchI
 	if l.key == "" {
 		err = sqlx.SelectContext(ctx, tx, &rows, m.sql(claim), batchID)
 	} else {
-		app, idle, kIdle, kInt, kCount, userTO := l.settings()
+		app, kIdle, kInt, kCount, userTO := l.settings()
 		err = sqlx.SelectContext(ctx, tx, &rows, m.sql(`SELECT c.*
 			FROM (`+claim+`) c
 			WHERE set_config('application_name', left($2 || current_setting('application_name'), 63), true) IS NOT NULL
-				AND set_config('idle_in_transaction_session_timeout', $3, true) IS NOT NULL
-				AND set_config('tcp_keepalives_idle', $4, true) IS NOT NULL
-				AND set_config('tcp_keepalives_interval', $5, true) IS NOT NULL
-				AND set_config('tcp_keepalives_count', $6, true) IS NOT NULL
-				AND set_config('tcp_user_timeout', $7, true) IS NOT NULL
+				AND set_config('tcp_keepalives_idle', $3, true) IS NOT NULL
+				AND set_config('tcp_keepalives_interval', $4, true) IS NOT NULL
+				AND set_config('tcp_keepalives_count', $5, true) IS NOT NULL
+				AND set_config('tcp_user_timeout', $6, true) IS NOT NULL
 				AND set_config('statement_timeout', CASE WHEN set_config('backfill.statement_timeout', current_setting('statement_timeout'), true) IS NOT NULL THEN '0' END, true) IS NOT NULL`),
-			batchID, app, idle, kIdle, kInt, kCount, userTO)
+			batchID, app, kIdle, kInt, kCount, userTO)
 	}
 	if err != nil {
 		return ChunkState{}, false, fmt.Errorf("backfill: claim chunk of batch %d: %w", batchID, err)
@@ -340,7 +341,7 @@ type chunkHolder struct {
 // clock at that moment.
 func (m *PGManifest) holders(ctx context.Context, db sqlx.ExtContext, batchID int64, self string, staleAfter time.Duration, fence, running bool) ([]chunkHolder, error) {
 	var out []chunkHolder
-	err := inTx(ctx, db, func(tx sqlx.ExtContext) error {
+	err := inShortTx(ctx, db, func(tx sqlx.ExtContext) error {
 		out = out[:0]
 		return sqlx.SelectContext(ctx, tx, &out, m.sql(`SELECT c.seq, c.chunk_id, l.pid, coalesce(w.worker_key, '') AS worker_key,
 			coalesce(w.worker_id, a.application_name, '') AS worker_id, coalesce(w.host, '') AS host,
@@ -389,7 +390,7 @@ func (m *PGManifest) waitInFlight(ctx context.Context, db sqlx.ExtContext, batch
 	}
 	fenceOK := true
 	for n := 0; ; n++ {
-		err := inTx(ctx, db, func(tx sqlx.ExtContext) error {
+		err := inShortTx(ctx, db, func(tx sqlx.ExtContext) error {
 			_, err := tx.ExecContext(ctx, m.sql(`SELECT 1 FROM {s}.chunks WHERE batch_id = $1 AND status IN ('pending', 'open')
 				AND set_config('lock_timeout', $2, true) IS NOT NULL ORDER BY seq FOR UPDATE`), batchID, fmt.Sprint(max(w.poll.Milliseconds(), 1)))
 			return err

@@ -421,7 +421,7 @@ func (r *Runner) stopOpenRun(ctx context.Context, pm sqlManifest, run Run, opts 
 	}
 	err := inTx(ctx, r.db, func(tx sqlx.ExtContext) error {
 		var status string
-		if err := sqlx.GetContext(ctx, tx, &status, pm.sql(`SELECT status FROM {s}.runs WHERE batch_id = $1 FOR UPDATE`), run.BatchID); err != nil {
+		if err := sqlx.GetContext(ctx, tx, &status, pm.sql(`SELECT status FROM {s}.runs WHERE batch_id = $1 FOR NO KEY UPDATE`), run.BatchID); err != nil {
 			return err
 		}
 		run.Status = RunStatus(status)
@@ -486,7 +486,7 @@ func (r *Runner) rollbackRun(ctx context.Context, pm ManifestRollback, job strin
 		}
 		return run, nil
 	}
-	run, err := pm.LatestRun(ctx, r.db, job, RunCompleted, RunFailed, RunPaused, RunRolledBack)
+	run, err := pm.LatestRun(ctx, r.db, job, RunRunning, RunCompleted, RunFailed, RunPaused, RunRolledBack)
 	if err != nil {
 		return Run{}, fmt.Errorf("backfill: rollback of job %q: %w", job, err)
 	}
