@@ -475,8 +475,10 @@ type Config struct {
 	// server itself ends the transaction of a worker cut off. A healthy
 	// worker waits behind
 	// a frozen one at most about StaleAfter + HeartbeatInterval + a
-	// second. Default [DefaultStaleAfter]; it must exceed twice
-	// HeartbeatInterval.
+	// second. Default: the larger of [DefaultStaleAfter] and three
+	// HeartbeatIntervals (so a HeartbeatInterval over 10 s raises it, and
+	// the wait bound with it, past one minute). Set, it must exceed
+	// twice HeartbeatInterval.
 	StaleAfter time.Duration
 }
 

@@ -101,6 +101,10 @@ func statementPoolerHint(ctx context.Context, b txBeginner, err error) error {
 	if _, perr := ex.ExecContext(ctx, `SELECT 1`); perr != nil {
 		return err
 	}
-	return fmt.Errorf("%w: the database runs statements but drops the connection at BEGIN, as a pooler in statement mode does "+
-		"(PgBouncer pool_mode = statement); backfill needs transactions: set pool_mode = transaction (or session) for this database and user", err)
+	return fmt.Errorf("%w: %w: the database runs statements but drops the connection at BEGIN, as a pooler in statement mode does "+
+		"(PgBouncer pool_mode = statement); backfill needs transactions: set pool_mode = transaction (or session) for this database and user", errStatementPooler, err)
 }
+
+// errStatementPooler marks the error of a pooler in statement mode
+// (statementPoolerHint): a configuration to fix, not a failure to retry.
+var errStatementPooler = errors.New("pooler in statement mode")

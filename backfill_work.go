@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"strings"
+
+	"github.com/lib/pq"
 )
 
 // ExitCode is the outcome of [Work] as a process exit status, for
@@ -25,10 +28,13 @@ const (
 	// blindly: restarting resumes the run and retries the failed chunks,
 	// which helps only once the cause is fixed.
 	ExitFailed ExitCode = 1
-	// ExitUsage (64, EX_USAGE): the job or the configuration is wrong
-	// (ErrInvalidConfig, ErrInvalidScope, ErrPlanChanged, ErrUnsupported,
-	// ErrNoUniqueKey, ErrTargetNotFound): nothing was run. Fix the
-	// configuration; restarting cannot help.
+	// ExitUsage (64, EX_USAGE): the job, the configuration or the
+	// deployment is wrong (ErrInvalidConfig, ErrInvalidScope,
+	// ErrPlanChanged, ErrUnsupported, ErrNoUniqueKey, ErrTargetNotFound;
+	// ErrPrivilege: a missing privilege, with the GRANT to run;
+	// ErrSchemaBehind: the manifest needs "backfill migrate"; the login
+	// refused; a pooler in statement mode): nothing was run. Fix it;
+	// restarting cannot help.
 	ExitUsage ExitCode = 64
 	// ExitTempFail (75, EX_TEMPFAIL): the run is not finished and
 	// restarting later resumes it: the context was cancelled (SIGTERM),
@@ -41,7 +47,8 @@ const (
 )
 
 // Work runs job with r as one worker among any number, on any number of
-// hosts, and returns the exit code of the contract above; it logs the
+// hosts, and returns its outcome as an exit code of the [ExitCode]
+// contract (ExitDone 0, ExitFailed 1, ExitUsage 64, ExitTempFail 75); it logs the
 // outcome (Config.Logger) with the code. Host programs call it and exit
 // with its result:
 //
@@ -77,10 +84,34 @@ func Work(ctx context.Context, r *Runner, job Job) ExitCode {
 		log.Warn("backfill worker: run not finished; restart later to resume it", attrs...)
 	case ExitUsage:
 		log.Error("backfill worker: bad job or configuration; nothing run", attrs...)
-	default:
-		log.Error("backfill worker: run failed; see last_error in the manifest", attrs...)
+	case ExitFailed:
+		if rep.BatchID == 0 {
+			log.Error("backfill worker: failed before a run was created or resumed", attrs...)
+		} else {
+			log.Error("backfill worker: run failed; see last_error in the manifest", attrs...)
+		}
 	}
 	return code
+}
+
+// isLoginRefused reports whether err is the server (or a pooler in front
+// of it) refusing the login: a wrong password or user, no pg_hba entry
+// (28000, 28P01; PgBouncer reports a refused server login as 08P01 with
+// the server's message). Restarting cannot help.
+func isLoginRefused(err error) bool {
+	var pe *pq.Error
+	if !errors.As(err, &pe) {
+		return false
+	}
+	switch {
+	case pe.Code.Class() == "28":
+		return true
+	case pe.Code == "08P01":
+		m := strings.ToLower(pe.Message)
+		return strings.Contains(m, "password authentication failed") || strings.Contains(m, "no pg_hba.conf entry") ||
+			strings.Contains(m, "login failed") || strings.Contains(m, "does not exist")
+	}
+	return false
 }
 
 // exitCode maps the result of Run to the contract of [Work].
@@ -97,7 +128,8 @@ func exitCode(ctx context.Context, rep Report, err error) ExitCode {
 	case errors.Is(err, ErrAlreadyCompleted):
 		return ExitDone
 	case errors.Is(err, ErrInvalidConfig), errors.Is(err, ErrInvalidScope), errors.Is(err, ErrPlanChanged),
-		errors.Is(err, ErrUnsupported), errors.Is(err, ErrNoUniqueKey), errors.Is(err, ErrTargetNotFound):
+		errors.Is(err, ErrUnsupported), errors.Is(err, ErrNoUniqueKey), errors.Is(err, ErrTargetNotFound),
+		errors.Is(err, ErrPrivilege), errors.Is(err, ErrSchemaBehind), errors.Is(err, errStatementPooler), isLoginRefused(err):
 		return ExitUsage
 	case rep.Status == RunFailed:
 		return ExitFailed

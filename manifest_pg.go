@@ -38,7 +38,9 @@ var (
 )
 
 // NewPGManifest returns a PostgreSQL manifest in schema ("" means
-// "backfill"). The schema is created by [PGManifest.Init]. schema is one
+// "backfill"). The schema is created and migrated by [PGManifest.Migrate]
+// (an administrator's step, "backfill migrate"), or by [PGManifest.Init]
+// when the role may. schema is one
 // identifier, taken literally and always quoted: "ops.backfill" is the
 // schema of that name (with a dot), never schema backfill of a database
 // ops; do not quote it yourself.
@@ -755,6 +757,12 @@ func (m *PGManifest) FinishRun(ctx context.Context, db sqlx.ExtContext, batchID 
 		err := sqlx.GetContext(ctx, tx, &run, m.sql(`UPDATE {s}.runs SET status = $2, last_error = $3, updated_at = now(),
 			finished_at = CASE WHEN $2 = 'completed' THEN now() END WHERE batch_id = $1 RETURNING `+runColumns), batchID, string(status), msg)
 		if err != nil {
+			return err
+		}
+		// Workers that stopped heartbeating (killed, crashed) never mark
+		// themselves finished: the run's end says they are lost.
+		if _, err := tx.ExecContext(ctx, m.sql(`UPDATE {s}.workers SET state = 'lost', finished_at = now()
+			WHERE batch_id = $1 AND finished_at IS NULL AND heartbeat_at < now() - stale_after`), batchID); err != nil {
 			return err
 		}
 		return m.event(ctx, tx, pgEvent{batchID: batchID, job: run.Job, kind: "run_" + string(status), detail: map[string]any{"error": msg}})

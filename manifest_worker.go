@@ -55,7 +55,7 @@ CREATE TABLE {s}.workers (
 	started_at   timestamptz NOT NULL DEFAULT now(),
 	heartbeat_at timestamptz NOT NULL DEFAULT now(),
 	finished_at  timestamptz,
-	state        text NOT NULL DEFAULT 'working' CHECK (state IN ('working', 'finished'))
+	state        text NOT NULL DEFAULT 'working' CHECK (state IN ('working', 'finished', 'lost'))
 );
 CREATE INDEX workers_batch ON {s}.workers (batch_id, heartbeat_at DESC);
 CREATE VIEW {s}.run_liveness AS
@@ -112,7 +112,9 @@ type Worker struct {
 	StartedAt   time.Time  `db:"started_at" json:"started_at"`
 	HeartbeatAt time.Time  `db:"heartbeat_at" json:"heartbeat_at"`
 	FinishedAt  *time.Time `db:"finished_at" json:"finished_at,omitempty"`
-	// State is "working" or "finished".
+	// State is "working", "finished" (its Run call returned), or "lost":
+	// it stopped heartbeating (crashed, killed, frozen) and its run has
+	// since ended; FinishedAt is then when the run ended.
 	State string `db:"state" json:"state"`
 	// HeartbeatAge is how long ago, by the server's clock, the worker
 	// last heartbeated, when the manifest was read.
@@ -326,6 +328,9 @@ type chunkHolder struct {
 	WorkerKey string `db:"worker_key"`
 	WorkerID  string `db:"worker_id"`
 	Host      string `db:"host"`
+	// OSPID is the worker's process ID on its host (0 when unknown); PID
+	// is the PostgreSQL backend holding the chunk.
+	OSPID int `db:"os_pid"`
 	// AgeSec is the age of the worker's heartbeat in seconds, -1 when
 	// the holder is not a registered worker.
 	AgeSec     float64 `db:"age_sec"`
@@ -344,7 +349,7 @@ func (m *PGManifest) holders(ctx context.Context, db sqlx.ExtContext, batchID in
 	err := inShortTx(ctx, db, func(tx sqlx.ExtContext) error {
 		out = out[:0]
 		return sqlx.SelectContext(ctx, tx, &out, m.sql(`SELECT c.seq, c.chunk_id, l.pid, coalesce(w.worker_key, '') AS worker_key,
-			coalesce(w.worker_id, a.application_name, '') AS worker_id, coalesce(w.host, '') AS host,
+			coalesce(w.worker_id, a.application_name, '') AS worker_id, coalesce(w.host, '') AS host, coalesce(w.pid, 0) AS os_pid,
 			coalesce(extract(epoch FROM now() - w.heartbeat_at)::float8, -1) AS age_sec,
 			coalesce(w.finished_at IS NOT NULL OR w.heartbeat_at < now() - greatest(w.stale_after, make_interval(secs => $3)), false) AS stale,
 			CASE WHEN $4 AND w.worker_key IS NOT NULL AND w.worker_key <> $2
@@ -429,7 +434,10 @@ func (m *PGManifest) waitInFlight(ctx context.Context, db sqlx.ExtContext, batch
 // far, and whether the holder was fenced.
 func logHolder(log *slog.Logger, what string, batchID int64, h chunkHolder, waited time.Duration) {
 	attrs := []any{"what", what, "batch_id", batchID, "seq", h.Seq, "chunk", h.ChunkID, "holder", h.WorkerID, "holder_host", h.Host,
-		"holder_pid", h.PID, "waited", waited}
+		"holder_backend_pid", h.PID, "waited", waited}
+	if h.OSPID > 0 {
+		attrs = append(attrs, "holder_os_pid", h.OSPID)
+	}
 	if h.AgeSec >= 0 {
 		attrs = append(attrs, "holder_heartbeat_age", time.Duration(h.AgeSec*float64(time.Second)))
 	}
