@@ -119,8 +119,8 @@ type Worker struct {
 	// HeartbeatAge is how long ago, by the server's clock, the worker
 	// last heartbeated, when the manifest was read.
 	HeartbeatAge time.Duration `db:"-" json:"heartbeat_age"`
-	// Stale reports whether the worker is unfinished and its heartbeat
-	// older than its StaleAfter.
+	// Stale reports whether the worker stopped heartbeating: unfinished
+	// with a heartbeat older than its StaleAfter, or lost.
 	Stale bool `db:"stale" json:"stale"`
 }
 
@@ -181,7 +181,7 @@ func (m *PGManifest) Workers(ctx context.Context, db sqlx.ExtContext, batchID in
 		rows = rows[:0]
 		return sqlx.SelectContext(ctx, tx, &rows, m.sql(`SELECT worker_key, worker_id, batch_id, job_name, host, pid, started_at, heartbeat_at,
 		finished_at, state, extract(epoch FROM stale_after)::float8 AS stale_sec, extract(epoch FROM now() - heartbeat_at)::float8 AS age_sec,
-		(finished_at IS NULL AND heartbeat_at < now() - stale_after) AS stale
+		(state = 'lost' OR finished_at IS NULL AND heartbeat_at < now() - stale_after) AS stale
 		FROM {s}.workers WHERE batch_id = $1 ORDER BY started_at DESC, worker_key`), batchID)
 	})
 	if err != nil {
