@@ -48,6 +48,12 @@ const (
 	// workers and hosts": StaleAfter + HeartbeatInterval + 1 s; 36 s with
 	// the defaults, within issue 12's minute).
 	bound = staleAfter + heartbeatInterval + time.Second
+	// slack is what the assertions allow beyond the bound: the bound's
+	// worst case (a holder frozen just after its heartbeat, polls that
+	// just miss StaleAfter) reaches it exactly, and each poll and claim
+	// takes a few milliseconds more on a machine of 2 cores running 6
+	// workers and the server.
+	slack = 500 * time.Millisecond
 )
 
 // summary is what the suite did, printed at the end for the closing note.
@@ -232,6 +238,7 @@ type window struct {
 	start, end time.Time
 	frozen     map[int]bool // workers frozen or cut off
 	held       bool         // a frozen worker held a chunk at the start
+	seqs       []int        // the chunks the frozen workers held at the start
 }
 
 func (r *round) record(e event) {
@@ -442,6 +449,11 @@ func sleepOrDone(d time.Duration, done <-chan struct{}) bool {
 func (r *round) freeze(kind string, w *worker, d time.Duration, done <-chan struct{}) {
 	held := r.isHolding(w)
 	win := window{kind: kind, start: time.Now(), frozen: map[int]bool{}, held: held}
+	for _, o := range r.holding() {
+		if o == w || (kind == "cut" && o.host == w.host) {
+			win.seqs = append(win.seqs, r.lastEvent(o).seq)
+		}
+	}
 	switch kind {
 	case "sigstop":
 		if !w.signal(syscall.SIGSTOP) {
@@ -695,13 +707,13 @@ func (r *round) check() {
 	wait, where := r.longestHealthyWait(time.Now())
 	logWait, logWhere := r.longestLoggedWait()
 	joinWait, joinWhere := r.longestJoinWait(time.Now())
-	if wait > bound {
+	if wait > bound+slack {
 		t.Errorf("a healthy worker waited %v behind a frozen or cut-off one, measured outside (%s), bound %v", wait.Round(time.Millisecond), where, bound)
 	}
-	if logWait > bound {
+	if logWait > bound+slack {
 		t.Errorf("a healthy worker logged a wait of %v (%s), bound %v", logWait.Round(time.Millisecond), logWhere, bound)
 	}
-	if joinWait > bound {
+	if joinWait > bound+slack {
 		t.Errorf("a joining worker took %v to join the run (%s), bound %v", joinWait.Round(time.Millisecond), joinWhere, bound)
 	}
 
@@ -758,8 +770,10 @@ func (r *round) check() {
 // frozen or cut off itself) went without progress while another worker
 // that held a chunk was frozen or cut off. Progress is a process start,
 // the start of an extraction, a chunk committed, an exit; the extractor's
-// own sleep is not counted as waiting. This is measured from the
-// outside; longestLoggedWait is what the workers logged.
+// own sleep is not counted as waiting, nor the time after the frozen
+// workers' chunks were claimed again or committed (the healthy worker may
+// then wait for a healthy holder of such a chunk). This is measured from
+// the outside; longestLoggedWait is what the workers logged.
 func (r *round) longestHealthyWait(now time.Time) (time.Duration, string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -798,6 +812,9 @@ func (r *round) longestHealthyWait(now time.Time) (time.Duration, string) {
 				if r.frozenDuring(idx, a.at, b.at) {
 					continue
 				}
+				if c, ok := r.released(win); ok && c.Before(b.at) {
+					gap -= b.at.Sub(c)
+				}
 				if gap > longest {
 					longest = gap
 					where = fmt.Sprintf("%s after %q during a %s of %v", r.workers[idx].id, a.kind, win.kind, win.end.Sub(win.start).Round(time.Millisecond))
@@ -808,28 +825,79 @@ func (r *round) longestHealthyWait(now time.Time) (time.Duration, string) {
 	return longest, where
 }
 
-// longestLoggedWait is the longest wait the workers logged themselves
-// (the library's "waited" of a wait for chunks held by others), leaving
-// out waits during which the waiting worker was itself frozen or cut off
-// (its clock ran on while it could not look), or the server restarted.
+// released returns when the last of the chunks the frozen workers of win
+// held was released: claimed by another worker (its extraction began),
+// committed or failed.
+func (r *round) released(win window) (time.Time, bool) {
+	var last time.Time
+	for _, seq := range win.seqs {
+		var at time.Time
+		for _, e := range r.events {
+			if e.seq == seq && e.at.After(win.start) && ((e.kind == "extract" && !win.frozen[e.worker]) || e.kind == "done" || e.kind == "failed") {
+				at = e.at
+				break
+			}
+		}
+		if at.IsZero() {
+			return time.Time{}, false
+		}
+		if at.After(last) {
+			last = at
+		}
+	}
+	return last, !last.IsZero()
+}
+
+// longestLoggedWait is the longest a worker waited for one holder of one
+// chunk by its own log: the library logs each chunk it waits for with
+// the holder and how long it has waited ("waited"), once per poll; the
+// wait behind a holder runs from the first record naming it to the last,
+// plus a poll interval. Left out: waits during which the waiting worker
+// was itself frozen or cut off (its clock ran on while it could not
+// look), or the server restarted.
 func (r *round) longestLoggedWait() (time.Duration, string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	type key struct {
+		worker, episode, seq int
+		holder               string
+	}
+	type span struct {
+		first, last event
+	}
+	spans := map[key]*span{}
+	episode, lastWaited := map[int]int{}, map[int]time.Duration{}
+	for _, e := range r.events {
+		switch {
+		case e.kind == "start":
+			episode[e.worker]++
+			lastWaited[e.worker] = 0
+		case e.kind == "wait":
+			if e.waited < lastWaited[e.worker] {
+				episode[e.worker]++ // a new wait
+			}
+			lastWaited[e.worker] = e.waited
+			if e.holder == "" {
+				continue
+			}
+			k := key{e.worker, episode[e.worker], e.seq, e.holder}
+			if sp := spans[k]; sp != nil {
+				sp.last = e
+			} else {
+				spans[k] = &span{first: e, last: e}
+			}
+		}
+	}
 	var longest time.Duration
 	where := "no worker logged a wait"
-	for _, e := range r.events {
-		if e.kind != "wait" || e.waited <= longest {
+	for k, sp := range spans {
+		d := sp.last.waited - sp.first.waited + min(heartbeatInterval, time.Second)
+		if d <= longest || r.frozenDuring(k.worker, sp.first.at, sp.last.at) || r.restartDuring(sp.first.at, sp.last.at) {
 			continue
 		}
-		if r.frozenDuring(e.worker, e.at.Add(-e.waited), e.at) || r.restartDuring(e.at.Add(-e.waited), e.at) {
-			continue
-		}
-		longest = e.waited
-		holder := e.holder
-		if holder == "" {
-			holder = "none left"
-		}
-		where = fmt.Sprintf("%s: %q, holder %s", r.workers[e.worker].id, e.msg, holder)
+		longest = d
+		where = fmt.Sprintf("%s for chunk %d held by %s, waited %v to %v", r.workers[k.worker].id, k.seq, k.holder,
+			sp.first.waited.Round(time.Millisecond), sp.last.waited.Round(time.Millisecond))
 	}
 	return longest, where
 }
@@ -948,14 +1016,16 @@ func (s *suite) frozen(t *testing.T, seed int64, kind string) {
 	thawed := time.Now()
 	r.wait(done, stop, 3*time.Minute)
 	r.check()
-	r.checkFenced(victim, held, thawed)
+	r.checkFenced(kind, victim, held, thawed)
 }
 
 // checkFenced asserts that victim, frozen or cut off while it held chunk
-// seq, was fenced by another worker, that another worker committed seq,
-// and that victim's own attempt at it failed once it was thawed: a
-// fenced-out worker cannot commit (exactly-once checks the effect).
-func (r *round) checkFenced(victim *worker, seq int, thawed time.Time) {
+// seq, was fenced by another worker (a frozen one; a cut-off one's
+// backend may be ended by the server first, by the TCP keepalives the
+// chunk's transaction sets), that another worker committed seq, and that
+// victim's own attempt at it failed once it was thawed: a fenced-out
+// worker cannot commit (exactly-once checks the effect).
+func (r *round) checkFenced(kind string, victim *worker, seq int, thawed time.Time) {
 	t := r.t
 	var by string
 	if err := r.db.Get(&by, `SELECT worker FROM done_log d JOIN backfill.runs USING (batch_id) WHERE job_name = $1 AND seq = $2`, r.spec.Name, seq); err != nil {
@@ -975,8 +1045,8 @@ func (r *round) checkFenced(victim *worker, seq int, thawed time.Time) {
 			failed = true
 		}
 	}
-	t.Logf("%s held chunk %d: fenced %v, committed by %s, its own attempt failed after the thaw: %v", victim.id, seq, fenced, by, failed)
-	if !fenced || by == victim.id || !failed {
+	t.Logf("%s held chunk %d: fenced by another worker %v (else ended by the server), committed by %s, its own attempt failed after the thaw: %v", victim.id, seq, fenced, by, failed)
+	if (!fenced && kind == "sigstop") || by == victim.id || !failed {
 		t.Errorf("%s, frozen holding chunk %d: fenced by another worker %v (want true), chunk committed by %s (want another worker), its attempt failed after the thaw %v (want true)",
 			victim.id, seq, fenced, by, failed)
 	}

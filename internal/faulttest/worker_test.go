@@ -163,7 +163,11 @@ func (w *worker) runOnce() (int, error) {
 		case rec.Msg == "chunk failed" && rec.Seq != nil:
 			w.r.record(event{at: at, worker: w.idx, kind: "failed", seq: *rec.Seq})
 		case waitMessages[rec.Msg] && rec.Waited != nil:
-			w.r.record(event{at: at, worker: w.idx, kind: "wait", msg: rec.Msg, holder: rec.Holder, waited: *rec.Waited, fenced: rec.Msg == fencedMessage})
+			e := event{at: at, worker: w.idx, kind: "wait", seq: -1, msg: rec.Msg, holder: rec.Holder, waited: *rec.Waited, fenced: rec.Msg == fencedMessage}
+			if rec.Seq != nil {
+				e.seq = *rec.Seq
+			}
+			w.r.record(e)
 		case rec.Error != "" && rec.Level == "ERROR":
 			w.mu.Lock()
 			w.lastError = rec.Error
