@@ -801,9 +801,9 @@ func (r *round) longestHealthyWait(now time.Time) (time.Duration, string) {
 				// worker's wait on the run row is longestJoinWait's.
 				continue
 			}
-			gap := b.at.Sub(a.at)
+			from := a.at
 			if a.kind == "extract" {
-				gap -= r.spec.Sleep
+				from = from.Add(r.spec.Sleep)
 			}
 			for _, win := range r.windows {
 				if !win.held || win.frozen[idx] || b.at.Before(win.start) || a.at.After(win.end) {
@@ -812,9 +812,17 @@ func (r *round) longestHealthyWait(now time.Time) (time.Duration, string) {
 				if r.frozenDuring(idx, a.at, b.at) {
 					continue
 				}
-				if c, ok := r.released(win); ok && c.Before(b.at) {
-					gap -= b.at.Sub(c)
+				// Held up by this window's frozen workers from the
+				// freeze (or the gap's start) until their chunks were
+				// released, they were thawed, or the gap ended.
+				end := b.at
+				if win.end.Before(end) {
+					end = win.end
 				}
+				if c, ok := r.released(win); ok && c.Before(end) {
+					end = c
+				}
+				gap := end.Sub(later(from, win.start))
 				if gap > longest {
 					longest = gap
 					where = fmt.Sprintf("%s after %q during a %s of %v", r.workers[idx].id, a.kind, win.kind, win.end.Sub(win.start).Round(time.Millisecond))
@@ -823,6 +831,32 @@ func (r *round) longestHealthyWait(now time.Time) (time.Duration, string) {
 		}
 	}
 	return longest, where
+}
+
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
+// frozenOverlap is the longest time within [a, b] that worker idx was
+// frozen or cut off in one window.
+func (r *round) frozenOverlap(idx int, a, b time.Time) time.Duration {
+	var longest time.Duration
+	for _, w := range r.windows {
+		if !w.frozen[idx] {
+			continue
+		}
+		end := b
+		if w.end.Before(end) {
+			end = w.end
+		}
+		if d := end.Sub(later(a, w.start)); d > longest {
+			longest = d
+		}
+	}
+	return longest
 }
 
 // released returns when the last of the chunks the frozen workers of win
@@ -852,9 +886,11 @@ func (r *round) released(win window) (time.Time, bool) {
 // chunk by its own log: the library logs each chunk it waits for with
 // the holder and how long it has waited ("waited"), once per poll; the
 // wait behind a holder runs from the first record naming it to the last,
-// plus a poll interval. Left out: waits during which the waiting worker
-// was itself frozen or cut off (its clock ran on while it could not
-// look), or the server restarted.
+// plus a poll interval, and counts only while the holder was frozen or
+// cut off (a holder thawed in between heartbeats and is healthy again).
+// Left out: waits during which the waiting worker was itself frozen or
+// cut off (its clock ran on while it could not look), or the server
+// restarted.
 func (r *round) longestLoggedWait() (time.Duration, string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -888,10 +924,20 @@ func (r *round) longestLoggedWait() (time.Duration, string) {
 			}
 		}
 	}
+	idx := map[string]int{}
+	for _, w := range r.workers {
+		idx[w.id] = w.idx
+	}
 	var longest time.Duration
 	where := "no worker logged a wait"
 	for k, sp := range spans {
-		d := sp.last.waited - sp.first.waited + min(heartbeatInterval, time.Second)
+		poll := min(heartbeatInterval, time.Second)
+		d := sp.last.waited - sp.first.waited + poll
+		h, ok := idx[k.holder]
+		if !ok {
+			continue
+		}
+		d = min(d, r.frozenOverlap(h, sp.first.at, sp.last.at.Add(poll)))
 		if d <= longest || r.frozenDuring(k.worker, sp.first.at, sp.last.at) || r.restartDuring(sp.first.at, sp.last.at) {
 			continue
 		}
