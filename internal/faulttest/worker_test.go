@@ -47,8 +47,10 @@ var waitMessages = map[string]bool{
 const fencedMessage = "backfill: fenced a stale worker: terminated the backend holding the chunk; its transaction rolls back and the chunk is claimable"
 
 // worker is one worker process slot, supervised like an orchestrator
-// would (a Kubernetes Job's pod with restartPolicy OnFailure): restarted
-// when killed or when it exits with a failure, left alone once it exits 0.
+// would (a Kubernetes Job's pod with restartPolicy OnFailure), by the
+// exit codes of backfill.Work: restarted when killed or when it exits 1
+// (failed) or 75 (resume later), left alone once it exits 0 (done) or 64
+// (bad job or configuration).
 type worker struct {
 	r    *round
 	idx  int
