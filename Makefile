@@ -26,9 +26,7 @@ test:
 # test-faults: the fault suite (internal/faulttest, build tag faults):
 # worker processes on simulated hosts (network namespaces as root, else
 # loopback) under kill -9, SIGSTOP, network cuts, server restarts and
-# PgBouncer; prints a summary. BACKFILL_FAULTS_SEED replays a seed,
-# BACKFILL_FAULTS_ALL=1 also runs the faults known to fail until issue 12
-# lands.
+# PgBouncer; prints a summary. BACKFILL_FAULTS_SEED replays a seed.
 .PHONY: test-faults
 test-faults:
 	$(GO) test -tags faults -count=1 -timeout 20m -v ./internal/faulttest/...

@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
-	"net/url"
 	"strings"
 	"sync"
 	"testing"
@@ -335,12 +334,12 @@ func TestRunLiveness(t *testing.T) {
 func TestServerRestartDuringChunk(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	srv, err := pgtest.Start(ctx)
-	require.NoError(t, err)
-	defer func() { require.NoError(t, srv.Stop()) }()
 	// Commits durable across the crash (the throwaway server's default
 	// is synchronous_commit off).
-	db, err := sqlx.Open("postgres", srv.URL()+"&options="+url.QueryEscape("-c synchronous_commit=on"))
+	srv, err := pgtest.StartWith(ctx, pgtest.Options{SynchronousCommit: true})
+	require.NoError(t, err)
+	defer func() { require.NoError(t, srv.Stop()) }()
+	db, err := sqlx.Open("postgres", srv.URL())
 	require.NoError(t, err)
 	defer db.Close()
 	_, err = db.Exec(`CREATE TABLE live (id bigint PRIMARY KEY, v text NOT NULL)`)

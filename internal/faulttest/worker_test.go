@@ -13,21 +13,44 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/pgbackfill/backfill"
 )
 
 // event is something a worker process did, as the suite saw it: started,
-// began extracting a chunk, committed one, exited.
+// began extracting a chunk, committed one, failed one, logged a wait,
+// exited.
 type event struct {
 	at     time.Time
 	worker int
-	kind   string // start, joined (Run began working), extract, done, exit
+	kind   string // start, joined (Run began working), extract, done, failed, wait, exit
 	seq    int
 	code   int // exit
+	// wait: the library's record of a wait for chunks held by others.
+	msg    string
+	holder string        // the holder's worker ID ("" on the wait's last record)
+	waited time.Duration // how long the worker has waited so far
+	fenced bool          // the holder was fenced
 }
 
+// Messages of the library's wait records (backfill_worker.go,
+// manifest_worker.go): each carries "waited", those about one chunk
+// also "holder".
+var waitMessages = map[string]bool{
+	"backfill: waiting for a chunk in flight":                           true,
+	"backfill: waiting for a chunk held by a stale worker (not fenced)": true,
+	fencedMessage: true,
+	"backfill: done waiting for chunks in flight": true,
+	"backfill: chunks in flight ended":            true,
+}
+
+const fencedMessage = "backfill: fenced a stale worker: terminated the backend holding the chunk; its transaction rolls back and the chunk is claimable"
+
 // worker is one worker process slot, supervised like an orchestrator
-// would (a Kubernetes Job's pod with restartPolicy OnFailure): restarted
-// when killed or when it exits with a failure, left alone once it exits 0.
+// would (a Kubernetes Job's pod with restartPolicy OnFailure), by the
+// exit codes of backfill.Work: restarted when killed or when it exits 1
+// (failed) or 75 (resume later), left alone once it exits 0 (done) or 64
+// (bad job or configuration).
 type worker struct {
 	r    *round
 	idx  int
@@ -41,7 +64,7 @@ type worker struct {
 	killedByUs bool
 	stopped    bool // SIGSTOPped by the suite
 	starts     int
-	lastError  string // the last "worker failed" record
+	lastError  string // the error of the last ERROR record
 	logPath    string
 }
 
@@ -69,7 +92,11 @@ func (w *worker) supervise(stop <-chan struct{}) {
 			failures = 0
 		case code == 0:
 			return
-		default:
+		case code == int(backfill.ExitUsage):
+			// Restarting cannot help (the orchestrator's contract).
+			w.r.noteExit(w, code, lastErr)
+			return
+		default: // 1 failed, 75 resume later: restarted
 			w.r.noteExit(w, code, lastErr)
 			failures++
 		}
@@ -90,7 +117,8 @@ func (w *worker) runOnce() (int, error) {
 	cmd := w.host.command(s.workerBin,
 		"-url", w.url, "-job", sp.Name, "-table", sp.Table,
 		"-chunks", fmt.Sprint(sp.Chunks), "-rows", fmt.Sprint(sp.RowsPerChunk),
-		"-sleep", sp.Sleep.String(), "-id", w.id)
+		"-sleep", sp.Sleep.String(), "-id", w.id,
+		"-heartbeat", heartbeatInterval.String(), "-stale-after", staleAfter.String())
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
@@ -117,9 +145,12 @@ func (w *worker) runOnce() (int, error) {
 		at := time.Now()
 		_, _ = logf.Write(append(line, '\n'))
 		var rec struct {
-			Msg   string `json:"msg"`
-			Seq   *int   `json:"seq"`
-			Error string `json:"error"`
+			Msg    string         `json:"msg"`
+			Seq    *int           `json:"seq"`
+			Error  string         `json:"error"`
+			Level  string         `json:"level"`
+			Holder string         `json:"holder"`
+			Waited *time.Duration `json:"waited"` // slog writes a Duration in nanoseconds
 		}
 		if json.Unmarshal(line, &rec) != nil {
 			continue
@@ -131,7 +162,15 @@ func (w *worker) runOnce() (int, error) {
 			w.r.record(event{at: at, worker: w.idx, kind: "extract", seq: *rec.Seq})
 		case rec.Msg == "chunk done" && rec.Seq != nil:
 			w.r.record(event{at: at, worker: w.idx, kind: "done", seq: *rec.Seq})
-		case rec.Msg == "worker failed":
+		case rec.Msg == "chunk failed" && rec.Seq != nil:
+			w.r.record(event{at: at, worker: w.idx, kind: "failed", seq: *rec.Seq})
+		case waitMessages[rec.Msg] && rec.Waited != nil:
+			e := event{at: at, worker: w.idx, kind: "wait", seq: -1, msg: rec.Msg, holder: rec.Holder, waited: *rec.Waited, fenced: rec.Msg == fencedMessage}
+			if rec.Seq != nil {
+				e.seq = *rec.Seq
+			}
+			w.r.record(e)
+		case rec.Error != "" && rec.Level == "ERROR":
 			w.mu.Lock()
 			w.lastError = rec.Error
 			w.mu.Unlock()
@@ -148,7 +187,13 @@ func (w *worker) runOnce() (int, error) {
 	w.mu.Lock()
 	w.proc = nil
 	w.stopped = false
+	killed := w.killedByUs
 	w.mu.Unlock()
+	if killed {
+		w.r.noteCode(-1)
+	} else {
+		w.r.noteCode(code)
+	}
 	w.r.record(event{at: time.Now(), worker: w.idx, kind: "exit", code: code})
 	return code, nil
 }

@@ -67,8 +67,9 @@ const (
 	ownerFile     = "owner.pid"
 )
 
-// Server is a throwaway PostgreSQL server started by [Start]. It listens on
-// 127.0.0.1 on a free port and on a unix socket in its temporary directory.
+// Server is a throwaway PostgreSQL server started by [Start] or
+// [StartWith]. It listens on 127.0.0.1 (and [Options.ListenAddresses]) on
+// a free port and on a unix socket in its temporary directory.
 type Server struct {
 	dir     string // temporary directory, removed by Stop
 	dataDir string
@@ -79,6 +80,7 @@ type Server struct {
 	waitErr error         // set before exited is closed
 	bin     string
 	cred    *syscall.Credential
+	opts    Options
 
 	stopOnce sync.Once
 	stopErr  error
@@ -96,6 +98,9 @@ func (s *Server) Port() int { return s.port }
 // SocketDir returns the directory of the server's unix socket, usable as
 // host=DIR in a connection string.
 func (s *Server) SocketDir() string { return s.dir }
+
+// LogTail returns the last few KiB of the server's log.
+func (s *Server) LogTail() string { return readTail(s.logPath) }
 
 // Stop shuts the server down (fast shutdown, then SIGKILL if it does not
 // exit in time) and removes its temporary directory. It is safe to call
@@ -158,7 +163,7 @@ func (s *Server) RestartImmediate(ctx context.Context, down func()) error {
 	)
 	// The old postmaster's children may hold the port for a moment.
 	for attempt := 1; attempt <= portAttempts; attempt++ {
-		if next, err = startPostgres(ctx, s.bin, s.dir, s.dataDir, s.cred, s.port); err == nil || !errors.Is(err, errPortInUse) {
+		if next, err = startPostgres(ctx, s.bin, s.dir, s.dataDir, s.cred, s.port, s.opts); err == nil || !errors.Is(err, errPortInUse) {
 			break
 		}
 		time.Sleep(100 * time.Millisecond)
@@ -180,7 +185,28 @@ func (s *Server) RestartImmediate(ctx context.Context, down func()) error {
 // `pg_config --bindir`, else the highest /usr/lib/postgresql/*/bin, else
 // PATH. When running as root, initdb and postgres run as the "postgres"
 // system user, since PostgreSQL refuses to run as root.
-func Start(ctx context.Context) (srv *Server, err error) {
+func Start(ctx context.Context) (*Server, error) { return StartWith(ctx, Options{}) }
+
+// Options are the settings of [StartWith] beyond [Start]'s.
+type Options struct {
+	// ListenAddresses are IPv4 addresses the server listens on besides
+	// 127.0.0.1. They must exist on the machine when the server starts
+	// (and when it restarts).
+	ListenAddresses []string
+	// TrustNetworks are CIDR networks (e.g. "10.200.0.0/16") whose
+	// clients pg_hba.conf lets in without a password, besides the local
+	// ones.
+	TrustNetworks []string
+	// SynchronousCommit keeps synchronous_commit on (Start turns it off):
+	// an acknowledged COMMIT then survives [Server.RestartImmediate],
+	// which loses the WAL not yet written. fsync stays off either way:
+	// the machine itself does not crash.
+	SynchronousCommit bool
+}
+
+// StartWith is [Start] with opts: more listen addresses, trusted
+// networks, synchronous_commit on.
+func StartWith(ctx context.Context, opts Options) (srv *Server, err error) {
 	bin, err := findBinDir()
 	if err != nil {
 		return nil, err
@@ -216,9 +242,16 @@ func Start(ctx context.Context) (srv *Server, err error) {
 	if out, err := initdb.CombinedOutput(); err != nil {
 		return nil, fmt.Errorf("pgtest: initdb (%s) failed: %w\n%s", initdb.Path, err, tail(out))
 	}
+	hba := ""
+	for _, n := range opts.TrustNetworks {
+		hba += fmt.Sprintf("host all all %s trust\n", n)
+	}
+	if err := appendFile(filepath.Join(dataDir, "pg_hba.conf"), hba); err != nil {
+		return nil, err
+	}
 
 	for attempt := 1; ; attempt++ {
-		srv, err = startPostgres(ctx, bin, dir, dataDir, cred, 0)
+		srv, err = startPostgres(ctx, bin, dir, dataDir, cred, 0, opts)
 		if err == nil || !errors.Is(err, errPortInUse) || attempt == portAttempts {
 			return srv, err
 		}
@@ -229,7 +262,7 @@ var errPortInUse = errors.New("port in use")
 
 // startPostgres starts postgres on dataDir, listening on port (0: a free
 // one).
-func startPostgres(ctx context.Context, bin, dir, dataDir string, cred *syscall.Credential, port int) (*Server, error) {
+func startPostgres(ctx context.Context, bin, dir, dataDir string, cred *syscall.Credential, port int, opts Options) (*Server, error) {
 	var err error
 	if port == 0 {
 		if port, err = freePort(); err != nil {
@@ -243,12 +276,16 @@ func startPostgres(ctx context.Context, bin, dir, dataDir string, cred *syscall.
 	}
 	defer logFile.Close() // the child has its own copy
 
+	syncCommit := "off"
+	if opts.SynchronousCommit {
+		syncCommit = "on"
+	}
 	settings := []string{
-		"listen_addresses=127.0.0.1",
+		"listen_addresses=" + strings.Join(append([]string{"127.0.0.1"}, opts.ListenAddresses...), ","),
 		"port=" + strconv.Itoa(port),
 		"unix_socket_directories=" + dir,
 		"fsync=off",
-		"synchronous_commit=off",
+		"synchronous_commit=" + syncCommit,
 		"full_page_writes=off",
 		"max_connections=200",
 		"shared_buffers=128MB",
@@ -289,6 +326,7 @@ func startPostgres(ctx context.Context, bin, dir, dataDir string, cred *syscall.
 		exited:  make(chan struct{}),
 		bin:     bin,
 		cred:    cred,
+		opts:    opts,
 	}
 	go func() {
 		s.waitErr = cmd.Wait()
@@ -573,6 +611,21 @@ func freePort() (int, error) {
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+func appendFile(path, text string) error {
+	f, err := os.OpenFile(path, os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		return fmt.Errorf("pgtest: %w", err)
+	}
+	if _, err := f.WriteString(text); err != nil {
+		_ = f.Close()
+		return fmt.Errorf("pgtest: %w", err)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("pgtest: %w", err)
+	}
+	return nil
 }
 
 func readTail(path string) string {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -224,8 +225,10 @@ func TestVersionLess(t *testing.T) {
 	}
 }
 
-// TestStartStop starts a second server of its own: slower, so not in -short.
-func TestStartStop(t *testing.T) {
+// needOwnServer skips t in -short, or without the server binaries (fails
+// it in CI): t starts a server of its own.
+func needOwnServer(t *testing.T) {
+	t.Helper()
 	if testing.Short() {
 		t.Skip("starts a server of its own")
 	}
@@ -235,6 +238,11 @@ func TestStartStop(t *testing.T) {
 		}
 		t.Skip(err)
 	}
+}
+
+// TestStartStop starts a second server of its own: slower, so not in -short.
+func TestStartStop(t *testing.T) {
+	needOwnServer(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	srv, err := Start(ctx)
@@ -357,5 +365,100 @@ func TestPoolerSharesServerConnections(t *testing.T) {
 	}
 	if len(pids) > PoolerPoolSize {
 		t.Fatalf("%d clients used %d server processes, want at most the pool size %d", clients, len(pids), PoolerPoolSize)
+	}
+}
+
+// TestStartWithRestartImmediate: a server of StartWith listens on its
+// extra address, trusts the networks given, keeps synchronous_commit on,
+// and a committed row survives RestartImmediate, which cuts the
+// connections open at the time; a pooler listens on its extra address
+// with its pool size.
+func TestStartWithRestartImmediate(t *testing.T) {
+	t.Parallel()
+	needOwnServer(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	// 127.0.0.2 is on the loopback interface of any Linux machine.
+	srv, err := StartWith(ctx, Options{ListenAddresses: []string{"127.0.0.2"}, TrustNetworks: []string{"10.255.255.0/30"}, SynchronousCommit: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := srv.Stop(); err != nil {
+			t.Error(err)
+		}
+	}()
+	other := strings.Replace(srv.URL(), "127.0.0.1", "127.0.0.2", 1)
+	db, err := sqlx.Open("postgres", other)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	db.SetMaxOpenConns(1)
+	var sc string
+	var hba int
+	if err := db.GetContext(ctx, &sc, `SHOW synchronous_commit`); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.GetContext(ctx, &hba, `SELECT count(*) FROM pg_hba_file_rules WHERE address = '10.255.255.0'`); err != nil {
+		t.Fatal(err)
+	}
+	if sc != "on" || hba != 1 {
+		t.Fatalf("synchronous_commit = %s (want on), pg_hba rules for the trusted network: %d (want 1)", sc, hba)
+	}
+	if _, err := db.ExecContext(ctx, `CREATE TABLE t (v int); INSERT INTO t VALUES (42)`); err != nil {
+		t.Fatal(err)
+	}
+	var before, v, after int
+	if err := db.GetContext(ctx, &before, `SELECT pg_backend_pid()`); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.RestartImmediate(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	// The pooled connection was cut: database/sql retries on a new one
+	// (driver.ErrBadConn) or the first query fails; the second must work.
+	if err := db.GetContext(ctx, &v, `SELECT v FROM t`); err != nil {
+		if err := db.GetContext(ctx, &v, `SELECT v FROM t`); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := db.GetContext(ctx, &after, `SELECT pg_backend_pid()`); err != nil {
+		t.Fatal(err)
+	}
+	if v != 42 || after == before {
+		t.Fatalf("after the restart on 127.0.0.2: v = %d (want 42), backend %d (before %d, want another)", v, after, before)
+	}
+
+	p, err := StartPooler(ctx, srv.URL(), PoolerOptions{ListenAddresses: []string{"127.0.0.2"}, PoolSize: 7})
+	if err != nil {
+		if _, ferr := findPgBouncer(); ferr != nil && !inCI() {
+			t.Skip(ferr)
+		}
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := p.Stop(); err != nil {
+			t.Error(err)
+		}
+	}()
+	pu, err := p.URL(srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	pdb, err := sqlx.Open("postgres", strings.Replace(pu, "127.0.0.1", "127.0.0.2", 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pdb.Close()
+	if err := pdb.GetContext(ctx, &v, `SELECT v FROM t`); err != nil || v != 42 {
+		t.Fatalf("through the pooler on 127.0.0.2: v = %d, %v", v, err)
+	}
+	ini, err := os.ReadFile(filepath.Join(p.dir, "pgbouncer.ini"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(ini), "default_pool_size = 7\n") {
+		t.Fatalf("pool size not set:\n%s", ini)
 	}
 }

@@ -25,7 +25,8 @@ const PoolerPoolSize = 4
 
 // Pooler is a PgBouncer in transaction pooling mode (pool_mode =
 // transaction) in front of a PostgreSQL server, started by [StartPooler].
-// It listens on 127.0.0.1 on a free port. Every database of the server is
+// It listens on 127.0.0.1 (and [PoolerOptions.ListenAddresses]) on a
+// free port. Every database of the server is
 // reachable through it under its own name, as the user of the server URL.
 type Pooler struct {
 	dir     string
@@ -74,13 +75,23 @@ func findPgBouncer() (string, error) {
 	return "", errors.New("pgtest: pgbouncer not found: install it (apt-get install pgbouncer) or set PGBOUNCER")
 }
 
+// PoolerOptions are the settings of [StartPooler].
+type PoolerOptions struct {
+	// ListenAddresses are IPv4 addresses the pooler listens on besides
+	// 127.0.0.1; they must exist on the machine.
+	ListenAddresses []string
+	// PoolSize is the number of server connections per database and
+	// user (default_pool_size); 0 means [PoolerPoolSize].
+	PoolSize int
+}
+
 // StartPooler starts PgBouncer in transaction pooling mode in front of the
-// server of serverURL (a postgres:// URL), with [PoolerPoolSize] server
+// server of serverURL (a postgres:// URL), with opts.PoolSize server
 // connections per database, auth_type trust for the URL's user (its
 // password, if any, is what PgBouncer logs in to the server with). The
 // caller must call [Pooler.Stop]. When running as root, PgBouncer runs as
 // the "postgres" system user.
-func StartPooler(ctx context.Context, serverURL string) (p *Pooler, err error) {
+func StartPooler(ctx context.Context, serverURL string, opts PoolerOptions) (p *Pooler, err error) {
 	bin, err := findPgBouncer()
 	if err != nil {
 		return nil, err
@@ -117,7 +128,7 @@ func StartPooler(ctx context.Context, serverURL string) (p *Pooler, err error) {
 		return nil, err
 	}
 	for attempt := 1; ; attempt++ {
-		p, err = startPgBouncer(ctx, bin, dir, su.Hostname(), serverPort, user, cred)
+		p, err = startPgBouncer(ctx, bin, dir, su.Hostname(), serverPort, user, cred, opts)
 		if err == nil || !errors.Is(err, errPortInUse) || attempt == portAttempts {
 			return p, err
 		}
@@ -136,10 +147,14 @@ func writeOwned(path, content string, cred *syscall.Credential) error {
 	return nil
 }
 
-func startPgBouncer(ctx context.Context, bin, dir, host, serverPort, user string, cred *syscall.Credential) (*Pooler, error) {
+func startPgBouncer(ctx context.Context, bin, dir, host, serverPort, user string, cred *syscall.Credential, opts PoolerOptions) (*Pooler, error) {
 	port, err := freePort()
 	if err != nil {
 		return nil, err
+	}
+	poolSize := opts.PoolSize
+	if poolSize <= 0 {
+		poolSize = PoolerPoolSize
 	}
 	logPath := filepath.Join(dir, "pgbouncer.log")
 	ini := strings.Join([]string{
@@ -147,14 +162,14 @@ func startPgBouncer(ctx context.Context, bin, dir, host, serverPort, user string
 		// Any database name: the server's database of that name.
 		fmt.Sprintf("* = host=%s port=%s", host, serverPort),
 		"[pgbouncer]",
-		"listen_addr = 127.0.0.1",
+		"listen_addr = " + strings.Join(append([]string{"127.0.0.1"}, opts.ListenAddresses...), ","),
 		"listen_port = " + strconv.Itoa(port),
 		"unix_socket_dir =",
 		"auth_type = trust",
 		"auth_file = " + filepath.Join(dir, "userlist.txt"),
 		"admin_users = " + user,
 		"pool_mode = transaction",
-		"default_pool_size = " + strconv.Itoa(PoolerPoolSize),
+		"default_pool_size = " + strconv.Itoa(poolSize),
 		"min_pool_size = 0",
 		"reserve_pool_size = 0",
 		"max_client_conn = 2000",
@@ -310,7 +325,7 @@ func NewPoolerURL(t testing.TB) string {
 			t.Fatal("pgtest: NewPoolerURL needs TestMain to call pgtest.Main (which stops the pooler)")
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
-		p, err := StartPooler(ctx, adminURL)
+		p, err := StartPooler(ctx, adminURL, PoolerOptions{})
 		cancel()
 		if err != nil {
 			pooler.unavailable = err.Error()

@@ -1,19 +1,20 @@
 // Command worker runs the fault suite's job (faulttest.Spec) against one
-// database until it finds no chunk left to claim, as one of many worker
+// database with backfill.Work, as one of many worker
 // processes of the suite (see package faulttest). It logs JSON records
 // (log/slog) to stderr: the library's, plus "extract" when an extraction
 // starts and "worker exit" with the exit code.
 //
-// Exit codes: 0 when this worker found nothing left to claim (the run is
-// completed, or the chunks left are held by other workers), 2 when the run
-// is paused, 1 on any other error (an orchestrator restarts the worker).
+// It runs the job with backfill.Work and exits with its code (the
+// library's contract): 0 the run is completed, 1 it failed, 64 bad job or
+// configuration, 75 not finished (restart later to resume it). The suite
+// supervises it like an orchestrator: it restarts the worker on 1 and 75
+// and leaves it alone once it exits 0.
 //
 //	worker -url URL -job NAME -table TABLE -chunks 60 -rows 3000 -sleep 400ms -id host1/w1
 package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"log/slog"
 	"os"
@@ -28,13 +29,6 @@ import (
 	"github.com/pgbackfill/backfill/internal/faulttest"
 )
 
-// Exit codes of work.
-const (
-	exitDone   = 0
-	exitFailed = 1
-	exitPaused = 2
-)
-
 func main() {
 	url := flag.String("url", "", "PostgreSQL URL of the target database")
 	spec := faulttest.Spec{}
@@ -45,53 +39,38 @@ func main() {
 	flag.DurationVar(&spec.Sleep, "sleep", 0, "extractor sleep per chunk")
 	id := flag.String("id", "", "worker ID in the manifest (default hostname:pid)")
 	concurrency := flag.Int("concurrency", 1, "chunks at once")
+	heartbeat := flag.Duration("heartbeat", 0, "Config.HeartbeatInterval (0: the library's default)")
+	staleAfter := flag.Duration("stale-after", 0, "Config.StaleAfter (0: the library's default)")
 	flag.Parse()
 
 	log := slog.New(slog.NewJSONHandler(os.Stderr, nil)).With("worker", *id, "pid", os.Getpid())
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	code := run(ctx, *url, spec, *id, *concurrency, log)
-	log.Info("worker exit", "code", code)
-	os.Exit(code)
+	cfg := backfill.Config{Concurrency: *concurrency, WorkerID: *id, Logger: log, RetryBackoff: 200 * time.Millisecond,
+		HeartbeatInterval: *heartbeat, StaleAfter: *staleAfter}
+	code := run(ctx, *url, spec, cfg)
+	log.Info("worker exit", "code", int(code))
+	os.Exit(int(code))
 }
 
-func run(ctx context.Context, url string, spec faulttest.Spec, id string, concurrency int, log *slog.Logger) int {
+func run(ctx context.Context, url string, spec faulttest.Spec, cfg backfill.Config) backfill.ExitCode {
 	if url == "" {
-		log.Error("worker: -url is required")
-		return exitFailed
+		cfg.Logger.Error("worker: -url is required")
+		return backfill.ExitUsage
 	}
 	db, err := sqlx.Open("postgres", url)
 	if err != nil {
-		log.Error("worker: open", "error", err)
-		return exitFailed
+		cfg.Logger.Error("worker: open", "error", err)
+		return backfill.ExitUsage
 	}
 	defer db.Close()
-	r, err := backfill.New(db, &backfill.Config{Concurrency: concurrency, WorkerID: id, Logger: log, RetryBackoff: 200 * time.Millisecond})
+	r, err := backfill.New(db, &cfg)
 	if err != nil {
-		log.Error("worker: config", "error", err)
-		return exitFailed
+		cfg.Logger.Error("worker: config", "error", err)
+		return backfill.ExitUsage
 	}
 	job := spec.Job(func(c backfill.Chunk) {
-		log.Info("extract", "seq", c.Seq, "lo", c.Lo, "hi", c.Hi)
+		cfg.Logger.Info("extract", "seq", c.Seq, "lo", c.Lo, "hi", c.Hi)
 	})
-	return work(ctx, r, job, log)
-}
-
-// work runs job on r until nothing is left to claim and returns the exit
-// code. It stands for the library's coming worker entry point
-// (backfill.Work(ctx, runner, job) int, issue 12 item 6): once that lands,
-// its body becomes a call to it.
-func work(ctx context.Context, r *backfill.Runner, job backfill.Job, log *slog.Logger) int {
-	rep, err := r.Run(ctx, job)
-	switch {
-	case err == nil, errors.Is(err, backfill.ErrAlreadyCompleted):
-		log.Info("worker done", "status", rep.Status, "chunks_run", rep.ChunksRun, "chunks_done", rep.ChunksDone)
-		return exitDone
-	case errors.Is(err, backfill.ErrRunPaused):
-		log.Warn("worker: run paused", "error", err)
-		return exitPaused
-	default:
-		log.Error("worker failed", "error", err, "chunks_run", rep.ChunksRun)
-		return exitFailed
-	}
+	return backfill.Work(ctx, r, job)
 }
