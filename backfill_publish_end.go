@@ -85,9 +85,18 @@ func (publishEnd) rollback(context.Context, *Runner, Job, Run, Plan, RollbackOpt
 
 // CreateStaging implements [MergerStaging.CreateStaging].
 // The DDL runs in a READ COMMITTED transaction of its own (inTx), not
-// under the server's default isolation outside any transaction.
+// under the server's default isolation outside any transaction, after a
+// transaction-level advisory lock on the table's name: workers starting
+// at once would otherwise race in CREATE TABLE IF NOT EXISTS, which two
+// sessions can both pass and then collide on the catalog's unique index
+// (23505 on pg_type).
 func (m *PGMerger) CreateStaging(ctx context.Context, db sqlx.ExtContext, table string, info TableInfo) error {
-	return inTx(ctx, db, func(tx sqlx.ExtContext) error { return createStageTable(ctx, tx, table, info) })
+	return inTx(ctx, db, func(tx sqlx.ExtContext) error {
+		if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock(hashtextextended('backfill.stage:' || $1, 0))`, table); err != nil {
+			return err
+		}
+		return createStageTable(ctx, tx, table, info)
+	})
 }
 
 // StagePersistent implements [MergerStaging.StagePersistent] with COPY.
