@@ -36,7 +36,15 @@ type ClusterOptions struct {
 	// clients pg_hba.conf lets in without a password, besides the local
 	// ones.
 	TrustNetworks []string
+	// Durable keeps production durability: fsync and full_page_writes on
+	// (and synchronous_commit on, as always), for benchmarks beside a
+	// live load (internal/benchlock).
+	Durable bool
 }
+
+// BinDir returns the directory of the PostgreSQL binaries the clusters
+// use (pgbench is there too).
+func BinDir() (string, error) { return findBinDir() }
 
 // StartCluster runs initdb into a new temporary directory and starts the
 // server with pg_ctl on a free port. It returns once the server accepts
@@ -87,9 +95,13 @@ func StartCluster(ctx context.Context, opts ClusterOptions) (c *Cluster, err err
 		// restart loses WAL not yet written, and a suite that crashes the
 		// server must not see an acknowledged COMMIT vanish (fsync can stay
 		// off: the machine itself does not crash).
-		for _, s := range []string{"fsync = off", "full_page_writes = off",
+		durability := []string{"fsync = off", "full_page_writes = off"}
+		if opts.Durable {
+			durability = []string{"fsync = on", "full_page_writes = on", "synchronous_commit = on"}
+		}
+		for _, s := range append(durability,
 			"max_connections = 300", "shared_buffers = 128MB", "max_wal_size = 1GB", "checkpoint_timeout = 30min",
-			"log_min_messages = warning", "log_min_error_statement = panic"} {
+			"log_min_messages = warning", "log_min_error_statement = panic") {
 			conf += s + "\n"
 		}
 		if err := appendFile(filepath.Join(c.dataDir, "postgresql.conf"), conf); err != nil {
