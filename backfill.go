@@ -505,7 +505,8 @@ type Config struct {
 	// ([ManifestWaits]) and logged with its blockers, and the chunk is
 	// tried again after a jittered LockRetries[n].Sleep, without counting
 	// toward MaxAttempts; a wait on the table's last row ends the attempt
-	// as failed. Nil means [DefaultLockRetries](LockTimeout). Rows must
+	// as failed (its Sleep is not used). Nil means
+	// [DefaultLockRetries](LockTimeout). Rows must
 	// have a Timeout and Sleep of at least zero (a zero Timeout: no
 	// lock_timeout on that try).
 	LockRetries []LockRetry
