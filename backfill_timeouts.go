@@ -387,7 +387,7 @@ type watchSeen struct {
 // after delay (half the try's shortest timeout, at most 500 ms) it polls
 // every quarter of it (10 ms to 250 ms) pg_stat_activity for the
 // backend's statement, and, while the backend waits for a lock, the
-// sessions pg_blocking_pids names (describeSessions' query). The
+// sessions pg_blocking_pids names (blockingSessions, as the view switch). The
 // returned stop ends the watch and returns what it last saw (nil if
 // nothing). Blockers must be read while the backend waits: after its
 // timeout they are gone.
