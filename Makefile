@@ -63,7 +63,7 @@ data:
 # Extra flags: make bench BENCHLOAD_FLAGS='-rows 300000 -runs 5 -rss'
 BENCHLOAD_FLAGS ?=
 
-.PHONY: bench
+.PHONY: bench bench-lock
 bench:
 	$(GO) run ./internal/benchload $(BENCHLOAD_FLAGS)
 	@if grep -rqs --include='*_test.go' '^func Benchmark' . ; then \
@@ -72,3 +72,12 @@ bench:
 	else \
 		echo "bench: no Go benchmarks (func BenchmarkXxx) in the module; skipping go test -bench"; \
 	fi
+
+# bench-lock: a backfill beside pgbench on a durable server (fsync and
+# synchronous_commit on) while a session locks the target ACCESS EXCLUSIVE
+# for 30 s (internal/benchlock/README.md). Reports only. Extra flags:
+# make bench-lock BENCHLOCK_FLAGS='-lock 10s -v'
+BENCHLOCK_FLAGS ?=
+
+bench-lock:
+	$(GO) run ./internal/benchlock $(BENCHLOCK_FLAGS)

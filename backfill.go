@@ -480,6 +480,38 @@ type Config struct {
 	// the wait bound with it, past one minute). Set, it must exceed
 	// twice HeartbeatInterval.
 	StaleAfter time.Duration
+	// LockTimeout bounds every lock wait of the library's statements
+	// (PostgreSQL's lock_timeout, set locally in each chunk's transaction
+	// and in the short manifest transactions): it caps the timeouts of
+	// LockRetries, and an application session queued behind a lock the
+	// library waits for waits about this long at most. A wait that times
+	// out is retried (LockRetries, backfill_timeouts.go). Default
+	// [DefaultLockTimeout]; negative: the library sets no lock_timeout
+	// (the session's, role's or database's applies) and retries the waits
+	// that end anyway with LockRetries' sleeps.
+	LockTimeout time.Duration
+	// StatementTimeout is PostgreSQL's statement_timeout of the merge,
+	// validation and checkpoint of each chunk and of the short manifest
+	// transactions (set locally). The COPY that stays open while the
+	// extractor runs is never charged with it. 0 (the default) keeps the
+	// session's value (role's, database's): a chunk's merge takes as long
+	// as its size needs, which no library default can know. Negative:
+	// none (statement_timeout 0) for the merge, whatever the session's. A
+	// statement that times out is retried like a lock wait (LockRetries).
+	StatementTimeout time.Duration
+	// LockRetries is the retry table of the waits of a chunk's attempt:
+	// lock timeouts (55P03), deadlocks (40P01), serialization failures
+	// (40001) and statement timeouts (57014, while ctx is not done).
+	// Try n of an attempt runs with lock_timeout LockRetries[n].Timeout
+	// (at most LockTimeout); a try that waits is rolled back, recorded
+	// ([ManifestWaits]) and logged with its blockers, and the chunk is
+	// tried again after a jittered LockRetries[n].Sleep, without counting
+	// toward MaxAttempts; a wait on the table's last row ends the attempt
+	// as failed (its Sleep is not used). Nil means
+	// [DefaultLockRetries](LockTimeout). Rows must
+	// have a Timeout and Sleep of at least zero (a zero Timeout: no
+	// lock_timeout on that try).
+	LockRetries []LockRetry
 }
 
 // Defaults of [Config.HeartbeatInterval] and [Config.StaleAfter]: a

@@ -242,6 +242,8 @@ type capabilities struct {
 	writesUndo  bool // UndoLogWriter
 	// workers: heartbeats, leases and fencing (PGManifest only).
 	workers workerManifest
+	// waits records the waits of chunks (backfill_timeouts.go).
+	waits ManifestWaits
 }
 
 func resolveCapabilities(m Manifest, mg Merger) capabilities {
@@ -254,6 +256,7 @@ func resolveCapabilities(m Manifest, mg Merger) capabilities {
 	c.sql, _ = m.(sqlManifest)
 	c.rollback, _ = m.(ManifestRollback)
 	c.workers, _ = m.(workerManifest)
+	c.waits, _ = m.(ManifestWaits)
 	c.mergeStage, _ = mg.(MergerStaging)
 	c.mergeUndo, _ = mg.(MergerRollback)
 	if si, ok := mg.(StagingIsolator); ok {

@@ -443,9 +443,8 @@ func (r *Runner) switchBack(ctx context.Context, job Job, run Run, base string, 
 }
 
 // watchBlockers polls, while session pid waits for a lock, the sessions
-// that block it (pg_blocking_pids, PostgreSQL docs 9.27.1, joined to
-// pg_stat_activity); the returned stop function ends the polling and
-// describes the last blockers seen ("" if none were).
+// that block it (blockingSessions); the returned stop function ends the
+// polling and describes the last blockers seen ("" if none were).
 func watchBlockers(ctx context.Context, db sqlx.ExtContext, pid int) (stop func() string) {
 	done := make(chan struct{})
 	result := make(chan string, 1)
@@ -462,9 +461,7 @@ func watchBlockers(ctx context.Context, db sqlx.ExtContext, pid int) (stop func(
 				return
 			case <-tick.C:
 			}
-			if s := describeSessions(ctx, db, `SELECT b.pid, coalesce(a.application_name, '') AS app, coalesce(a.state, '') AS state,
-				'' AS mode, coalesce(a.query, '') AS query
-				FROM unnest(pg_blocking_pids($1)) AS b(pid) JOIN pg_stat_activity a ON a.pid = b.pid ORDER BY b.pid`, pid); s != "" {
+			if s := describeBlockers(blockingSessions(ctx, db, pid)); s != "" {
 				last = s
 			}
 		}
@@ -475,34 +472,61 @@ func watchBlockers(ctx context.Context, db sqlx.ExtContext, pid int) (stop func(
 	}
 }
 
-// describeSessions runs q (columns pid, app, state, mode, query) and
-// describes the sessions it returns, "" for none or on error.
-func describeSessions(ctx context.Context, db sqlx.ExtContext, q string, args ...any) string {
-	var rows []struct {
-		PID   int    `db:"pid"`
-		App   string `db:"app"`
-		State string `db:"state"`
-		Mode  string `db:"mode"`
-		Query string `db:"query"`
-	}
+// Blocker is a session that blocks, or holds a lock on, what the library
+// waits for ([Wait.Blockers], the log, [ErrPublishBlocked]).
+type Blocker struct {
+	// PID is the session's backend process ID.
+	PID int `db:"pid" json:"pid"`
+	// ApplicationName, State, WaitEvent and Query are the session's in
+	// pg_stat_activity (Query cut at 200 bytes).
+	ApplicationName string `db:"app" json:"application_name"`
+	State           string `db:"state" json:"state"`
+	WaitEvent       string `db:"wait_event" json:"wait_event,omitempty"`
+	Query           string `db:"query" json:"query"`
+	// Mode is the lock mode it holds, when known.
+	Mode string `db:"mode" json:"mode,omitempty"`
+}
+
+// blockingSessions returns the sessions that block session pid's lock
+// wait now (pg_blocking_pids, PostgreSQL docs 9.27.1, joined to
+// pg_stat_activity); nil for none or on error.
+func blockingSessions(ctx context.Context, db sqlx.ExtContext, pid int) []Blocker {
+	return sessions(ctx, db, `SELECT b.pid, coalesce(a.application_name, '') AS app, coalesce(a.state, '') AS state,
+		coalesce(a.wait_event_type || ':' || a.wait_event, '') AS wait_event, '' AS mode, coalesce(a.query, '') AS query
+		FROM unnest(pg_blocking_pids($1)) AS b(pid) JOIN pg_stat_activity a ON a.pid = b.pid ORDER BY b.pid`, pid)
+}
+
+// sessions runs q (columns pid, app, state, wait_event, mode, query) in
+// a read transaction and returns its sessions, nil on error.
+func sessions(ctx context.Context, db sqlx.ExtContext, q string, args ...any) []Blocker {
+	var rows []Blocker
 	err := readTx(ctx, db, func(tx sqlx.ExtContext) error {
 		rows = nil // a retried attempt starts over
 		return sqlx.SelectContext(ctx, tx, &rows, q, args...)
 	})
-	if err != nil || len(rows) == 0 {
-		return ""
+	if err != nil {
+		return nil
 	}
-	parts := make([]string, len(rows))
-	for i, h := range rows {
-		q := h.Query
-		if len(q) > 200 {
-			q = q[:200] + "..."
+	for i := range rows {
+		if len(rows[i].Query) > 200 {
+			rows[i].Query = validPrefix(rows[i].Query, 200) + "..."
 		}
+	}
+	return rows
+}
+
+// describeBlockers describes sessions in one line, "" for none.
+func describeBlockers(bs []Blocker) string {
+	parts := make([]string, len(bs))
+	for i, h := range bs {
 		what := h.State
+		if h.WaitEvent != "" && h.State == "active" {
+			what += ", waiting on " + h.WaitEvent
+		}
 		if h.Mode != "" {
 			what += ", holding " + h.Mode
 		}
-		parts[i] = fmt.Sprintf("pid %d (application_name %q, %s, query %q)", h.PID, h.App, what, q)
+		parts[i] = fmt.Sprintf("pid %d (application_name %q, %s, query %q)", h.PID, h.ApplicationName, what, h.Query)
 	}
 	return strings.Join(parts, ", ")
 }
@@ -512,11 +536,11 @@ func describeSessions(ctx context.Context, db sqlx.ExtContext, q string, args ..
 // 27.2.3): the sessions pg_blocking_pids would name for a waiter on an
 // ACCESS EXCLUSIVE lock of rel.
 func lockHolders(ctx context.Context, db sqlx.ExtContext, rel string) string {
-	s := describeSessions(ctx, db, `SELECT DISTINCT a.pid, coalesce(a.application_name, '') AS app,
-		coalesce(a.state, '') AS state, l.mode, coalesce(a.query, '') AS query
+	s := describeBlockers(sessions(ctx, db, `SELECT DISTINCT a.pid, coalesce(a.application_name, '') AS app,
+		coalesce(a.state, '') AS state, '' AS wait_event, l.mode, coalesce(a.query, '') AS query
 		FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
 		WHERE l.locktype = 'relation' AND l.relation = to_regclass($1) AND l.granted AND l.pid <> pg_backend_pid()
-		ORDER BY a.pid`, sqlgen.Table(rel))
+		ORDER BY a.pid`, sqlgen.Table(rel)))
 	if s == "" {
 		return "sessions that have since released it"
 	}

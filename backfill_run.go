@@ -42,7 +42,12 @@ type Tx interface {
 	Rollback() error
 }
 
-type pgDB struct{ *sqlx.DB }
+type pgDB struct {
+	*sqlx.DB
+	// settings are the Runner's timeouts for the short manifest
+	// transactions (nil: the defaults; backfill_timeouts.go).
+	settings *txSettings
+}
 
 // Begin starts a READ COMMITTED transaction, whatever the database's
 // default_transaction_isolation: the merge takes its key locks
@@ -53,7 +58,7 @@ func (d pgDB) Begin(ctx context.Context) (Tx, error) {
 }
 
 // Postgres adapts db (opened with the "postgres" driver of lib/pq) to [DB].
-func Postgres(db *sqlx.DB) DB { return pgDB{db} }
+func Postgres(db *sqlx.DB) DB { return pgDB{DB: db} }
 
 // Runner runs jobs. It is safe for concurrent use; several Runners, in one
 // or many processes, may run the same job at once: each chunk is claimed by
@@ -89,6 +94,7 @@ func NewWithDB(db DB, cfg *Config) (*Runner, error) {
 	if err := c.validate(); err != nil {
 		return nil, err
 	}
+	c.resolveTimeouts()
 	c.Concurrency = cmpOr(c.Concurrency, 1)
 	c.MaxAttempts = cmpOr(c.MaxAttempts, 3)
 	c.RetryBackoff = cmpOr(c.RetryBackoff, 100*time.Millisecond)
@@ -125,6 +131,12 @@ func NewWithDB(db DB, cfg *Config) (*Runner, error) {
 		host, _ := os.Hostname()
 		c.WorkerID = fmt.Sprintf("%s:%d", host, os.Getpid())
 	}
+	if pd, ok := db.(pgDB); ok {
+		// The short manifest transactions take the Runner's timeouts.
+		ts := c.txSettings()
+		pd.settings = &ts
+		db = pd
+	}
 	return &Runner{db: db, cfg: c, caps: resolveCapabilities(c.Manifest, c.Merger)}, nil
 }
 
@@ -141,7 +153,7 @@ func (c *Config) validate() error {
 	case c.StaleAfter > 0 && c.StaleAfter <= 2*cmpOr(c.HeartbeatInterval, DefaultHeartbeatInterval):
 		return fmt.Errorf("%w: StaleAfter (%v) must exceed twice HeartbeatInterval (%v)", ErrInvalidConfig, c.StaleAfter, cmpOr(c.HeartbeatInterval, DefaultHeartbeatInterval))
 	}
-	return nil
+	return c.validateTimeouts()
 }
 
 func (j Job) validate() error {
@@ -490,6 +502,8 @@ type execution struct {
 	failed *ChunkError
 	stop   bool
 	tries  map[int]int // failed attempts per chunk Seq in this call
+	// waits are the waits of this call's chunks (backfill_timeouts.go).
+	waits chunkWaits
 	// undoTable is where the merger logs undo images ("" for none).
 	undoTable string
 	// deliveredTable is where the merger summarises unchanged deliveries
@@ -685,6 +699,15 @@ func (ex *execution) next(ctx context.Context, ws *waitState) bool {
 	}
 	switch {
 	case !cr.claimed && err == nil:
+		if _, d := ex.avoided(); d > 0 && !ex.stopped() {
+			// The chunks left are pausing after a wait: claim again
+			// when the first pause is over.
+			select {
+			case <-ctx.Done():
+			case <-time.After(min(d, ex.r.pollInterval())):
+			}
+			return true
+		}
 		return ex.waitHeld(ctx, ws)
 	case err == nil && cr.staged:
 		ex.log.Info("chunk staged", "seq", cr.res.Chunk.Seq, "chunk", cr.res.Chunk.ID, "read", cr.res.Read, "rejected", cr.res.Rejected)
@@ -713,6 +736,13 @@ func (ex *execution) next(ctx context.Context, ws *waitState) bool {
 			"reason", ge.reason, "rejected", len(ge.exceptions))
 		ex.fail(ce, ex.recordGate(ctx, ce, ge, ge.reason))
 		return false
+	}
+	if code, msg, ok := waitCode(ctx, err); ok {
+		if ex.chunkWaited(ctx, ce, cr, code, msg) {
+			return true
+		}
+		ce = &ChunkError{Chunk: ce.Chunk, Attempt: ce.Attempt, Err: fmt.Errorf("%w (a wait on the last row of Config.LockRetries)", ce.Err)}
+		err = ce
 	}
 	return ex.chunkFailed(ctx, ce, cr.attempt, err)
 }
@@ -793,6 +823,10 @@ type chunkRun struct {
 	// staged: the chunk was only staged; the run's publish merges it
 	// (PublishAtEnd).
 	staged bool
+	// lockTimeout is the try's lock_timeout ("" for the session's); seen
+	// what the watcher last saw of its backend (backfill_timeouts.go).
+	lockTimeout string
+	seen        *watchSeen
 }
 
 // runChunk claims the next chunk and runs it in one transaction: claim,
@@ -815,7 +849,7 @@ func (ex *execution) runChunk(ctx context.Context) (cr chunkRun, err error) {
 			_ = tx.Rollback()
 		}
 	}()
-	st, ok, err := ex.claim(ctx, tx)
+	st, pid, ok, err := ex.claim(ctx, tx)
 	if err != nil || !ok {
 		return cr, err
 	}
@@ -831,6 +865,12 @@ func (ex *execution) runChunk(ctx context.Context) (cr chunkRun, err error) {
 	c := ex.plan.Chunks[st.Chunk.Seq]
 	chunkErr := func(err error) error { return &ChunkError{Chunk: c, Attempt: cr.attempt, Err: err} }
 	started := time.Now()
+	// A retried try waits longer for locks (backfill_timeouts.go).
+	if pid != 0 {
+		if cr.lockTimeout, err = ex.setTryLockTimeout(ctx, tx, c.Seq); err != nil {
+			return cr, chunkErr(err)
+		}
+	}
 
 	// Target: where the publish mode loads the chunk.
 	t, err := ex.pub.target(ctx, ex, tx, c)
@@ -846,7 +886,11 @@ func (ex *execution) runChunk(ctx context.Context) (cr chunkRun, err error) {
 	}
 	defer stager.Close()
 
-	// Merge (a deferred chunk's stager only ends its staging).
+	// Merge (a deferred chunk's stager only ends its staging). From here
+	// to the commit the chunk's statements may wait for locks: a watcher
+	// notes the blockers of a wait (backfill_timeouts.go).
+	stopWatch := ex.watchChunk(ctx, pid, cr.lockTimeout)
+	defer func() { cr.seen = stopWatch() }()
 	mr, err := stager.Merge(ctx)
 	if err != nil {
 		return cr, chunkErr(err)

@@ -138,11 +138,21 @@ func (ex *execution) stopWorker() {
 
 // claim claims the next chunk in tx: with its lease settings when the
 // manifest has them (PGManifest.claimLeased).
-func (ex *execution) claim(ctx context.Context, tx Tx) (ChunkState, bool, error) {
-	if wm := ex.r.caps.workers; wm != nil && ex.worker != nil {
-		return wm.claimLeased(ctx, tx, ex.batchID, lease{key: ex.worker.key, staleAfter: ex.r.cfg.StaleAfter})
+// It also sets the transaction's timeouts (backfill_timeouts.go), skips
+// the chunks whose pause after a wait is not over, and returns the
+// backend's pid (0 when the manifest does not lease).
+func (ex *execution) claim(ctx context.Context, tx Tx) (ChunkState, int, bool, error) {
+	if wm := ex.r.caps.workers; wm != nil {
+		s := ex.r.cfg.txSettings()
+		l := lease{staleAfter: ex.r.cfg.StaleAfter, lockTimeout: s.tryLockTimeout(0), stmtTimeout: s.stmtSetting()}
+		if ex.worker != nil {
+			l.key = ex.worker.key
+		}
+		l.avoid, _ = ex.avoided()
+		return wm.claimLeased(ctx, tx, ex.batchID, l)
 	}
-	return ex.r.cfg.Manifest.ClaimChunk(ctx, tx, ex.batchID)
+	st, ok, err := ex.r.cfg.Manifest.ClaimChunk(ctx, tx, ex.batchID)
+	return st, 0, ok, err
 }
 
 // waitState is one worker goroutine's wait for chunks held by others,

@@ -165,8 +165,9 @@ long. Run-row locks are FOR NO KEY UPDATE, which never blocks a chunk's
 transaction (its rows reference the run's row with FOR KEY SHARE).
 It also sets statement_timeout 0 for the COPY that stays open while the
 extractor runs, so the extractor's time is not charged to a role's or
-database's statement_timeout; the merge's statements run under the
-caller's value again.
+database's statement_timeout; the merge's statements run under
+[Config.StatementTimeout] or the caller's value again (see "Beside
+production").
 
 The token. A fenced-out worker can never commit its chunk: the chunk's
 writes, exceptions and checkpoint are in the one transaction that holds
@@ -194,6 +195,53 @@ others), [ExitFailed] (1: failed; last_error says why; do not restart
 blindly), [ExitUsage] (64: bad job or configuration) or [ExitTempFail]
 (75: not finished: cancelled, paused, chunks open, database away, or
 abandoned for a newer run; restart later to resume).
+
+# Beside production
+
+Each chunk's transaction and each short manifest transaction set,
+locally (set_config(..., true): they end with the transaction),
+lock_timeout and statement_timeout. lock_timeout is the try's row of
+[Config.LockRetries], at most [Config.LockTimeout] (default 2 s): an
+application session queued behind a lock the library waits for waits
+that long at most. statement_timeout ([Config.StatementTimeout]; by
+default the session's, role's or database's) bounds the merge, the
+validators and the checkpoint, never the COPY that stays open while the
+extractor runs. Both are set by the claim statement, with no extra round
+trip. The merge's key locks (advisory locks that order merges of the same
+keys) wait without lock_timeout: only another chunk's merge holds them.
+
+A try that ends with a lock timeout (55P03), a deadlock (40P01), a
+serialization failure (40001) or a statement timeout (57014, while the
+context is not done) is a wait, not a failure: the transaction rolls back,
+the worker logs the wait ("backfill: chunk waited", with seq, chunk,
+attempt, try, sqlstate, lock_timeout, statement_timeout, waited and
+blockers) and records it in the manifest's waits table ([ManifestWaits],
+[PGManifest.Waits]), sleeps the row's Sleep (jittered ±25 %) while this
+call's other workers skip the chunk, and tries again with the next row.
+[DefaultLockRetries] is 100 ms/1 s, 200 ms/1 s, 500 ms/2 s, 1 s/5 s,
+2 s/10 s, 2 s/10 s, 2 s/20 s, 2 s (lock_timeout/sleep for the default
+LockTimeout): about a minute of patience per attempt. Waits do not
+count toward [Config.MaxAttempts]; a wait on the last row ends the
+attempt as failed, and the next attempt starts the table again. Rows are
+counted per call of Run and per chunk: another process starts a chunk at
+the first row.
+
+The blockers: while the chunk's merge, validation and checkpoint run, a
+watcher on another connection of the pool reads, after half the try's
+timeout, what the chunk's backend does (pg_stat_activity by its pid;
+pg_locks.waitstart) and, while it waits for a lock, the sessions
+pg_blocking_pids names: their pid, application_name, state, wait event
+and query ([Blocker]). It must look while the backend waits; the
+blockers are gone once the try timed out.
+
+A wait is recorded in a short transaction of its own after the chunk's
+rollback: the record is append-only, and a crash between the rollback
+and the record loses that one record (the log line says it), nothing
+else.
+
+Until extraction moves out of the chunk's transaction, a retried try
+extracts its chunk again, and the transaction (and its snapshot) stays
+open on the target while the source is read.
 
 # Idempotency
 
@@ -375,7 +423,7 @@ swap, versioned view).
 
 Besides [Manifest] and [Merger], a Runner uses optional interfaces when
 their implementations have them: [ManifestAudit], [ManifestValidations],
-[ManifestGates], [ManifestUndoLog], [ManifestStaging], [MergerStaging],
+[ManifestGates], [ManifestUndoLog], [ManifestStaging], [ManifestWaits], [MergerStaging],
 [StagingIsolator] and [UndoLogWriter]. [NewWithDB] looks them up once; a
 job that needs one the Runner lacks is refused before any work. The
 conformance suites of backfilltest test each one an implementation has.
@@ -387,6 +435,6 @@ in errors.go, and with errors.As for [*ChunkError] (which chunk failed),
 [*PartialError] (what completed before a failure). Rejected rows are not
 errors: they are rows of the exception queue ([Manifest.Exceptions]).
 [IsRetryable] tells transient database errors, which the runner retries up
-to [Config.MaxAttempts] times.
+to [Config.MaxAttempts] times (waits first, by [Config.LockRetries]).
 */
 package backfill

@@ -206,9 +206,12 @@ func (e *PartialError) Unwrap() []error { return e.Errs }
 // other unique constraints are not retried), [ErrHistoryIntervals] (another
 // writer changed the versions of the merged keys meanwhile), connection
 // failures (class 08, 57P01-57P03 a server shutting down, restarting or
-// terminating the backend, a broken connection, io.EOF, network errors). 57014
-// query_canceled is not retried: it is also what cancellation looks like.
-// See https://www.postgresql.org/docs/15/errcodes-appendix.html.
+// terminating the backend, a broken connection, io.EOF, network errors),
+// and 57014 query_canceled (a statement timeout: [Config.StatementTimeout];
+// it is also what the cancellation of a context looks like, and a Runner
+// never retries once its context is done). The Runner retries 40001, 40P01,
+// 55P03 and 57014 first as waits, which do not count toward
+// [Config.MaxAttempts] ([Config.LockRetries]). See https://www.postgresql.org/docs/15/errcodes-appendix.html.
 func IsRetryable(err error) bool {
 	if errors.Is(err, errNotRetryable) {
 		return false
@@ -222,7 +225,7 @@ func IsRetryable(err error) bool {
 	var pe *pq.Error
 	if errors.As(err, &pe) {
 		switch pe.Code {
-		case "40001", "40P01", "55P03", "23505":
+		case "40001", "40P01", "55P03", "57014", "23505":
 			return true
 		}
 	}

@@ -31,7 +31,7 @@ func TestInTxReadCommittedAndRetriesConflicts(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = db.Close() })
 
-	for _, via := range []sqlx.ExtContext{db, pgDB{db}} {
+	for _, via := range []sqlx.ExtContext{db, pgDB{DB: db}} {
 		for _, code := range []string{"40001", "40P01", "23514"} {
 			_, err := admin.Exec(`TRUNCATE t`)
 			require.NoError(t, err)

@@ -128,9 +128,11 @@ func concurrentStarts(t *testing.T, via, level string) {
 
 // TestChunkRetriesSerializationFailureAndDeadlock: a chunk's transaction
 // that PostgreSQL aborts with serialization_failure (40001) or
-// deadlock_detected (40P01) is retried (IsRetryable), and the retry
-// commits the chunk once. A trigger on the target raises each error once,
-// counted by a sequence (which a rollback does not undo).
+// deadlock_detected (40P01) is retried as a wait (Config.LockRetries),
+// without counting toward MaxAttempts (1 here), the retry commits the
+// chunk once, and each wait is recorded in the manifest. A trigger on the
+// target raises each error once, counted by a sequence (which a rollback
+// does not undo).
 func TestChunkRetriesSerializationFailureAndDeadlock(t *testing.T) {
 	t.Parallel()
 	for _, code := range []pqerror.Code{"40001", "40P01"} {
@@ -150,7 +152,8 @@ func TestChunkRetriesSerializationFailureAndDeadlock(t *testing.T) {
 		END $$;
 		CREATE TRIGGER fail_twice AFTER INSERT ON items FOR EACH STATEMENT EXECUTE FUNCTION fail_twice()`)
 	require.NoError(t, err)
-	r, err := backfill.New(s.db, &backfill.Config{MaxAttempts: 3, RetryBackoff: time.Millisecond})
+	r, err := backfill.New(s.db, &backfill.Config{MaxAttempts: 1, RetryBackoff: time.Millisecond,
+		LockRetries: []backfill.LockRetry{{Timeout: time.Second, Sleep: time.Millisecond}, {Timeout: time.Second, Sleep: time.Millisecond}, {Timeout: time.Second}}})
 	require.NoError(t, err)
 	job := s.job(1)
 	job.Chunker = backfill.IntRange(0, 200, 100)
@@ -163,7 +166,15 @@ func TestChunkRetriesSerializationFailureAndDeadlock(t *testing.T) {
 	require.GreaterOrEqual(t, merges, 4, "the two failed merges ran again")
 	var attempts int
 	require.NoError(t, s.db.Get(&attempts, `SELECT sum(attempts) FROM backfill.chunks WHERE rows_read = 100 AND status = 'done'`))
-	require.Equal(t, 4, attempts, "two chunks, two failed attempts recorded, each chunk committed once")
+	require.Equal(t, 2, attempts, "two chunks, each committed once; the waits are not failed attempts")
+	waits, err := backfill.NewPGManifest("").Waits(ctx, s.db, rep.BatchID)
+	require.NoError(t, err)
+	var codes []string
+	for _, w := range waits {
+		codes = append(codes, w.SQLState)
+		require.False(t, w.Final)
+	}
+	require.Equal(t, []string{"40001", "40P01"}, codes, "each wait recorded")
 	var rows int
 	require.NoError(t, s.db.Get(&rows, `SELECT count(*) FROM items`))
 	require.Equal(t, 200, rows)

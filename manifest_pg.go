@@ -244,6 +244,8 @@ COMMENT ON VIEW {s}.completed_batches IS
 	// 12: workers and their heartbeats; each run's liveness
 	// (manifest_worker.go).
 	migrationWorkers,
+	// 13: the waits of chunks (manifest_waits.go).
+	migrationWaits,
 }
 
 func (m *PGManifest) sql(q string) string {
@@ -268,7 +270,7 @@ type txBeginner interface {
 // a short jittered backoff (retryTx), so f must not keep state across
 // attempts. When db is a transaction, its owner retries.
 func inTx(ctx context.Context, db sqlx.ExtContext, f func(tx sqlx.ExtContext) error) error {
-	return inTxIdle(ctx, db, false, f)
+	return inTxIdle(ctx, db, txPlain, f)
 }
 
 // inShortTx is inTx for a transaction that only runs statements (no
@@ -276,15 +278,40 @@ func inTx(ctx context.Context, db sqlx.ExtContext, f func(tx sqlx.ExtContext) er
 // also sets idle_in_transaction_session_timeout to manifestIdleTimeout,
 // locally, so that a worker frozen inside it (SIGSTOP, a stalled host)
 // holds its locks, such as the run's row, for that long at most.
+//
+// It also sets lock_timeout ([Config.LockTimeout]) and, when configured,
+// statement_timeout ([Config.StatementTimeout]), locally, in the same
+// statement, and retries a transaction that waited (55P03, 57014; 40001
+// and 40P01 as inTx does) with the sleeps of [Config.LockRetries]
+// (retryWaits). The settings are the Runner's when db is its [DB], the
+// defaults otherwise.
 func inShortTx(ctx context.Context, db sqlx.ExtContext, f func(tx sqlx.ExtContext) error) error {
-	return inTxIdle(ctx, db, true, f)
+	return inTxIdle(ctx, db, txShort, f)
 }
 
-func inTxIdle(ctx context.Context, db sqlx.ExtContext, short bool, f func(tx sqlx.ExtContext) error) error {
-	b, ok := db.(txBeginner)
-	if !ok {
-		if pd, ok := db.(pgDB); ok {
-			b = pd.DB
+// inShortTxOwnWaits is inShortTx for a transaction that sets its own
+// lock_timeout and handles its lock timeouts itself (waitInFlight): no
+// lock_timeout, no retry of 55P03.
+func inShortTxOwnWaits(ctx context.Context, db sqlx.ExtContext, f func(tx sqlx.ExtContext) error) error {
+	return inTxIdle(ctx, db, txShortOwnWaits, f)
+}
+
+// txMode is the kind of transaction inTxIdle runs.
+type txMode int
+
+const (
+	txPlain txMode = iota
+	txShort
+	txShortOwnWaits
+)
+
+func inTxIdle(ctx context.Context, db sqlx.ExtContext, mode txMode, f func(tx sqlx.ExtContext) error) error {
+	settings := defaultTxSettings
+	b, _ := db.(txBeginner)
+	if pd, ok := db.(pgDB); ok {
+		b = pd.DB
+		if pd.settings != nil {
+			settings = *pd.settings
 		}
 	}
 	if b == nil {
@@ -294,24 +321,30 @@ func inTxIdle(ctx context.Context, db sqlx.ExtContext, short bool, f func(tx sql
 		}
 		return f(db)
 	}
-	return retryTx(ctx, func() error {
-		tx, err := b.BeginTxx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
-		if err != nil {
-			return statementPoolerHint(ctx, b, err) // backfill_pooler.go
-		}
-		if short {
-			// No parameters: one round trip, pooler-safe.
-			if _, err := tx.ExecContext(ctx, manifestIdleSetting()); err != nil {
+	try := func() error {
+		return retryTx(ctx, func() error {
+			tx, err := b.BeginTxx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
+			if err != nil {
+				return statementPoolerHint(ctx, b, err) // backfill_pooler.go
+			}
+			if mode != txPlain {
+				// No parameters: one round trip, pooler-safe.
+				if _, err := tx.ExecContext(ctx, shortTxSettings(settings, mode == txShortOwnWaits)); err != nil {
+					_ = tx.Rollback()
+					return err
+				}
+			}
+			if err := f(tx); err != nil {
 				_ = tx.Rollback()
 				return err
 			}
-		}
-		if err := f(tx); err != nil {
-			_ = tx.Rollback()
-			return err
-		}
-		return tx.Commit()
-	})
+			return tx.Commit()
+		})
+	}
+	if mode != txShort {
+		return try()
+	}
+	return retryWaits(ctx, settings.retries, try)
 }
 
 // manifestIdleTimeout is idle_in_transaction_session_timeout in the
@@ -323,11 +356,6 @@ const manifestIdleTimeout = 10 * time.Second
 var manifestIdleMS atomic.Int64
 
 func init() { manifestIdleMS.Store(manifestIdleTimeout.Milliseconds()) }
-
-// manifestIdleSetting sets manifestIdleMS, locally.
-func manifestIdleSetting() string {
-	return fmt.Sprintf(`SELECT set_config('idle_in_transaction_session_timeout', '%d', true)`, manifestIdleMS.Load())
-}
 
 // txAttempts bounds the attempts of a transaction retried by retryTx.
 const txAttempts = 8
@@ -620,7 +648,8 @@ func (r pgChunkRow) state() ChunkState {
 // run's row: see claimLeased for the races and why a worker of an
 // abandoned run still never writes over a newer run.
 func (m *PGManifest) ClaimChunk(ctx context.Context, tx sqlx.ExtContext, batchID int64) (ChunkState, bool, error) {
-	return m.claimLeased(ctx, tx, batchID, lease{})
+	st, _, ok, err := m.claimLeased(ctx, tx, batchID, lease{})
+	return st, ok, err
 }
 
 // CompleteChunk implements [Manifest.CompleteChunk]. The chunk must be

@@ -163,7 +163,7 @@ type workerManifest interface {
 	heartbeat(ctx context.Context, db sqlx.ExtContext, key string) error
 	finishWorker(ctx context.Context, db sqlx.ExtContext, key string) error
 	holders(ctx context.Context, db sqlx.ExtContext, batchID int64, self string, staleAfter time.Duration, fence, running bool) ([]chunkHolder, error)
-	claimLeased(ctx context.Context, tx sqlx.ExtContext, batchID int64, l lease) (ChunkState, bool, error)
+	claimLeased(ctx context.Context, tx sqlx.ExtContext, batchID int64, l lease) (ChunkState, int, bool, error)
 	waitInFlight(ctx context.Context, db sqlx.ExtContext, batchID int64, w fenceWait) error
 }
 
@@ -250,6 +250,15 @@ type lease struct {
 	// staleAfter bounds the time a dead peer (network cut) goes
 	// unnoticed (TCP keepalives, tcp_user_timeout).
 	staleAfter time.Duration
+	// lockTimeout is the lock_timeout of the chunk's transaction (the
+	// first row of Config.LockRetries; "" keeps the session's), also kept
+	// in backfill.lock_timeout; stmtTimeout the statement_timeout of its
+	// merge and what follows ("" keeps the session's), kept in
+	// backfill.statement_timeout (backfill_timeouts.go).
+	lockTimeout, stmtTimeout string
+	// avoid are chunks this call does not claim now: they waited and
+	// their pause is not over.
+	avoid []int
 }
 
 // settings returns the lease's session settings as set_config arguments.
@@ -272,11 +281,17 @@ func (l lease) settings() (appName, keepIdle, keepInterval, keepCount, userTimeo
 //     idle while its validators run in the process, which may take
 //     long; a worker frozen between statements stops heartbeating and is
 //     fenced by the others instead;
-//   - statement_timeout 0, the previous value kept in
-//     backfill.statement_timeout: the COPY that stays open while the
-//     extractor runs is not charged with the extractor's time. The merge
-//     puts the caller's statement_timeout back (PGMerger's planner
-//     settings) for its statements.
+//   - statement_timeout 0, the value of the merge kept in
+//     backfill.statement_timeout ([Config.StatementTimeout], or the
+//     session's): the COPY that stays open while the extractor runs is
+//     not charged with the extractor's time. The merge puts it back
+//     (PGMerger's planner settings) for its statements and what follows;
+//   - lock_timeout, the try's ([Config.LockRetries]), also kept in
+//     backfill.lock_timeout for the merge to put back after its key
+//     locks, which wait without one (backfill_timeouts.go).
+//
+// It also skips the chunks of l.avoid and returns the backend's pid, for
+// the watcher of the chunk's waits.
 //
 // No lock on the run's row: a run that is abandoned or rolled back is
 // first set so (committed), then waitInFlight waits for the chunks in
@@ -288,35 +303,46 @@ func (l lease) settings() (appName, keepIdle, keepInterval, keepCount, userTimeo
 // which reads the run's status afresh (CompleteChunk). A run that is
 // failed or paused meanwhile lets its chunks in flight commit: they were
 // claimed while it ran, and a resume or a rollback waits for them.
-func (m *PGManifest) claimLeased(ctx context.Context, tx sqlx.ExtContext, batchID int64, l lease) (ChunkState, bool, error) {
-	var rows []pgChunkRow
-	var err error
+func (m *PGManifest) claimLeased(ctx context.Context, tx sqlx.ExtContext, batchID int64, l lease) (ChunkState, int, bool, error) {
+	var rows []struct {
+		pgChunkRow
+		PID int `db:"backend_pid"`
+	}
+	avoid := make([]int64, len(l.avoid))
+	for i, seq := range l.avoid {
+		avoid[i] = int64(seq)
+	}
 	const claim = `SELECT ` + chunkColumns + ` FROM {s}.chunks
 		WHERE batch_id = $1 AND (status = 'pending' OR status = 'open'
 			AND open_call < (SELECT calls FROM {s}.runs WHERE batch_id = $1 AND status = 'running'))
 		AND EXISTS (SELECT 1 FROM {s}.runs WHERE batch_id = $1 AND status = 'running')
+		AND NOT (seq = ANY ($2::int[]))
 		ORDER BY seq LIMIT 1 FOR UPDATE SKIP LOCKED`
-	if l.key == "" {
-		err = sqlx.SelectContext(ctx, tx, &rows, m.sql(claim), batchID)
-	} else {
+	// The settings: the lease's (with a worker key), and the timeouts.
+	// statement_timeout is 0 until the merge puts back
+	// backfill.statement_timeout: the configured value, or the session's.
+	settings := `set_config('statement_timeout', CASE WHEN set_config('backfill.statement_timeout',
+			coalesce(nullif($3, ''), current_setting('statement_timeout')), true) IS NOT NULL THEN '0' END, true) IS NOT NULL
+		AND set_config('backfill.lock_timeout', set_config('lock_timeout', coalesce(nullif($4, ''), current_setting('lock_timeout')), true), true) IS NOT NULL`
+	args := []any{batchID, pq.Array(avoid), l.stmtTimeout, l.lockTimeout}
+	if l.key != "" {
 		app, kIdle, kInt, kCount, userTO := l.settings()
-		err = sqlx.SelectContext(ctx, tx, &rows, m.sql(`SELECT c.*
-			FROM (`+claim+`) c
-			WHERE set_config('application_name', left($2 || current_setting('application_name'), 63), true) IS NOT NULL
-				AND set_config('tcp_keepalives_idle', $3, true) IS NOT NULL
-				AND set_config('tcp_keepalives_interval', $4, true) IS NOT NULL
-				AND set_config('tcp_keepalives_count', $5, true) IS NOT NULL
-				AND set_config('tcp_user_timeout', $6, true) IS NOT NULL
-				AND set_config('statement_timeout', CASE WHEN set_config('backfill.statement_timeout', current_setting('statement_timeout'), true) IS NOT NULL THEN '0' END, true) IS NOT NULL`),
-			batchID, app, kIdle, kInt, kCount, userTO)
+		settings += `
+			AND set_config('application_name', left($5 || current_setting('application_name'), 63), true) IS NOT NULL
+			AND set_config('tcp_keepalives_idle', $6, true) IS NOT NULL
+			AND set_config('tcp_keepalives_interval', $7, true) IS NOT NULL
+			AND set_config('tcp_keepalives_count', $8, true) IS NOT NULL
+			AND set_config('tcp_user_timeout', $9, true) IS NOT NULL`
+		args = append(args, app, kIdle, kInt, kCount, userTO)
 	}
+	err := sqlx.SelectContext(ctx, tx, &rows, m.sql(`SELECT c.*, pg_backend_pid() AS backend_pid FROM (`+claim+`) c WHERE `+settings), args...)
 	if err != nil {
-		return ChunkState{}, false, fmt.Errorf("backfill: claim chunk of batch %d: %w", batchID, err)
+		return ChunkState{}, 0, false, fmt.Errorf("backfill: claim chunk of batch %d: %w", batchID, err)
 	}
 	if len(rows) == 0 {
-		return ChunkState{}, false, nil
+		return ChunkState{}, 0, false, nil
 	}
-	return rows[0].state(), true, nil
+	return rows[0].state(), rows[0].PID, true, nil
 }
 
 // chunkHolder is a chunk of a running run held (row-locked) by a
@@ -395,7 +421,7 @@ func (m *PGManifest) waitInFlight(ctx context.Context, db sqlx.ExtContext, batch
 	}
 	fenceOK := true
 	for n := 0; ; n++ {
-		err := inShortTx(ctx, db, func(tx sqlx.ExtContext) error {
+		err := inShortTxOwnWaits(ctx, db, func(tx sqlx.ExtContext) error {
 			_, err := tx.ExecContext(ctx, m.sql(`SELECT 1 FROM {s}.chunks WHERE batch_id = $1 AND status IN ('pending', 'open')
 				AND set_config('lock_timeout', $2, true) IS NOT NULL ORDER BY seq FOR UPDATE`), batchID, fmt.Sprint(max(w.poll.Milliseconds(), 1)))
 			return err

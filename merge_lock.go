@@ -146,7 +146,7 @@ func (s *pgStager) lockKeys(ctx context.Context) error {
 	// through either lock the same keys (merge_decide.go).
 	ns := lockNamespace(cmpOr(s.info.lockRoot, t.Table))
 	whole := func() error {
-		_, err := s.tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock($1::int, $2::int)`, ns, wholeTarget)
+		_, err := s.tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock($1::int, $2::int) WHERE `+noLockTimeout, ns, wholeTarget)
 		return err
 	}
 	if s.lockWhole {
@@ -192,12 +192,22 @@ func (s *pgStager) lockKeys(ctx context.Context) error {
 	}
 	// Lock -1 shared first, then the keys in ascending order (unnest keeps
 	// the array's order, the aggregate consumes it in that order).
-	if _, err := s.tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock_shared($1::int, $2::int)`, ns, wholeTarget); err != nil {
+	if _, err := s.tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock_shared($1::int, $2::int) WHERE `+noLockTimeout, ns, wholeTarget); err != nil {
 		return err
 	}
 	_, err := s.tx.ExecContext(ctx, `SELECT count(pg_advisory_xact_lock($1::int, b)) FROM unnest($2::int[]) AS b`, ns, pq.Array(buckets))
 	return err
 }
+
+// noLockTimeout is a condition that sets lock_timeout 0 for the rest of
+// the chunk's transaction, keeping the try's value in
+// backfill.lock_timeout (unless kept already) for the merge's planner
+// settings to put back: the key locks wait only for other merges of the
+// same keys, whatever the try's lock_timeout (backfill_timeouts.go). In
+// the WHERE clause of a statement without FROM it is evaluated before
+// the statement's lock function.
+const noLockTimeout = `set_config('lock_timeout', CASE WHEN set_config('backfill.lock_timeout',
+	coalesce(nullif(current_setting('backfill.lock_timeout', true), ''), current_setting('lock_timeout')), true) IS NOT NULL THEN '0' END, true) IS NOT NULL`
 
 // rangeKey returns the business key's column when it is a single integer
 // column, whose locks cover ranges of values.

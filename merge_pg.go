@@ -808,7 +808,9 @@ func (s *pgStager) checkIntervals(ctx context.Context) error {
 // It also puts back the caller's statement_timeout, which the claim of
 // the chunk (PGManifest.claimLeased) kept in backfill.statement_timeout
 // and set to 0 for the COPY that stays open while the extractor runs:
-// the merge's statements are bounded by the caller's setting again.
+// the merge's statements are bounded by the caller's setting again
+// ([Config.StatementTimeout] when set). Likewise the lock_timeout of the
+// try (backfill.lock_timeout), which the key locks (lockKeys) set to 0.
 func (s *pgStager) plannerSettings(ctx context.Context) (restore func(context.Context) error, err error) {
 	var prev struct {
 		SeqScan string `db:"seqscan"`
@@ -817,7 +819,8 @@ func (s *pgStager) plannerSettings(ctx context.Context) (restore func(context.Co
 	if err := sqlx.GetContext(ctx, s.tx, &prev, `SELECT current_setting('enable_seqscan') AS seqscan, current_setting('jit') AS jit
 		FROM (SELECT set_config('enable_hashjoin', 'off', true), set_config('enable_mergejoin', 'off', true),
 			set_config('extra_float_digits', greatest(current_setting('extra_float_digits')::int, 1)::text, true),
-			set_config('statement_timeout', coalesce(nullif(current_setting('backfill.statement_timeout', true), ''), current_setting('statement_timeout')), true)) x`); err != nil {
+			set_config('statement_timeout', coalesce(nullif(current_setting('backfill.statement_timeout', true), ''), current_setting('statement_timeout')), true),
+			set_config('lock_timeout', coalesce(nullif(current_setting('backfill.lock_timeout', true), ''), current_setting('lock_timeout')), true)) x`); err != nil {
 		return nil, err
 	}
 	if _, err := s.tx.ExecContext(ctx, `SELECT set_config('enable_seqscan', 'off', true), set_config('jit', 'off', true)`); err != nil {

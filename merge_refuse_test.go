@@ -340,21 +340,22 @@ func TestMaxRejectsPerChunkCountsMergeRejects(t *testing.T) {
 }
 
 // TestMergeTransientErrorsAreNotRefusals: errors that are not about a row
-// (serialization failure, deadlock, lock timeout, cancellation), even
-// when a trigger raises them for one row, keep failing the chunk (retried
-// when retryable) and queue nothing.
+// (serialization failure, deadlock, lock timeout, statement timeout or
+// cancellation), even when a trigger raises them for one row, keep
+// failing the chunk (retried: with a one-row Config.LockRetries each wait
+// ends its attempt) and queue nothing.
 func TestMergeTransientErrorsAreNotRefusals(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
 		code     string
 		attempts int
-	}{{"40001", 2}, {"40P01", 2}, {"55P03", 2}, {"57014", 1}} {
+	}{{"40001", 2}, {"40P01", 2}, {"55P03", 2}, {"57014", 2}} {
 		t.Run(tc.code, func(t *testing.T) {
 			t.Parallel()
 			r := refusalNamed("Trigger")
 			r.ddl = strings.ReplaceAll(r.ddl, "'BF001'", "'"+tc.code+"'")
 			db := refusalSetup(t, refusalModes[0], r)
-			run, err := backfill.New(db, &backfill.Config{MaxAttempts: 2, RetryBackoff: time.Millisecond})
+			run, err := backfill.New(db, &backfill.Config{MaxAttempts: 2, RetryBackoff: time.Millisecond, LockRetries: []backfill.LockRetry{{Timeout: time.Second}}})
 			require.NoError(t, err)
 			rep, err := run.Run(context.Background(), refusalJob(refusalModes[0], r))
 			require.Error(t, err)

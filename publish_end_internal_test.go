@@ -33,7 +33,7 @@ func TestCreateStagingInTx(t *testing.T) {
 	outsideTxAnyHook.Store(&hook)
 	defer outsideTxAnyHook.Store(nil)
 	info := TableInfo{Columns: []Column{{Name: "id", Type: "bigint"}, {Name: "name", Type: "text"}}}
-	require.NoError(t, (&PGMerger{}).CreateStaging(ctx, pgDB{db}, `"public"."stage_1"`, info))
+	require.NoError(t, (&PGMerger{}).CreateStaging(ctx, pgDB{DB: db}, `"public"."stage_1"`, info))
 	outsideTxAnyHook.Store(nil)
 	mu.Lock()
 	defer mu.Unlock()

@@ -3,6 +3,7 @@ package backfilltest
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -19,6 +20,48 @@ func testManifestCapabilities(t *testing.T,
 ) {
 	t.Helper()
 	ctx := context.Background()
+
+	t.Run("Waits", func(t *testing.T) {
+		t.Parallel()
+		m, db := setup(t)
+		mw, ok := m.(backfill.ManifestWaits)
+		if !ok {
+			t.Skip("the manifest does not implement backfill.ManifestWaits")
+		}
+		run, _, err := m.StartRun(ctx, db, plan(t, "job", "v1", 20), "w", false)
+		require.NoError(t, err)
+		other, _, err := m.StartRun(ctx, db, plan(t, "other", "v1", 20), "w", false)
+		require.NoError(t, err)
+		got, err := mw.Waits(ctx, db, run.BatchID)
+		require.NoError(t, err)
+		require.Empty(t, got)
+		blocker := backfill.Blocker{PID: 42, ApplicationName: "app", State: "idle in transaction", Query: "LOCK TABLE t"}
+		waits := []backfill.Wait{
+			{BatchID: run.BatchID, Seq: 1, ChunkID: "c1", Attempt: 1, Try: 1, SQLState: "55P03", Message: "canceling statement due to lock timeout",
+				LockTimeout: "100", Waited: 100 * time.Millisecond, Blockers: []backfill.Blocker{blocker}, Sleep: time.Second, Worker: "w"},
+			{BatchID: other.BatchID, Seq: 0, ChunkID: "x", Attempt: 1, Try: 1, SQLState: "40001"},
+			{BatchID: run.BatchID, Seq: 1, ChunkID: "c1", Attempt: 1, Try: 2, SQLState: "57014", StatementTimeout: "300", Waited: 300 * time.Millisecond, Final: true},
+		}
+		for _, w := range waits {
+			require.NoError(t, mw.RecordWait(ctx, db, w))
+		}
+		got, err = mw.Waits(ctx, db, run.BatchID)
+		require.NoError(t, err)
+		require.Len(t, got, 2, "the run's own waits, in the order recorded")
+		for i, w := range []backfill.Wait{waits[0], waits[2]} {
+			require.NotZero(t, got[i].ID)
+			require.False(t, got[i].At.IsZero())
+			if i > 0 {
+				require.Greater(t, got[i].ID, got[i-1].ID)
+			}
+			got[i].ID, got[i].At = 0, time.Time{}
+			if len(w.Blockers) == 0 {
+				require.Empty(t, got[i].Blockers)
+				got[i].Blockers = nil
+			}
+			require.Equal(t, w, got[i])
+		}
+	})
 
 	t.Run("PauseAndResume", func(t *testing.T) {
 		t.Parallel()

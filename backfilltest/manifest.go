@@ -21,6 +21,9 @@ type Manifest struct {
 	mu     sync.Mutex
 	runs   []*fakeRun // index = batch ID - 1
 	events []backfill.Event
+	// waits are the recorded waits (RecordWait), nextWait the last ID.
+	waits    []backfill.Wait
+	nextWait int64
 }
 
 type fakeRun struct {

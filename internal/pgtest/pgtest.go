@@ -199,10 +199,18 @@ type Options struct {
 	TrustNetworks []string
 	// SynchronousCommit keeps synchronous_commit on (Start turns it off):
 	// an acknowledged COMMIT then survives [Server.RestartImmediate],
-	// which loses the WAL not yet written. fsync stays off either way:
-	// the machine itself does not crash.
+	// which loses the WAL not yet written. fsync stays off (unless
+	// Durable): the machine itself does not crash.
 	SynchronousCommit bool
+	// Durable keeps production durability: fsync, full_page_writes and
+	// synchronous_commit on, for benchmarks beside a live load
+	// (internal/benchlock, internal/benchload's durable runs).
+	Durable bool
 }
+
+// BinDir returns the directory of the PostgreSQL binaries the servers
+// use (pgbench is there too).
+func BinDir() (string, error) { return findBinDir() }
 
 // StartWith is [Start] with opts: more listen addresses, trusted
 // networks, synchronous_commit on.
@@ -276,17 +284,20 @@ func startPostgres(ctx context.Context, bin, dir, dataDir string, cred *syscall.
 	}
 	defer logFile.Close() // the child has its own copy
 
-	syncCommit := "off"
-	if opts.SynchronousCommit {
+	syncCommit, fsync := "off", "off"
+	if opts.SynchronousCommit || opts.Durable {
 		syncCommit = "on"
+	}
+	if opts.Durable {
+		fsync = "on"
 	}
 	settings := []string{
 		"listen_addresses=" + strings.Join(append([]string{"127.0.0.1"}, opts.ListenAddresses...), ","),
 		"port=" + strconv.Itoa(port),
 		"unix_socket_directories=" + dir,
-		"fsync=off",
+		"fsync=" + fsync,
 		"synchronous_commit=" + syncCommit,
-		"full_page_writes=off",
+		"full_page_writes=" + fsync,
 		"max_connections=200",
 		"shared_buffers=128MB",
 		"max_wal_size=1GB",

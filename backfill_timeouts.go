@@ -1,0 +1,459 @@
+package backfill
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sort"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+	"github.com/lib/pq"
+)
+
+// Timeouts and the retry of waits (see doc.go, "Beside production").
+//
+// Every transaction of a chunk sets, locally, lock_timeout (the try's row
+// of [Config.LockRetries], at most [Config.LockTimeout]) and keeps the
+// statement_timeout of its merge, validation and checkpoint in
+// backfill.statement_timeout (the COPY that stays open while the
+// extractor runs is not charged: statement_timeout 0 until the merge puts
+// it back). Both are set in the claim statement (claimLeased): no extra
+// round trip, except one set_config on a retried try, whose lock_timeout
+// is the next row's.
+//
+// A try that ends with 55P03 (lock timeout), 40P01, 40001 or 57014 (a
+// statement timeout, or a cancel by another session; never while ctx is
+// done) is a wait, not a failure: the chunk's transaction rolls back, the
+// wait is logged and recorded ([ManifestWaits], a short transaction of its
+// own after the rollback) with its blockers, the worker sleeps the row's
+// Sleep (jittered ±25 %) while the chunk is skipped by this call's other
+// claims, and the chunk is tried again with the next row. Waits do not
+// count toward [Config.MaxAttempts]; a wait on the table's last row ends
+// the attempt as failed, and the next attempt starts the table again.
+// The row of a try is counted per call of Run and per chunk: another
+// process that claims the chunk starts at the first row.
+//
+// The advisory key locks of the merge (merge_lock.go) wait without
+// lock_timeout: they wait only for another chunk's merge of the same keys,
+// an intended wait that no application session queues behind.
+
+// LockRetry is one row of [Config.LockRetries]: a try's lock_timeout and,
+// when the try waits, the sleep before the next try.
+type LockRetry struct {
+	// Timeout is the lock_timeout of the try, at most Config.LockTimeout;
+	// 0 sets none.
+	Timeout time.Duration
+	// Sleep is the pause after the try waited, jittered by ±25 %.
+	Sleep time.Duration
+}
+
+// DefaultLockTimeout is the default of [Config.LockTimeout].
+const DefaultLockTimeout = 2 * time.Second
+
+// DefaultLockRetries returns the default retry table for lockTimeout
+// (after GitLab's lock retries): lock_timeout lockTimeout/20, /10, /4,
+// /2, then lockTimeout four times, with sleeps 1 s, 1 s, 2 s, 5 s, 10 s,
+// 10 s, 20 s (the last row's Sleep is not used: a wait on it ends the
+// attempt). For the default 2 s: 100 ms/1 s, 200 ms/1 s, 500 ms/2 s,
+// 1 s/5 s, 2 s/10 s, 2 s/10 s, 2 s/20 s, 2 s: an attempt waits at most
+// 9.8 s in all and sleeps about 49 s before it counts as failed. A
+// non-positive lockTimeout gives zero timeouts.
+func DefaultLockRetries(lockTimeout time.Duration) []LockRetry {
+	lt := max(lockTimeout, 0)
+	return []LockRetry{
+		{lt / 20, time.Second}, {lt / 10, time.Second}, {lt / 4, 2 * time.Second}, {lt / 2, 5 * time.Second},
+		{lt, 10 * time.Second}, {lt, 10 * time.Second}, {lt, 20 * time.Second}, {lt, 0},
+	}
+}
+
+// txSettings are the timeouts the library sets in its transactions,
+// resolved from a Config.
+type txSettings struct {
+	// lockTimeout is Config.LockTimeout (negative: none set).
+	lockTimeout time.Duration
+	// stmtTimeout is Config.StatementTimeout (0: the session's; negative:
+	// none).
+	stmtTimeout time.Duration
+	retries     []LockRetry
+}
+
+// defaultTxSettings apply to manifest transactions on a database handle
+// that no Runner configured (a *sqlx.DB passed to PGManifest directly).
+var defaultTxSettings = txSettings{lockTimeout: DefaultLockTimeout, retries: DefaultLockRetries(DefaultLockTimeout)}
+
+func (c *Config) txSettings() txSettings {
+	return txSettings{lockTimeout: c.LockTimeout, stmtTimeout: c.StatementTimeout, retries: c.LockRetries}
+}
+
+// validateTimeouts checks the timeouts of c.
+func (c *Config) validateTimeouts() error {
+	for i, r := range c.LockRetries {
+		if r.Timeout < 0 || r.Sleep < 0 {
+			return fmt.Errorf("%w: LockRetries[%d] has a negative Timeout or Sleep", ErrInvalidConfig, i)
+		}
+	}
+	if c.LockRetries != nil && len(c.LockRetries) == 0 {
+		return fmt.Errorf("%w: LockRetries is empty: give at least one row, or nil for the default", ErrInvalidConfig)
+	}
+	return nil
+}
+
+// resolveTimeouts fills in the defaults of the timeouts of c.
+func (c *Config) resolveTimeouts() {
+	c.LockTimeout = cmpOr(c.LockTimeout, DefaultLockTimeout)
+	if c.LockRetries == nil {
+		c.LockRetries = DefaultLockRetries(c.LockTimeout)
+	}
+}
+
+// tryLockTimeout is the lock_timeout of try n (0-based) of an attempt, as
+// PostgreSQL reads it ("" sets none: the session's value stays).
+func (s txSettings) tryLockTimeout(n int) string {
+	if s.lockTimeout < 0 || len(s.retries) == 0 {
+		return ""
+	}
+	t := s.retries[min(n, len(s.retries)-1)].Timeout
+	if t <= 0 {
+		return "0"
+	}
+	return msSetting(min(t, s.lockTimeout))
+}
+
+// stmtSetting is the statement_timeout the merge runs under ("" for the
+// session's).
+func (s txSettings) stmtSetting() string {
+	switch {
+	case s.stmtTimeout < 0:
+		return "0"
+	case s.stmtTimeout > 0:
+		return msSetting(s.stmtTimeout)
+	}
+	return ""
+}
+
+// manifestLockTimeout is the lock_timeout of the short manifest
+// transactions ("" for none).
+func (s txSettings) manifestLockTimeout() string {
+	if s.lockTimeout < 0 {
+		return ""
+	}
+	return msSetting(cmpOr(s.lockTimeout, DefaultLockTimeout))
+}
+
+// msSetting is d as a PostgreSQL time setting in milliseconds (at least 1).
+func msSetting(d time.Duration) string {
+	return fmt.Sprint(max(d.Milliseconds(), 1))
+}
+
+// shortTxSettings is the one statement (no parameters: pooler-safe) that
+// sets the settings of a short manifest transaction: the idle timeout,
+// and lock_timeout and statement_timeout unless ownWaits (the caller
+// sets its own lock_timeout) or unset.
+func shortTxSettings(s txSettings, ownWaits bool) string {
+	q := fmt.Sprintf(`SELECT set_config('idle_in_transaction_session_timeout', '%d', true)`, manifestIdleMS.Load())
+	if lt := s.manifestLockTimeout(); lt != "" && !ownWaits {
+		q += `, set_config('lock_timeout', '` + lt + `', true)`
+	}
+	if st := s.stmtSetting(); st != "" {
+		q += `, set_config('statement_timeout', '` + st + `', true)`
+	}
+	return q
+}
+
+// jitter returns d scaled by a random factor in [0.75, 1.25).
+func jitter(d time.Duration) time.Duration {
+	if d <= 0 {
+		return 0
+	}
+	return time.Duration(float64(d) * (0.75 + rand.Float64()/2))
+}
+
+// waitCode returns the SQLSTATE of err when it is a wait: lock timeout
+// (55P03), deadlock (40P01), serialization failure (40001), or a
+// cancelled statement (57014: a statement timeout, or a cancel by another
+// session) while ctx is not done. It also returns PostgreSQL's message.
+func waitCode(ctx context.Context, err error) (code, msg string, ok bool) {
+	var pe *pq.Error
+	if err == nil || ctx.Err() != nil || !errors.As(err, &pe) {
+		return "", "", false
+	}
+	switch pe.Code {
+	case "55P03", "40P01", "40001", "57014":
+		return string(pe.Code), pe.Message, true
+	}
+	return "", "", false
+}
+
+// retryWaits runs try until it returns nil, an error that is not a wait,
+// or the table's rows are used up: a try that waited (waitCode) is run
+// again after the row's jittered sleep. The short manifest transactions
+// use it; a chunk's tries are retried by the Runner (chunkWaited).
+func retryWaits(ctx context.Context, retries []LockRetry, try func() error) error {
+	for n := 0; ; n++ {
+		err := try()
+		if _, _, ok := waitCode(ctx, err); !ok || n+1 >= len(retries) {
+			return err
+		}
+		t := time.NewTimer(jitter(retries[n].Sleep))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return err
+		case <-t.C:
+		}
+	}
+}
+
+// chunkWaits is the state of the waits of one call of Run: per chunk
+// Seq, the tries of its current attempt that waited, and until when this
+// call's claims skip it.
+type chunkWaits struct {
+	tries     map[int]int
+	notBefore map[int]time.Time
+}
+
+// waitTry returns the number of tries of chunk seq's current attempt
+// that waited (the row of its next try).
+func (ex *execution) waitTry(seq int) int {
+	ex.mu.Lock()
+	defer ex.mu.Unlock()
+	return ex.waits.tries[seq]
+}
+
+// avoided returns the chunks this call's claims skip now (sorted), and
+// how long until the first of them may be claimed again (0 for none).
+func (ex *execution) avoided() ([]int, time.Duration) {
+	ex.mu.Lock()
+	defer ex.mu.Unlock()
+	now := time.Now()
+	var seqs []int
+	var next time.Duration
+	for seq, t := range ex.waits.notBefore {
+		if d := t.Sub(now); d > 0 {
+			seqs = append(seqs, seq)
+			if next == 0 || d < next {
+				next = d
+			}
+		} else {
+			delete(ex.waits.notBefore, seq)
+		}
+	}
+	sort.Ints(seqs)
+	return seqs, next
+}
+
+// setTryLockTimeout sets the lock_timeout of chunk seq's try in tx when
+// it is not the first try of its attempt (the claim set the first row's).
+func (ex *execution) setTryLockTimeout(ctx context.Context, tx Tx, seq int) (string, error) {
+	s := ex.r.cfg.txSettings()
+	n := ex.waitTry(seq)
+	lt := s.tryLockTimeout(n)
+	if n == 0 || lt == "" {
+		return lt, nil
+	}
+	_, err := tx.ExecContext(ctx, `SELECT set_config('backfill.lock_timeout', set_config('lock_timeout', $1, true), true)`, lt)
+	return lt, err
+}
+
+// Wait is one try of a chunk that waited and was rolled back
+// ([ManifestWaits]).
+type Wait struct {
+	// ID is the record's ID, in the order recorded (set by the manifest).
+	ID int64 `db:"id" json:"id"`
+	// BatchID, Seq and ChunkID name the chunk.
+	BatchID int64  `db:"batch_id" json:"batch_id"`
+	Seq     int    `db:"seq" json:"seq"`
+	ChunkID string `db:"chunk_id" json:"chunk_id"`
+	// Attempt is the chunk's attempt (as in [ChunkError.Attempt]); Try
+	// is the 1-based row of [Config.LockRetries] the try ran with.
+	Attempt int `db:"attempt" json:"attempt"`
+	Try     int `db:"try" json:"try"`
+	// SQLState is 55P03 (lock timeout), 40P01 (deadlock), 40001
+	// (serialization failure) or 57014 (statement timeout or cancel);
+	// Message is PostgreSQL's.
+	SQLState string `db:"sqlstate" json:"sqlstate"`
+	Message  string `db:"message" json:"message"`
+	// LockTimeout and StatementTimeout are the settings of the try as
+	// PostgreSQL reads them ("2000" ms; "" when the library set none).
+	LockTimeout      string `db:"lock_timeout" json:"lock_timeout"`
+	StatementTimeout string `db:"statement_timeout" json:"statement_timeout"`
+	// Waited is how long the statement that ended the try had been
+	// waiting (lock waits: since pg_locks.waitstart) or running, as last
+	// seen by the watcher plus the time since; the timeout when the
+	// watcher never saw it.
+	Waited time.Duration `db:"-" json:"waited"`
+	// Blockers are the sessions that blocked it (pg_blocking_pids), as
+	// last seen while it waited; empty when none were seen.
+	Blockers []Blocker `db:"-" json:"blockers"`
+	// Sleep is the pause before the next try; Final reports that the
+	// wait was on the table's last row and ended the attempt as failed.
+	Sleep time.Duration `db:"-" json:"sleep"`
+	Final bool          `db:"final" json:"final"`
+	// Worker is [Config.WorkerID]; At is when it was recorded (server
+	// clock).
+	Worker string    `db:"worker" json:"worker"`
+	At     time.Time `db:"at" json:"at"`
+}
+
+// ManifestWaits is implemented by manifests that record the waits of
+// chunks ([Wait]): [PGManifest] (table waits) and backfilltest's
+// Manifest (in memory). Without it, waits are only logged.
+type ManifestWaits interface {
+	// RecordWait appends w, in a short transaction of its own (db is not
+	// the chunk's transaction, which rolled back).
+	RecordWait(ctx context.Context, db sqlx.ExtContext, w Wait) error
+	// Waits returns the waits of run batchID in the order recorded.
+	Waits(ctx context.Context, db sqlx.ExtContext, batchID int64) ([]Wait, error)
+}
+
+// chunkWaited handles a try of ce's chunk that ended with a wait (code,
+// msg): it records and logs the wait with what the watcher saw, and
+// either sleeps and reports true (the chunk is tried again, not counting
+// toward MaxAttempts) or, on the table's last row, returns false with
+// final set, and the caller counts the attempt as failed.
+func (ex *execution) chunkWaited(ctx context.Context, ce *ChunkError, cr chunkRun, code, msg string) (retry bool) {
+	s := ex.r.cfg.txSettings()
+	seq := ce.Chunk.Seq
+	ex.mu.Lock()
+	if ex.waits.tries == nil {
+		ex.waits.tries, ex.waits.notBefore = map[int]int{}, map[int]time.Time{}
+	}
+	n := ex.waits.tries[seq]
+	final := n+1 >= len(s.retries)
+	sleep := time.Duration(0)
+	if final {
+		delete(ex.waits.tries, seq)
+	} else {
+		ex.waits.tries[seq] = n + 1
+		sleep = jitter(s.retries[n].Sleep)
+		ex.waits.notBefore[seq] = time.Now().Add(sleep)
+	}
+	ex.mu.Unlock()
+
+	w := Wait{BatchID: ex.batchID, Seq: seq, ChunkID: ce.Chunk.ID, Attempt: ce.Attempt, Try: n + 1, SQLState: code, Message: msg,
+		LockTimeout: cr.lockTimeout, StatementTimeout: s.stmtSetting(), Sleep: sleep, Final: final, Worker: ex.r.cfg.WorkerID}
+	if cr.seen != nil && !cr.seen.at.IsZero() {
+		w.Waited = cr.seen.waited + time.Since(cr.seen.at)
+		w.Blockers = cr.seen.blockers
+	} else if code == "55P03" && cr.lockTimeout != "" {
+		var ms int64
+		_, _ = fmt.Sscan(cr.lockTimeout, &ms)
+		w.Waited = time.Duration(ms) * time.Millisecond
+	} else if code == "57014" && s.stmtTimeout > 0 {
+		w.Waited = s.stmtTimeout
+	}
+	blockers := describeBlockers(w.Blockers)
+	if blockers == "" {
+		blockers = "none seen"
+	}
+	attrs := []any{"seq", seq, "chunk", ce.Chunk.ID, "attempt", ce.Attempt, "try", n + 1, "sqlstate", code, "message", msg,
+		"lock_timeout", cr.lockTimeout, "statement_timeout", w.StatementTimeout, "waited", w.Waited, "blockers", blockers}
+	if final {
+		ex.log.Warn("backfill: chunk waited on the retry table's last row; the attempt counts as failed", attrs...)
+	} else {
+		ex.log.Warn("backfill: chunk waited; rolled back, retrying after a pause", append(attrs, "sleep", sleep)...)
+	}
+	if mw := ex.r.caps.waits; mw != nil {
+		fctx := context.WithoutCancel(ctx)
+		// Append-only, after the chunk's rollback: a crash before it loses
+		// only this record (the log line above says it).
+		if err := ex.retryConn(fctx, "record wait", func() error { return mw.RecordWait(fctx, ex.r.db, w) }); err != nil {
+			ex.log.Warn("backfill: wait not recorded in the manifest", "seq", seq, "chunk", ce.Chunk.ID, "error", err)
+		}
+	}
+	if final {
+		return false
+	}
+	select {
+	case <-ctx.Done():
+	case <-time.After(sleep):
+	}
+	return true
+}
+
+// watchSeen is what a chunk's watcher last saw of its backend while the
+// backend was blocked or running a statement: since when (waited, at the
+// local time at) and the sessions blocking it.
+type watchSeen struct {
+	at       time.Time
+	waited   time.Duration
+	blockers []Blocker
+}
+
+// watchChunk starts watching, from another connection of the pool, the
+// chunk's backend pid while its merge, validation and checkpoint run:
+// after delay (half the try's shortest timeout, at most 500 ms) it polls
+// every quarter of it (10 ms to 250 ms) pg_stat_activity for the
+// backend's statement, and, while the backend waits for a lock, the
+// sessions pg_blocking_pids names (blockingSessions, as the view switch). The
+// returned stop ends the watch and returns what it last saw (nil if
+// nothing). Blockers must be read while the backend waits: after its
+// timeout they are gone.
+func (ex *execution) watchChunk(ctx context.Context, pid int, lockTimeout string) (stop func() *watchSeen) {
+	if pid == 0 {
+		return func() *watchSeen { return nil }
+	}
+	timeout := 2 * time.Second
+	var ms int64
+	if _, err := fmt.Sscan(lockTimeout, &ms); err == nil && ms > 0 {
+		timeout = time.Duration(ms) * time.Millisecond
+	}
+	if st := ex.r.cfg.StatementTimeout; st > 0 {
+		timeout = min(timeout, st)
+	}
+	delay := min(timeout/2, 500*time.Millisecond)
+	every := min(max(timeout/4, 10*time.Millisecond), 250*time.Millisecond)
+	done := make(chan struct{})
+	result := make(chan *watchSeen, 1)
+	wctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	go func() {
+		var last *watchSeen
+		defer func() { result <- last }()
+		t := time.NewTimer(delay)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+			}
+			if seen := observeBackend(wctx, ex.r.db, pid); seen != nil {
+				last = seen
+			}
+			t.Reset(every)
+		}
+	}()
+	return func() *watchSeen {
+		close(done)
+		cancel()
+		return <-result
+	}
+}
+
+// observeBackend reads what backend pid is doing: how long its current
+// statement has waited for a lock (pg_locks.waitstart, PostgreSQL 14) or
+// run, and, while it waits for a lock, its blockers. nil when it is idle
+// or gone.
+func observeBackend(ctx context.Context, db sqlx.ExtContext, pid int) *watchSeen {
+	var rows []struct {
+		Waited float64 `db:"waited"`
+		Lock   bool    `db:"lock"`
+	}
+	err := readTx(ctx, db, func(tx sqlx.ExtContext) error {
+		rows = rows[:0]
+		return sqlx.SelectContext(ctx, tx, &rows, `SELECT coalesce(a.wait_event_type = 'Lock', false) AS lock,
+			extract(epoch FROM clock_timestamp() - coalesce(CASE WHEN a.wait_event_type = 'Lock'
+				THEN (SELECT min(l.waitstart) FROM pg_locks l WHERE l.pid = a.pid AND NOT l.granted) END, a.query_start))::float8 AS waited
+			FROM pg_stat_activity a WHERE a.pid = $1 AND a.state = 'active'`, pid)
+	})
+	if err != nil || len(rows) == 0 {
+		return nil
+	}
+	seen := &watchSeen{at: time.Now(), waited: time.Duration(rows[0].Waited * float64(time.Second))}
+	if rows[0].Lock {
+		seen.blockers = blockingSessions(ctx, db, pid)
+	}
+	return seen
+}

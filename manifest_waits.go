@@ -1,0 +1,93 @@
+package backfill
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+)
+
+// migrationWaits is manifest migration 13: the waits table, one row per
+// try of a chunk that waited and was rolled back (backfill_timeouts.go).
+// Append-only, each row in a short transaction of its own after the
+// chunk's rollback.
+const migrationWaits = `
+CREATE TABLE {s}.waits (
+	id                bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+	batch_id          bigint NOT NULL REFERENCES {s}.runs ON DELETE CASCADE,
+	seq               int NOT NULL,
+	chunk_id          text NOT NULL,
+	attempt           int NOT NULL,
+	try               int NOT NULL,
+	sqlstate          text NOT NULL,
+	message           text NOT NULL DEFAULT '',
+	lock_timeout      text NOT NULL DEFAULT '',
+	statement_timeout text NOT NULL DEFAULT '',
+	waited            interval NOT NULL,
+	sleep             interval NOT NULL,
+	final             boolean NOT NULL DEFAULT false,
+	blockers          jsonb NOT NULL DEFAULT '[]',
+	worker            text NOT NULL DEFAULT '',
+	at                timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX waits_batch ON {s}.waits (batch_id, seq, id);
+COMMENT ON TABLE {s}.waits IS
+	'Tries of chunks that waited (lock timeout 55P03, deadlock 40P01, serialization failure 40001, statement timeout 57014) and were rolled back and retried: the try''s timeouts (ms), how long it waited, and the sessions that blocked it (pg_blocking_pids). Append-only; a crash between a rollback and its record loses that record.';
+`
+
+var _ ManifestWaits = (*PGManifest)(nil)
+
+// RecordWait implements [ManifestWaits.RecordWait].
+func (m *PGManifest) RecordWait(ctx context.Context, db sqlx.ExtContext, w Wait) error {
+	blockers := w.Blockers
+	if blockers == nil {
+		blockers = []Blocker{}
+	}
+	b, err := json.Marshal(blockers)
+	if err != nil {
+		return fmt.Errorf("backfill: record wait of chunk %s: %w", w.ChunkID, err)
+	}
+	err = inShortTx(ctx, db, func(tx sqlx.ExtContext) error {
+		_, err := tx.ExecContext(ctx, m.sql(`INSERT INTO {s}.waits (batch_id, seq, chunk_id, attempt, try, sqlstate, message, lock_timeout,
+			statement_timeout, waited, sleep, final, blockers, worker)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, make_interval(secs => $10), make_interval(secs => $11), $12, $13, $14)`),
+			w.BatchID, w.Seq, w.ChunkID, w.Attempt, w.Try, w.SQLState, ManifestText(w.Message), w.LockTimeout, w.StatementTimeout,
+			w.Waited.Seconds(), w.Sleep.Seconds(), w.Final, string(ManifestJSON(b)), ManifestText(w.Worker))
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("backfill: record wait of chunk %s of batch %d: %w", w.ChunkID, w.BatchID, err)
+	}
+	return nil
+}
+
+// Waits implements [ManifestWaits.Waits].
+func (m *PGManifest) Waits(ctx context.Context, db sqlx.ExtContext, batchID int64) ([]Wait, error) {
+	var rows []struct {
+		Wait
+		WaitedSec float64 `db:"waited_sec"`
+		SleepSec  float64 `db:"sleep_sec"`
+		Blockers  []byte  `db:"blockers"`
+	}
+	err := readTx(ctx, db, func(tx sqlx.ExtContext) error {
+		rows = rows[:0]
+		return sqlx.SelectContext(ctx, tx, &rows, m.sql(`SELECT id, batch_id, seq, chunk_id, attempt, try, sqlstate, message, lock_timeout,
+			statement_timeout, extract(epoch FROM waited)::float8 AS waited_sec, extract(epoch FROM sleep)::float8 AS sleep_sec,
+			final, blockers, worker, at FROM {s}.waits WHERE batch_id = $1 ORDER BY id`), batchID)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("backfill: waits of batch %d: %w", batchID, err)
+	}
+	out := make([]Wait, len(rows))
+	for i, r := range rows {
+		out[i] = r.Wait
+		out[i].Waited = time.Duration(r.WaitedSec * float64(time.Second))
+		out[i].Sleep = time.Duration(r.SleepSec * float64(time.Second))
+		if err := json.Unmarshal(r.Blockers, &out[i].Blockers); err != nil {
+			return nil, fmt.Errorf("backfill: waits of batch %d: blockers of wait %d: %w", batchID, r.ID, err)
+		}
+	}
+	return out, nil
+}
