@@ -242,6 +242,9 @@ type capabilities struct {
 	writesUndo  bool // UndoLogWriter
 	// workers: heartbeats, leases and fencing (PGManifest only).
 	workers workerManifest
+	// throttle: throttle periods and job slots (PGManifest only).
+	throttle        throttleManifest
+	throttlePeriods ManifestThrottle
 }
 
 func resolveCapabilities(m Manifest, mg Merger) capabilities {
@@ -254,6 +257,8 @@ func resolveCapabilities(m Manifest, mg Merger) capabilities {
 	c.sql, _ = m.(sqlManifest)
 	c.rollback, _ = m.(ManifestRollback)
 	c.workers, _ = m.(workerManifest)
+	c.throttle, _ = m.(throttleManifest)
+	c.throttlePeriods, _ = m.(ManifestThrottle)
 	c.mergeStage, _ = mg.(MergerStaging)
 	c.mergeUndo, _ = mg.(MergerRollback)
 	if si, ok := mg.(StagingIsolator); ok {

@@ -125,7 +125,11 @@ func NewWithDB(db DB, cfg *Config) (*Runner, error) {
 		host, _ := os.Hostname()
 		c.WorkerID = fmt.Sprintf("%s:%d", host, os.Getpid())
 	}
-	return &Runner{db: db, cfg: c, caps: resolveCapabilities(c.Manifest, c.Merger)}, nil
+	caps := resolveCapabilities(c.Manifest, c.Merger)
+	if err := need(c.JobConcurrency == 0 || caps.throttle != nil, "PGManifest", "Config.JobConcurrency needs a manifest with job slots"); err != nil {
+		return nil, fmt.Errorf("backfill: new: %w", err)
+	}
+	return &Runner{db: db, cfg: c, caps: caps}, nil
 }
 
 func (c *Config) validate() error {
@@ -141,7 +145,7 @@ func (c *Config) validate() error {
 	case c.StaleAfter > 0 && c.StaleAfter <= 2*cmpOr(c.HeartbeatInterval, DefaultHeartbeatInterval):
 		return fmt.Errorf("%w: StaleAfter (%v) must exceed twice HeartbeatInterval (%v)", ErrInvalidConfig, c.StaleAfter, cmpOr(c.HeartbeatInterval, DefaultHeartbeatInterval))
 	}
-	return nil
+	return c.validateThrottles() // throttle.go
 }
 
 func (j Job) validate() error {
@@ -220,7 +224,9 @@ func (r *Runner) Run(ctx context.Context, job Job) (Report, error) {
 		// end is recorded.
 		ex.startWorker(ctx)
 		defer ex.stopWorker()
+		ex.startThrottle(ctx) // throttle_run.go
 		ex.run(ctx)
+		ex.stopThrottle()
 	}
 	return ex.finishRun(ctx, run, resumed, finished, begin)
 }
@@ -401,6 +407,11 @@ func (ex *execution) finishRun(ctx context.Context, run Run, resumed, finished b
 	if run.Status == RunAbandoned {
 		runErr = errors.Join(runErr, fmt.Errorf("backfill: job %q batch %d: %w", job.Name, run.BatchID, ErrRunAbandoned))
 	}
+	if run.Status == RunPaused && runErr == nil {
+		// Paused meanwhile by another process (a throttle's critical
+		// level) or an operator: not a success.
+		runErr = fmt.Errorf("backfill: job %q batch %d: %w: %s; resume it with Runner.Resume", job.Name, run.BatchID, ErrRunPaused, run.LastError)
+	}
 	published, err := ex.pub.published(fctx, ex, run)
 	if errors.Is(err, ErrAlreadyCompleted) {
 		// Rolled back while its publish was pending: never published.
@@ -506,6 +517,8 @@ type execution struct {
 	// resumed it (Resume, AcceptGate; zero if never): the run reject gate
 	// and the "no row loaded" pause judge only the rows after it.
 	baseline Counts
+	// throttle holds the claims of this call (nil without throttles).
+	throttle *throttler
 	// runGate is the run reject gate's failure in this call (nil if
 	// none): the run is paused, or, with a manifest that cannot pause
 	// it, failed.
@@ -683,10 +696,16 @@ func (ex *execution) next(ctx context.Context, ws *waitState) bool {
 	if err == nil {
 		ws.connSince, ws.connFails = time.Time{}, 0
 	}
+	if !cr.noSlot {
+		ws.slotSince = time.Time{}
+	}
 	switch {
+	case cr.noSlot:
+		return ex.waitSlot(ctx, ws) // throttle_run.go
 	case !cr.claimed && err == nil:
 		return ex.waitHeld(ctx, ws)
 	case err == nil && cr.staged:
+		ex.throttle.charge(cr.res.Read)
 		ex.log.Info("chunk staged", "seq", cr.res.Chunk.Seq, "chunk", cr.res.Chunk.ID, "read", cr.res.Read, "rejected", cr.res.Rejected)
 		return true
 	case err == nil:
@@ -720,6 +739,7 @@ func (ex *execution) next(ctx context.Context, ws *waitState) bool {
 // chunkDone records a committed chunk; it returns false when the run's
 // reject rate stops the run.
 func (ex *execution) chunkDone(ctx context.Context, res ChunkResult) bool {
+	ex.throttle.charge(res.Read)
 	ex.mu.Lock()
 	ex.done = append(ex.done, res.Chunk.ID)
 	ex.mu.Unlock()
@@ -793,6 +813,8 @@ type chunkRun struct {
 	// staged: the chunk was only staged; the run's publish merges it
 	// (PublishAtEnd).
 	staged bool
+	// noSlot: every job-wide concurrency slot is taken (JobConcurrency).
+	noSlot bool
 }
 
 // runChunk claims the next chunk and runs it in one transaction: claim,
@@ -801,8 +823,16 @@ type chunkRun struct {
 // is left.
 func (ex *execution) runChunk(ctx context.Context) (cr chunkRun, err error) {
 	r := ex.r
-	// Throttle: a rate limit waits here, before the claim (and its
-	// transaction) begins.
+	// Throttle: the throttles and the rate cap wait here, before the
+	// claim (and its transaction) begins (throttle_run.go).
+	if t := ex.throttle; t != nil {
+		if err := t.wait(ctx); err != nil {
+			return cr, err
+		}
+		if ex.stopped() {
+			return cr, nil
+		}
+	}
 	// Trace: a span per phase starts at each comment below.
 	// Claim.
 	tx, err := r.db.Begin(ctx)
@@ -815,6 +845,11 @@ func (ex *execution) runChunk(ctx context.Context) (cr chunkRun, err error) {
 			_ = tx.Rollback()
 		}
 	}()
+	// The job-wide concurrency cap: a slot row locked until tx ends.
+	if ok, err := ex.takeSlot(ctx, tx); err != nil || !ok {
+		cr.noSlot = err == nil
+		return cr, err
+	}
 	st, ok, err := ex.claim(ctx, tx)
 	if err != nil || !ok {
 		return cr, err

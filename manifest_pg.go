@@ -242,6 +242,12 @@ COMMENT ON VIEW {s}.completed_batches IS
 	// 12: workers and their heartbeats; each run's liveness
 	// (manifest_worker.go).
 	migrationWorkers,
+	// 13: reserved for the lock waits of the timeouts (issue 13 item 1,
+	// another branch); replaced by that migration when merged.
+	`SELECT 1;`,
+	// 14: throttle periods and job-wide concurrency slots
+	// (manifest_throttle.go).
+	migrationThrottle,
 }
 
 func (m *PGManifest) sql(q string) string {
