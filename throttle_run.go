@@ -130,6 +130,9 @@ func (t *throttler) check(ctx context.Context) {
 		return
 	}
 	scope := t.scope(ctx)
+	if t.paused(ctx) {
+		return
+	}
 	for i, h := range t.states {
 		rctx, cancel := context.WithTimeout(ctx, t.interval)
 		v, err := h.th.Signal.Read(rctx, ex.r.db, scope)
@@ -159,6 +162,29 @@ func (t *throttler) check(ctx context.Context) {
 			t.setHeld(-1)
 		}
 	}
+}
+
+// paused stops the call when, while a throttle holds it, the run was
+// paused by another process (its throttle's critical level) or by an
+// operator: the held workers would otherwise wait for a release to
+// find nothing to claim.
+func (t *throttler) paused(ctx context.Context) bool {
+	ex := t.ex
+	t.mu.Lock()
+	held := t.held
+	t.mu.Unlock()
+	mt := ex.r.caps.throttlePeriods
+	if held == 0 || mt == nil {
+		return false
+	}
+	run, err := mt.Run(ctx, ex.r.db, ex.batchID)
+	if err != nil || run.Status != RunPaused {
+		return false
+	}
+	ex.log.Warn("backfill: throttle: the run was paused meanwhile; this call stops", "reason", run.LastError)
+	ex.fail(nil, fmt.Errorf("backfill: job %q batch %d: %w: %s; resume it with Runner.Resume", ex.job.Name, ex.batchID, ErrRunPaused, run.LastError))
+	t.wake()
+	return true
 }
 
 func (t *throttler) setHeld(d int) {
@@ -248,17 +274,39 @@ func (t *throttler) wait(ctx context.Context) error {
 		return nil
 	}
 	if d := t.pace.delay(t.now()); d > 0 {
-		t.ex.log.Debug("backfill: rows-per-second cap: waiting", "wait", d, "rows_per_second", t.pace.limit())
-		tm := time.NewTimer(d)
-		defer tm.Stop()
+		lim := t.pace.limit()
+		t.ex.log.Debug("backfill: rows-per-second cap: waiting", "wait", d, "rows_per_second", lim)
+		var id int64
+		tm := t.ex.r.caps.throttle
+		if d >= t.interval && tm != nil {
+			// A wait of an interval or more is a throttle period too.
+			p := ThrottlePeriod{BatchID: t.ex.batchID, WorkerKey: t.workerKey(), Signal: RateSignalName,
+				Reason: fmt.Sprintf("rows-per-second cap %g (this worker's share), waiting %v", lim, d.Round(time.Millisecond)),
+				Value:  finite(lim), High: finite(lim), Low: finite(lim)}
+			var err error
+			if id, err = tm.openPeriod(ctx, t.ex.r.db, p); err != nil {
+				t.ex.log.Warn("backfill: throttle period not recorded", "signal", p.Signal, "error", err)
+			}
+		}
+		timer := time.NewTimer(d)
+		defer timer.Stop()
 		select {
 		case <-ctx.Done():
-			return ctx.Err()
-		case <-tm.C:
+		case <-timer.C:
 		}
+		if id != 0 {
+			if err := tm.closePeriod(context.WithoutCancel(ctx), t.ex.r.db, id, finite(lim)); err != nil {
+				t.ex.log.Warn("backfill: end of throttle period not recorded", "signal", RateSignalName, "error", err)
+			}
+		}
+		return ctx.Err()
 	}
 	return nil
 }
+
+// RateSignalName is the signal of the throttle periods that waits for
+// [Config.RowsPerSecond] record (waits of a ThrottleInterval or more).
+const RateSignalName = "rows_per_second"
 
 // charge counts rows read by a chunk against the rows-per-second cap.
 func (t *throttler) charge(rows int64) {

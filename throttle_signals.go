@@ -113,10 +113,10 @@ func ArchiveBacklogSignal() Signal {
 				FROM pg_settings WHERE name = 'wal_segment_size') s`}
 }
 
-// WALRateSignal is the rate at which the server writes WAL, in bytes per
-// second, between two readings (pg_current_wal_lsn; the first reading is
-// 0). It keeps the previous reading: use one value per Throttle. Name
-// "wal_rate". Needs a primary.
+// WALRateSignal is the rate at which the server generates WAL, in bytes
+// per second, between two readings (pg_current_wal_insert_lsn; the first
+// reading is 0). It keeps the previous reading: use one value per
+// Throttle. Name "wal_rate". Needs a primary.
 func WALRateSignal() Signal { return &walRate{} }
 
 type walRate struct {
@@ -131,7 +131,7 @@ func (w *walRate) Name() string { return "wal_rate" }
 func (w *walRate) Read(ctx context.Context, db sqlx.ExtContext, _ SignalScope) (float64, error) {
 	var lsn float64
 	err := readTx(ctx, db, func(tx sqlx.ExtContext) error {
-		return sqlx.GetContext(ctx, tx, &lsn, `SELECT (pg_current_wal_lsn() - '0/0'::pg_lsn)::float8`)
+		return sqlx.GetContext(ctx, tx, &lsn, `SELECT (pg_current_wal_insert_lsn() - '0/0'::pg_lsn)::float8`)
 	})
 	if err != nil {
 		return 0, fmt.Errorf("backfill: signal wal_rate: %w", err)
