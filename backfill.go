@@ -486,7 +486,7 @@ type Config struct {
 	Throttles []Throttle
 	// ThrottleInterval is how often the signals are read: a raised
 	// signal holds every worker of the call within one interval. Default
-	// [DefaultThrottleInterval] (1 s).
+	// [DefaultThrottleInterval] (500 ms).
 	ThrottleInterval time.Duration
 	// RowsPerSecond caps the rows the whole job reads per second, across
 	// every process running it: each call of Run takes an even share,

@@ -702,6 +702,8 @@ func (ex *execution) next(ctx context.Context, ws *waitState) bool {
 	switch {
 	case cr.noSlot:
 		return ex.waitSlot(ctx, ws) // throttle_run.go
+	case cr.throttled:
+		return !ex.stopped()
 	case !cr.claimed && err == nil:
 		return ex.waitHeld(ctx, ws)
 	case err == nil && cr.staged:
@@ -815,6 +817,8 @@ type chunkRun struct {
 	staged bool
 	// noSlot: every job-wide concurrency slot is taken (JobConcurrency).
 	noSlot bool
+	// throttled: a throttle began to hold during the claim.
+	throttled bool
 }
 
 // runChunk claims the next chunk and runs it in one transaction: claim,
@@ -857,6 +861,12 @@ func (ex *execution) runChunk(ctx context.Context) (cr chunkRun, err error) {
 	if ex.stopped() {
 		// A gate failed meanwhile (possibly on this very chunk, which its
 		// rollback released): claim nothing more until the run is paused.
+		return cr, nil
+	}
+	if ex.throttle.holding() {
+		// A throttle began to hold since the wait above: the claim rolls
+		// back (the chunk stays pending) and the worker waits.
+		cr.throttled = true
 		return cr, nil
 	}
 	cr.claimed, cr.attempt = true, st.Attempts+1

@@ -16,8 +16,10 @@ import (
 // job-wide concurrency cap that hold across processes.
 
 // DefaultThrottleInterval is how often a call of [Runner.Run] reads its
-// throttles' signals when [Config.ThrottleInterval] is zero.
-const DefaultThrottleInterval = time.Second
+// throttles' signals when [Config.ThrottleInterval] is zero: a raised
+// signal holds every worker within about this long (a reading, then the
+// next claim of each worker), well under a second.
+const DefaultThrottleInterval = 500 * time.Millisecond
 
 // Signal is a measurement a [Throttle] watches: replica lag, WAL rate,
 // the latency of a probe query, a schedule. Read is called every

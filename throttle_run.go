@@ -153,13 +153,13 @@ func (t *throttler) check(ctx context.Context) {
 		case hold:
 			ex.log.Warn("backfill: throttle hold: no chunk is claimed until the signal is below its low watermark",
 				"signal", name, "value", v, "high", h.th.High, "low", h.th.low(), "min_hold", h.th.MinHold)
+			t.setHeld(+1) // the workers first, then the record
 			t.openPeriod(ctx, i, v)
-			t.setHeld(+1)
 		case release:
 			ex.log.Info("backfill: throttle release", "signal", name, "value", v, "high", h.th.High, "low", h.th.low(),
 				"held_for", t.now().Sub(h.since))
-			t.closePeriod(ctx, i, v)
 			t.setHeld(-1)
+			t.closePeriod(ctx, i, v)
 		}
 	}
 }
@@ -193,6 +193,16 @@ func (t *throttler) setHeld(d int) {
 	t.held += d
 	close(t.changed)
 	t.changed = make(chan struct{})
+}
+
+// holding reports whether a throttle holds the call (false for nil).
+func (t *throttler) holding() bool {
+	if t == nil {
+		return false
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.held > 0
 }
 
 // wake lets the waiting workers look at the call's state again.
