@@ -26,7 +26,7 @@ import (
 // outside the transaction (pooler-safe).
 const migrationThrottle = `
 CREATE TABLE {s}.throttle_periods (
-	id          bigserial PRIMARY KEY,
+	id          bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
 	batch_id    bigint NOT NULL REFERENCES {s}.runs ON DELETE CASCADE,
 	worker_key  text NOT NULL DEFAULT '',
 	signal      text NOT NULL,
