@@ -293,3 +293,19 @@ func TestHeldCallStopsWhenRunPausedElsewhere(t *testing.T) {
 	require.Equal(t, RunPaused, out.rep.Status)
 	require.Zero(t, out.rep.ChunksDone)
 }
+
+// TestProbeLatencyTimeoutIsASample: a probe cut off by the reading's
+// deadline is a slow sample, not a skipped reading; a failing probe is
+// an error.
+func TestProbeLatencyTimeoutIsASample(t *testing.T) {
+	t.Parallel()
+	db := Postgres(pgtest.New(t))
+	pr := ProbeLatencySignal(`SELECT pg_sleep(5)`, 99, time.Minute)
+	ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
+	defer cancel()
+	v, err := pr.Read(ctx, db, SignalScope{})
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, v, 50.0, "at least the deadline, in ms")
+	_, err = ProbeLatencySignal(`SELECT nonsense`, 99, time.Minute).Read(t.Context(), db, SignalScope{})
+	require.ErrorContains(t, err, "probe_latency")
+}

@@ -2,6 +2,7 @@ package backfill
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -193,8 +194,10 @@ func SQLSignal(name, query string, args ...any) Signal {
 // ProbeLatencySignal runs query (no parameters, in a read transaction)
 // at each reading, times it, and returns the given percentile (in (0,
 // 100], e.g. 95 or 99) of the latencies of the readings within window,
-// in milliseconds (nearest rank). A probe that fails counts as window
-// long. Name "probe_latency". Set High to the application's latency
+// in milliseconds (nearest rank). A probe still running when the reading's
+// deadline (one [Config.ThrottleInterval]) ends counts as having taken
+// that long; a probe that fails is an error (the throttle keeps its
+// state, the failure is logged). Name "probe_latency". Set High to the application's latency
 // alone plus a margin (e.g. its p99 plus 30%).
 func ProbeLatencySignal(query string, percentile float64, window time.Duration) Signal {
 	return &probe{query: query, pct: percentile, win: latencyWindow{span: window}}
@@ -223,15 +226,15 @@ func (p *probe) Read(ctx context.Context, db sqlx.ExtContext, _ SignalScope) (fl
 		took = time.Since(start)
 		return err
 	})
+	if err != nil && !errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		// A probe that fails (or a call that ends) measures nothing.
+		return 0, fmt.Errorf("backfill: signal probe_latency: %w", err)
+	}
+	// A probe cut off by the reading's deadline (one throttle
+	// interval) took at least that long: a sample.
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	now := time.Now()
-	if err != nil {
-		if ctx.Err() != nil {
-			return 0, fmt.Errorf("backfill: signal probe_latency: %w", err)
-		}
-		took = max(took, p.win.span)
-	}
 	p.win.add(now, took)
 	return float64(p.win.percentile(now, p.pct)) / float64(time.Millisecond), nil
 }
