@@ -154,12 +154,14 @@ func (t *throttler) check(ctx context.Context) {
 			ex.log.Warn("backfill: throttle hold: no chunk is claimed until the signal is below its low watermark",
 				"signal", name, "value", v, "high", h.th.High, "low", h.th.low(), "min_hold", h.th.MinHold)
 			t.setHeld(+1) // the workers first, then the record
-			t.openPeriod(ctx, i, v)
+			// Recorded even when the call stops meanwhile: stop
+			// closes what is open once this check returns.
+			t.openPeriod(context.WithoutCancel(ctx), i, v)
 		case release:
 			ex.log.Info("backfill: throttle release", "signal", name, "value", v, "high", h.th.High, "low", h.th.low(),
 				"held_for", t.now().Sub(h.since))
 			t.setHeld(-1)
-			t.closePeriod(ctx, i, v)
+			t.closePeriod(context.WithoutCancel(ctx), i, v)
 		}
 	}
 }
