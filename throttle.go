@@ -71,8 +71,8 @@ type SignalScope struct {
 type Throttle struct {
 	// Signal is what is watched. Required.
 	Signal Signal
-	// High is the value at or above which the throttle holds. Required
-	// (> 0 unless Low is negative).
+	// High is the value at or above which the throttle holds. Required:
+	// High and Low may not both be zero.
 	High float64
 	// Low is the value below which a hold may end. Zero means High (no
 	// band: a reading below High releases, after MinHold). Must not

@@ -14,12 +14,17 @@ import (
 	"github.com/pgbackfill/backfill/internal/pgtest"
 )
 
-// fakeSignal is a signal whose value the test sets.
-type fakeSignal struct{ v atomic.Uint64 }
+// fakeSignal is a signal whose value the test sets; it counts its
+// readings.
+type fakeSignal struct {
+	v     atomic.Uint64
+	reads atomic.Int64
+}
 
 func (f *fakeSignal) set(v float64) { f.v.Store(math.Float64bits(v)) }
 func (f *fakeSignal) Name() string  { return "fake" }
 func (f *fakeSignal) Read(context.Context, sqlx.ExtContext, SignalScope) (float64, error) {
+	f.reads.Add(1)
 	return math.Float64frombits(f.v.Load()), nil
 }
 
@@ -308,4 +313,61 @@ func TestProbeLatencyTimeoutIsASample(t *testing.T) {
 	require.GreaterOrEqual(t, v, 50.0, "at least the deadline, in ms")
 	_, err = ProbeLatencySignal(`SELECT nonsense`, 99, time.Minute).Read(t.Context(), db, SignalScope{})
 	require.ErrorContains(t, err, "probe_latency")
+}
+
+// TestRaisedSignalHoldsEveryWorkerOfEveryProcess: two Runners on
+// separate pools, Concurrency 2 each, work a job; the signal is raised
+// mid-run. Once both have recorded their hold, no worker of either
+// starts another chunk however many checks follow; lowered, the run
+// completes. (Which chunks and how many ran is not asserted: no timing.)
+func TestRaisedSignalHoldsEveryWorkerOfEveryProcess(t *testing.T) {
+	t.Parallel()
+	url := pgtest.NewURL(t)
+	open := func() *sqlx.DB {
+		db, err := sqlx.Open("postgres", url)
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = db.Close() })
+		return db
+	}
+	db := open()
+	_, err := db.Exec(`CREATE TABLE live (id bigint PRIMARY KEY, v text NOT NULL)`)
+	require.NoError(t, err)
+	sig := &fakeSignal{}
+	var started atomic.Int64
+	job := liveJob(func(Chunk) {
+		started.Add(1)
+		time.Sleep(2 * time.Millisecond)
+	})
+	job.Chunker = IntRange(0, 2000, 10) // 200 chunks
+	var rs []<-chan runResult
+	for i := range 2 {
+		r := throttleRunner(t, open(), fmt.Sprint("p", i), func(c *Config) {
+			c.Concurrency = 2
+			c.Throttles = []Throttle{{Signal: sig, High: 10, Low: 5}}
+		})
+		rs = append(rs, goRun(t.Context(), r, job))
+	}
+	waitFor(t, "work", func() bool { return started.Load() >= 5 })
+	sig.set(20)
+	waitFor(t, "both processes' holds", func() bool {
+		var n int
+		return db.Get(&n, `SELECT count(DISTINCT worker_key) FROM backfill.throttle_periods WHERE ended_at IS NULL`) == nil && n == 2
+	})
+	afterChecks := func(n int64) {
+		from := sig.reads.Load()
+		waitFor(t, "more checks", func() bool { return sig.reads.Load() >= from+n })
+	}
+	afterChecks(4) // chunks that passed the check before the hold have begun
+	held := started.Load()
+	afterChecks(10)
+	require.Equal(t, held, started.Load(), "a chunk began while every process held")
+	require.Less(t, held, int64(200), "the run ended before the signal was raised")
+	sig.set(0)
+	for _, ch := range rs {
+		out := <-ch
+		require.NoError(t, out.err)
+	}
+	var n int
+	require.NoError(t, db.Get(&n, `SELECT count(*) FROM live`))
+	require.Equal(t, 2000, n)
 }
