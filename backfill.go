@@ -512,6 +512,32 @@ type Config struct {
 	// have a Timeout and Sleep of at least zero (a zero Timeout: no
 	// lock_timeout on that try).
 	LockRetries []LockRetry
+	// Throttles hold the run's claims while a signal is high, and pause
+	// the run at a critical level (see [Throttle]). Each call of Run
+	// reads every signal every ThrottleInterval and before its first
+	// claim; any throttle that holds stops the call's workers from
+	// claiming (chunks in progress finish). Nil means none.
+	Throttles []Throttle
+	// ThrottleInterval is how often the signals are read: a raised
+	// signal holds every worker of the call within one interval. Default
+	// [DefaultThrottleInterval] (500 ms).
+	ThrottleInterval time.Duration
+	// RowsPerSecond caps the rows the whole job reads per second, across
+	// every process running it: each call of Run takes an even share,
+	// RowsPerSecond divided by the run's live workers (re-read every
+	// ThrottleInterval; the whole cap without [ManifestWorkers]). A
+	// chunk's rows are charged when it ends, and the next claim waits
+	// until they are paid for (a token bucket of golang.org/x/time/rate
+	// with one second of burst). Zero means no cap.
+	RowsPerSecond float64
+	// JobConcurrency, when > 0, caps the chunks of the run in progress
+	// at once across every process (each process also runs at most
+	// Concurrency): each chunk's transaction locks one of JobConcurrency
+	// slot rows of the run in the manifest before it claims, and waits
+	// when none is free. Give every process the same value; the
+	// effective cap is the largest one given. It needs [PGManifest]
+	// (else NewWithDB returns an error wrapping [ErrUnsupported]).
+	JobConcurrency int
 }
 
 // Defaults of [Config.HeartbeatInterval] and [Config.StaleAfter]: a

@@ -244,6 +244,9 @@ type capabilities struct {
 	workers workerManifest
 	// waits records the waits of chunks (backfill_timeouts.go).
 	waits ManifestWaits
+	// throttle: throttle periods and job slots (PGManifest only).
+	throttle        throttleManifest
+	throttlePeriods ManifestThrottle
 }
 
 func resolveCapabilities(m Manifest, mg Merger) capabilities {
@@ -257,6 +260,8 @@ func resolveCapabilities(m Manifest, mg Merger) capabilities {
 	c.rollback, _ = m.(ManifestRollback)
 	c.workers, _ = m.(workerManifest)
 	c.waits, _ = m.(ManifestWaits)
+	c.throttle, _ = m.(throttleManifest)
+	c.throttlePeriods, _ = m.(ManifestThrottle)
 	c.mergeStage, _ = mg.(MergerStaging)
 	c.mergeUndo, _ = mg.(MergerRollback)
 	if si, ok := mg.(StagingIsolator); ok {

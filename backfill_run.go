@@ -131,13 +131,17 @@ func NewWithDB(db DB, cfg *Config) (*Runner, error) {
 		host, _ := os.Hostname()
 		c.WorkerID = fmt.Sprintf("%s:%d", host, os.Getpid())
 	}
+	caps := resolveCapabilities(c.Manifest, c.Merger)
+	if err := need(c.JobConcurrency == 0 || caps.throttle != nil, "PGManifest", "Config.JobConcurrency needs a manifest with job slots"); err != nil {
+		return nil, fmt.Errorf("backfill: new: %w", err)
+	}
 	if pd, ok := db.(pgDB); ok {
 		// The short manifest transactions take the Runner's timeouts.
 		ts := c.txSettings()
 		pd.settings = &ts
 		db = pd
 	}
-	return &Runner{db: db, cfg: c, caps: resolveCapabilities(c.Manifest, c.Merger)}, nil
+	return &Runner{db: db, cfg: c, caps: caps}, nil
 }
 
 func (c *Config) validate() error {
@@ -153,7 +157,10 @@ func (c *Config) validate() error {
 	case c.StaleAfter > 0 && c.StaleAfter <= 2*cmpOr(c.HeartbeatInterval, DefaultHeartbeatInterval):
 		return fmt.Errorf("%w: StaleAfter (%v) must exceed twice HeartbeatInterval (%v)", ErrInvalidConfig, c.StaleAfter, cmpOr(c.HeartbeatInterval, DefaultHeartbeatInterval))
 	}
-	return c.validateTimeouts()
+	if err := c.validateTimeouts(); err != nil {
+		return err
+	}
+	return c.validateThrottles() // throttle.go
 }
 
 func (j Job) validate() error {
@@ -232,7 +239,9 @@ func (r *Runner) Run(ctx context.Context, job Job) (Report, error) {
 		// end is recorded.
 		ex.startWorker(ctx)
 		defer ex.stopWorker()
+		ex.startThrottle(ctx) // throttle_run.go
 		ex.run(ctx)
+		ex.stopThrottle()
 	}
 	return ex.finishRun(ctx, run, resumed, finished, begin)
 }
@@ -413,6 +422,11 @@ func (ex *execution) finishRun(ctx context.Context, run Run, resumed, finished b
 	if run.Status == RunAbandoned {
 		runErr = errors.Join(runErr, fmt.Errorf("backfill: job %q batch %d: %w", job.Name, run.BatchID, ErrRunAbandoned))
 	}
+	if run.Status == RunPaused && runErr == nil {
+		// Paused meanwhile by another process (a throttle's critical
+		// level) or an operator: not a success.
+		runErr = fmt.Errorf("backfill: job %q batch %d: %w: %s; resume it with Runner.Resume", job.Name, run.BatchID, ErrRunPaused, run.LastError)
+	}
 	published, err := ex.pub.published(fctx, ex, run)
 	if errors.Is(err, ErrAlreadyCompleted) {
 		// Rolled back while its publish was pending: never published.
@@ -520,6 +534,8 @@ type execution struct {
 	// resumed it (Resume, AcceptGate; zero if never): the run reject gate
 	// and the "no row loaded" pause judge only the rows after it.
 	baseline Counts
+	// throttle holds the claims of this call (nil without throttles).
+	throttle *throttler
 	// runGate is the run reject gate's failure in this call (nil if
 	// none): the run is paused, or, with a manifest that cannot pause
 	// it, failed.
@@ -697,7 +713,14 @@ func (ex *execution) next(ctx context.Context, ws *waitState) bool {
 	if err == nil {
 		ws.connSince, ws.connFails = time.Time{}, 0
 	}
+	if !cr.noSlot {
+		ws.slotSince = time.Time{}
+	}
 	switch {
+	case cr.noSlot:
+		return ex.waitSlot(ctx, ws) // throttle_run.go
+	case cr.throttled:
+		return !ex.stopped()
 	case !cr.claimed && err == nil:
 		if _, d := ex.avoided(); d > 0 && !ex.stopped() {
 			// The chunks left are pausing after a wait: claim again
@@ -710,6 +733,7 @@ func (ex *execution) next(ctx context.Context, ws *waitState) bool {
 		}
 		return ex.waitHeld(ctx, ws)
 	case err == nil && cr.staged:
+		ex.throttle.charge(cr.res.Read)
 		ex.log.Info("chunk staged", "seq", cr.res.Chunk.Seq, "chunk", cr.res.Chunk.ID, "read", cr.res.Read, "rejected", cr.res.Rejected)
 		return true
 	case err == nil:
@@ -750,6 +774,7 @@ func (ex *execution) next(ctx context.Context, ws *waitState) bool {
 // chunkDone records a committed chunk; it returns false when the run's
 // reject rate stops the run.
 func (ex *execution) chunkDone(ctx context.Context, res ChunkResult) bool {
+	ex.throttle.charge(res.Read)
 	ex.mu.Lock()
 	ex.done = append(ex.done, res.Chunk.ID)
 	ex.mu.Unlock()
@@ -827,6 +852,10 @@ type chunkRun struct {
 	// what the watcher last saw of its backend (backfill_timeouts.go).
 	lockTimeout string
 	seen        *watchSeen
+	// noSlot: every job-wide concurrency slot is taken (JobConcurrency).
+	noSlot bool
+	// throttled: a throttle began to hold during the claim.
+	throttled bool
 }
 
 // runChunk claims the next chunk and runs it in one transaction: claim,
@@ -835,8 +864,16 @@ type chunkRun struct {
 // is left.
 func (ex *execution) runChunk(ctx context.Context) (cr chunkRun, err error) {
 	r := ex.r
-	// Throttle: a rate limit waits here, before the claim (and its
-	// transaction) begins.
+	// Throttle: the throttles and the rate cap wait here, before the
+	// claim (and its transaction) begins (throttle_run.go).
+	if t := ex.throttle; t != nil {
+		if err := t.wait(ctx); err != nil {
+			return cr, err
+		}
+		if ex.stopped() {
+			return cr, nil
+		}
+	}
 	// Trace: a span per phase starts at each comment below.
 	// Claim.
 	tx, err := r.db.Begin(ctx)
@@ -849,6 +886,11 @@ func (ex *execution) runChunk(ctx context.Context) (cr chunkRun, err error) {
 			_ = tx.Rollback()
 		}
 	}()
+	// The job-wide concurrency cap: a slot row locked until tx ends.
+	if ok, err := ex.takeSlot(ctx, tx); err != nil || !ok {
+		cr.noSlot = err == nil
+		return cr, err
+	}
 	st, pid, ok, err := ex.claim(ctx, tx)
 	if err != nil || !ok {
 		return cr, err
@@ -856,6 +898,12 @@ func (ex *execution) runChunk(ctx context.Context) (cr chunkRun, err error) {
 	if ex.stopped() {
 		// A gate failed meanwhile (possibly on this very chunk, which its
 		// rollback released): claim nothing more until the run is paused.
+		return cr, nil
+	}
+	if ex.throttle.holding() {
+		// A throttle began to hold since the wait above: the claim rolls
+		// back (the chunk stays pending) and the worker waits.
+		cr.throttled = true
 		return cr, nil
 	}
 	cr.claimed, cr.attempt = true, st.Attempts+1

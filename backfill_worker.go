@@ -161,7 +161,9 @@ type waitState struct {
 	since     time.Time // zero: not waiting
 	connSince time.Time // zero: no connection failure pending
 	connFails int
-	fenceOff  bool // pg_terminate_backend refused: wait only
+	fenceOff  bool      // pg_terminate_backend refused: wait only
+	fenced    time.Time // the last fencing while waiting for a job slot
+	slotSince time.Time // zero: not waiting for a job slot
 }
 
 // waitHeld is called when nothing is left to claim. While chunks of the

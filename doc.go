@@ -243,6 +243,56 @@ Until extraction moves out of the chunk's transaction, a retried try
 extracts its chunk again, and the transaction (and its snapshot) stays
 open on the target while the source is read.
 
+# Throttles
+
+A backfill runs beside production. [Config.Throttles] lists signals that
+hold the run: before each claim a worker waits while any [Throttle]
+holds (chunks in progress finish; a claim made while a hold began rolls
+back). Each call of [Runner.Run] reads every signal every
+[Config.ThrottleInterval] (default 500 ms) and before its first claim,
+so a raised signal holds every worker of every process within one
+interval: each process reads the signals itself (they are server-wide
+reads that every process sees alike; no decision travels through the
+manifest, and no process is a single point of failure).
+
+Hysteresis: a throttle holds when a reading is at or above High and
+releases only when a reading is below Low and the hold has lasted
+MinHold, so a value sitting at a threshold causes at most one hold and
+one release per MinHold. A reading at or above Critical pauses the run
+(status paused, the reason naming the signal, value and level): every
+worker of every process stops claiming, Run returns an error wrapping
+[ErrRunPaused], and a person continues it with [Runner.Resume]. Each
+check is logged at debug level; each hold (warn), release (info) and
+critical pause (error) with signal, value and watermarks.
+
+Built-in signals: [ReplicaLagSignal] (seconds, max replay_lag of
+pg_stat_replication), [WALRateSignal] (bytes/s of WAL generated),
+[ArchiveBacklogSignal] (WAL segments not yet archived),
+[AutovacuumSignal] (autovacuum workers on the target), [LockWaitersSignal]
+(sessions waiting on locks held by the run's workers),
+[ProbeLatencySignal] (p95 or p99 in ms of a probe query the library runs
+every interval, over a sliding window), [SQLSignal] (any query returning
+a number or a boolean) and schedule windows ([ParseSchedule],
+[ScheduleThrottle]: "Mon-Fri 22:00-06:00 Europe/Berlin", windows crossing
+midnight, daylight saving time by the zone's rules). A [Signal] is a
+small interface: any Go code can be one.
+
+Caps for the whole job, whatever number of processes run it:
+[Config.RowsPerSecond] (each call takes the cap divided by the run's live
+workers, re-read every interval; a token bucket of golang.org/x/time/rate
+charged with each chunk's rows) and [Config.JobConcurrency] (each chunk's
+transaction locks one of N slot rows of the run in the manifest, FOR
+UPDATE SKIP LOCKED, before it claims; none free: it waits; the lock ends
+with the transaction, so a crash frees the slot and a transaction pooler
+is fine). The rate is divided rather than drawn from a shared bucket row
+so that no manifest row is written per chunk by every process.
+
+Every hold is a row of the manifest's throttle_periods (batch, worker
+key, signal, reason, value, watermarks, start, end); rate-cap waits of
+an interval or more too (signal [RateSignalName]).
+[ManifestThrottle.ThrottlePeriods] reads them and [Runner.TimeSplit]
+splits a run's time into working, throttled by signal, and paused.
+
 # Idempotency
 
 The PostgreSQL merge ([PGMerger]) updates only rows whose content differs
@@ -424,6 +474,8 @@ swap, versioned view).
 Besides [Manifest] and [Merger], a Runner uses optional interfaces when
 their implementations have them: [ManifestAudit], [ManifestValidations],
 [ManifestGates], [ManifestUndoLog], [ManifestStaging], [ManifestWaits], [MergerStaging],
+
+[ManifestGates], [ManifestUndoLog], [ManifestStaging], [ManifestThrottle], [MergerStaging],
 [StagingIsolator] and [UndoLogWriter]. [NewWithDB] looks them up once; a
 job that needs one the Runner lacks is refused before any work. The
 conformance suites of backfilltest test each one an implementation has.

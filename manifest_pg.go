@@ -246,6 +246,9 @@ COMMENT ON VIEW {s}.completed_batches IS
 	migrationWorkers,
 	// 13: the waits of chunks (manifest_waits.go).
 	migrationWaits,
+	// 14: throttle periods and job-wide concurrency slots
+	// (manifest_throttle.go).
+	migrationThrottle,
 }
 
 func (m *PGManifest) sql(q string) string {

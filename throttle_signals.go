@@ -1,0 +1,288 @@
+package backfill
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+	"github.com/lib/pq"
+)
+
+// The built-in signals of throttles. Each reads PostgreSQL's statistics
+// views in a read transaction (pooler-safe) with bind parameters.
+
+type sqlSignal struct {
+	name  string
+	query string
+	args  func(SignalScope) []any
+}
+
+func (s sqlSignal) Name() string { return s.name }
+
+func (s sqlSignal) Read(ctx context.Context, db sqlx.ExtContext, scope SignalScope) (float64, error) {
+	var args []any
+	if s.args != nil {
+		args = s.args(scope)
+	}
+	var v float64
+	err := readTx(ctx, db, func(tx sqlx.ExtContext) error {
+		var err error
+		v, err = scanNumber(ctx, tx, s.query, args...)
+		return err
+	})
+	if err != nil {
+		return 0, fmt.Errorf("backfill: signal %s: %w", s.name, err)
+	}
+	return v, nil
+}
+
+// scanNumber runs query and reads its one value as a number: a boolean
+// is 1 (true) or 0, NULL and no row are 0.
+func scanNumber(ctx context.Context, db sqlx.ExtContext, query string, args ...any) (float64, error) {
+	rows, err := db.QueryContext(ctx, query, args...)
+	if err != nil {
+		return 0, err
+	}
+	defer rows.Close()
+	var raw any
+	if rows.Next() {
+		if err := rows.Scan(&raw); err != nil {
+			return 0, err
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return 0, err
+	}
+	switch v := raw.(type) {
+	case nil:
+		return 0, nil
+	case bool:
+		if v {
+			return 1, nil
+		}
+		return 0, nil
+	case int64:
+		return float64(v), nil
+	case float64:
+		return v, nil
+	case []byte:
+		f, err := strconv.ParseFloat(string(v), 64)
+		if err != nil {
+			return 0, fmt.Errorf("value %q is not a number or a boolean", v)
+		}
+		return f, nil
+	case string:
+		f, err := strconv.ParseFloat(v, 64)
+		if err != nil {
+			return 0, fmt.Errorf("value %q is not a number or a boolean", v)
+		}
+		return f, nil
+	}
+	return 0, fmt.Errorf("value %v (%T) is not a number or a boolean", raw, raw)
+}
+
+// ReplicaLagSignal is the replay lag of the server's replicas, in
+// seconds: the largest replay_lag of pg_stat_replication (0 without
+// replicas). The role needs pg_monitor (or pg_read_all_stats) to see the
+// lag of replicas it did not connect. Name "replica_lag".
+func ReplicaLagSignal() Signal {
+	return sqlSignal{name: "replica_lag", query: `SELECT coalesce(max(extract(epoch FROM replay_lag)), 0)::float8 FROM pg_stat_replication`}
+}
+
+// ArchiveBacklogSignal is the number of WAL segments written but not yet
+// archived (pg_stat_archiver; 0 with archive_mode off or nothing
+// archived yet). Name "archive_backlog". Reading pg_current_wal_lsn
+// needs a primary.
+func ArchiveBacklogSignal() Signal {
+	return sqlSignal{name: "archive_backlog", query: `
+		SELECT CASE WHEN current_setting('archive_mode') = 'off' OR a.last_archived_wal IS NULL
+			OR length(a.last_archived_wal) <> 24 OR a.last_archived_wal !~ '^[0-9A-F]{24}$' THEN 0
+		ELSE greatest(0,
+			(('x' || lpad(substr(w.name, 9, 8), 16, '0'))::bit(64)::bigint * (4294967296 / s.seg) + ('x' || lpad(substr(w.name, 17, 8), 16, '0'))::bit(64)::bigint)
+			- (('x' || lpad(substr(a.last_archived_wal, 9, 8), 16, '0'))::bit(64)::bigint * (4294967296 / s.seg) + ('x' || lpad(substr(a.last_archived_wal, 17, 8), 16, '0'))::bit(64)::bigint)
+			- 1)
+		END::float8
+		FROM pg_stat_archiver a,
+			(SELECT pg_walfile_name(pg_current_wal_lsn()) AS name) w,
+			(SELECT setting::bigint * CASE unit WHEN '8kB' THEN 8192 WHEN 'MB' THEN 1048576 ELSE 1 END AS seg
+				FROM pg_settings WHERE name = 'wal_segment_size') s`}
+}
+
+// WALRateSignal is the rate at which the server generates WAL, in bytes
+// per second, between two readings (pg_current_wal_insert_lsn; the first
+// reading is 0). It keeps the previous reading: use one value per
+// Throttle. Name "wal_rate". Needs a primary.
+func WALRateSignal() Signal { return &walRate{} }
+
+type walRate struct {
+	mu   sync.Mutex
+	lsn  float64
+	at   time.Time
+	read bool
+}
+
+func (w *walRate) Name() string { return "wal_rate" }
+
+func (w *walRate) Read(ctx context.Context, db sqlx.ExtContext, _ SignalScope) (float64, error) {
+	var lsn float64
+	err := readTx(ctx, db, func(tx sqlx.ExtContext) error {
+		return sqlx.GetContext(ctx, tx, &lsn, `SELECT (pg_current_wal_insert_lsn() - '0/0'::pg_lsn)::float8`)
+	})
+	if err != nil {
+		return 0, fmt.Errorf("backfill: signal wal_rate: %w", err)
+	}
+	now := time.Now()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	prev, at, ok := w.lsn, w.at, w.read
+	w.lsn, w.at, w.read = lsn, now, true
+	if !ok || !now.After(at) {
+		return 0, nil
+	}
+	return max(lsn-prev, 0) / now.Sub(at).Seconds(), nil
+}
+
+// AutovacuumSignal is the number of autovacuum workers processing the
+// run's target table (pg_stat_progress_vacuum joined to
+// pg_stat_activity's autovacuum workers), or table when it is not ""
+// (a possibly schema-qualified name, quoted as [Target.Table] is). Name
+// "autovacuum". Hold at High 1 to leave the table to autovacuum.
+func AutovacuumSignal(table string) Signal {
+	return sqlSignal{name: "autovacuum", query: `SELECT count(*)::float8 FROM pg_stat_progress_vacuum p
+			JOIN pg_stat_activity a ON a.pid = p.pid
+			WHERE p.relid = to_regclass($1) AND a.backend_type = 'autovacuum worker'`,
+		args: func(s SignalScope) []any {
+			if table != "" {
+				return []any{quotedTable(table)}
+			}
+			return []any{s.Table}
+		}}
+}
+
+// LockWaitersSignal is the number of sessions, not the library's own,
+// waiting for a lock held by a session of this run's workers (their
+// application_name starts with "backfill <worker key> " while a chunk
+// runs; see pg_blocking_pids). Without registered workers it counts the
+// waiters of any backfill session. Name "lock_waiters". Seeing other
+// roles' sessions needs pg_read_all_stats (or pg_monitor).
+func LockWaitersSignal() Signal {
+	return sqlSignal{name: "lock_waiters", query: `SELECT count(DISTINCT w.pid)::float8
+			FROM pg_stat_activity w
+			CROSS JOIN LATERAL unnest(pg_blocking_pids(w.pid)) AS b(pid)
+			JOIN pg_stat_activity h ON h.pid = b.pid
+			WHERE w.wait_event_type = 'Lock'
+				AND w.application_name NOT LIKE 'backfill %'
+				AND h.application_name LIKE 'backfill %'
+				AND (cardinality($1::text[]) = 0 OR split_part(h.application_name, ' ', 2) = ANY ($1::text[]))`,
+		args: func(s SignalScope) []any { return []any{stringArray(s.WorkerKeys)} }}
+}
+
+// SQLSignal is a custom signal: query, run with args in a read
+// transaction, returns one value, a number or a boolean (true is 1,
+// false 0; NULL and no row are 0). Name is the signal's name. Example:
+// SQLSignal("orders_queue", `SELECT count(*) FROM jobs WHERE state = $1`, "queued").
+func SQLSignal(name, query string, args ...any) Signal {
+	return sqlSignal{name: name, query: query, args: func(SignalScope) []any { return args }}
+}
+
+// ProbeLatencySignal runs query (no parameters, in a read transaction)
+// at each reading, times it, and returns the given percentile (in (0,
+// 100], e.g. 95 or 99) of the latencies of the readings within window,
+// in milliseconds (nearest rank). A probe still running when the reading's
+// deadline (one [Config.ThrottleInterval]) ends counts as having taken
+// that long; a probe that fails is an error (the throttle keeps its
+// state, the failure is logged). Name "probe_latency". Set High to the application's latency
+// alone plus a margin (e.g. its p99 plus 30%).
+func ProbeLatencySignal(query string, percentile float64, window time.Duration) Signal {
+	return &probe{query: query, pct: percentile, win: latencyWindow{span: window}}
+}
+
+type probe struct {
+	query string
+	pct   float64
+	mu    sync.Mutex
+	win   latencyWindow
+}
+
+func (p *probe) Name() string { return "probe_latency" }
+
+func (p *probe) Read(ctx context.Context, db sqlx.ExtContext, _ SignalScope) (float64, error) {
+	var took time.Duration
+	err := readTx(ctx, db, func(tx sqlx.ExtContext) error {
+		start := time.Now()
+		rows, err := tx.QueryContext(ctx, p.query)
+		if err == nil {
+			for rows.Next() {
+			}
+			err = rows.Err()
+			rows.Close()
+		}
+		took = time.Since(start)
+		return err
+	})
+	if err != nil && !errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		// A probe that fails (or a call that ends) measures nothing.
+		return 0, fmt.Errorf("backfill: signal probe_latency: %w", err)
+	}
+	// A probe cut off by the reading's deadline (one throttle
+	// interval) took at least that long: a sample.
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	now := time.Now()
+	p.win.add(now, took)
+	return float64(p.win.percentile(now, p.pct)) / float64(time.Millisecond), nil
+}
+
+// latencyWindow keeps the latencies measured within span of now.
+type latencyWindow struct {
+	span    time.Duration
+	at      []time.Time
+	samples []time.Duration
+}
+
+func (w *latencyWindow) add(now time.Time, d time.Duration) {
+	w.at = append(w.at, now)
+	w.samples = append(w.samples, d)
+	w.expire(now)
+}
+
+func (w *latencyWindow) expire(now time.Time) {
+	i := 0
+	for i < len(w.at) && now.Sub(w.at[i]) > w.span {
+		i++
+	}
+	w.at, w.samples = w.at[i:], w.samples[i:]
+}
+
+// percentile returns the p-th percentile (nearest rank) of the samples
+// within the window, 0 for none.
+func (w *latencyWindow) percentile(now time.Time, p float64) time.Duration {
+	w.expire(now)
+	return percentile(w.samples, p)
+}
+
+// percentile is the nearest-rank p-th percentile of samples: the
+// smallest sample such that at least p% of the samples are at most it.
+func percentile(samples []time.Duration, p float64) time.Duration {
+	if len(samples) == 0 {
+		return 0
+	}
+	s := slices.Clone(samples)
+	slices.Sort(s)
+	rank := int(math.Ceil(p / 100 * float64(len(s))))
+	return s[min(max(rank, 1), len(s))-1]
+}
+
+// stringArray is a text[] bind value.
+func stringArray(ss []string) any {
+	if ss == nil {
+		ss = []string{}
+	}
+	return pq.StringArray(ss)
+}
