@@ -214,6 +214,7 @@ func (p *probe) Name() string { return "probe_latency" }
 
 func (p *probe) Read(ctx context.Context, db sqlx.ExtContext, _ SignalScope) (float64, error) {
 	var took time.Duration
+	begin := time.Now()
 	err := readTx(ctx, db, func(tx sqlx.ExtContext) error {
 		start := time.Now()
 		rows, err := tx.QueryContext(ctx, p.query)
@@ -231,7 +232,14 @@ func (p *probe) Read(ctx context.Context, db sqlx.ExtContext, _ SignalScope) (fl
 		return 0, fmt.Errorf("backfill: signal probe_latency: %w", err)
 	}
 	// A probe cut off by the reading's deadline (one throttle
-	// interval) took at least that long: a sample.
+	// interval) took at least that long: a sample. Measured from the
+	// reading's start, since the deadline may end the transaction's
+	// BEGIN before the probe itself starts.
+	if err != nil {
+		if dl, ok := ctx.Deadline(); ok {
+			took = max(took, dl.Sub(begin))
+		}
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	now := time.Now()
