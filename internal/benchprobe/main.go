@@ -21,6 +21,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"flag"
 	"fmt"
@@ -52,6 +53,8 @@ type options struct {
 	chunk       int64
 	chunkSleep  time.Duration
 	concurrency int
+	probeConc   int
+	probeRate   float64
 	probe       string
 	pct         float64
 	window      time.Duration
@@ -91,6 +94,8 @@ func main() {
 	flag.Int64Var(&o.chunk, "chunk", 2_000, "rows per chunk")
 	flag.DurationVar(&o.chunkSleep, "chunk-sleep", 0, "the extractor's time per chunk (0: a source as fast as the merge)")
 	flag.IntVar(&o.concurrency, "concurrency", 2, "the backfill's Config.Concurrency")
+	flag.IntVar(&o.probeConc, "probe-concurrency", 0, "Config.Concurrency of the throttled phase (0: -concurrency)")
+	flag.Float64Var(&o.probeRate, "probe-rate", 0, "Config.RowsPerSecond of the throttled phase (0: no cap)")
 	flag.StringVar(&o.probe, "probe", "tpcb", "the probe: select, tpcb, commit, or a query")
 	flag.Float64Var(&o.pct, "pct", 99, "the probe's percentile")
 	flag.DurationVar(&o.window, "window", 5*time.Second, "the probe's window")
@@ -109,22 +114,22 @@ func main() {
 
 // phase is the outcome of one pgbench run.
 type phase struct {
-	name       string
-	tx         int
-	secs       float64
-	p99, p50   time.Duration
-	max        time.Duration
-	rows       int64 // backfill rows committed within pgbench's window
-	probeVals  []float64
-	probeLat   []time.Duration // the probe's own latencies (phase alone)
-	split      *backfill.TimeSplit
-	holds      int
+	name      string
+	tx        int
+	secs      float64
+	p99, p50  time.Duration
+	max       time.Duration
+	rows      int64 // backfill rows committed within pgbench's window
+	probeVals []float64
+	probeLat  []time.Duration // the probe's own latencies (phase alone)
+	split     *backfill.TimeSplit
+	holds     int
 	// pgbench's p99 and transactions while the throttle held the
 	// backfill, and while it did not.
 	heldP99, workP99 time.Duration
 	heldTx, workTx   int
-	backfillOK bool // the backfill ran through pgbench's window
-	err        error
+	backfillOK       bool // the backfill ran through pgbench's window
+	err              error
 }
 
 func (p phase) tps() float64 { return float64(p.tx) / math.Max(p.secs, 0.001) }
@@ -278,8 +283,12 @@ func runPhase(ctx context.Context, o options, db *sqlx.DB, pgb string, conn []st
 		}
 		t := *th
 		t.Signal = rec
+		conc, rate := o.concurrency, 0.0
+		if strings.HasPrefix(name, "probe") {
+			conc, rate = cmp.Or(o.probeConc, o.concurrency), o.probeRate
+		}
 		var err error
-		r, err = backfill.New(db, &backfill.Config{Concurrency: o.concurrency, WorkerID: "benchprobe-" + name,
+		r, err = backfill.New(db, &backfill.Config{Concurrency: conc, WorkerID: "benchprobe-" + name, RowsPerSecond: rate,
 			Throttles: []backfill.Throttle{t}, ThrottleInterval: o.interval,
 			Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})),
 			Hooks: backfill.HooksFunc(func(_ context.Context, b int64, c backfill.ChunkResult) {
@@ -423,6 +432,9 @@ func report(o options, settings []struct {
 	fmt.Printf("- pgbench: scale %d, %d TPC-B-like clients (-j 2), %v per phase\n", o.scale, o.clients, o.duration)
 	fmt.Printf("- backfill: upsert, chunks of %d rows, Concurrency %d, extractor sleep %v per chunk, %v ahead of pgbench\n",
 		o.chunk, o.concurrency, o.chunkSleep, o.warmup)
+	if o.probeConc != 0 || o.probeRate != 0 {
+		fmt.Printf("- the throttled phase only: Concurrency %d, RowsPerSecond %g\n", cmp.Or(o.probeConc, o.concurrency), o.probeRate)
+	}
 	fmt.Printf("- probe: p%g over %v, read every %v: %q\n", o.pct, o.window, o.interval, oneLine(query))
 	if alone != nil {
 		a := float64(alone.p99) / float64(time.Millisecond)
