@@ -63,7 +63,7 @@ data:
 # Extra flags: make bench BENCHLOAD_FLAGS='-rows 300000 -runs 5 -rss'
 BENCHLOAD_FLAGS ?=
 
-.PHONY: bench bench-lock
+.PHONY: bench bench-lock bench-probe
 bench:
 	$(GO) run ./internal/benchload $(BENCHLOAD_FLAGS)
 	@if grep -rqs --include='*_test.go' '^func Benchmark' . ; then \
@@ -81,3 +81,12 @@ BENCHLOCK_FLAGS ?=
 
 bench-lock:
 	$(GO) run ./internal/benchlock $(BENCHLOCK_FLAGS)
+
+# bench-probe: pgbench alone, beside a backfill, and beside a backfill
+# held by a latency-probe throttle (High = pgbench's p99 alone + 30%), on
+# a durable server (internal/benchprobe/README.md). Reports only. Extra
+# flags: make bench-probe BENCHPROBE_FLAGS='-duration 60s -chunk 500 -v'
+BENCHPROBE_FLAGS ?=
+
+bench-probe:
+	$(GO) run ./internal/benchprobe $(BENCHPROBE_FLAGS)

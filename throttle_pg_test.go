@@ -315,6 +315,27 @@ func TestProbeLatencyTimeoutIsASample(t *testing.T) {
 	require.ErrorContains(t, err, "probe_latency")
 }
 
+// TestProbeLatencyIncludesCommit: a probe's latency is its
+// transaction's, commit included, as an application's is: a write probe
+// whose commit takes 200 ms (a deferred constraint trigger sleeping,
+// standing for a slow WAL flush) reads at least 200 ms.
+func TestProbeLatencyIncludesCommit(t *testing.T) {
+	t.Parallel()
+	db := Postgres(pgtest.New(t))
+	_, err := db.ExecContext(t.Context(), `CREATE TABLE probe_commit (id int);
+		CREATE FUNCTION slow_commit() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_sleep(0.2); RETURN NULL; END $$;
+		CREATE CONSTRAINT TRIGGER slow_commit AFTER INSERT ON probe_commit DEFERRABLE INITIALLY DEFERRED
+			FOR EACH ROW EXECUTE FUNCTION slow_commit()`)
+	require.NoError(t, err)
+	pr := ProbeLatencySignal(`INSERT INTO probe_commit VALUES (1)`, 99, time.Minute)
+	v, err := pr.Read(t.Context(), db, SignalScope{})
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, v, 200.0, "the commit's 200 ms, in ms")
+	var n int
+	require.NoError(t, sqlx.GetContext(t.Context(), db, &n, `SELECT count(*) FROM probe_commit`))
+	require.Equal(t, 1, n, "the probe committed")
+}
+
 // TestRaisedSignalHoldsEveryWorkerOfEveryProcess: two Runners on
 // separate pools, Concurrency 2 each, work a job; the signal is raised
 // mid-run. Once both have recorded their hold, no worker of either

@@ -191,8 +191,11 @@ func SQLSignal(name, query string, args ...any) Signal {
 	return sqlSignal{name: name, query: query, args: func(SignalScope) []any { return args }}
 }
 
-// ProbeLatencySignal runs query (no parameters, in a read transaction)
-// at each reading, times it, and returns the given percentile (in (0,
+// ProbeLatencySignal runs query (no parameters, in a transaction of its
+// own) at each reading, times that transaction from BEGIN to the end of
+// its COMMIT (a query that writes, such as one of the application's
+// updates, includes its commit's WAL flush, as the application's
+// latency does), and returns the given percentile (in (0,
 // 100], e.g. 95 or 99) of the latencies of the readings within window,
 // in milliseconds (nearest rank). A probe still running when the reading's
 // deadline (one [Config.ThrottleInterval]) ends counts as having taken
@@ -213,10 +216,11 @@ type probe struct {
 func (p *probe) Name() string { return "probe_latency" }
 
 func (p *probe) Read(ctx context.Context, db sqlx.ExtContext, _ SignalScope) (float64, error) {
-	var took time.Duration
-	begin := time.Now()
+	// Timed from BEGIN to COMMIT, as an application's transaction is: a
+	// probe that writes waits for its commit's WAL flush
+	// (synchronous_commit), often the larger part of its latency.
+	start := time.Now()
 	err := readTx(ctx, db, func(tx sqlx.ExtContext) error {
-		start := time.Now()
 		rows, err := tx.QueryContext(ctx, p.query)
 		if err == nil {
 			for rows.Next() {
@@ -224,20 +228,18 @@ func (p *probe) Read(ctx context.Context, db sqlx.ExtContext, _ SignalScope) (fl
 			err = rows.Err()
 			rows.Close()
 		}
-		took = time.Since(start)
 		return err
 	})
+	took := time.Since(start)
 	if err != nil && !errors.Is(ctx.Err(), context.DeadlineExceeded) {
 		// A probe that fails (or a call that ends) measures nothing.
 		return 0, fmt.Errorf("backfill: signal probe_latency: %w", err)
 	}
 	// A probe cut off by the reading's deadline (one throttle
-	// interval) took at least that long: a sample. Measured from the
-	// reading's start, since the deadline may end the transaction's
-	// BEGIN before the probe itself starts.
+	// interval) took at least that long: a sample.
 	if err != nil {
 		if dl, ok := ctx.Deadline(); ok {
-			took = max(took, dl.Sub(begin))
+			took = max(took, dl.Sub(start))
 		}
 	}
 	p.mu.Lock()

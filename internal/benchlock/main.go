@@ -20,7 +20,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"flag"
 	"fmt"
@@ -29,16 +28,15 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/jmoiron/sqlx"
 	_ "github.com/lib/pq"
 
 	"github.com/pgbackfill/backfill"
+	"github.com/pgbackfill/backfill/internal/benchpg"
 	"github.com/pgbackfill/backfill/internal/pgtest"
 )
 
@@ -115,7 +113,7 @@ func run(o options) error {
 	}
 	defer os.RemoveAll(work)
 	pgb := filepath.Join(bin, "pgbench")
-	conn := pgbenchConn(url)
+	conn := benchpg.Conn(url)
 	if out, err := exec.CommandContext(ctx, pgb, append(conn, "-i", "-q", "-s", strconv.Itoa(o.scale))...).CombinedOutput(); err != nil {
 		return fmt.Errorf("pgbench -i: %w\n%s", err, out)
 	}
@@ -226,11 +224,11 @@ func run(o options) error {
 	s := <-samples
 
 	waits, werr := backfill.NewPGManifest("").Waits(ctx, db, res.rep.BatchID)
-	lat, err := readPgbenchLogs(filepath.Join(work, "main"))
+	lat, err := benchpg.ReadLogs(filepath.Join(work, "main"))
 	if err != nil {
 		return err
 	}
-	rlat, err := readPgbenchLogs(filepath.Join(work, "reader"))
+	rlat, err := benchpg.ReadLogs(filepath.Join(work, "reader"))
 	if err != nil {
 		return err
 	}
@@ -294,30 +292,12 @@ func run(o options) error {
 		{"after the backfill", res.at, end},
 	}
 	for _, w := range windows {
-		a, b := window(lat, w.from, w.to), window(rlat, w.from, w.to)
+		a, b := benchpg.Window(lat, w.from, w.to), benchpg.Window(rlat, w.from, w.to)
 		secs := w.to.Sub(w.from).Seconds()
 		fmt.Printf("| %s | %d | %.0f | %s | %s | %d | %s |\n", w.name, len(a), float64(len(a))/math.Max(secs, 0.001),
-			pct(a, 0.99), pct(a, 1), len(b), pct(b, 1))
+			benchpg.Pct(a, 0.99), benchpg.Pct(a, 1), len(b), benchpg.Pct(b, 1))
 	}
 	return nil
-}
-
-func pgbenchConn(url string) []string {
-	// postgres://postgres@127.0.0.1:PORT/DB?...
-	rest := strings.TrimPrefix(url, "postgres://")
-	user, rest, _ := strings.Cut(rest, "@")
-	hostport, rest, _ := strings.Cut(rest, "/")
-	dbname, _, _ := strings.Cut(rest, "?")
-	host, port, _ := strings.Cut(hostport, ":")
-	user, _, _ = strings.Cut(user, ":")
-	return []string{"-h", host, "-p", cmpOr(port, "5432"), "-U", user, cmpOr(dbname, "postgres")}
-}
-
-func cmpOr(a, b string) string {
-	if a == "" {
-		return b
-	}
-	return a
 }
 
 func describeTable(rs []backfill.LockRetry) string {
@@ -394,67 +374,4 @@ func sampleLocks(ctx context.Context, db *sqlx.DB) <-chan lockSamples {
 		}
 	}()
 	return out
-}
-
-// txLat is one pgbench transaction: when it ended and its latency.
-type txLat struct {
-	end time.Time
-	lat time.Duration
-}
-
-// readPgbenchLogs reads pgbench's per-transaction logs (-l) with prefix:
-// "client_id transaction_no time script_no time_epoch time_us", time in
-// microseconds, time_epoch/time_us when the transaction ended.
-func readPgbenchLogs(prefix string) ([]txLat, error) {
-	files, err := filepath.Glob(prefix + ".*")
-	if err != nil {
-		return nil, err
-	}
-	var out []txLat
-	var mu sync.Mutex
-	for _, f := range files {
-		fh, err := os.Open(f)
-		if err != nil {
-			return nil, err
-		}
-		sc := bufio.NewScanner(fh)
-		for sc.Scan() {
-			fs := strings.Fields(sc.Text())
-			if len(fs) < 6 {
-				continue
-			}
-			us, err1 := strconv.ParseInt(fs[2], 10, 64)
-			sec, err2 := strconv.ParseInt(fs[4], 10, 64)
-			usec, err3 := strconv.ParseInt(fs[5], 10, 64)
-			if err1 != nil || err2 != nil || err3 != nil {
-				continue
-			}
-			mu.Lock()
-			out = append(out, txLat{end: time.Unix(sec, usec*1000), lat: time.Duration(us) * time.Microsecond})
-			mu.Unlock()
-		}
-		fh.Close()
-	}
-	return out, nil
-}
-
-// window returns the latencies of the transactions that ended in [from, to).
-func window(ts []txLat, from, to time.Time) []time.Duration {
-	var out []time.Duration
-	for _, t := range ts {
-		if !t.end.Before(from) && t.end.Before(to) {
-			out = append(out, t.lat)
-		}
-	}
-	slices.Sort(out)
-	return out
-}
-
-// pct is the p-quantile of sorted durations ("-" for none).
-func pct(ds []time.Duration, p float64) string {
-	if len(ds) == 0 {
-		return "-"
-	}
-	i := min(int(math.Ceil(p*float64(len(ds))))-1, len(ds)-1)
-	return ds[max(i, 0)].Round(10 * time.Microsecond).String()
 }

@@ -1,0 +1,492 @@
+// Command benchprobe measures the latency-probe throttle beside a live
+// load (issue 13, "Performance bar: latency probe"): on a server with
+// production durability (fsync, full_page_writes and synchronous_commit
+// on) it runs the same pgbench (TPC-B-like, per-transaction logs) three
+// times:
+//
+//  1. alone: pgbench's p99 latency and TPS (and the probe's own latency,
+//     read beside it, for calibration);
+//  2. beside a backfill (a synthetic job that outlasts the window,
+//     upserting into a table of the pgbench database) without a
+//     throttle; the probe is read (a throttle whose High is never
+//     reached) so that its load is the same as in 3;
+//  3. beside the same backfill with a ProbeLatencySignal throttle, High =
+//     pgbench's p99 alone × -high (Low × -low, MinHold -min-hold).
+//
+// It reports pgbench's p99 and TPS per phase as ratios to alone, the
+// backfill's rows/s (chunks committed within pgbench's window) and, with
+// the throttle, its rows/s as a ratio to without and the run's time split
+// (Runner.TimeSplit). It asserts nothing. See README.md here; make
+// bench-probe runs it.
+package main
+
+import (
+	"cmp"
+	"context"
+	"flag"
+	"fmt"
+	"log/slog"
+	"math"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+	_ "github.com/lib/pq"
+
+	"github.com/pgbackfill/backfill"
+	"github.com/pgbackfill/backfill/internal/benchpg"
+	"github.com/pgbackfill/backfill/internal/pgtest"
+)
+
+type options struct {
+	scale       int
+	clients     int
+	duration    time.Duration
+	warmup      time.Duration
+	rows        int64
+	chunk       int64
+	chunkSleep  time.Duration
+	concurrency int
+	probeConc   int
+	probeRate   float64
+	probe       string
+	pct         float64
+	window      time.Duration
+	interval    time.Duration
+	high, low   float64
+	minHold     time.Duration
+	phases      string
+	verbose     bool
+}
+
+// probes are the -probe presets; anything else is taken as the query.
+// %[1]d is the number of pgbench_accounts rows, %[2]d of branches, %[3]d
+// of tellers; the random key is a scalar subquery, computed once (a
+// volatile expression in the WHERE clause would scan the table).
+var probes = map[string]string{
+	// One random account read: CPU and buffer contention only.
+	"select": `SELECT abalance FROM pgbench_accounts WHERE aid = (SELECT 1 + mod((random() * %[1]d)::int, %[1]d))`,
+	// pgbench's TPC-B-like transaction, with a zero delta: the same row
+	// locks (a branch among %[2]d), the same WAL and, timed to its
+	// commit, the same WAL flush as pgbench's transactions.
+	"tpcb": `UPDATE pgbench_accounts SET abalance = abalance + 0 WHERE aid = (SELECT 1 + mod((random() * %[1]d)::int, %[1]d));
+UPDATE pgbench_tellers SET tbalance = tbalance + 0 WHERE tid = (SELECT 1 + mod((random() * %[3]d)::int, %[3]d));
+UPDATE pgbench_branches SET bbalance = bbalance + 0 WHERE bid = (SELECT 1 + mod((random() * %[2]d)::int, %[2]d));
+INSERT INTO pgbench_history (tid, bid, aid, delta, mtime) VALUES (1, 1, 1, 0, CURRENT_TIMESTAMP)`,
+	// A one-row insert into a table of its own: the WAL flush of a commit
+	// (timed to its commit), no row lock shared with pgbench.
+	"commit": `INSERT INTO bench_probe_commits (at) VALUES (clock_timestamp())`,
+}
+
+func main() {
+	var o options
+	flag.IntVar(&o.scale, "scale", 10, "pgbench scale")
+	flag.IntVar(&o.clients, "clients", 4, "pgbench TPC-B-like clients (-j 2)")
+	flag.DurationVar(&o.duration, "duration", 40*time.Second, "pgbench's run per phase (-T)")
+	flag.DurationVar(&o.warmup, "warmup", 5*time.Second, "how long the backfill runs before pgbench starts")
+	flag.Int64Var(&o.rows, "rows", 20_000_000, "rows of the backfill's plan (it is cancelled when pgbench ends)")
+	flag.Int64Var(&o.chunk, "chunk", 2_000, "rows per chunk")
+	flag.DurationVar(&o.chunkSleep, "chunk-sleep", 0, "the extractor's time per chunk (0: a source as fast as the merge)")
+	flag.IntVar(&o.concurrency, "concurrency", 2, "the backfill's Config.Concurrency")
+	flag.IntVar(&o.probeConc, "probe-concurrency", 0, "Config.Concurrency of the throttled phase (0: -concurrency)")
+	flag.Float64Var(&o.probeRate, "probe-rate", 0, "Config.RowsPerSecond of the throttled phase (0: no cap)")
+	flag.StringVar(&o.probe, "probe", "tpcb", "the probe: select, tpcb, commit, or a query")
+	flag.Float64Var(&o.pct, "pct", 99, "the probe's percentile")
+	flag.DurationVar(&o.window, "window", 5*time.Second, "the probe's window")
+	flag.DurationVar(&o.interval, "interval", 250*time.Millisecond, "Config.ThrottleInterval (one probe per interval)")
+	flag.Float64Var(&o.high, "high", 1.3, "High = pgbench's p99 alone × this")
+	flag.Float64Var(&o.low, "low", 1.1, "Low = pgbench's p99 alone × this")
+	flag.DurationVar(&o.minHold, "min-hold", 3*time.Second, "Throttle.MinHold")
+	flag.StringVar(&o.phases, "phases", "alone,free,probe", "the phases to run, in order (alone is needed for the others' High and ratios)")
+	flag.BoolVar(&o.verbose, "v", false, "the backfill's throttle log (holds and releases) on stderr")
+	flag.Parse()
+	if err := run(o); err != nil {
+		fmt.Fprintln(os.Stderr, "benchprobe:", err)
+		os.Exit(1)
+	}
+}
+
+// phase is the outcome of one pgbench run.
+type phase struct {
+	name      string
+	tx        int
+	secs      float64
+	p99, p50  time.Duration
+	max       time.Duration
+	rows      int64 // backfill rows committed within pgbench's window
+	probeVals []float64
+	probeLat  []time.Duration // the probe's own latencies (phase alone)
+	split     *backfill.TimeSplit
+	holds     int
+	// pgbench's p99 and transactions while the throttle held the
+	// backfill, and while it did not.
+	heldP99, workP99 time.Duration
+	heldTx, workTx   int
+	backfillOK       bool // the backfill ran through pgbench's window
+	err              error
+}
+
+func (p phase) tps() float64 { return float64(p.tx) / math.Max(p.secs, 0.001) }
+func (p phase) rps() float64 { return float64(p.rows) / math.Max(p.secs, 0.001) }
+
+func run(o options) error {
+	ctx := context.Background()
+	bin, err := pgtest.BinDir()
+	if err != nil {
+		return err
+	}
+	url := os.Getenv("DATABASE_URL")
+	if url == "" {
+		c, err := pgtest.StartWith(ctx, pgtest.Options{Durable: true})
+		if err != nil {
+			return err
+		}
+		defer func() { _ = c.Stop() }()
+		url = c.URL()
+	}
+	db, err := sqlx.Open("postgres", url)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	db.SetMaxOpenConns(o.concurrency + 8)
+	var settings []struct {
+		Name  string `db:"name"`
+		Value string `db:"setting"`
+	}
+	if err := db.Select(&settings, `SELECT name, setting FROM pg_settings WHERE name IN ('fsync', 'synchronous_commit', 'full_page_writes', 'server_version', 'shared_buffers', 'max_wal_size') ORDER BY name`); err != nil {
+		return err
+	}
+	if _, err := db.Exec(`DROP SCHEMA IF EXISTS backfill CASCADE; DROP TABLE IF EXISTS bench_probe_commits;
+		CREATE TABLE bench_probe_commits (at timestamptz)`); err != nil {
+		return err
+	}
+	work, err := os.MkdirTemp("", "benchprobe")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(work)
+	pgb := filepath.Join(bin, "pgbench")
+	conn := benchpg.Conn(url)
+	if out, err := exec.CommandContext(ctx, pgb, append(conn, "-i", "-q", "-s", strconv.Itoa(o.scale))...).CombinedOutput(); err != nil {
+		return fmt.Errorf("pgbench -i: %w\n%s", err, out)
+	}
+	query := o.probe
+	if q, ok := probes[o.probe]; ok {
+		query = fmt.Sprintf(q, 100_000*o.scale, o.scale, 10*o.scale)
+	}
+
+	var alone *phase
+	var results []phase
+	for i, name := range strings.Split(o.phases, ",") {
+		var p phase
+		switch name {
+		case "alone":
+			p, err = runPhase(ctx, o, db, pgb, conn, work, name, query, nil)
+			alone = &p
+		case "free":
+			// The probe is read (same load as with the throttle) but
+			// never holds.
+			p, err = runPhase(ctx, o, db, pgb, conn, work, fmt.Sprint(name, i), query, &backfill.Throttle{High: math.MaxFloat64})
+		case "probe":
+			if alone == nil {
+				return fmt.Errorf("phase probe needs phase alone first (its High)")
+			}
+			ms := float64(alone.p99) / float64(time.Millisecond)
+			p, err = runPhase(ctx, o, db, pgb, conn, work, fmt.Sprint(name, i), query,
+				&backfill.Throttle{High: ms * o.high, Low: ms * o.low, MinHold: o.minHold})
+		default:
+			return fmt.Errorf("unknown phase %q (alone, free, probe)", name)
+		}
+		if err != nil {
+			return fmt.Errorf("phase %s: %w", name, err)
+		}
+		p.name = name
+		results = append(results, p)
+	}
+	report(o, settings, query, alone, results)
+	return nil
+}
+
+// recorder wraps a Signal and keeps its readings.
+type recorder struct {
+	backfill.Signal
+	mu   sync.Mutex
+	vals []reading
+}
+
+type reading struct {
+	at time.Time
+	v  float64
+}
+
+func (r *recorder) Read(ctx context.Context, db sqlx.ExtContext, s backfill.SignalScope) (float64, error) {
+	v, err := r.Signal.Read(ctx, db, s)
+	if err == nil {
+		r.mu.Lock()
+		r.vals = append(r.vals, reading{time.Now(), v})
+		r.mu.Unlock()
+	}
+	return v, err
+}
+
+func (r *recorder) within(from, to time.Time) []float64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []float64
+	for _, x := range r.vals {
+		if !x.at.Before(from) && x.at.Before(to) {
+			out = append(out, x.v)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// runPhase runs pgbench for o.duration; with th != nil, beside a
+// backfill whose Config.Throttles is th on the probe.
+func runPhase(ctx context.Context, o options, db *sqlx.DB, pgb string, conn []string, work, name, query string, th *backfill.Throttle) (phase, error) {
+	var p phase
+	table := "bench_probe_" + name
+	// The same start for every phase: a fresh target, pgbench's tables
+	// vacuumed as pgbench does, and a checkpoint (each statement on its
+	// own: VACUUM refuses a transaction block).
+	for _, q := range []string{fmt.Sprintf(`DROP TABLE IF EXISTS %[1]s; CREATE TABLE %[1]s (id bigint PRIMARY KEY, v text NOT NULL, n int NOT NULL)`, table),
+		`TRUNCATE pgbench_history`, `VACUUM ANALYZE pgbench_branches, pgbench_tellers, pgbench_history`, `CHECKPOINT`} {
+		if _, err := db.Exec(q); err != nil {
+			return p, err
+		}
+	}
+	rec := &recorder{Signal: backfill.ProbeLatencySignal(query, o.pct, o.window)}
+
+	type done struct {
+		at   time.Time
+		rows int64
+	}
+	var mu sync.Mutex
+	var chunks []done
+	var batchID int64
+	bctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	bfDone := make(chan error, 1)
+	var r *backfill.Runner
+	if th != nil {
+		level := slog.LevelError
+		if o.verbose {
+			level = slog.LevelWarn // holds and unreadable signals
+		}
+		t := *th
+		t.Signal = rec
+		conc, rate := o.concurrency, 0.0
+		if strings.HasPrefix(name, "probe") {
+			conc, rate = cmp.Or(o.probeConc, o.concurrency), o.probeRate
+		}
+		var err error
+		r, err = backfill.New(db, &backfill.Config{Concurrency: conc, WorkerID: "benchprobe-" + name, RowsPerSecond: rate,
+			Throttles: []backfill.Throttle{t}, ThrottleInterval: o.interval,
+			Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})),
+			Hooks: backfill.HooksFunc(func(_ context.Context, b int64, c backfill.ChunkResult) {
+				mu.Lock()
+				chunks = append(chunks, done{time.Now(), c.Counts.Read})
+				batchID = b
+				mu.Unlock()
+			})})
+		if err != nil {
+			return p, err
+		}
+		job := backfill.Job{
+			Name:    "benchprobe-" + name,
+			NewRun:  true,
+			Chunker: backfill.IntRange(0, o.rows, o.chunk),
+			Extractor: backfill.ExtractorFunc(func(ctx context.Context, c backfill.Chunk, w backfill.RowWriter) error {
+				if o.chunkSleep > 0 {
+					time.Sleep(o.chunkSleep)
+				}
+				for id := c.Lo; id < c.Hi; id++ {
+					if err := w.Write(ctx, id, fmt.Sprint("v", id), int(id%1000)); err != nil {
+						return err
+					}
+				}
+				return nil
+			}),
+			Rollback: backfill.RollbackNone,
+			Target:   backfill.Target{Table: table, Key: []string{"id"}},
+		}
+		go func() {
+			_, err := r.Run(bctx, job)
+			bfDone <- err
+		}()
+		time.Sleep(o.warmup)
+	} else {
+		// The probe's own latency beside pgbench alone, one reading
+		// per interval as a throttle would.
+		go func() {
+			tk := time.NewTicker(o.interval)
+			defer tk.Stop()
+			for {
+				select {
+				case <-bctx.Done():
+					bfDone <- nil
+					return
+				case <-tk.C:
+				}
+				rctx, c := context.WithTimeout(bctx, o.interval)
+				start := time.Now()
+				_, err := rec.Read(rctx, db, backfill.SignalScope{})
+				c()
+				if err == nil {
+					mu.Lock()
+					p.probeLat = append(p.probeLat, time.Since(start))
+					mu.Unlock()
+				}
+			}
+		}()
+	}
+
+	prefix := filepath.Join(work, name)
+	args := append(slices.Clone(conn), "-n", "-T", strconv.Itoa(int(o.duration/time.Second)), "-c", strconv.Itoa(o.clients), "-j", "2",
+		"-b", "tpcb-like", "-l", "--log-prefix", prefix)
+	cmd := exec.CommandContext(ctx, pgb, args...)
+	cmd.Env = append(os.Environ(), "PGAPPNAME=pgbench")
+	cmd.Dir = work
+	start := time.Now()
+	out, err := cmd.CombinedOutput()
+	end := time.Now()
+	if err != nil {
+		return p, fmt.Errorf("pgbench: %w\n%s", err, out)
+	}
+	// Did the backfill outlast pgbench?
+	select {
+	case err := <-bfDone:
+		if th != nil {
+			p.err = fmt.Errorf("the backfill ended before pgbench: %v", err)
+		}
+	default:
+		p.backfillOK = true
+		cancel()
+		<-bfDone
+	}
+	cancel()
+
+	lat, err := benchpg.ReadLogs(prefix)
+	if err != nil {
+		return p, err
+	}
+	w := benchpg.Window(lat, start, end.Add(time.Second))
+	p.tx, p.secs = len(w), end.Sub(start).Seconds()
+	p.p99, p.p50, p.max = benchpg.Quantile(w, 0.99), benchpg.Quantile(w, 0.5), benchpg.Quantile(w, 1)
+	p.probeVals = rec.within(start, end)
+	mu.Lock()
+	for _, c := range chunks {
+		if !c.at.Before(start) && c.at.Before(end) {
+			p.rows += c.rows
+		}
+	}
+	b := batchID
+	mu.Unlock()
+	if r != nil && b != 0 {
+		if ts, err := r.TimeSplit(ctx, b); err == nil {
+			p.split = &ts
+		} else {
+			p.err = err
+		}
+		if ps, err := backfill.NewPGManifest("").ThrottlePeriods(ctx, db, b); err == nil {
+			p.holds = len(ps)
+			// pgbench's latencies while the backfill was held, and
+			// while it worked.
+			var held, working []benchpg.Tx
+			for _, t := range lat {
+				if t.End.Before(start) || !t.End.Before(end) {
+					continue
+				}
+				if slices.ContainsFunc(ps, func(q backfill.ThrottlePeriod) bool { return !t.End.Before(q.StartedAt) && t.End.Before(q.Ended) }) {
+					held = append(held, t)
+				} else {
+					working = append(working, t)
+				}
+			}
+			p.heldP99 = benchpg.Quantile(benchpg.Window(held, start, end), 0.99)
+			p.workP99 = benchpg.Quantile(benchpg.Window(working, start, end), 0.99)
+			p.heldTx, p.workTx = len(held), len(working)
+		}
+	}
+	return p, nil
+}
+
+func ms(d time.Duration) string { return fmt.Sprintf("%.2f ms", float64(d)/float64(time.Millisecond)) }
+
+func report(o options, settings []struct {
+	Name  string `db:"name"`
+	Value string `db:"setting"`
+}, query string, alone *phase, ps []phase) {
+	fmt.Printf("# benchprobe: pgbench beside a backfill, with and without a latency-probe throttle\n\n")
+	for _, s := range settings {
+		fmt.Printf("- %s = %s\n", s.Name, s.Value)
+	}
+	fmt.Printf("- pgbench: scale %d, %d TPC-B-like clients (-j 2), %v per phase\n", o.scale, o.clients, o.duration)
+	fmt.Printf("- backfill: upsert, chunks of %d rows, Concurrency %d, extractor sleep %v per chunk, %v ahead of pgbench\n",
+		o.chunk, o.concurrency, o.chunkSleep, o.warmup)
+	if o.probeConc != 0 || o.probeRate != 0 {
+		fmt.Printf("- the throttled phase only: Concurrency %d, RowsPerSecond %g\n", cmp.Or(o.probeConc, o.concurrency), o.probeRate)
+	}
+	fmt.Printf("- probe: p%g over %v, read every %v: %q\n", o.pct, o.window, o.interval, oneLine(query))
+	if alone != nil {
+		a := float64(alone.p99) / float64(time.Millisecond)
+		fmt.Printf("- throttle: High %.2f ms (p99 alone × %g), Low %.2f ms (× %g), MinHold %v\n", a*o.high, o.high, a*o.low, o.low, o.minHold)
+		sort := slices.Clone(alone.probeLat)
+		slices.Sort(sort)
+		fmt.Printf("- the probe alone (%d probes beside pgbench): p50 %s, p99 %s\n", len(sort), ms(benchpg.Quantile(sort, 0.5)), ms(benchpg.Quantile(sort, 0.99)))
+	}
+	fmt.Println()
+	fmt.Println("| phase | pgbench tx | TPS | TPS ratio | p50 | p99 | p99 ratio | max | probe reading p50 / max | backfill rows/s | rows/s ratio | holds | time split |")
+	fmt.Println("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+	var free *phase
+	for i := range ps {
+		p := &ps[i]
+		tpsR, p99R, rR := "-", "-", "-"
+		if alone != nil && alone.tx > 0 {
+			tpsR = fmt.Sprintf("%.2f", p.tps()/alone.tps())
+			p99R = fmt.Sprintf("%.2f", float64(p.p99)/float64(alone.p99))
+		}
+		if p.name == "free" {
+			free = p
+		}
+		rows := "-"
+		if p.name != "alone" {
+			rows = fmt.Sprintf("%.0f", p.rps())
+			if p.name == "probe" && free != nil && free.rows > 0 {
+				rR = fmt.Sprintf("%.2f", p.rps()/free.rps())
+			}
+		}
+		probe := "-"
+		if len(p.probeVals) > 0 {
+			probe = fmt.Sprintf("%.1f / %.1f ms", p.probeVals[len(p.probeVals)/2], p.probeVals[len(p.probeVals)-1])
+		}
+		split := "-"
+		if p.split != nil && p.name == "probe" {
+			var th time.Duration
+			for _, d := range p.split.Throttled {
+				th += d
+			}
+			split = fmt.Sprintf("working %v, throttled %v (%.0f%%)", p.split.Working.Round(100*time.Millisecond),
+				th.Round(100*time.Millisecond), 100*th.Seconds()/math.Max(p.split.Total.Seconds(), 0.001))
+		}
+		fmt.Printf("| %s | %d | %.0f | %s | %s | %s | %s | %s | %s | %s | %s | %d | %s |\n", p.name, p.tx, p.tps(), tpsR,
+			ms(p.p50), ms(p.p99), p99R, ms(p.max), probe, rows, rR, p.holds, split)
+		if p.name == "probe" && p.holds > 0 {
+			defer fmt.Printf("\n- probe phase: pgbench p99 %s over %d tx while the backfill was held, %s over %d tx while it worked\n",
+				ms(p.heldP99), p.heldTx, ms(p.workP99), p.workTx)
+		}
+		if p.err != nil {
+			fmt.Printf("\n(phase %s: %v)\n", p.name, p.err)
+		}
+	}
+}
+
+func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }
