@@ -89,6 +89,9 @@ type stageParams struct {
 	savepoints bool
 	// newStager makes the stager of one staging attempt.
 	newStager func() (Stager, error)
+	// spooled, when not nil, is the chunk extracted already: each
+	// staging attempt replays its spool instead of extracting.
+	spooled *spooled
 }
 
 // stage extracts chunk p.chunk into a stager made by p.newStager and
@@ -145,7 +148,11 @@ func (s *chunkStaging) attempt(ctx context.Context) (Stager, *rowWriter, staging
 	}
 	w := newRowWriter(s.chunk, s.ex.job, s.info, st, s.ex.r.cfg.MaxRejectsPerChunk, s.started)
 	w.stagingRejects = &s.rejects
-	ref.xerr = extractSafely(ctx, s.ex.job.Extractor, s.chunk, w)
+	if s.spooled != nil {
+		ref.xerr = s.spooled.replay(ctx, w)
+	} else {
+		ref.xerr = extractSafely(ctx, s.ex.job.Extractor, s.chunk, w)
+	}
 	w.closed = true
 	ref.serr = w.err
 	if ref.serr == nil && ref.xerr == nil {

@@ -165,6 +165,10 @@ type workerManifest interface {
 	holders(ctx context.Context, db sqlx.ExtContext, batchID int64, self string, staleAfter time.Duration, fence, running bool) ([]chunkHolder, error)
 	claimLeased(ctx context.Context, tx sqlx.ExtContext, batchID int64, l lease) (ChunkState, int, bool, error)
 	waitInFlight(ctx context.Context, db sqlx.ExtContext, batchID int64, w fenceWait) error
+	// Leases across transactions (manifest_lease.go).
+	leaseChunk(ctx context.Context, db sqlx.ExtContext, batchID int64, l lease) (chunkLease, bool, error)
+	fenceLease(ctx context.Context, tx sqlx.ExtContext, batchID int64, seq int, epoch int64, l lease) (ChunkState, int, bool, error)
+	releaseLease(ctx context.Context, db sqlx.ExtContext, batchID int64, seq int, key string, epoch int64) error
 }
 
 var _ workerManifest = (*PGManifest)(nil)
@@ -374,7 +378,7 @@ func (m *PGManifest) holders(ctx context.Context, db sqlx.ExtContext, batchID in
 	var out []chunkHolder
 	err := inShortTx(ctx, db, func(tx sqlx.ExtContext) error {
 		out = out[:0]
-		return sqlx.SelectContext(ctx, tx, &out, m.sql(`SELECT c.seq, c.chunk_id, l.pid, coalesce(w.worker_key, '') AS worker_key,
+		return sqlx.SelectContext(ctx, tx, &out, m.sql(`SELECT * FROM (SELECT c.seq, c.chunk_id, l.pid, coalesce(w.worker_key, '') AS worker_key,
 			coalesce(w.worker_id, a.application_name, '') AS worker_id, coalesce(w.host, '') AS host, coalesce(w.pid, 0) AS os_pid,
 			coalesce(extract(epoch FROM now() - w.heartbeat_at)::float8, -1) AS age_sec,
 			coalesce(w.finished_at IS NOT NULL OR w.heartbeat_at < now() - greatest(w.stale_after, make_interval(secs => $3)), false) AS stale,
@@ -388,7 +392,17 @@ func (m *PGManifest) holders(ctx context.Context, db sqlx.ExtContext, batchID in
 			WHERE c.batch_id = $1 AND c.status IN ('pending', 'open') AND l.pid <> pg_backend_pid()
 				AND ($2 = '' OR coalesce(w.worker_key, '') <> $2)
 				AND (NOT $5 OR EXISTS (SELECT 1 FROM {s}.runs r WHERE r.batch_id = $1 AND r.status = 'running'))
-			ORDER BY c.seq`), batchID, self, staleAfter.Seconds(), fence, running)
+			UNION ALL
+			-- Chunks leased by live workers, extracting outside a
+			-- transaction (manifest_lease.go); a lease that is not live
+			-- is taken over by the claim.
+			SELECT c.seq, c.chunk_id, 0, w.worker_key, w.worker_id, w.host, w.pid, extract(epoch FROM now() - w.heartbeat_at)::float8,
+				false, false
+			FROM {s}.chunks c JOIN {s}.workers w ON w.worker_key = c.lease_key
+			WHERE c.batch_id = $1 AND c.status IN ('pending', 'open') AND ($2 = '' OR c.lease_key <> $2)
+				AND w.finished_at IS NULL AND w.heartbeat_at >= now() - greatest(w.stale_after, make_interval(secs => $3))
+				AND (NOT $5 OR EXISTS (SELECT 1 FROM {s}.runs r WHERE r.batch_id = $1 AND r.status = 'running'))
+			) h ORDER BY seq`), batchID, self, staleAfter.Seconds(), fence, running)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("backfill: chunks in flight of batch %d: %w", batchID, err)
@@ -421,11 +435,30 @@ func (m *PGManifest) waitInFlight(ctx context.Context, db sqlx.ExtContext, batch
 	}
 	fenceOK := true
 	for n := 0; ; n++ {
+		leased := 0
 		err := inShortTxOwnWaits(ctx, db, func(tx sqlx.ExtContext) error {
 			_, err := tx.ExecContext(ctx, m.sql(`SELECT 1 FROM {s}.chunks WHERE batch_id = $1 AND status IN ('pending', 'open')
 				AND set_config('lock_timeout', $2, true) IS NOT NULL ORDER BY seq FOR UPDATE`), batchID, fmt.Sprint(max(w.poll.Milliseconds(), 1)))
-			return err
+			if err != nil {
+				return err
+			}
+			// Chunks leased by live workers, extracting outside a
+			// transaction (manifest_lease.go), are in flight too.
+			return sqlx.GetContext(ctx, tx, &leased, m.sql(`SELECT count(*) FROM {s}.chunks c WHERE c.batch_id = $1
+				AND c.status IN ('pending', 'open') AND c.lease_key <> $2 AND `+liveLease("$3")), batchID, w.self, w.staleAfter.Seconds())
 		})
+		if err == nil && leased > 0 {
+			hs, _ := m.holders(ctx, db, batchID, w.self, w.staleAfter, false, false)
+			for _, h := range hs {
+				logHolder(log, w.what, batchID, h, time.Since(begin))
+			}
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(w.poll):
+			}
+			continue
+		}
 		var pe *pq.Error
 		if err == nil {
 			if n > 0 {
