@@ -534,7 +534,12 @@ type Config struct {
 	// at once across every process (each process also runs at most
 	// Concurrency): each chunk's transaction locks one of JobConcurrency
 	// slot rows of the run in the manifest before it claims, and waits
-	// when none is free. Give every process the same value; the
+	// when none is free. With short transactions ([PGManifest]'s leases,
+	// see doc.go) the slot is taken by the chunk's transaction, after
+	// its extraction: it caps the chunks staging and merging at once
+	// (an extracted chunk waits for a slot, its lease kept), and
+	// extractions at once are capped by each process's Concurrency.
+	// Give every process the same value; the
 	// effective cap is the largest one given. It needs [PGManifest]
 	// (else NewWithDB returns an error wrapping [ErrUnsupported]).
 	JobConcurrency int

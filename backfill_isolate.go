@@ -29,7 +29,9 @@ import (
 // occurs: a label missing from an enum costs one restaging, however many
 // rows hold it.) Everything else of the chunk loads.
 //
-// Each refused value costs one more extraction of the chunk, so at most
+// Each refused value costs one more staging of the chunk (a replay of its
+// spool with short transactions, backfill_shorttx.go; otherwise one more
+// extraction), so at most
 // [Config.MaxStagingRejects] values are isolated per chunk; then the
 // chunk fails with an error naming its chunk, row, column and value.
 // Rows are found by value, not position, so an extractor that returns its

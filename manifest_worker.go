@@ -20,8 +20,11 @@ import (
 // finished when it returns. Every time is the server's now(), so the
 // clocks of the hosts do not matter.
 //
-// The lease of a chunk is the row lock its transaction holds on the
-// chunk's manifest row (ClaimChunk, FOR UPDATE SKIP LOCKED). The claim
+// A chunk is leased across transactions (lease_key, lease_epoch;
+// manifest_lease.go) while it is extracted outside any transaction; its
+// short transaction then holds the row lock of the chunk's manifest row
+// (the fence). Without a registered worker, the lease is that row lock
+// alone, taken by claimLeased (FOR UPDATE SKIP LOCKED). The claim
 // statement tags the transaction's backend with application_name
 // "backfill <worker key> " followed by the session's own (set_config
 // local, reverted when the transaction ends; cut at 63 bytes, the key
@@ -33,8 +36,10 @@ import (
 // [Config.StaleAfter]; the check of the heartbeat and the termination are
 // one statement.
 //
-// The token that keeps a fenced-out worker from committing: its chunk's
-// writes are in the transaction that holds the row lock; terminating the
+// The token that keeps a fenced-out worker from committing: its
+// (lease_key, lease_epoch), checked by the fence under the row lock in the
+// transaction that holds the chunk's writes (manifest_lease.go); and for a
+// worker already in that transaction, the row lock: terminating the
 // backend rolls that transaction back, and the worker can never commit it.
 // A new transaction must claim the chunk again, which only works while the
 // chunk is pending (or open) and no one else holds it, and the checkpoint
