@@ -54,7 +54,10 @@ func (s *spool) Add(ctx context.Context, row int64, values []any) error {
 	for i, v := range values {
 		switch x := v.(type) {
 		case []byte:
-			vs[i] = append([]byte(nil), x...)
+			if x != nil {
+				// Empty stays empty, not NULL.
+				vs[i] = append(make([]byte, 0, len(x)), x...)
+			}
 			size += len(x) + 24
 		case string:
 			vs[i] = x
@@ -144,6 +147,11 @@ func (s *spool) write(row int64, values []any) error {
 			b = binary.AppendUvarint(append(b, spoolString), uint64(len(x)))
 			b = append(b, x...)
 		case []byte:
+			if x == nil {
+				// A nil byte slice is NULL, as in memory.
+				b = append(b, spoolNil)
+				break
+			}
 			b = binary.AppendUvarint(append(b, spoolBytes), uint64(len(x)))
 			b = append(b, x...)
 		case bool:
