@@ -21,7 +21,7 @@ import (
 //     to a bound, then a temporary file);
 //  3. the chunk's transaction: the lease's session settings and the fence
 //     (fenceLease: the lease still the worker's at its epoch, under the
-//     row lock), the job-wide concurrency slot, then, as before, the
+//     row lock), then, as before, the
 //     publish mode's target, staging (the spool replayed into COPY, with
 //     the isolation of refused values, which replays it again), merge,
 //     validation, checkpoint, commit.
@@ -34,7 +34,10 @@ import (
 // the claim's transaction released the row lock before.
 //
 // A retried try (a wait, [Config.LockRetries]) leases and extracts the
-// chunk again.
+// chunk again. With [Config.JobConcurrency] the chunk runs as without
+// leases, in one transaction from claim to commit: the job-wide slot is a
+// row lock that transaction holds, and it caps the chunks extracting at
+// once across processes.
 
 // rowAdder is where a row writer puts its converted rows: the chunk's
 // [Stager], or a spool.
@@ -70,9 +73,12 @@ func (s *spooled) replay(ctx context.Context, w *rowWriter) error {
 	return err
 }
 
-// leasing reports whether this call's chunks run in short transactions.
+// leasing reports whether this call's chunks run in short transactions:
+// with a manifest that leases, a registered worker, and no
+// Config.JobConcurrency, whose slot is a row lock held for the whole
+// chunk (extraction included) by the chunk's transaction.
 func (ex *execution) leasing() bool {
-	return ex.r.caps.workers != nil && ex.worker != nil
+	return ex.r.caps.workers != nil && ex.worker != nil && ex.r.cfg.JobConcurrency <= 0
 }
 
 // runChunkLeased is runChunk in short transactions (see the top of this
@@ -148,60 +154,32 @@ func (ex *execution) runChunkLeased(ctx context.Context) (cr chunkRun, err error
 	}
 
 	// The chunk's transaction.
-	for {
-		tx, err := r.db.Begin(ctx)
-		if err != nil {
-			return cr, fmt.Errorf("backfill: begin chunk transaction: %w", err)
-		}
-		committed := false
-		err = func() error {
-			defer func() {
-				if !committed {
-					_ = tx.Rollback()
-				}
-			}()
-			// The fence first: the lease still this worker's, the row
-			// locked until the commit.
-			_, pid, ok, err := wm.fenceLease(ctx, tx, ex.batchID, seq, cl.epoch, l)
-			if err != nil {
-				return chunkErr(err)
-			}
-			if !ok {
-				release = false
-				cr.fenced = true
-				ex.log.Warn("backfill: chunk's lease was taken over while it was extracted (this worker was stale); its transaction rolls back", "seq", seq, "chunk", c.ID)
-				return nil
-			}
-			// The job-wide concurrency cap: a slot row locked until tx
-			// ends.
-			if ok, err := ex.takeSlot(ctx, tx); err != nil || !ok {
-				cr.noSlot = err == nil
-				return err
-			}
-			err = ex.loadChunk(ctx, tx, &cr, c, pid, started, &spooled{sp: sp, w: w})
-			committed = err == nil
-			return err
-		}()
-		if cr.fenced {
-			cr.claimed = false
-			return cr, nil
-		}
-		if !cr.noSlot {
-			release = !committed
-			return cr, err
-		}
-		// No slot: wait for one, the lease kept, the rows in the spool.
-		cr.noSlot = false
-		tm := time.NewTimer(slotPoll)
-		select {
-		case <-ctx.Done():
-			tm.Stop()
-			return cr, chunkErr(ctx.Err())
-		case <-tm.C:
-		}
-		if ex.stopped() {
-			cr.claimed = false
-			return cr, nil
-		}
+	tx, err := r.db.Begin(ctx)
+	if err != nil {
+		// An attempt of the chunk: recorded as failed, like a failure
+		// inside its transaction.
+		return cr, chunkErr(fmt.Errorf("begin chunk transaction: %w", err))
 	}
+	committed := false
+	defer func() {
+		if !committed {
+			_ = tx.Rollback()
+		}
+	}()
+	// The fence first: the lease still this worker's, the row locked
+	// until the commit.
+	_, pid, ok, err := wm.fenceLease(ctx, tx, ex.batchID, seq, cl.epoch, l)
+	if err != nil {
+		return cr, chunkErr(err)
+	}
+	if !ok {
+		release = false
+		cr.fenced, cr.claimed = true, false
+		ex.log.Warn("backfill: chunk's lease was taken over while it was extracted (this worker was stale); its transaction rolls back", "seq", seq, "chunk", c.ID)
+		return cr, nil
+	}
+	err = ex.loadChunk(ctx, tx, &cr, c, pid, started, &spooled{sp: sp, w: w})
+	committed = err == nil
+	release = !committed
+	return cr, err
 }

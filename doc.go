@@ -140,7 +140,9 @@ epoch. A chunk leased by a live worker is in flight, like a chunk whose
 row a transaction holds. A worker killed while it extracts leaves its
 lease to be taken over after StaleAfter (with a row lock, its connection
 closing released it at once): the price of not holding a transaction.
-Manifests without leases (backfilltest's) run the chunk in one
+Manifests without leases (backfilltest's), and runs with
+[Config.JobConcurrency] (a slot is a row lock held from claim to commit,
+so that it caps extractions across processes), run the chunk in one
 transaction from claim to commit, the extractor inside it.
 
 Liveness. Each call registers in the manifest's workers table (a random
