@@ -534,7 +534,11 @@ type Config struct {
 	// at once across every process (each process also runs at most
 	// Concurrency): each chunk's transaction locks one of JobConcurrency
 	// slot rows of the run in the manifest before it claims, and waits
-	// when none is free. Give every process the same value; the
+	// when none is free. The slot is held from claim to commit,
+	// extraction included: with JobConcurrency the chunks do not run in
+	// short transactions (doc.go, "Many workers and hosts"), each runs
+	// in one transaction as [PGManifest] without leases does.
+	// Give every process the same value; the
 	// effective cap is the largest one given. It needs [PGManifest]
 	// (else NewWithDB returns an error wrapping [ErrUnsupported]).
 	JobConcurrency int

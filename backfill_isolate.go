@@ -29,7 +29,9 @@ import (
 // occurs: a label missing from an enum costs one restaging, however many
 // rows hold it.) Everything else of the chunk loads.
 //
-// Each refused value costs one more extraction of the chunk, so at most
+// Each refused value costs one more staging of the chunk (a replay of its
+// spool with short transactions, backfill_shorttx.go; otherwise one more
+// extraction), so at most
 // [Config.MaxStagingRejects] values are isolated per chunk; then the
 // chunk fails with an error naming its chunk, row, column and value.
 // Rows are found by value, not position, so an extractor that returns its
@@ -89,6 +91,9 @@ type stageParams struct {
 	savepoints bool
 	// newStager makes the stager of one staging attempt.
 	newStager func() (Stager, error)
+	// spooled, when not nil, is the chunk extracted already: each
+	// staging attempt replays its spool instead of extracting.
+	spooled *spooled
 }
 
 // stage extracts chunk p.chunk into a stager made by p.newStager and
@@ -145,7 +150,11 @@ func (s *chunkStaging) attempt(ctx context.Context) (Stager, *rowWriter, staging
 	}
 	w := newRowWriter(s.chunk, s.ex.job, s.info, st, s.ex.r.cfg.MaxRejectsPerChunk, s.started)
 	w.stagingRejects = &s.rejects
-	ref.xerr = extractSafely(ctx, s.ex.job.Extractor, s.chunk, w)
+	if s.spooled != nil {
+		ref.xerr = s.spooled.replay(ctx, w)
+	} else {
+		ref.xerr = extractSafely(ctx, s.ex.job.Extractor, s.chunk, w)
+	}
 	w.closed = true
 	ref.serr = w.err
 	if ref.serr == nil && ref.xerr == nil {

@@ -165,7 +165,9 @@ func TestStagingRejectsFollowTheValue(t *testing.T) {
 	var m string
 	require.NoError(t, db.Get(&m, `SELECT string_agg(DISTINCT m::text, ',') FROM t`))
 	require.Equal(t, "ok", m)
-	require.GreaterOrEqual(t, calls.Load(), int32(2))
+	// The restaging replays the chunk's spool (short transactions,
+	// backfill_shorttx.go): the extractor runs once.
+	require.Equal(t, int32(1), calls.Load())
 }
 
 func cmpOr[T comparable](v, def T) T {
@@ -255,7 +257,7 @@ func TestStagingRefusedValueIsQueuedEverywhereAtOnce(t *testing.T) {
 	rep, err := r.Run(context.Background(), job)
 	require.NoError(t, err)
 	require.Equal(t, backfill.Counts{Read: 40, Inserted: 28, Rejected: 12}, rep.Counts) // 11 "happy", 1 "five"
-	require.Equal(t, int32(2), calls.Load(), "one staging that failed, one that loaded")
+	require.Equal(t, int32(1), calls.Load(), "extracted once: the staging that failed and the one that loaded replay its spool")
 	var happy int
 	for _, e := range exceptionsOf(t, db, rep.BatchID) {
 		if e.Value == "happy" {

@@ -536,6 +536,10 @@ type execution struct {
 	baseline Counts
 	// throttle holds the claims of this call (nil without throttles).
 	throttle *throttler
+	// leased are the chunks (Seq) this call's goroutines hold a lease on
+	// (backfill_shorttx.go).
+	leased  map[int]bool
+	leaseMu sync.Mutex // one lease claim of this call at a time
 	// runGate is the run reject gate's failure in this call (nil if
 	// none): the run is paused, or, with a manifest that cannot pause
 	// it, failed.
@@ -719,7 +723,7 @@ func (ex *execution) next(ctx context.Context, ws *waitState) bool {
 	switch {
 	case cr.noSlot:
 		return ex.waitSlot(ctx, ws) // throttle_run.go
-	case cr.throttled:
+	case cr.throttled, cr.fenced:
 		return !ex.stopped()
 	case !cr.claimed && err == nil:
 		if _, d := ex.avoided(); d > 0 && !ex.stopped() {
@@ -856,6 +860,9 @@ type chunkRun struct {
 	noSlot bool
 	// throttled: a throttle began to hold during the claim.
 	throttled bool
+	// fenced: the chunk's lease was taken over while it was extracted;
+	// its transaction rolled back (backfill_shorttx.go).
+	fenced bool
 }
 
 // runChunk claims the next chunk and runs it in one transaction: claim,
@@ -873,6 +880,11 @@ func (ex *execution) runChunk(ctx context.Context) (cr chunkRun, err error) {
 		if ex.stopped() {
 			return cr, nil
 		}
+	}
+	if ex.leasing() {
+		// Short transactions: lease, extract outside a transaction,
+		// then stage, merge and checkpoint (backfill_shorttx.go).
+		return ex.runChunkLeased(ctx)
 	}
 	// Trace: a span per phase starts at each comment below.
 	// Claim.
@@ -911,26 +923,35 @@ func (ex *execution) runChunk(ctx context.Context) (cr chunkRun, err error) {
 		return cr, &ChunkError{Chunk: st.Chunk, Attempt: cr.attempt, Err: fmt.Errorf("manifest chunk %d %q is not in the plan", st.Chunk.Seq, st.Chunk.ID)}
 	}
 	c := ex.plan.Chunks[st.Chunk.Seq]
+	err = ex.loadChunk(ctx, tx, &cr, c, pid, time.Now(), nil)
+	committed = err == nil
+	return cr, err
+}
+
+// loadChunk runs chunk c, claimed in tx by backend pid (0: unknown), from
+// the publish mode's target to the commit; extracted, when a spool with
+// its row writer is given, means the chunk was extracted into it.
+func (ex *execution) loadChunk(ctx context.Context, tx Tx, cr *chunkRun, c Chunk, pid int, started time.Time, extracted *spooled) (err error) {
+	r := ex.r
 	chunkErr := func(err error) error { return &ChunkError{Chunk: c, Attempt: cr.attempt, Err: err} }
-	started := time.Now()
 	// A retried try waits longer for locks (backfill_timeouts.go).
 	if pid != 0 {
 		if cr.lockTimeout, err = ex.setTryLockTimeout(ctx, tx, c.Seq); err != nil {
-			return cr, chunkErr(err)
+			return chunkErr(err)
 		}
 	}
 
 	// Target: where the publish mode loads the chunk.
 	t, err := ex.pub.target(ctx, ex, tx, c)
 	if err != nil {
-		return cr, chunkErr(err)
+		return chunkErr(err)
 	}
 	cr.staged = t.deferred
 
-	// Extract and stage.
-	stager, w, err := ex.stage(ctx, tx, stageParams{chunk: c, info: t.info, started: started, savepoints: t.isolate, newStager: t.newStager})
+	// Extract (unless extracted) and stage.
+	stager, w, err := ex.stage(ctx, tx, stageParams{chunk: c, info: t.info, started: started, savepoints: t.isolate, newStager: t.newStager, spooled: extracted})
 	if err != nil {
-		return cr, chunkErr(err)
+		return chunkErr(err)
 	}
 	defer stager.Close()
 
@@ -941,14 +962,14 @@ func (ex *execution) runChunk(ctx context.Context) (cr chunkRun, err error) {
 	defer func() { cr.seen = stopWatch() }()
 	mr, err := stager.Merge(ctx)
 	if err != nil {
-		return cr, chunkErr(err)
+		return chunkErr(err)
 	}
 	if mr.Disagreed > 0 {
 		ex.log.Warn("chunks of this run disagree on keys: TargetWins kept the row the first chunk to commit wrote, so the result depends on commit order (Config.Concurrency); give the target a Version and use NewerVersionWins for an order-independent result",
 			"seq", c.Seq, "chunk", c.ID, "rows", mr.Disagreed)
 	}
 	if err := tooManyRejects(r.cfg.MaxRejectsPerChunk, c, w.rejected, mr.Rejected); err != nil {
-		return cr, chunkErr(err)
+		return chunkErr(err)
 	}
 	for _, e := range mr.Rejected {
 		e.ChunkID = c.ID
@@ -964,7 +985,7 @@ func (ex *execution) runChunk(ctx context.Context) (cr chunkRun, err error) {
 	// is validated when the run's publish merges it).
 	if !t.deferred {
 		if err := ex.validateChunk(ctx, tx, t.info, stager, cr.res, w.exceptions); err != nil {
-			return cr, err
+			return err
 		}
 	}
 
@@ -975,15 +996,14 @@ func (ex *execution) runChunk(ctx context.Context) (cr chunkRun, err error) {
 		w.exceptions[i].BatchID = ex.batchID
 	}
 	if err := ex.pub.beforeCommit(ctx, ex, tx, t, cr.res, w.exceptions); err != nil {
-		return cr, chunkErr(err)
+		return chunkErr(err)
 	}
 
 	// Commit.
 	if err := tx.Commit(); err != nil {
-		return cr, chunkErr(fmt.Errorf("commit: %w", err))
+		return chunkErr(fmt.Errorf("commit: %w", err))
 	}
-	committed = true
-	return cr, nil
+	return nil
 }
 
 // validateChunk runs the job's validators on merged chunk res in tx,
@@ -1031,7 +1051,7 @@ type rowWriter struct {
 	chunkCol   int // index of Job.ChunkColumn in the written columns, -1 for none
 	zone       *time.Location
 	ingested   string
-	stager     Stager
+	stager     rowAdder // the chunk's Stager, or its spool (backfill_shorttx.go)
 	maxRejects int
 	buf        []any
 	convs      []pgconv.Converter // per column, resolved once
@@ -1047,7 +1067,7 @@ type rowWriter struct {
 	lines          stagingLines
 }
 
-func newRowWriter(c Chunk, job Job, info TableInfo, st Stager, maxRejects int, started time.Time) *rowWriter {
+func newRowWriter(c Chunk, job Job, info TableInfo, st rowAdder, maxRejects int, started time.Time) *rowWriter {
 	names := make([]string, len(info.Columns))
 	convs := make([]pgconv.Converter, len(info.Columns))
 	for i, col := range info.Columns {
@@ -1143,17 +1163,25 @@ func (w *rowWriter) Write(ctx context.Context, values ...any) error {
 			}
 		}
 	}
+	return w.stageRow(ctx, values, w.buf)
+}
+
+// stageRow stages row w.row, converted to buf (values as the extractor
+// wrote them, for the exception of a value refused in an earlier
+// staging), or queues it when it holds such a value.
+func (w *rowWriter) stageRow(ctx context.Context, values, buf []any) error {
+	n := w.info.Written
 	if w.stagingRejects != nil && w.stagingRejects.len() > 0 {
-		if rej, i, ok := w.stagingRejects.match(w.row, w.names, w.buf); ok {
+		if rej, i, ok := w.stagingRejects.match(w.row, w.names, buf); ok {
 			value := rej.Value
 			if i >= 0 && i < n {
 				value = displayValue(values[i])
 			}
-			return w.reject(rawJSON(w.names[:n], values, nil), rej.Column, value, rej.Reason)
+			return w.reject(rawJSON(w.names[:n], values[:n], nil), rej.Column, value, rej.Reason)
 		}
 	}
 	w.lines.Add(w.row)
-	if err := w.stager.Add(ctx, w.row, w.buf); err != nil {
+	if err := w.stager.Add(ctx, w.row, buf); err != nil {
 		w.err = err
 		return err
 	}

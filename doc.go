@@ -117,10 +117,33 @@ transaction.
 Any number of processes on any number of hosts run one job by calling
 [Runner.Run] (or [Work], which returns an exit code) with the same job:
 the first creates the run, the others resume it, each claims chunks no
-other holds. The lease of a chunk is the row lock its transaction holds
-on the chunk's manifest row; the run's row is not locked by chunks, so a
-worker joining a running job, or finishing its share, never waits on it
-behind chunks in flight.
+other holds. The run's row is not locked by chunks, so a worker joining
+a running job, or finishing its share, never waits on it behind chunks
+in flight.
+
+Short transactions. No transaction of the library is open on the target
+while the extractor reads the source. A worker leases a chunk in a short
+transaction of its own (its worker key in the chunk's lease_key,
+lease_epoch incremented, committed), extracts it outside any transaction
+into a spool (rows converted and checked as always, kept in memory up to
+8 MiB, then in a temporary file removed when the chunk ends), then opens
+the chunk's transaction: the fence (the chunk's row locked and its lease
+cleared WHERE lease_key and lease_epoch are still its own, the chunk
+claimable and the run running), the job-wide slot, staging from the
+spool (COPY; a value PostgreSQL refuses is isolated by replaying the
+spool, not by extracting again), merge, validation, checkpoint, commit.
+The chunk's transaction lasts as long as staging, merge and checkpoint.
+A lease is live while its worker is unfinished and heartbeats within its
+StaleAfter (or was taken less than the claimer's StaleAfter ago); a
+claim takes a chunk whose lease is not live over, incrementing its
+epoch. A chunk leased by a live worker is in flight, like a chunk whose
+row a transaction holds. A worker killed while it extracts leaves its
+lease to be taken over after StaleAfter (with a row lock, its connection
+closing released it at once): the price of not holding a transaction.
+Manifests without leases (backfilltest's), and runs with
+[Config.JobConcurrency] (a slot is a row lock held from claim to commit,
+so that it caps extractions across processes), run the chunk in one
+transaction from claim to commit, the extractor inside it.
 
 Liveness. Each call registers in the manifest's workers table (a random
 worker key, [Config.WorkerID], host, pid, its stale bound) and refreshes
@@ -138,10 +161,12 @@ Fencing. A worker that finds nothing to claim while chunks are held by
 other workers does not return: it waits, polling every
 HeartbeatInterval (at most every second), and logs each held chunk with
 its holder (worker, host, backend pid, heartbeat age) and how long it has
-waited. The holder is found through the locked row's transaction
+waited. The holder is the lease's worker, or, for a chunk in its
+transaction, is found through the locked row's transaction
 (pg_locks) and the application_name "backfill <worker key> " that the
-claim statement puts before the session's own for the chunk's
-transaction. A holder whose worker's
+fence (or claim) statement puts before the session's own for the chunk's
+transaction. A lease whose worker stopped heartbeating is taken over by
+the next claim. A transaction holder whose worker's
 heartbeat is older than [Config.StaleAfter] (default 30 s) is fenced: its
 backend is terminated with pg_terminate_backend, in the same statement
 that checks the heartbeat, which rolls its chunk back; the waiting worker
@@ -163,17 +188,24 @@ run, recording a failure) set idle_in_transaction_session_timeout = 10 s
 locally, so a worker frozen inside one holds the run's row at most that
 long. Run-row locks are FOR NO KEY UPDATE, which never blocks a chunk's
 transaction (its rows reference the run's row with FOR KEY SHARE).
-It also sets statement_timeout 0 for the COPY that stays open while the
-extractor runs, so the extractor's time is not charged to a role's or
-database's statement_timeout; the merge's statements run under
+It also sets statement_timeout 0 for the COPY (which, without leases,
+stays open while the extractor runs), so the extractor's time is not
+charged to a role's or database's statement_timeout; the merge's
+statements run under
 [Config.StatementTimeout] or the caller's value again (see "Beside
 production").
 
-The token. A fenced-out worker can never commit its chunk: the chunk's
-writes, exceptions and checkpoint are in the one transaction that holds
-the chunk's row lock, and terminating the backend rolls it back; a
+The token. A fenced-out worker can never commit its chunk. Its token is
+(lease_key, lease_epoch), checked by the fence under the chunk's row
+lock in the transaction that also holds the chunk's writes, exceptions
+and checkpoint: a worker whose lease was taken over (it froze or was cut
+off longer than StaleAfter while extracting) finds no row, rolls back
+and claims again; a taker that finds the row locked by a stale worker's
+transaction skips it, and the waiting workers terminate that backend,
+which rolls it back. Without leases the token is the row lock itself:
+terminating the backend rolls the transaction back; a
 later attempt must claim the chunk again (only while it is pending and
-unheld), and the checkpoint updates the chunk's row only while it is
+unheld). In both cases the checkpoint updates the chunk's row only while it is
 pending (or staged, open) and the run is not abandoned or rolled back. A
 worker of an abandoned run never writes over a newer run: [Job.NewRun]
 commits the abandon first, then waits for the abandoned run's chunks in

@@ -231,7 +231,7 @@ func init() {
 	// The child process of TestKillDashNineWhileRecordingGateEvidence:
 	// run the bad-chunk job until its gate fails.
 	childProcess("BACKFILL_GATE_CHILD", func(db *sqlx.DB) error {
-		r, err := backfill.New(db, nil)
+		r, err := backfill.New(db, &backfill.Config{HeartbeatInterval: 100 * time.Millisecond, StaleAfter: time.Second})
 		if err != nil {
 			return err
 		}
@@ -312,9 +312,23 @@ func TestKillDashNineWhileRecordingGateEvidence(t *testing.T) {
 	require.NoError(t, err)
 	require.Empty(t, fx)
 	cs := manifestChunks(t, db, run.BatchID)
+	// The killed worker's lease (short transactions: it extracted
+	// outside a transaction) is taken over once it is stale.
+	deadline = time.Now().Add(30 * time.Second)
+	for {
+		var live int
+		require.NoError(t, db.Get(&live, `SELECT count(*) FROM backfill.chunks c WHERE c.lease_key IS NOT NULL
+			AND (c.leased_at >= now() - interval '1 second' OR EXISTS (SELECT 1 FROM backfill.workers w WHERE w.worker_key = c.lease_key
+				AND w.finished_at IS NULL AND w.heartbeat_at >= now() - w.stale_after))`))
+		if live == 0 {
+			break
+		}
+		require.True(t, time.Now().Before(deadline), "the killed worker's lease never went stale")
+		time.Sleep(20 * time.Millisecond)
+	}
 	require.Equal(t, backfill.ChunkPending, cs[4].Status)
 
-	r, err := backfill.New(db, nil)
+	r, err := backfill.New(db, &backfill.Config{HeartbeatInterval: 100 * time.Millisecond, StaleAfter: time.Second})
 	require.NoError(t, err)
 	rep, err := r.Run(ctx, badChunkJob(&itemsSetup{db: db}))
 	require.ErrorIs(t, err, backfill.ErrGateFailed)

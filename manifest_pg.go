@@ -249,6 +249,8 @@ COMMENT ON VIEW {s}.completed_batches IS
 	// 14: throttle periods and job-wide concurrency slots
 	// (manifest_throttle.go).
 	migrationThrottle,
+	// 15: leases of chunks across transactions (manifest_lease.go).
+	migrationLeases,
 }
 
 func (m *PGManifest) sql(q string) string {

@@ -20,8 +20,11 @@ import (
 // finished when it returns. Every time is the server's now(), so the
 // clocks of the hosts do not matter.
 //
-// The lease of a chunk is the row lock its transaction holds on the
-// chunk's manifest row (ClaimChunk, FOR UPDATE SKIP LOCKED). The claim
+// A chunk is leased across transactions (lease_key, lease_epoch;
+// manifest_lease.go) while it is extracted outside any transaction; its
+// short transaction then holds the row lock of the chunk's manifest row
+// (the fence). Without a registered worker, the lease is that row lock
+// alone, taken by claimLeased (FOR UPDATE SKIP LOCKED). The claim
 // statement tags the transaction's backend with application_name
 // "backfill <worker key> " followed by the session's own (set_config
 // local, reverted when the transaction ends; cut at 63 bytes, the key
@@ -33,8 +36,10 @@ import (
 // [Config.StaleAfter]; the check of the heartbeat and the termination are
 // one statement.
 //
-// The token that keeps a fenced-out worker from committing: its chunk's
-// writes are in the transaction that holds the row lock; terminating the
+// The token that keeps a fenced-out worker from committing: its
+// (lease_key, lease_epoch), checked by the fence under the row lock in the
+// transaction that holds the chunk's writes (manifest_lease.go); and for a
+// worker already in that transaction, the row lock: terminating the
 // backend rolls that transaction back, and the worker can never commit it.
 // A new transaction must claim the chunk again, which only works while the
 // chunk is pending (or open) and no one else holds it, and the checkpoint
@@ -165,6 +170,10 @@ type workerManifest interface {
 	holders(ctx context.Context, db sqlx.ExtContext, batchID int64, self string, staleAfter time.Duration, fence, running bool) ([]chunkHolder, error)
 	claimLeased(ctx context.Context, tx sqlx.ExtContext, batchID int64, l lease) (ChunkState, int, bool, error)
 	waitInFlight(ctx context.Context, db sqlx.ExtContext, batchID int64, w fenceWait) error
+	// Leases across transactions (manifest_lease.go).
+	leaseChunk(ctx context.Context, db sqlx.ExtContext, batchID int64, l lease) (chunkLease, bool, error)
+	fenceLease(ctx context.Context, tx sqlx.ExtContext, batchID int64, seq int, epoch int64, l lease) (ChunkState, int, bool, error)
+	releaseLease(ctx context.Context, db sqlx.ExtContext, batchID int64, seq int, key string, epoch int64) error
 }
 
 var _ workerManifest = (*PGManifest)(nil)
@@ -374,7 +383,7 @@ func (m *PGManifest) holders(ctx context.Context, db sqlx.ExtContext, batchID in
 	var out []chunkHolder
 	err := inShortTx(ctx, db, func(tx sqlx.ExtContext) error {
 		out = out[:0]
-		return sqlx.SelectContext(ctx, tx, &out, m.sql(`SELECT c.seq, c.chunk_id, l.pid, coalesce(w.worker_key, '') AS worker_key,
+		return sqlx.SelectContext(ctx, tx, &out, m.sql(`SELECT * FROM (SELECT c.seq, c.chunk_id, l.pid, coalesce(w.worker_key, '') AS worker_key,
 			coalesce(w.worker_id, a.application_name, '') AS worker_id, coalesce(w.host, '') AS host, coalesce(w.pid, 0) AS os_pid,
 			coalesce(extract(epoch FROM now() - w.heartbeat_at)::float8, -1) AS age_sec,
 			coalesce(w.finished_at IS NOT NULL OR w.heartbeat_at < now() - greatest(w.stale_after, make_interval(secs => $3)), false) AS stale,
@@ -388,7 +397,17 @@ func (m *PGManifest) holders(ctx context.Context, db sqlx.ExtContext, batchID in
 			WHERE c.batch_id = $1 AND c.status IN ('pending', 'open') AND l.pid <> pg_backend_pid()
 				AND ($2 = '' OR coalesce(w.worker_key, '') <> $2)
 				AND (NOT $5 OR EXISTS (SELECT 1 FROM {s}.runs r WHERE r.batch_id = $1 AND r.status = 'running'))
-			ORDER BY c.seq`), batchID, self, staleAfter.Seconds(), fence, running)
+			UNION ALL
+			-- Chunks leased by live workers, extracting outside a
+			-- transaction (manifest_lease.go); a lease that is not live
+			-- is taken over by the claim.
+			SELECT c.seq, c.chunk_id, 0, w.worker_key, w.worker_id, w.host, w.pid, extract(epoch FROM now() - w.heartbeat_at)::float8,
+				false, false
+			FROM {s}.chunks c JOIN {s}.workers w ON w.worker_key = c.lease_key
+			WHERE c.batch_id = $1 AND c.status IN ('pending', 'open') AND ($2 = '' OR c.lease_key <> $2)
+				AND w.finished_at IS NULL AND w.heartbeat_at >= now() - greatest(w.stale_after, make_interval(secs => $3))
+				AND (NOT $5 OR EXISTS (SELECT 1 FROM {s}.runs r WHERE r.batch_id = $1 AND r.status = 'running'))
+			) h ORDER BY seq`), batchID, self, staleAfter.Seconds(), fence, running)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("backfill: chunks in flight of batch %d: %w", batchID, err)
@@ -421,11 +440,30 @@ func (m *PGManifest) waitInFlight(ctx context.Context, db sqlx.ExtContext, batch
 	}
 	fenceOK := true
 	for n := 0; ; n++ {
+		leased := 0
 		err := inShortTxOwnWaits(ctx, db, func(tx sqlx.ExtContext) error {
 			_, err := tx.ExecContext(ctx, m.sql(`SELECT 1 FROM {s}.chunks WHERE batch_id = $1 AND status IN ('pending', 'open')
 				AND set_config('lock_timeout', $2, true) IS NOT NULL ORDER BY seq FOR UPDATE`), batchID, fmt.Sprint(max(w.poll.Milliseconds(), 1)))
-			return err
+			if err != nil {
+				return err
+			}
+			// Chunks leased by live workers, extracting outside a
+			// transaction (manifest_lease.go), are in flight too.
+			return sqlx.GetContext(ctx, tx, &leased, m.sql(`SELECT count(*) FROM {s}.chunks c WHERE c.batch_id = $1
+				AND c.status IN ('pending', 'open') AND c.lease_key <> $2 AND `+liveLease("$3")), batchID, w.self, w.staleAfter.Seconds())
 		})
+		if err == nil && leased > 0 {
+			hs, _ := m.holders(ctx, db, batchID, w.self, w.staleAfter, false, false)
+			for _, h := range hs {
+				logHolder(log, w.what, batchID, h, time.Since(begin))
+			}
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(w.poll):
+			}
+			continue
+		}
 		var pe *pq.Error
 		if err == nil {
 			if n > 0 {

@@ -1,0 +1,185 @@
+package backfill
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"time"
+)
+
+// Short transactions (see doc.go, "Many workers and hosts").
+//
+// With a manifest that leases chunks across transactions ([PGManifest],
+// manifest_lease.go) and a registered worker, no transaction of the
+// library is open while the extractor runs:
+//
+//  1. lease: a short transaction of its own leases the next claimable
+//     chunk (leaseChunk) and commits;
+//  2. extract: the extractor runs outside any transaction; the row writer
+//     converts and checks its rows as always, queues its rejects, and
+//     keeps the converted rows in a spool (backfill_spool.go: memory up
+//     to a bound, then a temporary file);
+//  3. the chunk's transaction: the lease's session settings and the fence
+//     (fenceLease: the lease still the worker's at its epoch, under the
+//     row lock), then, as before, the
+//     publish mode's target, staging (the spool replayed into COPY, with
+//     the isolation of refused values, which replays it again), merge,
+//     validation, checkpoint, commit.
+//
+// A chunk whose fence finds no row was taken over by another worker (this
+// one stopped heartbeating for longer than its stale bound): its
+// transaction rolls back and nothing of it is recorded; the worker claims
+// again. Any other end without a commit releases the lease (if it is
+// still the worker's) before the failure is recorded, as the rollback of
+// the claim's transaction released the row lock before.
+//
+// A retried try (a wait, [Config.LockRetries]) leases and extracts the
+// chunk again. With [Config.JobConcurrency] the chunk runs as without
+// leases, in one transaction from claim to commit: the job-wide slot is a
+// row lock that transaction holds, and it caps the chunks extracting at
+// once across processes.
+
+// rowAdder is where a row writer puts its converted rows: the chunk's
+// [Stager], or a spool.
+type rowAdder interface {
+	Add(ctx context.Context, row int64, values []any) error
+}
+
+// spooled is a chunk extracted into a spool, with the row writer that
+// counted its rows and queued its rejects.
+type spooled struct {
+	sp *spool
+	w  *rowWriter
+}
+
+// replay stages the spooled rows with w, a fresh row writer of a staging
+// attempt: w starts from the extraction's counts and exceptions.
+func (s *spooled) replay(ctx context.Context, w *rowWriter) error {
+	w.row, w.read, w.rejected = s.w.row, s.w.read, s.w.rejected
+	w.exceptions = slices.Clone(s.w.exceptions)
+	if !slices.Equal(w.names, s.w.names) {
+		return fmt.Errorf("%w: the publish target's columns [%v] differ from the columns the chunk was extracted for [%v]", errNotRetryable, w.names, s.w.names)
+	}
+	last := w.row
+	err := s.sp.replay(ctx, func(row int64, values []any) error {
+		w.row = row
+		return w.stageRow(ctx, values, values)
+	})
+	w.row = last
+	if err != nil && w.err != nil {
+		// The staging's error: reported as such (chunkStaging.attempt).
+		return nil
+	}
+	return err
+}
+
+// leasing reports whether this call's chunks run in short transactions:
+// with a manifest that leases, a registered worker, and no
+// Config.JobConcurrency, whose slot is a row lock held for the whole
+// chunk (extraction included) by the chunk's transaction.
+func (ex *execution) leasing() bool {
+	return ex.r.caps.workers != nil && ex.worker != nil && ex.r.cfg.JobConcurrency <= 0
+}
+
+// runChunkLeased is runChunk in short transactions (see the top of this
+// file).
+func (ex *execution) runChunkLeased(ctx context.Context) (cr chunkRun, err error) {
+	r, wm := ex.r, ex.r.caps.workers
+	s := r.cfg.txSettings()
+	l := lease{key: ex.worker.key, staleAfter: r.cfg.StaleAfter, lockTimeout: s.tryLockTimeout(0), stmtTimeout: s.stmtSetting()}
+	l.avoid, _ = ex.avoided()
+
+	// Lease. The leases of this call's goroutines share its worker key:
+	// one goroutine leases at a time, avoiding the chunks the others
+	// hold (a lease of the key that none holds is taken again: a release
+	// that failed).
+	ex.leaseMu.Lock()
+	ex.mu.Lock()
+	for seq := range ex.leased {
+		l.avoid = append(l.avoid, seq)
+	}
+	ex.mu.Unlock()
+	cl, ok, err := wm.leaseChunk(ctx, r.db, ex.batchID, l)
+	if err != nil || !ok {
+		ex.leaseMu.Unlock()
+		return cr, err
+	}
+	seq := cl.state.Chunk.Seq
+	ex.mu.Lock()
+	if ex.leased == nil {
+		ex.leased = map[int]bool{}
+	}
+	ex.leased[seq] = true
+	ex.mu.Unlock()
+	ex.leaseMu.Unlock()
+	release := true
+	defer func() {
+		ex.mu.Lock()
+		delete(ex.leased, seq)
+		ex.mu.Unlock()
+		if release {
+			if rerr := wm.releaseLease(context.WithoutCancel(ctx), r.db, ex.batchID, seq, l.key, cl.epoch); rerr != nil {
+				// Not lost: the lease is this worker's, which claims it
+				// again, and it ends with the worker's call.
+				ex.log.Warn("backfill: releasing a chunk's lease failed", "seq", seq, "error", rerr)
+			}
+		}
+	}()
+	if ex.stopped() {
+		return cr, nil
+	}
+	if ex.throttle.holding() {
+		cr.throttled = true
+		return cr, nil
+	}
+	cr.claimed, cr.attempt = true, cl.state.Attempts+1
+	if seq < 0 || seq >= len(ex.plan.Chunks) || ex.plan.Chunks[seq].ID != cl.state.Chunk.ID {
+		return cr, &ChunkError{Chunk: cl.state.Chunk, Attempt: cr.attempt, Err: fmt.Errorf("manifest chunk %d %q is not in the plan", seq, cl.state.Chunk.ID)}
+	}
+	c := ex.plan.Chunks[seq]
+	chunkErr := func(err error) error { return &ChunkError{Chunk: c, Attempt: cr.attempt, Err: err} }
+	started := time.Now()
+
+	// Extract, outside any transaction, into a spool.
+	sp := &spool{}
+	defer sp.Close()
+	w := newRowWriter(c, ex.job, ex.chunkInfo(ex.info, c), sp, r.cfg.MaxRejectsPerChunk, started)
+	xerr := extractSafely(ctx, ex.job.Extractor, c, w)
+	w.closed = true
+	switch {
+	case w.err != nil:
+		return cr, chunkErr(w.err)
+	case xerr != nil:
+		return cr, chunkErr(fmt.Errorf("extract: %w", xerr))
+	}
+
+	// The chunk's transaction.
+	tx, err := r.db.Begin(ctx)
+	if err != nil {
+		// An attempt of the chunk: recorded as failed, like a failure
+		// inside its transaction.
+		return cr, chunkErr(fmt.Errorf("begin chunk transaction: %w", err))
+	}
+	committed := false
+	defer func() {
+		if !committed {
+			_ = tx.Rollback()
+		}
+	}()
+	// The fence first: the lease still this worker's, the row locked
+	// until the commit.
+	_, pid, ok, err := wm.fenceLease(ctx, tx, ex.batchID, seq, cl.epoch, l)
+	if err != nil {
+		return cr, chunkErr(err)
+	}
+	if !ok {
+		release = false
+		cr.fenced, cr.claimed = true, false
+		ex.log.Warn("backfill: chunk's lease was taken over while it was extracted (this worker was stale); its transaction rolls back", "seq", seq, "chunk", c.ID)
+		return cr, nil
+	}
+	err = ex.loadChunk(ctx, tx, &cr, c, pid, started, &spooled{sp: sp, w: w})
+	committed = err == nil
+	release = !committed
+	return cr, err
+}

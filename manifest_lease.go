@@ -1,0 +1,151 @@
+package backfill
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/jmoiron/sqlx"
+	"github.com/lib/pq"
+)
+
+// Leases of chunks across transactions (see doc.go, "Many workers and
+// hosts", and backfill_shorttx.go).
+//
+// A worker of [PGManifest] claims a chunk in a short transaction of its
+// own (leaseChunk): it writes its worker key into the chunk's lease_key,
+// increments lease_epoch and commits. It then extracts the chunk outside
+// any transaction, into a spool, and stages, merges and checkpoints it in
+// the chunk's transaction, whose first statement after the session
+// settings is the fence (fenceLease): an UPDATE of the chunk's row WHERE
+// lease_key and lease_epoch are still the worker's, the chunk still
+// claimable and the run running; it clears the lease in that
+// transaction. A lease is live while its worker is unfinished and
+// heartbeating within its stale bound; the claim takes a chunk whose lease
+// is not live (its worker crashed, froze or finished) over by incrementing
+// the epoch.
+//
+// The token that keeps a fenced-out worker from committing is
+// (lease_key, lease_epoch), checked under the row lock in the transaction
+// that also writes the merge and the checkpoint: a worker whose lease was
+// taken over finds no row (the epoch moved on) and rolls back; a taker
+// that finds the row locked by the stale worker's merge skips it, and the
+// waiting workers fence that backend (pg_terminate_backend, holders) as
+// before.
+
+// migrationLeases is manifest migration 15: the lease columns of chunks.
+const migrationLeases = `
+ALTER TABLE {s}.chunks ADD COLUMN lease_key text, ADD COLUMN lease_epoch bigint NOT NULL DEFAULT 0, ADD COLUMN leased_at timestamptz;
+COMMENT ON COLUMN {s}.chunks.lease_key IS
+	'The worker (workers.worker_key) extracting the chunk outside a transaction; NULL when none. A lease is live while its worker is unfinished and heartbeating within its stale_after.';
+COMMENT ON COLUMN {s}.chunks.lease_epoch IS
+	'Incremented by each lease of the chunk: the chunk''s transaction commits only while lease_key and lease_epoch are still its worker''s.';
+`
+
+// chunkLease is a chunk leased by a worker.
+type chunkLease struct {
+	state ChunkState
+	epoch int64
+}
+
+// liveLease is the SQL condition "the lease of chunk row c is held by a
+// live worker" ($staleArg: the claimer's Config.StaleAfter in seconds):
+// its worker is unfinished and heartbeating within its stale bound, or
+// the lease is younger than the claimer's bound. The second arm matters
+// when the claim's snapshot predates the worker's registration: the
+// claim's lock rechecks the chunk's row as committed (READ COMMITTED),
+// but its subquery on workers keeps the statement's snapshot.
+func liveLease(staleArg string) string {
+	return `c.lease_key IS NOT NULL AND (c.leased_at >= now() - make_interval(secs => ` + staleArg + `)
+			OR EXISTS (SELECT 1 FROM {s}.workers w WHERE w.worker_key = c.lease_key AND w.finished_at IS NULL
+				AND w.heartbeat_at >= now() - greatest(w.stale_after, make_interval(secs => ` + staleArg + `))))`
+}
+
+// leaseChunk leases the first claimable chunk of batchID (the conditions
+// of claimLeased) whose lease is free, not live, or key's own and not in
+// l.avoid (the caller lists there the chunks its goroutines work), in a
+// short transaction of its own. ok is false when there is none.
+func (m *PGManifest) leaseChunk(ctx context.Context, db sqlx.ExtContext, batchID int64, l lease) (cl chunkLease, ok bool, err error) {
+	avoid := make([]int64, len(l.avoid))
+	for i, seq := range l.avoid {
+		avoid[i] = int64(seq)
+	}
+	var rows []struct {
+		pgChunkRow
+		Epoch int64 `db:"lease_epoch"`
+	}
+	err = inShortTx(ctx, db, func(tx sqlx.ExtContext) error {
+		rows = rows[:0]
+		return sqlx.SelectContext(ctx, tx, &rows, m.sql(`UPDATE {s}.chunks SET lease_key = $3, lease_epoch = lease_epoch + 1, leased_at = now()
+			WHERE batch_id = $1 AND seq = (SELECT c.seq FROM {s}.chunks c
+				WHERE c.batch_id = $1 AND (c.status = 'pending' OR c.status = 'open'
+					AND c.open_call < (SELECT calls FROM {s}.runs WHERE batch_id = $1 AND status = 'running'))
+				AND EXISTS (SELECT 1 FROM {s}.runs WHERE batch_id = $1 AND status = 'running')
+				AND NOT (c.seq = ANY ($2::int[]))
+				AND (c.lease_key = $3 OR NOT (`+liveLease("$4")+`))
+				ORDER BY c.seq LIMIT 1 FOR UPDATE SKIP LOCKED)
+			AND set_config('synchronous_commit', 'local', true) IS NOT NULL
+			RETURNING `+chunkColumns+`, lease_epoch`), batchID, pq.Array(avoid), l.key, l.staleAfter.Seconds())
+	})
+	if err != nil {
+		return chunkLease{}, false, fmt.Errorf("backfill: lease chunk of batch %d: %w", batchID, err)
+	}
+	if len(rows) == 0 {
+		return chunkLease{}, false, nil
+	}
+	return chunkLease{state: rows[0].state(), epoch: rows[0].Epoch}, true, nil
+}
+
+// fenceLease is the fence of a leased chunk's transaction tx: with the
+// settings of the lease (claimLeased's, set first), it locks the chunk's
+// row and clears its lease WHERE the lease is still key's at epoch, the
+// chunk claimable and the run running. ok is false when it is not: the
+// lease was taken over (or the chunk or run moved on), and tx must not
+// commit the chunk.
+func (m *PGManifest) fenceLease(ctx context.Context, tx sqlx.ExtContext, batchID int64, seq int, epoch int64, l lease) (st ChunkState, pid int, ok bool, err error) {
+	if pid, err = m.leaseSettings(ctx, tx, l); err != nil {
+		return ChunkState{}, 0, false, fmt.Errorf("backfill: fence chunk %d of batch %d: %w", seq, batchID, err)
+	}
+	var rows []pgChunkRow
+	err = sqlx.SelectContext(ctx, tx, &rows, m.sql(`UPDATE {s}.chunks c SET lease_key = NULL, leased_at = NULL
+		WHERE c.batch_id = $1 AND c.seq = $2 AND c.lease_key = $3 AND c.lease_epoch = $4
+		AND (c.status = 'pending' OR c.status = 'open'
+			AND c.open_call < (SELECT calls FROM {s}.runs WHERE batch_id = $1 AND status = 'running'))
+		AND EXISTS (SELECT 1 FROM {s}.runs WHERE batch_id = $1 AND status = 'running')
+		RETURNING `+chunkColumns), batchID, seq, l.key, epoch)
+	if err != nil {
+		return ChunkState{}, 0, false, fmt.Errorf("backfill: fence chunk %d of batch %d: %w", seq, batchID, err)
+	}
+	if len(rows) == 0 {
+		return ChunkState{}, pid, false, nil
+	}
+	return rows[0].state(), pid, true, nil
+}
+
+// leaseSettings sets, locally in tx, the settings claimLeased sets with
+// its claim, and returns the backend's pid.
+func (m *PGManifest) leaseSettings(ctx context.Context, tx sqlx.ExtContext, l lease) (int, error) {
+	app, kIdle, kInt, kCount, userTO := l.settings()
+	var pid int
+	err := sqlx.GetContext(ctx, tx, &pid, `SELECT pg_backend_pid() WHERE set_config('statement_timeout', CASE WHEN set_config('backfill.statement_timeout',
+			coalesce(nullif($1, ''), current_setting('statement_timeout')), true) IS NOT NULL THEN '0' END, true) IS NOT NULL
+		AND set_config('backfill.lock_timeout', set_config('lock_timeout', coalesce(nullif($2, ''), current_setting('lock_timeout')), true), true) IS NOT NULL
+		AND set_config('application_name', left($3 || current_setting('application_name'), 63), true) IS NOT NULL
+		AND set_config('tcp_keepalives_idle', $4, true) IS NOT NULL
+		AND set_config('tcp_keepalives_interval', $5, true) IS NOT NULL
+		AND set_config('tcp_keepalives_count', $6, true) IS NOT NULL
+		AND set_config('tcp_user_timeout', $7, true) IS NOT NULL`, l.stmtTimeout, l.lockTimeout, app, kIdle, kInt, kCount, userTO)
+	return pid, err
+}
+
+// releaseLease clears the lease of chunk seq if it is still key's at
+// epoch, in a short transaction of its own.
+func (m *PGManifest) releaseLease(ctx context.Context, db sqlx.ExtContext, batchID int64, seq int, key string, epoch int64) error {
+	return inShortTx(ctx, db, func(tx sqlx.ExtContext) error {
+		_, err := tx.ExecContext(ctx, m.sql(`UPDATE {s}.chunks SET lease_key = NULL, leased_at = NULL
+			WHERE batch_id = $1 AND seq = $2 AND lease_key = $3 AND lease_epoch = $4`), batchID, seq, key, epoch)
+		if err != nil {
+			return fmt.Errorf("backfill: release the lease of chunk %d of batch %d: %w", seq, batchID, err)
+		}
+		return nil
+	})
+}

@@ -1,0 +1,89 @@
+package backfill
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// TestNoTransactionWhileExtracting: while every extractor of a run
+// (Concurrency 2) sleeps, no session of the library is in a transaction
+// (pg_stat_activity.xact_start), heartbeats aside: the chunk's
+// transaction begins after its extraction (short transactions,
+// backfill_shorttx.go). It also logs the oldest transaction age of the
+// library's sessions seen in any sample, against the extractor's sleep
+// (BACKFILL_SHORTTX_SLEEP, e.g. 10s, for the measurement of issue 13).
+func TestNoTransactionWhileExtracting(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := liveDB(t)
+	sleep := 500 * time.Millisecond
+	if s := os.Getenv("BACKFILL_SHORTTX_SLEEP"); s != "" {
+		d, err := time.ParseDuration(s)
+		require.NoError(t, err)
+		sleep = d
+	}
+	var sleeping, starts atomic.Int64
+	job := liveJob(nil)
+	job.Chunker = IntRange(0, 40, 10)
+	inner := job.Extractor
+	job.Extractor = ExtractorFunc(func(ctx context.Context, c Chunk, w RowWriter) error {
+		starts.Add(1)
+		sleeping.Add(1)
+		time.Sleep(sleep)
+		sleeping.Add(-1)
+		return inner.Extract(ctx, c, w)
+	})
+	r := liveRunner(t, db, "sleeper", nil)
+	r.cfg.Concurrency = 2
+	r.cfg.HeartbeatInterval, r.cfg.StaleAfter = 10*time.Second, time.Minute
+
+	poll, err := db.Connx(ctx)
+	require.NoError(t, err)
+	defer poll.Close()
+	done := goRun(ctx, r, job)
+	var res runResult
+	samples, inTx := 0, 0
+	var oldest time.Duration
+	var seen []string
+	for finished := false; !finished; {
+		select {
+		case res = <-done:
+			finished = true
+			continue
+		case <-time.After(20 * time.Millisecond):
+		}
+		before, gen := sleeping.Load(), starts.Load()
+		var rows []struct {
+			Query string  `db:"query"`
+			Age   float64 `db:"age"`
+		}
+		require.NoError(t, poll.SelectContext(ctx, &rows, `SELECT query, extract(epoch FROM now() - xact_start)::float8 AS age FROM pg_stat_activity
+			WHERE datname = current_database() AND pid <> pg_backend_pid() AND backend_type = 'client backend'
+				AND xact_start IS NOT NULL AND query NOT LIKE '%heartbeat_at = now()%'`))
+		for _, row := range rows {
+			oldest = max(oldest, time.Duration(row.Age*float64(time.Second)))
+		}
+		if before == 2 && sleeping.Load() == 2 && starts.Load() == gen {
+			// Both extractors slept through the sample.
+			samples++
+			if len(rows) > 0 {
+				if inTx < 3 {
+					seen = append(seen, fmt.Sprintf("%q (%.3fs)", rows[0].Query, rows[0].Age))
+				}
+				inTx++
+			}
+		}
+	}
+	require.NoError(t, res.err)
+	require.Equal(t, RunCompleted, res.rep.Status)
+	require.Equal(t, int64(40), res.rep.Counts.Inserted)
+	require.Positive(t, samples, "no sample was taken while both extractors slept")
+	require.Zero(t, inTx, "sessions of the library in a transaction while every extractor slept, e.g. %v", seen)
+	t.Logf("extractor sleep %v per chunk: oldest xact_start age of the library's sessions in any sample: %v (%d samples while both slept)", sleep, oldest, samples)
+}

@@ -1,0 +1,86 @@
+package backfill
+
+import (
+	"context"
+	"math"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"pgregory.net/rapid"
+)
+
+// TestSpoolRoundTrip: whatever rows a chunk's row writer spools (the
+// converted value types), with whatever memory bound, a replay returns
+// them as added, as often as asked, and Close removes the file a spilled
+// spool wrote.
+func TestSpoolRoundTrip(t *testing.T) {
+	value := rapid.OneOf(
+		rapid.Just[any](nil),
+		rapid.Map(rapid.String(), func(s string) any { return s }),
+		rapid.Map(rapid.SliceOf(rapid.Byte()), func(b []byte) any { return b }),
+		rapid.Just[any]([]byte{}),
+		rapid.Map(rapid.Bool(), func(b bool) any { return b }),
+		rapid.Map(rapid.Int64(), func(n int64) any { return n }),
+		rapid.Map(rapid.Int(), func(n int) any { return n }),
+		rapid.Map(rapid.Int32(), func(n int32) any { return n }),
+		rapid.Map(rapid.Float64(), func(f float64) any { return f }),
+		rapid.Map(rapid.Int64Range(-1e15, 1e15), func(us int64) any { return time.UnixMicro(us).UTC() }),
+	)
+	rapid.Check(t, func(t *rapid.T) {
+		old := spoolMemLimit
+		spoolMemLimit = rapid.IntRange(0, 2000).Draw(t, "limit")
+		defer func() { spoolMemLimit = old }()
+		cols := rapid.IntRange(1, 5).Draw(t, "cols")
+		rows := rapid.SliceOfN(rapid.SliceOfN(value, cols, cols), 0, 50).Draw(t, "rows")
+		sp := &spool{}
+		buf := make([]any, cols)
+		for i, r := range rows {
+			copy(buf, r)
+			require.NoError(t, sp.Add(context.Background(), int64(i+1)*2, buf))
+			for j := range buf {
+				if b, ok := buf[j].([]byte); ok && len(b) > 0 {
+					buf[j] = append([]byte(nil), b...)
+					buf[j].([]byte)[0] ^= 0xff // the writer reuses its buffers
+				}
+			}
+		}
+		require.Equal(t, int64(len(rows)), sp.Len())
+		for range 2 {
+			i := 0
+			require.NoError(t, sp.replay(context.Background(), func(row int64, values []any) error {
+				require.Equal(t, int64(i+1)*2, row)
+				for j, v := range values {
+					want := rows[i][j]
+					if f, ok := want.(float64); ok && math.IsNaN(f) {
+						require.True(t, math.IsNaN(v.(float64)))
+						continue
+					}
+					if tm, ok := want.(time.Time); ok {
+						require.True(t, tm.Equal(v.(time.Time)))
+						continue
+					}
+					if b, ok := want.([]byte); ok && b == nil {
+						require.Nil(t, v, "a nil byte slice is NULL")
+						continue
+					}
+					require.Equal(t, want, v)
+				}
+				i++
+				return nil
+			}))
+			require.Equal(t, len(rows), i)
+		}
+		var name string
+		if sp.f != nil {
+			name = sp.f.Name()
+		}
+		require.NoError(t, sp.Close())
+		require.NoError(t, sp.Close())
+		if name != "" {
+			_, err := os.Stat(name)
+			require.True(t, os.IsNotExist(err), "the spool's file is removed")
+		}
+	})
+}
