@@ -1070,7 +1070,11 @@ func (s *suite) frozen(t *testing.T, seed int64, kind string) {
 // backend may be ended by the server first, by the TCP keepalives the
 // chunk's transaction sets), that another worker committed seq, and that
 // victim's own attempt at it failed once it was thawed: a fenced-out
-// worker cannot commit (exactly-once checks the effect).
+// worker cannot commit (exactly-once checks the effect). With short
+// transactions a victim frozen while it extracts holds only a lease:
+// another worker takes it over (a new epoch), and the victim, thawed,
+// finds its fence gone ("lease was taken over"): that is both its
+// fencing and its failed attempt.
 func (r *round) checkFenced(kind string, victim *worker, seq int, thawed time.Time) {
 	t := r.t
 	var by string
@@ -1089,6 +1093,9 @@ func (r *round) checkFenced(kind string, victim *worker, seq int, thawed time.Ti
 		}
 		if e.worker == victim.idx && e.kind == "failed" && e.seq == seq && !e.at.Before(thawed) {
 			failed = true
+		}
+		if e.worker == victim.idx && e.kind == "lease-lost" && e.seq == seq {
+			fenced, failed = true, true
 		}
 	}
 	t.Logf("%s held chunk %d: fenced by another worker %v (else ended by the server), committed by %s, its own attempt failed after the thaw: %v", victim.id, seq, fenced, by, failed)

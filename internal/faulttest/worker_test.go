@@ -46,6 +46,11 @@ var waitMessages = map[string]bool{
 
 const fencedMessage = "backfill: fenced a stale worker: terminated the backend holding the chunk; its transaction rolls back and the chunk is claimable"
 
+// leaseLostMessage is what a worker logs when its chunk's fence finds
+// the lease taken over while it extracted (backfill_shorttx.go): the
+// short-transaction form of being fenced, its attempt cannot commit.
+const leaseLostMessage = "backfill: chunk's lease was taken over while it was extracted (this worker was stale); its transaction rolls back"
+
 // worker is one worker process slot, supervised like an orchestrator
 // would (a Kubernetes Job's pod with restartPolicy OnFailure), by the
 // exit codes of backfill.Work: restarted when killed or when it exits 1
@@ -164,6 +169,8 @@ func (w *worker) runOnce() (int, error) {
 			w.r.record(event{at: at, worker: w.idx, kind: "done", seq: *rec.Seq})
 		case rec.Msg == "chunk failed" && rec.Seq != nil:
 			w.r.record(event{at: at, worker: w.idx, kind: "failed", seq: *rec.Seq})
+		case rec.Msg == leaseLostMessage && rec.Seq != nil:
+			w.r.record(event{at: at, worker: w.idx, kind: "lease-lost", seq: *rec.Seq})
 		case waitMessages[rec.Msg] && rec.Waited != nil:
 			e := event{at: at, worker: w.idx, kind: "wait", seq: -1, msg: rec.Msg, holder: rec.Holder, waited: *rec.Waited, fenced: rec.Msg == fencedMessage}
 			if rec.Seq != nil {
