@@ -492,8 +492,9 @@ type Config struct {
 	LockTimeout time.Duration
 	// StatementTimeout is PostgreSQL's statement_timeout of the merge,
 	// validation and checkpoint of each chunk and of the short manifest
-	// transactions (set locally). The COPY that stays open while the
-	// extractor runs is never charged with it. 0 (the default) keeps the
+	// transactions (set locally). The extractor's time is never charged
+	// with it (it runs outside any transaction under a lease; without
+	// one, its COPY runs with statement_timeout 0). 0 (the default) keeps the
 	// session's value (role's, database's): a chunk's merge takes as long
 	// as its size needs, which no library default can know. Negative:
 	// none (statement_timeout 0) for the merge, whatever the session's. A

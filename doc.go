@@ -237,8 +237,9 @@ lock_timeout and statement_timeout. lock_timeout is the try's row of
 application session queued behind a lock the library waits for waits
 that long at most. statement_timeout ([Config.StatementTimeout]; by
 default the session's, role's or database's) bounds the merge, the
-validators and the checkpoint, never the COPY that stays open while the
-extractor runs. Both are set by the claim statement, with no extra round
+validators and the checkpoint, never the extractor's time (with a lease
+it runs outside any transaction; without one the COPY it feeds runs
+under statement_timeout 0). Both are set by the claim statement, with no extra round
 trip. The merge's key locks (advisory locks that order merges of the same
 keys) wait without lock_timeout: only another chunk's merge holds them.
 
@@ -271,9 +272,12 @@ rollback: the record is append-only, and a crash between the rollback
 and the record loses that one record (the log line says it), nothing
 else.
 
-Until extraction moves out of the chunk's transaction, a retried try
-extracts its chunk again, and the transaction (and its snapshot) stays
-open on the target while the source is read.
+A retried try leases and extracts its chunk again (the spool is not kept
+across tries). With a lease (the default with a PGManifest) no
+transaction is open while the source is read; with [Config.JobConcurrency]
+a chunk still runs in one transaction from claim to commit, its slot a
+row lock, and the transaction (and its snapshot) stays open on the target
+while the source is read.
 
 # Throttles
 
