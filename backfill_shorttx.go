@@ -173,9 +173,12 @@ func (ex *execution) runChunkLeased(ctx context.Context) (cr chunkRun, err error
 		return cr, chunkErr(err)
 	}
 	if !ok {
-		release = false
+		// The deferred release clears the lease only if it is still this
+		// worker's at this epoch: a lease taken over is left to its new
+		// holder; one left by a run paused or abandoned meanwhile is freed
+		// for the run's resume.
 		cr.fenced, cr.claimed = true, false
-		ex.log.Warn("backfill: chunk's lease was taken over while it was extracted (this worker was stale); its transaction rolls back", "seq", seq, "chunk", c.ID)
+		ex.log.Warn("backfill: chunk's fence failed: its lease was taken over (this worker was stale) or the run stopped meanwhile (paused, abandoned); its transaction rolls back", "seq", seq, "chunk", c.ID)
 		return cr, nil
 	}
 	err = ex.loadChunk(ctx, tx, &cr, c, pid, started, &spooled{sp: sp, w: w})

@@ -401,11 +401,13 @@ func (m *PGManifest) holders(ctx context.Context, db sqlx.ExtContext, batchID in
 			-- Chunks leased by live workers, extracting outside a
 			-- transaction (manifest_lease.go); a lease that is not live
 			-- is taken over by the claim.
-			SELECT c.seq, c.chunk_id, 0, w.worker_key, w.worker_id, w.host, w.pid, extract(epoch FROM now() - w.heartbeat_at)::float8,
-				false, false
-			FROM {s}.chunks c JOIN {s}.workers w ON w.worker_key = c.lease_key
+			-- Live as the claim judges it (liveLease): a young lease of a
+			-- worker that stopped heartbeating is waited for, not skipped.
+			SELECT c.seq, c.chunk_id, 0, c.lease_key, coalesce(w.worker_id, ''), coalesce(w.host, ''), coalesce(w.pid, 0),
+				coalesce(extract(epoch FROM now() - w.heartbeat_at)::float8, -1), false, false
+			FROM {s}.chunks c LEFT JOIN {s}.workers w ON w.worker_key = c.lease_key
 			WHERE c.batch_id = $1 AND c.status IN ('pending', 'open') AND ($2 = '' OR c.lease_key <> $2)
-				AND w.finished_at IS NULL AND w.heartbeat_at >= now() - greatest(w.stale_after, make_interval(secs => $3))
+				AND `+liveLease("$3")+`
 				AND (NOT $5 OR EXISTS (SELECT 1 FROM {s}.runs r WHERE r.batch_id = $1 AND r.status = 'running'))
 			) h ORDER BY seq`), batchID, self, staleAfter.Seconds(), fence, running)
 	})

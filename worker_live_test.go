@@ -222,7 +222,7 @@ func TestFrozenWorkerIsFencedAndCannotCommit(t *testing.T) {
 	require.Zero(t, ra.rep.ChunksRun, "the fenced worker committed nothing: %v", ra.err)
 	// It froze while extracting, outside any transaction: its lease was
 	// taken over, and its chunk transaction's fence found no row.
-	require.Contains(t, logsA.String(), `"msg":"backfill: chunk's lease was taken over while it was extracted (this worker was stale); its transaction rolls back"`)
+	require.Contains(t, logsA.String(), `"msg":"backfill: chunk's fence failed: its lease was taken over (this worker was stale) or the run stopped meanwhile (paused, abandoned); its transaction rolls back"`)
 
 	var chunk0 struct {
 		Worker   string `db:"worker"`

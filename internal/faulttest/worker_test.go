@@ -49,7 +49,7 @@ const fencedMessage = "backfill: fenced a stale worker: terminated the backend h
 // leaseLostMessage is what a worker logs when its chunk's fence finds
 // the lease taken over while it extracted (backfill_shorttx.go): the
 // short-transaction form of being fenced, its attempt cannot commit.
-const leaseLostMessage = "backfill: chunk's lease was taken over while it was extracted (this worker was stale); its transaction rolls back"
+const leaseLostMessage = "backfill: chunk's fence failed: its lease was taken over (this worker was stale) or the run stopped meanwhile (paused, abandoned); its transaction rolls back"
 
 // worker is one worker process slot, supervised like an orchestrator
 // would (a Kubernetes Job's pod with restartPolicy OnFailure), by the
