@@ -1,7 +1,8 @@
 # Targets for developers and CI (.ci/run calls `make test`).
 #
-# examples/ and cmd/backfill (the operator's command) are modules of their
-# own; test and lint cover them too.
+# examples/, cmd/backfill (the operator's command) and contrib/<name> (the
+# adapters with heavy dependencies) are modules of their own; test and lint
+# cover them too.
 #
 # Tests need PostgreSQL: with DATABASE_URL unset, each test binary starts a
 # throwaway server of its own through internal/pgtest (TestMain calls
@@ -13,15 +14,16 @@ STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
 .PHONY: test lint
 
+# SUBMODULES: the modules of their own inside this repository (examples/,
+# cmd/backfill, contrib/<name>); test and lint cover each of them.
+SUBMODULES = $(patsubst %/go.mod,%,$(wildcard examples/go.mod cmd/*/go.mod contrib/*/go.mod))
+
 test:
 	$(GO) vet ./...
 	$(GO) test -count=1 -timeout 15m ./...
-	if test -f examples/go.mod; then \
-		cd examples && $(GO) vet ./... && $(GO) test -count=1 -timeout 15m ./...; \
-	fi
-	if test -f cmd/backfill/go.mod; then \
-		cd cmd/backfill && $(GO) vet ./... && $(GO) test -count=1 -timeout 15m ./...; \
-	fi
+	for m in $(SUBMODULES); do \
+		(cd $$m && $(GO) vet ./... && $(GO) test -count=1 -timeout 15m ./...) || exit 1; \
+	done
 
 # test-faults: the fault suite (internal/faulttest, build tag faults):
 # worker processes on simulated hosts (network namespaces as root, else
@@ -37,12 +39,9 @@ lint:
 	fi
 	$(GO) vet ./...
 	$(GO) run $(STATICCHECK) ./...
-	if test -f examples/go.mod; then \
-		cd examples && $(GO) vet ./... && $(GO) run $(STATICCHECK) ./...; \
-	fi
-	if test -f cmd/backfill/go.mod; then \
-		cd cmd/backfill && $(GO) vet ./... && $(GO) run $(STATICCHECK) ./...; \
-	fi
+	for m in $(SUBMODULES); do \
+		(cd $$m && $(GO) vet ./... && $(GO) run $(STATICCHECK) ./...) || exit 1; \
+	done
 
 # demo: the main job, the flights example (examples/flights/README.md).
 # Fetches the data once, then runs against DATABASE_URL or a throwaway
