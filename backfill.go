@@ -533,15 +533,18 @@ type Config struct {
 	RowsPerSecond float64
 	// JobConcurrency, when > 0, caps the chunks of the run in progress
 	// at once across every process (each process also runs at most
-	// Concurrency): each chunk's transaction locks one of JobConcurrency
-	// slot rows of the run in the manifest before it claims, and waits
-	// when none is free. The slot is held from claim to commit,
-	// extraction included: with JobConcurrency the chunks do not run in
-	// short transactions (doc.go, "Many workers and hosts"), each runs
-	// in one transaction as [PGManifest] without leases does.
-	// Give every process the same value; the
-	// effective cap is the largest one given. It needs [PGManifest]
-	// (else NewWithDB returns an error wrapping [ErrUnsupported]).
+	// Concurrency). With [PGManifest] and short transactions (the
+	// default), a chunk is leased only while fewer than JobConcurrency
+	// chunks of the run hold a live lease; a lease lasts from the claim
+	// to the commit of the chunk's transaction, so the cap covers the
+	// extraction and the merge, and a worker that died holds its place
+	// only until its lease is no longer live ([Config.StaleAfter]). A
+	// worker that finds the cap reached waits and tries again. Without
+	// leases (a worker that could not register), each chunk's
+	// transaction locks one of JobConcurrency slot rows of the run
+	// instead, from claim to commit. Give every process the same value.
+	// It needs [PGManifest] (else NewWithDB returns an error wrapping
+	// [ErrUnsupported]).
 	JobConcurrency int
 }
 

@@ -34,10 +34,9 @@ import (
 // the claim's transaction released the row lock before.
 //
 // A retried try (a wait, [Config.LockRetries]) leases and extracts the
-// chunk again. With [Config.JobConcurrency] the chunk runs as without
-// leases, in one transaction from claim to commit: the job-wide slot is a
-// row lock that transaction holds, and it caps the chunks extracting at
-// once across processes.
+// chunk again. With [Config.JobConcurrency] a lease is taken only while
+// fewer than that many chunks of the batch hold a live lease: the cap
+// counts the chunks from their lease to their commit, across processes.
 
 // rowAdder is where a row writer puts its converted rows: the chunk's
 // [Stager], or a spool.
@@ -74,11 +73,11 @@ func (s *spooled) replay(ctx context.Context, w *rowWriter) error {
 }
 
 // leasing reports whether this call's chunks run in short transactions:
-// with a manifest that leases, a registered worker, and no
-// Config.JobConcurrency, whose slot is a row lock held for the whole
-// chunk (extraction included) by the chunk's transaction.
+// with a manifest that leases and a registered worker. The job-wide
+// concurrency cap (Config.JobConcurrency) is then a cap on the batch's
+// live leases (leaseChunk).
 func (ex *execution) leasing() bool {
-	return ex.r.caps.workers != nil && ex.worker != nil && ex.r.cfg.JobConcurrency <= 0
+	return ex.r.caps.workers != nil && ex.worker != nil
 }
 
 // runChunkLeased is runChunk in short transactions (see the top of this
@@ -86,7 +85,8 @@ func (ex *execution) leasing() bool {
 func (ex *execution) runChunkLeased(ctx context.Context) (cr chunkRun, err error) {
 	r, wm := ex.r, ex.r.caps.workers
 	s := r.cfg.txSettings()
-	l := lease{key: ex.worker.key, staleAfter: r.cfg.StaleAfter, lockTimeout: s.tryLockTimeout(0), stmtTimeout: s.stmtSetting()}
+	l := lease{key: ex.worker.key, staleAfter: r.cfg.StaleAfter, lockTimeout: s.tryLockTimeout(0), stmtTimeout: s.stmtSetting(),
+		jobConcurrency: r.cfg.JobConcurrency}
 	l.avoid, _ = ex.avoided()
 
 	// Lease. The leases of this call's goroutines share its worker key:
@@ -99,9 +99,10 @@ func (ex *execution) runChunkLeased(ctx context.Context) (cr chunkRun, err error
 		l.avoid = append(l.avoid, seq)
 	}
 	ex.mu.Unlock()
-	cl, ok, err := wm.leaseChunk(ctx, r.db, ex.batchID, l)
+	cl, ok, full, err := wm.leaseChunk(ctx, r.db, ex.batchID, l)
 	if err != nil || !ok {
 		ex.leaseMu.Unlock()
+		cr.noSlot = full
 		return cr, err
 	}
 	seq := cl.state.Chunk.Seq

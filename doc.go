@@ -140,9 +140,7 @@ epoch. A chunk leased by a live worker is in flight, like a chunk whose
 row a transaction holds. A worker killed while it extracts leaves its
 lease to be taken over after StaleAfter (with a row lock, its connection
 closing released it at once): the price of not holding a transaction.
-Manifests without leases (backfilltest's), and runs with
-[Config.JobConcurrency] (a slot is a row lock held from claim to commit,
-so that it caps extractions across processes), run the chunk in one
+Manifests without leases (backfilltest's) run the chunk in one
 transaction from claim to commit, the extractor inside it.
 
 Liveness. Each call registers in the manifest's workers table (a random
@@ -274,10 +272,8 @@ else.
 
 A retried try leases and extracts its chunk again (the spool is not kept
 across tries). With a lease (the default with a PGManifest) no
-transaction is open while the source is read; with [Config.JobConcurrency]
-a chunk still runs in one transaction from claim to commit, its slot a
-row lock, and the transaction (and its snapshot) stays open on the target
-while the source is read.
+transaction is open while the source is read, also with
+[Config.JobConcurrency], which then caps the run's live leases.
 
 # Throttles
 
@@ -316,12 +312,21 @@ small interface: any Go code can be one.
 Caps for the whole job, whatever number of processes run it:
 [Config.RowsPerSecond] (each call takes the cap divided by the run's live
 workers, re-read every interval; a token bucket of golang.org/x/time/rate
-charged with each chunk's rows) and [Config.JobConcurrency] (each chunk's
-transaction locks one of N slot rows of the run in the manifest, FOR
-UPDATE SKIP LOCKED, before it claims; none free: it waits; the lock ends
-with the transaction, so a crash frees the slot and a transaction pooler
+charged with each chunk's rows) and [Config.JobConcurrency] (a chunk is
+leased only while fewer than N chunks of the run hold a live lease,
+counted under a transaction-level advisory lock of the run; a lease lasts
+until its chunk's transaction commits, and a dead worker's stops counting
+once it is no longer live; without leases, each chunk's transaction
+locks one of N slot rows of the run in the manifest, FOR UPDATE SKIP
+LOCKED, before it claims; none free: it waits; the lock ends with the
+transaction, so a crash frees the slot and a transaction pooler
 is fine). The rate is divided rather than drawn from a shared bucket row
 so that no manifest row is written per chunk by every process.
+
+A throttle with [Throttle.Adapt] is proportional instead: it cuts the
+call's rows per second by half at a reading at or above High (once per
+MinHold), gives back 5 % of the ceiling per second below Low, and never
+holds; the waits the cut rate causes are its throttle periods.
 
 Every hold is a row of the manifest's throttle_periods (batch, worker
 key, signal, reason, value, watermarks, start, end); rate-cap waits of

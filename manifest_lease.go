@@ -54,9 +54,12 @@ type chunkLease struct {
 // when the claim's snapshot predates the worker's registration: the
 // claim's lock rechecks the chunk's row as committed (READ COMMITTED),
 // but its subquery on workers keeps the statement's snapshot.
-func liveLease(staleArg string) string {
-	return `c.lease_key IS NOT NULL AND (c.leased_at >= now() - make_interval(secs => ` + staleArg + `)
-			OR EXISTS (SELECT 1 FROM {s}.workers w WHERE w.worker_key = c.lease_key AND w.finished_at IS NULL
+func liveLease(staleArg string) string { return liveLeaseOf("c", staleArg) }
+
+// liveLeaseOf is liveLease for the chunk row named alias.
+func liveLeaseOf(alias, staleArg string) string {
+	return alias + `.lease_key IS NOT NULL AND (` + alias + `.leased_at >= now() - make_interval(secs => ` + staleArg + `)
+			OR EXISTS (SELECT 1 FROM {s}.workers w WHERE w.worker_key = ` + alias + `.lease_key AND w.finished_at IS NULL
 				AND w.heartbeat_at >= now() - greatest(w.stale_after, make_interval(secs => ` + staleArg + `))))`
 }
 
@@ -64,7 +67,16 @@ func liveLease(staleArg string) string {
 // of claimLeased) whose lease is free, not live, or key's own and not in
 // l.avoid (the caller lists there the chunks its goroutines work), in a
 // short transaction of its own. ok is false when there is none.
-func (m *PGManifest) leaseChunk(ctx context.Context, db sqlx.ExtContext, batchID int64, l lease) (cl chunkLease, ok bool, err error) {
+//
+// With l.jobConcurrency > 0 it leases only while fewer than that many
+// chunks of the batch hold a live lease (full is then true): the job-wide
+// concurrency cap. A chunk's lease lasts from this claim to the commit of
+// its transaction, which clears it (the fence), so the count covers the
+// chunks extracting and merging across every process. The lease
+// transactions of a batch take a transaction-level advisory lock first,
+// so that two of them do not both see the last free place; a worker that
+// died holds its place only until its lease is no longer live.
+func (m *PGManifest) leaseChunk(ctx context.Context, db sqlx.ExtContext, batchID int64, l lease) (cl chunkLease, ok, full bool, err error) {
 	avoid := make([]int64, len(l.avoid))
 	for i, seq := range l.avoid {
 		avoid[i] = int64(seq)
@@ -74,7 +86,22 @@ func (m *PGManifest) leaseChunk(ctx context.Context, db sqlx.ExtContext, batchID
 		Epoch int64 `db:"lease_epoch"`
 	}
 	err = inShortTx(ctx, db, func(tx sqlx.ExtContext) error {
-		rows = rows[:0]
+		rows, full = rows[:0], false
+		if l.jobConcurrency > 0 {
+			var n int
+			if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock(hashtextextended('backfill job concurrency ' || $1 || ' ' || $2, 0))`,
+				m.schema, batchID); err != nil {
+				return err
+			}
+			if err := sqlx.GetContext(ctx, tx, &n, m.sql(`SELECT count(*) FROM {s}.chunks c WHERE c.batch_id = $1 AND `+liveLease("$2")),
+				batchID, l.staleAfter.Seconds()); err != nil {
+				return err
+			}
+			if n >= l.jobConcurrency {
+				full = true
+				return nil
+			}
+		}
 		return sqlx.SelectContext(ctx, tx, &rows, m.sql(`UPDATE {s}.chunks SET lease_key = $3, lease_epoch = lease_epoch + 1, leased_at = now()
 			WHERE batch_id = $1 AND seq = (SELECT c.seq FROM {s}.chunks c
 				WHERE c.batch_id = $1 AND (c.status = 'pending' OR c.status = 'open'
@@ -87,12 +114,12 @@ func (m *PGManifest) leaseChunk(ctx context.Context, db sqlx.ExtContext, batchID
 			RETURNING `+chunkColumns+`, lease_epoch`), batchID, pq.Array(avoid), l.key, l.staleAfter.Seconds())
 	})
 	if err != nil {
-		return chunkLease{}, false, fmt.Errorf("backfill: lease chunk of batch %d: %w", batchID, err)
+		return chunkLease{}, false, false, fmt.Errorf("backfill: lease chunk of batch %d: %w", batchID, err)
 	}
 	if len(rows) == 0 {
-		return chunkLease{}, false, nil
+		return chunkLease{}, false, full, nil
 	}
-	return chunkLease{state: rows[0].state(), epoch: rows[0].Epoch}, true, nil
+	return chunkLease{state: rows[0].state(), epoch: rows[0].Epoch}, true, false, nil
 }
 
 // fenceLease is the fence of a leased chunk's transaction tx: with the

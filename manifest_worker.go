@@ -171,7 +171,7 @@ type workerManifest interface {
 	claimLeased(ctx context.Context, tx sqlx.ExtContext, batchID int64, l lease) (ChunkState, int, bool, error)
 	waitInFlight(ctx context.Context, db sqlx.ExtContext, batchID int64, w fenceWait) error
 	// Leases across transactions (manifest_lease.go).
-	leaseChunk(ctx context.Context, db sqlx.ExtContext, batchID int64, l lease) (chunkLease, bool, error)
+	leaseChunk(ctx context.Context, db sqlx.ExtContext, batchID int64, l lease) (cl chunkLease, ok, full bool, err error)
 	fenceLease(ctx context.Context, tx sqlx.ExtContext, batchID int64, seq int, epoch int64, l lease) (ChunkState, int, bool, error)
 	releaseLease(ctx context.Context, db sqlx.ExtContext, batchID int64, seq int, key string, epoch int64) error
 }
@@ -268,6 +268,9 @@ type lease struct {
 	// avoid are chunks this call does not claim now: they waited and
 	// their pause is not over.
 	avoid []int
+	// jobConcurrency is Config.JobConcurrency: at most this many live
+	// leases in the batch (0: no cap).
+	jobConcurrency int
 }
 
 // settings returns the lease's session settings as set_config arguments.

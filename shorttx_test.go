@@ -18,8 +18,19 @@ import (
 // backfill_shorttx.go). It also logs the oldest transaction age of the
 // library's sessions seen in any sample, against the extractor's sleep
 // (BACKFILL_SHORTTX_SLEEP, e.g. 10s, for the measurement of issue 13).
+// The same holds with a job-wide concurrency cap (Config.JobConcurrency),
+// which counts leases rather than holding a slot row lock.
 func TestNoTransactionWhileExtracting(t *testing.T) {
 	t.Parallel()
+	for _, jc := range []int{0, 2} {
+		t.Run(fmt.Sprint("job_concurrency_", jc), func(t *testing.T) {
+			t.Parallel()
+			testNoTransactionWhileExtracting(t, jc)
+		})
+	}
+}
+
+func testNoTransactionWhileExtracting(t *testing.T, jobConcurrency int) {
 	ctx := context.Background()
 	db := liveDB(t)
 	sleep := 500 * time.Millisecond
@@ -41,6 +52,7 @@ func TestNoTransactionWhileExtracting(t *testing.T) {
 	})
 	r := liveRunner(t, db, "sleeper", nil)
 	r.cfg.Concurrency = 2
+	r.cfg.JobConcurrency = jobConcurrency
 	r.cfg.HeartbeatInterval, r.cfg.StaleAfter = 10*time.Second, time.Minute
 
 	poll, err := db.Connx(ctx)

@@ -84,6 +84,26 @@ type Throttle struct {
 	// Critical, when > 0, is the value at or above which the run is
 	// paused until a person resumes it. It must be at least High.
 	Critical float64
+	// Adapt makes the throttle proportional instead of on/off: it never
+	// holds the claims, it steers the call's rows per second (AIMD, as
+	// TCP's congestion control does). A reading at or above High halves
+	// the rate (at most once per max(MinHold, Config.ThrottleInterval),
+	// so that a signal read over a window is not cut again for the same
+	// excess); each reading below Low raises it by 5 % of its ceiling per
+	// second of ThrottleInterval, until it is back at the ceiling. The
+	// ceiling is the call's share of [Config.RowsPerSecond] or, without a
+	// cap, the highest rate the call read over its last 10 s before the
+	// first cut. The rate never falls below 1 % of the ceiling (Critical
+	// is for stopping). The waits the cut rate causes are recorded as
+	// throttle periods of this signal (each wait of at least
+	// ThrottleInterval), so the run's time split counts only the time
+	// spent waiting. Default false: on/off with hysteresis.
+	//
+	// Use it for signals that grow smoothly with the backfill's pace
+	// (probe latency, replica lag, WAL rate), where holding and
+	// releasing would make the backfill alternate between full speed and
+	// none.
+	Adapt bool
 }
 
 func (t Throttle) low() float64 {
@@ -130,6 +150,48 @@ type hysteresis struct {
 	held  bool
 	since time.Time
 	value float64 // the reading that started the hold, then the latest
+
+	// With Adapt: the factor (0, 1] applied to the rate's ceiling, and
+	// when it was last cut.
+	factor float64
+	cut    time.Time
+}
+
+// Adaptive rate steps (Throttle.Adapt).
+const (
+	adaptDecrease = 0.5  // the factor a cut multiplies the rate by
+	adaptIncrease = 0.05 // the share of the ceiling regained per second below Low
+	adaptFloor    = 0.01 // the least factor
+)
+
+// adapt takes reading v at now, read every interval, for a throttle
+// with Adapt, and returns the transition: hold for a cut of the rate,
+// release when the rate is back at its ceiling, stay otherwise (also
+// for a raise short of the ceiling).
+func (h *hysteresis) adapt(now time.Time, v float64, interval time.Duration) transition {
+	h.value = v
+	if h.factor == 0 {
+		h.factor = 1
+	}
+	switch {
+	case v >= h.th.High:
+		if !h.cut.IsZero() && now.Sub(h.cut) < max(h.th.MinHold, interval) {
+			return stay
+		}
+		h.cut = now
+		h.factor = max(h.factor*adaptDecrease, adaptFloor)
+		if !h.held {
+			h.held, h.since = true, now
+		}
+		return hold
+	case v < h.th.low() && h.factor < 1:
+		h.factor = min(h.factor+adaptIncrease*interval.Seconds(), 1)
+		if h.factor == 1 {
+			h.held = false
+			return release
+		}
+	}
+	return stay
 }
 
 // observe takes reading v at now and returns the transition it causes.

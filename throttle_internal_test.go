@@ -196,3 +196,56 @@ func TestThrottleValidate(t *testing.T) {
 		require.True(t, errors.Is(err, ErrInvalidConfig), "%+v: %v", th, err)
 	}
 }
+
+// TestThrottleAdapt: an adaptive throttle (AIMD) over any sequence of
+// readings on a fake clock: a reading at or above High halves the factor
+// at most once per max(MinHold, interval), a reading below Low raises it
+// by adaptIncrease per second of interval, readings between Low and High
+// keep it, the factor stays within [adaptFloor, 1], and a release is
+// reported exactly when it is back at 1.
+func TestThrottleAdapt(t *testing.T) {
+	rapid.Check(t, func(rt *rapid.T) {
+		high := rapid.Float64Range(1, 100).Draw(rt, "high")
+		low := high * rapid.Float64Range(0.5, 1).Draw(rt, "low_fraction")
+		minHold := time.Duration(rapid.IntRange(0, 3000).Draw(rt, "min_hold_ms")) * time.Millisecond
+		interval := time.Duration(rapid.IntRange(50, 1000).Draw(rt, "interval_ms")) * time.Millisecond
+		h := hysteresis{th: Throttle{High: high, Low: low, MinHold: minHold, Adapt: true}}
+		now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+		var lastCut time.Time
+		n := rapid.IntRange(1, 300).Draw(rt, "readings")
+		for i := range n {
+			now = now.Add(interval)
+			v := rapid.SampledFrom([]float64{high * 1.5, high, (high + low) / 2, low * 0.9}).Draw(rt, "v")
+			before := max(h.factor, 0)
+			if before == 0 {
+				before = 1
+			}
+			tr := h.adapt(now, v, interval)
+			require.GreaterOrEqual(rt, h.factor, adaptFloor, "reading %d", i)
+			require.LessOrEqual(rt, h.factor, 1.0, "reading %d", i)
+			switch {
+			case v >= high:
+				if !lastCut.IsZero() && now.Sub(lastCut) < max(minHold, interval) {
+					require.Equal(rt, stay, tr, "cut twice within the hold period")
+					require.Equal(rt, before, h.factor)
+					continue
+				}
+				require.Equal(rt, hold, tr)
+				require.InDelta(rt, max(before*adaptDecrease, adaptFloor), h.factor, 1e-12)
+				lastCut = now
+			case v < low && before < 1:
+				want := min(before+adaptIncrease*interval.Seconds(), 1)
+				require.InDelta(rt, want, h.factor, 1e-12)
+				if want == 1 {
+					require.Equal(rt, release, tr)
+					require.False(rt, h.held)
+				} else {
+					require.Equal(rt, stay, tr)
+				}
+			default:
+				require.Equal(rt, stay, tr)
+				require.Equal(rt, before, h.factor, "a reading between the watermarks changed the rate")
+			}
+		}
+	})
+}

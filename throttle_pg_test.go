@@ -392,3 +392,61 @@ func TestRaisedSignalHoldsEveryWorkerOfEveryProcess(t *testing.T) {
 	require.NoError(t, db.Get(&n, `SELECT count(*) FROM live`))
 	require.Equal(t, 2000, n)
 }
+
+// TestAdaptiveThrottleSlowsWithoutHolding: an adaptive throttle whose
+// signal stays above High never holds the run: it cuts the rate, the run
+// completes at the cut rate, and its waits are throttle periods of that
+// signal (not of rows_per_second) naming the cut. Without a cap, the
+// ceiling is the rate the call read before the first cut.
+func TestAdaptiveThrottleSlowsWithoutHolding(t *testing.T) {
+	t.Parallel()
+	check := func(t *testing.T, r *Runner, batch int64, wantReason string) {
+		ps, err := r.caps.throttlePeriods.ThrottlePeriods(t.Context(), r.db, batch)
+		require.NoError(t, err)
+		require.NotEmpty(t, ps, "the cut rate made no claim wait")
+		for _, p := range ps {
+			require.Equal(t, "fake", p.Signal, "reason %q", p.Reason)
+			require.Contains(t, p.Reason, wantReason)
+			require.NotNil(t, p.EndedAt)
+		}
+		ts, err := r.TimeSplit(t.Context(), batch)
+		require.NoError(t, err)
+		require.Positive(t, ts.Throttled["fake"])
+		require.Equal(t, ts.Total, ts.Working+ts.Paused+ts.Throttled["fake"])
+	}
+	t.Run("cap", func(t *testing.T) {
+		t.Parallel()
+		db := liveDB(t)
+		sig := &fakeSignal{}
+		sig.set(5) // above High from the first reading to the end
+		r := throttleRunner(t, db, "w1", func(c *Config) {
+			c.RowsPerSecond = 40 // 60 rows: unthrottled, 20 past the one-second burst
+			c.Throttles = []Throttle{{Signal: sig, High: 3, Low: 1, MinHold: time.Hour, Adapt: true}}
+		})
+		rep, err := r.Run(t.Context(), liveJob(nil))
+		require.NoError(t, err, "an adaptive throttle held the run")
+		require.Equal(t, RunCompleted, rep.Status)
+		require.EqualValues(t, 10*liveChunks, rep.Counts.Read)
+		check(t, r, rep.BatchID, "rate cut to 20 rows/s (50 % of 40)")
+	})
+	t.Run("no cap", func(t *testing.T) {
+		t.Parallel()
+		db := liveDB(t)
+		sig := &fakeSignal{}
+		sig.set(0)
+		r := throttleRunner(t, db, "w1", func(c *Config) {
+			c.Concurrency = 1
+			c.Throttles = []Throttle{{Signal: sig, High: 3, Low: 1, MinHold: time.Hour, Adapt: true}}
+		})
+		job := liveJob(func(c Chunk) {
+			if c.Lo == 30 { // half the run read at full speed
+				sig.set(5)
+				time.Sleep(50 * time.Millisecond) // a few readings
+			}
+		})
+		rep, err := r.Run(t.Context(), job)
+		require.NoError(t, err)
+		require.Equal(t, RunCompleted, rep.Status)
+		check(t, r, rep.BatchID, "rate cut to ")
+	})
+}

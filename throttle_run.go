@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"slices"
 	"sync"
 	"time"
 
@@ -32,7 +33,9 @@ type throttler struct {
 	now      func() time.Time
 	states   []*hysteresis
 	periods  []int64 // the open throttle period of each state (0: none)
-	pace     *pacer  // nil without Config.RowsPerSecond
+	pace     *pacer  // nil without Config.RowsPerSecond and without an adaptive throttle
+	share    float64 // this call's share of Config.RowsPerSecond (0: no cap)
+	ceiling  float64 // without a cap: the adaptive throttles' ceiling (rows/s), set at the first cut
 
 	mu      sync.Mutex
 	held    int           // how many states hold
@@ -52,6 +55,7 @@ func (ex *execution) startThrottle(ctx context.Context) {
 			return
 		}
 	}
+	adapt := slices.ContainsFunc(cfg.Throttles, func(th Throttle) bool { return th.Adapt })
 	if len(cfg.Throttles) == 0 && cfg.RowsPerSecond <= 0 {
 		return
 	}
@@ -60,8 +64,12 @@ func (ex *execution) startThrottle(ctx context.Context) {
 		t.states = append(t.states, &hysteresis{th: th})
 	}
 	t.periods = make([]int64, len(t.states))
-	if cfg.RowsPerSecond > 0 {
+	switch {
+	case cfg.RowsPerSecond > 0:
+		t.share = cfg.RowsPerSecond
 		t.pace = newPacer(cfg.RowsPerSecond)
+	case adapt:
+		t.pace = newPacer(math.Inf(1))
 	}
 	ex.throttle = t
 	mctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
@@ -113,10 +121,13 @@ func (t *throttler) scope(ctx context.Context) SignalScope {
 			ex.log.Warn("backfill: throttle: listing the run's live workers failed", "error", err)
 		} else {
 			s.WorkerKeys = keys
-			if t.pace != nil {
+			if ex.r.cfg.RowsPerSecond > 0 {
 				// The job-wide cap, shared evenly by the live calls
 				// (processes) of the run.
-				t.pace.setLimit(t.now(), ex.r.cfg.RowsPerSecond/float64(max(len(keys), 1)))
+				t.mu.Lock()
+				t.share = ex.r.cfg.RowsPerSecond / float64(max(len(keys), 1))
+				t.mu.Unlock()
+				t.applyRate()
 			}
 		}
 	}
@@ -148,6 +159,10 @@ func (t *throttler) check(ctx context.Context) {
 		if h.critical(v) {
 			t.pauseRun(ctx, h, v)
 			return
+		}
+		if h.th.Adapt {
+			t.adapt(h, v)
+			continue
 		}
 		switch h.observe(t.now(), v) {
 		case hold:
@@ -291,10 +306,18 @@ func (t *throttler) wait(ctx context.Context) error {
 		var id int64
 		tm := t.ex.r.caps.throttle
 		if d >= t.interval && tm != nil {
-			// A wait of an interval or more is a throttle period too.
+			// A wait of an interval or more is a throttle period too,
+			// of the adaptive throttle that cut the rate if one did.
 			p := ThrottlePeriod{BatchID: t.ex.batchID, WorkerKey: t.workerKey(), Signal: RateSignalName,
 				Reason: fmt.Sprintf("rows-per-second cap %g (this worker's share), waiting %v", lim, d.Round(time.Millisecond)),
 				Value:  finite(lim), High: finite(lim), Low: finite(lim)}
+			t.mu.Lock()
+			if h := t.cutByLocked(); h != nil {
+				p.Signal, p.Value, p.High, p.Low = h.th.Signal.Name(), finite(h.value), finite(h.th.High), finite(h.th.low())
+				p.Reason = fmt.Sprintf("%s %g at or above high watermark %g: rate cut to %.0f rows/s (%.0f %% of %.0f), waiting %v",
+					p.Signal, h.value, h.th.High, lim, 100*h.factor, t.ceilingLocked(), d.Round(time.Millisecond))
+			}
+			t.mu.Unlock()
 			var err error
 			if id, err = tm.openPeriod(ctx, t.ex.r.db, p); err != nil {
 				t.ex.log.Warn("backfill: throttle period not recorded", "signal", p.Signal, "error", err)
@@ -327,6 +350,93 @@ func (t *throttler) charge(rows int64) {
 	}
 }
 
+// adapt applies a reading of an adaptive throttle (Throttle.Adapt): a
+// cut or a raise of the call's rate.
+func (t *throttler) adapt(h *hysteresis, v float64) {
+	ex := t.ex
+	now := t.now()
+	t.mu.Lock()
+	before := h.factor
+	tr := h.adapt(now, v, t.interval)
+	factor, since := h.factor, h.since
+	if tr == hold && t.share == 0 && t.ceiling == 0 {
+		// Without a cap the ceiling is what the call reads: its best
+		// rate over the last seconds, before this first cut.
+		t.ceiling = t.pace.rateOver(now, adaptWindow)
+	}
+	t.mu.Unlock()
+	name := h.th.Signal.Name()
+	switch {
+	case tr == hold:
+		ex.log.Warn("backfill: adaptive throttle: rate cut", "signal", name, "value", v, "high", h.th.High, "low", h.th.low(),
+			"rows_per_second", math.Round(t.ceilingNow()*factor), "factor", factor)
+	case tr == release:
+		ex.log.Info("backfill: adaptive throttle: rate back at its ceiling", "signal", name, "value", v, "low", h.th.low(),
+			"held_for", now.Sub(since))
+	case factor != before:
+		ex.log.Debug("backfill: adaptive throttle: rate raised", "signal", name, "value", v, "factor", factor)
+	}
+	t.applyRate()
+}
+
+// adaptWindow is how far back the call's own rate is read for the
+// ceiling of an adaptive throttle without a rows-per-second cap.
+const adaptWindow = 10 * time.Second
+
+// ceilingNow is the rate the adaptive factors apply to: the call's share
+// of the cap, else the ceiling read at the first cut.
+func (t *throttler) ceilingNow() float64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.ceilingLocked()
+}
+
+func (t *throttler) ceilingLocked() float64 {
+	if t.share > 0 {
+		return t.share
+	}
+	return t.ceiling
+}
+
+// cutBy is the adaptive throttle whose factor is the lowest below 1, or
+// nil.
+func (t *throttler) cutBy() *hysteresis {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.cutByLocked()
+}
+
+func (t *throttler) cutByLocked() *hysteresis {
+	var by *hysteresis
+	for _, h := range t.states {
+		if h.th.Adapt && h.factor > 0 && h.factor < 1 && (by == nil || h.factor < by.factor) {
+			by = h
+		}
+	}
+	return by
+}
+
+// applyRate sets the pacer's limit: the call's share of the cap times
+// the lowest adaptive factor (no limit without a cap and without a
+// cut, or before a ceiling is known).
+func (t *throttler) applyRate() {
+	if t.pace == nil {
+		return
+	}
+	t.mu.Lock()
+	lim := math.Inf(1)
+	if t.share > 0 {
+		lim = t.share
+	}
+	if h := t.cutByLocked(); h != nil {
+		if c := t.ceilingLocked(); c > 0 {
+			lim = max(c*h.factor, c*adaptFloor, 1)
+		}
+	}
+	t.mu.Unlock()
+	t.pace.setLimit(t.now(), lim)
+}
+
 // pacer is a rows-per-second cap: each chunk's rows are charged after
 // it ran, and the next claim waits until they are paid for (the rows of
 // a chunk are not known before it is read). It uses a token bucket
@@ -335,6 +445,13 @@ type pacer struct {
 	mu    sync.Mutex
 	lim   *rate.Limiter
 	until time.Time
+	// The charges of the last adaptWindow, oldest first, for rateOver.
+	recent []charged
+}
+
+type charged struct {
+	at   time.Time
+	rows int64
 }
 
 func newPacer(perSecond float64) *pacer {
@@ -366,6 +483,10 @@ func (p *pacer) limit() float64 {
 func (p *pacer) charge(now time.Time, n int64) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.recent = append(p.recent, charged{now, n})
+	if i := slices.IndexFunc(p.recent, func(c charged) bool { return now.Sub(c.at) <= adaptWindow }); i > 0 {
+		p.recent = slices.Delete(p.recent, 0, i)
+	}
 	b := int64(p.lim.Burst())
 	for n > 0 {
 		k := min(n, b)
@@ -378,6 +499,27 @@ func (p *pacer) charge(now time.Time, n int64) {
 		}
 		n -= k
 	}
+}
+
+// rateOver is the rows per second charged over the last d before now
+// (over the time since the first charge, when that is shorter).
+func (p *pacer) rateOver(now time.Time, d time.Duration) float64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var rows int64
+	first := now
+	for _, c := range p.recent {
+		if now.Sub(c.at) <= d {
+			rows += c.rows
+			if c.at.Before(first) {
+				first = c.at
+			}
+		}
+	}
+	// The first charge's rows were read before it: count the span from
+	// one chunk earlier, at least a second.
+	span := max(now.Sub(first), time.Second)
+	return float64(rows) / span.Seconds()
 }
 
 // delay is how long a claim at now waits.

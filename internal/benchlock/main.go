@@ -54,6 +54,10 @@ type options struct {
 	verbose     bool
 }
 
+// fast runs the throwaway server with the test harness's settings
+// (fsync and synchronous_commit off) instead of production durability.
+var fast = flag.Bool("fast", false, "the throwaway server with fsync and synchronous_commit off (the test server), not production durability")
+
 func main() {
 	var o options
 	flag.IntVar(&o.scale, "scale", 10, "pgbench scale")
@@ -82,7 +86,7 @@ func run(o options) error {
 	}
 	url := os.Getenv("DATABASE_URL")
 	if url == "" {
-		c, err := pgtest.StartWith(ctx, pgtest.Options{Durable: true})
+		c, err := pgtest.StartWith(ctx, pgtest.Options{Durable: !*fast})
 		if err != nil {
 			return err
 		}

@@ -61,6 +61,7 @@ type options struct {
 	interval    time.Duration
 	high, low   float64
 	minHold     time.Duration
+	adapt       bool
 	phases      string
 	verbose     bool
 }
@@ -84,6 +85,10 @@ INSERT INTO pgbench_history (tid, bid, aid, delta, mtime) VALUES (1, 1, 1, 0, CU
 	"commit": `INSERT INTO bench_probe_commits (at) VALUES (clock_timestamp())`,
 }
 
+// fast runs the throwaway server with the test harness's settings
+// (fsync and synchronous_commit off) instead of production durability.
+var fast = flag.Bool("fast", false, "the throwaway server with fsync and synchronous_commit off (the test server), not production durability")
+
 func main() {
 	var o options
 	flag.IntVar(&o.scale, "scale", 10, "pgbench scale")
@@ -103,6 +108,7 @@ func main() {
 	flag.Float64Var(&o.high, "high", 1.3, "High = pgbench's p99 alone × this")
 	flag.Float64Var(&o.low, "low", 1.1, "Low = pgbench's p99 alone × this")
 	flag.DurationVar(&o.minHold, "min-hold", 3*time.Second, "Throttle.MinHold")
+	flag.BoolVar(&o.adapt, "adapt", true, "Throttle.Adapt: steer the rows per second (AIMD) instead of holding")
 	flag.StringVar(&o.phases, "phases", "alone,free,probe", "the phases to run, in order (alone is needed for the others' High and ratios)")
 	flag.BoolVar(&o.verbose, "v", false, "the backfill's throttle log (holds and releases) on stderr")
 	flag.Parse()
@@ -143,7 +149,7 @@ func run(o options) error {
 	}
 	url := os.Getenv("DATABASE_URL")
 	if url == "" {
-		c, err := pgtest.StartWith(ctx, pgtest.Options{Durable: true})
+		c, err := pgtest.StartWith(ctx, pgtest.Options{Durable: !*fast})
 		if err != nil {
 			return err
 		}
@@ -200,7 +206,7 @@ func run(o options) error {
 			}
 			ms := float64(alone.p99) / float64(time.Millisecond)
 			p, err = runPhase(ctx, o, db, pgb, conn, work, fmt.Sprint(name, i), query,
-				&backfill.Throttle{High: ms * o.high, Low: ms * o.low, MinHold: o.minHold})
+				&backfill.Throttle{High: ms * o.high, Low: ms * o.low, MinHold: o.minHold, Adapt: o.adapt})
 		default:
 			return fmt.Errorf("unknown phase %q (alone, free, probe)", name)
 		}
