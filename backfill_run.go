@@ -714,6 +714,15 @@ func (ex *execution) fail(ce *ChunkError, err error) {
 // connection failure before a chunk is claimed is retried (connFailed).
 func (ex *execution) next(ctx context.Context, ws *waitState) bool {
 	cr, err := ex.runChunk(ctx)
+	// The rate cap: the rows of a chunk done or staged, nothing for a
+	// try that claimed nothing or failed (throttle_run.go, settle).
+	if cr.admitted {
+		var read int64
+		if err == nil && cr.claimed {
+			read = cr.res.Read
+		}
+		ex.throttle.settle(read)
+	}
 	if err == nil {
 		ws.connSince, ws.connFails = time.Time{}, 0
 	}
@@ -737,7 +746,6 @@ func (ex *execution) next(ctx context.Context, ws *waitState) bool {
 		}
 		return ex.waitHeld(ctx, ws)
 	case err == nil && cr.staged:
-		ex.throttle.charge(cr.res.Read)
 		ex.log.Info("chunk staged", "seq", cr.res.Chunk.Seq, "chunk", cr.res.Chunk.ID, "read", cr.res.Read, "rejected", cr.res.Rejected)
 		return true
 	case err == nil:
@@ -778,7 +786,6 @@ func (ex *execution) next(ctx context.Context, ws *waitState) bool {
 // chunkDone records a committed chunk; it returns false when the run's
 // reject rate stops the run.
 func (ex *execution) chunkDone(ctx context.Context, res ChunkResult) bool {
-	ex.throttle.charge(res.Read)
 	ex.mu.Lock()
 	ex.done = append(ex.done, res.Chunk.ID)
 	ex.mu.Unlock()
@@ -863,6 +870,9 @@ type chunkRun struct {
 	// fenced: the chunk's lease was taken over while it was extracted;
 	// its transaction rolled back (backfill_shorttx.go).
 	fenced bool
+	// admitted: the throttle let the try through (its rate cap reserved
+	// an estimate, settled when the try ends).
+	admitted bool
 }
 
 // runChunk claims the next chunk and runs it in one transaction: claim,
@@ -877,6 +887,7 @@ func (ex *execution) runChunk(ctx context.Context) (cr chunkRun, err error) {
 		if err := t.wait(ctx); err != nil {
 			return cr, err
 		}
+		cr.admitted = true
 		if ex.stopped() {
 			return cr, nil
 		}
@@ -884,7 +895,9 @@ func (ex *execution) runChunk(ctx context.Context) (cr chunkRun, err error) {
 	if ex.leasing() {
 		// Short transactions: lease, extract outside a transaction,
 		// then stage, merge and checkpoint (backfill_shorttx.go).
-		return ex.runChunkLeased(ctx)
+		lcr, err := ex.runChunkLeased(ctx)
+		lcr.admitted = cr.admitted
+		return lcr, err
 	}
 	// Trace: a span per phase starts at each comment below.
 	// Claim.

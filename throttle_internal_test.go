@@ -152,6 +152,18 @@ func TestPacer(t *testing.T) {
 	q.charge(t0, 300)
 	require.Equal(t, 6*time.Second, q.delay(t0))
 	require.Equal(t, 50.0, q.limit())
+
+	// Tries let through reserve the mean rows of a try, so workers
+	// waking together go one after another; a shortfall is credited.
+	a := newPacer(100)
+	a.charge(t0, 100) // the burst; 100 rows is the estimate now
+	require.Zero(t, a.tryAdmit(t0), "the first try")
+	require.Equal(t, time.Second, a.tryAdmit(t0), "a second try at the same instant went through")
+	a.settle(t0, 50) // the first read 50: 50 credited; the estimate 0.8×100 + 0.2×50 = 90
+	require.Zero(t, a.tryAdmit(t0.Add(time.Second)))
+	require.Equal(t, 400*time.Millisecond, a.tryAdmit(t0.Add(time.Second)), "the credit was not used (90 - 50 = 40 rows)")
+	a.settle(t0.Add(time.Second), 0) // nothing read (no chunk claimed): all credited
+	require.Zero(t, a.tryAdmit(t0.Add(1500*time.Millisecond)))
 }
 
 // TestSplitTime: a run's time splits into working, paused and throttled

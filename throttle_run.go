@@ -300,7 +300,14 @@ func (t *throttler) wait(ctx context.Context) error {
 	if t.pace == nil {
 		return nil
 	}
-	if d := t.pace.delay(t.now()); d > 0 {
+	// The rate cap: wait until what was reserved is paid for, then
+	// reserve this try's estimate (tryAdmit, atomically, so that workers
+	// waking together go one after another).
+	for {
+		d := t.pace.tryAdmit(t.now())
+		if d <= 0 {
+			return nil
+		}
 		lim := t.pace.limit()
 		t.ex.log.Debug("backfill: rows-per-second cap: waiting", "wait", d, "rows_per_second", lim)
 		var id int64
@@ -324,29 +331,32 @@ func (t *throttler) wait(ctx context.Context) error {
 			}
 		}
 		timer := time.NewTimer(d)
-		defer timer.Stop()
 		select {
 		case <-ctx.Done():
 		case <-timer.C:
 		}
+		timer.Stop()
 		if id != 0 {
 			if err := tm.closePeriod(context.WithoutCancel(ctx), t.ex.r.db, id, finite(lim)); err != nil {
 				t.ex.log.Warn("backfill: end of throttle period not recorded", "signal", RateSignalName, "error", err)
 			}
 		}
-		return ctx.Err()
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
 	}
-	return nil
 }
 
 // RateSignalName is the signal of the throttle periods that waits for
 // [Config.RowsPerSecond] record (waits of a ThrottleInterval or more).
 const RateSignalName = "rows_per_second"
 
-// charge counts rows read by a chunk against the rows-per-second cap.
-func (t *throttler) charge(rows int64) {
+// settle counts the rows read by a try that wait let through against
+// the rows-per-second cap (0 for a try that claimed nothing or failed):
+// the pacer reserved an estimate when it let the try through.
+func (t *throttler) settle(rows int64) {
 	if t != nil && t.pace != nil {
-		t.pace.charge(t.now(), rows)
+		t.pace.settle(t.now(), rows)
 	}
 }
 
@@ -437,14 +447,24 @@ func (t *throttler) applyRate() {
 	t.pace.setLimit(t.now(), lim)
 }
 
-// pacer is a rows-per-second cap: each chunk's rows are charged after
-// it ran, and the next claim waits until they are paid for (the rows of
-// a chunk are not known before it is read). It uses a token bucket
-// (golang.org/x/time/rate) whose burst is one second of rows.
+// pacer is a rows-per-second cap: the rows of a chunk are not known
+// before it is read, so a try let through reserves an estimate (the
+// recent mean rows of a chunk), settled with the rows it read when it
+// ends (a shortfall is credited to the next reservations); a claim waits
+// until what was reserved is paid for. The reservation spaces the tries
+// of a call's workers evenly at the limited rate rather than letting
+// them all through at once, so their commits (and WAL) do not come in
+// bursts. It uses a token bucket (golang.org/x/time/rate) whose burst
+// is one second of rows.
 type pacer struct {
 	mu    sync.Mutex
 	lim   *rate.Limiter
 	until time.Time
+	// est is the recent mean rows of a try (0 before the first);
+	// prepaid the estimates reserved by open tries, open their number;
+	// credit rows paid for and not read.
+	est, prepaid, credit float64
+	open                 int
 	// The charges of the last adaptWindow, oldest first, for rateOver.
 	recent []charged
 }
@@ -478,15 +498,72 @@ func (p *pacer) limit() float64 {
 	return float64(p.lim.Limit())
 }
 
-// charge takes n rows at now: the time from which the next claim may
-// start moves past the moment the bucket has paid for them.
-func (p *pacer) charge(now time.Time, n int64) {
+// tryAdmit lets a try through at now when what was reserved is paid
+// for, reserving its estimate, and returns 0; else it returns how long
+// to wait before trying again.
+func (p *pacer) tryAdmit(now time.Time) time.Duration {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.recent = append(p.recent, charged{now, n})
-	if i := slices.IndexFunc(p.recent, func(c charged) bool { return now.Sub(c.at) <= adaptWindow }); i > 0 {
-		p.recent = slices.Delete(p.recent, 0, i)
+	if d := p.until.Sub(now); d > 0 {
+		return d
 	}
+	p.admitLocked(now)
+	return 0
+}
+
+func (p *pacer) admitLocked(now time.Time) {
+	p.open++
+	if p.est > 0 && !math.IsInf(float64(p.lim.Limit()), 1) {
+		p.prepaid += p.est
+		p.reserve(now, p.est)
+	}
+}
+
+// settle ends a try admitted before, which read n rows: its share of
+// the estimates is replaced by n.
+func (p *pacer) settle(now time.Time, n int64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var e float64
+	if p.open > 0 {
+		e = p.prepaid / float64(p.open)
+		p.prepaid -= e
+		p.open--
+	}
+	if n > 0 {
+		p.recent = append(p.recent, charged{now, n})
+		if i := slices.IndexFunc(p.recent, func(c charged) bool { return now.Sub(c.at) <= adaptWindow }); i > 0 {
+			p.recent = slices.Delete(p.recent, 0, i)
+		}
+		if p.est == 0 {
+			p.est = float64(n)
+		} else {
+			p.est = 0.8*p.est + 0.2*float64(n)
+		}
+	}
+	if d := float64(n) - e; d > 0 {
+		p.reserve(now, d)
+	} else {
+		p.credit -= d
+	}
+}
+
+// charge takes n rows at now, as a try let through and settled at
+// once, whatever the wait.
+func (p *pacer) charge(now time.Time, n int64) {
+	p.mu.Lock()
+	p.open++
+	p.mu.Unlock()
+	p.settle(now, n)
+}
+
+// reserve takes n rows at now, less the credit: the time from which the
+// next claim may start moves past the moment the bucket has paid for
+// them.
+func (p *pacer) reserve(now time.Time, rows float64) {
+	use := min(p.credit, rows)
+	p.credit -= use
+	n := int64(math.Ceil(rows - use))
 	b := int64(p.lim.Burst())
 	for n > 0 {
 		k := min(n, b)
