@@ -531,6 +531,19 @@ func describeBlockers(bs []Blocker) string {
 	return strings.Join(parts, ", ")
 }
 
+// conflictingHolders returns the other sessions that hold a lock on
+// relation rel in a mode that conflicts with ROW EXCLUSIVE (SHARE, SHARE
+// ROW EXCLUSIVE, EXCLUSIVE, ACCESS EXCLUSIVE: PostgreSQL docs 13.3.1),
+// with the mode; nil for none or on error.
+func conflictingHolders(ctx context.Context, db sqlx.ExtContext, rel string) []Blocker {
+	return sessions(ctx, db, `SELECT DISTINCT a.pid, coalesce(a.application_name, '') AS app,
+		coalesce(a.state, '') AS state, '' AS wait_event, l.mode, coalesce(a.query, '') AS query
+		FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+		WHERE l.locktype = 'relation' AND l.relation = to_regclass($1) AND l.granted AND l.pid <> pg_backend_pid()
+			AND l.mode IN ('ShareLock', 'ShareRowExclusiveLock', 'ExclusiveLock', 'AccessExclusiveLock')
+		ORDER BY a.pid`, sqlgen.Table(rel))
+}
+
 // lockHolders describes the other sessions that hold a lock on relation
 // rel (pg_locks joined to pg_stat_activity, PostgreSQL docs 54.12 and
 // 27.2.3): the sessions pg_blocking_pids would name for a waiter on an

@@ -344,6 +344,13 @@ func (ex *execution) chunkWaited(ctx context.Context, ce *ChunkError, cr chunkRu
 	} else if code == "57014" && s.stmtTimeout > 0 {
 		w.Waited = s.stmtTimeout
 	}
+	if len(w.Blockers) == 0 && code == "55P03" {
+		// The watcher samples: a short lock_timeout can end between two
+		// samples (or before the first). The sessions still holding a
+		// lock on the target that conflicts with the merge's ROW
+		// EXCLUSIVE are then named as its blockers.
+		w.Blockers = conflictingHolders(context.WithoutCancel(ctx), ex.r.db, ex.base)
+	}
 	blockers := describeBlockers(w.Blockers)
 	if blockers == "" {
 		blockers = "none seen"

@@ -3,6 +3,7 @@ package backfill
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -111,6 +112,50 @@ func TestLockedTargetWaitsAreBoundedRecordedAndRetried(t *testing.T) {
 	require.Contains(t, logs.String(), `"msg":"backfill: chunk waited; rolled back, retrying after a pause"`)
 	require.Contains(t, logs.String(), `application_name \"the-locker\"`)
 	require.Contains(t, logs.String(), `"sqlstate":"55P03"`)
+}
+
+// TestShortLockTimeoutStillNamesTheBlocker: a lock_timeout shorter than
+// the watcher's first sample (it samples after half the timeout, and its
+// query takes longer than that) still records and logs the session that
+// holds the target's conflicting lock, for every wait.
+func TestShortLockTimeoutStillNamesTheBlocker(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := liveDB(t)
+	var logs syncBuffer
+	r := liveRunner(t, db, "w", &logs)
+	r.cfg.MaxAttempts = 1
+	r.cfg.LockRetries = lockRetries(50, time.Millisecond, 10*time.Millisecond)
+
+	var lockerPID int
+	var release func()
+	var once sync.Once
+	done := goRun(ctx, r, liveJob(func(c Chunk) {
+		if c.Seq == 0 {
+			once.Do(func() { _, lockerPID, release = lockerConn(t, db, "the-locker", "EXCLUSIVE") })
+		}
+	}))
+	require.Eventually(t, func() bool {
+		var n int
+		return db.Get(&n, `SELECT count(*) FROM backfill.waits`) == nil && n >= 5
+	}, 30*time.Second, 10*time.Millisecond, "the blocked chunk's tries are recorded")
+	release()
+	res := <-done
+	require.NoError(t, res.err)
+	require.Equal(t, RunCompleted, res.rep.Status)
+
+	waits, err := r.caps.waits.Waits(ctx, db, res.rep.BatchID)
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, len(waits), 5)
+	// The last wait may have ended as the lock was released.
+	for _, w := range waits[:len(waits)-1] {
+		require.Equal(t, "55P03", w.SQLState)
+		var names []string
+		for _, b := range w.Blockers {
+			names = append(names, fmt.Sprintf("%d %s %s", b.PID, b.ApplicationName, b.Mode))
+		}
+		require.Contains(t, names, fmt.Sprintf("%d the-locker ExclusiveLock", lockerPID), "try %d names no blocker: %+v", w.Try, w.Blockers)
+	}
 }
 
 // TestApplicationQueuedBehindBackfillWaitsOnlyItsLockTimeout: a session
