@@ -111,8 +111,11 @@ func newRoot(g *globals, getenv func(string) string) *cobra.Command {
 			g.databaseURL = getenv("DATABASE_URL")
 		}
 	}
-	// Groups of commands; the control commands (status, pause, resume,
-	// cancel, set, report) join "inspect" and "operate".
+	// Groups of commands. The control commands join them here:
+	// status and report under groupInspect, pause, resume, cancel and set
+	// under groupOperate, each in a file of its own (newStatusCmd(g), ...)
+	// built like runs.go: a selection (select.go) for the run, g.manifest
+	// for the database, g.printJSON or a table (format.go) for output.
 	root.AddGroup(&cobra.Group{ID: groupInspect, Title: "Inspect a run:"},
 		&cobra.Group{ID: groupOperate, Title: "Operate a run:"},
 		&cobra.Group{ID: groupAdmin, Title: "Administer the manifest:"})
