@@ -282,3 +282,28 @@ func TestRollbackBatchRefusesIncompletePlan(t *testing.T) {
 		require.True(t, errors.Is(err, backfill.ErrRunNotFound), "%v", err)
 	})
 }
+
+// TestPlanJobKeyless: a Keyless plan's derived keys are read back (key
+// column, source column, NullAsEmpty) from KeyRule.String, and a Keyless
+// undo-log plan without them is refused naming target.derive.
+func TestPlanJobKeyless(t *testing.T) {
+	t.Parallel()
+	rule := backfill.KeyRule{Column: "k(ey)", From: "src (raw)", Rules: []backfill.Normalizer{backfill.Trim, backfill.CaseFold}, NullAsEmpty: true}
+	plan := backfill.Plan{Job: "j", Rollback: backfill.RollbackUndoLog, Target: backfill.PlanTarget{Table: "t", Key: []string{"k(ey)"},
+		Mode: backfill.Keyless, Derive: []string{rule.String()}, InsertedBy: "ins", UpdatedBy: "upd"}}
+	job, err := backfill.PlanJob(plan)
+	require.NoError(t, err)
+	require.Len(t, job.Target.Derive, 1)
+	got := job.Target.Derive[0]
+	require.Equal(t, []string{rule.Column, rule.From}, []string{got.Column, got.From})
+	require.True(t, got.NullAsEmpty)
+	require.Equal(t, backfill.Lineage{InsertedBy: "ins", UpdatedBy: "upd"}, job.Target.Lineage)
+
+	plan.Target.Derive = nil
+	_, err = backfill.PlanJob(plan)
+	require.ErrorIs(t, err, backfill.ErrPlanIncomplete)
+	require.Contains(t, err.Error(), `"target.derive"`)
+	plan.Target.Derive = []string{"not a rule"}
+	_, err = backfill.PlanJob(plan)
+	require.ErrorIs(t, err, backfill.ErrPlanIncomplete)
+}
