@@ -182,6 +182,7 @@ func TestCLIReadCommands(t *testing.T) {
 	require.Len(t, vs.Validations, 3)
 	require.Equal(t, 2, vs.Passed)
 	require.Equal(t, 1, vs.Failed)
+	require.Equal(t, []checkSummary{{Check: "exception_rate", Severity: "warn", Passed: 2, Failed: 1}}, vs.Checks)
 	cliJSON(t, u, &vs, "validations", "--batch", fmt.Sprint(b1), "--failed")
 	require.Len(t, vs.Validations, 1)
 	require.Equal(t, "int:1000/2000", vs.Validations[0].ChunkID)
@@ -193,6 +194,7 @@ func TestCLIReadCommands(t *testing.T) {
 	out = cliOK(t, u, "validations", "--batch", fmt.Sprint(b1))
 	require.Contains(t, out, "3 results: 2 passed, 1 failed (0 accepted)")
 	require.Regexp(t, `(?m)^int:1000/2000\s+exception_rate\s+warn\s+FAILED\s`, out)
+	require.Regexp(t, `(?m)^exception_rate\s+warn\s+2\s+1\s+0$`, out)
 
 	// events
 	var ev eventsResult

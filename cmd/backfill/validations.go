@@ -15,10 +15,22 @@ type validationsResult struct {
 	Job     string `json:"job"`
 	// Passed and Failed count the results shown; Accepted counts the
 	// failed ones an operator accepted.
-	Passed      int             `json:"passed"`
-	Failed      int             `json:"failed"`
-	Accepted    int             `json:"accepted"`
+	Passed   int `json:"passed"`
+	Failed   int `json:"failed"`
+	Accepted int `json:"accepted"`
+	// Checks sums the results shown per check, for the whole run, in the
+	// order each check was first recorded.
+	Checks      []checkSummary  `json:"checks"`
 	Validations []validationRow `json:"validations"`
+}
+
+// checkSummary is one check's results over the run's chunks.
+type checkSummary struct {
+	Check    string `json:"check"`
+	Severity string `json:"severity"`
+	Passed   int    `json:"passed"`
+	Failed   int    `json:"failed"`
+	Accepted int    `json:"accepted"`
 }
 
 // validationRow is one check's result on one chunk.
@@ -50,7 +62,8 @@ func newValidationsCmd(g *globals) *cobra.Command {
 		Use:   "validations (--job NAME | --batch N)",
 		Short: "List a run's validation evidence: each check's result per chunk",
 		Long: `validations lists the evidence the run's validators recorded, in the order
-recorded: per chunk, each check with its severity, whether it passed (or
+recorded: first a summary per check over the run (passed, failed,
+accepted), then per chunk each check with its severity, whether it passed (or
 failed and was accepted by an operator), what was expected and found, and
 a sample of offending keys. Results of chunk attempts that a failed
 quality gate rolled back are kept as evidence and shown with their
@@ -59,6 +72,7 @@ attempt number. A summary line counts the results by outcome.
 Filters: --chunk ID, --failed (only failed checks).
 
 With --json: {"batch_id", "job", "passed", "failed", "accepted",
+"checks": [{"check", "severity", "passed", "failed", "accepted"}],
 "validations": [{"chunk_id", "check", "severity", "passed", "accepted",
 "expected", "actual", "sample", "detail", "failed_attempt",
 "created_at"}]}.`,
@@ -83,7 +97,8 @@ With --json: {"batch_id", "job", "passed", "failed", "accepted",
 			if err != nil {
 				return err
 			}
-			res := validationsResult{BatchID: run.BatchID, Job: run.Job, Validations: []validationRow{}}
+			res := validationsResult{BatchID: run.BatchID, Job: run.Job, Checks: []checkSummary{}, Validations: []validationRow{}}
+			byCheck := map[string]int{} // check and severity -> index in res.Checks
 			for _, v := range vs {
 				if chunk != "" && v.ChunkID != chunk || failed && v.Passed {
 					continue
@@ -96,13 +111,24 @@ With --json: {"batch_id", "job", "passed", "failed", "accepted",
 				if len(row.Detail) == 0 {
 					row.Detail = json.RawMessage("null")
 				}
+				k := v.Check + "\x00" + string(v.Severity)
+				i, ok := byCheck[k]
+				if !ok {
+					i = len(res.Checks)
+					byCheck[k] = i
+					res.Checks = append(res.Checks, checkSummary{Check: v.Check, Severity: string(v.Severity)})
+				}
+				cs := &res.Checks[i]
 				switch {
 				case v.Passed:
 					res.Passed++
+					cs.Passed++
 				default:
 					res.Failed++
+					cs.Failed++
 					if v.Accepted {
 						res.Accepted++
+						cs.Accepted++
 					}
 				}
 				res.Validations = append(res.Validations, row)
@@ -115,7 +141,15 @@ With --json: {"batch_id", "job", "passed", "failed", "accepted",
 			if len(res.Validations) == 0 {
 				return nil
 			}
-			t := newTable(g.out, "CHUNK", "CHECK", "SEVERITY", "RESULT", "EXPECTED", "ACTUAL", "ATTEMPT", "SAMPLE")
+			t := newTable(g.out, "CHECK", "SEVERITY", "PASSED", "FAILED", "ACCEPTED")
+			for _, c := range res.Checks {
+				t.row(c.Check, c.Severity, thousands(int64(c.Passed)), thousands(int64(c.Failed)), thousands(int64(c.Accepted)))
+			}
+			if err := t.flush(); err != nil {
+				return err
+			}
+			fmt.Fprintln(g.out)
+			t = newTable(g.out, "CHUNK", "CHECK", "SEVERITY", "RESULT", "EXPECTED", "ACTUAL", "ATTEMPT", "SAMPLE")
 			for _, v := range res.Validations {
 				result := "passed"
 				switch {
