@@ -96,7 +96,7 @@ filters before --limit.`,
 			if g.json {
 				return g.printJSON(res)
 			}
-			fmt.Fprintf(g.out, "batch %d of job %q (%s): %s chunks%s\n", run.BatchID, run.Job, run.Status, thousands(int64(res.Total)), statusText(status))
+			fmt.Fprintf(g.out, "batch %d of job %q (%s): %s%s\n", run.BatchID, run.Job, run.Status, plural(int64(res.Total), "chunk"), statusText(status))
 			if len(res.Chunks) == 0 {
 				return nil
 			}
@@ -131,7 +131,7 @@ filters before --limit.`,
 func chunkRowOf(s backfill.ChunkState) chunkRow {
 	return chunkRow{Seq: s.Chunk.Seq, ID: s.Chunk.ID, Status: string(s.Status), Attempts: s.Attempts,
 		Rows:      rowCounts{Read: s.Read, Inserted: s.Inserted, Updated: s.Updated, Unchanged: s.Unchanged, Rejected: s.Rejected, Deduplicated: s.Deduplicated},
-		StartedAt: s.StartedAt, FinishedAt: s.FinishedAt, Seconds: seconds(s.StartedAt, s.FinishedAt), Worker: s.Worker, Error: s.LastError}
+		StartedAt: utcPtr(s.StartedAt), FinishedAt: utcPtr(s.FinishedAt), Seconds: seconds(s.StartedAt, s.FinishedAt), Worker: s.Worker, Error: s.LastError}
 }
 
 // statusText describes a --status filter.

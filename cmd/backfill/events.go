@@ -80,7 +80,7 @@ With --json: {"batch_id", "job", "events": [{"id", "kind", "actor",
 				if len(detail) == 0 {
 					detail = json.RawMessage("{}")
 				}
-				res.Events = append(res.Events, eventRow{ID: e.ID, Kind: e.Kind, Actor: e.Actor, Detail: detail, CreatedAt: e.CreatedAt})
+				res.Events = append(res.Events, eventRow{ID: e.ID, Kind: e.Kind, Actor: e.Actor, Detail: detail, CreatedAt: utcTime(e.CreatedAt)})
 			}
 			if limit > 0 && len(res.Events) > limit {
 				res.Events = res.Events[len(res.Events)-limit:]
@@ -88,7 +88,7 @@ With --json: {"batch_id", "job", "events": [{"id", "kind", "actor",
 			if g.json {
 				return g.printJSON(res)
 			}
-			fmt.Fprintf(g.out, "batch %d of job %q: %s events\n", run.BatchID, run.Job, thousands(int64(len(res.Events))))
+			fmt.Fprintf(g.out, "batch %d of job %q: %s\n", run.BatchID, run.Job, plural(int64(len(res.Events)), "event"))
 			if len(res.Events) == 0 {
 				return nil
 			}

@@ -107,7 +107,9 @@ counting the matches before --limit.`,
 				return fmt.Errorf("exceptions of batch %d: %w", run.BatchID, err)
 			}
 			for i := range res.Exceptions {
-				if e := &res.Exceptions[i]; e.RawText.Valid {
+				e := &res.Exceptions[i]
+				e.CreatedAt = utcTime(e.CreatedAt)
+				if e.RawText.Valid {
 					e.Raw = json.RawMessage(e.RawText.String)
 				} else {
 					e.Raw = json.RawMessage("null")
@@ -130,7 +132,7 @@ counting the matches before --limit.`,
 				w.Flush()
 				return w.Error()
 			}
-			fmt.Fprintf(g.out, "batch %d of job %q: %s exceptions%s\n", run.BatchID, run.Job, thousands(res.Total), exceptionFilters(reason, column, chunk))
+			fmt.Fprintf(g.out, "batch %d of job %q: %s%s\n", run.BatchID, run.Job, plural(res.Total, "exception"), exceptionFilters(reason, column, chunk))
 			if len(res.Exceptions) == 0 {
 				return nil
 			}

@@ -114,6 +114,26 @@ func seconds(start, end *time.Time) *float64 {
 	return &s
 }
 
+// utcTime is t in UTC (JSON prints times in UTC, as the tables do).
+func utcTime(t time.Time) time.Time { return t.UTC() }
+
+// utcPtr is *t in UTC, nil for nil.
+func utcPtr(t *time.Time) *time.Time {
+	if t == nil {
+		return nil
+	}
+	u := t.UTC()
+	return &u
+}
+
+// plural is "n thing" or "n things", n with thousands separators.
+func plural(n int64, thing string) string {
+	if n == 1 {
+		return "1 " + thing
+	}
+	return thousands(n) + " " + thing + "s"
+}
+
 // orDash is s, or "-" when empty.
 func orDash(s string) string {
 	if s == "" {

@@ -289,7 +289,7 @@ func TestCLIRollback(t *testing.T) {
 	out := cliOK(t, u, "rollback", "--preview", "--job", "fares")
 	require.Contains(t, out, fmt.Sprintf("preview of the rollback of batch %d", b2))
 	require.Contains(t, out, "nothing was changed")
-	require.Contains(t, out, "it would roll back 1 chunks: delete 0 rows, restore 999 rows")
+	require.Contains(t, out, "it would roll back 1 chunk: delete 0 rows, restore 999 rows")
 	require.Equal(t, before, cliState(t, db), "a preview changes nothing")
 
 	code, out, errOut := cli(t, u, "rollback", "--batch", fmt.Sprint(b1), "--why", "wrong fares")

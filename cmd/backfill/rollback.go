@@ -156,10 +156,10 @@ func printRollback(g *globals, res rollbackResult, force bool) error {
 	w := g.out
 	if res.Preview {
 		fmt.Fprintf(w, "preview of the rollback of batch %d (job %q, status %s); nothing was changed\n", res.BatchID, res.Job, res.Status)
-		fmt.Fprintf(w, "it would roll back %s chunks: delete %s rows, restore %s rows\n", thousands(int64(res.Chunks)), thousands(res.Deleted), thousands(res.Restored))
+		fmt.Fprintf(w, "it would roll back %s: delete %s, restore %s\n", plural(int64(res.Chunks), "chunk"), plural(res.Deleted, "row"), plural(res.Restored, "row"))
 	} else if res.Error == "" {
-		fmt.Fprintf(w, "rolled back batch %d (job %q): %s chunks, %s rows deleted, %s rows restored; status %s (took %s)\n", res.BatchID, res.Job,
-			thousands(int64(res.Chunks)), thousands(res.Deleted), thousands(res.Restored), res.Status, human(secondsDuration(res.Seconds)))
+		fmt.Fprintf(w, "rolled back batch %d (job %q): %s, %s deleted, %s restored; status %s (took %s)\n", res.BatchID, res.Job,
+			plural(int64(res.Chunks), "chunk"), plural(res.Deleted, "row"), plural(res.Restored, "row"), res.Status, human(secondsDuration(res.Seconds)))
 	}
 	if res.Conflicts == 0 {
 		return nil

@@ -123,6 +123,7 @@ With --json: {"runs": [{"batch_id", "job", "status", "started_by",
 				row := r.runRow
 				row.Chunks, row.Rows = r.runChunks, r.rowCounts
 				row.Seconds = seconds(&row.StartedAt, row.FinishedAt)
+				row.StartedAt, row.FinishedAt = utcTime(row.StartedAt), utcPtr(row.FinishedAt)
 				res.Runs = append(res.Runs, row)
 			}
 			if g.json {

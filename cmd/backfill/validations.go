@@ -104,7 +104,7 @@ With --json: {"batch_id", "job", "passed", "failed", "accepted",
 					continue
 				}
 				row := validationRow{ChunkID: v.ChunkID, Check: v.Check, Severity: string(v.Severity), Passed: v.Passed, Accepted: v.Accepted,
-					Expected: v.Expected, Actual: v.Actual, Sample: v.Sample, Detail: v.Detail, FailedAttempt: v.FailedAttempt, CreatedAt: v.CreatedAt}
+					Expected: v.Expected, Actual: v.Actual, Sample: v.Sample, Detail: v.Detail, FailedAttempt: v.FailedAttempt, CreatedAt: utcTime(v.CreatedAt)}
 				if row.Sample == nil {
 					row.Sample = []string{}
 				}
@@ -136,8 +136,8 @@ With --json: {"batch_id", "job", "passed", "failed", "accepted",
 			if g.json {
 				return g.printJSON(res)
 			}
-			fmt.Fprintf(g.out, "batch %d of job %q: %s results: %s passed, %s failed (%s accepted)\n", run.BatchID, run.Job,
-				thousands(int64(len(res.Validations))), thousands(int64(res.Passed)), thousands(int64(res.Failed)), thousands(int64(res.Accepted)))
+			fmt.Fprintf(g.out, "batch %d of job %q: %s: %s passed, %s failed (%s accepted)\n", run.BatchID, run.Job,
+				plural(int64(len(res.Validations)), "result"), thousands(int64(res.Passed)), thousands(int64(res.Failed)), thousands(int64(res.Accepted)))
 			if len(res.Validations) == 0 {
 				return nil
 			}
