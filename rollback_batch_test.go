@@ -152,6 +152,36 @@ func TestRollbackBatchMatchesRollbackByJob(t *testing.T) {
 			})
 		}
 	}
+	t.Run("CustomLineageHashVersion", func(t *testing.T) {
+		// Lineage columns of other names, a hash column, NewerVersionWins
+		// and KeepFirst: all read back from the plan.
+		t.Parallel()
+		job := func(rows ...[]any) backfill.Job {
+			return backfill.Job{Name: "v", NewRun: true, Chunker: backfill.IntRange(0, 10, 5), ChunkColumn: "id",
+				Extractor: backfill.ExtractorFunc(func(ctx context.Context, c backfill.Chunk, w backfill.RowWriter) error {
+					for _, r := range rows {
+						if id := r[0].(int64); id >= c.Lo && id < c.Hi {
+							if err := w.Write(ctx, r...); err != nil {
+								return err
+							}
+						}
+					}
+					return nil
+				}),
+				Target: backfill.Target{Table: "v", Key: []string{"id"}, Columns: []string{"id", "name", "ver"}, Conflict: backfill.NewerVersionWins,
+					Version: "ver", HashColumn: "row_hash", Duplicates: backfill.KeepFirst, Lineage: backfill.Lineage{InsertedBy: "ins_by", UpdatedBy: "upd_by"}}}
+		}
+		byBatchCompare(t, `CREATE TABLE v (id bigint PRIMARY KEY, name text, ver int, row_hash bytea, ins_by bigint, upd_by bigint,
+				backfill_inserted_by bigint, backfill_updated_by bigint)`,
+			[]backfill.Job{job([]any{int64(1), "a", 1}, []any{int64(6), "b", 1}), job([]any{int64(1), "a2", 2}, []any{int64(6), "old", 0}, []any{int64(7), "c", 1})},
+			func(int) backfill.Job { return job() }, []byBatchStep{
+				{0, backfill.RollbackOptions{Preview: true}, ""},
+				{0, backfill.RollbackOptions{Actor: "ann", Why: "conflicts"}, "later batches still applied"},
+				{1, backfill.RollbackOptions{Preview: true}, ""},
+				{1, backfill.RollbackOptions{Actor: "ann", Why: "second"}, ""},
+				{0, backfill.RollbackOptions{Actor: "ann", Why: "first"}, ""},
+			})
+	})
 	t.Run("Force", func(t *testing.T) {
 		t.Parallel()
 		m := dlvModes[0]
