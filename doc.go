@@ -452,7 +452,9 @@ transaction per chunk with its own checkpoint, refuses rows a later batch
 still applied changed or delivered unchanged unless forced (listing each
 row's key and that batch in [RollbackReport.ConflictRows]), previews
 without writing, and records who, why and the counts. Without lineage, a
-job must accept [RollbackNone] explicitly.
+job must accept [RollbackNone] explicitly. [Runner.RollbackBatch] does the
+same by batch ID alone, without the job's code, from the plan the manifest
+recorded ([PlanJob]); the backfill command's rollback uses it.
 
 Lineage names only the batch that last changed a row: a row a later batch
 delivered unchanged still names the earlier one. Each chunk that delivers

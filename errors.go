@@ -123,6 +123,12 @@ var (
 	ErrNoFailedGate = errors.New("backfill: the chunk has no failed gate to accept")
 	// ErrRunNotFound is returned by [Manifest] lookups of an unknown batch.
 	ErrRunNotFound = errors.New("backfill: run not found")
+	// ErrPlanIncomplete is returned by [Runner.RollbackBatch] when the
+	// plan the manifest recorded for the batch lacks a field the rollback
+	// needs (a plan of an older version, or written by hand); the message
+	// names the field (e.g. "target.inserted_by"). Roll it back with
+	// [Runner.Rollback] and the job instead.
+	ErrPlanIncomplete = errors.New("backfill: the recorded plan lacks what the rollback needs")
 	// ErrPrivilege is returned (wrapped in a [*PrivilegeError] that lists
 	// every missing privilege with the GRANT statement to run) by
 	// [Runner.Run] before it creates or resumes a batch, and by

@@ -56,3 +56,35 @@ func ExampleRunner_Rollback() {
 	// rolled back batch 2: rolled_back
 	// after rollback: [apple 1.00 (batch 1) pear 2.00 (batch 1)]
 }
+
+// Without the job's code (an operator's shell, the backfill command), a
+// batch is withdrawn by its ID alone: the rollback is rebuilt from the
+// plan the manifest recorded when the run started.
+func ExampleRunner_RollbackBatch() {
+	ctx := context.Background()
+	db := exampleDB("rollback_batch")
+	defer db.Close()
+	db.MustExec(`CREATE TABLE prices (sku text PRIMARY KEY, price numeric(10,2),
+		backfill_inserted_by bigint, backfill_updated_by bigint)`)
+	r, _ := backfill.New(db, nil)
+	rep, _ := r.Run(ctx, backfill.Job{Name: "prices", Chunker: backfill.List("price-list"),
+		Target: backfill.Target{Table: "prices", Key: []string{"sku"}, Columns: []string{"sku", "price"}},
+		Extractor: backfill.ExtractorFunc(func(ctx context.Context, c backfill.Chunk, w backfill.RowWriter) error {
+			return w.Write(ctx, "apple", "1.00")
+		})})
+
+	// Later, elsewhere: only the database and the batch ID.
+	preview, _ := r.RollbackBatch(ctx, rep.BatchID, backfill.RollbackOptions{Preview: true})
+	fmt.Printf("preview: delete %d, restore %d\n", preview.Deleted, preview.Restored)
+	done, err := r.RollbackBatch(ctx, rep.BatchID, backfill.RollbackOptions{Actor: "ann", Why: "wrong price list"})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	var n int
+	_ = db.Get(&n, `SELECT count(*) FROM prices`)
+	fmt.Printf("batch %d %s; %d rows left\n", done.BatchID, done.Status, n)
+	// Output:
+	// preview: delete 1, restore 0
+	// batch 1 rolled_back; 0 rows left
+}

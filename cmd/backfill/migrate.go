@@ -46,7 +46,7 @@ PostgreSQL did not grant (the caller holds it without grant option) is
 reported with its owner, who can grant it, and the exit status is 1.
 Several migrate calls may run at once: one migrates, the others report
 "nothing to migrate".`,
-		Args: cobra.NoArgs,
+		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
 			db, err := g.open(ctx)

@@ -1,0 +1,143 @@
+package main
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/pgbackfill/backfill"
+)
+
+// chunksResult is what chunks prints with --json.
+type chunksResult struct {
+	BatchID int64      `json:"batch_id"`
+	Job     string     `json:"job"`
+	Status  string     `json:"run_status"`
+	Total   int        `json:"total"`
+	Chunks  []chunkRow `json:"chunks"`
+}
+
+// chunkRow is one chunk of chunks.
+type chunkRow struct {
+	Seq        int        `json:"seq"`
+	ID         string     `json:"chunk_id"`
+	Status     string     `json:"status"`
+	Attempts   int        `json:"attempts"`
+	Rows       rowCounts  `json:"rows"`
+	StartedAt  *time.Time `json:"started_at"`
+	FinishedAt *time.Time `json:"finished_at"`
+	Seconds    *float64   `json:"seconds"`
+	Worker     string     `json:"worker"`
+	Error      string     `json:"error"`
+}
+
+func newChunksCmd(g *globals) *cobra.Command {
+	var (
+		sel    selection
+		status string
+		limit  int
+	)
+	cmd := &cobra.Command{
+		Use:   "chunks (--job NAME | --batch N)",
+		Short: "List a run's chunks: status, row counts, attempts, error, worker",
+		Long: `chunks lists the chunks of one run in plan order: the sequence number and
+chunk ID, the status (pending, staged, done, open, failed, rolled_back),
+its rows by outcome, the attempts made, when it started and finished
+(UTC) and how long it took, the worker that completed it, and the last
+error (the whole text with --json; cut to one line in the table).
+
+Filters: --status, --limit N (default 0: all).
+
+With --json: {"batch_id", "job", "run_status", "total", "chunks": [{"seq",
+"chunk_id", "status", "attempts", "rows": {"read", "inserted", "updated",
+"unchanged", "rejected", "deduplicated"}, "started_at", "finished_at",
+"seconds", "worker", "error"}]}; total counts the chunks that match the
+filters before --limit.`,
+		Example: `  backfill chunks --job flights
+  backfill chunks --batch 12 --status failed --json`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := oneOf("status", status, chunkStatuses); err != nil {
+				return err
+			}
+			if err := checkLimit(limit); err != nil {
+				return err
+			}
+			if err := sel.check(); err != nil {
+				return err
+			}
+			ctx := cmd.Context()
+			db, m, err := g.manifest(ctx)
+			if err != nil {
+				return err
+			}
+			defer db.Close()
+			run, err := sel.run(ctx, db, m)
+			if err != nil {
+				return err
+			}
+			states, err := m.Chunks(ctx, db, run.BatchID)
+			if err != nil {
+				return err
+			}
+			res := chunksResult{BatchID: run.BatchID, Job: run.Job, Status: string(run.Status), Chunks: []chunkRow{}}
+			for _, s := range states {
+				if status != "" && string(s.Status) != status {
+					continue
+				}
+				res.Total++
+				if limit > 0 && len(res.Chunks) >= limit {
+					continue
+				}
+				res.Chunks = append(res.Chunks, chunkRowOf(s))
+			}
+			if g.json {
+				return g.printJSON(res)
+			}
+			fmt.Fprintf(g.out, "batch %d of job %q (%s): %s%s\n", run.BatchID, run.Job, run.Status, plural(int64(res.Total), "chunk"), statusText(status))
+			if len(res.Chunks) == 0 {
+				return nil
+			}
+			now := time.Now()
+			t := newTable(g.out, "SEQ", "CHUNK", "STATUS", "READ", "INSERTED", "UPDATED", "UNCHANGED", "REJECTED", "DEDUPLICATED", "ATTEMPTS", "TOOK", "WORKER", "ERROR")
+			for _, c := range res.Chunks {
+				took := "-"
+				if c.FinishedAt != nil {
+					took = span(c.StartedAt, c.FinishedAt, now)
+				}
+				t.row(fmt.Sprint(c.Seq), c.ID, c.Status, thousands(c.Rows.Read), thousands(c.Rows.Inserted), thousands(c.Rows.Updated),
+					thousands(c.Rows.Unchanged), thousands(c.Rows.Rejected), thousands(c.Rows.Deduplicated), fmt.Sprint(c.Attempts), took,
+					orDash(c.Worker), orDash(clip(c.Error, 80)))
+			}
+			if err := t.flush(); err != nil {
+				return err
+			}
+			if len(res.Chunks) < res.Total {
+				_, err := fmt.Fprintf(g.out, "(%s of %s shown: --limit %d)\n", thousands(int64(len(res.Chunks))), thousands(int64(res.Total)), limit)
+				return err
+			}
+			return nil
+		},
+	}
+	sel.flags(cmd.Flags())
+	cmd.Flags().StringVar(&status, "status", "", "only chunks with this status: "+strings.Join(chunkStatuses, ", "))
+	cmd.Flags().IntVar(&limit, "limit", 0, "at most this many chunks, in plan order (0: all)")
+	return cmd
+}
+
+// chunkRowOf is s as chunks prints it.
+func chunkRowOf(s backfill.ChunkState) chunkRow {
+	return chunkRow{Seq: s.Chunk.Seq, ID: s.Chunk.ID, Status: string(s.Status), Attempts: s.Attempts,
+		Rows:      rowCounts{Read: s.Read, Inserted: s.Inserted, Updated: s.Updated, Unchanged: s.Unchanged, Rejected: s.Rejected, Deduplicated: s.Deduplicated},
+		StartedAt: utcPtr(s.StartedAt), FinishedAt: utcPtr(s.FinishedAt), Seconds: seconds(s.StartedAt, s.FinishedAt), Worker: s.Worker, Error: s.LastError}
+}
+
+// statusText describes a --status filter.
+func statusText(status string) string {
+	if status == "" {
+		return ""
+	}
+	return " with status " + status
+}

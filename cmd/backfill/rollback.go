@@ -1,0 +1,203 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"os/user"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/pgbackfill/backfill"
+)
+
+// rollbackResult is what rollback prints with --json.
+type rollbackResult struct {
+	BatchID int64  `json:"batch_id"`
+	Job     string `json:"job"`
+	// Preview is true when nothing was changed.
+	Preview bool `json:"preview"`
+	// Chunks rolled back (or that would be); Deleted rows the batch
+	// inserted, Restored rows it changed that got their prior image back.
+	Chunks   int   `json:"chunks"`
+	Deleted  int64 `json:"deleted"`
+	Restored int64 `json:"restored"`
+	// Conflicts counts rows later batches still applied changed or
+	// delivered unchanged (ConflictsDelivered); ConflictRows lists up to
+	// 100 of them.
+	Conflicts          int64          `json:"conflicts"`
+	ConflictsDelivered int64          `json:"conflicts_delivered"`
+	ConflictRows       []conflictJSON `json:"conflict_rows"`
+	// Status is the run's status after the call.
+	Status  string  `json:"status"`
+	Seconds float64 `json:"seconds"`
+	Actor   string  `json:"actor,omitempty"`
+	Why     string  `json:"why,omitempty"`
+	// Error is why the rollback was refused or failed ("" if it was not).
+	Error string `json:"error,omitempty"`
+}
+
+// conflictJSON is one row a later batch changed or delivered unchanged.
+type conflictJSON struct {
+	// Key is the row's identity as JSON, e.g. {"id": 1}.
+	Key       string `json:"key"`
+	Batch     int64  `json:"batch"`
+	Delivered bool   `json:"delivered"`
+}
+
+func newRollbackCmd(g *globals) *cobra.Command {
+	var (
+		sel                 selection
+		preview, force      bool
+		why, actor, chunkID string
+	)
+	cmd := &cobra.Command{
+		Use:   "rollback (--preview (--job NAME | --batch N) | --batch N --why TEXT)",
+		Short: "Withdraw a batch (or preview it) from what the manifest recorded, without the job's code",
+		Long: `rollback withdraws one batch from its target, from what the manifest
+recorded when the run started (its plan: target table, business key,
+merge mode, lineage columns, rollback mechanism and publish mode), so
+that it works from any machine without the job's code
+(Runner.RollbackBatch, which does exactly what Runner.Rollback does with
+the job). With the undo log, rows the batch inserted are deleted and rows
+it changed get their prior image back, one transaction per chunk in
+reverse order, each marking its chunk rolled back: an interrupted
+rollback is completed by running it again. A versioned view or
+partition swaps are switched back to the versions the batch replaced.
+
+--preview (with --job NAME for its latest run, or --batch N) says what a
+rollback would do, and changes nothing.
+
+Without --preview, --batch N and --why TEXT are required: the rollback
+is recorded in the audit trail with the actor (--actor, default the OS
+user@host) and why. It first looks for rows that later batches, still
+applied, changed or delivered unchanged: it lists them and refuses
+(exit status 1, nothing changed) unless --force, which overwrites their
+changes too (and is recorded). Roll the later batches back first
+instead. --chunk ID rolls back one chunk of the batch.
+
+With --json: {"batch_id", "job", "preview", "chunks", "deleted",
+"restored", "conflicts", "conflicts_delivered", "conflict_rows": [{"key",
+"batch", "delivered"}], "status", "seconds", "actor", "why", "error"}.`,
+		Example: `  backfill rollback --preview --job flights
+  backfill rollback --batch 12 --why "wrong fares, ticket OPS-231"
+  backfill rollback --batch 12 --why "restated" --actor ann --json`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if !preview {
+				switch {
+				case sel.batch == 0:
+					return fmt.Errorf("%w: rollback needs --batch N, the batch to withdraw (\"backfill runs --job NAME\" lists them); --preview shows what it would do", errUsage)
+				case strings.TrimSpace(why) == "":
+					return fmt.Errorf("%w: rollback needs --why TEXT, recorded in the audit trail with the actor", errUsage)
+				}
+			}
+			if err := sel.check(); err != nil {
+				return err
+			}
+			if actor == "" {
+				actor = osActor()
+			}
+			ctx := cmd.Context()
+			db, m, err := g.manifest(ctx)
+			if err != nil {
+				return err
+			}
+			defer db.Close()
+			run, err := sel.run(ctx, db, m)
+			if err != nil {
+				return err
+			}
+			r, err := backfill.New(db, &backfill.Config{Manifest: m})
+			if err != nil {
+				return err
+			}
+			opts := backfill.RollbackOptions{Preview: preview, Force: force, ChunkID: chunkID}
+			if !preview {
+				opts.Actor, opts.Why = actor, why
+			}
+			rep, rerr := r.RollbackBatch(ctx, run.BatchID, opts)
+			if rerr != nil && rep.BatchID == 0 {
+				return rerr // nothing to report
+			}
+			res := rollbackResult{BatchID: run.BatchID, Job: run.Job, Preview: preview, Chunks: rep.Chunks, Deleted: rep.Deleted, Restored: rep.Restored,
+				Conflicts: rep.Conflicts, ConflictsDelivered: rep.ConflictsDelivered, ConflictRows: []conflictJSON{}, Status: string(rep.Status),
+				Seconds: rep.Elapsed.Seconds(), Actor: opts.Actor, Why: opts.Why}
+			for _, c := range rep.ConflictRows {
+				res.ConflictRows = append(res.ConflictRows, conflictJSON{Key: c.Key, Batch: c.Batch, Delivered: c.Delivered})
+			}
+			if rerr != nil {
+				res.Error = strings.TrimPrefix(rerr.Error(), "backfill: ")
+			}
+			if g.json {
+				if err := g.printJSON(res); err != nil {
+					return err
+				}
+				return rerr
+			}
+			if err := printRollback(g, res, force); err != nil {
+				return err
+			}
+			return rerr
+		},
+	}
+	sel.flags(cmd.Flags())
+	f := cmd.Flags()
+	f.BoolVar(&preview, "preview", false, "say what the rollback would do; change nothing")
+	f.StringVar(&why, "why", "", "why the batch is rolled back (required without --preview; recorded in the audit trail)")
+	f.StringVar(&actor, "actor", "", "who rolls it back, recorded in the audit trail (default the OS user@host)")
+	f.BoolVar(&force, "force", false, "also roll back rows later batches still applied changed or delivered unchanged")
+	f.StringVar(&chunkID, "chunk", "", "roll back only this chunk ID of the batch")
+	return cmd
+}
+
+// printRollback writes res for people.
+func printRollback(g *globals, res rollbackResult, force bool) error {
+	w := g.out
+	if res.Preview {
+		fmt.Fprintf(w, "preview of the rollback of batch %d (job %q, status %s); nothing was changed\n", res.BatchID, res.Job, res.Status)
+		fmt.Fprintf(w, "it would roll back %s: delete %s, restore %s\n", plural(int64(res.Chunks), "chunk"), plural(res.Deleted, "row"), plural(res.Restored, "row"))
+	} else if res.Error == "" {
+		fmt.Fprintf(w, "rolled back batch %d (job %q): %s, %s deleted, %s restored; status %s (took %s)\n", res.BatchID, res.Job,
+			plural(int64(res.Chunks), "chunk"), plural(res.Deleted, "row"), plural(res.Restored, "row"), res.Status, human(secondsDuration(res.Seconds)))
+	}
+	if res.Conflicts == 0 {
+		return nil
+	}
+	verb := "the rollback is refused unless --force"
+	if force {
+		verb = "--force rolls them back too"
+	}
+	fmt.Fprintf(w, "%s rows were changed (%s) or delivered unchanged (%s) by later batches still applied; %s; roll those batches back first:\n",
+		thousands(res.Conflicts), thousands(res.Conflicts-res.ConflictsDelivered), thousands(res.ConflictsDelivered), verb)
+	t := newTable(w, "KEY", "LATER BATCH", "HOW")
+	shown := res.ConflictRows[:min(10, len(res.ConflictRows))]
+	for _, c := range shown {
+		how := "changed"
+		if c.Delivered {
+			how = "delivered unchanged"
+		}
+		t.row(c.Key, fmt.Sprint(c.Batch), how)
+	}
+	if err := t.flush(); err != nil {
+		return err
+	}
+	if n := res.Conflicts - int64(len(shown)); n > 0 {
+		_, err := fmt.Fprintf(w, "(and %s more; --json lists %d)\n", thousands(n), len(res.ConflictRows))
+		return err
+	}
+	return nil
+}
+
+// osActor is the OS user@host, the default actor of the audit trail.
+func osActor() string {
+	name := "unknown"
+	if u, err := user.Current(); err == nil && u.Username != "" {
+		name = u.Username
+	}
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "unknown"
+	}
+	return name + "@" + host
+}
