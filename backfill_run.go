@@ -453,6 +453,10 @@ func (ex *execution) finishRun(ctx context.Context, run Run, resumed, finished b
 				job.Name, run.BatchID, ErrChunksOpen, rep.ChunksOpen, strings.Join(rep.OpenChunks, ", ")))
 		}
 	}
+	if rep.Status == RunRunning && runErr == nil && err == nil && rep.ChunksDone+rep.ChunksOpen < rep.ChunksTotal {
+		runErr = fmt.Errorf("backfill: job %q batch %d: %w (%d of %d chunks done, %d open)", job.Name, run.BatchID, ErrRunIncomplete,
+			rep.ChunksDone, rep.ChunksTotal, rep.ChunksOpen)
+	}
 	log.Info("backfill run ended", "status", rep.Status, "chunks_done", rep.ChunksDone, "chunks_total", rep.ChunksTotal,
 		"chunks_run", rep.ChunksRun, "rows_read", rep.Counts.Read, "elapsed", rep.Elapsed)
 	return rep, errors.Join(runErr, err)

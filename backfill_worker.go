@@ -195,9 +195,13 @@ func (ex *execution) waitHeld(ctx context.Context, ws *waitState) bool {
 	}
 	if len(hs) == 0 {
 		if !ws.since.IsZero() {
+			// The chunks waited for are done, or their leases stopped
+			// being live since the claim found nothing: claim once more
+			// (a lease that went stale in between is taken over).
 			ex.log.Info("backfill: done waiting for chunks in flight", "waited", time.Since(ws.since))
+			ws.since = time.Time{}
+			return true
 		}
-		ws.since = time.Time{}
 		return false
 	}
 	if ws.since.IsZero() {

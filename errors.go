@@ -114,6 +114,13 @@ var (
 	// treat a nil error as "done" thus never take an unfinished run for a
 	// finished one.
 	ErrChunksOpen = errors.New("backfill: chunks are still open; the run is not complete; run the job again later")
+	// ErrRunIncomplete is returned by [Runner.Run] (with the run's Report)
+	// when the call ended with nothing more to claim and no error, yet
+	// chunks of the run are neither done nor open (taken by a worker of
+	// another process that then stopped, for instance). The run stays
+	// running; running the job again resumes it. A nil error from Run
+	// thus always means every chunk is done.
+	ErrRunIncomplete = errors.New("backfill: run not complete: chunks are still pending; run the job again to resume it")
 	// ErrNoFailedGate is returned (with [ErrInvalidConfig]) by
 	// [Runner.AcceptGate] for a chunk that has no failed gate to accept:
 	// it never failed one, or its failed gate is not the current verdict
