@@ -344,6 +344,7 @@ func (ex *execution) chunkWaited(ctx context.Context, ce *ChunkError, cr chunkRu
 	} else if code == "57014" && s.stmtTimeout > 0 {
 		w.Waited = s.stmtTimeout
 	}
+	ex.traceRetry(ctx, TraceRetryData{Chunk: ce.Chunk, Attempt: ce.Attempt, Kind: RetryWait, Try: n + 1, SQLState: code, Sleep: sleep, Final: final, Err: ce.Err})
 	blockers := describeBlockers(w.Blockers)
 	if blockers == "" {
 		blockers = "none seen"
