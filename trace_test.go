@@ -437,8 +437,11 @@ func TestTraceThrottleAndPause(t *testing.T) {
 	s := newItems(t)
 	rec := newRecorder()
 	sig := &levelSignal{}
-	var released atomic.Bool
+	var released, critical atomic.Bool
 	rec.onThrottle = func(d backfill.TraceThrottleData) {
+		if d.Event == backfill.ThrottleCritical {
+			critical.Store(true)
+		}
 		if d.Event == backfill.ThrottleHold {
 			go func() {
 				time.Sleep(30 * time.Millisecond)
@@ -464,7 +467,9 @@ func TestTraceThrottleAndPause(t *testing.T) {
 		case 6:
 			// Critical: the run pauses; this chunk finishes or rolls back.
 			sig.v.Store(500)
-			time.Sleep(60 * time.Millisecond)
+			for !critical.Load() && ctx.Err() == nil {
+				time.Sleep(5 * time.Millisecond)
+			}
 		}
 		return s.extractor(1).Extract(ctx, c, w)
 	})
