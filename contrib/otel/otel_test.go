@@ -127,7 +127,7 @@ func TestSpansAndMetricsOfARun(t *testing.T) {
 		t.Fatal("no run span")
 	}
 	if got := attr(run.Attributes, "backfill.batch_id"); got != attribute.Int64Value(rep.BatchID) {
-		t.Errorf("run span batch_id = %v, want %d", got.Emit(), rep.BatchID)
+		t.Errorf("run span batch_id = %v, want %d", got.String(), rep.BatchID)
 	}
 	if len(chunks) != 6 {
 		t.Fatalf("%d chunk spans, want 6 (5 chunks, one tried twice)", len(chunks))
@@ -142,7 +142,7 @@ func TestSpansAndMetricsOfARun(t *testing.T) {
 	failed := 0
 	for id, c := range chunks {
 		if c.Parent.SpanID() != run.SpanContext.SpanID() {
-			t.Errorf("chunk span %v: parent is not the run's span", attr(c.Attributes, "backfill.chunk.id").Emit())
+			t.Errorf("chunk span %v: parent is not the run's span", attr(c.Attributes, "backfill.chunk.id").String())
 		}
 		ps := phases[id]
 		slices.SortFunc(ps, func(a, b tracetest.SpanStub) int { return a.StartTime.Compare(b.StartTime) })
@@ -170,7 +170,7 @@ func TestSpansAndMetricsOfARun(t *testing.T) {
 				t.Errorf("failed try's phases %v (last %v), want it to end in extract with an error", names, ps[len(ps)-1].Status)
 			}
 		default:
-			t.Errorf("chunk outcome %v", attr(c.Attributes, "backfill.chunk.outcome").Emit())
+			t.Errorf("chunk outcome %v", attr(c.Attributes, "backfill.chunk.outcome").String())
 		}
 	}
 	if failed != 1 {
@@ -279,7 +279,7 @@ func sums(t *testing.T, rm metricdata.ResourceMetrics, name, by string) map[stri
 				k := ""
 				if by != "" {
 					v, _ := p.Attributes.Value(attribute.Key(by))
-					k = v.Emit()
+					k = v.String()
 				}
 				out[k] += p.Value
 			}
