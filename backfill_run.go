@@ -1006,9 +1006,10 @@ func (ex *execution) loadChunk(ctx context.Context, tx Tx, cr *chunkRun, c Chunk
 			Rejected: w.rejected + int64(len(mr.Rejected)), Deduplicated: mr.Deduplicated},
 	}
 
+	cr.span.setRows(mr.Inserted + mr.Updated + mr.Unchanged + mr.Deduplicated + int64(len(mr.Rejected)))
+
 	// Validate: the job's checks and the row accounting (a deferred chunk
 	// is validated when the run's publish merges it).
-	cr.span.setRows(mr.Inserted + mr.Updated + mr.Unchanged + mr.Deduplicated + int64(len(mr.Rejected)))
 	if !t.deferred {
 		cr.span.next(ctx, PhaseValidate)
 		if err := ex.validateChunk(ctx, tx, t.info, stager, cr.res, w.exceptions); err != nil {

@@ -168,7 +168,8 @@ type TraceChunkEndData struct {
 	// OutcomeFailed, OutcomeReleased.
 	Outcome string
 	// Counts are the chunk's row outcomes when it committed (zero
-	// otherwise; a staged chunk has only Read and Rejected).
+	// otherwise; a staged chunk's are its staging's: the rows are merged,
+	// and counted, when the run publishes).
 	Counts Counts
 	// Duration is from the claim's beginning to the end.
 	Duration time.Duration
