@@ -455,6 +455,13 @@ type Config struct {
 	// Hooks observe chunk progress (for progress bars and metrics). Nil
 	// means none.
 	Hooks Hooks
+	// Tracer traces the chunks of the Runner's runs, one span per claimed
+	// attempt of a chunk; when it also implements [PhaseTracer],
+	// [RunTracer], [ThrottleTracer], [PauseTracer] or [RetryTracer] (looked
+	// up once, by [NewWithDB]), their phases, runs and events (trace.go).
+	// Nil means none, at no cost. contrib/otel and contrib/prometheus
+	// adapt it to OpenTelemetry and Prometheus.
+	Tracer Tracer
 	// WorkerID names this process in the manifest (defaults to
 	// hostname:pid).
 	WorkerID string

@@ -69,6 +69,8 @@ type Runner struct {
 	// caps are the optional interfaces of cfg.Manifest and cfg.Merger,
 	// resolved once by NewWithDB.
 	caps capabilities
+	// tracers are cfg.Tracer and its optional interfaces (trace.go).
+	tracers tracers
 }
 
 // New returns a Runner on a PostgreSQL database. cfg may be nil (all
@@ -141,7 +143,7 @@ func NewWithDB(db DB, cfg *Config) (*Runner, error) {
 		pd.settings = &ts
 		db = pd
 	}
-	return &Runner{db: db, cfg: c, caps: caps}, nil
+	return &Runner{db: db, cfg: c, caps: caps, tracers: resolveTracers(c.Tracer)}, nil
 }
 
 func (c *Config) validate() error {
@@ -205,6 +207,11 @@ func (j Job) validate() error {
 // again. Report.Warnings (also logged) flags a scope that reaches into the
 // future and a date ChunkColumn under a watermark.
 func (r *Runner) Run(ctx context.Context, job Job) (Report, error) {
+	return r.traceRun(ctx, job, func(ctx context.Context) (Report, error) { return r.run(ctx, job) }) // trace.go
+}
+
+// run is Run inside its span.
+func (r *Runner) run(ctx context.Context, job Job) (Report, error) {
 	begin := time.Now()
 	rs, err := r.planRun(ctx, job)
 	if err != nil {
@@ -650,6 +657,9 @@ func (ex *execution) publish(ctx context.Context) {
 // of its own when the manifest has [ManifestGates].
 func (ex *execution) recordGate(ctx context.Context, ce *ChunkError, ge *gateError, reason string) error {
 	fctx := context.WithoutCancel(ctx)
+	if ex.r.caps.gates != nil || ex.r.caps.validations != nil {
+		ex.tracePause(fctx, PauseGate, reason)
+	}
 	if mg := ex.r.caps.gates; mg != nil {
 		for i := range ge.exceptions {
 			ge.exceptions[i].BatchID = ex.batchID
@@ -831,6 +841,11 @@ func (ex *execution) chunkFailed(ctx context.Context, ce *ChunkError, attempt in
 	// MaxAttempts counts the attempts of this call: a resumed run gives a
 	// chunk that failed before its full share of retries again.
 	final := !IsRetryable(err) || tries >= ex.r.cfg.MaxAttempts
+	backoff := ex.r.cfg.RetryBackoff << (tries - 1)
+	if final {
+		backoff = 0
+	}
+	ex.traceRetry(ctx, TraceRetryData{Chunk: ce.Chunk, Attempt: attempt, Kind: RetryAttempt, Sleep: backoff, Final: final, Err: err})
 	ex.log.Warn("chunk failed", "seq", ce.Chunk.Seq, "chunk", ce.Chunk.ID, "attempt", attempt, "final", final, "error", err)
 	fctx := context.WithoutCancel(ctx)
 	// Recorded once the server is back, when a restart or a dropped
@@ -846,7 +861,6 @@ func (ex *execution) chunkFailed(ctx context.Context, ce *ChunkError, attempt in
 		ex.fail(ce, nil)
 		return false
 	}
-	backoff := ex.r.cfg.RetryBackoff << (tries - 1)
 	select {
 	case <-ctx.Done():
 	case <-time.After(backoff):
@@ -877,6 +891,8 @@ type chunkRun struct {
 	// admitted: the throttle let the try through (its rate cap reserved
 	// an estimate, settled when the try ends).
 	admitted bool
+	// span is the chunk's trace span (nil without Config.Tracer; trace.go).
+	span *chunkSpan
 }
 
 // runChunk claims the next chunk and runs it in one transaction: claim,
@@ -903,8 +919,9 @@ func (ex *execution) runChunk(ctx context.Context) (cr chunkRun, err error) {
 		lcr.admitted = cr.admitted
 		return lcr, err
 	}
-	// Trace: a span per phase starts at each comment below.
-	// Claim.
+	// Claim. The chunk's trace span starts once it is claimed, from here
+	// (trace.go); a phase starts at each comment below.
+	claimStart := time.Now()
 	tx, err := r.db.Begin(ctx)
 	if err != nil {
 		return cr, fmt.Errorf("backfill: begin chunk transaction: %w", err)
@@ -936,6 +953,8 @@ func (ex *execution) runChunk(ctx context.Context) (cr chunkRun, err error) {
 		return cr, nil
 	}
 	cr.claimed, cr.attempt = true, st.Attempts+1
+	ctx = ex.traceChunk(ctx, &cr, st.Chunk, claimStart)
+	defer func() { cr.span.end(&cr, err) }()
 	if st.Chunk.Seq < 0 || st.Chunk.Seq >= len(ex.plan.Chunks) || ex.plan.Chunks[st.Chunk.Seq].ID != st.Chunk.ID {
 		return cr, &ChunkError{Chunk: st.Chunk, Attempt: cr.attempt, Err: fmt.Errorf("manifest chunk %d %q is not in the plan", st.Chunk.Seq, st.Chunk.ID)}
 	}
@@ -966,17 +985,23 @@ func (ex *execution) loadChunk(ctx context.Context, tx Tx, cr *chunkRun, c Chunk
 	cr.staged = t.deferred
 
 	// Extract (unless extracted) and stage.
-	stager, w, err := ex.stage(ctx, tx, stageParams{chunk: c, info: t.info, started: started, savepoints: t.isolate, newStager: t.newStager, spooled: extracted})
+	xctx := ctx
+	if extracted == nil {
+		xctx = cr.span.next(ctx, PhaseExtract)
+	}
+	stager, w, err := ex.stage(xctx, tx, stageParams{chunk: c, info: t.info, started: started, savepoints: t.isolate, newStager: t.newStager, spooled: extracted})
 	if err != nil {
 		return chunkErr(err)
 	}
 	defer stager.Close()
+	cr.span.setRows(w.read)
 
 	// Merge (a deferred chunk's stager only ends its staging). From here
 	// to the commit the chunk's statements may wait for locks: a watcher
 	// notes the blockers of a wait (backfill_timeouts.go).
 	stopWatch := ex.watchChunk(ctx, pid, cr.lockTimeout)
 	defer func() { cr.seen = stopWatch() }()
+	cr.span.next(ctx, PhaseMerge)
 	mr, err := stager.Merge(ctx)
 	if err != nil {
 		return chunkErr(err)
@@ -998,15 +1023,19 @@ func (ex *execution) loadChunk(ctx context.Context, tx Tx, cr *chunkRun, c Chunk
 			Rejected: w.rejected + int64(len(mr.Rejected)), Deduplicated: mr.Deduplicated},
 	}
 
+	cr.span.setRows(mr.Inserted + mr.Updated + mr.Unchanged + mr.Deduplicated + int64(len(mr.Rejected)))
+
 	// Validate: the job's checks and the row accounting (a deferred chunk
 	// is validated when the run's publish merges it).
 	if !t.deferred {
+		cr.span.next(ctx, PhaseValidate)
 		if err := ex.validateChunk(ctx, tx, t.info, stager, cr.res, w.exceptions); err != nil {
 			return err
 		}
 	}
 
 	// Checkpoint.
+	cr.span.next(ctx, PhaseCheckpoint)
 	cr.res.FinishedAt = time.Now()
 	cr.res.Open = ex.open(c, started)
 	for i := range w.exceptions {
@@ -1017,6 +1046,7 @@ func (ex *execution) loadChunk(ctx context.Context, tx Tx, cr *chunkRun, c Chunk
 	}
 
 	// Commit.
+	cr.span.next(ctx, PhaseCommit)
 	if err := tx.Commit(); err != nil {
 		return chunkErr(fmt.Errorf("commit: %w", err))
 	}
@@ -1536,6 +1566,7 @@ func (ex *execution) checkRunRejectRate(ctx context.Context) error {
 		if err := mv.PauseRun(fctx, ex.r.db, ex.batchID, reason); err != nil {
 			return err
 		}
+		ex.tracePause(fctx, PauseGate, reason)
 	}
 	return fmt.Errorf("%w: %s", ErrGateFailed, reason)
 }
@@ -1571,6 +1602,7 @@ func (ex *execution) checkLoaded(ctx context.Context) error {
 		if err := mv.PauseRun(context.WithoutCancel(ctx), ex.r.db, ex.batchID, reason); err != nil {
 			return err
 		}
+		ex.tracePause(ctx, PauseGate, reason)
 	}
 	return fmt.Errorf("backfill: job %q batch %d: %w: %s", ex.job.Name, ex.batchID, ErrGateFailed, reason)
 }

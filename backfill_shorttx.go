@@ -93,6 +93,7 @@ func (ex *execution) runChunkLeased(ctx context.Context) (cr chunkRun, err error
 	// one goroutine leases at a time, avoiding the chunks the others
 	// hold (a lease of the key that none holds is taken again: a release
 	// that failed).
+	leaseStart := time.Now() // the claim phase's (trace.go)
 	ex.leaseMu.Lock()
 	ex.mu.Lock()
 	for seq := range ex.leased {
@@ -134,6 +135,8 @@ func (ex *execution) runChunkLeased(ctx context.Context) (cr chunkRun, err error
 		return cr, nil
 	}
 	cr.claimed, cr.attempt = true, cl.state.Attempts+1
+	ctx = ex.traceChunk(ctx, &cr, cl.state.Chunk, leaseStart)
+	defer func() { cr.span.end(&cr, err) }()
 	if seq < 0 || seq >= len(ex.plan.Chunks) || ex.plan.Chunks[seq].ID != cl.state.Chunk.ID {
 		return cr, &ChunkError{Chunk: cl.state.Chunk, Attempt: cr.attempt, Err: fmt.Errorf("manifest chunk %d %q is not in the plan", seq, cl.state.Chunk.ID)}
 	}
@@ -145,8 +148,9 @@ func (ex *execution) runChunkLeased(ctx context.Context) (cr chunkRun, err error
 	sp := &spool{}
 	defer sp.Close()
 	w := newRowWriter(c, ex.job, ex.chunkInfo(ex.info, c), sp, r.cfg.MaxRejectsPerChunk, started)
-	xerr := extractSafely(ctx, ex.job.Extractor, c, w)
+	xerr := extractSafely(cr.span.next(ctx, PhaseExtract), ex.job.Extractor, c, w)
 	w.closed = true
+	cr.span.setRows(w.read)
 	switch {
 	case w.err != nil:
 		return cr, chunkErr(w.err)
@@ -155,6 +159,7 @@ func (ex *execution) runChunkLeased(ctx context.Context) (cr chunkRun, err error
 	}
 
 	// The chunk's transaction.
+	cr.span.next(ctx, PhaseStage)
 	tx, err := r.db.Begin(ctx)
 	if err != nil {
 		// An attempt of the chunk: recorded as failed, like a failure
@@ -179,6 +184,7 @@ func (ex *execution) runChunkLeased(ctx context.Context) (cr chunkRun, err error
 		// holder; one left by a run paused or abandoned meanwhile is freed
 		// for the run's resume.
 		cr.fenced, cr.claimed = true, false
+		cr.span.release()
 		ex.log.Warn("backfill: chunk's fence failed: its lease was taken over (this worker was stale) or the run stopped meanwhile (paused, abandoned); its transaction rolls back", "seq", seq, "chunk", c.ID)
 		return cr, nil
 	}

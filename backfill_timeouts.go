@@ -351,6 +351,7 @@ func (ex *execution) chunkWaited(ctx context.Context, ce *ChunkError, cr chunkRu
 		// EXCLUSIVE are then named as its blockers.
 		w.Blockers = conflictingHolders(context.WithoutCancel(ctx), ex.r.db, ex.base)
 	}
+	ex.traceRetry(ctx, TraceRetryData{Chunk: ce.Chunk, Attempt: ce.Attempt, Kind: RetryWait, Try: n + 1, SQLState: code, Sleep: sleep, Final: final, Err: ce.Err})
 	blockers := describeBlockers(w.Blockers)
 	if blockers == "" {
 		blockers = "none seen"

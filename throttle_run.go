@@ -95,6 +95,12 @@ func (ex *execution) startThrottle(ctx context.Context) {
 		cancel()
 		wg.Wait()
 		// Holds still open end with the call.
+		for _, h := range t.states {
+			if h.held {
+				ex.traceThrottle(ctx, TraceThrottleData{Event: ThrottleRelease, Signal: h.th.Signal.Name(), Value: h.value,
+					High: h.th.High, Low: h.th.low(), Held: t.now().Sub(h.since)})
+			}
+		}
 		for i, id := range t.periods {
 			if id != 0 {
 				t.closePeriod(context.WithoutCancel(ctx), i, t.states[i].value)
@@ -169,6 +175,7 @@ func (t *throttler) check(ctx context.Context) {
 			ex.log.Warn("backfill: throttle hold: no chunk is claimed until the signal is below its low watermark",
 				"signal", name, "value", v, "high", h.th.High, "low", h.th.low(), "min_hold", h.th.MinHold)
 			t.setHeld(+1) // the workers first, then the record
+			ex.traceThrottle(ctx, TraceThrottleData{Event: ThrottleHold, Signal: name, Value: v, High: h.th.High, Low: h.th.low()})
 			// Recorded even when the call stops meanwhile: stop
 			// closes what is open once this check returns.
 			t.openPeriod(context.WithoutCancel(ctx), i, v)
@@ -176,6 +183,8 @@ func (t *throttler) check(ctx context.Context) {
 			ex.log.Info("backfill: throttle release", "signal", name, "value", v, "high", h.th.High, "low", h.th.low(),
 				"held_for", t.now().Sub(h.since))
 			t.setHeld(-1)
+			ex.traceThrottle(ctx, TraceThrottleData{Event: ThrottleRelease, Signal: name, Value: v, High: h.th.High, Low: h.th.low(),
+				Held: t.now().Sub(h.since)})
 			t.closePeriod(context.WithoutCancel(ctx), i, v)
 		}
 	}
@@ -199,6 +208,7 @@ func (t *throttler) paused(ctx context.Context) bool {
 		return false
 	}
 	ex.log.Warn("backfill: throttle: the run was paused meanwhile; this call stops", "reason", run.LastError)
+	ex.tracePause(ctx, PauseObserved, run.LastError)
 	ex.fail(nil, fmt.Errorf("backfill: job %q batch %d: %w: %s; resume it with Runner.Resume", ex.job.Name, ex.batchID, ErrRunPaused, run.LastError))
 	t.wake()
 	return true
@@ -268,9 +278,12 @@ func (t *throttler) pauseRun(ctx context.Context, h *hysteresis, v float64) {
 	ex.log.Error("backfill: throttle critical: pausing the run; resume it with Runner.Resume", "signal", name, "value", v,
 		"critical", h.th.Critical, "high", h.th.High, "low", h.th.low())
 	err := fmt.Errorf("backfill: job %q batch %d: %w: %s; resume it with Runner.Resume", ex.job.Name, ex.batchID, ErrRunPaused, reason)
+	ex.traceThrottle(ctx, TraceThrottleData{Event: ThrottleCritical, Signal: name, Value: v, High: h.th.High, Low: h.th.low()})
 	if mv := ex.r.caps.validations; mv != nil {
 		if perr := ex.retryConn(ctx, "pause run", func() error { return mv.PauseRun(ctx, ex.r.db, ex.batchID, reason) }); perr != nil {
 			err = fmt.Errorf("backfill: job %q batch %d: throttle %s critical (%g), and the run could not be paused: %w", ex.job.Name, ex.batchID, name, v, perr)
+		} else {
+			ex.tracePause(ctx, PauseThrottle, reason)
 		}
 	} else {
 		err = fmt.Errorf("backfill: job %q batch %d: throttle %s critical (%g); this manifest cannot pause runs (%w), the run stays running",
@@ -311,6 +324,7 @@ func (t *throttler) wait(ctx context.Context) error {
 		lim := t.pace.limit()
 		t.ex.log.Debug("backfill: rows-per-second cap: waiting", "wait", d, "rows_per_second", lim)
 		var id int64
+		sig := RateSignalName
 		tm := t.ex.r.caps.throttle
 		if d >= t.interval && tm != nil {
 			// A wait of an interval or more is a throttle period too,
@@ -325,17 +339,20 @@ func (t *throttler) wait(ctx context.Context) error {
 					p.Signal, h.value, h.th.High, lim, 100*h.factor, t.ceilingLocked(), d.Round(time.Millisecond))
 			}
 			t.mu.Unlock()
+			sig = p.Signal
 			var err error
 			if id, err = tm.openPeriod(ctx, t.ex.r.db, p); err != nil {
 				t.ex.log.Warn("backfill: throttle period not recorded", "signal", p.Signal, "error", err)
 			}
 		}
 		timer := time.NewTimer(d)
+		began := t.now()
 		select {
 		case <-ctx.Done():
 		case <-timer.C:
 		}
 		timer.Stop()
+		t.ex.traceThrottle(ctx, TraceThrottleData{Event: ThrottleWait, Signal: sig, Value: lim, High: lim, Low: lim, Held: t.now().Sub(began)})
 		if id != 0 {
 			if err := tm.closePeriod(context.WithoutCancel(ctx), t.ex.r.db, id, finite(lim)); err != nil {
 				t.ex.log.Warn("backfill: end of throttle period not recorded", "signal", RateSignalName, "error", err)
