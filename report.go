@@ -205,12 +205,21 @@ type ReportTime struct {
 	WorkingSeconds   float64            `json:"working_seconds"`
 	PausedSeconds    float64            `json:"paused_seconds"`
 	ThrottledSeconds map[string]float64 `json:"throttled_seconds"`
+	// Paused are the spans the run was paused (from each "run_paused"
+	// event to the next operator's resume, or End).
+	Paused []ReportSpan `json:"paused"`
 	// Signals sums the throttle holds per signal, by name.
 	Signals []ReportSignal `json:"signals"`
 	// Periods are the first throttle holds, in the order they started;
 	// PeriodsTotal counts them all.
 	Periods      []ReportThrottle `json:"periods"`
 	PeriodsTotal int              `json:"periods_total"`
+}
+
+// ReportSpan is a span of time.
+type ReportSpan struct {
+	From time.Time `json:"from"`
+	To   time.Time `json:"to"`
 }
 
 // ReportSignal sums the holds of one throttle signal. HeldSeconds adds
@@ -361,7 +370,11 @@ func (m *PGManifest) loadRunReport(ctx context.Context, tx sqlx.ExtContext, batc
 	if run.FinishedAt != nil {
 		end = *run.FinishedAt
 	}
-	rep.Time = reportTime(splitTime(run.CreatedAt, end, pausedSpans(rep.Events, end), periods), periods)
+	paused := pausedSpans(rep.Events, end)
+	rep.Time = reportTime(splitTime(run.CreatedAt, end, paused, periods), periods)
+	for _, s := range paused {
+		rep.Time.Paused = append(rep.Time.Paused, ReportSpan{From: s.from.UTC(), To: s.to.UTC()})
+	}
 	rep.Waits = reportWaitsOf(waits)
 	return rep, nil
 }
@@ -689,7 +702,7 @@ func reportDurations(chunks []ReportChunk, bins int) ReportDurations {
 func reportTime(split TimeSplit, periods []ThrottlePeriod) ReportTime {
 	out := ReportTime{Start: split.Start.UTC(), End: split.End.UTC(), TotalSeconds: split.Total.Seconds(),
 		WorkingSeconds: split.Working.Seconds(), PausedSeconds: split.Paused.Seconds(),
-		ThrottledSeconds: map[string]float64{}, Signals: []ReportSignal{}, Periods: []ReportThrottle{}, PeriodsTotal: len(periods)}
+		ThrottledSeconds: map[string]float64{}, Paused: []ReportSpan{}, Signals: []ReportSignal{}, Periods: []ReportThrottle{}, PeriodsTotal: len(periods)}
 	for s, d := range split.Throttled {
 		out.ThrottledSeconds[s] = d.Seconds()
 	}
