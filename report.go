@@ -66,7 +66,8 @@ type RunReport struct {
 	// Throughput is rows read per second over time, each chunk's rows
 	// spread evenly over its start to finish.
 	Throughput ReportThroughput `json:"throughput"`
-	// Durations is the distribution of the finished chunks' durations.
+	// Durations is the distribution of the finished chunks' durations, with
+	// a histogram of at most 20 bins.
 	Durations ReportDurations `json:"chunk_durations"`
 	// Time is how the run's time split into working, throttled and paused.
 	Time ReportTime `json:"time"`
@@ -662,7 +663,8 @@ func reportThroughput(chunks []ReportChunk, n int) ReportThroughput {
 }
 
 // reportDurations is the distribution of the timed chunks' durations,
-// with a histogram of bins equal bins from the least to the greatest.
+// with a histogram of equal bins from the least to the greatest: at most
+// bins, about the square root of the number of chunks.
 func reportDurations(chunks []ReportChunk, bins int) ReportDurations {
 	out := ReportDurations{Bins: []ReportBin{}}
 	var ds []float64
@@ -687,6 +689,8 @@ func reportDurations(chunks []ReportChunk, bins int) ReportDurations {
 		out.Bins = append(out.Bins, ReportBin{From: out.Min, To: out.Max, Count: len(ds)})
 		return out
 	}
+	// Fewer bins for few chunks: about the square root of their number.
+	bins = min(bins, max(1, int(math.Ceil(math.Sqrt(float64(len(ds)))))))
 	w := (out.Max - out.Min) / float64(bins)
 	for i := range bins {
 		out.Bins = append(out.Bins, ReportBin{From: out.Min + float64(i)*w, To: out.Min + float64(i+1)*w})

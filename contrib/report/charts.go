@@ -6,6 +6,7 @@ import (
 	"image/color"
 	"math"
 	"regexp"
+	"strconv"
 	"time"
 
 	"gonum.org/v1/plot"
@@ -255,6 +256,7 @@ func durationChart(r backfill.RunReport) ([]byte, error) {
 	}
 	p.Add(h)
 	p.Y.Min = 0
+	p.Y.Tick.Marker = countTicks{}
 	return svgOf(p, chartWidth, chartHeight, "durations", "Histogram of chunk durations")
 }
 
@@ -282,7 +284,7 @@ func splitChart(r backfill.RunReport, parts []timePart) ([]byte, error) {
 		names[i] = part.Name
 		v := plotter.Values{0}
 		v[0] = part.Seconds / div
-		b, err := plotter.NewBarChart(v, vg.Points(40))
+		b, err := plotter.NewBarChart(v, vg.Points(70))
 		if err != nil {
 			return nil, err
 		}
@@ -295,4 +297,26 @@ func splitChart(r backfill.RunReport, parts []timePart) ([]byte, error) {
 	p.Y.Min = 0
 	p.X.Padding = vg.Points(20)
 	return svgOf(p, chartWidth, chartHeight, "split", "Split of the run's time into working, throttled and paused")
+}
+
+// countTicks marks an axis of counts: whole numbers only, about five.
+type countTicks struct{}
+
+// Ticks implements plot.Ticker.
+func (countTicks) Ticks(lo, hi float64) []plot.Tick {
+	// The smallest of 1, 2, 5, 10, 20, 50, ... giving at most 6 steps.
+	step := 1.0
+	for e := 1.0; step == 1 && (hi-lo)/e > 6; e *= 10 {
+		for _, m := range []float64{1, 2, 5, 10} {
+			if (hi-lo)/(m*e) <= 6 {
+				step = m * e
+				break
+			}
+		}
+	}
+	var out []plot.Tick
+	for v := math.Ceil(lo/step) * step; v <= hi; v += step {
+		out = append(out, plot.Tick{Value: v, Label: strconv.FormatFloat(v, 'f', -1, 64)})
+	}
+	return out
 }
