@@ -140,7 +140,10 @@ type ReportChunk struct {
 	Status   string `json:"status"`
 	Attempts int    `json:"attempts"`
 	// Worker is the [Config.WorkerID] that completed it ("" if none).
-	Worker     string     `json:"worker"`
+	Worker string `json:"worker"`
+	// StartedAt and FinishedAt are the worker's clock (the times the
+	// library recorded at the chunk's start and end), unlike the
+	// server-clock times of the run, its events and its throttle holds.
 	StartedAt  *time.Time `json:"started_at,omitempty"`
 	FinishedAt *time.Time `json:"finished_at,omitempty"`
 	// DurationSeconds is FinishedAt - StartedAt (0 when either is unset).
@@ -255,7 +258,8 @@ type ReportWaits struct {
 	Final int `json:"final"`
 	// BySQLState counts the waits by SQLSTATE.
 	BySQLState map[string]int `json:"by_sqlstate"`
-	// Longest are the longest waits, with the sessions that blocked them.
+	// Longest are the longest waits, with the sessions that blocked them,
+	// in [Wait]'s own JSON form (its waited and sleep are nanoseconds).
 	Longest []Wait `json:"longest"`
 }
 
