@@ -492,6 +492,15 @@ migrations that are safe to run concurrently. Query it directly:
 
 A CHECK constraint on backfill.chunks enforces the accounting identity.
 
+[LoadRunReport] gathers what the manifest knows of one run into a
+[RunReport]: the plan, every chunk with its worker, timing and counts,
+rows per second over time, the distribution of chunk durations, the
+split of the run's time into working, throttled and paused, the waits of
+chunks, exceptions by reason and column with examples, validation
+evidence and the audit trail. It needs only the database, not the job's
+code; its JSON form is stable, and package contrib/report renders it as
+one self-contained HTML file.
+
 # Testing pipelines
 
 Package backfilltest has in-memory fakes of [Manifest], [Merger] and [DB]

@@ -1,0 +1,320 @@
+// Package report renders a [backfill.RunReport] as one self-contained
+// HTML file, for a person, and as JSON, for a machine.
+//
+// The HTML file needs nothing beside itself: its CSS is inline, its
+// charts are inline SVG drawn with gonum/plot, it runs no script and
+// loads nothing (no fonts, images or style sheets from anywhere), so it
+// can be mailed, attached to a ticket or opened offline. Its sections:
+// the plan summary (fingerprint, code version, scope, rollback
+// mechanism, who started the run); a timeline of chunks by worker; rows
+// per second over time; the histogram of chunk durations; the split of
+// the run's time into working, throttled (by signal) and paused; the
+// waits of chunks on locks; exceptions by reason and column, with
+// examples; validation evidence; the audit trail. Times are UTC.
+//
+// A report is read from the manifest alone, by
+// [backfill.LoadRunReport], so it can be produced from any machine that
+// reaches the database, without the job's code:
+//
+//	rep, err := backfill.LoadRunReport(ctx, db, backfill.NewPGManifest(""), batchID)
+//	...
+//	err = report.WriteHTML(f, rep)
+//
+// The operator's command does the same: backfill report --html out.html.
+package report
+
+import (
+	"cmp"
+	"embed"
+	"encoding/json"
+	"fmt"
+	"html/template"
+	"image/color"
+	"io"
+	"maps"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/pgbackfill/backfill"
+)
+
+//go:embed report.html.tmpl
+var templates embed.FS
+
+var page = template.Must(template.New("report.html.tmpl").Funcs(template.FuncMap{
+	"num":   fmtInt,
+	"float": fmtFloat,
+	"secs":  fmtSeconds,
+	"time":  fmtTime,
+	"ptime": fmtTimePtr,
+	"pct":   fmtPct,
+	"json":  fmtJSON,
+}).ParseFS(templates, "report.html.tmpl"))
+
+// WriteJSON writes r as indented JSON: the report's JSON twin, with the
+// field names of [backfill.RunReport]'s json tags.
+func WriteJSON(w io.Writer, r backfill.RunReport) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(r); err != nil {
+		return fmt.Errorf("report: write JSON of batch %d: %w", r.Plan.BatchID, err)
+	}
+	return nil
+}
+
+// WriteHTML writes r as one self-contained HTML document (UTF-8): inline
+// CSS, charts as inline SVG, no script, no reference to anything outside
+// the file. Every text of the report is escaped. It returns the first
+// error of drawing a chart or writing to w.
+func WriteHTML(w io.Writer, r backfill.RunReport) error {
+	v, err := newView(r)
+	if err != nil {
+		return fmt.Errorf("report: HTML of batch %d: %w", r.Plan.BatchID, err)
+	}
+	if err := page.Execute(w, v); err != nil {
+		return fmt.Errorf("report: HTML of batch %d: %w", r.Plan.BatchID, err)
+	}
+	return nil
+}
+
+// view is what the template shows.
+type view struct {
+	R backfill.RunReport
+	// Done counts the done chunks; Duration is the run's time.
+	Done     int
+	Duration float64
+	Statuses []statusCount
+	Outcomes []outcome
+	Workers  []workerRow
+	Slowest  []backfill.ReportChunk
+	Attn     []backfill.ReportChunk
+	AttnMore int
+	Parts    []timePart
+	// Charts, as inline SVG.
+	Timeline, Rate, Durations, Split template.HTML
+}
+
+type statusCount struct {
+	Status string
+	N      int
+}
+
+type outcome struct {
+	Name string
+	N    int64
+	Of   int64
+}
+
+type workerRow struct {
+	ID     string
+	Chunks int
+	Rows   int64
+	Busy   float64
+	Procs  []backfill.ReportWorker
+}
+
+type timePart struct {
+	Name    string
+	Seconds float64
+	Of      float64
+	color   color.Color
+}
+
+// maxListed bounds the rows of the chunk tables.
+const maxListed = 50
+
+func newView(r backfill.RunReport) (view, error) {
+	v := view{R: r, Done: r.Totals.ChunksByStatus[string(backfill.ChunkDone)], Duration: r.Time.TotalSeconds}
+	for _, s := range slices.Sorted(maps.Keys(r.Totals.ChunksByStatus)) {
+		v.Statuses = append(v.Statuses, statusCount{s, r.Totals.ChunksByStatus[s]})
+	}
+	rows := r.Totals.Rows
+	for _, o := range []outcome{{"inserted", rows.Inserted, 0}, {"updated", rows.Updated, 0}, {"unchanged", rows.Unchanged, 0},
+		{"rejected", rows.Rejected, 0}, {"deduplicated", rows.Deduplicated, 0}} {
+		o.Of = rows.Read
+		v.Outcomes = append(v.Outcomes, o)
+	}
+
+	// Workers: by Config.WorkerID, the processes that ran under it.
+	byID := map[string]*workerRow{}
+	row := func(id string) *workerRow {
+		if byID[id] == nil {
+			byID[id] = &workerRow{ID: id}
+		}
+		return byID[id]
+	}
+	for _, w := range r.Workers {
+		wr := row(w.WorkerID)
+		wr.Procs = append(wr.Procs, w)
+	}
+	for _, c := range r.Chunks {
+		if c.Worker == "" || c.StartedAt == nil {
+			continue
+		}
+		wr := row(c.Worker)
+		wr.Chunks++
+		wr.Rows += c.Counts.Read
+		wr.Busy += c.DurationSeconds
+	}
+	ids := slices.Sorted(maps.Keys(byID))
+	for _, id := range ids {
+		v.Workers = append(v.Workers, *byID[id])
+	}
+
+	timed := slices.DeleteFunc(slices.Clone(r.Chunks), func(c backfill.ReportChunk) bool { return c.StartedAt == nil || c.FinishedAt == nil })
+	sort.SliceStable(timed, func(i, j int) bool { return timed[i].DurationSeconds > timed[j].DurationSeconds })
+	v.Slowest = timed[:min(len(timed), 10)]
+	for _, c := range r.Chunks {
+		if c.Status != string(backfill.ChunkDone) || c.LastError != "" {
+			if len(v.Attn) < maxListed {
+				v.Attn = append(v.Attn, c)
+			} else {
+				v.AttnMore++
+			}
+		}
+	}
+
+	t := r.Time
+	v.Parts = []timePart{{"working", t.WorkingSeconds, t.TotalSeconds, colWorking}, {"paused", t.PausedSeconds, t.TotalSeconds, colPaused}}
+	for _, s := range slices.SortedFunc(maps.Keys(t.ThrottledSeconds), cmp.Compare[string]) {
+		v.Parts = append(v.Parts, timePart{"throttled: " + s, t.ThrottledSeconds[s], t.TotalSeconds, colThrottled})
+	}
+
+	// Rows of the timeline: every worker that completed a chunk.
+	var rowsOf []string
+	for _, id := range ids {
+		if byID[id].Chunks > 0 {
+			rowsOf = append(rowsOf, id)
+		}
+	}
+	if len(rowsOf) == 0 {
+		rowsOf = []string{"(no chunk finished)"}
+	}
+	charts := []struct {
+		dst  *template.HTML
+		draw func() ([]byte, error)
+	}{
+		{&v.Timeline, func() ([]byte, error) { return timelineChart(r, rowsOf) }},
+		{&v.Rate, func() ([]byte, error) { return rateChart(r) }},
+		{&v.Durations, func() ([]byte, error) { return durationChart(r) }},
+		{&v.Split, func() ([]byte, error) { return splitChart(r, v.Parts) }},
+	}
+	for _, c := range charts {
+		svg, err := c.draw()
+		if err != nil {
+			return v, err
+		}
+		// gonum/plot's SVG escapes its text (html.EscapeString) and
+		// holds only what svgOf wrote: safe to inline.
+		*c.dst = template.HTML(svg)
+	}
+	return v, nil
+}
+
+// fmtInt formats n with thin spaces between thousands: 1 234 567.
+func fmtInt(n any) string {
+	var x int64
+	switch n := n.(type) {
+	case int:
+		x = int64(n)
+	case int64:
+		x = n
+	default:
+		return fmt.Sprint(n)
+	}
+	s := strconv.FormatInt(x, 10)
+	neg := strings.HasPrefix(s, "-")
+	s = strings.TrimPrefix(s, "-")
+	var b strings.Builder
+	for i, d := range s {
+		if i > 0 && (len(s)-i)%3 == 0 {
+			b.WriteString("\u202f")
+		}
+		b.WriteRune(d)
+	}
+	if neg {
+		return "-" + b.String()
+	}
+	return b.String()
+}
+
+// fmtFloat formats x with 3 significant digits, thousands grouped.
+func fmtFloat(x float64) string {
+	switch {
+	case x == 0:
+		return "0"
+	case x >= 1000 || x <= -1000:
+		return fmtInt(int64(x + 0.5))
+	case x >= 100 || x <= -100:
+		return strconv.FormatFloat(x, 'f', 0, 64)
+	case x >= 10 || x <= -10:
+		return strconv.FormatFloat(x, 'f', 1, 64)
+	case x >= 1 || x <= -1:
+		return strconv.FormatFloat(x, 'f', 2, 64)
+	}
+	return strconv.FormatFloat(x, 'g', 3, 64)
+}
+
+// fmtSeconds formats a duration of s seconds with its unit: 850 ms,
+// 12.3 s, 4 min 05 s, 2 h 03 min.
+func fmtSeconds(s float64) string {
+	d := time.Duration(s * float64(time.Second))
+	switch {
+	case s == 0:
+		return "0 s"
+	case s < 1:
+		return fmtFloat(s*1000) + " ms"
+	case s < 60:
+		return fmtFloat(s) + " s"
+	case s < 3600:
+		return fmt.Sprintf("%d min %02d s", int(d/time.Minute), int(d%time.Minute/time.Second))
+	}
+	return fmt.Sprintf("%d h %02d min", int(d/time.Hour), int(d%time.Hour/time.Minute))
+}
+
+// fmtTime formats t in UTC to the millisecond, with the zone.
+func fmtTime(t time.Time) string {
+	if t.IsZero() {
+		return "—"
+	}
+	return t.UTC().Format("2006-01-02 15:04:05.000 UTC")
+}
+
+func fmtTimePtr(t *time.Time) string {
+	if t == nil {
+		return "—"
+	}
+	return fmtTime(*t)
+}
+
+// fmtPct formats part of whole as a percentage.
+func fmtPct(part, whole any) string {
+	f := func(x any) float64 {
+		switch x := x.(type) {
+		case int:
+			return float64(x)
+		case int64:
+			return float64(x)
+		case float64:
+			return x
+		}
+		return 0
+	}
+	p, w := f(part), f(whole)
+	if w == 0 {
+		return "—"
+	}
+	return strconv.FormatFloat(100*p/w, 'f', 1, 64) + " %"
+}
+
+// fmtJSON formats raw JSON compactly, "" for none or an empty object.
+func fmtJSON(raw json.RawMessage) string {
+	s := strings.TrimSpace(string(raw))
+	if s == "" || s == "{}" || s == "null" {
+		return ""
+	}
+	return s
+}

@@ -1,0 +1,76 @@
+package backfill_test
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/pgbackfill/backfill"
+)
+
+// The report of a run, read back from the manifest alone: what another
+// machine with only the database's URL sees, without the job's code.
+// contrib/report renders it as one HTML file; its JSON form is the twin.
+func ExampleLoadRunReport() {
+	ctx := context.Background()
+	db := exampleDB("report")
+	defer db.Close()
+	db.MustExec(`CREATE TABLE squares (n int PRIMARY KEY, sq int NOT NULL)`)
+
+	r, err := backfill.New(db, &backfill.Config{WorkerID: "loader-1"})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	job := backfill.Job{
+		Name:        "squares",
+		CodeVersion: "v7",
+		Chunker:     backfill.IntRange(0, 100, 25),
+		Extractor: backfill.ExtractorFunc(func(ctx context.Context, c backfill.Chunk, w backfill.RowWriter) error {
+			for n := c.Lo; n < c.Hi; n++ {
+				if n == 13 {
+					if err := w.Reject(ctx, map[string]any{"n": n}, "n", "unlucky"); err != nil {
+						return err
+					}
+					continue
+				}
+				if err := w.Write(ctx, n, n*n); err != nil {
+					return err
+				}
+			}
+			return nil
+		}),
+		Rollback: backfill.RollbackNone,
+		Target:   backfill.Target{Table: "squares", Key: []string{"n"}},
+	}
+	rep, err := r.Run(ctx, job)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+
+	// Elsewhere, later: only the database and the batch ID.
+	report, err := backfill.LoadRunReport(ctx, db, backfill.NewPGManifest(""), rep.BatchID)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	p := report.Plan
+	fmt.Printf("%s %s: %s, rollback %s, started by %s\n", p.Job, p.CodeVersion, p.Scope, p.Rollback, p.StartedBy)
+	fmt.Println("chunks:", report.Totals.ChunksByStatus, "rows read:", report.Totals.Rows.Read, "inserted:", report.Totals.Rows.Inserted)
+	for _, c := range report.Chunks {
+		fmt.Printf("chunk %s by %s: %d rows\n", c.ID, c.Worker, c.Counts.Read)
+	}
+	for _, g := range report.Exceptions.Groups {
+		fmt.Printf("exceptions %q on column %s: %d, e.g. row %d of chunk %s\n", g.Reason, g.Column, g.Count, g.Examples[0].Row, g.Examples[0].ChunkID)
+	}
+	fmt.Println("time parts add up:", report.Time.WorkingSeconds+report.Time.PausedSeconds == report.Time.TotalSeconds)
+	// Output:
+	// squares v7: int [0, 100) step 25, rollback none, started by loader-1
+	// chunks: map[done:4] rows read: 100 inserted: 99
+	// chunk int:0/25 by loader-1: 25 rows
+	// chunk int:25/50 by loader-1: 25 rows
+	// chunk int:50/75 by loader-1: 25 rows
+	// chunk int:75/100 by loader-1: 25 rows
+	// exceptions "unlucky" on column n: 1, e.g. row 14 of chunk int:0/25
+	// time parts add up: true
+}
