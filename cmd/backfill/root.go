@@ -125,7 +125,7 @@ func newRoot(g *globals, getenv func(string) string) *cobra.Command {
 			root.AddCommand(c)
 		}
 	}
-	add(groupInspect, newRunsCmd(g), newChunksCmd(g), newExceptionsCmd(g), newValidationsCmd(g), newEventsCmd(g))
+	add(groupInspect, newRunsCmd(g), newChunksCmd(g), newExceptionsCmd(g), newValidationsCmd(g), newEventsCmd(g), newReportCmd(g))
 	add(groupOperate, newRollbackCmd(g))
 	add(groupAdmin, newMigrateCmd(g), newGrantsCmd(g))
 	root.SetHelpCommandGroupID(groupAdmin)
