@@ -43,7 +43,7 @@ import (
 // when the try waits, the sleep before the next try.
 type LockRetry struct {
 	// Timeout is the lock_timeout of the try, at most Config.LockTimeout;
-	// 0 sets none.
+	// 0 means Config.LockTimeout (the bound of every lock wait).
 	Timeout time.Duration
 	// Sleep is the pause after the try waited, jittered by ±25 %.
 	Sleep time.Duration
@@ -116,7 +116,7 @@ func (s txSettings) tryLockTimeout(n int) string {
 	}
 	t := s.retries[min(n, len(s.retries)-1)].Timeout
 	if t <= 0 {
-		return "0"
+		t = s.lockTimeout
 	}
 	return msSetting(min(t, s.lockTimeout))
 }

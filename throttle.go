@@ -155,7 +155,14 @@ type hysteresis struct {
 	// when it was last cut.
 	factor float64
 	cut    time.Time
+	// fails counts the consecutive readings that failed.
+	fails int
 }
+
+// unreadableAfter is how many consecutive failed readings of a signal
+// hold the run (fail closed): a safety signal that cannot be read must
+// not let the backfill run at full speed.
+const unreadableAfter = 3
 
 // Adaptive rate steps (Throttle.Adapt).
 const (

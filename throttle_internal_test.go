@@ -105,7 +105,8 @@ func TestParseSchedule(t *testing.T) {
 		require.Equal(t, map[bool]float64{true: 0, false: 1}[c.in], v, "signal outside the window is 1")
 	}
 	for _, bad := range []string{"", "Mon-Fry 22:00-06:00 UTC", "Mon 25:00-06:00 UTC", "Mon 22:00-06:00 Mars/Base",
-		"Mon 10:00-10:00 UTC", "Mon 22:00 UTC", "Mon 22:00-06:00", "Mon 24:00-06:00 UTC", "Mon 22:00-06:00 Local", "Mon 9:00-10:00 UTC"} {
+		"Mon 10:00-10:00 UTC", "Mon 22:00 UTC", "Mon 22:00-06:00", "Mon 24:00-06:00 UTC", "Mon 22:00-06:00 Local", "Mon 9:00-10:00 UTC",
+		"Mon +1:00-02:00 UTC", "Mon 01:+5-02:00 UTC", "Mon -0:00-02:00 UTC"} {
 		_, err := ParseSchedule(bad)
 		require.ErrorIs(t, err, ErrInvalidConfig, "%q", bad)
 	}

@@ -449,4 +449,89 @@ func TestAdaptiveThrottleSlowsWithoutHolding(t *testing.T) {
 		require.Equal(t, RunCompleted, rep.Status)
 		check(t, r, rep.BatchID, "rate cut to ")
 	})
+	t.Run("high from the start, no cap", func(t *testing.T) {
+		t.Parallel()
+		db := liveDB(t)
+		sig := &fakeSignal{}
+		sig.set(5) // the first cut finds nothing read: the first chunk sets the ceiling
+		r := throttleRunner(t, db, "w1", func(c *Config) {
+			c.Concurrency = 1
+			c.Throttles = []Throttle{{Signal: sig, High: 3, Low: 1, MinHold: time.Hour, Adapt: true}}
+		})
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		res := goRun(ctx, r, liveJob(nil))
+		waitFor(t, "a wait of the cut rate", func() bool {
+			var n int
+			return db.Get(&n, `SELECT count(*) FROM backfill.throttle_periods WHERE signal = 'fake'`) == nil && n >= 1
+		})
+		cancel()
+		<-res
+	})
+}
+
+// flakySignal reads v, or fails while broken.
+type flakySignal struct {
+	fakeSignal
+	broken atomic.Bool
+}
+
+func (f *flakySignal) Read(ctx context.Context, db sqlx.ExtContext, s SignalScope) (float64, error) {
+	if f.broken.Load() {
+		f.reads.Add(1)
+		return 0, fmt.Errorf("permission denied for view pg_stat_replication")
+	}
+	return f.fakeSignal.Read(ctx, db, s)
+}
+
+// TestUnreadableSignalFailsClosed: a signal that cannot be read at the
+// start (a typo in its query, a bad setting) fails the run before any
+// claim with ErrInvalidConfig naming the signal; one that stops being
+// readable later holds the run (after a few failed readings) until it
+// reads again, instead of letting the backfill run unthrottled.
+func TestUnreadableSignalFailsClosed(t *testing.T) {
+	t.Parallel()
+	t.Run("at the start", func(t *testing.T) {
+		t.Parallel()
+		for _, sig := range []Signal{SQLSignal("replica_guard", "SELEC 1"), ProbeLatencySignal("SELECT 1", 950, time.Second),
+			ProbeLatencySignal("SELECT 1", 99, 0)} {
+			db := liveDB(t)
+			r := throttleRunner(t, db, "w1", func(c *Config) { c.Throttles = []Throttle{{Signal: sig, High: 1, Critical: 2}} })
+			rep, err := r.Run(t.Context(), liveJob(nil))
+			require.ErrorIs(t, err, ErrInvalidConfig, "%s", sig.Name())
+			require.ErrorContains(t, err, "throttle signal "+sig.Name()+" cannot be read")
+			require.Zero(t, rep.ChunksDone, "%s: chunks were claimed", sig.Name())
+		}
+	})
+	t.Run("later", func(t *testing.T) {
+		t.Parallel()
+		db := liveDB(t)
+		sig := &flakySignal{}
+		sig.set(0)
+		var read atomic.Int64
+		job := liveJob(func(c Chunk) {
+			if read.Add(1) == 2 {
+				sig.broken.Store(true)
+				before := sig.reads.Load()
+				for sig.reads.Load() < before+unreadableAfter+2 {
+					time.Sleep(5 * time.Millisecond)
+				}
+			}
+		})
+		r := throttleRunner(t, db, "w1", func(c *Config) {
+			c.Concurrency = 1
+			c.Throttles = []Throttle{{Signal: sig, High: 3, Low: 1}}
+		})
+		res := goRun(t.Context(), r, job)
+		waitFor(t, "the unreadable signal's hold", func() bool {
+			var n int
+			return db.Get(&n, `SELECT count(*) FROM backfill.throttle_periods WHERE ended_at IS NULL`) == nil && n == 1
+		})
+		time.Sleep(50 * time.Millisecond)
+		require.EqualValues(t, 2, read.Load(), "a chunk was claimed while the signal could not be read")
+		sig.broken.Store(false)
+		out := <-res
+		require.NoError(t, out.err)
+		require.Equal(t, RunCompleted, out.rep.Status)
+	})
 }

@@ -2,6 +2,7 @@ package backfill
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -35,6 +36,7 @@ type throttler struct {
 	periods  []int64 // the open throttle period of each state (0: none)
 	pace     *pacer  // nil without Config.RowsPerSecond and without an adaptive throttle
 	share    float64 // this call's share of Config.RowsPerSecond (0: no cap)
+	initial  bool    // the first check, before any claim
 	ceiling  float64 // without a cap: the adaptive throttles' ceiling (rows/s), set at the first cut
 
 	mu      sync.Mutex
@@ -73,7 +75,9 @@ func (ex *execution) startThrottle(ctx context.Context) {
 	}
 	ex.throttle = t
 	mctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	t.initial = true
 	t.check(mctx)
+	t.initial = false
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
@@ -156,13 +160,32 @@ func (t *throttler) check(ctx context.Context) {
 		cancel()
 		name := h.th.Signal.Name()
 		if err != nil {
-			if ctx.Err() == nil {
-				ex.log.Warn("backfill: throttle signal unreadable; its state is kept", "signal", name, "held", h.held, "error", err)
+			if ctx.Err() != nil {
+				continue
 			}
-			continue
+			if t.initial && !errors.Is(err, context.DeadlineExceeded) {
+				// A signal that cannot be read at all (a typo in its
+				// query, a missing privilege, a bad setting) is a
+				// deployment error, found before anything is claimed.
+				ex.fail(nil, fmt.Errorf("backfill: job %q batch %d: %w: throttle signal %s cannot be read: %w", ex.job.Name, ex.batchID, ErrInvalidConfig, name, err))
+				t.wake()
+				return
+			}
+			h.fails++
+			if h.fails < unreadableAfter {
+				ex.log.Warn("backfill: throttle signal unreadable; its state is kept", "signal", name, "held", h.held, "error", err, "failures", h.fails)
+				continue
+			}
+			// Fail closed: a signal unreadable for unreadableAfter
+			// readings in a row counts as above its high watermark
+			// (never as critical) until it reads again.
+			ex.log.Warn("backfill: throttle signal unreadable; treated as above its high watermark until it reads again", "signal", name, "error", err, "failures", h.fails)
+			v = math.Inf(1)
+		} else {
+			h.fails = 0
 		}
 		ex.log.Debug("backfill: throttle check", "signal", name, "value", v, "high", h.th.High, "low", h.th.low(), "critical", h.th.Critical, "held", h.held)
-		if h.critical(v) {
+		if !math.IsInf(v, 1) && h.critical(v) {
 			t.pauseRun(ctx, h, v)
 			return
 		}
@@ -372,8 +395,22 @@ const RateSignalName = "rows_per_second"
 // the rows-per-second cap (0 for a try that claimed nothing or failed):
 // the pacer reserved an estimate when it let the try through.
 func (t *throttler) settle(rows int64) {
-	if t != nil && t.pace != nil {
-		t.pace.settle(t.now(), rows)
+	if t == nil || t.pace == nil {
+		return
+	}
+	now := t.now()
+	t.pace.settle(now, rows)
+	t.mu.Lock()
+	pending := t.share == 0 && t.ceiling == 0 && t.cutByLocked() != nil
+	t.mu.Unlock()
+	if pending && rows > 0 {
+		// An adaptive throttle cut the rate before the call had read
+		// anything (its signal was high from the start): the first
+		// chunks read set the ceiling the cut applies to.
+		t.mu.Lock()
+		t.ceiling = t.pace.rateOver(now, adaptWindow)
+		t.mu.Unlock()
+		t.applyRate()
 	}
 }
 

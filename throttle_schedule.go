@@ -127,7 +127,8 @@ func parseClock(s string) (int, error) {
 	h, m, ok := strings.Cut(s, ":")
 	hh, err1 := strconv.Atoi(h)
 	mm, err2 := strconv.Atoi(m)
-	if !ok || err1 != nil || err2 != nil || len(h) != 2 || len(m) != 2 || hh < 0 || hh > 24 || mm < 0 || mm > 59 || hh == 24 && mm != 0 {
+	digits := func(s string) bool { return len(s) == 2 && s[0] >= '0' && s[0] <= '9' && s[1] >= '0' && s[1] <= '9' }
+	if !ok || err1 != nil || err2 != nil || !digits(h) || !digits(m) || hh < 0 || hh > 24 || mm < 0 || mm > 59 || hh == 24 && mm != 0 {
 		return 0, fmt.Errorf("time %q: want HH:MM from 00:00 to 24:00", s)
 	}
 	return hh*60 + mm, nil

@@ -216,6 +216,12 @@ type probe struct {
 func (p *probe) Name() string { return "probe_latency" }
 
 func (p *probe) Read(ctx context.Context, db sqlx.ExtContext, _ SignalScope) (float64, error) {
+	switch {
+	case !(p.pct > 0 && p.pct <= 100):
+		return 0, fmt.Errorf("%w: ProbeLatencySignal: percentile %v is not in (0, 100]", ErrInvalidConfig, p.pct)
+	case p.win.span <= 0:
+		return 0, fmt.Errorf("%w: ProbeLatencySignal: window %v is not positive", ErrInvalidConfig, p.win.span)
+	}
 	// Timed from BEGIN to COMMIT, as an application's transaction is: a
 	// probe that writes waits for its commit's WAL flush
 	// (synchronous_commit), often the larger part of its latency.

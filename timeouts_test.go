@@ -326,3 +326,26 @@ func TestManifestTxSetsTimeouts(t *testing.T) {
 	_, err = New(db, &Config{LockRetries: []LockRetry{{Timeout: -1}}})
 	require.ErrorIs(t, err, ErrInvalidConfig)
 }
+
+// TestLockRetryWithoutTimeoutIsBoundedByLockTimeout: a LockRetries row
+// without a Timeout waits at most Config.LockTimeout (it does not turn
+// lock_timeout off).
+func TestLockRetryWithoutTimeoutIsBoundedByLockTimeout(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := liveDB(t)
+	r, err := New(db, &Config{WorkerID: "w", MaxAttempts: 1, LockTimeout: 300 * time.Millisecond,
+		LockRetries: []LockRetry{{Sleep: 20 * time.Millisecond}, {Sleep: 20 * time.Millisecond}, {Sleep: 20 * time.Millisecond}}})
+	require.NoError(t, err)
+	_, _, release := lockerConn(t, db, "the-locker", "ACCESS EXCLUSIVE")
+	done := goRun(ctx, r, liveJob(nil))
+	require.Eventually(t, func() bool {
+		var n int
+		return db.Get(&n, `SELECT count(*) FROM backfill.waits`) == nil && n >= 1
+	}, 30*time.Second, 10*time.Millisecond, "no try timed out: a row without Timeout waited without a bound")
+	release()
+	<-done
+	var timeouts []string
+	require.NoError(t, db.Select(&timeouts, `SELECT DISTINCT lock_timeout FROM backfill.waits`))
+	require.Equal(t, []string{"300"}, timeouts)
+}
