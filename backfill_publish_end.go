@@ -240,7 +240,7 @@ func (ex *execution) publishAtEnd(ctx context.Context) ([]ChunkResult, error) {
 	r := ex.r
 	stage := r.caps.staging.StagingTable(ex.batchID)
 	var done []ChunkResult
-	err := inTx(ctx, r.db, func(tx sqlx.ExtContext) error {
+	err := inBoundedTx(ctx, r.db, func(tx sqlx.ExtContext) error {
 		done = done[:0] // inTx may run this again after a conflict
 		staged, err := r.caps.staging.StagedChunks(ctx, tx, ex.batchID)
 		if err != nil || len(staged) == 0 {

@@ -544,6 +544,21 @@ func conflictingHolders(ctx context.Context, db sqlx.ExtContext, rel string) []B
 		ORDER BY a.pid`, sqlgen.Table(rel))
 }
 
+// strongLockHolders returns the other sessions that hold a lock on a
+// relation in a mode that conflicts with the row locks and ROW EXCLUSIVE
+// the library takes (SHARE and stronger), with the mode; nil for none or
+// on error. After a lock timeout the blocker is no longer a waiter's
+// pg_blocking_pids: these are the likely ones.
+func strongLockHolders(ctx context.Context, db sqlx.ExtContext) []Blocker {
+	return sessions(ctx, db, `SELECT DISTINCT a.pid, coalesce(a.application_name, '') AS app,
+		coalesce(a.state, '') AS state, '' AS wait_event, l.mode || ' on ' || l.relation::regclass::text AS mode, coalesce(a.query, '') AS query
+		FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+		WHERE l.locktype = 'relation' AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+			AND l.granted AND l.pid <> pg_backend_pid()
+			AND l.mode IN ('ShareLock', 'ShareRowExclusiveLock', 'ExclusiveLock', 'AccessExclusiveLock')
+		ORDER BY a.pid`)
+}
+
 // lockHolders describes the other sessions that hold a lock on relation
 // rel (pg_locks joined to pg_stat_activity, PostgreSQL docs 54.12 and
 // 27.2.3): the sessions pg_blocking_pids would name for a waiter on an

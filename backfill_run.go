@@ -47,6 +47,9 @@ type pgDB struct {
 	// settings are the Runner's timeouts for the short manifest
 	// transactions (nil: the defaults; backfill_timeouts.go).
 	settings *txSettings
+	// log is the Runner's logger, for the waits of those transactions
+	// (nil: slog's default).
+	log *slog.Logger
 }
 
 // Begin starts a READ COMMITTED transaction, whatever the database's
@@ -140,7 +143,7 @@ func NewWithDB(db DB, cfg *Config) (*Runner, error) {
 	if pd, ok := db.(pgDB); ok {
 		// The short manifest transactions take the Runner's timeouts.
 		ts := c.txSettings()
-		pd.settings = &ts
+		pd.settings, pd.log = &ts, c.Logger
 		db = pd
 	}
 	return &Runner{db: db, cfg: c, caps: caps, tracers: resolveTracers(c.Tracer)}, nil
@@ -1451,7 +1454,7 @@ func (r *Runner) Resume(ctx context.Context, job Job, actor, why string) (Report
 	if err != nil {
 		return Report{}, err
 	}
-	err = inTx(ctx, r.db, func(tx sqlx.ExtContext) error {
+	err = inBoundedTx(ctx, r.db, func(tx sqlx.ExtContext) error {
 		if err := audit.RecordEvent(ctx, tx, baseline); err != nil {
 			return err
 		}

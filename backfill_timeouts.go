@@ -190,13 +190,19 @@ func waitCode(ctx context.Context, err error) (code, msg string, ok bool) {
 // or the table's rows are used up: a try that waited (waitCode) is run
 // again after the row's jittered sleep. The short manifest transactions
 // use it; a chunk's tries are retried by the Runner (chunkWaited).
-func retryWaits(ctx context.Context, retries []LockRetry, try func() error) error {
+// Each wait is reported to waited (nil: none) before the sleep.
+func retryWaits(ctx context.Context, retries []LockRetry, try func() error, waited func(code, msg string, try int, sleep time.Duration)) error {
 	for n := 0; ; n++ {
 		err := try()
-		if _, _, ok := waitCode(ctx, err); !ok || n+1 >= len(retries) {
+		code, msg, ok := waitCode(ctx, err)
+		if !ok || n+1 >= len(retries) {
 			return err
 		}
-		t := time.NewTimer(jitter(retries[n].Sleep))
+		sleep := jitter(retries[n].Sleep)
+		if waited != nil {
+			waited(code, msg, n+1, sleep)
+		}
+		t := time.NewTimer(sleep)
 		select {
 		case <-ctx.Done():
 			t.Stop()

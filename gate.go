@@ -183,7 +183,7 @@ func (r *Runner) AcceptGate(ctx context.Context, job Job, chunkID, actor, why st
 	if err != nil {
 		return Report{}, err
 	}
-	err = inTx(ctx, r.db, func(tx sqlx.ExtContext) error {
+	err = inBoundedTx(ctx, r.db, func(tx sqlx.ExtContext) error {
 		if err := audit.RecordEvent(ctx, tx, Event{BatchID: run.BatchID, Job: job.Name, Kind: EventGateAccepted, Actor: actor, Detail: detail}); err != nil {
 			return err
 		}

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"strings"
 	"sync/atomic"
@@ -294,6 +295,17 @@ func inShortTx(ctx context.Context, db sqlx.ExtContext, f func(tx sqlx.ExtContex
 	return inTxIdle(ctx, db, txShort, f)
 }
 
+// inBoundedTx is inTx for a transaction that may run long (a rollback,
+// the publish at the end of a run, an operator's decision): it sets
+// lock_timeout ([Config.LockTimeout]) locally, but no statement_timeout
+// and no idle timeout, and retries a transaction whose lock wait timed
+// out (55P03; 40001 and 40P01 as inTx does) with the sleeps of
+// [Config.LockRetries]. Each wait is logged with the sessions holding
+// strong locks. f must be safe to run again.
+func inBoundedTx(ctx context.Context, db sqlx.ExtContext, f func(tx sqlx.ExtContext) error) error {
+	return inTxIdle(ctx, db, txBounded, f)
+}
+
 // inShortTxOwnWaits is inShortTx for a transaction that sets its own
 // lock_timeout and handles its lock timeouts itself (waitInFlight): no
 // lock_timeout, no retry of 55P03.
@@ -308,15 +320,20 @@ const (
 	txPlain txMode = iota
 	txShort
 	txShortOwnWaits
+	txBounded
 )
 
 func inTxIdle(ctx context.Context, db sqlx.ExtContext, mode txMode, f func(tx sqlx.ExtContext) error) error {
 	settings := defaultTxSettings
+	log := slog.Default()
 	b, _ := db.(txBeginner)
 	if pd, ok := db.(pgDB); ok {
 		b = pd.DB
 		if pd.settings != nil {
 			settings = *pd.settings
+		}
+		if pd.log != nil {
+			log = pd.log
 		}
 	}
 	if b == nil {
@@ -332,9 +349,18 @@ func inTxIdle(ctx context.Context, db sqlx.ExtContext, mode txMode, f func(tx sq
 			if err != nil {
 				return statementPoolerHint(ctx, b, err) // backfill_pooler.go
 			}
-			if mode != txPlain {
+			var set string
+			switch mode {
+			case txShort, txShortOwnWaits:
+				set = shortTxSettings(settings, mode == txShortOwnWaits)
+			case txBounded:
+				if lt := settings.manifestLockTimeout(); lt != "" {
+					set = `SELECT set_config('lock_timeout', '` + lt + `', true)`
+				}
+			}
+			if set != "" {
 				// No parameters: one round trip, pooler-safe.
-				if _, err := tx.ExecContext(ctx, shortTxSettings(settings, mode == txShortOwnWaits)); err != nil {
+				if _, err := tx.ExecContext(ctx, set); err != nil {
 					_ = tx.Rollback()
 					return err
 				}
@@ -346,10 +372,16 @@ func inTxIdle(ctx context.Context, db sqlx.ExtContext, mode txMode, f func(tx sq
 			return tx.Commit()
 		})
 	}
-	if mode != txShort {
+	if mode != txShort && mode != txBounded {
 		return try()
 	}
-	return retryWaits(ctx, settings.retries, try)
+	return retryWaits(ctx, settings.retries, try, func(code, msg string, n int, sleep time.Duration) {
+		// The blocker is gone once the statement timed out; the
+		// sessions still holding strong locks are the likely ones.
+		hs := strongLockHolders(context.WithoutCancel(ctx), db)
+		log.Warn("backfill: a transaction of the library waited; rolled back, retrying after a pause", "sqlstate", code, "message", msg,
+			"try", n, "lock_timeout", settings.manifestLockTimeout(), "sleep", sleep, "blockers", cmpOr(describeBlockers(hs), "none seen"))
+	})
 }
 
 // manifestIdleTimeout is idle_in_transaction_session_timeout in the

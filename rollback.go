@@ -285,7 +285,7 @@ func (r *Runner) undoRollback(ctx context.Context, job Job, run Run, plan Plan, 
 func (u *undoRollback) conflicts(ctx context.Context) (RollbackReport, error) {
 	rep := RollbackReport{BatchID: u.run.BatchID, Preview: u.opts.Preview, Status: u.run.Status}
 	var c RollbackConflicts
-	err := inTx(ctx, u.r.db, func(tx sqlx.ExtContext) (err error) {
+	err := inBoundedTx(ctx, u.r.db, func(tx sqlx.ExtContext) (err error) {
 		if !u.opts.Preview {
 			if err := u.lockTarget(ctx, tx); err != nil {
 				return err
@@ -419,7 +419,7 @@ func (r *Runner) stopOpenRun(ctx context.Context, pm sqlManifest, run Run, opts 
 		}
 		return run, nil
 	}
-	err := inTx(ctx, r.db, func(tx sqlx.ExtContext) error {
+	err := inBoundedTx(ctx, r.db, func(tx sqlx.ExtContext) error {
 		var status string
 		if err := sqlx.GetContext(ctx, tx, &status, pm.sql(`SELECT status FROM {s}.runs WHERE batch_id = $1 FOR NO KEY UPDATE`), run.BatchID); err != nil {
 			return err

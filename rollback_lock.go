@@ -72,7 +72,7 @@ type scopedConflicts interface {
 // rollback of the caller's, not [PGMerger]'s, takes no lock and checks
 // once.)
 func (u *undoRollback) lockedTx(ctx context.Context, seqs []int, lineage bool, f func(tx sqlx.ExtContext) error) error {
-	return inTx(ctx, u.r.db, func(tx sqlx.ExtContext) error {
+	return inBoundedTx(ctx, u.r.db, func(tx sqlx.ExtContext) error {
 		if err := u.lockTarget(ctx, tx); err != nil {
 			return err
 		}

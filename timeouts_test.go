@@ -4,13 +4,17 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
+
+	"github.com/pgbackfill/backfill/internal/pgtest"
 )
 
 // lockRetries is a retry table of n rows of (timeout, sleep).
@@ -348,4 +352,61 @@ func TestLockRetryWithoutTimeoutIsBoundedByLockTimeout(t *testing.T) {
 	var timeouts []string
 	require.NoError(t, db.Select(&timeouts, `SELECT DISTINCT lock_timeout FROM backfill.waits`))
 	require.Equal(t, []string{"300"}, timeouts)
+}
+
+// TestRollbackLockWaitsAreBoundedAndNamed: a rollback while another
+// session holds ACCESS EXCLUSIVE on the target waits at most
+// LockTimeout per try (pg_locks.waitstart, sampled), logs each wait with
+// the session holding the lock, and completes once the lock is released.
+func TestRollbackLockWaitsAreBoundedAndNamed(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t)
+	db.MustExec(`CREATE TABLE live (id bigint PRIMARY KEY, v text NOT NULL, backfill_inserted_by bigint, backfill_updated_by bigint)`)
+	var logs syncBuffer
+	r, err := New(db, &Config{WorkerID: "w", Logger: slog.New(slog.NewJSONHandler(&logs, nil)),
+		LockTimeout: 200 * time.Millisecond, LockRetries: lockRetries(50, 200*time.Millisecond, 20*time.Millisecond)})
+	require.NoError(t, err)
+	job := liveJob(nil)
+	job.Rollback = RollbackUndoLog
+	rep, err := r.Run(ctx, job)
+	require.NoError(t, err)
+
+	_, lockerPID, release := lockerConn(t, db, "the-locker", "ACCESS EXCLUSIVE")
+	var worst atomic.Int64 // ms
+	stop := make(chan struct{})
+	sampled := make(chan struct{})
+	go func() {
+		defer close(sampled)
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+			var ms int64
+			if db.Get(&ms, `SELECT coalesce(max(extract(epoch FROM now() - waitstart) * 1000), 0)::bigint FROM pg_locks
+				WHERE NOT granted AND pid <> $1 AND waitstart IS NOT NULL`, lockerPID) == nil && ms > worst.Load() {
+				worst.Store(ms)
+			}
+		}
+	}()
+	done := make(chan error, 1)
+	go func() {
+		_, err := r.Rollback(ctx, job, RollbackOptions{BatchID: rep.BatchID, Actor: "t", Why: "bounded waits"})
+		done <- err
+	}()
+	require.Eventually(t, func() bool {
+		return strings.Contains(logs.String(), "a transaction of the library waited")
+	}, 30*time.Second, 10*time.Millisecond, "the rollback's wait was not logged")
+	time.Sleep(600 * time.Millisecond) // several tries
+	release()
+	require.NoError(t, <-done)
+	close(stop)
+	<-sampled
+	require.Less(t, worst.Load(), int64(1000), "a rollback statement waited far longer than LockTimeout (200 ms)")
+	require.Contains(t, logs.String(), `application_name \"the-locker\"`)
+	var n int
+	require.NoError(t, db.Get(&n, `SELECT count(*) FROM live`))
+	require.Zero(t, n, "the rollback did not complete")
 }
