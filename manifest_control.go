@@ -389,5 +389,3 @@ func parseControlPayload(s string) (controlPayload, bool) {
 func quoteLiteral(s string) string {
 	return pq.QuoteLiteral(strings.ToValidUTF8(s, "\uFFFD"))
 }
-
-

@@ -130,9 +130,9 @@ type hysteresis struct {
 	// cfgHigh and cfgLow are the configured watermarks, which the
 	// throttle knobs replace while set (backfill_control.go).
 	cfgHigh, cfgLow float64
-	held  bool
-	since time.Time
-	value float64 // the reading that started the hold, then the latest
+	held            bool
+	since           time.Time
+	value           float64 // the reading that started the hold, then the latest
 }
 
 // observe takes reading v at now and returns the transition it causes.
