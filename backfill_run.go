@@ -760,6 +760,11 @@ func (ex *execution) fail(ce *ChunkError, err error) {
 // connection failure before a chunk is claimed is retried (connFailed).
 func (ex *execution) next(ctx context.Context, ws *waitState) bool {
 	cr, err := ex.runChunk(ctx)
+	if err != nil && ex.ctl != nil && !ex.cancelled() {
+		// The checkpoint refuses a chunk of a run cancelled meanwhile,
+		// possibly before this call read the control state: read it now.
+		ex.pollControl(context.WithoutCancel(ctx))
+	}
 	if err != nil && ex.cancelled() {
 		// The run was cancelled: the chunk's transaction rolled back (its
 		// lease released), it stays pending; no failure is recorded.

@@ -280,7 +280,9 @@ func TestControlPauseResumeCancelAcrossRunners(t *testing.T) {
 	}
 	checkChunks := func() map[string]int {
 		st := chunkStatuses(t, ops)
-		require.Equal(t, chunks, st["done"]+st["pending"], "every chunk done or pending: %v", st)
+		var errs []string
+		require.NoError(t, ops.Select(&errs, `SELECT seq || ' ' || status || ': ' || last_error FROM backfill.chunks WHERE last_error <> ''`))
+		require.Equal(t, chunks, st["done"]+st["pending"], "every chunk done or pending: %v %v", st, errs)
 		var leased, rows, read int64
 		require.NoError(t, ops.Get(&leased, `SELECT count(*) FROM backfill.chunks WHERE lease_key IS NOT NULL`))
 		require.Zero(t, leased, "no lease left")
