@@ -2,7 +2,6 @@ package backfill
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math"
 	"sync"
@@ -355,7 +354,3 @@ func (r *Runner) controlPlane(what string) (controlManifest, error) {
 	}
 	return r.caps.control, nil
 }
-
-// isHaltErr reports whether err is the cause a cancel gave the chunks in
-// flight.
-func isHaltErr(err error) bool { return errors.Is(err, ErrRunCancelled) }
