@@ -20,10 +20,14 @@ import (
 // Run returns backfill.ErrRunPaused), a second one cancels it (the chunks
 // in flight roll back, Run returns backfill.ErrRunCancelled). It says so
 // on out and returns the function that stops listening. Run the job with
-// a context the signals do not cancel.
-func PauseOnSignal(db *sqlx.DB, schema, job string, out io.Writer) (stop func()) {
+// a context the signals do not cancel. sigs replaces SIGINT and SIGTERM
+// when given (tests).
+func PauseOnSignal(db *sqlx.DB, schema, job string, out io.Writer, sigs ...os.Signal) (stop func()) {
 	ch := make(chan os.Signal, 2)
-	signal.Notify(ch, os.Interrupt, syscall.SIGTERM)
+	if len(sigs) == 0 {
+		sigs = []os.Signal{os.Interrupt, syscall.SIGTERM}
+	}
+	signal.Notify(ch, sigs...)
 	done := make(chan struct{})
 	actor := "signal"
 	if u, err := user.Current(); err == nil {
