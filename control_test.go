@@ -341,3 +341,39 @@ func TestControlPauseResumeCancelAcrossRunners(t *testing.T) {
 		WHERE batch_id = $1 AND kind IN ('run_paused', 'run_resumed_by_operator', 'run_cancelled') ORDER BY id`, batch))
 	require.Equal(t, []string{"run_paused oncall", "run_resumed_by_operator oncall", "run_cancelled oncall", "run_resumed_by_operator oncall"}, kinds)
 }
+
+// TestControlCancelOneTransactionPath: with Config.JobConcurrency each
+// chunk runs in one transaction holding a job slot (no lease): a cancel
+// from SQL while a chunk is extracted aborts it (its transaction rolls
+// back, the chunk stays pending, its slot is freed), the run ends
+// cancelled and Run returns ErrRunCancelled; nothing is recorded as a
+// failure.
+func TestControlCancelOneTransactionPath(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := liveDB(t)
+	r, err := New(db, &Config{WorkerID: "slots", JobConcurrency: 2, ThrottleInterval: 20 * time.Millisecond, Logger: discardLogger()})
+	require.NoError(t, err)
+	var once sync.Once
+	rep, err := r.Run(ctx, liveJob(func(c Chunk) {
+		if c.Seq != 2 {
+			return
+		}
+		once.Do(func() {
+			_, err := db.Exec(`SELECT backfill.cancel('live', 'ann', 'stop it')`)
+			require.NoError(t, err)
+		})
+		time.Sleep(time.Second) // in flight when the cancel lands; aborted
+	}))
+	require.ErrorIs(t, err, ErrRunCancelled)
+	require.Equal(t, RunCancelled, rep.Status)
+	st := chunkStatuses(t, db)
+	require.Equal(t, liveChunks, st["done"]+st["pending"], "%v", st)
+	require.Equal(t, map[string]int{"done": 2, "pending": liveChunks - 2}, st, "chunks 0 and 1 done, 2 aborted, none claimed after")
+	var rows, inserted, fails int64
+	require.NoError(t, db.Get(&rows, `SELECT count(*) FROM live`))
+	require.NoError(t, db.Get(&inserted, `SELECT coalesce(sum(rows_inserted), 0) FROM backfill.chunks WHERE status = 'done'`))
+	require.Equal(t, inserted, rows)
+	require.NoError(t, db.Get(&fails, `SELECT count(*) FROM backfill.chunks WHERE last_error <> ''`))
+	require.Zero(t, fails)
+}
