@@ -62,7 +62,7 @@ data:
 # Extra flags: make bench BENCHLOAD_FLAGS='-rows 300000 -runs 5 -rss'
 BENCHLOAD_FLAGS ?=
 
-.PHONY: bench bench-lock bench-probe
+.PHONY: bench bench-lock bench-probe bench-control
 bench:
 	$(GO) run ./internal/benchload $(BENCHLOAD_FLAGS)
 	@if grep -rqs --include='*_test.go' '^func Benchmark' . ; then \
@@ -89,3 +89,13 @@ BENCHPROBE_FLAGS ?=
 
 bench-probe:
 	$(GO) run ./internal/benchprobe $(BENCHPROBE_FLAGS)
+
+# bench-control: a pause issued from SQL against 3 worker processes, 20
+# times: the time until every worker of every process stopped (p50, p99,
+# max), then one cancel, checking every chunk is done or pending
+# (internal/benchcontrol). Reports only. Extra flags: make bench-control
+# BENCHCONTROL_FLAGS='-trials 50 -listen=false'
+BENCHCONTROL_FLAGS ?=
+
+bench-control:
+	$(GO) run ./internal/benchcontrol $(BENCHCONTROL_FLAGS)

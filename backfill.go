@@ -553,6 +553,15 @@ type Config struct {
 	// It needs [PGManifest] (else NewWithDB returns an error wrapping
 	// [ErrUnsupported]).
 	JobConcurrency int
+	// ListenURL is a lib/pq connection string of a direct connection to
+	// the server (not through PgBouncer in transaction mode, where LISTEN
+	// does not work) on which each call of Run LISTENs for the control
+	// notifications of [PGManifest] (channel: the manifest's schema
+	// name), so that a pause, cancel or knob set from SQL reaches its
+	// workers at once. Empty: no LISTEN. Either way each call also reads
+	// its run's control state every ThrottleInterval and after each
+	// chunk, so a decision takes effect within one ThrottleInterval.
+	ListenURL string
 }
 
 // Defaults of [Config.HeartbeatInterval] and [Config.StaleAfter]: a

@@ -247,6 +247,8 @@ type capabilities struct {
 	// throttle: throttle periods and job slots (PGManifest only).
 	throttle        throttleManifest
 	throttlePeriods ManifestThrottle
+	// control: pause, resume, cancel and knobs (PGManifest only).
+	control controlManifest
 }
 
 func resolveCapabilities(m Manifest, mg Merger) capabilities {
@@ -262,6 +264,7 @@ func resolveCapabilities(m Manifest, mg Merger) capabilities {
 	c.waits, _ = m.(ManifestWaits)
 	c.throttle, _ = m.(throttleManifest)
 	c.throttlePeriods, _ = m.(ManifestThrottle)
+	c.control, _ = m.(controlManifest)
 	c.mergeStage, _ = mg.(MergerStaging)
 	c.mergeUndo, _ = mg.(MergerRollback)
 	if si, ok := mg.(StagingIsolator); ok {

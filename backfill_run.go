@@ -239,6 +239,13 @@ func (r *Runner) run(ctx context.Context, job Job) (Report, error) {
 		rep.Warnings = rs.warnings
 		return rep, errors.Join(err, fmt.Errorf("backfill: job %q batch %d: %w: %s; resume it with Runner.Resume", job.Name, run.BatchID, ErrRunPaused, run.LastError))
 	}
+	if run.Status == RunCancelled {
+		// Terminal until resumed explicitly: a plain Run never restarts it.
+		rep, err := r.report(ctx, run, resumed)
+		rep.Warnings = rs.warnings
+		ex := &execution{r: r, job: job}
+		return rep, errors.Join(err, ex.cancelledErr(run))
+	}
 	ex, err := r.startExecution(ctx, rs, run, log)
 	if err != nil {
 		return Report{}, err
@@ -249,9 +256,11 @@ func (r *Runner) run(ctx context.Context, job Job) (Report, error) {
 		// end is recorded.
 		ex.startWorker(ctx)
 		defer ex.stopWorker()
-		ex.startThrottle(ctx) // throttle_run.go
+		stopListen := ex.listenControl(ctx) // backfill_control.go
+		ex.startThrottle(ctx)               // throttle_run.go
 		ex.run(ctx)
 		ex.stopThrottle()
+		stopListen()
 	}
 	return ex.finishRun(ctx, run, resumed, finished, begin)
 }
@@ -367,6 +376,9 @@ func (r *Runner) requires(job Job, pub publisher) error {
 func (r *Runner) startExecution(ctx context.Context, rs runSetup, run Run, log *slog.Logger) (*execution, error) {
 	ex := &execution{r: r, job: rs.job, info: rs.info, base: rs.info.Target.Table, plan: rs.plan, pub: rs.pub, batchID: run.BatchID, log: log,
 		undoTable: rs.undoTable, deliveredTable: rs.deliveredTable, watermark: rs.plan.Watermark, warnings: rs.warnings}
+	if r.caps.control != nil {
+		ex.ctl = newRunControl()
+	}
 	if run.Status == RunCompleted || run.Status == RunRolledBack {
 		return ex, nil
 	}
@@ -391,6 +403,10 @@ func (r *Runner) startExecution(ctx context.Context, rs runSetup, run Run, log *
 // and checks that the run loaded rows.
 func (ex *execution) run(ctx context.Context) {
 	ex.work(ctx)
+	if ex.haltedAs() != "" {
+		// Paused or cancelled meanwhile: nothing is published or judged.
+		return
+	}
 	if len(ex.errs) == 0 {
 		ex.pub.finish(ctx, ex)
 	}
@@ -436,6 +452,10 @@ func (ex *execution) finishRun(ctx context.Context, run Run, resumed, finished b
 		// Paused meanwhile by another process (a throttle's critical
 		// level) or an operator: not a success.
 		runErr = fmt.Errorf("backfill: job %q batch %d: %w: %s; resume it with Runner.Resume", job.Name, run.BatchID, ErrRunPaused, run.LastError)
+	}
+	if run.Status == RunCancelled {
+		// Cancelled meanwhile: the chunks in flight rolled back.
+		runErr = errors.Join(runErr, ex.cancelledErr(run))
 	}
 	published, err := ex.pub.published(fctx, ex, run)
 	if errors.Is(err, ErrAlreadyCompleted) {
@@ -529,6 +549,9 @@ type execution struct {
 	errs   []error
 	failed *ChunkError
 	stop   bool
+	// halted is the status (paused, cancelled) the run's control state
+	// stopped this call with ("" for none; backfill_control.go).
+	halted RunStatus
 	tries  map[int]int // failed attempts per chunk Seq in this call
 	// waits are the waits of this call's chunks (backfill_timeouts.go).
 	waits chunkWaits
@@ -550,6 +573,9 @@ type execution struct {
 	baseline Counts
 	// throttle holds the claims of this call (nil without throttles).
 	throttle *throttler
+	// ctl is the run's control state as this call applies it (nil
+	// without the control plane; backfill_control.go).
+	ctl *runControl
 	// leased are the chunks (Seq) this call's goroutines hold a lease on
 	// (backfill_shorttx.go).
 	leased  map[int]bool
@@ -685,17 +711,37 @@ func (ex *execution) stopped() bool {
 }
 
 func (ex *execution) work(ctx context.Context) {
-	g, gctx := errgroup.WithContext(ctx)
-	for range ex.r.cfg.Concurrency {
+	// A cancel of the run (backfill_control.go) aborts the chunks in
+	// flight through this context; the caller's ctx is left alone.
+	wctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	if ex.ctl != nil {
+		ex.ctl.mu.Lock()
+		ex.ctl.cancel = cancel
+		ex.ctl.mu.Unlock()
+		if ex.cancelled() {
+			return
+		}
+	}
+	g, gctx := errgroup.WithContext(wctx)
+	for i := range ex.r.cfg.Concurrency {
 		g.Go(func() error {
 			var ws waitState
 			for !ex.stopped() {
 				if gctx.Err() != nil {
-					ex.fail(nil, gctx.Err())
+					if !ex.cancelled() {
+						ex.fail(nil, gctx.Err())
+					}
+					return nil
+				}
+				if !ex.waitTurn(gctx, i) {
+					// The concurrency knob runs fewer workers, and they
+					// found nothing more to claim; or stopped meanwhile.
 					return nil
 				}
 				more := ex.next(gctx, &ws)
 				if !more {
+					ex.workerEnded()
 					return nil
 				}
 			}
@@ -739,6 +785,16 @@ func (ex *execution) next(ctx context.Context, ws *waitState) bool {
 			read = cr.res.Read
 		}
 		ex.throttle.settle(read)
+	}
+	if err != nil && ex.ctl != nil && !ex.cancelled() {
+		// The checkpoint refuses a chunk of a run cancelled meanwhile,
+		// possibly before this call read the control state: read it now.
+		ex.pollControl(context.WithoutCancel(ctx))
+	}
+	if err != nil && ex.cancelled() {
+		// The run was cancelled: the chunk's transaction rolled back (its
+		// lease released), it stays pending; no failure is recorded.
+		return false
 	}
 	if err == nil {
 		ws.connSince, ws.connFails = time.Time{}, 0
@@ -826,9 +882,10 @@ func (ex *execution) chunkDone(ctx context.Context, res ChunkResult) bool {
 		ex.mu.Unlock()
 		return false
 	}
-	// Pause: a check of the run's status (paused by an operator) goes
-	// here, between chunks.
-	return true
+	// Between chunks: the run's control state (paused or cancelled by an
+	// operator, knobs), read afresh (backfill_control.go).
+	ex.pollControl(ctx)
+	return !ex.stopped()
 }
 
 // chunkFailed records a failed attempt of ce's chunk and waits before the

@@ -41,14 +41,22 @@ const (
 	// the database was unreachable for longer than the reconnect budget,
 	// chunks are open (they end after the horizon, see [ErrChunksOpen]),
 	// the run was abandoned for a newer run of the job (restarting joins
-	// it), or the run is paused by a quality gate (it resumes after an
-	// operator's [Runner.Resume]; until then a restart returns 75 again).
+	// it), or the run is paused by a quality gate, a throttle's critical
+	// level or an operator ([ErrRunPaused]; it resumes after
+	// [Runner.Resume] or the SQL function resume; until then a restart
+	// returns 75 again).
 	ExitTempFail ExitCode = 75
+	// ExitCancelled (3): an operator cancelled the run ([ErrRunCancelled],
+	// [RunCancelled]): the chunks in flight rolled back. Do not restart:
+	// a restart returns 3 again at once, until someone resumes the run
+	// explicitly ([Runner.Resume], the SQL function resume) or starts a
+	// new one ([Job.NewRun]).
+	ExitCancelled ExitCode = 3
 )
 
 // Work runs job with r as one worker among any number, on any number of
 // hosts, and returns its outcome as an exit code of the [ExitCode]
-// contract (ExitDone 0, ExitFailed 1, ExitUsage 64, ExitTempFail 75); it logs the
+// contract (ExitDone 0, ExitFailed 1, ExitCancelled 3, ExitUsage 64, ExitTempFail 75); it logs the
 // outcome (Config.Logger) with the code. Host programs call it and exit
 // with its result:
 //
@@ -84,6 +92,8 @@ func Work(ctx context.Context, r *Runner, job Job) ExitCode {
 		log.Warn("backfill worker: run not finished; restart later to resume it", attrs...)
 	case ExitUsage:
 		log.Error("backfill worker: bad job or configuration; nothing run", attrs...)
+	case ExitCancelled:
+		log.Warn("backfill worker: run cancelled by an operator; do not restart until it is resumed", attrs...)
 	case ExitFailed:
 		if rep.BatchID == 0 {
 			log.Error("backfill worker: failed before a run was created or resumed", attrs...)
@@ -127,6 +137,8 @@ func exitCode(ctx context.Context, rep Report, err error) ExitCode {
 		return ExitTempFail
 	case errors.Is(err, ErrAlreadyCompleted):
 		return ExitDone
+	case errors.Is(err, ErrRunCancelled), rep.Status == RunCancelled:
+		return ExitCancelled
 	case errors.Is(err, ErrInvalidConfig), errors.Is(err, ErrInvalidScope), errors.Is(err, ErrPlanChanged),
 		errors.Is(err, ErrUnsupported), errors.Is(err, ErrNoUniqueKey), errors.Is(err, ErrTargetNotFound),
 		errors.Is(err, ErrPrivilege), errors.Is(err, ErrSchemaBehind), errors.Is(err, errStatementPooler), isLoginRefused(err):

@@ -222,9 +222,20 @@ liveness dead.
 
 Exit codes. [Work] returns [ExitDone] (0: completed, by this worker or
 others), [ExitFailed] (1: failed; last_error says why; do not restart
-blindly), [ExitUsage] (64: bad job or configuration) or [ExitTempFail]
-(75: not finished: cancelled, paused, chunks open, database away, or
-abandoned for a newer run; restart later to resume).
+blindly), [ExitCancelled] (3: an operator cancelled the run; do not
+restart until it is resumed), [ExitUsage] (64: bad job or configuration)
+or [ExitTempFail] (75: not finished: the context cancelled, paused,
+chunks open, database away, or abandoned for a newer run; restart later
+to resume).
+
+Control. The manifest's SQL functions pause, resume and cancel a run and
+set its live knobs, from psql or from Go ([PGManifest.Pause],
+[PGManifest.Cancel], [PGManifest.SetKnob], [Runner.Pause],
+[Runner.Cancel], [Runner.SetKnob], [Runner.Resume]); every worker of
+every process reads its run's control state every
+[Config.ThrottleInterval], after each chunk, and on the notification
+([Config.ListenURL]). See [ControlState] and the README's
+"Operating".
 
 # Beside production
 

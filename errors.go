@@ -80,9 +80,26 @@ var (
 	// ErrNotPaused is returned by [Runner.Resume] when the job's latest
 	// run is not paused.
 	ErrNotPaused = errors.New("backfill: run is not paused")
-	// ErrRunPaused is returned by [Runner.Run] when the job's run is paused
-	// (a quality gate failed); resume it with [Runner.Resume].
+	// ErrRunPaused is returned by [Runner.Run] when the job's run is
+	// paused: a quality gate failed, a throttle reached its critical
+	// level, or an operator paused it ([PGManifest.Pause], the SQL
+	// function pause), before or during the call (the chunks in flight
+	// finished first). Resume it with [Runner.Resume] or the SQL
+	// function resume.
 	ErrRunPaused = errors.New("backfill: run is paused")
+	// ErrRunCancelled is returned by [Runner.Run] when the job's run was
+	// cancelled ([PGManifest.Cancel], the SQL function cancel), before or
+	// during the call: the chunks in flight rolled back and the run is
+	// [RunCancelled]. A later Run of the job does not restart it (it
+	// returns this error again): resume it explicitly with
+	// [Runner.Resume] or the SQL function resume, or start a new run
+	// with [Job.NewRun].
+	ErrRunCancelled = errors.New("backfill: run is cancelled")
+	// ErrRunStatus is returned by the control functions ([PGManifest.Pause],
+	// [PGManifest.Cancel], [PGManifest.Resume], [PGManifest.SetKnob]) when
+	// the run's status does not allow the decision (pausing a completed
+	// run, resuming a running one); the message names the status.
+	ErrRunStatus = errors.New("backfill: the run's status does not allow this")
 	// ErrGateFailed is returned (wrapped in a [*ChunkError]) when a check
 	// of severity error failed: the chunk rolled back and the run paused.
 	ErrGateFailed = errors.New("backfill: quality gate failed")

@@ -250,7 +250,7 @@ func (r *Runner) pausedRun(ctx context.Context, job Job, what string) (Run, erro
 	if err != nil {
 		return Run{}, fmt.Errorf("backfill: %s %q: %w", what, job.Name, err)
 	}
-	if run.Status != RunPaused {
+	if run.Status != RunPaused && (run.Status != RunCancelled || what != "resume job") {
 		return Run{}, fmt.Errorf("backfill: %s %q: %w: batch %d is %s", what, job.Name, ErrNotPaused, run.BatchID, run.Status)
 	}
 	return run, nil

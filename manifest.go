@@ -19,9 +19,11 @@ const (
 	// RunFailed: a chunk failed for good; running the job again retries
 	// the failed chunks and resumes.
 	RunFailed RunStatus = "failed"
-	// RunPaused: a quality gate failed (or an operator paused the run);
-	// nothing more is claimed until [Runner.Resume] records who resumed it
-	// and why.
+	// RunPaused: a quality gate failed, a throttle reached its critical
+	// level, or an operator paused the run ([PGManifest.Pause], the SQL
+	// function pause); nothing more is claimed (chunks in flight finish)
+	// until [Runner.Resume] or the SQL function resume records who resumed
+	// it and why.
 	RunPaused RunStatus = "paused"
 	// RunRolledBack: the run's changes were withdrawn by a rollback.
 	RunRolledBack RunStatus = "rolled_back"
@@ -29,6 +31,13 @@ const (
 	// [Job.NewRun]; this run will not be resumed. Its completed chunks
 	// stay in the target.
 	RunAbandoned RunStatus = "abandoned"
+	// RunCancelled: an operator cancelled the run ([PGManifest.Cancel],
+	// the SQL function cancel): its chunks in flight rolled back (pending
+	// again), its done chunks stay in the target. Terminal until resumed
+	// explicitly ([Runner.Resume], the SQL function resume): [Runner.Run]
+	// returns [ErrRunCancelled] and does not restart it; [Job.NewRun]
+	// starts a new run beside it. [Runner.Rollback] can withdraw it.
+	RunCancelled RunStatus = "cancelled"
 )
 
 // ChunkStatus is the state of one chunk of a run.

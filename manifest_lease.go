@@ -125,7 +125,8 @@ func (m *PGManifest) leaseChunk(ctx context.Context, db sqlx.ExtContext, batchID
 // fenceLease is the fence of a leased chunk's transaction tx: with the
 // settings of the lease (claimLeased's, set first), it locks the chunk's
 // row and clears its lease WHERE the lease is still key's at epoch, the
-// chunk claimable and the run running. ok is false when it is not: the
+// chunk claimable and the run running or paused (a chunk in flight when
+// the run is paused finishes: only new claims stop). ok is false when it is not: the
 // lease was taken over (or the chunk or run moved on), and tx must not
 // commit the chunk.
 func (m *PGManifest) fenceLease(ctx context.Context, tx sqlx.ExtContext, batchID int64, seq int, epoch int64, l lease) (st ChunkState, pid int, ok bool, err error) {
@@ -136,8 +137,8 @@ func (m *PGManifest) fenceLease(ctx context.Context, tx sqlx.ExtContext, batchID
 	err = sqlx.SelectContext(ctx, tx, &rows, m.sql(`UPDATE {s}.chunks c SET lease_key = NULL, leased_at = NULL
 		WHERE c.batch_id = $1 AND c.seq = $2 AND c.lease_key = $3 AND c.lease_epoch = $4
 		AND (c.status = 'pending' OR c.status = 'open'
-			AND c.open_call < (SELECT calls FROM {s}.runs WHERE batch_id = $1 AND status = 'running'))
-		AND EXISTS (SELECT 1 FROM {s}.runs WHERE batch_id = $1 AND status = 'running')
+			AND c.open_call < (SELECT calls FROM {s}.runs WHERE batch_id = $1 AND status IN ('running', 'paused')))
+		AND EXISTS (SELECT 1 FROM {s}.runs WHERE batch_id = $1 AND status IN ('running', 'paused'))
 		RETURNING `+chunkColumns), batchID, seq, l.key, epoch)
 	if err != nil {
 		return ChunkState{}, 0, false, fmt.Errorf("backfill: fence chunk %d of batch %d: %w", seq, batchID, err)

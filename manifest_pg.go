@@ -252,9 +252,13 @@ COMMENT ON VIEW {s}.completed_batches IS
 	migrationThrottle,
 	// 15: leases of chunks across transactions (manifest_lease.go).
 	migrationLeases,
+	// 16: cancelled runs, live knobs, the control functions and the
+	// append-only audit log (manifest_control.go).
+	migrationControl,
 }
 
 func (m *PGManifest) sql(q string) string {
+	q = strings.ReplaceAll(q, "{schema}", quoteLiteral(m.schema))
 	return strings.ReplaceAll(q, "{s}", sqlgen.Ident(m.schema))
 }
 
@@ -497,7 +501,7 @@ func (m *PGManifest) StartRun(ctx context.Context, db sqlx.ExtContext, plan Plan
 				same := prev.Fingerprint == plan.Fingerprint
 				switch {
 				case same && !newRun:
-					if prev.Status != RunCompleted && prev.Status != RunPaused && prev.Status != RunRolledBack {
+					if prev.Status != RunCompleted && prev.Status != RunPaused && prev.Status != RunRolledBack && prev.Status != RunCancelled {
 						if _, err := tx.ExecContext(ctx, m.sql(`UPDATE {s}.chunks SET status = 'pending' WHERE batch_id = $1 AND status = 'failed'`), prev.BatchID); err != nil {
 							return err
 						}
@@ -726,13 +730,13 @@ func (m *PGManifest) CompleteChunk(ctx context.Context, tx sqlx.ExtContext, batc
 		started_at = $9, finished_at = $10, last_error = '', worker = $11,
 		open_call = CASE WHEN $12 = 'open' THEN (SELECT calls FROM {s}.runs WHERE batch_id = $1) END
 		WHERE batch_id = $1 AND seq = $2 AND status IN ('pending', 'staged', 'open')
-			AND EXISTS (SELECT 1 FROM {s}.runs WHERE batch_id = $1 AND status NOT IN ('abandoned', 'rolled_back'))`),
+			AND EXISTS (SELECT 1 FROM {s}.runs WHERE batch_id = $1 AND status NOT IN ('abandoned', 'rolled_back', 'cancelled'))`),
 		batchID, r.Chunk.Seq, r.Read, r.Inserted, r.Updated, r.Unchanged, r.Rejected, r.Deduplicated, r.StartedAt, r.FinishedAt, ManifestText(r.Worker), string(status))
 	if err != nil {
 		return fmt.Errorf("backfill: complete chunk %s: %w", r.Chunk.ID, err)
 	}
 	if n, _ := res.RowsAffected(); n != 1 {
-		return fmt.Errorf("backfill: complete chunk %s of batch %d: chunk is not pending (completed by another worker?) or the run was abandoned or rolled back", r.Chunk.ID, batchID)
+		return fmt.Errorf("backfill: complete chunk %s of batch %d: chunk is not pending (completed by another worker?) or the run was abandoned, rolled back or cancelled", r.Chunk.ID, batchID)
 	}
 	return nil
 }
@@ -804,7 +808,7 @@ func (m *PGManifest) FinishRun(ctx context.Context, db sqlx.ExtContext, batchID 
 		}
 		run = runs[0]
 		switch run.Status {
-		case RunCompleted, RunAbandoned, RunPaused, RunRolledBack:
+		case RunCompleted, RunAbandoned, RunPaused, RunRolledBack, RunCancelled:
 			return nil
 		}
 		var open int
@@ -1129,20 +1133,10 @@ func (m *PGManifest) PauseRun(ctx context.Context, db sqlx.ExtContext, batchID i
 	})
 }
 
-// ResumeRun implements [ManifestValidations.ResumeRun].
+// ResumeRun implements [ManifestValidations.ResumeRun] with the SQL
+// function resume (manifest_control.go): a cancelled run is resumed too.
 func (m *PGManifest) ResumeRun(ctx context.Context, db sqlx.ExtContext, batchID int64, actor, why string) error {
-	actor, why = ManifestText(actor), ManifestText(why)
-	return inShortTx(ctx, db, func(tx sqlx.ExtContext) error {
-		var runs []Run
-		if err := sqlx.SelectContext(ctx, tx, &runs, m.sql(`UPDATE {s}.runs SET status = 'running', last_error = '', updated_at = now()
-			WHERE batch_id = $1 AND status = 'paused' RETURNING `+runColumns), batchID); err != nil {
-			return fmt.Errorf("backfill: resume run %d: %w", batchID, err)
-		}
-		if len(runs) == 0 {
-			return fmt.Errorf("backfill: resume run %d: %w", batchID, ErrNotPaused)
-		}
-		return m.event(ctx, tx, pgEvent{batchID: batchID, job: runs[0].Job, kind: "run_resumed_by_operator", actor: actor, detail: map[string]any{"why": why}})
-	})
+	return m.control(ctx, db, "resume", batchID, actor, why)
 }
 
 // StageChunk implements [ManifestStaging.StageChunk]: it checkpoints a
@@ -1158,7 +1152,7 @@ func (m *PGManifest) StageChunk(ctx context.Context, tx sqlx.ExtContext, p Stage
 	}
 	res, err := tx.ExecContext(ctx, m.sql(`UPDATE {s}.chunks SET status = 'staged', rows_read = $3, rows_rejected = $4, rows_staged = $5
 		WHERE batch_id = $1 AND seq = $2 AND status = 'pending'
-			AND EXISTS (SELECT 1 FROM {s}.runs WHERE batch_id = $1 AND status NOT IN ('abandoned', 'rolled_back'))`), p.BatchID, p.Chunk.Seq, p.Read, p.Rejected, p.Staged)
+			AND EXISTS (SELECT 1 FROM {s}.runs WHERE batch_id = $1 AND status NOT IN ('abandoned', 'rolled_back', 'cancelled'))`), p.BatchID, p.Chunk.Seq, p.Read, p.Rejected, p.Staged)
 	if err != nil {
 		return fmt.Errorf("backfill: stage chunk %s: %w", p.Chunk.ID, err)
 	}

@@ -190,7 +190,7 @@ func (r *Runner) rollbackBatch(ctx context.Context, job Job, opts RollbackOption
 			return Run{}, Plan{}, err
 		}
 	}
-	if wm := r.caps.workers; wm != nil && !opts.Preview && (run.Status == RunPaused || run.Status == RunFailed) {
+	if wm := r.caps.workers; wm != nil && !opts.Preview && (run.Status == RunPaused || run.Status == RunFailed || run.Status == RunCancelled) {
 		// Chunks claimed while the run was running may still be in
 		// flight (the run's row is no lock they hold): wait for them,
 		// fencing stale holders, before the rollback reads what to undo.
@@ -486,7 +486,7 @@ func (r *Runner) rollbackRun(ctx context.Context, pm ManifestRollback, job strin
 		}
 		return run, nil
 	}
-	run, err := pm.LatestRun(ctx, r.db, job, RunRunning, RunCompleted, RunFailed, RunPaused, RunRolledBack)
+	run, err := pm.LatestRun(ctx, r.db, job, RunRunning, RunCompleted, RunFailed, RunPaused, RunRolledBack, RunCancelled)
 	if err != nil {
 		return Run{}, fmt.Errorf("backfill: rollback of job %q: %w", job, err)
 	}

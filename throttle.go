@@ -146,10 +146,13 @@ const (
 // hysteresis is one throttle's state: held since when. It is pure (the
 // caller gives the time), so tests drive it with a fake clock.
 type hysteresis struct {
-	th    Throttle
-	held  bool
-	since time.Time
-	value float64 // the reading that started the hold, then the latest
+	th Throttle
+	// cfgHigh and cfgLow are the configured watermarks, which the
+	// throttle knobs replace while set (backfill_control.go).
+	cfgHigh, cfgLow float64
+	held            bool
+	since           time.Time
+	value           float64 // the reading that started the hold, then the latest
 
 	// With Adapt: the factor (0, 1] applied to the rate's ceiling, and
 	// when it was last cut.

@@ -58,20 +58,26 @@ func (ex *execution) startThrottle(ctx context.Context) {
 		}
 	}
 	adapt := slices.ContainsFunc(cfg.Throttles, func(th Throttle) bool { return th.Adapt })
-	if len(cfg.Throttles) == 0 && cfg.RowsPerSecond <= 0 {
+	if len(cfg.Throttles) == 0 && cfg.RowsPerSecond <= 0 && ex.ctl == nil {
 		return
 	}
-	t := &throttler{ex: ex, interval: cmpOr(cfg.ThrottleInterval, DefaultThrottleInterval), now: time.Now, changed: make(chan struct{})}
+	t := &throttler{ex: ex, interval: cfg.throttleInterval(), now: time.Now, changed: make(chan struct{})}
 	for _, th := range cfg.Throttles {
-		t.states = append(t.states, &hysteresis{th: th})
+		t.states = append(t.states, &hysteresis{th: th, cfgHigh: th.High, cfgLow: th.Low})
 	}
 	t.periods = make([]int64, len(t.states))
 	switch {
 	case cfg.RowsPerSecond > 0:
 		t.share = cfg.RowsPerSecond
 		t.pace = newPacer(cfg.RowsPerSecond)
-	case adapt:
+	case adapt || ex.ctl != nil:
+		// With the control plane the cap is a live knob: an unlimited
+		// pacer until it is set.
 		t.pace = newPacer(math.Inf(1))
+	}
+	var poke chan struct{}
+	if ex.ctl != nil {
+		poke = ex.ctl.poke
 	}
 	ex.throttle = t
 	mctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
@@ -91,6 +97,7 @@ func (ex *execution) startThrottle(ctx context.Context) {
 			case <-ctx.Done():
 				return
 			case <-tk.C:
+			case <-poke:
 			}
 			t.check(mctx)
 		}
@@ -131,15 +138,20 @@ func (t *throttler) scope(ctx context.Context) SignalScope {
 			ex.log.Warn("backfill: throttle: listing the run's live workers failed", "error", err)
 		} else {
 			s.WorkerKeys = keys
-			if ex.r.cfg.RowsPerSecond > 0 {
-				// The job-wide cap, shared evenly by the live calls
-				// (processes) of the run.
+			if t.pace != nil {
+				// The job-wide cap (a live knob), shared evenly by the
+				// live calls (processes) of the run; 0: none.
 				t.mu.Lock()
-				t.share = ex.r.cfg.RowsPerSecond / float64(max(len(keys), 1))
+				t.share = ex.liveRowsPerSecond() / float64(max(len(keys), 1))
 				t.mu.Unlock()
 				t.applyRate()
 			}
 		}
+	} else if t.pace != nil {
+		t.mu.Lock()
+		t.share = ex.liveRowsPerSecond()
+		t.mu.Unlock()
+		t.applyRate()
 	}
 	return s
 }
@@ -147,6 +159,13 @@ func (t *throttler) scope(ctx context.Context) SignalScope {
 // check reads every signal once and applies the transitions.
 func (t *throttler) check(ctx context.Context) {
 	ex := t.ex
+	if ex.stopped() {
+		return
+	}
+	// The run's control state: a pause or cancel stops the call, knobs
+	// replace settings (backfill_control.go).
+	ex.pollControl(ctx)
+	t.applyThresholds()
 	if ex.stopped() {
 		return
 	}
@@ -529,7 +548,24 @@ type charged struct {
 }
 
 func newPacer(perSecond float64) *pacer {
-	return &pacer{lim: rate.NewLimiter(rate.Limit(perSecond), burstOf(perSecond))}
+	return &pacer{lim: rate.NewLimiter(limitOf(perSecond), burstOf(perSecond))}
+}
+
+// rateOrInf is perSecond as a pacer's limit: no cap (0 or less) is an
+// infinite rate.
+func rateOrInf(perSecond float64) float64 {
+	if perSecond <= 0 {
+		return math.Inf(1)
+	}
+	return perSecond
+}
+
+// limitOf is perSecond as a rate.Limit (an infinite rate is rate.Inf).
+func limitOf(perSecond float64) rate.Limit {
+	if math.IsInf(perSecond, 1) {
+		return rate.Inf
+	}
+	return rate.Limit(perSecond)
 }
 
 func burstOf(perSecond float64) int {
@@ -539,10 +575,10 @@ func burstOf(perSecond float64) int {
 func (p *pacer) setLimit(now time.Time, perSecond float64) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if float64(p.lim.Limit()) == perSecond {
+	if p.lim.Limit() == limitOf(perSecond) {
 		return
 	}
-	p.lim.SetLimitAt(now, rate.Limit(perSecond))
+	p.lim.SetLimitAt(now, limitOf(perSecond))
 	p.lim.SetBurstAt(now, burstOf(perSecond))
 }
 
@@ -697,7 +733,7 @@ const slotPoll = 50 * time.Millisecond
 // takeSlot locks a job-wide concurrency slot in tx, the chunk's
 // transaction (true without Config.JobConcurrency).
 func (ex *execution) takeSlot(ctx context.Context, tx Tx) (bool, error) {
-	n := ex.r.cfg.JobConcurrency
+	n := ex.liveJobConcurrency()
 	tm := ex.r.caps.throttle
 	if n <= 0 || tm == nil {
 		return true, nil

@@ -30,6 +30,8 @@ func TestExitCodeOfDeploymentErrors(t *testing.T) {
 		{"wrong password through PgBouncer", &pq.Error{Code: "08P01", Message: `password authentication failed for user "loader"`}, ExitUsage},
 		{"connection lost", fmt.Errorf("begin: %w", driver.ErrBadConn), ExitTempFail},
 		{"server shutting down", &pq.Error{Code: "57P01", Message: "terminating connection due to administrator command"}, ExitTempFail},
+		{"paused by an operator", fmt.Errorf("backfill: job %q batch 1: %w: paused by ann: lag", "j", ErrRunPaused), ExitTempFail},
+		{"cancelled by an operator", fmt.Errorf("backfill: job %q batch 1: %w: cancelled by ann: scope", "j", ErrRunCancelled), ExitCancelled},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			require.Equal(t, c.want, exitCode(ctx, Report{}, c.err))

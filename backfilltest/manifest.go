@@ -125,7 +125,7 @@ func (m *Manifest) StartRun(ctx context.Context, db sqlx.ExtContext, plan backfi
 		same := prev.run.Fingerprint == plan.Fingerprint
 		switch {
 		case same && !newRun:
-			if prev.run.Status != backfill.RunCompleted && prev.run.Status != backfill.RunPaused && prev.run.Status != backfill.RunRolledBack {
+			if prev.run.Status != backfill.RunCompleted && prev.run.Status != backfill.RunPaused && prev.run.Status != backfill.RunRolledBack && prev.run.Status != backfill.RunCancelled {
 				for i := range prev.chunks {
 					if prev.chunks[i].Status == backfill.ChunkFailed {
 						prev.chunks[i].Status = backfill.ChunkPending
@@ -308,7 +308,7 @@ func (m *Manifest) FinishRun(ctx context.Context, db sqlx.ExtContext, batchID in
 		return backfill.Run{}, err
 	}
 	switch r.run.Status {
-	case backfill.RunCompleted, backfill.RunAbandoned, backfill.RunPaused, backfill.RunRolledBack:
+	case backfill.RunCompleted, backfill.RunAbandoned, backfill.RunPaused, backfill.RunRolledBack, backfill.RunCancelled:
 		return r.run, nil
 	}
 	open := 0
@@ -483,7 +483,7 @@ func (m *Manifest) ResumeRun(ctx context.Context, db sqlx.ExtContext, batchID in
 	if err != nil {
 		return err
 	}
-	if r.run.Status != backfill.RunPaused {
+	if r.run.Status != backfill.RunPaused && r.run.Status != backfill.RunCancelled {
 		return fmt.Errorf("backfill: resume run %d: %w", batchID, backfill.ErrNotPaused)
 	}
 	r.run.Status, r.run.LastError = backfill.RunRunning, ""

@@ -279,7 +279,12 @@ func runJob(ctx context.Context, out io.Writer, db *sqlx.DB, logger *slog.Logger
 	if err != nil {
 		return backfill.Report{}, err
 	}
+	// Ctrl-C pauses the run (the chunk in flight finishes), a second one
+	// cancels it: through the manifest's control, not the context.
+	stopSignals := cli.PauseOnSignal(db, "backfill", job.Name, out)
+	ctx = context.WithoutCancel(ctx)
 	rep, runErr := runner.Run(ctx, job)
+	stopSignals()
 	if rep.BatchID != 0 {
 		// The run exists in the manifest: summarise it even after a
 		// failure, then report the failure.

@@ -230,6 +230,10 @@ func load(ctx context.Context, out io.Writer, db *sqlx.DB, logger *slog.Logger, 
 	}
 	fmt.Fprintf(out, "flights: %s, %d chunks, concurrency %d\n", days.Scope(), len(chunks), o.concurrency)
 	scanned0 := src.Scanned()
+	// Ctrl-C pauses the run (the chunk in flight finishes), a second one
+	// cancels it: through the manifest's control, not the context.
+	stopSignals := cli.PauseOnSignal(db, manifest.Schema(), flightsJob, out)
+	ctx = context.WithoutCancel(ctx)
 	rep, runErr := runner.Run(ctx, backfill.Job{
 		Name:        flightsJob,
 		Source:      flightsSrc,
@@ -239,6 +243,7 @@ func load(ctx context.Context, out io.Writer, db *sqlx.DB, logger *slog.Logger, 
 		Target:      backfill.Target{Table: "flights", Key: flightKey, Columns: flightColumns},
 		NewRun:      o.newRun,
 	})
+	stopSignals()
 	if rep.BatchID != 0 {
 		// The run exists in the manifest: summarise it even after a
 		// failure, then report the failure.

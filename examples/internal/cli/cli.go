@@ -43,6 +43,12 @@ func RunError(job, planFlag string, err error) error {
 			return fmt.Errorf("job %s: %w\n(the scope reaches past the source's horizon: its last chunks were loaded but stay open; run the same command again later to close them)", job, err)
 		}
 	}
+	if errors.Is(err, backfill.ErrRunPaused) {
+		return fmt.Errorf("job %s: %w\n(paused: the chunks in flight finished. To resume: psql \"$DATABASE_URL\" -c \"SELECT backfill.resume('%s', '<you>', '<why>')\", then run the same command again)", job, err, job)
+	}
+	if errors.Is(err, backfill.ErrRunCancelled) {
+		return fmt.Errorf("job %s: %w\n(cancelled: the chunks in flight rolled back. To restart it: psql \"$DATABASE_URL\" -c \"SELECT backfill.resume('%s', '<you>', '<why>')\", then run the same command again; or pass -new-run)", job, err, job)
+	}
 	var pe *backfill.PartialError
 	if errors.As(err, &pe) {
 		return fmt.Errorf("job %s: %w\n(completed chunks are checkpointed: run the same command again to resume)", job, err)

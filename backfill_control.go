@@ -1,0 +1,356 @@
+package backfill
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/lib/pq"
+)
+
+// How a call of Run obeys the control plane (manifest_control.go).
+//
+// Each call reads its run's control state (status and knobs) from the
+// manifest at every throttle check (Config.ThrottleInterval, default
+// 500 ms: the throttle monitor runs whenever the manifest has the control
+// plane), after each chunk it completes, and at once when a notification
+// for its run arrives on the schema's channel (Config.ListenURL). The
+// claim itself refuses a run that is not running, so no chunk is claimed
+// after a pause or cancel commits, whatever the interval; the reads make
+// the workers stop (rather than wait for more chunks), abort the chunks
+// in flight of a cancelled run, and apply the knobs. Polling alone works
+// through PgBouncer in transaction mode, where LISTEN does not.
+
+// runControl is a call's view of its run's control state.
+type runControl struct {
+	mu      sync.Mutex
+	knobs   map[string]float64
+	changed chan struct{} // closed and replaced at every change
+	// poke asks the monitor for an immediate check (a notification).
+	poke chan struct{}
+	// cancel aborts the chunks in flight (set by work).
+	cancel context.CancelCauseFunc
+	// ended: a worker of the call found nothing more to claim; the
+	// workers the concurrency knob keeps waiting end too.
+	ended atomic.Bool
+}
+
+// workerEnded records that a worker of the call found nothing more to
+// claim, and wakes the workers waiting for their turn.
+func (ex *execution) workerEnded() {
+	if ex.ctl != nil {
+		ex.ctl.ended.Store(true)
+		ex.ctl.broadcast()
+	}
+}
+
+func newRunControl() *runControl {
+	return &runControl{knobs: map[string]float64{}, changed: make(chan struct{}), poke: make(chan struct{}, 1)}
+}
+
+// knob returns knob key, or def when unset (or without control).
+func (c *runControl) knob(key string, def float64) float64 {
+	if c == nil {
+		return def
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return knobValue(c.knobs, key, def)
+}
+
+// wakeCh returns the channel closed at the next change.
+func (c *runControl) wakeCh() <-chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.changed
+}
+
+func (c *runControl) broadcast() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	close(c.changed)
+	c.changed = make(chan struct{})
+}
+
+// halt stops the call's claims because the run is status (paused or
+// cancelled); a cancel also aborts the chunks in flight.
+func (ex *execution) halt(status RunStatus, reason string) {
+	ex.mu.Lock()
+	first := ex.halted == ""
+	if first {
+		ex.halted = status
+	} else if status == RunCancelled && ex.halted != RunCancelled {
+		ex.halted, first = RunCancelled, true
+	}
+	ex.stop = true
+	ex.mu.Unlock()
+	if !first {
+		return
+	}
+	if status == RunCancelled {
+		ex.log.Warn("backfill: run cancelled: aborting the chunks in flight (they roll back and stay pending); no more claims", "reason", reason)
+		if ex.ctl != nil && ex.ctl.cancel != nil {
+			ex.ctl.cancel(fmt.Errorf("backfill: job %q batch %d: %w: %s", ex.job.Name, ex.batchID, ErrRunCancelled, reason))
+		}
+	} else {
+		ex.log.Warn("backfill: run paused: no more claims; the chunks in flight finish", "reason", reason)
+	}
+	if ex.throttle != nil {
+		ex.throttle.wake()
+	}
+	if ex.ctl != nil {
+		ex.ctl.broadcast()
+	}
+}
+
+// haltedAs returns the status that halted the call ("" for none).
+func (ex *execution) haltedAs() RunStatus {
+	ex.mu.Lock()
+	defer ex.mu.Unlock()
+	return ex.halted
+}
+
+// cancelled reports whether the call's run was cancelled.
+func (ex *execution) cancelled() bool { return ex.haltedAs() == RunCancelled }
+
+// pollControl reads the run's control state and applies it.
+func (ex *execution) pollControl(ctx context.Context) {
+	cm := ex.r.caps.control
+	if cm == nil || ex.ctl == nil {
+		return
+	}
+	st, err := cm.Control(ctx, ex.r.db, ex.batchID)
+	if err != nil {
+		if ctx.Err() == nil {
+			ex.log.Warn("backfill: reading the run's control state failed; kept as it was", "error", err)
+		}
+		return
+	}
+	ex.applyControl(ctx, st)
+}
+
+// applyControl applies a control state read from the manifest.
+func (ex *execution) applyControl(ctx context.Context, st ControlState) {
+	switch st.Status {
+	case RunPaused, RunCancelled:
+		ex.halt(st.Status, st.Reason)
+	}
+	c := ex.ctl
+	c.mu.Lock()
+	same := len(c.knobs) == len(st.Knobs)
+	for k, v := range st.Knobs {
+		if old, ok := c.knobs[k]; !ok || old != v {
+			same = false
+		}
+	}
+	oldJob := knobValue(c.knobs, KnobJobConcurrency, 0)
+	if !same {
+		c.knobs = st.Knobs
+	}
+	c.mu.Unlock()
+	if same {
+		return
+	}
+	ex.log.Info("backfill: live knobs changed", "knobs", st.Knobs)
+	if n := int(knobValue(st.Knobs, KnobJobConcurrency, 0)); n > int(oldJob) && n > ex.r.cfg.JobConcurrency && ex.r.cfg.JobConcurrency > 0 {
+		if tm := ex.r.caps.throttle; tm != nil {
+			if err := tm.ensureSlots(ctx, ex.r.db, ex.batchID, n); err != nil {
+				ex.log.Warn("backfill: creating job concurrency slots for the job_concurrency knob failed", "job_concurrency", n, "error", err)
+			}
+		}
+	}
+	c.broadcast()
+}
+
+// liveConcurrency is the workers this call runs now: the concurrency knob,
+// capped by Config.Concurrency.
+func (ex *execution) liveConcurrency() int {
+	n := ex.r.cfg.Concurrency
+	if v := ex.ctl.knob(KnobConcurrency, 0); v >= 1 {
+		n = min(n, int(v))
+	}
+	return n
+}
+
+// liveJobConcurrency is Config.JobConcurrency, or the job_concurrency knob
+// when the Runner has one.
+func (ex *execution) liveJobConcurrency() int {
+	n := ex.r.cfg.JobConcurrency
+	if n <= 0 {
+		return n
+	}
+	if v := ex.ctl.knob(KnobJobConcurrency, 0); v >= 1 {
+		return int(v)
+	}
+	return n
+}
+
+// liveRowsPerSecond is the job-wide rate cap now (0: none).
+func (ex *execution) liveRowsPerSecond() float64 {
+	return ex.ctl.knob(KnobRowsPerSecond, ex.r.cfg.RowsPerSecond)
+}
+
+// waitTurn blocks worker i while the concurrency knob runs fewer workers
+// than i+1; it returns false when the call stops, ctx ends, or a worker
+// found nothing more to claim (workerEnded).
+func (ex *execution) waitTurn(ctx context.Context, i int) bool {
+	for {
+		if ex.stopped() || ctx.Err() != nil {
+			return false
+		}
+		if ex.ctl != nil && i >= ex.liveConcurrency() && ex.ctl.ended.Load() {
+			return false
+		}
+		if ex.ctl == nil || i < ex.liveConcurrency() {
+			return true
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-ex.ctl.wakeCh():
+		case <-time.After(ex.r.cfg.throttleInterval()):
+		}
+	}
+}
+
+// throttleInterval is Config.ThrottleInterval or its default.
+func (c *Config) throttleInterval() time.Duration {
+	return cmpOr(c.ThrottleInterval, DefaultThrottleInterval)
+}
+
+// listenControl LISTENs on the schema's channel on a direct connection
+// (Config.ListenURL) and pokes the monitor at each notification for this
+// run; it returns the function that stops it. Without ListenURL, or when
+// the listener cannot connect, the call relies on polling.
+func (ex *execution) listenControl(ctx context.Context) func() {
+	url, cm := ex.r.cfg.ListenURL, ex.r.caps.control
+	if url == "" || cm == nil || ex.ctl == nil {
+		return func() {}
+	}
+	l := pq.NewListener(url, 100*time.Millisecond, 5*time.Second, func(ev pq.ListenerEventType, err error) {
+		if err != nil {
+			ex.log.Debug("backfill: control listener", "event", ev, "error", err)
+		}
+	})
+	if err := l.Listen(cm.Schema()); err != nil {
+		ex.log.Warn("backfill: LISTEN on the control channel failed; polling only (every Config.ThrottleInterval)", "channel", cm.Schema(), "error", err)
+		_ = l.Close()
+		return func() {}
+	}
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			select {
+			case <-done:
+				return
+			case <-ctx.Done():
+				return
+			case n := <-l.Notify:
+				if n == nil {
+					// Reconnected: notifications may have been missed.
+					ex.pokeControl()
+					continue
+				}
+				if p, ok := parseControlPayload(n.Extra); ok && p.BatchID == ex.batchID {
+					ex.log.Debug("backfill: control notification", "action", p.Action, "key", p.Key)
+					ex.pokeControl()
+				}
+			}
+		}
+	}()
+	return func() {
+		close(done)
+		wg.Wait()
+		_ = l.Close()
+	}
+}
+
+// pokeControl asks the monitor for a check now.
+func (ex *execution) pokeControl() {
+	select {
+	case ex.ctl.poke <- struct{}{}:
+	default:
+	}
+}
+
+// applyThresholds sets the watermarks of the throttles that have knobs.
+func (t *throttler) applyThresholds() {
+	c := t.ex.ctl
+	if c == nil {
+		return
+	}
+	for _, h := range t.states {
+		name := h.th.Signal.Name()
+		hi := c.knob(KnobThrottleHigh(name), h.cfgHigh)
+		lo := c.knob(KnobThrottleLow(name), h.cfgLow)
+		if hi == h.th.High && lo == h.th.Low {
+			continue
+		}
+		if lo > hi || hi == 0 && lo == 0 || math.IsNaN(hi) || math.IsNaN(lo) {
+			t.ex.log.Warn("backfill: throttle knobs ignored: low above high or both zero", "signal", name, "high", hi, "low", lo)
+			continue
+		}
+		t.ex.log.Info("backfill: throttle watermarks changed by a knob", "signal", name, "high", hi, "low", lo)
+		h.th.High, h.th.Low = hi, lo
+	}
+}
+
+// cancelledErr is the error of a call whose run was cancelled.
+func (ex *execution) cancelledErr(run Run) error {
+	return fmt.Errorf("backfill: job %q batch %d: %w: %s; resume it with Runner.Resume (or SELECT %s.resume(%d, actor, reason)), or start a new run with Job.NewRun",
+		ex.job.Name, run.BatchID, ErrRunCancelled, run.LastError, ex.r.schemaName(), run.BatchID)
+}
+
+// schemaName is the manifest's schema for messages ("backfill" without
+// the control plane).
+func (r *Runner) schemaName() string {
+	if cm := r.caps.control; cm != nil {
+		return cm.Schema()
+	}
+	return "backfill"
+}
+
+// Pause pauses run batchID (see [PGManifest.Pause]): every worker of
+// every process stops claiming; the chunks in flight finish. actor and
+// why are required. It returns [ErrUnsupported] when the manifest has no
+// control plane.
+func (r *Runner) Pause(ctx context.Context, batchID int64, actor, why string) error {
+	cm, err := r.controlPlane("pause")
+	if err != nil {
+		return err
+	}
+	return cm.control(ctx, r.db, "pause", batchID, actor, why)
+}
+
+// Cancel cancels run batchID (see [PGManifest.Cancel]): the chunks in
+// flight roll back, the run ends [RunCancelled]. actor and why are
+// required. Resume it with [Runner.Resume].
+func (r *Runner) Cancel(ctx context.Context, batchID int64, actor, why string) error {
+	cm, err := r.controlPlane("cancel")
+	if err != nil {
+		return err
+	}
+	return cm.control(ctx, r.db, "cancel", batchID, actor, why)
+}
+
+// SetKnob sets a live knob of run batchID (see [PGManifest.SetKnob]).
+func (r *Runner) SetKnob(ctx context.Context, batchID int64, key, value, actor, why string) error {
+	cm, err := r.controlPlane("set knob")
+	if err != nil {
+		return err
+	}
+	return cm.SetKnob(ctx, r.db, batchID, key, value, actor, why)
+}
+
+func (r *Runner) controlPlane(what string) (controlManifest, error) {
+	if r.caps.control == nil {
+		return nil, fmt.Errorf("backfill: %s: %w: the control plane needs PGManifest", what, ErrUnsupported)
+	}
+	return r.caps.control, nil
+}

@@ -1,0 +1,379 @@
+package backfill
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	neturl "net/url"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+	"github.com/lib/pq"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgbackfill/backfill/internal/pgtest"
+)
+
+// TestControlSQLRefusesBadInputAndAudits: the control functions of the
+// manifest refuse a missing actor or reason, an unknown knob or a bad
+// value (naming the key and value), and impossible transitions, each with
+// a clear message; every decision taken is an audit row; the audit log
+// refuses UPDATE and DELETE. On the starting commit the functions did not
+// exist.
+func TestControlSQLRefusesBadInputAndAudits(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := liveDB(t)
+	r := liveRunner(t, db, "w1", nil)
+	var batch int64
+	_, err := r.Run(ctx, liveJob(func(c Chunk) {
+		if c.Seq == 0 {
+			require.NoError(t, db.Get(&batch, `SELECT batch_id FROM backfill.runs WHERE job_name = 'live'`))
+			require.NoError(t, r.Pause(ctx, batch, "ann", "first pause"))
+		}
+	}))
+	require.ErrorIs(t, err, ErrRunPaused)
+	m := NewPGManifest("")
+
+	sqlErr := func(q string, args ...any) *pq.Error {
+		t.Helper()
+		_, err := db.Exec(q, args...)
+		require.Error(t, err, q)
+		var pe *pq.Error
+		require.True(t, errors.As(err, &pe), "%v", err)
+		return pe
+	}
+	// Missing actor or reason.
+	pe := sqlErr(`SELECT backfill.pause($1::bigint, '', 'why')`, batch)
+	require.Equal(t, "22023", string(pe.Code))
+	require.Contains(t, pe.Message, "actor is required")
+	pe = sqlErr(`SELECT backfill.cancel('live', 'ann', NULL)`)
+	require.Contains(t, pe.Message, "reason is required")
+	require.ErrorIs(t, m.Pause(ctx, db, batch, "ann", " "), ErrInvalidConfig)
+	require.ErrorIs(t, r.Cancel(ctx, batch, "", "x"), ErrInvalidConfig)
+	// Impossible transitions.
+	pe = sqlErr(`SELECT backfill.pause($1::bigint, 'ann', 'again')`, batch)
+	require.Equal(t, "55000", string(pe.Code))
+	require.Contains(t, pe.Message, "it is paused")
+	require.ErrorIs(t, m.Pause(ctx, db, batch, "ann", "again"), ErrRunStatus)
+	require.ErrorIs(t, m.Pause(ctx, db, batch+100, "ann", "none"), ErrRunNotFound)
+	pe = sqlErr(`SELECT backfill.resume('nojob', 'ann', 'x')`)
+	require.Contains(t, pe.Message, "has no run")
+	// Knobs: unknown key, bad values, each named.
+	for _, kv := range [][2]string{{"speed", "3"}, {"concurrency", "two"}, {"concurrency", "0"}, {"concurrency", "1.5"},
+		{"rows_per_second", "-1"}, {"rows_per_second", "NaN"}, {"throttle.lag.high", "Infinity"}, {"job_concurrency", ""}} {
+		err := m.SetKnob(ctx, db, batch, kv[0], kv[1], "ann", "tune")
+		require.ErrorIs(t, err, ErrInvalidConfig, "%v", kv)
+		require.Contains(t, err.Error(), kv[0])
+		require.Contains(t, err.Error(), fmt.Sprintf("%q", kv[1]))
+	}
+	require.ErrorIs(t, m.SetKnob(ctx, db, batch, "concurrency", "2", "ann", ""), ErrInvalidConfig)
+
+	// Decisions taken: a knob by job name, resume, pause, cancel, resume.
+	var v string
+	require.NoError(t, db.Get(&v, `SELECT backfill.set_knob('live', 'rows_per_second', ' 250 ', 'bob', 'night')`))
+	require.Equal(t, "250", v)
+	require.NoError(t, m.SetKnob(ctx, db, batch, KnobThrottleHigh("lag"), "2.5", "bob", "looser"))
+	st, err := m.Control(ctx, db, batch)
+	require.NoError(t, err)
+	require.Equal(t, map[string]float64{"rows_per_second": 250, "throttle.lag.high": 2.5}, st.Knobs)
+	require.NoError(t, m.SetKnob(ctx, db, batch, KnobThrottleHigh("lag"), "default", "bob", "back"))
+	require.NoError(t, db.Get(&v, `SELECT backfill.resume($1::bigint, 'bob', 'checked')`, batch))
+	require.Equal(t, "running", v)
+	require.ErrorIs(t, m.Resume(ctx, db, batch, "bob", "twice"), ErrNotPaused)
+	require.NoError(t, db.Get(&v, `SELECT backfill.pause('live', 'bob', 'again')`))
+	require.NoError(t, m.Cancel(ctx, db, batch, "carol", "wrong scope"))
+	run, err := m.Run(ctx, db, batch)
+	require.NoError(t, err)
+	require.Equal(t, RunCancelled, run.Status)
+	require.NotNil(t, run.FinishedAt)
+	require.Contains(t, run.LastError, "carol")
+	require.ErrorIs(t, m.Cancel(ctx, db, batch, "carol", "twice"), ErrRunStatus)
+
+	events, err := m.Events(ctx, db, batch)
+	require.NoError(t, err)
+	var got []string
+	for _, e := range events {
+		switch e.Kind {
+		case "run_paused", "run_resumed_by_operator", "run_cancelled", "knob_set":
+			var d map[string]any
+			require.NoError(t, json.Unmarshal(e.Detail, &d))
+			got = append(got, fmt.Sprintf("%s %s %v", e.Kind, e.Actor, d["why"]))
+		}
+	}
+	require.Equal(t, []string{"run_paused ann first pause", "knob_set bob night", "knob_set bob looser", "knob_set bob back",
+		"run_resumed_by_operator bob checked", "run_paused bob again", "run_cancelled carol wrong scope"}, got)
+
+	// Append-only.
+	pe = sqlErr(`UPDATE backfill.events SET actor = 'mallory'`)
+	require.Contains(t, pe.Message, "append-only")
+	pe = sqlErr(`DELETE FROM backfill.events`)
+	require.Contains(t, pe.Message, "append-only")
+}
+
+// TestControlKnobsApply: the knobs a call reads replace its settings:
+// concurrency (capped by Config.Concurrency), job_concurrency,
+// rows_per_second and a throttle's watermarks; "default" restores them.
+func TestControlKnobsApply(t *testing.T) {
+	t.Parallel()
+	r := &Runner{cfg: Config{Concurrency: 4, JobConcurrency: 2, RowsPerSecond: 100}, caps: capabilities{control: NewPGManifest("")}}
+	ex := &execution{r: r, ctl: newRunControl(), log: discardLogger()}
+	th := Throttle{Signal: constSignal{"lag"}, High: 10, Low: 5}
+	ex.throttle = &throttler{ex: ex, states: []*hysteresis{{th: th, cfgHigh: 10, cfgLow: 5}}, changed: make(chan struct{})}
+	ctx := context.Background()
+	ex.applyControl(ctx, ControlState{Status: RunRunning, Knobs: map[string]float64{
+		"concurrency": 9, "job_concurrency": 1, "rows_per_second": 7, "throttle.lag.high": 3, "throttle.lag.low": 1, "throttle.other.high": 1}})
+	ex.throttle.applyThresholds()
+	require.Equal(t, 4, ex.liveConcurrency(), "capped by Config.Concurrency")
+	require.Equal(t, 1, ex.liveJobConcurrency())
+	require.Equal(t, 7.0, ex.liveRowsPerSecond())
+	require.Equal(t, 3.0, ex.throttle.states[0].th.High)
+	require.Equal(t, 1.0, ex.throttle.states[0].th.Low)
+	ex.applyControl(ctx, ControlState{Status: RunRunning, Knobs: map[string]float64{"concurrency": 2}})
+	ex.throttle.applyThresholds()
+	require.Equal(t, 2, ex.liveConcurrency())
+	require.Equal(t, 2, ex.liveJobConcurrency())
+	require.Equal(t, 100.0, ex.liveRowsPerSecond())
+	require.Equal(t, 10.0, ex.throttle.states[0].th.High)
+	require.False(t, ex.stopped())
+	ex.applyControl(ctx, ControlState{Status: RunPaused, Knobs: map[string]float64{}})
+	require.True(t, ex.stopped())
+	require.Equal(t, RunPaused, ex.haltedAs())
+}
+
+type constSignal struct{ name string }
+
+func (s constSignal) Name() string { return s.name }
+func (s constSignal) Read(context.Context, sqlx.ExtContext, SignalScope) (float64, error) {
+	return 0, nil
+}
+
+// TestControlConcurrencyKnobLimitsWorkers: a run whose concurrency knob
+// is 1 is worked by one chunk at a time although Config.Concurrency is 4.
+func TestControlConcurrencyKnobLimitsWorkers(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := liveDB(t)
+	r := liveRunner(t, db, "w1", nil)
+	var batch int64
+	_, err := r.Run(ctx, liveJob(func(c Chunk) {
+		if c.Seq == 0 {
+			require.NoError(t, db.Get(&batch, `SELECT batch_id FROM backfill.runs WHERE job_name = 'live'`))
+			require.NoError(t, r.Pause(ctx, batch, "ann", "tune first"))
+		}
+	}))
+	require.ErrorIs(t, err, ErrRunPaused)
+	_, err = db.Exec(`SELECT backfill.set_knob($1::bigint, 'concurrency', '1', 'ann', 'one at a time')`, batch)
+	require.NoError(t, err)
+	r.cfg.Concurrency = 4
+	var inFlight, most atomic.Int32
+	rep, err := r.Resume(ctx, liveJob(func(Chunk) {
+		n := inFlight.Add(1)
+		for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+		}
+		time.Sleep(20 * time.Millisecond)
+		inFlight.Add(-1)
+	}), "ann", "go")
+	require.NoError(t, err)
+	require.Equal(t, RunCompleted, rep.Status)
+	require.Equal(t, int32(1), most.Load())
+}
+
+func discardLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }
+
+// controlJob loads ids [0, 10*chunks) into table live, chunks of 10;
+// each chunk's extraction takes about per.
+func controlJob(chunks int, per time.Duration, started *atomic.Int64) Job {
+	j := liveJob(nil)
+	j.Chunker = IntRange(0, int64(10*chunks), 10)
+	j.Extractor = ExtractorFunc(func(ctx context.Context, c Chunk, w RowWriter) error {
+		if started != nil {
+			started.Add(1)
+		}
+		for id := c.Lo; id < c.Hi; id++ {
+			if err := w.Write(ctx, id, fmt.Sprint("v", id)); err != nil {
+				return err
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(per):
+		}
+		return nil
+	})
+	return j
+}
+
+// TestControlPauseResumeCancelAcrossRunners: three runners with their own
+// connection pools (one through PgBouncer in transaction mode, one
+// LISTENing on a direct connection, one polling) work one run; a pause
+// from a separate SQL session stops them all (each returns ErrRunPaused,
+// the chunks in flight finished: every chunk done or pending); a resume
+// from SQL lets them finish part; a cancel from SQL aborts the chunks in
+// flight (each returns ErrRunCancelled, every chunk done or pending, no
+// lease left, the target holds exactly the done chunks' rows); a plain
+// Run does not restart the cancelled run; Runner.Resume does and
+// completes it. On the starting commit a paused run's callers returned
+// nil or waited, and cancel did not exist.
+func TestControlPauseResumeCancelAcrossRunners(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pooled := pgtest.NewPoolerURL(t)
+	pu, err := neturl.Parse(pooled)
+	require.NoError(t, err)
+	au, err := neturl.Parse(pgtest.AdminURL())
+	require.NoError(t, err)
+	pu.Host = au.Host
+	direct := pu.String()
+	ops := sqlx.MustOpen("postgres", direct) // the operator's psql
+	t.Cleanup(func() { ops.Close() })
+	_, err = ops.Exec(`CREATE TABLE live (id bigint PRIMARY KEY, v text NOT NULL)`)
+	require.NoError(t, err)
+
+	const chunks = 60
+	newRunner := func(id, url, listen string) *Runner {
+		db := sqlx.MustOpen("postgres", url)
+		t.Cleanup(func() { db.Close() })
+		r, err := New(db, &Config{WorkerID: id, Concurrency: 2, HeartbeatInterval: 100 * time.Millisecond, StaleAfter: 2 * time.Second,
+			ThrottleInterval: 50 * time.Millisecond, ListenURL: listen, Logger: discardLogger()})
+		require.NoError(t, err)
+		return r
+	}
+	runners := []*Runner{newRunner("pooled", pooled, ""), newRunner("listen", direct, direct), newRunner("poll", direct, "")}
+	require.NoError(t, NewPGManifest("").Init(ctx, ops))
+
+	var started atomic.Int64
+	job := controlJob(chunks, 30*time.Millisecond, &started)
+	runAll := func(do func(r *Runner) (Report, error)) []error {
+		var wg sync.WaitGroup
+		errs := make([]error, len(runners))
+		for i, r := range runners {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				_, errs[i] = do(r)
+			}()
+		}
+		wg.Wait()
+		return errs
+	}
+	waitDone := func(n int) int64 {
+		for deadline := time.Now().Add(60 * time.Second); ; {
+			var b struct {
+				Batch int64 `db:"batch_id"`
+				Done  int   `db:"done"`
+			}
+			err := ops.Get(&b, `SELECT r.batch_id, count(*) FILTER (WHERE c.status = 'done') AS done FROM backfill.runs r
+				JOIN backfill.chunks c USING (batch_id) WHERE r.job_name = 'live' AND r.status = 'running' GROUP BY r.batch_id`)
+			if err == nil && b.Done >= n {
+				return b.Batch
+			}
+			require.True(t, time.Now().Before(deadline), "no progress")
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	checkChunks := func() map[string]int {
+		st := chunkStatuses(t, ops)
+		var errs []string
+		require.NoError(t, ops.Select(&errs, `SELECT seq || ' ' || status || ': ' || last_error FROM backfill.chunks WHERE last_error <> ''`))
+		require.Equal(t, chunks, st["done"]+st["pending"], "every chunk done or pending: %v %v", st, errs)
+		var leased, rows, read int64
+		require.NoError(t, ops.Get(&leased, `SELECT count(*) FROM backfill.chunks WHERE lease_key IS NOT NULL`))
+		require.Zero(t, leased, "no lease left")
+		require.NoError(t, ops.Get(&rows, `SELECT count(*) FROM live`))
+		require.NoError(t, ops.Get(&read, `SELECT coalesce(sum(rows_inserted), 0) FROM backfill.chunks WHERE status = 'done'`))
+		require.Equal(t, read, rows, "the target holds exactly the done chunks' rows")
+		return st
+	}
+
+	// Pause.
+	ch := make(chan []error, 1)
+	go func() { ch <- runAll(func(r *Runner) (Report, error) { return r.Run(ctx, job) }) }()
+	batch := waitDone(5)
+	_, err = ops.Exec(`SELECT backfill.pause($1::bigint, 'oncall', 'replica lag')`, batch)
+	require.NoError(t, err)
+	for i, err := range <-ch {
+		require.ErrorIs(t, err, ErrRunPaused, "runner %d", i)
+	}
+	st := checkChunks()
+	require.Less(t, st["done"], chunks)
+	claimed := started.Load()
+	time.Sleep(100 * time.Millisecond)
+	require.Equal(t, claimed, started.Load(), "nothing claimed after the pause")
+
+	// Resume from SQL; the runners join; cancel from SQL while in flight.
+	_, err = ops.Exec(`SELECT backfill.resume('live', 'oncall', 'lag is fine')`)
+	require.NoError(t, err)
+	go func() { ch <- runAll(func(r *Runner) (Report, error) { return r.Run(ctx, job) }) }()
+	waitDone(st["done"] + 5)
+	_, err = ops.Exec(`SELECT backfill.cancel($1::bigint, 'oncall', 'wrong scope')`, batch)
+	require.NoError(t, err)
+	for i, err := range <-ch {
+		require.ErrorIs(t, err, ErrRunCancelled, "runner %d", i)
+	}
+	st = checkChunks()
+	require.Less(t, st["done"], chunks)
+	var fails int
+	require.NoError(t, ops.Get(&fails, `SELECT count(*) FROM backfill.chunks WHERE last_error <> ''`))
+	require.Zero(t, fails, "an aborted chunk is no failure")
+
+	// A plain Run does not restart it.
+	before := started.Load()
+	rep, err := runners[2].Run(ctx, job)
+	require.ErrorIs(t, err, ErrRunCancelled)
+	require.Equal(t, RunCancelled, rep.Status)
+	require.Equal(t, before, started.Load())
+	require.Equal(t, st, checkChunks())
+
+	// An explicit resume does.
+	rep, err = runners[0].Resume(ctx, job, "oncall", "scope fixed after all")
+	require.NoError(t, err)
+	require.Equal(t, RunCompleted, rep.Status)
+	require.Equal(t, chunks, checkChunks()["done"])
+	var kinds []string
+	require.NoError(t, ops.Select(&kinds, `SELECT kind || ' ' || actor FROM backfill.events
+		WHERE batch_id = $1 AND kind IN ('run_paused', 'run_resumed_by_operator', 'run_cancelled') ORDER BY id`, batch))
+	require.Equal(t, []string{"run_paused oncall", "run_resumed_by_operator oncall", "run_cancelled oncall", "run_resumed_by_operator oncall"}, kinds)
+}
+
+// TestControlCancelOneTransactionPath: with Config.JobConcurrency each
+// chunk runs in one transaction holding a job slot (no lease): a cancel
+// from SQL while a chunk is extracted aborts it (its transaction rolls
+// back, the chunk stays pending, its slot is freed), the run ends
+// cancelled and Run returns ErrRunCancelled; nothing is recorded as a
+// failure.
+func TestControlCancelOneTransactionPath(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := liveDB(t)
+	r, err := New(db, &Config{WorkerID: "slots", JobConcurrency: 2, ThrottleInterval: 20 * time.Millisecond, Logger: discardLogger()})
+	require.NoError(t, err)
+	var once sync.Once
+	rep, err := r.Run(ctx, liveJob(func(c Chunk) {
+		if c.Seq != 2 {
+			return
+		}
+		once.Do(func() {
+			_, err := db.Exec(`SELECT backfill.cancel('live', 'ann', 'stop it')`)
+			require.NoError(t, err)
+		})
+		time.Sleep(time.Second) // in flight when the cancel lands; aborted
+	}))
+	require.ErrorIs(t, err, ErrRunCancelled)
+	require.Equal(t, RunCancelled, rep.Status)
+	st := chunkStatuses(t, db)
+	require.Equal(t, liveChunks, st["done"]+st["pending"], "%v", st)
+	require.Equal(t, map[string]int{"done": 2, "pending": liveChunks - 2}, st, "chunks 0 and 1 done, 2 aborted, none claimed after")
+	var rows, inserted, fails int64
+	require.NoError(t, db.Get(&rows, `SELECT count(*) FROM live`))
+	require.NoError(t, db.Get(&inserted, `SELECT coalesce(sum(rows_inserted), 0) FROM backfill.chunks WHERE status = 'done'`))
+	require.Equal(t, inserted, rows)
+	require.NoError(t, db.Get(&fails, `SELECT count(*) FROM backfill.chunks WHERE last_error <> ''`))
+	require.Zero(t, fails)
+}

@@ -1,0 +1,391 @@
+package backfill
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"strings"
+
+	"github.com/jmoiron/sqlx"
+	"github.com/lib/pq"
+)
+
+// Control from SQL. The manifest's schema holds the functions an operator
+// (psql, a CLI, a Go program) calls to steer a run; the Go API
+// ([PGManifest.Pause], [PGManifest.Resume], [PGManifest.Cancel],
+// [PGManifest.SetKnob], and the [Runner] wrappers) calls the same
+// functions, so there is one implementation:
+//
+//	SELECT backfill.pause(42, 'alice', 'replica lag during the sale');
+//	SELECT backfill.resume('flights', 'alice', 'lag is back to normal');
+//	SELECT backfill.cancel(42, 'alice', 'wrong scope');
+//	SELECT backfill.set_knob(42, 'rows_per_second', '5000', 'alice', 'night');
+//
+// Each takes the run as its batch id (bigint) or as a job name (text: the
+// job's latest run that is running, failed, paused or cancelled), an
+// actor and a reason (both required), refuses a transition the run's
+// status does not allow (SQLSTATE 55000), appends an event to the audit
+// log (events, which a trigger keeps append-only) in the same
+// transaction, and sends a notification on the channel named after the
+// schema with a JSON payload {"batch_id": 42, "action": "pause", "job":
+// "flights"} (plus "key" for set_knob), delivered at commit. They return
+// the run's new status (the knob's stored value for set_knob).
+//
+// Transitions: pause takes a running or failed run to paused; resume a
+// paused or cancelled run to running; cancel a running, paused or failed
+// run to cancelled ([RunCancelled], terminal until resumed). Knobs
+// ([ControlState.Knobs]) are stored per run in the knobs table, which
+// every worker of every process reads (see [Config.ListenURL]).
+
+// migrationControl is manifest migration 16: cancelled runs, live knobs,
+// the control functions and the append-only audit log. "{schema}" is the
+// schema's name as a string literal (the notification channel).
+const migrationControl = `
+ALTER TABLE {s}.runs DROP CONSTRAINT runs_status_check;
+ALTER TABLE {s}.runs ADD CONSTRAINT runs_status_check
+	CHECK (status IN ('running', 'completed', 'failed', 'abandoned', 'paused', 'rolled_back', 'cancelled'));
+
+CREATE TABLE {s}.knobs (
+	batch_id   bigint NOT NULL REFERENCES {s}.runs ON DELETE CASCADE,
+	key        text NOT NULL,
+	value      double precision NOT NULL,
+	set_by     text NOT NULL,
+	reason     text NOT NULL,
+	updated_at timestamptz NOT NULL DEFAULT now(),
+	PRIMARY KEY (batch_id, key)
+);
+COMMENT ON TABLE {s}.knobs IS
+	'Live settings of a run, set with set_knob(): concurrency, job_concurrency, rows_per_second, throttle.<signal>.high and .low. Every worker re-reads them each throttle interval.';
+
+CREATE FUNCTION {s}.events_append_only() RETURNS trigger LANGUAGE plpgsql AS $fn$
+BEGIN
+	-- The cascade of a deleted run (inside the foreign key's trigger) is allowed.
+	IF TG_OP = 'DELETE' AND pg_trigger_depth() > 1 THEN
+		RETURN OLD;
+	END IF;
+	RAISE EXCEPTION 'backfill: the audit log (events) is append-only: % refused', TG_OP
+		USING ERRCODE = '55000';
+END
+$fn$;
+CREATE TRIGGER events_append_only BEFORE UPDATE OR DELETE ON {s}.events
+	FOR EACH ROW EXECUTE FUNCTION {s}.events_append_only();
+
+CREATE FUNCTION {s}.control_run(p_job text, p_action text) RETURNS bigint LANGUAGE plpgsql AS $fn$
+DECLARE
+	id bigint;
+BEGIN
+	SELECT batch_id INTO id FROM {s}.runs
+		WHERE job_name = p_job AND status IN ('running', 'failed', 'paused', 'cancelled')
+		ORDER BY batch_id DESC LIMIT 1;
+	IF id IS NULL THEN
+		RAISE EXCEPTION 'backfill: %: job % has no run that is running, failed, paused or cancelled', p_action, quote_literal(p_job)
+			USING ERRCODE = 'P0002';
+	END IF;
+	RETURN id;
+END
+$fn$;
+
+CREATE FUNCTION {s}.control_args(p_action text, p_actor text, p_reason text) RETURNS void LANGUAGE plpgsql AS $fn$
+BEGIN
+	IF p_actor IS NULL OR btrim(p_actor) = '' THEN
+		RAISE EXCEPTION 'backfill: %: an actor is required (who decides)', p_action USING ERRCODE = '22023';
+	END IF;
+	IF p_reason IS NULL OR btrim(p_reason) = '' THEN
+		RAISE EXCEPTION 'backfill: %: a reason is required (why)', p_action USING ERRCODE = '22023';
+	END IF;
+END
+$fn$;
+
+CREATE FUNCTION {s}.control(p_batch_id bigint, p_action text, p_actor text, p_reason text) RETURNS text LANGUAGE plpgsql AS $fn$
+DECLARE
+	r record;
+	v_next text;
+	allowed text[];
+	v_kind text;
+	v_detail jsonb;
+BEGIN
+	PERFORM {s}.control_args(p_action, p_actor, p_reason);
+	CASE p_action
+	WHEN 'pause' THEN v_next := 'paused'; allowed := ARRAY['running', 'failed']; v_kind := 'run_paused';
+	WHEN 'resume' THEN v_next := 'running'; allowed := ARRAY['paused', 'cancelled']; v_kind := 'run_resumed_by_operator';
+	WHEN 'cancel' THEN v_next := 'cancelled'; allowed := ARRAY['running', 'paused', 'failed']; v_kind := 'run_cancelled';
+	ELSE RAISE EXCEPTION 'backfill: unknown control action %', quote_literal(p_action) USING ERRCODE = '22023';
+	END CASE;
+	SELECT batch_id, job_name, status INTO r FROM {s}.runs WHERE batch_id = p_batch_id FOR NO KEY UPDATE;
+	IF NOT FOUND THEN
+		RAISE EXCEPTION 'backfill: %: no run with batch id %', p_action, p_batch_id USING ERRCODE = 'P0002';
+	END IF;
+	IF NOT r.status = ANY (allowed) THEN
+		RAISE EXCEPTION 'backfill: cannot % batch % of job %: it is %; % needs a run that is %',
+			p_action, p_batch_id, quote_literal(r.job_name), r.status, p_action, array_to_string(allowed, ' or ')
+			USING ERRCODE = '55000';
+	END IF;
+	IF p_action = 'resume' AND EXISTS (SELECT 1 FROM {s}.runs WHERE job_name = r.job_name AND batch_id <> p_batch_id
+			AND status IN ('running', 'failed', 'paused')) THEN
+		RAISE EXCEPTION 'backfill: cannot resume batch % of job %: the job has another unfinished run', p_batch_id, quote_literal(r.job_name)
+			USING ERRCODE = '55000';
+	END IF;
+	UPDATE {s}.runs SET status = v_next, updated_at = now(),
+		last_error = CASE WHEN v_next = 'running' THEN '' ELSE format('%s by %s: %s', v_next, p_actor, p_reason) END,
+		finished_at = CASE WHEN v_next = 'cancelled' THEN now() WHEN v_next = 'running' THEN NULL ELSE finished_at END
+		WHERE batch_id = p_batch_id;
+	v_detail := jsonb_build_object('why', p_reason);
+	IF p_action <> 'resume' THEN
+		v_detail := v_detail || jsonb_build_object('from', r.status);
+	END IF;
+	INSERT INTO {s}.events (batch_id, job_name, kind, actor, detail) VALUES (p_batch_id, r.job_name, v_kind, p_actor, v_detail);
+	PERFORM pg_notify({schema}, json_build_object('batch_id', p_batch_id, 'action', p_action, 'job', r.job_name)::text);
+	RETURN v_next;
+END
+$fn$;
+
+CREATE FUNCTION {s}.pause(batch_id bigint, actor text, reason text) RETURNS text LANGUAGE sql AS
+	$fn$ SELECT {s}.control(batch_id, 'pause', actor, reason) $fn$;
+CREATE FUNCTION {s}.resume(batch_id bigint, actor text, reason text) RETURNS text LANGUAGE sql AS
+	$fn$ SELECT {s}.control(batch_id, 'resume', actor, reason) $fn$;
+CREATE FUNCTION {s}.cancel(batch_id bigint, actor text, reason text) RETURNS text LANGUAGE sql AS
+	$fn$ SELECT {s}.control(batch_id, 'cancel', actor, reason) $fn$;
+CREATE FUNCTION {s}.pause(job text, actor text, reason text) RETURNS text LANGUAGE sql AS
+	$fn$ SELECT {s}.control({s}.control_run(job, 'pause'), 'pause', actor, reason) $fn$;
+CREATE FUNCTION {s}.resume(job text, actor text, reason text) RETURNS text LANGUAGE sql AS
+	$fn$ SELECT {s}.control({s}.control_run(job, 'resume'), 'resume', actor, reason) $fn$;
+CREATE FUNCTION {s}.cancel(job text, actor text, reason text) RETURNS text LANGUAGE sql AS
+	$fn$ SELECT {s}.control({s}.control_run(job, 'cancel'), 'cancel', actor, reason) $fn$;
+
+CREATE FUNCTION {s}.set_knob(p_batch_id bigint, p_key text, p_value text, p_actor text, p_reason text) RETURNS text LANGUAGE plpgsql AS $fn$
+DECLARE
+	r record;
+	v double precision;
+	prev double precision;
+BEGIN
+	PERFORM {s}.control_args('set_knob ' || coalesce(p_key, ''), p_actor, p_reason);
+	IF p_key IS NULL OR p_key !~ '^(concurrency|job_concurrency|rows_per_second|throttle\..+\.(high|low))$' THEN
+		RAISE EXCEPTION 'backfill: set_knob: unknown knob % (value %): the knobs are concurrency, job_concurrency, rows_per_second, throttle.<signal>.high and throttle.<signal>.low',
+			quote_nullable(p_key), quote_nullable(p_value) USING ERRCODE = '22023';
+	END IF;
+	SELECT batch_id, job_name, status INTO r FROM {s}.runs WHERE batch_id = p_batch_id FOR NO KEY UPDATE;
+	IF NOT FOUND THEN
+		RAISE EXCEPTION 'backfill: set_knob %: no run with batch id %', p_key, p_batch_id USING ERRCODE = 'P0002';
+	END IF;
+	IF r.status NOT IN ('running', 'failed', 'paused', 'cancelled') THEN
+		RAISE EXCEPTION 'backfill: cannot set knob % of batch % of job %: it is %', p_key, p_batch_id, quote_literal(r.job_name), r.status
+			USING ERRCODE = '55000';
+	END IF;
+	SELECT value INTO prev FROM {s}.knobs WHERE batch_id = p_batch_id AND key = p_key;
+	IF lower(btrim(coalesce(p_value, ''))) = 'default' THEN
+		-- Back to each process's Config.
+		DELETE FROM {s}.knobs WHERE batch_id = p_batch_id AND key = p_key;
+	ELSE
+		BEGIN
+			v := btrim(p_value)::double precision;
+		EXCEPTION WHEN invalid_text_representation OR numeric_value_out_of_range OR null_value_not_allowed THEN
+			v := NULL;
+		END;
+		IF v IS NULL OR v IN ('NaN', 'Infinity', '-Infinity') THEN
+			RAISE EXCEPTION 'backfill: set_knob: knob % value % is not a finite number (or default)', p_key, quote_nullable(p_value)
+				USING ERRCODE = '22023';
+		END IF;
+		IF p_key IN ('concurrency', 'job_concurrency') AND (v <> trunc(v) OR v < 1 OR v > 100000) THEN
+			RAISE EXCEPTION 'backfill: set_knob: knob % value % must be a whole number from 1 to 100000', p_key, quote_literal(p_value)
+				USING ERRCODE = '22023';
+		END IF;
+		IF p_key = 'rows_per_second' AND v < 0 THEN
+			RAISE EXCEPTION 'backfill: set_knob: knob % value % must be at least 0 (0: no cap)', p_key, quote_literal(p_value)
+				USING ERRCODE = '22023';
+		END IF;
+		INSERT INTO {s}.knobs (batch_id, key, value, set_by, reason) VALUES (p_batch_id, p_key, v, p_actor, p_reason)
+			ON CONFLICT (batch_id, key) DO UPDATE SET value = excluded.value, set_by = excluded.set_by,
+				reason = excluded.reason, updated_at = now();
+	END IF;
+	INSERT INTO {s}.events (batch_id, job_name, kind, actor, detail) VALUES (p_batch_id, r.job_name, 'knob_set', p_actor,
+		jsonb_build_object('why', p_reason, 'key', p_key, 'value', v, 'previous', prev));
+	PERFORM pg_notify({schema}, json_build_object('batch_id', p_batch_id, 'action', 'set_knob', 'job', r.job_name, 'key', p_key)::text);
+	RETURN coalesce(v::text, 'default');
+END
+$fn$;
+CREATE FUNCTION {s}.set_knob(job text, key text, value text, actor text, reason text) RETURNS text LANGUAGE sql AS
+	$fn$ SELECT {s}.set_knob({s}.control_run(job, 'set_knob'), key, value, actor, reason) $fn$;
+`
+
+// Knob names of [PGManifest.SetKnob] (and the SQL function set_knob).
+const (
+	// KnobConcurrency is the workers of each process (a whole number, at
+	// least 1); a process runs at most its [Config.Concurrency], so the
+	// knob lowers it or raises it back up to that.
+	KnobConcurrency = "concurrency"
+	// KnobJobConcurrency replaces [Config.JobConcurrency] (a whole number,
+	// at least 1) in the processes that run with a JobConcurrency; others
+	// ignore it.
+	KnobJobConcurrency = "job_concurrency"
+	// KnobRowsPerSecond replaces [Config.RowsPerSecond] (0: no cap).
+	KnobRowsPerSecond = "rows_per_second"
+)
+
+// KnobThrottleHigh and KnobThrottleLow name the knobs that replace the
+// High and Low watermarks of the [Throttle] whose signal is named signal.
+func KnobThrottleHigh(signal string) string { return "throttle." + signal + ".high" }
+
+// KnobThrottleLow: see [KnobThrottleHigh].
+func KnobThrottleLow(signal string) string { return "throttle." + signal + ".low" }
+
+// ControlState is what the workers of a run read of its control: the
+// run's status (with the reason of a pause or cancel) and its live knobs,
+// by name ([KnobConcurrency], ...).
+type ControlState struct {
+	Status RunStatus
+	Reason string
+	Knobs  map[string]float64
+}
+
+// controlManifest is the control plane as the Runner uses it
+// ([PGManifest]).
+type controlManifest interface {
+	control(ctx context.Context, db sqlx.ExtContext, action string, batchID int64, actor, why string) error
+	SetKnob(ctx context.Context, db sqlx.ExtContext, batchID int64, key, value, actor, why string) error
+	Control(ctx context.Context, db sqlx.ExtContext, batchID int64) (ControlState, error)
+	Schema() string
+}
+
+var _ controlManifest = (*PGManifest)(nil)
+
+// Pause pauses run batchID through the SQL function pause: no worker of
+// any process claims another chunk; the chunks in flight finish and
+// checkpoint, and each call of [Runner.Run] on the run returns an error
+// wrapping [ErrRunPaused]. actor and why are required (else an error
+// wrapping [ErrInvalidConfig]). A run that is not running or failed gives
+// an error wrapping [ErrRunStatus]; an unknown batch [ErrRunNotFound].
+func (m *PGManifest) Pause(ctx context.Context, db sqlx.ExtContext, batchID int64, actor, why string) error {
+	return m.control(ctx, db, "pause", batchID, actor, why)
+}
+
+// Resume resumes a paused or cancelled run batchID through the SQL
+// function resume: it is running again, and the next [Runner.Run] of its
+// job (or the calls still waiting on it) work it. Errors as
+// [PGManifest.Pause]; a run that is neither paused nor cancelled gives
+// [ErrNotPaused] (and [ErrRunStatus]).
+func (m *PGManifest) Resume(ctx context.Context, db sqlx.ExtContext, batchID int64, actor, why string) error {
+	return m.control(ctx, db, "resume", batchID, actor, why)
+}
+
+// Cancel cancels run batchID through the SQL function cancel: the
+// workers of every process abort their chunks in flight (rolled back:
+// their leases released, the chunks pending, nothing half-merged) and
+// claim nothing more; the run ends [RunCancelled] and each call of
+// [Runner.Run] on it returns an error wrapping [ErrRunCancelled]. Only an
+// explicit resume ([Runner.Resume], [PGManifest.Resume], SQL resume)
+// restarts it; [Job.NewRun] starts a new run instead. Errors as
+// [PGManifest.Pause].
+func (m *PGManifest) Cancel(ctx context.Context, db sqlx.ExtContext, batchID int64, actor, why string) error {
+	return m.control(ctx, db, "cancel", batchID, actor, why)
+}
+
+func (m *PGManifest) control(ctx context.Context, db sqlx.ExtContext, action string, batchID int64, actor, why string) error {
+	actor, why = ManifestText(actor), ManifestText(why)
+	err := inShortTx(ctx, db, func(tx sqlx.ExtContext) error {
+		var status string
+		return sqlx.GetContext(ctx, tx, &status, m.sql(`SELECT {s}.control($1::bigint, $2::text, $3::text, $4::text)`), batchID, action, actor, why)
+	})
+	if err != nil {
+		return fmt.Errorf("backfill: %s run %d: %w", action, batchID, controlError(err, action == "resume"))
+	}
+	return nil
+}
+
+// SetKnob sets live knob key of run batchID to value (a number as text,
+// or "default" to go back to each process's [Config]) through the SQL
+// function set_knob; every worker of every process applies it within one
+// [Config.ThrottleInterval]. Keys: [KnobConcurrency],
+// [KnobJobConcurrency], [KnobRowsPerSecond], [KnobThrottleHigh] and
+// [KnobThrottleLow]. An unknown key, a bad value or a missing actor or
+// why gives an error wrapping [ErrInvalidConfig] that names the key and
+// value; a completed, rolled back or abandoned run [ErrRunStatus].
+func (m *PGManifest) SetKnob(ctx context.Context, db sqlx.ExtContext, batchID int64, key, value, actor, why string) error {
+	actor, why = ManifestText(actor), ManifestText(why)
+	err := inShortTx(ctx, db, func(tx sqlx.ExtContext) error {
+		var v string
+		return sqlx.GetContext(ctx, tx, &v, m.sql(`SELECT {s}.set_knob($1::bigint, $2::text, $3::text, $4::text, $5::text)`),
+			batchID, ManifestText(key), ManifestText(value), actor, why)
+	})
+	if err != nil {
+		return fmt.Errorf("backfill: set knob %q of run %d to %q: %w", key, batchID, value, controlError(err, false))
+	}
+	return nil
+}
+
+// Control returns run batchID's control state: status, reason and knobs.
+func (m *PGManifest) Control(ctx context.Context, db sqlx.ExtContext, batchID int64) (ControlState, error) {
+	var rows []struct {
+		Status string `db:"status"`
+		Reason string `db:"last_error"`
+		Knobs  string `db:"knobs"`
+	}
+	err := readTx(ctx, db, func(tx sqlx.ExtContext) error {
+		rows = nil
+		return sqlx.SelectContext(ctx, tx, &rows, m.sql(`SELECT r.status, r.last_error,
+			coalesce((SELECT json_object_agg(k.key, k.value) FROM {s}.knobs k WHERE k.batch_id = r.batch_id), '{}')::text AS knobs
+			FROM {s}.runs r WHERE r.batch_id = $1`), batchID)
+	})
+	if err != nil {
+		return ControlState{}, fmt.Errorf("backfill: control state of run %d: %w", batchID, err)
+	}
+	if len(rows) == 0 {
+		return ControlState{}, fmt.Errorf("backfill: control state of run %d: %w", batchID, ErrRunNotFound)
+	}
+	st := ControlState{Status: RunStatus(rows[0].Status), Reason: rows[0].Reason, Knobs: map[string]float64{}}
+	if err := json.Unmarshal([]byte(rows[0].Knobs), &st.Knobs); err != nil {
+		return ControlState{}, fmt.Errorf("backfill: control state of run %d: knobs: %w", batchID, err)
+	}
+	return st, nil
+}
+
+// controlError maps the SQLSTATEs of the control functions to sentinels.
+func controlError(err error, resume bool) error {
+	var pe *pq.Error
+	if !errors.As(err, &pe) {
+		return err
+	}
+	switch pe.Code {
+	case "22023":
+		return fmt.Errorf("%w: %s", ErrInvalidConfig, pe.Message)
+	case "P0002":
+		return fmt.Errorf("%w: %s", ErrRunNotFound, pe.Message)
+	case "55000":
+		if resume {
+			return fmt.Errorf("%w: %w: %s", ErrNotPaused, ErrRunStatus, pe.Message)
+		}
+		return fmt.Errorf("%w: %s", ErrRunStatus, pe.Message)
+	}
+	return err
+}
+
+// knobInt returns knob key of st as a whole number, or def when unset.
+func knobValue(knobs map[string]float64, key string, def float64) float64 {
+	if v, ok := knobs[key]; ok && !math.IsNaN(v) {
+		return v
+	}
+	return def
+}
+
+// controlPayload is the JSON payload of a control notification.
+type controlPayload struct {
+	BatchID int64  `json:"batch_id"`
+	Action  string `json:"action"`
+	Job     string `json:"job"`
+	Key     string `json:"key,omitempty"`
+}
+
+// parseControlPayload decodes a notification's payload.
+func parseControlPayload(s string) (controlPayload, bool) {
+	var p controlPayload
+	if err := json.Unmarshal([]byte(s), &p); err != nil || p.BatchID == 0 {
+		return p, false
+	}
+	return p, true
+}
+
+// quoteLiteral is the schema's name as a SQL string literal.
+func quoteLiteral(s string) string {
+	return pq.QuoteLiteral(strings.ToValidUTF8(s, "\uFFFD"))
+}
