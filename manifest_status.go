@@ -78,36 +78,46 @@ FROM {s}.runs r
 LEFT JOIN {s}.run_liveness l ON l.batch_id = r.batch_id
 CROSS JOIN LATERAL (SELECT coalesce(r.finished_at, CASE WHEN r.status IN ('running', 'paused') THEN now() ELSE greatest(r.updated_at, r.created_at) END) AS t_end) t
 CROSS JOIN LATERAL (
-	SELECT count(*)::int AS chunks_total,
-		count(*) FILTER (WHERE x.status = 'done')::int AS chunks_done,
-		count(*) FILTER (WHERE x.status = 'open')::int AS chunks_open,
-		count(*) FILTER (WHERE x.status = 'pending')::int AS chunks_pending,
-		count(*) FILTER (WHERE x.status = 'failed')::int AS chunks_failed,
-		count(*) FILTER (WHERE x.status = 'staged')::int AS chunks_staged,
-		count(*) FILTER (WHERE x.status = 'rolled_back')::int AS chunks_rolled_back,
-		count(*) FILTER (WHERE x.status NOT IN ('done', 'open', 'pending', 'failed', 'staged', 'rolled_back'))::int AS chunks_other,
-		count(*) FILTER (WHERE x.status IN ('pending', 'open') AND x.lease_key IS NOT NULL)::int AS chunks_leased,
-		coalesce(sum(x.rows_read) FILTER (WHERE x.status IN ('done', 'open')), 0)::bigint AS rows_read,
-		coalesce(sum(x.rows_inserted) FILTER (WHERE x.status IN ('done', 'open')), 0)::bigint AS rows_inserted,
-		coalesce(sum(x.rows_updated) FILTER (WHERE x.status IN ('done', 'open')), 0)::bigint AS rows_updated,
-		coalesce(sum(x.rows_unchanged) FILTER (WHERE x.status IN ('done', 'open')), 0)::bigint AS rows_unchanged,
-		coalesce(sum(x.rows_rejected) FILTER (WHERE x.status IN ('done', 'open')), 0)::bigint AS rows_rejected,
-		coalesce(sum(x.rows_deduplicated) FILTER (WHERE x.status IN ('done', 'open')), 0)::bigint AS rows_deduplicated,
-		coalesce(sum(x.rows_processed), 0)::bigint AS rows_processed,
-		coalesce(sum(x.reads), 0)::bigint AS chunk_reads,
-		max(x.checkpointed_at) AS last_checkpoint,
-		-- The plan's weights: a chunk's span (seconds of a time chunk,
-		-- keys of an int chunk; none for a list chunk).
-		coalesce(sum(x.rows_read) FILTER (WHERE x.status IN ('done', 'open') AND x.span > 0), 0)::float8 AS known_span_rows,
-		coalesce(sum(x.span) FILTER (WHERE x.status IN ('done', 'open') AND x.span > 0), 0)::float8 AS known_span,
-		coalesce(sum(x.rows_read) FILTER (WHERE x.status IN ('done', 'open')), 0)::float8 AS known_rows,
-		count(*) FILTER (WHERE x.status IN ('done', 'open'))::float8 AS known_chunks,
-		coalesce(sum(x.span) FILTER (WHERE x.status IN ('pending', 'failed') AND x.span > 0), 0)::float8 AS rem_span,
-		count(*) FILTER (WHERE x.status IN ('pending', 'failed') AND x.span > 0)::int AS rem_span_chunks,
-		count(*) FILTER (WHERE x.status IN ('pending', 'failed'))::int AS rem_chunks
-	FROM (SELECT ch.*, CASE ch.kind WHEN 'time' THEN extract(epoch FROM ch.end_at - ch.start_at)::float8
-			WHEN 'int' THEN (ch.hi - ch.lo)::float8 END AS span
-		FROM {s}.chunks ch WHERE ch.batch_id = r.batch_id) x
+	-- One pass over the run's chunks, grouped by status and whether the
+	-- plan knows a span (seconds of a time chunk, keys of an int chunk;
+	-- none for a list chunk), then the few groups pivoted.
+	SELECT coalesce(sum(g.n), 0)::int AS chunks_total,
+		coalesce(sum(g.n) FILTER (WHERE g.status = 'done'), 0)::int AS chunks_done,
+		coalesce(sum(g.n) FILTER (WHERE g.status = 'open'), 0)::int AS chunks_open,
+		coalesce(sum(g.n) FILTER (WHERE g.status = 'pending'), 0)::int AS chunks_pending,
+		coalesce(sum(g.n) FILTER (WHERE g.status = 'failed'), 0)::int AS chunks_failed,
+		coalesce(sum(g.n) FILTER (WHERE g.status = 'staged'), 0)::int AS chunks_staged,
+		coalesce(sum(g.n) FILTER (WHERE g.status = 'rolled_back'), 0)::int AS chunks_rolled_back,
+		coalesce(sum(g.n) FILTER (WHERE g.status NOT IN ('done', 'open', 'pending', 'failed', 'staged', 'rolled_back')), 0)::int AS chunks_other,
+		coalesce(sum(g.leased) FILTER (WHERE g.status IN ('pending', 'open')), 0)::int AS chunks_leased,
+		coalesce(sum(g.rows_read) FILTER (WHERE g.checkpointed), 0)::bigint AS rows_read,
+		coalesce(sum(g.rows_inserted) FILTER (WHERE g.checkpointed), 0)::bigint AS rows_inserted,
+		coalesce(sum(g.rows_updated) FILTER (WHERE g.checkpointed), 0)::bigint AS rows_updated,
+		coalesce(sum(g.rows_unchanged) FILTER (WHERE g.checkpointed), 0)::bigint AS rows_unchanged,
+		coalesce(sum(g.rows_rejected) FILTER (WHERE g.checkpointed), 0)::bigint AS rows_rejected,
+		coalesce(sum(g.rows_deduplicated) FILTER (WHERE g.checkpointed), 0)::bigint AS rows_deduplicated,
+		coalesce(sum(g.rows_processed), 0)::bigint AS rows_processed,
+		coalesce(sum(g.reads), 0)::bigint AS chunk_reads,
+		max(g.last_checkpoint) AS last_checkpoint,
+		coalesce(sum(g.rows_read) FILTER (WHERE g.checkpointed AND g.has_span), 0)::float8 AS known_span_rows,
+		coalesce(sum(g.span) FILTER (WHERE g.checkpointed AND g.has_span), 0)::float8 AS known_span,
+		coalesce(sum(g.rows_read) FILTER (WHERE g.checkpointed), 0)::float8 AS known_rows,
+		coalesce(sum(g.n) FILTER (WHERE g.checkpointed), 0)::float8 AS known_chunks,
+		coalesce(sum(g.span) FILTER (WHERE g.remaining AND g.has_span), 0)::float8 AS rem_span,
+		coalesce(sum(g.n) FILTER (WHERE g.remaining AND g.has_span), 0)::int AS rem_span_chunks,
+		coalesce(sum(g.n) FILTER (WHERE g.remaining), 0)::int AS rem_chunks
+	FROM (SELECT x.status, x.status IN ('done', 'open') AS checkpointed, x.status IN ('pending', 'failed') AS remaining,
+			coalesce(x.span > 0, false) AS has_span, count(*) AS n, count(x.lease_key) AS leased,
+			sum(x.rows_read) AS rows_read, sum(x.rows_inserted) AS rows_inserted, sum(x.rows_updated) AS rows_updated,
+			sum(x.rows_unchanged) AS rows_unchanged, sum(x.rows_rejected) AS rows_rejected, sum(x.rows_deduplicated) AS rows_deduplicated,
+			sum(x.rows_processed) AS rows_processed, sum(x.reads) AS reads, max(x.checkpointed_at) AS last_checkpoint,
+			sum(x.span) AS span
+		FROM (SELECT ch.status, ch.lease_key, ch.rows_read, ch.rows_inserted, ch.rows_updated, ch.rows_unchanged, ch.rows_rejected,
+				ch.rows_deduplicated, ch.rows_processed, ch.reads, ch.checkpointed_at,
+				CASE ch.kind WHEN 'time' THEN extract(epoch FROM ch.end_at - ch.start_at)::float8
+					WHEN 'int' THEN (ch.hi - ch.lo)::float8 END AS span
+			FROM {s}.chunks ch WHERE ch.batch_id = r.batch_id) x
+		GROUP BY 1, 2, 3, 4) g
 ) c
 CROSS JOIN LATERAL (
 	SELECT tstzmultirange(tstzrange(r.created_at, greatest(r.created_at, t.t_end))) AS total,
