@@ -161,13 +161,15 @@ CROSS JOIN LATERAL (
 		CASE WHEN s.working_seconds > 0 AND c.rows_processed > 0 THEN c.rows_processed / s.working_seconds END AS overall_rate
 ) rate
 CROSS JOIN LATERAL (
+	-- A chunk in flight is counted half done.
 	SELECT c.rem_chunks AS remaining_chunks,
 		CASE WHEN c.known_chunks = 0 THEN NULL
 			WHEN c.known_span > 0 THEN c.rem_span * (c.known_span_rows / c.known_span) + (c.rem_chunks - c.rem_span_chunks) * (c.known_rows / c.known_chunks)
-			ELSE c.rem_chunks * (c.known_rows / c.known_chunks) END AS remaining_rows
+			ELSE c.rem_chunks * (c.known_rows / c.known_chunks) END
+		* CASE WHEN c.rem_chunks > 0 THEN 1 - 0.5 * least(c.chunks_leased, c.rem_chunks)::float8 / c.rem_chunks ELSE 1 END AS remaining_rows
 ) rem;
 COMMENT ON VIEW {s}.run_progress IS
-	'Progress of each run: chunks by status; rows by outcome of the checkpointed (done or open) chunks as they stand; rows_processed (every checkpointed read, never decreasing); its time split into working, throttled, paused and idle (no live worker) seconds; rows/s over the recent window (the last 60 s or the last 20 checkpoints, whichever is longer, of working time) and overall (per working second); remaining_rows, the pending and failed chunks weighted by their span at the rows per span of the checkpointed ones (list chunks at their mean rows); and eta_seconds = remaining_rows / the recent rate (overall when the window has under 1 s of working time): the time left if the run works at that rate from now on, unthrottled and unpaused.';
+	'Progress of each run: chunks by status; rows by outcome of the checkpointed (done or open) chunks as they stand; rows_processed (every checkpointed read, never decreasing); its time split into working, throttled, paused and idle (no live worker) seconds; rows/s over the recent window (the last 60 s or the last 20 checkpoints, whichever is longer, of working time) and overall (per working second); remaining_rows, the pending and failed chunks weighted by their span at the rows per span of the checkpointed ones (list chunks at their mean rows), a chunk in flight counted half done; and eta_seconds = remaining_rows / the recent rate (overall when the window has under 1 s of working time): the time left if the run works at that rate from now on, unthrottled and unpaused.';
 `
 
 // StatusWindow describes the recent window of [Status.RecentRate]: the
@@ -234,15 +236,15 @@ type Status struct {
 	// the checkpointed chunks (their rows as they stand), and a list
 	// chunk (no span) at the mean rows of a checkpointed chunk. It
 	// assumes the source's rows spread over the chunks' spans as over
-	// those already read; nil before any chunk was checkpointed.
+	// those already read; a chunk in flight (leased) counts half done.
+	// Nil before any chunk was checkpointed.
 	RemainingChunks int      `json:"remaining_chunks"`
 	RemainingRows   *float64 `json:"remaining_rows"`
 	// ETASeconds is RemainingRows / RecentRate (OverallRate when
 	// RecentRate is nil): the time left if the run goes on working at its
 	// recent working rate, with no throttle, pause or idle time from now
 	// on (the time split says how much of the run so far was); 0 when no
-	// chunk remains; nil when unknown. Chunks in flight count as
-	// remaining in full.
+	// chunk remains; nil when unknown.
 	ETASeconds *float64 `json:"eta_seconds"`
 	// InFlight lists the chunks being worked, oldest first.
 	InFlight []ChunkInFlight `json:"in_flight"`
