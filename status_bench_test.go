@@ -4,8 +4,8 @@ import (
 	"context"
 	"os"
 	"strings"
-	"time"
 	"testing"
+	"time"
 
 	"github.com/pgbackfill/backfill/internal/pgtest"
 )
