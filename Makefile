@@ -62,7 +62,7 @@ data:
 # Extra flags: make bench BENCHLOAD_FLAGS='-rows 300000 -runs 5 -rss'
 BENCHLOAD_FLAGS ?=
 
-.PHONY: bench bench-lock bench-probe bench-control
+.PHONY: bench bench-lock bench-probe bench-control bench-status
 bench:
 	$(GO) run ./internal/benchload $(BENCHLOAD_FLAGS)
 	@if grep -rqs --include='*_test.go' '^func Benchmark' . ; then \
@@ -99,3 +99,13 @@ BENCHCONTROL_FLAGS ?=
 
 bench-control:
 	$(GO) run ./internal/benchcontrol $(BENCHCONTROL_FLAGS)
+
+# bench-status: the ETA of Status (issue 14): a generic job with chunks of
+# varying sizes, held by an injected SQL throttle for part of the run;
+# prints Status's ETA at 25%, 50% and 75% of the rows against the time
+# that actually remained (internal/benchstatus). Reports only. Extra
+# flags: make bench-status BENCHSTATUS_FLAGS='-chunks 200 -throttle-for 30s -v'
+BENCHSTATUS_FLAGS ?=
+
+bench-status:
+	$(GO) run ./internal/benchstatus $(BENCHSTATUS_FLAGS)

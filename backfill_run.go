@@ -258,11 +258,16 @@ func (r *Runner) run(ctx context.Context, job Job) (Report, error) {
 		defer ex.stopWorker()
 		stopListen := ex.listenControl(ctx) // backfill_control.go
 		ex.startThrottle(ctx)               // throttle_run.go
+		ex.notifyProgress(ctx, true)
 		ex.run(ctx)
 		ex.stopThrottle()
 		stopListen()
 	}
-	return ex.finishRun(ctx, run, resumed, finished, begin)
+	rep, err := ex.finishRun(ctx, run, resumed, finished, begin)
+	if !finished {
+		ex.notifyProgress(context.WithoutCancel(ctx), true)
+	}
+	return rep, err
 }
 
 // runSetup is what Run decides before the run exists in the manifest.
@@ -540,6 +545,11 @@ type execution struct {
 	batchID  int64
 	log      *slog.Logger
 	warnings []string // the report's
+
+	// progress delivers ProgressHooks (backfill_status.go), resolved
+	// once by progressOnce.
+	progress     *progressNotifier
+	progressOnce sync.Once
 
 	// worker is this call's registration (nil without ManifestWorkers).
 	worker *workerCall
@@ -871,6 +881,7 @@ func (ex *execution) chunkDone(ctx context.Context, res ChunkResult) bool {
 		"duration", res.FinishedAt.Sub(res.StartedAt))
 	if h := ex.r.cfg.Hooks; h != nil {
 		h.ChunkDone(ctx, ex.batchID, res)
+		ex.notifyProgress(ctx, false)
 	}
 	if err := ex.checkRunRejectRate(ctx); err != nil {
 		// The chunk is done (listed in PartialError.Done); the run gate
@@ -917,6 +928,7 @@ func (ex *execution) chunkFailed(ctx context.Context, ce *ChunkError, attempt in
 		ex.fail(ce, ferr)
 		return false
 	}
+	ex.notifyFailed(ctx, ce, attempt, final)
 	if final {
 		ex.fail(ce, nil)
 		return false

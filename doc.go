@@ -345,6 +345,19 @@ an interval or more too (signal [RateSignalName]).
 [ManifestThrottle.ThrottlePeriods] reads them and [Runner.TimeSplit]
 splits a run's time into working, throttled by signal, and paused.
 
+# Progress
+
+[Runner.Status] (and [PGManifest.Status], [PGManifest.JobStatus], the
+run_progress and chunks_in_flight views) read a run's progress from the
+manifest, from any process: chunks by status, rows by outcome, chunks in
+flight, exceptions by reason, liveness, the time split (working,
+throttled, paused, idle) and an ETA from the remaining planned work and
+the recent working rate ([Status]). The checkpoint records what it needs
+(rows processed, reads, the server's checkpoint time) in the chunk's
+transaction. A [Config.Hooks] that implements [ProgressHooks] gets failed
+attempts and progress snapshots that count the work of earlier calls and
+of other processes.
+
 # Idempotency
 
 The PostgreSQL merge ([PGMerger]) updates only rows whose content differs

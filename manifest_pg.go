@@ -255,6 +255,9 @@ COMMENT ON VIEW {s}.completed_batches IS
 	// 16: cancelled runs, live knobs, the control functions and the
 	// append-only audit log (manifest_control.go).
 	migrationControl,
+	// 17: progress: chunks' processed rows, reads and checkpoint times;
+	// the run_progress and chunks_in_flight views (manifest_status.go).
+	migrationStatus,
 }
 
 func (m *PGManifest) sql(q string) string {
@@ -728,6 +731,8 @@ func (m *PGManifest) CompleteChunk(ctx context.Context, tx sqlx.ExtContext, batc
 		rows_rejected = $7,
 		rows_deduplicated = $8,
 		started_at = $9, finished_at = $10, last_error = '', worker = $11,
+		rows_processed = rows_processed + CASE WHEN status = 'staged' THEN 0 ELSE $3::bigint END,
+		reads = reads + CASE WHEN status = 'staged' THEN 0 ELSE 1 END, checkpointed_at = clock_timestamp(),
 		open_call = CASE WHEN $12 = 'open' THEN (SELECT calls FROM {s}.runs WHERE batch_id = $1) END
 		WHERE batch_id = $1 AND seq = $2 AND status IN ('pending', 'staged', 'open')
 			AND EXISTS (SELECT 1 FROM {s}.runs WHERE batch_id = $1 AND status NOT IN ('abandoned', 'rolled_back', 'cancelled'))`),
@@ -1150,7 +1155,8 @@ func (m *PGManifest) StageChunk(ctx context.Context, tx sqlx.ExtContext, p Stage
 	if err := m.addExceptions(ctx, tx, p.BatchID, p.Chunk.ID, p.Exceptions); err != nil {
 		return fmt.Errorf("backfill: stage chunk %s: exceptions: %w", p.Chunk.ID, err)
 	}
-	res, err := tx.ExecContext(ctx, m.sql(`UPDATE {s}.chunks SET status = 'staged', rows_read = $3, rows_rejected = $4, rows_staged = $5
+	res, err := tx.ExecContext(ctx, m.sql(`UPDATE {s}.chunks SET status = 'staged', rows_read = $3, rows_rejected = $4, rows_staged = $5,
+		rows_processed = rows_processed + $3, reads = reads + 1, checkpointed_at = clock_timestamp()
 		WHERE batch_id = $1 AND seq = $2 AND status = 'pending'
 			AND EXISTS (SELECT 1 FROM {s}.runs WHERE batch_id = $1 AND status NOT IN ('abandoned', 'rolled_back', 'cancelled'))`), p.BatchID, p.Chunk.Seq, p.Read, p.Rejected, p.Staged)
 	if err != nil {

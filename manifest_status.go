@@ -1,0 +1,529 @@
+package backfill
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+)
+
+// Progress of a run from the manifest (issue 14, "Progress from the
+// manifest"): [PGManifest.Status], [Runner.Status] and the run_progress
+// and chunks_in_flight views, readable from any process and from psql.
+
+// migrationStatus is manifest migration 17: what progress needs that the
+// chunks did not record, written by the checkpoint in the chunk's own
+// transaction (CompleteChunk, StageChunk), and the views.
+//
+//   - chunks.rows_processed: the rows read by every checkpointed read of
+//     the chunk, summed (an open chunk read again adds its new read);
+//     never decreases, unlike rows_read, which is the latest read's.
+//   - chunks.reads: the checkpointed reads of the chunk.
+//   - chunks.checkpointed_at: the server's clock_timestamp() at the
+//     latest checkpoint (finished_at is the worker's clock).
+//
+// The views need PostgreSQL 14 or later (multiranges).
+const migrationStatus = `
+ALTER TABLE {s}.chunks ADD COLUMN rows_processed bigint NOT NULL DEFAULT 0,
+	ADD COLUMN reads int NOT NULL DEFAULT 0,
+	ADD COLUMN checkpointed_at timestamptz;
+UPDATE {s}.chunks SET rows_processed = rows_read, reads = 1, checkpointed_at = finished_at
+	WHERE status IN ('done', 'open', 'rolled_back', 'staged');
+CREATE INDEX chunks_checkpointed ON {s}.chunks (batch_id, checkpointed_at) WHERE checkpointed_at IS NOT NULL;
+CREATE INDEX exceptions_batch_reason ON {s}.exceptions (batch_id, reason, column_name) WHERE failed_attempt IS NULL;
+COMMENT ON COLUMN {s}.chunks.rows_processed IS
+	'Rows read by every checkpointed read of the chunk, summed (rows_read is the latest read''s): never decreases.';
+COMMENT ON COLUMN {s}.chunks.checkpointed_at IS
+	'The server''s clock at the chunk''s latest checkpoint.';
+
+CREATE VIEW {s}.chunks_in_flight AS
+	SELECT c.batch_id, c.seq, c.chunk_id, c.lease_key AS worker_key, coalesce(w.worker_id, '') AS worker_id,
+		coalesce(w.host, '') AS host, coalesce(w.pid, 0) AS pid, c.leased_at AS since,
+		extract(epoch FROM now() - c.leased_at)::float8 AS age_seconds,
+		coalesce(w.finished_at IS NOT NULL OR w.heartbeat_at < now() - w.stale_after, true) AS stale
+	FROM {s}.chunks c LEFT JOIN {s}.workers w ON w.worker_key = c.lease_key
+	WHERE c.status IN ('pending', 'open') AND c.lease_key IS NOT NULL
+		AND (w.finished_at IS NULL AND w.heartbeat_at >= now() - 2 * w.stale_after OR c.leased_at >= now() - interval '1 minute')
+	UNION ALL
+	SELECT c.batch_id, c.seq, c.chunk_id, coalesce(w.worker_key, ''), coalesce(w.worker_id, a.application_name, ''),
+		coalesce(w.host, ''), coalesce(w.pid, 0), a.xact_start, extract(epoch FROM now() - a.xact_start)::float8,
+		coalesce(w.finished_at IS NOT NULL OR w.heartbeat_at < now() - w.stale_after, false)
+	FROM {s}.chunks c
+	JOIN pg_locks l ON l.locktype = 'transactionid' AND l.transactionid = c.xmax AND l.granted AND l.mode = 'ExclusiveLock'
+	LEFT JOIN pg_stat_activity a ON a.pid = l.pid
+	LEFT JOIN {s}.workers w ON a.application_name LIKE 'backfill ' || w.worker_key || ' %'
+	WHERE c.status IN ('pending', 'open') AND c.lease_key IS NULL AND l.pid <> pg_backend_pid();
+COMMENT ON VIEW {s}.chunks_in_flight IS
+	'Chunks being worked: leased by a worker that heartbeats within twice its stale bound (extracting outside a transaction, or in the chunk''s transaction), or row-locked by a chunk transaction without a lease; with the worker and the age in seconds.';
+
+CREATE VIEW {s}.run_progress AS
+SELECT r.batch_id, r.job_name, r.status, l.liveness, l.live_workers, l.last_heartbeat,
+	r.created_at, t.t_end AS as_of,
+	c.chunks_total, c.chunks_done, c.chunks_open, c.chunks_pending, c.chunks_failed, c.chunks_staged, c.chunks_rolled_back,
+	c.chunks_other, c.chunks_leased,
+	c.rows_read, c.rows_inserted, c.rows_updated, c.rows_unchanged, c.rows_rejected, c.rows_deduplicated,
+	c.rows_processed, c.chunk_reads, c.last_checkpoint,
+	s.total_seconds, s.working_seconds, s.throttled_seconds, s.paused_seconds, s.idle_seconds,
+	CASE WHEN s.total_seconds > 0 THEN s.throttled_seconds / s.total_seconds END AS throttled_fraction,
+	w.window_start, w.window_rows, w.window_working_seconds,
+	rate.recent_rate, rate.overall_rate,
+	CASE WHEN s.total_seconds > 0 THEN c.rows_processed / s.total_seconds END AS wall_rate,
+	rem.remaining_rows, rem.remaining_chunks,
+	CASE WHEN rem.remaining_chunks = 0 THEN 0::float8
+		WHEN coalesce(rate.recent_rate, rate.overall_rate) > 0 THEN rem.remaining_rows / coalesce(rate.recent_rate, rate.overall_rate) END AS eta_seconds
+FROM {s}.runs r
+LEFT JOIN {s}.run_liveness l ON l.batch_id = r.batch_id
+CROSS JOIN LATERAL (SELECT coalesce(r.finished_at, CASE WHEN r.status IN ('running', 'paused') THEN now() ELSE greatest(r.updated_at, r.created_at) END) AS t_end) t
+CROSS JOIN LATERAL (
+	-- One pass over the run's chunks, grouped by status and whether the
+	-- plan knows a span (seconds of a time chunk, keys of an int chunk;
+	-- none for a list chunk), then the few groups pivoted.
+	SELECT coalesce(sum(g.n), 0)::int AS chunks_total,
+		coalesce(sum(g.n) FILTER (WHERE g.status = 'done'), 0)::int AS chunks_done,
+		coalesce(sum(g.n) FILTER (WHERE g.status = 'open'), 0)::int AS chunks_open,
+		coalesce(sum(g.n) FILTER (WHERE g.status = 'pending'), 0)::int AS chunks_pending,
+		coalesce(sum(g.n) FILTER (WHERE g.status = 'failed'), 0)::int AS chunks_failed,
+		coalesce(sum(g.n) FILTER (WHERE g.status = 'staged'), 0)::int AS chunks_staged,
+		coalesce(sum(g.n) FILTER (WHERE g.status = 'rolled_back'), 0)::int AS chunks_rolled_back,
+		coalesce(sum(g.n) FILTER (WHERE g.status NOT IN ('done', 'open', 'pending', 'failed', 'staged', 'rolled_back')), 0)::int AS chunks_other,
+		coalesce(sum(g.leased) FILTER (WHERE g.status IN ('pending', 'open')), 0)::int AS chunks_leased,
+		coalesce(sum(g.rows_read) FILTER (WHERE g.checkpointed), 0)::bigint AS rows_read,
+		coalesce(sum(g.rows_inserted) FILTER (WHERE g.checkpointed), 0)::bigint AS rows_inserted,
+		coalesce(sum(g.rows_updated) FILTER (WHERE g.checkpointed), 0)::bigint AS rows_updated,
+		coalesce(sum(g.rows_unchanged) FILTER (WHERE g.checkpointed), 0)::bigint AS rows_unchanged,
+		coalesce(sum(g.rows_rejected) FILTER (WHERE g.checkpointed), 0)::bigint AS rows_rejected,
+		coalesce(sum(g.rows_deduplicated) FILTER (WHERE g.checkpointed), 0)::bigint AS rows_deduplicated,
+		coalesce(sum(g.rows_processed), 0)::bigint AS rows_processed,
+		coalesce(sum(g.reads), 0)::bigint AS chunk_reads,
+		max(g.last_checkpoint) AS last_checkpoint,
+		coalesce(sum(g.rows_read) FILTER (WHERE g.checkpointed AND g.has_span), 0)::float8 AS known_span_rows,
+		coalesce(sum(g.span) FILTER (WHERE g.checkpointed AND g.has_span), 0)::float8 AS known_span,
+		coalesce(sum(g.rows_read) FILTER (WHERE g.checkpointed), 0)::float8 AS known_rows,
+		coalesce(sum(g.n) FILTER (WHERE g.checkpointed), 0)::float8 AS known_chunks,
+		coalesce(sum(g.span) FILTER (WHERE g.remaining AND g.has_span), 0)::float8 AS rem_span,
+		coalesce(sum(g.n) FILTER (WHERE g.remaining AND g.has_span), 0)::int AS rem_span_chunks,
+		coalesce(sum(g.n) FILTER (WHERE g.remaining), 0)::int AS rem_chunks
+	FROM (SELECT x.status, x.status IN ('done', 'open') AS checkpointed, x.status IN ('pending', 'failed') AS remaining,
+			coalesce(x.span > 0, false) AS has_span, count(*) AS n, count(x.lease_key) AS leased,
+			sum(x.rows_read) AS rows_read, sum(x.rows_inserted) AS rows_inserted, sum(x.rows_updated) AS rows_updated,
+			sum(x.rows_unchanged) AS rows_unchanged, sum(x.rows_rejected) AS rows_rejected, sum(x.rows_deduplicated) AS rows_deduplicated,
+			sum(x.rows_processed) AS rows_processed, sum(x.reads) AS reads, max(x.checkpointed_at) AS last_checkpoint,
+			sum(x.span) AS span
+		FROM (SELECT ch.status, ch.lease_key, ch.rows_read, ch.rows_inserted, ch.rows_updated, ch.rows_unchanged, ch.rows_rejected,
+				ch.rows_deduplicated, ch.rows_processed, ch.reads, ch.checkpointed_at,
+				CASE ch.kind WHEN 'time' THEN extract(epoch FROM ch.end_at - ch.start_at)::float8
+					WHEN 'int' THEN (ch.hi - ch.lo)::float8 END AS span
+			FROM {s}.chunks ch WHERE ch.batch_id = r.batch_id) x
+		GROUP BY 1, 2, 3, 4) g
+) c
+CROSS JOIN LATERAL (
+	SELECT tstzmultirange(tstzrange(r.created_at, greatest(r.created_at, t.t_end))) AS total,
+		coalesce((SELECT range_agg(tstzrange(e.created_at, greatest(e.created_at, coalesce(
+				(SELECT min(e2.created_at) FROM {s}.events e2 WHERE e2.batch_id = e.batch_id AND e2.id > e.id
+					AND e2.kind LIKE 'run\_%' AND e2.kind <> 'run_paused'), t.t_end))))
+			FROM {s}.events e WHERE e.batch_id = r.batch_id AND e.kind = 'run_paused'), '{}'::tstzmultirange) AS paused,
+		coalesce((SELECT range_agg(tstzrange(p.started_at, greatest(p.started_at, coalesce(p.ended_at, pw.finished_at,
+				CASE WHEN pw.heartbeat_at < now() - pw.stale_after THEN pw.heartbeat_at END, now()))))
+			FROM {s}.throttle_periods p LEFT JOIN {s}.workers pw ON pw.worker_key = p.worker_key
+			WHERE p.batch_id = r.batch_id), '{}'::tstzmultirange) AS throttled,
+		(SELECT range_agg(tstzrange(ww.started_at, greatest(ww.started_at, coalesce(ww.finished_at,
+				CASE WHEN ww.heartbeat_at < now() - ww.stale_after THEN ww.heartbeat_at END, now()))))
+			FROM {s}.workers ww WHERE ww.batch_id = r.batch_id) AS workers
+) m
+CROSS JOIN LATERAL (
+	SELECT m.total * m.paused AS paused,
+		m.total * m.throttled - m.paused AS throttled,
+		m.total - coalesce(m.workers, m.total) - m.paused - m.throttled AS idle,
+		m.total * coalesce(m.workers, m.total) - m.paused - m.throttled AS working
+) mr
+CROSS JOIN LATERAL (
+	SELECT (SELECT coalesce(sum(extract(epoch FROM upper(z) - lower(z))), 0)::float8 FROM unnest(m.total) z) AS total_seconds,
+		(SELECT coalesce(sum(extract(epoch FROM upper(z) - lower(z))), 0)::float8 FROM unnest(mr.working) z) AS working_seconds,
+		(SELECT coalesce(sum(extract(epoch FROM upper(z) - lower(z))), 0)::float8 FROM unnest(mr.throttled) z) AS throttled_seconds,
+		(SELECT coalesce(sum(extract(epoch FROM upper(z) - lower(z))), 0)::float8 FROM unnest(mr.paused) z) AS paused_seconds,
+		(SELECT coalesce(sum(extract(epoch FROM upper(z) - lower(z))), 0)::float8 FROM unnest(mr.idle) z) AS idle_seconds
+) s
+CROSS JOIN LATERAL (
+	SELECT ws.window_start,
+		(SELECT coalesce(sum(k.rows_read), 0)::bigint FROM {s}.chunks k WHERE k.batch_id = r.batch_id
+			AND k.checkpointed_at > ws.window_start AND k.checkpointed_at <= t.t_end) AS window_rows,
+		(SELECT coalesce(sum(extract(epoch FROM upper(z) - lower(z))), 0)::float8
+			FROM unnest(mr.working * tstzmultirange(tstzrange(ws.window_start, greatest(ws.window_start, t.t_end)))) z) AS window_working_seconds
+	FROM (SELECT greatest(r.created_at, least(t.t_end - interval '60 seconds', coalesce(
+			(SELECT k.checkpointed_at FROM {s}.chunks k WHERE k.batch_id = r.batch_id AND k.checkpointed_at IS NOT NULL
+				ORDER BY k.checkpointed_at DESC OFFSET 20 LIMIT 1), r.created_at))) AS window_start) ws
+) w
+CROSS JOIN LATERAL (
+	SELECT CASE WHEN w.window_working_seconds >= 1 AND w.window_rows > 0 THEN w.window_rows / w.window_working_seconds END AS recent_rate,
+		CASE WHEN s.working_seconds > 0 AND c.rows_processed > 0 THEN c.rows_processed / s.working_seconds END AS overall_rate
+) rate
+CROSS JOIN LATERAL (
+	-- A chunk in flight is counted half done.
+	SELECT c.rem_chunks AS remaining_chunks,
+		CASE WHEN c.known_chunks = 0 THEN NULL
+			WHEN c.known_span > 0 THEN c.rem_span * (c.known_span_rows / c.known_span) + (c.rem_chunks - c.rem_span_chunks) * (c.known_rows / c.known_chunks)
+			ELSE c.rem_chunks * (c.known_rows / c.known_chunks) END
+		* CASE WHEN c.rem_chunks > 0 THEN 1 - 0.5 * least(c.chunks_leased, c.rem_chunks)::float8 / c.rem_chunks ELSE 1 END AS remaining_rows
+) rem;
+COMMENT ON VIEW {s}.run_progress IS
+	'Progress of each run: chunks by status; rows by outcome of the checkpointed (done or open) chunks as they stand; rows_processed (every checkpointed read, never decreasing); its time split into working, throttled, paused and idle (no live worker) seconds; rows/s over the recent window (the last 60 s or the last 20 checkpoints, whichever is longer, of working time) and overall (per working second); remaining_rows, the pending and failed chunks weighted by their span at the rows per span of the checkpointed ones (list chunks at their mean rows), a chunk in flight counted half done; and eta_seconds = remaining_rows / the recent rate (overall when the window has under 1 s of working time): the time left if the run works at that rate from now on, unthrottled and unpaused.';
+`
+
+// StatusWindow describes the recent window of [Status.RecentRate]: the
+// last StatusWindowSeconds of wall time or the last StatusWindowChunks
+// checkpoints, whichever reaches further back; its rate is per second of
+// working time within it.
+const (
+	StatusWindowSeconds = 60
+	StatusWindowChunks  = 20
+)
+
+// Status is a run's progress as the manifest records it, readable from
+// any process ([PGManifest.Status], [Runner.Status]; the run_progress
+// view in SQL). Seconds are float64 seconds of the server's clock; rates
+// are rows per second. Fields a run cannot give yet (a rate before the
+// first checkpoint) are nil.
+type Status struct {
+	BatchID int64     `json:"batch_id"`
+	Job     string    `json:"job"`
+	Status  RunStatus `json:"status"`
+	// Liveness is [LivenessRunning], [LivenessStalled] or [LivenessDead]
+	// for a running run, else its status ([RunLiveness]).
+	Liveness      string     `json:"liveness"`
+	LiveWorkers   int        `json:"live_workers"`
+	LastHeartbeat *time.Time `json:"last_heartbeat,omitempty"`
+	// CreatedAt is when the run was created; AsOf the end of the time
+	// measured: now for a running or paused run, else when it ended.
+	CreatedAt time.Time `json:"created_at"`
+	AsOf      time.Time `json:"as_of"`
+	// Chunks counts the plan's chunks by status.
+	Chunks StatusChunks `json:"chunks"`
+	// Rows sums the counts of the checkpointed (done or open) chunks, each
+	// as it stands ([Report.Counts]): they never decrease across resumes
+	// and retries, except when an open chunk's re-read lowers one of its
+	// counts ([Counts.Reread]: it found fewer rows than the earlier
+	// read, or rows that read inserted or rejected now count otherwise)
+	// or a rollback withdraws chunks. RowsProcessed never decreases.
+	Rows Counts `json:"rows"`
+	// RowsProcessed sums the rows of every checkpointed read of every
+	// chunk, a re-read open chunk once per read, rolled back chunks
+	// included: the work done. It never decreases. ChunkReads counts
+	// those reads.
+	RowsProcessed int64 `json:"rows_processed"`
+	ChunkReads    int64 `json:"chunk_reads"`
+	// LastCheckpoint is the server's time of the latest checkpoint.
+	LastCheckpoint *time.Time `json:"last_checkpoint,omitempty"`
+	// Time splits the run's time, from CreatedAt to AsOf.
+	Time StatusTime `json:"time"`
+	// RecentRate is RowsProcessed of the chunks checkpointed within the
+	// recent window ([StatusWindowSeconds], [StatusWindowChunks]) per
+	// working second within it; nil under 1 s of working time or no
+	// rows. WindowStart is where that window starts.
+	RecentRate  *float64  `json:"recent_rate"`
+	WindowStart time.Time `json:"window_start"`
+	// OverallRate is RowsProcessed per working second of the whole run;
+	// WallRate per second of its total time (throttled, paused and idle
+	// included).
+	OverallRate *float64 `json:"overall_rate"`
+	WallRate    *float64 `json:"wall_rate"`
+	// RemainingChunks counts the pending and failed chunks (a failed
+	// chunk is read again when the run is resumed); RemainingRows
+	// estimates their rows from the plan: each chunk's span (the seconds
+	// of a time chunk, the keys of an int chunk) at the rows per span of
+	// the checkpointed chunks (their rows as they stand), and a list
+	// chunk (no span) at the mean rows of a checkpointed chunk. It
+	// assumes the source's rows spread over the chunks' spans as over
+	// those already read; a chunk in flight (leased) counts half done.
+	// Nil before any chunk was checkpointed.
+	RemainingChunks int      `json:"remaining_chunks"`
+	RemainingRows   *float64 `json:"remaining_rows"`
+	// ETASeconds is RemainingRows / RecentRate (OverallRate when
+	// RecentRate is nil): the time left if the run goes on working at its
+	// recent working rate, with no throttle, pause or idle time from now
+	// on (the time split says how much of the run so far was); 0 when no
+	// chunk remains; nil when unknown.
+	ETASeconds *float64 `json:"eta_seconds"`
+	// InFlight lists the chunks being worked, oldest first.
+	InFlight []ChunkInFlight `json:"in_flight"`
+	// Exceptions counts the exception queue by reason and column, most
+	// frequent first.
+	Exceptions []ExceptionCount `json:"exceptions"`
+}
+
+// StatusChunks counts a run's chunks by [ChunkStatus].
+type StatusChunks struct {
+	Total   int `json:"total"`
+	Done    int `json:"done"`
+	Open    int `json:"open"`
+	Pending int `json:"pending"`
+	Failed  int `json:"failed"`
+	// Staged chunks wait for the publish at the end of the run.
+	Staged     int `json:"staged"`
+	RolledBack int `json:"rolled_back"`
+	// Other counts chunks in a status this version does not know.
+	Other int `json:"other"`
+	// InFlight counts the pending or open chunks leased by a worker.
+	InFlight int `json:"in_flight"`
+}
+
+// StatusTime splits a run's time in seconds: Total = Working + Throttled
+// + Paused + Idle. Each instant counts once: paused (from a "run_paused"
+// event to the run's next event of another "run_..." kind), else
+// throttled (any worker's throttle held), else idle (no worker of the run
+// was alive: between calls of Run, after a crash), else working. A run
+// with no registered worker has no idle time.
+type StatusTime struct {
+	TotalSeconds     float64 `json:"total_seconds"`
+	WorkingSeconds   float64 `json:"working_seconds"`
+	ThrottledSeconds float64 `json:"throttled_seconds"`
+	PausedSeconds    float64 `json:"paused_seconds"`
+	IdleSeconds      float64 `json:"idle_seconds"`
+	// ThrottledFraction is ThrottledSeconds / TotalSeconds (0 for an
+	// empty run).
+	ThrottledFraction float64 `json:"throttled_fraction"`
+}
+
+// ChunkInFlight is a chunk being worked (the chunks_in_flight view).
+type ChunkInFlight struct {
+	Seq     int    `json:"seq"`
+	ChunkID string `json:"chunk_id"`
+	// WorkerKey, WorkerID, Host and PID name the worker ([Worker]); empty
+	// when the chunk's transaction belongs to no registered worker.
+	WorkerKey string `json:"worker_key"`
+	WorkerID  string `json:"worker_id"`
+	Host      string `json:"host"`
+	PID       int    `json:"pid"`
+	// Since is when the worker leased the chunk (or its transaction
+	// began); AgeSeconds how long ago, by the server's clock.
+	Since      *time.Time `json:"since,omitempty"`
+	AgeSeconds float64    `json:"age_seconds"`
+	// Stale reports a worker past its stale bound, about to be fenced.
+	Stale bool `json:"stale"`
+}
+
+// ExceptionCount is the number of rows of a run's exception queue with
+// one reason and column.
+type ExceptionCount struct {
+	Reason string `json:"reason"`
+	Column string `json:"column"`
+	Count  int64  `json:"count"`
+}
+
+// ETA returns ETASeconds as a duration; ok is false when it is unknown.
+func (s Status) ETA() (eta time.Duration, ok bool) {
+	if s.ETASeconds == nil {
+		return 0, false
+	}
+	return time.Duration(*s.ETASeconds * float64(time.Second)), true
+}
+
+// String formats s for people, on a few lines, e.g.
+//
+//	job flights batch 3: running (running, 2 live workers)
+//	chunks 45/100 done, 0 open, 53 pending, 0 failed, 2 in flight
+//	rows read 1200000: inserted 1100000, updated 0, unchanged 90000, rejected 10000, deduplicated 0
+//	rate 5210 rows/s recent, 4800 overall (per working second), 3300 wall
+//	ETA 12m0s at the recent working rate; of 20m0s so far 30% throttled, 0% paused, 1% idle
+func (s Status) String() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "job %s batch %d: %s (%s, %d live workers)\n", s.Job, s.BatchID, s.Status, s.Liveness, s.LiveWorkers)
+	c := s.Chunks
+	fmt.Fprintf(&b, "chunks %d/%d done, %d open, %d pending, %d failed, %d in flight", c.Done, c.Total, c.Open, c.Pending, c.Failed, c.InFlight)
+	if c.Staged > 0 {
+		fmt.Fprintf(&b, ", %d staged", c.Staged)
+	}
+	if c.RolledBack > 0 {
+		fmt.Fprintf(&b, ", %d rolled back", c.RolledBack)
+	}
+	if c.Other > 0 {
+		fmt.Fprintf(&b, ", %d other", c.Other)
+	}
+	r := s.Rows
+	fmt.Fprintf(&b, "\nrows read %d: inserted %d, updated %d, unchanged %d, rejected %d, deduplicated %d\n",
+		r.Read, r.Inserted, r.Updated, r.Unchanged, r.Rejected, r.Deduplicated)
+	rate := func(p *float64) string {
+		if p == nil {
+			return "-"
+		}
+		return fmt.Sprintf("%.0f", *p)
+	}
+	fmt.Fprintf(&b, "rate %s rows/s recent, %s overall (per working second), %s wall\n", rate(s.RecentRate), rate(s.OverallRate), rate(s.WallRate))
+	t := s.Time
+	pct := func(x float64) float64 {
+		if t.TotalSeconds <= 0 {
+			return 0
+		}
+		return 100 * x / t.TotalSeconds
+	}
+	eta := "ETA unknown"
+	if d, ok := s.ETA(); ok {
+		basis := "recent"
+		if s.RecentRate == nil {
+			basis = "overall"
+		}
+		eta = fmt.Sprintf("ETA %s at the %s working rate", d.Round(time.Second), basis)
+	}
+	fmt.Fprintf(&b, "%s; of %s so far %.0f%% throttled, %.0f%% paused, %.0f%% idle",
+		eta, (time.Duration(t.TotalSeconds * float64(time.Second))).Round(time.Second), pct(t.ThrottledSeconds), pct(t.PausedSeconds), pct(t.IdleSeconds))
+	if n := len(s.InFlight); n > 0 {
+		b.WriteString("\nin flight:")
+		for _, f := range s.InFlight {
+			fmt.Fprintf(&b, "\n  %s (seq %d) worker %s on %s pid %d, %s", f.ChunkID, f.Seq, f.WorkerID, f.Host, f.PID,
+				time.Duration(f.AgeSeconds*float64(time.Second)).Round(time.Second))
+			if f.Stale {
+				b.WriteString(" (stale)")
+			}
+		}
+	}
+	if len(s.Exceptions) > 0 {
+		b.WriteString("\nexceptions:")
+		for _, e := range s.Exceptions {
+			col := ""
+			if e.Column != "" {
+				col = " [" + e.Column + "]"
+			}
+			fmt.Fprintf(&b, "\n  %d %s%s", e.Count, e.Reason, col)
+		}
+	}
+	return b.String()
+}
+
+// ManifestStatus is implemented by manifests that compute a run's
+// progress ([PGManifest]). [Runner.Status] needs it.
+type ManifestStatus interface {
+	// Status returns the progress of run batchID, or an error wrapping
+	// [ErrRunNotFound].
+	Status(ctx context.Context, db sqlx.ExtContext, batchID int64) (Status, error)
+}
+
+var _ ManifestStatus = (*PGManifest)(nil)
+
+// statusRow is a row of the run_progress view.
+type statusRow struct {
+	BatchID           int64      `db:"batch_id"`
+	Job               string     `db:"job_name"`
+	Status            string     `db:"status"`
+	Liveness          *string    `db:"liveness"`
+	LiveWorkers       *int       `db:"live_workers"`
+	LastHeartbeat     *time.Time `db:"last_heartbeat"`
+	CreatedAt         time.Time  `db:"created_at"`
+	AsOf              time.Time  `db:"as_of"`
+	Total             int        `db:"chunks_total"`
+	Done              int        `db:"chunks_done"`
+	Open              int        `db:"chunks_open"`
+	Pending           int        `db:"chunks_pending"`
+	Failed            int        `db:"chunks_failed"`
+	Staged            int        `db:"chunks_staged"`
+	RolledBack        int        `db:"chunks_rolled_back"`
+	Other             int        `db:"chunks_other"`
+	Leased            int        `db:"chunks_leased"`
+	Read              int64      `db:"rows_read"`
+	Inserted          int64      `db:"rows_inserted"`
+	Updated           int64      `db:"rows_updated"`
+	Unchanged         int64      `db:"rows_unchanged"`
+	Rejected          int64      `db:"rows_rejected"`
+	Deduplicated      int64      `db:"rows_deduplicated"`
+	Processed         int64      `db:"rows_processed"`
+	Reads             int64      `db:"chunk_reads"`
+	LastCheckpoint    *time.Time `db:"last_checkpoint"`
+	TotalSeconds      float64    `db:"total_seconds"`
+	WorkingSeconds    float64    `db:"working_seconds"`
+	ThrottledSeconds  float64    `db:"throttled_seconds"`
+	PausedSeconds     float64    `db:"paused_seconds"`
+	IdleSeconds       float64    `db:"idle_seconds"`
+	ThrottledFraction *float64   `db:"throttled_fraction"`
+	WindowStart       time.Time  `db:"window_start"`
+	WindowRows        int64      `db:"window_rows"`
+	WindowWorking     float64    `db:"window_working_seconds"`
+	RecentRate        *float64   `db:"recent_rate"`
+	OverallRate       *float64   `db:"overall_rate"`
+	WallRate          *float64   `db:"wall_rate"`
+	RemainingRows     *float64   `db:"remaining_rows"`
+	RemainingChunks   int        `db:"remaining_chunks"`
+	ETASeconds        *float64   `db:"eta_seconds"`
+}
+
+// Status implements [ManifestStatus] with two statements in one read
+// transaction: the run's row of the run_progress view, then its chunks in
+// flight and its exceptions by reason and column, as JSON. Its cost grows
+// with the run's chunks (one pass over them by index) and the distinct
+// reasons of its exception queue (an index-only scan when vacuumed).
+func (m *PGManifest) Status(ctx context.Context, db sqlx.ExtContext, batchID int64) (Status, error) {
+	var (
+		rows       []statusRow
+		inFlightJS string
+		exJS       string
+	)
+	err := readTx(ctx, db, func(tx sqlx.ExtContext) error {
+		rows = rows[:0]
+		if err := sqlx.SelectContext(ctx, tx, &rows, m.sql(`SELECT * FROM {s}.run_progress WHERE batch_id = $1`), batchID); err != nil {
+			return err
+		}
+		if len(rows) == 0 {
+			return nil
+		}
+		return tx.QueryRowxContext(ctx, m.sql(`SELECT
+			coalesce((SELECT json_agg(f ORDER BY f.since NULLS LAST, f.seq) FROM {s}.chunks_in_flight f WHERE f.batch_id = $1), '[]')::text,
+			coalesce((SELECT json_agg(x ORDER BY x.count DESC, x.reason, x.column) FROM (
+				SELECT reason, column_name AS column, count(*) AS count FROM {s}.exceptions
+				WHERE batch_id = $1 AND failed_attempt IS NULL GROUP BY reason, column_name) x), '[]')::text`), batchID).Scan(&inFlightJS, &exJS)
+	})
+	if err != nil {
+		return Status{}, fmt.Errorf("backfill: status of batch %d: %w", batchID, err)
+	}
+	if len(rows) == 0 {
+		return Status{}, fmt.Errorf("backfill: status of batch %d: %w", batchID, ErrRunNotFound)
+	}
+	r := rows[0]
+	s := Status{BatchID: r.BatchID, Job: r.Job, Status: RunStatus(r.Status), LastHeartbeat: r.LastHeartbeat,
+		CreatedAt: r.CreatedAt, AsOf: r.AsOf,
+		Chunks: StatusChunks{Total: r.Total, Done: r.Done, Open: r.Open, Pending: r.Pending, Failed: r.Failed,
+			Staged: r.Staged, RolledBack: r.RolledBack, Other: r.Other, InFlight: r.Leased},
+		Rows:          Counts{Read: r.Read, Inserted: r.Inserted, Updated: r.Updated, Unchanged: r.Unchanged, Rejected: r.Rejected, Deduplicated: r.Deduplicated},
+		RowsProcessed: r.Processed, ChunkReads: r.Reads, LastCheckpoint: r.LastCheckpoint,
+		Time: StatusTime{TotalSeconds: r.TotalSeconds, WorkingSeconds: r.WorkingSeconds, ThrottledSeconds: r.ThrottledSeconds,
+			PausedSeconds: r.PausedSeconds, IdleSeconds: r.IdleSeconds},
+		RecentRate: r.RecentRate, WindowStart: r.WindowStart, OverallRate: r.OverallRate, WallRate: r.WallRate,
+		RemainingChunks: r.RemainingChunks, RemainingRows: r.RemainingRows, ETASeconds: r.ETASeconds,
+		InFlight: []ChunkInFlight{}, Exceptions: []ExceptionCount{}}
+	if r.Liveness != nil {
+		s.Liveness = *r.Liveness
+	}
+	if r.LiveWorkers != nil {
+		s.LiveWorkers = *r.LiveWorkers
+	}
+	if r.ThrottledFraction != nil {
+		s.Time.ThrottledFraction = *r.ThrottledFraction
+	}
+	var inFlight []struct {
+		Seq        int        `json:"seq"`
+		ChunkID    string     `json:"chunk_id"`
+		WorkerKey  *string    `json:"worker_key"`
+		WorkerID   string     `json:"worker_id"`
+		Host       string     `json:"host"`
+		PID        int        `json:"pid"`
+		Since      *time.Time `json:"since"`
+		AgeSeconds *float64   `json:"age_seconds"`
+		Stale      bool       `json:"stale"`
+	}
+	if err := json.Unmarshal([]byte(inFlightJS), &inFlight); err != nil {
+		return Status{}, fmt.Errorf("backfill: status of batch %d: chunks in flight: %w", batchID, err)
+	}
+	for _, f := range inFlight {
+		c := ChunkInFlight{Seq: f.Seq, ChunkID: f.ChunkID, WorkerID: f.WorkerID, Host: f.Host, PID: f.PID, Since: f.Since, Stale: f.Stale}
+		if f.WorkerKey != nil {
+			c.WorkerKey = *f.WorkerKey
+		}
+		if f.AgeSeconds != nil {
+			c.AgeSeconds = *f.AgeSeconds
+		}
+		s.InFlight = append(s.InFlight, c)
+	}
+	if err := json.Unmarshal([]byte(exJS), &s.Exceptions); err != nil {
+		return Status{}, fmt.Errorf("backfill: status of batch %d: exceptions: %w", batchID, err)
+	}
+	return s, nil
+}

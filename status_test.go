@@ -1,0 +1,237 @@
+package backfill
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgbackfill/backfill/internal/pgtest"
+)
+
+// progressRecorder is a ProgressHooks that keeps every call.
+type progressRecorder struct {
+	mu       sync.Mutex
+	done     int
+	failures []ChunkFailure
+	progress []Status
+}
+
+func (p *progressRecorder) ChunkDone(context.Context, int64, ChunkResult) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.done++
+}
+
+func (p *progressRecorder) ChunkFailed(_ context.Context, _ int64, f ChunkFailure) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.failures = append(p.failures, f)
+}
+
+func (p *progressRecorder) Progress(_ context.Context, s Status) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.progress = append(p.progress, s)
+}
+
+// TestStatusAndProgressAfterResume: a run whose first call fails a
+// chunk for good is resumed by a second call; Runner.Status (and the
+// first Progress of the second call) count the first call's chunks and
+// rows, the failures reach ChunkFailed, and the exception queue is
+// counted by reason and column. On the starting commit the only hook was
+// ChunkDone, whose counts a progress bar of the second call had to start
+// from zero, and there was no Status.
+func TestStatusAndProgressAfterResume(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := liveDB(t)
+	var failing sync.Map // seq -> true while the chunk fails
+	failing.Store(4, true)
+	job := liveJob(nil)
+	inner := job.Extractor
+	job.Extractor = ExtractorFunc(func(ctx context.Context, c Chunk, w RowWriter) error {
+		if _, ok := failing.Load(c.Seq); ok {
+			return fmt.Errorf("source of chunk %d is down", c.Seq)
+		}
+		if c.Seq == 0 {
+			// One bad row, to the exception queue.
+			if err := w.Reject(ctx, "bad", "v", "not a value"); err != nil {
+				return err
+			}
+		}
+		return inner.Extract(ctx, c, w)
+	})
+	rec1 := &progressRecorder{}
+	r1, err := New(db, &Config{WorkerID: "w1", MaxAttempts: 1, Hooks: rec1})
+	require.NoError(t, err)
+	_, err = r1.Run(ctx, job)
+	require.Error(t, err)
+	require.Len(t, rec1.failures, 1)
+	require.True(t, rec1.failures[0].Final)
+	require.Equal(t, 4, rec1.failures[0].Chunk.Seq)
+
+	st, err := r1.Status(ctx, job)
+	require.NoError(t, err)
+	require.Equal(t, RunFailed, st.Status)
+	require.Equal(t, liveChunks, st.Chunks.Total)
+	// A final failure stops the call: chunk 5 was never claimed.
+	require.Equal(t, liveChunks-2, st.Chunks.Done)
+	require.Equal(t, 1, st.Chunks.Failed)
+	require.Equal(t, 1, st.Chunks.Pending)
+	require.Equal(t, 2, st.RemainingChunks)
+	require.Equal(t, int64(10*(liveChunks-2)+1), st.Rows.Read)
+	require.Equal(t, int64(10*(liveChunks-2)), st.Rows.Inserted)
+	require.Equal(t, int64(1), st.Rows.Rejected)
+	require.Equal(t, st.Rows.Read, st.RowsProcessed)
+	require.Equal(t, []ExceptionCount{{Reason: "not a value", Column: "v", Count: 1}}, st.Exceptions)
+	require.NotNil(t, st.RemainingRows)
+	// Int chunks of 10 keys each, 41 rows read over 40 keys.
+	require.InDelta(t, 2*10*41.0/40, *st.RemainingRows, 1e-9)
+	require.NotNil(t, st.ETASeconds)
+	require.True(t, st.Chunks.Done+st.Chunks.Failed+st.Chunks.Pending+st.Chunks.Open == st.Chunks.Total)
+
+	// The status is the manifest's: another process, without the job's
+	// code, reads the same.
+	pm := NewPGManifest("")
+	other, err := pm.JobStatus(ctx, db, job.Name)
+	require.NoError(t, err)
+	require.Equal(t, st.Chunks, other.Chunks)
+	require.Equal(t, st.Rows, other.Rows)
+
+	failing.Delete(4)
+	rec2 := &progressRecorder{}
+	r2, err := New(db, &Config{WorkerID: "w2", Hooks: rec2})
+	require.NoError(t, err)
+	rep, err := r2.Run(ctx, job)
+	require.NoError(t, err)
+	require.Equal(t, RunCompleted, rep.Status)
+	require.Equal(t, 2, rec2.done)
+	require.GreaterOrEqual(t, len(rec2.progress), 2)
+	first, last := rec2.progress[0], rec2.progress[len(rec2.progress)-1]
+	require.Equal(t, liveChunks-2, first.Chunks.Done, "the first progress of a resumed run counts the earlier call's chunks")
+	require.Equal(t, int64(10*(liveChunks-2)+1), first.Rows.Read)
+	require.Equal(t, liveChunks, last.Chunks.Done)
+	require.Equal(t, RunCompleted, last.Status)
+	require.Equal(t, int64(10*liveChunks+1), last.Rows.Read)
+	require.Equal(t, 0.0, *last.ETASeconds)
+	for i := 1; i < len(rec2.progress); i++ {
+		require.GreaterOrEqual(t, rec2.progress[i].Chunks.Done, rec2.progress[i-1].Chunks.Done)
+		require.GreaterOrEqual(t, rec2.progress[i].RowsProcessed, rec2.progress[i-1].RowsProcessed)
+	}
+	// JSON-friendly, and a String for people.
+	b, err := json.Marshal(last)
+	require.NoError(t, err)
+	require.Contains(t, string(b), `"eta_seconds":0`)
+	require.Contains(t, last.String(), fmt.Sprintf("chunks %d/%d done", liveChunks, liveChunks))
+
+	_, err = pm.Status(ctx, db, 999999)
+	require.ErrorIs(t, err, ErrRunNotFound)
+}
+
+// TestStatusTimeSplitAndETA: the time split and the ETA of a run whose
+// history is written into the manifest at known times: 100 s old, a
+// worker alive throughout, a throttle held from -80 s to -50 s, a pause
+// from -40 s to -30 s, and 4 of 10 time chunks of one hour each
+// checkpointed with 100 rows each. Working time is 60 s, the rate 400 /
+// 60 rows/s (the recent window reaches the run's start: fewer than 21
+// checkpoints), 600 rows remain: the ETA is 90 s.
+func TestStatusTimeSplitAndETA(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t)
+	pm := NewPGManifest("")
+	require.NoError(t, pm.Init(ctx, db))
+	start := time.Date(2024, 1, 1, 0, 0, 0, 0, time.UTC)
+	ch := Hours(start, start.Add(10*time.Hour), time.UTC)
+	chunks, err := ch.Chunks(ctx)
+	require.NoError(t, err)
+	job := Job{Name: "split", Chunker: ch, Target: Target{Table: "t", Key: []string{"id"}}}
+	plan := NewPlan(job, TableInfo{Target: job.Target}, chunks)
+	run, _, err := pm.StartRun(ctx, db, plan, "w", false)
+	require.NoError(t, err)
+	b := run.BatchID
+	exec := func(q string, args ...any) {
+		t.Helper()
+		_, err := db.Exec(q, args...)
+		require.NoError(t, err)
+	}
+	exec(`UPDATE backfill.runs SET created_at = now() - interval '100 s' WHERE batch_id = $1`, b)
+	exec(`INSERT INTO backfill.workers (worker_key, worker_id, batch_id, job_name, stale_after, started_at, heartbeat_at)
+		VALUES ('k', 'w', $1, 'split', interval '30 s', now() - interval '100 s', now())`, b)
+	exec(`INSERT INTO backfill.throttle_periods (batch_id, worker_key, signal, value, high, low, started_at, ended_at)
+		VALUES ($1, 'k', 'sql', 1, 1, 0, now() - interval '80 s', now() - interval '50 s')`, b)
+	exec(`INSERT INTO backfill.events (batch_id, job_name, kind, created_at) VALUES ($1, 'split', 'run_paused', now() - interval '40 s'),
+		($1, 'split', 'run_resumed_by_operator', now() - interval '30 s')`, b)
+	exec(`UPDATE backfill.chunks SET status = 'done', rows_read = 100, rows_inserted = 100, rows_processed = 100, reads = 1,
+		checkpointed_at = now() - (100 - 20 * seq) * interval '1 s' WHERE batch_id = $1 AND seq < 4`, b)
+
+	st, err := pm.Status(ctx, db, b)
+	require.NoError(t, err)
+	require.InDelta(t, 100, st.Time.TotalSeconds, 1)
+	require.InDelta(t, 30, st.Time.ThrottledSeconds, 0.01)
+	require.InDelta(t, 10, st.Time.PausedSeconds, 0.01)
+	require.InDelta(t, 0, st.Time.IdleSeconds, 0.01)
+	require.InDelta(t, 60, st.Time.WorkingSeconds, 1)
+	require.InDelta(t, 0.3, st.Time.ThrottledFraction, 0.01)
+	require.NotNil(t, st.RecentRate)
+	require.InDelta(t, 400.0/60, *st.RecentRate, 0.15)
+	require.InDelta(t, 400.0/60, *st.OverallRate, 0.15)
+	require.InDelta(t, 4.0, *st.WallRate, 0.1)
+	require.InDelta(t, 600, *st.RemainingRows, 1e-9)
+	require.Equal(t, 6, st.RemainingChunks)
+	require.InDelta(t, 90, *st.ETASeconds, 2)
+
+	// The worker died 20 s ago: its last 20 s are idle, not working.
+	exec(`UPDATE backfill.workers SET heartbeat_at = now() - interval '20 s', stale_after = interval '5 s'`)
+	st, err = pm.Status(ctx, db, b)
+	require.NoError(t, err)
+	require.InDelta(t, 20, st.Time.IdleSeconds, 1)
+	require.InDelta(t, 40, st.Time.WorkingSeconds, 1)
+	require.Equal(t, LivenessDead, st.Liveness)
+	require.InDelta(t, 600/(400.0/40), *st.ETASeconds, 2)
+}
+
+// TestStatusInFlight: a chunk held by a worker is listed in flight with
+// its worker and age while it is extracted.
+func TestStatusInFlight(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := liveDB(t)
+	inFlight, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	defer once.Do(func() { close(release) })
+	r := liveRunner(t, db, "holder", nil)
+	done := goRun(ctx, r, liveJob(func(c Chunk) {
+		if c.Seq == 3 {
+			close(inFlight)
+			<-release
+		}
+	}))
+	select {
+	case <-inFlight:
+	case res := <-done:
+		t.Fatalf("the run ended before chunk 3 was in flight: %v", res.err)
+	}
+	st, err := r.Status(ctx, liveJob(nil))
+	require.NoError(t, err)
+	require.Len(t, st.InFlight, 1)
+	f := st.InFlight[0]
+	require.Equal(t, 3, f.Seq)
+	require.Equal(t, "holder", f.WorkerID)
+	require.NotEmpty(t, f.Host)
+	require.GreaterOrEqual(t, f.AgeSeconds, 0.0)
+	require.Equal(t, 1, st.Chunks.InFlight)
+	require.Equal(t, LivenessRunning, st.Liveness)
+	once.Do(func() { close(release) })
+	res := <-done
+	require.NoError(t, res.err)
+	st, err = r.Status(ctx, liveJob(nil))
+	require.NoError(t, err)
+	require.Empty(t, st.InFlight)
+	require.Equal(t, liveChunks, st.Chunks.Done)
+}
