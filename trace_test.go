@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgbackfill/backfill"
+	"github.com/pgbackfill/backfill/backfilltest"
 )
 
 // recorder is a tracer that records every call, with the span each one
@@ -222,7 +223,8 @@ var (
 )
 
 // TestTraceSpansOfARun: a run traced by a recording tracer, leased (short
-// transactions) and in one transaction per chunk (JobConcurrency): one
+// transactions) and in one transaction per chunk (a manifest without
+// leases): one
 // span per chunk, under the run's, with every phase in order, ended once;
 // the chunk spans' counts add up to the run's.
 func TestTraceSpansOfARun(t *testing.T) {
@@ -233,7 +235,6 @@ func TestTraceSpansOfARun(t *testing.T) {
 		phases []backfill.TracePhase
 	}{
 		{"leased", backfill.Config{Concurrency: 2}, leasedPhases},
-		{"one transaction", backfill.Config{Concurrency: 2, JobConcurrency: 2}, oneTxPhases},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -299,7 +300,6 @@ func TestTraceFailuresEndEverySpan(t *testing.T) {
 		phases []backfill.TracePhase
 	}{
 		{"leased", backfill.Config{Concurrency: 2, RetryBackoff: time.Millisecond}, leasedPhases},
-		{"one transaction", backfill.Config{Concurrency: 2, JobConcurrency: 2, RetryBackoff: time.Millisecond}, oneTxPhases},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -525,4 +525,25 @@ func (c chunkOnly) TraceChunkEnd(_ context.Context, d backfill.TraceChunkEndData
 		panic(errors.New("unexpected chunk end"))
 	}
 	c.ended.Add(1)
+}
+
+// TestTraceOneTransactionPath: with a manifest that does not lease
+// chunks (backfilltest's fakes), each chunk runs in one transaction from
+// claim to commit, and is traced with that path's phases in order.
+func TestTraceOneTransactionPath(t *testing.T) {
+	t.Parallel()
+	s := newFakeSetup(t)
+	rec := newRecorder()
+	r, err := backfill.NewWithDB(backfilltest.NewDB(), &backfill.Config{Manifest: s.manifest, Merger: s.merger, Tracer: rec})
+	require.NoError(t, err)
+	rep, err := r.Run(context.Background(), readingsJob("", nil))
+	require.NoError(t, err)
+	chunks := rec.check(t, oneTxPhases)
+	require.Len(t, chunks, 4)
+	var sum backfill.Counts
+	for _, c := range chunks {
+		require.Equal(t, backfill.OutcomeDone, c.chunkEnd.Outcome, c.chunk.ID)
+		sum = sum.Add(c.chunkEnd.Counts)
+	}
+	require.Equal(t, rep.Counts, sum)
 }
