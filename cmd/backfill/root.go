@@ -125,8 +125,8 @@ func newRoot(g *globals, getenv func(string) string) *cobra.Command {
 			root.AddCommand(c)
 		}
 	}
-	add(groupInspect, newRunsCmd(g), newChunksCmd(g), newExceptionsCmd(g), newValidationsCmd(g), newEventsCmd(g), newReportCmd(g))
-	add(groupOperate, newRollbackCmd(g))
+	add(groupInspect, newStatusCmd(g), newRunsCmd(g), newChunksCmd(g), newExceptionsCmd(g), newValidationsCmd(g), newEventsCmd(g), newReportCmd(g))
+	add(groupOperate, newPauseCmd(g), newResumeCmd(g), newCancelCmd(g), newSetCmd(g), newRollbackCmd(g))
 	add(groupAdmin, newMigrateCmd(g), newGrantsCmd(g))
 	root.SetHelpCommandGroupID(groupAdmin)
 	root.SetCompletionCommandGroupID(groupAdmin)
@@ -202,6 +202,15 @@ func (g *globals) print(v any, text string) error {
 		return err
 	}
 	return g.printJSON(v)
+}
+
+// printJSONLine writes v as indented JSON, or on one line when line is
+// true (a stream of documents, such as status --watch).
+func (g *globals) printJSONLine(v any, line bool) error {
+	if !line {
+		return g.printJSON(v)
+	}
+	return json.NewEncoder(g.out).Encode(v)
 }
 
 // printJSON writes v as indented JSON.

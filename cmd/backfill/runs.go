@@ -10,7 +10,7 @@ import (
 )
 
 // runStatuses are the run statuses --status accepts.
-var runStatuses = []string{"running", "paused", "completed", "failed", "abandoned", "rolled_back"}
+var runStatuses = []string{"running", "paused", "cancelled", "completed", "failed", "abandoned", "rolled_back"}
 
 // chunkStatuses are the chunk statuses --status accepts.
 var chunkStatuses = []string{"pending", "staged", "done", "open", "failed", "rolled_back"}

@@ -1,0 +1,159 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/pgbackfill/backfill"
+)
+
+// controlResult is what pause, resume, cancel and set print with --json.
+type controlResult struct {
+	BatchID int64  `json:"batch_id"`
+	Job     string `json:"job"`
+	Action  string `json:"action"`
+	Key     string `json:"key,omitempty"`
+	Value   string `json:"value,omitempty"`
+	Actor   string `json:"actor"`
+	Why     string `json:"why"`
+	// Status is the run's status after the decision.
+	Status backfill.RunStatus `json:"status"`
+}
+
+// controlDoc is what pause, resume, cancel and set have in common.
+const controlDoc = `
+
+The decision goes through the manifest's SQL control functions, like
+the same call from psql: it is recorded in the run's audit trail
+("backfill events") with the actor (--actor, default the OS user@host)
+and --why, which is required, and every worker of every process honours
+it within about a second (they are notified, and read the control state
+between chunks and every throttle interval).`
+
+func newPauseCmd(g *globals) *cobra.Command {
+	return newControlCmd(g, "pause", "Pause a run: the chunks in flight finish, nothing more is claimed",
+		`pause pauses a running run: no worker claims another chunk; the chunks
+in flight finish and are checkpointed. Run.Run of the job returns
+ErrRunPaused. "backfill resume" continues it.`+controlDoc,
+		`  backfill pause --job flights --why "replica lag during the sale"`)
+}
+
+func newResumeCmd(g *globals) *cobra.Command {
+	return newControlCmd(g, "resume", "Resume a paused (or cancelled) run",
+		`resume lets a paused run's workers claim chunks again (a quality gate's
+pause, a throttle's critical level or an operator's), or makes a
+cancelled run resumable: its workers must then be started again (run
+the job).`+controlDoc,
+		`  backfill resume --job flights --why "lag back under 2 s"`)
+}
+
+func newCancelCmd(g *globals) *cobra.Command {
+	return newControlCmd(g, "cancel", "Cancel a run: the chunks in flight roll back, the run ends cancelled",
+		`cancel ends a run: the chunks in flight are rolled back (each chunk is
+either done or pending, never half merged) and the run's status becomes
+cancelled, a terminal state: running the job does not restart it; only
+"backfill resume" (or Runner.Resume) does, or a new run (Job.NewRun).
+The chunks done stay in the target: "backfill rollback" withdraws them.`+controlDoc,
+		`  backfill cancel --batch 12 --why "wrong source file"`)
+}
+
+func newSetCmd(g *globals) *cobra.Command {
+	return newControlCmd(g, "set", "Set a live knob of a run: concurrency, job_concurrency, rows_per_second, throttle thresholds",
+		`set KEY=VALUE changes a knob of a running run, read by every worker of
+every process within about a second:
+
+  concurrency              chunks at once in each process (up to what
+                           each Runner was configured with)
+  job_concurrency          chunks at once across every process
+  rows_per_second          the job-wide rate cap (0: none)
+  throttle.SIGNAL.high     a throttle's high watermark, by signal name
+  throttle.SIGNAL.low      its low watermark`+controlDoc,
+		`  backfill set rows_per_second=2000 --job flights --why "peak hours"
+  backfill set throttle.replica_lag.high=5 --batch 12 --why "tighter during the sale"`)
+}
+
+// newControlCmd builds pause, resume, cancel and set (which takes
+// KEY=VALUE).
+func newControlCmd(g *globals, action, short, long, example string) *cobra.Command {
+	var (
+		sel        selection
+		why, actor string
+	)
+	use := action + " (--job NAME | --batch N) --why TEXT"
+	if action == "set" {
+		use = "set KEY=VALUE (--job NAME | --batch N) --why TEXT"
+	}
+	cmd := &cobra.Command{
+		Use:     use,
+		Short:   short,
+		Long:    long,
+		Example: example,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var key, value string
+			if action == "set" {
+				if len(args) != 1 {
+					return fmt.Errorf("%w: set takes one KEY=VALUE, got %q", errUsage, args)
+				}
+				var ok bool
+				key, value, ok = strings.Cut(args[0], "=")
+				if !ok || key == "" {
+					return fmt.Errorf("%w: set %q: write KEY=VALUE, e.g. rows_per_second=2000", errUsage, args[0])
+				}
+			} else if len(args) > 0 {
+				return fmt.Errorf("%w: %s takes no arguments, got %q", errUsage, action, args)
+			}
+			if err := sel.check(); err != nil {
+				return err
+			}
+			if strings.TrimSpace(why) == "" {
+				return fmt.Errorf("%w: %s needs --why TEXT, recorded in the audit trail with the actor", errUsage, action)
+			}
+			if actor == "" {
+				actor = osActor()
+			}
+			ctx := cmd.Context()
+			db, m, err := g.manifest(ctx)
+			if err != nil {
+				return err
+			}
+			defer db.Close()
+			run, err := sel.run(ctx, db, m)
+			if err != nil {
+				return err
+			}
+			switch action {
+			case "pause":
+				err = m.Pause(ctx, db, run.BatchID, actor, why)
+			case "resume":
+				err = m.Resume(ctx, db, run.BatchID, actor, why)
+			case "cancel":
+				err = m.Cancel(ctx, db, run.BatchID, actor, why)
+			case "set":
+				err = m.SetKnob(ctx, db, run.BatchID, key, value, actor, why)
+			}
+			if err != nil {
+				if errors.Is(err, backfill.ErrInvalidConfig) {
+					return fmt.Errorf("%w: %w", errUsage, err)
+				}
+				return err
+			}
+			after, err := m.Run(ctx, db, run.BatchID)
+			if err != nil {
+				return err
+			}
+			res := controlResult{BatchID: run.BatchID, Job: run.Job, Action: action, Key: key, Value: value, Actor: actor, Why: why, Status: after.Status}
+			what := map[string]string{"pause": "paused", "resume": "resumed", "cancel": "cancelled"}[action]
+			if action == "set" {
+				what = "set " + key + " = " + value + " for"
+			}
+			return g.print(res, fmt.Sprintf("%s %s batch %d (now %s), by %s: %s\n", what, run.Job, run.BatchID, after.Status, actor, why))
+		},
+	}
+	sel.flags(cmd.Flags())
+	cmd.Flags().StringVar(&why, "why", "", "why, recorded in the audit trail (required)")
+	cmd.Flags().StringVar(&actor, "actor", "", "who decides, recorded in the audit trail (default the OS user@host)")
+	return cmd
+}

@@ -1,0 +1,101 @@
+package main
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/pgbackfill/backfill"
+)
+
+func newStatusCmd(g *globals) *cobra.Command {
+	var (
+		sel   selection
+		watch time.Duration
+	)
+	cmd := &cobra.Command{
+		Use:   "status [JOB] [--batch N] [--watch [INTERVAL]]",
+		Short: "Show a run's progress: chunks, rows, rates, ETA, chunks in flight, exceptions, liveness",
+		Long: `status shows the progress of a run (the job's latest run, or --batch N),
+read from the manifest, so it is the same from any machine and counts the
+work of every process:
+
+- the run's status and liveness (running, stalled: no heartbeat lately,
+  dead: no live worker) and its live workers;
+- chunks done/total, open, pending, failed and in flight;
+- rows by outcome (read, inserted, updated, unchanged, rejected,
+  deduplicated); they never decrease across resumes;
+- rows/s over the recent window and overall, per working second (time
+  throttled, paused or idle excluded), and per wall-clock second;
+- the ETA: the remaining planned rows at the recent working rate, with
+  the share of the run so far that was throttled, paused or idle, which
+  the ETA does not include;
+- the chunks in flight with their worker, host, pid and age;
+- the exception queue by reason and column.
+
+--watch refreshes it every INTERVAL (default 2s) until the run is no
+longer running, or Ctrl-C. With --json: one backfill.Status document
+(with --watch, one per line).`,
+		Example: `  backfill status flights
+  backfill status --batch 12 --watch
+  backfill status flights --json`,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			switch {
+			case len(args) > 1:
+				return fmt.Errorf("%w: status takes at most one JOB, got %q", errUsage, args)
+			case len(args) == 1 && sel.job != "" && sel.job != args[0]:
+				return fmt.Errorf("%w: status %s --job %s: name the job once", errUsage, args[0], sel.job)
+			case len(args) == 1:
+				sel.job = args[0]
+			}
+			if err := sel.check(); err != nil {
+				return err
+			}
+			if watch < 0 {
+				return fmt.Errorf("%w: --watch %v: an interval is positive", errUsage, watch)
+			}
+			ctx := cmd.Context()
+			db, m, err := g.manifest(ctx)
+			if err != nil {
+				return err
+			}
+			defer db.Close()
+			run, err := sel.run(ctx, db, m)
+			if err != nil {
+				return err
+			}
+			for first := true; ; first = false {
+				st, err := m.Status(ctx, db, run.BatchID)
+				if err != nil {
+					return err
+				}
+				if g.json {
+					if err := g.printJSONLine(st, watch > 0); err != nil {
+						return err
+					}
+				} else {
+					if watch > 0 && !first {
+						fmt.Fprint(g.out, "\n")
+					}
+					if watch > 0 {
+						fmt.Fprintf(g.out, "%s\n", st.AsOf.UTC().Format("2006-01-02 15:04:05Z"))
+					}
+					fmt.Fprintln(g.out, st.String())
+				}
+				if watch <= 0 || st.Status != backfill.RunRunning {
+					return nil
+				}
+				select {
+				case <-ctx.Done():
+					return nil
+				case <-time.After(watch):
+				}
+			}
+		},
+	}
+	sel.flags(cmd.Flags())
+	cmd.Flags().DurationVar(&watch, "watch", 0, "refresh every INTERVAL until the run is no longer running (e.g. --watch 2s)")
+	cmd.Flags().Lookup("watch").NoOptDefVal = "2s"
+	return cmd
+}
