@@ -54,19 +54,12 @@ With --json: {"batch_id", "job", "events": [{"id", "kind", "actor",
 			if err := checkLimit(limit); err != nil {
 				return err
 			}
-			if err := sel.check(); err != nil {
-				return err
-			}
 			ctx := cmd.Context()
-			db, m, err := g.manifest(ctx)
+			db, m, run, err := sel.open(ctx, g)
 			if err != nil {
 				return err
 			}
 			defer db.Close()
-			run, err := sel.run(ctx, db, m)
-			if err != nil {
-				return err
-			}
 			es, err := m.Events(ctx, db, run.BatchID)
 			if err != nil {
 				return err

@@ -78,19 +78,12 @@ counting the matches before --limit.`,
 			if err := checkLimit(limit); err != nil {
 				return err
 			}
-			if err := sel.check(); err != nil {
-				return err
-			}
 			ctx := cmd.Context()
-			db, m, err := g.manifest(ctx)
+			db, m, run, err := sel.open(ctx, g)
 			if err != nil {
 				return err
 			}
 			defer db.Close()
-			run, err := sel.run(ctx, db, m)
-			if err != nil {
-				return err
-			}
 			s := pq.QuoteIdentifier(m.Schema())
 			where := ` FROM ` + s + `.exceptions e JOIN ` + s + `.chunks c ON c.batch_id = e.batch_id AND c.chunk_id = e.chunk_id
 				WHERE e.batch_id = $1 AND e.failed_attempt IS NULL

@@ -43,19 +43,12 @@ UTC, durations in *_seconds). Without either it prints a short summary.`,
   backfill report --batch 12 --json > report.json`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := sel.check(); err != nil {
-				return err
-			}
 			ctx := cmd.Context()
-			db, m, err := g.manifest(ctx)
+			db, m, run, err := sel.open(ctx, g)
 			if err != nil {
 				return err
 			}
 			defer db.Close()
-			run, err := sel.run(ctx, db, m)
-			if err != nil {
-				return err
-			}
 			rep, err := backfill.LoadRunReport(ctx, db, m, run.BatchID)
 			if err != nil {
 				return err

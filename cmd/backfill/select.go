@@ -60,3 +60,21 @@ func (s *selection) run(ctx context.Context, db *sqlx.DB, m *backfill.PGManifest
 	}
 	return r, err
 }
+
+// open checks the selection, connects to the manifest (g.manifest) and
+// looks the run up; the caller closes db.
+func (s *selection) open(ctx context.Context, g *globals) (*sqlx.DB, *backfill.PGManifest, backfill.Run, error) {
+	if err := s.check(); err != nil {
+		return nil, nil, backfill.Run{}, err
+	}
+	db, m, err := g.manifest(ctx)
+	if err != nil {
+		return nil, nil, backfill.Run{}, err
+	}
+	run, err := s.run(ctx, db, m)
+	if err != nil {
+		_ = db.Close()
+		return nil, nil, backfill.Run{}, err
+	}
+	return db, m, run, nil
+}

@@ -80,19 +80,12 @@ With --json: {"batch_id", "job", "passed", "failed", "accepted",
   backfill validations --batch 12 --json`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := sel.check(); err != nil {
-				return err
-			}
 			ctx := cmd.Context()
-			db, m, err := g.manifest(ctx)
+			db, m, run, err := sel.open(ctx, g)
 			if err != nil {
 				return err
 			}
 			defer db.Close()
-			run, err := sel.run(ctx, db, m)
-			if err != nil {
-				return err
-			}
 			vs, err := m.Validations(ctx, db, run.BatchID)
 			if err != nil {
 				return err
