@@ -481,14 +481,8 @@ func (t *throttler) ceilingLocked() float64 {
 	return t.ceiling
 }
 
-// cutBy is the adaptive throttle whose factor is the lowest below 1, or
-// nil.
-func (t *throttler) cutBy() *hysteresis {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return t.cutByLocked()
-}
-
+// cutByLocked is the adaptive throttle whose factor is the lowest below 1,
+// or nil; t.mu is held.
 func (t *throttler) cutByLocked() *hysteresis {
 	var by *hysteresis
 	for _, h := range t.states {
@@ -549,15 +543,6 @@ type charged struct {
 
 func newPacer(perSecond float64) *pacer {
 	return &pacer{lim: rate.NewLimiter(limitOf(perSecond), burstOf(perSecond))}
-}
-
-// rateOrInf is perSecond as a pacer's limit: no cap (0 or less) is an
-// infinite rate.
-func rateOrInf(perSecond float64) float64 {
-	if perSecond <= 0 {
-		return math.Inf(1)
-	}
-	return perSecond
 }
 
 // limitOf is perSecond as a rate.Limit (an infinite rate is rate.Inf).
