@@ -1148,6 +1148,10 @@ func (s *suite) restartsSurvived(t *testing.T, seed int64) {
 	defer r.mu.Unlock()
 	if len(r.exits) > 0 {
 		t.Errorf("%d worker exits after server restarts, want 0 (retried with backoff up to MaxAttempts):\n%s", len(r.exits), strings.Join(r.exits, "\n"))
+		for _, w := range r.workers {
+			b, _ := os.ReadFile(w.logPath)
+			t.Logf("--- %s (%s) log tail ---\n%s", w.id, w.via, tailString(string(b), 6000))
+		}
 	}
 }
 
