@@ -377,3 +377,91 @@ func TestControlCancelOneTransactionPath(t *testing.T) {
 	require.NoError(t, db.Get(&fails, `SELECT count(*) FROM backfill.chunks WHERE last_error <> ''`))
 	require.Zero(t, fails)
 }
+
+// TestRateCappedWaitWakesOnControl: a worker waiting on the rows-per-second
+// cap (a knob of 1 row/s against chunks of 10 rows: a wait of about 10 s
+// per chunk) is woken by a pause (Run returns ErrRunPaused at once, not
+// after the wait) and by the cap being lifted (the run goes on at once).
+func TestRateCappedWaitWakesOnControl(t *testing.T) {
+	t.Parallel()
+	for _, action := range []string{"pause", "lift"} {
+		t.Run(action, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			db := liveDB(t)
+			r, err := New(db, &Config{WorkerID: "a", Concurrency: 2, ThrottleInterval: 50 * time.Millisecond, Logger: discardLogger()})
+			require.NoError(t, err)
+			ch := goRun(ctx, r, controlJob(20, time.Millisecond, nil))
+			var batch int64
+			waitFor(t, "the run", func() bool { return db.Get(&batch, `SELECT batch_id FROM backfill.runs`) == nil })
+			_, err = db.Exec(`SELECT backfill.set_knob($1::bigint, 'rows_per_second', '1', 'ann', 'slow')`, batch)
+			require.NoError(t, err)
+			waitFor(t, "a wait on the cap", func() bool {
+				var n int
+				return db.Get(&n, `SELECT count(*) FROM backfill.throttle_periods WHERE ended_at IS NULL AND signal = 'rows_per_second'`) == nil && n > 0
+			})
+			if action == "pause" {
+				_, err = db.Exec(`SELECT backfill.pause($1::bigint, 'ann', 'stop')`, batch)
+			} else {
+				_, err = db.Exec(`SELECT backfill.set_knob($1::bigint, 'rows_per_second', '0', 'ann', 'lift the cap')`, batch)
+			}
+			require.NoError(t, err)
+			select {
+			case res := <-ch:
+				if action == "pause" {
+					require.ErrorIs(t, res.err, ErrRunPaused)
+				} else {
+					require.NoError(t, res.err)
+					require.Equal(t, RunCompleted, res.rep.Status)
+				}
+			case <-time.After(8 * time.Second): // the cap alone: 18 chunks of 10 rows at 1 row/s
+				t.Fatalf("%s: Run still waiting on the rows-per-second cap", action)
+			}
+		})
+	}
+}
+
+// TestAuditTrailCannotBeErased: the events table refuses UPDATE, DELETE
+// (a run's cascade included) and TRUNCATE; rows_per_second refuses a cap
+// between 0 and 1; resuming an old cancelled run by job name or batch is
+// refused once a newer run of the job exists.
+func TestAuditTrailCannotBeErased(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := liveDB(t)
+	r, err := New(db, &Config{WorkerID: "a", Logger: discardLogger()})
+	require.NoError(t, err)
+	rep, err := r.Run(ctx, liveJob(nil))
+	require.NoError(t, err)
+	for _, q := range []string{`UPDATE backfill.events SET actor = 'x'`, `DELETE FROM backfill.events`, `TRUNCATE backfill.events`,
+		`DELETE FROM backfill.runs WHERE batch_id = ` + fmt.Sprint(rep.BatchID)} {
+		_, err := db.Exec(q)
+		require.ErrorContains(t, err, "append-only", q)
+	}
+	_, err = db.Exec(`SELECT backfill.set_knob($1::bigint, 'rows_per_second', '0.01', 'ann', 'slow')`, rep.BatchID)
+	require.Error(t, err, "a completed run's knob")
+
+	// Cancel a run, start a newer one: the old one cannot be resumed.
+	older := controlJob(100, 20*time.Millisecond, nil)
+	older.Name = "other"
+	r2, err := New(db, &Config{WorkerID: "b", Logger: discardLogger()})
+	require.NoError(t, err)
+	ch := goRun(ctx, r2, older)
+	var old int64
+	waitFor(t, "the run", func() bool {
+		return db.Get(&old, `SELECT batch_id FROM backfill.runs WHERE batch_id <> $1`, rep.BatchID) == nil
+	})
+	_, err = db.Exec(`SELECT backfill.set_knob($1::bigint, 'rows_per_second', '0.01', 'ann', 'slow')`, old)
+	require.ErrorContains(t, err, "at least 1")
+	_, err = db.Exec(`SELECT backfill.cancel($1::bigint, 'ann', 'wrong')`, old)
+	require.NoError(t, err)
+	<-ch
+	newer := controlJob(2, time.Millisecond, nil)
+	newer.Name, newer.NewRun = "other", true
+	_, err = r2.Run(ctx, newer)
+	require.NoError(t, err)
+	_, err = db.Exec(`SELECT backfill.resume('other', 'ann', 'back')`)
+	require.Error(t, err, "resumed the latest run, which is completed")
+	_, err = db.Exec(`SELECT backfill.resume($1::bigint, 'ann', 'back')`, old)
+	require.ErrorContains(t, err, "a newer run of the job exists")
+}

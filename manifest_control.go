@@ -59,28 +59,28 @@ CREATE TABLE {s}.knobs (
 COMMENT ON TABLE {s}.knobs IS
 	'Live settings of a run, set with set_knob(): concurrency, job_concurrency, rows_per_second, throttle.<signal>.high and .low. Every worker re-reads them each throttle interval.';
 
+-- No UPDATE, DELETE (a deleted run's cascade included: a run with an
+-- audit trail cannot be deleted) or TRUNCATE of the audit log.
 CREATE FUNCTION {s}.events_append_only() RETURNS trigger LANGUAGE plpgsql AS $fn$
 BEGIN
-	-- The cascade of a deleted run (inside the foreign key's trigger) is allowed.
-	IF TG_OP = 'DELETE' AND pg_trigger_depth() > 1 THEN
-		RETURN OLD;
-	END IF;
 	RAISE EXCEPTION 'backfill: the audit log (events) is append-only: % refused', TG_OP
 		USING ERRCODE = '55000';
 END
 $fn$;
 CREATE TRIGGER events_append_only BEFORE UPDATE OR DELETE ON {s}.events
 	FOR EACH ROW EXECUTE FUNCTION {s}.events_append_only();
+CREATE TRIGGER events_no_truncate BEFORE TRUNCATE ON {s}.events
+	FOR EACH STATEMENT EXECUTE FUNCTION {s}.events_append_only();
 
 CREATE FUNCTION {s}.control_run(p_job text, p_action text) RETURNS bigint LANGUAGE plpgsql AS $fn$
 DECLARE
 	id bigint;
 BEGIN
-	SELECT batch_id INTO id FROM {s}.runs
-		WHERE job_name = p_job AND status IN ('running', 'failed', 'paused', 'cancelled')
-		ORDER BY batch_id DESC LIMIT 1;
+	-- The job's latest run: an older run is named by its batch id (and a
+	-- resume refuses it when a newer run exists).
+	SELECT batch_id INTO id FROM {s}.runs WHERE job_name = p_job ORDER BY batch_id DESC LIMIT 1;
 	IF id IS NULL THEN
-		RAISE EXCEPTION 'backfill: %: job % has no run that is running, failed, paused or cancelled', p_action, quote_literal(p_job)
+		RAISE EXCEPTION 'backfill: %: job % has no run', p_action, quote_literal(p_job)
 			USING ERRCODE = 'P0002';
 	END IF;
 	RETURN id;
@@ -127,6 +127,10 @@ BEGIN
 		RAISE EXCEPTION 'backfill: cannot resume batch % of job %: the job has another unfinished run', p_batch_id, quote_literal(r.job_name)
 			USING ERRCODE = '55000';
 	END IF;
+	IF p_action = 'resume' AND EXISTS (SELECT 1 FROM {s}.runs WHERE job_name = r.job_name AND batch_id > p_batch_id) THEN
+		RAISE EXCEPTION 'backfill: cannot resume batch % of job %: a newer run of the job exists; start a new run instead', p_batch_id, quote_literal(r.job_name)
+			USING ERRCODE = '55000';
+	END IF;
 	UPDATE {s}.runs SET status = v_next, updated_at = now(),
 		last_error = CASE WHEN v_next = 'running' THEN '' ELSE format('%s by %s: %s', v_next, p_actor, p_reason) END,
 		finished_at = CASE WHEN v_next = 'cancelled' THEN now() WHEN v_next = 'running' THEN NULL ELSE finished_at END
@@ -136,7 +140,8 @@ BEGIN
 		v_detail := v_detail || jsonb_build_object('from', r.status);
 	END IF;
 	INSERT INTO {s}.events (batch_id, job_name, kind, actor, detail) VALUES (p_batch_id, r.job_name, v_kind, p_actor, v_detail);
-	PERFORM pg_notify({schema}, json_build_object('batch_id', p_batch_id, 'action', p_action, 'job', r.job_name)::text);
+	-- The job name is cut: a notification's payload is under 8000 bytes.
+	PERFORM pg_notify({schema}, json_build_object('batch_id', p_batch_id, 'action', p_action, 'job', left(r.job_name, 200))::text);
 	RETURN v_next;
 END
 $fn$;
@@ -191,8 +196,8 @@ BEGIN
 			RAISE EXCEPTION 'backfill: set_knob: knob % value % must be a whole number from 1 to 100000', p_key, quote_literal(p_value)
 				USING ERRCODE = '22023';
 		END IF;
-		IF p_key = 'rows_per_second' AND v < 0 THEN
-			RAISE EXCEPTION 'backfill: set_knob: knob % value % must be at least 0 (0: no cap)', p_key, quote_literal(p_value)
+		IF p_key = 'rows_per_second' AND (v < 0 OR v > 0 AND v < 1) THEN
+			RAISE EXCEPTION 'backfill: set_knob: knob % value % must be 0 (no cap) or at least 1', p_key, quote_literal(p_value)
 				USING ERRCODE = '22023';
 		END IF;
 		INSERT INTO {s}.knobs (batch_id, key, value, set_by, reason) VALUES (p_batch_id, p_key, v, p_actor, p_reason)
@@ -201,7 +206,7 @@ BEGIN
 	END IF;
 	INSERT INTO {s}.events (batch_id, job_name, kind, actor, detail) VALUES (p_batch_id, r.job_name, 'knob_set', p_actor,
 		jsonb_build_object('why', p_reason, 'key', p_key, 'value', v, 'previous', prev));
-	PERFORM pg_notify({schema}, json_build_object('batch_id', p_batch_id, 'action', 'set_knob', 'job', r.job_name, 'key', p_key)::text);
+	PERFORM pg_notify({schema}, json_build_object('batch_id', p_batch_id, 'action', 'set_knob', 'job', left(r.job_name, 200), 'key', left(p_key, 200))::text);
 	RETURN coalesce(v::text, 'default');
 END
 $fn$;

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"time"
+	"unicode"
 
 	"github.com/jmoiron/sqlx"
 )
@@ -329,7 +330,7 @@ func (s Status) ETA() (eta time.Duration, ok bool) {
 //	ETA 12m0s at the recent working rate; of 20m0s so far 30% throttled, 0% paused, 1% idle
 func (s Status) String() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "job %s batch %d: %s (%s, %d live workers)\n", s.Job, s.BatchID, s.Status, s.Liveness, s.LiveWorkers)
+	fmt.Fprintf(&b, "job %s batch %d: %s (%s, %d live workers)\n", oneLine(s.Job), s.BatchID, s.Status, s.Liveness, s.LiveWorkers)
 	c := s.Chunks
 	fmt.Fprintf(&b, "chunks %d/%d done, %d open, %d pending, %d failed, %d in flight", c.Done, c.Total, c.Open, c.Pending, c.Failed, c.InFlight)
 	if c.Staged > 0 {
@@ -371,7 +372,7 @@ func (s Status) String() string {
 	if n := len(s.InFlight); n > 0 {
 		b.WriteString("\nin flight:")
 		for _, f := range s.InFlight {
-			fmt.Fprintf(&b, "\n  %s (seq %d) worker %s on %s pid %d, %s", f.ChunkID, f.Seq, f.WorkerID, f.Host, f.PID,
+			fmt.Fprintf(&b, "\n  %s (seq %d) worker %s on %s pid %d, %s", oneLine(f.ChunkID), f.Seq, oneLine(f.WorkerID), oneLine(f.Host), f.PID,
 				time.Duration(f.AgeSeconds*float64(time.Second)).Round(time.Second))
 			if f.Stale {
 				b.WriteString(" (stale)")
@@ -383,9 +384,9 @@ func (s Status) String() string {
 		for _, e := range s.Exceptions {
 			col := ""
 			if e.Column != "" {
-				col = " [" + e.Column + "]"
+				col = " [" + oneLine(e.Column) + "]"
 			}
-			fmt.Fprintf(&b, "\n  %d %s%s", e.Count, e.Reason, col)
+			fmt.Fprintf(&b, "\n  %d %s%s", e.Count, oneLine(e.Reason), col)
 		}
 	}
 	return b.String()
@@ -526,4 +527,25 @@ func (m *PGManifest) Status(ctx context.Context, db sqlx.ExtContext, batchID int
 		return Status{}, fmt.Errorf("backfill: status of batch %d: exceptions: %w", batchID, err)
 	}
 	return s, nil
+}
+
+// oneLine shows the control characters of s (newlines, terminal escapes)
+// as \xNN or \uNNNN: text from the data stays on its line and cannot
+// drive a terminal.
+func oneLine(s string) string {
+	if !strings.ContainsFunc(s, unicode.IsControl) {
+		return s
+	}
+	var b strings.Builder
+	for _, r := range s {
+		switch {
+		case !unicode.IsControl(r):
+			b.WriteRune(r)
+		case r < 0x100:
+			fmt.Fprintf(&b, "\\x%02x", r)
+		default:
+			fmt.Fprintf(&b, "\\u%04x", r)
+		}
+	}
+	return b.String()
 }

@@ -235,3 +235,18 @@ func TestStatusInFlight(t *testing.T) {
 	require.Empty(t, st.InFlight)
 	require.Equal(t, liveChunks, st.Chunks.Done)
 }
+
+// TestStatusStringShowsControlCharacters: text from the data (a job
+// name, an exception's reason, a worker's host) in Status.String keeps
+// to its line and carries no terminal escape.
+func TestStatusStringShowsControlCharacters(t *testing.T) {
+	t.Parallel()
+	s := Status{Job: "jobs\x1b[2J", Exceptions: []ExceptionCount{{Reason: "bad\nvalue\x07", Column: "c\r", Count: 2}},
+		InFlight: []ChunkInFlight{{ChunkID: "2024-01-01", WorkerID: "w\x1b]0;x\x07", Host: "h"}}}
+	out := s.String()
+	require.NotContains(t, out, "\x1b")
+	require.NotContains(t, out, "\x07")
+	require.NotContains(t, out, "\r")
+	require.Contains(t, out, `jobs\x1b[2J`)
+	require.Contains(t, out, `2 bad\x0avalue\x07 [c\x0d]`)
+}

@@ -387,11 +387,23 @@ func (t *throttler) wait(ctx context.Context) error {
 				t.ex.log.Warn("backfill: throttle period not recorded", "signal", p.Signal, "error", err)
 			}
 		}
+		// The wait ends early when the call's state changes (a pause, a
+		// cancel, a hold) or a knob does (the cap lifted or changed):
+		// the loop then looks again.
+		t.mu.Lock()
+		changed := t.changed
+		t.mu.Unlock()
+		var knobs <-chan struct{}
+		if t.ex.ctl != nil {
+			knobs = t.ex.ctl.wakeCh()
+		}
 		timer := time.NewTimer(d)
 		began := t.now()
 		select {
 		case <-ctx.Done():
 		case <-timer.C:
+		case <-changed:
+		case <-knobs:
 		}
 		timer.Stop()
 		t.ex.traceThrottle(ctx, TraceThrottleData{Event: ThrottleWait, Signal: sig, Value: lim, High: lim, Low: lim, Held: t.now().Sub(began)})
@@ -402,6 +414,9 @@ func (t *throttler) wait(ctx context.Context) error {
 		}
 		if ctx.Err() != nil {
 			return ctx.Err()
+		}
+		if t.ex.stopped() {
+			return nil
 		}
 	}
 }
@@ -511,7 +526,11 @@ func (t *throttler) applyRate() {
 		}
 	}
 	t.mu.Unlock()
-	t.pace.setLimit(t.now(), lim)
+	if before := t.pace.limit(); before != float64(limitOf(lim)) {
+		t.pace.setLimit(t.now(), lim)
+		// Workers waiting on the old rate look again.
+		t.wake()
+	}
 }
 
 // pacer is a rows-per-second cap: the rows of a chunk are not known
@@ -560,6 +579,17 @@ func burstOf(perSecond float64) int {
 func (p *pacer) setLimit(now time.Time, perSecond float64) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if old := float64(p.lim.Limit()); old != perSecond && p.until.After(now) {
+		// What is still owed is paid at the new rate: a lifted cap
+		// (Inf) ends the wait, a lowered one lengthens it.
+		rest := float64(p.until.Sub(now))
+		switch {
+		case math.IsInf(perSecond, 1):
+			p.until = now
+		case !math.IsInf(old, 1) && perSecond > 0:
+			p.until = now.Add(time.Duration(min(rest*old/perSecond, float64(time.Hour))))
+		}
+	}
 	if p.lim.Limit() == limitOf(perSecond) {
 		return
 	}

@@ -338,14 +338,23 @@ func resolveTracers(t Tracer) tracers {
 }
 
 // traceRun wraps a call of Run in the run's span.
-func (r *Runner) traceRun(ctx context.Context, job Job, run func(context.Context) (Report, error)) (Report, error) {
+func (r *Runner) traceRun(ctx context.Context, job Job, run func(context.Context) (Report, error)) (rep Report, err error) {
 	rt := r.tracers.run
 	if rt == nil {
 		return run(ctx)
 	}
 	begin := time.Now()
 	ctx = rt.TraceRunStart(ctx, TraceRunStartData{Job: job.Name, Worker: r.cfg.WorkerID})
-	rep, err := run(ctx)
+	ended := false
+	defer func() {
+		if !ended {
+			// A panic (in a user's hook, say) still ends the run's span.
+			rt.TraceRunEnd(ctx, TraceRunEndData{Job: job.Name, Worker: r.cfg.WorkerID, Duration: time.Since(begin),
+				Err: errors.New("backfill: Run panicked")})
+		}
+	}()
+	rep, err = run(ctx)
+	ended = true
 	rt.TraceRunEnd(ctx, TraceRunEndData{Job: job.Name, Worker: r.cfg.WorkerID, BatchID: rep.BatchID, Status: rep.Status,
 		ChunksRun: rep.ChunksRun, Counts: rep.Counts, Duration: time.Since(begin), Err: err})
 	return rep, err

@@ -16,7 +16,7 @@ import (
 // and land in the audit trail with the actor and the reason.
 func TestCLIControlAndStatus(t *testing.T) {
 	t.Parallel()
-	u, db, b1, _ := loadFares(t)
+	u, db, b1, b2 := loadFares(t)
 
 	var st backfill.Status
 	cliJSON(t, u, &st, "status", "--batch", fmt.Sprint(b1))
@@ -38,24 +38,24 @@ func TestCLIControlAndStatus(t *testing.T) {
 	require.Contains(t, errOut, "--why")
 
 	// A running run: pause, resume, set, cancel.
-	_, err := db.Exec(`UPDATE backfill.runs SET status = 'running', finished_at = NULL WHERE batch_id = $1`, b1)
+	_, err := db.Exec(`UPDATE backfill.runs SET status = 'running', finished_at = NULL WHERE batch_id = $1`, b2)
 	require.NoError(t, err)
 	var res controlResult
-	cliJSON(t, u, &res, "pause", "--batch", fmt.Sprint(b1), "--why", "replica lag", "--actor", "ann")
+	cliJSON(t, u, &res, "pause", "--batch", fmt.Sprint(b2), "--why", "replica lag", "--actor", "ann")
 	require.Equal(t, backfill.RunPaused, res.Status)
-	require.Contains(t, cliOK(t, u, "resume", "--batch", fmt.Sprint(b1), "--why", "lag gone", "--actor", "ann"), "resumed fares batch")
-	cliJSON(t, u, &res, "set", "rows_per_second=2000", "--batch", fmt.Sprint(b1), "--why", "peak hours", "--actor", "ann")
+	require.Contains(t, cliOK(t, u, "resume", "--batch", fmt.Sprint(b2), "--why", "lag gone", "--actor", "ann"), "resumed fares batch")
+	cliJSON(t, u, &res, "set", "rows_per_second=2000", "--batch", fmt.Sprint(b2), "--why", "peak hours", "--actor", "ann")
 	require.Equal(t, "rows_per_second", res.Key)
-	code, _, errOut = cli(t, u, "set", "rows_per_second=fast", "--batch", fmt.Sprint(b1), "--why", "x")
+	code, _, errOut = cli(t, u, "set", "rows_per_second=fast", "--batch", fmt.Sprint(b2), "--why", "x")
 	require.NotEqual(t, exitOK, code)
 	require.Contains(t, errOut, "fast")
-	code, _, errOut = cli(t, u, "set", "nonsense", "--batch", fmt.Sprint(b1), "--why", "x")
+	code, _, errOut = cli(t, u, "set", "nonsense", "--batch", fmt.Sprint(b2), "--why", "x")
 	require.Equal(t, exitUsage, code)
 	require.Contains(t, errOut, "KEY=VALUE")
-	cliJSON(t, u, &res, "cancel", "--batch", fmt.Sprint(b1), "--why", "wrong scope", "--actor", "ann")
+	cliJSON(t, u, &res, "cancel", "--batch", fmt.Sprint(b2), "--why", "wrong scope", "--actor", "ann")
 	require.Equal(t, backfill.RunCancelled, res.Status)
 
-	ev := cliOK(t, u, "events", "--batch", fmt.Sprint(b1))
+	ev := cliOK(t, u, "events", "--batch", fmt.Sprint(b2))
 	for _, want := range []string{"replica lag", "lag gone", "peak hours", "wrong scope"} {
 		require.Contains(t, ev, want)
 	}

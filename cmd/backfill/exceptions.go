@@ -112,7 +112,7 @@ counting the matches before --limit.`,
 			case g.json:
 				return g.printJSON(res)
 			case asCSV:
-				w := csv.NewWriter(g.out)
+				w := csv.NewWriter(g.raw)
 				_ = w.Write(exceptionsCSVHeader)
 				for _, e := range res.Exceptions {
 					raw := ""

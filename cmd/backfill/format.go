@@ -6,6 +6,8 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode"
+	"unicode/utf8"
 )
 
 // table writes aligned columns for people.
@@ -165,3 +167,47 @@ func checkLimit(n int) error {
 
 // secondsDuration is s seconds as a duration.
 func secondsDuration(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
+
+// visible returns s with its control characters (C0 but tab and, when
+// keepNewlines, newline; DEL; C1) written as \xNN or \uNNNN, so that
+// text from the data (a job name, an exception's reason or value) cannot
+// move the cursor, retitle the terminal or clear the screen.
+func visible(s string, keepNewlines bool) string {
+	clean := true
+	for _, r := range s {
+		if unicode.IsControl(r) && r != '\t' && !(keepNewlines && r == '\n') {
+			clean = false
+			break
+		}
+	}
+	if clean {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); {
+		r, size := utf8.DecodeRuneInString(s[i:])
+		switch {
+		case r == utf8.RuneError && size == 1:
+			// Not UTF-8 (or a rune cut by the writer's chunks): as it is.
+			b.WriteByte(s[i])
+		case r == '\t', keepNewlines && r == '\n', !unicode.IsControl(r):
+			b.WriteString(s[i : i+size])
+		case r < 0x100:
+			fmt.Fprintf(&b, "\\x%02x", r)
+		default:
+			fmt.Fprintf(&b, "\\u%04x", r)
+		}
+		i += size
+	}
+	return b.String()
+}
+
+// visibleWriter writes through visible (newlines kept).
+type visibleWriter struct{ w io.Writer }
+
+func (v visibleWriter) Write(p []byte) (int, error) {
+	if _, err := io.WriteString(v.w, visible(string(p), true)); err != nil {
+		return 0, err
+	}
+	return len(p), nil
+}

@@ -30,7 +30,8 @@ type globals struct {
 	databaseURL string
 	schema      string
 	json        bool
-	out         io.Writer
+	out         io.Writer // text for people goes through visibleWriter
+	raw         io.Writer // the output as it is (CSV)
 	getenv      func(string) string
 }
 
@@ -59,7 +60,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 		return exitOK
 	}
 	// The library's errors begin with "backfill: " too: once is enough.
-	fmt.Fprintln(stderr, "backfill:", strings.TrimPrefix(err.Error(), "backfill: "))
+	fmt.Fprintln(stderr, "backfill:", visible(strings.TrimPrefix(err.Error(), "backfill: "), true))
 	switch {
 	case errors.Is(err, errUsage), strings.HasPrefix(err.Error(), "unknown command "):
 		return exitUsage
@@ -109,6 +110,13 @@ func newRoot(g *globals, getenv func(string) string) *cobra.Command {
 	root.PersistentPreRun = func(*cobra.Command, []string) {
 		if g.databaseURL == "" {
 			g.databaseURL = getenv("DATABASE_URL")
+		}
+		g.raw = g.out
+		if !g.json {
+			// Text for people: job names, reasons and values come from
+			// the data; their control characters (terminal escapes) are
+			// shown, not sent to the terminal.
+			g.out = visibleWriter{g.out}
 		}
 	}
 	// Groups of commands. The control commands join them here:

@@ -15,7 +15,7 @@ func newStatusCmd(g *globals) *cobra.Command {
 		watch time.Duration
 	)
 	cmd := &cobra.Command{
-		Use:   "status [JOB] [--batch N] [--watch [INTERVAL]]",
+		Use:   "status [JOB] [--batch N] [--watch[=INTERVAL]]",
 		Short: "Show a run's progress: chunks, rows, rates, ETA, chunks in flight, exceptions, liveness",
 		Long: `status shows the progress of a run (the job's latest run, or --batch N),
 read from the manifest, so it is the same from any machine and counts the
@@ -34,8 +34,8 @@ work of every process:
 - the chunks in flight with their worker, host, pid and age;
 - the exception queue by reason and column.
 
---watch refreshes it every INTERVAL (default 2s) until the run is no
-longer running, or Ctrl-C. With --json: one backfill.Status document
+--watch refreshes it every 2s (--watch=INTERVAL: every INTERVAL, e.g.
+--watch=10s) while the run is running or paused, until Ctrl-C. With --json: one backfill.Status document
 (with --watch, one per line).`,
 		Example: `  backfill status flights
   backfill status --batch 12 --watch
@@ -83,7 +83,7 @@ longer running, or Ctrl-C. With --json: one backfill.Status document
 					}
 					fmt.Fprintln(g.out, st.String())
 				}
-				if watch <= 0 || st.Status != backfill.RunRunning {
+				if watch <= 0 || st.Status != backfill.RunRunning && st.Status != backfill.RunPaused {
 					return nil
 				}
 				select {
@@ -95,7 +95,7 @@ longer running, or Ctrl-C. With --json: one backfill.Status document
 		},
 	}
 	sel.flags(cmd.Flags())
-	cmd.Flags().DurationVar(&watch, "watch", 0, "refresh every INTERVAL until the run is no longer running (e.g. --watch 2s)")
+	cmd.Flags().DurationVar(&watch, "watch", 0, "refresh every 2s, or every INTERVAL with --watch=INTERVAL, while the run is running or paused")
 	cmd.Flags().Lookup("watch").NoOptDefVal = "2s"
 	return cmd
 }

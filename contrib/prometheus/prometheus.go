@@ -52,6 +52,7 @@ package backfillprom
 
 import (
 	"context"
+	"slices"
 	"strconv"
 	"time"
 
@@ -188,14 +189,25 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	for _, j := range jobs {
 		ch <- prometheus.MustNewConstMetric(c.runInfo, prometheus.GaugeValue, 1, j.Job, strconv.FormatInt(j.BatchID, 10), string(j.RunStatus))
+		// Every status has a series, 0 when no chunk has it, so that a
+		// series does not vanish when its count drops to none.
+		for _, status := range chunkStatuses {
+			ch <- prometheus.MustNewConstMetric(c.chunks, prometheus.GaugeValue, float64(j.Chunks[status]), j.Job, string(status))
+		}
 		for status, n := range j.Chunks {
-			ch <- prometheus.MustNewConstMetric(c.chunks, prometheus.GaugeValue, float64(n), j.Job, string(status))
+			if !slices.Contains(chunkStatuses, status) {
+				ch <- prometheus.MustNewConstMetric(c.chunks, prometheus.GaugeValue, float64(n), j.Job, string(status))
+			}
 		}
 		if j.RunStatus == backfill.RunRunning && !j.LastDone.IsZero() {
 			ch <- prometheus.MustNewConstMetric(c.lag, prometheus.GaugeValue, max(j.SinceLastDone.Seconds(), 0), j.Job)
 		}
 	}
 }
+
+// chunkStatuses are the statuses backfill_chunks always has a series
+// for.
+var chunkStatuses = []backfill.ChunkStatus{backfill.ChunkPending, backfill.ChunkLeased, backfill.ChunkDone, backfill.ChunkFailed, backfill.ChunkOpen}
 
 // TraceChunkStart implements [backfill.Tracer]; it returns ctx.
 func (c *Collector) TraceChunkStart(ctx context.Context, _ backfill.TraceChunkStartData) context.Context {

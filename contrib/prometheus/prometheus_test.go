@@ -93,8 +93,8 @@ func TestCollectorOfARun(t *testing.T) {
 		t.Fatalf("run: %v, want the extractor's error", err)
 	}
 	// While chunk 3 ran: done 0-2, chunk 3 leased, chunk 4 pending.
-	if inFlight != "3 1" {
-		t.Errorf("in flight: %q series and leased chunks, want \"3 1\"", inFlight)
+	if inFlight != "5 1" {
+		t.Errorf("in flight: %q series and leased chunks, want \"5 1\" (every status has a series)", inFlight)
 	}
 
 	want := fmt.Sprintf(`
@@ -102,6 +102,9 @@ func TestCollectorOfARun(t *testing.T) {
 # TYPE backfill_chunks gauge
 backfill_chunks{job="items",status="done"} 4
 backfill_chunks{job="items",status="failed"} 1
+backfill_chunks{job="items",status="leased"} 0
+backfill_chunks{job="items",status="open"} 0
+backfill_chunks{job="items",status="pending"} 0
 # HELP backfill_run_info The latest run of the job (batch_id) and its status, from the manifest; always 1.
 # TYPE backfill_run_info gauge
 backfill_run_info{batch_id="%d",job="items",status="failed"} 1
