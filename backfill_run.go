@@ -478,6 +478,15 @@ func (ex *execution) finishRun(ctx context.Context, run Run, resumed, finished b
 		runErr = errors.Join(runErr, fmt.Errorf("%w: job %q batch %d is %s", ErrAlreadyCompleted, job.Name, run.BatchID, run.Status))
 	}
 	rep, err := ex.report(fctx, run, resumed, begin)
+	if err == nil && rep.Status == RunRunning && !failed && rep.ChunksTotal > 0 && rep.ChunksDone == rep.ChunksTotal {
+		// Another worker checkpointed the last chunk between this call's
+		// end of the run and its report: complete the run now rather
+		// than leave it running with every chunk done.
+		if again, ferr := r.cfg.Manifest.FinishRun(fctx, r.db, run.BatchID, false, ""); ferr == nil && again.Status != RunRunning {
+			run = again
+			rep, err = ex.report(fctx, run, resumed, begin)
+		}
+	}
 	if rep.ChunksOpen > 0 {
 		log.Warn("backfill run not complete: chunks end after the horizon (watermark or now) and are open; the next run reads them again",
 			"chunks_open", rep.ChunksOpen, "open", rep.OpenChunks)
