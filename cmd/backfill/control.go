@@ -67,10 +67,13 @@ every process within about a second:
 
   concurrency              chunks at once in each process (up to what
                            each Runner was configured with)
-  job_concurrency          chunks at once across every process
-  rows_per_second          the job-wide rate cap (0: none)
+  job_concurrency          chunks at once across every process (only
+                           processes started with a JobConcurrency
+                           apply it)
+  rows_per_second          the job-wide rate cap: 0 (none) or at least 1
   throttle.SIGNAL.high     a throttle's high watermark, by signal name
-  throttle.SIGNAL.low      its low watermark`+controlDoc,
+  throttle.SIGNAL.low      its low watermark (a signal the workers do not
+                           have is logged by them and ignored)`+controlDoc,
 		`  backfill set rows_per_second=2000 --job flights --why "peak hours"
   backfill set throttle.replica_lag.high=5 --batch 12 --why "tighter during the sale"`)
 }
