@@ -93,7 +93,8 @@ type Progress struct {
 	Out   io.Writer
 	Total int // chunks in the job, printed after each chunk's number
 
-	// Format is the line without its newline. Its verbs take, in order:
+	// Format is the line without its newline; empty: no line, only the
+	// counting (a [Live] display shows the progress). Its verbs take, in order:
 	// the batch id, the chunk's 1-based number, Total, the label, the
 	// chunk's Read, Inserted, Updated, Unchanged, Rejected and
 	// Deduplicated counts and its duration in seconds (float64).
@@ -117,6 +118,9 @@ func (p *Progress) ChunkDone(ctx context.Context, batchID int64, r backfill.Chun
 	defer p.mu.Unlock()
 	p.done++
 	p.sum = p.sum.Add(r.Counts)
+	if p.Format == "" {
+		return
+	}
 	label := r.Chunk.ID
 	if p.Label != nil {
 		label = p.Label(r.Chunk)
