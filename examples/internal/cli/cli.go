@@ -44,10 +44,10 @@ func RunError(job, planFlag string, err error) error {
 		}
 	}
 	if errors.Is(err, backfill.ErrRunPaused) {
-		return fmt.Errorf("job %s: %w\n(paused: the chunks in flight finished. To resume: psql \"$DATABASE_URL\" -c \"SELECT backfill.resume('%s', '<you>', '<why>')\", then run the same command again)", job, err, job)
+		return fmt.Errorf("job %s: %w\n(paused: the chunks in flight finished. To resume: go -C cmd/backfill run . resume --job %s --why '<why>' (from the repository's root), or psql \"$DATABASE_URL\" -c \"SELECT backfill.resume('%s', '<you>', '<why>')\"; then run the same command again)", job, err, job, job)
 	}
 	if errors.Is(err, backfill.ErrRunCancelled) {
-		return fmt.Errorf("job %s: %w\n(cancelled: the chunks in flight rolled back. To restart it: psql \"$DATABASE_URL\" -c \"SELECT backfill.resume('%s', '<you>', '<why>')\", then run the same command again; or pass -new-run)", job, err, job)
+		return fmt.Errorf("job %s: %w\n(cancelled: the chunks in flight rolled back. To restart it: go -C cmd/backfill run . resume --job %s --why '<why>' (from the repository's root), or psql \"$DATABASE_URL\" -c \"SELECT backfill.resume('%s', '<you>', '<why>')\"; then run the same command again; or pass -new-run)", job, err, job, job)
 	}
 	var pe *backfill.PartialError
 	if errors.As(err, &pe) {

@@ -99,8 +99,10 @@ func (l *Live) Progress(ctx context.Context, s backfill.Status) {
 				progressbar.OptionShowDescriptionAtLineEnd(),
 			)
 		}
-		_ = l.bar.Set(done)
+		// Describe renders with the old count, Set with the new one: the
+		// last render shows both of this status.
 		l.bar.Describe(fmt.Sprintf("chunks  %s", statusDetail(s)))
+		_ = l.bar.Set(done)
 		return
 	}
 	every := l.Every
