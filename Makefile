@@ -45,7 +45,8 @@ lint:
 
 # demo: the main job, the flights example (examples/flights/README.md).
 # Fetches the data once, then runs against DATABASE_URL or a throwaway
-# server. Extra flags: make demo ARGS='-limit-days 7'
+# server. Extra flags: make demo ARGS='-limit-days 7'. BACKFILL_KEEP=1 make
+# demo keeps the throwaway server afterwards for inspection (Ctrl-C stops it).
 ARGS ?=
 
 .PHONY: demo data

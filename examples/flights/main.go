@@ -2,7 +2,7 @@
 // (npm package vega-datasets 3.2.1) into PostgreSQL, one calendar day per
 // chunk, together with the airports of airports.csv. See README.md.
 //
-//	DATABASE_URL=postgres://... go run ./flights [-concurrency 2] [-limit-days N] [-new-run]
+//	DATABASE_URL=postgres://... go run ./flights [-concurrency 2] [-limit-days N] [-new-run] [-report FILE]
 //	go run ./flights -dry-run    # extract every chunk without a database
 //	go run ./flights -baseline   # the same rows by hand, into flights_baseline (compare.sh)
 package main
@@ -97,6 +97,24 @@ type options struct {
 	// noCreate: the tables exist, created by an administrator; the
 	// command runs no DDL (a runtime role with least privilege).
 	noCreate bool
+	// report is the HTML run report's file; empty: none.
+	report string
+	// chunkLines prints one line per chunk besides the progress display.
+	chunkLines bool
+	// progress receives the progress display (nil: none); terminal
+	// draws a bar on it instead of lines every progressEvery.
+	progress      io.Writer
+	terminal      bool
+	progressEvery time.Duration
+	// holdAt and holdFor inject a throttle (the ETA's acceptance test):
+	// once holdAt of the flights' chunks are done, the run is held for
+	// holdFor. etaMarks prints the ETA shown at 25%, 50% and 75% of the
+	// chunks against the time that actually remained.
+	holdAt   float64
+	holdFor  time.Duration
+	etaMarks bool
+	// where is the database's description printed first (database.go).
+	where string
 }
 
 func run() error {
@@ -108,6 +126,12 @@ func run() error {
 	flag.BoolVar(&o.dryRun, "dry-run", false, "extract every chunk without a database; print data facts and extractor cost")
 	flag.BoolVar(&o.verbose, "v", false, "log the runner's events to stderr")
 	flag.BoolVar(&o.noCreate, "no-create", false, "the tables and the manifest exist (an administrator created them and ran backfill migrate): run no DDL, as a role with least privilege")
+	flag.StringVar(&o.report, "report", "flights-report.html", "write the flights run's HTML report to this file (empty: none)")
+	flag.BoolVar(&o.chunkLines, "chunk-lines", false, "print one line per chunk (the progress bar or line shows the run either way)")
+	flag.DurationVar(&o.progressEvery, "progress-every", 10*time.Second, "when stderr is not a terminal: the least time between two progress lines")
+	flag.Float64Var(&o.holdAt, "hold-at", 0, "with -hold-for: the fraction of the flights' chunks done (0..1) at which a throttle holds the run")
+	flag.DurationVar(&o.holdFor, "hold-for", 0, "hold the flights run with a throttle (on table demo_throttle) for this long, from -hold-at")
+	flag.BoolVar(&o.etaMarks, "eta-marks", false, "print the ETA shown at 25%, 50% and 75% of the chunks against the time that actually remained")
 	flag.BoolVar(&o.baseline, "baseline", false, "instead of the library, load the same rows by hand (temp table, COPY, INSERT ... ON CONFLICT per day) into flights_baseline; see baseline.go")
 	flag.Parse()
 	if flag.NArg() > 0 {
@@ -116,6 +140,10 @@ func run() error {
 	if o.concurrency < 1 {
 		return errors.New("-concurrency must be at least 1")
 	}
+	if o.holdAt < 0 || o.holdAt >= 1 || o.holdFor < 0 {
+		return errors.New("-hold-at must be in [0, 1) and -hold-for not negative")
+	}
+	o.progress, o.terminal = os.Stderr, cli.IsTerminal(os.Stderr)
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -128,6 +156,8 @@ func run() error {
 		if dsn, err = cli.DatabaseURL("or use -dry-run; `make demo` at the repository root starts a throwaway server"); err != nil {
 			return err
 		}
+		o.where = databaseWhere(dsn, os.Getenv)
+		fmt.Printf("flights: database %s\n", o.where)
 	}
 	dir, err := cli.FindDataDir(o.dataDir, "flights", flightsFile)
 	if err != nil {
@@ -185,17 +215,18 @@ func load(ctx context.Context, out io.Writer, db *sqlx.DB, logger *slog.Logger, 
 		}
 	}
 	manifest := backfill.NewPGManifest("")
-	newRunner := func(p *cli.Progress) (*backfill.Runner, error) {
+	newRunner := func(h backfill.Hooks, throttles []backfill.Throttle) (*backfill.Runner, error) {
 		return backfill.New(db, &backfill.Config{
 			Concurrency: o.concurrency,
 			Manifest:    manifest,
 			Logger:      logger,
-			Hooks:       p,
+			Hooks:       h,
+			Throttles:   throttles,
 		})
 	}
 
 	// Airports: one chunk, the whole file.
-	runner, err := newRunner(newProgress(out, 1))
+	runner, err := newRunner(newProgress(out, 1, o.chunkLines), nil)
 	if err != nil {
 		return backfill.Report{}, err
 	}
@@ -223,8 +254,18 @@ func load(ctx context.Context, out io.Writer, db *sqlx.DB, logger *slog.Logger, 
 	if err != nil {
 		return backfill.Report{}, err
 	}
-	fp := newProgress(out, len(chunks))
-	runner, err = newRunner(fp)
+	fp := newProgress(out, len(chunks), o.chunkLines)
+	live := &cli.Live{Chunks: fp, Out: o.progress, Terminal: o.terminal, Every: o.progressEvery}
+	var hooks backfill.Hooks = live
+	if o.progress == nil {
+		hooks = fp
+	}
+	hold, err := newHold(ctx, db, o, live)
+	if err != nil {
+		return backfill.Report{}, err
+	}
+	defer hold.stop()
+	runner, err = newRunner(hooks, hold.throttles())
 	if err != nil {
 		return backfill.Report{}, err
 	}
@@ -244,10 +285,20 @@ func load(ctx context.Context, out io.Writer, db *sqlx.DB, logger *slog.Logger, 
 		NewRun:      o.newRun,
 	})
 	stopSignals()
+	ended := time.Now()
+	live.Finish()
+	hold.stop()
 	if rep.BatchID != 0 {
 		// The run exists in the manifest: summarise it even after a
 		// failure, then report the failure.
-		if err := summary(ctx, out, db, manifest, rep, fp, src.Scanned()-scanned0); err != nil {
+		err := summary(ctx, out, db, manifest, rep, fp, src.Scanned()-scanned0)
+		if err == nil && o.etaMarks {
+			hold.printMarks(out, ended)
+		}
+		if err == nil {
+			err = inspect(ctx, out, db, manifest, rep.BatchID, o)
+		}
+		if err != nil {
 			return rep, errors.Join(cli.RunError(flightsJob, planFlag, runErr), err)
 		}
 	}
@@ -259,10 +310,11 @@ const civilLayout = "2006-01-02 15:04"
 // planFlag is the flag named by the hint when a job's plan changed.
 const planFlag = "-limit-days"
 
-// newProgress returns the per-chunk printer of a job of total chunks: a
-// time chunk is labelled with its day.
-func newProgress(out io.Writer, total int) *cli.Progress {
-	return &cli.Progress{
+// newProgress returns the per-chunk counter of a job of total chunks,
+// which prints a line per chunk when lines is set: a time chunk is
+// labelled with its day.
+func newProgress(out io.Writer, total int, lines bool) *cli.Progress {
+	p := &cli.Progress{
 		Out:    out,
 		Total:  total,
 		Format: "  batch %d chunk %3d/%d %-12s rows %6d  inserted %6d  updated %5d  unchanged %6d  rejected %3d  dedup %d  %6.2fs",
@@ -274,6 +326,10 @@ func newProgress(out io.Writer, total int) *cli.Progress {
 		},
 		Attempts: true,
 	}
+	if !lines {
+		p.Format = ""
+	}
+	return p
 }
 
 // summary prints the run as the manifest recorded it, the extractor's

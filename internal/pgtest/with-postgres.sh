@@ -6,8 +6,13 @@
 # throwaway server is started with pgtmp (internal/pgtest/pgtmp), exported as
 # DATABASE_URL for COMMAND, and stopped and removed afterwards, whatever
 # happens. PGHOST, PGPORT, PGUSER, PGDATABASE and PGSSLMODE are exported for
-# it too, so that libpq tools such as psql find it without arguments. Exits
-# with COMMAND's exit status.
+# it too, so that libpq tools such as psql find it without arguments, and
+# BACKFILL_THROWAWAY=1, so that COMMAND can say its database is throwaway.
+# Exits with COMMAND's exit status.
+#
+# BACKFILL_KEEP=1 keeps the throwaway server after COMMAND ends, for
+# inspection (psql, cmd/backfill): the script prints its DATABASE_URL and
+# waits; Ctrl-C (or SIGTERM to the script) stops and removes it.
 #
 # Arguments are not expanded by this script: to pass the URL as an argument,
 # quote it for the inner shell, e.g.
@@ -78,9 +83,27 @@ export DATABASE_URL="$url"
 hostport=${url#postgres://postgres@}
 hostport=${hostport%%/*}
 export PGHOST=${hostport%:*} PGPORT=${hostport##*:} PGUSER=postgres PGDATABASE=postgres PGSSLMODE=disable
+export BACKFILL_THROWAWAY=1
 
+if [[ -n "${BACKFILL_KEEP:-}" ]]; then
+	# A Ctrl-C meant for COMMAND (e.g. the demo's pause) must not remove
+	# the server that is to be kept.
+	trap ':' INT
+fi
 set +e
 "$@"
 rc=$?
 set -e
+if [[ -n "${BACKFILL_KEEP:-}" ]]; then
+	echo >&2
+	echo "with-postgres: BACKFILL_KEEP is set: the server is kept for inspection, e.g. in another shell:" >&2
+	echo "  export DATABASE_URL='$url'" >&2
+	echo "  psql \"\$DATABASE_URL\"    # or: go -C cmd/backfill run . runs" >&2
+	echo "with-postgres: press Ctrl-C to stop and remove it" >&2
+	trap 'exit "$rc"' INT TERM
+	while :; do
+		sleep 1 &
+		wait $! || true
+	done
+fi
 exit "$rc"

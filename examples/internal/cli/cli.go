@@ -44,10 +44,10 @@ func RunError(job, planFlag string, err error) error {
 		}
 	}
 	if errors.Is(err, backfill.ErrRunPaused) {
-		return fmt.Errorf("job %s: %w\n(paused: the chunks in flight finished. To resume: psql \"$DATABASE_URL\" -c \"SELECT backfill.resume('%s', '<you>', '<why>')\", then run the same command again)", job, err, job)
+		return fmt.Errorf("job %s: %w\n(paused: the chunks in flight finished. To resume: go -C cmd/backfill run . resume --job %s --why '<why>' (from the repository's root), or psql \"$DATABASE_URL\" -c \"SELECT backfill.resume('%s', '<you>', '<why>')\"; then run the same command again)", job, err, job, job)
 	}
 	if errors.Is(err, backfill.ErrRunCancelled) {
-		return fmt.Errorf("job %s: %w\n(cancelled: the chunks in flight rolled back. To restart it: psql \"$DATABASE_URL\" -c \"SELECT backfill.resume('%s', '<you>', '<why>')\", then run the same command again; or pass -new-run)", job, err, job)
+		return fmt.Errorf("job %s: %w\n(cancelled: the chunks in flight rolled back. To restart it: go -C cmd/backfill run . resume --job %s --why '<why>' (from the repository's root), or psql \"$DATABASE_URL\" -c \"SELECT backfill.resume('%s', '<you>', '<why>')\"; then run the same command again; or pass -new-run)", job, err, job, job)
 	}
 	var pe *backfill.PartialError
 	if errors.As(err, &pe) {
@@ -93,7 +93,8 @@ type Progress struct {
 	Out   io.Writer
 	Total int // chunks in the job, printed after each chunk's number
 
-	// Format is the line without its newline. Its verbs take, in order:
+	// Format is the line without its newline; empty: no line, only the
+	// counting (a [Live] display shows the progress). Its verbs take, in order:
 	// the batch id, the chunk's 1-based number, Total, the label, the
 	// chunk's Read, Inserted, Updated, Unchanged, Rejected and
 	// Deduplicated counts and its duration in seconds (float64).
@@ -117,6 +118,9 @@ func (p *Progress) ChunkDone(ctx context.Context, batchID int64, r backfill.Chun
 	defer p.mu.Unlock()
 	p.done++
 	p.sum = p.sum.Add(r.Counts)
+	if p.Format == "" {
+		return
+	}
 	label := r.Chunk.ID
 	if p.Label != nil {
 		label = p.Label(r.Chunk)

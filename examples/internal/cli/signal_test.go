@@ -80,7 +80,7 @@ func TestSignalPausesThenCancels(t *testing.T) {
 	}
 
 	out, err := run(1)
-	if !errors.Is(err, backfill.ErrRunPaused) || !strings.Contains(err.Error(), "SELECT backfill.resume('sig'") {
+	if !errors.Is(err, backfill.ErrRunPaused) || !strings.Contains(err.Error(), "SELECT backfill.resume('sig'") || !strings.Contains(err.Error(), "go -C cmd/backfill run . resume --job sig --why") {
 		t.Fatalf("first signal: %v\n%s", err, out)
 	}
 	if !strings.Contains(out, "pausing") {
