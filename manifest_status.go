@@ -153,7 +153,7 @@ CROSS JOIN LATERAL (
 			AND k.checkpointed_at > ws.window_start AND k.checkpointed_at <= t.t_end) AS window_rows,
 		(SELECT coalesce(sum(extract(epoch FROM upper(z) - lower(z))), 0)::float8
 			FROM unnest(mr.working * tstzmultirange(tstzrange(ws.window_start, greatest(ws.window_start, t.t_end)))) z) AS window_working_seconds
-	FROM (SELECT greatest(r.created_at, least(t.t_end - interval '60 seconds', coalesce(
+	FROM (SELECT greatest(r.created_at, least(t.t_end - interval '20 seconds', coalesce(
 			(SELECT k.checkpointed_at FROM {s}.chunks k WHERE k.batch_id = r.batch_id AND k.checkpointed_at IS NOT NULL
 				ORDER BY k.checkpointed_at DESC OFFSET 20 LIMIT 1), r.created_at))) AS window_start) ws
 ) w
@@ -170,7 +170,7 @@ CROSS JOIN LATERAL (
 		* CASE WHEN c.rem_chunks > 0 THEN 1 - 0.5 * least(c.chunks_leased, c.rem_chunks)::float8 / c.rem_chunks ELSE 1 END AS remaining_rows
 ) rem;
 COMMENT ON VIEW {s}.run_progress IS
-	'Progress of each run: chunks by status; rows by outcome of the checkpointed (done or open) chunks as they stand; rows_processed (every checkpointed read, never decreasing); its time split into working, throttled, paused and idle (no live worker) seconds; rows/s over the recent window (the last 60 s or the last 20 checkpoints, whichever is longer, of working time) and overall (per working second); remaining_rows, the pending and failed chunks weighted by their span at the rows per span of the checkpointed ones (list chunks at their mean rows), a chunk in flight counted half done; and eta_seconds = remaining_rows / the recent rate (overall when the window has under 1 s of working time): the time left if the run works at that rate from now on, unthrottled and unpaused.';
+	'Progress of each run: chunks by status; rows by outcome of the checkpointed (done or open) chunks as they stand; rows_processed (every checkpointed read, never decreasing); its time split into working, throttled, paused and idle (no live worker) seconds; rows/s over the recent window (the last 20 s or the last 20 checkpoints, whichever is longer, of working time) and overall (per working second); remaining_rows, the pending and failed chunks weighted by their span at the rows per span of the checkpointed ones (list chunks at their mean rows), a chunk in flight counted half done; and eta_seconds = remaining_rows / the recent rate (overall when the window has under 1 s of working time): the time left if the run works at that rate from now on, unthrottled and unpaused.';
 `
 
 // StatusWindow describes the recent window of [Status.RecentRate]: the
@@ -178,7 +178,7 @@ COMMENT ON VIEW {s}.run_progress IS
 // checkpoints, whichever reaches further back; its rate is per second of
 // working time within it.
 const (
-	StatusWindowSeconds = 60
+	StatusWindowSeconds = 20
 	StatusWindowChunks  = 20
 )
 

@@ -260,7 +260,9 @@ func (t *throttler) setHeld(d int) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.held += d
-	close(t.changed)
+	if t.changed != nil {
+		close(t.changed)
+	}
 	t.changed = make(chan struct{})
 }
 
