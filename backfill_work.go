@@ -40,6 +40,7 @@ const (
 	// restarting later resumes it: the context was cancelled (SIGTERM),
 	// the database was unreachable for longer than the reconnect budget,
 	// chunks are open (they end after the horizon, see [ErrChunksOpen]),
+	// chunks are still pending when this worker ended ([ErrRunIncomplete]),
 	// the run was abandoned for a newer run of the job (restarting joins
 	// it), or the run is paused by a quality gate, a throttle's critical
 	// level or an operator ([ErrRunPaused]; it resumes after
@@ -145,7 +146,7 @@ func exitCode(ctx context.Context, rep Report, err error) ExitCode {
 		return ExitUsage
 	case rep.Status == RunFailed:
 		return ExitFailed
-	case errors.Is(err, ErrChunksOpen), errors.Is(err, ErrRunPaused), errors.Is(err, ErrRunAbandoned),
+	case errors.Is(err, ErrChunksOpen), errors.Is(err, ErrRunIncomplete), errors.Is(err, ErrRunPaused), errors.Is(err, ErrRunAbandoned),
 		rep.Status == RunPaused, ctx.Err() != nil, errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return ExitTempFail
 	case isConnectionError(err):

@@ -32,6 +32,7 @@ func TestExitCodeOfDeploymentErrors(t *testing.T) {
 		{"server shutting down", &pq.Error{Code: "57P01", Message: "terminating connection due to administrator command"}, ExitTempFail},
 		{"paused by an operator", fmt.Errorf("backfill: job %q batch 1: %w: paused by ann: lag", "j", ErrRunPaused), ExitTempFail},
 		{"cancelled by an operator", fmt.Errorf("backfill: job %q batch 1: %w: cancelled by ann: scope", "j", ErrRunCancelled), ExitCancelled},
+		{"chunks still pending", fmt.Errorf("backfill: job %q batch 1: %w (5 of 6 chunks done, 0 open)", "j", ErrRunIncomplete), ExitTempFail},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			require.Equal(t, c.want, exitCode(ctx, Report{}, c.err))
