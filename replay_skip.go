@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"fmt"
+	"math"
 	"slices"
 	"time"
 
@@ -76,16 +77,19 @@ import (
 
 // chunkFingerprint is an order-independent (multiset) hash of rows: their
 // count and two 64-bit lanes, each the sum modulo 2^64 of a lane of each
-// row's SHA-256. A sum, unlike XOR, does not cancel equal rows.
+// row's SHA-256. A sum, unlike XOR, does not cancel equal rows. buf is
+// the reused encoding of a row.
 type chunkFingerprint struct {
 	Rows int64
 	Sum  [2]uint64
+	buf  []byte
 }
 
 // add adds one converted row: the written columns of info, as
 // convertValue returns them (values[:info.Written]).
 func (f *chunkFingerprint) add(info TableInfo, values []any) {
-	sum := sourceRowHash(info, values)
+	f.buf = encodeSourceRow(f.buf[:0], info, values)
+	sum := sha256.Sum256(f.buf)
 	f.Rows++
 	f.Sum[0] += binary.BigEndian.Uint64(sum[0:8])
 	f.Sum[1] += binary.BigEndian.Uint64(sum[8:16])
@@ -97,31 +101,46 @@ func (f chunkFingerprint) String() string {
 	return fmt.Sprintf("%d:%016x:%016x", f.Rows, f.Sum[0], f.Sum[1])
 }
 
-// sourceRowHash returns the SHA-256 of every written column of a
-// converted row, key columns included, in column order; each column
-// contributes its position, a NULL marker, and for non-NULL values the
-// canonical form of rowHash (merge_hash.go): values the merge finds equal
-// hash alike (numeric 1.0 and 1.00, one instant in two zones).
-func sourceRowHash(info TableInfo, values []any) [sha256.Size]byte {
-	h := sha256.New()
-	var buf [8]byte
-	for i, col := range info.Columns[:info.Written] {
-		binary.BigEndian.PutUint64(buf[:], uint64(i))
-		h.Write(buf[:])
-		v := values[i]
-		if v == nil {
-			h.Write([]byte{0})
-			continue
+// encodeSourceRow appends to buf an unambiguous encoding of every written
+// column of a converted row, key columns included, in column order: per
+// column a NULL marker, then a type byte and the value's bytes, strings
+// and byte slices length-prefixed. The encoding is of the values as
+// converted, not canonical: a value written in another form (numeric text
+// 1.0 where the last load had 1.00, a time in another zone) encodes
+// differently, so the chunk counts as changed and is merged, which is
+// safe; the same extractor writing the same data encodes alike.
+func encodeSourceRow(buf []byte, info TableInfo, values []any) []byte {
+	for i := range info.Columns[:info.Written] {
+		switch x := values[i].(type) {
+		case nil:
+			buf = append(buf, 0)
+		case int64:
+			buf = binary.BigEndian.AppendUint64(append(buf, 'i'), uint64(x))
+		case float64:
+			buf = binary.BigEndian.AppendUint64(append(buf, 'f'), math.Float64bits(x))
+		case bool:
+			if x {
+				buf = append(buf, 'b', 1)
+			} else {
+				buf = append(buf, 'b', 0)
+			}
+		case string:
+			buf = binary.BigEndian.AppendUint64(append(buf, 's'), uint64(len(x)))
+			buf = append(buf, x...)
+		case []byte:
+			buf = binary.BigEndian.AppendUint64(append(buf, 'y'), uint64(len(x)))
+			buf = append(buf, x...)
+		case time.Time:
+			_, off := x.Zone()
+			buf = binary.BigEndian.AppendUint64(append(buf, 't'), uint64(x.UnixNano()))
+			buf = binary.BigEndian.AppendUint64(buf, uint64(int64(off)))
+		default:
+			family, text := canonical(info.Columns[i], x)
+			buf = binary.BigEndian.AppendUint64(append(buf, '?', family), uint64(len(text)))
+			buf = append(buf, text...)
 		}
-		family, text := canonical(col, v)
-		h.Write([]byte{1, family})
-		binary.BigEndian.PutUint64(buf[:], uint64(len(text)))
-		h.Write(buf[:])
-		h.Write([]byte(text))
 	}
-	var out [sha256.Size]byte
-	h.Sum(out[:0])
-	return out
+	return buf
 }
 
 // targetFingerprint returns the multiset hash of chunk c's target rows:
@@ -179,4 +198,18 @@ func targetFingerprint(ctx context.Context, tx sqlx.ExtContext, info TableInfo, 
 		return fingerprint{}, fmt.Errorf("backfill: chunk %s: target fingerprint: %w", c.ID, qerr)
 	}
 	return fp, nil
+}
+
+// fingerprintAdder sums the source fingerprint of the rows a row writer
+// stages, then passes them on to next (the chunk's stager or spool).
+type fingerprintAdder struct {
+	info TableInfo
+	fp   chunkFingerprint
+	next rowAdder
+}
+
+// Add implements rowAdder.
+func (a *fingerprintAdder) Add(ctx context.Context, row int64, values []any) error {
+	a.fp.add(a.info, values[:a.info.Written])
+	return a.next.Add(ctx, row, values)
 }
