@@ -3,6 +3,7 @@ package backfill
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -156,4 +157,78 @@ func TestSourceFingerprintIsAMultisetHash(t *testing.T) {
 	require.Equal(t, of([][]any{{int64(1), "x", nil, at}}), of([][]any{{int64(1), "x", nil, at.Add(0)}}))
 	require.NotEqual(t, of([][]any{{int64(1), "x", nil, at}}), of([][]any{{int64(1), "x", nil, at.In(paris)}}))
 	require.NotEqual(t, of([][]any{{int64(1), "x", nil, at}}), of([][]any{{int64(1), "x", nil, at.Add(time.Microsecond)}}))
+}
+
+// TestTargetFingerprintFollowsRuns: the premise of a skip, on the real
+// merge with lineage and an ingestion time: a replay of unchanged data
+// (Job.NewRun) leaves every chunk's target fingerprint as its load left
+// it, so a later replay can compare against it; a restatement that
+// changes one source row changes its chunk's fingerprint only.
+func TestTargetFingerprintFollowsRuns(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t)
+	db.MustExec(`CREATE TABLE fr (id bigint PRIMARY KEY, note text, amount numeric(12,2), ingested timestamptz,
+		backfill_inserted_by bigint, backfill_updated_by bigint)`)
+	changed := int64(-1)
+	job := func(newRun bool) Job {
+		return Job{
+			Name: "fr", Chunker: IntRange(0, 30, 10), ChunkColumn: "id", NewRun: newRun, Rollback: RollbackNone,
+			Extractor: ExtractorFunc(func(ctx context.Context, c Chunk, w RowWriter) error {
+				for id := c.Lo; id < c.Hi; id++ {
+					note := "n"
+					if id == changed {
+						note = "restated"
+					}
+					if err := w.Write(ctx, id, note, "1.50"); err != nil {
+						return err
+					}
+				}
+				return nil
+			}),
+			Target: Target{Table: "fr", Key: []string{"id"}, Columns: []string{"id", "note", "amount"}, IngestedAt: "ingested"},
+		}
+	}
+	r, err := New(db, &Config{Concurrency: 1})
+	require.NoError(t, err)
+	rep, err := r.Run(ctx, job(false))
+	require.NoError(t, err)
+	require.Equal(t, int64(30), rep.Counts.Inserted)
+	var info TableInfo
+	require.NoError(t, readTx(ctx, db, func(tx sqlx.ExtContext) error {
+		var err error
+		info, err = NewPGMerger().Prepare(ctx, tx, Target{Table: "fr", Key: []string{"id"}, Columns: []string{"id", "note", "amount"}, IngestedAt: "ingested"})
+		return err
+	}))
+	require.NotEmpty(t, info.Target.Lineage.UpdatedBy, "the default lineage columns are used")
+	fps := func() []fingerprint {
+		t.Helper()
+		var out []fingerprint
+		require.NoError(t, readTx(ctx, db, func(tx sqlx.ExtContext) error {
+			for i := range int64(3) {
+				fp, err := targetFingerprint(ctx, tx, info, "id", nil, Chunk{ID: fmt.Sprintf("int:%d/%d", i*10, i*10+10), Seq: int(i), Kind: KindInt, Lo: i * 10, Hi: i*10 + 10})
+				if err != nil {
+					return err
+				}
+				out = append(out, fp)
+			}
+			return nil
+		}))
+		return out
+	}
+	loaded := fps()
+
+	rep, err = r.Run(ctx, job(true))
+	require.NoError(t, err)
+	require.Equal(t, int64(30), rep.Counts.Unchanged)
+	require.Equal(t, loaded, fps(), "an unchanged replay leaves the target fingerprints")
+
+	changed = 15
+	rep, err = r.Run(ctx, job(true))
+	require.NoError(t, err)
+	require.Equal(t, int64(1), rep.Counts.Updated)
+	after := fps()
+	require.Equal(t, loaded[0], after[0])
+	require.NotEqual(t, loaded[1], after[1], "the restated chunk")
+	require.Equal(t, loaded[2], after[2])
 }
