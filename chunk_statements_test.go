@@ -105,4 +105,27 @@ func TestChunkTransactionStatements(t *testing.T) {
 		t.Logf("chunk transaction: %d statements", len(tx.stmts))
 	}
 	require.Equal(t, 3, chunks, "chunk transactions with a COPY")
+
+	// Nothing reads every chunk's state after each chunk: a job of 9
+	// chunks reads the whole chunk list as often as one of 3.
+	fullReads := func() (n int) {
+		sdb.mu.Lock()
+		defer sdb.mu.Unlock()
+		for _, tx := range sdb.txs {
+			for _, q := range tx.stmts {
+				if strings.Contains(q, ".chunks WHERE batch_id = $1 ORDER BY seq") {
+					n++
+				}
+			}
+		}
+		sdb.txs = nil
+		return n
+	}
+	three := fullReads()
+	job9 := liveJob(nil)
+	job9.Name = "live9"
+	job9.Chunker = IntRange(0, 90, 10)
+	_, err = r.Run(ctx, job9)
+	require.NoError(t, err)
+	require.Equal(t, three, fullReads(), "full reads of the chunk list in a run of 3 chunks and in one of 9")
 }
