@@ -60,7 +60,7 @@ func (s *spool) Add(ctx context.Context, row int64, values []any) error {
 			}
 			size += len(x) + 24
 		case string:
-			vs[i] = x
+			vs[i] = v // the interface as it came: boxing x again would allocate
 			size += len(x) + 16
 		default:
 			vs[i] = v

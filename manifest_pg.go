@@ -848,6 +848,22 @@ func (m *PGManifest) FinishRun(ctx context.Context, db sqlx.ExtContext, batchID 
 	return run, nil
 }
 
+// loadedTotals sums the rows read and rejected of batchID's done and open
+// chunks (see loadedTotaler), in one aggregate.
+func (m *PGManifest) loadedTotals(ctx context.Context, db sqlx.ExtContext, batchID int64) (Counts, error) {
+	var sum struct {
+		Read     int64 `db:"read"`
+		Rejected int64 `db:"rejected"`
+	}
+	if err := readTx(ctx, db, func(tx sqlx.ExtContext) error {
+		return sqlx.GetContext(ctx, tx, &sum, m.sql(`SELECT coalesce(sum(rows_read), 0)::int8 AS read, coalesce(sum(rows_rejected), 0)::int8 AS rejected
+			FROM {s}.chunks WHERE batch_id = $1 AND status IN ('done', 'open')`), batchID)
+	}); err != nil {
+		return Counts{}, fmt.Errorf("backfill: totals of batch %d: %w", batchID, err)
+	}
+	return Counts{Read: sum.Read, Rejected: sum.Rejected}, nil
+}
+
 // Chunks implements [Manifest.Chunks].
 func (m *PGManifest) Chunks(ctx context.Context, db sqlx.ExtContext, batchID int64) ([]ChunkState, error) {
 	var rows []pgChunkRow

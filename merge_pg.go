@@ -812,22 +812,26 @@ func (s *pgStager) checkIntervals(ctx context.Context) error {
 // ([Config.StatementTimeout] when set). Likewise the lock_timeout of the
 // try (backfill.lock_timeout), which the key locks (lockKeys) set to 0.
 func (s *pgStager) plannerSettings(ctx context.Context) (restore func(context.Context) error, err error) {
-	var prev struct {
-		SeqScan string `db:"seqscan"`
-		JIT     string `db:"jit"`
-	}
-	if err := sqlx.GetContext(ctx, s.tx, &prev, `SELECT current_setting('enable_seqscan') AS seqscan, current_setting('jit') AS jit
-		FROM (SELECT set_config('enable_hashjoin', 'off', true), set_config('enable_mergejoin', 'off', true),
+	// One statement (issue 15, per-chunk round trips): the subquery
+	// (OFFSET 0 keeps it a subquery, evaluated before the outer target
+	// list) keeps enable_seqscan and jit as they were in transaction-local
+	// custom settings, and sets the others; the outer list then turns
+	// enable_seqscan and jit off. restore puts them back from the saved
+	// settings, without parameters (one round trip). Everything is local
+	// to the chunk's transaction, as a pooler in transaction mode needs.
+	if _, err := s.tx.ExecContext(ctx, `SELECT set_config('enable_seqscan', 'off', true), set_config('jit', 'off', true)
+		FROM (SELECT set_config('backfill.enable_seqscan', current_setting('enable_seqscan'), true),
+			set_config('backfill.jit', current_setting('jit'), true),
+			set_config('enable_hashjoin', 'off', true), set_config('enable_mergejoin', 'off', true),
 			set_config('extra_float_digits', greatest(current_setting('extra_float_digits')::int, 1)::text, true),
 			set_config('statement_timeout', coalesce(nullif(current_setting('backfill.statement_timeout', true), ''), current_setting('statement_timeout')), true),
-			set_config('lock_timeout', coalesce(nullif(current_setting('backfill.lock_timeout', true), ''), current_setting('lock_timeout')), true)) x`); err != nil {
-		return nil, err
-	}
-	if _, err := s.tx.ExecContext(ctx, `SELECT set_config('enable_seqscan', 'off', true), set_config('jit', 'off', true)`); err != nil {
+			set_config('lock_timeout', coalesce(nullif(current_setting('backfill.lock_timeout', true), ''), current_setting('lock_timeout')), true)
+			OFFSET 0) x`); err != nil {
 		return nil, err
 	}
 	return func(ctx context.Context) error {
-		_, err := s.tx.ExecContext(ctx, `SELECT set_config('enable_seqscan', $1, true), set_config('jit', $2, true)`, prev.SeqScan, prev.JIT)
+		_, err := s.tx.ExecContext(ctx, `SELECT set_config('enable_seqscan', current_setting('backfill.enable_seqscan'), true),
+			set_config('jit', current_setting('backfill.jit'), true)`)
 		return err
 	}, nil
 }

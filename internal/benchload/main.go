@@ -43,6 +43,9 @@ type options struct {
 	libOptions string
 	// libConcurrency is the library's Config.Concurrency.
 	libConcurrency int
+	// durable starts the throwaway server with production durability
+	// (fsync, full_page_writes, synchronous_commit on).
+	durable bool
 }
 
 func main() {
@@ -71,6 +74,7 @@ func main() {
 	flag.IntVar(&o.libConcurrency, "lib-concurrency", 1, "the library's Config.Concurrency (chunks in flight, each on its own connection); the baseline is always sequential")
 	flag.IntVar(&c.concurrency, "concurrency", 1, "internal (child): library Config.Concurrency")
 	flag.StringVar(&c.pgOptions, "pgoptions", "", "internal (child): PostgreSQL startup options of the load's connections")
+	flag.BoolVar(&o.durable, "durable", false, "throwaway server only: keep production durability (fsync, full_page_writes, synchronous_commit on) instead of trading it for speed")
 	flag.Parse()
 
 	if c.variant != "" {

@@ -91,7 +91,7 @@ func runParent(o options) error {
 	if b.adminURL == "" {
 		progress("DATABASE_URL is unset: starting a throwaway server (pgtest.Start)")
 		sctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-		srv, err := pgtest.Start(sctx)
+		srv, err := pgtest.StartWith(sctx, pgtest.Options{Durable: o.durable})
 		cancel()
 		if err != nil {
 			return err
@@ -103,6 +103,9 @@ func runParent(o options) error {
 		}()
 		b.adminURL = srv.URL()
 		b.facts.Server = "throwaway (pgtest.Start: fsync=off, synchronous_commit=off, full_page_writes=off)"
+		if o.durable {
+			b.facts.Server = "throwaway, durable (pgtest.StartWith Durable: fsync, full_page_writes, synchronous_commit on)"
+		}
 	}
 	if err := b.createDB(ctx); err != nil {
 		return err

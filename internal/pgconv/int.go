@@ -45,6 +45,9 @@ func ToInt(v any, lo, hi int64, name string) (any, string) {
 	if n < lo || n > hi {
 		return nil, "out of range for type " + name
 	}
+	if _, ok := v.(int64); ok {
+		return v, "" // the int64 as it came, without boxing it again
+	}
 	return n, ""
 }
 

@@ -29,5 +29,12 @@ func convertTimeOfDay(col *Column, v, src any) (any, string) {
 // sources are normalised this way; coarser sources (milliseconds,
 // seconds) are exact.
 func TruncMicro(t time.Time) time.Time {
-	return t.Truncate(time.Microsecond)
+	// The same as t.Truncate(time.Microsecond), without its division:
+	// whole seconds are whole microseconds since the zero time, so the
+	// nanoseconds below the microsecond are what truncation removes.
+	t = t.Round(0) // drop the monotonic reading, as Truncate does
+	if ns := t.Nanosecond() % 1000; ns != 0 {
+		t = t.Add(-time.Duration(ns))
+	}
+	return t
 }

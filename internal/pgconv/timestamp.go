@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"fmt"
 	"strconv"
-	"strings"
 	"time"
 )
 
@@ -129,13 +128,11 @@ func convertTime(col *Column, x time.Time) (any, string) {
 		x = x.UTC()
 	}
 	if y := x.Year(); y >= 1 && y <= 9999 {
-		switch col.BaseType {
-		case "date":
-			return x.Format("2006-01-02"), ""
-		case "timestamp":
-			return x.Format("2006-01-02 15:04:05.999999"), ""
-		}
-		return x.Format(time.RFC3339Nano), ""
+		// The common case, in the same form as below (time.Format's
+		// layouts "2006-01-02", "2006-01-02 15:04:05.999999" and
+		// RFC3339Nano in UTC print the same text, at several times the
+		// cost).
+		return formatPGTime(col.BaseType, x), ""
 	}
 	if s, ok := infinity(x); ok {
 		return s, ""
@@ -182,9 +179,18 @@ func formatPGTime(base string, t time.Time) string {
 		b = append(b, ':')
 		b = append2(b, t.Second())
 		if us := t.Nanosecond() / 1000; us != 0 {
-			frac := strconv.Itoa(1_000_000 + us)[1:]
+			// Six digits, without the trailing zeros.
+			var frac [6]byte
+			for i := 5; i >= 0; i-- {
+				frac[i] = byte('0' + us%10)
+				us /= 10
+			}
+			n := 6
+			for frac[n-1] == '0' {
+				n--
+			}
 			b = append(b, '.')
-			b = append(b, strings.TrimRight(frac, "0")...)
+			b = append(b, frac[:n]...)
 		}
 		if base == "timestamptz" {
 			b = append(b, 'Z')
