@@ -258,6 +258,10 @@ COMMENT ON VIEW {s}.completed_batches IS
 	// 17: progress: chunks' processed rows, reads and checkpoint times;
 	// the run_progress and chunks_in_flight views (manifest_status.go).
 	migrationStatus,
+	// 18: the indexes of claims and of live leases, so that a claim
+	// stays flat as done chunks accumulate (manifest_worker.go,
+	// claimQuery).
+	migrationClaimable,
 }
 
 func (m *PGManifest) sql(q string) string {
@@ -622,10 +626,41 @@ func (m *PGManifest) createRun(ctx context.Context, tx sqlx.ExtContext, plan Pla
 	if err != nil {
 		return Run{}, fmt.Errorf("insert chunks: %w", err)
 	}
+	if n >= analyzeChunksAt {
+		if err := m.analyzeChunks(ctx, tx); err != nil {
+			return Run{}, fmt.Errorf("analyze chunks: %w", err)
+		}
+	}
 	if err := m.event(ctx, tx, pgEvent{batchID: run.BatchID, job: plan.Job, kind: "run_started", actor: worker, detail: map[string]any{"fingerprint": plan.Fingerprint, "chunks": n}}); err != nil {
 		return Run{}, err
 	}
 	return run, nil
+}
+
+// analyzeChunksAt is the number of chunks from which createRun analyzes
+// the chunks table after inserting a plan's chunks.
+const analyzeChunksAt = 1000
+
+// analyzeChunks runs ANALYZE of the chunks table in tx (which sees the
+// chunks tx inserted) when the session's role may: the table's owner or
+// a member of its role (PostgreSQL before 17 has no MAINTAIN privilege;
+// another role skips it, and the autovacuum's analyze of the table
+// follows). Without statistics the planner takes a new plan's chunks
+// for a handful of rows and claims them with a bitmap scan and a sort of
+// every pending chunk (claimQuery), instead of the first entry of the
+// index chunks_claimable. SKIP_LOCKED: a VACUUM or ANALYZE of the table
+// in progress is not waited for.
+func (m *PGManifest) analyzeChunks(ctx context.Context, tx sqlx.ExtContext) error {
+	var owner bool
+	if err := sqlx.GetContext(ctx, tx, &owner, `SELECT pg_has_role(relowner, 'USAGE') FROM pg_class WHERE oid = $1::regclass`,
+		m.sql(`{s}.chunks`)); err != nil {
+		return err
+	}
+	if !owner {
+		return nil
+	}
+	_, err := tx.ExecContext(ctx, m.sql(`ANALYZE (SKIP_LOCKED) {s}.chunks`))
+	return err
 }
 
 // pgEvent is a row of the events table: what happened (kind) to a run of
