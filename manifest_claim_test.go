@@ -74,3 +74,44 @@ func TestClaimWalksClaimableIndex(t *testing.T) {
 	}
 	check("nearly done", n-10)
 }
+
+// TestStartRunLongPlan: a plan of more chunks than one insert statement
+// takes (insertChunksBatch) is recorded whole, each chunk once and in
+// order, and resumes as the same run.
+func TestStartRunLongPlan(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t)
+	pm := NewPGManifest("")
+	if err := pm.Init(ctx, db); err != nil {
+		t.Fatal(err)
+	}
+	n := 2*insertChunksBatch + 3
+	ch := IntRange(0, int64(n)*2, 2)
+	chunks, err := ch.Chunks(ctx)
+	if err != nil || len(chunks) != n {
+		t.Fatalf("chunks: %d, %v", len(chunks), err)
+	}
+	job := Job{Name: "long", Chunker: ch, Target: Target{Table: "t", Key: []string{"id"}}}
+	plan := NewPlan(job, TableInfo{Target: job.Target}, chunks)
+	run, _, err := pm.StartRun(ctx, db, plan, "w", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got struct {
+		N, Seqs, IDs, Bad int
+		Min, Max          int
+	}
+	if err := db.Get(&got, `SELECT count(*) AS n, count(DISTINCT seq) AS seqs, count(DISTINCT chunk_id) AS ids,
+		count(*) FILTER (WHERE lo <> seq * 2 OR hi <> seq * 2 + 2 OR chunk_id <> 'int:' || lo || '/' || hi OR status <> 'pending') AS bad,
+		min(seq), max(seq) FROM backfill.chunks WHERE batch_id = $1`, run.BatchID); err != nil {
+		t.Fatal(err)
+	}
+	if got.N != n || got.Seqs != n || got.IDs != n || got.Bad != 0 || got.Min != 0 || got.Max != n-1 {
+		t.Fatalf("chunks recorded: %+v, want %d in order", got, n)
+	}
+	again, resumed, err := pm.StartRun(ctx, db, plan, "w", false)
+	if err != nil || !resumed || again.BatchID != run.BatchID {
+		t.Fatalf("resume: batch %d (want %d), resumed %v, %v", again.BatchID, run.BatchID, resumed, err)
+	}
+}

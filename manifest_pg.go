@@ -599,11 +599,38 @@ func (m *PGManifest) createRun(ctx context.Context, tx sqlx.ExtContext, plan Pla
 		return Run{}, err
 	}
 	n := len(plan.Chunks)
+	for part := plan.Chunks; len(part) > 0; {
+		k := min(len(part), insertChunksBatch)
+		if err := m.insertChunks(ctx, tx, run.BatchID, part[:k]); err != nil {
+			return Run{}, fmt.Errorf("insert chunks: %w", err)
+		}
+		part = part[k:]
+	}
+	if n >= analyzeChunksAt {
+		if err := m.analyzeChunks(ctx, tx); err != nil {
+			return Run{}, fmt.Errorf("analyze chunks: %w", err)
+		}
+	}
+	if err := m.event(ctx, tx, pgEvent{batchID: run.BatchID, job: plan.Job, kind: "run_started", actor: worker, detail: map[string]any{"fingerprint": plan.Fingerprint, "chunks": n}}); err != nil {
+		return Run{}, err
+	}
+	return run, nil
+}
+
+// insertChunksBatch is the number of chunks createRun inserts per
+// statement: the statement's parameters (ten arrays, as text) of a long
+// plan are built a batch at a time, not all at once.
+const insertChunksBatch = 10_000
+
+// insertChunks inserts chunks, pending, into batch batchID, in one
+// statement.
+func (m *PGManifest) insertChunks(ctx context.Context, tx sqlx.ExtContext, batchID int64, chunks []Chunk) error {
+	n := len(chunks)
 	seqs := make([]int64, n)
 	ids, kinds, lows, ups, items := make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]sql.NullString, n)
 	starts, ends := make([]sql.NullString, n), make([]sql.NullString, n)
 	los, his := make([]sql.NullInt64, n), make([]sql.NullInt64, n)
-	for i, c := range plan.Chunks {
+	for i, c := range chunks {
 		seqs[i], ids[i], kinds[i] = int64(c.Seq), c.ID, string(c.Kind)
 		lows[i], ups[i] = c.Bounds()
 		switch c.Kind {
@@ -617,24 +644,13 @@ func (m *PGManifest) createRun(ctx context.Context, tx sqlx.ExtContext, plan Pla
 			items[i] = sql.NullString{String: c.Item, Valid: true}
 		}
 	}
-	_, err = tx.ExecContext(ctx, m.sql(`INSERT INTO {s}.chunks
+	_, err := tx.ExecContext(ctx, m.sql(`INSERT INTO {s}.chunks
 		(batch_id, seq, chunk_id, kind, lower_bound, upper_bound, start_at, end_at, lo, hi, item)
 		SELECT $1, u.* FROM unnest($2::int[], $3::text[], $4::text[], $5::text[], $6::text[],
 			$7::timestamptz[], $8::timestamptz[], $9::bigint[], $10::bigint[], $11::text[]) AS u`),
-		run.BatchID, pq.Array(seqs), pq.Array(ids), pq.Array(kinds), pq.Array(lows), pq.Array(ups),
+		batchID, pq.Array(seqs), pq.Array(ids), pq.Array(kinds), pq.Array(lows), pq.Array(ups),
 		pq.Array(starts), pq.Array(ends), pq.Array(los), pq.Array(his), pq.Array(items))
-	if err != nil {
-		return Run{}, fmt.Errorf("insert chunks: %w", err)
-	}
-	if n >= analyzeChunksAt {
-		if err := m.analyzeChunks(ctx, tx); err != nil {
-			return Run{}, fmt.Errorf("analyze chunks: %w", err)
-		}
-	}
-	if err := m.event(ctx, tx, pgEvent{batchID: run.BatchID, job: plan.Job, kind: "run_started", actor: worker, detail: map[string]any{"fingerprint": plan.Fingerprint, "chunks": n}}); err != nil {
-		return Run{}, err
-	}
-	return run, nil
+	return err
 }
 
 // analyzeChunksAt is the number of chunks from which createRun analyzes
