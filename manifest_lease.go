@@ -41,6 +41,19 @@ COMMENT ON COLUMN {s}.chunks.lease_epoch IS
 	'Incremented by each lease of the chunk: the chunk''s transaction commits only while lease_key and lease_epoch are still its worker''s.';
 `
 
+// migrationClaimable is manifest migration 18: an index of the chunks a
+// claim can take (pending or open) in seq order, which claimQuery and
+// leaseChunk walk from the first and stop at the first claimable row,
+// and an index of the chunks holding a lease, which leaseChunk counts
+// for the job-wide concurrency cap. Both stay small: a done chunk leaves
+// them, a lease is cleared when its chunk commits. chunks_claimable
+// replaces chunks_pending (status = 'pending' implies its predicate).
+const migrationClaimable = `
+CREATE INDEX chunks_claimable ON {s}.chunks (batch_id, seq) WHERE status IN ('pending', 'open');
+CREATE INDEX chunks_leased ON {s}.chunks (batch_id) WHERE lease_key IS NOT NULL;
+DROP INDEX {s}.chunks_pending;
+`
+
 // chunkLease is a chunk leased by a worker.
 type chunkLease struct {
 	state ChunkState
@@ -102,16 +115,7 @@ func (m *PGManifest) leaseChunk(ctx context.Context, db sqlx.ExtContext, batchID
 				return nil
 			}
 		}
-		return sqlx.SelectContext(ctx, tx, &rows, m.sql(`UPDATE {s}.chunks SET lease_key = $3, lease_epoch = lease_epoch + 1, leased_at = now()
-			WHERE batch_id = $1 AND seq = (SELECT c.seq FROM {s}.chunks c
-				WHERE c.batch_id = $1 AND (c.status = 'pending' OR c.status = 'open'
-					AND c.open_call < (SELECT calls FROM {s}.runs WHERE batch_id = $1 AND status = 'running'))
-				AND EXISTS (SELECT 1 FROM {s}.runs WHERE batch_id = $1 AND status = 'running')
-				AND NOT (c.seq = ANY ($2::int[]))
-				AND (c.lease_key = $3 OR NOT (`+liveLease("$4")+`))
-				ORDER BY c.seq LIMIT 1 FOR UPDATE SKIP LOCKED)
-			AND set_config('synchronous_commit', 'local', true) IS NOT NULL
-			RETURNING `+chunkColumns+`, lease_epoch`), batchID, pq.Array(avoid), l.key, l.staleAfter.Seconds())
+		return sqlx.SelectContext(ctx, tx, &rows, m.sql(leaseQuery), batchID, pq.Array(avoid), l.key, l.staleAfter.Seconds())
 	})
 	if err != nil {
 		return chunkLease{}, false, false, fmt.Errorf("backfill: lease chunk of batch %d: %w", batchID, err)
@@ -121,6 +125,21 @@ func (m *PGManifest) leaseChunk(ctx context.Context, db sqlx.ExtContext, batchID
 	}
 	return chunkLease{state: rows[0].state(), epoch: rows[0].Epoch}, true, false, nil
 }
+
+// leaseQuery leases the first claimable chunk of batch $1 (claimQuery's
+// conditions, and the same walk of the index chunks_claimable) not in $2
+// (int[]) whose lease is free, not live ($4: the stale bound in seconds)
+// or key $3's own, and returns it with its new lease_epoch.
+var leaseQuery = `UPDATE {s}.chunks SET lease_key = $3, lease_epoch = lease_epoch + 1, leased_at = now()
+			WHERE batch_id = $1 AND seq = (SELECT c.seq FROM {s}.chunks c
+				WHERE c.batch_id = $1 AND c.status IN ('pending', 'open')
+					AND (c.status = 'pending' OR c.open_call < (SELECT calls FROM {s}.runs WHERE batch_id = $1 AND status = 'running'))
+				AND EXISTS (SELECT 1 FROM {s}.runs WHERE batch_id = $1 AND status = 'running')
+				AND NOT (c.seq = ANY ($2::int[]))
+				AND (c.lease_key = $3 OR NOT (` + liveLease("$4") + `))
+				ORDER BY c.seq LIMIT 1 FOR UPDATE SKIP LOCKED)
+			AND set_config('synchronous_commit', 'local', true) IS NOT NULL
+			RETURNING ` + chunkColumns + `, lease_epoch`
 
 // fenceLease is the fence of a leased chunk's transaction tx: with the
 // settings of the lease (claimLeased's, set first), it locks the chunk's

@@ -258,6 +258,10 @@ COMMENT ON VIEW {s}.completed_batches IS
 	// 17: progress: chunks' processed rows, reads and checkpoint times;
 	// the run_progress and chunks_in_flight views (manifest_status.go).
 	migrationStatus,
+	// 18: the indexes of claims and of live leases, so that a claim
+	// stays flat as done chunks accumulate (manifest_worker.go,
+	// claimQuery).
+	migrationClaimable,
 }
 
 func (m *PGManifest) sql(q string) string {
@@ -595,11 +599,38 @@ func (m *PGManifest) createRun(ctx context.Context, tx sqlx.ExtContext, plan Pla
 		return Run{}, err
 	}
 	n := len(plan.Chunks)
+	for part := plan.Chunks; len(part) > 0; {
+		k := min(len(part), insertChunksBatch)
+		if err := m.insertChunks(ctx, tx, run.BatchID, part[:k]); err != nil {
+			return Run{}, fmt.Errorf("insert chunks: %w", err)
+		}
+		part = part[k:]
+	}
+	if n >= analyzeChunksAt {
+		if err := m.analyzeChunks(ctx, tx); err != nil {
+			return Run{}, fmt.Errorf("analyze chunks: %w", err)
+		}
+	}
+	if err := m.event(ctx, tx, pgEvent{batchID: run.BatchID, job: plan.Job, kind: "run_started", actor: worker, detail: map[string]any{"fingerprint": plan.Fingerprint, "chunks": n}}); err != nil {
+		return Run{}, err
+	}
+	return run, nil
+}
+
+// insertChunksBatch is the number of chunks createRun inserts per
+// statement: the statement's parameters (ten arrays, as text) of a long
+// plan are built a batch at a time, not all at once.
+const insertChunksBatch = 10_000
+
+// insertChunks inserts chunks, pending, into batch batchID, in one
+// statement.
+func (m *PGManifest) insertChunks(ctx context.Context, tx sqlx.ExtContext, batchID int64, chunks []Chunk) error {
+	n := len(chunks)
 	seqs := make([]int64, n)
 	ids, kinds, lows, ups, items := make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]sql.NullString, n)
 	starts, ends := make([]sql.NullString, n), make([]sql.NullString, n)
 	los, his := make([]sql.NullInt64, n), make([]sql.NullInt64, n)
-	for i, c := range plan.Chunks {
+	for i, c := range chunks {
 		seqs[i], ids[i], kinds[i] = int64(c.Seq), c.ID, string(c.Kind)
 		lows[i], ups[i] = c.Bounds()
 		switch c.Kind {
@@ -613,19 +644,39 @@ func (m *PGManifest) createRun(ctx context.Context, tx sqlx.ExtContext, plan Pla
 			items[i] = sql.NullString{String: c.Item, Valid: true}
 		}
 	}
-	_, err = tx.ExecContext(ctx, m.sql(`INSERT INTO {s}.chunks
+	_, err := tx.ExecContext(ctx, m.sql(`INSERT INTO {s}.chunks
 		(batch_id, seq, chunk_id, kind, lower_bound, upper_bound, start_at, end_at, lo, hi, item)
 		SELECT $1, u.* FROM unnest($2::int[], $3::text[], $4::text[], $5::text[], $6::text[],
 			$7::timestamptz[], $8::timestamptz[], $9::bigint[], $10::bigint[], $11::text[]) AS u`),
-		run.BatchID, pq.Array(seqs), pq.Array(ids), pq.Array(kinds), pq.Array(lows), pq.Array(ups),
+		batchID, pq.Array(seqs), pq.Array(ids), pq.Array(kinds), pq.Array(lows), pq.Array(ups),
 		pq.Array(starts), pq.Array(ends), pq.Array(los), pq.Array(his), pq.Array(items))
-	if err != nil {
-		return Run{}, fmt.Errorf("insert chunks: %w", err)
+	return err
+}
+
+// analyzeChunksAt is the number of chunks from which createRun analyzes
+// the chunks table after inserting a plan's chunks.
+const analyzeChunksAt = 1000
+
+// analyzeChunks runs ANALYZE of the chunks table in tx (which sees the
+// chunks tx inserted) when the session's role may: the table's owner or
+// a member of its role (PostgreSQL before 17 has no MAINTAIN privilege;
+// another role skips it, and the autovacuum's analyze of the table
+// follows). Without statistics the planner takes a new plan's chunks
+// for a handful of rows and claims them with a bitmap scan and a sort of
+// every pending chunk (claimQuery), instead of the first entry of the
+// index chunks_claimable. SKIP_LOCKED: a VACUUM or ANALYZE of the table
+// in progress is not waited for.
+func (m *PGManifest) analyzeChunks(ctx context.Context, tx sqlx.ExtContext) error {
+	var owner bool
+	if err := sqlx.GetContext(ctx, tx, &owner, `SELECT pg_has_role(relowner, 'USAGE') FROM pg_class WHERE oid = $1::regclass`,
+		m.sql(`{s}.chunks`)); err != nil {
+		return err
 	}
-	if err := m.event(ctx, tx, pgEvent{batchID: run.BatchID, job: plan.Job, kind: "run_started", actor: worker, detail: map[string]any{"fingerprint": plan.Fingerprint, "chunks": n}}); err != nil {
-		return Run{}, err
+	if !owner {
+		return nil
 	}
-	return run, nil
+	_, err := tx.ExecContext(ctx, m.sql(`ANALYZE (SKIP_LOCKED) {s}.chunks`))
+	return err
 }
 
 // pgEvent is a row of the events table: what happened (kind) to a run of

@@ -280,6 +280,20 @@ func (l lease) settings() (appName, keepIdle, keepInterval, keepCount, userTimeo
 		fmt.Sprint(l.staleAfter.Milliseconds())
 }
 
+// claimQuery selects and locks the first claimable chunk of batch $1
+// not in $2 (int[]): pending, or open and left by an earlier call of the
+// run, while the run is running. Its condition status IN ('pending',
+// 'open') is the predicate of the index chunks_claimable (migration 18),
+// so that the planner walks that index in seq order and stops at the
+// first claimable row, however many chunks of the batch are done, also
+// on a chunks table never analyzed.
+const claimQuery = `SELECT ` + chunkColumns + ` FROM {s}.chunks
+		WHERE batch_id = $1 AND status IN ('pending', 'open')
+			AND (status = 'pending' OR open_call < (SELECT calls FROM {s}.runs WHERE batch_id = $1 AND status = 'running'))
+		AND EXISTS (SELECT 1 FROM {s}.runs WHERE batch_id = $1 AND status = 'running')
+		AND NOT (seq = ANY ($2::int[]))
+		ORDER BY seq LIMIT 1 FOR UPDATE SKIP LOCKED`
+
 // claimLeased claims like ClaimChunk, in one statement that also checks
 // the run's status (without locking the run's row) and sets the chunk
 // transaction's lease settings:
@@ -324,12 +338,6 @@ func (m *PGManifest) claimLeased(ctx context.Context, tx sqlx.ExtContext, batchI
 	for i, seq := range l.avoid {
 		avoid[i] = int64(seq)
 	}
-	const claim = `SELECT ` + chunkColumns + ` FROM {s}.chunks
-		WHERE batch_id = $1 AND (status = 'pending' OR status = 'open'
-			AND open_call < (SELECT calls FROM {s}.runs WHERE batch_id = $1 AND status = 'running'))
-		AND EXISTS (SELECT 1 FROM {s}.runs WHERE batch_id = $1 AND status = 'running')
-		AND NOT (seq = ANY ($2::int[]))
-		ORDER BY seq LIMIT 1 FOR UPDATE SKIP LOCKED`
 	// The settings: the lease's (with a worker key), and the timeouts.
 	// statement_timeout is 0 until the merge puts back
 	// backfill.statement_timeout: the configured value, or the session's.
@@ -347,7 +355,7 @@ func (m *PGManifest) claimLeased(ctx context.Context, tx sqlx.ExtContext, batchI
 			AND set_config('tcp_user_timeout', $9, true) IS NOT NULL`
 		args = append(args, app, kIdle, kInt, kCount, userTO)
 	}
-	err := sqlx.SelectContext(ctx, tx, &rows, m.sql(`SELECT c.*, pg_backend_pid() AS backend_pid FROM (`+claim+`) c WHERE `+settings), args...)
+	err := sqlx.SelectContext(ctx, tx, &rows, m.sql(`SELECT c.*, pg_backend_pid() AS backend_pid FROM (`+claimQuery+`) c WHERE `+settings), args...)
 	if err != nil {
 		return ChunkState{}, 0, false, fmt.Errorf("backfill: claim chunk of batch %d: %w", batchID, err)
 	}
