@@ -154,11 +154,17 @@ func TestShortLockTimeoutStillNamesTheBlocker(t *testing.T) {
 	// The last wait may have ended as the lock was released.
 	for _, w := range waits[:len(waits)-1] {
 		require.Equal(t, "55P03", w.SQLState)
+		// Named by the watcher (pg_blocking_pids, no mode) or, when the
+		// wait ended before its sample, by the holder of the conflicting
+		// lock (with its mode).
 		var names []string
 		for _, b := range w.Blockers {
-			names = append(names, fmt.Sprintf("%d %s %s", b.PID, b.ApplicationName, b.Mode))
+			names = append(names, fmt.Sprintf("%d %s", b.PID, b.ApplicationName))
+			if b.Mode != "" {
+				require.Equal(t, "ExclusiveLock", b.Mode)
+			}
 		}
-		require.Contains(t, names, fmt.Sprintf("%d the-locker ExclusiveLock", lockerPID), "try %d names no blocker: %+v", w.Try, w.Blockers)
+		require.Contains(t, names, fmt.Sprintf("%d the-locker", lockerPID), "try %d names no blocker: %+v", w.Try, w.Blockers)
 	}
 }
 
