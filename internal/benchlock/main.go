@@ -84,26 +84,9 @@ func run(o options) error {
 	if err != nil {
 		return err
 	}
-	url := os.Getenv("DATABASE_URL")
-	if url == "" {
-		c, err := pgtest.StartWith(ctx, pgtest.Options{Durable: !*fast})
-		if err != nil {
-			return err
-		}
-		defer func() { _ = c.Stop() }()
-		url = c.URL()
-	}
-	db, err := sqlx.Open("postgres", url)
+	db, url, settings, stop, err := benchpg.Open(ctx, *fast, o.concurrency+8, "fsync", "synchronous_commit", "full_page_writes")
+	defer stop()
 	if err != nil {
-		return err
-	}
-	defer db.Close()
-	db.SetMaxOpenConns(o.concurrency + 8)
-	var settings []struct {
-		Name  string `db:"name"`
-		Value string `db:"setting"`
-	}
-	if err := db.Select(&settings, `SELECT name, setting FROM pg_settings WHERE name IN ('fsync', 'synchronous_commit', 'full_page_writes', 'server_version') ORDER BY name`); err != nil {
 		return err
 	}
 	if _, err := db.Exec(`DROP TABLE IF EXISTS bench_target; DROP SCHEMA IF EXISTS backfill CASCADE;

@@ -1,7 +1,8 @@
 // Package benchpg holds what the benchmark programs that run a backfill
 // beside pgbench share (internal/benchlock, internal/benchprobe): the
 // pgbench connection flags of a URL, and pgbench's per-transaction logs
-// (-l) read back into latencies, windows and percentiles.
+// (-l) read back into latencies, windows and percentiles, and the server
+// they run against (Open).
 package benchpg
 
 import (

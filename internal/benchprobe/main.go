@@ -147,26 +147,9 @@ func run(o options) error {
 	if err != nil {
 		return err
 	}
-	url := os.Getenv("DATABASE_URL")
-	if url == "" {
-		c, err := pgtest.StartWith(ctx, pgtest.Options{Durable: !*fast})
-		if err != nil {
-			return err
-		}
-		defer func() { _ = c.Stop() }()
-		url = c.URL()
-	}
-	db, err := sqlx.Open("postgres", url)
+	db, url, settings, stop, err := benchpg.Open(ctx, *fast, o.concurrency+8, "fsync", "synchronous_commit", "full_page_writes", "shared_buffers", "max_wal_size")
+	defer stop()
 	if err != nil {
-		return err
-	}
-	defer db.Close()
-	db.SetMaxOpenConns(o.concurrency + 8)
-	var settings []struct {
-		Name  string `db:"name"`
-		Value string `db:"setting"`
-	}
-	if err := db.Select(&settings, `SELECT name, setting FROM pg_settings WHERE name IN ('fsync', 'synchronous_commit', 'full_page_writes', 'server_version', 'shared_buffers', 'max_wal_size') ORDER BY name`); err != nil {
 		return err
 	}
 	if _, err := db.Exec(`DROP SCHEMA IF EXISTS backfill CASCADE; DROP TABLE IF EXISTS bench_probe_commits;
@@ -427,10 +410,7 @@ func runPhase(ctx context.Context, o options, db *sqlx.DB, pgb string, conn []st
 
 func ms(d time.Duration) string { return fmt.Sprintf("%.2f ms", float64(d)/float64(time.Millisecond)) }
 
-func report(o options, settings []struct {
-	Name  string `db:"name"`
-	Value string `db:"setting"`
-}, query string, alone *phase, ps []phase) {
+func report(o options, settings []benchpg.Setting, query string, alone *phase, ps []phase) {
 	fmt.Printf("# benchprobe: pgbench beside a backfill, with and without a latency-probe throttle\n\n")
 	for _, s := range settings {
 		fmt.Printf("- %s = %s\n", s.Name, s.Value)
