@@ -26,7 +26,14 @@ import (
 	"github.com/pgbackfill/backfill/internal/pgtest"
 )
 
-var variants = []string{"lib", "base"}
+// variants are the loads measured side by side, alternating: the
+// library, the hand-written chunked baseline, and "once": one COPY and
+// one merge of all rows in one transaction (the baseline's statements
+// with a single chunk), the practical limit of any chunked load.
+var variants = []string{"lib", "base", "once"}
+
+// chunkedVariants are the variants of the -rss and -profile loads.
+var chunkedVariants = []string{"lib", "base"}
 
 func variantName(v string) string {
 	switch v {
@@ -34,8 +41,19 @@ func variantName(v string) string {
 		return "library"
 	case "base":
 		return "baseline"
+	case "once":
+		return "one COPY + merge"
 	}
 	return v
+}
+
+// childVariant is the child's -child value of variant v, and its rows per
+// chunk.
+func (b *bench) childVariant(v string) (string, int64) {
+	if v == "once" {
+		return "base", b.o.rows
+	}
+	return v, b.o.chunk
 }
 
 // bench is the parent: it owns the benchmark database and runs children.
@@ -255,16 +273,18 @@ func (b *bench) endToEnd(ctx context.Context) ([]measurement, error) {
 			tables = append(tables, tableName(v, i))
 		}
 		if i == 1 {
-			// Both variants must have loaded exactly the same rows.
-			var d1, d2 int64
-			q := `SELECT (SELECT count(*) FROM (TABLE %[1]s EXCEPT ALL TABLE %[2]s) x), (SELECT count(*) FROM (TABLE %[2]s EXCEPT ALL TABLE %[1]s) y)`
-			if err := b.db.QueryRowContext(ctx, fmt.Sprintf(q, tables[0], tables[1])).Scan(&d1, &d2); err != nil {
-				return nil, err
+			// Every variant must have loaded exactly the same rows.
+			for _, other := range tables[1:] {
+				var d1, d2 int64
+				q := `SELECT (SELECT count(*) FROM (TABLE %[1]s EXCEPT ALL TABLE %[2]s) x), (SELECT count(*) FROM (TABLE %[2]s EXCEPT ALL TABLE %[1]s) y)`
+				if err := b.db.QueryRowContext(ctx, fmt.Sprintf(q, tables[0], other)).Scan(&d1, &d2); err != nil {
+					return nil, err
+				}
+				if d1 != 0 || d2 != 0 {
+					return nil, fmt.Errorf("%s and %s differ: %d and %d rows only in one of them", tables[0], other, d1, d2)
+				}
+				progress("run 1: %s and %s hold identical rows", tables[0], other)
 			}
-			if d1 != 0 || d2 != 0 {
-				return nil, fmt.Errorf("%s and %s differ: %d and %d rows only in one of them", tables[0], tables[1], d1, d2)
-			}
-			progress("run 1: %s and %s hold identical rows", tables[0], tables[1])
 		}
 		for _, t := range tables {
 			if _, err := b.db.ExecContext(ctx, `DROP TABLE `+t); err != nil {
@@ -284,7 +304,8 @@ func (b *bench) measure(ctx context.Context, v string, run int) (measurement, er
 		return m, err
 	}
 	job := fmt.Sprintf("benchload-%s-%d", v, run)
-	c := childOpts{variant: v, table: table, job: job, rows: b.o.rows, chunk: b.o.chunk}
+	cv, chunk := b.childVariant(v)
+	c := childOpts{variant: cv, table: table, job: job, rows: b.o.rows, chunk: chunk}
 
 	b.quiesce(ctx)
 	b.checkpoint(ctx)
@@ -315,7 +336,7 @@ func (b *bench) measure(ctx context.Context, v string, run int) (measurement, er
 	lsn2, av2 := b.lsn(ctx), b.autovac(ctx)
 	progress("run %d: %s: replay", run, variantName(v))
 	c.newRun = true
-	if v == "base" {
+	if cv == "base" {
 		c.job += "-replay"
 	}
 	if m.Replay, err = b.child(ctx, c); err != nil {
@@ -457,7 +478,7 @@ func machineBusyCPU() float64 {
 func (b *bench) rssCompare(ctx context.Context) ([]childResult, error) {
 	var rs []childResult
 	for _, n := range b.o.rssRows {
-		for _, v := range variants {
+		for _, v := range chunkedVariants {
 			table := fmt.Sprintf("%s.rss_%s_%d", benchSchema, v, n)
 			if err := b.freshTable(ctx, table); err != nil {
 				return nil, err

@@ -28,7 +28,7 @@ func (b *bench) profileRun(ctx context.Context) error {
 	w := b.out
 	fmt.Fprintf(w, "## Profile (files in %s)\n\n", dir)
 	sqls := map[string]map[string]string{}
-	for _, v := range variants {
+	for _, v := range chunkedVariants {
 		table := fmt.Sprintf("%s.prof_%s", benchSchema, v)
 		if err := b.freshTable(ctx, table); err != nil {
 			return err
@@ -106,7 +106,7 @@ func (b *bench) profileRun(ctx context.Context) error {
 	if err := os.WriteFile(filepath.Join(dir, "explain.md"), []byte(out.String()), 0o644); err != nil {
 		return err
 	}
-	for _, v := range variants {
+	for _, v := range chunkedVariants {
 		if _, err := b.db.ExecContext(ctx, fmt.Sprintf(`DROP TABLE %s.prof_%s`, benchSchema, v)); err != nil {
 			return err
 		}

@@ -99,32 +99,40 @@ func (b *bench) printEndToEnd(ms []measurement) {
 		{"replay: peak RSS (VmHWM)", func(m measurement) float64 { return float64(m.Replay.VmHWMKiB) * 1024 }, fmtMiB, false},
 	}
 	fmt.Fprintf(w, "## End to end: %s rows, %s-row chunks, median (min – max) of %d runs\n\n", thousands(b.o.rows), thousands(b.o.chunk), b.o.runs)
-	fmt.Fprintf(w, "| metric | library | baseline | library / baseline |\n|---|---:|---:|---:|\n")
-	for _, mt := range metrics {
-		lib, base := series(ms, "lib", mt.f), series(ms, "base", mt.f)
+	fmt.Fprintf(w, "The third variant, one COPY + merge, is the baseline's statements with one chunk of all rows in one transaction: the practical limit of a chunked load.\n\n")
+	fmt.Fprintf(w, "| metric | library | baseline | one COPY + merge | library / baseline | library / one COPY + merge |\n|---|---:|---:|---:|---:|---:|\n")
+	ratioOf := func(mt metric, other string) string {
+		lib, base := series(ms, "lib", mt.f), series(ms, other, mt.f)
 		ls, bs := summarize(lib), summarize(base)
-		ratio := ""
-		if mt.ratio && bs.Median != 0 {
-			var pairs []float64
-			for i := range min(len(lib), len(base)) {
-				pairs = append(pairs, lib[i]/base[i])
-			}
-			ps := summarize(pairs)
-			ratio = fmt.Sprintf("%.2f", ls.Median/bs.Median)
-			if len(pairs) > 1 {
-				ratio += fmt.Sprintf(" (per run %.2f – %.2f)", ps.Min, ps.Max)
-			}
+		if !mt.ratio || bs.Median == 0 {
+			return ""
 		}
-		fmt.Fprintf(w, "| %s | %s | %s | %s |\n", mt.name, ls.render(mt.format, len(lib)), bs.render(mt.format, len(base)), ratio)
+		var pairs []float64
+		for i := range min(len(lib), len(base)) {
+			pairs = append(pairs, lib[i]/base[i])
+		}
+		ps := summarize(pairs)
+		ratio := fmt.Sprintf("%.2f", ls.Median/bs.Median)
+		if len(pairs) > 1 {
+			ratio += fmt.Sprintf(" (per run %.2f – %.2f)", ps.Min, ps.Max)
+		}
+		return ratio
+	}
+	for _, mt := range metrics {
+		lib, base, once := series(ms, "lib", mt.f), series(ms, "base", mt.f), series(ms, "once", mt.f)
+		fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s |\n", mt.name, summarize(lib).render(mt.format, len(lib)), summarize(base).render(mt.format, len(base)),
+			summarize(once).render(mt.format, len(once)), ratioOf(mt, "base"), ratioOf(mt, "once"))
 	}
 
 	libRate := summarize(series(ms, "lib", metrics[0].f)).Median
 	baseRate := summarize(series(ms, "base", metrics[0].f)).Median
+	onceRate := summarize(series(ms, "once", metrics[0].f)).Median
 	walRatio := summarize(series(ms, "lib", byName(metrics, "replay WAL / first-load WAL").f)).Max
 	libRSS := summarize(series(ms, "lib", byName(metrics, "first load: peak RSS (VmHWM)").f)).Max
 	fmt.Fprintf(w, "\nGoals (reported, not asserted):\n\n")
-	fmt.Fprintf(w, "- library no slower than 1.25x the baseline (rows/s ratio ≥ 0.80): ratio %.2f, %s\n", libRate/baseRate, yesNo(libRate/baseRate >= 0.8))
-	fmt.Fprintf(w, "- library replay WAL < 1%% of its first load: worst run %s, %s\n", fmtPct(walRatio), yesNo(walRatio < 0.01))
+	fmt.Fprintf(w, "- first load at least 1.25x the hand-written baseline's rows/s: ratio %.2f, %s\n", libRate/baseRate, yesNo(libRate/baseRate >= 1.25))
+	fmt.Fprintf(w, "- first load at least 0.85x one COPY + merge of all rows: ratio %.2f, %s\n", libRate/onceRate, yesNo(libRate/onceRate >= 0.85))
+	fmt.Fprintf(w, "- library replay WAL at most 0.1%% of its first load: worst run %s, %s\n", fmtPct(walRatio), yesNo(walRatio <= 0.001))
 	fmt.Fprintf(w, "- library peak RSS ≤ 64 MiB: worst run %s, %s\n\n", fmtMiB(libRSS), yesNo(libRSS <= 64<<20))
 
 	fmt.Fprintf(w, "### Every run\n\n| run | variant | load s | load rows/s | load WAL | replay s | replay rows/s | replay WAL | peak RSS load / replay | autovacuum/autoanalyze runs in the database during load / replay | other processes' CPU, avg cores busy, load / replay |\n|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
@@ -159,7 +167,7 @@ func (b *bench) printRSS(rs []childResult, ms []measurement) {
 	fmt.Fprintf(w, "## Peak RSS by load size (each load in a fresh child process and a fresh table)\n\n")
 	fmt.Fprintf(w, "| variant | rows | peak RSS (VmHWM) | rows/s | Go bytes allocated per row | GCs | other processes' CPU (avg cores) |\n|---|---:|---:|---:|---:|---:|---:|\n")
 	var libRSS []float64
-	for _, v := range variants {
+	for _, v := range chunkedVariants {
 		for _, r := range rs {
 			if r.Variant != v {
 				continue
