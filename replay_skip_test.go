@@ -1,0 +1,222 @@
+package backfill_test
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/jmoiron/sqlx"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgbackfill/backfill"
+)
+
+// skipSource is a source of items rows (tenant "acme", ids 0..999) whose
+// rows tests edit between replays; rows with a bad amount are rejected
+// by the row writer.
+type skipSource struct {
+	mu   sync.Mutex
+	rows map[int64][2]string // id -> name, amount
+}
+
+func newSkipSource() *skipSource {
+	s := &skipSource{rows: map[int64][2]string{}}
+	for id := range int64(1000) {
+		s.rows[id] = [2]string{fmt.Sprintf("item-%d", id), fmt.Sprintf("%d.%02d", id, id%100)}
+	}
+	return s
+}
+
+func (s *skipSource) set(id int64, name, amount string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.rows[id] = [2]string{name, amount}
+}
+
+func (s *skipSource) extractor() backfill.Extractor {
+	return backfill.ExtractorFunc(func(ctx context.Context, c backfill.Chunk, w backfill.RowWriter) error {
+		s.mu.Lock()
+		ids := slices.Sorted(maps.Keys(s.rows))
+		rows := maps.Clone(s.rows)
+		s.mu.Unlock()
+		for _, id := range ids {
+			if id < c.Lo || id >= c.Hi {
+				continue
+			}
+			if err := w.Write(ctx, "acme", id, rows[id][0], rows[id][1], nil); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// skipJob is the items job chunked by id (ChunkColumn), with
+// SkipUnchanged, a new run each call.
+func skipJob(src *skipSource) backfill.Job {
+	return backfill.Job{
+		Name: "items", Source: "test", CodeVersion: "v1",
+		Chunker:   backfill.IntRange(0, 1000, 100),
+		Extractor: src.extractor(),
+		Target: backfill.Target{Table: "items", Key: []string{"tenant", "id"},
+			Columns: []string{"tenant", "id", "name", "amount", "seen_at"}},
+		ChunkColumn:   "id",
+		SkipUnchanged: true,
+		NewRun:        true,
+	}
+}
+
+// skipHooks records each chunk's result by ID.
+type skipHooks struct {
+	mu  sync.Mutex
+	res map[string]backfill.ChunkResult
+}
+
+func (h *skipHooks) ChunkDone(_ context.Context, _ int64, r backfill.ChunkResult) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.res == nil {
+		h.res = map[string]backfill.ChunkResult{}
+	}
+	h.res[r.Chunk.ID] = r
+}
+
+func (h *skipHooks) ChunkFailed(context.Context, int64, backfill.ChunkError) {}
+
+// merged returns the chunks merged (not skipped) since the last call, in
+// order, and forgets them all.
+func (h *skipHooks) merged() []string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var ids []string
+	for id, r := range h.res {
+		if !r.Skipped {
+			ids = append(ids, id)
+		}
+	}
+	h.res = nil
+	slices.Sort(ids)
+	return ids
+}
+
+// sourceRows are the target rows the source says, as snapshot shows them.
+func (s *skipSource) image() []rowImage {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []rowImage
+	for _, id := range slices.Sorted(maps.Keys(s.rows)) {
+		out = append(out, rowImage{Tenant: "acme", ID: id, Name: s.rows[id][0], Amount: s.rows[id][1]})
+	}
+	return out
+}
+
+func contentOf(rows []rowImage) []rowImage {
+	out := make([]rowImage, len(rows))
+	for i, r := range rows {
+		out[i] = rowImage{Tenant: r.Tenant, ID: r.ID, Name: r.Name, Amount: r.Amount}
+	}
+	return out
+}
+
+// requireBalanced checks every chunk of batch balances.
+func requireBalanced(t *testing.T, db *sqlx.DB, batch int64) {
+	t.Helper()
+	for _, c := range manifestChunks(t, db, batch) {
+		require.True(t, c.Balanced(), "%s: %+v", c.Chunk.ID, c.Counts)
+	}
+}
+
+func TestSkipUnchangedReplaySkipsEveryChunk(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	for _, path := range []string{"leased", "one transaction"} {
+		t.Run(path, func(t *testing.T) {
+			t.Parallel()
+			s := newItems(t)
+			src := newSkipSource()
+			cfg := &backfill.Config{Concurrency: 2}
+			job := skipJob(src)
+			if path == "one transaction" {
+				// Without worker leases: runChunk's single transaction.
+				m := backfill.NewPGManifest("")
+				cfg.Manifest = struct {
+					backfill.Manifest
+					backfill.ManifestSkips
+				}{m, m}
+				job.Rollback = backfill.RollbackNone
+			}
+			r, err := backfill.New(s.db, cfg)
+			require.NoError(t, err)
+			rep1, err := r.Run(ctx, job)
+			require.NoError(t, err)
+			require.Equal(t, backfill.Counts{Read: 1000, Inserted: 1000}, rep1.Counts)
+			require.Zero(t, rep1.ChunksSkipped)
+			// Settled: no autovacuum nor hint bits write the target's
+			// pages during the replay.
+			_, err = s.db.Exec(`ALTER TABLE items SET (autovacuum_enabled = off)`)
+			require.NoError(t, err)
+			_, err = s.db.Exec(`VACUUM (FREEZE) items`)
+			require.NoError(t, err)
+			first := snapshot(t, s.db)
+
+			var walBefore string
+			require.NoError(t, s.db.Get(&walBefore, `SELECT pg_current_wal_lsn()::text`))
+			rep2, err := r.Run(ctx, job)
+			require.NoError(t, err)
+			require.Equal(t, 10, rep2.ChunksSkipped)
+			require.Equal(t, backfill.Counts{Read: 1000, Unchanged: 1000}, rep2.Counts)
+			requireBalanced(t, s.db, rep2.BatchID)
+			// No target row was written: same versions (xmin) in the same
+			// places (ctid).
+			if d := cmp.Diff(first, snapshot(t, s.db)); d != "" {
+				t.Fatalf("a skipped replay rewrote rows (-want +got):\n%s", d)
+			}
+			// Nor any page of the target or its index: no WAL record
+			// since the replay began names their files (pg_walinspect).
+			require.Zero(t, targetWAL(t, s.db, walBefore), "WAL records of the target written by the skipped replay")
+
+			// A third replay skips again: the skipped chunks recorded the
+			// fingerprints anew.
+			rep3, err := r.Run(ctx, job)
+			require.NoError(t, err)
+			require.Equal(t, 10, rep3.ChunksSkipped)
+		})
+	}
+}
+
+// targetWAL counts the WAL records since lsn that name a block of items
+// or of its primary key's index and change rows: inserts, updates,
+// deletes and locks, not a vacuum's freezing or pruning (a vacuum of
+// another test's may freeze pages whose rows it could not freeze before),
+// nor a hint bit's page image.
+func targetWAL(t *testing.T, db *sqlx.DB, lsn string) int {
+	t.Helper()
+	_, err := db.Exec(`CREATE EXTENSION IF NOT EXISTS pg_walinspect`)
+	require.NoError(t, err)
+	// Up to the WAL written so far, once flushed (the WAL writer flushes
+	// asynchronous commits within wal_writer_delay).
+	var end string
+	require.NoError(t, db.Get(&end, `SELECT pg_current_wal_lsn()::text`))
+	require.Eventually(t, func() bool {
+		var ok bool
+		return db.Get(&ok, `SELECT pg_current_wal_flush_lsn() >= $1::pg_lsn`, end) == nil && ok
+	}, 30*time.Second, 10*time.Millisecond)
+	var n int
+	require.NoError(t, db.Get(&n, `SELECT count(*) FROM pg_get_wal_records_info($1::pg_lsn, $2::pg_lsn) w
+		WHERE EXISTS (SELECT 1 FROM unnest(ARRAY[pg_relation_filenode('items'), pg_relation_filenode('items_pkey')]) f
+			WHERE w.block_ref LIKE '%rel %/' || (SELECT oid FROM pg_database WHERE datname = current_database()) || '/' || f || ' %')
+		AND NOT (w.resource_manager = 'Heap2' AND w.record_type IN ('FREEZE_PAGE', 'PRUNE', 'VACUUM', 'VISIBLE'))
+		AND w.resource_manager <> 'XLOG'`, lsn, end))
+	if n > 0 {
+		var recs []string
+		_ = db.Select(&recs, `SELECT resource_manager || ' ' || record_type || ' ' || coalesce(block_ref, '') FROM pg_get_wal_records_info($1::pg_lsn, $2::pg_lsn)
+			WHERE block_ref LIKE '%rel %/' || (SELECT oid FROM pg_database WHERE datname = current_database()) || '/' || pg_relation_filenode('items') || ' %' LIMIT 10`, lsn, end)
+		t.Logf("target WAL records: %q", recs)
+	}
+	return n
+}
