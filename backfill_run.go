@@ -567,14 +567,14 @@ type execution struct {
 	// worker is this call's registration (nil without ManifestWorkers).
 	worker *workerCall
 
-	mu     sync.Mutex
-	done   []string
+	mu   sync.Mutex
+	done []string
 	// skipped counts the chunks of done that were skipped unchanged
 	// (Job.SkipUnchanged).
 	skipped int
-	errs   []error
-	failed *ChunkError
-	stop   bool
+	errs    []error
+	failed  *ChunkError
+	stop    bool
 	// halted is the status (paused, cancelled) the run's control state
 	// stopped this call with ("" for none; backfill_control.go).
 	halted RunStatus
