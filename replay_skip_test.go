@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -219,4 +220,217 @@ func targetWAL(t *testing.T, db *sqlx.DB, lsn string) int {
 		t.Logf("target WAL records: %q", recs)
 	}
 	return n
+}
+
+func TestSkipUnchangedMergesExactlyTheChangedChunks(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := newItems(t)
+	src := newSkipSource()
+	hooks := &skipHooks{}
+	r, err := backfill.New(s.db, &backfill.Config{Concurrency: 2, Hooks: hooks})
+	require.NoError(t, err)
+	job := skipJob(src)
+	_, err = r.Run(ctx, job)
+	require.NoError(t, err)
+	hooks.merged()
+
+	// A changed source row (chunk 300), a target row updated (chunk 500),
+	// deleted (chunk 600) and inserted (chunk 700, a key the source does
+	// not have) by another session inside the chunks' bounds.
+	src.set(321, "changed", "1.00")
+	_, err = s.db.Exec(`UPDATE items SET name = 'tampered' WHERE id = 555;
+		DELETE FROM items WHERE id = 666;
+		INSERT INTO items (tenant, id, name) VALUES ('other', 777, 'extra')`)
+	require.NoError(t, err)
+	rep, err := r.Run(ctx, job)
+	require.NoError(t, err)
+	require.Equal(t, []string{"int:300/400", "int:500/600", "int:600/700", "int:700/800"}, hooks.merged())
+	require.Equal(t, 6, rep.ChunksSkipped)
+	require.Equal(t, backfill.Counts{Read: 1000, Inserted: 1, Updated: 2, Unchanged: 997}, rep.Counts)
+	requireBalanced(t, s.db, rep.BatchID)
+	got := snapshot(t, s.db)
+	want := append([]rowImage{{Tenant: "other", ID: 777, Name: "extra"}}, src.image()...)
+	slices.SortStableFunc(want, func(a, b rowImage) int { return strings.Compare(a.Tenant, b.Tenant) })
+	if d := cmp.Diff(want, contentOf(got)); d != "" {
+		t.Fatalf("target after the replay (-want +got):\n%s", d)
+	}
+
+	// The merged chunks recorded their fingerprints anew: the next replay
+	// skips them, but chunk 700 holds a row the source does not have (it
+	// recorded none) and merges again.
+	rep, err = r.Run(ctx, job)
+	require.NoError(t, err)
+	require.Equal(t, []string{"int:700/800"}, hooks.merged())
+	require.Equal(t, 9, rep.ChunksSkipped)
+	require.Equal(t, backfill.Counts{Read: 1000, Unchanged: 1000}, rep.Counts)
+}
+
+func TestSkipUnchangedRollbacks(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := newItems(t)
+	src := newSkipSource()
+	r, err := backfill.New(s.db, nil)
+	require.NoError(t, err)
+	job := skipJob(src)
+	rep1, err := r.Run(ctx, job)
+	require.NoError(t, err)
+	first := snapshot(t, s.db)
+	rep2, err := r.Run(ctx, job)
+	require.NoError(t, err)
+	require.Equal(t, 10, rep2.ChunksSkipped)
+
+	// The skipped chunks delivered batch 1's rows unchanged: a rollback
+	// of batch 1 reports them, as it would after a merge.
+	pv, err := r.Rollback(ctx, job, backfill.RollbackOptions{BatchID: rep1.BatchID, Preview: true})
+	require.NoError(t, err)
+	require.Equal(t, int64(1000), pv.ConflictsDelivered)
+
+	// A rollback of the skipped replay deletes nothing batch 1 wrote.
+	rb, err := r.Rollback(ctx, job, backfill.RollbackOptions{BatchID: rep2.BatchID, Actor: "ann", Why: "test"})
+	require.NoError(t, err)
+	require.Zero(t, rb.Deleted)
+	require.Zero(t, rb.Restored)
+	if d := cmp.Diff(first, snapshot(t, s.db)); d != "" {
+		t.Fatalf("rolling back a skipped replay changed the target (-want +got):\n%s", d)
+	}
+
+	// Now batch 1 rolls back (its rows are gone): a replay merges every
+	// chunk, nothing skips on a rolled back base.
+	rb, err = r.Rollback(ctx, job, backfill.RollbackOptions{BatchID: rep1.BatchID, Actor: "ann", Why: "test"})
+	require.NoError(t, err)
+	require.Equal(t, int64(1000), rb.Deleted)
+	rep3, err := r.Run(ctx, job)
+	require.NoError(t, err)
+	require.Zero(t, rep3.ChunksSkipped)
+	require.Equal(t, backfill.Counts{Read: 1000, Inserted: 1000}, rep3.Counts)
+
+	// A base whose rows were restored as they were by a rollback of a
+	// later batch: batch 4 changes a row, its rollback restores it, the
+	// next replay skips on batch 3's fingerprints (batch 4's chunk is
+	// rolled back) except where the source changed.
+	src.set(5, "v4", "5.05")
+	rep4, err := r.Run(ctx, job)
+	require.NoError(t, err)
+	require.Equal(t, 9, rep4.ChunksSkipped)
+	_, err = r.Rollback(ctx, job, backfill.RollbackOptions{BatchID: rep4.BatchID, Actor: "ann", Why: "test"})
+	require.NoError(t, err)
+	src.set(5, "item-5", "5.05")
+	rep5, err := r.Run(ctx, job)
+	require.NoError(t, err)
+	require.Equal(t, 10, rep5.ChunksSkipped)
+	if d := cmp.Diff(src.image(), contentOf(snapshot(t, s.db))); d != "" {
+		t.Fatalf("target (-want +got):\n%s", d)
+	}
+}
+
+func TestSkipUnchangedQueuesASkippedChunksRejects(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := newItems(t)
+	src := newSkipSource()
+	src.set(42, "bad", "not a number")
+	r, err := backfill.New(s.db, nil)
+	require.NoError(t, err)
+	job := skipJob(src)
+	job.Validators = []backfill.Validator{backfill.Completeness{CompareContent: true}, backfill.CheckExceptionRate{MaxRate: 0.5}}
+	_, err = r.Run(ctx, job)
+	require.NoError(t, err)
+	rep, err := r.Run(ctx, job)
+	require.NoError(t, err)
+	require.Equal(t, 10, rep.ChunksSkipped)
+	// Completeness is proven by the fingerprints, CheckExceptionRate ran.
+	require.Equal(t, 20, rep.ChecksPassed)
+	vs, err := backfill.NewPGManifest("").Validations(ctx, s.db, rep.BatchID)
+	require.NoError(t, err)
+	for _, v := range vs {
+		if v.Check == "completeness" {
+			require.Contains(t, string(v.Detail), `"skipped": true`)
+		} else {
+			require.Contains(t, v.Actual, "of 100 rows rejected")
+		}
+	}
+	require.Equal(t, backfill.Counts{Read: 1000, Unchanged: 999, Rejected: 1}, rep.Counts)
+	requireBalanced(t, s.db, rep.BatchID)
+	ex, err := backfill.NewPGManifest("").Exceptions(ctx, s.db, rep.BatchID)
+	require.NoError(t, err)
+	require.Len(t, ex, 1)
+	require.Equal(t, "int:0/100", ex[0].ChunkID)
+	require.Equal(t, int64(43), ex[0].Row)
+	require.Equal(t, "amount", ex[0].Column)
+
+	// CheckExceptionRate judges a skipped chunk: its gate fails.
+	job.Validators[1] = backfill.CheckExceptionRate{MaxRate: 0.001}
+	_, err = r.Run(ctx, job)
+	require.ErrorIs(t, err, backfill.ErrGateFailed)
+	require.ErrorContains(t, err, "1 of 100 rows rejected")
+}
+
+func TestSkipUnchangedOffChangesNothing(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := newItems(t)
+	src := newSkipSource()
+	r, err := backfill.New(s.db, nil)
+	require.NoError(t, err)
+	job := skipJob(src)
+	job.SkipUnchanged = false
+	_, err = r.Run(ctx, job)
+	require.NoError(t, err)
+	rep, err := r.Run(ctx, job)
+	require.NoError(t, err)
+	require.Zero(t, rep.ChunksSkipped)
+	require.Equal(t, backfill.Counts{Read: 1000, Unchanged: 1000}, rep.Counts)
+	// Nothing recorded: turning the option on later merges once.
+	var n int
+	require.NoError(t, s.db.Get(&n, `SELECT count(*) FROM backfill.chunks WHERE source_fingerprint IS NOT NULL OR target_fingerprint IS NOT NULL`))
+	require.Zero(t, n)
+	job.SkipUnchanged = true
+	rep, err = r.Run(ctx, job)
+	require.NoError(t, err)
+	require.Zero(t, rep.ChunksSkipped)
+	rep, err = r.Run(ctx, job)
+	require.NoError(t, err)
+	require.Equal(t, 10, rep.ChunksSkipped)
+}
+
+func TestSkipUnchangedRefusesAnIneligibleJob(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := newItems(t)
+	src := newSkipSource()
+	r, err := backfill.New(s.db, nil)
+	require.NoError(t, err)
+	for name, c := range map[string]struct {
+		edit func(*backfill.Job)
+		want error
+		says string
+	}{
+		"no ChunkColumn":  {func(j *backfill.Job) { j.ChunkColumn = "" }, backfill.ErrInvalidConfig, "no ChunkColumn"},
+		"TargetWins":      {func(j *backfill.Job) { j.Target.Conflict = backfill.TargetWins }, backfill.ErrInvalidConfig, "target_wins"},
+		"PublishAtEnd":    {func(j *backfill.Job) { j.Publish.Mode = backfill.PublishAtEnd }, backfill.ErrInvalidConfig, "at_end"},
+		"referential":     {func(j *backfill.Job) { j.Validators = []backfill.Validator{backfill.ReferentialIntegrity{Columns: []string{"id"}, ParentTable: "items"}} }, backfill.ErrInvalidConfig, "ReferentialIntegrity"},
+		"a validatorfunc": {func(j *backfill.Job) { j.Validators = []backfill.Validator{backfill.ValidatorFunc(nil)} }, backfill.ErrInvalidConfig, "ValidatorFunc"},
+	} {
+		job := skipJob(src)
+		job.Name = "ineligible"
+		c.edit(&job)
+		_, err := r.Run(ctx, job)
+		require.ErrorIs(t, err, c.want, name)
+		require.ErrorContains(t, err, c.says, name)
+		require.ErrorContains(t, err, "SkipUnchanged", name)
+	}
+	// Nothing ran.
+	var n int
+	require.NoError(t, s.db.Get(&n, `SELECT count(*) FROM backfill.runs WHERE job_name = 'ineligible'`))
+	require.Zero(t, n)
+	// A manifest without ManifestSkips: unsupported.
+	r, err = backfill.New(s.db, &backfill.Config{Manifest: manifestOnly{backfill.NewPGManifest("")}})
+	require.NoError(t, err)
+	job := skipJob(src)
+	job.Rollback = backfill.RollbackNone
+	_, err = r.Run(ctx, job)
+	require.ErrorIs(t, err, backfill.ErrUnsupported)
+	require.ErrorContains(t, err, "ManifestSkips")
 }
