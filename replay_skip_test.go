@@ -407,10 +407,12 @@ func TestSkipUnchangedRefusesAnIneligibleJob(t *testing.T) {
 		want error
 		says string
 	}{
-		"no ChunkColumn":  {func(j *backfill.Job) { j.ChunkColumn = "" }, backfill.ErrInvalidConfig, "no ChunkColumn"},
-		"TargetWins":      {func(j *backfill.Job) { j.Target.Conflict = backfill.TargetWins }, backfill.ErrInvalidConfig, "target_wins"},
-		"PublishAtEnd":    {func(j *backfill.Job) { j.Publish.Mode = backfill.PublishAtEnd }, backfill.ErrInvalidConfig, "at_end"},
-		"referential":     {func(j *backfill.Job) { j.Validators = []backfill.Validator{backfill.ReferentialIntegrity{Columns: []string{"id"}, ParentTable: "items"}} }, backfill.ErrInvalidConfig, "ReferentialIntegrity"},
+		"no ChunkColumn": {func(j *backfill.Job) { j.ChunkColumn = "" }, backfill.ErrInvalidConfig, "no ChunkColumn"},
+		"TargetWins":     {func(j *backfill.Job) { j.Target.Conflict = backfill.TargetWins }, backfill.ErrInvalidConfig, "target_wins"},
+		"PublishAtEnd":   {func(j *backfill.Job) { j.Publish.Mode = backfill.PublishAtEnd }, backfill.ErrInvalidConfig, "at_end"},
+		"referential": {func(j *backfill.Job) {
+			j.Validators = []backfill.Validator{backfill.ReferentialIntegrity{Columns: []string{"id"}, ParentTable: "items"}}
+		}, backfill.ErrInvalidConfig, "ReferentialIntegrity"},
 		"a validatorfunc": {func(j *backfill.Job) { j.Validators = []backfill.Validator{backfill.ValidatorFunc(nil)} }, backfill.ErrInvalidConfig, "ValidatorFunc"},
 	} {
 		job := skipJob(src)
