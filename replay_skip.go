@@ -12,9 +12,11 @@ import (
 	"github.com/jmoiron/sqlx"
 )
 
-// Replays that skip unchanged chunks (issue 15): design, and the two
-// fingerprints it rests on. Not wired into a run yet: nothing here changes
-// what a run does.
+// Replays that skip unchanged chunks (issue 15, [Job.SkipUnchanged]):
+// design, and the two fingerprints it rests on. The wiring is in
+// replay_skip_run.go (eligibility, the decision, the skipped chunk's
+// checkpoint), manifest_skip.go (storage, [ManifestSkips]) and the two
+// run paths (runChunk, runChunkLeased), which call it.
 //
 // A replay (Job.NewRun over a loaded range, or a restatement in which few
 // chunks changed) extracts, converts, stages and merges every chunk,
@@ -26,14 +28,15 @@ import (
 //  1. the chunk's converted source rows are the same multiset as at the
 //     last successful load of the same chunk (same job, chunk ID, target,
 //     written columns and plan fingerprint): chunkFingerprint, summed by
-//     a fingerprintAdder between the row writer and its stager or spool,
-//     in Go, no round trip;
+//     a fingerprintAdder between the row writer and its spool, in Go, no
+//     round trip;
 //  2. the chunk's target rows are what that load's merge left:
 //     targetFingerprint, the multiset hash of the target rows within the
 //     chunk's ChunkColumn bounds (validate_fingerprint.go's SQL, one scan
 //     of the chunk's rows through the ChunkColumn index, no join, no
 //     write), taken in the chunk's transaction after the merge at load and
-//     again at the replay, under the chunk's lock.
+//     again at the replay, after the claim (or the lease's fence), which
+//     holds the chunk's row lock.
 //
 // When both match, the merge would find every row unchanged: the chunk is
 // checkpointed with read = unchanged + rejected, inserted = updated =
@@ -45,57 +48,80 @@ import (
 // staged (the spool replayed into COPY) and merged as today. The
 // comparison is probabilistic like the validation fingerprints (a
 // 2^-64-class collision, and the timestamp hash weakness documented in
-// validate_fingerprint.go); a Job option, off by default, turns it on.
+// validate_fingerprint.go). A skipped chunk writes nothing to the target,
+// so a concurrent writer of its rows is ordered after it: the recorded
+// fingerprint is the one it read, and the next replay sees the change.
 //
-// The wiring left to do, and the choices it makes:
+// The choices:
 //
-//   - Recording: the load records the two fingerprints only when its
-//     merge took every staged row (no merge rejects, no deduplication,
-//     the default conflict policy, no Version) and the target
-//     fingerprint counts as many rows as were staged. The target rows in
-//     the bounds are then exactly the chunk's rows as merged, so a later
-//     merge of the same staged rows against the same target rows is
-//     determined: it changes nothing. Otherwise nothing is recorded and
-//     the next replay merges.
-//   - Eligibility at replay: ChunkColumn set, direct publish mode (not
-//     deferred), not History or Keyless, every column hashable (hashKind),
-//     the default merger, a chunk that is not open (ChunkOpen re-reads
-//     combine their counts). Validators that read staging (Completeness,
-//     Aggregates, ReplayChangesNothing) pass by construction for a skipped
-//     chunk (its target rows are proven the validated ones); they record a
-//     result that says so instead of running.
+//   - Recording (recordAfterMerge): a merged chunk records the two
+//     fingerprints only when its merge took every staged row (no merge
+//     rejects, no deduplication; eligibility rules out other conflict
+//     policies and Version), the source fingerprint counts the staged
+//     rows (no value was isolated while staging) and the target
+//     fingerprint counts as many rows. The target rows in the bounds are
+//     then exactly the chunk's rows as merged, so a later merge of the
+//     same staged rows against the same target rows is determined: it
+//     changes nothing. Otherwise nothing is recorded (NULL) and the next
+//     replay merges. A skipped chunk records its base's fingerprints
+//     again: it is the next replay's base.
+//   - Eligibility (skipEligible, at plan time, before any work; a job
+//     that asked for it and can never skip is refused with
+//     ErrInvalidConfig naming the reason, a Runner without ManifestSkips
+//     or PGMerger with ErrUnsupported): ChunkColumn set, Upsert or
+//     AppendOnly, SourceWins without Version, PublishPerChunk, every
+//     column hashable (hashKind), validators among those proven by the
+//     fingerprints (below) and CheckExceptionRate. At run time a chunk
+//     read again while open, or open now, is never skipped (ChunkOpen
+//     re-reads combine their counts).
+//   - Validators (skipValidators): those that compare staging with the
+//     target (Completeness, Aggregates, ReplayChangesNothing, Sample,
+//     DuplicateKeys without AcrossTarget) pass by construction for a
+//     skipped chunk (its target rows are proven the merged ones); they
+//     record a passed result whose Detail says so (skipped, the base
+//     batch and fingerprints) instead of running. CheckExceptionRate
+//     runs on the skipped chunk's counts. ReferentialIntegrity (its
+//     parent table may have changed), DuplicateKeys across the target
+//     and validators of the caller's are not proven: such jobs are
+//     refused.
 //   - Jobs without ChunkColumn (benchload's job among them) have no bounds:
 //     their target side would be the target rows of the chunk's
 //     identities, sent as key arrays (unnest) rather than staged with
 //     their content; one index probe per row, cheaper than COPY and merge
-//     but not free. Not designed further here.
-//   - Staging must wait for (1): the row writer puts the rows into the
-//     spool (backfill_spool.go, bounded memory, as the leased path does);
-//     at the end of the extraction a match checks (2) and skips, a
-//     mismatch replays the spool into COPY. The leased path spools
-//     already: the decision goes before its staging.
+//     but not free. Not designed further here: they are refused.
+//   - Spool, then decide: the row writer puts the rows into the spool
+//     (backfill_spool.go, bounded memory) behind the fingerprintAdder:
+//     runChunkLeased spools always (outside any transaction), runChunk
+//     spools when the option is on (inside the chunk's transaction, as
+//     it extracts today). In the chunk's transaction, after the publish
+//     mode's target, skipUnchanged looks the base up and compares; a
+//     mismatch replays the spool into COPY (loadChunk, stage).
 //   - Storage: migration 19 adds to the manifest's chunk rows the two
-//     fingerprints (text, chunkFingerprint.String and the target's rows
+//     fingerprints (text: chunkFingerprint.String, and the target's rows
 //     and sum), written by the chunk's checkpoint statement in the
-//     chunk's transaction: a kill -9 loses both or neither. The replay
-//     looks them up with its claim: the newest done row of the same job,
-//     chunk ID and plan fingerprint whose batch and chunk are not rolled
-//     back. Migrations are positional (len(pgMigrations)): 19 needs 18,
-//     another change of issue 15, merged first.
+//     chunk's transaction: a kill -9 loses both or neither. The lookup
+//     (ManifestSkips.BaseFingerprints) is one statement per chunk, in the
+//     chunk's transaction, only with the option: the newest done row of
+//     the same job, chunk ID and plan fingerprint in another batch whose
+//     run is not rolled back (a rolled back chunk is not done). With the
+//     option off a chunk's round trips are unchanged (the checkpoint
+//     statement sets the two columns NULL).
 //   - Rollback: a skipped chunk writes no target row, no lineage and no
 //     undo entry, so a rollback of the replay batch deletes nothing the
 //     earlier batch wrote. It delivered every row of its bounds unchanged:
 //     it records the delivered summary (rollback_delivered.go) from the
 //     target rows in its bounds (owner = lineage UpdatedBy, count, least
-//     and greatest identity), as its merge would have, so that a rollback
-//     of the earlier batch still reports them. Rolling the earlier batch
-//     back changes the target rows, so the next replay's (2) no longer
-//     matches: nothing skips on a rolled-back base.
+//     and greatest identity; recordSkippedDelivered), as its merge would
+//     have, so that a rollback of the earlier batch still reports them.
+//     Rolling the earlier batch back changes the target rows, so the next
+//     replay's (2) no longer matches: nothing skips on a rolled-back base.
 //   - Cost (BenchmarkTargetFingerprint, 10,000-row chunks, shared 2-core
 //     machine): the target re-check 17-20 ms, a skipped chunk's
 //     extraction, conversion, fingerprints and re-check 31-61 ms, today's
 //     replay of the chunk 207-228 ms. The source fingerprint adds about
 //     1 µs per row (BenchmarkSourceFingerprint against BenchmarkRowWriter).
+//     A merged chunk of a job with the option pays one more scan of its
+//     target rows (the fingerprint it records) and the base look-up.
 
 // chunkFingerprint is an order-independent (multiset) hash of rows: their
 // count and two 64-bit lanes, each the sum modulo 2^64 of a lane of each
