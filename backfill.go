@@ -315,10 +315,14 @@ type Job struct {
 	// rather than straight into COPY. Then, in the chunk's transaction,
 	// the chunk is skipped when both hold: the multiset hash of its
 	// converted rows (every written column) equals the one the last
-	// load recorded, and the multiset hash of the target rows within the
-	// chunk's ChunkColumn bounds (every column, read by the server in one
-	// scan: give the target an index on ChunkColumn) equals the one that
-	// load recorded after its merge. A skipped chunk writes no target
+	// load recorded, and the multiset hash of the chunk's target rows
+	// (every column, read by the server) equals the one that load
+	// recorded after its merge. The chunk's target rows are those within
+	// its ChunkColumn bounds (one range scan: give the target an index on
+	// ChunkColumn); without ChunkColumn, those whose identity is among
+	// the extracted rows' (sent as arrays, one index probe per row),
+	// which leaves out rows of other keys that its merge would not touch
+	// either. A skipped chunk writes no target
 	// row, no lineage and no undo entry; it is checkpointed with Read the
 	// rows the extractor wrote, Rejected those it or the row writer
 	// rejected (queued in this batch's exception queue, as for a merged
@@ -341,8 +345,8 @@ type Job struct {
 	//
 	// What is recorded: after every merged chunk whose merge took every
 	// staged row (none rejected by the merge, none deduplicated) and
-	// whose target rows within its bounds are exactly as many as it
-	// staged, the two fingerprints, on the chunk's manifest row, by its
+	// whose target rows (as above) are exactly as many as it staged, the
+	// two fingerprints, on the chunk's manifest row, by its
 	// checkpoint statement ([ManifestSkips]). Otherwise nothing is
 	// recorded and the next replay of the chunk merges. The base of a
 	// replay is the newest done row of the chunk in another batch whose
@@ -351,7 +355,7 @@ type Job struct {
 	// rolled back base. A chunk read again while open ([ChunkOpen]) is
 	// never skipped.
 	//
-	// Eligible jobs only: ChunkColumn set; Target.Mode [Upsert] or
+	// Eligible jobs only: Target.Mode [Upsert] or
 	// [AppendOnly]; Conflict [SourceWins] and no Version; publish per
 	// chunk ([PublishPerChunk]); every target column has a fingerprint
 	// (validate_fingerprint.go: not composite nor of most extension

@@ -1130,7 +1130,7 @@ func (ex *execution) loadChunk(ctx context.Context, tx Tx, cr *chunkRun, c Chunk
 		return chunkErr(err)
 	}
 	if sk != nil {
-		if err := ex.recordAfterMerge(ctx, tx, sk, t.info, c, w, mr); err != nil {
+		if err := ex.recordAfterMerge(ctx, tx, sk, t.info, c, w, stager, mr); err != nil {
 			return chunkErr(err)
 		}
 	}

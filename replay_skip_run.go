@@ -33,8 +33,6 @@ func (r *Runner) skipEligible(job Job, info TableInfo) error {
 	}
 	t := info.Target
 	switch {
-	case job.ChunkColumn == "":
-		return refuse("the job has no ChunkColumn: the chunk's target rows have no bounds to fingerprint")
 	case t.Mode != "" && t.Mode != Upsert && t.Mode != AppendOnly:
 		return refuse("mode %s: only Upsert and AppendOnly merges are determined by the rows' equality", t.Mode)
 	case t.Conflict != "" && t.Conflict != SourceWins:
@@ -163,7 +161,17 @@ func (ex *execution) skipUnchanged(ctx context.Context, tx Tx, cr *chunkRun, c C
 	if !ok || base.Source != x.skip.source.String() {
 		return false, nil
 	}
-	tfp, err := targetFingerprint(ctx, tx, info, ex.job.ChunkColumn, ex.job.Zone, c)
+	// The chunk's target rows: within its bounds, or, without
+	// ChunkColumn, those of the spooled rows' identities.
+	var keys [][]string
+	var tfp fingerprint
+	if ex.job.ChunkColumn == "" {
+		if keys, err = spoolKeys(ctx, x.sp, info); err == nil {
+			tfp, err = targetFingerprintKeys(ctx, tx, info, keys, c)
+		}
+	} else {
+		tfp, err = targetFingerprint(ctx, tx, info, ex.job.ChunkColumn, ex.job.Zone, c)
+	}
 	if err != nil {
 		return false, chunkErr(err)
 	}
@@ -176,7 +184,7 @@ func (ex *execution) skipUnchanged(ctx context.Context, tx Tx, cr *chunkRun, c C
 	cr.span.setRows(w.read)
 	// What a merge of the chunk would have summarised: the rows it
 	// delivered unchanged that other batches last wrote.
-	if err := ex.recordSkippedDelivered(ctx, tx, info, c); err != nil {
+	if err := ex.recordSkippedDelivered(ctx, tx, info, c, keys); err != nil {
 		return false, chunkErr(err)
 	}
 	cr.span.next(ctx, PhaseValidate)
@@ -203,14 +211,25 @@ func (ex *execution) skipUnchanged(ctx context.Context, tx Tx, cr *chunkRun, c C
 
 // recordAfterMerge sets sk.record when the merge of chunk c took every
 // row it staged (mr, of the staged rows w counted) and the target rows
-// within its bounds are exactly as many: their fingerprints, taken in tx
+// within its bounds (without ChunkColumn: of the identities in stager's
+// staging table) are exactly as many: their fingerprints, taken in tx
 // after the merge. Otherwise nothing is recorded.
-func (ex *execution) recordAfterMerge(ctx context.Context, tx Tx, sk *chunkSkip, info TableInfo, c Chunk, w *rowWriter, mr MergeResult) error {
+func (ex *execution) recordAfterMerge(ctx context.Context, tx Tx, sk *chunkSkip, info TableInfo, c Chunk, w *rowWriter, stager Stager, mr MergeResult) error {
 	staged := w.read - w.rejected
 	if len(mr.Rejected) > 0 || mr.Deduplicated > 0 || mr.Inserted+mr.Updated+mr.Unchanged != staged || sk.source.Rows != staged {
 		return nil
 	}
-	tfp, err := targetFingerprint(ctx, tx, info, ex.job.ChunkColumn, ex.job.Zone, c)
+	var tfp fingerprint
+	var err error
+	if ex.job.ChunkColumn == "" {
+		st, ok := stager.(StagingTabler)
+		if !ok {
+			return nil
+		}
+		tfp, err = targetFingerprintStaged(ctx, tx, info, st.StagingTable(), c)
+	} else {
+		tfp, err = targetFingerprint(ctx, tx, info, ex.job.ChunkColumn, ex.job.Zone, c)
+	}
 	if err != nil {
 		return err
 	}
@@ -225,10 +244,11 @@ func (ex *execution) recordAfterMerge(ctx context.Context, tx Tx, sk *chunkSkip,
 
 // recordSkippedDelivered records, for a chunk skipped in tx, the
 // delivered summary (rollback_delivered.go) of the target rows within
-// its bounds: one row per owner batch (lineage UpdatedBy) other than
-// this one, with how many and the least and greatest identity. It does
-// nothing without lineage or a delivered table.
-func (ex *execution) recordSkippedDelivered(ctx context.Context, tx Tx, info TableInfo, c Chunk) error {
+// its bounds (without ChunkColumn: of the identities keys): one row per
+// owner batch (lineage UpdatedBy) other than this one, with how many and
+// the least and greatest identity. It does nothing without lineage or a
+// delivered table.
+func (ex *execution) recordSkippedDelivered(ctx context.Context, tx Tx, info TableInfo, c Chunk, keys [][]string) error {
 	t := info.Target
 	if ex.deliveredTable == "" || t.Lineage.UpdatedBy == "" {
 		return nil
@@ -239,8 +259,11 @@ func (ex *execution) recordSkippedDelivered(ctx context.Context, tx Tx, info Tab
 	}
 	identity := info.identity()
 	a := sqlArgs{ex.batchID, c.Seq, pq.Array(identity)}
-	bounds, err := pc.inChunk("t", &a)
-	if err != nil {
+	from := sqlf("{target} t", "target", sqlgen.Table(t.Table))
+	bounds := "true"
+	if ex.job.ChunkColumn == "" {
+		from = keysJoin(pc, keys, &a)
+	} else if bounds, err = pc.inChunk("t", &a); err != nil {
 		return err
 	}
 	lo, hi := make([]string, len(identity)), make([]string, len(identity))
@@ -254,10 +277,10 @@ func (ex *execution) recordSkippedDelivered(ctx context.Context, tx Tx, info Tab
 	q := sqlf(`INSERT INTO {delivered} (owner, batch_id, seq, key_columns, lo, hi, row_count)
 SELECT y._backfill_owner, $1::bigint, $2::int, $3::text[], jsonb_build_object({loJSON}), jsonb_build_object({hiJSON}), y._backfill_n FROM (
 	SELECT DISTINCT ON (x._backfill_owner) x._backfill_owner, count(*) OVER w AS _backfill_n, {lo}, {hi}
-	FROM (SELECT {tid}, t.{ub} AS _backfill_owner FROM {target} t WHERE {bounds} AND t.{ub} <> $1::bigint) x
+	FROM (SELECT {tid}, t.{ub} AS _backfill_owner FROM {from} WHERE {bounds} AND t.{ub} <> $1::bigint) x
 	WINDOW w AS (PARTITION BY x._backfill_owner ORDER BY {xid} ROWS BETWEEN UNBOUNDED PRECEDING AND UNBOUNDED FOLLOWING)
 	ORDER BY x._backfill_owner) y`,
-		"delivered", ex.deliveredTable, "target", sqlgen.Table(t.Table), "tid", sqlgen.List("t.", identity),
+		"delivered", ex.deliveredTable, "from", from, "tid", sqlgen.List("t.", identity),
 		"ub", sqlgen.Ident(t.Lineage.UpdatedBy), "bounds", bounds, "lo", strings.Join(lo, ", "),
 		"hi", strings.Join(hi, ", "), "loJSON", strings.Join(loJSON, ", "), "hiJSON", strings.Join(hiJSON, ", "),
 		"xid", sqlgen.List("x.", identity))

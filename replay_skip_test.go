@@ -408,9 +408,8 @@ func TestSkipUnchangedRefusesAnIneligibleJob(t *testing.T) {
 		want error
 		says string
 	}{
-		"no ChunkColumn": {func(j *backfill.Job) { j.ChunkColumn = "" }, backfill.ErrInvalidConfig, "no ChunkColumn"},
-		"TargetWins":     {func(j *backfill.Job) { j.Target.Conflict = backfill.TargetWins }, backfill.ErrInvalidConfig, "target_wins"},
-		"PublishAtEnd":   {func(j *backfill.Job) { j.Publish.Mode = backfill.PublishAtEnd }, backfill.ErrInvalidConfig, "at_end"},
+		"TargetWins":   {func(j *backfill.Job) { j.Target.Conflict = backfill.TargetWins }, backfill.ErrInvalidConfig, "target_wins"},
+		"PublishAtEnd": {func(j *backfill.Job) { j.Publish.Mode = backfill.PublishAtEnd }, backfill.ErrInvalidConfig, "at_end"},
 		"referential": {func(j *backfill.Job) {
 			j.Validators = []backfill.Validator{backfill.ReferentialIntegrity{Columns: []string{"id"}, ParentTable: "items"}}
 		}, backfill.ErrInvalidConfig, "ReferentialIntegrity"},
@@ -521,4 +520,52 @@ func TestSkipUnchangedProperty(t *testing.T) {
 			lastSrc, lastTgt = images()
 		}
 	})
+}
+
+// Without ChunkColumn the target side is the target rows of the chunk's
+// identities (the spooled rows' keys): a row of another key inserted
+// among them does not concern the chunk, whose merge would not touch it.
+func TestSkipUnchangedWithoutChunkColumn(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := newItems(t)
+	src := newSkipSource()
+	hooks := &skipHooks{}
+	r, err := backfill.New(s.db, &backfill.Config{Concurrency: 2, Hooks: hooks})
+	require.NoError(t, err)
+	job := skipJob(src)
+	job.ChunkColumn = ""
+	rep1, err := r.Run(ctx, job)
+	require.NoError(t, err)
+	hooks.merged()
+	first := snapshot(t, s.db)
+	rep, err := r.Run(ctx, job)
+	require.NoError(t, err)
+	require.Equal(t, 10, rep.ChunksSkipped)
+	require.Equal(t, backfill.Counts{Read: 1000, Unchanged: 1000}, rep.Counts)
+	require.Empty(t, hooks.merged())
+	if d := cmp.Diff(first, snapshot(t, s.db)); d != "" {
+		t.Fatalf("a skipped replay rewrote rows (-want +got):\n%s", d)
+	}
+	pv, err := r.Rollback(ctx, job, backfill.RollbackOptions{BatchID: rep1.BatchID, Preview: true})
+	require.NoError(t, err)
+	require.Equal(t, int64(1000), pv.ConflictsDelivered, "the skipped chunks summarised their deliveries")
+
+	src.set(321, "changed", "1.00")
+	_, err = s.db.Exec(`UPDATE items SET name = 'tampered' WHERE id = 555;
+		DELETE FROM items WHERE id = 666;
+		INSERT INTO items (tenant, id, name) VALUES ('other', 777, 'extra')`)
+	require.NoError(t, err)
+	rep, err = r.Run(ctx, job)
+	require.NoError(t, err)
+	require.Equal(t, []string{"int:300/400", "int:500/600", "int:600/700"}, hooks.merged())
+	require.Equal(t, backfill.Counts{Read: 1000, Inserted: 1, Updated: 2, Unchanged: 997}, rep.Counts)
+	requireBalanced(t, s.db, rep.BatchID)
+	want := append(src.image(), rowImage{Tenant: "other", ID: 777, Name: "extra"})
+	if d := cmp.Diff(want, contentOf(snapshot(t, s.db))); d != "" {
+		t.Fatalf("target after the replay (-want +got):\n%s", d)
+	}
+	rep, err = r.Run(ctx, job)
+	require.NoError(t, err)
+	require.Equal(t, 10, rep.ChunksSkipped)
 }
