@@ -304,6 +304,69 @@ type Job struct {
 	// chunk has ended before the horizon. See [SafetyLag] and
 	// [PGSourceWatermark].
 	Watermark Watermarker
+	// SkipUnchanged lets a replay (a [Job.NewRun] over a loaded range,
+	// or a restatement in which few chunks changed) skip the staging and
+	// merge of a chunk whose rows did not change since the last load of
+	// the same chunk (same job, chunk ID and plan fingerprint). Off by
+	// default. See replay_skip.go for the design.
+	//
+	// Every chunk is still extracted and converted (the source is known
+	// only by reading it), into a spool (memory, then a temporary file)
+	// rather than straight into COPY. Then, in the chunk's transaction,
+	// the chunk is skipped when both hold: the multiset hash of its
+	// converted rows (every written column) equals the one the last
+	// load recorded, and the multiset hash of the chunk's target rows
+	// (every column, read by the server) equals the one that load
+	// recorded after its merge. The chunk's target rows are those within
+	// its ChunkColumn bounds (one range scan: give the target an index on
+	// ChunkColumn); without ChunkColumn, those whose identity is among
+	// the extracted rows' (sent as arrays, one index probe per row),
+	// which leaves out rows of other keys that its merge would not touch
+	// either. A skipped chunk writes no target
+	// row, no lineage and no undo entry; it is checkpointed with Read the
+	// rows the extractor wrote, Rejected those it or the row writer
+	// rejected (queued in this batch's exception queue, as for a merged
+	// chunk), Unchanged the rest, and Inserted, Updated and Deduplicated
+	// 0; [ChunkResult.Skipped] says so, [Report.ChunksSkipped] counts
+	// them. It summarises the rows it delivered unchanged for rollbacks
+	// (rollback_delivered.go), as its merge would have. Its validators
+	// that compare the staged rows with the target ([Completeness],
+	// [Aggregates], [ReplayChangesNothing], [Sample], [DuplicateKeys]
+	// without AcrossTarget) record a passed result whose Detail says it
+	// was proven by the fingerprints; [CheckExceptionRate] runs. Any
+	// other outcome stages the spool and merges as without the option.
+	//
+	// The comparison is probabilistic, like the validation
+	// fingerprints: two different sets of rows have equal fingerprints
+	// with a probability of about 2^-64 (and see validate_fingerprint.go
+	// for the timestamp hash's weakness). A value spelled otherwise than
+	// last time (numeric 1.0 for 1.00) counts as changed: the chunk is
+	// merged, never wrongly skipped.
+	//
+	// What is recorded: after every merged chunk whose merge took every
+	// staged row (none rejected by the merge, none deduplicated) and
+	// whose target rows (as above) are exactly as many as it staged, the
+	// two fingerprints, on the chunk's manifest row, by its
+	// checkpoint statement ([ManifestSkips]). Otherwise nothing is
+	// recorded and the next replay of the chunk merges. The base of a
+	// replay is the newest done row of the chunk in another batch whose
+	// run is not rolled back; a rolled back chunk is not done, and
+	// rolling a batch back changes the target rows, so nothing skips on a
+	// rolled back base. A chunk read again while open ([ChunkOpen]) is
+	// never skipped.
+	//
+	// Eligible jobs only: Target.Mode [Upsert] or
+	// [AppendOnly]; Conflict [SourceWins] and no Version; publish per
+	// chunk ([PublishPerChunk]); every target column has a fingerprint
+	// (validate_fingerprint.go: not composite nor of most extension
+	// types); validators among those named above. [Runner.Run] refuses
+	// any other job with SkipUnchanged before any work, with an error
+	// wrapping [ErrInvalidConfig] naming the reason, and a Runner whose
+	// Manifest lacks [ManifestSkips] or whose Merger is not [PGMerger]
+	// with an error wrapping [ErrUnsupported]. SkipUnchanged is not part
+	// of the plan: turning it on or off between calls of a run does not
+	// refuse the run.
+	SkipUnchanged bool
 }
 
 // DefaultMaxRunRejectRate is the default of [Job.MaxRunRejectRate]: a
@@ -661,6 +724,10 @@ type ChunkResult struct {
 	// interval may still arrive, so it is checkpointed as [ChunkOpen] and
 	// read again by the next call instead of being final.
 	Open bool
+	// Skipped is true when the chunk's source and target rows were
+	// unchanged since the last load and its staging and merge were
+	// skipped ([Job.SkipUnchanged]).
+	Skipped bool
 }
 
 // Report summarises a run as recorded in the manifest.
@@ -694,6 +761,10 @@ type Report struct {
 	// scope that reaches into the future, or a date-typed ChunkColumn
 	// used with a watermark. Each is also logged.
 	Warnings []string
+	// ChunksSkipped counts the chunks this call checkpointed without
+	// staging and merging them, their rows unchanged since the last
+	// load ([Job.SkipUnchanged]); they are among ChunksRun.
+	ChunksSkipped int
 	// Elapsed is the wall time of this call.
 	Elapsed time.Duration
 	// ChecksPassed and ChecksFailed count the verdicts of the run's

@@ -249,6 +249,8 @@ type capabilities struct {
 	throttlePeriods ManifestThrottle
 	// control: pause, resume, cancel and knobs (PGManifest only).
 	control controlManifest
+	// skips records and looks up the fingerprints of Job.SkipUnchanged.
+	skips ManifestSkips
 }
 
 func resolveCapabilities(m Manifest, mg Merger) capabilities {
@@ -265,6 +267,7 @@ func resolveCapabilities(m Manifest, mg Merger) capabilities {
 	c.throttle, _ = m.(throttleManifest)
 	c.throttlePeriods, _ = m.(ManifestThrottle)
 	c.control, _ = m.(controlManifest)
+	c.skips, _ = m.(ManifestSkips)
 	c.mergeStage, _ = mg.(MergerStaging)
 	c.mergeUndo, _ = mg.(MergerRollback)
 	if si, ok := mg.(StagingIsolator); ok {

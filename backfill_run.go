@@ -314,6 +314,9 @@ func (r *Runner) planRun(ctx context.Context, job Job) (runSetup, error) {
 	if err := r.requires(job, rs.pub); err != nil {
 		return runSetup{}, err
 	}
+	if err := r.skipEligible(job, rs.info); err != nil { // replay_skip_run.go
+		return runSetup{}, err
+	}
 	// Before the run exists: every missing privilege at once.
 	privWarnings, err := r.checkRunPrivileges(ctx, job, rs.info)
 	if err != nil {
@@ -510,6 +513,7 @@ func (ex *execution) finishRun(ctx context.Context, run Run, resumed, finished b
 func (ex *execution) report(ctx context.Context, run Run, resumed bool, begin time.Time) (Report, error) {
 	rep, err := ex.r.report(ctx, run, resumed)
 	rep.ChunksRun = len(ex.done)
+	rep.ChunksSkipped = ex.skipped
 	rep.Elapsed = time.Since(begin)
 	rep.Warnings = ex.warnings
 	return rep, err
@@ -563,11 +567,14 @@ type execution struct {
 	// worker is this call's registration (nil without ManifestWorkers).
 	worker *workerCall
 
-	mu     sync.Mutex
-	done   []string
-	errs   []error
-	failed *ChunkError
-	stop   bool
+	mu   sync.Mutex
+	done []string
+	// skipped counts the chunks of done that were skipped unchanged
+	// (Job.SkipUnchanged).
+	skipped int
+	errs    []error
+	failed  *ChunkError
+	stop    bool
 	// halted is the status (paused, cancelled) the run's control state
 	// stopped this call with ("" for none; backfill_control.go).
 	halted RunStatus
@@ -880,12 +887,15 @@ func (ex *execution) next(ctx context.Context, ws *waitState) bool {
 func (ex *execution) chunkDone(ctx context.Context, res ChunkResult) bool {
 	ex.mu.Lock()
 	ex.done = append(ex.done, res.Chunk.ID)
+	if res.Skipped {
+		ex.skipped++
+	}
 	ex.mu.Unlock()
 	if res.Open {
 		ex.log.Warn("chunk open: it ends after the horizon (watermark or now); loaded, not final, read again by the next run",
 			"seq", res.Chunk.Seq, "chunk", res.Chunk.ID, "read", res.Read, "inserted", res.Inserted)
 	}
-	ex.log.Info("chunk done", "seq", res.Chunk.Seq, "open", res.Open, "chunk", res.Chunk.ID, "read", res.Read, "inserted", res.Inserted,
+	ex.log.Info("chunk done", "seq", res.Chunk.Seq, "open", res.Open, "skipped", res.Skipped, "chunk", res.Chunk.ID, "read", res.Read, "inserted", res.Inserted,
 		"updated", res.Updated, "unchanged", res.Unchanged, "rejected", res.Rejected, "deduplicated", res.Deduplicated,
 		"duration", res.FinishedAt.Sub(res.StartedAt))
 	if h := ex.r.cfg.Hooks; h != nil {
@@ -974,6 +984,9 @@ type chunkRun struct {
 	admitted bool
 	// span is the chunk's trace span (nil without Config.Tracer; trace.go).
 	span *chunkSpan
+	// reread: the chunk was claimed open, read again (never skipped,
+	// Job.SkipUnchanged).
+	reread bool
 }
 
 // runChunk claims the next chunk and runs it in one transaction: claim,
@@ -1040,7 +1053,19 @@ func (ex *execution) runChunk(ctx context.Context) (cr chunkRun, err error) {
 		return cr, &ChunkError{Chunk: st.Chunk, Attempt: cr.attempt, Err: fmt.Errorf("manifest chunk %d %q is not in the plan", st.Chunk.Seq, st.Chunk.ID)}
 	}
 	c := ex.plan.Chunks[st.Chunk.Seq]
-	err = ex.loadChunk(ctx, tx, &cr, c, pid, time.Now(), nil)
+	started := time.Now()
+	var extracted *spooled
+	if ex.job.SkipUnchanged {
+		// Spool, then decide whether to stage (replay_skip_run.go).
+		cr.reread = st.Status == ChunkOpen
+		if extracted, err = ex.extractSpooled(cr.span.next(ctx, PhaseExtract), c, started); err != nil {
+			return cr, &ChunkError{Chunk: c, Attempt: cr.attempt, Err: err}
+		}
+		defer extracted.sp.Close()
+		cr.span.setRows(extracted.w.read)
+		cr.span.next(ctx, PhaseStage)
+	}
+	err = ex.loadChunk(ctx, tx, &cr, c, pid, started, extracted)
 	committed = err == nil
 	return cr, err
 }
@@ -1064,6 +1089,16 @@ func (ex *execution) loadChunk(ctx context.Context, tx Tx, cr *chunkRun, c Chunk
 		return chunkErr(err)
 	}
 	cr.staged = t.deferred
+
+	// Skip: a job with SkipUnchanged checks the spooled rows' and the
+	// target rows' fingerprints first (replay_skip_run.go).
+	var sk *chunkSkip
+	if extracted != nil && extracted.skip != nil {
+		sk = extracted.skip
+		if skipped, err := ex.skipUnchanged(ctx, tx, cr, c, t.info, started, extracted); err != nil || skipped {
+			return err
+		}
+	}
 
 	// Extract (unless extracted) and stage.
 	xctx := ctx
@@ -1094,6 +1129,11 @@ func (ex *execution) loadChunk(ctx context.Context, tx Tx, cr *chunkRun, c Chunk
 	if err := tooManyRejects(r.cfg.MaxRejectsPerChunk, c, w.rejected, mr.Rejected); err != nil {
 		return chunkErr(err)
 	}
+	if sk != nil {
+		if err := ex.recordAfterMerge(ctx, tx, sk, t.info, c, w, stager, mr); err != nil {
+			return chunkErr(err)
+		}
+	}
 	for _, e := range mr.Rejected {
 		e.ChunkID = c.ID
 		w.exceptions = append(w.exceptions, e)
@@ -1122,7 +1162,14 @@ func (ex *execution) loadChunk(ctx context.Context, tx Tx, cr *chunkRun, c Chunk
 	for i := range w.exceptions {
 		w.exceptions[i].BatchID = ex.batchID
 	}
-	if err := ex.pub.beforeCommit(ctx, ex, tx, t, cr.res, w.exceptions); err != nil {
+	if sk != nil {
+		// Only chunks published as they commit skip (skipEligible): the
+		// checkpoint, with the fingerprints.
+		err = ex.r.caps.skips.CompleteChunkFingerprinted(ctx, tx, ex.batchID, cr.res, w.exceptions, sk.record)
+	} else {
+		err = ex.pub.beforeCommit(ctx, ex, tx, t, cr.res, w.exceptions)
+	}
+	if err != nil {
 		return chunkErr(err)
 	}
 
@@ -1139,9 +1186,15 @@ func (ex *execution) loadChunk(ctx context.Context, tx Tx, cr *chunkRun, c Chunk
 // gate stops the claims of this call and returns a *ChunkError wrapping
 // a *gateError with the attempt's exceptions.
 func (ex *execution) validateChunk(ctx context.Context, tx Tx, info TableInfo, stager Stager, res ChunkResult, exceptions []Exception) error {
+	return ex.validateChunkWith(ctx, tx, info, stager, res, exceptions, ex.job.Validators)
+}
+
+// validateChunkWith is validateChunk running validators vs rather than
+// the job's (a skipped chunk's, replay_skip_run.go).
+func (ex *execution) validateChunkWith(ctx context.Context, tx Tx, info TableInfo, stager Stager, res ChunkResult, exceptions []Exception, vs []Validator) error {
 	c := res.Chunk
 	chunkErr := func(err error) error { return &ChunkError{Chunk: c, Attempt: res.Attempt, Err: err} }
-	checks, err := ex.validate(ctx, tx, c, info, stager, res.Counts)
+	checks, err := ex.validateWith(ctx, tx, c, info, stager, res.Counts, vs)
 	var ge *gateError
 	if errors.As(err, &ge) {
 		// No worker of this call claims another chunk (this one
@@ -1578,7 +1631,12 @@ func rollbackMechanism(job Job, info TableInfo, pub publisher) (RollbackMechanis
 // validate runs the job's validators on a merged chunk in tx. A failed
 // check of SeverityError returns a *gateError carrying every result.
 func (ex *execution) validate(ctx context.Context, tx sqlx.ExtContext, c Chunk, info TableInfo, stager Stager, counts Counts) ([]CheckResult, error) {
-	if len(ex.job.Validators) == 0 {
+	return ex.validateWith(ctx, tx, c, info, stager, counts, ex.job.Validators)
+}
+
+// validateWith is validate running validators vs.
+func (ex *execution) validateWith(ctx context.Context, tx sqlx.ExtContext, c Chunk, info TableInfo, stager Stager, counts Counts, vs []Validator) ([]CheckResult, error) {
+	if len(vs) == 0 {
 		return nil, nil
 	}
 	scope := ValidationScope{BatchID: ex.batchID, Chunk: c, Info: info, ChunkColumn: ex.job.ChunkColumn,
@@ -1588,7 +1646,7 @@ func (ex *execution) validate(ctx context.Context, tx sqlx.ExtContext, c Chunk, 
 	}
 	var checks []CheckResult
 	gate := ""
-	for _, v := range ex.job.Validators {
+	for _, v := range vs {
 		cr, err := v.Validate(ctx, tx, scope)
 		if err != nil {
 			return nil, fmt.Errorf("validate: %w", err)

@@ -49,6 +49,9 @@ type rowAdder interface {
 type spooled struct {
 	sp *spool
 	w  *rowWriter
+	// skip carries the spooled rows' fingerprint (Job.SkipUnchanged; nil
+	// without it).
+	skip *chunkSkip
 }
 
 // replay stages the spooled rows with w, a fresh row writer of a staging
@@ -147,7 +150,8 @@ func (ex *execution) runChunkLeased(ctx context.Context) (cr chunkRun, err error
 	// Extract, outside any transaction, into a spool.
 	sp := &spool{}
 	defer sp.Close()
-	w := newRowWriter(c, ex.job, ex.chunkInfo(ex.info, c), sp, r.cfg.MaxRejectsPerChunk, started)
+	add, sk := ex.skipAdder(sp, ex.chunkInfo(ex.info, c)) // replay_skip_run.go
+	w := newRowWriter(c, ex.job, ex.chunkInfo(ex.info, c), add, r.cfg.MaxRejectsPerChunk, started)
 	xerr := extractSafely(cr.span.next(ctx, PhaseExtract), ex.job.Extractor, c, w)
 	w.closed = true
 	cr.span.setRows(w.read)
@@ -188,7 +192,8 @@ func (ex *execution) runChunkLeased(ctx context.Context) (cr chunkRun, err error
 		ex.log.Warn("backfill: chunk's fence failed: its lease was taken over (this worker was stale) or the run stopped meanwhile (paused, abandoned); its transaction rolls back", "seq", seq, "chunk", c.ID)
 		return cr, nil
 	}
-	err = ex.loadChunk(ctx, tx, &cr, c, pid, started, &spooled{sp: sp, w: w})
+	cr.reread = cl.state.Status == ChunkOpen
+	err = ex.loadChunk(ctx, tx, &cr, c, pid, started, &spooled{sp: sp, w: w, skip: sk})
 	committed = err == nil
 	release = !committed
 	return cr, err

@@ -367,6 +367,15 @@ keys inside one chunk are resolved before the merge by [DuplicatePolicy]
 and counted as deduplicated; the target must have a unique index on the
 key ([ErrNoUniqueKey] otherwise).
 
+A replay still reads, converts, stages (COPY) and compares every row. With
+[Job.SkipUnchanged] it compares fingerprints instead: the chunk's rows are
+extracted into a spool, and when their multiset hash and that of the
+target rows within the chunk's [Job.ChunkColumn] bounds equal what the
+chunk's last load recorded with its checkpoint, the chunk is checkpointed
+unchanged without staging or merging; otherwise the spool is staged and
+merged as always. See [Job.SkipUnchanged] for the jobs it applies to and
+what a skipped chunk records.
+
 # Identity first: merge modes
 
 Decide which columns identify a record, which may change, and which side
@@ -549,10 +558,9 @@ swap, versioned view).
 
 Besides [Manifest] and [Merger], a Runner uses optional interfaces when
 their implementations have them: [ManifestAudit], [ManifestValidations],
-[ManifestGates], [ManifestUndoLog], [ManifestStaging], [ManifestWaits], [MergerStaging],
-
-[ManifestGates], [ManifestUndoLog], [ManifestStaging], [ManifestThrottle], [MergerStaging],
-[StagingIsolator] and [UndoLogWriter]. [NewWithDB] looks them up once; a
+[ManifestGates], [ManifestUndoLog], [ManifestStaging], [ManifestWaits],
+[ManifestThrottle], [ManifestSkips], [MergerStaging], [StagingIsolator] and
+[UndoLogWriter]. [NewWithDB] looks them up once; a
 job that needs one the Runner lacks is refused before any work. The
 conformance suites of backfilltest test each one an implementation has.
 

@@ -262,6 +262,9 @@ COMMENT ON VIEW {s}.completed_batches IS
 	// stays flat as done chunks accumulate (manifest_worker.go,
 	// claimQuery).
 	migrationClaimable,
+	// 19: the fingerprints of a chunk's source and target rows, for
+	// replays that skip unchanged chunks (manifest_skip.go).
+	migrationSkips,
 }
 
 func (m *PGManifest) sql(q string) string {
@@ -751,6 +754,12 @@ func (m *PGManifest) ClaimChunk(ctx context.Context, tx sqlx.ExtContext, batchID
 // pending (claimed in tx); otherwise it returns an error and the caller
 // must roll back.
 func (m *PGManifest) CompleteChunk(ctx context.Context, tx sqlx.ExtContext, batchID int64, r ChunkResult, exceptions []Exception) error {
+	return m.completeChunk(ctx, tx, batchID, r, exceptions, ChunkFingerprints{})
+}
+
+// completeChunk is CompleteChunk recording fp (none when zero) on the
+// chunk's row in the checkpoint statement ([ManifestSkips]).
+func (m *PGManifest) completeChunk(ctx context.Context, tx sqlx.ExtContext, batchID int64, r ChunkResult, exceptions []Exception, fp ChunkFingerprints) error {
 	if !r.Balanced() {
 		return fmt.Errorf("backfill: complete chunk %s: %w: %+v", r.Chunk.ID, ErrAccounting, r.Counts)
 	}
@@ -784,10 +793,12 @@ func (m *PGManifest) CompleteChunk(ctx context.Context, tx sqlx.ExtContext, batc
 		started_at = $9, finished_at = $10, last_error = '', worker = $11,
 		rows_processed = rows_processed + CASE WHEN status = 'staged' THEN 0 ELSE $3::bigint END,
 		reads = reads + CASE WHEN status = 'staged' THEN 0 ELSE 1 END, checkpointed_at = clock_timestamp(),
-		open_call = CASE WHEN $12 = 'open' THEN (SELECT calls FROM {s}.runs WHERE batch_id = $1) END
+		open_call = CASE WHEN $12 = 'open' THEN (SELECT calls FROM {s}.runs WHERE batch_id = $1) END,
+		source_fingerprint = $13, target_fingerprint = $14
 		WHERE batch_id = $1 AND seq = $2 AND status IN ('pending', 'staged', 'open')
 			AND EXISTS (SELECT 1 FROM {s}.runs WHERE batch_id = $1 AND status NOT IN ('abandoned', 'rolled_back', 'cancelled'))`),
-		batchID, r.Chunk.Seq, r.Read, r.Inserted, r.Updated, r.Unchanged, r.Rejected, r.Deduplicated, r.StartedAt, r.FinishedAt, ManifestText(r.Worker), string(status))
+		batchID, r.Chunk.Seq, r.Read, r.Inserted, r.Updated, r.Unchanged, r.Rejected, r.Deduplicated, r.StartedAt, r.FinishedAt, ManifestText(r.Worker), string(status),
+		nullIfEmpty(fp.Source), nullIfEmpty(fp.Target))
 	if err != nil {
 		return fmt.Errorf("backfill: complete chunk %s: %w", r.Chunk.ID, err)
 	}

@@ -4,17 +4,25 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/binary"
+	"encoding/hex"
 	"fmt"
 	"math"
 	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jmoiron/sqlx"
+	"github.com/lib/pq"
+
+	"github.com/pgbackfill/backfill/internal/sqlgen"
 )
 
-// Replays that skip unchanged chunks (issue 15): design, and the two
-// fingerprints it rests on. Not wired into a run yet: nothing here changes
-// what a run does.
+// Replays that skip unchanged chunks (issue 15, [Job.SkipUnchanged]):
+// design, and the two fingerprints it rests on. The wiring is in
+// replay_skip_run.go (eligibility, the decision, the skipped chunk's
+// checkpoint), manifest_skip.go (storage, [ManifestSkips]) and the two
+// run paths (runChunk, runChunkLeased), which call it.
 //
 // A replay (Job.NewRun over a loaded range, or a restatement in which few
 // chunks changed) extracts, converts, stages and merges every chunk,
@@ -26,14 +34,21 @@ import (
 //  1. the chunk's converted source rows are the same multiset as at the
 //     last successful load of the same chunk (same job, chunk ID, target,
 //     written columns and plan fingerprint): chunkFingerprint, summed by
-//     a fingerprintAdder between the row writer and its stager or spool,
-//     in Go, no round trip;
+//     a fingerprintAdder between the row writer and its spool, in Go, no
+//     round trip;
 //  2. the chunk's target rows are what that load's merge left:
 //     targetFingerprint, the multiset hash of the target rows within the
 //     chunk's ChunkColumn bounds (validate_fingerprint.go's SQL, one scan
 //     of the chunk's rows through the ChunkColumn index, no join, no
 //     write), taken in the chunk's transaction after the merge at load and
-//     again at the replay, under the chunk's lock.
+//     again at the replay, after the claim (or the lease's fence), which
+//     holds the chunk's row lock. A job without ChunkColumn has no
+//     bounds: its chunk's target rows are those of the chunk's
+//     identities, from the staging table at load
+//     (targetFingerprintStaged), from the spool's keys sent as text
+//     arrays at the replay (targetFingerprintKeys: unnest, one index
+//     probe per row). A row of another key is left out, rightly: the
+//     merge would not touch it.
 //
 // When both match, the merge would find every row unchanged: the chunk is
 // checkpointed with read = unchanged + rejected, inserted = updated =
@@ -45,57 +60,80 @@ import (
 // staged (the spool replayed into COPY) and merged as today. The
 // comparison is probabilistic like the validation fingerprints (a
 // 2^-64-class collision, and the timestamp hash weakness documented in
-// validate_fingerprint.go); a Job option, off by default, turns it on.
+// validate_fingerprint.go). A skipped chunk writes nothing to the target,
+// so a concurrent writer of its rows is ordered after it: the recorded
+// fingerprint is the one it read, and the next replay sees the change.
 //
-// The wiring left to do, and the choices it makes:
+// The choices:
 //
-//   - Recording: the load records the two fingerprints only when its
-//     merge took every staged row (no merge rejects, no deduplication,
-//     the default conflict policy, no Version) and the target
-//     fingerprint counts as many rows as were staged. The target rows in
-//     the bounds are then exactly the chunk's rows as merged, so a later
-//     merge of the same staged rows against the same target rows is
-//     determined: it changes nothing. Otherwise nothing is recorded and
-//     the next replay merges.
-//   - Eligibility at replay: ChunkColumn set, direct publish mode (not
-//     deferred), not History or Keyless, every column hashable (hashKind),
-//     the default merger, a chunk that is not open (ChunkOpen re-reads
-//     combine their counts). Validators that read staging (Completeness,
-//     Aggregates, ReplayChangesNothing) pass by construction for a skipped
-//     chunk (its target rows are proven the validated ones); they record a
-//     result that says so instead of running.
-//   - Jobs without ChunkColumn (benchload's job among them) have no bounds:
-//     their target side would be the target rows of the chunk's
-//     identities, sent as key arrays (unnest) rather than staged with
-//     their content; one index probe per row, cheaper than COPY and merge
-//     but not free. Not designed further here.
-//   - Staging must wait for (1): the row writer puts the rows into the
-//     spool (backfill_spool.go, bounded memory, as the leased path does);
-//     at the end of the extraction a match checks (2) and skips, a
-//     mismatch replays the spool into COPY. The leased path spools
-//     already: the decision goes before its staging.
+//   - Recording (recordAfterMerge): a merged chunk records the two
+//     fingerprints only when its merge took every staged row (no merge
+//     rejects, no deduplication; eligibility rules out other conflict
+//     policies and Version), the source fingerprint counts the staged
+//     rows (no value was isolated while staging) and the target
+//     fingerprint counts as many rows. The target rows in the bounds are
+//     then exactly the chunk's rows as merged, so a later merge of the
+//     same staged rows against the same target rows is determined: it
+//     changes nothing. Otherwise nothing is recorded (NULL) and the next
+//     replay merges. A skipped chunk records its base's fingerprints
+//     again: it is the next replay's base.
+//   - Eligibility (skipEligible, at plan time, before any work; a job
+//     that asked for it and can never skip is refused with
+//     ErrInvalidConfig naming the reason, a Runner without ManifestSkips
+//     or PGMerger with ErrUnsupported): Upsert or
+//     AppendOnly, SourceWins without Version, PublishPerChunk, every
+//     column hashable (hashKind), validators among those proven by the
+//     fingerprints (below) and CheckExceptionRate. At run time a chunk
+//     read again while open, or open now, is never skipped (ChunkOpen
+//     re-reads combine their counts).
+//   - Validators (skipValidators): those that compare staging with the
+//     target (Completeness, Aggregates, ReplayChangesNothing, Sample,
+//     DuplicateKeys without AcrossTarget) pass by construction for a
+//     skipped chunk (its target rows are proven the merged ones); they
+//     record a passed result whose Detail says so (skipped, the base
+//     batch and fingerprints) instead of running. CheckExceptionRate
+//     runs on the skipped chunk's counts. ReferentialIntegrity (its
+//     parent table may have changed), DuplicateKeys across the target
+//     and validators of the caller's are not proven: such jobs are
+//     refused.
+//   - Jobs without ChunkColumn (benchload's end-to-end job among them):
+//     see (2). The identities are rendered as the text COPY would send
+//     (spoolKeyText); a value rendered otherwise matches no row, so the
+//     count differs and the chunk merges, never a wrong skip. Their
+//     delivered summary joins the same arrays.
+//   - Spool, then decide: the row writer puts the rows into the spool
+//     (backfill_spool.go, bounded memory) behind the fingerprintAdder:
+//     runChunkLeased spools always (outside any transaction), runChunk
+//     spools when the option is on (inside the chunk's transaction, as
+//     it extracts today). In the chunk's transaction, after the publish
+//     mode's target, skipUnchanged looks the base up and compares; a
+//     mismatch replays the spool into COPY (loadChunk, stage).
 //   - Storage: migration 19 adds to the manifest's chunk rows the two
-//     fingerprints (text, chunkFingerprint.String and the target's rows
+//     fingerprints (text: chunkFingerprint.String, and the target's rows
 //     and sum), written by the chunk's checkpoint statement in the
-//     chunk's transaction: a kill -9 loses both or neither. The replay
-//     looks them up with its claim: the newest done row of the same job,
-//     chunk ID and plan fingerprint whose batch and chunk are not rolled
-//     back. Migrations are positional (len(pgMigrations)): 19 needs 18,
-//     another change of issue 15, merged first.
+//     chunk's transaction: a kill -9 loses both or neither. The lookup
+//     (ManifestSkips.BaseFingerprints) is one statement per chunk, in the
+//     chunk's transaction, only with the option: the newest done row of
+//     the same job, chunk ID and plan fingerprint in another batch whose
+//     run is not rolled back (a rolled back chunk is not done). With the
+//     option off a chunk's round trips are unchanged (the checkpoint
+//     statement sets the two columns NULL).
 //   - Rollback: a skipped chunk writes no target row, no lineage and no
 //     undo entry, so a rollback of the replay batch deletes nothing the
 //     earlier batch wrote. It delivered every row of its bounds unchanged:
 //     it records the delivered summary (rollback_delivered.go) from the
 //     target rows in its bounds (owner = lineage UpdatedBy, count, least
-//     and greatest identity), as its merge would have, so that a rollback
-//     of the earlier batch still reports them. Rolling the earlier batch
-//     back changes the target rows, so the next replay's (2) no longer
-//     matches: nothing skips on a rolled-back base.
+//     and greatest identity; recordSkippedDelivered), as its merge would
+//     have, so that a rollback of the earlier batch still reports them.
+//     Rolling the earlier batch back changes the target rows, so the next
+//     replay's (2) no longer matches: nothing skips on a rolled-back base.
 //   - Cost (BenchmarkTargetFingerprint, 10,000-row chunks, shared 2-core
 //     machine): the target re-check 17-20 ms, a skipped chunk's
 //     extraction, conversion, fingerprints and re-check 31-61 ms, today's
 //     replay of the chunk 207-228 ms. The source fingerprint adds about
 //     1 µs per row (BenchmarkSourceFingerprint against BenchmarkRowWriter).
+//     A merged chunk of a job with the option pays one more scan of its
+//     target rows (the fingerprint it records) and the base look-up.
 
 // chunkFingerprint is an order-independent (multiset) hash of rows: their
 // count and two 64-bit lanes, each the sum modulo 2^64 of a lane of each
@@ -176,20 +214,9 @@ func targetFingerprint(ctx context.Context, tx sqlx.ExtContext, info TableInfo, 
 		return fingerprint{}, fmt.Errorf("backfill: chunk %s: target fingerprint: %w: no ChunkColumn bounds the chunk's target rows", c.ID, ErrUnsupported)
 	}
 	// Staging is never read: the check only builds the target's query.
-	pc, err := newPGCheck("target fingerprint", SeverityError, ValidationScope{Chunk: c, Info: info, ChunkColumn: chunkColumn, Zone: zone, Staging: "-"})
+	pc, cols, err := targetFingerprintCheck(info, ValidationScope{Chunk: c, Info: info, ChunkColumn: chunkColumn, Zone: zone, Staging: "-"})
 	if err != nil {
 		return fingerprint{}, err
-	}
-	cols := info.identity()
-	for _, col := range info.Columns {
-		if !slices.Contains(cols, col.Name) {
-			cols = append(cols, col.Name)
-		}
-	}
-	for _, n := range cols {
-		if col := pc.cols[n]; hashKind(col) == "" {
-			return fingerprint{}, fmt.Errorf("backfill: chunk %s: target fingerprint: %w: column %q of type %s has none", c.ID, ErrUnsupported, n, cmpOr(col.Type, col.BaseType))
-		}
 	}
 	if _, ok := pc.cols[chunkColumn]; !ok {
 		return fingerprint{}, fmt.Errorf("backfill: chunk %s: target fingerprint: %w: ChunkColumn %q is not a column of the target", c.ID, ErrInvalidConfig, chunkColumn)
@@ -199,10 +226,83 @@ func targetFingerprint(ctx context.Context, tx sqlx.ExtContext, info TableInfo, 
 	if err != nil {
 		return fingerprint{}, err
 	}
-	q := pc.fingerprintTargetSQL(cols, bounds)
-	// The text forms the hash reads depend on these settings: pinned for
-	// the statement, restored at its end (set_config(..., true) lasts to
-	// the end of the transaction, so a savepoint scopes it).
+	return pinnedFingerprint(ctx, tx, c, pc.fingerprintTargetSQL(cols, bounds), a)
+}
+
+// targetFingerprintStaged is targetFingerprint for a job without
+// ChunkColumn: the target rows whose identity is in staging, the chunk's
+// staging table, after its merge.
+func targetFingerprintStaged(ctx context.Context, tx sqlx.ExtContext, info TableInfo, staging string, c Chunk) (fingerprint, error) {
+	pc, cols, err := targetFingerprintCheck(info, ValidationScope{Chunk: c, Info: info, Staging: staging})
+	if err != nil {
+		return fingerprint{}, err
+	}
+	return pinnedFingerprint(ctx, tx, c, pc.fingerprintTargetSQL(cols, ""), nil)
+}
+
+// targetFingerprintKeys is targetFingerprint for a job without
+// ChunkColumn: the target rows whose identity is among keys (keys[i]
+// the text forms of identity column i, row by row), sent as arrays. A
+// key in another text form than the target's (a value the spool holds
+// otherwise) matches no row: the count then differs, never a wrong
+// match by equality of another row.
+func targetFingerprintKeys(ctx context.Context, tx sqlx.ExtContext, info TableInfo, keys [][]string, c Chunk) (fingerprint, error) {
+	pc, cols, err := targetFingerprintCheck(info, ValidationScope{Chunk: c, Info: info, Staging: "-"})
+	if err != nil {
+		return fingerprint{}, err
+	}
+	var a sqlArgs
+	from := keysJoin(pc, keys, &a)
+	q := sqlf(`SELECT count(*) AS rows, coalesce(sum({hash}), 0)::text AS hash_sum FROM {from}`,
+		"hash", rowHashSQL(info, cols, "t"), "from", from)
+	return pinnedFingerprint(ctx, tx, c, q, a)
+}
+
+// keysJoin returns the FROM clause of the target rows (alias t) whose
+// identity is among keys, sent as text arrays (bind parameters added to
+// a), each cast to its column's type.
+func keysJoin(pc *pgCheck, keys [][]string, a *sqlArgs) string {
+	identity := pc.scope.Info.identity()
+	arrays, names, on := make([]string, len(identity)), make([]string, len(identity)), make([]string, len(identity))
+	for i, n := range identity {
+		arrays[i] = a.bind(pq.Array(keys[i])) + "::text[]"
+		names[i] = fmt.Sprintf("k%d", i)
+		col := pc.cols[n]
+		on[i] = fmt.Sprintf("t.%s = k.k%d::%s", sqlgen.Ident(n), i, cmpOr(col.Type, col.BaseType))
+	}
+	return sqlf(`unnest({arrays}) AS k({names}) JOIN {target} t ON {on}`,
+		"arrays", strings.Join(arrays, ", "), "names", strings.Join(names, ", "), "target", pc.target, "on", strings.Join(on, " AND "))
+}
+
+// targetFingerprintCheck is the check that builds a target fingerprint's
+// query for scope, and the columns hashed: every column of the target,
+// identity first. It returns an error wrapping [ErrUnsupported] when a
+// column has no fingerprint.
+func targetFingerprintCheck(info TableInfo, scope ValidationScope) (*pgCheck, []string, error) {
+	c := scope.Chunk
+	pc, err := newPGCheck("target fingerprint", SeverityError, scope)
+	if err != nil {
+		return nil, nil, err
+	}
+	cols := info.identity()
+	for _, col := range info.Columns {
+		if !slices.Contains(cols, col.Name) {
+			cols = append(cols, col.Name)
+		}
+	}
+	for _, n := range cols {
+		if col := pc.cols[n]; hashKind(col) == "" {
+			return nil, nil, fmt.Errorf("backfill: chunk %s: target fingerprint: %w: column %q of type %s has none", c.ID, ErrUnsupported, n, cmpOr(col.Type, col.BaseType))
+		}
+	}
+	return pc, cols, nil
+}
+
+// pinnedFingerprint runs q (args a) in tx with the text forms the hash
+// reads pinned: set for the statement, restored at its end
+// (set_config(..., true) lasts to the end of the transaction, so a
+// savepoint scopes it).
+func pinnedFingerprint(ctx context.Context, tx sqlx.ExtContext, c Chunk, q string, a sqlArgs) (fingerprint, error) {
 	if _, err := tx.ExecContext(ctx, `SAVEPOINT backfill_target_fingerprint`); err != nil {
 		return fingerprint{}, fmt.Errorf("backfill: chunk %s: target fingerprint: savepoint: %w", c.ID, err)
 	}
@@ -220,6 +320,55 @@ func targetFingerprint(ctx context.Context, tx sqlx.ExtContext, info TableInfo, 
 		return fingerprint{}, fmt.Errorf("backfill: chunk %s: target fingerprint: %w", c.ID, qerr)
 	}
 	return fp, nil
+}
+
+// spoolKeyText renders v, a converted value of an identity column, as the
+// text PostgreSQL reads back as the same value (the form COPY sends).
+func spoolKeyText(col Column, v any) string {
+	switch x := v.(type) {
+	case int64:
+		return strconv.FormatInt(x, 10)
+	case int:
+		return strconv.Itoa(x)
+	case int32:
+		return strconv.FormatInt(int64(x), 10)
+	case float64:
+		return strconv.FormatFloat(x, 'g', -1, 64)
+	case bool:
+		return strconv.FormatBool(x)
+	case string:
+		return x
+	case []byte:
+		return `\x` + hex.EncodeToString(x)
+	case time.Time:
+		return string(pq.FormatTimestamp(x))
+	}
+	_, text := canonical(col, v)
+	return text
+}
+
+// spoolKeys returns the identity of every row of sp (converted rows of
+// info), as spoolKeyText forms, one slice per identity column.
+func spoolKeys(ctx context.Context, sp *spool, info TableInfo) ([][]string, error) {
+	identity := info.identity()
+	idx := make([]int, len(identity))
+	for i, n := range identity {
+		idx[i] = slices.IndexFunc(info.Columns, func(c Column) bool { return c.Name == n })
+		if idx[i] < 0 {
+			return nil, fmt.Errorf("backfill: identity column %q is not a column of %s", n, info.Target.Table)
+		}
+	}
+	keys := make([][]string, len(identity))
+	for i := range keys {
+		keys[i] = make([]string, 0, sp.Len())
+	}
+	err := sp.replay(ctx, func(_ int64, values []any) error {
+		for i, j := range idx {
+			keys[i] = append(keys[i], spoolKeyText(info.Columns[j], values[j]))
+		}
+		return nil
+	})
+	return keys, err
 }
 
 // fingerprintAdder sums the source fingerprint of the rows a row writer

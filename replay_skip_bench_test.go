@@ -100,9 +100,9 @@ func BenchmarkTargetFingerprint(b *testing.B) {
 			}
 		}
 	})
-	// What a skipped chunk would cost (the wiring is not done): the
-	// extraction, conversion and source fingerprint of its rows, then the
-	// target's re-check, in one transaction; no manifest write.
+	// The floor of a skipped chunk: the extraction, conversion and
+	// source fingerprint of its rows, then the target's re-check, in one
+	// transaction; no manifest write.
 	b.Run("skip-projection", func(b *testing.B) {
 		x := job(c.Lo, c.Hi, true).Extractor
 		for b.Loop() {
@@ -119,6 +119,24 @@ func BenchmarkTargetFingerprint(b *testing.B) {
 			}
 			if fa.fp.Rows != chunk {
 				b.Fatalf("%d rows", fa.fp.Rows)
+			}
+		}
+	})
+	// A run of the chunk with Job.SkipUnchanged (after one that recorded
+	// its fingerprints): the skipped chunk with its run's manifest work.
+	b.Run("skip", func(b *testing.B) {
+		skip := job(c.Lo, c.Hi, true)
+		skip.SkipUnchanged = true
+		if _, err := r.Run(ctx, skip); err != nil {
+			b.Fatal(err)
+		}
+		for b.Loop() {
+			rep, err := r.Run(ctx, skip)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if rep.ChunksSkipped != 1 || rep.Counts.Unchanged != chunk {
+				b.Fatalf("skip: %d skipped, %+v", rep.ChunksSkipped, rep.Counts)
 			}
 		}
 	})

@@ -63,6 +63,89 @@ func testManifestCapabilities(t *testing.T,
 		}
 	})
 
+	t.Run("Skips", func(t *testing.T) {
+		t.Parallel()
+		m, db := setup(t)
+		ms, ok := m.(backfill.ManifestSkips)
+		if !ok {
+			t.Skip("the manifest does not implement backfill.ManifestSkips")
+		}
+		p := plan(t, "job", "v1", 20)
+		complete := func(batch int64, fp backfill.ChunkFingerprints, commit bool) {
+			t.Helper()
+			tx, st, ok := claim(t, m, db, batch)
+			require.True(t, ok)
+			now := time.Now()
+			res := backfill.ChunkResult{Chunk: st.Chunk, Counts: backfill.Counts{Read: 3, Unchanged: 3}, Attempt: 1, StartedAt: now, FinishedAt: now}
+			require.NoError(t, ms.CompleteChunkFingerprinted(ctx, tx, batch, res, nil, fp))
+			if commit {
+				require.NoError(t, tx.Commit())
+			} else {
+				require.NoError(t, tx.Rollback())
+			}
+		}
+		base := func(job string, p backfill.Plan, batch int64, chunk string) (backfill.ChunkFingerprints, bool) {
+			t.Helper()
+			tx, err := db.Begin(ctx)
+			require.NoError(t, err)
+			defer func() { _ = tx.Rollback() }()
+			fp, ok, err := ms.BaseFingerprints(ctx, tx, job, p.Fingerprint, batch, chunk)
+			require.NoError(t, err)
+			return fp, ok
+		}
+		c0, c1 := p.Chunks[0].ID, p.Chunks[1].ID
+		run1, _, err := m.StartRun(ctx, db, p, "w", false)
+		require.NoError(t, err)
+		complete(run1.BatchID, backfill.ChunkFingerprints{Source: "s1", Target: "t1"}, true)
+		complete(run1.BatchID, backfill.ChunkFingerprints{}, true)
+		other := run1.BatchID + 1000 // a batch that is not run1
+		fp, ok := base("job", p, other, c0)
+		require.True(t, ok)
+		require.Equal(t, backfill.ChunkFingerprints{BatchID: run1.BatchID, Source: "s1", Target: "t1"}, fp)
+		_, ok = base("job", p, other, c1)
+		require.False(t, ok, "a chunk checkpointed without fingerprints")
+		_, ok = base("job", p, run1.BatchID, c0)
+		require.False(t, ok, "the asking batch's own chunk is no base")
+		_, ok = base("other", p, other, c0)
+		require.False(t, ok, "another job")
+		_, ok = base("job", plan(t, "job", "v2", 20), other, c0)
+		require.False(t, ok, "another plan")
+
+		run2, _, err := m.StartRun(ctx, db, p, "w", true)
+		require.NoError(t, err)
+		complete(run2.BatchID, backfill.ChunkFingerprints{Source: "s2", Target: "t2"}, false)
+		fp, ok = base("job", p, other, c0)
+		require.True(t, ok)
+		require.Equal(t, run1.BatchID, fp.BatchID, "a checkpoint rolled back records nothing")
+		complete(run2.BatchID, backfill.ChunkFingerprints{Source: "s2", Target: "t2"}, true)
+		fp, ok = base("job", p, other, c0)
+		require.True(t, ok)
+		require.Equal(t, backfill.ChunkFingerprints{BatchID: run2.BatchID, Source: "s2", Target: "t2"}, fp, "the newest done chunk")
+		fp, ok = base("job", p, run2.BatchID, c0)
+		require.True(t, ok)
+		require.Equal(t, run1.BatchID, fp.BatchID)
+
+		mr, ok := m.(backfill.ManifestRollback)
+		if !ok {
+			return
+		}
+		tx, err := db.Begin(ctx)
+		require.NoError(t, err)
+		done, err := mr.RollBackChunk(ctx, tx, run2.BatchID, 0)
+		require.NoError(t, err)
+		require.True(t, done)
+		require.NoError(t, tx.Commit())
+		fp, ok = base("job", p, other, c0)
+		require.True(t, ok)
+		require.Equal(t, run1.BatchID, fp.BatchID, "a rolled back chunk is no base")
+		tx, err = db.Begin(ctx)
+		require.NoError(t, err)
+		require.NoError(t, mr.RollBackRun(ctx, tx, run1.BatchID))
+		require.NoError(t, tx.Commit())
+		_, ok = base("job", p, other, c0)
+		require.False(t, ok, "a rolled back run is no base")
+	})
+
 	t.Run("PauseAndResume", func(t *testing.T) {
 		t.Parallel()
 		m, db := setup(t)

@@ -40,6 +40,9 @@ type fakeRun struct {
 	failedExceptions []backfill.Exception
 	// staged counts the staged rows per chunk Seq (StageChunk).
 	staged map[int]int64
+	// fingerprints are the chunks' recorded fingerprints, per Seq
+	// (backfill.ManifestSkips).
+	fingerprints map[int]backfill.ChunkFingerprints
 }
 
 var (
@@ -224,6 +227,11 @@ func (m *Manifest) ClaimChunk(ctx context.Context, tx sqlx.ExtContext, batchID i
 
 // CompleteChunk implements [backfill.Manifest.CompleteChunk].
 func (m *Manifest) CompleteChunk(ctx context.Context, tx sqlx.ExtContext, batchID int64, res backfill.ChunkResult, exceptions []backfill.Exception) error {
+	return m.completeChunk(ctx, tx, batchID, res, exceptions, backfill.ChunkFingerprints{})
+}
+
+// completeChunk is CompleteChunk recording fp (none when zero).
+func (m *Manifest) completeChunk(ctx context.Context, tx sqlx.ExtContext, batchID int64, res backfill.ChunkResult, exceptions []backfill.Exception, fp backfill.ChunkFingerprints) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -268,6 +276,14 @@ func (m *Manifest) CompleteChunk(ctx context.Context, tx sqlx.ExtContext, batchI
 		st, fin := res.StartedAt, res.FinishedAt
 		c.StartedAt, c.FinishedAt, c.LastError, c.Worker = &st, &fin, "", backfill.ManifestText(res.Worker)
 		r.exceptions = append(r.exceptions, ex...)
+		if r.fingerprints == nil {
+			r.fingerprints = map[int]backfill.ChunkFingerprints{}
+		}
+		delete(r.fingerprints, res.Chunk.Seq)
+		if !fp.IsZero() {
+			fp.BatchID = 0
+			r.fingerprints[res.Chunk.Seq] = fp
+		}
 	})
 }
 

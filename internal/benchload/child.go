@@ -43,6 +43,12 @@ type childOpts struct {
 	sqlOut      string // write the SQL statements the load issued here (JSON)
 	pgOptions   string // PostgreSQL startup options ("-c name=value ...") of the load's connections
 	concurrency int    // library: Config.Concurrency
+	// byOrder chunks by order_no with ChunkColumn order_no (skip.go);
+	// skipUnchanged sets Job.SkipUnchanged; restate > 0 changes every
+	// restateEvery-th chunk's rows.
+	byOrder       bool
+	skipUnchanged bool
+	restate       int
 }
 
 // childResult is what a child reports about its load.
@@ -69,6 +75,8 @@ type childResult struct {
 	// minus the child's and its backends'): other processes competing for
 	// the same cores. Large values make the timings unreliable.
 	OtherCPU float64 `json:"other_cpu_s"`
+	// ChunksSkipped is the library's Report.ChunksSkipped.
+	ChunksSkipped int `json:"chunks_skipped,omitempty"`
 }
 
 func runChild(o childOpts) error {
@@ -109,7 +117,7 @@ func runChild(o childOpts) error {
 	start := time.Now()
 	switch o.variant {
 	case "lib":
-		res.Counts, err = loadLib(ctx, db, o, st)
+		res.Counts, res.ChunksSkipped, err = loadLib(ctx, db, o, st)
 	case "base":
 		res.Counts, err = loadBase(ctx, db, o, st)
 	default:
@@ -192,7 +200,7 @@ func openDB(ctx context.Context, url, app, options string, notices *noticeLog) (
 
 // loadLib loads [lo, lo+rows) with the library: IntRange chunks,
 // Concurrency 1, default manifest and merger.
-func loadLib(ctx context.Context, db *sqlx.DB, o childOpts, st *stats) (backfill.Counts, error) {
+func loadLib(ctx context.Context, db *sqlx.DB, o childOpts, st *stats) (backfill.Counts, int, error) {
 	cfg := &backfill.Config{Concurrency: max(o.concurrency, 1)}
 	var r *backfill.Runner
 	var err error
@@ -204,7 +212,7 @@ func loadLib(ctx context.Context, db *sqlx.DB, o childOpts, st *stats) (backfill
 		r, err = backfill.New(db, cfg)
 	}
 	if err != nil {
-		return backfill.Counts{}, err
+		return backfill.Counts{}, 0, err
 	}
 	job := backfill.Job{
 		Name:        o.job,
@@ -218,14 +226,18 @@ func loadLib(ctx context.Context, db *sqlx.DB, o childOpts, st *stats) (backfill
 		// measures the undo log's cost.
 		Rollback: backfill.RollbackNone,
 	}
+	if o.byOrder {
+		job.Chunker, job.Extractor = byOrderJob(o) // skip.go
+		job.ChunkColumn, job.SkipUnchanged = "order_no", o.skipUnchanged
+	}
 	rep, err := r.Run(ctx, job)
 	if err != nil {
-		return rep.Counts, err
+		return rep.Counts, rep.ChunksSkipped, err
 	}
 	if rep.Status != backfill.RunCompleted || rep.ChunksRun != rep.ChunksTotal {
-		return rep.Counts, fmt.Errorf("run %d: status %s, %d of %d chunks run", rep.BatchID, rep.Status, rep.ChunksRun, rep.ChunksTotal)
+		return rep.Counts, rep.ChunksSkipped, fmt.Errorf("run %d: status %s, %d of %d chunks run", rep.BatchID, rep.Status, rep.ChunksRun, rep.ChunksTotal)
 	}
-	return rep.Counts, nil
+	return rep.Counts, rep.ChunksSkipped, nil
 }
 
 // generator is the library's Extractor: the rows of ids [c.Lo, c.Hi).

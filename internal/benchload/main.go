@@ -46,6 +46,10 @@ type options struct {
 	// durable starts the throwaway server with production durability
 	// (fsync, full_page_writes, synchronous_commit on).
 	durable bool
+	// skip also measures replays with Job.SkipUnchanged (skip.go).
+	skip bool
+	// skipOnly runs only the -skip loads (not the end-to-end variants).
+	skipOnly bool
 }
 
 func main() {
@@ -75,6 +79,11 @@ func main() {
 	flag.IntVar(&c.concurrency, "concurrency", 1, "internal (child): library Config.Concurrency")
 	flag.StringVar(&c.pgOptions, "pgoptions", "", "internal (child): PostgreSQL startup options of the load's connections")
 	flag.BoolVar(&o.durable, "durable", false, "throwaway server only: keep production durability (fsync, full_page_writes, synchronous_commit on) instead of trading it for speed")
+	flag.BoolVar(&o.skip, "skip", false, "also measure replays with Job.SkipUnchanged, chunked by order_no: an unchanged replay against its first load, and a restatement with 5% of the chunks changed against a full reload")
+	flag.BoolVar(&o.skipOnly, "skip-only", false, "with -skip: skip the end-to-end variants")
+	flag.BoolVar(&c.byOrder, "byorder", false, "internal (child): chunk by order_no, ChunkColumn order_no")
+	flag.BoolVar(&c.skipUnchanged, "skipunchanged", false, "internal (child): Job.SkipUnchanged")
+	flag.IntVar(&c.restate, "restate", 0, "internal (child): add this to the quantity of every 20th chunk's rows")
 	flag.Parse()
 
 	if c.variant != "" {

@@ -134,11 +134,20 @@ func runParent(o options) error {
 	}
 	b.printFacts()
 
-	ms, err := b.endToEnd(ctx)
-	if err != nil {
-		return err
+	var ms []measurement
+	if !(o.skip && o.skipOnly) {
+		if ms, err = b.endToEnd(ctx); err != nil {
+			return err
+		}
+		b.printEndToEnd(ms)
 	}
-	b.printEndToEnd(ms)
+	if o.skip {
+		sm, err := b.skipBench(ctx) // skip.go
+		if err != nil {
+			return err
+		}
+		b.printSkip(sm)
+	}
 	var rss []childResult
 	if o.rss {
 		if rss, err = b.rssCompare(ctx); err != nil {
@@ -416,6 +425,9 @@ func (b *bench) child(ctx context.Context, c childOpts) (childResult, error) {
 	}
 	if c.variant == "lib" {
 		args = append(args, fmt.Sprintf("-concurrency=%d", b.o.libConcurrency))
+	}
+	if c.byOrder {
+		args = append(args, "-byorder", fmt.Sprintf("-skipunchanged=%t", c.skipUnchanged), fmt.Sprintf("-restate=%d", c.restate))
 	}
 	if c.variant == "lib" && b.o.libOptions != "" {
 		args = append(args, "-pgoptions="+b.o.libOptions)

@@ -1,0 +1,46 @@
+package backfilltest
+
+import (
+	"context"
+
+	"github.com/jmoiron/sqlx"
+
+	"github.com/pgbackfill/backfill"
+)
+
+var _ backfill.ManifestSkips = (*Manifest)(nil)
+
+// CompleteChunkFingerprinted implements
+// [backfill.ManifestSkips.CompleteChunkFingerprinted]: CompleteChunk,
+// recording fp on the chunk when the fake transaction commits.
+func (m *Manifest) CompleteChunkFingerprinted(ctx context.Context, tx sqlx.ExtContext, batchID int64, res backfill.ChunkResult, exceptions []backfill.Exception, fp backfill.ChunkFingerprints) error {
+	return m.completeChunk(ctx, tx, batchID, res, exceptions, fp)
+}
+
+// BaseFingerprints implements [backfill.ManifestSkips.BaseFingerprints]
+// as PGManifest does: the newest done chunk of the job's runs with the
+// plan's fingerprint, other than batchID, not rolled back.
+func (m *Manifest) BaseFingerprints(ctx context.Context, tx sqlx.ExtContext, job, plan string, batchID int64, chunkID string) (backfill.ChunkFingerprints, bool, error) {
+	if err := ctx.Err(); err != nil {
+		return backfill.ChunkFingerprints{}, false, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for i := len(m.runs) - 1; i >= 0; i-- {
+		r := m.runs[i]
+		if r.run.Job != job || r.run.Fingerprint != plan || r.run.BatchID == batchID || r.run.Status == backfill.RunRolledBack {
+			continue
+		}
+		for _, c := range r.chunks {
+			if c.Chunk.ID != chunkID || c.Status != backfill.ChunkDone {
+				continue
+			}
+			fp, ok := r.fingerprints[c.Chunk.Seq]
+			if ok {
+				fp.BatchID = r.run.BatchID
+			}
+			return fp, ok, nil
+		}
+	}
+	return backfill.ChunkFingerprints{}, false, nil
+}

@@ -1,0 +1,202 @@
+package main
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/pgbackfill/backfill"
+)
+
+// Replays that skip unchanged chunks (-skip; backfill.Job.SkipUnchanged).
+//
+// SkipUnchanged needs a ChunkColumn to bound a chunk's target rows, which
+// the end-to-end job (IntRange over the row id, a number the target does
+// not store) lacks. These loads chunk by order_no instead (order_no =
+// 1e9 + id/8, eight lines per order): chunks of -chunk/8 orders, so of
+// -chunk rows, ChunkColumn "order_no", and an index on order_no (the
+// target fingerprint's range scan). Both tables of a run get the index;
+// the end-to-end variants are left as they are.
+//
+// Per run, two fresh tables:
+//
+//   - on: first load with SkipUnchanged (it records the fingerprints), an
+//     unchanged replay (every chunk skipped), then a restatement in which
+//     every 20th chunk (5%) changed, with SkipUnchanged;
+//   - off: first load without it, then the same restatement without it,
+//     which stages and merges every chunk: the full reload.
+
+// restateEvery: a restatement changes every restateEvery-th chunk.
+const restateEvery = 20
+
+// byOrderJob returns the job of -byorder loads: [lo, lo+rows) as order
+// chunks of o.chunk rows.
+func byOrderJob(o childOpts) (backfill.Chunker, backfill.Extractor) {
+	perChunk := max(o.chunk/8, 1)
+	first := 1_000_000_000 + o.lo/8
+	return backfill.IntRange(first, 1_000_000_000+(o.lo+o.rows)/8, perChunk),
+		orderGenerator{first: first, perChunk: perChunk, restate: o.restate}
+}
+
+// orderGenerator is the Extractor of order chunks: the eight lines of
+// each order of [c.Lo, c.Hi) (genRow's rows of ids 8*(order-1e9)...), with
+// restate added to the quantity of every line of every restateEvery-th
+// chunk when restate > 0.
+type orderGenerator struct {
+	first, perChunk int64
+	restate         int
+}
+
+func (g orderGenerator) Extract(ctx context.Context, c backfill.Chunk, w backfill.RowWriter) error {
+	vals := make([]any, len(allColumns))
+	var buf []byte
+	changed := g.restate > 0 && ((c.Lo-g.first)/g.perChunk)%restateEvery == 0
+	for order := c.Lo; order < c.Hi; order++ {
+		for line := range int64(8) {
+			buf = genRow((order-1_000_000_000)*8+line, vals, buf)
+			if changed {
+				vals[5] = vals[5].(int) + g.restate
+			}
+			if err := w.Write(ctx, vals...); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// skipMeasurement is one run of the -skip loads.
+type skipMeasurement struct {
+	Run int `json:"run"`
+	// On: first load, unchanged replay, restatement with SkipUnchanged;
+	// Off: first load and restatement (the full reload) without it.
+	OnLoad, OnReplay, OnRestate childResult
+	OffLoad, OffRestate         childResult
+	OnLoadWAL, OnReplayWAL      int64
+	OnRestateWAL, OffLoadWAL    int64
+	OffRestateWAL               int64
+}
+
+// skipBench runs the -skip loads b.o.runs times.
+func (b *bench) skipBench(ctx context.Context) ([]skipMeasurement, error) {
+	var ms []skipMeasurement
+	for i := 1; i <= b.o.runs; i++ {
+		m := skipMeasurement{Run: i}
+		for _, on := range []bool{true, false} {
+			v := map[bool]string{true: "skip_on", false: "skip_off"}[on]
+			table := tableName(v, i)
+			if err := b.freshTable(ctx, table); err != nil {
+				return nil, err
+			}
+			if _, err := b.db.ExecContext(ctx, `CREATE INDEX ON `+table+` (order_no)`); err != nil {
+				return nil, err
+			}
+			c := childOpts{variant: "lib", table: table, job: fmt.Sprintf("benchload-%s-%d", v, i), rows: b.o.rows, chunk: b.o.chunk,
+				byOrder: true, skipUnchanged: on}
+			step := func(what string, c childOpts, want func(backfill.Counts) bool) (childResult, int64, error) {
+				b.quiesce(ctx)
+				b.checkpoint(ctx)
+				lsn0 := b.lsn(ctx)
+				progress("run %d: %s: %s", i, v, what)
+				r, err := b.child(ctx, c)
+				if err != nil {
+					return r, 0, err
+				}
+				wal := b.walSince(ctx, lsn0)
+				if !want(r.Counts) {
+					return r, wal, fmt.Errorf("%s %s: unexpected counts %+v", table, what, r.Counts)
+				}
+				progress("run %d: %s: %s: %.0f rows/s, WAL %s, %d chunks skipped", i, v, what, float64(r.Rows)/r.Seconds, mib(wal), r.ChunksSkipped)
+				return r, wal, nil
+			}
+			rows := b.o.rows
+			chunks := (rows + b.o.chunk - 1) / b.o.chunk
+			changedRows := ((chunks + restateEvery - 1) / restateEvery) * b.o.chunk
+			changedRows = min(changedRows, rows)
+			load, loadWAL, err := step("first load", c, func(n backfill.Counts) bool { return n.Read == rows && n.Inserted == rows })
+			if err != nil {
+				return nil, err
+			}
+			if _, err := b.db.ExecContext(ctx, `VACUUM (ANALYZE) `+table); err != nil {
+				return nil, err
+			}
+			c.newRun = true
+			if on {
+				m.OnLoad, m.OnLoadWAL = load, loadWAL
+				if m.OnReplay, m.OnReplayWAL, err = step("unchanged replay", c, func(n backfill.Counts) bool { return n.Read == rows && n.Unchanged == rows }); err != nil {
+					return nil, err
+				}
+			} else {
+				m.OffLoad, m.OffLoadWAL = load, loadWAL
+			}
+			c.restate = 1
+			restate, restateWAL, err := step("restatement (5% of chunks changed)", c, func(n backfill.Counts) bool {
+				return n.Read == rows && n.Updated <= changedRows && n.Updated > 0 && n.Unchanged == rows-n.Updated
+			})
+			if err != nil {
+				return nil, err
+			}
+			if on {
+				m.OnRestate, m.OnRestateWAL = restate, restateWAL
+			} else {
+				m.OffRestate, m.OffRestateWAL = restate, restateWAL
+			}
+			if _, err := b.db.ExecContext(ctx, `DROP TABLE `+table); err != nil {
+				return nil, err
+			}
+		}
+		ms = append(ms, m)
+	}
+	return ms, nil
+}
+
+// printSkip prints the -skip loads' figures and the goals of issue 15.
+func (b *bench) printSkip(ms []skipMeasurement) {
+	w := b.out
+	rate := func(f func(skipMeasurement) childResult) summary {
+		var xs []float64
+		for _, m := range ms {
+			r := f(m)
+			xs = append(xs, float64(r.Rows)/r.Seconds)
+		}
+		return summarize(xs)
+	}
+	wal := func(f func(skipMeasurement) int64) summary {
+		var xs []float64
+		for _, m := range ms {
+			xs = append(xs, float64(f(m)))
+		}
+		return summarize(xs)
+	}
+	n := len(ms)
+	fmt.Fprintf(w, "## Replays that skip unchanged chunks (Job.SkipUnchanged; chunks of %s rows by order_no, ChunkColumn order_no, index on it)\n\n", thousands(b.o.chunk))
+	fmt.Fprintf(w, "| load | rows/s (median [min, max]) | WAL (median) |\n|---|---:|---:|\n")
+	rows := []struct {
+		name string
+		r    summary
+		wal  summary
+	}{
+		{"first load, SkipUnchanged on (records the fingerprints)", rate(func(m skipMeasurement) childResult { return m.OnLoad }), wal(func(m skipMeasurement) int64 { return m.OnLoadWAL })},
+		{"first load, SkipUnchanged off", rate(func(m skipMeasurement) childResult { return m.OffLoad }), wal(func(m skipMeasurement) int64 { return m.OffLoadWAL })},
+		{"unchanged replay, SkipUnchanged on", rate(func(m skipMeasurement) childResult { return m.OnReplay }), wal(func(m skipMeasurement) int64 { return m.OnReplayWAL })},
+		{"restatement, 5% of chunks changed, SkipUnchanged on", rate(func(m skipMeasurement) childResult { return m.OnRestate }), wal(func(m skipMeasurement) int64 { return m.OnRestateWAL })},
+		{"restatement, 5% of chunks changed, SkipUnchanged off (full reload)", rate(func(m skipMeasurement) childResult { return m.OffRestate }), wal(func(m skipMeasurement) int64 { return m.OffRestateWAL })},
+	}
+	for _, r := range rows {
+		fmt.Fprintf(w, "| %s | %s | %s |\n", r.name, r.r.render(fmtRate, n), fmtMiB(r.wal.Median))
+	}
+	replay := rows[2].r.Median / rows[0].r.Median
+	replayWAL := rows[2].wal.Median / rows[0].wal.Median
+	restate := rows[3].r.Median / rows[4].r.Median
+	// Per run, the two loads compared ran minutes apart at most: their
+	// ratio is steadier than the ratio of medians on a busy machine.
+	var replayRuns, restateRuns []float64
+	for _, m := range ms {
+		replayRuns = append(replayRuns, m.OnLoad.Seconds/m.OnReplay.Seconds)
+		restateRuns = append(restateRuns, m.OffRestate.Seconds/m.OnRestate.Seconds)
+	}
+	rr, rs := summarize(replayRuns), summarize(restateRuns)
+	fmt.Fprintf(w, "\nUnchanged replay: %.2f× the first load's rows/s (per run %.2f – %.2f, median %.2f; goal ≥ 3×: %s); its WAL %s of the first load's (goal ≤ 0.1%%: %s; that WAL is the manifest's: no target row is written).\n",
+		replay, rr.Min, rr.Max, rr.Median, yesNo(replay >= 3), fmtPct(replayWAL), yesNo(replayWAL <= 0.001))
+	fmt.Fprintf(w, "Restatement with 5%% of the chunks changed: %.2f× the full reload's rows/s (per run %.2f – %.2f, median %.2f; goal ≥ 5×: %s).\n\n",
+		restate, rs.Min, rs.Max, rs.Median, yesNo(restate >= 5))
+}

@@ -1,0 +1,291 @@
+package backfill
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+	"github.com/lib/pq"
+
+	"github.com/pgbackfill/backfill/internal/sqlgen"
+)
+
+// Replays that skip unchanged chunks, wired into a run ([Job.SkipUnchanged];
+// the design is at the top of replay_skip.go).
+
+// skipEligible returns why job, whose target is prepared as info, cannot
+// skip unchanged chunks: an error wrapping [ErrInvalidConfig] naming the
+// reason, or [ErrUnsupported] naming the capability the Runner lacks; nil
+// when it can or does not ask to.
+func (r *Runner) skipEligible(job Job, info TableInfo) error {
+	if !job.SkipUnchanged {
+		return nil
+	}
+	refuse := func(format string, args ...any) error {
+		return fmt.Errorf("backfill: job %q: %w: SkipUnchanged: "+format, append([]any{job.Name, ErrInvalidConfig}, args...)...)
+	}
+	if _, ok := r.cfg.Merger.(*PGMerger); !ok || r.caps.skips == nil {
+		return fmt.Errorf("backfill: job %q: SkipUnchanged: %w", job.Name,
+			need(false, "ManifestSkips and PGMerger", fmt.Sprintf("the manifest (%T) records the fingerprints and PGMerger (not %T) reads the target's", r.cfg.Manifest, r.cfg.Merger)))
+	}
+	t := info.Target
+	switch {
+	case t.Mode != "" && t.Mode != Upsert && t.Mode != AppendOnly:
+		return refuse("mode %s: only Upsert and AppendOnly merges are determined by the rows' equality", t.Mode)
+	case t.Conflict != "" && t.Conflict != SourceWins:
+		return refuse("conflict policy %s: only SourceWins leaves the target rows equal to the staged rows", t.Conflict)
+	case t.Version != "":
+		return refuse("Target.Version %q: only SourceWins without a version leaves the target rows equal to the staged rows", t.Version)
+	case job.Publish.Mode != PublishPerChunk:
+		return refuse("publish mode %s: only chunks published as they commit (PublishPerChunk) are skipped", job.Publish.Mode)
+	}
+	for _, col := range info.Columns {
+		if hashKind(col) == "" {
+			return refuse("column %q of type %s has no fingerprint", col.Name, cmpOr(col.Type, col.BaseType))
+		}
+	}
+	for i, v := range job.Validators {
+		if _, ok := provenValidator(v); !ok {
+			if _, ok := v.(CheckExceptionRate); !ok {
+				return refuse("validator %d (%T) is not proven by the fingerprints for a skipped chunk (Completeness, Aggregates, ReplayChangesNothing, Sample, DuplicateKeys without AcrossTarget, CheckExceptionRate are)", i+1, v)
+			}
+		}
+	}
+	return nil
+}
+
+// provenValidator returns the name and severity of a validator whose
+// check compares the chunk's staged rows with its target rows, and so
+// passes by construction for a skipped chunk: its target rows are the
+// ones a merge of the same staged rows left, proven by the fingerprints.
+func provenValidator(v Validator) (CheckResult, bool) {
+	switch v := v.(type) {
+	case Completeness:
+		return CheckResult{Check: cmpOr(v.Name, "completeness"), Severity: severityOr(v.Severity)}, true
+	case Aggregates:
+		return CheckResult{Check: cmpOr(v.Name, "aggregates"), Severity: severityOr(v.Severity)}, true
+	case ReplayChangesNothing:
+		return CheckResult{Check: cmpOr(v.Name, "replay_changes_nothing"), Severity: severityOr(v.Severity)}, true
+	case Sample:
+		return CheckResult{Check: cmpOr(v.Name, "sample"), Severity: severityOr(v.Severity)}, true
+	case DuplicateKeys:
+		return CheckResult{Check: cmpOr(v.Name, "duplicate_keys"), Severity: severityOr(v.Severity)}, !v.AcrossTarget
+	}
+	return CheckResult{}, false
+}
+
+// skipValidators are job's validators for a chunk skipped on base's
+// fingerprints: those proven by them record a passed result saying so;
+// the others (CheckExceptionRate) run.
+func skipValidators(vs []Validator, base ChunkFingerprints) []Validator {
+	out := make([]Validator, len(vs))
+	for i, v := range vs {
+		cr, ok := provenValidator(v)
+		if !ok {
+			out[i] = v
+			continue
+		}
+		detail, _ := json.Marshal(map[string]any{"skipped": true, "base_batch": base.BatchID,
+			"source_fingerprint": base.Source, "target_fingerprint": base.Target})
+		cr.Passed = true
+		cr.Expected = "the chunk's rows as merged by batch " + fmt.Sprint(base.BatchID)
+		cr.Actual = "unchanged: source and target fingerprints equal (chunk skipped)"
+		cr.Detail = detail
+		out[i] = ValidatorFunc(func(context.Context, sqlx.ExtContext, ValidationScope) (CheckResult, error) { return cr, nil })
+	}
+	return out
+}
+
+// fingerprintText is a target fingerprint as the manifest records it.
+func fingerprintText(fp fingerprint) string { return fmt.Sprintf("%d:%s", fp.Rows, fp.Sum) }
+
+// chunkSkip is what a chunk of a job with SkipUnchanged carries from
+// its extraction to its checkpoint.
+type chunkSkip struct {
+	// source is the fingerprint of the rows the extraction spooled.
+	source *chunkFingerprint
+	// record is what the checkpoint records (zero: nothing).
+	record ChunkFingerprints
+}
+
+// skipAdder returns where a row writer of chunk c puts its rows for a
+// spool sp: sp itself, or, for a job with SkipUnchanged, sp behind a
+// fingerprintAdder, whose fingerprint the chunkSkip returned carries
+// (nil without the option).
+func (ex *execution) skipAdder(sp *spool, info TableInfo) (rowAdder, *chunkSkip) {
+	if !ex.job.SkipUnchanged {
+		return sp, nil
+	}
+	fa := &fingerprintAdder{info: info, next: sp}
+	return fa, &chunkSkip{source: &fa.fp}
+}
+
+// extractSpooled extracts chunk c into a spool, in the chunk's
+// transaction (runChunk's path, which otherwise stages as it extracts):
+// a job with SkipUnchanged decides after the extraction whether to stage.
+func (ex *execution) extractSpooled(ctx context.Context, c Chunk, started time.Time) (*spooled, error) {
+	sp := &spool{}
+	add, sk := ex.skipAdder(sp, ex.chunkInfo(ex.info, c))
+	w := newRowWriter(c, ex.job, ex.chunkInfo(ex.info, c), add, ex.r.cfg.MaxRejectsPerChunk, started)
+	xerr := extractSafely(ctx, ex.job.Extractor, c, w)
+	w.closed = true
+	switch {
+	case w.err != nil:
+		_ = sp.Close()
+		return nil, w.err
+	case xerr != nil:
+		_ = sp.Close()
+		return nil, fmt.Errorf("extract: %w", xerr)
+	}
+	return &spooled{sp: sp, w: w, skip: sk}, nil
+}
+
+// skipUnchanged skips chunk c, extracted into x and claimed in tx, when
+// its source rows and its target rows (info's, within its bounds) are
+// those the base load recorded: it checkpoints and commits the chunk
+// and returns true. It returns false when the chunk must be merged.
+func (ex *execution) skipUnchanged(ctx context.Context, tx Tx, cr *chunkRun, c Chunk, info TableInfo, started time.Time, x *spooled) (bool, error) {
+	chunkErr := func(err error) error { return &ChunkError{Chunk: c, Attempt: cr.attempt, Err: err} }
+	if cr.reread || ex.open(c, started) {
+		// Read again while open, or open now: its counts combine with
+		// the earlier reads' (Counts.Reread), never skipped.
+		return false, nil
+	}
+	base, ok, err := ex.r.caps.skips.BaseFingerprints(ctx, tx, ex.job.Name, ex.plan.Fingerprint, ex.batchID, c.ID)
+	if err != nil {
+		return false, chunkErr(err)
+	}
+	if !ok || base.Source != x.skip.source.String() {
+		return false, nil
+	}
+	// The chunk's target rows: within its bounds, or, without
+	// ChunkColumn, those of the spooled rows' identities.
+	var keys [][]string
+	var tfp fingerprint
+	if ex.job.ChunkColumn == "" {
+		if keys, err = spoolKeys(ctx, x.sp, info); err == nil {
+			tfp, err = targetFingerprintKeys(ctx, tx, info, keys, c)
+		}
+	} else {
+		tfp, err = targetFingerprint(ctx, tx, info, ex.job.ChunkColumn, ex.job.Zone, c)
+	}
+	if err != nil {
+		return false, chunkErr(err)
+	}
+	if fingerprintText(tfp) != base.Target {
+		return false, nil
+	}
+	w := x.w
+	cr.res = ChunkResult{Chunk: c, Attempt: cr.attempt, StartedAt: started, Worker: ex.r.cfg.WorkerID, Skipped: true,
+		Counts: Counts{Read: w.read, Unchanged: w.read - w.rejected, Rejected: w.rejected}}
+	cr.span.setRows(w.read)
+	// What a merge of the chunk would have summarised: the rows it
+	// delivered unchanged that other batches last wrote.
+	if err := ex.recordSkippedDelivered(ctx, tx, info, c, keys); err != nil {
+		return false, chunkErr(err)
+	}
+	cr.span.next(ctx, PhaseValidate)
+	if err := ex.validateChunkWith(ctx, tx, info, nil, cr.res, w.exceptions, skipValidators(ex.job.Validators, base)); err != nil {
+		return false, err
+	}
+	cr.span.next(ctx, PhaseCheckpoint)
+	cr.res.FinishedAt = time.Now()
+	for i := range w.exceptions {
+		w.exceptions[i].BatchID = ex.batchID
+	}
+	// The base's fingerprints, recorded again: this chunk is the newest
+	// base of the next replay.
+	rec := ChunkFingerprints{Source: base.Source, Target: base.Target}
+	if err := ex.r.caps.skips.CompleteChunkFingerprinted(ctx, tx, ex.batchID, cr.res, w.exceptions, rec); err != nil {
+		return false, chunkErr(err)
+	}
+	cr.span.next(ctx, PhaseCommit)
+	if err := tx.Commit(); err != nil {
+		return false, chunkErr(fmt.Errorf("commit: %w", err))
+	}
+	return true, nil
+}
+
+// recordAfterMerge sets sk.record when the merge of chunk c took every
+// row it staged (mr, of the staged rows w counted) and the target rows
+// within its bounds (without ChunkColumn: of the identities in stager's
+// staging table) are exactly as many: their fingerprints, taken in tx
+// after the merge. Otherwise nothing is recorded.
+func (ex *execution) recordAfterMerge(ctx context.Context, tx Tx, sk *chunkSkip, info TableInfo, c Chunk, w *rowWriter, stager Stager, mr MergeResult) error {
+	staged := w.read - w.rejected
+	if len(mr.Rejected) > 0 || mr.Deduplicated > 0 || mr.Inserted+mr.Updated+mr.Unchanged != staged || sk.source.Rows != staged {
+		return nil
+	}
+	var tfp fingerprint
+	var err error
+	if ex.job.ChunkColumn == "" {
+		st, ok := stager.(StagingTabler)
+		if !ok {
+			return nil
+		}
+		tfp, err = targetFingerprintStaged(ctx, tx, info, st.StagingTable(), c)
+	} else {
+		tfp, err = targetFingerprint(ctx, tx, info, ex.job.ChunkColumn, ex.job.Zone, c)
+	}
+	if err != nil {
+		return err
+	}
+	if tfp.Rows != staged {
+		// Rows of the bounds the chunk did not stage (written by others,
+		// or rows the source no longer has): the next replay merges.
+		return nil
+	}
+	sk.record = ChunkFingerprints{Source: sk.source.String(), Target: fingerprintText(tfp)}
+	return nil
+}
+
+// recordSkippedDelivered records, for a chunk skipped in tx, the
+// delivered summary (rollback_delivered.go) of the target rows within
+// its bounds (without ChunkColumn: of the identities keys): one row per
+// owner batch (lineage UpdatedBy) other than this one, with how many and
+// the least and greatest identity. It does nothing without lineage or a
+// delivered table.
+func (ex *execution) recordSkippedDelivered(ctx context.Context, tx Tx, info TableInfo, c Chunk, keys [][]string) error {
+	t := info.Target
+	if ex.deliveredTable == "" || t.Lineage.UpdatedBy == "" {
+		return nil
+	}
+	pc, err := newPGCheck("delivered", SeverityError, ValidationScope{Chunk: c, Info: info, ChunkColumn: ex.job.ChunkColumn, Zone: ex.job.Zone, Staging: "-"})
+	if err != nil {
+		return err
+	}
+	identity := info.identity()
+	a := sqlArgs{ex.batchID, c.Seq, pq.Array(identity)}
+	from := sqlf("{target} t", "target", sqlgen.Table(t.Table))
+	bounds := "true"
+	if ex.job.ChunkColumn == "" {
+		from = keysJoin(pc, keys, &a)
+	} else if bounds, err = pc.inChunk("t", &a); err != nil {
+		return err
+	}
+	lo, hi := make([]string, len(identity)), make([]string, len(identity))
+	loJSON, hiJSON := make([]string, len(identity)), make([]string, len(identity))
+	for i, col := range identity {
+		lo[i] = fmt.Sprintf("first_value(x.%s) OVER w AS _backfill_lo_%d", sqlgen.Ident(col), i)
+		hi[i] = fmt.Sprintf("last_value(x.%s) OVER w AS _backfill_hi_%d", sqlgen.Ident(col), i)
+		loJSON[i] = fmt.Sprintf("%s, y._backfill_lo_%d", pq.QuoteLiteral(col), i)
+		hiJSON[i] = fmt.Sprintf("%s, y._backfill_hi_%d", pq.QuoteLiteral(col), i)
+	}
+	q := sqlf(`INSERT INTO {delivered} (owner, batch_id, seq, key_columns, lo, hi, row_count)
+SELECT y._backfill_owner, $1::bigint, $2::int, $3::text[], jsonb_build_object({loJSON}), jsonb_build_object({hiJSON}), y._backfill_n FROM (
+	SELECT DISTINCT ON (x._backfill_owner) x._backfill_owner, count(*) OVER w AS _backfill_n, {lo}, {hi}
+	FROM (SELECT {tid}, t.{ub} AS _backfill_owner FROM {from} WHERE {bounds} AND t.{ub} <> $1::bigint) x
+	WINDOW w AS (PARTITION BY x._backfill_owner ORDER BY {xid} ROWS BETWEEN UNBOUNDED PRECEDING AND UNBOUNDED FOLLOWING)
+	ORDER BY x._backfill_owner) y`,
+		"delivered", ex.deliveredTable, "from", from, "tid", sqlgen.List("t.", identity),
+		"ub", sqlgen.Ident(t.Lineage.UpdatedBy), "bounds", bounds, "lo", strings.Join(lo, ", "),
+		"hi", strings.Join(hi, ", "), "loJSON", strings.Join(loJSON, ", "), "hiJSON", strings.Join(hiJSON, ", "),
+		"xid", sqlgen.List("x.", identity))
+	if _, err := tx.ExecContext(ctx, q, a...); err != nil {
+		return fmt.Errorf("backfill: skip chunk %s: record unchanged deliveries: %w", c.ID, err)
+	}
+	return nil
+}
