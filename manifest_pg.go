@@ -528,6 +528,9 @@ func (m *PGManifest) StartRun(ctx context.Context, db sqlx.ExtContext, plan Plan
 						return fmt.Errorf("decode plan of batch %d: %w", prev.BatchID, err)
 					}
 					old.Fingerprint = prev.Fingerprint
+					if old.ChunkIDs == nil {
+						old.n = prev.ChunksTotal // no IDs recorded: the count tells
+					}
 					return planChangedError(plan.Job, prev.BatchID, old, plan)
 				}
 				if prev.Status == RunRunning || prev.Status == RunFailed || prev.Status == RunPaused {
@@ -582,29 +585,59 @@ func (m *PGManifest) createRun(ctx context.Context, tx sqlx.ExtContext, plan Pla
 	if err != nil {
 		return Run{}, err
 	}
-	var lower, upper string
-	if n := len(plan.Chunks); n > 0 {
-		lower, _ = plan.Chunks[0].Bounds()
-		_, upper = plan.Chunks[n-1].Bounds()
-		if plan.Chunks[n-1].Kind == KindList {
-			upper = plan.Chunks[n-1].Item
-		}
-	}
 	var run Run
 	err = sqlx.GetContext(ctx, tx, &run, m.sql(`INSERT INTO {s}.runs
 		(job_name, source, code_version, plan_fingerprint, plan, scope, scope_lower, scope_upper, status, chunks_total, started_by, watermark)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'running', $9, $10, $11) RETURNING `+runColumns),
-		plan.Job, plan.Source, plan.CodeVersion, plan.Fingerprint, string(pj), plan.Scope, lower, upper, len(plan.Chunks), worker, plan.Watermark)
+		VALUES ($1, $2, $3, $4, $5, $6, '', '', 'running', $7, $8, $9) RETURNING `+runColumns),
+		plan.Job, plan.Source, plan.CodeVersion, plan.Fingerprint, string(pj), plan.Scope, plan.Len(), worker, plan.Watermark)
 	if err != nil {
 		return Run{}, err
 	}
-	n := len(plan.Chunks)
-	for part := plan.Chunks; len(part) > 0; {
-		k := min(len(part), insertChunksBatch)
-		if err := m.insertChunks(ctx, tx, run.BatchID, part[:k]); err != nil {
-			return Run{}, fmt.Errorf("insert chunks: %w", err)
+	// The chunks as they come, a batch at a time: a long plan's are
+	// never all in memory.
+	n := 0
+	var first, last Chunk
+	batch := make([]Chunk, 0, min(plan.Len(), insertChunksBatch))
+	flush := func() error {
+		if len(batch) == 0 {
+			return nil
 		}
-		part = part[k:]
+		if err := m.insertChunks(ctx, tx, run.BatchID, batch); err != nil {
+			return fmt.Errorf("insert chunks: %w", err)
+		}
+		batch = batch[:0]
+		return nil
+	}
+	for c, err := range plan.AllChunks(ctx) {
+		if err != nil {
+			return Run{}, fmt.Errorf("chunks: %w", err)
+		}
+		if n == 0 {
+			first = c
+		}
+		last, n = c, n+1
+		if batch = append(batch, c); len(batch) == insertChunksBatch {
+			if err := flush(); err != nil {
+				return Run{}, err
+			}
+		}
+	}
+	if err := flush(); err != nil {
+		return Run{}, err
+	}
+	if n != plan.Len() {
+		return Run{}, fmt.Errorf("%w: the chunker gave %d chunks, then %d", ErrInvalidScope, plan.Len(), n)
+	}
+	if n > 0 {
+		run.ScopeLower, _ = first.Bounds()
+		_, run.ScopeUpper = last.Bounds()
+		if last.Kind == KindList {
+			run.ScopeUpper = last.Item
+		}
+		if _, err := tx.ExecContext(ctx, m.sql(`UPDATE {s}.runs SET scope_lower = $2, scope_upper = $3 WHERE batch_id = $1`),
+			run.BatchID, run.ScopeLower, run.ScopeUpper); err != nil {
+			return Run{}, err
+		}
 	}
 	if n >= analyzeChunksAt {
 		if err := m.analyzeChunks(ctx, tx); err != nil {
@@ -913,6 +946,38 @@ func (m *PGManifest) loadedTotals(ctx context.Context, db sqlx.ExtContext, batch
 		return Counts{}, fmt.Errorf("backfill: totals of batch %d: %w", batchID, err)
 	}
 	return Counts{Read: sum.Read, Rejected: sum.Rejected}, nil
+}
+
+// chunkSummary counts and sums batchID's chunks (see chunkSummer), in
+// one aggregate.
+func (m *PGManifest) chunkSummary(ctx context.Context, db sqlx.ExtContext, batchID int64) (chunkSummary, error) {
+	var row struct {
+		Done    int            `db:"done"`
+		Open    int            `db:"open"`
+		Other   int            `db:"other"`
+		OpenIDs pq.StringArray `db:"open_ids"`
+		Counts
+	}
+	if err := readTx(ctx, db, func(tx sqlx.ExtContext) error {
+		return sqlx.GetContext(ctx, tx, &row, m.sql(`SELECT count(*) FILTER (WHERE status = 'done') AS done,
+			count(*) FILTER (WHERE status = 'open') AS open,
+			count(*) FILTER (WHERE status NOT IN ('done', 'open')) AS other,
+			coalesce(array_agg(chunk_id ORDER BY seq) FILTER (WHERE status = 'open'), '{}') AS open_ids,
+			coalesce(sum(rows_read) FILTER (WHERE status IN ('done', 'open')), 0)::int8 AS rows_read,
+			coalesce(sum(rows_inserted) FILTER (WHERE status IN ('done', 'open')), 0)::int8 AS rows_inserted,
+			coalesce(sum(rows_updated) FILTER (WHERE status IN ('done', 'open')), 0)::int8 AS rows_updated,
+			coalesce(sum(rows_unchanged) FILTER (WHERE status IN ('done', 'open')), 0)::int8 AS rows_unchanged,
+			coalesce(sum(rows_rejected) FILTER (WHERE status IN ('done', 'open')), 0)::int8 AS rows_rejected,
+			coalesce(sum(rows_deduplicated) FILTER (WHERE status IN ('done', 'open')), 0)::int8 AS rows_deduplicated
+			FROM {s}.chunks WHERE batch_id = $1`), batchID)
+	}); err != nil {
+		return chunkSummary{}, fmt.Errorf("backfill: chunks of batch %d: %w", batchID, err)
+	}
+	sum := chunkSummary{done: row.Done, open: row.Open, other: row.Other, counts: row.Counts}
+	if len(row.OpenIDs) > 0 {
+		sum.openIDs = row.OpenIDs
+	}
+	return sum, nil
 }
 
 // Chunks implements [Manifest.Chunks].
