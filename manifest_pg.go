@@ -971,8 +971,9 @@ func (m *PGManifest) FinishRun(ctx context.Context, db sqlx.ExtContext, batchID 
 		case RunCompleted, RunAbandoned, RunPaused, RunRolledBack, RunCancelled:
 			return nil
 		}
+		// Whether any chunk is not done: the first one found will do.
 		var open int
-		if err := sqlx.GetContext(ctx, tx, &open, m.sql(`SELECT count(*) FROM {s}.chunks WHERE batch_id = $1 AND status <> 'done'`), batchID); err != nil {
+		if err := sqlx.GetContext(ctx, tx, &open, m.sql(`SELECT count(*) FROM (SELECT FROM {s}.chunks WHERE batch_id = $1 AND status <> 'done' LIMIT 1) c`), batchID); err != nil {
 			return err
 		}
 		var status RunStatus

@@ -325,4 +325,30 @@ func TestStreamedPlanIsRecordedWhole(t *testing.T) {
 	if runs, chunks := count(); runs != 1 || chunks != n || run.ChunksTotal != n || run.ScopeLower != "0" || run.ScopeUpper != fmt.Sprint(n) {
 		t.Fatalf("recorded: %d runs, %d chunks, run %+v; want 1, %d", runs, chunks, run, n)
 	}
+	// In a transaction that cannot prepare a COPY: insert statements of
+	// insertChunksBatch chunks, the same rows.
+	job.Name = "whole_unnest"
+	plan, err = streamPlan(ctx, job, TableInfo{Target: job.Target}, ch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx := db.MustBegin()
+	defer tx.Rollback()
+	run2, _, err := pm.StartRun(ctx, extOnly{tx}, plan, "w", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	var same int
+	if err := readTx(ctx, db, func(tx sqlx.ExtContext) error {
+		return sqlx.GetContext(ctx, tx, &same, `SELECT count(*) FROM backfill.chunks a JOIN backfill.chunks b USING (seq, chunk_id, kind, lower_bound, upper_bound, lo, hi, status)
+			WHERE a.batch_id = $1 AND b.batch_id = $2`, run.BatchID, run2.BatchID)
+	}); err != nil || same != n {
+		t.Fatalf("chunks inserted by statements equal to those copied: %d, %v; want %d", same, err, n)
+	}
 }
+
+// extOnly hides its transaction's PrepareContext.
+type extOnly struct{ sqlx.ExtContext }
