@@ -123,7 +123,9 @@ func (c Chunk) Contains(v any) bool {
 //
 // Implementations must be safe to call more than once and must return the
 // same chunks (same IDs, same order) for the same scope, because the plan
-// fingerprint and resume depend on it.
+// fingerprint and resume depend on it. A Runner holds the chunks Chunks
+// returns for the length of the call; a Chunker that also implements
+// [ChunkStreamer], as the built-in ones do, is never asked for them all.
 type Chunker interface {
 	// Scope describes the whole scope in a stable, human-readable form
 	// (e.g. "days [2006-01-01T00:00:00Z, 2006-04-01T00:00:00Z) UTC"). It is
@@ -158,7 +160,9 @@ type ChunkStreamer interface {
 	// ChunkOf returns the chunk of the scope that the manifest recorded
 	// as c ([ChunkState.Chunk]: Seq, ID, Kind and bounds), as ChunkSeq
 	// yields it: a time chunk's bounds in the chunker's location. ok is
-	// false when c is not that chunk of the scope (another ID, Seq or
-	// bounds).
+	// false when c is not a chunk of the scope (another ID or other
+	// bounds) or, where the chunker computes a Seq's chunk directly, not
+	// the chunk of its Seq. A Runner runs only chunks of the run's batch,
+	// whose fingerprint covers every chunk ID in order.
 	ChunkOf(c Chunk) (chunk Chunk, ok bool)
 }

@@ -386,13 +386,33 @@ func (c *timeChunker) chunk(seq int, lo, hi time.Time) (Chunk, error) {
 }
 
 // ChunkOf implements [ChunkStreamer.ChunkOf]: c's bounds in the
-// chunker's location, when they lie in the scope and give c's ID.
+// chunker's location, when they lie in the scope, give c's ID, and end
+// at the first boundary after the start (or the scope's end). Seq is
+// checked for [Every] only (the k-th chunk starts k steps after the
+// scope's): the position of a calendar hour, day or month would take a
+// walk from the scope's start.
 func (c *timeChunker) ChunkOf(x Chunk) (Chunk, bool) {
 	if c.validate() != nil || x.Kind != KindTime || x.Seq < 0 || x.Start.Before(c.start) || x.End.After(c.end) || !x.Start.Before(x.End) {
 		return Chunk{}, false
 	}
+	if c.unit == unitEvery {
+		d := x.Start.Sub(c.start)
+		if d%c.step != 0 || int64(d/c.step) != int64(x.Seq) {
+			return Chunk{}, false
+		}
+	}
 	ch, err := c.chunk(x.Seq, x.Start.In(c.loc), x.End.In(c.loc))
 	if err != nil || ch.ID != x.ID {
+		return Chunk{}, false
+	}
+	next := c.end
+	for b := range c.boundaries(ch.Start) {
+		if b.Before(next) {
+			next = b
+		}
+		break
+	}
+	if !next.Equal(ch.End) {
 		return Chunk{}, false
 	}
 	return ch, true

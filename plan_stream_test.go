@@ -52,7 +52,8 @@ func TestStreamedFingerprintIsNewPlans(t *testing.T) {
 		default:
 			start := time.Date(2024, 1, 1, 0, 0, 0, 0, ny).Add(time.Duration(rapid.IntRange(0, 400).Draw(t, "start")) * time.Hour)
 			end := start.Add(time.Duration(rapid.IntRange(1, 3000).Draw(t, "hours")) * time.Hour)
-			ch = []Chunker{Hours(start, end, ny), Days(start, end, ny), Months(start, end.AddDate(0, 3, 0), ny)}[rapid.IntRange(0, 2).Draw(t, "unit")]
+			ch = []Chunker{Hours(start, end, ny), Days(start, end, ny), Months(start, end.AddDate(0, 3, 0), ny),
+				Every(start, end, 90*time.Minute, ny)}[rapid.IntRange(0, 3).Draw(t, "unit")]
 		}
 		job := Job{Name: "j", Source: "s", CodeVersion: "v", Chunker: ch, Rollback: RollbackNone}
 		chunks, err := ch.Chunks(ctx)
@@ -92,6 +93,15 @@ func TestStreamedFingerprintIsNewPlans(t *testing.T) {
 			}
 			if _, ok := s.ChunkOf(other); ok {
 				t.Fatalf("ChunkOf(%v) is a chunk of the scope", other)
+			}
+			if c.Kind == KindTime && c.Seq+1 < len(chunks) {
+				// Two chunks as one: bounds of the scope, not a chunk's.
+				two := rec
+				two.End = chunks[c.Seq+1].End
+				two.ID = "time:" + c.Start.Format(time.RFC3339Nano) + "/" + chunks[c.Seq+1].End.Format(time.RFC3339Nano)
+				if _, ok := s.ChunkOf(two); ok {
+					t.Fatalf("ChunkOf(%v) is a chunk of the scope", two)
+				}
 			}
 		}
 	})
