@@ -451,7 +451,7 @@ func (ex *execution) run(ctx context.Context) {
 	if len(ex.errs) == 0 {
 		ex.pub.finish(ctx, ex)
 	}
-	if len(ex.errs) == 0 && len(ex.done) > 0 {
+	if len(ex.errs) == 0 && ex.doneN > 0 {
 		if err := ex.checkLoaded(ctx); err != nil {
 			ex.fail(nil, err)
 		}
@@ -465,7 +465,7 @@ func (ex *execution) finishRun(ctx context.Context, run Run, resumed, finished b
 	r, job, log := ex.r, ex.job, ex.log
 	var runErr error
 	if len(ex.errs) > 0 {
-		runErr = &PartialError{BatchID: run.BatchID, Done: ex.done, Failed: ex.failed, Errs: ex.errs}
+		runErr = &PartialError{BatchID: run.BatchID, Done: ex.done, DoneCount: ex.doneN, Failed: ex.failed, Errs: ex.errs}
 	}
 	// Finish with a fresh context: a cancelled run still records its state.
 	fctx := context.WithoutCancel(ctx)
@@ -545,7 +545,7 @@ func (ex *execution) finishRun(ctx context.Context, run Run, resumed, finished b
 // report is the Report of this call on run.
 func (ex *execution) report(ctx context.Context, run Run, resumed bool, begin time.Time) (Report, error) {
 	rep, err := ex.r.report(ctx, run, resumed)
-	rep.ChunksRun = len(ex.done)
+	rep.ChunksRun = ex.doneN
 	rep.Elapsed = time.Since(begin)
 	rep.Warnings = ex.warnings
 	return rep, err
@@ -589,8 +589,11 @@ type execution struct {
 	// worker is this call's registration (nil without ManifestWorkers).
 	worker *workerCall
 
-	mu     sync.Mutex
+	mu sync.Mutex
+	// done lists the IDs of the first maxDoneIDs chunks this call
+	// completed, doneN counts them all.
 	done   []string
+	doneN  int
 	errs   []error
 	failed *ChunkError
 	stop   bool
@@ -693,7 +696,7 @@ func (ex *execution) publish(ctx context.Context) {
 	done, err := ex.publishAtEnd(ctx)
 	if err == nil {
 		for _, res := range done {
-			ex.done = append(ex.done, res.Chunk.ID)
+			ex.addDone(res.Chunk.ID)
 			if h := ex.r.cfg.Hooks; h != nil {
 				h.ChunkDone(ctx, ex.batchID, res)
 			}
@@ -895,11 +898,24 @@ func (ex *execution) next(ctx context.Context, ws *waitState) bool {
 	return ex.chunkFailed(ctx, ce, cr.attempt, err)
 }
 
+// maxDoneIDs bounds the chunk IDs a call keeps for [PartialError.Done]:
+// a call that runs a million chunks counts them without holding their
+// IDs.
+const maxDoneIDs = 1 << 16
+
+// addDone records chunk id done by this call; ex.mu is held (or the
+// workers are done).
+func (ex *execution) addDone(id string) {
+	if ex.doneN++; len(ex.done) < maxDoneIDs {
+		ex.done = append(ex.done, id)
+	}
+}
+
 // chunkDone records a committed chunk; it returns false when the run's
 // reject rate stops the run.
 func (ex *execution) chunkDone(ctx context.Context, res ChunkResult) bool {
 	ex.mu.Lock()
-	ex.done = append(ex.done, res.Chunk.ID)
+	ex.addDone(res.Chunk.ID)
 	ex.mu.Unlock()
 	if res.Open {
 		ex.log.Warn("chunk open: it ends after the horizon (watermark or now); loaded, not final, read again by the next run",

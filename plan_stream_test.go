@@ -414,3 +414,21 @@ func TestRunSumsTheBatchPerCallNotPerChunk(t *testing.T) {
 		t.Errorf("sums of the batch with a reject in each of 9 chunks: %d, want at least %d", rej, nine+9)
 	}
 }
+
+// TestDoneIDsAreBounded: a call that completes more chunks than
+// maxDoneIDs counts them all (Report.ChunksRun, PartialError.DoneCount)
+// and keeps the IDs of the first maxDoneIDs only.
+func TestDoneIDsAreBounded(t *testing.T) {
+	t.Parallel()
+	ex := &execution{}
+	for i := range maxDoneIDs + 10 {
+		ex.addDone(fmt.Sprint("int:", i))
+	}
+	if ex.doneN != maxDoneIDs+10 || len(ex.done) != maxDoneIDs || ex.done[maxDoneIDs-1] != fmt.Sprint("int:", maxDoneIDs-1) {
+		t.Fatalf("done: %d counted, %d IDs kept", ex.doneN, len(ex.done))
+	}
+	pe := &PartialError{BatchID: 1, Done: ex.done, DoneCount: ex.doneN}
+	if want := fmt.Sprintf("%d chunks done in this call", maxDoneIDs+10); !strings.Contains(pe.Error(), want) {
+		t.Fatalf("%v: want %q", pe, want)
+	}
+}
