@@ -296,13 +296,15 @@ func (h heldChunker) Chunks(ctx context.Context) ([]Chunk, error) { return h.c.C
 
 // TestStreamedPlanIsRecordedWhole: a streamed plan's chunk rows are
 // inserted in the transaction that creates its run: when the chunker
-// fails after more chunks than one insert statement takes, no run and
-// no chunk of it remain; the same plan then records whole.
+// fails after more chunks than one COPY or insert statement takes, no
+// run and no chunk of it remain; the same plan then records whole, by
+// COPY statements and by insert statements alike.
 func TestStreamedPlanIsRecordedWhole(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := pgtest.New(t)
 	pm := NewPGManifest("")
+	pm.copyBatch = 7000 // three COPY statements and a part
 	if err := pm.Init(ctx, db); err != nil {
 		t.Fatal(err)
 	}
