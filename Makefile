@@ -63,7 +63,7 @@ data:
 # Extra flags: make bench BENCHLOAD_FLAGS='-rows 300000 -runs 5 -rss'
 BENCHLOAD_FLAGS ?=
 
-.PHONY: bench bench-lock bench-probe bench-control bench-status
+.PHONY: bench bench-lock bench-probe bench-control bench-status bench-plan
 bench:
 	$(GO) run ./internal/benchload $(BENCHLOAD_FLAGS)
 	@if grep -rqs --include='*_test.go' '^func Benchmark' . ; then \
@@ -110,3 +110,13 @@ BENCHSTATUS_FLAGS ?=
 
 bench-status:
 	$(GO) run ./internal/benchstatus $(BENCHSTATUS_FLAGS)
+
+# bench-plan: a plan of 1,000,000 IntRange chunks on a durable server:
+# time to the first extraction, time per claimed chunk, peak Go heap and
+# peak RSS while planning and claiming, then resuming in a new Runner
+# (internal/benchplan). Reports only. Extra flags: make bench-plan
+# BENCHPLAN_FLAGS='-chunks 200000 -claims 500 -server-profile'
+BENCHPLAN_FLAGS ?=
+
+bench-plan:
+	$(GO) run ./internal/benchplan $(BENCHPLAN_FLAGS)

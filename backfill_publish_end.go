@@ -254,7 +254,16 @@ func (ex *execution) publishAtEnd(ctx context.Context) ([]ChunkResult, error) {
 			return nil // other chunks are still to be staged
 		}
 		for _, sc := range staged {
-			res, err := ex.publishStaged(ctx, tx, stage, sc)
+			i, found := slices.BinarySearchFunc(states, sc.Seq, func(s ChunkState, seq int) int { return s.Chunk.Seq - seq })
+			var c Chunk
+			ok := found
+			if found {
+				c, ok = ex.plan.chunkOf(states[i].Chunk)
+			}
+			if !ok {
+				return fmt.Errorf("backfill: publish: staged chunk %d is not in the plan", sc.Seq)
+			}
+			res, err := ex.publishStaged(ctx, tx, stage, c, sc)
 			if err != nil {
 				return err
 			}
@@ -272,11 +281,10 @@ func (ex *execution) publishAtEnd(ctx context.Context) ([]ChunkResult, error) {
 // ([ManifestStaging.StageChunk]).
 const chunkStaged ChunkStatus = "staged"
 
-// publishStaged merges, validates and completes staged chunk sc in the
-// publish's transaction tx.
-func (ex *execution) publishStaged(ctx context.Context, tx sqlx.ExtContext, stage string, sc StagedChunk) (ChunkResult, error) {
+// publishStaged merges, validates and completes staged chunk sc (the
+// plan's chunk c) in the publish's transaction tx.
+func (ex *execution) publishStaged(ctx context.Context, tx sqlx.ExtContext, stage string, c Chunk, sc StagedChunk) (ChunkResult, error) {
 	r := ex.r
-	c := ex.plan.Chunks[sc.Seq]
 	started := time.Now()
 	info := ex.chunkInfo(ex.info, c)
 	// Verified against the manifest: what a crash kept is what was

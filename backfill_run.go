@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"iter"
 	"log/slog"
 	"math"
 	"os"
@@ -230,7 +231,7 @@ func (r *Runner) run(ctx context.Context, job Job) (Report, error) {
 	// or paused run is returned as it is.
 	resumed = resumed && run.Status == RunRunning
 	log := r.cfg.Logger.With("job", job.Name, "batch_id", run.BatchID)
-	log.Info("backfill run", "resumed", resumed, "status", run.Status, "chunks", len(rs.plan.Chunks), "fingerprint", rs.plan.Fingerprint[:12])
+	log.Info("backfill run", "resumed", resumed, "status", run.Status, "chunks", rs.plan.Len(), "fingerprint", rs.plan.Fingerprint[:12])
 	for _, w := range rs.warnings {
 		log.Warn(w)
 	}
@@ -295,9 +296,22 @@ func (r *Runner) planRun(ctx context.Context, job Job) (runSetup, error) {
 	if initErr != nil && !errors.Is(initErr, ErrPrivilege) {
 		return runSetup{}, initErr
 	}
-	chunks, err := job.Chunker.Chunks(ctx)
+	// A ChunkStreamer's chunks are read as they come, never all held:
+	// here once for their checks, in streamPlan for the fingerprint, in
+	// the manifest's StartRun for its chunk rows.
+	stream, streaming := job.Chunker.(ChunkStreamer)
+	var chunks []Chunk
+	var last *Chunk // the time chunk that ends last
+	var err error
+	if streaming {
+		last, err = scanChunks(job, stream.ChunkSeq(ctx))
+	} else if chunks, err = job.Chunker.Chunks(ctx); err != nil {
+		err = fmt.Errorf("backfill: job %q: chunks: %w", job.Name, err)
+	} else {
+		last, err = scanChunks(job, Plan{Chunks: chunks}.AllChunks(ctx))
+	}
 	if err != nil {
-		return runSetup{}, fmt.Errorf("backfill: job %q: chunks: %w", job.Name, err)
+		return runSetup{}, err
 	}
 	if err := r.checkTargetSchema(ctx, job); err != nil { // backfill_privileges.go
 		return runSetup{}, err
@@ -305,7 +319,7 @@ func (r *Runner) planRun(ctx context.Context, job Job) (runSetup, error) {
 	if rs.info, err = r.cfg.Merger.Prepare(ctx, r.db, job.Target); err != nil {
 		return runSetup{}, err
 	}
-	if err := checkChunks(job, rs.info, chunks); err != nil {
+	if err := checkChunkColumn(job, rs.info); err != nil {
 		return runSetup{}, err
 	}
 	if job.Rollback, err = rollbackMechanism(job, rs.info, rs.pub); err != nil {
@@ -334,7 +348,13 @@ func (r *Runner) planRun(ctx context.Context, job Job) (runSetup, error) {
 		rs.deliveredTable = r.caps.undo.DeliveredTable()
 	}
 	rs.job = job
-	rs.plan = NewPlan(job, rs.info, chunks)
+	if streaming {
+		if rs.plan, err = streamPlan(ctx, job, rs.info, stream); err != nil {
+			return runSetup{}, fmt.Errorf("backfill: job %q: chunks: %w", job.Name, err)
+		}
+	} else {
+		rs.plan = NewPlan(job, rs.info, chunks)
+	}
 	if job.Watermark != nil {
 		wm, err := job.Watermark.Watermark(ctx)
 		if err != nil {
@@ -343,19 +363,35 @@ func (r *Runner) planRun(ctx context.Context, job Job) (runSetup, error) {
 		wm = truncMicro(wm)
 		rs.plan.Watermark = &wm
 	}
-	rs.warnings, err = openScope(job, rs.info, chunks, rs.plan.Watermark, time.Now(), rs.pub)
+	rs.warnings, err = openScope(job, rs.info, last, rs.plan.Watermark, time.Now(), rs.pub)
 	rs.warnings = append(rs.warnings, privWarnings...)
 	return rs, err
 }
 
-// checkChunks refuses chunk bounds PostgreSQL cannot store and a
-// ChunkColumn the target does not write.
-func checkChunks(job Job, info TableInfo, chunks []Chunk) error {
-	for _, c := range chunks {
-		if c.Kind == KindTime && (!c.Start.Equal(truncMicro(c.Start)) || !c.End.Equal(truncMicro(c.End))) {
-			return fmt.Errorf("backfill: job %q: %w: chunk %s has a bound finer than a microsecond, which PostgreSQL cannot store", job.Name, ErrInvalidScope, c)
+// scanChunks reads every chunk once: it refuses chunk bounds PostgreSQL
+// cannot store, and returns the time chunk that ends last (nil for
+// none), which openScope judges.
+func scanChunks(job Job, chunks iter.Seq2[Chunk, error]) (*Chunk, error) {
+	var last *Chunk
+	for c, err := range chunks {
+		if err != nil {
+			return nil, fmt.Errorf("backfill: job %q: chunks: %w", job.Name, err)
+		}
+		if c.Kind != KindTime {
+			continue
+		}
+		if !c.Start.Equal(truncMicro(c.Start)) || !c.End.Equal(truncMicro(c.End)) {
+			return nil, fmt.Errorf("backfill: job %q: %w: chunk %s has a bound finer than a microsecond, which PostgreSQL cannot store", job.Name, ErrInvalidScope, c)
+		}
+		if last == nil || c.End.After(last.End) {
+			last = &c
 		}
 	}
+	return last, nil
+}
+
+// checkChunkColumn refuses a ChunkColumn the target does not write.
+func checkChunkColumn(job Job, info TableInfo) error {
 	if job.ChunkColumn != "" && !slices.ContainsFunc(info.Columns[:info.Written], func(c Column) bool { return c.Name == job.ChunkColumn }) {
 		return fmt.Errorf("backfill: job %q: %w: ChunkColumn %q is not a written column of %q", job.Name, ErrInvalidConfig, job.ChunkColumn, info.Target.Table)
 	}
@@ -418,7 +454,7 @@ func (ex *execution) run(ctx context.Context) {
 	if len(ex.errs) == 0 {
 		ex.pub.finish(ctx, ex)
 	}
-	if len(ex.errs) == 0 && len(ex.done) > 0 {
+	if len(ex.errs) == 0 && ex.doneN > 0 {
 		if err := ex.checkLoaded(ctx); err != nil {
 			ex.fail(nil, err)
 		}
@@ -432,7 +468,7 @@ func (ex *execution) finishRun(ctx context.Context, run Run, resumed, finished b
 	r, job, log := ex.r, ex.job, ex.log
 	var runErr error
 	if len(ex.errs) > 0 {
-		runErr = &PartialError{BatchID: run.BatchID, Done: ex.done, Failed: ex.failed, Errs: ex.errs}
+		runErr = &PartialError{BatchID: run.BatchID, Done: ex.done, DoneCount: ex.doneN, Failed: ex.failed, Errs: ex.errs}
 	}
 	// Finish with a fresh context: a cancelled run still records its state.
 	fctx := context.WithoutCancel(ctx)
@@ -512,7 +548,7 @@ func (ex *execution) finishRun(ctx context.Context, run Run, resumed, finished b
 // report is the Report of this call on run.
 func (ex *execution) report(ctx context.Context, run Run, resumed bool, begin time.Time) (Report, error) {
 	rep, err := ex.r.report(ctx, run, resumed)
-	rep.ChunksRun = len(ex.done)
+	rep.ChunksRun = ex.doneN
 	rep.ChunksSkipped = ex.skipped
 	rep.Elapsed = time.Since(begin)
 	rep.Warnings = ex.warnings
@@ -521,21 +557,11 @@ func (ex *execution) report(ctx context.Context, run Run, resumed bool, begin ti
 
 func (r *Runner) report(ctx context.Context, run Run, resumed bool) (Report, error) {
 	rep := Report{BatchID: run.BatchID, Job: run.Job, Status: run.Status, Resumed: resumed, ChunksTotal: run.ChunksTotal}
-	states, err := r.cfg.Manifest.Chunks(ctx, r.db, run.BatchID)
+	sum, err := summarizeChunks(ctx, r.cfg.Manifest, r.db, run.BatchID)
 	if err != nil {
 		return rep, err
 	}
-	for _, s := range states {
-		switch s.Status {
-		case ChunkDone:
-			rep.ChunksDone++
-			rep.Counts = rep.Counts.Add(s.Counts)
-		case ChunkOpen:
-			rep.ChunksOpen++
-			rep.OpenChunks = append(rep.OpenChunks, s.Chunk.ID)
-			rep.Counts = rep.Counts.Add(s.Counts)
-		}
-	}
+	rep.ChunksDone, rep.ChunksOpen, rep.OpenChunks, rep.Counts = sum.done, sum.open, sum.openIDs, sum.counts
 	if mv := r.caps.validations; mv != nil {
 		vs, err := mv.Validations(ctx, r.db, run.BatchID)
 		if err != nil {
@@ -567,8 +593,11 @@ type execution struct {
 	// worker is this call's registration (nil without ManifestWorkers).
 	worker *workerCall
 
-	mu   sync.Mutex
-	done []string
+	mu sync.Mutex
+	// done lists the IDs of the first maxDoneIDs chunks this call
+	// completed, doneN counts them all.
+	done  []string
+	doneN int
 	// skipped counts the chunks of done that were skipped unchanged
 	// (Job.SkipUnchanged).
 	skipped int
@@ -630,7 +659,7 @@ func (ex *execution) open(c Chunk, started time.Time) bool {
 // (publishesOpen false), which publishes only a completed run, and a run
 // with an open chunk never completes: it would load and return nil on
 // every call while readers never see the rows.
-func openScope(job Job, info TableInfo, chunks []Chunk, wm *time.Time, now time.Time, pub publisher) ([]string, error) {
+func openScope(job Job, info TableInfo, last *Chunk, wm *time.Time, now time.Time, pub publisher) ([]string, error) {
 	var warnings []string
 	if job.Watermark != nil && job.ChunkColumn != "" {
 		for _, col := range info.Columns[:info.Written] {
@@ -638,12 +667,6 @@ func openScope(job Job, info TableInfo, chunks []Chunk, wm *time.Time, now time.
 				warnings = append(warnings, fmt.Sprintf("ChunkColumn %q is a date while the job has a watermark: a date does not say when on its day a row was added, so rows added later on a day the watermark has reached can be missed; "+
 					"chunk on a timestamp column, or let each day's chunk end before the watermark", job.ChunkColumn))
 			}
-		}
-	}
-	var last *Chunk
-	for i := range chunks {
-		if chunks[i].Kind == KindTime && (last == nil || chunks[i].End.After(last.End)) {
-			last = &chunks[i]
 		}
 	}
 	if last == nil {
@@ -680,7 +703,7 @@ func (ex *execution) publish(ctx context.Context) {
 	done, err := ex.publishAtEnd(ctx)
 	if err == nil {
 		for _, res := range done {
-			ex.done = append(ex.done, res.Chunk.ID)
+			ex.addDone(res.Chunk.ID)
 			if h := ex.r.cfg.Hooks; h != nil {
 				h.ChunkDone(ctx, ex.batchID, res)
 			}
@@ -882,11 +905,24 @@ func (ex *execution) next(ctx context.Context, ws *waitState) bool {
 	return ex.chunkFailed(ctx, ce, cr.attempt, err)
 }
 
+// maxDoneIDs bounds the chunk IDs a call keeps for [PartialError.Done]:
+// a call that runs a million chunks counts them without holding their
+// IDs.
+const maxDoneIDs = 1 << 16
+
+// addDone records chunk id done by this call; ex.mu is held (or the
+// workers are done).
+func (ex *execution) addDone(id string) {
+	if ex.doneN++; len(ex.done) < maxDoneIDs {
+		ex.done = append(ex.done, id)
+	}
+}
+
 // chunkDone records a committed chunk; it returns false when the run's
 // reject rate stops the run.
 func (ex *execution) chunkDone(ctx context.Context, res ChunkResult) bool {
 	ex.mu.Lock()
-	ex.done = append(ex.done, res.Chunk.ID)
+	ex.addDone(res.Chunk.ID)
 	if res.Skipped {
 		ex.skipped++
 	}
@@ -902,7 +938,7 @@ func (ex *execution) chunkDone(ctx context.Context, res ChunkResult) bool {
 		h.ChunkDone(ctx, ex.batchID, res)
 		ex.notifyProgress(ctx, false)
 	}
-	if err := ex.checkRunRejectRate(ctx); err != nil {
+	if err := ex.checkRunRejectRate(ctx, res); err != nil {
 		// The chunk is done (listed in PartialError.Done); the run gate
 		// paused the run after it: not a chunk failure.
 		err = fmt.Errorf("backfill: job %q batch %d: after chunk %d %s: %w", ex.job.Name, ex.batchID, res.Chunk.Seq, res.Chunk.ID, err)
@@ -1049,10 +1085,10 @@ func (ex *execution) runChunk(ctx context.Context) (cr chunkRun, err error) {
 	cr.claimed, cr.attempt = true, st.Attempts+1
 	ctx = ex.traceChunk(ctx, &cr, st.Chunk, claimStart)
 	defer func() { cr.span.end(&cr, err) }()
-	if st.Chunk.Seq < 0 || st.Chunk.Seq >= len(ex.plan.Chunks) || ex.plan.Chunks[st.Chunk.Seq].ID != st.Chunk.ID {
+	c, ok := ex.plan.chunkOf(st.Chunk)
+	if !ok {
 		return cr, &ChunkError{Chunk: st.Chunk, Attempt: cr.attempt, Err: fmt.Errorf("manifest chunk %d %q is not in the plan", st.Chunk.Seq, st.Chunk.ID)}
 	}
-	c := ex.plan.Chunks[st.Chunk.Seq]
 	started := time.Now()
 	var extracted *spooled
 	if ex.job.SkipUnchanged {
@@ -1671,14 +1707,25 @@ func (ex *execution) validateWith(ctx context.Context, tx sqlx.ExtContext, c Chu
 
 // checkRunRejectRate pauses the run when its rejects exceed
 // Job.MaxRunRejectRate of its reads (default DefaultMaxRunRejectRate,
-// negative: off), over the chunks done so far.
-func (ex *execution) checkRunRejectRate(ctx context.Context) error {
+// negative: off), over the chunks done so far, after chunk res.
+//
+// The run's totals are summed only after a chunk that can raise the
+// rate: one with rejected rows, or a time chunk (which may be a reread
+// of an open chunk, whose counts replace the earlier read's). A first
+// read of a chunk without rejects adds reads only, and so cannot take a
+// rate that every earlier chunk's check found within the limit over it:
+// summing after it made every chunk of a long plan cost in proportion to
+// the plan's length (issue 15, very long plans).
+func (ex *execution) checkRunRejectRate(ctx context.Context, res ChunkResult) error {
 	max := ex.job.MaxRunRejectRate
 	switch {
 	case max < 0:
 		return nil
 	case max == 0:
 		max = DefaultMaxRunRejectRate
+	}
+	if res.Rejected == 0 && res.Chunk.Kind != KindTime {
+		return nil
 	}
 	total, err := loadedTotals(ctx, ex.r.cfg.Manifest, ex.r.db, ex.batchID)
 	if err != nil {
@@ -1733,23 +1780,66 @@ func loadedTotals(ctx context.Context, m Manifest, db sqlx.ExtContext, batchID i
 	return total, nil
 }
 
+// chunkSummary is what a run's report and checkLoaded read of its
+// chunks.
+type chunkSummary struct {
+	// done, open and other count the chunks done, open, and in any other
+	// status.
+	done, open, other int
+	// counts sums the counts of the done and open chunks.
+	counts Counts
+	// openIDs lists the open chunks' IDs in Seq order.
+	openIDs []string
+}
+
+// chunkSummer is a Manifest that sums a batch's chunks itself
+// (PGManifest: in one aggregate), rather than returning every chunk's
+// state: a plan of a million chunks is not read into memory to be
+// counted.
+type chunkSummer interface {
+	chunkSummary(ctx context.Context, db sqlx.ExtContext, batchID int64) (chunkSummary, error)
+}
+
+// summarizeChunks returns the summary of batchID's chunks.
+func summarizeChunks(ctx context.Context, m Manifest, db sqlx.ExtContext, batchID int64) (chunkSummary, error) {
+	if s, ok := m.(chunkSummer); ok {
+		return s.chunkSummary(ctx, db, batchID)
+	}
+	states, err := m.Chunks(ctx, db, batchID)
+	if err != nil {
+		return chunkSummary{}, err
+	}
+	var sum chunkSummary
+	for _, s := range states {
+		switch s.Status {
+		case ChunkDone:
+			sum.done++
+			sum.counts = sum.counts.Add(s.Counts)
+		case ChunkOpen:
+			sum.open++
+			sum.openIDs = append(sum.openIDs, s.Chunk.ID)
+			sum.counts = sum.counts.Add(s.Counts)
+		default:
+			sum.other++
+		}
+	}
+	return sum, nil
+}
+
 // checkLoaded pauses the run when every chunk is done and the chunks read
 // rows but loaded none: all of them were rejected. It is called when a
 // call of Run completed chunks without failing, so that a run resumed
 // after the pause ([Runner.Resume]) completes.
 func (ex *execution) checkLoaded(ctx context.Context) error {
-	states, err := ex.r.cfg.Manifest.Chunks(ctx, ex.r.db, ex.batchID)
+	sum, err := summarizeChunks(ctx, ex.r.cfg.Manifest, ex.r.db, ex.batchID)
 	if err != nil {
 		return err
 	}
-	var total Counts
-	for _, s := range states {
-		// An open chunk is loaded (not final): it does not skip the check.
-		if s.Status != ChunkDone && s.Status != ChunkOpen {
-			return nil
-		}
-		total = total.Add(s.Counts)
+	// An open chunk is loaded (not final): it does not skip the check.
+	if sum.other > 0 {
+		return nil
 	}
+	total := sum.counts
 	// Only what was read since an operator last resumed the run counts.
 	read, rejected := total.Read-ex.baseline.Read, total.Rejected-ex.baseline.Rejected
 	if read <= 0 || rejected < read {

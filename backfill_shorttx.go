@@ -140,10 +140,10 @@ func (ex *execution) runChunkLeased(ctx context.Context) (cr chunkRun, err error
 	cr.claimed, cr.attempt = true, cl.state.Attempts+1
 	ctx = ex.traceChunk(ctx, &cr, cl.state.Chunk, leaseStart)
 	defer func() { cr.span.end(&cr, err) }()
-	if seq < 0 || seq >= len(ex.plan.Chunks) || ex.plan.Chunks[seq].ID != cl.state.Chunk.ID {
+	c, ok := ex.plan.chunkOf(cl.state.Chunk)
+	if !ok {
 		return cr, &ChunkError{Chunk: cl.state.Chunk, Attempt: cr.attempt, Err: fmt.Errorf("manifest chunk %d %q is not in the plan", seq, cl.state.Chunk.ID)}
 	}
-	c := ex.plan.Chunks[seq]
 	chunkErr := func(err error) error { return &ChunkError{Chunk: c, Attempt: cr.attempt, Err: err} }
 	started := time.Now()
 

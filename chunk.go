@@ -3,6 +3,7 @@ package backfill
 import (
 	"context"
 	"fmt"
+	"iter"
 	"time"
 )
 
@@ -122,7 +123,9 @@ func (c Chunk) Contains(v any) bool {
 //
 // Implementations must be safe to call more than once and must return the
 // same chunks (same IDs, same order) for the same scope, because the plan
-// fingerprint and resume depend on it.
+// fingerprint and resume depend on it. A Runner holds the chunks Chunks
+// returns for the length of the call; a Chunker that also implements
+// [ChunkStreamer], as the built-in ones do, is never asked for them all.
 type Chunker interface {
 	// Scope describes the whole scope in a stable, human-readable form
 	// (e.g. "days [2006-01-01T00:00:00Z, 2006-04-01T00:00:00Z) UTC"). It is
@@ -133,4 +136,33 @@ type Chunker interface {
 	// context. It returns [ErrEmptyScope] for an empty scope and
 	// [ErrInvalidScope] for bounds that cannot be chunked.
 	Chunks(ctx context.Context) ([]Chunk, error)
+}
+
+// ChunkStreamer is an optional capability of a [Chunker]: its chunks one
+// at a time, so that a long plan (a million chunks) is planned, claimed
+// and resumed without every chunk in memory. The built-in chunkers
+// ([IntRange], [List], [Hours], [Days], [Months], [Every]) implement it.
+//
+// A Runner plans a job whose Chunker is a ChunkStreamer from ChunkSeq
+// (inserting the manifest's chunk rows as they come, and hashing their
+// IDs into the plan fingerprint, which is the same as from Chunks) and
+// runs each chunk it claims as ChunkOf restores it from the manifest's
+// row; it never calls Chunks. A Chunker that is not a ChunkStreamer is
+// called once per Run and its []Chunk is held for the call: its memory
+// (about 250 bytes per chunk) is the caller's to bound.
+type ChunkStreamer interface {
+	Chunker
+	// ChunkSeq yields the chunks Chunks returns, in the same order with
+	// Seq set, one at a time. An error (those of Chunks, or ctx's) is
+	// yielded with a zero Chunk and ends the sequence. It may be
+	// iterated more than once and yields the same chunks each time.
+	ChunkSeq(ctx context.Context) iter.Seq2[Chunk, error]
+	// ChunkOf returns the chunk of the scope that the manifest recorded
+	// as c ([ChunkState.Chunk]: Seq, ID, Kind and bounds), as ChunkSeq
+	// yields it: a time chunk's bounds in the chunker's location. ok is
+	// false when c is not a chunk of the scope (another ID or other
+	// bounds) or, where the chunker computes a Seq's chunk directly, not
+	// the chunk of its Seq. A Runner runs only chunks of the run's batch,
+	// whose fingerprint covers every chunk ID in order.
+	ChunkOf(c Chunk) (chunk Chunk, ok bool)
 }

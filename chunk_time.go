@@ -312,20 +312,108 @@ func (c *timeChunker) boundaries(start time.Time) iter.Seq[time.Time] {
 func (c *timeChunker) tile(cuts []time.Time) ([]Chunk, error) {
 	chunks := make([]Chunk, len(cuts)-1)
 	for i := range chunks {
-		lo, hi := cuts[i], cuts[i+1]
-		for _, b := range [...]time.Time{lo, hi} {
-			if _, off := b.Zone(); off%60 != 0 {
-				return nil, fmt.Errorf("%w: %s: boundary %s has UTC offset %ds in %s, which RFC 3339 cannot represent",
-					ErrInvalidScope, c.name(), b.Format(time.RFC3339Nano), off, c.loc)
-			}
-		}
-		chunks[i] = Chunk{
-			ID:    "time:" + lo.Format(time.RFC3339Nano) + "/" + hi.Format(time.RFC3339Nano),
-			Seq:   i,
-			Kind:  KindTime,
-			Start: lo,
-			End:   hi,
+		var err error
+		if chunks[i], err = c.chunk(i, cuts[i], cuts[i+1]); err != nil {
+			return nil, err
 		}
 	}
 	return chunks, nil
+}
+
+// ChunkSeq implements [ChunkStreamer.ChunkSeq]: the chunks of Chunks, one
+// boundary at a time.
+func (c *timeChunker) ChunkSeq(ctx context.Context) iter.Seq2[Chunk, error] {
+	return func(yield func(Chunk, error) bool) {
+		if err := c.validate(); err != nil {
+			yield(Chunk{}, err)
+			return
+		}
+		if err := ctx.Err(); err != nil {
+			yield(Chunk{}, err)
+			return
+		}
+		start, end := c.start.In(c.loc), c.end.In(c.loc)
+		lo, seq := start, 0
+		emit := func(hi time.Time) bool {
+			// Chunks counts cuts, start and end included, up to
+			// maxChunks+1: the same limit.
+			if seq+1 > maxChunks {
+				yield(Chunk{}, fmt.Errorf("%w: %s has more than %d chunks", ErrInvalidScope, c.Scope(), maxChunks))
+				return false
+			}
+			if seq%4096 == 4095 {
+				if err := ctx.Err(); err != nil {
+					yield(Chunk{}, err)
+					return false
+				}
+			}
+			ch, err := c.chunk(seq, lo, hi)
+			if err != nil {
+				yield(Chunk{}, err)
+				return false
+			}
+			seq, lo = seq+1, hi
+			return yield(ch, nil)
+		}
+		for b := range c.boundaries(start) {
+			if !b.Before(end) {
+				break
+			}
+			if !emit(b) {
+				return
+			}
+		}
+		emit(end)
+	}
+}
+
+// chunk returns chunk seq [lo, hi), or an error for a bound RFC 3339
+// cannot represent.
+func (c *timeChunker) chunk(seq int, lo, hi time.Time) (Chunk, error) {
+	for _, b := range [...]time.Time{lo, hi} {
+		if _, off := b.Zone(); off%60 != 0 {
+			return Chunk{}, fmt.Errorf("%w: %s: boundary %s has UTC offset %ds in %s, which RFC 3339 cannot represent",
+				ErrInvalidScope, c.name(), b.Format(time.RFC3339Nano), off, c.loc)
+		}
+	}
+	return Chunk{
+		ID:    "time:" + lo.Format(time.RFC3339Nano) + "/" + hi.Format(time.RFC3339Nano),
+		Seq:   seq,
+		Kind:  KindTime,
+		Start: lo,
+		End:   hi,
+	}, nil
+}
+
+// ChunkOf implements [ChunkStreamer.ChunkOf]: c's bounds in the
+// chunker's location, when they lie in the scope, give c's ID, and end
+// at the first boundary after the start (or the scope's end). Seq is
+// checked for [Every] only (the k-th chunk starts k steps after the
+// scope's): the position of a calendar hour, day or month would take a
+// walk from the scope's start.
+func (c *timeChunker) ChunkOf(x Chunk) (Chunk, bool) {
+	if c.validate() != nil || x.Kind != KindTime || x.Seq < 0 || x.Start.Before(c.start) || x.End.After(c.end) || !x.Start.Before(x.End) {
+		return Chunk{}, false
+	}
+	if c.unit == unitEvery {
+		d := x.Start.Sub(c.start)
+		if d%c.step != 0 || int64(d/c.step) != int64(x.Seq) {
+			return Chunk{}, false
+		}
+	}
+	ch, err := c.chunk(x.Seq, x.Start.In(c.loc), x.End.In(c.loc))
+	if err != nil || ch.ID != x.ID {
+		return Chunk{}, false
+	}
+	next := c.end
+	for b := range c.boundaries(ch.Start) {
+		if b.Before(next) {
+			next = b
+		}
+		break
+	}
+	if !next.Equal(ch.End) {
+		return Chunk{}, false
+	}
+	return ch, true
 }

@@ -198,8 +198,13 @@ func (e *ChunkError) Unwrap() error { return e.Err }
 type PartialError struct {
 	// BatchID is the run's batch ID.
 	BatchID int64
-	// Done lists the IDs of chunks completed by this call, in completion order.
+	// Done lists the IDs of chunks completed by this call, in completion
+	// order: the first 65,536 of them, so that a call that runs a long
+	// plan does not hold every chunk's ID.
 	Done []string
+	// DoneCount is the number of chunks completed by this call (more than
+	// len(Done) past 65,536).
+	DoneCount int
 	// Failed is the first chunk failure; others are in Errs.
 	Failed *ChunkError
 	// Errs holds every chunk failure of this call.
@@ -216,7 +221,7 @@ func (e *PartialError) Error() string {
 			failed++
 		}
 	}
-	fmt.Fprintf(&b, "backfill: batch %d partially completed: %d chunks done in this call, %d failed", e.BatchID, len(e.Done), failed)
+	fmt.Fprintf(&b, "backfill: batch %d partially completed: %d chunks done in this call, %d failed", e.BatchID, max(e.DoneCount, len(e.Done)), failed)
 	switch {
 	case e.Failed != nil:
 		fmt.Fprintf(&b, ": %v", e.Failed)

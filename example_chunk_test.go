@@ -94,3 +94,39 @@ func ExampleList() {
 	// 1 list:globex
 	// 2 list:initech
 }
+
+// The built-in chunkers are ChunkStreamers: their chunks one at a time,
+// which is how a Runner plans a long scope without holding it, and a
+// chunk rebuilt from what the manifest records of it (a time chunk's
+// bounds come back in UTC; ChunkOf puts them in the chunker's location).
+func ExampleChunkStreamer() {
+	ctx := context.Background()
+	c := backfill.IntRange(0, 1_000_000, 1).(backfill.ChunkStreamer)
+	n := 0
+	for ch, err := range c.ChunkSeq(ctx) {
+		if err != nil {
+			panic(err)
+		}
+		n++
+		if ch.Seq == 999_999 {
+			fmt.Println(n, ch.ID)
+		}
+	}
+	ny, err := time.LoadLocation("America/New_York")
+	if err != nil {
+		panic(err)
+	}
+	start := time.Date(2024, 3, 10, 0, 0, 0, 0, ny)
+	days := backfill.Days(start, start.AddDate(0, 0, 2), ny).(backfill.ChunkStreamer)
+	recorded := backfill.Chunk{Seq: 0, Kind: backfill.KindTime, Start: start.UTC(), End: start.AddDate(0, 0, 1).UTC(),
+		ID: "time:2024-03-10T00:00:00-05:00/2024-03-11T00:00:00-04:00"}
+	ch, ok := days.ChunkOf(recorded)
+	fmt.Println(ok, ch)
+	recorded.End = recorded.End.Add(time.Hour) // not a day of the scope
+	_, ok = days.ChunkOf(recorded)
+	fmt.Println(ok)
+	// Output:
+	// 1000000 int:999999/1000000
+	// true [2024-03-10T00:00:00-05:00, 2024-03-11T00:00:00-04:00) America/New_York 23h0m0s
+	// false
+}

@@ -260,15 +260,9 @@ func (r *Runner) pausedRun(ctx context.Context, job Job, what string) (Run, erro
 // batchID by actor: the run's read and rejected rows now, over its done
 // and open chunks. The run is paused: no chunk is in flight.
 func (r *Runner) baselineEvent(ctx context.Context, job string, batchID int64, actor string) (Event, error) {
-	states, err := r.cfg.Manifest.Chunks(ctx, r.db, batchID)
+	total, err := loadedTotals(ctx, r.cfg.Manifest, r.db, batchID)
 	if err != nil {
 		return Event{}, err
-	}
-	var total Counts
-	for _, s := range states {
-		if s.Status == ChunkDone || s.Status == ChunkOpen {
-			total = total.Add(s.Counts)
-		}
 	}
 	detail, err := json.Marshal(map[string]int64{"read": total.Read, "rejected": total.Rejected})
 	if err != nil {

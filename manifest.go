@@ -77,7 +77,10 @@ type Plan struct {
 	Scope       string     `json:"scope"`
 	Target      PlanTarget `json:"target"`
 	// ChunkIDs lists the chunk IDs in order; the chunks themselves are
-	// rows of the manifest.
+	// rows of the manifest. A plan frozen from a [ChunkStreamer] has none
+	// (null in its JSON form, the runs.plan of [PGManifest]): its
+	// fingerprint hashes its chunks' IDs as if they were listed here,
+	// and the manifest's chunk rows list them.
 	ChunkIDs []string `json:"chunk_ids"`
 	// Publish is the job's publish mode and view ("" per chunk).
 	Publish string `json:"publish,omitempty"`
@@ -85,13 +88,21 @@ type Plan struct {
 	Rollback RollbackMechanism `json:"rollback,omitempty"`
 	// Time records the job's time declarations (omitted when none).
 	Time *PlanTime `json:"time,omitempty"`
-	// Chunks are the plan's chunks (not part of the JSON form).
+	// Chunks are the plan's chunks (not part of the JSON form). A plan a
+	// Runner froze from a [ChunkStreamer] holds none, and no ChunkIDs
+	// either (its fingerprint is the same): use [Plan.Len] and
+	// [Plan.AllChunks].
 	Chunks []Chunk `json:"-"`
 	// Watermark is the source's high-water mark taken when the run was
 	// created ([Job.Watermark]); not part of the fingerprint.
 	Watermark *time.Time `json:"-"`
 	// Fingerprint is set by [NewPlan].
 	Fingerprint string `json:"-"`
+
+	// stream gives the chunks of a plan frozen from a ChunkStreamer
+	// (Chunks and ChunkIDs nil), n their number.
+	stream ChunkStreamer
+	n      int
 }
 
 // PlanTarget is the frozen description of a [Target]. Fields that do not

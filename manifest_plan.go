@@ -1,10 +1,13 @@
 package backfill
 
 import (
+	"bytes"
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"iter"
 	"slices"
 	"strings"
 )
@@ -13,6 +16,18 @@ import (
 // is the target as [Merger.Prepare] resolved it; chunks come from the
 // job's Chunker.
 func NewPlan(job Job, info TableInfo, chunks []Chunk) Plan {
+	p := planOf(job, info)
+	ids := make([]string, len(chunks))
+	for i, c := range chunks {
+		ids[i] = c.ID
+	}
+	p.ChunkIDs, p.Chunks = ids, chunks
+	p.Fingerprint = p.fingerprint()
+	return p
+}
+
+// planOf is the plan of job without its chunks or fingerprint.
+func planOf(job Job, info TableInfo) Plan {
 	cols := make([]string, info.Written)
 	for i, c := range info.Columns[:info.Written] {
 		cols[i] = c.Name
@@ -20,10 +35,6 @@ func NewPlan(job Job, info TableInfo, chunks []Chunk) Plan {
 	var derive []string
 	for _, r := range info.Target.Derive {
 		derive = append(derive, r.String())
-	}
-	ids := make([]string, len(chunks))
-	for i, c := range chunks {
-		ids[i] = c.ID
 	}
 	p := Plan{
 		Job:         job.Name,
@@ -47,8 +58,6 @@ func NewPlan(job Job, info TableInfo, chunks []Chunk) Plan {
 		},
 		Rollback: job.Rollback,
 		Publish:  job.Publish.String(),
-		ChunkIDs: ids,
-		Chunks:   chunks,
 	}
 	pt := PlanTime{ChunkColumn: job.ChunkColumn, DateMeaning: job.DateMeaning,
 		EventTime: info.Target.EventTime, ModifiedAt: info.Target.ModifiedAt, IngestedAt: info.Target.IngestedAt}
@@ -58,8 +67,113 @@ func NewPlan(job Job, info TableInfo, chunks []Chunk) Plan {
 	if pt != (PlanTime{}) {
 		p.Time = &pt
 	}
-	p.Fingerprint = p.fingerprint()
 	return p
+}
+
+// streamPlan freezes job into a plan whose chunks come from s: it reads
+// them once (ChunkSeq) for their number and the fingerprint, which is
+// that of [NewPlan] of the same chunks, and keeps none of them. The
+// plan's Chunks and ChunkIDs are nil; [Plan.Len] and [Plan.AllChunks]
+// give its chunks.
+func streamPlan(ctx context.Context, job Job, info TableInfo, s ChunkStreamer) (Plan, error) {
+	p := planOf(job, info)
+	p.stream = s
+	fp, n, err := streamFingerprint(p, s.ChunkSeq(ctx))
+	if err != nil {
+		return Plan{}, err
+	}
+	p.Fingerprint, p.n = fp, n
+	return p, nil
+}
+
+// chunkIDsField is how the JSON form of a plan with no chunk IDs (but
+// not nil ones) shows them; it cannot occur inside a JSON string, in
+// which every quote is escaped.
+const chunkIDsField = `"chunk_ids":[]`
+
+// streamFingerprint returns the fingerprint p would have with the IDs of
+// chunks as its ChunkIDs (the hex SHA-256 of its JSON form), and their
+// number, hashing the JSON as it is written: the part before the IDs,
+// each ID as encoding/json writes a string, the part after.
+func streamFingerprint(p Plan, chunks iter.Seq2[Chunk, error]) (string, int, error) {
+	p.ChunkIDs, p.Chunks = []string{}, nil
+	b, err := json.Marshal(p)
+	if err != nil { // only plain strings and slices: cannot happen
+		panic(err)
+	}
+	i := bytes.Index(b, []byte(chunkIDsField))
+	if i < 0 {
+		panic("backfill: plan JSON without " + chunkIDsField)
+	}
+	h := sha256.New()
+	h.Write(b[:i+len(chunkIDsField)-1])
+	n := 0
+	for c, err := range chunks {
+		if err != nil {
+			return "", 0, err
+		}
+		if c.Seq != n {
+			return "", 0, fmt.Errorf("%w: chunk %s has Seq %d at position %d", ErrInvalidScope, c.ID, c.Seq, n)
+		}
+		id, err := json.Marshal(c.ID)
+		if err != nil {
+			panic(err) // a string: cannot happen
+		}
+		if n > 0 {
+			h.Write([]byte{','})
+		}
+		h.Write(id)
+		n++
+	}
+	if n == 0 {
+		return "", 0, fmt.Errorf("%w: no chunks", ErrEmptyScope)
+	}
+	h.Write(b[i+len(chunkIDsField)-1:])
+	return hex.EncodeToString(h.Sum(nil)), n, nil
+}
+
+// Len returns the number of chunks of the plan: of Chunks, of a plan
+// read back from the manifest's JSON form (its ChunkIDs, none for a plan
+// frozen from a [ChunkStreamer]), or of a plan a Runner froze from a
+// [ChunkStreamer], whose Chunks is nil.
+func (p Plan) Len() int {
+	switch {
+	case p.Chunks != nil:
+		return len(p.Chunks)
+	case p.ChunkIDs != nil:
+		return len(p.ChunkIDs)
+	}
+	return p.n
+}
+
+// AllChunks yields the plan's chunks in Seq order: Chunks, or, for a plan
+// a Runner froze from a [ChunkStreamer], the chunker's chunks one at a
+// time (a [Manifest] inserts a long plan's chunks this way, without
+// holding them all). An error of the chunker is yielded with a zero
+// Chunk and ends the sequence.
+func (p Plan) AllChunks(ctx context.Context) iter.Seq2[Chunk, error] {
+	if p.stream == nil {
+		return func(yield func(Chunk, error) bool) {
+			for _, c := range p.Chunks {
+				if !yield(c, nil) {
+					return
+				}
+			}
+		}
+	}
+	return p.stream.ChunkSeq(ctx)
+}
+
+// chunkOf returns the plan's chunk that the manifest recorded as c, or
+// false when c is not the plan's chunk of its Seq.
+func (p Plan) chunkOf(c Chunk) (Chunk, bool) {
+	if p.stream != nil {
+		return p.stream.ChunkOf(c)
+	}
+	if c.Seq < 0 || c.Seq >= len(p.Chunks) || p.Chunks[c.Seq].ID != c.ID {
+		return Chunk{}, false
+	}
+	return p.Chunks[c.Seq], true
 }
 
 func (p Plan) fingerprint() string {
@@ -119,17 +233,64 @@ func PlanDiff(a, b Plan) []string {
 	add("time.event_time", at.EventTime, bt.EventTime)
 	add("time.modified_at", at.ModifiedAt, bt.ModifiedAt)
 	add("time.ingested_at", at.IngestedAt, bt.IngestedAt)
-	if !slices.Equal(a.ChunkIDs, b.ChunkIDs) {
-		msg := fmt.Sprintf("chunks: %d -> %d", len(a.ChunkIDs), len(b.ChunkIDs))
-		for i := 0; i < min(len(a.ChunkIDs), len(b.ChunkIDs)); i++ {
-			if a.ChunkIDs[i] != b.ChunkIDs[i] {
-				msg += fmt.Sprintf(", first difference at seq %d: %q -> %q", i, a.ChunkIDs[i], b.ChunkIDs[i])
-				break
-			}
-		}
+	if msg := chunksDiff(a, b); msg != "" {
 		d = append(d, msg)
 	}
 	return d
+}
+
+// chunksDiff says how the chunks of plans a and b differ: their number,
+// and the first differing ID where both plans know their IDs ("" when
+// they do not differ as far as the plans tell).
+func chunksDiff(a, b Plan) string {
+	ida, idb := a.chunkIDs(), b.chunkIDs()
+	if ida == nil || idb == nil {
+		// A plan read back from the JSON form of a plan frozen from a
+		// ChunkStreamer lists no IDs: its number of chunks tells.
+		if a.Len() != b.Len() {
+			return fmt.Sprintf("chunks: %d -> %d", a.Len(), b.Len())
+		}
+		return ""
+	}
+	nexta, stopa := iter.Pull(ida)
+	defer stopa()
+	nextb, stopb := iter.Pull(idb)
+	defer stopb()
+	for i := 0; ; i++ {
+		x, oka := nexta()
+		y, okb := nextb()
+		if !oka && !okb {
+			return ""
+		}
+		if oka && okb && x == y {
+			continue
+		}
+		msg := fmt.Sprintf("chunks: %d -> %d", a.Len(), b.Len())
+		if oka && okb {
+			msg += fmt.Sprintf(", first difference at seq %d: %q -> %q", i, x, y)
+		}
+		return msg
+	}
+}
+
+// chunkIDs yields the plan's chunk IDs, from ChunkIDs, Chunks or its
+// ChunkStreamer; nil when the plan does not know them (read back from
+// the JSON form of a plan frozen from a ChunkStreamer). A chunker's
+// error ends the IDs.
+func (p Plan) chunkIDs() iter.Seq[string] {
+	switch {
+	case p.ChunkIDs != nil:
+		return slices.Values(p.ChunkIDs)
+	case p.Chunks == nil && p.stream == nil:
+		return nil
+	}
+	return func(yield func(string) bool) {
+		for c, err := range p.AllChunks(context.Background()) {
+			if err != nil || !yield(c.ID) {
+				return
+			}
+		}
+	}
 }
 
 func planChangedError(job string, batchID int64, old, cur Plan) error {

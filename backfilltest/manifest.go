@@ -157,17 +157,21 @@ func (m *Manifest) StartRun(ctx context.Context, db sqlx.ExtContext, plan backfi
 	id := int64(len(m.runs) + 1)
 	r := &fakeRun{plan: plan, locked: map[int]*Tx{}, calls: 1, openCall: map[int]int{}}
 	r.run = backfill.Run{BatchID: id, Job: plan.Job, Source: plan.Source, CodeVersion: plan.CodeVersion,
-		Fingerprint: plan.Fingerprint, Plan: pj, Status: backfill.RunRunning, ChunksTotal: len(plan.Chunks),
+		Fingerprint: plan.Fingerprint, Plan: pj, Status: backfill.RunRunning, ChunksTotal: plan.Len(),
 		Worker: worker, CreatedAt: time.Now(), Watermark: plan.Watermark}
-	if n := len(plan.Chunks); n > 0 {
-		r.run.ScopeLower, _ = plan.Chunks[0].Bounds()
-		_, r.run.ScopeUpper = plan.Chunks[n-1].Bounds()
-		if plan.Chunks[n-1].Kind == backfill.KindList {
-			r.run.ScopeUpper = plan.Chunks[n-1].Item
+	for c, err := range plan.AllChunks(ctx) {
+		if err != nil {
+			return backfill.Run{}, false, fmt.Errorf("backfill: start run of job %q: chunks: %w", plan.Job, err)
 		}
-	}
-	for _, c := range plan.Chunks {
 		r.chunks = append(r.chunks, backfill.ChunkState{BatchID: id, Chunk: c, Status: backfill.ChunkPending})
+	}
+	if n := len(r.chunks); n > 0 {
+		r.run.ScopeLower, _ = r.chunks[0].Chunk.Bounds()
+		last := r.chunks[n-1].Chunk
+		_, r.run.ScopeUpper = last.Bounds()
+		if last.Kind == backfill.KindList {
+			r.run.ScopeUpper = last.Item
+		}
 	}
 	m.runs = append(m.runs, r)
 	m.event(id, plan.Job, "run_started", worker)
