@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jmoiron/sqlx"
@@ -590,6 +591,8 @@ type execution struct {
 	// resumed it (Resume, AcceptGate; zero if never): the run reject gate
 	// and the "no row loaded" pause judge only the rows after it.
 	baseline Counts
+	// rateChecked: checkRunRejectRate read the run's totals once.
+	rateChecked atomic.Bool
 	// throttle holds the claims of this call (nil without throttles).
 	throttle *throttler
 	// ctl is the run's control state as this call applies it (nil
@@ -841,7 +844,7 @@ func (ex *execution) next(ctx context.Context, ws *waitState) bool {
 		ex.log.Info("chunk staged", "seq", cr.res.Chunk.Seq, "chunk", cr.res.Chunk.ID, "read", cr.res.Read, "rejected", cr.res.Rejected)
 		return true
 	case err == nil:
-		return ex.chunkDone(ctx, cr.res)
+		return ex.chunkDone(ctx, cr.res, cr.fresh)
 	case ctx.Err() != nil:
 		// Cancelled: the chunk rolled back and stays pending.
 		ex.fail(nil, ctx.Err())
@@ -876,8 +879,9 @@ func (ex *execution) next(ctx context.Context, ws *waitState) bool {
 }
 
 // chunkDone records a committed chunk; it returns false when the run's
-// reject rate stops the run.
-func (ex *execution) chunkDone(ctx context.Context, res ChunkResult) bool {
+// reject rate stops the run. fresh: the chunk was pending when claimed
+// (no counts of it were recorded before).
+func (ex *execution) chunkDone(ctx context.Context, res ChunkResult, fresh bool) bool {
 	ex.mu.Lock()
 	ex.done = append(ex.done, res.Chunk.ID)
 	ex.mu.Unlock()
@@ -892,7 +896,7 @@ func (ex *execution) chunkDone(ctx context.Context, res ChunkResult) bool {
 		h.ChunkDone(ctx, ex.batchID, res)
 		ex.notifyProgress(ctx, false)
 	}
-	if err := ex.checkRunRejectRate(ctx); err != nil {
+	if err := ex.checkRunRejectRate(ctx, res, fresh); err != nil {
 		// The chunk is done (listed in PartialError.Done); the run gate
 		// paused the run after it: not a chunk failure.
 		err = fmt.Errorf("backfill: job %q batch %d: after chunk %d %s: %w", ex.job.Name, ex.batchID, res.Chunk.Seq, res.Chunk.ID, err)
@@ -903,8 +907,12 @@ func (ex *execution) chunkDone(ctx context.Context, res ChunkResult) bool {
 		return false
 	}
 	// Between chunks: the run's control state (paused or cancelled by an
-	// operator, knobs), read afresh (backfill_control.go).
-	ex.pollControl(ctx)
+	// operator, knobs), read afresh (backfill_control.go); in short
+	// transactions the next lease's statement reads it, and a try that
+	// leases nothing reads it itself (runChunkLeased).
+	if !ex.leasing() {
+		ex.pollControl(ctx)
+	}
 	return !ex.stopped()
 }
 
@@ -969,6 +977,8 @@ type chunkRun struct {
 	// fenced: the chunk's lease was taken over while it was extracted;
 	// its transaction rolled back (backfill_shorttx.go).
 	fenced bool
+	// fresh: the chunk was pending when claimed (checkRunRejectRate).
+	fresh bool
 	// admitted: the throttle let the try through (its rate cap reserved
 	// an estimate, settled when the try ends).
 	admitted bool
@@ -1613,8 +1623,16 @@ func (ex *execution) validate(ctx context.Context, tx sqlx.ExtContext, c Chunk, 
 
 // checkRunRejectRate pauses the run when its rejects exceed
 // Job.MaxRunRejectRate of its reads (default DefaultMaxRunRejectRate,
-// negative: off), over the chunks done so far.
-func (ex *execution) checkRunRejectRate(ctx context.Context) error {
+// negative: off), over the chunks done so far; res is the chunk just
+// done, fresh whether it was pending when claimed.
+//
+// A fresh chunk without rejects only lowers the rate (its rows add to
+// the reads, none to the rejects), so once this call has checked the
+// rate, such a chunk needs no read of the run's totals (a statement of
+// its own per chunk): the chunk that raised the rate checked it after
+// its commit. The first chunk of each call checks whatever it rejected:
+// a call that crashed between a chunk's commit and its check is covered.
+func (ex *execution) checkRunRejectRate(ctx context.Context, res ChunkResult, fresh bool) error {
 	max := ex.job.MaxRunRejectRate
 	switch {
 	case max < 0:
@@ -1622,10 +1640,14 @@ func (ex *execution) checkRunRejectRate(ctx context.Context) error {
 	case max == 0:
 		max = DefaultMaxRunRejectRate
 	}
+	if fresh && res.Rejected == 0 && ex.rateChecked.Load() {
+		return nil
+	}
 	total, err := loadedTotals(ctx, ex.r.cfg.Manifest, ex.r.db, ex.batchID)
 	if err != nil {
 		return err
 	}
+	ex.rateChecked.Store(true)
 	// After an operator resumed the run, only the rows read since count:
 	// the rejects before were judged by the operator (ex.baseline).
 	read, rejected := total.Read-ex.baseline.Read, total.Rejected-ex.baseline.Rejected

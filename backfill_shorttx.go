@@ -104,7 +104,16 @@ func (ex *execution) runChunkLeased(ctx context.Context) (cr chunkRun, err error
 	if err != nil || !ok {
 		ex.leaseMu.Unlock()
 		cr.noSlot = full
+		if err == nil {
+			// No lease: the run may have been paused or cancelled, which
+			// the lease's statement did not report (backfill_control.go).
+			ex.pollControl(ctx)
+		}
 		return cr, err
+	}
+	if r.caps.control != nil && ex.ctl != nil {
+		// The control state between two chunks, read by the lease.
+		ex.applyControl(ctx, cl.control)
 	}
 	seq := cl.state.Chunk.Seq
 	ex.mu.Lock()
@@ -134,7 +143,7 @@ func (ex *execution) runChunkLeased(ctx context.Context) (cr chunkRun, err error
 		cr.throttled = true
 		return cr, nil
 	}
-	cr.claimed, cr.attempt = true, cl.state.Attempts+1
+	cr.claimed, cr.attempt, cr.fresh = true, cl.state.Attempts+1, cl.state.Status == ChunkPending
 	ctx = ex.traceChunk(ctx, &cr, cl.state.Chunk, leaseStart)
 	defer func() { cr.span.end(&cr, err) }()
 	if seq < 0 || seq >= len(ex.plan.Chunks) || ex.plan.Chunks[seq].ID != cl.state.Chunk.ID {

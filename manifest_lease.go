@@ -2,6 +2,7 @@ package backfill
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 
 	"github.com/jmoiron/sqlx"
@@ -58,6 +59,9 @@ DROP INDEX {s}.chunks_pending;
 type chunkLease struct {
 	state ChunkState
 	epoch int64
+	// control is the run's control state read by the lease's statement
+	// (the read between two chunks, backfill_control.go).
+	control ControlState
 }
 
 // liveLease is the SQL condition "the lease of chunk row c is held by a
@@ -96,7 +100,10 @@ func (m *PGManifest) leaseChunk(ctx context.Context, db sqlx.ExtContext, batchID
 	}
 	var rows []struct {
 		pgChunkRow
-		Epoch int64 `db:"lease_epoch"`
+		Epoch     int64  `db:"lease_epoch"`
+		RunStatus string `db:"run_status"`
+		RunReason string `db:"run_reason"`
+		RunKnobs  string `db:"run_knobs"`
 	}
 	err = inShortTx(ctx, db, func(tx sqlx.ExtContext) error {
 		rows, full = rows[:0], false
@@ -123,13 +130,28 @@ func (m *PGManifest) leaseChunk(ctx context.Context, db sqlx.ExtContext, batchID
 	if len(rows) == 0 {
 		return chunkLease{}, false, full, nil
 	}
-	return chunkLease{state: rows[0].state(), epoch: rows[0].Epoch}, true, false, nil
+	st := ControlState{Status: RunStatus(rows[0].RunStatus), Reason: rows[0].RunReason, Knobs: map[string]float64{}}
+	if err := json.Unmarshal([]byte(rows[0].RunKnobs), &st.Knobs); err != nil {
+		return chunkLease{}, false, false, fmt.Errorf("backfill: lease chunk of batch %d: knobs: %w", batchID, err)
+	}
+	return chunkLease{state: rows[0].state(), epoch: rows[0].Epoch, control: st}, true, false, nil
 }
 
 // leaseQuery leases the first claimable chunk of batch $1 (claimQuery's
 // conditions, and the same walk of the index chunks_claimable) not in $2
 // (int[]) whose lease is free, not live ($4: the stale bound in seconds)
-// or key $3's own, and returns it with its new lease_epoch.
+// or key $3's own, and returns it with its new lease_epoch and the run's
+// control state (Control's columns: run_status, run_reason, run_knobs),
+// so that the read of the control state between two chunks costs no
+// statement of its own.
+//
+// Its commit does not wait for the WAL flush (synchronous_commit off): a
+// lease lost with a server crash is harmless. The crash ends the chunk's
+// transaction (its connection), and the lease's row is back at its
+// previous lease_key and lease_epoch; a lease taken afterwards by another
+// worker may reuse the lost epoch number, but under its own key, which
+// the lost lease's fence (key and epoch) does not match. The chunk's
+// commit, which flushes the WAL, makes the lease durable with it.
 var leaseQuery = `UPDATE {s}.chunks SET lease_key = $3, lease_epoch = lease_epoch + 1, leased_at = now()
 			WHERE batch_id = $1 AND seq = (SELECT c.seq FROM {s}.chunks c
 				WHERE c.batch_id = $1 AND c.status IN ('pending', 'open')
@@ -138,8 +160,11 @@ var leaseQuery = `UPDATE {s}.chunks SET lease_key = $3, lease_epoch = lease_epoc
 				AND NOT (c.seq = ANY ($2::int[]))
 				AND (c.lease_key = $3 OR NOT (` + liveLease("$4") + `))
 				ORDER BY c.seq LIMIT 1 FOR UPDATE SKIP LOCKED)
-			AND set_config('synchronous_commit', 'local', true) IS NOT NULL
-			RETURNING ` + chunkColumns + `, lease_epoch`
+			AND set_config('synchronous_commit', 'off', true) IS NOT NULL
+			RETURNING ` + chunkColumns + `, lease_epoch,
+				(SELECT r.status FROM {s}.runs r WHERE r.batch_id = $1) AS run_status,
+				(SELECT r.last_error FROM {s}.runs r WHERE r.batch_id = $1) AS run_reason,
+				coalesce((SELECT json_object_agg(k.key, k.value) FROM {s}.knobs k WHERE k.batch_id = $1), '{}')::text AS run_knobs`
 
 // fenceLease is the fence of a leased chunk's transaction tx: with the
 // settings of the lease (claimLeased's, set first), it locks the chunk's
