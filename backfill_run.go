@@ -1017,6 +1017,7 @@ func (ex *execution) runChunk(ctx context.Context) (cr chunkRun, err error) {
 	if err != nil {
 		return cr, fmt.Errorf("backfill: begin chunk transaction: %w", err)
 	}
+	tx = batched(tx) // backfill_batch.go
 	committed := false
 	defer func() {
 		if !committed {

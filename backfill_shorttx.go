@@ -175,6 +175,7 @@ func (ex *execution) runChunkLeased(ctx context.Context) (cr chunkRun, err error
 		// inside its transaction.
 		return cr, chunkErr(fmt.Errorf("begin chunk transaction: %w", err))
 	}
+	tx = batched(tx) // backfill_batch.go
 	committed := false
 	defer func() {
 		if !committed {

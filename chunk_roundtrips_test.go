@@ -128,8 +128,9 @@ func (p *tripProxy) take() map[string]int {
 // TestChunkRoundTrips counts the client's round trips per chunk of a run
 // on the default path (short transactions, a registered worker), as the
 // difference between a run of 3 chunks and one of 13, divided by 10
-// (issue 15, per-chunk overhead: on a durable server each one is a
-// wait, and each commit an fsync).
+// (issue 15, per-chunk overhead: each one is a wait for the server). The
+// heartbeats, which are timed, are left out. With -v it logs the round
+// trips of the run of 3 chunks in order.
 func TestChunkRoundTrips(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -179,5 +180,8 @@ func TestChunkRoundTrips(t *testing.T) {
 	}
 	sort.Strings(lines)
 	t.Logf("round trips per chunk: %.1f\n%s", float64(total)/10, strings.Join(lines, "\n"))
-	require.LessOrEqual(t, total, 10*0, "round trips per chunk")
+	// 41.8 at the start of issue 15's work (a control poll and a totals
+	// read of their own per chunk, every savepoint, setting and lock a
+	// statement of its own); 22.2 after it.
+	require.LessOrEqual(t, total, 10*24, "round trips per chunk (x10)")
 }
