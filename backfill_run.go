@@ -1194,6 +1194,9 @@ type rowWriter struct {
 	maxRejects int
 	buf        []any
 	convs      []pgconv.Converter // per column, resolved once
+	// timeCols: per written column, whether it is a date, timestamp or
+	// timestamptz (timeValue), resolved once.
+	timeCols []bool
 
 	row, read, rejected int64
 	exceptions          []Exception
@@ -1209,15 +1212,20 @@ type rowWriter struct {
 func newRowWriter(c Chunk, job Job, info TableInfo, st rowAdder, maxRejects int, started time.Time) *rowWriter {
 	names := make([]string, len(info.Columns))
 	convs := make([]pgconv.Converter, len(info.Columns))
+	timeCols := make([]bool, len(info.Columns))
 	for i, col := range info.Columns {
 		names[i] = col.Name
 		convs[i] = pgconv.For(col.conv())
+		switch col.BaseType {
+		case "date", "timestamp", "timestamptz":
+			timeCols[i] = true
+		}
 	}
 	rules := map[string]KeyRule{}
 	for _, r := range info.Target.Derive {
 		rules[r.Column] = r
 	}
-	w := &rowWriter{chunk: c, info: info, names: names, convs: convs, rules: rules, stager: st, maxRejects: maxRejects,
+	w := &rowWriter{chunk: c, info: info, names: names, convs: convs, timeCols: timeCols, rules: rules, stager: st, maxRejects: maxRejects,
 		buf: make([]any, len(info.Columns)), chunkCol: -1, zone: cmpOr(job.Zone, time.UTC),
 		ingested: started.Truncate(time.Microsecond).Format(time.RFC3339Nano)}
 	if job.ChunkColumn != "" {
@@ -1249,17 +1257,18 @@ func (w *rowWriter) Write(ctx context.Context, values ...any) error {
 		return w.extractorBug(values, fmt.Sprintf("wrong number of values: got %d, want %d", len(values), n))
 	}
 	var chunkIn any // the ChunkColumn's value as converted, for inChunk
-	for i, col := range w.info.Columns[:n] {
+	// By index: a Column is large, and copying it per value costs.
+	for i := range n {
 		in := values[i]
-		switch col.BaseType {
-		case "date", "timestamp", "timestamptz":
-			in = w.timeValue(col, in)
+		if w.timeCols[i] {
+			in = w.timeValue(&w.info.Columns[i], in)
 		}
 		if i == w.chunkCol {
 			chunkIn = in
 		}
 		v, reason := w.convs[i].Convert(in)
 		if reason != "" {
+			col := &w.info.Columns[i]
 			if pgconv.TypeMismatch(reason) {
 				return w.extractorBug(values, fmt.Sprintf("column %q (%s, value %d of %d): %s", col.Name, cmpOr(col.Type, col.BaseType), i+1, n, reason))
 			}
@@ -1375,7 +1384,7 @@ func (w *rowWriter) reject(raw []byte, column, value, reason string) error {
 // value; the chunk check (inChunk) sees the value returned here. Other
 // values are returned as they are (text) or reduced (a *string, a
 // sql.NullString), and convertValue judges them.
-func (w *rowWriter) timeValue(col Column, v any) any {
+func (w *rowWriter) timeValue(col *Column, v any) any {
 	switch x := v.(type) {
 	case time.Time:
 		if col.BaseType == "timestamp" {

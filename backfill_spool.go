@@ -35,7 +35,13 @@ type spool struct {
 	w       *bufio.Writer
 	enc     []byte
 	rows    int64
+	// slab is where the rows in memory take their values from: one
+	// allocation per spoolSlabRows rows rather than one per row.
+	slab []any
 }
+
+// spoolSlabRows is how many rows' values a spool allocates at once.
+const spoolSlabRows = 64
 
 type spoolRow struct {
 	row    int64
@@ -49,7 +55,11 @@ func (s *spool) Add(ctx context.Context, row int64, values []any) error {
 	if s.f != nil {
 		return s.write(row, values)
 	}
-	vs := make([]any, len(values))
+	if len(s.slab) < len(values) {
+		s.slab = make([]any, len(values)*spoolSlabRows)
+	}
+	vs := s.slab[:len(values):len(values)]
+	s.slab = s.slab[len(values):]
 	size := 16
 	for i, v := range values {
 		switch x := v.(type) {
@@ -95,7 +105,7 @@ func (s *spool) spill() error {
 			return err
 		}
 	}
-	s.mem, s.memBytes = nil, 0
+	s.mem, s.memBytes, s.slab = nil, 0, nil
 	return nil
 }
 
@@ -104,7 +114,7 @@ func (s *spool) Len() int64 { return s.rows }
 
 // Close removes the spool's file, if any. It is idempotent.
 func (s *spool) Close() error {
-	s.mem = nil
+	s.mem, s.slab = nil, nil
 	if s.f == nil {
 		return nil
 	}
