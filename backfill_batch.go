@@ -31,6 +31,10 @@ import (
 type batchTx struct {
 	Tx
 	pending []string
+	// fresh: the chunk this transaction fenced was pending (set by
+	// runChunkLeased): no earlier read of it queued exceptions, and
+	// PGManifest.CompleteChunk skips the statement that replaces them.
+	fresh bool
 }
 
 // batched returns tx as a batchTx when it is a PostgreSQL transaction

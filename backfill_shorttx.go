@@ -184,9 +184,12 @@ func (ex *execution) runChunkLeased(ctx context.Context) (cr chunkRun, err error
 	}()
 	// The fence first: the lease still this worker's, the row locked
 	// until the commit.
-	_, pid, ok, err := wm.fenceLease(ctx, tx, ex.batchID, seq, cl.epoch, l)
+	fenced, pid, ok, err := wm.fenceLease(ctx, tx, ex.batchID, seq, cl.epoch, l)
 	if err != nil {
 		return cr, chunkErr(err)
+	}
+	if b, isBatch := tx.(*batchTx); isBatch {
+		b.fresh = ok && fenced.Status == ChunkPending
 	}
 	if !ok {
 		// The deferred release clears the lease only if it is still this

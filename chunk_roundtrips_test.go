@@ -182,6 +182,6 @@ func TestChunkRoundTrips(t *testing.T) {
 	t.Logf("round trips per chunk: %.1f\n%s", float64(total)/10, strings.Join(lines, "\n"))
 	// 41.8 at the start of issue 15's work (a control poll and a totals
 	// read of their own per chunk, every savepoint, setting and lock a
-	// statement of its own); 22.2 after it.
-	require.LessOrEqual(t, total, 10*24, "round trips per chunk (x10)")
+	// statement of its own); 20.2 after it.
+	require.LessOrEqual(t, total, 10*22, "round trips per chunk (x10)")
 }
