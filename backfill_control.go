@@ -16,7 +16,9 @@ import (
 // Each call reads its run's control state (status and knobs) from the
 // manifest at every throttle check (Config.ThrottleInterval, default
 // 500 ms: the throttle monitor runs whenever the manifest has the control
-// plane), after each chunk it completes, and at once when a notification
+// plane), after each chunk it completes (in short transactions: with the
+// lease of the next chunk, in the lease's statement, or on its own when
+// nothing is leased), and at once when a notification
 // for its run arrives on the schema's channel (Config.ListenURL). The
 // claim itself refuses a run that is not running, so no chunk is claimed
 // after a pause or cancel commits, whatever the interval; the reads make

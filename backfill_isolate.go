@@ -140,7 +140,7 @@ type stagingRefusal struct {
 func (s *chunkStaging) attempt(ctx context.Context) (Stager, *rowWriter, stagingRefusal, error) {
 	var ref stagingRefusal
 	if s.savepoints {
-		if _, err := s.tx.ExecContext(ctx, `SAVEPOINT backfill_stage`); err != nil {
+		if err := later(ctx, s.tx, `SAVEPOINT backfill_stage`); err != nil {
 			return nil, nil, ref, fmt.Errorf("savepoint: %w", err)
 		}
 	}
@@ -197,7 +197,7 @@ func (s *chunkStaging) finish(ctx context.Context, st Stager, w *rowWriter, ref 
 		return nil, nil, fmt.Errorf("extract: %w", ref.xerr)
 	}
 	if s.savepoints {
-		if _, err := s.tx.ExecContext(ctx, `RELEASE SAVEPOINT backfill_stage`); err != nil {
+		if err := later(ctx, s.tx, `RELEASE SAVEPOINT backfill_stage`); err != nil {
 			_ = st.Close()
 			return nil, nil, fmt.Errorf("release savepoint: %w", err)
 		}

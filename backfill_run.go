@@ -14,6 +14,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jmoiron/sqlx"
@@ -626,6 +627,8 @@ type execution struct {
 	// resumed it (Resume, AcceptGate; zero if never): the run reject gate
 	// and the "no row loaded" pause judge only the rows after it.
 	baseline Counts
+	// rateChecked: checkRunRejectRate read the run's totals once.
+	rateChecked atomic.Bool
 	// throttle holds the claims of this call (nil without throttles).
 	throttle *throttler
 	// ctl is the run's control state as this call applies it (nil
@@ -871,7 +874,7 @@ func (ex *execution) next(ctx context.Context, ws *waitState) bool {
 		ex.log.Info("chunk staged", "seq", cr.res.Chunk.Seq, "chunk", cr.res.Chunk.ID, "read", cr.res.Read, "rejected", cr.res.Rejected)
 		return true
 	case err == nil:
-		return ex.chunkDone(ctx, cr.res)
+		return ex.chunkDone(ctx, cr.res, cr.fresh)
 	case ctx.Err() != nil:
 		// Cancelled: the chunk rolled back and stays pending.
 		ex.fail(nil, ctx.Err())
@@ -919,8 +922,9 @@ func (ex *execution) addDone(id string) {
 }
 
 // chunkDone records a committed chunk; it returns false when the run's
-// reject rate stops the run.
-func (ex *execution) chunkDone(ctx context.Context, res ChunkResult) bool {
+// reject rate stops the run. fresh: the chunk was pending when claimed
+// (no counts of it were recorded before).
+func (ex *execution) chunkDone(ctx context.Context, res ChunkResult, fresh bool) bool {
 	ex.mu.Lock()
 	ex.addDone(res.Chunk.ID)
 	if res.Skipped {
@@ -938,7 +942,7 @@ func (ex *execution) chunkDone(ctx context.Context, res ChunkResult) bool {
 		h.ChunkDone(ctx, ex.batchID, res)
 		ex.notifyProgress(ctx, false)
 	}
-	if err := ex.checkRunRejectRate(ctx, res); err != nil {
+	if err := ex.checkRunRejectRate(ctx, res, fresh); err != nil {
 		// The chunk is done (listed in PartialError.Done); the run gate
 		// paused the run after it: not a chunk failure.
 		err = fmt.Errorf("backfill: job %q batch %d: after chunk %d %s: %w", ex.job.Name, ex.batchID, res.Chunk.Seq, res.Chunk.ID, err)
@@ -949,8 +953,12 @@ func (ex *execution) chunkDone(ctx context.Context, res ChunkResult) bool {
 		return false
 	}
 	// Between chunks: the run's control state (paused or cancelled by an
-	// operator, knobs), read afresh (backfill_control.go).
-	ex.pollControl(ctx)
+	// operator, knobs), read afresh (backfill_control.go); in short
+	// transactions the next lease's statement reads it, and a try that
+	// leases nothing reads it itself (runChunkLeased).
+	if !ex.leasing() {
+		ex.pollControl(ctx)
+	}
 	return !ex.stopped()
 }
 
@@ -1015,6 +1023,8 @@ type chunkRun struct {
 	// fenced: the chunk's lease was taken over while it was extracted;
 	// its transaction rolled back (backfill_shorttx.go).
 	fenced bool
+	// fresh: the chunk was pending when claimed (checkRunRejectRate).
+	fresh bool
 	// admitted: the throttle let the try through (its rate cap reserved
 	// an estimate, settled when the try ends).
 	admitted bool
@@ -1056,6 +1066,7 @@ func (ex *execution) runChunk(ctx context.Context) (cr chunkRun, err error) {
 	if err != nil {
 		return cr, fmt.Errorf("backfill: begin chunk transaction: %w", err)
 	}
+	tx = batched(tx) // backfill_batch.go
 	committed := false
 	defer func() {
 		if !committed {
@@ -1272,6 +1283,9 @@ type rowWriter struct {
 	maxRejects int
 	buf        []any
 	convs      []pgconv.Converter // per column, resolved once
+	// timeCols: per written column, whether it is a date, timestamp or
+	// timestamptz (timeValue), resolved once.
+	timeCols []bool
 
 	row, read, rejected int64
 	exceptions          []Exception
@@ -1287,15 +1301,20 @@ type rowWriter struct {
 func newRowWriter(c Chunk, job Job, info TableInfo, st rowAdder, maxRejects int, started time.Time) *rowWriter {
 	names := make([]string, len(info.Columns))
 	convs := make([]pgconv.Converter, len(info.Columns))
+	timeCols := make([]bool, len(info.Columns))
 	for i, col := range info.Columns {
 		names[i] = col.Name
 		convs[i] = pgconv.For(col.conv())
+		switch col.BaseType {
+		case "date", "timestamp", "timestamptz":
+			timeCols[i] = true
+		}
 	}
 	rules := map[string]KeyRule{}
 	for _, r := range info.Target.Derive {
 		rules[r.Column] = r
 	}
-	w := &rowWriter{chunk: c, info: info, names: names, convs: convs, rules: rules, stager: st, maxRejects: maxRejects,
+	w := &rowWriter{chunk: c, info: info, names: names, convs: convs, timeCols: timeCols, rules: rules, stager: st, maxRejects: maxRejects,
 		buf: make([]any, len(info.Columns)), chunkCol: -1, zone: cmpOr(job.Zone, time.UTC),
 		ingested: started.Truncate(time.Microsecond).Format(time.RFC3339Nano)}
 	if job.ChunkColumn != "" {
@@ -1327,17 +1346,18 @@ func (w *rowWriter) Write(ctx context.Context, values ...any) error {
 		return w.extractorBug(values, fmt.Sprintf("wrong number of values: got %d, want %d", len(values), n))
 	}
 	var chunkIn any // the ChunkColumn's value as converted, for inChunk
-	for i, col := range w.info.Columns[:n] {
+	// By index: a Column is large, and copying it per value costs.
+	for i := range n {
 		in := values[i]
-		switch col.BaseType {
-		case "date", "timestamp", "timestamptz":
-			in = w.timeValue(col, in)
+		if w.timeCols[i] {
+			in = w.timeValue(&w.info.Columns[i], in)
 		}
 		if i == w.chunkCol {
 			chunkIn = in
 		}
 		v, reason := w.convs[i].Convert(in)
 		if reason != "" {
+			col := &w.info.Columns[i]
 			if pgconv.TypeMismatch(reason) {
 				return w.extractorBug(values, fmt.Sprintf("column %q (%s, value %d of %d): %s", col.Name, cmpOr(col.Type, col.BaseType), i+1, n, reason))
 			}
@@ -1453,7 +1473,7 @@ func (w *rowWriter) reject(raw []byte, column, value, reason string) error {
 // value; the chunk check (inChunk) sees the value returned here. Other
 // values are returned as they are (text) or reduced (a *string, a
 // sql.NullString), and convertValue judges them.
-func (w *rowWriter) timeValue(col Column, v any) any {
+func (w *rowWriter) timeValue(col *Column, v any) any {
 	switch x := v.(type) {
 	case time.Time:
 		if col.BaseType == "timestamp" {
@@ -1707,16 +1727,16 @@ func (ex *execution) validateWith(ctx context.Context, tx sqlx.ExtContext, c Chu
 
 // checkRunRejectRate pauses the run when its rejects exceed
 // Job.MaxRunRejectRate of its reads (default DefaultMaxRunRejectRate,
-// negative: off), over the chunks done so far, after chunk res.
+// negative: off), over the chunks done so far; res is the chunk just
+// done, fresh whether it was pending when claimed.
 //
-// The run's totals are summed only after a chunk that can raise the
-// rate: one with rejected rows, or a time chunk (which may be a reread
-// of an open chunk, whose counts replace the earlier read's). A first
-// read of a chunk without rejects adds reads only, and so cannot take a
-// rate that every earlier chunk's check found within the limit over it:
-// summing after it made every chunk of a long plan cost in proportion to
-// the plan's length (issue 15, very long plans).
-func (ex *execution) checkRunRejectRate(ctx context.Context, res ChunkResult) error {
+// A fresh chunk without rejects only lowers the rate (its rows add to
+// the reads, none to the rejects), so once this call has checked the
+// rate, such a chunk needs no read of the run's totals (a statement of
+// its own per chunk): the chunk that raised the rate checked it after
+// its commit. The first chunk of each call checks whatever it rejected:
+// a call that crashed between a chunk's commit and its check is covered.
+func (ex *execution) checkRunRejectRate(ctx context.Context, res ChunkResult, fresh bool) error {
 	max := ex.job.MaxRunRejectRate
 	switch {
 	case max < 0:
@@ -1724,13 +1744,14 @@ func (ex *execution) checkRunRejectRate(ctx context.Context, res ChunkResult) er
 	case max == 0:
 		max = DefaultMaxRunRejectRate
 	}
-	if res.Rejected == 0 && res.Chunk.Kind != KindTime {
+	if fresh && res.Rejected == 0 && ex.rateChecked.Load() {
 		return nil
 	}
 	total, err := loadedTotals(ctx, ex.r.cfg.Manifest, ex.r.db, ex.batchID)
 	if err != nil {
 		return err
 	}
+	ex.rateChecked.Store(true)
 	// After an operator resumed the run, only the rows read since count:
 	// the rejects before were judged by the operator (ex.baseline).
 	read, rejected := total.Read-ex.baseline.Read, total.Rejected-ex.baseline.Rejected

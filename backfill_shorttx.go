@@ -107,7 +107,16 @@ func (ex *execution) runChunkLeased(ctx context.Context) (cr chunkRun, err error
 	if err != nil || !ok {
 		ex.leaseMu.Unlock()
 		cr.noSlot = full
+		if err == nil {
+			// No lease: the run may have been paused or cancelled, which
+			// the lease's statement did not report (backfill_control.go).
+			ex.pollControl(ctx)
+		}
 		return cr, err
+	}
+	if r.caps.control != nil && ex.ctl != nil {
+		// The control state between two chunks, read by the lease.
+		ex.applyControl(ctx, cl.control)
 	}
 	seq := cl.state.Chunk.Seq
 	ex.mu.Lock()
@@ -137,7 +146,7 @@ func (ex *execution) runChunkLeased(ctx context.Context) (cr chunkRun, err error
 		cr.throttled = true
 		return cr, nil
 	}
-	cr.claimed, cr.attempt = true, cl.state.Attempts+1
+	cr.claimed, cr.attempt, cr.fresh = true, cl.state.Attempts+1, cl.state.Status == ChunkPending
 	ctx = ex.traceChunk(ctx, &cr, cl.state.Chunk, leaseStart)
 	defer func() { cr.span.end(&cr, err) }()
 	c, ok := ex.plan.chunkOf(cl.state.Chunk)
@@ -170,6 +179,7 @@ func (ex *execution) runChunkLeased(ctx context.Context) (cr chunkRun, err error
 		// inside its transaction.
 		return cr, chunkErr(fmt.Errorf("begin chunk transaction: %w", err))
 	}
+	tx = batched(tx) // backfill_batch.go
 	committed := false
 	defer func() {
 		if !committed {
@@ -178,9 +188,12 @@ func (ex *execution) runChunkLeased(ctx context.Context) (cr chunkRun, err error
 	}()
 	// The fence first: the lease still this worker's, the row locked
 	// until the commit.
-	_, pid, ok, err := wm.fenceLease(ctx, tx, ex.batchID, seq, cl.epoch, l)
+	fenced, pid, ok, err := wm.fenceLease(ctx, tx, ex.batchID, seq, cl.epoch, l)
 	if err != nil {
 		return cr, chunkErr(err)
+	}
+	if b, isBatch := tx.(*batchTx); isBatch {
+		b.fresh = ok && fenced.Status == ChunkPending
 	}
 	if !ok {
 		// The deferred release clears the lease only if it is still this

@@ -9,6 +9,7 @@ import (
 	"io"
 	"math"
 	"os"
+	"sync"
 	"time"
 )
 
@@ -35,6 +36,51 @@ type spool struct {
 	w       *bufio.Writer
 	enc     []byte
 	rows    int64
+	// slab is where the rows in memory take their values from, the rest
+	// of the last of slabs (spoolSlabs): no allocation per row, and none
+	// per chunk once the pools hold a chunk's worth.
+	slab  []any
+	slabs []*[]any
+}
+
+// spoolSlabLen is the number of values of a slab of spoolSlabs.
+const spoolSlabLen = 1024
+
+// spoolSlabs and spoolMems hold the memory of spools closed (cleared:
+// they keep no value alive) for the next chunks' spools.
+var (
+	spoolSlabs = sync.Pool{New: func() any { s := make([]any, spoolSlabLen); return &s }}
+	spoolMems  sync.Pool // *[]spoolRow, empty
+)
+
+// values returns a slice of n values for a row in memory.
+func (s *spool) values(n int) []any {
+	if n > spoolSlabLen {
+		return make([]any, n)
+	}
+	if len(s.slab) < n {
+		p := spoolSlabs.Get().(*[]any)
+		s.slabs = append(s.slabs, p)
+		s.slab = *p
+	}
+	vs := s.slab[:n:n]
+	s.slab = s.slab[n:]
+	return vs
+}
+
+// release returns the memory of the rows in memory to the pools.
+func (s *spool) release() {
+	for _, p := range s.slabs {
+		clear(*p)
+		spoolSlabs.Put(p)
+	}
+	if cap(s.mem) > 0 {
+		m := s.mem[:cap(s.mem)]
+		clear(m)
+		m = m[:0]
+		spoolMems.Put(&m)
+	}
+	s.mem, s.memBytes, s.slab, s.slabs = nil, 0, nil, nil
 }
 
 type spoolRow struct {
@@ -49,7 +95,12 @@ func (s *spool) Add(ctx context.Context, row int64, values []any) error {
 	if s.f != nil {
 		return s.write(row, values)
 	}
-	vs := make([]any, len(values))
+	if s.mem == nil {
+		if p, ok := spoolMems.Get().(*[]spoolRow); ok {
+			s.mem = *p
+		}
+	}
+	vs := s.values(len(values))
 	size := 16
 	for i, v := range values {
 		switch x := v.(type) {
@@ -95,7 +146,7 @@ func (s *spool) spill() error {
 			return err
 		}
 	}
-	s.mem, s.memBytes = nil, 0
+	s.release()
 	return nil
 }
 
@@ -104,7 +155,7 @@ func (s *spool) Len() int64 { return s.rows }
 
 // Close removes the spool's file, if any. It is idempotent.
 func (s *spool) Close() error {
-	s.mem = nil
+	s.release()
 	if s.f == nil {
 		return nil
 	}

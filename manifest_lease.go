@@ -2,6 +2,7 @@ package backfill
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 
 	"github.com/jmoiron/sqlx"
@@ -58,6 +59,9 @@ DROP INDEX {s}.chunks_pending;
 type chunkLease struct {
 	state ChunkState
 	epoch int64
+	// control is the run's control state read by the lease's statement
+	// (the read between two chunks, backfill_control.go).
+	control ControlState
 }
 
 // liveLease is the SQL condition "the lease of chunk row c is held by a
@@ -96,7 +100,10 @@ func (m *PGManifest) leaseChunk(ctx context.Context, db sqlx.ExtContext, batchID
 	}
 	var rows []struct {
 		pgChunkRow
-		Epoch int64 `db:"lease_epoch"`
+		Epoch     int64  `db:"lease_epoch"`
+		RunStatus string `db:"run_status"`
+		RunReason string `db:"run_reason"`
+		RunKnobs  string `db:"run_knobs"`
 	}
 	err = inShortTx(ctx, db, func(tx sqlx.ExtContext) error {
 		rows, full = rows[:0], false
@@ -123,13 +130,28 @@ func (m *PGManifest) leaseChunk(ctx context.Context, db sqlx.ExtContext, batchID
 	if len(rows) == 0 {
 		return chunkLease{}, false, full, nil
 	}
-	return chunkLease{state: rows[0].state(), epoch: rows[0].Epoch}, true, false, nil
+	st := ControlState{Status: RunStatus(rows[0].RunStatus), Reason: rows[0].RunReason, Knobs: map[string]float64{}}
+	if err := json.Unmarshal([]byte(rows[0].RunKnobs), &st.Knobs); err != nil {
+		return chunkLease{}, false, false, fmt.Errorf("backfill: lease chunk of batch %d: knobs: %w", batchID, err)
+	}
+	return chunkLease{state: rows[0].state(), epoch: rows[0].Epoch, control: st}, true, false, nil
 }
 
 // leaseQuery leases the first claimable chunk of batch $1 (claimQuery's
 // conditions, and the same walk of the index chunks_claimable) not in $2
 // (int[]) whose lease is free, not live ($4: the stale bound in seconds)
-// or key $3's own, and returns it with its new lease_epoch.
+// or key $3's own, and returns it with its new lease_epoch and the run's
+// control state (Control's columns: run_status, run_reason, run_knobs),
+// so that the read of the control state between two chunks costs no
+// statement of its own.
+//
+// Its commit does not wait for the WAL flush (synchronous_commit off): a
+// lease lost with a server crash is harmless. The crash ends the chunk's
+// transaction (its connection), and the lease's row is back at its
+// previous lease_key and lease_epoch; a lease taken afterwards by another
+// worker may reuse the lost epoch number, but under its own key, which
+// the lost lease's fence (key and epoch) does not match. The chunk's
+// commit, which flushes the WAL, makes the lease durable with it.
 var leaseQuery = `UPDATE {s}.chunks SET lease_key = $3, lease_epoch = lease_epoch + 1, leased_at = now()
 			WHERE batch_id = $1 AND seq = (SELECT c.seq FROM {s}.chunks c
 				WHERE c.batch_id = $1 AND c.status IN ('pending', 'open')
@@ -138,51 +160,63 @@ var leaseQuery = `UPDATE {s}.chunks SET lease_key = $3, lease_epoch = lease_epoc
 				AND NOT (c.seq = ANY ($2::int[]))
 				AND (c.lease_key = $3 OR NOT (` + liveLease("$4") + `))
 				ORDER BY c.seq LIMIT 1 FOR UPDATE SKIP LOCKED)
-			AND set_config('synchronous_commit', 'local', true) IS NOT NULL
-			RETURNING ` + chunkColumns + `, lease_epoch`
+			AND set_config('synchronous_commit', 'off', true) IS NOT NULL
+			RETURNING ` + chunkColumns + `, lease_epoch,
+				(SELECT r.status FROM {s}.runs r WHERE r.batch_id = $1) AS run_status,
+				(SELECT r.last_error FROM {s}.runs r WHERE r.batch_id = $1) AS run_reason,
+				coalesce((SELECT json_object_agg(k.key, k.value) FROM {s}.knobs k WHERE k.batch_id = $1), '{}')::text AS run_knobs`
 
 // fenceLease is the fence of a leased chunk's transaction tx: with the
-// settings of the lease (claimLeased's, set first), it locks the chunk's
-// row and clears its lease WHERE the lease is still key's at epoch, the
-// chunk claimable and the run running or paused (a chunk in flight when
-// the run is paused finishes: only new claims stop). ok is false when it is not: the
-// lease was taken over (or the chunk or run moved on), and tx must not
-// commit the chunk.
+// settings of the lease (claimLeased's), it locks the chunk's row and
+// clears its lease WHERE the lease is still key's at epoch, the chunk
+// claimable and the run running or paused (a chunk in flight when the run
+// is paused finishes: only new claims stop). ok is false when it is not:
+// the lease was taken over (or the chunk or run moved on), and tx must
+// not commit the chunk. pid is the backend's.
+//
+// One statement (issue 15, per-chunk round trips): the settings are an
+// uncorrelated subquery in a condition without columns, which PostgreSQL
+// evaluates once, as a one-time filter, before the scan reaches the
+// chunk's row; the wait for that row's lock is so bounded by the try's
+// lock_timeout, as when the settings were a statement of their own. (The
+// lock of the chunks table itself, which only the manifest's migrations
+// contend for, is taken before, under the session's own lock_timeout.)
 func (m *PGManifest) fenceLease(ctx context.Context, tx sqlx.ExtContext, batchID int64, seq int, epoch int64, l lease) (st ChunkState, pid int, ok bool, err error) {
-	if pid, err = m.leaseSettings(ctx, tx, l); err != nil {
-		return ChunkState{}, 0, false, fmt.Errorf("backfill: fence chunk %d of batch %d: %w", seq, batchID, err)
+	app, kIdle, kInt, kCount, userTO := l.settings()
+	var rows []struct {
+		pgChunkRow
+		Pid int `db:"backend_pid"`
 	}
-	var rows []pgChunkRow
 	err = sqlx.SelectContext(ctx, tx, &rows, m.sql(`UPDATE {s}.chunks c SET lease_key = NULL, leased_at = NULL
-		WHERE c.batch_id = $1 AND c.seq = $2 AND c.lease_key = $3 AND c.lease_epoch = $4
+		WHERE (SELECT true WHERE `+leaseSettings+`)
+		AND c.batch_id = $1 AND c.seq = $2 AND c.lease_key = $3 AND c.lease_epoch = $4
 		AND (c.status = 'pending' OR c.status = 'open'
 			AND c.open_call < (SELECT calls FROM {s}.runs WHERE batch_id = $1 AND status IN ('running', 'paused')))
 		AND EXISTS (SELECT 1 FROM {s}.runs WHERE batch_id = $1 AND status IN ('running', 'paused'))
-		RETURNING `+chunkColumns), batchID, seq, l.key, epoch)
+		RETURNING `+chunkColumns+`, pg_backend_pid() AS backend_pid`), batchID, seq, l.key, epoch,
+		l.stmtTimeout, l.lockTimeout, app, kIdle, kInt, kCount, userTO)
 	if err != nil {
 		return ChunkState{}, 0, false, fmt.Errorf("backfill: fence chunk %d of batch %d: %w", seq, batchID, err)
 	}
 	if len(rows) == 0 {
-		return ChunkState{}, pid, false, nil
+		return ChunkState{}, 0, false, nil
 	}
-	return rows[0].state(), pid, true, nil
+	return rows[0].state(), rows[0].Pid, true, nil
 }
 
-// leaseSettings sets, locally in tx, the settings claimLeased sets with
-// its claim, and returns the backend's pid.
-func (m *PGManifest) leaseSettings(ctx context.Context, tx sqlx.ExtContext, l lease) (int, error) {
-	app, kIdle, kInt, kCount, userTO := l.settings()
-	var pid int
-	err := sqlx.GetContext(ctx, tx, &pid, `SELECT pg_backend_pid() WHERE set_config('statement_timeout', CASE WHEN set_config('backfill.statement_timeout',
-			coalesce(nullif($1, ''), current_setting('statement_timeout')), true) IS NOT NULL THEN '0' END, true) IS NOT NULL
-		AND set_config('backfill.lock_timeout', set_config('lock_timeout', coalesce(nullif($2, ''), current_setting('lock_timeout')), true), true) IS NOT NULL
-		AND set_config('application_name', left($3 || current_setting('application_name'), 63), true) IS NOT NULL
-		AND set_config('tcp_keepalives_idle', $4, true) IS NOT NULL
-		AND set_config('tcp_keepalives_interval', $5, true) IS NOT NULL
-		AND set_config('tcp_keepalives_count', $6, true) IS NOT NULL
-		AND set_config('tcp_user_timeout', $7, true) IS NOT NULL`, l.stmtTimeout, l.lockTimeout, app, kIdle, kInt, kCount, userTO)
-	return pid, err
-}
+// leaseSettings is the condition that sets, locally in the chunk's
+// transaction, the settings claimLeased sets with its claim ($5 to $11:
+// statement_timeout, lock_timeout, the application_name prefix, the TCP
+// keepalive idle, interval and count, tcp_user_timeout; see
+// lease.settings).
+const leaseSettings = `set_config('statement_timeout', CASE WHEN set_config('backfill.statement_timeout',
+			coalesce(nullif($5, ''), current_setting('statement_timeout')), true) IS NOT NULL THEN '0' END, true) IS NOT NULL
+		AND set_config('backfill.lock_timeout', set_config('lock_timeout', coalesce(nullif($6, ''), current_setting('lock_timeout')), true), true) IS NOT NULL
+		AND set_config('application_name', left($7 || current_setting('application_name'), 63), true) IS NOT NULL
+		AND set_config('tcp_keepalives_idle', $8, true) IS NOT NULL
+		AND set_config('tcp_keepalives_interval', $9, true) IS NOT NULL
+		AND set_config('tcp_keepalives_count', $10, true) IS NOT NULL
+		AND set_config('tcp_user_timeout', $11, true) IS NOT NULL`
 
 // releaseLease clears the lease of chunk seq if it is still key's at
 // epoch, in a short transaction of its own.

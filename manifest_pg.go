@@ -886,11 +886,15 @@ func (m *PGManifest) completeChunk(ctx context.Context, tx sqlx.ExtContext, batc
 	}
 	// A chunk read again while open: the latest read replaces its
 	// exception queue (a row rejected by every read is queued once), in
-	// this transaction, before the status changes below.
-	if _, err := tx.ExecContext(ctx, m.sql(`DELETE FROM {s}.exceptions e USING {s}.chunks c
-		WHERE c.batch_id = $1 AND c.seq = $2 AND c.status = 'open'
-		AND e.batch_id = $1 AND e.chunk_id = c.chunk_id AND e.failed_attempt IS NULL`), batchID, r.Chunk.Seq); err != nil {
-		return fmt.Errorf("backfill: complete chunk %s: exceptions of the earlier read: %w", r.Chunk.ID, err)
+	// this transaction, before the status changes below. A chunk its
+	// transaction found pending (batchTx.fresh, under the fence's row
+	// lock) has none: the statement would delete nothing.
+	if b, ok := tx.(*batchTx); !ok || !b.fresh {
+		if _, err := tx.ExecContext(ctx, m.sql(`DELETE FROM {s}.exceptions e USING {s}.chunks c
+			WHERE c.batch_id = $1 AND c.seq = $2 AND c.status = 'open'
+			AND e.batch_id = $1 AND e.chunk_id = c.chunk_id AND e.failed_attempt IS NULL`), batchID, r.Chunk.Seq); err != nil {
+			return fmt.Errorf("backfill: complete chunk %s: exceptions of the earlier read: %w", r.Chunk.ID, err)
+		}
 	}
 	if err := m.addExceptions(ctx, tx, batchID, r.Chunk.ID, exceptions); err != nil {
 		return fmt.Errorf("backfill: complete chunk %s: exceptions: %w", r.Chunk.ID, err)

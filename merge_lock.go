@@ -182,20 +182,23 @@ func (s *pgStager) lockKeys(ctx context.Context) error {
 		}
 		bucket = strings.Join(parts, " # ")
 	}
+	// Without parameters (the bound is the library's constant): one
+	// round trip.
 	var buckets []int64
-	if err := sqlx.SelectContext(ctx, s.tx, &buckets, fmt.Sprintf(`SELECT b FROM (SELECT DISTINCT ((%s) & 2147483647)::int AS b FROM %s s) x ORDER BY b LIMIT $1`,
-		bucket, s.q.stage), mergeLockKeys+1); err != nil {
+	if err := sqlx.SelectContext(ctx, s.tx, &buckets, fmt.Sprintf(`SELECT b FROM (SELECT DISTINCT ((%s) & 2147483647)::int AS b FROM %s s) x ORDER BY b LIMIT %d`,
+		bucket, s.q.stage, mergeLockKeys+1)); err != nil {
 		return err
 	}
 	if len(buckets) > mergeLockKeys {
 		return whole()
 	}
 	// Lock -1 shared first, then the keys in ascending order (unnest keeps
-	// the array's order, the aggregate consumes it in that order).
-	if _, err := s.tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock_shared($1::int, $2::int) WHERE `+noLockTimeout, ns, wholeTarget); err != nil {
-		return err
-	}
-	_, err := s.tx.ExecContext(ctx, `SELECT count(pg_advisory_xact_lock($1::int, b)) FROM unnest($2::int[]) AS b`, ns, pq.Array(buckets))
+	// the array's order, the aggregate consumes it in that order), in one
+	// statement: the shared lock (and noLockTimeout) is an uncorrelated
+	// subquery in a condition without columns, which PostgreSQL evaluates
+	// once, as a one-time filter, before the first row of unnest.
+	_, err := s.tx.ExecContext(ctx, `SELECT count(pg_advisory_xact_lock($1::int, b)) FROM unnest($2::int[]) AS b
+		WHERE (SELECT pg_advisory_xact_lock_shared($1::int, $3::int) WHERE `+noLockTimeout+`) IS NOT NULL`, ns, pq.Array(buckets), wholeTarget)
 	return err
 }
 

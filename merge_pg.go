@@ -819,7 +819,7 @@ func (s *pgStager) plannerSettings(ctx context.Context) (restore func(context.Co
 	// enable_seqscan and jit off. restore puts them back from the saved
 	// settings, without parameters (one round trip). Everything is local
 	// to the chunk's transaction, as a pooler in transaction mode needs.
-	if _, err := s.tx.ExecContext(ctx, `SELECT set_config('enable_seqscan', 'off', true), set_config('jit', 'off', true)
+	if err := later(ctx, s.tx, `SELECT set_config('enable_seqscan', 'off', true), set_config('jit', 'off', true)
 		FROM (SELECT set_config('backfill.enable_seqscan', current_setting('enable_seqscan'), true),
 			set_config('backfill.jit', current_setting('jit'), true),
 			set_config('enable_hashjoin', 'off', true), set_config('enable_mergejoin', 'off', true),
@@ -830,9 +830,8 @@ func (s *pgStager) plannerSettings(ctx context.Context) (restore func(context.Co
 		return nil, err
 	}
 	return func(ctx context.Context) error {
-		_, err := s.tx.ExecContext(ctx, `SELECT set_config('enable_seqscan', current_setting('backfill.enable_seqscan'), true),
+		return later(ctx, s.tx, `SELECT set_config('enable_seqscan', current_setting('backfill.enable_seqscan'), true),
 			set_config('jit', current_setting('backfill.jit'), true)`)
-		return err
 	}, nil
 }
 
@@ -901,7 +900,7 @@ func (s *pgStager) classify(err error) error {
 // false, with the savepoint rolled back, when a key already existed.
 func (s *pgStager) insertFresh(ctx context.Context, res *MergeResult) (ok bool, err error) {
 	t := s.info.Target
-	if _, err := s.tx.ExecContext(ctx, `SAVEPOINT backfill_fresh`); err != nil {
+	if err := later(ctx, s.tx, `SAVEPOINT backfill_fresh`); err != nil {
 		return false, fmt.Errorf("backfill: merge %s: savepoint: %w", t.Table, err)
 	}
 	n, err := s.affected(ctx, "insert", s.q.insertAll)
@@ -919,7 +918,7 @@ func (s *pgStager) insertFresh(ctx context.Context, res *MergeResult) (ok bool, 
 		}
 		return false, err
 	}
-	if _, err := s.tx.ExecContext(ctx, `RELEASE SAVEPOINT backfill_fresh`); err != nil {
+	if err := later(ctx, s.tx, `RELEASE SAVEPOINT backfill_fresh`); err != nil {
 		return false, fmt.Errorf("backfill: merge %s: release savepoint: %w", t.Table, err)
 	}
 	res.Inserted = n

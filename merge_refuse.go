@@ -80,12 +80,12 @@ const btreeMaxItem = 2704
 func (s *pgStager) mergeRefusing(ctx context.Context, res MergeResult, dup bool) (MergeResult, error) {
 	t := s.info.Target
 	n := s.staged - res.Deduplicated - int64(len(res.Rejected))
-	if _, err := s.tx.ExecContext(ctx, `SAVEPOINT backfill_refuse`); err != nil {
+	if err := later(ctx, s.tx, `SAVEPOINT backfill_refuse`); err != nil {
 		return res, fmt.Errorf("backfill: merge %s: savepoint: %w", t.Table, err)
 	}
 	r, err := s.mergeStaged(ctx, n, dup)
 	if err == nil {
-		if _, err := s.tx.ExecContext(ctx, `RELEASE SAVEPOINT backfill_refuse`); err != nil {
+		if err := later(ctx, s.tx, `RELEASE SAVEPOINT backfill_refuse`); err != nil {
 			return res, fmt.Errorf("backfill: merge %s: release savepoint: %w", t.Table, err)
 		}
 		res.Inserted, res.Updated, res.Unchanged, res.Closed, res.Disagreed = r.Inserted, r.Updated, r.Unchanged, r.Closed, r.Disagreed

@@ -13,7 +13,8 @@ import (
 
 // TestSpoolRoundTrip: whatever rows a chunk's row writer spools (the
 // converted value types), with whatever memory bound, a replay returns
-// them as added, as often as asked, and Close removes the file a spilled
+// them as added, as often as asked, also while another spool is closed
+// (its memory pooled for others), and Close removes the file a spilled
 // spool wrote.
 func TestSpoolRoundTrip(t *testing.T) {
 	value := rapid.OneOf(
@@ -36,7 +37,17 @@ func TestSpoolRoundTrip(t *testing.T) {
 		rows := rapid.SliceOfN(rapid.SliceOfN(value, cols, cols), 0, 50).Draw(t, "rows")
 		sp := &spool{}
 		buf := make([]any, cols)
+		// Another chunk's spool, filled alongside and closed at some row:
+		// its memory goes back to the pools (cleared) and serves sp's
+		// later rows, without touching sp's earlier ones.
+		other, closeAt := &spool{}, rapid.IntRange(0, len(rows)).Draw(t, "closeAt")
 		for i, r := range rows {
+			if i == closeAt {
+				require.NoError(t, other.Close())
+			}
+			if i < closeAt {
+				require.NoError(t, other.Add(context.Background(), int64(i), []any{"other", int64(i)}))
+			}
 			copy(buf, r)
 			require.NoError(t, sp.Add(context.Background(), int64(i+1)*2, buf))
 			for j := range buf {
@@ -72,6 +83,7 @@ func TestSpoolRoundTrip(t *testing.T) {
 			}))
 			require.Equal(t, len(rows), i)
 		}
+		require.NoError(t, other.Close())
 		var name string
 		if sp.f != nil {
 			name = sp.f.Name()

@@ -153,31 +153,35 @@ func convertTime(col *Column, x time.Time) (any, string) {
 // four year digits), then " HH:MM:SS[.ffffff]" (timestamp) or
 // "THH:MM:SS[.ffffff]Z" (timestamptz), then " BC" for years before 1.
 func formatPGTime(base string, t time.Time) string {
-	y := t.Year()
+	// The date and the clock computed once each (t.Year, t.Month, t.Day,
+	// t.Hour... each compute them again).
+	y, mo, d := t.Date()
 	bc := y < 1
 	if bc {
 		y = 1 - y
 	}
-	b := make([]byte, 0, 40)
+	var buf [48]byte
+	b := buf[:0]
 	for n := 1000; n > 1 && y < n; n /= 10 {
 		b = append(b, '0')
 	}
 	b = strconv.AppendInt(b, int64(y), 10)
 	b = append(b, '-')
-	b = append2(b, int(t.Month()))
+	b = append2(b, int(mo))
 	b = append(b, '-')
-	b = append2(b, t.Day())
+	b = append2(b, d)
 	if base != "date" {
 		if base == "timestamptz" {
 			b = append(b, 'T')
 		} else {
 			b = append(b, ' ')
 		}
-		b = append2(b, t.Hour())
+		h, mi, sec := t.Clock()
+		b = append2(b, h)
 		b = append(b, ':')
-		b = append2(b, t.Minute())
+		b = append2(b, mi)
 		b = append(b, ':')
-		b = append2(b, t.Second())
+		b = append2(b, sec)
 		if us := t.Nanosecond() / 1000; us != 0 {
 			// Six digits, without the trailing zeros.
 			var frac [6]byte
