@@ -1098,7 +1098,7 @@ func (ex *execution) runChunk(ctx context.Context) (cr chunkRun, err error) {
 	defer func() { cr.span.end(&cr, err) }()
 	c, ok := ex.plan.chunkOf(st.Chunk)
 	if !ok {
-		return cr, &ChunkError{Chunk: st.Chunk, Attempt: cr.attempt, Err: fmt.Errorf("manifest chunk %d %q is not in the plan", st.Chunk.Seq, st.Chunk.ID)}
+		return cr, &ChunkError{Chunk: st.Chunk, Attempt: cr.attempt, Err: fmt.Errorf("%w: manifest chunk %d %q is not in the plan (or the Chunker's ChunkOf returned another chunk for it)", errNotRetryable, st.Chunk.Seq, st.Chunk.ID)}
 	}
 	started := time.Now()
 	var extracted *spooled

@@ -151,7 +151,7 @@ func (ex *execution) runChunkLeased(ctx context.Context) (cr chunkRun, err error
 	defer func() { cr.span.end(&cr, err) }()
 	c, ok := ex.plan.chunkOf(cl.state.Chunk)
 	if !ok {
-		return cr, &ChunkError{Chunk: cl.state.Chunk, Attempt: cr.attempt, Err: fmt.Errorf("manifest chunk %d %q is not in the plan", seq, cl.state.Chunk.ID)}
+		return cr, &ChunkError{Chunk: cl.state.Chunk, Attempt: cr.attempt, Err: fmt.Errorf("%w: manifest chunk %d %q is not in the plan (or the Chunker's ChunkOf returned another chunk for it)", errNotRetryable, seq, cl.state.Chunk.ID)}
 	}
 	chunkErr := func(err error) error { return &ChunkError{Chunk: c, Attempt: cr.attempt, Err: err} }
 	started := time.Now()

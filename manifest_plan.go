@@ -165,15 +165,40 @@ func (p Plan) AllChunks(ctx context.Context) iter.Seq2[Chunk, error] {
 }
 
 // chunkOf returns the plan's chunk that the manifest recorded as c, or
-// false when c is not the plan's chunk of its Seq.
+// false when c is not the plan's chunk of its Seq. A streamer's ChunkOf
+// is held to its contract: the chunk it returns must be c itself (Seq,
+// ID, kind and bounds), or the run would extract one chunk and
+// checkpoint another.
 func (p Plan) chunkOf(c Chunk) (Chunk, bool) {
 	if p.stream != nil {
-		return p.stream.ChunkOf(c)
+		got, ok := p.stream.ChunkOf(c)
+		if !ok || !isRecordedChunk(got, c) {
+			return Chunk{}, false
+		}
+		return got, true
 	}
 	if c.Seq < 0 || c.Seq >= len(p.Chunks) || p.Chunks[c.Seq].ID != c.ID {
 		return Chunk{}, false
 	}
 	return p.Chunks[c.Seq], true
+}
+
+// isRecordedChunk reports whether a is chunk b as recorded: Seq, ID, kind
+// and bounds (time bounds as instants: the manifest's are in another
+// location).
+func isRecordedChunk(a, b Chunk) bool {
+	if a.Seq != b.Seq || a.ID != b.ID || a.Kind != b.Kind {
+		return false
+	}
+	switch a.Kind {
+	case KindTime:
+		return a.Start.Equal(b.Start) && a.End.Equal(b.End)
+	case KindInt:
+		return a.Lo == b.Lo && a.Hi == b.Hi
+	case KindList:
+		return a.Item == b.Item
+	}
+	return true
 }
 
 func (p Plan) fingerprint() string {

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/jmoiron/sqlx"
+	"github.com/stretchr/testify/require"
 	"pgregory.net/rapid"
 
 	"github.com/pgbackfill/backfill/internal/pgtest"
@@ -436,5 +437,56 @@ func TestDoneIDsAreBounded(t *testing.T) {
 	pe := &PartialError{BatchID: 1, Done: ex.done, DoneCount: ex.doneN}
 	if want := fmt.Sprintf("%d chunks done in this call", maxDoneIDs+10); !strings.Contains(pe.Error(), want) {
 		t.Fatalf("%v: want %q", pe, want)
+	}
+}
+
+// shiftedStreamer is a ChunkStreamer whose ChunkOf breaks its contract:
+// for the chunk the manifest recorded it returns the next one (another
+// Seq, ID and bounds), or, with sameID, the recorded ID with shifted
+// bounds.
+type shiftedStreamer struct {
+	ChunkStreamer
+	sameID bool
+}
+
+func (s shiftedStreamer) ChunkOf(c Chunk) (Chunk, bool) {
+	got, ok := s.ChunkStreamer.ChunkOf(c)
+	if !ok {
+		return got, ok
+	}
+	if !s.sameID {
+		got.Seq++
+		got.ID = fmt.Sprintf("int:%d/%d", got.Lo+10, got.Hi+10)
+	}
+	got.Lo, got.Hi = got.Lo+10, got.Hi+10
+	return got, true
+}
+
+// TestRunRefusesAChunkOfAnotherChunk: a streamer's ChunkOf that returns
+// another chunk than the manifest's (other Seq and ID, or the same ID
+// with other bounds) fails the chunk without retrying it: nothing is
+// extracted for it, no chunk is checkpointed with another's rows.
+func TestRunRefusesAChunkOfAnotherChunk(t *testing.T) {
+	t.Parallel()
+	for _, sameID := range []bool{false, true} {
+		t.Run(fmt.Sprint("same_id=", sameID), func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			db := liveDB(t)
+			r, err := New(db, &Config{WorkerID: "shifted", MaxAttempts: 3})
+			require.NoError(t, err)
+			job := liveJob(nil)
+			job.Chunker = shiftedStreamer{ChunkStreamer: IntRange(0, 40, 10).(ChunkStreamer), sameID: sameID}
+			_, err = r.Run(ctx, job)
+			require.Error(t, err)
+			require.ErrorContains(t, err, "is not in the plan")
+			var rows, done, attempts int
+			require.NoError(t, db.Get(&rows, `SELECT count(*) FROM live`))
+			require.NoError(t, db.Get(&done, `SELECT count(*) FROM backfill.chunks WHERE status = 'done'`))
+			require.NoError(t, db.Get(&attempts, `SELECT coalesce(max(attempts), 0) FROM backfill.chunks`))
+			require.Zero(t, rows, "rows loaded for chunks the manifest did not claim")
+			require.Zero(t, done, "chunks checkpointed with another chunk's rows")
+			require.Equal(t, 1, attempts, "a chunk the plan cannot restore is not retried")
+		})
 	}
 }
