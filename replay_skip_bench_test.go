@@ -100,6 +100,31 @@ func BenchmarkTargetFingerprint(b *testing.B) {
 			}
 		}
 	})
+	// What a merged chunk records (targetFingerprintMerged): the same
+	// fingerprint and, in the same statement, the count of target rows
+	// that differ from the staged row of their identity or have none (a
+	// join to the staging table), with hash and merge joins off as the
+	// merge leaves them. Compare with "fingerprint" for the join's cost.
+	b.Run("merged-fingerprint", func(b *testing.B) {
+		b.StopTimer()
+		for range b.N {
+			if err := inTx(ctx, db, func(tx sqlx.ExtContext) error {
+				if _, err := tx.ExecContext(ctx, `SET LOCAL enable_hashjoin = off; SET LOCAL enable_mergejoin = off;
+					CREATE TEMP TABLE bench_stage ON COMMIT DROP AS SELECT * FROM lines WHERE id >= 100000 AND id < 110000`); err != nil {
+					return err
+				}
+				b.StartTimer()
+				fp, err := targetFingerprintMerged(ctx, tx, info, "id", nil, "bench_stage", c)
+				b.StopTimer()
+				if err == nil && (fp.Rows != chunk || fp.Stray != 0) {
+					err = fmt.Errorf("%d rows, %d stray", fp.Rows, fp.Stray)
+				}
+				return err
+			}); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
 	// The floor of a skipped chunk: the extraction, conversion and
 	// source fingerprint of its rows, then the target's re-check, in one
 	// transaction; no manifest write.

@@ -210,35 +210,41 @@ func (ex *execution) skipUnchanged(ctx context.Context, tx Tx, cr *chunkRun, c C
 }
 
 // recordAfterMerge sets sk.record when the merge of chunk c took every
-// row it staged (mr, of the staged rows w counted) and the target rows
+// row it staged (mr, of the staged rows w counted) and, in one statement
+// in tx after the merge (targetFingerprintMerged), the target rows
 // within its bounds (without ChunkColumn: of the identities in stager's
-// staging table) are exactly as many: their fingerprints, taken in tx
-// after the merge. Otherwise nothing is recorded.
+// staging table) are exactly as many and each equals the staged row of
+// its identity: their fingerprints. Otherwise, or when stager has no
+// staging table ([StagingTabler]) to compare with, nothing is recorded.
+//
+// The merge's result alone does not prove the recorded state: it does
+// not lock the rows it leaves unchanged, and under READ COMMITTED
+// another session may change one and commit before the fingerprint's
+// statement, whose snapshot then holds the change. Recording that state
+// would let a replay of the same source skip the chunk and keep the
+// change, where its merge would restore the source's row. A change
+// after the statement is harmless: the next replay's fingerprint then
+// differs from the recorded one and the chunk merges.
 func (ex *execution) recordAfterMerge(ctx context.Context, tx Tx, sk *chunkSkip, info TableInfo, c Chunk, w *rowWriter, stager Stager, mr MergeResult) error {
 	staged := w.read - w.rejected
 	if len(mr.Rejected) > 0 || mr.Deduplicated > 0 || mr.Inserted+mr.Updated+mr.Unchanged != staged || sk.source.Rows != staged {
 		return nil
 	}
-	var tfp fingerprint
-	var err error
-	if ex.job.ChunkColumn == "" {
-		st, ok := stager.(StagingTabler)
-		if !ok {
-			return nil
-		}
-		tfp, err = targetFingerprintStaged(ctx, tx, info, st.StagingTable(), c)
-	} else {
-		tfp, err = targetFingerprint(ctx, tx, info, ex.job.ChunkColumn, ex.job.Zone, c)
+	st, ok := stager.(StagingTabler)
+	if !ok {
+		return nil
 	}
+	tfp, err := targetFingerprintMerged(ctx, tx, info, ex.job.ChunkColumn, ex.job.Zone, st.StagingTable(), c)
 	if err != nil {
 		return err
 	}
-	if tfp.Rows != staged {
+	if tfp.Rows != staged || tfp.Stray != 0 {
 		// Rows of the bounds the chunk did not stage (written by others,
-		// or rows the source no longer has): the next replay merges.
+		// or rows the source no longer has), or rows changed since the
+		// merge: the next replay merges.
 		return nil
 	}
-	sk.record = ChunkFingerprints{Source: sk.source.String(), Target: fingerprintText(tfp)}
+	sk.record = ChunkFingerprints{Source: sk.source.String(), Target: fingerprintText(tfp.fingerprint)}
 	return nil
 }
 
