@@ -215,10 +215,16 @@ func targetWAL(t *testing.T, db *sqlx.DB, lsn string) int {
 		AND NOT (w.resource_manager = 'Heap2' AND w.record_type IN ('FREEZE_PAGE', 'PRUNE', 'VACUUM', 'VISIBLE'))
 		AND w.resource_manager <> 'XLOG'`, lsn, end))
 	if n > 0 {
+		// Which transactions wrote them, and did they commit: enough to
+		// tell a skipped chunk's write from another's.
 		var recs []string
-		_ = db.Select(&recs, `SELECT resource_manager || ' ' || record_type || ' ' || coalesce(block_ref, '') FROM pg_get_wal_records_info($1::pg_lsn, $2::pg_lsn)
+		_ = db.Select(&recs, `SELECT start_lsn || ' xid ' || w.xid || ' (' || coalesce(pg_xact_status(w.xid::text::xid8), '?') || ') ' || resource_manager || ' ' || record_type || ' ' || coalesce(description, '') || ' ' || coalesce(block_ref, '')
+			FROM pg_get_wal_records_info($1::pg_lsn, $2::pg_lsn) w
 			WHERE block_ref LIKE '%rel %/' || (SELECT oid FROM pg_database WHERE datname = current_database()) || '/' || pg_relation_filenode('items') || ' %' LIMIT 10`, lsn, end)
-		t.Logf("target WAL records: %q", recs)
+		var xacts []string
+		_ = db.Select(&xacts, `SELECT DISTINCT w.xid || ' ' || coalesce(pg_xact_status(w.xid::text::xid8), '?') FROM pg_get_wal_records_info($1::pg_lsn, $2::pg_lsn) w
+			WHERE block_ref LIKE '%rel %/' || (SELECT oid FROM pg_database WHERE datname = current_database()) || '/' || pg_relation_filenode('items') || ' %'`, lsn, end)
+		t.Logf("target WAL records since %s: %q; their transactions: %q", lsn, recs, xacts)
 	}
 	return n
 }
