@@ -191,8 +191,11 @@ func encodeSourceRow(buf []byte, info TableInfo, values []any) []byte {
 			buf = binary.BigEndian.AppendUint64(append(buf, 'y'), uint64(len(x)))
 			buf = append(buf, x...)
 		case time.Time:
+			// Seconds and nanoseconds apart: UnixNano wraps outside the
+			// years 1678 to 2262, where two instants would encode alike.
 			_, off := x.Zone()
-			buf = binary.BigEndian.AppendUint64(append(buf, 't'), uint64(x.UnixNano()))
+			buf = binary.BigEndian.AppendUint64(append(buf, 't'), uint64(x.Unix()))
+			buf = binary.BigEndian.AppendUint32(buf, uint32(x.Nanosecond()))
 			buf = binary.BigEndian.AppendUint64(buf, uint64(int64(off)))
 		default:
 			family, text := canonical(info.Columns[i], x)
