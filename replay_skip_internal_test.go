@@ -241,7 +241,7 @@ func TestSourceEncodingKeepsEveryInstant(t *testing.T) {
 	t.Parallel()
 	info := TableInfo{Columns: []Column{{Name: "t", BaseType: "timestamptz"}}, Written: 1}
 	enc := func(x time.Time) string { return string(encodeSourceRow(nil, info, []any{x})) }
-	const lo, hi = -62135596800, 253402300799 // 0001-01-01 and 9999-12-31T23:59:59, UTC
+	const lo, hi = -62135596800, 253402300799       // 0001-01-01 and 9999-12-31T23:59:59, UTC
 	wrap := func(x time.Time, sign int) time.Time { // x ± 2^64 ns
 		for range 4 {
 			x = x.Add(time.Duration(sign) * (1 << 62))
