@@ -761,9 +761,11 @@ type Report struct {
 	// scope that reaches into the future, or a date-typed ChunkColumn
 	// used with a watermark. Each is also logged.
 	Warnings []string
-	// ChunksSkipped counts the chunks this call checkpointed without
-	// staging and merging them, their rows unchanged since the last
-	// load ([Job.SkipUnchanged]); they are among ChunksRun.
+	// ChunksSkipped counts the run's done chunks (checkpointed by this
+	// call or earlier ones, as the manifest records them:
+	// [ChunkState.Skipped]) whose staging and merge were skipped, their
+	// rows unchanged since the load they were compared with
+	// ([Job.SkipUnchanged]); they are among ChunksDone.
 	ChunksSkipped int
 	// Elapsed is the wall time of this call.
 	Elapsed time.Duration

@@ -171,6 +171,10 @@ type ChunkState struct {
 	LastError  string
 	// Worker is the [Config.WorkerID] that completed the chunk.
 	Worker string
+	// Skipped is true when the chunk's latest checkpoint skipped its
+	// staging and merge, its rows unchanged since the load it compared
+	// with ([Job.SkipUnchanged], [ChunkResult.Skipped]).
+	Skipped bool
 }
 
 // Exception is one row of the exception queue: a row that was not loaded,
