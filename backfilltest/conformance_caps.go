@@ -71,12 +71,16 @@ func testManifestCapabilities(t *testing.T,
 			t.Skip("the manifest does not implement backfill.ManifestSkips")
 		}
 		p := plan(t, "job", "v1", 20)
+		// complete checkpoints the batch's next chunk with fp (committed
+		// or rolled back), as skipped ([backfill.ChunkResult.Skipped])
+		// when fp's source is "s2".
 		complete := func(batch int64, fp backfill.ChunkFingerprints, commit bool) {
 			t.Helper()
 			tx, st, ok := claim(t, m, db, batch)
 			require.True(t, ok)
 			now := time.Now()
-			res := backfill.ChunkResult{Chunk: st.Chunk, Counts: backfill.Counts{Read: 3, Unchanged: 3}, Attempt: 1, StartedAt: now, FinishedAt: now}
+			res := backfill.ChunkResult{Chunk: st.Chunk, Counts: backfill.Counts{Read: 3, Unchanged: 3}, Attempt: 1, StartedAt: now, FinishedAt: now,
+				Skipped: fp.Source == "s2"}
 			require.NoError(t, ms.CompleteChunkFingerprinted(ctx, tx, batch, res, nil, fp))
 			if commit {
 				require.NoError(t, tx.Commit())
@@ -131,6 +135,16 @@ func testManifestCapabilities(t *testing.T,
 		fp, ok = base("job", "k1", run2.BatchID, c0)
 		require.True(t, ok)
 		require.Equal(t, run1.BatchID, fp.BatchID)
+		// The skipped marker: on the chunk's state, as checkpointed.
+		for batch, want := range map[int64][]bool{run1.BatchID: {false, false}, run2.BatchID: {true, false, false}} {
+			states, err := m.Chunks(ctx, db, batch)
+			require.NoError(t, err)
+			var got []bool
+			for _, st := range states {
+				got = append(got, st.Skipped)
+			}
+			require.Equal(t, want, got[:len(want)], "batch %d", batch)
+		}
 		// The newest chunk of the key recorded no fingerprints: no base,
 		// never an older one.
 		run3, _, err := m.StartRun(ctx, db, p, "w", true)
