@@ -27,9 +27,14 @@ func slowSkipJob() backfill.Job {
 	return job
 }
 
+// skipKillConfig fences the killed child's leases within a second.
+func skipKillConfig() *backfill.Config {
+	return &backfill.Config{Concurrency: 2, HeartbeatInterval: 100 * time.Millisecond, StaleAfter: time.Second}
+}
+
 func init() {
 	childProcess("BACKFILL_SKIP_KILL_CHILD", func(db *sqlx.DB) error {
-		r, err := backfill.New(db, &backfill.Config{Concurrency: 2})
+		r, err := backfill.New(db, skipKillConfig())
 		if err != nil {
 			return err
 		}
@@ -51,7 +56,7 @@ func TestSkipUnchangedSkippedChunksAreRecorded(t *testing.T) {
 	db := sqlx.MustOpen("postgres", url)
 	defer db.Close()
 	createItems(t, db)
-	r, err := backfill.New(db, &backfill.Config{Concurrency: 2})
+	r, err := backfill.New(db, skipKillConfig())
 	require.NoError(t, err)
 	rep1, err := r.Run(ctx, skipJob(newSkipSource()))
 	require.NoError(t, err)
