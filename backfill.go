@@ -307,8 +307,17 @@ type Job struct {
 	// SkipUnchanged lets a replay (a [Job.NewRun] over a loaded range,
 	// or a restatement in which few chunks changed) skip the staging and
 	// merge of a chunk whose rows did not change since the last load of
-	// the same chunk (same job, chunk ID and plan fingerprint). Off by
-	// default. See replay_skip.go for the design.
+	// the same chunk: its base, the newest done chunk of the same job and
+	// chunk ID (its bounds are in the ID) checkpointed under the same
+	// skip key, in another batch whose run is not rolled back. The skip
+	// key hashes the plan without its scope and chunk list (source, code
+	// version, target table, key, written columns, mode, duplicate and
+	// conflict policies, version, validity, derived keys, hash and
+	// lineage columns, rollback, publish mode, time declarations) and
+	// the target's column types, so a replay of part of a loaded range,
+	// or of a range extended by new chunks, skips the chunks already
+	// loaded, and a job planned otherwise skips nothing. Off by default.
+	// See replay_skip.go for the design.
 	//
 	// Every chunk is still extracted and converted (the source is known
 	// only by reading it), into a spool (memory, then a temporary file)
@@ -327,9 +336,12 @@ type Job struct {
 	// rows the extractor wrote, Rejected those it or the row writer
 	// rejected (queued in this batch's exception queue, as for a merged
 	// chunk), Unchanged the rest, and Inserted, Updated and Deduplicated
-	// 0; [ChunkResult.Skipped] says so, [Report.ChunksSkipped] counts
-	// them. It summarises the rows it delivered unchanged for rollbacks
-	// (rollback_delivered.go), as its merge would have. Its validators
+	// 0; [ChunkResult.Skipped] says so, and the chunk's manifest row
+	// records it ([ChunkState.Skipped]), so that [Report.ChunksSkipped],
+	// [StatusChunks.Skipped] and the run report count the batch's
+	// skipped chunks whichever call skipped them. It summarises the rows
+	// it delivered unchanged for rollbacks (rollback_delivered.go), as
+	// its merge would have. Its validators
 	// that compare the staged rows with the target ([Completeness],
 	// [Aggregates], [ReplayChangesNothing], [Sample], [DuplicateKeys]
 	// without AcrossTarget) record a passed result whose Detail says it
@@ -347,10 +359,10 @@ type Job struct {
 	// staged row (none rejected by the merge, none deduplicated) and
 	// whose target rows (as above) are exactly as many as it staged, the
 	// two fingerprints, on the chunk's manifest row, by its
-	// checkpoint statement ([ManifestSkips]). Otherwise nothing is
-	// recorded and the next replay of the chunk merges. The base of a
-	// replay is the newest done row of the chunk in another batch whose
-	// run is not rolled back; a rolled back chunk is not done, and
+	// checkpoint statement ([ManifestSkips]), with the skip key.
+	// Otherwise only the skip key is recorded and the next replay of the
+	// chunk merges (the newest chunk of the key is the base, never an
+	// older one). A rolled back chunk is not done, and
 	// rolling a batch back changes the target rows, so nothing skips on a
 	// rolled back base. A chunk read again while open ([ChunkOpen]) is
 	// never skipped.
@@ -761,9 +773,11 @@ type Report struct {
 	// scope that reaches into the future, or a date-typed ChunkColumn
 	// used with a watermark. Each is also logged.
 	Warnings []string
-	// ChunksSkipped counts the chunks this call checkpointed without
-	// staging and merging them, their rows unchanged since the last
-	// load ([Job.SkipUnchanged]); they are among ChunksRun.
+	// ChunksSkipped counts the run's done chunks (checkpointed by this
+	// call or earlier ones, as the manifest records them:
+	// [ChunkState.Skipped]) whose staging and merge were skipped, their
+	// rows unchanged since the load they were compared with
+	// ([Job.SkipUnchanged]); they are among ChunksDone.
 	ChunksSkipped int
 	// Elapsed is the wall time of this call.
 	Elapsed time.Duration

@@ -421,6 +421,9 @@ func (r *Runner) requires(job Job, pub publisher) error {
 func (r *Runner) startExecution(ctx context.Context, rs runSetup, run Run, log *slog.Logger) (*execution, error) {
 	ex := &execution{r: r, job: rs.job, info: rs.info, base: rs.info.Target.Table, plan: rs.plan, pub: rs.pub, batchID: run.BatchID, log: log,
 		undoTable: rs.undoTable, deliveredTable: rs.deliveredTable, watermark: rs.plan.Watermark, warnings: rs.warnings}
+	if rs.job.SkipUnchanged {
+		ex.skipKey = rs.plan.skipKey(rs.info)
+	}
 	if r.caps.control != nil {
 		ex.ctl = newRunControl()
 	}
@@ -550,7 +553,6 @@ func (ex *execution) finishRun(ctx context.Context, run Run, resumed, finished b
 func (ex *execution) report(ctx context.Context, run Run, resumed bool, begin time.Time) (Report, error) {
 	rep, err := ex.r.report(ctx, run, resumed)
 	rep.ChunksRun = ex.doneN
-	rep.ChunksSkipped = ex.skipped
 	rep.Elapsed = time.Since(begin)
 	rep.Warnings = ex.warnings
 	return rep, err
@@ -563,6 +565,7 @@ func (r *Runner) report(ctx context.Context, run Run, resumed bool) (Report, err
 		return rep, err
 	}
 	rep.ChunksDone, rep.ChunksOpen, rep.OpenChunks, rep.Counts = sum.done, sum.open, sum.openIDs, sum.counts
+	rep.ChunksSkipped = sum.skipped
 	if mv := r.caps.validations; mv != nil {
 		vs, err := mv.Validations(ctx, r.db, run.BatchID)
 		if err != nil {
@@ -581,7 +584,10 @@ type execution struct {
 	base string    // the job's target table, Target.Table of the prepared job
 	plan Plan
 	// pub is the job's publish mode.
-	pub      publisher
+	pub publisher
+	// skipKey is the plan's key of chunk fingerprints (Plan.skipKey;
+	// "" without Job.SkipUnchanged).
+	skipKey  string
 	batchID  int64
 	log      *slog.Logger
 	warnings []string // the report's
@@ -597,14 +603,11 @@ type execution struct {
 	mu sync.Mutex
 	// done lists the IDs of the first maxDoneIDs chunks this call
 	// completed, doneN counts them all.
-	done  []string
-	doneN int
-	// skipped counts the chunks of done that were skipped unchanged
-	// (Job.SkipUnchanged).
-	skipped int
-	errs    []error
-	failed  *ChunkError
-	stop    bool
+	done   []string
+	doneN  int
+	errs   []error
+	failed *ChunkError
+	stop   bool
 	// halted is the status (paused, cancelled) the run's control state
 	// stopped this call with ("" for none; backfill_control.go).
 	halted RunStatus
@@ -927,9 +930,6 @@ func (ex *execution) addDone(id string) {
 func (ex *execution) chunkDone(ctx context.Context, res ChunkResult, fresh bool) bool {
 	ex.mu.Lock()
 	ex.addDone(res.Chunk.ID)
-	if res.Skipped {
-		ex.skipped++
-	}
 	ex.mu.Unlock()
 	if res.Open {
 		ex.log.Warn("chunk open: it ends after the horizon (watermark or now); loaded, not final, read again by the next run",
@@ -1212,7 +1212,11 @@ func (ex *execution) loadChunk(ctx context.Context, tx Tx, cr *chunkRun, c Chunk
 	if sk != nil {
 		// Only chunks published as they commit skip (skipEligible): the
 		// checkpoint, with the fingerprints.
-		err = ex.r.caps.skips.CompleteChunkFingerprinted(ctx, tx, ex.batchID, cr.res, w.exceptions, sk.record)
+		// The skip key is recorded whether or not the merge recorded
+		// fingerprints: the newest chunk of the key is the next base.
+		rec := sk.record
+		rec.SkipKey = ex.skipKey
+		err = ex.r.caps.skips.CompleteChunkFingerprinted(ctx, tx, ex.batchID, cr.res, w.exceptions, rec)
 	} else {
 		err = ex.pub.beforeCommit(ctx, ex, tx, t, cr.res, w.exceptions)
 	}
@@ -1807,6 +1811,9 @@ type chunkSummary struct {
 	// done, open and other count the chunks done, open, and in any other
 	// status.
 	done, open, other int
+	// skipped counts the done and open chunks whose latest checkpoint
+	// skipped their staging and merge (ChunkState.Skipped).
+	skipped int
 	// counts sums the counts of the done and open chunks.
 	counts Counts
 	// openIDs lists the open chunks' IDs in Seq order.
@@ -1836,10 +1843,16 @@ func summarizeChunks(ctx context.Context, m Manifest, db sqlx.ExtContext, batchI
 		case ChunkDone:
 			sum.done++
 			sum.counts = sum.counts.Add(s.Counts)
+			if s.Skipped {
+				sum.skipped++
+			}
 		case ChunkOpen:
 			sum.open++
 			sum.openIDs = append(sum.openIDs, s.Chunk.ID)
 			sum.counts = sum.counts.Add(s.Counts)
+			if s.Skipped {
+				sum.skipped++
+			}
 		default:
 			sum.other++
 		}

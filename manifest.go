@@ -171,6 +171,10 @@ type ChunkState struct {
 	LastError  string
 	// Worker is the [Config.WorkerID] that completed the chunk.
 	Worker string
+	// Skipped is true when the chunk's latest checkpoint skipped its
+	// staging and merge, its rows unchanged since the load it compared
+	// with ([Job.SkipUnchanged], [ChunkResult.Skipped]).
+	Skipped bool
 }
 
 // Exception is one row of the exception queue: a row that was not loaded,
@@ -231,7 +235,8 @@ type Manifest interface {
 	// connection, so a crashed worker never blocks a resume.
 	ClaimChunk(ctx context.Context, tx sqlx.ExtContext, batchID int64) (c ChunkState, ok bool, err error)
 	// CompleteChunk marks a claimed chunk done (or [ChunkOpen] when r.Open)
-	// with its counts and appends its exceptions, in tx. A chunk read
+	// with its counts and whether it was skipped (r.Skipped, then
+	// [ChunkState.Skipped]) and appends its exceptions, in tx. A chunk read
 	// before and still open replaces its exceptions with these and
 	// combines its counts with r's by [Counts.Reread], in tx.
 	// It returns an error wrapping [ErrAccounting] if r does not balance.

@@ -842,12 +842,13 @@ type pgChunkRow struct {
 	FinishedAt *time.Time     `db:"finished_at"`
 	LastError  string         `db:"last_error"`
 	Worker     string         `db:"worker"`
+	Skipped    bool           `db:"skipped"`
 	Counts
 }
 
 const chunkColumns = `batch_id, seq, chunk_id, kind, start_at, end_at, lo, hi, item, status, attempts,
 	rows_read, rows_inserted, rows_updated, rows_unchanged, rows_rejected, rows_deduplicated,
-	started_at, finished_at, last_error, worker`
+	started_at, finished_at, last_error, worker, skipped`
 
 func (r pgChunkRow) state() ChunkState {
 	c := Chunk{ID: r.ChunkID, Seq: r.Seq, Kind: ChunkKind(r.Kind), Lo: r.Lo.Int64, Hi: r.Hi.Int64, Item: r.Item.String}
@@ -858,7 +859,7 @@ func (r pgChunkRow) state() ChunkState {
 		c.End = *r.EndAt
 	}
 	return ChunkState{BatchID: r.BatchID, Chunk: c, Status: ChunkStatus(r.Status), Attempts: r.Attempts, Counts: r.Counts,
-		StartedAt: r.StartedAt, FinishedAt: r.FinishedAt, LastError: r.LastError, Worker: r.Worker}
+		StartedAt: r.StartedAt, FinishedAt: r.FinishedAt, LastError: r.LastError, Worker: r.Worker, Skipped: r.Skipped}
 }
 
 // ClaimChunk implements [Manifest.ClaimChunk] with SELECT ... FOR UPDATE
@@ -919,11 +920,11 @@ func (m *PGManifest) completeChunk(ctx context.Context, tx sqlx.ExtContext, batc
 		rows_processed = rows_processed + CASE WHEN status = 'staged' THEN 0 ELSE $3::bigint END,
 		reads = reads + CASE WHEN status = 'staged' THEN 0 ELSE 1 END, checkpointed_at = clock_timestamp(),
 		open_call = CASE WHEN $12 = 'open' THEN (SELECT calls FROM {s}.runs WHERE batch_id = $1) END,
-		source_fingerprint = $13, target_fingerprint = $14
+		source_fingerprint = $13, target_fingerprint = $14, skip_key = $15, skipped = $16
 		WHERE batch_id = $1 AND seq = $2 AND status IN ('pending', 'staged', 'open')
 			AND EXISTS (SELECT 1 FROM {s}.runs WHERE batch_id = $1 AND status NOT IN ('abandoned', 'rolled_back', 'cancelled'))`),
 		batchID, r.Chunk.Seq, r.Read, r.Inserted, r.Updated, r.Unchanged, r.Rejected, r.Deduplicated, r.StartedAt, r.FinishedAt, ManifestText(r.Worker), string(status),
-		nullIfEmpty(fp.Source), nullIfEmpty(fp.Target))
+		nullIfEmpty(fp.Source), nullIfEmpty(fp.Target), nullIfEmpty(fp.SkipKey), r.Skipped)
 	if err != nil {
 		return fmt.Errorf("backfill: complete chunk %s: %w", r.Chunk.ID, err)
 	}
@@ -1059,6 +1060,7 @@ func (m *PGManifest) chunkSummary(ctx context.Context, db sqlx.ExtContext, batch
 		Done    int            `db:"done"`
 		Open    int            `db:"open"`
 		Other   int            `db:"other"`
+		Skipped int            `db:"skipped"`
 		OpenIDs pq.StringArray `db:"open_ids"`
 		Counts
 	}
@@ -1066,6 +1068,7 @@ func (m *PGManifest) chunkSummary(ctx context.Context, db sqlx.ExtContext, batch
 		return sqlx.GetContext(ctx, tx, &row, m.sql(`SELECT count(*) FILTER (WHERE status = 'done') AS done,
 			count(*) FILTER (WHERE status = 'open') AS open,
 			count(*) FILTER (WHERE status NOT IN ('done', 'open')) AS other,
+			count(*) FILTER (WHERE status IN ('done', 'open') AND skipped) AS skipped,
 			coalesce(array_agg(chunk_id ORDER BY seq) FILTER (WHERE status = 'open'), '{}') AS open_ids,
 			coalesce(sum(rows_read) FILTER (WHERE status IN ('done', 'open')), 0)::int8 AS rows_read,
 			coalesce(sum(rows_inserted) FILTER (WHERE status IN ('done', 'open')), 0)::int8 AS rows_inserted,
@@ -1077,7 +1080,7 @@ func (m *PGManifest) chunkSummary(ctx context.Context, db sqlx.ExtContext, batch
 	}); err != nil {
 		return chunkSummary{}, fmt.Errorf("backfill: chunks of batch %d: %w", batchID, err)
 	}
-	sum := chunkSummary{done: row.Done, open: row.Open, other: row.Other, counts: row.Counts}
+	sum := chunkSummary{done: row.Done, open: row.Open, other: row.Other, skipped: row.Skipped, counts: row.Counts}
 	if len(row.OpenIDs) > 0 {
 		sum.openIDs = row.OpenIDs
 	}

@@ -210,6 +210,43 @@ func (p Plan) fingerprint() string {
 	return hex.EncodeToString(sum[:])
 }
 
+// skipKey is the key under which a replay with [Job.SkipUnchanged] looks
+// up a chunk's base load (ManifestSkips.BaseFingerprints): the hex SHA-256
+// of the plan's JSON form without its scope and chunk IDs (the job name,
+// source, code version, target table, key, written columns, mode,
+// duplicate and conflict policies, version, validity columns, derived
+// keys, hash column, lineage columns, rollback mechanism, publish mode
+// and time declarations), and of the declared type and collation of
+// every column of info, the table merged into. Two runs of a job with the
+// same key determine a chunk's merge the same way from the same rows, so
+// the chunk (its ID names its bounds) may skip on the other's
+// fingerprints whatever scope either run covered: a replay of part of a
+// loaded range, or of a range extended by new chunks, skips the chunks
+// already loaded. Any other field of the plan changes the key: nothing
+// skips on a base loaded otherwise.
+func (p Plan) skipKey(info TableInfo) string {
+	type column struct {
+		Name      string `json:"name"`
+		Type      string `json:"type"`
+		BaseType  string `json:"base_type"`
+		Collation string `json:"collation,omitempty"`
+	}
+	k := struct {
+		Plan    Plan     `json:"plan"`
+		Columns []column `json:"columns"`
+	}{Plan: p}
+	k.Plan.Scope, k.Plan.ChunkIDs = "", nil
+	for _, c := range info.Columns {
+		k.Columns = append(k.Columns, column{Name: c.Name, Type: c.Type, BaseType: c.BaseType, Collation: c.Collation})
+	}
+	b, err := json.Marshal(k)
+	if err != nil { // only plain strings and slices: cannot happen
+		panic(err)
+	}
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:])
+}
+
 // PlanDiff lists, in a stable order, the fields in which plan b differs
 // from plan a, each as `field: "old" -> "new"`. It is what [ErrPlanChanged]
 // messages show.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"strings"
 
 	"github.com/jmoiron/sqlx"
 )
@@ -18,18 +19,21 @@ import (
 // ([ErrUnsupported] otherwise, before any work).
 type ManifestSkips interface {
 	// CompleteChunkFingerprinted is [Manifest.CompleteChunk] that also
-	// records fp (its Source and Target; BatchID is ignored) on the
-	// chunk's row, in the same transaction tx (PGManifest: in the same
-	// statement), so that a crash loses the checkpoint and the
-	// fingerprints together. A zero fp records none (and clears any).
+	// records fp (its SkipKey, Source and Target, each "" for none;
+	// BatchID is ignored) on the chunk's row, in the same transaction tx
+	// (PGManifest: in the same statement), so that a crash loses the
+	// checkpoint and the fingerprints together. It replaces whatever the
+	// row recorded before.
 	CompleteChunkFingerprinted(ctx context.Context, tx sqlx.ExtContext, batchID int64, r ChunkResult, exceptions []Exception, fp ChunkFingerprints) error
 	// BaseFingerprints returns the fingerprints recorded by the newest
-	// done chunk chunkID of a run of job whose plan fingerprint is plan,
-	// in a batch other than batchID, whose run is not rolled back (a
-	// rolled back chunk is not done). ok is false when there is no such
-	// chunk or it recorded none: the newest such chunk is the base, never
-	// an older one. It reads in tx, the chunk's transaction.
-	BaseFingerprints(ctx context.Context, tx sqlx.ExtContext, job, plan string, batchID int64, chunkID string) (fp ChunkFingerprints, ok bool, err error)
+	// done chunk chunkID of a run of job that recorded skipKey (its
+	// [ChunkFingerprints.SkipKey]), in a batch other than batchID, whose
+	// run is not rolled back (a rolled back chunk is not done), whatever
+	// the scope or plan fingerprint of that run. ok is false when there
+	// is no such chunk or it recorded no Source or Target: the newest
+	// such chunk is the base, never an older one. It reads in tx, the
+	// chunk's transaction.
+	BaseFingerprints(ctx context.Context, tx sqlx.ExtContext, job, skipKey string, batchID int64, chunkID string) (fp ChunkFingerprints, ok bool, err error)
 }
 
 // ChunkFingerprints are the fingerprints a load recorded for one chunk
@@ -39,6 +43,13 @@ type ChunkFingerprints struct {
 	// BatchID is the batch whose checkpoint recorded them (set by
 	// BaseFingerprints).
 	BatchID int64
+	// SkipKey is the hex SHA-256 of what determines how the chunk's rows
+	// are merged: the run's plan without its scope and chunk IDs, and the
+	// target's column types. A later run looks its base up by it, so a
+	// run over another scope (part of the range, or more) finds the
+	// chunks an earlier run loaded, and a run planned otherwise (another
+	// code version, column list, mode, target type...) finds none.
+	SkipKey string
 	// Source is the multiset hash of the chunk's staged source rows, in
 	// the form "rows:lane0:lane1" (hexadecimal lanes).
 	Source string
@@ -47,20 +58,60 @@ type ChunkFingerprints struct {
 	Target string
 }
 
-// IsZero reports whether fp records nothing.
+// IsZero reports whether fp records no fingerprint (whatever its
+// SkipKey).
 func (fp ChunkFingerprints) IsZero() bool { return fp.Source == "" && fp.Target == "" }
 
 // migrationSkips is manifest migration 19: the fingerprints of a chunk's
-// source rows and of its target rows after its merge, written by the
-// chunk's checkpoint statement (NULL when the load did not qualify, see
-// replay_skip.go).
-const migrationSkips = `
-ALTER TABLE {s}.chunks ADD COLUMN source_fingerprint text, ADD COLUMN target_fingerprint text;
+// source rows and of its target rows after its merge, and the skip key
+// they were recorded under, written by the chunk's checkpoint statement
+// (NULL when the load did not qualify, see replay_skip.go); whether the
+// chunk's latest checkpoint skipped its merge (skipped); and the
+// run_progress view with chunks_skipped, the done or open chunks that did
+// (runProgressSkipped).
+var migrationSkips = `
+ALTER TABLE {s}.chunks ADD COLUMN source_fingerprint text, ADD COLUMN target_fingerprint text, ADD COLUMN skip_key text,
+	ADD COLUMN skipped boolean NOT NULL DEFAULT false;
 COMMENT ON COLUMN {s}.chunks.source_fingerprint IS
 	'Multiset hash of the chunk''s staged source rows (rows:lane0:lane1), recorded when its merge took every staged row; a replay with SkipUnchanged compares it.';
 COMMENT ON COLUMN {s}.chunks.target_fingerprint IS
 	'Multiset hash of the target rows within the chunk''s ChunkColumn bounds after its merge (rows:sum), recorded with source_fingerprint.';
+COMMENT ON COLUMN {s}.chunks.skip_key IS
+	'SHA-256 of the run''s plan without its scope and chunk IDs, and of the target''s column types, recorded by a chunk of a job with SkipUnchanged: a replay looks its base up by job, chunk_id and skip_key.';
+COMMENT ON COLUMN {s}.chunks.skipped IS
+	'True when the chunk''s latest checkpoint skipped its staging and merge: its source and target rows were unchanged since the load it compared with (SkipUnchanged).';
+` + runProgressSkipped()
+
+// runProgressSkipped returns the statements that replace the run_progress
+// view of migration 17 (manifest_status.go, migrationStatus) by the same
+// view with one more column at its end, chunks_skipped: the run's done or
+// open chunks whose latest checkpoint skipped the merge, counted in the
+// view's one pass over the chunks. It is derived from migration 17's
+// text, which never changes, by edits each of which must apply exactly
+// once (it panics otherwise: every test that migrates a manifest fails).
+func runProgressSkipped() string {
+	const create, comment = "CREATE VIEW {s}.run_progress AS", "COMMENT ON VIEW {s}.run_progress IS"
+	i, j := strings.Index(migrationStatus, create), strings.Index(migrationStatus, comment)
+	if i < 0 || j < i {
+		panic("backfill: migration 17 without the run_progress view")
+	}
+	view := migrationStatus[i:j]
+	for _, e := range [][2]string{
+		{create, "CREATE OR REPLACE VIEW {s}.run_progress AS"},
+		{"END AS eta_seconds\nFROM {s}.runs r", "END AS eta_seconds,\n\tc.chunks_skipped\nFROM {s}.runs r"},
+		{"\t\tcoalesce(sum(g.leased) FILTER", "\t\tcoalesce(sum(g.skipped) FILTER (WHERE g.checkpointed), 0)::int AS chunks_skipped,\n\t\tcoalesce(sum(g.leased) FILTER"},
+		{"count(x.lease_key) AS leased,", "count(x.lease_key) AS leased, count(*) FILTER (WHERE x.skipped) AS skipped,"},
+		{"SELECT ch.status, ch.lease_key,", "SELECT ch.status, ch.lease_key, ch.skipped,"},
+	} {
+		if strings.Count(view, e[0]) != 1 {
+			panic("backfill: migration 17's run_progress view: " + e[0])
+		}
+		view = strings.Replace(view, e[0], e[1], 1)
+	}
+	return view + `COMMENT ON COLUMN {s}.run_progress.chunks_skipped IS
+	'Done or open chunks whose latest checkpoint skipped their staging and merge, their rows unchanged (SkipUnchanged); among chunks_done.';
 `
+}
 
 var _ ManifestSkips = (*PGManifest)(nil)
 
@@ -73,7 +124,7 @@ func (m *PGManifest) CompleteChunkFingerprinted(ctx context.Context, tx sqlx.Ext
 // BaseFingerprints implements [ManifestSkips] in one statement: the
 // job's runs by runs_job, each run's chunk by its (batch_id, chunk_id)
 // key.
-func (m *PGManifest) BaseFingerprints(ctx context.Context, tx sqlx.ExtContext, job, plan string, batchID int64, chunkID string) (ChunkFingerprints, bool, error) {
+func (m *PGManifest) BaseFingerprints(ctx context.Context, tx sqlx.ExtContext, job, skipKey string, batchID int64, chunkID string) (ChunkFingerprints, bool, error) {
 	var rows []struct {
 		BatchID int64          `db:"batch_id"`
 		Source  sql.NullString `db:"source_fingerprint"`
@@ -81,15 +132,15 @@ func (m *PGManifest) BaseFingerprints(ctx context.Context, tx sqlx.ExtContext, j
 	}
 	err := sqlx.SelectContext(ctx, tx, &rows, m.sql(`SELECT c.batch_id, c.source_fingerprint, c.target_fingerprint
 		FROM {s}.runs r JOIN {s}.chunks c ON c.batch_id = r.batch_id AND c.chunk_id = $3
-		WHERE r.job_name = $1 AND r.plan_fingerprint = $2 AND r.batch_id <> $4 AND r.status <> 'rolled_back' AND c.status = 'done'
-		ORDER BY r.batch_id DESC LIMIT 1`), job, plan, chunkID, batchID)
+		WHERE r.job_name = $1 AND c.skip_key = $2 AND r.batch_id <> $4 AND r.status <> 'rolled_back' AND c.status = 'done'
+		ORDER BY r.batch_id DESC LIMIT 1`), job, skipKey, chunkID, batchID)
 	if err != nil {
 		return ChunkFingerprints{}, false, fmt.Errorf("backfill: chunk %s: base fingerprints: %w", chunkID, err)
 	}
 	if len(rows) == 0 || !rows[0].Source.Valid || !rows[0].Target.Valid {
 		return ChunkFingerprints{}, false, nil
 	}
-	return ChunkFingerprints{BatchID: rows[0].BatchID, Source: rows[0].Source.String, Target: rows[0].Target.String}, true, nil
+	return ChunkFingerprints{BatchID: rows[0].BatchID, SkipKey: skipKey, Source: rows[0].Source.String, Target: rows[0].Target.String}, true, nil
 }
 
 // nullIfEmpty is s, or NULL when s is "".

@@ -268,6 +268,11 @@ type StatusChunks struct {
 	Other int `json:"other"`
 	// InFlight counts the pending or open chunks leased by a worker.
 	InFlight int `json:"in_flight"`
+	// Skipped counts the done chunks whose staging and merge were
+	// skipped, their rows unchanged since the load they were compared
+	// with ([Job.SkipUnchanged], [ChunkState.Skipped]); they are among
+	// Done.
+	Skipped int `json:"skipped"`
 }
 
 // StatusTime splits a run's time in seconds: Total = Working + Throttled
@@ -333,6 +338,9 @@ func (s Status) String() string {
 	fmt.Fprintf(&b, "job %s batch %d: %s (%s, %d live workers)\n", oneLine(s.Job), s.BatchID, s.Status, s.Liveness, s.LiveWorkers)
 	c := s.Chunks
 	fmt.Fprintf(&b, "chunks %d/%d done, %d open, %d pending, %d failed, %d in flight", c.Done, c.Total, c.Open, c.Pending, c.Failed, c.InFlight)
+	if c.Skipped > 0 {
+		fmt.Fprintf(&b, ", %d skipped unchanged", c.Skipped)
+	}
 	if c.Staged > 0 {
 		fmt.Fprintf(&b, ", %d staged", c.Staged)
 	}
@@ -421,6 +429,7 @@ type statusRow struct {
 	RolledBack        int        `db:"chunks_rolled_back"`
 	Other             int        `db:"chunks_other"`
 	Leased            int        `db:"chunks_leased"`
+	Skipped           int        `db:"chunks_skipped"`
 	Read              int64      `db:"rows_read"`
 	Inserted          int64      `db:"rows_inserted"`
 	Updated           int64      `db:"rows_updated"`
@@ -482,7 +491,7 @@ func (m *PGManifest) Status(ctx context.Context, db sqlx.ExtContext, batchID int
 	s := Status{BatchID: r.BatchID, Job: r.Job, Status: RunStatus(r.Status), LastHeartbeat: r.LastHeartbeat,
 		CreatedAt: r.CreatedAt, AsOf: r.AsOf,
 		Chunks: StatusChunks{Total: r.Total, Done: r.Done, Open: r.Open, Pending: r.Pending, Failed: r.Failed,
-			Staged: r.Staged, RolledBack: r.RolledBack, Other: r.Other, InFlight: r.Leased},
+			Staged: r.Staged, RolledBack: r.RolledBack, Other: r.Other, InFlight: r.Leased, Skipped: r.Skipped},
 		Rows:          Counts{Read: r.Read, Inserted: r.Inserted, Updated: r.Updated, Unchanged: r.Unchanged, Rejected: r.Rejected, Deduplicated: r.Deduplicated},
 		RowsProcessed: r.Processed, ChunkReads: r.Reads, LastCheckpoint: r.LastCheckpoint,
 		Time: StatusTime{TotalSeconds: r.TotalSeconds, WorkingSeconds: r.WorkingSeconds, ThrottledSeconds: r.ThrottledSeconds,

@@ -32,8 +32,8 @@ import (
 // two facts hold:
 //
 //  1. the chunk's converted source rows are the same multiset as at the
-//     last successful load of the same chunk (same job, chunk ID, target,
-//     written columns and plan fingerprint): chunkFingerprint, summed by
+//     last successful load of the same chunk (same job, chunk ID and
+//     skip key, below): chunkFingerprint, summed by
 //     a fingerprintAdder between the row writer and its spool, in Go, no
 //     round trip;
 //  2. the chunk's target rows are a state a merge of those source rows
@@ -123,16 +123,42 @@ import (
 //     it extracts today). In the chunk's transaction, after the publish
 //     mode's target, skipUnchanged looks the base up and compares; a
 //     mismatch replays the spool into COPY (loadChunk, stage).
+//   - The skip key (Plan.skipKey): what a base must share with the
+//     replay besides the job and the chunk ID (which names the chunk's
+//     bounds), so that its merge of the same rows is determined the same
+//     way. It hashes the plan without its scope and chunk list: source,
+//     code version, target table, key, written columns, mode, duplicate
+//     and conflict policies, version, validity columns, derived keys,
+//     hash column, lineage columns, rollback mechanism, publish mode and
+//     time declarations (zone, ChunkColumn, date meaning, event,
+//     modified and ingestion times), all conservatively, and the
+//     declared type and collation of every target column (a widened
+//     numeric(10,2) -> (10,3) stores the same source value otherwise,
+//     though the rows hash alike). Not the plan fingerprint, which
+//     covers the scope and every chunk ID: a replay of part of a loaded
+//     range, or of a range extended by new chunks, finds the loaded
+//     chunks' bases. The validators are not in it: eligibility admits
+//     only those the fingerprints prove.
 //   - Storage: migration 19 adds to the manifest's chunk rows the two
 //     fingerprints (text: chunkFingerprint.String, and the target's rows
-//     and sum), written by the chunk's checkpoint statement in the
-//     chunk's transaction: a kill -9 loses both or neither. The lookup
+//     and sum), the skip key and the skipped marker, written by the
+//     chunk's checkpoint statement in the chunk's transaction: a kill -9
+//     loses all or none. The skip key is recorded by every checkpoint of
+//     a job with the option, with or without fingerprints, so the newest
+//     chunk of the key is the base, never an older one. The lookup
 //     (ManifestSkips.BaseFingerprints) is one statement per chunk, in the
 //     chunk's transaction, only with the option: the newest done row of
-//     the same job, chunk ID and plan fingerprint in another batch whose
-//     run is not rolled back (a rolled back chunk is not done). With the
-//     option off a chunk's round trips are unchanged (the checkpoint
-//     statement sets the two columns NULL).
+//     the same job, chunk ID and skip key in another batch whose run is
+//     not rolled back (a rolled back chunk is not done). With the option
+//     off a chunk's round trips are unchanged (the checkpoint statement
+//     sets the columns NULL, skipped false).
+//   - Visibility: the skipped marker (chunks.skipped, ChunkState.Skipped)
+//     is what Report.ChunksSkipped (chunkSummary's aggregate),
+//     StatusChunks.Skipped (run_progress.chunks_skipped, the view
+//     replaced by migration 19 with one more column), the run report and
+//     the command line count: the batch's skipped chunks, across the
+//     calls and processes that worked it, a resume after a kill -9
+//     included.
 //   - Rollback: a skipped chunk writes no target row, no lineage and no
 //     undo entry, so a rollback of the replay batch deletes nothing the
 //     earlier batch wrote. It delivered every row of its bounds unchanged:
@@ -209,8 +235,11 @@ func encodeSourceRow(buf []byte, info TableInfo, values []any) []byte {
 			buf = binary.BigEndian.AppendUint64(append(buf, 'y'), uint64(len(x)))
 			buf = append(buf, x...)
 		case time.Time:
+			// Seconds and nanoseconds apart: UnixNano wraps outside the
+			// years 1678 to 2262, where two instants would encode alike.
 			_, off := x.Zone()
-			buf = binary.BigEndian.AppendUint64(append(buf, 't'), uint64(x.UnixNano()))
+			buf = binary.BigEndian.AppendUint64(append(buf, 't'), uint64(x.Unix()))
+			buf = binary.BigEndian.AppendUint32(buf, uint32(x.Nanosecond()))
 			buf = binary.BigEndian.AppendUint64(buf, uint64(int64(off)))
 		default:
 			family, text := canonical(info.Columns[i], x)

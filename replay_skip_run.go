@@ -154,7 +154,7 @@ func (ex *execution) skipUnchanged(ctx context.Context, tx Tx, cr *chunkRun, c C
 		// the earlier reads' (Counts.Reread), never skipped.
 		return false, nil
 	}
-	base, ok, err := ex.r.caps.skips.BaseFingerprints(ctx, tx, ex.job.Name, ex.plan.Fingerprint, ex.batchID, c.ID)
+	base, ok, err := ex.r.caps.skips.BaseFingerprints(ctx, tx, ex.job.Name, ex.skipKey, ex.batchID, c.ID)
 	if err != nil {
 		return false, chunkErr(err)
 	}
@@ -198,7 +198,7 @@ func (ex *execution) skipUnchanged(ctx context.Context, tx Tx, cr *chunkRun, c C
 	}
 	// The base's fingerprints, recorded again: this chunk is the newest
 	// base of the next replay.
-	rec := ChunkFingerprints{Source: base.Source, Target: base.Target}
+	rec := ChunkFingerprints{SkipKey: ex.skipKey, Source: base.Source, Target: base.Target}
 	if err := ex.r.caps.skips.CompleteChunkFingerprinted(ctx, tx, ex.batchID, cr.res, w.exceptions, rec); err != nil {
 		return false, chunkErr(err)
 	}

@@ -575,3 +575,80 @@ func TestSkipUnchangedWithoutChunkColumn(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 10, rep.ChunksSkipped)
 }
+
+// TestSkipUnchangedAcrossScopes: a chunk's base is looked up by job,
+// chunk ID and the plan's skip key, not the plan fingerprint (which
+// covers the scope and every chunk ID): a replay of part of the loaded
+// range, or of the range extended by new chunks, skips the loaded
+// chunks and merges the new one; a run planned otherwise (another code
+// version, column list or target column type) skips nothing.
+func TestSkipUnchangedAcrossScopes(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := newItems(t)
+	src := newSkipSource()
+	hooks := &skipHooks{}
+	r, err := backfill.New(s.db, &backfill.Config{Concurrency: 2, Hooks: hooks})
+	require.NoError(t, err)
+	job := skipJob(src)
+	_, err = r.Run(ctx, job)
+	require.NoError(t, err)
+	hooks.merged()
+
+	half := job
+	half.Chunker = backfill.IntRange(0, 500, 100)
+	rep, err := r.Run(ctx, half)
+	require.NoError(t, err)
+	require.Equal(t, 5, rep.ChunksSkipped, "the loaded chunks of the first half")
+	require.Empty(t, hooks.merged())
+
+	for id := int64(1000); id < 1100; id++ {
+		src.set(id, fmt.Sprintf("item-%d", id), "1.00")
+	}
+	more := job
+	more.Chunker = backfill.IntRange(0, 1100, 100)
+	rep, err = r.Run(ctx, more)
+	require.NoError(t, err)
+	require.Equal(t, 10, rep.ChunksSkipped, "the loaded chunks")
+	require.Equal(t, []string{"int:1000/1100"}, hooks.merged(), "the new chunk")
+	require.Equal(t, backfill.Counts{Read: 1100, Inserted: 100, Unchanged: 1000}, rep.Counts)
+	require.Equal(t, src.image(), contentOf(snapshot(t, s.db)))
+
+	// Planned otherwise: no base. (Item 5's amount has more decimals
+	// than the target's column keeps.)
+	src.set(5, "item-5", "5.005")
+	code := more
+	code.CodeVersion = "v2"
+	cols := more
+	cols.Target.Columns = []string{"tenant", "id", "name", "amount"}
+	cols.Extractor = backfill.ExtractorFunc(func(ctx context.Context, c backfill.Chunk, w backfill.RowWriter) error {
+		return more.Extractor.Extract(ctx, c, dropLast{w})
+	})
+	for name, j := range map[string]backfill.Job{"code version": code, "columns": cols} {
+		rep, err = r.Run(ctx, j)
+		require.NoError(t, err, name)
+		require.Zero(t, rep.ChunksSkipped, name)
+		require.Len(t, hooks.merged(), 11, name)
+	}
+	// The target's column type changed since the last load (the same
+	// source value may land otherwise): no base either.
+	rep, err = r.Run(ctx, cols)
+	require.NoError(t, err)
+	require.Equal(t, 11, rep.ChunksSkipped, "the same plan skips")
+	hooks.merged()
+	_, err = s.db.Exec(`ALTER TABLE items ALTER COLUMN amount TYPE numeric(10,3)`)
+	require.NoError(t, err)
+	rep, err = r.Run(ctx, cols)
+	require.NoError(t, err)
+	require.Zero(t, rep.ChunksSkipped, "another target column type")
+	var amount string
+	require.NoError(t, s.db.Get(&amount, `SELECT amount::text FROM items WHERE id = 5`))
+	require.Equal(t, "5.005", amount)
+}
+
+// dropLast is a RowWriter that writes each row without its last value.
+type dropLast struct{ backfill.RowWriter }
+
+func (d dropLast) Write(ctx context.Context, values ...any) error {
+	return d.RowWriter.Write(ctx, values[:len(values)-1]...)
+}

@@ -117,6 +117,10 @@ type ReportPlan struct {
 type ReportTotals struct {
 	// ChunksByStatus counts the chunks by [ChunkStatus].
 	ChunksByStatus map[string]int `json:"chunks_by_status"`
+	// ChunksSkipped counts the done chunks whose staging and merge were
+	// skipped, their rows unchanged ([Job.SkipUnchanged],
+	// [ReportChunk.Skipped]); they are among the done ones.
+	ChunksSkipped int `json:"chunks_skipped"`
 	// Rows sums the chunks' counts.
 	Rows Counts `json:"rows"`
 	// Attempts sums the chunks' attempts.
@@ -150,6 +154,10 @@ type ReportChunk struct {
 	DurationSeconds float64 `json:"duration_seconds"`
 	Counts          Counts  `json:"counts"`
 	LastError       string  `json:"last_error,omitempty"`
+	// Skipped is true when the chunk's latest checkpoint skipped its
+	// staging and merge, its rows unchanged since the load it was
+	// compared with ([Job.SkipUnchanged], [ChunkState.Skipped]).
+	Skipped bool `json:"skipped"`
 }
 
 // ReportWorker is one worker (one call of [Runner.Run]) of a run.
@@ -425,17 +433,18 @@ func (m *PGManifest) reportChunks(ctx context.Context, tx sqlx.ExtContext, batch
 		StartedAt  *time.Time `db:"started_at"`
 		FinishedAt *time.Time `db:"finished_at"`
 		LastError  string     `db:"last_error"`
+		Skipped    bool       `db:"skipped"`
 		Counts
 	}
 	if err := sqlx.SelectContext(ctx, tx, &rows, m.sql(`SELECT seq, chunk_id, kind, lower_bound, upper_bound, status, attempts, worker,
-		started_at, finished_at, last_error, rows_read, rows_inserted, rows_updated, rows_unchanged, rows_rejected, rows_deduplicated
+		started_at, finished_at, last_error, skipped, rows_read, rows_inserted, rows_updated, rows_unchanged, rows_rejected, rows_deduplicated
 		FROM {s}.chunks WHERE batch_id = $1 ORDER BY seq`), batchID); err != nil {
 		return nil, "", fmt.Errorf("chunks: %w", err)
 	}
 	out := make([]ReportChunk, len(rows))
 	for i, r := range rows {
 		c := ReportChunk{Seq: r.Seq, ID: r.ID, Lower: r.Lower, Upper: r.Upper, Status: r.Status, Attempts: r.Attempts, Worker: r.Worker,
-			StartedAt: utcPtr(r.StartedAt), FinishedAt: utcPtr(r.FinishedAt), Counts: r.Counts, LastError: r.LastError}
+			StartedAt: utcPtr(r.StartedAt), FinishedAt: utcPtr(r.FinishedAt), Counts: r.Counts, LastError: r.LastError, Skipped: r.Skipped}
 		if c.StartedAt != nil && c.FinishedAt != nil {
 			c.DurationSeconds = c.FinishedAt.Sub(*c.StartedAt).Seconds()
 		}
@@ -564,6 +573,9 @@ func reportTotals(chunks []ReportChunk) ReportTotals {
 	workers := map[string]bool{}
 	for _, c := range chunks {
 		t.ChunksByStatus[c.Status]++
+		if c.Skipped && (c.Status == string(ChunkDone) || c.Status == string(ChunkOpen)) {
+			t.ChunksSkipped++
+		}
 		t.Attempts += c.Attempts
 		t.Rows.Read += c.Counts.Read
 		t.Rows.Inserted += c.Counts.Inserted

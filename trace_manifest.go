@@ -27,6 +27,10 @@ type JobChunks struct {
 	// lease counted as [ChunkLeased] instead. Statuses with no chunk are
 	// absent.
 	Chunks map[ChunkStatus]int64
+	// Skipped counts the done chunks whose staging and merge a replay
+	// with [Job.SkipUnchanged] skipped ([ChunkState.Skipped]); they are
+	// among Chunks[ChunkDone].
+	Skipped int64
 	// Counts are the rows of the run's done, open and staged chunks.
 	Counts Counts
 	// LastDone is when the run's latest chunk was checkpointed (zero
@@ -55,6 +59,7 @@ func (m *PGManifest) JobChunks(ctx context.Context, db sqlx.ExtContext, staleAft
 		RunStatus RunStatus       `db:"run_status"`
 		Status    sql.NullString  `db:"chunk_status"`
 		Chunks    int64           `db:"chunks"`
+		Skipped   int64           `db:"skipped"`
 		Read      int64           `db:"rows_read"`
 		Inserted  int64           `db:"rows_inserted"`
 		Updated   int64           `db:"rows_updated"`
@@ -74,9 +79,11 @@ func (m *PGManifest) JobChunks(ctx context.Context, db sqlx.ExtContext, staleAft
 			SELECT l.job_name, l.batch_id, l.status AS run_status,
 				CASE WHEN c.status = 'pending' AND `+liveLease("$2")+` THEN 'leased' ELSE c.status END AS chunk_status,
 				c.rows_read, c.rows_inserted, c.rows_updated, c.rows_unchanged, c.rows_rejected, c.rows_deduplicated,
+				c.status IN ('done', 'open') AND c.skipped AS skipped,
 				CASE WHEN c.status IN ('done', 'open', 'staged') THEN c.finished_at END AS done_at
 			FROM latest l LEFT JOIN {s}.chunks c ON c.batch_id = l.batch_id)
 		SELECT job_name, batch_id, run_status, chunk_status, count(chunk_status) AS chunks,
+			count(*) FILTER (WHERE skipped) AS skipped,
 			coalesce(sum(rows_read) FILTER (WHERE chunk_status IN ('done', 'open', 'staged')), 0) AS rows_read,
 			coalesce(sum(rows_inserted) FILTER (WHERE chunk_status IN ('done', 'open', 'staged')), 0) AS rows_inserted,
 			coalesce(sum(rows_updated) FILTER (WHERE chunk_status IN ('done', 'open', 'staged')), 0) AS rows_updated,
@@ -100,6 +107,7 @@ func (m *PGManifest) JobChunks(ctx context.Context, db sqlx.ExtContext, staleAft
 			continue // a run without chunks
 		}
 		j.Chunks[ChunkStatus(r.Status.String)] = r.Chunks
+		j.Skipped += r.Skipped
 		j.Counts = j.Counts.Add(Counts{Read: r.Read, Inserted: r.Inserted, Updated: r.Updated, Unchanged: r.Unchanged,
 			Rejected: r.Rejected, Deduplicated: r.Dedup})
 		if r.LastDone.Valid && r.LastDone.Time.After(j.LastDone) {

@@ -71,12 +71,16 @@ func testManifestCapabilities(t *testing.T,
 			t.Skip("the manifest does not implement backfill.ManifestSkips")
 		}
 		p := plan(t, "job", "v1", 20)
+		// complete checkpoints the batch's next chunk with fp (committed
+		// or rolled back), as skipped ([backfill.ChunkResult.Skipped])
+		// when fp's source is "s2".
 		complete := func(batch int64, fp backfill.ChunkFingerprints, commit bool) {
 			t.Helper()
 			tx, st, ok := claim(t, m, db, batch)
 			require.True(t, ok)
 			now := time.Now()
-			res := backfill.ChunkResult{Chunk: st.Chunk, Counts: backfill.Counts{Read: 3, Unchanged: 3}, Attempt: 1, StartedAt: now, FinishedAt: now}
+			res := backfill.ChunkResult{Chunk: st.Chunk, Counts: backfill.Counts{Read: 3, Unchanged: 3}, Attempt: 1, StartedAt: now, FinishedAt: now,
+				Skipped: fp.Source == "s2"}
 			require.NoError(t, ms.CompleteChunkFingerprinted(ctx, tx, batch, res, nil, fp))
 			if commit {
 				require.NoError(t, tx.Commit())
@@ -84,65 +88,91 @@ func testManifestCapabilities(t *testing.T,
 				require.NoError(t, tx.Rollback())
 			}
 		}
-		base := func(job string, p backfill.Plan, batch int64, chunk string) (backfill.ChunkFingerprints, bool) {
+		base := func(job, key string, batch int64, chunk string) (backfill.ChunkFingerprints, bool) {
 			t.Helper()
 			tx, err := db.Begin(ctx)
 			require.NoError(t, err)
 			defer func() { _ = tx.Rollback() }()
-			fp, ok, err := ms.BaseFingerprints(ctx, tx, job, p.Fingerprint, batch, chunk)
+			fp, ok, err := ms.BaseFingerprints(ctx, tx, job, key, batch, chunk)
 			require.NoError(t, err)
 			return fp, ok
 		}
 		c0, c1 := p.Chunks[0].ID, p.Chunks[1].ID
 		run1, _, err := m.StartRun(ctx, db, p, "w", false)
 		require.NoError(t, err)
-		complete(run1.BatchID, backfill.ChunkFingerprints{Source: "s1", Target: "t1"}, true)
-		complete(run1.BatchID, backfill.ChunkFingerprints{}, true)
+		complete(run1.BatchID, backfill.ChunkFingerprints{SkipKey: "k1", Source: "s1", Target: "t1"}, true)
+		complete(run1.BatchID, backfill.ChunkFingerprints{SkipKey: "k1"}, true)
 		other := run1.BatchID + 1000 // a batch that is not run1
-		fp, ok := base("job", p, other, c0)
+		fp, ok := base("job", "k1", other, c0)
 		require.True(t, ok)
-		require.Equal(t, backfill.ChunkFingerprints{BatchID: run1.BatchID, Source: "s1", Target: "t1"}, fp)
-		_, ok = base("job", p, other, c1)
+		require.Equal(t, backfill.ChunkFingerprints{BatchID: run1.BatchID, SkipKey: "k1", Source: "s1", Target: "t1"}, fp)
+		_, ok = base("job", "k1", other, c1)
 		require.False(t, ok, "a chunk checkpointed without fingerprints")
-		_, ok = base("job", p, run1.BatchID, c0)
+		_, ok = base("job", "k1", run1.BatchID, c0)
 		require.False(t, ok, "the asking batch's own chunk is no base")
-		_, ok = base("other", p, other, c0)
+		_, ok = base("other", "k1", other, c0)
 		require.False(t, ok, "another job")
-		_, ok = base("job", plan(t, "job", "v2", 20), other, c0)
-		require.False(t, ok, "another plan")
+		_, ok = base("job", "k2", other, c0)
+		require.False(t, ok, "another skip key")
+		_, ok = base("job", "", other, c0)
+		require.False(t, ok, "no skip key")
 
-		run2, _, err := m.StartRun(ctx, db, p, "w", true)
+		// A run of another scope (more chunks, another plan fingerprint)
+		// with the same skip key: its chunk of the same ID is the newest
+		// base.
+		p2 := plan(t, "job", "v1", 30)
+		require.NotEqual(t, p.Fingerprint, p2.Fingerprint)
+		run2, _, err := m.StartRun(ctx, db, p2, "w", true)
 		require.NoError(t, err)
-		complete(run2.BatchID, backfill.ChunkFingerprints{Source: "s2", Target: "t2"}, false)
-		fp, ok = base("job", p, other, c0)
+		complete(run2.BatchID, backfill.ChunkFingerprints{SkipKey: "k1", Source: "s2", Target: "t2"}, false)
+		fp, ok = base("job", "k1", other, c0)
 		require.True(t, ok)
 		require.Equal(t, run1.BatchID, fp.BatchID, "a checkpoint rolled back records nothing")
-		complete(run2.BatchID, backfill.ChunkFingerprints{Source: "s2", Target: "t2"}, true)
-		fp, ok = base("job", p, other, c0)
+		complete(run2.BatchID, backfill.ChunkFingerprints{SkipKey: "k1", Source: "s2", Target: "t2"}, true)
+		fp, ok = base("job", "k1", other, c0)
 		require.True(t, ok)
-		require.Equal(t, backfill.ChunkFingerprints{BatchID: run2.BatchID, Source: "s2", Target: "t2"}, fp, "the newest done chunk")
-		fp, ok = base("job", p, run2.BatchID, c0)
+		require.Equal(t, backfill.ChunkFingerprints{BatchID: run2.BatchID, SkipKey: "k1", Source: "s2", Target: "t2"}, fp, "the newest done chunk, whatever its run's scope")
+		fp, ok = base("job", "k1", run2.BatchID, c0)
 		require.True(t, ok)
 		require.Equal(t, run1.BatchID, fp.BatchID)
+		// The skipped marker: on the chunk's state, as checkpointed.
+		for batch, want := range map[int64][]bool{run1.BatchID: {false, false}, run2.BatchID: {true, false, false}} {
+			states, err := m.Chunks(ctx, db, batch)
+			require.NoError(t, err)
+			var got []bool
+			for _, st := range states {
+				got = append(got, st.Skipped)
+			}
+			require.Equal(t, want, got[:len(want)], "batch %d", batch)
+		}
+		// The newest chunk of the key recorded no fingerprints: no base,
+		// never an older one.
+		run3, _, err := m.StartRun(ctx, db, p, "w", true)
+		require.NoError(t, err)
+		complete(run3.BatchID, backfill.ChunkFingerprints{SkipKey: "k1"}, true)
+		_, ok = base("job", "k1", other, c0)
+		require.False(t, ok, "the newest chunk of the key recorded no fingerprints")
 
 		mr, ok := m.(backfill.ManifestRollback)
 		if !ok {
 			return
 		}
-		tx, err := db.Begin(ctx)
-		require.NoError(t, err)
-		done, err := mr.RollBackChunk(ctx, tx, run2.BatchID, 0)
-		require.NoError(t, err)
-		require.True(t, done)
-		require.NoError(t, tx.Commit())
-		fp, ok = base("job", p, other, c0)
+		for _, batch := range []int64{run3.BatchID, run2.BatchID} {
+			tx, err := db.Begin(ctx)
+			require.NoError(t, err)
+			done, err := mr.RollBackChunk(ctx, tx, batch, 0)
+			require.NoError(t, err)
+			require.True(t, done)
+			require.NoError(t, tx.Commit())
+		}
+		fp, ok = base("job", "k1", other, c0)
 		require.True(t, ok)
 		require.Equal(t, run1.BatchID, fp.BatchID, "a rolled back chunk is no base")
-		tx, err = db.Begin(ctx)
+		tx, err := db.Begin(ctx)
 		require.NoError(t, err)
 		require.NoError(t, mr.RollBackRun(ctx, tx, run1.BatchID))
 		require.NoError(t, tx.Commit())
-		_, ok = base("job", p, other, c0)
+		_, ok = base("job", "k1", other, c0)
 		require.False(t, ok, "a rolled back run is no base")
 	})
 

@@ -277,6 +277,7 @@ func (m *Manifest) completeChunk(ctx context.Context, tx sqlx.ExtContext, batchI
 			r.openCall[res.Chunk.Seq] = r.calls
 		}
 		c.Attempts++
+		c.Skipped = res.Skipped
 		st, fin := res.StartedAt, res.FinishedAt
 		c.StartedAt, c.FinishedAt, c.LastError, c.Worker = &st, &fin, "", backfill.ManifestText(res.Worker)
 		r.exceptions = append(r.exceptions, ex...)
@@ -284,7 +285,7 @@ func (m *Manifest) completeChunk(ctx context.Context, tx sqlx.ExtContext, batchI
 			r.fingerprints = map[int]backfill.ChunkFingerprints{}
 		}
 		delete(r.fingerprints, res.Chunk.Seq)
-		if !fp.IsZero() {
+		if !fp.IsZero() || fp.SkipKey != "" {
 			fp.BatchID = 0
 			r.fingerprints[res.Chunk.Seq] = fp
 		}

@@ -18,9 +18,9 @@ func (m *Manifest) CompleteChunkFingerprinted(ctx context.Context, tx sqlx.ExtCo
 }
 
 // BaseFingerprints implements [backfill.ManifestSkips.BaseFingerprints]
-// as PGManifest does: the newest done chunk of the job's runs with the
-// plan's fingerprint, other than batchID, not rolled back.
-func (m *Manifest) BaseFingerprints(ctx context.Context, tx sqlx.ExtContext, job, plan string, batchID int64, chunkID string) (backfill.ChunkFingerprints, bool, error) {
+// as PGManifest does: the newest done chunk of the job's runs that
+// recorded skipKey, other than batchID, not rolled back.
+func (m *Manifest) BaseFingerprints(ctx context.Context, tx sqlx.ExtContext, job, skipKey string, batchID int64, chunkID string) (backfill.ChunkFingerprints, bool, error) {
 	if err := ctx.Err(); err != nil {
 		return backfill.ChunkFingerprints{}, false, err
 	}
@@ -28,7 +28,7 @@ func (m *Manifest) BaseFingerprints(ctx context.Context, tx sqlx.ExtContext, job
 	defer m.mu.Unlock()
 	for i := len(m.runs) - 1; i >= 0; i-- {
 		r := m.runs[i]
-		if r.run.Job != job || r.run.Fingerprint != plan || r.run.BatchID == batchID || r.run.Status == backfill.RunRolledBack {
+		if r.run.Job != job || r.run.BatchID == batchID || r.run.Status == backfill.RunRolledBack {
 			continue
 		}
 		for _, c := range r.chunks {
@@ -36,10 +36,14 @@ func (m *Manifest) BaseFingerprints(ctx context.Context, tx sqlx.ExtContext, job
 				continue
 			}
 			fp, ok := r.fingerprints[c.Chunk.Seq]
-			if ok {
-				fp.BatchID = r.run.BatchID
+			if !ok || skipKey == "" || fp.SkipKey != skipKey {
+				break
 			}
-			return fp, ok, nil
+			if fp.IsZero() || fp.Source == "" || fp.Target == "" {
+				return backfill.ChunkFingerprints{}, false, nil
+			}
+			fp.BatchID = r.run.BatchID
+			return fp, true, nil
 		}
 	}
 	return backfill.ChunkFingerprints{}, false, nil

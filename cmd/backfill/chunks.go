@@ -31,6 +31,9 @@ type chunkRow struct {
 	Seconds    *float64   `json:"seconds"`
 	Worker     string     `json:"worker"`
 	Error      string     `json:"error"`
+	// Skipped: the chunk's staging and merge were skipped, its rows
+	// unchanged (backfill.Job.SkipUnchanged).
+	Skipped bool `json:"skipped"`
 }
 
 func newChunksCmd(g *globals) *cobra.Command {
@@ -43,8 +46,9 @@ func newChunksCmd(g *globals) *cobra.Command {
 		Use:   "chunks (--job NAME | --batch N)",
 		Short: "List a run's chunks: status, row counts, attempts, error, worker",
 		Long: `chunks lists the chunks of one run in plan order: the sequence number and
-chunk ID, the status (pending, staged, done, open, failed, rolled_back),
-its rows by outcome, the attempts made, when it started and finished
+chunk ID, the status (pending, staged, done, open, failed, rolled_back;
+"done (skipped)" for a chunk whose staging and merge a replay with
+SkipUnchanged skipped, its rows unchanged), its rows by outcome, the attempts made, when it started and finished
 (UTC) and how long it took, the worker that completed it, and the last
 error (the whole text with --json; cut to one line in the table).
 
@@ -53,7 +57,7 @@ Filters: --status, --limit N (default 0: all).
 With --json: {"batch_id", "job", "run_status", "total", "chunks": [{"seq",
 "chunk_id", "status", "attempts", "rows": {"read", "inserted", "updated",
 "unchanged", "rejected", "deduplicated"}, "started_at", "finished_at",
-"seconds", "worker", "error"}]}; total counts the chunks that match the
+"seconds", "worker", "error", "skipped"}]}; total counts the chunks that match the
 filters before --limit.`,
 		Example: `  backfill chunks --job flights
   backfill chunks --batch 12 --status failed --json`,
@@ -100,7 +104,11 @@ filters before --limit.`,
 				if c.FinishedAt != nil {
 					took = span(c.StartedAt, c.FinishedAt, now)
 				}
-				t.row(fmt.Sprint(c.Seq), c.ID, c.Status, thousands(c.Rows.Read), thousands(c.Rows.Inserted), thousands(c.Rows.Updated),
+				status := c.Status
+				if c.Skipped {
+					status += " (skipped)"
+				}
+				t.row(fmt.Sprint(c.Seq), c.ID, status, thousands(c.Rows.Read), thousands(c.Rows.Inserted), thousands(c.Rows.Updated),
 					thousands(c.Rows.Unchanged), thousands(c.Rows.Rejected), thousands(c.Rows.Deduplicated), fmt.Sprint(c.Attempts), took,
 					orDash(c.Worker), orDash(clip(c.Error, 80)))
 			}
@@ -124,7 +132,8 @@ filters before --limit.`,
 func chunkRowOf(s backfill.ChunkState) chunkRow {
 	return chunkRow{Seq: s.Chunk.Seq, ID: s.Chunk.ID, Status: string(s.Status), Attempts: s.Attempts,
 		Rows:      rowCounts{Read: s.Read, Inserted: s.Inserted, Updated: s.Updated, Unchanged: s.Unchanged, Rejected: s.Rejected, Deduplicated: s.Deduplicated},
-		StartedAt: utcPtr(s.StartedAt), FinishedAt: utcPtr(s.FinishedAt), Seconds: seconds(s.StartedAt, s.FinishedAt), Worker: s.Worker, Error: s.LastError}
+		StartedAt: utcPtr(s.StartedAt), FinishedAt: utcPtr(s.FinishedAt), Seconds: seconds(s.StartedAt, s.FinishedAt), Worker: s.Worker, Error: s.LastError,
+		Skipped: s.Skipped}
 }
 
 // statusText describes a --status filter.

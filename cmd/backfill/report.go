@@ -107,7 +107,11 @@ func reportSummary(r backfill.RunReport) string {
 	for _, n := range t.ChunksByStatus {
 		total += n
 	}
-	fmt.Fprintf(&b, "chunks   %s of %s done\n", thousands(int64(done)), thousands(int64(total)))
+	fmt.Fprintf(&b, "chunks   %s of %s done", thousands(int64(done)), thousands(int64(total)))
+	if t.ChunksSkipped > 0 {
+		fmt.Fprintf(&b, ", %s skipped unchanged", thousands(int64(t.ChunksSkipped)))
+	}
+	b.WriteString("\n")
 	c := t.Rows
 	fmt.Fprintf(&b, "rows     read %s: inserted %s, updated %s, unchanged %s, rejected %s, deduplicated %s\n",
 		thousands(c.Read), thousands(c.Inserted), thousands(c.Updated), thousands(c.Unchanged), thousands(c.Rejected), thousands(c.Deduplicated))

@@ -45,6 +45,9 @@ type runChunks struct {
 	Pending    int `json:"pending" db:"chunks_pending"`
 	Failed     int `json:"failed" db:"chunks_failed"`
 	RolledBack int `json:"rolled_back" db:"chunks_rolled_back"`
+	// Skipped counts the done chunks whose staging and merge were
+	// skipped, their rows unchanged (backfill.Job.SkipUnchanged).
+	Skipped int `json:"skipped" db:"chunks_skipped"`
 }
 
 // rowCounts are rows by outcome: read = inserted + updated + unchanged +
@@ -77,7 +80,8 @@ abandoned, rolled_back), --limit N (default 20; 0 for all).
 
 With --json: {"runs": [{"batch_id", "job", "status", "started_by",
 "code_version", "started_at", "finished_at", "seconds", "last_error",
-"chunks": {"total", "done", "open", "pending", "failed", "rolled_back"},
+"chunks": {"total", "done", "open", "pending", "failed", "rolled_back",
+"skipped"},
 "rows": {"read", "inserted", "updated", "unchanged", "rejected",
 "deduplicated"}}]}.`,
 		Example: `  backfill runs
@@ -104,6 +108,7 @@ With --json: {"runs": [{"batch_id", "job", "status", "started_by",
 				count(c.seq) FILTER (WHERE c.status IN ('pending', 'staged')) AS chunks_pending,
 				count(c.seq) FILTER (WHERE c.status = 'failed') AS chunks_failed,
 				count(c.seq) FILTER (WHERE c.status = 'rolled_back') AS chunks_rolled_back,
+				count(c.seq) FILTER (WHERE c.status IN ('done', 'open') AND c.skipped) AS chunks_skipped,
 				coalesce(sum(c.rows_read), 0) AS rows_read, coalesce(sum(c.rows_inserted), 0) AS rows_inserted,
 				coalesce(sum(c.rows_updated), 0) AS rows_updated, coalesce(sum(c.rows_unchanged), 0) AS rows_unchanged,
 				coalesce(sum(c.rows_rejected), 0) AS rows_rejected, coalesce(sum(c.rows_deduplicated), 0) AS rows_deduplicated
@@ -139,6 +144,9 @@ With --json: {"runs": [{"batch_id", "job", "status", "started_by",
 				chunks := fmt.Sprintf("%s/%s", thousands(int64(r.Chunks.Done)), thousands(int64(r.Chunks.Total)))
 				if r.Chunks.Failed > 0 {
 					chunks += fmt.Sprintf(" (%s failed)", thousands(int64(r.Chunks.Failed)))
+				}
+				if r.Chunks.Skipped > 0 {
+					chunks += fmt.Sprintf(" (%s skipped)", thousands(int64(r.Chunks.Skipped)))
 				}
 				t.row(fmt.Sprint(r.BatchID), r.Job, r.Status, utc(&r.StartedAt), utc(r.FinishedAt), span(&r.StartedAt, r.FinishedAt, now), chunks,
 					thousands(r.Rows.Read), thousands(r.Rows.Inserted), thousands(r.Rows.Updated), thousands(r.Rows.Unchanged),

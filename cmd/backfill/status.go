@@ -23,7 +23,8 @@ work of every process:
 
 - the run's status and liveness (running, stalled: no heartbeat lately,
   dead: no live worker) and its live workers;
-- chunks done/total, open, pending, failed and in flight;
+- chunks done/total, open, pending, failed and in flight, and the done
+  chunks a replay with SkipUnchanged skipped, their rows unchanged;
 - rows by outcome (read, inserted, updated, unchanged, rejected,
   deduplicated); they never decrease across resumes;
 - rows/s over the recent window and overall, per working second (time

@@ -19,6 +19,9 @@
 //   - backfill_chunks{job,status} (gauge): chunks of the run by status:
 //     pending, leased (pending and held by a live worker: in flight),
 //     done, failed, open, staged;
+//   - backfill_chunks_skipped{job} (gauge): the done chunks of the run
+//     whose staging and merge a replay with [backfill.Job.SkipUnchanged]
+//     skipped, their rows unchanged (among backfill_chunks done);
 //   - backfill_run_info{job,batch_id,status} (gauge, 1): the run and its
 //     status (running, completed, failed, paused, ...);
 //   - backfill_lag_seconds{job} (gauge): the run's lag, defined as the
@@ -94,7 +97,7 @@ type Collector struct {
 	manifest *backfill.PGManifest
 	opts     Options
 
-	chunks, runInfo, lag *prometheus.Desc
+	chunks, skipped, runInfo, lag *prometheus.Desc
 
 	rows       *prometheus.CounterVec
 	duration   *prometheus.HistogramVec
@@ -132,6 +135,8 @@ func New(db sqlx.ExtContext, m *backfill.PGManifest, opts Options) *Collector {
 	return &Collector{db: db, manifest: m, opts: opts,
 		chunks: prometheus.NewDesc(ns+"_chunks", "Chunks of the latest run of the job, by status, from the manifest (leased: in flight).",
 			[]string{"job", "status"}, nil),
+		skipped: prometheus.NewDesc(ns+"_chunks_skipped", "Done chunks of the latest run of the job whose staging and merge were skipped, their rows unchanged (SkipUnchanged), from the manifest.",
+			[]string{"job"}, nil),
 		runInfo: prometheus.NewDesc(ns+"_run_info", "The latest run of the job (batch_id) and its status, from the manifest; always 1.",
 			[]string{"job", "batch_id", "status"}, nil),
 		lag: prometheus.NewDesc(ns+"_lag_seconds", "Seconds since the latest chunk of the job's running run was checkpointed (database server clock).",
@@ -155,6 +160,7 @@ func New(db sqlx.ExtContext, m *backfill.PGManifest, opts Options) *Collector {
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	if c.manifest != nil {
 		ch <- c.chunks
+		ch <- c.skipped
 		ch <- c.runInfo
 		ch <- c.lag
 	}
@@ -199,6 +205,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 				ch <- prometheus.MustNewConstMetric(c.chunks, prometheus.GaugeValue, float64(n), j.Job, string(status))
 			}
 		}
+		ch <- prometheus.MustNewConstMetric(c.skipped, prometheus.GaugeValue, float64(j.Skipped), j.Job)
 		if j.RunStatus == backfill.RunRunning && !j.LastDone.IsZero() {
 			ch <- prometheus.MustNewConstMetric(c.lag, prometheus.GaugeValue, max(j.SinceLastDone.Seconds(), 0), j.Job)
 		}

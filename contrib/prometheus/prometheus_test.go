@@ -240,3 +240,29 @@ func histogramCount(t *testing.T, c prometheus.Collector, name string) string {
 	}
 	return strings.Join(parts, " ")
 }
+
+// TestChunksSkipped: the chunks a replay with SkipUnchanged skipped,
+// from the manifest (0 for the load, 5 for the replay).
+func TestChunksSkipped(t *testing.T) {
+	ctx := context.Background()
+	db := backfilltest.NewPostgres(t)
+	c := backfillprom.New(db, backfill.NewPGManifest(""), backfillprom.Options{})
+	job := itemsJob(t, db, writeIDs)
+	job.SkipUnchanged, job.NewRun, job.ChunkColumn = true, true, "id"
+	r, err := backfill.New(db, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"0", "5"} {
+		if _, err := r.Run(ctx, job); err != nil {
+			t.Fatal(err)
+		}
+		if err := testutil.CollectAndCompare(c, strings.NewReader(`
+# HELP backfill_chunks_skipped Done chunks of the latest run of the job whose staging and merge were skipped, their rows unchanged (SkipUnchanged), from the manifest.
+# TYPE backfill_chunks_skipped gauge
+backfill_chunks_skipped{job="items"} `+want+`
+`), "backfill_chunks_skipped"); err != nil {
+			t.Error(err)
+		}
+	}
+}
