@@ -470,12 +470,17 @@ func (ex *execution) run(ctx context.Context) {
 // rolled back before this call.
 func (ex *execution) finishRun(ctx context.Context, run Run, resumed, finished bool, begin time.Time) (Report, error) {
 	r, job, log := ex.r, ex.job, ex.log
+	// Finish with a fresh context: a cancelled run still records its state.
+	fctx := context.WithoutCancel(ctx)
+	// The run gate once more, over the batch's totals, before the run can
+	// be recorded as completed (finalGate).
+	if err := ex.finalGate(fctx); err != nil {
+		return Report{}, err
+	}
 	var runErr error
 	if len(ex.errs) > 0 {
 		runErr = &PartialError{BatchID: run.BatchID, Done: ex.done, DoneCount: ex.doneN, Failed: ex.failed, Errs: ex.errs}
 	}
-	// Finish with a fresh context: a cancelled run still records its state.
-	fctx := context.WithoutCancel(ctx)
 	failed, msg := ex.failed != nil, ""
 	if failed {
 		msg = ex.failed.Error()
@@ -524,7 +529,11 @@ func (ex *execution) finishRun(ctx context.Context, run Run, resumed, finished b
 	if err == nil && rep.Status == RunRunning && !failed && rep.ChunksTotal > 0 && rep.ChunksDone == rep.ChunksTotal {
 		// Another worker checkpointed the last chunk between this call's
 		// end of the run and its report: complete the run now rather
-		// than leave it running with every chunk done.
+		// than leave it running with every chunk done, once the run gate
+		// has seen that chunk's rejects too.
+		if gerr := ex.finalGate(fctx); gerr != nil {
+			return rep, errors.Join(runErr, gerr)
+		}
 		if again, ferr := r.cfg.Manifest.FinishRun(fctx, r.db, run.BatchID, false, ""); ferr == nil && again.Status != RunRunning {
 			run = again
 			rep, err = ex.report(fctx, run, resumed, begin)
@@ -547,6 +556,38 @@ func (ex *execution) finishRun(ctx context.Context, run Run, resumed, finished b
 	log.Info("backfill run ended", "status", rep.Status, "chunks_done", rep.ChunksDone, "chunks_total", rep.ChunksTotal,
 		"chunks_run", rep.ChunksRun, "rows_read", rep.Counts.Read, "elapsed", rep.Elapsed)
 	return rep, errors.Join(runErr, err)
+}
+
+// finalGate checks the run reject rate over the batch's totals at the end
+// of a call that has not failed or stopped on a gate, whatever the call's
+// own chunks rejected: after a chunk without rejects, checkRunRejectRate
+// reads no totals once the call has read them, trusting the call that
+// committed a rejecting chunk to check after it; a worker that died or
+// shut down between that chunk's commit and its check, or a call that
+// found no chunk left to run, would otherwise let the run complete above
+// the rate. A failed gate is recorded as chunkDone records it (the run
+// paused, ex.runGate) and finishRun goes on; any other error is returned
+// and the run is left as the manifest shows it.
+func (ex *execution) finalGate(ctx context.Context) error {
+	ex.mu.Lock()
+	skip := ex.failed != nil || ex.runGate != nil || ex.stop
+	ex.mu.Unlock()
+	if skip {
+		return nil
+	}
+	err := ex.checkRunRejectRate(ctx, ChunkResult{}, false)
+	if err == nil {
+		return nil
+	}
+	if !errors.Is(err, ErrGateFailed) {
+		return fmt.Errorf("backfill: job %q batch %d: the run reject rate could not be checked at the end of the call; the manifest still shows the run as it was: %w", ex.job.Name, ex.batchID, err)
+	}
+	err = fmt.Errorf("backfill: job %q batch %d: at the end of the call: %w", ex.job.Name, ex.batchID, err)
+	ex.fail(nil, err)
+	ex.mu.Lock()
+	ex.runGate = err
+	ex.mu.Unlock()
+	return nil
 }
 
 // report is the Report of this call on run.
