@@ -378,6 +378,53 @@ func TestControlCancelOneTransactionPath(t *testing.T) {
 	require.Zero(t, fails)
 }
 
+// TestControlCancelAfterPauseAbortsChunkInFlight: a run paused while a
+// chunk is in flight lets the chunk finish; a cancel that follows aborts
+// it (its extractor's context ends) although the call already stopped on
+// the pause. It hung before: a stopped call no longer read the control
+// state.
+func TestControlCancelAfterPauseAbortsChunkInFlight(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := liveDB(t)
+	r, err := New(db, &Config{WorkerID: "pause-cancel", ThrottleInterval: 20 * time.Millisecond, Logger: discardLogger()})
+	require.NoError(t, err)
+	status := func() (s string) {
+		_ = db.Get(&s, `SELECT status FROM backfill.runs WHERE job_name = 'live'`)
+		return s
+	}
+	aborted := make(chan error, 1)
+	job := liveJob(nil)
+	inner := job.Extractor
+	job.Extractor = ExtractorFunc(func(xctx context.Context, c Chunk, w RowWriter) error {
+		if err := inner.Extract(xctx, c, w); err != nil || c.Seq != 0 {
+			return err
+		}
+		_, err := db.Exec(`SELECT backfill.pause('live', 'ann', 'hold on')`)
+		require.NoError(t, err)
+		// The call sees the pause (its monitor reads the control state
+		// every 20 ms) before the cancel lands.
+		time.Sleep(200 * time.Millisecond)
+		_, err = db.Exec(`SELECT backfill.cancel('live', 'ann', 'stop it')`)
+		require.NoError(t, err)
+		select {
+		case <-xctx.Done():
+			aborted <- nil
+			return xctx.Err()
+		case <-time.After(30 * time.Second):
+			aborted <- errors.New("the chunk in flight was not aborted by the cancel")
+			return nil
+		}
+	})
+	rep, err := r.Run(ctx, job)
+	require.NoError(t, <-aborted)
+	require.ErrorIs(t, err, ErrRunCancelled)
+	require.Equal(t, RunCancelled, rep.Status)
+	require.Equal(t, "cancelled", status())
+	st := chunkStatuses(t, db)
+	require.Equal(t, map[string]int{"pending": liveChunks}, st, "the aborted chunk rolled back, none claimed after")
+}
+
 // TestRateCappedWaitWakesOnControl: a worker waiting on the rows-per-second
 // cap (a knob of 1 row/s against chunks of 10 rows: a wait of about 10 s
 // per chunk) is woken by a pause (Run returns ErrRunPaused at once, not

@@ -160,6 +160,12 @@ func (t *throttler) scope(ctx context.Context) SignalScope {
 func (t *throttler) check(ctx context.Context) {
 	ex := t.ex
 	if ex.stopped() {
+		// A call halted by a pause lets its chunks in flight finish:
+		// a cancel that follows must still reach them (halt aborts
+		// them), so the control state is still read.
+		if ex.haltedAs() == RunPaused {
+			ex.pollControl(ctx)
+		}
 		return
 	}
 	// The run's control state: a pause or cancel stops the call, knobs
