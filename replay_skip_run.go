@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/jmoiron/sqlx"
@@ -272,24 +271,9 @@ func (ex *execution) recordSkippedDelivered(ctx context.Context, tx Tx, info Tab
 	} else if bounds, err = pc.inChunk("t", &a); err != nil {
 		return err
 	}
-	lo, hi := make([]string, len(identity)), make([]string, len(identity))
-	loJSON, hiJSON := make([]string, len(identity)), make([]string, len(identity))
-	for i, col := range identity {
-		lo[i] = fmt.Sprintf("first_value(x.%s) OVER w AS _backfill_lo_%d", sqlgen.Ident(col), i)
-		hi[i] = fmt.Sprintf("last_value(x.%s) OVER w AS _backfill_hi_%d", sqlgen.Ident(col), i)
-		loJSON[i] = fmt.Sprintf("%s, y._backfill_lo_%d", pq.QuoteLiteral(col), i)
-		hiJSON[i] = fmt.Sprintf("%s, y._backfill_hi_%d", pq.QuoteLiteral(col), i)
-	}
-	q := sqlf(`INSERT INTO {delivered} (owner, batch_id, seq, key_columns, lo, hi, row_count)
-SELECT y._backfill_owner, $1::bigint, $2::int, $3::text[], jsonb_build_object({loJSON}), jsonb_build_object({hiJSON}), y._backfill_n FROM (
-	SELECT DISTINCT ON (x._backfill_owner) x._backfill_owner, count(*) OVER w AS _backfill_n, {lo}, {hi}
-	FROM (SELECT {tid}, t.{ub} AS _backfill_owner FROM {from} WHERE {bounds} AND t.{ub} <> $1::bigint) x
-	WINDOW w AS (PARTITION BY x._backfill_owner ORDER BY {xid} ROWS BETWEEN UNBOUNDED PRECEDING AND UNBOUNDED FOLLOWING)
-	ORDER BY x._backfill_owner) y`,
-		"delivered", ex.deliveredTable, "from", from, "tid", sqlgen.List("t.", identity),
-		"ub", sqlgen.Ident(t.Lineage.UpdatedBy), "bounds", bounds, "lo", strings.Join(lo, ", "),
-		"hi", strings.Join(hi, ", "), "loJSON", strings.Join(loJSON, ", "), "hiJSON", strings.Join(hiJSON, ", "),
-		"xid", sqlgen.List("x.", identity))
+	rows := sqlf(`SELECT {tid}, t.{ub} AS _backfill_owner FROM {from} WHERE {bounds} AND t.{ub} <> $1::bigint`,
+		"from", from, "tid", sqlgen.List("t.", identity), "ub", sqlgen.Ident(t.Lineage.UpdatedBy), "bounds", bounds)
+	q := deliveredSummarySQL(ex.deliveredTable, identity, rows)
 	if _, err := tx.ExecContext(ctx, q, a...); err != nil {
 		return fmt.Errorf("backfill: skip chunk %s: record unchanged deliveries: %w", c.ID, err)
 	}

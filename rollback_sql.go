@@ -262,6 +262,21 @@ func (s *pgStager) recordDeliveredSQL() string {
 	// the whole target in index order against every staged row to save
 	// the window's sort (a 10,000-row chunk against 200,000 rows took
 	// 250 s).
+	rows := sqlf(`SELECT t.* FROM {stage} s CROSS JOIN LATERAL (
+		SELECT {tid}, t.{ub} AS _backfill_owner FROM {target} t WHERE {ts} OFFSET 0) t
+		WHERE t._backfill_owner <> $1::bigint`,
+		"stage", s.q.stage, "target", sqlgen.Table(t.Table), "tid", sqlgen.List("t.", identity),
+		"ub", sqlgen.Ident(t.Lineage.UpdatedBy), "ts", sqlgen.Equal("t", "s", identity))
+	return deliveredSummarySQL(s.info.Chunk.DeliveredTable, identity, rows)
+}
+
+// deliveredSummarySQL inserts into the delivered table one row per owner
+// batch of rows (a query of the identity columns and _backfill_owner, the
+// rows' lineage UpdatedBy, other than $1): how many, and the least and
+// greatest identity ($1 batch, $2 chunk, $3 the identity's column names,
+// further parameters rows's own). A merged chunk's stager and a skipped
+// chunk (replay_skip_run.go) record their deliveries with it.
+func deliveredSummarySQL(delivered string, identity []string, rows string) string {
 	lo, hi := make([]string, len(identity)), make([]string, len(identity))
 	loJSON, hiJSON := make([]string, len(identity)), make([]string, len(identity))
 	for i, c := range identity {
@@ -273,13 +288,10 @@ func (s *pgStager) recordDeliveredSQL() string {
 	return sqlf(`INSERT INTO {delivered} (owner, batch_id, seq, key_columns, lo, hi, row_count)
 SELECT y._backfill_owner, $1::bigint, $2::int, $3::text[], jsonb_build_object({loJSON}), jsonb_build_object({hiJSON}), y._backfill_n FROM (
 	SELECT DISTINCT ON (x._backfill_owner) x._backfill_owner, count(*) OVER w AS _backfill_n, {lo}, {hi}
-	FROM (SELECT t.* FROM {stage} s CROSS JOIN LATERAL (
-		SELECT {tid}, t.{ub} AS _backfill_owner FROM {target} t WHERE {ts} OFFSET 0) t
-		WHERE t._backfill_owner <> $1::bigint) x
+	FROM ({rows}) x
 	WINDOW w AS (PARTITION BY x._backfill_owner ORDER BY {xid} ROWS BETWEEN UNBOUNDED PRECEDING AND UNBOUNDED FOLLOWING)
 	ORDER BY x._backfill_owner) y`,
-		"delivered", s.info.Chunk.DeliveredTable, "stage", s.q.stage, "target", sqlgen.Table(t.Table), "tid", sqlgen.List("t.", identity),
-		"ub", sqlgen.Ident(t.Lineage.UpdatedBy), "ts", sqlgen.Equal("t", "s", identity), "lo", strings.Join(lo, ", "),
+		"delivered", delivered, "rows", rows, "lo", strings.Join(lo, ", "),
 		"hi", strings.Join(hi, ", "), "loJSON", strings.Join(loJSON, ", "), "hiJSON", strings.Join(hiJSON, ", "),
 		"xid", sqlgen.List("x.", identity))
 }
