@@ -116,7 +116,8 @@ func runProgressSkipped() string {
 var _ ManifestSkips = (*PGManifest)(nil)
 
 // CompleteChunkFingerprinted implements [ManifestSkips]: the checkpoint
-// statement of CompleteChunk sets the two columns.
+// statement of CompleteChunk also sets the chunk row's fingerprints, skip key
+// and skipped marker (migration 19), in the chunk's transaction.
 func (m *PGManifest) CompleteChunkFingerprinted(ctx context.Context, tx sqlx.ExtContext, batchID int64, r ChunkResult, exceptions []Exception, fp ChunkFingerprints) error {
 	return m.completeChunk(ctx, tx, batchID, r, exceptions, fp)
 }
