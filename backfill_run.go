@@ -820,31 +820,43 @@ func (ex *execution) work(ctx context.Context) {
 		}
 	}
 	g, gctx := errgroup.WithContext(wctx)
+	// Each worker slot: one goroutine, or two sharing a pipe that extract
+	// a chunk while the slot's previous chunk is written
+	// (backfill_pipeline.go).
+	ahead := ex.extractAhead()
 	for i := range ex.r.cfg.Concurrency {
-		g.Go(func() error {
-			var ws waitState
-			for !ex.stopped() {
-				if gctx.Err() != nil {
-					if !ex.cancelled() {
-						ex.fail(nil, gctx.Err())
-					}
-					return nil
-				}
-				if !ex.waitTurn(gctx, i) {
-					// The concurrency knob runs fewer workers, and they
-					// found nothing more to claim; or stopped meanwhile.
-					return nil
-				}
-				more := ex.next(gctx, &ws)
-				if !more {
-					ex.workerEnded()
-					return nil
-				}
-			}
-			return nil
-		})
+		var p *chunkPipe
+		if ahead {
+			p = newChunkPipe()
+			g.Go(func() error { ex.workSlot(gctx, i, p); return nil })
+		}
+		g.Go(func() error { ex.workSlot(gctx, i, p); return nil })
 	}
 	_ = g.Wait()
+}
+
+// workSlot claims and runs chunks as worker slot i (of
+// Config.Concurrency) until none is left or the call stops; p is the
+// slot's pipe (nil: none).
+func (ex *execution) workSlot(gctx context.Context, i int, p *chunkPipe) {
+	var ws waitState
+	for !ex.stopped() {
+		if gctx.Err() != nil {
+			if !ex.cancelled() {
+				ex.fail(nil, gctx.Err())
+			}
+			return
+		}
+		if !ex.waitTurn(gctx, i) {
+			// The concurrency knob runs fewer workers, and they found
+			// nothing more to claim; or stopped meanwhile.
+			return
+		}
+		if !ex.next(gctx, &ws, p) {
+			ex.workerEnded()
+			return
+		}
+	}
 }
 
 func (ex *execution) fail(ce *ChunkError, err error) {
@@ -871,8 +883,12 @@ func (ex *execution) fail(ce *ChunkError, err error) {
 // next claims and runs one chunk; it returns false when no chunk is left
 // to claim (nor held by another worker: waitHeld) or the run stops. A
 // connection failure before a chunk is claimed is retried (connFailed).
-func (ex *execution) next(ctx context.Context, ws *waitState) bool {
-	cr, err := ex.runChunk(ctx)
+func (ex *execution) next(ctx context.Context, ws *waitState, p *chunkPipe) bool {
+	cr, err := ex.runChunk(ctx, p)
+	// The slot's stage held by the chunk claimed is left once its outcome
+	// is recorded, before the hooks and any retry's sleep
+	// (backfill_pipeline.go).
+	defer cr.turn.leave()
 	// The rate cap: the rows of a chunk done or staged, nothing for a
 	// try that claimed nothing or failed (throttle_run.go, settle).
 	if cr.admitted {
@@ -918,7 +934,7 @@ func (ex *execution) next(ctx context.Context, ws *waitState) bool {
 		ex.log.Info("chunk staged", "seq", cr.res.Chunk.Seq, "chunk", cr.res.Chunk.ID, "read", cr.res.Read, "rejected", cr.res.Rejected)
 		return true
 	case err == nil:
-		return ex.chunkDone(ctx, cr.res, cr.fresh)
+		return ex.chunkDone(ctx, cr.res, cr.fresh, cr.turn)
 	case ctx.Err() != nil:
 		// Cancelled: the chunk rolled back and stays pending.
 		ex.fail(nil, ctx.Err())
@@ -949,7 +965,7 @@ func (ex *execution) next(ctx context.Context, ws *waitState) bool {
 		ce = &ChunkError{Chunk: ce.Chunk, Attempt: ce.Attempt, Err: fmt.Errorf("%w (a wait on the last row of Config.LockRetries)", ce.Err)}
 		err = ce
 	}
-	return ex.chunkFailed(ctx, ce, cr.attempt, err)
+	return ex.chunkFailed(ctx, ce, cr.attempt, err, cr.turn)
 }
 
 // maxDoneIDs bounds the chunk IDs a call keeps for [PartialError.Done]:
@@ -968,10 +984,13 @@ func (ex *execution) addDone(id string) {
 // chunkDone records a committed chunk; it returns false when the run's
 // reject rate stops the run. fresh: the chunk was pending when claimed
 // (no counts of it were recorded before).
-func (ex *execution) chunkDone(ctx context.Context, res ChunkResult, fresh bool) bool {
+func (ex *execution) chunkDone(ctx context.Context, res ChunkResult, fresh bool, turn *pipeTurn) bool {
 	ex.mu.Lock()
 	ex.addDone(res.Chunk.ID)
 	ex.mu.Unlock()
+	// The chunk committed: the slot's next chunk may be written while the
+	// hooks and the run's checks below run (backfill_pipeline.go).
+	turn.leave()
 	if res.Open {
 		ex.log.Warn("chunk open: it ends after the horizon (watermark or now); loaded, not final, read again by the next run",
 			"seq", res.Chunk.Seq, "chunk", res.Chunk.ID, "read", res.Read, "inserted", res.Inserted)
@@ -1005,7 +1024,7 @@ func (ex *execution) chunkDone(ctx context.Context, res ChunkResult, fresh bool)
 
 // chunkFailed records a failed attempt of ce's chunk and waits before the
 // retry; it returns false when the failure is final.
-func (ex *execution) chunkFailed(ctx context.Context, ce *ChunkError, attempt int, err error) bool {
+func (ex *execution) chunkFailed(ctx context.Context, ce *ChunkError, attempt int, err error, turn *pipeTurn) bool {
 	ex.mu.Lock()
 	if ex.tries == nil {
 		ex.tries = map[int]int{}
@@ -1032,9 +1051,14 @@ func (ex *execution) chunkFailed(ctx context.Context, ce *ChunkError, attempt in
 		ex.fail(ce, ferr)
 		return false
 	}
-	ex.notifyFailed(ctx, ce, attempt, final)
 	if final {
 		ex.fail(ce, nil)
+	}
+	// Recorded: the slot's other chunk goes on, or sees the call stopped
+	// (backfill_pipeline.go).
+	turn.leave()
+	ex.notifyFailed(ctx, ce, attempt, final)
+	if final {
 		return false
 	}
 	select {
@@ -1074,13 +1098,16 @@ type chunkRun struct {
 	// reread: the chunk was claimed open, read again (never skipped,
 	// Job.SkipUnchanged).
 	reread bool
+	// turn is the slot's write stage when the chunk's transaction ran in
+	// a pipeline (nil otherwise; backfill_pipeline.go).
+	turn *pipeTurn
 }
 
 // runChunk claims the next chunk and runs it in one transaction: claim,
 // the publish mode's target, extract and stage, merge, validate,
 // checkpoint, commit. claimed is false (with a nil error) when no chunk
 // is left.
-func (ex *execution) runChunk(ctx context.Context) (cr chunkRun, err error) {
+func (ex *execution) runChunk(ctx context.Context, p *chunkPipe) (cr chunkRun, err error) {
 	r := ex.r
 	// Throttle: the throttles and the rate cap wait here, before the
 	// claim (and its transaction) begins (throttle_run.go).
@@ -1096,7 +1123,7 @@ func (ex *execution) runChunk(ctx context.Context) (cr chunkRun, err error) {
 	if ex.leasing() {
 		// Short transactions: lease, extract outside a transaction,
 		// then stage, merge and checkpoint (backfill_shorttx.go).
-		lcr, err := ex.runChunkLeased(ctx)
+		lcr, err := ex.runChunkLeased(ctx, p)
 		lcr.admitted = cr.admitted
 		return lcr, err
 	}

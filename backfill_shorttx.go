@@ -85,8 +85,28 @@ func (ex *execution) leasing() bool {
 
 // runChunkLeased is runChunk in short transactions (see the top of this
 // file).
-func (ex *execution) runChunkLeased(ctx context.Context) (cr chunkRun, err error) {
+func (ex *execution) runChunkLeased(ctx context.Context, p *chunkPipe) (cr chunkRun, err error) {
 	r, wm := ex.r, ex.r.caps.workers
+	// The slot's extract stage, then its write stage before the chunk's
+	// transaction (backfill_pipeline.go); the stage held is left on return.
+	turn, ok := p.enterExtract(ctx)
+	defer func() {
+		// A chunk claimed hands its stage to next, which leaves it once
+		// the chunk's outcome is recorded: a failure that stops the call
+		// is known before the slot's other goroutine leases or writes.
+		if cr.claimed {
+			cr.turn = turn
+		} else {
+			turn.leave()
+		}
+	}()
+	if !ok {
+		return cr, ctx.Err()
+	}
+	if p != nil && ex.stopped() {
+		// Stopped while this goroutine waited for the stage.
+		return cr, nil
+	}
 	s := r.cfg.txSettings()
 	l := lease{key: ex.worker.key, staleAfter: r.cfg.StaleAfter, lockTimeout: s.tryLockTimeout(0), stmtTimeout: s.stmtSetting(),
 		jobConcurrency: r.cfg.JobConcurrency}
@@ -169,6 +189,18 @@ func (ex *execution) runChunkLeased(ctx context.Context) (cr chunkRun, err error
 		return cr, chunkErr(w.err)
 	case xerr != nil:
 		return cr, chunkErr(fmt.Errorf("extract: %w", xerr))
+	}
+
+	// The slot's write stage: the previous chunk leased by the slot is
+	// written first (backfill_pipeline.go). A chunk that waited for it
+	// checks again what the lease checked.
+	if !turn.enterWrite(ctx) {
+		return cr, chunkErr(ctx.Err())
+	}
+	if p != nil && (ex.stopped() || ex.throttle.holding()) {
+		cr.claimed, cr.throttled = false, !ex.stopped()
+		cr.span.release()
+		return cr, nil
 	}
 
 	// The chunk's transaction.

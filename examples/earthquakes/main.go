@@ -134,7 +134,7 @@ func run() error {
 		return err
 	}
 	defer db.Close()
-	db.SetMaxOpenConns(o.concurrency + 2)
+	db.SetMaxOpenConns(2*o.concurrency + 2)
 	if err := db.PingContext(ctx); err != nil {
 		return fmt.Errorf("connect: %w", err)
 	}

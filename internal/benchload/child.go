@@ -31,18 +31,19 @@ const resultPrefix = "BENCHLOAD_RESULT "
 
 // childOpts are the flags of a child process: one load of one variant.
 type childOpts struct {
-	variant     string // "lib" or "base"
-	table       string // schema-qualified target
-	job         string // library job name / baseline run label
-	lo, rows    int64
-	chunk       int64
-	newRun      bool   // library: Job.NewRun (a replay of a completed plan)
-	cpuProfile  string // write a CPU profile of the load here
-	breakdown   string // write a per-phase time breakdown here (adds timers)
-	explain     string // capture auto_explain plans of every statement here
-	sqlOut      string // write the SQL statements the load issued here (JSON)
-	pgOptions   string // PostgreSQL startup options ("-c name=value ...") of the load's connections
-	concurrency int    // library: Config.Concurrency
+	variant      string // "lib" or "base"
+	table        string // schema-qualified target
+	job          string // library job name / baseline run label
+	lo, rows     int64
+	chunk        int64
+	newRun       bool   // library: Job.NewRun (a replay of a completed plan)
+	cpuProfile   string // write a CPU profile of the load here
+	breakdown    string // write a per-phase time breakdown here (adds timers)
+	explain      string // capture auto_explain plans of every statement here
+	sqlOut       string // write the SQL statements the load issued here (JSON)
+	pgOptions    string // PostgreSQL startup options ("-c name=value ...") of the load's connections
+	concurrency  int    // library: Config.Concurrency
+	extractAhead bool   // library: Config.ExtractAhead
 	// byOrder chunks by order_no with ChunkColumn order_no (skip.go);
 	// skipUnchanged sets Job.SkipUnchanged; restate > 0 changes every
 	// restateEvery-th chunk's rows.
@@ -201,7 +202,7 @@ func openDB(ctx context.Context, url, app, options string, notices *noticeLog) (
 // loadLib loads [lo, lo+rows) with the library: IntRange chunks,
 // Concurrency 1, default manifest and merger.
 func loadLib(ctx context.Context, db *sqlx.DB, o childOpts, st *stats) (backfill.Counts, int, error) {
-	cfg := &backfill.Config{Concurrency: max(o.concurrency, 1)}
+	cfg := &backfill.Config{Concurrency: max(o.concurrency, 1), ExtractAhead: o.extractAhead}
 	var r *backfill.Runner
 	var err error
 	if st != nil {

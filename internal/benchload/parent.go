@@ -263,8 +263,8 @@ func (b *bench) printFacts() {
 	if b.o.libOptions != "" {
 		fmt.Fprintf(w, "- EXPERIMENT: the library's sessions run with options %q (-lib-options); the baseline's do not\n", b.o.libOptions)
 	}
-	fmt.Fprintf(w, "- load: %s rows, %s-row chunks (IntRange over ids), %d runs per variant alternating, library Concurrency %d (baseline sequential); client and server on the same machine\n\n",
-		thousands(b.o.rows), thousands(b.o.chunk), b.o.runs, b.o.libConcurrency)
+	fmt.Fprintf(w, "- load: %s rows, %s-row chunks (IntRange over ids), %d runs per variant alternating, library Concurrency %d, ExtractAhead %t (baseline sequential); client and server on the same machine\n\n",
+		thousands(b.o.rows), thousands(b.o.chunk), b.o.runs, b.o.libConcurrency, b.o.extractAhead)
 }
 
 // endToEnd runs each variant o.runs times, alternating, each into a fresh
@@ -424,7 +424,7 @@ func (b *bench) child(ctx context.Context, c childOpts) (childResult, error) {
 		args = append(args, "-newrun")
 	}
 	if c.variant == "lib" {
-		args = append(args, fmt.Sprintf("-concurrency=%d", b.o.libConcurrency))
+		args = append(args, fmt.Sprintf("-concurrency=%d", b.o.libConcurrency), fmt.Sprintf("-ahead=%t", b.o.extractAhead))
 	}
 	if c.byOrder {
 		args = append(args, "-byorder", fmt.Sprintf("-skipunchanged=%t", c.skipUnchanged), fmt.Sprintf("-restate=%d", c.restate))

@@ -123,7 +123,10 @@ func (w *worker) runOnce() (int, error) {
 		"-url", w.url, "-job", sp.Name, "-table", sp.Table,
 		"-chunks", fmt.Sprint(sp.Chunks), "-rows", fmt.Sprint(sp.RowsPerChunk),
 		"-sleep", sp.Sleep.String(), "-id", w.id,
-		"-heartbeat", heartbeatInterval.String(), "-stale-after", staleAfter.String())
+		"-heartbeat", heartbeatInterval.String(), "-stale-after", staleAfter.String(),
+		// Every other worker extracts ahead (a chunk leased and spooled
+		// while the previous one is written).
+		fmt.Sprintf("-extract-ahead=%t", w.idx%2 == 1))
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	stderr, err := cmd.StderrPipe()
 	if err != nil {

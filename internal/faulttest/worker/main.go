@@ -41,13 +41,14 @@ func main() {
 	concurrency := flag.Int("concurrency", 1, "chunks at once")
 	heartbeat := flag.Duration("heartbeat", 0, "Config.HeartbeatInterval (0: the library's default)")
 	staleAfter := flag.Duration("stale-after", 0, "Config.StaleAfter (0: the library's default)")
+	ahead := flag.Bool("extract-ahead", false, "Config.ExtractAhead")
 	flag.Parse()
 
 	log := slog.New(slog.NewJSONHandler(os.Stderr, nil)).With("worker", *id, "pid", os.Getpid())
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	cfg := backfill.Config{Concurrency: *concurrency, WorkerID: *id, Logger: log, RetryBackoff: 200 * time.Millisecond,
-		HeartbeatInterval: *heartbeat, StaleAfter: *staleAfter}
+		HeartbeatInterval: *heartbeat, StaleAfter: *staleAfter, ExtractAhead: *ahead}
 	code := run(ctx, *url, spec, cfg)
 	log.Info("worker exit", "code", int(code))
 	os.Exit(int(code))

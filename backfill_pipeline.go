@@ -1,0 +1,124 @@
+package backfill
+
+import (
+	"context"
+)
+
+// Extract ahead (Config.ExtractAhead).
+//
+// In short transactions (backfill_shorttx.go) a chunk's extraction runs
+// outside any transaction, before the chunk's transaction. Run one after
+// the other, the client converts rows while the server waits, and the
+// server merges and commits while the client waits. So each worker slot
+// of Config.Concurrency runs two goroutines sharing one chunkPipe, a
+// two-stage pipeline:
+//
+//	goroutine A: [lease+extract N]            [write N: fence ... commit]
+//	goroutine B:                   [lease+extract N+1]      [write N+1 ...]
+//
+// The extract stage (the lease and the extraction into the spool) and the
+// write stage (the chunk's transaction, from BEGIN to COMMIT or rollback)
+// are each held by one goroutine of the slot at a time. A goroutine takes
+// the write stage before it leaves the extract stage, so the chunks of a
+// slot are written in the order they were leased, and the slot never has
+// more than one chunk transaction open: Concurrency still counts chunk
+// transactions. What the pipeline adds is one chunk per slot leased and
+// extracted (held in its spool) while the slot's previous chunk is
+// written; a worker's Extract calls never overlap either.
+//
+// The chunk waiting for the write stage holds a live lease, heartbeated as
+// any other. Before its transaction begins it checks again that the call
+// has not stopped and that no throttle holds (both may have changed while
+// it waited); if either did, its lease is released and the chunk stays
+// claimable. A cancel committed meanwhile is caught by the fence
+// (fenceLease), as for any lease; a pause lets it finish, like any chunk
+// in flight.
+//
+// A claimed chunk keeps its stage until next has recorded its outcome
+// (chunkDone, chunkFailed: before the hooks and a retry's sleep), so a
+// failure that stops the call (a final failure, a quality gate) is known
+// before the slot's other goroutine leases or writes another chunk.
+//
+// The pipeline is on with Config.ExtractAhead, except with a job-wide cap
+// (Config.JobConcurrency counts live leases, and the chunk leased ahead
+// would take a place of it), and when the connection pool is too small
+// for a transaction and a lease per slot plus the heartbeat.
+
+// chunkPipe is a worker slot's pair of stages; a nil *chunkPipe is a slot
+// without a pipeline (every method is a no-op).
+type chunkPipe struct {
+	extract, write chan struct{}
+}
+
+func newChunkPipe() *chunkPipe {
+	return &chunkPipe{extract: make(chan struct{}, 1), write: make(chan struct{}, 1)}
+}
+
+// pipeTurn is the stage a goroutine holds (0: none).
+type pipeTurn struct {
+	p    *chunkPipe
+	held chan struct{}
+}
+
+// enterExtract waits for the slot's extract stage; false when ctx ended.
+func (p *chunkPipe) enterExtract(ctx context.Context) (*pipeTurn, bool) {
+	t := &pipeTurn{p: p}
+	if p == nil {
+		return t, true
+	}
+	select {
+	case p.extract <- struct{}{}:
+		t.held = p.extract
+		return t, true
+	case <-ctx.Done():
+		return t, false
+	}
+}
+
+// enterWrite waits for the slot's write stage, then leaves the extract
+// stage; false when ctx ended (the extract stage is left too).
+func (t *pipeTurn) enterWrite(ctx context.Context) bool {
+	if t.p == nil {
+		return true
+	}
+	select {
+	case t.p.write <- struct{}{}:
+		t.leave()
+		t.held = t.p.write
+		return true
+	case <-ctx.Done():
+		t.leave()
+		return false
+	}
+}
+
+// leave leaves the stage held, if any (nil: none).
+func (t *pipeTurn) leave() {
+	if t != nil && t.held != nil {
+		<-t.held
+		t.held = nil
+	}
+}
+
+// testExtractAhead turns Config.ExtractAhead on for every call: set by
+// this package's tests from BACKFILL_TEST_EXTRACT_AHEAD, to run the whole
+// suite with the pipeline.
+var testExtractAhead bool
+
+// extractAhead reports whether this call's worker slots extract their
+// next chunk while the current chunk's transaction runs (see the top of
+// this file).
+func (ex *execution) extractAhead() bool {
+	c := ex.r.cfg
+	if !ex.leasing() || !(c.ExtractAhead || testExtractAhead) || c.JobConcurrency > 0 {
+		return false
+	}
+	if pd, ok := ex.r.db.(pgDB); ok && pd.DB != nil {
+		// A transaction and a lease per slot, the heartbeat and one more
+		// (a release, a control read).
+		if n := pd.DB.Stats().MaxOpenConnections; n > 0 && n < 2*c.Concurrency+2 {
+			return false
+		}
+	}
+	return true
+}
