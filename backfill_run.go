@@ -988,9 +988,9 @@ func (ex *execution) chunkDone(ctx context.Context, res ChunkResult, fresh bool,
 	ex.mu.Lock()
 	ex.addDone(res.Chunk.ID)
 	ex.mu.Unlock()
-	// The chunk committed: the slot's next chunk may be written while the
-	// hooks and the run's checks below run (backfill_pipeline.go).
-	turn.leave()
+	// The slot's stage is left after the run's reject-rate check below:
+	// a run it pauses writes no chunk extracted ahead (backfill_pipeline.go).
+	defer turn.leave()
 	if res.Open {
 		ex.log.Warn("chunk open: it ends after the horizon (watermark or now); loaded, not final, read again by the next run",
 			"seq", res.Chunk.Seq, "chunk", res.Chunk.ID, "read", res.Read, "inserted", res.Inserted)
@@ -1819,7 +1819,13 @@ func (ex *execution) checkRunRejectRate(ctx context.Context, res ChunkResult, fr
 	if fresh && res.Rejected == 0 && ex.rateChecked.Load() {
 		return nil
 	}
-	total, err := loadedTotals(ctx, ex.r.cfg.Manifest, ex.r.db, ex.batchID)
+	// A server restart or a dropped connection right after the chunk's
+	// commit does not fail the run: the check waits for the server.
+	var total Counts
+	err := ex.retryConn(ctx, "check the run's reject rate", func() (err error) {
+		total, err = loadedTotals(ctx, ex.r.cfg.Manifest, ex.r.db, ex.batchID)
+		return err
+	})
 	if err != nil {
 		return err
 	}
@@ -1836,7 +1842,7 @@ func (ex *execution) checkRunRejectRate(ctx context.Context, res ChunkResult, fr
 	}
 	if mv := ex.r.caps.validations; mv != nil {
 		fctx := context.WithoutCancel(ctx)
-		if err := mv.PauseRun(fctx, ex.r.db, ex.batchID, reason); err != nil {
+		if err := ex.retryConn(fctx, "pause the run at its reject rate", func() error { return mv.PauseRun(fctx, ex.r.db, ex.batchID, reason) }); err != nil {
 			return err
 		}
 		ex.tracePause(fctx, PauseGate, reason)
