@@ -172,7 +172,11 @@ import (
 //     machine): the target re-check 17-20 ms, a skipped chunk's
 //     extraction, conversion, fingerprints and re-check 31-61 ms, today's
 //     replay of the chunk 207-228 ms. The source fingerprint adds about
-//     1 µs per row (BenchmarkSourceFingerprint against BenchmarkRowWriter).
+//     1 µs per row (BenchmarkSourceFingerprint against BenchmarkRowWriter;
+//     BenchmarkSkipRow splits a row's cost: Write, spool, fingerprint).
+//     The row encoding of version 2 (sourceEncodingVersion: varints,
+//     uvarint lengths) makes benchload's order line 99 bytes instead of
+//     about 150, two SHA-256 blocks instead of three.
 //     A merged chunk of a job with the option pays the base look-up and
 //     the fingerprint it records, one more scan of its target rows joined
 //     to staging (BenchmarkTargetFingerprint/merged-fingerprint: 12-13 ms
@@ -181,13 +185,21 @@ import (
 
 // chunkFingerprint is an order-independent (multiset) hash of rows: their
 // count and two 64-bit lanes, each the sum modulo 2^64 of a lane of each
-// row's SHA-256. A sum, unlike XOR, does not cancel equal rows. buf is
-// the reused encoding of a row.
+// row's SHA-256 (of encodeSourceRow's encoding). A sum, unlike XOR, does
+// not cancel equal rows. buf is the reused encoding of a row: adding a
+// row allocates nothing.
 type chunkFingerprint struct {
 	Rows int64
 	Sum  [2]uint64
 	buf  []byte
 }
+
+// sourceEncodingVersion names encodeSourceRow's encoding in a recorded
+// source fingerprint (String), so that a fingerprint recorded under
+// another encoding never compares equal to one of this encoding: the
+// chunk is merged once, and records this encoding's. Version 1 (no tag,
+// fixed-width lengths and integers) was recorded before it.
+const sourceEncodingVersion = "v2"
 
 // add adds one converted row: the written columns of info, as
 // convertValue returns them (values[:info.Written]).
@@ -199,51 +211,71 @@ func (f *chunkFingerprint) add(info TableInfo, values []any) {
 	f.Sum[1] += binary.BigEndian.Uint64(sum[8:16])
 }
 
-// String renders the fingerprint for the manifest: rows:lane0:lane1 in
-// hexadecimal, e.g. "3:1f…:a2…".
+// String renders the fingerprint for the manifest: the encoding version,
+// then rows:lane0:lane1 in hexadecimal, e.g. "v2:3:1f…:a2…".
 func (f chunkFingerprint) String() string {
-	return fmt.Sprintf("%d:%016x:%016x", f.Rows, f.Sum[0], f.Sum[1])
+	return fmt.Sprintf("%s:%d:%016x:%016x", sourceEncodingVersion, f.Rows, f.Sum[0], f.Sum[1])
 }
 
+// Tags of encodeSourceRow: one byte before each value, its type (and a
+// bool's value), so that values of different types or NULL never encode
+// alike.
+const (
+	srcNull  byte = 0
+	srcInt   byte = 'i'
+	srcFloat byte = 'f'
+	srcFalse byte = 'b'
+	srcTrue  byte = 'B'
+	srcText  byte = 's'
+	srcBytes byte = 'y'
+	srcTime  byte = 't'
+	srcOther byte = '?'
+)
+
 // encodeSourceRow appends to buf an unambiguous encoding of every written
-// column of a converted row, key columns included, in column order: per
-// column a NULL marker, then a type byte and the value's bytes, strings
-// and byte slices length-prefixed. The encoding is of the values as
+// column of a converted row, key columns included, in column order (the
+// encoding of sourceEncodingVersion): per column a tag (NULL, or the
+// value's type), then the value: integers as varints, floats as their 8
+// bytes, strings and byte slices uvarint-length-prefixed, a time as the
+// varints of its Unix seconds, nanoseconds and zone offset. Every part is
+// self-delimiting, so a row decodes in one way: two rows encode alike
+// only when their values are equal, of the same types, NULLs in the same
+// columns (an empty string is not NULL). The encoding is of the values as
 // converted, not canonical: a value written in another form (numeric text
 // 1.0 where the last load had 1.00, a time in another zone) encodes
 // differently, so the chunk counts as changed and is merged, which is
 // safe; the same extractor writing the same data encodes alike.
 func encodeSourceRow(buf []byte, info TableInfo, values []any) []byte {
-	for i := range info.Columns[:info.Written] {
+	for i := range info.Written {
 		switch x := values[i].(type) {
 		case nil:
-			buf = append(buf, 0)
+			buf = append(buf, srcNull)
 		case int64:
-			buf = binary.BigEndian.AppendUint64(append(buf, 'i'), uint64(x))
+			buf = binary.AppendVarint(append(buf, srcInt), x)
 		case float64:
-			buf = binary.BigEndian.AppendUint64(append(buf, 'f'), math.Float64bits(x))
+			buf = binary.BigEndian.AppendUint64(append(buf, srcFloat), math.Float64bits(x))
 		case bool:
 			if x {
-				buf = append(buf, 'b', 1)
+				buf = append(buf, srcTrue)
 			} else {
-				buf = append(buf, 'b', 0)
+				buf = append(buf, srcFalse)
 			}
 		case string:
-			buf = binary.BigEndian.AppendUint64(append(buf, 's'), uint64(len(x)))
+			buf = binary.AppendUvarint(append(buf, srcText), uint64(len(x)))
 			buf = append(buf, x...)
 		case []byte:
-			buf = binary.BigEndian.AppendUint64(append(buf, 'y'), uint64(len(x)))
+			buf = binary.AppendUvarint(append(buf, srcBytes), uint64(len(x)))
 			buf = append(buf, x...)
 		case time.Time:
 			// Seconds and nanoseconds apart: UnixNano wraps outside the
 			// years 1678 to 2262, where two instants would encode alike.
 			_, off := x.Zone()
-			buf = binary.BigEndian.AppendUint64(append(buf, 't'), uint64(x.Unix()))
-			buf = binary.BigEndian.AppendUint32(buf, uint32(x.Nanosecond()))
-			buf = binary.BigEndian.AppendUint64(buf, uint64(int64(off)))
+			buf = binary.AppendVarint(append(buf, srcTime), x.Unix())
+			buf = binary.AppendUvarint(buf, uint64(x.Nanosecond()))
+			buf = binary.AppendVarint(buf, int64(off))
 		default:
 			family, text := canonical(info.Columns[i], x)
-			buf = binary.BigEndian.AppendUint64(append(buf, '?', family), uint64(len(text)))
+			buf = binary.AppendUvarint(append(buf, srcOther, family), uint64(len(text)))
 			buf = append(buf, text...)
 		}
 	}
