@@ -201,10 +201,10 @@ type chunkFingerprint struct {
 // fixed-width lengths and integers) was recorded before it.
 const sourceEncodingVersion = "v2"
 
-// add adds one converted row: the written columns of info, as
-// convertValue returns them (values[:info.Written]).
-func (f *chunkFingerprint) add(info TableInfo, values []any) {
-	f.buf = encodeSourceRow(f.buf[:0], info, values)
+// add adds one converted row: the values of cols (the written columns),
+// as convertValue returns them.
+func (f *chunkFingerprint) add(cols []Column, values []any) {
+	f.buf = encodeSourceRow(f.buf[:0], cols, values)
 	sum := sha256.Sum256(f.buf)
 	f.Rows++
 	f.Sum[0] += binary.BigEndian.Uint64(sum[0:8])
@@ -232,8 +232,9 @@ const (
 	srcOther byte = '?'
 )
 
-// encodeSourceRow appends to buf an unambiguous encoding of every written
-// column of a converted row, key columns included, in column order (the
+// encodeSourceRow appends to buf an unambiguous encoding of the values of
+// cols (the written columns) of a converted row, key columns included,
+// in column order (the
 // encoding of sourceEncodingVersion): per column a tag (NULL, or the
 // value's type), then the value: integers as varints, floats as their 8
 // bytes, strings and byte slices uvarint-length-prefixed, a time as the
@@ -245,8 +246,8 @@ const (
 // 1.0 where the last load had 1.00, a time in another zone) encodes
 // differently, so the chunk counts as changed and is merged, which is
 // safe; the same extractor writing the same data encodes alike.
-func encodeSourceRow(buf []byte, info TableInfo, values []any) []byte {
-	for i := range info.Written {
+func encodeSourceRow(buf []byte, cols []Column, values []any) []byte {
+	for i := range cols {
 		switch x := values[i].(type) {
 		case nil:
 			buf = append(buf, srcNull)
@@ -274,7 +275,7 @@ func encodeSourceRow(buf []byte, info TableInfo, values []any) []byte {
 			buf = binary.AppendUvarint(buf, uint64(x.Nanosecond()))
 			buf = binary.AppendVarint(buf, int64(off))
 		default:
-			family, text := canonical(info.Columns[i], x)
+			family, text := canonical(cols[i], x)
 			buf = binary.AppendUvarint(append(buf, srcOther, family), uint64(len(text)))
 			buf = append(buf, text...)
 		}
@@ -529,14 +530,15 @@ func spoolKeys(ctx context.Context, sp *spool, info TableInfo) ([][]string, erro
 
 // fingerprintAdder sums the source fingerprint of the rows a row writer
 // stages, then passes them on to next (the chunk's stager or spool).
+// cols are the written columns (a TableInfo is not copied per row).
 type fingerprintAdder struct {
-	info TableInfo
+	cols []Column
 	fp   chunkFingerprint
 	next rowAdder
 }
 
 // Add implements rowAdder.
 func (a *fingerprintAdder) Add(ctx context.Context, row int64, values []any) error {
-	a.fp.add(a.info, values[:a.info.Written])
+	a.fp.add(a.cols, values[:len(a.cols)])
 	return a.next.Add(ctx, row, values)
 }

@@ -181,7 +181,7 @@ func TestSourceEncodingIsOneToOne(t *testing.T) {
 		for i := range a {
 			equal = equal && same(a[i], b[i])
 		}
-		ea, eb := string(encodeSourceRow(nil, info, a)), string(encodeSourceRow(nil, info, b))
+		ea, eb := string(encodeSourceRow(nil, info.Columns, a)), string(encodeSourceRow(nil, info.Columns, b))
 		if (ea == eb) != equal {
 			rt.Fatalf("rows %#v and %#v: encodings equal %t, rows equal %t", a, b, ea == eb, equal)
 		}
