@@ -306,7 +306,11 @@ func targetFingerprint(ctx context.Context, tx sqlx.ExtContext, info TableInfo, 
 	if err != nil {
 		return fingerprint{}, err
 	}
-	return pinnedFingerprint(ctx, tx, c, pc.fingerprintTargetSQL(cols, bounds), a)
+	// A list chunk's bound is its item's text, which the server reads as
+	// the ChunkColumn's type (under DateStyle and TimeZone for a time);
+	// an int chunk's are numbers and a time chunk's instants with their
+	// offsets (inChunk), read alike under any setting.
+	return pinnedFingerprint(ctx, tx, c, pc.fingerprintTargetSQL(cols, bounds), a, c.Kind == KindList || hashReadsSettings(pc, cols))
 }
 
 // mergedFingerprint is the target fingerprint a merged chunk records,
@@ -399,7 +403,9 @@ func targetFingerprintKeys(ctx context.Context, tx sqlx.ExtContext, info TableIn
 	from := keysJoin(pc, keys, &a)
 	q := sqlf(`SELECT count(*) AS rows, coalesce(sum({hash}), 0)::text AS hash_sum FROM {from}`,
 		"hash", rowHashSQL(info, cols, "t"), "from", from)
-	return pinnedFingerprint(ctx, tx, c, q, a)
+	// The keys are text the server reads as their columns' types: pinned
+	// always.
+	return pinnedFingerprint(ctx, tx, c, q, a, true)
 }
 
 // keysJoin returns the FROM clause of the target rows (alias t) whose
@@ -445,11 +451,46 @@ func targetFingerprintCheck(info TableInfo, scope ValidationScope) (*pgCheck, []
 // pinnedFingerprint runs q (args a) in tx with the text forms the hash
 // reads pinned: set for the statement, restored at its end
 // (set_config(..., true) lasts to the end of the transaction, so a
-// savepoint scopes it).
-func pinnedFingerprint(ctx context.Context, tx sqlx.ExtContext, c Chunk, q string, a sqlArgs) (fingerprint, error) {
+// savepoint scopes it). When pin is false (hashReadsSettings: no value's
+// hash depends on a setting) it runs q alone: one statement instead of
+// four (a replay's skipped chunk waits for each).
+func pinnedFingerprint(ctx context.Context, tx sqlx.ExtContext, c Chunk, q string, a sqlArgs, pin bool) (fingerprint, error) {
 	var fp fingerprint
+	if !pin {
+		if err := sqlx.GetContext(ctx, tx, &fp, q, a...); err != nil {
+			return fp, fmt.Errorf("backfill: chunk %s: target fingerprint: %w", c.ID, err)
+		}
+		return fp, nil
+	}
 	err := pinnedQuery(ctx, tx, c, &fp, q, a, "")
 	return fp, err
+}
+
+// settingsFreeText are the base types whose text (textForm) is the same
+// under any setting of pinnedSettings: a column of one hashed by its
+// text does not need them pinned.
+var settingsFreeText = map[string]bool{"text": true, "varchar": true, "bpchar": true, "numeric": true}
+
+// hashReadsSettings reports whether the row hash of cols (pc's target
+// columns, rowHashSQL) reads a setting of pinnedSettings: a column hashed
+// by its text, unless of a type whose text no setting changes
+// (settingsFreeText). Those hashed by their type's function (hashKind
+// "func") read none: by the binary value, timestamptz AT TIME ZONE 'UTC'
+// named in the expression, the reg* types by OID.
+func hashReadsSettings(pc *pgCheck, cols []string) bool {
+	for _, n := range cols {
+		col := pc.cols[n]
+		switch hashKind(col) {
+		case "func":
+		case "text":
+			if col.userType || !settingsFreeText[col.BaseType] {
+				return true
+			}
+		default:
+			return true
+		}
+	}
+	return false
 }
 
 // pinnedQuery is pinnedFingerprint's work: it runs q (args a), a query
