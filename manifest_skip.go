@@ -51,7 +51,9 @@ type ChunkFingerprints struct {
 	// code version, column list, mode, target type...) finds none.
 	SkipKey string
 	// Source is the multiset hash of the chunk's staged source rows, in
-	// the form "rows:lane0:lane1" (hexadecimal lanes).
+	// the form "v2:rows:lane0:lane1" (the row encoding's version, then
+	// hexadecimal lanes; version 1 had no tag). A base recorded under
+	// another version never matches: the chunk merges once.
 	Source string
 	// Target is the multiset hash of the target rows within the chunk's
 	// ChunkColumn bounds after the merge, in the form "rows:sum".

@@ -171,8 +171,21 @@ import (
 //   - Cost (BenchmarkTargetFingerprint, 10,000-row chunks, shared 2-core
 //     machine): the target re-check 17-20 ms, a skipped chunk's
 //     extraction, conversion, fingerprints and re-check 31-61 ms, today's
-//     replay of the chunk 207-228 ms. The source fingerprint adds about
-//     1 µs per row (BenchmarkSourceFingerprint against BenchmarkRowWriter).
+//     replay of the chunk 207-228 ms. Where a skipped chunk's time goes
+//     (benchload -skip -skip-profile, an unchanged replay of 1,000,000
+//     rows): on the client, of its CPU, the extractor's own row
+//     generation 29%, Write's conversion and checks 28%, the source
+//     fingerprint 15% (encoding and SHA-256 about half each), the spool
+//     5%; on the server, the target fingerprint 93% of the statements'
+//     time (about 2 ms of its 5-6 ms per 10,000 rows the index scan, the
+//     rest hashing), the manifest's statements the rest. BenchmarkSkipRow
+//     splits a row's client cost (Write, spool, fingerprint). The row
+//     encoding of version 2 (sourceEncodingVersion: varints, uvarint
+//     lengths) makes benchload's order line 99 bytes instead of about
+//     150, two SHA-256 blocks instead of three. The replay's fingerprint
+//     statement runs without a savepoint and pinned settings when its
+//     hash reads none (pinnedFingerprint): 15 round trips per skipped
+//     chunk instead of 18 (TestSkippedChunkRoundTrips).
 //     A merged chunk of a job with the option pays the base look-up and
 //     the fingerprint it records, one more scan of its target rows joined
 //     to staging (BenchmarkTargetFingerprint/merged-fingerprint: 12-13 ms
@@ -181,69 +194,98 @@ import (
 
 // chunkFingerprint is an order-independent (multiset) hash of rows: their
 // count and two 64-bit lanes, each the sum modulo 2^64 of a lane of each
-// row's SHA-256. A sum, unlike XOR, does not cancel equal rows. buf is
-// the reused encoding of a row.
+// row's SHA-256 (of encodeSourceRow's encoding). A sum, unlike XOR, does
+// not cancel equal rows. buf is the reused encoding of a row: adding a
+// row allocates nothing.
 type chunkFingerprint struct {
 	Rows int64
 	Sum  [2]uint64
 	buf  []byte
 }
 
-// add adds one converted row: the written columns of info, as
-// convertValue returns them (values[:info.Written]).
-func (f *chunkFingerprint) add(info TableInfo, values []any) {
-	f.buf = encodeSourceRow(f.buf[:0], info, values)
+// sourceEncodingVersion names encodeSourceRow's encoding in a recorded
+// source fingerprint (String), so that a fingerprint recorded under
+// another encoding never compares equal to one of this encoding: the
+// chunk is merged once, and records this encoding's. Version 1 (no tag,
+// fixed-width lengths and integers) was recorded before it.
+const sourceEncodingVersion = "v2"
+
+// add adds one converted row: the values of cols (the written columns),
+// as convertValue returns them.
+func (f *chunkFingerprint) add(cols []Column, values []any) {
+	f.buf = encodeSourceRow(f.buf[:0], cols, values)
 	sum := sha256.Sum256(f.buf)
 	f.Rows++
 	f.Sum[0] += binary.BigEndian.Uint64(sum[0:8])
 	f.Sum[1] += binary.BigEndian.Uint64(sum[8:16])
 }
 
-// String renders the fingerprint for the manifest: rows:lane0:lane1 in
-// hexadecimal, e.g. "3:1f…:a2…".
+// String renders the fingerprint for the manifest: the encoding version,
+// then rows:lane0:lane1 in hexadecimal, e.g. "v2:3:1f…:a2…".
 func (f chunkFingerprint) String() string {
-	return fmt.Sprintf("%d:%016x:%016x", f.Rows, f.Sum[0], f.Sum[1])
+	return fmt.Sprintf("%s:%d:%016x:%016x", sourceEncodingVersion, f.Rows, f.Sum[0], f.Sum[1])
 }
 
-// encodeSourceRow appends to buf an unambiguous encoding of every written
-// column of a converted row, key columns included, in column order: per
-// column a NULL marker, then a type byte and the value's bytes, strings
-// and byte slices length-prefixed. The encoding is of the values as
+// Tags of encodeSourceRow: one byte before each value, its type (and a
+// bool's value), so that values of different types or NULL never encode
+// alike.
+const (
+	srcNull  byte = 0
+	srcInt   byte = 'i'
+	srcFloat byte = 'f'
+	srcFalse byte = 'b'
+	srcTrue  byte = 'B'
+	srcText  byte = 's'
+	srcBytes byte = 'y'
+	srcTime  byte = 't'
+	srcOther byte = '?'
+)
+
+// encodeSourceRow appends to buf an unambiguous encoding of the values of
+// cols (the written columns) of a converted row, key columns included,
+// in column order (the
+// encoding of sourceEncodingVersion): per column a tag (NULL, or the
+// value's type), then the value: integers as varints, floats as their 8
+// bytes, strings and byte slices uvarint-length-prefixed, a time as the
+// varints of its Unix seconds, nanoseconds and zone offset. Every part is
+// self-delimiting, so a row decodes in one way: two rows encode alike
+// only when their values are equal, of the same types, NULLs in the same
+// columns (an empty string is not NULL). The encoding is of the values as
 // converted, not canonical: a value written in another form (numeric text
 // 1.0 where the last load had 1.00, a time in another zone) encodes
 // differently, so the chunk counts as changed and is merged, which is
 // safe; the same extractor writing the same data encodes alike.
-func encodeSourceRow(buf []byte, info TableInfo, values []any) []byte {
-	for i := range info.Columns[:info.Written] {
+func encodeSourceRow(buf []byte, cols []Column, values []any) []byte {
+	for i := range cols {
 		switch x := values[i].(type) {
 		case nil:
-			buf = append(buf, 0)
+			buf = append(buf, srcNull)
 		case int64:
-			buf = binary.BigEndian.AppendUint64(append(buf, 'i'), uint64(x))
+			buf = binary.AppendVarint(append(buf, srcInt), x)
 		case float64:
-			buf = binary.BigEndian.AppendUint64(append(buf, 'f'), math.Float64bits(x))
+			buf = binary.BigEndian.AppendUint64(append(buf, srcFloat), math.Float64bits(x))
 		case bool:
 			if x {
-				buf = append(buf, 'b', 1)
+				buf = append(buf, srcTrue)
 			} else {
-				buf = append(buf, 'b', 0)
+				buf = append(buf, srcFalse)
 			}
 		case string:
-			buf = binary.BigEndian.AppendUint64(append(buf, 's'), uint64(len(x)))
+			buf = binary.AppendUvarint(append(buf, srcText), uint64(len(x)))
 			buf = append(buf, x...)
 		case []byte:
-			buf = binary.BigEndian.AppendUint64(append(buf, 'y'), uint64(len(x)))
+			buf = binary.AppendUvarint(append(buf, srcBytes), uint64(len(x)))
 			buf = append(buf, x...)
 		case time.Time:
 			// Seconds and nanoseconds apart: UnixNano wraps outside the
 			// years 1678 to 2262, where two instants would encode alike.
 			_, off := x.Zone()
-			buf = binary.BigEndian.AppendUint64(append(buf, 't'), uint64(x.Unix()))
-			buf = binary.BigEndian.AppendUint32(buf, uint32(x.Nanosecond()))
-			buf = binary.BigEndian.AppendUint64(buf, uint64(int64(off)))
+			buf = binary.AppendVarint(append(buf, srcTime), x.Unix())
+			buf = binary.AppendUvarint(buf, uint64(x.Nanosecond()))
+			buf = binary.AppendVarint(buf, int64(off))
 		default:
-			family, text := canonical(info.Columns[i], x)
-			buf = binary.BigEndian.AppendUint64(append(buf, '?', family), uint64(len(text)))
+			family, text := canonical(cols[i], x)
+			buf = binary.AppendUvarint(append(buf, srcOther, family), uint64(len(text)))
 			buf = append(buf, text...)
 		}
 	}
@@ -273,7 +315,11 @@ func targetFingerprint(ctx context.Context, tx sqlx.ExtContext, info TableInfo, 
 	if err != nil {
 		return fingerprint{}, err
 	}
-	return pinnedFingerprint(ctx, tx, c, pc.fingerprintTargetSQL(cols, bounds), a)
+	// A list chunk's bound is its item's text, which the server reads as
+	// the ChunkColumn's type (under DateStyle and TimeZone for a time);
+	// an int chunk's are numbers and a time chunk's instants with their
+	// offsets (inChunk), read alike under any setting.
+	return pinnedFingerprint(ctx, tx, c, pc.fingerprintTargetSQL(cols, bounds), a, c.Kind == KindList || hashReadsSettings(pc, cols))
 }
 
 // mergedFingerprint is the target fingerprint a merged chunk records,
@@ -366,7 +412,9 @@ func targetFingerprintKeys(ctx context.Context, tx sqlx.ExtContext, info TableIn
 	from := keysJoin(pc, keys, &a)
 	q := sqlf(`SELECT count(*) AS rows, coalesce(sum({hash}), 0)::text AS hash_sum FROM {from}`,
 		"hash", rowHashSQL(info, cols, "t"), "from", from)
-	return pinnedFingerprint(ctx, tx, c, q, a)
+	// The keys are text the server reads as their columns' types: pinned
+	// always.
+	return pinnedFingerprint(ctx, tx, c, q, a, true)
 }
 
 // keysJoin returns the FROM clause of the target rows (alias t) whose
@@ -412,11 +460,46 @@ func targetFingerprintCheck(info TableInfo, scope ValidationScope) (*pgCheck, []
 // pinnedFingerprint runs q (args a) in tx with the text forms the hash
 // reads pinned: set for the statement, restored at its end
 // (set_config(..., true) lasts to the end of the transaction, so a
-// savepoint scopes it).
-func pinnedFingerprint(ctx context.Context, tx sqlx.ExtContext, c Chunk, q string, a sqlArgs) (fingerprint, error) {
+// savepoint scopes it). When pin is false (hashReadsSettings: no value's
+// hash depends on a setting) it runs q alone: one statement instead of
+// four (a replay's skipped chunk waits for each).
+func pinnedFingerprint(ctx context.Context, tx sqlx.ExtContext, c Chunk, q string, a sqlArgs, pin bool) (fingerprint, error) {
 	var fp fingerprint
+	if !pin {
+		if err := sqlx.GetContext(ctx, tx, &fp, q, a...); err != nil {
+			return fp, fmt.Errorf("backfill: chunk %s: target fingerprint: %w", c.ID, err)
+		}
+		return fp, nil
+	}
 	err := pinnedQuery(ctx, tx, c, &fp, q, a, "")
 	return fp, err
+}
+
+// settingsFreeText are the base types whose text (textForm) is the same
+// under any setting of pinnedSettings: a column of one hashed by its
+// text does not need them pinned.
+var settingsFreeText = map[string]bool{"text": true, "varchar": true, "bpchar": true, "numeric": true}
+
+// hashReadsSettings reports whether the row hash of cols (pc's target
+// columns, rowHashSQL) reads a setting of pinnedSettings: a column hashed
+// by its text, unless of a type whose text no setting changes
+// (settingsFreeText). Those hashed by their type's function (hashKind
+// "func") read none: by the binary value, timestamptz AT TIME ZONE 'UTC'
+// named in the expression, the reg* types by OID.
+func hashReadsSettings(pc *pgCheck, cols []string) bool {
+	for _, n := range cols {
+		col := pc.cols[n]
+		switch hashKind(col) {
+		case "func":
+		case "text":
+			if col.userType || !settingsFreeText[col.BaseType] {
+				return true
+			}
+		default:
+			return true
+		}
+	}
+	return false
 }
 
 // pinnedQuery is pinnedFingerprint's work: it runs q (args a), a query
@@ -497,14 +580,15 @@ func spoolKeys(ctx context.Context, sp *spool, info TableInfo) ([][]string, erro
 
 // fingerprintAdder sums the source fingerprint of the rows a row writer
 // stages, then passes them on to next (the chunk's stager or spool).
+// cols are the written columns (a TableInfo is not copied per row).
 type fingerprintAdder struct {
-	info TableInfo
+	cols []Column
 	fp   chunkFingerprint
 	next rowAdder
 }
 
 // Add implements rowAdder.
 func (a *fingerprintAdder) Add(ctx context.Context, row int64, values []any) error {
-	a.fp.add(a.info, values[:a.info.Written])
+	a.fp.add(a.cols, values[:len(a.cols)])
 	return a.next.Add(ctx, row, values)
 }

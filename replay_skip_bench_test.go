@@ -30,7 +30,7 @@ func BenchmarkSourceFingerprint(b *testing.B) {
 		Written: 9,
 	}
 	c := Chunk{ID: "int:0/1", Kind: KindInt, Hi: 1}
-	fa := &fingerprintAdder{info: info, next: &nopStager{}}
+	fa := &fingerprintAdder{cols: info.Columns[:info.Written], next: &nopStager{}}
 	w := newRowWriter(c, Job{}, info, fa, 0, time.Now())
 	at := time.Date(2024, 1, 2, 3, 4, 5, 0, time.UTC)
 	ctx := context.Background()
@@ -131,7 +131,7 @@ func BenchmarkTargetFingerprint(b *testing.B) {
 	b.Run("skip-projection", func(b *testing.B) {
 		x := job(c.Lo, c.Hi, true).Extractor
 		for b.Loop() {
-			fa := &fingerprintAdder{info: info, next: &nopStager{}}
+			fa := &fingerprintAdder{cols: info.Columns[:info.Written], next: &nopStager{}}
 			w := newRowWriter(c, Job{}, info, fa, 0, time.Now())
 			if err := x.Extract(ctx, c, w); err != nil {
 				b.Fatal(err)

@@ -118,7 +118,7 @@ func (ex *execution) skipAdder(sp *spool, info TableInfo) (rowAdder, *chunkSkip)
 	if !ex.job.SkipUnchanged {
 		return sp, nil
 	}
-	fa := &fingerprintAdder{info: info, next: sp}
+	fa := &fingerprintAdder{cols: info.Columns[:info.Written], next: sp}
 	return fa, &chunkSkip{source: &fa.fp}
 }
 

@@ -52,6 +52,11 @@ type options struct {
 	skip bool
 	// skipOnly runs only the -skip loads (not the end-to-end variants).
 	skipOnly bool
+	// skipProfile, with skip: a directory where the first run's
+	// SkipUnchanged replay and restatement write CPU profiles, and an
+	// extra unchanged replay writes
+	// auto_explain plans (that run's timings are not comparable).
+	skipProfile string
 }
 
 func main() {
@@ -85,6 +90,7 @@ func main() {
 	flag.BoolVar(&o.durable, "durable", false, "throwaway server only: keep production durability (fsync, full_page_writes, synchronous_commit on) instead of trading it for speed")
 	flag.BoolVar(&o.skip, "skip", false, "also measure replays with Job.SkipUnchanged, chunked by order_no: an unchanged replay against its first load, and a restatement with 5% of the chunks changed against a full reload")
 	flag.BoolVar(&o.skipOnly, "skip-only", false, "with -skip: skip the end-to-end variants")
+	flag.StringVar(&o.skipProfile, "skip-profile", "", "with -skip: directory: the first run's SkipUnchanged replay and restatement write CPU profiles there, and one more unchanged replay its auto_explain plans (profiled timings are not comparable)")
 	flag.BoolVar(&c.byOrder, "byorder", false, "internal (child): chunk by order_no, ChunkColumn order_no")
 	flag.BoolVar(&c.skipUnchanged, "skipunchanged", false, "internal (child): Job.SkipUnchanged")
 	flag.IntVar(&c.restate, "restate", 0, "internal (child): add this to the quantity of every 20th chunk's rows")

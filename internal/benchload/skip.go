@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 
 	"github.com/pgbackfill/backfill"
 )
@@ -122,14 +124,23 @@ func (b *bench) skipBench(ctx context.Context) ([]skipMeasurement, error) {
 			c.newRun = true
 			if on {
 				m.OnLoad, m.OnLoadWAL = load, loadWAL
-				if m.OnReplay, m.OnReplayWAL, err = step("unchanged replay", c, func(n backfill.Counts) bool { return n.Read == rows && n.Unchanged == rows }); err != nil {
+				if m.OnReplay, m.OnReplayWAL, err = step("unchanged replay", b.skipProfiled(c, i, "replay", false), func(n backfill.Counts) bool { return n.Read == rows && n.Unchanged == rows }); err != nil {
 					return nil, err
+				}
+				if pc := b.skipProfiled(c, i, "replay", true); pc.explain != "" {
+					if _, _, err := step("unchanged replay with auto_explain (not measured)", pc, func(n backfill.Counts) bool { return n.Unchanged == rows }); err != nil {
+						return nil, err
+					}
 				}
 			} else {
 				m.OffLoad, m.OffLoadWAL = load, loadWAL
 			}
 			c.restate = 1
-			restate, restateWAL, err := step("restatement (5% of chunks changed)", c, func(n backfill.Counts) bool {
+			rc := c
+			if on {
+				rc = b.skipProfiled(c, i, "restate", false)
+			}
+			restate, restateWAL, err := step("restatement (5% of chunks changed)", rc, func(n backfill.Counts) bool {
 				return n.Read == rows && n.Updated <= changedRows && n.Updated > 0 && n.Unchanged == rows-n.Updated
 			})
 			if err != nil {
@@ -147,6 +158,31 @@ func (b *bench) skipBench(ctx context.Context) ([]skipMeasurement, error) {
 		ms = append(ms, m)
 	}
 	return ms, nil
+}
+
+// skipProfiled returns c with the -skip-profile outputs of load what
+// ("replay", "restate") of run i set: a CPU profile, or with explain
+// auto_explain plans. Only run 1 is profiled.
+func (b *bench) skipProfiled(c childOpts, i int, what string, explain bool) childOpts {
+	if b.o.skipProfile == "" || i != 1 {
+		return c
+	}
+	dir, err := filepath.Abs(b.o.skipProfile)
+	if err == nil {
+		err = os.MkdirAll(dir, 0o755)
+	}
+	if err != nil {
+		progress("-skip-profile: %v", err)
+		return c
+	}
+	if explain {
+		c.explain = filepath.Join(dir, "skip-"+what+".plans.txt")
+		return c
+	}
+	// No breakdown: its timed merger is not a PGMerger, which
+	// SkipUnchanged needs.
+	c.cpuProfile = filepath.Join(dir, "skip-"+what+".cpu.pprof")
+	return c
 }
 
 // printSkip prints the -skip loads' figures and the goals of issue 15.
