@@ -182,15 +182,31 @@ func prepareDecide(ctx context.Context, db sqlx.ExtContext, oid int64, info *Tab
 }
 
 // lockChanging locks the target rows the merge would change (see above),
-// before the deciding statement.
-func (s *pgStager) lockChanging(ctx context.Context) error {
+// before the deciding statement. For Upsert it also reports whether the
+// n staged rows are settled: all found in the target and unchanged, so
+// that the upsert has nothing to do (merge_sql.go, upsertLockChanging).
+func (s *pgStager) lockChanging(ctx context.Context, n int64) (settled bool, err error) {
 	if s.q.lockChanging == "" {
-		return nil
+		return false, nil
 	}
-	if _, err := s.tx.ExecContext(ctx, s.q.lockChanging); err != nil {
-		return fmt.Errorf("backfill: merge %s: lock rows to change: %w", s.info.Target.Table, s.classify(err))
+	q := s.q.lockChanging
+	if s.q.upsert != "" {
+		q += strconv.FormatInt(n, 10)
 	}
-	return nil
+	r, err := s.tx.ExecContext(ctx, q)
+	if err != nil {
+		return false, fmt.Errorf("backfill: merge %s: lock rows to change: %w", s.info.Target.Table, s.classify(err))
+	}
+	if s.q.upsert == "" {
+		return false, nil
+	}
+	// The command tag of the last statement of the simple query: the
+	// rows upsertLockChanging returned.
+	rows, err := r.RowsAffected()
+	if err != nil {
+		return false, fmt.Errorf("backfill: merge %s: lock rows to change: %w", s.info.Target.Table, err)
+	}
+	return rows == 0, nil
 }
 
 // checkDeferred fires the pending checks of deferred constraints,
