@@ -55,6 +55,38 @@ func (b *bench) profileRun(ctx context.Context) error {
 			return err
 		}
 		sqls[v] = m
+		if v == "lib" {
+			// A replay of the loaded range (Job.NewRun), profiled too: its
+			// merge takes the path of existing keys, whose statements the
+			// EXPLAINs below need.
+			rc := c
+			rc.newRun = true
+			rc.cpuProfile = filepath.Join(dir, v+"-replay.cpu.pprof")
+			rc.breakdown = filepath.Join(dir, v+"-replay.breakdown.md")
+			rc.sqlOut = filepath.Join(dir, v+"-replay-sql.json")
+			progress("profile: %s: replay with CPU profile and time breakdown", variantName(v))
+			if _, err := b.child(ctx, rc); err != nil {
+				return err
+			}
+			bd, err := os.ReadFile(rc.breakdown)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(w, "%s\nCPU profile of the replay: `go tool pprof -top -nodecount=40 %s`\n\n", bd, rc.cpuProfile)
+			raw, err := os.ReadFile(rc.sqlOut)
+			if err != nil {
+				return err
+			}
+			rm := map[string]string{}
+			if err := json.Unmarshal(raw, &rm); err != nil {
+				return err
+			}
+			for k, q := range rm {
+				if _, ok := m[k]; !ok {
+					m[k] = q
+				}
+			}
+		}
 
 		ptable := fmt.Sprintf("%s.plan_%s", benchSchema, v)
 		if err := b.freshTable(ctx, ptable); err != nil {
@@ -130,6 +162,8 @@ func (b *bench) explainChunk(ctx context.Context, out *strings.Builder, table st
 	}
 	libStmts := []struct{ label, q string }{
 		{"library: duplicate check", get("merge: duplicate check")},
+		{"library: lock rows to change, settle an unchanged chunk", get("merge: lock rows to change")},
+		{"library: upsert", get("merge: upsert")},
 		{"library: UPDATE target FROM staging", get("merge: UPDATE")},
 		{"library: INSERT ... WHERE NOT EXISTS", get("merge: INSERT")},
 	}
@@ -143,6 +177,12 @@ func (b *bench) explainChunk(ctx context.Context, out *strings.Builder, table st
 			return err
 		}
 		if err := copyRows(ctx, tx, copyIn, lo, hi, true); err != nil {
+			return err
+		}
+		// The library's planner settings of its merge statements
+		// (merge_pg.go, plannerSettings).
+		if _, err := tx.ExecContext(ctx, `SELECT set_config('enable_seqscan', 'off', true), set_config('jit', 'off', true),
+			set_config('enable_hashjoin', 'off', true), set_config('enable_mergejoin', 'off', true)`); err != nil {
 			return err
 		}
 		for _, s := range libStmts {
