@@ -4,6 +4,7 @@ import (
 	"context"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -73,4 +74,46 @@ func TestUpsertSettledByLock(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, Counts{Read: 30, Inserted: 1, Unchanged: 29}, rep.Counts)
 	require.Equal(t, []int{0, 0, 1}, upserts())
+}
+
+// TestUpsertSettledConcurrentDelete: a row that differs in the lock
+// statement's snapshot and that another transaction deletes while the
+// lock waits for it is not settled as unchanged: the upsert decides it
+// from a new snapshot and inserts it again, as it did before the lock
+// statement settled chunks.
+func TestUpsertSettledConcurrentDelete(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := liveDB(t)
+	r, err := New(db, &Config{WorkerID: "settled-delete"})
+	require.NoError(t, err)
+	job := liveJob(nil)
+	job.Chunker = IntRange(0, 10, 10)
+	_, err = r.Run(ctx, job)
+	require.NoError(t, err)
+	_, err = db.Exec(`UPDATE live SET v = 'changed' WHERE id = 5`)
+	require.NoError(t, err)
+
+	other, err := db.BeginTxx(ctx, nil)
+	require.NoError(t, err)
+	defer func() { _ = other.Rollback() }()
+	_, err = other.Exec(`DELETE FROM live WHERE id = 5`)
+	require.NoError(t, err)
+
+	job.NewRun = true
+	done := goRun(ctx, r, job)
+	// The lock statement waits for the deleting transaction's row lock.
+	require.Eventually(t, func() bool {
+		var n int
+		require.NoError(t, db.Get(&n, `SELECT count(*) FROM pg_stat_activity
+			WHERE wait_event_type = 'Lock' AND query LIKE '%FOR UPDATE OF t%'`))
+		return n == 1
+	}, 10*time.Second, 10*time.Millisecond)
+	require.NoError(t, other.Commit())
+	res := <-done
+	require.NoError(t, res.err)
+	require.Equal(t, Counts{Read: 10, Inserted: 1, Unchanged: 9}, res.rep.Counts)
+	var v string
+	require.NoError(t, db.Get(&v, `SELECT v FROM live WHERE id = 5`))
+	require.Equal(t, "v5", v)
 }

@@ -454,7 +454,11 @@ func (m mergeShape) disagreed() string {
 // staged row. CASE makes the lock run only for those rows (the order of
 // a boolean expression's terms is not guaranteed), and an aggregate
 // evaluates its argument on every row whatever the HAVING clause then
-// decides, so every row to change is locked.
+// decides, so every row to change is locked. Every such row counts at
+// least 1, locked or not: a row that differed in the snapshot and that a
+// concurrent writer changed or deleted before the lock leaves the
+// decision to the upsert, so a settled chunk is one decided wholly from
+// one snapshot.
 func (m mergeShape) upsertLockChanging() string {
 	apply := m.apply()
 	if apply == "false" {
@@ -462,7 +466,7 @@ func (m mergeShape) upsertLockChanging() string {
 	}
 	return sqlf(`SELECT FROM {stage} s LEFT JOIN {target} t ON {ts}
 HAVING sum(CASE WHEN coalesce({apply}, false)
-		THEN (SELECT count(*) FROM (SELECT 1 FROM {target} t WHERE {ts} AND {apply} FOR UPDATE OF t) x) ELSE 0 END) > 0
+		THEN 1 + (SELECT count(*) FROM (SELECT 1 FROM {target} t WHERE {ts} AND {apply} FOR UPDATE OF t) x) ELSE 0 END) > 0
 	OR count(*) FILTER (WHERE t.{key} IS NULL) > 0 OR count(*) <> `,
 		"stage", m.stage, "target", m.target, "ts", m.idEq("t", "s"), "apply", apply, "key", sqlgen.Ident(m.t.Key[0]))
 }

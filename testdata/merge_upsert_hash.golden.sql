@@ -40,7 +40,7 @@ FROM pg_temp."backfill_stage_b860c350e681ea2d" s LEFT JOIN "sales"."orders" t ON
 -- lockChanging
 SELECT FROM pg_temp."backfill_stage_b860c350e681ea2d" s LEFT JOIN "sales"."orders" t ON t."id" = s."id"
 HAVING sum(CASE WHEN coalesce(t."id" IS NOT NULL AND ROW(t."row_hash") IS DISTINCT FROM ROW(s."row_hash"), false)
-		THEN (SELECT count(*) FROM (SELECT 1 FROM "sales"."orders" t WHERE t."id" = s."id" AND t."id" IS NOT NULL AND ROW(t."row_hash") IS DISTINCT FROM ROW(s."row_hash") FOR UPDATE OF t) x) ELSE 0 END) > 0
+		THEN 1 + (SELECT count(*) FROM (SELECT 1 FROM "sales"."orders" t WHERE t."id" = s."id" AND t."id" IS NOT NULL AND ROW(t."row_hash") IS DISTINCT FROM ROW(s."row_hash") FOR UPDATE OF t) x) ELSE 0 END) > 0
 	OR count(*) FILTER (WHERE t."id" IS NULL) > 0 OR count(*) <>;
 
 -- insert

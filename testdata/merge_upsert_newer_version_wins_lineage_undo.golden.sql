@@ -46,7 +46,7 @@ FROM pg_temp."backfill_stage_7a1feba7197bdce2" s LEFT JOIN "sales"."orders" t ON
 SELECT FROM pg_temp."backfill_stage_7a1feba7197bdce2" s LEFT JOIN "sales"."orders" t ON t."id" = s."id"
 HAVING sum(CASE WHEN coalesce(t."id" IS NOT NULL AND ROW(t."row_hash") IS DISTINCT FROM ROW(s."row_hash") AND (s."version" > t."version" OR (t."version" IS NULL AND s."version" IS NOT NULL)
 	OR (s."version" IS NOT DISTINCT FROM t."version" AND ROW((s."name" COLLATE "C"), (s."amount"::text COLLATE "C"), (s."doc"::text COLLATE "C"), (s."pos"::text COLLATE "C"), s."Odd ""col""", s."version")::text COLLATE "C" > ROW((t."name" COLLATE "C"), (t."amount"::text COLLATE "C"), (t."doc"::text COLLATE "C"), (t."pos"::text COLLATE "C"), t."Odd ""col""", t."version")::text COLLATE "C")), false)
-		THEN (SELECT count(*) FROM (SELECT 1 FROM "sales"."orders" t WHERE t."id" = s."id" AND t."id" IS NOT NULL AND ROW(t."row_hash") IS DISTINCT FROM ROW(s."row_hash") AND (s."version" > t."version" OR (t."version" IS NULL AND s."version" IS NOT NULL)
+		THEN 1 + (SELECT count(*) FROM (SELECT 1 FROM "sales"."orders" t WHERE t."id" = s."id" AND t."id" IS NOT NULL AND ROW(t."row_hash") IS DISTINCT FROM ROW(s."row_hash") AND (s."version" > t."version" OR (t."version" IS NULL AND s."version" IS NOT NULL)
 	OR (s."version" IS NOT DISTINCT FROM t."version" AND ROW((s."name" COLLATE "C"), (s."amount"::text COLLATE "C"), (s."doc"::text COLLATE "C"), (s."pos"::text COLLATE "C"), s."Odd ""col""", s."version")::text COLLATE "C" > ROW((t."name" COLLATE "C"), (t."amount"::text COLLATE "C"), (t."doc"::text COLLATE "C"), (t."pos"::text COLLATE "C"), t."Odd ""col""", t."version")::text COLLATE "C")) FOR UPDATE OF t) x) ELSE 0 END) > 0
 	OR count(*) FILTER (WHERE t."id" IS NULL) > 0 OR count(*) <>;
 

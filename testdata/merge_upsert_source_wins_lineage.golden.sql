@@ -40,7 +40,7 @@ FROM pg_temp."backfill_stage_ef0f8af3d5d50a91" s LEFT JOIN "sales"."orders" t ON
 -- lockChanging
 SELECT FROM pg_temp."backfill_stage_ef0f8af3d5d50a91" s LEFT JOIN "sales"."orders" t ON t."id" = s."id"
 HAVING sum(CASE WHEN coalesce(t."id" IS NOT NULL AND ROW((t."name" COLLATE "C"), (t."amount"::text COLLATE "C"), (t."doc"::text COLLATE "C"), (t."pos"::text COLLATE "C"), t."Odd ""col""", t."version") IS DISTINCT FROM ROW((s."name" COLLATE "C"), (s."amount"::text COLLATE "C"), (s."doc"::text COLLATE "C"), (s."pos"::text COLLATE "C"), s."Odd ""col""", s."version"), false)
-		THEN (SELECT count(*) FROM (SELECT 1 FROM "sales"."orders" t WHERE t."id" = s."id" AND t."id" IS NOT NULL AND ROW((t."name" COLLATE "C"), (t."amount"::text COLLATE "C"), (t."doc"::text COLLATE "C"), (t."pos"::text COLLATE "C"), t."Odd ""col""", t."version") IS DISTINCT FROM ROW((s."name" COLLATE "C"), (s."amount"::text COLLATE "C"), (s."doc"::text COLLATE "C"), (s."pos"::text COLLATE "C"), s."Odd ""col""", s."version") FOR UPDATE OF t) x) ELSE 0 END) > 0
+		THEN 1 + (SELECT count(*) FROM (SELECT 1 FROM "sales"."orders" t WHERE t."id" = s."id" AND t."id" IS NOT NULL AND ROW((t."name" COLLATE "C"), (t."amount"::text COLLATE "C"), (t."doc"::text COLLATE "C"), (t."pos"::text COLLATE "C"), t."Odd ""col""", t."version") IS DISTINCT FROM ROW((s."name" COLLATE "C"), (s."amount"::text COLLATE "C"), (s."doc"::text COLLATE "C"), (s."pos"::text COLLATE "C"), s."Odd ""col""", s."version") FOR UPDATE OF t) x) ELSE 0 END) > 0
 	OR count(*) FILTER (WHERE t."id" IS NULL) > 0 OR count(*) <>;
 
 -- insert

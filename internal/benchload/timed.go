@@ -108,7 +108,7 @@ func classify(q string) string {
 	case strings.HasPrefix(n, "UPDATE") && strings.Contains(n, "FROM pg_temp."):
 		return "merge: UPDATE target FROM staging WHERE IS DISTINCT FROM"
 	case strings.HasPrefix(n, "INSERT INTO") && strings.Contains(n, "FROM pg_temp."):
-		return "merge: INSERT INTO target SELECT ... WHERE NOT EXISTS"
+		return "merge: INSERT INTO target SELECT ... FROM staging"
 	case strings.HasPrefix(n, "COPY pg_temp."):
 		return "staging: prepare COPY"
 	case strings.Contains(n, "SET status = 'done'"):
