@@ -50,7 +50,10 @@ import (
 // rows it would change are locked by this transaction and can no longer
 // change. Rows that would stay unchanged are not locked (a replay of an
 // unchanged chunk writes no WAL), and the fresh-insert path, which finds
-// no rows to change, skips it. Every statement that writes the target and
+// no rows to change, skips it. For Upsert the same statement also settles
+// a chunk in which every staged row found its target row unchanged: the
+// upsert, which would look every key up again only to write nothing, is
+// then not run (upsertLockChanging, merge_sql.go). Every statement that writes the target and
 // logs prior images has such a lock before it: the Upsert, the History
 // update (lockChanging) and History's closing of intervals (lockClosing,
 // merge_sql.go), whose logged images are then the rows they overwrite.
