@@ -50,7 +50,10 @@ import (
 // rows it would change are locked by this transaction and can no longer
 // change. Rows that would stay unchanged are not locked (a replay of an
 // unchanged chunk writes no WAL), and the fresh-insert path, which finds
-// no rows to change, skips it. Every statement that writes the target and
+// no rows to change, skips it. For Upsert the same statement also settles
+// a chunk in which every staged row found its target row unchanged: the
+// upsert, which would look every key up again only to write nothing, is
+// then not run (upsertLockChanging, merge_sql.go). Every statement that writes the target and
 // logs prior images has such a lock before it: the Upsert, the History
 // update (lockChanging) and History's closing of intervals (lockClosing,
 // merge_sql.go), whose logged images are then the rows they overwrite.
@@ -182,15 +185,31 @@ func prepareDecide(ctx context.Context, db sqlx.ExtContext, oid int64, info *Tab
 }
 
 // lockChanging locks the target rows the merge would change (see above),
-// before the deciding statement.
-func (s *pgStager) lockChanging(ctx context.Context) error {
+// before the deciding statement. For Upsert it also reports whether the
+// n staged rows are settled: all found in the target and unchanged, so
+// that the upsert has nothing to do (merge_sql.go, upsertLockChanging).
+func (s *pgStager) lockChanging(ctx context.Context, n int64) (settled bool, err error) {
 	if s.q.lockChanging == "" {
-		return nil
+		return false, nil
 	}
-	if _, err := s.tx.ExecContext(ctx, s.q.lockChanging); err != nil {
-		return fmt.Errorf("backfill: merge %s: lock rows to change: %w", s.info.Target.Table, s.classify(err))
+	q := s.q.lockChanging
+	if s.q.upsert != "" {
+		q += strconv.FormatInt(n, 10)
 	}
-	return nil
+	r, err := s.tx.ExecContext(ctx, q)
+	if err != nil {
+		return false, fmt.Errorf("backfill: merge %s: lock rows to change: %w", s.info.Target.Table, s.classify(err))
+	}
+	if s.q.upsert == "" {
+		return false, nil
+	}
+	// The command tag of the last statement of the simple query: the
+	// rows upsertLockChanging returned.
+	rows, err := r.RowsAffected()
+	if err != nil {
+		return false, fmt.Errorf("backfill: merge %s: lock rows to change: %w", s.info.Target.Table, err)
+	}
+	return rows == 0, nil
 }
 
 // checkDeferred fires the pending checks of deferred constraints,

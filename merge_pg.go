@@ -666,7 +666,8 @@ func (s *pgStager) mergeStaged(ctx context.Context, n int64, dup bool) (res Merg
 	}
 	// Lock the rows to change, so that the statements below decide from
 	// their committed versions (merge_decide.go).
-	if err := s.lockChanging(ctx); err != nil {
+	settled, err := s.lockChanging(ctx, n)
+	if err != nil {
 		return res, err
 	}
 	// Chunks of this batch that disagree on a key (TargetWins): counted
@@ -677,8 +678,12 @@ func (s *pgStager) mergeStaged(ctx context.Context, n int64, dup bool) (res Merg
 			return res, fmt.Errorf("backfill: merge %s: rows other chunks of the batch wrote: %w", t.Table, s.classify(err))
 		}
 	}
-	if err := s.writeStaged(ctx, n, &res); err != nil {
-		return res, err
+	// Settled: every row found and unchanged, counted by the lock's
+	// statement; the upsert would write nothing (upsertLockChanging).
+	if !settled {
+		if err := s.writeStaged(ctx, n, &res); err != nil {
+			return res, err
+		}
 	}
 	// Deferred constraints fire here, inside the caller's savepoint
 	// (merge_decide.go).

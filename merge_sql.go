@@ -426,13 +426,49 @@ func (m mergeShape) disagreed() string {
 }
 
 // upsertLockChanging locks the target rows the upsert would update, by
-// its own predicate (merge_decide.go); "" when it updates none.
+// its own predicate (merge_decide.go), and tells in the same pass over
+// staging whether the upsert has anything to do; "" when it updates none.
+// It ends in "count(*) <> " and the caller appends the number of staged
+// rows (a literal integer, so that the statement still has no parameters
+// and goes in the batch after the planner settings).
+//
+// It returns no row when every staged row found its target row and none
+// would change, and the row count is what the caller said: the chunk is
+// then settled as that many unchanged rows, counted by this statement,
+// and the upsert, whose own join would look every key up a second time
+// (half of an unchanged replay's merge), is not run (issue 15). That is
+// safe because such a merge writes nothing: it is the merge decided at
+// this statement's snapshot, which is what the upsert would have decided
+// but for commits of other transactions between the two statements,
+// which the upsert, taking a new snapshot, could not tell from commits
+// after ours anyway (except for a concurrent change it would then
+// overwrite unlocked, the race merge_decide.go names). With a row, the
+// upsert runs as before.
+//
+// Each staged row is looked up once by its identity (the LEFT JOIN);
+// only for the rows whose target row differs does a subquery look it up
+// again and lock it FOR UPDATE. The lock re-evaluates apply on the row's
+// latest version (PostgreSQL docs, 13.2.1: the WHERE clause is
+// re-evaluated on the updated row), exactly as the join of lockChanging
+// does: the inner t is the target's row, the s it compares with the outer
+// staged row. CASE makes the lock run only for those rows (the order of
+// a boolean expression's terms is not guaranteed), and an aggregate
+// evaluates its argument on every row whatever the HAVING clause then
+// decides, so every row to change is locked. Every such row counts at
+// least 1, locked or not: a row that differed in the snapshot and that a
+// concurrent writer changed or deleted before the lock leaves the
+// decision to the upsert, so a settled chunk is one decided wholly from
+// one snapshot.
 func (m mergeShape) upsertLockChanging() string {
 	apply := m.apply()
 	if apply == "false" {
 		return ""
 	}
-	return m.lockChanging(apply)
+	return sqlf(`SELECT FROM {stage} s LEFT JOIN {target} t ON {ts}
+HAVING sum(CASE WHEN coalesce({apply}, false)
+		THEN 1 + (SELECT count(*) FROM (SELECT 1 FROM {target} t WHERE {ts} AND {apply} FOR UPDATE OF t) x) ELSE 0 END) > 0
+	OR count(*) FILTER (WHERE t.{key} IS NULL) > 0 OR count(*) <> `,
+		"stage", m.stage, "target", m.target, "ts", m.idEq("t", "s"), "apply", apply, "key", sqlgen.Ident(m.t.Key[0]))
 }
 
 // historyLockChanging locks the target rows historyUpdate would change

@@ -38,7 +38,10 @@ SELECT count(*) FILTER (WHERE t."id" IS NULL) AS inserted,
 FROM pg_temp."backfill_stage_b860c350e681ea2d" s LEFT JOIN "sales"."orders" t ON t."id" = s."id";
 
 -- lockChanging
-SELECT count(*) FROM (SELECT 1 FROM pg_temp."backfill_stage_b860c350e681ea2d" s JOIN "sales"."orders" t ON t."id" = s."id" WHERE t."id" IS NOT NULL AND ROW(t."row_hash") IS DISTINCT FROM ROW(s."row_hash") FOR UPDATE OF t) x;
+SELECT FROM pg_temp."backfill_stage_b860c350e681ea2d" s LEFT JOIN "sales"."orders" t ON t."id" = s."id"
+HAVING sum(CASE WHEN coalesce(t."id" IS NOT NULL AND ROW(t."row_hash") IS DISTINCT FROM ROW(s."row_hash"), false)
+		THEN 1 + (SELECT count(*) FROM (SELECT 1 FROM "sales"."orders" t WHERE t."id" = s."id" AND t."id" IS NOT NULL AND ROW(t."row_hash") IS DISTINCT FROM ROW(s."row_hash") FOR UPDATE OF t) x) ELSE 0 END) > 0
+	OR count(*) FILTER (WHERE t."id" IS NULL) > 0 OR count(*) <>;
 
 -- insert
 INSERT INTO "sales"."orders" ("id", "name", "amount", "doc", "pos", "Odd ""col""", "version", "row_hash") SELECT s."id", s."name", s."amount", s."doc", s."pos", s."Odd ""col""", s."version", s."row_hash" FROM pg_temp."backfill_stage_b860c350e681ea2d" s WHERE NOT EXISTS (SELECT 1 FROM "sales"."orders" t WHERE t."id" = s."id" OFFSET 0);

@@ -43,8 +43,12 @@ SELECT count(*) FILTER (WHERE t."id" IS NULL) AS inserted,
 FROM pg_temp."backfill_stage_7a1feba7197bdce2" s LEFT JOIN "sales"."orders" t ON t."id" = s."id";
 
 -- lockChanging
-SELECT count(*) FROM (SELECT 1 FROM pg_temp."backfill_stage_7a1feba7197bdce2" s JOIN "sales"."orders" t ON t."id" = s."id" WHERE t."id" IS NOT NULL AND ROW(t."row_hash") IS DISTINCT FROM ROW(s."row_hash") AND (s."version" > t."version" OR (t."version" IS NULL AND s."version" IS NOT NULL)
-	OR (s."version" IS NOT DISTINCT FROM t."version" AND ROW((s."name" COLLATE "C"), (s."amount"::text COLLATE "C"), (s."doc"::text COLLATE "C"), (s."pos"::text COLLATE "C"), s."Odd ""col""", s."version")::text COLLATE "C" > ROW((t."name" COLLATE "C"), (t."amount"::text COLLATE "C"), (t."doc"::text COLLATE "C"), (t."pos"::text COLLATE "C"), t."Odd ""col""", t."version")::text COLLATE "C")) FOR UPDATE OF t) x;
+SELECT FROM pg_temp."backfill_stage_7a1feba7197bdce2" s LEFT JOIN "sales"."orders" t ON t."id" = s."id"
+HAVING sum(CASE WHEN coalesce(t."id" IS NOT NULL AND ROW(t."row_hash") IS DISTINCT FROM ROW(s."row_hash") AND (s."version" > t."version" OR (t."version" IS NULL AND s."version" IS NOT NULL)
+	OR (s."version" IS NOT DISTINCT FROM t."version" AND ROW((s."name" COLLATE "C"), (s."amount"::text COLLATE "C"), (s."doc"::text COLLATE "C"), (s."pos"::text COLLATE "C"), s."Odd ""col""", s."version")::text COLLATE "C" > ROW((t."name" COLLATE "C"), (t."amount"::text COLLATE "C"), (t."doc"::text COLLATE "C"), (t."pos"::text COLLATE "C"), t."Odd ""col""", t."version")::text COLLATE "C")), false)
+		THEN 1 + (SELECT count(*) FROM (SELECT 1 FROM "sales"."orders" t WHERE t."id" = s."id" AND t."id" IS NOT NULL AND ROW(t."row_hash") IS DISTINCT FROM ROW(s."row_hash") AND (s."version" > t."version" OR (t."version" IS NULL AND s."version" IS NOT NULL)
+	OR (s."version" IS NOT DISTINCT FROM t."version" AND ROW((s."name" COLLATE "C"), (s."amount"::text COLLATE "C"), (s."doc"::text COLLATE "C"), (s."pos"::text COLLATE "C"), s."Odd ""col""", s."version")::text COLLATE "C" > ROW((t."name" COLLATE "C"), (t."amount"::text COLLATE "C"), (t."doc"::text COLLATE "C"), (t."pos"::text COLLATE "C"), t."Odd ""col""", t."version")::text COLLATE "C")) FOR UPDATE OF t) x) ELSE 0 END) > 0
+	OR count(*) FILTER (WHERE t."id" IS NULL) > 0 OR count(*) <>;
 
 -- insert
 INSERT INTO "sales"."orders" ("id", "name", "amount", "doc", "pos", "Odd ""col""", "version", "row_hash", "ingested_at", "inserted_by", "updated_by") SELECT s."id", s."name", s."amount", s."doc", s."pos", s."Odd ""col""", s."version", s."row_hash", s."ingested_at", s."inserted_by", s."updated_by" FROM pg_temp."backfill_stage_7a1feba7197bdce2" s WHERE NOT EXISTS (SELECT 1 FROM "sales"."orders" t WHERE t."id" = s."id" OFFSET 0);

@@ -38,7 +38,10 @@ SELECT count(*) FILTER (WHERE t."id" IS NULL) AS inserted,
 FROM pg_temp."backfill_stage_b208de22c6550e25" s LEFT JOIN "sales"."orders" t ON t."id" = s."id";
 
 -- lockChanging
-SELECT count(*) FROM (SELECT 1 FROM pg_temp."backfill_stage_b208de22c6550e25" s JOIN "sales"."orders" t ON t."id" = s."id" WHERE t."id" IS NOT NULL AND ROW((t."name" COLLATE "C"), (t."amount"::text COLLATE "C"), (t."doc"::text COLLATE "C"), (t."pos"::text COLLATE "C"), t."Odd ""col""") IS DISTINCT FROM ROW((s."name" COLLATE "C"), (s."amount"::text COLLATE "C"), (s."doc"::text COLLATE "C"), (s."pos"::text COLLATE "C"), s."Odd ""col""") FOR UPDATE OF t) x;
+SELECT FROM pg_temp."backfill_stage_b208de22c6550e25" s LEFT JOIN "sales"."orders" t ON t."id" = s."id"
+HAVING sum(CASE WHEN coalesce(t."id" IS NOT NULL AND ROW((t."name" COLLATE "C"), (t."amount"::text COLLATE "C"), (t."doc"::text COLLATE "C"), (t."pos"::text COLLATE "C"), t."Odd ""col""") IS DISTINCT FROM ROW((s."name" COLLATE "C"), (s."amount"::text COLLATE "C"), (s."doc"::text COLLATE "C"), (s."pos"::text COLLATE "C"), s."Odd ""col"""), false)
+		THEN 1 + (SELECT count(*) FROM (SELECT 1 FROM "sales"."orders" t WHERE t."id" = s."id" AND t."id" IS NOT NULL AND ROW((t."name" COLLATE "C"), (t."amount"::text COLLATE "C"), (t."doc"::text COLLATE "C"), (t."pos"::text COLLATE "C"), t."Odd ""col""") IS DISTINCT FROM ROW((s."name" COLLATE "C"), (s."amount"::text COLLATE "C"), (s."doc"::text COLLATE "C"), (s."pos"::text COLLATE "C"), s."Odd ""col""") FOR UPDATE OF t) x) ELSE 0 END) > 0
+	OR count(*) FILTER (WHERE t."id" IS NULL) > 0 OR count(*) <>;
 
 -- insert
 INSERT INTO "sales"."orders" ("id", "name", "amount", "doc", "pos", "Odd ""col""") SELECT s."id", s."name", s."amount", s."doc", s."pos", s."Odd ""col""" FROM pg_temp."backfill_stage_b208de22c6550e25" s WHERE NOT EXISTS (SELECT 1 FROM "sales"."orders" t WHERE t."id" = s."id" OFFSET 0);

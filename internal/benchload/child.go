@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -91,7 +92,7 @@ func runChild(o childOpts) error {
 	if o.explain != "" {
 		notices = &noticeLog{}
 	}
-	db, err := openDB(ctx, url, app, o.pgOptions, notices)
+	db, be, err := openDB(ctx, url, app, o.pgOptions, notices)
 	if err != nil {
 		return err
 	}
@@ -132,7 +133,7 @@ func runChild(o childOpts) error {
 	if err != nil {
 		return fmt.Errorf("child %s %s: %w", o.variant, o.table, err)
 	}
-	res.ServerCPU = serverCPU(ctx, db, app)
+	res.ServerCPU = be.total() // servercpu.go
 
 	var ru syscall.Rusage
 	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err == nil {
@@ -168,7 +169,7 @@ func runChild(o childOpts) error {
 // openDB opens a lib/pq pool on url. With notices, every statement's plan
 // is captured through auto_explain (loaded per session: needs a superuser,
 // as on the throwaway server), sent to the client as NOTICEs.
-func openDB(ctx context.Context, url, app, options string, notices *noticeLog) (*sqlx.DB, error) {
+func openDB(ctx context.Context, url, app, options string, notices *noticeLog) (*sqlx.DB, *backends, error) {
 	params := map[string]string{"application_name": app}
 	if notices != nil {
 		options += " -c session_preload_libraries=auto_explain -c auto_explain.log_min_duration=0" +
@@ -179,24 +180,25 @@ func openDB(ctx context.Context, url, app, options string, notices *noticeLog) (
 	}
 	u, err := withParams(url, params)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	conn, err := pq.NewConnector(u)
 	if err != nil {
-		return nil, fmt.Errorf("connector: %w", err)
+		return nil, nil, fmt.Errorf("connector: %w", err)
 	}
-	var sdb *sql.DB
+	var inner driver.Connector = conn
 	if notices != nil {
-		sdb = sql.OpenDB(pq.ConnectorWithNoticeHandler(conn, notices.add))
-	} else {
-		sdb = sql.OpenDB(conn)
+		inner = pq.ConnectorWithNoticeHandler(conn, notices.add)
 	}
+	be := newBackends(inner)
+	sdb := sql.OpenDB(be)
 	db := sqlx.NewDb(sdb, "postgres")
 	if err := db.PingContext(ctx); err != nil {
 		db.Close()
-		return nil, fmt.Errorf("connect: %w", err)
+		be.total()
+		return nil, nil, fmt.Errorf("connect: %w", err)
 	}
-	return db, nil
+	return db, be, nil
 }
 
 // loadLib loads [lo, lo+rows) with the library: IntRange chunks,
@@ -394,38 +396,6 @@ func loadBase(ctx context.Context, db *sqlx.DB, o childOpts, st *stats) (backfil
 		total = total.Add(backfill.Counts{Read: chi - lo, Inserted: written, Unchanged: chi - lo - written})
 	}
 	return total, nil
-}
-
-// serverCPU returns the CPU seconds (user+system) of the PostgreSQL
-// backends serving application_name app, read from /proc, or -1 when they
-// are not visible (a remote server).
-func serverCPU(ctx context.Context, db *sqlx.DB, app string) float64 {
-	var pids []int
-	if err := db.SelectContext(ctx, &pids, `SELECT pid FROM pg_stat_activity WHERE application_name = $1`, app); err != nil || len(pids) == 0 {
-		return -1
-	}
-	hz := 100.0 // USER_HZ: 100 on every Linux ABI Go supports
-	total := 0.0
-	for _, pid := range pids {
-		comm, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
-		if err != nil || !strings.HasPrefix(string(comm), "postgres") {
-			return -1
-		}
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-		if err != nil {
-			return -1
-		}
-		s := string(b)
-		f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
-		// After the comm: state(3) ... utime(14) stime(15), 1-based.
-		if len(f) < 13 {
-			return -1
-		}
-		ut, _ := strconv.ParseFloat(f[11], 64)
-		stime, _ := strconv.ParseFloat(f[12], 64)
-		total += (ut + stime) / hz
-	}
-	return total
 }
 
 // procStatusKiB returns a "kB" field of a /proc/<pid>/status file, or -1.

@@ -55,6 +55,38 @@ func (b *bench) profileRun(ctx context.Context) error {
 			return err
 		}
 		sqls[v] = m
+		if v == "lib" {
+			// A replay of the loaded range (Job.NewRun), profiled too: its
+			// merge takes the path of existing keys, whose statements the
+			// EXPLAINs below need.
+			rc := c
+			rc.newRun = true
+			rc.cpuProfile = filepath.Join(dir, v+"-replay.cpu.pprof")
+			rc.breakdown = filepath.Join(dir, v+"-replay.breakdown.md")
+			rc.sqlOut = filepath.Join(dir, v+"-replay-sql.json")
+			progress("profile: %s: replay with CPU profile and time breakdown", variantName(v))
+			if _, err := b.child(ctx, rc); err != nil {
+				return err
+			}
+			bd, err := os.ReadFile(rc.breakdown)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(w, "%s\nCPU profile of the replay: `go tool pprof -top -nodecount=40 %s`\n\n", bd, rc.cpuProfile)
+			raw, err := os.ReadFile(rc.sqlOut)
+			if err != nil {
+				return err
+			}
+			rm := map[string]string{}
+			if err := json.Unmarshal(raw, &rm); err != nil {
+				return err
+			}
+			for k, q := range rm {
+				if _, ok := m[k]; !ok {
+					m[k] = q
+				}
+			}
+		}
 
 		ptable := fmt.Sprintf("%s.plan_%s", benchSchema, v)
 		if err := b.freshTable(ctx, ptable); err != nil {
@@ -130,8 +162,10 @@ func (b *bench) explainChunk(ctx context.Context, out *strings.Builder, table st
 	}
 	libStmts := []struct{ label, q string }{
 		{"library: duplicate check", get("merge: duplicate check")},
+		{"library: lock rows to change, settle an unchanged chunk", get("merge: lock rows to change")},
+		{"library: upsert", get("merge: upsert")},
 		{"library: UPDATE target FROM staging", get("merge: UPDATE")},
-		{"library: INSERT ... WHERE NOT EXISTS", get("merge: INSERT")},
+		{"library: INSERT of every staged row (the fresh-insert path; fails on existing keys)", get("merge: INSERT")},
 	}
 	create, copyIn := get("staging: CREATE TEMP TABLE"), get("staging: prepare COPY")
 	if create == "" || copyIn == "" {
@@ -145,11 +179,31 @@ func (b *bench) explainChunk(ctx context.Context, out *strings.Builder, table st
 		if err := copyRows(ctx, tx, copyIn, lo, hi, true); err != nil {
 			return err
 		}
+		// The library's planner settings of its merge statements
+		// (merge_pg.go, plannerSettings).
+		if _, err := tx.ExecContext(ctx, `SELECT set_config('enable_seqscan', 'off', true), set_config('jit', 'off', true),
+			set_config('enable_hashjoin', 'off', true), set_config('enable_mergejoin', 'off', true)`); err != nil {
+			return err
+		}
+		// Each statement in a savepoint rolled back after it: EXPLAIN
+		// ANALYZE runs it, and each is explained on the same staged rows
+		// and the same target.
 		for _, s := range libStmts {
 			if s.q == "" {
 				continue
 			}
+			if _, err := tx.ExecContext(ctx, `SAVEPOINT explain`); err != nil {
+				return err
+			}
 			if err := explain(ctx, tx, out, s.label, s.q); err != nil {
+				// The fresh-insert path on existing keys: a duplicate key,
+				// which sends the library to the upsert.
+				if !strings.Contains(err.Error(), "23505") {
+					return err
+				}
+				fmt.Fprintf(out, "%v\n\n", err)
+			}
+			if _, err := tx.ExecContext(ctx, `ROLLBACK TO SAVEPOINT explain`); err != nil {
 				return err
 			}
 		}

@@ -72,8 +72,15 @@ const mergeKey = "merge: Stager.Merge (end COPY + statements)"
 // stmt records one statement of the library, classified by its text.
 func (s *stats) stmt(q string, start time.Time) {
 	d := time.Since(start)
-	label := classify(q)
-	s.sql(label, q)
+	// The library sends statements without parameters after the ones it
+	// queued (backfill_batch.go), joined by "; ": each is recorded by its
+	// own label, and the time goes to the last, the one that was waited
+	// for.
+	parts := strings.Split(q, "; ")
+	for _, p := range parts {
+		s.sql(classify(p), p)
+	}
+	label := classify(parts[len(parts)-1])
 	s.mu.Lock()
 	parent := ""
 	if s.inMerge {
@@ -94,10 +101,14 @@ func classify(q string) string {
 		return "merge: duplicate check (GROUP BY key HAVING count(*) > 1)"
 	case strings.HasPrefix(n, "DELETE FROM pg_temp."):
 		return "merge: deduplicate"
+	case strings.HasPrefix(n, "SELECT FROM pg_temp.") && strings.Contains(n, "FOR UPDATE"):
+		return "merge: lock rows to change, settle an unchanged chunk (Upsert)"
+	case strings.HasPrefix(n, "WITH j AS MATERIALIZED"):
+		return "merge: upsert (WITH j AS MATERIALIZED ... UPDATE, INSERT)"
 	case strings.HasPrefix(n, "UPDATE") && strings.Contains(n, "FROM pg_temp."):
 		return "merge: UPDATE target FROM staging WHERE IS DISTINCT FROM"
 	case strings.HasPrefix(n, "INSERT INTO") && strings.Contains(n, "FROM pg_temp."):
-		return "merge: INSERT INTO target SELECT ... WHERE NOT EXISTS"
+		return "merge: INSERT INTO target SELECT ... FROM staging"
 	case strings.HasPrefix(n, "COPY pg_temp."):
 		return "staging: prepare COPY"
 	case strings.Contains(n, "SET status = 'done'"):
