@@ -27,17 +27,20 @@ import (
 // written; a worker's Extract calls never overlap either.
 //
 // The chunk waiting for the write stage holds a live lease, heartbeated as
-// any other. Before its transaction begins it checks again that the call
-// has not stopped and that no throttle holds (both may have changed while
-// it waited); if either did, its lease is released and the chunk stays
-// claimable. A cancel committed meanwhile is caught by the fence
+// any other; its trace span is in PhaseQueued meanwhile. Once it has the
+// stage, it checks again that the call has not stopped and that no
+// throttle holds (both may have changed while it waited); if either did,
+// its lease is released and the chunk stays claimable (a chunk that did
+// not wait goes on, as without the pipeline). A cancel committed meanwhile is caught by the fence
 // (fenceLease), as for any lease; a pause lets it finish, like any chunk
 // in flight.
 //
 // A claimed chunk keeps its stage until next has recorded its outcome
-// (chunkDone, chunkFailed: before the hooks and a retry's sleep), so a
-// failure that stops the call (a final failure, a quality gate) is known
-// before the slot's other goroutine leases or writes another chunk.
+// (chunkDone: after the hooks and the run's reject-rate check;
+// chunkFailed: before the hooks and a retry's backoff, during which no
+// goroutine of the call claims the chunk), so a failure that stops the
+// call (a final failure, a quality gate) is known before the slot's other
+// goroutine leases or writes another chunk.
 //
 // The pipeline is on with Config.ExtractAhead, except with a job-wide cap
 // (Config.JobConcurrency counts live leases, and the chunk leased ahead
@@ -75,20 +78,30 @@ func (p *chunkPipe) enterExtract(ctx context.Context) (*pipeTurn, bool) {
 	}
 }
 
-// enterWrite waits for the slot's write stage, then leaves the extract
-// stage; false when ctx ended (the extract stage is left too).
-func (t *pipeTurn) enterWrite(ctx context.Context) bool {
+// enterWrite takes the slot's write stage, then leaves the extract stage;
+// ok is false when ctx ended (the extract stage is left too). When the
+// stage is taken (the slot's previous chunk is being written), it calls
+// wait, then waits: waited.
+func (t *pipeTurn) enterWrite(ctx context.Context, wait func()) (ok, waited bool) {
 	if t.p == nil {
-		return true
+		return true, false
 	}
 	select {
 	case t.p.write <- struct{}{}:
 		t.leave()
 		t.held = t.p.write
-		return true
+		return true, false
+	default:
+	}
+	wait()
+	select {
+	case t.p.write <- struct{}{}:
+		t.leave()
+		t.held = t.p.write
+		return true, true
 	case <-ctx.Done():
 		t.leave()
-		return false
+		return false, true
 	}
 }
 
@@ -107,17 +120,27 @@ var testExtractAhead bool
 
 // extractAhead reports whether this call's worker slots extract their
 // next chunk while the current chunk's transaction runs (see the top of
-// this file).
+// this file); asked for and not possible, it says why in the log.
 func (ex *execution) extractAhead() bool {
 	c := ex.r.cfg
-	if !ex.leasing() || !(c.ExtractAhead || testExtractAhead) || c.JobConcurrency > 0 {
+	if !(c.ExtractAhead || testExtractAhead) {
 		return false
+	}
+	off := func(why string, args ...any) bool {
+		ex.log.Warn("backfill: Config.ExtractAhead is off for this call: "+why, args...)
+		return false
+	}
+	switch {
+	case !ex.leasing():
+		return off("chunks run in one transaction each (no leases: a manifest without them, or the worker could not register)")
+	case c.JobConcurrency > 0:
+		return off("Config.JobConcurrency counts live leases, and a chunk leased ahead would take a place", "job_concurrency", c.JobConcurrency)
 	}
 	if pd, ok := ex.r.db.(pgDB); ok && pd.DB != nil {
 		// A transaction and a lease per slot, the heartbeat and one more
 		// (a release, a control read).
 		if n := pd.DB.Stats().MaxOpenConnections; n > 0 && n < 2*c.Concurrency+2 {
-			return false
+			return off("the pool's MaxOpenConns is below 2×Concurrency+2", "max_open_conns", n, "concurrency", c.Concurrency)
 		}
 	}
 	return true

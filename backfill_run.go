@@ -886,8 +886,8 @@ func (ex *execution) fail(ce *ChunkError, err error) {
 func (ex *execution) next(ctx context.Context, ws *waitState, p *chunkPipe) bool {
 	cr, err := ex.runChunk(ctx, p)
 	// The slot's stage held by the chunk claimed is left once its outcome
-	// is recorded, before the hooks and any retry's sleep
-	// (backfill_pipeline.go).
+	// is recorded (chunkDone, chunkFailed; backfill_pipeline.go), at the
+	// latest here.
 	defer cr.turn.leave()
 	// The rate cap: the rows of a chunk done or staged, nothing for a
 	// try that claimed nothing or failed (throttle_run.go, settle).
@@ -1003,6 +1003,16 @@ func (ex *execution) chunkDone(ctx context.Context, res ChunkResult, fresh bool,
 		ex.notifyProgress(ctx, false)
 	}
 	if err := ex.checkRunRejectRate(ctx, res, fresh); err != nil {
+		if !errors.Is(err, ErrGateFailed) {
+			// The check could not run (a shutdown, a connection lost for
+			// longer than the reconnect budget, a statement timeout): the
+			// call stops as at any other moment, the run is not failed.
+			if ctx.Err() != nil {
+				err = errors.Join(ctx.Err(), err)
+			}
+			ex.fail(nil, fmt.Errorf("backfill: job %q batch %d: after chunk %d %s: %w", ex.job.Name, ex.batchID, res.Chunk.Seq, res.Chunk.ID, err))
+			return false
+		}
 		// The chunk is done (listed in PartialError.Done); the run gate
 		// paused the run after it: not a chunk failure.
 		err = fmt.Errorf("backfill: job %q batch %d: after chunk %d %s: %w", ex.job.Name, ex.batchID, res.Chunk.Seq, res.Chunk.ID, err)
@@ -1038,6 +1048,15 @@ func (ex *execution) chunkFailed(ctx context.Context, ce *ChunkError, attempt in
 	backoff := ex.r.cfg.RetryBackoff << (tries - 1)
 	if final {
 		backoff = 0
+	} else {
+		// This call's other goroutines (Concurrency, ExtractAhead) do not
+		// claim the chunk before its backoff is over either.
+		ex.mu.Lock()
+		if ex.waits.notBefore == nil {
+			ex.waits.tries, ex.waits.notBefore = map[int]int{}, map[int]time.Time{}
+		}
+		ex.waits.notBefore[ce.Chunk.Seq] = time.Now().Add(backoff)
+		ex.mu.Unlock()
 	}
 	ex.traceRetry(ctx, TraceRetryData{Chunk: ce.Chunk, Attempt: attempt, Kind: RetryAttempt, Sleep: backoff, Final: final, Err: err})
 	ex.log.Warn("chunk failed", "seq", ce.Chunk.Seq, "chunk", ce.Chunk.ID, "attempt", attempt, "final", final, "error", err)

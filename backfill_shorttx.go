@@ -194,10 +194,11 @@ func (ex *execution) runChunkLeased(ctx context.Context, p *chunkPipe) (cr chunk
 	// The slot's write stage: the previous chunk leased by the slot is
 	// written first (backfill_pipeline.go). A chunk that waited for it
 	// checks again what the lease checked.
-	if !turn.enterWrite(ctx) {
+	ok, waited := turn.enterWrite(ctx, func() { cr.span.next(ctx, PhaseQueued) })
+	if !ok {
 		return cr, chunkErr(ctx.Err())
 	}
-	if p != nil && (ex.stopped() || ex.throttle.holding()) {
+	if waited && (ex.stopped() || ex.throttle.holding()) {
 		cr.claimed, cr.throttled = false, !ex.stopped()
 		cr.span.release()
 		return cr, nil

@@ -107,6 +107,10 @@ const (
 	// outside any transaction; in one transaction, the extractor
 	// streaming into staging (COPY), which this phase then includes.
 	PhaseExtract TracePhase = "extract"
+	// PhaseQueued: leased with [Config.ExtractAhead] only, and only when
+	// it waits: the extracted chunk waits for its worker's previous
+	// chunk's transaction to end.
+	PhaseQueued TracePhase = "queued"
 	// PhaseStage: leased only: the chunk's transaction begins, its lease
 	// is fenced, and the spool is copied into staging.
 	PhaseStage TracePhase = "stage"
