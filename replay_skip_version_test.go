@@ -23,7 +23,8 @@ import (
 type versionedSource struct {
 	*skipSource
 	mu       sync.Mutex
-	gen      map[int64]int // chunk's Lo (chunks of 100) -> generation
+	size     int64         // the chunks' size (100)
+	gen      map[int64]int // chunk's Lo / size -> generation
 	extracts map[string]int
 	versions map[string]int // ChunkVersion calls per chunk
 	// fail makes ChunkVersion of the chunk of this ID fail; unknown
@@ -33,14 +34,14 @@ type versionedSource struct {
 }
 
 func newVersionedSource() *versionedSource {
-	return &versionedSource{skipSource: newSkipSource(), gen: map[int64]int{}}
+	return &versionedSource{skipSource: newSkipSource(), size: 100, gen: map[int64]int{}}
 }
 
 func (v *versionedSource) set(id int64, name, amount string) {
 	v.skipSource.set(id, name, amount)
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	v.gen[id/100*100]++
+	v.gen[id/v.size]++
 }
 
 // calls returns the chunks extracted since the last call, sorted, and
@@ -80,7 +81,7 @@ func (v *versionedSource) ChunkVersion(_ context.Context, c backfill.Chunk) (str
 	case v.unknown:
 		return "", nil
 	}
-	return fmt.Sprintf("gen-%d", v.gen[c.Lo]), nil
+	return fmt.Sprintf("gen-%d", v.gen[c.Lo/v.size]), nil
 }
 
 var _ backfill.ChunkVersioner = (*versionedSource)(nil)
