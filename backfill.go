@@ -367,6 +367,29 @@ type Job struct {
 	// rolled back base. A chunk read again while open ([ChunkOpen]) is
 	// never skipped.
 	//
+	// Skipping the extraction too: an Extractor that also implements
+	// [ChunkVersioner] says, before a chunk is extracted, a version of
+	// the chunk's source rows (a token that changes whenever they do),
+	// recorded with the fingerprints. When a replay's version equals the
+	// one its base recorded (not ""), the base rejected no row and the
+	// job has a ChunkColumn, the chunk is not extracted at all: its
+	// target fingerprint alone is compared, and on a match the chunk is
+	// checkpointed skipped with the base's Read as read and unchanged.
+	// A target row changed by another session makes the chunk be
+	// extracted and merged as usual. Over a SQL source, for example:
+	//
+	//	func (s src) ChunkVersion(ctx context.Context, c backfill.Chunk) (string, error) {
+	//		var v string
+	//		err := s.db.QueryRowContext(ctx, `SELECT count(*) || ':' || coalesce(max(updated_at)::text, '')
+	//			FROM orders WHERE id >= $1 AND id < $2`, c.Lo, c.Hi).Scan(&v)
+	//		return v, err
+	//	}
+	//
+	// (with an index on (id, updated_at), one index-only scan). The
+	// count catches deletions that leave the newest updated_at as it
+	// was; a source whose rows can change without their updated_at
+	// cannot give a version. See replay_skip_version.go.
+	//
 	// Eligible jobs only: Target.Mode [Upsert] or
 	// [AppendOnly]; Conflict [SourceWins] and no Version; publish per
 	// chunk ([PublishPerChunk]); every target column has a fingerprint

@@ -682,6 +682,10 @@ type execution struct {
 	// (backfill_shorttx.go).
 	leased  map[int]bool
 	leaseMu sync.Mutex // one lease claim of this call at a time
+	// versionMisses are the chunks (Seq) a transaction of this call
+	// found must be extracted although their version was their base's:
+	// their next lease extracts them (replay_skip_version.go).
+	versionMisses map[int]bool
 	// runGate is the run reject gate's failure in this call (nil if
 	// none): the run is paused, or, with a manifest that cannot pause
 	// it, failed.
@@ -917,7 +921,7 @@ func (ex *execution) next(ctx context.Context, ws *waitState, p *chunkPipe) bool
 	switch {
 	case cr.noSlot:
 		return ex.waitSlot(ctx, ws) // throttle_run.go
-	case cr.throttled, cr.fenced:
+	case cr.throttled, cr.fenced, cr.requeued:
 		return !ex.stopped()
 	case !cr.claimed && err == nil:
 		if _, d := ex.avoided(); d > 0 && !ex.stopped() {
@@ -1107,6 +1111,10 @@ type chunkRun struct {
 	// fenced: the chunk's lease was taken over while it was extracted;
 	// its transaction rolled back (backfill_shorttx.go).
 	fenced bool
+	// requeued: the chunk was not extracted on its version, and its
+	// transaction found it must be: rolled back, its lease released, the
+	// next lease extracts it (replay_skip_version.go).
+	requeued bool
 	// fresh: the chunk was pending when claimed (checkRunRejectRate).
 	fresh bool
 	// admitted: the throttle let the try through (its rate cap reserved
@@ -1192,11 +1200,22 @@ func (ex *execution) runChunk(ctx context.Context, p *chunkPipe) (cr chunkRun, e
 	if ex.job.SkipUnchanged {
 		// Spool, then decide whether to stage (replay_skip_run.go).
 		cr.reread = st.Status == ChunkOpen
-		if extracted, err = ex.extractSpooled(cr.span.next(ctx, PhaseExtract), c, started); err != nil {
+		// Its version first, before any extraction: a chunk whose
+		// version is its base's is extracted by loadChunk only if it
+		// must be (replay_skip_version.go).
+		xctx := cr.span.next(ctx, PhaseExtract)
+		version, err := ex.chunkVersion(xctx, c, cr.reread, started)
+		if err != nil {
 			return cr, &ChunkError{Chunk: c, Attempt: cr.attempt, Err: err}
 		}
-		defer extracted.sp.Close()
-		cr.span.setRows(extracted.w.read)
+		if version != "" {
+			extracted = &spooled{skip: &chunkSkip{version: version}}
+		} else if extracted, err = ex.extractSpooled(xctx, c, started, ""); err != nil {
+			return cr, &ChunkError{Chunk: c, Attempt: cr.attempt, Err: err}
+		} else {
+			cr.span.setRows(extracted.w.read)
+		}
+		defer extracted.close()
 		cr.span.next(ctx, PhaseStage)
 	}
 	err = ex.loadChunk(ctx, tx, &cr, c, pid, started, extracted)
@@ -1228,6 +1247,27 @@ func (ex *execution) loadChunk(ctx context.Context, tx Tx, cr *chunkRun, c Chunk
 	// target rows' fingerprints first (replay_skip_run.go).
 	var sk *chunkSkip
 	if extracted != nil && extracted.skip != nil {
+		if extracted.sp == nil {
+			// Not extracted: its version may spare the extraction
+			// (replay_skip_version.go). If not, in short transactions the
+			// chunk goes back to be extracted outside any transaction;
+			// here it is extracted now, in the chunk's transaction, as
+			// runChunk extracts.
+			if skipped, err := ex.skipByVersion(ctx, tx, cr, c, t.info, started, extracted.skip); err != nil || skipped {
+				return err
+			}
+			if ex.leasing() {
+				return errVersionMissed
+			}
+			x, err := ex.extractSpooled(cr.span.next(ctx, PhaseExtract), c, started, extracted.skip.version)
+			if err != nil {
+				return chunkErr(err)
+			}
+			x.skip.base, x.skip.targetChanged = extracted.skip.base, extracted.skip.targetChanged
+			*extracted = *x // closed by the caller
+			cr.span.setRows(x.w.read)
+			cr.span.next(ctx, PhaseStage)
+		}
 		sk = extracted.skip
 		if skipped, err := ex.skipUnchanged(ctx, tx, cr, c, t.info, started, extracted); err != nil || skipped {
 			return err

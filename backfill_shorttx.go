@@ -2,6 +2,7 @@ package backfill
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -52,6 +53,14 @@ type spooled struct {
 	// skip carries the spooled rows' fingerprint (Job.SkipUnchanged; nil
 	// without it).
 	skip *chunkSkip
+}
+
+// close closes the spool, if the chunk was extracted (a chunk not
+// extracted on its version has none, replay_skip_version.go).
+func (s *spooled) close() {
+	if s != nil && s.sp != nil {
+		_ = s.sp.Close()
+	}
 }
 
 // replay stages the spooled rows with w, a fresh row writer of a staging
@@ -175,20 +184,43 @@ func (ex *execution) runChunkLeased(ctx context.Context, p *chunkPipe) (cr chunk
 	}
 	chunkErr := func(err error) error { return &ChunkError{Chunk: c, Attempt: cr.attempt, Err: err} }
 	started := time.Now()
+	cr.reread = cl.state.Status == ChunkOpen
+	xctx := cr.span.next(ctx, PhaseExtract)
+
+	// A job with SkipUnchanged and a ChunkVersioner: the chunk's version,
+	// before its extraction, and whether its base lets it skip the
+	// extraction (replay_skip_version.go): then it is not extracted, and
+	// its transaction decides.
+	var x *spooled
+	version, err := ex.chunkVersion(xctx, c, cr.reread, started)
+	if err != nil {
+		return cr, chunkErr(err)
+	}
+	if ok, err := ex.versionCandidate(xctx, c, version); err != nil {
+		return cr, chunkErr(err)
+	} else if ok {
+		x = &spooled{skip: &chunkSkip{version: version}}
+	}
 
 	// Extract, outside any transaction, into a spool.
-	sp := &spool{}
-	defer sp.Close()
-	add, sk := ex.skipAdder(sp, ex.chunkInfo(ex.info, c)) // replay_skip_run.go
-	w := newRowWriter(c, ex.job, ex.chunkInfo(ex.info, c), add, r.cfg.MaxRejectsPerChunk, started)
-	xerr := extractSafely(cr.span.next(ctx, PhaseExtract), ex.job.Extractor, c, w)
-	w.closed = true
-	cr.span.setRows(w.read)
-	switch {
-	case w.err != nil:
-		return cr, chunkErr(w.err)
-	case xerr != nil:
-		return cr, chunkErr(fmt.Errorf("extract: %w", xerr))
+	if x == nil {
+		sp := &spool{}
+		defer sp.Close()
+		add, sk := ex.skipAdder(sp, ex.chunkInfo(ex.info, c)) // replay_skip_run.go
+		if sk != nil {
+			sk.version = version
+		}
+		w := newRowWriter(c, ex.job, ex.chunkInfo(ex.info, c), add, r.cfg.MaxRejectsPerChunk, started)
+		xerr := extractSafely(xctx, ex.job.Extractor, c, w)
+		w.closed = true
+		cr.span.setRows(w.read)
+		switch {
+		case w.err != nil:
+			return cr, chunkErr(w.err)
+		case xerr != nil:
+			return cr, chunkErr(fmt.Errorf("extract: %w", xerr))
+		}
+		x = &spooled{sp: sp, w: w, skip: sk}
 	}
 
 	// The slot's write stage: the previous chunk leased by the slot is
@@ -238,8 +270,16 @@ func (ex *execution) runChunkLeased(ctx context.Context, p *chunkPipe) (cr chunk
 		ex.log.Warn("backfill: chunk's fence failed: its lease was taken over (this worker was stale) or the run stopped meanwhile (paused, abandoned); its transaction rolls back", "seq", seq, "chunk", c.ID)
 		return cr, nil
 	}
-	cr.reread = cl.state.Status == ChunkOpen
-	err = ex.loadChunk(ctx, tx, &cr, c, pid, started, &spooled{sp: sp, w: w, skip: sk})
+	err = ex.loadChunk(ctx, tx, &cr, c, pid, started, x)
+	if errors.Is(err, errVersionMissed) {
+		// Not extracted on its version, but it must be: its transaction
+		// rolls back, its lease is released (deferred) and this call's
+		// next lease of it extracts it (replay_skip_version.go).
+		ex.versionMissed(seq, true)
+		cr.requeued, cr.claimed = true, false
+		cr.span.release()
+		return cr, nil
+	}
 	committed = err == nil
 	release = !committed
 	return cr, err

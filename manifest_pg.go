@@ -268,6 +268,9 @@ COMMENT ON VIEW {s}.completed_batches IS
 	// 19: the fingerprints of a chunk's source and target rows, for
 	// replays that skip unchanged chunks (manifest_skip.go).
 	migrationSkips,
+	// 20: the source version a chunk's fingerprints were recorded with
+	// (ChunkVersioner, replay_skip_version.go).
+	migrationSkipVersion,
 }
 
 func (m *PGManifest) sql(q string) string {
@@ -920,11 +923,11 @@ func (m *PGManifest) completeChunk(ctx context.Context, tx sqlx.ExtContext, batc
 		rows_processed = rows_processed + CASE WHEN status = 'staged' THEN 0 ELSE $3::bigint END,
 		reads = reads + CASE WHEN status = 'staged' THEN 0 ELSE 1 END, checkpointed_at = clock_timestamp(),
 		open_call = CASE WHEN $12 = 'open' THEN (SELECT calls FROM {s}.runs WHERE batch_id = $1) END,
-		source_fingerprint = $13, target_fingerprint = $14, skip_key = $15, skipped = $16
+		source_fingerprint = $13, target_fingerprint = $14, skip_key = $15, skipped = $16, source_version = $17
 		WHERE batch_id = $1 AND seq = $2 AND status IN ('pending', 'staged', 'open')
 			AND EXISTS (SELECT 1 FROM {s}.runs WHERE batch_id = $1 AND status NOT IN ('abandoned', 'rolled_back', 'cancelled'))`),
 		batchID, r.Chunk.Seq, r.Read, r.Inserted, r.Updated, r.Unchanged, r.Rejected, r.Deduplicated, r.StartedAt, r.FinishedAt, ManifestText(r.Worker), string(status),
-		nullIfEmpty(fp.Source), nullIfEmpty(fp.Target), nullIfEmpty(fp.SkipKey), r.Skipped)
+		nullIfEmpty(fp.Source), nullIfEmpty(fp.Target), nullIfEmpty(fp.SkipKey), r.Skipped, nullIfEmpty(fp.Version))
 	if err != nil {
 		return fmt.Errorf("backfill: complete chunk %s: %w", r.Chunk.ID, err)
 	}

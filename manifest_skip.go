@@ -19,8 +19,8 @@ import (
 // ([ErrUnsupported] otherwise, before any work).
 type ManifestSkips interface {
 	// CompleteChunkFingerprinted is [Manifest.CompleteChunk] that also
-	// records fp (its SkipKey, Source and Target, each "" for none;
-	// BatchID is ignored) on the chunk's row, in the same transaction tx
+	// records fp (its SkipKey, Source, Target and Version, each "" for
+	// none; BatchID and Counts are ignored) on the chunk's row, in the same transaction tx
 	// (PGManifest: in the same statement), so that a crash loses the
 	// checkpoint and the fingerprints together. It replaces whatever the
 	// row recorded before.
@@ -31,7 +31,8 @@ type ManifestSkips interface {
 	// run is not rolled back (a rolled back chunk is not done), whatever
 	// the scope or plan fingerprint of that run. ok is false when there
 	// is no such chunk or it recorded no Source or Target: the newest
-	// such chunk is the base, never an older one. It reads in tx, the
+	// such chunk is the base, never an older one. fp carries the base
+	// chunk's Version as recorded and its Counts. It reads in tx, the
 	// chunk's transaction.
 	BaseFingerprints(ctx context.Context, tx sqlx.ExtContext, job, skipKey string, batchID int64, chunkID string) (fp ChunkFingerprints, ok bool, err error)
 }
@@ -58,6 +59,16 @@ type ChunkFingerprints struct {
 	// Target is the multiset hash of the target rows within the chunk's
 	// ChunkColumn bounds after the merge, in the form "rows:sum".
 	Target string
+	// Version is the chunk's source version ([ChunkVersioner]) read
+	// before the extraction whose rows Source hashes ("" for none); a
+	// replay whose version is equal skips the extraction too. Recorded
+	// only with Source and Target.
+	Version string
+	// Counts are the base chunk's counts as checkpointed (set by
+	// BaseFingerprints; ignored by CompleteChunkFingerprinted): a replay
+	// that skips without extracting takes its Read, and extracts when its
+	// Rejected is not 0 (rejects are queued only by an extraction).
+	Counts Counts
 }
 
 // IsZero reports whether fp records no fingerprint (whatever its
@@ -115,6 +126,15 @@ func runProgressSkipped() string {
 `
 }
 
+// migrationSkipVersion is manifest migration 20: the source version
+// ([ChunkVersioner]) a chunk's fingerprints were recorded with, written
+// by the chunk's checkpoint statement with them (NULL otherwise).
+var migrationSkipVersion = `
+ALTER TABLE {s}.chunks ADD COLUMN source_version text;
+COMMENT ON COLUMN {s}.chunks.source_version IS
+	'The extractor''s version of the chunk''s source rows (ChunkVersioner), read before the extraction that source_fingerprint hashes; a replay whose version is equal does not extract the chunk (SkipUnchanged).';
+`
+
 var _ ManifestSkips = (*PGManifest)(nil)
 
 // CompleteChunkFingerprinted implements [ManifestSkips]: the checkpoint
@@ -132,8 +152,11 @@ func (m *PGManifest) BaseFingerprints(ctx context.Context, tx sqlx.ExtContext, j
 		BatchID int64          `db:"batch_id"`
 		Source  sql.NullString `db:"source_fingerprint"`
 		Target  sql.NullString `db:"target_fingerprint"`
+		Version sql.NullString `db:"source_version"`
+		Counts
 	}
-	err := sqlx.SelectContext(ctx, tx, &rows, m.sql(`SELECT c.batch_id, c.source_fingerprint, c.target_fingerprint
+	err := sqlx.SelectContext(ctx, tx, &rows, m.sql(`SELECT c.batch_id, c.source_fingerprint, c.target_fingerprint, c.source_version,
+		c.rows_read, c.rows_inserted, c.rows_updated, c.rows_unchanged, c.rows_rejected, c.rows_deduplicated
 		FROM {s}.runs r JOIN {s}.chunks c ON c.batch_id = r.batch_id AND c.chunk_id = $3
 		WHERE r.job_name = $1 AND c.skip_key = $2 AND r.batch_id <> $4 AND r.status <> 'rolled_back' AND c.status = 'done'
 		ORDER BY r.batch_id DESC LIMIT 1`), job, skipKey, chunkID, batchID)
@@ -143,7 +166,8 @@ func (m *PGManifest) BaseFingerprints(ctx context.Context, tx sqlx.ExtContext, j
 	if len(rows) == 0 || !rows[0].Source.Valid || !rows[0].Target.Valid {
 		return ChunkFingerprints{}, false, nil
 	}
-	return ChunkFingerprints{BatchID: rows[0].BatchID, SkipKey: skipKey, Source: rows[0].Source.String, Target: rows[0].Target.String}, true, nil
+	b := rows[0]
+	return ChunkFingerprints{BatchID: b.BatchID, SkipKey: skipKey, Source: b.Source.String, Target: b.Target.String, Version: b.Version.String, Counts: b.Counts}, true, nil
 }
 
 // nullIfEmpty is s, or NULL when s is "".

@@ -28,8 +28,9 @@ import (
 // chunks changed) extracts, converts, stages and merges every chunk,
 // although most write nothing: the COPY and the merge's comparison are
 // about all of its cost. The extraction and conversion cannot be skipped
-// (the source is only known by reading it); staging and merge can, when
-// two facts hold:
+// (the source is only known by reading it), unless the extractor tells a
+// version of the chunk's source (ChunkVersioner, replay_skip_version.go);
+// staging and merge can, when two facts hold:
 //
 //  1. the chunk's converted source rows are the same multiset as at the
 //     last successful load of the same chunk (same job, chunk ID and

@@ -108,6 +108,15 @@ type chunkSkip struct {
 	source *chunkFingerprint
 	// record is what the checkpoint records (zero: nothing).
 	record ChunkFingerprints
+	// version is the chunk's source version ([ChunkVersioner]), read
+	// before its extraction ("" for none); recorded with the
+	// fingerprints (replay_skip_version.go).
+	version string
+	// base is the base skipByVersion looked up in the chunk's
+	// transaction (nil: none looked up); targetChanged, that the target
+	// fingerprint differed from it (skipUnchanged would find the same).
+	base          *baseLookup
+	targetChanged bool
 }
 
 // skipAdder returns where a row writer of chunk c puts its rows for a
@@ -125,9 +134,15 @@ func (ex *execution) skipAdder(sp *spool, info TableInfo) (rowAdder, *chunkSkip)
 // extractSpooled extracts chunk c into a spool, in the chunk's
 // transaction (runChunk's path, which otherwise stages as it extracts):
 // a job with SkipUnchanged decides after the extraction whether to stage.
-func (ex *execution) extractSpooled(ctx context.Context, c Chunk, started time.Time) (*spooled, error) {
+//
+// version is the chunk's version read before (chunkVersion), recorded
+// with its fingerprints.
+func (ex *execution) extractSpooled(ctx context.Context, c Chunk, started time.Time, version string) (*spooled, error) {
 	sp := &spool{}
 	add, sk := ex.skipAdder(sp, ex.chunkInfo(ex.info, c))
+	if sk != nil {
+		sk.version = version
+	}
 	w := newRowWriter(c, ex.job, ex.chunkInfo(ex.info, c), add, ex.r.cfg.MaxRejectsPerChunk, started)
 	xerr := extractSafely(ctx, ex.job.Extractor, c, w)
 	w.closed = true
@@ -148,13 +163,20 @@ func (ex *execution) extractSpooled(ctx context.Context, c Chunk, started time.T
 // and returns true. It returns false when the chunk must be merged.
 func (ex *execution) skipUnchanged(ctx context.Context, tx Tx, cr *chunkRun, c Chunk, info TableInfo, started time.Time, x *spooled) (bool, error) {
 	chunkErr := func(err error) error { return &ChunkError{Chunk: c, Attempt: cr.attempt, Err: err} }
-	if cr.reread || ex.open(c, started) {
+	if cr.reread || ex.open(c, started) || x.skip.targetChanged {
 		// Read again while open, or open now: its counts combine with
-		// the earlier reads' (Counts.Reread), never skipped.
+		// the earlier reads' (Counts.Reread), never skipped. Or its
+		// target fingerprint was just found to differ from the base's
+		// (skipByVersion, in this transaction).
 		return false, nil
 	}
-	base, ok, err := ex.r.caps.skips.BaseFingerprints(ctx, tx, ex.job.Name, ex.skipKey, ex.batchID, c.ID)
-	if err != nil {
+	var base ChunkFingerprints
+	var ok bool
+	var err error
+	if b := x.skip.base; b != nil {
+		// Looked up by skipByVersion in this transaction.
+		base, ok = b.fp, b.ok
+	} else if base, ok, err = ex.r.caps.skips.BaseFingerprints(ctx, tx, ex.job.Name, ex.skipKey, ex.batchID, c.ID); err != nil {
 		return false, chunkErr(err)
 	}
 	if !ok || base.Source != x.skip.source.String() {
@@ -177,28 +199,41 @@ func (ex *execution) skipUnchanged(ctx context.Context, tx Tx, cr *chunkRun, c C
 	if fingerprintText(tfp) != base.Target {
 		return false, nil
 	}
-	w := x.w
+	// The version read before this extraction stands for its rows, which
+	// are the base's: recorded, the next replay need not extract them.
+	return ex.checkpointSkipped(ctx, tx, cr, c, info, started, base, x.w.read, x.w.rejected, x.w.exceptions, keys, x.skip.version)
+}
+
+// checkpointSkipped checkpoints chunk c, claimed in tx, as skipped on
+// base's fingerprints, and commits: read rows, rejected of them (queued
+// as exceptions), the rest unchanged; the delivered summary of the
+// target rows in its bounds (of the identities keys without
+// ChunkColumn); the validators of skipValidators; and base's
+// fingerprints recorded again, with version (replay_skip_version.go).
+func (ex *execution) checkpointSkipped(ctx context.Context, tx Tx, cr *chunkRun, c Chunk, info TableInfo, started time.Time, base ChunkFingerprints,
+	read, rejected int64, exceptions []Exception, keys [][]string, version string) (bool, error) {
+	chunkErr := func(err error) error { return &ChunkError{Chunk: c, Attempt: cr.attempt, Err: err} }
 	cr.res = ChunkResult{Chunk: c, Attempt: cr.attempt, StartedAt: started, Worker: ex.r.cfg.WorkerID, Skipped: true,
-		Counts: Counts{Read: w.read, Unchanged: w.read - w.rejected, Rejected: w.rejected}}
-	cr.span.setRows(w.read)
+		Counts: Counts{Read: read, Unchanged: read - rejected, Rejected: rejected}}
+	cr.span.setRows(read)
 	// What a merge of the chunk would have summarised: the rows it
 	// delivered unchanged that other batches last wrote.
 	if err := ex.recordSkippedDelivered(ctx, tx, info, c, keys); err != nil {
 		return false, chunkErr(err)
 	}
 	cr.span.next(ctx, PhaseValidate)
-	if err := ex.validateChunkWith(ctx, tx, info, nil, cr.res, w.exceptions, skipValidators(ex.job.Validators, base)); err != nil {
+	if err := ex.validateChunkWith(ctx, tx, info, nil, cr.res, exceptions, skipValidators(ex.job.Validators, base)); err != nil {
 		return false, err
 	}
 	cr.span.next(ctx, PhaseCheckpoint)
 	cr.res.FinishedAt = time.Now()
-	for i := range w.exceptions {
-		w.exceptions[i].BatchID = ex.batchID
+	for i := range exceptions {
+		exceptions[i].BatchID = ex.batchID
 	}
 	// The base's fingerprints, recorded again: this chunk is the newest
 	// base of the next replay.
-	rec := ChunkFingerprints{SkipKey: ex.skipKey, Source: base.Source, Target: base.Target}
-	if err := ex.r.caps.skips.CompleteChunkFingerprinted(ctx, tx, ex.batchID, cr.res, w.exceptions, rec); err != nil {
+	rec := ChunkFingerprints{SkipKey: ex.skipKey, Source: base.Source, Target: base.Target, Version: version}
+	if err := ex.r.caps.skips.CompleteChunkFingerprinted(ctx, tx, ex.batchID, cr.res, exceptions, rec); err != nil {
 		return false, chunkErr(err)
 	}
 	cr.span.next(ctx, PhaseCommit)
@@ -243,7 +278,9 @@ func (ex *execution) recordAfterMerge(ctx context.Context, tx Tx, sk *chunkSkip,
 		// merge: the next replay merges.
 		return nil
 	}
-	sk.record = ChunkFingerprints{Source: sk.source.String(), Target: fingerprintText(tfp.fingerprint)}
+	// The version read before the extraction, with the fingerprints of
+	// its rows (replay_skip_version.go).
+	sk.record = ChunkFingerprints{Source: sk.source.String(), Target: fingerprintText(tfp.fingerprint), Version: sk.version}
 	return nil
 }
 

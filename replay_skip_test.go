@@ -463,6 +463,15 @@ func TestSkipUnchangedProperty(t *testing.T) {
 			src.rows[id] = [2]string{"a", "1.00"}
 		}
 		job := skipJob(src)
+		// With a ChunkVersioner (replay_skip_version.go) or without: the
+		// same chunks merge; with one, a chunk is extracted only when
+		// merged or its version changed (its source edited, even to the
+		// same value).
+		vsrc := &versionedSource{skipSource: src, size: 10, gen: map[int64]int{}}
+		versioned := rapid.Bool().Draw(rt, "versioned")
+		if versioned {
+			job.Extractor = vsrc
+		}
 		job.Name = fmt.Sprintf("prop-%d", iteration)
 		job.Chunker = backfill.IntRange(0, 20, 10)
 		hooks := &skipHooks{}
@@ -489,13 +498,14 @@ func TestSkipUnchangedProperty(t *testing.T) {
 		}
 		foreign := map[string]bool{} // chunks whose bounds hold another tenant's row
 		var lastSrc, lastTgt map[string]string
+		var lastGen map[int64]int
 		for round := range rapid.IntRange(1, 3).Draw(rt, "rounds") {
 			for range rapid.IntRange(0, 3).Draw(rt, "edits") {
 				id := rapid.Int64Range(0, 19).Draw(rt, "id")
 				v := rapid.SampledFrom([]string{"a", "b"}).Draw(rt, "value")
 				switch rapid.IntRange(0, 3).Draw(rt, "edit") {
 				case 0:
-					src.set(id, v, "1.00")
+					vsrc.set(id, v, "1.00")
 				case 1:
 					_, err = s.db.Exec(`UPDATE items SET name = $1 WHERE tenant = 'acme' AND id = $2`, v, id)
 				case 2:
@@ -507,6 +517,9 @@ func TestSkipUnchangedProperty(t *testing.T) {
 				require.NoError(rt, err)
 			}
 			si, ti := images()
+			vsrc.mu.Lock()
+			gens := maps.Clone(vsrc.gen)
+			vsrc.mu.Unlock()
 			rep, err := r.Run(ctx, job)
 			require.NoError(rt, err)
 			requireBalanced(t, s.db, rep.BatchID)
@@ -516,6 +529,15 @@ func TestSkipUnchangedProperty(t *testing.T) {
 				skip := round > 0 && si[c] == lastSrc[c] && ti[c] == lastTgt[c] && !foreign[c]
 				require.Equal(rt, !skip, slices.Contains(merged, c), "round %d chunk %s merged %v", round, c, merged)
 			}
+			if versioned {
+				extracted, _ := vsrc.calls()
+				for i, c := range []string{"int:0/10", "int:10/20"} {
+					changed := round == 0 || gens[int64(i)] != lastGen[int64(i)]
+					want := slices.Contains(merged, c) || changed
+					require.Equal(rt, want, slices.Contains(extracted, c), "round %d chunk %s extracted %v merged %v", round, c, extracted, merged)
+				}
+			}
+			lastGen = gens
 			var acme []rowImage
 			for _, row := range contentOf(snapshot(t, s.db)) {
 				if row.Tenant == "acme" {

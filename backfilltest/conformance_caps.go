@@ -100,12 +100,15 @@ func testManifestCapabilities(t *testing.T,
 		c0, c1 := p.Chunks[0].ID, p.Chunks[1].ID
 		run1, _, err := m.StartRun(ctx, db, p, "w", false)
 		require.NoError(t, err)
-		complete(run1.BatchID, backfill.ChunkFingerprints{SkipKey: "k1", Source: "s1", Target: "t1"}, true)
+		complete(run1.BatchID, backfill.ChunkFingerprints{SkipKey: "k1", Source: "s1", Target: "t1", Version: "ver1"}, true)
 		complete(run1.BatchID, backfill.ChunkFingerprints{SkipKey: "k1"}, true)
+		// The base's counts, as checkpointed (complete's result).
+		counts := backfill.Counts{Read: 3, Unchanged: 3}
 		other := run1.BatchID + 1000 // a batch that is not run1
 		fp, ok := base("job", "k1", other, c0)
 		require.True(t, ok)
-		require.Equal(t, backfill.ChunkFingerprints{BatchID: run1.BatchID, SkipKey: "k1", Source: "s1", Target: "t1"}, fp)
+		require.Equal(t, backfill.ChunkFingerprints{BatchID: run1.BatchID, SkipKey: "k1", Source: "s1", Target: "t1", Version: "ver1", Counts: counts}, fp,
+			"the fingerprints, the version and the base's counts")
 		_, ok = base("job", "k1", other, c1)
 		require.False(t, ok, "a chunk checkpointed without fingerprints")
 		_, ok = base("job", "k1", run1.BatchID, c0)
@@ -131,10 +134,12 @@ func testManifestCapabilities(t *testing.T,
 		complete(run2.BatchID, backfill.ChunkFingerprints{SkipKey: "k1", Source: "s2", Target: "t2"}, true)
 		fp, ok = base("job", "k1", other, c0)
 		require.True(t, ok)
-		require.Equal(t, backfill.ChunkFingerprints{BatchID: run2.BatchID, SkipKey: "k1", Source: "s2", Target: "t2"}, fp, "the newest done chunk, whatever its run's scope")
+		require.Equal(t, backfill.ChunkFingerprints{BatchID: run2.BatchID, SkipKey: "k1", Source: "s2", Target: "t2", Counts: counts}, fp,
+			"the newest done chunk, whatever its run's scope; recorded without a version, none")
 		fp, ok = base("job", "k1", run2.BatchID, c0)
 		require.True(t, ok)
 		require.Equal(t, run1.BatchID, fp.BatchID)
+		require.Equal(t, "ver1", fp.Version)
 		// The skipped marker: on the chunk's state, as checkpointed.
 		for batch, want := range map[int64][]bool{run1.BatchID: {false, false}, run2.BatchID: {true, false, false}} {
 			states, err := m.Chunks(ctx, db, batch)

@@ -286,7 +286,7 @@ func (m *Manifest) completeChunk(ctx context.Context, tx sqlx.ExtContext, batchI
 		}
 		delete(r.fingerprints, res.Chunk.Seq)
 		if !fp.IsZero() || fp.SkipKey != "" {
-			fp.BatchID = 0
+			fp.BatchID, fp.Counts = 0, backfill.Counts{}
 			r.fingerprints[res.Chunk.Seq] = fp
 		}
 	})

@@ -42,7 +42,7 @@ func (m *Manifest) BaseFingerprints(ctx context.Context, tx sqlx.ExtContext, job
 			if fp.IsZero() || fp.Source == "" || fp.Target == "" {
 				return backfill.ChunkFingerprints{}, false, nil
 			}
-			fp.BatchID = r.run.BatchID
+			fp.BatchID, fp.Counts = r.run.BatchID, c.Counts
 			return fp, true, nil
 		}
 	}

@@ -51,6 +51,8 @@ type childOpts struct {
 	byOrder       bool
 	skipUnchanged bool
 	restate       int
+	// versioned: the extractor is a backfill.ChunkVersioner (skip.go).
+	versioned bool
 }
 
 // childResult is what a child reports about its load.
@@ -231,6 +233,9 @@ func loadLib(ctx context.Context, db *sqlx.DB, o childOpts, st *stats) (backfill
 	}
 	if o.byOrder {
 		job.Chunker, job.Extractor = byOrderJob(o) // skip.go
+		if o.versioned {
+			job.Extractor = versionedOrders{job.Extractor.(orderGenerator)}
+		}
 		job.ChunkColumn, job.SkipUnchanged = "order_no", o.skipUnchanged
 	}
 	rep, err := r.Run(ctx, job)

@@ -93,6 +93,7 @@ func main() {
 	flag.StringVar(&o.skipProfile, "skip-profile", "", "with -skip: directory: the first run's SkipUnchanged replay and restatement write CPU profiles there, and one more unchanged replay its auto_explain plans (profiled timings are not comparable)")
 	flag.BoolVar(&c.byOrder, "byorder", false, "internal (child): chunk by order_no, ChunkColumn order_no")
 	flag.BoolVar(&c.skipUnchanged, "skipunchanged", false, "internal (child): Job.SkipUnchanged")
+	flag.BoolVar(&c.versioned, "versioned", false, "internal (child): with -byorder, the extractor implements backfill.ChunkVersioner")
 	flag.IntVar(&c.restate, "restate", 0, "internal (child): add this to the quantity of every 20th chunk's rows")
 	flag.Parse()
 

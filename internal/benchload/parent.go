@@ -427,7 +427,8 @@ func (b *bench) child(ctx context.Context, c childOpts) (childResult, error) {
 		args = append(args, fmt.Sprintf("-concurrency=%d", b.o.libConcurrency), fmt.Sprintf("-ahead=%t", b.o.extractAhead))
 	}
 	if c.byOrder {
-		args = append(args, "-byorder", fmt.Sprintf("-skipunchanged=%t", c.skipUnchanged), fmt.Sprintf("-restate=%d", c.restate))
+		args = append(args, "-byorder", fmt.Sprintf("-skipunchanged=%t", c.skipUnchanged), fmt.Sprintf("-restate=%d", c.restate),
+			fmt.Sprintf("-versioned=%t", c.versioned))
 	}
 	if c.variant == "lib" && b.o.libOptions != "" {
 		args = append(args, "-pgoptions="+b.o.libOptions)

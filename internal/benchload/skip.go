@@ -25,7 +25,14 @@ import (
 //     unchanged replay (every chunk skipped), then a restatement in which
 //     every 20th chunk (5%) changed, with SkipUnchanged;
 //   - off: first load without it, then the same restatement without it,
-//     which stages and merges every chunk: the full reload.
+//     which stages and merges every chunk: the full reload;
+//   - version: as on, with an extractor that is a backfill.ChunkVersioner
+//     (versionedOrders): the unchanged chunks of a replay are not
+//     extracted at all. Its ChunkVersion costs nothing (the generator is
+//     a pure function of the row id and -restate, so the version is what
+//     makes a chunk's rows differ); a real one is a source query (a
+//     max(updated_at) and count(*) of the chunk's rows), which these
+//     figures leave out.
 
 // restateEvery: a restatement changes every restateEvery-th chunk.
 const restateEvery = 20
@@ -66,6 +73,21 @@ func (g orderGenerator) Extract(ctx context.Context, c backfill.Chunk, w backfil
 	return nil
 }
 
+// versionedOrders is orderGenerator with a ChunkVersion: the quantity
+// added to the chunk's lines (0 for a chunk the restatement leaves as it
+// is), which is all that makes one load's rows of a chunk differ from
+// another's.
+type versionedOrders struct{ orderGenerator }
+
+// ChunkVersion implements backfill.ChunkVersioner.
+func (g versionedOrders) ChunkVersion(_ context.Context, c backfill.Chunk) (string, error) {
+	add := 0
+	if g.restate > 0 && ((c.Lo-g.first)/g.perChunk)%restateEvery == 0 {
+		add = g.restate
+	}
+	return fmt.Sprintf("quantity+%d", add), nil
+}
+
 // skipMeasurement is one run of the -skip loads.
 type skipMeasurement struct {
 	Run int `json:"run"`
@@ -76,6 +98,9 @@ type skipMeasurement struct {
 	OnLoadWAL, OnReplayWAL      int64
 	OnRestateWAL, OffLoadWAL    int64
 	OffRestateWAL               int64
+	// Ver: the same as On with a ChunkVersioner (versionedOrders).
+	VerLoad, VerReplay, VerRestate       childResult
+	VerLoadWAL, VerReplayWAL, VerRestWAL int64
 }
 
 // skipBench runs the -skip loads b.o.runs times.
@@ -83,8 +108,8 @@ func (b *bench) skipBench(ctx context.Context) ([]skipMeasurement, error) {
 	var ms []skipMeasurement
 	for i := 1; i <= b.o.runs; i++ {
 		m := skipMeasurement{Run: i}
-		for _, on := range []bool{true, false} {
-			v := map[bool]string{true: "skip_on", false: "skip_off"}[on]
+		for _, v := range []string{"skip_on", "skip_version", "skip_off"} {
+			on, versioned := v != "skip_off", v == "skip_version"
 			table := tableName(v, i)
 			if err := b.freshTable(ctx, table); err != nil {
 				return nil, err
@@ -93,7 +118,7 @@ func (b *bench) skipBench(ctx context.Context) ([]skipMeasurement, error) {
 				return nil, err
 			}
 			c := childOpts{variant: "lib", table: table, job: fmt.Sprintf("benchload-%s-%d", v, i), rows: b.o.rows, chunk: b.o.chunk,
-				byOrder: true, skipUnchanged: on}
+				byOrder: true, skipUnchanged: on, versioned: versioned}
 			step := func(what string, c childOpts, want func(backfill.Counts) bool) (childResult, int64, error) {
 				b.quiesce(ctx)
 				b.checkpoint(ctx)
@@ -122,7 +147,12 @@ func (b *bench) skipBench(ctx context.Context) ([]skipMeasurement, error) {
 				return nil, err
 			}
 			c.newRun = true
-			if on {
+			if versioned {
+				m.VerLoad, m.VerLoadWAL = load, loadWAL
+				if m.VerReplay, m.VerReplayWAL, err = step("unchanged replay", c, func(n backfill.Counts) bool { return n.Read == rows && n.Unchanged == rows }); err != nil {
+					return nil, err
+				}
+			} else if on {
 				m.OnLoad, m.OnLoadWAL = load, loadWAL
 				if m.OnReplay, m.OnReplayWAL, err = step("unchanged replay", b.skipProfiled(c, i, "replay", false), func(n backfill.Counts) bool { return n.Read == rows && n.Unchanged == rows }); err != nil {
 					return nil, err
@@ -137,7 +167,7 @@ func (b *bench) skipBench(ctx context.Context) ([]skipMeasurement, error) {
 			}
 			c.restate = 1
 			rc := c
-			if on {
+			if on && !versioned {
 				rc = b.skipProfiled(c, i, "restate", false)
 			}
 			restate, restateWAL, err := step("restatement (5% of chunks changed)", rc, func(n backfill.Counts) bool {
@@ -146,7 +176,9 @@ func (b *bench) skipBench(ctx context.Context) ([]skipMeasurement, error) {
 			if err != nil {
 				return nil, err
 			}
-			if on {
+			if versioned {
+				m.VerRestate, m.VerRestWAL = restate, restateWAL
+			} else if on {
 				m.OnRestate, m.OnRestateWAL = restate, restateWAL
 			} else {
 				m.OffRestate, m.OffRestateWAL = restate, restateWAL
@@ -216,6 +248,9 @@ func (b *bench) printSkip(ms []skipMeasurement) {
 		{"unchanged replay, SkipUnchanged on", rate(func(m skipMeasurement) childResult { return m.OnReplay }), wal(func(m skipMeasurement) int64 { return m.OnReplayWAL })},
 		{"restatement, 5% of chunks changed, SkipUnchanged on", rate(func(m skipMeasurement) childResult { return m.OnRestate }), wal(func(m skipMeasurement) int64 { return m.OnRestateWAL })},
 		{"restatement, 5% of chunks changed, SkipUnchanged off (full reload)", rate(func(m skipMeasurement) childResult { return m.OffRestate }), wal(func(m skipMeasurement) int64 { return m.OffRestateWAL })},
+		{"first load, SkipUnchanged on, ChunkVersioner", rate(func(m skipMeasurement) childResult { return m.VerLoad }), wal(func(m skipMeasurement) int64 { return m.VerLoadWAL })},
+		{"unchanged replay, SkipUnchanged on, ChunkVersioner", rate(func(m skipMeasurement) childResult { return m.VerReplay }), wal(func(m skipMeasurement) int64 { return m.VerReplayWAL })},
+		{"restatement, 5% of chunks changed, SkipUnchanged on, ChunkVersioner", rate(func(m skipMeasurement) childResult { return m.VerRestate }), wal(func(m skipMeasurement) int64 { return m.VerRestWAL })},
 	}
 	for _, r := range rows {
 		fmt.Fprintf(w, "| %s | %s | %s |\n", r.name, r.r.render(fmtRate, n), fmtMiB(r.wal.Median))
@@ -231,8 +266,19 @@ func (b *bench) printSkip(ms []skipMeasurement) {
 		restateRuns = append(restateRuns, m.OffRestate.Seconds/m.OnRestate.Seconds)
 	}
 	rr, rs := summarize(replayRuns), summarize(restateRuns)
+	var verReplayRuns, verRestateRuns []float64
+	for _, m := range ms {
+		verReplayRuns = append(verReplayRuns, m.VerLoad.Seconds/m.VerReplay.Seconds)
+		verRestateRuns = append(verRestateRuns, m.OffRestate.Seconds/m.VerRestate.Seconds)
+	}
+	vr, vs := summarize(verReplayRuns), summarize(verRestateRuns)
 	fmt.Fprintf(w, "\nUnchanged replay: %.2f× the first load's rows/s (per run %.2f – %.2f, median %.2f; goal ≥ 3×: %s); its WAL %s of the first load's (goal ≤ 0.1%%: %s; that WAL is the manifest's: no target row is written).\n",
 		replay, rr.Min, rr.Max, rr.Median, yesNo(replay >= 3), fmtPct(replayWAL), yesNo(replayWAL <= 0.001))
 	fmt.Fprintf(w, "Restatement with 5%% of the chunks changed: %.2f× the full reload's rows/s (per run %.2f – %.2f, median %.2f; goal ≥ 5×: %s).\n\n",
 		restate, rs.Min, rs.Max, rs.Median, yesNo(restate >= 5))
+	verReplay, verRestate := rows[6].r.Median/rows[5].r.Median, rows[7].r.Median/rows[4].r.Median
+	fmt.Fprintf(w, "| with a ChunkVersioner (its ChunkVersion costs nothing here; a real one is a source query per chunk) | without | with |\n|---|---:|---:|\n")
+	fmt.Fprintf(w, "| unchanged replay / its first load (rows/s; per run median) | %.2f× (%.2f) | %.2f× (%.2f) |\n", replay, rr.Median, verReplay, vr.Median)
+	fmt.Fprintf(w, "| restatement 5%% / full reload (rows/s; per run median) | %.2f× (%.2f) | %.2f× (%.2f) |\n", restate, rs.Median, verRestate, vs.Median)
+	fmt.Fprintf(w, "| unchanged replay's WAL / its first load's | %s | %s |\n\n", fmtPct(replayWAL), fmtPct(rows[6].wal.Median/rows[5].wal.Median))
 }

@@ -1,0 +1,197 @@
+package backfill
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime/debug"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+)
+
+// Replays that skip unchanged chunks without extracting them
+// ([Job.SkipUnchanged] with a [ChunkVersioner]; the fingerprints' design
+// is at the top of replay_skip.go).
+//
+// A chunk skipped on its fingerprints was still extracted and converted
+// in full, which is most of its cost. An extractor that can tell cheaply
+// whether a chunk's source changed (a max(updated_at) and count(*) of the
+// chunk's source rows, a partition's or file's modification stamp or
+// ETag) implements ChunkVersioner; the version is read before the
+// extraction and recorded with the fingerprints (migration 20,
+// chunks.source_version, by the checkpoint statement: a kill -9 loses it
+// with the checkpoint, never apart from it). A replay whose version is
+// the base's skips the extraction too, when:
+//
+//   - the version is not "" and equals the one the base recorded with its
+//     fingerprints (the base is [ManifestSkips.BaseFingerprints]': the
+//     newest done chunk of the job, chunk ID and skip key, not rolled
+//     back);
+//   - the base rejected no row: a replay re-queues the rows it rejects
+//     into its own batch's exception queue, which needs the rows;
+//   - the job has a ChunkColumn: the target fingerprint is then taken
+//     within the chunk's bounds, without the extracted rows' keys;
+//   - the chunk is not read again while open, nor open now;
+//   - and, in the chunk's transaction (after the claim, or the lease's
+//     fence), the target fingerprint equals the base's.
+//
+// Then the chunk is checkpointed as skipUnchanged checkpoints a skipped
+// chunk (checkpointSkipped), with the base's Read as read and unchanged,
+// no rejects, and the base's fingerprints and version recorded again,
+// without calling Extract. Otherwise the chunk is extracted and merged as
+// without a version:
+//
+//   - in one transaction (runChunk), inside the chunk's transaction,
+//     after the check, as runChunk extracts without a version;
+//   - in short transactions (runChunkLeased), the decision that the chunk
+//     need not be extracted is taken in the extract stage, in a read
+//     transaction of its own (versionCandidate: the base's version and
+//     rejects); the target fingerprint is taken in the chunk's
+//     transaction. When that transaction finds the chunk must be
+//     extracted after all (its target rows changed, or its base since
+//     rolled back), it rolls back and releases the lease as a fence that
+//     failed does: the chunk stays claimable, and this call's next lease
+//     of it extracts it (execution.versionMissed), outside any
+//     transaction, as usual. Extracting it right there, with the lease
+//     kept, would run Extract while the slot holds its write stage, which
+//     the pipeline of Config.ExtractAhead forbids (a slot's Extract calls
+//     never overlap, its chunks are written in lease order;
+//     backfill_pipeline.go): the release costs one more lease, only for a
+//     chunk whose target another session changed.
+//
+// The version is recorded with the fingerprints of the extraction that
+// followed it: by a merged chunk whose merge records them, and by a chunk
+// skipped on its fingerprints (its extracted rows are the base's, so the
+// version read before them stands for them: the next replay skips the
+// extraction). A chunk skipped on its version records it again. A
+// change of the source during the extraction leaves the older version
+// recorded (it was read before): the next replay's version differs, and
+// the chunk is extracted, which is conservative.
+
+// ChunkVersioner is implemented by an [Extractor] that can tell, without
+// extracting a chunk, whether the chunk's source rows changed: a replay
+// with [Job.SkipUnchanged] then skips the extraction of a chunk whose
+// version equals the one recorded by its last load (see [Job.SkipUnchanged]
+// for when).
+//
+// ChunkVersion returns a token of the rows Extract would write for c: it
+// must change whenever those rows change (their values, their number, or
+// which rows they are), for example the max of an updated_at column
+// together with the count(*) of the chunk's source rows (a count catches
+// a deletion that leaves the max alone), or the modification stamp or
+// ETag of the partition or file that holds the chunk. Equal tokens at two
+// times promise equal rows; a token that changes without the rows
+// changing only costs an extraction. It is called before the chunk's
+// extraction, outside the chunk's transaction in short transactions, and
+// its result is recorded on the chunk's manifest row (keep it short: at
+// most a few hundred bytes). "" means unknown: the chunk is extracted. An
+// error fails the chunk's attempt as an extraction error does (retried
+// like one; the error names the chunk); a panic is
+// [ErrExtractorPanic].
+type ChunkVersioner interface {
+	ChunkVersion(ctx context.Context, c Chunk) (string, error)
+}
+
+// errVersionMissed is loadChunk's answer, in short transactions, for a
+// chunk not extracted on its version whose transaction found it must be
+// extracted after all: runChunkLeased rolls the transaction back and
+// releases the lease (see the top of this file).
+var errVersionMissed = errors.New("backfill: the chunk's version check found it must be extracted")
+
+// chunkVersion returns chunk c's source version (the job's Extractor as
+// a ChunkVersioner), read before its extraction, or "" when the chunk can
+// never skip its extraction: without the option or a versioner, without
+// ChunkColumn, read again while open (reread) or open now. Its error
+// names the chunk's version; a panic is ErrExtractorPanic.
+func (ex *execution) chunkVersion(ctx context.Context, c Chunk, reread bool, started time.Time) (v string, err error) {
+	cv, ok := ex.job.Extractor.(ChunkVersioner)
+	if !ok || !ex.job.SkipUnchanged || ex.job.ChunkColumn == "" || reread || ex.open(c, started) {
+		return "", nil
+	}
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("chunk version: %w (%w): %v\n%s", ErrExtractorPanic, errNotRetryable, p, debug.Stack())
+		}
+	}()
+	if v, err = cv.ChunkVersion(ctx, c); err != nil {
+		return "", fmt.Errorf("chunk version: %w", err)
+	}
+	return v, nil
+}
+
+// versionBase reports whether base (ok: found) lets a chunk of version v
+// skip its extraction: recorded fingerprints (BaseFingerprints' ok), the
+// same version, no rejected row.
+func versionBase(base ChunkFingerprints, ok bool, v string) bool {
+	return ok && v != "" && base.Version == v && base.Counts.Rejected == 0
+}
+
+// versionCandidate reports, in a read transaction of its own, whether
+// chunk c of version v has a base that lets it skip its extraction
+// (runChunkLeased's extract stage, before the chunk's transaction, which
+// checks again). A chunk this call found must be extracted after all is
+// none (versionMissed).
+func (ex *execution) versionCandidate(ctx context.Context, c Chunk, v string) (bool, error) {
+	if v == "" || ex.versionMissed(c.Seq, false) {
+		return false, nil
+	}
+	var base ChunkFingerprints
+	var ok bool
+	err := readTx(ctx, ex.r.db, func(tx sqlx.ExtContext) (err error) {
+		base, ok, err = ex.r.caps.skips.BaseFingerprints(ctx, tx, ex.job.Name, ex.skipKey, ex.batchID, c.ID)
+		return err
+	})
+	return versionBase(base, ok, v), err
+}
+
+// versionMissed reports whether chunk seq was found, by a transaction of
+// this call, to need its extraction although its version was its base's;
+// set records that it was.
+func (ex *execution) versionMissed(seq int, set bool) bool {
+	ex.mu.Lock()
+	defer ex.mu.Unlock()
+	if set {
+		if ex.versionMisses == nil {
+			ex.versionMisses = map[int]bool{}
+		}
+		ex.versionMisses[seq] = true
+	}
+	return ex.versionMisses[seq]
+}
+
+// skipByVersion skips chunk c, claimed in tx and not extracted, whose
+// version sk.version was read before: when its base (looked up in tx)
+// lets it (versionBase) and its target rows within its bounds hash as
+// the base's, it checkpoints and commits the chunk and returns true.
+// Otherwise it returns false, with sk.base set to the base looked up and
+// sk.targetChanged when only the target fingerprint differed.
+func (ex *execution) skipByVersion(ctx context.Context, tx Tx, cr *chunkRun, c Chunk, info TableInfo, started time.Time, sk *chunkSkip) (bool, error) {
+	chunkErr := func(err error) error { return &ChunkError{Chunk: c, Attempt: cr.attempt, Err: err} }
+	base, ok, err := ex.r.caps.skips.BaseFingerprints(ctx, tx, ex.job.Name, ex.skipKey, ex.batchID, c.ID)
+	if err != nil {
+		return false, chunkErr(err)
+	}
+	sk.base = &baseLookup{fp: base, ok: ok}
+	if !versionBase(base, ok, sk.version) {
+		return false, nil
+	}
+	tfp, err := targetFingerprint(ctx, tx, info, ex.job.ChunkColumn, ex.job.Zone, c)
+	if err != nil {
+		return false, chunkErr(err)
+	}
+	if fingerprintText(tfp) != base.Target {
+		sk.targetChanged = true
+		return false, nil
+	}
+	// The base rejected none (versionBase): its rows read were all
+	// staged, and are the rows Extract would write again.
+	return ex.checkpointSkipped(ctx, tx, cr, c, info, started, base, base.Counts.Read, 0, nil, nil, sk.version)
+}
+
+// baseLookup is a base looked up in the chunk's transaction
+// (BaseFingerprints' answer), kept for skipUnchanged.
+type baseLookup struct {
+	fp ChunkFingerprints
+	ok bool
+}
