@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"math/rand/v2"
 	"slices"
 	"strings"
 	"sync"
@@ -166,8 +167,7 @@ func TestSkipUnchangedReplaySkipsEveryChunk(t *testing.T) {
 			require.NoError(t, err)
 			first := snapshot(t, s.db)
 
-			var walBefore string
-			require.NoError(t, s.db.Get(&walBefore, `SELECT pg_current_wal_lsn()::text`))
+			walBefore := walMark(t, s.db)
 			rep2, err := r.Run(ctx, job)
 			require.NoError(t, err)
 			require.Equal(t, 10, rep2.ChunksSkipped)
@@ -189,6 +189,24 @@ func TestSkipUnchangedReplaySkipsEveryChunk(t *testing.T) {
 			require.Equal(t, 10, rep3.ChunksSkipped)
 		})
 	}
+}
+
+// walMark returns the current WAL insert position and keeps the WAL from
+// before it until the test ends (a physical replication slot reserving it,
+// dropped at cleanup): on the shared test server, parallel tests write
+// enough WAL for a checkpoint to remove the segments targetWAL reads
+// ("requested WAL segment ... has already been removed").
+func walMark(t *testing.T, db *sqlx.DB) string {
+	t.Helper()
+	name := fmt.Sprintf("walmark_%d", rand.Int64())
+	// The slot keeps the WAL from the last checkpoint's redo pointer on;
+	// the mark is the insert position after it.
+	_, err := db.Exec(`SELECT pg_create_physical_replication_slot($1, true)`, name)
+	require.NoError(t, err)
+	t.Cleanup(func() { _, _ = db.Exec(`SELECT pg_drop_replication_slot($1)`, name) })
+	var lsn string
+	require.NoError(t, db.Get(&lsn, `SELECT pg_current_wal_lsn()::text`))
+	return lsn
 }
 
 // targetWAL counts the WAL records since lsn that name a block of items

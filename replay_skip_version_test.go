@@ -137,8 +137,7 @@ func TestChunkVersionSkipsTheExtraction(t *testing.T) {
 			require.NoError(t, err)
 			first := snapshot(t, s.db)
 
-			var walBefore string
-			require.NoError(t, s.db.Get(&walBefore, `SELECT pg_current_wal_lsn()::text`))
+			walBefore := walMark(t, s.db)
 			for range 2 {
 				// The second replay skips on the first replay's records
 				// (a skipped chunk records the version again).
