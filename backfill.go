@@ -380,15 +380,21 @@ type Job struct {
 	//
 	//	func (s src) ChunkVersion(ctx context.Context, c backfill.Chunk) (string, error) {
 	//		var v string
-	//		err := s.db.QueryRowContext(ctx, `SELECT count(*) || ':' || coalesce(max(updated_at)::text, '')
+	//		err := s.db.QueryRowContext(ctx, `SELECT count(*) || ':' ||
+	//			coalesce(sum(hashtextextended(id::text || '/' || xmin::text, 0)), 0)
 	//			FROM orders WHERE id >= $1 AND id < $2`, c.Lo, c.Hi).Scan(&v)
 	//		return v, err
 	//	}
 	//
-	// (with an index on (id, updated_at), one index-only scan). The
-	// count catches deletions that leave the newest updated_at as it
-	// was; a source whose rows can change without their updated_at
-	// cannot give a version. See replay_skip_version.go.
+	// Every committed insert, update or delete of a row changes its
+	// xmin term or the count (one scan of the chunk's rows, no
+	// conversion). A max(updated_at) is no version when updated_at is the
+	// writer's now(): a transaction that began earlier and commits later
+	// leaves the max alone. The version is read again after the
+	// extraction and recorded only if unchanged. It describes the source,
+	// not Extract's code: change CodeVersion with that code, or a replay
+	// skips chunks the new code would write otherwise. See
+	// [ChunkVersioner] and replay_skip_version.go.
 	//
 	// Eligible jobs only: Target.Mode [Upsert] or
 	// [AppendOnly]; Conflict [SourceWins] and no Version; publish per

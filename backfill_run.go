@@ -332,6 +332,7 @@ func (r *Runner) planRun(ctx context.Context, job Job) (runSetup, error) {
 	if err := r.skipEligible(job, rs.info); err != nil { // replay_skip_run.go
 		return runSetup{}, err
 	}
+	r.warnVersioner(job) // replay_skip_version.go
 	// Before the run exists: every missing privilege at once.
 	privWarnings, err := r.checkRunPrivileges(ctx, job, rs.info)
 	if err != nil {

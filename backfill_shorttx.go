@@ -220,6 +220,9 @@ func (ex *execution) runChunkLeased(ctx context.Context, p *chunkPipe) (cr chunk
 		case xerr != nil:
 			return cr, chunkErr(fmt.Errorf("extract: %w", xerr))
 		}
+		if err := ex.confirmVersion(xctx, c, sk, cr.reread, started); err != nil {
+			return cr, chunkErr(err)
+		}
 		x = &spooled{sp: sp, w: w, skip: sk}
 	}
 

@@ -9,8 +9,8 @@ import (
 
 // priceSource is a source of prices whose chunks say their version
 // without being extracted (backfill.ChunkVersioner): here an edit
-// counter per chunk of 100 skus; over a SQL source, a count(*) and
-// max(updated_at) of the chunk's rows.
+// counter per chunk of 100 skus (it only grows); over a PostgreSQL
+// source, a count(*) and a sum of hashes of each row's key and xmin.
 type priceSource struct {
 	price     map[int64]string
 	edits     map[int64]int // chunk (sku / 100) -> edits

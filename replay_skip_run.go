@@ -154,6 +154,11 @@ func (ex *execution) extractSpooled(ctx context.Context, c Chunk, started time.T
 		_ = sp.Close()
 		return nil, fmt.Errorf("extract: %w", xerr)
 	}
+	// A version was read only for a chunk neither re-read nor open.
+	if err := ex.confirmVersion(ctx, c, sk, false, started); err != nil {
+		_ = sp.Close()
+		return nil, err
+	}
 	return &spooled{sp: sp, w: w, skip: sk}, nil
 }
 

@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"runtime/debug"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jmoiron/sqlx"
 )
@@ -16,10 +18,11 @@ import (
 //
 // A chunk skipped on its fingerprints was still extracted and converted
 // in full, which is most of its cost. An extractor that can tell cheaply
-// whether a chunk's source changed (a max(updated_at) and count(*) of the
-// chunk's source rows, a partition's or file's modification stamp or
-// ETag) implements ChunkVersioner; the version is read before the
-// extraction and recorded with the fingerprints (migration 20,
+// whether a chunk's source changed (a count(*) and a sum of hashes of
+// each source row's key and xmin, a partition's or file's generation
+// number) implements ChunkVersioner; the version is read before the
+// extraction, again after it (confirmVersion: recorded only when both
+// reads agree), and recorded with the fingerprints (migration 20,
 // chunks.source_version, by the checkpoint statement: a kill -9 loses it
 // with the checkpoint, never apart from it). A replay whose version is
 // the base's skips the extraction too, when:
@@ -76,16 +79,26 @@ import (
 // for when).
 //
 // ChunkVersion returns a token of the rows Extract would write for c: it
-// must change whenever those rows change (their values, their number, or
-// which rows they are), for example the max of an updated_at column
-// together with the count(*) of the chunk's source rows (a count catches
-// a deletion that leaves the max alone), or the modification stamp or
-// ETag of the partition or file that holds the chunk. Equal tokens at two
-// times promise equal rows; a token that changes without the rows
-// changing only costs an extraction. It is called before the chunk's
+// must change whenever a committed change alters those rows (their
+// values, their number, or which rows they are), and never return to an
+// earlier token for other rows. Equal tokens at two times promise equal
+// rows; a token that changes without the rows changing only costs an
+// extraction. The version is read before the chunk's extraction and
+// again after it, and recorded only when both reads agree. For a table in
+// PostgreSQL, a sum of hashes of each row's key and xmin (the transaction
+// that last wrote it) with count(*) is such a token (see [Job.SkipUnchanged]);
+// a max(updated_at) is not, when updated_at is set by the writer's
+// now(): a transaction that began earlier and commits later leaves the
+// max alone. A file's or object's generation number or modification
+// stamp is; a content hash (ETag) is too, unless the content may change
+// and change back while a chunk is extracted. The token describes the
+// source, not Extract's code: change [Job.CodeVersion] when that code
+// changes, or a replay skips chunks whose rows the new code would write
+// otherwise. It is called before the chunk's
 // extraction, outside the chunk's transaction in short transactions, and
-// its result is recorded on the chunk's manifest row (keep it short: at
-// most a few hundred bytes). "" means unknown: the chunk is extracted. An
+// its result is recorded on the chunk's manifest row: UTF-8 text without
+// NUL, at most 1,024 bytes (else the chunk fails, not retried). "" means
+// unknown: the chunk is extracted. An
 // error fails the chunk's attempt as an extraction error does (retried
 // like one; the error names the chunk); a panic is
 // [ErrExtractorPanic].
@@ -117,7 +130,57 @@ func (ex *execution) chunkVersion(ctx context.Context, c Chunk, reread bool, sta
 	if v, err = cv.ChunkVersion(ctx, c); err != nil {
 		return "", fmt.Errorf("chunk version: %w", err)
 	}
+	// Recorded as text on the chunk's manifest row: a token PostgreSQL
+	// cannot store would fail the checkpoint after the merge.
+	switch {
+	case !utf8.ValidString(v) || strings.ContainsRune(v, 0):
+		return "", fmt.Errorf("chunk version: %w: ChunkVersion returned %q, not UTF-8 text without NUL (return a hex digest of bytes)", errNotRetryable, v)
+	case len(v) > maxVersionLen:
+		return "", fmt.Errorf("chunk version: %w: ChunkVersion returned %d bytes, more than %d (return a digest)", errNotRetryable, len(v), maxVersionLen)
+	}
 	return v, nil
+}
+
+// warnVersioner logs what keeps a job's ChunkVersioner from being used
+// as the user may expect: it is ignored without SkipUnchanged or without
+// a ChunkColumn, and with an empty CodeVersion a change of Extract's code
+// is not seen by a replay that skips on versions.
+func (r *Runner) warnVersioner(job Job) {
+	if _, ok := job.Extractor.(ChunkVersioner); !ok {
+		return
+	}
+	log := r.cfg.Logger.With("job", job.Name)
+	switch {
+	case !job.SkipUnchanged:
+		log.Warn("backfill: the Extractor is a ChunkVersioner but Job.SkipUnchanged is off: its versions are not used")
+	case job.ChunkColumn == "":
+		log.Warn("backfill: the Extractor is a ChunkVersioner but the job has no ChunkColumn: every chunk is extracted (versions need a bounds-based target fingerprint)")
+	case job.CodeVersion == "":
+		log.Warn("backfill: a ChunkVersioner with an empty Job.CodeVersion: a replay skips a chunk whose source version is unchanged even if Extract's code changed; set CodeVersion and change it with that code")
+	}
+}
+
+// maxVersionLen bounds a ChunkVersion token, in bytes.
+const maxVersionLen = 1024
+
+// confirmVersion reads chunk c's version again after its extraction: the
+// version read before (sk.version) is recorded with the extracted rows'
+// fingerprints only if it is still the chunk's version, so no change of
+// the source during the extraction was missed (tokens never recur: see
+// ChunkVersioner). Otherwise none is recorded (the next replay extracts).
+func (ex *execution) confirmVersion(ctx context.Context, c Chunk, sk *chunkSkip, reread bool, started time.Time) error {
+	if sk == nil || sk.version == "" {
+		return nil
+	}
+	v, err := ex.chunkVersion(ctx, c, reread, started)
+	if err != nil {
+		return err
+	}
+	if v != sk.version {
+		ex.log.Info("chunk version changed during its extraction: none recorded", "seq", c.Seq, "chunk", c.ID)
+		sk.version = ""
+	}
+	return nil
 }
 
 // versionBase reports whether base (ok: found) lets a chunk of version v
