@@ -88,21 +88,19 @@ func (t *pipeTurn) enterWrite(ctx context.Context, wait func()) (ok, waited bool
 	}
 	select {
 	case t.p.write <- struct{}{}:
-		t.leave()
-		t.held = t.p.write
-		return true, false
 	default:
+		wait()
+		waited = true
+		select {
+		case t.p.write <- struct{}{}:
+		case <-ctx.Done():
+			t.leave()
+			return false, true
+		}
 	}
-	wait()
-	select {
-	case t.p.write <- struct{}{}:
-		t.leave()
-		t.held = t.p.write
-		return true, true
-	case <-ctx.Done():
-		t.leave()
-		return false, true
-	}
+	t.leave()
+	t.held = t.p.write
+	return true, waited
 }
 
 // leave leaves the stage held, if any (nil: none).

@@ -1057,10 +1057,7 @@ func (ex *execution) chunkFailed(ctx context.Context, ce *ChunkError, attempt in
 		// This call's other goroutines (Concurrency, ExtractAhead) do not
 		// claim the chunk before its backoff is over either.
 		ex.mu.Lock()
-		if ex.waits.notBefore == nil {
-			ex.waits.tries, ex.waits.notBefore = map[int]int{}, map[int]time.Time{}
-		}
-		ex.waits.notBefore[ce.Chunk.Seq] = time.Now().Add(backoff)
+		ex.waits.avoid(ce.Chunk.Seq, time.Now().Add(backoff))
 		ex.mu.Unlock()
 	}
 	ex.traceRetry(ctx, TraceRetryData{Chunk: ce.Chunk, Attempt: attempt, Kind: RetryAttempt, Sleep: backoff, Final: final, Err: err})

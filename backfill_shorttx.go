@@ -204,26 +204,11 @@ func (ex *execution) runChunkLeased(ctx context.Context, p *chunkPipe) (cr chunk
 
 	// Extract, outside any transaction, into a spool.
 	if x == nil {
-		sp := &spool{}
-		defer sp.Close()
-		add, sk := ex.skipAdder(sp, ex.chunkInfo(ex.info, c)) // replay_skip_run.go
-		if sk != nil {
-			sk.version = version
-		}
-		w := newRowWriter(c, ex.job, ex.chunkInfo(ex.info, c), add, r.cfg.MaxRejectsPerChunk, started)
-		xerr := extractSafely(xctx, ex.job.Extractor, c, w)
-		w.closed = true
-		cr.span.setRows(w.read)
-		switch {
-		case w.err != nil:
-			return cr, chunkErr(w.err)
-		case xerr != nil:
-			return cr, chunkErr(fmt.Errorf("extract: %w", xerr))
-		}
-		if err := ex.confirmVersion(xctx, c, sk, cr.reread, started); err != nil {
+		if x, err = ex.extractSpooled(xctx, c, started, version); err != nil { // replay_skip_run.go
 			return cr, chunkErr(err)
 		}
-		x = &spooled{sp: sp, w: w, skip: sk}
+		defer x.close()
+		cr.span.setRows(x.w.read)
 	}
 
 	// The slot's write stage: the previous chunk leased by the slot is

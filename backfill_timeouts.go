@@ -220,6 +220,14 @@ type chunkWaits struct {
 	notBefore map[int]time.Time
 }
 
+// avoid keeps this call's claims off chunk seq until t; ex.mu is held.
+func (w *chunkWaits) avoid(seq int, t time.Time) {
+	if w.notBefore == nil {
+		w.notBefore = map[int]time.Time{}
+	}
+	w.notBefore[seq] = t
+}
+
 // waitTry returns the number of tries of chunk seq's current attempt
 // that waited (the row of its next try).
 func (ex *execution) waitTry(seq int) int {
@@ -324,7 +332,7 @@ func (ex *execution) chunkWaited(ctx context.Context, ce *ChunkError, cr chunkRu
 	seq := ce.Chunk.Seq
 	ex.mu.Lock()
 	if ex.waits.tries == nil {
-		ex.waits.tries, ex.waits.notBefore = map[int]int{}, map[int]time.Time{}
+		ex.waits.tries = map[int]int{}
 	}
 	n := ex.waits.tries[seq]
 	final := n+1 >= len(s.retries)
@@ -334,7 +342,7 @@ func (ex *execution) chunkWaited(ctx context.Context, ce *ChunkError, cr chunkRu
 	} else {
 		ex.waits.tries[seq] = n + 1
 		sleep = jitter(s.retries[n].Sleep)
-		ex.waits.notBefore[seq] = time.Now().Add(sleep)
+		ex.waits.avoid(seq, time.Now().Add(sleep))
 	}
 	ex.mu.Unlock()
 

@@ -131,9 +131,12 @@ func (ex *execution) skipAdder(sp *spool, info TableInfo) (rowAdder, *chunkSkip)
 	return fa, &chunkSkip{source: &fa.fp}
 }
 
-// extractSpooled extracts chunk c into a spool, in the chunk's
-// transaction (runChunk's path, which otherwise stages as it extracts):
-// a job with SkipUnchanged decides after the extraction whether to stage.
+// extractSpooled extracts chunk c into a spool: in short transactions
+// outside any transaction (runChunkLeased), in one transaction inside the
+// chunk's (runChunk's path with SkipUnchanged, which otherwise stages as
+// it extracts). A job with SkipUnchanged decides after the extraction
+// whether to stage. The caller closes the spool (spooled.close); on an
+// error it is closed already.
 //
 // version is the chunk's version read before (chunkVersion), recorded
 // with its fingerprints.
