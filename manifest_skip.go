@@ -57,7 +57,11 @@ type ChunkFingerprints struct {
 	// another version never matches: the chunk merges once.
 	Source string
 	// Target is the multiset hash of the target rows within the chunk's
-	// ChunkColumn bounds after the merge, in the form "rows:sum".
+	// ChunkColumn bounds after the merge: of their row versions (table,
+	// ctid and xmin) on a target whose partitions are all heap tables,
+	// in the form "tuples:rows:sum", where any write to one of the rows,
+	// even of the same values, changes it; otherwise of their values, in
+	// the form "rows:sum".
 	Target string
 	// Version is the chunk's source version ([ChunkVersioner]) read
 	// before the extraction whose rows Source hashes ("" for none); a

@@ -63,8 +63,8 @@ type TableInfo struct {
 	// batch and chunk being merged, for lineage and the undo log.
 	Chunk ChunkRef
 
-	// keyIndexes names the unique indexes that cover the identity
-	// (PGMerger).
+	// keyIndexes names the unique indexes that cover the identity, and
+	// the partitions' indexes attached to them (PGMerger).
 	keyIndexes []string
 	// openIndexes: History's partial unique indexes on the business key
 	// (one open version per key), name -> predicate (PGMerger).
@@ -73,6 +73,11 @@ type TableInfo struct {
 	// target itself when it is not a partition), which names its key
 	// locks' namespace (merge_lock.go); "" when unknown.
 	lockRoot string
+	// tupleIdentity: the target and each of its partitions are heap
+	// tables, whose rows' tuple identities (table, ctid, xmin) a target
+	// fingerprint may hash instead of their values (replay_skip.go,
+	// tupleHashSQL); PGMerger, read at Prepare.
+	tupleIdentity bool
 	// insertOnly: an Upsert that may update rows, prepared for a role
 	// (role) without UPDATE on the columns it would write; the merge
 	// neither locks nor updates target rows and fails a chunk that would

@@ -168,19 +168,28 @@ func comparedAsText(base, kind, elem, elemKind string) bool {
 }
 
 // prepareDecide reads what Prepare records for the merge's decision: the
-// partition root naming the key locks.
+// partition root naming the key locks; and, for the target fingerprints
+// of replays (replay_skip.go), whether the target and each of its
+// partitions are heap tables (tupleIdentity; hashtidextended is
+// PostgreSQL 14's).
 func prepareDecide(ctx context.Context, db sqlx.ExtContext, oid int64, info *TableInfo) error {
 	var r struct {
 		Schema string `db:"nspname"`
 		Name   string `db:"relname"`
+		Heap   bool   `db:"heap"`
 	}
-	err := sqlx.GetContext(ctx, db, &r, `SELECT n.nspname, c.relname
+	err := sqlx.GetContext(ctx, db, &r, `SELECT n.nspname, c.relname,
+		coalesce((SELECT bool_and(p.relkind = 'p' OR p.relkind = 'r' AND am.amname = 'heap')
+			FROM pg_class p LEFT JOIN pg_am am ON am.oid = p.relam
+			WHERE p.oid = $1 OR p.oid IN (SELECT relid FROM pg_partition_tree($1::oid::regclass))), false)
+			AND to_regprocedure('hashtidextended(tid,bigint)') IS NOT NULL AS heap
 		FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 		WHERE c.oid = coalesce(pg_partition_root($1::oid::regclass), $1::oid::regclass)`, oid)
 	if err != nil {
 		return err
 	}
 	info.lockRoot = sqlgen.Qualified(r.Schema, r.Name)
+	info.tupleIdentity = r.Heap
 	return nil
 }
 

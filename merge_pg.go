@@ -117,7 +117,7 @@ func (m *PGMerger) prepare(ctx context.Context, db sqlx.ExtContext, t Target) (T
 		identity := slices.Sorted(slices.Values(info.identity()))
 		for _, k := range keys {
 			if slices.Equal(slices.Sorted(slices.Values([]string(k.Columns))), identity) {
-				info.keyIndexes = append(info.keyIndexes, k.Name)
+				info.keyIndexes = append(append(info.keyIndexes, k.Name), k.Parts...)
 			}
 		}
 		if err := prepareDecide(ctx, db, oid, &info); err != nil { // merge_decide.go
@@ -248,6 +248,10 @@ func tableColumns(ctx context.Context, db sqlx.ExtContext, oid int64) ([]Column,
 type uniqueIndex struct {
 	Name    string         `db:"name"`
 	Columns pq.StringArray `db:"columns"`
+	// Parts names the indexes of the table's partitions attached to this
+	// one (a partitioned index's; none for a plain table's): a unique
+	// violation names the partition's index, not this one.
+	Parts pq.StringArray `db:"parts"`
 }
 
 // uniqueIndexes reads the unique, valid, non-partial indexes on plain
@@ -256,12 +260,14 @@ type uniqueIndex struct {
 func uniqueIndexes(ctx context.Context, db sqlx.ExtContext, oid int64) ([]uniqueIndex, error) {
 	var keys []uniqueIndex
 	err := sqlx.SelectContext(ctx, db, &keys, `
-		SELECT c.relname AS name, array_agg(a.attname::text ORDER BY a.attname) AS columns
+		SELECT c.relname AS name, array_agg(a.attname::text ORDER BY a.attname) AS columns,
+			ARRAY(SELECT p.relname::text FROM pg_partition_tree(i.indexrelid::regclass) pt JOIN pg_class p ON p.oid = pt.relid
+				WHERE pt.relid <> i.indexrelid ORDER BY 1) AS parts
 		FROM pg_index i
 		JOIN pg_class c ON c.oid = i.indexrelid
 		JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY ((i.indkey::int2[])[0:i.indnkeyatts - 1])
 		WHERE i.indrelid = $1 AND i.indisunique AND i.indisvalid AND i.indpred IS NULL AND i.indexprs IS NULL
-		GROUP BY c.relname`, oid)
+		GROUP BY c.relname, i.indexrelid`, oid)
 	return keys, err
 }
 
@@ -913,12 +919,20 @@ func (s *pgStager) insertFresh(ctx context.Context, res *MergeResult) (ok bool, 
 		err = s.checkDeferred(ctx) // merge_decide.go
 	}
 	if err != nil {
+		// Any unique violation: the upsert, which looks each key up,
+		// decides. One of the key's index (or of a partition's index
+		// attached to it) means the ground is not new; another
+		// index's may be a partition's created since Prepare, whose
+		// violation is the key's too, or another constraint's, which
+		// the upsert then isolates as it would.
 		var pe *pq.Error
-		if errors.As(err, &pe) && pe.Code == "23505" && slices.Contains(s.info.keyIndexes, pe.Constraint) {
+		if errors.As(err, &pe) && pe.Code == "23505" {
 			if _, rerr := s.tx.ExecContext(ctx, `ROLLBACK TO SAVEPOINT backfill_fresh`); rerr != nil {
 				return false, fmt.Errorf("backfill: merge %s: rollback to savepoint: %w", t.Table, rerr)
 			}
-			s.m.setFresh(t.Table, false)
+			if slices.Contains(s.info.keyIndexes, pe.Constraint) {
+				s.m.setFresh(t.Table, false)
+			}
 			return false, nil
 		}
 		return false, err

@@ -39,9 +39,12 @@ import (
 //     round trip;
 //  2. the chunk's target rows are a state a merge of those source rows
 //     leaves as it is: targetFingerprint, the multiset hash of the
-//     target rows within the chunk's ChunkColumn bounds
-//     (validate_fingerprint.go's SQL, one scan of the chunk's rows
-//     through the ChunkColumn index, no write), taken in the chunk's
+//     target rows within the chunk's ChunkColumn bounds (one scan of
+//     the chunk's rows through the ChunkColumn index, no write): on a
+//     heap target of their row versions' identities (table, ctid,
+//     xmin: tupleHashSQL, which reads no value, so its cost does not
+//     grow with the row's width), otherwise of their values
+//     (validate_fingerprint.go's SQL); taken in the chunk's
 //     transaction after the merge at load (targetFingerprintMerged, which
 //     proves that state in the same statement, below) and again at the
 //     replay (no join), after the claim (or the lease's fence), which
@@ -320,7 +323,32 @@ func targetFingerprint(ctx context.Context, tx sqlx.ExtContext, info TableInfo, 
 	// the ChunkColumn's type (under DateStyle and TimeZone for a time);
 	// an int chunk's are numbers and a time chunk's instants with their
 	// offsets (inChunk), read alike under any setting.
+	if info.tupleIdentity {
+		q := sqlf(`SELECT count(*) AS rows, coalesce(sum({hash}), 0)::text AS hash_sum FROM {target} t WHERE {bounds}`,
+			"hash", tupleHashSQL("t"), "target", pc.target, "bounds", bounds)
+		return pinnedFingerprint(ctx, tx, c, q, a, c.Kind == KindList)
+	}
 	return pinnedFingerprint(ctx, tx, c, pc.fingerprintTargetSQL(cols, bounds), a, c.Kind == KindList || hashReadsSettings(pc, cols))
+}
+
+// tupleHashSQL is the hash of the tuple identity of the target row of
+// alias: its table (a partition's own), its place (ctid) and the
+// transaction that wrote it (xmin). The heap never changes a row version
+// in place: an UPDATE writes a new version at another ctid with its own
+// xmin, a DELETE removes one (the count drops), an INSERT adds one. So
+// the rows of a chunk whose identities are the same multiset as at the
+// last load are the same row versions, byte for byte, whatever their
+// width: the target side of a skip is checked without reading a value
+// (issue 15). Freezing keeps the raw xmin (PostgreSQL 9.4 and later); a
+// rewrite (VACUUM FULL, CLUSTER, a column type change) moves every row,
+// and the chunk then merges once (writing nothing) and records the new
+// identities. What it does not see: a row version left behind at a
+// ctid and reused by one whose writer's 32-bit xid equals the first's,
+// which takes about 2^32 transactions between the two loads; and target
+// tables other than heap ones, whose fingerprints hash values
+// (TableInfo.tupleIdentity is false for them).
+func tupleHashSQL(alias string) string {
+	return fmt.Sprintf("hashtidextended(%[1]s.ctid, hashtextextended(%[1]s.xmin::text, %[1]s.tableoid::int8))", alias)
 }
 
 // mergedFingerprint is the target fingerprint a merged chunk records,
@@ -361,12 +389,16 @@ func targetFingerprintMerged(ctx context.Context, tx sqlx.ExtContext, info Table
 	}
 	var a sqlArgs
 	var q, settings string
+	hash := rowHashSQL(info, cols, "t")
+	if info.tupleIdentity {
+		hash = tupleHashSQL("t")
+	}
 	if chunkColumn == "" {
 		// Every row hashed has its staged row: the join finds them, one
 		// index lookup into the target per staged row.
 		q = sqlf(`SELECT count(*) AS rows, coalesce(sum({hash}), 0)::text AS hash_sum, count(*) FILTER (WHERE {differs}) AS stray
 FROM {staging} s JOIN {target} t ON {ts}`,
-			"hash", rowHashSQL(info, cols, "t"), "differs", differs, "staging", pc.staging, "target", pc.target, "ts", pc.idMatch("t", "s"))
+			"hash", hash, "differs", differs, "staging", pc.staging, "target", pc.target, "ts", pc.idMatch("t", "s"))
 	} else {
 		if _, ok := pc.cols[chunkColumn]; !ok {
 			return mergedFingerprint{}, fmt.Errorf("backfill: chunk %s: target fingerprint: %w: ChunkColumn %q is not a column of the target", c.ID, ErrInvalidConfig, chunkColumn)
@@ -382,7 +414,7 @@ FROM {staging} s JOIN {target} t ON {ts}`,
 		q = sqlf(`SELECT count(*) AS rows, coalesce(sum({hash}), 0)::text AS hash_sum,
 	count(*) FILTER (WHERE s.{id} IS NULL OR {differs}) AS stray
 FROM {target} t LEFT JOIN {staging} s ON {ts} WHERE {bounds}`,
-			"hash", rowHashSQL(info, cols, "t"), "id", sqlgen.Ident(cc.Identity[0]), "differs", differs,
+			"hash", hash, "id", sqlgen.Ident(cc.Identity[0]), "differs", differs,
 			"target", pc.target, "staging", pc.staging, "ts", pc.idMatch("t", "s"), "bounds", bounds)
 		settings = joinsSettings
 	}
@@ -411,8 +443,12 @@ func targetFingerprintKeys(ctx context.Context, tx sqlx.ExtContext, info TableIn
 	}
 	var a sqlArgs
 	from := keysJoin(pc, keys, &a)
+	hash := rowHashSQL(info, cols, "t")
+	if info.tupleIdentity {
+		hash = tupleHashSQL("t")
+	}
 	q := sqlf(`SELECT count(*) AS rows, coalesce(sum({hash}), 0)::text AS hash_sum FROM {from}`,
-		"hash", rowHashSQL(info, cols, "t"), "from", from)
+		"hash", hash, "from", from)
 	// The keys are text the server reads as their columns' types: pinned
 	// always.
 	return pinnedFingerprint(ctx, tx, c, q, a, true)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -15,11 +16,15 @@ import (
 )
 
 // TestTargetFingerprintSeesEveryChange: the target fingerprint of a chunk
-// (the rows within its ChunkColumn bounds) is a function of those rows'
-// content: recomputing it, or rewriting a row with its own value, keeps
-// it; changing a value, setting one to NULL, deleting a row or adding one
+// (the rows within its ChunkColumn bounds) over their values (a target
+// that is not a heap table's) is a function of those rows' content:
+// recomputing it, or rewriting a row with its own value, keeps it;
+// changing a value, setting one to NULL, deleting a row or adding one
 // inside the bounds changes it, and only that chunk's; restoring the rows
-// restores it. A replay that skips on a matching fingerprint therefore
+// restores it. Over their row versions (a heap table's, the default),
+// every write to one of the chunk's rows changes it, a rewrite with the
+// same values and a restore too, and only that chunk's; recomputing it
+// keeps it. A replay that skips on a matching fingerprint therefore
 // never misses a changed target.
 func TestTargetFingerprintSeesEveryChange(t *testing.T) {
 	t.Parallel()
@@ -33,6 +38,7 @@ func TestTargetFingerprintSeesEveryChange(t *testing.T) {
 		info, err = NewPGMerger().Prepare(ctx, tx, Target{Table: "fp", Key: []string{"id"}, Columns: []string{"id", "grp", "amount", "note", "at"}})
 		return err
 	}))
+	require.True(t, info.tupleIdentity, "a heap table")
 	chunks := []Chunk{{ID: "int:0/10", Seq: 0, Kind: KindInt, Lo: 0, Hi: 10}, {ID: "int:10/20", Seq: 1, Kind: KindInt, Lo: 10, Hi: 20}}
 	fps := func() [2]fingerprint {
 		t.Helper()
@@ -49,16 +55,7 @@ func TestTargetFingerprintSeesEveryChange(t *testing.T) {
 		}))
 		return out
 	}
-	base := fps()
-	require.Equal(t, int64(10), base[0].Rows)
-	require.Equal(t, int64(10), base[1].Rows)
-	require.NotEqual(t, base[0], base[1])
-	require.Equal(t, base, fps(), "recomputed")
-
-	db.MustExec(`UPDATE fp SET note = note, amount = amount`)
-	require.Equal(t, base, fps(), "rows rewritten with their own values")
-
-	for _, change := range []struct{ name, do, undo string }{
+	changes := []struct{ name, do, undo string }{
 		{"a changed text", `UPDATE fp SET note = 'changed' WHERE id = 3`, `UPDATE fp SET note = 'n3' WHERE id = 3`},
 		{"a changed numeric", `UPDATE fp SET amount = amount + 0.01 WHERE id = 3`, `UPDATE fp SET amount = 3.75 WHERE id = 3`},
 		{"a changed instant", `UPDATE fp SET at = at + interval '1 microsecond' WHERE id = 3`, `UPDATE fp SET at = '2024-03-01'::timestamptz + interval '3 hours' WHERE id = 3`},
@@ -67,7 +64,43 @@ func TestTargetFingerprintSeesEveryChange(t *testing.T) {
 		{"a deleted row", `DELETE FROM fp WHERE id = 3`, `INSERT INTO fp VALUES (3, 3, 3.75, 'n3', '2024-03-01'::timestamptz + interval '3 hours')`},
 		{"an added row", `INSERT INTO fp VALUES (100, 5, 1, 'x', NULL)`, `DELETE FROM fp WHERE id = 100`},
 		{"a duplicated row content under another key", `INSERT INTO fp SELECT 101, grp, amount, note, at FROM fp WHERE id = 3`, `DELETE FROM fp WHERE id = 101`},
-	} {
+	}
+
+	// Row versions: every write of a row changes the chunk's fingerprint
+	// to one not seen before; only deleting an added row goes back to the
+	// state before it (the same row versions).
+	base := fps()
+	require.Equal(t, int64(10), base[0].Rows)
+	require.Equal(t, int64(10), base[1].Rows)
+	require.NotEqual(t, base[0], base[1])
+	require.Equal(t, base, fps(), "recomputed")
+	seen := map[fingerprint]string{base[0]: "base"}
+	for _, change := range append(changes, struct{ name, do, undo string }{"a row rewritten with its own values", `UPDATE fp SET note = note WHERE id = 3`, ""}) {
+		before := fps()[0]
+		for _, step := range []struct{ what, sql string }{{change.name, change.do}, {change.name + " undone", change.undo}} {
+			if step.sql == "" {
+				continue
+			}
+			db.MustExec(step.sql)
+			got := fps()
+			if strings.HasPrefix(step.sql, "DELETE FROM fp WHERE id = 10") {
+				require.Equal(t, before, got[0], "%s: the chunk's rows are the versions before the insert", step.what)
+			} else {
+				require.NotContains(t, seen, got[0], "%s: the changed chunk's fingerprint is one seen before", step.what)
+			}
+			seen[got[0]] = step.what
+			require.Equal(t, base[1], got[1], "%s: the other chunk's fingerprint", step.what)
+		}
+	}
+
+	// Values: a function of the rows' content.
+	info.tupleIdentity = false
+	base = fps()
+	require.NotEqual(t, base[0], base[1])
+	require.Equal(t, base, fps(), "recomputed")
+	db.MustExec(`UPDATE fp SET note = note, amount = amount`)
+	require.Equal(t, base, fps(), "rows rewritten with their own values")
+	for _, change := range changes {
 		db.MustExec(change.do)
 		got := fps()
 		require.NotEqual(t, base[0], got[0], "%s: the changed chunk's fingerprint", change.name)

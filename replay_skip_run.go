@@ -98,8 +98,16 @@ func skipValidators(vs []Validator, base ChunkFingerprints) []Validator {
 	return out
 }
 
-// fingerprintText is a target fingerprint as the manifest records it.
-func fingerprintText(fp fingerprint) string { return fmt.Sprintf("%d:%s", fp.Rows, fp.Sum) }
+// fingerprintText is a target fingerprint of info's target as the
+// manifest records it: "rows:sum" over the rows' values, or
+// "tuples:rows:sum" over their tuple identities (tupleHashSQL), so that
+// one recorded in one form never matches the other.
+func fingerprintText(info TableInfo, fp fingerprint) string {
+	if info.tupleIdentity {
+		return fmt.Sprintf("tuples:%d:%s", fp.Rows, fp.Sum)
+	}
+	return fmt.Sprintf("%d:%s", fp.Rows, fp.Sum)
+}
 
 // chunkSkip is what a chunk of a job with SkipUnchanged carries from
 // its extraction to its checkpoint.
@@ -204,7 +212,7 @@ func (ex *execution) skipUnchanged(ctx context.Context, tx Tx, cr *chunkRun, c C
 	if err != nil {
 		return false, chunkErr(err)
 	}
-	if fingerprintText(tfp) != base.Target {
+	if fingerprintText(info, tfp) != base.Target {
 		return false, nil
 	}
 	// The version read before this extraction stands for its rows, which
@@ -288,7 +296,7 @@ func (ex *execution) recordAfterMerge(ctx context.Context, tx Tx, sk *chunkSkip,
 	}
 	// The version read before the extraction, with the fingerprints of
 	// its rows (replay_skip_version.go).
-	sk.record = ChunkFingerprints{Source: sk.source.String(), Target: fingerprintText(tfp.fingerprint), Version: sk.version}
+	sk.record = ChunkFingerprints{Source: sk.source.String(), Target: fingerprintText(info, tfp.fingerprint), Version: sk.version}
 	return nil
 }
 

@@ -243,7 +243,7 @@ func (ex *execution) skipByVersion(ctx context.Context, tx Tx, cr *chunkRun, c C
 	if err != nil {
 		return false, chunkErr(err)
 	}
-	if fingerprintText(tfp) != base.Target {
+	if fingerprintText(info, tfp) != base.Target {
 		sk.targetChanged = true
 		return false, nil
 	}

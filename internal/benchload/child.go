@@ -47,10 +47,12 @@ type childOpts struct {
 	extractAhead bool   // library: Config.ExtractAhead
 	// byOrder chunks by order_no with ChunkColumn order_no (skip.go);
 	// skipUnchanged sets Job.SkipUnchanged; restate > 0 changes every
-	// restateEvery-th chunk's rows.
+	// restateEvery-th chunk's rows; correct > 0 changes, in those chunks,
+	// every correctEvery-th row once more.
 	byOrder       bool
 	skipUnchanged bool
 	restate       int
+	correct       int
 	// versioned: the extractor is a backfill.ChunkVersioner (skip.go).
 	versioned bool
 }

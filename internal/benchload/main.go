@@ -95,6 +95,7 @@ func main() {
 	flag.BoolVar(&c.skipUnchanged, "skipunchanged", false, "internal (child): Job.SkipUnchanged")
 	flag.BoolVar(&c.versioned, "versioned", false, "internal (child): with -byorder, the extractor implements backfill.ChunkVersioner")
 	flag.IntVar(&c.restate, "restate", 0, "internal (child): add this to the quantity of every 20th chunk's rows")
+	flag.IntVar(&c.correct, "correct", 0, "internal (child): add this to the quantity of every 100th row of every 20th chunk, after -restate")
 	flag.Parse()
 
 	if c.variant != "" {

@@ -428,7 +428,7 @@ func (b *bench) child(ctx context.Context, c childOpts) (childResult, error) {
 	}
 	if c.byOrder {
 		args = append(args, "-byorder", fmt.Sprintf("-skipunchanged=%t", c.skipUnchanged), fmt.Sprintf("-restate=%d", c.restate),
-			fmt.Sprintf("-versioned=%t", c.versioned))
+			fmt.Sprintf("-correct=%d", c.correct), fmt.Sprintf("-versioned=%t", c.versioned))
 	}
 	if c.variant == "lib" && b.o.libOptions != "" {
 		args = append(args, "-pgoptions="+b.o.libOptions)

@@ -23,9 +23,13 @@ import (
 //
 //   - on: first load with SkipUnchanged (it records the fingerprints), an
 //     unchanged replay (every chunk skipped), then a restatement in which
-//     every 20th chunk (5%) changed, with SkipUnchanged;
-//   - off: first load without it, then the same restatement without it,
-//     which stages and merges every chunk: the full reload;
+//     every 20th chunk (5%) changed in every row, with SkipUnchanged, then
+//     a correction of the restated data in which the same 5% of the
+//     chunks changed in 1% of their rows (every correctEvery-th row): a
+//     late fix of a few rows, where the restatement is the worst case;
+//   - off: first load without it, then the same restatement and
+//     correction without it, which stage and merge every chunk: the full
+//     reloads;
 //   - version: as on, with an extractor that is a backfill.ChunkVersioner
 //     (versionedOrders): the unchanged chunks of a replay are not
 //     extracted at all. Its ChunkVersion costs nothing (the generator is
@@ -37,22 +41,27 @@ import (
 // restateEvery: a restatement changes every restateEvery-th chunk.
 const restateEvery = 20
 
+// correctEvery: a correction changes every correctEvery-th row (by row
+// id) of the chunks a restatement changes.
+const correctEvery = 100
+
 // byOrderJob returns the job of -byorder loads: [lo, lo+rows) as order
 // chunks of o.chunk rows.
 func byOrderJob(o childOpts) (backfill.Chunker, backfill.Extractor) {
 	perChunk := max(o.chunk/8, 1)
 	first := 1_000_000_000 + o.lo/8
 	return backfill.IntRange(first, 1_000_000_000+(o.lo+o.rows)/8, perChunk),
-		orderGenerator{first: first, perChunk: perChunk, restate: o.restate}
+		orderGenerator{first: first, perChunk: perChunk, restate: o.restate, correct: o.correct}
 }
 
 // orderGenerator is the Extractor of order chunks: the eight lines of
 // each order of [c.Lo, c.Hi) (genRow's rows of ids 8*(order-1e9)...), with
 // restate added to the quantity of every line of every restateEvery-th
-// chunk when restate > 0.
+// chunk when restate > 0, and correct to every correctEvery-th of those
+// lines.
 type orderGenerator struct {
-	first, perChunk int64
-	restate         int
+	first, perChunk  int64
+	restate, correct int
 }
 
 func (g orderGenerator) Extract(ctx context.Context, c backfill.Chunk, w backfill.RowWriter) error {
@@ -61,9 +70,13 @@ func (g orderGenerator) Extract(ctx context.Context, c backfill.Chunk, w backfil
 	changed := g.restate > 0 && ((c.Lo-g.first)/g.perChunk)%restateEvery == 0
 	for order := c.Lo; order < c.Hi; order++ {
 		for line := range int64(8) {
-			buf = genRow((order-1_000_000_000)*8+line, vals, buf)
+			id := (order-1_000_000_000)*8 + line
+			buf = genRow(id, vals, buf)
 			if changed {
 				vals[5] = vals[5].(int) + g.restate
+				if id%correctEvery == 0 {
+					vals[5] = vals[5].(int) + g.correct
+				}
 			}
 			if err := w.Write(ctx, vals...); err != nil {
 				return err
@@ -81,11 +94,11 @@ type versionedOrders struct{ orderGenerator }
 
 // ChunkVersion implements backfill.ChunkVersioner.
 func (g versionedOrders) ChunkVersion(_ context.Context, c backfill.Chunk) (string, error) {
-	add := 0
+	add, fix := 0, 0
 	if g.restate > 0 && ((c.Lo-g.first)/g.perChunk)%restateEvery == 0 {
-		add = g.restate
+		add, fix = g.restate, g.correct
 	}
-	return fmt.Sprintf("quantity+%d", add), nil
+	return fmt.Sprintf("quantity+%d,+%d", add, fix), nil
 }
 
 // skipMeasurement is one run of the -skip loads.
@@ -101,6 +114,9 @@ type skipMeasurement struct {
 	// Ver: the same as On with a ChunkVersioner (versionedOrders).
 	VerLoad, VerReplay, VerRestate       childResult
 	VerLoadWAL, VerReplayWAL, VerRestWAL int64
+	// The corrections after each restatement.
+	OnCorrect, OffCorrect, VerCorrect          childResult
+	OnCorrectWAL, OffCorrectWAL, VerCorrectWAL int64
 }
 
 // skipBench runs the -skip loads b.o.runs times.
@@ -183,6 +199,21 @@ func (b *bench) skipBench(ctx context.Context) ([]skipMeasurement, error) {
 			} else {
 				m.OffRestate, m.OffRestateWAL = restate, restateWAL
 			}
+			c.correct = 1
+			correct, correctWAL, err := step("correction (5% of chunks changed in 1% of their rows)", c, func(n backfill.Counts) bool {
+				return n.Read == rows && n.Updated <= (changedRows+correctEvery-1)/correctEvery && n.Updated > 0 && n.Unchanged == rows-n.Updated
+			})
+			if err != nil {
+				return nil, err
+			}
+			switch {
+			case versioned:
+				m.VerCorrect, m.VerCorrectWAL = correct, correctWAL
+			case on:
+				m.OnCorrect, m.OnCorrectWAL = correct, correctWAL
+			default:
+				m.OffCorrect, m.OffCorrectWAL = correct, correctWAL
+			}
 			if _, err := b.db.ExecContext(ctx, `DROP TABLE `+table); err != nil {
 				return nil, err
 			}
@@ -251,6 +282,9 @@ func (b *bench) printSkip(ms []skipMeasurement) {
 		{"first load, SkipUnchanged on, ChunkVersioner", rate(func(m skipMeasurement) childResult { return m.VerLoad }), wal(func(m skipMeasurement) int64 { return m.VerLoadWAL })},
 		{"unchanged replay, SkipUnchanged on, ChunkVersioner", rate(func(m skipMeasurement) childResult { return m.VerReplay }), wal(func(m skipMeasurement) int64 { return m.VerReplayWAL })},
 		{"restatement, 5% of chunks changed, SkipUnchanged on, ChunkVersioner", rate(func(m skipMeasurement) childResult { return m.VerRestate }), wal(func(m skipMeasurement) int64 { return m.VerRestWAL })},
+		{"correction, 5% of chunks changed in 1% of their rows, SkipUnchanged on", rate(func(m skipMeasurement) childResult { return m.OnCorrect }), wal(func(m skipMeasurement) int64 { return m.OnCorrectWAL })},
+		{"correction, 5% of chunks changed in 1% of their rows, SkipUnchanged off (full reload)", rate(func(m skipMeasurement) childResult { return m.OffCorrect }), wal(func(m skipMeasurement) int64 { return m.OffCorrectWAL })},
+		{"correction, 5% of chunks changed in 1% of their rows, SkipUnchanged on, ChunkVersioner", rate(func(m skipMeasurement) childResult { return m.VerCorrect }), wal(func(m skipMeasurement) int64 { return m.VerCorrectWAL })},
 	}
 	for _, r := range rows {
 		fmt.Fprintf(w, "| %s | %s | %s |\n", r.name, r.r.render(fmtRate, n), fmtMiB(r.wal.Median))
@@ -281,4 +315,30 @@ func (b *bench) printSkip(ms []skipMeasurement) {
 	fmt.Fprintf(w, "| unchanged replay / its first load (rows/s; per run median) | %.2f× (%.2f) | %.2f× (%.2f) |\n", replay, rr.Median, verReplay, vr.Median)
 	fmt.Fprintf(w, "| restatement 5%% / full reload (rows/s; per run median) | %.2f× (%.2f) | %.2f× (%.2f) |\n", restate, rs.Median, verRestate, vs.Median)
 	fmt.Fprintf(w, "| unchanged replay's WAL / its first load's | %s | %s |\n\n", fmtPct(replayWAL), fmtPct(rows[6].wal.Median/rows[5].wal.Median))
+
+	// The same goal for a correction (few rows of the changed chunks),
+	// and both against a load of every row into an empty table (the
+	// first load without SkipUnchanged), the other meaning of "a full
+	// reload".
+	perRun := func(num, den func(skipMeasurement) childResult) summary {
+		var xs []float64
+		for _, m := range ms {
+			xs = append(xs, den(m).Seconds/num(m).Seconds)
+		}
+		return summarize(xs)
+	}
+	onC := perRun(func(m skipMeasurement) childResult { return m.OnCorrect }, func(m skipMeasurement) childResult { return m.OffCorrect })
+	verC := perRun(func(m skipMeasurement) childResult { return m.VerCorrect }, func(m skipMeasurement) childResult { return m.OffCorrect })
+	onL := perRun(func(m skipMeasurement) childResult { return m.OnRestate }, func(m skipMeasurement) childResult { return m.OffLoad })
+	verL := perRun(func(m skipMeasurement) childResult { return m.VerRestate }, func(m skipMeasurement) childResult { return m.OffLoad })
+	onCL := perRun(func(m skipMeasurement) childResult { return m.OnCorrect }, func(m skipMeasurement) childResult { return m.OffLoad })
+	verCL := perRun(func(m skipMeasurement) childResult { return m.VerCorrect }, func(m skipMeasurement) childResult { return m.OffLoad })
+	fmt.Fprintf(w, "| 5%% of the chunks changed: SkipUnchanged on / the full reload (goal ≥ 5×; rows/s, medians; per run median) | without a ChunkVersioner | with |\n|---|---:|---:|\n")
+	fmt.Fprintf(w, "| restatement (every row of the changed chunks) / its replay without SkipUnchanged | %.2f× (%.2f) | %.2f× (%.2f) |\n", restate, rs.Median, verRestate, vs.Median)
+	fmt.Fprintf(w, "| correction (1%% of the changed chunks' rows) / its replay without SkipUnchanged | %.2f× (%.2f) | %.2f× (%.2f) |\n",
+		rows[8].r.Median/rows[9].r.Median, onC.Median, rows[10].r.Median/rows[9].r.Median, verC.Median)
+	fmt.Fprintf(w, "| restatement / a load of every row into an empty table | %.2f× (%.2f) | %.2f× (%.2f) |\n",
+		rows[3].r.Median/rows[1].r.Median, onL.Median, rows[7].r.Median/rows[1].r.Median, verL.Median)
+	fmt.Fprintf(w, "| correction / a load of every row into an empty table | %.2f× (%.2f) | %.2f× (%.2f) |\n\n",
+		rows[8].r.Median/rows[1].r.Median, onCL.Median, rows[10].r.Median/rows[1].r.Median, verCL.Median)
 }

@@ -1,0 +1,193 @@
+package backfill_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/jmoiron/sqlx"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgbackfill/backfill"
+	"github.com/pgbackfill/backfill/internal/pgtest"
+)
+
+// targetFingerprints returns the target fingerprints batch recorded, by
+// chunk ID.
+func targetFingerprints(t *testing.T, ctx context.Context, db *sqlx.DB, batch int64) map[string]string {
+	t.Helper()
+	var rows []struct {
+		ID     string  `db:"chunk_id"`
+		Target *string `db:"target_fingerprint"`
+	}
+	require.NoError(t, db.SelectContext(ctx, &rows, `SELECT chunk_id, target_fingerprint FROM backfill.chunks WHERE batch_id = $1`, batch))
+	out := map[string]string{}
+	for _, c := range rows {
+		if c.Target != nil {
+			out[c.ID] = *c.Target
+		}
+	}
+	return out
+}
+
+// TestSkipUnchangedTupleIdentity: on a heap target, the target side of a
+// skip is the chunk's row versions (table, ctid, xmin), not their
+// values. Every write to a row of a chunk, even one that leaves its
+// values as they were, makes the chunk merge once (writing nothing,
+// as the values are the source's) and record the new versions; so does
+// a rewrite of the table (VACUUM FULL) that moves a chunk's rows. The
+// next replay skips them again.
+func TestSkipUnchangedTupleIdentity(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := newItems(t)
+	src := newSkipSource()
+	hooks := &skipHooks{}
+	r, err := backfill.New(s.db, &backfill.Config{Hooks: hooks})
+	require.NoError(t, err)
+	job := skipJob(src)
+	rep, err := r.Run(ctx, job)
+	require.NoError(t, err)
+	hooks.merged()
+	fps := targetFingerprints(t, ctx, s.db, rep.BatchID)
+	require.Len(t, fps, 10)
+	for id, fp := range fps {
+		require.True(t, strings.HasPrefix(fp, "tuples:100:"), "chunk %s: %q", id, fp)
+	}
+	first := snapshot(t, s.db)
+
+	// Writes that leave the values as they were: an UPDATE to the same
+	// value (chunk 500), a delete and insert of the same row (chunk 600).
+	_, err = s.db.Exec(`UPDATE items SET name = name WHERE id = 555`)
+	require.NoError(t, err)
+	_, err = s.db.Exec(`WITH d AS (DELETE FROM items WHERE id = 666 RETURNING *) INSERT INTO items SELECT * FROM d`)
+	require.NoError(t, err)
+	rep, err = r.Run(ctx, job)
+	require.NoError(t, err)
+	require.Equal(t, []string{"int:500/600", "int:600/700"}, hooks.merged())
+	require.Equal(t, backfill.Counts{Read: 1000, Unchanged: 1000}, rep.Counts)
+	requireBalanced(t, s.db, rep.BatchID)
+	rep, err = r.Run(ctx, job)
+	require.NoError(t, err)
+	require.Empty(t, hooks.merged())
+	require.Equal(t, 10, rep.ChunksSkipped)
+
+	// A rewrite moves the rows behind the dead versions of chunks 500
+	// and 600 (it copies a row's version as it is, xmin and all, so the
+	// rows before them keep their identities): those chunks merge once,
+	// writing nothing.
+	_, err = s.db.Exec(`VACUUM FULL items`)
+	require.NoError(t, err)
+	rep, err = r.Run(ctx, job)
+	require.NoError(t, err)
+	require.Subset(t, hooks.merged(), []string{"int:600/700", "int:700/800", "int:800/900", "int:900/1000"})
+	require.Equal(t, backfill.Counts{Read: 1000, Unchanged: 1000}, rep.Counts)
+	rep, err = r.Run(ctx, job)
+	require.NoError(t, err)
+	require.Equal(t, 10, rep.ChunksSkipped)
+	if d := cmp.Diff(contentOf(first), contentOf(snapshot(t, s.db))); d != "" {
+		t.Fatalf("the replays changed rows (-want +got):\n%s", d)
+	}
+}
+
+// TestSkipUnchangedPartitionedTarget: a partitioned target's row
+// versions are told apart by partition (two partitions hold rows at the
+// same ctid): replays skip, and a change in either partition merges
+// exactly its chunk.
+func TestSkipUnchangedPartitionedTarget(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t)
+	_, err := db.Exec(`CREATE TABLE items (
+		tenant text NOT NULL, id bigint NOT NULL, name varchar(12), amount numeric(10,2), seen_at timestamptz,
+		backfill_inserted_by bigint, backfill_updated_by bigint,
+		PRIMARY KEY (tenant, id)) PARTITION BY RANGE (id);
+		CREATE TABLE items_lo PARTITION OF items FOR VALUES FROM (0) TO (500);
+		CREATE TABLE items_hi PARTITION OF items FOR VALUES FROM (500) TO (1000)`)
+	require.NoError(t, err)
+	src := newSkipSource()
+	hooks := &skipHooks{}
+	r, err := backfill.New(db, &backfill.Config{Hooks: hooks})
+	require.NoError(t, err)
+	job := skipJob(src)
+	rep, err := r.Run(ctx, job)
+	require.NoError(t, err)
+	hooks.merged()
+	for id, fp := range targetFingerprints(t, ctx, db, rep.BatchID) {
+		require.True(t, strings.HasPrefix(fp, "tuples:100:"), "chunk %s: %q", id, fp)
+	}
+	rep, err = r.Run(ctx, job)
+	require.NoError(t, err)
+	require.Equal(t, 10, rep.ChunksSkipped)
+	hooks.merged()
+
+	src.set(123, "changed", "1.00")
+	_, err = db.Exec(`UPDATE items SET amount = 9.99 WHERE id = 777`)
+	require.NoError(t, err)
+	rep, err = r.Run(ctx, job)
+	if err != nil {
+		var reasons []string
+		_ = db.Select(&reasons, `SELECT DISTINCT reason FROM backfill.exceptions`)
+		t.Log(reasons)
+	}
+	require.NoError(t, err)
+	require.Equal(t, []string{"int:100/200", "int:700/800"}, hooks.merged())
+	require.Equal(t, backfill.Counts{Read: 1000, Updated: 2, Unchanged: 998}, rep.Counts)
+	rep, err = r.Run(ctx, job)
+	require.NoError(t, err)
+	require.Equal(t, 10, rep.ChunksSkipped)
+}
+
+// TestReplayIntoPartitionedTarget: a unique violation of the business
+// key names the partition's index, not the partitioned table's. A
+// replay into existing rows (the merger's first try is a plain insert)
+// must take it for the key's and update, not refuse the rows: also for a
+// partition created after the run's Prepare (here by the extractor of
+// the chunk it holds, with a row of that chunk already in it).
+func TestReplayIntoPartitionedTarget(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t)
+	_, err := db.Exec(`CREATE TABLE items (
+		tenant text NOT NULL, id bigint NOT NULL, name varchar(12), amount numeric(10,2), seen_at timestamptz,
+		backfill_inserted_by bigint, backfill_updated_by bigint,
+		PRIMARY KEY (tenant, id)) PARTITION BY RANGE (id);
+		CREATE TABLE items_lo PARTITION OF items FOR VALUES FROM (0) TO (500);
+		CREATE TABLE items_hi PARTITION OF items FOR VALUES FROM (500) TO (1000)`)
+	require.NoError(t, err)
+	src := newSkipSource()
+	r, err := backfill.New(db, nil)
+	require.NoError(t, err)
+	job := skipJob(src)
+	job.SkipUnchanged = false
+	_, err = r.Run(ctx, job)
+	require.NoError(t, err)
+
+	src.set(123, "changed", "1.00")
+	rep, err := r.Run(ctx, job)
+	require.NoError(t, err)
+	require.Equal(t, backfill.Counts{Read: 1000, Updated: 1, Unchanged: 999}, rep.Counts)
+
+	// A new chunk [1000, 1100) whose partition appears after Prepare,
+	// holding one of its rows with other values.
+	for id := int64(1000); id < 1100; id++ {
+		src.set(id, fmt.Sprint("new-", id), "2.00")
+	}
+	extract := src.extractor()
+	job.Chunker = backfill.IntRange(1000, 1100, 100)
+	job.Extractor = backfill.ExtractorFunc(func(ctx context.Context, c backfill.Chunk, w backfill.RowWriter) error {
+		if _, err := db.ExecContext(ctx, `CREATE TABLE items_new PARTITION OF items FOR VALUES FROM (1000) TO (2000);
+			INSERT INTO items (tenant, id, name, amount) VALUES ('acme', 1050, 'old', 9.00)`); err != nil {
+			return err
+		}
+		return extract.Extract(ctx, c, w)
+	})
+	rep, err = r.Run(ctx, job)
+	require.NoError(t, err)
+	require.Equal(t, backfill.Counts{Read: 100, Inserted: 99, Updated: 1}, rep.Counts)
+	var name string
+	require.NoError(t, db.Get(&name, `SELECT name FROM items WHERE id = 1050`))
+	require.Equal(t, "new-1050", name)
+}
