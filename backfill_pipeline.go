@@ -51,10 +51,14 @@ import (
 // without a pipeline (every method is a no-op).
 type chunkPipe struct {
 	extract, write chan struct{}
+	// slot is the worker slot's index, which the concurrency knob may
+	// leave out (waitTurn): checked again once the extract stage is
+	// taken, as a goroutine may have waited for it since its turn.
+	slot int
 }
 
-func newChunkPipe() *chunkPipe {
-	return &chunkPipe{extract: make(chan struct{}, 1), write: make(chan struct{}, 1)}
+func newChunkPipe(slot int) *chunkPipe {
+	return &chunkPipe{extract: make(chan struct{}, 1), write: make(chan struct{}, 1), slot: slot}
 }
 
 // pipeTurn is the stage a goroutine holds (0: none).

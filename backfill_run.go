@@ -832,7 +832,7 @@ func (ex *execution) work(ctx context.Context) {
 	for i := range ex.r.cfg.Concurrency {
 		var p *chunkPipe
 		if ahead {
-			p = newChunkPipe()
+			p = newChunkPipe(i)
 			g.Go(func() error { ex.workSlot(gctx, i, p); return nil })
 		}
 		g.Go(func() error { ex.workSlot(gctx, i, p); return nil })
@@ -922,7 +922,7 @@ func (ex *execution) next(ctx context.Context, ws *waitState, p *chunkPipe) bool
 	switch {
 	case cr.noSlot:
 		return ex.waitSlot(ctx, ws) // throttle_run.go
-	case cr.throttled, cr.fenced, cr.requeued:
+	case cr.throttled, cr.fenced, cr.requeued, cr.parked:
 		return !ex.stopped()
 	case !cr.claimed && err == nil:
 		if _, d := ex.avoided(); d > 0 && !ex.stopped() {
@@ -1113,6 +1113,10 @@ type chunkRun struct {
 	// transaction found it must be: rolled back, its lease released, the
 	// next lease extracts it (replay_skip_version.go).
 	requeued bool
+	// parked: the concurrency knob left this worker slot out while its
+	// goroutine waited for the slot's extract stage (ExtractAhead):
+	// nothing was claimed, the slot waits for its turn (waitTurn).
+	parked bool
 	// fresh: the chunk was pending when claimed (checkRunRejectRate).
 	fresh bool
 	// admitted: the throttle let the try through (its rate cap reserved

@@ -116,6 +116,13 @@ func (ex *execution) runChunkLeased(ctx context.Context, p *chunkPipe) (cr chunk
 		// Stopped while this goroutine waited for the stage.
 		return cr, nil
 	}
+	if p != nil && ex.ctl != nil && p.slot >= ex.liveConcurrency() {
+		// The concurrency knob was lowered while this goroutine waited
+		// for the stage: the slot's other goroutine held it, and this
+		// one must not lease a chunk the knob no longer allows.
+		cr.parked = true
+		return cr, nil
+	}
 	s := r.cfg.txSettings()
 	l := lease{key: ex.worker.key, staleAfter: r.cfg.StaleAfter, lockTimeout: s.tryLockTimeout(0), stmtTimeout: s.stmtSetting(),
 		jobConcurrency: r.cfg.JobConcurrency}

@@ -512,3 +512,45 @@ func TestAuditTrailCannotBeErased(t *testing.T) {
 	_, err = db.Exec(`SELECT backfill.resume($1::bigint, 'ann', 'back')`, old)
 	require.ErrorContains(t, err, "a newer run of the job exists")
 }
+
+// TestControlConcurrencyKnobLoweredWithExtractAhead: with ExtractAhead a
+// worker slot runs two goroutines, one of which may be waiting for the
+// slot's extract stage when the concurrency knob goes down: it must not
+// lease a chunk then. Once the knob is 1, one chunk is extracted at a
+// time (one slot, whose extractions never overlap).
+func TestControlConcurrencyKnobLoweredWithExtractAhead(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := liveDB(t)
+	r := liveRunner(t, db, "w1", nil)
+	r.cfg.Concurrency, r.cfg.ExtractAhead = 2, true
+	var lowered atomic.Bool
+	var inFlight, most atomic.Int32
+	job := liveJob(func(c Chunk) {
+		if c.Seq == 2 {
+			var batch int64
+			require.NoError(t, db.Get(&batch, `SELECT batch_id FROM backfill.runs WHERE job_name = 'live'`))
+			_, err := db.Exec(`SELECT backfill.set_knob($1::bigint, 'concurrency', '1', 'ann', 'one at a time')`, batch)
+			require.NoError(t, err)
+			// The monitor reads the knob within a HeartbeatInterval.
+			time.Sleep(500 * time.Millisecond)
+			lowered.Store(true)
+			return
+		}
+		counted := lowered.Load()
+		if counted {
+			n := inFlight.Add(1)
+			for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+			}
+		}
+		time.Sleep(15 * time.Millisecond)
+		if counted {
+			inFlight.Add(-1)
+		}
+	})
+	job.Chunker = IntRange(0, 1200, 10)
+	rep, err := r.Run(ctx, job)
+	require.NoError(t, err)
+	require.Equal(t, RunCompleted, rep.Status)
+	require.Equal(t, int32(1), most.Load(), "extractions at once after the knob went down to 1")
+}
