@@ -59,9 +59,12 @@ type ChunkFingerprints struct {
 	// Target is the multiset hash of the target rows within the chunk's
 	// ChunkColumn bounds after the merge: of their row versions (table,
 	// ctid and xmin) on a target whose partitions are all heap tables,
-	// in the form "tuples:rows:sum", where any write to one of the rows,
-	// even of the same values, changes it; otherwise of their values, in
-	// the form "rows:sum".
+	// in the form "tuples:shape:rows:sum" (shape: a hash of the
+	// columns' places in the target and its partitions), where any write
+	// to one of the rows, even of the same values, changes it; otherwise
+	// (a column of an enum, composite, range, or a user's type, or a
+	// partition not a heap table) of their values, in the form
+	// "rows:sum".
 	Target string
 	// Version is the chunk's source version ([ChunkVersioner]) read
 	// before the extraction whose rows Source hashes ("" for none); a

@@ -74,10 +74,15 @@ type TableInfo struct {
 	// locks' namespace (merge_lock.go); "" when unknown.
 	lockRoot string
 	// tupleIdentity: the target and each of its partitions are heap
-	// tables, whose rows' tuple identities (table, ctid, xmin) a target
-	// fingerprint may hash instead of their values (replay_skip.go,
-	// tupleHashSQL); PGMerger, read at Prepare.
+	// tables and every column is of a built-in base type (or an array or
+	// domain of one), so a target fingerprint may hash the rows' tuple
+	// identities (table, ctid, xmin) instead of their values
+	// (replay_skip.go, tupleHashSQL); tupleShape is then a hash of the
+	// columns' places in the target and each partition (attnum, name,
+	// type), which the fingerprint's text carries. PGMerger, read at
+	// Prepare.
 	tupleIdentity bool
+	tupleShape    string
 	// insertOnly: an Upsert that may update rows, prepared for a role
 	// (role) without UPDATE on the columns it would write; the merge
 	// neither locks nor updates target rows and fails a chunk that would

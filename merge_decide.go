@@ -169,28 +169,56 @@ func comparedAsText(base, kind, elem, elemKind string) bool {
 
 // prepareDecide reads what Prepare records for the merge's decision: the
 // partition root naming the key locks; and, for the target fingerprints
-// of replays (replay_skip.go), whether the target and each of its
-// partitions are heap tables (tupleIdentity; hashtidextended is
-// PostgreSQL 14's).
+// of replays (replay_skip.go), whether they may hash tuple identities
+// (tupleIdentity: the target and each of its partitions are heap tables,
+// hashtidextended is there, PostgreSQL 14, and every column is of a
+// built-in base type) and the shape they carry (tupleShape: the columns'
+// places in the target and in each partition).
+//
+// Why the shape and the types: a row version reads as other values,
+// without a write, after a change of the catalog alone. A column dropped
+// and added again (its values NULL or a constant default), or two
+// columns' names swapped, moves a name to another attnum: the shape
+// changes, in the target or in one partition (detached, altered,
+// attached again). An enum's label renamed, or a user type's output
+// changed, changes what a stored value reads as: such columns are hashed
+// by value.
 func prepareDecide(ctx context.Context, db sqlx.ExtContext, oid int64, info *TableInfo) error {
 	var r struct {
 		Schema string `db:"nspname"`
 		Name   string `db:"relname"`
 		Heap   bool   `db:"heap"`
+		Shape  string `db:"shape"`
 	}
-	err := sqlx.GetContext(ctx, db, &r, `SELECT n.nspname, c.relname,
-		coalesce((SELECT bool_and(p.relkind = 'p' OR p.relkind = 'r' AND am.amname = 'heap')
-			FROM pg_class p LEFT JOIN pg_am am ON am.oid = p.relam
-			WHERE p.oid = $1 OR p.oid IN (SELECT relid FROM pg_partition_tree($1::oid::regclass))), false)
-			AND to_regprocedure('hashtidextended(tid,bigint)') IS NOT NULL AS heap
+	err := sqlx.GetContext(ctx, db, &r, `WITH rels AS (
+			SELECT p.oid, p.relkind, p.relam FROM pg_class p
+			WHERE p.oid = $1 OR p.oid IN (SELECT relid FROM pg_partition_tree($1::oid::regclass)))
+		SELECT n.nspname, c.relname,
+			coalesce((SELECT bool_and(r.relkind = 'p' OR r.relkind = 'r' AND am.amname = 'heap')
+				FROM rels r LEFT JOIN pg_am am ON am.oid = r.relam), false)
+				AND to_regprocedure('hashtidextended(tid,bigint)') IS NOT NULL AS heap,
+			coalesce((SELECT md5(string_agg(format('%s.%s.%s.%s.%s', r.oid, a.attnum, a.attname, a.atttypid, a.atttypmod), ',' ORDER BY r.oid, a.attnum))
+				FROM rels r JOIN pg_attribute a ON a.attrelid = r.oid AND a.attnum > 0 AND NOT a.attisdropped), '') AS shape
 		FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 		WHERE c.oid = coalesce(pg_partition_root($1::oid::regclass), $1::oid::regclass)`, oid)
 	if err != nil {
 		return err
 	}
 	info.lockRoot = sqlgen.Qualified(r.Schema, r.Name)
-	info.tupleIdentity = r.Heap
+	info.tupleIdentity, info.tupleShape = r.Heap && builtinBaseTypes(info.Columns), r.Shape[:min(len(r.Shape), 16)]
 	return nil
+}
+
+// builtinBaseTypes reports whether every column of cols is of a built-in
+// base type, or an array or domain of one (not an enum, composite,
+// range, or a type of an extension or a user).
+func builtinBaseTypes(cols []Column) bool {
+	for _, c := range cols {
+		if c.kind != "b" || c.userType || c.elemKind != "" && (c.elemKind != "b" || c.userElem) {
+			return false
+		}
+	}
+	return true
 }
 
 // lockChanging locks the target rows the merge would change (see above),

@@ -100,11 +100,12 @@ func skipValidators(vs []Validator, base ChunkFingerprints) []Validator {
 
 // fingerprintText is a target fingerprint of info's target as the
 // manifest records it: "rows:sum" over the rows' values, or
-// "tuples:rows:sum" over their tuple identities (tupleHashSQL), so that
-// one recorded in one form never matches the other.
+// "tuples:shape:rows:sum" over their tuple identities (tupleHashSQL;
+// shape: TableInfo.tupleShape), so that one recorded in one form never
+// matches the other, nor one recorded under another shape.
 func fingerprintText(info TableInfo, fp fingerprint) string {
 	if info.tupleIdentity {
-		return fmt.Sprintf("tuples:%d:%s", fp.Rows, fp.Sum)
+		return fmt.Sprintf("tuples:%s:%d:%s", info.tupleShape, fp.Rows, fp.Sum)
 	}
 	return fmt.Sprintf("%d:%s", fp.Rows, fp.Sum)
 }
