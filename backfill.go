@@ -325,8 +325,18 @@ type Job struct {
 	// the chunk is skipped when both hold: the multiset hash of its
 	// converted rows (every written column) equals the one the last
 	// load recorded, and the multiset hash of the chunk's target rows
-	// (every column, read by the server) equals the one that load
-	// recorded after its merge. The chunk's target rows are those within
+	// equals the one that load recorded after its merge. On a target
+	// whose partitions are all heap tables and whose columns are all of
+	// built-in types, the target side hashes the rows' versions (table,
+	// ctid, xmin, read by the server without reading a value), with the
+	// target's shape (each column's place, name and type, in the target
+	// and each partition) read by the same statement: any write to one
+	// of the rows, even of its own values, a rewrite that moves them
+	// (VACUUM FULL, CLUSTER) and a column dropped and added again or
+	// renamed make the chunk merge (once: it then records the new
+	// state). With a column of an enum, composite, range or extension
+	// type, it hashes every column's value instead. The chunk's target
+	// rows are those within
 	// its ChunkColumn bounds (one range scan: give the target an index on
 	// ChunkColumn); without ChunkColumn, those whose identity is among
 	// the extracted rows' (sent as arrays, one index probe per row),
@@ -393,14 +403,22 @@ type Job struct {
 	// leaves the max alone. The version is read again after the
 	// extraction and recorded only if unchanged. It describes the source,
 	// not Extract's code: change CodeVersion with that code, or a replay
-	// skips chunks the new code would write otherwise. See
+	// skips chunks the new code would write otherwise. It describes the
+	// rows as Extract reads them, so a change of the source's schema that
+	// leaves its rows' xmin as they were (a column dropped and added
+	// again, renamed, given another default, or a view or join behind the
+	// extractor redefined) must change it too: add a term for the shape
+	// of what Extract reads, or change CodeVersion with it. See
 	// [ChunkVersioner] and replay_skip_version.go.
 	//
 	// Eligible jobs only: Target.Mode [Upsert] or
 	// [AppendOnly]; Conflict [SourceWins] and no Version; publish per
 	// chunk ([PublishPerChunk]); every target column has a fingerprint
 	// (validate_fingerprint.go: not composite nor of most extension
-	// types); validators among those named above. [Runner.Run] refuses
+	// types) and no written column is of a reg* type (regclass, ...:
+	// the OID a name had when read in, which the same source rows no
+	// longer mean once the object is created again); validators among
+	// those named above. [Runner.Run] refuses
 	// any other job with SkipUnchanged before any work, with an error
 	// wrapping [ErrInvalidConfig] naming the reason, and a Runner whose
 	// Manifest lacks [ManifestSkips] or whose Merger is not [PGMerger]

@@ -75,14 +75,12 @@ type TableInfo struct {
 	lockRoot string
 	// tupleIdentity: the target and each of its partitions are heap
 	// tables and every column is of a built-in base type (or an array or
-	// domain of one), so a target fingerprint may hash the rows' tuple
-	// identities (table, ctid, xmin) instead of their values
-	// (replay_skip.go, tupleHashSQL); tupleShape is then a hash of the
-	// columns' places in the target and each partition (attnum, name,
-	// type), which the fingerprint's text carries. PGMerger, read at
-	// Prepare.
+	// domain of one) that no catalog lookup reads, so a target
+	// fingerprint may hash the rows' tuple identities (table, ctid, xmin)
+	// instead of their values, with the target's shape read by the same
+	// statement (replay_skip.go, tupleHashSQL, tupleShapeSQL). PGMerger,
+	// read at Prepare.
 	tupleIdentity bool
-	tupleShape    string
 	// insertOnly: an Upsert that may update rows, prepared for a role
 	// (role) without UPDATE on the columns it would write; the merge
 	// neither locks nor updates target rows and fails a chunk that would

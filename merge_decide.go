@@ -172,53 +172,51 @@ func comparedAsText(base, kind, elem, elemKind string) bool {
 // of replays (replay_skip.go), whether they may hash tuple identities
 // (tupleIdentity: the target and each of its partitions are heap tables,
 // hashtidextended is there, PostgreSQL 14, and every column is of a
-// built-in base type) and the shape they carry (tupleShape: the columns'
-// places in the target and in each partition).
+// built-in base type whose values no catalog lookup reads).
 //
-// Why the shape and the types: a row version reads as other values,
-// without a write, after a change of the catalog alone. A column dropped
-// and added again (its values NULL or a constant default), or two
-// columns' names swapped, moves a name to another attnum: the shape
-// changes, in the target or in one partition (detached, altered,
-// attached again). An enum's label renamed, or a user type's output
-// changed, changes what a stored value reads as: such columns are hashed
-// by value.
+// Why the types: a row version reads as another value, without a write,
+// when what it reads as lives in the catalog: an enum's label renamed, a
+// user type's output changed. Such columns are hashed by value. (A
+// column dropped and added again, or two names swapped, is caught by the
+// shape the fingerprint's statement reads: tupleShapeSQL.)
 func prepareDecide(ctx context.Context, db sqlx.ExtContext, oid int64, info *TableInfo) error {
 	var r struct {
 		Schema string `db:"nspname"`
 		Name   string `db:"relname"`
 		Heap   bool   `db:"heap"`
-		Shape  string `db:"shape"`
 	}
-	err := sqlx.GetContext(ctx, db, &r, `WITH rels AS (
-			SELECT p.oid, p.relkind, p.relam FROM pg_class p
-			WHERE p.oid = $1 OR p.oid IN (SELECT relid FROM pg_partition_tree($1::oid::regclass)))
-		SELECT n.nspname, c.relname,
-			coalesce((SELECT bool_and(r.relkind = 'p' OR r.relkind = 'r' AND am.amname = 'heap')
-				FROM rels r LEFT JOIN pg_am am ON am.oid = r.relam), false)
-				AND to_regprocedure('hashtidextended(tid,bigint)') IS NOT NULL AS heap,
-			coalesce((SELECT md5(string_agg(format('%s.%s.%s.%s.%s', r.oid, a.attnum, a.attname, a.atttypid, a.atttypmod), ',' ORDER BY r.oid, a.attnum))
-				FROM rels r JOIN pg_attribute a ON a.attrelid = r.oid AND a.attnum > 0 AND NOT a.attisdropped), '') AS shape
+	err := sqlx.GetContext(ctx, db, &r, `SELECT n.nspname, c.relname,
+			coalesce((SELECT bool_and(p.relkind = 'p' OR p.relkind = 'r' AND am.amname = 'heap')
+				FROM pg_class p LEFT JOIN pg_am am ON am.oid = p.relam
+				WHERE p.oid = $1 OR p.oid IN (SELECT relid FROM pg_partition_tree($1::oid::regclass))), false)
+				AND to_regprocedure('hashtidextended(tid,bigint)') IS NOT NULL AS heap
 		FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 		WHERE c.oid = coalesce(pg_partition_root($1::oid::regclass), $1::oid::regclass)`, oid)
 	if err != nil {
 		return err
 	}
 	info.lockRoot = sqlgen.Qualified(r.Schema, r.Name)
-	info.tupleIdentity, info.tupleShape = r.Heap && builtinBaseTypes(info.Columns), r.Shape[:min(len(r.Shape), 16)]
+	info.tupleIdentity = r.Heap && builtinBaseTypes(info.Columns)
 	return nil
 }
 
 // builtinBaseTypes reports whether every column of cols is of a built-in
-// base type, or an array or domain of one (not an enum, composite,
-// range, or a type of an extension or a user).
+// base type, or an array or domain of one, other than the reg* types
+// (not an enum, composite, range, or a type of an extension or a user).
 func builtinBaseTypes(cols []Column) bool {
 	for _, c := range cols {
-		if c.kind != "b" || c.userType || c.elemKind != "" && (c.elemKind != "b" || c.userElem) {
+		if c.kind != "b" || c.userType || c.elemKind != "" && (c.elemKind != "b" || c.userElem) || catalogLookup(c) {
 			return false
 		}
 	}
 	return true
+}
+
+// catalogLookup reports whether column c is of a reg* type (regclass,
+// regtype, ...) or an array of one: its stored value is an OID that its
+// input looked up by name in the catalog.
+func catalogLookup(c Column) bool {
+	return strings.HasPrefix(strings.TrimPrefix(c.BaseType, "_"), "reg")
 }
 
 // lockChanging locks the target rows the merge would change (see above),

@@ -100,6 +100,9 @@ func (m *PGMerger) prepare(ctx context.Context, db sqlx.ExtContext, t Target) (T
 	// target, one plan. Parts holding a dot or a quote are quoted, so
 	// that the name parses back to this table and no other.
 	t.Table = name
+	if err := refuseInheritanceParent(ctx, db, oid, t.Table); err != nil {
+		return TableInfo{}, err
+	}
 	table, err := tableColumns(ctx, db, oid)
 	if err != nil {
 		return TableInfo{}, fmt.Errorf("backfill: prepare %s: columns: %w", t.Table, err)
@@ -269,6 +272,24 @@ func uniqueIndexes(ctx context.Context, db sqlx.ExtContext, oid int64) ([]unique
 		WHERE i.indrelid = $1 AND i.indisunique AND i.indisvalid AND i.indpred IS NULL AND i.indexprs IS NULL
 		GROUP BY c.relname, i.indexrelid`, oid)
 	return keys, err
+}
+
+// refuseInheritanceParent returns an error wrapping [ErrInvalidConfig]
+// when the table oid (named table) is not partitioned but has children
+// by inheritance (CREATE TABLE ... INHERITS): its scans read their rows,
+// but its unique indexes cover only its own, so a merge would take a key
+// a child holds for absent and insert it again.
+func refuseInheritanceParent(ctx context.Context, db sqlx.ExtContext, oid int64, table string) error {
+	var child string
+	err := sqlx.GetContext(ctx, db, &child, `SELECT i.inhrelid::regclass::text FROM pg_inherits i JOIN pg_class p ON p.oid = i.inhparent
+		WHERE i.inhparent = $1 AND p.relkind <> 'p' ORDER BY i.inhrelid LIMIT 1`, oid)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("backfill: prepare %s: inheritance: %w", table, err)
+	}
+	return fmt.Errorf("backfill: prepare %s: %w: the table has a child by inheritance (%s, INHERITS): its unique indexes do not cover the child's rows, which its scans read; merge into a partitioned table, or into each table", table, ErrInvalidConfig, child)
 }
 
 func cmpOr[T comparable](v, def T) T {

@@ -324,8 +324,8 @@ func targetFingerprint(ctx context.Context, tx sqlx.ExtContext, info TableInfo, 
 	// an int chunk's are numbers and a time chunk's instants with their
 	// offsets (inChunk), read alike under any setting.
 	if info.tupleIdentity {
-		q := sqlf(`SELECT count(*) AS rows, coalesce(sum({hash}), 0)::text AS hash_sum FROM {target} t WHERE {bounds}`,
-			"hash", tupleHashSQL("t"), "target", pc.target, "bounds", bounds)
+		q := sqlf(`SELECT count(*) AS rows, coalesce(sum({hash}), 0)::text AS hash_sum, {shape} AS shape FROM {target} t WHERE {bounds}`,
+			"hash", tupleHashSQL("t"), "shape", tupleShapeSQL(pc.target, &a), "target", pc.target, "bounds", bounds)
 		return pinnedFingerprint(ctx, tx, c, q, a, c.Kind == KindList)
 	}
 	return pinnedFingerprint(ctx, tx, c, pc.fingerprintTargetSQL(cols, bounds), a, c.Kind == KindList || hashReadsSettings(pc, cols))
@@ -349,6 +349,25 @@ func targetFingerprint(ctx context.Context, tx sqlx.ExtContext, info TableInfo, 
 // (TableInfo.tupleIdentity is false for them).
 func tupleHashSQL(alias string) string {
 	return fmt.Sprintf("hashtidextended(%[1]s.ctid, hashtextextended(%[1]s.xmin::text, %[1]s.tableoid::int8))", alias)
+}
+
+// tupleShapeSQL is, for the target named target (quoted, its name bound
+// in a), a short hash of its shape: each column's place, name and type
+// (attnum, attname, atttypid, atttypmod) in the target and in each of its
+// partitions, and each one's kind and access method. Row versions read as
+// other values, without a write, when a column is dropped and added again
+// (its values NULL or a constant default), two columns' names are
+// swapped, or the same is done to a partition detached and attached
+// again: the shape then differs. It is read by the fingerprint's own
+// statement, in the chunk's transaction, so a change between two chunks
+// of one run counts too. (Altering the table takes a lock the chunk's
+// statement conflicts with: the rows and the shape it reads are of one
+// state.)
+func tupleShapeSQL(target string, a *sqlArgs) string {
+	rel := a.bind(target) + "::regclass"
+	return sqlf(`(SELECT left(md5(string_agg(format('%s.%s.%s.%s.%s.%s.%s', r.oid, r.relkind, r.relam, a.attnum, a.attname, a.atttypid, a.atttypmod), ',' ORDER BY r.oid, a.attnum)), 16)
+	FROM pg_class r JOIN pg_attribute a ON a.attrelid = r.oid AND a.attnum > 0 AND NOT a.attisdropped
+	WHERE r.oid = {rel} OR r.oid IN (SELECT relid FROM pg_partition_tree({rel})))`, "rel", rel)
 }
 
 // mergedFingerprint is the target fingerprint a merged chunk records,
@@ -389,16 +408,16 @@ func targetFingerprintMerged(ctx context.Context, tx sqlx.ExtContext, info Table
 	}
 	var a sqlArgs
 	var q, settings string
-	hash := rowHashSQL(info, cols, "t")
+	hash, shape := rowHashSQL(info, cols, "t"), ""
 	if info.tupleIdentity {
-		hash = tupleHashSQL("t")
+		hash, shape = tupleHashSQL("t"), ", "+tupleShapeSQL(pc.target, &a)+" AS shape"
 	}
 	if chunkColumn == "" {
 		// Every row hashed has its staged row: the join finds them, one
 		// index lookup into the target per staged row.
-		q = sqlf(`SELECT count(*) AS rows, coalesce(sum({hash}), 0)::text AS hash_sum, count(*) FILTER (WHERE {differs}) AS stray
+		q = sqlf(`SELECT count(*) AS rows, coalesce(sum({hash}), 0)::text AS hash_sum{shape}, count(*) FILTER (WHERE {differs}) AS stray
 FROM {staging} s JOIN {target} t ON {ts}`,
-			"hash", hash, "differs", differs, "staging", pc.staging, "target", pc.target, "ts", pc.idMatch("t", "s"))
+			"hash", hash, "shape", shape, "differs", differs, "staging", pc.staging, "target", pc.target, "ts", pc.idMatch("t", "s"))
 	} else {
 		if _, ok := pc.cols[chunkColumn]; !ok {
 			return mergedFingerprint{}, fmt.Errorf("backfill: chunk %s: target fingerprint: %w: ChunkColumn %q is not a column of the target", c.ID, ErrInvalidConfig, chunkColumn)
@@ -411,10 +430,10 @@ FROM {staging} s JOIN {target} t ON {ts}`,
 		// key), so a NULL one is a target row without a staged row. The
 		// staged identities are distinct (the merge took every row, none
 		// deduplicated), so each target row joins at most one.
-		q = sqlf(`SELECT count(*) AS rows, coalesce(sum({hash}), 0)::text AS hash_sum,
+		q = sqlf(`SELECT count(*) AS rows, coalesce(sum({hash}), 0)::text AS hash_sum{shape},
 	count(*) FILTER (WHERE s.{id} IS NULL OR {differs}) AS stray
 FROM {target} t LEFT JOIN {staging} s ON {ts} WHERE {bounds}`,
-			"hash", hash, "id", sqlgen.Ident(cc.Identity[0]), "differs", differs,
+			"hash", hash, "shape", shape, "id", sqlgen.Ident(cc.Identity[0]), "differs", differs,
 			"target", pc.target, "staging", pc.staging, "ts", pc.idMatch("t", "s"), "bounds", bounds)
 		settings = joinsSettings
 	}
@@ -443,12 +462,12 @@ func targetFingerprintKeys(ctx context.Context, tx sqlx.ExtContext, info TableIn
 	}
 	var a sqlArgs
 	from := keysJoin(pc, keys, &a)
-	hash := rowHashSQL(info, cols, "t")
+	hash, shape := rowHashSQL(info, cols, "t"), ""
 	if info.tupleIdentity {
-		hash = tupleHashSQL("t")
+		hash, shape = tupleHashSQL("t"), ", "+tupleShapeSQL(pc.target, &a)+" AS shape"
 	}
-	q := sqlf(`SELECT count(*) AS rows, coalesce(sum({hash}), 0)::text AS hash_sum FROM {from}`,
-		"hash", hash, "from", from)
+	q := sqlf(`SELECT count(*) AS rows, coalesce(sum({hash}), 0)::text AS hash_sum{shape} FROM {from}`,
+		"hash", hash, "shape", shape, "from", from)
 	// The keys are text the server reads as their columns' types: pinned
 	// always.
 	return pinnedFingerprint(ctx, tx, c, q, a, true)

@@ -41,9 +41,15 @@ func (r *Runner) skipEligible(job Job, info TableInfo) error {
 	case job.Publish.Mode != PublishPerChunk:
 		return refuse("publish mode %s: only chunks published as they commit (PublishPerChunk) are skipped", job.Publish.Mode)
 	}
-	for _, col := range info.Columns {
+	for i, col := range info.Columns {
 		if hashKind(col) == "" {
 			return refuse("column %q of type %s has no fingerprint", col.Name, cmpOr(col.Type, col.BaseType))
+		}
+		if i < info.Written && catalogLookup(col) {
+			// 'foo' read in as a regclass is the OID foo has then: the
+			// same source rows mean other values once foo is created
+			// again, and neither fingerprint would change.
+			return refuse("column %q of type %s: its values are OIDs looked up by name when read in, so unchanged source rows may stand for other values", col.Name, cmpOr(col.Type, col.BaseType))
 		}
 	}
 	for i, v := range job.Validators {
@@ -98,14 +104,21 @@ func skipValidators(vs []Validator, base ChunkFingerprints) []Validator {
 	return out
 }
 
+// logMerges logs, for an operator, why chunk c of a job with
+// SkipUnchanged merges although an earlier load of it was found.
+func (ex *execution) logMerges(c Chunk, why string) {
+	ex.log.Info("backfill: skip: chunk merges: "+why, "seq", c.Seq, "chunk", c.ID)
+}
+
 // fingerprintText is a target fingerprint of info's target as the
 // manifest records it: "rows:sum" over the rows' values, or
 // "tuples:shape:rows:sum" over their tuple identities (tupleHashSQL;
-// shape: TableInfo.tupleShape), so that one recorded in one form never
-// matches the other, nor one recorded under another shape.
+// shape: tupleShapeSQL, read by the same statement), so that one
+// recorded in one form never matches the other, nor one recorded under
+// another shape.
 func fingerprintText(info TableInfo, fp fingerprint) string {
 	if info.tupleIdentity {
-		return fmt.Sprintf("tuples:%s:%d:%s", info.tupleShape, fp.Rows, fp.Sum)
+		return fmt.Sprintf("tuples:%s:%d:%s", fp.Shape, fp.Rows, fp.Sum)
 	}
 	return fmt.Sprintf("%d:%s", fp.Rows, fp.Sum)
 }
@@ -185,6 +198,9 @@ func (ex *execution) skipUnchanged(ctx context.Context, tx Tx, cr *chunkRun, c C
 		// the earlier reads' (Counts.Reread), never skipped. Or its
 		// target fingerprint was just found to differ from the base's
 		// (skipByVersion, in this transaction).
+		if x.skip.targetChanged {
+			ex.logMerges(c, "its target rows changed since its last load (or the target's shape)")
+		}
 		return false, nil
 	}
 	var base ChunkFingerprints
@@ -196,7 +212,15 @@ func (ex *execution) skipUnchanged(ctx context.Context, tx Tx, cr *chunkRun, c C
 	} else if base, ok, err = ex.r.caps.skips.BaseFingerprints(ctx, tx, ex.job.Name, ex.skipKey, ex.batchID, c.ID); err != nil {
 		return false, chunkErr(err)
 	}
-	if !ok || base.Source != x.skip.source.String() {
+	switch {
+	case !ok:
+		ex.log.Debug("backfill: skip: chunk merges: no earlier load of it under this skip key", "seq", c.Seq, "chunk", c.ID)
+		return false, nil
+	case base.Source == "" || base.Target == "":
+		ex.logMerges(c, "its last load recorded no fingerprints (its merge rejected or deduplicated rows, or the target held rows it did not stage)")
+		return false, nil
+	case base.Source != x.skip.source.String():
+		ex.logMerges(c, "its source rows changed since its last load")
 		return false, nil
 	}
 	// The chunk's target rows: within its bounds, or, without
@@ -214,6 +238,7 @@ func (ex *execution) skipUnchanged(ctx context.Context, tx Tx, cr *chunkRun, c C
 		return false, chunkErr(err)
 	}
 	if fingerprintText(info, tfp) != base.Target {
+		ex.logMerges(c, "its target rows changed since its last load (or the target's shape)")
 		return false, nil
 	}
 	// The version read before this extraction stands for its rows, which

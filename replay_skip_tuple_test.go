@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -276,4 +277,150 @@ func TestSkipUnchangedEnumColumn(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, []string{"int:0/100"}, hooks.merged())
 	require.Equal(t, int64(1), rep.Counts.Rejected)
+}
+
+// pricesSource is a source table src(sku, price) in the test's database,
+// read by chunks of sku; hook, when set, runs at each chunk's start (of
+// its extraction, or of its version with a versioner).
+type pricesSource struct {
+	db   *sqlx.DB
+	hook func(c backfill.Chunk)
+}
+
+func (s *pricesSource) Extract(ctx context.Context, c backfill.Chunk, w backfill.RowWriter) error {
+	if s.hook != nil {
+		s.hook(c)
+	}
+	rows, err := s.db.QueryContext(ctx, `SELECT sku, price::text FROM src WHERE sku >= $1 AND sku < $2 ORDER BY sku`, c.Lo, c.Hi)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var sku int64
+		var price string
+		if err := rows.Scan(&sku, &price); err != nil {
+			return err
+		}
+		if err := w.Write(ctx, sku, price); err != nil {
+			return err
+		}
+	}
+	return rows.Err()
+}
+
+// versionedPrices is pricesSource with the README's ChunkVersion.
+type versionedPrices struct{ *pricesSource }
+
+func (s versionedPrices) ChunkVersion(ctx context.Context, c backfill.Chunk) (string, error) {
+	if s.hook != nil {
+		s.hook(c)
+	}
+	var v string
+	err := s.db.QueryRowContext(ctx, `SELECT count(*) || ':' || coalesce(sum(hashtextextended(sku::text || '/' || xmin::text, 0)), 0)
+		FROM src WHERE sku >= $1 AND sku < $2`, c.Lo, c.Hi).Scan(&v)
+	return v, err
+}
+
+func (s versionedPrices) Extract(ctx context.Context, c backfill.Chunk, w backfill.RowWriter) error {
+	hook := s.hook
+	s.hook = nil
+	defer func() { s.hook = hook }()
+	p := *s.pricesSource
+	p.hook = nil
+	return p.Extract(ctx, c, w)
+}
+
+// pricesDiffer counts the target rows that differ from the source's.
+func pricesDiffer(t *testing.T, db *sqlx.DB) int {
+	t.Helper()
+	var n int
+	require.NoError(t, db.Get(&n, `SELECT count(*) FROM src s FULL JOIN prices p USING (sku) WHERE s.price IS DISTINCT FROM p.price`))
+	return n
+}
+
+// TestSkipUnchangedShapeChangedMidRun: a column dropped and added again
+// while a replay runs (after its Prepare, before its chunks' checks) is
+// seen by each chunk's own check: the chunks merge and restore the
+// values. The shape was read once per run, at Prepare, and every chunk
+// skipped with its prices NULL. From a reviewer's reproduction.
+func TestSkipUnchangedShapeChangedMidRun(t *testing.T) {
+	t.Parallel()
+	for _, versioned := range []bool{false, true} {
+		t.Run(fmt.Sprint("versioned=", versioned), func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			db := pgtest.New(t)
+			db.MustExec(`CREATE TABLE src (sku bigint PRIMARY KEY, price numeric(10,2) NOT NULL);
+				INSERT INTO src SELECT g, g + 0.99 FROM generate_series(0, 399) g;
+				CREATE TABLE prices (sku bigint PRIMARY KEY, price numeric(10,2), backfill_inserted_by bigint, backfill_updated_by bigint)`)
+			s := &pricesSource{db: db}
+			var x backfill.Extractor = s
+			if versioned {
+				x = versionedPrices{s}
+			}
+			job := backfill.Job{Name: "prices", CodeVersion: "v1", Chunker: backfill.IntRange(0, 400, 100), Extractor: x,
+				Target:      backfill.Target{Table: "prices", Key: []string{"sku"}, Columns: []string{"sku", "price"}},
+				ChunkColumn: "sku", SkipUnchanged: true, NewRun: true}
+			r, err := backfill.New(db, nil)
+			require.NoError(t, err)
+			_, err = r.Run(ctx, job)
+			require.NoError(t, err)
+			var fired atomic.Bool
+			s.hook = func(c backfill.Chunk) {
+				if c.Lo == 0 && fired.CompareAndSwap(false, true) {
+					db.MustExec(`ALTER TABLE prices DROP COLUMN price; ALTER TABLE prices ADD COLUMN price numeric(10,2)`)
+				}
+			}
+			rep, err := r.Run(ctx, job)
+			require.NoError(t, err)
+			require.True(t, fired.Load())
+			require.Zero(t, rep.ChunksSkipped)
+			require.Zero(t, pricesDiffer(t, db))
+			rep, err = r.Run(ctx, job)
+			require.NoError(t, err)
+			require.Equal(t, 4, rep.ChunksSkipped)
+		})
+	}
+}
+
+// TestSkipUnchangedRefusesCatalogLookups: a reg* column's value is the
+// OID its name had when read in: the same source rows may stand for
+// other values later (a relation dropped and created again), and neither
+// fingerprint would change. SkipUnchanged refuses such a job.
+func TestSkipUnchangedRefusesCatalogLookups(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t)
+	db.MustExec(`CREATE TABLE refs (id bigint PRIMARY KEY, rel regclass NOT NULL)`)
+	r, err := backfill.New(db, nil)
+	require.NoError(t, err)
+	job := backfill.Job{Name: "refs", Chunker: backfill.IntRange(0, 10, 10),
+		Extractor: backfill.ExtractorFunc(func(context.Context, backfill.Chunk, backfill.RowWriter) error { return nil }),
+		Rollback:  backfill.RollbackNone, Target: backfill.Target{Table: "refs", Key: []string{"id"}},
+		ChunkColumn: "id", SkipUnchanged: true}
+	_, err = r.Run(ctx, job)
+	require.ErrorIs(t, err, backfill.ErrInvalidConfig)
+	require.ErrorContains(t, err, `column "rel" of type regclass`)
+}
+
+// TestInheritanceParentRefused: a table with a child by inheritance
+// (INHERITS, not a partition) is refused as a target: its scans read the
+// child's rows, which its unique index does not cover, so a merge took
+// the child's keys for absent and inserted them again. From a reviewer's
+// reproduction.
+func TestInheritanceParentRefused(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t)
+	db.MustExec(`CREATE TABLE src (sku bigint PRIMARY KEY, price numeric(10,2) NOT NULL);
+		CREATE TABLE prices (sku bigint PRIMARY KEY, price numeric(10,2));
+		CREATE TABLE prices_old () INHERITS (prices)`)
+	r, err := backfill.New(db, nil)
+	require.NoError(t, err)
+	job := backfill.Job{Name: "prices", Chunker: backfill.IntRange(0, 400, 100), Extractor: &pricesSource{db: db},
+		Rollback: backfill.RollbackNone, Target: backfill.Target{Table: "prices", Key: []string{"sku"}}}
+	_, err = r.Run(ctx, job)
+	require.ErrorIs(t, err, backfill.ErrInvalidConfig)
+	require.ErrorContains(t, err, "prices_old")
 }

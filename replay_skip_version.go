@@ -94,7 +94,11 @@ import (
 // and change back while a chunk is extracted. The token describes the
 // source, not Extract's code: change [Job.CodeVersion] when that code
 // changes, or a replay skips chunks whose rows the new code would write
-// otherwise. It is called before the chunk's
+// otherwise. It describes the rows as Extract reads them: a change of the
+// source's schema that leaves the rows' xmin alone (a column dropped and
+// added again or renamed, a default, a view or join behind Extract
+// redefined) must change it too, through a term for that shape or a new
+// CodeVersion. It is called before the chunk's
 // extraction, outside the chunk's transaction in short transactions, and
 // its result is recorded on the chunk's manifest row: UTF-8 text without
 // NUL, at most 1,024 bytes (else the chunk fails, not retried). "" means

@@ -66,6 +66,9 @@ import (
 type fingerprint struct {
 	Rows int64  `json:"rows" db:"rows"`
 	Sum  string `json:"hash_sum" db:"hash_sum"`
+	// Shape is the target's shape read with a tuple fingerprint
+	// (tupleShapeSQL, replay_skip.go); "" otherwise.
+	Shape string `json:"shape,omitempty" db:"shape"`
 }
 
 // fingerprintProof is the outcome of comparing the staged rows' and the
