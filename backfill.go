@@ -334,9 +334,14 @@ type Job struct {
 	// of the rows, even of its own values, a rewrite that moves them
 	// (VACUUM FULL, CLUSTER) and a column dropped and added again or
 	// renamed make the chunk merge (once: it then records the new
-	// state). With a column of an enum, composite, range or extension
-	// type, it hashes every column's value instead. The chunk's target
-	// rows are those within
+	// state). The shape covers the target and the partitions holding the
+	// chunk's rows: a partition created ahead or dropped changes no other
+	// chunk's. With a column of an enum, range or citext type (or an
+	// array of one), or a reg* column the job does not write, it hashes
+	// every column's value instead; so do chunk transactions that are not
+	// READ COMMITTED (a [DB] of your own), where a row-version check
+	// never matches and the chunk merges. The chunk's target rows are
+	// those within
 	// its ChunkColumn bounds (one range scan: give the target an index on
 	// ChunkColumn); without ChunkColumn, those whose identity is among
 	// the extracted rows' (sent as arrays, one index probe per row),

@@ -320,6 +320,11 @@ func (r *Runner) planRun(ctx context.Context, job Job) (runSetup, error) {
 	if rs.info, err = r.cfg.Merger.Prepare(ctx, r.db, job.Target); err != nil {
 		return runSetup{}, err
 	}
+	if _, ok := r.cfg.Merger.(*PGMerger); ok {
+		if err := refuseInheritanceParent(ctx, r.db, rs.info.Target.Table); err != nil { // merge_pg.go
+			return runSetup{}, err
+		}
+	}
 	if err := checkChunkColumn(job, rs.info); err != nil {
 		return runSetup{}, err
 	}

@@ -60,11 +60,11 @@ type ChunkFingerprints struct {
 	// ChunkColumn bounds after the merge: of their row versions (table,
 	// ctid and xmin) on a target whose partitions are all heap tables,
 	// in the form "tuples:shape:rows:sum" (shape: a hash of the
-	// columns' places in the target and its partitions), where any write
-	// to one of the rows, even of the same values, changes it; otherwise
-	// (a column of an enum, composite, range, or a user's type, or a
-	// partition not a heap table) of their values, in the form
-	// "rows:sum".
+	// columns' places in the target and the partitions holding the
+	// rows), where any write to one of the rows, even of the same values,
+	// changes it; otherwise (a column of an enum, range or citext type, a
+	// reg* column, or a partition not a heap table) of their values, in
+	// the form "rows:sum".
 	Target string
 	// Version is the chunk's source version ([ChunkVersioner]) read
 	// before the extraction whose rows Source hashes ("" for none); a

@@ -79,8 +79,8 @@ type TableInfo struct {
 	// fingerprint may hash the rows' tuple identities (table, ctid, xmin)
 	// instead of their values, with the target's shape read by the same
 	// statement (replay_skip.go, tupleHashSQL, tupleShapeSQL). PGMerger,
-	// read at Prepare.
-	tupleIdentity bool
+	// read at Prepare; partitioned: the target is a partitioned table.
+	tupleIdentity, partitioned bool
 	// insertOnly: an Upsert that may update rows, prepared for a role
 	// (role) without UPDATE on the columns it would write; the merge
 	// neither locks nor updates target rows and fails a chunk that would

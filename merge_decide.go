@@ -181,11 +181,13 @@ func comparedAsText(base, kind, elem, elemKind string) bool {
 // shape the fingerprint's statement reads: tupleShapeSQL.)
 func prepareDecide(ctx context.Context, db sqlx.ExtContext, oid int64, info *TableInfo) error {
 	var r struct {
-		Schema string `db:"nspname"`
-		Name   string `db:"relname"`
-		Heap   bool   `db:"heap"`
+		Schema      string `db:"nspname"`
+		Name        string `db:"relname"`
+		Heap        bool   `db:"heap"`
+		Partitioned bool   `db:"partitioned"`
 	}
 	err := sqlx.GetContext(ctx, db, &r, `SELECT n.nspname, c.relname,
+			(SELECT t.relkind = 'p' FROM pg_class t WHERE t.oid = $1) AS partitioned,
 			coalesce((SELECT bool_and(p.relkind = 'p' OR p.relkind = 'r' AND am.amname = 'heap')
 				FROM pg_class p LEFT JOIN pg_am am ON am.oid = p.relam
 				WHERE p.oid = $1 OR p.oid IN (SELECT relid FROM pg_partition_tree($1::oid::regclass))), false)
@@ -196,7 +198,7 @@ func prepareDecide(ctx context.Context, db sqlx.ExtContext, oid int64, info *Tab
 		return err
 	}
 	info.lockRoot = sqlgen.Qualified(r.Schema, r.Name)
-	info.tupleIdentity = r.Heap && builtinBaseTypes(info.Columns)
+	info.tupleIdentity, info.partitioned = r.Heap && builtinBaseTypes(info.Columns), r.Partitioned
 	return nil
 }
 
@@ -212,12 +214,21 @@ func builtinBaseTypes(cols []Column) bool {
 	return true
 }
 
-// catalogLookup reports whether column c is of a reg* type (regclass,
-// regtype, ...) or an array of one: its stored value is an OID that its
-// input looked up by name in the catalog.
+// catalogLookup reports whether column c is of a built-in reg* type
+// (regclass, regtype, ...) or an array or domain of one: its stored value
+// is an OID that its input looked up by name in the catalog.
 func catalogLookup(c Column) bool {
-	return strings.HasPrefix(strings.TrimPrefix(c.BaseType, "_"), "reg")
+	if strings.HasPrefix(c.BaseType, "_") && c.elemKind != "" {
+		return !c.userElem && regTypes[c.BaseType[1:]]
+	}
+	return !c.userType && regTypes[c.BaseType]
 }
+
+// regTypes are the built-in OID alias types (PostgreSQL docs, 8.19
+// "Object Identifier Types").
+var regTypes = map[string]bool{"regclass": true, "regcollation": true, "regconfig": true, "regdictionary": true,
+	"regnamespace": true, "regoper": true, "regoperator": true, "regproc": true, "regprocedure": true,
+	"regrole": true, "regtype": true}
 
 // lockChanging locks the target rows the merge would change (see above),
 // before the deciding statement. For Upsert it also reports whether the

@@ -100,9 +100,6 @@ func (m *PGMerger) prepare(ctx context.Context, db sqlx.ExtContext, t Target) (T
 	// target, one plan. Parts holding a dot or a quote are quoted, so
 	// that the name parses back to this table and no other.
 	t.Table = name
-	if err := refuseInheritanceParent(ctx, db, oid, t.Table); err != nil {
-		return TableInfo{}, err
-	}
 	table, err := tableColumns(ctx, db, oid)
 	if err != nil {
 		return TableInfo{}, fmt.Errorf("backfill: prepare %s: columns: %w", t.Table, err)
@@ -275,14 +272,21 @@ func uniqueIndexes(ctx context.Context, db sqlx.ExtContext, oid int64) ([]unique
 }
 
 // refuseInheritanceParent returns an error wrapping [ErrInvalidConfig]
-// when the table oid (named table) is not partitioned but has children
-// by inheritance (CREATE TABLE ... INHERITS): its scans read their rows,
-// but its unique indexes cover only its own, so a merge would take a key
-// a child holds for absent and insert it again.
-func refuseInheritanceParent(ctx context.Context, db sqlx.ExtContext, oid int64, table string) error {
+// when table (a PGMerger's target, its canonical name) is not
+// partitioned but has children by inheritance (CREATE TABLE ...
+// INHERITS): its scans read their rows, but its unique indexes cover
+// only its own, so a merge would take a key a child holds for absent and
+// insert it again. Runs merging into it are refused (runSetup); its
+// rollbacks are not, which touch the rows by key as the batch wrote
+// them. A child added during a run is not seen.
+func refuseInheritanceParent(ctx context.Context, db sqlx.ExtContext, table string) error {
 	var child string
-	err := sqlx.GetContext(ctx, db, &child, `SELECT i.inhrelid::regclass::text FROM pg_inherits i JOIN pg_class p ON p.oid = i.inhparent
-		WHERE i.inhparent = $1 AND p.relkind <> 'p' ORDER BY i.inhrelid LIMIT 1`, oid)
+	// In a transaction of its own: a statement with parameters is not
+	// safe alone behind a transaction pooler.
+	err := readTx(ctx, db, func(tx sqlx.ExtContext) error {
+		return sqlx.GetContext(ctx, tx, &child, `SELECT i.inhrelid::regclass::text FROM pg_inherits i JOIN pg_class p ON p.oid = i.inhparent
+			WHERE i.inhparent = $1::regclass AND p.relkind <> 'p' ORDER BY i.inhrelid LIMIT 1`, table)
+	})
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil
 	}

@@ -324,8 +324,8 @@ func targetFingerprint(ctx context.Context, tx sqlx.ExtContext, info TableInfo, 
 	// an int chunk's are numbers and a time chunk's instants with their
 	// offsets (inChunk), read alike under any setting.
 	if info.tupleIdentity {
-		q := sqlf(`SELECT count(*) AS rows, coalesce(sum({hash}), 0)::text AS hash_sum, {shape} AS shape FROM {target} t WHERE {bounds}`,
-			"hash", tupleHashSQL("t"), "shape", tupleShapeSQL(pc.target, &a), "target", pc.target, "bounds", bounds)
+		q := tupleFingerprintSQL(info, pc.target, sqlf(`SELECT count(*) AS rows, coalesce(sum({hash}), 0)::text AS hash_sum{oids} FROM {target} t WHERE {bounds}`,
+			"hash", tupleHashSQL("t"), "oids", tupleOids(info), "target", pc.target, "bounds", bounds), "", &a)
 		return pinnedFingerprint(ctx, tx, c, q, a, c.Kind == KindList)
 	}
 	return pinnedFingerprint(ctx, tx, c, pc.fingerprintTargetSQL(cols, bounds), a, c.Kind == KindList || hashReadsSettings(pc, cols))
@@ -353,21 +353,54 @@ func tupleHashSQL(alias string) string {
 
 // tupleShapeSQL is, for the target named target (quoted, its name bound
 // in a), a short hash of its shape: each column's place, name and type
-// (attnum, attname, atttypid, atttypmod) in the target and in each of its
-// partitions, and each one's kind and access method. Row versions read as
-// other values, without a write, when a column is dropped and added again
-// (its values NULL or a constant default), two columns' names are
-// swapped, or the same is done to a partition detached and attached
-// again: the shape then differs. It is read by the fingerprint's own
-// statement, in the chunk's transaction, so a change between two chunks
-// of one run counts too. (Altering the table takes a lock the chunk's
-// statement conflicts with: the rows and the shape it reads are of one
-// state.)
-func tupleShapeSQL(target string, a *sqlArgs) string {
+// (attnum, attname, atttypid, atttypmod) in the target and in each
+// partition among oids (an SQL array of the partitions holding the
+// chunk's rows, "" for none), and each one's kind and access method. Row
+// versions read as other values, without a write, when a column is
+// dropped and added again (its values NULL or a constant default), two
+// columns' names are swapped, or the same is done to a partition
+// detached and attached again: the shape then differs. A partition
+// holding none of the chunk's rows (one created ahead, or dropped) does
+// not change it. It is read by the fingerprint's own statement, in the
+// chunk's transaction, so a change between two chunks of one run counts
+// too. Under READ COMMITTED that statement's snapshot is taken after
+// its locks, which an ALTER TABLE conflicts with: the rows and the shape
+// it reads are of one state. Under REPEATABLE READ or SERIALIZABLE (a
+// DB whose Begin starts one) the catalog it reads may predate a change
+// the rows are read through: the shape is then this transaction's own
+// (a token no other fingerprint holds), so the chunk merges.
+func tupleShapeSQL(target, oids string, a *sqlArgs) string {
 	rel := a.bind(target) + "::regclass"
-	return sqlf(`(SELECT left(md5(string_agg(format('%s.%s.%s.%s.%s.%s.%s', r.oid, r.relkind, r.relam, a.attnum, a.attname, a.atttypid, a.atttypmod), ',' ORDER BY r.oid, a.attnum)), 16)
-	FROM pg_class r JOIN pg_attribute a ON a.attrelid = r.oid AND a.attnum > 0 AND NOT a.attisdropped
-	WHERE r.oid = {rel} OR r.oid IN (SELECT relid FROM pg_partition_tree({rel})))`, "rel", rel)
+	in := "r.oid = " + rel
+	if oids != "" {
+		in += " OR r.oid = ANY (" + oids + ")"
+	}
+	return sqlf(`CASE WHEN current_setting('transaction_isolation') = 'read committed' THEN
+	(SELECT left(md5(string_agg(format('%s.%s.%s.%s.%s.%s.%s', r.oid, r.relkind, r.relam, a.attnum, a.attname, a.atttypid, a.atttypmod), ',' ORDER BY r.oid, a.attnum)), 16)
+	FROM pg_class r JOIN pg_attribute a ON a.attrelid = r.oid AND a.attnum > 0 AND NOT a.attisdropped WHERE {in})
+	ELSE 'transaction ' || pg_current_xact_id() END`, "in", in)
+}
+
+// tupleOids is the column of a tuple fingerprint's inner query that
+// lists the partitions holding the rows of alias t (tupleShapeSQL), ""
+// for a target that is not partitioned.
+func tupleOids(info TableInfo) string {
+	if !info.partitioned {
+		return ""
+	}
+	return ", array_agg(DISTINCT t.tableoid) AS oids"
+}
+
+// tupleFingerprintSQL is a tuple fingerprint's statement: inner, a query
+// of one row with columns rows, hash_sum, then those of extra (", x.stray"
+// or ""), then oids (tupleOids), with the target's shape added.
+func tupleFingerprintSQL(info TableInfo, target, inner, extra string, a *sqlArgs) string {
+	oids := ""
+	if info.partitioned {
+		oids = "x.oids"
+	}
+	return sqlf(`SELECT x.rows, x.hash_sum{extra}, {shape} AS shape FROM ({inner}) x`,
+		"extra", extra, "shape", tupleShapeSQL(target, oids, a), "inner", inner)
 }
 
 // mergedFingerprint is the target fingerprint a merged chunk records,
@@ -408,16 +441,16 @@ func targetFingerprintMerged(ctx context.Context, tx sqlx.ExtContext, info Table
 	}
 	var a sqlArgs
 	var q, settings string
-	hash, shape := rowHashSQL(info, cols, "t"), ""
+	hash, oids := rowHashSQL(info, cols, "t"), ""
 	if info.tupleIdentity {
-		hash, shape = tupleHashSQL("t"), ", "+tupleShapeSQL(pc.target, &a)+" AS shape"
+		hash, oids = tupleHashSQL("t"), tupleOids(info)
 	}
 	if chunkColumn == "" {
 		// Every row hashed has its staged row: the join finds them, one
 		// index lookup into the target per staged row.
-		q = sqlf(`SELECT count(*) AS rows, coalesce(sum({hash}), 0)::text AS hash_sum{shape}, count(*) FILTER (WHERE {differs}) AS stray
+		q = sqlf(`SELECT count(*) AS rows, coalesce(sum({hash}), 0)::text AS hash_sum, count(*) FILTER (WHERE {differs}) AS stray{oids}
 FROM {staging} s JOIN {target} t ON {ts}`,
-			"hash", hash, "shape", shape, "differs", differs, "staging", pc.staging, "target", pc.target, "ts", pc.idMatch("t", "s"))
+			"hash", hash, "oids", oids, "differs", differs, "staging", pc.staging, "target", pc.target, "ts", pc.idMatch("t", "s"))
 	} else {
 		if _, ok := pc.cols[chunkColumn]; !ok {
 			return mergedFingerprint{}, fmt.Errorf("backfill: chunk %s: target fingerprint: %w: ChunkColumn %q is not a column of the target", c.ID, ErrInvalidConfig, chunkColumn)
@@ -430,12 +463,15 @@ FROM {staging} s JOIN {target} t ON {ts}`,
 		// key), so a NULL one is a target row without a staged row. The
 		// staged identities are distinct (the merge took every row, none
 		// deduplicated), so each target row joins at most one.
-		q = sqlf(`SELECT count(*) AS rows, coalesce(sum({hash}), 0)::text AS hash_sum{shape},
-	count(*) FILTER (WHERE s.{id} IS NULL OR {differs}) AS stray
+		q = sqlf(`SELECT count(*) AS rows, coalesce(sum({hash}), 0)::text AS hash_sum,
+	count(*) FILTER (WHERE s.{id} IS NULL OR {differs}) AS stray{oids}
 FROM {target} t LEFT JOIN {staging} s ON {ts} WHERE {bounds}`,
-			"hash", hash, "shape", shape, "id", sqlgen.Ident(cc.Identity[0]), "differs", differs,
+			"hash", hash, "oids", oids, "id", sqlgen.Ident(cc.Identity[0]), "differs", differs,
 			"target", pc.target, "staging", pc.staging, "ts", pc.idMatch("t", "s"), "bounds", bounds)
 		settings = joinsSettings
+	}
+	if info.tupleIdentity {
+		q = tupleFingerprintSQL(info, pc.target, q, ", x.stray", &a)
 	}
 	var fp mergedFingerprint
 	err = pinnedQuery(ctx, tx, c, &fp, q, a, settings)
@@ -462,12 +498,12 @@ func targetFingerprintKeys(ctx context.Context, tx sqlx.ExtContext, info TableIn
 	}
 	var a sqlArgs
 	from := keysJoin(pc, keys, &a)
-	hash, shape := rowHashSQL(info, cols, "t"), ""
+	q := sqlf(`SELECT count(*) AS rows, coalesce(sum({hash}), 0)::text AS hash_sum FROM {from}`,
+		"hash", rowHashSQL(info, cols, "t"), "from", from)
 	if info.tupleIdentity {
-		hash, shape = tupleHashSQL("t"), ", "+tupleShapeSQL(pc.target, &a)+" AS shape"
+		q = tupleFingerprintSQL(info, pc.target, sqlf(`SELECT count(*) AS rows, coalesce(sum({hash}), 0)::text AS hash_sum{oids} FROM {from}`,
+			"hash", tupleHashSQL("t"), "oids", tupleOids(info), "from", from), "", &a)
 	}
-	q := sqlf(`SELECT count(*) AS rows, coalesce(sum({hash}), 0)::text AS hash_sum{shape} FROM {from}`,
-		"hash", hash, "shape", shape, "from", from)
 	// The keys are text the server reads as their columns' types: pinned
 	// always.
 	return pinnedFingerprint(ctx, tx, c, q, a, true)
