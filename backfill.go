@@ -338,10 +338,12 @@ type Job struct {
 	// chunk's rows: a partition created ahead or dropped changes no other
 	// chunk's. With a column of an enum, range or citext type (or an
 	// array of one), or a reg* column the job does not write, it hashes
-	// every column's value instead; so do chunk transactions that are not
-	// READ COMMITTED (a [DB] of your own), where a row-version check
-	// never matches and the chunk merges. The chunk's target rows are
-	// those within
+	// every column's value instead, and so it does when the chunk
+	// transactions a [DB] of your own begins are not READ COMMITTED
+	// (Run begins one to see), whose statements may read the catalog as
+	// it was before a change the rows are read through. A target with a
+	// child by inheritance (INHERITS) is refused, with or without
+	// SkipUnchanged. The chunk's target rows are those within
 	// its ChunkColumn bounds (one range scan: give the target an index on
 	// ChunkColumn); without ChunkColumn, those whose identity is among
 	// the extracted rows' (sent as arrays, one index probe per row),

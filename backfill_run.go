@@ -320,8 +320,14 @@ func (r *Runner) planRun(ctx context.Context, job Job) (runSetup, error) {
 	if rs.info, err = r.cfg.Merger.Prepare(ctx, r.db, job.Target); err != nil {
 		return runSetup{}, err
 	}
-	if _, ok := r.cfg.Merger.(*PGMerger); ok {
-		if err := refuseInheritanceParent(ctx, r.db, rs.info.Target.Table); err != nil { // merge_pg.go
+	if err := refuseInheritanceParent(rs.info); err != nil { // merge_pg.go
+		return runSetup{}, err
+	}
+	if job.SkipUnchanged && rs.info.tupleIdentity {
+		// Row versions are compared under READ COMMITTED chunk
+		// transactions only (tupleShapeSQL); under another isolation a
+		// DB's Begin starts, values are hashed.
+		if rs.info.tupleIdentity, err = r.readCommitted(ctx); err != nil {
 			return runSetup{}, err
 		}
 	}

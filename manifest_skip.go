@@ -63,8 +63,8 @@ type ChunkFingerprints struct {
 	// columns' places in the target and the partitions holding the
 	// rows), where any write to one of the rows, even of the same values,
 	// changes it; otherwise (a column of an enum, range or citext type, a
-	// reg* column, or a partition not a heap table) of their values, in
-	// the form "rows:sum".
+	// reg* column, a partition not a heap table, or chunk transactions
+	// not READ COMMITTED) of their values, in the form "rows:sum".
 	Target string
 	// Version is the chunk's source version ([ChunkVersioner]) read
 	// before the extraction whose rows Source hashes ("" for none); a

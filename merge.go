@@ -81,6 +81,10 @@ type TableInfo struct {
 	// statement (replay_skip.go, tupleHashSQL, tupleShapeSQL). PGMerger,
 	// read at Prepare; partitioned: the target is a partitioned table.
 	tupleIdentity, partitioned bool
+	// inheritanceChild names a child of the target by inheritance, ""
+	// for none: runs refuse such a target (refuseInheritanceParent,
+	// PGMerger).
+	inheritanceChild string
 	// insertOnly: an Upsert that may update rows, prepared for a role
 	// (role) without UPDATE on the columns it would write; the merge
 	// neither locks nor updates target rows and fails a chunk that would

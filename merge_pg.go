@@ -123,6 +123,9 @@ func (m *PGMerger) prepare(ctx context.Context, db sqlx.ExtContext, t Target) (T
 		if err := prepareDecide(ctx, db, oid, &info); err != nil { // merge_decide.go
 			return TableInfo{}, fmt.Errorf("backfill: prepare %s: partition root: %w", t.Table, err)
 		}
+		if info.inheritanceChild, err = inheritanceChild(ctx, db, oid); err != nil {
+			return TableInfo{}, fmt.Errorf("backfill: prepare %s: inheritance: %w", t.Table, err)
+		}
 		if t.Mode == History {
 			if info.openIndexes, err = openVersionIndexes(ctx, db, oid, info.Target.Key); err != nil {
 				return TableInfo{}, fmt.Errorf("backfill: prepare %s: partial indexes: %w", t.Table, err)
@@ -271,29 +274,33 @@ func uniqueIndexes(ctx context.Context, db sqlx.ExtContext, oid int64) ([]unique
 	return keys, err
 }
 
-// refuseInheritanceParent returns an error wrapping [ErrInvalidConfig]
-// when table (a PGMerger's target, its canonical name) is not
-// partitioned but has children by inheritance (CREATE TABLE ...
-// INHERITS): its scans read their rows, but its unique indexes cover
-// only its own, so a merge would take a key a child holds for absent and
-// insert it again. Runs merging into it are refused (runSetup); its
+// inheritanceChild returns a child by inheritance (CREATE TABLE ...
+// INHERITS) of the table oid when it is not partitioned, "" for none:
+// its scans read the child's rows, but its unique indexes cover only its
+// own, so a merge would take a key a child holds for absent and insert
+// it again. Prepare records it (TableInfo.inheritanceChild); runs that
+// merge into the table are refused (refuseInheritanceParent), its
 // rollbacks are not, which touch the rows by key as the batch wrote
 // them. A child added during a run is not seen.
-func refuseInheritanceParent(ctx context.Context, db sqlx.ExtContext, table string) error {
+func inheritanceChild(ctx context.Context, db sqlx.ExtContext, oid int64) (string, error) {
 	var child string
-	// In a transaction of its own: a statement with parameters is not
-	// safe alone behind a transaction pooler.
-	err := readTx(ctx, db, func(tx sqlx.ExtContext) error {
-		return sqlx.GetContext(ctx, tx, &child, `SELECT i.inhrelid::regclass::text FROM pg_inherits i JOIN pg_class p ON p.oid = i.inhparent
-			WHERE i.inhparent = $1::regclass AND p.relkind <> 'p' ORDER BY i.inhrelid LIMIT 1`, table)
-	})
+	err := sqlx.GetContext(ctx, db, &child, `SELECT i.inhrelid::regclass::text FROM pg_inherits i JOIN pg_class p ON p.oid = i.inhparent
+		WHERE i.inhparent = $1 AND p.relkind <> 'p' ORDER BY i.inhrelid LIMIT 1`, oid)
 	if errors.Is(err, sql.ErrNoRows) {
+		return "", nil
+	}
+	return child, err
+}
+
+// refuseInheritanceParent returns an error wrapping [ErrInvalidConfig]
+// when info, prepared for a run, is of a table with a child by
+// inheritance (inheritanceChild), whatever Merger wraps the PGMerger
+// that prepared it.
+func refuseInheritanceParent(info TableInfo) error {
+	if info.inheritanceChild == "" {
 		return nil
 	}
-	if err != nil {
-		return fmt.Errorf("backfill: prepare %s: inheritance: %w", table, err)
-	}
-	return fmt.Errorf("backfill: prepare %s: %w: the table has a child by inheritance (%s, INHERITS): its unique indexes do not cover the child's rows, which its scans read; merge into a partitioned table, or into each table", table, ErrInvalidConfig, child)
+	return fmt.Errorf("backfill: prepare %s: %w: the table has a child by inheritance (%s, INHERITS): its unique indexes do not cover the child's rows, which its scans read; merge into a partitioned table, or into each table", info.Target.Table, ErrInvalidConfig, info.inheritanceChild)
 }
 
 func cmpOr[T comparable](v, def T) T {

@@ -367,8 +367,10 @@ func tupleHashSQL(alias string) string {
 // its locks, which an ALTER TABLE conflicts with: the rows and the shape
 // it reads are of one state. Under REPEATABLE READ or SERIALIZABLE (a
 // DB whose Begin starts one) the catalog it reads may predate a change
-// the rows are read through: the shape is then this transaction's own
-// (a token no other fingerprint holds), so the chunk merges.
+// the rows are read through: Run then hashes values instead
+// (Runner.readCommitted), and should one such transaction still come
+// here, the shape is its own (a token no other fingerprint holds), so
+// the chunk merges.
 func tupleShapeSQL(target, oids string, a *sqlArgs) string {
 	rel := a.bind(target) + "::regclass"
 	in := "r.oid = " + rel

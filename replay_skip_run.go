@@ -358,3 +358,19 @@ func (ex *execution) recordSkippedDelivered(ctx context.Context, tx Tx, info Tab
 	}
 	return nil
 }
+
+// readCommitted reports whether the chunk transactions r's DB begins
+// are READ COMMITTED, by beginning one and reading its isolation
+// (rolled back: it writes nothing).
+func (r *Runner) readCommitted(ctx context.Context) (bool, error) {
+	tx, err := r.db.Begin(ctx)
+	if err != nil {
+		return false, fmt.Errorf("backfill: chunk transactions' isolation: %w", err)
+	}
+	defer func() { _ = tx.Rollback() }()
+	var iso string
+	if err := sqlx.GetContext(ctx, tx, &iso, `SELECT current_setting('transaction_isolation')`); err != nil {
+		return false, fmt.Errorf("backfill: chunk transactions' isolation: %w", err)
+	}
+	return iso == "read committed", nil
+}

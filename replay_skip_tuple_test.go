@@ -440,9 +440,10 @@ func (d serializableDB) Begin(ctx context.Context) (backfill.Tx, error) {
 // TestSkipUnchangedSerializableShape: with SERIALIZABLE chunk
 // transactions a statement reads the catalog as of the transaction's
 // snapshot, which may predate a column dropped and added again that the
-// rows are read through: a row-version check never matches there, and
-// the chunk merges. It skipped and kept NULL prices. From a reviewer's
-// reproduction.
+// rows are read through: values are hashed there, and the chunk merges.
+// It skipped and kept NULL prices. An unchanged replay still skips
+// (the row-version check, once made never to match there, skipped
+// nothing). From reviewers' reproductions.
 func TestSkipUnchangedSerializableShape(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -468,10 +469,17 @@ func TestSkipUnchangedSerializableShape(t *testing.T) {
 	}
 	r2, err := backfill.NewWithDB(d, nil)
 	require.NoError(t, err)
-	_, err = r2.Run(ctx, job)
+	rep, err := r2.Run(ctx, job)
 	require.NoError(t, err)
 	require.True(t, d.ran)
 	require.Zero(t, pricesDiffer(t, db))
+	require.Less(t, rep.ChunksSkipped, 4)
+	rep, err = r.Run(ctx, job)
+	require.NoError(t, err)
+	require.Equal(t, 4, rep.ChunksSkipped)
+	var fp string
+	require.NoError(t, db.Get(&fp, `SELECT target_fingerprint FROM backfill.chunks WHERE batch_id = $1 LIMIT 1`, rep.BatchID))
+	require.False(t, strings.HasPrefix(fp, "tuples:"), fp)
 }
 
 // TestSkipUnchangedTypeNamedLikeReg: a user's type whose name begins
@@ -528,6 +536,29 @@ func TestSkipUnchangedPartitionCreatedAhead(t *testing.T) {
 	rep, err := r.Run(ctx, job)
 	require.NoError(t, err)
 	require.Equal(t, 10, rep.ChunksSkipped)
+}
+
+// embeddedMerger is a Merger of the user's that embeds PGMerger.
+type embeddedMerger struct{ *backfill.PGMerger }
+
+// TestInheritanceParentRefusedThroughAnotherMerger: the refusal travels
+// with the prepared TableInfo, so a Merger that embeds PGMerger gets it
+// too (it was checked for PGMerger itself only, and the replay
+// duplicated the child's keys). From a reviewer's reproduction.
+func TestInheritanceParentRefusedThroughAnotherMerger(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t)
+	db.MustExec(`CREATE TABLE src (sku bigint PRIMARY KEY, price numeric(10,2) NOT NULL);
+		CREATE TABLE prices (sku bigint PRIMARY KEY, price numeric(10,2), backfill_inserted_by bigint, backfill_updated_by bigint);
+		CREATE TABLE prices_old () INHERITS (prices)`)
+	r, err := backfill.New(db, &backfill.Config{Merger: embeddedMerger{backfill.NewPGMerger()}})
+	require.NoError(t, err)
+	job := backfill.Job{Name: "prices", Chunker: backfill.IntRange(0, 400, 100), Extractor: &pricesSource{db: db},
+		Target: backfill.Target{Table: "prices", Key: []string{"sku"}}, ChunkColumn: "sku"}
+	_, err = r.Run(ctx, job)
+	require.ErrorIs(t, err, backfill.ErrInvalidConfig)
+	require.ErrorContains(t, err, "prices_old")
 }
 
 // TestInheritanceParentRollback: a batch loaded before the table had a
