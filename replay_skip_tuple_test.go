@@ -332,6 +332,17 @@ func (s versionedPrices) Extract(ctx context.Context, c backfill.Chunk, w backfi
 	return p.Extract(ctx, c, w)
 }
 
+// pricesDB is a test database with a source table src of 400 skus
+// (price sku + 0.99) and an empty target prices with lineage columns.
+func pricesDB(t *testing.T) *sqlx.DB {
+	t.Helper()
+	db := pgtest.New(t)
+	db.MustExec(`CREATE TABLE src (sku bigint PRIMARY KEY, price numeric(10,2) NOT NULL);
+		INSERT INTO src SELECT g, g + 0.99 FROM generate_series(0, 399) g;
+		CREATE TABLE prices (sku bigint PRIMARY KEY, price numeric(10,2), backfill_inserted_by bigint, backfill_updated_by bigint)`)
+	return db
+}
+
 // pricesDiffer counts the target rows that differ from the source's.
 func pricesDiffer(t *testing.T, db *sqlx.DB) int {
 	t.Helper()
@@ -351,10 +362,7 @@ func TestSkipUnchangedShapeChangedMidRun(t *testing.T) {
 		t.Run(fmt.Sprint("versioned=", versioned), func(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
-			db := pgtest.New(t)
-			db.MustExec(`CREATE TABLE src (sku bigint PRIMARY KEY, price numeric(10,2) NOT NULL);
-				INSERT INTO src SELECT g, g + 0.99 FROM generate_series(0, 399) g;
-				CREATE TABLE prices (sku bigint PRIMARY KEY, price numeric(10,2), backfill_inserted_by bigint, backfill_updated_by bigint)`)
+			db := pricesDB(t)
 			s := &pricesSource{db: db}
 			var x backfill.Extractor = s
 			if versioned {
@@ -413,10 +421,8 @@ func TestSkipUnchangedRefusesCatalogLookups(t *testing.T) {
 func TestInheritanceParentRefused(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db := pgtest.New(t)
-	db.MustExec(`CREATE TABLE src (sku bigint PRIMARY KEY, price numeric(10,2) NOT NULL);
-		CREATE TABLE prices (sku bigint PRIMARY KEY, price numeric(10,2));
-		CREATE TABLE prices_old () INHERITS (prices)`)
+	db := pricesDB(t)
+	db.MustExec(`CREATE TABLE prices_old () INHERITS (prices)`)
 	r, err := backfill.New(db, nil)
 	require.NoError(t, err)
 	job := backfill.Job{Name: "prices", Chunker: backfill.IntRange(0, 400, 100), Extractor: &pricesSource{db: db},
@@ -447,10 +453,7 @@ func (d serializableDB) Begin(ctx context.Context) (backfill.Tx, error) {
 func TestSkipUnchangedSerializableShape(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db := pgtest.New(t)
-	db.MustExec(`CREATE TABLE src (sku bigint PRIMARY KEY, price numeric(10,2) NOT NULL);
-		INSERT INTO src SELECT g, g + 0.99 FROM generate_series(0, 399) g;
-		CREATE TABLE prices (sku bigint PRIMARY KEY, price numeric(10,2), backfill_inserted_by bigint, backfill_updated_by bigint)`)
+	db := pricesDB(t)
 	job := backfill.Job{Name: "prices", CodeVersion: "v1", Chunker: backfill.IntRange(0, 400, 100), Extractor: &pricesSource{db: db},
 		Target:      backfill.Target{Table: "prices", Key: []string{"sku"}, Columns: []string{"sku", "price"}},
 		ChunkColumn: "sku", SkipUnchanged: true, NewRun: true}
@@ -548,10 +551,8 @@ type embeddedMerger struct{ *backfill.PGMerger }
 func TestInheritanceParentRefusedThroughAnotherMerger(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db := pgtest.New(t)
-	db.MustExec(`CREATE TABLE src (sku bigint PRIMARY KEY, price numeric(10,2) NOT NULL);
-		CREATE TABLE prices (sku bigint PRIMARY KEY, price numeric(10,2), backfill_inserted_by bigint, backfill_updated_by bigint);
-		CREATE TABLE prices_old () INHERITS (prices)`)
+	db := pricesDB(t)
+	db.MustExec(`CREATE TABLE prices_old () INHERITS (prices)`)
 	r, err := backfill.New(db, &backfill.Config{Merger: embeddedMerger{backfill.NewPGMerger()}})
 	require.NoError(t, err)
 	job := backfill.Job{Name: "prices", Chunker: backfill.IntRange(0, 400, 100), Extractor: &pricesSource{db: db},
@@ -567,10 +568,7 @@ func TestInheritanceParentRefusedThroughAnotherMerger(t *testing.T) {
 func TestInheritanceParentRollback(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db := pgtest.New(t)
-	db.MustExec(`CREATE TABLE src (sku bigint PRIMARY KEY, price numeric(10,2) NOT NULL);
-		INSERT INTO src SELECT g, g + 0.99 FROM generate_series(0, 399) g;
-		CREATE TABLE prices (sku bigint PRIMARY KEY, price numeric(10,2), backfill_inserted_by bigint, backfill_updated_by bigint)`)
+	db := pricesDB(t)
 	r, err := backfill.New(db, nil)
 	require.NoError(t, err)
 	job := backfill.Job{Name: "prices", Chunker: backfill.IntRange(0, 400, 100), Extractor: &pricesSource{db: db},
