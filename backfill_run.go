@@ -323,14 +323,6 @@ func (r *Runner) planRun(ctx context.Context, job Job) (runSetup, error) {
 	if err := refuseInheritanceParent(rs.info); err != nil { // merge_pg.go
 		return runSetup{}, err
 	}
-	if job.SkipUnchanged && rs.info.tupleIdentity {
-		// Row versions are compared under READ COMMITTED chunk
-		// transactions only (tupleShapeSQL); under another isolation a
-		// DB's Begin starts, values are hashed.
-		if rs.info.tupleIdentity, err = r.readCommitted(ctx); err != nil {
-			return runSetup{}, err
-		}
-	}
 	if err := checkChunkColumn(job, rs.info); err != nil {
 		return runSetup{}, err
 	}
@@ -342,6 +334,15 @@ func (r *Runner) planRun(ctx context.Context, job Job) (runSetup, error) {
 	}
 	if err := r.skipEligible(job, rs.info); err != nil { // replay_skip_run.go
 		return runSetup{}, err
+	}
+	if job.SkipUnchanged && rs.info.tupleIdentity {
+		// Row versions are compared under READ COMMITTED chunk
+		// transactions only (tupleShapeSQL); under another isolation a
+		// DB's Begin starts, values are hashed. After the eligibility:
+		// a job refused anyway begins nothing.
+		if rs.info.tupleIdentity, err = r.readCommitted(ctx); err != nil {
+			return runSetup{}, err
+		}
 	}
 	r.warnVersioner(job) // replay_skip_version.go
 	// Before the run exists: every missing privilege at once.

@@ -583,3 +583,54 @@ func TestInheritanceParentRollback(t *testing.T) {
 	_, err = r.Run(ctx, job)
 	require.ErrorIs(t, err, backfill.ErrInvalidConfig)
 }
+
+// probeSpyDB is a DB whose transactions note the read of their isolation
+// (Runner's probe for row-version fingerprints); once it was read, it
+// begins plain ones (the stager needs the driver's own).
+type probeSpyDB struct {
+	backfill.DB
+	probed *atomic.Bool
+}
+
+func (d probeSpyDB) Begin(ctx context.Context) (backfill.Tx, error) {
+	tx, err := d.DB.Begin(ctx)
+	if err != nil || d.probed.Load() {
+		return tx, err
+	}
+	return probeSpyTx{tx, d.probed}, nil
+}
+
+type probeSpyTx struct {
+	backfill.Tx
+	probed *atomic.Bool
+}
+
+func (t probeSpyTx) QueryRowxContext(ctx context.Context, q string, args ...any) *sqlx.Row {
+	if strings.Contains(q, "transaction_isolation") {
+		t.probed.Store(true)
+	}
+	return t.Tx.QueryRowxContext(ctx, q, args...)
+}
+
+// TestSkipUnchangedIsolationProbeAfterEligibility: a job SkipUnchanged
+// refuses begins no transaction to read the chunk transactions'
+// isolation (its refusal, not a failure of that probe, is what the
+// caller sees); an eligible one does. From a reviewer's reproduction.
+func TestSkipUnchangedIsolationProbeAfterEligibility(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pricesDB(t)
+	var probed atomic.Bool
+	r, err := backfill.NewWithDB(probeSpyDB{backfill.Postgres(db), &probed}, nil)
+	require.NoError(t, err)
+	job := backfill.Job{Name: "prices", Chunker: backfill.IntRange(0, 400, 100), Extractor: &pricesSource{db: db},
+		Target: backfill.Target{Table: "prices", Key: []string{"sku"}}, ChunkColumn: "sku", SkipUnchanged: true,
+		Publish: backfill.Publish{Mode: backfill.PublishAtEnd}}
+	_, err = r.Run(ctx, job)
+	require.ErrorIs(t, err, backfill.ErrInvalidConfig)
+	require.False(t, probed.Load())
+	job.Publish = backfill.Publish{}
+	_, err = r.Run(ctx, job)
+	require.NoError(t, err)
+	require.True(t, probed.Load())
+}
