@@ -324,8 +324,7 @@ func targetFingerprint(ctx context.Context, tx sqlx.ExtContext, info TableInfo, 
 	// an int chunk's are numbers and a time chunk's instants with their
 	// offsets (inChunk), read alike under any setting.
 	if info.tupleIdentity {
-		q := tupleFingerprintSQL(info, pc.target, sqlf(`SELECT count(*) AS rows, coalesce(sum({hash}), 0)::text AS hash_sum{oids} FROM {target} t WHERE {bounds}`,
-			"hash", tupleHashSQL("t"), "oids", tupleOids(info), "target", pc.target, "bounds", bounds), "", &a)
+		q := fingerprintSQL(info, cols, pc.target, pc.target+" t WHERE "+bounds, "", &a)
 		return pinnedFingerprint(ctx, tx, c, q, a, c.Kind == KindList)
 	}
 	return pinnedFingerprint(ctx, tx, c, pc.fingerprintTargetSQL(cols, bounds), a, c.Kind == KindList || hashReadsSettings(pc, cols))
@@ -383,26 +382,31 @@ func tupleShapeSQL(target, oids string, a *sqlArgs) string {
 	ELSE 'transaction ' || pg_current_xact_id() END`, "in", in)
 }
 
-// tupleOids is the column of a tuple fingerprint's inner query that
-// lists the partitions holding the rows of alias t (tupleShapeSQL), ""
-// for a target that is not partitioned.
-func tupleOids(info TableInfo) string {
-	if !info.partitioned {
-		return ""
+// fingerprintSQL is the statement of a target fingerprint: the count
+// (rows) and hash sum (hash_sum) of the target rows of alias t in from (a
+// FROM clause, its WHERE included) of info's target named target, over
+// cols' values (rowHashSQL) or, with info.tupleIdentity, over their row
+// versions (tupleHashSQL) with the target's shape (shape: tupleShapeSQL,
+// over the partitions holding those rows when it is partitioned). stray,
+// when not "", is a condition on a row whose count is column stray.
+func fingerprintSQL(info TableInfo, cols []string, target, from, stray string, a *sqlArgs) string {
+	if stray != "" {
+		stray = ", count(*) FILTER (WHERE " + stray + ") AS stray"
 	}
-	return ", array_agg(DISTINCT t.tableoid) AS oids"
-}
-
-// tupleFingerprintSQL is a tuple fingerprint's statement: inner, a query
-// of one row with columns rows, hash_sum, then those of extra (", x.stray"
-// or ""), then oids (tupleOids), with the target's shape added.
-func tupleFingerprintSQL(info TableInfo, target, inner, extra string, a *sqlArgs) string {
-	oids := ""
+	if !info.tupleIdentity {
+		return sqlf(`SELECT count(*) AS rows, coalesce(sum({hash}), 0)::text AS hash_sum{stray} FROM {from}`,
+			"hash", rowHashSQL(info, cols, "t"), "stray", stray, "from", from)
+	}
+	outer, oids, partitions := "", "", ""
+	if stray != "" {
+		outer = ", x.stray"
+	}
 	if info.partitioned {
-		oids = "x.oids"
+		oids, partitions = ", array_agg(DISTINCT t.tableoid) AS oids", "x.oids"
 	}
-	return sqlf(`SELECT x.rows, x.hash_sum{extra}, {shape} AS shape FROM ({inner}) x`,
-		"extra", extra, "shape", tupleShapeSQL(target, oids, a), "inner", inner)
+	return sqlf(`SELECT x.rows, x.hash_sum{outer}, {shape} AS shape
+FROM (SELECT count(*) AS rows, coalesce(sum({hash}), 0)::text AS hash_sum{stray}{oids} FROM {from}) x`,
+		"outer", outer, "shape", tupleShapeSQL(target, partitions, a), "hash", tupleHashSQL("t"), "stray", stray, "oids", oids, "from", from)
 }
 
 // mergedFingerprint is the target fingerprint a merged chunk records,
@@ -443,16 +447,11 @@ func targetFingerprintMerged(ctx context.Context, tx sqlx.ExtContext, info Table
 	}
 	var a sqlArgs
 	var q, settings string
-	hash, oids := rowHashSQL(info, cols, "t"), ""
-	if info.tupleIdentity {
-		hash, oids = tupleHashSQL("t"), tupleOids(info)
-	}
 	if chunkColumn == "" {
 		// Every row hashed has its staged row: the join finds them, one
 		// index lookup into the target per staged row.
-		q = sqlf(`SELECT count(*) AS rows, coalesce(sum({hash}), 0)::text AS hash_sum, count(*) FILTER (WHERE {differs}) AS stray{oids}
-FROM {staging} s JOIN {target} t ON {ts}`,
-			"hash", hash, "oids", oids, "differs", differs, "staging", pc.staging, "target", pc.target, "ts", pc.idMatch("t", "s"))
+		q = fingerprintSQL(info, cols, pc.target, sqlf(`{staging} s JOIN {target} t ON {ts}`,
+			"staging", pc.staging, "target", pc.target, "ts", pc.idMatch("t", "s")), differs, &a)
 	} else {
 		if _, ok := pc.cols[chunkColumn]; !ok {
 			return mergedFingerprint{}, fmt.Errorf("backfill: chunk %s: target fingerprint: %w: ChunkColumn %q is not a column of the target", c.ID, ErrInvalidConfig, chunkColumn)
@@ -465,15 +464,10 @@ FROM {staging} s JOIN {target} t ON {ts}`,
 		// key), so a NULL one is a target row without a staged row. The
 		// staged identities are distinct (the merge took every row, none
 		// deduplicated), so each target row joins at most one.
-		q = sqlf(`SELECT count(*) AS rows, coalesce(sum({hash}), 0)::text AS hash_sum,
-	count(*) FILTER (WHERE s.{id} IS NULL OR {differs}) AS stray{oids}
-FROM {target} t LEFT JOIN {staging} s ON {ts} WHERE {bounds}`,
-			"hash", hash, "oids", oids, "id", sqlgen.Ident(cc.Identity[0]), "differs", differs,
-			"target", pc.target, "staging", pc.staging, "ts", pc.idMatch("t", "s"), "bounds", bounds)
+		q = fingerprintSQL(info, cols, pc.target, sqlf(`{target} t LEFT JOIN {staging} s ON {ts} WHERE {bounds}`,
+			"target", pc.target, "staging", pc.staging, "ts", pc.idMatch("t", "s"), "bounds", bounds),
+			"s."+sqlgen.Ident(cc.Identity[0])+" IS NULL OR "+differs, &a)
 		settings = joinsSettings
-	}
-	if info.tupleIdentity {
-		q = tupleFingerprintSQL(info, pc.target, q, ", x.stray", &a)
 	}
 	var fp mergedFingerprint
 	err = pinnedQuery(ctx, tx, c, &fp, q, a, settings)
@@ -500,12 +494,7 @@ func targetFingerprintKeys(ctx context.Context, tx sqlx.ExtContext, info TableIn
 	}
 	var a sqlArgs
 	from := keysJoin(pc, keys, &a)
-	q := sqlf(`SELECT count(*) AS rows, coalesce(sum({hash}), 0)::text AS hash_sum FROM {from}`,
-		"hash", rowHashSQL(info, cols, "t"), "from", from)
-	if info.tupleIdentity {
-		q = tupleFingerprintSQL(info, pc.target, sqlf(`SELECT count(*) AS rows, coalesce(sum({hash}), 0)::text AS hash_sum{oids} FROM {from}`,
-			"hash", tupleHashSQL("t"), "oids", tupleOids(info), "from", from), "", &a)
-	}
+	q := fingerprintSQL(info, cols, pc.target, from, "", &a)
 	// The keys are text the server reads as their columns' types: pinned
 	// always.
 	return pinnedFingerprint(ctx, tx, c, q, a, true)
