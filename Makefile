@@ -58,14 +58,14 @@ data:
 	bash examples/flights/fetch-data.sh
 
 # bench: the load benchmark (library vs hand-written chunked load, WAL of a
-# replay, peak RSS; see internal/benchload/README.md), then the Go
+# replay, peak RSS; see cmd/bench/load/README.md), then the Go
 # benchmarks if the module has any. No assertions: both only report.
 # Extra flags: make bench BENCHLOAD_FLAGS='-rows 300000 -runs 5 -rss'
 BENCHLOAD_FLAGS ?=
 
 .PHONY: bench bench-lock bench-probe bench-control bench-status bench-plan
 bench:
-	$(GO) run ./internal/benchload $(BENCHLOAD_FLAGS)
+	$(GO) run ./cmd/bench/load $(BENCHLOAD_FLAGS)
 	@if grep -rqs --include='*_test.go' '^func Benchmark' . ; then \
 		echo "$(GO) test -run '^$$' -bench . -benchtime 1x ./..."; \
 		$(GO) test -run '^$$' -bench . -benchtime 1x ./...; \
@@ -75,48 +75,48 @@ bench:
 
 # bench-lock: a backfill beside pgbench on a durable server (fsync and
 # synchronous_commit on) while a session locks the target ACCESS EXCLUSIVE
-# for 30 s (internal/benchlock/README.md). Reports only. Extra flags:
+# for 30 s (cmd/bench/lock/README.md). Reports only. Extra flags:
 # make bench-lock BENCHLOCK_FLAGS='-lock 10s -v'
 BENCHLOCK_FLAGS ?=
 
 bench-lock:
-	$(GO) run ./internal/benchlock $(BENCHLOCK_FLAGS)
+	$(GO) run ./cmd/bench/lock $(BENCHLOCK_FLAGS)
 
 # bench-probe: pgbench alone, beside a backfill, and beside a backfill
 # held by a latency-probe throttle (High = pgbench's p99 alone + 30%), on
-# a durable server (internal/benchprobe/README.md). Reports only. Extra
+# a durable server (cmd/bench/probe/README.md). Reports only. Extra
 # flags: make bench-probe BENCHPROBE_FLAGS='-duration 60s -chunk 500 -v'
 BENCHPROBE_FLAGS ?=
 
 bench-probe:
-	$(GO) run ./internal/benchprobe $(BENCHPROBE_FLAGS)
+	$(GO) run ./cmd/bench/probe $(BENCHPROBE_FLAGS)
 
 # bench-control: a pause issued from SQL against 3 worker processes, 20
 # times: the time until every worker of every process stopped (p50, p99,
 # max), then one cancel, checking every chunk is done or pending
-# (internal/benchcontrol). Reports only. Extra flags: make bench-control
+# (cmd/bench/control). Reports only. Extra flags: make bench-control
 # BENCHCONTROL_FLAGS='-trials 50 -listen=false'
 BENCHCONTROL_FLAGS ?=
 
 bench-control:
-	$(GO) run ./internal/benchcontrol $(BENCHCONTROL_FLAGS)
+	$(GO) run ./cmd/bench/control $(BENCHCONTROL_FLAGS)
 
-# bench-status: the ETA of Status (issue 14): a generic job with chunks of
-# varying sizes, held by an injected SQL throttle for part of the run;
-# prints Status's ETA at 25%, 50% and 75% of the rows against the time
-# that actually remained (internal/benchstatus). Reports only. Extra
-# flags: make bench-status BENCHSTATUS_FLAGS='-chunks 200 -throttle-for 30s -v'
+# bench-status: the ETA of Status: a generic job with chunks of varying
+# sizes, held by an injected SQL throttle for part of the run; prints
+# Status's ETA at 25%, 50% and 75% of the rows against the time that
+# actually remained (cmd/bench/status). Reports only. Extra flags:
+# make bench-status BENCHSTATUS_FLAGS='-chunks 200 -throttle-for 30s -v'
 BENCHSTATUS_FLAGS ?=
 
 bench-status:
-	$(GO) run ./internal/benchstatus $(BENCHSTATUS_FLAGS)
+	$(GO) run ./cmd/bench/status $(BENCHSTATUS_FLAGS)
 
 # bench-plan: a plan of 1,000,000 IntRange chunks on a durable server:
 # time to the first extraction, time per claimed chunk, peak Go heap and
 # peak RSS while planning and claiming, then resuming in a new Runner
-# (internal/benchplan). Reports only. Extra flags: make bench-plan
+# (cmd/bench/plan). Reports only. Extra flags: make bench-plan
 # BENCHPLAN_FLAGS='-chunks 200000 -claims 500 -server-profile'
 BENCHPLAN_FLAGS ?=
 
 bench-plan:
-	$(GO) run ./internal/benchplan $(BENCHPLAN_FLAGS)
+	$(GO) run ./cmd/bench/plan $(BENCHPLAN_FLAGS)

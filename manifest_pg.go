@@ -665,7 +665,7 @@ const copyChunksBatch = 100_000
 // are added, in messages of up to 64 KiB), else by insertChunks,
 // insertChunksBatch chunks at a time. COPY spares the server the parse
 // of ten arrays per batch and the client their encoding (at a million
-// chunks, planning 17.0 s -> 15.1 s; internal/benchplan).
+// chunks, planning 17.0 s -> 15.1 s; cmd/bench/plan).
 type chunkInserter struct {
 	m       *PGManifest
 	ctx     context.Context

@@ -827,7 +827,7 @@ func (s *pgStager) checkIntervals(ctx context.Context) error {
 // chunk touches a sliver of the target, but before the target is
 // analysed (and long after, below a few hundred thousand rows) the
 // planner prefers hash and merge joins that read all of it per chunk,
-// making a load quadratic (measured by internal/benchload). These stay
+// making a load quadratic (measured by cmd/bench/load). These stay
 // for the rest of the chunk's transaction (PostgreSQL docs, 20.7.1
 // "Planner Method Configuration"; set_config with is_local). Change detection compares
 // values without an equality operator (json, point, composites) as

@@ -204,7 +204,7 @@ type Options struct {
 	SynchronousCommit bool
 	// Durable keeps production durability: fsync, full_page_writes and
 	// synchronous_commit on, for benchmarks beside a live load
-	// (internal/benchlock, internal/benchload's durable runs).
+	// (cmd/bench/lock, cmd/bench/load's durable runs).
 	Durable bool
 }
 

@@ -196,7 +196,7 @@ func (b *bench) printMachine(ms []measurement, rs []childResult) {
 	w := b.out
 	procs := b.facts.GOMAXPROCS
 	fmt.Fprintf(w, "## Machine-readable\n\nbenchstat-compatible lines (one per load; benchstat computes its own medians), then one JSON line.\n\n```text\n")
-	fmt.Fprintf(w, "goos: linux\ngoarch: %s\npkg: github.com/pgbackfill/backfill/internal/benchload\ncpu: %s\n", runtime.GOARCH, b.facts.CPU)
+	fmt.Fprintf(w, "goos: linux\ngoarch: %s\npkg: github.com/pgbackfill/backfill/cmd/bench/load\ncpu: %s\n", runtime.GOARCH, b.facts.CPU)
 	line := func(name string, r childResult, wal int64) {
 		fmt.Fprintf(w, "%s-%d\t1\t%d ns/op\t%.0f rows/s\t%.0f client-cpu-ms\t%.0f server-cpu-ms\t%d peak-RSS-B\t%.0f other-cpu-ms",
 			name, procs, int64(r.Seconds*1e9), float64(r.Rows)/r.Seconds, 1000*(r.UserCPU+r.SysCPU), 1000*r.ServerCPU, r.VmHWMKiB*1024, 1000*r.OtherCPU)

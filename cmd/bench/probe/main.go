@@ -1,8 +1,9 @@
 // Command benchprobe measures the latency-probe throttle beside a live
-// load (issue 13, "Performance bar: latency probe"): on a server with
-// production durability (fsync, full_page_writes and synchronous_commit
-// on) it runs the same pgbench (TPC-B-like, per-transaction logs) three
-// times:
+// load: how much a backfill costs pgbench's latency and throughput with
+// and without a ProbeLatencySignal throttle, and what the throttle costs
+// the backfill's rate. On a server with production durability (fsync,
+// full_page_writes and synchronous_commit on) it runs the same pgbench
+// (TPC-B-like, per-transaction logs) three times:
 //
 //  1. alone: pgbench's p99 latency and TPS (and the probe's own latency,
 //     read beside it, for calibration);
@@ -40,7 +41,7 @@ import (
 	_ "github.com/lib/pq"
 
 	"github.com/pgbackfill/backfill"
-	"github.com/pgbackfill/backfill/internal/benchpg"
+	"github.com/pgbackfill/backfill/cmd/bench/internal/benchpg"
 	"github.com/pgbackfill/backfill/internal/pgtest"
 )
 

@@ -1,21 +1,21 @@
-// Command benchstatus measures the ETA of Status (issue 14, "Progress
-// from the manifest", acceptance "ETA"): it runs a generic job over
-// generated data whose chunks vary in size (a smooth seasonal swing of
-// ±40% plus noise around -rows rows per chunk, read at a cost
-// proportional to their rows, as a source query would), holds it with a
-// custom SQL throttle (SQLSignal on a flag this program raises) for
-// -throttle-for once -throttle-at of the rows are done, and records
-// PGManifest.Status's ETA when 25%, 50% and 75% of the rows are done. At
-// the end it compares each ETA with the time that actually remained and
-// prints the errors, for the ETA as Status gives it (remaining planned
-// rows / recent working rate) and, for comparison, for a naive ETA of the
-// same remaining rows at the run's wall rate so far (throttled time
-// included). It asserts nothing. make bench-status runs it.
+// Command benchstatus measures the accuracy of the ETA that Status
+// derives from the manifest: it runs a generic job over generated data
+// whose chunks vary in size (a smooth seasonal swing of ±40% plus noise
+// around -rows rows per chunk, read at a cost proportional to their rows,
+// as a source query would), holds it with a custom SQL throttle
+// (SQLSignal on a flag this program raises) for -throttle-for once
+// -throttle-at of the rows are done, and records PGManifest.Status's ETA
+// when 25%, 50% and 75% of the rows are done. At the end it compares each
+// ETA with the time that actually remained and prints the errors, for the
+// ETA as Status gives it (remaining planned rows / recent working rate)
+// and, for comparison, for a naive ETA of the same remaining rows at the
+// run's wall rate so far (throttled time included). It asserts nothing.
+// make bench-status runs it.
 //
 // It is not the flights example (a module of its own, with its data
 // downloaded): the job here is generic, with realistic chunk sizes.
 //
-//	go run ./internal/benchstatus [-chunks 120 -rows 3000 -concurrency 2 -throttle-at 0.1 -throttle-for 15s]
+//	go run ./cmd/bench/status [-chunks 120 -rows 3000 -concurrency 2 -throttle-at 0.1 -throttle-for 15s]
 package main
 
 import (

@@ -1,10 +1,11 @@
 // Command benchlock measures a backfill beside a live load while a
-// session holds ACCESS EXCLUSIVE on the backfill's target (issue 13, "A
-// locked target"): pgbench (TPC-B-like, plus one client reading the
-// target) runs on a server with production durability (fsync,
-// full_page_writes and synchronous_commit on); a backfill of the target
-// starts, and a session locks the target for -lock (30 s) mid-run. It
-// reports, without asserting anything:
+// session holds ACCESS EXCLUSIVE on the backfill's target: how long the
+// backfill waits on the lock, and what the lock and the backfill cost the
+// load. pgbench (TPC-B-like, plus one client reading the target) runs on
+// a server with production durability (fsync, full_page_writes and
+// synchronous_commit on); a backfill of the target starts, and a session
+// locks the target for -lock (30 s) mid-run. It reports, without
+// asserting anything:
 //
 //   - the waits of the backfill (the manifest's waits table): how many,
 //     the longest lock_timeout and wait, and the blockers named;
@@ -36,7 +37,7 @@ import (
 	_ "github.com/lib/pq"
 
 	"github.com/pgbackfill/backfill"
-	"github.com/pgbackfill/backfill/internal/benchpg"
+	"github.com/pgbackfill/backfill/cmd/bench/internal/benchpg"
 	"github.com/pgbackfill/backfill/internal/pgtest"
 )
 

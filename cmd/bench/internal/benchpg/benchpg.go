@@ -1,5 +1,5 @@
 // Package benchpg holds what the benchmark programs that run a backfill
-// beside pgbench share (internal/benchlock, internal/benchprobe): the
+// beside pgbench share (cmd/bench/lock, cmd/bench/probe): the
 // pgbench connection flags of a URL, and pgbench's per-transaction logs
 // (-l) read back into latencies, windows and percentiles, and the server
 // they run against (Open).

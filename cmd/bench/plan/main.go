@@ -1,14 +1,14 @@
-// Command benchplan measures a very long plan (issue 15, "Very long
-// plans"): a job of -chunks IntRange chunks (one key each, the extractor
-// writes one row per chunk) is planned and run until -claims chunks are
-// done, then cancelled; a new Runner (as a new process would) resumes it
-// for -claims more chunks, and is cancelled again. For each phase it
-// prints the wall time to the first extraction (planning, or the resume's
-// start), the wall time of the phase, the time per claimed chunk, and the
-// peak Go heap (runtime/metrics, sampled every 2 ms) and peak RSS
-// (VmHWM, reset at the phase's start) of the process. It asserts nothing.
+// Command benchplan measures a very long plan: a job of -chunks IntRange
+// chunks (one key each, the extractor writes one row per chunk) is
+// planned and run until -claims chunks are done, then cancelled; a new
+// Runner (as a new process would) resumes it for -claims more chunks, and
+// is cancelled again. For each phase it prints the wall time to the first
+// extraction (planning, or the resume's start), the wall time of the
+// phase, the time per claimed chunk, and the peak Go heap
+// (runtime/metrics, sampled every 2 ms) and peak RSS (VmHWM, reset at the
+// phase's start) of the process. It asserts nothing.
 //
-//	go run ./internal/benchplan [-chunks 1000000 -claims 200 -fast]
+//	go run ./cmd/bench/plan [-chunks 1000000 -claims 200 -fast]
 package main
 
 import (
@@ -32,7 +32,7 @@ import (
 	"github.com/jmoiron/sqlx"
 
 	"github.com/pgbackfill/backfill"
-	"github.com/pgbackfill/backfill/internal/benchpg"
+	"github.com/pgbackfill/backfill/cmd/bench/internal/benchpg"
 )
 
 func main() {
