@@ -33,28 +33,6 @@ import (
 // waiting workers fence that backend (pg_terminate_backend, holders) as
 // before.
 
-// migrationLeases is manifest migration 15: the lease columns of chunks.
-const migrationLeases = `
-ALTER TABLE {s}.chunks ADD COLUMN lease_key text, ADD COLUMN lease_epoch bigint NOT NULL DEFAULT 0, ADD COLUMN leased_at timestamptz;
-COMMENT ON COLUMN {s}.chunks.lease_key IS
-	'The worker (workers.worker_key) extracting the chunk outside a transaction; NULL when none. A lease is live while its worker is unfinished and heartbeating within its stale_after.';
-COMMENT ON COLUMN {s}.chunks.lease_epoch IS
-	'Incremented by each lease of the chunk: the chunk''s transaction commits only while lease_key and lease_epoch are still its worker''s.';
-`
-
-// migrationClaimable is manifest migration 18: an index of the chunks a
-// claim can take (pending or open) in seq order, which claimQuery and
-// leaseChunk walk from the first and stop at the first claimable row,
-// and an index of the chunks holding a lease, which leaseChunk counts
-// for the job-wide concurrency cap. Both stay small: a done chunk leaves
-// them, a lease is cleared when its chunk commits. chunks_claimable
-// replaces chunks_pending (status = 'pending' implies its predicate).
-const migrationClaimable = `
-CREATE INDEX chunks_claimable ON {s}.chunks (batch_id, seq) WHERE status IN ('pending', 'open');
-CREATE INDEX chunks_leased ON {s}.chunks (batch_id) WHERE lease_key IS NOT NULL;
-DROP INDEX {s}.chunks_pending;
-`
-
 // chunkLease is a chunk leased by a worker.
 type chunkLease struct {
 	state ChunkState

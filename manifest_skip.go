@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
-	"strings"
 
 	"github.com/jmoiron/sqlx"
 )
@@ -81,66 +80,6 @@ type ChunkFingerprints struct {
 // IsZero reports whether fp records no fingerprint (whatever its
 // SkipKey).
 func (fp ChunkFingerprints) IsZero() bool { return fp.Source == "" && fp.Target == "" }
-
-// migrationSkips is manifest migration 19: the fingerprints of a chunk's
-// source rows and of its target rows after its merge, and the skip key
-// they were recorded under, written by the chunk's checkpoint statement
-// (NULL when the load did not qualify, see replay_skip.go); whether the
-// chunk's latest checkpoint skipped its merge (skipped); and the
-// run_progress view with chunks_skipped, the done or open chunks that did
-// (runProgressSkipped).
-var migrationSkips = `
-ALTER TABLE {s}.chunks ADD COLUMN source_fingerprint text, ADD COLUMN target_fingerprint text, ADD COLUMN skip_key text,
-	ADD COLUMN skipped boolean NOT NULL DEFAULT false;
-COMMENT ON COLUMN {s}.chunks.source_fingerprint IS
-	'Multiset hash of the chunk''s staged source rows (rows:lane0:lane1), recorded when its merge took every staged row; a replay with SkipUnchanged compares it.';
-COMMENT ON COLUMN {s}.chunks.target_fingerprint IS
-	'Multiset hash of the target rows within the chunk''s ChunkColumn bounds after its merge (rows:sum), recorded with source_fingerprint.';
-COMMENT ON COLUMN {s}.chunks.skip_key IS
-	'SHA-256 of the run''s plan without its scope and chunk IDs, and of the target''s column types, recorded by a chunk of a job with SkipUnchanged: a replay looks its base up by job, chunk_id and skip_key.';
-COMMENT ON COLUMN {s}.chunks.skipped IS
-	'True when the chunk''s latest checkpoint skipped its staging and merge: its source and target rows were unchanged since the load it compared with (SkipUnchanged).';
-` + runProgressSkipped()
-
-// runProgressSkipped returns the statements that replace the run_progress
-// view of migration 17 (manifest_status.go, migrationStatus) by the same
-// view with one more column at its end, chunks_skipped: the run's done or
-// open chunks whose latest checkpoint skipped the merge, counted in the
-// view's one pass over the chunks. It is derived from migration 17's
-// text, which never changes, by edits each of which must apply exactly
-// once (it panics otherwise: every test that migrates a manifest fails).
-func runProgressSkipped() string {
-	const create, comment = "CREATE VIEW {s}.run_progress AS", "COMMENT ON VIEW {s}.run_progress IS"
-	i, j := strings.Index(migrationStatus, create), strings.Index(migrationStatus, comment)
-	if i < 0 || j < i {
-		panic("backfill: migration 17 without the run_progress view")
-	}
-	view := migrationStatus[i:j]
-	for _, e := range [][2]string{
-		{create, "CREATE OR REPLACE VIEW {s}.run_progress AS"},
-		{"END AS eta_seconds\nFROM {s}.runs r", "END AS eta_seconds,\n\tc.chunks_skipped\nFROM {s}.runs r"},
-		{"\t\tcoalesce(sum(g.leased) FILTER", "\t\tcoalesce(sum(g.skipped) FILTER (WHERE g.checkpointed), 0)::int AS chunks_skipped,\n\t\tcoalesce(sum(g.leased) FILTER"},
-		{"count(x.lease_key) AS leased,", "count(x.lease_key) AS leased, count(*) FILTER (WHERE x.skipped) AS skipped,"},
-		{"SELECT ch.status, ch.lease_key,", "SELECT ch.status, ch.lease_key, ch.skipped,"},
-	} {
-		if strings.Count(view, e[0]) != 1 {
-			panic("backfill: migration 17's run_progress view: " + e[0])
-		}
-		view = strings.Replace(view, e[0], e[1], 1)
-	}
-	return view + `COMMENT ON COLUMN {s}.run_progress.chunks_skipped IS
-	'Done or open chunks whose latest checkpoint skipped their staging and merge, their rows unchanged (SkipUnchanged); among chunks_done.';
-`
-}
-
-// migrationSkipVersion is manifest migration 20: the source version
-// ([ChunkVersioner]) a chunk's fingerprints were recorded with, written
-// by the chunk's checkpoint statement with them (NULL otherwise).
-var migrationSkipVersion = `
-ALTER TABLE {s}.chunks ADD COLUMN source_version text;
-COMMENT ON COLUMN {s}.chunks.source_version IS
-	'The extractor''s version of the chunk''s source rows (ChunkVersioner), read before the extraction that source_fingerprint hashes; a replay whose version is equal does not extract the chunk (SkipUnchanged).';
-`
 
 var _ ManifestSkips = (*PGManifest)(nil)
 
