@@ -4,12 +4,14 @@ import (
 	"context"
 	"log/slog"
 	"time"
+
+	"github.com/pgbackfill/backfill/backfilltype"
 )
 
 // Mode says how a [Target] identifies records and what a merge does with a
 // staged row whose business key is already present. Decide identity before
 // the upsert strategy: the mode is part of the plan.
-type Mode string
+type Mode = backfilltype.Mode
 
 const (
 	// Upsert is for mutable master data: a staged row whose business key
@@ -17,7 +19,7 @@ const (
 	// (IS DISTINCT FROM, NULL-safe) and is left alone otherwise; absent
 	// keys are inserted. [Target.Conflict] decides who wins a disagreement.
 	// It is the default.
-	Upsert Mode = "upsert"
+	Upsert = backfilltype.Upsert
 	// AppendOnly is for immutable events with a unique event ID (the Key).
 	// A replayed event resolves to the existing row and writes nothing. An
 	// event whose ID exists with different content is neither overwritten
@@ -30,7 +32,7 @@ const (
 	// first wins and the others queue their row: which one that is
 	// depends on commit order, so at Concurrency > 1 it can differ from
 	// run to run (the queued loser says which).
-	AppendOnly Mode = "append_only"
+	AppendOnly = backfilltype.AppendOnly
 	// History is versioned history (SCD type 2). Each version is a row
 	// keyed by Key plus [Target.ValidFrom]; [Target.ValidTo] holds the
 	// exclusive end of its half-open interval [valid_from, valid_to), NULL
@@ -45,19 +47,19 @@ const (
 	// equal to their predecessor are kept, not collapsed: collapsing
 	// would discard what the source said and make the result depend on
 	// arrival order.
-	History Mode = "history"
+	History = backfilltype.History
 	// Keyless is for legacy sources without a good key: the Key columns
 	// are derived by [Target.Derive] rules (trim, case fold, Unicode NFC,
 	// whitespace collapse, ...) from source columns. Rows whose derived
 	// keys collide with different content, inside a chunk or with the
 	// target, all go to the exception queue (reason "ambiguous derived
 	// key"); identical rows are deduplicated.
-	Keyless Mode = "keyless"
+	Keyless = backfilltype.Keyless
 )
 
 // ConflictPolicy decides, in [Upsert] mode, which side wins when a staged
 // row and the target row of the same business key differ.
-type ConflictPolicy string
+type ConflictPolicy = backfilltype.ConflictPolicy
 
 const (
 	// SourceWins always takes the staged row. It is the default. Order
@@ -67,7 +69,7 @@ const (
 	// planned last; above it, whichever finishes last, which can differ
 	// from run to run. Use a [Target.Version] with NewerVersionWins for a
 	// result independent of order and concurrency.
-	SourceWins ConflictPolicy = "source_wins"
+	SourceWins = backfilltype.SourceWins
 	// TargetWins inserts missing keys only; differing existing rows are
 	// kept and counted as unchanged. Order dependent when the same key,
 	// absent from the target, appears in several chunks with different
@@ -77,128 +79,47 @@ const (
 	// whichever commits first, which can differ from run to run. Use a
 	// [Target.Version] with NewerVersionWins for a result independent of
 	// order and concurrency.
-	TargetWins ConflictPolicy = "target_wins"
+	TargetWins = backfilltype.TargetWins
 	// NewerVersionWins takes the row with the greater [Target.Version]
 	// value (NULL is older than any value). Ties with different content
 	// are broken by the greater text form of the non-key columns, so the
 	// final state is the same whatever the arrival order of versions.
 	// Inside a chunk the same rule picks the surviving row.
-	NewerVersionWins ConflictPolicy = "newer_version_wins"
+	NewerVersionWins = backfilltype.NewerVersionWins
 )
 
 // DuplicatePolicy is the deterministic rule for business keys that occur
 // more than once in one chunk ([Upsert] with SourceWins or TargetWins, and
 // [History] per (key, valid_from)).
-type DuplicatePolicy string
+type DuplicatePolicy = backfilltype.DuplicatePolicy
 
 const (
 	// KeepLast keeps, per business key, the row written last by the
 	// extractor (highest row number) and counts the others as deduplicated.
 	// It is the default. Deterministic as long as the extractor writes a
 	// chunk's rows in a deterministic order.
-	KeepLast DuplicatePolicy = "keep_last"
+	KeepLast = backfilltype.KeepLast
 	// KeepFirst keeps the row written first and counts the others as
 	// deduplicated.
-	KeepFirst DuplicatePolicy = "keep_first"
+	KeepFirst = backfilltype.KeepFirst
 )
 
 // Target describes the table a job writes to and how records are
 // identified in it: which columns identify a record (Key), which may
 // change (the other Columns), and which side wins a disagreement (Mode,
 // Conflict).
-type Target struct {
-	// Table is the target table, optionally schema-qualified
-	// ("sales.order_lines"). Schema and table are split on a dot outside
-	// double quotes; each part is taken literally (no case folding) and
-	// quoted as an identifier. A part that holds a dot or a double quote
-	// must be enclosed in double quotes, with "" for a quote inside:
-	// `"we.ird".t`, `we."ird.t"`, `"a""b".c`. A name with more than one
-	// unquoted dot, an empty part or an unterminated quote is refused
-	// with an error wrapping [ErrInvalidConfig]; the name is resolved
-	// through the catalog (to_regclass of the quoted parts), so it names
-	// one table or none. [Merger.Prepare] returns the schema-qualified
-	// name in this form.
-	Table string
-	// Key lists the business key columns. The table must have a unique
-	// index or constraint on exactly these columns (in History mode: Key
-	// plus ValidFrom), in any order, otherwise [Merger.Prepare] returns
-	// [ErrNoUniqueKey]. Required.
-	Key []string
-	// Columns lists, in order, the columns the extractor writes with
-	// [RowWriter.Write]. It must include every Key column (in Keyless mode
-	// the derived key columns are filled by Derive and must not be
-	// listed; in History mode ValidFrom is listed and ValidTo is not).
-	// Empty means all of the table's columns in table order, except
-	// generated columns, identity columns GENERATED ALWAYS, and the columns
-	// the library fills (derived keys, ValidTo, IngestedAt, HashColumn,
-	// lineage). Columns with defaults are included: list Columns to leave
-	// them to their defaults.
-	Columns []string
-	// Mode is the merge mode; empty means [Upsert].
-	Mode Mode
-	// Duplicates resolves business keys repeated inside one chunk; empty
-	// means [KeepLast].
-	Duplicates DuplicatePolicy
-	// Conflict is the Upsert conflict policy; empty means [SourceWins].
-	Conflict ConflictPolicy
-	// Version names the column compared by [NewerVersionWins]: any type
-	// with an ordering (integer, numeric, timestamp). Typically the
-	// source's version number or modification time. Required with
-	// NewerVersionWins.
-	Version string
-	// ValidFrom and ValidTo name the interval columns of History mode;
-	// defaults "valid_from" and "valid_to". Both must have the same type
-	// (timestamptz, timestamp, date or an integer type). A row with a NULL
-	// ValidFrom is rejected ("null value in NOT NULL column"), even when
-	// the column is nullable.
-	ValidFrom, ValidTo string
-	// Derive lists, in Keyless mode, how each Key column is computed from
-	// a source column. Every Key column needs exactly one rule.
-	Derive []KeyRule
-	// EventTime names the column holding the event time: the instant the
-	// record is about, which assigns its reporting period. Documentation
-	// and lineage only (recorded in the plan); it may differ from the
-	// chunking dimension, e.g. when extracting by ModifiedAt.
-	EventTime string
-	// ModifiedAt names the column holding the source modification time:
-	// the extraction cursor that watermarks and [Runner.Handoff] use.
-	// Recorded in the plan.
-	ModifiedAt string
-	// IngestedAt, if set, names a column the library fills with the
-	// ingestion time: the time the chunk's transaction started
-	// (timestamptz), on every inserted or updated row. It is excluded from
-	// change detection, so a replay does not touch it.
-	IngestedAt string
-	// Lineage names the lineage columns the library maintains on target
-	// rows. By default it uses the columns named backfill_inserted_by and
-	// backfill_updated_by (bigint) when the table has them.
-	Lineage Lineage
-	// HashColumn, if set, names a column that stores a hash of the non-key
-	// columns (see [RowHash]). The merge then compares hashes instead of
-	// every column to detect changes. It never identifies a row.
-	HashColumn string
-}
+type Target = backfilltype.Target
 
 // Lineage configures the lineage columns of a [Target]: which batch
 // inserted a row and which batch last changed it. They are written on
 // every insert and update, never compared (a replay does not touch them),
 // and they let a rollback refuse to undo rows that a later batch changed.
 // Ingestion time is [Target.IngestedAt].
-type Lineage struct {
-	// InsertedBy names a bigint column set to the batch ID that inserted
-	// the row; default "backfill_inserted_by" when the table has it.
-	InsertedBy string
-	// UpdatedBy names a bigint column set to the batch ID that last
-	// inserted or changed the row; default "backfill_updated_by" when the
-	// table has it.
-	UpdatedBy string
-	// Off disables lineage even when the default columns exist.
-	Off bool
-}
+type Lineage = backfilltype.Lineage
 
 // RollbackMechanism is how a job's batches can be withdrawn, chosen before
 // writing and recorded in the plan ([Job.Rollback]).
-type RollbackMechanism string
+type RollbackMechanism = backfilltype.RollbackMechanism
 
 const (
 	// RollbackUndoLog keeps, in the chunk's transaction, the prior image of
@@ -206,13 +127,13 @@ const (
 	// finds the rows it inserted by lineage; [Runner.Rollback] restores
 	// them. It needs the Lineage UpdatedBy and InsertedBy columns. The
 	// default when the target has them.
-	RollbackUndoLog RollbackMechanism = "undo_log"
+	RollbackUndoLog = backfilltype.RollbackUndoLog
 	// RollbackNone explicitly accepts that batches cannot be withdrawn.
-	RollbackNone RollbackMechanism = "none"
+	RollbackNone = backfilltype.RollbackNone
 	// RollbackSwitchBack withdraws a batch published by a versioned view or
 	// partition swaps by pointing readers back to the versions it
 	// replaced, which are kept. The default of those publish modes.
-	RollbackSwitchBack RollbackMechanism = "switch_back"
+	RollbackSwitchBack = backfilltype.RollbackSwitchBack
 )
 
 // Job is one backfill: what to read (Chunker + Extractor), where to write
@@ -440,19 +361,19 @@ type Job struct {
 const DefaultMaxRunRejectRate = 0.10
 
 // DateMeaning says what a date without a time means in a source.
-type DateMeaning string
+type DateMeaning = backfilltype.DateMeaning
 
 const (
 	// DateUnspecified: the job declared nothing (no date-only values, or
 	// their meaning is not known).
-	DateUnspecified DateMeaning = ""
+	DateUnspecified = backfilltype.DateUnspecified
 	// DateLocalCalendarDay: the local calendar day in [Job.Zone].
-	DateLocalCalendarDay DateMeaning = "local calendar day"
+	DateLocalCalendarDay = backfilltype.DateLocalCalendarDay
 	// DateAccountingPeriod: a business period identifier (the day an
 	// entry was booked to), not an instant.
-	DateAccountingPeriod DateMeaning = "accounting period"
+	DateAccountingPeriod = backfilltype.DateAccountingPeriod
 	// DateProcessingDate: the day the source processed the record.
-	DateProcessingDate DateMeaning = "processing date"
+	DateProcessingDate = backfilltype.DateProcessingDate
 )
 
 // Extractor reads the source for one chunk. It is the part of a backfill
@@ -717,8 +638,8 @@ type Config struct {
 // healthy worker waits behind a frozen one at most about 36 s, within
 // the documented bound of one minute.
 const (
-	DefaultHeartbeatInterval = 5 * time.Second
-	DefaultStaleAfter        = 30 * time.Second
+	DefaultHeartbeatInterval = backfilltype.DefaultHeartbeatInterval
+	DefaultStaleAfter        = backfilltype.DefaultStaleAfter
 )
 
 // DefaultMaxRejectsPerChunk is the default of [Config.MaxRejectsPerChunk].
@@ -740,81 +661,10 @@ func (f HooksFunc) ChunkDone(ctx context.Context, batchID int64, r ChunkResult) 
 
 // Counts are the row outcomes of a chunk or a run. For every chunk
 // Read == Inserted + Updated + Unchanged + Rejected + Deduplicated.
-type Counts struct {
-	// Read is every row the extractor passed to Write or Reject.
-	Read int64 `db:"rows_read" json:"read"`
-	// Inserted rows had a business key absent from the target.
-	Inserted int64 `db:"rows_inserted" json:"inserted"`
-	// Updated rows replaced a target row with different content.
-	Updated int64 `db:"rows_updated" json:"updated"`
-	// Unchanged rows matched a target row exactly and wrote nothing.
-	Unchanged int64 `db:"rows_unchanged" json:"unchanged"`
-	// Rejected rows went to the exception queue.
-	Rejected int64 `db:"rows_rejected" json:"rejected"`
-	// Deduplicated rows lost to another row of the same business key in
-	// the same chunk ([DuplicatePolicy]).
-	Deduplicated int64 `db:"rows_deduplicated" json:"deduplicated"`
-}
-
-// Balanced reports whether Read == Inserted + Updated + Unchanged +
-// Rejected + Deduplicated.
-func (c Counts) Balanced() bool {
-	return c.Read == c.Inserted+c.Updated+c.Unchanged+c.Rejected+c.Deduplicated
-}
-
-// Add returns c + o, field by field.
-func (c Counts) Add(o Counts) Counts {
-	return Counts{
-		Read: c.Read + o.Read, Inserted: c.Inserted + o.Inserted, Updated: c.Updated + o.Updated,
-		Unchanged: c.Unchanged + o.Unchanged, Rejected: c.Rejected + o.Rejected, Deduplicated: c.Deduplicated + o.Deduplicated,
-	}
-}
-
-// Reread returns the counts of a chunk read again while open
-// ([ChunkOpen]): c are the counts it holds from its earlier reads, latest
-// those of the read that just merged. They describe the chunk's rows as
-// they stand, not the sum of the reads: Read, Rejected and Deduplicated
-// are the latest read's (a row read, or rejected, by several reads
-// counts once). Of the rows the latest read merged (its Inserted +
-// Updated + Unchanged), those an earlier read inserted or changed stay
-// counted as Inserted and Updated: Inserted is c.Inserted +
-// latest.Inserted and Updated c.Updated + latest.Updated, each capped by
-// the merged rows left (Inserted first); the rest are Unchanged. The
-// result balances when latest does, and its Inserted and Updated never
-// decrease from one read to the next unless the chunk's merged rows do
-// (rows gone from the source, or now rejected). The counts are
-// aggregates: a row inserted by one read and changed by the next counts
-// as inserted, and rows changed by several reads are counted at most
-// once each only as far as the cap tells.
-func (c Counts) Reread(latest Counts) Counts {
-	merged := latest.Inserted + latest.Updated + latest.Unchanged
-	ins := min(c.Inserted+latest.Inserted, merged)
-	upd := min(c.Updated+latest.Updated, merged-ins)
-	return Counts{Read: latest.Read, Inserted: ins, Updated: upd, Unchanged: merged - ins - upd,
-		Rejected: latest.Rejected, Deduplicated: latest.Deduplicated}
-}
+type Counts = backfilltype.Counts
 
 // ChunkResult is what one completed chunk recorded in the manifest.
-type ChunkResult struct {
-	Chunk Chunk
-	Counts
-	// Attempt is the 1-based attempt that completed the chunk.
-	Attempt int
-	// Worker is the [Config.WorkerID] of the process that completed it.
-	Worker string
-	// StartedAt and FinishedAt bound the successful attempt.
-	StartedAt, FinishedAt time.Time
-	// Open is true when the chunk is a time chunk whose end lies after
-	// the run's horizon (the watermark of [Job.Watermark] taken by this
-	// call, or StartedAt when earlier or without one): rows of its
-	// interval may still arrive, so it is checkpointed as [ChunkOpen] and
-	// read again by the next call instead of being final.
-	Open bool
-	// Skipped is true when the chunk's source and target rows were
-	// unchanged since the last load and its staging and merge were
-	// skipped ([Job.SkipUnchanged]).
-	Skipped bool
-}
+type ChunkResult = backfilltype.ChunkResult
 
 // Report summarises a run as recorded in the manifest.
 type Report struct {

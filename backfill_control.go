@@ -1,6 +1,7 @@
 package backfill
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"math"
@@ -9,6 +10,7 @@ import (
 	"time"
 
 	"github.com/lib/pq"
+	"github.com/pgbackfill/backfill/internal/pgstore"
 )
 
 // How a call of Run obeys the control plane (manifest_control.go).
@@ -60,7 +62,7 @@ func (c *runControl) knob(key string, def float64) float64 {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return knobValue(c.knobs, key, def)
+	return pgstore.KnobValue(c.knobs, key, def)
 }
 
 // wakeCh returns the channel closed at the next change.
@@ -148,7 +150,7 @@ func (ex *execution) applyControl(ctx context.Context, st ControlState) {
 			same = false
 		}
 	}
-	oldJob := knobValue(c.knobs, KnobJobConcurrency, 0)
+	oldJob := pgstore.KnobValue(c.knobs, KnobJobConcurrency, 0)
 	if !same {
 		c.knobs = st.Knobs
 	}
@@ -157,9 +159,9 @@ func (ex *execution) applyControl(ctx context.Context, st ControlState) {
 		return
 	}
 	ex.log.Info("backfill: live knobs changed", "knobs", st.Knobs)
-	if n := int(knobValue(st.Knobs, KnobJobConcurrency, 0)); n > int(oldJob) && n > ex.r.cfg.JobConcurrency && ex.r.cfg.JobConcurrency > 0 {
+	if n := int(pgstore.KnobValue(st.Knobs, KnobJobConcurrency, 0)); n > int(oldJob) && n > ex.r.cfg.JobConcurrency && ex.r.cfg.JobConcurrency > 0 {
 		if tm := ex.r.caps.throttle; tm != nil {
-			if err := tm.ensureSlots(ctx, ex.r.db, ex.batchID, n); err != nil {
+			if err := tm.EnsureSlots(ctx, ex.r.db, ex.batchID, n); err != nil {
 				ex.log.Warn("backfill: creating job concurrency slots for the job_concurrency knob failed", "job_concurrency", n, "error", err)
 			}
 		}
@@ -220,7 +222,7 @@ func (ex *execution) waitTurn(ctx context.Context, i int) bool {
 
 // throttleInterval is Config.ThrottleInterval or its default.
 func (c *Config) throttleInterval() time.Duration {
-	return cmpOr(c.ThrottleInterval, DefaultThrottleInterval)
+	return cmp.Or(c.ThrottleInterval, DefaultThrottleInterval)
 }
 
 // listenControl LISTENs on the schema's channel on a direct connection
@@ -259,7 +261,7 @@ func (ex *execution) listenControl(ctx context.Context) func() {
 					ex.pokeControl()
 					continue
 				}
-				if p, ok := parseControlPayload(n.Extra); ok && p.BatchID == ex.batchID {
+				if p, ok := pgstore.ParseControlPayload(n.Extra); ok && p.BatchID == ex.batchID {
 					ex.log.Debug("backfill: control notification", "action", p.Action, "key", p.Key)
 					ex.pokeControl()
 				}
@@ -327,7 +329,7 @@ func (r *Runner) Pause(ctx context.Context, batchID int64, actor, why string) er
 	if err != nil {
 		return err
 	}
-	return cm.control(ctx, r.db, "pause", batchID, actor, why)
+	return cm.ReadControl(ctx, r.db, "pause", batchID, actor, why)
 }
 
 // Cancel cancels run batchID (see [PGManifest.Cancel]): the chunks in
@@ -338,7 +340,7 @@ func (r *Runner) Cancel(ctx context.Context, batchID int64, actor, why string) e
 	if err != nil {
 		return err
 	}
-	return cm.control(ctx, r.db, "cancel", batchID, actor, why)
+	return cm.ReadControl(ctx, r.db, "cancel", batchID, actor, why)
 }
 
 // SetKnob sets a live knob of run batchID (see [PGManifest.SetKnob]).
@@ -350,7 +352,7 @@ func (r *Runner) SetKnob(ctx context.Context, batchID int64, key, value, actor, 
 	return cm.SetKnob(ctx, r.db, batchID, key, value, actor, why)
 }
 
-func (r *Runner) controlPlane(what string) (controlManifest, error) {
+func (r *Runner) controlPlane(what string) (pgstore.ControlManifest, error) {
 	if r.caps.control == nil {
 		return nil, fmt.Errorf("backfill: %s: %w: the control plane needs PGManifest", what, ErrUnsupported)
 	}

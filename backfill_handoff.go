@@ -1,12 +1,15 @@
 package backfill
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
 	"time"
+
+	"github.com/pgbackfill/backfill/internal/pgstore"
 )
 
 // HandoffOptions configures [Runner.Handoff].
@@ -73,9 +76,9 @@ func (r *Runner) Handoff(ctx context.Context, job Job, opts HandoffOptions) (Rep
 	if run.Watermark == nil {
 		return Report{}, fmt.Errorf("backfill: handoff of job %q: batch %d: %w", job.Name, run.BatchID, ErrNoWatermark)
 	}
-	until := truncMicro(opts.Until)
+	until := pgstore.TruncMicro(opts.Until)
 	if until.IsZero() {
-		until = truncMicro(time.Now())
+		until = pgstore.TruncMicro(time.Now())
 	}
 	from := run.Watermark.Add(-opts.Lookback)
 	step := opts.Step
@@ -101,7 +104,7 @@ func (r *Runner) Handoff(ctx context.Context, job Job, opts HandoffOptions) (Rep
 		return rep, err
 	}
 	if err := audit.RecordEvent(context.WithoutCancel(ctx), r.db, Event{BatchID: run.BatchID, Job: job.Name, Kind: "handoff",
-		Actor: cmpOr(opts.Actor, r.cfg.WorkerID), Detail: detail}); err != nil {
+		Actor: cmp.Or(opts.Actor, r.cfg.WorkerID), Detail: detail}); err != nil {
 		return rep, err
 	}
 	return rep, runErr

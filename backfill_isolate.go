@@ -9,6 +9,7 @@ import (
 
 	"github.com/pgbackfill/backfill/internal/copyerr"
 	"github.com/pgbackfill/backfill/internal/pgconv"
+	"github.com/pgbackfill/backfill/internal/pgstore"
 )
 
 // Isolating rows that PostgreSQL refuses while staging.
@@ -62,19 +63,7 @@ func (e *stagingRowError) Unwrap() error { return e.err }
 // copyEnder is implemented by stagers that stage with COPY: endStaging
 // ends the COPY, so that a refused value shows before the merge.
 type copyEnder interface {
-	endStaging(ctx context.Context) error
-}
-
-func (s *pgStager) endStaging(ctx context.Context) error {
-	if err := s.endCopy(ctx); err != nil {
-		return fmt.Errorf("backfill: stage %s: end copy: %w", s.info.Target.Table, err)
-	}
-	return nil
-}
-
-func (s *persistStager) endStaging(ctx context.Context) error {
-	s.ended = true
-	return finishCopy(ctx, &s.copy)
+	EndStaging(ctx context.Context) error
 }
 
 // stageParams are the inputs of execution.stage besides its transaction.
@@ -140,7 +129,7 @@ type stagingRefusal struct {
 func (s *chunkStaging) attempt(ctx context.Context) (Stager, *rowWriter, stagingRefusal, error) {
 	var ref stagingRefusal
 	if s.savepoints {
-		if err := later(ctx, s.tx, `SAVEPOINT backfill_stage`); err != nil {
+		if err := pgstore.Later(ctx, s.tx, `SAVEPOINT backfill_stage`); err != nil {
 			return nil, nil, ref, fmt.Errorf("savepoint: %w", err)
 		}
 	}
@@ -159,12 +148,12 @@ func (s *chunkStaging) attempt(ctx context.Context) (Stager, *rowWriter, staging
 	ref.serr = w.err
 	if ref.serr == nil && ref.xerr == nil {
 		if ce, ok := st.(copyEnder); ok {
-			ref.serr = ce.endStaging(ctx)
+			ref.serr = ce.EndStaging(ctx)
 		}
 	}
 	ref.line, ref.rej, ref.isData = copyerr.Parse(ref.serr, w.names)
 	if i := slices.Index(w.names, ref.rej.Column); ref.isData && i >= 0 {
-		ref.rej.Reason = pgconv.LimitNote(s.info.Columns[i].conv(), ref.rej.Reason) // the column's real limit
+		ref.rej.Reason = pgconv.LimitNote(s.info.Columns[i].Conv(), ref.rej.Reason) // the column's real limit
 	}
 	return st, w, ref, nil
 }
@@ -197,7 +186,7 @@ func (s *chunkStaging) finish(ctx context.Context, st Stager, w *rowWriter, ref 
 		return nil, nil, fmt.Errorf("extract: %w", ref.xerr)
 	}
 	if s.savepoints {
-		if err := later(ctx, s.tx, `RELEASE SAVEPOINT backfill_stage`); err != nil {
+		if err := pgstore.Later(ctx, s.tx, `RELEASE SAVEPOINT backfill_stage`); err != nil {
 			_ = st.Close()
 			return nil, nil, fmt.Errorf("release savepoint: %w", err)
 		}

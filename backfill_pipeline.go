@@ -2,6 +2,8 @@ package backfill
 
 import (
 	"context"
+
+	"github.com/pgbackfill/backfill/internal/pgstore"
 )
 
 // Extract ahead (Config.ExtractAhead).
@@ -138,7 +140,7 @@ func (ex *execution) extractAhead() bool {
 	case c.JobConcurrency > 0:
 		return off("Config.JobConcurrency counts live leases, and a chunk leased ahead would take a place", "job_concurrency", c.JobConcurrency)
 	}
-	if pd, ok := ex.r.db.(pgDB); ok && pd.DB != nil {
+	if pd, ok := ex.r.db.(pgstore.PGDB); ok && pd.DB != nil {
 		// A transaction and a lease per slot, the heartbeat and one more
 		// (a release, a control read).
 		if n := pd.DB.Stats().MaxOpenConnections; n > 0 && n < 2*c.Concurrency+2 {

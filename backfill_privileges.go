@@ -1,6 +1,7 @@
 package backfill
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"slices"
@@ -9,6 +10,7 @@ import (
 	"github.com/jmoiron/sqlx"
 	"github.com/lib/pq"
 
+	"github.com/pgbackfill/backfill/internal/pgstore"
 	"github.com/pgbackfill/backfill/internal/sqlgen"
 )
 
@@ -68,7 +70,7 @@ func (c *privilegeChecker) add(object, privilege, grant, why string) {
 	c.missing = append(c.missing, Privilege{Object: object, Privilege: privilege, Grant: grant, Why: why})
 }
 
-func (c *privilegeChecker) err() error { return privilegeError(c.role, c.missing) }
+func (c *privilegeChecker) err() error { return pgstore.NewPrivilegeError(c.role, c.missing) }
 
 // schemaOf returns the schema a relation name (in the form of
 // [Target.Table]) is in or would be created in: its qualifier, or the
@@ -94,7 +96,7 @@ func (c *privilegeChecker) schema(ctx context.Context, schema, privilege, why st
 	}
 	if len(ok) == 1 && !ok[0] {
 		q := sqlgen.Ident(schema)
-		c.add("schema "+q, privilege, grantOn(privilege, "SCHEMA "+q, c.role), why)
+		c.add("schema "+q, privilege, pgstore.GrantOn(privilege, "SCHEMA "+q, c.role), why)
 	}
 	return nil
 }
@@ -112,7 +114,7 @@ func (c *privilegeChecker) columns(ctx context.Context, oid int64, table, privil
 	}
 	if !ok {
 		q := sqlgen.Table(table)
-		c.add("table "+q, privilege, grantOn(privilege, "TABLE "+q, c.role), why)
+		c.add("table "+q, privilege, pgstore.GrantOn(privilege, "TABLE "+q, c.role), why)
 	}
 	return nil
 }
@@ -125,7 +127,7 @@ func (c *privilegeChecker) table(ctx context.Context, oid int64, table, privileg
 	}
 	if !ok {
 		q := sqlgen.Table(table)
-		c.add("table "+q, privilege, grantOn(privilege, "TABLE "+q, c.role), why)
+		c.add("table "+q, privilege, pgstore.GrantOn(privilege, "TABLE "+q, c.role), why)
 	}
 	return nil
 }
@@ -199,7 +201,7 @@ func (c *privilegeChecker) serials(ctx context.Context, oid int64, written []str
 		ORDER BY 1, 2`, oid, pq.Array(written))
 	for _, r := range rows {
 		s := sqlgen.Ident(r.Schema) + "." + sqlgen.Ident(r.Name)
-		c.add("sequence "+s, "USAGE", grantOn("USAGE", "SEQUENCE "+s, c.role), "defaults of serial columns")
+		c.add("sequence "+s, "USAGE", pgstore.GrantOn("USAGE", "SEQUENCE "+s, c.role), "defaults of serial columns")
 	}
 	return err
 }
@@ -218,7 +220,7 @@ func relationOID(ctx context.Context, db sqlx.ExtContext, table string) (int64, 
 // PostgreSQL, with a PGManifest (nil otherwise) and whether a PGMerger
 // writes the target.
 func (r *Runner) pgPrivileges() (pm *PGManifest, target bool) {
-	if _, ok := r.db.(pgDB); !ok {
+	if _, ok := r.db.(pgstore.PGDB); !ok {
 		return nil, false
 	}
 	pm, _ = r.cfg.Manifest.(*PGManifest)
@@ -234,7 +236,7 @@ func (r *Runner) checkTargetSchema(ctx context.Context, job Job) error {
 	}
 	// In one read transaction: safe behind a transaction pooler.
 	var c *privilegeChecker
-	err := readTx(ctx, r.db, func(tx sqlx.ExtContext) error {
+	err := pgstore.ReadTx(ctx, r.db, func(tx sqlx.ExtContext) error {
 		var err error
 		if c, err = newPrivilegeChecker(ctx, tx); err != nil {
 			return err
@@ -246,7 +248,7 @@ func (r *Runner) checkTargetSchema(ctx context.Context, job Job) error {
 		if pm, _ := r.pgPrivileges(); err == nil && len(c.missing) > 0 && pm != nil {
 			// The run stops here: name the manifest's missing privileges too.
 			var missing []Privilege
-			missing, _, err = pm.missingPrivileges(ctx, tx)
+			missing, _, err = pm.MissingPrivileges(ctx, tx)
 			c.missing = append(missing, c.missing...)
 		}
 		return err
@@ -271,7 +273,7 @@ func (r *Runner) checkRunPrivileges(ctx context.Context, job Job, info TableInfo
 	}
 	// In one read transaction: safe behind a transaction pooler.
 	var c *privilegeChecker
-	err = readTx(ctx, r.db, func(tx sqlx.ExtContext) error {
+	err = pgstore.ReadTx(ctx, r.db, func(tx sqlx.ExtContext) error {
 		var err error
 		if c, err = newPrivilegeChecker(ctx, tx); err != nil {
 			return err
@@ -284,8 +286,8 @@ func (r *Runner) checkRunPrivileges(ctx context.Context, job Job, info TableInfo
 	if err := c.err(); err != nil {
 		return nil, fmt.Errorf("backfill: job %q: %w", job.Name, err)
 	}
-	if target && info.insertOnly {
-		what, grant := updateLacks(info)
+	if target && info.InsertOnly {
+		what, grant := pgstore.UpdateLacks(info)
 		warnings = append(warnings, fmt.Sprintf("role %s lacks UPDATE on %s: the run only inserts; a chunk with a row to update fails with %v (%s)",
 			sqlgen.Ident(c.role), what, ErrPrivilege, grant))
 	}
@@ -294,13 +296,13 @@ func (r *Runner) checkRunPrivileges(ctx context.Context, job Job, info TableInfo
 
 func (r *Runner) runPrivileges(ctx context.Context, c *privilegeChecker, pm *PGManifest, target bool, job Job, info TableInfo) error {
 	if pm != nil {
-		missing, _, err := pm.missingPrivileges(ctx, c.db)
+		missing, _, err := pm.MissingPrivileges(ctx, c.db)
 		if err != nil {
 			return err
 		}
 		c.missing = append(c.missing, missing...)
 		if job.Publish.Mode == PublishAtEnd {
-			if err := c.schema(ctx, pm.schema, "CREATE", "the run's staging table (PublishAtEnd)"); err != nil {
+			if err := c.schema(ctx, pm.SchemaName, "CREATE", "the run's staging table (PublishAtEnd)"); err != nil {
 				return err
 			}
 		}
@@ -324,7 +326,7 @@ func (r *Runner) runPrivileges(ctx context.Context, c *privilegeChecker, pm *PGM
 		return err
 	}
 	if t.Mode == History {
-		cols := append(slices.Clone(info.Compared().Written), t.ValidTo)
+		cols := append(slices.Clone(pgstore.CompareColumns(info).Written), t.ValidTo)
 		if err := c.columns(ctx, oid, t.Table, "UPDATE", cols, "History updates and closes versions"); err != nil {
 			return err
 		}
@@ -381,7 +383,7 @@ func (r *Runner) checkRollbackPrivileges(ctx context.Context, info TableInfo, ba
 	}
 	// In one read transaction: safe behind a transaction pooler.
 	var c *privilegeChecker
-	err := readTx(ctx, r.db, func(tx sqlx.ExtContext) error {
+	err := pgstore.ReadTx(ctx, r.db, func(tx sqlx.ExtContext) error {
 		var err error
 		if c, err = newPrivilegeChecker(ctx, tx); err != nil {
 			return err
@@ -401,7 +403,7 @@ func (r *Runner) rollbackPrivileges(ctx context.Context, c *privilegeChecker, pm
 	// Without the manifest's word, both are required.
 	updates, deletes := info.Target.Mode == History, true
 	if pm != nil {
-		missing, _, err := pm.missingPrivileges(ctx, c.db)
+		missing, _, err := pm.MissingPrivileges(ctx, c.db)
 		if err != nil {
 			return err
 		}
@@ -416,7 +418,7 @@ func (r *Runner) rollbackPrivileges(ctx context.Context, c *privilegeChecker, pm
 			// counted in the rows_inserted of the chunks that committed
 			// them (in the chunk's transaction). A History version the
 			// batch opened is an inserted row too. None: no DELETE.
-			if err := sqlx.GetContext(ctx, c.db, &need, pm.sql(`SELECT
+			if err := sqlx.GetContext(ctx, c.db, &need, pm.SQL(`SELECT
 				EXISTS (SELECT FROM {s}.undo WHERE batch_id = $1 AND op = 'update') AS updates,
 				EXISTS (SELECT FROM {s}.undo WHERE batch_id = $1 AND op IN ('insert', 'inserts'))
 					OR EXISTS (SELECT FROM {s}.chunks WHERE batch_id = $1 AND rows_inserted > 0) AS deletes`), batchID); err != nil {
@@ -454,7 +456,7 @@ func (r *Runner) rollbackPrivileges(ctx context.Context, c *privilegeChecker, pm
 		}
 	}
 	if updates {
-		cols := slices.Clone(info.Compared().Written)
+		cols := slices.Clone(pgstore.CompareColumns(info).Written)
 		if t.Mode == History {
 			cols = append(cols, t.ValidTo)
 		}
@@ -500,10 +502,10 @@ func TargetGrants(role string, t Target, o GrantOptions) ([]string, error) {
 	if err != nil {
 		return nil, fmt.Errorf("backfill: grants: %w: %w", ErrInvalidConfig, err)
 	}
-	schema = cmpOr(schema, "public")
+	schema = cmp.Or(schema, "public")
 	q := sqlgen.Ident(schema) + "." + sqlgen.Ident(table)
 	privs := []string{"SELECT", "INSERT"}
-	mode := cmpOr(t.Mode, Upsert)
+	mode := cmp.Or(t.Mode, Upsert)
 	switch {
 	case !slices.Contains([]Mode{Upsert, AppendOnly, Keyless, History}, mode):
 		return nil, fmt.Errorf("backfill: grants: %w: mode %q is not upsert, append_only, keyless or history", ErrInvalidConfig, t.Mode)
@@ -520,17 +522,17 @@ func TargetGrants(role string, t Target, o GrantOptions) ([]string, error) {
 		privs = append(privs, "DELETE")
 	}
 	out := []string{
-		grantOn("USAGE", "SCHEMA "+sqlgen.Ident(schema), role),
-		grantOn(strings.Join(privs, ", "), "TABLE "+q, role),
+		pgstore.GrantOn("USAGE", "SCHEMA "+sqlgen.Ident(schema), role),
+		pgstore.GrantOn(strings.Join(privs, ", "), "TABLE "+q, role),
 	}
 	switch o.Publish {
 	case PublishAtEnd:
-		out = append(out, grantOn("CREATE", "SCHEMA "+sqlgen.Ident(cmpOr(o.ManifestSchema, "backfill")), role))
+		out = append(out, pgstore.GrantOn("CREATE", "SCHEMA "+sqlgen.Ident(cmp.Or(o.ManifestSchema, "backfill")), role))
 	case PublishPartitionSwap:
-		out = append(out, grantOn("CREATE", "SCHEMA "+sqlgen.Ident(schema), role),
+		out = append(out, pgstore.GrantOn("CREATE", "SCHEMA "+sqlgen.Ident(schema), role),
 			fmt.Sprintf("-- PublishPartitionSwap: %s must own %s: ALTER TABLE %s OWNER TO %s; (or be a member of its owner's role, only if that is a NOLOGIN role without SUPERUSER, CREATEROLE, CREATEDB, REPLICATION, BYPASSRLS or pg_* memberships)", sqlgen.Ident(role), q, q, sqlgen.Ident(role)))
 	case PublishVersionedView:
-		out = append(out, grantOn("CREATE", "SCHEMA "+sqlgen.Ident(schema), role),
+		out = append(out, pgstore.GrantOn("CREATE", "SCHEMA "+sqlgen.Ident(schema), role),
 			fmt.Sprintf("-- PublishVersionedView: CREATE on the view's schema too, and %s must own the view once it exists: ALTER VIEW <view> OWNER TO %s; (or be a member of its owner's role, only if that is a NOLOGIN role without SUPERUSER, CREATEROLE, CREATEDB, REPLICATION, BYPASSRLS or pg_* memberships)", sqlgen.Ident(role), sqlgen.Ident(role)))
 	}
 	return out, nil

@@ -1,6 +1,7 @@
 package backfill
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -10,6 +11,8 @@ import (
 	"github.com/jmoiron/sqlx"
 	"github.com/lib/pq"
 
+	"github.com/pgbackfill/backfill/backfilldriver"
+	"github.com/pgbackfill/backfill/internal/pgstore"
 	"github.com/pgbackfill/backfill/internal/sqlgen"
 )
 
@@ -58,7 +61,7 @@ func (publishSwap) beforeCommit(ctx context.Context, ex *execution, tx Tx, t chu
 	c := res.Chunk
 	if err := swapPartition(ctx, tx, swapParams{
 		parent: ex.info.Target.Table, part: t.part, next: t.info.Target.Table, col: ex.job.ChunkColumn,
-		keyType: t.keyType, chunk: c, lockTimeout: cmpOr(ex.job.Publish.LockTimeout, "5s"),
+		keyType: t.keyType, chunk: c, lockTimeout: cmp.Or(ex.job.Publish.LockTimeout, "5s"),
 	}); err != nil {
 		return err
 	}
@@ -84,7 +87,7 @@ func (publishSwap) rollback(ctx context.Context, r *Runner, _ Job, run Run, plan
 // casting them to the partition key's type. When db is not a
 // transaction, it reads in one of its own (readTx).
 func partitionFor(ctx context.Context, db sqlx.ExtContext, parent string, c Chunk) (name, keyType string, err error) {
-	err = readTx(ctx, db, func(tx sqlx.ExtContext) error {
+	err = pgstore.ReadTx(ctx, db, func(tx sqlx.ExtContext) error {
 		var err error
 		name, keyType, err = partitionForTx(ctx, tx, parent, c)
 		return err
@@ -206,7 +209,7 @@ func swapPartition(ctx context.Context, tx sqlx.ExtContext, p swapParams) error 
 // transaction per chunk with its checkpoint, it attaches the partition
 // each chunk replaced in place of the chunk's. It refuses, changing
 // nothing, when a later batch swapped one of those partitions again.
-func (r *Runner) swapBack(ctx context.Context, pm sqlManifest, run Run, parent string, opts RollbackOptions) (RollbackReport, error) {
+func (r *Runner) swapBack(ctx context.Context, pm backfilldriver.SQLManifest, run Run, parent string, opts RollbackOptions) (RollbackReport, error) {
 	rep := RollbackReport{BatchID: run.BatchID, Status: run.Status, Preview: opts.Preview}
 	states, err := pm.Chunks(ctx, r.db, run.BatchID)
 	if err != nil {
@@ -245,9 +248,9 @@ func (r *Runner) swapBack(ctx context.Context, pm sqlManifest, run Run, parent s
 			rep.Chunks++
 		}
 	}
-	err = inTx(ctx, r.db, func(tx sqlx.ExtContext) error {
+	err = pgstore.InTx(ctx, r.db, func(tx sqlx.ExtContext) error {
 		if opts.ChunkID == "" {
-			if _, err := tx.ExecContext(ctx, pm.sql(`UPDATE {s}.runs SET status = 'rolled_back', updated_at = now() WHERE batch_id = $1`), run.BatchID); err != nil {
+			if _, err := tx.ExecContext(ctx, pm.SQL(`UPDATE {s}.runs SET status = 'rolled_back', updated_at = now() WHERE batch_id = $1`), run.BatchID); err != nil {
 				return err
 			}
 		}
@@ -270,7 +273,7 @@ type partitionSwap struct {
 
 // batchSwaps returns the swaps of the batch's done chunks (only chunkID's
 // unless ""), the last first.
-func (r *Runner) batchSwaps(ctx context.Context, pm sqlManifest, batchID int64, states []ChunkState, chunkID string) ([]partitionSwap, error) {
+func (r *Runner) batchSwaps(ctx context.Context, pm backfilldriver.SQLManifest, batchID int64, states []ChunkState, chunkID string) ([]partitionSwap, error) {
 	events, err := pm.Events(ctx, r.db, batchID)
 	if err != nil {
 		return nil, err
@@ -310,11 +313,11 @@ type swapBackParams struct {
 // swapBackChunk attaches p.swap.Old in place of p.swap.New for p.chunk,
 // with the chunk's checkpoint, in one transaction; it reports false when
 // the chunk is no longer done (rolled back meanwhile).
-func (r *Runner) swapBackChunk(ctx context.Context, pm sqlManifest, p swapBackParams) (bool, error) {
+func (r *Runner) swapBackChunk(ctx context.Context, pm backfilldriver.SQLManifest, p swapBackParams) (bool, error) {
 	done := false
-	err := inTx(ctx, r.db, func(tx sqlx.ExtContext) error {
+	err := pgstore.InTx(ctx, r.db, func(tx sqlx.ExtContext) error {
 		var status []string
-		if err := sqlx.SelectContext(ctx, tx, &status, pm.sql(`SELECT status FROM {s}.chunks WHERE batch_id = $1 AND seq = $2 FOR UPDATE`), p.batchID, p.swap.Seq); err != nil {
+		if err := sqlx.SelectContext(ctx, tx, &status, pm.SQL(`SELECT status FROM {s}.chunks WHERE batch_id = $1 AND seq = $2 FOR UPDATE`), p.batchID, p.swap.Seq); err != nil {
 			return err
 		}
 		if len(status) == 0 || status[0] != string(ChunkDone) {
@@ -330,11 +333,11 @@ func (r *Runner) swapBackChunk(ctx context.Context, pm sqlManifest, p swapBackPa
 			return err
 		}
 		if err := swapPartition(ctx, tx, swapParams{
-			parent: p.parent, part: p.swap.New, next: p.swap.Old, col: col, keyType: keyType, chunk: p.chunk, lockTimeout: cmpOr(p.lockTimeout, "5s"),
+			parent: p.parent, part: p.swap.New, next: p.swap.Old, col: col, keyType: keyType, chunk: p.chunk, lockTimeout: cmp.Or(p.lockTimeout, "5s"),
 		}); err != nil {
 			return err
 		}
-		if _, err := tx.ExecContext(ctx, pm.sql(`UPDATE {s}.chunks SET status = 'rolled_back' WHERE batch_id = $1 AND seq = $2`), p.batchID, p.swap.Seq); err != nil {
+		if _, err := tx.ExecContext(ctx, pm.SQL(`UPDATE {s}.chunks SET status = 'rolled_back' WHERE batch_id = $1 AND seq = $2`), p.batchID, p.swap.Seq); err != nil {
 			return err
 		}
 		done = true

@@ -1,17 +1,19 @@
 package backfill
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/jmoiron/sqlx"
 	"github.com/lib/pq"
 
+	"github.com/pgbackfill/backfill/backfilltype"
+	"github.com/pgbackfill/backfill/internal/pgstore"
 	"github.com/pgbackfill/backfill/internal/sqlgen"
 )
 
@@ -126,7 +128,7 @@ func viewSource(ctx context.Context, db sqlx.ExtContext, view string) (string, e
 func (r *Runner) prepareVersion(ctx context.Context, job Job, info TableInfo, batchID int64) (TableInfo, error) {
 	version := versionTable(info.Target.Table, batchID)
 	marker := versionMarker(info.Target.Table, batchID)
-	err := inTx(ctx, r.db, func(tx sqlx.ExtContext) error {
+	err := pgstore.InTx(ctx, r.db, func(tx sqlx.ExtContext) error {
 		if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock(hashtextextended('backfill.version:' || $1, 0))`, version); err != nil {
 			return err
 		}
@@ -214,7 +216,7 @@ type viewSwitch struct {
 func (r *Runner) switchView(ctx context.Context, vs viewSwitch, try func(tx sqlx.ExtContext, replace func(source string) error) error) (blockers string, err error) {
 	for n := 1; ; n++ {
 		var blocking string // what pg_blocking_pids said during the last try
-		err := inTx(ctx, r.db, func(tx sqlx.ExtContext) error {
+		err := pgstore.InTx(ctx, r.db, func(tx sqlx.ExtContext) error {
 			if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock(hashtextextended('backfill.view:' || $1, 0))`, vs.view); err != nil {
 				return err
 			}
@@ -269,7 +271,7 @@ func (r *Runner) lockRunRow(ctx context.Context, tx sqlx.ExtContext, batchID int
 		return RunCompleted, nil
 	}
 	var st []RunStatus
-	if err := sqlx.SelectContext(ctx, tx, &st, pm.sql(`SELECT status FROM {s}.runs WHERE batch_id = $1 FOR NO KEY UPDATE`), batchID); err != nil {
+	if err := sqlx.SelectContext(ctx, tx, &st, pm.SQL(`SELECT status FROM {s}.runs WHERE batch_id = $1 FOR NO KEY UPDATE`), batchID); err != nil {
 		return "", err
 	}
 	if len(st) == 0 {
@@ -296,8 +298,8 @@ func (r *Runner) lockRunRow(ctx context.Context, tx sqlx.ExtContext, batchID int
 func (r *Runner) publishVersion(ctx context.Context, job Job, run Run, table string) (bool, error) {
 	audit := r.caps.audit // Run refused the job without it
 	version := versionTable(table, run.BatchID)
-	vs := viewSwitch{view: job.Publish.View, target: version, timeout: cmpOr(job.Publish.LockTimeout, "200ms"),
-		tries: cmpOr(job.Publish.LockRetries, DefaultPublishLockRetries), what: fmt.Sprintf("publish job %q batch %d", job.Name, run.BatchID)}
+	vs := viewSwitch{view: job.Publish.View, target: version, timeout: cmp.Or(job.Publish.LockTimeout, "200ms"),
+		tries: cmp.Or(job.Publish.LockRetries, DefaultPublishLockRetries), what: fmt.Sprintf("publish job %q batch %d", job.Name, run.BatchID)}
 	switched := false
 	status := RunCompleted
 	blockers, err := r.switchView(ctx, vs, func(tx sqlx.ExtContext, replace func(string) error) error {
@@ -326,7 +328,7 @@ func (r *Runner) publishVersion(ctx context.Context, job Job, run Run, table str
 	case errors.Is(err, ErrPublishBlocked):
 		err = fmt.Errorf("%w; the run is completed but unpublished: run the job again to publish it", err)
 		fctx := context.WithoutCancel(ctx)
-		rerr := inTx(fctx, r.db, func(tx sqlx.ExtContext) error {
+		rerr := pgstore.InTx(fctx, r.db, func(tx sqlx.ExtContext) error {
 			if st, err := r.lockRunRow(fctx, tx, run.BatchID); err != nil || st != RunCompleted {
 				return err
 			}
@@ -354,7 +356,7 @@ func (r *Runner) setRunError(ctx context.Context, tx sqlx.ExtContext, batchID in
 	if pm == nil {
 		return nil
 	}
-	_, err := tx.ExecContext(ctx, pm.sql(`UPDATE {s}.runs SET last_error = $2, updated_at = now() WHERE batch_id = $1 AND last_error <> $2`), batchID, ManifestText(msg))
+	_, err := tx.ExecContext(ctx, pm.SQL(`UPDATE {s}.runs SET last_error = $2, updated_at = now() WHERE batch_id = $1 AND last_error <> $2`), batchID, ManifestText(msg))
 	return err
 }
 
@@ -373,8 +375,8 @@ func (r *Runner) setRunError(ctx context.Context, tx sqlx.ExtContext, batchID in
 // already.
 func (r *Runner) switchBack(ctx context.Context, job Job, run Run, base string, opts RollbackOptions) (string, error) {
 	audit := r.caps.sql // Rollback refused the batch without it
-	vs := viewSwitch{view: job.Publish.View, target: "the previous version", timeout: cmpOr(job.Publish.LockTimeout, "200ms"),
-		tries: cmpOr(job.Publish.LockRetries, DefaultPublishLockRetries), what: fmt.Sprintf("rollback of batch %d", run.BatchID)}
+	vs := viewSwitch{view: job.Publish.View, target: "the previous version", timeout: cmp.Or(job.Publish.LockTimeout, "200ms"),
+		tries: cmp.Or(job.Publish.LockRetries, DefaultPublishLockRetries), what: fmt.Sprintf("rollback of batch %d", run.BatchID)}
 	outcome := ""
 	_, err := r.switchView(ctx, vs, func(tx sqlx.ExtContext, replace func(string) error) error {
 		outcome = ""
@@ -430,7 +432,7 @@ func (r *Runner) switchBack(ctx context.Context, job Job, run Run, base string, 
 			kind = "rollback_unpublished"
 			outcome = "unpublished"
 		}
-		if _, err := tx.ExecContext(ctx, audit.sql(`UPDATE {s}.runs SET status = 'rolled_back', updated_at = now() WHERE batch_id = $1`), run.BatchID); err != nil {
+		if _, err := tx.ExecContext(ctx, audit.SQL(`UPDATE {s}.runs SET status = 'rolled_back', updated_at = now() WHERE batch_id = $1`), run.BatchID); err != nil {
 			return err
 		}
 		d, _ := json.Marshal(detail)
@@ -461,7 +463,7 @@ func watchBlockers(ctx context.Context, db sqlx.ExtContext, pid int) (stop func(
 				return
 			case <-tick.C:
 			}
-			if s := describeBlockers(blockingSessions(ctx, db, pid)); s != "" {
+			if s := pgstore.DescribeBlockers(blockingSessions(ctx, db, pid)); s != "" {
 				last = s
 			}
 		}
@@ -474,61 +476,15 @@ func watchBlockers(ctx context.Context, db sqlx.ExtContext, pid int) (stop func(
 
 // Blocker is a session that blocks, or holds a lock on, what the library
 // waits for ([Wait.Blockers], the log, [ErrPublishBlocked]).
-type Blocker struct {
-	// PID is the session's backend process ID.
-	PID int `db:"pid" json:"pid"`
-	// ApplicationName, State, WaitEvent and Query are the session's in
-	// pg_stat_activity (Query cut at 200 bytes).
-	ApplicationName string `db:"app" json:"application_name"`
-	State           string `db:"state" json:"state"`
-	WaitEvent       string `db:"wait_event" json:"wait_event,omitempty"`
-	Query           string `db:"query" json:"query"`
-	// Mode is the lock mode it holds, when known.
-	Mode string `db:"mode" json:"mode,omitempty"`
-}
+type Blocker = backfilltype.Blocker
 
 // blockingSessions returns the sessions that block session pid's lock
 // wait now (pg_blocking_pids, PostgreSQL docs 9.27.1, joined to
 // pg_stat_activity); nil for none or on error.
 func blockingSessions(ctx context.Context, db sqlx.ExtContext, pid int) []Blocker {
-	return sessions(ctx, db, `SELECT b.pid, coalesce(a.application_name, '') AS app, coalesce(a.state, '') AS state,
+	return pgstore.Sessions(ctx, db, `SELECT b.pid, coalesce(a.application_name, '') AS app, coalesce(a.state, '') AS state,
 		coalesce(a.wait_event_type || ':' || a.wait_event, '') AS wait_event, '' AS mode, coalesce(a.query, '') AS query
 		FROM unnest(pg_blocking_pids($1)) AS b(pid) JOIN pg_stat_activity a ON a.pid = b.pid ORDER BY b.pid`, pid)
-}
-
-// sessions runs q (columns pid, app, state, wait_event, mode, query) in
-// a read transaction and returns its sessions, nil on error.
-func sessions(ctx context.Context, db sqlx.ExtContext, q string, args ...any) []Blocker {
-	var rows []Blocker
-	err := readTx(ctx, db, func(tx sqlx.ExtContext) error {
-		rows = nil // a retried attempt starts over
-		return sqlx.SelectContext(ctx, tx, &rows, q, args...)
-	})
-	if err != nil {
-		return nil
-	}
-	for i := range rows {
-		if len(rows[i].Query) > 200 {
-			rows[i].Query = validPrefix(rows[i].Query, 200) + "..."
-		}
-	}
-	return rows
-}
-
-// describeBlockers describes sessions in one line, "" for none.
-func describeBlockers(bs []Blocker) string {
-	parts := make([]string, len(bs))
-	for i, h := range bs {
-		what := h.State
-		if h.WaitEvent != "" && h.State == "active" {
-			what += ", waiting on " + h.WaitEvent
-		}
-		if h.Mode != "" {
-			what += ", holding " + h.Mode
-		}
-		parts[i] = fmt.Sprintf("pid %d (application_name %q, %s, query %q)", h.PID, h.ApplicationName, what, h.Query)
-	}
-	return strings.Join(parts, ", ")
 }
 
 // conflictingHolders returns the other sessions that hold a lock on
@@ -536,7 +492,7 @@ func describeBlockers(bs []Blocker) string {
 // ROW EXCLUSIVE, EXCLUSIVE, ACCESS EXCLUSIVE: PostgreSQL docs 13.3.1),
 // with the mode; nil for none or on error.
 func conflictingHolders(ctx context.Context, db sqlx.ExtContext, rel string) []Blocker {
-	return sessions(ctx, db, `SELECT DISTINCT a.pid, coalesce(a.application_name, '') AS app,
+	return pgstore.Sessions(ctx, db, `SELECT DISTINCT a.pid, coalesce(a.application_name, '') AS app,
 		coalesce(a.state, '') AS state, '' AS wait_event, l.mode, coalesce(a.query, '') AS query
 		FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
 		WHERE l.locktype = 'relation' AND l.relation = to_regclass($1) AND l.granted AND l.pid <> pg_backend_pid()
@@ -544,27 +500,12 @@ func conflictingHolders(ctx context.Context, db sqlx.ExtContext, rel string) []B
 		ORDER BY a.pid`, sqlgen.Table(rel))
 }
 
-// strongLockHolders returns the other sessions that hold a lock on a
-// relation in a mode that conflicts with the row locks and ROW EXCLUSIVE
-// the library takes (SHARE and stronger), with the mode; nil for none or
-// on error. After a lock timeout the blocker is no longer a waiter's
-// pg_blocking_pids: these are the likely ones.
-func strongLockHolders(ctx context.Context, db sqlx.ExtContext) []Blocker {
-	return sessions(ctx, db, `SELECT DISTINCT a.pid, coalesce(a.application_name, '') AS app,
-		coalesce(a.state, '') AS state, '' AS wait_event, l.mode || ' on ' || l.relation::regclass::text AS mode, coalesce(a.query, '') AS query
-		FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
-		WHERE l.locktype = 'relation' AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-			AND l.granted AND l.pid <> pg_backend_pid()
-			AND l.mode IN ('ShareLock', 'ShareRowExclusiveLock', 'ExclusiveLock', 'AccessExclusiveLock')
-		ORDER BY a.pid`)
-}
-
 // lockHolders describes the other sessions that hold a lock on relation
 // rel (pg_locks joined to pg_stat_activity, PostgreSQL docs 54.12 and
 // 27.2.3): the sessions pg_blocking_pids would name for a waiter on an
 // ACCESS EXCLUSIVE lock of rel.
 func lockHolders(ctx context.Context, db sqlx.ExtContext, rel string) string {
-	s := describeBlockers(sessions(ctx, db, `SELECT DISTINCT a.pid, coalesce(a.application_name, '') AS app,
+	s := pgstore.DescribeBlockers(pgstore.Sessions(ctx, db, `SELECT DISTINCT a.pid, coalesce(a.application_name, '') AS app,
 		coalesce(a.state, '') AS state, '' AS wait_event, l.mode, coalesce(a.query, '') AS query
 		FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
 		WHERE l.locktype = 'relation' AND l.relation = to_regclass($1) AND l.granted AND l.pid <> pg_backend_pid()

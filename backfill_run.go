@@ -1,8 +1,8 @@
 package backfill
 
 import (
+	"cmp"
 	"context"
-	"database/sql"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -20,50 +20,23 @@ import (
 	"github.com/jmoiron/sqlx"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/pgbackfill/backfill/backfilldriver"
+	"github.com/pgbackfill/backfill/backfilltype"
 	"github.com/pgbackfill/backfill/internal/pgconv"
+	"github.com/pgbackfill/backfill/internal/pgstore"
 )
 
 // DB is what a [Runner] needs from a database: an executor for
 // statements outside chunks and a way to begin a chunk's transaction.
 // [Postgres] adapts a *sqlx.DB; backfilltest.NewDB returns an in-memory
 // one for tests with fakes.
-type DB interface {
-	sqlx.ExtContext
-	// Begin starts a transaction. Its Commit makes the chunk's merge,
-	// exceptions and checkpoint durable together. [PGMerger] needs READ
-	// COMMITTED (or SERIALIZABLE) transactions: it locks the chunk's keys,
-	// then reads the target in statements that must see what the merges
-	// it waited for committed.
-	Begin(ctx context.Context) (Tx, error)
-}
+type DB = backfilldriver.DB
 
 // Tx is a chunk's transaction. *sqlx.Tx satisfies it.
-type Tx interface {
-	sqlx.ExtContext
-	Commit() error
-	Rollback() error
-}
-
-type pgDB struct {
-	*sqlx.DB
-	// settings are the Runner's timeouts for the short manifest
-	// transactions (nil: the defaults; backfill_timeouts.go).
-	settings *txSettings
-	// log is the Runner's logger, for the waits of those transactions
-	// (nil: slog's default).
-	log *slog.Logger
-}
-
-// Begin starts a READ COMMITTED transaction, whatever the database's
-// default_transaction_isolation: the merge takes its key locks
-// (merge_lock.go) and then reads the target in later statements, whose
-// snapshots must show what the merges it waited for committed.
-func (d pgDB) Begin(ctx context.Context) (Tx, error) {
-	return d.BeginTxx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
-}
+type Tx = backfilldriver.Tx
 
 // Postgres adapts db (opened with the "postgres" driver of lib/pq) to [DB].
-func Postgres(db *sqlx.DB) DB { return pgDB{DB: db} }
+func Postgres(db *sqlx.DB) DB { return pgstore.PGDB{DB: db} }
 
 // Runner runs jobs. It is safe for concurrent use; several Runners, in one
 // or many processes, may run the same job at once: each chunk is claimed by
@@ -102,11 +75,11 @@ func NewWithDB(db DB, cfg *Config) (*Runner, error) {
 		return nil, err
 	}
 	c.resolveTimeouts()
-	c.Concurrency = cmpOr(c.Concurrency, 1)
-	c.MaxAttempts = cmpOr(c.MaxAttempts, 3)
-	c.RetryBackoff = cmpOr(c.RetryBackoff, 100*time.Millisecond)
-	c.HeartbeatInterval = cmpOr(c.HeartbeatInterval, DefaultHeartbeatInterval)
-	c.StaleAfter = cmpOr(c.StaleAfter, max(DefaultStaleAfter, 3*c.HeartbeatInterval))
+	c.Concurrency = cmp.Or(c.Concurrency, 1)
+	c.MaxAttempts = cmp.Or(c.MaxAttempts, 3)
+	c.RetryBackoff = cmp.Or(c.RetryBackoff, 100*time.Millisecond)
+	c.HeartbeatInterval = cmp.Or(c.HeartbeatInterval, DefaultHeartbeatInterval)
+	c.StaleAfter = cmp.Or(c.StaleAfter, max(DefaultStaleAfter, 3*c.HeartbeatInterval))
 	switch {
 	case c.MaxRejectsPerChunk == 0:
 		c.MaxRejectsPerChunk = DefaultMaxRejectsPerChunk
@@ -142,10 +115,10 @@ func NewWithDB(db DB, cfg *Config) (*Runner, error) {
 	if err := need(c.JobConcurrency == 0 || caps.throttle != nil, "PGManifest", "Config.JobConcurrency needs a manifest with job slots"); err != nil {
 		return nil, fmt.Errorf("backfill: new: %w", err)
 	}
-	if pd, ok := db.(pgDB); ok {
+	if pd, ok := db.(pgstore.PGDB); ok {
 		// The short manifest transactions take the Runner's timeouts.
 		ts := c.txSettings()
-		pd.settings, pd.log = &ts, c.Logger
+		pd.Settings, pd.Log = &ts, c.Logger
 		db = pd
 	}
 	return &Runner{db: db, cfg: c, caps: caps, tracers: resolveTracers(c.Tracer)}, nil
@@ -161,8 +134,8 @@ func (c *Config) validate() error {
 		return fmt.Errorf("%w: RetryBackoff cannot be less than zero", ErrInvalidConfig)
 	case c.HeartbeatInterval < 0 || c.StaleAfter < 0:
 		return fmt.Errorf("%w: HeartbeatInterval and StaleAfter cannot be less than zero", ErrInvalidConfig)
-	case c.StaleAfter > 0 && c.StaleAfter <= 2*cmpOr(c.HeartbeatInterval, DefaultHeartbeatInterval):
-		return fmt.Errorf("%w: StaleAfter (%v) must exceed twice HeartbeatInterval (%v)", ErrInvalidConfig, c.StaleAfter, cmpOr(c.HeartbeatInterval, DefaultHeartbeatInterval))
+	case c.StaleAfter > 0 && c.StaleAfter <= 2*cmp.Or(c.HeartbeatInterval, DefaultHeartbeatInterval):
+		return fmt.Errorf("%w: StaleAfter (%v) must exceed twice HeartbeatInterval (%v)", ErrInvalidConfig, c.StaleAfter, cmp.Or(c.HeartbeatInterval, DefaultHeartbeatInterval))
 	}
 	if err := c.validateTimeouts(); err != nil {
 		return err
@@ -182,7 +155,7 @@ func (j Job) validate() error {
 	if err := j.Publish.validate(j.Name, j.ChunkColumn); err != nil {
 		return err
 	}
-	return j.Target.validate()
+	return j.Target.Validate()
 }
 
 // Run freezes job into a plan and runs its chunks until every chunk is
@@ -320,7 +293,7 @@ func (r *Runner) planRun(ctx context.Context, job Job) (runSetup, error) {
 	if rs.info, err = r.cfg.Merger.Prepare(ctx, r.db, job.Target); err != nil {
 		return runSetup{}, err
 	}
-	if err := refuseInheritanceParent(rs.info); err != nil { // merge_pg.go
+	if err := pgstore.RefuseInheritanceParent(rs.info); err != nil { // merge_pg.go
 		return runSetup{}, err
 	}
 	if err := checkChunkColumn(job, rs.info); err != nil {
@@ -335,12 +308,12 @@ func (r *Runner) planRun(ctx context.Context, job Job) (runSetup, error) {
 	if err := r.skipEligible(job, rs.info); err != nil { // replay_skip_run.go
 		return runSetup{}, err
 	}
-	if job.SkipUnchanged && rs.info.tupleIdentity {
+	if job.SkipUnchanged && rs.info.TupleIdentity {
 		// Row versions are compared under READ COMMITTED chunk
 		// transactions only (tupleShapeSQL); under another isolation a
 		// DB's Begin starts, values are hashed. After the eligibility:
 		// a job refused anyway begins nothing.
-		if rs.info.tupleIdentity, err = r.readCommitted(ctx); err != nil {
+		if rs.info.TupleIdentity, err = r.readCommitted(ctx); err != nil {
 			return runSetup{}, err
 		}
 	}
@@ -374,7 +347,7 @@ func (r *Runner) planRun(ctx context.Context, job Job) (runSetup, error) {
 		if err != nil {
 			return runSetup{}, fmt.Errorf("backfill: job %q: watermark: %w", job.Name, err)
 		}
-		wm = truncMicro(wm)
+		wm = pgstore.TruncMicro(wm)
 		rs.plan.Watermark = &wm
 	}
 	rs.warnings, err = openScope(job, rs.info, last, rs.plan.Watermark, time.Now(), rs.pub)
@@ -394,7 +367,7 @@ func scanChunks(job Job, chunks iter.Seq2[Chunk, error]) (*Chunk, error) {
 		if c.Kind != KindTime {
 			continue
 		}
-		if !c.Start.Equal(truncMicro(c.Start)) || !c.End.Equal(truncMicro(c.End)) {
+		if !c.Start.Equal(pgstore.TruncMicro(c.Start)) || !c.End.Equal(pgstore.TruncMicro(c.End)) {
 			return nil, fmt.Errorf("backfill: job %q: %w: chunk %s has a bound finer than a microsecond, which PostgreSQL cannot store", job.Name, ErrInvalidScope, c)
 		}
 		if last == nil || c.End.After(last.End) {
@@ -435,7 +408,7 @@ func (r *Runner) startExecution(ctx context.Context, rs runSetup, run Run, log *
 	ex := &execution{r: r, job: rs.job, info: rs.info, base: rs.info.Target.Table, plan: rs.plan, pub: rs.pub, batchID: run.BatchID, log: log,
 		undoTable: rs.undoTable, deliveredTable: rs.deliveredTable, watermark: rs.plan.Watermark, warnings: rs.warnings}
 	if rs.job.SkipUnchanged {
-		ex.skipKey = rs.plan.skipKey(rs.info)
+		ex.skipKey = rs.plan.SkipKey(rs.info)
 	}
 	if r.caps.control != nil {
 		ex.ctl = newRunControl()
@@ -618,8 +591,8 @@ func (r *Runner) report(ctx context.Context, run Run, resumed bool) (Report, err
 	if err != nil {
 		return rep, err
 	}
-	rep.ChunksDone, rep.ChunksOpen, rep.OpenChunks, rep.Counts = sum.done, sum.open, sum.openIDs, sum.counts
-	rep.ChunksSkipped = sum.skipped
+	rep.ChunksDone, rep.ChunksOpen, rep.OpenChunks, rep.Counts = sum.Done, sum.Open, sum.OpenIDs, sum.Counts
+	rep.ChunksSkipped = sum.Skipped
 	if mv := r.caps.validations; mv != nil {
 		vs, err := mv.Validations(ctx, r.db, run.BatchID)
 		if err != nil {
@@ -959,7 +932,7 @@ func (ex *execution) next(ctx context.Context, ws *waitState, p *chunkPipe) bool
 	}
 	var ce *ChunkError
 	if !errors.As(err, &ce) {
-		if isConnectionError(err) {
+		if backfilltype.IsConnectionError(err) {
 			return ex.connFailed(ctx, ws, err)
 		}
 		ex.fail(nil, err)
@@ -975,7 +948,7 @@ func (ex *execution) next(ctx context.Context, ws *waitState, p *chunkPipe) bool
 		ex.fail(ce, ex.recordGate(ctx, ce, ge, ge.reason))
 		return false
 	}
-	if code, msg, ok := waitCode(ctx, err); ok {
+	if code, msg, ok := pgstore.WaitCode(ctx, err); ok {
 		if ex.chunkWaited(ctx, ce, cr, code, msg) {
 			return true
 		}
@@ -1205,9 +1178,9 @@ func (ex *execution) runChunk(ctx context.Context, p *chunkPipe) (cr chunkRun, e
 	cr.claimed, cr.attempt = true, st.Attempts+1
 	ctx = ex.traceChunk(ctx, &cr, st.Chunk, claimStart)
 	defer func() { cr.span.end(&cr, err) }()
-	c, ok := ex.plan.chunkOf(st.Chunk)
+	c, ok := ex.plan.ChunkOf(st.Chunk)
 	if !ok {
-		return cr, &ChunkError{Chunk: st.Chunk, Attempt: cr.attempt, Err: fmt.Errorf("%w: manifest chunk %d %q is not in the plan (or the Chunker's ChunkOf returned another chunk for it)", errNotRetryable, st.Chunk.Seq, st.Chunk.ID)}
+		return cr, &ChunkError{Chunk: st.Chunk, Attempt: cr.attempt, Err: fmt.Errorf("%w: manifest chunk %d %q is not in the plan (or the Chunker's ChunkOf returned another chunk for it)", backfilltype.ErrNotRetryable, st.Chunk.Seq, st.Chunk.ID)}
 	}
 	started := time.Now()
 	var extracted *spooled
@@ -1314,7 +1287,7 @@ func (ex *execution) loadChunk(ctx context.Context, tx Tx, cr *chunkRun, c Chunk
 		ex.log.Warn("chunks of this run disagree on keys: TargetWins kept the row the first chunk to commit wrote, so the result depends on commit order (Config.Concurrency); give the target a Version and use NewerVersionWins for an order-independent result",
 			"seq", c.Seq, "chunk", c.ID, "rows", mr.Disagreed)
 	}
-	if err := tooManyRejects(r.cfg.MaxRejectsPerChunk, c, w.rejected, mr.Rejected); err != nil {
+	if err := pgstore.TooManyRejects(r.cfg.MaxRejectsPerChunk, c, w.rejected, mr.Rejected); err != nil {
 		return chunkErr(err)
 	}
 	if sk != nil {
@@ -1424,7 +1397,7 @@ type rowWriter struct {
 	chunkCol   int // index of Job.ChunkColumn in the written columns, -1 for none
 	zone       *time.Location
 	ingested   string
-	stager     rowAdder // the chunk's Stager, or its spool (backfill_shorttx.go)
+	stager     pgstore.RowAdder // the chunk's Stager, or its spool (backfill_shorttx.go)
 	maxRejects int
 	buf        []any
 	convs      []pgconv.Converter // per column, resolved once
@@ -1443,13 +1416,13 @@ type rowWriter struct {
 	lines          stagingLines
 }
 
-func newRowWriter(c Chunk, job Job, info TableInfo, st rowAdder, maxRejects int, started time.Time) *rowWriter {
+func newRowWriter(c Chunk, job Job, info TableInfo, st pgstore.RowAdder, maxRejects int, started time.Time) *rowWriter {
 	names := make([]string, len(info.Columns))
 	convs := make([]pgconv.Converter, len(info.Columns))
 	timeCols := make([]bool, len(info.Columns))
 	for i, col := range info.Columns {
 		names[i] = col.Name
-		convs[i] = pgconv.For(col.conv())
+		convs[i] = pgconv.For(col.Conv())
 		switch col.BaseType {
 		case "date", "timestamp", "timestamptz":
 			timeCols[i] = true
@@ -1460,7 +1433,7 @@ func newRowWriter(c Chunk, job Job, info TableInfo, st rowAdder, maxRejects int,
 		rules[r.Column] = r
 	}
 	w := &rowWriter{chunk: c, info: info, names: names, convs: convs, timeCols: timeCols, rules: rules, stager: st, maxRejects: maxRejects,
-		buf: make([]any, len(info.Columns)), chunkCol: -1, zone: cmpOr(job.Zone, time.UTC),
+		buf: make([]any, len(info.Columns)), chunkCol: -1, zone: cmp.Or(job.Zone, time.UTC),
 		ingested: started.Truncate(time.Microsecond).Format(time.RFC3339Nano)}
 	if job.ChunkColumn != "" {
 		w.chunkCol = slices.Index(names[:info.Written], job.ChunkColumn)
@@ -1504,16 +1477,16 @@ func (w *rowWriter) Write(ctx context.Context, values ...any) error {
 		if reason != "" {
 			col := &w.info.Columns[i]
 			if pgconv.TypeMismatch(reason) {
-				return w.extractorBug(values, fmt.Sprintf("column %q (%s, value %d of %d): %s", col.Name, cmpOr(col.Type, col.BaseType), i+1, n, reason))
+				return w.extractorBug(values, fmt.Sprintf("column %q (%s, value %d of %d): %s", col.Name, cmp.Or(col.Type, col.BaseType), i+1, n, reason))
 			}
-			return w.reject(rawJSON(w.names[:n], values, nil), col.Name, displayValue(values[i]), reason)
+			return w.reject(pgstore.RawJSON(w.names[:n], values, nil), col.Name, pgstore.DisplayValue(values[i]), reason)
 		}
 		w.buf[i] = v
 	}
 	if w.chunkCol >= 0 {
 		v := values[w.chunkCol]
 		if ok, why := w.inChunk(chunkIn, w.buf[w.chunkCol]); !ok {
-			return w.reject(rawJSON(w.names[:n], values, nil), w.names[w.chunkCol], displayValue(v), why)
+			return w.reject(pgstore.RawJSON(w.names[:n], values, nil), w.names[w.chunkCol], pgstore.DisplayValue(v), why)
 		}
 	}
 	for i := n; i < len(w.info.Columns); i++ {
@@ -1529,7 +1502,7 @@ func (w *rowWriter) Write(ctx context.Context, values ...any) error {
 				k, _ = v.(string)
 			}
 			if reason != "" {
-				return w.reject(rawJSON(w.names[:n], values, nil), col.Name, displayValue(src), reason)
+				return w.reject(pgstore.RawJSON(w.names[:n], values, nil), col.Name, pgstore.DisplayValue(src), reason)
 			}
 			w.buf[i] = k
 		case "ingested":
@@ -1537,7 +1510,7 @@ func (w *rowWriter) Write(ctx context.Context, values ...any) error {
 		case "inserted_by", "updated_by":
 			w.buf[i] = w.info.Chunk.BatchID
 		case "hash":
-			sum := rowHash(w.info, w.buf[:n])
+			sum := pgstore.RowHash(w.info, w.buf[:n])
 			if col.BaseType == "bytea" || col.BaseType == "" {
 				w.buf[i] = sum
 			} else {
@@ -1557,9 +1530,9 @@ func (w *rowWriter) stageRow(ctx context.Context, values, buf []any) error {
 		if rej, i, ok := w.stagingRejects.match(w.row, w.names, buf); ok {
 			value := rej.Value
 			if i >= 0 && i < n {
-				value = displayValue(values[i])
+				value = pgstore.DisplayValue(values[i])
 			}
-			return w.reject(rawJSON(w.names[:n], values[:n], nil), rej.Column, value, rej.Reason)
+			return w.reject(pgstore.RawJSON(w.names[:n], values[:n], nil), rej.Column, value, rej.Reason)
 		}
 	}
 	w.lines.Add(w.row)
@@ -1577,13 +1550,13 @@ func (w *rowWriter) stageRow(ctx context.Context, values, buf []any) error {
 func (w *rowWriter) extractorBug(values []any, what string) error {
 	shown := make([]string, len(values))
 	for i, v := range values {
-		shown[i] = fmt.Sprintf("%s (%T)", displayValue(v), v)
+		shown[i] = fmt.Sprintf("%s (%T)", pgstore.DisplayValue(v), v)
 		if len(shown[i]) > 200 {
-			shown[i] = validPrefix(shown[i], 200) + "…"
+			shown[i] = pgstore.ValidPrefix(shown[i], 200) + "…"
 		}
 	}
 	w.err = fmt.Errorf("%w (%w): chunk %s row %d: %s; Write takes the columns %s in this order, got [%s]",
-		ErrExtractor, errNotRetryable, w.chunk.ID, w.row, what, strings.Join(w.names[:w.info.Written], ", "), strings.Join(shown, ", "))
+		ErrExtractor, backfilltype.ErrNotRetryable, w.chunk.ID, w.row, what, strings.Join(w.names[:w.info.Written], ", "), strings.Join(shown, ", "))
 	return w.err
 }
 
@@ -1594,7 +1567,7 @@ func (w *rowWriter) Reject(ctx context.Context, raw any, column, reason string) 
 	if reason == "" {
 		reason = "rejected by extractor"
 	}
-	return w.reject(rawJSON(nil, nil, raw), column, "", reason)
+	return w.reject(pgstore.RawJSON(nil, nil, raw), column, "", reason)
 }
 
 func (w *rowWriter) reject(raw []byte, column, value, reason string) error {
@@ -1669,7 +1642,7 @@ func (w *rowWriter) inChunk(v, stored any) (bool, string) {
 	case KindTime:
 		t, ok := w.instant(col, v, stored)
 		if !ok {
-			return false, fmt.Sprintf("outside chunk: value %s of %s is not a time", displayValue(v), col.Name)
+			return false, fmt.Sprintf("outside chunk: value %s of %s is not a time", pgstore.DisplayValue(v), col.Name)
 		}
 		if t.Before(c.Start) || !t.Before(c.End) {
 			return outside(t.In(c.Start.Location()).Format(time.RFC3339Nano))
@@ -1687,7 +1660,7 @@ func (w *rowWriter) inChunk(v, stored any) (bool, string) {
 	default:
 		s, ok := v.(string)
 		if !ok || s != c.Item {
-			return outside(displayValue(v))
+			return outside(pgstore.DisplayValue(v))
 		}
 		return true, ""
 	}
@@ -1740,7 +1713,7 @@ func (w *rowWriter) instant(col Column, v, stored any) (time.Time, bool) {
 func extractSafely(ctx context.Context, x Extractor, c Chunk, w RowWriter) (err error) {
 	defer func() {
 		if p := recover(); p != nil {
-			err = fmt.Errorf("%w (%w): %v\n%s", ErrExtractorPanic, errNotRetryable, p, debug.Stack())
+			err = fmt.Errorf("%w (%w): %v\n%s", ErrExtractorPanic, backfilltype.ErrNotRetryable, p, debug.Stack())
 		}
 	}()
 	return x.Extract(ctx, c, w)
@@ -1756,7 +1729,7 @@ type gateError struct {
 
 func (e *gateError) Error() string { return ErrGateFailed.Error() + ": " + e.reason }
 
-func (e *gateError) Unwrap() []error { return []error{ErrGateFailed, errNotRetryable} }
+func (e *gateError) Unwrap() []error { return []error{ErrGateFailed, backfilltype.ErrNotRetryable} }
 
 // Resume resumes the paused run of job (a quality gate failed, see
 // [Job.Validators]) after recording in the audit log who resumes it and
@@ -1786,7 +1759,7 @@ func (r *Runner) Resume(ctx context.Context, job Job, actor, why string) (Report
 	if err != nil {
 		return Report{}, err
 	}
-	err = inBoundedTx(ctx, r.db, func(tx sqlx.ExtContext) error {
+	err = pgstore.InBoundedTx(ctx, r.db, func(tx sqlx.ExtContext) error {
 		if err := audit.RecordEvent(ctx, tx, baseline); err != nil {
 			return err
 		}
@@ -1841,7 +1814,7 @@ func (ex *execution) validateWith(ctx context.Context, tx sqlx.ExtContext, c Chu
 		return nil, nil
 	}
 	scope := ValidationScope{BatchID: ex.batchID, Chunk: c, Info: info, ChunkColumn: ex.job.ChunkColumn,
-		Zone: cmpOr(ex.job.Zone, time.UTC), Stager: stager, Counts: counts}
+		Zone: cmp.Or(ex.job.Zone, time.UTC), Stager: stager, Counts: counts}
 	if st, ok := stager.(StagingTabler); ok {
 		scope.Staging = st.StagingTable()
 	}
@@ -1927,7 +1900,7 @@ func (ex *execution) checkRunRejectRate(ctx context.Context, res ChunkResult, fr
 // batch's done and open chunks itself (PGManifest: in one aggregate),
 // rather than returning every chunk's state to be summed.
 type loadedTotaler interface {
-	loadedTotals(ctx context.Context, db sqlx.ExtContext, batchID int64) (Counts, error)
+	LoadedTotals(ctx context.Context, db sqlx.ExtContext, batchID int64) (Counts, error)
 }
 
 // loadedTotals returns the sum of the counts of batchID's done and open
@@ -1937,7 +1910,7 @@ type loadedTotaler interface {
 // length (issue 15, per-chunk overhead).
 func loadedTotals(ctx context.Context, m Manifest, db sqlx.ExtContext, batchID int64) (Counts, error) {
 	if t, ok := m.(loadedTotaler); ok {
-		return t.loadedTotals(ctx, db, batchID)
+		return t.LoadedTotals(ctx, db, batchID)
 	}
 	states, err := m.Chunks(ctx, db, batchID)
 	if err != nil {
@@ -1952,56 +1925,41 @@ func loadedTotals(ctx context.Context, m Manifest, db sqlx.ExtContext, batchID i
 	return total, nil
 }
 
-// chunkSummary is what a run's report and checkLoaded read of its
-// chunks.
-type chunkSummary struct {
-	// done, open and other count the chunks done, open, and in any other
-	// status.
-	done, open, other int
-	// skipped counts the done and open chunks whose latest checkpoint
-	// skipped their staging and merge (ChunkState.Skipped).
-	skipped int
-	// counts sums the counts of the done and open chunks.
-	counts Counts
-	// openIDs lists the open chunks' IDs in Seq order.
-	openIDs []string
-}
-
 // chunkSummer is a Manifest that sums a batch's chunks itself
 // (PGManifest: in one aggregate), rather than returning every chunk's
 // state: a plan of a million chunks is not read into memory to be
 // counted.
 type chunkSummer interface {
-	chunkSummary(ctx context.Context, db sqlx.ExtContext, batchID int64) (chunkSummary, error)
+	ChunkSummary(ctx context.Context, db sqlx.ExtContext, batchID int64) (pgstore.ChunkSummary, error)
 }
 
 // summarizeChunks returns the summary of batchID's chunks.
-func summarizeChunks(ctx context.Context, m Manifest, db sqlx.ExtContext, batchID int64) (chunkSummary, error) {
+func summarizeChunks(ctx context.Context, m Manifest, db sqlx.ExtContext, batchID int64) (pgstore.ChunkSummary, error) {
 	if s, ok := m.(chunkSummer); ok {
-		return s.chunkSummary(ctx, db, batchID)
+		return s.ChunkSummary(ctx, db, batchID)
 	}
 	states, err := m.Chunks(ctx, db, batchID)
 	if err != nil {
-		return chunkSummary{}, err
+		return pgstore.ChunkSummary{}, err
 	}
-	var sum chunkSummary
+	var sum pgstore.ChunkSummary
 	for _, s := range states {
 		switch s.Status {
 		case ChunkDone:
-			sum.done++
-			sum.counts = sum.counts.Add(s.Counts)
+			sum.Done++
+			sum.Counts = sum.Counts.Add(s.Counts)
 			if s.Skipped {
-				sum.skipped++
+				sum.Skipped++
 			}
 		case ChunkOpen:
-			sum.open++
-			sum.openIDs = append(sum.openIDs, s.Chunk.ID)
-			sum.counts = sum.counts.Add(s.Counts)
+			sum.Open++
+			sum.OpenIDs = append(sum.OpenIDs, s.Chunk.ID)
+			sum.Counts = sum.Counts.Add(s.Counts)
 			if s.Skipped {
-				sum.skipped++
+				sum.Skipped++
 			}
 		default:
-			sum.other++
+			sum.Other++
 		}
 	}
 	return sum, nil
@@ -2017,10 +1975,10 @@ func (ex *execution) checkLoaded(ctx context.Context) error {
 		return err
 	}
 	// An open chunk is loaded (not final): it does not skip the check.
-	if sum.other > 0 {
+	if sum.Other > 0 {
 		return nil
 	}
-	total := sum.counts
+	total := sum.Counts
 	// Only what was read since an operator last resumed the run counts.
 	read, rejected := total.Read-ex.baseline.Read, total.Rejected-ex.baseline.Rejected
 	if read <= 0 || rejected < read {

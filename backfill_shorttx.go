@@ -6,6 +6,9 @@ import (
 	"fmt"
 	"slices"
 	"time"
+
+	"github.com/pgbackfill/backfill/backfilltype"
+	"github.com/pgbackfill/backfill/internal/pgstore"
 )
 
 // Short transactions (see doc.go, "Many workers and hosts").
@@ -39,12 +42,6 @@ import (
 // fewer than that many chunks of the batch hold a live lease: the cap
 // counts the chunks from their lease to their commit, across processes.
 
-// rowAdder is where a row writer puts its converted rows: the chunk's
-// [Stager], or a spool.
-type rowAdder interface {
-	Add(ctx context.Context, row int64, values []any) error
-}
-
 // spooled is a chunk extracted into a spool, with the row writer that
 // counted its rows and queued its rejects.
 type spooled struct {
@@ -69,7 +66,7 @@ func (s *spooled) replay(ctx context.Context, w *rowWriter) error {
 	w.row, w.read, w.rejected = s.w.row, s.w.read, s.w.rejected
 	w.exceptions = slices.Clone(s.w.exceptions)
 	if !slices.Equal(w.names, s.w.names) {
-		return fmt.Errorf("%w: the publish target's columns [%v] differ from the columns the chunk was extracted for [%v]", errNotRetryable, w.names, s.w.names)
+		return fmt.Errorf("%w: the publish target's columns [%v] differ from the columns the chunk was extracted for [%v]", backfilltype.ErrNotRetryable, w.names, s.w.names)
 	}
 	last := w.row
 	err := s.sp.replay(ctx, func(row int64, values []any) error {
@@ -124,9 +121,9 @@ func (ex *execution) runChunkLeased(ctx context.Context, p *chunkPipe) (cr chunk
 		return cr, nil
 	}
 	s := r.cfg.txSettings()
-	l := lease{key: ex.worker.key, staleAfter: r.cfg.StaleAfter, lockTimeout: s.tryLockTimeout(0), stmtTimeout: s.stmtSetting(),
-		jobConcurrency: r.cfg.JobConcurrency}
-	l.avoid, _ = ex.avoided()
+	l := pgstore.Lease{Key: ex.worker.key, StaleAfter: r.cfg.StaleAfter, LockTimeout: s.TryLockTimeout(0), StmtTimeout: s.StmtSetting(),
+		JobConcurrency: r.cfg.JobConcurrency}
+	l.Avoid, _ = ex.avoided()
 
 	// Lease. The leases of this call's goroutines share its worker key:
 	// one goroutine leases at a time, avoiding the chunks the others
@@ -136,10 +133,10 @@ func (ex *execution) runChunkLeased(ctx context.Context, p *chunkPipe) (cr chunk
 	ex.leaseMu.Lock()
 	ex.mu.Lock()
 	for seq := range ex.leased {
-		l.avoid = append(l.avoid, seq)
+		l.Avoid = append(l.Avoid, seq)
 	}
 	ex.mu.Unlock()
-	cl, ok, full, err := wm.leaseChunk(ctx, r.db, ex.batchID, l)
+	cl, ok, full, err := wm.LeaseChunk(ctx, r.db, ex.batchID, l)
 	if err != nil || !ok {
 		ex.leaseMu.Unlock()
 		cr.noSlot = full
@@ -152,9 +149,9 @@ func (ex *execution) runChunkLeased(ctx context.Context, p *chunkPipe) (cr chunk
 	}
 	if r.caps.control != nil && ex.ctl != nil {
 		// The control state between two chunks, read by the lease.
-		ex.applyControl(ctx, cl.control)
+		ex.applyControl(ctx, cl.Control)
 	}
-	seq := cl.state.Chunk.Seq
+	seq := cl.State.Chunk.Seq
 	ex.mu.Lock()
 	if ex.leased == nil {
 		ex.leased = map[int]bool{}
@@ -168,7 +165,7 @@ func (ex *execution) runChunkLeased(ctx context.Context, p *chunkPipe) (cr chunk
 		delete(ex.leased, seq)
 		ex.mu.Unlock()
 		if release {
-			if rerr := wm.releaseLease(context.WithoutCancel(ctx), r.db, ex.batchID, seq, l.key, cl.epoch); rerr != nil {
+			if rerr := wm.ReleaseLease(context.WithoutCancel(ctx), r.db, ex.batchID, seq, l.Key, cl.Epoch); rerr != nil {
 				// Not lost: the lease is this worker's, which claims it
 				// again, and it ends with the worker's call.
 				ex.log.Warn("backfill: releasing a chunk's lease failed", "seq", seq, "error", rerr)
@@ -182,16 +179,16 @@ func (ex *execution) runChunkLeased(ctx context.Context, p *chunkPipe) (cr chunk
 		cr.throttled = true
 		return cr, nil
 	}
-	cr.claimed, cr.attempt, cr.fresh = true, cl.state.Attempts+1, cl.state.Status == ChunkPending
-	ctx = ex.traceChunk(ctx, &cr, cl.state.Chunk, leaseStart)
+	cr.claimed, cr.attempt, cr.fresh = true, cl.State.Attempts+1, cl.State.Status == ChunkPending
+	ctx = ex.traceChunk(ctx, &cr, cl.State.Chunk, leaseStart)
 	defer func() { cr.span.end(&cr, err) }()
-	c, ok := ex.plan.chunkOf(cl.state.Chunk)
+	c, ok := ex.plan.ChunkOf(cl.State.Chunk)
 	if !ok {
-		return cr, &ChunkError{Chunk: cl.state.Chunk, Attempt: cr.attempt, Err: fmt.Errorf("%w: manifest chunk %d %q is not in the plan (or the Chunker's ChunkOf returned another chunk for it)", errNotRetryable, seq, cl.state.Chunk.ID)}
+		return cr, &ChunkError{Chunk: cl.State.Chunk, Attempt: cr.attempt, Err: fmt.Errorf("%w: manifest chunk %d %q is not in the plan (or the Chunker's ChunkOf returned another chunk for it)", backfilltype.ErrNotRetryable, seq, cl.State.Chunk.ID)}
 	}
 	chunkErr := func(err error) error { return &ChunkError{Chunk: c, Attempt: cr.attempt, Err: err} }
 	started := time.Now()
-	cr.reread = cl.state.Status == ChunkOpen
+	cr.reread = cl.State.Status == ChunkOpen
 	xctx := cr.span.next(ctx, PhaseExtract)
 
 	// A job with SkipUnchanged and a ChunkVersioner: the chunk's version,
@@ -248,12 +245,12 @@ func (ex *execution) runChunkLeased(ctx context.Context, p *chunkPipe) (cr chunk
 	}()
 	// The fence first: the lease still this worker's, the row locked
 	// until the commit.
-	fenced, pid, ok, err := wm.fenceLease(ctx, tx, ex.batchID, seq, cl.epoch, l)
+	fenced, pid, ok, err := wm.FenceLease(ctx, tx, ex.batchID, seq, cl.Epoch, l)
 	if err != nil {
 		return cr, chunkErr(err)
 	}
-	if b, isBatch := tx.(*batchTx); isBatch {
-		b.fresh = ok && fenced.Status == ChunkPending
+	if b, isBatch := tx.(*pgstore.BatchTx); isBatch {
+		b.Fresh = ok && fenced.Status == ChunkPending
 	}
 	if !ok {
 		// The deferred release clears the lease only if it is still this

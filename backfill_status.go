@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"sync"
 	"time"
-
-	"github.com/jmoiron/sqlx"
 )
 
 // Status returns the progress of job's latest run (whatever its status)
@@ -35,18 +33,6 @@ func (r *Runner) StatusOf(ctx context.Context, batchID int64) (Status, error) {
 		return Status{}, fmt.Errorf("backfill: status of batch %d: %w: needs ManifestStatus", batchID, ErrUnsupported)
 	}
 	return ms.Status(ctx, r.db, batchID)
-}
-
-// JobStatus returns the progress of the latest run of the job named job,
-// without the job's code: [PGManifest.LatestRun], then
-// [PGManifest.Status]. A job that never ran gives an error wrapping
-// [ErrRunNotFound].
-func (m *PGManifest) JobStatus(ctx context.Context, db sqlx.ExtContext, job string) (Status, error) {
-	run, err := m.LatestRun(ctx, db, job)
-	if err != nil {
-		return Status{}, err
-	}
-	return m.Status(ctx, db, run.BatchID)
 }
 
 // ProgressHooks extends [Hooks] for progress bars and alerts: failed

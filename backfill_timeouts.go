@@ -1,15 +1,16 @@
 package backfill
 
 import (
+	"cmp"
 	"context"
-	"errors"
 	"fmt"
-	"math/rand/v2"
 	"sort"
 	"time"
 
 	"github.com/jmoiron/sqlx"
-	"github.com/lib/pq"
+	"github.com/pgbackfill/backfill/backfilldriver"
+	"github.com/pgbackfill/backfill/backfilltype"
+	"github.com/pgbackfill/backfill/internal/pgstore"
 )
 
 // Timeouts and the retry of waits (see doc.go, "Beside production").
@@ -41,16 +42,10 @@ import (
 
 // LockRetry is one row of [Config.LockRetries]: a try's lock_timeout and,
 // when the try waits, the sleep before the next try.
-type LockRetry struct {
-	// Timeout is the lock_timeout of the try, at most Config.LockTimeout;
-	// 0 means Config.LockTimeout (the bound of every lock wait).
-	Timeout time.Duration
-	// Sleep is the pause after the try waited, jittered by ±25 %.
-	Sleep time.Duration
-}
+type LockRetry = backfilltype.LockRetry
 
 // DefaultLockTimeout is the default of [Config.LockTimeout].
-const DefaultLockTimeout = 2 * time.Second
+const DefaultLockTimeout = backfilltype.DefaultLockTimeout
 
 // DefaultLockRetries returns the default retry table for lockTimeout
 // (after GitLab's lock retries): lock_timeout lockTimeout/20, /10, /4,
@@ -61,30 +56,11 @@ const DefaultLockTimeout = 2 * time.Second
 // 9.8 s in all and sleeps about 49 s before it counts as failed. A
 // non-positive lockTimeout gives zero timeouts.
 func DefaultLockRetries(lockTimeout time.Duration) []LockRetry {
-	lt := max(lockTimeout, 0)
-	return []LockRetry{
-		{lt / 20, time.Second}, {lt / 10, time.Second}, {lt / 4, 2 * time.Second}, {lt / 2, 5 * time.Second},
-		{lt, 10 * time.Second}, {lt, 10 * time.Second}, {lt, 20 * time.Second}, {lt, 0},
-	}
+	return backfilltype.DefaultLockRetries(lockTimeout)
 }
 
-// txSettings are the timeouts the library sets in its transactions,
-// resolved from a Config.
-type txSettings struct {
-	// lockTimeout is Config.LockTimeout (negative: none set).
-	lockTimeout time.Duration
-	// stmtTimeout is Config.StatementTimeout (0: the session's; negative:
-	// none).
-	stmtTimeout time.Duration
-	retries     []LockRetry
-}
-
-// defaultTxSettings apply to manifest transactions on a database handle
-// that no Runner configured (a *sqlx.DB passed to PGManifest directly).
-var defaultTxSettings = txSettings{lockTimeout: DefaultLockTimeout, retries: DefaultLockRetries(DefaultLockTimeout)}
-
-func (c *Config) txSettings() txSettings {
-	return txSettings{lockTimeout: c.LockTimeout, stmtTimeout: c.StatementTimeout, retries: c.LockRetries}
+func (c *Config) txSettings() pgstore.TxSettings {
+	return pgstore.TxSettings{LockTimeout: c.LockTimeout, StmtTimeout: c.StatementTimeout, Retries: c.LockRetries}
 }
 
 // validateTimeouts checks the timeouts of c.
@@ -102,113 +78,9 @@ func (c *Config) validateTimeouts() error {
 
 // resolveTimeouts fills in the defaults of the timeouts of c.
 func (c *Config) resolveTimeouts() {
-	c.LockTimeout = cmpOr(c.LockTimeout, DefaultLockTimeout)
+	c.LockTimeout = cmp.Or(c.LockTimeout, DefaultLockTimeout)
 	if c.LockRetries == nil {
 		c.LockRetries = DefaultLockRetries(c.LockTimeout)
-	}
-}
-
-// tryLockTimeout is the lock_timeout of try n (0-based) of an attempt, as
-// PostgreSQL reads it ("" sets none: the session's value stays).
-func (s txSettings) tryLockTimeout(n int) string {
-	if s.lockTimeout < 0 || len(s.retries) == 0 {
-		return ""
-	}
-	t := s.retries[min(n, len(s.retries)-1)].Timeout
-	if t <= 0 {
-		t = s.lockTimeout
-	}
-	return msSetting(min(t, s.lockTimeout))
-}
-
-// stmtSetting is the statement_timeout the merge runs under ("" for the
-// session's).
-func (s txSettings) stmtSetting() string {
-	switch {
-	case s.stmtTimeout < 0:
-		return "0"
-	case s.stmtTimeout > 0:
-		return msSetting(s.stmtTimeout)
-	}
-	return ""
-}
-
-// manifestLockTimeout is the lock_timeout of the short manifest
-// transactions ("" for none).
-func (s txSettings) manifestLockTimeout() string {
-	if s.lockTimeout < 0 {
-		return ""
-	}
-	return msSetting(cmpOr(s.lockTimeout, DefaultLockTimeout))
-}
-
-// msSetting is d as a PostgreSQL time setting in milliseconds (at least 1).
-func msSetting(d time.Duration) string {
-	return fmt.Sprint(max(d.Milliseconds(), 1))
-}
-
-// shortTxSettings is the one statement (no parameters: pooler-safe) that
-// sets the settings of a short manifest transaction: the idle timeout,
-// and lock_timeout and statement_timeout unless ownWaits (the caller
-// sets its own lock_timeout) or unset.
-func shortTxSettings(s txSettings, ownWaits bool) string {
-	q := fmt.Sprintf(`SELECT set_config('idle_in_transaction_session_timeout', '%d', true)`, manifestIdleMS.Load())
-	if lt := s.manifestLockTimeout(); lt != "" && !ownWaits {
-		q += `, set_config('lock_timeout', '` + lt + `', true)`
-	}
-	if st := s.stmtSetting(); st != "" {
-		q += `, set_config('statement_timeout', '` + st + `', true)`
-	}
-	return q
-}
-
-// jitter returns d scaled by a random factor in [0.75, 1.25).
-func jitter(d time.Duration) time.Duration {
-	if d <= 0 {
-		return 0
-	}
-	return time.Duration(float64(d) * (0.75 + rand.Float64()/2))
-}
-
-// waitCode returns the SQLSTATE of err when it is a wait: lock timeout
-// (55P03), deadlock (40P01), serialization failure (40001), or a
-// cancelled statement (57014: a statement timeout, or a cancel by another
-// session) while ctx is not done. It also returns PostgreSQL's message.
-func waitCode(ctx context.Context, err error) (code, msg string, ok bool) {
-	var pe *pq.Error
-	if err == nil || ctx.Err() != nil || !errors.As(err, &pe) {
-		return "", "", false
-	}
-	switch pe.Code {
-	case "55P03", "40P01", "40001", "57014":
-		return string(pe.Code), pe.Message, true
-	}
-	return "", "", false
-}
-
-// retryWaits runs try until it returns nil, an error that is not a wait,
-// or the table's rows are used up: a try that waited (waitCode) is run
-// again after the row's jittered sleep. The short manifest transactions
-// use it; a chunk's tries are retried by the Runner (chunkWaited).
-// Each wait is reported to waited (nil: none) before the sleep.
-func retryWaits(ctx context.Context, retries []LockRetry, try func() error, waited func(code, msg string, try int, sleep time.Duration)) error {
-	for n := 0; ; n++ {
-		err := try()
-		code, msg, ok := waitCode(ctx, err)
-		if !ok || n+1 >= len(retries) {
-			return err
-		}
-		sleep := jitter(retries[n].Sleep)
-		if waited != nil {
-			waited(code, msg, n+1, sleep)
-		}
-		t := time.NewTimer(sleep)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return err
-		case <-t.C:
-		}
 	}
 }
 
@@ -263,7 +135,7 @@ func (ex *execution) avoided() ([]int, time.Duration) {
 func (ex *execution) setTryLockTimeout(ctx context.Context, tx Tx, seq int) (string, error) {
 	s := ex.r.cfg.txSettings()
 	n := ex.waitTry(seq)
-	lt := s.tryLockTimeout(n)
+	lt := s.TryLockTimeout(n)
 	if n == 0 || lt == "" {
 		return lt, nil
 	}
@@ -273,54 +145,12 @@ func (ex *execution) setTryLockTimeout(ctx context.Context, tx Tx, seq int) (str
 
 // Wait is one try of a chunk that waited and was rolled back
 // ([ManifestWaits]).
-type Wait struct {
-	// ID is the record's ID, in the order recorded (set by the manifest).
-	ID int64 `db:"id" json:"id"`
-	// BatchID, Seq and ChunkID name the chunk.
-	BatchID int64  `db:"batch_id" json:"batch_id"`
-	Seq     int    `db:"seq" json:"seq"`
-	ChunkID string `db:"chunk_id" json:"chunk_id"`
-	// Attempt is the chunk's attempt (as in [ChunkError.Attempt]); Try
-	// is the 1-based row of [Config.LockRetries] the try ran with.
-	Attempt int `db:"attempt" json:"attempt"`
-	Try     int `db:"try" json:"try"`
-	// SQLState is 55P03 (lock timeout), 40P01 (deadlock), 40001
-	// (serialization failure) or 57014 (statement timeout or cancel);
-	// Message is PostgreSQL's.
-	SQLState string `db:"sqlstate" json:"sqlstate"`
-	Message  string `db:"message" json:"message"`
-	// LockTimeout and StatementTimeout are the settings of the try as
-	// PostgreSQL reads them ("2000" ms; "" when the library set none).
-	LockTimeout      string `db:"lock_timeout" json:"lock_timeout"`
-	StatementTimeout string `db:"statement_timeout" json:"statement_timeout"`
-	// Waited is how long the statement that ended the try had been
-	// waiting (lock waits: since pg_locks.waitstart) or running, as last
-	// seen by the watcher plus the time since; the timeout when the
-	// watcher never saw it.
-	Waited time.Duration `db:"-" json:"waited"`
-	// Blockers are the sessions that blocked it (pg_blocking_pids), as
-	// last seen while it waited; empty when none were seen.
-	Blockers []Blocker `db:"-" json:"blockers"`
-	// Sleep is the pause before the next try; Final reports that the
-	// wait was on the table's last row and ended the attempt as failed.
-	Sleep time.Duration `db:"-" json:"sleep"`
-	Final bool          `db:"final" json:"final"`
-	// Worker is [Config.WorkerID]; At is when it was recorded (server
-	// clock).
-	Worker string    `db:"worker" json:"worker"`
-	At     time.Time `db:"at" json:"at"`
-}
+type Wait = backfilltype.Wait
 
 // ManifestWaits is implemented by manifests that record the waits of
 // chunks ([Wait]): [PGManifest] (table waits) and backfilltest's
 // Manifest (in memory). Without it, waits are only logged.
-type ManifestWaits interface {
-	// RecordWait appends w, in a short transaction of its own (db is not
-	// the chunk's transaction, which rolled back).
-	RecordWait(ctx context.Context, db sqlx.ExtContext, w Wait) error
-	// Waits returns the waits of run batchID in the order recorded.
-	Waits(ctx context.Context, db sqlx.ExtContext, batchID int64) ([]Wait, error)
-}
+type ManifestWaits = backfilldriver.ManifestWaits
 
 // chunkWaited handles a try of ce's chunk that ended with a wait (code,
 // msg): it records and logs the wait with what the watcher saw, and
@@ -335,19 +165,19 @@ func (ex *execution) chunkWaited(ctx context.Context, ce *ChunkError, cr chunkRu
 		ex.waits.tries = map[int]int{}
 	}
 	n := ex.waits.tries[seq]
-	final := n+1 >= len(s.retries)
+	final := n+1 >= len(s.Retries)
 	sleep := time.Duration(0)
 	if final {
 		delete(ex.waits.tries, seq)
 	} else {
 		ex.waits.tries[seq] = n + 1
-		sleep = jitter(s.retries[n].Sleep)
+		sleep = pgstore.Jitter(s.Retries[n].Sleep)
 		ex.waits.avoid(seq, time.Now().Add(sleep))
 	}
 	ex.mu.Unlock()
 
 	w := Wait{BatchID: ex.batchID, Seq: seq, ChunkID: ce.Chunk.ID, Attempt: ce.Attempt, Try: n + 1, SQLState: code, Message: msg,
-		LockTimeout: cr.lockTimeout, StatementTimeout: s.stmtSetting(), Sleep: sleep, Final: final, Worker: ex.r.cfg.WorkerID}
+		LockTimeout: cr.lockTimeout, StatementTimeout: s.StmtSetting(), Sleep: sleep, Final: final, Worker: ex.r.cfg.WorkerID}
 	if cr.seen != nil && !cr.seen.at.IsZero() {
 		w.Waited = cr.seen.waited + time.Since(cr.seen.at)
 		w.Blockers = cr.seen.blockers
@@ -355,8 +185,8 @@ func (ex *execution) chunkWaited(ctx context.Context, ce *ChunkError, cr chunkRu
 		var ms int64
 		_, _ = fmt.Sscan(cr.lockTimeout, &ms)
 		w.Waited = time.Duration(ms) * time.Millisecond
-	} else if code == "57014" && s.stmtTimeout > 0 {
-		w.Waited = s.stmtTimeout
+	} else if code == "57014" && s.StmtTimeout > 0 {
+		w.Waited = s.StmtTimeout
 	}
 	if len(w.Blockers) == 0 && code == "55P03" {
 		// The watcher samples: a short lock_timeout can end between two
@@ -366,7 +196,7 @@ func (ex *execution) chunkWaited(ctx context.Context, ce *ChunkError, cr chunkRu
 		w.Blockers = conflictingHolders(context.WithoutCancel(ctx), ex.r.db, ex.base)
 	}
 	ex.traceRetry(ctx, TraceRetryData{Chunk: ce.Chunk, Attempt: ce.Attempt, Kind: RetryWait, Try: n + 1, SQLState: code, Sleep: sleep, Final: final, Err: ce.Err})
-	blockers := describeBlockers(w.Blockers)
+	blockers := pgstore.DescribeBlockers(w.Blockers)
 	if blockers == "" {
 		blockers = "none seen"
 	}
@@ -463,7 +293,7 @@ func observeBackend(ctx context.Context, db sqlx.ExtContext, pid int) *watchSeen
 		Waited float64 `db:"waited"`
 		Lock   bool    `db:"lock"`
 	}
-	err := readTx(ctx, db, func(tx sqlx.ExtContext) error {
+	err := pgstore.ReadTx(ctx, db, func(tx sqlx.ExtContext) error {
 		rows = rows[:0]
 		return sqlx.SelectContext(ctx, tx, &rows, `SELECT coalesce(a.wait_event_type = 'Lock', false) AS lock,
 			extract(epoch FROM clock_timestamp() - coalesce(CASE WHEN a.wait_event_type = 'Lock'

@@ -7,6 +7,8 @@ import (
 	"strings"
 
 	"github.com/lib/pq"
+	"github.com/pgbackfill/backfill/backfilltype"
+	"github.com/pgbackfill/backfill/internal/pgstore"
 )
 
 // ExitCode is the outcome of [Work] as a process exit status, for
@@ -142,14 +144,14 @@ func exitCode(ctx context.Context, rep Report, err error) ExitCode {
 		return ExitCancelled
 	case errors.Is(err, ErrInvalidConfig), errors.Is(err, ErrInvalidScope), errors.Is(err, ErrPlanChanged),
 		errors.Is(err, ErrUnsupported), errors.Is(err, ErrNoUniqueKey), errors.Is(err, ErrTargetNotFound),
-		errors.Is(err, ErrPrivilege), errors.Is(err, ErrSchemaBehind), errors.Is(err, errStatementPooler), isLoginRefused(err):
+		errors.Is(err, ErrPrivilege), errors.Is(err, ErrSchemaBehind), errors.Is(err, pgstore.ErrStatementPooler), isLoginRefused(err):
 		return ExitUsage
 	case rep.Status == RunFailed:
 		return ExitFailed
 	case errors.Is(err, ErrChunksOpen), errors.Is(err, ErrRunIncomplete), errors.Is(err, ErrRunPaused), errors.Is(err, ErrRunAbandoned),
 		rep.Status == RunPaused, ctx.Err() != nil, errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return ExitTempFail
-	case isConnectionError(err):
+	case backfilltype.IsConnectionError(err):
 		return ExitTempFail
 	}
 	return ExitFailed

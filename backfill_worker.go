@@ -3,18 +3,15 @@ package backfill
 import (
 	"context"
 	"crypto/rand"
-	"database/sql/driver"
 	"encoding/hex"
 	"errors"
-	"io"
-	"net"
 	"os"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/lib/pq"
+	"github.com/pgbackfill/backfill/backfilltype"
+	"github.com/pgbackfill/backfill/internal/pgstore"
 )
 
 // A call of Run as a worker among many: its registration and heartbeat
@@ -42,25 +39,13 @@ func newWorkerKey() string {
 	return hex.EncodeToString(b)
 }
 
-// fenceCtxKey carries a fenceWait to the manifest's StartRun (which waits
-// for the chunks in flight of the run it abandons).
-type fenceCtxKey struct{}
-
-func withFenceWait(ctx context.Context, w fenceWait) context.Context {
-	return context.WithValue(ctx, fenceCtxKey{}, w)
-}
-
-// fenceWaitFrom returns the fenceWait ctx carries, or the defaults.
-func fenceWaitFrom(ctx context.Context) fenceWait {
-	if w, ok := ctx.Value(fenceCtxKey{}).(fenceWait); ok {
-		return w
-	}
-	return fenceWait{staleAfter: DefaultStaleAfter, poll: time.Second}
+func withFenceWait(ctx context.Context, w pgstore.FenceWait) context.Context {
+	return context.WithValue(ctx, pgstore.FenceCtxKey{}, w)
 }
 
 // fenceWait is how this Runner waits for chunks held by others.
-func (r *Runner) fenceWait(what string) fenceWait {
-	return fenceWait{staleAfter: r.cfg.StaleAfter, poll: r.pollInterval(), log: r.cfg.Logger, what: what}
+func (r *Runner) fenceWait(what string) pgstore.FenceWait {
+	return pgstore.FenceWait{StaleAfter: r.cfg.StaleAfter, Poll: r.pollInterval(), Log: r.cfg.Logger, What: what}
 }
 
 // pollInterval is how often a waiting worker looks again:
@@ -78,7 +63,7 @@ func (ex *execution) startWorker(ctx context.Context) {
 	if wm == nil {
 		return
 	}
-	if pd, ok := ex.r.db.(pgDB); ok && pd.DB != nil {
+	if pd, ok := ex.r.db.(pgstore.PGDB); ok && pd.DB != nil {
 		if n := pd.DB.Stats().MaxOpenConnections; n > 0 && n < ex.r.cfg.Concurrency+2 {
 			ex.log.Warn("backfill: the connection pool may starve the heartbeat: MaxOpenConns should be at least Concurrency + 2, or a busy worker may look stale and be fenced",
 				"max_open_conns", n, "concurrency", ex.r.cfg.Concurrency)
@@ -88,7 +73,7 @@ func (ex *execution) startWorker(ctx context.Context) {
 	w := &workerCall{key: newWorkerKey()}
 	reg := Worker{Key: w.key, ID: ex.r.cfg.WorkerID, BatchID: ex.batchID, Job: ex.job.Name, Host: host, PID: os.Getpid(), StaleAfter: ex.r.cfg.StaleAfter}
 	fctx := context.WithoutCancel(ctx)
-	if err := ex.retryConn(ctx, "register worker", func() error { return wm.registerWorker(fctx, ex.r.db, reg) }); err != nil {
+	if err := ex.retryConn(ctx, "register worker", func() error { return wm.RegisterWorker(fctx, ex.r.db, reg) }); err != nil {
 		ex.log.Warn("backfill: worker not registered; its chunks cannot be told from a frozen worker's", "error", err)
 		return
 	}
@@ -111,7 +96,7 @@ func (ex *execution) startWorker(ctx context.Context) {
 			if off := testHeartbeatsOff.Load(); off != nil && (*off)(ex.r.cfg.WorkerID) {
 				continue
 			}
-			if err := wm.heartbeat(hctx, ex.r.db, w.key); err != nil {
+			if err := wm.Heartbeat(hctx, ex.r.db, w.key); err != nil {
 				if hctx.Err() == nil {
 					ex.log.Warn("backfill: heartbeat failed", "error", err)
 				}
@@ -123,7 +108,7 @@ func (ex *execution) startWorker(ctx context.Context) {
 	w.stop = func() {
 		cancel()
 		wg.Wait()
-		if err := ex.retryConn(fctx, "finish worker", func() error { return wm.finishWorker(fctx, ex.r.db, w.key) }); err != nil {
+		if err := ex.retryConn(fctx, "finish worker", func() error { return wm.FinishWorker(fctx, ex.r.db, w.key) }); err != nil {
 			ex.log.Warn("backfill: worker not marked finished", "error", err)
 		}
 	}
@@ -144,12 +129,12 @@ func (ex *execution) stopWorker() {
 func (ex *execution) claim(ctx context.Context, tx Tx) (ChunkState, int, bool, error) {
 	if wm := ex.r.caps.workers; wm != nil {
 		s := ex.r.cfg.txSettings()
-		l := lease{staleAfter: ex.r.cfg.StaleAfter, lockTimeout: s.tryLockTimeout(0), stmtTimeout: s.stmtSetting()}
+		l := pgstore.Lease{StaleAfter: ex.r.cfg.StaleAfter, LockTimeout: s.TryLockTimeout(0), StmtTimeout: s.StmtSetting()}
 		if ex.worker != nil {
-			l.key = ex.worker.key
+			l.Key = ex.worker.key
 		}
-		l.avoid, _ = ex.avoided()
-		return wm.claimLeased(ctx, tx, ex.batchID, l)
+		l.Avoid, _ = ex.avoided()
+		return wm.ClaimLeased(ctx, tx, ex.batchID, l)
 	}
 	st, ok, err := ex.r.cfg.Manifest.ClaimChunk(ctx, tx, ex.batchID)
 	return st, 0, ok, err
@@ -179,15 +164,15 @@ func (ex *execution) waitHeld(ctx context.Context, ws *waitState) bool {
 	if wm == nil || ex.worker == nil || ex.stopped() || ctx.Err() != nil {
 		return false
 	}
-	hs, err := wm.holders(ctx, ex.r.db, ex.batchID, ex.worker.key, ex.r.cfg.StaleAfter, !ws.fenceOff, true)
-	if err != nil && isPermission(err) {
+	hs, err := wm.Holders(ctx, ex.r.db, ex.batchID, ex.worker.key, ex.r.cfg.StaleAfter, !ws.fenceOff, true)
+	if err != nil && pgstore.IsPermission(err) {
 		ws.fenceOff = true
 		ex.log.Error("backfill: cannot terminate a stale worker's backend: grant the role pg_signal_backend (or run every worker as the same role); waiting instead",
 			"error", err)
-		hs, err = wm.holders(ctx, ex.r.db, ex.batchID, ex.worker.key, ex.r.cfg.StaleAfter, false, true)
+		hs, err = wm.Holders(ctx, ex.r.db, ex.batchID, ex.worker.key, ex.r.cfg.StaleAfter, false, true)
 	}
 	if err != nil {
-		if isConnectionError(err) {
+		if backfilltype.IsConnectionError(err) {
 			return ex.connFailed(ctx, ws, err)
 		}
 		ex.log.Warn("backfill: listing chunks in flight failed; not waiting for them", "error", err)
@@ -208,7 +193,7 @@ func (ex *execution) waitHeld(ctx context.Context, ws *waitState) bool {
 		ws.since = time.Now()
 	}
 	for _, h := range hs {
-		logHolder(ex.log, "worker: nothing to claim, chunks held by others", ex.batchID, h, time.Since(ws.since))
+		pgstore.LogHolder(ex.log, "worker: nothing to claim, chunks held by others", ex.batchID, h, time.Since(ws.since))
 	}
 	select {
 	case <-ctx.Done():
@@ -261,7 +246,7 @@ func (ex *execution) retryConn(ctx context.Context, what string, f func() error)
 	var since time.Time
 	for n := 1; ; n++ {
 		err := f()
-		if err == nil || !isConnectionError(err) {
+		if err == nil || !backfilltype.IsConnectionError(err) {
 			if err == nil && n > 1 {
 				ex.log.Info("backfill: recorded after the connection came back", "what", what, "tries", n, "down_for", time.Since(since))
 			}
@@ -281,31 +266,4 @@ func (ex *execution) retryConn(ctx context.Context, what string, f func() error)
 		case <-time.After(backoff):
 		}
 	}
-}
-
-// isConnectionError reports whether err is a lost or refused connection
-// or a server shutting down or starting: class 08, 57P01
-// admin_shutdown (also a backend terminated by fencing), 57P02
-// crash_shutdown, 57P03 cannot_connect_now, driver.ErrBadConn, io.EOF,
-// network errors (connection refused, reset, timeouts).
-func isConnectionError(err error) bool {
-	if err == nil {
-		return false
-	}
-	if errors.Is(err, driver.ErrBadConn) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
-		return true
-	}
-	var ne net.Error
-	if errors.As(err, &ne) {
-		return true
-	}
-	var pe *pq.Error
-	if errors.As(err, &pe) {
-		switch pe.Code {
-		case "57P01", "57P02", "57P03":
-			return true
-		}
-		return strings.HasPrefix(string(pe.Code), "08")
-	}
-	return false
 }

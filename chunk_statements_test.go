@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/jmoiron/sqlx"
+	"github.com/pgbackfill/backfill/internal/pgstore"
 	"github.com/stretchr/testify/require"
 )
 
@@ -65,7 +66,7 @@ func (t *stmtTx) QueryRowxContext(ctx context.Context, q string, args ...any) *s
 
 func (t *stmtTx) PrepareContext(ctx context.Context, q string) (*sql.Stmt, error) {
 	t.record(q)
-	return t.Tx.(preparer).PrepareContext(ctx, q)
+	return t.Tx.(pgstore.Preparer).PrepareContext(ctx, q)
 }
 
 // TestChunkTransactionStatements counts the statements of a chunk's

@@ -1,39 +1,33 @@
 package backfill
 
-import (
-	"errors"
-	"fmt"
-	"strings"
-
-	"github.com/lib/pq"
-)
+import "github.com/pgbackfill/backfill/backfilltype"
 
 var (
 	// ErrEmptyScope is returned by [Chunker.Chunks] when the scope holds no
 	// chunk (start not before end, an empty list).
-	ErrEmptyScope = errors.New("backfill: empty scope")
+	ErrEmptyScope = backfilltype.ErrEmptyScope
 	// ErrInvalidScope is returned by chunker constructors and
 	// [Chunker.Chunks] for bounds that cannot be chunked (a non-positive
 	// step, a nil location, duplicate list items).
-	ErrInvalidScope = errors.New("backfill: invalid scope")
+	ErrInvalidScope = backfilltype.ErrInvalidScope
 	// ErrPlanChanged is returned by [Runner.Run] when the latest run of the
 	// same job name (incomplete, completed or rolled back) has a different
 	// plan fingerprint and [Job.NewRun] is false. The error text says which
 	// fields changed.
-	ErrPlanChanged = errors.New("backfill: plan changed")
+	ErrPlanChanged = backfilltype.ErrPlanChanged
 	// ErrNoUniqueKey is returned by [Merger.Prepare] when the target has no
 	// unique index or constraint on exactly the business key columns.
-	ErrNoUniqueKey = errors.New("backfill: target has no unique index on the business key")
+	ErrNoUniqueKey = backfilltype.ErrNoUniqueKey
 	// ErrTargetNotFound is returned by [Merger.Prepare] when the target
 	// table or one of the named columns does not exist.
-	ErrTargetNotFound = errors.New("backfill: target not found")
+	ErrTargetNotFound = backfilltype.ErrTargetNotFound
 	// ErrAccounting is returned (wrapped in a [*ChunkError]) when a chunk's
 	// counts do not balance: read != inserted + updated + unchanged +
 	// rejected + deduplicated. The chunk is rolled back.
-	ErrAccounting = errors.New("backfill: row accounting does not balance")
+	ErrAccounting = backfilltype.ErrAccounting
 	// ErrInvalidConfig is returned by [New] and [Runner.Run] for a Config or
 	// Job that fails validation; the message names the field.
-	ErrInvalidConfig = errors.New("backfill: invalid configuration")
+	ErrInvalidConfig = backfilltype.ErrInvalidConfig
 	// ErrTooManyRejects is returned (wrapped in a [*ChunkError]) when a
 	// chunk rejects more rows than [Config.MaxRejectsPerChunk] (every
 	// kind counted: the extractor's Reject, conversion rejects, values
@@ -41,31 +35,31 @@ var (
 	// refuses), or when PostgreSQL refuses more values while staging than
 	// [Config.MaxStagingRejects] or more rows while merging than
 	// [Config.MaxMergeRefusals].
-	ErrTooManyRejects = errors.New("backfill: too many rejected rows")
+	ErrTooManyRejects = backfilltype.ErrTooManyRejects
 	// ErrWriterClosed is returned by [RowWriter] methods called after the
 	// extractor returned.
-	ErrWriterClosed = errors.New("backfill: row writer used after extract returned")
+	ErrWriterClosed = backfilltype.ErrWriterClosed
 	// ErrHistoryIntervals is returned (wrapped in a [*ChunkError]) when a
 	// History merge would leave a key's valid_from/valid_to intervals
 	// overlapping or with a gap; the chunk is rolled back. Since the merge
 	// recomputes the intervals of the keys it touches, only a concurrent
 	// writer that does not take the merge's key locks (or a trigger) can
 	// cause it: the error says so and is retryable ([IsRetryable]).
-	ErrHistoryIntervals = errors.New("backfill: history intervals do not tile")
+	ErrHistoryIntervals = backfilltype.ErrHistoryIntervals
 	// ErrUnsupported is returned when a feature needs an optional
 	// interface (such as [ManifestAudit]) that the configured
 	// implementation lacks.
-	ErrUnsupported = errors.New("backfill: not supported by this implementation")
+	ErrUnsupported = backfilltype.ErrUnsupported
 	// ErrNoWatermark is returned by [Runner.Handoff] when the job has no
 	// completed run with a recorded watermark.
-	ErrNoWatermark = errors.New("backfill: no completed run with a watermark")
+	ErrNoWatermark = backfilltype.ErrNoWatermark
 	// ErrRunAbandoned is returned by [Runner.Run] when the run it was
 	// working on was abandoned by a newer run of the same job
 	// ([Job.NewRun]) in another process: this call stopped claiming chunks.
-	ErrRunAbandoned = errors.New("backfill: run abandoned by a newer run")
+	ErrRunAbandoned = backfilltype.ErrRunAbandoned
 	// ErrExtractorPanic is returned (wrapped in a [*ChunkError]) when an
 	// extractor panicked; the chunk rolls back and is not retried.
-	ErrExtractorPanic = errors.New("backfill: extractor panicked")
+	ErrExtractorPanic = backfilltype.ErrExtractorPanic
 	// ErrExtractor is returned (wrapped in a [*ChunkError]) when an
 	// extractor wrote a row that no data can make valid: a wrong number of
 	// values, or a Go type that no conversion accepts for its column (a
@@ -76,17 +70,17 @@ var (
 	// type that a column cannot hold (out of range, unparsable text, NULL
 	// in a NOT NULL column) are bad data instead and go to the exception
 	// queue.
-	ErrExtractor = errors.New("backfill: extractor bug")
+	ErrExtractor = backfilltype.ErrExtractor
 	// ErrNotPaused is returned by [Runner.Resume] when the job's latest
 	// run is not paused.
-	ErrNotPaused = errors.New("backfill: run is not paused")
+	ErrNotPaused = backfilltype.ErrNotPaused
 	// ErrRunPaused is returned by [Runner.Run] when the job's run is
 	// paused: a quality gate failed, a throttle reached its critical
 	// level, or an operator paused it ([PGManifest.Pause], the SQL
 	// function pause), before or during the call (the chunks in flight
 	// finished first). Resume it with [Runner.Resume] or the SQL
 	// function resume.
-	ErrRunPaused = errors.New("backfill: run is paused")
+	ErrRunPaused = backfilltype.ErrRunPaused
 	// ErrRunCancelled is returned by [Runner.Run] when the job's run was
 	// cancelled ([PGManifest.Cancel], the SQL function cancel), before or
 	// during the call: the chunks in flight rolled back and the run is
@@ -94,25 +88,25 @@ var (
 	// returns this error again): resume it explicitly with
 	// [Runner.Resume] or the SQL function resume, or start a new run
 	// with [Job.NewRun].
-	ErrRunCancelled = errors.New("backfill: run is cancelled")
+	ErrRunCancelled = backfilltype.ErrRunCancelled
 	// ErrRunStatus is returned by the control functions ([PGManifest.Pause],
 	// [PGManifest.Cancel], [PGManifest.Resume], [PGManifest.SetKnob]) when
 	// the run's status does not allow the decision (pausing a completed
 	// run, resuming a running one); the message names the status.
-	ErrRunStatus = errors.New("backfill: the run's status does not allow this")
+	ErrRunStatus = backfilltype.ErrRunStatus
 	// ErrGateFailed is returned (wrapped in a [*ChunkError]) when a check
 	// of severity error failed: the chunk rolled back and the run paused.
-	ErrGateFailed = errors.New("backfill: quality gate failed")
+	ErrGateFailed = backfilltype.ErrGateFailed
 	// ErrRollbackConflict is returned by [Runner.Rollback] when rows the
 	// batch wrote were changed or delivered unchanged by a later batch
 	// that is still applied; nothing was changed.
-	ErrRollbackConflict = errors.New("backfill: rollback conflicts with later batches")
+	ErrRollbackConflict = backfilltype.ErrRollbackConflict
 	// ErrAlreadyCompleted is returned by [Runner.Run] (with the run's
 	// Report) when the latest run of the job with the same plan is
 	// completed, or was rolled back: nothing was extracted or written
 	// (Report.ChunksRun is 0, Report.Resumed false). Set [Job.NewRun] to
 	// restate the scope in a new run.
-	ErrAlreadyCompleted = errors.New("backfill: already completed; nothing done; use Job.NewRun to restate")
+	ErrAlreadyCompleted = backfilltype.ErrAlreadyCompleted
 	// ErrPublishBlocked is returned by [Runner.Run] when the view switch
 	// of [PublishVersionedView] timed out on every try behind sessions
 	// holding locks on the view (the message names them). The run is
@@ -120,7 +114,7 @@ var (
 	// last_error say so); running the job again publishes it.
 	// [Runner.Rollback] of a published versioned-view batch returns it too
 	// when its switch back is blocked so; nothing changed then.
-	ErrPublishBlocked = errors.New("backfill: publish blocked by sessions holding the view")
+	ErrPublishBlocked = backfilltype.ErrPublishBlocked
 	// ErrChunksOpen is returned by [Runner.Run] (joined with any other
 	// error, with the Report) when the call ends with chunks left
 	// [ChunkOpen]: time chunks that end after the horizon (the watermark
@@ -130,29 +124,29 @@ var (
 	// their end, or withdraw the run with [Runner.Rollback]. Scripts that
 	// treat a nil error as "done" thus never take an unfinished run for a
 	// finished one.
-	ErrChunksOpen = errors.New("backfill: chunks are still open; the run is not complete; run the job again later")
+	ErrChunksOpen = backfilltype.ErrChunksOpen
 	// ErrRunIncomplete is returned by [Runner.Run] (with the run's Report)
 	// when the call ended with nothing more to claim and no error, yet
 	// chunks of the run are neither done nor open (taken by a worker of
 	// another process that then stopped, for instance). The run stays
 	// running; running the job again resumes it. A nil error from Run
 	// thus always means every chunk is done.
-	ErrRunIncomplete = errors.New("backfill: run not complete: chunks are still pending; run the job again to resume it")
+	ErrRunIncomplete = backfilltype.ErrRunIncomplete
 	// ErrNoFailedGate is returned (with [ErrInvalidConfig]) by
 	// [Runner.AcceptGate] for a chunk that has no failed gate to accept:
 	// it never failed one, or its failed gate is not the current verdict
 	// on it (the chunk was judged again since, e.g. it completed with an
 	// acceptance, while another chunk's gate paused the run). The message
 	// names the chunks whose failed gates can be accepted.
-	ErrNoFailedGate = errors.New("backfill: the chunk has no failed gate to accept")
+	ErrNoFailedGate = backfilltype.ErrNoFailedGate
 	// ErrRunNotFound is returned by [Manifest] lookups of an unknown batch.
-	ErrRunNotFound = errors.New("backfill: run not found")
+	ErrRunNotFound = backfilltype.ErrRunNotFound
 	// ErrPlanIncomplete is returned by [Runner.RollbackBatch] when the
 	// plan the manifest recorded for the batch lacks a field the rollback
 	// needs (a plan of an older version, or written by hand); the message
 	// names the field (e.g. "target.inserted_by"). Roll it back with
 	// [Runner.Rollback] and the job instead.
-	ErrPlanIncomplete = errors.New("backfill: the recorded plan lacks what the rollback needs")
+	ErrPlanIncomplete = backfilltype.ErrPlanIncomplete
 	// ErrPrivilege is returned (wrapped in a [*PrivilegeError] that lists
 	// every missing privilege with the GRANT statement to run) by
 	// [Runner.Run] before it creates or resumes a batch, and by
@@ -160,79 +154,23 @@ var (
 	// role lacks a privilege the job needs; and (wrapped in a
 	// [*ChunkError]) when an Upsert run by a role without UPDATE on the
 	// target meets a row it would update: the chunk rolls back.
-	ErrPrivilege = errors.New("backfill: insufficient privilege")
+	ErrPrivilege = backfilltype.ErrPrivilege
 	// ErrSchemaBehind is returned by [PGManifest.Init] when the manifest's
 	// schema is older than this library's and the session's role cannot
 	// migrate it (it lacks CREATE on the database or the schema, or does
 	// not own the tables): an administrator runs [PGManifest.Migrate]
 	// (the command "backfill migrate") once. The message names both
 	// versions.
-	ErrSchemaBehind = errors.New("backfill: manifest schema is behind this library; an administrator must run backfill migrate")
+	ErrSchemaBehind = backfilltype.ErrSchemaBehind
 )
 
-// errNotRetryable marks an error that IsRetryable must refuse although its
-// code would otherwise be retried.
-var errNotRetryable = errors.New("not retryable")
-
 // ChunkError says which chunk failed and why. It wraps the cause.
-type ChunkError struct {
-	// Chunk is the chunk that failed.
-	Chunk Chunk
-	// Attempt is the 1-based attempt that failed.
-	Attempt int
-	// Err is the cause.
-	Err error
-}
-
-// Error says which chunk failed, on which attempt, and why.
-func (e *ChunkError) Error() string {
-	return fmt.Sprintf("backfill: chunk %d %s (attempt %d): %v", e.Chunk.Seq, e.Chunk.ID, e.Attempt, e.Err)
-}
-
-// Unwrap returns the cause, for errors.Is and errors.As.
-func (e *ChunkError) Unwrap() error { return e.Err }
+type ChunkError = backfilltype.ChunkError
 
 // PartialError is returned by [Runner.Run] when some chunks completed
 // before a failure. Completed chunks stay completed (they are checkpointed);
 // running the same job again resumes with the first incomplete chunk.
-type PartialError struct {
-	// BatchID is the run's batch ID.
-	BatchID int64
-	// Done lists the IDs of chunks completed by this call, in completion
-	// order: the first 65,536 of them, so that a call that runs a long
-	// plan does not hold every chunk's ID.
-	Done []string
-	// DoneCount is the number of chunks completed by this call (more than
-	// len(Done) past 65,536).
-	DoneCount int
-	// Failed is the first chunk failure; others are in Errs.
-	Failed *ChunkError
-	// Errs holds every chunk failure of this call.
-	Errs []error
-}
-
-// Error says how many chunks this call completed and the first failure.
-func (e *PartialError) Error() string {
-	var b strings.Builder
-	failed := 0
-	for _, err := range e.Errs {
-		var ce *ChunkError
-		if errors.As(err, &ce) {
-			failed++
-		}
-	}
-	fmt.Fprintf(&b, "backfill: batch %d partially completed: %d chunks done in this call, %d failed", e.BatchID, max(e.DoneCount, len(e.Done)), failed)
-	switch {
-	case e.Failed != nil:
-		fmt.Fprintf(&b, ": %v", e.Failed)
-	case len(e.Errs) > 0:
-		fmt.Fprintf(&b, ": %v", e.Errs[0])
-	}
-	return b.String()
-}
-
-// Unwrap returns every failure of the call, for errors.Is and errors.As.
-func (e *PartialError) Unwrap() []error { return e.Errs }
+type PartialError = backfilltype.PartialError
 
 // IsRetryable reports whether err is a transient database failure for which
 // retrying the chunk can succeed: serialization failure (40001), deadlock
@@ -248,21 +186,5 @@ func (e *PartialError) Unwrap() []error { return e.Errs }
 // 55P03 and 57014 first as waits, which do not count toward
 // [Config.MaxAttempts] ([Config.LockRetries]). See https://www.postgresql.org/docs/15/errcodes-appendix.html.
 func IsRetryable(err error) bool {
-	if errors.Is(err, errNotRetryable) {
-		return false
-	}
-	if errors.Is(err, errConcurrentChange) {
-		return true
-	}
-	if isConnectionError(err) { // backfill_worker.go
-		return true
-	}
-	var pe *pq.Error
-	if errors.As(err, &pe) {
-		switch pe.Code {
-		case "40001", "40P01", "55P03", "57014", "23505":
-			return true
-		}
-	}
-	return false
+	return backfilltype.IsRetryable(err)
 }

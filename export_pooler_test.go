@@ -6,6 +6,8 @@ import (
 	"sort"
 	"strings"
 	"sync"
+
+	"github.com/pgbackfill/backfill/internal/pgstore"
 )
 
 // The pooler guard of the tests: every statement with bind parameters
@@ -19,7 +21,7 @@ var outsideTx struct {
 }
 
 func init() {
-	outsideTxHook = func(query string) {
+	pgstore.OutsideTxHook = func(query string) {
 		site := callerOutsideTx()
 		q := strings.Join(strings.Fields(query), " ")
 		if len(q) > 100 {

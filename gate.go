@@ -12,6 +12,9 @@ import (
 	"strings"
 
 	"github.com/jmoiron/sqlx"
+	"github.com/pgbackfill/backfill/backfilldriver"
+	"github.com/pgbackfill/backfill/backfilltype"
+	"github.com/pgbackfill/backfill/internal/pgstore"
 )
 
 // ManifestGates is implemented by manifests that keep the evidence of a
@@ -19,48 +22,11 @@ import (
 // [PGManifest] and backfilltest.Manifest do. Without it the runner records
 // only the failed attempt's check results, and not atomically with the
 // pause.
-type ManifestGates interface {
-	// RecordGateFailure records, in one transaction of its own (db is not
-	// the chunk's transaction, which has rolled back), the evidence of
-	// attempt p.Attempt of chunk p.ChunkID that a failed gate rolled back:
-	// every check's result and the exceptions the attempt had found
-	// (write-time and merge-time rejects), both marked with the attempt
-	// ([Validation.FailedAttempt], [Exception.FailedAttempt]); it counts
-	// the attempt in the chunk's Attempts (with p.Reason as its last
-	// error) and pauses the run with p.Reason. All of it commits or none:
-	// after a crash before the commit the run is still running, the chunk
-	// pending, and the next call judges the chunk again and records it
-	// then.
-	RecordGateFailure(ctx context.Context, db sqlx.ExtContext, p GateFailure) error
-	// FailedAttemptExceptions returns the exceptions recorded by
-	// RecordGateFailure, in (chunk Seq, attempt, row) order. They are not
-	// part of [Manifest.Exceptions], the queue of rows not loaded by
-	// checkpointed chunks.
-	FailedAttemptExceptions(ctx context.Context, db sqlx.ExtContext, batchID int64) ([]Exception, error)
-}
+type ManifestGates = backfilldriver.ManifestGates
 
 // GateFailure is the evidence of one chunk attempt that a failed quality
 // gate rolled back, the argument of [ManifestGates.RecordGateFailure].
-type GateFailure struct {
-	// BatchID is the run (batch) the chunk belongs to.
-	BatchID int64
-	// ChunkID is the [Chunk.ID] of the chunk whose attempt failed.
-	ChunkID string
-	// Attempt is the 1-based number of the failed attempt of the chunk;
-	// the results and exceptions are marked with it
-	// ([Validation.FailedAttempt], [Exception.FailedAttempt]).
-	Attempt int
-	// Results are the results of every check the gate ran on the
-	// attempt, failed or not.
-	Results []CheckResult
-	// Exceptions are the rows the attempt rejected (at write and at
-	// merge time), kept outside the exception queue of loaded chunks.
-	Exceptions []Exception
-	// Reason says why the gate failed, e.g. "c: expected 0, got 2"; it
-	// becomes the chunk's last error (after "quality gate failed: ") and
-	// the run's pause reason (after "chunk <ChunkID>: ").
-	Reason string
-}
+type GateFailure = backfilltype.GateFailure
 
 // Audit event kinds of quality gates and validators.
 const (
@@ -183,7 +149,7 @@ func (r *Runner) AcceptGate(ctx context.Context, job Job, chunkID, actor, why st
 	if err != nil {
 		return Report{}, err
 	}
-	err = inBoundedTx(ctx, r.db, func(tx sqlx.ExtContext) error {
+	err = pgstore.InBoundedTx(ctx, r.db, func(tx sqlx.ExtContext) error {
 		if err := audit.RecordEvent(ctx, tx, Event{BatchID: run.BatchID, Job: job.Name, Kind: EventGateAccepted, Actor: actor, Detail: detail}); err != nil {
 			return err
 		}
@@ -343,7 +309,7 @@ func validatorNames(vs []Validator) []string {
 				d := b.String()
 				if len(d) > 1000 {
 					sum := sha256.Sum256([]byte(d))
-					d = validPrefix(d, 500) + "…#" + hex.EncodeToString(sum[:8])
+					d = pgstore.ValidPrefix(d, 500) + "…#" + hex.EncodeToString(sum[:8])
 				}
 				name += " " + d
 			}

@@ -9,6 +9,7 @@ import (
 	"github.com/lib/pq"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgbackfill/backfill/internal/pgstore"
 	"github.com/pgbackfill/backfill/internal/pgtest"
 )
 
@@ -31,12 +32,12 @@ func TestInTxReadCommittedAndRetriesConflicts(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = db.Close() })
 
-	for _, via := range []sqlx.ExtContext{db, pgDB{DB: db}} {
+	for _, via := range []sqlx.ExtContext{db, pgstore.PGDB{DB: db}} {
 		for _, code := range []string{"40001", "40P01", "23514"} {
 			_, err := admin.Exec(`TRUNCATE t`)
 			require.NoError(t, err)
 			calls := 0
-			err = inTx(ctx, via, func(tx sqlx.ExtContext) error {
+			err = pgstore.InTx(ctx, via, func(tx sqlx.ExtContext) error {
 				calls++
 				var level string
 				if err := sqlx.GetContext(ctx, tx, &level, `SHOW transaction_isolation`); err != nil {

@@ -15,6 +15,7 @@ import (
 	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgbackfill/backfill/internal/pgstore"
 	"github.com/pgbackfill/backfill/internal/pgtest"
 )
 
@@ -127,8 +128,8 @@ func viaProxy(t *testing.T, u string, p *freezeProxy) string {
 // chunks' foreign-key checks, and no timeout ended it: the healthy worker
 // never finished.
 func TestFrozenRunRowHolderDoesNotStopOthers(t *testing.T) {
-	prev := manifestIdleMS.Swap(8000)
-	t.Cleanup(func() { manifestIdleMS.Store(prev) })
+	prev := pgstore.ManifestIdleMS.Swap(8000)
+	t.Cleanup(func() { pgstore.ManifestIdleMS.Store(prev) })
 	ctx := context.Background()
 	u := pgtest.NewURL(t)
 	db, err := sqlx.Open("postgres", u)

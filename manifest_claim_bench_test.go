@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jmoiron/sqlx"
+	"github.com/pgbackfill/backfill/internal/pgstore"
 	"github.com/pgbackfill/backfill/internal/pgtest"
 )
 
@@ -70,7 +71,7 @@ func BenchmarkClaimDone(b *testing.B) {
 				}
 				defer tx.Rollback()
 				var plan []string
-				if err := sqlx.SelectContext(ctx, tx, &plan, `EXPLAIN (ANALYZE, BUFFERS) `+pm.sql(claimQuery), run.BatchID, "{}"); err != nil {
+				if err := sqlx.SelectContext(ctx, tx, &plan, `EXPLAIN (ANALYZE, BUFFERS) `+pm.SQL(pgstore.ClaimQuery), run.BatchID, "{}"); err != nil {
 					b.Fatal(err)
 				}
 				b.Log(when + ":\n" + strings.Join(plan, "\n"))
@@ -98,13 +99,13 @@ func BenchmarkClaimDone(b *testing.B) {
 				}
 			})
 			lease := func(b *testing.B) {
-				l := lease{key: "k", staleAfter: 30 * time.Second, jobConcurrency: 4}
+				l := pgstore.Lease{Key: "k", StaleAfter: 30 * time.Second, JobConcurrency: 4}
 				for i := 0; i < b.N; i++ {
-					cl, ok, _, err := pm.leaseChunk(ctx, db, run.BatchID, l)
+					cl, ok, _, err := pm.LeaseChunk(ctx, db, run.BatchID, l)
 					if err != nil || !ok {
 						b.Fatalf("lease: %v %v", ok, err)
 					}
-					if err := pm.releaseLease(ctx, db, run.BatchID, cl.state.Chunk.Seq, "k", cl.epoch); err != nil {
+					if err := pm.ReleaseLease(ctx, db, run.BatchID, cl.State.Chunk.Seq, "k", cl.Epoch); err != nil {
 						b.Fatal(err)
 					}
 				}

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/jmoiron/sqlx"
+	"github.com/pgbackfill/backfill/internal/pgstore"
 	"github.com/pgbackfill/backfill/internal/pgtest"
 )
 
@@ -40,12 +41,12 @@ func TestClaimWalksClaimableIndex(t *testing.T) {
 			sql  string
 			args []any
 		}{
-			"claim": {claimQuery, []any{run.BatchID, "{}"}},
-			"lease": {leaseQuery, []any{run.BatchID, "{}", "k", 30.0}},
+			"claim": {pgstore.ClaimQuery, []any{run.BatchID, "{}"}},
+			"lease": {pgstore.LeaseQuery, []any{run.BatchID, "{}", "k", 30.0}},
 		} {
-			err := inTx(ctx, db, func(tx sqlx.ExtContext) error {
+			err := pgstore.InTx(ctx, db, func(tx sqlx.ExtContext) error {
 				var plan []string
-				if err := sqlx.SelectContext(ctx, tx, &plan, `EXPLAIN (COSTS OFF) `+pm.sql(q.sql), q.args...); err != nil {
+				if err := sqlx.SelectContext(ctx, tx, &plan, `EXPLAIN (COSTS OFF) `+pm.SQL(q.sql), q.args...); err != nil {
 					return err
 				}
 				p := strings.Join(plan, "\n")
@@ -86,7 +87,7 @@ func TestStartRunLongPlan(t *testing.T) {
 	if err := pm.Init(ctx, db); err != nil {
 		t.Fatal(err)
 	}
-	n := 2*insertChunksBatch + 3
+	n := 2*pgstore.InsertChunksBatch + 3
 	ch := IntRange(0, int64(n)*2, 2)
 	chunks, err := ch.Chunks(ctx)
 	if err != nil || len(chunks) != n {

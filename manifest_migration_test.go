@@ -5,12 +5,14 @@ import (
 	"strings"
 	"testing"
 	"testing/fstest"
+
+	"github.com/pgbackfill/backfill/internal/pgstore"
 )
 
 // The embedded migration files are numbered 1..N without gaps, and
 // pgMigrations has their N migrations, each with SQL.
 func TestMigrationFiles(t *testing.T) {
-	entries, err := fs.ReadDir(migrationFiles, "migration")
+	entries, err := fs.ReadDir(pgstore.MigrationFiles, "migration")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -19,14 +21,14 @@ func TestMigrationFiles(t *testing.T) {
 	}
 	// ReadDir sorts by name, and the numbers are zero-padded.
 	for i, e := range entries {
-		v, err := migrationVersion(e.Name())
+		v, err := pgstore.MigrationVersion(e.Name())
 		if err != nil {
 			t.Fatal(err)
 		}
 		if v != i+1 {
 			t.Fatalf("file %d is %s: want version %d", i+1, e.Name(), i+1)
 		}
-		b, err := fs.ReadFile(migrationFiles, "migration/"+e.Name())
+		b, err := fs.ReadFile(pgstore.MigrationFiles, "migration/"+e.Name())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -34,10 +36,10 @@ func TestMigrationFiles(t *testing.T) {
 			t.Errorf("%s: no leading comment describing the migration", e.Name())
 		}
 	}
-	if len(pgMigrations) != len(entries) {
-		t.Fatalf("%d migrations, %d files", len(pgMigrations), len(entries))
+	if len(pgstore.PgMigrations) != len(entries) {
+		t.Fatalf("%d migrations, %d files", len(pgstore.PgMigrations), len(entries))
 	}
-	for i, q := range pgMigrations {
+	for i, q := range pgstore.PgMigrations {
 		if strings.TrimSpace(q) == "" {
 			t.Errorf("migration %d: no SQL", i+1)
 		}
@@ -51,7 +53,7 @@ func TestMigrationFiles(t *testing.T) {
 // file without SQL; it strips the leading comment only.
 func TestReadMigrations(t *testing.T) {
 	file := func(s string) *fstest.MapFile { return &fstest.MapFile{Data: []byte(s)} }
-	got, err := readMigrations(fstest.MapFS{
+	got, err := pgstore.ReadMigrations(fstest.MapFS{
 		"m/001_a.up.sql": file("-- a\n-- b\n\nSELECT 1;\n-- kept\n"),
 		"m/002_b.up.sql": file("-- c\nSELECT 2;"),
 		"m/010_c.up.sql": file("SELECT 10;"),
@@ -72,7 +74,7 @@ func TestReadMigrations(t *testing.T) {
 		"name":      {"m/001_a.sql": file("SELECT 1;")},
 		"empty":     {"m/001_a.up.sql": file("-- only a comment\n\n")},
 	} {
-		if got, err := readMigrations(fsys, "m"); err == nil {
+		if got, err := pgstore.ReadMigrations(fsys, "m"); err == nil {
 			t.Errorf("%s: no error, got %q", name, got)
 		}
 	}

@@ -1,14 +1,9 @@
 package backfill
 
 import (
-	"context"
-	"encoding/json"
-	"fmt"
-	"strings"
-	"time"
-	"unicode"
-
-	"github.com/jmoiron/sqlx"
+	"github.com/pgbackfill/backfill/backfilldriver"
+	"github.com/pgbackfill/backfill/backfilltype"
+	"github.com/pgbackfill/backfill/internal/pgstore"
 )
 
 // Progress of a run from the manifest (issue 14, "Progress from the
@@ -20,8 +15,8 @@ import (
 // checkpoints, whichever reaches further back; its rate is per second of
 // working time within it.
 const (
-	StatusWindowSeconds = 20
-	StatusWindowChunks  = 20
+	StatusWindowSeconds = pgstore.StatusWindowSeconds
+	StatusWindowChunks  = pgstore.StatusWindowChunks
 )
 
 // Status is a run's progress as the manifest records it, readable from
@@ -29,93 +24,10 @@ const (
 // view in SQL). Seconds are float64 seconds of the server's clock; rates
 // are rows per second. Fields a run cannot give yet (a rate before the
 // first checkpoint) are nil.
-type Status struct {
-	BatchID int64     `json:"batch_id"`
-	Job     string    `json:"job"`
-	Status  RunStatus `json:"status"`
-	// Liveness is [LivenessRunning], [LivenessStalled] or [LivenessDead]
-	// for a running run, else its status ([RunLiveness]).
-	Liveness      string     `json:"liveness"`
-	LiveWorkers   int        `json:"live_workers"`
-	LastHeartbeat *time.Time `json:"last_heartbeat,omitempty"`
-	// CreatedAt is when the run was created; AsOf the end of the time
-	// measured: now for a running or paused run, else when it ended.
-	CreatedAt time.Time `json:"created_at"`
-	AsOf      time.Time `json:"as_of"`
-	// Chunks counts the plan's chunks by status.
-	Chunks StatusChunks `json:"chunks"`
-	// Rows sums the counts of the checkpointed (done or open) chunks, each
-	// as it stands ([Report.Counts]): they never decrease across resumes
-	// and retries, except when an open chunk's re-read lowers one of its
-	// counts ([Counts.Reread]: it found fewer rows than the earlier
-	// read, or rows that read inserted or rejected now count otherwise)
-	// or a rollback withdraws chunks. RowsProcessed never decreases.
-	Rows Counts `json:"rows"`
-	// RowsProcessed sums the rows of every checkpointed read of every
-	// chunk, a re-read open chunk once per read, rolled back chunks
-	// included: the work done. It never decreases. ChunkReads counts
-	// those reads.
-	RowsProcessed int64 `json:"rows_processed"`
-	ChunkReads    int64 `json:"chunk_reads"`
-	// LastCheckpoint is the server's time of the latest checkpoint.
-	LastCheckpoint *time.Time `json:"last_checkpoint,omitempty"`
-	// Time splits the run's time, from CreatedAt to AsOf.
-	Time StatusTime `json:"time"`
-	// RecentRate is RowsProcessed of the chunks checkpointed within the
-	// recent window ([StatusWindowSeconds], [StatusWindowChunks]) per
-	// working second within it; nil under 1 s of working time or no
-	// rows. WindowStart is where that window starts.
-	RecentRate  *float64  `json:"recent_rate"`
-	WindowStart time.Time `json:"window_start"`
-	// OverallRate is RowsProcessed per working second of the whole run;
-	// WallRate per second of its total time (throttled, paused and idle
-	// included).
-	OverallRate *float64 `json:"overall_rate"`
-	WallRate    *float64 `json:"wall_rate"`
-	// RemainingChunks counts the pending and failed chunks (a failed
-	// chunk is read again when the run is resumed); RemainingRows
-	// estimates their rows from the plan: each chunk's span (the seconds
-	// of a time chunk, the keys of an int chunk) at the rows per span of
-	// the checkpointed chunks (their rows as they stand), and a list
-	// chunk (no span) at the mean rows of a checkpointed chunk. It
-	// assumes the source's rows spread over the chunks' spans as over
-	// those already read; a chunk in flight (leased) counts half done.
-	// Nil before any chunk was checkpointed.
-	RemainingChunks int      `json:"remaining_chunks"`
-	RemainingRows   *float64 `json:"remaining_rows"`
-	// ETASeconds is RemainingRows / RecentRate (OverallRate when
-	// RecentRate is nil): the time left if the run goes on working at its
-	// recent working rate, with no throttle, pause or idle time from now
-	// on (the time split says how much of the run so far was); 0 when no
-	// chunk remains; nil when unknown.
-	ETASeconds *float64 `json:"eta_seconds"`
-	// InFlight lists the chunks being worked, oldest first.
-	InFlight []ChunkInFlight `json:"in_flight"`
-	// Exceptions counts the exception queue by reason and column, most
-	// frequent first.
-	Exceptions []ExceptionCount `json:"exceptions"`
-}
+type Status = backfilltype.Status
 
 // StatusChunks counts a run's chunks by [ChunkStatus].
-type StatusChunks struct {
-	Total   int `json:"total"`
-	Done    int `json:"done"`
-	Open    int `json:"open"`
-	Pending int `json:"pending"`
-	Failed  int `json:"failed"`
-	// Staged chunks wait for the publish at the end of the run.
-	Staged     int `json:"staged"`
-	RolledBack int `json:"rolled_back"`
-	// Other counts chunks in a status this version does not know.
-	Other int `json:"other"`
-	// InFlight counts the pending or open chunks leased by a worker.
-	InFlight int `json:"in_flight"`
-	// Skipped counts the done chunks whose staging and merge were
-	// skipped, their rows unchanged since the load they were compared
-	// with ([Job.SkipUnchanged], [ChunkState.Skipped]); they are among
-	// Done.
-	Skipped int `json:"skipped"`
-}
+type StatusChunks = backfilltype.StatusChunks
 
 // StatusTime splits a run's time in seconds: Total = Working + Throttled
 // + Paused + Idle. Each instant counts once: paused (from a "run_paused"
@@ -123,280 +35,15 @@ type StatusChunks struct {
 // throttled (any worker's throttle held), else idle (no worker of the run
 // was alive: between calls of Run, after a crash), else working. A run
 // with no registered worker has no idle time.
-type StatusTime struct {
-	TotalSeconds     float64 `json:"total_seconds"`
-	WorkingSeconds   float64 `json:"working_seconds"`
-	ThrottledSeconds float64 `json:"throttled_seconds"`
-	PausedSeconds    float64 `json:"paused_seconds"`
-	IdleSeconds      float64 `json:"idle_seconds"`
-	// ThrottledFraction is ThrottledSeconds / TotalSeconds (0 for an
-	// empty run).
-	ThrottledFraction float64 `json:"throttled_fraction"`
-}
+type StatusTime = backfilltype.StatusTime
 
 // ChunkInFlight is a chunk being worked (the chunks_in_flight view).
-type ChunkInFlight struct {
-	Seq     int    `json:"seq"`
-	ChunkID string `json:"chunk_id"`
-	// WorkerKey, WorkerID, Host and PID name the worker ([Worker]); empty
-	// when the chunk's transaction belongs to no registered worker.
-	WorkerKey string `json:"worker_key"`
-	WorkerID  string `json:"worker_id"`
-	Host      string `json:"host"`
-	PID       int    `json:"pid"`
-	// Since is when the worker leased the chunk (or its transaction
-	// began); AgeSeconds how long ago, by the server's clock.
-	Since      *time.Time `json:"since,omitempty"`
-	AgeSeconds float64    `json:"age_seconds"`
-	// Stale reports a worker past its stale bound, about to be fenced.
-	Stale bool `json:"stale"`
-}
+type ChunkInFlight = backfilltype.ChunkInFlight
 
 // ExceptionCount is the number of rows of a run's exception queue with
 // one reason and column.
-type ExceptionCount struct {
-	Reason string `json:"reason"`
-	Column string `json:"column"`
-	Count  int64  `json:"count"`
-}
-
-// ETA returns ETASeconds as a duration; ok is false when it is unknown.
-func (s Status) ETA() (eta time.Duration, ok bool) {
-	if s.ETASeconds == nil {
-		return 0, false
-	}
-	return time.Duration(*s.ETASeconds * float64(time.Second)), true
-}
-
-// String formats s for people, on a few lines, e.g.
-//
-//	job flights batch 3: running (running, 2 live workers)
-//	chunks 45/100 done, 0 open, 53 pending, 0 failed, 2 in flight
-//	rows read 1200000: inserted 1100000, updated 0, unchanged 90000, rejected 10000, deduplicated 0
-//	rate 5210 rows/s recent, 4800 overall (per working second), 3300 wall
-//	ETA 12m0s at the recent working rate; of 20m0s so far 30% throttled, 0% paused, 1% idle
-func (s Status) String() string {
-	var b strings.Builder
-	fmt.Fprintf(&b, "job %s batch %d: %s (%s, %d live workers)\n", oneLine(s.Job), s.BatchID, s.Status, s.Liveness, s.LiveWorkers)
-	c := s.Chunks
-	fmt.Fprintf(&b, "chunks %d/%d done, %d open, %d pending, %d failed, %d in flight", c.Done, c.Total, c.Open, c.Pending, c.Failed, c.InFlight)
-	if c.Skipped > 0 {
-		fmt.Fprintf(&b, ", %d skipped unchanged", c.Skipped)
-	}
-	if c.Staged > 0 {
-		fmt.Fprintf(&b, ", %d staged", c.Staged)
-	}
-	if c.RolledBack > 0 {
-		fmt.Fprintf(&b, ", %d rolled back", c.RolledBack)
-	}
-	if c.Other > 0 {
-		fmt.Fprintf(&b, ", %d other", c.Other)
-	}
-	r := s.Rows
-	fmt.Fprintf(&b, "\nrows read %d: inserted %d, updated %d, unchanged %d, rejected %d, deduplicated %d\n",
-		r.Read, r.Inserted, r.Updated, r.Unchanged, r.Rejected, r.Deduplicated)
-	rate := func(p *float64) string {
-		if p == nil {
-			return "-"
-		}
-		return fmt.Sprintf("%.0f", *p)
-	}
-	fmt.Fprintf(&b, "rate %s rows/s recent, %s overall (per working second), %s wall\n", rate(s.RecentRate), rate(s.OverallRate), rate(s.WallRate))
-	t := s.Time
-	pct := func(x float64) float64 {
-		if t.TotalSeconds <= 0 {
-			return 0
-		}
-		return 100 * x / t.TotalSeconds
-	}
-	eta := "ETA unknown"
-	if d, ok := s.ETA(); ok {
-		basis := "recent"
-		if s.RecentRate == nil {
-			basis = "overall"
-		}
-		eta = fmt.Sprintf("ETA %s at the %s working rate", d.Round(time.Second), basis)
-	}
-	fmt.Fprintf(&b, "%s; of %s so far %.0f%% throttled, %.0f%% paused, %.0f%% idle",
-		eta, (time.Duration(t.TotalSeconds * float64(time.Second))).Round(time.Second), pct(t.ThrottledSeconds), pct(t.PausedSeconds), pct(t.IdleSeconds))
-	if n := len(s.InFlight); n > 0 {
-		b.WriteString("\nin flight:")
-		for _, f := range s.InFlight {
-			fmt.Fprintf(&b, "\n  %s (seq %d) worker %s on %s pid %d, %s", oneLine(f.ChunkID), f.Seq, oneLine(f.WorkerID), oneLine(f.Host), f.PID,
-				time.Duration(f.AgeSeconds*float64(time.Second)).Round(time.Second))
-			if f.Stale {
-				b.WriteString(" (stale)")
-			}
-		}
-	}
-	if len(s.Exceptions) > 0 {
-		b.WriteString("\nexceptions:")
-		for _, e := range s.Exceptions {
-			col := ""
-			if e.Column != "" {
-				col = " [" + oneLine(e.Column) + "]"
-			}
-			fmt.Fprintf(&b, "\n  %d %s%s", e.Count, oneLine(e.Reason), col)
-		}
-	}
-	return b.String()
-}
+type ExceptionCount = backfilltype.ExceptionCount
 
 // ManifestStatus is implemented by manifests that compute a run's
 // progress ([PGManifest]). [Runner.Status] needs it.
-type ManifestStatus interface {
-	// Status returns the progress of run batchID, or an error wrapping
-	// [ErrRunNotFound].
-	Status(ctx context.Context, db sqlx.ExtContext, batchID int64) (Status, error)
-}
-
-var _ ManifestStatus = (*PGManifest)(nil)
-
-// statusRow is a row of the run_progress view.
-type statusRow struct {
-	BatchID           int64      `db:"batch_id"`
-	Job               string     `db:"job_name"`
-	Status            string     `db:"status"`
-	Liveness          *string    `db:"liveness"`
-	LiveWorkers       *int       `db:"live_workers"`
-	LastHeartbeat     *time.Time `db:"last_heartbeat"`
-	CreatedAt         time.Time  `db:"created_at"`
-	AsOf              time.Time  `db:"as_of"`
-	Total             int        `db:"chunks_total"`
-	Done              int        `db:"chunks_done"`
-	Open              int        `db:"chunks_open"`
-	Pending           int        `db:"chunks_pending"`
-	Failed            int        `db:"chunks_failed"`
-	Staged            int        `db:"chunks_staged"`
-	RolledBack        int        `db:"chunks_rolled_back"`
-	Other             int        `db:"chunks_other"`
-	Leased            int        `db:"chunks_leased"`
-	Skipped           int        `db:"chunks_skipped"`
-	Read              int64      `db:"rows_read"`
-	Inserted          int64      `db:"rows_inserted"`
-	Updated           int64      `db:"rows_updated"`
-	Unchanged         int64      `db:"rows_unchanged"`
-	Rejected          int64      `db:"rows_rejected"`
-	Deduplicated      int64      `db:"rows_deduplicated"`
-	Processed         int64      `db:"rows_processed"`
-	Reads             int64      `db:"chunk_reads"`
-	LastCheckpoint    *time.Time `db:"last_checkpoint"`
-	TotalSeconds      float64    `db:"total_seconds"`
-	WorkingSeconds    float64    `db:"working_seconds"`
-	ThrottledSeconds  float64    `db:"throttled_seconds"`
-	PausedSeconds     float64    `db:"paused_seconds"`
-	IdleSeconds       float64    `db:"idle_seconds"`
-	ThrottledFraction *float64   `db:"throttled_fraction"`
-	WindowStart       time.Time  `db:"window_start"`
-	WindowRows        int64      `db:"window_rows"`
-	WindowWorking     float64    `db:"window_working_seconds"`
-	RecentRate        *float64   `db:"recent_rate"`
-	OverallRate       *float64   `db:"overall_rate"`
-	WallRate          *float64   `db:"wall_rate"`
-	RemainingRows     *float64   `db:"remaining_rows"`
-	RemainingChunks   int        `db:"remaining_chunks"`
-	ETASeconds        *float64   `db:"eta_seconds"`
-}
-
-// Status implements [ManifestStatus] with two statements in one read
-// transaction: the run's row of the run_progress view, then its chunks in
-// flight and its exceptions by reason and column, as JSON. Its cost grows
-// with the run's chunks (one pass over them by index) and the distinct
-// reasons of its exception queue (an index-only scan when vacuumed).
-func (m *PGManifest) Status(ctx context.Context, db sqlx.ExtContext, batchID int64) (Status, error) {
-	var (
-		rows       []statusRow
-		inFlightJS string
-		exJS       string
-	)
-	err := readTx(ctx, db, func(tx sqlx.ExtContext) error {
-		rows = rows[:0]
-		if err := sqlx.SelectContext(ctx, tx, &rows, m.sql(`SELECT * FROM {s}.run_progress WHERE batch_id = $1`), batchID); err != nil {
-			return err
-		}
-		if len(rows) == 0 {
-			return nil
-		}
-		return tx.QueryRowxContext(ctx, m.sql(`SELECT
-			coalesce((SELECT json_agg(f ORDER BY f.since NULLS LAST, f.seq) FROM {s}.chunks_in_flight f WHERE f.batch_id = $1), '[]')::text,
-			coalesce((SELECT json_agg(x ORDER BY x.count DESC, x.reason, x.column) FROM (
-				SELECT reason, column_name AS column, count(*) AS count FROM {s}.exceptions
-				WHERE batch_id = $1 AND failed_attempt IS NULL GROUP BY reason, column_name) x), '[]')::text`), batchID).Scan(&inFlightJS, &exJS)
-	})
-	if err != nil {
-		return Status{}, fmt.Errorf("backfill: status of batch %d: %w", batchID, err)
-	}
-	if len(rows) == 0 {
-		return Status{}, fmt.Errorf("backfill: status of batch %d: %w", batchID, ErrRunNotFound)
-	}
-	r := rows[0]
-	s := Status{BatchID: r.BatchID, Job: r.Job, Status: RunStatus(r.Status), LastHeartbeat: r.LastHeartbeat,
-		CreatedAt: r.CreatedAt, AsOf: r.AsOf,
-		Chunks: StatusChunks{Total: r.Total, Done: r.Done, Open: r.Open, Pending: r.Pending, Failed: r.Failed,
-			Staged: r.Staged, RolledBack: r.RolledBack, Other: r.Other, InFlight: r.Leased, Skipped: r.Skipped},
-		Rows:          Counts{Read: r.Read, Inserted: r.Inserted, Updated: r.Updated, Unchanged: r.Unchanged, Rejected: r.Rejected, Deduplicated: r.Deduplicated},
-		RowsProcessed: r.Processed, ChunkReads: r.Reads, LastCheckpoint: r.LastCheckpoint,
-		Time: StatusTime{TotalSeconds: r.TotalSeconds, WorkingSeconds: r.WorkingSeconds, ThrottledSeconds: r.ThrottledSeconds,
-			PausedSeconds: r.PausedSeconds, IdleSeconds: r.IdleSeconds},
-		RecentRate: r.RecentRate, WindowStart: r.WindowStart, OverallRate: r.OverallRate, WallRate: r.WallRate,
-		RemainingChunks: r.RemainingChunks, RemainingRows: r.RemainingRows, ETASeconds: r.ETASeconds,
-		InFlight: []ChunkInFlight{}, Exceptions: []ExceptionCount{}}
-	if r.Liveness != nil {
-		s.Liveness = *r.Liveness
-	}
-	if r.LiveWorkers != nil {
-		s.LiveWorkers = *r.LiveWorkers
-	}
-	if r.ThrottledFraction != nil {
-		s.Time.ThrottledFraction = *r.ThrottledFraction
-	}
-	var inFlight []struct {
-		Seq        int        `json:"seq"`
-		ChunkID    string     `json:"chunk_id"`
-		WorkerKey  *string    `json:"worker_key"`
-		WorkerID   string     `json:"worker_id"`
-		Host       string     `json:"host"`
-		PID        int        `json:"pid"`
-		Since      *time.Time `json:"since"`
-		AgeSeconds *float64   `json:"age_seconds"`
-		Stale      bool       `json:"stale"`
-	}
-	if err := json.Unmarshal([]byte(inFlightJS), &inFlight); err != nil {
-		return Status{}, fmt.Errorf("backfill: status of batch %d: chunks in flight: %w", batchID, err)
-	}
-	for _, f := range inFlight {
-		c := ChunkInFlight{Seq: f.Seq, ChunkID: f.ChunkID, WorkerID: f.WorkerID, Host: f.Host, PID: f.PID, Since: f.Since, Stale: f.Stale}
-		if f.WorkerKey != nil {
-			c.WorkerKey = *f.WorkerKey
-		}
-		if f.AgeSeconds != nil {
-			c.AgeSeconds = *f.AgeSeconds
-		}
-		s.InFlight = append(s.InFlight, c)
-	}
-	if err := json.Unmarshal([]byte(exJS), &s.Exceptions); err != nil {
-		return Status{}, fmt.Errorf("backfill: status of batch %d: exceptions: %w", batchID, err)
-	}
-	return s, nil
-}
-
-// oneLine shows the control characters of s (newlines, terminal escapes)
-// as \xNN or \uNNNN: text from the data stays on its line and cannot
-// drive a terminal.
-func oneLine(s string) string {
-	if !strings.ContainsFunc(s, unicode.IsControl) {
-		return s
-	}
-	var b strings.Builder
-	for _, r := range s {
-		switch {
-		case !unicode.IsControl(r):
-			b.WriteRune(r)
-		case r < 0x100:
-			fmt.Fprintf(&b, "\\x%02x", r)
-		default:
-			fmt.Fprintf(&b, "\\u%04x", r)
-		}
-	}
-	return b.String()
-}
+type ManifestStatus = backfilldriver.ManifestStatus

@@ -1,13 +1,6 @@
 package backfill
 
-import (
-	"bytes"
-	"encoding/json"
-	"strings"
-	"unicode/utf8"
-
-	"github.com/pgbackfill/backfill/internal/pgconv"
-)
+import "github.com/pgbackfill/backfill/internal/pgstore"
 
 // Free text in the manifest.
 //
@@ -22,10 +15,6 @@ import (
 // JSON through ManifestJSON, so that what is recorded is the same
 // everywhere and recording never fails because of the text.
 
-// nulSymbol replaces NUL characters in manifest text: U+2400 SYMBOL FOR
-// NULL, visibly not the character it stands for.
-const nulSymbol = "\u2400"
-
 // ManifestText returns s as a manifest stores free text: every byte
 // sequence that is not valid UTF-8 replaced by U+FFFD (the Unicode
 // replacement character), and every NUL character by U+2400 (SYMBOL FOR
@@ -34,10 +23,7 @@ const nulSymbol = "\u2400"
 // every free-text field (exception column, value and reason, errors,
 // worker ids, actors, reasons) through it.
 func ManifestText(s string) string {
-	if utf8.ValidString(s) && strings.IndexByte(s, 0) < 0 {
-		return s
-	}
-	return strings.ReplaceAll(strings.ToValidUTF8(s, "\ufffd"), "\x00", nulSymbol)
+	return pgstore.ManifestText(s)
 }
 
 // ManifestJSON returns b, a JSON document, as a manifest stores JSON
@@ -48,71 +34,18 @@ func ManifestText(s string) string {
 // JSON string of its ManifestText, so that recording never fails because
 // of what a caller put in a detail.
 func ManifestJSON(b []byte) []byte {
-	if len(b) == 0 {
-		return b
-	}
-	if utf8.Valid(b) && json.Valid(b) && pgconv.JSONBReason(b) == "" {
-		return b
-	}
-	dec := json.NewDecoder(bytes.NewReader(b))
-	dec.UseNumber()
-	var v any
-	if err := dec.Decode(&v); err != nil || dec.More() {
-		out, _ := json.Marshal(ManifestText(string(b)))
-		return out
-	}
-	out, err := json.Marshal(manifestJSONValue(v))
-	if err != nil || pgconv.JSONBReason(out) != "" {
-		// Not expected: a number beyond numeric's format, say.
-		out, _ = json.Marshal(ManifestText(string(b)))
-	}
-	return out
-}
-
-// manifestJSONValue passes every string and key of v, decoded JSON,
-// through ManifestText.
-func manifestJSONValue(v any) any {
-	switch x := v.(type) {
-	case string:
-		return ManifestText(x)
-	case []any:
-		for i := range x {
-			x[i] = manifestJSONValue(x[i])
-		}
-	case map[string]any:
-		m := make(map[string]any, len(x))
-		for k, e := range x {
-			m[ManifestText(k)] = manifestJSONValue(e)
-		}
-		return m
-	}
-	return v
+	return pgstore.ManifestJSON(b)
 }
 
 // ManifestException returns e as a manifest stores it: Column, Value and
 // Reason through ManifestText, Raw through ManifestJSON.
 func ManifestException(e Exception) Exception {
-	e.Column, e.Value, e.Reason = ManifestText(e.Column), ManifestText(e.Value), ManifestText(e.Reason)
-	if len(e.Raw) > 0 {
-		e.Raw = ManifestJSON(e.Raw)
-	}
-	return e
+	return pgstore.ManifestException(e)
 }
 
 // ManifestCheckResult returns r as a manifest stores it: Check, Expected,
 // Actual and each Sample entry through ManifestText, Detail through
 // ManifestJSON. r's Sample is not modified.
 func ManifestCheckResult(r CheckResult) CheckResult {
-	r.Check, r.Expected, r.Actual = ManifestText(r.Check), ManifestText(r.Expected), ManifestText(r.Actual)
-	if r.Sample != nil {
-		s := make([]string, len(r.Sample))
-		for i, x := range r.Sample {
-			s[i] = ManifestText(x)
-		}
-		r.Sample = s
-	}
-	if len(r.Detail) > 0 {
-		r.Detail = ManifestJSON(r.Detail)
-	}
-	return r
+	return pgstore.ManifestCheckResult(r)
 }

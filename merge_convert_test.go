@@ -7,6 +7,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgbackfill/backfill/internal/pgconv"
+	"github.com/pgbackfill/backfill/internal/pgstore"
 )
 
 // TestTimeInfinityIsPgconvs: the exported sentinels are the instants the
@@ -15,10 +16,10 @@ func TestTimeInfinityIsPgconvs(t *testing.T) {
 	t.Parallel()
 	require.True(t, TimeInfinity.Equal(pgconv.Infinity))
 	require.True(t, TimeNegInfinity.Equal(pgconv.NegInfinity))
-	got, reason := convertValue(Column{Name: "c", BaseType: "timestamptz"}, TimeInfinity)
+	got, reason := pgstore.ConvertValue(Column{Name: "c", BaseType: "timestamptz"}, TimeInfinity)
 	require.Empty(t, reason)
 	require.Equal(t, "infinity", got)
-	got, reason = convertValue(Column{Name: "c", BaseType: "date"}, TimeNegInfinity)
+	got, reason = pgstore.ConvertValue(Column{Name: "c", BaseType: "date"}, TimeNegInfinity)
 	require.Empty(t, reason)
 	require.Equal(t, "-infinity", got)
 }
@@ -29,7 +30,7 @@ func TestTimeInfinityIsPgconvs(t *testing.T) {
 func TestColumnConvCopiesEveryField(t *testing.T) {
 	t.Parallel()
 	c := Column{Name: "n", Type: "numeric(5,2)", BaseType: "numeric", MaxLen: 7, Precision: 5, Scale: 2, NotNull: true, Key: true}
-	got := reflect.ValueOf(c.conv())
+	got := reflect.ValueOf(c.Conv())
 	src := reflect.ValueOf(c)
 	for i := range got.NumField() {
 		name := got.Type().Field(i).Name

@@ -5,6 +5,8 @@ import (
 	"math"
 	"testing"
 	"time"
+
+	"github.com/pgbackfill/backfill/internal/pgstore"
 )
 
 func TestRowHashIsCanonicalAndUnambiguous(t *testing.T) {
@@ -21,7 +23,7 @@ func TestRowHashIsCanonicalAndUnambiguous(t *testing.T) {
 		},
 		Written: 6,
 	}
-	h := func(vals ...any) []byte { return rowHash(info, vals) }
+	h := func(vals ...any) []byte { return pgstore.RowHash(info, vals) }
 	base := []any{int64(1), "x", "y", "1.0", 0.5, "2024-01-01T00:00:00Z"}
 	same := func(name string, a, b []any) {
 		t.Helper()

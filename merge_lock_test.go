@@ -9,6 +9,7 @@ import (
 	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgbackfill/backfill/internal/pgstore"
 	"github.com/pgbackfill/backfill/internal/pgtest"
 )
 
@@ -68,21 +69,21 @@ func TestMergeKeyLocks(t *testing.T) {
 
 	tx, locks := stageAndMerge(t, db, m, a, []any{"Apple", 1}, []any{"pear", 2}, []any{"APPLE", 3}, []any{"fig", 4})
 	require.NoError(t, tx.Rollback())
-	nsA := lockNamespace("public.a")
+	nsA := pgstore.LockNamespace("public.a")
 	require.Len(t, locks, 1+3, "apple (both spellings), pear, fig and the target")
-	require.Equal(t, heldLock{nsA, wholeTarget, "ShareLock"}, locks[0])
+	require.Equal(t, heldLock{nsA, pgstore.WholeTarget, "ShareLock"}, locks[0])
 	for _, l := range locks[1:] {
 		require.Equal(t, nsA, l.NS)
 		require.GreaterOrEqual(t, l.Key, int32(0))
 		require.Equal(t, "ExclusiveLock", l.Mode)
 	}
 
-	many := make([][]any, mergeLockKeys+1)
+	many := make([][]any, pgstore.MergeLockKeys+1)
 	for i := range many {
 		many[i] = []any{fmt.Sprintf("k%d", i), i}
 	}
 	big, locks := stageAndMerge(t, db, m, b, many...)
-	require.Equal(t, []heldLock{{lockNamespace("public.b"), wholeTarget, "ExclusiveLock"}}, locks, "more keys than mergeLockKeys")
+	require.Equal(t, []heldLock{{pgstore.LockNamespace("public.b"), pgstore.WholeTarget, "ExclusiveLock"}}, locks, "more keys than mergeLockKeys")
 
 	db.MustExec(`CREATE TABLE ids (k bigint PRIMARY KEY, v int)`)
 	ids := prep("ids")
@@ -92,12 +93,12 @@ func TestMergeKeyLocks(t *testing.T) {
 	}
 	tx, locks = stageAndMerge(t, db, m, ids, rows...)
 	require.NoError(t, tx.Rollback())
-	require.Equal(t, heldLock{lockNamespace("public.ids"), wholeTarget, "ShareLock"}, locks[0])
+	require.Equal(t, heldLock{pgstore.LockNamespace("public.ids"), pgstore.WholeTarget, "ShareLock"}, locks[0])
 	require.Len(t, locks, 1+3, "ids 100,000 to 109,999: the ranges of 4,096 from 98,304, 102,400 and 106,496")
 
 	tx, locks = stageAndMerge(t, db, m, bits, []any{"10101010", 1})
 	require.NoError(t, tx.Rollback())
-	require.Equal(t, []heldLock{{lockNamespace("public.bits"), wholeTarget, "ExclusiveLock"}}, locks, "bit has no hash function")
+	require.Equal(t, []heldLock{{pgstore.LockNamespace("public.bits"), pgstore.WholeTarget, "ExclusiveLock"}}, locks, "bit has no hash function")
 
 	// Another target does not wait for b's whole-target lock; a key of b
 	// does, until b's transaction ends.

@@ -8,6 +8,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgbackfill/backfill/internal/pgstore"
 	"github.com/pgbackfill/backfill/internal/pgtest"
 )
 
@@ -53,19 +54,19 @@ func TestMergeNeverScansTheTargetSequentially(t *testing.T) {
 		for i := range 2000 {
 			require.NoError(t, st.Add(ctx, int64(i+1), tc.rows(i)))
 		}
-		s := st.(*pgStager)
-		require.NoError(t, s.endCopy(ctx))
-		_, err = tx.Exec(`ANALYZE ` + s.q.stage)
+		s := st.(*pgstore.PGStager)
+		require.NoError(t, s.EndCopy(ctx))
+		_, err = tx.Exec(`ANALYZE ` + s.Q.Stage)
 		require.NoError(t, err)
-		_, err = s.plannerSettings(ctx)
+		_, err = s.PlannerSettings(ctx)
 		require.NoError(t, err)
-		for name, q := range map[string]string{"upsert": s.q.upsert, "insert": s.q.insert, "update": s.q.update,
-			"close intervals": s.q.closeIntervals, "check intervals": s.q.checkIntervals, "target conflicts": s.q.targetConflicts} {
+		for name, q := range map[string]string{"upsert": s.Q.Upsert, "insert": s.Q.Insert, "update": s.Q.Update,
+			"close intervals": s.Q.CloseIntervals, "check intervals": s.Q.CheckIntervals, "target conflicts": s.Q.TargetConflicts} {
 			if q == "" {
 				continue
 			}
 			var plan []string
-			require.NoError(t, tx.Select(&plan, `EXPLAIN `+q, s.args(q)...), "%s %s", tc.name, name)
+			require.NoError(t, tx.Select(&plan, `EXPLAIN `+q, s.Args(q)...), "%s %s", tc.name, name)
 			text := strings.Join(plan, "\n")
 			require.NotContains(t, text, "Seq Scan on tgt", "%s %s:\n%s", tc.name, name, text)
 			if name == "close intervals" {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgbackfill/backfill/internal/pgstore"
 	"github.com/pgbackfill/backfill/internal/pgtest"
 )
 
@@ -47,12 +48,12 @@ func TestMergeRefusalPrechecks(t *testing.T) {
 	} {
 		require.NoError(t, st.Add(ctx, int64(i+1), r))
 	}
-	s := st.(*pgStager)
-	require.NoError(t, s.endCopy(ctx))
-	_, err = s.plannerSettings(ctx)
+	s := st.(*pgstore.PGStager)
+	require.NoError(t, s.EndCopy(ctx))
+	_, err = s.PlannerSettings(ctx)
 	require.NoError(t, err)
-	iso := &isolation{s: s}
-	require.Equal(t, []int64{2, 3, 4, 5}, iso.suspects(ctx))
+	iso := &pgstore.Isolation{S: s}
+	require.Equal(t, []int64{2, 3, 4, 5}, iso.Suspects(ctx))
 	var ok bool
 	require.NoError(t, tx.Get(&ok, `SELECT true`), "the transaction is healthy")
 	require.True(t, ok)

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/pgbackfill/backfill/internal/pgstore"
 	"github.com/stretchr/testify/require"
 )
 
@@ -24,8 +25,8 @@ func goldenColumns() []Column {
 		{Name: "id", Type: "bigint", BaseType: "int8", NotNull: true},
 		{Name: "name", Type: "text", BaseType: "text", Collation: `pg_catalog."C"`},
 		{Name: "amount", Type: "numeric(12,2)", BaseType: "numeric", Precision: 12, Scale: 2},
-		{Name: "doc", Type: "json", BaseType: "json", textCompare: true},
-		{Name: "pos", Type: "point", BaseType: "point", textCompare: true},
+		{Name: "doc", Type: "json", BaseType: "json", TextCompare: true},
+		{Name: "pos", Type: "point", BaseType: "point", TextCompare: true},
 		{Name: `Odd "col"`, Type: "text", BaseType: "text"},
 		{Name: "version", Type: "timestamp with time zone", BaseType: "timestamptz"},
 		{Name: "k", Type: "text", BaseType: "text", NotNull: true},
@@ -130,11 +131,12 @@ func goldenStatements(stmts [][2]string) string {
 }
 
 // mergeStatements lists the fields of q in declaration order.
-func mergeStatements(q pgMergeSQL) [][2]string {
+func mergeStatements(q pgstore.PGMergeSQL) [][2]string {
 	v := reflect.ValueOf(q)
 	var out [][2]string
 	for i := range v.NumField() {
-		out = append(out, [2]string{v.Type().Field(i).Name, v.Field(i).String()})
+		name := v.Type().Field(i).Name
+		out = append(out, [2]string{strings.ToLower(name[:1]) + name[1:], v.Field(i).String()})
 	}
 	return out
 }
@@ -145,7 +147,7 @@ func mergeStatements(q pgMergeSQL) [][2]string {
 func TestMergeSQLGolden(t *testing.T) {
 	for _, g := range goldenTargets() {
 		t.Run(g.name, func(t *testing.T) {
-			checkGolden(t, "merge_"+g.name, goldenStatements(mergeStatements(buildMergeSQL(goldenInfo(t, g)))))
+			checkGolden(t, "merge_"+g.name, goldenStatements(mergeStatements(pgstore.BuildMergeSQL(goldenInfo(t, g)))))
 		})
 	}
 }
@@ -175,12 +177,12 @@ func TestComparedColumns(t *testing.T) {
 		if !ok {
 			continue
 		}
-		got := goldenInfo(t, g).Compared()
-		got.cols = nil
+		got := pgstore.CompareColumns(goldenInfo(t, g))
+		got.Cols = nil
 		require.Equal(t, w, got, g.name)
 	}
 }
 
 func TestSQLF(t *testing.T) {
-	require.Equal(t, `SELECT "{b}" FROM x WHERE {unknown} AND {`, sqlf(`SELECT {a} FROM x WHERE {unknown} AND {`, "a", `"{b}"`, "b", "never"))
+	require.Equal(t, `SELECT "{b}" FROM x WHERE {unknown} AND {`, pgstore.SQLf(`SELECT {a} FROM x WHERE {unknown} AND {`, "a", `"{b}"`, "b", "never"))
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"pgregory.net/rapid"
 
+	"github.com/pgbackfill/backfill/internal/pgstore"
 	"github.com/pgbackfill/backfill/internal/pgtest"
 )
 
@@ -155,7 +156,7 @@ func (c *noChunks) ChunkSeq(ctx context.Context) iter.Seq2[Chunk, error] {
 	call := c.calls.Add(1)
 	return func(yield func(Chunk, error) bool) {
 		for ch, err := range c.ChunkStreamer.ChunkSeq(ctx) {
-			if err == nil && call == c.failAt && ch.Seq == insertChunksBatch+5 {
+			if err == nil && call == c.failAt && ch.Seq == pgstore.InsertChunksBatch+5 {
 				yield(Chunk{}, errors.New("source went away"))
 				return
 			}
@@ -305,11 +306,11 @@ func TestStreamedPlanIsRecordedWhole(t *testing.T) {
 	ctx := context.Background()
 	db := pgtest.New(t)
 	pm := NewPGManifest("")
-	pm.copyBatch = 7000 // three COPY statements and a part
+	pm.CopyBatch = 7000 // three COPY statements and a part
 	if err := pm.Init(ctx, db); err != nil {
 		t.Fatal(err)
 	}
-	n := 2*insertChunksBatch + 7
+	n := 2*pgstore.InsertChunksBatch + 7
 	ch := &noChunks{ChunkStreamer: IntRange(0, int64(n), 1).(ChunkStreamer), t: t, failAt: 2}
 	job := Job{Name: "whole", Chunker: ch, Target: Target{Table: "t", Key: []string{"id"}}}
 	plan, err := streamPlan(ctx, job, TableInfo{Target: job.Target}, ch) // ChunkSeq call 1
@@ -320,7 +321,7 @@ func TestStreamedPlanIsRecordedWhole(t *testing.T) {
 		t.Fatalf("start run with a failing chunker: %v", err)
 	}
 	count := func() (runs, chunks int) {
-		err := readTx(ctx, db, func(tx sqlx.ExtContext) error {
+		err := pgstore.ReadTx(ctx, db, func(tx sqlx.ExtContext) error {
 			return tx.QueryRowxContext(ctx, `SELECT (SELECT count(*) FROM backfill.runs), (SELECT count(*) FROM backfill.chunks)`).Scan(&runs, &chunks)
 		})
 		if err != nil {
@@ -355,7 +356,7 @@ func TestStreamedPlanIsRecordedWhole(t *testing.T) {
 		t.Fatal(err)
 	}
 	var same int
-	if err := readTx(ctx, db, func(tx sqlx.ExtContext) error {
+	if err := pgstore.ReadTx(ctx, db, func(tx sqlx.ExtContext) error {
 		return sqlx.GetContext(ctx, tx, &same, `SELECT count(*) FROM backfill.chunks a JOIN backfill.chunks b USING (seq, chunk_id, kind, lower_bound, upper_bound, lo, hi, status)
 			WHERE a.batch_id = $1 AND b.batch_id = $2`, run.BatchID, run2.BatchID)
 	}); err != nil || same != n {

@@ -9,6 +9,7 @@ import (
 	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgbackfill/backfill/internal/pgstore"
 	"github.com/pgbackfill/backfill/internal/pgtest"
 )
 
@@ -30,11 +31,11 @@ func TestCreateStagingInTx(t *testing.T) {
 			outside = append(outside, q)
 		}
 	}
-	outsideTxAnyHook.Store(&hook)
-	defer outsideTxAnyHook.Store(nil)
+	pgstore.OutsideTxAnyHook.Store(&hook)
+	defer pgstore.OutsideTxAnyHook.Store(nil)
 	info := TableInfo{Columns: []Column{{Name: "id", Type: "bigint"}, {Name: "name", Type: "text"}}}
-	require.NoError(t, (&PGMerger{}).CreateStaging(ctx, pgDB{DB: db}, `"public"."stage_1"`, info))
-	outsideTxAnyHook.Store(nil)
+	require.NoError(t, (&PGMerger{}).CreateStaging(ctx, pgstore.PGDB{DB: db}, `"public"."stage_1"`, info))
+	pgstore.OutsideTxAnyHook.Store(nil)
 	mu.Lock()
 	defer mu.Unlock()
 	require.Empty(t, outside, "statements outside a transaction")

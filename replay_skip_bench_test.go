@@ -8,6 +8,7 @@ import (
 
 	"github.com/jmoiron/sqlx"
 
+	"github.com/pgbackfill/backfill/internal/pgstore"
 	"github.com/pgbackfill/backfill/internal/pgtest"
 )
 
@@ -30,7 +31,7 @@ func BenchmarkSourceFingerprint(b *testing.B) {
 		Written: 9,
 	}
 	c := Chunk{ID: "int:0/1", Kind: KindInt, Hi: 1}
-	fa := &fingerprintAdder{cols: info.Columns[:info.Written], next: &nopStager{}}
+	fa := &pgstore.FingerprintAdder{Cols: info.Columns[:info.Written], Next: &nopStager{}}
 	w := newRowWriter(c, Job{}, info, fa, 0, time.Now())
 	at := time.Date(2024, 1, 2, 3, 4, 5, 0, time.UTC)
 	ctx := context.Background()
@@ -80,7 +81,7 @@ func BenchmarkTargetFingerprint(b *testing.B) {
 	}
 	db.MustExec(`VACUUM ANALYZE lines`)
 	var info TableInfo
-	if err := readTx(ctx, db, func(tx sqlx.ExtContext) error {
+	if err := pgstore.ReadTx(ctx, db, func(tx sqlx.ExtContext) error {
 		info, err = NewPGMerger().Prepare(ctx, tx, Target{Table: "lines", Key: []string{"id"}, Columns: cols})
 		return err
 	}); err != nil {
@@ -89,8 +90,8 @@ func BenchmarkTargetFingerprint(b *testing.B) {
 	c := Chunk{ID: "int:100000/110000", Kind: KindInt, Lo: 100000, Hi: 110000}
 	b.Run("fingerprint", func(b *testing.B) {
 		for b.Loop() {
-			if err := readTx(ctx, db, func(tx sqlx.ExtContext) error {
-				fp, err := targetFingerprint(ctx, tx, info, "id", nil, c)
+			if err := pgstore.ReadTx(ctx, db, func(tx sqlx.ExtContext) error {
+				fp, err := pgstore.TargetFingerprint(ctx, tx, info, "id", nil, c)
 				if err == nil && fp.Rows != chunk {
 					err = fmt.Errorf("%d rows", fp.Rows)
 				}
@@ -108,13 +109,13 @@ func BenchmarkTargetFingerprint(b *testing.B) {
 	b.Run("merged-fingerprint", func(b *testing.B) {
 		b.StopTimer()
 		for range b.N {
-			if err := inTx(ctx, db, func(tx sqlx.ExtContext) error {
+			if err := pgstore.InTx(ctx, db, func(tx sqlx.ExtContext) error {
 				if _, err := tx.ExecContext(ctx, `SET LOCAL enable_hashjoin = off; SET LOCAL enable_mergejoin = off;
 					CREATE TEMP TABLE bench_stage ON COMMIT DROP AS SELECT * FROM lines WHERE id >= 100000 AND id < 110000`); err != nil {
 					return err
 				}
 				b.StartTimer()
-				fp, err := targetFingerprintMerged(ctx, tx, info, "id", nil, "bench_stage", c)
+				fp, err := pgstore.TargetFingerprintMerged(ctx, tx, info, "id", nil, "bench_stage", c)
 				b.StopTimer()
 				if err == nil && (fp.Rows != chunk || fp.Stray != 0) {
 					err = fmt.Errorf("%d rows, %d stray", fp.Rows, fp.Stray)
@@ -131,19 +132,19 @@ func BenchmarkTargetFingerprint(b *testing.B) {
 	b.Run("skip-projection", func(b *testing.B) {
 		x := job(c.Lo, c.Hi, true).Extractor
 		for b.Loop() {
-			fa := &fingerprintAdder{cols: info.Columns[:info.Written], next: &nopStager{}}
+			fa := &pgstore.FingerprintAdder{Cols: info.Columns[:info.Written], Next: &nopStager{}}
 			w := newRowWriter(c, Job{}, info, fa, 0, time.Now())
 			if err := x.Extract(ctx, c, w); err != nil {
 				b.Fatal(err)
 			}
-			if err := readTx(ctx, db, func(tx sqlx.ExtContext) error {
-				_, err := targetFingerprint(ctx, tx, info, "id", nil, c)
+			if err := pgstore.ReadTx(ctx, db, func(tx sqlx.ExtContext) error {
+				_, err := pgstore.TargetFingerprint(ctx, tx, info, "id", nil, c)
 				return err
 			}); err != nil {
 				b.Fatal(err)
 			}
-			if fa.fp.Rows != chunk {
-				b.Fatalf("%d rows", fa.fp.Rows)
+			if fa.Fp.Rows != chunk {
+				b.Fatalf("%d rows", fa.Fp.Rows)
 			}
 		}
 	})

@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"pgregory.net/rapid"
 
+	"github.com/pgbackfill/backfill/internal/pgstore"
 	"github.com/pgbackfill/backfill/internal/pgtest"
 )
 
@@ -48,7 +49,7 @@ func TestSkipUnchangedComparesTheEncodingVersion(t *testing.T) {
 	// The version-1 fingerprint of chunk int:0/10's rows as the row
 	// writer converts them.
 	var info TableInfo
-	require.NoError(t, readTx(ctx, db, func(tx sqlx.ExtContext) error {
+	require.NoError(t, pgstore.ReadTx(ctx, db, func(tx sqlx.ExtContext) error {
 		info, err = NewPGMerger().Prepare(ctx, tx, target)
 		return err
 	}))
@@ -58,7 +59,7 @@ func TestSkipUnchangedComparesTheEncodingVersion(t *testing.T) {
 	require.NoError(t, x.Extract(ctx, c, w))
 	var recorded string
 	require.NoError(t, db.Get(&recorded, `SELECT source_fingerprint FROM backfill.chunks WHERE batch_id = $1 AND chunk_id = $2`, rep.BatchID, c.ID))
-	require.True(t, strings.HasPrefix(recorded, sourceEncodingVersion+":10:"), "recorded %q", recorded)
+	require.True(t, strings.HasPrefix(recorded, pgstore.SourceEncodingVersion+":10:"), "recorded %q", recorded)
 	require.NotEqual(t, recorded, v1.String())
 	db.MustExec(`UPDATE backfill.chunks SET source_fingerprint = $1 WHERE batch_id = $2 AND chunk_id = $3`, v1.String(), rep.BatchID, c.ID)
 
@@ -181,7 +182,7 @@ func TestSourceEncodingIsOneToOne(t *testing.T) {
 		for i := range a {
 			equal = equal && same(a[i], b[i])
 		}
-		ea, eb := string(encodeSourceRow(nil, info.Columns, a)), string(encodeSourceRow(nil, info.Columns, b))
+		ea, eb := string(pgstore.EncodeSourceRow(nil, info.Columns, a)), string(pgstore.EncodeSourceRow(nil, info.Columns, b))
 		if (ea == eb) != equal {
 			rt.Fatalf("rows %#v and %#v: encodings equal %t, rows equal %t", a, b, ea == eb, equal)
 		}

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"pgregory.net/rapid"
 
+	"github.com/pgbackfill/backfill/internal/pgstore"
 	"github.com/pgbackfill/backfill/internal/pgtest"
 )
 
@@ -33,19 +34,19 @@ func TestTargetFingerprintSeesEveryChange(t *testing.T) {
 	db.MustExec(`CREATE TABLE fp (id int PRIMARY KEY, grp bigint NOT NULL, amount numeric(12,2), note text, at timestamptz)`)
 	db.MustExec(`INSERT INTO fp SELECT i, i, i * 1.25, 'n' || i, '2024-03-01'::timestamptz + i * interval '1 hour' FROM generate_series(0, 19) i`)
 	var info TableInfo
-	require.NoError(t, readTx(ctx, db, func(tx sqlx.ExtContext) error {
+	require.NoError(t, pgstore.ReadTx(ctx, db, func(tx sqlx.ExtContext) error {
 		var err error
 		info, err = NewPGMerger().Prepare(ctx, tx, Target{Table: "fp", Key: []string{"id"}, Columns: []string{"id", "grp", "amount", "note", "at"}})
 		return err
 	}))
-	require.True(t, info.tupleIdentity, "a heap table")
+	require.True(t, info.TupleIdentity, "a heap table")
 	chunks := []Chunk{{ID: "int:0/10", Seq: 0, Kind: KindInt, Lo: 0, Hi: 10}, {ID: "int:10/20", Seq: 1, Kind: KindInt, Lo: 10, Hi: 20}}
-	fps := func() [2]fingerprint {
+	fps := func() [2]pgstore.Fingerprint {
 		t.Helper()
-		var out [2]fingerprint
-		require.NoError(t, readTx(ctx, db, func(tx sqlx.ExtContext) error {
+		var out [2]pgstore.Fingerprint
+		require.NoError(t, pgstore.ReadTx(ctx, db, func(tx sqlx.ExtContext) error {
 			for i, c := range chunks {
-				fp, err := targetFingerprint(ctx, tx, info, "grp", nil, c)
+				fp, err := pgstore.TargetFingerprint(ctx, tx, info, "grp", nil, c)
 				if err != nil {
 					return err
 				}
@@ -74,7 +75,7 @@ func TestTargetFingerprintSeesEveryChange(t *testing.T) {
 	require.Equal(t, int64(10), base[1].Rows)
 	require.NotEqual(t, base[0], base[1])
 	require.Equal(t, base, fps(), "recomputed")
-	seen := map[fingerprint]string{base[0]: "base"}
+	seen := map[pgstore.Fingerprint]string{base[0]: "base"}
 	for _, change := range append(changes, struct{ name, do, undo string }{"a row rewritten with its own values", `UPDATE fp SET note = note WHERE id = 3`, ""}) {
 		before := fps()[0]
 		for _, step := range []struct{ what, sql string }{{change.name, change.do}, {change.name + " undone", change.undo}} {
@@ -94,7 +95,7 @@ func TestTargetFingerprintSeesEveryChange(t *testing.T) {
 	}
 
 	// Values: a function of the rows' content.
-	info.tupleIdentity = false
+	info.TupleIdentity = false
 	base = fps()
 	require.NotEqual(t, base[0], base[1])
 	require.Equal(t, base, fps(), "recomputed")
@@ -109,10 +110,10 @@ func TestTargetFingerprintSeesEveryChange(t *testing.T) {
 		require.Equal(t, base, fps(), "%s undone", change.name)
 	}
 
-	require.NoError(t, readTx(ctx, db, func(tx sqlx.ExtContext) error {
-		_, err := targetFingerprint(ctx, tx, info, "", nil, chunks[0])
+	require.NoError(t, pgstore.ReadTx(ctx, db, func(tx sqlx.ExtContext) error {
+		_, err := pgstore.TargetFingerprint(ctx, tx, info, "", nil, chunks[0])
 		require.True(t, errors.Is(err, ErrUnsupported), "no ChunkColumn: %v", err)
-		_, err = targetFingerprint(ctx, tx, info, "nope", nil, chunks[0])
+		_, err = pgstore.TargetFingerprint(ctx, tx, info, "nope", nil, chunks[0])
 		require.True(t, errors.Is(err, ErrInvalidConfig), "unknown ChunkColumn: %v", err)
 		return nil
 	}))
@@ -128,9 +129,9 @@ func TestSourceFingerprintIsAMultisetHash(t *testing.T) {
 		{Name: "id", BaseType: "int8", Key: true}, {Name: "a", BaseType: "text"}, {Name: "b", BaseType: "text"}, {Name: "amount", BaseType: "numeric"},
 	}}
 	of := func(rows [][]any) string {
-		var f chunkFingerprint
+		var f pgstore.ChunkFingerprint
 		for _, r := range rows {
-			f.add(info.Columns[:info.Written], r)
+			f.Add(info.Columns[:info.Written], r)
 		}
 		return f.String()
 	}
@@ -228,18 +229,18 @@ func TestTargetFingerprintFollowsRuns(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, int64(30), rep.Counts.Inserted)
 	var info TableInfo
-	require.NoError(t, readTx(ctx, db, func(tx sqlx.ExtContext) error {
+	require.NoError(t, pgstore.ReadTx(ctx, db, func(tx sqlx.ExtContext) error {
 		var err error
 		info, err = NewPGMerger().Prepare(ctx, tx, Target{Table: "fr", Key: []string{"id"}, Columns: []string{"id", "note", "amount"}, IngestedAt: "ingested"})
 		return err
 	}))
 	require.NotEmpty(t, info.Target.Lineage.UpdatedBy, "the default lineage columns are used")
-	fps := func() []fingerprint {
+	fps := func() []pgstore.Fingerprint {
 		t.Helper()
-		var out []fingerprint
-		require.NoError(t, readTx(ctx, db, func(tx sqlx.ExtContext) error {
+		var out []pgstore.Fingerprint
+		require.NoError(t, pgstore.ReadTx(ctx, db, func(tx sqlx.ExtContext) error {
 			for i := range int64(3) {
-				fp, err := targetFingerprint(ctx, tx, info, "id", nil, Chunk{ID: fmt.Sprintf("int:%d/%d", i*10, i*10+10), Seq: int(i), Kind: KindInt, Lo: i * 10, Hi: i*10 + 10})
+				fp, err := pgstore.TargetFingerprint(ctx, tx, info, "id", nil, Chunk{ID: fmt.Sprintf("int:%d/%d", i*10, i*10+10), Seq: int(i), Kind: KindInt, Lo: i * 10, Hi: i*10 + 10})
 				if err != nil {
 					return err
 				}
@@ -273,7 +274,7 @@ func TestTargetFingerprintFollowsRuns(t *testing.T) {
 func TestSourceEncodingKeepsEveryInstant(t *testing.T) {
 	t.Parallel()
 	info := TableInfo{Columns: []Column{{Name: "t", BaseType: "timestamptz"}}, Written: 1}
-	enc := func(x time.Time) string { return string(encodeSourceRow(nil, info.Columns, []any{x})) }
+	enc := func(x time.Time) string { return string(pgstore.EncodeSourceRow(nil, info.Columns, []any{x})) }
 	const lo, hi = -62135596800, 253402300799       // 0001-01-01 and 9999-12-31T23:59:59, UTC
 	wrap := func(x time.Time, sign int) time.Time { // x ± 2^64 ns
 		for range 4 {

@@ -11,6 +11,7 @@ import (
 	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgbackfill/backfill/internal/pgstore"
 	"github.com/pgbackfill/backfill/internal/pgtest"
 )
 
@@ -100,25 +101,25 @@ func TestTargetFingerprintIgnoresSessionSettings(t *testing.T) {
 		pin   bool
 	}{{"sf", false}, {"ps", true}} {
 		var info TableInfo
-		require.NoError(t, readTx(ctx, db, func(tx sqlx.ExtContext) error {
+		require.NoError(t, pgstore.ReadTx(ctx, db, func(tx sqlx.ExtContext) error {
 			var err error
 			info, err = NewPGMerger().Prepare(ctx, tx, Target{Table: tc.table, Key: []string{"id"}})
 			return err
 		}))
 		c := Chunk{ID: "int:0/20", Kind: KindInt, Lo: 0, Hi: 20}
-		pc, cols, err := targetFingerprintCheck(info, ValidationScope{Chunk: c, Info: info, ChunkColumn: "id", Staging: "-"})
+		pc, cols, err := pgstore.TargetFingerprintCheck(info, ValidationScope{Chunk: c, Info: info, ChunkColumn: "id", Staging: "-"})
 		require.NoError(t, err)
-		require.Equal(t, tc.pin, hashReadsSettings(pc, cols), tc.table)
-		of := func(settings string) fingerprint {
-			var fp fingerprint
-			require.NoError(t, inTx(ctx, db, func(tx sqlx.ExtContext) error {
+		require.Equal(t, tc.pin, pgstore.HashReadsSettings(pc, cols), tc.table)
+		of := func(settings string) pgstore.Fingerprint {
+			var fp pgstore.Fingerprint
+			require.NoError(t, pgstore.InTx(ctx, db, func(tx sqlx.ExtContext) error {
 				if settings != "" {
 					if _, err := tx.ExecContext(ctx, settings); err != nil {
 						return err
 					}
 				}
 				var err error
-				fp, err = targetFingerprint(ctx, tx, info, "id", nil, c)
+				fp, err = pgstore.TargetFingerprint(ctx, tx, info, "id", nil, c)
 				return err
 			}))
 			return fp
@@ -128,16 +129,16 @@ func TestTargetFingerprintIgnoresSessionSettings(t *testing.T) {
 		require.Equal(t, plain, of(weird), "%s: the fingerprint under other settings", tc.table)
 		// What a merged chunk records of the same rows (staging holding
 		// them), with its settings pinned.
-		var merged mergedFingerprint
-		require.NoError(t, inTx(ctx, db, func(tx sqlx.ExtContext) error {
+		var merged pgstore.MergedFingerprint
+		require.NoError(t, pgstore.InTx(ctx, db, func(tx sqlx.ExtContext) error {
 			if _, err := tx.ExecContext(ctx, weird+`; CREATE TEMP TABLE st ON COMMIT DROP AS SELECT * FROM `+tc.table); err != nil {
 				return err
 			}
 			var err error
-			merged, err = targetFingerprintMerged(ctx, tx, info, "id", nil, "st", c)
+			merged, err = pgstore.TargetFingerprintMerged(ctx, tx, info, "id", nil, "st", c)
 			return err
 		}))
 		require.Zero(t, merged.Stray, tc.table)
-		require.Equal(t, plain, merged.fingerprint, "%s: the fingerprint a merged chunk records", tc.table)
+		require.Equal(t, plain, merged.Fingerprint, "%s: the fingerprint a merged chunk records", tc.table)
 	}
 }

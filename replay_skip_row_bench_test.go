@@ -4,6 +4,8 @@ import (
 	"context"
 	"testing"
 	"time"
+
+	"github.com/pgbackfill/backfill/internal/pgstore"
 )
 
 // BenchmarkSkipRow splits the client's per-row cost of a chunk of a job
@@ -23,14 +25,14 @@ func BenchmarkSkipRow(b *testing.B) {
 		vals[4], vals[5], vals[6], vals[7], vals[8] = "washer 123 mm, zinc-plated", 7, "1234.56", at.Add(time.Duration(i)*time.Second), i%29 == 0
 	}
 	run := func(b *testing.B, fingerprint, spooled bool) {
-		var add rowAdder = &nopStager{}
+		var add pgstore.RowAdder = &nopStager{}
 		sp := &spool{}
 		if spooled {
 			add = sp
 		}
-		var fa *fingerprintAdder
+		var fa *pgstore.FingerprintAdder
 		if fingerprint {
-			fa = &fingerprintAdder{cols: info.Columns[:info.Written], next: add}
+			fa = &pgstore.FingerprintAdder{Cols: info.Columns[:info.Written], Next: add}
 			add = fa
 		}
 		w := newRowWriter(c, Job{}, info, add, 0, time.Now())
@@ -47,7 +49,7 @@ func BenchmarkSkipRow(b *testing.B) {
 			}
 		}
 		_ = sp.Close()
-		if fa != nil && fa.fp.Rows == 0 {
+		if fa != nil && fa.Fp.Rows == 0 {
 			b.Fatal("no row fingerprinted")
 		}
 	}
@@ -63,10 +65,10 @@ func BenchmarkSkipRow(b *testing.B) {
 		if err := w.Write(ctx, vals...); err != nil {
 			b.Fatal(err)
 		}
-		var fp chunkFingerprint
+		var fp pgstore.ChunkFingerprint
 		b.ReportAllocs()
 		for b.Loop() {
-			fp.add(info.Columns[:info.Written], s.values)
+			fp.Add(info.Columns[:info.Written], s.values)
 		}
 	})
 }

@@ -1,6 +1,7 @@
 package backfill
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -9,6 +10,7 @@ import (
 	"github.com/jmoiron/sqlx"
 	"github.com/lib/pq"
 
+	"github.com/pgbackfill/backfill/internal/pgstore"
 	"github.com/pgbackfill/backfill/internal/sqlgen"
 )
 
@@ -42,14 +44,14 @@ func (r *Runner) skipEligible(job Job, info TableInfo) error {
 		return refuse("publish mode %s: only chunks published as they commit (PublishPerChunk) are skipped", job.Publish.Mode)
 	}
 	for i, col := range info.Columns {
-		if hashKind(col) == "" {
-			return refuse("column %q of type %s has no fingerprint", col.Name, cmpOr(col.Type, col.BaseType))
+		if pgstore.HashKind(col) == "" {
+			return refuse("column %q of type %s has no fingerprint", col.Name, cmp.Or(col.Type, col.BaseType))
 		}
-		if i < info.Written && catalogLookup(col) {
+		if i < info.Written && pgstore.CatalogLookup(col) {
 			// 'foo' read in as a regclass is the OID foo has then: the
 			// same source rows mean other values once foo is created
 			// again, and neither fingerprint would change.
-			return refuse("column %q of type %s: its values are OIDs looked up by name when read in, so unchanged source rows may stand for other values", col.Name, cmpOr(col.Type, col.BaseType))
+			return refuse("column %q of type %s: its values are OIDs looked up by name when read in, so unchanged source rows may stand for other values", col.Name, cmp.Or(col.Type, col.BaseType))
 		}
 	}
 	for i, v := range job.Validators {
@@ -69,15 +71,15 @@ func (r *Runner) skipEligible(job Job, info TableInfo) error {
 func provenValidator(v Validator) (CheckResult, bool) {
 	switch v := v.(type) {
 	case Completeness:
-		return CheckResult{Check: cmpOr(v.Name, "completeness"), Severity: severityOr(v.Severity)}, true
+		return CheckResult{Check: cmp.Or(v.Name, "completeness"), Severity: pgstore.SeverityOr(v.Severity)}, true
 	case Aggregates:
-		return CheckResult{Check: cmpOr(v.Name, "aggregates"), Severity: severityOr(v.Severity)}, true
+		return CheckResult{Check: cmp.Or(v.Name, "aggregates"), Severity: pgstore.SeverityOr(v.Severity)}, true
 	case ReplayChangesNothing:
-		return CheckResult{Check: cmpOr(v.Name, "replay_changes_nothing"), Severity: severityOr(v.Severity)}, true
+		return CheckResult{Check: cmp.Or(v.Name, "replay_changes_nothing"), Severity: pgstore.SeverityOr(v.Severity)}, true
 	case Sample:
-		return CheckResult{Check: cmpOr(v.Name, "sample"), Severity: severityOr(v.Severity)}, true
+		return CheckResult{Check: cmp.Or(v.Name, "sample"), Severity: pgstore.SeverityOr(v.Severity)}, true
 	case DuplicateKeys:
-		return CheckResult{Check: cmpOr(v.Name, "duplicate_keys"), Severity: severityOr(v.Severity)}, !v.AcrossTarget
+		return CheckResult{Check: cmp.Or(v.Name, "duplicate_keys"), Severity: pgstore.SeverityOr(v.Severity)}, !v.AcrossTarget
 	}
 	return CheckResult{}, false
 }
@@ -116,8 +118,8 @@ func (ex *execution) logMerges(c Chunk, why string) {
 // shape: tupleShapeSQL, read by the same statement), so that one
 // recorded in one form never matches the other, nor one recorded under
 // another shape.
-func fingerprintText(info TableInfo, fp fingerprint) string {
-	if info.tupleIdentity {
+func fingerprintText(info TableInfo, fp pgstore.Fingerprint) string {
+	if info.TupleIdentity {
 		return fmt.Sprintf("tuples:%s:%d:%s", fp.Shape, fp.Rows, fp.Sum)
 	}
 	return fmt.Sprintf("%d:%s", fp.Rows, fp.Sum)
@@ -127,7 +129,7 @@ func fingerprintText(info TableInfo, fp fingerprint) string {
 // its extraction to its checkpoint.
 type chunkSkip struct {
 	// source is the fingerprint of the rows the extraction spooled.
-	source *chunkFingerprint
+	source *pgstore.ChunkFingerprint
 	// record is what the checkpoint records (zero: nothing).
 	record ChunkFingerprints
 	// version is the chunk's source version ([ChunkVersioner]), read
@@ -145,12 +147,12 @@ type chunkSkip struct {
 // spool sp: sp itself, or, for a job with SkipUnchanged, sp behind a
 // fingerprintAdder, whose fingerprint the chunkSkip returned carries
 // (nil without the option).
-func (ex *execution) skipAdder(sp *spool, info TableInfo) (rowAdder, *chunkSkip) {
+func (ex *execution) skipAdder(sp *spool, info TableInfo) (pgstore.RowAdder, *chunkSkip) {
 	if !ex.job.SkipUnchanged {
 		return sp, nil
 	}
-	fa := &fingerprintAdder{cols: info.Columns[:info.Written], next: sp}
-	return fa, &chunkSkip{source: &fa.fp}
+	fa := &pgstore.FingerprintAdder{Cols: info.Columns[:info.Written], Next: sp}
+	return fa, &chunkSkip{source: &fa.Fp}
 }
 
 // extractSpooled extracts chunk c into a spool: in short transactions
@@ -226,13 +228,13 @@ func (ex *execution) skipUnchanged(ctx context.Context, tx Tx, cr *chunkRun, c C
 	// The chunk's target rows: within its bounds, or, without
 	// ChunkColumn, those of the spooled rows' identities.
 	var keys [][]string
-	var tfp fingerprint
+	var tfp pgstore.Fingerprint
 	if ex.job.ChunkColumn == "" {
 		if keys, err = spoolKeys(ctx, x.sp, info); err == nil {
-			tfp, err = targetFingerprintKeys(ctx, tx, info, keys, c)
+			tfp, err = pgstore.TargetFingerprintKeys(ctx, tx, info, keys, c)
 		}
 	} else {
-		tfp, err = targetFingerprint(ctx, tx, info, ex.job.ChunkColumn, ex.job.Zone, c)
+		tfp, err = pgstore.TargetFingerprint(ctx, tx, info, ex.job.ChunkColumn, ex.job.Zone, c)
 	}
 	if err != nil {
 		return false, chunkErr(err)
@@ -310,7 +312,7 @@ func (ex *execution) recordAfterMerge(ctx context.Context, tx Tx, sk *chunkSkip,
 	if !ok {
 		return nil
 	}
-	tfp, err := targetFingerprintMerged(ctx, tx, info, ex.job.ChunkColumn, ex.job.Zone, st.StagingTable(), c)
+	tfp, err := pgstore.TargetFingerprintMerged(ctx, tx, info, ex.job.ChunkColumn, ex.job.Zone, st.StagingTable(), c)
 	if err != nil {
 		return err
 	}
@@ -322,7 +324,7 @@ func (ex *execution) recordAfterMerge(ctx context.Context, tx Tx, sk *chunkSkip,
 	}
 	// The version read before the extraction, with the fingerprints of
 	// its rows (replay_skip_version.go).
-	sk.record = ChunkFingerprints{Source: sk.source.String(), Target: fingerprintText(info, tfp.fingerprint), Version: sk.version}
+	sk.record = ChunkFingerprints{Source: sk.source.String(), Target: fingerprintText(info, tfp.Fingerprint), Version: sk.version}
 	return nil
 }
 
@@ -337,22 +339,22 @@ func (ex *execution) recordSkippedDelivered(ctx context.Context, tx Tx, info Tab
 	if ex.deliveredTable == "" || t.Lineage.UpdatedBy == "" {
 		return nil
 	}
-	pc, err := newPGCheck("delivered", SeverityError, ValidationScope{Chunk: c, Info: info, ChunkColumn: ex.job.ChunkColumn, Zone: ex.job.Zone, Staging: "-"})
+	pc, err := pgstore.NewPGCheck("delivered", SeverityError, ValidationScope{Chunk: c, Info: info, ChunkColumn: ex.job.ChunkColumn, Zone: ex.job.Zone, Staging: "-"})
 	if err != nil {
 		return err
 	}
-	identity := info.identity()
-	a := sqlArgs{ex.batchID, c.Seq, pq.Array(identity)}
-	from := sqlf("{target} t", "target", sqlgen.Table(t.Table))
+	identity := info.Identity()
+	a := pgstore.SQLArgs{ex.batchID, c.Seq, pq.Array(identity)}
+	from := pgstore.SQLf("{target} t", "target", sqlgen.Table(t.Table))
 	bounds := "true"
 	if ex.job.ChunkColumn == "" {
-		from = keysJoin(pc, keys, &a)
-	} else if bounds, err = pc.inChunk("t", &a); err != nil {
+		from = pgstore.KeysJoin(pc, keys, &a)
+	} else if bounds, err = pc.InChunk("t", &a); err != nil {
 		return err
 	}
-	rows := sqlf(`SELECT {tid}, t.{ub} AS _backfill_owner FROM {from} WHERE {bounds} AND t.{ub} <> $1::bigint`,
+	rows := pgstore.SQLf(`SELECT {tid}, t.{ub} AS _backfill_owner FROM {from} WHERE {bounds} AND t.{ub} <> $1::bigint`,
 		"from", from, "tid", sqlgen.List("t.", identity), "ub", sqlgen.Ident(t.Lineage.UpdatedBy), "bounds", bounds)
-	q := deliveredSummarySQL(ex.deliveredTable, identity, rows)
+	q := pgstore.DeliveredSummarySQL(ex.deliveredTable, identity, rows)
 	if _, err := tx.ExecContext(ctx, q, a...); err != nil {
 		return fmt.Errorf("backfill: skip chunk %s: record unchanged deliveries: %w", c.ID, err)
 	}

@@ -10,6 +10,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/jmoiron/sqlx"
+	"github.com/pgbackfill/backfill/backfilltype"
+	"github.com/pgbackfill/backfill/internal/pgstore"
 )
 
 // Replays that skip unchanged chunks without extracting them
@@ -128,7 +130,7 @@ func (ex *execution) chunkVersion(ctx context.Context, c Chunk, reread bool, sta
 	}
 	defer func() {
 		if p := recover(); p != nil {
-			err = fmt.Errorf("chunk version: %w (%w): %v\n%s", ErrExtractorPanic, errNotRetryable, p, debug.Stack())
+			err = fmt.Errorf("chunk version: %w (%w): %v\n%s", ErrExtractorPanic, backfilltype.ErrNotRetryable, p, debug.Stack())
 		}
 	}()
 	if v, err = cv.ChunkVersion(ctx, c); err != nil {
@@ -138,9 +140,9 @@ func (ex *execution) chunkVersion(ctx context.Context, c Chunk, reread bool, sta
 	// cannot store would fail the checkpoint after the merge.
 	switch {
 	case !utf8.ValidString(v) || strings.ContainsRune(v, 0):
-		return "", fmt.Errorf("chunk version: %w: ChunkVersion returned %q, not UTF-8 text without NUL (return a hex digest of bytes)", errNotRetryable, v)
+		return "", fmt.Errorf("chunk version: %w: ChunkVersion returned %q, not UTF-8 text without NUL (return a hex digest of bytes)", backfilltype.ErrNotRetryable, v)
 	case len(v) > maxVersionLen:
-		return "", fmt.Errorf("chunk version: %w: ChunkVersion returned %d bytes, more than %d (return a digest)", errNotRetryable, len(v), maxVersionLen)
+		return "", fmt.Errorf("chunk version: %w: ChunkVersion returned %d bytes, more than %d (return a digest)", backfilltype.ErrNotRetryable, len(v), maxVersionLen)
 	}
 	return v, nil
 }
@@ -205,7 +207,7 @@ func (ex *execution) versionCandidate(ctx context.Context, c Chunk, v string) (b
 	}
 	var base ChunkFingerprints
 	var ok bool
-	err := readTx(ctx, ex.r.db, func(tx sqlx.ExtContext) (err error) {
+	err := pgstore.ReadTx(ctx, ex.r.db, func(tx sqlx.ExtContext) (err error) {
 		base, ok, err = ex.r.caps.skips.BaseFingerprints(ctx, tx, ex.job.Name, ex.skipKey, ex.batchID, c.ID)
 		return err
 	})
@@ -243,7 +245,7 @@ func (ex *execution) skipByVersion(ctx context.Context, tx Tx, cr *chunkRun, c C
 	if !versionBase(base, ok, sk.version) {
 		return false, nil
 	}
-	tfp, err := targetFingerprint(ctx, tx, info, ex.job.ChunkColumn, ex.job.Zone, c)
+	tfp, err := pgstore.TargetFingerprint(ctx, tx, info, ex.job.ChunkColumn, ex.job.Zone, c)
 	if err != nil {
 		return false, chunkErr(err)
 	}

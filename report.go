@@ -1,17 +1,10 @@
 package backfill
 
 import (
-	"cmp"
 	"context"
-	"database/sql"
-	"encoding/json"
-	"fmt"
-	"math"
-	"slices"
-	"sort"
-	"time"
 
 	"github.com/jmoiron/sqlx"
+	"github.com/pgbackfill/backfill/internal/pgstore"
 )
 
 // The run report: everything the manifest knows about one run, gathered
@@ -19,27 +12,6 @@ import (
 // (its JSON form, the "JSON twin" of that file). It is read from the
 // manifest alone, so it needs neither the job's code nor the process that
 // ran it: any machine with the database's URL can produce it.
-
-// Report limits: how much of the long lists a [RunReport] keeps. The
-// counts and sums always cover everything.
-const (
-	// reportExceptionGroups is how many (reason, column) groups of
-	// exceptions are kept, the largest first.
-	reportExceptionGroups = 100
-	// reportExceptionExamples is how many example rows each group keeps.
-	reportExceptionExamples = 3
-	// reportValidationFailures is how many failed check results are kept.
-	reportValidationFailures = 100
-	// reportWaits is how many waits are kept, the longest first.
-	reportWaits = 20
-	// reportThrottlePeriods is how many throttle periods are kept, the
-	// first ones.
-	reportThrottlePeriods = 200
-	// reportRateBuckets is about how many buckets the rows/s series has.
-	reportRateBuckets = 60
-	// reportHistogramBins is how many bins the chunk-duration histogram has.
-	reportHistogramBins = 20
-)
 
 // RunReport is the report of one run: its plan, every chunk with its
 // timing and counts, the throughput over time, the distribution of chunk
@@ -49,273 +21,69 @@ const (
 // form (the json tags) is stable: fields are added, never renamed. Times
 // are UTC, durations are seconds (fields named *_seconds), rates rows per
 // second.
-type RunReport struct {
-	// GeneratedAt is when the report was read (the server's clock).
-	GeneratedAt time.Time `json:"generated_at"`
-	// Schema is the manifest's schema.
-	Schema string `json:"schema"`
-	// Plan is the run's plan and who started it.
-	Plan ReportPlan `json:"plan"`
-	// Totals sums the chunks.
-	Totals ReportTotals `json:"totals"`
-	// Chunks are every chunk of the run, in plan (Seq) order.
-	Chunks []ReportChunk `json:"chunks"`
-	// Workers are the processes (calls of [Runner.Run]) that worked on
-	// the run, in the order they started.
-	Workers []ReportWorker `json:"workers"`
-	// Throughput is rows read per second over time, each chunk's rows
-	// spread evenly over its start to finish.
-	Throughput ReportThroughput `json:"throughput"`
-	// Durations is the distribution of the finished chunks' durations, with
-	// a histogram of at most 20 bins.
-	Durations ReportDurations `json:"chunk_durations"`
-	// Time is how the run's time split into working, throttled and paused.
-	Time ReportTime `json:"time"`
-	// Waits are the tries of chunks that waited on a lock or a timeout
-	// and were retried.
-	Waits ReportWaits `json:"waits"`
-	// Exceptions are the rows not loaded, by reason and column.
-	Exceptions ReportExceptions `json:"exceptions"`
-	// Validations is the validation evidence.
-	Validations ReportValidations `json:"validations"`
-	// Events is the run's audit trail, in order.
-	Events []Event `json:"events"`
-}
+type RunReport = pgstore.RunReport
 
 // ReportPlan is the plan summary of a [RunReport].
-type ReportPlan struct {
-	BatchID     int64  `json:"batch_id"`
-	Job         string `json:"job"`
-	Source      string `json:"source"`
-	CodeVersion string `json:"code_version"`
-	Fingerprint string `json:"fingerprint"`
-	// Scope is the plan's description of its scope; ScopeLower and
-	// ScopeUpper are the bounds of its first and last chunk.
-	Scope      string `json:"scope"`
-	ScopeLower string `json:"scope_lower"`
-	ScopeUpper string `json:"scope_upper"`
-	// ChunkKind is the kind of the chunks ("time", "int", "list").
-	ChunkKind   string     `json:"chunk_kind"`
-	ChunksTotal int        `json:"chunks_total"`
-	Target      PlanTarget `json:"target"`
-	// Rollback is the rollback mechanism decided before writing.
-	Rollback RollbackMechanism `json:"rollback"`
-	Publish  string            `json:"publish"`
-	Time     *PlanTime         `json:"time,omitempty"`
-	Status   RunStatus         `json:"status"`
-	// StartedBy is the worker or person who created the run.
-	StartedBy  string     `json:"started_by"`
-	CreatedAt  time.Time  `json:"created_at"`
-	FinishedAt *time.Time `json:"finished_at,omitempty"`
-	LastError  string     `json:"last_error,omitempty"`
-	Watermark  *time.Time `json:"watermark,omitempty"`
-	// Calls counts the calls that started or resumed the run.
-	Calls int `json:"calls"`
-}
+type ReportPlan = pgstore.ReportPlan
 
 // ReportTotals sums the chunks of a [RunReport].
-type ReportTotals struct {
-	// ChunksByStatus counts the chunks by [ChunkStatus].
-	ChunksByStatus map[string]int `json:"chunks_by_status"`
-	// ChunksSkipped counts the done chunks whose staging and merge were
-	// skipped, their rows unchanged ([Job.SkipUnchanged],
-	// [ReportChunk.Skipped]); they are among the done ones.
-	ChunksSkipped int `json:"chunks_skipped"`
-	// Rows sums the chunks' counts.
-	Rows Counts `json:"rows"`
-	// Attempts sums the chunks' attempts.
-	Attempts int `json:"attempts"`
-	// Workers is how many distinct workers completed chunks.
-	Workers int `json:"workers"`
-	// FirstStart and LastFinish bound the chunks' work (nil before any).
-	FirstStart *time.Time `json:"first_start,omitempty"`
-	LastFinish *time.Time `json:"last_finish,omitempty"`
-	// RowsPerSecond is the rows read over LastFinish - FirstStart.
-	RowsPerSecond float64 `json:"rows_per_second"`
-}
+type ReportTotals = pgstore.ReportTotals
 
 // ReportChunk is one chunk of a [RunReport].
-type ReportChunk struct {
-	Seq   int    `json:"seq"`
-	ID    string `json:"id"`
-	Lower string `json:"lower"`
-	Upper string `json:"upper"`
-	// Status is the chunk's [ChunkStatus] (or "staged", "rolled_back").
-	Status   string `json:"status"`
-	Attempts int    `json:"attempts"`
-	// Worker is the [Config.WorkerID] that completed it ("" if none).
-	Worker string `json:"worker"`
-	// StartedAt and FinishedAt are the worker's clock (the times the
-	// library recorded at the chunk's start and end), unlike the
-	// server-clock times of the run, its events and its throttle holds.
-	StartedAt  *time.Time `json:"started_at,omitempty"`
-	FinishedAt *time.Time `json:"finished_at,omitempty"`
-	// DurationSeconds is FinishedAt - StartedAt (0 when either is unset).
-	DurationSeconds float64 `json:"duration_seconds"`
-	Counts          Counts  `json:"counts"`
-	LastError       string  `json:"last_error,omitempty"`
-	// Skipped is true when the chunk's latest checkpoint skipped its
-	// staging and merge, its rows unchanged since the load it was
-	// compared with ([Job.SkipUnchanged], [ChunkState.Skipped]).
-	Skipped bool `json:"skipped"`
-}
+type ReportChunk = pgstore.ReportChunk
 
 // ReportWorker is one worker (one call of [Runner.Run]) of a run.
-type ReportWorker struct {
-	WorkerID    string     `db:"worker_id" json:"worker_id"`
-	Host        string     `db:"host" json:"host"`
-	PID         int        `db:"pid" json:"pid"`
-	State       string     `db:"state" json:"state"`
-	StartedAt   time.Time  `db:"started_at" json:"started_at"`
-	HeartbeatAt time.Time  `db:"heartbeat_at" json:"heartbeat_at"`
-	FinishedAt  *time.Time `db:"finished_at" json:"finished_at,omitempty"`
-}
+type ReportWorker = pgstore.ReportWorker
 
 // ReportThroughput is the rows/s series of a [RunReport]: buckets of
 // BucketSeconds from Start.
-type ReportThroughput struct {
-	Start         *time.Time   `json:"start,omitempty"`
-	BucketSeconds float64      `json:"bucket_seconds"`
-	Buckets       []ReportRate `json:"buckets"`
-}
+type ReportThroughput = pgstore.ReportThroughput
 
 // ReportRate is one bucket of [ReportThroughput]: the rows read within
 // [Start, Start+BucketSeconds) and their rate.
-type ReportRate struct {
-	Start         time.Time `json:"start"`
-	Rows          float64   `json:"rows"`
-	RowsPerSecond float64   `json:"rows_per_second"`
-}
+type ReportRate = pgstore.ReportRate
 
 // ReportDurations is the distribution of chunk durations (seconds) of the
 // chunks that have a start and a finish.
-type ReportDurations struct {
-	Count int         `json:"count"`
-	Min   float64     `json:"min_seconds"`
-	Mean  float64     `json:"mean_seconds"`
-	P50   float64     `json:"p50_seconds"`
-	P90   float64     `json:"p90_seconds"`
-	P99   float64     `json:"p99_seconds"`
-	Max   float64     `json:"max_seconds"`
-	Bins  []ReportBin `json:"bins"`
-}
+type ReportDurations = pgstore.ReportDurations
 
 // ReportBin is one bin of a histogram: Count values in [From, To)
 // seconds (the last bin includes To).
-type ReportBin struct {
-	From  float64 `json:"from_seconds"`
-	To    float64 `json:"to_seconds"`
-	Count int     `json:"count"`
-}
+type ReportBin = pgstore.ReportBin
 
 // ReportTime is the split of a run's time ([TimeSplit]) in seconds, with
 // its throttle holds.
-type ReportTime struct {
-	Start            time.Time          `json:"start"`
-	End              time.Time          `json:"end"`
-	TotalSeconds     float64            `json:"total_seconds"`
-	WorkingSeconds   float64            `json:"working_seconds"`
-	PausedSeconds    float64            `json:"paused_seconds"`
-	ThrottledSeconds map[string]float64 `json:"throttled_seconds"`
-	// Paused are the spans the run was paused (from each "run_paused"
-	// event to the next operator's resume, or End).
-	Paused []ReportSpan `json:"paused"`
-	// Signals sums the throttle holds per signal, by name.
-	Signals []ReportSignal `json:"signals"`
-	// Periods are the first throttle holds, in the order they started;
-	// PeriodsTotal counts them all.
-	Periods      []ReportThrottle `json:"periods"`
-	PeriodsTotal int              `json:"periods_total"`
-}
+type ReportTime = pgstore.ReportTime
 
 // ReportSpan is a span of time.
-type ReportSpan struct {
-	From time.Time `json:"from"`
-	To   time.Time `json:"to"`
-}
+type ReportSpan = pgstore.ReportSpan
 
 // ReportSignal sums the holds of one throttle signal. HeldSeconds adds
 // every worker's holds (so it may exceed the run's throttled time, which
 // counts each instant once).
-type ReportSignal struct {
-	Signal      string  `json:"signal"`
-	Holds       int     `json:"holds"`
-	HeldSeconds float64 `json:"held_seconds"`
-	MaxValue    float64 `json:"max_value"`
-}
+type ReportSignal = pgstore.ReportSignal
 
 // ReportThrottle is one hold of a throttle by one worker.
-type ReportThrottle struct {
-	Signal    string    `json:"signal"`
-	Reason    string    `json:"reason"`
-	Value     float64   `json:"value"`
-	High      float64   `json:"high"`
-	Low       float64   `json:"low"`
-	StartedAt time.Time `json:"started_at"`
-	// EndedAt is the recorded end, or the end assumed for a hold still
-	// open ([ThrottlePeriod].Ended); Open reports the latter.
-	EndedAt time.Time `json:"ended_at"`
-	Open    bool      `json:"open,omitempty"`
-}
+type ReportThrottle = pgstore.ReportThrottle
 
 // ReportWaits summarises the waits ([Wait]) of a run's chunks.
-type ReportWaits struct {
-	Total         int     `json:"total"`
-	WaitedSeconds float64 `json:"waited_seconds"`
-	// Final counts the waits that ended their attempt as failed.
-	Final int `json:"final"`
-	// BySQLState counts the waits by SQLSTATE.
-	BySQLState map[string]int `json:"by_sqlstate"`
-	// Longest are the longest waits, with the sessions that blocked them,
-	// in [Wait]'s own JSON form (its waited and sleep are nanoseconds).
-	Longest []Wait `json:"longest"`
-}
+type ReportWaits = pgstore.ReportWaits
 
 // ReportExceptions summarises a run's exception queue.
-type ReportExceptions struct {
-	// Total counts the rows in the queue; FailedAttempts the rows kept as
-	// evidence of attempts a failed quality gate rolled back.
-	Total          int64 `db:"total" json:"total"`
-	FailedAttempts int64 `db:"failed_attempts" json:"failed_attempts"`
-	// Groups are the (reason, column) groups, the largest first (at most
-	// 100); GroupsTotal counts them all.
-	Groups      []ReportExceptionGroup `db:"-" json:"groups"`
-	GroupsTotal int                    `db:"groups_total" json:"groups_total"`
-}
+type ReportExceptions = pgstore.ReportExceptions
 
 // ReportExceptionGroup is the exceptions of one reason and column, with a
 // few examples (the first recorded).
-type ReportExceptionGroup struct {
-	Reason   string      `json:"reason"`
-	Column   string      `json:"column"`
-	Count    int64       `json:"count"`
-	Examples []Exception `json:"examples"`
-}
+type ReportExceptionGroup = pgstore.ReportExceptionGroup
 
 // ReportValidations is a run's validation evidence: a summary per check
 // and the failed results.
-type ReportValidations struct {
-	Checks []ReportCheck `json:"checks"`
-	// Failures are the first failed results (at most 100), including
-	// those of rolled back attempts and accepted ones; FailuresTotal
-	// counts them all.
-	Failures      []Validation `json:"failures"`
-	FailuresTotal int          `json:"failures_total"`
-}
+type ReportValidations = pgstore.ReportValidations
 
 // ReportCheck sums the results of one check over the run's chunks.
 // Results of attempts a failed gate rolled back count in FailedAttempts
 // only.
-type ReportCheck struct {
-	Check    string   `db:"check" json:"check"`
-	Severity Severity `db:"severity" json:"severity"`
-	Results  int      `db:"results" json:"results"`
-	Passed   int      `db:"passed" json:"passed"`
-	Failed   int      `db:"failed" json:"failed"`
-	Accepted int      `db:"accepted" json:"accepted"`
-	// FailedAttempts counts results of rolled back attempts.
-	FailedAttempts int `db:"failed_attempts" json:"failed_attempts"`
-}
+type ReportCheck = pgstore.ReportCheck
 
 // LoadRunReport reads the report of run batchID from manifest m (whose
 // tables db reaches): a handful of queries, whatever the number of
@@ -325,447 +93,5 @@ type ReportCheck struct {
 // apart. It returns an error wrapping [ErrRunNotFound] when there is no
 // such run.
 func LoadRunReport(ctx context.Context, db sqlx.ExtContext, m *PGManifest, batchID int64) (RunReport, error) {
-	var rep RunReport
-	err := readTx(ctx, db, func(tx sqlx.ExtContext) error {
-		var err error
-		rep, err = m.loadRunReport(ctx, tx, batchID)
-		return err
-	})
-	if err != nil {
-		return RunReport{}, fmt.Errorf("backfill: report of batch %d: %w", batchID, err)
-	}
-	return rep, nil
-}
-
-func (m *PGManifest) loadRunReport(ctx context.Context, tx sqlx.ExtContext, batchID int64) (RunReport, error) {
-	rep := RunReport{Schema: m.schema}
-	run, err := m.Run(ctx, tx, batchID)
-	if err != nil {
-		return rep, err
-	}
-	if err := sqlx.GetContext(ctx, tx, &rep.GeneratedAt, `SELECT now()`); err != nil {
-		return rep, err
-	}
-	rep.GeneratedAt = rep.GeneratedAt.UTC()
-	if err := m.reportPlan(ctx, tx, run, &rep.Plan); err != nil {
-		return rep, err
-	}
-	if rep.Chunks, rep.Plan.ChunkKind, err = m.reportChunks(ctx, tx, batchID); err != nil {
-		return rep, err
-	}
-	if rep.Workers, err = m.reportWorkers(ctx, tx, batchID); err != nil {
-		return rep, err
-	}
-	if rep.Events, err = m.Events(ctx, tx, batchID); err != nil {
-		return rep, err
-	}
-	for i := range rep.Events {
-		rep.Events[i].CreatedAt = rep.Events[i].CreatedAt.UTC()
-	}
-	periods, err := m.ThrottlePeriods(ctx, tx, batchID)
-	if err != nil {
-		return rep, err
-	}
-	waits, err := m.Waits(ctx, tx, batchID)
-	if err != nil {
-		return rep, err
-	}
-	if rep.Exceptions, err = m.reportExceptions(ctx, tx, batchID); err != nil {
-		return rep, err
-	}
-	if rep.Validations, err = m.reportValidations(ctx, tx, batchID); err != nil {
-		return rep, err
-	}
-	rep.Totals = reportTotals(rep.Chunks)
-	rep.Throughput = reportThroughput(rep.Chunks, reportRateBuckets)
-	rep.Durations = reportDurations(rep.Chunks, reportHistogramBins)
-	end := rep.GeneratedAt
-	if run.FinishedAt != nil {
-		end = *run.FinishedAt
-	}
-	paused := pausedSpans(rep.Events, end)
-	rep.Time = reportTime(splitTime(run.CreatedAt, end, paused, periods), periods)
-	for _, s := range paused {
-		rep.Time.Paused = append(rep.Time.Paused, ReportSpan{From: s.from.UTC(), To: s.to.UTC()})
-	}
-	rep.Waits = reportWaitsOf(waits)
-	return rep, nil
-}
-
-func (m *PGManifest) reportPlan(ctx context.Context, tx sqlx.ExtContext, run Run, p *ReportPlan) error {
-	var plan Plan
-	if len(run.Plan) > 0 {
-		if err := json.Unmarshal(run.Plan, &plan); err != nil {
-			return fmt.Errorf("decode plan: %w", err)
-		}
-	}
-	var calls int
-	if err := sqlx.GetContext(ctx, tx, &calls, m.sql(`SELECT calls FROM {s}.runs WHERE batch_id = $1`), run.BatchID); err != nil {
-		return err
-	}
-	*p = ReportPlan{BatchID: run.BatchID, Job: run.Job, Source: run.Source, CodeVersion: run.CodeVersion, Fingerprint: run.Fingerprint,
-		Scope: plan.Scope, ScopeLower: run.ScopeLower, ScopeUpper: run.ScopeUpper, ChunksTotal: run.ChunksTotal,
-		Target: plan.Target, Rollback: plan.Rollback, Publish: plan.Publish, Time: plan.Time, Status: run.Status,
-		StartedBy: run.Worker, CreatedAt: run.CreatedAt.UTC(), FinishedAt: utcPtr(run.FinishedAt), LastError: run.LastError,
-		Watermark: utcPtr(run.Watermark), Calls: calls}
-	return nil
-}
-
-func utcPtr(t *time.Time) *time.Time {
-	if t == nil {
-		return nil
-	}
-	u := t.UTC()
-	return &u
-}
-
-// reportChunks returns the chunks of the run and their kind.
-func (m *PGManifest) reportChunks(ctx context.Context, tx sqlx.ExtContext, batchID int64) ([]ReportChunk, string, error) {
-	var rows []struct {
-		Seq        int        `db:"seq"`
-		ID         string     `db:"chunk_id"`
-		Kind       string     `db:"kind"`
-		Lower      string     `db:"lower_bound"`
-		Upper      string     `db:"upper_bound"`
-		Status     string     `db:"status"`
-		Attempts   int        `db:"attempts"`
-		Worker     string     `db:"worker"`
-		StartedAt  *time.Time `db:"started_at"`
-		FinishedAt *time.Time `db:"finished_at"`
-		LastError  string     `db:"last_error"`
-		Skipped    bool       `db:"skipped"`
-		Counts
-	}
-	if err := sqlx.SelectContext(ctx, tx, &rows, m.sql(`SELECT seq, chunk_id, kind, lower_bound, upper_bound, status, attempts, worker,
-		started_at, finished_at, last_error, skipped, rows_read, rows_inserted, rows_updated, rows_unchanged, rows_rejected, rows_deduplicated
-		FROM {s}.chunks WHERE batch_id = $1 ORDER BY seq`), batchID); err != nil {
-		return nil, "", fmt.Errorf("chunks: %w", err)
-	}
-	out := make([]ReportChunk, len(rows))
-	for i, r := range rows {
-		c := ReportChunk{Seq: r.Seq, ID: r.ID, Lower: r.Lower, Upper: r.Upper, Status: r.Status, Attempts: r.Attempts, Worker: r.Worker,
-			StartedAt: utcPtr(r.StartedAt), FinishedAt: utcPtr(r.FinishedAt), Counts: r.Counts, LastError: r.LastError, Skipped: r.Skipped}
-		if c.StartedAt != nil && c.FinishedAt != nil {
-			c.DurationSeconds = c.FinishedAt.Sub(*c.StartedAt).Seconds()
-		}
-		out[i] = c
-	}
-	kind := ""
-	if len(rows) > 0 {
-		kind = rows[0].Kind // a plan's chunks are of one kind
-	}
-	return out, kind, nil
-}
-
-func (m *PGManifest) reportWorkers(ctx context.Context, tx sqlx.ExtContext, batchID int64) ([]ReportWorker, error) {
-	var rows []ReportWorker
-	if err := sqlx.SelectContext(ctx, tx, &rows, m.sql(`SELECT worker_id, host, pid, state, started_at, heartbeat_at, finished_at
-		FROM {s}.workers WHERE batch_id = $1 ORDER BY started_at, worker_key`), batchID); err != nil {
-		return nil, fmt.Errorf("workers: %w", err)
-	}
-	for i := range rows {
-		rows[i].StartedAt, rows[i].HeartbeatAt, rows[i].FinishedAt = rows[i].StartedAt.UTC(), rows[i].HeartbeatAt.UTC(), utcPtr(rows[i].FinishedAt)
-	}
-	if rows == nil {
-		rows = []ReportWorker{}
-	}
-	return rows, nil
-}
-
-func (m *PGManifest) reportExceptions(ctx context.Context, tx sqlx.ExtContext, batchID int64) (ReportExceptions, error) {
-	var out ReportExceptions
-	if err := sqlx.GetContext(ctx, tx, &out, m.sql(`SELECT count(*) FILTER (WHERE failed_attempt IS NULL) AS total,
-		count(*) FILTER (WHERE failed_attempt IS NOT NULL) AS failed_attempts,
-		count(DISTINCT (reason, column_name)) FILTER (WHERE failed_attempt IS NULL) AS groups_total
-		FROM {s}.exceptions WHERE batch_id = $1`), batchID); err != nil {
-		return out, fmt.Errorf("exceptions: %w", err)
-	}
-	// The largest groups, each with its first few rows (in chunk and row
-	// order), in one statement.
-	var rows []struct {
-		Reason  string         `db:"reason"`
-		Column  string         `db:"column_name"`
-		Count   int64          `db:"n"`
-		ChunkID string         `db:"chunk_id"`
-		Row     int64          `db:"row_number"`
-		Value   string         `db:"value"`
-		Raw     sql.NullString `db:"raw_text"`
-		At      time.Time      `db:"created_at"`
-	}
-	if err := sqlx.SelectContext(ctx, tx, &rows, m.sql(`WITH g AS (
-			SELECT reason, column_name, count(*) AS n FROM {s}.exceptions
-			WHERE batch_id = $1 AND failed_attempt IS NULL
-			GROUP BY reason, column_name ORDER BY n DESC, reason, column_name LIMIT $2),
-		x AS (
-			SELECT e.reason, e.column_name, e.chunk_id, e.row_number, e.value, e.raw::text AS raw_text, e.created_at,
-				row_number() OVER (PARTITION BY e.reason, e.column_name ORDER BY c.seq, e.row_number, e.id) AS k
-			FROM {s}.exceptions e JOIN {s}.chunks c ON c.batch_id = e.batch_id AND c.chunk_id = e.chunk_id
-			JOIN g ON g.reason = e.reason AND g.column_name = e.column_name
-			WHERE e.batch_id = $1 AND e.failed_attempt IS NULL)
-		SELECT g.reason, g.column_name, g.n, x.chunk_id, x.row_number, x.value, x.raw_text, x.created_at
-		FROM g JOIN x ON x.reason = g.reason AND x.column_name = g.column_name AND x.k <= $3
-		ORDER BY g.n DESC, g.reason, g.column_name, x.k`), batchID, reportExceptionGroups, reportExceptionExamples); err != nil {
-		return out, fmt.Errorf("exceptions: %w", err)
-	}
-	out.Groups = []ReportExceptionGroup{}
-	for _, r := range rows {
-		if n := len(out.Groups); n == 0 || out.Groups[n-1].Reason != r.Reason || out.Groups[n-1].Column != r.Column {
-			out.Groups = append(out.Groups, ReportExceptionGroup{Reason: r.Reason, Column: r.Column, Count: r.Count})
-		}
-		e := Exception{BatchID: batchID, ChunkID: r.ChunkID, Row: r.Row, Column: r.Column, Value: r.Value, Reason: r.Reason, CreatedAt: r.At.UTC()}
-		if r.Raw.Valid {
-			e.Raw = json.RawMessage(r.Raw.String)
-		}
-		g := &out.Groups[len(out.Groups)-1]
-		g.Examples = append(g.Examples, e)
-	}
-	return out, nil
-}
-
-func (m *PGManifest) reportValidations(ctx context.Context, tx sqlx.ExtContext, batchID int64) (ReportValidations, error) {
-	out := ReportValidations{Checks: []ReportCheck{}, Failures: []Validation{}}
-	if err := sqlx.SelectContext(ctx, tx, &out.Checks, m.sql(`SELECT check_name AS "check", severity,
-		count(*) FILTER (WHERE failed_attempt IS NULL) AS results,
-		count(*) FILTER (WHERE failed_attempt IS NULL AND passed) AS passed,
-		count(*) FILTER (WHERE failed_attempt IS NULL AND NOT passed) AS failed,
-		count(*) FILTER (WHERE failed_attempt IS NULL AND NOT passed AND accepted) AS accepted,
-		count(*) FILTER (WHERE failed_attempt IS NOT NULL) AS failed_attempts
-		FROM {s}.validations WHERE batch_id = $1 GROUP BY check_name, severity ORDER BY check_name, severity`), batchID); err != nil {
-		return out, fmt.Errorf("validations: %w", err)
-	}
-	if err := sqlx.GetContext(ctx, tx, &out.FailuresTotal, m.sql(`SELECT count(*) FROM {s}.validations WHERE batch_id = $1 AND NOT passed`), batchID); err != nil {
-		return out, fmt.Errorf("validations: %w", err)
-	}
-	var rows []struct {
-		ChunkID   string         `db:"chunk_id"`
-		Check     string         `db:"check_name"`
-		Severity  string         `db:"severity"`
-		Expected  string         `db:"expected"`
-		Actual    string         `db:"actual"`
-		Sample    string         `db:"sample"`
-		Detail    sql.NullString `db:"detail"`
-		CreatedAt time.Time      `db:"created_at"`
-		Failed    sql.NullInt64  `db:"failed_attempt"`
-		Accepted  bool           `db:"accepted"`
-	}
-	if err := sqlx.SelectContext(ctx, tx, &rows, m.sql(`SELECT chunk_id, check_name, severity, expected, actual,
-		sample::text AS sample, detail::text AS detail, created_at, failed_attempt, accepted
-		FROM {s}.validations WHERE batch_id = $1 AND NOT passed ORDER BY id LIMIT $2`), batchID, reportValidationFailures); err != nil {
-		return out, fmt.Errorf("validations: %w", err)
-	}
-	for _, r := range rows {
-		v := Validation{BatchID: batchID, ChunkID: r.ChunkID, CreatedAt: r.CreatedAt.UTC(), FailedAttempt: int(r.Failed.Int64),
-			CheckResult: CheckResult{Check: r.Check, Severity: Severity(r.Severity), Expected: r.Expected, Actual: r.Actual, Accepted: r.Accepted}}
-		if err := json.Unmarshal([]byte(r.Sample), &v.Sample); err != nil {
-			return out, fmt.Errorf("validations: sample of %s of chunk %s: %w", r.Check, r.ChunkID, err)
-		}
-		if r.Detail.Valid {
-			v.Detail = json.RawMessage(r.Detail.String)
-		}
-		out.Failures = append(out.Failures, v)
-	}
-	return out, nil
-}
-
-// reportTotals sums chunks.
-func reportTotals(chunks []ReportChunk) ReportTotals {
-	t := ReportTotals{ChunksByStatus: map[string]int{}}
-	workers := map[string]bool{}
-	for _, c := range chunks {
-		t.ChunksByStatus[c.Status]++
-		if c.Skipped && (c.Status == string(ChunkDone) || c.Status == string(ChunkOpen)) {
-			t.ChunksSkipped++
-		}
-		t.Attempts += c.Attempts
-		t.Rows.Read += c.Counts.Read
-		t.Rows.Inserted += c.Counts.Inserted
-		t.Rows.Updated += c.Counts.Updated
-		t.Rows.Unchanged += c.Counts.Unchanged
-		t.Rows.Rejected += c.Counts.Rejected
-		t.Rows.Deduplicated += c.Counts.Deduplicated
-		if c.Worker != "" {
-			workers[c.Worker] = true
-		}
-		if c.StartedAt != nil && (t.FirstStart == nil || c.StartedAt.Before(*t.FirstStart)) {
-			t.FirstStart = c.StartedAt
-		}
-		if c.FinishedAt != nil && (t.LastFinish == nil || c.FinishedAt.After(*t.LastFinish)) {
-			t.LastFinish = c.FinishedAt
-		}
-	}
-	t.Workers = len(workers)
-	if t.FirstStart != nil && t.LastFinish != nil {
-		if d := t.LastFinish.Sub(*t.FirstStart).Seconds(); d > 0 {
-			t.RowsPerSecond = float64(t.Rows.Read) / d
-		}
-	}
-	return t
-}
-
-// reportBucketSteps are the widths the rows/s series picks from: the
-// smallest that gives at most the wanted number of buckets.
-var reportBucketSteps = []time.Duration{
-	time.Millisecond, 2 * time.Millisecond, 5 * time.Millisecond, 10 * time.Millisecond, 20 * time.Millisecond,
-	50 * time.Millisecond, 100 * time.Millisecond, 200 * time.Millisecond, 500 * time.Millisecond,
-	time.Second, 2 * time.Second, 5 * time.Second, 10 * time.Second, 15 * time.Second, 30 * time.Second,
-	time.Minute, 2 * time.Minute, 5 * time.Minute, 10 * time.Minute, 15 * time.Minute, 30 * time.Minute,
-	time.Hour, 2 * time.Hour, 3 * time.Hour, 6 * time.Hour, 12 * time.Hour, 24 * time.Hour,
-}
-
-// reportThroughput spreads each timed chunk's rows read evenly over its
-// start to finish and sums them in about n buckets.
-func reportThroughput(chunks []ReportChunk, n int) ReportThroughput {
-	out := ReportThroughput{Buckets: []ReportRate{}}
-	var first, last time.Time
-	for _, c := range chunks {
-		if c.StartedAt == nil || c.FinishedAt == nil {
-			continue
-		}
-		if first.IsZero() || c.StartedAt.Before(first) {
-			first = *c.StartedAt
-		}
-		if last.IsZero() || c.FinishedAt.After(last) {
-			last = *c.FinishedAt
-		}
-	}
-	if first.IsZero() {
-		return out
-	}
-	span := last.Sub(first)
-	width := reportBucketSteps[len(reportBucketSteps)-1]
-	for _, w := range reportBucketSteps {
-		if span <= w*time.Duration(n) {
-			width = w
-			break
-		}
-	}
-	first = first.Truncate(width)
-	k := int(last.Sub(first)/width) + 1
-	rows := make([]float64, k)
-	for _, c := range chunks {
-		if c.StartedAt == nil || c.FinishedAt == nil || c.Counts.Read == 0 {
-			continue
-		}
-		a, b := *c.StartedAt, *c.FinishedAt
-		if !b.After(a) {
-			rows[min(int(a.Sub(first)/width), k-1)] += float64(c.Counts.Read)
-			continue
-		}
-		per := float64(c.Counts.Read) / float64(b.Sub(a))
-		for i := int(a.Sub(first) / width); i < k; i++ {
-			from := first.Add(time.Duration(i) * width)
-			to := from.Add(width)
-			if !from.Before(b) {
-				break
-			}
-			lo, hi := from, to
-			if a.After(lo) {
-				lo = a
-			}
-			if b.Before(hi) {
-				hi = b
-			}
-			if hi.After(lo) {
-				rows[i] += per * float64(hi.Sub(lo))
-			}
-		}
-	}
-	out.Start = &first
-	out.BucketSeconds = width.Seconds()
-	for i, r := range rows {
-		out.Buckets = append(out.Buckets, ReportRate{Start: first.Add(time.Duration(i) * width), Rows: r, RowsPerSecond: r / width.Seconds()})
-	}
-	return out
-}
-
-// reportDurations is the distribution of the timed chunks' durations,
-// with a histogram of equal bins from the least to the greatest: at most
-// bins, about the square root of the number of chunks.
-func reportDurations(chunks []ReportChunk, bins int) ReportDurations {
-	out := ReportDurations{Bins: []ReportBin{}}
-	var ds []float64
-	for _, c := range chunks {
-		if c.StartedAt != nil && c.FinishedAt != nil {
-			ds = append(ds, c.DurationSeconds)
-		}
-	}
-	if len(ds) == 0 {
-		return out
-	}
-	sort.Float64s(ds)
-	sum := 0.0
-	for _, d := range ds {
-		sum += d
-	}
-	// Nearest rank.
-	pct := func(p float64) float64 { return ds[max(0, int(math.Ceil(p*float64(len(ds))))-1)] }
-	out.Count, out.Min, out.Max, out.Mean = len(ds), ds[0], ds[len(ds)-1], sum/float64(len(ds))
-	out.P50, out.P90, out.P99 = pct(0.5), pct(0.9), pct(0.99)
-	if out.Max == out.Min {
-		out.Bins = append(out.Bins, ReportBin{From: out.Min, To: out.Max, Count: len(ds)})
-		return out
-	}
-	// Fewer bins for few chunks: about the square root of their number.
-	bins = min(bins, max(1, int(math.Ceil(math.Sqrt(float64(len(ds)))))))
-	w := (out.Max - out.Min) / float64(bins)
-	for i := range bins {
-		out.Bins = append(out.Bins, ReportBin{From: out.Min + float64(i)*w, To: out.Min + float64(i+1)*w})
-	}
-	out.Bins[bins-1].To = out.Max
-	for _, d := range ds {
-		out.Bins[min(int((d-out.Min)/w), bins-1)].Count++
-	}
-	return out
-}
-
-// reportTime converts split to seconds and sums periods per signal.
-func reportTime(split TimeSplit, periods []ThrottlePeriod) ReportTime {
-	out := ReportTime{Start: split.Start.UTC(), End: split.End.UTC(), TotalSeconds: split.Total.Seconds(),
-		WorkingSeconds: split.Working.Seconds(), PausedSeconds: split.Paused.Seconds(),
-		ThrottledSeconds: map[string]float64{}, Paused: []ReportSpan{}, Signals: []ReportSignal{}, Periods: []ReportThrottle{}, PeriodsTotal: len(periods)}
-	for s, d := range split.Throttled {
-		out.ThrottledSeconds[s] = d.Seconds()
-	}
-	bySignal := map[string]*ReportSignal{}
-	for _, p := range periods {
-		s := bySignal[p.Signal]
-		if s == nil {
-			s = &ReportSignal{Signal: p.Signal, MaxValue: p.Value}
-			bySignal[p.Signal] = s
-		}
-		s.Holds++
-		s.HeldSeconds += p.Ended.Sub(p.StartedAt).Seconds()
-		s.MaxValue = max(s.MaxValue, p.Value)
-		if len(out.Periods) < reportThrottlePeriods {
-			out.Periods = append(out.Periods, ReportThrottle{Signal: p.Signal, Reason: p.Reason, Value: p.Value, High: p.High, Low: p.Low,
-				StartedAt: p.StartedAt.UTC(), EndedAt: p.Ended.UTC(), Open: p.EndedAt == nil})
-		}
-	}
-	for _, s := range bySignal {
-		out.Signals = append(out.Signals, *s)
-	}
-	slices.SortFunc(out.Signals, func(a, b ReportSignal) int { return cmp.Compare(a.Signal, b.Signal) })
-	return out
-}
-
-// reportWaitsOf summarises waits, keeping the longest.
-func reportWaitsOf(waits []Wait) ReportWaits {
-	out := ReportWaits{Total: len(waits), BySQLState: map[string]int{}, Longest: []Wait{}}
-	for _, w := range waits {
-		out.WaitedSeconds += w.Waited.Seconds()
-		out.BySQLState[w.SQLState]++
-		if w.Final {
-			out.Final++
-		}
-	}
-	sorted := slices.Clone(waits)
-	slices.SortStableFunc(sorted, func(a, b Wait) int { return cmp.Compare(b.Waited, a.Waited) })
-	for _, w := range sorted[:min(len(sorted), reportWaits)] {
-		w.At = w.At.UTC()
-		if w.Blockers == nil {
-			w.Blockers = []Blocker{}
-		}
-		out.Longest = append(out.Longest, w)
-	}
-	return out
+	return pgstore.LoadRunReport(ctx, db, m, batchID)
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgbackfill/backfill/internal/pgstore"
 	"github.com/pgbackfill/backfill/internal/pgtest"
 )
 
@@ -230,7 +231,7 @@ func TestReportThroughputSpreadsRows(t *testing.T) {
 		{StartedAt: at(10), FinishedAt: at(20), Counts: Counts{Read: 50}},
 		{Counts: Counts{Read: 1000}}, // never timed
 	}
-	tp := reportThroughput(chunks, 4) // 20 s in at most 4 buckets: 5 s each
+	tp := pgstore.BuildReportThroughput(chunks, 4) // 20 s in at most 4 buckets: 5 s each
 	require.Equal(t, 5.0, tp.BucketSeconds)
 	var rows []float64
 	for _, b := range tp.Buckets {
@@ -251,7 +252,7 @@ func TestReportDurationsHistogram(t *testing.T) {
 		chunks = append(chunks, ReportChunk{StartedAt: &t0, FinishedAt: &end, DurationSeconds: float64(i)})
 	}
 	chunks = append(chunks, ReportChunk{}) // pending: no duration
-	d := reportDurations(chunks, 10)
+	d := pgstore.BuildReportDurations(chunks, 10)
 	require.Equal(t, 100, d.Count)
 	require.Equal(t, []float64{1, 50, 90, 99, 100, 50.5}, []float64{d.Min, d.P50, d.P90, d.P99, d.Max, d.Mean})
 	require.Len(t, d.Bins, 10)
@@ -261,7 +262,7 @@ func TestReportDurationsHistogram(t *testing.T) {
 	}
 	require.Equal(t, []int{10, 10, 10, 10, 10, 10, 10, 10, 10, 10}, counts)
 	require.Equal(t, 100.0, d.Bins[9].To)
-	one := reportDurations(chunks[:1], 10)
+	one := pgstore.BuildReportDurations(chunks[:1], 10)
 	require.Equal(t, []ReportBin{{From: 1, To: 1, Count: 1}}, one.Bins)
 }
 
@@ -290,7 +291,7 @@ func TestRunReportManyChunks(t *testing.T) {
 	require.Equal(t, int64(n*(n-1)/2), rep.Totals.Rows.Read)
 	require.Equal(t, 3, rep.Totals.Workers)
 	require.Equal(t, map[string]int{"done": n}, rep.Totals.ChunksByStatus)
-	require.LessOrEqual(t, len(rep.Throughput.Buckets), reportRateBuckets+1)
+	require.LessOrEqual(t, len(rep.Throughput.Buckets), pgstore.ReportRateBuckets+1)
 	require.InDelta(t, 0.5, rep.Durations.P99, 1e-9)
 	for i, c := range rep.Chunks {
 		require.Equal(t, i, c.Seq, "chunks in plan order")

@@ -1,6 +1,7 @@
 package backfill
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -9,6 +10,8 @@ import (
 	"time"
 
 	"github.com/jmoiron/sqlx"
+	"github.com/pgbackfill/backfill/backfilldriver"
+	"github.com/pgbackfill/backfill/internal/pgstore"
 )
 
 // RollbackOptions configures [Runner.Rollback].
@@ -194,7 +197,7 @@ func (r *Runner) rollbackBatch(ctx context.Context, job Job, opts RollbackOption
 		// Chunks claimed while the run was running may still be in
 		// flight (the run's row is no lock they hold): wait for them,
 		// fencing stale holders, before the rollback reads what to undo.
-		if err := wm.waitInFlight(ctx, r.db, run.BatchID, r.fenceWait(fmt.Sprintf("rollback of batch %d", run.BatchID))); err != nil {
+		if err := wm.WaitInFlight(ctx, r.db, run.BatchID, r.fenceWait(fmt.Sprintf("rollback of batch %d", run.BatchID))); err != nil {
 			return Run{}, Plan{}, err
 		}
 	}
@@ -225,7 +228,7 @@ type undoRollback struct {
 // undoRollback readies the rollback of run by the undo log.
 func (r *Runner) undoRollback(ctx context.Context, job Job, run Run, plan Plan, opts RollbackOptions) (*undoRollback, error) {
 	if plan.Rollback != RollbackUndoLog {
-		return nil, fmt.Errorf("backfill: rollback of batch %d: %w: it was planned with rollback %q", run.BatchID, ErrUnsupported, cmpOr(plan.Rollback, "none"))
+		return nil, fmt.Errorf("backfill: rollback of batch %d: %w: it was planned with rollback %q", run.BatchID, ErrUnsupported, cmp.Or(plan.Rollback, "none"))
 	}
 	if !r.caps.writesUndo {
 		return nil, fmt.Errorf("backfill: rollback of batch %d: %w: the merger does not write the undo log (UndoLogWriter)", run.BatchID, ErrUnsupported)
@@ -269,7 +272,7 @@ func (r *Runner) undoRollback(ctx context.Context, job Job, run Run, plan Plan, 
 				run.BatchID, opts.ChunkID, ErrUnsupported, u.one.Inserted)
 		}
 	}
-	err = readTx(ctx, r.db, func(tx sqlx.ExtContext) (err error) {
+	err = pgstore.ReadTx(ctx, r.db, func(tx sqlx.ExtContext) (err error) {
 		u.rb, err = r.caps.mergeUndo.UndoRollback(ctx, tx, r.caps.rollback, info, scope)
 		return err
 	})
@@ -285,7 +288,7 @@ func (r *Runner) undoRollback(ctx context.Context, job Job, run Run, plan Plan, 
 func (u *undoRollback) conflicts(ctx context.Context) (RollbackReport, error) {
 	rep := RollbackReport{BatchID: u.run.BatchID, Preview: u.opts.Preview, Status: u.run.Status}
 	var c RollbackConflicts
-	err := inBoundedTx(ctx, u.r.db, func(tx sqlx.ExtContext) (err error) {
+	err := pgstore.InBoundedTx(ctx, u.r.db, func(tx sqlx.ExtContext) (err error) {
 		if !u.opts.Preview {
 			if err := u.lockTarget(ctx, tx); err != nil {
 				return err
@@ -311,7 +314,7 @@ func (u *undoRollback) conflicts(ctx context.Context) (RollbackReport, error) {
 // preview adds to rep what the rollback would delete and restore.
 func (u *undoRollback) preview(ctx context.Context, rep RollbackReport) (RollbackReport, error) {
 	rep.Chunks = len(u.seqs)
-	err := readTx(ctx, u.r.db, func(tx sqlx.ExtContext) (err error) {
+	err := pgstore.ReadTx(ctx, u.r.db, func(tx sqlx.ExtContext) (err error) {
 		rep.Deleted, rep.Restored, err = u.rb.Preview(ctx, tx, u.opts.Force)
 		return err
 	})
@@ -392,7 +395,7 @@ func (u *undoRollback) apply(ctx context.Context, rep RollbackReport) (RollbackR
 // nothing. Any other running run is refused with what to do. The chunks
 // in flight (open chunks read again) are waited for after the pause
 // commits (rollbackBatch, waitInFlight).
-func (r *Runner) stopOpenRun(ctx context.Context, pm sqlManifest, run Run, opts RollbackOptions) (Run, error) {
+func (r *Runner) stopOpenRun(ctx context.Context, pm backfilldriver.SQLManifest, run Run, opts RollbackOptions) (Run, error) {
 	refuse := func(unfinished int) error {
 		return fmt.Errorf("backfill: rollback of batch %d: %w: the run is still running with %d chunks pending or failed; finish it first "+
 			"(run the job again; a run paused by a gate can be resumed, or rolled back as it is), or start a new run with Job.NewRun, "+
@@ -404,8 +407,8 @@ func (r *Runner) stopOpenRun(ctx context.Context, pm sqlManifest, run Run, opts 
 	}
 	countUnfinished := func(db sqlx.ExtContext) (int, error) {
 		var n int
-		err := readTx(ctx, db, func(tx sqlx.ExtContext) error {
-			return sqlx.GetContext(ctx, tx, &n, pm.sql(`SELECT count(*) FROM {s}.chunks WHERE batch_id = $1 AND status NOT IN ('done', 'open')`), run.BatchID)
+		err := pgstore.ReadTx(ctx, db, func(tx sqlx.ExtContext) error {
+			return sqlx.GetContext(ctx, tx, &n, pm.SQL(`SELECT count(*) FROM {s}.chunks WHERE batch_id = $1 AND status NOT IN ('done', 'open')`), run.BatchID)
 		})
 		return n, err
 	}
@@ -419,9 +422,9 @@ func (r *Runner) stopOpenRun(ctx context.Context, pm sqlManifest, run Run, opts 
 		}
 		return run, nil
 	}
-	err := inBoundedTx(ctx, r.db, func(tx sqlx.ExtContext) error {
+	err := pgstore.InBoundedTx(ctx, r.db, func(tx sqlx.ExtContext) error {
 		var status string
-		if err := sqlx.GetContext(ctx, tx, &status, pm.sql(`SELECT status FROM {s}.runs WHERE batch_id = $1 FOR NO KEY UPDATE`), run.BatchID); err != nil {
+		if err := sqlx.GetContext(ctx, tx, &status, pm.SQL(`SELECT status FROM {s}.runs WHERE batch_id = $1 FOR NO KEY UPDATE`), run.BatchID); err != nil {
 			return err
 		}
 		run.Status = RunStatus(status)
@@ -437,7 +440,7 @@ func (r *Runner) stopOpenRun(ctx context.Context, pm sqlManifest, run Run, opts 
 		}
 		// The operator's free text, stored as the manifest stores it.
 		reason := ManifestText(fmt.Sprintf("rollback requested by %s: %s", opts.Actor, opts.Why))
-		if _, err := tx.ExecContext(ctx, pm.sql(`UPDATE {s}.runs SET status = 'paused', last_error = $2, updated_at = now() WHERE batch_id = $1`), run.BatchID, reason); err != nil {
+		if _, err := tx.ExecContext(ctx, pm.SQL(`UPDATE {s}.runs SET status = 'paused', last_error = $2, updated_at = now() WHERE batch_id = $1`), run.BatchID, reason); err != nil {
 			return err
 		}
 		run.Status, run.LastError = RunPaused, reason

@@ -1,10 +1,12 @@
 package backfill
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 
 	"github.com/jmoiron/sqlx"
+	"github.com/pgbackfill/backfill/internal/pgstore"
 )
 
 // A rollback by the undo log takes the target's merge lock in each of its
@@ -46,20 +48,14 @@ import (
 // whose DB is not one of Postgres (a DB of the caller's, such as
 // backfilltest's) takes no lock.
 func (u *undoRollback) lockTarget(ctx context.Context, tx sqlx.ExtContext) error {
-	if _, ok := u.r.db.(pgDB); !ok {
+	if _, ok := u.r.db.(pgstore.PGDB); !ok {
 		return nil
 	}
-	ns := lockNamespace(cmpOr(u.info.lockRoot, u.info.Target.Table))
-	if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock($1::int, $2::int)`, ns, wholeTarget); err != nil {
+	ns := pgstore.LockNamespace(cmp.Or(u.info.LockRoot, u.info.Target.Table))
+	if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock($1::int, $2::int)`, ns, pgstore.WholeTarget); err != nil {
 		return fmt.Errorf("backfill: rollback of batch %d: wait for the merges into %s: %w", u.run.BatchID, u.info.Target.Table, err)
 	}
 	return nil
-}
-
-// scopedConflicts is an [UndoRollback] that checks the conflicts of some
-// of its chunks: those not rolled back yet.
-type scopedConflicts interface {
-	conflictsOf(ctx context.Context, db sqlx.ExtContext, seqs []int, lineage bool) (RollbackConflicts, error)
 }
 
 // lockedTx runs f in a transaction of the rollback (inTx: READ COMMITTED,
@@ -72,12 +68,12 @@ type scopedConflicts interface {
 // rollback of the caller's, not [PGMerger]'s, takes no lock and checks
 // once.)
 func (u *undoRollback) lockedTx(ctx context.Context, seqs []int, lineage bool, f func(tx sqlx.ExtContext) error) error {
-	return inBoundedTx(ctx, u.r.db, func(tx sqlx.ExtContext) error {
+	return pgstore.InBoundedTx(ctx, u.r.db, func(tx sqlx.ExtContext) error {
 		if err := u.lockTarget(ctx, tx); err != nil {
 			return err
 		}
-		if sc, ok := u.rb.(scopedConflicts); ok && !u.opts.Force {
-			c, err := sc.conflictsOf(ctx, tx, seqs, lineage)
+		if sc, ok := u.rb.(pgstore.ScopedConflicts); ok && !u.opts.Force {
+			c, err := sc.ConflictsOf(ctx, tx, seqs, lineage)
 			if err != nil {
 				return err
 			}

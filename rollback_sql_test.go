@@ -3,6 +3,8 @@ package backfill
 import (
 	"testing"
 	"time"
+
+	"github.com/pgbackfill/backfill/internal/pgstore"
 )
 
 // rollbackStatements builds every rollback statement of a golden case:
@@ -10,44 +12,44 @@ import (
 // column.
 func rollbackStatements(t *testing.T, g goldenTarget) [][2]string {
 	info := goldenInfo(t, g)
-	rb := newPGRollback(&PGManifest{schema: "backfill"}, info)
+	rb := pgstore.NewPGRollback(&PGManifest{SchemaName: "backfill"}, info)
 	for _, c := range info.Columns {
-		rb.columns = append(rb.columns, c.Name)
+		rb.Columns = append(rb.Columns, c.Name)
 	}
 	if info.Target.Mode == History {
-		rb.columns = append(rb.columns, info.Target.ValidTo)
+		rb.Columns = append(rb.Columns, info.Target.ValidTo)
 	}
-	rb.chunkColumn, rb.zone = "version", "Europe/Berlin"
-	rb.keyTypes = map[string]string{}
+	rb.ChunkColumn, rb.Zone = "version", "Europe/Berlin"
+	rb.KeyTypes = map[string]string{}
 	for _, c := range info.Columns {
-		rb.keyTypes[c.Name] = c.Type
+		rb.KeyTypes[c.Name] = c.Type
 	}
 	start := time.Date(2024, 3, 1, 0, 0, 0, 0, time.UTC)
 	chunk := &ChunkState{Chunk: Chunk{ID: "2024-03-01", Seq: 3, Kind: KindTime, Start: start, End: start.AddDate(0, 0, 1)}}
-	whole, _ := rb.insertedFilter(nil, 4)
-	one, _ := rb.insertedFilter(chunk, 4)
+	whole, _ := rb.InsertedFilter(nil, 4)
+	one, _ := rb.InsertedFilter(chunk, 4)
 	out := [][2]string{
-		{"conflicts: batch", rb.conflictsSQL(whole)},
-		{"conflicts: chunk", rb.conflictsSQL(one)},
-		{"preview: batch", rb.previewSQL(whole)},
-		{"preview: chunk", rb.previewSQL(one)},
-		{"restore", rb.restoreSQL()},
-		{"delete logged inserts", rb.deleteLoggedSQL()},
+		{"conflicts: batch", rb.ConflictsSQL(whole)},
+		{"conflicts: chunk", rb.ConflictsSQL(one)},
+		{"preview: batch", rb.PreviewSQL(whole)},
+		{"preview: chunk", rb.PreviewSQL(one)},
+		{"restore", rb.RestoreSQL()},
+		{"delete logged inserts", rb.DeleteLoggedSQL()},
 	}
-	whole, _ = rb.insertedFilter(nil, 3)
-	one, _ = rb.insertedFilter(chunk, 3)
+	whole, _ = rb.InsertedFilter(nil, 3)
+	one, _ = rb.InsertedFilter(chunk, 3)
 	out = append(out, [][2]string{
-		{"delete inserted: batch", rb.deleteInsertedSQL(whole)},
-		{"delete inserted: chunk", rb.deleteInsertedSQL(one)},
+		{"delete inserted: batch", rb.DeleteInsertedSQL(whole)},
+		{"delete inserted: chunk", rb.DeleteInsertedSQL(one)},
 	}...)
 	if info.Target.Mode == History {
-		out = append(out, [][2]string{{"retile", rb.retileSQL()}, {"check retiled", rb.checkRetiledSQL()}}...)
+		out = append(out, [][2]string{{"retile", rb.RetileSQL()}, {"check retiled", rb.CheckRetiledSQL()}}...)
 	}
-	one, _ = rb.insertedFilter(chunk, 5)
+	one, _ = rb.InsertedFilter(chunk, 5)
 	out = append(out, [][2]string{
-		{"delivered: batch", rb.deliveredSQL(false, "true")},
-		{"delivered: chunk", rb.deliveredSQL(true, one)},
-		{"record delivered (merge)", (&pgStager{info: info, q: buildMergeSQL(info)}).recordDeliveredSQL()},
+		{"delivered: batch", rb.DeliveredSQL(false, "true")},
+		{"delivered: chunk", rb.DeliveredSQL(true, one)},
+		{"record delivered (merge)", (&pgstore.PGStager{Info: info, Q: pgstore.BuildMergeSQL(info)}).RecordDeliveredSQL()},
 	}...)
 	return out
 }

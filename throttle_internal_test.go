@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgbackfill/backfill/internal/pgstore"
 	"github.com/stretchr/testify/require"
 	"pgregory.net/rapid"
 )
@@ -181,8 +182,8 @@ func TestSplitTime(t *testing.T) {
 		{Signal: "wal", StartedAt: at(55), Ended: at(70)}, // 60-70 paused
 	}
 	slicesSortPeriods(periods)
-	paused := pausedSpans([]Event{{Kind: "run_paused", CreatedAt: at(60)}, {Kind: "run_resumed_by_operator", CreatedAt: at(80)}, {Kind: "run_paused", CreatedAt: at(95)}}, at(100))
-	ts := splitTime(t0, at(100), paused, periods)
+	paused := pgstore.PausedSpans([]Event{{Kind: "run_paused", CreatedAt: at(60)}, {Kind: "run_resumed_by_operator", CreatedAt: at(80)}, {Kind: "run_paused", CreatedAt: at(95)}}, at(100))
+	ts := pgstore.SplitTime(t0, at(100), paused, periods)
 	require.Equal(t, 100*time.Second, ts.Total)
 	require.Equal(t, 25*time.Second, ts.Paused)
 	require.Equal(t, map[string]time.Duration{"lag": 20 * time.Second, "wal": 15 * time.Second}, ts.Throttled)

@@ -187,9 +187,9 @@ func TestRowsPerSecondSharedByLiveWorkers(t *testing.T) {
 	run, _, err := m.StartRun(t.Context(), r.db, rs.plan, "w1", false)
 	require.NoError(t, err)
 	for _, k := range []string{"a", "b", "c", "d"} {
-		require.NoError(t, m.registerWorker(t.Context(), r.db, Worker{Key: k, ID: k, BatchID: run.BatchID, Job: "live", StaleAfter: time.Minute}))
+		require.NoError(t, m.RegisterWorker(t.Context(), r.db, Worker{Key: k, ID: k, BatchID: run.BatchID, Job: "live", StaleAfter: time.Minute}))
 	}
-	require.NoError(t, m.finishWorker(t.Context(), r.db, "d"))
+	require.NoError(t, m.FinishWorker(t.Context(), r.db, "d"))
 	ex := &execution{r: r, batchID: run.BatchID, base: "live", log: r.cfg.Logger}
 	th := &throttler{ex: ex, now: time.Now, pace: newPacer(1000)}
 	scope := th.scope(t.Context())

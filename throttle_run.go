@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/pgbackfill/backfill/internal/pgstore"
 	"golang.org/x/time/rate"
 )
 
@@ -51,7 +52,7 @@ type throttler struct {
 func (ex *execution) startThrottle(ctx context.Context) {
 	cfg := ex.r.cfg
 	if tm := ex.r.caps.throttle; tm != nil && cfg.JobConcurrency > 0 {
-		err := ex.retryConn(ctx, "create job slots", func() error { return tm.ensureSlots(ctx, ex.r.db, ex.batchID, cfg.JobConcurrency) })
+		err := ex.retryConn(ctx, "create job slots", func() error { return tm.EnsureSlots(ctx, ex.r.db, ex.batchID, cfg.JobConcurrency) })
 		if err != nil {
 			ex.fail(nil, fmt.Errorf("backfill: job %q batch %d: job concurrency slots: %w", ex.job.Name, ex.batchID, err))
 			return
@@ -131,9 +132,9 @@ func (ex *execution) stopThrottle() {
 // workers, it also sets the job-wide rate share.
 func (t *throttler) scope(ctx context.Context) SignalScope {
 	ex := t.ex
-	s := SignalScope{BatchID: ex.batchID, Table: quotedTable(ex.base)}
+	s := SignalScope{BatchID: ex.batchID, Table: pgstore.QuotedTable(ex.base)}
 	if tm := ex.r.caps.throttle; tm != nil {
-		keys, err := tm.liveWorkers(ctx, ex.r.db, ex.batchID)
+		keys, err := tm.LiveWorkers(ctx, ex.r.db, ex.batchID)
 		if err != nil {
 			ex.log.Warn("backfill: throttle: listing the run's live workers failed", "error", err)
 		} else {
@@ -294,7 +295,7 @@ func (t *throttler) openPeriod(ctx context.Context, i int, v float64) {
 	p := ThrottlePeriod{BatchID: t.ex.batchID, WorkerKey: t.workerKey(), Signal: h.th.Signal.Name(),
 		Reason: fmt.Sprintf("%s %g at or above high watermark %g", h.th.Signal.Name(), v, h.th.High),
 		Value:  finite(v), High: finite(h.th.High), Low: finite(h.th.low())}
-	id, err := tm.openPeriod(ctx, t.ex.r.db, p)
+	id, err := tm.OpenPeriod(ctx, t.ex.r.db, p)
 	if err != nil {
 		t.ex.log.Warn("backfill: throttle period not recorded", "signal", p.Signal, "error", err)
 		return
@@ -307,7 +308,7 @@ func (t *throttler) closePeriod(ctx context.Context, i int, v float64) {
 	if tm == nil || t.periods[i] == 0 {
 		return
 	}
-	if err := tm.closePeriod(ctx, t.ex.r.db, t.periods[i], finite(v)); err != nil {
+	if err := tm.ClosePeriod(ctx, t.ex.r.db, t.periods[i], finite(v)); err != nil {
 		t.ex.log.Warn("backfill: end of throttle period not recorded", "signal", t.states[i].th.Signal.Name(), "error", err)
 	}
 	t.periods[i] = 0
@@ -391,7 +392,7 @@ func (t *throttler) wait(ctx context.Context) error {
 			t.mu.Unlock()
 			sig = p.Signal
 			var err error
-			if id, err = tm.openPeriod(ctx, t.ex.r.db, p); err != nil {
+			if id, err = tm.OpenPeriod(ctx, t.ex.r.db, p); err != nil {
 				t.ex.log.Warn("backfill: throttle period not recorded", "signal", p.Signal, "error", err)
 			}
 		}
@@ -416,7 +417,7 @@ func (t *throttler) wait(ctx context.Context) error {
 		timer.Stop()
 		t.ex.traceThrottle(ctx, TraceThrottleData{Event: ThrottleWait, Signal: sig, Value: lim, High: lim, Low: lim, Held: t.now().Sub(began)})
 		if id != 0 {
-			if err := tm.closePeriod(context.WithoutCancel(ctx), t.ex.r.db, id, finite(lim)); err != nil {
+			if err := tm.ClosePeriod(context.WithoutCancel(ctx), t.ex.r.db, id, finite(lim)); err != nil {
 				t.ex.log.Warn("backfill: end of throttle period not recorded", "signal", RateSignalName, "error", err)
 			}
 		}
@@ -761,7 +762,7 @@ func (ex *execution) takeSlot(ctx context.Context, tx Tx) (bool, error) {
 	if n <= 0 || tm == nil {
 		return true, nil
 	}
-	return tm.takeSlot(ctx, tx, ex.batchID, n)
+	return tm.TakeSlot(ctx, tx, ex.batchID, n)
 }
 
 // waitSlot waits for a job concurrency slot: a poll interval at a time
@@ -778,7 +779,7 @@ func (ex *execution) waitSlot(ctx context.Context, ws *waitState) bool {
 	}
 	if wm := ex.r.caps.workers; wm != nil && ex.worker != nil && !ws.fenceOff && time.Since(ws.fenced) >= ex.r.pollInterval() {
 		ws.fenced = time.Now()
-		if _, err := wm.holders(ctx, ex.r.db, ex.batchID, ex.worker.key, ex.r.cfg.StaleAfter, true, true); err != nil && isPermission(err) {
+		if _, err := wm.Holders(ctx, ex.r.db, ex.batchID, ex.worker.key, ex.r.cfg.StaleAfter, true, true); err != nil && pgstore.IsPermission(err) {
 			ws.fenceOff = true
 		}
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/jmoiron/sqlx"
 	"github.com/lib/pq"
+	"github.com/pgbackfill/backfill/internal/pgstore"
 )
 
 // The built-in signals of throttles. Each reads PostgreSQL's statistics
@@ -31,7 +32,7 @@ func (s sqlSignal) Read(ctx context.Context, db sqlx.ExtContext, scope SignalSco
 		args = s.args(scope)
 	}
 	var v float64
-	err := readTx(ctx, db, func(tx sqlx.ExtContext) error {
+	err := pgstore.ReadTx(ctx, db, func(tx sqlx.ExtContext) error {
 		var err error
 		v, err = scanNumber(ctx, tx, s.query, args...)
 		return err
@@ -131,7 +132,7 @@ func (w *walRate) Name() string { return "wal_rate" }
 
 func (w *walRate) Read(ctx context.Context, db sqlx.ExtContext, _ SignalScope) (float64, error) {
 	var lsn float64
-	err := readTx(ctx, db, func(tx sqlx.ExtContext) error {
+	err := pgstore.ReadTx(ctx, db, func(tx sqlx.ExtContext) error {
 		return sqlx.GetContext(ctx, tx, &lsn, `SELECT (pg_current_wal_insert_lsn() - '0/0'::pg_lsn)::float8`)
 	})
 	if err != nil {
@@ -159,7 +160,7 @@ func AutovacuumSignal(table string) Signal {
 			WHERE p.relid = to_regclass($1) AND a.backend_type = 'autovacuum worker'`,
 		args: func(s SignalScope) []any {
 			if table != "" {
-				return []any{quotedTable(table)}
+				return []any{pgstore.QuotedTable(table)}
 			}
 			return []any{s.Table}
 		}}
@@ -226,7 +227,7 @@ func (p *probe) Read(ctx context.Context, db sqlx.ExtContext, _ SignalScope) (fl
 	// probe that writes waits for its commit's WAL flush
 	// (synchronous_commit), often the larger part of its latency.
 	start := time.Now()
-	err := readTx(ctx, db, func(tx sqlx.ExtContext) error {
+	err := pgstore.ReadTx(ctx, db, func(tx sqlx.ExtContext) error {
 		rows, err := tx.QueryContext(ctx, p.query)
 		if err == nil {
 			for rows.Next() {

@@ -14,6 +14,7 @@ import (
 	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgbackfill/backfill/internal/pgstore"
 	"github.com/pgbackfill/backfill/internal/pgtest"
 )
 
@@ -323,7 +324,7 @@ func TestManifestTxSetsTimeouts(t *testing.T) {
 		Lock string `db:"lock"`
 		Stmt string `db:"stmt"`
 	}
-	require.NoError(t, inShortTx(ctx, r.db, func(tx sqlx.ExtContext) error {
+	require.NoError(t, pgstore.InShortTx(ctx, r.db, func(tx sqlx.ExtContext) error {
 		return sqlx.GetContext(ctx, tx, &got, `SELECT current_setting('lock_timeout') AS lock, current_setting('statement_timeout') AS stmt`)
 	}))
 	require.Equal(t, "1500ms", got.Lock)

@@ -9,6 +9,7 @@ import (
 	"github.com/lib/pq"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgbackfill/backfill/internal/pgstore"
 	"github.com/pgbackfill/backfill/internal/pgtest"
 )
 
@@ -75,7 +76,7 @@ func TestFingerprintHashTellsValuesApart(t *testing.T) {
 	// Equal as the merge compares (merge_decide.go): byte for byte.
 	distinct := func(base, a, b string) string {
 		c := Column{BaseType: base}
-		return exactCompare(c, a) + " IS DISTINCT FROM " + exactCompare(c, b)
+		return pgstore.ExactCompare(c, a) + " IS DISTINCT FROM " + pgstore.ExactCompare(c, b)
 	}
 	type verdict struct {
 		A        int  `db:"a"`
@@ -105,15 +106,15 @@ func TestFingerprintHashTellsValuesApart(t *testing.T) {
 		q := fmt.Sprintf(`WITH v(i, %[1]s) AS (VALUES %[2]s)
 			SELECT a.i AS a, b.i AS b, (%[3]s) = (%[4]s) AS same_hash, %[5]s AS equal
 			FROM v a, v b WHERE a.i < b.i`,
-			strings.Join(names, ", "), strings.Join(values, ", "), rowHashSQL(info, names, "a"), rowHashSQL(info, names, "b"),
+			strings.Join(names, ", "), strings.Join(values, ", "), pgstore.RowHashSQL(info, names, "a"), pgstore.RowHashSQL(info, names, "b"),
 			strings.Join(eq, " AND "))
 		var got []verdict
 		require.NoError(t, db.Select(&got, q))
 		require.Len(t, got, len(rows)*(len(rows)-1)/2)
 		strong := true
 		for _, c := range cols {
-			_, ok := hashFuncs[c.BaseType]
-			strong = strong && ok && !textCompared[c.BaseType] && !looseEquality[c.BaseType]
+			_, ok := pgstore.HashFuncs[c.BaseType]
+			strong = strong && ok && !pgstore.TextCompared[c.BaseType] && !pgstore.LooseEquality[c.BaseType]
 		}
 		for _, g := range got {
 			a, b := g.A, g.B
@@ -158,7 +159,7 @@ func TestPositionKeysDiffer(t *testing.T) {
 	seen := map[int64]int{}
 	for i := range 2000 {
 		for _, k := range []int{i, i + 1<<20} {
-			v := positionKey(k)
+			v := pgstore.PositionKey(k)
 			if j, dup := seen[v]; dup {
 				t.Fatalf("positionKey(%d) = positionKey(%d)", k, j)
 			}
@@ -188,7 +189,7 @@ func TestFingerprintHashKinds(t *testing.T) {
 	require.NoError(t, err)
 	got := map[string]string{}
 	for _, c := range info.Columns {
-		got[c.Name] = hashKind(c)
+		got[c.Name] = pgstore.HashKind(c)
 	}
 	require.Equal(t, map[string]string{
 		"id": "func", "i": "func", "n": "text", "ts": "func", "ip": "func", "uip": "text", "m": "text", "ms": "text",

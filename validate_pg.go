@@ -1,18 +1,18 @@
 package backfill
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"math"
 	"strings"
-	"time"
 
 	"github.com/jmoiron/sqlx"
 	"github.com/lib/pq"
 
+	"github.com/pgbackfill/backfill/backfilltype"
+	"github.com/pgbackfill/backfill/internal/pgstore"
 	"github.com/pgbackfill/backfill/internal/sqlgen"
 )
 
@@ -57,9 +57,6 @@ var (
 	_ Validator = CheckExceptionRate{}
 )
 
-// maxSample is how many offending keys or groups a CheckResult lists.
-const maxSample = 10
-
 // DuplicateKeys finds business keys that occur more than once in the
 // target among the chunk's rows. The chunk's rows are the target rows
 // whose [Job.ChunkColumn] value lies in the chunk's half-open interval
@@ -95,34 +92,34 @@ type DuplicateKeys struct {
 
 // Validate implements [Validator].
 func (v DuplicateKeys) Validate(ctx context.Context, tx sqlx.ExtContext, scope ValidationScope) (CheckResult, error) {
-	c, err := newPGCheck(cmpOr(v.Name, "duplicate_keys"), v.Severity, scope)
+	c, err := pgstore.NewPGCheck(cmp.Or(v.Name, "duplicate_keys"), v.Severity, scope)
 	if err != nil {
 		return CheckResult{}, err
 	}
 	cols := v.Columns
 	if len(cols) == 0 {
-		cols = scope.Info.identity()
+		cols = scope.Info.Identity()
 	}
-	var a sqlArgs
-	chunkRows, how, err := c.chunkRows("c", &a)
+	var a pgstore.SQLArgs
+	chunkRows, how, err := c.ChunkRows("c", &a)
 	if err != nil {
 		return CheckResult{}, err
 	}
-	q := c.duplicateKeysSQL(cols, chunkRows, v.AcrossTarget)
+	q := c.DuplicateKeysSQL(cols, chunkRows, v.AcrossTarget)
 	var n int64
 	var sample []string
-	policy := joinsIfLarge
+	policy := pgstore.JoinsIfLarge
 	if v.AcrossTarget {
-		policy = joinsAllowed
+		policy = pgstore.JoinsAllowed
 	}
-	err = c.withJoins(ctx, tx, policy, func() (err error) {
-		n, sample, err = countSample(ctx, tx, q, a...)
+	err = c.WithJoins(ctx, tx, policy, func() (err error) {
+		n, sample, err = pgstore.CountSample(ctx, tx, q, a...)
 		return err
 	})
 	if err != nil {
-		return CheckResult{}, c.errorf("%w", err)
+		return CheckResult{}, c.Errorf("%w", err)
 	}
-	return c.result(n == 0, "0 duplicate keys", fmt.Sprintf("%d duplicate keys", n), sample, map[string]any{
+	return c.Result(n == 0, "0 duplicate keys", fmt.Sprintf("%d duplicate keys", n), sample, map[string]any{
 		"columns": cols, "duplicate_keys": n, "chunk_rows": how, "across_target": v.AcrossTarget,
 	})
 }
@@ -186,7 +183,7 @@ type Completeness struct {
 
 // Validate implements [Validator].
 func (v Completeness) Validate(ctx context.Context, tx sqlx.ExtContext, scope ValidationScope) (CheckResult, error) {
-	c, err := newPGCheck(cmpOr(v.Name, "completeness"), v.Severity, scope)
+	c, err := pgstore.NewPGCheck(cmp.Or(v.Name, "completeness"), v.Severity, scope)
 	if err != nil {
 		return CheckResult{}, err
 	}
@@ -194,30 +191,30 @@ func (v Completeness) Validate(ctx context.Context, tx sqlx.ExtContext, scope Va
 	var sample []string
 	add := func(prefix string, s []string) {
 		for _, k := range s {
-			if len(sample) < maxSample {
+			if len(sample) < pgstore.MaxSample {
 				sample = append(sample, prefix+k)
 			}
 		}
 	}
-	proof, proven, err := c.provenBy(ctx, tx, v.Exact)
+	proof, proven, err := c.ProvenBy(ctx, tx, v.Exact)
 	if err != nil {
 		return CheckResult{}, err
 	}
 	// query runs an exact comparison unless the fingerprints proved its
 	// answer: nothing missing, nothing different.
-	query := func(policy joinPolicy, q string, args ...any) (n int64, sample []string, err error) {
+	query := func(policy pgstore.JoinPolicy, q string, args ...any) (n int64, sample []string, err error) {
 		if proven {
 			return 0, nil, nil
 		}
-		err = c.withJoins(ctx, tx, policy, func() (err error) {
-			n, sample, err = countSample(ctx, tx, q, args...)
+		err = c.WithJoins(ctx, tx, policy, func() (err error) {
+			n, sample, err = pgstore.CountSample(ctx, tx, q, args...)
 			return err
 		})
 		return n, sample, err
 	}
-	missingT, s, err := query(joinsIfLarge, c.missingFromTargetSQL())
+	missingT, s, err := query(pgstore.JoinsIfLarge, c.MissingFromTargetSQL())
 	if err != nil {
-		return CheckResult{}, c.errorf("staged rows missing from target: %w", err)
+		return CheckResult{}, c.Errorf("staged rows missing from target: %w", err)
 	}
 	add("not in target: ", s)
 	detail["staged_missing_from_target"] = missingT
@@ -226,17 +223,17 @@ func (v Completeness) Validate(ctx context.Context, tx sqlx.ExtContext, scope Va
 	passed := missingT == 0
 
 	if v.CompareContent {
-		wins := c.sourceWins("s", "t")
+		wins := c.SourceWins("s", "t")
 		var differ int64
 		if wins == "false" {
 			detail["content"] = "not compared: the target wins every conflict (TargetWins)"
 		} else {
-			differ, s, err = query(joinsIfLarge, c.differingContentSQL(wins))
+			differ, s, err = query(pgstore.JoinsIfLarge, c.DifferingContentSQL(wins))
 			if err != nil {
-				return CheckResult{}, c.errorf("content: %w", err)
+				return CheckResult{}, c.Errorf("content: %w", err)
 			}
 			add("differs: ", s)
-			detail["content_columns"] = c.content()
+			detail["content_columns"] = c.Content()
 		}
 		detail["differing"] = differ
 		expected = append(expected, "0 rows with other content")
@@ -249,14 +246,14 @@ func (v Completeness) Validate(ctx context.Context, tx sqlx.ExtContext, scope Va
 		expected = append(expected, "target rows not checked (no ChunkColumn)")
 		actual = append(actual, "target rows not checked (no ChunkColumn)")
 	} else {
-		var a sqlArgs
-		bounds, err := c.inChunk("t", &a)
+		var a pgstore.SQLArgs
+		bounds, err := c.InChunk("t", &a)
 		if err != nil {
 			return CheckResult{}, err
 		}
-		missingS, s, err := query(joinsAllowed, c.missingFromStagingSQL(bounds), a...)
+		missingS, s, err := query(pgstore.JoinsAllowed, c.MissingFromStagingSQL(bounds), a...)
 		if err != nil {
-			return CheckResult{}, c.errorf("target rows missing from staging: %w", err)
+			return CheckResult{}, c.Errorf("target rows missing from staging: %w", err)
 		}
 		add("not in staging: ", s)
 		detail["target_missing_from_staging"] = missingS
@@ -264,8 +261,8 @@ func (v Completeness) Validate(ctx context.Context, tx sqlx.ExtContext, scope Va
 		actual = append(actual, fmt.Sprintf("%d target rows missing from staging", missingS))
 		passed = passed && missingS == 0
 	}
-	proof.evidence(detail)
-	return c.result(passed, strings.Join(expected, "; "), strings.Join(actual, "; "), sample, detail)
+	proof.Evidence(detail)
+	return c.Result(passed, strings.Join(expected, "; "), strings.Join(actual, "; "), sample, detail)
 }
 
 // ReferentialIntegrity finds orphans: target rows of the chunk (the target
@@ -299,48 +296,39 @@ type ReferentialIntegrity struct {
 
 // Validate implements [Validator].
 func (v ReferentialIntegrity) Validate(ctx context.Context, tx sqlx.ExtContext, scope ValidationScope) (CheckResult, error) {
-	c, err := newPGCheck(cmpOr(v.Name, "referential_integrity"), v.Severity, scope)
+	c, err := pgstore.NewPGCheck(cmp.Or(v.Name, "referential_integrity"), v.Severity, scope)
 	if err != nil {
 		return CheckResult{}, err
 	}
-	parentCols := cmpOrSlice(v.ParentColumns, v.Columns)
+	parentCols := pgstore.CmpOrSlice(v.ParentColumns, v.Columns)
 	switch {
 	case len(v.Columns) == 0:
-		return CheckResult{}, c.errorf("%w: ReferentialIntegrity.Columns is required", ErrInvalidConfig)
+		return CheckResult{}, c.Errorf("%w: ReferentialIntegrity.Columns is required", ErrInvalidConfig)
 	case v.ParentTable == "":
-		return CheckResult{}, c.errorf("%w: ReferentialIntegrity.ParentTable is required", ErrInvalidConfig)
+		return CheckResult{}, c.Errorf("%w: ReferentialIntegrity.ParentTable is required", ErrInvalidConfig)
 	case len(parentCols) != len(v.Columns):
-		return CheckResult{}, c.errorf("%w: ReferentialIntegrity.ParentColumns has %d columns, Columns %d", ErrInvalidConfig, len(parentCols), len(v.Columns))
+		return CheckResult{}, c.Errorf("%w: ReferentialIntegrity.ParentColumns has %d columns, Columns %d", ErrInvalidConfig, len(parentCols), len(v.Columns))
 	}
 	if _, _, err := sqlgen.ParseTable(v.ParentTable); err != nil {
-		return CheckResult{}, c.errorf("%w: ReferentialIntegrity.ParentTable: %w", ErrInvalidConfig, err)
+		return CheckResult{}, c.Errorf("%w: ReferentialIntegrity.ParentTable: %w", ErrInvalidConfig, err)
 	}
-	q := c.orphansSQL(v.Columns, v.ParentTable, parentCols)
+	q := c.OrphansSQL(v.Columns, v.ParentTable, parentCols)
 	var n int64
 	var sample []string
-	err = c.withJoins(ctx, tx, joinsAllowed, func() (err error) {
-		n, sample, err = countSample(ctx, tx, q)
+	err = c.WithJoins(ctx, tx, pgstore.JoinsAllowed, func() (err error) {
+		n, sample, err = pgstore.CountSample(ctx, tx, q)
 		return err
 	})
 	if err != nil {
-		return CheckResult{}, c.errorf("%w", err)
+		return CheckResult{}, c.Errorf("%w", err)
 	}
-	return c.result(n == 0, "0 orphan rows", fmt.Sprintf("%d orphan rows", n), sample, map[string]any{
+	return c.Result(n == 0, "0 orphan rows", fmt.Sprintf("%d orphan rows", n), sample, map[string]any{
 		"columns": v.Columns, "parent_table": v.ParentTable, "parent_columns": parentCols, "orphans": n,
 	})
 }
 
 // Measure is a column that [Aggregates] sums per group.
-type Measure struct {
-	// Column is a staged column of a numeric type (integer, numeric,
-	// real, double precision).
-	Column string
-	// Tolerance is the largest absolute difference between the staged
-	// and the target sum (of the finite values) that still passes; 0
-	// means exact. Sums are exact for every type, floats included (see
-	// [Aggregates]): 0 never fails for the order of addition.
-	Tolerance float64
-}
+type Measure = backfilltype.Measure
 
 // Aggregates compares, per group, what was staged with what the target
 // holds for the staged identities: the row count, and for each Measure
@@ -406,60 +394,60 @@ type Aggregates struct {
 
 // Validate implements [Validator].
 func (v Aggregates) Validate(ctx context.Context, tx sqlx.ExtContext, scope ValidationScope) (CheckResult, error) {
-	c, err := newPGCheck(cmpOr(v.Name, "aggregates"), v.Severity, scope)
+	c, err := pgstore.NewPGCheck(cmp.Or(v.Name, "aggregates"), v.Severity, scope)
 	if err != nil {
 		return CheckResult{}, err
 	}
-	for _, n := range append(append([]string{v.Day}, v.Dimensions...), measureColumns(v.Measures)...) {
-		if _, ok := c.cols[n]; n != "" && !ok {
-			return CheckResult{}, c.errorf("%w: column %q is not a staged column of %s", ErrInvalidConfig, n, scope.Info.Target.Table)
+	for _, n := range append(append([]string{v.Day}, v.Dimensions...), pgstore.MeasureColumns(v.Measures)...) {
+		if _, ok := c.Cols[n]; n != "" && !ok {
+			return CheckResult{}, c.Errorf("%w: column %q is not a staged column of %s", ErrInvalidConfig, n, scope.Info.Target.Table)
 		}
 	}
-	var a sqlArgs
+	var a pgstore.SQLArgs
 	day, zone, err := v.day(c, &a)
 	if err != nil {
 		return CheckResult{}, err
 	}
 	for _, m := range v.Measures {
 		if m.Tolerance < 0 || math.IsNaN(m.Tolerance) {
-			return CheckResult{}, c.errorf("%w: Measure %q: Tolerance must be a number >= 0", ErrInvalidConfig, m.Column)
+			return CheckResult{}, c.Errorf("%w: Measure %q: Tolerance must be a number >= 0", ErrInvalidConfig, m.Column)
 		}
 	}
-	q := c.aggregatesSQL(day, v.Dimensions, v.Measures, &a)
+	q := c.AggregatesSQL(day, v.Dimensions, v.Measures, &a)
 	detail := v.detail(zone)
-	proof, proven, err := c.provenBy(ctx, tx, v.Exact, append(append([]string{v.Day}, v.Dimensions...), measureColumns(v.Measures)...)...)
+	proof, proven, err := c.ProvenBy(ctx, tx, v.Exact, append(append([]string{v.Day}, v.Dimensions...), pgstore.MeasureColumns(v.Measures)...)...)
 	if err != nil {
 		return CheckResult{}, err
 	}
 	if proven {
 		// Equal rows: every group's count, sums and NULL counts are equal.
 		detail["differing"], detail["differences"] = 0, []any{}
-		proof.evidence(detail)
-		return c.result(true, "0 differing groups", "0 differing groups (staged and target rows equal by fingerprint)", nil, detail)
+		proof.Evidence(detail)
+		return c.Result(true, "0 differing groups", "0 differing groups (staged and target rows equal by fingerprint)", nil, detail)
 	}
 	r, err := v.compare(ctx, tx, c, q, a)
 	if err != nil {
-		return CheckResult{}, c.errorf("%w", err)
+		return CheckResult{}, c.Errorf("%w", err)
 	}
-	detail["groups"], detail["differing"], detail["differences"] = r.groups, r.differing, r.differences
-	proof.evidence(detail)
-	return c.result(r.differing == 0, "0 differing groups", fmt.Sprintf("%d of %d groups differ", r.differing, r.groups), r.sample, detail)
+	detail["groups"], detail["differing"], detail["differences"] = r.Groups, r.Differing, r.Differences
+	proof.Evidence(detail)
+	return c.Result(r.Differing == 0, "0 differing groups", fmt.Sprintf("%d of %d groups differ", r.Differing, r.Groups), r.Sample, detail)
 }
 
 // day returns the expression of the Day column's calendar day of an
 // alias (nil without Day), and the zone it is taken in ("" for none),
 // bound in a.
-func (v Aggregates) day(c *pgCheck, a *sqlArgs) (day func(alias string) string, zone string, err error) {
+func (v Aggregates) day(c *pgstore.PgCheck, a *pgstore.SQLArgs) (day func(alias string) string, zone string, err error) {
 	if v.Day == "" {
 		return nil, "", nil
 	}
-	switch base := c.cols[v.Day].BaseType; base {
+	switch base := c.Cols[v.Day].BaseType; base {
 	case "timestamptz", "":
-		z, err := c.zone()
+		z, err := c.Zone()
 		if err != nil {
 			return nil, "", err
 		}
-		p := a.bind(z)
+		p := a.Bind(z)
 		return func(alias string) string {
 			return fmt.Sprintf("date_trunc('day', %s.%s AT TIME ZONE %s::text)::date", alias, sqlgen.Ident(v.Day), p)
 		}, z, nil
@@ -468,7 +456,7 @@ func (v Aggregates) day(c *pgCheck, a *sqlArgs) (day func(alias string) string, 
 	case "date":
 		return func(alias string) string { return alias + "." + sqlgen.Ident(v.Day) }, "", nil
 	}
-	return nil, "", c.errorf("%w: Aggregates.Day %q is %s, not a timestamp, timestamptz or date", ErrInvalidConfig, v.Day, c.cols[v.Day].Type)
+	return nil, "", c.Errorf("%w: Aggregates.Day %q is %s, not a timestamp, timestamptz or date", ErrInvalidConfig, v.Day, c.Cols[v.Day].Type)
 }
 
 // detail is the evidence every Aggregates result has: the group
@@ -483,46 +471,25 @@ func (v Aggregates) detail(zone string) map[string]any {
 	for _, m := range v.Measures {
 		tolerances[m.Column] = m.Tolerance
 	}
-	detail := map[string]any{"group_by": cmpOrSlice(groupNames, []string{}), "measures": measureColumns(v.Measures), "tolerances": tolerances}
+	detail := map[string]any{"group_by": pgstore.CmpOrSlice(groupNames, []string{}), "measures": pgstore.MeasureColumns(v.Measures), "tolerances": tolerances}
 	if zone != "" {
 		detail["zone"] = zone
 	}
 	return detail
 }
 
-// aggregatesSide is one side's figures of a differing group.
-type aggregatesSide struct {
-	Count int64            `json:"count"`
-	Sums  map[string]any   `json:"sums,omitempty"`
-	Nulls map[string]int64 `json:"nulls,omitempty"`
-}
-
-// aggregatesDifference is a differing group in the evidence.
-type aggregatesDifference struct {
-	Group  string         `json:"group"`
-	Staged aggregatesSide `json:"staged"`
-	Target aggregatesSide `json:"target"`
-}
-
-// aggregatesResult is what the comparison of the groups found.
-type aggregatesResult struct {
-	groups, differing int64
-	differences       []aggregatesDifference
-	sample            []string
-}
-
 // compare runs q (aggregatesSQL) with args and collects the differing
 // groups, with hash joins for a large chunk and, for float measures,
 // extra_float_digits pinned (see aggregatesSideSQL), both undone afterwards.
-func (v Aggregates) compare(ctx context.Context, tx sqlx.ExtContext, c *pgCheck, q string, args []any) (r aggregatesResult, err error) {
-	r.differences = []aggregatesDifference{}
+func (v Aggregates) compare(ctx context.Context, tx sqlx.ExtContext, c *pgstore.PgCheck, q string, args []any) (r pgstore.AggregatesResult, err error) {
+	r.Differences = []pgstore.AggregatesDifference{}
 	floats := false
 	for _, m := range v.Measures {
-		if b := c.cols[m.Column].BaseType; b == "float4" || b == "float8" {
+		if b := c.Cols[m.Column].BaseType; b == "float4" || b == "float8" {
 			floats = true
 		}
 	}
-	err = c.withJoins(ctx, tx, joinsIfLarge, func() (err error) {
+	err = c.WithJoins(ctx, tx, pgstore.JoinsIfLarge, func() (err error) {
 		if floats {
 			// Shortest exact float text for the sums (see aggregatesSideSQL),
 			// whatever the session's setting; undone with the savepoint.
@@ -554,36 +521,36 @@ func (v Aggregates) compare(ctx context.Context, tx sqlx.ExtContext, c *pgCheck,
 // scan reads one row of aggregatesSQL into r: the group counts, and the
 // differing group it lists, if any, with a sample line naming what
 // differs.
-func (v Aggregates) scan(rows *sqlx.Rows, r *aggregatesResult) error {
+func (v Aggregates) scan(rows *sqlx.Rows, r *pgstore.AggregatesResult) error {
 	var grp sql.NullString
 	var sn, tn sql.NullInt64
 	var ssv, tsv []sql.NullString
 	var szv, tzv pq.Int64Array
 	var mbad pq.BoolArray
-	if err := rows.Scan(&r.groups, &r.differing, &grp, &sn, &tn, pq.Array(&ssv), pq.Array(&tsv), &szv, &tzv, &mbad); err != nil {
+	if err := rows.Scan(&r.Groups, &r.Differing, &grp, &sn, &tn, pq.Array(&ssv), pq.Array(&tsv), &szv, &tzv, &mbad); err != nil {
 		return err
 	}
 	if !grp.Valid {
 		return nil // no differing group
 	}
-	d := aggregatesDifference{Group: grp.String, Staged: aggregatesSide{Count: sn.Int64, Sums: map[string]any{}, Nulls: map[string]int64{}},
-		Target: aggregatesSide{Count: tn.Int64, Sums: map[string]any{}, Nulls: map[string]int64{}}}
+	d := pgstore.AggregatesDifference{Group: grp.String, Staged: pgstore.AggregatesSide{Count: sn.Int64, Sums: map[string]any{}, Nulls: map[string]int64{}},
+		Target: pgstore.AggregatesSide{Count: tn.Int64, Sums: map[string]any{}, Nulls: map[string]int64{}}}
 	var parts []string
 	if sn.Int64 != tn.Int64 {
 		parts = append(parts, fmt.Sprintf("count staged %d target %d", sn.Int64, tn.Int64))
 	}
 	for i, m := range v.Measures {
-		d.Staged.Sums[m.Column], d.Target.Sums[m.Column] = nullText(ssv[i]), nullText(tsv[i])
+		d.Staged.Sums[m.Column], d.Target.Sums[m.Column] = pgstore.NullText(ssv[i]), pgstore.NullText(tsv[i])
 		d.Staged.Nulls[m.Column], d.Target.Nulls[m.Column] = szv[i], tzv[i]
 		if mbad[i] {
-			parts = append(parts, fmt.Sprintf("sum(%s) staged %s target %s", m.Column, textOrNull(ssv[i]), textOrNull(tsv[i])))
+			parts = append(parts, fmt.Sprintf("sum(%s) staged %s target %s", m.Column, pgstore.TextOrNull(ssv[i]), pgstore.TextOrNull(tsv[i])))
 		}
 		if szv[i] != tzv[i] {
 			parts = append(parts, fmt.Sprintf("nulls(%s) staged %d target %d", m.Column, szv[i], tzv[i]))
 		}
 	}
-	r.differences = append(r.differences, d)
-	r.sample = append(r.sample, grp.String+": "+strings.Join(parts, ", "))
+	r.Differences = append(r.Differences, d)
+	r.Sample = append(r.Sample, grp.String+": "+strings.Join(parts, ", "))
 	return nil
 }
 
@@ -635,7 +602,7 @@ type ReplayChangesNothing struct {
 
 // Validate implements [Validator].
 func (v ReplayChangesNothing) Validate(ctx context.Context, tx sqlx.ExtContext, scope ValidationScope) (CheckResult, error) {
-	name := cmpOr(v.Name, "replay_changes_nothing")
+	name := cmp.Or(v.Name, "replay_changes_nothing")
 	rp, ok := scope.Stager.(Replayer)
 	if !ok {
 		return CheckResult{}, fmt.Errorf("backfill: validate %s: %w: the chunk's stager (%T) cannot replay its merge", name, ErrUnsupported, scope.Stager)
@@ -645,15 +612,15 @@ func (v ReplayChangesNothing) Validate(ctx context.Context, tx sqlx.ExtContext, 
 		r, err = rp.Replay(ctx)
 		return err
 	}
-	c := &pgCheck{name: name, severity: severityOr(v.Severity)}
+	c := &pgstore.PgCheck{Name: name, Severity: pgstore.SeverityOr(v.Severity)}
 	var err error
-	var proof *fingerprintProof
+	var proof *pgstore.FingerprintProof
 	if scope.Staging != "" {
-		c, err = newPGCheck(name, v.Severity, scope)
+		c, err = pgstore.NewPGCheck(name, v.Severity, scope)
 		if err != nil {
 			return CheckResult{}, err
 		}
-		_, memo := scope.Stager.(fingerprintMemo)
+		_, memo := scope.Stager.(pgstore.FingerprintMemo)
 		if mode := scope.Info.Target.Mode; memo && mode != History {
 			// The proof stands in for the replay where the merge's writes
 			// follow from row equality alone: it inserts the staged rows
@@ -661,7 +628,7 @@ func (v ReplayChangesNothing) Validate(ctx context.Context, tx sqlx.ExtContext, 
 			// change detection finds different. History also re-tiles
 			// intervals, which the staged rows do not show: it replays.
 			var proven bool
-			proof, proven, err = c.provenBy(ctx, tx, v.Exact)
+			proof, proven, err = c.ProvenBy(ctx, tx, v.Exact)
 			if err != nil {
 				return CheckResult{}, err
 			}
@@ -674,7 +641,7 @@ func (v ReplayChangesNothing) Validate(ctx context.Context, tx sqlx.ExtContext, 
 		}
 		// A large chunk replays faster with hash joins: as many lookups as
 		// rows otherwise.
-		err = c.withJoins(ctx, tx, joinsIfLarge, replay)
+		err = c.WithJoins(ctx, tx, pgstore.JoinsIfLarge, replay)
 	} else {
 		err = replay()
 	}
@@ -684,12 +651,12 @@ func (v ReplayChangesNothing) Validate(ctx context.Context, tx sqlx.ExtContext, 
 	return v.result(c, r, proof)
 }
 
-func (v ReplayChangesNothing) result(c *pgCheck, r MergeResult, proof *fingerprintProof) (CheckResult, error) {
+func (v ReplayChangesNothing) result(c *pgstore.PgCheck, r MergeResult, proof *pgstore.FingerprintProof) (CheckResult, error) {
 	detail := map[string]any{"inserted": r.Inserted, "updated": r.Updated, "unchanged": r.Unchanged, "closed": r.Closed}
-	if c.staging != "" {
-		proof.evidence(detail)
+	if c.Staging != "" {
+		proof.Evidence(detail)
 	}
-	return c.result(r.Inserted == 0 && r.Updated == 0 && r.Closed == 0, "0 inserted, 0 updated, 0 closed",
+	return c.Result(r.Inserted == 0 && r.Updated == 0 && r.Closed == 0, "0 inserted, 0 updated, 0 closed",
 		fmt.Sprintf("%d inserted, %d updated, %d closed", r.Inserted, r.Updated, r.Closed), nil, detail)
 }
 
@@ -724,20 +691,20 @@ type Sample struct {
 
 // Validate implements [Validator].
 func (v Sample) Validate(ctx context.Context, tx sqlx.ExtContext, scope ValidationScope) (CheckResult, error) {
-	c, err := newPGCheck(cmpOr(v.Name, "sample"), v.Severity, scope)
+	c, err := pgstore.NewPGCheck(cmp.Or(v.Name, "sample"), v.Severity, scope)
 	if err != nil {
 		return CheckResult{}, err
 	}
 	if v.N < 0 {
-		return CheckResult{}, c.errorf("%w: Sample.N cannot be less than zero", ErrInvalidConfig)
+		return CheckResult{}, c.Errorf("%w: Sample.N cannot be less than zero", ErrInvalidConfig)
 	}
-	n := cmpOr(v.N, DefaultSampleSize)
-	wins := c.sourceWins("s", "t")
-	var a sqlArgs
-	q := c.sampleSQL(n, v.Seed, wins, &a)
+	n := cmp.Or(v.N, DefaultSampleSize)
+	wins := c.SourceWins("s", "t")
+	var a pgstore.SQLArgs
+	q := c.SampleSQL(n, v.Seed, wins, &a)
 	rows, err := tx.QueryxContext(ctx, q, a...)
 	if err != nil {
-		return CheckResult{}, c.errorf("%w", err)
+		return CheckResult{}, c.Errorf("%w", err)
 	}
 	defer rows.Close()
 	type difference struct {
@@ -752,33 +719,33 @@ func (v Sample) Validate(ctx context.Context, tx sqlx.ExtContext, scope Validati
 		var d difference
 		var cols pq.StringArray
 		if err := rows.Scan(&d.Key, &d.Missing, &cols); err != nil {
-			return CheckResult{}, c.errorf("%w", err)
+			return CheckResult{}, c.Errorf("%w", err)
 		}
 		sampled++
 		switch {
 		case d.Missing:
 			differences = append(differences, d)
-			if len(sample) < maxSample {
+			if len(sample) < pgstore.MaxSample {
 				sample = append(sample, d.Key+": not in target")
 			}
 		case len(cols) > 0:
 			d.Columns = cols
 			differences = append(differences, d)
-			if len(sample) < maxSample {
+			if len(sample) < pgstore.MaxSample {
 				sample = append(sample, d.Key+": "+strings.Join(cols, ", "))
 			}
 		}
 	}
 	if err := rows.Err(); err != nil {
-		return CheckResult{}, c.errorf("%w", err)
+		return CheckResult{}, c.Errorf("%w", err)
 	}
 	detail := map[string]any{"sampled": sampled, "seed": v.Seed, "differing": len(differences), "differences": differences}
 	if wins == "false" {
 		detail["content"] = "not compared: the target wins every conflict (TargetWins)"
 	} else {
-		detail["content_columns"] = c.content()
+		detail["content_columns"] = c.Content()
 	}
-	return c.result(len(differences) == 0, fmt.Sprintf("0 of %d sampled rows differ", sampled),
+	return c.Result(len(differences) == 0, fmt.Sprintf("0 of %d sampled rows differ", sampled),
 		fmt.Sprintf("%d of %d sampled rows differ", len(differences), sampled), sample, detail)
 }
 
@@ -803,206 +770,17 @@ type CheckExceptionRate struct {
 
 // Validate implements [Validator].
 func (v CheckExceptionRate) Validate(ctx context.Context, tx sqlx.ExtContext, scope ValidationScope) (CheckResult, error) {
-	c := &pgCheck{name: cmpOr(v.Name, "exception_rate"), severity: severityOr(v.Severity)}
+	c := &pgstore.PgCheck{Name: cmp.Or(v.Name, "exception_rate"), Severity: pgstore.SeverityOr(v.Severity)}
 	if !(v.MaxRate >= 0 && v.MaxRate <= 1) {
-		return CheckResult{}, c.errorf("%w: CheckExceptionRate.MaxRate %v is not between 0 and 1", ErrInvalidConfig, v.MaxRate)
+		return CheckResult{}, c.Errorf("%w: CheckExceptionRate.MaxRate %v is not between 0 and 1", ErrInvalidConfig, v.MaxRate)
 	}
 	read, rejected := scope.Counts.Read, scope.Counts.Rejected
 	rate := 0.0
 	if read > 0 {
 		rate = float64(rejected) / float64(read)
 	}
-	return c.result(rate <= v.MaxRate, fmt.Sprintf("rejected/read <= %g", v.MaxRate),
+	return c.Result(rate <= v.MaxRate, fmt.Sprintf("rejected/read <= %g", v.MaxRate),
 		fmt.Sprintf("%g (%d of %d rows rejected)", rate, rejected, read), nil, map[string]any{
 			"read": read, "rejected": rejected, "rate": rate, "max_rate": v.MaxRate,
 		})
-}
-
-// pgCheck is one run of a check: its name, severity and the scope's
-// quoted tables.
-type pgCheck struct {
-	name     string
-	severity Severity
-	scope    ValidationScope
-	target   string            // quoted target table
-	staging  string            // quoted staging table
-	cols     map[string]Column // staged columns by name
-	sizes    *[2]int64         // staging and target sizes in bytes, once known
-}
-
-func newPGCheck(name string, sev Severity, scope ValidationScope) (*pgCheck, error) {
-	c := &pgCheck{name: name, severity: severityOr(sev), scope: scope, target: sqlgen.Table(scope.Info.Target.Table),
-		staging: scope.Staging, cols: map[string]Column{}}
-	if scope.Staging == "" {
-		return nil, c.errorf("%w: the merger has no staging table (this check needs PGMerger)", ErrUnsupported)
-	}
-	if len(scope.Info.Target.Key) == 0 {
-		return nil, c.errorf("%w: the target has no Key", ErrInvalidConfig)
-	}
-	for _, col := range scope.Info.Columns {
-		c.cols[col.Name] = col
-	}
-	return c, nil
-}
-
-func (c *pgCheck) errorf(format string, args ...any) error {
-	return fmt.Errorf("backfill: validate %s: "+format, append([]any{c.name}, args...)...)
-}
-
-func (c *pgCheck) result(passed bool, expected, actual string, sample []string, detail map[string]any) (CheckResult, error) {
-	r := CheckResult{Check: c.name, Severity: c.severity, Passed: passed, Expected: expected, Actual: actual, Sample: sample}
-	if detail != nil {
-		b, err := json.Marshal(detail)
-		if err != nil {
-			return CheckResult{}, c.errorf("detail: %w", err)
-		}
-		r.Detail = b
-	}
-	return r, nil
-}
-
-func severityOr(s Severity) Severity { return cmpOr(s, SeverityError) }
-
-func cmpOrSlice[T any](v, def []T) []T {
-	if len(v) == 0 {
-		return def
-	}
-	return v
-}
-
-func measureColumns(ms []Measure) []string {
-	out := make([]string, len(ms))
-	for i, m := range ms {
-		out[i] = m.Column
-	}
-	return out
-}
-
-func nullText(s sql.NullString) any {
-	if !s.Valid {
-		return nil
-	}
-	return s.String
-}
-
-func textOrNull(s sql.NullString) string {
-	if !s.Valid {
-		return "NULL"
-	}
-	return s.String
-}
-
-// zone returns the name of the scope's zone for PostgreSQL.
-func (c *pgCheck) zone() (string, error) {
-	loc := c.scope.Zone
-	if loc == nil {
-		loc = time.UTC
-	}
-	if loc == time.Local || loc.String() == "Local" {
-		return "", c.errorf("%w: Job.Zone is time.Local, whose name PostgreSQL does not know; use time.LoadLocation", ErrInvalidConfig)
-	}
-	return loc.String(), nil
-}
-
-// joinPolicy says which join methods a check's query may use.
-type joinPolicy int
-
-const (
-	// joinsAsMerged keeps the merge's settings: index nested loops only.
-	joinsAsMerged joinPolicy = iota
-	// joinsIfLarge allows hash and merge joins when the chunk is large
-	// next to the target (see largeChunk).
-	joinsIfLarge
-	// joinsAllowed always allows them: the query probes staging, which has
-	// no index, or a table that may lack one.
-	joinsAllowed
-)
-
-// largeChunkRatio: a chunk whose staging table is at least 1/8 of the
-// target's size joins faster by hashing than by one index lookup per row.
-const largeChunkRatio = 8
-
-// largeChunk reports whether the staging table is at least
-// 1/largeChunkRatio of the target's size (pg_relation_size, PostgreSQL
-// docs, 9.27.7 "Database Object Management Functions": a stat of the
-// files, no scan). Then one index lookup per staged row costs more than
-// hashing; for a small chunk next to a large target an index lookup per
-// row is what keeps checks proportional to the chunk.
-func (c *pgCheck) largeChunk(ctx context.Context, tx sqlx.ExtContext) (bool, error) {
-	return c.stagingAtLeast(ctx, tx, largeChunkRatio)
-}
-
-// stagingAtLeast reports whether the staging table is at least 1/ratio
-// of the target's size (pg_relation_size, see largeChunk); the sizes are
-// read once per check.
-func (c *pgCheck) stagingAtLeast(ctx context.Context, tx sqlx.ExtContext, ratio int64) (bool, error) {
-	if c.sizes == nil {
-		var sz struct {
-			Staging int64 `db:"staging"`
-			Target  int64 `db:"target"`
-		}
-		err := sqlx.GetContext(ctx, tx, &sz, `SELECT pg_relation_size($1::regclass) AS staging, pg_relation_size($2::regclass) AS target`,
-			c.staging, c.target)
-		if err != nil {
-			return false, fmt.Errorf("table sizes: %w", err)
-		}
-		c.sizes = &[2]int64{sz.Staging, sz.Target}
-	}
-	return c.sizes[0]*ratio >= c.sizes[1], nil
-}
-
-// withJoins runs fn with hash and merge joins enabled when policy says
-// so. The merge turns them off for the rest of the chunk's transaction
-// (index nested loops suit its lookups into the target), but a check that
-// probes staging, which has no index, from the target side needs them,
-// and a large chunk joins faster with them. The settings are made inside
-// a savepoint that is rolled back afterwards, restoring them (PostgreSQL
-// docs, SET: "The effects of SET or SET LOCAL are also canceled by
-// rolling back to a savepoint that is earlier than the command"); tx must
-// be a transaction.
-func (c *pgCheck) withJoins(ctx context.Context, tx sqlx.ExtContext, policy joinPolicy, fn func() error) (err error) {
-	if policy == joinsIfLarge {
-		large, err := c.largeChunk(ctx, tx)
-		if err != nil {
-			return err
-		}
-		if !large {
-			policy = joinsAsMerged
-		}
-	}
-	if policy == joinsAsMerged {
-		return fn()
-	}
-	if _, err := tx.ExecContext(ctx, `SAVEPOINT backfill_validate;
-		SELECT set_config('enable_hashjoin', 'on', true), set_config('enable_mergejoin', 'on', true)`); err != nil {
-		return fmt.Errorf("savepoint: %w", err)
-	}
-	defer func() {
-		_, rerr := tx.ExecContext(context.WithoutCancel(ctx), `ROLLBACK TO SAVEPOINT backfill_validate; RELEASE SAVEPOINT backfill_validate`)
-		if rerr != nil && err == nil {
-			err = fmt.Errorf("rollback to savepoint: %w", rerr)
-		}
-	}()
-	return fn()
-}
-
-// countSample runs q, which returns (k text, n bigint) rows: offending
-// keys, at most maxSample, each with the total count of offenders
-// (count(*) OVER ()). It returns the count (0 for no rows) and the keys.
-func countSample(ctx context.Context, tx sqlx.ExtContext, q string, args ...any) (int64, []string, error) {
-	rows, err := tx.QueryxContext(ctx, q, args...)
-	if err != nil {
-		return 0, nil, err
-	}
-	defer rows.Close()
-	var n int64
-	var sample []string
-	for rows.Next() {
-		var k sql.NullString
-		if err := rows.Scan(&k, &n); err != nil {
-			return 0, nil, err
-		}
-		sample = append(sample, k.String)
-	}
-	return n, sample, errors.Join(rows.Err(), rows.Close())
 }

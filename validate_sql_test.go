@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgbackfill/backfill/internal/pgstore"
 	"github.com/stretchr/testify/require"
 )
 
@@ -14,12 +15,12 @@ func goldenScope(t testing.TB, g goldenTarget, chunkColumn string) ValidationSco
 	t.Helper()
 	info := goldenInfo(t, g)
 	start := time.Date(2024, 3, 1, 0, 0, 0, 0, time.UTC)
-	return ValidationScope{BatchID: 7, Info: info, Staging: buildMergeSQL(info).stage, ChunkColumn: chunkColumn, Zone: time.UTC,
+	return ValidationScope{BatchID: 7, Info: info, Staging: pgstore.BuildMergeSQL(info).Stage, ChunkColumn: chunkColumn, Zone: time.UTC,
 		Chunk: Chunk{ID: "2024-03-01", Seq: 3, Kind: KindTime, Start: start, End: start.AddDate(0, 0, 1)}}
 }
 
 // withArgs renders a statement followed by its bind parameters.
-func withArgs(q string, a sqlArgs) string {
+func withArgs(q string, a pgstore.SQLArgs) string {
 	if len(a) == 0 {
 		return q
 	}
@@ -28,46 +29,46 @@ func withArgs(q string, a sqlArgs) string {
 
 // validateStatements builds every validator statement for scope.
 func validateStatements(t *testing.T, scope ValidationScope) [][2]string {
-	c, err := newPGCheck("golden", SeverityError, scope)
+	c, err := pgstore.NewPGCheck("golden", SeverityError, scope)
 	require.NoError(t, err)
 	var out [][2]string
 	add := func(name, q string) { out = append(out, [2]string{name, q}) }
 
-	var a sqlArgs
-	chunkRows, _, err := c.chunkRows("c", &a)
+	var a pgstore.SQLArgs
+	chunkRows, _, err := c.ChunkRows("c", &a)
 	require.NoError(t, err)
-	add("duplicate_keys", withArgs(c.duplicateKeysSQL(scope.Info.identity(), chunkRows, false), a))
-	add("duplicate_keys across target", withArgs(c.duplicateKeysSQL([]string{"name"}, chunkRows, true), a))
+	add("duplicate_keys", withArgs(c.DuplicateKeysSQL(scope.Info.Identity(), chunkRows, false), a))
+	add("duplicate_keys across target", withArgs(c.DuplicateKeysSQL([]string{"name"}, chunkRows, true), a))
 
-	add("completeness: missing from target", c.missingFromTargetSQL())
-	if wins := c.sourceWins("s", "t"); wins != "false" {
-		add("completeness: differing content", c.differingContentSQL(wins))
+	add("completeness: missing from target", c.MissingFromTargetSQL())
+	if wins := c.SourceWins("s", "t"); wins != "false" {
+		add("completeness: differing content", c.DifferingContentSQL(wins))
 	}
 	a = nil
-	bounds, err := c.inChunk("t", &a)
+	bounds, err := c.InChunk("t", &a)
 	require.NoError(t, err)
-	add("completeness: missing from staging", withArgs(c.missingFromStagingSQL(bounds), a))
+	add("completeness: missing from staging", withArgs(c.MissingFromStagingSQL(bounds), a))
 
-	add("referential_integrity", c.orphansSQL([]string{"name", "k"}, "sales.customers", []string{"name", "code"}))
+	add("referential_integrity", c.OrphansSQL([]string{"name", "k"}, "sales.customers", []string{"name", "code"}))
 
 	a = nil
 	v := Aggregates{Day: "version", Dimensions: []string{"name", `Odd "col"`}, Measures: []Measure{{Column: "amount", Tolerance: 0.5}, {Column: "id"}}}
 	day, _, err := v.day(c, &a)
 	require.NoError(t, err)
-	add("aggregates", withArgs(c.aggregatesSQL(day, v.Dimensions, v.Measures, &a), a))
+	add("aggregates", withArgs(c.AggregatesSQL(day, v.Dimensions, v.Measures, &a), a))
 	a = nil
-	add("aggregates: zero value", withArgs(c.aggregatesSQL(nil, nil, nil, &a), a))
+	add("aggregates: zero value", withArgs(c.AggregatesSQL(nil, nil, nil, &a), a))
 
 	a = nil
-	add("sample", withArgs(c.sampleSQL(DefaultSampleSize, 42, c.sourceWins("s", "t"), &a), a))
+	add("sample", withArgs(c.SampleSQL(DefaultSampleSize, 42, c.SourceWins("s", "t"), &a), a))
 
-	cols := c.fingerprintColumns()
-	add("fingerprint: staged rows", c.fingerprintStagingSQL(cols))
+	cols := c.FingerprintColumns()
+	add("fingerprint: staged rows", c.FingerprintStagingSQL(cols))
 	a = nil
-	bounds, err = c.inChunk("t", &a)
+	bounds, err = c.InChunk("t", &a)
 	require.NoError(t, err)
-	add("fingerprint: chunk's target rows", withArgs(c.fingerprintTargetSQL(cols, bounds), a))
-	add("fingerprint: target rows of staged identities", c.fingerprintTargetSQL(cols, ""))
+	add("fingerprint: chunk's target rows", withArgs(c.FingerprintTargetSQL(cols, bounds), a))
+	add("fingerprint: target rows of staged identities", c.FingerprintTargetSQL(cols, ""))
 	return out
 }
 

@@ -14,6 +14,7 @@ import (
 	"pgregory.net/rapid"
 
 	"github.com/pgbackfill/backfill"
+	"github.com/pgbackfill/backfill/internal/pgstore"
 )
 
 // ColumnDef is a column of a table created by [MergerHarness.CreateTable].
@@ -141,7 +142,7 @@ func TestMerger(t *testing.T, newHarness func(t *testing.T) MergerHarness) {
 			ColumnDef{"ingested_at", "timestamptz"}), []string{"tenant", "id"})
 		info := prepare(t, h, backfill.Target{Table: "stamped", Key: []string{"tenant", "id"}, Columns: []string{"tenant", "id", "name"},
 			IngestedAt: "ingested_at", Lineage: backfill.Lineage{InsertedBy: "inserted_by", UpdatedBy: "updated_by"}})
-		cc := info.Compared()
+		cc := pgstore.CompareColumns(info)
 		require.Equal(t, []string{"name"}, cc.Tracked)
 		require.Equal(t, []string{"name"}, cc.Compared)
 		require.Equal(t, []string{"name", "ingested_at", "updated_by"}, cc.Written)

@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/pgbackfill/backfill"
+	"github.com/pgbackfill/backfill/internal/pgstore"
 )
 
 // merge is one chunk's merge: the staged rows, a read-only view of the
@@ -77,7 +78,7 @@ func newMerge(info backfill.TableInfo, tab *fakeTable, rows []stagedRow) (*merge
 	}
 	// What the merge compares is the library's one definition, as the
 	// PostgreSQL merger's SQL uses it.
-	cc := info.Compared()
+	cc := pgstore.CompareColumns(info)
 	m.tracked, m.compared = cc.Tracked, cc.Compared
 	m.kept = map[string]bool{}
 	for _, n := range cc.Content {

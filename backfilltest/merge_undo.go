@@ -9,6 +9,7 @@ import (
 	"github.com/jmoiron/sqlx"
 
 	"github.com/pgbackfill/backfill"
+	"github.com/pgbackfill/backfill/internal/pgstore"
 )
 
 // The fake undo log. A merge of a chunk whose ChunkRef names an undo table
@@ -81,7 +82,7 @@ func (m *Merger) UndoRollback(ctx context.Context, db sqlx.ExtContext, man backf
 	if u.ib < 0 || u.ub < 0 {
 		return nil, fmt.Errorf("backfill: rollback %s: %w: no lineage columns", t.Table, backfill.ErrInvalidConfig)
 	}
-	u.identity = info.Compared().Identity
+	u.identity = pgstore.CompareColumns(info).Identity
 	for _, c := range u.identity {
 		u.idx = append(u.idx, slices.Index(tab.columns, c))
 	}

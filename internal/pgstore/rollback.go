@@ -1,4 +1,4 @@
-package backfill
+package pgstore
 
 import (
 	"context"
@@ -6,50 +6,51 @@ import (
 
 	"github.com/jmoiron/sqlx"
 	"github.com/lib/pq"
-
+	"github.com/pgbackfill/backfill/backfilldriver"
+	"github.com/pgbackfill/backfill/backfilltype"
 	"github.com/pgbackfill/backfill/internal/sqlgen"
 )
 
 // pgRollback is the SQL of a rollback of one target from the undo log of
-// a [PGManifest]'s schema. Undo rows are matched to target rows through
+// a [Manifest]'s schema. Undo rows are matched to target rows through
 // jsonb_to_record (PostgreSQL docs, 9.16 "JSON Functions"), which turns
 // the logged key back into a record of the identity columns (keyRecord),
 // and a prior image, which holds every column, is restored through
 // jsonb_populate_record as a row of the target type.
 type pgRollback struct {
-	m        sqlManifest
-	info     TableInfo
+	m        backfilldriver.SQLManifest
+	info     backfilltype.TableInfo
 	target   string // quoted
 	undo     string // quoted
 	identity []string
-	updated  string // quoted lineage UpdatedBy column
-	inserted string // quoted lineage InsertedBy column
-	columns  []string
-	// chunkColumn and zone are the plan's ChunkColumn and Zone: they find
+	updated  string   // quoted lineage UpdatedBy column
+	inserted string   // quoted lineage InsertedBy column
+	Columns  []string `json:"-" db:"-"`
+	// ChunkColumn and zone are the plan's ChunkColumn and Zone: they find
 	// the rows a single chunk inserted (""/nil: unknown).
-	chunkColumn string
-	zone        string
-	// keyTypes: the identity columns' types (format_type), which read
+	ChunkColumn string `json:"-" db:"-"`
+	Zone        string `json:"-" db:"-"`
+	// KeyTypes: the identity columns' types (format_type), which read
 	// a logged key back as a record of those columns only (keyRecord).
-	keyTypes map[string]string
-	scope    RollbackScope
+	KeyTypes map[string]string `json:"-" db:"-"`
+	scope    backfilltype.RollbackScope
 	// noDelete: the role lacks DELETE on the target (load). A DELETE
 	// needs it even when it deletes nothing, so the rollback of a batch
 	// that only updated rows then runs none (backfill_privileges.go).
 	noDelete bool
 }
 
-var _ UndoRollback = (*pgRollback)(nil)
+var _ backfilldriver.UndoRollback = (*pgRollback)(nil)
 
 // UndoRollback implements [MergerRollback]: the rollback by the undo log
-// that m, a [PGManifest], holds in its schema.
-func (p *PGMerger) UndoRollback(ctx context.Context, db sqlx.ExtContext, m ManifestRollback, info TableInfo, scope RollbackScope) (UndoRollback, error) {
-	pm, ok := m.(sqlManifest)
+// that m, a [Manifest], holds in its schema.
+func (p *Merger) UndoRollback(ctx context.Context, db sqlx.ExtContext, m backfilldriver.ManifestRollback, info backfilltype.TableInfo, scope backfilltype.RollbackScope) (backfilldriver.UndoRollback, error) {
+	pm, ok := m.(backfilldriver.SQLManifest)
 	if !ok {
-		return nil, fmt.Errorf("backfill: rollback %s: %w: PGMerger rolls back from the undo log of a PGManifest", info.Target.Table, ErrUnsupported)
+		return nil, fmt.Errorf("backfill: rollback %s: %w: PGMerger rolls back from the undo log of a PGManifest", info.Target.Table, backfilltype.ErrUnsupported)
 	}
-	rb := newPGRollback(pm, info)
-	rb.scope, rb.chunkColumn, rb.zone = scope, scope.ChunkColumn, scope.Zone
+	rb := NewPGRollback(pm, info)
+	rb.scope, rb.ChunkColumn, rb.Zone = scope, scope.ChunkColumn, scope.Zone
 	if err := rb.load(ctx, db); err != nil {
 		return nil, err
 	}
@@ -57,25 +58,25 @@ func (p *PGMerger) UndoRollback(ctx context.Context, db sqlx.ExtContext, m Manif
 }
 
 // Conflicts implements [UndoRollback].
-func (rb *pgRollback) Conflicts(ctx context.Context, db sqlx.ExtContext) (RollbackConflicts, error) {
-	return rb.conflictsOf(ctx, db, rb.scope.Seqs, true)
+func (rb *pgRollback) Conflicts(ctx context.Context, db sqlx.ExtContext) (backfilltype.RollbackConflicts, error) {
+	return rb.ConflictsOf(ctx, db, rb.scope.Seqs, true)
 }
 
-// conflictsOf is Conflicts for the chunks seqs of the scope
+// ConflictsOf is Conflicts for the chunks seqs of the scope
 // (rollback_lock.go): their undo log and the deliveries, and, when
 // lineage is set, the rows the batch (or chunk) inserted found by lineage
 // (a scan of the target, which only Finish's deletes need).
-func (rb *pgRollback) conflictsOf(ctx context.Context, db sqlx.ExtContext, seqs []int, lineage bool) (RollbackConflicts, error) {
+func (rb *pgRollback) ConflictsOf(ctx context.Context, db sqlx.ExtContext, seqs []int, lineage bool) (backfilltype.RollbackConflicts, error) {
 	sc := rb.scope
 	sc.Seqs = seqs
-	var c RollbackConflicts
+	var c backfilltype.RollbackConflicts
 	changed, rows, err := rb.conflicts(ctx, db, sc.BatchID, sc.Seqs, sc.Chunk, sc.Exclude, lineage)
 	if err != nil {
 		return c, err
 	}
 	c.Changed, c.Rows = changed, rows
 	if sc.Chunk == nil || len(sc.Seqs) > 0 {
-		var delivered []RollbackConflict
+		var delivered []backfilltype.RollbackConflict
 		if c.Delivered, c.DeliveredDeleted, delivered, err = rb.delivered(ctx, db, sc.BatchID, sc.Seqs, sc.Chunk, sc.Exclude); err != nil {
 			return c, err
 		}
@@ -95,19 +96,19 @@ func (rb *pgRollback) RollBackChunk(ctx context.Context, tx sqlx.ExtContext, seq
 }
 
 // Finish implements [UndoRollback].
-func (rb *pgRollback) Finish(ctx context.Context, tx sqlx.ExtContext, whole, force bool, event func(deleted int64) Event) (int64, error) {
+func (rb *pgRollback) Finish(ctx context.Context, tx sqlx.ExtContext, whole, force bool, event func(deleted int64) backfilltype.Event) (int64, error) {
 	return rb.finish(ctx, tx, rb.scope.BatchID, whole, force, event)
 }
 
-func newPGRollback(m sqlManifest, info TableInfo) *pgRollback {
+func NewPGRollback(m backfilldriver.SQLManifest, info backfilltype.TableInfo) *pgRollback {
 	return &pgRollback{m: m, info: info, target: sqlgen.Table(info.Target.Table), undo: m.UndoTable(),
-		identity: info.Compared().Identity, updated: sqlgen.Ident(info.Target.Lineage.UpdatedBy), inserted: sqlgen.Ident(info.Target.Lineage.InsertedBy)}
+		identity: CompareColumns(info).Identity, updated: sqlgen.Ident(info.Target.Lineage.UpdatedBy), inserted: sqlgen.Ident(info.Target.Lineage.InsertedBy)}
 }
 
 // load reads the target's updatable columns (not generated, not identity
 // ALWAYS): a prior image restores all of them.
 func (rb *pgRollback) load(ctx context.Context, db sqlx.ExtContext) error {
-	err := sqlx.SelectContext(ctx, db, &rb.columns, `SELECT a.attname::text FROM pg_attribute a
+	err := sqlx.SelectContext(ctx, db, &rb.Columns, `SELECT a.attname::text FROM pg_attribute a
 		WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = '' AND a.attidentity <> 'a'
 		ORDER BY a.attnum`, rb.target)
 	if err != nil {
@@ -121,9 +122,9 @@ func (rb *pgRollback) load(ctx context.Context, db sqlx.ExtContext) error {
 		WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped AND a.attname = ANY ($2::text[])`, rb.target, pq.Array(rb.identity)); err != nil {
 		return fmt.Errorf("backfill: rollback %s: key types: %w", rb.info.Target.Table, err)
 	}
-	rb.keyTypes = map[string]string{}
+	rb.KeyTypes = map[string]string{}
 	for _, t := range types {
-		rb.keyTypes[t.Name] = t.Type
+		rb.KeyTypes[t.Name] = t.Type
 	}
 	var mayDelete bool
 	if err := sqlx.GetContext(ctx, db, &mayDelete, `SELECT coalesce(has_table_privilege(to_regclass($1), 'DELETE'), true)`, rb.target); err != nil {
@@ -134,21 +135,21 @@ func (rb *pgRollback) load(ctx context.Context, db sqlx.ExtContext) error {
 }
 
 // conflicts counts the rows the batch (or one chunk of it) changed that a
-// later batch changed again: rows of the undo log, and rows it inserted
+// Later batch changed again: rows of the undo log, and rows it inserted
 // (found by lineage), with up to 100 of them and the batch that last
 // changed each. Changes by the batches in exclude (rolled back before
 // this one by the same call) do not count.
-func (rb *pgRollback) conflicts(ctx context.Context, db sqlx.ExtContext, batch int64, seqs []int, chunk *ChunkState, exclude []int64, lineage bool) (int64, []RollbackConflict, error) {
+func (rb *pgRollback) conflicts(ctx context.Context, db sqlx.ExtContext, batch int64, seqs []int, chunk *backfilltype.ChunkState, exclude []int64, lineage bool) (int64, []backfilltype.RollbackConflict, error) {
 	var rows []struct {
 		N   int64  `db:"n"`
 		Key string `db:"key"`
 		By  int64  `db:"by"`
 	}
-	filter, fargs := rb.insertedFilter(chunk, 4)
+	filter, fargs := rb.InsertedFilter(chunk, 4)
 	if !lineage {
 		filter, fargs = "false", nil
 	}
-	err := sqlx.SelectContext(ctx, db, &rows, rb.conflictsSQL(filter),
+	err := sqlx.SelectContext(ctx, db, &rows, rb.ConflictsSQL(filter),
 		append([]any{batch, pq.Array(seqs), pq.Array(append([]int64{}, exclude...))}, fargs...)...)
 	if err != nil {
 		return 0, nil, fmt.Errorf("backfill: rollback %s: conflicts: %w", rb.info.Target.Table, err)
@@ -156,22 +157,22 @@ func (rb *pgRollback) conflicts(ctx context.Context, db sqlx.ExtContext, batch i
 	if len(rows) == 0 {
 		return 0, nil, nil
 	}
-	out := make([]RollbackConflict, len(rows))
+	out := make([]backfilltype.RollbackConflict, len(rows))
 	for i, r := range rows {
-		out[i] = RollbackConflict{Key: r.Key, Batch: r.By}
+		out[i] = backfilltype.RollbackConflict{Key: r.Key, Batch: r.By}
 	}
 	return rows[0].N, out, nil
 }
 
 // preview counts the rows a rollback of the chunks would delete and
 // restore.
-func (rb *pgRollback) preview(ctx context.Context, db sqlx.ExtContext, batch int64, seqs []int, chunk *ChunkState, force bool) (deleted, restored int64, err error) {
+func (rb *pgRollback) preview(ctx context.Context, db sqlx.ExtContext, batch int64, seqs []int, chunk *backfilltype.ChunkState, force bool) (deleted, restored int64, err error) {
 	var n struct {
 		Deleted  int64 `db:"deleted"`
 		Restored int64 `db:"restored"`
 	}
-	filter, fargs := rb.insertedFilter(chunk, 4)
-	err = sqlx.GetContext(ctx, db, &n, rb.previewSQL(filter), append([]any{batch, pq.Array(seqs), force}, fargs...)...)
+	filter, fargs := rb.InsertedFilter(chunk, 4)
+	err = sqlx.GetContext(ctx, db, &n, rb.PreviewSQL(filter), append([]any{batch, pq.Array(seqs), force}, fargs...)...)
 	if err != nil {
 		return 0, 0, fmt.Errorf("backfill: rollback %s: preview: %w", rb.info.Target.Table, err)
 	}
@@ -181,7 +182,7 @@ func (rb *pgRollback) preview(ctx context.Context, db sqlx.ExtContext, batch int
 // chunk rolls back one chunk in tx, with the chunk's manifest row as
 // checkpoint. done is false when the chunk was not (or no longer) done:
 // rolled back by an earlier, interrupted call.
-func (rb *pgRollback) chunk(ctx context.Context, tx sqlx.ExtContext, batch int64, seq int, chunk *ChunkState, force bool) (deleted, restored int64, done bool, err error) {
+func (rb *pgRollback) chunk(ctx context.Context, tx sqlx.ExtContext, batch int64, seq int, chunk *backfilltype.ChunkState, force bool) (deleted, restored int64, done bool, err error) {
 	err = func() error {
 		if err := rb.keysTable(ctx, tx); err != nil {
 			return err
@@ -197,7 +198,7 @@ func (rb *pgRollback) chunk(ctx context.Context, tx sqlx.ExtContext, batch int64
 			return fmt.Errorf("restore: %w", err)
 		}
 		if updated {
-			res, err := tx.ExecContext(ctx, rb.restoreSQL(), batch, seq, force)
+			res, err := tx.ExecContext(ctx, rb.RestoreSQL(), batch, seq, force)
 			if err != nil {
 				return fmt.Errorf("restore: %w", err)
 			}
@@ -212,7 +213,7 @@ func (rb *pgRollback) chunk(ctx context.Context, tx sqlx.ExtContext, batch int64
 			}
 		}
 		if logged {
-			res, err := tx.ExecContext(ctx, rb.deleteLoggedSQL(), batch, seq, force)
+			res, err := tx.ExecContext(ctx, rb.DeleteLoggedSQL(), batch, seq, force)
 			if err != nil {
 				return fmt.Errorf("delete: %w", err)
 			}
@@ -225,7 +226,7 @@ func (rb *pgRollback) chunk(ctx context.Context, tx sqlx.ExtContext, batch int64
 			}
 			deleted += n
 		}
-		if rb.info.Target.Mode == History {
+		if rb.info.Target.Mode == backfilltype.History {
 			if err := rb.retile(ctx, tx, batch, seq); err != nil {
 				return err
 			}
@@ -238,12 +239,12 @@ func (rb *pgRollback) chunk(ctx context.Context, tx sqlx.ExtContext, batch int64
 
 // finish records the rollback in the audit log and, for a whole batch,
 // sets the run's status.
-func (rb *pgRollback) finish(ctx context.Context, tx sqlx.ExtContext, batch int64, whole, force bool, e func(deleted int64) Event) (deleted int64, err error) {
+func (rb *pgRollback) finish(ctx context.Context, tx sqlx.ExtContext, batch int64, whole, force bool, e func(deleted int64) backfilltype.Event) (deleted int64, err error) {
 	err = func() error {
 		if whole {
 			// The rows the batch inserted, found by lineage, in one
 			// statement: a crash before the commit leaves them all, and the
-			// next call deletes them.
+			// Next call deletes them.
 			if err := rb.keysTable(ctx, tx); err != nil {
 				return err
 			}
@@ -252,7 +253,7 @@ func (rb *pgRollback) finish(ctx context.Context, tx sqlx.ExtContext, batch int6
 				return err
 			}
 			deleted = n
-			if rb.info.Target.Mode == History {
+			if rb.info.Target.Mode == backfilltype.History {
 				if err := rb.retile(ctx, tx, batch, -1); err != nil {
 					return err
 				}
@@ -276,8 +277,8 @@ func (rb *pgRollback) keysTable(ctx context.Context, tx sqlx.ExtContext) error {
 // deleteInserted deletes the rows the batch inserted (lineage InsertedBy),
 // all of them or those of one chunk, that no later batch changed (unless
 // force), and lists their keys in backfill_rollback_keys.
-func (rb *pgRollback) deleteInserted(ctx context.Context, tx sqlx.ExtContext, batch int64, chunk *ChunkState, force bool) (int64, error) {
-	filter, fargs := rb.insertedFilter(chunk, 3)
+func (rb *pgRollback) deleteInserted(ctx context.Context, tx sqlx.ExtContext, batch int64, chunk *backfilltype.ChunkState, force bool) (int64, error) {
+	filter, fargs := rb.InsertedFilter(chunk, 3)
 	if rb.noDelete {
 		// Without DELETE privilege, a DELETE only when there are rows to
 		// delete (it fails then, as it must).
@@ -290,7 +291,7 @@ func (rb *pgRollback) deleteInserted(ctx context.Context, tx sqlx.ExtContext, ba
 			return 0, nil
 		}
 	}
-	res, err := tx.ExecContext(ctx, rb.deleteInsertedSQL(filter),
+	res, err := tx.ExecContext(ctx, rb.DeleteInsertedSQL(filter),
 		append([]any{batch, force}, fargs...)...)
 	if err != nil {
 		return 0, fmt.Errorf("delete inserted rows: %w", err)
@@ -303,17 +304,17 @@ func (rb *pgRollback) deleteInserted(ctx context.Context, tx sqlx.ExtContext, ba
 // restored prior image may end where a version of a later chunk or batch
 // now starts), then checks the tiling.
 func (rb *pgRollback) retile(ctx context.Context, tx sqlx.ExtContext, batch int64, seq int) error {
-	_, err := tx.ExecContext(ctx, rb.retileSQL(), batch, seq)
+	_, err := tx.ExecContext(ctx, rb.RetileSQL(), batch, seq)
 	if err != nil {
 		return fmt.Errorf("retile intervals: %w", err)
 	}
 	var bad []string
-	err = sqlx.SelectContext(ctx, tx, &bad, rb.checkRetiledSQL(), batch, seq)
+	err = sqlx.SelectContext(ctx, tx, &bad, rb.CheckRetiledSQL(), batch, seq)
 	if err != nil {
 		return fmt.Errorf("check intervals: %w", err)
 	}
 	if len(bad) > 0 {
-		return fmt.Errorf("%w: after rollback, keys %v", ErrHistoryIntervals, bad)
+		return fmt.Errorf("%w: after rollback, keys %v", backfilltype.ErrHistoryIntervals, bad)
 	}
 	return nil
 }

@@ -1,4 +1,4 @@
-package backfill
+package pgstore
 
 import (
 	"fmt"
@@ -7,23 +7,19 @@ import (
 	"strings"
 	"time"
 
+	"github.com/pgbackfill/backfill/backfilltype"
 	"github.com/pgbackfill/backfill/internal/sqlgen"
 )
 
-// This file builds the SQL of the validators, one function per
-// statement, and the comparison expressions they share. Identifiers are
-// quoted through internal/sqlgen; values are bind parameters (sqlArgs).
-// The statements are pinned by testdata/validate_*.golden.sql.
-
 // idMatch returns the condition that rows a and b have the same identity:
 // = for columns that cannot be NULL in staging (Key columns, NOT NULL
-// columns), IS NOT DISTINCT FROM otherwise (see [Completeness] and the
+// Columns), IS NOT DISTINCT FROM otherwise (see [Completeness] and the
 // comment at the top of validate_pg.go).
-func (c *pgCheck) idMatch(a, b string) string {
-	id := c.scope.Info.identity()
+func (c *PgCheck) idMatch(a, b string) string {
+	id := c.scope.Info.Identity()
 	parts := make([]string, len(id))
 	for i, n := range id {
-		col := c.cols[n]
+		col := c.Cols[n]
 		op := " = "
 		if !col.Key && !col.NotNull && !slices.Contains(c.scope.Info.Target.Key, n) {
 			op = " IS NOT DISTINCT FROM "
@@ -39,20 +35,20 @@ func (c *pgCheck) idMatch(a, b string) string {
 	return strings.Join(parts, " AND ")
 }
 
-// content returns the staged columns whose values must equal the target's
+// Content returns the staged columns whose values must equal the target's
 // after a merge the staged row won: [ComparedColumns].Checked, every
 // staged column but the identity, the columns the library fills for the
 // row (ingestion time, lineage; the hash stays, it is a function of the
-// content) and, in Keyless mode, the raw sources of derived keys.
-func (c *pgCheck) content() []string { return slices.Clone(c.scope.Info.Compared().Checked) }
+// Content) and, in Keyless mode, the raw sources of derived keys.
+func (c *PgCheck) Content() []string { return slices.Clone(CompareColumns(c.scope.Info).Checked) }
 
 // cmpExpr is how the checks compare a column: as text for types without
 // an equality operator (as the merge does), and byte for byte where the
 // column's own equality is looser (see exactForm).
-func (c *pgCheck) cmpExpr(alias, n string) string {
+func (c *PgCheck) cmpExpr(alias, n string) string {
 	// The merge's rule (merge_decide.go): a check that compares content
 	// fails when the target holds another form of an equal value.
-	return exactCompare(c.cols[n], alias+"."+sqlgen.Ident(n))
+	return ExactCompare(c.Cols[n], alias+"."+sqlgen.Ident(n))
 }
 
 // exactForm returns the expression e, a value of column n, in a form
@@ -61,12 +57,12 @@ func (c *pgCheck) cmpExpr(alias, n string) string {
 // equating 'a' and 'A', PostgreSQL docs, 24.2.2.4 "Nondeterministic
 // Collations") compares under "C", whose equality is byte for byte;
 // citext (case-insensitive by design) as its text under "C". Other
-// columns keep their type's equality, which is exact for every built-in
+// Columns keep their type's equality, which is exact for every built-in
 // type the checks compare: floats, numerics, timestamps compare their
 // full values, never a rounded form. The database's default collation is
 // always deterministic.
-func (c *pgCheck) exactForm(n, e string) string {
-	col := c.cols[n]
+func (c *PgCheck) exactForm(n, e string) string {
+	col := c.Cols[n]
 	switch {
 	case col.BaseType == "citext":
 		return "(" + e + `::text COLLATE "C")`
@@ -84,180 +80,180 @@ var collatable = map[string]bool{"text": true, "varchar": true, "bpchar": true, 
 
 // exactlyEqual reports whether the check compares column n through
 // exactForm, in another form than its own equality.
-func (c *pgCheck) exactlyEqual(n string) bool {
+func (c *PgCheck) exactlyEqual(n string) bool {
 	return c.exactForm(n, "x") != "x"
 }
 
 // diffs returns a text[] expression naming the content columns in which
 // rows a and b differ (NULL-safe), compared as cmpExpr renders them.
-func (c *pgCheck) diffs(a, b string) string { return diffsExpr(a, b, c.content(), c.cmpExpr) }
+func (c *PgCheck) diffs(a, b string) string { return diffsExpr(a, b, c.Content(), c.cmpExpr) }
 
-// sourceWins returns the condition under which the merge must have made
+// SourceWins returns the condition under which the merge must have made
 // target row t equal to staged row s: "true" but for Upsert TargetWins
 // ("false": the target keeps its content) and NewerVersionWins (the
 // merge's rule, newerVersionWins, on the Tracked columns compared as
 // cmpExpr renders them).
-func (c *pgCheck) sourceWins(s, t string) string {
+func (c *PgCheck) SourceWins(s, t string) string {
 	tg := c.scope.Info.Target
-	if tg.Mode != Upsert && tg.Mode != "" {
+	if tg.Mode != backfilltype.Upsert && tg.Mode != "" {
 		return "true"
 	}
 	switch tg.Conflict {
-	case TargetWins:
+	case backfilltype.TargetWins:
 		return "false"
-	case NewerVersionWins:
-		return newerVersionWins(s, t, tg.Version, c.scope.Info.Compared().Tracked, c.cmpExpr)
+	case backfilltype.NewerVersionWins:
+		return newerVersionWins(s, t, tg.Version, CompareColumns(c.scope.Info).Tracked, c.cmpExpr)
 	}
 	return "true"
 }
 
-// chunkRows returns the condition selecting the chunk's target rows
+// ChunkRows returns the condition selecting the chunk's target rows
 // (alias): by ChunkColumn bounds when the job has one, by staged identity
 // otherwise; how says which.
-func (c *pgCheck) chunkRows(alias string, a *sqlArgs) (cond, how string, err error) {
+func (c *PgCheck) ChunkRows(alias string, a *SQLArgs) (cond, how string, err error) {
 	if c.scope.ChunkColumn != "" {
-		cond, err := c.inChunk(alias, a)
+		cond, err := c.InChunk(alias, a)
 		return cond, "ChunkColumn " + c.scope.ChunkColumn + " in " + c.scope.Chunk.String(), err
 	}
-	return fmt.Sprintf("EXISTS (SELECT 1 FROM %s s WHERE %s)", c.staging, c.idMatch(alias, "s")), "identities in staging", nil
+	return fmt.Sprintf("EXISTS (SELECT 1 FROM %s s WHERE %s)", c.Staging, c.idMatch(alias, "s")), "identities in staging", nil
 }
 
-// inChunk returns the condition that alias's ChunkColumn lies in the
+// InChunk returns the condition that alias's ChunkColumn lies in the
 // chunk's half-open interval, as the row writer checks it: instants for
 // time chunks, a wall-clock column (timestamp, date) read in Job.Zone —
 // by converting the bounds, so that an index on the column serves.
-func (c *pgCheck) inChunk(alias string, a *sqlArgs) (string, error) {
+func (c *PgCheck) InChunk(alias string, a *SQLArgs) (string, error) {
 	ch := c.scope.Chunk
 	col := alias + "." + sqlgen.Ident(c.scope.ChunkColumn)
 	switch ch.Kind {
-	case KindTime:
-		lo, hi := a.bind(ch.Start.Format(time.RFC3339Nano)), a.bind(ch.End.Format(time.RFC3339Nano))
-		switch c.cols[c.scope.ChunkColumn].BaseType {
+	case backfilltype.KindTime:
+		lo, hi := a.Bind(ch.Start.Format(time.RFC3339Nano)), a.Bind(ch.End.Format(time.RFC3339Nano))
+		switch c.Cols[c.scope.ChunkColumn].BaseType {
 		case "timestamp", "date":
-			z, err := c.zone()
+			z, err := c.Zone()
 			if err != nil {
 				return "", err
 			}
-			zp := a.bind(z)
-			return sqlf("{col} >= ({lo}::timestamptz AT TIME ZONE {zone}::text) AND {col} < ({hi}::timestamptz AT TIME ZONE {zone}::text)",
+			zp := a.Bind(z)
+			return SQLf("{col} >= ({lo}::timestamptz AT TIME ZONE {zone}::text) AND {col} < ({hi}::timestamptz AT TIME ZONE {zone}::text)",
 				"col", col, "lo", lo, "hi", hi, "zone", zp), nil
 		}
-		return sqlf("{col} >= {lo}::timestamptz AND {col} < {hi}::timestamptz", "col", col, "lo", lo, "hi", hi), nil
-	case KindInt:
-		return sqlf("{col} >= {lo} AND {col} < {hi}", "col", col, "lo", a.bind(ch.Lo), "hi", a.bind(ch.Hi)), nil
-	case KindList:
-		return fmt.Sprintf("%s = %s", col, a.bind(ch.Item)), nil
+		return SQLf("{col} >= {lo}::timestamptz AND {col} < {hi}::timestamptz", "col", col, "lo", lo, "hi", hi), nil
+	case backfilltype.KindInt:
+		return SQLf("{col} >= {lo} AND {col} < {hi}", "col", col, "lo", a.Bind(ch.Lo), "hi", a.Bind(ch.Hi)), nil
+	case backfilltype.KindList:
+		return fmt.Sprintf("%s = %s", col, a.Bind(ch.Item)), nil
 	}
-	return "", c.errorf("%w: chunk %s has no kind", ErrInvalidScope, ch.ID)
+	return "", c.Errorf("%w: chunk %s has no kind", backfilltype.ErrInvalidScope, ch.ID)
 }
 
-// sqlArgs collects bind parameters: bind appends one and returns its
+// SQLArgs collects bind parameters: bind appends one and returns its
 // placeholder.
-type sqlArgs []any
+type SQLArgs []any
 
-func (a *sqlArgs) bind(v any) string {
+func (a *SQLArgs) Bind(v any) string {
 	*a = append(*a, v)
 	return "$" + strconv.Itoa(len(*a))
 }
 
-// duplicateKeysSQL lists (k, n) the keys of cols that occur more than
+// DuplicateKeysSQL lists (k, n) the keys of cols that occur more than
 // once among the chunk's target rows (chunkRows, of alias c), or, with
 // acrossTarget, among all target rows that share a key with them; rows
 // with a NULL in cols are no duplicates.
-func (c *pgCheck) duplicateKeysSQL(cols []string, chunkRows string, acrossTarget bool) string {
+func (c *PgCheck) DuplicateKeysSQL(cols []string, chunkRows string, acrossTarget bool) string {
 	notNull := make([]string, len(cols))
 	for i, n := range cols {
 		notNull[i] = "c." + sqlgen.Ident(n) + " IS NOT NULL"
 	}
-	keys := sqlf(`SELECT {ccols} FROM {target} c WHERE {chunkRows} AND {notNull}`,
+	keys := SQLf(`SELECT {ccols} FROM {target} c WHERE {chunkRows} AND {notNull}`,
 		"ccols", sqlgen.List("c.", cols), "target", c.target, "chunkRows", chunkRows, "notNull", strings.Join(notNull, " AND "))
 	if acrossTarget {
-		keys = sqlf(`SELECT d.* FROM {target} d WHERE ({dcols}) IN (SELECT {ccols} FROM ({keys}) c)`,
+		keys = SQLf(`SELECT d.* FROM {target} d WHERE ({dcols}) IN (SELECT {ccols} FROM ({keys}) c)`,
 			"target", c.target, "dcols", sqlgen.List("d.", cols), "ccols", sqlgen.List("c.", cols), "keys", keys)
 	}
-	return sqlf(`WITH k AS ({keys})
+	return SQLf(`WITH k AS ({keys})
 SELECT ROW({xcols})::text || ': ' || x._backfill_n || ' rows' AS k, count(*) OVER () AS n FROM (
 	SELECT {kcols}, count(*) AS _backfill_n FROM k GROUP BY {kcols} HAVING count(*) > 1) x
 ORDER BY {xcols} LIMIT {max}`,
-		"keys", keys, "xcols", sqlgen.List("x.", cols), "kcols", sqlgen.List("k.", cols), "max", strconv.Itoa(maxSample))
+		"keys", keys, "xcols", sqlgen.List("x.", cols), "kcols", sqlgen.List("k.", cols), "max", strconv.Itoa(MaxSample))
 }
 
-// missingFromTargetSQL lists (k, n) the staged identities the target
+// MissingFromTargetSQL lists (k, n) the staged identities the target
 // lacks.
-func (c *pgCheck) missingFromTargetSQL() string {
-	id := c.scope.Info.identity()
-	return sqlf(`SELECT ROW({sid})::text AS k, count(*) OVER () AS n FROM {staging} s
+func (c *PgCheck) MissingFromTargetSQL() string {
+	id := c.scope.Info.Identity()
+	return SQLf(`SELECT ROW({sid})::text AS k, count(*) OVER () AS n FROM {staging} s
 WHERE NOT EXISTS (SELECT 1 FROM {target} t WHERE {ts}) ORDER BY {sid} LIMIT {max}`,
-		"sid", sqlgen.List("s.", id), "staging", c.staging, "target", c.target, "ts", c.idMatch("t", "s"), "max", strconv.Itoa(maxSample))
+		"sid", sqlgen.List("s.", id), "staging", c.Staging, "target", c.target, "ts", c.idMatch("t", "s"), "max", strconv.Itoa(MaxSample))
 }
 
-// differingContentSQL lists (k, n) the staged rows whose target row holds
-// other content where the staged row wins (wins, see sourceWins), with
+// DifferingContentSQL lists (k, n) the staged rows whose target row holds
+// Other content where the staged row wins (wins, see sourceWins), with
 // the columns that differ.
-func (c *pgCheck) differingContentSQL(wins string) string {
-	id := c.scope.Info.identity()
-	return sqlf(`SELECT ROW({xid})::text || ': ' || array_to_string(x._backfill_diffs, ', ') AS k, count(*) OVER () AS n
+func (c *PgCheck) DifferingContentSQL(wins string) string {
+	id := c.scope.Info.Identity()
+	return SQLf(`SELECT ROW({xid})::text || ': ' || array_to_string(x._backfill_diffs, ', ') AS k, count(*) OVER () AS n
 FROM (SELECT {sid}, {diffs} AS _backfill_diffs FROM {staging} s JOIN {target} t ON {ts} WHERE {wins}) x
 WHERE cardinality(x._backfill_diffs) > 0 ORDER BY {xid} LIMIT {max}`,
-		"xid", sqlgen.List("x.", id), "sid", sqlgen.List("s.", id), "diffs", c.diffs("s", "t"), "staging", c.staging,
-		"target", c.target, "ts", c.idMatch("t", "s"), "wins", wins, "max", strconv.Itoa(maxSample))
+		"xid", sqlgen.List("x.", id), "sid", sqlgen.List("s.", id), "diffs", c.diffs("s", "t"), "staging", c.Staging,
+		"target", c.target, "ts", c.idMatch("t", "s"), "wins", wins, "max", strconv.Itoa(MaxSample))
 }
 
-// missingFromStagingSQL lists (k, n) the chunk's target rows (bounds, of
+// MissingFromStagingSQL lists (k, n) the chunk's target rows (bounds, of
 // alias t) whose identity is not staged.
-func (c *pgCheck) missingFromStagingSQL(bounds string) string {
-	id := c.scope.Info.identity()
-	return sqlf(`SELECT ROW({tid})::text AS k, count(*) OVER () AS n FROM {target} t
+func (c *PgCheck) MissingFromStagingSQL(bounds string) string {
+	id := c.scope.Info.Identity()
+	return SQLf(`SELECT ROW({tid})::text AS k, count(*) OVER () AS n FROM {target} t
 WHERE {bounds} AND NOT EXISTS (SELECT 1 FROM {staging} s WHERE {ts}) ORDER BY {tid} LIMIT {max}`,
-		"tid", sqlgen.List("t.", id), "target", c.target, "bounds", bounds, "staging", c.staging, "ts", c.idMatch("t", "s"),
-		"max", strconv.Itoa(maxSample))
+		"tid", sqlgen.List("t.", id), "target", c.target, "bounds", bounds, "staging", c.Staging, "ts", c.idMatch("t", "s"),
+		"max", strconv.Itoa(MaxSample))
 }
 
-// orphansSQL lists (k, n) the chunk's target rows whose cols, all not
+// OrphansSQL lists (k, n) the chunk's target rows whose cols, all not
 // NULL, name no row of parentTable in parentCols.
-func (c *pgCheck) orphansSQL(cols []string, parentTable string, parentCols []string) string {
-	id := c.scope.Info.identity()
+func (c *PgCheck) OrphansSQL(cols []string, parentTable string, parentCols []string) string {
+	id := c.scope.Info.Identity()
 	notNull := make([]string, len(cols))
 	match := make([]string, len(cols))
 	for i, n := range cols {
 		notNull[i] = "t." + sqlgen.Ident(n) + " IS NOT NULL"
 		match[i] = "p." + sqlgen.Ident(parentCols[i]) + " = t." + sqlgen.Ident(n)
 	}
-	return sqlf(`SELECT ROW({tid})::text || ' -> ' || ROW({tcols})::text AS k, count(*) OVER () AS n
+	return SQLf(`SELECT ROW({tid})::text || ' -> ' || ROW({tcols})::text AS k, count(*) OVER () AS n
 FROM {staging} s JOIN {target} t ON {ts}
 WHERE {notNull} AND NOT EXISTS (SELECT 1 FROM {parent} p WHERE {match})
 ORDER BY {tid} LIMIT {max}`,
-		"tid", sqlgen.List("t.", id), "tcols", sqlgen.List("t.", cols), "staging", c.staging, "target", c.target,
+		"tid", sqlgen.List("t.", id), "tcols", sqlgen.List("t.", cols), "staging", c.Staging, "target", c.target,
 		"ts", c.idMatch("t", "s"), "notNull", strings.Join(notNull, " AND "), "parent", sqlgen.Table(parentTable),
-		"match", strings.Join(match, " AND "), "max", strconv.Itoa(maxSample))
+		"match", strings.Join(match, " AND "), "max", strconv.Itoa(MaxSample))
 }
 
-// sampleSQL lists (k, missing, diffs) for the n staged rows with the
+// SampleSQL lists (k, missing, diffs) for the n staged rows with the
 // smallest md5 of their identity and seed: whether the target lacks the
 // row, and the columns that differ where the staged row wins (wins).
-func (c *pgCheck) sampleSQL(n int, seed int64, wins string, a *sqlArgs) string {
-	id := c.scope.Info.identity()
+func (c *PgCheck) SampleSQL(n int, seed int64, wins string, a *SQLArgs) string {
+	id := c.scope.Info.Identity()
 	diffs := "ARRAY[]::text[]"
 	if wins != "false" {
-		diffs = sqlf("CASE WHEN {wins} THEN {diffs} ELSE ARRAY[]::text[] END", "wins", wins, "diffs", c.diffs("s", "t"))
+		diffs = SQLf("CASE WHEN {wins} THEN {diffs} ELSE ARRAY[]::text[] END", "wins", wins, "diffs", c.diffs("s", "t"))
 	}
-	order := sqlf("md5(ROW({sid})::text || {seed}::text)", "sid", sqlgen.List("s.", id), "seed", a.bind(strconv.FormatInt(seed, 10)))
-	return sqlf(`SELECT ROW({sid})::text AS k, t.{id0} IS NULL AS missing, {diffs} AS diffs
+	order := SQLf("md5(ROW({sid})::text || {seed}::text)", "sid", sqlgen.List("s.", id), "seed", a.Bind(strconv.FormatInt(seed, 10)))
+	return SQLf(`SELECT ROW({sid})::text AS k, t.{id0} IS NULL AS missing, {diffs} AS diffs
 FROM (SELECT s.*, {order} AS _backfill_order FROM {staging} s ORDER BY _backfill_order, {sid} LIMIT {n}) s
 LEFT JOIN {target} t ON {ts}
 ORDER BY s._backfill_order, {sid}`,
-		"sid", sqlgen.List("s.", id), "id0", sqlgen.Ident(id[0]), "diffs", diffs, "order", order, "staging", c.staging,
-		"n", a.bind(n), "target", c.target, "ts", c.idMatch("t", "s"))
+		"sid", sqlgen.List("s.", id), "id0", sqlgen.Ident(id[0]), "diffs", diffs, "order", order, "staging", c.Staging,
+		"n", a.Bind(n), "target", c.target, "ts", c.idMatch("t", "s"))
 }
 
-// aggregatesSQL compares, per group (day, the Day expression of an
+// AggregatesSQL compares, per group (day, the Day expression of an
 // alias, nil for none, then dims), the row counts and each measure's
 // exact sum, special values and NULLs of staging with those of the
 // target rows of the staged identities (see [Aggregates]). It returns
 // (groups, differing, grp, _sn, _tn, ss, ts, _sz, _tz, _mbad): the counts,
 // then one differing group per row (up to maxSample), or one row of NULLs
 // when no group differs. Tolerances are bound in a.
-func (c *pgCheck) aggregatesSQL(day func(alias string) string, dims []string, measures []Measure, a *sqlArgs) string {
+func (c *PgCheck) AggregatesSQL(day func(alias string) string, dims []string, measures []backfilltype.Measure, a *SQLArgs) string {
 	var gcols []string
 	n := len(dims)
 	if day != nil {
@@ -269,15 +265,15 @@ func (c *pgCheck) aggregatesSQL(day func(alias string) string, dims []string, me
 	aggs := []string{"sum(_sn)::bigint AS _sn", "sum(_tn)::bigint AS _tn"}
 	var ss, ts, sz, tz, bad []string
 	for i, m := range measures {
-		aggs = append(aggs, sqlf("sum(_ss{i}) AS _ss{i}, sum(_ts{i}) AS _ts{i}, sum(_sz{i})::bigint AS _sz{i}, sum(_tz{i})::bigint AS _tz{i}", "i", strconv.Itoa(i)))
+		aggs = append(aggs, SQLf("sum(_ss{i}) AS _ss{i}, sum(_ts{i}) AS _ts{i}, sum(_sz{i})::bigint AS _sz{i}, sum(_tz{i})::bigint AS _tz{i}", "i", strconv.Itoa(i)))
 		// The sum as text: the finite values' sum, then the special
 		// values' counts ("12.5 + 1 NaN"); NULL for no value at all.
 		sumText := func(side string) string {
 			parts := []string{fmt.Sprintf("_%ss%d::text", side, i)}
 			for j, s := range []string{"NaN", "Infinity", "-Infinity"} {
 				x := fmt.Sprintf("_%sx%d_%d", side, i, j)
-				aggs = append(aggs, sqlf("sum({x})::bigint AS {x}", "x", x))
-				parts = append(parts, sqlf("CASE WHEN {x} > 0 THEN {x} || ' {special}' END", "x", x, "special", s))
+				aggs = append(aggs, SQLf("sum({x})::bigint AS {x}", "x", x))
+				parts = append(parts, SQLf("CASE WHEN {x} > 0 THEN {x} || ' {special}' END", "x", x, "special", s))
 			}
 			return "nullif(concat_ws(' + ', " + strings.Join(parts, ", ") + "), '')"
 		}
@@ -285,9 +281,9 @@ func (c *pgCheck) aggregatesSQL(day func(alias string) string, dims []string, me
 		ts = append(ts, sumText("t"))
 		sz = append(sz, fmt.Sprintf("_sz%d", i))
 		tz = append(tz, fmt.Sprintf("_tz%d", i))
-		bad = append(bad, sqlf(`NOT ((_ss{i} IS NOT DISTINCT FROM _ts{i} OR abs(coalesce(_ss{i}, 0) - coalesce(_ts{i}, 0)) <= {tolerance}::numeric)
+		bad = append(bad, SQLf(`NOT ((_ss{i} IS NOT DISTINCT FROM _ts{i} OR abs(coalesce(_ss{i}, 0) - coalesce(_ts{i}, 0)) <= {tolerance}::numeric)
 	AND _sx{i}_0 = _tx{i}_0 AND _sx{i}_1 = _tx{i}_1 AND _sx{i}_2 = _tx{i}_2)`,
-			"i", strconv.Itoa(i), "tolerance", a.bind(m.Tolerance)))
+			"i", strconv.Itoa(i), "tolerance", a.Bind(m.Tolerance)))
 	}
 	array := func(elems []string, typ string) string {
 		return "ARRAY[" + strings.Join(elems, ", ") + "]::" + typ + "[]"
@@ -298,7 +294,7 @@ func (c *pgCheck) aggregatesSQL(day func(alias string) string, dims []string, me
 		orderBy = "ORDER BY " + strings.Join(gcols, ", ")
 		groupText = "ROW(" + strings.Join(gcols, ", ") + ")::text"
 	}
-	return sqlf(`WITH a AS (
+	return SQLf(`WITH a AS (
 	SELECT {aggs} FROM ({staged} UNION ALL {target}) x {groupBy}),
 b AS (SELECT a.*, {bad} AS _mbad, {sz} AS _sz, {tz} AS _tz FROM a),
 d AS (SELECT * FROM b WHERE _sn <> _tn OR true = ANY (_mbad) OR _sz <> _tz)
@@ -309,11 +305,11 @@ FROM (SELECT 1) one LEFT JOIN LATERAL (
 		"aggs", strings.Join(append(slices.Clone(gcols), aggs...), ", "),
 		"staged", c.aggregatesSideSQL(day, dims, measures, "s", 0), "target", c.aggregatesSideSQL(day, dims, measures, "t", 1),
 		"groupBy", groupBy, "bad", array(bad, "bool"), "groupText", groupText, "ss", array(ss, "text"), "ts", array(ts, "text"),
-		"sz", array(sz, "bigint"), "tz", array(tz, "bigint"), "orderBy", orderBy, "max", strconv.Itoa(maxSample))
+		"sz", array(sz, "bigint"), "tz", array(tz, "bigint"), "orderBy", orderBy, "max", strconv.Itoa(MaxSample))
 }
 
 // aggregatesSideSQL aggregates one side per group: side 0 staging (alias
-// s), side 1 the target rows of the staged identities (alias t). Each
+// S), side 1 the target rows of the staged identities (alias t). Each
 // side fills its own columns and zeros the other's, so that the two
 // combine per group without FILTER, every row aggregated once.
 //
@@ -328,7 +324,7 @@ FROM (SELECT 1) one LEFT JOIN LATERAL (
 // changes the sum. NaN and the infinities (float and numeric) are
 // counted apart instead of summed, because one NaN would make both sums
 // NaN and hide every other difference; the finite values are summed.
-func (c *pgCheck) aggregatesSideSQL(day func(alias string) string, dims []string, measures []Measure, alias string, side int) string {
+func (c *PgCheck) aggregatesSideSQL(day func(alias string) string, dims []string, measures []backfilltype.Measure, alias string, side int) string {
 	var groups []string
 	if day != nil {
 		groups = append(groups, day(alias))
@@ -355,7 +351,7 @@ func (c *pgCheck) aggregatesSideSQL(day func(alias string) string, dims []string
 		col := alias + "." + sqlgen.Ident(m.Column)
 		special := false
 		exact := col + "::numeric"
-		switch c.cols[m.Column].BaseType {
+		switch c.Cols[m.Column].BaseType {
 		case "float4", "float8":
 			special, exact = true, col+"::text::numeric"
 		case "numeric":
@@ -377,9 +373,9 @@ func (c *pgCheck) aggregatesSideSQL(day func(alias string) string, dims []string
 			parts = append(parts, fmt.Sprintf("%s AS _sx%d_%d, %s AS _tx%d_%d", sx, i, j, tx, i, j))
 		}
 	}
-	from := c.staging + " s"
+	from := c.Staging + " s"
 	if side == 1 {
-		from = fmt.Sprintf("%s s JOIN %s t ON %s", c.staging, c.target, c.idMatch("t", "s"))
+		from = fmt.Sprintf("%s s JOIN %s t ON %s", c.Staging, c.target, c.idMatch("t", "s"))
 	}
 	q := "SELECT " + strings.Join(parts, ", ") + " FROM " + from
 	if len(pos) > 0 {
@@ -388,21 +384,21 @@ func (c *pgCheck) aggregatesSideSQL(day func(alias string) string, dims []string
 	return q
 }
 
-// fingerprintStagingSQL counts the staged rows and sums their row hashes
+// FingerprintStagingSQL counts the staged rows and sums their row hashes
 // of cols (see rowHashSQL).
-func (c *pgCheck) fingerprintStagingSQL(cols []string) string {
-	return sqlf(`SELECT count(*) AS rows, coalesce(sum({hash}), 0)::text AS hash_sum FROM {staging} s`,
-		"hash", rowHashSQL(c.scope.Info, cols, "s"), "staging", c.staging)
+func (c *PgCheck) FingerprintStagingSQL(cols []string) string {
+	return SQLf(`SELECT count(*) AS rows, coalesce(sum({hash}), 0)::text AS hash_sum FROM {staging} s`,
+		"hash", RowHashSQL(c.scope.Info, cols, "s"), "staging", c.Staging)
 }
 
-// fingerprintTargetSQL counts the chunk's target rows and sums their row
+// FingerprintTargetSQL counts the chunk's target rows and sums their row
 // hashes of cols: the rows within bounds (a condition on alias t), or,
 // for bounds "", the target rows of the staged identities.
-func (c *pgCheck) fingerprintTargetSQL(cols []string, bounds string) string {
+func (c *PgCheck) FingerprintTargetSQL(cols []string, bounds string) string {
 	if bounds == "" {
-		return sqlf(`SELECT count(*) AS rows, coalesce(sum({hash}), 0)::text AS hash_sum FROM {staging} s JOIN {target} t ON {ts}`,
-			"hash", rowHashSQL(c.scope.Info, cols, "t"), "staging", c.staging, "target", c.target, "ts", c.idMatch("t", "s"))
+		return SQLf(`SELECT count(*) AS rows, coalesce(sum({hash}), 0)::text AS hash_sum FROM {staging} s JOIN {target} t ON {ts}`,
+			"hash", RowHashSQL(c.scope.Info, cols, "t"), "staging", c.Staging, "target", c.target, "ts", c.idMatch("t", "s"))
 	}
-	return sqlf(`SELECT count(*) AS rows, coalesce(sum({hash}), 0)::text AS hash_sum FROM {target} t WHERE {bounds}`,
-		"hash", rowHashSQL(c.scope.Info, cols, "t"), "target", c.target, "bounds", bounds)
+	return SQLf(`SELECT count(*) AS rows, coalesce(sum({hash}), 0)::text AS hash_sum FROM {target} t WHERE {bounds}`,
+		"hash", RowHashSQL(c.scope.Info, cols, "t"), "target", c.target, "bounds", bounds)
 }

@@ -1,45 +1,35 @@
-package backfill
+package pgstore
 
 import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"time"
 
 	"github.com/jmoiron/sqlx"
 	"github.com/lib/pq"
+	"github.com/pgbackfill/backfill/backfilltype"
 )
 
-// Leases of chunks across transactions (see doc.go, "Many workers and
-// hosts", and backfill_shorttx.go).
-//
-// A worker of [PGManifest] claims a chunk in a short transaction of its
-// own (leaseChunk): it writes its worker key into the chunk's lease_key,
-// increments lease_epoch and commits. It then extracts the chunk outside
-// any transaction, into a spool, and stages, merges and checkpoints it in
-// the chunk's transaction, whose first statement after the session
-// settings is the fence (fenceLease): an UPDATE of the chunk's row WHERE
-// lease_key and lease_epoch are still the worker's, the chunk still
-// claimable and the run running; it clears the lease in that
-// transaction. A lease is live while its worker is unfinished and
-// heartbeating within its stale bound; the claim takes a chunk whose lease
-// is not live (its worker crashed, froze or finished) over by incrementing
-// the epoch.
-//
-// The token that keeps a fenced-out worker from committing is
-// (lease_key, lease_epoch), checked under the row lock in the transaction
-// that also writes the merge and the checkpoint: a worker whose lease was
-// taken over finds no row (the epoch moved on) and rolls back; a taker
-// that finds the row locked by the stale worker's merge skips it, and the
-// waiting workers fence that backend (pg_terminate_backend, holders) as
-// before.
+// FenceCtxKey carries a fenceWait to the manifest's StartRun (which waits
+// for the chunks in flight of the run it abandons).
+type FenceCtxKey struct{}
+
+// fenceWaitFrom returns the fenceWait ctx carries, or the defaults.
+func fenceWaitFrom(ctx context.Context) FenceWait {
+	if w, ok := ctx.Value(FenceCtxKey{}).(FenceWait); ok {
+		return w
+	}
+	return FenceWait{StaleAfter: backfilltype.DefaultStaleAfter, Poll: time.Second}
+}
 
 // chunkLease is a chunk leased by a worker.
 type chunkLease struct {
-	state ChunkState
-	epoch int64
-	// control is the run's control state read by the lease's statement
+	State backfilltype.ChunkState `json:"-" db:"-"`
+	Epoch int64                   `json:"-" db:"-"`
+	// Control is the run's control state read by the lease's statement
 	// (the read between two chunks, backfill_control.go).
-	control ControlState
+	Control backfilltype.ControlState `json:"-" db:"-"`
 }
 
 // liveLease is the SQL condition "the lease of chunk row c is held by a
@@ -58,7 +48,7 @@ func liveLeaseOf(alias, staleArg string) string {
 				AND w.heartbeat_at >= now() - greatest(w.stale_after, make_interval(secs => ` + staleArg + `))))`
 }
 
-// leaseChunk leases the first claimable chunk of batchID (the conditions
+// LeaseChunk leases the first claimable chunk of batchID (the conditions
 // of claimLeased) whose lease is free, not live, or key's own and not in
 // l.avoid (the caller lists there the chunks its goroutines work), in a
 // short transaction of its own. ok is false when there is none.
@@ -71,9 +61,9 @@ func liveLeaseOf(alias, staleArg string) string {
 // transactions of a batch take a transaction-level advisory lock first,
 // so that two of them do not both see the last free place; a worker that
 // died holds its place only until its lease is no longer live.
-func (m *PGManifest) leaseChunk(ctx context.Context, db sqlx.ExtContext, batchID int64, l lease) (cl chunkLease, ok, full bool, err error) {
-	avoid := make([]int64, len(l.avoid))
-	for i, seq := range l.avoid {
+func (m *Manifest) LeaseChunk(ctx context.Context, db sqlx.ExtContext, batchID int64, l Lease) (cl chunkLease, ok, full bool, err error) {
+	avoid := make([]int64, len(l.Avoid))
+	for i, seq := range l.Avoid {
 		avoid[i] = int64(seq)
 	}
 	var rows []struct {
@@ -83,24 +73,24 @@ func (m *PGManifest) leaseChunk(ctx context.Context, db sqlx.ExtContext, batchID
 		RunReason string `db:"run_reason"`
 		RunKnobs  string `db:"run_knobs"`
 	}
-	err = inShortTx(ctx, db, func(tx sqlx.ExtContext) error {
+	err = InShortTx(ctx, db, func(tx sqlx.ExtContext) error {
 		rows, full = rows[:0], false
-		if l.jobConcurrency > 0 {
+		if l.JobConcurrency > 0 {
 			var n int
 			if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock(hashtextextended('backfill job concurrency ' || $1 || ' ' || $2, 0))`,
-				m.schema, batchID); err != nil {
+				m.SchemaName, batchID); err != nil {
 				return err
 			}
-			if err := sqlx.GetContext(ctx, tx, &n, m.sql(`SELECT count(*) FROM {s}.chunks c WHERE c.batch_id = $1 AND `+liveLease("$2")),
-				batchID, l.staleAfter.Seconds()); err != nil {
+			if err := sqlx.GetContext(ctx, tx, &n, m.SQL(`SELECT count(*) FROM {s}.chunks c WHERE c.batch_id = $1 AND `+liveLease("$2")),
+				batchID, l.StaleAfter.Seconds()); err != nil {
 				return err
 			}
-			if n >= l.jobConcurrency {
+			if n >= l.JobConcurrency {
 				full = true
 				return nil
 			}
 		}
-		return sqlx.SelectContext(ctx, tx, &rows, m.sql(leaseQuery), batchID, pq.Array(avoid), l.key, l.staleAfter.Seconds())
+		return sqlx.SelectContext(ctx, tx, &rows, m.SQL(LeaseQuery), batchID, pq.Array(avoid), l.Key, l.StaleAfter.Seconds())
 	})
 	if err != nil {
 		return chunkLease{}, false, false, fmt.Errorf("backfill: lease chunk of batch %d: %w", batchID, err)
@@ -108,29 +98,29 @@ func (m *PGManifest) leaseChunk(ctx context.Context, db sqlx.ExtContext, batchID
 	if len(rows) == 0 {
 		return chunkLease{}, false, full, nil
 	}
-	st := ControlState{Status: RunStatus(rows[0].RunStatus), Reason: rows[0].RunReason, Knobs: map[string]float64{}}
+	st := backfilltype.ControlState{Status: backfilltype.RunStatus(rows[0].RunStatus), Reason: rows[0].RunReason, Knobs: map[string]float64{}}
 	if err := json.Unmarshal([]byte(rows[0].RunKnobs), &st.Knobs); err != nil {
 		return chunkLease{}, false, false, fmt.Errorf("backfill: lease chunk of batch %d: knobs: %w", batchID, err)
 	}
-	return chunkLease{state: rows[0].state(), epoch: rows[0].Epoch, control: st}, true, false, nil
+	return chunkLease{State: rows[0].state(), Epoch: rows[0].Epoch, Control: st}, true, false, nil
 }
 
-// leaseQuery leases the first claimable chunk of batch $1 (claimQuery's
+// LeaseQuery leases the first claimable chunk of batch $1 (claimQuery's
 // conditions, and the same walk of the index chunks_claimable) not in $2
 // (int[]) whose lease is free, not live ($4: the stale bound in seconds)
 // or key $3's own, and returns it with its new lease_epoch and the run's
-// control state (Control's columns: run_status, run_reason, run_knobs),
+// Control state (Control's columns: run_status, run_reason, run_knobs),
 // so that the read of the control state between two chunks costs no
 // statement of its own.
 //
 // Its commit does not wait for the WAL flush (synchronous_commit off): a
-// lease lost with a server crash is harmless. The crash ends the chunk's
+// Lease lost with a server crash is harmless. The crash ends the chunk's
 // transaction (its connection), and the lease's row is back at its
 // previous lease_key and lease_epoch; a lease taken afterwards by another
 // worker may reuse the lost epoch number, but under its own key, which
 // the lost lease's fence (key and epoch) does not match. The chunk's
 // commit, which flushes the WAL, makes the lease durable with it.
-var leaseQuery = `UPDATE {s}.chunks SET lease_key = $3, lease_epoch = lease_epoch + 1, leased_at = now()
+var LeaseQuery = `UPDATE {s}.chunks SET lease_key = $3, lease_epoch = lease_epoch + 1, leased_at = now()
 			WHERE batch_id = $1 AND seq = (SELECT c.seq FROM {s}.chunks c
 				WHERE c.batch_id = $1 AND c.status IN ('pending', 'open')
 					AND (c.status = 'pending' OR c.open_call < (SELECT calls FROM {s}.runs WHERE batch_id = $1 AND status = 'running'))
@@ -144,8 +134,8 @@ var leaseQuery = `UPDATE {s}.chunks SET lease_key = $3, lease_epoch = lease_epoc
 				(SELECT r.last_error FROM {s}.runs r WHERE r.batch_id = $1) AS run_reason,
 				coalesce((SELECT json_object_agg(k.key, k.value) FROM {s}.knobs k WHERE k.batch_id = $1), '{}')::text AS run_knobs`
 
-// fenceLease is the fence of a leased chunk's transaction tx: with the
-// settings of the lease (claimLeased's), it locks the chunk's row and
+// FenceLease is the fence of a leased chunk's transaction tx: with the
+// Settings of the lease (claimLeased's), it locks the chunk's row and
 // clears its lease WHERE the lease is still key's at epoch, the chunk
 // claimable and the run running or paused (a chunk in flight when the run
 // is paused finishes: only new claims stop). ok is false when it is not:
@@ -159,25 +149,25 @@ var leaseQuery = `UPDATE {s}.chunks SET lease_key = $3, lease_epoch = lease_epoc
 // lock_timeout, as when the settings were a statement of their own. (The
 // lock of the chunks table itself, which only the manifest's migrations
 // contend for, is taken before, under the session's own lock_timeout.)
-func (m *PGManifest) fenceLease(ctx context.Context, tx sqlx.ExtContext, batchID int64, seq int, epoch int64, l lease) (st ChunkState, pid int, ok bool, err error) {
+func (m *Manifest) FenceLease(ctx context.Context, tx sqlx.ExtContext, batchID int64, seq int, epoch int64, l Lease) (st backfilltype.ChunkState, pid int, ok bool, err error) {
 	app, kIdle, kInt, kCount, userTO := l.settings()
 	var rows []struct {
 		pgChunkRow
 		Pid int `db:"backend_pid"`
 	}
-	err = sqlx.SelectContext(ctx, tx, &rows, m.sql(`UPDATE {s}.chunks c SET lease_key = NULL, leased_at = NULL
+	err = sqlx.SelectContext(ctx, tx, &rows, m.SQL(`UPDATE {s}.chunks c SET lease_key = NULL, leased_at = NULL
 		WHERE (SELECT true WHERE `+leaseSettings+`)
 		AND c.batch_id = $1 AND c.seq = $2 AND c.lease_key = $3 AND c.lease_epoch = $4
 		AND (c.status = 'pending' OR c.status = 'open'
 			AND c.open_call < (SELECT calls FROM {s}.runs WHERE batch_id = $1 AND status IN ('running', 'paused')))
 		AND EXISTS (SELECT 1 FROM {s}.runs WHERE batch_id = $1 AND status IN ('running', 'paused'))
-		RETURNING `+chunkColumns+`, pg_backend_pid() AS backend_pid`), batchID, seq, l.key, epoch,
-		l.stmtTimeout, l.lockTimeout, app, kIdle, kInt, kCount, userTO)
+		RETURNING `+chunkColumns+`, pg_backend_pid() AS backend_pid`), batchID, seq, l.Key, epoch,
+		l.StmtTimeout, l.LockTimeout, app, kIdle, kInt, kCount, userTO)
 	if err != nil {
-		return ChunkState{}, 0, false, fmt.Errorf("backfill: fence chunk %d of batch %d: %w", seq, batchID, err)
+		return backfilltype.ChunkState{}, 0, false, fmt.Errorf("backfill: fence chunk %d of batch %d: %w", seq, batchID, err)
 	}
 	if len(rows) == 0 {
-		return ChunkState{}, 0, false, nil
+		return backfilltype.ChunkState{}, 0, false, nil
 	}
 	return rows[0].state(), rows[0].Pid, true, nil
 }
@@ -186,7 +176,7 @@ func (m *PGManifest) fenceLease(ctx context.Context, tx sqlx.ExtContext, batchID
 // transaction, the settings claimLeased sets with its claim ($5 to $11:
 // statement_timeout, lock_timeout, the application_name prefix, the TCP
 // keepalive idle, interval and count, tcp_user_timeout; see
-// lease.settings).
+// Lease.settings).
 const leaseSettings = `set_config('statement_timeout', CASE WHEN set_config('backfill.statement_timeout',
 			coalesce(nullif($5, ''), current_setting('statement_timeout')), true) IS NOT NULL THEN '0' END, true) IS NOT NULL
 		AND set_config('backfill.lock_timeout', set_config('lock_timeout', coalesce(nullif($6, ''), current_setting('lock_timeout')), true), true) IS NOT NULL
@@ -196,11 +186,11 @@ const leaseSettings = `set_config('statement_timeout', CASE WHEN set_config('bac
 		AND set_config('tcp_keepalives_count', $10, true) IS NOT NULL
 		AND set_config('tcp_user_timeout', $11, true) IS NOT NULL`
 
-// releaseLease clears the lease of chunk seq if it is still key's at
-// epoch, in a short transaction of its own.
-func (m *PGManifest) releaseLease(ctx context.Context, db sqlx.ExtContext, batchID int64, seq int, key string, epoch int64) error {
-	return inShortTx(ctx, db, func(tx sqlx.ExtContext) error {
-		_, err := tx.ExecContext(ctx, m.sql(`UPDATE {s}.chunks SET lease_key = NULL, leased_at = NULL
+// ReleaseLease clears the lease of chunk seq if it is still key's at
+// Epoch, in a short transaction of its own.
+func (m *Manifest) ReleaseLease(ctx context.Context, db sqlx.ExtContext, batchID int64, seq int, key string, epoch int64) error {
+	return InShortTx(ctx, db, func(tx sqlx.ExtContext) error {
+		_, err := tx.ExecContext(ctx, m.SQL(`UPDATE {s}.chunks SET lease_key = NULL, leased_at = NULL
 			WHERE batch_id = $1 AND seq = $2 AND lease_key = $3 AND lease_epoch = $4`), batchID, seq, key, epoch)
 		if err != nil {
 			return fmt.Errorf("backfill: release the lease of chunk %d of batch %d: %w", seq, batchID, err)

@@ -1,4 +1,4 @@
-package backfill
+package pgstore
 
 import (
 	"embed"
@@ -9,40 +9,40 @@ import (
 	"strings"
 )
 
-// migrationFiles holds the manifest's migrations, one file per version:
+// MigrationFiles holds the manifest's migrations, one file per version:
 // migration/NNN_name.up.sql, NNN its version (from 1, without gaps).
 // The file's leading "--" lines describe the migration and are not part
 // of it: the migration is the text after them, byte for byte.
 //
 //go:embed migration/*.sql
-var migrationFiles embed.FS
+var MigrationFiles embed.FS
 
-// pgMigrations are the manifest's versioned migrations, in version order
+// PgMigrations are the manifest's versioned migrations, in version order
 // (pgMigrations[v-1] is version v); "{s}" stands for the quoted schema,
 // "{schema}" for its name as a string literal. Append only: a released
 // migration never changes.
-var pgMigrations = mustReadMigrations(migrationFiles, "migration")
+var PgMigrations = mustReadMigrations(MigrationFiles, "migration")
 
 // mustReadMigrations is readMigrations, panicking on an error: the
 // migrations are embedded, so an error is a defect of the build.
 func mustReadMigrations(fsys fs.FS, dir string) []string {
-	m, err := readMigrations(fsys, dir)
+	m, err := ReadMigrations(fsys, dir)
 	if err != nil {
 		panic("backfill: manifest migrations: " + err.Error())
 	}
 	return m
 }
 
-// readMigrations reads the migrations of dir in fsys (its NNN_name.up.sql
+// ReadMigrations reads the migrations of dir in fsys (its NNN_name.up.sql
 // files) in version order. The versions must be 1 to the number of files.
-func readMigrations(fsys fs.FS, dir string) ([]string, error) {
+func ReadMigrations(fsys fs.FS, dir string) ([]string, error) {
 	entries, err := fs.ReadDir(fsys, dir)
 	if err != nil {
 		return nil, err
 	}
 	byVersion := make(map[int]string, len(entries))
 	for _, e := range entries {
-		v, err := migrationVersion(e.Name())
+		v, err := MigrationVersion(e.Name())
 		if err != nil {
 			return nil, err
 		}
@@ -70,9 +70,9 @@ func readMigrations(fsys fs.FS, dir string) ([]string, error) {
 	return migrations, nil
 }
 
-// migrationVersion is the version of migration file name
+// MigrationVersion is the version of migration file name
 // (NNN_name.up.sql).
-func migrationVersion(name string) (int, error) {
+func MigrationVersion(name string) (int, error) {
 	num, rest, ok := strings.Cut(name, "_")
 	v, err := strconv.Atoi(num)
 	if !ok || err != nil || v < 1 || rest == ".up.sql" || !strings.HasSuffix(rest, ".up.sql") {

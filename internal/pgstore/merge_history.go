@@ -1,4 +1,4 @@
-package backfill
+package pgstore
 
 import (
 	"context"
@@ -8,10 +8,11 @@ import (
 
 	"github.com/jmoiron/sqlx"
 	"github.com/lib/pq"
+	"github.com/pgbackfill/backfill/backfilltype"
 )
 
 // openVersionIndexes returns the partial unique indexes of table oid whose
-// key columns are exactly key, by name, with their predicate as
+// Key columns are exactly key, by name, with their predicate as
 // pg_get_expr prints it: on a History target typically
 // UNIQUE (key) WHERE valid_to IS NULL, one open version per key.
 func openVersionIndexes(ctx context.Context, db sqlx.ExtContext, oid int64, key []string) (map[string]string, error) {
@@ -42,28 +43,23 @@ func openVersionIndexes(ctx context.Context, db sqlx.ExtContext, oid int64, key 
 
 // openVersionConflict explains a unique violation of a partial unique
 // index on the business key of a History target (one open version per
-// key), or returns nil for any other error. The merge closes a key's
+// Key), or returns nil for any other error. The merge closes a key's
 // versions before it inserts new ones and holds the key's lock, so only
 // a writer that does not take the merge's key locks can cause it; the
 // error stays retryable (23505), and the retried chunk sees that
 // writer's versions.
-func (s *pgStager) openVersionConflict(err error) error {
+func (s *PGStager) openVersionConflict(err error) error {
 	var pe *pq.Error
 	if !errors.As(err, &pe) || pe.Code != "23505" {
 		return nil
 	}
-	pred, ok := s.info.openIndexes[pe.Constraint]
+	pred, ok := s.Info.OpenIndexes[pe.Constraint]
 	if !ok {
 		return nil
 	}
 	return fmt.Errorf("%w (unique index %q allows one version per key WHERE %s: another transaction, not a merge of this library, "+
 		"added a version of the same key at the same time (%s); retrying the chunk merges after it)", err, pe.Constraint, pred, pe.Detail)
 }
-
-// errConcurrentChange marks an error that [IsRetryable] accepts although
-// it has no retryable SQLSTATE: another transaction changed what the
-// merge read, and a retry reads it again.
-var errConcurrentChange = errors.New("changed concurrently")
 
 // historyRace is the error of a History merge after which the versions of
 // keys bad do not tile. The merge recomputed valid_to of every version of
@@ -75,5 +71,5 @@ var errConcurrentChange = errors.New("changed concurrently")
 func historyRace(table string, bad []string) error {
 	return fmt.Errorf("backfill: merge %s: %w: valid_from/valid_to intervals overlap or leave a gap for keys %v after the merge recomputed them: "+
 		"another transaction, not a merge of this library, added or changed versions of these keys during the merge (%w; the chunk is retried), "+
-		"or a trigger on the target changed valid_to", table, ErrHistoryIntervals, bad, errConcurrentChange)
+		"or a trigger on the target changed valid_to", table, backfilltype.ErrHistoryIntervals, bad, backfilltype.ErrConcurrentChange)
 }

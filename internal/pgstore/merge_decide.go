@@ -1,4 +1,4 @@
-package backfill
+package pgstore
 
 import (
 	"context"
@@ -9,73 +9,13 @@ import (
 
 	"github.com/jmoiron/sqlx"
 	"github.com/lib/pq"
-
+	"github.com/pgbackfill/backfill/backfilltype"
 	"github.com/pgbackfill/backfill/internal/sqlgen"
 )
 
-// What the merge decides from, and when it finds out.
-//
-// Exact comparison. Change detection (IS DISTINCT FROM between a staged
-// and a target row) must tell apart every two values that are stored
-// differently, or a restatement that only changes a value's form is
-// counted unchanged and the old form kept. Several types' equality is
-// looser than what they store: numeric 1.0 = 1.00 (the scale is stored),
-// float8 and real 0 = -0, interval '1 day' = '24 hours' = ... , jsonb
-// {"a": 1.0} = {"a": 1.00}, a range or array or composite of any of them,
-// text under a nondeterministic collation 'abc' = 'ABC', bpchar 'a' =
-// 'a ', extension types (citext), domains and arrays of any of them. Only
-// the types known to compare exactly keep their own equality (exactTypes,
-// an allow list); every other column is compared by its text under the
-// "C" collation (byte for byte); floats
-// and arrays of them by their binary form (float8send, array_send), which
-// no session setting rounds (floats inside composites and ranges print
-// exactly in the merge, which pins extra_float_digits to 1 or more in
-// plannerSettings). Lookups by key keep the type's own equality, which
-// the target's unique index serves. The checks (validate_pg.go) and
-// fingerprints (validate_fingerprint.go) compare by the same rule.
-//
-// The row lock before the decision. The merge's deciding statement reads
-// the target under a snapshot taken when it starts (READ COMMITTED,
-// PostgreSQL docs, 13.2.1). When another transaction holds a row it
-// decides to update (an application's uncommitted UPDATE, or a merge into
-// a partition while another one merges through the partitioned parent),
-// its UPDATE waits for the row and then writes over the other
-// transaction's committed version with a decision made from the old one:
-// NewerVersionWins lets a lower version win, and the undo log records the
-// old image as the row's "before". So, first, one statement of its own
-// locks FOR UPDATE the target rows the merge would change (the rows for
-// which the merge's own predicate holds); it waits for concurrent writers
-// of those rows and re-checks the predicate on their committed versions.
-// The deciding statement that follows takes a new snapshot, in which the
-// rows it would change are locked by this transaction and can no longer
-// change. Rows that would stay unchanged are not locked (a replay of an
-// unchanged chunk writes no WAL), and the fresh-insert path, which finds
-// no rows to change, skips it. For Upsert the same statement also settles
-// a chunk in which every staged row found its target row unchanged: the
-// upsert, which would look every key up again only to write nothing, is
-// then not run (upsertLockChanging, merge_sql.go). Every statement that writes the target and
-// logs prior images has such a lock before it: the Upsert, the History
-// update (lockChanging) and History's closing of intervals (lockClosing,
-// merge_sql.go), whose logged images are then the rows they overwrite.
-// What remains: a row the lock statement did not lock (it would not have
-// changed then) that another transaction commits a change to and then
-// holds again before the deciding statement runs.
-//
-// Deferred constraints. A DEFERRABLE INITIALLY DEFERRED foreign key or
-// constraint trigger fires at COMMIT, outside the savepoint in which the
-// merge isolates refused rows (merge_refuse.go): one bad row failed the
-// whole chunk, unnamed. Which deferred checks a merge queues cannot be
-// read from the target's catalog entry: its triggers may write to other
-// tables whose own constraints are deferred, or a deferrable foreign key
-// may be created after Prepare. So every merge runs SET CONSTRAINTS ALL
-// IMMEDIATE at its end, inside that savepoint (one round trip per merge),
-// so pending checks fire there and are bisected like any other refusal.
-// Deferrable constraints stay immediate for the rest of the chunk's
-// transaction.
-
-// looseEquality lists the built-in types whose equality operator equates
+// LooseEquality lists the built-in types whose equality operator equates
 // values stored differently; they are compared by their text.
-var looseEquality = map[string]bool{"numeric": true, "float4": true, "float8": true, "interval": true, "jsonb": true}
+var LooseEquality = map[string]bool{"numeric": true, "float4": true, "float8": true, "interval": true, "jsonb": true}
 
 // exactTypes lists the built-in base types whose default equality holds
 // only between values stored alike: integers, identifiers, booleans,
@@ -105,10 +45,10 @@ var exactTypes = map[string]bool{
 // its element type (resolved through domains by Prepare); a collatable
 // type only under its type's default collation (Collation ""). A column
 // whose type is unknown (BaseType "") is not.
-func exactEquality(c Column) bool {
-	base, kind, user := c.BaseType, c.kind, c.userType
-	if strings.HasPrefix(base, "_") && (c.elemKind != "" || kind == "") {
-		base, kind, user = base[1:], c.elemKind, c.userElem
+func exactEquality(c backfilltype.Column) bool {
+	base, kind, user := c.BaseType, c.Kind, c.UserType
+	if strings.HasPrefix(base, "_") && (c.ElemKind != "" || kind == "") {
+		base, kind, user = base[1:], c.ElemKind, c.UserElem
 	}
 	switch {
 	case kind == "e":
@@ -117,7 +57,7 @@ func exactEquality(c Column) bool {
 		// Trailing spaces are insignificant to bpchar's equality; only a
 		// char(n) column, which pads every value to n, stores one form.
 		return false
-	case user || kind != "" && kind != "b" || textCompared[base]:
+	case user || kind != "" && kind != "b" || TextCompared[base]:
 		return false
 	case collatable[base] && c.Collation != "":
 		return false
@@ -125,23 +65,23 @@ func exactEquality(c Column) bool {
 	return exactTypes[base]
 }
 
-// exactCompare returns the expression e, a value of column c, in a form
+// ExactCompare returns the expression e, a value of column c, in a form
 // whose equality is byte for byte (see above): e itself for types whose
 // equality is exact (exactEquality), floats and arrays of floats by their
 // binary form, text of a collation of its own under "C", anything else
 // by its text under "C".
-func exactCompare(c Column, e string) string {
+func ExactCompare(c backfilltype.Column, e string) string {
 	switch {
 	case c.BaseType == "float8" || c.BaseType == "float4":
 		// The binary form (typsend): exact whatever extra_float_digits a
 		// session sets (a check may run under SET LOCAL 0, which rounds
 		// the text), -0 apart from 0.
 		return c.BaseType + "send(" + e + ")"
-	case (c.BaseType == "_float8" || c.BaseType == "_float4") && !c.userElem:
+	case (c.BaseType == "_float8" || c.BaseType == "_float4") && !c.UserElem:
 		return "array_send(" + e + ")"
 	case exactEquality(c):
 		return e
-	case c.Collation != "" && collatable[c.BaseType] && !c.textCompare && c.BaseType != "bpchar":
+	case c.Collation != "" && collatable[c.BaseType] && !c.TextCompare && c.BaseType != "bpchar":
 		return "(" + e + ` COLLATE "C")`
 	}
 	return "(" + textForm(c, e) + ` COLLATE "C")`
@@ -150,7 +90,7 @@ func exactCompare(c Column, e string) string {
 // textForm returns the expression e, a value of column c, as text by its
 // type's output function: e::text, but for bpchar, whose cast to text
 // drops trailing spaces, the output itself.
-func textForm(c Column, e string) string {
+func textForm(c backfilltype.Column, e string) string {
 	if c.BaseType == "bpchar" {
 		return "textin(bpcharout(" + e + "))"
 	}
@@ -163,7 +103,7 @@ func textForm(c Column, e string) string {
 // is looser than their stored form, and ranges, arrays or composites
 // that may hold them.
 func comparedAsText(base, kind, elem, elemKind string) bool {
-	return textCompared[base] || textCompared[elem] || looseEquality[base] || looseEquality[elem] ||
+	return TextCompared[base] || TextCompared[elem] || LooseEquality[base] || LooseEquality[elem] ||
 		kind == "c" || kind == "r" || kind == "m" || elemKind == "c" || elemKind == "r" || elemKind == "m"
 }
 
@@ -179,7 +119,7 @@ func comparedAsText(base, kind, elem, elemKind string) bool {
 // user type's output changed. Such columns are hashed by value. (A
 // column dropped and added again, or two names swapped, is caught by the
 // shape the fingerprint's statement reads: tupleShapeSQL.)
-func prepareDecide(ctx context.Context, db sqlx.ExtContext, oid int64, info *TableInfo) error {
+func prepareDecide(ctx context.Context, db sqlx.ExtContext, oid int64, info *backfilltype.TableInfo) error {
 	var r struct {
 		Schema      string `db:"nspname"`
 		Name        string `db:"relname"`
@@ -197,31 +137,31 @@ func prepareDecide(ctx context.Context, db sqlx.ExtContext, oid int64, info *Tab
 	if err != nil {
 		return err
 	}
-	info.lockRoot = sqlgen.Qualified(r.Schema, r.Name)
-	info.tupleIdentity, info.partitioned = r.Heap && builtinBaseTypes(info.Columns), r.Partitioned
+	info.LockRoot = sqlgen.Qualified(r.Schema, r.Name)
+	info.TupleIdentity, info.Partitioned = r.Heap && builtinBaseTypes(info.Columns), r.Partitioned
 	return nil
 }
 
 // builtinBaseTypes reports whether every column of cols is of a built-in
 // base type, or an array or domain of one, other than the reg* types
 // (not an enum, composite, range, or a type of an extension or a user).
-func builtinBaseTypes(cols []Column) bool {
+func builtinBaseTypes(cols []backfilltype.Column) bool {
 	for _, c := range cols {
-		if c.kind != "b" || c.userType || c.elemKind != "" && (c.elemKind != "b" || c.userElem) || catalogLookup(c) {
+		if c.Kind != "b" || c.UserType || c.ElemKind != "" && (c.ElemKind != "b" || c.UserElem) || CatalogLookup(c) {
 			return false
 		}
 	}
 	return true
 }
 
-// catalogLookup reports whether column c is of a built-in reg* type
+// CatalogLookup reports whether column c is of a built-in reg* type
 // (regclass, regtype, ...) or an array or domain of one: its stored value
 // is an OID that its input looked up by name in the catalog.
-func catalogLookup(c Column) bool {
-	if strings.HasPrefix(c.BaseType, "_") && c.elemKind != "" {
-		return !c.userElem && regTypes[c.BaseType[1:]]
+func CatalogLookup(c backfilltype.Column) bool {
+	if strings.HasPrefix(c.BaseType, "_") && c.ElemKind != "" {
+		return !c.UserElem && regTypes[c.BaseType[1:]]
 	}
-	return !c.userType && regTypes[c.BaseType]
+	return !c.UserType && regTypes[c.BaseType]
 }
 
 // regTypes are the built-in OID alias types (PostgreSQL docs, 8.19
@@ -232,37 +172,37 @@ var regTypes = map[string]bool{"regclass": true, "regcollation": true, "regconfi
 
 // lockChanging locks the target rows the merge would change (see above),
 // before the deciding statement. For Upsert it also reports whether the
-// n staged rows are settled: all found in the target and unchanged, so
+// N staged rows are settled: all found in the target and unchanged, so
 // that the upsert has nothing to do (merge_sql.go, upsertLockChanging).
-func (s *pgStager) lockChanging(ctx context.Context, n int64) (settled bool, err error) {
-	if s.q.lockChanging == "" {
+func (s *PGStager) lockChanging(ctx context.Context, n int64) (settled bool, err error) {
+	if s.Q.lockChanging == "" {
 		return false, nil
 	}
-	q := s.q.lockChanging
-	if s.q.upsert != "" {
+	q := s.Q.lockChanging
+	if s.Q.Upsert != "" {
 		q += strconv.FormatInt(n, 10)
 	}
 	r, err := s.tx.ExecContext(ctx, q)
 	if err != nil {
-		return false, fmt.Errorf("backfill: merge %s: lock rows to change: %w", s.info.Target.Table, s.classify(err))
+		return false, fmt.Errorf("backfill: merge %s: lock rows to change: %w", s.Info.Target.Table, s.classify(err))
 	}
-	if s.q.upsert == "" {
+	if s.Q.Upsert == "" {
 		return false, nil
 	}
 	// The command tag of the last statement of the simple query: the
 	// rows upsertLockChanging returned.
 	rows, err := r.RowsAffected()
 	if err != nil {
-		return false, fmt.Errorf("backfill: merge %s: lock rows to change: %w", s.info.Target.Table, err)
+		return false, fmt.Errorf("backfill: merge %s: lock rows to change: %w", s.Info.Target.Table, err)
 	}
 	return rows == 0, nil
 }
 
 // checkDeferred fires the pending checks of deferred constraints,
 // wherever they are (see above), inside the merge's savepoint.
-func (s *pgStager) checkDeferred(ctx context.Context) error {
+func (s *PGStager) checkDeferred(ctx context.Context) error {
 	if _, err := s.tx.ExecContext(ctx, `SET CONSTRAINTS ALL IMMEDIATE`); err != nil {
-		return fmt.Errorf("backfill: merge %s: deferred constraints: %w", s.info.Target.Table, s.classify(err))
+		return fmt.Errorf("backfill: merge %s: deferred constraints: %w", s.Info.Target.Table, s.classify(err))
 	}
 	return nil
 }
@@ -272,7 +212,7 @@ func (s *pgStager) checkDeferred(ctx context.Context) error {
 // such a trigger refuses the statement, not a row, and bisecting would
 // blame every row in turn. nil otherwise. Called after the rollback to
 // the merge's savepoint, when the transaction can read the catalog.
-func (s *pgStager) statementTrigger(ctx context.Context, pe *pq.Error, err error) error {
+func (s *PGStager) statementTrigger(ctx context.Context, pe *pq.Error, err error) error {
 	m := plpgsqlContext.FindAllStringSubmatch(pe.Where, -1)
 	if len(m) == 0 {
 		return nil
@@ -289,7 +229,7 @@ func (s *pgStager) statementTrigger(ctx context.Context, pe *pq.Error, err error
 	if qerr := sqlx.SelectContext(ctx, s.tx, &tg, `SELECT tg.tgname::text AS tgname, tg.tgtype::int & 1 = 1 AS row
 		FROM pg_trigger tg JOIN pg_proc p ON p.oid = tg.tgfoid
 		WHERE tg.tgrelid = to_regclass($1) AND NOT tg.tgisinternal AND p.proname = $2 ORDER BY 1`,
-		sqlgen.Table(s.info.Target.Table), fn); qerr != nil {
+		sqlgen.Table(s.Info.Target.Table), fn); qerr != nil {
 		return errors.Join(err, qerr)
 	}
 	var names []string
@@ -303,5 +243,5 @@ func (s *pgStager) statementTrigger(ctx context.Context, pe *pq.Error, err error
 		return nil
 	}
 	return fmt.Errorf("backfill: merge %s: statement-level trigger %s refused the merge, not a row (%s): %w: %w",
-		s.info.Target.Table, strings.Join(names, ", "), pe.Message, errNotRetryable, err)
+		s.Info.Target.Table, strings.Join(names, ", "), pe.Message, backfilltype.ErrNotRetryable, err)
 }

@@ -1,6 +1,7 @@
-package backfill
+package pgstore
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -8,62 +9,13 @@ import (
 	"strings"
 
 	"github.com/jmoiron/sqlx"
-
+	"github.com/pgbackfill/backfill/backfilltype"
 	"github.com/pgbackfill/backfill/internal/sqlgen"
 )
 
-// Fingerprints: checksum first, detail on a mismatch.
-//
-// [Completeness], [Aggregates] and [ReplayChangesNothing] each compare the
-// staged rows with the chunk's target rows. Done literally, each is a
-// join of staging with the target, which for a large chunk costs about
-// as much as the merge itself. They share a cheaper proof instead: a
-// multiset hash of each side, one scan per side and no join, computed
-// once per chunk and reused by every check of the chunk. When the two
-// fingerprints are equal, the staged rows and the chunk's target rows are
-// the same multiset of rows (on the compared columns), and every one of
-// the three checks passes by construction: no row is missing either way,
-// every row has the same content, every per-group count and sum is
-// equal, and the merge's own change detection finds nothing to write.
-// When they differ (a defect, or a legitimate difference such as rows the
-// target won under [TargetWins]), the check runs its exact comparison,
-// which finds and names the rows. Set Exact on a check to always run the
-// exact comparison.
-//
-// This is the technique of table-diff tools (pt-table-checksum, Datafold's
-// data-diff): compare checksums, look at rows only where they differ. The
-// multiset hash is additive (Bellare and Micciancio, "A New Paradigm for
-// Collision-Free Hashing: Incrementality at Reduced Cost", EUROCRYPT
-// 1997): the row count and the sum, as a numeric, of a 64-bit hash of
-// each row. Unlike XOR, a sum does not cancel pairs of equal rows. The
-// row hash chains each column's extended hash support function, the one
-// PostgreSQL's hash indexes use (PostgreSQL docs, 38.16.3 "Index Method
-// Support Routines", hash support function 2, which takes a 64-bit seed):
-// the hash of each column is seeded with the hash of the columns before
-// it, XORed with a constant of the column's position, so that a value
-// moved to another column or row changes the sum. Such values hash alike
-// exactly when the merge finds them equal (the same instant in two
-// zones, 'ab' and 'ab  ' in char(4), -0 and 0). Types whose hash
-// function does not mix every bit of value and seed (see hashFuncs) are
-// hashed by their text, which is stricter than equality: numeric 1.0 and
-// 1.00 hash differently, and the check then runs its exact comparison.
-// Row hash, count and sum are computed by the server: no row leaves it.
-//
-// The proof is probabilistic: two different multisets of rows can have
-// equal fingerprints when their hash sums collide, which for rows that
-// differ by accident (not crafted to collide) has a chance of about
-// 2^-64. One structured weakness remains: PostgreSQL's timestamp hash
-// folds the 64-bit microsecond count to 32 bits (low half XOR high half)
-// before mixing, so two timestamps whose halves XOR alike hash alike.
-// No shift by less than an hour does that (the halves of a count within
-// the timestamp range leave a carry no room to cancel), but a defect that
-// replaces timestamps by exactly such partners and changes nothing else
-// would pass unseen. bigint columns hash their high half as well and are
-// not affected.
-
-// fingerprint is the multiset hash of one side: its row count and the sum
+// ComputeFingerprint is the multiset hash of one side: its row count and the sum
 // of its row hashes (a numeric, as text).
-type fingerprint struct {
+type Fingerprint struct {
 	Rows int64  `json:"rows" db:"rows"`
 	Sum  string `json:"hash_sum" db:"hash_sum"`
 	// Shape is the target's shape read with a tuple fingerprint
@@ -71,14 +23,14 @@ type fingerprint struct {
 	Shape string `json:"shape,omitempty" db:"shape"`
 }
 
-// fingerprintProof is the outcome of comparing the staged rows' and the
+// FingerprintProof is the outcome of comparing the staged rows' and the
 // chunk's target rows' fingerprints.
-type fingerprintProof struct {
+type FingerprintProof struct {
 	// Equal: the two sides are the same multiset of rows.
 	Equal bool `json:"equal"`
 	// Staged and Target are the two fingerprints.
-	Staged fingerprint `json:"staged"`
-	Target fingerprint `json:"target"`
+	Staged Fingerprint `json:"staged"`
+	Target Fingerprint `json:"target"`
 	// TargetRows says which target rows were hashed: the chunk's rows by
 	// ChunkColumn, or the target rows of the staged identities.
 	TargetRows string `json:"target_rows"`
@@ -88,8 +40,8 @@ type fingerprintProof struct {
 	Error string `json:"error,omitempty"`
 }
 
-// evidence returns the proof as Detail entries.
-func (p *fingerprintProof) evidence(detail map[string]any) {
+// Evidence returns the proof as Detail entries.
+func (p *FingerprintProof) Evidence(detail map[string]any) {
 	if p == nil {
 		detail["method"] = "exact"
 		return
@@ -108,7 +60,7 @@ func (p *fingerprintProof) evidence(detail map[string]any) {
 // fingerprintSeed starts every row hash: an arbitrary constant.
 const fingerprintSeed = "7020098106520436578"
 
-// hashFuncs maps a column's BaseType to an extended hash function (the
+// HashFuncs maps a column's BaseType to an extended hash function (the
 // support function 2 of the type's default hash operator class, pg_amproc)
 // as a format taking the value and the seed (both SQL expressions), and a
 // value of the type that stands in for NULL. Listed are only the types
@@ -123,7 +75,7 @@ const fingerprintSeed = "7020098106520436578"
 // sends the check to its exact comparison. bigint hashes its high half as
 // well, as hashint8extended folds the value to 32 bits (lo ^ hi); the
 // timestamps keep the fold (see the comment at the top of this file).
-var hashFuncs = map[string]struct{ format, zero string }{
+var HashFuncs = map[string]struct{ format, zero string }{
 	"int2":        {"hashint2extended(%s, %s)", "'0'"},
 	"int4":        {"hashint4extended(%s, %s)", "'0'"},
 	"int8":        {"hashint8extended(%[1]s >> 32, hashint8extended(%[1]s, %[2]s))", "'0'"},
@@ -185,35 +137,35 @@ const pinnedSettings = `SELECT set_config('extra_float_digits', '1', true), set_
 	set_config('TimeZone', 'UTC', true), set_config('IntervalStyle', 'postgres', true), set_config('bytea_output', 'hex', true),
 	set_config('lc_monetary', 'C', true)`
 
-// hashKind says how a column is hashed: by its type's hash function
+// HashKind says how a column is hashed: by its type's hash function
 // (hashFuncs), by its text, or not at all ("").
-func hashKind(col Column) string {
-	if strings.HasPrefix(col.BaseType, "_") && (col.elemKind != "" || !col.userType) {
+func HashKind(col backfilltype.Column) string {
+	if strings.HasPrefix(col.BaseType, "_") && (col.ElemKind != "" || !col.UserType) {
 		// An array (of a user's type, the array type is the user's too):
 		// by its text, when its elements' text is one-to-one.
-		elem := Column{BaseType: col.BaseType[1:], kind: col.elemKind, userType: col.userElem}
-		if k := hashKind(elem); k == "text" || k == "func" && !strings.HasPrefix(elem.BaseType, "reg") {
+		elem := backfilltype.Column{BaseType: col.BaseType[1:], Kind: col.ElemKind, UserType: col.UserElem}
+		if k := HashKind(elem); k == "text" || k == "func" && !strings.HasPrefix(elem.BaseType, "reg") {
 			return "text"
 		}
 		return ""
 	}
 	switch {
-	case col.userType && col.kind == "e":
+	case col.UserType && col.Kind == "e":
 		return "text"
-	case col.userType && col.BaseType != "citext":
+	case col.UserType && col.BaseType != "citext":
 		return ""
-	case col.kind == "c" || col.kind == "p":
+	case col.Kind == "c" || col.Kind == "p":
 		return ""
 	}
 	// Only types whose own equality is exact (exactEquality, the merge's
 	// rule, merge_decide.go) hash by their type's function; the others
 	// (float 0 and -0 hash alike; text under a collation of its own hashes
 	// its sort key) hash their text, as the merge compares it.
-	_, hashable := hashFuncs[col.BaseType]
+	_, hashable := HashFuncs[col.BaseType]
 	if hashable && exactEquality(col) {
 		return "func"
 	}
-	if hashable || textHashed[col.BaseType] || textCompared[col.BaseType] || looseEquality[col.BaseType] || col.kind == "r" || col.kind == "m" {
+	if hashable || textHashed[col.BaseType] || TextCompared[col.BaseType] || LooseEquality[col.BaseType] || col.Kind == "r" || col.Kind == "m" {
 		return "text"
 	}
 	return ""
@@ -229,11 +181,11 @@ func hashKind(col Column) string {
 // collide, as would (NULL, 0) and (0, NULL) with one NULL marker for all
 // positions. notNull drops the NULL handling for columns that cannot be
 // NULL.
-func hashStep(col Column, alias, seed string, pos int, notNull bool) string {
+func hashStep(col backfilltype.Column, alias, seed string, pos int, notNull bool) string {
 	raw := alias + "." + sqlgen.Ident(col.Name)
 	e := raw
-	f := hashFuncs[col.BaseType]
-	if hashKind(col) != "func" {
+	f := HashFuncs[col.BaseType]
+	if HashKind(col) != "func" {
 		// A text column of a collation of its own is hashed here too: its
 		// type's hash would hash the sort key ('a' and 'A' alike under a
 		// case-insensitive collation).
@@ -241,26 +193,26 @@ func hashStep(col Column, alias, seed string, pos int, notNull bool) string {
 		e = "(" + textForm(col, e) + ` COLLATE "C")`
 	}
 	if notNull {
-		return fmt.Sprintf(f.format, e, fmt.Sprintf("(%s # %d::int8)", seed, positionKey(pos)))
+		return fmt.Sprintf(f.format, e, fmt.Sprintf("(%s # %d::int8)", seed, PositionKey(pos)))
 	}
 	return fmt.Sprintf(f.format, "coalesce("+e+", "+f.zero+")",
-		fmt.Sprintf("(%s # CASE WHEN %s IS NULL THEN %d::int8 ELSE %d::int8 END)", seed, raw, positionKey(pos+1<<20), positionKey(pos)))
+		fmt.Sprintf("(%s # CASE WHEN %s IS NULL THEN %d::int8 ELSE %d::int8 END)", seed, raw, PositionKey(pos+1<<20), PositionKey(pos)))
 }
 
-// positionKey returns a pseudo-random 64-bit constant for position i:
+// PositionKey returns a pseudo-random 64-bit constant for position i:
 // SplitMix64's output function (Steele, Lea and Flood, "Fast Splittable
 // Pseudorandom Number Generators", OOPSLA 2014).
-func positionKey(i int) int64 {
+func PositionKey(i int) int64 {
 	z := uint64(i+1) * 0x9e3779b97f4a7c15
 	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9
 	z = (z ^ (z >> 27)) * 0x94d049bb133111eb
 	return int64(z ^ (z >> 31))
 }
 
-// rowHashSQL returns the bigint SQL expression hashing cols of alias, in
+// RowHashSQL returns the bigint SQL expression hashing cols of alias, in
 // order: each column's hash seeded with the hash of those before it.
-func rowHashSQL(info TableInfo, cols []string, alias string) string {
-	byName := map[string]Column{}
+func RowHashSQL(info backfilltype.TableInfo, cols []string, alias string) string {
+	byName := map[string]backfilltype.Column{}
 	for _, c := range info.Columns {
 		byName[c.Name] = c
 	}
@@ -278,17 +230,17 @@ func rowHashSQL(info TableInfo, cols []string, alias string) string {
 	return h
 }
 
-// fingerprintColumns returns the columns a fingerprint hashes: the
-// identity, then the content the checks compare (see [Completeness]).
-func (c *pgCheck) fingerprintColumns() []string {
-	cc := c.scope.Info.Compared()
+// FingerprintColumns returns the columns a fingerprint hashes: the
+// Identity, then the content the checks compare (see [Completeness]).
+func (c *PgCheck) FingerprintColumns() []string {
+	cc := CompareColumns(c.scope.Info)
 	return append(cc.Identity, cc.Checked...)
 }
 
-// fingerprintMemo is implemented by stagers that keep the chunk's
-// fingerprints for the checks that follow ([PGMerger]'s).
-type fingerprintMemo interface {
-	fingerprintMemo() map[string]*fingerprintProof
+// FingerprintMemo is implemented by stagers that keep the chunk's
+// fingerprints for the checks that follow ([Merger]'s).
+type FingerprintMemo interface {
+	fingerprintMemo() map[string]*FingerprintProof
 }
 
 // fingerprints returns the proof for the check's scope, computing it on
@@ -298,41 +250,41 @@ type fingerprintMemo interface {
 // (the queries run inside a savepoint that is rolled back, so a failed
 // query leaves the chunk's transaction usable). Errors returned are those
 // of the savepoint commands.
-func (c *pgCheck) fingerprints(ctx context.Context, tx sqlx.ExtContext) (*fingerprintProof, error) {
-	var a sqlArgs
-	cols := c.fingerprintColumns()
-	p := &fingerprintProof{Columns: cols}
+func (c *PgCheck) fingerprints(ctx context.Context, tx sqlx.ExtContext) (*FingerprintProof, error) {
+	var a SQLArgs
+	cols := c.FingerprintColumns()
+	p := &FingerprintProof{Columns: cols}
 	join := false
 	var targetQ string
 	if c.scope.ChunkColumn != "" {
-		bounds, err := c.inChunk("t", &a)
+		bounds, err := c.InChunk("t", &a)
 		if err != nil {
 			return nil, err
 		}
 		p.TargetRows = "ChunkColumn " + c.scope.ChunkColumn + " in " + c.scope.Chunk.String()
-		targetQ = c.fingerprintTargetSQL(cols, bounds)
+		targetQ = c.FingerprintTargetSQL(cols, bounds)
 	} else {
 		join = true
 		p.TargetRows = "identities in staging"
-		targetQ = c.fingerprintTargetSQL(cols, "")
+		targetQ = c.FingerprintTargetSQL(cols, "")
 	}
 	key := fmt.Sprint(targetQ, a)
-	memo, _ := c.scope.Stager.(fingerprintMemo)
+	memo, _ := c.scope.Stager.(FingerprintMemo)
 	if memo != nil {
 		if cached := memo.fingerprintMemo()[key]; cached != nil {
 			return cached, nil
 		}
 	}
 	for _, n := range cols {
-		if col := c.cols[n]; hashKind(col) == "" {
-			p.Error = fmt.Sprintf("column %q: no fingerprint for type %s (see validate_fingerprint.go)", n, cmpOr(col.Type, col.BaseType))
+		if col := c.Cols[n]; HashKind(col) == "" {
+			p.Error = fmt.Sprintf("column %q: no fingerprint for type %s (see validate_fingerprint.go)", n, cmp.Or(col.Type, col.BaseType))
 			if memo != nil {
 				memo.fingerprintMemo()[key] = p
 			}
 			return p, nil
 		}
 	}
-	stagingQ := c.fingerprintStagingSQL(cols)
+	stagingQ := c.FingerprintStagingSQL(cols)
 	var settings string
 	if join {
 		large, err := c.largeChunk(ctx, tx)
@@ -397,15 +349,15 @@ func (c *pgCheck) fingerprints(ctx context.Context, tx sqlx.ExtContext) (*finger
 	return p, nil
 }
 
-// provenBy returns the chunk's fingerprint proof when it shows the staged
+// ProvenBy returns the chunk's fingerprint proof when it shows the staged
 // rows equal the chunk's target rows and covers every column of need
 // (staged columns); otherwise nil, and the check runs its exact
 // comparison. exact skips the proof.
-func (c *pgCheck) provenBy(ctx context.Context, tx sqlx.ExtContext, exact bool, need ...string) (proof *fingerprintProof, ok bool, err error) {
+func (c *PgCheck) ProvenBy(ctx context.Context, tx sqlx.ExtContext, exact bool, need ...string) (proof *FingerprintProof, ok bool, err error) {
 	if exact {
 		return nil, false, nil
 	}
-	cols := c.fingerprintColumns()
+	cols := c.FingerprintColumns()
 	for _, n := range need {
 		if n != "" && !slices.Contains(cols, n) {
 			return nil, false, nil
@@ -413,7 +365,7 @@ func (c *pgCheck) provenBy(ctx context.Context, tx sqlx.ExtContext, exact bool, 
 	}
 	p, err := c.fingerprints(ctx, tx)
 	if err != nil {
-		return nil, false, c.errorf("fingerprint: %w", err)
+		return nil, false, c.Errorf("fingerprint: %w", err)
 	}
 	return p, p.Equal, nil
 }

@@ -1,4 +1,4 @@
-package backfill
+package pgstore
 
 import (
 	"crypto/sha256"
@@ -7,9 +7,11 @@ import (
 	"math/big"
 	"strconv"
 	"time"
+
+	"github.com/pgbackfill/backfill/backfilltype"
 )
 
-// rowHash returns the SHA-256 of the hashed columns of a converted row:
+// RowHash returns the SHA-256 of the hashed columns of a converted row:
 // every written column that is neither a key column nor History's
 // ValidFrom, in column order. It detects changed content; it never
 // identifies a row.
@@ -20,7 +22,7 @@ import (
 // forms make values equal in PostgreSQL hash equal: numerics are reduced
 // (1.0 and 1.00 both give "1"), floats are printed shortest with -0 as 0
 // and every NaN as "NaN", times as UTC RFC 3339 rounded to microseconds.
-func rowHash(info TableInfo, values []any) []byte {
+func RowHash(info backfilltype.TableInfo, values []any) []byte {
 	h := sha256.New()
 	var lenbuf [8]byte
 	for i, col := range info.Columns[:info.Written] {
@@ -43,7 +45,7 @@ func rowHash(info TableInfo, values []any) []byte {
 
 // canonical returns a type family byte and canonical text for v, a value
 // as convertValue returns it for col.
-func canonical(col Column, v any) (byte, string) {
+func canonical(col backfilltype.Column, v any) (byte, string) {
 	switch x := v.(type) {
 	case int64:
 		return 'i', strconv.FormatInt(x, 10)
@@ -79,5 +81,5 @@ func canonical(col Column, v any) (byte, string) {
 	case time.Time:
 		return 't', x.UTC().Round(time.Microsecond).Format(time.RFC3339Nano)
 	}
-	return '?', strconv.Quote(displayValue(v))
+	return '?', strconv.Quote(DisplayValue(v))
 }

@@ -1,6 +1,7 @@
-package backfill
+package pgstore
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -9,56 +10,13 @@ import (
 
 	"github.com/jmoiron/sqlx"
 	"github.com/lib/pq"
-
+	"github.com/pgbackfill/backfill/backfilltype"
 	"github.com/pgbackfill/backfill/internal/sqlgen"
 )
 
-// Key locks: merges that touch the same business keys run one after the
-// other.
-//
-// A chunk's merge decides what to write from what its statements see of
-// the target. Under READ COMMITTED (PostgreSQL docs, 13.2.1) that is the
-// committed state when each statement starts: two chunks merging the
-// same key at once both decide from the state before the other, and the
-// later commit overwrites the earlier one's decision (a lower version
-// wins under NewerVersionWins; in History both add an open version, or
-// close intervals the other one changed). So before its first statement
-// that reads the target, a merge takes transaction-level advisory locks
-// (pg_advisory_xact_lock, PostgreSQL docs, 9.27.10 "Advisory Lock
-// Functions") on its business keys, held until the chunk's transaction
-// ends. A merge of the same keys in another transaction (another worker,
-// another process, another job on the same target) waits for it to commit
-// or roll back; its statements, which take their snapshots after the
-// wait, then see the first merge's rows. Merges of disjoint keys do not
-// wait for each other.
-//
-// Locks are two-int advisory locks (PostgreSQL lock key space 2, apart
-// from the bigint locks elsewhere in the library) in a namespace per
-// target table. A chunk of at most mergeLockKeys distinct key hashes
-// takes the target's lock -1 in shared mode, then one exclusive lock per
-// key hash, all in one statement in ascending order: two merges never wait
-// for each other's locks in a cycle. The hash is 31 bits of
-// hash_array_extended of each key column, which hashes values as their
-// type's equality compares them, collations included; a single integer
-// key is hashed by ranges of 4,096 values, so that a chunk of neighbouring
-// ids takes few locks however large, and chunks of disjoint id ranges do
-// not wait for each other.
-//
-// A larger chunk (more key hashes, or more rows than are worth reading
-// for them), or one whose key type has no hash function, takes lock -1
-// exclusively: it waits for, and blocks, every other merge into the
-// target. A transaction thus never holds more than mergeLockKeys+1 of
-// these locks, whatever the chunk's size (the lock table is shared and
-// sized by max_locks_per_transaction, PostgreSQL docs, 20.12), and such a
-// chunk costs one statement that reads nothing. The price: at
-// Concurrency > 1, the merges (not the extraction and staging) of large
-// chunks with other keys than a single integer run one at a time.
-//
-// The merge relies on READ COMMITTED: the runner's transactions use it.
-
-// mergeLockKeys is the most key locks one chunk takes; a chunk with more
+// MergeLockKeys is the most key locks one chunk takes; a chunk with more
 // distinct key hashes locks the whole target.
-const mergeLockKeys = 64
+const MergeLockKeys = 64
 
 // mergeLockScanRows: a chunk of more staged rows locks the whole target
 // without reading its keys (it most likely has more than mergeLockKeys).
@@ -72,12 +30,12 @@ const (
 	mergeLockRangeScanRows int64 = 1 << 18
 )
 
-// wholeTarget is the lock that stands for every key of the target.
-const wholeTarget = -1
+// WholeTarget is the lock that stands for every key of the target.
+const WholeTarget = -1
 
-// lockNamespace is the first key of the target's advisory locks: a 32-bit
+// LockNamespace is the first key of the target's advisory locks: a 32-bit
 // FNV-1a hash of its canonical name.
-func lockNamespace(table string) int32 {
+func LockNamespace(table string) int32 {
 	h := fnv.New32a()
 	h.Write([]byte("backfill.merge:" + table))
 	return int32(h.Sum32())
@@ -87,10 +45,10 @@ func lockNamespace(table string) int32 {
 // function (PostgreSQL's type cache decides: a type without a default hash
 // operator class, or an array or composite of one, has none). Probed once
 // per target and key types, in a savepoint of tx.
-func (s *pgStager) keyHashable(ctx context.Context) (bool, error) {
-	types := make([]string, len(s.info.Target.Key))
-	for i, k := range s.info.Target.Key {
-		for _, c := range s.info.Columns {
+func (s *PGStager) keyHashable(ctx context.Context) (bool, error) {
+	types := make([]string, len(s.Info.Target.Key))
+	for i, k := range s.Info.Target.Key {
+		for _, c := range s.Info.Columns {
 			if c.Name == k {
 				types[i] = c.Type
 			}
@@ -99,7 +57,7 @@ func (s *pgStager) keyHashable(ctx context.Context) (bool, error) {
 			return false, nil // a TableInfo not from Prepare: no type to hash by
 		}
 	}
-	sig := s.info.Target.Table + "\x00" + strings.Join(types, "\x00")
+	sig := s.Info.Target.Table + "\x00" + strings.Join(types, "\x00")
 	s.m.mu.Lock()
 	ok, known := s.m.hashable[sig]
 	s.m.mu.Unlock()
@@ -140,13 +98,13 @@ func (s *pgStager) keyHashable(ctx context.Context) (bool, error) {
 // lockKeys takes the key locks of the staged rows in the chunk's
 // transaction (see above). It must run before the merge's first read of
 // the target.
-func (s *pgStager) lockKeys(ctx context.Context) error {
-	t := s.info.Target
+func (s *PGStager) lockKeys(ctx context.Context) error {
+	t := s.Info.Target
 	// A partition and its partitioned parent share one namespace: merges
 	// through either lock the same keys (merge_decide.go).
-	ns := lockNamespace(cmpOr(s.info.lockRoot, t.Table))
+	ns := LockNamespace(cmp.Or(s.Info.LockRoot, t.Table))
 	whole := func() error {
-		_, err := s.tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock($1::int, $2::int) WHERE `+noLockTimeout, ns, wholeTarget)
+		_, err := s.tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock($1::int, $2::int) WHERE `+noLockTimeout, ns, WholeTarget)
 		return err
 	}
 	if s.lockWhole {
@@ -165,8 +123,8 @@ func (s *pgStager) lockKeys(ctx context.Context) error {
 		// Known without reading staging: too many rows to be worth
 		// counting the keys of, or (Go saw every identity, no repeats,
 		// and the identity is the key) more keys than locks.
-		distinct := t.Mode != History && s.track && !s.maybeDup
-		if s.staged > mergeLockScanRows || distinct && s.staged > int64(mergeLockKeys) {
+		distinct := t.Mode != backfilltype.History && s.track && !s.maybeDup
+		if s.staged > mergeLockScanRows || distinct && s.staged > int64(MergeLockKeys) {
 			return whole()
 		}
 		ok, err := s.keyHashable(ctx)
@@ -186,10 +144,10 @@ func (s *pgStager) lockKeys(ctx context.Context) error {
 	// round trip.
 	var buckets []int64
 	if err := sqlx.SelectContext(ctx, s.tx, &buckets, fmt.Sprintf(`SELECT b FROM (SELECT DISTINCT ((%s) & 2147483647)::int AS b FROM %s s) x ORDER BY b LIMIT %d`,
-		bucket, s.q.stage, mergeLockKeys+1)); err != nil {
+		bucket, s.Q.Stage, MergeLockKeys+1)); err != nil {
 		return err
 	}
-	if len(buckets) > mergeLockKeys {
+	if len(buckets) > MergeLockKeys {
 		return whole()
 	}
 	// Lock -1 shared first, then the keys in ascending order (unnest keeps
@@ -198,14 +156,14 @@ func (s *pgStager) lockKeys(ctx context.Context) error {
 	// subquery in a condition without columns, which PostgreSQL evaluates
 	// once, as a one-time filter, before the first row of unnest.
 	_, err := s.tx.ExecContext(ctx, `SELECT count(pg_advisory_xact_lock($1::int, b)) FROM unnest($2::int[]) AS b
-		WHERE (SELECT pg_advisory_xact_lock_shared($1::int, $3::int) WHERE `+noLockTimeout+`) IS NOT NULL`, ns, pq.Array(buckets), wholeTarget)
+		WHERE (SELECT pg_advisory_xact_lock_shared($1::int, $3::int) WHERE `+noLockTimeout+`) IS NOT NULL`, ns, pq.Array(buckets), WholeTarget)
 	return err
 }
 
 // noLockTimeout is a condition that sets lock_timeout 0 for the rest of
 // the chunk's transaction, keeping the try's value in
 // backfill.lock_timeout (unless kept already) for the merge's planner
-// settings to put back: the key locks wait only for other merges of the
+// Settings to put back: the key locks wait only for other merges of the
 // same keys, whatever the try's lock_timeout (backfill_timeouts.go). In
 // the WHERE clause of a statement without FROM it is evaluated before
 // the statement's lock function.
@@ -214,12 +172,12 @@ const noLockTimeout = `set_config('lock_timeout', CASE WHEN set_config('backfill
 
 // rangeKey returns the business key's column when it is a single integer
 // column, whose locks cover ranges of values.
-func (s *pgStager) rangeKey() (string, bool) {
-	t := s.info.Target
+func (s *PGStager) rangeKey() (string, bool) {
+	t := s.Info.Target
 	if len(t.Key) != 1 {
 		return "", false
 	}
-	for _, c := range s.info.Columns {
+	for _, c := range s.Info.Columns {
 		if c.Name == t.Key[0] {
 			switch c.BaseType {
 			case "int2", "int4", "int8":

@@ -1,24 +1,21 @@
-package backfill
+package pgstore
 
 import (
+	"cmp"
 	"fmt"
 	"strings"
 
 	"github.com/lib/pq"
+	"github.com/pgbackfill/backfill/backfilltype"
 	"github.com/pgbackfill/backfill/internal/sqlgen"
 )
 
-// This file builds the SQL of a rollback, one function per statement.
-// Identifiers are quoted through internal/sqlgen; values are bind
-// parameters, numbered as each function says. The statements are pinned
-// by testdata/rollback_*.golden.sql.
-
-// conflictsSQL counts and lists (n, key, by) the rows the chunks seqs ($2)
+// ConflictsSQL counts and lists (n, key, by) the rows the chunks seqs ($2)
 // of batch $1 changed that a later batch, not in $3, changed again: rows
 // of the undo log, and rows it inserted (lineage) that filter selects
 // (bind parameters from $4).
-func (rb *pgRollback) conflictsSQL(filter string) string {
-	return sqlf(`WITH c AS (
+func (rb *pgRollback) ConflictsSQL(filter string) string {
+	return SQLf(`WITH c AS (
 	SELECT DISTINCT u.key, t.{ub} AS by FROM {entries} u CROSS JOIN LATERAL {record}
 	JOIN {target} t ON {match}
 	WHERE u.batch_id = $1 AND u.seq = ANY ($2::int[]) AND t.{ub} IS DISTINCT FROM $1 AND NOT coalesce(t.{ub} = ANY ($3::bigint[]), false)
@@ -29,12 +26,12 @@ SELECT (SELECT count(*) FROM c) AS n, c.key::text AS key, coalesce(c.by, 0) AS b
 		"key", keyJSON("t", rb.identity), "filter", filter, "record", rb.keyRecord("u.key", "r"))
 }
 
-// previewSQL counts (deleted, restored) the rows a rollback of the chunks
+// PreviewSQL counts (deleted, restored) the rows a rollback of the chunks
 // seqs ($2) of batch $1 would delete and restore: those no later batch
 // changed, or all with force ($3); filter selects the inserted rows (bind
 // parameters from $4).
-func (rb *pgRollback) previewSQL(filter string) string {
-	return sqlf(`SELECT
+func (rb *pgRollback) PreviewSQL(filter string) string {
+	return SQLf(`SELECT
 	(SELECT count(*) FROM {target} t WHERE t.{ib} = $1 AND (t.{ub} IS NOT DISTINCT FROM $1 OR $3) AND {filter}) +
 	count(DISTINCT u.key) FILTER (WHERE u.op = 'insert') AS deleted,
 	count(DISTINCT u.key) FILTER (WHERE u.op = 'update') AS restored
@@ -45,35 +42,35 @@ WHERE u.batch_id = $1 AND u.seq = ANY ($2::int[]) AND (t.{ub} IS NOT DISTINCT FR
 		"record", rb.keyRecord("u.key", "r"))
 }
 
-// restoreSQL restores the earliest prior image of each row that chunk $2
+// RestoreSQL restores the earliest prior image of each row that chunk $2
 // of batch $1 updated (the state before the chunk touched it), unless a
-// later batch changed the row and not force ($3).
-func (rb *pgRollback) restoreSQL() string {
-	return sqlf(`UPDATE {target} t SET ({columns}) = ROW({rcolumns})
+// Later batch changed the row and not force ($3).
+func (rb *pgRollback) RestoreSQL() string {
+	return SQLf(`UPDATE {target} t SET ({columns}) = ROW({rcolumns})
 FROM (SELECT DISTINCT ON (u.key) u.key, u.before FROM {undo} u
 	WHERE u.batch_id = $1 AND u.seq = $2 AND u.op = 'update' ORDER BY u.key, u.id) u
 CROSS JOIN LATERAL jsonb_populate_record(NULL::{target}, u.before) r
 WHERE {match} AND (t.{ub} IS NOT DISTINCT FROM $1 OR $3)`,
 		"undo", rb.undo, "target", rb.target, "match", rb.match(), "ub", rb.updated,
-		"columns", sqlgen.List("", rb.columns), "rcolumns", sqlgen.List("r.", rb.columns))
+		"columns", sqlgen.List("", rb.Columns), "rcolumns", sqlgen.List("r.", rb.Columns))
 }
 
-// deleteLoggedSQL deletes the rows the undo log of chunk $2 of batch $1
+// DeleteLoggedSQL deletes the rows the undo log of chunk $2 of batch $1
 // records as inserted, unless a later batch changed the row and not
 // force ($3).
-func (rb *pgRollback) deleteLoggedSQL() string {
-	return sqlf(`DELETE FROM {target} t
+func (rb *pgRollback) DeleteLoggedSQL() string {
+	return SQLf(`DELETE FROM {target} t
 USING {entries} u CROSS JOIN LATERAL {record}
 WHERE u.batch_id = $1 AND u.seq = $2 AND u.op = 'insert' AND {match} AND (t.{ub} IS NOT DISTINCT FROM $1 OR $3)`,
 		"entries", rb.entries(), "target", rb.target, "match", rb.match(), "ub", rb.updated, "record", rb.keyRecord("u.key", "r"))
 }
 
-// deleteInsertedSQL deletes the rows batch $1 inserted (lineage) that
+// DeleteInsertedSQL deletes the rows batch $1 inserted (lineage) that
 // filter selects (bind parameters from $3), unless a later batch changed
 // the row and not force ($2), and lists their keys in
 // backfill_rollback_keys.
-func (rb *pgRollback) deleteInsertedSQL(filter string) string {
-	return sqlf(`WITH d AS (DELETE FROM {target} t WHERE t.{ib} = $1 AND (t.{ub} IS NOT DISTINCT FROM $1 OR $2) AND {filter} RETURNING {key} AS key)
+func (rb *pgRollback) DeleteInsertedSQL(filter string) string {
+	return SQLf(`WITH d AS (DELETE FROM {target} t WHERE t.{ib} = $1 AND (t.{ub} IS NOT DISTINCT FROM $1 OR $2) AND {filter} RETURNING {key} AS key)
 INSERT INTO backfill_rollback_keys SELECT key FROM d`,
 		"target", rb.target, "ib", rb.inserted, "ub", rb.updated, "filter", filter, "key", keyJSON("t", rb.identity))
 }
@@ -81,18 +78,18 @@ INSERT INTO backfill_rollback_keys SELECT key FROM d`,
 // retileKeys lists the History keys the undo log of chunk $2 of batch $1
 // (every chunk for $2 < 0) touched or whose rows the rollback deleted.
 func (rb *pgRollback) retileKeys() string {
-	return sqlf(`SELECT DISTINCT {rkey} FROM (
+	return SQLf(`SELECT DISTINCT {rkey} FROM (
 	SELECT u.key FROM {entries} u WHERE u.batch_id = $1 AND (u.seq = $2 OR $2 < 0)
 	UNION ALL SELECT k.key FROM backfill_rollback_keys k) u
 CROSS JOIN LATERAL {record}`,
 		"entries", rb.entries(), "record", rb.keyRecord("u.key", "r"), "rkey", sqlgen.List("r.", rb.info.Target.Key))
 }
 
-// retileSQL recomputes valid_to of the versions of retileKeys: each ends
+// RetileSQL recomputes valid_to of the versions of retileKeys: each ends
 // where the next version of its key starts.
-func (rb *pgRollback) retileSQL() string {
+func (rb *pgRollback) RetileSQL() string {
 	t := rb.info.Target
-	return sqlf(`WITH x AS (SELECT {key}, {vf}, lead({vf}) OVER (PARTITION BY {key} ORDER BY {vf}) AS _backfill_next_from
+	return SQLf(`WITH x AS (SELECT {key}, {vf}, lead({vf}) OVER (PARTITION BY {key} ORDER BY {vf}) AS _backfill_next_from
 	FROM {target} WHERE ({key}) IN ({keys}))
 UPDATE {target} t SET {vt} = x._backfill_next_from FROM x
 WHERE {tx} AND t.{vf} = x.{vf} AND t.{vt} IS DISTINCT FROM x._backfill_next_from`,
@@ -100,11 +97,11 @@ WHERE {tx} AND t.{vf} = x.{vf} AND t.{vt} IS DISTINCT FROM x._backfill_next_from
 		"keys", rb.retileKeys(), "tx", sqlgen.Equal("t", "x", t.Key))
 }
 
-// checkRetiledSQL lists up to 5 keys of retileKeys whose versions overlap
+// CheckRetiledSQL lists up to 5 keys of retileKeys whose versions overlap
 // or leave a gap.
-func (rb *pgRollback) checkRetiledSQL() string {
+func (rb *pgRollback) CheckRetiledSQL() string {
 	t := rb.info.Target
-	return sqlf(`SELECT DISTINCT row({key})::text FROM (
+	return SQLf(`SELECT DISTINCT row({key})::text FROM (
 	SELECT {key}, {vf}, {vt}, lead({vf}) OVER (PARTITION BY {key} ORDER BY {vf}) AS _backfill_next_from
 	FROM {target} WHERE ({key}) IN ({keys})) x
 WHERE {vt} IS DISTINCT FROM _backfill_next_from OR {vt} <= {vf} LIMIT 5`,
@@ -121,9 +118,9 @@ WHERE {vt} IS DISTINCT FROM _backfill_next_from OR {vt} <= {vf} LIMIT 5`,
 func (rb *pgRollback) keyRecord(j, alias string) string {
 	defs := make([]string, len(rb.identity))
 	for i, n := range rb.identity {
-		defs[i] = sqlgen.Ident(n) + " " + rb.keyTypes[n]
+		defs[i] = sqlgen.Ident(n) + " " + rb.KeyTypes[n]
 	}
-	return sqlf("jsonb_to_record({j}) AS {alias}({defs})", "j", j, "alias", alias, "defs", strings.Join(defs, ", "))
+	return SQLf("jsonb_to_record({j}) AS {alias}({defs})", "j", j, "alias", alias, "defs", strings.Join(defs, ", "))
 }
 
 // match is the condition that target row t and undo row r (a logged key
@@ -133,53 +130,53 @@ func (rb *pgRollback) match() string { return sqlgen.Equal("t", "r", rb.identity
 // entries is the undo log with key arrays ("inserts") expanded to one row
 // per inserted key: (batch_id, seq, id, op, key, before).
 func (rb *pgRollback) entries() string {
-	return sqlf(`(SELECT u.batch_id, u.seq, u.id, 'insert' AS op, e.key, NULL::jsonb AS before
+	return SQLf(`(SELECT u.batch_id, u.seq, u.id, 'insert' AS op, e.key, NULL::jsonb AS before
 	FROM {undo} u CROSS JOIN LATERAL jsonb_array_elements(u.key) AS e(key) WHERE u.op = 'inserts'
 	UNION ALL
 	SELECT u.batch_id, u.seq, u.id, u.op, u.key, u.before FROM {undo} u WHERE u.op IN ('insert', 'update'))`, "undo", rb.undo)
 }
 
-// insertedFilter returns an SQL condition on target alias t that selects
+// InsertedFilter returns an SQL condition on target alias t that selects
 // the rows of one chunk by the plan's ChunkColumn, with its bind
 // parameters numbered from first; "true" for a whole batch (chunk nil).
-func (rb *pgRollback) insertedFilter(chunk *ChunkState, first int) (string, []any) {
+func (rb *pgRollback) InsertedFilter(chunk *backfilltype.ChunkState, first int) (string, []any) {
 	if chunk == nil {
 		return "true", nil
 	}
-	if rb.chunkColumn == "" {
+	if rb.ChunkColumn == "" {
 		// No column to find them by: Rollback refuses a chunk that
 		// inserted rows without one, so there are none to find.
 		return "false", nil
 	}
-	col := "t." + sqlgen.Ident(rb.chunkColumn)
+	col := "t." + sqlgen.Ident(rb.ChunkColumn)
 	p := func(i int) string { return fmt.Sprintf("$%d", first+i) }
 	c := chunk.Chunk
 	switch c.Kind {
-	case KindTime:
+	case backfilltype.KindTime:
 		var base string
 		for _, x := range rb.info.Columns {
-			if x.Name == rb.chunkColumn {
+			if x.Name == rb.ChunkColumn {
 				base = x.BaseType
 			}
 		}
 		if base == "timestamp" || base == "date" {
-			return sqlf("{col} >= ({lo}::timestamptz AT TIME ZONE {zone})::{type} AND {col} < ({hi}::timestamptz AT TIME ZONE {zone})::{type}",
-				"col", col, "lo", p(0), "hi", p(1), "zone", p(2), "type", base), []any{c.Start, c.End, cmpOr(rb.zone, "UTC")}
+			return SQLf("{col} >= ({lo}::timestamptz AT TIME ZONE {zone})::{type} AND {col} < ({hi}::timestamptz AT TIME ZONE {zone})::{type}",
+				"col", col, "lo", p(0), "hi", p(1), "zone", p(2), "type", base), []any{c.Start, c.End, cmp.Or(rb.Zone, "UTC")}
 		}
 		return fmt.Sprintf("%s >= %s AND %s < %s", col, p(0), col, p(1)), []any{c.Start, c.End}
-	case KindInt:
+	case backfilltype.KindInt:
 		return fmt.Sprintf("%s >= %s AND %s < %s", col, p(0), col, p(1)), []any{c.Lo, c.Hi}
 	default:
 		return fmt.Sprintf("%s = %s", col, p(0)), []any{c.Item}
 	}
 }
 
-// deliveredSQL lists (n, deleted, key, by) the rows a rollback of batch
+// DeliveredSQL lists (n, deleted, key, by) the rows a rollback of batch
 // $1 would delete or restore that a done chunk of another batch, not in
 // $3, delivered unchanged: for the whole batch, or for oneChunk the
 // chunks $4, whose inserted rows filter selects (bind parameters from
 // $5). $2 is the identity's column names.
-func (rb *pgRollback) deliveredSQL(oneChunk bool, filter string) string {
+func (rb *pgRollback) DeliveredSQL(oneChunk bool, filter string) string {
 	identity := rb.identity
 	// The delivering chunk's bounds, as columns _backfill_lo_<i> and
 	// _backfill_hi_<i> of d (boundCols; see keyRecord for why not a whole
@@ -204,7 +201,7 @@ func (rb *pgRollback) deliveredSQL(oneChunk bool, filter string) string {
 	// table) and every row of the batch counts.
 	// (Apart for the lookups into the target: an OR of the two would not
 	// be an index condition, and each chunk would read the whole target.)
-	ranged := sqlf("{tid} >= {lo} AND {tid} <= {hi}", "tid", tid, "lo", lo("d", "lo"), "hi", lo("d", "hi"))
+	ranged := SQLf("{tid} >= {lo} AND {tid} <= {hi}", "tid", tid, "lo", lo("d", "lo"), "hi", lo("d", "hi"))
 	inRange := "(NOT d.ranged OR (" + ranged + "))"
 	// The rows the rollback would touch that batch last wrote: for a whole
 	// batch every row whose UpdatedBy is batch (inserted or updated by
@@ -216,7 +213,7 @@ func (rb *pgRollback) deliveredSQL(oneChunk bool, filter string) string {
 	}
 	var undoBranch string
 	if oneChunk {
-		undoBranch = sqlf(`
+		undoBranch = SQLf(`
 	UNION ALL
 	SELECT {key}, d.batch_id, false FROM {entries} u CROSS JOIN LATERAL {record}
 	JOIN {target} t ON {match}
@@ -225,7 +222,7 @@ func (rb *pgRollback) deliveredSQL(oneChunk bool, filter string) string {
 			"key", keyJSON("t", identity), "entries", rb.entries(), "target", rb.target, "match", rb.match(), "inRange", inRange,
 			"ub", rb.updated, "record", rb.keyRecord("u.key", "r"))
 	}
-	return sqlf(`WITH d AS MATERIALIZED (
+	return SQLf(`WITH d AS MATERIALIZED (
 	SELECT d.batch_id, d.key_columns = $2::text[] AS ranged, {loCols}, {hiCols}
 	FROM {delivered} d JOIN {chunks} c ON c.batch_id = d.batch_id AND c.seq = d.seq
 	LEFT JOIN LATERAL {loRecord} ON true LEFT JOIN LATERAL {hiRecord} ON true
@@ -240,20 +237,20 @@ hit AS (
 x AS (SELECT DISTINCT ON (key) key, by, del FROM hit ORDER BY key, by)
 SELECT count(*) OVER () AS n, count(*) FILTER (WHERE del) OVER () AS deleted, key::text AS key, by
 FROM x ORDER BY key::text LIMIT 100`,
-		"target", rb.target, "delivered", rb.m.sql("{s}.delivered"), "chunks", rb.m.sql("{s}.chunks"), "key", keyJSON("t", identity),
+		"target", rb.target, "delivered", rb.m.SQL("{s}.delivered"), "chunks", rb.m.SQL("{s}.chunks"), "key", keyJSON("t", identity),
 		"ib", rb.inserted, "ub", rb.updated, "ranged", ranged, "whole", whole, "undoBranch", undoBranch,
 		"loCols", boundCols("lo"), "hiCols", boundCols("hi"),
 		"loRecord", rb.keyRecord("CASE WHEN d.key_columns = $2::text[] THEN d.lo END", "lo"),
 		"hiRecord", rb.keyRecord("CASE WHEN d.key_columns = $2::text[] THEN d.hi END", "hi"))
 }
 
-// recordDeliveredSQL summarises the staged rows the target holds as last
+// RecordDeliveredSQL summarises the staged rows the target holds as last
 // written by another batch: one row per owner in the delivered table,
 // with the least and greatest identity ($1 batch, $2 chunk, $3 the
-// identity's column names).
-func (s *pgStager) recordDeliveredSQL() string {
-	t := s.info.Target
-	identity := s.info.identity()
+// Identity's column names).
+func (s *PGStager) RecordDeliveredSQL() string {
+	t := s.Info.Target
+	identity := s.Info.Identity()
 	// The least and greatest identity per owner: one window over the
 	// found rows (first_value/last_value of each identity column), the
 	// JSON built for those two rows only. The target is looked up once
@@ -262,21 +259,21 @@ func (s *pgStager) recordDeliveredSQL() string {
 	// the whole target in index order against every staged row to save
 	// the window's sort (a 10,000-row chunk against 200,000 rows took
 	// 250 s).
-	rows := sqlf(`SELECT t.* FROM {stage} s CROSS JOIN LATERAL (
+	rows := SQLf(`SELECT t.* FROM {stage} s CROSS JOIN LATERAL (
 		SELECT {tid}, t.{ub} AS _backfill_owner FROM {target} t WHERE {ts} OFFSET 0) t
 		WHERE t._backfill_owner <> $1::bigint`,
-		"stage", s.q.stage, "target", sqlgen.Table(t.Table), "tid", sqlgen.List("t.", identity),
+		"stage", s.Q.Stage, "target", sqlgen.Table(t.Table), "tid", sqlgen.List("t.", identity),
 		"ub", sqlgen.Ident(t.Lineage.UpdatedBy), "ts", sqlgen.Equal("t", "s", identity))
-	return deliveredSummarySQL(s.info.Chunk.DeliveredTable, identity, rows)
+	return DeliveredSummarySQL(s.Info.Chunk.DeliveredTable, identity, rows)
 }
 
-// deliveredSummarySQL inserts into the delivered table one row per owner
+// DeliveredSummarySQL inserts into the delivered table one row per owner
 // batch of rows (a query of the identity columns and _backfill_owner, the
 // rows' lineage UpdatedBy, other than $1): how many, and the least and
 // greatest identity ($1 batch, $2 chunk, $3 the identity's column names,
 // further parameters rows's own). A merged chunk's stager and a skipped
 // chunk (replay_skip_run.go) record their deliveries with it.
-func deliveredSummarySQL(delivered string, identity []string, rows string) string {
+func DeliveredSummarySQL(delivered string, identity []string, rows string) string {
 	lo, hi := make([]string, len(identity)), make([]string, len(identity))
 	loJSON, hiJSON := make([]string, len(identity)), make([]string, len(identity))
 	for i, c := range identity {
@@ -285,7 +282,7 @@ func deliveredSummarySQL(delivered string, identity []string, rows string) strin
 		loJSON[i] = fmt.Sprintf("%s, y._backfill_lo_%d", pq.QuoteLiteral(c), i)
 		hiJSON[i] = fmt.Sprintf("%s, y._backfill_hi_%d", pq.QuoteLiteral(c), i)
 	}
-	return sqlf(`INSERT INTO {delivered} (owner, batch_id, seq, key_columns, lo, hi, row_count)
+	return SQLf(`INSERT INTO {delivered} (owner, batch_id, seq, key_columns, lo, hi, row_count)
 SELECT y._backfill_owner, $1::bigint, $2::int, $3::text[], jsonb_build_object({loJSON}), jsonb_build_object({hiJSON}), y._backfill_n FROM (
 	SELECT DISTINCT ON (x._backfill_owner) x._backfill_owner, count(*) OVER w AS _backfill_n, {lo}, {hi}
 	FROM ({rows}) x

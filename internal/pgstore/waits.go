@@ -1,4 +1,4 @@
-package backfill
+package pgstore
 
 import (
 	"context"
@@ -7,22 +7,24 @@ import (
 	"time"
 
 	"github.com/jmoiron/sqlx"
+	"github.com/pgbackfill/backfill/backfilldriver"
+	"github.com/pgbackfill/backfill/backfilltype"
 )
 
-var _ ManifestWaits = (*PGManifest)(nil)
+var _ backfilldriver.ManifestWaits = (*Manifest)(nil)
 
 // RecordWait implements [ManifestWaits.RecordWait].
-func (m *PGManifest) RecordWait(ctx context.Context, db sqlx.ExtContext, w Wait) error {
+func (m *Manifest) RecordWait(ctx context.Context, db sqlx.ExtContext, w backfilltype.Wait) error {
 	blockers := w.Blockers
 	if blockers == nil {
-		blockers = []Blocker{}
+		blockers = []backfilltype.Blocker{}
 	}
 	b, err := json.Marshal(blockers)
 	if err != nil {
 		return fmt.Errorf("backfill: record wait of chunk %s: %w", w.ChunkID, err)
 	}
-	err = inShortTx(ctx, db, func(tx sqlx.ExtContext) error {
-		_, err := tx.ExecContext(ctx, m.sql(`INSERT INTO {s}.waits (batch_id, seq, chunk_id, attempt, try, sqlstate, message, lock_timeout,
+	err = InShortTx(ctx, db, func(tx sqlx.ExtContext) error {
+		_, err := tx.ExecContext(ctx, m.SQL(`INSERT INTO {s}.waits (batch_id, seq, chunk_id, attempt, try, sqlstate, message, lock_timeout,
 			statement_timeout, waited, sleep, final, blockers, worker)
 			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, make_interval(secs => $10), make_interval(secs => $11), $12, $13, $14)`),
 			w.BatchID, w.Seq, w.ChunkID, w.Attempt, w.Try, w.SQLState, ManifestText(w.Message), w.LockTimeout, w.StatementTimeout,
@@ -36,23 +38,23 @@ func (m *PGManifest) RecordWait(ctx context.Context, db sqlx.ExtContext, w Wait)
 }
 
 // Waits implements [ManifestWaits.Waits].
-func (m *PGManifest) Waits(ctx context.Context, db sqlx.ExtContext, batchID int64) ([]Wait, error) {
+func (m *Manifest) Waits(ctx context.Context, db sqlx.ExtContext, batchID int64) ([]backfilltype.Wait, error) {
 	var rows []struct {
-		Wait
+		backfilltype.Wait
 		WaitedSec float64 `db:"waited_sec"`
 		SleepSec  float64 `db:"sleep_sec"`
 		Blockers  []byte  `db:"blockers"`
 	}
-	err := readTx(ctx, db, func(tx sqlx.ExtContext) error {
+	err := ReadTx(ctx, db, func(tx sqlx.ExtContext) error {
 		rows = rows[:0]
-		return sqlx.SelectContext(ctx, tx, &rows, m.sql(`SELECT id, batch_id, seq, chunk_id, attempt, try, sqlstate, message, lock_timeout,
+		return sqlx.SelectContext(ctx, tx, &rows, m.SQL(`SELECT id, batch_id, seq, chunk_id, attempt, try, sqlstate, message, lock_timeout,
 			statement_timeout, extract(epoch FROM waited)::float8 AS waited_sec, extract(epoch FROM sleep)::float8 AS sleep_sec,
 			final, blockers, worker, at FROM {s}.waits WHERE batch_id = $1 ORDER BY id`), batchID)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("backfill: waits of batch %d: %w", batchID, err)
 	}
-	out := make([]Wait, len(rows))
+	out := make([]backfilltype.Wait, len(rows))
 	for i, r := range rows {
 		out[i] = r.Wait
 		out[i].Waited = time.Duration(r.WaitedSec * float64(time.Second))

@@ -1,0 +1,28 @@
+package backfilldriver
+
+import (
+	"context"
+
+	"github.com/jmoiron/sqlx"
+)
+
+// DB is what a [Runner] needs from a database: an executor for
+// statements outside chunks and a way to begin a chunk's transaction.
+// [Postgres] adapts a *sqlx.DB; backfilltest.NewDB returns an in-memory
+// one for tests with fakes.
+type DB interface {
+	sqlx.ExtContext
+	// Begin starts a transaction. Its Commit makes the chunk's merge,
+	// exceptions and checkpoint durable together. [Merger] needs READ
+	// COMMITTED (or SERIALIZABLE) transactions: it locks the chunk's keys,
+	// then reads the target in statements that must see what the merges
+	// it waited for committed.
+	Begin(ctx context.Context) (Tx, error)
+}
+
+// Tx is a chunk's transaction. *sqlx.Tx satisfies it.
+type Tx interface {
+	sqlx.ExtContext
+	Commit() error
+	Rollback() error
+}

@@ -1,0 +1,231 @@
+package pgstore
+
+import (
+	"cmp"
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+	"github.com/pgbackfill/backfill/backfilldriver"
+	"github.com/pgbackfill/backfill/backfilltype"
+	"github.com/pgbackfill/backfill/internal/sqlgen"
+)
+
+// MaxSample is how many offending keys or groups a CheckResult lists.
+const MaxSample = 10
+
+// AggregatesSide is one side's figures of a differing group.
+type AggregatesSide struct {
+	Count int64            `json:"count"`
+	Sums  map[string]any   `json:"sums,omitempty"`
+	Nulls map[string]int64 `json:"nulls,omitempty"`
+}
+
+// AggregatesDifference is a differing group in the evidence.
+type AggregatesDifference struct {
+	Group  string         `json:"group"`
+	Staged AggregatesSide `json:"staged"`
+	Target AggregatesSide `json:"target"`
+}
+
+// AggregatesResult is what the comparison of the groups found.
+type AggregatesResult struct {
+	Groups, Differing int64                  `json:"-" db:"-"`
+	Differences       []AggregatesDifference `json:"-" db:"-"`
+	Sample            []string               `json:"-" db:"-"`
+}
+
+// PgCheck is one run of a check: its name, severity and the scope's
+// quoted tables.
+type PgCheck struct {
+	Name     string                `json:"-" db:"-"`
+	Severity backfilltype.Severity `json:"-" db:"-"`
+	scope    backfilldriver.ValidationScope
+	target   string                         // quoted target table
+	Staging  string                         `json:"-" db:"-"` // quoted staging table
+	Cols     map[string]backfilltype.Column `json:"-" db:"-"` // staged columns by name
+	sizes    *[2]int64                      // staging and target sizes in bytes, once known
+}
+
+func NewPGCheck(name string, sev backfilltype.Severity, scope backfilldriver.ValidationScope) (*PgCheck, error) {
+	c := &PgCheck{Name: name, Severity: SeverityOr(sev), scope: scope, target: sqlgen.Table(scope.Info.Target.Table),
+		Staging: scope.Staging, Cols: map[string]backfilltype.Column{}}
+	if scope.Staging == "" {
+		return nil, c.Errorf("%w: the merger has no staging table (this check needs PGMerger)", backfilltype.ErrUnsupported)
+	}
+	if len(scope.Info.Target.Key) == 0 {
+		return nil, c.Errorf("%w: the target has no Key", backfilltype.ErrInvalidConfig)
+	}
+	for _, col := range scope.Info.Columns {
+		c.Cols[col.Name] = col
+	}
+	return c, nil
+}
+
+func (c *PgCheck) Errorf(format string, args ...any) error {
+	return fmt.Errorf("backfill: validate %s: "+format, append([]any{c.Name}, args...)...)
+}
+
+func (c *PgCheck) Result(passed bool, expected, actual string, sample []string, detail map[string]any) (backfilltype.CheckResult, error) {
+	r := backfilltype.CheckResult{Check: c.Name, Severity: c.Severity, Passed: passed, Expected: expected, Actual: actual, Sample: sample}
+	if detail != nil {
+		b, err := json.Marshal(detail)
+		if err != nil {
+			return backfilltype.CheckResult{}, c.Errorf("detail: %w", err)
+		}
+		r.Detail = b
+	}
+	return r, nil
+}
+
+func SeverityOr(s backfilltype.Severity) backfilltype.Severity {
+	return cmp.Or(s, backfilltype.SeverityError)
+}
+
+func CmpOrSlice[T any](v, def []T) []T {
+	if len(v) == 0 {
+		return def
+	}
+	return v
+}
+
+func MeasureColumns(ms []backfilltype.Measure) []string {
+	out := make([]string, len(ms))
+	for i, m := range ms {
+		out[i] = m.Column
+	}
+	return out
+}
+
+func NullText(s sql.NullString) any {
+	if !s.Valid {
+		return nil
+	}
+	return s.String
+}
+
+func TextOrNull(s sql.NullString) string {
+	if !s.Valid {
+		return "NULL"
+	}
+	return s.String
+}
+
+// Zone returns the name of the scope's zone for PostgreSQL.
+func (c *PgCheck) Zone() (string, error) {
+	loc := c.scope.Zone
+	if loc == nil {
+		loc = time.UTC
+	}
+	if loc == time.Local || loc.String() == "Local" {
+		return "", c.Errorf("%w: Job.Zone is time.Local, whose name PostgreSQL does not know; use time.LoadLocation", backfilltype.ErrInvalidConfig)
+	}
+	return loc.String(), nil
+}
+
+// JoinPolicy says which join methods a check's query may use.
+type JoinPolicy int
+
+const (
+	// joinsAsMerged keeps the merge's settings: index nested loops only.
+	joinsAsMerged JoinPolicy = iota
+	// JoinsIfLarge allows hash and merge joins when the chunk is large
+	// Next to the target (see largeChunk).
+	JoinsIfLarge
+	// JoinsAllowed always allows them: the query probes staging, which has
+	// no index, or a table that may lack one.
+	JoinsAllowed
+)
+
+// largeChunkRatio: a chunk whose staging table is at least 1/8 of the
+// target's size joins faster by hashing than by one index lookup per row.
+const largeChunkRatio = 8
+
+// largeChunk reports whether the staging table is at least
+// 1/largeChunkRatio of the target's size (pg_relation_size, PostgreSQL
+// docs, 9.27.7 "Database Object Management Functions": a stat of the
+// files, no scan). Then one index lookup per staged row costs more than
+// hashing; for a small chunk next to a large target an index lookup per
+// row is what keeps checks proportional to the chunk.
+func (c *PgCheck) largeChunk(ctx context.Context, tx sqlx.ExtContext) (bool, error) {
+	return c.stagingAtLeast(ctx, tx, largeChunkRatio)
+}
+
+// stagingAtLeast reports whether the staging table is at least 1/ratio
+// of the target's size (pg_relation_size, see largeChunk); the sizes are
+// read once per check.
+func (c *PgCheck) stagingAtLeast(ctx context.Context, tx sqlx.ExtContext, ratio int64) (bool, error) {
+	if c.sizes == nil {
+		var sz struct {
+			Staging int64 `db:"staging"`
+			Target  int64 `db:"target"`
+		}
+		err := sqlx.GetContext(ctx, tx, &sz, `SELECT pg_relation_size($1::regclass) AS staging, pg_relation_size($2::regclass) AS target`,
+			c.Staging, c.target)
+		if err != nil {
+			return false, fmt.Errorf("table sizes: %w", err)
+		}
+		c.sizes = &[2]int64{sz.Staging, sz.Target}
+	}
+	return c.sizes[0]*ratio >= c.sizes[1], nil
+}
+
+// WithJoins runs fn with hash and merge joins enabled when policy says
+// so. The merge turns them off for the rest of the chunk's transaction
+// (index nested loops suit its lookups into the target), but a check that
+// probes staging, which has no index, from the target side needs them,
+// and a large chunk joins faster with them. The settings are made inside
+// a savepoint that is rolled back afterwards, restoring them (PostgreSQL
+// docs, SET: "The effects of SET or SET LOCAL are also canceled by
+// rolling back to a savepoint that is earlier than the command"); tx must
+// be a transaction.
+func (c *PgCheck) WithJoins(ctx context.Context, tx sqlx.ExtContext, policy JoinPolicy, fn func() error) (err error) {
+	if policy == JoinsIfLarge {
+		large, err := c.largeChunk(ctx, tx)
+		if err != nil {
+			return err
+		}
+		if !large {
+			policy = joinsAsMerged
+		}
+	}
+	if policy == joinsAsMerged {
+		return fn()
+	}
+	if _, err := tx.ExecContext(ctx, `SAVEPOINT backfill_validate;
+		SELECT set_config('enable_hashjoin', 'on', true), set_config('enable_mergejoin', 'on', true)`); err != nil {
+		return fmt.Errorf("savepoint: %w", err)
+	}
+	defer func() {
+		_, rerr := tx.ExecContext(context.WithoutCancel(ctx), `ROLLBACK TO SAVEPOINT backfill_validate; RELEASE SAVEPOINT backfill_validate`)
+		if rerr != nil && err == nil {
+			err = fmt.Errorf("rollback to savepoint: %w", rerr)
+		}
+	}()
+	return fn()
+}
+
+// CountSample runs q, which returns (k text, n bigint) rows: offending
+// keys, at most maxSample, each with the total count of offenders
+// (count(*) OVER ()). It returns the count (0 for no rows) and the keys.
+func CountSample(ctx context.Context, tx sqlx.ExtContext, q string, args ...any) (int64, []string, error) {
+	rows, err := tx.QueryxContext(ctx, q, args...)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer rows.Close()
+	var n int64
+	var sample []string
+	for rows.Next() {
+		var k sql.NullString
+		if err := rows.Scan(&k, &n); err != nil {
+			return 0, nil, err
+		}
+		sample = append(sample, k.String)
+	}
+	return n, sample, errors.Join(rows.Err(), rows.Close())
+}

@@ -1,0 +1,407 @@
+package pgstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+	"github.com/lib/pq"
+	"github.com/pgbackfill/backfill/backfilldriver"
+	"github.com/pgbackfill/backfill/backfilltype"
+)
+
+// Liveness values of [RunLiveness.Liveness] for a running run; a run that
+// is not running has its status as its liveness.
+const (
+	// LivenessRunning: a worker of the run heartbeated within its
+	// [Config.StaleAfter].
+	LivenessRunning = "running"
+	// LivenessStalled: no unfinished worker heartbeated within its
+	// StaleAfter, but one did within twice it: a worker is frozen or cut
+	// off, and waiting workers fence it.
+	LivenessStalled = "stalled"
+	// LivenessDead: the run is running in the manifest but no unfinished
+	// worker heartbeated within twice its StaleAfter (or none ever
+	// registered): nobody works it. Running the job again resumes it.
+	LivenessDead = "dead"
+)
+
+var _ backfilldriver.ManifestWorkers = (*Manifest)(nil)
+
+// WorkerManifest is the runner's side of [ManifestWorkers]: only
+// [Manifest] has it (it reads pg_locks and pg_stat_activity).
+type WorkerManifest interface {
+	backfilldriver.ManifestWorkers
+	RegisterWorker(ctx context.Context, db sqlx.ExtContext, w backfilltype.Worker) error
+	Heartbeat(ctx context.Context, db sqlx.ExtContext, key string) error
+	FinishWorker(ctx context.Context, db sqlx.ExtContext, key string) error
+	Holders(ctx context.Context, db sqlx.ExtContext, batchID int64, self string, staleAfter time.Duration, fence, running bool) ([]chunkHolder, error)
+	ClaimLeased(ctx context.Context, tx sqlx.ExtContext, batchID int64, l Lease) (backfilltype.ChunkState, int, bool, error)
+	WaitInFlight(ctx context.Context, db sqlx.ExtContext, batchID int64, w FenceWait) error
+	// Leases across transactions (manifest_lease.go).
+	LeaseChunk(ctx context.Context, db sqlx.ExtContext, batchID int64, l Lease) (cl chunkLease, ok, full bool, err error)
+	FenceLease(ctx context.Context, tx sqlx.ExtContext, batchID int64, seq int, epoch int64, l Lease) (backfilltype.ChunkState, int, bool, error)
+	ReleaseLease(ctx context.Context, db sqlx.ExtContext, batchID int64, seq int, key string, epoch int64) error
+}
+
+var _ WorkerManifest = (*Manifest)(nil)
+
+// Workers implements [ManifestWorkers.Workers].
+func (m *Manifest) Workers(ctx context.Context, db sqlx.ExtContext, batchID int64) ([]backfilltype.Worker, error) {
+	var rows []struct {
+		backfilltype.Worker
+		StaleSec float64 `db:"stale_sec"`
+		AgeSec   float64 `db:"age_sec"`
+	}
+	// In a read transaction: safe behind a transaction pooler.
+	err := ReadTx(ctx, db, func(tx sqlx.ExtContext) error {
+		rows = rows[:0]
+		return sqlx.SelectContext(ctx, tx, &rows, m.SQL(`SELECT worker_key, worker_id, batch_id, job_name, host, pid, started_at, heartbeat_at,
+		finished_at, state, extract(epoch FROM stale_after)::float8 AS stale_sec, extract(epoch FROM now() - heartbeat_at)::float8 AS age_sec,
+		(state = 'lost' OR finished_at IS NULL AND heartbeat_at < now() - stale_after) AS stale
+		FROM {s}.workers WHERE batch_id = $1 ORDER BY started_at DESC, worker_key`), batchID)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("backfill: workers of batch %d: %w", batchID, err)
+	}
+	out := make([]backfilltype.Worker, len(rows))
+	for i, r := range rows {
+		out[i] = r.Worker
+		out[i].StaleAfter = time.Duration(r.StaleSec * float64(time.Second))
+		out[i].HeartbeatAge = time.Duration(r.AgeSec * float64(time.Second))
+	}
+	return out, nil
+}
+
+// RunLiveness implements [ManifestWorkers.RunLiveness] from the
+// run_liveness view.
+func (m *Manifest) RunLiveness(ctx context.Context, db sqlx.ExtContext, batchID int64) (backfilltype.RunLiveness, error) {
+	var rows []backfilltype.RunLiveness
+	err := ReadTx(ctx, db, func(tx sqlx.ExtContext) error {
+		rows = rows[:0]
+		return sqlx.SelectContext(ctx, tx, &rows, m.SQL(`SELECT batch_id, job_name, status, liveness, last_heartbeat, live_workers
+		FROM {s}.run_liveness WHERE batch_id = $1`), batchID)
+	})
+	if err != nil {
+		return backfilltype.RunLiveness{}, fmt.Errorf("backfill: liveness of batch %d: %w", batchID, err)
+	}
+	if len(rows) == 0 {
+		return backfilltype.RunLiveness{}, fmt.Errorf("backfill: liveness of batch %d: %w", batchID, backfilltype.ErrRunNotFound)
+	}
+	return rows[0], nil
+}
+
+func (m *Manifest) RegisterWorker(ctx context.Context, db sqlx.ExtContext, w backfilltype.Worker) error {
+	return InShortTx(ctx, db, func(tx sqlx.ExtContext) error {
+		_, err := tx.ExecContext(ctx, m.SQL(`INSERT INTO {s}.workers (worker_key, worker_id, batch_id, job_name, host, pid, stale_after)
+			VALUES ($1, $2, $3, $4, $5, $6, make_interval(secs => $7))`),
+			w.Key, ManifestText(w.ID), w.BatchID, w.Job, ManifestText(w.Host), w.PID, w.StaleAfter.Seconds())
+		return err
+	})
+}
+
+// Heartbeat refreshes the worker's heartbeat_at, in a short transaction
+// of its own that does not wait for its WAL to be flushed (a lost
+// Heartbeat is harmless).
+func (m *Manifest) Heartbeat(ctx context.Context, db sqlx.ExtContext, key string) error {
+	return InShortTx(ctx, db, func(tx sqlx.ExtContext) error {
+		_, err := tx.ExecContext(ctx, m.SQL(`UPDATE {s}.workers SET heartbeat_at = now()
+			WHERE worker_key = $1 AND finished_at IS NULL AND set_config('synchronous_commit', 'local', true) IS NOT NULL`), key)
+		return err
+	})
+}
+
+func (m *Manifest) FinishWorker(ctx context.Context, db sqlx.ExtContext, key string) error {
+	return InShortTx(ctx, db, func(tx sqlx.ExtContext) error {
+		_, err := tx.ExecContext(ctx, m.SQL(`UPDATE {s}.workers SET heartbeat_at = now(), finished_at = now(), state = 'finished'
+			WHERE worker_key = $1`), key)
+		return err
+	})
+}
+
+// Lease is what a chunk's transaction sets for itself in the claim
+// statement (set_config local: it ends with the transaction).
+type Lease struct {
+	// Key is the worker key, tagged in application_name.
+	Key string `json:"-" db:"-"`
+	// StaleAfter bounds the time a dead peer (network cut) goes
+	// unnoticed (TCP keepalives, tcp_user_timeout).
+	StaleAfter time.Duration `json:"-" db:"-"`
+	// LockTimeout is the lock_timeout of the chunk's transaction (the
+	// first row of Config.LockRetries; "" keeps the session's), also kept
+	// in backfill.lock_timeout; stmtTimeout the statement_timeout of its
+	// merge and what follows ("" keeps the session's), kept in
+	// backfill.statement_timeout (backfill_timeouts.go).
+	LockTimeout, StmtTimeout string `json:"-" db:"-"`
+	// Avoid are chunks this call does not claim now: they waited and
+	// their pause is not over.
+	Avoid []int `json:"-" db:"-"`
+	// JobConcurrency is Config.JobConcurrency: at most this many live
+	// leases in the batch (0: no cap).
+	JobConcurrency int `json:"-" db:"-"`
+}
+
+// Settings returns the lease's session settings as set_config arguments.
+func (l Lease) settings() (appName, keepIdle, keepInterval, keepCount, userTimeoutMS string) {
+	s := max(int(l.StaleAfter/time.Second), 3)
+	return "backfill " + l.Key + " ", fmt.Sprint(max(s/3, 1)), fmt.Sprint(max(s/9, 1)), "3",
+		fmt.Sprint(l.StaleAfter.Milliseconds())
+}
+
+// ClaimQuery selects and locks the first claimable chunk of batch $1
+// not in $2 (int[]): pending, or open and left by an earlier call of the
+// run, while the run is running. Its condition status IN ('pending',
+// 'open') is the predicate of the index chunks_claimable (migration 18),
+// so that the planner walks that index in seq order and stops at the
+// first claimable row, however many chunks of the batch are done, also
+// on a chunks table never analyzed.
+const ClaimQuery = `SELECT ` + chunkColumns + ` FROM {s}.chunks
+		WHERE batch_id = $1 AND status IN ('pending', 'open')
+			AND (status = 'pending' OR open_call < (SELECT calls FROM {s}.runs WHERE batch_id = $1 AND status = 'running'))
+		AND EXISTS (SELECT 1 FROM {s}.runs WHERE batch_id = $1 AND status = 'running')
+		AND NOT (seq = ANY ($2::int[]))
+		ORDER BY seq LIMIT 1 FOR UPDATE SKIP LOCKED`
+
+// ClaimLeased claims like ClaimChunk, in one statement that also checks
+// the run's status (without locking the run's row) and sets the chunk
+// transaction's lease settings:
+//
+//   - application_name "backfill <worker key> " before the session's
+//     own: the chunk's holder, for the waiting workers' fencing;
+//   - TCP keepalives (idle StaleAfter/3, interval StaleAfter/9, 3
+//     probes) and tcp_user_timeout = StaleAfter: the server ends the
+//     transaction of a worker cut off within the bound. Not
+//     idle_in_transaction_session_timeout: the chunk's transaction is
+//     idle while its validators run in the process, which may take
+//     long; a worker frozen between statements stops heartbeating and is
+//     fenced by the others instead;
+//   - statement_timeout 0, the value of the merge kept in
+//     backfill.statement_timeout ([Config.StatementTimeout], or the
+//     session's): the COPY that stays open while the extractor runs is
+//     not charged with the extractor's time. The merge puts it back
+//     (PGMerger's planner settings) for its statements and what follows;
+//   - lock_timeout, the try's ([Config.LockRetries]), also kept in
+//     backfill.lock_timeout for the merge to put back after its key
+//     locks, which wait without one (backfill_timeouts.go).
+//
+// It also skips the chunks of l.avoid and returns the backend's pid, for
+// the watcher of the chunk's waits.
+//
+// No lock on the run's row: a run that is abandoned or rolled back is
+// first set so (committed), then waitInFlight waits for the chunks in
+// flight. A claim statement that read the run as running either locked
+// its chunk row before waitInFlight reached it (waitInFlight waits for
+// it) or finds it locked by waitInFlight and skips it. A claim whose
+// statement snapshot is older than the change, and that locks its row
+// only after waitInFlight released it, is stopped by the checkpoint,
+// which reads the run's status afresh (CompleteChunk). A run that is
+// failed or paused meanwhile lets its chunks in flight commit: they were
+// claimed while it ran, and a resume or a rollback waits for them.
+func (m *Manifest) ClaimLeased(ctx context.Context, tx sqlx.ExtContext, batchID int64, l Lease) (backfilltype.ChunkState, int, bool, error) {
+	var rows []struct {
+		pgChunkRow
+		PID int `db:"backend_pid"`
+	}
+	avoid := make([]int64, len(l.Avoid))
+	for i, seq := range l.Avoid {
+		avoid[i] = int64(seq)
+	}
+	// The settings: the lease's (with a worker key), and the timeouts.
+	// statement_timeout is 0 until the merge puts back
+	// backfill.statement_timeout: the configured value, or the session's.
+	settings := `set_config('statement_timeout', CASE WHEN set_config('backfill.statement_timeout',
+			coalesce(nullif($3, ''), current_setting('statement_timeout')), true) IS NOT NULL THEN '0' END, true) IS NOT NULL
+		AND set_config('backfill.lock_timeout', set_config('lock_timeout', coalesce(nullif($4, ''), current_setting('lock_timeout')), true), true) IS NOT NULL`
+	args := []any{batchID, pq.Array(avoid), l.StmtTimeout, l.LockTimeout}
+	if l.Key != "" {
+		app, kIdle, kInt, kCount, userTO := l.settings()
+		settings += `
+			AND set_config('application_name', left($5 || current_setting('application_name'), 63), true) IS NOT NULL
+			AND set_config('tcp_keepalives_idle', $6, true) IS NOT NULL
+			AND set_config('tcp_keepalives_interval', $7, true) IS NOT NULL
+			AND set_config('tcp_keepalives_count', $8, true) IS NOT NULL
+			AND set_config('tcp_user_timeout', $9, true) IS NOT NULL`
+		args = append(args, app, kIdle, kInt, kCount, userTO)
+	}
+	err := sqlx.SelectContext(ctx, tx, &rows, m.SQL(`SELECT c.*, pg_backend_pid() AS backend_pid FROM (`+ClaimQuery+`) c WHERE `+settings), args...)
+	if err != nil {
+		return backfilltype.ChunkState{}, 0, false, fmt.Errorf("backfill: claim chunk of batch %d: %w", batchID, err)
+	}
+	if len(rows) == 0 {
+		return backfilltype.ChunkState{}, 0, false, nil
+	}
+	return rows[0].state(), rows[0].PID, true, nil
+}
+
+// chunkHolder is a chunk of a running run held (row-locked) by a
+// transaction, and that transaction's worker.
+type chunkHolder struct {
+	Seq       int    `db:"seq"`
+	ChunkID   string `db:"chunk_id"`
+	PID       int    `db:"pid"`
+	WorkerKey string `db:"worker_key"`
+	WorkerID  string `db:"worker_id"`
+	Host      string `db:"host"`
+	// OSPID is the worker's process ID on its host (0 when unknown); PID
+	// is the PostgreSQL backend holding the chunk.
+	OSPID int `db:"os_pid"`
+	// AgeSec is the age of the worker's heartbeat in seconds, -1 when
+	// the holder is not a registered worker.
+	AgeSec     float64 `db:"age_sec"`
+	Stale      bool    `db:"stale"`
+	Terminated bool    `db:"terminated"`
+}
+
+// Holders lists the chunks of run batchID (only while it is running,
+// when running) held by transactions other than those of worker self
+// ("" for none). With fence, the same statement
+// terminates the backend of each holder whose worker is stale (heartbeat
+// older than its registered stale bound, or finished) by the server's
+// clock at that moment.
+func (m *Manifest) Holders(ctx context.Context, db sqlx.ExtContext, batchID int64, self string, staleAfter time.Duration, fence, running bool) ([]chunkHolder, error) {
+	var out []chunkHolder
+	err := InShortTx(ctx, db, func(tx sqlx.ExtContext) error {
+		out = out[:0]
+		return sqlx.SelectContext(ctx, tx, &out, m.SQL(`SELECT * FROM (SELECT c.seq, c.chunk_id, l.pid, coalesce(w.worker_key, '') AS worker_key,
+			coalesce(w.worker_id, a.application_name, '') AS worker_id, coalesce(w.host, '') AS host, coalesce(w.pid, 0) AS os_pid,
+			coalesce(extract(epoch FROM now() - w.heartbeat_at)::float8, -1) AS age_sec,
+			coalesce(w.finished_at IS NOT NULL OR w.heartbeat_at < now() - greatest(w.stale_after, make_interval(secs => $3)), false) AS stale,
+			CASE WHEN $4 AND w.worker_key IS NOT NULL AND w.worker_key <> $2
+				AND (w.finished_at IS NOT NULL OR w.heartbeat_at < now() - greatest(w.stale_after, make_interval(secs => $3)))
+				THEN pg_terminate_backend(l.pid) ELSE false END AS terminated
+			FROM {s}.chunks c
+			JOIN pg_locks l ON l.locktype = 'transactionid' AND l.transactionid = c.xmax AND l.granted AND l.mode = 'ExclusiveLock'
+			LEFT JOIN pg_stat_activity a ON a.pid = l.pid
+			LEFT JOIN {s}.workers w ON a.application_name LIKE 'backfill ' || w.worker_key || ' %'
+			WHERE c.batch_id = $1 AND c.status IN ('pending', 'open') AND l.pid <> pg_backend_pid()
+				AND ($2 = '' OR coalesce(w.worker_key, '') <> $2)
+				AND (NOT $5 OR EXISTS (SELECT 1 FROM {s}.runs r WHERE r.batch_id = $1 AND r.status = 'running'))
+			UNION ALL
+			-- Chunks leased by live workers, extracting outside a
+			-- transaction (manifest_lease.go); a lease that is not live
+			-- is taken over by the claim.
+			-- Live as the claim judges it (liveLease): a young lease of a
+			-- worker that stopped heartbeating is waited for, not skipped.
+			SELECT c.seq, c.chunk_id, 0, c.lease_key, coalesce(w.worker_id, ''), coalesce(w.host, ''), coalesce(w.pid, 0),
+				coalesce(extract(epoch FROM now() - w.heartbeat_at)::float8, -1), false, false
+			FROM {s}.chunks c LEFT JOIN {s}.workers w ON w.worker_key = c.lease_key
+			WHERE c.batch_id = $1 AND c.status IN ('pending', 'open') AND ($2 = '' OR c.lease_key <> $2)
+				AND `+liveLease("$3")+`
+				AND (NOT $5 OR EXISTS (SELECT 1 FROM {s}.runs r WHERE r.batch_id = $1 AND r.status = 'running'))
+			) h ORDER BY seq`), batchID, self, staleAfter.Seconds(), fence, running)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("backfill: chunks in flight of batch %d: %w", batchID, err)
+	}
+	return out, nil
+}
+
+// FenceWait says how waitInFlight waits and fences, and where it logs.
+type FenceWait struct {
+	self       string
+	StaleAfter time.Duration `json:"-" db:"-"`
+	Poll       time.Duration `json:"-" db:"-"`
+	Log        *slog.Logger  `json:"-" db:"-"`
+	What       string        `json:"-" db:"-"` // what waits, for the log
+}
+
+// WaitInFlight waits until no transaction holds a chunk of batchID that
+// was pending or open: it locks those rows (FOR UPDATE, which waits for
+// each holder) with lock_timeout = poll, and between tries lists the
+// Holders (logged with the wait's duration) and fences the stale ones. It
+// is the barrier after a run stops being running (abandoned, paused for a
+// rollback, failed before a rollback): a chunk claimed while it ran
+// either holds its row (the barrier waits for its commit or rollback) or
+// is skipped by the claim (the barrier holds its row).
+func (m *Manifest) WaitInFlight(ctx context.Context, db sqlx.ExtContext, batchID int64, w FenceWait) error {
+	begin := time.Now()
+	log := w.Log
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	fenceOK := true
+	for n := 0; ; n++ {
+		leased := 0
+		err := inShortTxOwnWaits(ctx, db, func(tx sqlx.ExtContext) error {
+			_, err := tx.ExecContext(ctx, m.SQL(`SELECT 1 FROM {s}.chunks WHERE batch_id = $1 AND status IN ('pending', 'open')
+				AND set_config('lock_timeout', $2, true) IS NOT NULL ORDER BY seq FOR UPDATE`), batchID, fmt.Sprint(max(w.Poll.Milliseconds(), 1)))
+			if err != nil {
+				return err
+			}
+			// Chunks leased by live workers, extracting outside a
+			// transaction (manifest_lease.go), are in flight too.
+			return sqlx.GetContext(ctx, tx, &leased, m.SQL(`SELECT count(*) FROM {s}.chunks c WHERE c.batch_id = $1
+				AND c.status IN ('pending', 'open') AND c.lease_key <> $2 AND `+liveLease("$3")), batchID, w.self, w.StaleAfter.Seconds())
+		})
+		if err == nil && leased > 0 {
+			hs, _ := m.Holders(ctx, db, batchID, w.self, w.StaleAfter, false, false)
+			for _, h := range hs {
+				LogHolder(log, w.What, batchID, h, time.Since(begin))
+			}
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(w.Poll):
+			}
+			continue
+		}
+		var pe *pq.Error
+		if err == nil {
+			if n > 0 {
+				log.Info("backfill: chunks in flight ended", "what", w.What, "batch_id", batchID, "waited", time.Since(begin))
+			}
+			return nil
+		}
+		if !errors.As(err, &pe) || pe.Code != "55P03" {
+			return fmt.Errorf("backfill: wait for the chunks in flight of batch %d: %w", batchID, err)
+		}
+		hs, herr := m.Holders(ctx, db, batchID, w.self, w.StaleAfter, fenceOK, false)
+		if herr != nil && IsPermission(herr) {
+			fenceOK = false
+			log.Error("backfill: cannot terminate a stale worker's backend: grant the role pg_signal_backend (or run every worker as the same role)",
+				"batch_id", batchID, "error", herr)
+			hs, herr = m.Holders(ctx, db, batchID, w.self, w.StaleAfter, false, false)
+		}
+		if herr != nil {
+			log.Warn("backfill: listing chunks in flight failed", "batch_id", batchID, "error", herr)
+		}
+		for _, h := range hs {
+			LogHolder(log, w.What, batchID, h, time.Since(begin))
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+	}
+}
+
+// LogHolder logs one chunk a worker waits for: which chunk, its holder
+// (worker, host, backend pid, heartbeat age), how long the wait lasts so
+// far, and whether the holder was fenced.
+func LogHolder(log *slog.Logger, what string, batchID int64, h chunkHolder, waited time.Duration) {
+	attrs := []any{"what", what, "batch_id", batchID, "seq", h.Seq, "chunk", h.ChunkID, "holder", h.WorkerID, "holder_host", h.Host,
+		"holder_backend_pid", h.PID, "waited", waited}
+	if h.OSPID > 0 {
+		attrs = append(attrs, "holder_os_pid", h.OSPID)
+	}
+	if h.AgeSec >= 0 {
+		attrs = append(attrs, "holder_heartbeat_age", time.Duration(h.AgeSec*float64(time.Second)))
+	}
+	switch {
+	case h.Terminated:
+		log.Warn("backfill: fenced a stale worker: terminated the backend holding the chunk; its transaction rolls back and the chunk is claimable", attrs...)
+	case h.Stale:
+		log.Warn("backfill: waiting for a chunk held by a stale worker (not fenced)", attrs...)
+	default:
+		log.Info("backfill: waiting for a chunk in flight", attrs...)
+	}
+}
+
+// IsPermission reports whether err is PostgreSQL refusing a privilege
+// (42501), as pg_terminate_backend does for another role's backend.
+func IsPermission(err error) bool {
+	var pe *pq.Error
+	return errors.As(err, &pe) && pe.Code == "42501"
+}
