@@ -14,6 +14,7 @@ import (
 	"pgregory.net/rapid"
 
 	"github.com/pgbackfill/backfill"
+	"github.com/pgbackfill/backfill/internal/pgstore"
 	"github.com/pgbackfill/backfill/internal/pgtest"
 	"github.com/pgbackfill/backfill/internal/sqlgen"
 )
@@ -308,10 +309,10 @@ func TestReservedColumnNamesRefused(t *testing.T) {
 	db := pgtest.New(t)
 	_, err := db.Exec(`CREATE TABLE r (id int PRIMARY KEY, _backfill_row bigint)`)
 	require.NoError(t, err)
-	_, err = backfill.NewPGMerger().Prepare(ctx, db, backfill.Target{Table: "r", Key: []string{"id"}})
+	_, err = pgstore.NewMerger().Prepare(ctx, db, backfill.Target{Table: "r", Key: []string{"id"}})
 	require.ErrorIs(t, err, backfill.ErrInvalidConfig)
 	require.ErrorContains(t, err, `"_backfill_row"`)
 	// Not staged, not refused.
-	_, err = backfill.NewPGMerger().Prepare(ctx, db, backfill.Target{Table: "r", Key: []string{"id"}, Columns: []string{"id"}})
+	_, err = pgstore.NewMerger().Prepare(ctx, db, backfill.Target{Table: "r", Key: []string{"id"}, Columns: []string{"id"}})
 	require.NoError(t, err)
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgbackfill/backfill"
+	"github.com/pgbackfill/backfill/backfilldriver"
 	"github.com/pgbackfill/backfill/backfilltest"
 )
 
@@ -149,7 +150,7 @@ type mergerOnly struct{ backfill.Merger }
 // but does not roll back from it (no MergerRollback).
 type undoWriterOnly struct {
 	backfill.Merger
-	backfill.UndoLogWriter
+	backfilldriver.UndoLogWriter
 }
 
 // A job that needs a capability the Runner's Manifest or Merger lacks is

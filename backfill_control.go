@@ -291,8 +291,8 @@ func (t *throttler) applyThresholds() {
 	}
 	for _, h := range t.states {
 		name := h.th.Signal.Name()
-		hi := c.knob(KnobThrottleHigh(name), h.cfgHigh)
-		lo := c.knob(KnobThrottleLow(name), h.cfgLow)
+		hi := c.knob(pgstore.KnobThrottleHigh(name), h.cfgHigh)
+		lo := c.knob(pgstore.KnobThrottleLow(name), h.cfgLow)
 		if hi == h.th.High && lo == h.th.Low {
 			continue
 		}

@@ -224,7 +224,7 @@ func (r *Runner) pgPrivileges() (pm *PGManifest, target bool) {
 		return nil, false
 	}
 	pm, _ = r.cfg.Manifest.(*PGManifest)
-	_, target = r.cfg.Merger.(*PGMerger)
+	_, target = r.cfg.Merger.(*pgstore.Merger)
 	return pm, target
 }
 

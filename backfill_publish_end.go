@@ -9,6 +9,7 @@ import (
 
 	"github.com/jmoiron/sqlx"
 
+	"github.com/pgbackfill/backfill/backfilldriver"
 	"github.com/pgbackfill/backfill/internal/pgstore"
 )
 
@@ -29,9 +30,9 @@ const PublishAtEnd PublishMode = "at_end"
 type publishEnd struct{}
 
 var (
-	_ MergerStaging   = (*PGMerger)(nil)
-	_ StagingIsolator = (*PGMerger)(nil)
-	_ UndoLogWriter   = (*PGMerger)(nil)
+	_ backfilldriver.MergerStaging   = (*pgstore.Merger)(nil)
+	_ backfilldriver.StagingIsolator = (*pgstore.Merger)(nil)
+	_ backfilldriver.UndoLogWriter   = (*pgstore.Merger)(nil)
 )
 
 func (publishEnd) requires(c capabilities) error {
@@ -56,7 +57,7 @@ func (publishEnd) target(ctx context.Context, ex *execution, tx Tx, c Chunk) (ch
 	info := ex.info
 	info.Chunk = ChunkRef{BatchID: ex.batchID, Seq: c.Seq}
 	t := chunkTarget{info: info, deferred: true, isolate: ex.r.caps.isolates && ex.r.cfg.MaxStagingRejects > 0}
-	var ps PersistentStager
+	var ps backfilldriver.PersistentStager
 	t.newStager = func() (Stager, error) {
 		st, err := ex.r.caps.mergeStage.StagePersistent(ctx, tx, ex.r.caps.staging.StagingTable(ex.batchID), ex.info, c.Seq)
 		ps = st
@@ -68,7 +69,7 @@ func (publishEnd) target(ctx context.Context, ex *execution, tx Tx, c Chunk) (ch
 
 // beforeCommit checkpoints the chunk as staged.
 func (publishEnd) beforeCommit(ctx context.Context, ex *execution, tx Tx, t chunkTarget, res ChunkResult, exceptions []Exception) error {
-	return ex.r.caps.staging.StageChunk(ctx, tx, StageChunkParams{
+	return ex.r.caps.staging.StageChunk(ctx, tx, backfilldriver.StageChunkParams{
 		BatchID: ex.batchID, Chunk: res.Chunk, Read: res.Read, Rejected: res.Rejected, Staged: t.staged(), Exceptions: exceptions,
 	})
 }
@@ -130,7 +131,7 @@ const chunkStaged ChunkStatus = "staged"
 
 // publishStaged merges, validates and completes staged chunk sc (the
 // plan's chunk c) in the publish's transaction tx.
-func (ex *execution) publishStaged(ctx context.Context, tx sqlx.ExtContext, stage string, c Chunk, sc StagedChunk) (ChunkResult, error) {
+func (ex *execution) publishStaged(ctx context.Context, tx sqlx.ExtContext, stage string, c Chunk, sc backfilldriver.StagedChunk) (ChunkResult, error) {
 	r := ex.r
 	started := time.Now()
 	info := ex.chunkInfo(ex.info, c)

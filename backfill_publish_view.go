@@ -356,7 +356,7 @@ func (r *Runner) setRunError(ctx context.Context, tx sqlx.ExtContext, batchID in
 	if pm == nil {
 		return nil
 	}
-	_, err := tx.ExecContext(ctx, pm.SQL(`UPDATE {s}.runs SET last_error = $2, updated_at = now() WHERE batch_id = $1 AND last_error <> $2`), batchID, ManifestText(msg))
+	_, err := tx.ExecContext(ctx, pm.SQL(`UPDATE {s}.runs SET last_error = $2, updated_at = now() WHERE batch_id = $1 AND last_error <> $2`), batchID, pgstore.ManifestText(msg))
 	return err
 }
 

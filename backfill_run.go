@@ -102,7 +102,7 @@ func NewWithDB(db DB, cfg *Config) (*Runner, error) {
 		c.Manifest = NewPGManifest("")
 	}
 	if c.Merger == nil {
-		c.Merger = NewPGMerger()
+		c.Merger = pgstore.NewMerger()
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
@@ -1815,7 +1815,7 @@ func (ex *execution) validateWith(ctx context.Context, tx sqlx.ExtContext, c Chu
 	}
 	scope := ValidationScope{BatchID: ex.batchID, Chunk: c, Info: info, ChunkColumn: ex.job.ChunkColumn,
 		Zone: cmp.Or(ex.job.Zone, time.UTC), Stager: stager, Counts: counts}
-	if st, ok := stager.(StagingTabler); ok {
+	if st, ok := stager.(backfilldriver.StagingTabler); ok {
 		scope.Staging = st.StagingTable()
 	}
 	var checks []CheckResult

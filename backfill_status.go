@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"sync"
 	"time"
+
+	"github.com/pgbackfill/backfill/backfilldriver"
 )
 
 // Status returns the progress of job's latest run (whatever its status)
@@ -15,7 +17,7 @@ import (
 // [ErrUnsupported]; a job that never ran gives an error wrapping
 // [ErrRunNotFound]. Only job.Name is used.
 func (r *Runner) Status(ctx context.Context, job Job) (Status, error) {
-	ms, ok := r.cfg.Manifest.(ManifestStatus)
+	ms, ok := r.cfg.Manifest.(backfilldriver.ManifestStatus)
 	if !ok || r.caps.audit == nil {
 		return Status{}, fmt.Errorf("backfill: status of job %q: %w: needs ManifestStatus and ManifestAudit", job.Name, ErrUnsupported)
 	}
@@ -28,7 +30,7 @@ func (r *Runner) Status(ctx context.Context, job Job) (Status, error) {
 
 // StatusOf returns the progress of run batchID ([Runner.Status]).
 func (r *Runner) StatusOf(ctx context.Context, batchID int64) (Status, error) {
-	ms, ok := r.cfg.Manifest.(ManifestStatus)
+	ms, ok := r.cfg.Manifest.(backfilldriver.ManifestStatus)
 	if !ok {
 		return Status{}, fmt.Errorf("backfill: status of batch %d: %w: needs ManifestStatus", batchID, ErrUnsupported)
 	}
@@ -79,7 +81,7 @@ type ChunkFailure struct {
 // progressNotifier delivers [ProgressHooks.Progress] for one call of Run.
 type progressNotifier struct {
 	h    ProgressHooks
-	ms   ManifestStatus
+	ms   backfilldriver.ManifestStatus
 	mu   sync.Mutex
 	last time.Time
 }
@@ -92,7 +94,7 @@ func (ex *execution) progressHooks() *progressNotifier {
 		if !ok {
 			return
 		}
-		ms, _ := ex.r.cfg.Manifest.(ManifestStatus)
+		ms, _ := ex.r.cfg.Manifest.(backfilldriver.ManifestStatus)
 		ex.progress = &progressNotifier{h: h, ms: ms}
 	})
 	return ex.progress

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/jmoiron/sqlx"
-	"github.com/pgbackfill/backfill/backfilldriver"
 	"github.com/pgbackfill/backfill/backfilltype"
 	"github.com/pgbackfill/backfill/internal/pgstore"
 )
@@ -146,11 +145,6 @@ func (ex *execution) setTryLockTimeout(ctx context.Context, tx Tx, seq int) (str
 // Wait is one try of a chunk that waited and was rolled back
 // ([ManifestWaits]).
 type Wait = backfilltype.Wait
-
-// ManifestWaits is implemented by manifests that record the waits of
-// chunks ([Wait]): [PGManifest] (table waits) and backfilltest's
-// Manifest (in memory). Without it, waits are only logged.
-type ManifestWaits = backfilldriver.ManifestWaits
 
 // chunkWaited handles a try of ce's chunk that ended with a wait (code,
 // msg): it records and logs the wait with what the watcher saw, and

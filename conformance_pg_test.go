@@ -12,6 +12,7 @@ import (
 
 	"github.com/pgbackfill/backfill"
 	"github.com/pgbackfill/backfill/backfilltest"
+	"github.com/pgbackfill/backfill/internal/pgstore"
 	"github.com/pgbackfill/backfill/internal/pgtest"
 )
 
@@ -27,7 +28,7 @@ func TestPGMergerConformance(t *testing.T) {
 	backfilltest.TestMerger(t, func(t *testing.T) backfilltest.MergerHarness {
 		db := pgtest.New(t)
 		return backfilltest.MergerHarness{
-			Merger:   backfill.NewPGMerger(),
+			Merger:   pgstore.NewMerger(),
 			DB:       backfill.Postgres(db),
 			Manifest: backfill.NewPGManifest("ledger"),
 			CreateTable: func(t *testing.T, table string, columns []backfilltest.ColumnDef, unique []string) {

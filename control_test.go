@@ -16,6 +16,7 @@ import (
 	"github.com/lib/pq"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgbackfill/backfill/internal/pgstore"
 	"github.com/pgbackfill/backfill/internal/pgtest"
 )
 
@@ -78,11 +79,11 @@ func TestControlSQLRefusesBadInputAndAudits(t *testing.T) {
 	var v string
 	require.NoError(t, db.Get(&v, `SELECT backfill.set_knob('live', 'rows_per_second', ' 250 ', 'bob', 'night')`))
 	require.Equal(t, "250", v)
-	require.NoError(t, m.SetKnob(ctx, db, batch, KnobThrottleHigh("lag"), "2.5", "bob", "looser"))
+	require.NoError(t, m.SetKnob(ctx, db, batch, pgstore.KnobThrottleHigh("lag"), "2.5", "bob", "looser"))
 	st, err := m.Control(ctx, db, batch)
 	require.NoError(t, err)
 	require.Equal(t, map[string]float64{"rows_per_second": 250, "throttle.lag.high": 2.5}, st.Knobs)
-	require.NoError(t, m.SetKnob(ctx, db, batch, KnobThrottleHigh("lag"), "default", "bob", "back"))
+	require.NoError(t, m.SetKnob(ctx, db, batch, pgstore.KnobThrottleHigh("lag"), "default", "bob", "back"))
 	require.NoError(t, db.Get(&v, `SELECT backfill.resume($1::bigint, 'bob', 'checked')`, batch))
 	require.Equal(t, "running", v)
 	require.ErrorIs(t, m.Resume(ctx, db, batch, "bob", "twice"), ErrNotPaused)

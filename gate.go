@@ -12,17 +12,9 @@ import (
 	"strings"
 
 	"github.com/jmoiron/sqlx"
-	"github.com/pgbackfill/backfill/backfilldriver"
 	"github.com/pgbackfill/backfill/backfilltype"
 	"github.com/pgbackfill/backfill/internal/pgstore"
 )
-
-// ManifestGates is implemented by manifests that keep the evidence of a
-// failed quality gate outside the chunk attempt it rolled back;
-// [PGManifest] and backfilltest.Manifest do. Without it the runner records
-// only the failed attempt's check results, and not atomically with the
-// pause.
-type ManifestGates = backfilldriver.ManifestGates
 
 // GateFailure is the evidence of one chunk attempt that a failed quality
 // gate rolled back, the argument of [ManifestGates.RecordGateFailure].

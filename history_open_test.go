@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgbackfill/backfill"
+	"github.com/pgbackfill/backfill/internal/pgstore"
 	"github.com/pgbackfill/backfill/internal/pgtest"
 )
 
@@ -67,7 +68,7 @@ func TestHistoryWithOneOpenVersionIndex(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
 	ctx := context.Background()
-	m := backfill.NewPGMerger()
+	m := pgstore.NewMerger()
 	info, err := m.Prepare(ctx, db, scd2(t, db))
 	require.NoError(t, err)
 	merge := func(rows ...[]any) backfill.MergeResult {
@@ -127,7 +128,7 @@ func TestHistoryConcurrentMergesOfOneKey(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
 	ctx := context.Background()
-	m := backfill.NewPGMerger()
+	m := pgstore.NewMerger()
 	info, err := m.Prepare(ctx, db, scd2(t, db))
 	require.NoError(t, err)
 	tx, _, err := mergeInTx(t, db, m, info, []any{"a", ymd(1, 1), "Oslo"})

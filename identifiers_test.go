@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgbackfill/backfill"
+	"github.com/pgbackfill/backfill/internal/pgstore"
 	"github.com/pgbackfill/backfill/internal/pgtest"
 )
 
@@ -114,10 +115,10 @@ func TestDottedTableNames(t *testing.T) {
 	require.False(t, errors.Is(err, backfill.ErrTargetNotFound))
 
 	// The canonical name Prepare returns parses back to the same table.
-	info, err := backfill.NewPGMerger().Prepare(ctx, db, backfill.Target{Table: `"a""b"."c.d"`, Key: []string{"id"}})
+	info, err := pgstore.NewMerger().Prepare(ctx, db, backfill.Target{Table: `"a""b"."c.d"`, Key: []string{"id"}})
 	require.NoError(t, err)
 	require.Equal(t, `"a""b"."c.d"`, info.Target.Table)
-	info, err = backfill.NewPGMerger().Prepare(ctx, db, backfill.Target{Table: info.Target.Table, Key: []string{"id"}})
+	info, err = pgstore.NewMerger().Prepare(ctx, db, backfill.Target{Table: info.Target.Table, Key: []string{"id"}})
 	require.NoError(t, err)
 	require.Equal(t, `"a""b"."c.d"`, info.Target.Table)
 }

@@ -101,9 +101,3 @@ type Manifest = backfilldriver.Manifest
 // completions, handoffs, operator decisions (pause, resume, approve,
 // rollback) with who and why. Entries are appended, never changed.
 type Event = backfilltype.Event
-
-// ManifestAudit is implemented by manifests that keep an audit log and
-// look runs up by job name; [PGManifest] and backfilltest.Manifest do.
-// Features that record operator decisions ([Runner.Handoff]) need it and
-// return [ErrUnsupported] without it.
-type ManifestAudit = backfilldriver.ManifestAudit

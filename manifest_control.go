@@ -48,17 +48,6 @@ const (
 	KnobRowsPerSecond = pgstore.KnobRowsPerSecond
 )
 
-// KnobThrottleHigh and KnobThrottleLow name the knobs that replace the
-// High and Low watermarks of the [Throttle] whose signal is named signal.
-func KnobThrottleHigh(signal string) string {
-	return pgstore.KnobThrottleHigh(signal)
-}
-
-// KnobThrottleLow: see [KnobThrottleHigh].
-func KnobThrottleLow(signal string) string {
-	return pgstore.KnobThrottleLow(signal)
-}
-
 // ControlState is what the workers of a run read of its control: the
 // run's status (with the reason of a pause or cancel) and its live knobs,
 // by name ([KnobConcurrency], ...).

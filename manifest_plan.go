@@ -9,8 +9,6 @@ import (
 	"fmt"
 	"iter"
 	"slices"
-
-	"github.com/pgbackfill/backfill/backfilltype"
 )
 
 // NewPlan freezes a prepared job into a [Plan] with its fingerprint. info
@@ -131,11 +129,4 @@ func streamFingerprint(p Plan, chunks iter.Seq2[Chunk, error]) (string, int, err
 	}
 	h.Write(b[i+len(chunkIDsField)-1:])
 	return hex.EncodeToString(h.Sum(nil)), n, nil
-}
-
-// PlanDiff lists, in a stable order, the fields in which plan b differs
-// from plan a, each as `field: "old" -> "new"`. It is what [ErrPlanChanged]
-// messages show.
-func PlanDiff(a, b Plan) []string {
-	return backfilltype.PlanDiff(a, b)
 }

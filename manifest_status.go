@@ -1,7 +1,6 @@
 package backfill
 
 import (
-	"github.com/pgbackfill/backfill/backfilldriver"
 	"github.com/pgbackfill/backfill/backfilltype"
 	"github.com/pgbackfill/backfill/internal/pgstore"
 )
@@ -43,7 +42,3 @@ type ChunkInFlight = backfilltype.ChunkInFlight
 // ExceptionCount is the number of rows of a run's exception queue with
 // one reason and column.
 type ExceptionCount = backfilltype.ExceptionCount
-
-// ManifestStatus is implemented by manifests that compute a run's
-// progress ([PGManifest]). [Runner.Status] needs it.
-type ManifestStatus = backfilldriver.ManifestStatus

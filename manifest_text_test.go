@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgbackfill/backfill"
+	"github.com/pgbackfill/backfill/internal/pgstore"
 	"github.com/pgbackfill/backfill/internal/pgtest"
 )
 
@@ -15,7 +16,7 @@ import (
 // column and reason, an extractor's error (a source driver's message).
 // Invalid UTF-8 and NUL must neither fail the chunk that queues them nor
 // leave a failed run "running" with its chunk pending and no error
-// recorded; they are stored as backfill.ManifestText gives them.
+// recorded; they are stored as pgstore.ManifestText gives them.
 func TestManifestFreeTextFromARun(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -23,7 +24,7 @@ func TestManifestFreeTextFromARun(t *testing.T) {
 	_, err := db.Exec(`CREATE TABLE mt (id bigint PRIMARY KEY)`)
 	require.NoError(t, err)
 	const bad = "\xff\x00"
-	want := backfill.ManifestText(bad)
+	want := pgstore.ManifestText(bad)
 	job := backfill.Job{Name: "mt", Chunker: backfill.IntRange(0, 2, 1), Rollback: backfill.RollbackNone, MaxRunRejectRate: -1,
 		Target: backfill.Target{Table: "mt", Key: []string{"id"}, Columns: []string{"id"}},
 		Extractor: backfill.ExtractorFunc(func(ctx context.Context, ch backfill.Chunk, w backfill.RowWriter) error {

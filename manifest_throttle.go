@@ -7,7 +7,6 @@ import (
 
 	"github.com/jmoiron/sqlx"
 
-	"github.com/pgbackfill/backfill/backfilldriver"
 	"github.com/pgbackfill/backfill/backfilltype"
 	"github.com/pgbackfill/backfill/internal/pgstore"
 )
@@ -18,11 +17,6 @@ import (
 // ThrottlePeriod is one hold of a [Throttle] by one worker (a call of
 // [Runner.Run]), as recorded in the manifest.
 type ThrottlePeriod = backfilltype.ThrottlePeriod
-
-// ManifestThrottle is implemented by manifests that record throttle
-// periods and host the job-wide concurrency slots ([Config.JobConcurrency]).
-// [PGManifest] does. [Runner.TimeSplit] needs it.
-type ManifestThrottle = backfilldriver.ManifestThrottle
 
 // TimeSplit is how a run's time splits: Total = Working + Paused + the
 // sum of Throttled. Each instant counts once: paused first, then

@@ -1,7 +1,6 @@
 package backfill
 
 import (
-	"github.com/pgbackfill/backfill/backfilldriver"
 	"github.com/pgbackfill/backfill/backfilltype"
 	"github.com/pgbackfill/backfill/internal/pgstore"
 )
@@ -63,9 +62,3 @@ type Worker = backfilltype.Worker
 
 // RunLiveness is a run's liveness ([ManifestWorkers.RunLiveness]).
 type RunLiveness = backfilltype.RunLiveness
-
-// ManifestWorkers is implemented by manifests that record the workers of
-// a run and their heartbeats ([PGManifest]). With it, [Runner.Run]
-// registers and heartbeats, waits for chunks in flight rather than
-// returning, and fences frozen workers ([Config.StaleAfter]).
-type ManifestWorkers = backfilldriver.ManifestWorkers

@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgbackfill/backfill"
+	"github.com/pgbackfill/backfill/internal/pgstore"
 	"github.com/pgbackfill/backfill/internal/pgtest"
 )
 
@@ -20,7 +21,7 @@ func BenchmarkMergeRestatement(b *testing.B) {
 	ctx := context.Background()
 	db := pgtest.New(b)
 	db.MustExec(`CREATE TABLE r (id bigint PRIMARY KEY, name text, amount numeric(12,2), n int)`)
-	m := backfill.NewPGMerger()
+	m := pgstore.NewMerger()
 	info, err := m.Prepare(ctx, db, backfill.Target{Table: "r", Key: []string{"id"}})
 	require.NoError(b, err)
 	merge := func(v int) backfill.MergeResult {

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgbackfill/backfill"
+	"github.com/pgbackfill/backfill/internal/pgstore"
 	"github.com/pgbackfill/backfill/internal/pgtest"
 )
 
@@ -52,7 +53,7 @@ func TestMergeDecidesUnderTheRowLock(t *testing.T) {
 		db.MustExec(`CREATE TABLE p (id bigint, name text, version bigint, PRIMARY KEY (id)) PARTITION BY RANGE (id);
 			CREATE TABLE p0 PARTITION OF p FOR VALUES FROM (0) TO (1000);
 			INSERT INTO p VALUES (1, 'v1', 1)`)
-		m := backfill.NewPGMerger()
+		m := pgstore.NewMerger()
 		tg := nvw
 		tg.Table = "p"
 		infoP, err := m.Prepare(ctx, db, tg)

@@ -23,7 +23,7 @@ type heldLock struct {
 
 // stageAndMerge merges rows into info's target in a new transaction and
 // returns it, uncommitted, with the advisory locks it holds.
-func stageAndMerge(t *testing.T, db *sqlx.DB, m *PGMerger, info TableInfo, rows ...[]any) (*sqlx.Tx, []heldLock) {
+func stageAndMerge(t *testing.T, db *sqlx.DB, m *pgstore.Merger, info TableInfo, rows ...[]any) (*sqlx.Tx, []heldLock) {
 	t.Helper()
 	ctx := context.Background()
 	tx, err := db.BeginTxx(ctx, nil)
@@ -59,7 +59,7 @@ func TestMergeKeyLocks(t *testing.T) {
 	db.MustExec(`CREATE TABLE a (k text COLLATE ci PRIMARY KEY, v int)`)
 	db.MustExec(`CREATE TABLE b (k text PRIMARY KEY, v int)`)
 	db.MustExec(`CREATE TABLE bits (k bit(8) PRIMARY KEY, v int)`)
-	m := NewPGMerger()
+	m := pgstore.NewMerger()
 	prep := func(table string) TableInfo {
 		info, err := m.Prepare(ctx, db, Target{Table: table, Key: []string{"k"}})
 		require.NoError(t, err)

@@ -46,7 +46,7 @@ func TestMergeNeverScansTheTargetSequentially(t *testing.T) {
 		require.NoError(t, err)
 		tx, err := db.Beginx()
 		require.NoError(t, err)
-		m := NewPGMerger()
+		m := pgstore.NewMerger()
 		info, err := m.Prepare(ctx, tx, tc.target)
 		require.NoError(t, err, tc.name)
 		st, err := m.Stage(ctx, tx, info)

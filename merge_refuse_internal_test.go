@@ -31,7 +31,7 @@ func TestMergeRefusalPrechecks(t *testing.T) {
 	tx, err := db.Beginx()
 	require.NoError(t, err)
 	defer tx.Rollback()
-	m := NewPGMerger()
+	m := pgstore.NewMerger()
 	info, err := m.Prepare(ctx, tx, Target{Table: "t", Key: []string{"id"}})
 	require.NoError(t, err)
 	st, err := m.Stage(ctx, tx, info)
@@ -73,7 +73,7 @@ func TestMergeRefusalsBisect(t *testing.T) {
 	tx, err := db.Beginx()
 	require.NoError(t, err)
 	defer tx.Rollback()
-	m := NewPGMerger()
+	m := pgstore.NewMerger()
 	info, err := m.Prepare(ctx, tx, Target{Table: "t", Key: []string{"id"}})
 	require.NoError(t, err)
 	info.Chunk.MaxRefused = 10

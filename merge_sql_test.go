@@ -91,7 +91,7 @@ func goldenTargets() []goldenTarget {
 // goldenInfo resolves a golden case as Prepare would, without a server.
 func goldenInfo(t testing.TB, g goldenTarget) TableInfo {
 	t.Helper()
-	info, err := ResolveTarget(g.target, goldenColumns(), g.unique)
+	info, err := pgstore.ResolveTarget(g.target, goldenColumns(), g.unique)
 	require.NoError(t, err, g.name)
 	info.Chunk = ChunkRef{BatchID: 7, Seq: 3}
 	if g.undo {

@@ -7,6 +7,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgbackfill/backfill"
+	"github.com/pgbackfill/backfill/internal/pgstore"
 )
 
 // targetTable is a table with every kind of column ResolveTarget looks
@@ -43,7 +44,7 @@ func TestResolveTargetColumns(t *testing.T) {
 		}
 		return out
 	}
-	info, err := backfill.ResolveTarget(backfill.Target{Table: "t", Key: []string{"id"}, Mode: backfill.History, HashColumn: "row_hash", IngestedAt: "loaded_at"},
+	info, err := pgstore.ResolveTarget(backfill.Target{Table: "t", Key: []string{"id"}, Mode: backfill.History, HashColumn: "row_hash", IngestedAt: "loaded_at"},
 		targetTable(), [][]string{{"name"}, {"valid_from", "id"}})
 	require.NoError(t, err)
 	require.Equal(t, backfill.KeepLast, info.Target.Duplicates)
@@ -59,7 +60,7 @@ func TestResolveTargetColumns(t *testing.T) {
 		t.Errorf("columns (-want +got):\n%s", d)
 	}
 
-	info, err = backfill.ResolveTarget(backfill.Target{Table: "t", Key: []string{"name_key"}, Mode: backfill.Keyless, Columns: []string{"name", "version"},
+	info, err = pgstore.ResolveTarget(backfill.Target{Table: "t", Key: []string{"name_key"}, Mode: backfill.Keyless, Columns: []string{"name", "version"},
 		Derive: []backfill.KeyRule{{Column: "name_key", From: "name"}}, Lineage: backfill.Lineage{Off: true}},
 		targetTable(), [][]string{{"name_key"}})
 	require.NoError(t, err)
@@ -67,7 +68,7 @@ func TestResolveTargetColumns(t *testing.T) {
 	if d := cmp.Diff([]col{{"name", "", false, false}, {"version", "", false, false}, {"name_key", "derive", true, false}}, cols(info)); d != "" {
 		t.Errorf("keyless columns (-want +got):\n%s", d)
 	}
-	info, err = backfill.ResolveTarget(backfill.Target{Table: "t", Key: []string{"id"}, Columns: []string{"id", "name"}}, targetTable(), [][]string{{"id"}})
+	info, err = pgstore.ResolveTarget(backfill.Target{Table: "t", Key: []string{"id"}, Columns: []string{"id", "name"}}, targetTable(), [][]string{{"id"}})
 	require.NoError(t, err)
 	require.Equal(t, backfill.Upsert, info.Target.Mode)
 	require.Equal(t, backfill.SourceWins, info.Target.Conflict)
@@ -115,16 +116,16 @@ func TestResolveTargetRefuses(t *testing.T) {
 		{"no unique index", backfill.Target{Table: "t", Key: []string{"id"}}, [][]string{{"id", "name"}}, backfill.ErrNoUniqueKey, `table "t" key (id)`},
 		{"history identity", backfill.Target{Table: "t", Key: []string{"id"}, Mode: backfill.History}, key, backfill.ErrNoUniqueKey, `key (id, valid_from)`},
 	} {
-		_, err := backfill.ResolveTarget(c.target, targetTable(), c.unique)
+		_, err := pgstore.ResolveTarget(c.target, targetTable(), c.unique)
 		require.ErrorIs(t, err, c.is, c.name)
 		require.ErrorContains(t, err, c.msg, c.name)
 	}
 	table := append(targetTable(), backfill.Column{Name: backfill.ReservedPrefix + "x", BaseType: "text"})
-	_, err := backfill.ResolveTarget(backfill.Target{Table: "t", Key: []string{"id"}}, table, key)
+	_, err := pgstore.ResolveTarget(backfill.Target{Table: "t", Key: []string{"id"}}, table, key)
 	require.ErrorIs(t, err, backfill.ErrInvalidConfig)
 	require.ErrorContains(t, err, "are reserved")
 	table = targetTable()
 	table[5].NotNull = true
-	_, err = backfill.ResolveTarget(backfill.Target{Table: "t", Key: []string{"id"}, Mode: backfill.History}, table, key)
+	_, err = pgstore.ResolveTarget(backfill.Target{Table: "t", Key: []string{"id"}, Mode: backfill.History}, table, key)
 	require.ErrorContains(t, err, `ValidTo "valid_to" must be nullable`)
 }

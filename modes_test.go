@@ -11,6 +11,7 @@ import (
 	"pgregory.net/rapid"
 
 	"github.com/pgbackfill/backfill"
+	"github.com/pgbackfill/backfill/internal/pgstore"
 	"github.com/pgbackfill/backfill/internal/pgtest"
 )
 
@@ -156,7 +157,7 @@ func TestHistoryIntervalsTile(t *testing.T) {
 	_, err := db.Exec(`CREATE TABLE addr (customer text, valid_from timestamptz, valid_to timestamptz, city text,
 		PRIMARY KEY (customer, valid_from))`)
 	require.NoError(t, err)
-	m := backfill.NewPGMerger()
+	m := pgstore.NewMerger()
 	info, err := m.Prepare(ctx, db, backfill.Target{Table: "addr", Key: []string{"customer"}, Mode: backfill.History})
 	require.NoError(t, err)
 	base := time.Date(2024, 3, 1, 0, 0, 0, 0, time.UTC)

@@ -34,7 +34,7 @@ func TestCreateStagingInTx(t *testing.T) {
 	pgstore.OutsideTxAnyHook.Store(&hook)
 	defer pgstore.OutsideTxAnyHook.Store(nil)
 	info := TableInfo{Columns: []Column{{Name: "id", Type: "bigint"}, {Name: "name", Type: "text"}}}
-	require.NoError(t, (&PGMerger{}).CreateStaging(ctx, pgstore.PGDB{DB: db}, `"public"."stage_1"`, info))
+	require.NoError(t, (&pgstore.Merger{}).CreateStaging(ctx, pgstore.PGDB{DB: db}, `"public"."stage_1"`, info))
 	pgstore.OutsideTxAnyHook.Store(nil)
 	mu.Lock()
 	defer mu.Unlock()

@@ -82,7 +82,7 @@ func BenchmarkTargetFingerprint(b *testing.B) {
 	db.MustExec(`VACUUM ANALYZE lines`)
 	var info TableInfo
 	if err := pgstore.ReadTx(ctx, db, func(tx sqlx.ExtContext) error {
-		info, err = NewPGMerger().Prepare(ctx, tx, Target{Table: "lines", Key: []string{"id"}, Columns: cols})
+		info, err = pgstore.NewMerger().Prepare(ctx, tx, Target{Table: "lines", Key: []string{"id"}, Columns: cols})
 		return err
 	}); err != nil {
 		b.Fatal(err)

@@ -50,7 +50,7 @@ func TestSkipUnchangedComparesTheEncodingVersion(t *testing.T) {
 	// writer converts them.
 	var info TableInfo
 	require.NoError(t, pgstore.ReadTx(ctx, db, func(tx sqlx.ExtContext) error {
-		info, err = NewPGMerger().Prepare(ctx, tx, target)
+		info, err = pgstore.NewMerger().Prepare(ctx, tx, target)
 		return err
 	}))
 	c := Chunk{ID: "int:0/10", Kind: KindInt, Lo: 0, Hi: 10}

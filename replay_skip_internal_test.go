@@ -36,7 +36,7 @@ func TestTargetFingerprintSeesEveryChange(t *testing.T) {
 	var info TableInfo
 	require.NoError(t, pgstore.ReadTx(ctx, db, func(tx sqlx.ExtContext) error {
 		var err error
-		info, err = NewPGMerger().Prepare(ctx, tx, Target{Table: "fp", Key: []string{"id"}, Columns: []string{"id", "grp", "amount", "note", "at"}})
+		info, err = pgstore.NewMerger().Prepare(ctx, tx, Target{Table: "fp", Key: []string{"id"}, Columns: []string{"id", "grp", "amount", "note", "at"}})
 		return err
 	}))
 	require.True(t, info.TupleIdentity, "a heap table")
@@ -231,7 +231,7 @@ func TestTargetFingerprintFollowsRuns(t *testing.T) {
 	var info TableInfo
 	require.NoError(t, pgstore.ReadTx(ctx, db, func(tx sqlx.ExtContext) error {
 		var err error
-		info, err = NewPGMerger().Prepare(ctx, tx, Target{Table: "fr", Key: []string{"id"}, Columns: []string{"id", "note", "amount"}, IngestedAt: "ingested"})
+		info, err = pgstore.NewMerger().Prepare(ctx, tx, Target{Table: "fr", Key: []string{"id"}, Columns: []string{"id", "note", "amount"}, IngestedAt: "ingested"})
 		return err
 	}))
 	require.NotEmpty(t, info.Target.Lineage.UpdatedBy, "the default lineage columns are used")

@@ -103,7 +103,7 @@ func TestTargetFingerprintIgnoresSessionSettings(t *testing.T) {
 		var info TableInfo
 		require.NoError(t, pgstore.ReadTx(ctx, db, func(tx sqlx.ExtContext) error {
 			var err error
-			info, err = NewPGMerger().Prepare(ctx, tx, Target{Table: tc.table, Key: []string{"id"}})
+			info, err = pgstore.NewMerger().Prepare(ctx, tx, Target{Table: tc.table, Key: []string{"id"}})
 			return err
 		}))
 		c := Chunk{ID: "int:0/20", Kind: KindInt, Lo: 0, Hi: 20}

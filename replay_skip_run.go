@@ -10,6 +10,7 @@ import (
 	"github.com/jmoiron/sqlx"
 	"github.com/lib/pq"
 
+	"github.com/pgbackfill/backfill/backfilldriver"
 	"github.com/pgbackfill/backfill/internal/pgstore"
 	"github.com/pgbackfill/backfill/internal/sqlgen"
 )
@@ -28,7 +29,7 @@ func (r *Runner) skipEligible(job Job, info TableInfo) error {
 	refuse := func(format string, args ...any) error {
 		return fmt.Errorf("backfill: job %q: %w: SkipUnchanged: "+format, append([]any{job.Name, ErrInvalidConfig}, args...)...)
 	}
-	if _, ok := r.cfg.Merger.(*PGMerger); !ok || r.caps.skips == nil {
+	if _, ok := r.cfg.Merger.(*pgstore.Merger); !ok || r.caps.skips == nil {
 		return fmt.Errorf("backfill: job %q: SkipUnchanged: %w", job.Name,
 			need(false, "ManifestSkips and PGMerger", fmt.Sprintf("the manifest (%T) records the fingerprints and PGMerger (not %T) reads the target's", r.cfg.Manifest, r.cfg.Merger)))
 	}
@@ -87,7 +88,7 @@ func provenValidator(v Validator) (CheckResult, bool) {
 // skipValidators are job's validators for a chunk skipped on base's
 // fingerprints: those proven by them record a passed result saying so;
 // the others (CheckExceptionRate) run.
-func skipValidators(vs []Validator, base ChunkFingerprints) []Validator {
+func skipValidators(vs []Validator, base backfilldriver.ChunkFingerprints) []Validator {
 	out := make([]Validator, len(vs))
 	for i, v := range vs {
 		cr, ok := provenValidator(v)
@@ -131,7 +132,7 @@ type chunkSkip struct {
 	// source is the fingerprint of the rows the extraction spooled.
 	source *pgstore.ChunkFingerprint
 	// record is what the checkpoint records (zero: nothing).
-	record ChunkFingerprints
+	record backfilldriver.ChunkFingerprints
 	// version is the chunk's source version ([ChunkVersioner]), read
 	// before its extraction ("" for none); recorded with the
 	// fingerprints (replay_skip_version.go).
@@ -205,7 +206,7 @@ func (ex *execution) skipUnchanged(ctx context.Context, tx Tx, cr *chunkRun, c C
 		}
 		return false, nil
 	}
-	var base ChunkFingerprints
+	var base backfilldriver.ChunkFingerprints
 	var ok bool
 	var err error
 	if b := x.skip.base; b != nil {
@@ -254,7 +255,7 @@ func (ex *execution) skipUnchanged(ctx context.Context, tx Tx, cr *chunkRun, c C
 // target rows in its bounds (of the identities keys without
 // ChunkColumn); the validators of skipValidators; and base's
 // fingerprints recorded again, with version (replay_skip_version.go).
-func (ex *execution) checkpointSkipped(ctx context.Context, tx Tx, cr *chunkRun, c Chunk, info TableInfo, started time.Time, base ChunkFingerprints,
+func (ex *execution) checkpointSkipped(ctx context.Context, tx Tx, cr *chunkRun, c Chunk, info TableInfo, started time.Time, base backfilldriver.ChunkFingerprints,
 	read, rejected int64, exceptions []Exception, keys [][]string, version string) (bool, error) {
 	chunkErr := func(err error) error { return &ChunkError{Chunk: c, Attempt: cr.attempt, Err: err} }
 	cr.res = ChunkResult{Chunk: c, Attempt: cr.attempt, StartedAt: started, Worker: ex.r.cfg.WorkerID, Skipped: true,
@@ -276,7 +277,7 @@ func (ex *execution) checkpointSkipped(ctx context.Context, tx Tx, cr *chunkRun,
 	}
 	// The base's fingerprints, recorded again: this chunk is the newest
 	// base of the next replay.
-	rec := ChunkFingerprints{SkipKey: ex.skipKey, Source: base.Source, Target: base.Target, Version: version}
+	rec := backfilldriver.ChunkFingerprints{SkipKey: ex.skipKey, Source: base.Source, Target: base.Target, Version: version}
 	if err := ex.r.caps.skips.CompleteChunkFingerprinted(ctx, tx, ex.batchID, cr.res, exceptions, rec); err != nil {
 		return false, chunkErr(err)
 	}
@@ -308,7 +309,7 @@ func (ex *execution) recordAfterMerge(ctx context.Context, tx Tx, sk *chunkSkip,
 	if len(mr.Rejected) > 0 || mr.Deduplicated > 0 || mr.Inserted+mr.Updated+mr.Unchanged != staged || sk.source.Rows != staged {
 		return nil
 	}
-	st, ok := stager.(StagingTabler)
+	st, ok := stager.(backfilldriver.StagingTabler)
 	if !ok {
 		return nil
 	}
@@ -324,7 +325,7 @@ func (ex *execution) recordAfterMerge(ctx context.Context, tx Tx, sk *chunkSkip,
 	}
 	// The version read before the extraction, with the fingerprints of
 	// its rows (replay_skip_version.go).
-	sk.record = ChunkFingerprints{Source: sk.source.String(), Target: fingerprintText(info, tfp.Fingerprint), Version: sk.version}
+	sk.record = backfilldriver.ChunkFingerprints{Source: sk.source.String(), Target: fingerprintText(info, tfp.Fingerprint), Version: sk.version}
 	return nil
 }
 

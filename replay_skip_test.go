@@ -18,6 +18,7 @@ import (
 	"pgregory.net/rapid"
 
 	"github.com/pgbackfill/backfill"
+	"github.com/pgbackfill/backfill/backfilldriver"
 )
 
 // skipSource is a source of items rows (tenant "acme", ids 0..999) whose
@@ -150,7 +151,7 @@ func TestSkipUnchangedReplaySkipsEveryChunk(t *testing.T) {
 				m := backfill.NewPGManifest("")
 				cfg.Manifest = struct {
 					backfill.Manifest
-					backfill.ManifestSkips
+					backfilldriver.ManifestSkips
 				}{m, m}
 				job.Rollback = backfill.RollbackNone
 			}
@@ -505,7 +506,7 @@ func TestSkipUnchangedProperty(t *testing.T) {
 		job.Rollback = backfill.RollbackNone
 		r, err := backfill.New(s.db, &backfill.Config{Hooks: hooks, Manifest: struct {
 			backfill.Manifest
-			backfill.ManifestSkips
+			backfilldriver.ManifestSkips
 		}{m, m}})
 		require.NoError(rt, err)
 		chunkOf := func(id int64) string { return fmt.Sprintf("int:%d/%d", id/10*10, id/10*10+10) }

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgbackfill/backfill"
+	"github.com/pgbackfill/backfill/internal/pgstore"
 	"github.com/pgbackfill/backfill/internal/pgtest"
 )
 
@@ -542,7 +543,7 @@ func TestSkipUnchangedPartitionCreatedAhead(t *testing.T) {
 }
 
 // embeddedMerger is a Merger of the user's that embeds PGMerger.
-type embeddedMerger struct{ *backfill.PGMerger }
+type embeddedMerger struct{ *pgstore.Merger }
 
 // TestInheritanceParentRefusedThroughAnotherMerger: the refusal travels
 // with the prepared TableInfo, so a Merger that embeds PGMerger gets it
@@ -553,7 +554,7 @@ func TestInheritanceParentRefusedThroughAnotherMerger(t *testing.T) {
 	ctx := context.Background()
 	db := pricesDB(t)
 	db.MustExec(`CREATE TABLE prices_old () INHERITS (prices)`)
-	r, err := backfill.New(db, &backfill.Config{Merger: embeddedMerger{backfill.NewPGMerger()}})
+	r, err := backfill.New(db, &backfill.Config{Merger: embeddedMerger{pgstore.NewMerger()}})
 	require.NoError(t, err)
 	job := backfill.Job{Name: "prices", Chunker: backfill.IntRange(0, 400, 100), Extractor: &pricesSource{db: db},
 		Target: backfill.Target{Table: "prices", Key: []string{"sku"}}, ChunkColumn: "sku"}

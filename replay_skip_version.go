@@ -10,6 +10,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/jmoiron/sqlx"
+	"github.com/pgbackfill/backfill/backfilldriver"
 	"github.com/pgbackfill/backfill/backfilltype"
 	"github.com/pgbackfill/backfill/internal/pgstore"
 )
@@ -192,7 +193,7 @@ func (ex *execution) confirmVersion(ctx context.Context, c Chunk, sk *chunkSkip,
 // versionBase reports whether base (ok: found) lets a chunk of version v
 // skip its extraction: recorded fingerprints (BaseFingerprints' ok), the
 // same version, no rejected row.
-func versionBase(base ChunkFingerprints, ok bool, v string) bool {
+func versionBase(base backfilldriver.ChunkFingerprints, ok bool, v string) bool {
 	return ok && v != "" && base.Version == v && base.Counts.Rejected == 0
 }
 
@@ -205,7 +206,7 @@ func (ex *execution) versionCandidate(ctx context.Context, c Chunk, v string) (b
 	if v == "" || ex.versionMissed(c.Seq, false) {
 		return false, nil
 	}
-	var base ChunkFingerprints
+	var base backfilldriver.ChunkFingerprints
 	var ok bool
 	err := pgstore.ReadTx(ctx, ex.r.db, func(tx sqlx.ExtContext) (err error) {
 		base, ok, err = ex.r.caps.skips.BaseFingerprints(ctx, tx, ex.job.Name, ex.skipKey, ex.batchID, c.ID)
@@ -261,6 +262,6 @@ func (ex *execution) skipByVersion(ctx context.Context, tx Tx, cr *chunkRun, c C
 // baseLookup is a base looked up in the chunk's transaction
 // (BaseFingerprints' answer), kept for skipUnchanged.
 type baseLookup struct {
-	fp ChunkFingerprints
+	fp backfilldriver.ChunkFingerprints
 	ok bool
 }

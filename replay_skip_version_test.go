@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgbackfill/backfill"
+	"github.com/pgbackfill/backfill/backfilldriver"
 )
 
 // versionedSource is a skipSource whose extractor is a
@@ -98,7 +99,7 @@ func versionRunner(t *testing.T, s *itemsSetup, src *versionedSource, path strin
 		m := backfill.NewPGManifest("")
 		cfg.Manifest = struct {
 			backfill.Manifest
-			backfill.ManifestSkips
+			backfilldriver.ManifestSkips
 		}{m, m}
 		job.Rollback = backfill.RollbackNone
 	}

@@ -263,7 +263,7 @@ func TestReportDurationsHistogram(t *testing.T) {
 	require.Equal(t, []int{10, 10, 10, 10, 10, 10, 10, 10, 10, 10}, counts)
 	require.Equal(t, 100.0, d.Bins[9].To)
 	one := pgstore.BuildReportDurations(chunks[:1], 10)
-	require.Equal(t, []ReportBin{{From: 1, To: 1, Count: 1}}, one.Bins)
+	require.Equal(t, []pgstore.ReportBin{{From: 1, To: 1, Count: 1}}, one.Bins)
 }
 
 // TestRunReportManyChunks: a run of 10,000 chunks reports every chunk,

@@ -11,6 +11,7 @@ import (
 
 	"github.com/jmoiron/sqlx"
 	"github.com/pgbackfill/backfill/backfilldriver"
+	"github.com/pgbackfill/backfill/backfilltype"
 	"github.com/pgbackfill/backfill/internal/pgstore"
 )
 
@@ -215,7 +216,7 @@ type undoRollback struct {
 	r    *Runner
 	run  Run
 	opts RollbackOptions
-	rb   UndoRollback
+	rb   backfilldriver.UndoRollback
 	// info is the target, whose merge lock the rollback takes (lockTarget).
 	info TableInfo
 	seqs []int
@@ -257,7 +258,7 @@ func (r *Runner) undoRollback(ctx context.Context, job Job, run Run, plan Plan, 
 		return nil, fmt.Errorf("backfill: rollback of batch %d: %w: no chunk %q", run.BatchID, ErrInvalidConfig, opts.ChunkID)
 	}
 	slices.Reverse(u.seqs) // reverse order: the last change first
-	scope := RollbackScope{BatchID: run.BatchID, Seqs: u.seqs, Exclude: opts.exclude}
+	scope := backfilltype.RollbackScope{BatchID: run.BatchID, Seqs: u.seqs, Exclude: opts.exclude}
 	if plan.Time != nil {
 		scope.ChunkColumn, scope.Zone = plan.Time.ChunkColumn, plan.Time.Zone
 	}
@@ -439,7 +440,7 @@ func (r *Runner) stopOpenRun(ctx context.Context, pm backfilldriver.SQLManifest,
 			return refuse(n)
 		}
 		// The operator's free text, stored as the manifest stores it.
-		reason := ManifestText(fmt.Sprintf("rollback requested by %s: %s", opts.Actor, opts.Why))
+		reason := pgstore.ManifestText(fmt.Sprintf("rollback requested by %s: %s", opts.Actor, opts.Why))
 		if _, err := tx.ExecContext(ctx, pm.SQL(`UPDATE {s}.runs SET status = 'paused', last_error = $2, updated_at = now() WHERE batch_id = $1`), run.BatchID, reason); err != nil {
 			return err
 		}
@@ -478,7 +479,7 @@ func boolInt(b bool) int64 {
 	return 0
 }
 
-func (r *Runner) rollbackRun(ctx context.Context, pm ManifestRollback, job string, batchID int64) (Run, error) {
+func (r *Runner) rollbackRun(ctx context.Context, pm backfilldriver.ManifestRollback, job string, batchID int64) (Run, error) {
 	if batchID != 0 {
 		run, err := pm.Run(ctx, r.db, batchID)
 		if err != nil {

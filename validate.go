@@ -44,20 +44,5 @@ func (f ValidatorFunc) Validate(ctx context.Context, tx sqlx.ExtContext, scope V
 	return f(ctx, tx, scope)
 }
 
-// Replayer is implemented by stagers that can run their merge again on
-// the same staged rows, for the replay-changes-nothing check. Replay must
-// leave no trace: it runs inside a savepoint it rolls back, and returns
-// what the merge would have done.
-type Replayer = backfilldriver.Replayer
-
-// StagingTabler is implemented by stagers whose rows live in a table
-// (PGMerger): it returns the quoted table name.
-type StagingTabler = backfilldriver.StagingTabler
-
 // Validation is one [CheckResult] as recorded in the manifest.
 type Validation = backfilltype.Validation
-
-// ManifestValidations is implemented by manifests that keep validation
-// evidence and can pause runs; [PGManifest] and backfilltest.Manifest do.
-// [Job.Validators] need it ([ErrUnsupported] otherwise).
-type ManifestValidations = backfilldriver.ManifestValidations

@@ -9,6 +9,8 @@ import (
 	"github.com/jmoiron/sqlx"
 
 	"github.com/pgbackfill/backfill"
+	"github.com/pgbackfill/backfill/backfilldriver"
+	"github.com/pgbackfill/backfill/internal/pgstore"
 	"github.com/pgbackfill/backfill/internal/pgtest"
 )
 
@@ -81,7 +83,7 @@ func BenchmarkValidateMillionRowChunk(b *testing.B) {
 			per := make([]time.Duration, len(checks))
 			for b.Loop() {
 				t0 := time.Now()
-				m := backfill.NewPGMerger() // fresh: the general merge path
+				m := pgstore.NewMerger() // fresh: the general merge path
 				info, err := m.Prepare(ctx, db, backfill.Target{Table: "orders", Key: []string{"id"}})
 				if err != nil {
 					b.Fatal(err)
@@ -114,7 +116,7 @@ func BenchmarkValidateMillionRowChunk(b *testing.B) {
 				}
 				scope := backfill.ValidationScope{Chunk: chunk, Info: info, ChunkColumn: "id", Zone: time.UTC,
 					Counts:  backfill.Counts{Read: rows, Inserted: mr.Inserted, Updated: mr.Updated},
-					Staging: st.(backfill.StagingTabler).StagingTable(), Stager: st}
+					Staging: st.(backfilldriver.StagingTabler).StagingTable(), Stager: st}
 				for i, v := range checks {
 					t0 := time.Now()
 					res, err := v.Validate(ctx, tx, scope)

@@ -13,6 +13,8 @@ import (
 	"pgregory.net/rapid"
 
 	"github.com/pgbackfill/backfill"
+	"github.com/pgbackfill/backfill/backfilldriver"
+	"github.com/pgbackfill/backfill/internal/pgstore"
 	"github.com/pgbackfill/backfill/internal/pgtest"
 )
 
@@ -56,7 +58,7 @@ func TestChecksSeeTheSmallestStep(t *testing.T) {
 	db := pgtest.New(t)
 	_, err := db.Exec(exactDDL)
 	require.NoError(t, err)
-	m := backfill.NewPGMerger()
+	m := pgstore.NewMerger()
 	info, err := m.Prepare(ctx, db, backfill.Target{Table: "ex", Key: []string{"id", "kci"}, Columns: exactColumns})
 	require.NoError(t, err)
 	day := time.Date(2024, 3, 1, 0, 0, 0, 0, time.UTC)
@@ -153,7 +155,7 @@ func TestChecksSeeTheSmallestStep(t *testing.T) {
 			require.Equal(rt, int64(1), k)
 		}
 		scope := backfill.ValidationScope{Chunk: chunk, Info: info, ChunkColumn: "at", Zone: time.UTC,
-			Counts: backfill.Counts{Read: int64(n), Inserted: int64(n)}, Staging: st.(backfill.StagingTabler).StagingTable(), Stager: st}
+			Counts: backfill.Counts{Read: int64(n), Inserted: int64(n)}, Staging: st.(backfilldriver.StagingTabler).StagingTable(), Stager: st}
 		for _, c := range checks {
 			res, err := c.check.Validate(ctx, tx, scope)
 			require.NoError(rt, err)
@@ -175,7 +177,7 @@ func TestAggregatesFloatSums(t *testing.T) {
 	db := pgtest.New(t)
 	_, err := db.Exec(`CREATE TABLE fl (id int PRIMARY KEY, f8 float8, f4 real, num numeric)`)
 	require.NoError(t, err)
-	m := backfill.NewPGMerger()
+	m := pgstore.NewMerger()
 	info, err := m.Prepare(ctx, db, backfill.Target{Table: "fl", Key: []string{"id"}})
 	require.NoError(t, err)
 	check := backfill.Aggregates{Measures: []backfill.Measure{{Column: "f8"}, {Column: "f4"}, {Column: "num"}}, Exact: true}
@@ -214,7 +216,7 @@ func TestAggregatesFloatSums(t *testing.T) {
 			_, err = tx.ExecContext(ctx, `SET LOCAL extra_float_digits = -15`)
 			require.NoError(t, err)
 			res, err := check.Validate(ctx, tx, backfill.ValidationScope{Chunk: backfill.Chunk{ID: "list:one", Kind: backfill.KindList, Item: "one"},
-				Info: info, Staging: st.(backfill.StagingTabler).StagingTable(), Stager: st})
+				Info: info, Staging: st.(backfilldriver.StagingTabler).StagingTable(), Stager: st})
 			require.NoError(t, err)
 			require.Equal(t, !perturb, res.Passed, "%s, perturbed %t: %s %v", c.name, perturb, res.Actual, res.Sample)
 			require.NoError(t, st.Close())
@@ -236,7 +238,7 @@ func TestDuplicateKeysSeesTheSmallestStep(t *testing.T) {
 	_, err := db.Exec(`CREATE TABLE dk (id int PRIMARY KEY, at timestamptz NOT NULL,
 		f8 float8, f4 real, num numeric(30,4), ts timestamp, tz timestamptz, txt text, by bytea)`)
 	require.NoError(t, err)
-	m := backfill.NewPGMerger()
+	m := pgstore.NewMerger()
 	info, err := m.Prepare(ctx, db, backfill.Target{Table: "dk", Key: []string{"id"}})
 	require.NoError(t, err)
 	day := time.Date(2024, 3, 1, 0, 0, 0, 0, time.UTC)
@@ -293,7 +295,7 @@ func TestDuplicateKeysSeesTheSmallestStep(t *testing.T) {
 		_, err = st.Merge(ctx)
 		require.NoError(rt, err)
 		scope := backfill.ValidationScope{Chunk: chunk, Info: info, ChunkColumn: "at", Zone: time.UTC,
-			Counts: backfill.Counts{Read: 2, Inserted: 2}, Staging: st.(backfill.StagingTabler).StagingTable(), Stager: st}
+			Counts: backfill.Counts{Read: 2, Inserted: 2}, Staging: st.(backfilldriver.StagingTabler).StagingTable(), Stager: st}
 		for _, check := range []backfill.Validator{backfill.DuplicateKeys{Columns: []string{col}},
 			backfill.DuplicateKeys{Columns: []string{col}, AcrossTarget: true}} {
 			res, err := check.Validate(ctx, tx, scope)

@@ -184,7 +184,7 @@ func TestFingerprintHashKinds(t *testing.T) {
 		CREATE DOMAIN tags AS text[];
 		CREATE TABLE k (id bigint PRIMARY KEY, i posint, n numeric, ts timestamptz, ip inet, uip u.inet, m mood, ms mood[],
 			q tsquery, rp regproc, rps regproc[], r int4range, fr floatrange, c reading, cs reading[], tg tags, j json, js jsonb[])`)
-	info, err := NewPGMerger().Prepare(context.Background(), db, Target{Table: "k", Key: []string{"id"},
+	info, err := pgstore.NewMerger().Prepare(context.Background(), db, Target{Table: "k", Key: []string{"id"},
 		Columns: []string{"id", "i", "n", "ts", "ip", "uip", "m", "ms", "q", "rp", "rps", "r", "fr", "c", "cs", "tg", "j", "js"}})
 	require.NoError(t, err)
 	got := map[string]string{}

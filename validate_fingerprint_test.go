@@ -13,6 +13,8 @@ import (
 	"pgregory.net/rapid"
 
 	"github.com/pgbackfill/backfill"
+	"github.com/pgbackfill/backfill/backfilldriver"
+	"github.com/pgbackfill/backfill/internal/pgstore"
 	"github.com/pgbackfill/backfill/internal/pgtest"
 )
 
@@ -88,7 +90,7 @@ func TestFingerprintAgreesWithExactChecks(t *testing.T) {
 	}
 	_, err := db.Exec(ddl + `); CREATE INDEX ON wide (at)`)
 	require.NoError(t, err)
-	m := backfill.NewPGMerger()
+	m := pgstore.NewMerger()
 	info, err := m.Prepare(ctx, db, backfill.Target{Table: "wide", Key: []string{"id"}, Columns: cols})
 	require.NoError(t, err)
 	day := time.Date(2024, 3, 1, 0, 0, 0, 0, time.UTC)
@@ -159,7 +161,7 @@ func TestFingerprintAgreesWithExactChecks(t *testing.T) {
 			}
 		}
 		scope := backfill.ValidationScope{Chunk: chunk, Info: info, ChunkColumn: "at", Zone: time.UTC,
-			Counts: backfill.Counts{Read: int64(n), Inserted: int64(n)}, Staging: st.(backfill.StagingTabler).StagingTable(), Stager: st}
+			Counts: backfill.Counts{Read: int64(n), Inserted: int64(n)}, Staging: st.(backfilldriver.StagingTabler).StagingTable(), Stager: st}
 		for _, c := range checks {
 			exact, err := c.exact.Validate(ctx, tx, scope)
 			require.NoError(rt, err)

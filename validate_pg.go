@@ -11,6 +11,7 @@ import (
 	"github.com/jmoiron/sqlx"
 	"github.com/lib/pq"
 
+	"github.com/pgbackfill/backfill/backfilldriver"
 	"github.com/pgbackfill/backfill/backfilltype"
 	"github.com/pgbackfill/backfill/internal/pgstore"
 	"github.com/pgbackfill/backfill/internal/sqlgen"
@@ -603,7 +604,7 @@ type ReplayChangesNothing struct {
 // Validate implements [Validator].
 func (v ReplayChangesNothing) Validate(ctx context.Context, tx sqlx.ExtContext, scope ValidationScope) (CheckResult, error) {
 	name := cmp.Or(v.Name, "replay_changes_nothing")
-	rp, ok := scope.Stager.(Replayer)
+	rp, ok := scope.Stager.(backfilldriver.Replayer)
 	if !ok {
 		return CheckResult{}, fmt.Errorf("backfill: validate %s: %w: the chunk's stager (%T) cannot replay its merge", name, ErrUnsupported, scope.Stager)
 	}

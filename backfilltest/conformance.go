@@ -9,6 +9,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgbackfill/backfill"
+	"github.com/pgbackfill/backfill/backfilldriver"
+	"github.com/pgbackfill/backfill/internal/pgstore"
 )
 
 // TestManifest is the conformance suite of [backfill.Manifest]. newManifest
@@ -262,8 +264,8 @@ func TestManifest(t *testing.T, newManifest func(t *testing.T) (backfill.Manifes
 	t.Run("GateEvidenceOutsideTheQueue", func(t *testing.T) {
 		t.Parallel()
 		m, db := setup(t)
-		mg, ok := m.(backfill.ManifestGates)
-		mv, ok2 := m.(backfill.ManifestValidations)
+		mg, ok := m.(backfilldriver.ManifestGates)
+		mv, ok2 := m.(backfilldriver.ManifestValidations)
 		if !ok || !ok2 {
 			t.Skip("the manifest keeps no gate evidence")
 		}
@@ -275,7 +277,7 @@ func TestManifest(t *testing.T, newManifest func(t *testing.T) (backfill.Manifes
 		require.NoError(t, mg.RecordGateFailure(ctx, db, backfill.GateFailure{
 			BatchID: run.BatchID, ChunkID: "int:0/10", Attempt: 1, Results: []backfill.CheckResult{failed}, Exceptions: bad, Reason: "c: expected 0, got 2",
 		}))
-		r, err := m.(backfill.ManifestAudit).LatestRun(ctx, db, "job")
+		r, err := m.(backfilldriver.ManifestAudit).LatestRun(ctx, db, "job")
 		require.NoError(t, err)
 		require.Equal(t, backfill.RunPaused, r.Status)
 		chunks, err := m.Chunks(ctx, db, run.BatchID)
@@ -302,9 +304,9 @@ func TestManifest(t *testing.T, newManifest func(t *testing.T) (backfill.Manifes
 	t.Run("AuditLogAndWatermark", func(t *testing.T) {
 		t.Parallel()
 		m, db := setup(t)
-		audit, ok := m.(backfill.ManifestAudit)
+		audit, ok := m.(backfilldriver.ManifestAudit)
 		if !ok {
-			t.Skip("the manifest does not implement backfill.ManifestAudit")
+			t.Skip("the manifest does not implement backfilldriver.ManifestAudit")
 		}
 		p := plan(t, "job", "v1", 10)
 		wm := time.Date(2024, 5, 1, 12, 30, 0, 123456000, time.UTC)
@@ -347,9 +349,9 @@ func TestManifest(t *testing.T, newManifest func(t *testing.T) (backfill.Manifes
 		// an extractor's error, a worker id, an operator's why) may hold
 		// invalid UTF-8 or NUL, which PostgreSQL's text and jsonb refuse:
 		// recording it must never fail, and every manifest stores it alike
-		// (backfill.ManifestText).
+		// (pgstore.ManifestText).
 		const bad = "a\xff\x00b"
-		want := backfill.ManifestText(bad)
+		want := pgstore.ManifestText(bad)
 		require.Equal(t, "a\ufffd\u2400b", want)
 		m, db := setup(t)
 		run, _, err := m.StartRun(ctx, db, plan(t, "job", "v1", 30), "w"+bad, false)
@@ -372,7 +374,7 @@ func TestManifest(t *testing.T, newManifest func(t *testing.T) (backfill.Manifes
 		require.NoError(t, err)
 		require.Equal(t, backfill.RunFailed, r.Status)
 		require.Equal(t, "failed: "+want, r.LastError)
-		if audit, ok := m.(backfill.ManifestAudit); ok {
+		if audit, ok := m.(backfilldriver.ManifestAudit); ok {
 			require.NoError(t, audit.RecordEvent(ctx, db, backfill.Event{BatchID: run.BatchID, Job: "job", Kind: "note", Actor: "ann" + bad,
 				Detail: []byte(`{"why": "x\u0000y", "k\u0000": ["\ud800"]}`)}))
 			events, err := audit.Events(ctx, db, run.BatchID)
@@ -381,7 +383,7 @@ func TestManifest(t *testing.T, newManifest func(t *testing.T) (backfill.Manifes
 			require.Equal(t, "ann"+want, last.Actor)
 			require.JSONEq(t, `{"why": "x\u2400y", "k\u2400": ["\ufffd"]}`, string(last.Detail))
 		}
-		if mg, ok := m.(backfill.ManifestGates); ok {
+		if mg, ok := m.(backfilldriver.ManifestGates); ok {
 			res := backfill.CheckResult{Check: "c", Severity: backfill.SeverityError, Expected: "0", Actual: bad, Sample: []string{bad}}
 			require.NoError(t, mg.RecordGateFailure(ctx, db, backfill.GateFailure{
 				BatchID: run.BatchID, ChunkID: "int:20/30", Attempt: 1, Results: []backfill.CheckResult{res},
@@ -390,15 +392,15 @@ func TestManifest(t *testing.T, newManifest func(t *testing.T) (backfill.Manifes
 			fx, err := mg.FailedAttemptExceptions(ctx, db, run.BatchID)
 			require.NoError(t, err)
 			require.Equal(t, []string{want, want, want}, []string{fx[0].Column, fx[0].Value, fx[0].Reason})
-			vs, err := m.(backfill.ManifestValidations).Validations(ctx, db, run.BatchID)
+			vs, err := m.(backfilldriver.ManifestValidations).Validations(ctx, db, run.BatchID)
 			require.NoError(t, err)
 			require.Equal(t, want, vs[0].Actual)
 			require.Equal(t, []string{want}, vs[0].Sample)
-			r, err := m.(backfill.ManifestAudit).LatestRun(ctx, db, "job")
+			r, err := m.(backfilldriver.ManifestAudit).LatestRun(ctx, db, "job")
 			require.NoError(t, err)
 			require.Equal(t, backfill.RunPaused, r.Status)
 			require.Contains(t, r.LastError, "gate: "+want)
-			require.NoError(t, m.(backfill.ManifestValidations).ResumeRun(ctx, db, run.BatchID, "ann"+bad, "why"+bad))
+			require.NoError(t, m.(backfilldriver.ManifestValidations).ResumeRun(ctx, db, run.BatchID, "ann"+bad, "why"+bad))
 		}
 	})
 

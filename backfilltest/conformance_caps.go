@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgbackfill/backfill"
+	"github.com/pgbackfill/backfill/backfilldriver"
 )
 
 // testManifestCapabilities runs the subtests of [TestManifest] for the
@@ -24,9 +25,9 @@ func testManifestCapabilities(t *testing.T,
 	t.Run("Waits", func(t *testing.T) {
 		t.Parallel()
 		m, db := setup(t)
-		mw, ok := m.(backfill.ManifestWaits)
+		mw, ok := m.(backfilldriver.ManifestWaits)
 		if !ok {
-			t.Skip("the manifest does not implement backfill.ManifestWaits")
+			t.Skip("the manifest does not implement backfilldriver.ManifestWaits")
 		}
 		run, _, err := m.StartRun(ctx, db, plan(t, "job", "v1", 20), "w", false)
 		require.NoError(t, err)
@@ -66,15 +67,15 @@ func testManifestCapabilities(t *testing.T,
 	t.Run("Skips", func(t *testing.T) {
 		t.Parallel()
 		m, db := setup(t)
-		ms, ok := m.(backfill.ManifestSkips)
+		ms, ok := m.(backfilldriver.ManifestSkips)
 		if !ok {
-			t.Skip("the manifest does not implement backfill.ManifestSkips")
+			t.Skip("the manifest does not implement backfilldriver.ManifestSkips")
 		}
 		p := plan(t, "job", "v1", 20)
 		// complete checkpoints the batch's next chunk with fp (committed
 		// or rolled back), as skipped ([backfill.ChunkResult.Skipped])
 		// when fp's source is "s2".
-		complete := func(batch int64, fp backfill.ChunkFingerprints, commit bool) {
+		complete := func(batch int64, fp backfilldriver.ChunkFingerprints, commit bool) {
 			t.Helper()
 			tx, st, ok := claim(t, m, db, batch)
 			require.True(t, ok)
@@ -88,7 +89,7 @@ func testManifestCapabilities(t *testing.T,
 				require.NoError(t, tx.Rollback())
 			}
 		}
-		base := func(job, key string, batch int64, chunk string) (backfill.ChunkFingerprints, bool) {
+		base := func(job, key string, batch int64, chunk string) (backfilldriver.ChunkFingerprints, bool) {
 			t.Helper()
 			tx, err := db.Begin(ctx)
 			require.NoError(t, err)
@@ -100,14 +101,14 @@ func testManifestCapabilities(t *testing.T,
 		c0, c1 := p.Chunks[0].ID, p.Chunks[1].ID
 		run1, _, err := m.StartRun(ctx, db, p, "w", false)
 		require.NoError(t, err)
-		complete(run1.BatchID, backfill.ChunkFingerprints{SkipKey: "k1", Source: "s1", Target: "t1", Version: "ver1"}, true)
-		complete(run1.BatchID, backfill.ChunkFingerprints{SkipKey: "k1"}, true)
+		complete(run1.BatchID, backfilldriver.ChunkFingerprints{SkipKey: "k1", Source: "s1", Target: "t1", Version: "ver1"}, true)
+		complete(run1.BatchID, backfilldriver.ChunkFingerprints{SkipKey: "k1"}, true)
 		// The base's counts, as checkpointed (complete's result).
 		counts := backfill.Counts{Read: 3, Unchanged: 3}
 		other := run1.BatchID + 1000 // a batch that is not run1
 		fp, ok := base("job", "k1", other, c0)
 		require.True(t, ok)
-		require.Equal(t, backfill.ChunkFingerprints{BatchID: run1.BatchID, SkipKey: "k1", Source: "s1", Target: "t1", Version: "ver1", Counts: counts}, fp,
+		require.Equal(t, backfilldriver.ChunkFingerprints{BatchID: run1.BatchID, SkipKey: "k1", Source: "s1", Target: "t1", Version: "ver1", Counts: counts}, fp,
 			"the fingerprints, the version and the base's counts")
 		_, ok = base("job", "k1", other, c1)
 		require.False(t, ok, "a chunk checkpointed without fingerprints")
@@ -127,14 +128,14 @@ func testManifestCapabilities(t *testing.T,
 		require.NotEqual(t, p.Fingerprint, p2.Fingerprint)
 		run2, _, err := m.StartRun(ctx, db, p2, "w", true)
 		require.NoError(t, err)
-		complete(run2.BatchID, backfill.ChunkFingerprints{SkipKey: "k1", Source: "s2", Target: "t2"}, false)
+		complete(run2.BatchID, backfilldriver.ChunkFingerprints{SkipKey: "k1", Source: "s2", Target: "t2"}, false)
 		fp, ok = base("job", "k1", other, c0)
 		require.True(t, ok)
 		require.Equal(t, run1.BatchID, fp.BatchID, "a checkpoint rolled back records nothing")
-		complete(run2.BatchID, backfill.ChunkFingerprints{SkipKey: "k1", Source: "s2", Target: "t2"}, true)
+		complete(run2.BatchID, backfilldriver.ChunkFingerprints{SkipKey: "k1", Source: "s2", Target: "t2"}, true)
 		fp, ok = base("job", "k1", other, c0)
 		require.True(t, ok)
-		require.Equal(t, backfill.ChunkFingerprints{BatchID: run2.BatchID, SkipKey: "k1", Source: "s2", Target: "t2", Counts: counts}, fp,
+		require.Equal(t, backfilldriver.ChunkFingerprints{BatchID: run2.BatchID, SkipKey: "k1", Source: "s2", Target: "t2", Counts: counts}, fp,
 			"the newest done chunk, whatever its run's scope; recorded without a version, none")
 		fp, ok = base("job", "k1", run2.BatchID, c0)
 		require.True(t, ok)
@@ -154,11 +155,11 @@ func testManifestCapabilities(t *testing.T,
 		// never an older one.
 		run3, _, err := m.StartRun(ctx, db, p, "w", true)
 		require.NoError(t, err)
-		complete(run3.BatchID, backfill.ChunkFingerprints{SkipKey: "k1"}, true)
+		complete(run3.BatchID, backfilldriver.ChunkFingerprints{SkipKey: "k1"}, true)
 		_, ok = base("job", "k1", other, c0)
 		require.False(t, ok, "the newest chunk of the key recorded no fingerprints")
 
-		mr, ok := m.(backfill.ManifestRollback)
+		mr, ok := m.(backfilldriver.ManifestRollback)
 		if !ok {
 			return
 		}
@@ -184,10 +185,10 @@ func testManifestCapabilities(t *testing.T,
 	t.Run("PauseAndResume", func(t *testing.T) {
 		t.Parallel()
 		m, db := setup(t)
-		mv, ok := m.(backfill.ManifestValidations)
-		audit, ok2 := m.(backfill.ManifestAudit)
+		mv, ok := m.(backfilldriver.ManifestValidations)
+		audit, ok2 := m.(backfilldriver.ManifestAudit)
 		if !ok || !ok2 {
-			t.Skip("the manifest does not implement backfill.ManifestValidations and backfill.ManifestAudit")
+			t.Skip("the manifest does not implement backfilldriver.ManifestValidations and backfilldriver.ManifestAudit")
 		}
 		run, _, err := m.StartRun(ctx, db, plan(t, "job", "v1", 20), "w", false)
 		require.NoError(t, err)
@@ -230,9 +231,9 @@ func testManifestCapabilities(t *testing.T,
 	t.Run("ValidationsCommitWithTheTransaction", func(t *testing.T) {
 		t.Parallel()
 		m, db := setup(t)
-		mv, ok := m.(backfill.ManifestValidations)
+		mv, ok := m.(backfilldriver.ManifestValidations)
 		if !ok {
-			t.Skip("the manifest does not implement backfill.ManifestValidations")
+			t.Skip("the manifest does not implement backfilldriver.ManifestValidations")
 		}
 		run, _, err := m.StartRun(ctx, db, plan(t, "job", "v1", 20), "w", false)
 		require.NoError(t, err)
@@ -266,9 +267,9 @@ func testManifestCapabilities(t *testing.T,
 	t.Run("StagedChunks", func(t *testing.T) {
 		t.Parallel()
 		m, db := setup(t)
-		ms, ok := m.(backfill.ManifestStaging)
+		ms, ok := m.(backfilldriver.ManifestStaging)
 		if !ok {
-			t.Skip("the manifest does not implement backfill.ManifestStaging")
+			t.Skip("the manifest does not implement backfilldriver.ManifestStaging")
 		}
 		run, _, err := m.StartRun(ctx, db, plan(t, "job", "v1", 20), "w", false)
 		require.NoError(t, err)
@@ -278,11 +279,11 @@ func testManifestCapabilities(t *testing.T,
 
 		tx, st, ok := claim(t, m, db, run.BatchID)
 		require.True(t, ok)
-		require.ErrorIs(t, ms.StageChunk(ctx, tx, backfill.StageChunkParams{BatchID: run.BatchID, Chunk: st.Chunk, Read: 10, Rejected: 1, Staged: 8, Exceptions: bad}), backfill.ErrAccounting)
+		require.ErrorIs(t, ms.StageChunk(ctx, tx, backfilldriver.StageChunkParams{BatchID: run.BatchID, Chunk: st.Chunk, Read: 10, Rejected: 1, Staged: 8, Exceptions: bad}), backfill.ErrAccounting)
 		require.NoError(t, tx.Rollback())
 		tx, st, ok = claim(t, m, db, run.BatchID)
 		require.True(t, ok)
-		require.NoError(t, ms.StageChunk(ctx, tx, backfill.StageChunkParams{BatchID: run.BatchID, Chunk: st.Chunk, Read: 10, Rejected: 1, Staged: 9, Exceptions: bad}))
+		require.NoError(t, ms.StageChunk(ctx, tx, backfilldriver.StageChunkParams{BatchID: run.BatchID, Chunk: st.Chunk, Read: 10, Rejected: 1, Staged: 9, Exceptions: bad}))
 		require.NoError(t, tx.Rollback())
 		chunks, err := m.Chunks(ctx, db, run.BatchID)
 		require.NoError(t, err)
@@ -291,7 +292,7 @@ func testManifestCapabilities(t *testing.T,
 		tx, st, ok = claim(t, m, db, run.BatchID)
 		require.True(t, ok)
 		require.Equal(t, 0, st.Chunk.Seq)
-		require.NoError(t, ms.StageChunk(ctx, tx, backfill.StageChunkParams{BatchID: run.BatchID, Chunk: st.Chunk, Read: 10, Rejected: 1, Staged: 9, Exceptions: bad}))
+		require.NoError(t, ms.StageChunk(ctx, tx, backfilldriver.StageChunkParams{BatchID: run.BatchID, Chunk: st.Chunk, Read: 10, Rejected: 1, Staged: 9, Exceptions: bad}))
 		require.NoError(t, tx.Commit())
 		chunks, err = m.Chunks(ctx, db, run.BatchID)
 		require.NoError(t, err)
@@ -313,7 +314,7 @@ func testManifestCapabilities(t *testing.T,
 		require.NoError(t, err)
 		staged, err := ms.StagedChunks(ctx, tx, run.BatchID)
 		require.NoError(t, err)
-		require.Equal(t, []backfill.StagedChunk{{Seq: 0, Read: 10, Rejected: 1, Staged: 9}}, staged)
+		require.Equal(t, []backfilldriver.StagedChunk{{Seq: 0, Read: 10, Rejected: 1, Staged: 9}}, staged)
 		res := backfill.ChunkResult{Chunk: chunks[0].Chunk, Attempt: 1, Counts: backfill.Counts{Read: 10, Inserted: 9, Rejected: 1}}
 		require.NoError(t, m.CompleteChunk(ctx, tx, run.BatchID, res, nil), "the publish completes a staged chunk")
 		require.NoError(t, tx.Commit())
@@ -332,9 +333,9 @@ func testManifestCapabilities(t *testing.T,
 	t.Run("UndoLogTables", func(t *testing.T) {
 		t.Parallel()
 		m, _ := setup(t)
-		mu, ok := m.(backfill.ManifestUndoLog)
+		mu, ok := m.(backfilldriver.ManifestUndoLog)
 		if !ok {
-			t.Skip("the manifest does not implement backfill.ManifestUndoLog")
+			t.Skip("the manifest does not implement backfilldriver.ManifestUndoLog")
 		}
 		require.NotEmpty(t, mu.UndoTable())
 		require.NotEmpty(t, mu.DeliveredTable())
@@ -352,9 +353,9 @@ func testMergerCapabilities(t *testing.T, newHarness func(t *testing.T) MergerHa
 	t.Run("PersistentStaging", func(t *testing.T) {
 		t.Parallel()
 		h := newHarness(t)
-		ms, ok := h.Merger.(backfill.MergerStaging)
+		ms, ok := h.Merger.(backfilldriver.MergerStaging)
 		if !ok {
-			t.Skip("the merger does not implement backfill.MergerStaging")
+			t.Skip("the merger does not implement backfilldriver.MergerStaging")
 		}
 		h.CreateTable(t, "items", itemsDef, []string{"tenant", "id"})
 		info, err := h.Merger.Prepare(ctx, h.DB, backfill.Target{Table: "items", Key: []string{"tenant", "id"}, Columns: []string{"tenant", "id", "name"}})

@@ -11,10 +11,11 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgbackfill/backfill"
+	"github.com/pgbackfill/backfill/backfilldriver"
 )
 
 // testUndoRollback runs the subtests of [TestMerger] for the undo log
-// and its rollback ([backfill.MergerRollback], [backfill.ManifestRollback])
+// and its rollback ([backfilldriver.MergerRollback], [backfilldriver.ManifestRollback])
 // through a [backfill.Runner], skipped when the harness has no Manifest or
 // either lacks the capability. Each implementation must leave the same
 // table.
@@ -27,8 +28,8 @@ func testUndoRollback(t *testing.T, newHarness func(t *testing.T) MergerHarness)
 	setup := func(t *testing.T) (MergerHarness, *backfill.Runner, func(name string, lo, hi int64, prefix string) backfill.Job) {
 		t.Helper()
 		h := newHarness(t)
-		_, ok1 := h.Merger.(backfill.MergerRollback)
-		_, ok2 := h.Manifest.(backfill.ManifestRollback)
+		_, ok1 := h.Merger.(backfilldriver.MergerRollback)
+		_, ok2 := h.Manifest.(backfilldriver.ManifestRollback)
 		if h.Manifest == nil || !ok1 || !ok2 {
 			t.Skip("the harness has no manifest, or it or the merger lacks the rollback capabilities")
 		}
@@ -115,7 +116,7 @@ func testUndoRollback(t *testing.T, newHarness func(t *testing.T) MergerHarness)
 		require.NoError(t, err)
 		require.Equal(t, [3]int64{4, 0, 0}, [3]int64{rep.Deleted, rep.Restored, rep.Conflicts})
 		require.Empty(t, table(t, h), "nothing of either batch is left")
-		audit := h.Manifest.(backfill.ManifestAudit)
+		audit := h.Manifest.(backfilldriver.ManifestAudit)
 		events, err := audit.Events(ctx, h.DB, b1)
 		require.NoError(t, err)
 		require.True(t, slices.ContainsFunc(events, func(e backfill.Event) bool { return e.Kind == "rollback" && e.Actor == "ann" }), "recorded in the audit log")

@@ -11,6 +11,9 @@ import (
 	"github.com/jmoiron/sqlx"
 
 	"github.com/pgbackfill/backfill"
+	"github.com/pgbackfill/backfill/backfilldriver"
+	"github.com/pgbackfill/backfill/backfilltype"
+	"github.com/pgbackfill/backfill/internal/pgstore"
 )
 
 // Manifest is an in-memory [backfill.Manifest] that behaves like
@@ -41,15 +44,15 @@ type fakeRun struct {
 	// staged counts the staged rows per chunk Seq (StageChunk).
 	staged map[int]int64
 	// fingerprints are the chunks' recorded fingerprints, per Seq
-	// (backfill.ManifestSkips).
-	fingerprints map[int]backfill.ChunkFingerprints
+	// (backfilldriver.ManifestSkips).
+	fingerprints map[int]backfilldriver.ChunkFingerprints
 }
 
 var (
-	_ backfill.Manifest            = (*Manifest)(nil)
-	_ backfill.ManifestAudit       = (*Manifest)(nil)
-	_ backfill.ManifestValidations = (*Manifest)(nil)
-	_ backfill.ManifestGates       = (*Manifest)(nil)
+	_ backfill.Manifest                  = (*Manifest)(nil)
+	_ backfilldriver.ManifestAudit       = (*Manifest)(nil)
+	_ backfilldriver.ManifestValidations = (*Manifest)(nil)
+	_ backfilldriver.ManifestGates       = (*Manifest)(nil)
 )
 
 // NewManifest returns an empty in-memory manifest.
@@ -61,10 +64,10 @@ func (m *Manifest) Init(ctx context.Context, db sqlx.ExtContext) error { return 
 // event appends an audit-log entry; m.mu must be held.
 func (m *Manifest) event(batchID int64, job, kind, actor string) {
 	m.events = append(m.events, backfill.Event{ID: int64(len(m.events) + 1), BatchID: batchID, Job: job, Kind: kind,
-		Actor: backfill.ManifestText(actor), Detail: []byte("{}"), CreatedAt: time.Now()})
+		Actor: pgstore.ManifestText(actor), Detail: []byte("{}"), CreatedAt: time.Now()})
 }
 
-// RecordEvent implements [backfill.ManifestAudit.RecordEvent]; in a fake
+// RecordEvent implements [backfilldriver.ManifestAudit.RecordEvent]; in a fake
 // transaction the event is appended on commit.
 func (m *Manifest) RecordEvent(ctx context.Context, db sqlx.ExtContext, e backfill.Event) error {
 	if err := ctx.Err(); err != nil {
@@ -73,8 +76,8 @@ func (m *Manifest) RecordEvent(ctx context.Context, db sqlx.ExtContext, e backfi
 	if len(e.Detail) == 0 {
 		e.Detail = []byte("{}")
 	}
-	// Free text as PostgreSQL stores it (see backfill.ManifestText).
-	e.Actor, e.Detail = backfill.ManifestText(e.Actor), backfill.ManifestJSON(e.Detail)
+	// Free text as PostgreSQL stores it (see pgstore.ManifestText).
+	e.Actor, e.Detail = pgstore.ManifestText(e.Actor), pgstore.ManifestJSON(e.Detail)
 	return apply(db, func() {
 		m.mu.Lock()
 		defer m.mu.Unlock()
@@ -83,7 +86,7 @@ func (m *Manifest) RecordEvent(ctx context.Context, db sqlx.ExtContext, e backfi
 	})
 }
 
-// Events implements [backfill.ManifestAudit.Events].
+// Events implements [backfilldriver.ManifestAudit.Events].
 func (m *Manifest) Events(ctx context.Context, db sqlx.ExtContext, batchID int64) ([]backfill.Event, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -96,7 +99,7 @@ func (m *Manifest) Events(ctx context.Context, db sqlx.ExtContext, batchID int64
 	return out, nil
 }
 
-// LatestRun implements [backfill.ManifestAudit.LatestRun].
+// LatestRun implements [backfilldriver.ManifestAudit.LatestRun].
 func (m *Manifest) LatestRun(ctx context.Context, db sqlx.ExtContext, job string, statuses ...backfill.RunStatus) (backfill.Run, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -114,7 +117,7 @@ func (m *Manifest) StartRun(ctx context.Context, db sqlx.ExtContext, plan backfi
 	if err := ctx.Err(); err != nil {
 		return backfill.Run{}, false, err
 	}
-	worker = backfill.ManifestText(worker)
+	worker = pgstore.ManifestText(worker)
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	var prev *fakeRun
@@ -141,7 +144,7 @@ func (m *Manifest) StartRun(ctx context.Context, db sqlx.ExtContext, plan backfi
 			}
 			return prev.run, true, nil
 		case !same && !newRun:
-			diff := backfill.PlanDiff(prev.plan, plan)
+			diff := backfilltype.PlanDiff(prev.plan, plan)
 			return backfill.Run{}, false, fmt.Errorf("backfill: start run of job %q: %w: job %q batch %d was planned differently (%v); set Job.NewRun to start a new run",
 				plan.Job, backfill.ErrPlanChanged, plan.Job, prev.run.BatchID, diff)
 		}
@@ -231,11 +234,11 @@ func (m *Manifest) ClaimChunk(ctx context.Context, tx sqlx.ExtContext, batchID i
 
 // CompleteChunk implements [backfill.Manifest.CompleteChunk].
 func (m *Manifest) CompleteChunk(ctx context.Context, tx sqlx.ExtContext, batchID int64, res backfill.ChunkResult, exceptions []backfill.Exception) error {
-	return m.completeChunk(ctx, tx, batchID, res, exceptions, backfill.ChunkFingerprints{})
+	return m.completeChunk(ctx, tx, batchID, res, exceptions, backfilldriver.ChunkFingerprints{})
 }
 
 // completeChunk is CompleteChunk recording fp (none when zero).
-func (m *Manifest) completeChunk(ctx context.Context, tx sqlx.ExtContext, batchID int64, res backfill.ChunkResult, exceptions []backfill.Exception, fp backfill.ChunkFingerprints) error {
+func (m *Manifest) completeChunk(ctx context.Context, tx sqlx.ExtContext, batchID int64, res backfill.ChunkResult, exceptions []backfill.Exception, fp backfilldriver.ChunkFingerprints) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -255,7 +258,7 @@ func (m *Manifest) completeChunk(ctx context.Context, tx sqlx.ExtContext, batchI
 	ex := slices.Clone(exceptions)
 	now := time.Now()
 	for i := range ex {
-		ex[i] = backfill.ManifestException(ex[i])
+		ex[i] = pgstore.ManifestException(ex[i])
 		ex[i].BatchID, ex[i].ChunkID, ex[i].CreatedAt = batchID, res.Chunk.ID, now
 	}
 	return apply(tx, func() {
@@ -279,10 +282,10 @@ func (m *Manifest) completeChunk(ctx context.Context, tx sqlx.ExtContext, batchI
 		c.Attempts++
 		c.Skipped = res.Skipped
 		st, fin := res.StartedAt, res.FinishedAt
-		c.StartedAt, c.FinishedAt, c.LastError, c.Worker = &st, &fin, "", backfill.ManifestText(res.Worker)
+		c.StartedAt, c.FinishedAt, c.LastError, c.Worker = &st, &fin, "", pgstore.ManifestText(res.Worker)
 		r.exceptions = append(r.exceptions, ex...)
 		if r.fingerprints == nil {
-			r.fingerprints = map[int]backfill.ChunkFingerprints{}
+			r.fingerprints = map[int]backfilldriver.ChunkFingerprints{}
 		}
 		delete(r.fingerprints, res.Chunk.Seq)
 		if !fp.IsZero() || fp.SkipKey != "" {
@@ -308,7 +311,7 @@ func (m *Manifest) FailChunk(ctx context.Context, db sqlx.ExtContext, batchID in
 	}
 	c := &r.chunks[seq]
 	c.Attempts++
-	c.LastError = backfill.ManifestText(msg)
+	c.LastError = pgstore.ManifestText(msg)
 	if c.Status == backfill.ChunkOpen {
 		return nil // it holds rows of its earlier reads
 	}
@@ -321,7 +324,7 @@ func (m *Manifest) FailChunk(ctx context.Context, db sqlx.ExtContext, batchID in
 
 // FinishRun implements [backfill.Manifest.FinishRun].
 func (m *Manifest) FinishRun(ctx context.Context, db sqlx.ExtContext, batchID int64, failed bool, msg string) (backfill.Run, error) {
-	msg = backfill.ManifestText(msg)
+	msg = pgstore.ManifestText(msg)
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	r, err := m.get(batchID)
@@ -384,7 +387,7 @@ func (m *Manifest) Exceptions(ctx context.Context, db sqlx.ExtContext, batchID i
 	return out, nil
 }
 
-// AddValidations implements [backfill.ManifestValidations.AddValidations].
+// AddValidations implements [backfilldriver.ManifestValidations.AddValidations].
 func (m *Manifest) AddValidations(ctx context.Context, db sqlx.ExtContext, batchID int64, chunkID string, results []backfill.CheckResult) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -398,7 +401,7 @@ func (m *Manifest) AddValidations(ctx context.Context, db sqlx.ExtContext, batch
 	now := time.Now()
 	vs := make([]backfill.Validation, len(results))
 	for i, cr := range results {
-		vs[i] = backfill.Validation{CheckResult: backfill.ManifestCheckResult(cr), BatchID: batchID, ChunkID: chunkID, CreatedAt: now}
+		vs[i] = backfill.Validation{CheckResult: pgstore.ManifestCheckResult(cr), BatchID: batchID, ChunkID: chunkID, CreatedAt: now}
 	}
 	return apply(db, func() {
 		m.mu.Lock()
@@ -407,7 +410,7 @@ func (m *Manifest) AddValidations(ctx context.Context, db sqlx.ExtContext, batch
 	})
 }
 
-// Validations implements [backfill.ManifestValidations.Validations].
+// Validations implements [backfilldriver.ManifestValidations.Validations].
 func (m *Manifest) Validations(ctx context.Context, db sqlx.ExtContext, batchID int64) ([]backfill.Validation, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -418,13 +421,13 @@ func (m *Manifest) Validations(ctx context.Context, db sqlx.ExtContext, batchID 
 	return slices.Clone(r.validations), nil
 }
 
-// RecordGateFailure implements [backfill.ManifestGates.RecordGateFailure]:
+// RecordGateFailure implements [backfilldriver.ManifestGates.RecordGateFailure]:
 // the results, the exceptions and the pause are applied together.
 func (m *Manifest) RecordGateFailure(ctx context.Context, db sqlx.ExtContext, p backfill.GateFailure) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	reason := backfill.ManifestText(p.Reason)
+	reason := pgstore.ManifestText(p.Reason)
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	r, err := m.get(p.BatchID)
@@ -433,10 +436,10 @@ func (m *Manifest) RecordGateFailure(ctx context.Context, db sqlx.ExtContext, p 
 	}
 	now := time.Now()
 	for _, cr := range p.Results {
-		r.validations = append(r.validations, backfill.Validation{CheckResult: backfill.ManifestCheckResult(cr), BatchID: p.BatchID, ChunkID: p.ChunkID, CreatedAt: now, FailedAttempt: p.Attempt})
+		r.validations = append(r.validations, backfill.Validation{CheckResult: pgstore.ManifestCheckResult(cr), BatchID: p.BatchID, ChunkID: p.ChunkID, CreatedAt: now, FailedAttempt: p.Attempt})
 	}
 	for _, e := range p.Exceptions {
-		e = backfill.ManifestException(e)
+		e = pgstore.ManifestException(e)
 		e.BatchID, e.ChunkID, e.CreatedAt, e.FailedAttempt = p.BatchID, p.ChunkID, now, p.Attempt
 		r.failedExceptions = append(r.failedExceptions, e)
 	}
@@ -454,7 +457,7 @@ func (m *Manifest) RecordGateFailure(ctx context.Context, db sqlx.ExtContext, p 
 }
 
 // FailedAttemptExceptions implements
-// [backfill.ManifestGates.FailedAttemptExceptions].
+// [backfilldriver.ManifestGates.FailedAttemptExceptions].
 func (m *Manifest) FailedAttemptExceptions(ctx context.Context, db sqlx.ExtContext, batchID int64) ([]backfill.Exception, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -479,9 +482,9 @@ func (m *Manifest) FailedAttemptExceptions(ctx context.Context, db sqlx.ExtConte
 	return out, nil
 }
 
-// PauseRun implements [backfill.ManifestValidations.PauseRun].
+// PauseRun implements [backfilldriver.ManifestValidations.PauseRun].
 func (m *Manifest) PauseRun(ctx context.Context, db sqlx.ExtContext, batchID int64, reason string) error {
-	reason = backfill.ManifestText(reason)
+	reason = pgstore.ManifestText(reason)
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	r, err := m.get(batchID)
@@ -495,9 +498,9 @@ func (m *Manifest) PauseRun(ctx context.Context, db sqlx.ExtContext, batchID int
 	return nil
 }
 
-// ResumeRun implements [backfill.ManifestValidations.ResumeRun].
+// ResumeRun implements [backfilldriver.ManifestValidations.ResumeRun].
 func (m *Manifest) ResumeRun(ctx context.Context, db sqlx.ExtContext, batchID int64, actor, why string) error {
-	actor, why = backfill.ManifestText(actor), backfill.ManifestText(why)
+	actor, why = pgstore.ManifestText(actor), pgstore.ManifestText(why)
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	r, err := m.get(batchID)

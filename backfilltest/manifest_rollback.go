@@ -6,6 +6,7 @@ import (
 	"github.com/jmoiron/sqlx"
 
 	"github.com/pgbackfill/backfill"
+	"github.com/pgbackfill/backfill/backfilldriver"
 )
 
 // chunkRolledBack is the status of a rolled back chunk, as PGManifest
@@ -13,21 +14,21 @@ import (
 const chunkRolledBack backfill.ChunkStatus = "rolled_back"
 
 var (
-	_ backfill.ManifestRollback = (*Manifest)(nil)
-	_ backfill.ManifestUndoLog  = (*Manifest)(nil)
+	_ backfilldriver.ManifestRollback = (*Manifest)(nil)
+	_ backfilldriver.ManifestUndoLog  = (*Manifest)(nil)
 )
 
-// UndoTable implements [backfill.ManifestUndoLog]: the fake Merger keeps
+// UndoTable implements [backfilldriver.ManifestUndoLog]: the fake Merger keeps
 // the undo log in memory under this name.
 func (m *Manifest) UndoTable() string { return `"backfilltest"."undo"` }
 
-// DeliveredTable implements [backfill.ManifestUndoLog]. The fake Merger
+// DeliveredTable implements [backfilldriver.ManifestUndoLog]. The fake Merger
 // keeps no summary of unchanged deliveries under this name, so its
 // rollback reports no delivered conflicts (only rows later batches
 // changed).
 func (m *Manifest) DeliveredTable() string { return `"backfilltest"."delivered"` }
 
-// Run implements [backfill.ManifestRollback.Run].
+// Run implements [backfilldriver.ManifestRollback.Run].
 func (m *Manifest) Run(ctx context.Context, db sqlx.ExtContext, batchID int64) (backfill.Run, error) {
 	if err := ctx.Err(); err != nil {
 		return backfill.Run{}, err
@@ -41,7 +42,7 @@ func (m *Manifest) Run(ctx context.Context, db sqlx.ExtContext, batchID int64) (
 	return r.run, nil
 }
 
-// RollBackChunk implements [backfill.ManifestRollback.RollBackChunk]; in
+// RollBackChunk implements [backfilldriver.ManifestRollback.RollBackChunk]; in
 // a fake transaction the chunk is marked on commit.
 func (m *Manifest) RollBackChunk(ctx context.Context, tx sqlx.ExtContext, batchID int64, seq int) (bool, error) {
 	if err := ctx.Err(); err != nil {
@@ -61,7 +62,7 @@ func (m *Manifest) RollBackChunk(ctx context.Context, tx sqlx.ExtContext, batchI
 	})
 }
 
-// RollBackRun implements [backfill.ManifestRollback.RollBackRun]; in a
+// RollBackRun implements [backfilldriver.ManifestRollback.RollBackRun]; in a
 // fake transaction the run changes on commit.
 func (m *Manifest) RollBackRun(ctx context.Context, tx sqlx.ExtContext, batchID int64) error {
 	if err := ctx.Err(); err != nil {

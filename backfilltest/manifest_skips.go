@@ -6,23 +6,24 @@ import (
 	"github.com/jmoiron/sqlx"
 
 	"github.com/pgbackfill/backfill"
+	"github.com/pgbackfill/backfill/backfilldriver"
 )
 
-var _ backfill.ManifestSkips = (*Manifest)(nil)
+var _ backfilldriver.ManifestSkips = (*Manifest)(nil)
 
 // CompleteChunkFingerprinted implements
-// [backfill.ManifestSkips.CompleteChunkFingerprinted]: CompleteChunk,
+// [backfilldriver.ManifestSkips.CompleteChunkFingerprinted]: CompleteChunk,
 // recording fp on the chunk when the fake transaction commits.
-func (m *Manifest) CompleteChunkFingerprinted(ctx context.Context, tx sqlx.ExtContext, batchID int64, res backfill.ChunkResult, exceptions []backfill.Exception, fp backfill.ChunkFingerprints) error {
+func (m *Manifest) CompleteChunkFingerprinted(ctx context.Context, tx sqlx.ExtContext, batchID int64, res backfill.ChunkResult, exceptions []backfill.Exception, fp backfilldriver.ChunkFingerprints) error {
 	return m.completeChunk(ctx, tx, batchID, res, exceptions, fp)
 }
 
-// BaseFingerprints implements [backfill.ManifestSkips.BaseFingerprints]
+// BaseFingerprints implements [backfilldriver.ManifestSkips.BaseFingerprints]
 // as PGManifest does: the newest done chunk of the job's runs that
 // recorded skipKey, other than batchID, not rolled back.
-func (m *Manifest) BaseFingerprints(ctx context.Context, tx sqlx.ExtContext, job, skipKey string, batchID int64, chunkID string) (backfill.ChunkFingerprints, bool, error) {
+func (m *Manifest) BaseFingerprints(ctx context.Context, tx sqlx.ExtContext, job, skipKey string, batchID int64, chunkID string) (backfilldriver.ChunkFingerprints, bool, error) {
 	if err := ctx.Err(); err != nil {
-		return backfill.ChunkFingerprints{}, false, err
+		return backfilldriver.ChunkFingerprints{}, false, err
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -40,11 +41,11 @@ func (m *Manifest) BaseFingerprints(ctx context.Context, tx sqlx.ExtContext, job
 				break
 			}
 			if fp.IsZero() || fp.Source == "" || fp.Target == "" {
-				return backfill.ChunkFingerprints{}, false, nil
+				return backfilldriver.ChunkFingerprints{}, false, nil
 			}
 			fp.BatchID, fp.Counts = r.run.BatchID, c.Counts
 			return fp, true, nil
 		}
 	}
-	return backfill.ChunkFingerprints{}, false, nil
+	return backfilldriver.ChunkFingerprints{}, false, nil
 }

@@ -9,21 +9,22 @@ import (
 	"github.com/jmoiron/sqlx"
 
 	"github.com/pgbackfill/backfill"
+	"github.com/pgbackfill/backfill/backfilldriver"
 )
 
 // chunkStaged is the status of a chunk checkpointed by StageChunk, as
 // [backfill.PGManifest] records it.
 const chunkStaged backfill.ChunkStatus = "staged"
 
-var _ backfill.ManifestStaging = (*Manifest)(nil)
+var _ backfilldriver.ManifestStaging = (*Manifest)(nil)
 
-// StagingTable implements [backfill.ManifestStaging.StagingTable]: a name
+// StagingTable implements [backfilldriver.ManifestStaging.StagingTable]: a name
 // for [Merger]'s persistent staging of the batch.
 func (m *Manifest) StagingTable(batchID int64) string { return fmt.Sprintf("stage_%d", batchID) }
 
-// StageChunk implements [backfill.ManifestStaging.StageChunk]; in a fake
+// StageChunk implements [backfilldriver.ManifestStaging.StageChunk]; in a fake
 // transaction the checkpoint is applied on commit.
-func (m *Manifest) StageChunk(ctx context.Context, tx sqlx.ExtContext, p backfill.StageChunkParams) error {
+func (m *Manifest) StageChunk(ctx context.Context, tx sqlx.ExtContext, p backfilldriver.StageChunkParams) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -58,11 +59,11 @@ func (m *Manifest) StageChunk(ctx context.Context, tx sqlx.ExtContext, p backfil
 	})
 }
 
-// StagedChunks implements [backfill.ManifestStaging.StagedChunks]. tx
+// StagedChunks implements [backfilldriver.ManifestStaging.StagedChunks]. tx
 // must be a fake [*Tx]: the chunks stay claimed by it until it ends, and
 // chunks another transaction holds are left out (PostgreSQL waits for
 // that transaction, after which they are no longer staged).
-func (m *Manifest) StagedChunks(ctx context.Context, tx sqlx.ExtContext, batchID int64) ([]backfill.StagedChunk, error) {
+func (m *Manifest) StagedChunks(ctx context.Context, tx sqlx.ExtContext, batchID int64) ([]backfilldriver.StagedChunk, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -76,7 +77,7 @@ func (m *Manifest) StagedChunks(ctx context.Context, tx sqlx.ExtContext, batchID
 	if err != nil {
 		return nil, err
 	}
-	var out []backfill.StagedChunk
+	var out []backfilldriver.StagedChunk
 	for i, c := range r.chunks {
 		if c.Status != chunkStaged {
 			continue
@@ -93,7 +94,7 @@ func (m *Manifest) StagedChunks(ctx context.Context, tx sqlx.ExtContext, batchID
 				delete(r.locked, seq)
 			}
 		})
-		out = append(out, backfill.StagedChunk{Seq: i, Read: c.Read, Rejected: c.Rejected, Staged: r.staged[i]})
+		out = append(out, backfilldriver.StagedChunk{Seq: i, Read: c.Read, Rejected: c.Rejected, Staged: r.staged[i]})
 	}
 	return out, nil
 }

@@ -7,11 +7,12 @@ import (
 	"github.com/jmoiron/sqlx"
 
 	"github.com/pgbackfill/backfill"
+	"github.com/pgbackfill/backfill/backfilldriver"
 )
 
-var _ backfill.ManifestWaits = (*Manifest)(nil)
+var _ backfilldriver.ManifestWaits = (*Manifest)(nil)
 
-// RecordWait implements [backfill.ManifestWaits.RecordWait] in memory,
+// RecordWait implements [backfilldriver.ManifestWaits.RecordWait] in memory,
 // like the PostgreSQL manifest's append-only waits table: an ID in the
 // order recorded and the time of the record.
 func (m *Manifest) RecordWait(ctx context.Context, db sqlx.ExtContext, w backfill.Wait) error {
@@ -24,7 +25,7 @@ func (m *Manifest) RecordWait(ctx context.Context, db sqlx.ExtContext, w backfil
 	return nil
 }
 
-// Waits implements [backfill.ManifestWaits.Waits].
+// Waits implements [backfilldriver.ManifestWaits.Waits].
 func (m *Manifest) Waits(ctx context.Context, db sqlx.ExtContext, batchID int64) ([]backfill.Wait, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()

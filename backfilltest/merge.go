@@ -12,10 +12,11 @@ import (
 	"github.com/jmoiron/sqlx"
 
 	"github.com/pgbackfill/backfill"
+	"github.com/pgbackfill/backfill/internal/pgstore"
 )
 
 // Merger is an in-memory [backfill.Merger] with the merge semantics of
-// [backfill.PGMerger] under [TestMerger], for every [backfill.Mode] and
+// [pgstore.Merger] under [TestMerger], for every [backfill.Mode] and
 // [backfill.ConflictPolicy]: duplicates in a chunk resolved by
 // Target.Duplicates, identical rows left unchanged, AppendOnly conflicts
 // and Keyless ambiguities returned as rejected rows, rows that violate a
@@ -70,7 +71,7 @@ func (m *Merger) AddTable(table string, key []string, columns ...string) {
 }
 
 // AddTableColumns is [Merger.AddTable] with column descriptions: Prepare
-// checks their Type, BaseType and NotNull as [backfill.PGMerger] checks
+// checks their Type, BaseType and NotNull as [pgstore.Merger] checks
 // the catalog's (History's ValidFrom and ValidTo must have the same Type,
 // ValidTo must be nullable, a HashColumn must be bytea or text). Only
 // Name is required; Key and Computed are ignored.
@@ -116,7 +117,7 @@ func (m *Merger) Rows(table string) [][]any {
 	return out
 }
 
-// Prepare implements [backfill.Merger.Prepare] with [backfill.ResolveTarget],
+// Prepare implements [backfill.Merger.Prepare] with [pgstore.ResolveTarget],
 // like PGMerger: the table must have been added
 // ([backfill.ErrTargetNotFound]) and its key must be the target's identity,
 // Target.Key (in History mode plus ValidFrom) ([backfill.ErrNoUniqueKey]).
@@ -126,7 +127,7 @@ func (m *Merger) Prepare(ctx context.Context, db sqlx.ExtContext, t backfill.Tar
 	if err := ctx.Err(); err != nil {
 		return backfill.TableInfo{}, err
 	}
-	if _, _, err := backfill.SplitTableName(t.Table); err != nil {
+	if _, _, err := pgstore.SplitTableName(t.Table); err != nil {
 		return backfill.TableInfo{}, fmt.Errorf("backfill: prepare: Target.Table: %w", err)
 	}
 	m.mu.Lock()
@@ -135,7 +136,7 @@ func (m *Merger) Prepare(ctx context.Context, db sqlx.ExtContext, t backfill.Tar
 	if tab == nil {
 		return backfill.TableInfo{}, fmt.Errorf("backfill: prepare: table %q: %w", t.Table, backfill.ErrTargetNotFound)
 	}
-	return backfill.ResolveTarget(t, slices.Clone(tab.info), [][]string{tab.key})
+	return pgstore.ResolveTarget(t, slices.Clone(tab.info), [][]string{tab.key})
 }
 
 // Stage implements [backfill.Merger.Stage].

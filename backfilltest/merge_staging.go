@@ -8,11 +8,12 @@ import (
 	"github.com/jmoiron/sqlx"
 
 	"github.com/pgbackfill/backfill"
+	"github.com/pgbackfill/backfill/backfilldriver"
 )
 
-var _ backfill.MergerStaging = (*Merger)(nil)
+var _ backfilldriver.MergerStaging = (*Merger)(nil)
 
-// CreateStaging implements [backfill.MergerStaging.CreateStaging]: an
+// CreateStaging implements [backfilldriver.MergerStaging.CreateStaging]: an
 // empty in-memory staging table, unless table exists.
 func (m *Merger) CreateStaging(ctx context.Context, db sqlx.ExtContext, table string, info backfill.TableInfo) error {
 	if err := ctx.Err(); err != nil {
@@ -29,9 +30,9 @@ func (m *Merger) CreateStaging(ctx context.Context, db sqlx.ExtContext, table st
 	return nil
 }
 
-// StagePersistent implements [backfill.MergerStaging.StagePersistent]: the
+// StagePersistent implements [backfilldriver.MergerStaging.StagePersistent]: the
 // rows reach table when tx, a fake [*Tx], commits.
-func (m *Merger) StagePersistent(ctx context.Context, tx sqlx.ExtContext, table string, info backfill.TableInfo, seq int) (backfill.PersistentStager, error) {
+func (m *Merger) StagePersistent(ctx context.Context, tx sqlx.ExtContext, table string, info backfill.TableInfo, seq int) (backfilldriver.PersistentStager, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -46,7 +47,7 @@ func (m *Merger) StagePersistent(ctx context.Context, tx sqlx.ExtContext, table 
 	return &persistStager{m: m, tx: tx, table: table, seq: seq}, nil
 }
 
-// StageFrom implements [backfill.MergerStaging.StageFrom].
+// StageFrom implements [backfilldriver.MergerStaging.StageFrom].
 func (m *Merger) StageFrom(ctx context.Context, tx sqlx.ExtContext, info backfill.TableInfo, table string, seq int, rows int64) (backfill.Stager, error) {
 	st, err := m.Stage(ctx, tx, info)
 	if err != nil {
@@ -66,7 +67,7 @@ func (m *Merger) StageFrom(ctx context.Context, tx sqlx.ExtContext, info backfil
 	return st, nil
 }
 
-// DropStaging implements [backfill.MergerStaging.DropStaging]; in a fake
+// DropStaging implements [backfilldriver.MergerStaging.DropStaging]; in a fake
 // transaction the table goes on commit.
 func (m *Merger) DropStaging(ctx context.Context, tx sqlx.ExtContext, table string) error {
 	if err := ctx.Err(); err != nil {

@@ -9,6 +9,8 @@ import (
 	"github.com/jmoiron/sqlx"
 
 	"github.com/pgbackfill/backfill"
+	"github.com/pgbackfill/backfill/backfilldriver"
+	"github.com/pgbackfill/backfill/backfilltype"
 	"github.com/pgbackfill/backfill/internal/pgstore"
 )
 
@@ -31,11 +33,11 @@ type undoEntry struct {
 }
 
 var (
-	_ backfill.UndoLogWriter  = (*Merger)(nil)
-	_ backfill.MergerRollback = (*Merger)(nil)
+	_ backfilldriver.UndoLogWriter  = (*Merger)(nil)
+	_ backfilldriver.MergerRollback = (*Merger)(nil)
 )
 
-// WritesUndoLog implements [backfill.UndoLogWriter]: it returns true.
+// WritesUndoLog implements [backfilldriver.UndoLogWriter]: it returns true.
 func (m *Merger) WritesUndoLog() bool { return true }
 
 // undoEntries returns the entries for the writes of a merge of info's
@@ -53,10 +55,10 @@ func undoEntries(info backfill.TableInfo, tab *fakeTable, writes map[string][]an
 	return out
 }
 
-// UndoRollback implements [backfill.MergerRollback] with the fake undo
-// log; man keeps the bookkeeping (any [backfill.ManifestRollback]). A
+// UndoRollback implements [backfilldriver.MergerRollback] with the fake undo
+// log; man keeps the bookkeeping (any [backfilldriver.ManifestRollback]). A
 // History target is refused with [backfill.ErrUnsupported].
-func (m *Merger) UndoRollback(ctx context.Context, db sqlx.ExtContext, man backfill.ManifestRollback, info backfill.TableInfo, scope backfill.RollbackScope) (backfill.UndoRollback, error) {
+func (m *Merger) UndoRollback(ctx context.Context, db sqlx.ExtContext, man backfilldriver.ManifestRollback, info backfill.TableInfo, scope backfilltype.RollbackScope) (backfilldriver.UndoRollback, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -92,9 +94,9 @@ func (m *Merger) UndoRollback(ctx context.Context, db sqlx.ExtContext, man backf
 // undoRollback is a rollback of the fake undo log.
 type undoRollback struct {
 	m        *Merger
-	man      backfill.ManifestRollback
+	man      backfilldriver.ManifestRollback
 	table    string
-	scope    backfill.RollbackScope
+	scope    backfilltype.RollbackScope
 	ib, ub   int // lineage columns
 	identity []string
 	idx      []int // identity columns in the table
@@ -164,7 +166,7 @@ func (u *undoRollback) keyJSON(k string) string {
 	return jsonbText(u.identity, vals)
 }
 
-// Conflicts implements [backfill.UndoRollback.Conflicts].
+// Conflicts implements [backfilldriver.UndoRollback.Conflicts].
 func (u *undoRollback) Conflicts(ctx context.Context, db sqlx.ExtContext) (backfill.RollbackConflicts, error) {
 	if err := ctx.Err(); err != nil {
 		return backfill.RollbackConflicts{}, err
@@ -181,7 +183,7 @@ func (u *undoRollback) Conflicts(ctx context.Context, db sqlx.ExtContext) (backf
 	return c, nil
 }
 
-// Preview implements [backfill.UndoRollback.Preview].
+// Preview implements [backfilldriver.UndoRollback.Preview].
 func (u *undoRollback) Preview(ctx context.Context, db sqlx.ExtContext, force bool) (deleted, restored int64, err error) {
 	if err := ctx.Err(); err != nil {
 		return 0, 0, err
@@ -192,7 +194,7 @@ func (u *undoRollback) Preview(ctx context.Context, db sqlx.ExtContext, force bo
 	return int64(len(p.delete)), int64(len(p.restore)), nil
 }
 
-// RollBackChunk implements [backfill.UndoRollback.RollBackChunk]; the
+// RollBackChunk implements [backfilldriver.UndoRollback.RollBackChunk]; the
 // rows change on commit of tx.
 func (u *undoRollback) RollBackChunk(ctx context.Context, tx sqlx.ExtContext, seq int, force bool) (deleted, restored int64, done bool, err error) {
 	if done, err = u.man.RollBackChunk(ctx, tx, u.scope.BatchID, seq); err != nil || !done {
@@ -204,7 +206,7 @@ func (u *undoRollback) RollBackChunk(ctx context.Context, tx sqlx.ExtContext, se
 	return int64(len(p.delete)), int64(len(p.restore)), true, u.write(tx, p)
 }
 
-// Finish implements [backfill.UndoRollback.Finish].
+// Finish implements [backfilldriver.UndoRollback.Finish].
 func (u *undoRollback) Finish(ctx context.Context, tx sqlx.ExtContext, whole, force bool, event func(deleted int64) backfill.Event) (deleted int64, err error) {
 	if err := ctx.Err(); err != nil {
 		return 0, err

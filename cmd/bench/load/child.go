@@ -21,6 +21,7 @@ import (
 	"github.com/lib/pq"
 
 	"github.com/pgbackfill/backfill"
+	"github.com/pgbackfill/backfill/internal/pgstore"
 )
 
 // envURL passes the benchmark database's URL from the parent to a child
@@ -213,7 +214,7 @@ func loadLib(ctx context.Context, db *sqlx.DB, o childOpts, st *stats) (backfill
 	var err error
 	if st != nil {
 		// Same runner, with every statement and the stager's calls timed.
-		cfg.Merger = &timedMerger{inner: backfill.NewPGMerger(), st: st}
+		cfg.Merger = &timedMerger{inner: pgstore.NewMerger(), st: st}
 		r, err = backfill.NewWithDB(&timedDB{DB: db, st: st}, cfg)
 	} else {
 		r, err = backfill.New(db, cfg)

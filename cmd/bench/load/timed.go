@@ -17,7 +17,7 @@ import (
 // stats is a per-phase time breakdown of one load (child -breakdown). The
 // library is timed from the outside only, through its public extension
 // points: a [backfill.DB] whose statements are timed, and a
-// [backfill.Merger] wrapping [backfill.PGMerger].
+// [backfill.Merger] wrapping [pgstore.Merger].
 type stats struct {
 	mu      sync.Mutex
 	m       map[string]*stat
