@@ -8,13 +8,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgbackfill/backfill/internal/pgstore"
+
 	"github.com/google/go-cmp/cmp"
 	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
 	"pgregory.net/rapid"
 
 	"github.com/pgbackfill/backfill"
-	"github.com/pgbackfill/backfill/internal/pgstore"
 	"github.com/pgbackfill/backfill/internal/pgtest"
 	"github.com/pgbackfill/backfill/internal/sqlgen"
 )

@@ -5,6 +5,8 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/pgbackfill/backfill/backfillthrottle"
+	"github.com/pgbackfill/backfill/backfilltrace"
 	"github.com/pgbackfill/backfill/backfilltype"
 )
 
@@ -530,7 +532,7 @@ type Config struct {
 	// up once, by [NewWithDB]), their phases, runs and events (trace.go).
 	// Nil means none, at no cost. contrib/otel and contrib/prometheus
 	// adapt it to OpenTelemetry and Prometheus.
-	Tracer Tracer
+	Tracer backfilltrace.Tracer
 	// WorkerID names this process in the manifest (defaults to
 	// hostname:pid).
 	WorkerID string
@@ -595,7 +597,7 @@ type Config struct {
 	// reads every signal every ThrottleInterval and before its first
 	// claim; any throttle that holds stops the call's workers from
 	// claiming (chunks in progress finish). Nil means none.
-	Throttles []Throttle
+	Throttles []backfillthrottle.Throttle
 	// ThrottleInterval is how often the signals are read: a raised
 	// signal holds every worker of the call within one interval. Default
 	// [DefaultThrottleInterval] (500 ms).

@@ -1,6 +1,7 @@
 package backfill
 
 import (
+	"github.com/pgbackfill/backfill/backfilldriver"
 	"github.com/pgbackfill/backfill/internal/pgstore"
 )
 
@@ -24,7 +25,7 @@ import (
 // batched returns tx as a batchTx when it is a PostgreSQL transaction
 // (one that can prepare statements: lib/pq's, possibly wrapped); another
 // DB's (backfilltest's) as it is.
-func batched(tx Tx) Tx {
+func batched(tx backfilldriver.Tx) backfilldriver.Tx {
 	if _, ok := tx.(pgstore.Preparer); ok {
 		return &pgstore.BatchTx{Tx: tx}
 	}

@@ -7,11 +7,13 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/pgbackfill/backfill/backfilldriver"
+	"github.com/pgbackfill/backfill/backfilltype"
+
 	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgbackfill/backfill"
-	"github.com/pgbackfill/backfill/backfilldriver"
 	"github.com/pgbackfill/backfill/backfilltest"
 )
 
@@ -137,7 +139,7 @@ func TestFakesPublishAtEndGate(t *testing.T) {
 	for _, e := range events {
 		kinds = append(kinds, e.Kind)
 	}
-	require.Contains(t, kinds, backfill.EventGateAccepted)
+	require.Contains(t, kinds, backfilltype.EventGateAccepted)
 }
 
 // manifestOnly hides every optional interface of the manifest it wraps.

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/lib/pq"
+	"github.com/pgbackfill/backfill/backfillthrottle"
+	"github.com/pgbackfill/backfill/backfilltype"
 	"github.com/pgbackfill/backfill/internal/pgstore"
 )
 
@@ -137,7 +139,7 @@ func (ex *execution) pollControl(ctx context.Context) {
 }
 
 // applyControl applies a control state read from the manifest.
-func (ex *execution) applyControl(ctx context.Context, st ControlState) {
+func (ex *execution) applyControl(ctx context.Context, st backfilltype.ControlState) {
 	switch st.Status {
 	case RunPaused, RunCancelled:
 		ex.halt(st.Status, st.Reason)
@@ -150,7 +152,7 @@ func (ex *execution) applyControl(ctx context.Context, st ControlState) {
 			same = false
 		}
 	}
-	oldJob := pgstore.KnobValue(c.knobs, KnobJobConcurrency, 0)
+	oldJob := pgstore.KnobValue(c.knobs, pgstore.KnobJobConcurrency, 0)
 	if !same {
 		c.knobs = st.Knobs
 	}
@@ -159,7 +161,7 @@ func (ex *execution) applyControl(ctx context.Context, st ControlState) {
 		return
 	}
 	ex.log.Info("backfill: live knobs changed", "knobs", st.Knobs)
-	if n := int(pgstore.KnobValue(st.Knobs, KnobJobConcurrency, 0)); n > int(oldJob) && n > ex.r.cfg.JobConcurrency && ex.r.cfg.JobConcurrency > 0 {
+	if n := int(pgstore.KnobValue(st.Knobs, pgstore.KnobJobConcurrency, 0)); n > int(oldJob) && n > ex.r.cfg.JobConcurrency && ex.r.cfg.JobConcurrency > 0 {
 		if tm := ex.r.caps.throttle; tm != nil {
 			if err := tm.EnsureSlots(ctx, ex.r.db, ex.batchID, n); err != nil {
 				ex.log.Warn("backfill: creating job concurrency slots for the job_concurrency knob failed", "job_concurrency", n, "error", err)
@@ -173,7 +175,7 @@ func (ex *execution) applyControl(ctx context.Context, st ControlState) {
 // capped by Config.Concurrency.
 func (ex *execution) liveConcurrency() int {
 	n := ex.r.cfg.Concurrency
-	if v := ex.ctl.knob(KnobConcurrency, 0); v >= 1 {
+	if v := ex.ctl.knob(pgstore.KnobConcurrency, 0); v >= 1 {
 		n = min(n, int(v))
 	}
 	return n
@@ -186,7 +188,7 @@ func (ex *execution) liveJobConcurrency() int {
 	if n <= 0 {
 		return n
 	}
-	if v := ex.ctl.knob(KnobJobConcurrency, 0); v >= 1 {
+	if v := ex.ctl.knob(pgstore.KnobJobConcurrency, 0); v >= 1 {
 		return int(v)
 	}
 	return n
@@ -194,7 +196,7 @@ func (ex *execution) liveJobConcurrency() int {
 
 // liveRowsPerSecond is the job-wide rate cap now (0: none).
 func (ex *execution) liveRowsPerSecond() float64 {
-	return ex.ctl.knob(KnobRowsPerSecond, ex.r.cfg.RowsPerSecond)
+	return ex.ctl.knob(pgstore.KnobRowsPerSecond, ex.r.cfg.RowsPerSecond)
 }
 
 // waitTurn blocks worker i while the concurrency knob runs fewer workers
@@ -222,7 +224,7 @@ func (ex *execution) waitTurn(ctx context.Context, i int) bool {
 
 // throttleInterval is Config.ThrottleInterval or its default.
 func (c *Config) throttleInterval() time.Duration {
-	return cmp.Or(c.ThrottleInterval, DefaultThrottleInterval)
+	return cmp.Or(c.ThrottleInterval, backfillthrottle.DefaultThrottleInterval)
 }
 
 // listenControl LISTENs on the schema's channel on a direct connection

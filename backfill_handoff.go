@@ -9,6 +9,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/pgbackfill/backfill/backfilltype"
 	"github.com/pgbackfill/backfill/internal/pgstore"
 )
 
@@ -61,9 +62,9 @@ func (r *Runner) Handoff(ctx context.Context, job Job, opts HandoffOptions) (Rep
 	run, err := audit.LatestRun(ctx, r.db, job.Name, RunCompleted, RunRunning)
 	if err == nil && run.Status == RunRunning {
 		// Loaded up to its open chunks, which end after the watermark.
-		var states []ChunkState
+		var states []backfilltype.ChunkState
 		if states, err = r.cfg.Manifest.Chunks(ctx, r.db, run.BatchID); err == nil &&
-			slices.ContainsFunc(states, func(s ChunkState) bool { return s.Status != ChunkDone && s.Status != ChunkOpen }) {
+			slices.ContainsFunc(states, func(s backfilltype.ChunkState) bool { return s.Status != ChunkDone && s.Status != ChunkOpen }) {
 			err = ErrRunNotFound
 		}
 	}
@@ -103,7 +104,7 @@ func (r *Runner) Handoff(ctx context.Context, job Job, opts HandoffOptions) (Rep
 	if err != nil {
 		return rep, err
 	}
-	if err := audit.RecordEvent(context.WithoutCancel(ctx), r.db, Event{BatchID: run.BatchID, Job: job.Name, Kind: "handoff",
+	if err := audit.RecordEvent(context.WithoutCancel(ctx), r.db, backfilltype.Event{BatchID: run.BatchID, Job: job.Name, Kind: "handoff",
 		Actor: cmp.Or(opts.Actor, r.cfg.WorkerID), Detail: detail}); err != nil {
 		return rep, err
 	}

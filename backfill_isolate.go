@@ -7,6 +7,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/pgbackfill/backfill/backfilldriver"
 	"github.com/pgbackfill/backfill/internal/copyerr"
 	"github.com/pgbackfill/backfill/internal/pgconv"
 	"github.com/pgbackfill/backfill/internal/pgstore"
@@ -79,7 +80,7 @@ type stageParams struct {
 	// stagers must stage with COPY.
 	savepoints bool
 	// newStager makes the stager of one staging attempt.
-	newStager func() (Stager, error)
+	newStager func() (backfilldriver.Stager, error)
 	// spooled, when not nil, is the chunk extracted already: each
 	// staging attempt replays its spool instead of extracting.
 	spooled *spooled
@@ -89,7 +90,7 @@ type stageParams struct {
 // ends the staging, isolating rows PostgreSQL refuses (see the top of
 // this file) when p.savepoints is true. It returns the stager, to merge
 // and close, and the row writer with the chunk's counts and exceptions.
-func (ex *execution) stage(ctx context.Context, tx Tx, p stageParams) (Stager, *rowWriter, error) {
+func (ex *execution) stage(ctx context.Context, tx backfilldriver.Tx, p stageParams) (backfilldriver.Stager, *rowWriter, error) {
 	s := &chunkStaging{ex: ex, tx: tx, stageParams: p}
 	for {
 		st, w, ref, err := s.attempt(ctx)
@@ -109,7 +110,7 @@ func (ex *execution) stage(ctx context.Context, tx Tx, p stageParams) (Stager, *
 // values PostgreSQL refused in its earlier attempts.
 type chunkStaging struct {
 	ex *execution
-	tx Tx
+	tx backfilldriver.Tx
 	stageParams
 	rejects stagingRejects
 }
@@ -126,7 +127,7 @@ type stagingRefusal struct {
 
 // attempt stages the chunk once, inside a savepoint when savepoints is
 // true, queueing the values refused in earlier attempts.
-func (s *chunkStaging) attempt(ctx context.Context) (Stager, *rowWriter, stagingRefusal, error) {
+func (s *chunkStaging) attempt(ctx context.Context) (backfilldriver.Stager, *rowWriter, stagingRefusal, error) {
 	var ref stagingRefusal
 	if s.savepoints {
 		if err := pgstore.Later(ctx, s.tx, `SAVEPOINT backfill_stage`); err != nil {
@@ -173,7 +174,7 @@ func (s *chunkStaging) where(w *rowWriter, ref stagingRefusal) string {
 
 // finish ends an attempt that is not restaged: its error, or its stager
 // and row writer with the savepoint released.
-func (s *chunkStaging) finish(ctx context.Context, st Stager, w *rowWriter, ref stagingRefusal) (Stager, *rowWriter, error) {
+func (s *chunkStaging) finish(ctx context.Context, st backfilldriver.Stager, w *rowWriter, ref stagingRefusal) (backfilldriver.Stager, *rowWriter, error) {
 	if ref.serr != nil || ref.xerr != nil {
 		_ = st.Close()
 	}
@@ -197,7 +198,7 @@ func (s *chunkStaging) finish(ctx context.Context, st Stager, w *rowWriter, ref 
 // requeue rolls an attempt refused on a value back to its savepoint and
 // queues the refused row's value for the next attempt, or says why the
 // chunk cannot be staged.
-func (s *chunkStaging) requeue(ctx context.Context, st Stager, w *rowWriter, ref stagingRefusal) error {
+func (s *chunkStaging) requeue(ctx context.Context, st backfilldriver.Stager, w *rowWriter, ref stagingRefusal) error {
 	_ = st.Close()
 	if _, err := s.tx.ExecContext(context.WithoutCancel(ctx), `ROLLBACK TO SAVEPOINT backfill_stage; RELEASE SAVEPOINT backfill_stage`); err != nil {
 		return errors.Join(ref.serr, fmt.Errorf("rollback to savepoint: %w", err))

@@ -55,7 +55,7 @@ import (
 type privilegeChecker struct {
 	db      sqlx.ExtContext
 	role    string
-	missing []Privilege
+	missing []pgstore.Privilege
 }
 
 func newPrivilegeChecker(ctx context.Context, db sqlx.ExtContext) (*privilegeChecker, error) {
@@ -67,7 +67,7 @@ func newPrivilegeChecker(ctx context.Context, db sqlx.ExtContext) (*privilegeChe
 }
 
 func (c *privilegeChecker) add(object, privilege, grant, why string) {
-	c.missing = append(c.missing, Privilege{Object: object, Privilege: privilege, Grant: grant, Why: why})
+	c.missing = append(c.missing, pgstore.Privilege{Object: object, Privilege: privilege, Grant: grant, Why: why})
 }
 
 func (c *privilegeChecker) err() error { return pgstore.NewPrivilegeError(c.role, c.missing) }
@@ -247,7 +247,7 @@ func (r *Runner) checkTargetSchema(ctx context.Context, job Job) error {
 		}
 		if pm, _ := r.pgPrivileges(); err == nil && len(c.missing) > 0 && pm != nil {
 			// The run stops here: name the manifest's missing privileges too.
-			var missing []Privilege
+			var missing []pgstore.Privilege
 			missing, _, err = pm.MissingPrivileges(ctx, tx)
 			c.missing = append(missing, c.missing...)
 		}

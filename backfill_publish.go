@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/pgbackfill/backfill/backfilldriver"
 	"github.com/pgbackfill/backfill/internal/sqlgen"
 )
 
@@ -121,10 +122,10 @@ type publisher interface {
 	prepare(ctx context.Context, ex *execution) error
 	// target returns chunk c's target in tx: where it merges, and how it
 	// stages.
-	target(ctx context.Context, ex *execution, tx Tx, c Chunk) (chunkTarget, error)
+	target(ctx context.Context, ex *execution, tx backfilldriver.Tx, c Chunk) (chunkTarget, error)
 	// beforeCommit checkpoints the chunk in tx, after its merge and
 	// validation, with the chunk's exceptions; the commit follows.
-	beforeCommit(ctx context.Context, ex *execution, tx Tx, t chunkTarget, res ChunkResult, exceptions []Exception) error
+	beforeCommit(ctx context.Context, ex *execution, tx backfilldriver.Tx, t chunkTarget, res ChunkResult, exceptions []Exception) error
 	// finish runs when every chunk of the call is checkpointed and none
 	// failed; it records failures with ex.fail.
 	finish(ctx context.Context, ex *execution)
@@ -143,7 +144,7 @@ type chunkTarget struct {
 	// newStager makes the chunk's stager in its transaction; isolate
 	// says whether it stages with COPY in that transaction, so that
 	// refused values can be isolated by savepoint (backfill_isolate.go).
-	newStager func() (Stager, error)
+	newStager func() (backfilldriver.Stager, error)
 	isolate   bool
 	// deferred: the chunk's rows are only staged; the run's publish
 	// merges, validates and completes it (PublishAtEnd).

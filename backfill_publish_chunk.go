@@ -1,6 +1,11 @@
 package backfill
 
-import "context"
+import (
+	"context"
+
+	"github.com/pgbackfill/backfill/backfilldriver"
+	"github.com/pgbackfill/backfill/backfilltype"
+)
 
 // publishChunk is the publisher of [PublishPerChunk]: each chunk merges
 // into the target and is visible when its transaction commits. The other
@@ -17,11 +22,11 @@ func (publishChunk) publishesOpen() bool { return true }
 
 func (publishChunk) prepare(context.Context, *execution) error { return nil }
 
-func (publishChunk) target(ctx context.Context, ex *execution, tx Tx, c Chunk) (chunkTarget, error) {
+func (publishChunk) target(ctx context.Context, ex *execution, tx backfilldriver.Tx, c Chunk) (chunkTarget, error) {
 	return ex.mergeTarget(ctx, tx, ex.info, c), nil
 }
 
-func (publishChunk) beforeCommit(ctx context.Context, ex *execution, tx Tx, _ chunkTarget, res ChunkResult, exceptions []Exception) error {
+func (publishChunk) beforeCommit(ctx context.Context, ex *execution, tx backfilldriver.Tx, _ chunkTarget, res ChunkResult, exceptions []Exception) error {
 	return ex.r.cfg.Manifest.CompleteChunk(ctx, tx, ex.batchID, res, exceptions)
 }
 
@@ -35,15 +40,15 @@ func (publishChunk) rollback(context.Context, *Runner, Job, Run, Plan, RollbackO
 
 // mergeTarget is the target of chunk c merged by the Runner's Merger into
 // info, in tx.
-func (ex *execution) mergeTarget(ctx context.Context, tx Tx, info TableInfo, c Chunk) chunkTarget {
+func (ex *execution) mergeTarget(ctx context.Context, tx backfilldriver.Tx, info TableInfo, c Chunk) chunkTarget {
 	info = ex.chunkInfo(info, c)
 	return chunkTarget{info: info, isolate: ex.r.caps.isolates && ex.r.cfg.MaxStagingRejects > 0,
-		newStager: func() (Stager, error) { return ex.r.cfg.Merger.Stage(ctx, tx, info) }}
+		newStager: func() (backfilldriver.Stager, error) { return ex.r.cfg.Merger.Stage(ctx, tx, info) }}
 }
 
 // chunkInfo is info with chunk c's reference, for its merge.
 func (ex *execution) chunkInfo(info TableInfo, c Chunk) TableInfo {
-	info.Chunk = ChunkRef{BatchID: ex.batchID, Seq: c.Seq, UndoTable: ex.undoTable, DeliveredTable: ex.deliveredTable,
+	info.Chunk = backfilltype.ChunkRef{BatchID: ex.batchID, Seq: c.Seq, UndoTable: ex.undoTable, DeliveredTable: ex.deliveredTable,
 		MaxRefused: ex.r.cfg.MaxMergeRefusals}
 	return info
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/jmoiron/sqlx"
 
 	"github.com/pgbackfill/backfill/backfilldriver"
+	"github.com/pgbackfill/backfill/backfilltype"
 	"github.com/pgbackfill/backfill/internal/pgstore"
 )
 
@@ -53,12 +54,12 @@ func (publishEnd) prepare(ctx context.Context, ex *execution) error {
 	return nil
 }
 
-func (publishEnd) target(ctx context.Context, ex *execution, tx Tx, c Chunk) (chunkTarget, error) {
+func (publishEnd) target(ctx context.Context, ex *execution, tx backfilldriver.Tx, c Chunk) (chunkTarget, error) {
 	info := ex.info
-	info.Chunk = ChunkRef{BatchID: ex.batchID, Seq: c.Seq}
+	info.Chunk = backfilltype.ChunkRef{BatchID: ex.batchID, Seq: c.Seq}
 	t := chunkTarget{info: info, deferred: true, isolate: ex.r.caps.isolates && ex.r.cfg.MaxStagingRejects > 0}
 	var ps backfilldriver.PersistentStager
-	t.newStager = func() (Stager, error) {
+	t.newStager = func() (backfilldriver.Stager, error) {
 		st, err := ex.r.caps.mergeStage.StagePersistent(ctx, tx, ex.r.caps.staging.StagingTable(ex.batchID), ex.info, c.Seq)
 		ps = st
 		return st, err
@@ -68,7 +69,7 @@ func (publishEnd) target(ctx context.Context, ex *execution, tx Tx, c Chunk) (ch
 }
 
 // beforeCommit checkpoints the chunk as staged.
-func (publishEnd) beforeCommit(ctx context.Context, ex *execution, tx Tx, t chunkTarget, res ChunkResult, exceptions []Exception) error {
+func (publishEnd) beforeCommit(ctx context.Context, ex *execution, tx backfilldriver.Tx, t chunkTarget, res ChunkResult, exceptions []Exception) error {
 	return ex.r.caps.staging.StageChunk(ctx, tx, backfilldriver.StageChunkParams{
 		BatchID: ex.batchID, Chunk: res.Chunk, Read: res.Read, Rejected: res.Rejected, Staged: t.staged(), Exceptions: exceptions,
 	})
@@ -98,11 +99,11 @@ func (ex *execution) publishAtEnd(ctx context.Context) ([]ChunkResult, error) {
 		if err != nil {
 			return err
 		}
-		if slices.ContainsFunc(states, func(s ChunkState) bool { return s.Status != chunkStaged && s.Status != ChunkDone }) {
+		if slices.ContainsFunc(states, func(s backfilltype.ChunkState) bool { return s.Status != chunkStaged && s.Status != ChunkDone }) {
 			return nil // other chunks are still to be staged
 		}
 		for _, sc := range staged {
-			i, found := slices.BinarySearchFunc(states, sc.Seq, func(s ChunkState, seq int) int { return s.Chunk.Seq - seq })
+			i, found := slices.BinarySearchFunc(states, sc.Seq, func(s backfilltype.ChunkState, seq int) int { return s.Chunk.Seq - seq })
 			var c Chunk
 			ok := found
 			if found {

@@ -12,6 +12,7 @@ import (
 	"github.com/lib/pq"
 
 	"github.com/pgbackfill/backfill/backfilldriver"
+	"github.com/pgbackfill/backfill/backfilltype"
 	"github.com/pgbackfill/backfill/internal/pgstore"
 	"github.com/pgbackfill/backfill/internal/sqlgen"
 )
@@ -41,7 +42,7 @@ func (publishSwap) rereads() bool { return false }
 func (publishSwap) switchesBack() bool { return true }
 
 // target is a copy of the chunk's partition, beside it.
-func (publishSwap) target(ctx context.Context, ex *execution, tx Tx, c Chunk) (chunkTarget, error) {
+func (publishSwap) target(ctx context.Context, ex *execution, tx backfilldriver.Tx, c Chunk) (chunkTarget, error) {
 	part, keyType, err := partitionFor(ctx, tx, ex.info.Target.Table, c)
 	if err != nil {
 		return chunkTarget{}, err
@@ -57,7 +58,7 @@ func (publishSwap) target(ctx context.Context, ex *execution, tx Tx, c Chunk) (c
 
 // beforeCommit swaps the chunk's table in, records the swap and
 // completes the chunk.
-func (publishSwap) beforeCommit(ctx context.Context, ex *execution, tx Tx, t chunkTarget, res ChunkResult, exceptions []Exception) error {
+func (publishSwap) beforeCommit(ctx context.Context, ex *execution, tx backfilldriver.Tx, t chunkTarget, res ChunkResult, exceptions []Exception) error {
 	c := res.Chunk
 	if err := swapPartition(ctx, tx, swapParams{
 		parent: ex.info.Target.Table, part: t.part, next: t.info.Target.Table, col: ex.job.ChunkColumn,
@@ -66,7 +67,7 @@ func (publishSwap) beforeCommit(ctx context.Context, ex *execution, tx Tx, t chu
 		return err
 	}
 	detail, _ := json.Marshal(map[string]any{"seq": c.Seq, "chunk": c.ID, "parent": ex.info.Target.Table, "old": t.part, "new": t.info.Target.Table})
-	if err := ex.r.caps.audit.RecordEvent(ctx, tx, Event{BatchID: ex.batchID, Job: ex.job.Name, Kind: "partition_swapped", Actor: ex.r.cfg.WorkerID, Detail: detail}); err != nil {
+	if err := ex.r.caps.audit.RecordEvent(ctx, tx, backfilltype.Event{BatchID: ex.batchID, Job: ex.job.Name, Kind: "partition_swapped", Actor: ex.r.cfg.WorkerID, Detail: detail}); err != nil {
 		return err
 	}
 	return ex.r.cfg.Manifest.CompleteChunk(ctx, tx, ex.batchID, res, exceptions)
@@ -98,9 +99,9 @@ func partitionFor(ctx context.Context, db sqlx.ExtContext, parent string, c Chun
 func partitionForTx(ctx context.Context, db sqlx.ExtContext, parent string, c Chunk) (name, keyType string, err error) {
 	var lo, hi any
 	switch c.Kind {
-	case KindTime:
+	case backfilltype.KindTime:
 		lo, hi = c.Start, c.End
-	case KindInt:
+	case backfilltype.KindInt:
 		lo, hi = c.Lo, c.Hi
 	default:
 		return "", "", fmt.Errorf("backfill: partition swap: %w: list chunks have no range partition", ErrUnsupported)
@@ -176,7 +177,7 @@ type swapParams struct {
 // swapPartition attaches p.next in place of p.part, in tx.
 func swapPartition(ctx context.Context, tx sqlx.ExtContext, p swapParams) error {
 	lo, hi := any(p.chunk.Lo), any(p.chunk.Hi)
-	if p.chunk.Kind == KindTime {
+	if p.chunk.Kind == backfilltype.KindTime {
 		lo, hi = p.chunk.Start, p.chunk.End
 	}
 	q := sqlgen.Ident(p.col)
@@ -255,7 +256,7 @@ func (r *Runner) swapBack(ctx context.Context, pm backfilldriver.SQLManifest, ru
 			}
 		}
 		detail, _ := json.Marshal(map[string]any{"why": opts.Why, "chunk": opts.ChunkID, "partitions": rep.Chunks})
-		return pm.RecordEvent(ctx, tx, Event{BatchID: run.BatchID, Job: run.Job, Kind: "rollback_switch_back", Actor: opts.Actor, Detail: detail})
+		return pm.RecordEvent(ctx, tx, backfilltype.Event{BatchID: run.BatchID, Job: run.Job, Kind: "rollback_switch_back", Actor: opts.Actor, Detail: detail})
 	})
 	if err == nil && opts.ChunkID == "" {
 		rep.Status = RunRolledBack
@@ -273,7 +274,7 @@ type partitionSwap struct {
 
 // batchSwaps returns the swaps of the batch's done chunks (only chunkID's
 // unless ""), the last first.
-func (r *Runner) batchSwaps(ctx context.Context, pm backfilldriver.SQLManifest, batchID int64, states []ChunkState, chunkID string) ([]partitionSwap, error) {
+func (r *Runner) batchSwaps(ctx context.Context, pm backfilldriver.SQLManifest, batchID int64, states []backfilltype.ChunkState, chunkID string) ([]partitionSwap, error) {
 	events, err := pm.Events(ctx, r.db, batchID)
 	if err != nil {
 		return nil, err

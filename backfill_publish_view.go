@@ -175,20 +175,6 @@ func (r *Runner) prepareVersion(ctx context.Context, job Job, info TableInfo, ba
 	return r.cfg.Merger.Prepare(ctx, r.db, t)
 }
 
-// Event kinds of the view switch of [PublishVersionedView], in the audit
-// log ([ManifestAudit]).
-const (
-	// EventPublished: the view was switched to the batch's version, in
-	// the switch's transaction; detail: view, version, previous.
-	EventPublished = "published"
-	// EventPublishBlocked: every try of the switch timed out behind
-	// sessions holding the view; the run is completed but unpublished
-	// (runs.last_error says so, and backfill.completed_batches leaves it
-	// out) until a later call of Run publishes it; detail: view, version,
-	// tries, lock_timeout, blockers.
-	EventPublishBlocked = "publish_blocked"
-)
-
 // viewSwitch is one switch of a versioned view, publish or switch back:
 // each try runs in its own transaction that first takes a
 // transaction-level advisory lock on the view (so publishes and switch
@@ -318,7 +304,7 @@ func (r *Runner) publishVersion(ctx context.Context, job Job, run Run, table str
 			return err
 		}
 		detail, _ := json.Marshal(map[string]string{"view": job.Publish.View, "version": version, "previous": previous})
-		if err := audit.RecordEvent(ctx, tx, Event{BatchID: run.BatchID, Job: job.Name, Kind: EventPublished, Actor: r.cfg.WorkerID, Detail: detail}); err != nil {
+		if err := audit.RecordEvent(ctx, tx, backfilltype.Event{BatchID: run.BatchID, Job: job.Name, Kind: backfilltype.EventPublished, Actor: r.cfg.WorkerID, Detail: detail}); err != nil {
 			return err
 		}
 		switched = true
@@ -337,7 +323,7 @@ func (r *Runner) publishVersion(ctx context.Context, job Job, run Run, table str
 			}
 			detail, _ := json.Marshal(map[string]any{"view": job.Publish.View, "version": version, "tries": vs.tries,
 				"lock_timeout": vs.timeout, "blockers": blockers})
-			return audit.RecordEvent(fctx, tx, Event{BatchID: run.BatchID, Job: job.Name, Kind: EventPublishBlocked, Actor: r.cfg.WorkerID, Detail: detail})
+			return audit.RecordEvent(fctx, tx, backfilltype.Event{BatchID: run.BatchID, Job: job.Name, Kind: backfilltype.EventPublishBlocked, Actor: r.cfg.WorkerID, Detail: detail})
 		})
 		return false, errors.Join(err, rerr)
 	case err != nil:
@@ -397,7 +383,7 @@ func (r *Runner) switchBack(ctx context.Context, job Job, run Run, base string, 
 		var pub struct{ View, Version, Previous string }
 		found := false
 		for _, e := range events {
-			if e.Kind == EventPublished {
+			if e.Kind == backfilltype.EventPublished {
 				if err := json.Unmarshal(e.Detail, &pub); err != nil {
 					return err
 				}
@@ -436,7 +422,7 @@ func (r *Runner) switchBack(ctx context.Context, job Job, run Run, base string, 
 			return err
 		}
 		d, _ := json.Marshal(detail)
-		return audit.RecordEvent(ctx, tx, Event{BatchID: run.BatchID, Job: run.Job, Kind: kind, Actor: opts.Actor, Detail: d})
+		return audit.RecordEvent(ctx, tx, backfilltype.Event{BatchID: run.BatchID, Job: run.Job, Kind: kind, Actor: opts.Actor, Detail: d})
 	})
 	if err != nil {
 		return "", err
@@ -474,14 +460,10 @@ func watchBlockers(ctx context.Context, db sqlx.ExtContext, pid int) (stop func(
 	}
 }
 
-// Blocker is a session that blocks, or holds a lock on, what the library
-// waits for ([Wait.Blockers], the log, [ErrPublishBlocked]).
-type Blocker = backfilltype.Blocker
-
 // blockingSessions returns the sessions that block session pid's lock
 // wait now (pg_blocking_pids, PostgreSQL docs 9.27.1, joined to
 // pg_stat_activity); nil for none or on error.
-func blockingSessions(ctx context.Context, db sqlx.ExtContext, pid int) []Blocker {
+func blockingSessions(ctx context.Context, db sqlx.ExtContext, pid int) []backfilltype.Blocker {
 	return pgstore.Sessions(ctx, db, `SELECT b.pid, coalesce(a.application_name, '') AS app, coalesce(a.state, '') AS state,
 		coalesce(a.wait_event_type || ':' || a.wait_event, '') AS wait_event, '' AS mode, coalesce(a.query, '') AS query
 		FROM unnest(pg_blocking_pids($1)) AS b(pid) JOIN pg_stat_activity a ON a.pid = b.pid ORDER BY b.pid`, pid)
@@ -491,7 +473,7 @@ func blockingSessions(ctx context.Context, db sqlx.ExtContext, pid int) []Blocke
 // relation rel in a mode that conflicts with ROW EXCLUSIVE (SHARE, SHARE
 // ROW EXCLUSIVE, EXCLUSIVE, ACCESS EXCLUSIVE: PostgreSQL docs 13.3.1),
 // with the mode; nil for none or on error.
-func conflictingHolders(ctx context.Context, db sqlx.ExtContext, rel string) []Blocker {
+func conflictingHolders(ctx context.Context, db sqlx.ExtContext, rel string) []backfilltype.Blocker {
 	return pgstore.Sessions(ctx, db, `SELECT DISTINCT a.pid, coalesce(a.application_name, '') AS app,
 		coalesce(a.state, '') AS state, '' AS wait_event, l.mode, coalesce(a.query, '') AS query
 		FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid

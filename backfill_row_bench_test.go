@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/pgbackfill/backfill/backfilltype"
 )
 
 // The per-row cost of the library's row writer beside the raw COPY
@@ -163,7 +165,7 @@ func BenchmarkRowWriterOrderLine(b *testing.B) {
 	at := time.Date(2024, 1, 2, 3, 4, 5, 123456000, time.UTC)
 	ship := time.Date(2024, 1, 5, 0, 0, 0, 0, time.UTC)
 	info := orderLineInfo()
-	c := Chunk{ID: "int:0/1", Kind: KindInt, Hi: 1}
+	c := Chunk{ID: "int:0/1", Kind: backfilltype.KindInt, Hi: 1}
 	ctx := context.Background()
 	b.Run("direct", func(b *testing.B) {
 		s := &copySink{}

@@ -21,6 +21,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/pgbackfill/backfill/backfilldriver"
+	"github.com/pgbackfill/backfill/backfilltrace"
 	"github.com/pgbackfill/backfill/backfilltype"
 	"github.com/pgbackfill/backfill/internal/pgconv"
 	"github.com/pgbackfill/backfill/internal/pgstore"
@@ -31,9 +32,6 @@ import (
 // [Postgres] adapts a *sqlx.DB; backfilltest.NewDB returns an in-memory
 // one for tests with fakes.
 type DB = backfilldriver.DB
-
-// Tx is a chunk's transaction. *sqlx.Tx satisfies it.
-type Tx = backfilldriver.Tx
 
 // Postgres adapts db (opened with the "postgres" driver of lib/pq) to [DB].
 func Postgres(db *sqlx.DB) DB { return pgstore.PGDB{DB: db} }
@@ -94,7 +92,7 @@ func NewWithDB(db DB, cfg *Config) (*Runner, error) {
 	}
 	switch {
 	case c.MaxMergeRefusals == 0:
-		c.MaxMergeRefusals = DefaultMaxMergeRefusals
+		c.MaxMergeRefusals = pgstore.DefaultMaxMergeRefusals
 	case c.MaxMergeRefusals < 0:
 		c.MaxMergeRefusals = 0 // refuse none
 	}
@@ -364,7 +362,7 @@ func scanChunks(job Job, chunks iter.Seq2[Chunk, error]) (*Chunk, error) {
 		if err != nil {
 			return nil, fmt.Errorf("backfill: job %q: chunks: %w", job.Name, err)
 		}
-		if c.Kind != KindTime {
+		if c.Kind != backfilltype.KindTime {
 			continue
 		}
 		if !c.Start.Equal(pgstore.TruncMicro(c.Start)) || !c.End.Equal(pgstore.TruncMicro(c.End)) {
@@ -682,7 +680,7 @@ type execution struct {
 // chunk whose end lies after the horizon, the earlier of the watermark
 // and started. Rows of its interval may still arrive in the source.
 func (ex *execution) open(c Chunk, started time.Time) bool {
-	if c.Kind != KindTime {
+	if c.Kind != backfilltype.KindTime {
 		return false
 	}
 	return c.End.After(started) || ex.watermark != nil && c.End.After(*ex.watermark)
@@ -773,13 +771,13 @@ func (ex *execution) publish(ctx context.Context) {
 func (ex *execution) recordGate(ctx context.Context, ce *ChunkError, ge *gateError, reason string) error {
 	fctx := context.WithoutCancel(ctx)
 	if ex.r.caps.gates != nil || ex.r.caps.validations != nil {
-		ex.tracePause(fctx, PauseGate, reason)
+		ex.tracePause(fctx, backfilltrace.PauseGate, reason)
 	}
 	if mg := ex.r.caps.gates; mg != nil {
 		for i := range ge.exceptions {
 			ge.exceptions[i].BatchID = ex.batchID
 		}
-		return mg.RecordGateFailure(fctx, ex.r.db, GateFailure{
+		return mg.RecordGateFailure(fctx, ex.r.db, backfilltype.GateFailure{
 			BatchID: ex.batchID, ChunkID: ce.Chunk.ID, Attempt: ce.Attempt, Results: ge.results, Exceptions: ge.exceptions, Reason: reason,
 		})
 	}
@@ -1045,7 +1043,7 @@ func (ex *execution) chunkFailed(ctx context.Context, ce *ChunkError, attempt in
 		ex.waits.avoid(ce.Chunk.Seq, time.Now().Add(backoff))
 		ex.mu.Unlock()
 	}
-	ex.traceRetry(ctx, TraceRetryData{Chunk: ce.Chunk, Attempt: attempt, Kind: RetryAttempt, Sleep: backoff, Final: final, Err: err})
+	ex.traceRetry(ctx, backfilltrace.RetryData{Chunk: ce.Chunk, Attempt: attempt, Kind: backfilltrace.RetryAttempt, Sleep: backoff, Final: final, Err: err})
 	ex.log.Warn("chunk failed", "seq", ce.Chunk.Seq, "chunk", ce.Chunk.ID, "attempt", attempt, "final", final, "error", err)
 	fctx := context.WithoutCancel(ctx)
 	// Recorded once the server is back, when a restart or a dropped
@@ -1190,7 +1188,7 @@ func (ex *execution) runChunk(ctx context.Context, p *chunkPipe) (cr chunkRun, e
 		// Its version first, before any extraction: a chunk whose
 		// version is its base's is extracted by loadChunk only if it
 		// must be (replay_skip_version.go).
-		xctx := cr.span.next(ctx, PhaseExtract)
+		xctx := cr.span.next(ctx, backfilltrace.PhaseExtract)
 		version, err := ex.chunkVersion(xctx, c, cr.reread, started)
 		if err != nil {
 			return cr, &ChunkError{Chunk: c, Attempt: cr.attempt, Err: err}
@@ -1203,7 +1201,7 @@ func (ex *execution) runChunk(ctx context.Context, p *chunkPipe) (cr chunkRun, e
 			cr.span.setRows(extracted.w.read)
 		}
 		defer extracted.close()
-		cr.span.next(ctx, PhaseStage)
+		cr.span.next(ctx, backfilltrace.PhaseStage)
 	}
 	err = ex.loadChunk(ctx, tx, &cr, c, pid, started, extracted)
 	committed = err == nil
@@ -1213,7 +1211,7 @@ func (ex *execution) runChunk(ctx context.Context, p *chunkPipe) (cr chunkRun, e
 // loadChunk runs chunk c, claimed in tx by backend pid (0: unknown), from
 // the publish mode's target to the commit; extracted, when a spool with
 // its row writer is given, means the chunk was extracted into it.
-func (ex *execution) loadChunk(ctx context.Context, tx Tx, cr *chunkRun, c Chunk, pid int, started time.Time, extracted *spooled) (err error) {
+func (ex *execution) loadChunk(ctx context.Context, tx backfilldriver.Tx, cr *chunkRun, c Chunk, pid int, started time.Time, extracted *spooled) (err error) {
 	r := ex.r
 	chunkErr := func(err error) error { return &ChunkError{Chunk: c, Attempt: cr.attempt, Err: err} }
 	// A retried try waits longer for locks (backfill_timeouts.go).
@@ -1246,14 +1244,14 @@ func (ex *execution) loadChunk(ctx context.Context, tx Tx, cr *chunkRun, c Chunk
 			if ex.leasing() {
 				return errVersionMissed
 			}
-			x, err := ex.extractSpooled(cr.span.next(ctx, PhaseExtract), c, started, extracted.skip.version)
+			x, err := ex.extractSpooled(cr.span.next(ctx, backfilltrace.PhaseExtract), c, started, extracted.skip.version)
 			if err != nil {
 				return chunkErr(err)
 			}
 			x.skip.base, x.skip.targetChanged = extracted.skip.base, extracted.skip.targetChanged
 			*extracted = *x // closed by the caller
 			cr.span.setRows(x.w.read)
-			cr.span.next(ctx, PhaseStage)
+			cr.span.next(ctx, backfilltrace.PhaseStage)
 		}
 		sk = extracted.skip
 		if skipped, err := ex.skipUnchanged(ctx, tx, cr, c, t.info, started, extracted); err != nil || skipped {
@@ -1264,7 +1262,7 @@ func (ex *execution) loadChunk(ctx context.Context, tx Tx, cr *chunkRun, c Chunk
 	// Extract (unless extracted) and stage.
 	xctx := ctx
 	if extracted == nil {
-		xctx = cr.span.next(ctx, PhaseExtract)
+		xctx = cr.span.next(ctx, backfilltrace.PhaseExtract)
 	}
 	stager, w, err := ex.stage(xctx, tx, stageParams{chunk: c, info: t.info, started: started, savepoints: t.isolate, newStager: t.newStager, spooled: extracted})
 	if err != nil {
@@ -1278,7 +1276,7 @@ func (ex *execution) loadChunk(ctx context.Context, tx Tx, cr *chunkRun, c Chunk
 	// notes the blockers of a wait (backfill_timeouts.go).
 	stopWatch := ex.watchChunk(ctx, pid, cr.lockTimeout)
 	defer func() { cr.seen = stopWatch() }()
-	cr.span.next(ctx, PhaseMerge)
+	cr.span.next(ctx, backfilltrace.PhaseMerge)
 	mr, err := stager.Merge(ctx)
 	if err != nil {
 		return chunkErr(err)
@@ -1310,14 +1308,14 @@ func (ex *execution) loadChunk(ctx context.Context, tx Tx, cr *chunkRun, c Chunk
 	// Validate: the job's checks and the row accounting (a deferred chunk
 	// is validated when the run's publish merges it).
 	if !t.deferred {
-		cr.span.next(ctx, PhaseValidate)
+		cr.span.next(ctx, backfilltrace.PhaseValidate)
 		if err := ex.validateChunk(ctx, tx, t.info, stager, cr.res, w.exceptions); err != nil {
 			return err
 		}
 	}
 
 	// Checkpoint.
-	cr.span.next(ctx, PhaseCheckpoint)
+	cr.span.next(ctx, backfilltrace.PhaseCheckpoint)
 	cr.res.FinishedAt = time.Now()
 	cr.res.Open = ex.open(c, started)
 	for i := range w.exceptions {
@@ -1339,7 +1337,7 @@ func (ex *execution) loadChunk(ctx context.Context, tx Tx, cr *chunkRun, c Chunk
 	}
 
 	// Commit.
-	cr.span.next(ctx, PhaseCommit)
+	cr.span.next(ctx, backfilltrace.PhaseCommit)
 	if err := tx.Commit(); err != nil {
 		return chunkErr(fmt.Errorf("commit: %w", err))
 	}
@@ -1350,13 +1348,13 @@ func (ex *execution) loadChunk(ctx context.Context, tx Tx, cr *chunkRun, c Chunk
 // records their results there, and checks the row accounting. A failed
 // gate stops the claims of this call and returns a *ChunkError wrapping
 // a *gateError with the attempt's exceptions.
-func (ex *execution) validateChunk(ctx context.Context, tx Tx, info TableInfo, stager Stager, res ChunkResult, exceptions []Exception) error {
+func (ex *execution) validateChunk(ctx context.Context, tx backfilldriver.Tx, info TableInfo, stager backfilldriver.Stager, res ChunkResult, exceptions []Exception) error {
 	return ex.validateChunkWith(ctx, tx, info, stager, res, exceptions, ex.job.Validators)
 }
 
 // validateChunkWith is validateChunk running validators vs rather than
 // the job's (a skipped chunk's, replay_skip_run.go).
-func (ex *execution) validateChunkWith(ctx context.Context, tx Tx, info TableInfo, stager Stager, res ChunkResult, exceptions []Exception, vs []Validator) error {
+func (ex *execution) validateChunkWith(ctx context.Context, tx backfilldriver.Tx, info TableInfo, stager backfilldriver.Stager, res ChunkResult, exceptions []Exception, vs []Validator) error {
 	c := res.Chunk
 	chunkErr := func(err error) error { return &ChunkError{Chunk: c, Attempt: res.Attempt, Err: err} }
 	checks, err := ex.validateWith(ctx, tx, c, info, stager, res.Counts, vs)
@@ -1633,13 +1631,13 @@ func (w *rowWriter) inChunk(v, stored any) (bool, string) {
 	col := w.info.Columns[w.chunkCol]
 	outside := func(shown string) (bool, string) {
 		lo, hi := c.Bounds()
-		if c.Kind == KindList {
+		if c.Kind == backfilltype.KindList {
 			return false, fmt.Sprintf("outside chunk {%s}: value %s", lo, shown)
 		}
 		return false, fmt.Sprintf("outside chunk [%s, %s): value %s", lo, hi, shown)
 	}
 	switch c.Kind {
-	case KindTime:
+	case backfilltype.KindTime:
 		t, ok := w.instant(col, v, stored)
 		if !ok {
 			return false, fmt.Sprintf("outside chunk: value %s of %s is not a time", pgstore.DisplayValue(v), col.Name)
@@ -1648,7 +1646,7 @@ func (w *rowWriter) inChunk(v, stored any) (bool, string) {
 			return outside(t.In(c.Start.Location()).Format(time.RFC3339Nano))
 		}
 		return true, ""
-	case KindInt:
+	case backfilltype.KindInt:
 		n, reason := pgconv.ToInt(v, math.MinInt64, math.MaxInt64, "bigint")
 		if reason != "" {
 			return false, "outside chunk: " + reason
@@ -1804,12 +1802,12 @@ func rollbackMechanism(job Job, info TableInfo, pub publisher) (RollbackMechanis
 
 // validate runs the job's validators on a merged chunk in tx. A failed
 // check of SeverityError returns a *gateError carrying every result.
-func (ex *execution) validate(ctx context.Context, tx sqlx.ExtContext, c Chunk, info TableInfo, stager Stager, counts Counts) ([]CheckResult, error) {
+func (ex *execution) validate(ctx context.Context, tx sqlx.ExtContext, c Chunk, info TableInfo, stager backfilldriver.Stager, counts Counts) ([]CheckResult, error) {
 	return ex.validateWith(ctx, tx, c, info, stager, counts, ex.job.Validators)
 }
 
 // validateWith is validate running validators vs.
-func (ex *execution) validateWith(ctx context.Context, tx sqlx.ExtContext, c Chunk, info TableInfo, stager Stager, counts Counts, vs []Validator) ([]CheckResult, error) {
+func (ex *execution) validateWith(ctx context.Context, tx sqlx.ExtContext, c Chunk, info TableInfo, stager backfilldriver.Stager, counts Counts, vs []Validator) ([]CheckResult, error) {
 	if len(vs) == 0 {
 		return nil, nil
 	}
@@ -1891,7 +1889,7 @@ func (ex *execution) checkRunRejectRate(ctx context.Context, res ChunkResult, fr
 		if err := ex.retryConn(fctx, "pause the run at its reject rate", func() error { return mv.PauseRun(fctx, ex.r.db, ex.batchID, reason) }); err != nil {
 			return err
 		}
-		ex.tracePause(fctx, PauseGate, reason)
+		ex.tracePause(fctx, backfilltrace.PauseGate, reason)
 	}
 	return fmt.Errorf("%w: %s", ErrGateFailed, reason)
 }
@@ -1993,7 +1991,7 @@ func (ex *execution) checkLoaded(ctx context.Context) error {
 		if err := mv.PauseRun(context.WithoutCancel(ctx), ex.r.db, ex.batchID, reason); err != nil {
 			return err
 		}
-		ex.tracePause(ctx, PauseGate, reason)
+		ex.tracePause(ctx, backfilltrace.PauseGate, reason)
 	}
 	return fmt.Errorf("backfill: job %q batch %d: %w: %s", ex.job.Name, ex.batchID, ErrGateFailed, reason)
 }

@@ -4,13 +4,17 @@ import (
 	"context"
 	"testing"
 	"time"
+
+	"github.com/pgbackfill/backfill/backfilltype"
 )
 
 type nopStager struct{ n int64 }
 
 func (s *nopStager) Add(ctx context.Context, row int64, values []any) error { s.n++; return nil }
-func (s *nopStager) Merge(ctx context.Context) (MergeResult, error)         { return MergeResult{}, nil }
-func (s *nopStager) Close() error                                           { return nil }
+func (s *nopStager) Merge(ctx context.Context) (backfilltype.MergeResult, error) {
+	return backfilltype.MergeResult{}, nil
+}
+func (s *nopStager) Close() error { return nil }
 
 // BenchmarkRowWriter measures the client-side cost of one row: conversion
 // and checks of a typical order line, without the database.
@@ -30,7 +34,7 @@ func BenchmarkRowWriter(b *testing.B) {
 		},
 		Written: 9,
 	}
-	c := Chunk{ID: "int:0/1", Kind: KindInt, Hi: 1}
+	c := Chunk{ID: "int:0/1", Kind: backfilltype.KindInt, Hi: 1}
 	w := newRowWriter(c, Job{}, info, &nopStager{}, 0, time.Now())
 	at := time.Date(2024, 1, 2, 3, 4, 5, 0, time.UTC)
 	ctx := context.Background()
@@ -57,7 +61,7 @@ func BenchmarkRowWriterTimeText(b *testing.B) {
 		},
 		Written: 6,
 	}
-	c := Chunk{ID: "int:0/1", Kind: KindInt, Hi: 1}
+	c := Chunk{ID: "int:0/1", Kind: backfilltype.KindInt, Hi: 1}
 	w := newRowWriter(c, Job{}, info, &nopStager{}, 0, time.Now())
 	at := time.Date(2024, 1, 2, 3, 4, 5, 0, time.UTC)
 	ctx := context.Background()

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/pgbackfill/backfill/backfilltrace"
 	"github.com/pgbackfill/backfill/backfilltype"
 	"github.com/pgbackfill/backfill/internal/pgstore"
 )
@@ -189,7 +190,7 @@ func (ex *execution) runChunkLeased(ctx context.Context, p *chunkPipe) (cr chunk
 	chunkErr := func(err error) error { return &ChunkError{Chunk: c, Attempt: cr.attempt, Err: err} }
 	started := time.Now()
 	cr.reread = cl.State.Status == ChunkOpen
-	xctx := cr.span.next(ctx, PhaseExtract)
+	xctx := cr.span.next(ctx, backfilltrace.PhaseExtract)
 
 	// A job with SkipUnchanged and a ChunkVersioner: the chunk's version,
 	// before its extraction, and whether its base lets it skip the
@@ -218,7 +219,7 @@ func (ex *execution) runChunkLeased(ctx context.Context, p *chunkPipe) (cr chunk
 	// The slot's write stage: the previous chunk leased by the slot is
 	// written first (backfill_pipeline.go). A chunk that waited for it
 	// checks again what the lease checked.
-	ok, waited := turn.enterWrite(ctx, func() { cr.span.next(ctx, PhaseQueued) })
+	ok, waited := turn.enterWrite(ctx, func() { cr.span.next(ctx, backfilltrace.PhaseQueued) })
 	if !ok {
 		return cr, chunkErr(ctx.Err())
 	}
@@ -229,7 +230,7 @@ func (ex *execution) runChunkLeased(ctx context.Context, p *chunkPipe) (cr chunk
 	}
 
 	// The chunk's transaction.
-	cr.span.next(ctx, PhaseStage)
+	cr.span.next(ctx, backfilltrace.PhaseStage)
 	tx, err := r.db.Begin(ctx)
 	if err != nil {
 		// An attempt of the chunk: recorded as failed, like a failure

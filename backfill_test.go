@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/pgbackfill/backfill/backfilltype"
+
 	"github.com/google/go-cmp/cmp"
 	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
@@ -95,7 +97,7 @@ func snapshot(t *testing.T, db *sqlx.DB) []rowImage {
 	return rows
 }
 
-func manifestChunks(t *testing.T, db *sqlx.DB, batch int64) []backfill.ChunkState {
+func manifestChunks(t *testing.T, db *sqlx.DB, batch int64) []backfilltype.ChunkState {
 	t.Helper()
 	cs, err := backfill.NewPGManifest("").Chunks(context.Background(), db, batch)
 	require.NoError(t, err)

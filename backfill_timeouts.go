@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/jmoiron/sqlx"
+	"github.com/pgbackfill/backfill/backfilldriver"
+	"github.com/pgbackfill/backfill/backfilltrace"
 	"github.com/pgbackfill/backfill/backfilltype"
 	"github.com/pgbackfill/backfill/internal/pgstore"
 )
@@ -131,7 +133,7 @@ func (ex *execution) avoided() ([]int, time.Duration) {
 
 // setTryLockTimeout sets the lock_timeout of chunk seq's try in tx when
 // it is not the first try of its attempt (the claim set the first row's).
-func (ex *execution) setTryLockTimeout(ctx context.Context, tx Tx, seq int) (string, error) {
+func (ex *execution) setTryLockTimeout(ctx context.Context, tx backfilldriver.Tx, seq int) (string, error) {
 	s := ex.r.cfg.txSettings()
 	n := ex.waitTry(seq)
 	lt := s.TryLockTimeout(n)
@@ -141,10 +143,6 @@ func (ex *execution) setTryLockTimeout(ctx context.Context, tx Tx, seq int) (str
 	_, err := tx.ExecContext(ctx, `SELECT set_config('backfill.lock_timeout', set_config('lock_timeout', $1, true), true)`, lt)
 	return lt, err
 }
-
-// Wait is one try of a chunk that waited and was rolled back
-// ([ManifestWaits]).
-type Wait = backfilltype.Wait
 
 // chunkWaited handles a try of ce's chunk that ended with a wait (code,
 // msg): it records and logs the wait with what the watcher saw, and
@@ -170,7 +168,7 @@ func (ex *execution) chunkWaited(ctx context.Context, ce *ChunkError, cr chunkRu
 	}
 	ex.mu.Unlock()
 
-	w := Wait{BatchID: ex.batchID, Seq: seq, ChunkID: ce.Chunk.ID, Attempt: ce.Attempt, Try: n + 1, SQLState: code, Message: msg,
+	w := backfilltype.Wait{BatchID: ex.batchID, Seq: seq, ChunkID: ce.Chunk.ID, Attempt: ce.Attempt, Try: n + 1, SQLState: code, Message: msg,
 		LockTimeout: cr.lockTimeout, StatementTimeout: s.StmtSetting(), Sleep: sleep, Final: final, Worker: ex.r.cfg.WorkerID}
 	if cr.seen != nil && !cr.seen.at.IsZero() {
 		w.Waited = cr.seen.waited + time.Since(cr.seen.at)
@@ -189,7 +187,7 @@ func (ex *execution) chunkWaited(ctx context.Context, ce *ChunkError, cr chunkRu
 		// EXCLUSIVE are then named as its blockers.
 		w.Blockers = conflictingHolders(context.WithoutCancel(ctx), ex.r.db, ex.base)
 	}
-	ex.traceRetry(ctx, TraceRetryData{Chunk: ce.Chunk, Attempt: ce.Attempt, Kind: RetryWait, Try: n + 1, SQLState: code, Sleep: sleep, Final: final, Err: ce.Err})
+	ex.traceRetry(ctx, backfilltrace.RetryData{Chunk: ce.Chunk, Attempt: ce.Attempt, Kind: backfilltrace.RetryWait, Try: n + 1, SQLState: code, Sleep: sleep, Final: final, Err: ce.Err})
 	blockers := pgstore.DescribeBlockers(w.Blockers)
 	if blockers == "" {
 		blockers = "none seen"
@@ -225,7 +223,7 @@ func (ex *execution) chunkWaited(ctx context.Context, ce *ChunkError, cr chunkRu
 type watchSeen struct {
 	at       time.Time
 	waited   time.Duration
-	blockers []Blocker
+	blockers []backfilltype.Blocker
 }
 
 // watchChunk starts watching, from another connection of the pool, the

@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/pgbackfill/backfill/backfilldriver"
 	"github.com/pgbackfill/backfill/backfilltype"
 	"github.com/pgbackfill/backfill/internal/pgstore"
 )
@@ -71,7 +72,7 @@ func (ex *execution) startWorker(ctx context.Context) {
 	}
 	host, _ := os.Hostname()
 	w := &workerCall{key: newWorkerKey()}
-	reg := Worker{Key: w.key, ID: ex.r.cfg.WorkerID, BatchID: ex.batchID, Job: ex.job.Name, Host: host, PID: os.Getpid(), StaleAfter: ex.r.cfg.StaleAfter}
+	reg := backfilltype.Worker{Key: w.key, ID: ex.r.cfg.WorkerID, BatchID: ex.batchID, Job: ex.job.Name, Host: host, PID: os.Getpid(), StaleAfter: ex.r.cfg.StaleAfter}
 	fctx := context.WithoutCancel(ctx)
 	if err := ex.retryConn(ctx, "register worker", func() error { return wm.RegisterWorker(fctx, ex.r.db, reg) }); err != nil {
 		ex.log.Warn("backfill: worker not registered; its chunks cannot be told from a frozen worker's", "error", err)
@@ -126,7 +127,7 @@ func (ex *execution) stopWorker() {
 // It also sets the transaction's timeouts (backfill_timeouts.go), skips
 // the chunks whose pause after a wait is not over, and returns the
 // backend's pid (0 when the manifest does not lease).
-func (ex *execution) claim(ctx context.Context, tx Tx) (ChunkState, int, bool, error) {
+func (ex *execution) claim(ctx context.Context, tx backfilldriver.Tx) (backfilltype.ChunkState, int, bool, error) {
 	if wm := ex.r.caps.workers; wm != nil {
 		s := ex.r.cfg.txSettings()
 		l := pgstore.Lease{StaleAfter: ex.r.cfg.StaleAfter, LockTimeout: s.TryLockTimeout(0), StmtTimeout: s.StmtSetting()}

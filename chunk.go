@@ -2,19 +2,6 @@ package backfill
 
 import "github.com/pgbackfill/backfill/backfilltype"
 
-// ChunkKind says which dimension a [Chunk] bounds.
-type ChunkKind = backfilltype.ChunkKind
-
-const (
-	// KindTime chunks bound an instant: [Chunk.Start, Chunk.End).
-	KindTime = backfilltype.KindTime
-	// KindInt chunks bound an integer key: [Chunk.Lo, Chunk.Hi).
-	KindInt = backfilltype.KindInt
-	// KindList chunks hold exactly one item of an explicit list (a tenant,
-	// a file name): the half-open interval [Item, successor(Item)).
-	KindList = backfilltype.KindList
-)
-
 // Chunk is one unit of work of a backfill: a half-open interval of the
 // chunking dimension, loaded, merged and checkpointed in one transaction.
 //

@@ -10,6 +10,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/pgbackfill/backfill/backfilltype"
 )
 
 // maxChunks bounds the number of chunks a built-in chunker returns, so that
@@ -88,7 +90,7 @@ func (c *intChunker) chunk(i int) Chunk {
 	if uint64(c.hi)-uint64(lo) > uint64(c.step) {
 		hi = lo + c.step // lo+step < c.hi, so no overflow
 	}
-	return Chunk{ID: "int:" + strconv.FormatInt(lo, 10) + "/" + strconv.FormatInt(hi, 10), Seq: i, Kind: KindInt, Lo: lo, Hi: hi}
+	return Chunk{ID: "int:" + strconv.FormatInt(lo, 10) + "/" + strconv.FormatInt(hi, 10), Seq: i, Kind: backfilltype.KindInt, Lo: lo, Hi: hi}
 }
 
 // ChunkSeq implements [ChunkStreamer.ChunkSeq]; see [IntRange].
@@ -116,7 +118,7 @@ func (c *intChunker) ChunkSeq(ctx context.Context) iter.Seq2[Chunk, error] {
 // ChunkOf implements [ChunkStreamer.ChunkOf]; see [IntRange].
 func (c *intChunker) ChunkOf(x Chunk) (Chunk, bool) {
 	n, err := c.count(context.Background())
-	if err != nil || x.Kind != KindInt || x.Seq < 0 || x.Seq >= n {
+	if err != nil || x.Kind != backfilltype.KindInt || x.Seq < 0 || x.Seq >= n {
 		return Chunk{}, false
 	}
 	if want := c.chunk(x.Seq); want == x {
@@ -163,7 +165,7 @@ func (c *listChunker) Chunks(ctx context.Context) ([]Chunk, error) {
 	}
 	chunks := make([]Chunk, len(c.items))
 	for i, it := range c.items {
-		chunks[i] = Chunk{ID: "list:" + it, Seq: i, Kind: KindList, Item: it}
+		chunks[i] = Chunk{ID: "list:" + it, Seq: i, Kind: backfilltype.KindList, Item: it}
 	}
 	return chunks, nil
 }
@@ -217,7 +219,7 @@ func (c *listChunker) ChunkSeq(ctx context.Context) iter.Seq2[Chunk, error] {
 			return
 		}
 		for i, it := range c.items {
-			if !yield(Chunk{ID: "list:" + it, Seq: i, Kind: KindList, Item: it}, nil) {
+			if !yield(Chunk{ID: "list:" + it, Seq: i, Kind: backfilltype.KindList, Item: it}, nil) {
 				return
 			}
 		}
@@ -226,8 +228,8 @@ func (c *listChunker) ChunkSeq(ctx context.Context) iter.Seq2[Chunk, error] {
 
 // ChunkOf implements [ChunkStreamer.ChunkOf]; see [List].
 func (c *listChunker) ChunkOf(x Chunk) (Chunk, bool) {
-	if x.Kind != KindList || x.Seq < 0 || x.Seq >= len(c.items) || c.items[x.Seq] != x.Item || x.ID != "list:"+x.Item {
+	if x.Kind != backfilltype.KindList || x.Seq < 0 || x.Seq >= len(c.items) || c.items[x.Seq] != x.Item || x.ID != "list:"+x.Item {
 		return Chunk{}, false
 	}
-	return Chunk{ID: x.ID, Seq: x.Seq, Kind: KindList, Item: x.Item}, true
+	return Chunk{ID: x.ID, Seq: x.Seq, Kind: backfilltype.KindList, Item: x.Item}, true
 }

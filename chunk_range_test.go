@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/pgbackfill/backfill/backfilltype"
+
 	"github.com/google/go-cmp/cmp"
 	"github.com/stretchr/testify/require"
 	"pgregory.net/rapid"
@@ -79,8 +81,8 @@ func TestIntRangeIDAndScope(t *testing.T) {
 	require.Equal(t, "int [1000, 3000) step 1000", c.Scope())
 	chunks := mustChunks(t, c)
 	want := []backfill.Chunk{
-		{ID: "int:1000/2000", Seq: 0, Kind: backfill.KindInt, Lo: 1000, Hi: 2000},
-		{ID: "int:2000/3000", Seq: 1, Kind: backfill.KindInt, Lo: 2000, Hi: 3000},
+		{ID: "int:1000/2000", Seq: 0, Kind: backfilltype.KindInt, Lo: 1000, Hi: 2000},
+		{ID: "int:2000/3000", Seq: 1, Kind: backfilltype.KindInt, Lo: 2000, Hi: 3000},
 	}
 	if diff := cmp.Diff(want, chunks); diff != "" {
 		t.Errorf("IntRange chunks mismatch (-want +got):\n%s", diff)
@@ -133,7 +135,7 @@ func requireIntTiling(t require.TestingT, chunks []backfill.Chunk, lo, hi int64)
 	ids := make(map[string]bool, len(chunks))
 	for i, c := range chunks {
 		require.Equal(t, i, c.Seq)
-		require.Equal(t, backfill.KindInt, c.Kind)
+		require.Equal(t, backfilltype.KindInt, c.Kind)
 		require.Less(t, c.Lo, c.Hi, "chunk %v is empty", c)
 		require.Equal(t, fmt.Sprintf("int:%d/%d", c.Lo, c.Hi), c.ID)
 		require.False(t, ids[c.ID], "duplicate ID %s", c.ID)
@@ -225,9 +227,9 @@ func TestList(t *testing.T) {
 	c := backfill.List("tenant-9", "tenant-10", "tenant-1")
 	chunks := mustChunks(t, c)
 	want := []backfill.Chunk{
-		{ID: "list:tenant-9", Seq: 0, Kind: backfill.KindList, Item: "tenant-9"},
-		{ID: "list:tenant-10", Seq: 1, Kind: backfill.KindList, Item: "tenant-10"},
-		{ID: "list:tenant-1", Seq: 2, Kind: backfill.KindList, Item: "tenant-1"},
+		{ID: "list:tenant-9", Seq: 0, Kind: backfilltype.KindList, Item: "tenant-9"},
+		{ID: "list:tenant-10", Seq: 1, Kind: backfilltype.KindList, Item: "tenant-10"},
+		{ID: "list:tenant-1", Seq: 2, Kind: backfilltype.KindList, Item: "tenant-1"},
 	}
 	if diff := cmp.Diff(want, chunks); diff != "" {
 		t.Errorf("List chunks mismatch (-want +got):\n%s", diff)
@@ -308,7 +310,7 @@ func TestListProperty(t *testing.T) {
 		require.NoError(rt, err)
 		require.Len(rt, chunks, len(items))
 		for i, ch := range chunks {
-			require.Equal(rt, backfill.Chunk{ID: "list:" + items[i], Seq: i, Kind: backfill.KindList, Item: items[i]}, ch)
+			require.Equal(rt, backfill.Chunk{ID: "list:" + items[i], Seq: i, Kind: backfilltype.KindList, Item: items[i]}, ch)
 			require.Equal(rt, []int{i}, containing(chunks, items[i]))
 		}
 		again, err := c.Chunks(context.Background())

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/jmoiron/sqlx"
+	"github.com/pgbackfill/backfill/backfilldriver"
 	"github.com/pgbackfill/backfill/internal/pgstore"
 	"github.com/stretchr/testify/require"
 )
@@ -20,7 +21,7 @@ type stmtDB struct {
 	txs []*stmtTx
 }
 
-func (d *stmtDB) Begin(ctx context.Context) (Tx, error) {
+func (d *stmtDB) Begin(ctx context.Context) (backfilldriver.Tx, error) {
 	tx, err := d.DB.Begin(ctx)
 	if err != nil {
 		return nil, err
@@ -33,7 +34,7 @@ func (d *stmtDB) Begin(ctx context.Context) (Tx, error) {
 }
 
 type stmtTx struct {
-	Tx
+	backfilldriver.Tx
 	mu    sync.Mutex
 	stmts []string
 }

@@ -6,6 +6,7 @@ import (
 	"iter"
 	"time"
 
+	"github.com/pgbackfill/backfill/backfilltype"
 	"github.com/pgbackfill/backfill/internal/calendar"
 )
 
@@ -379,7 +380,7 @@ func (c *timeChunker) chunk(seq int, lo, hi time.Time) (Chunk, error) {
 	return Chunk{
 		ID:    "time:" + lo.Format(time.RFC3339Nano) + "/" + hi.Format(time.RFC3339Nano),
 		Seq:   seq,
-		Kind:  KindTime,
+		Kind:  backfilltype.KindTime,
 		Start: lo,
 		End:   hi,
 	}, nil
@@ -392,7 +393,7 @@ func (c *timeChunker) chunk(seq int, lo, hi time.Time) (Chunk, error) {
 // scope's): the position of a calendar hour, day or month would take a
 // walk from the scope's start.
 func (c *timeChunker) ChunkOf(x Chunk) (Chunk, bool) {
-	if c.validate() != nil || x.Kind != KindTime || x.Seq < 0 || x.Start.Before(c.start) || x.End.After(c.end) || !x.Start.Before(x.End) {
+	if c.validate() != nil || x.Kind != backfilltype.KindTime || x.Seq < 0 || x.Start.Before(c.start) || x.End.After(c.end) || !x.Start.Before(x.End) {
 		return Chunk{}, false
 	}
 	if c.unit == unitEvery {

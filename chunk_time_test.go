@@ -8,6 +8,8 @@ import (
 	"time"
 	_ "time/tzdata" // the tests need IANA zones even where the host has none
 
+	"github.com/pgbackfill/backfill/backfilltype"
+
 	"github.com/google/go-cmp/cmp"
 	"github.com/stretchr/testify/require"
 	"pgregory.net/rapid"
@@ -72,7 +74,7 @@ func requireTimeTiling(t require.TestingT, chunks []backfill.Chunk, start, end t
 	ids := make(map[string]bool, len(chunks))
 	for i, c := range chunks {
 		require.Equal(t, i, c.Seq)
-		require.Equal(t, backfill.KindTime, c.Kind)
+		require.Equal(t, backfilltype.KindTime, c.Kind)
 		require.True(t, c.Start.Before(c.End), "chunk %d %v is empty", i, c)
 		require.Equal(t, loc.String(), c.Start.Location().String())
 		require.Equal(t, loc.String(), c.End.Location().String())

@@ -6,13 +6,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgbackfill/backfill/internal/pgstore"
+
 	"github.com/lib/pq"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgbackfill/backfill"
 	"github.com/pgbackfill/backfill/backfilltest"
-	"github.com/pgbackfill/backfill/internal/pgstore"
 	"github.com/pgbackfill/backfill/internal/pgtest"
 )
 

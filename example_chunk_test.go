@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/pgbackfill/backfill/backfilltype"
+
 	"github.com/pgbackfill/backfill"
 )
 
@@ -118,7 +120,7 @@ func ExampleChunkStreamer() {
 	}
 	start := time.Date(2024, 3, 10, 0, 0, 0, 0, ny)
 	days := backfill.Days(start, start.AddDate(0, 0, 2), ny).(backfill.ChunkStreamer)
-	recorded := backfill.Chunk{Seq: 0, Kind: backfill.KindTime, Start: start.UTC(), End: start.AddDate(0, 0, 1).UTC(),
+	recorded := backfill.Chunk{Seq: 0, Kind: backfilltype.KindTime, Start: start.UTC(), End: start.AddDate(0, 0, 1).UTC(),
 		ID: "time:2024-03-10T00:00:00-05:00/2024-03-11T00:00:00-04:00"}
 	ch, ok := days.ChunkOf(recorded)
 	fmt.Println(ok, ch)

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/pgbackfill/backfill"
+	"github.com/pgbackfill/backfill/backfillthrottle"
 )
 
 // Throttles hold a backfill beside production, and a critical level
@@ -24,16 +25,16 @@ func Example_throttle() {
 	db.MustExec(`CREATE TABLE totals (day int PRIMARY KEY, amount int NOT NULL)`)
 
 	// Windows in an IANA zone; the night of Friday runs into Saturday.
-	night, _ := backfill.ParseSchedule("Mon-Fri 22:00-06:00 Europe/Berlin")
+	night, _ := backfillthrottle.ParseSchedule("Mon-Fri 22:00-06:00 Europe/Berlin")
 	sat := time.Date(2026, 12, 5, 5, 30, 0, 0, time.UTC) // Saturday 06:30 in Berlin
 	fmt.Println("Saturday 06:30 Berlin in the window:", night.Contains(sat))
 
 	r, err := backfill.New(db, &backfill.Config{
 		JobConcurrency: 2, // across every process running the job
 		RowsPerSecond:  100_000,
-		Throttles: []backfill.Throttle{
-			{Signal: backfill.SQLSignal("pressure", `SELECT v FROM pressure`), High: 80, Low: 50, MinHold: time.Second, Critical: 100},
-			{Signal: backfill.ReplicaLagSignal(), High: 10, Low: 2},
+		Throttles: []backfillthrottle.Throttle{
+			{Signal: backfillthrottle.SQLSignal("pressure", `SELECT v FROM pressure`), High: 80, Low: 50, MinHold: time.Second, Critical: 100},
+			{Signal: backfillthrottle.ReplicaLagSignal(), High: 10, Low: 2},
 		},
 	})
 	if err != nil {

@@ -16,33 +16,6 @@ import (
 	"github.com/pgbackfill/backfill/internal/pgstore"
 )
 
-// GateFailure is the evidence of one chunk attempt that a failed quality
-// gate rolled back, the argument of [ManifestGates.RecordGateFailure].
-type GateFailure = backfilltype.GateFailure
-
-// Audit event kinds of quality gates and validators.
-const (
-	// EventGateAccepted: an operator accepted the failed gate of one
-	// chunk ([Runner.AcceptGate]); Detail holds "chunk", "checks" and
-	// "why".
-	EventGateAccepted = "gate_accepted"
-	// EventValidatorsSet: the job's validators when a run first ran;
-	// Detail holds "validators".
-	EventValidatorsSet = "validators_set"
-	// EventValidatorsChanged: a call ran the run with other validators
-	// than the previous call; Detail holds "before", "after", "added"
-	// and "removed".
-	EventValidatorsChanged = "validators_changed"
-	// EventGateBaseline: an operator resumed a paused run
-	// ([Runner.Resume], [Runner.AcceptGate]); Detail holds "read" and
-	// "rejected", the run's rows (of its done and open chunks) at that
-	// point. The run reject gate ([Job.MaxRunRejectRate]) and the "no
-	// row loaded" pause then judge only the rows read after it: the
-	// rejects before were the operator's decision. Recorded in the
-	// resume's transaction.
-	EventGateBaseline = "gate_baseline"
-)
-
 // acceptedCheck is one failed check result an operator accepted for a
 // chunk: its check name and the fingerprint of its evidence (empty for
 // acceptances recorded before evidence was: the check name alone).
@@ -142,7 +115,7 @@ func (r *Runner) AcceptGate(ctx context.Context, job Job, chunkID, actor, why st
 		return Report{}, err
 	}
 	err = pgstore.InBoundedTx(ctx, r.db, func(tx sqlx.ExtContext) error {
-		if err := audit.RecordEvent(ctx, tx, Event{BatchID: run.BatchID, Job: job.Name, Kind: EventGateAccepted, Actor: actor, Detail: detail}); err != nil {
+		if err := audit.RecordEvent(ctx, tx, backfilltype.Event{BatchID: run.BatchID, Job: job.Name, Kind: backfilltype.EventGateAccepted, Actor: actor, Detail: detail}); err != nil {
 			return err
 		}
 		if err := audit.RecordEvent(ctx, tx, baseline); err != nil {
@@ -172,7 +145,7 @@ type gateToAccept struct {
 // states, the chunks with a failed gate to accept (those whose latest
 // judgment is an attempt a gate rolled back, and that are not done) and,
 // when chunkID is one, what its gate failed.
-func failedGates(vs []Validation, states []ChunkState, chunkID string) gateToAccept {
+func failedGates(vs []backfilltype.Validation, states []backfilltype.ChunkState, chunkID string) gateToAccept {
 	var g gateToAccept
 	latest := map[string]int{} // chunk ID -> index of its latest result
 	for i, v := range vs {
@@ -217,26 +190,26 @@ func (r *Runner) pausedRun(ctx context.Context, job Job, what string) (Run, erro
 // baselineEvent returns the [EventGateBaseline] event of a resume of
 // batchID by actor: the run's read and rejected rows now, over its done
 // and open chunks. The run is paused: no chunk is in flight.
-func (r *Runner) baselineEvent(ctx context.Context, job string, batchID int64, actor string) (Event, error) {
+func (r *Runner) baselineEvent(ctx context.Context, job string, batchID int64, actor string) (backfilltype.Event, error) {
 	total, err := loadedTotals(ctx, r.cfg.Manifest, r.db, batchID)
 	if err != nil {
-		return Event{}, err
+		return backfilltype.Event{}, err
 	}
 	detail, err := json.Marshal(map[string]int64{"read": total.Read, "rejected": total.Rejected})
 	if err != nil {
-		return Event{}, err
+		return backfilltype.Event{}, err
 	}
-	return Event{BatchID: batchID, Job: job, Kind: EventGateBaseline, Actor: actor, Detail: detail}, nil
+	return backfilltype.Event{BatchID: batchID, Job: job, Kind: backfilltype.EventGateBaseline, Actor: actor, Detail: detail}, nil
 }
 
 // acceptedGates returns, per chunk ID, the check results accepted by
 // operators in the run's audit log, and the latest resume baseline.
-func acceptedGates(events []Event) (map[string][]acceptedCheck, Counts) {
+func acceptedGates(events []backfilltype.Event) (map[string][]acceptedCheck, Counts) {
 	out := map[string][]acceptedCheck{}
 	var baseline Counts
 	for _, e := range events {
 		switch e.Kind {
-		case EventGateAccepted:
+		case backfilltype.EventGateAccepted:
 			var d struct {
 				Chunk    string          `json:"chunk"`
 				Checks   []string        `json:"checks"`
@@ -254,7 +227,7 @@ func acceptedGates(events []Event) (map[string][]acceptedCheck, Counts) {
 			for _, c := range d.Checks {
 				out[d.Chunk] = append(out[d.Chunk], acceptedCheck{Check: c})
 			}
-		case EventGateBaseline:
+		case backfilltype.EventGateBaseline:
 			var d struct {
 				Read     int64 `json:"read"`
 				Rejected int64 `json:"rejected"`
@@ -437,11 +410,11 @@ func (r *Runner) recordValidators(ctx context.Context, job Job, batchID int64) (
 			After      []string `json:"after"`
 		}
 		switch e.Kind {
-		case EventValidatorsSet:
+		case backfilltype.EventValidatorsSet:
 			if json.Unmarshal(e.Detail, &d) == nil {
 				prev, seen = d.Validators, true
 			}
-		case EventValidatorsChanged:
+		case backfilltype.EventValidatorsChanged:
 			if json.Unmarshal(e.Detail, &d) == nil {
 				prev, seen = d.After, true
 			}
@@ -451,7 +424,7 @@ func (r *Runner) recordValidators(ctx context.Context, job Job, batchID int64) (
 	if seen && slices.Equal(prev, cur) || !seen && len(cur) == 0 {
 		return "", accepted, baseline, nil
 	}
-	ev := Event{BatchID: batchID, Job: job.Name, Kind: EventValidatorsSet, Actor: r.cfg.WorkerID}
+	ev := backfilltype.Event{BatchID: batchID, Job: job.Name, Kind: backfilltype.EventValidatorsSet, Actor: r.cfg.WorkerID}
 	detail := map[string]any{"validators": cur}
 	warning := ""
 	if seen {
@@ -466,7 +439,7 @@ func (r *Runner) recordValidators(ctx context.Context, job Job, batchID int64) (
 				removed = append(removed, v)
 			}
 		}
-		ev.Kind = EventValidatorsChanged
+		ev.Kind = backfilltype.EventValidatorsChanged
 		detail = map[string]any{"before": prev, "after": cur, "added": added, "removed": removed}
 		warning = fmt.Sprintf("the validators changed since the run's last call (recorded in the audit log): added [%s], removed [%s]",
 			strings.Join(added, "; "), strings.Join(removed, "; "))
@@ -483,7 +456,7 @@ func (r *Runner) recordValidators(ctx context.Context, job Job, batchID int64) (
 // summarizeValidations fills the report's validation summary: one verdict
 // per chunk and check, the latest recorded, however many times the chunk
 // was judged (a gate that rolled an attempt back, then a resume).
-func summarizeValidations(rep *Report, vs []Validation) {
+func summarizeValidations(rep *Report, vs []backfilltype.Validation) {
 	type key struct{ chunk, check string }
 	latest := map[key]int{}
 	var order []key

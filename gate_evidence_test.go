@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgbackfill/backfill/backfilltype"
+
 	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
 
@@ -79,7 +81,7 @@ func TestGateEvidenceSurvivesRollback(t *testing.T) {
 
 	vs, err := m.Validations(ctx, s.db, rep.BatchID)
 	require.NoError(t, err)
-	var failed []backfill.Validation
+	var failed []backfilltype.Validation
 	for _, v := range vs {
 		if !v.Passed {
 			failed = append(failed, v)
@@ -141,7 +143,7 @@ func TestGateEvidenceSurvivesRollback(t *testing.T) {
 	require.NoError(t, err)
 	var accepted []string
 	for _, e := range events {
-		if e.Kind == backfill.EventGateAccepted {
+		if e.Kind == backfilltype.EventGateAccepted {
 			var d map[string]any
 			require.NoError(t, json.Unmarshal(e.Detail, &d))
 			accepted = append(accepted, fmt.Sprintf("%s: %v %v %v", e.Actor, d["chunk"], d["checks"], d["why"]))
@@ -213,14 +215,14 @@ func TestValidatorChangesAreAudited(t *testing.T) {
 	var change map[string][]string
 	for _, e := range events {
 		switch e.Kind {
-		case backfill.EventValidatorsSet, backfill.EventValidatorsChanged:
+		case backfilltype.EventValidatorsSet, backfilltype.EventValidatorsChanged:
 			kinds = append(kinds, e.Kind)
 		}
-		if e.Kind == backfill.EventValidatorsChanged {
+		if e.Kind == backfilltype.EventValidatorsChanged {
 			require.NoError(t, json.Unmarshal(e.Detail, &change))
 		}
 	}
-	require.Equal(t, []string{backfill.EventValidatorsSet, backfill.EventValidatorsChanged}, kinds)
+	require.Equal(t, []string{backfilltype.EventValidatorsSet, backfilltype.EventValidatorsChanged}, kinds)
 	require.Len(t, change["removed"], 1)
 	require.Contains(t, change["removed"][0], "backfill.ValidatorFunc github.com/pgbackfill/backfill_test.", "a function is named by its symbol")
 	require.Len(t, change["added"], 1)

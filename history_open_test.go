@@ -10,11 +10,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgbackfill/backfill/backfilltype"
+	"github.com/pgbackfill/backfill/internal/pgstore"
+
 	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgbackfill/backfill"
-	"github.com/pgbackfill/backfill/internal/pgstore"
 	"github.com/pgbackfill/backfill/internal/pgtest"
 )
 
@@ -43,7 +45,7 @@ func scdRows(t *testing.T, db *sqlx.DB) []string {
 
 // mergeInTx stages rows into a new transaction and merges them; the
 // caller commits or rolls back.
-func mergeInTx(t *testing.T, db *sqlx.DB, m backfill.Merger, info backfill.TableInfo, rows ...[]any) (*sqlx.Tx, backfill.MergeResult, error) {
+func mergeInTx(t *testing.T, db *sqlx.DB, m backfill.Merger, info backfill.TableInfo, rows ...[]any) (*sqlx.Tx, backfilltype.MergeResult, error) {
 	t.Helper()
 	ctx := context.Background()
 	tx, err := db.BeginTxx(ctx, nil)
@@ -71,7 +73,7 @@ func TestHistoryWithOneOpenVersionIndex(t *testing.T) {
 	m := pgstore.NewMerger()
 	info, err := m.Prepare(ctx, db, scd2(t, db))
 	require.NoError(t, err)
-	merge := func(rows ...[]any) backfill.MergeResult {
+	merge := func(rows ...[]any) backfilltype.MergeResult {
 		t.Helper()
 		tx, res, err := mergeInTx(t, db, m, info, rows...)
 		require.NoError(t, err)

@@ -7,10 +7,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgbackfill/backfill/internal/pgstore"
+
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgbackfill/backfill"
-	"github.com/pgbackfill/backfill/internal/pgstore"
 	"github.com/pgbackfill/backfill/internal/pgtest"
 )
 

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgbackfill/backfill/backfilltype"
 	"github.com/stretchr/testify/require"
 )
 
@@ -60,7 +61,7 @@ func TestYoungLeaseOfDeadWorkerIsWaitedFor(t *testing.T) {
 		leased_at = now() - interval '29 s' WHERE batch_id = $1 AND seq = 0`, rep.BatchID)
 	db.MustExec(`DELETE FROM live WHERE id < 10`)
 	m := r1.cfg.Manifest.(*PGManifest)
-	require.NoError(t, m.RegisterWorker(ctx, r1.db, Worker{Key: "dead", ID: "killed", BatchID: rep.BatchID, Job: "live", StaleAfter: 30 * time.Second}))
+	require.NoError(t, m.RegisterWorker(ctx, r1.db, backfilltype.Worker{Key: "dead", ID: "killed", BatchID: rep.BatchID, Job: "live", StaleAfter: 30 * time.Second}))
 	db.MustExec(`UPDATE backfill.workers SET heartbeat_at = now() - interval '31 s' WHERE worker_key = 'dead'`)
 
 	var logs syncBuffer

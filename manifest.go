@@ -69,19 +69,8 @@ const (
 // field but Chunks' Seq) decides whether a later call resumes the run.
 type Plan = backfilltype.Plan
 
-// PlanTarget is the frozen description of a [Target]. Fields that do not
-// apply to the mode are empty (and omitted from the JSON form, so plans of
-// older versions keep their fingerprints).
-type PlanTarget = backfilltype.PlanTarget
-
-// PlanTime is the frozen time declarations of a [Job].
-type PlanTime = backfilltype.PlanTime
-
 // Run is one run (one batch) as recorded in the manifest.
 type Run = backfilltype.Run
-
-// ChunkState is one chunk of a run as recorded in the manifest.
-type ChunkState = backfilltype.ChunkState
 
 // Exception is one row of the exception queue: a row that was not loaded,
 // with the reason.
@@ -96,8 +85,3 @@ type Exception = backfilltype.Exception
 // [PGManifest] is the PostgreSQL implementation; backfilltest.Manifest the
 // in-memory fake; backfilltest.TestManifest the conformance suite.
 type Manifest = backfilldriver.Manifest
-
-// Event is one entry of the manifest's audit log: run starts, resumes,
-// completions, handoffs, operator decisions (pause, resume, approve,
-// rollback) with who and why. Entries are appended, never changed.
-type Event = backfilltype.Event

@@ -9,6 +9,8 @@ import (
 	"fmt"
 	"iter"
 	"slices"
+
+	"github.com/pgbackfill/backfill/backfilltype"
 )
 
 // NewPlan freezes a prepared job into a [Plan] with its fingerprint. info
@@ -40,7 +42,7 @@ func planOf(job Job, info TableInfo) Plan {
 		Source:      job.Source,
 		CodeVersion: job.CodeVersion,
 		Scope:       job.Chunker.Scope(),
-		Target: PlanTarget{
+		Target: backfilltype.PlanTarget{
 			Table:      info.Target.Table,
 			Key:        slices.Clone(info.Target.Key),
 			Columns:    cols,
@@ -58,12 +60,12 @@ func planOf(job Job, info TableInfo) Plan {
 		Rollback: job.Rollback,
 		Publish:  job.Publish.String(),
 	}
-	pt := PlanTime{ChunkColumn: job.ChunkColumn, DateMeaning: job.DateMeaning,
+	pt := backfilltype.PlanTime{ChunkColumn: job.ChunkColumn, DateMeaning: job.DateMeaning,
 		EventTime: info.Target.EventTime, ModifiedAt: info.Target.ModifiedAt, IngestedAt: info.Target.IngestedAt}
 	if job.Zone != nil {
 		pt.Zone = job.Zone.String()
 	}
-	if pt != (PlanTime{}) {
+	if pt != (backfilltype.PlanTime{}) {
 		p.Time = &pt
 	}
 	return p

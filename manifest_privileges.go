@@ -15,16 +15,6 @@ import "github.com/pgbackfill/backfill/internal/pgstore"
 //     sequences, if any;
 //   - TEMPORARY on the database (staging tables are temporary tables).
 
-// Privilege is one privilege the session's role lacks: on which object,
-// which privilege, and the GRANT statement that gives it.
-type Privilege = pgstore.Privilege
-
 // PrivilegeError lists every privilege the session's role lacks for a
 // job, with the statements to grant them. It wraps [ErrPrivilege].
 type PrivilegeError = pgstore.PrivilegeError
-
-// MigrateResult is what [PGManifest.MigrateGrant] did.
-type MigrateResult = pgstore.MigrateResult
-
-// RolePrivilege is a privilege a named role lacks.
-type RolePrivilege = pgstore.RolePrivilege

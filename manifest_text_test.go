@@ -5,10 +5,11 @@ import (
 	"errors"
 	"testing"
 
+	"github.com/pgbackfill/backfill/internal/pgstore"
+
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgbackfill/backfill"
-	"github.com/pgbackfill/backfill/internal/pgstore"
 	"github.com/pgbackfill/backfill/internal/pgtest"
 )
 

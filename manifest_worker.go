@@ -1,9 +1,6 @@
 package backfill
 
-import (
-	"github.com/pgbackfill/backfill/backfilltype"
-	"github.com/pgbackfill/backfill/internal/pgstore"
-)
+import "github.com/pgbackfill/backfill/internal/pgstore"
 
 // Liveness and fencing of the workers of a run (see doc.go, "Many workers
 // and hosts").
@@ -55,10 +52,3 @@ const (
 	// registered): nobody works it. Running the job again resumes it.
 	LivenessDead = pgstore.LivenessDead
 )
-
-// Worker is one call of [Runner.Run] working a run, as the manifest's
-// workers table records it.
-type Worker = backfilltype.Worker
-
-// RunLiveness is a run's liveness ([ManifestWorkers.RunLiveness]).
-type RunLiveness = backfilltype.RunLiveness

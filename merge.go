@@ -13,14 +13,6 @@ type Column = backfilltype.Column
 // [Target.Columns] in order, then the computed ones (derived keys, hash).
 type TableInfo = backfilltype.TableInfo
 
-// ChunkRef names the chunk a stager merges and where its undo log goes.
-type ChunkRef = backfilltype.ChunkRef
-
-// MergeResult counts what a merge did with the staged rows:
-// staged rows == Inserted + Updated + Unchanged + Deduplicated +
-// len(Rejected).
-type MergeResult = backfilltype.MergeResult
-
 // Merger loads a chunk's rows into staging and merges them into the target
 // by business key. [PGMerger] is the PostgreSQL implementation;
 // backfilltest.Merger the in-memory fake; backfilltest.TestMerger the
@@ -30,7 +22,3 @@ type MergeResult = backfilltype.MergeResult
 // transaction. Implementations must be safe for concurrent use on
 // different transactions.
 type Merger = backfilldriver.Merger
-
-// Stager holds one chunk's staged rows until they are merged. Not safe for
-// concurrent use.
-type Stager = backfilldriver.Stager

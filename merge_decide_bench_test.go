@@ -5,10 +5,12 @@ import (
 	"fmt"
 	"testing"
 
+	"github.com/pgbackfill/backfill/backfilltype"
+	"github.com/pgbackfill/backfill/internal/pgstore"
+
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgbackfill/backfill"
-	"github.com/pgbackfill/backfill/internal/pgstore"
 	"github.com/pgbackfill/backfill/internal/pgtest"
 )
 
@@ -24,7 +26,7 @@ func BenchmarkMergeRestatement(b *testing.B) {
 	m := pgstore.NewMerger()
 	info, err := m.Prepare(ctx, db, backfill.Target{Table: "r", Key: []string{"id"}})
 	require.NoError(b, err)
-	merge := func(v int) backfill.MergeResult {
+	merge := func(v int) backfilltype.MergeResult {
 		tx, err := db.BeginTxx(ctx, nil)
 		require.NoError(b, err)
 		defer tx.Rollback()

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/pgbackfill/backfill/backfilltype"
 	"github.com/pgbackfill/backfill/internal/pgstore"
 	"github.com/stretchr/testify/require"
 )
@@ -93,7 +94,7 @@ func goldenInfo(t testing.TB, g goldenTarget) TableInfo {
 	t.Helper()
 	info, err := pgstore.ResolveTarget(g.target, goldenColumns(), g.unique)
 	require.NoError(t, err, g.name)
-	info.Chunk = ChunkRef{BatchID: 7, Seq: 3}
+	info.Chunk = backfilltype.ChunkRef{BatchID: 7, Seq: 3}
 	if g.undo {
 		info.Chunk.UndoTable = `"backfill"."undo"`
 	}
@@ -155,7 +156,7 @@ func TestMergeSQLGolden(t *testing.T) {
 // TestComparedColumns pins the one definition of what a merge compares,
 // per mode and policy.
 func TestComparedColumns(t *testing.T) {
-	want := map[string]ComparedColumns{
+	want := map[string]pgstore.ComparedColumns{
 		"upsert_source_wins": {Identity: []string{"id"}, Content: []string{"name", "amount", "doc", "pos", `Odd "col"`},
 			Written: []string{"name", "amount", "doc", "pos", `Odd "col"`}, Tracked: []string{"name", "amount", "doc", "pos", `Odd "col"`},
 			Compared: []string{"name", "amount", "doc", "pos", `Odd "col"`}, Checked: []string{"name", "amount", "doc", "pos", `Odd "col"`}},

@@ -3,11 +3,12 @@ package backfill_test
 import (
 	"testing"
 
+	"github.com/pgbackfill/backfill/internal/pgstore"
+
 	"github.com/google/go-cmp/cmp"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgbackfill/backfill"
-	"github.com/pgbackfill/backfill/internal/pgstore"
 )
 
 // targetTable is a table with every kind of column ResolveTarget looks
@@ -120,7 +121,7 @@ func TestResolveTargetRefuses(t *testing.T) {
 		require.ErrorIs(t, err, c.is, c.name)
 		require.ErrorContains(t, err, c.msg, c.name)
 	}
-	table := append(targetTable(), backfill.Column{Name: backfill.ReservedPrefix + "x", BaseType: "text"})
+	table := append(targetTable(), backfill.Column{Name: pgstore.ReservedPrefix + "x", BaseType: "text"})
 	_, err := pgstore.ResolveTarget(backfill.Target{Table: "t", Key: []string{"id"}}, table, key)
 	require.ErrorIs(t, err, backfill.ErrInvalidConfig)
 	require.ErrorContains(t, err, "are reserved")

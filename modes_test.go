@@ -6,12 +6,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgbackfill/backfill/internal/pgstore"
+
 	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
 	"pgregory.net/rapid"
 
 	"github.com/pgbackfill/backfill"
-	"github.com/pgbackfill/backfill/internal/pgstore"
 	"github.com/pgbackfill/backfill/internal/pgtest"
 )
 

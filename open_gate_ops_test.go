@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgbackfill/backfill/backfilltype"
+
 	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
 
@@ -290,7 +292,7 @@ func TestValidatorSwapIsAudited(t *testing.T) {
 	require.NoError(t, err)
 	var changes []string
 	for _, e := range events {
-		if e.Kind == backfill.EventValidatorsChanged {
+		if e.Kind == backfilltype.EventValidatorsChanged {
 			changes = append(changes, string(e.Detail))
 		}
 	}
@@ -327,7 +329,7 @@ func describeValidators(t *testing.T, ctx context.Context, vs []backfill.Validat
 	events, err := backfill.NewPGManifest("").Events(ctx, db, rep.BatchID)
 	require.NoError(t, err)
 	for _, e := range events {
-		if e.Kind == backfill.EventValidatorsSet {
+		if e.Kind == backfilltype.EventValidatorsSet {
 			var d struct{ Validators []string }
 			require.NoError(t, json.Unmarshal(e.Detail, &d))
 			return fmt.Sprint(d.Validators)

@@ -9,6 +9,8 @@ import (
 
 	"github.com/jmoiron/sqlx"
 	"github.com/lib/pq"
+	"github.com/pgbackfill/backfill/backfillthrottle"
+	"github.com/pgbackfill/backfill/backfilltrace"
 	"github.com/stretchr/testify/require"
 )
 
@@ -67,18 +69,18 @@ type phaseRec struct {
 	out []string
 }
 
-func (p *phaseRec) TraceChunkStart(ctx context.Context, d TraceChunkStartData) context.Context {
+func (p *phaseRec) TraceChunkStart(ctx context.Context, d backfilltrace.ChunkStartData) context.Context {
 	return ctx
 }
-func (p *phaseRec) TraceChunkEnd(ctx context.Context, d TraceChunkEndData) {
+func (p *phaseRec) TraceChunkEnd(ctx context.Context, d backfilltrace.ChunkEndData) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.out = append(p.out, fmt.Sprintf("%d:%s", d.Chunk.Lo, d.Outcome))
 }
-func (p *phaseRec) TracePhaseStart(ctx context.Context, d TracePhaseStartData) context.Context {
+func (p *phaseRec) TracePhaseStart(ctx context.Context, d backfilltrace.PhaseStartData) context.Context {
 	return ctx
 }
-func (p *phaseRec) TracePhaseEnd(ctx context.Context, d TracePhaseEndData) {
+func (p *phaseRec) TracePhaseEnd(ctx context.Context, d backfilltrace.PhaseEndData) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.d == nil {
@@ -124,7 +126,7 @@ func TestAheadThrottleHoldsWhileAChunkWaits(t *testing.T) {
 	r := liveRunner(t, db, "w1", nil)
 	r.cfg.ExtractAhead = true
 	r.cfg.ThrottleInterval = 50 * time.Millisecond
-	r.cfg.Throttles = []Throttle{{Signal: SQLSignal("pressure", `SELECT v FROM pressure`), High: 80, Low: 50}}
+	r.cfg.Throttles = []backfillthrottle.Throttle{{Signal: backfillthrottle.SQLSignal("pressure", `SELECT v FROM pressure`), High: 80, Low: 50}}
 	r.cfg.Tracer = tr
 	r.tracers = resolveTracers(tr)
 	var mu sync.Mutex
@@ -433,7 +435,7 @@ func TestAheadThrottleDuringAnExtractionThatWaitedForNothing(t *testing.T) {
 			r := liveRunner(t, db, "w1", nil)
 			r.cfg.ExtractAhead = ahead
 			r.cfg.ThrottleInterval = 50 * time.Millisecond
-			r.cfg.Throttles = []Throttle{{Signal: SQLSignal("pressure", `SELECT v FROM pressure`), High: 80, Low: 50}}
+			r.cfg.Throttles = []backfillthrottle.Throttle{{Signal: backfillthrottle.SQLSignal("pressure", `SELECT v FROM pressure`), High: 80, Low: 50}}
 			var mu sync.Mutex
 			extracts := map[int64]int{}
 			job := liveJob(nil)

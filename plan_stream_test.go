@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"pgregory.net/rapid"
 
+	"github.com/pgbackfill/backfill/backfilltype"
 	"github.com/pgbackfill/backfill/internal/pgstore"
 	"github.com/pgbackfill/backfill/internal/pgtest"
 )
@@ -90,13 +91,13 @@ func TestStreamedFingerprintIsNewPlans(t *testing.T) {
 			}
 			other := rec
 			other.Seq++
-			if c.Kind == KindTime {
+			if c.Kind == backfilltype.KindTime {
 				other.Seq, other.End = c.Seq, c.End.Add(time.Minute)
 			}
 			if _, ok := s.ChunkOf(other); ok {
 				t.Fatalf("ChunkOf(%v) is a chunk of the scope", other)
 			}
-			if c.Kind == KindTime && c.Seq+1 < len(chunks) {
+			if c.Kind == backfilltype.KindTime && c.Seq+1 < len(chunks) {
 				// Two chunks as one: bounds of the scope, not a chunk's.
 				two := rec
 				two.End = chunks[c.Seq+1].End

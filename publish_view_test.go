@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgbackfill/backfill/backfilltype"
+
 	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
 
@@ -119,7 +121,7 @@ func TestVersionedViewRollbackWhilePublishRetries(t *testing.T) {
 	require.Equal(t, "orders__v1", viewReads(t, db), "readers see the rolled back batch 2")
 	status, _ := runStatus(t, db, 2)
 	require.Equal(t, "rolled_back", status)
-	require.NotContains(t, eventKinds(t, db, 2), backfill.EventPublished)
+	require.NotContains(t, eventKinds(t, db, 2), backfilltype.EventPublished)
 
 	// Forever: a later call of the run publishes nothing either.
 	_, err = r.Run(ctx, job2)
@@ -146,9 +148,9 @@ func TestVersionedViewBlockedPublishRecorded(t *testing.T) {
 		status, lastErr := runStatus(t, db, 2)
 		require.Equal(t, "completed", status)
 		require.Contains(t, lastErr, "unpublished")
-		require.Contains(t, eventKinds(t, db, 2), backfill.EventPublishBlocked)
+		require.Contains(t, eventKinds(t, db, 2), backfilltype.EventPublishBlocked)
 		var detail json.RawMessage
-		require.NoError(t, db.Get(&detail, `SELECT detail FROM backfill.events WHERE batch_id = 2 AND kind = $1`, backfill.EventPublishBlocked))
+		require.NoError(t, db.Get(&detail, `SELECT detail FROM backfill.events WHERE batch_id = 2 AND kind = $1`, backfilltype.EventPublishBlocked))
 		require.Contains(t, string(detail), "long_report")
 		var listed int
 		require.NoError(t, db.Get(&listed, `SELECT count(*) FROM backfill.completed_batches WHERE batch_id = 2`))
@@ -177,7 +179,7 @@ func TestVersionedViewBlockedPublishRecorded(t *testing.T) {
 		status, lastErr = runStatus(t, db, 2)
 		require.Equal(t, "completed", status)
 		require.Empty(t, lastErr)
-		require.Contains(t, eventKinds(t, db, 2), backfill.EventPublished)
+		require.Contains(t, eventKinds(t, db, 2), backfilltype.EventPublished)
 		require.NoError(t, db.Get(&listed, `SELECT count(*) FROM backfill.completed_batches WHERE batch_id = 2`))
 		require.Equal(t, 1, listed)
 	}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/jmoiron/sqlx"
 
+	"github.com/pgbackfill/backfill/backfilltype"
 	"github.com/pgbackfill/backfill/internal/pgstore"
 	"github.com/pgbackfill/backfill/internal/pgtest"
 )
@@ -30,7 +31,7 @@ func BenchmarkSourceFingerprint(b *testing.B) {
 		},
 		Written: 9,
 	}
-	c := Chunk{ID: "int:0/1", Kind: KindInt, Hi: 1}
+	c := Chunk{ID: "int:0/1", Kind: backfilltype.KindInt, Hi: 1}
 	fa := &pgstore.FingerprintAdder{Cols: info.Columns[:info.Written], Next: &nopStager{}}
 	w := newRowWriter(c, Job{}, info, fa, 0, time.Now())
 	at := time.Date(2024, 1, 2, 3, 4, 5, 0, time.UTC)
@@ -87,7 +88,7 @@ func BenchmarkTargetFingerprint(b *testing.B) {
 	}); err != nil {
 		b.Fatal(err)
 	}
-	c := Chunk{ID: "int:100000/110000", Kind: KindInt, Lo: 100000, Hi: 110000}
+	c := Chunk{ID: "int:100000/110000", Kind: backfilltype.KindInt, Lo: 100000, Hi: 110000}
 	b.Run("fingerprint", func(b *testing.B) {
 		for b.Loop() {
 			if err := pgstore.ReadTx(ctx, db, func(tx sqlx.ExtContext) error {

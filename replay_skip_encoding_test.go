@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"pgregory.net/rapid"
 
+	"github.com/pgbackfill/backfill/backfilltype"
 	"github.com/pgbackfill/backfill/internal/pgstore"
 	"github.com/pgbackfill/backfill/internal/pgtest"
 )
@@ -53,7 +54,7 @@ func TestSkipUnchangedComparesTheEncodingVersion(t *testing.T) {
 		info, err = pgstore.NewMerger().Prepare(ctx, tx, target)
 		return err
 	}))
-	c := Chunk{ID: "int:0/10", Kind: KindInt, Lo: 0, Hi: 10}
+	c := Chunk{ID: "int:0/10", Kind: backfilltype.KindInt, Lo: 0, Hi: 10}
 	v1 := &legacyV1Adder{info: info}
 	w := newRowWriter(c, job, info, v1, 0, time.Now())
 	require.NoError(t, x.Extract(ctx, c, w))

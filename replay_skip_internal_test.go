@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"pgregory.net/rapid"
 
+	"github.com/pgbackfill/backfill/backfilltype"
 	"github.com/pgbackfill/backfill/internal/pgstore"
 	"github.com/pgbackfill/backfill/internal/pgtest"
 )
@@ -40,7 +41,7 @@ func TestTargetFingerprintSeesEveryChange(t *testing.T) {
 		return err
 	}))
 	require.True(t, info.TupleIdentity, "a heap table")
-	chunks := []Chunk{{ID: "int:0/10", Seq: 0, Kind: KindInt, Lo: 0, Hi: 10}, {ID: "int:10/20", Seq: 1, Kind: KindInt, Lo: 10, Hi: 20}}
+	chunks := []Chunk{{ID: "int:0/10", Seq: 0, Kind: backfilltype.KindInt, Lo: 0, Hi: 10}, {ID: "int:10/20", Seq: 1, Kind: backfilltype.KindInt, Lo: 10, Hi: 20}}
 	fps := func() [2]pgstore.Fingerprint {
 		t.Helper()
 		var out [2]pgstore.Fingerprint
@@ -240,7 +241,7 @@ func TestTargetFingerprintFollowsRuns(t *testing.T) {
 		var out []pgstore.Fingerprint
 		require.NoError(t, pgstore.ReadTx(ctx, db, func(tx sqlx.ExtContext) error {
 			for i := range int64(3) {
-				fp, err := pgstore.TargetFingerprint(ctx, tx, info, "id", nil, Chunk{ID: fmt.Sprintf("int:%d/%d", i*10, i*10+10), Seq: int(i), Kind: KindInt, Lo: i * 10, Hi: i*10 + 10})
+				fp, err := pgstore.TargetFingerprint(ctx, tx, info, "id", nil, Chunk{ID: fmt.Sprintf("int:%d/%d", i*10, i*10+10), Seq: int(i), Kind: backfilltype.KindInt, Lo: i * 10, Hi: i*10 + 10})
 				if err != nil {
 					return err
 				}

@@ -11,6 +11,7 @@ import (
 	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgbackfill/backfill/backfilltype"
 	"github.com/pgbackfill/backfill/internal/pgstore"
 	"github.com/pgbackfill/backfill/internal/pgtest"
 )
@@ -106,7 +107,7 @@ func TestTargetFingerprintIgnoresSessionSettings(t *testing.T) {
 			info, err = pgstore.NewMerger().Prepare(ctx, tx, Target{Table: tc.table, Key: []string{"id"}})
 			return err
 		}))
-		c := Chunk{ID: "int:0/20", Kind: KindInt, Lo: 0, Hi: 20}
+		c := Chunk{ID: "int:0/20", Kind: backfilltype.KindInt, Lo: 0, Hi: 20}
 		pc, cols, err := pgstore.TargetFingerprintCheck(info, ValidationScope{Chunk: c, Info: info, ChunkColumn: "id", Staging: "-"})
 		require.NoError(t, err)
 		require.Equal(t, tc.pin, pgstore.HashReadsSettings(pc, cols), tc.table)

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgbackfill/backfill/backfilltype"
 	"github.com/pgbackfill/backfill/internal/pgstore"
 )
 
@@ -17,7 +18,7 @@ import (
 // fingerprint alone of an already converted row.
 func BenchmarkSkipRow(b *testing.B) {
 	info := benchOrderLineInfo()
-	c := Chunk{ID: "int:0/1", Kind: KindInt, Hi: 1}
+	c := Chunk{ID: "int:0/1", Kind: backfilltype.KindInt, Hi: 1}
 	at := time.Date(2024, 1, 2, 3, 4, 5, 123456000, time.UTC)
 	ctx := context.Background()
 	row := func(vals []any, i int) {

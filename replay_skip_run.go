@@ -11,6 +11,8 @@ import (
 	"github.com/lib/pq"
 
 	"github.com/pgbackfill/backfill/backfilldriver"
+	"github.com/pgbackfill/backfill/backfilltrace"
+	"github.com/pgbackfill/backfill/backfilltype"
 	"github.com/pgbackfill/backfill/internal/pgstore"
 	"github.com/pgbackfill/backfill/internal/sqlgen"
 )
@@ -194,7 +196,7 @@ func (ex *execution) extractSpooled(ctx context.Context, c Chunk, started time.T
 // its source rows and its target rows (info's, within its bounds) are
 // those the base load recorded: it checkpoints and commits the chunk
 // and returns true. It returns false when the chunk must be merged.
-func (ex *execution) skipUnchanged(ctx context.Context, tx Tx, cr *chunkRun, c Chunk, info TableInfo, started time.Time, x *spooled) (bool, error) {
+func (ex *execution) skipUnchanged(ctx context.Context, tx backfilldriver.Tx, cr *chunkRun, c Chunk, info TableInfo, started time.Time, x *spooled) (bool, error) {
 	chunkErr := func(err error) error { return &ChunkError{Chunk: c, Attempt: cr.attempt, Err: err} }
 	if cr.reread || ex.open(c, started) || x.skip.targetChanged {
 		// Read again while open, or open now: its counts combine with
@@ -255,7 +257,7 @@ func (ex *execution) skipUnchanged(ctx context.Context, tx Tx, cr *chunkRun, c C
 // target rows in its bounds (of the identities keys without
 // ChunkColumn); the validators of skipValidators; and base's
 // fingerprints recorded again, with version (replay_skip_version.go).
-func (ex *execution) checkpointSkipped(ctx context.Context, tx Tx, cr *chunkRun, c Chunk, info TableInfo, started time.Time, base backfilldriver.ChunkFingerprints,
+func (ex *execution) checkpointSkipped(ctx context.Context, tx backfilldriver.Tx, cr *chunkRun, c Chunk, info TableInfo, started time.Time, base backfilldriver.ChunkFingerprints,
 	read, rejected int64, exceptions []Exception, keys [][]string, version string) (bool, error) {
 	chunkErr := func(err error) error { return &ChunkError{Chunk: c, Attempt: cr.attempt, Err: err} }
 	cr.res = ChunkResult{Chunk: c, Attempt: cr.attempt, StartedAt: started, Worker: ex.r.cfg.WorkerID, Skipped: true,
@@ -266,11 +268,11 @@ func (ex *execution) checkpointSkipped(ctx context.Context, tx Tx, cr *chunkRun,
 	if err := ex.recordSkippedDelivered(ctx, tx, info, c, keys); err != nil {
 		return false, chunkErr(err)
 	}
-	cr.span.next(ctx, PhaseValidate)
+	cr.span.next(ctx, backfilltrace.PhaseValidate)
 	if err := ex.validateChunkWith(ctx, tx, info, nil, cr.res, exceptions, skipValidators(ex.job.Validators, base)); err != nil {
 		return false, err
 	}
-	cr.span.next(ctx, PhaseCheckpoint)
+	cr.span.next(ctx, backfilltrace.PhaseCheckpoint)
 	cr.res.FinishedAt = time.Now()
 	for i := range exceptions {
 		exceptions[i].BatchID = ex.batchID
@@ -281,7 +283,7 @@ func (ex *execution) checkpointSkipped(ctx context.Context, tx Tx, cr *chunkRun,
 	if err := ex.r.caps.skips.CompleteChunkFingerprinted(ctx, tx, ex.batchID, cr.res, exceptions, rec); err != nil {
 		return false, chunkErr(err)
 	}
-	cr.span.next(ctx, PhaseCommit)
+	cr.span.next(ctx, backfilltrace.PhaseCommit)
 	if err := tx.Commit(); err != nil {
 		return false, chunkErr(fmt.Errorf("commit: %w", err))
 	}
@@ -304,7 +306,7 @@ func (ex *execution) checkpointSkipped(ctx context.Context, tx Tx, cr *chunkRun,
 // change, where its merge would restore the source's row. A change
 // after the statement is harmless: the next replay's fingerprint then
 // differs from the recorded one and the chunk merges.
-func (ex *execution) recordAfterMerge(ctx context.Context, tx Tx, sk *chunkSkip, info TableInfo, c Chunk, w *rowWriter, stager Stager, mr MergeResult) error {
+func (ex *execution) recordAfterMerge(ctx context.Context, tx backfilldriver.Tx, sk *chunkSkip, info TableInfo, c Chunk, w *rowWriter, stager backfilldriver.Stager, mr backfilltype.MergeResult) error {
 	staged := w.read - w.rejected
 	if len(mr.Rejected) > 0 || mr.Deduplicated > 0 || mr.Inserted+mr.Updated+mr.Unchanged != staged || sk.source.Rows != staged {
 		return nil
@@ -335,7 +337,7 @@ func (ex *execution) recordAfterMerge(ctx context.Context, tx Tx, sk *chunkSkip,
 // owner batch (lineage UpdatedBy) other than this one, with how many and
 // the least and greatest identity. It does nothing without lineage or a
 // delivered table.
-func (ex *execution) recordSkippedDelivered(ctx context.Context, tx Tx, info TableInfo, c Chunk, keys [][]string) error {
+func (ex *execution) recordSkippedDelivered(ctx context.Context, tx backfilldriver.Tx, info TableInfo, c Chunk, keys [][]string) error {
 	t := info.Target
 	if ex.deliveredTable == "" || t.Lineage.UpdatedBy == "" {
 		return nil

@@ -7,6 +7,8 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/pgbackfill/backfill/backfilldriver"
+
 	"github.com/google/go-cmp/cmp"
 	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
@@ -25,7 +27,7 @@ type beforeFingerprintDB struct {
 	ran  bool
 }
 
-func (d *beforeFingerprintDB) Begin(ctx context.Context) (backfill.Tx, error) {
+func (d *beforeFingerprintDB) Begin(ctx context.Context) (backfilldriver.Tx, error) {
 	tx, err := d.DB.Begin(ctx)
 	if err != nil {
 		return nil, err
@@ -34,7 +36,7 @@ func (d *beforeFingerprintDB) Begin(ctx context.Context) (backfill.Tx, error) {
 }
 
 type beforeFingerprintTx struct {
-	backfill.Tx
+	backfilldriver.Tx
 	d *beforeFingerprintDB
 }
 

@@ -12,13 +12,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgbackfill/backfill/backfilldriver"
+
 	"github.com/google/go-cmp/cmp"
 	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
 	"pgregory.net/rapid"
 
 	"github.com/pgbackfill/backfill"
-	"github.com/pgbackfill/backfill/backfilldriver"
 )
 
 // skipSource is a source of items rows (tenant "acme", ids 0..999) whose

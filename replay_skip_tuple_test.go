@@ -8,12 +8,14 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/pgbackfill/backfill/backfilldriver"
+	"github.com/pgbackfill/backfill/internal/pgstore"
+
 	"github.com/google/go-cmp/cmp"
 	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgbackfill/backfill"
-	"github.com/pgbackfill/backfill/internal/pgstore"
 	"github.com/pgbackfill/backfill/internal/pgtest"
 )
 
@@ -440,7 +442,7 @@ type serializableDB struct {
 	db *sqlx.DB
 }
 
-func (d serializableDB) Begin(ctx context.Context) (backfill.Tx, error) {
+func (d serializableDB) Begin(ctx context.Context) (backfilldriver.Tx, error) {
 	return d.db.BeginTxx(ctx, &sql.TxOptions{Isolation: sql.LevelSerializable})
 }
 
@@ -593,7 +595,7 @@ type probeSpyDB struct {
 	probed *atomic.Bool
 }
 
-func (d probeSpyDB) Begin(ctx context.Context) (backfill.Tx, error) {
+func (d probeSpyDB) Begin(ctx context.Context) (backfilldriver.Tx, error) {
 	tx, err := d.DB.Begin(ctx)
 	if err != nil || d.probed.Load() {
 		return tx, err
@@ -602,7 +604,7 @@ func (d probeSpyDB) Begin(ctx context.Context) (backfill.Tx, error) {
 }
 
 type probeSpyTx struct {
-	backfill.Tx
+	backfilldriver.Tx
 	probed *atomic.Bool
 }
 

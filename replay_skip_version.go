@@ -236,7 +236,7 @@ func (ex *execution) versionMissed(seq int, set bool) bool {
 // the base's, it checkpoints and commits the chunk and returns true.
 // Otherwise it returns false, with sk.base set to the base looked up and
 // sk.targetChanged when only the target fingerprint differed.
-func (ex *execution) skipByVersion(ctx context.Context, tx Tx, cr *chunkRun, c Chunk, info TableInfo, started time.Time, sk *chunkSkip) (bool, error) {
+func (ex *execution) skipByVersion(ctx context.Context, tx backfilldriver.Tx, cr *chunkRun, c Chunk, info TableInfo, started time.Time, sk *chunkSkip) (bool, error) {
 	chunkErr := func(err error) error { return &ChunkError{Chunk: c, Attempt: cr.attempt, Err: err} }
 	base, ok, err := ex.r.caps.skips.BaseFingerprints(ctx, tx, ex.job.Name, ex.skipKey, ex.batchID, c.ID)
 	if err != nil {

@@ -10,11 +10,12 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/pgbackfill/backfill/backfilldriver"
+
 	"github.com/google/go-cmp/cmp"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgbackfill/backfill"
-	"github.com/pgbackfill/backfill/backfilldriver"
 )
 
 // versionedSource is a skipSource whose extractor is a

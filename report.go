@@ -23,23 +23,6 @@ import (
 // second.
 type RunReport = pgstore.RunReport
 
-// ReportPlan is the plan summary of a [RunReport].
-type ReportPlan = pgstore.ReportPlan
-
-// ReportChunk is one chunk of a [RunReport].
-type ReportChunk = pgstore.ReportChunk
-
-// ReportWorker is one worker (one call of [Runner.Run]) of a run.
-type ReportWorker = pgstore.ReportWorker
-
-// ReportTime is the split of a run's time ([TimeSplit]) in seconds, with
-// its throttle holds.
-type ReportTime = pgstore.ReportTime
-
-// ReportExceptionGroup is the exceptions of one reason and column, with a
-// few examples (the first recorded).
-type ReportExceptionGroup = pgstore.ReportExceptionGroup
-
 // LoadRunReport reads the report of run batchID from manifest m (whose
 // tables db reaches): a handful of queries, whatever the number of
 // chunks. It needs only the manifest, not the job's code. db may be a

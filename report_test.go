@@ -16,6 +16,7 @@ import (
 	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgbackfill/backfill/backfillthrottle"
 	"github.com/pgbackfill/backfill/internal/pgstore"
 	"github.com/pgbackfill/backfill/internal/pgtest"
 )
@@ -37,10 +38,10 @@ func reportFixtureRun(t *testing.T) (*sqlx.DB, int64) {
 		WorkerID:         "worker-a",
 		Concurrency:      1,
 		ThrottleInterval: 50 * time.Millisecond,
-		Throttles: []Throttle{
+		Throttles: []backfillthrottle.Throttle{
 			// 150 (critical) until the operator lowers it to 0; then 90
 			// (a hold) for two readings, then 10.
-			{Signal: SQLSignal("pressure", `SELECT CASE WHEN v > 100 THEN v WHEN nextval('pressure_reads') <= 2 THEN 90 ELSE 10 END FROM pressure`),
+			{Signal: backfillthrottle.SQLSignal("pressure", `SELECT CASE WHEN v > 100 THEN v WHEN nextval('pressure_reads') <= 2 THEN 90 ELSE 10 END FROM pressure`),
 				High: 80, Low: 50, Critical: 100},
 		},
 	})
@@ -225,7 +226,7 @@ func TestRunReportMissingRun(t *testing.T) {
 func TestReportThroughputSpreadsRows(t *testing.T) {
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	at := func(s float64) *time.Time { x := t0.Add(time.Duration(s * float64(time.Second))); return &x }
-	chunks := []ReportChunk{
+	chunks := []pgstore.ReportChunk{
 		{StartedAt: at(0), FinishedAt: at(10), Counts: Counts{Read: 100}},
 		{StartedAt: at(5), FinishedAt: at(5), Counts: Counts{Read: 7}}, // instantaneous
 		{StartedAt: at(10), FinishedAt: at(20), Counts: Counts{Read: 50}},
@@ -246,12 +247,12 @@ func TestReportThroughputSpreadsRows(t *testing.T) {
 // timed chunk in exactly one bin, the greatest in the last.
 func TestReportDurationsHistogram(t *testing.T) {
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	var chunks []ReportChunk
+	var chunks []pgstore.ReportChunk
 	for i := 1; i <= 100; i++ {
 		end := t0.Add(time.Duration(i) * time.Second)
-		chunks = append(chunks, ReportChunk{StartedAt: &t0, FinishedAt: &end, DurationSeconds: float64(i)})
+		chunks = append(chunks, pgstore.ReportChunk{StartedAt: &t0, FinishedAt: &end, DurationSeconds: float64(i)})
 	}
-	chunks = append(chunks, ReportChunk{}) // pending: no duration
+	chunks = append(chunks, pgstore.ReportChunk{}) // pending: no duration
 	d := pgstore.BuildReportDurations(chunks, 10)
 	require.Equal(t, 100, d.Count)
 	require.Equal(t, []float64{1, 50, 90, 99, 100, 50.5}, []float64{d.Min, d.P50, d.P90, d.P99, d.Max, d.Mean})

@@ -220,7 +220,7 @@ type undoRollback struct {
 	// info is the target, whose merge lock the rollback takes (lockTarget).
 	info TableInfo
 	seqs []int
-	one  *ChunkState
+	one  *backfilltype.ChunkState
 	// deliveredDeleted counts the delivered conflicts the rollback would
 	// delete (conflicts).
 	deliveredDeleted int64
@@ -254,7 +254,7 @@ func (r *Runner) undoRollback(ctx context.Context, job Job, run Run, plan Plan, 
 			u.seqs = append(u.seqs, s.Chunk.Seq)
 		}
 	}
-	if opts.ChunkID != "" && !slices.ContainsFunc(states, func(s ChunkState) bool { return s.Chunk.ID == opts.ChunkID }) {
+	if opts.ChunkID != "" && !slices.ContainsFunc(states, func(s backfilltype.ChunkState) bool { return s.Chunk.ID == opts.ChunkID }) {
 		return nil, fmt.Errorf("backfill: rollback of batch %d: %w: no chunk %q", run.BatchID, ErrInvalidConfig, opts.ChunkID)
 	}
 	slices.Reverse(u.seqs) // reverse order: the last change first
@@ -265,7 +265,7 @@ func (r *Runner) undoRollback(ctx context.Context, job Job, run Run, plan Plan, 
 	// A single chunk's inserted rows are found by lineage within the
 	// chunk's bounds of Job.ChunkColumn; a whole batch's by lineage alone.
 	if opts.ChunkID != "" {
-		i := slices.IndexFunc(states, func(s ChunkState) bool { return s.Chunk.ID == opts.ChunkID })
+		i := slices.IndexFunc(states, func(s backfilltype.ChunkState) bool { return s.Chunk.ID == opts.ChunkID })
 		u.one = &states[i]
 		scope.Chunk = u.one
 		if scope.ChunkColumn == "" && u.one.Inserted > 0 {
@@ -338,7 +338,7 @@ func (u *undoRollback) apply(ctx context.Context, rep RollbackReport) (RollbackR
 		// Visible even if this call is interrupted: who started it and why.
 		started, _ := json.Marshal(map[string]any{"why": opts.Why, "chunk": opts.ChunkID, "force": opts.Force, "chunks": len(u.seqs),
 			"conflicts_overridden": rep.Conflicts * boolInt(opts.Force), "conflict_rows": conflictStrings(rep.ConflictRows, 20)})
-		if err := u.r.caps.rollback.RecordEvent(ctx, db, Event{BatchID: run.BatchID, Job: run.Job, Kind: "rollback_started", Actor: opts.Actor, Detail: started}); err != nil {
+		if err := u.r.caps.rollback.RecordEvent(ctx, db, backfilltype.Event{BatchID: run.BatchID, Job: run.Job, Kind: "rollback_started", Actor: opts.Actor, Detail: started}); err != nil {
 			return rep, err
 		}
 	}
@@ -369,11 +369,11 @@ func (u *undoRollback) apply(ctx context.Context, rep RollbackReport) (RollbackR
 	}
 	var deleted int64
 	err := u.lockedTx(ctx, []int{}, true, func(tx sqlx.ExtContext) (err error) {
-		deleted, err = u.rb.Finish(ctx, tx, opts.ChunkID == "", opts.Force, func(deleted int64) Event {
+		deleted, err = u.rb.Finish(ctx, tx, opts.ChunkID == "", opts.Force, func(deleted int64) backfilltype.Event {
 			detail, _ := json.Marshal(map[string]any{"why": opts.Why, "chunk": opts.ChunkID, "force": opts.Force, "chunks": rep.Chunks,
 				"deleted": rep.Deleted + deleted, "restored": rep.Restored, "conflicts_overridden": rep.Conflicts * boolInt(opts.Force),
 				"delivered_overridden": rep.ConflictsDelivered * boolInt(opts.Force), "conflict_rows": conflictStrings(rep.ConflictRows, 20)})
-			return Event{BatchID: run.BatchID, Job: run.Job, Kind: kind, Actor: opts.Actor, Detail: detail}
+			return backfilltype.Event{BatchID: run.BatchID, Job: run.Job, Kind: kind, Actor: opts.Actor, Detail: detail}
 		})
 		return err
 	})
@@ -446,7 +446,7 @@ func (r *Runner) stopOpenRun(ctx context.Context, pm backfilldriver.SQLManifest,
 		}
 		run.Status, run.LastError = RunPaused, reason
 		detail, _ := json.Marshal(map[string]string{"reason": reason})
-		return pm.RecordEvent(ctx, tx, Event{BatchID: run.BatchID, Job: run.Job, Kind: "run_paused", Actor: opts.Actor, Detail: detail})
+		return pm.RecordEvent(ctx, tx, backfilltype.Event{BatchID: run.BatchID, Job: run.Job, Kind: "run_paused", Actor: opts.Actor, Detail: detail})
 	})
 	if err != nil {
 		return run, err

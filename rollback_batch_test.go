@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgbackfill/backfill/backfilltype"
+
 	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
 
@@ -319,7 +321,7 @@ func TestRollbackBatchRefusesIncompletePlan(t *testing.T) {
 func TestPlanJobKeyless(t *testing.T) {
 	t.Parallel()
 	rule := backfill.KeyRule{Column: "k(ey)", From: "src (raw)", Rules: []backfill.Normalizer{backfill.Trim, backfill.CaseFold}, NullAsEmpty: true}
-	plan := backfill.Plan{Job: "j", Rollback: backfill.RollbackUndoLog, Target: backfill.PlanTarget{Table: "t", Key: []string{"k(ey)"},
+	plan := backfill.Plan{Job: "j", Rollback: backfill.RollbackUndoLog, Target: backfilltype.PlanTarget{Table: "t", Key: []string{"k(ey)"},
 		Mode: backfill.Keyless, Derive: []string{rule.String()}, InsertedBy: "ins", UpdatedBy: "upd"}}
 	job, err := backfill.PlanJob(plan)
 	require.NoError(t, err)

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgbackfill/backfill/backfilltype"
+
 	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
 
@@ -29,7 +31,7 @@ func dlvExtractor(rows map[int64]string, write func(ctx context.Context, w backf
 	return backfill.ExtractorFunc(func(ctx context.Context, c backfill.Chunk, w backfill.RowWriter) error {
 		ids := make([]int64, 0, len(rows))
 		for id := range rows {
-			if c.Kind != backfill.KindInt || (id >= c.Lo && id < c.Hi) {
+			if c.Kind != backfilltype.KindInt || (id >= c.Lo && id < c.Hi) {
 				ids = append(ids, id)
 			}
 		}

@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgbackfill/backfill/backfilltype"
 	"github.com/pgbackfill/backfill/internal/pgstore"
 )
 
@@ -25,7 +26,7 @@ func rollbackStatements(t *testing.T, g goldenTarget) [][2]string {
 		rb.KeyTypes[c.Name] = c.Type
 	}
 	start := time.Date(2024, 3, 1, 0, 0, 0, 0, time.UTC)
-	chunk := &ChunkState{Chunk: Chunk{ID: "2024-03-01", Seq: 3, Kind: KindTime, Start: start, End: start.AddDate(0, 0, 1)}}
+	chunk := &backfilltype.ChunkState{Chunk: Chunk{ID: "2024-03-01", Seq: 3, Kind: backfilltype.KindTime, Start: start, End: start.AddDate(0, 0, 1)}}
 	whole, _ := rb.InsertedFilter(nil, 4)
 	one, _ := rb.InsertedFilter(chunk, 4)
 	out := [][2]string{

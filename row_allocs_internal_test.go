@@ -4,6 +4,8 @@ import (
 	"context"
 	"testing"
 	"time"
+
+	"github.com/pgbackfill/backfill/backfilltype"
 )
 
 // TestRowAllocs counts the allocations of one order line on the
@@ -32,7 +34,7 @@ func TestRowAllocs(t *testing.T) {
 	}
 
 	s := &copySink{}
-	w := newRowWriter(Chunk{ID: "int:0/1", Kind: KindInt, Hi: 1}, Job{}, orderLineInfo(), s, 0, time.Now())
+	w := newRowWriter(Chunk{ID: "int:0/1", Kind: backfilltype.KindInt, Hi: 1}, Job{}, orderLineInfo(), s, 0, time.Now())
 	// Two time columns: their text and its boxing, nothing else.
 	if n := testing.AllocsPerRun(200, func() {
 		if err := w.Write(ctx, vals...); err != nil {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgbackfill/backfill/backfilltype"
 	"github.com/pgbackfill/backfill/internal/pgtest"
 )
 
@@ -88,7 +89,7 @@ func TestStatusAndProgressAfterResume(t *testing.T) {
 	require.Equal(t, int64(10*(liveChunks-2)), st.Rows.Inserted)
 	require.Equal(t, int64(1), st.Rows.Rejected)
 	require.Equal(t, st.Rows.Read, st.RowsProcessed)
-	require.Equal(t, []ExceptionCount{{Reason: "not a value", Column: "v", Count: 1}}, st.Exceptions)
+	require.Equal(t, []backfilltype.ExceptionCount{{Reason: "not a value", Column: "v", Count: 1}}, st.Exceptions)
 	require.NotNil(t, st.RemainingRows)
 	// Int chunks of 10 keys each, 41 rows read over 40 keys.
 	require.InDelta(t, 2*10*41.0/40, *st.RemainingRows, 1e-9)
@@ -241,8 +242,8 @@ func TestStatusInFlight(t *testing.T) {
 // to its line and carries no terminal escape.
 func TestStatusStringShowsControlCharacters(t *testing.T) {
 	t.Parallel()
-	s := Status{Job: "jobs\x1b[2J", Exceptions: []ExceptionCount{{Reason: "bad\nvalue\x07", Column: "c\r", Count: 2}},
-		InFlight: []ChunkInFlight{{ChunkID: "2024-01-01", WorkerID: "w\x1b]0;x\x07", Host: "h"}}}
+	s := Status{Job: "jobs\x1b[2J", Exceptions: []backfilltype.ExceptionCount{{Reason: "bad\nvalue\x07", Column: "c\r", Count: 2}},
+		InFlight: []backfilltype.ChunkInFlight{{ChunkID: "2024-01-01", WorkerID: "w\x1b]0;x\x07", Host: "h"}}}
 	out := s.String()
 	require.NotContains(t, out, "\x1b")
 	require.NotContains(t, out, "\x07")

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgbackfill/backfill/backfilltype"
 	"github.com/stretchr/testify/require"
 )
 
@@ -22,7 +23,7 @@ func TestOpenThrottlePeriodOfKilledWorkerEndsAtItsLastHeartbeat(t *testing.T) {
 	require.NoError(t, err)
 	m := r.cfg.Manifest.(*PGManifest)
 	for _, k := range []string{"killed", "alive"} {
-		require.NoError(t, m.RegisterWorker(ctx, r.db, Worker{Key: k, ID: k, BatchID: rep.BatchID, Job: "live", StaleAfter: 10 * time.Second}))
+		require.NoError(t, m.RegisterWorker(ctx, r.db, backfilltype.Worker{Key: k, ID: k, BatchID: rep.BatchID, Job: "live", StaleAfter: 10 * time.Second}))
 	}
 	db.MustExec(`UPDATE backfill.workers SET heartbeat_at = now() - interval '1 hour' WHERE worker_key = 'killed'`)
 	db.MustExec(`INSERT INTO backfill.throttle_periods (batch_id, worker_key, signal, reason, value, high, low, started_at)

@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgbackfill/backfill/backfillthrottle"
+	"github.com/pgbackfill/backfill/backfilltype"
 	"github.com/pgbackfill/backfill/internal/pgstore"
 	"github.com/stretchr/testify/require"
 	"pgregory.net/rapid"
@@ -20,7 +22,7 @@ func TestThrottleHysteresis(t *testing.T) {
 		high := rapid.Float64Range(1, 100).Draw(rt, "high")
 		low := high * rapid.Float64Range(0.5, 1).Draw(rt, "low_fraction")
 		minHold := time.Duration(rapid.IntRange(0, 5000).Draw(rt, "min_hold_ms")) * time.Millisecond
-		h := hysteresis{th: Throttle{High: high, Low: low, MinHold: minHold}}
+		h := hysteresis{th: backfillthrottle.Throttle{High: high, Low: low, MinHold: minHold}}
 		now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 		start := now
 		holds := 0
@@ -97,18 +99,18 @@ func TestParseSchedule(t *testing.T) {
 		{"Tue,Thu 01:00-02:00 UTC; sat 10:00-11:00 UTC", "2026-12-02T01:30:00Z", false},
 	}
 	for _, c := range cases {
-		s, err := ParseSchedule(c.spec)
+		s, err := backfillthrottle.ParseSchedule(c.spec)
 		require.NoError(t, err, c.spec)
 		require.Equal(t, c.in, s.Contains(utc(c.at)), "%s at %s", c.spec, c.at)
-		s.now = func() time.Time { return utc(c.at) }
-		v, err := s.Read(t.Context(), nil, SignalScope{})
+		s.Now = func() time.Time { return utc(c.at) }
+		v, err := s.Read(t.Context(), nil, backfillthrottle.SignalScope{})
 		require.NoError(t, err)
 		require.Equal(t, map[bool]float64{true: 0, false: 1}[c.in], v, "signal outside the window is 1")
 	}
 	for _, bad := range []string{"", "Mon-Fry 22:00-06:00 UTC", "Mon 25:00-06:00 UTC", "Mon 22:00-06:00 Mars/Base",
 		"Mon 10:00-10:00 UTC", "Mon 22:00 UTC", "Mon 22:00-06:00", "Mon 24:00-06:00 UTC", "Mon 22:00-06:00 Local", "Mon 9:00-10:00 UTC",
 		"Mon +1:00-02:00 UTC", "Mon 01:+5-02:00 UTC", "Mon -0:00-02:00 UTC"} {
-		_, err := ParseSchedule(bad)
+		_, err := backfillthrottle.ParseSchedule(bad)
 		require.ErrorIs(t, err, ErrInvalidConfig, "%q", bad)
 	}
 }
@@ -118,19 +120,19 @@ func TestParseSchedule(t *testing.T) {
 func TestProbePercentile(t *testing.T) {
 	t.Parallel()
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	w := latencyWindow{span: 10 * time.Second}
-	w.add(t0, 5*time.Second) // expires first
+	w := backfillthrottle.LatencyWindow{Span: 10 * time.Second}
+	w.Add(t0, 5*time.Second) // expires first
 	for i := 1; i <= 100; i++ {
-		w.add(t0.Add(time.Second), time.Duration(i)*time.Millisecond)
+		w.Add(t0.Add(time.Second), time.Duration(i)*time.Millisecond)
 	}
-	require.Equal(t, 5*time.Second, w.percentile(t0.Add(time.Second), 99.9), "the slow probe is in the window")
+	require.Equal(t, 5*time.Second, w.Percentile(t0.Add(time.Second), 99.9), "the slow probe is in the window")
 	now := t0.Add(10*time.Second + time.Millisecond)
-	require.Equal(t, 99*time.Millisecond, w.percentile(now, 99), "the slow probe left the window")
-	require.Equal(t, 95*time.Millisecond, w.percentile(now, 95))
-	require.Equal(t, 50*time.Millisecond, w.percentile(now, 50))
-	require.Equal(t, 100*time.Millisecond, w.percentile(now, 100))
-	require.Equal(t, time.Duration(0), w.percentile(t0.Add(time.Hour), 99), "empty window")
-	require.Equal(t, 7*time.Millisecond, percentile([]time.Duration{7 * time.Millisecond}, 99))
+	require.Equal(t, 99*time.Millisecond, w.Percentile(now, 99), "the slow probe left the window")
+	require.Equal(t, 95*time.Millisecond, w.Percentile(now, 95))
+	require.Equal(t, 50*time.Millisecond, w.Percentile(now, 50))
+	require.Equal(t, 100*time.Millisecond, w.Percentile(now, 100))
+	require.Equal(t, time.Duration(0), w.Percentile(t0.Add(time.Hour), 99), "empty window")
+	require.Equal(t, 7*time.Millisecond, backfillthrottle.Percentile([]time.Duration{7 * time.Millisecond}, 99))
 }
 
 // TestPacer: the rows-per-second cap on a fake clock: a chunk's rows
@@ -175,14 +177,14 @@ func TestSplitTime(t *testing.T) {
 	t.Parallel()
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	at := func(s int) time.Time { return t0.Add(time.Duration(s) * time.Second) }
-	periods := []ThrottlePeriod{
+	periods := []backfilltype.ThrottlePeriod{
 		{Signal: "lag", StartedAt: at(10), Ended: at(30)},
 		{Signal: "wal", StartedAt: at(20), Ended: at(40)}, // 20-30 counts as lag
 		{Signal: "lag", StartedAt: at(15), Ended: at(25)}, // another worker, same signal
 		{Signal: "wal", StartedAt: at(55), Ended: at(70)}, // 60-70 paused
 	}
 	slicesSortPeriods(periods)
-	paused := pgstore.PausedSpans([]Event{{Kind: "run_paused", CreatedAt: at(60)}, {Kind: "run_resumed_by_operator", CreatedAt: at(80)}, {Kind: "run_paused", CreatedAt: at(95)}}, at(100))
+	paused := pgstore.PausedSpans([]backfilltype.Event{{Kind: "run_paused", CreatedAt: at(60)}, {Kind: "run_resumed_by_operator", CreatedAt: at(80)}, {Kind: "run_paused", CreatedAt: at(95)}}, at(100))
 	ts := pgstore.SplitTime(t0, at(100), paused, periods)
 	require.Equal(t, 100*time.Second, ts.Total)
 	require.Equal(t, 25*time.Second, ts.Paused)
@@ -191,7 +193,7 @@ func TestSplitTime(t *testing.T) {
 	require.Equal(t, ts.Total, ts.Working+ts.Paused+ts.Throttled["lag"]+ts.Throttled["wal"])
 }
 
-func slicesSortPeriods(ps []ThrottlePeriod) {
+func slicesSortPeriods(ps []backfilltype.ThrottlePeriod) {
 	for i := range ps {
 		for j := i + 1; j < len(ps); j++ {
 			if ps[j].StartedAt.Before(ps[i].StartedAt) {
@@ -204,9 +206,9 @@ func slicesSortPeriods(ps []ThrottlePeriod) {
 // TestThrottleValidate: bad watermarks are refused with the field named.
 func TestThrottleValidate(t *testing.T) {
 	t.Parallel()
-	s := SQLSignal("x", "SELECT 1")
-	for _, th := range []Throttle{{High: 1}, {Signal: s}, {Signal: s, High: 1, Low: 2}, {Signal: s, High: 2, Critical: 1}, {Signal: s, High: 1, MinHold: -1}} {
-		_, err := NewWithDB(Postgres(nil), &Config{Throttles: []Throttle{th}})
+	s := backfillthrottle.SQLSignal("x", "SELECT 1")
+	for _, th := range []backfillthrottle.Throttle{{High: 1}, {Signal: s}, {Signal: s, High: 1, Low: 2}, {Signal: s, High: 2, Critical: 1}, {Signal: s, High: 1, MinHold: -1}} {
+		_, err := NewWithDB(Postgres(nil), &Config{Throttles: []backfillthrottle.Throttle{th}})
 		require.True(t, errors.Is(err, ErrInvalidConfig), "%+v: %v", th, err)
 	}
 }
@@ -223,7 +225,7 @@ func TestThrottleAdapt(t *testing.T) {
 		low := high * rapid.Float64Range(0.5, 1).Draw(rt, "low_fraction")
 		minHold := time.Duration(rapid.IntRange(0, 3000).Draw(rt, "min_hold_ms")) * time.Millisecond
 		interval := time.Duration(rapid.IntRange(50, 1000).Draw(rt, "interval_ms")) * time.Millisecond
-		h := hysteresis{th: Throttle{High: high, Low: low, MinHold: minHold, Adapt: true}}
+		h := hysteresis{th: backfillthrottle.Throttle{High: high, Low: low, MinHold: minHold, Adapt: true}}
 		now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 		var lastCut time.Time
 		n := rapid.IntRange(1, 300).Draw(rt, "readings")

@@ -11,6 +11,8 @@ import (
 	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgbackfill/backfill/backfillthrottle"
+	"github.com/pgbackfill/backfill/backfilltype"
 	"github.com/pgbackfill/backfill/internal/pgtest"
 )
 
@@ -23,7 +25,7 @@ type fakeSignal struct {
 
 func (f *fakeSignal) set(v float64) { f.v.Store(math.Float64bits(v)) }
 func (f *fakeSignal) Name() string  { return "fake" }
-func (f *fakeSignal) Read(context.Context, sqlx.ExtContext, SignalScope) (float64, error) {
+func (f *fakeSignal) Read(context.Context, sqlx.ExtContext, backfillthrottle.SignalScope) (float64, error) {
 	f.reads.Add(1)
 	return math.Float64frombits(f.v.Load()), nil
 }
@@ -59,7 +61,7 @@ func TestThrottleHoldsRecordsPeriodsAndSplitsTime(t *testing.T) {
 	var read atomic.Int64
 	job := liveJob(func(Chunk) { read.Add(1) })
 	r := throttleRunner(t, db, "w1", func(c *Config) {
-		c.Throttles = []Throttle{{Signal: sig, High: 3, Low: 1}}
+		c.Throttles = []backfillthrottle.Throttle{{Signal: sig, High: 3, Low: 1}}
 	})
 	res := goRun(t.Context(), r, job)
 	waitFor(t, "the hold's period", func() bool {
@@ -105,7 +107,7 @@ func TestThrottleCriticalPausesAndResumeContinues(t *testing.T) {
 	sig.set(100)
 	job := liveJob(nil)
 	r := throttleRunner(t, db, "w1", func(c *Config) {
-		c.Throttles = []Throttle{{Signal: sig, High: 10, Low: 5, Critical: 50}}
+		c.Throttles = []backfillthrottle.Throttle{{Signal: sig, High: 10, Low: 5, Critical: 50}}
 	})
 	rep, err := r.Run(t.Context(), job)
 	require.ErrorIs(t, err, ErrRunPaused)
@@ -187,7 +189,7 @@ func TestRowsPerSecondSharedByLiveWorkers(t *testing.T) {
 	run, _, err := m.StartRun(t.Context(), r.db, rs.plan, "w1", false)
 	require.NoError(t, err)
 	for _, k := range []string{"a", "b", "c", "d"} {
-		require.NoError(t, m.RegisterWorker(t.Context(), r.db, Worker{Key: k, ID: k, BatchID: run.BatchID, Job: "live", StaleAfter: time.Minute}))
+		require.NoError(t, m.RegisterWorker(t.Context(), r.db, backfilltype.Worker{Key: k, ID: k, BatchID: run.BatchID, Job: "live", StaleAfter: time.Minute}))
 	}
 	require.NoError(t, m.FinishWorker(t.Context(), r.db, "d"))
 	ex := &execution{r: r, batchID: run.BatchID, base: "live", log: r.cfg.Logger}
@@ -207,35 +209,35 @@ func TestBuiltinSignalsOnPostgres(t *testing.T) {
 	sdb := liveDB(t)
 	db := Postgres(sdb)
 	ctx := t.Context()
-	scope := SignalScope{BatchID: 1, Table: `"live"`}
-	read := func(s Signal, sc SignalScope) float64 {
+	scope := backfillthrottle.SignalScope{BatchID: 1, Table: `"live"`}
+	read := func(s backfillthrottle.Signal, sc backfillthrottle.SignalScope) float64 {
 		v, err := s.Read(ctx, db, sc)
 		require.NoError(t, err, s.Name())
 		return v
 	}
-	require.Zero(t, read(ReplicaLagSignal(), scope))
-	require.Zero(t, read(ArchiveBacklogSignal(), scope))
-	require.Zero(t, read(AutovacuumSignal(""), scope))
-	require.Zero(t, read(AutovacuumSignal("public.live"), scope))
-	wal := WALRateSignal()
+	require.Zero(t, read(backfillthrottle.ReplicaLagSignal(), scope))
+	require.Zero(t, read(backfillthrottle.ArchiveBacklogSignal(), scope))
+	require.Zero(t, read(backfillthrottle.AutovacuumSignal(""), scope))
+	require.Zero(t, read(backfillthrottle.AutovacuumSignal("public.live"), scope))
+	wal := backfillthrottle.WALRateSignal()
 	require.Zero(t, read(wal, scope), "first reading")
 	_, err := sdb.Exec(`INSERT INTO live SELECT g, repeat('x', 100) FROM generate_series(1, 1000) g`)
 	require.NoError(t, err)
 	require.Positive(t, read(wal, scope))
-	require.Equal(t, 1.0, read(SQLSignal("b", `SELECT $1::int > 0`, 3), scope))
-	require.Equal(t, 0.0, read(SQLSignal("b", `SELECT false`), scope))
-	require.Equal(t, 2.5, read(SQLSignal("n", `SELECT 2.5::numeric`), scope))
-	require.Equal(t, 0.0, read(SQLSignal("n", `SELECT NULL::int`), scope))
-	require.Equal(t, 0.0, read(SQLSignal("n", `SELECT 1 WHERE false`), scope))
-	_, err = SQLSignal("t", `SELECT 'abc'`).Read(ctx, db, scope)
+	require.Equal(t, 1.0, read(backfillthrottle.SQLSignal("b", `SELECT $1::int > 0`, 3), scope))
+	require.Equal(t, 0.0, read(backfillthrottle.SQLSignal("b", `SELECT false`), scope))
+	require.Equal(t, 2.5, read(backfillthrottle.SQLSignal("n", `SELECT 2.5::numeric`), scope))
+	require.Equal(t, 0.0, read(backfillthrottle.SQLSignal("n", `SELECT NULL::int`), scope))
+	require.Equal(t, 0.0, read(backfillthrottle.SQLSignal("n", `SELECT 1 WHERE false`), scope))
+	_, err = backfillthrottle.SQLSignal("t", `SELECT 'abc'`).Read(ctx, db, scope)
 	require.ErrorContains(t, err, `"abc" is not a number`)
-	pr := ProbeLatencySignal(`SELECT pg_sleep(0.01)`, 99, time.Minute)
+	pr := backfillthrottle.ProbeLatencySignal(`SELECT pg_sleep(0.01)`, 99, time.Minute)
 	require.GreaterOrEqual(t, read(pr, scope), 10.0, "milliseconds")
 
 	// A backfill session of worker k1 holds a lock; an application
 	// session waits for it.
-	lw := LockWaitersSignal()
-	require.Zero(t, read(lw, SignalScope{WorkerKeys: []string{"k1"}}))
+	lw := backfillthrottle.LockWaitersSignal()
+	require.Zero(t, read(lw, backfillthrottle.SignalScope{WorkerKeys: []string{"k1"}}))
 	holder, err := sdb.Beginx()
 	require.NoError(t, err)
 	defer func() { _ = holder.Rollback() }()
@@ -248,9 +250,9 @@ func TestBuiltinSignalsOnPostgres(t *testing.T) {
 		_, err := sdb.ExecContext(ctx, `SELECT count(*) FROM live`)
 		waiter <- err
 	}()
-	waitFor(t, "the waiter", func() bool { return read(lw, SignalScope{WorkerKeys: []string{"k1"}}) == 1 })
-	require.Zero(t, read(lw, SignalScope{WorkerKeys: []string{"other"}}), "another run's worker")
-	require.Equal(t, 1.0, read(lw, SignalScope{}), "any backfill session without keys")
+	waitFor(t, "the waiter", func() bool { return read(lw, backfillthrottle.SignalScope{WorkerKeys: []string{"k1"}}) == 1 })
+	require.Zero(t, read(lw, backfillthrottle.SignalScope{WorkerKeys: []string{"other"}}), "another run's worker")
+	require.Equal(t, 1.0, read(lw, backfillthrottle.SignalScope{}), "any backfill session without keys")
 	require.NoError(t, holder.Rollback())
 	require.NoError(t, <-waiter)
 }
@@ -286,7 +288,7 @@ func TestHeldCallStopsWhenRunPausedElsewhere(t *testing.T) {
 	db := liveDB(t)
 	sig := &fakeSignal{}
 	sig.set(5)
-	r := throttleRunner(t, db, "w1", func(c *Config) { c.Throttles = []Throttle{{Signal: sig, High: 3}} })
+	r := throttleRunner(t, db, "w1", func(c *Config) { c.Throttles = []backfillthrottle.Throttle{{Signal: sig, High: 3}} })
 	res := goRun(t.Context(), r, liveJob(nil))
 	var batch int64
 	waitFor(t, "the hold", func() bool {
@@ -305,13 +307,13 @@ func TestHeldCallStopsWhenRunPausedElsewhere(t *testing.T) {
 func TestProbeLatencyTimeoutIsASample(t *testing.T) {
 	t.Parallel()
 	db := Postgres(pgtest.New(t))
-	pr := ProbeLatencySignal(`SELECT pg_sleep(5)`, 99, time.Minute)
+	pr := backfillthrottle.ProbeLatencySignal(`SELECT pg_sleep(5)`, 99, time.Minute)
 	ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
 	defer cancel()
-	v, err := pr.Read(ctx, db, SignalScope{})
+	v, err := pr.Read(ctx, db, backfillthrottle.SignalScope{})
 	require.NoError(t, err)
 	require.GreaterOrEqual(t, v, 50.0, "at least the deadline, in ms")
-	_, err = ProbeLatencySignal(`SELECT nonsense`, 99, time.Minute).Read(t.Context(), db, SignalScope{})
+	_, err = backfillthrottle.ProbeLatencySignal(`SELECT nonsense`, 99, time.Minute).Read(t.Context(), db, backfillthrottle.SignalScope{})
 	require.ErrorContains(t, err, "probe_latency")
 }
 
@@ -327,8 +329,8 @@ func TestProbeLatencyIncludesCommit(t *testing.T) {
 		CREATE CONSTRAINT TRIGGER slow_commit AFTER INSERT ON probe_commit DEFERRABLE INITIALLY DEFERRED
 			FOR EACH ROW EXECUTE FUNCTION slow_commit()`)
 	require.NoError(t, err)
-	pr := ProbeLatencySignal(`INSERT INTO probe_commit VALUES (1)`, 99, time.Minute)
-	v, err := pr.Read(t.Context(), db, SignalScope{})
+	pr := backfillthrottle.ProbeLatencySignal(`INSERT INTO probe_commit VALUES (1)`, 99, time.Minute)
+	v, err := pr.Read(t.Context(), db, backfillthrottle.SignalScope{})
 	require.NoError(t, err)
 	require.GreaterOrEqual(t, v, 200.0, "the commit's 200 ms, in ms")
 	var n int
@@ -364,7 +366,7 @@ func TestRaisedSignalHoldsEveryWorkerOfEveryProcess(t *testing.T) {
 	for i := range 2 {
 		r := throttleRunner(t, open(), fmt.Sprint("p", i), func(c *Config) {
 			c.Concurrency = 2
-			c.Throttles = []Throttle{{Signal: sig, High: 10, Low: 5}}
+			c.Throttles = []backfillthrottle.Throttle{{Signal: sig, High: 10, Low: 5}}
 		})
 		rs = append(rs, goRun(t.Context(), r, job))
 	}
@@ -421,7 +423,7 @@ func TestAdaptiveThrottleSlowsWithoutHolding(t *testing.T) {
 		sig.set(5) // above High from the first reading to the end
 		r := throttleRunner(t, db, "w1", func(c *Config) {
 			c.RowsPerSecond = 40 // 60 rows: unthrottled, 20 past the one-second burst
-			c.Throttles = []Throttle{{Signal: sig, High: 3, Low: 1, MinHold: time.Hour, Adapt: true}}
+			c.Throttles = []backfillthrottle.Throttle{{Signal: sig, High: 3, Low: 1, MinHold: time.Hour, Adapt: true}}
 		})
 		rep, err := r.Run(t.Context(), liveJob(nil))
 		require.NoError(t, err, "an adaptive throttle held the run")
@@ -436,7 +438,7 @@ func TestAdaptiveThrottleSlowsWithoutHolding(t *testing.T) {
 		sig.set(0)
 		r := throttleRunner(t, db, "w1", func(c *Config) {
 			c.Concurrency = 1
-			c.Throttles = []Throttle{{Signal: sig, High: 3, Low: 1, MinHold: time.Hour, Adapt: true}}
+			c.Throttles = []backfillthrottle.Throttle{{Signal: sig, High: 3, Low: 1, MinHold: time.Hour, Adapt: true}}
 		})
 		job := liveJob(func(c Chunk) {
 			if c.Lo == 30 { // half the run read at full speed
@@ -456,7 +458,7 @@ func TestAdaptiveThrottleSlowsWithoutHolding(t *testing.T) {
 		sig.set(5) // the first cut finds nothing read: the first chunk sets the ceiling
 		r := throttleRunner(t, db, "w1", func(c *Config) {
 			c.Concurrency = 1
-			c.Throttles = []Throttle{{Signal: sig, High: 3, Low: 1, MinHold: time.Hour, Adapt: true}}
+			c.Throttles = []backfillthrottle.Throttle{{Signal: sig, High: 3, Low: 1, MinHold: time.Hour, Adapt: true}}
 		})
 		ctx, cancel := context.WithCancel(t.Context())
 		defer cancel()
@@ -476,7 +478,7 @@ type flakySignal struct {
 	broken atomic.Bool
 }
 
-func (f *flakySignal) Read(ctx context.Context, db sqlx.ExtContext, s SignalScope) (float64, error) {
+func (f *flakySignal) Read(ctx context.Context, db sqlx.ExtContext, s backfillthrottle.SignalScope) (float64, error) {
 	if f.broken.Load() {
 		f.reads.Add(1)
 		return 0, fmt.Errorf("permission denied for view pg_stat_replication")
@@ -493,10 +495,10 @@ func TestUnreadableSignalFailsClosed(t *testing.T) {
 	t.Parallel()
 	t.Run("at the start", func(t *testing.T) {
 		t.Parallel()
-		for _, sig := range []Signal{SQLSignal("replica_guard", "SELEC 1"), ProbeLatencySignal("SELECT 1", 950, time.Second),
-			ProbeLatencySignal("SELECT 1", 99, 0)} {
+		for _, sig := range []backfillthrottle.Signal{backfillthrottle.SQLSignal("replica_guard", "SELEC 1"), backfillthrottle.ProbeLatencySignal("SELECT 1", 950, time.Second),
+			backfillthrottle.ProbeLatencySignal("SELECT 1", 99, 0)} {
 			db := liveDB(t)
-			r := throttleRunner(t, db, "w1", func(c *Config) { c.Throttles = []Throttle{{Signal: sig, High: 1, Critical: 2}} })
+			r := throttleRunner(t, db, "w1", func(c *Config) { c.Throttles = []backfillthrottle.Throttle{{Signal: sig, High: 1, Critical: 2}} })
 			rep, err := r.Run(t.Context(), liveJob(nil))
 			require.ErrorIs(t, err, ErrInvalidConfig, "%s", sig.Name())
 			require.ErrorContains(t, err, "throttle signal "+sig.Name()+" cannot be read")
@@ -520,7 +522,7 @@ func TestUnreadableSignalFailsClosed(t *testing.T) {
 		})
 		r := throttleRunner(t, db, "w1", func(c *Config) {
 			c.Concurrency = 1
-			c.Throttles = []Throttle{{Signal: sig, High: 3, Low: 1}}
+			c.Throttles = []backfillthrottle.Throttle{{Signal: sig, High: 3, Low: 1}}
 		})
 		res := goRun(t.Context(), r, job)
 		waitFor(t, "the unreadable signal's hold", func() bool {

@@ -9,6 +9,10 @@ import (
 	"sync"
 	"time"
 
+	"github.com/pgbackfill/backfill/backfilldriver"
+	"github.com/pgbackfill/backfill/backfillthrottle"
+	"github.com/pgbackfill/backfill/backfilltrace"
+	"github.com/pgbackfill/backfill/backfilltype"
 	"github.com/pgbackfill/backfill/internal/pgstore"
 	"golang.org/x/time/rate"
 )
@@ -58,7 +62,7 @@ func (ex *execution) startThrottle(ctx context.Context) {
 			return
 		}
 	}
-	adapt := slices.ContainsFunc(cfg.Throttles, func(th Throttle) bool { return th.Adapt })
+	adapt := slices.ContainsFunc(cfg.Throttles, func(th backfillthrottle.Throttle) bool { return th.Adapt })
 	if len(cfg.Throttles) == 0 && cfg.RowsPerSecond <= 0 && ex.ctl == nil {
 		return
 	}
@@ -109,8 +113,8 @@ func (ex *execution) startThrottle(ctx context.Context) {
 		// Holds still open end with the call.
 		for _, h := range t.states {
 			if h.held {
-				ex.traceThrottle(ctx, TraceThrottleData{Event: ThrottleRelease, Signal: h.th.Signal.Name(), Value: h.value,
-					High: h.th.High, Low: h.th.low(), Held: t.now().Sub(h.since)})
+				ex.traceThrottle(ctx, backfilltrace.ThrottleData{Event: backfilltrace.ThrottleRelease, Signal: h.th.Signal.Name(), Value: h.value,
+					High: h.th.High, Low: h.th.EffectiveLow(), Held: t.now().Sub(h.since)})
 			}
 		}
 		for i, id := range t.periods {
@@ -130,9 +134,9 @@ func (ex *execution) stopThrottle() {
 
 // scope is what the signals see of the run; with a manifest that lists
 // workers, it also sets the job-wide rate share.
-func (t *throttler) scope(ctx context.Context) SignalScope {
+func (t *throttler) scope(ctx context.Context) backfillthrottle.SignalScope {
 	ex := t.ex
-	s := SignalScope{BatchID: ex.batchID, Table: pgstore.QuotedTable(ex.base)}
+	s := backfillthrottle.SignalScope{BatchID: ex.batchID, Table: pgstore.QuotedTable(ex.base)}
 	if tm := ex.r.caps.throttle; tm != nil {
 		keys, err := tm.LiveWorkers(ctx, ex.r.db, ex.batchID)
 		if err != nil {
@@ -210,7 +214,7 @@ func (t *throttler) check(ctx context.Context) {
 		} else {
 			h.fails = 0
 		}
-		ex.log.Debug("backfill: throttle check", "signal", name, "value", v, "high", h.th.High, "low", h.th.low(), "critical", h.th.Critical, "held", h.held)
+		ex.log.Debug("backfill: throttle check", "signal", name, "value", v, "high", h.th.High, "low", h.th.EffectiveLow(), "critical", h.th.Critical, "held", h.held)
 		if !math.IsInf(v, 1) && h.critical(v) {
 			t.pauseRun(ctx, h, v)
 			return
@@ -222,17 +226,17 @@ func (t *throttler) check(ctx context.Context) {
 		switch h.observe(t.now(), v) {
 		case hold:
 			ex.log.Warn("backfill: throttle hold: no chunk is claimed until the signal is below its low watermark",
-				"signal", name, "value", v, "high", h.th.High, "low", h.th.low(), "min_hold", h.th.MinHold)
+				"signal", name, "value", v, "high", h.th.High, "low", h.th.EffectiveLow(), "min_hold", h.th.MinHold)
 			t.setHeld(+1) // the workers first, then the record
-			ex.traceThrottle(ctx, TraceThrottleData{Event: ThrottleHold, Signal: name, Value: v, High: h.th.High, Low: h.th.low()})
+			ex.traceThrottle(ctx, backfilltrace.ThrottleData{Event: backfilltrace.ThrottleHold, Signal: name, Value: v, High: h.th.High, Low: h.th.EffectiveLow()})
 			// Recorded even when the call stops meanwhile: stop
 			// closes what is open once this check returns.
 			t.openPeriod(context.WithoutCancel(ctx), i, v)
 		case release:
-			ex.log.Info("backfill: throttle release", "signal", name, "value", v, "high", h.th.High, "low", h.th.low(),
+			ex.log.Info("backfill: throttle release", "signal", name, "value", v, "high", h.th.High, "low", h.th.EffectiveLow(),
 				"held_for", t.now().Sub(h.since))
 			t.setHeld(-1)
-			ex.traceThrottle(ctx, TraceThrottleData{Event: ThrottleRelease, Signal: name, Value: v, High: h.th.High, Low: h.th.low(),
+			ex.traceThrottle(ctx, backfilltrace.ThrottleData{Event: backfilltrace.ThrottleRelease, Signal: name, Value: v, High: h.th.High, Low: h.th.EffectiveLow(),
 				Held: t.now().Sub(h.since)})
 			t.closePeriod(context.WithoutCancel(ctx), i, v)
 		}
@@ -257,7 +261,7 @@ func (t *throttler) paused(ctx context.Context) bool {
 		return false
 	}
 	ex.log.Warn("backfill: throttle: the run was paused meanwhile; this call stops", "reason", run.LastError)
-	ex.tracePause(ctx, PauseObserved, run.LastError)
+	ex.tracePause(ctx, backfilltrace.PauseObserved, run.LastError)
 	ex.fail(nil, fmt.Errorf("backfill: job %q batch %d: %w: %s; resume it with Runner.Resume", ex.job.Name, ex.batchID, ErrRunPaused, run.LastError))
 	t.wake()
 	return true
@@ -292,9 +296,9 @@ func (t *throttler) openPeriod(ctx context.Context, i int, v float64) {
 		return
 	}
 	h := t.states[i]
-	p := ThrottlePeriod{BatchID: t.ex.batchID, WorkerKey: t.workerKey(), Signal: h.th.Signal.Name(),
+	p := backfilltype.ThrottlePeriod{BatchID: t.ex.batchID, WorkerKey: t.workerKey(), Signal: h.th.Signal.Name(),
 		Reason: fmt.Sprintf("%s %g at or above high watermark %g", h.th.Signal.Name(), v, h.th.High),
-		Value:  finite(v), High: finite(h.th.High), Low: finite(h.th.low())}
+		Value:  finite(v), High: finite(h.th.High), Low: finite(h.th.EffectiveLow())}
 	id, err := tm.OpenPeriod(ctx, t.ex.r.db, p)
 	if err != nil {
 		t.ex.log.Warn("backfill: throttle period not recorded", "signal", p.Signal, "error", err)
@@ -327,14 +331,14 @@ func (t *throttler) pauseRun(ctx context.Context, h *hysteresis, v float64) {
 	name := h.th.Signal.Name()
 	reason := fmt.Sprintf("throttle %s: value %g at or above critical level %g", name, v, h.th.Critical)
 	ex.log.Error("backfill: throttle critical: pausing the run; resume it with Runner.Resume", "signal", name, "value", v,
-		"critical", h.th.Critical, "high", h.th.High, "low", h.th.low())
+		"critical", h.th.Critical, "high", h.th.High, "low", h.th.EffectiveLow())
 	err := fmt.Errorf("backfill: job %q batch %d: %w: %s; resume it with Runner.Resume", ex.job.Name, ex.batchID, ErrRunPaused, reason)
-	ex.traceThrottle(ctx, TraceThrottleData{Event: ThrottleCritical, Signal: name, Value: v, High: h.th.High, Low: h.th.low()})
+	ex.traceThrottle(ctx, backfilltrace.ThrottleData{Event: backfilltrace.ThrottleCritical, Signal: name, Value: v, High: h.th.High, Low: h.th.EffectiveLow()})
 	if mv := ex.r.caps.validations; mv != nil {
 		if perr := ex.retryConn(ctx, "pause run", func() error { return mv.PauseRun(ctx, ex.r.db, ex.batchID, reason) }); perr != nil {
 			err = fmt.Errorf("backfill: job %q batch %d: throttle %s critical (%g), and the run could not be paused: %w", ex.job.Name, ex.batchID, name, v, perr)
 		} else {
-			ex.tracePause(ctx, PauseThrottle, reason)
+			ex.tracePause(ctx, backfilltrace.PauseThrottle, reason)
 		}
 	} else {
 		err = fmt.Errorf("backfill: job %q batch %d: throttle %s critical (%g); this manifest cannot pause runs (%w), the run stays running",
@@ -380,12 +384,12 @@ func (t *throttler) wait(ctx context.Context) error {
 		if d >= t.interval && tm != nil {
 			// A wait of an interval or more is a throttle period too,
 			// of the adaptive throttle that cut the rate if one did.
-			p := ThrottlePeriod{BatchID: t.ex.batchID, WorkerKey: t.workerKey(), Signal: RateSignalName,
+			p := backfilltype.ThrottlePeriod{BatchID: t.ex.batchID, WorkerKey: t.workerKey(), Signal: RateSignalName,
 				Reason: fmt.Sprintf("rows-per-second cap %g (this worker's share), waiting %v", lim, d.Round(time.Millisecond)),
 				Value:  finite(lim), High: finite(lim), Low: finite(lim)}
 			t.mu.Lock()
 			if h := t.cutByLocked(); h != nil {
-				p.Signal, p.Value, p.High, p.Low = h.th.Signal.Name(), finite(h.value), finite(h.th.High), finite(h.th.low())
+				p.Signal, p.Value, p.High, p.Low = h.th.Signal.Name(), finite(h.value), finite(h.th.High), finite(h.th.EffectiveLow())
 				p.Reason = fmt.Sprintf("%s %g at or above high watermark %g: rate cut to %.0f rows/s (%.0f %% of %.0f), waiting %v",
 					p.Signal, h.value, h.th.High, lim, 100*h.factor, t.ceilingLocked(), d.Round(time.Millisecond))
 			}
@@ -415,7 +419,7 @@ func (t *throttler) wait(ctx context.Context) error {
 		case <-knobs:
 		}
 		timer.Stop()
-		t.ex.traceThrottle(ctx, TraceThrottleData{Event: ThrottleWait, Signal: sig, Value: lim, High: lim, Low: lim, Held: t.now().Sub(began)})
+		t.ex.traceThrottle(ctx, backfilltrace.ThrottleData{Event: backfilltrace.ThrottleWait, Signal: sig, Value: lim, High: lim, Low: lim, Held: t.now().Sub(began)})
 		if id != 0 {
 			if err := tm.ClosePeriod(context.WithoutCancel(ctx), t.ex.r.db, id, finite(lim)); err != nil {
 				t.ex.log.Warn("backfill: end of throttle period not recorded", "signal", RateSignalName, "error", err)
@@ -475,10 +479,10 @@ func (t *throttler) adapt(h *hysteresis, v float64) {
 	name := h.th.Signal.Name()
 	switch {
 	case tr == hold:
-		ex.log.Warn("backfill: adaptive throttle: rate cut", "signal", name, "value", v, "high", h.th.High, "low", h.th.low(),
+		ex.log.Warn("backfill: adaptive throttle: rate cut", "signal", name, "value", v, "high", h.th.High, "low", h.th.EffectiveLow(),
 			"rows_per_second", math.Round(t.ceilingNow()*factor), "factor", factor)
 	case tr == release:
-		ex.log.Info("backfill: adaptive throttle: rate back at its ceiling", "signal", name, "value", v, "low", h.th.low(),
+		ex.log.Info("backfill: adaptive throttle: rate back at its ceiling", "signal", name, "value", v, "low", h.th.EffectiveLow(),
 			"held_for", now.Sub(since))
 	case factor != before:
 		ex.log.Debug("backfill: adaptive throttle: rate raised", "signal", name, "value", v, "factor", factor)
@@ -743,7 +747,7 @@ func (c *Config) validateThrottles() error {
 		return fmt.Errorf("%w: JobConcurrency cannot be less than zero", ErrInvalidConfig)
 	}
 	for i, t := range c.Throttles {
-		if err := t.validate(i); err != nil {
+		if err := t.Validate(i); err != nil {
 			return err
 		}
 	}
@@ -756,7 +760,7 @@ const slotPoll = 50 * time.Millisecond
 
 // takeSlot locks a job-wide concurrency slot in tx, the chunk's
 // transaction (true without Config.JobConcurrency).
-func (ex *execution) takeSlot(ctx context.Context, tx Tx) (bool, error) {
+func (ex *execution) takeSlot(ctx context.Context, tx backfilldriver.Tx) (bool, error) {
 	n := ex.liveJobConcurrency()
 	tm := ex.r.caps.throttle
 	if n <= 0 || tm == nil {

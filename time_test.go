@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgbackfill/backfill/backfilltype"
+
 	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
 
@@ -247,10 +249,10 @@ func TestExtractByModificationTime(t *testing.T) {
 	var plan string
 	require.NoError(t, db.Get(&plan, `SELECT plan::text FROM backfill.runs WHERE batch_id = $1`, rep.BatchID))
 	var p struct {
-		Time backfill.PlanTime `json:"time"`
+		Time backfilltype.PlanTime `json:"time"`
 	}
 	require.NoError(t, json.Unmarshal([]byte(plan), &p))
-	require.Equal(t, backfill.PlanTime{ChunkColumn: "modified_at", EventTime: "event_at", ModifiedAt: "modified_at", IngestedAt: "ingested_at"}, p.Time)
+	require.Equal(t, backfilltype.PlanTime{ChunkColumn: "modified_at", EventTime: "event_at", ModifiedAt: "modified_at", IngestedAt: "ingested_at"}, p.Time)
 
 	job.NewRun = true
 	rep, err = r.Run(ctx, job)

@@ -3,6 +3,8 @@ package backfill
 import (
 	"context"
 	"testing"
+
+	"github.com/pgbackfill/backfill/backfilltrace"
 )
 
 // TestTraceWithoutTracerCostsNothing: without Config.Tracer the chunk
@@ -13,12 +15,12 @@ func TestTraceWithoutTracerCostsNothing(t *testing.T) {
 	allocs := testing.AllocsPerRun(100, func() {
 		var cr chunkRun
 		c := ex.traceChunk(ctx, &cr, Chunk{}, cr.res.StartedAt)
-		cr.span.next(c, PhaseExtract)
+		cr.span.next(c, backfilltrace.PhaseExtract)
 		cr.span.setRows(1)
 		cr.span.release()
 		cr.span.end(&cr, nil)
-		ex.traceRetry(c, TraceRetryData{})
-		ex.traceThrottle(c, TraceThrottleData{})
+		ex.traceRetry(c, backfilltrace.RetryData{})
+		ex.traceThrottle(c, backfilltrace.ThrottleData{})
 		ex.tracePause(c, "", "")
 		if cr.span != nil || c != ctx {
 			t.Fatal("a span without a tracer")

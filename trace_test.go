@@ -10,6 +10,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgbackfill/backfill/backfillthrottle"
+	"github.com/pgbackfill/backfill/backfilltrace"
+	"github.com/pgbackfill/backfill/internal/pgstore"
+
 	"github.com/jmoiron/sqlx"
 	"github.com/lib/pq"
 	"github.com/stretchr/testify/require"
@@ -27,28 +31,28 @@ type recorder struct {
 	spans  map[int]*recSpan
 	events []recEvent
 	// onThrottle is called (outside the lock) on each throttle event.
-	onThrottle func(backfill.TraceThrottleData)
+	onThrottle func(backfilltrace.ThrottleData)
 }
 
 type recSpan struct {
 	id, parent int
 	kind       string // run, chunk, phase
-	phase      backfill.TracePhase
+	phase      backfilltrace.Phase
 	chunk      backfill.Chunk
 	attempt    int
 	seq        int // order of the start among all calls
 	endSeq     int // 0 while open
-	chunkEnd   backfill.TraceChunkEndData
-	phaseEnd   backfill.TracePhaseEndData
-	runEnd     backfill.TraceRunEndData
+	chunkEnd   backfilltrace.ChunkEndData
+	phaseEnd   backfilltrace.PhaseEndData
+	runEnd     backfilltrace.RunEndData
 	endCtxSpan int // the span of the context End was given
 }
 
 type recEvent struct {
 	span     int // the span of the event's context
-	throttle *backfill.TraceThrottleData
-	pause    *backfill.TracePauseData
-	retry    *backfill.TraceRetryData
+	throttle *backfilltrace.ThrottleData
+	pause    *backfilltrace.PauseData
+	retry    *backfilltrace.RetryData
 }
 
 type spanKey struct{}
@@ -81,25 +85,25 @@ func (r *recorder) end(ctx context.Context, f func(s *recSpan)) {
 	f(s)
 }
 
-func (r *recorder) TraceRunStart(ctx context.Context, d backfill.TraceRunStartData) context.Context {
+func (r *recorder) TraceRunStart(ctx context.Context, d backfilltrace.RunStartData) context.Context {
 	return r.start(ctx, &recSpan{kind: "run"})
 }
-func (r *recorder) TraceRunEnd(ctx context.Context, d backfill.TraceRunEndData) {
+func (r *recorder) TraceRunEnd(ctx context.Context, d backfilltrace.RunEndData) {
 	r.end(ctx, func(s *recSpan) { s.runEnd = d })
 }
-func (r *recorder) TraceChunkStart(ctx context.Context, d backfill.TraceChunkStartData) context.Context {
+func (r *recorder) TraceChunkStart(ctx context.Context, d backfilltrace.ChunkStartData) context.Context {
 	return r.start(ctx, &recSpan{kind: "chunk", chunk: d.Chunk, attempt: d.Attempt})
 }
-func (r *recorder) TraceChunkEnd(ctx context.Context, d backfill.TraceChunkEndData) {
+func (r *recorder) TraceChunkEnd(ctx context.Context, d backfilltrace.ChunkEndData) {
 	r.end(ctx, func(s *recSpan) { s.chunkEnd = d })
 }
-func (r *recorder) TracePhaseStart(ctx context.Context, d backfill.TracePhaseStartData) context.Context {
+func (r *recorder) TracePhaseStart(ctx context.Context, d backfilltrace.PhaseStartData) context.Context {
 	return r.start(ctx, &recSpan{kind: "phase", phase: d.Phase, chunk: d.Chunk, attempt: d.Attempt})
 }
-func (r *recorder) TracePhaseEnd(ctx context.Context, d backfill.TracePhaseEndData) {
+func (r *recorder) TracePhaseEnd(ctx context.Context, d backfilltrace.PhaseEndData) {
 	r.end(ctx, func(s *recSpan) { s.phaseEnd = d })
 }
-func (r *recorder) TraceThrottle(ctx context.Context, d backfill.TraceThrottleData) {
+func (r *recorder) TraceThrottle(ctx context.Context, d backfilltrace.ThrottleData) {
 	r.mu.Lock()
 	r.events = append(r.events, recEvent{span: spanOf(ctx), throttle: &d})
 	f := r.onThrottle
@@ -108,24 +112,24 @@ func (r *recorder) TraceThrottle(ctx context.Context, d backfill.TraceThrottleDa
 		f(d)
 	}
 }
-func (r *recorder) TracePause(ctx context.Context, d backfill.TracePauseData) {
+func (r *recorder) TracePause(ctx context.Context, d backfilltrace.PauseData) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.events = append(r.events, recEvent{span: spanOf(ctx), pause: &d})
 }
-func (r *recorder) TraceRetry(ctx context.Context, d backfill.TraceRetryData) {
+func (r *recorder) TraceRetry(ctx context.Context, d backfilltrace.RetryData) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.events = append(r.events, recEvent{span: spanOf(ctx), retry: &d})
 }
 
 var _ interface {
-	backfill.Tracer
-	backfill.PhaseTracer
-	backfill.RunTracer
-	backfill.ThrottleTracer
-	backfill.PauseTracer
-	backfill.RetryTracer
+	backfilltrace.Tracer
+	backfilltrace.PhaseTracer
+	backfilltrace.RunTracer
+	backfilltrace.ThrottleTracer
+	backfilltrace.PauseTracer
+	backfilltrace.RetryTracer
 } = (*recorder)(nil)
 
 // check verifies the recorded spans: every span ended once with the
@@ -134,7 +138,7 @@ var _ interface {
 // starts) in the order of want (a prefix of it when the chunk failed,
 // then ending in the phase that failed), inside their chunk. It returns
 // the chunk spans in start order.
-func (r *recorder) check(t *testing.T, want []backfill.TracePhase) []*recSpan {
+func (r *recorder) check(t *testing.T, want []backfilltrace.Phase) []*recSpan {
 	t.Helper()
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -168,7 +172,7 @@ func (r *recorder) check(t *testing.T, want []backfill.TracePhase) []*recSpan {
 		ps := phases[c.id]
 		slices.SortFunc(ps, func(a, b *recSpan) int { return a.seq - b.seq })
 		require.NotEmpty(t, ps, "chunk %s has no phases", c.chunk.ID)
-		var got []backfill.TracePhase
+		var got []backfilltrace.Phase
 		for i, p := range ps {
 			got = append(got, p.phase)
 			require.Greater(t, p.seq, c.seq)
@@ -181,11 +185,11 @@ func (r *recorder) check(t *testing.T, want []backfill.TracePhase) []*recSpan {
 			}
 		}
 		switch c.chunkEnd.Outcome {
-		case backfill.OutcomeDone, backfill.OutcomeOpen:
+		case backfilltrace.OutcomeDone, backfilltrace.OutcomeOpen:
 			require.Equal(t, want, got, "phases of %s", c.chunk.ID)
 			require.NoError(t, c.chunkEnd.Err)
 			require.True(t, c.chunkEnd.Counts.Balanced(), "%s: %+v", c.chunk.ID, c.chunkEnd.Counts)
-		case backfill.OutcomeFailed:
+		case backfilltrace.OutcomeFailed:
 			require.Error(t, c.chunkEnd.Err)
 			require.Equal(t, want[:len(got)], got, "phases of failed %s", c.chunk.ID)
 			require.ErrorIs(t, ps[len(ps)-1].phaseEnd.Err, c.chunkEnd.Err, "the last phase of %s ends with the chunk's error", c.chunk.ID)
@@ -216,10 +220,10 @@ func (r *recorder) allEvents() []recEvent {
 }
 
 var (
-	leasedPhases = []backfill.TracePhase{backfill.PhaseClaim, backfill.PhaseExtract, backfill.PhaseStage, backfill.PhaseMerge,
-		backfill.PhaseValidate, backfill.PhaseCheckpoint, backfill.PhaseCommit}
-	oneTxPhases = []backfill.TracePhase{backfill.PhaseClaim, backfill.PhaseExtract, backfill.PhaseMerge,
-		backfill.PhaseValidate, backfill.PhaseCheckpoint, backfill.PhaseCommit}
+	leasedPhases = []backfilltrace.Phase{backfilltrace.PhaseClaim, backfilltrace.PhaseExtract, backfilltrace.PhaseStage, backfilltrace.PhaseMerge,
+		backfilltrace.PhaseValidate, backfilltrace.PhaseCheckpoint, backfilltrace.PhaseCommit}
+	oneTxPhases = []backfilltrace.Phase{backfilltrace.PhaseClaim, backfilltrace.PhaseExtract, backfilltrace.PhaseMerge,
+		backfilltrace.PhaseValidate, backfilltrace.PhaseCheckpoint, backfilltrace.PhaseCommit}
 )
 
 // TestTraceSpansOfARun: a run traced by a recording tracer, leased (short
@@ -232,7 +236,7 @@ func TestTraceSpansOfARun(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
 		cfg    backfill.Config
-		phases []backfill.TracePhase
+		phases []backfilltrace.Phase
 	}{
 		{"leased", backfill.Config{Concurrency: 2}, leasedPhases},
 	} {
@@ -261,7 +265,7 @@ func TestTraceSpansOfARun(t *testing.T) {
 			var sum backfill.Counts
 			seen := map[string]bool{}
 			for _, c := range chunks {
-				require.Equal(t, backfill.OutcomeDone, c.chunkEnd.Outcome, c.chunk.ID)
+				require.Equal(t, backfilltrace.OutcomeDone, c.chunkEnd.Outcome, c.chunk.ID)
 				require.Equal(t, rep.BatchID, c.chunkEnd.BatchID)
 				require.Equal(t, "items", c.chunkEnd.Job)
 				require.Equal(t, 1, c.attempt)
@@ -272,7 +276,7 @@ func TestTraceSpansOfARun(t *testing.T) {
 				rec.mu.Lock()
 				xs := rec.spans[id.(int)]
 				rec.mu.Unlock()
-				require.Equal(t, backfill.PhaseExtract, xs.phase, "the extractor's context is its phase's")
+				require.Equal(t, backfilltrace.PhaseExtract, xs.phase, "the extractor's context is its phase's")
 				require.Equal(t, c.id, xs.parent)
 				require.Equal(t, int64(100), xs.phaseEnd.Rows, "rows read in the extract phase of %s", c.chunk.ID)
 			}
@@ -297,7 +301,7 @@ func TestTraceFailuresEndEverySpan(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
 		cfg    backfill.Config
-		phases []backfill.TracePhase
+		phases []backfilltrace.Phase
 	}{
 		{"leased", backfill.Config{Concurrency: 2, RetryBackoff: time.Millisecond}, leasedPhases},
 	} {
@@ -339,7 +343,7 @@ func TestTraceFailuresEndEverySpan(t *testing.T) {
 			chunks := rec.check(t, tc.phases)
 			var failed []string
 			for _, c := range chunks {
-				if c.chunkEnd.Outcome == backfill.OutcomeFailed {
+				if c.chunkEnd.Outcome == backfilltrace.OutcomeFailed {
 					failed = append(failed, fmt.Sprintf("%d/%d", c.chunk.Seq, c.attempt))
 				}
 			}
@@ -402,11 +406,11 @@ func TestTraceCancelEndsSpans(t *testing.T) {
 	chunks := rec.check(t, leasedPhases)
 	last := chunks[len(chunks)-1]
 	require.Equal(t, 3, last.chunk.Seq)
-	require.Equal(t, backfill.OutcomeFailed, last.chunkEnd.Outcome)
+	require.Equal(t, backfilltrace.OutcomeFailed, last.chunkEnd.Outcome)
 	require.ErrorIs(t, last.chunkEnd.Err, context.Canceled)
 	require.Len(t, rec.runs(), 1)
 
-	require.Equal(t, map[backfill.ChunkStatus]int64{backfill.ChunkDone: 3, backfill.ChunkLeased: 1, backfill.ChunkPending: 6}, inFlight)
+	require.Equal(t, map[backfill.ChunkStatus]int64{backfill.ChunkDone: 3, pgstore.ChunkLeased: 1, backfill.ChunkPending: 6}, inFlight)
 	// The manifest's view of the run, as metrics read it: the cancelled
 	// chunk pending again (its lease released), three done.
 	jcs, err := backfill.NewPGManifest("").JobChunks(context.Background(), s.db, 0, "items", "nosuchjob")
@@ -423,7 +427,7 @@ func TestTraceCancelEndsSpans(t *testing.T) {
 type levelSignal struct{ v atomic.Int64 }
 
 func (s *levelSignal) Name() string { return "level" }
-func (s *levelSignal) Read(context.Context, sqlx.ExtContext, backfill.SignalScope) (float64, error) {
+func (s *levelSignal) Read(context.Context, sqlx.ExtContext, backfillthrottle.SignalScope) (float64, error) {
 	return float64(s.v.Load()), nil
 }
 
@@ -438,22 +442,22 @@ func TestTraceThrottleAndPause(t *testing.T) {
 	rec := newRecorder()
 	sig := &levelSignal{}
 	var released, critical atomic.Bool
-	rec.onThrottle = func(d backfill.TraceThrottleData) {
-		if d.Event == backfill.ThrottleCritical {
+	rec.onThrottle = func(d backfilltrace.ThrottleData) {
+		if d.Event == backfilltrace.ThrottleCritical {
 			critical.Store(true)
 		}
-		if d.Event == backfill.ThrottleHold {
+		if d.Event == backfilltrace.ThrottleHold {
 			go func() {
 				time.Sleep(30 * time.Millisecond)
 				sig.v.Store(0)
 			}()
 		}
-		if d.Event == backfill.ThrottleRelease {
+		if d.Event == backfilltrace.ThrottleRelease {
 			released.Store(true)
 		}
 	}
 	r, err := backfill.New(s.db, &backfill.Config{Tracer: rec, ThrottleInterval: 10 * time.Millisecond,
-		Throttles: []backfill.Throttle{{Signal: sig, High: 10, Critical: 100}}})
+		Throttles: []backfillthrottle.Throttle{{Signal: sig, High: 10, Critical: 100}}})
 	require.NoError(t, err)
 	job := s.job(1)
 	job.Extractor = backfill.ExtractorFunc(func(ctx context.Context, c backfill.Chunk, w backfill.RowWriter) error {
@@ -487,7 +491,7 @@ func TestTraceThrottleAndPause(t *testing.T) {
 			require.Equal(t, runs[0].id, e.span, "a throttle event is an event of the run's span")
 			require.Equal(t, "level", e.throttle.Signal)
 			got = append(got, e.throttle.Event)
-			if e.throttle.Event == backfill.ThrottleRelease && held == 0 {
+			if e.throttle.Event == backfilltrace.ThrottleRelease && held == 0 {
 				held = e.throttle.Held
 			}
 		case e.pause != nil:
@@ -496,7 +500,7 @@ func TestTraceThrottleAndPause(t *testing.T) {
 			got = append(got, "pause:"+e.pause.Source)
 		}
 	}
-	require.Equal(t, []string{backfill.ThrottleHold, backfill.ThrottleRelease, backfill.ThrottleCritical, "pause:" + backfill.PauseThrottle}, got)
+	require.Equal(t, []string{backfilltrace.ThrottleHold, backfilltrace.ThrottleRelease, backfilltrace.ThrottleCritical, "pause:" + backfilltrace.PauseThrottle}, got)
 	require.Positive(t, held)
 }
 
@@ -516,12 +520,12 @@ func TestTraceChunkTracerOnly(t *testing.T) {
 
 type chunkOnly struct{ started, ended *atomic.Int64 }
 
-func (c chunkOnly) TraceChunkStart(ctx context.Context, _ backfill.TraceChunkStartData) context.Context {
+func (c chunkOnly) TraceChunkStart(ctx context.Context, _ backfilltrace.ChunkStartData) context.Context {
 	c.started.Add(1)
 	return ctx
 }
-func (c chunkOnly) TraceChunkEnd(_ context.Context, d backfill.TraceChunkEndData) {
-	if d.Err != nil || d.Outcome != backfill.OutcomeDone {
+func (c chunkOnly) TraceChunkEnd(_ context.Context, d backfilltrace.ChunkEndData) {
+	if d.Err != nil || d.Outcome != backfilltrace.OutcomeDone {
 		panic(errors.New("unexpected chunk end"))
 	}
 	c.ended.Add(1)
@@ -542,7 +546,7 @@ func TestTraceOneTransactionPath(t *testing.T) {
 	require.Len(t, chunks, 4)
 	var sum backfill.Counts
 	for _, c := range chunks {
-		require.Equal(t, backfill.OutcomeDone, c.chunkEnd.Outcome, c.chunk.ID)
+		require.Equal(t, backfilltrace.OutcomeDone, c.chunkEnd.Outcome, c.chunk.ID)
 		sum = sum.Add(c.chunkEnd.Counts)
 	}
 	require.Equal(t, rep.Counts, sum)

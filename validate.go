@@ -43,6 +43,3 @@ type ValidatorFunc func(ctx context.Context, tx sqlx.ExtContext, scope Validatio
 func (f ValidatorFunc) Validate(ctx context.Context, tx sqlx.ExtContext, scope ValidationScope) (CheckResult, error) {
 	return f(ctx, tx, scope)
 }
-
-// Validation is one [CheckResult] as recorded in the manifest.
-type Validation = backfilltype.Validation

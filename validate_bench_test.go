@@ -6,11 +6,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgbackfill/backfill/backfilldriver"
+	"github.com/pgbackfill/backfill/backfilltype"
+	"github.com/pgbackfill/backfill/internal/pgstore"
+
 	"github.com/jmoiron/sqlx"
 
 	"github.com/pgbackfill/backfill"
-	"github.com/pgbackfill/backfill/backfilldriver"
-	"github.com/pgbackfill/backfill/internal/pgstore"
 	"github.com/pgbackfill/backfill/internal/pgtest"
 )
 
@@ -56,7 +58,7 @@ func BenchmarkValidateMillionRowChunk(b *testing.B) {
 	names := []string{"completeness-s", "aggregates-s", "replay-s"}
 	regions := []string{"EU", "US", "APAC", "LATAM"}
 	start := time.Date(2024, 3, 1, 0, 0, 0, 0, time.UTC)
-	chunk := backfill.Chunk{ID: fmt.Sprintf("int:0/%d", rows), Kind: backfill.KindInt, Lo: 0, Hi: rows}
+	chunk := backfill.Chunk{ID: fmt.Sprintf("int:0/%d", rows), Kind: backfilltype.KindInt, Lo: 0, Hi: rows}
 
 	restate := []string{`TRUNCATE orders`,
 		`INSERT INTO orders SELECT i, '2024-03-01'::timestamptz + i * interval '83333 microseconds', (ARRAY['EU','US','APAC','LATAM'])[i % 4 + 1], -1, i % 50
@@ -145,7 +147,7 @@ func BenchmarkValidateMillionRowChunk(b *testing.B) {
 	}
 }
 
-func rollback(b *testing.B, st backfill.Stager, tx *sqlx.Tx) {
+func rollback(b *testing.B, st backfilldriver.Stager, tx *sqlx.Tx) {
 	b.Helper()
 	if err := st.Close(); err != nil {
 		b.Fatal(err)

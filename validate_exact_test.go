@@ -9,12 +9,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgbackfill/backfill/backfilldriver"
+	"github.com/pgbackfill/backfill/backfilltype"
+	"github.com/pgbackfill/backfill/internal/pgstore"
+
 	"github.com/stretchr/testify/require"
 	"pgregory.net/rapid"
 
 	"github.com/pgbackfill/backfill"
-	"github.com/pgbackfill/backfill/backfilldriver"
-	"github.com/pgbackfill/backfill/internal/pgstore"
 	"github.com/pgbackfill/backfill/internal/pgtest"
 )
 
@@ -62,7 +64,7 @@ func TestChecksSeeTheSmallestStep(t *testing.T) {
 	info, err := m.Prepare(ctx, db, backfill.Target{Table: "ex", Key: []string{"id", "kci"}, Columns: exactColumns})
 	require.NoError(t, err)
 	day := time.Date(2024, 3, 1, 0, 0, 0, 0, time.UTC)
-	chunk := backfill.Chunk{ID: "time:2024-03-01T00:00:00Z/2024-03-02T00:00:00Z", Kind: backfill.KindTime, Start: day, End: day.AddDate(0, 0, 1)}
+	chunk := backfill.Chunk{ID: "time:2024-03-01T00:00:00Z/2024-03-02T00:00:00Z", Kind: backfilltype.KindTime, Start: day, End: day.AddDate(0, 0, 1)}
 
 	content := []string{"f8", "f4", "num", "ts", "tz", "txt", "ci", "by"}
 	measures := []backfill.Measure{{Column: "f8"}, {Column: "f4"}, {Column: "num"}}
@@ -215,7 +217,7 @@ func TestAggregatesFloatSums(t *testing.T) {
 			// verdict.
 			_, err = tx.ExecContext(ctx, `SET LOCAL extra_float_digits = -15`)
 			require.NoError(t, err)
-			res, err := check.Validate(ctx, tx, backfill.ValidationScope{Chunk: backfill.Chunk{ID: "list:one", Kind: backfill.KindList, Item: "one"},
+			res, err := check.Validate(ctx, tx, backfill.ValidationScope{Chunk: backfill.Chunk{ID: "list:one", Kind: backfilltype.KindList, Item: "one"},
 				Info: info, Staging: st.(backfilldriver.StagingTabler).StagingTable(), Stager: st})
 			require.NoError(t, err)
 			require.Equal(t, !perturb, res.Passed, "%s, perturbed %t: %s %v", c.name, perturb, res.Actual, res.Sample)
@@ -242,7 +244,7 @@ func TestDuplicateKeysSeesTheSmallestStep(t *testing.T) {
 	info, err := m.Prepare(ctx, db, backfill.Target{Table: "dk", Key: []string{"id"}})
 	require.NoError(t, err)
 	day := time.Date(2024, 3, 1, 0, 0, 0, 0, time.UTC)
-	chunk := backfill.Chunk{ID: "time:2024-03-01T00:00:00Z/2024-03-02T00:00:00Z", Kind: backfill.KindTime, Start: day, End: day.AddDate(0, 0, 1)}
+	chunk := backfill.Chunk{ID: "time:2024-03-01T00:00:00Z/2024-03-02T00:00:00Z", Kind: backfilltype.KindTime, Start: day, End: day.AddDate(0, 0, 1)}
 	letters := rapid.StringOfN(rapid.RuneFrom([]rune("abcxyz")), 1, 4, -1)
 	rapid.Check(t, func(rt *rapid.T) {
 		us := time.Duration(rapid.IntRange(0, 999999).Draw(rt, "us")) * time.Microsecond

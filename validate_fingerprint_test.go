@@ -8,13 +8,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgbackfill/backfill/backfilldriver"
+	"github.com/pgbackfill/backfill/backfilltype"
+	"github.com/pgbackfill/backfill/internal/pgstore"
+
 	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
 	"pgregory.net/rapid"
 
 	"github.com/pgbackfill/backfill"
-	"github.com/pgbackfill/backfill/backfilldriver"
-	"github.com/pgbackfill/backfill/internal/pgstore"
 	"github.com/pgbackfill/backfill/internal/pgtest"
 )
 
@@ -94,7 +96,7 @@ func TestFingerprintAgreesWithExactChecks(t *testing.T) {
 	info, err := m.Prepare(ctx, db, backfill.Target{Table: "wide", Key: []string{"id"}, Columns: cols})
 	require.NoError(t, err)
 	day := time.Date(2024, 3, 1, 0, 0, 0, 0, time.UTC)
-	chunk := backfill.Chunk{ID: "time:2024-03-01T00:00:00Z/2024-03-02T00:00:00Z", Kind: backfill.KindTime, Start: day, End: day.AddDate(0, 0, 1)}
+	chunk := backfill.Chunk{ID: "time:2024-03-01T00:00:00Z/2024-03-02T00:00:00Z", Kind: backfilltype.KindTime, Start: day, End: day.AddDate(0, 0, 1)}
 	ats := []any{"2024-03-01 00:00+00", "2024-03-01 13:30+00", "2024-03-01 23:59:59.999999+00"}
 
 	type pair struct{ fast, exact backfill.Validator }

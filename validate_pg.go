@@ -608,7 +608,7 @@ func (v ReplayChangesNothing) Validate(ctx context.Context, tx sqlx.ExtContext, 
 	if !ok {
 		return CheckResult{}, fmt.Errorf("backfill: validate %s: %w: the chunk's stager (%T) cannot replay its merge", name, ErrUnsupported, scope.Stager)
 	}
-	var r MergeResult
+	var r backfilltype.MergeResult
 	replay := func() (err error) {
 		r, err = rp.Replay(ctx)
 		return err
@@ -652,7 +652,7 @@ func (v ReplayChangesNothing) Validate(ctx context.Context, tx sqlx.ExtContext, 
 	return v.result(c, r, proof)
 }
 
-func (v ReplayChangesNothing) result(c *pgstore.PgCheck, r MergeResult, proof *pgstore.FingerprintProof) (CheckResult, error) {
+func (v ReplayChangesNothing) result(c *pgstore.PgCheck, r backfilltype.MergeResult, proof *pgstore.FingerprintProof) (CheckResult, error) {
 	detail := map[string]any{"inserted": r.Inserted, "updated": r.Updated, "unchanged": r.Unchanged, "closed": r.Closed}
 	if c.Staging != "" {
 		proof.Evidence(detail)

@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgbackfill/backfill/backfilltype"
+
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
 	"github.com/jmoiron/sqlx"
@@ -103,7 +105,7 @@ func (s *salesSetup) job(validators ...backfill.Validator) backfill.Job {
 
 // run runs job and returns its report, the recorded evidence and its
 // error.
-func (s *salesSetup) run(t *testing.T, job backfill.Job) (backfill.Report, []backfill.Validation, error) {
+func (s *salesSetup) run(t *testing.T, job backfill.Job) (backfill.Report, []backfilltype.Validation, error) {
 	t.Helper()
 	r, err := backfill.New(s.db, nil)
 	require.NoError(t, err)
@@ -138,7 +140,7 @@ type evidence struct {
 	Sample           []string
 }
 
-func evidenceOf(vs []backfill.Validation, check string) []evidence {
+func evidenceOf(vs []backfilltype.Validation, check string) []evidence {
 	var out []evidence
 	for _, v := range vs {
 		if v.Check == check {
@@ -148,7 +150,7 @@ func evidenceOf(vs []backfill.Validation, check string) []evidence {
 	return out
 }
 
-func detailOf(t *testing.T, vs []backfill.Validation, check, chunk string) map[string]any {
+func detailOf(t *testing.T, vs []backfilltype.Validation, check, chunk string) map[string]any {
 	t.Helper()
 	for _, v := range vs {
 		if v.Check == check && v.ChunkID == chunk {
@@ -174,7 +176,7 @@ func requireCompleted(t *testing.T, rep backfill.Report, err error) {
 	require.Equal(t, backfill.RunCompleted, rep.Status)
 }
 
-func requireEvidence(t *testing.T, want []evidence, vs []backfill.Validation, check string) {
+func requireEvidence(t *testing.T, want []evidence, vs []backfilltype.Validation, check string) {
 	t.Helper()
 	if diff := cmp.Diff(want, evidenceOf(vs, check), cmpopts.EquateEmpty()); diff != "" {
 		t.Errorf("%s evidence (-want +got):\n%s", check, diff)
@@ -600,8 +602,8 @@ func TestValidateReplayChangesNothing(t *testing.T) {
 type noReplayStager struct{}
 
 func (noReplayStager) Add(context.Context, int64, []any) error { return nil }
-func (noReplayStager) Merge(context.Context) (backfill.MergeResult, error) {
-	return backfill.MergeResult{}, nil
+func (noReplayStager) Merge(context.Context) (backfilltype.MergeResult, error) {
+	return backfilltype.MergeResult{}, nil
 }
 func (noReplayStager) Close() error { return nil }
 

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgbackfill/backfill/backfilltype"
 	"github.com/pgbackfill/backfill/internal/pgstore"
 	"github.com/stretchr/testify/require"
 )
@@ -16,7 +17,7 @@ func goldenScope(t testing.TB, g goldenTarget, chunkColumn string) ValidationSco
 	info := goldenInfo(t, g)
 	start := time.Date(2024, 3, 1, 0, 0, 0, 0, time.UTC)
 	return ValidationScope{BatchID: 7, Info: info, Staging: pgstore.BuildMergeSQL(info).Stage, ChunkColumn: chunkColumn, Zone: time.UTC,
-		Chunk: Chunk{ID: "2024-03-01", Seq: 3, Kind: KindTime, Start: start, End: start.AddDate(0, 0, 1)}}
+		Chunk: Chunk{ID: "2024-03-01", Seq: 3, Kind: backfilltype.KindTime, Start: start, End: start.AddDate(0, 0, 1)}}
 }
 
 // withArgs renders a statement followed by its bind parameters.

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/lib/pq"
+	"github.com/pgbackfill/backfill/backfilltype"
 	"github.com/pgbackfill/backfill/internal/pgstore"
 	"github.com/stretchr/testify/require"
 )
@@ -24,7 +25,7 @@ func TestExitCodeOfDeploymentErrors(t *testing.T) {
 		err  error
 		want ExitCode
 	}{
-		{"privilege", fmt.Errorf("backfill: job %q: %w", "j", &PrivilegeError{Role: "loader", Missing: []Privilege{{Object: "TABLE t", Privilege: "INSERT"}}}), ExitUsage},
+		{"privilege", fmt.Errorf("backfill: job %q: %w", "j", &PrivilegeError{Role: "loader", Missing: []pgstore.Privilege{{Object: "TABLE t", Privilege: "INSERT"}}}), ExitUsage},
 		{"schema behind", fmt.Errorf("backfill: manifest init: %w: schema at 11", ErrSchemaBehind), ExitUsage},
 		{"statement pooler", fmt.Errorf("%w: %w: drops the connection at BEGIN", pgstore.ErrStatementPooler, driver.ErrBadConn), ExitUsage},
 		{"wrong password", &pq.Error{Code: "28P01", Message: `password authentication failed for user "loader"`}, ExitUsage},
@@ -53,8 +54,8 @@ func TestKilledWorkerIsLostWhenRunEnds(t *testing.T) {
 	require.NoError(t, err)
 	m := r.cfg.Manifest.(*PGManifest)
 	// A worker of the run that died before the end, and one still alive.
-	require.NoError(t, m.RegisterWorker(ctx, r.db, Worker{Key: "dead", ID: "killed", BatchID: rep.BatchID, Job: "live", StaleAfter: time.Second}))
-	require.NoError(t, m.RegisterWorker(ctx, r.db, Worker{Key: "alive", ID: "alive", BatchID: rep.BatchID, Job: "live", StaleAfter: time.Hour}))
+	require.NoError(t, m.RegisterWorker(ctx, r.db, backfilltype.Worker{Key: "dead", ID: "killed", BatchID: rep.BatchID, Job: "live", StaleAfter: time.Second}))
+	require.NoError(t, m.RegisterWorker(ctx, r.db, backfilltype.Worker{Key: "alive", ID: "alive", BatchID: rep.BatchID, Job: "live", StaleAfter: time.Hour}))
 	_, err = db.Exec(`UPDATE backfill.workers SET heartbeat_at = now() - interval '1 minute' WHERE worker_key IN ('dead', 'alive')`)
 	require.NoError(t, err)
 	_, err = db.Exec(`UPDATE backfill.runs SET status = 'running' WHERE batch_id = $1`, rep.BatchID)

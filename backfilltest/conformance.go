@@ -6,11 +6,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgbackfill/backfill/backfilldriver"
+	"github.com/pgbackfill/backfill/backfilltype"
+	"github.com/pgbackfill/backfill/internal/pgstore"
+
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgbackfill/backfill"
-	"github.com/pgbackfill/backfill/backfilldriver"
-	"github.com/pgbackfill/backfill/internal/pgstore"
 )
 
 // TestManifest is the conformance suite of [backfill.Manifest]. newManifest
@@ -36,7 +38,7 @@ func TestManifest(t *testing.T, newManifest func(t *testing.T) (backfill.Manifes
 		require.NoError(t, m.Init(ctx, db), "Init is idempotent")
 		return m, db
 	}
-	claim := func(t *testing.T, m backfill.Manifest, db backfill.DB, batch int64) (backfill.Tx, backfill.ChunkState, bool) {
+	claim := func(t *testing.T, m backfill.Manifest, db backfill.DB, batch int64) (backfilldriver.Tx, backfilltype.ChunkState, bool) {
 		t.Helper()
 		tx, err := db.Begin(ctx)
 		require.NoError(t, err)
@@ -44,7 +46,7 @@ func TestManifest(t *testing.T, newManifest func(t *testing.T) (backfill.Manifes
 		require.NoError(t, err)
 		return tx, st, ok
 	}
-	complete := func(t *testing.T, m backfill.Manifest, tx backfill.Tx, batch int64, st backfill.ChunkState, read int64, ex ...backfill.Exception) {
+	complete := func(t *testing.T, m backfill.Manifest, tx backfilldriver.Tx, batch int64, st backfilltype.ChunkState, read int64, ex ...backfill.Exception) {
 		t.Helper()
 		now := time.Now()
 		res := backfill.ChunkResult{Chunk: st.Chunk, Counts: backfill.Counts{Read: read, Inserted: read - int64(len(ex)), Rejected: int64(len(ex))},
@@ -116,7 +118,7 @@ func TestManifest(t *testing.T, newManifest func(t *testing.T) (backfill.Manifes
 		require.Equal(t, 2, st4.Chunk.Seq)
 		tx5, _, ok := claim(t, m, db, run.BatchID)
 		require.False(t, ok, "all chunks claimed")
-		for _, tx := range []backfill.Tx{tx2, tx3, tx4, tx5} {
+		for _, tx := range []backfilldriver.Tx{tx2, tx3, tx4, tx5} {
 			require.NoError(t, tx.Rollback())
 		}
 	})
@@ -218,7 +220,7 @@ func TestManifest(t *testing.T, newManifest func(t *testing.T) (backfill.Manifes
 		p := plan(t, "job", "v1", 20)
 		run, _, err := m.StartRun(ctx, db, p, "w", false)
 		require.NoError(t, err)
-		openAt := func(tx backfill.Tx, st backfill.ChunkState, c backfill.Counts, open bool) {
+		openAt := func(tx backfilldriver.Tx, st backfilltype.ChunkState, c backfill.Counts, open bool) {
 			t.Helper()
 			now := time.Now()
 			require.NoError(t, m.CompleteChunk(ctx, tx, run.BatchID, backfill.ChunkResult{Chunk: st.Chunk, Counts: c,
@@ -274,7 +276,7 @@ func TestManifest(t *testing.T, newManifest func(t *testing.T) (backfill.Manifes
 		require.NoError(t, err)
 		failed := backfill.CheckResult{Check: "c", Severity: backfill.SeverityError, Expected: "0", Actual: "2", Sample: []string{"(1)", "(2)"}}
 		bad := []backfill.Exception{{Row: 3, Raw: []byte(`{"id": 3}`), Column: "v", Value: "x", Reason: "bad"}}
-		require.NoError(t, mg.RecordGateFailure(ctx, db, backfill.GateFailure{
+		require.NoError(t, mg.RecordGateFailure(ctx, db, backfilltype.GateFailure{
 			BatchID: run.BatchID, ChunkID: "int:0/10", Attempt: 1, Results: []backfill.CheckResult{failed}, Exceptions: bad, Reason: "c: expected 0, got 2",
 		}))
 		r, err := m.(backfilldriver.ManifestAudit).LatestRun(ctx, db, "job")
@@ -318,11 +320,11 @@ func TestManifest(t *testing.T, newManifest func(t *testing.T) (backfill.Manifes
 
 		tx, err := db.Begin(ctx)
 		require.NoError(t, err)
-		require.NoError(t, audit.RecordEvent(ctx, tx, backfill.Event{BatchID: run.BatchID, Job: "job", Kind: "rolled_back_note", Actor: "ann"}))
+		require.NoError(t, audit.RecordEvent(ctx, tx, backfilltype.Event{BatchID: run.BatchID, Job: "job", Kind: "rolled_back_note", Actor: "ann"}))
 		require.NoError(t, tx.Rollback())
 		tx, err = db.Begin(ctx)
 		require.NoError(t, err)
-		require.NoError(t, audit.RecordEvent(ctx, tx, backfill.Event{BatchID: run.BatchID, Job: "job", Kind: "approve", Actor: "bob",
+		require.NoError(t, audit.RecordEvent(ctx, tx, backfilltype.Event{BatchID: run.BatchID, Job: "job", Kind: "approve", Actor: "bob",
 			Detail: []byte(`{"why": "checked by hand"}`)}))
 		require.NoError(t, tx.Commit())
 		events, err := audit.Events(ctx, db, run.BatchID)
@@ -375,7 +377,7 @@ func TestManifest(t *testing.T, newManifest func(t *testing.T) (backfill.Manifes
 		require.Equal(t, backfill.RunFailed, r.Status)
 		require.Equal(t, "failed: "+want, r.LastError)
 		if audit, ok := m.(backfilldriver.ManifestAudit); ok {
-			require.NoError(t, audit.RecordEvent(ctx, db, backfill.Event{BatchID: run.BatchID, Job: "job", Kind: "note", Actor: "ann" + bad,
+			require.NoError(t, audit.RecordEvent(ctx, db, backfilltype.Event{BatchID: run.BatchID, Job: "job", Kind: "note", Actor: "ann" + bad,
 				Detail: []byte(`{"why": "x\u0000y", "k\u0000": ["\ud800"]}`)}))
 			events, err := audit.Events(ctx, db, run.BatchID)
 			require.NoError(t, err)
@@ -385,7 +387,7 @@ func TestManifest(t *testing.T, newManifest func(t *testing.T) (backfill.Manifes
 		}
 		if mg, ok := m.(backfilldriver.ManifestGates); ok {
 			res := backfill.CheckResult{Check: "c", Severity: backfill.SeverityError, Expected: "0", Actual: bad, Sample: []string{bad}}
-			require.NoError(t, mg.RecordGateFailure(ctx, db, backfill.GateFailure{
+			require.NoError(t, mg.RecordGateFailure(ctx, db, backfilltype.GateFailure{
 				BatchID: run.BatchID, ChunkID: "int:20/30", Attempt: 1, Results: []backfill.CheckResult{res},
 				Exceptions: []backfill.Exception{{Row: 1, Column: bad, Value: bad, Reason: bad}}, Reason: "gate: " + bad,
 			}))

@@ -5,10 +5,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgbackfill/backfill/backfilldriver"
+	"github.com/pgbackfill/backfill/backfilltype"
+
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgbackfill/backfill"
-	"github.com/pgbackfill/backfill/backfilldriver"
 )
 
 // testManifestCapabilities runs the subtests of [TestManifest] for the
@@ -17,7 +19,7 @@ import (
 func testManifestCapabilities(t *testing.T,
 	setup func(t *testing.T) (backfill.Manifest, backfill.DB),
 	plan func(t *testing.T, job, version string, hi int64) backfill.Plan,
-	claim func(t *testing.T, m backfill.Manifest, db backfill.DB, batch int64) (backfill.Tx, backfill.ChunkState, bool),
+	claim func(t *testing.T, m backfill.Manifest, db backfill.DB, batch int64) (backfilldriver.Tx, backfilltype.ChunkState, bool),
 ) {
 	t.Helper()
 	ctx := context.Background()
@@ -36,10 +38,10 @@ func testManifestCapabilities(t *testing.T,
 		got, err := mw.Waits(ctx, db, run.BatchID)
 		require.NoError(t, err)
 		require.Empty(t, got)
-		blocker := backfill.Blocker{PID: 42, ApplicationName: "app", State: "idle in transaction", Query: "LOCK TABLE t"}
-		waits := []backfill.Wait{
+		blocker := backfilltype.Blocker{PID: 42, ApplicationName: "app", State: "idle in transaction", Query: "LOCK TABLE t"}
+		waits := []backfilltype.Wait{
 			{BatchID: run.BatchID, Seq: 1, ChunkID: "c1", Attempt: 1, Try: 1, SQLState: "55P03", Message: "canceling statement due to lock timeout",
-				LockTimeout: "100", Waited: 100 * time.Millisecond, Blockers: []backfill.Blocker{blocker}, Sleep: time.Second, Worker: "w"},
+				LockTimeout: "100", Waited: 100 * time.Millisecond, Blockers: []backfilltype.Blocker{blocker}, Sleep: time.Second, Worker: "w"},
 			{BatchID: other.BatchID, Seq: 0, ChunkID: "x", Attempt: 1, Try: 1, SQLState: "40001"},
 			{BatchID: run.BatchID, Seq: 1, ChunkID: "c1", Attempt: 1, Try: 2, SQLState: "57014", StatementTimeout: "300", Waited: 300 * time.Millisecond, Final: true},
 		}
@@ -49,7 +51,7 @@ func testManifestCapabilities(t *testing.T,
 		got, err = mw.Waits(ctx, db, run.BatchID)
 		require.NoError(t, err)
 		require.Len(t, got, 2, "the run's own waits, in the order recorded")
-		for i, w := range []backfill.Wait{waits[0], waits[2]} {
+		for i, w := range []backfilltype.Wait{waits[0], waits[2]} {
 			require.NotZero(t, got[i].ID)
 			require.False(t, got[i].At.IsZero())
 			if i > 0 {
@@ -374,7 +376,7 @@ func testMergerCapabilities(t *testing.T, newHarness func(t *testing.T) MergerHa
 			}
 			res, err := st.Merge(ctx)
 			require.NoError(t, err)
-			require.Equal(t, backfill.MergeResult{}, res, "staging merges nothing")
+			require.Equal(t, backfilltype.MergeResult{}, res, "staging merges nothing")
 			require.Equal(t, int64(len(rows)), st.Staged())
 			require.NoError(t, st.Close())
 			if commit {
@@ -397,7 +399,7 @@ func testMergerCapabilities(t *testing.T, newHarness func(t *testing.T) MergerHa
 
 		tx, err = h.DB.Begin(ctx)
 		require.NoError(t, err)
-		var got []backfill.MergeResult
+		var got []backfilltype.MergeResult
 		for seq, n := range []int64{3, 1} {
 			st, err := ms.StageFrom(ctx, tx, info, table, seq, n)
 			require.NoError(t, err)
@@ -408,7 +410,7 @@ func testMergerCapabilities(t *testing.T, newHarness func(t *testing.T) MergerHa
 		}
 		require.NoError(t, ms.DropStaging(ctx, tx, table))
 		require.NoError(t, tx.Commit())
-		require.Equal(t, []backfill.MergeResult{{Inserted: 2, Deduplicated: 1}, {Inserted: 1}}, got)
+		require.Equal(t, []backfilltype.MergeResult{{Inserted: 2, Deduplicated: 1}, {Inserted: 1}}, got)
 		require.Equal(t, [][]any{{"a", int64(1), "y"}, {"b", int64(2), "z"}, {"c", int64(3), "w"}}, sortRows(h.Rows(t, "items")))
 	})
 }

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgbackfill/backfill/backfilltype"
+
 	"github.com/google/go-cmp/cmp"
 	"github.com/stretchr/testify/require"
 	"pgregory.net/rapid"
@@ -80,7 +82,7 @@ func TestMerger(t *testing.T, newHarness func(t *testing.T) MergerHarness) {
 		require.NoError(t, err)
 		return info
 	}
-	merge := func(t *testing.T, h MergerHarness, info backfill.TableInfo, commit bool, rows ...[]any) backfill.MergeResult {
+	merge := func(t *testing.T, h MergerHarness, info backfill.TableInfo, commit bool, rows ...[]any) backfilltype.MergeResult {
 		t.Helper()
 		tx, err := h.DB.Begin(ctx)
 		require.NoError(t, err)
@@ -99,7 +101,7 @@ func TestMerger(t *testing.T, newHarness func(t *testing.T) MergerHarness) {
 		}
 		return res
 	}
-	counts := func(r backfill.MergeResult) [5]int64 {
+	counts := func(r backfilltype.MergeResult) [5]int64 {
 		return [5]int64{r.Inserted, r.Updated, r.Unchanged, r.Deduplicated, int64(len(r.Rejected))}
 	}
 	rows := func(t *testing.T, h MergerHarness, table string) [][]any {
@@ -290,7 +292,7 @@ func TestMerger(t *testing.T, newHarness func(t *testing.T) MergerHarness) {
 		res := merge(t, h, info, false, []any{"a", int64(1), "rolled back"}, []any{"a", int64(2), "rolled back"})
 		require.Equal(t, [5]int64{1, 1, 0, 0, 0}, counts(res))
 		require.Equal(t, [][]any{{"a", int64(1), "kept"}}, rows(t, h, "items"))
-		require.Equal(t, backfill.MergeResult{}, merge(t, h, info, true), "an empty chunk merges nothing")
+		require.Equal(t, backfilltype.MergeResult{}, merge(t, h, info, true), "an empty chunk merges nothing")
 	})
 
 	t.Run("PrepareErrors", func(t *testing.T) {

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/pgbackfill/backfill/backfilltype"
+
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgbackfill/backfill"
@@ -22,7 +24,7 @@ import (
 func testRefusals(t *testing.T, newHarness func(t *testing.T) MergerHarness) {
 	ctx := context.Background()
 	type run struct {
-		res backfill.MergeResult
+		res backfilltype.MergeResult
 		err error
 	}
 	merge := func(t *testing.T, h MergerHarness, info backfill.TableInfo, rows ...[]any) run {
@@ -44,7 +46,7 @@ func testRefusals(t *testing.T, newHarness func(t *testing.T) MergerHarness) {
 		return run{res: res}
 	}
 	// refused lists the rejected rows as "row key: reason prefix".
-	refused := func(r backfill.MergeResult, prefixLen map[int64]int) []string {
+	refused := func(r backfilltype.MergeResult, prefixLen map[int64]int) []string {
 		var out []string
 		for _, e := range r.Rejected {
 			reason := e.Reason

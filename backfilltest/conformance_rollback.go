@@ -7,11 +7,13 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/pgbackfill/backfill/backfilldriver"
+	"github.com/pgbackfill/backfill/backfilltype"
+
 	gocmp "github.com/google/go-cmp/cmp"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgbackfill/backfill"
-	"github.com/pgbackfill/backfill/backfilldriver"
 )
 
 // testUndoRollback runs the subtests of [TestMerger] for the undo log
@@ -119,7 +121,7 @@ func testUndoRollback(t *testing.T, newHarness func(t *testing.T) MergerHarness)
 		audit := h.Manifest.(backfilldriver.ManifestAudit)
 		events, err := audit.Events(ctx, h.DB, b1)
 		require.NoError(t, err)
-		require.True(t, slices.ContainsFunc(events, func(e backfill.Event) bool { return e.Kind == "rollback" && e.Actor == "ann" }), "recorded in the audit log")
+		require.True(t, slices.ContainsFunc(events, func(e backfilltype.Event) bool { return e.Kind == "rollback" && e.Actor == "ann" }), "recorded in the audit log")
 	})
 
 	t.Run("UndoRollbackForcedOverALaterBatch", func(t *testing.T) {

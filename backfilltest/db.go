@@ -23,6 +23,8 @@ import (
 	"errors"
 	"sync"
 
+	"github.com/pgbackfill/backfill/backfilldriver"
+
 	"github.com/jmoiron/sqlx"
 
 	"github.com/pgbackfill/backfill"
@@ -45,7 +47,7 @@ var _ backfill.DB = (*DB)(nil)
 func NewDB() *DB { return &DB{} }
 
 // Begin starts a transaction. It never fails unless ctx is done.
-func (d *DB) Begin(ctx context.Context) (backfill.Tx, error) {
+func (d *DB) Begin(ctx context.Context) (backfilldriver.Tx, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -62,7 +64,7 @@ type Tx struct {
 	onEnd    []func()
 }
 
-var _ backfill.Tx = (*Tx)(nil)
+var _ backfilldriver.Tx = (*Tx)(nil)
 
 // OnCommit registers f to run when the transaction commits, in
 // registration order. On a finished transaction it does nothing and

@@ -8,12 +8,13 @@ import (
 	"sync"
 	"time"
 
-	"github.com/jmoiron/sqlx"
-
-	"github.com/pgbackfill/backfill"
 	"github.com/pgbackfill/backfill/backfilldriver"
 	"github.com/pgbackfill/backfill/backfilltype"
 	"github.com/pgbackfill/backfill/internal/pgstore"
+
+	"github.com/jmoiron/sqlx"
+
+	"github.com/pgbackfill/backfill"
 )
 
 // Manifest is an in-memory [backfill.Manifest] that behaves like
@@ -23,21 +24,21 @@ import (
 type Manifest struct {
 	mu     sync.Mutex
 	runs   []*fakeRun // index = batch ID - 1
-	events []backfill.Event
+	events []backfilltype.Event
 	// waits are the recorded waits (RecordWait), nextWait the last ID.
-	waits    []backfill.Wait
+	waits    []backfilltype.Wait
 	nextWait int64
 }
 
 type fakeRun struct {
 	run         backfill.Run
 	plan        backfill.Plan
-	chunks      []backfill.ChunkState
+	chunks      []backfilltype.ChunkState
 	locked      map[int]*Tx
 	calls       int         // calls that started or resumed the run
 	openCall    map[int]int // chunk Seq -> the call that left it open
 	exceptions  []backfill.Exception
-	validations []backfill.Validation
+	validations []backfilltype.Validation
 	// failedExceptions are the exceptions of attempts a failed gate
 	// rolled back (RecordGateFailure).
 	failedExceptions []backfill.Exception
@@ -63,13 +64,13 @@ func (m *Manifest) Init(ctx context.Context, db sqlx.ExtContext) error { return 
 
 // event appends an audit-log entry; m.mu must be held.
 func (m *Manifest) event(batchID int64, job, kind, actor string) {
-	m.events = append(m.events, backfill.Event{ID: int64(len(m.events) + 1), BatchID: batchID, Job: job, Kind: kind,
+	m.events = append(m.events, backfilltype.Event{ID: int64(len(m.events) + 1), BatchID: batchID, Job: job, Kind: kind,
 		Actor: pgstore.ManifestText(actor), Detail: []byte("{}"), CreatedAt: time.Now()})
 }
 
 // RecordEvent implements [backfilldriver.ManifestAudit.RecordEvent]; in a fake
 // transaction the event is appended on commit.
-func (m *Manifest) RecordEvent(ctx context.Context, db sqlx.ExtContext, e backfill.Event) error {
+func (m *Manifest) RecordEvent(ctx context.Context, db sqlx.ExtContext, e backfilltype.Event) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -87,10 +88,10 @@ func (m *Manifest) RecordEvent(ctx context.Context, db sqlx.ExtContext, e backfi
 }
 
 // Events implements [backfilldriver.ManifestAudit.Events].
-func (m *Manifest) Events(ctx context.Context, db sqlx.ExtContext, batchID int64) ([]backfill.Event, error) {
+func (m *Manifest) Events(ctx context.Context, db sqlx.ExtContext, batchID int64) ([]backfilltype.Event, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	var out []backfill.Event
+	var out []backfilltype.Event
 	for _, e := range m.events {
 		if e.BatchID == batchID {
 			out = append(out, e)
@@ -166,13 +167,13 @@ func (m *Manifest) StartRun(ctx context.Context, db sqlx.ExtContext, plan backfi
 		if err != nil {
 			return backfill.Run{}, false, fmt.Errorf("backfill: start run of job %q: chunks: %w", plan.Job, err)
 		}
-		r.chunks = append(r.chunks, backfill.ChunkState{BatchID: id, Chunk: c, Status: backfill.ChunkPending})
+		r.chunks = append(r.chunks, backfilltype.ChunkState{BatchID: id, Chunk: c, Status: backfill.ChunkPending})
 	}
 	if n := len(r.chunks); n > 0 {
 		r.run.ScopeLower, _ = r.chunks[0].Chunk.Bounds()
 		last := r.chunks[n-1].Chunk
 		_, r.run.ScopeUpper = last.Bounds()
-		if last.Kind == backfill.KindList {
+		if last.Kind == backfilltype.KindList {
 			r.run.ScopeUpper = last.Item
 		}
 	}
@@ -190,22 +191,22 @@ func (m *Manifest) get(batchID int64) (*fakeRun, error) {
 
 // ClaimChunk implements [backfill.Manifest.ClaimChunk]. tx must be a fake
 // [*Tx]; the claim lasts until it ends.
-func (m *Manifest) ClaimChunk(ctx context.Context, tx sqlx.ExtContext, batchID int64) (backfill.ChunkState, bool, error) {
+func (m *Manifest) ClaimChunk(ctx context.Context, tx sqlx.ExtContext, batchID int64) (backfilltype.ChunkState, bool, error) {
 	if err := ctx.Err(); err != nil {
-		return backfill.ChunkState{}, false, err
+		return backfilltype.ChunkState{}, false, err
 	}
 	ftx, ok := tx.(*Tx)
 	if !ok {
-		return backfill.ChunkState{}, false, fmt.Errorf("backfilltest: claim chunk: executor %T is not a *backfilltest.Tx", tx)
+		return backfilltype.ChunkState{}, false, fmt.Errorf("backfilltest: claim chunk: executor %T is not a *backfilltest.Tx", tx)
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	r, err := m.get(batchID)
 	if err != nil {
-		return backfill.ChunkState{}, false, err
+		return backfilltype.ChunkState{}, false, err
 	}
 	if r.run.Status != backfill.RunRunning {
-		return backfill.ChunkState{}, false, nil
+		return backfilltype.ChunkState{}, false, nil
 	}
 	for i, c := range r.chunks {
 		// An open chunk is read again once per later call of the run.
@@ -225,11 +226,11 @@ func (m *Manifest) ClaimChunk(ctx context.Context, tx sqlx.ExtContext, batchID i
 			}
 		}) {
 			delete(r.locked, i)
-			return backfill.ChunkState{}, false, fmt.Errorf("backfilltest: claim chunk: transaction already ended")
+			return backfilltype.ChunkState{}, false, fmt.Errorf("backfilltest: claim chunk: transaction already ended")
 		}
 		return c, true, nil
 	}
-	return backfill.ChunkState{}, false, nil
+	return backfilltype.ChunkState{}, false, nil
 }
 
 // CompleteChunk implements [backfill.Manifest.CompleteChunk].
@@ -355,7 +356,7 @@ func (m *Manifest) FinishRun(ctx context.Context, db sqlx.ExtContext, batchID in
 }
 
 // Chunks implements [backfill.Manifest.Chunks].
-func (m *Manifest) Chunks(ctx context.Context, db sqlx.ExtContext, batchID int64) ([]backfill.ChunkState, error) {
+func (m *Manifest) Chunks(ctx context.Context, db sqlx.ExtContext, batchID int64) ([]backfilltype.ChunkState, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	r, err := m.get(batchID)
@@ -399,9 +400,9 @@ func (m *Manifest) AddValidations(ctx context.Context, db sqlx.ExtContext, batch
 		return err
 	}
 	now := time.Now()
-	vs := make([]backfill.Validation, len(results))
+	vs := make([]backfilltype.Validation, len(results))
 	for i, cr := range results {
-		vs[i] = backfill.Validation{CheckResult: pgstore.ManifestCheckResult(cr), BatchID: batchID, ChunkID: chunkID, CreatedAt: now}
+		vs[i] = backfilltype.Validation{CheckResult: pgstore.ManifestCheckResult(cr), BatchID: batchID, ChunkID: chunkID, CreatedAt: now}
 	}
 	return apply(db, func() {
 		m.mu.Lock()
@@ -411,7 +412,7 @@ func (m *Manifest) AddValidations(ctx context.Context, db sqlx.ExtContext, batch
 }
 
 // Validations implements [backfilldriver.ManifestValidations.Validations].
-func (m *Manifest) Validations(ctx context.Context, db sqlx.ExtContext, batchID int64) ([]backfill.Validation, error) {
+func (m *Manifest) Validations(ctx context.Context, db sqlx.ExtContext, batchID int64) ([]backfilltype.Validation, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	r, err := m.get(batchID)
@@ -423,7 +424,7 @@ func (m *Manifest) Validations(ctx context.Context, db sqlx.ExtContext, batchID 
 
 // RecordGateFailure implements [backfilldriver.ManifestGates.RecordGateFailure]:
 // the results, the exceptions and the pause are applied together.
-func (m *Manifest) RecordGateFailure(ctx context.Context, db sqlx.ExtContext, p backfill.GateFailure) error {
+func (m *Manifest) RecordGateFailure(ctx context.Context, db sqlx.ExtContext, p backfilltype.GateFailure) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -436,7 +437,7 @@ func (m *Manifest) RecordGateFailure(ctx context.Context, db sqlx.ExtContext, p 
 	}
 	now := time.Now()
 	for _, cr := range p.Results {
-		r.validations = append(r.validations, backfill.Validation{CheckResult: pgstore.ManifestCheckResult(cr), BatchID: p.BatchID, ChunkID: p.ChunkID, CreatedAt: now, FailedAttempt: p.Attempt})
+		r.validations = append(r.validations, backfilltype.Validation{CheckResult: pgstore.ManifestCheckResult(cr), BatchID: p.BatchID, ChunkID: p.ChunkID, CreatedAt: now, FailedAttempt: p.Attempt})
 	}
 	for _, e := range p.Exceptions {
 		e = pgstore.ManifestException(e)
@@ -511,7 +512,7 @@ func (m *Manifest) ResumeRun(ctx context.Context, db sqlx.ExtContext, batchID in
 		return fmt.Errorf("backfill: resume run %d: %w", batchID, backfill.ErrNotPaused)
 	}
 	r.run.Status, r.run.LastError = backfill.RunRunning, ""
-	m.events = append(m.events, backfill.Event{ID: int64(len(m.events) + 1), BatchID: batchID, Job: r.run.Job,
+	m.events = append(m.events, backfilltype.Event{ID: int64(len(m.events) + 1), BatchID: batchID, Job: r.run.Job,
 		Kind: "run_resumed_by_operator", Actor: actor, Detail: mustJSON(map[string]string{"why": why}), CreatedAt: time.Now()})
 	return nil
 }

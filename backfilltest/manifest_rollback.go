@@ -3,10 +3,11 @@ package backfilltest
 import (
 	"context"
 
+	"github.com/pgbackfill/backfill/backfilldriver"
+
 	"github.com/jmoiron/sqlx"
 
 	"github.com/pgbackfill/backfill"
-	"github.com/pgbackfill/backfill/backfilldriver"
 )
 
 // chunkRolledBack is the status of a rolled back chunk, as PGManifest

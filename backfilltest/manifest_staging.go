@@ -6,10 +6,11 @@ import (
 	"slices"
 	"time"
 
+	"github.com/pgbackfill/backfill/backfilldriver"
+
 	"github.com/jmoiron/sqlx"
 
 	"github.com/pgbackfill/backfill"
-	"github.com/pgbackfill/backfill/backfilldriver"
 )
 
 // chunkStaged is the status of a chunk checkpointed by StageChunk, as

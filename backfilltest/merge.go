@@ -9,10 +9,13 @@ import (
 	"sync"
 	"time"
 
+	"github.com/pgbackfill/backfill/backfilldriver"
+	"github.com/pgbackfill/backfill/backfilltype"
+	"github.com/pgbackfill/backfill/internal/pgstore"
+
 	"github.com/jmoiron/sqlx"
 
 	"github.com/pgbackfill/backfill"
-	"github.com/pgbackfill/backfill/internal/pgstore"
 )
 
 // Merger is an in-memory [backfill.Merger] with the merge semantics of
@@ -140,7 +143,7 @@ func (m *Merger) Prepare(ctx context.Context, db sqlx.ExtContext, t backfill.Tar
 }
 
 // Stage implements [backfill.Merger.Stage].
-func (m *Merger) Stage(ctx context.Context, tx sqlx.ExtContext, info backfill.TableInfo) (backfill.Stager, error) {
+func (m *Merger) Stage(ctx context.Context, tx sqlx.ExtContext, info backfill.TableInfo) (backfilldriver.Stager, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -189,20 +192,20 @@ func keyOf(names, key []string, values []any) string {
 // Merge merges the staged rows by the target's mode (see merge_modes.go)
 // against the committed rows, and writes the changes on commit of the
 // fake transaction.
-func (s *stager) Merge(ctx context.Context) (backfill.MergeResult, error) {
+func (s *stager) Merge(ctx context.Context) (backfilltype.MergeResult, error) {
 	if s.merged {
-		return backfill.MergeResult{}, backfill.ErrWriterClosed
+		return backfilltype.MergeResult{}, backfill.ErrWriterClosed
 	}
 	s.merged = true
 	if err := ctx.Err(); err != nil {
-		return backfill.MergeResult{}, err
+		return backfilltype.MergeResult{}, err
 	}
 	if len(s.rows) == 0 {
-		return backfill.MergeResult{}, nil
+		return backfilltype.MergeResult{}, nil
 	}
 	unlock, err := s.lockStaged(ctx)
 	if err != nil {
-		return backfill.MergeResult{}, err
+		return backfilltype.MergeResult{}, err
 	}
 	defer unlock()
 	t := s.info.Target
@@ -210,7 +213,7 @@ func (s *stager) Merge(ctx context.Context) (backfill.MergeResult, error) {
 	tab := s.m.tables[t.Table]
 	if tab == nil {
 		s.m.mu.Unlock()
-		return backfill.MergeResult{}, fmt.Errorf("backfill: merge: table %q: %w", t.Table, backfill.ErrTargetNotFound)
+		return backfilltype.MergeResult{}, fmt.Errorf("backfill: merge: table %q: %w", t.Table, backfill.ErrTargetNotFound)
 	}
 	m, err := mergeRefusing(s.info, tab, s.rows)
 	var undo []undoEntry
@@ -219,7 +222,7 @@ func (s *stager) Merge(ctx context.Context) (backfill.MergeResult, error) {
 	}
 	s.m.mu.Unlock()
 	if err != nil {
-		return backfill.MergeResult{}, err
+		return backfilltype.MergeResult{}, err
 	}
 	err = apply(s.tx, func() {
 		s.m.mu.Lock()

@@ -6,6 +6,8 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/pgbackfill/backfill/backfilltype"
+
 	"github.com/pgbackfill/backfill"
 	"github.com/pgbackfill/backfill/internal/pgstore"
 )
@@ -43,7 +45,7 @@ type merge struct {
 	kept     map[string]bool // staged columns an update leaves as they were (Lineage.InsertedBy)
 	rows     []stagedRow     // by row number
 
-	res    backfill.MergeResult
+	res    backfilltype.MergeResult
 	writes map[string][]any // keyOf(tab.columns, tab.key, row) -> row to store on commit
 	// source is the staged row each write came from (none for History
 	// intervals closed); refused the rows the target refuses

@@ -5,10 +5,12 @@ import (
 	"fmt"
 	"slices"
 
+	"github.com/pgbackfill/backfill/backfilldriver"
+	"github.com/pgbackfill/backfill/backfilltype"
+
 	"github.com/jmoiron/sqlx"
 
 	"github.com/pgbackfill/backfill"
-	"github.com/pgbackfill/backfill/backfilldriver"
 )
 
 var _ backfilldriver.MergerStaging = (*Merger)(nil)
@@ -48,7 +50,7 @@ func (m *Merger) StagePersistent(ctx context.Context, tx sqlx.ExtContext, table 
 }
 
 // StageFrom implements [backfilldriver.MergerStaging.StageFrom].
-func (m *Merger) StageFrom(ctx context.Context, tx sqlx.ExtContext, info backfill.TableInfo, table string, seq int, rows int64) (backfill.Stager, error) {
+func (m *Merger) StageFrom(ctx context.Context, tx sqlx.ExtContext, info backfill.TableInfo, table string, seq int, rows int64) (backfilldriver.Stager, error) {
 	st, err := m.Stage(ctx, tx, info)
 	if err != nil {
 		return nil, err
@@ -103,16 +105,16 @@ func (s *persistStager) Add(ctx context.Context, row int64, values []any) error 
 }
 
 // Merge ends the staging: the rows are added to the table on commit.
-func (s *persistStager) Merge(ctx context.Context) (backfill.MergeResult, error) {
+func (s *persistStager) Merge(ctx context.Context) (backfilltype.MergeResult, error) {
 	if s.ended {
-		return backfill.MergeResult{}, backfill.ErrWriterClosed
+		return backfilltype.MergeResult{}, backfill.ErrWriterClosed
 	}
 	s.ended = true
 	if err := ctx.Err(); err != nil {
-		return backfill.MergeResult{}, err
+		return backfilltype.MergeResult{}, err
 	}
 	rows := s.rows
-	return backfill.MergeResult{}, apply(s.tx, func() {
+	return backfilltype.MergeResult{}, apply(s.tx, func() {
 		s.m.mu.Lock()
 		defer s.m.mu.Unlock()
 		if t := s.m.staging[s.table]; t != nil {

@@ -6,11 +6,12 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/pgbackfill/backfill/backfilldriver"
+	"github.com/pgbackfill/backfill/backfilltype"
+
 	"github.com/jmoiron/sqlx"
 
 	"github.com/pgbackfill/backfill"
-	"github.com/pgbackfill/backfill/backfilldriver"
-	"github.com/pgbackfill/backfill/backfilltype"
 	"github.com/pgbackfill/backfill/internal/pgstore"
 )
 
@@ -207,7 +208,7 @@ func (u *undoRollback) RollBackChunk(ctx context.Context, tx sqlx.ExtContext, se
 }
 
 // Finish implements [backfilldriver.UndoRollback.Finish].
-func (u *undoRollback) Finish(ctx context.Context, tx sqlx.ExtContext, whole, force bool, event func(deleted int64) backfill.Event) (deleted int64, err error) {
+func (u *undoRollback) Finish(ctx context.Context, tx sqlx.ExtContext, whole, force bool, event func(deleted int64) backfilltype.Event) (deleted int64, err error) {
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}

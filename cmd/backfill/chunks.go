@@ -5,9 +5,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/spf13/cobra"
+	"github.com/pgbackfill/backfill/backfilltype"
 
-	"github.com/pgbackfill/backfill"
+	"github.com/spf13/cobra"
 )
 
 // chunksResult is what chunks prints with --json.
@@ -129,7 +129,7 @@ filters before --limit.`,
 }
 
 // chunkRowOf is s as chunks prints it.
-func chunkRowOf(s backfill.ChunkState) chunkRow {
+func chunkRowOf(s backfilltype.ChunkState) chunkRow {
 	return chunkRow{Seq: s.Chunk.Seq, ID: s.Chunk.ID, Status: string(s.Status), Attempts: s.Attempts,
 		Rows:      rowCounts{Read: s.Read, Inserted: s.Inserted, Updated: s.Updated, Unchanged: s.Unchanged, Rejected: s.Rejected, Deduplicated: s.Deduplicated},
 		StartedAt: utcPtr(s.StartedAt), FinishedAt: utcPtr(s.FinishedAt), Seconds: seconds(s.StartedAt, s.FinishedAt), Worker: s.Worker, Error: s.LastError,

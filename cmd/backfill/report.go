@@ -8,6 +8,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/pgbackfill/backfill/internal/pgstore"
+
 	"github.com/spf13/cobra"
 
 	"github.com/pgbackfill/backfill"
@@ -123,7 +125,7 @@ func reportSummary(r backfill.RunReport) string {
 }
 
 // timeSplitText describes where a run's time went.
-func timeSplitText(t backfill.ReportTime) string {
+func timeSplitText(t pgstore.ReportTime) string {
 	sec := func(s float64) string { return human(time.Duration(s * float64(time.Second))) }
 	parts := []string{"working " + sec(t.WorkingSeconds)}
 	var throttled float64

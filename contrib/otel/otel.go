@@ -1,4 +1,4 @@
-// Package backfillotel adapts the tracer of [backfill] ([backfill.Tracer]
+// Package backfillotel adapts the tracer of [backfill] ([backfilltrace.Tracer]
 // and its optional interfaces) to OpenTelemetry: spans for runs, chunks and
 // their phases, events for throttles, pauses and retries, and metrics.
 //
@@ -57,6 +57,8 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/pgbackfill/backfill/backfilltrace"
+
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -69,7 +71,7 @@ import (
 // ScopeName is the instrumentation scope of the spans and metrics.
 const ScopeName = "github.com/pgbackfill/backfill/contrib/otel"
 
-// Tracer is a [backfill.Tracer] with every optional interface, producing
+// Tracer is a [backfilltrace.Tracer] with every optional interface, producing
 // OpenTelemetry spans, events and metrics. Safe for concurrent use; one
 // Tracer may serve several Runners.
 type Tracer struct {
@@ -85,12 +87,12 @@ type Tracer struct {
 }
 
 var _ interface {
-	backfill.Tracer
-	backfill.PhaseTracer
-	backfill.RunTracer
-	backfill.ThrottleTracer
-	backfill.PauseTracer
-	backfill.RetryTracer
+	backfilltrace.Tracer
+	backfilltrace.PhaseTracer
+	backfilltrace.RunTracer
+	backfilltrace.ThrottleTracer
+	backfilltrace.PauseTracer
+	backfilltrace.RetryTracer
 } = (*Tracer)(nil)
 
 // Option configures [New].
@@ -169,14 +171,14 @@ const (
 )
 
 // TraceRunStart starts the span "backfill.run".
-func (t *Tracer) TraceRunStart(ctx context.Context, d backfill.TraceRunStartData) context.Context {
+func (t *Tracer) TraceRunStart(ctx context.Context, d backfilltrace.RunStartData) context.Context {
 	ctx, _ = t.tracer.Start(ctx, "backfill.run", trace.WithSpanKind(trace.SpanKindInternal),
 		trace.WithAttributes(keyJob.String(d.Job), keyWorker.String(d.Worker)))
 	return ctx
 }
 
 // TraceRunEnd ends the span of the run.
-func (t *Tracer) TraceRunEnd(ctx context.Context, d backfill.TraceRunEndData) {
+func (t *Tracer) TraceRunEnd(ctx context.Context, d backfilltrace.RunEndData) {
 	span := trace.SpanFromContext(ctx)
 	span.SetAttributes(keyBatch.Int64(d.BatchID), attribute.String("backfill.run.status", string(d.Status)),
 		attribute.Int("backfill.chunks_run", d.ChunksRun))
@@ -186,7 +188,7 @@ func (t *Tracer) TraceRunEnd(ctx context.Context, d backfill.TraceRunEndData) {
 
 // TraceChunkStart starts the span "backfill.chunk", at the claim's
 // beginning.
-func (t *Tracer) TraceChunkStart(ctx context.Context, d backfill.TraceChunkStartData) context.Context {
+func (t *Tracer) TraceChunkStart(ctx context.Context, d backfilltrace.ChunkStartData) context.Context {
 	lo, hi := d.Chunk.Bounds()
 	ctx, _ = t.tracer.Start(ctx, "backfill.chunk", trace.WithTimestamp(d.Start),
 		trace.WithAttributes(keyBatch.Int64(d.BatchID), keyJob.String(d.Job), keyWorker.String(d.Worker),
@@ -197,7 +199,7 @@ func (t *Tracer) TraceChunkStart(ctx context.Context, d backfill.TraceChunkStart
 }
 
 // TraceChunkEnd ends the chunk's span and records its metrics.
-func (t *Tracer) TraceChunkEnd(ctx context.Context, d backfill.TraceChunkEndData) {
+func (t *Tracer) TraceChunkEnd(ctx context.Context, d backfilltrace.ChunkEndData) {
 	span := trace.SpanFromContext(ctx)
 	span.SetAttributes(keyChunkOut.String(d.Outcome))
 	span.SetAttributes(rowAttrs(d.Counts)...)
@@ -207,7 +209,7 @@ func (t *Tracer) TraceChunkEnd(ctx context.Context, d backfill.TraceChunkEndData
 	out := metric.WithAttributes(job, keyChunkOut.String(d.Outcome))
 	t.chunks.Add(ctx, 1, out)
 	t.duration.Record(ctx, d.Duration.Seconds(), out)
-	if d.Outcome == backfill.OutcomeFailed || d.Outcome == backfill.OutcomeReleased {
+	if d.Outcome == backfilltrace.OutcomeFailed || d.Outcome == backfilltrace.OutcomeReleased {
 		return
 	}
 	for _, o := range outcomes(d.Counts) {
@@ -221,13 +223,13 @@ func (t *Tracer) TraceChunkEnd(ctx context.Context, d backfill.TraceChunkEndData
 }
 
 // TracePhaseStart starts the phase's span, "backfill." and the phase.
-func (t *Tracer) TracePhaseStart(ctx context.Context, d backfill.TracePhaseStartData) context.Context {
+func (t *Tracer) TracePhaseStart(ctx context.Context, d backfilltrace.PhaseStartData) context.Context {
 	ctx, _ = t.tracer.Start(ctx, "backfill."+string(d.Phase), trace.WithTimestamp(d.Start))
 	return ctx
 }
 
 // TracePhaseEnd ends the phase's span.
-func (t *Tracer) TracePhaseEnd(ctx context.Context, d backfill.TracePhaseEndData) {
+func (t *Tracer) TracePhaseEnd(ctx context.Context, d backfilltrace.PhaseEndData) {
 	span := trace.SpanFromContext(ctx)
 	if d.Rows != 0 {
 		span.SetAttributes(attribute.Int64("backfill.rows", d.Rows))
@@ -237,7 +239,7 @@ func (t *Tracer) TracePhaseEnd(ctx context.Context, d backfill.TracePhaseEndData
 
 // TraceThrottle adds the event "backfill.throttle" to the run's span and
 // counts the time held.
-func (t *Tracer) TraceThrottle(ctx context.Context, d backfill.TraceThrottleData) {
+func (t *Tracer) TraceThrottle(ctx context.Context, d backfilltrace.ThrottleData) {
 	trace.SpanFromContext(ctx).AddEvent("backfill.throttle", trace.WithAttributes(
 		attribute.String("backfill.throttle.event", d.Event), keySignal.String(d.Signal),
 		attribute.Float64("backfill.throttle.value", d.Value), attribute.Float64("backfill.throttle.high", d.High),
@@ -249,7 +251,7 @@ func (t *Tracer) TraceThrottle(ctx context.Context, d backfill.TraceThrottleData
 
 // TracePause adds the event "backfill.pause" to the run's span and counts
 // it.
-func (t *Tracer) TracePause(ctx context.Context, d backfill.TracePauseData) {
+func (t *Tracer) TracePause(ctx context.Context, d backfilltrace.PauseData) {
 	trace.SpanFromContext(ctx).AddEvent("backfill.pause", trace.WithAttributes(keySource.String(d.Source),
 		attribute.String("backfill.pause.reason", d.Reason)))
 	t.pauses.Add(ctx, 1, metric.WithAttributes(keyJob.String(d.Job), keySource.String(d.Source)))
@@ -257,7 +259,7 @@ func (t *Tracer) TracePause(ctx context.Context, d backfill.TracePauseData) {
 
 // TraceRetry adds the event "backfill.retry" to the run's span and counts
 // it.
-func (t *Tracer) TraceRetry(ctx context.Context, d backfill.TraceRetryData) {
+func (t *Tracer) TraceRetry(ctx context.Context, d backfilltrace.RetryData) {
 	attrs := []attribute.KeyValue{keyRetryKind.String(d.Kind), keySQLState.String(d.SQLState), keyFinal.Bool(d.Final)}
 	ev := append(attrs, attribute.Int("backfill.chunk.seq", d.Chunk.Seq), attribute.Int("backfill.chunk.attempt", d.Attempt),
 		attribute.Float64("backfill.retry.sleep_seconds", d.Sleep.Seconds()))

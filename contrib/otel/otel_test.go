@@ -9,6 +9,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgbackfill/backfill/backfillthrottle"
+	"github.com/pgbackfill/backfill/backfilltrace"
+
 	"github.com/jmoiron/sqlx"
 	"github.com/lib/pq"
 	"go.opentelemetry.io/otel/attribute"
@@ -53,7 +56,7 @@ func writeIDs(ctx context.Context, c backfill.Chunk, w backfill.RowWriter) error
 type level struct{ v atomic.Int64 }
 
 func (s *level) Name() string { return "level" }
-func (s *level) Read(context.Context, sqlx.ExtContext, backfill.SignalScope) (float64, error) {
+func (s *level) Read(context.Context, sqlx.ExtContext, backfillthrottle.SignalScope) (float64, error) {
 	return float64(s.v.Load()), nil
 }
 
@@ -98,7 +101,7 @@ func TestSpansAndMetricsOfARun(t *testing.T) {
 		return writeIDs(ctx, c, w)
 	})
 	r, err := backfill.New(db, &backfill.Config{Tracer: holdOnce{tr, sig, &held}, ThrottleInterval: 10 * time.Millisecond,
-		Throttles:   []backfill.Throttle{{Signal: sig, High: 10}},
+		Throttles:   []backfillthrottle.Throttle{{Signal: sig, High: 10}},
 		LockRetries: []backfill.LockRetry{{Timeout: time.Second, Sleep: time.Millisecond}, {Timeout: time.Second}}})
 	if err != nil {
 		t.Fatal(err)
@@ -157,11 +160,11 @@ func TestSpansAndMetricsOfARun(t *testing.T) {
 			}
 		}
 		switch attr(c.Attributes, "backfill.chunk.outcome").AsString() {
-		case backfill.OutcomeDone:
+		case backfilltrace.OutcomeDone:
 			if !slices.Equal(names, want) {
 				t.Errorf("phases %v, want %v", names, want)
 			}
-		case backfill.OutcomeFailed:
+		case backfilltrace.OutcomeFailed:
 			failed++
 			if c.Status.Code != codes.Error || len(c.Events) == 0 {
 				t.Errorf("failed chunk span: status %v, %d events; want an error recorded", c.Status, len(c.Events))
@@ -244,9 +247,9 @@ type holdOnce struct {
 	held *atomic.Bool
 }
 
-func (h holdOnce) TraceThrottle(ctx context.Context, d backfill.TraceThrottleData) {
+func (h holdOnce) TraceThrottle(ctx context.Context, d backfilltrace.ThrottleData) {
 	h.Tracer.TraceThrottle(ctx, d)
-	if d.Event == backfill.ThrottleHold {
+	if d.Event == backfilltrace.ThrottleHold {
 		h.sig.v.Store(0)
 		h.held.Store(true)
 	}

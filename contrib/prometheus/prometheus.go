@@ -59,6 +59,9 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/pgbackfill/backfill/backfilltrace"
+	"github.com/pgbackfill/backfill/internal/pgstore"
+
 	"github.com/jmoiron/sqlx"
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -89,8 +92,8 @@ type Options struct {
 var DefaultBuckets = []float64{0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600}
 
 // Collector is a [prometheus.Collector] of a manifest's runs and a
-// [backfill.Tracer] (with [backfill.ThrottleTracer],
-// [backfill.RetryTracer] and [backfill.PauseTracer]) counting what this
+// [backfilltrace.Tracer] (with [backfilltrace.ThrottleTracer],
+// [backfilltrace.RetryTracer] and [backfilltrace.PauseTracer]) counting what this
 // process's Runners do. Safe for concurrent use.
 type Collector struct {
 	db       sqlx.ExtContext
@@ -110,10 +113,10 @@ type Collector struct {
 var (
 	_ prometheus.Collector = (*Collector)(nil)
 	_ interface {
-		backfill.Tracer
-		backfill.ThrottleTracer
-		backfill.RetryTracer
-		backfill.PauseTracer
+		backfilltrace.Tracer
+		backfilltrace.ThrottleTracer
+		backfilltrace.RetryTracer
+		backfilltrace.PauseTracer
 	} = (*Collector)(nil)
 )
 
@@ -214,18 +217,18 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 
 // chunkStatuses are the statuses backfill_chunks always has a series
 // for.
-var chunkStatuses = []backfill.ChunkStatus{backfill.ChunkPending, backfill.ChunkLeased, backfill.ChunkDone, backfill.ChunkFailed, backfill.ChunkOpen}
+var chunkStatuses = []backfill.ChunkStatus{backfill.ChunkPending, pgstore.ChunkLeased, backfill.ChunkDone, backfill.ChunkFailed, backfill.ChunkOpen}
 
-// TraceChunkStart implements [backfill.Tracer]; it returns ctx.
-func (c *Collector) TraceChunkStart(ctx context.Context, _ backfill.TraceChunkStartData) context.Context {
+// TraceChunkStart implements [backfilltrace.Tracer]; it returns ctx.
+func (c *Collector) TraceChunkStart(ctx context.Context, _ backfilltrace.ChunkStartData) context.Context {
 	return ctx
 }
 
-// TraceChunkEnd implements [backfill.Tracer]: the chunk's duration, and
+// TraceChunkEnd implements [backfilltrace.Tracer]: the chunk's duration, and
 // the rows and exceptions of a committed chunk.
-func (c *Collector) TraceChunkEnd(_ context.Context, d backfill.TraceChunkEndData) {
+func (c *Collector) TraceChunkEnd(_ context.Context, d backfilltrace.ChunkEndData) {
 	c.duration.WithLabelValues(d.Job, d.Outcome).Observe(d.Duration.Seconds())
-	if d.Outcome == backfill.OutcomeFailed || d.Outcome == backfill.OutcomeReleased {
+	if d.Outcome == backfilltrace.OutcomeFailed || d.Outcome == backfilltrace.OutcomeReleased {
 		return
 	}
 	for _, o := range []struct {
@@ -242,20 +245,20 @@ func (c *Collector) TraceChunkEnd(_ context.Context, d backfill.TraceChunkEndDat
 	}
 }
 
-// TraceThrottle implements [backfill.ThrottleTracer]: the time held or
+// TraceThrottle implements [backfilltrace.ThrottleTracer]: the time held or
 // waited.
-func (c *Collector) TraceThrottle(_ context.Context, d backfill.TraceThrottleData) {
+func (c *Collector) TraceThrottle(_ context.Context, d backfilltrace.ThrottleData) {
 	if d.Held > 0 {
 		c.throttled.WithLabelValues(d.Job, d.Signal).Add(d.Held.Seconds())
 	}
 }
 
-// TraceRetry implements [backfill.RetryTracer].
-func (c *Collector) TraceRetry(_ context.Context, d backfill.TraceRetryData) {
+// TraceRetry implements [backfilltrace.RetryTracer].
+func (c *Collector) TraceRetry(_ context.Context, d backfilltrace.RetryData) {
 	c.retries.WithLabelValues(d.Job, d.Kind, d.SQLState, strconv.FormatBool(d.Final)).Inc()
 }
 
-// TracePause implements [backfill.PauseTracer].
-func (c *Collector) TracePause(_ context.Context, d backfill.TracePauseData) {
+// TracePause implements [backfilltrace.PauseTracer].
+func (c *Collector) TracePause(_ context.Context, d backfilltrace.PauseData) {
 	c.pauses.WithLabelValues(d.Job, d.Source).Inc()
 }

@@ -14,6 +14,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgbackfill/backfill/backfillthrottle"
+	"github.com/pgbackfill/backfill/backfilltype"
+	"github.com/pgbackfill/backfill/internal/pgstore"
+
 	"github.com/jmoiron/sqlx"
 
 	"github.com/pgbackfill/backfill"
@@ -42,10 +46,10 @@ func realRun(t *testing.T) backfill.RunReport {
 			WorkerID:         worker,
 			Concurrency:      1,
 			ThrottleInterval: 50 * time.Millisecond,
-			Throttles: []backfill.Throttle{
+			Throttles: []backfillthrottle.Throttle{
 				// 150 (critical) until lowered; then 90 (a hold) for
 				// three readings, then 10.
-				{Signal: backfill.SQLSignal("pressure", `SELECT CASE WHEN v > 100 THEN v WHEN nextval('pressure_reads') <= 3 THEN 90 ELSE 10 END FROM pressure`),
+				{Signal: backfillthrottle.SQLSignal("pressure", `SELECT CASE WHEN v > 100 THEN v WHEN nextval('pressure_reads') <= 3 THEN 90 ELSE 10 END FROM pressure`),
 					High: 80, Low: 50, Critical: 100},
 			},
 		})
@@ -154,10 +158,10 @@ func TestHTMLIsSelfContained(t *testing.T) {
 	hostile := `<img src="https://evil.example/x.png"><script>alert(1)</script>`
 	rep.Plan.Job = hostile
 	rep.Plan.CodeVersion = `javascript:alert(1)`
-	rep.Events = append(rep.Events, backfill.Event{Kind: "note", Actor: hostile, Detail: json.RawMessage(`{"see":"http://evil.example/a.css"}`), CreatedAt: rep.GeneratedAt})
-	rep.Exceptions.Groups = append(rep.Exceptions.Groups, backfill.ReportExceptionGroup{Reason: hostile, Column: "url(http://evil.example/f.woff)", Count: 1,
+	rep.Events = append(rep.Events, backfilltype.Event{Kind: "note", Actor: hostile, Detail: json.RawMessage(`{"see":"http://evil.example/a.css"}`), CreatedAt: rep.GeneratedAt})
+	rep.Exceptions.Groups = append(rep.Exceptions.Groups, pgstore.ReportExceptionGroup{Reason: hostile, Column: "url(http://evil.example/f.woff)", Count: 1,
 		Examples: []backfill.Exception{{ChunkID: "c", Row: 1, Value: `" onload="fetch('//evil.example')`, Raw: json.RawMessage(`{"u":"<link href='https://cdn.example/x.css'>"}`)}}})
-	rep.Workers = append(rep.Workers, backfill.ReportWorker{WorkerID: hostile, Host: "//evil.example"})
+	rep.Workers = append(rep.Workers, pgstore.ReportWorker{WorkerID: hostile, Host: "//evil.example"})
 	var buf bytes.Buffer
 	if err := report.WriteHTML(&buf, rep); err != nil {
 		t.Fatal(err)

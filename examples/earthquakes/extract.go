@@ -13,6 +13,8 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/pgbackfill/backfill/backfilltype"
+
 	"github.com/pgbackfill/backfill"
 )
 
@@ -73,7 +75,7 @@ type Feature struct {
 }
 
 // Quakes is a set of USGS GeoJSON features held in memory, sorted by event
-// time. It implements [backfill.Extractor] for [backfill.KindTime] chunks.
+// time. It implements [backfill.Extractor] for [backfilltype.KindTime] chunks.
 //
 // The whole file is read once: earthquakes.json is 1.2 MB and 1,707
 // features, so each chunk filters the in-memory, time-sorted slice (a
@@ -166,8 +168,8 @@ func (q *Quakes) Scope() (first, end time.Time, ok bool) {
 // usable event time: such a feature belongs to no chunk, and rejecting it
 // in the plan's first chunk records it exactly once per run.
 func (q *Quakes) Extract(ctx context.Context, c backfill.Chunk, w backfill.RowWriter) error {
-	if c.Kind != backfill.KindTime {
-		return fmt.Errorf("earthquakes: extract: chunk %s is %s, want %s", c.ID, c.Kind, backfill.KindTime)
+	if c.Kind != backfilltype.KindTime {
+		return fmt.Errorf("earthquakes: extract: chunk %s is %s, want %s", c.ID, c.Kind, backfilltype.KindTime)
 	}
 	if c.Seq == 0 {
 		for _, f := range q.untimed {

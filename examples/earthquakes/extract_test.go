@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgbackfill/backfill/backfilltype"
+
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/pgbackfill/backfill"
@@ -255,7 +257,7 @@ func TestExtractTilesScope(t *testing.T) {
 
 func TestExtractRefusesIntChunks(t *testing.T) {
 	src := openSynthetic(t)
-	err := src.Extract(context.Background(), backfill.Chunk{ID: "int:0/1", Kind: backfill.KindInt, Hi: 1}, &recorder{})
+	err := src.Extract(context.Background(), backfill.Chunk{ID: "int:0/1", Kind: backfilltype.KindInt, Hi: 1}, &recorder{})
 	if err == nil || !strings.Contains(err.Error(), "want time") {
 		t.Errorf("Extract(int chunk) = %v", err)
 	}

@@ -20,6 +20,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/pgbackfill/backfill/backfilltype"
+
 	"github.com/jmoiron/sqlx"
 	_ "github.com/lib/pq" // the "postgres" database/sql driver
 
@@ -306,7 +308,7 @@ func newProgress(out io.Writer, total int) *cli.Progress {
 		Total:  total,
 		Format: "  batch %d chunk %3d/%d %-14s rows %4d  inserted %4d  updated %3d  unchanged %4d  rejected %2d  dedup %2d  %5.3fs",
 		Label: func(c backfill.Chunk) string {
-			if c.Kind != backfill.KindTime {
+			if c.Kind != backfilltype.KindTime {
 				return c.ID
 			}
 			if c.Duration() < 24*time.Hour {

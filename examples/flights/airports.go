@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/pgbackfill/backfill/backfilltype"
+
 	"github.com/pgbackfill/backfill"
 )
 
@@ -30,7 +32,7 @@ type Airports struct {
 
 // Extract writes every row of the file.
 func (a Airports) Extract(ctx context.Context, c backfill.Chunk, w backfill.RowWriter) error {
-	if c.Kind != backfill.KindList || c.Item != filepath.Base(a.Path) {
+	if c.Kind != backfilltype.KindList || c.Item != filepath.Base(a.Path) {
 		return fmt.Errorf("airports: extract: chunk %s is not the file %s", c.ID, filepath.Base(a.Path))
 	}
 	f, err := os.Open(a.Path)

@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/pgbackfill/backfill/backfilltype"
+
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/pgbackfill/backfill"
@@ -56,7 +58,7 @@ func TestAirportsExtract(t *testing.T) {
 	if diff := cmp.Diff(want, r.got); diff != "" {
 		t.Errorf("rows (-want +got):\n%s", diff)
 	}
-	if err := (Airports{Path: path}).Extract(context.Background(), backfill.Chunk{ID: "list:other.csv", Kind: backfill.KindList, Item: "other.csv"}, r); err == nil {
+	if err := (Airports{Path: path}).Extract(context.Background(), backfill.Chunk{ID: "list:other.csv", Kind: backfilltype.KindList, Item: "other.csv"}, r); err == nil {
 		t.Error("chunk of another file: no error")
 	}
 }

@@ -11,6 +11,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/pgbackfill/backfill/backfilltype"
+
 	"github.com/parquet-go/parquet-go"
 
 	"github.com/pgbackfill/backfill"
@@ -332,8 +334,8 @@ func civilMicros(t time.Time) (int64, error) {
 // w.Reject; a row without a date belongs to the chunk of the previous
 // dated row in file order. Nothing is dropped.
 func (f *Flights) Extract(ctx context.Context, c backfill.Chunk, w backfill.RowWriter) error {
-	if c.Kind != backfill.KindTime {
-		return fmt.Errorf("flights: extract: chunk %s is %s, want %s", c.ID, c.Kind, backfill.KindTime)
+	if c.Kind != backfilltype.KindTime {
+		return fmt.Errorf("flights: extract: chunk %s is %s, want %s", c.ID, c.Kind, backfilltype.KindTime)
 	}
 	lo, err := civilMicros(c.Start)
 	if err != nil {

@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgbackfill/backfill/backfilltype"
+
 	"github.com/google/go-cmp/cmp"
 	"github.com/parquet-go/parquet-go"
 
@@ -92,7 +94,7 @@ func days(first string, n int) []backfill.Chunk {
 		s, e := d.AddDate(0, 0, i), d.AddDate(0, 0, i+1)
 		cs = append(cs, backfill.Chunk{
 			ID: "time:" + s.Format(time.RFC3339) + "/" + e.Format(time.RFC3339), Seq: i,
-			Kind: backfill.KindTime, Start: s, End: e,
+			Kind: backfilltype.KindTime, Start: s, End: e,
 		})
 	}
 	return cs
@@ -428,7 +430,7 @@ func TestExtractRefusesChunksItCannotRead(t *testing.T) {
 	if err := f.Extract(context.Background(), zoned, &recorder{}); err == nil || !strings.Contains(err.Error(), "civil") {
 		t.Errorf("zoned chunk: err = %v, want an error about civil times", err)
 	}
-	if err := f.Extract(context.Background(), backfill.Chunk{ID: "int:0/10", Kind: backfill.KindInt, Hi: 10}, &recorder{}); err == nil {
+	if err := f.Extract(context.Background(), backfill.Chunk{ID: "int:0/10", Kind: backfilltype.KindInt, Hi: 10}, &recorder{}); err == nil {
 		t.Error("int chunk: no error")
 	}
 	ctx, cancel := context.WithCancel(context.Background())

@@ -10,6 +10,7 @@ import (
 	"github.com/jmoiron/sqlx"
 
 	"github.com/pgbackfill/backfill"
+	"github.com/pgbackfill/backfill/backfillthrottle"
 	"github.com/pgbackfill/backfill/examples/internal/cli"
 )
 
@@ -60,12 +61,12 @@ func newHold(ctx context.Context, db *sqlx.DB, o options, live *cli.Live) (*hold
 }
 
 // throttles returns the injected throttle, if any.
-func (h *hold) throttles() []backfill.Throttle {
+func (h *hold) throttles() []backfillthrottle.Throttle {
 	if h == nil || h.o.holdFor <= 0 {
 		return nil
 	}
-	return []backfill.Throttle{{
-		Signal: backfill.SQLSignal("demo_hold", `SELECT coalesce((SELECT max(hold) FROM demo_throttle), 0)`),
+	return []backfillthrottle.Throttle{{
+		Signal: backfillthrottle.SQLSignal("demo_hold", `SELECT coalesce((SELECT max(hold) FROM demo_throttle), 0)`),
 		High:   1, Low: 0.5,
 	}}
 }

@@ -20,6 +20,9 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/pgbackfill/backfill/backfillthrottle"
+	"github.com/pgbackfill/backfill/backfilltype"
+
 	"github.com/jmoiron/sqlx"
 	_ "github.com/lib/pq" // the "postgres" database/sql driver
 
@@ -215,7 +218,7 @@ func load(ctx context.Context, out io.Writer, db *sqlx.DB, logger *slog.Logger, 
 		}
 	}
 	manifest := backfill.NewPGManifest("")
-	newRunner := func(h backfill.Hooks, throttles []backfill.Throttle) (*backfill.Runner, error) {
+	newRunner := func(h backfill.Hooks, throttles []backfillthrottle.Throttle) (*backfill.Runner, error) {
 		return backfill.New(db, &backfill.Config{
 			Concurrency: o.concurrency,
 			Manifest:    manifest,
@@ -319,7 +322,7 @@ func newProgress(out io.Writer, total int, lines bool) *cli.Progress {
 		Total:  total,
 		Format: "  batch %d chunk %3d/%d %-12s rows %6d  inserted %6d  updated %5d  unchanged %6d  rejected %3d  dedup %d  %6.2fs",
 		Label: func(c backfill.Chunk) string {
-			if c.Kind == backfill.KindTime {
+			if c.Kind == backfilltype.KindTime {
 				return c.Start.Format("2006-01-02")
 			}
 			return c.ID

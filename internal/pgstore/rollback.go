@@ -302,7 +302,7 @@ func (rb *pgRollback) deleteInserted(ctx context.Context, tx sqlx.ExtContext, ba
 // retile recomputes valid_to for the History keys the chunk's undo log
 // touched, so that the versions left tile each key's history again (a
 // restored prior image may end where a version of a later chunk or batch
-// now starts), then checks the tiling.
+// Now starts), then checks the tiling.
 func (rb *pgRollback) retile(ctx context.Context, tx sqlx.ExtContext, batch int64, seq int) error {
 	_, err := tx.ExecContext(ctx, rb.RetileSQL(), batch, seq)
 	if err != nil {

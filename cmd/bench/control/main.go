@@ -50,6 +50,7 @@ import (
 	_ "github.com/lib/pq"
 
 	"github.com/pgbackfill/backfill"
+	"github.com/pgbackfill/backfill/backfillthrottle"
 	"github.com/pgbackfill/backfill/internal/pgtest"
 )
 
@@ -61,7 +62,7 @@ func main() {
 	conc := flag.Int("concurrency", 2, "Config.Concurrency of each process")
 	trials := flag.Int("trials", 20, "pause trials")
 	chunkTime := flag.Duration("chunk-time", 50*time.Millisecond, "how long each chunk's extraction takes")
-	interval := flag.Duration("interval", backfill.DefaultThrottleInterval, "Config.ThrottleInterval (the control poll)")
+	interval := flag.Duration("interval", backfillthrottle.DefaultThrottleInterval, "Config.ThrottleInterval (the control poll)")
 	listen := flag.Bool("listen", true, "Config.ListenURL: LISTEN for control notifications on a direct connection")
 	flag.Parse()
 	if *child != "" {

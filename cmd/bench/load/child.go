@@ -17,11 +17,12 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/pgbackfill/backfill/internal/pgstore"
+
 	"github.com/jmoiron/sqlx"
 	"github.com/lib/pq"
 
 	"github.com/pgbackfill/backfill"
-	"github.com/pgbackfill/backfill/internal/pgstore"
 )
 
 // envURL passes the benchmark database's URL from the parent to a child

@@ -9,6 +9,9 @@ import (
 	"sync"
 	"time"
 
+	"github.com/pgbackfill/backfill/backfilldriver"
+	"github.com/pgbackfill/backfill/backfilltype"
+
 	"github.com/jmoiron/sqlx"
 
 	"github.com/pgbackfill/backfill"
@@ -177,7 +180,7 @@ type timedDB struct {
 	st *stats
 }
 
-func (d *timedDB) Begin(ctx context.Context) (backfill.Tx, error) {
+func (d *timedDB) Begin(ctx context.Context) (backfilldriver.Tx, error) {
 	t := time.Now()
 	tx, err := d.BeginTxx(ctx, nil)
 	d.st.add("begin", "", time.Since(t), 1)
@@ -256,7 +259,7 @@ func (m *timedMerger) Prepare(ctx context.Context, db sqlx.ExtContext, t backfil
 	return m.inner.Prepare(ctx, db, t)
 }
 
-func (m *timedMerger) Stage(ctx context.Context, tx sqlx.ExtContext, info backfill.TableInfo) (backfill.Stager, error) {
+func (m *timedMerger) Stage(ctx context.Context, tx sqlx.ExtContext, info backfill.TableInfo) (backfilldriver.Stager, error) {
 	s, err := m.inner.Stage(ctx, tx, info)
 	if err != nil {
 		return nil, err
@@ -265,7 +268,7 @@ func (m *timedMerger) Stage(ctx context.Context, tx sqlx.ExtContext, info backfi
 }
 
 type timedStager struct {
-	inner backfill.Stager
+	inner backfilldriver.Stager
 	st    *stats
 	add   time.Duration
 	n     int64
@@ -279,7 +282,7 @@ func (s *timedStager) Add(ctx context.Context, row int64, values []any) error {
 	return err
 }
 
-func (s *timedStager) Merge(ctx context.Context) (backfill.MergeResult, error) {
+func (s *timedStager) Merge(ctx context.Context) (backfilltype.MergeResult, error) {
 	s.st.add("Stager.Add (COPY one row: database/sql + lib/pq)", "extract: Extractor.Extract (generate + RowWriter.Write)", s.add, s.n)
 	s.add, s.n = 0, 0
 	s.st.mu.Lock()

@@ -33,6 +33,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/pgbackfill/backfill/backfilltype"
+
 	"github.com/jmoiron/sqlx"
 	_ "github.com/lib/pq"
 
@@ -296,7 +298,7 @@ func describeTable(rs []backfill.LockRetry) string {
 	return strings.Join(parts, ", ")
 }
 
-func firstBlocker(ws []backfill.Wait) string {
+func firstBlocker(ws []backfilltype.Wait) string {
 	for _, w := range ws {
 		if len(w.Blockers) > 0 {
 			b := w.Blockers[0]

@@ -37,6 +37,10 @@ import (
 	"sync"
 	"time"
 
+	"github.com/pgbackfill/backfill/backfillthrottle"
+	"github.com/pgbackfill/backfill/backfilltype"
+	"github.com/pgbackfill/backfill/internal/pgstore"
+
 	"github.com/jmoiron/sqlx"
 	_ "github.com/lib/pq"
 
@@ -129,7 +133,7 @@ type phase struct {
 	rows      int64 // backfill rows committed within pgbench's window
 	probeVals []float64
 	probeLat  []time.Duration // the probe's own latencies (phase alone)
-	split     *backfill.TimeSplit
+	split     *pgstore.TimeSplit
 	holds     int
 	// pgbench's p99 and transactions while the throttle held the
 	// backfill, and while it did not.
@@ -183,14 +187,14 @@ func run(o options) error {
 		case "free":
 			// The probe is read (same load as with the throttle) but
 			// never holds.
-			p, err = runPhase(ctx, o, db, pgb, conn, work, fmt.Sprint(name, i), query, &backfill.Throttle{High: math.MaxFloat64})
+			p, err = runPhase(ctx, o, db, pgb, conn, work, fmt.Sprint(name, i), query, &backfillthrottle.Throttle{High: math.MaxFloat64})
 		case "probe":
 			if alone == nil {
 				return fmt.Errorf("phase probe needs phase alone first (its High)")
 			}
 			ms := float64(alone.p99) / float64(time.Millisecond)
 			p, err = runPhase(ctx, o, db, pgb, conn, work, fmt.Sprint(name, i), query,
-				&backfill.Throttle{High: ms * o.high, Low: ms * o.low, MinHold: o.minHold, Adapt: o.adapt})
+				&backfillthrottle.Throttle{High: ms * o.high, Low: ms * o.low, MinHold: o.minHold, Adapt: o.adapt})
 		default:
 			return fmt.Errorf("unknown phase %q (alone, free, probe)", name)
 		}
@@ -206,7 +210,7 @@ func run(o options) error {
 
 // recorder wraps a Signal and keeps its readings.
 type recorder struct {
-	backfill.Signal
+	backfillthrottle.Signal
 	mu   sync.Mutex
 	vals []reading
 }
@@ -216,7 +220,7 @@ type reading struct {
 	v  float64
 }
 
-func (r *recorder) Read(ctx context.Context, db sqlx.ExtContext, s backfill.SignalScope) (float64, error) {
+func (r *recorder) Read(ctx context.Context, db sqlx.ExtContext, s backfillthrottle.SignalScope) (float64, error) {
 	v, err := r.Signal.Read(ctx, db, s)
 	if err == nil {
 		r.mu.Lock()
@@ -241,7 +245,7 @@ func (r *recorder) within(from, to time.Time) []float64 {
 
 // runPhase runs pgbench for o.duration; with th != nil, beside a
 // backfill whose Config.Throttles is th on the probe.
-func runPhase(ctx context.Context, o options, db *sqlx.DB, pgb string, conn []string, work, name, query string, th *backfill.Throttle) (phase, error) {
+func runPhase(ctx context.Context, o options, db *sqlx.DB, pgb string, conn []string, work, name, query string, th *backfillthrottle.Throttle) (phase, error) {
 	var p phase
 	table := "bench_probe_" + name
 	// The same start for every phase: a fresh target, pgbench's tables
@@ -253,7 +257,7 @@ func runPhase(ctx context.Context, o options, db *sqlx.DB, pgb string, conn []st
 			return p, err
 		}
 	}
-	rec := &recorder{Signal: backfill.ProbeLatencySignal(query, o.pct, o.window)}
+	rec := &recorder{Signal: backfillthrottle.ProbeLatencySignal(query, o.pct, o.window)}
 
 	type done struct {
 		at   time.Time
@@ -279,7 +283,7 @@ func runPhase(ctx context.Context, o options, db *sqlx.DB, pgb string, conn []st
 		}
 		var err error
 		r, err = backfill.New(db, &backfill.Config{Concurrency: conc, WorkerID: "benchprobe-" + name, RowsPerSecond: rate,
-			Throttles: []backfill.Throttle{t}, ThrottleInterval: o.interval,
+			Throttles: []backfillthrottle.Throttle{t}, ThrottleInterval: o.interval,
 			Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})),
 			Hooks: backfill.HooksFunc(func(_ context.Context, b int64, c backfill.ChunkResult) {
 				mu.Lock()
@@ -328,7 +332,7 @@ func runPhase(ctx context.Context, o options, db *sqlx.DB, pgb string, conn []st
 				}
 				rctx, c := context.WithTimeout(bctx, o.interval)
 				start := time.Now()
-				_, err := rec.Read(rctx, db, backfill.SignalScope{})
+				_, err := rec.Read(rctx, db, backfillthrottle.SignalScope{})
 				c()
 				if err == nil {
 					mu.Lock()
@@ -395,7 +399,7 @@ func runPhase(ctx context.Context, o options, db *sqlx.DB, pgb string, conn []st
 				if t.End.Before(start) || !t.End.Before(end) {
 					continue
 				}
-				if slices.ContainsFunc(ps, func(q backfill.ThrottlePeriod) bool { return !t.End.Before(q.StartedAt) && t.End.Before(q.Ended) }) {
+				if slices.ContainsFunc(ps, func(q backfilltype.ThrottlePeriod) bool { return !t.End.Before(q.StartedAt) && t.End.Before(q.Ended) }) {
 					held = append(held, t)
 				} else {
 					working = append(working, t)

@@ -33,6 +33,7 @@ import (
 	_ "github.com/lib/pq"
 
 	"github.com/pgbackfill/backfill"
+	"github.com/pgbackfill/backfill/backfillthrottle"
 	"github.com/pgbackfill/backfill/internal/pgtest"
 )
 
@@ -111,7 +112,7 @@ func main() {
 	r, err := backfill.New(db, &backfill.Config{
 		WorkerID: "benchstatus", Concurrency: *conc, ThrottleInterval: 200 * time.Millisecond,
 		Logger:    slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
-		Throttles: []backfill.Throttle{{Signal: backfill.SQLSignal("bench_flag", `SELECT v FROM bench_status_ctl`), High: 1, Low: 0.5}},
+		Throttles: []backfillthrottle.Throttle{{Signal: backfillthrottle.SQLSignal("bench_flag", `SELECT v FROM bench_status_ctl`), High: 1, Low: 0.5}},
 	})
 	if err != nil {
 		log.Fatal(err)

@@ -34,6 +34,7 @@ import (
 	_ "github.com/lib/pq"
 
 	"github.com/pgbackfill/backfill"
+	"github.com/pgbackfill/backfill/backfillthrottle"
 	"github.com/pgbackfill/backfill/internal/pgtest"
 )
 
@@ -42,7 +43,7 @@ const envURL = "THROTTLEREACT_URL"
 func main() {
 	child := flag.String("child", "", "internal: run as worker process with this worker ID")
 	job := flag.String("job", "react", "internal: job name")
-	interval := flag.Duration("interval", backfill.DefaultThrottleInterval, "Config.ThrottleInterval of the reaction phase")
+	interval := flag.Duration("interval", backfillthrottle.DefaultThrottleInterval, "Config.ThrottleInterval of the reaction phase")
 	sitInterval := flag.Duration("sit-interval", 100*time.Millisecond, "Config.ThrottleInterval of the flapping phase (short: many readings)")
 	minHold := flag.Duration("min-hold", 2*time.Second, "Throttle.MinHold of the flapping phase")
 	sit := flag.Duration("sit", 10*time.Second, "how long the signal sits at the threshold")
@@ -192,8 +193,8 @@ func runChild(id, job string, interval, minHold time.Duration) {
 	r, err := backfill.New(db, &backfill.Config{
 		WorkerID: id, Concurrency: 2, ThrottleInterval: interval,
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError})),
-		Throttles: []backfill.Throttle{{
-			Signal: backfill.SQLSignal("ctl", `SELECT v FROM react_ctl`),
+		Throttles: []backfillthrottle.Throttle{{
+			Signal: backfillthrottle.SQLSignal("ctl", `SELECT v FROM react_ctl`),
 			High:   50, MinHold: minHold,
 		}},
 	})

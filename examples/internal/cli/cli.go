@@ -17,6 +17,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/pgbackfill/backfill/backfilltype"
+
 	"github.com/jmoiron/sqlx"
 
 	"github.com/pgbackfill/backfill"
@@ -146,7 +148,7 @@ func (p *Progress) Counts() (int, backfill.Counts) {
 type Ledger struct {
 	Schema     string // the manifest's schema
 	Run        backfill.Run
-	States     []backfill.ChunkState
+	States     []backfilltype.ChunkState
 	Exceptions []backfill.Exception
 }
 

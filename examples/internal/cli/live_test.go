@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgbackfill/backfill/backfilltype"
+
 	"github.com/pgbackfill/backfill"
 )
 
@@ -22,8 +24,8 @@ func TestLivePlainLines(t *testing.T) {
 	rate, eta := 5210.4, 72.4
 	st := func(done int, read int64) backfill.Status {
 		return backfill.Status{BatchID: 3, Job: "flights-3m", Status: backfill.RunRunning,
-			Chunks: backfill.StatusChunks{Total: 182, Done: done}, Rows: backfill.Counts{Read: read},
-			RecentRate: &rate, ETASeconds: &eta, Time: backfill.StatusTime{TotalSeconds: 40, ThrottledSeconds: 4}}
+			Chunks: backfilltype.StatusChunks{Total: 182, Done: done}, Rows: backfill.Counts{Read: read},
+			RecentRate: &rate, ETASeconds: &eta, Time: backfilltype.StatusTime{TotalSeconds: 40, ThrottledSeconds: 4}}
 	}
 	l.Progress(ctx, st(45, 740000)) // a resumed run: 45 chunks done before this call
 	l.Progress(ctx, st(46, 757000)) // within Every: withheld
@@ -40,7 +42,7 @@ func TestLivePlainLines(t *testing.T) {
 	}
 
 	// Unknown rate and ETA, and a run that is no longer running.
-	s := backfill.Status{BatchID: 4, Job: "j", Status: backfill.RunPaused, Chunks: backfill.StatusChunks{Total: 2}}
+	s := backfill.Status{BatchID: 4, Job: "j", Status: backfill.RunPaused, Chunks: backfilltype.StatusChunks{Total: 2}}
 	if got := StatusLine(s); !strings.Contains(got, "- rows/s, ETA unknown") || !strings.HasSuffix(got, ", run paused") {
 		t.Errorf("StatusLine of a paused run without rates: %q", got)
 	}
@@ -51,7 +53,7 @@ func TestLivePlainLines(t *testing.T) {
 func TestLiveFinishAfterPrintedLine(t *testing.T) {
 	var out bytes.Buffer
 	l := &Live{Out: &out, Every: time.Nanosecond}
-	l.Progress(context.Background(), backfill.Status{Job: "j", Chunks: backfill.StatusChunks{Total: 1, Done: 1}})
+	l.Progress(context.Background(), backfill.Status{Job: "j", Chunks: backfilltype.StatusChunks{Total: 1, Done: 1}})
 	l.Finish()
 	if n := strings.Count(out.String(), "\n"); n != 1 {
 		t.Errorf("%d lines, want 1:\n%s", n, out.String())

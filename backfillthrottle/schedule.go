@@ -1,4 +1,4 @@
-package backfill
+package backfillthrottle
 
 import (
 	"context"
@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jmoiron/sqlx"
+	"github.com/pgbackfill/backfill/backfilltype"
 )
 
 // Schedule is a set of weekly windows in IANA time zones during which a
@@ -17,8 +18,8 @@ import (
 type Schedule struct {
 	spec    string
 	windows []window
-	// now is the clock of Read (tests).
-	now func() time.Time
+	// Now is the clock of Read (tests).
+	Now func() time.Time `json:"-" db:"-"`
 }
 
 type window struct {
@@ -46,7 +47,7 @@ type window struct {
 //
 // It returns an error wrapping [ErrInvalidConfig] naming the bad part.
 func ParseSchedule(spec string) (*Schedule, error) {
-	s := &Schedule{spec: spec, now: time.Now}
+	s := &Schedule{spec: spec, Now: time.Now}
 	norm := strings.NewReplacer("–", "-", "—", "-").Replace(spec)
 	for part := range strings.SplitSeq(norm, ";") {
 		part = strings.TrimSpace(part)
@@ -55,12 +56,12 @@ func ParseSchedule(spec string) (*Schedule, error) {
 		}
 		w, err := parseWindow(part)
 		if err != nil {
-			return nil, fmt.Errorf("%w: schedule %q: window %q: %w", ErrInvalidConfig, spec, part, err)
+			return nil, fmt.Errorf("%w: schedule %q: window %q: %w", backfilltype.ErrInvalidConfig, spec, part, err)
 		}
 		s.windows = append(s.windows, w)
 	}
 	if len(s.windows) == 0 {
-		return nil, fmt.Errorf("%w: schedule %q: no window", ErrInvalidConfig, spec)
+		return nil, fmt.Errorf("%w: schedule %q: no window", backfilltype.ErrInvalidConfig, spec)
 	}
 	return s, nil
 }
@@ -176,7 +177,7 @@ func (s *Schedule) Name() string { return "schedule" }
 // Read implements [Signal]: 1 outside every window, 0 inside. It does
 // not touch the database.
 func (s *Schedule) Read(context.Context, sqlx.ExtContext, SignalScope) (float64, error) {
-	if s.Contains(s.now()) {
+	if s.Contains(s.Now()) {
 		return 0, nil
 	}
 	return 1, nil

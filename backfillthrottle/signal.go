@@ -1,4 +1,4 @@
-package backfill
+package backfillthrottle
 
 import (
 	"context"
@@ -12,19 +12,50 @@ import (
 
 	"github.com/jmoiron/sqlx"
 	"github.com/lib/pq"
+	"github.com/pgbackfill/backfill/backfilltype"
 	"github.com/pgbackfill/backfill/internal/pgstore"
 )
 
-// The built-in signals of throttles. Each reads PostgreSQL's statistics
-// views in a read transaction (pooler-safe) with bind parameters.
-
-type sqlSignal struct {
-	name  string
-	query string
-	args  func(SignalScope) []any
+// Signal is a measurement a [Throttle] watches: replica lag, WAL rate,
+// the latency of a probe query, a schedule. Read is called every
+// [Config.ThrottleInterval] by one goroutine per call of [Runner.Run]
+// (never concurrently for one Signal value), with a context that ends
+// after that interval. The built-in signals are [ReplicaLagSignal],
+// [WALRateSignal], [ArchiveBacklogSignal], [AutovacuumSignal],
+// [LockWaitersSignal], [ProbeLatencySignal], [SQLSignal] and a
+// [Schedule] ([ScheduleThrottle]).
+type Signal interface {
+	// Name names the signal in logs and in the manifest's throttle
+	// periods (e.g. "replica_lag").
+	Name() string
+	// Read returns the signal's value now, in the signal's unit. db is
+	// the Runner's database; a Read with bind parameters must run them
+	// in a transaction (behind a transaction pooler). An error is logged
+	// and the reading skipped: the throttle keeps its state.
+	Read(ctx context.Context, db sqlx.ExtContext, scope SignalScope) (float64, error)
 }
 
-func (s sqlSignal) Name() string { return s.name }
+// SignalScope is what a [Signal] may need to know about the run it is
+// read for.
+type SignalScope struct {
+	// BatchID is the run's batch.
+	BatchID int64
+	// Table is the run's target table, quoted and schema-qualified
+	// ("public"."orders" style, for to_regclass).
+	Table string
+	// WorkerKeys are the keys of the run's registered workers
+	// ([Worker.Key]); their chunk transactions carry application_name
+	// "backfill <key> ...". Empty when the manifest has no workers.
+	WorkerKeys []string
+}
+
+type sqlSignal struct {
+	SignalName string `json:"-" db:"-"`
+	query      string
+	args       func(SignalScope) []any
+}
+
+func (s sqlSignal) Name() string { return s.SignalName }
 
 func (s sqlSignal) Read(ctx context.Context, db sqlx.ExtContext, scope SignalScope) (float64, error) {
 	var args []any
@@ -38,7 +69,7 @@ func (s sqlSignal) Read(ctx context.Context, db sqlx.ExtContext, scope SignalSco
 		return err
 	})
 	if err != nil {
-		return 0, fmt.Errorf("backfill: signal %s: %w", s.name, err)
+		return 0, fmt.Errorf("backfill: signal %s: %w", s.SignalName, err)
 	}
 	return v, nil
 }
@@ -93,7 +124,7 @@ func scanNumber(ctx context.Context, db sqlx.ExtContext, query string, args ...a
 // replicas). The role needs pg_monitor (or pg_read_all_stats) to see the
 // lag of replicas it did not connect. Name "replica_lag".
 func ReplicaLagSignal() Signal {
-	return sqlSignal{name: "replica_lag", query: `SELECT coalesce(max(extract(epoch FROM replay_lag)), 0)::float8 FROM pg_stat_replication`}
+	return sqlSignal{SignalName: "replica_lag", query: `SELECT coalesce(max(extract(epoch FROM replay_lag)), 0)::float8 FROM pg_stat_replication`}
 }
 
 // ArchiveBacklogSignal is the number of WAL segments written but not yet
@@ -101,7 +132,7 @@ func ReplicaLagSignal() Signal {
 // archived yet). Name "archive_backlog". Reading pg_current_wal_lsn
 // needs a primary.
 func ArchiveBacklogSignal() Signal {
-	return sqlSignal{name: "archive_backlog", query: `
+	return sqlSignal{SignalName: "archive_backlog", query: `
 		SELECT CASE WHEN current_setting('archive_mode') = 'off' OR a.last_archived_wal IS NULL
 			OR length(a.last_archived_wal) <> 24 OR a.last_archived_wal !~ '^[0-9A-F]{24}$' THEN 0
 		ELSE greatest(0,
@@ -155,7 +186,7 @@ func (w *walRate) Read(ctx context.Context, db sqlx.ExtContext, _ SignalScope) (
 // (a possibly schema-qualified name, quoted as [Target.Table] is). Name
 // "autovacuum". Hold at High 1 to leave the table to autovacuum.
 func AutovacuumSignal(table string) Signal {
-	return sqlSignal{name: "autovacuum", query: `SELECT count(*)::float8 FROM pg_stat_progress_vacuum p
+	return sqlSignal{SignalName: "autovacuum", query: `SELECT count(*)::float8 FROM pg_stat_progress_vacuum p
 			JOIN pg_stat_activity a ON a.pid = p.pid
 			WHERE p.relid = to_regclass($1) AND a.backend_type = 'autovacuum worker'`,
 		args: func(s SignalScope) []any {
@@ -173,7 +204,7 @@ func AutovacuumSignal(table string) Signal {
 // waiters of any backfill session. Name "lock_waiters". Seeing other
 // roles' sessions needs pg_read_all_stats (or pg_monitor).
 func LockWaitersSignal() Signal {
-	return sqlSignal{name: "lock_waiters", query: `SELECT count(DISTINCT w.pid)::float8
+	return sqlSignal{SignalName: "lock_waiters", query: `SELECT count(DISTINCT w.pid)::float8
 			FROM pg_stat_activity w
 			CROSS JOIN LATERAL unnest(pg_blocking_pids(w.pid)) AS b(pid)
 			JOIN pg_stat_activity h ON h.pid = b.pid
@@ -189,7 +220,7 @@ func LockWaitersSignal() Signal {
 // false 0; NULL and no row are 0). Name is the signal's name. Example:
 // SQLSignal("orders_queue", `SELECT count(*) FROM jobs WHERE state = $1`, "queued").
 func SQLSignal(name, query string, args ...any) Signal {
-	return sqlSignal{name: name, query: query, args: func(SignalScope) []any { return args }}
+	return sqlSignal{SignalName: name, query: query, args: func(SignalScope) []any { return args }}
 }
 
 // ProbeLatencySignal runs query (no parameters, in a transaction of its
@@ -201,17 +232,17 @@ func SQLSignal(name, query string, args ...any) Signal {
 // in milliseconds (nearest rank). A probe still running when the reading's
 // deadline (one [Config.ThrottleInterval]) ends counts as having taken
 // that long; a probe that fails is an error (the throttle keeps its
-// state, the failure is logged). Name "probe_latency". Set High to the application's latency
+// State, the failure is logged). Name "probe_latency". Set High to the application's latency
 // alone plus a margin (e.g. its p99 plus 30%).
 func ProbeLatencySignal(query string, percentile float64, window time.Duration) Signal {
-	return &probe{query: query, pct: percentile, win: latencyWindow{span: window}}
+	return &probe{query: query, pct: percentile, win: LatencyWindow{Span: window}}
 }
 
 type probe struct {
 	query string
 	pct   float64
 	mu    sync.Mutex
-	win   latencyWindow
+	win   LatencyWindow
 }
 
 func (p *probe) Name() string { return "probe_latency" }
@@ -219,9 +250,9 @@ func (p *probe) Name() string { return "probe_latency" }
 func (p *probe) Read(ctx context.Context, db sqlx.ExtContext, _ SignalScope) (float64, error) {
 	switch {
 	case !(p.pct > 0 && p.pct <= 100):
-		return 0, fmt.Errorf("%w: ProbeLatencySignal: percentile %v is not in (0, 100]", ErrInvalidConfig, p.pct)
-	case p.win.span <= 0:
-		return 0, fmt.Errorf("%w: ProbeLatencySignal: window %v is not positive", ErrInvalidConfig, p.win.span)
+		return 0, fmt.Errorf("%w: ProbeLatencySignal: percentile %v is not in (0, 100]", backfilltype.ErrInvalidConfig, p.pct)
+	case p.win.Span <= 0:
+		return 0, fmt.Errorf("%w: ProbeLatencySignal: window %v is not positive", backfilltype.ErrInvalidConfig, p.win.Span)
 	}
 	// Timed from BEGIN to COMMIT, as an application's transaction is: a
 	// probe that writes waits for its commit's WAL flush
@@ -252,41 +283,41 @@ func (p *probe) Read(ctx context.Context, db sqlx.ExtContext, _ SignalScope) (fl
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	now := time.Now()
-	p.win.add(now, took)
-	return float64(p.win.percentile(now, p.pct)) / float64(time.Millisecond), nil
+	p.win.Add(now, took)
+	return float64(p.win.Percentile(now, p.pct)) / float64(time.Millisecond), nil
 }
 
-// latencyWindow keeps the latencies measured within span of now.
-type latencyWindow struct {
-	span    time.Duration
+// LatencyWindow keeps the latencies measured within span of now.
+type LatencyWindow struct {
+	Span    time.Duration `json:"-" db:"-"`
 	at      []time.Time
 	samples []time.Duration
 }
 
-func (w *latencyWindow) add(now time.Time, d time.Duration) {
+func (w *LatencyWindow) Add(now time.Time, d time.Duration) {
 	w.at = append(w.at, now)
 	w.samples = append(w.samples, d)
 	w.expire(now)
 }
 
-func (w *latencyWindow) expire(now time.Time) {
+func (w *LatencyWindow) expire(now time.Time) {
 	i := 0
-	for i < len(w.at) && now.Sub(w.at[i]) > w.span {
+	for i < len(w.at) && now.Sub(w.at[i]) > w.Span {
 		i++
 	}
 	w.at, w.samples = w.at[i:], w.samples[i:]
 }
 
-// percentile returns the p-th percentile (nearest rank) of the samples
+// Percentile returns the p-th percentile (nearest rank) of the samples
 // within the window, 0 for none.
-func (w *latencyWindow) percentile(now time.Time, p float64) time.Duration {
+func (w *LatencyWindow) Percentile(now time.Time, p float64) time.Duration {
 	w.expire(now)
-	return percentile(w.samples, p)
+	return Percentile(w.samples, p)
 }
 
-// percentile is the nearest-rank p-th percentile of samples: the
+// Percentile is the nearest-rank p-th percentile of samples: the
 // smallest sample such that at least p% of the samples are at most it.
-func percentile(samples []time.Duration, p float64) time.Duration {
+func Percentile(samples []time.Duration, p float64) time.Duration {
 	if len(samples) == 0 {
 		return 0
 	}

@@ -1,0 +1,292 @@
+package backfilltrace
+
+import (
+	"context"
+	"time"
+
+	"github.com/pgbackfill/backfill/backfilltype"
+)
+
+// Tracer traces the chunks of a [Runner] ([Config.Tracer]). Its methods
+// are called from the goroutine running the chunk; implementations must
+// be safe for concurrent use when Concurrency > 1, and must not block.
+type Tracer interface {
+	// TraceChunkStart is called when a chunk was claimed, before its
+	// Other phases; the context it returns is passed to the chunk's
+	// phases (and to the extractor) and to TraceChunkEnd.
+	TraceChunkStart(ctx context.Context, data ChunkStartData) context.Context
+	// TraceChunkEnd is called once per TraceChunkStart, when the
+	// attempt committed or ended without a commit.
+	TraceChunkEnd(ctx context.Context, data ChunkEndData)
+}
+
+// PhaseTracer is an optional interface of a [Tracer]: the phases of a
+// chunk, children of the chunk's span, one after the other (a chunk that
+// fails ends in the phase that failed).
+type PhaseTracer interface {
+	// TracePhaseStart is called when phase data.Phase begins; the
+	// context it returns goes to TracePhaseEnd (and, for the extract
+	// phase, to the extractor).
+	TracePhaseStart(ctx context.Context, data PhaseStartData) context.Context
+	// TracePhaseEnd is called once per TracePhaseStart.
+	TracePhaseEnd(ctx context.Context, data PhaseEndData)
+}
+
+// RunTracer is an optional interface of a [Tracer]: one span per call of
+// [Runner.Run] (and of [Runner.Resume], which calls Run), the parent of
+// its chunks' spans and of its events.
+type RunTracer interface {
+	// TraceRunStart is called when Run begins, before the plan.
+	TraceRunStart(ctx context.Context, data RunStartData) context.Context
+	// TraceRunEnd is called once per TraceRunStart, when Run returns.
+	TraceRunEnd(ctx context.Context, data RunEndData)
+}
+
+// ThrottleTracer is an optional interface of a [Tracer]: the throttle's
+// holds and releases ([Config.Throttles]), and the waits of the
+// rows-per-second cap ([Config.RowsPerSecond]) of this process.
+type ThrottleTracer interface {
+	// TraceThrottle is called from the throttle's monitor goroutine
+	// (holds, releases) or a worker (waits).
+	TraceThrottle(ctx context.Context, data ThrottleData)
+}
+
+// PauseTracer is an optional interface of a [Tracer]: this call of Run
+// paused its run (a throttle's critical level, a quality gate, the run
+// reject rate) or found it paused by another process or an operator.
+type PauseTracer interface {
+	TracePause(ctx context.Context, data PauseData)
+}
+
+// RetryTracer is an optional interface of a [Tracer]: a chunk's attempt
+// that failed, or a try that waited ([Config.LockRetries]), after its
+// chunk's span ended.
+type RetryTracer interface {
+	TraceRetry(ctx context.Context, data RetryData)
+}
+
+// Phase is a phase of a chunk ([PhaseTracer]).
+type Phase string
+
+// The phases of a chunk, in their order. A chunk runs either leased (a
+// manifest that leases chunks, the default [Manifest] with a
+// registered worker; see doc.go) or in one transaction
+// ([Config.JobConcurrency], or a manifest without leases):
+const (
+	// PhaseClaim: leased, the lease's short transaction; in one
+	// transaction, its BEGIN, the job's slot, the claim, and the publish
+	// mode's target.
+	PhaseClaim Phase = "claim"
+	// PhaseExtract: leased, the extractor writing into the chunk's spool,
+	// outside any transaction; in one transaction, the extractor
+	// streaming into staging (COPY), which this phase then includes.
+	PhaseExtract Phase = "extract"
+	// PhaseQueued: leased with [Config.ExtractAhead] only, and only when
+	// it waits: the extracted chunk waits for its worker's previous
+	// chunk's transaction to end.
+	PhaseQueued Phase = "queued"
+	// PhaseStage: leased only: the chunk's transaction begins, its lease
+	// is fenced, and the spool is copied into staging.
+	PhaseStage Phase = "stage"
+	// PhaseMerge: the staged rows merged into the target (a chunk of
+	// [PublishAtEnd]: its staging ended).
+	PhaseMerge Phase = "merge"
+	// PhaseValidate: the job's validators and the row accounting (not
+	// for a chunk of PublishAtEnd, validated when the run publishes).
+	PhaseValidate Phase = "validate"
+	// PhaseCheckpoint: the chunk's checkpoint and exceptions written in
+	// its transaction.
+	PhaseCheckpoint Phase = "checkpoint"
+	// PhaseCommit: the chunk's COMMIT.
+	PhaseCommit Phase = "commit"
+)
+
+// ChunkStartData is the start of a chunk's span.
+type ChunkStartData struct {
+	// BatchID is the run; Job its job's name; Worker [Config.WorkerID].
+	BatchID int64
+	Job     string
+	Worker  string
+	// Chunk is the claimed chunk (Seq, ID, bounds: Chunk.Bounds).
+	Chunk backfilltype.Chunk
+	// Attempt is the chunk's attempt, 1-based, across calls of Run (as
+	// [ChunkError.Attempt]).
+	Attempt int
+	// Start is when the claim began (before this call).
+	Start time.Time
+}
+
+// Chunk outcomes ([TraceChunkEndData.Outcome]).
+const (
+	// OutcomeDone: the chunk committed, done.
+	OutcomeDone = "done"
+	// OutcomeOpen: the chunk committed but stays open (it ends after the
+	// horizon; see [ChunkOpen]).
+	OutcomeOpen = "open"
+	// OutcomeStaged: the chunk committed as staged ([PublishAtEnd]).
+	OutcomeStaged = "staged"
+	// OutcomeFailed: the attempt failed (Err says why); it is retried or
+	// final ([RetryTracer]).
+	OutcomeFailed = "failed"
+	// OutcomeReleased: the attempt rolled back without an error: its
+	// Lease was taken over or the run stopped meanwhile (paused,
+	// abandoned), or a throttle began to hold during the claim. The
+	// chunk stays pending.
+	OutcomeReleased = "released"
+)
+
+// ChunkEndData is the end of a chunk's span.
+type ChunkEndData struct {
+	BatchID int64
+	Job     string
+	Worker  string
+	Chunk   backfilltype.Chunk
+	Attempt int
+	// Outcome is one of OutcomeDone, OutcomeOpen, OutcomeStaged,
+	// OutcomeFailed, OutcomeReleased.
+	Outcome string
+	// Counts are the chunk's row outcomes when it committed (zero
+	// otherwise; a staged chunk's are its staging's: the rows are merged,
+	// and counted, when the run publishes).
+	Counts backfilltype.Counts
+	// Duration is from the claim's beginning to the end.
+	Duration time.Duration
+	// Err is the attempt's error (nil when it committed or was
+	// released); a panic of the extractor is an error wrapping
+	// [ErrExtractorPanic].
+	Err error
+}
+
+// PhaseStartData is the start of a chunk's phase.
+type PhaseStartData struct {
+	BatchID int64
+	Chunk   backfilltype.Chunk
+	Attempt int
+	Phase   Phase
+	// Start is when the phase began (the claim's: before the call).
+	Start time.Time
+}
+
+// PhaseEndData is the end of a chunk's phase.
+type PhaseEndData struct {
+	BatchID int64
+	Chunk   backfilltype.Chunk
+	Attempt int
+	Phase   Phase
+	// Rows are the rows the phase handled, where known: extract, the
+	// rows read; merge, the rows the merge accounted for (inserted,
+	// updated, unchanged, deduplicated, refused); 0 otherwise.
+	Rows int64
+	// Duration is the phase's.
+	Duration time.Duration
+	// Err is the chunk's error when the chunk ended in this phase.
+	Err error
+}
+
+// RunStartData is the start of a call of [Runner.Run].
+type RunStartData struct {
+	Job    string
+	Worker string
+}
+
+// RunEndData is the end of a call of [Runner.Run].
+type RunEndData struct {
+	Job    string
+	Worker string
+	// BatchID is the run (0 when Run failed before it existed).
+	BatchID int64
+	// Status is the run's status when Run returned ("" when unknown).
+	Status backfilltype.RunStatus
+	// ChunksRun are the chunks this call completed; Counts the run's rows
+	// (every call's, from the manifest: Report.Counts).
+	ChunksRun int
+	Counts    backfilltype.Counts
+	Duration  time.Duration
+	// Err is what Run returned.
+	Err error
+}
+
+// Throttle events ([TraceThrottleData.Event]).
+const (
+	// ThrottleHold: a signal reached its high watermark; no chunk is
+	// claimed until it is released.
+	ThrottleHold = "hold"
+	// ThrottleRelease: a signal fell below its low watermark (or the call
+	// ended while it held); Held says for how long it held.
+	ThrottleRelease = "release"
+	// ThrottleWait: a worker waited Held for the rows-per-second cap
+	// (Signal [RateSignalName]).
+	ThrottleWait = "wait"
+	// ThrottleCritical: a signal reached its critical level; the run is
+	// paused ([PauseTracer] too).
+	ThrottleCritical = "critical"
+)
+
+// ThrottleData is a throttle event of this process.
+type ThrottleData struct {
+	BatchID int64
+	Job     string
+	// Event is ThrottleHold, ThrottleRelease, ThrottleWait or
+	// ThrottleCritical.
+	Event string
+	// Signal is the signal's name ([Signal.Name], or [RateSignalName]).
+	Signal string
+	// Value is the reading; High and Low the watermarks (the cap in rows
+	// per second for ThrottleWait).
+	Value, High, Low float64
+	// Held is how long the hold lasted (ThrottleRelease) or the wait
+	// (ThrottleWait); 0 otherwise.
+	Held time.Duration
+}
+
+// Pause sources ([TracePauseData.Source]).
+const (
+	// PauseThrottle: a throttle's critical level paused the run.
+	PauseThrottle = "throttle"
+	// PauseGate: a quality gate, the run reject rate or a run that loaded
+	// no row paused it.
+	PauseGate = "gate"
+	// PauseObserved: the run was found paused by another process or an
+	// operator.
+	PauseObserved = "observed"
+)
+
+// PauseData is the pause of a run.
+type PauseData struct {
+	BatchID int64
+	Job     string
+	// Source is PauseThrottle, PauseGate or PauseObserved.
+	Source string
+	Reason string
+}
+
+// Retry kinds ([TraceRetryData.Kind]).
+const (
+	// RetryWait: a try of the chunk waited (lock timeout, deadlock,
+	// serialization failure, statement timeout: SQLState) and rolled
+	// back; it is tried again after Sleep, unless Final.
+	RetryWait = "wait"
+	// RetryAttempt: an attempt failed; it is tried again after Sleep
+	// unless Final (not retryable, or [Config.MaxAttempts] reached).
+	RetryAttempt = "attempt"
+)
+
+// RetryData is a failed try or attempt of a chunk.
+type RetryData struct {
+	BatchID int64
+	Job     string
+	Chunk   backfilltype.Chunk
+	Attempt int
+	// Kind is RetryWait or RetryAttempt; Try the 1-based row of
+	// [Config.LockRetries] of a wait (0 for an attempt).
+	Kind string
+	Try  int
+	// SQLState is PostgreSQL's error code ("" when the error is not
+	// PostgreSQL's).
+	SQLState string
+	// Sleep is the pause before the next try or attempt; Final says
+	// there is none.
+	Sleep time.Duration
+	Final bool
+	Err   error
+}
