@@ -438,7 +438,7 @@ func (v Aggregates) Validate(ctx context.Context, tx sqlx.ExtContext, scope Vali
 // day returns the expression of the Day column's calendar day of an
 // alias (nil without Day), and the zone it is taken in ("" for none),
 // bound in a.
-func (v Aggregates) day(c *pgstore.PgCheck, a *pgstore.SQLArgs) (day func(alias string) string, zone string, err error) {
+func (v Aggregates) day(c *pgstore.PGCheck, a *pgstore.SQLArgs) (day func(alias string) string, zone string, err error) {
 	if v.Day == "" {
 		return nil, "", nil
 	}
@@ -482,7 +482,7 @@ func (v Aggregates) detail(zone string) map[string]any {
 // compare runs q (aggregatesSQL) with args and collects the differing
 // groups, with hash joins for a large chunk and, for float measures,
 // extra_float_digits pinned (see aggregatesSideSQL), both undone afterwards.
-func (v Aggregates) compare(ctx context.Context, tx sqlx.ExtContext, c *pgstore.PgCheck, q string, args []any) (r pgstore.AggregatesResult, err error) {
+func (v Aggregates) compare(ctx context.Context, tx sqlx.ExtContext, c *pgstore.PGCheck, q string, args []any) (r pgstore.AggregatesResult, err error) {
 	r.Differences = []pgstore.AggregatesDifference{}
 	floats := false
 	for _, m := range v.Measures {
@@ -613,7 +613,7 @@ func (v ReplayChangesNothing) Validate(ctx context.Context, tx sqlx.ExtContext, 
 		r, err = rp.Replay(ctx)
 		return err
 	}
-	c := &pgstore.PgCheck{Name: name, Severity: pgstore.SeverityOr(v.Severity)}
+	c := &pgstore.PGCheck{Name: name, Severity: pgstore.SeverityOr(v.Severity)}
 	var err error
 	var proof *pgstore.FingerprintProof
 	if scope.Staging != "" {
@@ -652,7 +652,7 @@ func (v ReplayChangesNothing) Validate(ctx context.Context, tx sqlx.ExtContext, 
 	return v.result(c, r, proof)
 }
 
-func (v ReplayChangesNothing) result(c *pgstore.PgCheck, r backfilltype.MergeResult, proof *pgstore.FingerprintProof) (CheckResult, error) {
+func (v ReplayChangesNothing) result(c *pgstore.PGCheck, r backfilltype.MergeResult, proof *pgstore.FingerprintProof) (CheckResult, error) {
 	detail := map[string]any{"inserted": r.Inserted, "updated": r.Updated, "unchanged": r.Unchanged, "closed": r.Closed}
 	if c.Staging != "" {
 		proof.Evidence(detail)
@@ -771,7 +771,7 @@ type CheckExceptionRate struct {
 
 // Validate implements [Validator].
 func (v CheckExceptionRate) Validate(ctx context.Context, tx sqlx.ExtContext, scope ValidationScope) (CheckResult, error) {
-	c := &pgstore.PgCheck{Name: cmp.Or(v.Name, "exception_rate"), Severity: pgstore.SeverityOr(v.Severity)}
+	c := &pgstore.PGCheck{Name: cmp.Or(v.Name, "exception_rate"), Severity: pgstore.SeverityOr(v.Severity)}
 	if !(v.MaxRate >= 0 && v.MaxRate <= 1) {
 		return CheckResult{}, c.Errorf("%w: CheckExceptionRate.MaxRate %v is not between 0 and 1", ErrInvalidConfig, v.MaxRate)
 	}

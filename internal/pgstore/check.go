@@ -39,9 +39,9 @@ type AggregatesResult struct {
 	Sample            []string               `json:"-" db:"-"`
 }
 
-// PgCheck is one run of a check: its name, severity and the scope's
+// PGCheck is one run of a check: its name, severity and the scope's
 // quoted tables.
-type PgCheck struct {
+type PGCheck struct {
 	Name     string                `json:"-" db:"-"`
 	Severity backfilltype.Severity `json:"-" db:"-"`
 	scope    backfilldriver.ValidationScope
@@ -51,8 +51,8 @@ type PgCheck struct {
 	sizes    *[2]int64                      // staging and target sizes in bytes, once known
 }
 
-func NewPGCheck(name string, sev backfilltype.Severity, scope backfilldriver.ValidationScope) (*PgCheck, error) {
-	c := &PgCheck{Name: name, Severity: SeverityOr(sev), scope: scope, target: sqlgen.Table(scope.Info.Target.Table),
+func NewPGCheck(name string, sev backfilltype.Severity, scope backfilldriver.ValidationScope) (*PGCheck, error) {
+	c := &PGCheck{Name: name, Severity: SeverityOr(sev), scope: scope, target: sqlgen.Table(scope.Info.Target.Table),
 		Staging: scope.Staging, Cols: map[string]backfilltype.Column{}}
 	if scope.Staging == "" {
 		return nil, c.Errorf("%w: the merger has no staging table (this check needs PGMerger)", backfilltype.ErrUnsupported)
@@ -66,11 +66,11 @@ func NewPGCheck(name string, sev backfilltype.Severity, scope backfilldriver.Val
 	return c, nil
 }
 
-func (c *PgCheck) Errorf(format string, args ...any) error {
+func (c *PGCheck) Errorf(format string, args ...any) error {
 	return fmt.Errorf("backfill: validate %s: "+format, append([]any{c.Name}, args...)...)
 }
 
-func (c *PgCheck) Result(passed bool, expected, actual string, sample []string, detail map[string]any) (backfilltype.CheckResult, error) {
+func (c *PGCheck) Result(passed bool, expected, actual string, sample []string, detail map[string]any) (backfilltype.CheckResult, error) {
 	r := backfilltype.CheckResult{Check: c.Name, Severity: c.Severity, Passed: passed, Expected: expected, Actual: actual, Sample: sample}
 	if detail != nil {
 		b, err := json.Marshal(detail)
@@ -116,7 +116,7 @@ func TextOrNull(s sql.NullString) string {
 }
 
 // Zone returns the name of the scope's zone for PostgreSQL.
-func (c *PgCheck) Zone() (string, error) {
+func (c *PGCheck) Zone() (string, error) {
 	loc := c.scope.Zone
 	if loc == nil {
 		loc = time.UTC
@@ -151,14 +151,14 @@ const largeChunkRatio = 8
 // files, no scan). Then one index lookup per staged row costs more than
 // hashing; for a small chunk next to a large target an index lookup per
 // row is what keeps checks proportional to the chunk.
-func (c *PgCheck) largeChunk(ctx context.Context, tx sqlx.ExtContext) (bool, error) {
+func (c *PGCheck) largeChunk(ctx context.Context, tx sqlx.ExtContext) (bool, error) {
 	return c.stagingAtLeast(ctx, tx, largeChunkRatio)
 }
 
 // stagingAtLeast reports whether the staging table is at least 1/ratio
 // of the target's size (pg_relation_size, see largeChunk); the sizes are
 // read once per check.
-func (c *PgCheck) stagingAtLeast(ctx context.Context, tx sqlx.ExtContext, ratio int64) (bool, error) {
+func (c *PGCheck) stagingAtLeast(ctx context.Context, tx sqlx.ExtContext, ratio int64) (bool, error) {
 	if c.sizes == nil {
 		var sz struct {
 			Staging int64 `db:"staging"`
@@ -183,7 +183,7 @@ func (c *PgCheck) stagingAtLeast(ctx context.Context, tx sqlx.ExtContext, ratio 
 // docs, SET: "The effects of SET or SET LOCAL are also canceled by
 // rolling back to a savepoint that is earlier than the command"); tx must
 // be a transaction.
-func (c *PgCheck) WithJoins(ctx context.Context, tx sqlx.ExtContext, policy JoinPolicy, fn func() error) (err error) {
+func (c *PGCheck) WithJoins(ctx context.Context, tx sqlx.ExtContext, policy JoinPolicy, fn func() error) (err error) {
 	if policy == JoinsIfLarge {
 		large, err := c.largeChunk(ctx, tx)
 		if err != nil {

@@ -232,7 +232,7 @@ func RowHashSQL(info backfilltype.TableInfo, cols []string, alias string) string
 
 // FingerprintColumns returns the columns a fingerprint hashes: the
 // Identity, then the content the checks compare (see [Completeness]).
-func (c *PgCheck) FingerprintColumns() []string {
+func (c *PGCheck) FingerprintColumns() []string {
 	cc := CompareColumns(c.scope.Info)
 	return append(cc.Identity, cc.Checked...)
 }
@@ -250,7 +250,7 @@ type FingerprintMemo interface {
 // (the queries run inside a savepoint that is rolled back, so a failed
 // query leaves the chunk's transaction usable). Errors returned are those
 // of the savepoint commands.
-func (c *PgCheck) fingerprints(ctx context.Context, tx sqlx.ExtContext) (*FingerprintProof, error) {
+func (c *PGCheck) fingerprints(ctx context.Context, tx sqlx.ExtContext) (*FingerprintProof, error) {
 	var a SQLArgs
 	cols := c.FingerprintColumns()
 	p := &FingerprintProof{Columns: cols}
@@ -353,7 +353,7 @@ func (c *PgCheck) fingerprints(ctx context.Context, tx sqlx.ExtContext) (*Finger
 // rows equal the chunk's target rows and covers every column of need
 // (staged columns); otherwise nil, and the check runs its exact
 // comparison. exact skips the proof.
-func (c *PgCheck) ProvenBy(ctx context.Context, tx sqlx.ExtContext, exact bool, need ...string) (proof *FingerprintProof, ok bool, err error) {
+func (c *PGCheck) ProvenBy(ctx context.Context, tx sqlx.ExtContext, exact bool, need ...string) (proof *FingerprintProof, ok bool, err error) {
 	if exact {
 		return nil, false, nil
 	}

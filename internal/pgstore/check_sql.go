@@ -15,7 +15,7 @@ import (
 // = for columns that cannot be NULL in staging (Key columns, NOT NULL
 // Columns), IS NOT DISTINCT FROM otherwise (see [Completeness] and the
 // comment at the top of validate_pg.go).
-func (c *PgCheck) idMatch(a, b string) string {
+func (c *PGCheck) idMatch(a, b string) string {
 	id := c.scope.Info.Identity()
 	parts := make([]string, len(id))
 	for i, n := range id {
@@ -40,12 +40,12 @@ func (c *PgCheck) idMatch(a, b string) string {
 // staged column but the identity, the columns the library fills for the
 // row (ingestion time, lineage; the hash stays, it is a function of the
 // Content) and, in Keyless mode, the raw sources of derived keys.
-func (c *PgCheck) Content() []string { return slices.Clone(CompareColumns(c.scope.Info).Checked) }
+func (c *PGCheck) Content() []string { return slices.Clone(CompareColumns(c.scope.Info).Checked) }
 
 // cmpExpr is how the checks compare a column: as text for types without
 // an equality operator (as the merge does), and byte for byte where the
 // column's own equality is looser (see exactForm).
-func (c *PgCheck) cmpExpr(alias, n string) string {
+func (c *PGCheck) cmpExpr(alias, n string) string {
 	// The merge's rule (merge_decide.go): a check that compares content
 	// fails when the target holds another form of an equal value.
 	return ExactCompare(c.Cols[n], alias+"."+sqlgen.Ident(n))
@@ -61,7 +61,7 @@ func (c *PgCheck) cmpExpr(alias, n string) string {
 // type the checks compare: floats, numerics, timestamps compare their
 // full values, never a rounded form. The database's default collation is
 // always deterministic.
-func (c *PgCheck) exactForm(n, e string) string {
+func (c *PGCheck) exactForm(n, e string) string {
 	col := c.Cols[n]
 	switch {
 	case col.BaseType == "citext":
@@ -80,20 +80,20 @@ var collatable = map[string]bool{"text": true, "varchar": true, "bpchar": true, 
 
 // exactlyEqual reports whether the check compares column n through
 // exactForm, in another form than its own equality.
-func (c *PgCheck) exactlyEqual(n string) bool {
+func (c *PGCheck) exactlyEqual(n string) bool {
 	return c.exactForm(n, "x") != "x"
 }
 
 // diffs returns a text[] expression naming the content columns in which
 // rows a and b differ (NULL-safe), compared as cmpExpr renders them.
-func (c *PgCheck) diffs(a, b string) string { return diffsExpr(a, b, c.Content(), c.cmpExpr) }
+func (c *PGCheck) diffs(a, b string) string { return diffsExpr(a, b, c.Content(), c.cmpExpr) }
 
 // SourceWins returns the condition under which the merge must have made
 // target row t equal to staged row s: "true" but for Upsert TargetWins
 // ("false": the target keeps its content) and NewerVersionWins (the
 // merge's rule, newerVersionWins, on the Tracked columns compared as
 // cmpExpr renders them).
-func (c *PgCheck) SourceWins(s, t string) string {
+func (c *PGCheck) SourceWins(s, t string) string {
 	tg := c.scope.Info.Target
 	if tg.Mode != backfilltype.Upsert && tg.Mode != "" {
 		return "true"
@@ -110,7 +110,7 @@ func (c *PgCheck) SourceWins(s, t string) string {
 // ChunkRows returns the condition selecting the chunk's target rows
 // (alias): by ChunkColumn bounds when the job has one, by staged identity
 // otherwise; how says which.
-func (c *PgCheck) ChunkRows(alias string, a *SQLArgs) (cond, how string, err error) {
+func (c *PGCheck) ChunkRows(alias string, a *SQLArgs) (cond, how string, err error) {
 	if c.scope.ChunkColumn != "" {
 		cond, err := c.InChunk(alias, a)
 		return cond, "ChunkColumn " + c.scope.ChunkColumn + " in " + c.scope.Chunk.String(), err
@@ -122,7 +122,7 @@ func (c *PgCheck) ChunkRows(alias string, a *SQLArgs) (cond, how string, err err
 // chunk's half-open interval, as the row writer checks it: instants for
 // time chunks, a wall-clock column (timestamp, date) read in Job.Zone —
 // by converting the bounds, so that an index on the column serves.
-func (c *PgCheck) InChunk(alias string, a *SQLArgs) (string, error) {
+func (c *PGCheck) InChunk(alias string, a *SQLArgs) (string, error) {
 	ch := c.scope.Chunk
 	col := alias + "." + sqlgen.Ident(c.scope.ChunkColumn)
 	switch ch.Kind {
@@ -160,7 +160,7 @@ func (a *SQLArgs) Bind(v any) string {
 // once among the chunk's target rows (chunkRows, of alias c), or, with
 // acrossTarget, among all target rows that share a key with them; rows
 // with a NULL in cols are no duplicates.
-func (c *PgCheck) DuplicateKeysSQL(cols []string, chunkRows string, acrossTarget bool) string {
+func (c *PGCheck) DuplicateKeysSQL(cols []string, chunkRows string, acrossTarget bool) string {
 	notNull := make([]string, len(cols))
 	for i, n := range cols {
 		notNull[i] = "c." + sqlgen.Ident(n) + " IS NOT NULL"
@@ -180,7 +180,7 @@ ORDER BY {xcols} LIMIT {max}`,
 
 // MissingFromTargetSQL lists (k, n) the staged identities the target
 // lacks.
-func (c *PgCheck) MissingFromTargetSQL() string {
+func (c *PGCheck) MissingFromTargetSQL() string {
 	id := c.scope.Info.Identity()
 	return SQLf(`SELECT ROW({sid})::text AS k, count(*) OVER () AS n FROM {staging} s
 WHERE NOT EXISTS (SELECT 1 FROM {target} t WHERE {ts}) ORDER BY {sid} LIMIT {max}`,
@@ -190,7 +190,7 @@ WHERE NOT EXISTS (SELECT 1 FROM {target} t WHERE {ts}) ORDER BY {sid} LIMIT {max
 // DifferingContentSQL lists (k, n) the staged rows whose target row holds
 // Other content where the staged row wins (wins, see sourceWins), with
 // the columns that differ.
-func (c *PgCheck) DifferingContentSQL(wins string) string {
+func (c *PGCheck) DifferingContentSQL(wins string) string {
 	id := c.scope.Info.Identity()
 	return SQLf(`SELECT ROW({xid})::text || ': ' || array_to_string(x._backfill_diffs, ', ') AS k, count(*) OVER () AS n
 FROM (SELECT {sid}, {diffs} AS _backfill_diffs FROM {staging} s JOIN {target} t ON {ts} WHERE {wins}) x
@@ -201,7 +201,7 @@ WHERE cardinality(x._backfill_diffs) > 0 ORDER BY {xid} LIMIT {max}`,
 
 // MissingFromStagingSQL lists (k, n) the chunk's target rows (bounds, of
 // alias t) whose identity is not staged.
-func (c *PgCheck) MissingFromStagingSQL(bounds string) string {
+func (c *PGCheck) MissingFromStagingSQL(bounds string) string {
 	id := c.scope.Info.Identity()
 	return SQLf(`SELECT ROW({tid})::text AS k, count(*) OVER () AS n FROM {target} t
 WHERE {bounds} AND NOT EXISTS (SELECT 1 FROM {staging} s WHERE {ts}) ORDER BY {tid} LIMIT {max}`,
@@ -211,7 +211,7 @@ WHERE {bounds} AND NOT EXISTS (SELECT 1 FROM {staging} s WHERE {ts}) ORDER BY {t
 
 // OrphansSQL lists (k, n) the chunk's target rows whose cols, all not
 // NULL, name no row of parentTable in parentCols.
-func (c *PgCheck) OrphansSQL(cols []string, parentTable string, parentCols []string) string {
+func (c *PGCheck) OrphansSQL(cols []string, parentTable string, parentCols []string) string {
 	id := c.scope.Info.Identity()
 	notNull := make([]string, len(cols))
 	match := make([]string, len(cols))
@@ -231,7 +231,7 @@ ORDER BY {tid} LIMIT {max}`,
 // SampleSQL lists (k, missing, diffs) for the n staged rows with the
 // smallest md5 of their identity and seed: whether the target lacks the
 // row, and the columns that differ where the staged row wins (wins).
-func (c *PgCheck) SampleSQL(n int, seed int64, wins string, a *SQLArgs) string {
+func (c *PGCheck) SampleSQL(n int, seed int64, wins string, a *SQLArgs) string {
 	id := c.scope.Info.Identity()
 	diffs := "ARRAY[]::text[]"
 	if wins != "false" {
@@ -253,7 +253,7 @@ ORDER BY s._backfill_order, {sid}`,
 // (groups, differing, grp, _sn, _tn, ss, ts, _sz, _tz, _mbad): the counts,
 // then one differing group per row (up to maxSample), or one row of NULLs
 // when no group differs. Tolerances are bound in a.
-func (c *PgCheck) AggregatesSQL(day func(alias string) string, dims []string, measures []backfilltype.Measure, a *SQLArgs) string {
+func (c *PGCheck) AggregatesSQL(day func(alias string) string, dims []string, measures []backfilltype.Measure, a *SQLArgs) string {
 	var gcols []string
 	n := len(dims)
 	if day != nil {
@@ -324,7 +324,7 @@ FROM (SELECT 1) one LEFT JOIN LATERAL (
 // changes the sum. NaN and the infinities (float and numeric) are
 // counted apart instead of summed, because one NaN would make both sums
 // NaN and hide every other difference; the finite values are summed.
-func (c *PgCheck) aggregatesSideSQL(day func(alias string) string, dims []string, measures []backfilltype.Measure, alias string, side int) string {
+func (c *PGCheck) aggregatesSideSQL(day func(alias string) string, dims []string, measures []backfilltype.Measure, alias string, side int) string {
 	var groups []string
 	if day != nil {
 		groups = append(groups, day(alias))
@@ -386,7 +386,7 @@ func (c *PgCheck) aggregatesSideSQL(day func(alias string) string, dims []string
 
 // FingerprintStagingSQL counts the staged rows and sums their row hashes
 // of cols (see rowHashSQL).
-func (c *PgCheck) FingerprintStagingSQL(cols []string) string {
+func (c *PGCheck) FingerprintStagingSQL(cols []string) string {
 	return SQLf(`SELECT count(*) AS rows, coalesce(sum({hash}), 0)::text AS hash_sum FROM {staging} s`,
 		"hash", RowHashSQL(c.scope.Info, cols, "s"), "staging", c.Staging)
 }
@@ -394,7 +394,7 @@ func (c *PgCheck) FingerprintStagingSQL(cols []string) string {
 // FingerprintTargetSQL counts the chunk's target rows and sums their row
 // hashes of cols: the rows within bounds (a condition on alias t), or,
 // for bounds "", the target rows of the staged identities.
-func (c *PgCheck) FingerprintTargetSQL(cols []string, bounds string) string {
+func (c *PGCheck) FingerprintTargetSQL(cols []string, bounds string) string {
 	if bounds == "" {
 		return SQLf(`SELECT count(*) AS rows, coalesce(sum({hash}), 0)::text AS hash_sum FROM {staging} s JOIN {target} t ON {ts}`,
 			"hash", RowHashSQL(c.scope.Info, cols, "t"), "staging", c.Staging, "target", c.target, "ts", c.idMatch("t", "s"))

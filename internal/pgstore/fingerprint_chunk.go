@@ -327,7 +327,7 @@ func TargetFingerprintKeys(ctx context.Context, tx sqlx.ExtContext, info backfil
 // KeysJoin returns the FROM clause of the target rows (alias t) whose
 // Identity is among keys, sent as text arrays (bind parameters added to
 // a), each cast to its column's type.
-func KeysJoin(pc *PgCheck, keys [][]string, a *SQLArgs) string {
+func KeysJoin(pc *PGCheck, keys [][]string, a *SQLArgs) string {
 	identity := pc.scope.Info.Identity()
 	arrays, names, on := make([]string, len(identity)), make([]string, len(identity)), make([]string, len(identity))
 	for i, n := range identity {
@@ -344,7 +344,7 @@ func KeysJoin(pc *PgCheck, keys [][]string, a *SQLArgs) string {
 // query for scope, and the columns hashed: every column of the target,
 // Identity first. It returns an error wrapping [ErrUnsupported] when a
 // column has no fingerprint.
-func TargetFingerprintCheck(info backfilltype.TableInfo, scope backfilldriver.ValidationScope) (*PgCheck, []string, error) {
+func TargetFingerprintCheck(info backfilltype.TableInfo, scope backfilldriver.ValidationScope) (*PGCheck, []string, error) {
 	c := scope.Chunk
 	pc, err := NewPGCheck("target fingerprint", backfilltype.SeverityError, scope)
 	if err != nil {
@@ -393,7 +393,7 @@ var settingsFreeText = map[string]bool{"text": true, "varchar": true, "bpchar": 
 // (settingsFreeText). Those hashed by their type's function (hashKind
 // "func") read none: by the binary value, timestamptz AT TIME ZONE 'UTC'
 // named in the expression, the reg* types by OID.
-func HashReadsSettings(pc *PgCheck, cols []string) bool {
+func HashReadsSettings(pc *PGCheck, cols []string) bool {
 	for _, n := range cols {
 		col := pc.Cols[n]
 		switch HashKind(col) {
