@@ -339,35 +339,63 @@ func dumpValue(b *strings.Builder, v reflect.Value, depth int) {
 		}
 		dumpValue(b, v.Elem(), depth+1)
 	case reflect.Struct:
-		b.WriteString("{")
-		for i := range v.NumField() {
-			if i > 0 {
-				b.WriteString(" ")
-			}
-			b.WriteString(v.Type().Field(i).Name + ":")
-			dumpValue(b, v.Field(i), depth+1)
-		}
-		b.WriteString("}")
+		dumpStruct(b, v, depth)
 	case reflect.Slice, reflect.Array:
-		b.WriteString("[")
-		for i := range min(v.Len(), 100) {
-			if i > 0 {
-				b.WriteString(" ")
-			}
-			dumpValue(b, v.Index(i), depth+1)
-		}
-		b.WriteString("]")
+		dumpList(b, v, depth)
 	case reflect.Map:
-		entries := make([]string, 0, v.Len())
-		for it := v.MapRange(); it.Next(); {
-			var e strings.Builder
-			dumpValue(&e, it.Key(), depth+1)
-			e.WriteString(":")
-			dumpValue(&e, it.Value(), depth+1)
-			entries = append(entries, e.String())
+		dumpMap(b, v, depth)
+	default:
+		dumpScalar(b, v)
+	}
+}
+
+// dumpStruct writes the struct v as dumpValue does: "{Name:value ...}",
+// every field in declaration order, each field at depth+1.
+func dumpStruct(b *strings.Builder, v reflect.Value, depth int) {
+	b.WriteString("{")
+	for i := range v.NumField() {
+		if i > 0 {
+			b.WriteString(" ")
 		}
-		slices.Sort(entries)
-		b.WriteString("map[" + strings.Join(entries, " ") + "]")
+		b.WriteString(v.Type().Field(i).Name + ":")
+		dumpValue(b, v.Field(i), depth+1)
+	}
+	b.WriteString("}")
+}
+
+// dumpList writes the slice or array v as dumpValue does: "[e ...]", its
+// first 100 elements at most, each at depth+1.
+func dumpList(b *strings.Builder, v reflect.Value, depth int) {
+	b.WriteString("[")
+	for i := range min(v.Len(), 100) {
+		if i > 0 {
+			b.WriteString(" ")
+		}
+		dumpValue(b, v.Index(i), depth+1)
+	}
+	b.WriteString("]")
+}
+
+// dumpMap writes the map v as dumpValue does: "map[k:v ...]", the entries
+// (keys and values at depth+1) sorted by their text.
+func dumpMap(b *strings.Builder, v reflect.Value, depth int) {
+	entries := make([]string, 0, v.Len())
+	for it := v.MapRange(); it.Next(); {
+		var e strings.Builder
+		dumpValue(&e, it.Key(), depth+1)
+		e.WriteString(":")
+		dumpValue(&e, it.Value(), depth+1)
+		entries = append(entries, e.String())
+	}
+	slices.Sort(entries)
+	b.WriteString("map[" + strings.Join(entries, " ") + "]")
+}
+
+// dumpScalar writes a value v of no other kind dumpValue handles: a
+// channel or unsafe pointer by its type, a string quoted, a bool or a
+// number in fmt's default format; nothing for any other kind.
+func dumpScalar(b *strings.Builder, v reflect.Value) {
+	switch v.Kind() {
 	case reflect.Chan, reflect.UnsafePointer:
 		b.WriteString(v.Type().String())
 	case reflect.String:

@@ -296,20 +296,38 @@ func (r *Runner) checkRunPrivileges(ctx context.Context, job Job, info TableInfo
 
 func (r *Runner) runPrivileges(ctx context.Context, c *privilegeChecker, pm *PGManifest, target bool, job Job, info TableInfo) error {
 	if pm != nil {
-		missing, _, err := pm.MissingPrivileges(ctx, c.db)
-		if err != nil {
+		if err := c.runManifest(ctx, pm, job); err != nil {
 			return err
-		}
-		c.missing = append(c.missing, missing...)
-		if job.Publish.Mode == PublishAtEnd {
-			if err := c.schema(ctx, pm.SchemaName, "CREATE", "the run's staging table (PublishAtEnd)"); err != nil {
-				return err
-			}
 		}
 	}
 	if !target {
 		return nil
 	}
+	return c.runTarget(ctx, job, info)
+}
+
+// runManifest adds the manifest's missing privileges and, for
+// [PublishAtEnd], CREATE on the manifest's schema (the run's staging
+// table).
+func (c *privilegeChecker) runManifest(ctx context.Context, pm *PGManifest, job Job) error {
+	missing, _, err := pm.MissingPrivileges(ctx, c.db)
+	if err != nil {
+		return err
+	}
+	c.missing = append(c.missing, missing...)
+	if job.Publish.Mode == PublishAtEnd {
+		if err := c.schema(ctx, pm.SchemaName, "CREATE", "the run's staging table (PublishAtEnd)"); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// runTarget checks what a run of job needs on the target of info:
+// SELECT, INSERT on the written columns, UPDATE in History mode, USAGE on
+// the sequences of unwritten serial columns, and what the publish mode
+// needs (runPublish). A target that does not exist yet needs nothing.
+func (c *privilegeChecker) runTarget(ctx context.Context, job Job, info TableInfo) error {
 	t := info.Target
 	oid, err := relationOID(ctx, c.db, t.Table)
 	if err != nil || oid == 0 {
@@ -338,35 +356,52 @@ func (r *Runner) runPrivileges(ctx context.Context, c *privilegeChecker, pm *PGM
 	if err != nil {
 		return err
 	}
+	return c.runPublish(ctx, job, t.Table, oid, schema)
+}
+
+// runPublish checks what job's publish mode needs of the target table
+// (its oid, in schema): CREATE on schema and ownership of the target for
+// [PublishPartitionSwap]; CREATE on schema and the view's schema, and
+// ownership of the view once it exists, for [PublishVersionedView].
+// Other modes need nothing here.
+func (c *privilegeChecker) runPublish(ctx context.Context, job Job, table string, oid int64, schema string) error {
 	switch job.Publish.Mode {
 	case PublishPartitionSwap:
 		if err := c.schema(ctx, schema, "CREATE", "the partitions PublishPartitionSwap creates"); err != nil {
 			return err
 		}
-		if err := c.owner(ctx, oid, "table", t.Table, "PublishPartitionSwap detaches and attaches its partitions"); err != nil {
+		if err := c.owner(ctx, oid, "table", table, "PublishPartitionSwap detaches and attaches its partitions"); err != nil {
 			return err
 		}
 	case PublishVersionedView:
-		if err := c.schema(ctx, schema, "CREATE", "the table versions PublishVersionedView creates"); err != nil {
+		return c.runVersionedView(ctx, job.Publish.View, schema)
+	}
+	return nil
+}
+
+// runVersionedView checks what [PublishVersionedView] needs: CREATE on
+// the target's schema (the table versions) and on the schema of view when
+// it differs, and ownership of view once it exists.
+func (c *privilegeChecker) runVersionedView(ctx context.Context, view, schema string) error {
+	if err := c.schema(ctx, schema, "CREATE", "the table versions PublishVersionedView creates"); err != nil {
+		return err
+	}
+	vs, err := schemaOf(ctx, c.db, view)
+	if err != nil {
+		return err
+	}
+	if vs != schema {
+		if err := c.schema(ctx, vs, "CREATE", "the view PublishVersionedView creates"); err != nil {
 			return err
 		}
-		vs, err := schemaOf(ctx, c.db, job.Publish.View)
-		if err != nil {
+	}
+	viewOID, err := relationOID(ctx, c.db, view)
+	if err != nil {
+		return err
+	}
+	if viewOID != 0 {
+		if err := c.owner(ctx, viewOID, "view", view, "PublishVersionedView replaces the view"); err != nil {
 			return err
-		}
-		if vs != schema {
-			if err := c.schema(ctx, vs, "CREATE", "the view PublishVersionedView creates"); err != nil {
-				return err
-			}
-		}
-		view, err := relationOID(ctx, c.db, job.Publish.View)
-		if err != nil {
-			return err
-		}
-		if view != 0 {
-			if err := c.owner(ctx, view, "view", job.Publish.View, "PublishVersionedView replaces the view"); err != nil {
-				return err
-			}
 		}
 	}
 	return nil

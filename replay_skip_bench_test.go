@@ -116,7 +116,7 @@ func BenchmarkTargetFingerprint(b *testing.B) {
 					return err
 				}
 				b.StartTimer()
-				fp, err := pgstore.TargetFingerprintMerged(ctx, tx, info, "id", nil, "bench_stage", c)
+				fp, err := pgstore.TargetFingerprintMerged(ctx, tx, pgstore.TargetFingerprintMergedParams{Info: info, ChunkColumn: "id", Zone: nil, Staging: "bench_stage", Chunk: c})
 				b.StopTimer()
 				if err == nil && (fp.Rows != chunk || fp.Stray != 0) {
 					err = fmt.Errorf("%d rows, %d stray", fp.Rows, fp.Stray)

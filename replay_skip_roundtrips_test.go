@@ -136,7 +136,7 @@ func TestTargetFingerprintIgnoresSessionSettings(t *testing.T) {
 				return err
 			}
 			var err error
-			merged, err = pgstore.TargetFingerprintMerged(ctx, tx, info, "id", nil, "st", c)
+			merged, err = pgstore.TargetFingerprintMerged(ctx, tx, pgstore.TargetFingerprintMergedParams{Info: info, ChunkColumn: "id", Zone: nil, Staging: "st", Chunk: c})
 			return err
 		}))
 		require.Zero(t, merged.Stray, tc.table)

@@ -80,18 +80,50 @@ func runJob(run Run) (Job, error) {
 // publish mode or a zone this version does not know) is reported with
 // the value.
 func PlanJob(plan Plan) (Job, error) {
-	missing := func(field, why string) error {
-		return fmt.Errorf("%w: %q is empty in the plan of job %q: %s", ErrPlanIncomplete, field, plan.Job, why)
-	}
 	if plan.Job == "" {
 		return Job{}, fmt.Errorf("%w: %q is empty in the plan", ErrPlanIncomplete, "job")
 	}
 	if plan.Target.Table == "" {
-		return Job{}, missing("target.table", "the table to roll back")
+		return Job{}, planMissing(plan, "target.table", "the table to roll back")
 	}
 	if plan.Rollback == "" {
-		return Job{}, missing("rollback", "the rollback mechanism decided when the run started")
+		return Job{}, planMissing(plan, "rollback", "the rollback mechanism decided when the run started")
 	}
+	t, err := planTarget(plan)
+	if err != nil {
+		return Job{}, err
+	}
+	job := Job{Name: plan.Job, Source: plan.Source, CodeVersion: plan.CodeVersion, Target: t, Rollback: plan.Rollback}
+	if err := applyPlanTime(&job, plan); err != nil {
+		return Job{}, err
+	}
+	if plan.Publish != "" {
+		pub, err := planPublish(plan)
+		if err != nil {
+			return Job{}, err
+		}
+		job.Publish = pub
+	}
+	if plan.Rollback == RollbackUndoLog {
+		if err := checkUndoLogPlan(plan); err != nil {
+			return Job{}, err
+		}
+	}
+	return job, nil
+}
+
+// planMissing returns the error wrapping [ErrPlanIncomplete] that names
+// field as empty in the plan of plan.Job, with why the rollback needs it.
+func planMissing(plan Plan, field, why string) error {
+	return fmt.Errorf("%w: %q is empty in the plan of job %q: %s", ErrPlanIncomplete, field, plan.Job, why)
+}
+
+// planTarget rebuilds the job's [Target] from plan.Target: table, key,
+// columns, mode, duplicates, conflict, version, interval columns, hash
+// column, lineage (Off when the plan names neither lineage column) and the
+// derived keys' rules. An unreadable derive rule is an error wrapping
+// [ErrPlanIncomplete].
+func planTarget(plan Plan) (Target, error) {
 	pt := plan.Target
 	t := Target{Table: pt.Table, Key: pt.Key, Columns: pt.Columns, Mode: pt.Mode, Duplicates: pt.Duplicates,
 		Conflict: pt.Conflict, Version: pt.Version, ValidFrom: pt.ValidFrom, ValidTo: pt.ValidTo, HashColumn: pt.HashColumn,
@@ -102,54 +134,77 @@ func PlanJob(plan Plan) (Job, error) {
 	for _, s := range pt.Derive {
 		k, err := parseKeyRule(s)
 		if err != nil {
-			return Job{}, fmt.Errorf("%w: target.derive of job %q: %w", ErrPlanIncomplete, plan.Job, err)
+			return Target{}, fmt.Errorf("%w: target.derive of job %q: %w", ErrPlanIncomplete, plan.Job, err)
 		}
 		t.Derive = append(t.Derive, k)
 	}
-	job := Job{Name: plan.Job, Source: plan.Source, CodeVersion: plan.CodeVersion, Target: t, Rollback: plan.Rollback}
-	if pm := plan.Time; pm != nil {
-		job.ChunkColumn, job.DateMeaning = pm.ChunkColumn, pm.DateMeaning
-		job.Target.EventTime, job.Target.ModifiedAt, job.Target.IngestedAt = pm.EventTime, pm.ModifiedAt, pm.IngestedAt
-		if pm.Zone != "" {
-			z, err := time.LoadLocation(pm.Zone)
-			if err != nil {
-				return Job{}, fmt.Errorf("%w: time.zone %q of job %q: %w", ErrPlanIncomplete, pm.Zone, plan.Job, err)
-			}
-			job.Zone = z
-		}
+	return t, nil
+}
+
+// applyPlanTime sets job's ChunkColumn, DateMeaning, Zone and the target's
+// time columns from plan.Time; a plan without Time leaves job unchanged.
+// A zone the time package cannot load is an error wrapping
+// [ErrPlanIncomplete].
+func applyPlanTime(job *Job, plan Plan) error {
+	pm := plan.Time
+	if pm == nil {
+		return nil
 	}
-	if plan.Publish != "" {
-		mode, view, _ := strings.Cut(plan.Publish, ":")
-		job.Publish = Publish{Mode: PublishMode(mode), View: view}
-		switch job.Publish.Mode {
-		case PublishAtEnd, PublishPartitionSwap:
-		case PublishVersionedView:
-			if view == "" {
-				return Job{}, missing("publish", "the view of the versioned view to switch back")
-			}
-		default:
-			return Job{}, fmt.Errorf("%w: publish %q of job %q: unknown publish mode %q", ErrPlanIncomplete, plan.Publish, plan.Job, mode)
+	job.ChunkColumn, job.DateMeaning = pm.ChunkColumn, pm.DateMeaning
+	job.Target.EventTime, job.Target.ModifiedAt, job.Target.IngestedAt = pm.EventTime, pm.ModifiedAt, pm.IngestedAt
+	if pm.Zone != "" {
+		z, err := time.LoadLocation(pm.Zone)
+		if err != nil {
+			return fmt.Errorf("%w: time.zone %q of job %q: %w", ErrPlanIncomplete, pm.Zone, plan.Job, err)
 		}
+		job.Zone = z
 	}
-	if plan.Rollback == RollbackUndoLog {
-		switch {
-		case len(pt.Key) == 0:
-			return Job{}, missing("target.key", "the business key the undo log is matched by")
-		case pt.Mode == "":
-			return Job{}, missing("target.mode", "the merge mode the batch was written with")
-		case pt.InsertedBy == "":
-			return Job{}, missing("target.inserted_by", "the lineage column that finds the rows the batch inserted")
-		case pt.UpdatedBy == "":
-			return Job{}, missing("target.updated_by", "the lineage column that finds the rows later batches changed")
-		case pt.Mode == History && pt.ValidFrom == "":
-			return Job{}, missing("target.valid_from", "History mode's interval start")
-		case pt.Mode == History && pt.ValidTo == "":
-			return Job{}, missing("target.valid_to", "History mode's interval end")
-		case pt.Mode == Keyless && len(pt.Derive) == 0:
-			return Job{}, missing("target.derive", "Keyless mode's derived key columns")
+	return nil
+}
+
+// planPublish reads back the non-empty plan.Publish ("mode" or
+// "mode:view") as a [Publish]. A versioned view without its view, or a
+// mode this version does not know, is an error wrapping
+// [ErrPlanIncomplete].
+func planPublish(plan Plan) (Publish, error) {
+	mode, view, _ := strings.Cut(plan.Publish, ":")
+	pub := Publish{Mode: PublishMode(mode), View: view}
+	switch pub.Mode {
+	case PublishAtEnd, PublishPartitionSwap:
+	case PublishVersionedView:
+		if view == "" {
+			return Publish{}, planMissing(plan, "publish", "the view of the versioned view to switch back")
 		}
+	default:
+		return Publish{}, fmt.Errorf("%w: publish %q of job %q: unknown publish mode %q", ErrPlanIncomplete, plan.Publish, plan.Job, mode)
 	}
-	return job, nil
+	return pub, nil
+}
+
+// checkUndoLogPlan reports, as an error wrapping [ErrPlanIncomplete], the
+// first field a [RollbackUndoLog] rollback needs that plan.Target lacks:
+// key, mode, both lineage columns, and by mode the interval columns
+// (History) or the derived keys (Keyless). It returns nil when none is
+// missing.
+func checkUndoLogPlan(plan Plan) error {
+	pt := plan.Target
+	switch {
+	case len(pt.Key) == 0:
+		return planMissing(plan, "target.key", "the business key the undo log is matched by")
+	case pt.Mode == "":
+		return planMissing(plan, "target.mode", "the merge mode the batch was written with")
+	case pt.InsertedBy == "":
+		return planMissing(plan, "target.inserted_by", "the lineage column that finds the rows the batch inserted")
+	case pt.UpdatedBy == "":
+		return planMissing(plan, "target.updated_by", "the lineage column that finds the rows later batches changed")
+	case pt.Mode == History && pt.ValidFrom == "":
+		return planMissing(plan, "target.valid_from", "History mode's interval start")
+	case pt.Mode == History && pt.ValidTo == "":
+		return planMissing(plan, "target.valid_to", "History mode's interval end")
+	case pt.Mode == Keyless && len(pt.Derive) == 0:
+		return planMissing(plan, "target.derive", "Keyless mode's derived key columns")
+	}
+	return nil
 }
 
 // parseKeyRule reads back the key column and source column of a

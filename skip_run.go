@@ -315,7 +315,7 @@ func (ex *execution) recordAfterMerge(ctx context.Context, tx backfilldriver.Tx,
 	if !ok {
 		return nil
 	}
-	tfp, err := pgstore.TargetFingerprintMerged(ctx, tx, info, ex.job.ChunkColumn, ex.job.Zone, st.StagingTable(), c)
+	tfp, err := pgstore.TargetFingerprintMerged(ctx, tx, pgstore.TargetFingerprintMergedParams{Info: info, ChunkColumn: ex.job.ChunkColumn, Zone: ex.job.Zone, Staging: st.StagingTable(), Chunk: c})
 	if err != nil {
 		return err
 	}

@@ -55,17 +55,59 @@ type throttler struct {
 // returns, so a signal already high holds the first claim.
 func (ex *execution) startThrottle(ctx context.Context) {
 	cfg := ex.r.cfg
-	if tm := ex.r.caps.throttle; tm != nil && cfg.JobConcurrency > 0 {
-		err := ex.retryConn(ctx, "create job slots", func() error { return tm.EnsureSlots(ctx, ex.r.db, ex.batchID, cfg.JobConcurrency) })
-		if err != nil {
-			ex.fail(nil, fmt.Errorf("backfill: job %q batch %d: job concurrency slots: %w", ex.job.Name, ex.batchID, err))
-			return
-		}
+	if err := ex.ensureJobSlots(ctx); err != nil {
+		ex.fail(nil, err)
+		return
 	}
-	adapt := slices.ContainsFunc(cfg.Throttles, func(th backfillthrottle.Throttle) bool { return th.Adapt })
 	if len(cfg.Throttles) == 0 && cfg.RowsPerSecond <= 0 && ex.ctl == nil {
 		return
 	}
+	t := newThrottler(ex)
+	var poke chan struct{}
+	if ex.ctl != nil {
+		poke = ex.ctl.poke
+	}
+	ex.throttle = t
+	mctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	t.initial = true
+	t.check(mctx)
+	t.initial = false
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		t.monitor(ctx, mctx, poke)
+	}()
+	t.stop = func() {
+		cancel()
+		wg.Wait()
+		t.endOpen(ctx)
+	}
+}
+
+// ensureJobSlots creates the run's job concurrency slots when the Runner
+// has a throttle manifest and Config.JobConcurrency is set. It returns
+// the error the call fails with when they cannot be created, else nil.
+func (ex *execution) ensureJobSlots(ctx context.Context) error {
+	cfg := ex.r.cfg
+	tm := ex.r.caps.throttle
+	if tm == nil || cfg.JobConcurrency <= 0 {
+		return nil
+	}
+	err := ex.retryConn(ctx, "create job slots", func() error { return tm.EnsureSlots(ctx, ex.r.db, ex.batchID, cfg.JobConcurrency) })
+	if err != nil {
+		return fmt.Errorf("backfill: job %q batch %d: job concurrency slots: %w", ex.job.Name, ex.batchID, err)
+	}
+	return nil
+}
+
+// newThrottler returns ex's throttle state, not yet started: one
+// hysteresis per configured throttle, no open period, and a pacer capped
+// at Config.RowsPerSecond, or unlimited (a live knob) with an adaptive
+// throttle or the control plane, or none.
+func newThrottler(ex *execution) *throttler {
+	cfg := ex.r.cfg
+	adapt := slices.ContainsFunc(cfg.Throttles, func(th backfillthrottle.Throttle) bool { return th.Adapt })
 	t := &throttler{ex: ex, interval: cfg.throttleInterval(), now: time.Now, changed: make(chan struct{})}
 	for _, th := range cfg.Throttles {
 		t.states = append(t.states, &hysteresis{th: th, cfgHigh: th.High, cfgLow: th.Low})
@@ -80,47 +122,41 @@ func (ex *execution) startThrottle(ctx context.Context) {
 		// pacer until it is set.
 		t.pace = newPacer(math.Inf(1))
 	}
-	var poke chan struct{}
-	if ex.ctl != nil {
-		poke = ex.ctl.poke
+	return t
+}
+
+// monitor checks the signals with mctx every interval and at every poke,
+// until mctx or ctx is done.
+func (t *throttler) monitor(ctx, mctx context.Context, poke <-chan struct{}) {
+	tk := time.NewTicker(t.interval)
+	defer tk.Stop()
+	for {
+		select {
+		case <-mctx.Done():
+			return
+		case <-ctx.Done():
+			return
+		case <-tk.C:
+		case <-poke:
+		}
+		t.check(mctx)
 	}
-	ex.throttle = t
-	mctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	t.initial = true
-	t.check(mctx)
-	t.initial = false
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		tk := time.NewTicker(t.interval)
-		defer tk.Stop()
-		for {
-			select {
-			case <-mctx.Done():
-				return
-			case <-ctx.Done():
-				return
-			case <-tk.C:
-			case <-poke:
-			}
-			t.check(mctx)
+}
+
+// endOpen ends what is still open when the call stops: it traces the
+// release of every state that holds and closes every open throttle
+// period, whatever ctx's state.
+func (t *throttler) endOpen(ctx context.Context) {
+	// Holds still open end with the call.
+	for _, h := range t.states {
+		if h.held {
+			t.ex.traceThrottle(ctx, backfilltrace.ThrottleData{Event: backfilltrace.ThrottleRelease, Signal: h.th.Signal.Name(), Value: h.value,
+				High: h.th.High, Low: h.th.EffectiveLow(), Held: t.now().Sub(h.since)})
 		}
-	}()
-	t.stop = func() {
-		cancel()
-		wg.Wait()
-		// Holds still open end with the call.
-		for _, h := range t.states {
-			if h.held {
-				ex.traceThrottle(ctx, backfilltrace.ThrottleData{Event: backfilltrace.ThrottleRelease, Signal: h.th.Signal.Name(), Value: h.value,
-					High: h.th.High, Low: h.th.EffectiveLow(), Held: t.now().Sub(h.since)})
-			}
-		}
-		for i, id := range t.periods {
-			if id != 0 {
-				t.closePeriod(context.WithoutCancel(ctx), i, t.states[i].value)
-			}
+	}
+	for i, id := range t.periods {
+		if id != 0 {
+			t.closePeriod(context.WithoutCancel(ctx), i, t.states[i].value)
 		}
 	}
 }
@@ -352,18 +388,8 @@ func (t *throttler) pauseRun(ctx context.Context, h *hysteresis, v float64) {
 // rows-per-second debt lasts. It returns ctx's error, or nil (also when
 // the call stops meanwhile: the caller checks).
 func (t *throttler) wait(ctx context.Context) error {
-	for {
-		t.mu.Lock()
-		held, ch := t.held, t.changed
-		t.mu.Unlock()
-		if held == 0 || t.ex.stopped() {
-			break
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-ch:
-		}
+	if err := t.waitRelease(ctx); err != nil {
+		return err
 	}
 	if t.pace == nil {
 		return nil
@@ -376,55 +402,7 @@ func (t *throttler) wait(ctx context.Context) error {
 		if d <= 0 {
 			return nil
 		}
-		lim := t.pace.limit()
-		t.ex.log.Debug("backfill: rows-per-second cap: waiting", "wait", d, "rows_per_second", lim)
-		var id int64
-		sig := RateSignalName
-		tm := t.ex.r.caps.throttle
-		if d >= t.interval && tm != nil {
-			// A wait of an interval or more is a throttle period too,
-			// of the adaptive throttle that cut the rate if one did.
-			p := backfilltype.ThrottlePeriod{BatchID: t.ex.batchID, WorkerKey: t.workerKey(), Signal: RateSignalName,
-				Reason: fmt.Sprintf("rows-per-second cap %g (this worker's share), waiting %v", lim, d.Round(time.Millisecond)),
-				Value:  finite(lim), High: finite(lim), Low: finite(lim)}
-			t.mu.Lock()
-			if h := t.cutByLocked(); h != nil {
-				p.Signal, p.Value, p.High, p.Low = h.th.Signal.Name(), finite(h.value), finite(h.th.High), finite(h.th.EffectiveLow())
-				p.Reason = fmt.Sprintf("%s %g at or above high watermark %g: rate cut to %.0f rows/s (%.0f %% of %.0f), waiting %v",
-					p.Signal, h.value, h.th.High, lim, 100*h.factor, t.ceilingLocked(), d.Round(time.Millisecond))
-			}
-			t.mu.Unlock()
-			sig = p.Signal
-			var err error
-			if id, err = tm.OpenPeriod(ctx, t.ex.r.db, p); err != nil {
-				t.ex.log.Warn("backfill: throttle period not recorded", "signal", p.Signal, "error", err)
-			}
-		}
-		// The wait ends early when the call's state changes (a pause, a
-		// cancel, a hold) or a knob does (the cap lifted or changed):
-		// the loop then looks again.
-		t.mu.Lock()
-		changed := t.changed
-		t.mu.Unlock()
-		var knobs <-chan struct{}
-		if t.ex.ctl != nil {
-			knobs = t.ex.ctl.wakeCh()
-		}
-		timer := time.NewTimer(d)
-		began := t.now()
-		select {
-		case <-ctx.Done():
-		case <-timer.C:
-		case <-changed:
-		case <-knobs:
-		}
-		timer.Stop()
-		t.ex.traceThrottle(ctx, backfilltrace.ThrottleData{Event: backfilltrace.ThrottleWait, Signal: sig, Value: lim, High: lim, Low: lim, Held: t.now().Sub(began)})
-		if id != 0 {
-			if err := tm.ClosePeriod(context.WithoutCancel(ctx), t.ex.r.db, id, finite(lim)); err != nil {
-				t.ex.log.Warn("backfill: end of throttle period not recorded", "signal", RateSignalName, "error", err)
-			}
-		}
+		t.waitRate(ctx, d)
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
@@ -432,6 +410,86 @@ func (t *throttler) wait(ctx context.Context) error {
 			return nil
 		}
 	}
+}
+
+// waitRelease blocks while a throttle holds and the call has not
+// stopped. It returns ctx's error, or nil.
+func (t *throttler) waitRelease(ctx context.Context) error {
+	for {
+		t.mu.Lock()
+		held, ch := t.held, t.changed
+		t.mu.Unlock()
+		if held == 0 || t.ex.stopped() {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-ch:
+		}
+	}
+}
+
+// waitRate waits d for the rows-per-second cap, or less when ctx is done,
+// the call's state changes or a knob does. A wait of an interval or more
+// is recorded as a throttle period (ratePeriod); the wait is traced.
+func (t *throttler) waitRate(ctx context.Context, d time.Duration) {
+	lim := t.pace.limit()
+	t.ex.log.Debug("backfill: rows-per-second cap: waiting", "wait", d, "rows_per_second", lim)
+	sig, id := t.ratePeriod(ctx, d, lim)
+	// The wait ends early when the call's state changes (a pause, a
+	// cancel, a hold) or a knob does (the cap lifted or changed):
+	// the loop then looks again.
+	t.mu.Lock()
+	changed := t.changed
+	t.mu.Unlock()
+	var knobs <-chan struct{}
+	if t.ex.ctl != nil {
+		knobs = t.ex.ctl.wakeCh()
+	}
+	timer := time.NewTimer(d)
+	began := t.now()
+	select {
+	case <-ctx.Done():
+	case <-timer.C:
+	case <-changed:
+	case <-knobs:
+	}
+	timer.Stop()
+	t.ex.traceThrottle(ctx, backfilltrace.ThrottleData{Event: backfilltrace.ThrottleWait, Signal: sig, Value: lim, High: lim, Low: lim, Held: t.now().Sub(began)})
+	if id != 0 {
+		if err := t.ex.r.caps.throttle.ClosePeriod(context.WithoutCancel(ctx), t.ex.r.db, id, finite(lim)); err != nil {
+			t.ex.log.Warn("backfill: end of throttle period not recorded", "signal", RateSignalName, "error", err)
+		}
+	}
+}
+
+// ratePeriod opens the throttle period of a rate-cap wait of d at the
+// limit lim when d is an interval or more and the manifest records
+// periods. It returns the period's signal (the adaptive throttle that cut
+// the rate, else RateSignalName) and its id, 0 when none was opened.
+func (t *throttler) ratePeriod(ctx context.Context, d time.Duration, lim float64) (string, int64) {
+	tm := t.ex.r.caps.throttle
+	if d < t.interval || tm == nil {
+		return RateSignalName, 0
+	}
+	// A wait of an interval or more is a throttle period too,
+	// of the adaptive throttle that cut the rate if one did.
+	p := backfilltype.ThrottlePeriod{BatchID: t.ex.batchID, WorkerKey: t.workerKey(), Signal: RateSignalName,
+		Reason: fmt.Sprintf("rows-per-second cap %g (this worker's share), waiting %v", lim, d.Round(time.Millisecond)),
+		Value:  finite(lim), High: finite(lim), Low: finite(lim)}
+	t.mu.Lock()
+	if h := t.cutByLocked(); h != nil {
+		p.Signal, p.Value, p.High, p.Low = h.th.Signal.Name(), finite(h.value), finite(h.th.High), finite(h.th.EffectiveLow())
+		p.Reason = fmt.Sprintf("%s %g at or above high watermark %g: rate cut to %.0f rows/s (%.0f %% of %.0f), waiting %v",
+			p.Signal, h.value, h.th.High, lim, 100*h.factor, t.ceilingLocked(), d.Round(time.Millisecond))
+	}
+	t.mu.Unlock()
+	id, err := tm.OpenPeriod(ctx, t.ex.r.db, p)
+	if err != nil {
+		t.ex.log.Warn("backfill: throttle period not recorded", "signal", p.Signal, "error", err)
+	}
+	return p.Signal, id
 }
 
 // RateSignalName is the signal of the throttle periods that waits for

@@ -8,6 +8,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/pgbackfill/backfill"
+	"github.com/pgbackfill/backfill/internal/pgstore"
 )
 
 // controlResult is what pause, resume, cancel and set print with --json.
@@ -135,7 +136,7 @@ func newControlCmd(g *globals, action, short, long, example string) *cobra.Comma
 			case "cancel":
 				err = m.Cancel(ctx, db, run.BatchID, actor, why)
 			case "set":
-				err = m.SetKnob(ctx, db, run.BatchID, key, value, actor, why)
+				err = m.SetKnob(ctx, db, pgstore.SetKnobParams{BatchID: run.BatchID, Key: key, Value: value, Actor: actor, Why: why})
 			}
 			if err != nil {
 				if errors.Is(err, backfill.ErrInvalidConfig) {

@@ -143,11 +143,7 @@ func HashKind(col backfilltype.Column) string {
 	if strings.HasPrefix(col.BaseType, "_") && (col.ElemKind != "" || !col.UserType) {
 		// An array (of a user's type, the array type is the user's too):
 		// by its text, when its elements' text is one-to-one.
-		elem := backfilltype.Column{BaseType: col.BaseType[1:], Kind: col.ElemKind, UserType: col.UserElem}
-		if k := HashKind(elem); k == "text" || k == "func" && !strings.HasPrefix(elem.BaseType, "reg") {
-			return "text"
-		}
-		return ""
+		return arrayHashKind(col)
 	}
 	switch {
 	case col.UserType && col.Kind == "e":
@@ -165,10 +161,28 @@ func HashKind(col backfilltype.Column) string {
 	if hashable && exactEquality(col) {
 		return "func"
 	}
-	if hashable || textHashed[col.BaseType] || TextCompared[col.BaseType] || LooseEquality[col.BaseType] || col.Kind == "r" || col.Kind == "m" {
+	if hashable || hashesText(col) {
 		return "text"
 	}
 	return ""
+}
+
+// arrayHashKind is HashKind of the array column col: "text" when its
+// elements hash by their text, or by their type's function and are not
+// of a reg* type; otherwise "" (not hashed).
+func arrayHashKind(col backfilltype.Column) string {
+	elem := backfilltype.Column{BaseType: col.BaseType[1:], Kind: col.ElemKind, UserType: col.UserElem}
+	if k := HashKind(elem); k == "text" || k == "func" && !strings.HasPrefix(elem.BaseType, "reg") {
+		return "text"
+	}
+	return ""
+}
+
+// hashesText reports whether col, of a type without a hash function of
+// its own, is hashed by its text: a type in textHashed, TextCompared or
+// LooseEquality, a range or a multirange.
+func hashesText(col backfilltype.Column) bool {
+	return textHashed[col.BaseType] || TextCompared[col.BaseType] || LooseEquality[col.BaseType] || col.Kind == "r" || col.Kind == "m"
 }
 
 // hashStep returns the SQL expression hashing column col of alias with
@@ -254,19 +268,9 @@ func (c *PGCheck) fingerprints(ctx context.Context, tx sqlx.ExtContext) (*Finger
 	var a SQLArgs
 	cols := c.FingerprintColumns()
 	p := &FingerprintProof{Columns: cols}
-	join := false
-	var targetQ string
-	if c.scope.ChunkColumn != "" {
-		bounds, err := c.InChunk("t", &a)
-		if err != nil {
-			return nil, err
-		}
-		p.TargetRows = "ChunkColumn " + c.scope.ChunkColumn + " in " + c.scope.Chunk.String()
-		targetQ = c.FingerprintTargetSQL(cols, bounds)
-	} else {
-		join = true
-		p.TargetRows = "identities in staging"
-		targetQ = c.FingerprintTargetSQL(cols, "")
+	targetQ, join, err := c.fingerprintTarget(p, cols, &a)
+	if err != nil {
+		return nil, err
 	}
 	key := fmt.Sprint(targetQ, a)
 	memo, _ := c.scope.Stager.(FingerprintMemo)
@@ -275,78 +279,143 @@ func (c *PGCheck) fingerprints(ctx context.Context, tx sqlx.ExtContext) (*Finger
 			return cached, nil
 		}
 	}
+	if p.Error = c.unhashable(cols); p.Error != "" {
+		rememberFingerprint(memo, key, p)
+		return p, nil
+	}
+	q := fingerprintQueries{staging: c.FingerprintStagingSQL(cols), target: targetQ, args: a}
+	if q.settings, err = c.fingerprintSettings(ctx, tx, join); err != nil {
+		return nil, err
+	}
+	if err := runFingerprints(ctx, tx, p, q); err != nil {
+		return nil, err
+	}
+	rememberFingerprint(memo, key, p)
+	return p, nil
+}
+
+// fingerprintQueries are the statements of one fingerprint: the staged
+// rows' query, the settings for the target's query (none: ""), and the
+// target rows' query with its arguments.
+type fingerprintQueries struct {
+	staging  string
+	settings string
+	target   string
+	args     SQLArgs
+}
+
+// fingerprintTarget returns the query fingerprinting the chunk's target
+// rows, of cols, binding its arguments to a, and sets p.TargetRows: the
+// rows of the chunk by the ChunkColumn, or, without one, the rows whose
+// identities are in staging (join true).
+func (c *PGCheck) fingerprintTarget(p *FingerprintProof, cols []string, a *SQLArgs) (q string, join bool, err error) {
+	if c.scope.ChunkColumn == "" {
+		p.TargetRows = "identities in staging"
+		return c.FingerprintTargetSQL(cols, ""), true, nil
+	}
+	bounds, err := c.InChunk("t", a)
+	if err != nil {
+		return "", false, err
+	}
+	p.TargetRows = "ChunkColumn " + c.scope.ChunkColumn + " in " + c.scope.Chunk.String()
+	return c.FingerprintTargetSQL(cols, bounds), false, nil
+}
+
+// unhashable returns why the fingerprint cannot cover cols: the first
+// column whose type HashKind does not hash; "" when it can.
+func (c *PGCheck) unhashable(cols []string) string {
 	for _, n := range cols {
 		if col := c.Cols[n]; HashKind(col) == "" {
-			p.Error = fmt.Sprintf("column %q: no fingerprint for type %s (see validate_fingerprint.go)", n, cmp.Or(col.Type, col.BaseType))
-			if memo != nil {
-				memo.fingerprintMemo()[key] = p
-			}
-			return p, nil
+			return fmt.Sprintf("column %q: no fingerprint for type %s (see validate_fingerprint.go)", n, cmp.Or(col.Type, col.BaseType))
 		}
 	}
-	stagingQ := c.FingerprintStagingSQL(cols)
-	var settings string
+	return ""
+}
+
+// rememberFingerprint keeps p under key in the stager's memo (none: nil).
+func rememberFingerprint(memo FingerprintMemo, key string, p *FingerprintProof) {
+	if memo != nil {
+		memo.fingerprintMemo()[key] = p
+	}
+}
+
+// fingerprintSettings returns the planner settings for the target rows'
+// query ("" for none): hash joins for a large chunk that joins staging
+// (join), sequential scans for a chunk by its ChunkColumn whose staging
+// is at least half the target's size.
+func (c *PGCheck) fingerprintSettings(ctx context.Context, tx sqlx.ExtContext, join bool) (string, error) {
 	if join {
 		large, err := c.largeChunk(ctx, tx)
 		if err != nil {
-			return nil, err
+			return "", err
 		}
 		if large {
 			// A large chunk joins faster by hashing (see largeChunk).
-			settings = `SELECT set_config('enable_hashjoin', 'on', true)`
+			return `SELECT set_config('enable_hashjoin', 'on', true)`, nil
 		}
-	} else {
-		// A chunk whose staging is at least half the target's size holds
-		// most of the target: a sequential scan (parallel where the
-		// planner finds it worth it) reads it faster than the index on
-		// the ChunkColumn, which the planner may still prefer when the
-		// target's statistics predate the load (PostgreSQL docs, 15.1
-		// "How Parallel Query Works"; a read-only query of a transaction
-		// that wrote may run in parallel).
-		most, err := c.stagingAtLeast(ctx, tx, 2)
-		if err != nil {
-			return nil, err
-		}
-		if most {
-			settings = `SELECT set_config('enable_indexscan', 'off', true), set_config('enable_bitmapscan', 'off', true)`
-		}
+		return "", nil
 	}
+	// A chunk whose staging is at least half the target's size holds
+	// most of the target: a sequential scan (parallel where the
+	// planner finds it worth it) reads it faster than the index on
+	// the ChunkColumn, which the planner may still prefer when the
+	// target's statistics predate the load (PostgreSQL docs, 15.1
+	// "How Parallel Query Works"; a read-only query of a transaction
+	// that wrote may run in parallel).
+	most, err := c.stagingAtLeast(ctx, tx, 2)
+	if err != nil {
+		return "", err
+	}
+	if most {
+		return `SELECT set_config('enable_indexscan', 'off', true), set_config('enable_bitmapscan', 'off', true)`, nil
+	}
+	return "", nil
+}
+
+// runFingerprints runs q inside a savepoint that is rolled back and
+// released afterwards, and sets p: the two fingerprints and Equal, or
+// Error when a query failed. It returns the errors of the savepoint
+// commands, and ctx's error when a query failed with ctx done.
+func runFingerprints(ctx context.Context, tx sqlx.ExtContext, p *FingerprintProof, q fingerprintQueries) error {
 	if _, err := tx.ExecContext(ctx, `SAVEPOINT backfill_fingerprint`); err != nil {
-		return nil, fmt.Errorf("savepoint: %w", err)
+		return fmt.Errorf("savepoint: %w", err)
 	}
-	qerr := func() error {
-		if _, err := tx.ExecContext(ctx, pinnedSettings); err != nil {
-			return fmt.Errorf("settings: %w", err)
-		}
-		if err := sqlx.GetContext(ctx, tx, &p.Staged, stagingQ); err != nil {
-			return fmt.Errorf("staged rows: %w", err)
-		}
-		if settings != "" {
-			// Undone with the savepoint.
-			if _, err := tx.ExecContext(ctx, settings); err != nil {
-				return err
-			}
-		}
-		if err := sqlx.GetContext(ctx, tx, &p.Target, targetQ, a...); err != nil {
-			return fmt.Errorf("target rows: %w", err)
-		}
-		return nil
-	}()
+	qerr := queryFingerprints(ctx, tx, p, q)
 	if _, err := tx.ExecContext(context.WithoutCancel(ctx), `ROLLBACK TO SAVEPOINT backfill_fingerprint; RELEASE SAVEPOINT backfill_fingerprint`); err != nil {
-		return nil, fmt.Errorf("rollback to savepoint: %w", err)
+		return fmt.Errorf("rollback to savepoint: %w", err)
 	}
 	if qerr != nil {
 		if ctx.Err() != nil {
-			return nil, ctx.Err()
+			return ctx.Err()
 		}
 		p.Error = qerr.Error()
 	} else {
 		p.Equal = p.Staged == p.Target
 	}
-	if memo != nil {
-		memo.fingerprintMemo()[key] = p
+	return nil
+}
+
+// queryFingerprints pins the settings that change how values print, reads
+// the staged rows' fingerprint into p.Staged, applies q.settings, and
+// reads the target rows' fingerprint into p.Target; the caller's
+// savepoint undoes the settings.
+func queryFingerprints(ctx context.Context, tx sqlx.ExtContext, p *FingerprintProof, q fingerprintQueries) error {
+	if _, err := tx.ExecContext(ctx, pinnedSettings); err != nil {
+		return fmt.Errorf("settings: %w", err)
 	}
-	return p, nil
+	if err := sqlx.GetContext(ctx, tx, &p.Staged, q.staging); err != nil {
+		return fmt.Errorf("staged rows: %w", err)
+	}
+	if q.settings != "" {
+		// Undone with the savepoint.
+		if _, err := tx.ExecContext(ctx, q.settings); err != nil {
+			return err
+		}
+	}
+	if err := sqlx.GetContext(ctx, tx, &p.Target, q.target, q.args...); err != nil {
+		return fmt.Errorf("target rows: %w", err)
+	}
+	return nil
 }
 
 // ProvenBy returns the chunk's fingerprint proof when it shows the staged

@@ -38,7 +38,7 @@ func KnobThrottleLow(signal string) string { return "throttle." + signal + ".low
 // ([Manifest]).
 type ControlManifest interface {
 	ReadControl(ctx context.Context, db sqlx.ExtContext, action string, batchID int64, actor, why string) error
-	SetKnob(ctx context.Context, db sqlx.ExtContext, batchID int64, key, value, actor, why string) error
+	SetKnob(ctx context.Context, db sqlx.ExtContext, p SetKnobParams) error
 	Control(ctx context.Context, db sqlx.ExtContext, batchID int64) (backfilltype.ControlState, error)
 	Schema() string
 }
@@ -96,8 +96,9 @@ func (m *Manifest) ReadControl(ctx context.Context, db sqlx.ExtContext, action s
 // [KnobThrottleLow]. An unknown key, a bad value or a missing actor or
 // why gives an error wrapping [ErrInvalidConfig] that names the key and
 // value; a completed, rolled back or abandoned run [ErrRunStatus].
-func (m *Manifest) SetKnob(ctx context.Context, db sqlx.ExtContext, batchID int64, key, value, actor, why string) error {
-	actor, why = ManifestText(actor), ManifestText(why)
+func (m *Manifest) SetKnob(ctx context.Context, db sqlx.ExtContext, p SetKnobParams) error {
+	batchID, key, value := p.BatchID, p.Key, p.Value
+	actor, why := ManifestText(p.Actor), ManifestText(p.Why)
 	err := InShortTx(ctx, db, func(tx sqlx.ExtContext) error {
 		var v string
 		return sqlx.GetContext(ctx, tx, &v, m.SQL(`SELECT {s}.set_knob($1::bigint, $2::text, $3::text, $4::text, $5::text)`),
@@ -107,6 +108,17 @@ func (m *Manifest) SetKnob(ctx context.Context, db sqlx.ExtContext, batchID int6
 		return fmt.Errorf("backfill: set knob %q of run %d to %q: %w", key, batchID, value, controlError(err, false))
 	}
 	return nil
+}
+
+// SetKnobParams are the arguments of [Manifest.SetKnob]: the knob Key of
+// run BatchID is set to Value (a number as text, or "default"), by Actor
+// for the reason Why (both required).
+type SetKnobParams struct {
+	BatchID int64
+	Key     string
+	Value   string
+	Actor   string
+	Why     string
 }
 
 // Control returns run batchID's control state: status, reason and knobs.

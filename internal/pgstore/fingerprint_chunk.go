@@ -259,8 +259,9 @@ type MergedFingerprint struct {
 // and commit between the merge and this statement. A zero Stray proves
 // that the state hashed is one a merge of the staged rows leaves as it
 // is, whatever happened since the merge. Errors are targetFingerprint's.
-func TargetFingerprintMerged(ctx context.Context, tx sqlx.ExtContext, info backfilltype.TableInfo, chunkColumn string, zone *time.Location, staging string, c backfilltype.Chunk) (MergedFingerprint, error) {
-	pc, cols, err := TargetFingerprintCheck(info, backfilldriver.ValidationScope{Chunk: c, Info: info, ChunkColumn: chunkColumn, Zone: zone, Staging: staging})
+func TargetFingerprintMerged(ctx context.Context, tx sqlx.ExtContext, p TargetFingerprintMergedParams) (MergedFingerprint, error) {
+	info, chunkColumn, c := p.Info, p.ChunkColumn, p.Chunk
+	pc, cols, err := TargetFingerprintCheck(info, backfilldriver.ValidationScope{Chunk: c, Info: info, ChunkColumn: chunkColumn, Zone: p.Zone, Staging: p.Staging})
 	if err != nil {
 		return MergedFingerprint{}, err
 	}
@@ -294,8 +295,20 @@ func TargetFingerprintMerged(ctx context.Context, tx sqlx.ExtContext, info backf
 		settings = joinsSettings
 	}
 	var fp MergedFingerprint
-	err = pinnedQuery(ctx, tx, c, &fp, q, a, settings)
+	err = pinnedQuery(ctx, tx, pinnedQueryParams{Chunk: c, Dest: &fp, Query: q, Args: a, Settings: settings})
 	return fp, err
+}
+
+// TargetFingerprintMergedParams are the arguments of
+// [TargetFingerprintMerged]: the merged chunk Chunk of the target Info,
+// the job's ChunkColumn ("" for none) and Zone (nil for UTC), and the
+// chunk's Staging table (quoted).
+type TargetFingerprintMergedParams struct {
+	Info        backfilltype.TableInfo
+	ChunkColumn string
+	Zone        *time.Location
+	Staging     string
+	Chunk       backfilltype.Chunk
 }
 
 // joinsSettings turns hash and merge joins back on for a fingerprint's
@@ -378,7 +391,7 @@ func pinnedFingerprint(ctx context.Context, tx sqlx.ExtContext, c backfilltype.C
 		}
 		return fp, nil
 	}
-	err := pinnedQuery(ctx, tx, c, &fp, q, a, "")
+	err := pinnedQuery(ctx, tx, pinnedQueryParams{Chunk: c, Dest: &fp, Query: q, Args: a})
 	return fp, err
 }
 
@@ -413,7 +426,8 @@ func HashReadsSettings(pc *PGCheck, cols []string) bool {
 // of one row, into dest, with settings too (set_config calls, local to
 // the transaction, undone with the savepoint, sent with pinnedSettings;
 // "" for none).
-func pinnedQuery(ctx context.Context, tx sqlx.ExtContext, c backfilltype.Chunk, dest any, q string, a SQLArgs, settings string) error {
+func pinnedQuery(ctx context.Context, tx sqlx.ExtContext, p pinnedQueryParams) error {
+	c, dest, q, a, settings := p.Chunk, p.Dest, p.Query, p.Args, p.Settings
 	if _, err := tx.ExecContext(ctx, `SAVEPOINT backfill_target_fingerprint`); err != nil {
 		return fmt.Errorf("backfill: chunk %s: target fingerprint: savepoint: %w", c.ID, err)
 	}
@@ -434,6 +448,17 @@ func pinnedQuery(ctx context.Context, tx sqlx.ExtContext, c backfilltype.Chunk, 
 		return fmt.Errorf("backfill: chunk %s: target fingerprint: %w", c.ID, qerr)
 	}
 	return nil
+}
+
+// pinnedQueryParams are the arguments of pinnedQuery: the query Query
+// with its arguments Args, scanned into Dest, the extra Settings ("" for
+// none), and the Chunk whose ID the errors name.
+type pinnedQueryParams struct {
+	Chunk    backfilltype.Chunk
+	Dest     any
+	Query    string
+	Args     SQLArgs
+	Settings string
 }
 
 // SpoolKeyText renders v, a converted value of an identity column, as the

@@ -275,114 +275,186 @@ const runColumns = `batch_id, job_name, source, code_version, plan_fingerprint, 
 // run first waits so for the job's latest run if it is abandoned, so a
 // crash between the abandon and the creation leaves no gap.
 func (m *Manifest) StartRun(ctx context.Context, db sqlx.ExtContext, plan backfilltype.Plan, worker string, newRun bool) (backfilltype.Run, bool, error) {
-	worker = ManifestText(worker)
-	var (
-		run     backfilltype.Run
-		resumed bool
-		// abandoned is the run this call abandoned (0: none); waited
-		// the abandoned run whose chunks in flight it waited for.
-		abandoned, waited int64
-	)
+	st := &runStart{m: m, plan: plan, worker: ManifestText(worker), newRun: newRun}
 	for {
-		var wait int64 // an abandoned run to wait for before creating
-		err := InShortTx(ctx, db, func(tx sqlx.ExtContext) error {
-			wait = 0
-			if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock(hashtextextended('backfill.job:' || $1, 0))`, plan.Job); err != nil {
-				return err
-			}
-			var last []backfilltype.Run
-			if err := sqlx.SelectContext(ctx, tx, &last, m.SQL(`SELECT `+runColumns+` FROM {s}.runs
-				WHERE job_name = $1 AND status <> 'abandoned' ORDER BY batch_id DESC LIMIT 1 FOR NO KEY UPDATE`), plan.Job); err != nil {
-				return err
-			}
-			if len(last) == 1 {
-				prev := last[0]
-				same := prev.Fingerprint == plan.Fingerprint
-				if abandoned != 0 && prev.BatchID > abandoned && same {
-					// Another caller created the new run after this call
-					// abandoned the old one: join it.
-					newRun = false
-				} else if abandoned != 0 && prev.BatchID < abandoned {
-					// An older run: this call already abandoned the one
-					// it replaces.
-					last = nil
-				}
-			}
-			if len(last) == 1 {
-				prev := last[0]
-				same := prev.Fingerprint == plan.Fingerprint
-				switch {
-				case same && !newRun:
-					if prev.Status != backfilltype.RunCompleted && prev.Status != backfilltype.RunPaused && prev.Status != backfilltype.RunRolledBack && prev.Status != backfilltype.RunCancelled {
-						if _, err := tx.ExecContext(ctx, m.SQL(`UPDATE {s}.chunks SET status = 'pending' WHERE batch_id = $1 AND status = 'failed'`), prev.BatchID); err != nil {
-							return err
-						}
-						if _, err := tx.ExecContext(ctx, m.SQL(`UPDATE {s}.runs SET status = 'running', updated_at = now(), last_error = '', calls = calls + 1 WHERE batch_id = $1`), prev.BatchID); err != nil {
-							return err
-						}
-						prev.Status = backfilltype.RunRunning
-						if err := m.event(ctx, tx, pgEvent{batchID: prev.BatchID, job: plan.Job, kind: "run_resumed", actor: worker}); err != nil {
-							return err
-						}
-					}
-					run, resumed = prev, true
-					return nil
-				case !same && !newRun:
-					var old backfilltype.Plan
-					if err := json.Unmarshal(prev.Plan, &old); err != nil {
-						return fmt.Errorf("decode plan of batch %d: %w", prev.BatchID, err)
-					}
-					old.Fingerprint = prev.Fingerprint
-					if old.ChunkIDs == nil {
-						old.N = prev.ChunksTotal // no IDs recorded: the count tells
-					}
-					return planChangedError(plan.Job, prev.BatchID, old, plan)
-				}
-				if prev.Status == backfilltype.RunRunning || prev.Status == backfilltype.RunFailed || prev.Status == backfilltype.RunPaused {
-					if _, err := tx.ExecContext(ctx, m.SQL(`UPDATE {s}.runs SET status = 'abandoned', updated_at = now() WHERE batch_id = $1`), prev.BatchID); err != nil {
-						return err
-					}
-					if err := m.event(ctx, tx, pgEvent{batchID: prev.BatchID, job: plan.Job, kind: "run_abandoned", actor: worker, detail: map[string]any{"reason": "new run requested"}}); err != nil {
-						return err
-					}
-					// Committed first; the new run after the wait.
-					abandoned, wait = prev.BatchID, prev.BatchID
-					return nil
-				}
-			}
-			// The job's latest run, if abandoned, may have chunks in
-			// flight: wait for them before a new run exists.
-			var latest []struct {
-				BatchID int64  `db:"batch_id"`
-				Status  string `db:"status"`
-			}
-			if err := sqlx.SelectContext(ctx, tx, &latest, m.SQL(`SELECT batch_id, status FROM {s}.runs WHERE job_name = $1 ORDER BY batch_id DESC LIMIT 1`), plan.Job); err != nil {
-				return err
-			}
-			if len(latest) == 1 && latest[0].Status == string(backfilltype.RunAbandoned) && latest[0].BatchID != waited {
-				wait = latest[0].BatchID
-				return nil
-			}
-			var err error
-			run, err = m.createRun(ctx, tx, plan, worker)
-			return err
-		})
+		err := InShortTx(ctx, db, func(tx sqlx.ExtContext) error { return st.attempt(ctx, tx) })
 		if err != nil {
 			return backfilltype.Run{}, false, fmt.Errorf("backfill: start run of job %q: %w", plan.Job, err)
 		}
-		if wait == 0 {
-			return run, resumed, nil
+		if st.wait == 0 {
+			return st.run, st.resumed, nil
 		}
-		fw := fenceWaitFrom(ctx)
-		if fw.What == "" {
-			fw.What = "start run of job " + plan.Job
-		}
-		fw.What += ": wait for the chunks in flight of abandoned batch " + fmt.Sprint(wait)
-		if err := m.WaitInFlight(ctx, db, wait, fw); err != nil {
+		if err := m.waitAbandoned(ctx, db, plan.Job, st.wait); err != nil {
 			return backfilltype.Run{}, false, fmt.Errorf("backfill: start run of job %q: %w", plan.Job, err)
 		}
-		waited = wait
+		st.waited = st.wait
 	}
+}
+
+// runStart is the state of one StartRun call across its transactions:
+// each transaction (attempt) resumes the job's run, refuses a changed
+// plan, abandons the run to replace, or creates the new run, or asks the
+// call to wait for the chunks in flight of an abandoned run first.
+type runStart struct {
+	m      *Manifest
+	plan   backfilltype.Plan
+	worker string // as ManifestText stores it
+	newRun bool   // a new run is requested; cleared to join one another caller created
+
+	run     backfilltype.Run // the run resumed or created
+	resumed bool
+	// abandoned is the run this call abandoned (0: none); waited
+	// the abandoned run whose chunks in flight it waited for.
+	abandoned, waited int64
+	wait              int64 // an abandoned run to wait for before creating
+}
+
+// attempt is one transaction of StartRun, with the job's advisory lock:
+// it resumes or abandons the job's latest run that is not abandoned,
+// refuses a changed plan, or creates the new run. It sets st.wait, and
+// creates nothing, when the job's latest run is abandoned and its chunks
+// in flight were not waited for yet.
+func (st *runStart) attempt(ctx context.Context, tx sqlx.ExtContext) error {
+	st.wait = 0
+	if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock(hashtextextended('backfill.job:' || $1, 0))`, st.plan.Job); err != nil {
+		return err
+	}
+	prev, ok, err := st.lastRun(ctx, tx)
+	if err != nil {
+		return err
+	}
+	if ok {
+		if done, err := st.continueFrom(ctx, tx, prev); done || err != nil {
+			return err
+		}
+	}
+	// The job's latest run, if abandoned, may have chunks in
+	// flight: wait for them before a new run exists.
+	var latest []struct {
+		BatchID int64  `db:"batch_id"`
+		Status  string `db:"status"`
+	}
+	if err := sqlx.SelectContext(ctx, tx, &latest, st.m.SQL(`SELECT batch_id, status FROM {s}.runs WHERE job_name = $1 ORDER BY batch_id DESC LIMIT 1`), st.plan.Job); err != nil {
+		return err
+	}
+	if len(latest) == 1 && latest[0].Status == string(backfilltype.RunAbandoned) && latest[0].BatchID != st.waited {
+		st.wait = latest[0].BatchID
+		return nil
+	}
+	st.run, err = st.m.createRun(ctx, tx, st.plan, st.worker)
+	return err
+}
+
+// lastRun returns the job's latest run that is not abandoned, locked FOR
+// NO KEY UPDATE, and whether there is one to continue from: none when it
+// is older than the run this call abandoned. A run with the same plan
+// created by another caller after this call's abandon is joined: it
+// clears st.newRun.
+func (st *runStart) lastRun(ctx context.Context, tx sqlx.ExtContext) (backfilltype.Run, bool, error) {
+	var last []backfilltype.Run
+	if err := sqlx.SelectContext(ctx, tx, &last, st.m.SQL(`SELECT `+runColumns+` FROM {s}.runs
+				WHERE job_name = $1 AND status <> 'abandoned' ORDER BY batch_id DESC LIMIT 1 FOR NO KEY UPDATE`), st.plan.Job); err != nil {
+		return backfilltype.Run{}, false, err
+	}
+	if len(last) != 1 {
+		return backfilltype.Run{}, false, nil
+	}
+	prev := last[0]
+	same := prev.Fingerprint == st.plan.Fingerprint
+	if st.abandoned != 0 && prev.BatchID > st.abandoned && same {
+		// Another caller created the new run after this call
+		// abandoned the old one: join it.
+		st.newRun = false
+	} else if st.abandoned != 0 && prev.BatchID < st.abandoned {
+		// An older run: this call already abandoned the one
+		// it replaces.
+		return backfilltype.Run{}, false, nil
+	}
+	return prev, true, nil
+}
+
+// continueFrom decides from prev, the job's latest run not abandoned:
+// it resumes prev (same plan, no new run requested), refuses a changed
+// plan without a new run requested, or abandons prev when it is running,
+// failed or paused. It reports whether it decided; false leaves the
+// creation of a new run to the caller.
+func (st *runStart) continueFrom(ctx context.Context, tx sqlx.ExtContext, prev backfilltype.Run) (bool, error) {
+	same := prev.Fingerprint == st.plan.Fingerprint
+	switch {
+	case same && !st.newRun:
+		return true, st.resume(ctx, tx, prev)
+	case !same && !st.newRun:
+		return true, planChangedFrom(st.plan, prev)
+	}
+	if prev.Status == backfilltype.RunRunning || prev.Status == backfilltype.RunFailed || prev.Status == backfilltype.RunPaused {
+		return true, st.abandon(ctx, tx, prev)
+	}
+	return false, nil
+}
+
+// resume makes prev the call's run, resumed. Unless prev is completed,
+// paused, rolled back or cancelled, its failed chunks become pending
+// again, it is running again with one more call, and the run_resumed
+// event is recorded.
+func (st *runStart) resume(ctx context.Context, tx sqlx.ExtContext, prev backfilltype.Run) error {
+	m := st.m
+	if prev.Status != backfilltype.RunCompleted && prev.Status != backfilltype.RunPaused && prev.Status != backfilltype.RunRolledBack && prev.Status != backfilltype.RunCancelled {
+		if _, err := tx.ExecContext(ctx, m.SQL(`UPDATE {s}.chunks SET status = 'pending' WHERE batch_id = $1 AND status = 'failed'`), prev.BatchID); err != nil {
+			return err
+		}
+		if _, err := tx.ExecContext(ctx, m.SQL(`UPDATE {s}.runs SET status = 'running', updated_at = now(), last_error = '', calls = calls + 1 WHERE batch_id = $1`), prev.BatchID); err != nil {
+			return err
+		}
+		prev.Status = backfilltype.RunRunning
+		if err := m.event(ctx, tx, pgEvent{batchID: prev.BatchID, job: st.plan.Job, kind: "run_resumed", actor: st.worker}); err != nil {
+			return err
+		}
+	}
+	st.run, st.resumed = prev, true
+	return nil
+}
+
+// abandon marks prev abandoned, records the run_abandoned event, and
+// sets the call to wait for prev's chunks in flight once this
+// transaction commits; the new run is created after the wait.
+func (st *runStart) abandon(ctx context.Context, tx sqlx.ExtContext, prev backfilltype.Run) error {
+	m := st.m
+	if _, err := tx.ExecContext(ctx, m.SQL(`UPDATE {s}.runs SET status = 'abandoned', updated_at = now() WHERE batch_id = $1`), prev.BatchID); err != nil {
+		return err
+	}
+	if err := m.event(ctx, tx, pgEvent{batchID: prev.BatchID, job: st.plan.Job, kind: "run_abandoned", actor: st.worker, detail: map[string]any{"reason": "new run requested"}}); err != nil {
+		return err
+	}
+	// Committed first; the new run after the wait.
+	st.abandoned, st.wait = prev.BatchID, prev.BatchID
+	return nil
+}
+
+// planChangedFrom returns the error refusing plan, whose fingerprint
+// differs from that of prev, the job's run recorded with an older plan
+// (planChangedError); or the error decoding prev's plan.
+func planChangedFrom(plan backfilltype.Plan, prev backfilltype.Run) error {
+	var old backfilltype.Plan
+	if err := json.Unmarshal(prev.Plan, &old); err != nil {
+		return fmt.Errorf("decode plan of batch %d: %w", prev.BatchID, err)
+	}
+	old.Fingerprint = prev.Fingerprint
+	if old.ChunkIDs == nil {
+		old.N = prev.ChunksTotal // no IDs recorded: the count tells
+	}
+	return planChangedError(plan.Job, prev.BatchID, old, plan)
+}
+
+// waitAbandoned waits for the chunks in flight of the abandoned batch of
+// job (WaitInFlight), with the fence wait of ctx named after the start of
+// job's run.
+func (m *Manifest) waitAbandoned(ctx context.Context, db sqlx.ExtContext, job string, batch int64) error {
+	fw := fenceWaitFrom(ctx)
+	if fw.What == "" {
+		fw.What = "start run of job " + job
+	}
+	fw.What += ": wait for the chunks in flight of abandoned batch " + fmt.Sprint(batch)
+	return m.WaitInFlight(ctx, db, batch, fw)
 }
 
 func (m *Manifest) createRun(ctx context.Context, tx sqlx.ExtContext, plan backfilltype.Plan, worker string) (backfilltype.Run, error) {

@@ -611,7 +611,31 @@ var reportBucketSteps = []time.Duration{
 // start to finish and sums them in about n buckets.
 func BuildReportThroughput(chunks []ReportChunk, n int) ReportThroughput {
 	out := ReportThroughput{Buckets: []ReportRate{}}
-	var first, last time.Time
+	first, last := timedSpan(chunks)
+	if first.IsZero() {
+		return out
+	}
+	width := bucketWidth(last.Sub(first), n)
+	first = first.Truncate(width)
+	k := int(last.Sub(first)/width) + 1
+	tb := throughputBuckets{first: first, width: width, rows: make([]float64, k)}
+	for _, c := range chunks {
+		if c.StartedAt == nil || c.FinishedAt == nil || c.Counts.Read == 0 {
+			continue
+		}
+		tb.add(*c.StartedAt, *c.FinishedAt, float64(c.Counts.Read))
+	}
+	out.Start = &first
+	out.BucketSeconds = width.Seconds()
+	for i, r := range tb.rows {
+		out.Buckets = append(out.Buckets, ReportRate{Start: first.Add(time.Duration(i) * width), Rows: r, RowsPerSecond: r / width.Seconds()})
+	}
+	return out
+}
+
+// timedSpan returns the earliest start and the latest finish of the
+// chunks that have both; zero times when none has.
+func timedSpan(chunks []ReportChunk) (first, last time.Time) {
 	for _, c := range chunks {
 		if c.StartedAt == nil || c.FinishedAt == nil {
 			continue
@@ -623,54 +647,55 @@ func BuildReportThroughput(chunks []ReportChunk, n int) ReportThroughput {
 			last = *c.FinishedAt
 		}
 	}
-	if first.IsZero() {
-		return out
-	}
-	span := last.Sub(first)
-	width := reportBucketSteps[len(reportBucketSteps)-1]
+	return first, last
+}
+
+// bucketWidth returns the smallest of reportBucketSteps that covers span
+// in at most n buckets, else the largest step.
+func bucketWidth(span time.Duration, n int) time.Duration {
 	for _, w := range reportBucketSteps {
 		if span <= w*time.Duration(n) {
-			width = w
+			return w
+		}
+	}
+	return reportBucketSteps[len(reportBucketSteps)-1]
+}
+
+// throughputBuckets are the rows of a throughput series: rows[i] is what
+// was read in the bucket that starts at first + i*width.
+type throughputBuckets struct {
+	first time.Time
+	width time.Duration
+	rows  []float64
+}
+
+// add spreads read rows evenly over the interval from a to b across the
+// buckets it overlaps; a chunk that took no time counts whole in the
+// bucket of a (the last bucket at most).
+func (tb *throughputBuckets) add(a, b time.Time, read float64) {
+	first, width, k := tb.first, tb.width, len(tb.rows)
+	if !b.After(a) {
+		tb.rows[min(int(a.Sub(first)/width), k-1)] += read
+		return
+	}
+	per := read / float64(b.Sub(a))
+	for i := int(a.Sub(first) / width); i < k; i++ {
+		from := first.Add(time.Duration(i) * width)
+		to := from.Add(width)
+		if !from.Before(b) {
 			break
 		}
-	}
-	first = first.Truncate(width)
-	k := int(last.Sub(first)/width) + 1
-	rows := make([]float64, k)
-	for _, c := range chunks {
-		if c.StartedAt == nil || c.FinishedAt == nil || c.Counts.Read == 0 {
-			continue
+		lo, hi := from, to
+		if a.After(lo) {
+			lo = a
 		}
-		a, b := *c.StartedAt, *c.FinishedAt
-		if !b.After(a) {
-			rows[min(int(a.Sub(first)/width), k-1)] += float64(c.Counts.Read)
-			continue
+		if b.Before(hi) {
+			hi = b
 		}
-		per := float64(c.Counts.Read) / float64(b.Sub(a))
-		for i := int(a.Sub(first) / width); i < k; i++ {
-			from := first.Add(time.Duration(i) * width)
-			to := from.Add(width)
-			if !from.Before(b) {
-				break
-			}
-			lo, hi := from, to
-			if a.After(lo) {
-				lo = a
-			}
-			if b.Before(hi) {
-				hi = b
-			}
-			if hi.After(lo) {
-				rows[i] += per * float64(hi.Sub(lo))
-			}
+		if hi.After(lo) {
+			tb.rows[i] += per * float64(hi.Sub(lo))
 		}
 	}
-	out.Start = &first
-	out.BucketSeconds = width.Seconds()
-	for i, r := range rows {
-		out.Buckets = append(out.Buckets, ReportRate{Start: first.Add(time.Duration(i) * width), Rows: r, RowsPerSecond: r / width.Seconds()})
-	}
-	return out
 }
 
 // BuildReportDurations is the distribution of the timed chunks' durations,

@@ -70,7 +70,7 @@ func (rb *pgRollback) ConflictsOf(ctx context.Context, db sqlx.ExtContext, seqs 
 	sc := rb.scope
 	sc.Seqs = seqs
 	var c backfilltype.RollbackConflicts
-	changed, rows, err := rb.conflicts(ctx, db, sc.BatchID, sc.Seqs, sc.Chunk, sc.Exclude, lineage)
+	changed, rows, err := rb.conflicts(ctx, db, sc, lineage)
 	if err != nil {
 		return c, err
 	}
@@ -139,7 +139,8 @@ func (rb *pgRollback) load(ctx context.Context, db sqlx.ExtContext) error {
 // (found by lineage), with up to 100 of them and the batch that last
 // changed each. Changes by the batches in exclude (rolled back before
 // this one by the same call) do not count.
-func (rb *pgRollback) conflicts(ctx context.Context, db sqlx.ExtContext, batch int64, seqs []int, chunk *backfilltype.ChunkState, exclude []int64, lineage bool) (int64, []backfilltype.RollbackConflict, error) {
+func (rb *pgRollback) conflicts(ctx context.Context, db sqlx.ExtContext, sc backfilltype.RollbackScope, lineage bool) (int64, []backfilltype.RollbackConflict, error) {
+	batch, seqs, chunk, exclude := sc.BatchID, sc.Seqs, sc.Chunk, sc.Exclude
 	var rows []struct {
 		N   int64  `db:"n"`
 		Key string `db:"key"`
