@@ -5,14 +5,13 @@ import (
 	"github.com/pgbackfill/backfill/internal/pgstore"
 )
 
-// Statements sent later, with the next one (issue 15, per-chunk round
-// trips).
+// Statements sent later, with the next one, to save a round trip each.
 //
 // A chunk's transaction runs statements that return nothing the library
 // reads and that fail only when the transaction is already lost: its
 // savepoints and their releases, the merge's planner settings and their
-// restore. Each one alone is a round trip to the server. batchTx queues
-// them (later) and sends them in front of the next statement without
+// restore. Each one alone is a round trip to the server.
+// [pgstore.BatchTx] queues them ([pgstore.Later]) and sends them in front of the next statement without
 // parameters, in one simple query (lib/pq runs a statement without
 // parameters as a simple query, which may hold several statements; the
 // result is the last one's, its affected rows included). Before any other

@@ -1904,8 +1904,8 @@ type loadedTotaler interface {
 // loadedTotals returns the sum of the counts of batchID's done and open
 // chunks; only Read and Rejected are set when m is a loadedTotaler. It
 // is called after every chunk (checkRunRejectRate): reading every
-// chunk's state there made each chunk cost in proportion to the plan's
-// length (issue 15, per-chunk overhead).
+// chunk's state there would make each chunk cost in proportion to the
+// plan's length.
 func loadedTotals(ctx context.Context, m Manifest, db sqlx.ExtContext, batchID int64) (Counts, error) {
 	if t, ok := m.(loadedTotaler); ok {
 		return t.LoadedTotals(ctx, db, batchID)

@@ -2,9 +2,9 @@ package backfill
 
 import "github.com/pgbackfill/backfill/backfilltype"
 
-// Progress of a run from the manifest (issue 14, "Progress from the
-// manifest"): [PGManifest.Status], [Runner.Status] and the run_progress
-// and chunks_in_flight views, readable from any process and from psql.
+// Progress of a run from the manifest: [PGManifest.Status],
+// [Runner.Status] and the run_progress and chunks_in_flight views,
+// readable from any process and from psql.
 
 // Status is a run's progress as the manifest records it, readable from
 // any process ([PGManifest.Status], [Runner.Status]; the run_progress

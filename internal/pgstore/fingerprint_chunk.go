@@ -161,8 +161,8 @@ func TargetFingerprint(ctx context.Context, tx sqlx.ExtContext, info backfilltyp
 // xmin, a DELETE removes one (the count drops), an INSERT adds one. So
 // the rows of a chunk whose identities are the same multiset as at the
 // last load are the same row versions, byte for byte, whatever their
-// width: the target side of a skip is checked without reading a value
-// (issue 15). Freezing keeps the raw xmin (PostgreSQL 9.4 and later); a
+// width: the target side of a skip is checked without reading a value.
+// Freezing keeps the raw xmin (PostgreSQL 9.4 and later); a
 // rewrite (VACUUM FULL, CLUSTER, a column type change) moves every row,
 // and the chunk then merges once (writing nothing) and records the new
 // identities. What it does not see: a row version left behind at a

@@ -142,7 +142,7 @@ var LeaseQuery = `UPDATE {s}.chunks SET lease_key = $3, lease_epoch = lease_epoc
 // the lease was taken over (or the chunk or run moved on), and tx must
 // not commit the chunk. pid is the backend's.
 //
-// One statement (issue 15, per-chunk round trips): the settings are an
+// One statement, one round trip per chunk: the settings are an
 // uncorrelated subquery in a condition without columns, which PostgreSQL
 // evaluates once, as a one-time filter, before the scan reaches the
 // chunk's row; the wait for that row's lock is so bounded by the try's

@@ -460,8 +460,7 @@ const copyChunksBatch = 100_000
 // transaction can prepare it (a *sqlx.Tx; lib/pq sends the rows as they
 // are added, in messages of up to 64 KiB), else by insertChunks,
 // InsertChunksBatch chunks at a time. COPY spares the server the parse
-// of ten arrays per batch and the client their encoding (at a million
-// chunks, planning 17.0 s -> 15.1 s; cmd/bench/plan).
+// of ten arrays per batch and the client their encoding.
 type chunkInserter struct {
 	m       *Manifest
 	ctx     context.Context

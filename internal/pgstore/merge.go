@@ -908,7 +908,7 @@ func (s *PGStager) checkIntervals(ctx context.Context) error {
 // chunk touches a sliver of the target, but before the target is
 // analysed (and long after, below a few hundred thousand rows) the
 // planner prefers hash and merge joins that read all of it per chunk,
-// making a load quadratic (measured by cmd/bench/load). These stay
+// making a load quadratic. These stay
 // for the rest of the chunk's transaction (PostgreSQL docs, 20.7.1
 // "Planner Method Configuration"; set_config with is_local). Change detection compares
 // values without an equality operator (json, point, composites) as
@@ -922,12 +922,13 @@ func (s *PGStager) checkIntervals(ctx context.Context) error {
 // believes empty (vacuumed while empty, then truncated) otherwise gets
 // a sequential scan as the inner side of the lookup, which the
 // statement's own INSERT then grows row by row: a chunk of n rows into
-// it read n²/2 tuples (a 1,000,000-row chunk ran for hours). Staging
-// has no index and is still scanned sequentially.
+// it reads n²/2 tuples. Staging has no index and is still scanned
+// sequentially.
 //
 // The penalty that disables a path (disable_cost, 1e10) also lifts
 // every plan's cost over jit_above_cost: JIT is off with it, or each
-// statement of a small chunk would spend 100 ms compiling.
+// statement of a small chunk would be compiled, at a cost far above
+// that of running it.
 //
 // It also puts back the caller's statement_timeout, which the claim of
 // the chunk (PGManifest.claimLeased) kept in backfill.statement_timeout
@@ -936,7 +937,7 @@ func (s *PGStager) checkIntervals(ctx context.Context) error {
 // ([Config.StatementTimeout] when set). Likewise the lock_timeout of the
 // try (backfill.lock_timeout), which the key locks (lockKeys) set to 0.
 func (s *PGStager) PlannerSettings(ctx context.Context) (restore func(context.Context) error, err error) {
-	// One statement (issue 15, per-chunk round trips): the subquery
+	// One statement, one round trip per chunk: the subquery
 	// (OFFSET 0 keeps it a subquery, evaluated before the outer target
 	// list) keeps enable_seqscan and jit as they were in transaction-local
 	// custom settings, and sets the others; the outer list then turns

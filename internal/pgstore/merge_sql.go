@@ -430,8 +430,8 @@ func (m mergeShape) disagreed() string {
 // It returns no row when every staged row found its target row and none
 // would change, and the row count is what the caller said: the chunk is
 // then settled as that many unchanged rows, counted by this statement,
-// and the upsert, whose own join would look every key up a second time
-// (half of an unchanged replay's merge), is not run (issue 15). That is
+// and the upsert, whose own join would look every key up a second time,
+// is not run. That is
 // safe because such a merge writes nothing: it is the merge decided at
 // this statement's snapshot, which is what the upsert would have decided
 // but for commits of other transactions between the two statements,
