@@ -227,134 +227,31 @@ type Job struct {
 	// chunk has ended before the horizon. See [SafetyLag] and
 	// [PGSourceWatermark].
 	Watermark Watermarker
-	// SkipUnchanged lets a replay (a [Job.NewRun] over a loaded range,
-	// or a restatement in which few chunks changed) skip the staging and
-	// merge of a chunk whose rows did not change since the last load of
-	// the same chunk: its base, the newest done chunk of the same job and
-	// chunk ID (its bounds are in the ID) checkpointed under the same
-	// skip key, in another batch whose run is not rolled back. The skip
-	// key hashes the plan without its scope and chunk list (source, code
-	// version, target table, key, written columns, mode, duplicate and
-	// conflict policies, version, validity, derived keys, hash and
-	// lineage columns, rollback, publish mode, time declarations) and
-	// the target's column types, so a replay of part of a loaded range,
-	// or of a range extended by new chunks, skips the chunks already
-	// loaded, and a job planned otherwise skips nothing. Off by default.
-	// See replay_skip.go for the design.
+	// SkipUnchanged lets a replay (a [Job.NewRun] over a loaded range, or
+	// a restatement in which few chunks changed) skip the staging and
+	// merge of a chunk whose rows did not change since its last load (its
+	// base: the newest done chunk of the same job, chunk ID and skip key,
+	// in a batch not rolled back). Every chunk is still extracted into a
+	// spool (unless a [ChunkVersioner] spares it); it is skipped when the
+	// multiset hashes of its converted rows and of its target rows (within
+	// its ChunkColumn bounds, else of its identities) equal the base's,
+	// wrongly only with a probability of about 2^-64. A skipped chunk
+	// writes no target row, lineage or undo entry, counts its rows as read,
+	// rejected or unchanged, sets [ChunkResult.Skipped], and its
+	// staging-versus-target validators pass, proven by the fingerprints.
+	// The skip key covers the plan without its scope and chunk list, and
+	// the target's column types. Off by default.
 	//
-	// Every chunk is still extracted and converted (the source is known
-	// only by reading it), into a spool (memory, then a temporary file)
-	// rather than straight into COPY. Then, in the chunk's transaction,
-	// the chunk is skipped when both hold: the multiset hash of its
-	// converted rows (every written column) equals the one the last
-	// load recorded, and the multiset hash of the chunk's target rows
-	// equals the one that load recorded after its merge. On a target
-	// whose partitions are all heap tables and whose columns are all of
-	// built-in types, the target side hashes the rows' versions (table,
-	// ctid, xmin, read by the server without reading a value), with the
-	// target's shape (each column's place, name and type, in the target
-	// and each partition) read by the same statement: any write to one
-	// of the rows, even of its own values, a rewrite that moves them
-	// (VACUUM FULL, CLUSTER) and a column dropped and added again or
-	// renamed make the chunk merge (once: it then records the new
-	// state). The shape covers the target and the partitions holding the
-	// chunk's rows: a partition created ahead or dropped changes no other
-	// chunk's. With a column of an enum, range or citext type (or an
-	// array of one), or a reg* column the job does not write, it hashes
-	// every column's value instead, and so it does when the chunk
-	// transactions a [DB] of your own begins are not READ COMMITTED
-	// (Run begins one to see), whose statements may read the catalog as
-	// it was before a change the rows are read through. A target with a
-	// child by inheritance (INHERITS) is refused, with or without
-	// SkipUnchanged. The chunk's target rows are those within
-	// its ChunkColumn bounds (one range scan: give the target an index on
-	// ChunkColumn); without ChunkColumn, those whose identity is among
-	// the extracted rows' (sent as arrays, one index probe per row),
-	// which leaves out rows of other keys that its merge would not touch
-	// either. A skipped chunk writes no target
-	// row, no lineage and no undo entry; it is checkpointed with Read the
-	// rows the extractor wrote, Rejected those it or the row writer
-	// rejected (queued in this batch's exception queue, as for a merged
-	// chunk), Unchanged the rest, and Inserted, Updated and Deduplicated
-	// 0; [ChunkResult.Skipped] says so, and the chunk's manifest row
-	// records it ([ChunkState.Skipped]), so that [Report.ChunksSkipped],
-	// [StatusChunks.Skipped] and the run report count the batch's
-	// skipped chunks whichever call skipped them. It summarises the rows
-	// it delivered unchanged for rollbacks (rollback_delivered.go), as
-	// its merge would have. Its validators
-	// that compare the staged rows with the target ([Completeness],
-	// [Aggregates], [ReplayChangesNothing], [Sample], [DuplicateKeys]
-	// without AcrossTarget) record a passed result whose Detail says it
-	// was proven by the fingerprints; [CheckExceptionRate] runs. Any
-	// other outcome stages the spool and merges as without the option.
-	//
-	// The comparison is probabilistic, like the validation
-	// fingerprints: two different sets of rows have equal fingerprints
-	// with a probability of about 2^-64 (and see validate_fingerprint.go
-	// for the timestamp hash's weakness). A value spelled otherwise than
-	// last time (numeric 1.0 for 1.00) counts as changed: the chunk is
-	// merged, never wrongly skipped.
-	//
-	// What is recorded: after every merged chunk whose merge took every
-	// staged row (none rejected by the merge, none deduplicated) and
-	// whose target rows (as above) are exactly as many as it staged, the
-	// two fingerprints, on the chunk's manifest row, by its
-	// checkpoint statement ([ManifestSkips]), with the skip key.
-	// Otherwise only the skip key is recorded and the next replay of the
-	// chunk merges (the newest chunk of the key is the base, never an
-	// older one). A rolled back chunk is not done, and
-	// rolling a batch back changes the target rows, so nothing skips on a
-	// rolled back base. A chunk read again while open ([ChunkOpen]) is
-	// never skipped.
-	//
-	// Skipping the extraction too: an Extractor that also implements
-	// [ChunkVersioner] says, before a chunk is extracted, a version of
-	// the chunk's source rows (a token that changes whenever they do),
-	// recorded with the fingerprints. When a replay's version equals the
-	// one its base recorded (not ""), the base rejected no row and the
-	// job has a ChunkColumn, the chunk is not extracted at all: its
-	// target fingerprint alone is compared, and on a match the chunk is
-	// checkpointed skipped with the base's Read as read and unchanged.
-	// A target row changed by another session makes the chunk be
-	// extracted and merged as usual. Over a SQL source, for example:
-	//
-	//	func (s src) ChunkVersion(ctx context.Context, c backfill.Chunk) (string, error) {
-	//		var v string
-	//		err := s.db.QueryRowContext(ctx, `SELECT count(*) || ':' ||
-	//			coalesce(sum(hashtextextended(id::text || '/' || xmin::text, 0)), 0)
-	//			FROM orders WHERE id >= $1 AND id < $2`, c.Lo, c.Hi).Scan(&v)
-	//		return v, err
-	//	}
-	//
-	// Every committed insert, update or delete of a row changes its
-	// xmin term or the count (one scan of the chunk's rows, no
-	// conversion). A max(updated_at) is no version when updated_at is the
-	// writer's now(): a transaction that began earlier and commits later
-	// leaves the max alone. The version is read again after the
-	// extraction and recorded only if unchanged. It describes the source,
-	// not Extract's code: change CodeVersion with that code, or a replay
-	// skips chunks the new code would write otherwise. It describes the
-	// rows as Extract reads them, so a change of the source's schema that
-	// leaves its rows' xmin as they were (a column dropped and added
-	// again, renamed, given another default, or a view or join behind the
-	// extractor redefined) must change it too: add a term for the shape
-	// of what Extract reads, or change CodeVersion with it. See
-	// [ChunkVersioner] and replay_skip_version.go.
-	//
-	// Eligible jobs only: Target.Mode [Upsert] or
-	// [AppendOnly]; Conflict [SourceWins] and no Version; publish per
-	// chunk ([PublishPerChunk]); every target column has a fingerprint
-	// (validate_fingerprint.go: not composite nor of most extension
-	// types) and no written column is of a reg* type (regclass, ...:
-	// the OID a name had when read in, which the same source rows no
-	// longer mean once the object is created again); validators among
-	// those named above. [Runner.Run] refuses
-	// any other job with SkipUnchanged before any work, with an error
-	// wrapping [ErrInvalidConfig] naming the reason, and a Runner whose
-	// Manifest lacks [ManifestSkips] or whose Merger is not [PGMerger]
-	// with an error wrapping [ErrUnsupported]. SkipUnchanged is not part
-	// of the plan: turning it on or off between calls of a run does not
-	// refuse the run.
+	// Eligible jobs only: Target.Mode [Upsert] or [AppendOnly], Conflict
+	// [SourceWins] and no Version, [PublishPerChunk], a fingerprint for
+	// every target column, no written reg* column, and validators the
+	// fingerprints prove. [Runner.Run] refuses any other job before any
+	// work with an error wrapping [ErrInvalidConfig], and a Runner whose
+	// Manifest lacks [backfilldriver.ManifestSkips] or whose Merger is not
+	// the PostgreSQL merger with [ErrUnsupported]. It is not part of the
+	// plan: turning it on or off between calls does not refuse the run.
+	// The README ("Replays that skip unchanged chunks") says what is
+	// hashed; the design note docs/design/skip-unchanged.md why.
 	SkipUnchanged bool
 }
 

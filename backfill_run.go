@@ -165,7 +165,9 @@ func (j Job) validate() error {
 // rolled back) plan is not run again unless [Job.NewRun]: Run then does
 // nothing, logs it and returns the run's Report with an error wrapping
 // [ErrAlreadyCompleted] (Report.Resumed is false). A changed plan returns
-// [ErrPlanChanged] unless [Job.NewRun].
+// [ErrPlanChanged] unless [Job.NewRun]. A target with a child by
+// inheritance (INHERITS, not partitioning), whose unique index does not
+// cover the child's rows, is refused with [ErrInvalidConfig].
 //
 // Each chunk runs in one transaction: claim, extract, COPY into staging,
 // merge, exception queue, checkpoint, commit. Retryable errors
