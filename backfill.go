@@ -191,7 +191,9 @@ type Job struct {
 	// kept (see [ManifestGates]). Validators are not part of the plan:
 	// changing them between calls of a run does not refuse it, but each
 	// change is an audit event ([EventValidatorsChanged]) and a report
-	// warning. See validate_pg.go for the PostgreSQL checks.
+	// warning. The PostgreSQL checks are [DuplicateKeys], [Completeness],
+	// [ReferentialIntegrity], [Aggregates], [ReplayChangesNothing],
+	// [Sample] and [CheckExceptionRate].
 	Validators []Validator
 	// Publish says when rows become visible to readers; the zero value
 	// publishes each chunk as it commits. See [PublishVersionedView].

@@ -32,10 +32,11 @@ type ValidationScope struct {
 	Stager Stager
 }
 
-// Validator checks one chunk. Built-ins for PostgreSQL are in
-// validate_pg.go. Validators run in [Job.Validators] order, in the chunk's
-// transaction: they must not write to the target (a replay check writes
-// inside a savepoint and rolls it back).
+// Validator checks one chunk. The built-ins for PostgreSQL are those of
+// package backfill (Completeness, Aggregates, ...). Validators run in
+// backfill.Job.Validators order, in the chunk's transaction: they must not
+// write to the target (a replay check writes inside a savepoint and rolls
+// it back).
 type Validator interface {
 	// Validate checks scope inside tx and returns its evidence. An error
 	// means the check could not run (not that it failed); the chunk then

@@ -13,8 +13,8 @@ import (
 
 // idMatch returns the condition that rows a and b have the same identity:
 // = for columns that cannot be NULL in staging (Key columns, NOT NULL
-// Columns), IS NOT DISTINCT FROM otherwise (see [Completeness] and the
-// comment at the top of validate_pg.go).
+// Columns), IS NOT DISTINCT FROM otherwise: PostgreSQL uses an index or a
+// hash for = only (see backfill.Completeness).
 func (c *PgCheck) idMatch(a, b string) string {
 	id := c.scope.Info.Identity()
 	parts := make([]string, len(id))
