@@ -12,36 +12,18 @@ import (
 	"github.com/pgbackfill/backfill/internal/pgstore"
 )
 
-// Short transactions (see doc.go, "Many workers and hosts").
-//
-// With a manifest that leases chunks across transactions ([PGManifest],
-// manifest_lease.go) and a registered worker, no transaction of the
-// library is open while the extractor runs:
-//
-//  1. lease: a short transaction of its own leases the next claimable
-//     chunk (leaseChunk) and commits;
-//  2. extract: the extractor runs outside any transaction; the row writer
-//     converts and checks its rows as always, queues its rejects, and
-//     keeps the converted rows in a spool (backfill_spool.go: memory up
-//     to a bound, then a temporary file);
-//  3. the chunk's transaction: the lease's session settings and the fence
-//     (fenceLease: the lease still the worker's at its epoch, under the
-//     row lock), then, as before, the
-//     publish mode's target, staging (the spool replayed into COPY, with
-//     the isolation of refused values, which replays it again), merge,
-//     validation, checkpoint, commit.
-//
-// A chunk whose fence finds no row was taken over by another worker (this
-// one stopped heartbeating for longer than its stale bound): its
-// transaction rolls back and nothing of it is recorded; the worker claims
-// again. Any other end without a commit releases the lease (if it is
-// still the worker's) before the failure is recorded, as the rollback of
-// the claim's transaction released the row lock before.
-//
-// A retried try (a wait, [Config.LockRetries]) leases and extracts the
-// chunk again. With [Config.JobConcurrency] a lease is taken only while
-// fewer than that many chunks of the batch hold a live lease: the cap
-// counts the chunks from their lease to their commit, across processes.
+// Short transactions (see the package documentation, "Many workers and
+// hosts"). With a manifest that leases chunks across transactions (the
+// PostgreSQL manifest, [PGManifest]) and a registered worker, no
+// transaction of the library is open while the extractor runs: a short
+// transaction leases the chunk and commits; the extractor fills a [spool]
+// outside any transaction; then the chunk's transaction sets the lease's
+// settings, fences the lease (still the worker's at its epoch, under the
+// row lock), stages from the spool, merges, validates and checkpoints. A
+// chunk whose fence finds no row was taken over: it rolls back and records
+// nothing. Any other end without a commit releases the lease before the
+// failure is recorded. The design note docs/design/short-transactions.md
+// explains the alternatives.
 
 // spooled is a chunk extracted into a spool, with the row writer that
 // counted its rows and queued its rejects.

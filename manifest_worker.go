@@ -2,40 +2,17 @@ package backfill
 
 import "github.com/pgbackfill/backfill/internal/pgstore"
 
-// Liveness and fencing of the workers of a run (see doc.go, "Many workers
-// and hosts").
-//
-// Each call of [Runner.Run] registers a row in the manifest's workers
-// table (a random worker key), refreshes its heartbeat_at every
-// [Config.HeartbeatInterval] from a goroutine of its own, and marks it
-// finished when it returns. Every time is the server's now(), so the
-// clocks of the hosts do not matter.
-//
-// A chunk is leased across transactions (lease_key, lease_epoch;
-// manifest_lease.go) while it is extracted outside any transaction; its
-// short transaction then holds the row lock of the chunk's manifest row
-// (the fence). Without a registered worker, the lease is that row lock
-// alone, taken by claimLeased (FOR UPDATE SKIP LOCKED). The claim
-// statement tags the transaction's backend with application_name
-// "backfill <worker key> " followed by the session's own (set_config
-// local, reverted when the transaction ends; cut at 63 bytes, the key
-// first), so that pg_locks (the transaction ID the locked row
-// names in xmax) and pg_stat_activity lead from a held chunk to its
-// worker and its heartbeat. A worker that finds nothing to claim while
-// chunks are held by others waits, and terminates (pg_terminate_backend)
-// the backend of a holder whose worker's heartbeat is older than
-// [Config.StaleAfter]; the check of the heartbeat and the termination are
-// one statement.
-//
-// The token that keeps a fenced-out worker from committing: its
-// (lease_key, lease_epoch), checked by the fence under the row lock in the
-// transaction that holds the chunk's writes (manifest_lease.go); and for a
-// worker already in that transaction, the row lock: terminating the
-// backend rolls that transaction back, and the worker can never commit it.
-// A new transaction must claim the chunk again, which only works while the
-// chunk is pending (or open) and no one else holds it, and the checkpoint
-// (CompleteChunk) updates the row only WHERE its status is still pending,
-// staged or open and the run is not abandoned or rolled back.
+// Liveness and fencing of the workers of a run (see the package
+// documentation, "Many workers and hosts"). Each call of [Runner.Run]
+// registers a worker row, heartbeats it every [Config.HeartbeatInterval]
+// and marks it finished on return; all times are the server's. A worker
+// that finds nothing to claim while others hold chunks waits, and
+// terminates the backend of a holder whose heartbeat is older than
+// [Config.StaleAfter]. A fenced-out worker can never commit: its token is
+// its lease (lease_key, lease_epoch), checked under the chunk's row lock
+// in the transaction that holds its writes, or, for a worker inside that
+// transaction, the row lock itself. The design note
+// docs/design/short-transactions.md explains the mechanism.
 
 // Liveness values of [RunLiveness.Liveness] for a running run; a run that
 // is not running has its status as its liveness.

@@ -166,40 +166,23 @@ const ClaimQuery = `SELECT ` + chunkColumns + ` FROM {s}.chunks
 		ORDER BY seq LIMIT 1 FOR UPDATE SKIP LOCKED`
 
 // ClaimLeased claims like ClaimChunk, in one statement that also checks
-// the run's status (without locking the run's row) and sets the chunk
-// transaction's lease settings:
+// the run's status (without locking the run's row), skips the chunks of
+// l.Avoid, and sets the chunk transaction's lease settings, locally:
 //
-//   - application_name "backfill <worker key> " before the session's
-//     own: the chunk's holder, for the waiting workers' fencing;
-//   - TCP keepalives (idle StaleAfter/3, interval StaleAfter/9, 3
-//     probes) and tcp_user_timeout = StaleAfter: the server ends the
-//     transaction of a worker cut off within the bound. Not
-//     idle_in_transaction_session_timeout: the chunk's transaction is
-//     idle while its validators run in the process, which may take
-//     long; a worker frozen between statements stops heartbeating and is
-//     fenced by the others instead;
-//   - statement_timeout 0, the value of the merge kept in
-//     backfill.statement_timeout ([Config.StatementTimeout], or the
-//     session's): the COPY that stays open while the extractor runs is
-//     not charged with the extractor's time. The merge puts it back
-//     (PGMerger's planner settings) for its statements and what follows;
-//   - lock_timeout, the try's ([Config.LockRetries]), also kept in
-//     backfill.lock_timeout for the merge to put back after its key
-//     locks, which wait without one (backfill_timeouts.go).
+//   - application_name "backfill <worker key> " before the session's own,
+//     naming the chunk's holder for the waiting workers' fencing;
+//   - TCP keepalives and tcp_user_timeout from StaleAfter, so the server
+//     ends a cut-off worker's transaction within the bound (not
+//     idle_in_transaction_session_timeout: validators may run long);
+//   - statement_timeout 0, the merge's kept in backfill.statement_timeout,
+//     and the try's lock_timeout, kept in backfill.lock_timeout, both put
+//     back by [PGStager.PlannerSettings].
 //
-// It also skips the chunks of l.avoid and returns the backend's pid, for
-// the watcher of the chunk's waits.
-//
-// No lock on the run's row: a run that is abandoned or rolled back is
-// first set so (committed), then waitInFlight waits for the chunks in
-// flight. A claim statement that read the run as running either locked
-// its chunk row before waitInFlight reached it (waitInFlight waits for
-// it) or finds it locked by waitInFlight and skips it. A claim whose
-// statement snapshot is older than the change, and that locks its row
-// only after waitInFlight released it, is stopped by the checkpoint,
-// which reads the run's status afresh (CompleteChunk). A run that is
-// failed or paused meanwhile lets its chunks in flight commit: they were
-// claimed while it ran, and a resume or a rollback waits for them.
+// It returns the backend's pid, for the watcher of the chunk's waits. A
+// claim racing an abandon or rollback of the run is stopped by
+// [Manifest.WaitInFlight] or by the checkpoint, which reads the run's
+// status afresh. The design note docs/design/short-transactions.md
+// explains why the run's row is not locked.
 func (m *Manifest) ClaimLeased(ctx context.Context, tx sqlx.ExtContext, batchID int64, l Lease) (backfilltype.ChunkState, int, bool, error) {
 	var rows []struct {
 		pgChunkRow
