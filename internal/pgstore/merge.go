@@ -902,40 +902,21 @@ func (s *PGStager) checkIntervals(ctx context.Context) error {
 
 // PlannerSettings sets, in the chunk's transaction, the settings the
 // merge's statements run under, and returns a function that restores
-// those not meant to outlast the merge.
+// those not meant to outlast the merge:
 //
-// Index nested loops for every join of staging with the target: a
-// chunk touches a sliver of the target, but before the target is
-// analysed (and long after, below a few hundred thousand rows) the
-// planner prefers hash and merge joins that read all of it per chunk,
-// making a load quadratic. These stay
-// for the rest of the chunk's transaction (PostgreSQL docs, 20.7.1
-// "Planner Method Configuration"; set_config with is_local). Change detection compares
-// values without an equality operator (json, point, composites) as
-// text: floats must print exactly, which extra_float_digits 0 or less
-// (PostgreSQL docs, 20.11.2) would undo; it is raised to 1, the
-// default, for the chunk's transaction.
+//   - hash and merge joins off for the rest of the chunk's transaction,
+//     so every join of staging with the target is an index nested loop
+//     (otherwise a load turns quadratic before the target is analysed);
+//   - sequential scans and JIT off for the merge's statements (restored):
+//     every lookup goes through the identity's unique index;
+//   - extra_float_digits at least 1, so floats compared as text are exact;
+//   - the caller's statement_timeout and the try's lock_timeout put back
+//     from backfill.statement_timeout and backfill.lock_timeout, where
+//     [Manifest.ClaimLeased] and the key locks ([PGStager.lockKeys]) kept
+//     them.
 //
-// Sequential scans are off for the merge's statements (and restored
-// after): every lookup into the target goes through its unique index
-// on the identity, which ResolveTarget requires. A target the planner
-// believes empty (vacuumed while empty, then truncated) otherwise gets
-// a sequential scan as the inner side of the lookup, which the
-// statement's own INSERT then grows row by row: a chunk of n rows into
-// it reads n²/2 tuples. Staging has no index and is still scanned
-// sequentially.
-//
-// The penalty that disables a path (disable_cost, 1e10) also lifts
-// every plan's cost over jit_above_cost: JIT is off with it, or each
-// statement of a small chunk would be compiled, at a cost far above
-// that of running it.
-//
-// It also puts back the caller's statement_timeout, which the claim of
-// the chunk (PGManifest.claimLeased) kept in backfill.statement_timeout
-// and set to 0 for the COPY that stays open while the extractor runs:
-// the merge's statements are bounded by the caller's setting again
-// ([Config.StatementTimeout] when set). Likewise the lock_timeout of the
-// try (backfill.lock_timeout), which the key locks (lockKeys) set to 0.
+// All settings are transaction-local. The design note
+// docs/design/merge.md explains each.
 func (s *PGStager) PlannerSettings(ctx context.Context) (restore func(context.Context) error, err error) {
 	// One statement, one round trip per chunk: the subquery
 	// (OFFSET 0 keeps it a subquery, evaluated before the outer target

@@ -13,6 +13,18 @@ import (
 	"github.com/pgbackfill/backfill/internal/sqlgen"
 )
 
+// What the merge decides from. Change detection must tell apart every two
+// values stored differently: only the types in exactTypes keep their own
+// equality; every other column is compared byte for byte ([ExactCompare]).
+// Before the deciding statement, one statement of its own locks FOR
+// UPDATE the target rows the merge would change ([PGStager.lockChanging]),
+// so that the decision, taken in a new snapshot, cannot be overtaken by a
+// concurrent writer of those rows; unchanged rows are not locked. Every
+// merge ends with SET CONSTRAINTS ALL IMMEDIATE inside its savepoint
+// ([PGStager.checkDeferred]), so that deferred checks fire where refused
+// rows can be isolated. The design note docs/design/merge.md explains the
+// alternatives.
+
 // LooseEquality lists the built-in types whose equality operator equates
 // values stored differently; they are compared by their text.
 var LooseEquality = map[string]bool{"numeric": true, "float4": true, "float8": true, "interval": true, "jsonb": true}

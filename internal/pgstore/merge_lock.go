@@ -14,6 +14,18 @@ import (
 	"github.com/pgbackfill/backfill/internal/sqlgen"
 )
 
+// Key locks: merges that touch the same business keys run one after the
+// other. Before its first read of the target, a merge takes
+// transaction-level two-int advisory locks in the target's namespace
+// ([LockNamespace]): [WholeTarget] shared, then one exclusive lock per
+// key hash in ascending order, in one statement, so that no two merges
+// wait in a cycle. A chunk with more than [MergeLockKeys] key hashes, or
+// whose key type has no hash function, takes WholeTarget exclusively, so a
+// transaction never holds more than MergeLockKeys+1 of these locks. A
+// single integer key is locked by ranges of values. The merge relies on
+// READ COMMITTED. The design note docs/design/merge.md explains the
+// alternatives.
+
 // MergeLockKeys is the most key locks one chunk takes; a chunk with more
 // distinct key hashes locks the whole target.
 const MergeLockKeys = 64

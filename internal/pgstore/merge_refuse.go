@@ -16,6 +16,17 @@ import (
 	"github.com/pgbackfill/backfill/internal/sqlgen"
 )
 
+// Rows the target refuses at merge time (a unique index other than the
+// key's, a CHECK, a foreign key, a NOT NULL, a raising trigger, a btree
+// row too large, a data error): the merge runs in the savepoint
+// backfill_refuse; on a refusal ([PGStager.refusal]) it rolls back and
+// [Isolation] finds the refused rows, by set-based pre-checks naming
+// suspects and by bisection inside savepoints, so that the rest of the
+// chunk merges in row order. Refused rows go to the exception queue, at
+// most TableInfo.Chunk.MaxRefused per chunk. Errors not about a row
+// (transientClasses, the key's own unique index) still fail the chunk.
+// The design note docs/design/merge.md explains the alternatives.
+
 // DefaultMaxMergeRefusals is the default of [Config.MaxMergeRefusals].
 const DefaultMaxMergeRefusals = 100
 

@@ -421,39 +421,19 @@ func (m mergeShape) disagreed() string {
 }
 
 // upsertLockChanging locks the target rows the upsert would update, by
-// its own predicate (merge_decide.go), and tells in the same pass over
-// Staging whether the upsert has anything to do; "" when it updates none.
-// It ends in "count(*) <> " and the caller appends the number of staged
-// rows (a literal integer, so that the statement still has no parameters
-// and goes in the batch after the planner settings).
+// its own predicate (see [PGStager.lockChanging]), and tells in the same
+// pass over Staging whether the upsert has anything to do; "" when it
+// updates none. It ends in "count(*) <> " and the caller appends the
+// number of staged rows (a literal, so that the statement has no
+// parameters and goes in the batch after the planner settings).
 //
-// It returns no row when every staged row found its target row and none
-// would change, and the row count is what the caller said: the chunk is
-// then settled as that many unchanged rows, counted by this statement,
-// and the upsert, whose own join would look every key up a second time,
-// is not run. That is
-// safe because such a merge writes nothing: it is the merge decided at
-// this statement's snapshot, which is what the upsert would have decided
-// but for commits of other transactions between the two statements,
-// which the upsert, taking a new snapshot, could not tell from commits
-// after ours anyway (except for a concurrent change it would then
-// overwrite unlocked, the race merge_decide.go names). With a row, the
-// Upsert runs as before.
-//
-// Each staged row is looked up once by its identity (the LEFT JOIN);
-// only for the rows whose target row differs does a subquery look it up
-// again and lock it FOR UPDATE. The lock re-evaluates apply on the row's
-// latest version (PostgreSQL docs, 13.2.1: the WHERE clause is
-// re-evaluated on the updated row), exactly as the join of lockChanging
-// does: the inner t is the target's row, the s it compares with the outer
-// staged row. CASE makes the lock run only for those rows (the order of
-// a boolean expression's terms is not guaranteed), and an aggregate
-// evaluates its argument on every row whatever the HAVING clause then
-// decides, so every row to change is locked. Every such row counts at
-// least 1, locked or not: a row that differed in the snapshot and that a
-// concurrent writer changed or deleted before the lock leaves the
-// decision to the upsert, so a settled chunk is one decided wholly from
-// one snapshot.
+// It returns no row when every staged row found its target row unchanged
+// and the count matches: the chunk is then settled, decided wholly from
+// this statement's snapshot, and the upsert is not run. Each staged row is
+// looked up once (a LEFT JOIN); only rows whose target row differs are
+// looked up again and locked FOR UPDATE, inside CASE so the lock runs for
+// them only, and each counts at least 1 whether or not the lock found it.
+// The design note docs/design/merge.md explains why this is safe.
 func (m mergeShape) upsertLockChanging() string {
 	apply := m.apply()
 	if apply == "false" {
