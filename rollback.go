@@ -77,42 +77,25 @@ type RollbackReport struct {
 // log written during the batch ([RollbackUndoLog]): rows the batch
 // inserted are deleted, rows it updated get their prior image back, SCD2
 // intervals it closed or split are restored. It works in reverse chunk
-// order, one transaction per chunk that also marks the chunk rolled_back
-// in the manifest, so a crash mid-rollback leaves whole chunks and running
-// Rollback again completes it; a rollback of an already rolled back batch
-// changes nothing.
+// order, one transaction per chunk that also marks the chunk rolled_back,
+// so a crash mid-rollback leaves whole chunks and running Rollback again
+// completes it; rolling back a rolled back batch changes nothing.
 //
-// Before writing anything it looks for rows that a later batch still
-// applied changed (their lineage UpdatedBy names another batch) or
-// delivered unchanged, and refuses with [ErrRollbackConflict], listing
-// the keys and those batches, unless opts.Force. A row a later batch
-// delivered unchanged still names this batch in its lineage; the merge of
-// each chunk with unchanged rows summarises, per batch that last wrote
-// them, how many it delivered and their least and greatest identity (one
-// manifest row per chunk and batch, never one per row). A row of this
-// batch within those bounds of a done chunk of another batch counts as
-// delivered by it: exact about which batches delivered rows, conservative
-// between the bounds (see rollback_delivered.go). Rolling back the later
-// batch first, then this one, meets no conflict. A preview reports the
-// same conflicts, and its Deleted and Restored leave out the rows a
-// refused rollback would not touch (unless Force). A rollback
-// is recorded in the audit log with who, why, when and the counts; a
-// whole-batch rollback sets the run's status to rolled_back.
+// Before writing anything it refuses with [ErrRollbackConflict], unless
+// opts.Force, when a later batch that is still applied changed rows of
+// this batch or delivered them unchanged (exact about which batches,
+// conservative between the identity bounds each chunk recorded). A preview
+// reports the same conflicts. A whole-batch rollback is audited and sets
+// the run's status to rolled_back. A running run whose only unfinished
+// chunks are [ChunkOpen] is paused first (and stays paused if refused);
+// one with pending or failed chunks is refused with [ErrInvalidConfig].
 //
-// A run that is still running can be rolled back whole when its only
-// unfinished chunks are open ([ChunkOpen]: loaded, but ending after the
-// horizon): Rollback first pauses it (an audit event with Actor and Why),
-// so no call reads them again, then withdraws it; if the rollback is then
-// refused (conflicts) the run stays paused, and [Runner.Resume] continues
-// it. A running run with
-// pending or failed chunks is refused with [ErrInvalidConfig] saying what
-// to do: finish it (run the job again) or abandon it with [Job.NewRun].
-//
-// It needs a manifest that keeps the rollback's bookkeeping
-// ([ManifestRollback]) and, for the undo log, a merger that writes it
-// ([UndoLogWriter]) and rolls back from it ([MergerRollback]); a publish
-// mode that switches back, or a running run, needs a [PGManifest];
-// [ErrUnsupported] otherwise, naming what is missing.
+// It needs a manifest with [backfilldriver.ManifestRollback] and, for the
+// undo log, a merger with [backfilldriver.UndoLogWriter] and
+// [backfilldriver.MergerRollback]; a publish mode that switches back, or a
+// running run, needs a [PGManifest]; [ErrUnsupported] otherwise, naming
+// what is missing. The design note docs/design/rollback.md explains the
+// conflict check and its locks.
 func (r *Runner) Rollback(ctx context.Context, job Job, opts RollbackOptions) (RollbackReport, error) {
 	begin := time.Now()
 	run, plan, err := r.rollbackBatch(ctx, job, opts)
