@@ -307,7 +307,7 @@ type RowWriter interface {
 	// value or as text: NaN and ±Inf floats (also in an unconstrained
 	// numeric), 'infinity' and '-infinity' times ([TimeInfinity],
 	// [TimeNegInfinity]), years 4714 BC to 294276 AD (dates to 5874897
-	// AD; see internal/pgconv/timestamp.go for the text forms). Times are
+	// AD; package internal/pgconv reads their text forms). Times are
 	// stored in whole microseconds: a time.Time (or time.Duration) with
 	// nanoseconds is truncated toward the past; date/time text with more
 	// than six fractional digits is rounded as PostgreSQL rounds it.
@@ -389,7 +389,7 @@ type Config struct {
 	// inet. Every row holding a refused value is queued as an exception
 	// naming its column, value and PostgreSQL's message, and the chunk is
 	// extracted and staged again without them, inside the chunk's
-	// transaction (see backfill_isolate.go): one more extraction per
+	// transaction ([chunkStaging]): one more extraction per
 	// refused value, which is what the limit bounds. Past it, the chunk
 	// fails with an error wrapping [ErrTooManyRejects] that names the
 	// chunk, row, column and value. The rows count toward
@@ -404,8 +404,8 @@ type Config struct {
 	// whose index entry exceeds the btree limit, and other per-row data
 	// errors. Each such row is queued as an exception naming the
 	// constraint (or trigger), its business key and PostgreSQL's message,
-	// and the rest of the chunk merges (see merge_refuse.go: set-based
-	// pre-checks, then bisection inside savepoints). Past the limit the
+	// and the rest of the chunk merges (found by set-based pre-checks,
+	// then bisection inside savepoints). Past the limit the
 	// chunk fails with an error wrapping [ErrTooManyRejects] naming the
 	// chunk, row, key and constraint. The rows count toward
 	// MaxRejectsPerChunk too. A replay (a new run) refuses the same rows
@@ -428,7 +428,7 @@ type Config struct {
 	// Tracer traces the chunks of the Runner's runs, one span per claimed
 	// attempt of a chunk; when it also implements [PhaseTracer],
 	// [RunTracer], [ThrottleTracer], [PauseTracer] or [RetryTracer] (looked
-	// up once, by [NewWithDB]), their phases, runs and events (trace.go).
+	// up once, by [NewWithDB]), their phases, runs and events.
 	// Nil means none, at no cost. contrib/otel and contrib/prometheus
 	// adapt it to OpenTelemetry and Prometheus.
 	Tracer backfilltrace.Tracer
@@ -463,7 +463,7 @@ type Config struct {
 	// and in the short manifest transactions): it caps the timeouts of
 	// LockRetries, and an application session queued behind a lock the
 	// library waits for waits about this long at most. A wait that times
-	// out is retried (LockRetries, backfill_timeouts.go). Default
+	// out is retried (LockRetries, [LockRetry]). Default
 	// [DefaultLockTimeout]; negative: the library sets no lock_timeout
 	// (the session's, role's or database's applies) and retries the waits
 	// that end anyway with LockRetries' sleeps.

@@ -36,7 +36,7 @@ type spooled struct {
 }
 
 // close closes the spool, if the chunk was extracted (a chunk not
-// extracted on its version has none, replay_skip_version.go).
+// extracted on its version has none).
 func (s *spooled) close() {
 	if s != nil && s.sp != nil {
 		_ = s.sp.Close()
@@ -77,7 +77,7 @@ func (ex *execution) leasing() bool {
 func (ex *execution) runChunkLeased(ctx context.Context, p *chunkPipe) (cr chunkRun, err error) {
 	r, wm := ex.r, ex.r.caps.workers
 	// The slot's extract stage, then its write stage before the chunk's
-	// transaction (backfill_pipeline.go); the stage held is left on return.
+	// transaction ([chunkPipe]); the stage held is left on return.
 	turn, ok := p.enterExtract(ctx)
 	defer func() {
 		// A chunk claimed hands its stage to next, which leaves it once
@@ -112,7 +112,7 @@ func (ex *execution) runChunkLeased(ctx context.Context, p *chunkPipe) (cr chunk
 	// one goroutine leases at a time, avoiding the chunks the others
 	// hold (a lease of the key that none holds is taken again: a release
 	// that failed).
-	leaseStart := time.Now() // the claim phase's (trace.go)
+	leaseStart := time.Now() // the claim phase's
 	ex.leaseMu.Lock()
 	ex.mu.Lock()
 	for seq := range ex.leased {
@@ -125,7 +125,7 @@ func (ex *execution) runChunkLeased(ctx context.Context, p *chunkPipe) (cr chunk
 		cr.noSlot = full
 		if err == nil {
 			// No lease: the run may have been paused or cancelled, which
-			// the lease's statement did not report (backfill_control.go).
+			// the lease's statement did not report.
 			ex.pollControl(ctx)
 		}
 		return cr, err
@@ -176,7 +176,7 @@ func (ex *execution) runChunkLeased(ctx context.Context, p *chunkPipe) (cr chunk
 
 	// A job with SkipUnchanged and a ChunkVersioner: the chunk's version,
 	// before its extraction, and whether its base lets it skip the
-	// extraction (replay_skip_version.go): then it is not extracted, and
+	// extraction ([execution.versionCandidate]): then it is not extracted, and
 	// its transaction decides.
 	var x *spooled
 	version, err := ex.chunkVersion(xctx, c, cr.reread, started)
@@ -191,7 +191,7 @@ func (ex *execution) runChunkLeased(ctx context.Context, p *chunkPipe) (cr chunk
 
 	// Extract, outside any transaction, into a spool.
 	if x == nil {
-		if x, err = ex.extractSpooled(xctx, c, started, version); err != nil { // replay_skip_run.go
+		if x, err = ex.extractSpooled(xctx, c, started, version); err != nil {
 			return cr, chunkErr(err)
 		}
 		defer x.close()
@@ -199,7 +199,7 @@ func (ex *execution) runChunkLeased(ctx context.Context, p *chunkPipe) (cr chunk
 	}
 
 	// The slot's write stage: the previous chunk leased by the slot is
-	// written first (backfill_pipeline.go). A chunk that waited for it
+	// written first ([chunkPipe]). A chunk that waited for it
 	// checks again what the lease checked.
 	ok, waited := turn.enterWrite(ctx, func() { cr.span.next(ctx, backfilltrace.PhaseQueued) })
 	if !ok {
@@ -219,7 +219,7 @@ func (ex *execution) runChunkLeased(ctx context.Context, p *chunkPipe) (cr chunk
 		// inside its transaction.
 		return cr, chunkErr(fmt.Errorf("begin chunk transaction: %w", err))
 	}
-	tx = batched(tx) // backfill_batch.go
+	tx = batched(tx)
 	committed := false
 	defer func() {
 		if !committed {
@@ -249,7 +249,7 @@ func (ex *execution) runChunkLeased(ctx context.Context, p *chunkPipe) (cr chunk
 	if errors.Is(err, errVersionMissed) {
 		// Not extracted on its version, but it must be: its transaction
 		// rolls back, its lease is released (deferred) and this call's
-		// next lease of it extracts it (replay_skip_version.go).
+		// next lease of it extracts it.
 		ex.versionMissed(seq, true)
 		cr.requeued, cr.claimed = true, false
 		cr.span.release()

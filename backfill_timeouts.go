@@ -14,7 +14,8 @@ import (
 	"github.com/pgbackfill/backfill/internal/pgstore"
 )
 
-// Timeouts and the retry of waits (see doc.go, "Beside production").
+// Timeouts and the retry of waits (see the package documentation,
+// "Beside production").
 //
 // Every transaction of a chunk sets, locally, lock_timeout (the try's row
 // of [Config.LockRetries], at most [Config.LockTimeout]) and keeps the
@@ -37,9 +38,9 @@ import (
 // The row of a try is counted per call of Run and per chunk: another
 // process that claims the chunk starts at the first row.
 //
-// The advisory key locks of the merge (merge_lock.go) wait without
-// lock_timeout: they wait only for another chunk's merge of the same keys,
-// an intended wait that no application session queues behind.
+// The advisory key locks of the merge (see [pgstore.MergeLockKeys]) wait
+// without lock_timeout: they wait only for another chunk's merge of the
+// same keys, an intended wait that no application session queues behind.
 
 // LockRetry is one row of [Config.LockRetries]: a try's lock_timeout and,
 // when the try waits, the sleep before the next try.

@@ -73,7 +73,7 @@ update rows, CREATE for the publish modes that create tables), and
 [Runner.Rollback] DELETE (and UPDATE to restore updated rows) before it
 changes anything; a missing one is a [*PrivilegeError] listing them all
 with the GRANT statements to run. An Upsert by a role without UPDATE runs
-insert-only. See backfill_privileges.go and the README's "Deploying".
+insert-only. See the README's "Deploying".
 
 # Isolation levels and conflicts
 
@@ -572,10 +572,11 @@ conformance suites of backfilltest test each one an implementation has.
 # Errors
 
 Errors are wrapped with %w; test them with errors.Is against the sentinels
-in errors.go, and with errors.As for [*ChunkError] (which chunk failed),
-[*PartialError] (what completed before a failure). Rejected rows are not
-errors: they are rows of the exception queue ([Manifest.Exceptions]).
-[IsRetryable] tells transient database errors, which the runner retries up
-to [Config.MaxAttempts] times (waits first, by [Config.LockRetries]).
+of this package (such as [ErrInvalidConfig]), and with errors.As for
+[*ChunkError] (which chunk failed), [*PartialError] (what completed before a
+failure). Rejected rows are not errors: they are rows of the exception queue
+([Manifest.Exceptions]). [IsRetryable] tells transient database errors,
+which the runner retries up to [Config.MaxAttempts] times (waits first, by
+[Config.LockRetries]).
 */
 package backfill

@@ -7,8 +7,8 @@ import "github.com/pgbackfill/backfill/internal/pgstore"
 // role that runs jobs then needs no DDL privilege for the manifest:
 // [PGManifest.Init] only reads the schema's version when it is current.
 // What the runtime role needs, and what [Runner.Run] checks before it
-// creates or resumes a batch (the target's part is in
-// backfill_privileges.go):
+// creates or resumes a batch (the target's part is on [Runner.Run]'s
+// privilege check, [Runner.checkTargetSchema]):
 //
 //   - USAGE on the manifest's schema; SELECT, INSERT, UPDATE and DELETE on
 //     its tables (SELECT only on schema_migrations); USAGE on its

@@ -10,7 +10,7 @@ import (
 	"github.com/pgbackfill/backfill/internal/pgstore"
 )
 
-// The manifest's side of throttles (throttle.go): the throttle periods
+// The manifest's side of throttles ([Config.Throttles]): the throttle periods
 // of each run and the job-wide concurrency slots.
 
 // TimeSplit returns how the time of run batchID splits into working,

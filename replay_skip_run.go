@@ -18,7 +18,7 @@ import (
 )
 
 // Replays that skip unchanged chunks, wired into a run ([Job.SkipUnchanged];
-// the design is at the top of replay_skip.go).
+// the design note docs/design/skip-unchanged.md explains it).
 
 // skipEligible returns why job, whose target is prepared as info, cannot
 // skip unchanged chunks: an error wrapping [ErrInvalidConfig] naming the
@@ -137,7 +137,7 @@ type chunkSkip struct {
 	record backfilldriver.ChunkFingerprints
 	// version is the chunk's source version ([ChunkVersioner]), read
 	// before its extraction ("" for none); recorded with the
-	// fingerprints (replay_skip_version.go).
+	// fingerprints ([execution.confirmVersion]).
 	version string
 	// base is the base skipByVersion looked up in the chunk's
 	// transaction (nil: none looked up); targetChanged, that the target
@@ -256,7 +256,7 @@ func (ex *execution) skipUnchanged(ctx context.Context, tx backfilldriver.Tx, cr
 // as exceptions), the rest unchanged; the delivered summary of the
 // target rows in its bounds (of the identities keys without
 // ChunkColumn); the validators of skipValidators; and base's
-// fingerprints recorded again, with version (replay_skip_version.go).
+// fingerprints recorded again, with version.
 func (ex *execution) checkpointSkipped(ctx context.Context, tx backfilldriver.Tx, cr *chunkRun, c Chunk, info TableInfo, started time.Time, base backfilldriver.ChunkFingerprints,
 	read, rejected int64, exceptions []Exception, keys [][]string, version string) (bool, error) {
 	chunkErr := func(err error) error { return &ChunkError{Chunk: c, Attempt: cr.attempt, Err: err} }
@@ -326,13 +326,13 @@ func (ex *execution) recordAfterMerge(ctx context.Context, tx backfilldriver.Tx,
 		return nil
 	}
 	// The version read before the extraction, with the fingerprints of
-	// its rows (replay_skip_version.go).
+	// its rows.
 	sk.record = backfilldriver.ChunkFingerprints{Source: sk.source.String(), Target: fingerprintText(info, tfp.Fingerprint), Version: sk.version}
 	return nil
 }
 
 // recordSkippedDelivered records, for a chunk skipped in tx, the
-// delivered summary (rollback_delivered.go) of the target rows within
+// delivered summary (see [RollbackConflict]) of the target rows within
 // its bounds (without ChunkColumn: of the identities keys): one row per
 // owner batch (lineage UpdatedBy) other than this one, with how many and
 // the least and greatest identity. It does nothing without lineage or a

@@ -118,7 +118,7 @@ func (r *Runner) Rollback(ctx context.Context, job Job, opts RollbackOptions) (R
 	}
 	if !opts.Preview {
 		// Before anything changes: every missing privilege at once.
-		if err := r.checkRollbackPrivileges(ctx, u.info, run.BatchID); err != nil { // backfill_privileges.go
+		if err := r.checkRollbackPrivileges(ctx, u.info, run.BatchID); err != nil {
 			return RollbackReport{}, err
 		}
 	}
@@ -268,7 +268,7 @@ func (r *Runner) undoRollback(ctx context.Context, job Job, run Run, plan Plan, 
 
 // conflicts returns the report with the rows later batches still applied
 // changed or delivered unchanged. Unless it is a preview, it checks
-// holding the target's merge lock (rollback_lock.go).
+// holding the target's merge lock ([undoRollback.lockedTx]).
 func (u *undoRollback) conflicts(ctx context.Context) (RollbackReport, error) {
 	rep := RollbackReport{BatchID: u.run.BatchID, Preview: u.opts.Preview, Status: u.run.Status}
 	var c RollbackConflicts
@@ -328,8 +328,7 @@ func (u *undoRollback) apply(ctx context.Context, rep RollbackReport) (RollbackR
 	for _, seq := range u.seqs {
 		var deleted, restored int64
 		var done bool
-		// Holding the target's merge lock, after a new conflict check
-		// (rollback_lock.go).
+		// Holding the target's merge lock, after a new conflict check.
 		err := u.lockedTx(ctx, []int{seq}, u.one != nil, func(tx sqlx.ExtContext) (err error) {
 			deleted, restored, done, err = u.rb.RollBackChunk(ctx, tx, seq, opts.Force)
 			return err
