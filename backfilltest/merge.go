@@ -36,14 +36,13 @@ type Merger struct {
 	tables map[string]*fakeTable
 	// keyLocks: table and business key -> the transaction (or stager)
 	// holding it; released is closed when locks are released
-	// (merge_lock.go).
+	// (see [Merger.lockKeys]).
 	keyLocks map[string]any
 	released chan struct{}
 	// staging are the persistent staging tables: table name -> chunk
-	// Seq -> rows (merge_staging.go).
+	// Seq -> rows.
 	staging map[string]map[int][]stagedRow
-	// undo is the undo log: table name -> entries in write order
-	// (merge_undo.go).
+	// undo is the undo log: table name -> entries in write order.
 	undo map[string][]undoEntry
 }
 
@@ -53,7 +52,7 @@ type fakeTable struct {
 	key     []string          // the unique columns: a merge's identity
 	rows    map[string][]any  // keyOf(columns, key, row) -> row in column order
 	// uniques and checks are the table's other constraints
-	// (merge_refuse.go).
+	// ([Merger.AddUnique], [Merger.AddCheck]).
 	uniques []fakeUnique
 	checks  []fakeCheck
 }
@@ -189,9 +188,9 @@ func keyOf(names, key []string, values []any) string {
 	return b.String()
 }
 
-// Merge merges the staged rows by the target's mode (see merge_modes.go)
-// against the committed rows, and writes the changes on commit of the
-// fake transaction.
+// Merge merges the staged rows by the target's mode (the mode methods of
+// [merge]) against the committed rows, and writes the changes on commit of
+// the fake transaction.
 func (s *stager) Merge(ctx context.Context) (backfilltype.MergeResult, error) {
 	if s.merged {
 		return backfilltype.MergeResult{}, backfill.ErrWriterClosed

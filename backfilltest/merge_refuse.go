@@ -10,8 +10,8 @@ import (
 	"github.com/pgbackfill/backfill"
 )
 
-// Rows the target refuses at merge time, as PGMerger refuses them
-// (merge_refuse.go of package backfill): a table may declare unique
+// Rows the target refuses at merge time, as the PostgreSQL merger refuses
+// them (see [pgstore.Isolation]): a table may declare unique
 // constraints besides its key ([Merger.AddUnique]) and CHECK constraints
 // ([Merger.AddCheck]). A merged row that violates one is not written: it
 // is returned in MergeResult.Rejected with its row, its identity as

@@ -70,7 +70,8 @@ type Phase string
 
 // The phases of a chunk, in their order. A chunk runs either leased (a
 // manifest that leases chunks, the default [Manifest] with a
-// registered worker; see doc.go) or in one transaction
+// registered worker; see package backfill, "Many workers and hosts") or
+// in one transaction
 // ([Config.JobConcurrency], or a manifest without leases):
 const (
 	// PhaseClaim: leased, the lease's short transaction; in one

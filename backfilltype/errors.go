@@ -284,7 +284,7 @@ func IsRetryable(err error) bool {
 	if errors.Is(err, ErrConcurrentChange) {
 		return true
 	}
-	if IsConnectionError(err) { // backfill_worker.go
+	if IsConnectionError(err) {
 		return true
 	}
 	var pe *pq.Error

@@ -70,14 +70,14 @@ type TableInfo struct {
 	OpenIndexes map[string]string `json:"-" db:"-"`
 	// LockRoot is the canonical name of the target's partition root (the
 	// target itself when it is not a partition), which names its key
-	// locks' namespace (merge_lock.go); "" when unknown.
+	// locks' namespace; "" when unknown.
 	LockRoot string `json:"-" db:"-"`
 	// TupleIdentity: the target and each of its partitions are heap
 	// tables and every column is of a built-in base type (or an array or
 	// domain of one) that no catalog lookup reads, so a target
 	// ComputeFingerprint may hash the rows' tuple identities (table, ctid, xmin)
 	// instead of their values, with the target's shape read by the same
-	// statement (replay_skip.go, tupleHashSQL, tupleShapeSQL). PGMerger,
+	// statement (tupleHashSQL, tupleShapeSQL). The PostgreSQL merger,
 	// read at Prepare; partitioned: the target is a partitioned table.
 	TupleIdentity, Partitioned bool `json:"-" db:"-"`
 	// InheritanceChild names a child of the target by inheritance, ""
@@ -87,7 +87,7 @@ type TableInfo struct {
 	// InsertOnly: an Upsert that may update rows, prepared for a role
 	// (role) without UPDATE on the columns it would write; the merge
 	// neither locks nor updates target rows and fails a chunk that would
-	// Update one with ErrPrivilege (PGMerger, backfill_privileges.go).
+	// Update one with ErrPrivilege (the PostgreSQL merger).
 	InsertOnly bool   `json:"-" db:"-"`
 	Role       string `json:"-" db:"-"`
 	// NoUpdate: the written columns the role may not update (in table

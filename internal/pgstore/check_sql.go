@@ -46,7 +46,7 @@ func (c *PgCheck) Content() []string { return slices.Clone(CompareColumns(c.scop
 // an equality operator (as the merge does), and byte for byte where the
 // column's own equality is looser (see exactForm).
 func (c *PgCheck) cmpExpr(alias, n string) string {
-	// The merge's rule (merge_decide.go): a check that compares content
+	// The merge's rule ([ExactCompare]): a check that compares content
 	// fails when the target holds another form of an equal value.
 	return ExactCompare(c.Cols[n], alias+"."+sqlgen.Ident(n))
 }

@@ -28,7 +28,7 @@ type chunkLease struct {
 	State backfilltype.ChunkState `json:"-" db:"-"`
 	Epoch int64                   `json:"-" db:"-"`
 	// Control is the run's control state read by the lease's statement
-	// (the read between two chunks, backfill_control.go).
+	// (the read between two chunks).
 	Control backfilltype.ControlState `json:"-" db:"-"`
 }
 

@@ -166,7 +166,7 @@ func inTxIdle(ctx context.Context, db sqlx.ExtContext, mode txMode, f func(tx sq
 		return retryTx(ctx, func() error {
 			tx, err := b.BeginTxx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
 			if err != nil {
-				return statementPoolerHint(ctx, b, err) // backfill_pooler.go
+				return statementPoolerHint(ctx, b, err)
 			}
 			var set string
 			switch mode {
@@ -1176,7 +1176,7 @@ func (m *Manifest) PauseRun(ctx context.Context, db sqlx.ExtContext, batchID int
 }
 
 // ResumeRun implements [ManifestValidations.ResumeRun] with the SQL
-// function resume (manifest_control.go): a cancelled run is resumed too.
+// function resume ([Manifest.Resume]): a cancelled run is resumed too.
 func (m *Manifest) ResumeRun(ctx context.Context, db sqlx.ExtContext, batchID int64, actor, why string) error {
 	return m.ReadControl(ctx, db, "resume", batchID, actor, why)
 }

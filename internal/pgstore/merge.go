@@ -134,7 +134,7 @@ func (s *PGStager) fill(ctx context.Context, query string, args ...any) error {
 type Merger struct {
 	mu       sync.Mutex
 	allFresh map[string]bool // table -> the last chunk merged into it was all inserts
-	hashable map[string]bool // table and key types -> the keys have a hash function (merge_lock.go)
+	hashable map[string]bool // table and key types -> the keys have a hash function (keyHashable)
 }
 
 var _ backfilldriver.Merger = (*Merger)(nil)
@@ -209,7 +209,7 @@ func (m *Merger) prepare(ctx context.Context, db sqlx.ExtContext, t backfilltype
 				info.KeyIndexes = append(append(info.KeyIndexes, k.Name), k.Parts...)
 			}
 		}
-		if err := prepareDecide(ctx, db, oid, &info); err != nil { // merge_decide.go
+		if err := prepareDecide(ctx, db, oid, &info); err != nil {
 			return backfilltype.TableInfo{}, fmt.Errorf("backfill: prepare %s: partition root: %w", t.Table, err)
 		}
 		if info.InheritanceChild, err = inheritanceChild(ctx, db, oid); err != nil {
@@ -220,7 +220,7 @@ func (m *Merger) prepare(ctx context.Context, db sqlx.ExtContext, t backfilltype
 				return backfilltype.TableInfo{}, fmt.Errorf("backfill: prepare %s: partial indexes: %w", t.Table, err)
 			}
 		}
-		if err := prepareInsertOnly(ctx, db, oid, &info); err != nil { // merge_privileges.go
+		if err := prepareInsertOnly(ctx, db, oid, &info); err != nil {
 			return backfilltype.TableInfo{}, fmt.Errorf("backfill: prepare %s: privileges: %w", t.Table, err)
 		}
 	}
@@ -274,7 +274,7 @@ func tableColumns(ctx context.Context, db sqlx.ExtContext, oid int64) ([]backfil
 	// Domains are resolved to their base type through every level, and so
 	// is an array's element type (an array of a domain over numeric
 	// compares its elements as numerics do): what a column is compared
-	// and converted by is its base type (merge_decide.go). An array of a
+	// and converted by is its base type ([ExactCompare]). An array of a
 	// domain names the array of the element's base type ("_numeric"), and
 	// its collation is told apart from that base's.
 	err := sqlx.SelectContext(ctx, db, &cols, `
@@ -319,7 +319,7 @@ func tableColumns(ctx context.Context, db sqlx.ExtContext, oid int64) ([]backfil
 			continue
 		}
 		col := backfilltype.Column{Name: c.Name, Type: c.Type, BaseType: c.Base, NotNull: c.NotNull, Collation: c.Collation,
-			TextCompare: comparedAsText(c.Base, c.Kind, c.Elem, c.ElemKind), // merge_decide.go
+			TextCompare: comparedAsText(c.Base, c.Kind, c.Elem, c.ElemKind),
 			Kind:        c.Kind, UserType: c.UserType, ElemKind: c.ElemKind, UserElem: c.UserElem}
 		if (c.Base == "varchar" || c.Base == "bpchar") && c.Typmod > 4 {
 			col.MaxLen = c.Typmod - 4
@@ -485,7 +485,7 @@ type PGStager struct {
 	staged int64
 	done   bool
 	// lockWhole: the merge locks the whole target, not its keys
-	// (merge_lock.go).
+	// ([WholeTarget]).
 	lockWhole bool
 
 	// In-Go duplicate detection: while track holds, keys has a 64-bit
@@ -646,7 +646,7 @@ func (s *PGStager) Merge(ctx context.Context) (_ backfilltype.MergeResult, err e
 	return s.mergeRefusing(ctx, res, dup)
 }
 
-// beginMerge locks the chunk's keys (merge_lock.go) and sets the
+// beginMerge locks the chunk's keys ([PGStager.lockKeys]) and sets the
 // planner settings of the merge's statements; restore undoes those not
 // meant to outlast the merge.
 func (s *PGStager) beginMerge(ctx context.Context) (restore func(context.Context) error, err error) {
@@ -767,7 +767,7 @@ func (s *PGStager) dropTargetConflicts(ctx context.Context, res *backfilltype.Me
 // mergeStaged writes the n rows in staging into the target (deduplicated,
 // conflicts dropped) and returns what it did: Inserted, Updated,
 // Unchanged, Closed. mergeRefusing calls it for the whole chunk and, when
-// the target refuses a row, for parts of it (merge_refuse.go).
+// the target refuses a row, for parts of it ([Isolation]).
 func (s *PGStager) mergeStaged(ctx context.Context, n int64, dup bool) (res backfilltype.MergeResult, err error) {
 	t := s.Info.Target
 	if s.Q.Upsert != "" && !dup && s.m.fresh(t.Table) {
@@ -784,7 +784,7 @@ func (s *PGStager) mergeStaged(ctx context.Context, n int64, dup bool) (res back
 		}
 	}
 	// Lock the rows to change, so that the statements below decide from
-	// their committed versions (merge_decide.go).
+	// their committed versions.
 	settled, err := s.lockChanging(ctx, n)
 	if err != nil {
 		return res, err
@@ -804,8 +804,7 @@ func (s *PGStager) mergeStaged(ctx context.Context, n int64, dup bool) (res back
 			return res, err
 		}
 	}
-	// Deferred constraints fire here, inside the caller's savepoint
-	// (merge_decide.go).
+	// Deferred constraints fire here, inside the caller's savepoint.
 	if err := s.checkDeferred(ctx); err != nil {
 		return res, err
 	}
@@ -821,7 +820,7 @@ func (s *PGStager) mergeStaged(ctx context.Context, n int64, dup bool) (res back
 	if res.Unchanged < 0 {
 		return res, fmt.Errorf("backfill: merge %s: %w: staged %d, merged %+v", t.Table, backfilltype.ErrAccounting, n, res)
 	}
-	if err := s.recordDelivered(ctx, res.Unchanged); err != nil { // rollback_delivered.go
+	if err := s.recordDelivered(ctx, res.Unchanged); err != nil {
 		return res, err
 	}
 	return res, nil
@@ -839,7 +838,7 @@ func (s *PGStager) writeStaged(ctx context.Context, n int64, res *backfilltype.M
 	}
 	// Lock the versions whose intervals close first: the closing
 	// statement's snapshot (and the prior images it logs) then holds their
-	// committed versions (merge_sql.go, lockClosing).
+	// committed versions (lockClosing).
 	if _, err = s.exec(ctx, "lock intervals to close", s.Q.lockClosing); err != nil {
 		return err
 	}
@@ -865,7 +864,7 @@ func (s *PGStager) upsertStaged(ctx context.Context, n int64, res *backfilltype.
 		return fmt.Errorf("backfill: merge %s: upsert: %w", t.Table, s.classify(err))
 	}
 	if s.Info.InsertOnly && c.Updated > 0 {
-		return insertOnlyRefused(s.Info, c.Updated) // merge_privileges.go
+		return insertOnlyRefused(s.Info, c.Updated)
 	}
 	res.Updated, res.Inserted = c.Updated, c.Inserted
 	if c.Updated+c.Inserted+c.Unchanged != n {
@@ -1011,7 +1010,7 @@ func (s *PGStager) insertFresh(ctx context.Context, res *backfilltype.MergeResul
 	}
 	n, err := s.affected(ctx, "insert", s.Q.insertAll)
 	if err == nil {
-		err = s.checkDeferred(ctx) // merge_decide.go
+		err = s.checkDeferred(ctx)
 	}
 	if err != nil {
 		// Any unique violation: the upsert, which looks each key up,

@@ -121,7 +121,7 @@ func comparedAsText(base, kind, elem, elemKind string) bool {
 
 // prepareDecide reads what Prepare records for the merge's decision: the
 // partition root naming the key locks; and, for the target fingerprints
-// of replays (replay_skip.go), whether they may hash tuple identities
+// of replays, whether they may hash tuple identities
 // (tupleIdentity: the target and each of its partitions are heap tables,
 // hashtidextended is there, PostgreSQL 14, and every column is of a
 // built-in base type whose values no catalog lookup reads).
@@ -185,7 +185,7 @@ var regTypes = map[string]bool{"regclass": true, "regcollation": true, "regconfi
 // lockChanging locks the target rows the merge would change (see above),
 // before the deciding statement. For Upsert it also reports whether the
 // N staged rows are settled: all found in the target and unchanged, so
-// that the upsert has nothing to do (merge_sql.go, upsertLockChanging).
+// that the upsert has nothing to do ([mergeShape.upsertLockChanging]).
 func (s *PGStager) lockChanging(ctx context.Context, n int64) (settled bool, err error) {
 	if s.Q.lockChanging == "" {
 		return false, nil

@@ -113,7 +113,7 @@ func (s *PGStager) keyHashable(ctx context.Context) (bool, error) {
 func (s *PGStager) lockKeys(ctx context.Context) error {
 	t := s.Info.Target
 	// A partition and its partitioned parent share one namespace: merges
-	// through either lock the same keys (merge_decide.go).
+	// through either lock the same keys (prepareDecide).
 	ns := LockNamespace(cmp.Or(s.Info.LockRoot, t.Table))
 	whole := func() error {
 		_, err := s.tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock($1::int, $2::int) WHERE `+noLockTimeout, ns, WholeTarget)
@@ -176,7 +176,7 @@ func (s *PGStager) lockKeys(ctx context.Context) error {
 // the chunk's transaction, keeping the try's value in
 // backfill.lock_timeout (unless kept already) for the merge's planner
 // Settings to put back: the key locks wait only for other merges of the
-// same keys, whatever the try's lock_timeout (backfill_timeouts.go). In
+// same keys, whatever the try's lock_timeout. In
 // the WHERE clause of a statement without FROM it is evaluated before
 // the statement's lock function.
 const noLockTimeout = `set_config('lock_timeout', CASE WHEN set_config('backfill.lock_timeout',

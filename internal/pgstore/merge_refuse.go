@@ -62,7 +62,7 @@ func (s *PGStager) mergeRefusing(ctx context.Context, res backfilltype.MergeResu
 	if s.historyIndex(ctx, pe) {
 		return res, err
 	}
-	if e := s.statementTrigger(ctx, pe, err); e != nil { // not a row's fault (merge_decide.go)
+	if e := s.statementTrigger(ctx, pe, err); e != nil { // not a row's fault
 		return res, e
 	}
 	iso := &Isolation{S: s, max: s.Info.Chunk.MaxRefused}
@@ -231,7 +231,7 @@ func (iso *Isolation) bisect(ctx context.Context, lo, hi int64, known *pq.Error,
 		if iso.S.historyIndex(ctx, pe) {
 			return err
 		}
-		if e := iso.S.statementTrigger(ctx, pe, err); e != nil { // merge_decide.go
+		if e := iso.S.statementTrigger(ctx, pe, err); e != nil {
 			return e
 		}
 	}

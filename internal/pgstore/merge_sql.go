@@ -78,7 +78,7 @@ func CompareColumns(info backfilltype.TableInfo) ComparedColumns {
 }
 
 // expr is how the merge compares column n of alias: byte for byte
-// (exactCompare, merge_decide.go), as text under "C" where the type's
+// ([ExactCompare]), as text under "C" where the type's
 // equality is looser than its stored form or missing.
 func (cc ComparedColumns) expr(alias, n string) string {
 	return ExactCompare(cc.Cols[n], alias+"."+sqlgen.Ident(n))
@@ -190,7 +190,7 @@ type PGMergeSQL struct {
 	// wrote with other content (TargetWins with lineage); "" otherwise.
 	disagreed string
 	// lockChanging locks the target rows the merge would change, before
-	// the statement that decides (merge_decide.go); "" when none can.
+	// the statement that decides ([PGStager.lockChanging]); "" when none can.
 	lockChanging string
 	Update       string `json:"-" db:"-"`
 	Insert       string `json:"-" db:"-"`
@@ -210,7 +210,7 @@ type mergeShape struct {
 	target string   // quoted target table
 	undo   string   // quoted undo log table, "" for none
 	// InsertOnly: the upsert counts the rows it would update instead of
-	// updating them (merge_privileges.go).
+	// updating them (prepareInsertOnly).
 	insertOnly bool
 }
 
@@ -231,7 +231,7 @@ func BuildMergeSQL(info backfilltype.TableInfo) PGMergeSQL {
 	if m.t.Mode == backfilltype.Upsert {
 		q.Upsert, q.insertAll, q.replayCheck, q.lockChanging = m.upsert(), m.insertAll(), m.replayCheck(), m.upsertLockChanging()
 		q.disagreed = m.disagreed()
-		if info.InsertOnly { // merge_privileges.go
+		if info.InsertOnly {
 			ro := m
 			ro.undo, ro.insertOnly = "", true
 			q.Upsert, q.lockChanging = ro.upsert(), ""
@@ -447,7 +447,7 @@ HAVING sum(CASE WHEN coalesce({apply}, false)
 }
 
 // historyLockChanging locks the target rows historyUpdate would change
-// (merge_decide.go); "" when it changes none.
+// ([PGStager.lockChanging]); "" when it changes none.
 func (m mergeShape) historyLockChanging() string {
 	if len(m.cc.Written) == 0 || len(m.cc.Compared) == 0 {
 		return ""

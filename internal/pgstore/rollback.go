@@ -36,7 +36,7 @@ type pgRollback struct {
 	scope    backfilltype.RollbackScope
 	// noDelete: the role lacks DELETE on the target (load). A DELETE
 	// needs it even when it deletes nothing, so the rollback of a batch
-	// that only updated rows then runs none (backfill_privileges.go).
+	// that only updated rows then runs none.
 	noDelete bool
 }
 
@@ -62,8 +62,9 @@ func (rb *pgRollback) Conflicts(ctx context.Context, db sqlx.ExtContext) (backfi
 	return rb.ConflictsOf(ctx, db, rb.scope.Seqs, true)
 }
 
-// ConflictsOf is Conflicts for the chunks seqs of the scope
-// (rollback_lock.go): their undo log and the deliveries, and, when
+// ConflictsOf is Conflicts for the chunks seqs of the scope, checked
+// again under the target's merge lock by each transaction of a rollback:
+// their undo log and the deliveries, and, when
 // lineage is set, the rows the batch (or chunk) inserted found by lineage
 // (a scan of the target, which only Finish's deletes need).
 func (rb *pgRollback) ConflictsOf(ctx context.Context, db sqlx.ExtContext, seqs []int, lineage bool) (backfilltype.RollbackConflicts, error) {
@@ -192,7 +193,7 @@ func (rb *pgRollback) chunk(ctx context.Context, tx sqlx.ExtContext, batch int64
 		}
 		// The UPDATE needs UPDATE privilege on the target even when it
 		// restores nothing: a chunk that only inserted is rolled back by
-		// a role that may only delete (backfill_privileges.go).
+		// a role that may only delete.
 		var updated bool
 		if err := sqlx.GetContext(ctx, tx, &updated, `SELECT EXISTS (SELECT FROM `+rb.undo+` WHERE batch_id = $1 AND seq = $2 AND op = 'update')`, batch, seq); err != nil {
 			return fmt.Errorf("restore: %w", err)

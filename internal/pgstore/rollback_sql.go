@@ -271,7 +271,7 @@ func (s *PGStager) RecordDeliveredSQL() string {
 // rows' lineage UpdatedBy, other than $1): how many, and the least and
 // greatest identity ($1 batch, $2 chunk, $3 the identity's column names,
 // further parameters rows's own). A merged chunk's stager and a skipped
-// chunk (replay_skip_run.go) record their deliveries with it.
+// chunk record their deliveries with it.
 func DeliveredSummarySQL(delivered string, identity []string, rows string) string {
 	lo, hi := make([]string, len(identity)), make([]string, len(identity))
 	loJSON, hiJSON := make([]string, len(identity)), make([]string, len(identity))

@@ -13,7 +13,7 @@ import (
 
 // ChunkLeased is the status [PGManifest.JobChunks] gives a pending chunk
 // whose lease a live worker holds: a chunk in flight (short
-// transactions; see doc.go). It is not a status of the manifest's rows.
+// transactions). It is not a status of the manifest's rows.
 const ChunkLeased backfilltype.ChunkStatus = "leased"
 
 // JobChunks is the state of the latest run of a job, as metrics read it

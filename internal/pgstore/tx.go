@@ -219,7 +219,7 @@ var ErrStatementPooler = errors.New("pooler in statement mode")
 type PGDB struct {
 	*sqlx.DB
 	// Settings are the Runner's timeouts for the short manifest
-	// transactions (nil: the defaults; backfill_timeouts.go).
+	// transactions (nil: the defaults).
 	Settings *TxSettings `json:"-" db:"-"`
 	// Log is the Runner's logger, for the waits of those transactions
 	// (nil: slog's default).
@@ -228,7 +228,7 @@ type PGDB struct {
 
 // Begin starts a READ COMMITTED transaction, whatever the database's
 // default_transaction_isolation: the merge takes its key locks
-// (merge_lock.go) and then reads the target in later statements, whose
+// ([PGStager.lockKeys]) and then reads the target in later statements, whose
 // snapshots must show what the merges it waited for committed.
 func (d PGDB) Begin(ctx context.Context) (backfilldriver.Tx, error) {
 	return d.BeginTxx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})

@@ -41,7 +41,7 @@ type WorkerManifest interface {
 	Holders(ctx context.Context, db sqlx.ExtContext, batchID int64, self string, staleAfter time.Duration, fence, running bool) ([]chunkHolder, error)
 	ClaimLeased(ctx context.Context, tx sqlx.ExtContext, batchID int64, l Lease) (backfilltype.ChunkState, int, bool, error)
 	WaitInFlight(ctx context.Context, db sqlx.ExtContext, batchID int64, w FenceWait) error
-	// Leases across transactions (manifest_lease.go).
+	// Leases across transactions.
 	LeaseChunk(ctx context.Context, db sqlx.ExtContext, batchID int64, l Lease) (cl chunkLease, ok, full bool, err error)
 	FenceLease(ctx context.Context, tx sqlx.ExtContext, batchID int64, seq int, epoch int64, l Lease) (backfilltype.ChunkState, int, bool, error)
 	ReleaseLease(ctx context.Context, db sqlx.ExtContext, batchID int64, seq int, key string, epoch int64) error
@@ -134,7 +134,7 @@ type Lease struct {
 	// first row of Config.LockRetries; "" keeps the session's), also kept
 	// in backfill.lock_timeout; stmtTimeout the statement_timeout of its
 	// merge and what follows ("" keeps the session's), kept in
-	// backfill.statement_timeout (backfill_timeouts.go).
+	// backfill.statement_timeout.
 	LockTimeout, StmtTimeout string `json:"-" db:"-"`
 	// Avoid are chunks this call does not claim now: they waited and
 	// their pause is not over.
@@ -315,7 +315,7 @@ func (m *Manifest) WaitInFlight(ctx context.Context, db sqlx.ExtContext, batchID
 				return err
 			}
 			// Chunks leased by live workers, extracting outside a
-			// transaction (manifest_lease.go), are in flight too.
+			// transaction ([Manifest.LeaseChunk]), are in flight too.
 			return sqlx.GetContext(ctx, tx, &leased, m.SQL(`SELECT count(*) FROM {s}.chunks c WHERE c.batch_id = $1
 				AND c.status IN ('pending', 'open') AND c.lease_key <> $2 AND `+liveLease("$3")), batchID, w.self, w.StaleAfter.Seconds())
 		})
