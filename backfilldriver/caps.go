@@ -56,7 +56,7 @@ type StageChunkParams struct {
 	// recorded as Exceptions.
 	Rejected int64
 	// Staged is the number of rows written to the run's persistent
-	// Staging table ([ManifestStaging.StagingTable]). Read must equal
+	// staging table ([ManifestStaging.StagingTable]). Read must equal
 	// Rejected + Staged.
 	Staged int64
 	// Exceptions are the chunk's rejected rows, added to the exception
@@ -139,7 +139,7 @@ type MergerRollback interface {
 
 // SQLManifest is a manifest whose tables live in the target's
 // PostgreSQL database, in the schema sql substitutes for {s}: the undo
-// Log's SQL reads them, and the switch back of a publish mode updates
+// log's SQL reads them, and the switch back of a publish mode updates
 // them in the same transactions as the target. Only [Manifest] is one.
 type SQLManifest interface {
 	Manifest
@@ -198,7 +198,7 @@ type ManifestSkips interface {
 	// row recorded before.
 	CompleteChunkFingerprinted(ctx context.Context, tx sqlx.ExtContext, batchID int64, r backfilltype.ChunkResult, exceptions []backfilltype.Exception, fp ChunkFingerprints) error
 	// BaseFingerprints returns the fingerprints recorded by the newest
-	// Done chunk chunkID of a run of job that recorded skipKey (its
+	// done chunk chunkID of a run of job that recorded skipKey (its
 	// [ChunkFingerprints.SkipKey]), in a batch other than batchID, whose
 	// run is not rolled back (a rolled back chunk is not done), whatever
 	// the scope or plan fingerprint of that run. ok is false when there
@@ -232,7 +232,7 @@ type ChunkFingerprints struct {
 	// ChunkColumn bounds after the merge: of their row versions (table,
 	// ctid and xmin) on a target whose partitions are all heap tables,
 	// in the form "tuples:shape:rows:sum" (shape: a hash of the
-	// Columns' places in the target and the partitions holding the
+	// columns' places in the target and the partitions holding the
 	// rows), where any write to one of the rows, even of the same values,
 	// changes it; otherwise (a column of an enum, range or citext type, a
 	// reg* column, a partition not a heap table, or chunk transactions

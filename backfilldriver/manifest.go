@@ -25,7 +25,7 @@ type Manifest interface {
 	// resumed is true.
 	// A completed run with the same fingerprint is returned as it is,
 	// resumed true, unless newRun. An incomplete run with another
-	// ComputeFingerprint gives [ErrPlanChanged] naming the changed fields, unless
+	// fingerprint gives [ErrPlanChanged] naming the changed fields, unless
 	// newRun, which marks it abandoned and creates a new run.
 	StartRun(ctx context.Context, db sqlx.ExtContext, plan backfilltype.Plan, worker string, newRun bool) (run backfilltype.Run, resumed bool, err error)
 	// ClaimChunk locks the lowest-Seq pending chunk of the batch (or open
@@ -52,7 +52,7 @@ type Manifest interface {
 	// An open chunk stays open (it holds rows of its earlier reads).
 	FailChunk(ctx context.Context, db sqlx.ExtContext, batchID int64, seq int, msg string, final bool) error
 	// FinishRun sets the run's status to completed when every chunk is
-	// Done (an open chunk is not), or to failed with msg when failed is true; otherwise it leaves
+	// done (an open chunk is not), or to failed with msg when failed is true; otherwise it leaves
 	// the run running. It returns the resulting run.
 	FinishRun(ctx context.Context, db sqlx.ExtContext, batchID int64, failed bool, msg string) (backfilltype.Run, error)
 	// Chunks returns the batch's chunks in Seq order.

@@ -17,7 +17,7 @@ type ManifestRollback interface {
 	// Run returns the run of batchID ([ErrRunNotFound] if none).
 	Run(ctx context.Context, db sqlx.ExtContext, batchID int64) (backfilltype.Run, error)
 	// RollBackChunk marks chunk seq of batchID rolled back in tx if it is
-	// Done or open, and reports whether it was; false (and no change)
+	// done or open, and reports whether it was; false (and no change)
 	// when an earlier, interrupted rollback marked it already. It locks
 	// the chunk's row until tx ends.
 	RollBackChunk(ctx context.Context, tx sqlx.ExtContext, batchID int64, seq int) (bool, error)

@@ -47,7 +47,7 @@ type Validator interface {
 // Replayer is implemented by stagers that can run their merge again on
 // the same staged rows, for the replay-changes-nothing check. Replay must
 // leave no trace: it runs inside a savepoint it rolls back, and returns
-// What the merge would have done.
+// what the merge would have done.
 type Replayer interface {
 	Replay(ctx context.Context) (backfilltype.MergeResult, error)
 }

@@ -232,7 +232,7 @@ func SQLSignal(name, query string, args ...any) Signal {
 // in milliseconds (nearest rank). A probe still running when the reading's
 // deadline (one [Config.ThrottleInterval]) ends counts as having taken
 // that long; a probe that fails is an error (the throttle keeps its
-// State, the failure is logged). Name "probe_latency". Set High to the application's latency
+// state, the failure is logged). Name "probe_latency". Set High to the application's latency
 // alone plus a margin (e.g. its p99 plus 30%).
 func ProbeLatencySignal(query string, percentile float64, window time.Duration) Signal {
 	return &probe{query: query, pct: percentile, win: LatencyWindow{Span: window}}

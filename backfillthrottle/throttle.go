@@ -11,7 +11,7 @@ import (
 // DefaultThrottleInterval is how often a call of [Runner.Run] reads its
 // throttles' signals when [Config.ThrottleInterval] is zero: a raised
 // signal holds every worker within about this long (a reading, then the
-// Next claim of each worker), well under a second.
+// next claim of each worker), well under a second.
 const DefaultThrottleInterval = 500 * time.Millisecond
 
 // Throttle holds the claims of a run while its Signal is high.

@@ -12,7 +12,7 @@ import (
 // be safe for concurrent use when Concurrency > 1, and must not block.
 type Tracer interface {
 	// TraceChunkStart is called when a chunk was claimed, before its
-	// Other phases; the context it returns is passed to the chunk's
+	// other phases; the context it returns is passed to the chunk's
 	// phases (and to the extractor) and to TraceChunkEnd.
 	TraceChunkStart(ctx context.Context, data ChunkStartData) context.Context
 	// TraceChunkEnd is called once per TraceChunkStart, when the
@@ -130,7 +130,7 @@ const (
 	// final ([RetryTracer]).
 	OutcomeFailed = "failed"
 	// OutcomeReleased: the attempt rolled back without an error: its
-	// Lease was taken over or the run stopped meanwhile (paused,
+	// lease was taken over or the run stopped meanwhile (paused,
 	// abandoned), or a throttle began to hold during the claim. The
 	// chunk stays pending.
 	OutcomeReleased = "released"

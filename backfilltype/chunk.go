@@ -123,7 +123,7 @@ func (c Chunk) Contains(v any) bool {
 //
 // Implementations must be safe to call more than once and must return the
 // same chunks (same IDs, same order) for the same scope, because the plan
-// ComputeFingerprint and resume depend on it. A Runner holds the chunks Chunks
+// fingerprint and resume depend on it. A Runner holds the chunks Chunks
 // returns for the length of the call; a Chunker that also implements
 // [ChunkStreamer], as the built-in ones do, is never asked for them all.
 type Chunker interface {

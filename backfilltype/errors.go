@@ -58,7 +58,7 @@ var (
 	// table or one of the named columns does not exist.
 	ErrTargetNotFound = errors.New("backfill: target not found")
 	// ErrAccounting is returned (wrapped in a [*ChunkError]) when a chunk's
-	// Counts do not balance: read != inserted + updated + unchanged +
+	// counts do not balance: read != inserted + updated + unchanged +
 	// rejected + deduplicated. The chunk is rolled back.
 	ErrAccounting = errors.New("backfill: row accounting does not balance")
 	// ErrInvalidConfig is returned by [New] and [Runner.Run] for a Config or
@@ -66,7 +66,7 @@ var (
 	ErrInvalidConfig = errors.New("backfill: invalid configuration")
 	// ErrTooManyRejects is returned (wrapped in a [*ChunkError]) when a
 	// chunk rejects more rows than [Config.MaxRejectsPerChunk] (every
-	// Kind counted: the extractor's Reject, conversion rejects, values
+	// kind counted: the extractor's Reject, conversion rejects, values
 	// refused while staging, merge conflicts and rows the target
 	// refuses), or when PostgreSQL refuses more values while staging than
 	// [Config.MaxStagingRejects] or more rows while merging than
@@ -187,7 +187,7 @@ var (
 	// every missing privilege with the GRANT statement to run) by
 	// [Runner.Run] before it creates or resumes a batch, and by
 	// [Runner.Rollback] before it changes anything, when the session's
-	// Role lacks a privilege the job needs; and (wrapped in a
+	// role lacks a privilege the job needs; and (wrapped in a
 	// [*ChunkError]) when an Upsert run by a role without UPDATE on the
 	// target meets a row it would update: the chunk rolls back.
 	ErrPrivilege = errors.New("backfill: insufficient privilege")
@@ -267,8 +267,8 @@ func (e *PartialError) Unwrap() []error { return e.Errs }
 // IsRetryable reports whether err is a transient database failure for which
 // retrying the chunk can succeed: serialization failure (40001), deadlock
 // (40P01), lock not available (55P03), a unique violation of the business
-// Key caused by a concurrent insert of the same key (23505; violations of
-// Other unique constraints are not retried), [ErrHistoryIntervals] (another
+// key caused by a concurrent insert of the same key (23505; violations of
+// other unique constraints are not retried), [ErrHistoryIntervals] (another
 // writer changed the versions of the merged keys meanwhile), connection
 // failures (class 08, 57P01-57P03 a server shutting down, restarting or
 // terminating the backend, a broken connection, io.EOF, network errors),

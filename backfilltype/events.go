@@ -1,13 +1,13 @@
 package backfilltype
 
 // Event kinds of the view switch of [PublishVersionedView], in the audit
-// Log ([ManifestAudit]).
+// log ([ManifestAudit]).
 const (
 	// EventPublished: the view was switched to the batch's version, in
 	// the switch's transaction; detail: view, version, previous.
 	EventPublished = "published"
 	// EventPublishBlocked: every try of the switch timed out behind
-	// Sessions holding the view; the run is completed but unpublished
+	// sessions holding the view; the run is completed but unpublished
 	// (runs.last_error says so, and backfill.completed_batches leaves it
 	// out) until a later call of Run publishes it; detail: view, version,
 	// tries, lock_timeout, blockers.

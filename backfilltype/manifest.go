@@ -58,7 +58,7 @@ const (
 	// lay after the run's horizon (the watermark of [Job.Watermark], or
 	// the time the chunk was read), so rows of its interval may still
 	// arrive in the source. It is not claimed again in the same call; the
-	// Next [Runner.Run] or [Runner.Resume] of the run sets it pending and
+	// next [Runner.Run] or [Runner.Resume] of the run sets it pending and
 	// reads it again. Its counts and exceptions always describe the chunk
 	// as it stands, not the sum of its reads: each read replaces the
 	// exceptions of the one before, and its counts combine with the
@@ -81,7 +81,7 @@ type Plan struct {
 	// ChunkIDs lists the chunk IDs in order; the chunks themselves are
 	// rows of the manifest. A plan frozen from a [ChunkStreamer] has none
 	// (null in its JSON form, the runs.plan of [Manifest]): its
-	// ComputeFingerprint hashes its chunks' IDs as if they were listed here,
+	// fingerprint hashes its chunks' IDs as if they were listed here,
 	// and the manifest's chunk rows list them.
 	ChunkIDs []string `json:"chunk_ids"`
 	// Publish is the job's publish mode and view ("" per chunk).
@@ -174,7 +174,7 @@ type ChunkState struct {
 	// Worker is the [Config.WorkerID] that completed the chunk.
 	Worker string
 	// Skipped is true when the chunk's latest checkpoint skipped its
-	// Staging and merge, its rows unchanged since the load it compared
+	// staging and merge, its rows unchanged since the load it compared
 	// with ([Job.SkipUnchanged], [ChunkResult.Skipped]).
 	Skipped bool
 }

@@ -75,7 +75,7 @@ type TableInfo struct {
 	// TupleIdentity: the target and each of its partitions are heap
 	// tables and every column is of a built-in base type (or an array or
 	// domain of one) that no catalog lookup reads, so a target
-	// ComputeFingerprint may hash the rows' tuple identities (table, ctid, xmin)
+	// fingerprint may hash the rows' tuple identities (table, ctid, xmin)
 	// instead of their values, with the target's shape read by the same
 	// statement (tupleHashSQL, tupleShapeSQL). The PostgreSQL merger,
 	// read at Prepare; partitioned: the target is a partitioned table.

@@ -22,7 +22,7 @@ type RollbackScope struct {
 }
 
 // RollbackConflicts are the rows a rollback would delete or restore that
-// Later batches still applied changed or delivered unchanged.
+// later batches still applied changed or delivered unchanged.
 type RollbackConflicts struct {
 	// Changed counts the rows later batches changed (lineage UpdatedBy);
 	// Delivered those they delivered unchanged, DeliveredDeleted how many

@@ -39,7 +39,7 @@ type Status struct {
 	// Rows sums the counts of the checkpointed (done or open) chunks, each
 	// as it stands ([Report.Counts]): they never decrease across resumes
 	// and retries, except when an open chunk's re-read lowers one of its
-	// Counts ([Counts.Reread]: it found fewer rows than the earlier
+	// counts ([Counts.Reread]: it found fewer rows than the earlier
 	// read, or rows that read inserted or rejected now count otherwise)
 	// or a rollback withdraws chunks. RowsProcessed never decreases.
 	Rows Counts `json:"rows"`
@@ -103,7 +103,7 @@ type StatusChunks struct {
 	// InFlight counts the pending or open chunks leased by a worker.
 	InFlight int `json:"in_flight"`
 	// Skipped counts the done chunks whose staging and merge were
-	// Skipped, their rows unchanged since the load they were compared
+	// skipped, their rows unchanged since the load they were compared
 	// with ([Job.SkipUnchanged], [ChunkState.Skipped]); they are among
 	// Done.
 	Skipped int `json:"skipped"`
@@ -273,7 +273,7 @@ type ThrottlePeriod struct {
 	// StartedAt and EndedAt are the server's times. EndedAt is nil while
 	// the hold lasts; a hold whose worker died without ending it ends, as
 	// read by [ManifestThrottle.ThrottlePeriods], at the worker's last
-	// Heartbeat (Ended reports the end used).
+	// heartbeat (Ended reports the end used).
 	StartedAt time.Time  `db:"started_at"`
 	EndedAt   *time.Time `db:"ended_at"`
 	// Ended is EndedAt, or the end assumed for a hold still open: the

@@ -24,7 +24,7 @@ const (
 	// A replayed event resolves to the existing row and writes nothing. An
 	// event whose ID exists with different content is neither overwritten
 	// nor dropped: it goes to the exception queue with the differing
-	// Columns named (reason "conflicting content for existing event: ...").
+	// columns named (reason "conflicting content for existing event: ...").
 	// Inside one chunk, the first row of an ID wins; later identical rows
 	// are deduplicated and later different rows are rejected the same way.
 	// Between chunks (of one run, or of runs in parallel) that carry one
@@ -53,7 +53,7 @@ const (
 	// whitespace collapse, ...) from source columns. Rows whose derived
 	// keys collide with different content, inside a chunk or with the
 	// target, all go to the exception queue (reason "ambiguous derived
-	// Key"); identical rows are deduplicated.
+	// key"); identical rows are deduplicated.
 	Keyless Mode = "keyless"
 )
 
@@ -68,12 +68,12 @@ const (
 	// transaction commits last wins. At Concurrency 1 that is the chunk
 	// planned last; above it, whichever finishes last, which can differ
 	// from run to run. Use a [Target.Version] with NewerVersionWins for a
-	// Result independent of order and concurrency.
+	// result independent of order and concurrency.
 	SourceWins ConflictPolicy = "source_wins"
 	// TargetWins inserts missing keys only; differing existing rows are
 	// kept and counted as unchanged. Order dependent when the same key,
 	// absent from the target, appears in several chunks with different
-	// Content: the chunk whose transaction commits first inserts it and
+	// content: the chunk whose transaction commits first inserts it and
 	// wins, the others find it and leave it (counted unchanged, not
 	// queued). At Concurrency 1 that is the chunk planned first; above it,
 	// whichever commits first, which can differ from run to run. Use a
@@ -119,7 +119,7 @@ type Target struct {
 	// with an error wrapping [ErrInvalidConfig]; the name is resolved
 	// through the catalog (to_regclass of the quoted parts), so it names
 	// one table or none. [Merger.Prepare] returns the schema-qualified
-	// Name in this form.
+	// name in this form.
 	Table string
 	// Key lists the business key columns. The table must have a unique
 	// index or constraint on exactly these columns (in History mode: Key
@@ -176,7 +176,7 @@ type Target struct {
 	// backfill_updated_by (bigint) when the table has them.
 	Lineage Lineage
 	// HashColumn, if set, names a column that stores a hash of the non-key
-	// Columns (see [RowHash]). The merge then compares hashes instead of
+	// columns (see [RowHash]). The merge then compares hashes instead of
 	// every column to detect changes. It never identifies a row.
 	HashColumn string
 }

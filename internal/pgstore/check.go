@@ -134,7 +134,7 @@ const (
 	// joinsAsMerged keeps the merge's settings: index nested loops only.
 	joinsAsMerged JoinPolicy = iota
 	// JoinsIfLarge allows hash and merge joins when the chunk is large
-	// Next to the target (see largeChunk).
+	// next to the target (see largeChunk).
 	JoinsIfLarge
 	// JoinsAllowed always allows them: the query probes staging, which has
 	// no index, or a table that may lack one.

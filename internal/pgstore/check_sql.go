@@ -39,7 +39,7 @@ func (c *PgCheck) idMatch(a, b string) string {
 // after a merge the staged row won: [ComparedColumns].Checked, every
 // staged column but the identity, the columns the library fills for the
 // row (ingestion time, lineage; the hash stays, it is a function of the
-// Content) and, in Keyless mode, the raw sources of derived keys.
+// content) and, in Keyless mode, the raw sources of derived keys.
 func (c *PgCheck) Content() []string { return slices.Clone(CompareColumns(c.scope.Info).Checked) }
 
 // cmpExpr is how the checks compare a column: as text for types without
@@ -57,7 +57,7 @@ func (c *PgCheck) cmpExpr(alias, n string) string {
 // equating 'a' and 'A', PostgreSQL docs, 24.2.2.4 "Nondeterministic
 // Collations") compares under "C", whose equality is byte for byte;
 // citext (case-insensitive by design) as its text under "C". Other
-// Columns keep their type's equality, which is exact for every built-in
+// columns keep their type's equality, which is exact for every built-in
 // type the checks compare: floats, numerics, timestamps compare their
 // full values, never a rounded form. The database's default collation is
 // always deterministic.
@@ -188,7 +188,7 @@ WHERE NOT EXISTS (SELECT 1 FROM {target} t WHERE {ts}) ORDER BY {sid} LIMIT {max
 }
 
 // DifferingContentSQL lists (k, n) the staged rows whose target row holds
-// Other content where the staged row wins (wins, see sourceWins), with
+// other content where the staged row wins (wins, see sourceWins), with
 // the columns that differ.
 func (c *PgCheck) DifferingContentSQL(wins string) string {
 	id := c.scope.Info.Identity()
@@ -309,7 +309,7 @@ FROM (SELECT 1) one LEFT JOIN LATERAL (
 }
 
 // aggregatesSideSQL aggregates one side per group: side 0 staging (alias
-// S), side 1 the target rows of the staged identities (alias t). Each
+// s), side 1 the target rows of the staged identities (alias t). Each
 // side fills its own columns and zeros the other's, so that the two
 // combine per group without FILTER, every row aggregated once.
 //

@@ -31,7 +31,8 @@ const (
 // High and Low watermarks of the [Throttle] whose signal is named signal.
 func KnobThrottleHigh(signal string) string { return "throttle." + signal + ".high" }
 
-// KnobThrottleLow: see [KnobThrottleHigh].
+// KnobThrottleLow names the knob that replaces the Low watermark; see
+// [KnobThrottleHigh].
 func KnobThrottleLow(signal string) string { return "throttle." + signal + ".low" }
 
 // ControlManifest is the control plane as the Runner uses it
@@ -155,7 +156,8 @@ func controlError(err error, resume bool) error {
 	return err
 }
 
-// knobInt returns knob key of st as a whole number, or def when unset.
+// KnobValue returns the value of knob key in knobs, or def when it is
+// unset or NaN.
 func KnobValue(knobs map[string]float64, key string, def float64) float64 {
 	if v, ok := knobs[key]; ok && !math.IsNaN(v) {
 		return v

@@ -70,7 +70,7 @@ const (
 )
 
 // EncodeSourceRow appends to buf an unambiguous encoding of the values of
-// Cols (the written columns) of a converted row, key columns included,
+// cols (the written columns) of a converted row, key columns included,
 // in column order (the
 // encoding of sourceEncodingVersion): per column a tag (NULL, or the
 // value's type), then the value: integers as varints, floats as their 8
@@ -78,7 +78,7 @@ const (
 // varints of its Unix seconds, nanoseconds and zone offset. Every part is
 // self-delimiting, so a row decodes in one way: two rows encode alike
 // only when their values are equal, of the same types, NULLs in the same
-// Columns (an empty string is not NULL). The encoding is of the values as
+// columns (an empty string is not NULL). The encoding is of the values as
 // converted, not canonical: a value written in another form (numeric text
 // 1.0 where the last load had 1.00, a time in another zone) encodes
 // differently, so the chunk counts as changed and is merged, which is
@@ -125,7 +125,7 @@ func EncodeSourceRow(buf []byte, cols []backfilltype.Column, values []any) []byt
 // for a timestamp or date column, nil for UTC), over every column of info
 // (identity first), computed by the server in tx without writing. It
 // returns an error wrapping [ErrUnsupported] when a column has no
-// ComputeFingerprint (hashKind) or chunkColumn is "", and the query's error.
+// fingerprint ([HashKind]) or chunkColumn is "", and the query's error.
 func TargetFingerprint(ctx context.Context, tx sqlx.ExtContext, info backfilltype.TableInfo, chunkColumn string, zone *time.Location, c backfilltype.Chunk) (Fingerprint, error) {
 	if chunkColumn == "" {
 		return Fingerprint{}, fmt.Errorf("backfill: chunk %s: target fingerprint: %w: no ChunkColumn bounds the chunk's target rows", c.ID, backfilltype.ErrUnsupported)
@@ -181,7 +181,7 @@ func tupleHashSQL(alias string) string {
 // chunk's rows, "" for none), and each one's kind and access method. Row
 // versions read as other values, without a write, when a column is
 // dropped and added again (its values NULL or a constant default), two
-// Columns' names are swapped, or the same is done to a partition
+// columns' names are swapped, or the same is done to a partition
 // detached and attached again: the shape then differs. A partition
 // holding none of the chunk's rows (one created ahead, or dropped) does
 // not change it. It is read by the fingerprint's own statement, in the
@@ -209,7 +209,7 @@ func tupleShapeSQL(target, oids string, a *SQLArgs) string {
 // fingerprintSQL is the statement of a target fingerprint: the count
 // (rows) and hash sum (hash_sum) of the target rows of alias t in from (a
 // FROM clause, its WHERE included) of info's target named target, over
-// Cols' values (rowHashSQL) or, with info.tupleIdentity, over their row
+// cols' values (rowHashSQL) or, with info.tupleIdentity, over their row
 // versions (tupleHashSQL) with the target's shape (shape: tupleShapeSQL,
 // over the partitions holding those rows when it is partitioned). stray,
 // when not "", is a condition on a row whose count is column stray.
@@ -249,8 +249,8 @@ type MergedFingerprint struct {
 // TargetFingerprintMerged returns the fingerprint a merged chunk c
 // records (recordAfterMerge), of the target rows a replay compares:
 // with chunkColumn those within c's bounds (targetFingerprint's), for
-// ChunkColumn "" those of the identities in staging, the chunk's
-// Staging table (targetFingerprintKeys' at the replay), and, from the
+// chunkColumn "" those of the identities in staging, the chunk's
+// staging table (targetFingerprintKeys' at the replay), and, from the
 // same statement, the count of
 // those rows that differ from the staged row of their identity or have
 // none. Taking both in one statement matters: under READ COMMITTED
@@ -285,7 +285,7 @@ func TargetFingerprintMerged(ctx context.Context, tx sqlx.ExtContext, info backf
 			return MergedFingerprint{}, err
 		}
 		// A staged identity is never NULL (the row writer rejects a NULL
-		// Key), so a NULL one is a target row without a staged row. The
+		// key), so a NULL one is a target row without a staged row. The
 		// staged identities are distinct (the merge took every row, none
 		// deduplicated), so each target row joins at most one.
 		q = fingerprintSQL(info, cols, pc.target, SQLf(`{target} t LEFT JOIN {staging} s ON {ts} WHERE {bounds}`,
@@ -308,7 +308,7 @@ const joinsSettings = `set_config('enable_hashjoin', 'on', true), set_config('en
 // TargetFingerprintKeys is targetFingerprint for a job without
 // ChunkColumn: the target rows whose identity is among keys (keys[i]
 // the text forms of identity column i, row by row), sent as arrays. A
-// Key in another text form than the target's (a value the spool holds
+// key in another text form than the target's (a value the spool holds
 // otherwise) matches no row: the count then differs, never a wrong
 // match by equality of another row.
 func TargetFingerprintKeys(ctx context.Context, tx sqlx.ExtContext, info backfilltype.TableInfo, keys [][]string, c backfilltype.Chunk) (Fingerprint, error) {
@@ -325,7 +325,7 @@ func TargetFingerprintKeys(ctx context.Context, tx sqlx.ExtContext, info backfil
 }
 
 // KeysJoin returns the FROM clause of the target rows (alias t) whose
-// Identity is among keys, sent as text arrays (bind parameters added to
+// identity is among keys, sent as text arrays (bind parameters added to
 // a), each cast to its column's type.
 func KeysJoin(pc *PgCheck, keys [][]string, a *SQLArgs) string {
 	identity := pc.scope.Info.Identity()
@@ -342,7 +342,7 @@ func KeysJoin(pc *PgCheck, keys [][]string, a *SQLArgs) string {
 
 // TargetFingerprintCheck is the check that builds a target fingerprint's
 // query for scope, and the columns hashed: every column of the target,
-// Identity first. It returns an error wrapping [ErrUnsupported] when a
+// identity first. It returns an error wrapping [ErrUnsupported] when a
 // column has no fingerprint.
 func TargetFingerprintCheck(info backfilltype.TableInfo, scope backfilldriver.ValidationScope) (*PgCheck, []string, error) {
 	c := scope.Chunk
@@ -388,7 +388,7 @@ func pinnedFingerprint(ctx context.Context, tx sqlx.ExtContext, c backfilltype.C
 var settingsFreeText = map[string]bool{"text": true, "varchar": true, "bpchar": true, "numeric": true}
 
 // HashReadsSettings reports whether the row hash of cols (pc's target
-// Columns, rowHashSQL) reads a setting of pinnedSettings: a column hashed
+// columns, rowHashSQL) reads a setting of pinnedSettings: a column hashed
 // by its text, unless of a type whose text no setting changes
 // (settingsFreeText). Those hashed by their type's function (hashKind
 // "func") read none: by the binary value, timestamptz AT TIME ZONE 'UTC'

@@ -196,7 +196,7 @@ func inTxIdle(ctx context.Context, db sqlx.ExtContext, mode txMode, f func(tx sq
 	}
 	return retryWaits(ctx, settings.Retries, try, func(code, msg string, n int, sleep time.Duration) {
 		// The blocker is gone once the statement timed out; the
-		// Sessions still holding strong locks are the likely ones.
+		// sessions still holding strong locks are the likely ones.
 		hs := strongLockHolders(context.WithoutCancel(ctx), db)
 		log.Warn("backfill: a transaction of the library waited; rolled back, retrying after a pause", "sqlstate", code, "message", msg,
 			"try", n, "lock_timeout", settings.manifestLockTimeout(), "sleep", sleep, "blockers", cmp.Or(DescribeBlockers(hs), "none seen"))

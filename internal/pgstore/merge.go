@@ -32,7 +32,7 @@ func (s *PGStager) EndStaging(ctx context.Context) error {
 // under the server's default isolation outside any transaction, after a
 // transaction-level advisory lock on the table's name: workers starting
 // at once would otherwise race in CREATE TABLE IF NOT EXISTS, which two
-// Sessions can both pass and then collide on the catalog's unique index
+// sessions can both pass and then collide on the catalog's unique index
 // (23505 on pg_type).
 func (m *Merger) CreateStaging(ctx context.Context, db sqlx.ExtContext, table string, info backfilltype.TableInfo) error {
 	return InTx(ctx, db, func(tx sqlx.ExtContext) error {
@@ -126,7 +126,7 @@ func (s *PGStager) fill(ctx context.Context, query string, args ...any) error {
 //
 // Upsert has a fast path for loads into new ground: when the previous
 // chunk merged into the same table (by this merger) inserted every row, the
-// Next chunk is first tried as a plain INSERT ... SELECT inside a
+// next chunk is first tried as a plain INSERT ... SELECT inside a
 // savepoint, which skips the per-row lookup; a unique violation rolls back
 // to the savepoint and the chunk takes the general path, which it then
 // keeps until a chunk is again all inserts. A replay or an overlapping
@@ -347,8 +347,8 @@ type uniqueIndex struct {
 }
 
 // uniqueIndexes reads the unique, valid, non-partial indexes on plain
-// Columns of the table oid (PostgreSQL docs, 11.6 "Unique Indexes"): key
-// Columns only, INCLUDE columns (after indnkeyatts) do not count.
+// columns of the table oid (PostgreSQL docs, 11.6 "Unique Indexes"): key
+// columns only, INCLUDE columns (after indnkeyatts) do not count.
 func uniqueIndexes(ctx context.Context, db sqlx.ExtContext, oid int64) ([]uniqueIndex, error) {
 	var keys []uniqueIndex
 	err := sqlx.SelectContext(ctx, db, &keys, `
@@ -363,7 +363,7 @@ func uniqueIndexes(ctx context.Context, db sqlx.ExtContext, oid int64) ([]unique
 	return keys, err
 }
 
-// InheritanceChild returns a child by inheritance (CREATE TABLE ...
+// inheritanceChild returns a child by inheritance (CREATE TABLE ...
 // INHERITS) of the table oid when it is not partitioned, "" for none:
 // its scans read the child's rows, but its unique indexes cover only its
 // own, so a merge would take a key a child holds for absent and insert
@@ -408,7 +408,8 @@ func (s *PGStager) affected(ctx context.Context, what, query string) (int64, err
 	return n, nil
 }
 
-// undoArgs are the bind parameters of statements that write the undo log.
+// Args returns the bind parameters of query, a statement that writes the
+// undo log: the chunk's batch and Seq when it takes them.
 func (s *PGStager) Args(query string) []any {
 	if strings.Contains(query, "$1::bigint") {
 		return []any{s.Info.Chunk.BatchID, s.Info.Chunk.Seq}
@@ -609,7 +610,7 @@ func (s *PGStager) exec(ctx context.Context, what, query string, args ...any) (i
 
 // Merge implements [Stager.Merge] in phases: end the COPY, take the key
 // locks and the planner settings (beginMerge), settle the rows whose
-// Identity repeats in the chunk (settleDuplicates), drop the rows that
+// identity repeats in the chunk (settleDuplicates), drop the rows that
 // conflict with the target (dropTargetConflicts), then write the rest
 // (mergeRefusing, which isolates rows the target refuses).
 func (s *PGStager) Merge(ctx context.Context) (_ backfilltype.MergeResult, err error) {
@@ -735,7 +736,7 @@ func inChunkConflicts(t backfilltype.Target, cs []pgConflict, res *backfilltype.
 }
 
 // dropTargetConflicts rejects and drops from staging the rows whose
-// Identity exists in the target with other content (AppendOnly,
+// identity exists in the target with other content (AppendOnly,
 // Keyless).
 func (s *PGStager) dropTargetConflicts(ctx context.Context, res *backfilltype.MergeResult) error {
 	t := s.Info.Target
@@ -828,7 +829,7 @@ func (s *PGStager) mergeStaged(ctx context.Context, n int64, dup bool) (res back
 
 // writeStaged runs the mode's writing statements on the n staged rows:
 // the one Upsert statement, or update, close intervals (History) and
-// Insert.
+// insert.
 func (s *PGStager) writeStaged(ctx context.Context, n int64, res *backfilltype.MergeResult) (err error) {
 	if s.Q.Upsert != "" {
 		return s.upsertStaged(ctx, n, res)
@@ -874,7 +875,7 @@ func (s *PGStager) upsertStaged(ctx context.Context, n int64, res *backfilltype.
 	return nil
 }
 
-// CheckIntervals fails the merge with historyRace when the versions of
+// checkIntervals fails the merge with historyRace when the versions of
 // the chunk's keys overlap or leave a gap after it inserted versions
 // (History): a concurrent writer of the same keys.
 func (s *PGStager) checkIntervals(ctx context.Context) error {
@@ -922,7 +923,7 @@ func (s *PGStager) PlannerSettings(ctx context.Context) (restore func(context.Co
 	// list) keeps enable_seqscan and jit as they were in transaction-local
 	// custom settings, and sets the others; the outer list then turns
 	// enable_seqscan and jit off. restore puts them back from the saved
-	// Settings, without parameters (one round trip). Everything is local
+	// settings, without parameters (one round trip). Everything is local
 	// to the chunk's transaction, as a pooler in transaction mode needs.
 	if err := Later(ctx, s.tx, `SELECT set_config('enable_seqscan', 'off', true), set_config('jit', 'off', true)
 		FROM (SELECT set_config('backfill.enable_seqscan', current_setting('enable_seqscan'), true),

@@ -184,7 +184,7 @@ var regTypes = map[string]bool{"regclass": true, "regcollation": true, "regconfi
 
 // lockChanging locks the target rows the merge would change (see above),
 // before the deciding statement. For Upsert it also reports whether the
-// N staged rows are settled: all found in the target and unchanged, so
+// n staged rows are settled: all found in the target and unchanged, so
 // that the upsert has nothing to do ([mergeShape.upsertLockChanging]).
 func (s *PGStager) lockChanging(ctx context.Context, n int64) (settled bool, err error) {
 	if s.Q.lockChanging == "" {

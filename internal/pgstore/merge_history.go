@@ -12,7 +12,7 @@ import (
 )
 
 // openVersionIndexes returns the partial unique indexes of table oid whose
-// Key columns are exactly key, by name, with their predicate as
+// key columns are exactly key, by name, with their predicate as
 // pg_get_expr prints it: on a History target typically
 // UNIQUE (key) WHERE valid_to IS NULL, one open version per key.
 func openVersionIndexes(ctx context.Context, db sqlx.ExtContext, oid int64, key []string) (map[string]string, error) {
@@ -43,7 +43,7 @@ func openVersionIndexes(ctx context.Context, db sqlx.ExtContext, oid int64, key 
 
 // openVersionConflict explains a unique violation of a partial unique
 // index on the business key of a History target (one open version per
-// Key), or returns nil for any other error. The merge closes a key's
+// key), or returns nil for any other error. The merge closes a key's
 // versions before it inserts new ones and holds the key's lock, so only
 // a writer that does not take the merge's key locks can cause it; the
 // error stays retryable (23505), and the retried chunk sees that

@@ -175,7 +175,7 @@ func (s *PGStager) lockKeys(ctx context.Context) error {
 // noLockTimeout is a condition that sets lock_timeout 0 for the rest of
 // the chunk's transaction, keeping the try's value in
 // backfill.lock_timeout (unless kept already) for the merge's planner
-// Settings to put back: the key locks wait only for other merges of the
+// settings to put back: the key locks wait only for other merges of the
 // same keys, whatever the try's lock_timeout. In
 // the WHERE clause of a statement without FROM it is evaluated before
 // the statement's lock function.

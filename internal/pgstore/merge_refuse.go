@@ -372,7 +372,7 @@ func (iso *Isolation) triggerNames(ctx context.Context, fn string) string {
 // Suspects runs the set-based pre-checks (see the top of this file) and
 // returns the staged rows they name. A pre-check that fails (a CHECK
 // expression that errors on a staged row) is skipped: bisection finds
-// What it would have.
+// what it would have.
 func (iso *Isolation) Suspects(ctx context.Context) []int64 {
 	s := iso.S
 	t := s.Info.Target
@@ -441,7 +441,7 @@ func (iso *Isolation) Suspects(ctx context.Context) []int64 {
 			// A later staged row with an earlier one's values (one sort,
 			// not a join of staging with itself: staging has no index),
 			// and a staged row with the values of a target row of another
-			// Identity that the chunk does not write (one index lookup per
+			// identity that the chunk does not write (one index lookup per
 			// staged row, through the unique index itself).
 			qs = append(qs, fmt.Sprintf(`SELECT x._backfill_row FROM (
 					SELECT s._backfill_row, row_number() OVER (PARTITION BY %[4]s ORDER BY s._backfill_row) AS n

@@ -13,10 +13,10 @@ import (
 )
 
 // ComparedColumns is the one definition of what a merge compares: which
-// Columns identify a row, which it writes, and which decide whether a
+// columns identify a row, which it writes, and which decide whether a
 // staged row leaves its target row unchanged or updates it. The merge SQL,
 // the validators, rollback and the fake merger in backfilltest all derive
-// What they compare from it. Column lists are in [TableInfo.Columns] order.
+// what they compare from it. Column lists are in [TableInfo.Columns] order.
 type ComparedColumns struct {
 	// Identity identifies one target row: Key, plus ValidFrom in History
 	// mode.
@@ -43,8 +43,8 @@ type ComparedColumns struct {
 	Cols map[string]backfilltype.Column `json:"-" db:"-"`
 }
 
-// Compared returns the definition of the columns a merge of info compares
-// (see [ComparedColumns]). It is a pure function of info.
+// CompareColumns returns the definition of the columns a merge of info
+// compares (see [ComparedColumns]). It is a pure function of info.
 func CompareColumns(info backfilltype.TableInfo) ComparedColumns {
 	t := info.Target
 	cc := ComparedColumns{Identity: info.Identity(), Cols: map[string]backfilltype.Column{}}
@@ -126,7 +126,7 @@ func newerVersionWins(s, t, version string, tracked []string, expr func(alias, n
 }
 
 // SQLf replaces each {name} in tmpl by its value; pairs are name, value,
-// Name, value... A brace not opening a known name stays as it is, and
+// name, value... A brace not opening a known name stays as it is, and
 // values are not scanned again.
 func SQLf(tmpl string, pairs ...string) string {
 	var b strings.Builder
@@ -184,7 +184,7 @@ type PGMergeSQL struct {
 	// (updated, inserted); insertAll the fast path's plain INSERT.
 	Upsert, insertAll string `json:"-" db:"-"`
 	// replayCheck counts, without writing, what replaying the merge would
-	// Insert and update (Upsert).
+	// insert and update (Upsert).
 	replayCheck string
 	// disagreed counts the staged rows whose target row this batch ($1)
 	// wrote with other content (TargetWins with lineage); "" otherwise.
@@ -327,7 +327,7 @@ ORDER BY s._backfill_row`,
 		"raw", rawOf("s"), "sf", m.idEq("s", "f"), "os", m.idEq("o", "s"))
 }
 
-// TargetConflicts lists the staged rows whose identity exists in the
+// targetConflicts lists the staged rows whose identity exists in the
 // target with other content (AppendOnly, Keyless).
 func (m mergeShape) targetConflicts() string {
 	return SQLf(`SELECT s._backfill_row AS row, {diffs} AS diffs, {raw} AS raw, (to_jsonb(t.*))::text AS existing
@@ -350,7 +350,7 @@ func (m mergeShape) apply() string {
 	return apply
 }
 
-// Upsert is the whole Upsert merge in one statement, one index lookup per
+// upsert is the whole Upsert merge in one statement, one index lookup per
 // staged row: a materialised LEFT JOIN finds each row's target row and
 // decides, then a data-modifying CTE updates the rows to change and
 // another inserts the absent keys (PostgreSQL docs, 7.8.4
@@ -488,7 +488,7 @@ FROM {stage} s LEFT JOIN {target} t ON {ts}`,
 		"stage", m.stage, "target", m.target, "key", sqlgen.Ident(m.t.Key[0]), "apply", m.apply(), "ts", m.idEq("t", "s"))
 }
 
-// Insert inserts the staged rows whose identity is absent from the
+// insert inserts the staged rows whose identity is absent from the
 // target (AppendOnly, Keyless; Upsert's Replay). OFFSET 0 keeps NOT
 // EXISTS a lookup per staged row through the unique index: as an
 // anti-join the planner may read the whole target once and compare it
@@ -500,7 +500,7 @@ func (m mergeShape) insert() string {
 }
 
 // historyUpdate rewrites the versions the chunk restates with other
-// Content, logging their prior images when there is an undo log; "" when
+// content, logging their prior images when there is an undo log; "" when
 // an update would write nothing.
 func (m mergeShape) historyUpdate() string {
 	if len(m.cc.Written) == 0 {
@@ -531,8 +531,8 @@ func (m mergeShape) historyKeyRows() string {
 }
 
 // historyInsert inserts the new versions. A new version ends where the
-// Next version of its key starts, in the target or in this chunk: the
-// Next valid_from among the chunk's versions and the target's versions of
+// next version of its key starts, in the target or in this chunk: the
+// next valid_from among the chunk's versions and the target's versions of
 // the chunk's keys, one sort of both (a window, PostgreSQL docs, 3.5
 // "Window Functions"), not a lookup per staged row into staging, which
 // made a History chunk quadratic.
@@ -550,12 +550,12 @@ WHERE u._backfill_staged AND NOT EXISTS (SELECT 1 FROM {target} t WHERE {tu} OFF
 		"keyRows", m.historyKeyRows())
 }
 
-// CloseIntervals runs before the insert: the target's versions of the
+// closeIntervals runs before the insert: the target's versions of the
 // chunk's keys end where the next version starts, among them and the
 // chunk's new versions (_backfill_new, those absent from the target;
 // nothing changes when there are none). Closing first means the new last
 // version is inserted after the old one was closed: a target with one
-// Open version per key (a partial unique index on the key WHERE valid_to
+// open version per key (a partial unique index on the key WHERE valid_to
 // IS NULL) never holds two. Closing an interval is a change by this
 // batch: it sets UpdatedBy, and logs the prior image to the undo log.
 func (m mergeShape) closeIntervals() string {
@@ -593,7 +593,7 @@ x AS (SELECT {key}, {vf}, lead({vf}) OVER (PARTITION BY {key} ORDER BY {vf}) AS 
 
 // lockClosing locks, FOR UPDATE, the target's versions closeIntervals
 // would change, in a statement before it (as lockChanging does for the
-// Update): closeIntervals' snapshot, taken after the locks are granted,
+// update): closeIntervals' snapshot, taken after the locks are granted,
 // then sees their committed versions, so the prior images it logs to the
 // undo log are the rows it overwrites, not older versions that a
 // concurrent writer (an application's UPDATE) replaced while the merge
@@ -606,7 +606,7 @@ SELECT count(*) FROM (SELECT 1 FROM {target} t JOIN x ON {tx} AND t.{vf} = x.{vf
 		"vf", sqlgen.Ident(m.t.ValidFrom), "vt", sqlgen.Ident(m.t.ValidTo))
 }
 
-// CheckIntervals finds up to 5 keys of the chunk whose versions overlap
+// checkIntervals finds up to 5 keys of the chunk whose versions overlap
 // or leave a gap (a concurrent writer of the same keys).
 func (m mergeShape) checkIntervals() string {
 	return SQLf(`SELECT DISTINCT {key} FROM (

@@ -21,12 +21,12 @@ type Privilege struct {
 	Object string
 	// Privilege is the privilege's name as GRANT spells it: SELECT,
 	// INSERT, UPDATE, DELETE, USAGE, CREATE, TEMPORARY, or OWNER for
-	// What only the object's owner (or a member of its role) may do.
+	// what only the object's owner (or a member of its role) may do.
 	Privilege string
 	// Grant is the statement an administrator runs to give it, with
 	// every identifier quoted. For OWNER it is "ALTER TABLE|VIEW ...
 	// OWNER TO role;", or the GRANT of the owner's role to the session's
-	// Role only when the owner is a plain NOLOGIN role without SUPERUSER,
+	// role only when the owner is a plain NOLOGIN role without SUPERUSER,
 	// CREATEROLE, CREATEDB, REPLICATION, BYPASSRLS or pg_* memberships
 	// (never membership in a superuser or otherwise privileged role).
 	Grant string
@@ -104,7 +104,7 @@ func NewPrivilegeError(role string, missing []Privilege) error {
 }
 
 // GrantOn is the GRANT statement of privs on object (its kind and quoted
-// Name, such as `TABLE "s"."t"`) to role.
+// name, such as `TABLE "s"."t"`) to role.
 func GrantOn(privs, object, role string) string {
 	return fmt.Sprintf("GRANT %s ON %s TO %s;", privs, object, sqlgen.Ident(role))
 }
@@ -297,10 +297,10 @@ func (m *Manifest) Init(ctx context.Context, db sqlx.ExtContext) error {
 // the error, which then also wraps a [*PrivilegeError] with the GRANT to
 // run (or, for CREATE SCHEMA, says to create the schema first). The
 // transaction is READ COMMITTED whatever the database's default
-// Isolation, so each statement after the lock sees what the caller
+// isolation, so each statement after the lock sees what the caller
 // before it created, and it is retried on 40001 and 40P01 (inTx). When db
 // is a transaction the migration joins it, at that transaction's
-// Isolation level. A schema already current is left alone.
+// isolation level. A schema already current is left alone.
 func (m *Manifest) Migrate(ctx context.Context, db sqlx.ExtContext) error {
 	_, err := m.MigrateGrant(ctx, db)
 	return err

@@ -16,7 +16,7 @@ import (
 )
 
 // Report limits: how much of the long lists a [RunReport] keeps. The
-// Counts and sums always cover everything.
+// counts and sums always cover everything.
 const (
 	// reportExceptionGroups is how many (reason, column) groups of
 	// exceptions are kept, the largest first.
@@ -113,7 +113,7 @@ type ReportTotals struct {
 	// ChunksByStatus counts the chunks by [ChunkStatus].
 	ChunksByStatus map[string]int `json:"chunks_by_status"`
 	// ChunksSkipped counts the done chunks whose staging and merge were
-	// Skipped, their rows unchanged ([Job.SkipUnchanged],
+	// skipped, their rows unchanged ([Job.SkipUnchanged],
 	// [ReportChunk.Skipped]); they are among the done ones.
 	ChunksSkipped int `json:"chunks_skipped"`
 	// Rows sums the chunks' counts.
@@ -150,7 +150,7 @@ type ReportChunk struct {
 	Counts          backfilltype.Counts `json:"counts"`
 	LastError       string              `json:"last_error,omitempty"`
 	// Skipped is true when the chunk's latest checkpoint skipped its
-	// Staging and merge, its rows unchanged since the load it was
+	// staging and merge, its rows unchanged since the load it was
 	// compared with ([Job.SkipUnchanged], [ChunkState.Skipped]).
 	Skipped bool `json:"skipped"`
 }
@@ -231,7 +231,7 @@ type ReportSpan struct {
 
 // ReportSignal sums the holds of one throttle signal. HeldSeconds adds
 // every worker's holds (so it may exceed the run's throttled time, which
-// Counts each instant once).
+// counts each instant once).
 type ReportSignal struct {
 	Signal      string  `json:"signal"`
 	Holds       int     `json:"holds"`
@@ -248,7 +248,7 @@ type ReportThrottle struct {
 	Low       float64   `json:"low"`
 	StartedAt time.Time `json:"started_at"`
 	// EndedAt is the recorded end, or the end assumed for a hold still
-	// Open ([ThrottlePeriod].Ended); Open reports the latter.
+	// open ([ThrottlePeriod].Ended); Open reports the latter.
 	EndedAt time.Time `json:"ended_at"`
 	Open    bool      `json:"open,omitempty"`
 }
@@ -269,7 +269,7 @@ type ReportWaits struct {
 // ReportExceptions summarises a run's exception queue.
 type ReportExceptions struct {
 	// Total counts the rows in the queue; FailedAttempts the rows kept as
-	// Evidence of attempts a failed quality gate rolled back.
+	// evidence of attempts a failed quality gate rolled back.
 	Total          int64 `db:"total" json:"total"`
 	FailedAttempts int64 `db:"failed_attempts" json:"failed_attempts"`
 	// Groups are the (reason, column) groups, the largest first (at most
@@ -293,7 +293,7 @@ type ReportValidations struct {
 	Checks []ReportCheck `json:"checks"`
 	// Failures are the first failed results (at most 100), including
 	// those of rolled back attempts and accepted ones; FailuresTotal
-	// Counts them all.
+	// counts them all.
 	Failures      []backfilltype.Validation `json:"failures"`
 	FailuresTotal int                       `json:"failures_total"`
 }

@@ -136,7 +136,7 @@ func (rb *pgRollback) load(ctx context.Context, db sqlx.ExtContext) error {
 }
 
 // conflicts counts the rows the batch (or one chunk of it) changed that a
-// Later batch changed again: rows of the undo log, and rows it inserted
+// later batch changed again: rows of the undo log, and rows it inserted
 // (found by lineage), with up to 100 of them and the batch that last
 // changed each. Changes by the batches in exclude (rolled back before
 // this one by the same call) do not count.
@@ -245,7 +245,7 @@ func (rb *pgRollback) finish(ctx context.Context, tx sqlx.ExtContext, batch int6
 		if whole {
 			// The rows the batch inserted, found by lineage, in one
 			// statement: a crash before the commit leaves them all, and the
-			// Next call deletes them.
+			// next call deletes them.
 			if err := rb.keysTable(ctx, tx); err != nil {
 				return err
 			}
@@ -303,7 +303,7 @@ func (rb *pgRollback) deleteInserted(ctx context.Context, tx sqlx.ExtContext, ba
 // retile recomputes valid_to for the History keys the chunk's undo log
 // touched, so that the versions left tile each key's history again (a
 // restored prior image may end where a version of a later chunk or batch
-// Now starts), then checks the tiling.
+// now starts), then checks the tiling.
 func (rb *pgRollback) retile(ctx context.Context, tx sqlx.ExtContext, batch int64, seq int) error {
 	_, err := tx.ExecContext(ctx, rb.RetileSQL(), batch, seq)
 	if err != nil {

@@ -44,7 +44,7 @@ WHERE u.batch_id = $1 AND u.seq = ANY ($2::int[]) AND (t.{ub} IS NOT DISTINCT FR
 
 // RestoreSQL restores the earliest prior image of each row that chunk $2
 // of batch $1 updated (the state before the chunk touched it), unless a
-// Later batch changed the row and not force ($3).
+// later batch changed the row and not force ($3).
 func (rb *pgRollback) RestoreSQL() string {
 	return SQLf(`UPDATE {target} t SET ({columns}) = ROW({rcolumns})
 FROM (SELECT DISTINCT ON (u.key) u.key, u.before FROM {undo} u
@@ -247,7 +247,7 @@ FROM x ORDER BY key::text LIMIT 100`,
 // RecordDeliveredSQL summarises the staged rows the target holds as last
 // written by another batch: one row per owner in the delivered table,
 // with the least and greatest identity ($1 batch, $2 chunk, $3 the
-// Identity's column names).
+// identity's column names).
 func (s *PGStager) RecordDeliveredSQL() string {
 	t := s.Info.Target
 	identity := s.Info.Identity()

@@ -18,7 +18,7 @@ type ChunkSummary struct {
 	// status.
 	Done, Open, Other int `json:"-" db:"-"`
 	// Skipped counts the done and open chunks whose latest checkpoint
-	// Skipped their staging and merge (ChunkState.Skipped).
+	// skipped their staging and merge (ChunkState.Skipped).
 	Skipped int `json:"-" db:"-"`
 	// Counts sums the counts of the done and open chunks.
 	Counts backfilltype.Counts `json:"-" db:"-"`

@@ -39,7 +39,7 @@ const ReservedPrefix = "_backfill_"
 //
 // table lists the table's writable columns in table order (Name, and, when
 // known, Type, BaseType, MaxLen, NotNull; generated and identity-always
-// Columns excluded). unique lists the column sets of the table's unique
+// columns excluded). unique lists the column sets of the table's unique
 // indexes and constraints. The result's Columns are the written columns
 // (Target.Columns, or by default every table column except derived keys,
 // ValidTo and HashColumn) followed by the computed ones.
@@ -199,7 +199,7 @@ func (r *targetResolver) derivedKeys() error {
 
 // computedColumns adds the other columns the library fills, each of a
 // type that holds its value: HashColumn, IngestedAt and the lineage
-// Columns.
+// columns.
 func (r *targetResolver) computedColumns() error {
 	t := r.t
 	for _, f := range []struct {

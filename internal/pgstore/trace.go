@@ -24,8 +24,8 @@ type JobChunks struct {
 	BatchID   int64
 	RunStatus backfilltype.RunStatus
 	// Chunks counts the run's chunks by status: the manifest's (pending,
-	// Done, failed, open, staged) with the pending chunks held by a live
-	// Lease counted as [ChunkLeased] instead. Statuses with no chunk are
+	// done, failed, open, staged) with the pending chunks held by a live
+	// lease counted as [ChunkLeased] instead. Statuses with no chunk are
 	// absent.
 	Chunks map[backfilltype.ChunkStatus]int64
 	// Skipped counts the done chunks whose staging and merge a replay

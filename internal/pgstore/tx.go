@@ -142,12 +142,13 @@ func (t *BatchTx) Rollback() error {
 	return t.Tx.Rollback()
 }
 
-// OutsideTxHook, when not nil, is called with every statement with bind
-// parameters run on a pgDB outside a transaction. Tests set it.
+// OutsideTxHook is, when not nil, called with every statement with bind
+// parameters run on a [PGDB] outside a transaction. Tests set it.
 var OutsideTxHook func(query string)
 
-// OutsideTxAnyHook, when not nil, is called with every statement run on a
-// PGDB outside a transaction, with or without parameters. Tests set it.
+// OutsideTxAnyHook is, when not nil, called with every statement run on
+// a [PGDB] outside a transaction, with or without parameters. Tests set
+// it.
 var OutsideTxAnyHook atomic.Pointer[func(query string)]
 
 func (d PGDB) checkOutsideTx(query string, args []any) {

@@ -105,7 +105,7 @@ func (m *Manifest) RegisterWorker(ctx context.Context, db sqlx.ExtContext, w bac
 
 // Heartbeat refreshes the worker's heartbeat_at, in a short transaction
 // of its own that does not wait for its WAL to be flushed (a lost
-// Heartbeat is harmless).
+// heartbeat is harmless).
 func (m *Manifest) Heartbeat(ctx context.Context, db sqlx.ExtContext, key string) error {
 	return InShortTx(ctx, db, func(tx sqlx.ExtContext) error {
 		_, err := tx.ExecContext(ctx, m.SQL(`UPDATE {s}.workers SET heartbeat_at = now()
@@ -144,7 +144,7 @@ type Lease struct {
 	JobConcurrency int `json:"-" db:"-"`
 }
 
-// Settings returns the lease's session settings as set_config arguments.
+// settings returns the lease's session settings as set_config arguments.
 func (l Lease) settings() (appName, keepIdle, keepInterval, keepCount, userTimeoutMS string) {
 	s := max(int(l.StaleAfter/time.Second), 3)
 	return "backfill " + l.Key + " ", fmt.Sprint(max(s/3, 1)), fmt.Sprint(max(s/9, 1)), "3",
@@ -294,7 +294,7 @@ type FenceWait struct {
 // WaitInFlight waits until no transaction holds a chunk of batchID that
 // was pending or open: it locks those rows (FOR UPDATE, which waits for
 // each holder) with lock_timeout = poll, and between tries lists the
-// Holders (logged with the wait's duration) and fences the stale ones. It
+// holders (logged with the wait's duration) and fences the stale ones. It
 // is the barrier after a run stops being running (abandoned, paused for a
 // rollback, failed before a rollback): a chunk claimed while it ran
 // either holds its row (the barrier waits for its commit or rollback) or
