@@ -395,7 +395,8 @@ type Config struct {
 	// chunk, row, column and value. The rows count toward
 	// MaxRejectsPerChunk too. 0 means [DefaultMaxStagingRejects]; a
 	// negative value fails the chunk at the first refused value (still
-	// naming it). Mergers with [StagingIsolator] only ([PGMerger]).
+	// naming it). Mergers with [backfilldriver.StagingIsolator] only (the
+	// PostgreSQL merger).
 	MaxStagingRejects int
 	// MaxMergeRefusals is how many staged rows of one chunk the target may
 	// refuse while they are merged before the chunk fails: rows that
@@ -418,7 +419,7 @@ type Config struct {
 	// Manifest records runs and chunks. Default: [NewPGManifest] with
 	// schema "backfill".
 	Manifest Manifest
-	// Merger stages and merges rows. Default: [NewPGMerger].
+	// Merger stages and merges rows. Default: the PostgreSQL merger.
 	Merger Merger
 	// Logger receives one record per chunk and run event. Nil discards.
 	Logger *slog.Logger

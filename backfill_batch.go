@@ -21,7 +21,7 @@ import (
 // Nothing outlives the transaction: a rollback drops the queue with the
 // rest.
 
-// batched returns tx as a batchTx when it is a PostgreSQL transaction
+// batched returns tx as a pgstore.BatchTx when it is a PostgreSQL transaction
 // (one that can prepare statements: lib/pq's, possibly wrapped); another
 // DB's (backfilltest's) as it is.
 func batched(tx backfilldriver.Tx) backfilldriver.Tx {

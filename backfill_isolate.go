@@ -61,7 +61,7 @@ type stagingRowError struct {
 func (e *stagingRowError) Error() string { return e.msg }
 func (e *stagingRowError) Unwrap() error { return e.err }
 
-// copyEnder is implemented by stagers that stage with COPY: endStaging
+// copyEnder is implemented by stagers that stage with COPY: EndStaging
 // ends the COPY, so that a refused value shows before the merge.
 type copyEnder interface {
 	EndStaging(ctx context.Context) error

@@ -193,7 +193,7 @@ func relationOID(ctx context.Context, db sqlx.ExtContext, table string) (int64, 
 }
 
 // pgPrivileges reports whether the Runner checks privileges: on
-// PostgreSQL, with a PGManifest (nil otherwise) and whether a PGMerger
+// PostgreSQL, with a PGManifest (nil otherwise) and whether a [pgstore.Merger]
 // writes the target.
 func (r *Runner) pgPrivileges() (pm *PGManifest, target bool) {
 	if _, ok := r.db.(pgstore.PGDB); !ok {

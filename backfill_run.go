@@ -1588,7 +1588,7 @@ func (w *rowWriter) reject(raw []byte, column, value, reason string) error {
 // delivered it. This is the one place where Job.Zone applies to a Go
 // value; the chunk check (inChunk) sees the value returned here. Other
 // values are returned as they are (text) or reduced (a *string, a
-// sql.NullString), and convertValue judges them.
+// sql.NullString), and pgstore.ConvertValue judges them.
 func (w *rowWriter) timeValue(col *Column, v any) any {
 	switch x := v.(type) {
 	case time.Time:
@@ -1613,14 +1613,14 @@ func (w *rowWriter) timeValue(col *Column, v any) any {
 			return norm
 		}
 	}
-	// Not a time nor text: convertValue gives the reason, naming the
+	// Not a time nor text: pgstore.ConvertValue gives the reason, naming the
 	// value's own Go type.
 	return v
 }
 
 // inChunk reports whether v, a row's value of Job.ChunkColumn (as
 // timeValue reduced it, for a time column), lies in the chunk's half-open
-// interval; stored is the value convertValue gave for it. Times are
+// interval; stored is the value pgstore.ConvertValue gave for it. Times are
 // compared as instants, the instant stored: a time.Time truncated to
 // microseconds, as pgconv stores it (a date column: its civil date,
 // at midnight in Job.Zone); text as its stored canonical form reads (so
@@ -1694,7 +1694,7 @@ func (w *rowWriter) instant(col Column, v, stored any) (time.Time, bool) {
 		}
 		return time.Time{}, false
 	}
-	// The canonical text convertValue stored: read back exactly.
+	// The canonical text pgstore.ConvertValue stored: read back exactly.
 	c, zoned, ok := pgconv.ReadTime(s)
 	switch {
 	case !ok:

@@ -67,7 +67,7 @@ func (s *spooled) replay(ctx context.Context, w *rowWriter) error {
 // leasing reports whether this call's chunks run in short transactions:
 // with a manifest that leases and a registered worker. The job-wide
 // concurrency cap (Config.JobConcurrency) is then a cap on the batch's
-// live leases (leaseChunk).
+// live leases (pgstore.LeaseChunk).
 func (ex *execution) leasing() bool {
 	return ex.r.caps.workers != nil && ex.worker != nil
 }

@@ -22,7 +22,7 @@ import (
 // statement_timeout of its merge, validation and checkpoint in
 // backfill.statement_timeout (the COPY that stays open while the
 // extractor runs is not charged: statement_timeout 0 until the merge puts
-// it back). Both are set in the claim statement (claimLeased): no extra
+// it back). Both are set in the claim statement (pgstore.ClaimLeased): no extra
 // round trip, except one set_config on a retried try, whose lock_timeout
 // is the next row's.
 //

@@ -28,7 +28,7 @@ import (
 // docs/design/skip-unchanged.md explains the alternatives.
 
 // spoolKeys returns the identity of every row of sp (converted rows of
-// info), as spoolKeyText forms, one slice per identity column.
+// info), as pgstore.SpoolKeyText forms, one slice per identity column.
 func spoolKeys(ctx context.Context, sp *spool, info TableInfo) ([][]string, error) {
 	identity := info.Identity()
 	idx := make([]int, len(identity))

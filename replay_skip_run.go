@@ -148,7 +148,7 @@ type chunkSkip struct {
 
 // skipAdder returns where a row writer of chunk c puts its rows for a
 // spool sp: sp itself, or, for a job with SkipUnchanged, sp behind a
-// fingerprintAdder, whose fingerprint the chunkSkip returned carries
+// pgstore.FingerprintAdder, whose fingerprint the chunkSkip returned carries
 // (nil without the option).
 func (ex *execution) skipAdder(sp *spool, info TableInfo) (pgstore.RowAdder, *chunkSkip) {
 	if !ex.job.SkipUnchanged {
@@ -292,7 +292,7 @@ func (ex *execution) checkpointSkipped(ctx context.Context, tx backfilldriver.Tx
 
 // recordAfterMerge sets sk.record when the merge of chunk c took every
 // row it staged (mr, of the staged rows w counted) and, in one statement
-// in tx after the merge (targetFingerprintMerged), the target rows
+// in tx after the merge (pgstore.TargetFingerprintMerged), the target rows
 // within its bounds (without ChunkColumn: of the identities in stager's
 // staging table) are exactly as many and each equals the staged row of
 // its identity: their fingerprints. Otherwise, or when stager has no

@@ -377,7 +377,7 @@ func (u *undoRollback) apply(ctx context.Context, rep RollbackReport) (RollbackR
 // (and, interrupted, resumes on the paused run). A preview changes
 // nothing. Any other running run is refused with what to do. The chunks
 // in flight (open chunks read again) are waited for after the pause
-// commits (rollbackBatch, waitInFlight).
+// commits (rollbackBatch, pgstore.WaitInFlight).
 func (r *Runner) stopOpenRun(ctx context.Context, pm backfilldriver.SQLManifest, run Run, opts RollbackOptions) (Run, error) {
 	refuse := func(unfinished int) error {
 		return fmt.Errorf("backfill: rollback of batch %d: %w: the run is still running with %d chunks pending or failed; finish it first "+

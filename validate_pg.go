@@ -420,7 +420,7 @@ func (v Aggregates) detail(zone string) map[string]any {
 	return detail
 }
 
-// compare runs q (aggregatesSQL) with args and collects the differing
+// compare runs q (pgstore.AggregatesSQL) with args and collects the differing
 // groups, with hash joins for a large chunk and, for float measures,
 // extra_float_digits pinned (see aggregatesSideSQL), both undone afterwards.
 func (v Aggregates) compare(ctx context.Context, tx sqlx.ExtContext, c *pgstore.PgCheck, q string, args []any) (r pgstore.AggregatesResult, err error) {
@@ -460,7 +460,7 @@ func (v Aggregates) compare(ctx context.Context, tx sqlx.ExtContext, c *pgstore.
 	return r, err
 }
 
-// scan reads one row of aggregatesSQL into r: the group counts, and the
+// scan reads one row of pgstore.AggregatesSQL into r: the group counts, and the
 // differing group it lists, if any, with a sample line naming what
 // differs.
 func (v Aggregates) scan(rows *sqlx.Rows, r *pgstore.AggregatesResult) error {

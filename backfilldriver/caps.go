@@ -132,7 +132,7 @@ type UndoLogWriter interface {
 type MergerRollback interface {
 	// UndoRollback returns the rollback of scope on info's target, whose
 	// manifest is m. It returns an error wrapping [ErrUnsupported] when
-	// it cannot roll back with m (PGMerger needs a [Manifest], whose
+	// it cannot roll back with m (the PostgreSQL merger needs a [Manifest], whose
 	// SchemaName holds the undo log).
 	UndoRollback(ctx context.Context, db sqlx.ExtContext, m ManifestRollback, info backfilltype.TableInfo, scope backfilltype.RollbackScope) (UndoRollback, error)
 }

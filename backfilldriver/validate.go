@@ -28,7 +28,7 @@ type ValidationScope struct {
 	// when the merger has none (the fakes).
 	Staging string
 	// Stager is the chunk's stager; it implements [Replayer] when the
-	// merger can re-run its merge (PGMerger).
+	// merger can re-run its merge (the PostgreSQL merger's does).
 	Stager Stager
 }
 
@@ -53,7 +53,7 @@ type Replayer interface {
 }
 
 // StagingTabler is implemented by stagers whose rows live in a table
-// (PGMerger): it returns the quoted table name.
+// (the PostgreSQL merger's): it returns the quoted table name.
 type StagingTabler interface {
 	StagingTable() string
 }

@@ -25,7 +25,7 @@ import (
 // and Keyless ambiguities returned as rejected rows, rows that violate a
 // constraint declared with [Merger.AddUnique] or [Merger.AddCheck]
 // refused (returned as rejected rows, up to TableInfo.Chunk.MaxRefused),
-// History intervals recomputed, changes applied on commit. Like PGMerger, a merge holds
+// History intervals recomputed, changes applied on commit. Like the PostgreSQL merger, a merge holds
 // locks on its business keys until its transaction ends, so that merges
 // of the same keys in concurrent transactions see each other's rows and
 // the result does not depend on their order. Tables are declared with
@@ -120,7 +120,7 @@ func (m *Merger) Rows(table string) [][]any {
 }
 
 // Prepare implements [backfill.Merger.Prepare] with [pgstore.ResolveTarget],
-// like PGMerger: the table must have been added
+// like the PostgreSQL merger: the table must have been added
 // ([backfill.ErrTargetNotFound]) and its key must be the target's identity,
 // Target.Key (in History mode plus ValidFrom) ([backfill.ErrNoUniqueKey]).
 // Column types are checked only when declared with

@@ -72,7 +72,7 @@ func (m *merge) run() error {
 
 // mergeRefusing merges rows into tab, refusing rows that violate its
 // other constraints: it merges, finds the written rows that violate one,
-// and merges again without them (after deduplication, as PGMerger drops
+// and merges again without them (after deduplication, as the PostgreSQL merger drops
 // them), until none does.
 func mergeRefusing(info backfill.TableInfo, tab *fakeTable, rows []stagedRow) (*merge, error) {
 	refused := map[int64]backfill.Exception{}
@@ -202,7 +202,7 @@ func (m *merge) violations() []backfill.Exception {
 }
 
 // identityText renders the identity columns of a JSON row as "(a, b)",
-// numbers as printed, like PGMerger's exceptions.
+// numbers as printed, like the PostgreSQL merger's exceptions.
 func identityText(identity []string, raw string) string {
 	d := json.NewDecoder(strings.NewReader(raw))
 	d.UseNumber()

@@ -19,7 +19,7 @@ import (
 // records, with the changes and on commit of the same fake transaction,
 // one entry per row it writes: the key of a row it inserted, or the prior
 // image of a row it updated. A rollback ([Merger.UndoRollback]) restores
-// them chunk by chunk in reverse order, as PGMerger's does from its undo
+// them chunk by chunk in reverse order, as the PostgreSQL merger's does from its undo
 // table, and refuses rows that later batches changed (lineage UpdatedBy)
 // unless forced. The fakes keep no summary of unchanged deliveries
 // ([Manifest.DeliveredTable]), and do not roll back History targets.

@@ -104,7 +104,7 @@ func scalarText(v any) string {
 // (record_out): "(a,1,)" with NULL as nothing, and a value quoted, with "
 // and \ doubled, when it is empty or holds one of "\(), or white space.
 // NewerVersionWins compares these texts bytewise. The rendering of each
-// value is scalarText's, so the order of rows matches PGMerger's for
+// value is scalarText's, so the order of rows matches the PostgreSQL merger's for
 // text and integer columns; for other types it is a consistent order of
 // its own.
 func recordText(values []any) string {
@@ -177,7 +177,7 @@ func jsonValue(v any) string {
 	return strings.TrimSuffix(buf.String(), "\n")
 }
 
-// keyText renders the key columns of a JSON row as "(a, b)", as PGMerger
+// keyText renders the key columns of a JSON row as "(a, b)", as the PostgreSQL merger
 // does for the Value of an exception.
 func keyText(key []string, raw string) string {
 	var m map[string]any

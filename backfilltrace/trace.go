@@ -117,7 +117,7 @@ type ChunkStartData struct {
 	Start time.Time
 }
 
-// Chunk outcomes ([TraceChunkEndData.Outcome]).
+// Chunk outcomes ([ChunkEndData.Outcome]).
 const (
 	// OutcomeDone: the chunk committed, done.
 	OutcomeDone = "done"
@@ -207,7 +207,7 @@ type RunEndData struct {
 	Err error
 }
 
-// Throttle events ([TraceThrottleData.Event]).
+// Throttle events ([ThrottleData.Event]).
 const (
 	// ThrottleHold: a signal reached its high watermark; no chunk is
 	// claimed until it is released.
@@ -240,7 +240,7 @@ type ThrottleData struct {
 	Held time.Duration
 }
 
-// Pause sources ([TracePauseData.Source]).
+// Pause sources ([PauseData.Source]).
 const (
 	// PauseThrottle: a throttle's critical level paused the run.
 	PauseThrottle = "throttle"
@@ -261,7 +261,7 @@ type PauseData struct {
 	Reason string
 }
 
-// Retry kinds ([TraceRetryData.Kind]).
+// Retry kinds ([RetryData.Kind]).
 const (
 	// RetryWait: a try of the chunk waited (lock timeout, deadlock,
 	// serialization failure, statement timeout: SQLState) and rolled

@@ -29,9 +29,10 @@ type Column struct {
 	// arrays of them, composites); change detection compares its text.
 	TextCompare bool `json:"-" db:"-"`
 	// Kind is the (base) type's pg_type.typtype ("b", "e" enum, "c"
-	// composite, "r" range, ...); userType: it is not a pg_catalog type.
-	// ElemKind and userElem say the same of an array's element type. ""
-	// and false when unknown (a TableInfo not from PGMerger.Prepare).
+	// composite, "r" range, ...); UserType: it is not a pg_catalog type.
+	// ElemKind and UserElem say the same of an array's element type. ""
+	// and false when unknown (a TableInfo not from the PostgreSQL
+	// merger's Prepare).
 	Kind, ElemKind     string `json:"-" db:"-"`
 	UserType, UserElem bool   `json:"-" db:"-"`
 	// Precision and Scale are a numeric(p,s) column's declared precision
@@ -63,10 +64,11 @@ type TableInfo struct {
 	Chunk ChunkRef
 
 	// KeyIndexes names the unique indexes that cover the identity, and
-	// the partitions' indexes attached to them (PGMerger).
+	// the partitions' indexes attached to them (the PostgreSQL merger).
 	KeyIndexes []string `json:"-" db:"-"`
 	// OpenIndexes: History's partial unique indexes on the business key
-	// (one open version per key), name -> predicate (PGMerger).
+	// (one open version per key), name -> predicate (the PostgreSQL
+	// merger).
 	OpenIndexes map[string]string `json:"-" db:"-"`
 	// LockRoot is the canonical name of the target's partition root (the
 	// target itself when it is not a partition), which names its key
@@ -81,7 +83,7 @@ type TableInfo struct {
 	// read at Prepare; partitioned: the target is a partitioned table.
 	TupleIdentity, Partitioned bool `json:"-" db:"-"`
 	// InheritanceChild names a child of the target by inheritance, ""
-	// for none: runs refuse such a target (refuseInheritanceParent,
+	// for none: runs refuse such a target (pgstore.RefuseInheritanceParent,
 	// Merger).
 	InheritanceChild string `json:"-" db:"-"`
 	// InsertOnly: an Upsert that may update rows, prepared for a role
@@ -91,7 +93,7 @@ type TableInfo struct {
 	InsertOnly bool   `json:"-" db:"-"`
 	Role       string `json:"-" db:"-"`
 	// NoUpdate: the written columns the role may not update (in table
-	// order); noUpdateAll: none of them.
+	// order); NoUpdateAll: none of them.
 	NoUpdate    []string `json:"-" db:"-"`
 	NoUpdateAll bool     `json:"-" db:"-"`
 }

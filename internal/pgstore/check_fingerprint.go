@@ -149,7 +149,7 @@ const pinnedSettings = `SELECT set_config('extra_float_digits', '1', true), set_
 	set_config('lc_monetary', 'C', true)`
 
 // HashKind says how a column is hashed: by its type's hash function
-// (hashFuncs), by its text, or not at all ("").
+// (HashFuncs), by its text, or not at all ("").
 func HashKind(col backfilltype.Column) string {
 	if strings.HasPrefix(col.BaseType, "_") && (col.ElemKind != "" || !col.UserType) {
 		// An array (of a user's type, the array type is the user's too):
@@ -185,7 +185,7 @@ func HashKind(col backfilltype.Column) string {
 // hashStep returns the SQL expression hashing column col of alias with
 // seed (a bigint SQL expression); pos is the column's position in the row
 // hash. The seed is first XORed with a constant of the position
-// (positionKey), another one when the value is NULL, which then hashes as
+// (PositionKey), another one when the value is NULL, which then hashes as
 // the type's stand-in value. Constants per position matter because some
 // values hash to the seed itself (float zero, hashfloat8extended): with a
 // bare seed, (0, 2.5) and (2.5, 0) in a float8 and a real column would

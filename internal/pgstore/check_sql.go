@@ -188,7 +188,7 @@ WHERE NOT EXISTS (SELECT 1 FROM {target} t WHERE {ts}) ORDER BY {sid} LIMIT {max
 }
 
 // DifferingContentSQL lists (k, n) the staged rows whose target row holds
-// other content where the staged row wins (wins, see sourceWins), with
+// other content where the staged row wins (wins, see SourceWins), with
 // the columns that differ.
 func (c *PgCheck) DifferingContentSQL(wins string) string {
 	id := c.scope.Info.Identity()
@@ -251,7 +251,7 @@ ORDER BY s._backfill_order, {sid}`,
 // exact sum, special values and NULLs of staging with those of the
 // target rows of the staged identities (see [Aggregates]). It returns
 // (groups, differing, grp, _sn, _tn, ss, ts, _sz, _tz, _mbad): the counts,
-// then one differing group per row (up to maxSample), or one row of NULLs
+// then one differing group per row (up to MaxSample), or one row of NULLs
 // when no group differs. Tolerances are bound in a.
 func (c *PgCheck) AggregatesSQL(day func(alias string) string, dims []string, measures []backfilltype.Measure, a *SQLArgs) string {
 	var gcols []string
@@ -385,7 +385,7 @@ func (c *PgCheck) aggregatesSideSQL(day func(alias string) string, dims []string
 }
 
 // FingerprintStagingSQL counts the staged rows and sums their row hashes
-// of cols (see rowHashSQL).
+// of cols (see RowHashSQL).
 func (c *PgCheck) FingerprintStagingSQL(cols []string) string {
 	return SQLf(`SELECT count(*) AS rows, coalesce(sum({hash}), 0)::text AS hash_sum FROM {staging} s`,
 		"hash", RowHashSQL(c.scope.Info, cols, "s"), "staging", c.Staging)

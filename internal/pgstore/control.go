@@ -13,7 +13,7 @@ import (
 	"github.com/pgbackfill/backfill/backfilltype"
 )
 
-// Knob names of [PGManifest.SetKnob] (and the SQL function set_knob).
+// Knob names of [Manifest.SetKnob] (and the SQL function set_knob).
 const (
 	// KnobConcurrency is the workers of each process (a whole number, at
 	// least 1); a process runs at most its [Config.Concurrency], so the
@@ -59,7 +59,7 @@ func (m *Manifest) Pause(ctx context.Context, db sqlx.ExtContext, batchID int64,
 // Resume resumes a paused or cancelled run batchID through the SQL
 // function resume: it is running again, and the next [Runner.Run] of its
 // job (or the calls still waiting on it) work it. Errors as
-// [PGManifest.Pause]; a run that is neither paused nor cancelled gives
+// [Manifest.Pause]; a run that is neither paused nor cancelled gives
 // [ErrNotPaused] (and [ErrRunStatus]).
 func (m *Manifest) Resume(ctx context.Context, db sqlx.ExtContext, batchID int64, actor, why string) error {
 	return m.ReadControl(ctx, db, "resume", batchID, actor, why)
@@ -70,9 +70,9 @@ func (m *Manifest) Resume(ctx context.Context, db sqlx.ExtContext, batchID int64
 // their leases released, the chunks pending, nothing half-merged) and
 // claim nothing more; the run ends [RunCancelled] and each call of
 // [Runner.Run] on it returns an error wrapping [ErrRunCancelled]. Only an
-// explicit resume ([Runner.Resume], [PGManifest.Resume], SQL resume)
+// explicit resume ([Runner.Resume], [Manifest.Resume], SQL resume)
 // restarts it; [Job.NewRun] starts a new run instead. Errors as
-// [PGManifest.Pause].
+// [Manifest.Pause].
 func (m *Manifest) Cancel(ctx context.Context, db sqlx.ExtContext, batchID int64, actor, why string) error {
 	return m.ReadControl(ctx, db, "cancel", batchID, actor, why)
 }

@@ -22,7 +22,7 @@ import (
 
 // ChunkFingerprint is an order-independent (multiset) hash of rows: their
 // count and two 64-bit lanes, each the sum modulo 2^64 of a lane of each
-// row's SHA-256 (of encodeSourceRow's encoding). A sum, unlike XOR, does
+// row's SHA-256 (of EncodeSourceRow's encoding). A sum, unlike XOR, does
 // not cancel equal rows. buf is the reused encoding of a row: adding a
 // row allocates nothing.
 type ChunkFingerprint struct {
@@ -31,7 +31,7 @@ type ChunkFingerprint struct {
 	buf  []byte
 }
 
-// SourceEncodingVersion names encodeSourceRow's encoding in a recorded
+// SourceEncodingVersion names EncodeSourceRow's encoding in a recorded
 // source fingerprint (String), so that a fingerprint recorded under
 // another encoding never compares equal to one of this encoding: the
 // chunk is merged once, and records this encoding's. Version 1 (no tag,
@@ -39,7 +39,7 @@ type ChunkFingerprint struct {
 const SourceEncodingVersion = "v2"
 
 // Add adds one converted row: the values of cols (the written columns),
-// as convertValue returns them.
+// as ConvertValue returns them.
 func (f *ChunkFingerprint) Add(cols []backfilltype.Column, values []any) {
 	f.buf = EncodeSourceRow(f.buf[:0], cols, values)
 	sum := sha256.Sum256(f.buf)
@@ -54,7 +54,7 @@ func (f ChunkFingerprint) String() string {
 	return fmt.Sprintf("%s:%d:%016x:%016x", SourceEncodingVersion, f.Rows, f.Sum[0], f.Sum[1])
 }
 
-// Tags of encodeSourceRow: one byte before each value, its type (and a
+// Tags of EncodeSourceRow: one byte before each value, its type (and a
 // bool's value), so that values of different types or NULL never encode
 // alike.
 const (
@@ -72,7 +72,7 @@ const (
 // EncodeSourceRow appends to buf an unambiguous encoding of the values of
 // cols (the written columns) of a converted row, key columns included,
 // in column order (the
-// encoding of sourceEncodingVersion): per column a tag (NULL, or the
+// encoding of SourceEncodingVersion): per column a tag (NULL, or the
 // value's type), then the value: integers as varints, floats as their 8
 // bytes, strings and byte slices uvarint-length-prefixed, a time as the
 // varints of its Unix seconds, nanoseconds and zone offset. Every part is
@@ -209,7 +209,7 @@ func tupleShapeSQL(target, oids string, a *SQLArgs) string {
 // fingerprintSQL is the statement of a target fingerprint: the count
 // (rows) and hash sum (hash_sum) of the target rows of alias t in from (a
 // FROM clause, its WHERE included) of info's target named target, over
-// cols' values (rowHashSQL) or, with info.tupleIdentity, over their row
+// cols' values (RowHashSQL) or, with info.TupleIdentity, over their row
 // versions (tupleHashSQL) with the target's shape (shape: tupleShapeSQL,
 // over the partitions holding those rows when it is partitioned). stray,
 // when not "", is a condition on a row whose count is column stray.
@@ -248,9 +248,9 @@ type MergedFingerprint struct {
 
 // TargetFingerprintMerged returns the fingerprint a merged chunk c
 // records (recordAfterMerge), of the target rows a replay compares:
-// with chunkColumn those within c's bounds (targetFingerprint's), for
+// with chunkColumn those within c's bounds (TargetFingerprint's), for
 // chunkColumn "" those of the identities in staging, the chunk's
-// staging table (targetFingerprintKeys' at the replay), and, from the
+// staging table (TargetFingerprintKeys' at the replay), and, from the
 // same statement, the count of
 // those rows that differ from the staged row of their identity or have
 // none. Taking both in one statement matters: under READ COMMITTED
@@ -258,7 +258,7 @@ type MergedFingerprint struct {
 // target rows it leaves unchanged, so another session may change one
 // and commit between the merge and this statement. A zero Stray proves
 // that the state hashed is one a merge of the staged rows leaves as it
-// is, whatever happened since the merge. Errors are targetFingerprint's.
+// is, whatever happened since the merge. Errors are TargetFingerprint's.
 func TargetFingerprintMerged(ctx context.Context, tx sqlx.ExtContext, info backfilltype.TableInfo, chunkColumn string, zone *time.Location, staging string, c backfilltype.Chunk) (MergedFingerprint, error) {
 	pc, cols, err := TargetFingerprintCheck(info, backfilldriver.ValidationScope{Chunk: c, Info: info, ChunkColumn: chunkColumn, Zone: zone, Staging: staging})
 	if err != nil {
@@ -305,7 +305,7 @@ func TargetFingerprintMerged(ctx context.Context, tx sqlx.ExtContext, info backf
 // no index, a nested loop scanning staging once per target row.
 const joinsSettings = `set_config('enable_hashjoin', 'on', true), set_config('enable_mergejoin', 'on', true)`
 
-// TargetFingerprintKeys is targetFingerprint for a job without
+// TargetFingerprintKeys is TargetFingerprint for a job without
 // ChunkColumn: the target rows whose identity is among keys (keys[i]
 // the text forms of identity column i, row by row), sent as arrays. A
 // key in another text form than the target's (a value the spool holds
@@ -367,7 +367,7 @@ func TargetFingerprintCheck(info backfilltype.TableInfo, scope backfilldriver.Va
 // pinnedFingerprint runs q (args a) in tx with the text forms the hash
 // reads pinned: set for the statement, restored at its end
 // (set_config(..., true) lasts to the end of the transaction, so a
-// savepoint scopes it). When pin is false (hashReadsSettings: no value's
+// savepoint scopes it). When pin is false (HashReadsSettings: no value's
 // hash depends on a setting) it runs q alone: one statement instead of
 // four (a replay's skipped chunk waits for each).
 func pinnedFingerprint(ctx context.Context, tx sqlx.ExtContext, c backfilltype.Chunk, q string, a SQLArgs, pin bool) (Fingerprint, error) {
@@ -388,9 +388,9 @@ func pinnedFingerprint(ctx context.Context, tx sqlx.ExtContext, c backfilltype.C
 var settingsFreeText = map[string]bool{"text": true, "varchar": true, "bpchar": true, "numeric": true}
 
 // HashReadsSettings reports whether the row hash of cols (pc's target
-// columns, rowHashSQL) reads a setting of pinnedSettings: a column hashed
+// columns, RowHashSQL) reads a setting of pinnedSettings: a column hashed
 // by its text, unless of a type whose text no setting changes
-// (settingsFreeText). Those hashed by their type's function (hashKind
+// (settingsFreeText). Those hashed by their type's function (HashKind
 // "func") read none: by the binary value, timestamptz AT TIME ZONE 'UTC'
 // named in the expression, the reg* types by OID.
 func HashReadsSettings(pc *PgCheck, cols []string) bool {
@@ -470,7 +470,7 @@ type FingerprintAdder struct {
 	Next RowAdder              `json:"-" db:"-"`
 }
 
-// Add implements rowAdder.
+// Add implements RowAdder.
 func (a *FingerprintAdder) Add(ctx context.Context, row int64, values []any) error {
 	a.Fp.Add(a.Cols, values[:len(a.Cols)])
 	return a.Next.Add(ctx, row, values)

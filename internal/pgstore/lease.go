@@ -49,7 +49,7 @@ func liveLeaseOf(alias, staleArg string) string {
 }
 
 // LeaseChunk leases the first claimable chunk of batchID (the conditions
-// of claimLeased) whose lease is free, not live, or key's own and not in
+// of ClaimLeased) whose lease is free, not live, or key's own and not in
 // l.avoid (the caller lists there the chunks its goroutines work), in a
 // short transaction of its own. ok is false when there is none.
 //
@@ -105,7 +105,7 @@ func (m *Manifest) LeaseChunk(ctx context.Context, db sqlx.ExtContext, batchID i
 	return chunkLease{State: rows[0].state(), Epoch: rows[0].Epoch, Control: st}, true, false, nil
 }
 
-// LeaseQuery leases the first claimable chunk of batch $1 (claimQuery's
+// LeaseQuery leases the first claimable chunk of batch $1 (ClaimQuery's
 // conditions, and the same walk of the index chunks_claimable) not in $2
 // (int[]) whose lease is free, not live ($4: the stale bound in seconds)
 // or key $3's own, and returns it with its new lease_epoch and the run's
@@ -135,7 +135,7 @@ var LeaseQuery = `UPDATE {s}.chunks SET lease_key = $3, lease_epoch = lease_epoc
 				coalesce((SELECT json_object_agg(k.key, k.value) FROM {s}.knobs k WHERE k.batch_id = $1), '{}')::text AS run_knobs`
 
 // FenceLease is the fence of a leased chunk's transaction tx: with the
-// settings of the lease (claimLeased's), it locks the chunk's row and
+// settings of the lease (ClaimLeased's), it locks the chunk's row and
 // clears its lease WHERE the lease is still key's at epoch, the chunk
 // claimable and the run running or paused (a chunk in flight when the run
 // is paused finishes: only new claims stop). ok is false when it is not:
@@ -173,7 +173,7 @@ func (m *Manifest) FenceLease(ctx context.Context, tx sqlx.ExtContext, batchID i
 }
 
 // leaseSettings is the condition that sets, locally in the chunk's
-// transaction, the settings claimLeased sets with its claim ($5 to $11:
+// transaction, the settings ClaimLeased sets with its claim ($5 to $11:
 // statement_timeout, lock_timeout, the application_name prefix, the TCP
 // keepalive idle, interval and count, tcp_user_timeout; see
 // Lease.settings).

@@ -21,8 +21,8 @@ import (
 )
 
 // JobStatus returns the progress of the latest run of the job named job,
-// without the job's code: [PGManifest.LatestRun], then
-// [PGManifest.Status]. A job that never ran gives an error wrapping
+// without the job's code: [Manifest.LatestRun], then
+// [Manifest.Status]. A job that never ran gives an error wrapping
 // [ErrRunNotFound].
 func (m *Manifest) JobStatus(ctx context.Context, db sqlx.ExtContext, job string) (backfilltype.Status, error) {
 	run, err := m.LatestRun(ctx, db, job)
@@ -56,8 +56,8 @@ var (
 )
 
 // NewManifest returns a PostgreSQL manifest in schema ("" means
-// "backfill"). The schema is created and migrated by [PGManifest.Migrate]
-// (an administrator's step, "backfill migrate"), or by [PGManifest.Init]
+// "backfill"). The schema is created and migrated by [Manifest.Migrate]
+// (an administrator's step, "backfill migrate"), or by [Manifest.Init]
 // when the role may. schema is one
 // identifier, taken literally and always quoted: "ops.backfill" is the
 // SchemaName of that name (with a dot), never schema backfill of a database
@@ -85,7 +85,7 @@ type txBeginner interface {
 // (*sqlx.DB, or a [DB]), otherwise db itself, which must then be a
 // transaction.
 //
-// A transaction inTx begins is READ COMMITTED, whatever the database's
+// A transaction InTx begins is READ COMMITTED, whatever the database's
 // default_transaction_isolation: the library's transactions take a lock
 // (an advisory lock, or a row lock with FOR UPDATE) and then read what the
 // holder before them committed, which a snapshot taken before the lock
@@ -98,7 +98,7 @@ func InTx(ctx context.Context, db sqlx.ExtContext, f func(tx sqlx.ExtContext) er
 	return inTxIdle(ctx, db, txPlain, f)
 }
 
-// InShortTx is inTx for a transaction that only runs statements (no
+// InShortTx is InTx for a transaction that only runs statements (no
 // validator, no extractor, nothing of the caller's between them): it
 // also sets idle_in_transaction_session_timeout to manifestIdleTimeout,
 // locally, so that a worker frozen inside it (SIGSTOP, a stalled host)
@@ -107,26 +107,26 @@ func InTx(ctx context.Context, db sqlx.ExtContext, f func(tx sqlx.ExtContext) er
 // It also sets lock_timeout ([Config.LockTimeout]) and, when configured,
 // statement_timeout ([Config.StatementTimeout]), locally, in the same
 // statement, and retries a transaction that waited (55P03, 57014; 40001
-// and 40P01 as inTx does) with the sleeps of [Config.LockRetries]
+// and 40P01 as InTx does) with the sleeps of [Config.LockRetries]
 // (retryWaits). The settings are the Runner's when db is its [DB], the
 // defaults otherwise.
 func InShortTx(ctx context.Context, db sqlx.ExtContext, f func(tx sqlx.ExtContext) error) error {
 	return inTxIdle(ctx, db, txShort, f)
 }
 
-// InBoundedTx is inTx for a transaction that may run long (a rollback,
+// InBoundedTx is InTx for a transaction that may run long (a rollback,
 // the publish at the end of a run, an operator's decision): it sets
 // lock_timeout ([Config.LockTimeout]) locally, but no statement_timeout
 // and no idle timeout, and retries a transaction whose lock wait timed
-// out (55P03; 40001 and 40P01 as inTx does) with the sleeps of
+// out (55P03; 40001 and 40P01 as InTx does) with the sleeps of
 // [Config.LockRetries]. Each wait is logged with the sessions holding
 // strong locks. f must be safe to run again.
 func InBoundedTx(ctx context.Context, db sqlx.ExtContext, f func(tx sqlx.ExtContext) error) error {
 	return inTxIdle(ctx, db, txBounded, f)
 }
 
-// inShortTxOwnWaits is inShortTx for a transaction that sets its own
-// lock_timeout and handles its lock timeouts itself (waitInFlight): no
+// inShortTxOwnWaits is InShortTx for a transaction that sets its own
+// lock_timeout and handles its lock timeouts itself (WaitInFlight): no
 // lock_timeout, no retry of 55P03.
 func inShortTxOwnWaits(ctx context.Context, db sqlx.ExtContext, f func(tx sqlx.ExtContext) error) error {
 	return inTxIdle(ctx, db, txShortOwnWaits, f)
@@ -204,7 +204,7 @@ func inTxIdle(ctx context.Context, db sqlx.ExtContext, mode txMode, f func(tx sq
 }
 
 // manifestIdleTimeout is idle_in_transaction_session_timeout in the
-// transactions inShortTx begins: they only run statements, so a longer
+// transactions InShortTx begins: they only run statements, so a longer
 // idle time means a frozen client.
 const manifestIdleTimeout = 10 * time.Second
 
@@ -269,7 +269,7 @@ const runColumns = `batch_id, job_name, source, code_version, plan_fingerprint, 
 //
 // Abandoning a run (newRun) does not wait behind its chunks in flight
 // with the advisory lock held: the abandon commits first (its chunks stop
-// being claimed: the claim reads the run's status), then waitInFlight
+// being claimed: the claim reads the run's status), then WaitInFlight
 // waits for the chunks claimed before (fencing stale holders), and only
 // then, in a new transaction, is the new run created. Whoever creates a
 // run first waits so for the job's latest run if it is abandoned, so a
@@ -585,7 +585,7 @@ const analyzeChunksAt = 1000
 // another role skips it, and the autovacuum's analyze of the table
 // follows). Without statistics the planner takes a new plan's chunks
 // for a handful of rows and claims them with a bitmap scan and a sort of
-// every pending chunk (claimQuery), instead of the first entry of the
+// every pending chunk (ClaimQuery), instead of the first entry of the
 // index chunks_claimable. SKIP_LOCKED: a VACUUM or ANALYZE of the table
 // in progress is not waited for.
 func (m *Manifest) analyzeChunks(ctx context.Context, tx sqlx.ExtContext) error {
@@ -663,7 +663,7 @@ func (r pgChunkRow) state() backfilltype.ChunkState {
 // ClaimChunk implements [Manifest.ClaimChunk] with SELECT ... FOR UPDATE
 // SKIP LOCKED (PostgreSQL docs, SELECT, "The Locking Clause"), checking
 // in the same statement that the run is running, without locking the
-// run's row: see claimLeased for the races and why a worker of an
+// run's row: see ClaimLeased for the races and why a worker of an
 // abandoned run still never writes over a newer run.
 func (m *Manifest) ClaimChunk(ctx context.Context, tx sqlx.ExtContext, batchID int64) (backfilltype.ChunkState, bool, error) {
 	st, _, ok, err := m.ClaimLeased(ctx, tx, batchID, Lease{})
@@ -686,7 +686,7 @@ func (m *Manifest) completeChunk(ctx context.Context, tx sqlx.ExtContext, batchI
 	// A chunk read again while open: the latest read replaces its
 	// exception queue (a row rejected by every read is queued once), in
 	// this transaction, before the status changes below. A chunk its
-	// transaction found pending (batchTx.fresh, under the fence's row
+	// transaction found pending (BatchTx.Fresh, under the fence's row
 	// lock) has none: the statement would delete nothing.
 	if b, ok := tx.(*BatchTx); !ok || !b.Fresh {
 		if _, err := tx.ExecContext(ctx, m.SQL(`DELETE FROM {s}.exceptions e USING {s}.chunks c
@@ -771,7 +771,7 @@ func (m *Manifest) FailChunk(ctx context.Context, db sqlx.ExtContext, batchID in
 	}
 	// An open chunk holds rows of earlier reads: it stays open (and
 	// claimable by the next call) whatever this attempt did.
-	// In its own READ COMMITTED transaction (inTx), retried on 40001 and
+	// In its own READ COMMITTED transaction (InTx), retried on 40001 and
 	// 40P01, when db is not one already.
 	err := InShortTx(ctx, db, func(tx sqlx.ExtContext) error {
 		_, err := tx.ExecContext(ctx, m.SQL(`UPDATE {s}.chunks SET attempts = attempts + 1, last_error = $3,
@@ -1017,7 +1017,7 @@ func (m *Manifest) AddValidations(ctx context.Context, db sqlx.ExtContext, batch
 
 func (m *Manifest) addValidations(ctx context.Context, db sqlx.ExtContext, batchID int64, chunkID string, results []backfilltype.CheckResult, failedAttempt sql.NullInt64) error {
 	// All or none, in one READ COMMITTED transaction retried on 40001 and
-	// 40P01 (inTx) when db is not one already.
+	// 40P01 (InTx) when db is not one already.
 	return InShortTx(ctx, db, func(tx sqlx.ExtContext) error {
 		return m.insertValidations(ctx, tx, batchID, chunkID, results, failedAttempt)
 	})

@@ -28,7 +28,7 @@ func (s *PGStager) EndStaging(ctx context.Context) error {
 }
 
 // CreateStaging implements [MergerStaging.CreateStaging].
-// The DDL runs in a READ COMMITTED transaction of its own (inTx), not
+// The DDL runs in a READ COMMITTED transaction of its own (InTx), not
 // under the server's default isolation outside any transaction, after a
 // transaction-level advisory lock on the table's name: workers starting
 // at once would otherwise race in CREATE TABLE IF NOT EXISTS, which two
@@ -368,7 +368,7 @@ func uniqueIndexes(ctx context.Context, db sqlx.ExtContext, oid int64) ([]unique
 // its scans read the child's rows, but its unique indexes cover only its
 // own, so a merge would take a key a child holds for absent and insert
 // it again. Prepare records it (TableInfo.inheritanceChild); runs that
-// merge into the table are refused (refuseInheritanceParent), its
+// merge into the table are refused (RefuseInheritanceParent), its
 // rollbacks are not, which touch the rows by key as the batch wrote
 // them. A child added during a run is not seen.
 func inheritanceChild(ctx context.Context, db sqlx.ExtContext, oid int64) (string, error) {
@@ -383,8 +383,8 @@ func inheritanceChild(ctx context.Context, db sqlx.ExtContext, oid int64) (strin
 
 // RefuseInheritanceParent returns an error wrapping [ErrInvalidConfig]
 // when info, prepared for a run, is of a table with a child by
-// inheritance (inheritanceChild), whatever Merger wraps the PGMerger
-// that prepared it.
+// inheritance (inheritanceChild), however the [Merger] that prepared it
+// is wrapped.
 func RefuseInheritanceParent(info backfilltype.TableInfo) error {
 	if info.InheritanceChild == "" {
 		return nil

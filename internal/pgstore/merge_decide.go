@@ -39,7 +39,7 @@ var LooseEquality = map[string]bool{"numeric": true, "float4": true, "float8": t
 // merge's change detection; everything else (numerics, floats,
 // intervals, jsonb, ranges, composites, types of extensions or users,
 // arrays of any of them, text under a collation of its own) is compared
-// byte for byte by exactCompare. An allow list, not a deny list: a type
+// byte for byte by ExactCompare. An allow list, not a deny list: a type
 // not known to be exact is treated as loose.
 var exactTypes = map[string]bool{
 	"int2": true, "int4": true, "int8": true, "oid": true, "bool": true, "uuid": true, "bytea": true,
@@ -122,7 +122,7 @@ func comparedAsText(base, kind, elem, elemKind string) bool {
 // prepareDecide reads what Prepare records for the merge's decision: the
 // partition root naming the key locks; and, for the target fingerprints
 // of replays, whether they may hash tuple identities
-// (tupleIdentity: the target and each of its partitions are heap tables,
+// (TupleIdentity: the target and each of its partitions are heap tables,
 // hashtidextended is there, PostgreSQL 14, and every column is of a
 // built-in base type whose values no catalog lookup reads).
 //

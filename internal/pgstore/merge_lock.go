@@ -31,7 +31,7 @@ import (
 const MergeLockKeys = 64
 
 // mergeLockScanRows: a chunk of more staged rows locks the whole target
-// without reading its keys (it most likely has more than mergeLockKeys).
+// without reading its keys (it most likely has more than MergeLockKeys).
 const mergeLockScanRows int64 = 4096
 
 // An integer key is locked by ranges of 1<<mergeLockRangeBits values; a

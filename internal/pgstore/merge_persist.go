@@ -39,7 +39,7 @@ type persistStager struct {
 	buf    []any
 	seq    int
 	staged int64
-	ended  bool // the COPY ended (endStaging)
+	ended  bool // the COPY ended (EndStaging)
 }
 
 func newPersistStager(ctx context.Context, tx sqlx.ExtContext, table string, info backfilltype.TableInfo, seq int) (*persistStager, error) {

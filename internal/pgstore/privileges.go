@@ -172,9 +172,9 @@ ORDER BY ord, name, array_position(ARRAY['USAGE', 'SELECT', 'INSERT', 'UPDATE', 
 // CheckPrivileges returns a [*PrivilegeError] (wrapping [ErrPrivilege])
 // listing the privileges on the manifest and the database that the
 // session's role lacks to run, resume, validate and roll back jobs (see
-// [PGManifest.Grants]), with the GRANT statements to run; nil when it has
+// [Manifest.Grants]), with the GRANT statements to run; nil when it has
 // them all. It runs one catalog query, needs no privilege itself, and
-// does not check the manifest's version ([PGManifest.Version]).
+// does not check the manifest's version ([Manifest.Version]).
 func (m *Manifest) CheckPrivileges(ctx context.Context, db sqlx.ExtContext) error {
 	var (
 		missing []Privilege
@@ -204,7 +204,7 @@ func (m *Manifest) MissingPrivileges(ctx context.Context, db sqlx.ExtContext) ([
 
 // Grants returns the GRANT statements that give role every privilege on
 // the manifest and the database that a role running jobs needs once the
-// SchemaName is migrated ([PGManifest.Migrate]): USAGE on the schema; SELECT,
+// SchemaName is migrated ([Manifest.Migrate]): USAGE on the schema; SELECT,
 // INSERT, UPDATE and DELETE on its tables; USAGE on its sequences;
 // TEMPORARY on database. Run them after each migration (ON ALL TABLES
 // covers the tables that exist when it runs). The target's privileges
@@ -260,8 +260,8 @@ func (m *Manifest) version(ctx context.Context, db sqlx.ExtContext) (current, la
 
 // Init makes sure the manifest's schema is at this library's version.
 // When it is, Init only reads the version: no DDL, no lock, so a role
-// with the privileges of [PGManifest.Grants] can call it. When the schema
-// is behind (or does not exist), Init migrates it ([PGManifest.Migrate])
+// with the privileges of [Manifest.Grants] can call it. When the schema
+// is behind (or does not exist), Init migrates it ([Manifest.Migrate])
 // if the session's role may; when the role lacks the privilege (SQLSTATE
 // 42501), it returns an error wrapping [ErrSchemaBehind] naming the
 // SchemaName's and the library's versions: an administrator must run
@@ -298,7 +298,7 @@ func (m *Manifest) Init(ctx context.Context, db sqlx.ExtContext) error {
 // run (or, for CREATE SCHEMA, says to create the schema first). The
 // transaction is READ COMMITTED whatever the database's default
 // isolation, so each statement after the lock sees what the caller
-// before it created, and it is retried on 40001 and 40P01 (inTx). When db
+// before it created, and it is retried on 40001 and 40P01 (InTx). When db
 // is a transaction the migration joins it, at that transaction's
 // isolation level. A schema already current is left alone.
 func (m *Manifest) Migrate(ctx context.Context, db sqlx.ExtContext) error {
@@ -306,7 +306,7 @@ func (m *Manifest) Migrate(ctx context.Context, db sqlx.ExtContext) error {
 	return err
 }
 
-// MigrateResult is what [PGManifest.MigrateGrant] did.
+// MigrateResult is what [Manifest.MigrateGrant] did.
 type MigrateResult struct {
 	// From is the schema's version before this call, read under the
 	// migration's lock: when several callers migrate at once, one reports
@@ -334,9 +334,9 @@ type RolePrivilege struct {
 	Owner string
 }
 
-// MigrateGrant migrates the schema as [PGManifest.Migrate] does and, in
+// MigrateGrant migrates the schema as [Manifest.Migrate] does and, in
 // the same transaction and under the same advisory lock, runs the
-// statements of [PGManifest.Grants] for each of roles, then checks that
+// statements of [Manifest.Grants] for each of roles, then checks that
 // each role has every privilege they give (has_*_privilege). Concurrent
 // callers are serialised by the lock, so concurrent GRANTs on the same
 // object cannot fail with "tuple concurrently updated" (XX000), and each
@@ -394,7 +394,7 @@ func (m *Manifest) MigrateGrant(ctx context.Context, db sqlx.ExtContext, roles .
 	return res, nil
 }
 
-// grantCovers reports whether the statement q of [PGManifest.Grants]
+// grantCovers reports whether the statement q of [Manifest.Grants]
 // gives the privilege p.
 func grantCovers(q string, p Privilege) bool {
 	kind, _, _ := strings.Cut(p.Object, " ")

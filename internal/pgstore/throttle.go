@@ -12,7 +12,7 @@ import (
 	"github.com/pgbackfill/backfill/internal/sqlgen"
 )
 
-// ThrottleManifest is what a Runner writes for throttles (PGManifest).
+// ThrottleManifest is what a Runner writes for throttles ([Manifest]).
 type ThrottleManifest interface {
 	backfilldriver.ManifestThrottle
 	OpenPeriod(ctx context.Context, db sqlx.ExtContext, p backfilltype.ThrottlePeriod) (int64, error)

@@ -11,13 +11,13 @@ import (
 	"github.com/pgbackfill/backfill/backfilltype"
 )
 
-// ChunkLeased is the status [PGManifest.JobChunks] gives a pending chunk
+// ChunkLeased is the status [Manifest.JobChunks] gives a pending chunk
 // whose lease a live worker holds: a chunk in flight (short
 // transactions). It is not a status of the manifest's rows.
 const ChunkLeased backfilltype.ChunkStatus = "leased"
 
 // JobChunks is the state of the latest run of a job, as metrics read it
-// from the manifest ([PGManifest.JobChunks]): the same from any process.
+// from the manifest ([Manifest.JobChunks]): the same from any process.
 type JobChunks struct {
 	// Job is the job's name; BatchID and RunStatus its latest run's.
 	Job       string

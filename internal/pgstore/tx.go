@@ -31,7 +31,7 @@ type BatchTx struct {
 }
 
 // Later runs statement q (no parameters, no result read) in tx: queued
-// when tx is a batchTx, at once otherwise.
+// when tx is a BatchTx, at once otherwise.
 func Later(ctx context.Context, tx sqlx.ExtContext, q string) error {
 	if b, ok := tx.(*BatchTx); ok {
 		b.pending = append(b.pending, q)
@@ -184,7 +184,7 @@ func (d PGDB) QueryRowxContext(ctx context.Context, query string, args ...any) *
 	return d.DB.QueryRowxContext(ctx, query, args...)
 }
 
-// ReadTx runs the reads of f in a transaction when db is not one (inTx:
+// ReadTx runs the reads of f in a transaction when db is not one (InTx:
 // READ COMMITTED, retried on 40001 and 40P01), so that their parameterised
 // statements are safe behind a transaction pooler. f must only read, and
 // must not keep state across attempts.
@@ -253,7 +253,7 @@ type TxSettings struct {
 }
 
 // defaultTxSettings apply to manifest transactions on a database handle
-// that no Runner configured (a *sqlx.DB passed to PGManifest directly).
+// that no Runner configured (a *sqlx.DB passed to a [Manifest] directly).
 var defaultTxSettings = TxSettings{LockTimeout: backfilltype.DefaultLockTimeout, Retries: backfilltype.DefaultLockRetries(backfilltype.DefaultLockTimeout)}
 
 // TryLockTimeout is the lock_timeout of try n (0-based) of an attempt, as
@@ -335,7 +335,7 @@ func WaitCode(ctx context.Context, err error) (code, msg string, ok bool) {
 }
 
 // retryWaits runs try until it returns nil, an error that is not a wait,
-// or the table's rows are used up: a try that waited (waitCode) is run
+// or the table's rows are used up: a try that waited (WaitCode) is run
 // again after the row's jittered sleep. The short manifest transactions
 // use it; a chunk's tries are retried by the Runner (chunkWaited).
 // Each wait is reported to waited (nil: none) before the sleep.

@@ -132,7 +132,7 @@ type Lease struct {
 	StaleAfter time.Duration `json:"-" db:"-"`
 	// LockTimeout is the lock_timeout of the chunk's transaction (the
 	// first row of Config.LockRetries; "" keeps the session's), also kept
-	// in backfill.lock_timeout; stmtTimeout the statement_timeout of its
+	// in backfill.lock_timeout; StmtTimeout the statement_timeout of its
 	// merge and what follows ("" keeps the session's), kept in
 	// backfill.statement_timeout.
 	LockTimeout, StmtTimeout string `json:"-" db:"-"`
@@ -282,7 +282,7 @@ func (m *Manifest) Holders(ctx context.Context, db sqlx.ExtContext, batchID int6
 	return out, nil
 }
 
-// FenceWait says how waitInFlight waits and fences, and where it logs.
+// FenceWait says how WaitInFlight waits and fences, and where it logs.
 type FenceWait struct {
 	self       string
 	StaleAfter time.Duration `json:"-" db:"-"`
