@@ -35,15 +35,15 @@ func (u *undoRollback) lockTarget(ctx context.Context, tx sqlx.ExtContext) error
 	return nil
 }
 
-// lockedTx runs f in a transaction of the rollback (pgstore.InTx: READ COMMITTED,
-// retried on 40001 and 40P01) that holds the target's merge lock. Unless
-// the rollback is forced, it first checks again for the conflicts that a
-// merge committed since the last check may have made with what f writes:
-// those of the undo log of chunks seqs, the deliveries, and with lineage
-// set the rows the batch inserted (a scan of the target: Finish). It
-// returns [ErrRollbackConflict] without running f when there are any. (A
-// rollback of the caller's, not the PostgreSQL merger's, takes no lock and checks
-// once.)
+// lockedTx runs f in a transaction of the rollback (pgstore.InTx: READ
+// COMMITTED, retried on 40001 and 40P01) that holds the target's merge
+// lock. Unless the rollback is forced, it first checks again for the
+// conflicts that a merge committed since the last check may have made with
+// what f writes: those of the undo log of chunks seqs, the deliveries, and
+// with lineage set the rows the batch inserted (a scan of the target:
+// Finish). It returns [ErrRollbackConflict] without running f when there
+// are any. (A rollback of the caller's, not the PostgreSQL merger's, takes
+// no lock and checks once.)
 func (u *undoRollback) lockedTx(ctx context.Context, seqs []int, lineage bool, f func(tx sqlx.ExtContext) error) error {
 	return pgstore.InBoundedTx(ctx, u.r.db, func(tx sqlx.ExtContext) error {
 		if err := u.lockTarget(ctx, tx); err != nil {

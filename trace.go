@@ -30,9 +30,9 @@ import (
 //
 // The chunk's span starts once a chunk is claimed: a worker that finds
 // nothing to claim reports nothing. Its start time and that of its claim
-// phase are those of the claim's beginning ([backfilltrace.ChunkStartData.Start]),
-// before the calls: adapters that record time (OpenTelemetry) take it
-// from the data, not from the clock.
+// phase are those of the claim's beginning
+// ([backfilltrace.ChunkStartData.Start]), before the calls: adapters that
+// record time (OpenTelemetry) take it from the data, not from the clock.
 
 // tracers are a Runner's Config.Tracer and its optional interfaces,
 // resolved once by NewWithDB (all nil without a tracer).

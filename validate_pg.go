@@ -460,8 +460,8 @@ func (v Aggregates) compare(ctx context.Context, tx sqlx.ExtContext, c *pgstore.
 	return r, err
 }
 
-// scan reads one row of pgstore.AggregatesSQL into r: the group counts, and the
-// differing group it lists, if any, with a sample line naming what
+// scan reads one row of pgstore.AggregatesSQL into r: the group counts, and
+// the differing group it lists, if any, with a sample line naming what
 // differs.
 func (v Aggregates) scan(rows *sqlx.Rows, r *pgstore.AggregatesResult) error {
 	var grp sql.NullString

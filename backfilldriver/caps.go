@@ -131,9 +131,9 @@ type UndoLogWriter interface {
 // backfilltest's Merger do. [Runner.Rollback] needs it.
 type MergerRollback interface {
 	// UndoRollback returns the rollback of scope on info's target, whose
-	// manifest is m. It returns an error wrapping [ErrUnsupported] when
-	// it cannot roll back with m (the PostgreSQL merger needs a [Manifest], whose
-	// SchemaName holds the undo log).
+	// manifest is m. It returns an error wrapping [ErrUnsupported] when it
+	// cannot roll back with m (the PostgreSQL merger needs a [Manifest],
+	// whose SchemaName holds the undo log).
 	UndoRollback(ctx context.Context, db sqlx.ExtContext, m ManifestRollback, info backfilltype.TableInfo, scope backfilltype.RollbackScope) (UndoRollback, error)
 }
 

@@ -51,9 +51,9 @@ type Manifest interface {
 	// transaction; final marks the chunk failed, otherwise it stays pending.
 	// An open chunk stays open (it holds rows of its earlier reads).
 	FailChunk(ctx context.Context, db sqlx.ExtContext, batchID int64, seq int, msg string, final bool) error
-	// FinishRun sets the run's status to completed when every chunk is
-	// done (an open chunk is not), or to failed with msg when failed is true; otherwise it leaves
-	// the run running. It returns the resulting run.
+	// FinishRun sets the run's status to completed when every chunk is done
+	// (an open chunk is not), or to failed with msg when failed is true;
+	// otherwise it leaves the run running. It returns the resulting run.
 	FinishRun(ctx context.Context, db sqlx.ExtContext, batchID int64, failed bool, msg string) (backfilltype.Run, error)
 	// Chunks returns the batch's chunks in Seq order.
 	Chunks(ctx context.Context, db sqlx.ExtContext, batchID int64) ([]backfilltype.ChunkState, error)

@@ -23,14 +23,14 @@ import (
 // [backfill.ConflictPolicy]: duplicates in a chunk resolved by
 // Target.Duplicates, identical rows left unchanged, AppendOnly conflicts
 // and Keyless ambiguities returned as rejected rows, rows that violate a
-// constraint declared with [Merger.AddUnique] or [Merger.AddCheck]
-// refused (returned as rejected rows, up to TableInfo.Chunk.MaxRefused),
-// History intervals recomputed, changes applied on commit. Like the PostgreSQL merger, a merge holds
-// locks on its business keys until its transaction ends, so that merges
-// of the same keys in concurrent transactions see each other's rows and
-// the result does not depend on their order. Tables are declared with
-// [Merger.AddTable]; values are stored as given (no type conversion).
-// Safe for concurrent use.
+// constraint declared with [Merger.AddUnique] or [Merger.AddCheck] refused
+// (returned as rejected rows, up to TableInfo.Chunk.MaxRefused), History
+// intervals recomputed, changes applied on commit. Like the PostgreSQL
+// merger, a merge holds locks on its business keys until its transaction
+// ends, so that merges of the same keys in concurrent transactions see each
+// other's rows and the result does not depend on their order. Tables are
+// declared with [Merger.AddTable]; values are stored as given (no type
+// conversion). Safe for concurrent use.
 type Merger struct {
 	mu     sync.Mutex
 	tables map[string]*fakeTable

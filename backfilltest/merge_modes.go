@@ -308,8 +308,8 @@ func (m *merge) history() error {
 }
 
 // closeIntervals sets ValidTo of the versions of one business key to the
-// next version's ValidFrom. Since the versions have distinct ValidFrom,
-// the intervals then tile the key's history, which the PostgreSQL merger checks
+// next version's ValidFrom. Since the versions have distinct ValidFrom, the
+// intervals then tile the key's history, which the PostgreSQL merger checks
 // afterwards (checkIntervals) and which needs no check here.
 func (m *merge) closeIntervals(vs map[string]*version) error {
 	from, to := m.stored[m.t.ValidFrom], m.stored[m.t.ValidTo]
@@ -424,8 +424,8 @@ func (m *merge) appendOnlyOrKeyless() error {
 	return nil
 }
 
-// stagedJSON renders a staged row as the PostgreSQL merger's to_jsonb of the staging
-// row does.
+// stagedJSON renders a staged row as the PostgreSQL merger's to_jsonb of
+// the staging row does.
 func (m *merge) stagedJSON(r stagedRow) string { return jsonbText(m.names, r.values) }
 
 // reject returns the exception of staged row r: diffs are the differing

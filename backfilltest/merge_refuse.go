@@ -70,10 +70,10 @@ func (m *merge) run() error {
 	return fmt.Errorf("backfill: merge %s: mode %q: %w", m.t.Table, m.t.Mode, backfill.ErrInvalidConfig)
 }
 
-// mergeRefusing merges rows into tab, refusing rows that violate its
-// other constraints: it merges, finds the written rows that violate one,
-// and merges again without them (after deduplication, as the PostgreSQL merger drops
-// them), until none does.
+// mergeRefusing merges rows into tab, refusing rows that violate its other
+// constraints: it merges, finds the written rows that violate one, and
+// merges again without them (after deduplication, as the PostgreSQL merger
+// drops them), until none does.
 func mergeRefusing(info backfill.TableInfo, tab *fakeTable, rows []stagedRow) (*merge, error) {
 	refused := map[int64]backfill.Exception{}
 	for {

@@ -224,15 +224,15 @@ func SQLSignal(name, query string, args ...any) Signal {
 }
 
 // ProbeLatencySignal runs query (no parameters, in a transaction of its
-// own) at each reading, times that transaction from BEGIN to the end of
-// its COMMIT (a query that writes, such as one of the application's
-// updates, includes its commit's WAL flush, as the application's
-// latency does), and returns the given percentile (in (0,
-// 100], e.g. 95 or 99) of the latencies of the readings within window,
-// in milliseconds (nearest rank). A probe still running when the reading's
-// deadline (one [Config.ThrottleInterval]) ends counts as having taken
-// that long; a probe that fails is an error (the throttle keeps its
-// state, the failure is logged). Name "probe_latency". Set High to the application's latency
+// own) at each reading, times that transaction from BEGIN to the end of its
+// COMMIT (a query that writes, such as one of the application's updates,
+// includes its commit's WAL flush, as the application's latency does), and
+// returns the given percentile (in (0, 100], e.g. 95 or 99) of the
+// latencies of the readings within window, in milliseconds (nearest rank).
+// A probe still running when the reading's deadline (one
+// [Config.ThrottleInterval]) ends counts as having taken that long; a probe
+// that fails is an error (the throttle keeps its state, the failure is
+// logged). Name "probe_latency". Set High to the application's latency
 // alone plus a margin (e.g. its p99 plus 30%).
 func ProbeLatencySignal(query string, percentile float64, window time.Duration) Signal {
 	return &probe{query: query, pct: percentile, win: LatencyWindow{Span: window}}
