@@ -188,10 +188,11 @@ type Job struct {
 	// check of [SeverityError] is a quality gate: the chunk rolls back and
 	// the run pauses until [Runner.Resume] (or [Runner.AcceptGate], which
 	// accepts the failure for that chunk); the failed attempt's evidence is
-	// kept (see [ManifestGates]). Validators are not part of the plan:
-	// changing them between calls of a run does not refuse it, but each
-	// change is an audit event ([EventValidatorsChanged]) and a report
-	// warning. The PostgreSQL checks are [DuplicateKeys], [Completeness],
+	// kept (see [backfilldriver.ManifestGates]). Validators are not part of
+	// the plan: changing them between calls of a run does not refuse it,
+	// but each change is an audit event
+	// ([backfilltype.EventValidatorsChanged]) and a report warning. The
+	// PostgreSQL checks are [DuplicateKeys], [Completeness],
 	// [ReferentialIntegrity], [Aggregates], [ReplayChangesNothing],
 	// [Sample] and [CheckExceptionRate].
 	Validators []Validator
@@ -207,17 +208,16 @@ type Job struct {
 	// when the rejected rows of the run's completed chunks exceed this
 	// fraction of their read rows (0.01 = 1%), checked after each chunk,
 	// the run pauses like on a failed [SeverityError] check, until
-	// [Runner.Resume]; Run returns an error wrapping [ErrGateFailed]
-	// (not a [*ChunkError]: the chunk after which it paused is done).
-	// After a Resume (or [Runner.AcceptGate]) the gate judges only the
-	// rows read since ([EventGateBaseline]): the rejects before were the
-	// operator's decision.
-	// 0 means [DefaultMaxRunRejectRate] (10%); a negative value disables
-	// the gate. Whatever the gate, a run whose chunks rejected every row
-	// they read (none loaded, at least one read) never completes
-	// silently: when the call that ran its last chunks ends (open chunks
-	// included), the run pauses the same way ("no row loaded"; after a
-	// resume, of the rows read since). The per-chunk rate is
+	// [Runner.Resume]; Run returns an error wrapping [ErrGateFailed] (not a
+	// [*ChunkError]: the chunk after which it paused is done). After a
+	// Resume (or [Runner.AcceptGate]) the gate judges only the rows read
+	// since ([backfilltype.EventGateBaseline]): the rejects before were the
+	// operator's decision. 0 means [DefaultMaxRunRejectRate] (10%); a
+	// negative value disables the gate. Whatever the gate, a run whose
+	// chunks rejected every row they read (none loaded, at least one read)
+	// never completes silently: when the call that ran its last chunks ends
+	// (open chunks included), the run pauses the same way ("no row loaded";
+	// after a resume, of the rows read since). The per-chunk rate is
 	// [CheckExceptionRate].
 	MaxRunRejectRate float64
 	// Watermark, if set, is asked for the source's high-water mark at
@@ -410,8 +410,8 @@ type Config struct {
 	// chunk fails with an error wrapping [ErrTooManyRejects] naming the
 	// chunk, row, key and constraint. The rows count toward
 	// MaxRejectsPerChunk too. A replay (a new run) refuses the same rows
-	// again and queues them once more, under its own batch. 0 means
-	// [DefaultMaxMergeRefusals]; a negative value fails the chunk at the
+	// again and queues them once more, under its own batch. 0 means the
+	// default, 100; a negative value fails the chunk at the
 	// first refused row (still naming it). Errors that are not about a
 	// row (serialization failures, deadlocks, lock timeouts,
 	// cancellation, lost connections) still fail, and retry, the chunk.
@@ -427,23 +427,25 @@ type Config struct {
 	// means none.
 	Hooks Hooks
 	// Tracer traces the chunks of the Runner's runs, one span per claimed
-	// attempt of a chunk; when it also implements [PhaseTracer],
-	// [RunTracer], [ThrottleTracer], [PauseTracer] or [RetryTracer] (looked
-	// up once, by [NewWithDB]), their phases, runs and events.
-	// Nil means none, at no cost. contrib/otel and contrib/prometheus
-	// adapt it to OpenTelemetry and Prometheus.
+	// attempt of a chunk; when it also implements
+	// [backfilltrace.PhaseTracer], [backfilltrace.RunTracer],
+	// [backfilltrace.ThrottleTracer], [backfilltrace.PauseTracer] or
+	// [backfilltrace.RetryTracer] (looked up once, by [NewWithDB]), their
+	// phases, runs and events. Nil means none, at no cost. contrib/otel and
+	// contrib/prometheus adapt it to OpenTelemetry and Prometheus.
 	Tracer backfilltrace.Tracer
 	// WorkerID names this process in the manifest (defaults to
 	// hostname:pid).
 	WorkerID string
 	// HeartbeatInterval is how often a call of [Runner.Run] refreshes its
-	// worker's heartbeat in the manifest ([ManifestWorkers]), from a
-	// goroutine of its own, and how often a worker waiting for chunks
-	// held by others looks again (at most every second). Default
-	// [DefaultHeartbeatInterval]. The heartbeat needs a connection of
-	// the pool while every chunk holds one: give the *sql.DB a
-	// MaxOpenConns of at least Concurrency + 2 (Run warns otherwise), and
-	// 2×Concurrency + 2 for workers to extract ahead ([Config.ExtractAhead]).
+	// worker's heartbeat in the manifest
+	// ([backfilldriver.ManifestWorkers]), from a goroutine of its own, and
+	// how often a worker waiting for chunks held by others looks again (at
+	// most every second). Default [DefaultHeartbeatInterval]. The heartbeat
+	// needs a connection of the pool while every chunk holds one: give the
+	// *sql.DB a MaxOpenConns of at least Concurrency + 2 (Run warns
+	// otherwise), and 2×Concurrency + 2 for workers to extract ahead
+	// ([Config.ExtractAhead]).
 	HeartbeatInterval time.Duration
 	// StaleAfter is how old a worker's heartbeat may get before other
 	// workers fence it: a worker that finds nothing to claim while chunks
@@ -481,34 +483,34 @@ type Config struct {
 	StatementTimeout time.Duration
 	// LockRetries is the retry table of the waits of a chunk's attempt:
 	// lock timeouts (55P03), deadlocks (40P01), serialization failures
-	// (40001) and statement timeouts (57014, while ctx is not done).
-	// Try n of an attempt runs with lock_timeout LockRetries[n].Timeout
-	// (at most LockTimeout); a try that waits is rolled back, recorded
-	// ([ManifestWaits]) and logged with its blockers, and the chunk is
-	// tried again after a jittered LockRetries[n].Sleep, without counting
-	// toward MaxAttempts; a wait on the table's last row ends the attempt
-	// as failed (its Sleep is not used). Nil means
-	// [DefaultLockRetries](LockTimeout). Rows must
-	// have a Timeout and Sleep of at least zero (a zero Timeout: no
-	// lock_timeout on that try).
+	// (40001) and statement timeouts (57014, while ctx is not done). Try n
+	// of an attempt runs with lock_timeout LockRetries[n].Timeout (at most
+	// LockTimeout); a try that waits is rolled back, recorded
+	// ([backfilldriver.ManifestWaits]) and logged with its blockers, and
+	// the chunk is tried again after a jittered LockRetries[n].Sleep,
+	// without counting toward MaxAttempts; a wait on the table's last row
+	// ends the attempt as failed (its Sleep is not used). Nil means
+	// [DefaultLockRetries](LockTimeout). Rows must have a Timeout and Sleep
+	// of at least zero (a zero Timeout: no lock_timeout on that try).
 	LockRetries []LockRetry
-	// Throttles hold the run's claims while a signal is high, and pause
-	// the run at a critical level (see [Throttle]). Each call of Run
-	// reads every signal every ThrottleInterval and before its first
-	// claim; any throttle that holds stops the call's workers from
-	// claiming (chunks in progress finish). Nil means none.
+	// Throttles hold the run's claims while a signal is high, and pause the
+	// run at a critical level (see [backfillthrottle.Throttle]). Each call
+	// of Run reads every signal every ThrottleInterval and before its first
+	// claim; any throttle that holds stops the call's workers from claiming
+	// (chunks in progress finish). Nil means none.
 	Throttles []backfillthrottle.Throttle
 	// ThrottleInterval is how often the signals are read: a raised
 	// signal holds every worker of the call within one interval. Default
-	// [DefaultThrottleInterval] (500 ms).
+	// [backfillthrottle.DefaultThrottleInterval] (500 ms).
 	ThrottleInterval time.Duration
 	// RowsPerSecond caps the rows the whole job reads per second, across
 	// every process running it: each call of Run takes an even share,
 	// RowsPerSecond divided by the run's live workers (re-read every
-	// ThrottleInterval; the whole cap without [ManifestWorkers]). A
-	// chunk's rows are charged when it ends, and the next claim waits
-	// until they are paid for (a token bucket of golang.org/x/time/rate
-	// with one second of burst). Zero means no cap.
+	// ThrottleInterval; the whole cap without
+	// [backfilldriver.ManifestWorkers]). A chunk's rows are charged when it
+	// ends, and the next claim waits until they are paid for (a token
+	// bucket of golang.org/x/time/rate with one second of burst). Zero
+	// means no cap.
 	RowsPerSecond float64
 	// JobConcurrency, when > 0, caps the chunks of the run in progress
 	// at once across every process (each process also runs at most
@@ -599,10 +601,10 @@ type Report struct {
 	// scope that reaches into the future, or a date-typed ChunkColumn
 	// used with a watermark. Each is also logged.
 	Warnings []string
-	// ChunksSkipped counts the run's done chunks (checkpointed by this
-	// call or earlier ones, as the manifest records them:
-	// [ChunkState.Skipped]) whose staging and merge were skipped, their
-	// rows unchanged since the load they were compared with
+	// ChunksSkipped counts the run's done chunks (checkpointed by this call
+	// or earlier ones, as the manifest records them:
+	// [backfilltype.ChunkState.Skipped]) whose staging and merge were
+	// skipped, their rows unchanged since the load they were compared with
 	// ([Job.SkipUnchanged]); they are among ChunksDone.
 	ChunksSkipped int
 	// Elapsed is the wall time of this call.

@@ -769,7 +769,7 @@ func (ex *execution) publish(ctx context.Context) {
 
 // recordGate keeps, outside the rolled back attempt ce, the evidence of
 // the failed gate ge and pauses the run with reason, in one transaction
-// of its own when the manifest has [ManifestGates].
+// of its own when the manifest has [backfilldriver.ManifestGates].
 func (ex *execution) recordGate(ctx context.Context, ce *ChunkError, ge *gateError, reason string) error {
 	fctx := context.WithoutCancel(ctx)
 	if ex.r.caps.gates != nil || ex.r.caps.validations != nil {
@@ -1732,9 +1732,9 @@ func (e *gateError) Unwrap() []error { return []error{ErrGateFailed, backfilltyp
 // Resume resumes the paused run of job (a quality gate failed, see
 // [Job.Validators]) after recording in the audit log who resumes it and
 // why, then runs it like [Runner.Run]. It also records the run's read and
-// rejected rows at this point ([EventGateBaseline]): from then on the run
-// reject gate ([Job.MaxRunRejectRate]) and the "no row loaded" pause
-// judge only the rows read after the resume, so one Resume gets a run
+// rejected rows at this point ([backfilltype.EventGateBaseline]): from then
+// on the run reject gate ([Job.MaxRunRejectRate]) and the "no row loaded"
+// pause judge only the rows read after the resume, so one Resume gets a run
 // past rejects the operator has seen. It returns [ErrNotPaused] when the
 // job's latest run is not paused, and [ErrUnsupported] when the manifest
 // cannot pause runs.

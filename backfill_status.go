@@ -10,12 +10,12 @@ import (
 	"github.com/pgbackfill/backfill/backfilldriver"
 )
 
-// Status returns the progress of job's latest run (whatever its status)
-// as the manifest records it: the work of every call, process and host
-// that worked it ([Status]). It needs a manifest with [ManifestStatus]
-// and [ManifestAudit] ([PGManifest]), else an error wrapping
-// [ErrUnsupported]; a job that never ran gives an error wrapping
-// [ErrRunNotFound]. Only job.Name is used.
+// Status returns the progress of job's latest run (whatever its status) as
+// the manifest records it: the work of every call, process and host that
+// worked it ([Status]). It needs a manifest with
+// [backfilldriver.ManifestStatus] and [backfilldriver.ManifestAudit]
+// ([PGManifest]), else an error wrapping [ErrUnsupported]; a job that never
+// ran gives an error wrapping [ErrRunNotFound]. Only job.Name is used.
 func (r *Runner) Status(ctx context.Context, job Job) (Status, error) {
 	ms, ok := r.cfg.Manifest.(backfilldriver.ManifestStatus)
 	if !ok || r.caps.audit == nil {

@@ -29,14 +29,14 @@ import (
 // A try that ends with 55P03 (lock timeout), 40P01, 40001 or 57014 (a
 // statement timeout, or a cancel by another session; never while ctx is
 // done) is a wait, not a failure: the chunk's transaction rolls back, the
-// wait is logged and recorded ([ManifestWaits], a short transaction of its
-// own after the rollback) with its blockers, the worker sleeps the row's
-// Sleep (jittered ±25 %) while the chunk is skipped by this call's other
-// claims, and the chunk is tried again with the next row. Waits do not
-// count toward [Config.MaxAttempts]; a wait on the table's last row ends
-// the attempt as failed, and the next attempt starts the table again.
-// The row of a try is counted per call of Run and per chunk: another
-// process that claims the chunk starts at the first row.
+// wait is logged and recorded ([backfilldriver.ManifestWaits], a short
+// transaction of its own after the rollback) with its blockers, the worker
+// sleeps the row's Sleep (jittered ±25 %) while the chunk is skipped by
+// this call's other claims, and the chunk is tried again with the next row.
+// Waits do not count toward [Config.MaxAttempts]; a wait on the table's
+// last row ends the attempt as failed, and the next attempt starts the
+// table again. The row of a try is counted per call of Run and per chunk:
+// another process that claims the chunk starts at the first row.
 //
 // The advisory key locks of the merge (see [pgstore.MergeLockKeys]) wait
 // without lock_timeout: they wait only for another chunk's merge of the

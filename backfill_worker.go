@@ -56,9 +56,9 @@ func (r *Runner) pollInterval() time.Duration {
 }
 
 // startWorker registers this call as a worker of the run and starts its
-// heartbeat. Without [ManifestWorkers] it does nothing. A registration
-// that fails is logged: the run goes on, without fencing by its peers'
-// knowledge of it.
+// heartbeat. Without [backfilldriver.ManifestWorkers] it does nothing. A
+// registration that fails is logged: the run goes on, without fencing by
+// its peers' knowledge of it.
 func (ex *execution) startWorker(ctx context.Context) {
 	wm := ex.r.caps.workers
 	if wm == nil {

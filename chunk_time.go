@@ -10,8 +10,9 @@ import (
 	"github.com/pgbackfill/backfill/internal/calendar"
 )
 
-// Hours returns a [Chunker] of [KindTime] chunks, one per clock hour of the
-// IANA location loc, that tile the half-open scope [start, end).
+// Hours returns a [Chunker] of [backfilltype.KindTime] chunks, one per
+// clock hour of the IANA location loc, that tile the half-open scope
+// [start, end).
 //
 // start and end are instants (a time.Time in any location). A boundary is
 // every instant at which loc's clock reads a whole hour, plus every
@@ -36,8 +37,9 @@ func Hours(start, end time.Time, loc *time.Location) Chunker {
 	return &timeChunker{unit: unitHour, start: start, end: end, loc: loc}
 }
 
-// Days returns a [Chunker] of [KindTime] chunks, one per calendar day of the
-// IANA location loc, that tile the half-open scope [start, end).
+// Days returns a [Chunker] of [backfilltype.KindTime] chunks, one per
+// calendar day of the IANA location loc, that tile the half-open scope
+// [start, end).
 //
 // A day starts at the first instant at which loc's clock reads that date:
 // local midnight on almost every day, so a day is 24 hours long, or 23 or
@@ -60,8 +62,9 @@ func Days(start, end time.Time, loc *time.Location) Chunker {
 	return &timeChunker{unit: unitDay, start: start, end: end, loc: loc}
 }
 
-// Months returns a [Chunker] of [KindTime] chunks, one per calendar month
-// of the IANA location loc, that tile the half-open scope [start, end).
+// Months returns a [Chunker] of [backfilltype.KindTime] chunks, one per
+// calendar month of the IANA location loc, that tile the half-open scope
+// [start, end).
 //
 // A month starts at the start of its first day, as defined by [Days]: local
 // midnight of the 1st, or the first instant of the 1st where a
@@ -84,10 +87,10 @@ func Months(start, end time.Time, loc *time.Location) Chunker {
 	return &timeChunker{unit: unitMonth, start: start, end: end, loc: loc}
 }
 
-// Every returns a [Chunker] of [KindTime] chunks of a fixed duration step
-// that tile the half-open scope [start, end), aligned to start: chunk i is
-// [start+i*step, start+(i+1)*step), and the last chunk is clipped to end if
-// step does not divide end-start.
+// Every returns a [Chunker] of [backfilltype.KindTime] chunks of a fixed
+// duration step that tile the half-open scope [start, end), aligned to
+// start: chunk i is [start+i*step, start+(i+1)*step), and the last chunk is
+// clipped to end if step does not divide end-start.
 //
 // Unlike [Days] and [Hours], Every ignores the calendar: Every(start, end,
 // 24*time.Hour, loc) yields 24-hour chunks that drift off local midnight

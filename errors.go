@@ -47,7 +47,7 @@ var (
 	// cause it: the error says so and is retryable ([IsRetryable]).
 	ErrHistoryIntervals = backfilltype.ErrHistoryIntervals
 	// ErrUnsupported is returned when a feature needs an optional
-	// interface (such as [ManifestAudit]) that the configured
+	// interface (such as [backfilldriver.ManifestAudit]) that the configured
 	// implementation lacks.
 	ErrUnsupported = backfilltype.ErrUnsupported
 	// ErrNoWatermark is returned by [Runner.Handoff] when the job has no
@@ -107,10 +107,10 @@ var (
 	// (Report.ChunksRun is 0, Report.Resumed false). Set [Job.NewRun] to
 	// restate the scope in a new run.
 	ErrAlreadyCompleted = backfilltype.ErrAlreadyCompleted
-	// ErrPublishBlocked is returned by [Runner.Run] when the view switch
-	// of [PublishVersionedView] timed out on every try behind sessions
-	// holding locks on the view (the message names them). The run is
-	// completed but not published (an [EventPublishBlocked] and the run's
+	// ErrPublishBlocked is returned by [Runner.Run] when the view switch of
+	// [PublishVersionedView] timed out on every try behind sessions holding
+	// locks on the view (the message names them). The run is completed but
+	// not published (an [backfilltype.EventPublishBlocked] and the run's
 	// last_error say so); running the job again publishes it.
 	// [Runner.Rollback] of a published versioned-view batch returns it too
 	// when its switch back is blocked so; nothing changed then.

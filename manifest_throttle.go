@@ -14,10 +14,10 @@ import (
 // of each run and the job-wide concurrency slots.
 
 // TimeSplit returns how the time of run batchID splits into working,
-// throttled (by signal) and paused. Paused spans run from each
-// "run_paused" event to the next "run_resumed_by_operator" (or the end).
-// It needs [ManifestThrottle] and [ManifestAudit] (else an error
-// wrapping [ErrUnsupported]).
+// throttled (by signal) and paused. Paused spans run from each "run_paused"
+// event to the next "run_resumed_by_operator" (or the end). It needs
+// [backfilldriver.ManifestThrottle] and [backfilldriver.ManifestAudit]
+// (else an error wrapping [ErrUnsupported]).
 func (r *Runner) TimeSplit(ctx context.Context, batchID int64) (pgstore.TimeSplit, error) {
 	mt, audit := r.caps.throttlePeriods, r.caps.audit
 	if mt == nil || audit == nil {

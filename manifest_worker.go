@@ -14,8 +14,8 @@ import "github.com/pgbackfill/backfill/internal/pgstore"
 // transaction, the row lock itself. The design note
 // docs/design/short-transactions.md explains the mechanism.
 
-// Liveness values of [RunLiveness.Liveness] for a running run; a run that
-// is not running has its status as its liveness.
+// Liveness values of [backfilltype.RunLiveness.Liveness] for a running run;
+// a run that is not running has its status as its liveness.
 const (
 	// LivenessRunning: a worker of the run heartbeated within its
 	// [Config.StaleAfter].

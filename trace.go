@@ -9,11 +9,13 @@ import (
 	"github.com/pgbackfill/backfill/backfilltrace"
 )
 
-// Tracing, in the manner of pgx's tracers: [Config.Tracer] is a [Tracer]
-// (one span per chunk); a tracer that also implements [PhaseTracer],
-// [RunTracer], [ThrottleTracer], [PauseTracer] or [RetryTracer] receives
-// those too. The optional interfaces are resolved once, by [NewWithDB].
-// Without a tracer nothing is allocated or called.
+// Tracing, in the manner of pgx's tracers: [Config.Tracer] is a
+// [backfilltrace.Tracer] (one span per chunk); a tracer that also
+// implements [backfilltrace.PhaseTracer], [backfilltrace.RunTracer],
+// [backfilltrace.ThrottleTracer], [backfilltrace.PauseTracer] or
+// [backfilltrace.RetryTracer] receives those too. The optional interfaces
+// are resolved once, by [NewWithDB]. Without a tracer nothing is allocated
+// or called.
 //
 // Every Start is followed by exactly one End with the context Start
 // returned, whatever happens between them: an error, a retry, a panic

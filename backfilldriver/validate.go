@@ -17,8 +17,9 @@ type ValidationScope struct {
 	Chunk backfilltype.Chunk
 	// Info is the prepared target.
 	Info backfilltype.TableInfo
-	// ChunkColumn and Zone are the job's ([Job.ChunkColumn], [Job.Zone]):
-	// they bound "the chunk's rows" in the target for checks that need it.
+	// ChunkColumn and Zone are the job's (backfill.Job.ChunkColumn,
+	// backfill.Job.Zone): they bound "the chunk's rows" in the target for
+	// checks that need it.
 	ChunkColumn string
 	Zone        *time.Location
 	// Counts are the chunk's row counts so far (read, inserted, ...).
@@ -60,7 +61,7 @@ type StagingTabler interface {
 
 // ManifestValidations is implemented by manifests that keep validation
 // Evidence and can pause runs; [Manifest] and backfilltest.Manifest do.
-// [Job.Validators] need it ([ErrUnsupported] otherwise).
+// backfill.Job.Validators need it ([backfilltype.ErrUnsupported] otherwise).
 type ManifestValidations interface {
 	// AddValidations appends results for a chunk, joining db's
 	// transaction when db is one.
@@ -69,7 +70,8 @@ type ManifestValidations interface {
 	Validations(ctx context.Context, db sqlx.ExtContext, batchID int64) ([]backfilltype.Validation, error)
 	// PauseRun sets a running run to paused with the reason; claims stop.
 	PauseRun(ctx context.Context, db sqlx.ExtContext, batchID int64, reason string) error
-	// ResumeRun sets a paused run to running, recording who and why in
-	// the audit log; it returns [ErrNotPaused] when the run is not paused.
+	// ResumeRun sets a paused run to running, recording who and why in the
+	// audit log; it returns [backfilltype.ErrNotPaused] when the run is not
+	// paused.
 	ResumeRun(ctx context.Context, db sqlx.ExtContext, batchID int64, actor, why string) error
 }

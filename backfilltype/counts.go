@@ -66,18 +66,18 @@ type ChunkResult struct {
 	Counts
 	// Attempt is the 1-based attempt that completed the chunk.
 	Attempt int
-	// Worker is the [Config.WorkerID] of the process that completed it.
+	// Worker is the backfill.Config.WorkerID of the process that completed it.
 	Worker string
 	// StartedAt and FinishedAt bound the successful attempt.
 	StartedAt, FinishedAt time.Time
 	// Open is true when the chunk is a time chunk whose end lies after
-	// the run's horizon (the watermark of [Job.Watermark] taken by this
+	// the run's horizon (the watermark of backfill.Job.Watermark taken by this
 	// call, or StartedAt when earlier or without one): rows of its
 	// interval may still arrive, so it is checkpointed as [ChunkOpen] and
 	// read again by the next call instead of being final.
 	Open bool
 	// Skipped is true when the chunk's source and target rows were
 	// unchanged since the last load and its staging and merge were
-	// skipped ([Job.SkipUnchanged]).
+	// skipped (backfill.Job.SkipUnchanged).
 	Skipped bool
 }

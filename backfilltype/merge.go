@@ -131,7 +131,7 @@ type ChunkRef struct {
 	// fails the merge with an error wrapping [ErrTooManyRejects] that
 	// names its row, key and constraint. 0 refuses none: the first such
 	// row fails the merge, named. The runner sets it from
-	// [Config.MaxMergeRefusals].
+	// backfill.Config.MaxMergeRefusals.
 	MaxRefused int
 }
 
@@ -150,12 +150,13 @@ type MergeResult struct {
 	// part of the accounting).
 	Closed int64
 	// Disagreed counts staged rows of a [TargetWins] Upsert whose key's
-	// target row another chunk of the same batch wrote (lineage
-	// InsertedBy or UpdatedBy is the batch) with other content: chunks of
-	// one run disagree, and the one that committed first won (see
-	// [Config.Concurrency]). The rows count as unchanged; the runner logs
-	// a warning. Not part of the accounting; 0 without lineage columns,
-	// for other policies and modes, and for mergers that do not look.
+	// target row another chunk of the same batch wrote (lineage InsertedBy
+	// or UpdatedBy is the batch) with other content: chunks of one run
+	// disagree, and the one that committed first won (see
+	// backfill.Config.Concurrency). The rows count as unchanged; the runner
+	// logs a warning. Not part of the accounting; 0 without lineage
+	// columns, for other policies and modes, and for mergers that do not
+	// look.
 	Disagreed int64
 }
 

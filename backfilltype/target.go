@@ -118,19 +118,19 @@ type Target struct {
 	// unquoted dot, an empty part or an unterminated quote is refused
 	// with an error wrapping [ErrInvalidConfig]; the name is resolved
 	// through the catalog (to_regclass of the quoted parts), so it names
-	// one table or none. [Merger.Prepare] returns the schema-qualified
+	// one table or none. backfill.Merger.Prepare returns the schema-qualified
 	// name in this form.
 	Table string
 	// Key lists the business key columns. The table must have a unique
 	// index or constraint on exactly these columns (in History mode: Key
-	// plus ValidFrom), in any order, otherwise [Merger.Prepare] returns
+	// plus ValidFrom), in any order, otherwise backfill.Merger.Prepare returns
 	// [ErrNoUniqueKey]. Required.
 	Key []string
 	// Columns lists, in order, the columns the extractor writes with
-	// [RowWriter.Write]. It must include every Key column (in Keyless mode
-	// the derived key columns are filled by Derive and must not be
-	// listed; in History mode ValidFrom is listed and ValidTo is not).
-	// Empty means all of the table's columns in table order, except
+	// backfill.RowWriter.Write. It must include every Key column (in
+	// Keyless mode the derived key columns are filled by Derive and must
+	// not be listed; in History mode ValidFrom is listed and ValidTo is
+	// not). Empty means all of the table's columns in table order, except
 	// generated columns, identity columns GENERATED ALWAYS, and the columns
 	// the library fills (derived keys, ValidTo, IngestedAt, HashColumn,
 	// lineage). Columns with defaults are included: list Columns to leave
@@ -163,7 +163,7 @@ type Target struct {
 	// chunking dimension, e.g. when extracting by ModifiedAt.
 	EventTime string
 	// ModifiedAt names the column holding the source modification time:
-	// the extraction cursor that watermarks and [Runner.Handoff] use.
+	// the extraction cursor that watermarks and backfill.Runner.Handoff use.
 	// Recorded in the plan.
 	ModifiedAt string
 	// IngestedAt, if set, names a column the library fills with the
@@ -176,7 +176,8 @@ type Target struct {
 	// backfill_updated_by (bigint) when the table has them.
 	Lineage Lineage
 	// HashColumn, if set, names a column that stores a hash of the non-key
-	// columns (see [RowHash]). The merge then compares hashes instead of
+	// columns (a SHA-256 of their canonical text, computed by the
+	// library's row writer). The merge then compares hashes instead of
 	// every column to detect changes. It never identifies a row.
 	HashColumn string
 }
@@ -199,13 +200,13 @@ type Lineage struct {
 }
 
 // RollbackMechanism is how a job's batches can be withdrawn, chosen before
-// writing and recorded in the plan ([Job.Rollback]).
+// writing and recorded in the plan (backfill.Job.Rollback).
 type RollbackMechanism string
 
 const (
 	// RollbackUndoLog keeps, in the chunk's transaction, the prior image of
 	// every row a batch updated (and the SCD2 intervals it closed), and
-	// finds the rows it inserted by lineage; [Runner.Rollback] restores
+	// finds the rows it inserted by lineage; backfill.Runner.Rollback restores
 	// them. It needs the Lineage UpdatedBy and InsertedBy columns. The
 	// default when the target has them.
 	RollbackUndoLog RollbackMechanism = "undo_log"
@@ -224,7 +225,7 @@ const (
 	// DateUnspecified: the job declared nothing (no date-only values, or
 	// their meaning is not known).
 	DateUnspecified DateMeaning = ""
-	// DateLocalCalendarDay: the local calendar day in [Job.Zone].
+	// DateLocalCalendarDay: the local calendar day in backfill.Job.Zone.
 	DateLocalCalendarDay DateMeaning = "local calendar day"
 	// DateAccountingPeriod: a business period identifier (the day an
 	// entry was booked to), not an instant.

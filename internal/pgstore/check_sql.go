@@ -249,7 +249,7 @@ ORDER BY s._backfill_order, {sid}`,
 // AggregatesSQL compares, per group (day, the Day expression of an
 // alias, nil for none, then dims), the row counts and each measure's
 // exact sum, special values and NULLs of staging with those of the
-// target rows of the staged identities (see [Aggregates]). It returns
+// target rows of the staged identities (see backfill.Aggregates). It returns
 // (groups, differing, grp, _sn, _tn, ss, ts, _sz, _tz, _mbad): the counts,
 // then one differing group per row (up to MaxSample), or one row of NULLs
 // when no group differs. Tolerances are bound in a.

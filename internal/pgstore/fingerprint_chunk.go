@@ -124,7 +124,7 @@ func EncodeSourceRow(buf []byte, cols []backfilltype.Column, values []any) []byt
 // the rows of info's target whose chunkColumn lies within c's bounds (zone
 // for a timestamp or date column, nil for UTC), over every column of info
 // (identity first), computed by the server in tx without writing. It
-// returns an error wrapping [ErrUnsupported] when a column has no
+// returns an error wrapping [backfilltype.ErrUnsupported] when a column has no
 // fingerprint ([HashKind]) or chunkColumn is "", and the query's error.
 func TargetFingerprint(ctx context.Context, tx sqlx.ExtContext, info backfilltype.TableInfo, chunkColumn string, zone *time.Location, c backfilltype.Chunk) (Fingerprint, error) {
 	if chunkColumn == "" {
@@ -342,8 +342,8 @@ func KeysJoin(pc *PgCheck, keys [][]string, a *SQLArgs) string {
 
 // TargetFingerprintCheck is the check that builds a target fingerprint's
 // query for scope, and the columns hashed: every column of the target,
-// identity first. It returns an error wrapping [ErrUnsupported] when a
-// column has no fingerprint.
+// identity first. It returns an error wrapping
+// [backfilltype.ErrUnsupported] when a column has no fingerprint.
 func TargetFingerprintCheck(info backfilltype.TableInfo, scope backfilldriver.ValidationScope) (*PgCheck, []string, error) {
 	c := scope.Chunk
 	pc, err := NewPGCheck("target fingerprint", backfilltype.SeverityError, scope)

@@ -23,7 +23,7 @@ import (
 // JobStatus returns the progress of the latest run of the job named job,
 // without the job's code: [Manifest.LatestRun], then
 // [Manifest.Status]. A job that never ran gives an error wrapping
-// [ErrRunNotFound].
+// [backfilltype.ErrRunNotFound].
 func (m *Manifest) JobStatus(ctx context.Context, db sqlx.ExtContext, job string) (backfilltype.Status, error) {
 	run, err := m.LatestRun(ctx, db, job)
 	if err != nil {
@@ -81,8 +81,8 @@ type txBeginner interface {
 	BeginTxx(ctx context.Context, opts *sql.TxOptions) (*sqlx.Tx, error)
 }
 
-// InTx runs f in a transaction: a new one when db can begin one
-// (*sqlx.DB, or a [DB]), otherwise db itself, which must then be a
+// InTx runs f in a transaction: a new one when db can begin one (*sqlx.DB,
+// or a [backfilldriver.DB]), otherwise db itself, which must then be a
 // transaction.
 //
 // A transaction InTx begins is READ COMMITTED, whatever the database's
@@ -104,22 +104,22 @@ func InTx(ctx context.Context, db sqlx.ExtContext, f func(tx sqlx.ExtContext) er
 // locally, so that a worker frozen inside it (SIGSTOP, a stalled host)
 // holds its locks, such as the run's row, for that long at most.
 //
-// It also sets lock_timeout ([Config.LockTimeout]) and, when configured,
-// statement_timeout ([Config.StatementTimeout]), locally, in the same
-// statement, and retries a transaction that waited (55P03, 57014; 40001
-// and 40P01 as InTx does) with the sleeps of [Config.LockRetries]
-// (retryWaits). The settings are the Runner's when db is its [DB], the
-// defaults otherwise.
+// It also sets lock_timeout (backfill.Config.LockTimeout) and, when
+// configured, statement_timeout (backfill.Config.StatementTimeout),
+// locally, in the same statement, and retries a transaction that waited
+// (55P03, 57014; 40001 and 40P01 as InTx does) with the sleeps of
+// backfill.Config.LockRetries (retryWaits). The settings are the Runner's
+// when db is its [backfilldriver.DB], the defaults otherwise.
 func InShortTx(ctx context.Context, db sqlx.ExtContext, f func(tx sqlx.ExtContext) error) error {
 	return inTxIdle(ctx, db, txShort, f)
 }
 
 // InBoundedTx is InTx for a transaction that may run long (a rollback,
 // the publish at the end of a run, an operator's decision): it sets
-// lock_timeout ([Config.LockTimeout]) locally, but no statement_timeout
+// lock_timeout (backfill.Config.LockTimeout) locally, but no statement_timeout
 // and no idle timeout, and retries a transaction whose lock wait timed
 // out (55P03; 40001 and 40P01 as InTx does) with the sleeps of
-// [Config.LockRetries]. Each wait is logged with the sessions holding
+// backfill.Config.LockRetries. Each wait is logged with the sessions holding
 // strong locks. f must be safe to run again.
 func InBoundedTx(ctx context.Context, db sqlx.ExtContext, f func(tx sqlx.ExtContext) error) error {
 	return inTxIdle(ctx, db, txBounded, f)
@@ -678,7 +678,7 @@ func (m *Manifest) CompleteChunk(ctx context.Context, tx sqlx.ExtContext, batchI
 }
 
 // completeChunk is CompleteChunk recording fp (none when zero) on the
-// chunk's row in the checkpoint statement ([ManifestSkips]).
+// chunk's row in the checkpoint statement ([backfilldriver.ManifestSkips]).
 func (m *Manifest) completeChunk(ctx context.Context, tx sqlx.ExtContext, batchID int64, r backfilltype.ChunkResult, exceptions []backfilltype.Exception, fp backfilldriver.ChunkFingerprints) error {
 	if !r.Balanced() {
 		return fmt.Errorf("backfill: complete chunk %s: %w: %+v", r.Chunk.ID, backfilltype.ErrAccounting, r.Counts)
@@ -699,9 +699,9 @@ func (m *Manifest) completeChunk(ctx context.Context, tx sqlx.ExtContext, batchI
 		return fmt.Errorf("backfill: complete chunk %s: exceptions: %w", r.Chunk.ID, err)
 	}
 	// A chunk read before (open) takes this read's counts as
-	// [Counts.Reread] combines them with its own (the same formula, in
-	// SQL: $4+$5+$6 are the rows this read merged); a staged chunk's
-	// rows_read and rows_rejected are this result's.
+	// [backfilltype.Counts.Reread] combines them with its own (the same
+	// formula, in SQL: $4+$5+$6 are the rows this read merged); a staged
+	// chunk's rows_read and rows_rejected are this result's.
 	status := backfilltype.ChunkDone
 	if r.Open {
 		status = backfilltype.ChunkOpen
@@ -927,7 +927,8 @@ func (m *Manifest) Exceptions(ctx context.Context, db sqlx.ExtContext, batchID i
 	return out, nil
 }
 
-// Run returns the run with batchID, or an error wrapping [ErrRunNotFound].
+// Run returns the run with batchID, or an error wrapping
+// [backfilltype.ErrRunNotFound].
 func (m *Manifest) Run(ctx context.Context, db sqlx.ExtContext, batchID int64) (backfilltype.Run, error) {
 	var runs []backfilltype.Run
 	if err := ReadTx(ctx, db, func(tx sqlx.ExtContext) error {
@@ -944,7 +945,7 @@ func (m *Manifest) Run(ctx context.Context, db sqlx.ExtContext, batchID int64) (
 
 var errNotTx = errors.New("backfill: executor is not a transaction")
 
-// RecordEvent implements [ManifestAudit.RecordEvent].
+// RecordEvent implements [backfilldriver.ManifestAudit.RecordEvent].
 func (m *Manifest) RecordEvent(ctx context.Context, db sqlx.ExtContext, e backfilltype.Event) error {
 	detail := string(ManifestJSON(e.Detail))
 	if detail == "" {
@@ -965,7 +966,7 @@ func (m *Manifest) RecordEvent(ctx context.Context, db sqlx.ExtContext, e backfi
 	return nil
 }
 
-// Events implements [ManifestAudit.Events].
+// Events implements [backfilldriver.ManifestAudit.Events].
 func (m *Manifest) Events(ctx context.Context, db sqlx.ExtContext, batchID int64) ([]backfilltype.Event, error) {
 	var rows []struct {
 		backfilltype.Event
@@ -989,7 +990,7 @@ func (m *Manifest) Events(ctx context.Context, db sqlx.ExtContext, batchID int64
 	return out, nil
 }
 
-// LatestRun implements [ManifestAudit.LatestRun].
+// LatestRun implements [backfilldriver.ManifestAudit.LatestRun].
 func (m *Manifest) LatestRun(ctx context.Context, db sqlx.ExtContext, job string, statuses ...backfilltype.RunStatus) (backfilltype.Run, error) {
 	st := make([]string, len(statuses))
 	for i, s := range statuses {
@@ -1010,7 +1011,8 @@ func (m *Manifest) LatestRun(ctx context.Context, db sqlx.ExtContext, job string
 	return runs[0], nil
 }
 
-// AddValidations implements [ManifestValidations.AddValidations].
+// AddValidations implements
+// [backfilldriver.ManifestValidations.AddValidations].
 func (m *Manifest) AddValidations(ctx context.Context, db sqlx.ExtContext, batchID int64, chunkID string, results []backfilltype.CheckResult) error {
 	return m.addValidations(ctx, db, batchID, chunkID, results, sql.NullInt64{})
 }
@@ -1047,7 +1049,7 @@ func (m *Manifest) insertValidations(ctx context.Context, db sqlx.ExtContext, ba
 	return nil
 }
 
-// Validations implements [ManifestValidations.Validations].
+// Validations implements [backfilldriver.ManifestValidations.Validations].
 func (m *Manifest) Validations(ctx context.Context, db sqlx.ExtContext, batchID int64) ([]backfilltype.Validation, error) {
 	var rows []struct {
 		ChunkID   string         `db:"chunk_id"`
@@ -1085,10 +1087,10 @@ func (m *Manifest) Validations(ctx context.Context, db sqlx.ExtContext, batchID 
 	return out, nil
 }
 
-// RecordGateFailure implements [ManifestGates.RecordGateFailure] in one
-// transaction of its own: the results and exceptions of the rolled back
-// attempt, marked with its number, the pause and its event commit
-// together or not at all.
+// RecordGateFailure implements
+// [backfilldriver.ManifestGates.RecordGateFailure] in one transaction of
+// its own: the results and exceptions of the rolled back attempt, marked
+// with its number, the pause and its event commit together or not at all.
 func (m *Manifest) RecordGateFailure(ctx context.Context, db sqlx.ExtContext, p backfilltype.GateFailure) error {
 	reason := ManifestText(p.Reason)
 	failed := sql.NullInt64{Int64: int64(p.Attempt), Valid: true}
@@ -1112,7 +1114,8 @@ func (m *Manifest) RecordGateFailure(ctx context.Context, db sqlx.ExtContext, p 
 	return nil
 }
 
-// FailedAttemptExceptions implements [ManifestGates.FailedAttemptExceptions].
+// FailedAttemptExceptions implements
+// [backfilldriver.ManifestGates.FailedAttemptExceptions].
 func (m *Manifest) FailedAttemptExceptions(ctx context.Context, db sqlx.ExtContext, batchID int64) ([]backfilltype.Exception, error) {
 	var rows []struct {
 		backfilltype.Exception
@@ -1138,7 +1141,7 @@ func (m *Manifest) FailedAttemptExceptions(ctx context.Context, db sqlx.ExtConte
 	return out, nil
 }
 
-// RollBackChunk implements [ManifestRollback].
+// RollBackChunk implements [backfilldriver.ManifestRollback].
 func (m *Manifest) RollBackChunk(ctx context.Context, tx sqlx.ExtContext, batchID int64, seq int) (bool, error) {
 	var status []string
 	if err := sqlx.SelectContext(ctx, tx, &status, m.SQL(`SELECT status FROM {s}.chunks WHERE batch_id = $1 AND seq = $2 FOR UPDATE`), batchID, seq); err != nil {
@@ -1153,13 +1156,13 @@ func (m *Manifest) RollBackChunk(ctx context.Context, tx sqlx.ExtContext, batchI
 	return true, nil
 }
 
-// RollBackRun implements [ManifestRollback].
+// RollBackRun implements [backfilldriver.ManifestRollback].
 func (m *Manifest) RollBackRun(ctx context.Context, tx sqlx.ExtContext, batchID int64) error {
 	_, err := tx.ExecContext(ctx, m.SQL(`UPDATE {s}.runs SET status = 'rolled_back', updated_at = now() WHERE batch_id = $1`), batchID)
 	return err
 }
 
-// PauseRun implements [ManifestValidations.PauseRun].
+// PauseRun implements [backfilldriver.ManifestValidations.PauseRun].
 func (m *Manifest) PauseRun(ctx context.Context, db sqlx.ExtContext, batchID int64, reason string) error {
 	reason = ManifestText(reason)
 	return InShortTx(ctx, db, func(tx sqlx.ExtContext) error {
@@ -1175,16 +1178,18 @@ func (m *Manifest) PauseRun(ctx context.Context, db sqlx.ExtContext, batchID int
 	})
 }
 
-// ResumeRun implements [ManifestValidations.ResumeRun] with the SQL
-// function resume ([Manifest.Resume]): a cancelled run is resumed too.
+// ResumeRun implements [backfilldriver.ManifestValidations.ResumeRun] with
+// the SQL function resume ([Manifest.Resume]): a cancelled run is resumed
+// too.
 func (m *Manifest) ResumeRun(ctx context.Context, db sqlx.ExtContext, batchID int64, actor, why string) error {
 	return m.ReadControl(ctx, db, "resume", batchID, actor, why)
 }
 
 // StageChunk implements [ManifestStaging.StageChunk]: it checkpoints a
-// chunk of a run published at its end ([PublishAtEnd]): its rows are in the run's persistent staging table and
-// its exceptions in the queue; the merge counts come with the publish.
-// The chunk must be pending (claimed in tx).
+// chunk of a run published at its end (backfill.PublishAtEnd): its rows are
+// in the run's persistent staging table and its exceptions in the queue;
+// the merge counts come with the publish. The chunk must be pending
+// (claimed in tx).
 func (m *Manifest) StageChunk(ctx context.Context, tx sqlx.ExtContext, p backfilldriver.StageChunkParams) error {
 	if p.Read != p.Rejected+p.Staged {
 		return fmt.Errorf("backfill: stage chunk %s: %w: read %d != staged %d + rejected %d", p.Chunk.ID, backfilltype.ErrAccounting, p.Read, p.Staged, p.Rejected)
@@ -1205,7 +1210,7 @@ func (m *Manifest) StageChunk(ctx context.Context, tx sqlx.ExtContext, p backfil
 	return nil
 }
 
-// StagedChunks implements [ManifestStaging.StagedChunks].
+// StagedChunks implements [backfilldriver.ManifestStaging.StagedChunks].
 func (m *Manifest) StagedChunks(ctx context.Context, tx sqlx.ExtContext, batchID int64) ([]backfilldriver.StagedChunk, error) {
 	var out []backfilldriver.StagedChunk
 	err := sqlx.SelectContext(ctx, tx, &out, m.SQL(`SELECT seq, rows_read, rows_rejected, rows_staged FROM {s}.chunks

@@ -27,7 +27,7 @@ func (s *PGStager) EndStaging(ctx context.Context) error {
 	return nil
 }
 
-// CreateStaging implements [MergerStaging.CreateStaging].
+// CreateStaging implements [backfilldriver.MergerStaging.CreateStaging].
 // The DDL runs in a READ COMMITTED transaction of its own (InTx), not
 // under the server's default isolation outside any transaction, after a
 // transaction-level advisory lock on the table's name: workers starting
@@ -43,12 +43,13 @@ func (m *Merger) CreateStaging(ctx context.Context, db sqlx.ExtContext, table st
 	})
 }
 
-// StagePersistent implements [MergerStaging.StagePersistent] with COPY.
+// StagePersistent implements [backfilldriver.MergerStaging.StagePersistent]
+// with COPY.
 func (m *Merger) StagePersistent(ctx context.Context, tx sqlx.ExtContext, table string, info backfilltype.TableInfo, seq int) (backfilldriver.PersistentStager, error) {
 	return newPersistStager(ctx, tx, table, info, seq)
 }
 
-// StageFrom implements [MergerStaging.StageFrom].
+// StageFrom implements [backfilldriver.MergerStaging.StageFrom].
 func (m *Merger) StageFrom(ctx context.Context, tx sqlx.ExtContext, info backfilltype.TableInfo, table string, seq int, rows int64) (backfilldriver.Stager, error) {
 	st, err := m.Stage(ctx, tx, info)
 	if err != nil {
@@ -69,7 +70,7 @@ func (m *Merger) StageFrom(ctx context.Context, tx sqlx.ExtContext, info backfil
 	return st, nil
 }
 
-// DropStaging implements [MergerStaging.DropStaging].
+// DropStaging implements [backfilldriver.MergerStaging.DropStaging].
 func (m *Merger) DropStaging(ctx context.Context, tx sqlx.ExtContext, table string) error {
 	_, err := tx.ExecContext(ctx, `DROP TABLE `+table)
 	return err
@@ -79,7 +80,7 @@ func (m *Merger) DropStaging(ctx context.Context, tx sqlx.ExtContext, table stri
 // in the chunk's transaction.
 func (m *Merger) IsolatesRefusedValues() bool { return true }
 
-// WritesUndoLog implements [UndoLogWriter].
+// WritesUndoLog implements [backfilldriver.UndoLogWriter].
 func (m *Merger) WritesUndoLog() bool { return true }
 
 // fill loads the stager's temporary staging table from query (which must
@@ -122,7 +123,8 @@ func (s *PGStager) fill(ctx context.Context, query string, args ...any) error {
 // row (unlike INSERT ... ON CONFLICT DO UPDATE ... WHERE, which locks every
 // conflicting row). A concurrent insert of the same key by another
 // transaction makes the INSERT fail with unique_violation, which
-// [IsRetryable] reports as retryable: the retried chunk then sees the row.
+// [backfilltype.IsRetryable] reports as retryable: the retried chunk then
+// sees the row.
 //
 // Upsert has a fast path for loads into new ground: when the previous
 // chunk merged into the same table (by this merger) inserted every row, the
@@ -236,7 +238,7 @@ func (m *Merger) prepare(ctx context.Context, db sqlx.ExtContext, t backfilltype
 
 // relation finds table in the catalogs: its oid and its canonical,
 // SchemaName-qualified name (sqlgen.Qualified). A table that does not exist
-// is [ErrTargetNotFound].
+// is [backfilltype.ErrTargetNotFound].
 func relation(ctx context.Context, db sqlx.ExtContext, table string) (oid int64, name string, err error) {
 	var rel []struct {
 		OID    int64  `db:"oid"`
@@ -381,10 +383,10 @@ func inheritanceChild(ctx context.Context, db sqlx.ExtContext, oid int64) (strin
 	return child, err
 }
 
-// RefuseInheritanceParent returns an error wrapping [ErrInvalidConfig]
-// when info, prepared for a run, is of a table with a child by
-// inheritance (inheritanceChild), however the [Merger] that prepared it
-// is wrapped.
+// RefuseInheritanceParent returns an error wrapping
+// [backfilltype.ErrInvalidConfig] when info, prepared for a run, is of a
+// table with a child by inheritance (inheritanceChild), however the
+// [Merger] that prepared it is wrapped.
 func RefuseInheritanceParent(info backfilltype.TableInfo) error {
 	if info.InheritanceChild == "" {
 		return nil
@@ -608,10 +610,10 @@ func (s *PGStager) exec(ctx context.Context, what, query string, args ...any) (i
 	return n, nil
 }
 
-// Merge implements [Stager.Merge] in phases: end the COPY, take the key
-// locks and the planner settings (beginMerge), settle the rows whose
-// identity repeats in the chunk (settleDuplicates), drop the rows that
-// conflict with the target (dropTargetConflicts), then write the rest
+// Merge implements [backfilldriver.Stager.Merge] in phases: end the COPY,
+// take the key locks and the planner settings (beginMerge), settle the rows
+// whose identity repeats in the chunk (settleDuplicates), drop the rows
+// that conflict with the target (dropTargetConflicts), then write the rest
 // (mergeRefusing, which isolates rows the target refuses).
 func (s *PGStager) Merge(ctx context.Context) (_ backfilltype.MergeResult, err error) {
 	if s.done {

@@ -67,7 +67,7 @@ func (s *PGStager) openVersionConflict(err error) error {
 // from what its statements saw: the intervals tile unless versions of the
 // keys changed between those statements, committed by a writer that does
 // not take the merge's key locks (or a trigger on the target changed
-// them). It wraps [ErrHistoryIntervals] and is retryable.
+// them). It wraps [backfilltype.ErrHistoryIntervals] and is retryable.
 func historyRace(table string, bad []string) error {
 	return fmt.Errorf("backfill: merge %s: %w: valid_from/valid_to intervals overlap or leave a gap for keys %v after the merge recomputed them: "+
 		"another transaction, not a merge of this library, added or changed versions of these keys during the merge (%w; the chunk is retried), "+

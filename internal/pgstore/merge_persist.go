@@ -75,7 +75,7 @@ func (s *persistStager) Merge(ctx context.Context) (backfilltype.MergeResult, er
 	return backfilltype.MergeResult{}, s.EndStaging(ctx)
 }
 
-// Staged implements [PersistentStager].
+// Staged implements [backfilldriver.PersistentStager].
 func (s *persistStager) Staged() int64 { return s.staged }
 
 func (s *persistStager) Close() error {

@@ -27,7 +27,7 @@ import (
 // (transientClasses, the key's own unique index) still fail the chunk.
 // The design note docs/design/merge.md explains the alternatives.
 
-// DefaultMaxMergeRefusals is the default of [Config.MaxMergeRefusals].
+// DefaultMaxMergeRefusals is the default of backfill.Config.MaxMergeRefusals.
 const DefaultMaxMergeRefusals = 100
 
 // btreeMaxItem is the largest btree index tuple (bytes) at the default
@@ -487,7 +487,7 @@ func identityText(identity []string, raw string) string {
 	return "(" + strings.Join(parts, ", ") + ")"
 }
 
-// TooManyRejects applies [Config.MaxRejectsPerChunk] (max, 0 for no
+// TooManyRejects applies backfill.Config.MaxRejectsPerChunk (max, 0 for no
 // limit) to every reject of chunk c: the written rows the row writer or
 // the extractor rejected (written of them) and the merge's rejects
 // (conflicts, ambiguities, refusals).

@@ -16,7 +16,8 @@ import (
 // columns identify a row, which it writes, and which decide whether a
 // staged row leaves its target row unchanged or updates it. The merge SQL,
 // the validators, rollback and the fake merger in backfilltest all derive
-// what they compare from it. Column lists are in [TableInfo.Columns] order.
+// what they compare from it. Column lists are in
+// [backfilltype.TableInfo.Columns] order.
 type ComparedColumns struct {
 	// Identity identifies one target row: Key, plus ValidFrom in History
 	// mode.

@@ -34,8 +34,8 @@ type Privilege struct {
 	Why string
 }
 
-// PrivilegeError lists every privilege the session's role lacks for a
-// job, with the statements to grant them. It wraps [ErrPrivilege].
+// PrivilegeError lists every privilege the session's role lacks for a job,
+// with the statements to grant them. It wraps [backfilltype.ErrPrivilege].
 type PrivilegeError struct {
 	// Role is the session's role (current_user).
 	Role string
@@ -91,7 +91,7 @@ func (e *PrivilegeError) Grants() []string {
 	return out
 }
 
-// Unwrap returns [ErrPrivilege].
+// Unwrap returns [backfilltype.ErrPrivilege].
 func (e *PrivilegeError) Unwrap() error { return backfilltype.ErrPrivilege }
 
 // NewPrivilegeError returns nil when missing is empty, else a
@@ -169,12 +169,12 @@ want AS (
 SELECT kind, schema, name, privilege, why, owner FROM want WHERE ok IS FALSE
 ORDER BY ord, name, array_position(ARRAY['USAGE', 'SELECT', 'INSERT', 'UPDATE', 'DELETE', 'TEMPORARY'], privilege)`
 
-// CheckPrivileges returns a [*PrivilegeError] (wrapping [ErrPrivilege])
-// listing the privileges on the manifest and the database that the
-// session's role lacks to run, resume, validate and roll back jobs (see
-// [Manifest.Grants]), with the GRANT statements to run; nil when it has
-// them all. It runs one catalog query, needs no privilege itself, and
-// does not check the manifest's version ([Manifest.Version]).
+// CheckPrivileges returns a [*PrivilegeError] (wrapping
+// [backfilltype.ErrPrivilege]) listing the privileges on the manifest and
+// the database that the session's role lacks to run, resume, validate and
+// roll back jobs (see [Manifest.Grants]), with the GRANT statements to run;
+// nil when it has them all. It runs one catalog query, needs no privilege
+// itself, and does not check the manifest's version ([Manifest.Version]).
 func (m *Manifest) CheckPrivileges(ctx context.Context, db sqlx.ExtContext) error {
 	var (
 		missing []Privilege
@@ -208,7 +208,7 @@ func (m *Manifest) MissingPrivileges(ctx context.Context, db sqlx.ExtContext) ([
 // INSERT, UPDATE and DELETE on its tables; USAGE on its sequences;
 // TEMPORARY on database. Run them after each migration (ON ALL TABLES
 // covers the tables that exist when it runs). The target's privileges
-// depend on the job ([TargetGrants]). Identifiers are quoted.
+// depend on the job (backfill.TargetGrants). Identifiers are quoted.
 func (m *Manifest) Grants(database, role string) []string {
 	s, r := sqlgen.Ident(m.SchemaName), sqlgen.Ident(role)
 	return []string{
@@ -258,12 +258,12 @@ func (m *Manifest) version(ctx context.Context, db sqlx.ExtContext) (current, la
 	return current, latest, nil
 }
 
-// Init makes sure the manifest's schema is at this library's version.
-// When it is, Init only reads the version: no DDL, no lock, so a role
-// with the privileges of [Manifest.Grants] can call it. When the schema
-// is behind (or does not exist), Init migrates it ([Manifest.Migrate])
-// if the session's role may; when the role lacks the privilege (SQLSTATE
-// 42501), it returns an error wrapping [ErrSchemaBehind] naming the
+// Init makes sure the manifest's schema is at this library's version. When
+// it is, Init only reads the version: no DDL, no lock, so a role with the
+// privileges of [Manifest.Grants] can call it. When the schema is behind
+// (or does not exist), Init migrates it ([Manifest.Migrate]) if the
+// session's role may; when the role lacks the privilege (SQLSTATE 42501),
+// it returns an error wrapping [backfilltype.ErrSchemaBehind] naming the
 // SchemaName's and the library's versions: an administrator must run
 // "backfill migrate" once. A schema newer than the library is an error.
 func (m *Manifest) Init(ctx context.Context, db sqlx.ExtContext) error {
@@ -334,16 +334,16 @@ type RolePrivilege struct {
 	Owner string
 }
 
-// MigrateGrant migrates the schema as [Manifest.Migrate] does and, in
-// the same transaction and under the same advisory lock, runs the
-// statements of [Manifest.Grants] for each of roles, then checks that
-// each role has every privilege they give (has_*_privilege). Concurrent
-// callers are serialised by the lock, so concurrent GRANTs on the same
-// object cannot fail with "tuple concurrently updated" (XX000), and each
-// caller's MigrateResult says what it did (the version is read after the
-// lock). A privilege a role still lacks (the caller holds it without
-// grant option, so PostgreSQL only warned) is listed in NotGranted and
-// the error wraps [ErrPrivilege], naming the role, the privilege, the
+// MigrateGrant migrates the schema as [Manifest.Migrate] does and, in the
+// same transaction and under the same advisory lock, runs the statements of
+// [Manifest.Grants] for each of roles, then checks that each role has every
+// privilege they give (has_*_privilege). Concurrent callers are serialised
+// by the lock, so concurrent GRANTs on the same object cannot fail with
+// "tuple concurrently updated" (XX000), and each caller's MigrateResult
+// says what it did (the version is read after the lock). A privilege a role
+// still lacks (the caller holds it without grant option, so PostgreSQL only
+// warned) is listed in NotGranted and the error wraps
+// [backfilltype.ErrPrivilege], naming the role, the privilege, the
 // statement and the object's owner who can run it; the migration and the
 // effective grants are committed all the same.
 func (m *Manifest) MigrateGrant(ctx context.Context, db sqlx.ExtContext, roles ...string) (MigrateResult, error) {

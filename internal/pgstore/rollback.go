@@ -57,7 +57,7 @@ func (p *Merger) UndoRollback(ctx context.Context, db sqlx.ExtContext, m backfil
 	return rb, nil
 }
 
-// Conflicts implements [UndoRollback].
+// Conflicts implements [backfilldriver.UndoRollback].
 func (rb *pgRollback) Conflicts(ctx context.Context, db sqlx.ExtContext) (backfilltype.RollbackConflicts, error) {
 	return rb.ConflictsOf(ctx, db, rb.scope.Seqs, true)
 }
@@ -86,17 +86,17 @@ func (rb *pgRollback) ConflictsOf(ctx context.Context, db sqlx.ExtContext, seqs 
 	return c, nil
 }
 
-// Preview implements [UndoRollback].
+// Preview implements [backfilldriver.UndoRollback].
 func (rb *pgRollback) Preview(ctx context.Context, db sqlx.ExtContext, force bool) (deleted, restored int64, err error) {
 	return rb.preview(ctx, db, rb.scope.BatchID, rb.scope.Seqs, rb.scope.Chunk, force)
 }
 
-// RollBackChunk implements [UndoRollback].
+// RollBackChunk implements [backfilldriver.UndoRollback].
 func (rb *pgRollback) RollBackChunk(ctx context.Context, tx sqlx.ExtContext, seq int, force bool) (deleted, restored int64, done bool, err error) {
 	return rb.chunk(ctx, tx, rb.scope.BatchID, seq, rb.scope.Chunk, force)
 }
 
-// Finish implements [UndoRollback].
+// Finish implements [backfilldriver.UndoRollback].
 func (rb *pgRollback) Finish(ctx context.Context, tx sqlx.ExtContext, whole, force bool, event func(deleted int64) backfilltype.Event) (int64, error) {
 	return rb.finish(ctx, tx, rb.scope.BatchID, whole, force, event)
 }

@@ -28,9 +28,10 @@ type JobChunks struct {
 	// lease counted as [ChunkLeased] instead. Statuses with no chunk are
 	// absent.
 	Chunks map[backfilltype.ChunkStatus]int64
-	// Skipped counts the done chunks whose staging and merge a replay
-	// with [Job.SkipUnchanged] skipped ([ChunkState.Skipped]); they are
-	// among Chunks[ChunkDone].
+	// Skipped counts the done chunks whose staging and merge a replay with
+	// backfill.Job.SkipUnchanged skipped
+	// ([backfilltype.ChunkState.Skipped]); they are among
+	// Chunks[ChunkDone].
 	Skipped int64
 	// Counts are the rows of the run's done, open and staged chunks.
 	Counts backfilltype.Counts
@@ -46,7 +47,7 @@ type JobChunks struct {
 // grouped query on the runs and chunks tables, in a read-only
 // transaction. staleAfter is the bound after which a lease of a worker
 // that stopped heartbeating is not counted as live (0:
-// [DefaultStaleAfter]). A job without a run is absent.
+// [backfilltype.DefaultStaleAfter]). A job without a run is absent.
 func (m *Manifest) JobChunks(ctx context.Context, db sqlx.ExtContext, staleAfter time.Duration, jobs ...string) ([]JobChunks, error) {
 	if staleAfter <= 0 {
 		staleAfter = backfilltype.DefaultStaleAfter

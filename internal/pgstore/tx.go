@@ -236,7 +236,7 @@ func (d PGDB) Begin(ctx context.Context) (backfilldriver.Tx, error) {
 }
 
 // RowAdder is where a row writer puts its converted rows: the chunk's
-// [Stager], or a spool.
+// [backfilldriver.Stager], or a spool.
 type RowAdder interface {
 	Add(ctx context.Context, row int64, values []any) error
 }

@@ -13,11 +13,11 @@ import (
 	"github.com/pgbackfill/backfill/backfilltype"
 )
 
-// Liveness values of [RunLiveness.Liveness] for a running run; a run that
-// is not running has its status as its liveness.
+// Liveness values of [backfilltype.RunLiveness.Liveness] for a running run;
+// a run that is not running has its status as its liveness.
 const (
 	// LivenessRunning: a worker of the run heartbeated within its
-	// [Config.StaleAfter].
+	// backfill.Config.StaleAfter.
 	LivenessRunning = "running"
 	// LivenessStalled: no unfinished worker heartbeated within its
 	// StaleAfter, but one did within twice it: a worker is frozen or cut
@@ -49,7 +49,7 @@ type WorkerManifest interface {
 
 var _ WorkerManifest = (*Manifest)(nil)
 
-// Workers implements [ManifestWorkers.Workers].
+// Workers implements [backfilldriver.ManifestWorkers.Workers].
 func (m *Manifest) Workers(ctx context.Context, db sqlx.ExtContext, batchID int64) ([]backfilltype.Worker, error) {
 	var rows []struct {
 		backfilltype.Worker
@@ -76,7 +76,7 @@ func (m *Manifest) Workers(ctx context.Context, db sqlx.ExtContext, batchID int6
 	return out, nil
 }
 
-// RunLiveness implements [ManifestWorkers.RunLiveness] from the
+// RunLiveness implements [backfilldriver.ManifestWorkers.RunLiveness] from the
 // run_liveness view.
 func (m *Manifest) RunLiveness(ctx context.Context, db sqlx.ExtContext, batchID int64) (backfilltype.RunLiveness, error) {
 	var rows []backfilltype.RunLiveness
