@@ -169,7 +169,7 @@ func TargetFingerprint(ctx context.Context, tx sqlx.ExtContext, info backfilltyp
 // ctid and reused by one whose writer's 32-bit xid equals the first's,
 // which takes about 2^32 transactions between the two loads; and target
 // tables other than heap ones, whose fingerprints hash values
-// (TableInfo.tupleIdentity is false for them).
+// (TableInfo.TupleIdentity is false for them).
 func tupleHashSQL(alias string) string {
 	return fmt.Sprintf("hashtidextended(%[1]s.ctid, hashtextextended(%[1]s.xmin::text, %[1]s.tableoid::int8))", alias)
 }

@@ -369,7 +369,7 @@ func uniqueIndexes(ctx context.Context, db sqlx.ExtContext, oid int64) ([]unique
 // INHERITS) of the table oid when it is not partitioned, "" for none:
 // its scans read the child's rows, but its unique indexes cover only its
 // own, so a merge would take a key a child holds for absent and insert
-// it again. Prepare records it (TableInfo.inheritanceChild); runs that
+// it again. Prepare records it (TableInfo.InheritanceChild); runs that
 // merge into the table are refused (RefuseInheritanceParent), its
 // rollbacks are not, which touch the rows by key as the batch wrote
 // them. A child added during a run is not seen.

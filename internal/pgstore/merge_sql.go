@@ -210,7 +210,7 @@ type mergeShape struct {
 	stage  string   // pg_temp-qualified, quoted staging table
 	target string   // quoted target table
 	undo   string   // quoted undo log table, "" for none
-	// InsertOnly: the upsert counts the rows it would update instead of
+	// insertOnly: the upsert counts the rows it would update instead of
 	// updating them (prepareInsertOnly).
 	insertOnly bool
 }
