@@ -265,8 +265,8 @@ attempt, try, sqlstate, lock_timeout, statement_timeout, waited and
 blockers) and records it in the manifest's waits table
 ([backfilldriver.ManifestWaits], [PGManifest.Waits]), sleeps the row's
 Sleep (jittered ±25 %) while this call's other workers skip the chunk, and
-tries again with the next row. [DefaultLockRetries] is 100 ms/1 s, 200 ms/1
-s, 500 ms/2 s, 1 s/5 s, 2 s/10 s, 2 s/10 s, 2 s/20 s, 2 s
+tries again with the next row. [DefaultLockRetries] is 100 ms/1 s,
+200 ms/1 s, 500 ms/2 s, 1 s/5 s, 2 s/10 s, 2 s/10 s, 2 s/20 s, 2 s
 (lock_timeout/sleep for the default LockTimeout): about a minute of
 patience per attempt. Waits do not count toward [Config.MaxAttempts]; a
 wait on the last row ends the attempt as failed, and the next attempt
