@@ -188,10 +188,13 @@ type Job struct {
 	// check of [SeverityError] is a quality gate: the chunk rolls back and
 	// the run pauses until [Runner.Resume] (or [Runner.AcceptGate], which
 	// accepts the failure for that chunk); the failed attempt's evidence is
-	// kept (see [ManifestGates]). Validators are not part of the plan:
-	// changing them between calls of a run does not refuse it, but each
-	// change is an audit event ([EventValidatorsChanged]) and a report
-	// warning. See validate_pg.go for the PostgreSQL checks.
+	// kept (see [backfilldriver.ManifestGates]). Validators are not part of
+	// the plan: changing them between calls of a run does not refuse it,
+	// but each change is an audit event
+	// ([backfilltype.EventValidatorsChanged]) and a report warning. The
+	// PostgreSQL checks are [DuplicateKeys], [Completeness],
+	// [ReferentialIntegrity], [Aggregates], [ReplayChangesNothing],
+	// [Sample] and [CheckExceptionRate].
 	Validators []Validator
 	// Publish says when rows become visible to readers; the zero value
 	// publishes each chunk as it commits. See [PublishVersionedView].
@@ -205,17 +208,16 @@ type Job struct {
 	// when the rejected rows of the run's completed chunks exceed this
 	// fraction of their read rows (0.01 = 1%), checked after each chunk,
 	// the run pauses like on a failed [SeverityError] check, until
-	// [Runner.Resume]; Run returns an error wrapping [ErrGateFailed]
-	// (not a [*ChunkError]: the chunk after which it paused is done).
-	// After a Resume (or [Runner.AcceptGate]) the gate judges only the
-	// rows read since ([EventGateBaseline]): the rejects before were the
-	// operator's decision.
-	// 0 means [DefaultMaxRunRejectRate] (10%); a negative value disables
-	// the gate. Whatever the gate, a run whose chunks rejected every row
-	// they read (none loaded, at least one read) never completes
-	// silently: when the call that ran its last chunks ends (open chunks
-	// included), the run pauses the same way ("no row loaded"; after a
-	// resume, of the rows read since). The per-chunk rate is
+	// [Runner.Resume]; Run returns an error wrapping [ErrGateFailed] (not a
+	// [*ChunkError]: the chunk after which it paused is done). After a
+	// Resume (or [Runner.AcceptGate]) the gate judges only the rows read
+	// since ([backfilltype.EventGateBaseline]): the rejects before were the
+	// operator's decision. 0 means [DefaultMaxRunRejectRate] (10%); a
+	// negative value disables the gate. Whatever the gate, a run whose
+	// chunks rejected every row they read (none loaded, at least one read)
+	// never completes silently: when the call that ran its last chunks ends
+	// (open chunks included), the run pauses the same way ("no row loaded";
+	// after a resume, of the rows read since). The per-chunk rate is
 	// [CheckExceptionRate].
 	MaxRunRejectRate float64
 	// Watermark, if set, is asked for the source's high-water mark at
@@ -227,134 +229,31 @@ type Job struct {
 	// chunk has ended before the horizon. See [SafetyLag] and
 	// [PGSourceWatermark].
 	Watermark Watermarker
-	// SkipUnchanged lets a replay (a [Job.NewRun] over a loaded range,
-	// or a restatement in which few chunks changed) skip the staging and
-	// merge of a chunk whose rows did not change since the last load of
-	// the same chunk: its base, the newest done chunk of the same job and
-	// chunk ID (its bounds are in the ID) checkpointed under the same
-	// skip key, in another batch whose run is not rolled back. The skip
-	// key hashes the plan without its scope and chunk list (source, code
-	// version, target table, key, written columns, mode, duplicate and
-	// conflict policies, version, validity, derived keys, hash and
-	// lineage columns, rollback, publish mode, time declarations) and
-	// the target's column types, so a replay of part of a loaded range,
-	// or of a range extended by new chunks, skips the chunks already
-	// loaded, and a job planned otherwise skips nothing. Off by default.
-	// See replay_skip.go for the design.
+	// SkipUnchanged lets a replay (a [Job.NewRun] over a loaded range, or
+	// a restatement in which few chunks changed) skip the staging and
+	// merge of a chunk whose rows did not change since its last load (its
+	// base: the newest done chunk of the same job, chunk ID and skip key,
+	// in a batch not rolled back). Every chunk is still extracted into a
+	// spool (unless a [ChunkVersioner] spares it); it is skipped when the
+	// multiset hashes of its converted rows and of its target rows (within
+	// its ChunkColumn bounds, else of its identities) equal the base's,
+	// wrongly only with a probability of about 2^-64. A skipped chunk
+	// writes no target row, lineage or undo entry, counts its rows as read,
+	// rejected or unchanged, sets [ChunkResult.Skipped], and its
+	// staging-versus-target validators pass, proven by the fingerprints.
+	// The skip key covers the plan without its scope and chunk list, and
+	// the target's column types. Off by default.
 	//
-	// Every chunk is still extracted and converted (the source is known
-	// only by reading it), into a spool (memory, then a temporary file)
-	// rather than straight into COPY. Then, in the chunk's transaction,
-	// the chunk is skipped when both hold: the multiset hash of its
-	// converted rows (every written column) equals the one the last
-	// load recorded, and the multiset hash of the chunk's target rows
-	// equals the one that load recorded after its merge. On a target
-	// whose partitions are all heap tables and whose columns are all of
-	// built-in types, the target side hashes the rows' versions (table,
-	// ctid, xmin, read by the server without reading a value), with the
-	// target's shape (each column's place, name and type, in the target
-	// and each partition) read by the same statement: any write to one
-	// of the rows, even of its own values, a rewrite that moves them
-	// (VACUUM FULL, CLUSTER) and a column dropped and added again or
-	// renamed make the chunk merge (once: it then records the new
-	// state). The shape covers the target and the partitions holding the
-	// chunk's rows: a partition created ahead or dropped changes no other
-	// chunk's. With a column of an enum, range or citext type (or an
-	// array of one), or a reg* column the job does not write, it hashes
-	// every column's value instead, and so it does when the chunk
-	// transactions a [DB] of your own begins are not READ COMMITTED
-	// (Run begins one to see), whose statements may read the catalog as
-	// it was before a change the rows are read through. A target with a
-	// child by inheritance (INHERITS) is refused, with or without
-	// SkipUnchanged. The chunk's target rows are those within
-	// its ChunkColumn bounds (one range scan: give the target an index on
-	// ChunkColumn); without ChunkColumn, those whose identity is among
-	// the extracted rows' (sent as arrays, one index probe per row),
-	// which leaves out rows of other keys that its merge would not touch
-	// either. A skipped chunk writes no target
-	// row, no lineage and no undo entry; it is checkpointed with Read the
-	// rows the extractor wrote, Rejected those it or the row writer
-	// rejected (queued in this batch's exception queue, as for a merged
-	// chunk), Unchanged the rest, and Inserted, Updated and Deduplicated
-	// 0; [ChunkResult.Skipped] says so, and the chunk's manifest row
-	// records it ([ChunkState.Skipped]), so that [Report.ChunksSkipped],
-	// [StatusChunks.Skipped] and the run report count the batch's
-	// skipped chunks whichever call skipped them. It summarises the rows
-	// it delivered unchanged for rollbacks (rollback_delivered.go), as
-	// its merge would have. Its validators
-	// that compare the staged rows with the target ([Completeness],
-	// [Aggregates], [ReplayChangesNothing], [Sample], [DuplicateKeys]
-	// without AcrossTarget) record a passed result whose Detail says it
-	// was proven by the fingerprints; [CheckExceptionRate] runs. Any
-	// other outcome stages the spool and merges as without the option.
-	//
-	// The comparison is probabilistic, like the validation
-	// fingerprints: two different sets of rows have equal fingerprints
-	// with a probability of about 2^-64 (and see validate_fingerprint.go
-	// for the timestamp hash's weakness). A value spelled otherwise than
-	// last time (numeric 1.0 for 1.00) counts as changed: the chunk is
-	// merged, never wrongly skipped.
-	//
-	// What is recorded: after every merged chunk whose merge took every
-	// staged row (none rejected by the merge, none deduplicated) and
-	// whose target rows (as above) are exactly as many as it staged, the
-	// two fingerprints, on the chunk's manifest row, by its
-	// checkpoint statement ([ManifestSkips]), with the skip key.
-	// Otherwise only the skip key is recorded and the next replay of the
-	// chunk merges (the newest chunk of the key is the base, never an
-	// older one). A rolled back chunk is not done, and
-	// rolling a batch back changes the target rows, so nothing skips on a
-	// rolled back base. A chunk read again while open ([ChunkOpen]) is
-	// never skipped.
-	//
-	// Skipping the extraction too: an Extractor that also implements
-	// [ChunkVersioner] says, before a chunk is extracted, a version of
-	// the chunk's source rows (a token that changes whenever they do),
-	// recorded with the fingerprints. When a replay's version equals the
-	// one its base recorded (not ""), the base rejected no row and the
-	// job has a ChunkColumn, the chunk is not extracted at all: its
-	// target fingerprint alone is compared, and on a match the chunk is
-	// checkpointed skipped with the base's Read as read and unchanged.
-	// A target row changed by another session makes the chunk be
-	// extracted and merged as usual. Over a SQL source, for example:
-	//
-	//	func (s src) ChunkVersion(ctx context.Context, c backfill.Chunk) (string, error) {
-	//		var v string
-	//		err := s.db.QueryRowContext(ctx, `SELECT count(*) || ':' ||
-	//			coalesce(sum(hashtextextended(id::text || '/' || xmin::text, 0)), 0)
-	//			FROM orders WHERE id >= $1 AND id < $2`, c.Lo, c.Hi).Scan(&v)
-	//		return v, err
-	//	}
-	//
-	// Every committed insert, update or delete of a row changes its
-	// xmin term or the count (one scan of the chunk's rows, no
-	// conversion). A max(updated_at) is no version when updated_at is the
-	// writer's now(): a transaction that began earlier and commits later
-	// leaves the max alone. The version is read again after the
-	// extraction and recorded only if unchanged. It describes the source,
-	// not Extract's code: change CodeVersion with that code, or a replay
-	// skips chunks the new code would write otherwise. It describes the
-	// rows as Extract reads them, so a change of the source's schema that
-	// leaves its rows' xmin as they were (a column dropped and added
-	// again, renamed, given another default, or a view or join behind the
-	// extractor redefined) must change it too: add a term for the shape
-	// of what Extract reads, or change CodeVersion with it. See
-	// [ChunkVersioner] and replay_skip_version.go.
-	//
-	// Eligible jobs only: Target.Mode [Upsert] or
-	// [AppendOnly]; Conflict [SourceWins] and no Version; publish per
-	// chunk ([PublishPerChunk]); every target column has a fingerprint
-	// (validate_fingerprint.go: not composite nor of most extension
-	// types) and no written column is of a reg* type (regclass, ...:
-	// the OID a name had when read in, which the same source rows no
-	// longer mean once the object is created again); validators among
-	// those named above. [Runner.Run] refuses
-	// any other job with SkipUnchanged before any work, with an error
-	// wrapping [ErrInvalidConfig] naming the reason, and a Runner whose
-	// Manifest lacks [ManifestSkips] or whose Merger is not [PGMerger]
-	// with an error wrapping [ErrUnsupported]. SkipUnchanged is not part
-	// of the plan: turning it on or off between calls of a run does not
-	// refuse the run.
+	// Eligible jobs only: Target.Mode [Upsert] or [AppendOnly], Conflict
+	// [SourceWins] and no Version, [PublishPerChunk], a fingerprint for
+	// every target column, no written reg* column, and validators the
+	// fingerprints prove. [Runner.Run] refuses any other job before any
+	// work with an error wrapping [ErrInvalidConfig], and a Runner whose
+	// Manifest lacks [backfilldriver.ManifestSkips] or whose Merger is not
+	// the PostgreSQL merger with [ErrUnsupported]. It is not part of the
+	// plan: turning it on or off between calls does not refuse the run.
+	// The README ("Replays that skip unchanged chunks") says what is
+	// hashed; the design note docs/design/skip-unchanged.md why.
 	SkipUnchanged bool
 }
 
@@ -408,7 +307,7 @@ type RowWriter interface {
 	// value or as text: NaN and ±Inf floats (also in an unconstrained
 	// numeric), 'infinity' and '-infinity' times ([TimeInfinity],
 	// [TimeNegInfinity]), years 4714 BC to 294276 AD (dates to 5874897
-	// AD; see internal/pgconv/timestamp.go for the text forms). Times are
+	// AD; package internal/pgconv reads their text forms). Times are
 	// stored in whole microseconds: a time.Time (or time.Duration) with
 	// nanoseconds is truncated toward the past; date/time text with more
 	// than six fractional digits is rounded as PostgreSQL rounds it.
@@ -490,13 +389,14 @@ type Config struct {
 	// inet. Every row holding a refused value is queued as an exception
 	// naming its column, value and PostgreSQL's message, and the chunk is
 	// extracted and staged again without them, inside the chunk's
-	// transaction (see backfill_isolate.go): one more extraction per
+	// transaction ([chunkStaging]): one more extraction per
 	// refused value, which is what the limit bounds. Past it, the chunk
 	// fails with an error wrapping [ErrTooManyRejects] that names the
 	// chunk, row, column and value. The rows count toward
 	// MaxRejectsPerChunk too. 0 means [DefaultMaxStagingRejects]; a
 	// negative value fails the chunk at the first refused value (still
-	// naming it). Mergers with [StagingIsolator] only ([PGMerger]).
+	// naming it). Mergers with [backfilldriver.StagingIsolator] only (the
+	// PostgreSQL merger).
 	MaxStagingRejects int
 	// MaxMergeRefusals is how many staged rows of one chunk the target may
 	// refuse while they are merged before the chunk fails: rows that
@@ -505,13 +405,13 @@ type Config struct {
 	// whose index entry exceeds the btree limit, and other per-row data
 	// errors. Each such row is queued as an exception naming the
 	// constraint (or trigger), its business key and PostgreSQL's message,
-	// and the rest of the chunk merges (see merge_refuse.go: set-based
-	// pre-checks, then bisection inside savepoints). Past the limit the
+	// and the rest of the chunk merges (found by set-based pre-checks,
+	// then bisection inside savepoints). Past the limit the
 	// chunk fails with an error wrapping [ErrTooManyRejects] naming the
 	// chunk, row, key and constraint. The rows count toward
 	// MaxRejectsPerChunk too. A replay (a new run) refuses the same rows
-	// again and queues them once more, under its own batch. 0 means
-	// [DefaultMaxMergeRefusals]; a negative value fails the chunk at the
+	// again and queues them once more, under its own batch. 0 means the
+	// default, 100; a negative value fails the chunk at the
 	// first refused row (still naming it). Errors that are not about a
 	// row (serialization failures, deadlocks, lock timeouts,
 	// cancellation, lost connections) still fail, and retry, the chunk.
@@ -519,7 +419,7 @@ type Config struct {
 	// Manifest records runs and chunks. Default: [NewPGManifest] with
 	// schema "backfill".
 	Manifest Manifest
-	// Merger stages and merges rows. Default: [NewPGMerger].
+	// Merger stages and merges rows. Default: the PostgreSQL merger.
 	Merger Merger
 	// Logger receives one record per chunk and run event. Nil discards.
 	Logger *slog.Logger
@@ -527,23 +427,25 @@ type Config struct {
 	// means none.
 	Hooks Hooks
 	// Tracer traces the chunks of the Runner's runs, one span per claimed
-	// attempt of a chunk; when it also implements [PhaseTracer],
-	// [RunTracer], [ThrottleTracer], [PauseTracer] or [RetryTracer] (looked
-	// up once, by [NewWithDB]), their phases, runs and events (trace.go).
-	// Nil means none, at no cost. contrib/otel and contrib/prometheus
-	// adapt it to OpenTelemetry and Prometheus.
+	// attempt of a chunk; when it also implements
+	// [backfilltrace.PhaseTracer], [backfilltrace.RunTracer],
+	// [backfilltrace.ThrottleTracer], [backfilltrace.PauseTracer] or
+	// [backfilltrace.RetryTracer] (looked up once, by [NewWithDB]), their
+	// phases, runs and events. Nil means none, at no cost. contrib/otel and
+	// contrib/prometheus adapt it to OpenTelemetry and Prometheus.
 	Tracer backfilltrace.Tracer
 	// WorkerID names this process in the manifest (defaults to
 	// hostname:pid).
 	WorkerID string
 	// HeartbeatInterval is how often a call of [Runner.Run] refreshes its
-	// worker's heartbeat in the manifest ([ManifestWorkers]), from a
-	// goroutine of its own, and how often a worker waiting for chunks
-	// held by others looks again (at most every second). Default
-	// [DefaultHeartbeatInterval]. The heartbeat needs a connection of
-	// the pool while every chunk holds one: give the *sql.DB a
-	// MaxOpenConns of at least Concurrency + 2 (Run warns otherwise), and
-	// 2×Concurrency + 2 for workers to extract ahead ([Config.ExtractAhead]).
+	// worker's heartbeat in the manifest
+	// ([backfilldriver.ManifestWorkers]), from a goroutine of its own, and
+	// how often a worker waiting for chunks held by others looks again (at
+	// most every second). Default [DefaultHeartbeatInterval]. The heartbeat
+	// needs a connection of the pool while every chunk holds one: give the
+	// *sql.DB a MaxOpenConns of at least Concurrency + 2 (Run warns
+	// otherwise), and 2×Concurrency + 2 for workers to extract ahead
+	// ([Config.ExtractAhead]).
 	HeartbeatInterval time.Duration
 	// StaleAfter is how old a worker's heartbeat may get before other
 	// workers fence it: a worker that finds nothing to claim while chunks
@@ -564,7 +466,7 @@ type Config struct {
 	// and in the short manifest transactions): it caps the timeouts of
 	// LockRetries, and an application session queued behind a lock the
 	// library waits for waits about this long at most. A wait that times
-	// out is retried (LockRetries, backfill_timeouts.go). Default
+	// out is retried (LockRetries, [LockRetry]). Default
 	// [DefaultLockTimeout]; negative: the library sets no lock_timeout
 	// (the session's, role's or database's applies) and retries the waits
 	// that end anyway with LockRetries' sleeps.
@@ -581,34 +483,34 @@ type Config struct {
 	StatementTimeout time.Duration
 	// LockRetries is the retry table of the waits of a chunk's attempt:
 	// lock timeouts (55P03), deadlocks (40P01), serialization failures
-	// (40001) and statement timeouts (57014, while ctx is not done).
-	// Try n of an attempt runs with lock_timeout LockRetries[n].Timeout
-	// (at most LockTimeout); a try that waits is rolled back, recorded
-	// ([ManifestWaits]) and logged with its blockers, and the chunk is
-	// tried again after a jittered LockRetries[n].Sleep, without counting
-	// toward MaxAttempts; a wait on the table's last row ends the attempt
-	// as failed (its Sleep is not used). Nil means
-	// [DefaultLockRetries](LockTimeout). Rows must
-	// have a Timeout and Sleep of at least zero (a zero Timeout: no
-	// lock_timeout on that try).
+	// (40001) and statement timeouts (57014, while ctx is not done). Try n
+	// of an attempt runs with lock_timeout LockRetries[n].Timeout (at most
+	// LockTimeout); a try that waits is rolled back, recorded
+	// ([backfilldriver.ManifestWaits]) and logged with its blockers, and
+	// the chunk is tried again after a jittered LockRetries[n].Sleep,
+	// without counting toward MaxAttempts; a wait on the table's last row
+	// ends the attempt as failed (its Sleep is not used). Nil means
+	// [DefaultLockRetries](LockTimeout). Rows must have a Timeout and Sleep
+	// of at least zero (a zero Timeout: no lock_timeout on that try).
 	LockRetries []LockRetry
-	// Throttles hold the run's claims while a signal is high, and pause
-	// the run at a critical level (see [Throttle]). Each call of Run
-	// reads every signal every ThrottleInterval and before its first
-	// claim; any throttle that holds stops the call's workers from
-	// claiming (chunks in progress finish). Nil means none.
+	// Throttles hold the run's claims while a signal is high, and pause the
+	// run at a critical level (see [backfillthrottle.Throttle]). Each call
+	// of Run reads every signal every ThrottleInterval and before its first
+	// claim; any throttle that holds stops the call's workers from claiming
+	// (chunks in progress finish). Nil means none.
 	Throttles []backfillthrottle.Throttle
 	// ThrottleInterval is how often the signals are read: a raised
 	// signal holds every worker of the call within one interval. Default
-	// [DefaultThrottleInterval] (500 ms).
+	// [backfillthrottle.DefaultThrottleInterval] (500 ms).
 	ThrottleInterval time.Duration
 	// RowsPerSecond caps the rows the whole job reads per second, across
 	// every process running it: each call of Run takes an even share,
 	// RowsPerSecond divided by the run's live workers (re-read every
-	// ThrottleInterval; the whole cap without [ManifestWorkers]). A
-	// chunk's rows are charged when it ends, and the next claim waits
-	// until they are paid for (a token bucket of golang.org/x/time/rate
-	// with one second of burst). Zero means no cap.
+	// ThrottleInterval; the whole cap without
+	// [backfilldriver.ManifestWorkers]). A chunk's rows are charged when it
+	// ends, and the next claim waits until they are paid for (a token
+	// bucket of golang.org/x/time/rate with one second of burst). Zero
+	// means no cap.
 	RowsPerSecond float64
 	// JobConcurrency, when > 0, caps the chunks of the run in progress
 	// at once across every process (each process also runs at most
@@ -699,10 +601,10 @@ type Report struct {
 	// scope that reaches into the future, or a date-typed ChunkColumn
 	// used with a watermark. Each is also logged.
 	Warnings []string
-	// ChunksSkipped counts the run's done chunks (checkpointed by this
-	// call or earlier ones, as the manifest records them:
-	// [ChunkState.Skipped]) whose staging and merge were skipped, their
-	// rows unchanged since the load they were compared with
+	// ChunksSkipped counts the run's done chunks (checkpointed by this call
+	// or earlier ones, as the manifest records them:
+	// [backfilltype.ChunkState.Skipped]) whose staging and merge were
+	// skipped, their rows unchanged since the load they were compared with
 	// ([Job.SkipUnchanged]); they are among ChunksDone.
 	ChunksSkipped int
 	// Elapsed is the wall time of this call.

@@ -37,7 +37,7 @@ type capabilities struct {
 	writesUndo  bool // UndoLogWriter
 	// workers: heartbeats, leases and fencing (PGManifest only).
 	workers pgstore.WorkerManifest
-	// waits records the waits of chunks (backfill_timeouts.go).
+	// waits records the waits of chunks.
 	waits backfilldriver.ManifestWaits
 	// throttle: throttle periods and job slots (PGManifest only).
 	throttle        pgstore.ThrottleManifest

@@ -20,8 +20,8 @@ import (
 // A million chunks is about a century of hours.
 const maxChunks = 1 << 20
 
-// IntRange returns a [Chunker] of [KindInt] chunks that tile the half-open
-// integer range [lo, hi) in steps of step: chunk i is
+// IntRange returns a [Chunker] of [backfilltype.KindInt] chunks that tile
+// the half-open integer range [lo, hi) in steps of step: chunk i is
 // [lo+i*step, lo+(i+1)*step), and the last chunk is clipped to hi if step
 // does not divide hi-lo. IDs are "int:<Lo>/<Hi>" in decimal, e.g.
 // "int:1000/2000"; Scope is e.g. "int [0, 10000) step 1000".
@@ -127,10 +127,10 @@ func (c *intChunker) ChunkOf(x Chunk) (Chunk, bool) {
 	return Chunk{}, false
 }
 
-// List returns a [Chunker] of [KindList] chunks, one per item, in the given
-// order: a tenant, a file, a partition. IDs are "list:<item>", e.g.
-// "list:tenant-42". Scope is "list <n> items sha256:<16 hex digits>", a
-// SHA-256 prefix over the items in order, so it changes when an item is
+// List returns a [Chunker] of [backfilltype.KindList] chunks, one per item,
+// in the given order: a tenant, a file, a partition. IDs are "list:<item>",
+// e.g. "list:tenant-42". Scope is "list <n> items sha256:<16 hex digits>",
+// a SHA-256 prefix over the items in order, so it changes when an item is
 // added, removed, renamed or moved. List copies items; changing the slice
 // afterwards does not change the chunker.
 //

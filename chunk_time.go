@@ -10,94 +10,61 @@ import (
 	"github.com/pgbackfill/backfill/internal/calendar"
 )
 
-// Hours returns a [Chunker] of [KindTime] chunks, one per clock hour of the
-// IANA location loc, that tile the half-open scope [start, end).
+// Hours returns a [Chunker] of [backfilltype.KindTime] chunks, one per
+// clock hour of the IANA location loc, that tile the half-open scope
+// [start, end).
 //
-// start and end are instants: a time.Time in any location, only the instant
-// counts. The chunks' Start and End are expressed in loc, and their IDs are
-// "time:<Start>/<End>" in RFC 3339 with nanoseconds and loc's offset, e.g.
-// "time:2024-03-10T01:00:00-05:00/2024-03-10T03:00:00-04:00".
-//
-// Boundaries are instants, not wall-clock readings: a boundary is every
-// instant at which loc's clock reads a whole hour (minute, second and
-// nanosecond zero), plus every instant at which loc's UTC offset changes.
-// So every chunk lies inside one local clock hour under one offset and is at
-// most one hour long:
-//   - In zones with half-hour or 45-minute offsets (Asia/Kolkata +05:30,
-//     Asia/Kathmandu +05:45) the boundaries fall at :30 or :15 past the
-//     UTC hour.
-//   - A whole-hour daylight-saving change (America/New_York) keeps every
-//     chunk one hour long: the spring-forward chunk is
-//     [01:00-05:00, 03:00-04:00), and the repeated autumn hour yields two
-//     chunks, [01:00-04:00, 01:00-05:00) and [01:00-05:00, 02:00-05:00).
-//   - A 30-minute change (Australia/Lord_Howe) adds a boundary at the change
-//     and so a 30-minute chunk: [01:00+10:30, 02:30+11:00) and
-//     [02:30+11:00, 03:00+11:00) in October.
-//
-// If start or end is not on a boundary, the first or last chunk is clipped
-// to the scope and is shorter than the hour it lies in.
-//
-// Scope is "hours [<start>, <end>) <loc>" with both bounds in loc. The
-// returned Chunker is immutable and safe for concurrent use.
+// start and end are instants (a time.Time in any location). A boundary is
+// every instant at which loc's clock reads a whole hour, plus every
+// instant at which loc's UTC offset changes, so every chunk lies inside
+// one local clock hour under one offset and is at most one hour long: the
+// repeated autumn hour of a daylight-saving change yields two chunks, and
+// a 30-minute change a 30-minute chunk. If start or end is not on a
+// boundary, the first or last chunk is clipped to the scope. The chunks'
+// Start and End are expressed in loc; their IDs are "time:<Start>/<End>"
+// in RFC 3339 with nanoseconds and loc's offset, e.g.
+// "time:2024-03-10T01:00:00-05:00/2024-03-10T03:00:00-04:00". Scope is
+// "hours [<start>, <end>) <loc>". The Chunker is immutable and safe for
+// concurrent use.
 //
 // Chunks returns [ErrInvalidScope] if loc is nil, start or end is the zero
-// time or outside the years 0001 to 9999 in loc, a boundary has a UTC offset
-// with seconds (local mean time before about 1900, which RFC 3339 cannot
-// represent), or the scope has more than 1<<20 (1,048,576) chunks; and
-// [ErrEmptyScope] if start is not before end.
-//
-// Pass a location from [time.LoadLocation]: [time.Local] is named "Local"
-// in Scope whatever zone the host uses, so the plan would not notice a
-// change of host zone.
+// time or outside the years 0001 to 9999 in loc, a boundary has a UTC
+// offset with seconds, or the scope has more than 1<<20 chunks; and
+// [ErrEmptyScope] if start is not before end. Pass a location from
+// [time.LoadLocation]: [time.Local] is named "Local" in Scope whatever zone
+// the host uses. The design note docs/design/time-chunks.md gives examples.
 func Hours(start, end time.Time, loc *time.Location) Chunker {
 	return &timeChunker{unit: unitHour, start: start, end: end, loc: loc}
 }
 
-// Days returns a [Chunker] of [KindTime] chunks, one per calendar day of the
-// IANA location loc, that tile the half-open scope [start, end).
+// Days returns a [Chunker] of [backfilltype.KindTime] chunks, one per
+// calendar day of the IANA location loc, that tile the half-open scope
+// [start, end).
 //
-// start and end are instants (a time.Time in any location); the chunks'
-// Start and End are expressed in loc and their IDs are "time:<Start>/<End>"
-// in RFC 3339 with nanoseconds and loc's offset, e.g.
-// "time:2024-03-10T00:00:00-05:00/2024-03-11T00:00:00-04:00".
-//
-// A day starts at the first instant at which loc's clock reads that date,
-// which is local midnight in almost every zone and on almost every day. So
-// a day is 24 hours long, or 23 or 25 hours across a daylight-saving change
-// (23½ or 24½ in Australia/Lord_Howe)
-// ([Chunk.Duration] says which). Where a change skips midnight (clocks jump
-// from 24:00 to 01:00, as in America/Santiago, America/Havana or
-// Asia/Beirut when daylight saving starts) the day starts at the change,
-// at 01:00 in the new offset. Where midnight occurs twice (America/Havana
-// sets 01:00 back to 00:00) the day starts at the first. The boundaries are
-// computed from the zone's transitions ([time.Time.ZoneBounds]), not taken
-// from [time.Date], which for such times "returns a time that is correct in
-// one of the two zones involved in the transition, but it does not
-// guarantee which": for 2024-09-08 00:00 in America/Santiago it returns
-// 23:00 on the 7th. A date that does not exist at all (Pacific/Apia skipped
-// 2011-12-30) has no chunk.
-//
-// If start or end is not on a day boundary, the first or last chunk is
-// clipped to the scope: a scope from 06:00 yields a first chunk from 06:00
-// to the next local midnight.
-//
-// Scope is "days [<start>, <end>) <loc>" with both bounds in loc, e.g.
+// A day starts at the first instant at which loc's clock reads that date:
+// local midnight on almost every day, so a day is 24 hours long, or 23 or
+// 25 across a daylight-saving change ([Chunk.Duration] says which). Where
+// a change skips midnight the day starts at the change; where midnight
+// occurs twice, at the first; a date that does not exist has no chunk.
+// Boundaries come from the zone's transitions ([time.Time.ZoneBounds]),
+// not from [time.Date], which is ambiguous there. If start or end is not
+// on a boundary, the first or last chunk is clipped to the scope. IDs and
+// Start and End are as for [Hours], e.g.
+// "time:2024-03-10T00:00:00-05:00/2024-03-11T00:00:00-04:00". Scope is
+// "days [<start>, <end>) <loc>", e.g.
 // "days [2024-03-01T00:00:00-05:00, 2024-04-01T00:00:00-04:00) America/New_York".
-// The returned Chunker is immutable and safe for concurrent use.
+// The Chunker is immutable and safe for concurrent use.
 //
-// Chunks returns [ErrInvalidScope] if loc is nil, start or end is the zero
-// time or outside the years 0001 to 9999 in loc, a boundary has a UTC offset
-// with seconds (local mean time before about 1900, which RFC 3339 cannot
-// represent), or the scope has more than 1<<20 (1,048,576) chunks; and
-// [ErrEmptyScope] if start is not before end. Pass a location from
-// [time.LoadLocation] rather than [time.Local], whose name "Local" does not
-// say which zone the host uses.
+// Chunks returns the same errors as for [Hours]. Pass a location from
+// [time.LoadLocation] rather than [time.Local]. The design note
+// docs/design/time-chunks.md gives examples.
 func Days(start, end time.Time, loc *time.Location) Chunker {
 	return &timeChunker{unit: unitDay, start: start, end: end, loc: loc}
 }
 
-// Months returns a [Chunker] of [KindTime] chunks, one per calendar month
-// of the IANA location loc, that tile the half-open scope [start, end).
+// Months returns a [Chunker] of [backfilltype.KindTime] chunks, one per
+// calendar month of the IANA location loc, that tile the half-open scope
+// [start, end).
 //
 // A month starts at the start of its first day, as defined by [Days]: local
 // midnight of the 1st, or the first instant of the 1st where a
@@ -120,10 +87,10 @@ func Months(start, end time.Time, loc *time.Location) Chunker {
 	return &timeChunker{unit: unitMonth, start: start, end: end, loc: loc}
 }
 
-// Every returns a [Chunker] of [KindTime] chunks of a fixed duration step
-// that tile the half-open scope [start, end), aligned to start: chunk i is
-// [start+i*step, start+(i+1)*step), and the last chunk is clipped to end if
-// step does not divide end-start.
+// Every returns a [Chunker] of [backfilltype.KindTime] chunks of a fixed
+// duration step that tile the half-open scope [start, end), aligned to
+// start: chunk i is [start+i*step, start+(i+1)*step), and the last chunk is
+// clipped to end if step does not divide end-start.
 //
 // Unlike [Days] and [Hours], Every ignores the calendar: Every(start, end,
 // 24*time.Hour, loc) yields 24-hour chunks that drift off local midnight

@@ -15,7 +15,8 @@ import (
 	"github.com/pgbackfill/backfill/internal/pgstore"
 )
 
-// How a call of Run obeys the control plane (manifest_control.go).
+// How a call of Run obeys the control plane (the manifest's control
+// state, [backfilltype.ControlState]).
 //
 // Each call reads its run's control state (status and knobs) from the
 // manifest at every throttle check (Config.ThrottleInterval, default

@@ -73,7 +73,7 @@ update rows, CREATE for the publish modes that create tables), and
 [Runner.Rollback] DELETE (and UPDATE to restore updated rows) before it
 changes anything; a missing one is a [*PrivilegeError] listing them all
 with the GRANT statements to run. An Upsert by a role without UPDATE runs
-insert-only. See backfill_privileges.go and the README's "Deploying".
+insert-only. See the README's "Deploying".
 
 # Isolation levels and conflicts
 
@@ -83,16 +83,16 @@ advisory lock on the job, the schema or the view; a row lock with FOR
 UPDATE) and then must see what the holder before it committed, which a
 REPEATABLE READ or SERIALIZABLE snapshot taken before the lock would hide.
 So [PGManifest.Init] and the start of a run are safe when any number of
-processes start one job at once under any default, and they converge on
-one run. A transaction outside a chunk (Init, starting, finishing and
-pausing a run, recording a failed attempt, an event, validations or gate
-evidence, accepting a gate, resuming, rollback and publish steps) that
-fails with serialization_failure (40001) or deadlock_detected (40P01) is
-run again, up to 8 times with a jittered backoff of at most 320 ms; a
-chunk's transaction is retried as a chunk attempt ([IsRetryable],
-[Config.MaxAttempts]). Its reads outside a chunk (the manifest's Chunks,
-Run, Events, the catalog reads of [PGMerger.Prepare], ...) run in READ
-COMMITTED transactions of their own too, retried the same way.
+processes start one job at once under any default, and they converge on one
+run. A transaction outside a chunk (Init, starting, finishing and pausing a
+run, recording a failed attempt, an event, validations or gate evidence,
+accepting a gate, resuming, rollback and publish steps) that fails with
+serialization_failure (40001) or deadlock_detected (40P01) is run again, up
+to 8 times with a jittered backoff of at most 320 ms; a chunk's transaction
+is retried as a chunk attempt ([IsRetryable], [Config.MaxAttempts]). Its
+reads outside a chunk (the manifest's Chunks, Run, Events, the catalog
+reads of the PostgreSQL merger's Prepare, ...) run in READ COMMITTED
+transactions of their own too, retried the same way.
 
 # Poolers
 
@@ -152,13 +152,13 @@ Liveness. Each call registers in the manifest's workers table (a random
 worker key, [Config.WorkerID], host, pid, its stale bound) and refreshes
 heartbeat_at every [Config.HeartbeatInterval] (default 5 s) from a
 goroutine of its own, then marks itself finished. The run_liveness view
-([ManifestWorkers.RunLiveness], [ManifestWorkers.Workers]) gives each
-run's liveness: running (a worker heartbeated within its StaleAfter),
-stalled (the freshest unfinished worker is past StaleAfter but within
-twice it), dead (no unfinished worker within twice StaleAfter, or none:
-nobody works the run; run the job again to resume it); a run that is not
-running has its status. Times are the server's, so host clocks do not
-matter.
+([backfilldriver.ManifestWorkers.RunLiveness],
+[backfilldriver.ManifestWorkers.Workers]) gives each run's liveness:
+running (a worker heartbeated within its StaleAfter), stalled (the freshest
+unfinished worker is past StaleAfter but within twice it), dead (no
+unfinished worker within twice StaleAfter, or none: nobody works the run;
+run the job again to resume it); a run that is not running has its status.
+Times are the server's, so host clocks do not matter.
 
 Fencing. A worker that finds nothing to claim while chunks are held by
 other workers does not return: it waits, polling every
@@ -239,46 +239,46 @@ set its live knobs, from psql or from Go ([PGManifest.Pause],
 [Runner.Cancel], [Runner.SetKnob], [Runner.Resume]); every worker of
 every process reads its run's control state every
 [Config.ThrottleInterval], after each chunk, and on the notification
-([Config.ListenURL]). See [ControlState] and the README's
+([Config.ListenURL]). See [backfilltype.ControlState] and the README's
 "Operating".
 
 # Beside production
 
-Each chunk's transaction and each short manifest transaction set,
-locally (set_config(..., true): they end with the transaction),
-lock_timeout and statement_timeout. lock_timeout is the try's row of
-[Config.LockRetries], at most [Config.LockTimeout] (default 2 s): an
-application session queued behind a lock the library waits for waits
-that long at most. statement_timeout ([Config.StatementTimeout]; by
-default the session's, role's or database's) bounds the merge, the
-validators and the checkpoint, never the extractor's time (with a lease
-it runs outside any transaction; without one the COPY it feeds runs
-under statement_timeout 0). Both are set by the claim statement, with no extra round
-trip. The merge's key locks (advisory locks that order merges of the same
-keys) wait without lock_timeout: only another chunk's merge holds them.
+Each chunk's transaction and each short manifest transaction set, locally
+(set_config(..., true): they end with the transaction), lock_timeout and
+statement_timeout. lock_timeout is the try's row of [Config.LockRetries],
+at most [Config.LockTimeout] (default 2 s): an application session queued
+behind a lock the library waits for waits that long at most.
+statement_timeout ([Config.StatementTimeout]; by default the session's,
+role's or database's) bounds the merge, the validators and the checkpoint,
+never the extractor's time (with a lease it runs outside any transaction;
+without one the COPY it feeds runs under statement_timeout 0). Both are set
+by the claim statement, with no extra round trip. The merge's key locks
+(advisory locks that order merges of the same keys) wait without
+lock_timeout: only another chunk's merge holds them.
 
 A try that ends with a lock timeout (55P03), a deadlock (40P01), a
 serialization failure (40001) or a statement timeout (57014, while the
 context is not done) is a wait, not a failure: the transaction rolls back,
 the worker logs the wait ("backfill: chunk waited", with seq, chunk,
 attempt, try, sqlstate, lock_timeout, statement_timeout, waited and
-blockers) and records it in the manifest's waits table ([ManifestWaits],
-[PGManifest.Waits]), sleeps the row's Sleep (jittered ±25 %) while this
-call's other workers skip the chunk, and tries again with the next row.
-[DefaultLockRetries] is 100 ms/1 s, 200 ms/1 s, 500 ms/2 s, 1 s/5 s,
-2 s/10 s, 2 s/10 s, 2 s/20 s, 2 s (lock_timeout/sleep for the default
-LockTimeout): about a minute of patience per attempt. Waits do not
-count toward [Config.MaxAttempts]; a wait on the last row ends the
-attempt as failed, and the next attempt starts the table again. Rows are
-counted per call of Run and per chunk: another process starts a chunk at
-the first row.
+blockers) and records it in the manifest's waits table
+([backfilldriver.ManifestWaits], [PGManifest.Waits]), sleeps the row's
+Sleep (jittered ±25 %) while this call's other workers skip the chunk, and
+tries again with the next row. [DefaultLockRetries] is 100 ms/1 s,
+200 ms/1 s, 500 ms/2 s, 1 s/5 s, 2 s/10 s, 2 s/10 s, 2 s/20 s, 2 s
+(lock_timeout/sleep for the default LockTimeout): about a minute of
+patience per attempt. Waits do not count toward [Config.MaxAttempts]; a
+wait on the last row ends the attempt as failed, and the next attempt
+starts the table again. Rows are counted per call of Run and per chunk:
+another process starts a chunk at the first row.
 
 The blockers: while the chunk's merge, validation and checkpoint run, a
 watcher on another connection of the pool reads, after half the try's
 timeout, what the chunk's backend does (pg_stat_activity by its pid;
 pg_locks.waitstart) and, while it waits for a lock, the sessions
 pg_blocking_pids names: their pid, application_name, state, wait event
-and query ([Blocker]). It must look while the backend waits; the
+and query ([backfilltype.Blocker]). It must look while the backend waits; the
 blockers are gone once the try timed out.
 
 A wait is recorded in a short transaction of its own after the chunk's
@@ -294,12 +294,12 @@ transaction is open while the source is read, also with
 # Throttles
 
 A backfill runs beside production. [Config.Throttles] lists signals that
-hold the run: before each claim a worker waits while any [Throttle]
-holds (chunks in progress finish; a claim made while a hold began rolls
-back). Each call of [Runner.Run] reads every signal every
-[Config.ThrottleInterval] (default 500 ms) and before its first claim,
-so a raised signal holds every worker of every process within one
-interval: each process reads the signals itself (they are server-wide
+hold the run: before each claim a worker waits while any
+[backfillthrottle.Throttle] holds (chunks in progress finish; a claim made
+while a hold began rolls back). Each call of [Runner.Run] reads every
+signal every [Config.ThrottleInterval] (default 500 ms) and before its
+first claim, so a raised signal holds every worker of every process within
+one interval: each process reads the signals itself (they are server-wide
 reads that every process sees alike; no decision travels through the
 manifest, and no process is a single point of failure).
 
@@ -313,17 +313,19 @@ worker of every process stops claiming, Run returns an error wrapping
 check is logged at debug level; each hold (warn), release (info) and
 critical pause (error) with signal, value and watermarks.
 
-Built-in signals: [ReplicaLagSignal] (seconds, max replay_lag of
-pg_stat_replication), [WALRateSignal] (bytes/s of WAL generated),
-[ArchiveBacklogSignal] (WAL segments not yet archived),
-[AutovacuumSignal] (autovacuum workers on the target), [LockWaitersSignal]
-(sessions waiting on locks held by the run's workers),
-[ProbeLatencySignal] (p95 or p99 in ms of a probe query the library runs
-every interval, over a sliding window), [SQLSignal] (any query returning
-a number or a boolean) and schedule windows ([ParseSchedule],
-[ScheduleThrottle]: "Mon-Fri 22:00-06:00 Europe/Berlin", windows crossing
-midnight, daylight saving time by the zone's rules). A [Signal] is a
-small interface: any Go code can be one.
+Built-in signals: [backfillthrottle.ReplicaLagSignal] (seconds, max
+replay_lag of pg_stat_replication), [backfillthrottle.WALRateSignal]
+(bytes/s of WAL generated), [backfillthrottle.ArchiveBacklogSignal] (WAL
+segments not yet archived), [backfillthrottle.AutovacuumSignal] (autovacuum
+workers on the target), [backfillthrottle.LockWaitersSignal] (sessions
+waiting on locks held by the run's workers),
+[backfillthrottle.ProbeLatencySignal] (p95 or p99 in ms of a probe query
+the library runs every interval, over a sliding window),
+[backfillthrottle.SQLSignal] (any query returning a number or a boolean)
+and schedule windows ([backfillthrottle.ParseSchedule], [ScheduleThrottle]:
+"Mon-Fri 22:00-06:00 Europe/Berlin", windows crossing midnight, daylight
+saving time by the zone's rules). A [backfillthrottle.Signal] is a small
+interface: any Go code can be one.
 
 Caps for the whole job, whatever number of processes run it:
 [Config.RowsPerSecond] (each call takes the cap divided by the run's live
@@ -339,16 +341,17 @@ transaction, so a crash frees the slot and a transaction pooler
 is fine). The rate is divided rather than drawn from a shared bucket row
 so that no manifest row is written per chunk by every process.
 
-A throttle with [Throttle.Adapt] is proportional instead: it cuts the
-call's rows per second by half at a reading at or above High (once per
-MinHold), gives back 5 % of the ceiling per second below Low, and never
-holds; the waits the cut rate causes are its throttle periods.
+A throttle with [backfillthrottle.Throttle.Adapt] is proportional instead:
+it cuts the call's rows per second by half at a reading at or above High
+(once per MinHold), gives back 5 % of the ceiling per second below Low, and
+never holds; the waits the cut rate causes are its throttle periods.
 
-Every hold is a row of the manifest's throttle_periods (batch, worker
-key, signal, reason, value, watermarks, start, end); rate-cap waits of
-an interval or more too (signal [RateSignalName]).
-[ManifestThrottle.ThrottlePeriods] reads them and [Runner.TimeSplit]
-splits a run's time into working, throttled by signal, and paused.
+Every hold is a row of the manifest's throttle_periods (batch, worker key,
+signal, reason, value, watermarks, start, end); rate-cap waits of an
+interval or more too (signal [RateSignalName]).
+[backfilldriver.ManifestThrottle.ThrottlePeriods] reads them and
+[Runner.TimeSplit] splits a run's time into working, throttled by signal,
+and paused.
 
 # Progress
 
@@ -365,12 +368,12 @@ of other processes.
 
 # Idempotency
 
-The PostgreSQL merge ([PGMerger]) updates only rows whose content differs
-(IS DISTINCT FROM, NULL-safe) and inserts only keys that are absent, so
-replaying a chunk rewrites, locks and WAL-logs nothing. Duplicate business
-keys inside one chunk are resolved before the merge by [DuplicatePolicy]
-and counted as deduplicated; the target must have a unique index on the
-key ([ErrNoUniqueKey] otherwise).
+The PostgreSQL merge (the default [Merger]) updates only rows whose content
+differs (IS DISTINCT FROM, NULL-safe) and inserts only keys that are
+absent, so replaying a chunk rewrites, locks and WAL-logs nothing.
+Duplicate business keys inside one chunk are resolved before the merge by
+[DuplicatePolicy] and counted as deduplicated; the target must have a
+unique index on the key ([ErrNoUniqueKey] otherwise).
 
 A replay still reads, converts, stages (COPY) and compares every row. With
 [Job.SkipUnchanged] it compares fingerprints instead: the chunk's rows are
@@ -554,28 +557,32 @@ so a pipeline's extractor can be tested without a database:
 The fakes run the per-chunk and at-end publish modes ([PublishAtEnd]),
 validators, quality gates, pause and resume. What they lack is refused
 before any batch is created, with [ErrUnsupported] naming the optional
-interface: the undo log ([ManifestUndoLog], [UndoLogWriter]) and so
-[Runner.Rollback], refused values isolated while staging
-([StagingIsolator]), and the modes that need PostgreSQL DDL (partition
-swap, versioned view).
+interface: the undo log ([backfilldriver.ManifestUndoLog],
+[backfilldriver.UndoLogWriter]) and so [Runner.Rollback], refused values
+isolated while staging ([backfilldriver.StagingIsolator]), and the modes
+that need PostgreSQL DDL (partition swap, versioned view).
 
 # Capabilities
 
 Besides [Manifest] and [Merger], a Runner uses optional interfaces when
-their implementations have them: [ManifestAudit], [ManifestValidations],
-[ManifestGates], [ManifestUndoLog], [ManifestStaging], [ManifestWaits],
-[ManifestThrottle], [ManifestSkips], [MergerStaging], [StagingIsolator] and
-[UndoLogWriter]. [NewWithDB] looks them up once; a
-job that needs one the Runner lacks is refused before any work. The
-conformance suites of backfilltest test each one an implementation has.
+their implementations have them: [backfilldriver.ManifestAudit],
+[backfilldriver.ManifestValidations], [backfilldriver.ManifestGates],
+[backfilldriver.ManifestUndoLog], [backfilldriver.ManifestStaging],
+[backfilldriver.ManifestWaits], [backfilldriver.ManifestThrottle],
+[backfilldriver.ManifestSkips], [backfilldriver.MergerStaging],
+[backfilldriver.StagingIsolator] and [backfilldriver.UndoLogWriter].
+[NewWithDB] looks them up once; a job that needs one the Runner lacks is
+refused before any work. The conformance suites of backfilltest test each
+one an implementation has.
 
 # Errors
 
 Errors are wrapped with %w; test them with errors.Is against the sentinels
-in errors.go, and with errors.As for [*ChunkError] (which chunk failed),
-[*PartialError] (what completed before a failure). Rejected rows are not
-errors: they are rows of the exception queue ([Manifest.Exceptions]).
-[IsRetryable] tells transient database errors, which the runner retries up
-to [Config.MaxAttempts] times (waits first, by [Config.LockRetries]).
+of this package (such as [ErrInvalidConfig]), and with errors.As for
+[*ChunkError] (which chunk failed), [*PartialError] (what completed before a
+failure). Rejected rows are not errors: they are rows of the exception queue
+([Manifest.Exceptions]). [IsRetryable] tells transient database errors,
+which the runner retries up to [Config.MaxAttempts] times (waits first, by
+[Config.LockRetries]).
 */
 package backfill

@@ -50,7 +50,7 @@ var (
 	// cause it: the error says so and is retryable ([IsRetryable]).
 	ErrHistoryIntervals = backfilltype.ErrHistoryIntervals
 	// ErrUnsupported is returned when a feature needs an optional
-	// interface (such as [ManifestAudit]) that the configured
+	// interface (such as [backfilldriver.ManifestAudit]) that the configured
 	// implementation lacks.
 	ErrUnsupported = backfilltype.ErrUnsupported
 	// ErrNoWatermark is returned by [Runner.Handoff] when the job has no
@@ -110,10 +110,10 @@ var (
 	// (Report.ChunksRun is 0, Report.Resumed false). Set [Job.NewRun] to
 	// restate the scope in a new run.
 	ErrAlreadyCompleted = backfilltype.ErrAlreadyCompleted
-	// ErrPublishBlocked is returned by [Runner.Run] when the view switch
-	// of [PublishVersionedView] timed out on every try behind sessions
-	// holding locks on the view (the message names them). The run is
-	// completed but not published (an [EventPublishBlocked] and the run's
+	// ErrPublishBlocked is returned by [Runner.Run] when the view switch of
+	// [PublishVersionedView] timed out on every try behind sessions holding
+	// locks on the view (the message names them). The run is completed but
+	// not published (an [backfilltype.EventPublishBlocked] and the run's
 	// last_error say so); running the job again publishes it.
 	// [Runner.Rollback] of a published versioned-view batch returns it too
 	// when its switch back is blocked so; nothing changed then.
@@ -197,8 +197,8 @@ func IsRetryable(err error) bool {
 // role that runs jobs then needs no DDL privilege for the manifest:
 // [PGManifest.Init] only reads the schema's version when it is current.
 // What the runtime role needs, and what [Runner.Run] checks before it
-// creates or resumes a batch (the target's part is in
-// backfill_privileges.go):
+// creates or resumes a batch (the target's part is on [Runner.Run]'s
+// privilege check, [Runner.checkTargetSchema]):
 //
 //   - USAGE on the manifest's schema; SELECT, INSERT, UPDATE and DELETE on
 //     its tables (SELECT only on schema_migrations); USAGE on its

@@ -51,9 +51,10 @@ func acceptedResult(acc []acceptedCheck, cr CheckResult) bool {
 }
 
 // AcceptGate accepts, for one chunk of job's paused run, the checks of
-// severity error that failed on its last attempt, records that in the
-// audit log (an [EventGateAccepted] event with actor and why, appended,
-// never changed), resumes the run like [Runner.Resume] and runs it.
+// severity error that failed on its last attempt, records that in the audit
+// log (an [backfilltype.EventGateAccepted] event with actor and why,
+// appended, never changed), resumes the run like [Runner.Resume] and runs
+// it.
 //
 // The acceptance covers the evidence accepted, not the check's name: the
 // failed results of the chunk's last failed attempt, each identified by
@@ -65,7 +66,7 @@ func acceptedResult(acc []acceptedCheck, cr CheckResult) bool {
 // count, other offending keys, as when an open chunk is read again with
 // new rows) fails the gate again, and so does any other failed check of
 // severity error. Other chunks are judged as before. Like Resume, it
-// records the run's rows at this point ([EventGateBaseline]).
+// records the run's rows at this point ([backfilltype.EventGateBaseline]).
 //
 // Only a chunk whose latest judgment is a failed gate can be accepted: a
 // chunk judged again since (completed with an acceptance, or passed) is
@@ -187,9 +188,9 @@ func (r *Runner) pausedRun(ctx context.Context, job Job, what string) (Run, erro
 	return run, nil
 }
 
-// baselineEvent returns the [EventGateBaseline] event of a resume of
-// batchID by actor: the run's read and rejected rows now, over its done
-// and open chunks. The run is paused: no chunk is in flight.
+// baselineEvent returns the [backfilltype.EventGateBaseline] event of a
+// resume of batchID by actor: the run's read and rejected rows now, over
+// its done and open chunks. The run is paused: no chunk is in flight.
 func (r *Runner) baselineEvent(ctx context.Context, job string, batchID int64, actor string) (backfilltype.Event, error) {
 	total, err := loadedTotals(ctx, r.cfg.Manifest, r.db, batchID)
 	if err != nil {
@@ -413,13 +414,13 @@ func dumpScalar(b *strings.Builder, v reflect.Value) {
 	}
 }
 
-// recordValidators appends to the run's audit log the validators this
-// call runs with: [EventValidatorsSet] the first time,
-// [EventValidatorsChanged] when they differ from the last recorded set.
-// Validators are not part of the plan: changing them does not refuse a
-// resume, but every change is on record. It returns a warning for a
-// change ("" otherwise), the accepted gates found in the log and the
-// latest resume baseline ([EventGateBaseline]).
+// recordValidators appends to the run's audit log the validators this call
+// runs with: [backfilltype.EventValidatorsSet] the first time,
+// [backfilltype.EventValidatorsChanged] when they differ from the last
+// recorded set. Validators are not part of the plan: changing them does not
+// refuse a resume, but every change is on record. It returns a warning for
+// a change ("" otherwise), the accepted gates found in the log and the
+// latest resume baseline ([backfilltype.EventGateBaseline]).
 func (r *Runner) recordValidators(ctx context.Context, job Job, batchID int64) (string, map[string][]acceptedCheck, Counts, error) {
 	audit := r.caps.audit
 	if audit == nil {

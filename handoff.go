@@ -47,7 +47,7 @@ type HandoffOptions struct {
 // rescan runs as its own run, job name job.Name+"/handoff", and a
 // "handoff" event with the watermark, interval and rescan's batch ID and
 // counts is appended to the backfill's audit log. The Manifest must
-// implement [ManifestAudit] ([ErrUnsupported] otherwise).
+// implement [backfilldriver.ManifestAudit] ([ErrUnsupported] otherwise).
 func (r *Runner) Handoff(ctx context.Context, job Job, opts HandoffOptions) (Report, error) {
 	audit := r.caps.audit
 	if audit == nil {

@@ -32,7 +32,7 @@ import (
 // rows hold it.) Everything else of the chunk loads.
 //
 // Each refused value costs one more staging of the chunk (a replay of its
-// spool with short transactions, backfill_shorttx.go; otherwise one more
+// spool with short transactions, [spooled.replay]; otherwise one more
 // extraction), so at most
 // [Config.MaxStagingRejects] values are isolated per chunk; then the
 // chunk fails with an error naming its chunk, row, column and value.
@@ -61,7 +61,7 @@ type stagingRowError struct {
 func (e *stagingRowError) Error() string { return e.msg }
 func (e *stagingRowError) Unwrap() error { return e.err }
 
-// copyEnder is implemented by stagers that stage with COPY: endStaging
+// copyEnder is implemented by stagers that stage with COPY: EndStaging
 // ends the COPY, so that a refused value shows before the merge.
 type copyEnder interface {
 	EndStaging(ctx context.Context) error

@@ -12,36 +12,18 @@ import (
 	"github.com/pgbackfill/backfill/internal/pgstore"
 )
 
-// Short transactions (see doc.go, "Many workers and hosts").
-//
-// With a manifest that leases chunks across transactions ([PGManifest],
-// manifest_lease.go) and a registered worker, no transaction of the
-// library is open while the extractor runs:
-//
-//  1. lease: a short transaction of its own leases the next claimable
-//     chunk (leaseChunk) and commits;
-//  2. extract: the extractor runs outside any transaction; the row writer
-//     converts and checks its rows as always, queues its rejects, and
-//     keeps the converted rows in a spool (backfill_spool.go: memory up
-//     to a bound, then a temporary file);
-//  3. the chunk's transaction: the lease's session settings and the fence
-//     (fenceLease: the lease still the worker's at its epoch, under the
-//     row lock), then, as before, the
-//     publish mode's target, staging (the spool replayed into COPY, with
-//     the isolation of refused values, which replays it again), merge,
-//     validation, checkpoint, commit.
-//
-// A chunk whose fence finds no row was taken over by another worker (this
-// one stopped heartbeating for longer than its stale bound): its
-// transaction rolls back and nothing of it is recorded; the worker claims
-// again. Any other end without a commit releases the lease (if it is
-// still the worker's) before the failure is recorded, as the rollback of
-// the claim's transaction released the row lock before.
-//
-// A retried try (a wait, [Config.LockRetries]) leases and extracts the
-// chunk again. With [Config.JobConcurrency] a lease is taken only while
-// fewer than that many chunks of the batch hold a live lease: the cap
-// counts the chunks from their lease to their commit, across processes.
+// Short transactions (see the package documentation, "Many workers and
+// hosts"). With a manifest that leases chunks across transactions (the
+// PostgreSQL manifest, [PGManifest]) and a registered worker, no
+// transaction of the library is open while the extractor runs: a short
+// transaction leases the chunk and commits; the extractor fills a [spool]
+// outside any transaction; then the chunk's transaction sets the lease's
+// settings, fences the lease (still the worker's at its epoch, under the
+// row lock), stages from the spool, merges, validates and checkpoints. A
+// chunk whose fence finds no row was taken over: it rolls back and records
+// nothing. Any other end without a commit releases the lease before the
+// failure is recorded. The design note docs/design/short-transactions.md
+// explains the alternatives.
 
 // spooled is a chunk extracted into a spool, with the row writer that
 // counted its rows and queued its rejects.
@@ -54,7 +36,7 @@ type spooled struct {
 }
 
 // close closes the spool, if the chunk was extracted (a chunk not
-// extracted on its version has none, replay_skip_version.go).
+// extracted on its version has none).
 func (s *spooled) close() {
 	if s != nil && s.sp != nil {
 		_ = s.sp.Close()
@@ -85,7 +67,7 @@ func (s *spooled) replay(ctx context.Context, w *rowWriter) error {
 // leasing reports whether this call's chunks run in short transactions:
 // with a manifest that leases and a registered worker. The job-wide
 // concurrency cap (Config.JobConcurrency) is then a cap on the batch's
-// live leases (leaseChunk).
+// live leases (pgstore.LeaseChunk).
 func (ex *execution) leasing() bool {
 	return ex.r.caps.workers != nil && ex.worker != nil
 }
@@ -95,7 +77,7 @@ func (ex *execution) leasing() bool {
 func (ex *execution) runChunkLeased(ctx context.Context, p *chunkPipe) (cr chunkRun, err error) {
 	r, wm := ex.r, ex.r.caps.workers
 	// The slot's extract stage, then its write stage before the chunk's
-	// transaction (backfill_pipeline.go); the stage held is left on return.
+	// transaction ([chunkPipe]); the stage held is left on return.
 	turn, ok := p.enterExtract(ctx)
 	defer func() {
 		// A chunk claimed hands its stage to next, which leaves it once
@@ -130,7 +112,7 @@ func (ex *execution) runChunkLeased(ctx context.Context, p *chunkPipe) (cr chunk
 	// one goroutine leases at a time, avoiding the chunks the others
 	// hold (a lease of the key that none holds is taken again: a release
 	// that failed).
-	leaseStart := time.Now() // the claim phase's (trace.go)
+	leaseStart := time.Now() // the claim phase's
 	ex.leaseMu.Lock()
 	ex.mu.Lock()
 	for seq := range ex.leased {
@@ -143,7 +125,7 @@ func (ex *execution) runChunkLeased(ctx context.Context, p *chunkPipe) (cr chunk
 		cr.noSlot = full
 		if err == nil {
 			// No lease: the run may have been paused or cancelled, which
-			// the lease's statement did not report (backfill_control.go).
+			// the lease's statement did not report.
 			ex.pollControl(ctx)
 		}
 		return cr, err
@@ -194,7 +176,7 @@ func (ex *execution) runChunkLeased(ctx context.Context, p *chunkPipe) (cr chunk
 
 	// A job with SkipUnchanged and a ChunkVersioner: the chunk's version,
 	// before its extraction, and whether its base lets it skip the
-	// extraction (replay_skip_version.go): then it is not extracted, and
+	// extraction ([execution.versionCandidate]): then it is not extracted, and
 	// its transaction decides.
 	var x *spooled
 	version, err := ex.chunkVersion(xctx, c, cr.reread, started)
@@ -209,7 +191,7 @@ func (ex *execution) runChunkLeased(ctx context.Context, p *chunkPipe) (cr chunk
 
 	// Extract, outside any transaction, into a spool.
 	if x == nil {
-		if x, err = ex.extractSpooled(xctx, c, started, version); err != nil { // replay_skip_run.go
+		if x, err = ex.extractSpooled(xctx, c, started, version); err != nil {
 			return cr, chunkErr(err)
 		}
 		defer x.close()
@@ -217,7 +199,7 @@ func (ex *execution) runChunkLeased(ctx context.Context, p *chunkPipe) (cr chunk
 	}
 
 	// The slot's write stage: the previous chunk leased by the slot is
-	// written first (backfill_pipeline.go). A chunk that waited for it
+	// written first ([chunkPipe]). A chunk that waited for it
 	// checks again what the lease checked.
 	ok, waited := turn.enterWrite(ctx, func() { cr.span.next(ctx, backfilltrace.PhaseQueued) })
 	if !ok {
@@ -237,7 +219,7 @@ func (ex *execution) runChunkLeased(ctx context.Context, p *chunkPipe) (cr chunk
 		// inside its transaction.
 		return cr, chunkErr(fmt.Errorf("begin chunk transaction: %w", err))
 	}
-	tx = batched(tx) // backfill_batch.go
+	tx = batched(tx)
 	committed := false
 	defer func() {
 		if !committed {
@@ -267,7 +249,7 @@ func (ex *execution) runChunkLeased(ctx context.Context, p *chunkPipe) (cr chunk
 	if errors.Is(err, errVersionMissed) {
 		// Not extracted on its version, but it must be: its transaction
 		// rolls back, its lease is released (deferred) and this call's
-		// next lease of it extracts it (replay_skip_version.go).
+		// next lease of it extracts it.
 		ex.versionMissed(seq, true)
 		cr.requeued, cr.claimed = true, false
 		cr.span.release()

@@ -105,5 +105,6 @@ func NewPGManifest(schema string) *PGManifest {
 	return pgstore.NewManifest(schema)
 }
 
-// Init, Migrate, Version and the privilege checks are in
-// manifest_privileges.go.
+// [PGManifest.Init], [PGManifest.Migrate] and [PGManifest.Version] create,
+// migrate and read the manifest's schema; [PrivilegeError] lists what the
+// runtime role needs.

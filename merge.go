@@ -15,7 +15,8 @@ type Column = backfilltype.Column
 type TableInfo = backfilltype.TableInfo
 
 // Merger loads a chunk's rows into staging and merges them into the target
-// by business key. [PGMerger] is the PostgreSQL implementation;
+// by business key. The PostgreSQL implementation, the default, is
+// internal;
 // backfilltest.Merger the in-memory fake; backfilltest.TestMerger the
 // conformance suite.
 //

@@ -6,48 +6,19 @@ import (
 	"github.com/pgbackfill/backfill/internal/pgstore"
 )
 
-// Extract ahead (Config.ExtractAhead).
-//
-// In short transactions (backfill_shorttx.go) a chunk's extraction runs
-// outside any transaction, before the chunk's transaction. Run one after
-// the other, the client converts rows while the server waits, and the
-// server merges and commits while the client waits. So each worker slot
-// of Config.Concurrency runs two goroutines sharing one chunkPipe, a
-// two-stage pipeline:
-//
-//	goroutine A: [lease+extract N]            [write N: fence ... commit]
-//	goroutine B:                   [lease+extract N+1]      [write N+1 ...]
-//
-// The extract stage (the lease and the extraction into the spool) and the
-// write stage (the chunk's transaction, from BEGIN to COMMIT or rollback)
-// are each held by one goroutine of the slot at a time. A goroutine takes
-// the write stage before it leaves the extract stage, so the chunks of a
-// slot are written in the order they were leased, and the slot never has
-// more than one chunk transaction open: Concurrency still counts chunk
-// transactions. What the pipeline adds is one chunk per slot leased and
-// extracted (held in its spool) while the slot's previous chunk is
-// written; a worker's Extract calls never overlap either.
-//
-// The chunk waiting for the write stage holds a live lease, heartbeated as
-// any other; its trace span is in PhaseQueued meanwhile. Once it has the
-// stage, it checks again that the call has not stopped and that no
-// throttle holds (both may have changed while it waited); if either did,
-// its lease is released and the chunk stays claimable (a chunk that did
-// not wait goes on, as without the pipeline). A cancel committed meanwhile is caught by the fence
-// (fenceLease), as for any lease; a pause lets it finish, like any chunk
-// in flight.
-//
-// A claimed chunk keeps its stage until next has recorded its outcome
-// (chunkDone: after the hooks and the run's reject-rate check;
-// chunkFailed: before the hooks and a retry's backoff, during which no
-// goroutine of the call claims the chunk), so a failure that stops the
-// call (a final failure, a quality gate) is known before the slot's other
-// goroutine leases or writes another chunk.
-//
-// The pipeline is on with Config.ExtractAhead, except with a job-wide cap
-// (Config.JobConcurrency counts live leases, and the chunk leased ahead
-// would take a place of it), and when the connection pool is too small
-// for a transaction and a lease per slot plus the heartbeat.
+// Extract ahead ([Config.ExtractAhead]). In short transactions each
+// worker slot runs two goroutines sharing a [chunkPipe]: one leases and
+// extracts the next chunk while the other runs the previous chunk's
+// transaction. Invariants: a goroutine takes the write stage before it
+// leaves the extract stage, so a slot writes its chunks in lease order,
+// has at most one chunk transaction open and never overlaps two Extract
+// calls; a chunk that waited for the write stage checks again that the
+// call has not stopped and no throttle holds, else releases its lease; a
+// claimed chunk keeps its stage until its outcome is recorded, so a
+// failure that stops the call is known before the slot writes another
+// chunk. The pipeline is off with [Config.JobConcurrency] and with a pool
+// too small for a transaction and a lease per slot. The design note
+// docs/design/short-transactions.md explains the alternatives.
 
 // chunkPipe is a worker slot's pair of stages; a nil *chunkPipe is a slot
 // without a pipeline (every method is a no-op).

@@ -14,42 +14,18 @@ import (
 	"github.com/pgbackfill/backfill/internal/sqlgen"
 )
 
-// The target's privileges. With a [PGManifest] and a [PGMerger] on
-// PostgreSQL, [Runner.Run] checks, before it creates or resumes a batch,
-// every privilege the job needs (the manifest's are in
-// manifest_privileges.go), and reports all the missing ones at once in a
-// [*PrivilegeError] with the GRANT statements to run:
-//
-//   - USAGE on the target's schema; SELECT on the target (every column:
-//     the merge reads whole rows for exceptions and the undo log); INSERT
-//     on the columns it writes; USAGE on the sequences of serial columns
-//     it does not write;
-//   - UPDATE on the columns an update writes, in History mode (closing an
-//     interval updates the old version). An Upsert that may update rows
-//     (SourceWins, NewerVersionWins) runs without UPDATE as an
-//     insert-only load: it neither locks nor updates target rows, Run
-//     warns, and a chunk that meets a row it would update fails with
-//     [ErrPrivilege] (rolled back, nothing of it written). AppendOnly,
-//     Keyless, Upsert with TargetWins or without content columns never
-//     update: they need no UPDATE;
-//   - CREATE on the manifest's schema for [PublishAtEnd] (the run's
-//     persistent staging table); CREATE on the target's schema and
-//     ownership of the target for [PublishPartitionSwap] (DETACH and
-//     ATTACH PARTITION); CREATE on the target's and the view's schemas,
-//     and ownership of the view once it exists, for
-//     [PublishVersionedView]. A missing ownership is reported with
-//     "ALTER TABLE|VIEW ... OWNER TO role", or with membership in the
-//     owner's role only when that role is a plain owner role (NOLOGIN,
-//     no SUPERUSER, CREATEROLE, CREATEDB, REPLICATION or BYPASSRLS, no
-//     pg_* role, none of these through its own memberships): membership
-//     in any other role, such as "postgres", would give the runtime
-//     role far more than one relation's ownership.
-//
-// [Runner.Rollback] by the undo log checks, before it changes anything,
-// DELETE on the target when the batch inserted rows (its undo log has
-// inserted keys, its chunks counted inserted rows, or the target has rows
-// whose lineage InsertedBy names the batch) and UPDATE when the batch's undo log holds prior images to
-// restore. When the role cannot read the manifest, both are required.
+// The target's privileges. With a [PGManifest] and the PostgreSQL merger,
+// [Runner.Run] checks, before it creates or resumes a batch, every
+// privilege the job needs (the manifest's too: [Runner.runPrivileges]),
+// and reports all the missing ones at once in a [*PrivilegeError] with
+// the GRANT statements to run: USAGE on the target's schema, SELECT on
+// every column, INSERT on the written columns, USAGE on the sequences of
+// unwritten serial columns, UPDATE where the mode updates (an Upsert
+// without it runs insert-only), and CREATE or ownership for the publish
+// modes that create or swap tables. [Runner.Rollback] by the undo log
+// checks DELETE and UPDATE as the batch needs them. The README
+// ("Privileges") lists them; the design note docs/design/privileges.md
+// says why each is needed.
 
 // privilegeChecker gathers the missing privileges of one check.
 type privilegeChecker struct {
@@ -217,7 +193,7 @@ func relationOID(ctx context.Context, db sqlx.ExtContext, table string) (int64, 
 }
 
 // pgPrivileges reports whether the Runner checks privileges: on
-// PostgreSQL, with a PGManifest (nil otherwise) and whether a PGMerger
+// PostgreSQL, with a PGManifest (nil otherwise) and whether a [pgstore.Merger]
 // writes the target.
 func (r *Runner) pgPrivileges() (pm *PGManifest, target bool) {
 	if _, ok := r.db.(pgstore.PGDB); !ok {

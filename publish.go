@@ -143,7 +143,7 @@ type chunkTarget struct {
 	info TableInfo
 	// newStager makes the chunk's stager in its transaction; isolate
 	// says whether it stages with COPY in that transaction, so that
-	// refused values can be isolated by savepoint (backfill_isolate.go).
+	// refused values can be isolated by savepoint ([chunkStaging]).
 	newStager func() (backfilldriver.Stager, error)
 	isolate   bool
 	// deferred: the chunk's rows are only staged; the run's publish

@@ -21,8 +21,9 @@ import (
 // manifest, merges the chunks in order, runs [Job.Validators] on each and
 // checkpoints them done. Readers see nothing of the run before that
 // transaction commits, and all of it after. Needs a manifest with
-// [ManifestStaging] and a merger with [MergerStaging] ([PGManifest] and
-// [PGMerger], or backfilltest's fakes).
+// [backfilldriver.ManifestStaging] and a merger with
+// [backfilldriver.MergerStaging] ([PGManifest] and the PostgreSQL merger,
+// or backfilltest's fakes).
 const PublishAtEnd PublishMode = "at_end"
 
 // publishEnd is the publisher of [PublishAtEnd]: chunks are staged into
@@ -90,7 +91,7 @@ func (ex *execution) publishAtEnd(ctx context.Context) ([]ChunkResult, error) {
 	stage := r.caps.staging.StagingTable(ex.batchID)
 	var done []ChunkResult
 	err := pgstore.InBoundedTx(ctx, r.db, func(tx sqlx.ExtContext) error {
-		done = done[:0] // inTx may run this again after a conflict
+		done = done[:0] // pgstore.InBoundedTx may run this again after a conflict
 		staged, err := r.caps.staging.StagedChunks(ctx, tx, ex.batchID)
 		if err != nil || len(staged) == 0 {
 			return err
@@ -127,7 +128,7 @@ func (ex *execution) publishAtEnd(ctx context.Context) ([]ChunkResult, error) {
 }
 
 // chunkStaged is the status of a chunk staged for the publish at the end
-// ([ManifestStaging.StageChunk]).
+// ([backfilldriver.ManifestStaging.StageChunk]).
 const chunkStaged ChunkStatus = "staged"
 
 // publishStaged merges, validates and completes staged chunk sc (the

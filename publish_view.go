@@ -268,18 +268,18 @@ func (r *Runner) lockRunRow(ctx context.Context, tx sqlx.ExtContext, batchID int
 
 // publishVersion switches the view to the batch's version (see
 // [viewSwitch]: bounded lock_timeout, retries, blockers named) and records
-// it, in the switch's transaction, as an [EventPublished] with the previous
-// version, clearing the run's last_error. It reports false, doing nothing,
-// when the view already reads the version.
+// it, in the switch's transaction, as an [backfilltype.EventPublished] with
+// the previous version, clearing the run's last_error. It reports false,
+// doing nothing, when the view already reads the version.
 //
 // Under the view's and the run row's locks it checks that the run is
 // still completed: a batch rolled back while its publish was pending (a
 // blocked publish, or one retrying) is never published, now or by any
 // later call; it returns an error wrapping [ErrAlreadyCompleted] then.
 //
-// When every try timed out it records an [EventPublishBlocked] naming the
-// blockers and sets the run's last_error, so that the manifest says the
-// run is completed but unpublished, and returns the error wrapping
+// When every try timed out it records an [backfilltype.EventPublishBlocked]
+// naming the blockers and sets the run's last_error, so that the manifest
+// says the run is completed but unpublished, and returns the error wrapping
 // [ErrPublishBlocked]; running the job again publishes it.
 func (r *Runner) publishVersion(ctx context.Context, job Job, run Run, table string) (bool, error) {
 	audit := r.caps.audit // Run refused the job without it
@@ -336,7 +336,7 @@ func (r *Runner) publishVersion(ctx context.Context, job Job, run Run, table str
 }
 
 // setRunError sets the run's last_error in tx ([PGManifest] only), as
-// free text is stored ([ManifestText]).
+// free text is stored ([pgstore.ManifestText]).
 func (r *Runner) setRunError(ctx context.Context, tx sqlx.ExtContext, batchID int64, msg string) error {
 	pm := r.caps.sql
 	if pm == nil {
@@ -352,9 +352,9 @@ func (r *Runner) setRunError(ctx context.Context, tx sqlx.ExtContext, batchID in
 // names the blocking readers; nothing changes then). Under the view's and
 // the run row's locks, so that a pending publish of the batch cannot slip
 // in between, it either points the view back to the version the batch's
-// [EventPublished] replaced (the base table for the first publish;
-// refused with [ErrRollbackConflict] when a later batch published, unless
-// force), or, when the batch was never published, only marks it
+// [backfilltype.EventPublished] replaced (the base table for the first
+// publish; refused with [ErrRollbackConflict] when a later batch published,
+// unless force), or, when the batch was never published, only marks it
 // rolled_back: its pending publish then never happens. Either way the run
 // becomes rolled_back in the same transaction. It reports what it did:
 // "switched_back", "unpublished", or "" when the batch was rolled back

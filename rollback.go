@@ -77,42 +77,25 @@ type RollbackReport struct {
 // log written during the batch ([RollbackUndoLog]): rows the batch
 // inserted are deleted, rows it updated get their prior image back, SCD2
 // intervals it closed or split are restored. It works in reverse chunk
-// order, one transaction per chunk that also marks the chunk rolled_back
-// in the manifest, so a crash mid-rollback leaves whole chunks and running
-// Rollback again completes it; a rollback of an already rolled back batch
-// changes nothing.
+// order, one transaction per chunk that also marks the chunk rolled_back,
+// so a crash mid-rollback leaves whole chunks and running Rollback again
+// completes it; rolling back a rolled back batch changes nothing.
 //
-// Before writing anything it looks for rows that a later batch still
-// applied changed (their lineage UpdatedBy names another batch) or
-// delivered unchanged, and refuses with [ErrRollbackConflict], listing
-// the keys and those batches, unless opts.Force. A row a later batch
-// delivered unchanged still names this batch in its lineage; the merge of
-// each chunk with unchanged rows summarises, per batch that last wrote
-// them, how many it delivered and their least and greatest identity (one
-// manifest row per chunk and batch, never one per row). A row of this
-// batch within those bounds of a done chunk of another batch counts as
-// delivered by it: exact about which batches delivered rows, conservative
-// between the bounds (see rollback_delivered.go). Rolling back the later
-// batch first, then this one, meets no conflict. A preview reports the
-// same conflicts, and its Deleted and Restored leave out the rows a
-// refused rollback would not touch (unless Force). A rollback
-// is recorded in the audit log with who, why, when and the counts; a
-// whole-batch rollback sets the run's status to rolled_back.
+// Before writing anything it refuses with [ErrRollbackConflict], unless
+// opts.Force, when a later batch that is still applied changed rows of
+// this batch or delivered them unchanged (exact about which batches,
+// conservative between the identity bounds each chunk recorded). A preview
+// reports the same conflicts. A whole-batch rollback is audited and sets
+// the run's status to rolled_back. A running run whose only unfinished
+// chunks are [ChunkOpen] is paused first (and stays paused if refused);
+// one with pending or failed chunks is refused with [ErrInvalidConfig].
 //
-// A run that is still running can be rolled back whole when its only
-// unfinished chunks are open ([ChunkOpen]: loaded, but ending after the
-// horizon): Rollback first pauses it (an audit event with Actor and Why),
-// so no call reads them again, then withdraws it; if the rollback is then
-// refused (conflicts) the run stays paused, and [Runner.Resume] continues
-// it. A running run with
-// pending or failed chunks is refused with [ErrInvalidConfig] saying what
-// to do: finish it (run the job again) or abandon it with [Job.NewRun].
-//
-// It needs a manifest that keeps the rollback's bookkeeping
-// ([ManifestRollback]) and, for the undo log, a merger that writes it
-// ([UndoLogWriter]) and rolls back from it ([MergerRollback]); a publish
-// mode that switches back, or a running run, needs a [PGManifest];
-// [ErrUnsupported] otherwise, naming what is missing.
+// It needs a manifest with [backfilldriver.ManifestRollback] and, for the
+// undo log, a merger with [backfilldriver.UndoLogWriter] and
+// [backfilldriver.MergerRollback]; a publish mode that switches back, or a
+// running run, needs a [PGManifest]; [ErrUnsupported] otherwise, naming
+// what is missing. The design note docs/design/rollback.md explains the
+// conflict check and its locks.
 func (r *Runner) Rollback(ctx context.Context, job Job, opts RollbackOptions) (RollbackReport, error) {
 	begin := time.Now()
 	run, plan, err := r.rollbackBatch(ctx, job, opts)
@@ -135,7 +118,7 @@ func (r *Runner) Rollback(ctx context.Context, job Job, opts RollbackOptions) (R
 	}
 	if !opts.Preview {
 		// Before anything changes: every missing privilege at once.
-		if err := r.checkRollbackPrivileges(ctx, u.info, run.BatchID); err != nil { // backfill_privileges.go
+		if err := r.checkRollbackPrivileges(ctx, u.info, run.BatchID); err != nil {
 			return RollbackReport{}, err
 		}
 	}
@@ -285,7 +268,7 @@ func (r *Runner) undoRollback(ctx context.Context, job Job, run Run, plan Plan, 
 
 // conflicts returns the report with the rows later batches still applied
 // changed or delivered unchanged. Unless it is a preview, it checks
-// holding the target's merge lock (rollback_lock.go).
+// holding the target's merge lock ([undoRollback.lockedTx]).
 func (u *undoRollback) conflicts(ctx context.Context) (RollbackReport, error) {
 	rep := RollbackReport{BatchID: u.run.BatchID, Preview: u.opts.Preview, Status: u.run.Status}
 	var c RollbackConflicts
@@ -345,8 +328,7 @@ func (u *undoRollback) apply(ctx context.Context, rep RollbackReport) (RollbackR
 	for _, seq := range u.seqs {
 		var deleted, restored int64
 		var done bool
-		// Holding the target's merge lock, after a new conflict check
-		// (rollback_lock.go).
+		// Holding the target's merge lock, after a new conflict check.
 		err := u.lockedTx(ctx, []int{seq}, u.one != nil, func(tx sqlx.ExtContext) (err error) {
 			deleted, restored, done, err = u.rb.RollBackChunk(ctx, tx, seq, opts.Force)
 			return err
@@ -395,7 +377,7 @@ func (u *undoRollback) apply(ctx context.Context, rep RollbackReport) (RollbackR
 // (and, interrupted, resumes on the paused run). A preview changes
 // nothing. Any other running run is refused with what to do. The chunks
 // in flight (open chunks read again) are waited for after the pause
-// commits (rollbackBatch, waitInFlight).
+// commits (rollbackBatch, pgstore.WaitInFlight).
 func (r *Runner) stopOpenRun(ctx context.Context, pm backfilldriver.SQLManifest, run Run, opts RollbackOptions) (Run, error) {
 	refuse := func(unfinished int) error {
 		return fmt.Errorf("backfill: rollback of batch %d: %w: the run is still running with %d chunks pending or failed; finish it first "+
@@ -540,48 +522,16 @@ func (r *Runner) RollbackModule(ctx context.Context, module string, jobs []Job, 
 	return reports, nil
 }
 
-// Unchanged deliveries and rollback.
-//
-// Lineage records only the batches that changed a row: a row that a later
-// batch delivered unchanged still names the batch that wrote it. Batch 1
-// writes {1: 'same', 2: 'old'}, batch 2 (a restatement, or another job on
-// the same target) writes {1: 'same', 3: 'new'}: key 1 says batch 1, and a
-// rollback of batch 1 that trusted lineage alone would delete it (or, had
-// batch 1 updated it, restore an image older than what batch 2 delivered)
-// although batch 2, still applied, says it exists as it is.
-//
-// Three ways to know better were weighed:
-//
-//   - A per-row entry for each unchanged row whose last writer is another
-//     batch (the undo log's way). Exact, but a restatement of an unchanged
-//     range by a new batch, the common case, would write one entry per row:
-//     WAL in proportion to the data, where a replay must write almost none.
-//   - At rollback time only: treat every row inside the bounds of a later
-//     batch's done chunk as delivered by it. No write at all, but it cannot
-//     tell a row the later batch delivered from one it no longer had (key 2
-//     above, which a restatement dropped), and a job without ChunkColumn has
-//     no bounds: every row of the target would be "delivered".
-//   - A summary per chunk (chosen): after the merge, in the chunk's
-//     transaction, one read of the chunk's staged identities against the
-//     target finds the rows the chunk delivered that another batch last
-//     wrote (lineage UpdatedBy not this batch), and records for each such
-//     owner batch one row in the manifest's delivered table: the owner,
-//     how many rows, and the least and greatest identity among them. Only
-//     chunks with unchanged rows run the read; a first load writes nothing
-//     more, and a replay writes one small row per chunk and owner, not per
-//     row.
-//
-// A rollback of batch B then treats a row it would delete or restore as
-// delivered by batch D when a done chunk of D recorded owner B and the
-// row's identity lies within that chunk's least and greatest identity.
-// This is exact about which batches delivered rows of B (and when: the
-// summary was taken after B wrote them), and conservative inside the
-// identity bounds: a row of B between two rows D delivered, which D did not
-// deliver itself, is reported too. Such a row is listed, never silently
-// removed; Force removes it. Chunks whose batch or chunk was rolled back
-// no longer count, so rolling back D first and then B works as before.
-// Rows that the same batch's own chunks delivered again (overlapping chunk
-// bounds) are not summarised.
+// Unchanged deliveries and rollback. Lineage names only the batch that
+// last changed a row, so a row a later batch delivered unchanged still
+// names the earlier one. After its merge, each chunk with unchanged rows
+// records, per batch that last wrote them, how many it delivered and
+// their least and greatest identity (one manifest row per chunk and owner,
+// never one per row). A rollback of batch B treats a row of B within the
+// bounds a done chunk of a later batch D recorded for owner B as
+// delivered by D: exact about which batches, conservative between the
+// bounds, never silent. The design note docs/design/rollback.md weighs
+// the alternatives.
 
 // RollbackConflict is one row a rollback would delete or restore although
 // a later batch that is still applied changed or delivered it.

@@ -10,39 +10,16 @@ import (
 )
 
 // A rollback by the undo log takes the target's merge lock in each of its
-// transactions.
-//
-// Rollback decides what to delete and restore from what it sees of the
-// target, its lineage and the deliveries of later batches (the conflict
-// check). A merge of the same rows in flight, not yet committed, is
-// invisible to it: without a lock, a rollback of batch 1 deletes the rows
-// that batch 2, still merging, delivers unchanged, and batch 2 then
-// commits "unchanged" rows that are gone. So every transaction of the
-// rollback that checks or writes (lockedTx) first takes the target's
-// whole-target merge lock (merge_lock.go, lock -1 of the target's
-// namespace) exclusively, as a transaction lock (pg_advisory_xact_lock,
-// released at its commit or rollback), then runs the conflict check, and
-// only then writes: it waits for the merges into the target in flight
-// (they hold lock -1 shared or exclusive until their chunk's transaction
-// ends), and a merge that starts later waits for it; the check then sees
-// the deliveries those merges committed and refuses. Between two
-// transactions of the rollback a merge may commit: the next one's check
-// sees it, and the rollback stops with [ErrRollbackConflict] before
-// writing, the chunks rolled back so far staying rolled back (as after a
-// crash; run it again, with Force or after rolling the later batch back).
-//
-// The lock is never held across transactions (no session lock): behind a
-// transaction pooler (PgBouncer, pool_mode = transaction), a session lock
-// would stay on a server connection that other clients then use, and its
-// unlock could run on another one. Neither does the rollback hold a
-// connection of its own while it works in others, which a pool of few
-// server connections, taken by merges waiting for the lock, could leave
-// waiting for ever.
-//
-// Lock order cannot form a cycle: each transaction takes lock -1 before
-// any other lock of its own, and holds no row, advisory or manifest lock a
-// merge waits for while it waits (the batch it rolls back is not running:
-// rollbackBatch). Merges take lock -1 first, then key locks, then rows.
+// transactions: every transaction that checks or writes
+// ([undoRollback.lockedTx]) first takes the target's whole-target merge
+// lock ([pgstore.WholeTarget] in [pgstore.LockNamespace]) exclusively, as a
+// transaction lock, then checks for conflicts, then writes. So it waits for
+// the merges into the target in flight, and sees the deliveries they
+// committed; a merge that commits between two of its transactions stops it
+// with [ErrRollbackConflict] before the next one writes. The lock is never
+// held across transactions (poolers), and lock -1 comes before any other
+// lock, as in a merge, so no cycle forms. The design note
+// docs/design/rollback.md explains the alternatives.
 
 // lockTarget takes the target's merge lock for tx (see above). A runner
 // whose DB is not one of Postgres (a DB of the caller's, such as
@@ -58,15 +35,15 @@ func (u *undoRollback) lockTarget(ctx context.Context, tx sqlx.ExtContext) error
 	return nil
 }
 
-// lockedTx runs f in a transaction of the rollback (inTx: READ COMMITTED,
-// retried on 40001 and 40P01) that holds the target's merge lock. Unless
-// the rollback is forced, it first checks again for the conflicts that a
-// merge committed since the last check may have made with what f writes:
-// those of the undo log of chunks seqs, the deliveries, and with lineage
-// set the rows the batch inserted (a scan of the target: Finish). It
-// returns [ErrRollbackConflict] without running f when there are any. (A
-// rollback of the caller's, not [PGMerger]'s, takes no lock and checks
-// once.)
+// lockedTx runs f in a transaction of the rollback (pgstore.InTx: READ
+// COMMITTED, retried on 40001 and 40P01) that holds the target's merge
+// lock. Unless the rollback is forced, it first checks again for the
+// conflicts that a merge committed since the last check may have made with
+// what f writes: those of the undo log of chunks seqs, the deliveries, and
+// with lineage set the rows the batch inserted (a scan of the target:
+// Finish). It returns [ErrRollbackConflict] without running f when there
+// are any. (A rollback of the caller's, not the PostgreSQL merger's, takes
+// no lock and checks once.)
 func (u *undoRollback) lockedTx(ctx context.Context, seqs []int, lineage bool, f func(tx sqlx.ExtContext) error) error {
 	return pgstore.InBoundedTx(ctx, u.r.db, func(tx sqlx.ExtContext) error {
 		if err := u.lockTarget(ctx, tx); err != nil {

@@ -45,7 +45,7 @@ type Runner struct {
 	// caps are the optional interfaces of cfg.Manifest and cfg.Merger,
 	// resolved once by NewWithDB.
 	caps capabilities
-	// tracers are cfg.Tracer and its optional interfaces (trace.go).
+	// tracers are cfg.Tracer and its optional interfaces.
 	tracers tracers
 }
 
@@ -138,7 +138,7 @@ func (c *Config) validate() error {
 	if err := c.validateTimeouts(); err != nil {
 		return err
 	}
-	return c.validateThrottles() // throttle.go
+	return c.validateThrottles()
 }
 
 func (j Job) validate() error {
@@ -165,7 +165,9 @@ func (j Job) validate() error {
 // rolled back) plan is not run again unless [Job.NewRun]: Run then does
 // nothing, logs it and returns the run's Report with an error wrapping
 // [ErrAlreadyCompleted] (Report.Resumed is false). A changed plan returns
-// [ErrPlanChanged] unless [Job.NewRun].
+// [ErrPlanChanged] unless [Job.NewRun]. A target with a child by
+// inheritance (INHERITS, not partitioning), whose unique index does not
+// cover the child's rows, is refused with [ErrInvalidConfig].
 //
 // Each chunk runs in one transaction: claim, extract, COPY into staging,
 // merge, exception queue, checkpoint, commit. Retryable errors
@@ -183,7 +185,7 @@ func (j Job) validate() error {
 // again. Report.Warnings (also logged) flags a scope that reaches into the
 // future and a date ChunkColumn under a watermark.
 func (r *Runner) Run(ctx context.Context, job Job) (Report, error) {
-	return r.traceRun(ctx, job, func(ctx context.Context) (Report, error) { return r.run(ctx, job) }) // trace.go
+	return r.traceRun(ctx, job, func(ctx context.Context) (Report, error) { return r.run(ctx, job) })
 }
 
 // run is Run inside its span.
@@ -229,8 +231,8 @@ func (r *Runner) run(ctx context.Context, job Job) (Report, error) {
 		// end is recorded.
 		ex.startWorker(ctx)
 		defer ex.stopWorker()
-		stopListen := ex.listenControl(ctx) // backfill_control.go
-		ex.startThrottle(ctx)               // throttle_run.go
+		stopListen := ex.listenControl(ctx)
+		ex.startThrottle(ctx)
 		ex.notifyProgress(ctx, true)
 		ex.run(ctx)
 		ex.stopThrottle()
@@ -285,13 +287,13 @@ func (r *Runner) planRun(ctx context.Context, job Job) (runSetup, error) {
 	if err != nil {
 		return runSetup{}, err
 	}
-	if err := r.checkTargetSchema(ctx, job); err != nil { // backfill_privileges.go
+	if err := r.checkTargetSchema(ctx, job); err != nil {
 		return runSetup{}, err
 	}
 	if rs.info, err = r.cfg.Merger.Prepare(ctx, r.db, job.Target); err != nil {
 		return runSetup{}, err
 	}
-	if err := pgstore.RefuseInheritanceParent(rs.info); err != nil { // merge_pg.go
+	if err := pgstore.RefuseInheritanceParent(rs.info); err != nil {
 		return runSetup{}, err
 	}
 	if err := checkChunkColumn(job, rs.info); err != nil {
@@ -303,7 +305,7 @@ func (r *Runner) planRun(ctx context.Context, job Job) (runSetup, error) {
 	if err := r.requires(job, rs.pub); err != nil {
 		return runSetup{}, err
 	}
-	if err := r.skipEligible(job, rs.info); err != nil { // replay_skip_run.go
+	if err := r.skipEligible(job, rs.info); err != nil {
 		return runSetup{}, err
 	}
 	if job.SkipUnchanged && rs.info.TupleIdentity {
@@ -315,7 +317,7 @@ func (r *Runner) planRun(ctx context.Context, job Job) (runSetup, error) {
 			return runSetup{}, err
 		}
 	}
-	r.warnVersioner(job) // replay_skip_version.go
+	r.warnVersioner(job)
 	// Before the run exists: every missing privilege at once.
 	privWarnings, err := r.checkRunPrivileges(ctx, job, rs.info)
 	if err != nil {
@@ -617,7 +619,7 @@ type execution struct {
 	log      *slog.Logger
 	warnings []string // the report's
 
-	// progress delivers ProgressHooks (backfill_status.go), resolved
+	// progress delivers [ProgressHooks], resolved
 	// once by progressOnce.
 	progress     *progressNotifier
 	progressOnce sync.Once
@@ -634,10 +636,10 @@ type execution struct {
 	failed *ChunkError
 	stop   bool
 	// halted is the status (paused, cancelled) the run's control state
-	// stopped this call with ("" for none; backfill_control.go).
+	// stopped this call with ("" for none; see [runControl]).
 	halted RunStatus
 	tries  map[int]int // failed attempts per chunk Seq in this call
-	// waits are the waits of this call's chunks (backfill_timeouts.go).
+	// waits are the waits of this call's chunks.
 	waits chunkWaits
 	// undoTable is where the merger logs undo images ("" for none).
 	undoTable string
@@ -660,15 +662,15 @@ type execution struct {
 	// throttle holds the claims of this call (nil without throttles).
 	throttle *throttler
 	// ctl is the run's control state as this call applies it (nil
-	// without the control plane; backfill_control.go).
+	// without the control plane).
 	ctl *runControl
 	// leased are the chunks (Seq) this call's goroutines hold a lease on
-	// (backfill_shorttx.go).
+	// (short transactions: [execution.runChunkLeased]).
 	leased  map[int]bool
 	leaseMu sync.Mutex // one lease claim of this call at a time
 	// versionMisses are the chunks (Seq) a transaction of this call
 	// found must be extracted although their version was their base's:
-	// their next lease extracts them (replay_skip_version.go).
+	// their next lease extracts them ([execution.versionMissed]).
 	versionMisses map[int]bool
 	// runGate is the run reject gate's failure in this call (nil if
 	// none): the run is paused, or, with a manifest that cannot pause
@@ -767,7 +769,7 @@ func (ex *execution) publish(ctx context.Context) {
 
 // recordGate keeps, outside the rolled back attempt ce, the evidence of
 // the failed gate ge and pauses the run with reason, in one transaction
-// of its own when the manifest has [ManifestGates].
+// of its own when the manifest has [backfilldriver.ManifestGates].
 func (ex *execution) recordGate(ctx context.Context, ce *ChunkError, ge *gateError, reason string) error {
 	fctx := context.WithoutCancel(ctx)
 	if ex.r.caps.gates != nil || ex.r.caps.validations != nil {
@@ -795,7 +797,7 @@ func (ex *execution) stopped() bool {
 }
 
 func (ex *execution) work(ctx context.Context) {
-	// A cancel of the run (backfill_control.go) aborts the chunks in
+	// A cancel of the run (by the control plane) aborts the chunks in
 	// flight through this context; the caller's ctx is left alone.
 	wctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
@@ -809,8 +811,7 @@ func (ex *execution) work(ctx context.Context) {
 	}
 	g, gctx := errgroup.WithContext(wctx)
 	// Each worker slot: one goroutine, or two sharing a pipe that extract
-	// a chunk while the slot's previous chunk is written
-	// (backfill_pipeline.go).
+	// a chunk while the slot's previous chunk is written ([chunkPipe]).
 	ahead := ex.extractAhead()
 	for i := range ex.r.cfg.Concurrency {
 		var p *chunkPipe
@@ -874,11 +875,11 @@ func (ex *execution) fail(ce *ChunkError, err error) {
 func (ex *execution) next(ctx context.Context, ws *waitState, p *chunkPipe) bool {
 	cr, err := ex.runChunk(ctx, p)
 	// The slot's stage held by the chunk claimed is left once its outcome
-	// is recorded (chunkDone, chunkFailed; backfill_pipeline.go), at the
+	// is recorded (chunkDone, chunkFailed; [pipeTurn]), at the
 	// latest here.
 	defer cr.turn.leave()
 	// The rate cap: the rows of a chunk done or staged, nothing for a
-	// try that claimed nothing or failed (throttle_run.go, settle).
+	// try that claimed nothing or failed ([throttler.settle]).
 	if cr.admitted {
 		var read int64
 		if err == nil && cr.claimed {
@@ -904,7 +905,7 @@ func (ex *execution) next(ctx context.Context, ws *waitState, p *chunkPipe) bool
 	}
 	switch {
 	case cr.noSlot:
-		return ex.waitSlot(ctx, ws) // throttle_run.go
+		return ex.waitSlot(ctx, ws)
 	case cr.throttled, cr.fenced, cr.requeued, cr.parked:
 		return !ex.stopped()
 	case !cr.claimed && err == nil:
@@ -977,7 +978,7 @@ func (ex *execution) chunkDone(ctx context.Context, res ChunkResult, fresh bool,
 	ex.addDone(res.Chunk.ID)
 	ex.mu.Unlock()
 	// The slot's stage is left after the run's reject-rate check below:
-	// a run it pauses writes no chunk extracted ahead (backfill_pipeline.go).
+	// a run it pauses writes no chunk extracted ahead.
 	defer turn.leave()
 	if res.Open {
 		ex.log.Warn("chunk open: it ends after the horizon (watermark or now); loaded, not final, read again by the next run",
@@ -1011,7 +1012,7 @@ func (ex *execution) chunkDone(ctx context.Context, res ChunkResult, fresh bool,
 		return false
 	}
 	// Between chunks: the run's control state (paused or cancelled by an
-	// operator, knobs), read afresh (backfill_control.go); in short
+	// operator, knobs), read afresh (pollControl); in short
 	// transactions the next lease's statement reads it, and a try that
 	// leases nothing reads it itself (runChunkLeased).
 	if !ex.leasing() {
@@ -1058,8 +1059,7 @@ func (ex *execution) chunkFailed(ctx context.Context, ce *ChunkError, attempt in
 	if final {
 		ex.fail(ce, nil)
 	}
-	// Recorded: the slot's other chunk goes on, or sees the call stopped
-	// (backfill_pipeline.go).
+	// Recorded: the slot's other chunk goes on, or sees the call stopped.
 	turn.leave()
 	ex.notifyFailed(ctx, ce, attempt, final)
 	if final {
@@ -1082,7 +1082,7 @@ type chunkRun struct {
 	// (PublishAtEnd).
 	staged bool
 	// lockTimeout is the try's lock_timeout ("" for the session's); seen
-	// what the watcher last saw of its backend (backfill_timeouts.go).
+	// what the watcher ([execution.watchChunk]) last saw of its backend.
 	lockTimeout string
 	seen        *watchSeen
 	// noSlot: every job-wide concurrency slot is taken (JobConcurrency).
@@ -1090,11 +1090,11 @@ type chunkRun struct {
 	// throttled: a throttle began to hold during the claim.
 	throttled bool
 	// fenced: the chunk's lease was taken over while it was extracted;
-	// its transaction rolled back (backfill_shorttx.go).
+	// its transaction rolled back.
 	fenced bool
 	// requeued: the chunk was not extracted on its version, and its
 	// transaction found it must be: rolled back, its lease released, the
-	// next lease extracts it (replay_skip_version.go).
+	// next lease extracts it ([execution.versionMissed]).
 	requeued bool
 	// parked: the concurrency knob left this worker slot out while its
 	// goroutine waited for the slot's extract stage (ExtractAhead):
@@ -1105,13 +1105,13 @@ type chunkRun struct {
 	// admitted: the throttle let the try through (its rate cap reserved
 	// an estimate, settled when the try ends).
 	admitted bool
-	// span is the chunk's trace span (nil without Config.Tracer; trace.go).
+	// span is the chunk's trace span (nil without Config.Tracer).
 	span *chunkSpan
 	// reread: the chunk was claimed open, read again (never skipped,
 	// Job.SkipUnchanged).
 	reread bool
 	// turn is the slot's write stage when the chunk's transaction ran in
-	// a pipeline (nil otherwise; backfill_pipeline.go).
+	// a pipeline (nil otherwise; see [chunkPipe]).
 	turn *pipeTurn
 }
 
@@ -1122,7 +1122,7 @@ type chunkRun struct {
 func (ex *execution) runChunk(ctx context.Context, p *chunkPipe) (cr chunkRun, err error) {
 	r := ex.r
 	// Throttle: the throttles and the rate cap wait here, before the
-	// claim (and its transaction) begins (throttle_run.go).
+	// claim (and its transaction) begins ([throttler.wait]).
 	if t := ex.throttle; t != nil {
 		if err := t.wait(ctx); err != nil {
 			return cr, err
@@ -1134,19 +1134,19 @@ func (ex *execution) runChunk(ctx context.Context, p *chunkPipe) (cr chunkRun, e
 	}
 	if ex.leasing() {
 		// Short transactions: lease, extract outside a transaction,
-		// then stage, merge and checkpoint (backfill_shorttx.go).
+		// then stage, merge and checkpoint ([execution.runChunkLeased]).
 		lcr, err := ex.runChunkLeased(ctx, p)
 		lcr.admitted = cr.admitted
 		return lcr, err
 	}
 	// Claim. The chunk's trace span starts once it is claimed, from here
-	// (trace.go); a phase starts at each comment below.
+	// ([execution.traceChunk]); a phase starts at each comment below.
 	claimStart := time.Now()
 	tx, err := r.db.Begin(ctx)
 	if err != nil {
 		return cr, fmt.Errorf("backfill: begin chunk transaction: %w", err)
 	}
-	tx = batched(tx) // backfill_batch.go
+	tx = batched(tx)
 	committed := false
 	defer func() {
 		if !committed {
@@ -1183,11 +1183,11 @@ func (ex *execution) runChunk(ctx context.Context, p *chunkPipe) (cr chunkRun, e
 	started := time.Now()
 	var extracted *spooled
 	if ex.job.SkipUnchanged {
-		// Spool, then decide whether to stage (replay_skip_run.go).
+		// Spool, then decide whether to stage ([execution.skipUnchanged]).
 		cr.reread = st.Status == ChunkOpen
 		// Its version first, before any extraction: a chunk whose
 		// version is its base's is extracted by loadChunk only if it
-		// must be (replay_skip_version.go).
+		// must be ([execution.skipByVersion]).
 		xctx := cr.span.next(ctx, backfilltrace.PhaseExtract)
 		version, err := ex.chunkVersion(xctx, c, cr.reread, started)
 		if err != nil {
@@ -1214,7 +1214,7 @@ func (ex *execution) runChunk(ctx context.Context, p *chunkPipe) (cr chunkRun, e
 func (ex *execution) loadChunk(ctx context.Context, tx backfilldriver.Tx, cr *chunkRun, c Chunk, pid int, started time.Time, extracted *spooled) (err error) {
 	r := ex.r
 	chunkErr := func(err error) error { return &ChunkError{Chunk: c, Attempt: cr.attempt, Err: err} }
-	// A retried try waits longer for locks (backfill_timeouts.go).
+	// A retried try waits longer for locks ([LockRetry]).
 	if pid != 0 {
 		if cr.lockTimeout, err = ex.setTryLockTimeout(ctx, tx, c.Seq); err != nil {
 			return chunkErr(err)
@@ -1229,12 +1229,12 @@ func (ex *execution) loadChunk(ctx context.Context, tx backfilldriver.Tx, cr *ch
 	cr.staged = t.deferred
 
 	// Skip: a job with SkipUnchanged checks the spooled rows' and the
-	// target rows' fingerprints first (replay_skip_run.go).
+	// target rows' fingerprints first ([execution.skipUnchanged]).
 	var sk *chunkSkip
 	if extracted != nil && extracted.skip != nil {
 		if extracted.sp == nil {
 			// Not extracted: its version may spare the extraction
-			// (replay_skip_version.go). If not, in short transactions the
+			// ([execution.skipByVersion]). If not, in short transactions the
 			// chunk goes back to be extracted outside any transaction;
 			// here it is extracted now, in the chunk's transaction, as
 			// runChunk extracts.
@@ -1273,7 +1273,7 @@ func (ex *execution) loadChunk(ctx context.Context, tx backfilldriver.Tx, cr *ch
 
 	// Merge (a deferred chunk's stager only ends its staging). From here
 	// to the commit the chunk's statements may wait for locks: a watcher
-	// notes the blockers of a wait (backfill_timeouts.go).
+	// notes the blockers of a wait.
 	stopWatch := ex.watchChunk(ctx, pid, cr.lockTimeout)
 	defer func() { cr.seen = stopWatch() }()
 	cr.span.next(ctx, backfilltrace.PhaseMerge)
@@ -1353,7 +1353,7 @@ func (ex *execution) validateChunk(ctx context.Context, tx backfilldriver.Tx, in
 }
 
 // validateChunkWith is validateChunk running validators vs rather than
-// the job's (a skipped chunk's, replay_skip_run.go).
+// the job's (a skipped chunk's: [skipValidators]).
 func (ex *execution) validateChunkWith(ctx context.Context, tx backfilldriver.Tx, info TableInfo, stager backfilldriver.Stager, res ChunkResult, exceptions []Exception, vs []Validator) error {
 	c := res.Chunk
 	chunkErr := func(err error) error { return &ChunkError{Chunk: c, Attempt: res.Attempt, Err: err} }
@@ -1395,7 +1395,7 @@ type rowWriter struct {
 	chunkCol   int // index of Job.ChunkColumn in the written columns, -1 for none
 	zone       *time.Location
 	ingested   string
-	stager     pgstore.RowAdder // the chunk's Stager, or its spool (backfill_shorttx.go)
+	stager     pgstore.RowAdder // the chunk's Stager, or its spool
 	maxRejects int
 	buf        []any
 	convs      []pgconv.Converter // per column, resolved once
@@ -1409,7 +1409,7 @@ type rowWriter struct {
 	closed              bool
 
 	// stagingRejects are values PostgreSQL refused in an earlier staging
-	// of the chunk (backfill_isolate.go); lines maps staged lines to rows.
+	// of the chunk ([chunkStaging]); lines maps staged lines to rows.
 	stagingRejects *stagingRejects
 	lines          stagingLines
 }
@@ -1588,7 +1588,7 @@ func (w *rowWriter) reject(raw []byte, column, value, reason string) error {
 // delivered it. This is the one place where Job.Zone applies to a Go
 // value; the chunk check (inChunk) sees the value returned here. Other
 // values are returned as they are (text) or reduced (a *string, a
-// sql.NullString), and convertValue judges them.
+// sql.NullString), and pgstore.ConvertValue judges them.
 func (w *rowWriter) timeValue(col *Column, v any) any {
 	switch x := v.(type) {
 	case time.Time:
@@ -1613,14 +1613,14 @@ func (w *rowWriter) timeValue(col *Column, v any) any {
 			return norm
 		}
 	}
-	// Not a time nor text: convertValue gives the reason, naming the
+	// Not a time nor text: pgstore.ConvertValue gives the reason, naming the
 	// value's own Go type.
 	return v
 }
 
 // inChunk reports whether v, a row's value of Job.ChunkColumn (as
 // timeValue reduced it, for a time column), lies in the chunk's half-open
-// interval; stored is the value convertValue gave for it. Times are
+// interval; stored is the value pgstore.ConvertValue gave for it. Times are
 // compared as instants, the instant stored: a time.Time truncated to
 // microseconds, as pgconv stores it (a date column: its civil date,
 // at midnight in Job.Zone); text as its stored canonical form reads (so
@@ -1694,7 +1694,7 @@ func (w *rowWriter) instant(col Column, v, stored any) (time.Time, bool) {
 		}
 		return time.Time{}, false
 	}
-	// The canonical text convertValue stored: read back exactly.
+	// The canonical text pgstore.ConvertValue stored: read back exactly.
 	c, zoned, ok := pgconv.ReadTime(s)
 	switch {
 	case !ok:
@@ -1732,9 +1732,9 @@ func (e *gateError) Unwrap() []error { return []error{ErrGateFailed, backfilltyp
 // Resume resumes the paused run of job (a quality gate failed, see
 // [Job.Validators]) after recording in the audit log who resumes it and
 // why, then runs it like [Runner.Run]. It also records the run's read and
-// rejected rows at this point ([EventGateBaseline]): from then on the run
-// reject gate ([Job.MaxRunRejectRate]) and the "no row loaded" pause
-// judge only the rows read after the resume, so one Resume gets a run
+// rejected rows at this point ([backfilltype.EventGateBaseline]): from then
+// on the run reject gate ([Job.MaxRunRejectRate]) and the "no row loaded"
+// pause judge only the rows read after the resume, so one Resume gets a run
 // past rejects the operator has seen. It returns [ErrNotPaused] when the
 // job's latest run is not paused, and [ErrUnsupported] when the manifest
 // cannot pause runs.
@@ -1904,8 +1904,8 @@ type loadedTotaler interface {
 // loadedTotals returns the sum of the counts of batchID's done and open
 // chunks; only Read and Rejected are set when m is a loadedTotaler. It
 // is called after every chunk (checkRunRejectRate): reading every
-// chunk's state there made each chunk cost in proportion to the plan's
-// length (issue 15, per-chunk overhead).
+// chunk's state there would make each chunk cost in proportion to the
+// plan's length.
 func loadedTotals(ctx context.Context, m Manifest, db sqlx.ExtContext, batchID int64) (Counts, error) {
 	if t, ok := m.(loadedTotaler); ok {
 		return t.LoadedTotals(ctx, db, batchID)

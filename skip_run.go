@@ -18,7 +18,7 @@ import (
 )
 
 // Replays that skip unchanged chunks, wired into a run ([Job.SkipUnchanged];
-// the design is at the top of replay_skip.go).
+// the design note docs/design/skip-unchanged.md explains it).
 
 // skipEligible returns why job, whose target is prepared as info, cannot
 // skip unchanged chunks: an error wrapping [ErrInvalidConfig] naming the
@@ -137,7 +137,7 @@ type chunkSkip struct {
 	record backfilldriver.ChunkFingerprints
 	// version is the chunk's source version ([ChunkVersioner]), read
 	// before its extraction ("" for none); recorded with the
-	// fingerprints (replay_skip_version.go).
+	// fingerprints ([execution.confirmVersion]).
 	version string
 	// base is the base skipByVersion looked up in the chunk's
 	// transaction (nil: none looked up); targetChanged, that the target
@@ -148,7 +148,7 @@ type chunkSkip struct {
 
 // skipAdder returns where a row writer of chunk c puts its rows for a
 // spool sp: sp itself, or, for a job with SkipUnchanged, sp behind a
-// fingerprintAdder, whose fingerprint the chunkSkip returned carries
+// pgstore.FingerprintAdder, whose fingerprint the chunkSkip returned carries
 // (nil without the option).
 func (ex *execution) skipAdder(sp *spool, info TableInfo) (pgstore.RowAdder, *chunkSkip) {
 	if !ex.job.SkipUnchanged {
@@ -256,7 +256,7 @@ func (ex *execution) skipUnchanged(ctx context.Context, tx backfilldriver.Tx, cr
 // as exceptions), the rest unchanged; the delivered summary of the
 // target rows in its bounds (of the identities keys without
 // ChunkColumn); the validators of skipValidators; and base's
-// fingerprints recorded again, with version (replay_skip_version.go).
+// fingerprints recorded again, with version.
 func (ex *execution) checkpointSkipped(ctx context.Context, tx backfilldriver.Tx, cr *chunkRun, c Chunk, info TableInfo, started time.Time, base backfilldriver.ChunkFingerprints,
 	read, rejected int64, exceptions []Exception, keys [][]string, version string) (bool, error) {
 	chunkErr := func(err error) error { return &ChunkError{Chunk: c, Attempt: cr.attempt, Err: err} }
@@ -290,13 +290,14 @@ func (ex *execution) checkpointSkipped(ctx context.Context, tx backfilldriver.Tx
 	return true, nil
 }
 
-// recordAfterMerge sets sk.record when the merge of chunk c took every
-// row it staged (mr, of the staged rows w counted) and, in one statement
-// in tx after the merge (targetFingerprintMerged), the target rows
-// within its bounds (without ChunkColumn: of the identities in stager's
-// staging table) are exactly as many and each equals the staged row of
-// its identity: their fingerprints. Otherwise, or when stager has no
-// staging table ([StagingTabler]) to compare with, nothing is recorded.
+// recordAfterMerge sets sk.record when the merge of chunk c took every row
+// it staged (mr, of the staged rows w counted) and, in one statement in tx
+// after the merge (pgstore.TargetFingerprintMerged), the target rows within
+// its bounds (without ChunkColumn: of the identities in stager's staging
+// table) are exactly as many and each equals the staged row of its
+// identity: their fingerprints. Otherwise, or when stager has no staging
+// table ([backfilldriver.StagingTabler]) to compare with, nothing is
+// recorded.
 //
 // The merge's result alone does not prove the recorded state: it does
 // not lock the rows it leaves unchanged, and under READ COMMITTED
@@ -326,13 +327,13 @@ func (ex *execution) recordAfterMerge(ctx context.Context, tx backfilldriver.Tx,
 		return nil
 	}
 	// The version read before the extraction, with the fingerprints of
-	// its rows (replay_skip_version.go).
+	// its rows.
 	sk.record = backfilldriver.ChunkFingerprints{Source: sk.source.String(), Target: fingerprintText(info, tfp.Fingerprint), Version: sk.version}
 	return nil
 }
 
 // recordSkippedDelivered records, for a chunk skipped in tx, the
-// delivered summary (rollback_delivered.go) of the target rows within
+// delivered summary (see [RollbackConflict]) of the target rows within
 // its bounds (without ChunkColumn: of the identities keys): one row per
 // owner batch (lineage UpdatedBy) other than this one, with how many and
 // the least and greatest identity. It does nothing without lineage or a

@@ -16,64 +16,18 @@ import (
 )
 
 // Replays that skip unchanged chunks without extracting them
-// ([Job.SkipUnchanged] with a [ChunkVersioner]; the fingerprints' design
-// is at the top of replay_skip.go).
-//
-// A chunk skipped on its fingerprints was still extracted and converted
-// in full, which is most of its cost. An extractor that can tell cheaply
-// whether a chunk's source changed (a count(*) and a sum of hashes of
-// each source row's key and xmin, a partition's or file's generation
-// number) implements ChunkVersioner; the version is read before the
-// extraction, again after it (confirmVersion: recorded only when both
-// reads agree), and recorded with the fingerprints (migration 20,
-// chunks.source_version, by the checkpoint statement: a kill -9 loses it
-// with the checkpoint, never apart from it). A replay whose version is
-// the base's skips the extraction too, when:
-//
-//   - the version is not "" and equals the one the base recorded with its
-//     fingerprints (the base is [ManifestSkips.BaseFingerprints]': the
-//     newest done chunk of the job, chunk ID and skip key, not rolled
-//     back);
-//   - the base rejected no row: a replay re-queues the rows it rejects
-//     into its own batch's exception queue, which needs the rows;
-//   - the job has a ChunkColumn: the target fingerprint is then taken
-//     within the chunk's bounds, without the extracted rows' keys;
-//   - the chunk is not read again while open, nor open now;
-//   - and, in the chunk's transaction (after the claim, or the lease's
-//     fence), the target fingerprint equals the base's.
-//
-// Then the chunk is checkpointed as skipUnchanged checkpoints a skipped
-// chunk (checkpointSkipped), with the base's Read as read and unchanged,
-// no rejects, and the base's fingerprints and version recorded again,
-// without calling Extract. Otherwise the chunk is extracted and merged as
-// without a version:
-//
-//   - in one transaction (runChunk), inside the chunk's transaction,
-//     after the check, as runChunk extracts without a version;
-//   - in short transactions (runChunkLeased), the decision that the chunk
-//     need not be extracted is taken in the extract stage, in a read
-//     transaction of its own (versionCandidate: the base's version and
-//     rejects); the target fingerprint is taken in the chunk's
-//     transaction. When that transaction finds the chunk must be
-//     extracted after all (its target rows changed, or its base since
-//     rolled back), it rolls back and releases the lease as a fence that
-//     failed does: the chunk stays claimable, and this call's next lease
-//     of it extracts it (execution.versionMissed), outside any
-//     transaction, as usual. Extracting it right there, with the lease
-//     kept, would run Extract while the slot holds its write stage, which
-//     the pipeline of Config.ExtractAhead forbids (a slot's Extract calls
-//     never overlap, its chunks are written in lease order;
-//     backfill_pipeline.go): the release costs one more lease, only for a
-//     chunk whose target another session changed.
-//
-// The version is recorded with the fingerprints of the extraction that
-// followed it: by a merged chunk whose merge records them, and by a chunk
-// skipped on its fingerprints (its extracted rows are the base's, so the
-// version read before them stands for them: the next replay skips the
-// extraction). A chunk skipped on its version records it again. A
-// change of the source during the extraction leaves the older version
-// recorded (it was read before): the next replay's version differs, and
-// the chunk is extracted, which is conservative.
+// ([Job.SkipUnchanged] with a [ChunkVersioner]). The version is read
+// before the extraction and again after it ([execution.confirmVersion]),
+// and recorded with the fingerprints by the checkpoint statement. A
+// replay skips the extraction when its version is not "" and equals its
+// base's, the base rejected no row, the job has a ChunkColumn, the chunk
+// is not open, and, in the chunk's transaction, the target fingerprint
+// equals the base's ([execution.skipByVersion]). Otherwise the chunk is
+// extracted as without a version; in short transactions a chunk found to
+// need its extraction only in its transaction is rolled back and its
+// lease released ([errVersionMissed]), so that Extract never runs while
+// the slot holds its write stage. The design note
+// docs/design/skip-unchanged.md explains the alternatives.
 
 // ChunkVersioner is implemented by an [Extractor] that can tell, without
 // extracting a chunk, whether the chunk's source rows changed: a replay
@@ -83,32 +37,18 @@ import (
 //
 // ChunkVersion returns a token of the rows Extract would write for c: it
 // must change whenever a committed change alters those rows (their
-// values, their number, or which rows they are), and never return to an
-// earlier token for other rows. Equal tokens at two times promise equal
-// rows; a token that changes without the rows changing only costs an
-// extraction. The version is read before the chunk's extraction and
-// again after it, and recorded only when both reads agree. For a table in
-// PostgreSQL, a sum of hashes of each row's key and xmin (the transaction
-// that last wrote it) with count(*) is such a token (see [Job.SkipUnchanged]);
-// a max(updated_at) is not, when updated_at is set by the writer's
-// now(): a transaction that began earlier and commits later leaves the
-// max alone. A file's or object's generation number or modification
-// stamp is; a content hash (ETag) is too, unless the content may change
-// and change back while a chunk is extracted. The token describes the
-// source, not Extract's code: change [Job.CodeVersion] when that code
-// changes, or a replay skips chunks whose rows the new code would write
-// otherwise. It describes the rows as Extract reads them: a change of the
-// source's schema that leaves the rows' xmin alone (a column dropped and
-// added again or renamed, a default, a view or join behind Extract
-// redefined) must change it too, through a term for that shape or a new
-// CodeVersion. It is called before the chunk's
-// extraction, outside the chunk's transaction in short transactions, and
-// its result is recorded on the chunk's manifest row: UTF-8 text without
-// NUL, at most 1,024 bytes (else the chunk fails, not retried). "" means
-// unknown: the chunk is extracted. An
-// error fails the chunk's attempt as an extraction error does (retried
-// like one; the error names the chunk); a panic is
-// [ErrExtractorPanic].
+// values, their number, or which rows they are, and the source's schema
+// as Extract reads it), and never return to an earlier token for other
+// rows. A token that changes without the rows changing only costs an
+// extraction. It describes the source, not Extract's code: change
+// [Job.CodeVersion] with that code. It is called before the chunk's
+// extraction (outside the chunk's transaction in short transactions) and
+// again after it; the token is recorded only when both agree. It must be
+// UTF-8 text without NUL, at most 1,024 bytes (else the chunk fails, not
+// retried); "" means unknown: the chunk is extracted. An error fails the
+// chunk's attempt as an extraction error does; a panic is
+// [ErrExtractorPanic]. The README ("Replays that skip unchanged chunks")
+// shows a version for a PostgreSQL table and tokens that are not versions.
 type ChunkVersioner interface {
 	ChunkVersion(ctx context.Context, c Chunk) (string, error)
 }

@@ -15,11 +15,11 @@ import (
 
 // A chunk's spool: the rows its extractor wrote, converted, kept between
 // the extraction (outside any transaction) and the chunk's short
-// transaction, which stages them (backfill_shorttx.go). Rows are kept in
-// memory up to spoolMemLimit bytes (an estimate of their values' sizes),
-// then in a temporary file (os.CreateTemp), removed by Close. The spool
-// can be replayed any number of times: the isolation of refused values
-// (backfill_isolate.go) stages the chunk again from it.
+// transaction, which stages them ([execution.runChunkLeased]). Rows are
+// kept in memory up to spoolMemLimit bytes (an estimate of their values'
+// sizes), then in a temporary file (os.CreateTemp), removed by Close. The
+// spool can be replayed any number of times: the isolation of refused
+// values ([chunkStaging]) stages the chunk again from it.
 
 // spoolMemLimit is how many bytes of rows a spool keeps in memory before
 // it moves them to a temporary file.

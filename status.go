@@ -13,12 +13,12 @@ import (
 	"github.com/pgbackfill/backfill/internal/pgstore"
 )
 
-// Status returns the progress of job's latest run (whatever its status)
-// as the manifest records it: the work of every call, process and host
-// that worked it ([Status]). It needs a manifest with [ManifestStatus]
-// and [ManifestAudit] ([PGManifest]), else an error wrapping
-// [ErrUnsupported]; a job that never ran gives an error wrapping
-// [ErrRunNotFound]. Only job.Name is used.
+// Status returns the progress of job's latest run (whatever its status) as
+// the manifest records it: the work of every call, process and host that
+// worked it ([Status]). It needs a manifest with
+// [backfilldriver.ManifestStatus] and [backfilldriver.ManifestAudit]
+// ([PGManifest]), else an error wrapping [ErrUnsupported]; a job that never
+// ran gives an error wrapping [ErrRunNotFound]. Only job.Name is used.
 func (r *Runner) Status(ctx context.Context, job Job) (Status, error) {
 	ms, ok := r.cfg.Manifest.(backfilldriver.ManifestStatus)
 	if !ok || r.caps.audit == nil {
@@ -141,9 +141,9 @@ func (ex *execution) notifyFailed(ctx context.Context, ce *ChunkError, attempt i
 	ex.notifyProgress(ctx, final)
 }
 
-// Progress of a run from the manifest (issue 14, "Progress from the
-// manifest"): [PGManifest.Status], [Runner.Status] and the run_progress
-// and chunks_in_flight views, readable from any process and from psql.
+// Progress of a run from the manifest: [PGManifest.Status],
+// [Runner.Status] and the run_progress and chunks_in_flight views,
+// readable from any process and from psql.
 
 // Status is a run's progress as the manifest records it, readable from
 // any process ([PGManifest.Status], [Runner.Status]; the run_progress
@@ -152,43 +152,20 @@ func (ex *execution) notifyFailed(ctx context.Context, ce *ChunkError, attempt i
 // first checkpoint) are nil.
 type Status = backfilltype.Status
 
-// Liveness and fencing of the workers of a run (see doc.go, "Many workers
-// and hosts").
-//
-// Each call of [Runner.Run] registers a row in the manifest's workers
-// table (a random worker key), refreshes its heartbeat_at every
-// [Config.HeartbeatInterval] from a goroutine of its own, and marks it
-// finished when it returns. Every time is the server's now(), so the
-// clocks of the hosts do not matter.
-//
-// A chunk is leased across transactions (lease_key, lease_epoch;
-// manifest_lease.go) while it is extracted outside any transaction; its
-// short transaction then holds the row lock of the chunk's manifest row
-// (the fence). Without a registered worker, the lease is that row lock
-// alone, taken by claimLeased (FOR UPDATE SKIP LOCKED). The claim
-// statement tags the transaction's backend with application_name
-// "backfill <worker key> " followed by the session's own (set_config
-// local, reverted when the transaction ends; cut at 63 bytes, the key
-// first), so that pg_locks (the transaction ID the locked row
-// names in xmax) and pg_stat_activity lead from a held chunk to its
-// worker and its heartbeat. A worker that finds nothing to claim while
-// chunks are held by others waits, and terminates (pg_terminate_backend)
-// the backend of a holder whose worker's heartbeat is older than
-// [Config.StaleAfter]; the check of the heartbeat and the termination are
-// one statement.
-//
-// The token that keeps a fenced-out worker from committing: its
-// (lease_key, lease_epoch), checked by the fence under the row lock in the
-// transaction that holds the chunk's writes (manifest_lease.go); and for a
-// worker already in that transaction, the row lock: terminating the
-// backend rolls that transaction back, and the worker can never commit it.
-// A new transaction must claim the chunk again, which only works while the
-// chunk is pending (or open) and no one else holds it, and the checkpoint
-// (CompleteChunk) updates the row only WHERE its status is still pending,
-// staged or open and the run is not abandoned or rolled back.
+// Liveness and fencing of the workers of a run (see the package
+// documentation, "Many workers and hosts"). Each call of [Runner.Run]
+// registers a worker row, heartbeats it every [Config.HeartbeatInterval]
+// and marks it finished on return; all times are the server's. A worker
+// that finds nothing to claim while others hold chunks waits, and
+// terminates the backend of a holder whose heartbeat is older than
+// [Config.StaleAfter]. A fenced-out worker can never commit: its token is
+// its lease (lease_key, lease_epoch), checked under the chunk's row lock
+// in the transaction that holds its writes, or, for a worker inside that
+// transaction, the row lock itself. The design note
+// docs/design/short-transactions.md explains the mechanism.
 
-// Liveness values of [RunLiveness.Liveness] for a running run; a run that
-// is not running has its status as its liveness.
+// Liveness values of [backfilltype.RunLiveness.Liveness] for a running run;
+// a run that is not running has its status as its liveness.
 const (
 	// LivenessRunning: a worker of the run heartbeated within its
 	// [Config.StaleAfter].
@@ -203,14 +180,14 @@ const (
 	LivenessDead = pgstore.LivenessDead
 )
 
-// The manifest's side of throttles (throttle.go): the throttle periods
+// The manifest's side of throttles ([Config.Throttles]): the throttle periods
 // of each run and the job-wide concurrency slots.
 
 // TimeSplit returns how the time of run batchID splits into working,
-// throttled (by signal) and paused. Paused spans run from each
-// "run_paused" event to the next "run_resumed_by_operator" (or the end).
-// It needs [ManifestThrottle] and [ManifestAudit] (else an error
-// wrapping [ErrUnsupported]).
+// throttled (by signal) and paused. Paused spans run from each "run_paused"
+// event to the next "run_resumed_by_operator" (or the end). It needs
+// [backfilldriver.ManifestThrottle] and [backfilldriver.ManifestAudit]
+// (else an error wrapping [ErrUnsupported]).
 func (r *Runner) TimeSplit(ctx context.Context, batchID int64) (pgstore.TimeSplit, error) {
 	mt, audit := r.caps.throttlePeriods, r.caps.audit
 	if mt == nil || audit == nil {

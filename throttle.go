@@ -6,11 +6,11 @@ import (
 	"github.com/pgbackfill/backfill/backfillthrottle"
 )
 
-// Throttles (see doc.go, "Throttles"): signals read before each claim,
-// each with a high and a low watermark and a minimum hold, so that a
-// value sitting at a threshold does not make the run flap; an optional
-// critical level that pauses the run; a rows-per-second cap and a
-// job-wide concurrency cap that hold across processes.
+// Throttles (see the package documentation, "Throttles"): signals read
+// before each claim, each with a high and a low watermark and a minimum
+// hold, so that a value sitting at a threshold does not make the run flap;
+// an optional critical level that pauses the run; a rows-per-second cap and
+// a job-wide concurrency cap that hold across processes.
 
 // transition is what one reading did to a throttle's state.
 type transition int
@@ -26,7 +26,7 @@ const (
 type hysteresis struct {
 	th backfillthrottle.Throttle
 	// cfgHigh and cfgLow are the configured watermarks, which the
-	// throttle knobs replace while set (backfill_control.go).
+	// throttle knobs replace while set ([runControl]).
 	cfgHigh, cfgLow float64
 	held            bool
 	since           time.Time

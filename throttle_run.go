@@ -210,7 +210,7 @@ func (t *throttler) check(ctx context.Context) {
 		return
 	}
 	// The run's control state: a pause or cancel stops the call, knobs
-	// replace settings (backfill_control.go).
+	// replace settings ([execution.pollControl]).
 	ex.pollControl(ctx)
 	t.applyThresholds()
 	if ex.stopped() {

@@ -14,32 +14,33 @@ import (
 	"github.com/pgbackfill/backfill/internal/pgstore"
 )
 
-// Timeouts and the retry of waits (see doc.go, "Beside production").
+// Timeouts and the retry of waits (see the package documentation,
+// "Beside production").
 //
 // Every transaction of a chunk sets, locally, lock_timeout (the try's row
 // of [Config.LockRetries], at most [Config.LockTimeout]) and keeps the
 // statement_timeout of its merge, validation and checkpoint in
-// backfill.statement_timeout (the COPY that stays open while the
-// extractor runs is not charged: statement_timeout 0 until the merge puts
-// it back). Both are set in the claim statement (claimLeased): no extra
-// round trip, except one set_config on a retried try, whose lock_timeout
-// is the next row's.
+// backfill.statement_timeout (the COPY that stays open while the extractor
+// runs is not charged: statement_timeout 0 until the merge puts it back).
+// Both are set in the claim statement (pgstore.ClaimLeased): no extra round
+// trip, except one set_config on a retried try, whose lock_timeout is the
+// next row's.
 //
 // A try that ends with 55P03 (lock timeout), 40P01, 40001 or 57014 (a
 // statement timeout, or a cancel by another session; never while ctx is
 // done) is a wait, not a failure: the chunk's transaction rolls back, the
-// wait is logged and recorded ([ManifestWaits], a short transaction of its
-// own after the rollback) with its blockers, the worker sleeps the row's
-// Sleep (jittered ±25 %) while the chunk is skipped by this call's other
-// claims, and the chunk is tried again with the next row. Waits do not
-// count toward [Config.MaxAttempts]; a wait on the table's last row ends
-// the attempt as failed, and the next attempt starts the table again.
-// The row of a try is counted per call of Run and per chunk: another
-// process that claims the chunk starts at the first row.
+// wait is logged and recorded ([backfilldriver.ManifestWaits], a short
+// transaction of its own after the rollback) with its blockers, the worker
+// sleeps the row's Sleep (jittered ±25 %) while the chunk is skipped by
+// this call's other claims, and the chunk is tried again with the next row.
+// Waits do not count toward [Config.MaxAttempts]; a wait on the table's
+// last row ends the attempt as failed, and the next attempt starts the
+// table again. The row of a try is counted per call of Run and per chunk:
+// another process that claims the chunk starts at the first row.
 //
-// The advisory key locks of the merge (merge_lock.go) wait without
-// lock_timeout: they wait only for another chunk's merge of the same keys,
-// an intended wait that no application session queues behind.
+// The advisory key locks of the merge (see [pgstore.MergeLockKeys]) wait
+// without lock_timeout: they wait only for another chunk's merge of the
+// same keys, an intended wait that no application session queues behind.
 
 // LockRetry is one row of [Config.LockRetries]: a try's lock_timeout and,
 // when the try waits, the sleep before the next try.

@@ -9,11 +9,13 @@ import (
 	"github.com/pgbackfill/backfill/backfilltrace"
 )
 
-// Tracing, in the manner of pgx's tracers: [Config.Tracer] is a [Tracer]
-// (one span per chunk); a tracer that also implements [PhaseTracer],
-// [RunTracer], [ThrottleTracer], [PauseTracer] or [RetryTracer] receives
-// those too. The optional interfaces are resolved once, by [NewWithDB].
-// Without a tracer nothing is allocated or called.
+// Tracing, in the manner of pgx's tracers: [Config.Tracer] is a
+// [backfilltrace.Tracer] (one span per chunk); a tracer that also
+// implements [backfilltrace.PhaseTracer], [backfilltrace.RunTracer],
+// [backfilltrace.ThrottleTracer], [backfilltrace.PauseTracer] or
+// [backfilltrace.RetryTracer] receives those too. The optional interfaces
+// are resolved once, by [NewWithDB]. Without a tracer nothing is allocated
+// or called.
 //
 // Every Start is followed by exactly one End with the context Start
 // returned, whatever happens between them: an error, a retry, a panic
@@ -30,9 +32,9 @@ import (
 //
 // The chunk's span starts once a chunk is claimed: a worker that finds
 // nothing to claim reports nothing. Its start time and that of its claim
-// phase are those of the claim's beginning ([TraceChunkStartData.Start]),
-// before the calls: adapters that record time (OpenTelemetry) take it
-// from the data, not from the clock.
+// phase are those of the claim's beginning
+// ([backfilltrace.ChunkStartData.Start]), before the calls: adapters that
+// record time (OpenTelemetry) take it from the data, not from the clock.
 
 // tracers are a Runner's Config.Tracer and its optional interfaces,
 // resolved once by NewWithDB (all nil without a tracer).

@@ -30,10 +30,12 @@ type CheckResult = backfilltype.CheckResult
 // its merge and before its checkpoint, inside its transaction.
 type ValidationScope = backfilldriver.ValidationScope
 
-// Validator checks one chunk. Built-ins for PostgreSQL are in
-// validate_pg.go. Validators run in [Job.Validators] order, in the chunk's
-// transaction: they must not write to the target (a replay check writes
-// inside a savepoint and rolls it back).
+// Validator checks one chunk. The built-ins for PostgreSQL are
+// [DuplicateKeys], [Completeness], [ReferentialIntegrity], [Aggregates],
+// [ReplayChangesNothing], [Sample] and [CheckExceptionRate]. Validators run
+// in [Job.Validators] order, in the chunk's transaction: they must not
+// write to the target (a replay check writes inside a savepoint and rolls
+// it back).
 type Validator = backfilldriver.Validator
 
 // ValidatorFunc adapts a function to [Validator].

@@ -25,28 +25,14 @@ import (
 // transaction, and write nothing.
 //
 // Every check except [CheckExceptionRate] reads the chunk's staging table
-// ([ValidationScope.Staging]) and so needs the PostgreSQL merger
-// ([PGMerger]); without a staging table Validate returns an error
-// wrapping [ErrUnsupported]. tx must be the chunk's transaction (the
-// staging table is a temporary table whose rows vanish at commit), and
-// the checks that join the target with staging or with another table
-// without an index to use run inside a savepoint that they roll back
-// (PostgreSQL docs, SAVEPOINT), with hash and merge joins allowed there
-// only: the merge disables them for the rest of the transaction.
-//
-// Evidence: Expected and Actual in words, Sample up to 10 offending keys
-// or groups, as PostgreSQL prints a row ("(acme,42)"), and Detail a JSON
-// object with the numbers. A check that cannot run returns an error (the
-// chunk fails like on any other error); a check that ran and found a
-// defect returns Passed false.
-//
-// Staged identity columns never hold NULL (the row writer rejects NULL
-// keys), and for a non-NULL operand x = y is the same as x IS NOT
-// DISTINCT FROM y; the checks join on = for them because PostgreSQL can
-// use an index or a hash for = but for neither form of IS NOT DISTINCT
-// FROM (PostgreSQL docs, 9.2 "Comparison Functions and Operators"). An
-// identity column that may be NULL in staging (a nullable History
-// ValidFrom) is compared with IS NOT DISTINCT FROM.
+// ([ValidationScope.Staging]), so it needs the PostgreSQL merger; without
+// a staging table Validate returns an error wrapping [ErrUnsupported]. tx
+// must be the chunk's transaction. Evidence: Expected and Actual in words,
+// Sample up to 10 offending keys or groups as PostgreSQL prints a row
+// ("(acme,42)"), Detail a JSON object with the numbers. A check that
+// cannot run returns an error; one that found a defect returns Passed
+// false. The design note docs/design/checks-and-fingerprints.md explains
+// how the checks join staging with the target.
 
 var (
 	_ Validator = DuplicateKeys{}
@@ -72,9 +58,9 @@ var (
 // constraint (PostgreSQL docs, 5.5.3 "Unique Constraints").
 //
 // Evidence: Actual counts the distinct keys that repeat; Sample lists
-// them with their row counts, "(o-17): 2 rows". Like every check of this
-// file but [CheckExceptionRate], it reads the chunk's staging table, in
-// the chunk's transaction: it needs [PGMerger] (an error wrapping
+// them with their row counts, "(o-17): 2 rows". Like every built-in check
+// but [CheckExceptionRate], it reads the chunk's staging table, in the
+// chunk's transaction: it needs the PostgreSQL merger (an error wrapping
 // [ErrUnsupported] otherwise).
 type DuplicateKeys struct {
 	// Severity is what a failure does; empty means [SeverityError].
@@ -126,49 +112,25 @@ func (v DuplicateKeys) Validate(ctx context.Context, tx sqlx.ExtContext, scope V
 }
 
 // Completeness compares staging with the target in both directions, by
-// identity, with NOT EXISTS anti-joins (PostgreSQL docs, 9.23.1 "EXISTS";
-// never NOT IN, which finds nothing once the subquery yields a NULL,
-// 9.23.3). The identity is matched NULL-safely: Key columns, never NULL
-// in staging, with = (for a non-NULL operand the same as IS NOT DISTINCT
-// FROM, and able to use the target's unique index or a hash), any other
-// identity column (a nullable History ValidFrom) with IS NOT DISTINCT
-// FROM. It needs [PGMerger]'s staging table.
+// identity (NULL-safely; anti-joins with NOT EXISTS):
 //
-//   - staged rows whose identity is missing from the target (expected 0:
-//     every row the merge kept is in the target afterwards). Only the
-//     identity is compared: under [TargetWins] or [NewerVersionWins] a
-//     staged row may legitimately lose to the target's content.
-//   - target rows of the chunk (whose [Job.ChunkColumn] value lies in the
-//     chunk's interval) whose identity is missing from staging: rows the
-//     source no longer has, or rows the chunk rejected (Detail gives the
-//     chunk's rejected count). This direction needs a ChunkColumn; without
-//     one it is skipped and Detail says so. An index on the ChunkColumn
-//     keeps it proportional to the chunk.
+//   - staged rows whose identity is missing from the target (expected 0).
+//     Only the identity is compared: under [TargetWins] or
+//     [NewerVersionWins] a staged row may legitimately lose;
+//   - target rows of the chunk (its [Job.ChunkColumn] interval) whose
+//     identity is missing from staging: rows the source no longer has, or
+//     rows the chunk rejected. Without a ChunkColumn this direction is
+//     skipped and Detail says so; an index on it keeps it proportional to
+//     the chunk.
 //
-// With CompareContent the rows present on both sides must also hold the
-// same content, column by column and NULL-safe (IS DISTINCT FROM),
-// wherever the mode says the staged row wins: always in [AppendOnly],
-// [History], [Keyless] and Upsert [SourceWins]; under [NewerVersionWins]
-// where the staged version is newer (as the merge decides); never under
-// [TargetWins]. Compared are the staged columns except the identity and
-// the columns the library fills ([Target.IngestedAt], lineage) and, in
-// Keyless mode, the derived keys' raw sources.
-//
-// Sample entries say which direction: "not in target: (42)", "not in
-// staging: (43)", "differs: (44): amount, qty"; Detail has the counts of
-// each direction, the compared columns and the chunk's rejected rows.
-//
-// Fingerprints first: unless Exact is set, the check compares the
-// fingerprints of the staged rows and of the chunk's target rows (by
-// ChunkColumn; without one, the target rows of the staged identities),
-// computed once per chunk and shared with [Aggregates] and
-// [ReplayChangesNothing] (validate_fingerprint.go). Equal fingerprints
-// prove every count above 0 and the check passes without its joins
-// (Detail "method": "fingerprint", with both fingerprints); otherwise the
-// joins run ("method": "exact"). Rows that legitimately differ, such as
-// rows the target won under [TargetWins], or values equal but spelled
-// otherwise in a column hashed by its text (numeric 1.0 and 1.00), make
-// the fingerprints differ and cost the joins, never a wrong verdict.
+// With CompareContent, rows present on both sides must also hold the same
+// content wherever the mode says the staged row wins. Sample entries say
+// which direction ("not in target: (42)", "differs: (44): amount, qty").
+// Unless Exact, equal fingerprints of the staged and target rows (shared
+// with [Aggregates] and [ReplayChangesNothing]) pass the check without its
+// joins (Detail "method": "fingerprint"); rows that differ only cost the
+// joins, never a wrong verdict. It needs the PostgreSQL merger's staging
+// table.
 type Completeness struct {
 	// Severity is what a failure does; empty means [SeverityError].
 	Severity Severity
@@ -178,7 +140,7 @@ type Completeness struct {
 	// both sides (see above).
 	CompareContent bool
 	// Exact runs the anti-joins even when the chunk's fingerprints show
-	// the staged and target rows equal (see validate_fingerprint.go).
+	// the staged and target rows equal (see above).
 	Exact bool
 }
 
@@ -272,7 +234,7 @@ func (v Completeness) Validate(ctx context.Context, tx sqlx.ExtContext, scope Va
 // (PostgreSQL docs, 5.5.5 "Foreign Keys") for targets that cannot have
 // one, such as a parent loaded later or in another database's copy. A row
 // with a NULL in any of Columns is not an orphan (MATCH SIMPLE). It needs
-// [PGMerger]'s staging table.
+// the PostgreSQL merger's staging table.
 //
 // Sample lists orphan rows with their missing parent key:
 // "(42) -> (7)". Validate returns an error wrapping [ErrInvalidConfig]
@@ -332,44 +294,23 @@ func (v ReferentialIntegrity) Validate(ctx context.Context, tx sqlx.ExtContext, 
 type Measure = backfilltype.Measure
 
 // Aggregates compares, per group, what was staged with what the target
-// holds for the staged identities: the row count, and for each Measure
-// the exact sum of its finite values, its counts of NaN, Infinity and
+// holds for the staged identities: the row count, and for each Measure the
+// exact sum of its finite values, its counts of NaN, Infinity and
 // -Infinity, and its count of NULLs. Counts must match exactly; sums may
-// differ by at most the measure's Tolerance. Sums are exact: a float
-// measure is summed as the numeric of each value's shortest exact text
-// (whatever the session's extra_float_digits), so that the sum does not
-// depend on the order of addition and a value changed by one step (the
-// next float) changes it; a NaN or an infinity is counted, not summed,
-// so that it cannot hide the other values. Text dimensions group byte
-// for byte (under "C" where the column's collation may equate values
-// that differ, such as a case-insensitive one).
+// differ by at most the measure's Tolerance. A group is the day of the
+// Day column and the values of the Dimensions; the zero value compares
+// the chunk's row counts. The target side holds what the merge left, so
+// under [TargetWins] and [NewerVersionWins] a staged row that lost shows
+// up as a difference. Sample lists the differing groups:
+// "(2024-03-01,EU): sum(amount) staged 35.00 target 30.00".
 //
-// A group is the day of the Day column and the values of the Dimensions.
-// Each side is aggregated on its own; the two aggregates are then
-// combined by grouping their UNION ALL by the group columns: the result
-// of a FULL OUTER JOIN of the two sides' groups, so that a group missing
-// on one side shows up with a count of 0 there, but NULL-safe (GROUP BY
-// puts NULLs in one group, PostgreSQL docs, 7.2.3 "The GROUP BY and
-// HAVING Clauses", while PostgreSQL cannot run a FULL JOIN on IS NOT
-// DISTINCT FROM). The zero value compares the chunk's row counts. It
-// needs [PGMerger]'s staging table.
-//
-// The target side holds what the merge left, so under [TargetWins] and
-// [NewerVersionWins] a staged row that lost shows up as a difference.
-//
-// Sample lists the differing groups with the measures that differ:
-// "(2024-03-01,EU): sum(amount) staged 35.00 target 30.00". Validate
-// returns an error wrapping [ErrInvalidConfig] for a column that is not
-// staged, a Day column that is not a timestamp, timestamptz or date, a
-// negative or NaN Tolerance, or a Day on a timestamptz column when
-// [Job.Zone] is [time.Local] (which PostgreSQL does not know by name).
-//
-// Fingerprints first, as in [Completeness]: when the chunk's staged and
-// target rows have equal fingerprints and the Day, Dimensions and
-// Measures are among the fingerprinted columns, every group is equal by
-// construction and the check passes without computing the groups (Actual
-// says so, Detail has "method": "fingerprint" and no "groups"). Set Exact
-// to compute and record every group's figures anyway.
+// Validate returns an error wrapping [ErrInvalidConfig] for a column that
+// is not staged, a Day column that is not a timestamp, timestamptz or
+// date, a negative or NaN Tolerance, or a Day on a timestamptz column when
+// [Job.Zone] is [time.Local]. Unless Exact, equal fingerprints (see
+// [Completeness]) covering the Day, Dimensions and Measures pass the check
+// without computing the groups. It needs the PostgreSQL merger's staging
+// table.
 type Aggregates struct {
 	// Severity is what a failure does; empty means [SeverityError].
 	Severity Severity
@@ -389,7 +330,7 @@ type Aggregates struct {
 	Measures []Measure
 	// Exact computes the groups' figures even when the chunk's
 	// fingerprints show the staged and target rows equal (see
-	// validate_fingerprint.go), so that the evidence lists every group.
+	// [Completeness]), so that the evidence lists every group.
 	Exact bool
 }
 
@@ -479,7 +420,7 @@ func (v Aggregates) detail(zone string) map[string]any {
 	return detail
 }
 
-// compare runs q (aggregatesSQL) with args and collects the differing
+// compare runs q (pgstore.AggregatesSQL) with args and collects the differing
 // groups, with hash joins for a large chunk and, for float measures,
 // extra_float_digits pinned (see aggregatesSideSQL), both undone afterwards.
 func (v Aggregates) compare(ctx context.Context, tx sqlx.ExtContext, c *pgstore.PGCheck, q string, args []any) (r pgstore.AggregatesResult, err error) {
@@ -519,8 +460,8 @@ func (v Aggregates) compare(ctx context.Context, tx sqlx.ExtContext, c *pgstore.
 	return r, err
 }
 
-// scan reads one row of aggregatesSQL into r: the group counts, and the
-// differing group it lists, if any, with a sample line naming what
+// scan reads one row of pgstore.AggregatesSQL into r: the group counts, and
+// the differing group it lists, if any, with a sample line naming what
 // differs.
 func (v Aggregates) scan(rows *sqlx.Rows, r *pgstore.AggregatesResult) error {
 	var grp sql.NullString
@@ -555,42 +496,21 @@ func (v Aggregates) scan(rows *sqlx.Rows, r *pgstore.AggregatesResult) error {
 	return nil
 }
 
-// ReplayChangesNothing re-runs the chunk's merge on its staged rows and
-// asserts that it would write nothing: 0 inserted, 0 updated, 0 History
-// intervals closed. A merge that is not idempotent fails it, such as one
-// into a target whose trigger normalises values, so that the stored row
-// never equals the staged one and every replay rewrites it. The replay
-// runs in a savepoint that is rolled back ([Replayer]); it costs about as
-// much as the merge of an unchanged chunk (for a large chunk, with hash
-// joins allowed).
+// ReplayChangesNothing re-runs the chunk's merge on its staged rows, in a
+// savepoint that is rolled back ([backfilldriver.Replayer]), and asserts
+// that it would write nothing: 0 inserted, 0 updated, 0 History intervals
+// closed. A merge that is not idempotent fails it, such as one into a
+// target whose trigger normalises values. It compares as the merge does
+// (values by each column's own equality); use [Completeness] with
+// CompareContent to compare byte for byte.
 //
-// Fingerprints first: with [PGMerger]'s stager, in every mode but
-// History, and unless Exact is set, equal fingerprints of the staged rows
-// and the chunk's target rows (see [Completeness]) stand in for the
-// replay. They prove that every staged row has a target row of the same
-// identity and the same content, and on such a pair the merge writes
-// nothing: it inserts only identities the target lacks, and updates only
-// rows whose compared columns are DISTINCT, which equal values never are
-// (equality of a type's default B-tree operator class is reflexive,
-// PostgreSQL docs, 67.2 "Behavior of B-Tree Operator Classes"; types
-// without one compare as text). Detail then says "method":
-// "fingerprint" and counts every staged row as unchanged (Upsert). History
-// always replays: its merge also re-tiles validity intervals, which the
-// staged rows do not show. When the fingerprints differ, the replay runs.
-//
-// The replay compares as the merge does: keys by the target's unique
-// index and values by each column's own equality, under which two texts
-// equal in a nondeterministic collation are one value (the merge leaves
-// such a row as it is, and so the replay finds nothing to write); use
-// [Completeness] with CompareContent, which compares them byte for byte,
-// to catch those.
-//
-// It needs a stager that implements [Replayer] ([PGMerger]'s does): with
-// any other Validate returns an error wrapping [ErrUnsupported] rather
-// than a passing result, because a quality gate that did not run must not
-// read as passed in the evidence. Evidence: Detail holds the replay's
-// counts; there is no Sample (the merge reports counts, not keys; run
-// [Completeness] with CompareContent or [Sample] to find the rows).
+// Unless Exact, in every mode but History, equal fingerprints of the
+// staged and target rows (see [Completeness]) stand in for the replay:
+// Detail then says "method": "fingerprint" and counts every staged row as
+// unchanged. History always replays: its merge also re-tiles validity
+// intervals. With a stager that is not a Replayer Validate returns an
+// error wrapping [ErrUnsupported], never a pass. Detail holds the
+// replay's counts; there is no Sample.
 type ReplayChangesNothing struct {
 	// Severity is what a failure does; empty means [SeverityError].
 	Severity Severity
@@ -672,7 +592,7 @@ const DefaultSampleSize = 100
 // whatever the extractor's order. Compared are the columns of
 // [Completeness] with CompareContent, where the mode says the staged row
 // wins; a sampled row missing from the target is a difference too. It
-// needs [PGMerger]'s staging table.
+// needs the PostgreSQL merger's staging table.
 //
 // Sample lists "(42): amount, qty" per differing row, "(43): not in
 // target" per missing one; Detail holds the sample size, the seed and the

@@ -16,7 +16,7 @@ import (
 )
 
 // A call of Run as a worker among many: its registration and heartbeat
-// (manifest_worker.go), its waits for chunks held by others, and the
+// ([pgstore.WorkerManifest]), its waits for chunks held by others, and the
 // retries of connection failures (a server restart, a dropped
 // connection).
 
@@ -56,9 +56,9 @@ func (r *Runner) pollInterval() time.Duration {
 }
 
 // startWorker registers this call as a worker of the run and starts its
-// heartbeat. Without [ManifestWorkers] it does nothing. A registration
-// that fails is logged: the run goes on, without fencing by its peers'
-// knowledge of it.
+// heartbeat. Without [backfilldriver.ManifestWorkers] it does nothing. A
+// registration that fails is logged: the run goes on, without fencing by
+// its peers' knowledge of it.
 func (ex *execution) startWorker(ctx context.Context) {
 	wm := ex.r.caps.workers
 	if wm == nil {
@@ -123,8 +123,8 @@ func (ex *execution) stopWorker() {
 }
 
 // claim claims the next chunk in tx: with its lease settings when the
-// manifest has them (PGManifest.claimLeased).
-// It also sets the transaction's timeouts (backfill_timeouts.go), skips
+// manifest has them ([PGManifest.ClaimLeased]).
+// It also sets the transaction's timeouts ([Config.txSettings]), skips
 // the chunks whose pause after a wait is not over, and returns the
 // backend's pid (0 when the manifest does not lease).
 func (ex *execution) claim(ctx context.Context, tx backfilldriver.Tx) (backfilltype.ChunkState, int, bool, error) {

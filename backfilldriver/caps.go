@@ -10,12 +10,13 @@ import (
 // ManifestUndoLog is implemented by manifests that host, in the target's
 // database, the undo log and the delivered summary that a merger writing
 // them ([UndoLogWriter]) fills in each chunk's transaction
-// ([ChunkRef.UndoTable], [ChunkRef.DeliveredTable]). [Manifest] does.
-// A job rolled back with [RollbackUndoLog] needs it.
+// ([backfilltype.ChunkRef.UndoTable],
+// [backfilltype.ChunkRef.DeliveredTable]). [Manifest] does. A job rolled
+// back with [backfilltype.RollbackUndoLog] needs it.
 type ManifestUndoLog interface {
 	// UndoTable returns the undo log's table, quoted and schema-qualified.
-	// It is called once per call of [Runner.Run], does not block, and is
-	// safe for concurrent use.
+	// It is called once per call of backfill.Runner.Run, does not block,
+	// and is safe for concurrent use.
 	UndoTable() string
 	// DeliveredTable returns the delivered summary's table, quoted and
 	// SchemaName-qualified, in the manner of UndoTable.
@@ -23,7 +24,7 @@ type ManifestUndoLog interface {
 }
 
 // ManifestStaging is implemented by manifests that checkpoint the chunks
-// of a run published at its end ([PublishAtEnd]) as staged, their rows
+// of a run published at its end (backfill.PublishAtEnd) as staged, their rows
 // kept in a persistent staging table of the run that a merger with
 // [MergerStaging] fills. [Manifest] does.
 type ManifestStaging interface {
@@ -32,9 +33,9 @@ type ManifestStaging interface {
 	StagingTable(batchID int64) string
 	// StageChunk checkpoints chunk p.Chunk, claimed in tx, as staged, in
 	// tx: p.Read rows of which p.Rejected went to the exception queue
-	// (p.Exceptions) and p.Staged to the staging table. It returns an
-	// error wrapping [ErrAccounting] when p.Read != p.Rejected + p.Staged,
-	// and an error when the chunk is not pending.
+	// (p.Exceptions) and p.Staged to the staging table. It returns an error
+	// wrapping [backfilltype.ErrAccounting] when p.Read != p.Rejected +
+	// p.Staged, and an error when the chunk is not pending.
 	StageChunk(ctx context.Context, tx sqlx.ExtContext, p StageChunkParams) error
 	// StagedChunks returns the batch's staged chunks in Seq order, locked
 	// in tx (the publish's transaction) until it ends.
@@ -56,7 +57,7 @@ type StageChunkParams struct {
 	// recorded as Exceptions.
 	Rejected int64
 	// Staged is the number of rows written to the run's persistent
-	// Staging table ([ManifestStaging.StagingTable]). Read must equal
+	// staging table ([ManifestStaging.StagingTable]). Read must equal
 	// Rejected + Staged.
 	Staged int64
 	// Exceptions are the chunk's rejected rows, added to the exception
@@ -75,10 +76,10 @@ type StagedChunk struct {
 
 // MergerStaging is implemented by mergers that stage a chunk into a
 // run's persistent staging table and merge it from there later
-// ([PublishAtEnd]). [Merger] does.
+// (backfill.PublishAtEnd). [Merger] does.
 type MergerStaging interface {
-	// CreateStaging creates the staging table for rows of info, if it
-	// does not exist. It is called once per call of [Runner.Run], before
+	// CreateStaging creates the staging table for rows of info, if it does
+	// not exist. It is called once per call of backfill.Runner.Run, before
 	// any chunk.
 	CreateStaging(ctx context.Context, db sqlx.ExtContext, table string, info backfilltype.TableInfo) error
 	// StagePersistent returns a stager that adds chunk seq's rows to
@@ -87,9 +88,9 @@ type MergerStaging interface {
 	StagePersistent(ctx context.Context, tx sqlx.ExtContext, table string, info backfilltype.TableInfo, seq int) (PersistentStager, error)
 	// StageFrom returns a stager of info in tx holding the rows of chunk
 	// seq in table, as Stage would after they were added; Merge merges
-	// them. It returns an error wrapping [ErrAccounting] when table holds
-	// another number of the chunk's rows than rows (what the manifest
-	// checkpointed).
+	// them. It returns an error wrapping [backfilltype.ErrAccounting] when
+	// table holds another number of the chunk's rows than rows (what the
+	// manifest checkpointed).
 	StageFrom(ctx context.Context, tx sqlx.ExtContext, info backfilltype.TableInfo, table string, seq int, rows int64) (Stager, error)
 	// DropStaging drops table in tx, the publish's transaction, after
 	// every chunk was merged from it.
@@ -108,38 +109,40 @@ type PersistentStager interface {
 // chunk's transaction (tx), so that a value PostgreSQL refuses shows as
 // a data error when the staging ends, before the merge: the Runner then
 // rolls back to a savepoint and stages the chunk again without the row,
-// which goes to the exception queue ([Config.MaxStagingRejects]).
+// which goes to the exception queue (backfill.Config.MaxStagingRejects).
 // [Merger] does. Without it a refused value fails the chunk.
 type StagingIsolator interface {
 	// IsolatesRefusedValues reports whether the Runner may isolate
-	// refused values; it is called once, by [NewWithDB].
+	// refused values; it is called once, by backfill.NewWithDB.
 	IsolatesRefusedValues() bool
 }
 
-// UndoLogWriter is implemented by mergers whose stagers write an undo
-// image of every row they change to [ChunkRef.UndoTable] and summarise
-// unchanged deliveries in [ChunkRef.DeliveredTable], in the chunk's
-// transaction. [Merger] does. [RollbackUndoLog] needs it.
+// UndoLogWriter is implemented by mergers whose stagers write an undo image
+// of every row they change to [backfilltype.ChunkRef.UndoTable] and
+// summarise unchanged deliveries in [backfilltype.ChunkRef.DeliveredTable],
+// in the chunk's transaction. [Merger] does. [backfilltype.RollbackUndoLog]
+// needs it.
 type UndoLogWriter interface {
 	// WritesUndoLog reports whether the stagers write the undo log; it is
-	// called once, by [NewWithDB].
+	// called once, by backfill.NewWithDB.
 	WritesUndoLog() bool
 }
 
 // MergerRollback is implemented by mergers that roll a batch back from
 // the undo log their stagers wrote ([UndoLogWriter]). [Merger] and
-// backfilltest's Merger do. [Runner.Rollback] needs it.
+// backfilltest's Merger do. backfill.Runner.Rollback needs it.
 type MergerRollback interface {
 	// UndoRollback returns the rollback of scope on info's target, whose
-	// manifest is m. It returns an error wrapping [ErrUnsupported] when
-	// it cannot roll back with m (PGMerger needs a [Manifest], whose
-	// SchemaName holds the undo log).
+	// manifest is m. It returns an error wrapping
+	// [backfilltype.ErrUnsupported] when it cannot roll back with m (the
+	// PostgreSQL merger needs a [Manifest], whose SchemaName holds the undo
+	// log).
 	UndoRollback(ctx context.Context, db sqlx.ExtContext, m ManifestRollback, info backfilltype.TableInfo, scope backfilltype.RollbackScope) (UndoRollback, error)
 }
 
 // SQLManifest is a manifest whose tables live in the target's
 // PostgreSQL database, in the schema sql substitutes for {s}: the undo
-// Log's SQL reads them, and the switch back of a publish mode updates
+// log's SQL reads them, and the switch back of a publish mode updates
 // them in the same transactions as the target. Only [Manifest] is one.
 type SQLManifest interface {
 	Manifest
@@ -149,7 +152,7 @@ type SQLManifest interface {
 }
 
 // ManifestWaits is implemented by manifests that record the waits of
-// chunks ([Wait]): [Manifest] (table waits) and backfilltest's
+// chunks ([backfilltype.Wait]): [Manifest] (table waits) and backfilltest's
 // Manifest (in memory). Without it, waits are only logged.
 type ManifestWaits interface {
 	// RecordWait appends w, in a short transaction of its own (db is not
@@ -170,12 +173,12 @@ type ManifestGates interface {
 	// attempt p.Attempt of chunk p.ChunkID that a failed gate rolled back:
 	// every check's result and the exceptions the attempt had found
 	// (write-time and merge-time rejects), both marked with the attempt
-	// ([Validation.FailedAttempt], [Exception.FailedAttempt]); it counts
-	// the attempt in the chunk's Attempts (with p.Reason as its last
-	// error) and pauses the run with p.Reason. All of it commits or none:
-	// after a crash before the commit the run is still running, the chunk
-	// pending, and the next call judges the chunk again and records it
-	// then.
+	// ([backfilltype.Validation.FailedAttempt],
+	// [backfilltype.Exception.FailedAttempt]); it counts the attempt in the
+	// chunk's Attempts (with p.Reason as its last error) and pauses the run
+	// with p.Reason. All of it commits or none: after a crash before the
+	// commit the run is still running, the chunk pending, and the next call
+	// judges the chunk again and records it then.
 	RecordGateFailure(ctx context.Context, db sqlx.ExtContext, p backfilltype.GateFailure) error
 	// FailedAttemptExceptions returns the exceptions recorded by
 	// RecordGateFailure, in (chunk Seq, attempt, row) order. They are not
@@ -186,9 +189,9 @@ type ManifestGates interface {
 
 // ManifestSkips is implemented by manifests that record, with a chunk's
 // checkpoint, the fingerprints a later replay compares to skip the chunk
-// ([Job.SkipUnchanged]), and look them up. [Manifest] and
+// (backfill.Job.SkipUnchanged), and look them up. [Manifest] and
 // backfilltest's Manifest do. A job with SkipUnchanged needs it
-// ([ErrUnsupported] otherwise, before any work).
+// ([backfilltype.ErrUnsupported] otherwise, before any work).
 type ManifestSkips interface {
 	// CompleteChunkFingerprinted is [Manifest.CompleteChunk] that also
 	// records fp (its SkipKey, Source, Target and Version, each "" for
@@ -198,7 +201,7 @@ type ManifestSkips interface {
 	// row recorded before.
 	CompleteChunkFingerprinted(ctx context.Context, tx sqlx.ExtContext, batchID int64, r backfilltype.ChunkResult, exceptions []backfilltype.Exception, fp ChunkFingerprints) error
 	// BaseFingerprints returns the fingerprints recorded by the newest
-	// Done chunk chunkID of a run of job that recorded skipKey (its
+	// done chunk chunkID of a run of job that recorded skipKey (its
 	// [ChunkFingerprints.SkipKey]), in a batch other than batchID, whose
 	// run is not rolled back (a rolled back chunk is not done), whatever
 	// the scope or plan fingerprint of that run. ok is false when there
@@ -232,13 +235,13 @@ type ChunkFingerprints struct {
 	// ChunkColumn bounds after the merge: of their row versions (table,
 	// ctid and xmin) on a target whose partitions are all heap tables,
 	// in the form "tuples:shape:rows:sum" (shape: a hash of the
-	// Columns' places in the target and the partitions holding the
+	// columns' places in the target and the partitions holding the
 	// rows), where any write to one of the rows, even of the same values,
 	// changes it; otherwise (a column of an enum, range or citext type, a
 	// reg* column, a partition not a heap table, or chunk transactions
 	// not READ COMMITTED) of their values, in the form "rows:sum".
 	Target string
-	// Version is the chunk's source version ([ChunkVersioner]) read
+	// Version is the chunk's source version (backfill.ChunkVersioner) read
 	// before the extraction whose rows Source hashes ("" for none); a
 	// replay whose version is equal skips the extraction too. Recorded
 	// only with Source and Target.
@@ -255,32 +258,32 @@ type ChunkFingerprints struct {
 func (fp ChunkFingerprints) IsZero() bool { return fp.Source == "" && fp.Target == "" }
 
 // ManifestStatus is implemented by manifests that compute a run's
-// progress ([Manifest]). [Runner.Status] needs it.
+// progress ([Manifest]). backfill.Runner.Status needs it.
 type ManifestStatus interface {
 	// Status returns the progress of run batchID, or an error wrapping
-	// [ErrRunNotFound].
+	// [backfilltype.ErrRunNotFound].
 	Status(ctx context.Context, db sqlx.ExtContext, batchID int64) (backfilltype.Status, error)
 }
 
-// ManifestThrottle is implemented by manifests that record throttle
-// periods and host the job-wide concurrency slots ([Config.JobConcurrency]).
-// [Manifest] does. [Runner.TimeSplit] needs it.
+// ManifestThrottle is implemented by manifests that record throttle periods
+// and host the job-wide concurrency slots (backfill.Config.JobConcurrency).
+// [Manifest] does. backfill.Runner.TimeSplit needs it.
 type ManifestThrottle interface {
 	// ThrottlePeriods returns the throttle periods of run batchID in the
 	// order they started.
 	ThrottlePeriods(ctx context.Context, db sqlx.ExtContext, batchID int64) ([]backfilltype.ThrottlePeriod, error)
-	// Run returns the run of batchID ([ErrRunNotFound] if none).
+	// Run returns the run of batchID ([backfilltype.ErrRunNotFound] if none).
 	Run(ctx context.Context, db sqlx.ExtContext, batchID int64) (backfilltype.Run, error)
 }
 
 // ManifestWorkers is implemented by manifests that record the workers of
-// a run and their heartbeats ([Manifest]). With it, [Runner.Run]
+// a run and their heartbeats ([Manifest]). With it, backfill.Runner.Run
 // registers and heartbeats, waits for chunks in flight rather than
-// returning, and fences frozen workers ([Config.StaleAfter]).
+// returning, and fences frozen workers (backfill.Config.StaleAfter).
 type ManifestWorkers interface {
 	// Workers returns the workers that worked run batchID, latest first.
 	Workers(ctx context.Context, db sqlx.ExtContext, batchID int64) ([]backfilltype.Worker, error)
 	// RunLiveness returns the liveness of run batchID, or an error
-	// wrapping [ErrRunNotFound].
+	// wrapping [backfilltype.ErrRunNotFound].
 	RunLiveness(ctx context.Context, db sqlx.ExtContext, batchID int64) (backfilltype.RunLiveness, error)
 }

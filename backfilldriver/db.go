@@ -6,9 +6,9 @@ import (
 	"github.com/jmoiron/sqlx"
 )
 
-// DB is what a [Runner] needs from a database: an executor for
+// DB is what a backfill.Runner needs from a database: an executor for
 // statements outside chunks and a way to begin a chunk's transaction.
-// [Postgres] adapts a *sqlx.DB; backfilltest.NewDB returns an in-memory
+// backfill.Postgres adapts a *sqlx.DB; backfilltest.NewDB returns an in-memory
 // one for tests with fakes.
 type DB interface {
 	sqlx.ExtContext

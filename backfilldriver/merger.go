@@ -17,9 +17,10 @@ import (
 // different transactions.
 type Merger interface {
 	// Prepare checks the target once per run before any chunk: the table
-	// and columns exist ([ErrTargetNotFound]) and a unique index covers
-	// exactly the business key ([ErrNoUniqueKey]). It resolves empty
-	// Target.Columns and fills in the defaults of Mode and Duplicates.
+	// and columns exist ([backfilltype.ErrTargetNotFound]) and a unique
+	// index covers exactly the business key
+	// ([backfilltype.ErrNoUniqueKey]). It resolves empty Target.Columns and
+	// fills in the defaults of Mode and Duplicates.
 	Prepare(ctx context.Context, db sqlx.ExtContext, t backfilltype.Target) (backfilltype.TableInfo, error)
 	// Stage opens an empty staging area for one chunk in tx. The returned
 	// Stager is used by one goroutine and ends with Merge or Close.
@@ -29,9 +30,10 @@ type Merger interface {
 // Stager holds one chunk's staged rows until they are merged. Not safe for
 // concurrent use.
 type Stager interface {
-	// Add stages one row: row is its 1-based number in the chunk (the
-	// order for [DuplicatePolicy]), values follow TableInfo.Columns and
-	// are already converted to the column types. Key values are never nil.
+	// Add stages one row: row is its 1-based number in the chunk (the order
+	// for [backfilltype.DuplicatePolicy]), values follow TableInfo.Columns
+	// and are already converted to the column types. Key values are never
+	// nil.
 	Add(ctx context.Context, row int64, values []any) error
 	// Merge ends staging and merges the staged rows into the target in the
 	// chunk's transaction. Rows identical to their target row write

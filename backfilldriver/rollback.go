@@ -7,17 +7,17 @@ import (
 	"github.com/pgbackfill/backfill/backfilltype"
 )
 
-// ManifestRollback is implemented by manifests that keep the bookkeeping
-// of a rollback by the undo log ([Runner.Rollback], [RollbackUndoLog]):
-// which run to roll back, which of its chunks are rolled back, and the
-// audit log. [Manifest] and backfilltest's Manifest do. A rollback
-// needs it, and a [MergerRollback].
+// ManifestRollback is implemented by manifests that keep the bookkeeping of
+// a rollback by the undo log (backfill.Runner.Rollback,
+// [backfilltype.RollbackUndoLog]): which run to roll back, which of its
+// chunks are rolled back, and the audit log. [Manifest] and backfilltest's
+// Manifest do. A rollback needs it, and a [MergerRollback].
 type ManifestRollback interface {
 	ManifestAudit
-	// Run returns the run of batchID ([ErrRunNotFound] if none).
+	// Run returns the run of batchID ([backfilltype.ErrRunNotFound] if none).
 	Run(ctx context.Context, db sqlx.ExtContext, batchID int64) (backfilltype.Run, error)
 	// RollBackChunk marks chunk seq of batchID rolled back in tx if it is
-	// Done or open, and reports whether it was; false (and no change)
+	// done or open, and reports whether it was; false (and no change)
 	// when an earlier, interrupted rollback marked it already. It locks
 	// the chunk's row until tx ends.
 	RollBackChunk(ctx context.Context, tx sqlx.ExtContext, batchID int64, seq int) (bool, error)
@@ -25,9 +25,9 @@ type ManifestRollback interface {
 	RollBackRun(ctx context.Context, tx sqlx.ExtContext, batchID int64) error
 }
 
-// UndoRollback is the rollback of one [RollbackScope] by the undo log
-// ([MergerRollback]). The Runner calls Conflicts, then Preview or, one
-// transaction each, RollBackChunk for every chunk of the scope in its
+// UndoRollback is the rollback of one [backfilltype.RollbackScope] by the
+// undo log ([MergerRollback]). The Runner calls Conflicts, then Preview or,
+// one transaction each, RollBackChunk for every chunk of the scope in its
 // order and Finish. force rolls back the conflicting rows too.
 type UndoRollback interface {
 	// Conflicts finds the rows later batches still applied changed or

@@ -17,8 +17,9 @@ type ValidationScope struct {
 	Chunk backfilltype.Chunk
 	// Info is the prepared target.
 	Info backfilltype.TableInfo
-	// ChunkColumn and Zone are the job's ([Job.ChunkColumn], [Job.Zone]):
-	// they bound "the chunk's rows" in the target for checks that need it.
+	// ChunkColumn and Zone are the job's (backfill.Job.ChunkColumn,
+	// backfill.Job.Zone): they bound "the chunk's rows" in the target for
+	// checks that need it.
 	ChunkColumn string
 	Zone        *time.Location
 	// Counts are the chunk's row counts so far (read, inserted, ...).
@@ -28,14 +29,15 @@ type ValidationScope struct {
 	// when the merger has none (the fakes).
 	Staging string
 	// Stager is the chunk's stager; it implements [Replayer] when the
-	// merger can re-run its merge (PGMerger).
+	// merger can re-run its merge (the PostgreSQL merger's does).
 	Stager Stager
 }
 
-// Validator checks one chunk. Built-ins for PostgreSQL are in
-// validate_pg.go. Validators run in [Job.Validators] order, in the chunk's
-// transaction: they must not write to the target (a replay check writes
-// inside a savepoint and rolls it back).
+// Validator checks one chunk. The built-ins for PostgreSQL are those of
+// package backfill (Completeness, Aggregates, ...). Validators run in
+// backfill.Job.Validators order, in the chunk's transaction: they must not
+// write to the target (a replay check writes inside a savepoint and rolls
+// it back).
 type Validator interface {
 	// Validate checks scope inside tx and returns its evidence. An error
 	// means the check could not run (not that it failed); the chunk then
@@ -46,20 +48,20 @@ type Validator interface {
 // Replayer is implemented by stagers that can run their merge again on
 // the same staged rows, for the replay-changes-nothing check. Replay must
 // leave no trace: it runs inside a savepoint it rolls back, and returns
-// What the merge would have done.
+// what the merge would have done.
 type Replayer interface {
 	Replay(ctx context.Context) (backfilltype.MergeResult, error)
 }
 
 // StagingTabler is implemented by stagers whose rows live in a table
-// (PGMerger): it returns the quoted table name.
+// (the PostgreSQL merger's): it returns the quoted table name.
 type StagingTabler interface {
 	StagingTable() string
 }
 
 // ManifestValidations is implemented by manifests that keep validation
 // Evidence and can pause runs; [Manifest] and backfilltest.Manifest do.
-// [Job.Validators] need it ([ErrUnsupported] otherwise).
+// backfill.Job.Validators need it ([backfilltype.ErrUnsupported] otherwise).
 type ManifestValidations interface {
 	// AddValidations appends results for a chunk, joining db's
 	// transaction when db is one.
@@ -68,7 +70,8 @@ type ManifestValidations interface {
 	Validations(ctx context.Context, db sqlx.ExtContext, batchID int64) ([]backfilltype.Validation, error)
 	// PauseRun sets a running run to paused with the reason; claims stop.
 	PauseRun(ctx context.Context, db sqlx.ExtContext, batchID int64, reason string) error
-	// ResumeRun sets a paused run to running, recording who and why in
-	// the audit log; it returns [ErrNotPaused] when the run is not paused.
+	// ResumeRun sets a paused run to running, recording who and why in the
+	// audit log; it returns [backfilltype.ErrNotPaused] when the run is not
+	// paused.
 	ResumeRun(ctx context.Context, db sqlx.ExtContext, batchID int64, actor, why string) error
 }

@@ -235,7 +235,8 @@ func runnerProperties(t *testing.T, newHarness func(t *testing.T) MergerHarness)
 			}
 			return []any{fmt.Sprintf("p%d", rapid.IntRange(0, 3).Draw(rt, "sku")), name, v}
 		})
-	// The same with an integer key (PGMerger locks ranges of its values).
+	// The same with an integer key (the PostgreSQL merger locks ranges of
+	// its values).
 	prop("newer_version_wins_int_key", []ColumnDef{{"id", "bigint"}, {"name", "text"}, {"version", "bigint"}}, []string{"id"},
 		backfill.Target{Key: []string{"id"}, Conflict: backfill.NewerVersionWins, Version: "version"},
 		func(rt *rapid.T, _, row int) []any {

@@ -23,27 +23,26 @@ import (
 // [backfill.ConflictPolicy]: duplicates in a chunk resolved by
 // Target.Duplicates, identical rows left unchanged, AppendOnly conflicts
 // and Keyless ambiguities returned as rejected rows, rows that violate a
-// constraint declared with [Merger.AddUnique] or [Merger.AddCheck]
-// refused (returned as rejected rows, up to TableInfo.Chunk.MaxRefused),
-// History intervals recomputed, changes applied on commit. Like PGMerger, a merge holds
-// locks on its business keys until its transaction ends, so that merges
-// of the same keys in concurrent transactions see each other's rows and
-// the result does not depend on their order. Tables are declared with
-// [Merger.AddTable]; values are stored as given (no type conversion).
-// Safe for concurrent use.
+// constraint declared with [Merger.AddUnique] or [Merger.AddCheck] refused
+// (returned as rejected rows, up to TableInfo.Chunk.MaxRefused), History
+// intervals recomputed, changes applied on commit. Like the PostgreSQL
+// merger, a merge holds locks on its business keys until its transaction
+// ends, so that merges of the same keys in concurrent transactions see each
+// other's rows and the result does not depend on their order. Tables are
+// declared with [Merger.AddTable]; values are stored as given (no type
+// conversion). Safe for concurrent use.
 type Merger struct {
 	mu     sync.Mutex
 	tables map[string]*fakeTable
 	// keyLocks: table and business key -> the transaction (or stager)
 	// holding it; released is closed when locks are released
-	// (merge_lock.go).
+	// (see [Merger.lockKeys]).
 	keyLocks map[string]any
 	released chan struct{}
 	// staging are the persistent staging tables: table name -> chunk
-	// Seq -> rows (merge_staging.go).
+	// Seq -> rows.
 	staging map[string]map[int][]stagedRow
-	// undo is the undo log: table name -> entries in write order
-	// (merge_undo.go).
+	// undo is the undo log: table name -> entries in write order.
 	undo map[string][]undoEntry
 }
 
@@ -53,7 +52,7 @@ type fakeTable struct {
 	key     []string          // the unique columns: a merge's identity
 	rows    map[string][]any  // keyOf(columns, key, row) -> row in column order
 	// uniques and checks are the table's other constraints
-	// (merge_refuse.go).
+	// ([Merger.AddUnique], [Merger.AddCheck]).
 	uniques []fakeUnique
 	checks  []fakeCheck
 }
@@ -121,7 +120,7 @@ func (m *Merger) Rows(table string) [][]any {
 }
 
 // Prepare implements [backfill.Merger.Prepare] with [pgstore.ResolveTarget],
-// like PGMerger: the table must have been added
+// like the PostgreSQL merger: the table must have been added
 // ([backfill.ErrTargetNotFound]) and its key must be the target's identity,
 // Target.Key (in History mode plus ValidFrom) ([backfill.ErrNoUniqueKey]).
 // Column types are checked only when declared with
@@ -189,9 +188,9 @@ func keyOf(names, key []string, values []any) string {
 	return b.String()
 }
 
-// Merge merges the staged rows by the target's mode (see merge_modes.go)
-// against the committed rows, and writes the changes on commit of the
-// fake transaction.
+// Merge merges the staged rows by the target's mode (the mode methods of
+// [merge]) against the committed rows, and writes the changes on commit of
+// the fake transaction.
 func (s *stager) Merge(ctx context.Context) (backfilltype.MergeResult, error) {
 	if s.merged {
 		return backfilltype.MergeResult{}, backfill.ErrWriterClosed

@@ -5,9 +5,9 @@ import (
 	"database/sql"
 )
 
-// The fake's key locks, as PGMerger's advisory locks (merge_lock.go of
-// package backfill): a merge locks the business keys (Target.Key) of its
-// staged rows before it reads the table, and holds them until its
+// The fake's key locks, as the PostgreSQL merger's advisory locks (see
+// [pgstore.MergeLockKeys]): a merge locks the business keys (Target.Key) of
+// its staged rows before it reads the table, and holds them until its
 // transaction ends, so that two transactions merging the same key run one
 // after the other and the second decides from the first one's committed
 // rows. A merge takes all its keys at once, so merges never wait for each

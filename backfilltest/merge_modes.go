@@ -17,10 +17,10 @@ import (
 // mode methods fill res and writes; nothing touches the table until the
 // writes are applied on commit.
 //
-// The semantics are those of the PostgreSQL merger (merge_sql.go and
-// pgStager.Merge in merge_pg.go), which is the reference. What it
-// compares comes from [backfill.TableInfo.Compared], the definition the
-// merge SQL and the validators use too:
+// The semantics are those of the PostgreSQL merger (its merge SQL and
+// [pgstore.PGStager.Merge]), which is the reference. What it compares
+// comes from [pgstore.CompareColumns], the definition the merge SQL and
+// the validators use too:
 //
 //   - identity: the columns that identify a target row, the table's
 //     unique key (Target.Key; in History mode plus ValidFrom);
@@ -48,8 +48,8 @@ type merge struct {
 	res    backfilltype.MergeResult
 	writes map[string][]any // keyOf(tab.columns, tab.key, row) -> row to store on commit
 	// source is the staged row each write came from (none for History
-	// intervals closed); refused the rows the target refuses
-	// (merge_refuse.go), skipped after deduplication.
+	// intervals closed); refused the rows the target refuses (see
+	// [Merger.AddUnique]), skipped after deduplication.
 	source  map[string]int64
 	refused map[int64]backfill.Exception
 }
@@ -308,8 +308,8 @@ func (m *merge) history() error {
 }
 
 // closeIntervals sets ValidTo of the versions of one business key to the
-// next version's ValidFrom. Since the versions have distinct ValidFrom,
-// the intervals then tile the key's history, which PGMerger checks
+// next version's ValidFrom. Since the versions have distinct ValidFrom, the
+// intervals then tile the key's history, which the PostgreSQL merger checks
 // afterwards (checkIntervals) and which needs no check here.
 func (m *merge) closeIntervals(vs map[string]*version) error {
 	from, to := m.stored[m.t.ValidFrom], m.stored[m.t.ValidTo]
@@ -424,8 +424,8 @@ func (m *merge) appendOnlyOrKeyless() error {
 	return nil
 }
 
-// stagedJSON renders a staged row as PGMerger's to_jsonb of the staging
-// row does.
+// stagedJSON renders a staged row as the PostgreSQL merger's to_jsonb of
+// the staging row does.
 func (m *merge) stagedJSON(r stagedRow) string { return jsonbText(m.names, r.values) }
 
 // reject returns the exception of staged row r: diffs are the differing

@@ -10,8 +10,8 @@ import (
 	"github.com/pgbackfill/backfill"
 )
 
-// Rows the target refuses at merge time, as PGMerger refuses them
-// (merge_refuse.go of package backfill): a table may declare unique
+// Rows the target refuses at merge time, as the PostgreSQL merger refuses
+// them (see [pgstore.Isolation]): a table may declare unique
 // constraints besides its key ([Merger.AddUnique]) and CHECK constraints
 // ([Merger.AddCheck]). A merged row that violates one is not written: it
 // is returned in MergeResult.Rejected with its row, its identity as
@@ -70,10 +70,10 @@ func (m *merge) run() error {
 	return fmt.Errorf("backfill: merge %s: mode %q: %w", m.t.Table, m.t.Mode, backfill.ErrInvalidConfig)
 }
 
-// mergeRefusing merges rows into tab, refusing rows that violate its
-// other constraints: it merges, finds the written rows that violate one,
-// and merges again without them (after deduplication, as PGMerger drops
-// them), until none does.
+// mergeRefusing merges rows into tab, refusing rows that violate its other
+// constraints: it merges, finds the written rows that violate one, and
+// merges again without them (after deduplication, as the PostgreSQL merger
+// drops them), until none does.
 func mergeRefusing(info backfill.TableInfo, tab *fakeTable, rows []stagedRow) (*merge, error) {
 	refused := map[int64]backfill.Exception{}
 	for {
@@ -202,7 +202,7 @@ func (m *merge) violations() []backfill.Exception {
 }
 
 // identityText renders the identity columns of a JSON row as "(a, b)",
-// numbers as printed, like PGMerger's exceptions.
+// numbers as printed, like the PostgreSQL merger's exceptions.
 func identityText(identity []string, raw string) string {
 	d := json.NewDecoder(strings.NewReader(raw))
 	d.UseNumber()

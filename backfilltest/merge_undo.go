@@ -16,13 +16,14 @@ import (
 )
 
 // The fake undo log. A merge of a chunk whose ChunkRef names an undo table
-// records, with the changes and on commit of the same fake transaction,
-// one entry per row it writes: the key of a row it inserted, or the prior
-// image of a row it updated. A rollback ([Merger.UndoRollback]) restores
-// them chunk by chunk in reverse order, as PGMerger's does from its undo
-// table, and refuses rows that later batches changed (lineage UpdatedBy)
-// unless forced. The fakes keep no summary of unchanged deliveries
-// ([Manifest.DeliveredTable]), and do not roll back History targets.
+// records, with the changes and on commit of the same fake transaction, one
+// entry per row it writes: the key of a row it inserted, or the prior image
+// of a row it updated. A rollback ([Merger.UndoRollback]) restores them
+// chunk by chunk in reverse order, as the PostgreSQL merger's does from its
+// undo table, and refuses rows that later batches changed (lineage
+// UpdatedBy) unless forced. The fakes keep no summary of unchanged
+// deliveries ([Manifest.DeliveredTable]), and do not roll back History
+// targets.
 
 // undoEntry is one row a chunk's merge wrote.
 type undoEntry struct {

@@ -104,9 +104,9 @@ func scalarText(v any) string {
 // (record_out): "(a,1,)" with NULL as nothing, and a value quoted, with "
 // and \ doubled, when it is empty or holds one of "\(), or white space.
 // NewerVersionWins compares these texts bytewise. The rendering of each
-// value is scalarText's, so the order of rows matches PGMerger's for
-// text and integer columns; for other types it is a consistent order of
-// its own.
+// value is scalarText's, so the order of rows matches the PostgreSQL
+// merger's for text and integer columns; for other types it is a consistent
+// order of its own.
 func recordText(values []any) string {
 	var b strings.Builder
 	b.WriteByte('(')
@@ -177,8 +177,8 @@ func jsonValue(v any) string {
 	return strings.TrimSuffix(buf.String(), "\n")
 }
 
-// keyText renders the key columns of a JSON row as "(a, b)", as PGMerger
-// does for the Value of an exception.
+// keyText renders the key columns of a JSON row as "(a, b)", as the
+// PostgreSQL merger does for the Value of an exception.
 func keyText(key []string, raw string) string {
 	var m map[string]any
 	if json.Unmarshal([]byte(raw), &m) != nil {

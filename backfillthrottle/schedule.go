@@ -45,7 +45,8 @@ type window struct {
 // more on the nights the clocks change; a start or end inside a skipped
 // hour moves forward by the gap (time.Date's normalisation).
 //
-// It returns an error wrapping [ErrInvalidConfig] naming the bad part.
+// It returns an error wrapping [backfilltype.ErrInvalidConfig] naming the
+// bad part.
 func ParseSchedule(spec string) (*Schedule, error) {
 	s := &Schedule{spec: spec, Now: time.Now}
 	norm := strings.NewReplacer("–", "-", "—", "-").Replace(spec)

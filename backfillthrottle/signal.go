@@ -16,14 +16,14 @@ import (
 	"github.com/pgbackfill/backfill/internal/pgstore"
 )
 
-// Signal is a measurement a [Throttle] watches: replica lag, WAL rate,
-// the latency of a probe query, a schedule. Read is called every
-// [Config.ThrottleInterval] by one goroutine per call of [Runner.Run]
-// (never concurrently for one Signal value), with a context that ends
-// after that interval. The built-in signals are [ReplicaLagSignal],
-// [WALRateSignal], [ArchiveBacklogSignal], [AutovacuumSignal],
-// [LockWaitersSignal], [ProbeLatencySignal], [SQLSignal] and a
-// [Schedule] ([ScheduleThrottle]).
+// Signal is a measurement a [Throttle] watches: replica lag, WAL rate, the
+// latency of a probe query, a schedule. Read is called every
+// backfill.Config.ThrottleInterval by one goroutine per call of
+// backfill.Runner.Run (never concurrently for one Signal value), with a
+// context that ends after that interval. The built-in signals are
+// [ReplicaLagSignal], [WALRateSignal], [ArchiveBacklogSignal],
+// [AutovacuumSignal], [LockWaitersSignal], [ProbeLatencySignal],
+// [SQLSignal] and a [Schedule] ([ScheduleThrottle]).
 type Signal interface {
 	// Name names the signal in logs and in the manifest's throttle
 	// periods (e.g. "replica_lag").
@@ -44,8 +44,9 @@ type SignalScope struct {
 	// ("public"."orders" style, for to_regclass).
 	Table string
 	// WorkerKeys are the keys of the run's registered workers
-	// ([Worker.Key]); their chunk transactions carry application_name
-	// "backfill <key> ...". Empty when the manifest has no workers.
+	// ([backfilltype.Worker.Key]); their chunk transactions carry
+	// application_name "backfill <key> ...". Empty when the manifest has no
+	// workers.
 	WorkerKeys []string
 }
 
@@ -180,10 +181,10 @@ func (w *walRate) Read(ctx context.Context, db sqlx.ExtContext, _ SignalScope) (
 	return max(lsn-prev, 0) / now.Sub(at).Seconds(), nil
 }
 
-// AutovacuumSignal is the number of autovacuum workers processing the
-// run's target table (pg_stat_progress_vacuum joined to
-// pg_stat_activity's autovacuum workers), or table when it is not ""
-// (a possibly schema-qualified name, quoted as [Target.Table] is). Name
+// AutovacuumSignal is the number of autovacuum workers processing the run's
+// target table (pg_stat_progress_vacuum joined to pg_stat_activity's
+// autovacuum workers), or table when it is not "" (a possibly
+// schema-qualified name, quoted as [backfilltype.Target.Table] is). Name
 // "autovacuum". Hold at High 1 to leave the table to autovacuum.
 func AutovacuumSignal(table string) Signal {
 	return sqlSignal{SignalName: "autovacuum", query: `SELECT count(*)::float8 FROM pg_stat_progress_vacuum p
@@ -224,15 +225,15 @@ func SQLSignal(name, query string, args ...any) Signal {
 }
 
 // ProbeLatencySignal runs query (no parameters, in a transaction of its
-// own) at each reading, times that transaction from BEGIN to the end of
-// its COMMIT (a query that writes, such as one of the application's
-// updates, includes its commit's WAL flush, as the application's
-// latency does), and returns the given percentile (in (0,
-// 100], e.g. 95 or 99) of the latencies of the readings within window,
-// in milliseconds (nearest rank). A probe still running when the reading's
-// deadline (one [Config.ThrottleInterval]) ends counts as having taken
-// that long; a probe that fails is an error (the throttle keeps its
-// State, the failure is logged). Name "probe_latency". Set High to the application's latency
+// own) at each reading, times that transaction from BEGIN to the end of its
+// COMMIT (a query that writes, such as one of the application's updates,
+// includes its commit's WAL flush, as the application's latency does), and
+// returns the given percentile (in (0, 100], e.g. 95 or 99) of the
+// latencies of the readings within window, in milliseconds (nearest rank).
+// A probe still running when the reading's deadline (one
+// backfill.Config.ThrottleInterval) ends counts as having taken that long;
+// a probe that fails is an error (the throttle keeps its state, the failure
+// is logged). Name "probe_latency". Set High to the application's latency
 // alone plus a margin (e.g. its p99 plus 30%).
 func ProbeLatencySignal(query string, percentile float64, window time.Duration) Signal {
 	return &probe{query: query, pct: percentile, win: LatencyWindow{Span: window}}

@@ -8,26 +8,27 @@ import (
 	"github.com/pgbackfill/backfill/backfilltype"
 )
 
-// DefaultThrottleInterval is how often a call of [Runner.Run] reads its
-// throttles' signals when [Config.ThrottleInterval] is zero: a raised
+// DefaultThrottleInterval is how often a call of backfill.Runner.Run reads its
+// throttles' signals when backfill.Config.ThrottleInterval is zero: a raised
 // signal holds every worker within about this long (a reading, then the
-// Next claim of each worker), well under a second.
+// next claim of each worker), well under a second.
 const DefaultThrottleInterval = 500 * time.Millisecond
 
 // Throttle holds the claims of a run while its Signal is high.
 //
-// Hysteresis: the throttle holds when a reading is at or above High,
-// and releases only when a reading is below Low AND the hold has lasted
-// at least MinHold; a value sitting at the threshold therefore causes at
-// most one hold and one release per MinHold. While held, no worker of the
-// call claims a chunk (chunks in progress finish). Each hold is recorded
-// in the manifest ([ThrottlePeriod]) and logged with its value and
+// Hysteresis: the throttle holds when a reading is at or above High, and
+// releases only when a reading is below Low AND the hold has lasted at
+// least MinHold; a value sitting at the threshold therefore causes at most
+// one hold and one release per MinHold. While held, no worker of the call
+// claims a chunk (chunks in progress finish). Each hold is recorded in the
+// manifest ([backfilltype.ThrottlePeriod]) and logged with its value and
 // watermarks.
 //
-// A reading at or above Critical (when Critical > 0) pauses the run
-// (status paused, the reason naming the signal and its value): every
-// worker of every process stops claiming, Run returns an error wrapping
-// [ErrRunPaused], and a person resumes it with [Runner.Resume].
+// A reading at or above Critical (when Critical > 0) pauses the run (status
+// paused, the reason naming the signal and its value): every worker of
+// every process stops claiming, Run returns an error wrapping
+// [backfilltype.ErrRunPaused], and a person resumes it with
+// backfill.Runner.Resume.
 type Throttle struct {
 	// Signal is what is watched. Required.
 	Signal Signal
@@ -46,18 +47,18 @@ type Throttle struct {
 	Critical float64
 	// Adapt makes the throttle proportional instead of on/off: it never
 	// holds the claims, it steers the call's rows per second (AIMD, as
-	// TCP's congestion control does). A reading at or above High halves
-	// the rate (at most once per max(MinHold, Config.ThrottleInterval),
-	// so that a signal read over a window is not cut again for the same
-	// excess); each reading below Low raises it by 5 % of its ceiling per
-	// second of ThrottleInterval, until it is back at the ceiling. The
-	// ceiling is the call's share of [Config.RowsPerSecond] or, without a
-	// cap, the highest rate the call read over its last 10 s before the
-	// first cut. The rate never falls below 1 % of the ceiling (Critical
-	// is for stopping). The waits the cut rate causes are recorded as
-	// throttle periods of this signal (each wait of at least
-	// ThrottleInterval), so the run's time split counts only the time
-	// spent waiting. Default false: on/off with hysteresis.
+	// TCP's congestion control does). A reading at or above High halves the
+	// rate (at most once per max(MinHold, Config.ThrottleInterval), so that
+	// a signal read over a window is not cut again for the same excess);
+	// each reading below Low raises it by 5 % of its ceiling per second of
+	// ThrottleInterval, until it is back at the ceiling. The ceiling is the
+	// call's share of backfill.Config.RowsPerSecond or, without a cap, the
+	// highest rate the call read over its last 10 s before the first cut.
+	// The rate never falls below 1 % of the ceiling (Critical is for
+	// stopping). The waits the cut rate causes are recorded as throttle
+	// periods of this signal (each wait of at least ThrottleInterval), so
+	// the run's time split counts only the time spent waiting. Default
+	// false: on/off with hysteresis.
 	//
 	// Use it for signals that grow smoothly with the backfill's pace
 	// (probe latency, replica lag, WAL rate), where holding and

@@ -7,12 +7,13 @@ import (
 	"github.com/pgbackfill/backfill/backfilltype"
 )
 
-// Tracer traces the chunks of a [Runner] ([Config.Tracer]). Its methods
-// are called from the goroutine running the chunk; implementations must
-// be safe for concurrent use when Concurrency > 1, and must not block.
+// Tracer traces the chunks of a backfill.Runner (backfill.Config.Tracer).
+// Its methods are called from the goroutine running the chunk;
+// implementations must be safe for concurrent use when Concurrency > 1, and
+// must not block.
 type Tracer interface {
 	// TraceChunkStart is called when a chunk was claimed, before its
-	// Other phases; the context it returns is passed to the chunk's
+	// other phases; the context it returns is passed to the chunk's
 	// phases (and to the extractor) and to TraceChunkEnd.
 	TraceChunkStart(ctx context.Context, data ChunkStartData) context.Context
 	// TraceChunkEnd is called once per TraceChunkStart, when the
@@ -33,8 +34,8 @@ type PhaseTracer interface {
 }
 
 // RunTracer is an optional interface of a [Tracer]: one span per call of
-// [Runner.Run] (and of [Runner.Resume], which calls Run), the parent of
-// its chunks' spans and of its events.
+// backfill.Runner.Run (and of backfill.Runner.Resume, which calls Run), the
+// parent of its chunks' spans and of its events.
 type RunTracer interface {
 	// TraceRunStart is called when Run begins, before the plan.
 	TraceRunStart(ctx context.Context, data RunStartData) context.Context
@@ -43,8 +44,8 @@ type RunTracer interface {
 }
 
 // ThrottleTracer is an optional interface of a [Tracer]: the throttle's
-// holds and releases ([Config.Throttles]), and the waits of the
-// rows-per-second cap ([Config.RowsPerSecond]) of this process.
+// holds and releases (backfill.Config.Throttles), and the waits of the
+// rows-per-second cap (backfill.Config.RowsPerSecond) of this process.
 type ThrottleTracer interface {
 	// TraceThrottle is called from the throttle's monitor goroutine
 	// (holds, releases) or a worker (waits).
@@ -59,7 +60,7 @@ type PauseTracer interface {
 }
 
 // RetryTracer is an optional interface of a [Tracer]: a chunk's attempt
-// that failed, or a try that waited ([Config.LockRetries]), after its
+// that failed, or a try that waited (backfill.Config.LockRetries), after its
 // chunk's span ended.
 type RetryTracer interface {
 	TraceRetry(ctx context.Context, data RetryData)
@@ -69,9 +70,10 @@ type RetryTracer interface {
 type Phase string
 
 // The phases of a chunk, in their order. A chunk runs either leased (a
-// manifest that leases chunks, the default [Manifest] with a
-// registered worker; see doc.go) or in one transaction
-// ([Config.JobConcurrency], or a manifest without leases):
+// manifest that leases chunks, the default backfill.Manifest with a
+// registered worker; see package backfill, "Many workers and hosts") or
+// in one transaction
+// (backfill.Config.JobConcurrency, or a manifest without leases):
 const (
 	// PhaseClaim: leased, the lease's short transaction; in one
 	// transaction, its BEGIN, the job's slot, the claim, and the publish
@@ -81,8 +83,8 @@ const (
 	// outside any transaction; in one transaction, the extractor
 	// streaming into staging (COPY), which this phase then includes.
 	PhaseExtract Phase = "extract"
-	// PhaseQueued: leased with [Config.ExtractAhead] only, and only when
-	// it waits: the extracted chunk waits for its worker's previous
+	// PhaseQueued: leased with backfill.Config.ExtractAhead only, and only
+	// when it waits: the extracted chunk waits for its worker's previous
 	// chunk's transaction to end.
 	PhaseQueued Phase = "queued"
 	// PhaseStage: leased only: the chunk's transaction begins, its lease
@@ -103,33 +105,33 @@ const (
 
 // ChunkStartData is the start of a chunk's span.
 type ChunkStartData struct {
-	// BatchID is the run; Job its job's name; Worker [Config.WorkerID].
+	// BatchID is the run; Job its job's name; Worker backfill.Config.WorkerID.
 	BatchID int64
 	Job     string
 	Worker  string
 	// Chunk is the claimed chunk (Seq, ID, bounds: Chunk.Bounds).
 	Chunk backfilltype.Chunk
 	// Attempt is the chunk's attempt, 1-based, across calls of Run (as
-	// [ChunkError.Attempt]).
+	// [backfilltype.ChunkError.Attempt]).
 	Attempt int
 	// Start is when the claim began (before this call).
 	Start time.Time
 }
 
-// Chunk outcomes ([TraceChunkEndData.Outcome]).
+// Chunk outcomes ([ChunkEndData.Outcome]).
 const (
 	// OutcomeDone: the chunk committed, done.
 	OutcomeDone = "done"
 	// OutcomeOpen: the chunk committed but stays open (it ends after the
-	// horizon; see [ChunkOpen]).
+	// horizon; see [backfilltype.ChunkOpen]).
 	OutcomeOpen = "open"
-	// OutcomeStaged: the chunk committed as staged ([PublishAtEnd]).
+	// OutcomeStaged: the chunk committed as staged (backfill.PublishAtEnd).
 	OutcomeStaged = "staged"
 	// OutcomeFailed: the attempt failed (Err says why); it is retried or
 	// final ([RetryTracer]).
 	OutcomeFailed = "failed"
 	// OutcomeReleased: the attempt rolled back without an error: its
-	// Lease was taken over or the run stopped meanwhile (paused,
+	// lease was taken over or the run stopped meanwhile (paused,
 	// abandoned), or a throttle began to hold during the claim. The
 	// chunk stays pending.
 	OutcomeReleased = "released"
@@ -153,7 +155,7 @@ type ChunkEndData struct {
 	Duration time.Duration
 	// Err is the attempt's error (nil when it committed or was
 	// released); a panic of the extractor is an error wrapping
-	// [ErrExtractorPanic].
+	// [backfilltype.ErrExtractorPanic].
 	Err error
 }
 
@@ -183,13 +185,13 @@ type PhaseEndData struct {
 	Err error
 }
 
-// RunStartData is the start of a call of [Runner.Run].
+// RunStartData is the start of a call of backfill.Runner.Run.
 type RunStartData struct {
 	Job    string
 	Worker string
 }
 
-// RunEndData is the end of a call of [Runner.Run].
+// RunEndData is the end of a call of backfill.Runner.Run.
 type RunEndData struct {
 	Job    string
 	Worker string
@@ -206,7 +208,7 @@ type RunEndData struct {
 	Err error
 }
 
-// Throttle events ([TraceThrottleData.Event]).
+// Throttle events ([ThrottleData.Event]).
 const (
 	// ThrottleHold: a signal reached its high watermark; no chunk is
 	// claimed until it is released.
@@ -215,7 +217,7 @@ const (
 	// ended while it held); Held says for how long it held.
 	ThrottleRelease = "release"
 	// ThrottleWait: a worker waited Held for the rows-per-second cap
-	// (Signal [RateSignalName]).
+	// (Signal backfill.RateSignalName).
 	ThrottleWait = "wait"
 	// ThrottleCritical: a signal reached its critical level; the run is
 	// paused ([PauseTracer] too).
@@ -229,7 +231,8 @@ type ThrottleData struct {
 	// Event is ThrottleHold, ThrottleRelease, ThrottleWait or
 	// ThrottleCritical.
 	Event string
-	// Signal is the signal's name ([Signal.Name], or [RateSignalName]).
+	// Signal is the signal's name (backfillthrottle.Signal.Name, or
+	// backfill.RateSignalName).
 	Signal string
 	// Value is the reading; High and Low the watermarks (the cap in rows
 	// per second for ThrottleWait).
@@ -239,7 +242,7 @@ type ThrottleData struct {
 	Held time.Duration
 }
 
-// Pause sources ([TracePauseData.Source]).
+// Pause sources ([PauseData.Source]).
 const (
 	// PauseThrottle: a throttle's critical level paused the run.
 	PauseThrottle = "throttle"
@@ -260,14 +263,14 @@ type PauseData struct {
 	Reason string
 }
 
-// Retry kinds ([TraceRetryData.Kind]).
+// Retry kinds ([RetryData.Kind]).
 const (
 	// RetryWait: a try of the chunk waited (lock timeout, deadlock,
 	// serialization failure, statement timeout: SQLState) and rolled
 	// back; it is tried again after Sleep, unless Final.
 	RetryWait = "wait"
 	// RetryAttempt: an attempt failed; it is tried again after Sleep
-	// unless Final (not retryable, or [Config.MaxAttempts] reached).
+	// unless Final (not retryable, or backfill.Config.MaxAttempts reached).
 	RetryAttempt = "attempt"
 )
 
@@ -278,7 +281,7 @@ type RetryData struct {
 	Chunk   backfilltype.Chunk
 	Attempt int
 	// Kind is RetryWait or RetryAttempt; Try the 1-based row of
-	// [Config.LockRetries] of a wait (0 for an attempt).
+	// backfill.Config.LockRetries of a wait (0 for an attempt).
 	Kind string
 	Try  int
 	// SQLState is PostgreSQL's error code ("" when the error is not

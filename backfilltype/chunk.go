@@ -90,9 +90,10 @@ func (c Chunk) String() string {
 // Contains reports whether v lies in the chunk's half-open interval. v must
 // be a time.Time for KindTime (compared as an instant, in any location), an
 // int, int32 or int64 for KindInt and a string for KindList; any other type
-// returns false. The chunks of a built-in chunker ([Hours], [Days],
-// [Months], [Every], [IntRange], [List]) tile their scope, so every value of
-// the scope is contained in exactly one of them and no other value in any.
+// returns false. The chunks of a built-in chunker (backfill.Hours,
+// backfill.Days, backfill.Months, backfill.Every, backfill.IntRange,
+// backfill.List) tile their scope, so every value of the scope is contained
+// in exactly one of them and no other value in any.
 func (c Chunk) Contains(v any) bool {
 	switch c.Kind {
 	case KindTime:
@@ -123,7 +124,7 @@ func (c Chunk) Contains(v any) bool {
 //
 // Implementations must be safe to call more than once and must return the
 // same chunks (same IDs, same order) for the same scope, because the plan
-// ComputeFingerprint and resume depend on it. A Runner holds the chunks Chunks
+// fingerprint and resume depend on it. A Runner holds the chunks Chunks
 // returns for the length of the call; a Chunker that also implements
 // [ChunkStreamer], as the built-in ones do, is never asked for them all.
 type Chunker interface {
@@ -138,10 +139,11 @@ type Chunker interface {
 	Chunks(ctx context.Context) ([]Chunk, error)
 }
 
-// ChunkStreamer is an optional capability of a [Chunker]: its chunks one
-// at a time, so that a long plan (a million chunks) is planned, claimed
-// and resumed without every chunk in memory. The built-in chunkers
-// ([IntRange], [List], [Hours], [Days], [Months], [Every]) implement it.
+// ChunkStreamer is an optional capability of a [Chunker]: its chunks one at
+// a time, so that a long plan (a million chunks) is planned, claimed and
+// resumed without every chunk in memory. The built-in chunkers
+// (backfill.IntRange, backfill.List, backfill.Hours, backfill.Days,
+// backfill.Months, backfill.Every) implement it.
 //
 // A Runner plans a job whose Chunker is a ChunkStreamer from ChunkSeq
 // (inserting the manifest's chunk rows as they come, and hashing their

@@ -41,12 +41,12 @@ func (c Counts) Add(o Counts) Counts {
 // those of the read that just merged. They describe the chunk's rows as
 // they stand, not the sum of the reads: Read, Rejected and Deduplicated
 // are the latest read's (a row read, or rejected, by several reads
-// Counts once). Of the rows the latest read merged (its Inserted +
+// counts once). Of the rows the latest read merged (its Inserted +
 // Updated + Unchanged), those an earlier read inserted or changed stay
 // counted as Inserted and Updated: Inserted is c.Inserted +
 // latest.Inserted and Updated c.Updated + latest.Updated, each capped by
 // the merged rows left (Inserted first); the rest are Unchanged. The
-// Result balances when latest does, and its Inserted and Updated never
+// result balances when latest does, and its Inserted and Updated never
 // decrease from one read to the next unless the chunk's merged rows do
 // (rows gone from the source, or now rejected). The counts are
 // aggregates: a row inserted by one read and changed by the next counts
@@ -66,18 +66,18 @@ type ChunkResult struct {
 	Counts
 	// Attempt is the 1-based attempt that completed the chunk.
 	Attempt int
-	// Worker is the [Config.WorkerID] of the process that completed it.
+	// Worker is the backfill.Config.WorkerID of the process that completed it.
 	Worker string
 	// StartedAt and FinishedAt bound the successful attempt.
 	StartedAt, FinishedAt time.Time
 	// Open is true when the chunk is a time chunk whose end lies after
-	// the run's horizon (the watermark of [Job.Watermark] taken by this
+	// the run's horizon (the watermark of backfill.Job.Watermark taken by this
 	// call, or StartedAt when earlier or without one): rows of its
 	// interval may still arrive, so it is checkpointed as [ChunkOpen] and
 	// read again by the next call instead of being final.
 	Open bool
 	// Skipped is true when the chunk's source and target rows were
 	// unchanged since the last load and its staging and merge were
-	// Skipped ([Job.SkipUnchanged]).
+	// skipped (backfill.Job.SkipUnchanged).
 	Skipped bool
 }

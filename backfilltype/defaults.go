@@ -4,7 +4,7 @@ import (
 	"time"
 )
 
-// Defaults of [Config.HeartbeatInterval] and [Config.StaleAfter]: a
+// Defaults of backfill.Config.HeartbeatInterval and [Config.StaleAfter]: a
 // healthy worker waits behind a frozen one at most about 36 s, within
 // the documented bound of one minute.
 const (

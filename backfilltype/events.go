@@ -1,13 +1,13 @@
 package backfilltype
 
-// Event kinds of the view switch of [PublishVersionedView], in the audit
-// Log ([ManifestAudit]).
+// Event kinds of the view switch of backfill.PublishVersionedView, in the
+// audit log (backfilldriver.ManifestAudit).
 const (
 	// EventPublished: the view was switched to the batch's version, in
 	// the switch's transaction; detail: view, version, previous.
 	EventPublished = "published"
 	// EventPublishBlocked: every try of the switch timed out behind
-	// Sessions holding the view; the run is completed but unpublished
+	// sessions holding the view; the run is completed but unpublished
 	// (runs.last_error says so, and backfill.completed_batches leaves it
 	// out) until a later call of Run publishes it; detail: view, version,
 	// tries, lock_timeout, blockers.
@@ -17,7 +17,7 @@ const (
 // Audit event kinds of quality gates and validators.
 const (
 	// EventGateAccepted: an operator accepted the failed gate of one
-	// chunk ([Runner.AcceptGate]); Detail holds "chunk", "checks" and
+	// chunk (backfill.Runner.AcceptGate); Detail holds "chunk", "checks" and
 	// "why".
 	EventGateAccepted = "gate_accepted"
 	// EventValidatorsSet: the job's validators when a run first ran;
@@ -28,11 +28,11 @@ const (
 	// and "removed".
 	EventValidatorsChanged = "validators_changed"
 	// EventGateBaseline: an operator resumed a paused run
-	// ([Runner.Resume], [Runner.AcceptGate]); Detail holds "read" and
-	// "rejected", the run's rows (of its done and open chunks) at that
-	// point. The run reject gate ([Job.MaxRunRejectRate]) and the "no
-	// row loaded" pause then judge only the rows read after it: the
-	// rejects before were the operator's decision. Recorded in the
+	// (backfill.Runner.Resume, backfill.Runner.AcceptGate); Detail holds
+	// "read" and "rejected", the run's rows (of its done and open chunks)
+	// at that point. The run reject gate (backfill.Job.MaxRunRejectRate)
+	// and the "no row loaded" pause then judge only the rows read after it:
+	// the rejects before were the operator's decision. Recorded in the
 	// resume's transaction.
 	EventGateBaseline = "gate_baseline"
 )

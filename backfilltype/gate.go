@@ -1,7 +1,8 @@
 package backfilltype
 
 // GateFailure is the evidence of one chunk attempt that a failed quality
-// gate rolled back, the argument of [ManifestGates.RecordGateFailure].
+// gate rolled back, the argument of
+// backfilldriver.ManifestGates.RecordGateFailure.
 type GateFailure struct {
 	// BatchID is the run (batch) the chunk belongs to.
 	BatchID int64

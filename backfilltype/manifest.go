@@ -22,23 +22,24 @@ const (
 	// the failed chunks and resumes.
 	RunFailed RunStatus = "failed"
 	// RunPaused: a quality gate failed, a throttle reached its critical
-	// level, or an operator paused the run ([PGManifest.Pause], the SQL
-	// function pause); nothing more is claimed (chunks in flight finish)
-	// until [Runner.Resume] or the SQL function resume records who resumed
-	// it and why.
+	// level, or an operator paused the run (backfill.PGManifest.Pause, the
+	// SQL function pause); nothing more is claimed (chunks in flight
+	// finish) until backfill.Runner.Resume or the SQL function resume
+	// records who resumed it and why.
 	RunPaused RunStatus = "paused"
 	// RunRolledBack: the run's changes were withdrawn by a rollback.
 	RunRolledBack RunStatus = "rolled_back"
 	// RunAbandoned: a newer run of the same job was started with
-	// [Job.NewRun]; this run will not be resumed. Its completed chunks
+	// backfill.Job.NewRun; this run will not be resumed. Its completed chunks
 	// stay in the target.
 	RunAbandoned RunStatus = "abandoned"
-	// RunCancelled: an operator cancelled the run ([PGManifest.Cancel],
-	// the SQL function cancel): its chunks in flight rolled back (pending
-	// again), its done chunks stay in the target. Terminal until resumed
-	// explicitly ([Runner.Resume], the SQL function resume): [Runner.Run]
-	// returns [ErrRunCancelled] and does not restart it; [Job.NewRun]
-	// starts a new run beside it. [Runner.Rollback] can withdraw it.
+	// RunCancelled: an operator cancelled the run
+	// (backfill.PGManifest.Cancel, the SQL function cancel): its chunks in
+	// flight rolled back (pending again), its done chunks stay in the
+	// target. Terminal until resumed explicitly (backfill.Runner.Resume,
+	// the SQL function resume): backfill.Runner.Run returns
+	// [ErrRunCancelled] and does not restart it; backfill.Job.NewRun starts
+	// a new run beside it. backfill.Runner.Rollback can withdraw it.
 	RunCancelled RunStatus = "cancelled"
 )
 
@@ -55,17 +56,17 @@ const (
 	// the run is resumed.
 	ChunkFailed ChunkStatus = "failed"
 	// ChunkOpen: merged and checkpointed, but not final: the chunk's end
-	// lay after the run's horizon (the watermark of [Job.Watermark], or
-	// the time the chunk was read), so rows of its interval may still
+	// lay after the run's horizon (the watermark of backfill.Job.Watermark,
+	// or the time the chunk was read), so rows of its interval may still
 	// arrive in the source. It is not claimed again in the same call; the
-	// Next [Runner.Run] or [Runner.Resume] of the run sets it pending and
-	// reads it again. Its counts and exceptions always describe the chunk
-	// as it stands, not the sum of its reads: each read replaces the
-	// exceptions of the one before, and its counts combine with the
-	// chunk's as [Counts.Reread] says (Read is the latest read's; rows
-	// an earlier read inserted or changed stay counted as such). A run
-	// with an open chunk is not completed: [Runner.Run] returns
-	// [ErrChunksOpen], and [Runner.Rollback] can withdraw it.
+	// next backfill.Runner.Run or backfill.Runner.Resume of the run sets it
+	// pending and reads it again. Its counts and exceptions always describe
+	// the chunk as it stands, not the sum of its reads: each read replaces
+	// the exceptions of the one before, and its counts combine with the
+	// chunk's as [Counts.Reread] says (Read is the latest read's; rows an
+	// earlier read inserted or changed stay counted as such). A run with an
+	// open chunk is not completed: backfill.Runner.Run returns
+	// [ErrChunksOpen], and backfill.Runner.Rollback can withdraw it.
 	ChunkOpen ChunkStatus = "open"
 )
 
@@ -80,8 +81,8 @@ type Plan struct {
 	Target      PlanTarget `json:"target"`
 	// ChunkIDs lists the chunk IDs in order; the chunks themselves are
 	// rows of the manifest. A plan frozen from a [ChunkStreamer] has none
-	// (null in its JSON form, the runs.plan of [Manifest]): its
-	// ComputeFingerprint hashes its chunks' IDs as if they were listed here,
+	// (null in its JSON form, the runs.plan of backfill.Manifest): its
+	// fingerprint hashes its chunks' IDs as if they were listed here,
 	// and the manifest's chunk rows list them.
 	ChunkIDs []string `json:"chunk_ids"`
 	// Publish is the job's publish mode and view ("" per chunk).
@@ -96,9 +97,9 @@ type Plan struct {
 	// [Plan.AllChunks].
 	Chunks []Chunk `json:"-"`
 	// Watermark is the source's high-water mark taken when the run was
-	// created ([Job.Watermark]); not part of the fingerprint.
+	// created (backfill.Job.Watermark); not part of the fingerprint.
 	Watermark *time.Time `json:"-"`
-	// Fingerprint is set by [NewPlan].
+	// Fingerprint is set by backfill.NewPlan.
 	Fingerprint string `json:"-"`
 
 	// Stream gives the chunks of a plan frozen from a ChunkStreamer
@@ -126,7 +127,7 @@ type PlanTarget struct {
 	UpdatedBy  string          `json:"updated_by,omitempty"`
 }
 
-// PlanTime is the frozen time declarations of a [Job].
+// PlanTime is the frozen time declarations of a backfill.Job.
 type PlanTime struct {
 	ChunkColumn string      `json:"chunk_column,omitempty"`
 	Zone        string      `json:"zone,omitempty"`
@@ -154,7 +155,7 @@ type Run struct {
 	FinishedAt  *time.Time `db:"finished_at"`
 	LastError   string     `db:"last_error"`
 	// Watermark is the source's high-water mark recorded at creation, if
-	// the job has a [Job.Watermark].
+	// the job has a backfill.Job.Watermark.
 	Watermark *time.Time `db:"watermark"`
 }
 
@@ -171,11 +172,11 @@ type ChunkState struct {
 	StartedAt  *time.Time
 	FinishedAt *time.Time
 	LastError  string
-	// Worker is the [Config.WorkerID] that completed the chunk.
+	// Worker is the backfill.Config.WorkerID that completed the chunk.
 	Worker string
 	// Skipped is true when the chunk's latest checkpoint skipped its
-	// Staging and merge, its rows unchanged since the load it compared
-	// with ([Job.SkipUnchanged], [ChunkResult.Skipped]).
+	// staging and merge, its rows unchanged since the load it compared
+	// with (backfill.Job.SkipUnchanged, [ChunkResult.Skipped]).
 	Skipped bool
 }
 
@@ -197,8 +198,9 @@ type Exception struct {
 	Reason string `db:"reason" json:"reason"`
 	// FailedAttempt is 0 for the exception queue, and the attempt number
 	// for a row of a chunk attempt that a failed quality gate rolled back:
-	// such rows are evidence ([ManifestGates.FailedAttemptExceptions]),
-	// not part of the queue, since the chunk is read again.
+	// such rows are evidence
+	// (backfilldriver.ManifestGates.FailedAttemptExceptions), not part of
+	// the queue, since the chunk is read again.
 	FailedAttempt int       `db:"failed_attempt" json:"failed_attempt,omitempty"`
 	CreatedAt     time.Time `db:"created_at" json:"created_at"`
 }
@@ -236,7 +238,7 @@ func (p Plan) Len() int {
 
 // AllChunks yields the plan's chunks in Seq order: Chunks, or, for a plan
 // a Runner froze from a [ChunkStreamer], the chunker's chunks one at a
-// time (a [Manifest] inserts a long plan's chunks this way, without
+// time (a backfill.Manifest inserts a long plan's chunks this way, without
 // holding them all). An error of the chunker is yielded with a zero
 // Chunk and ends the sequence.
 func (p Plan) AllChunks(ctx context.Context) iter.Seq2[Chunk, error] {
@@ -280,20 +282,20 @@ func (p Plan) ComputeFingerprint() string {
 	return hex.EncodeToString(sum[:])
 }
 
-// SkipKey is the key under which a replay with [Job.SkipUnchanged] looks
-// up a chunk's base load (ManifestSkips.BaseFingerprints): the hex SHA-256
-// of the plan's JSON form without its scope and chunk IDs (the job name,
-// source, code version, target table, key, written columns, mode,
-// duplicate and conflict policies, version, validity columns, derived
-// keys, hash column, lineage columns, rollback mechanism, publish mode
-// and time declarations), and of the declared type and collation of
-// every column of info, the table merged into. Two runs of a job with the
-// same key determine a chunk's merge the same way from the same rows, so
-// the chunk (its ID names its bounds) may skip on the other's
-// fingerprints whatever scope either run covered: a replay of part of a
-// loaded range, or of a range extended by new chunks, skips the chunks
-// already loaded. Any other field of the plan changes the key: nothing
-// skips on a base loaded otherwise.
+// SkipKey is the key under which a replay with backfill.Job.SkipUnchanged
+// looks up a chunk's base load (ManifestSkips.BaseFingerprints): the hex
+// SHA-256 of the plan's JSON form without its scope and chunk IDs (the job
+// name, source, code version, target table, key, written columns, mode,
+// duplicate and conflict policies, version, validity columns, derived keys,
+// hash column, lineage columns, rollback mechanism, publish mode and time
+// declarations), and of the declared type and collation of every column of
+// info, the table merged into. Two runs of a job with the same key
+// determine a chunk's merge the same way from the same rows, so the chunk
+// (its ID names its bounds) may skip on the other's fingerprints whatever
+// scope either run covered: a replay of part of a loaded range, or of a
+// range extended by new chunks, skips the chunks already loaded. Any other
+// field of the plan changes the key: nothing skips on a base loaded
+// otherwise.
 func (p Plan) SkipKey(info TableInfo) string {
 	type column struct {
 		Name      string `json:"name"`

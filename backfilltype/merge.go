@@ -29,9 +29,10 @@ type Column struct {
 	// arrays of them, composites); change detection compares its text.
 	TextCompare bool `json:"-" db:"-"`
 	// Kind is the (base) type's pg_type.typtype ("b", "e" enum, "c"
-	// composite, "r" range, ...); userType: it is not a pg_catalog type.
-	// ElemKind and userElem say the same of an array's element type. ""
-	// and false when unknown (a TableInfo not from PGMerger.Prepare).
+	// composite, "r" range, ...); UserType: it is not a pg_catalog type.
+	// ElemKind and UserElem say the same of an array's element type. ""
+	// and false when unknown (a TableInfo not from the PostgreSQL
+	// merger's Prepare).
 	Kind, ElemKind     string `json:"-" db:"-"`
 	UserType, UserElem bool   `json:"-" db:"-"`
 	// Precision and Scale are a numeric(p,s) column's declared precision
@@ -63,35 +64,36 @@ type TableInfo struct {
 	Chunk ChunkRef
 
 	// KeyIndexes names the unique indexes that cover the identity, and
-	// the partitions' indexes attached to them (PGMerger).
+	// the partitions' indexes attached to them (the PostgreSQL merger).
 	KeyIndexes []string `json:"-" db:"-"`
 	// OpenIndexes: History's partial unique indexes on the business key
-	// (one open version per key), name -> predicate (PGMerger).
+	// (one open version per key), name -> predicate (the PostgreSQL
+	// merger).
 	OpenIndexes map[string]string `json:"-" db:"-"`
 	// LockRoot is the canonical name of the target's partition root (the
 	// target itself when it is not a partition), which names its key
-	// locks' namespace (merge_lock.go); "" when unknown.
+	// locks' namespace; "" when unknown.
 	LockRoot string `json:"-" db:"-"`
 	// TupleIdentity: the target and each of its partitions are heap
 	// tables and every column is of a built-in base type (or an array or
 	// domain of one) that no catalog lookup reads, so a target
-	// ComputeFingerprint may hash the rows' tuple identities (table, ctid, xmin)
+	// fingerprint may hash the rows' tuple identities (table, ctid, xmin)
 	// instead of their values, with the target's shape read by the same
-	// statement (replay_skip.go, tupleHashSQL, tupleShapeSQL). PGMerger,
+	// statement (tupleHashSQL, tupleShapeSQL). The PostgreSQL merger,
 	// read at Prepare; partitioned: the target is a partitioned table.
 	TupleIdentity, Partitioned bool `json:"-" db:"-"`
 	// InheritanceChild names a child of the target by inheritance, ""
-	// for none: runs refuse such a target (refuseInheritanceParent,
+	// for none: runs refuse such a target (pgstore.RefuseInheritanceParent,
 	// Merger).
 	InheritanceChild string `json:"-" db:"-"`
 	// InsertOnly: an Upsert that may update rows, prepared for a role
 	// (role) without UPDATE on the columns it would write; the merge
 	// neither locks nor updates target rows and fails a chunk that would
-	// Update one with ErrPrivilege (PGMerger, backfill_privileges.go).
+	// Update one with ErrPrivilege (the PostgreSQL merger).
 	InsertOnly bool   `json:"-" db:"-"`
 	Role       string `json:"-" db:"-"`
 	// NoUpdate: the written columns the role may not update (in table
-	// order); noUpdateAll: none of them.
+	// order); NoUpdateAll: none of them.
 	NoUpdate    []string `json:"-" db:"-"`
 	NoUpdateAll bool     `json:"-" db:"-"`
 }
@@ -129,7 +131,7 @@ type ChunkRef struct {
 	// fails the merge with an error wrapping [ErrTooManyRejects] that
 	// names its row, key and constraint. 0 refuses none: the first such
 	// row fails the merge, named. The runner sets it from
-	// [Config.MaxMergeRefusals].
+	// backfill.Config.MaxMergeRefusals.
 	MaxRefused int
 }
 
@@ -148,12 +150,13 @@ type MergeResult struct {
 	// part of the accounting).
 	Closed int64
 	// Disagreed counts staged rows of a [TargetWins] Upsert whose key's
-	// target row another chunk of the same batch wrote (lineage
-	// InsertedBy or UpdatedBy is the batch) with other content: chunks of
-	// one run disagree, and the one that committed first won (see
-	// [Config.Concurrency]). The rows count as unchanged; the runner logs
-	// a warning. Not part of the accounting; 0 without lineage columns,
-	// for other policies and modes, and for mergers that do not look.
+	// target row another chunk of the same batch wrote (lineage InsertedBy
+	// or UpdatedBy is the batch) with other content: chunks of one run
+	// disagree, and the one that committed first won (see
+	// backfill.Config.Concurrency). The rows count as unchanged; the runner
+	// logs a warning. Not part of the accounting; 0 without lineage
+	// columns, for other policies and modes, and for mergers that do not
+	// look.
 	Disagreed int64
 }
 

@@ -4,17 +4,17 @@ import (
 	"fmt"
 )
 
-// RollbackScope is what one call of [Runner.Rollback] rolls back.
+// RollbackScope is what one call of backfill.Runner.Rollback rolls back.
 type RollbackScope struct {
 	// BatchID is the batch rolled back.
 	BatchID int64
 	// Seqs are the chunks rolled back (done or open), in reverse order.
 	Seqs []int
-	// Chunk is the one chunk rolled back ([RollbackOptions.ChunkID]), or
-	// nil for the whole batch.
+	// Chunk is the one chunk rolled back
+	// (backfill.RollbackOptions.ChunkID), or nil for the whole batch.
 	Chunk *ChunkState
 	// Exclude are batches rolled back before this one by the same call
-	// ([Runner.RollbackModule]): their changes do not conflict.
+	// (backfill.Runner.RollbackModule): their changes do not conflict.
 	Exclude []int64
 	// ChunkColumn and Zone are the plan's: they find the rows one chunk
 	// inserted ("": unknown).
@@ -22,7 +22,7 @@ type RollbackScope struct {
 }
 
 // RollbackConflicts are the rows a rollback would delete or restore that
-// Later batches still applied changed or delivered unchanged.
+// later batches still applied changed or delivered unchanged.
 type RollbackConflicts struct {
 	// Changed counts the rows later batches changed (lineage UpdatedBy);
 	// Delivered those they delivered unchanged, DeliveredDeleted how many
@@ -42,8 +42,8 @@ type RollbackConflict struct {
 	// (lineage UpdatedBy), or the one that delivered it unchanged.
 	Batch int64
 	// Delivered is true when the later batch delivered the row unchanged
-	// (lineage does not show it; see [RollbackOptions.Force]), false when
-	// it changed the row.
+	// (lineage does not show it; see backfill.RollbackOptions.Force), false
+	// when it changed the row.
 	Delivered bool
 }
 

@@ -9,24 +9,25 @@ import (
 
 // ControlState is what the workers of a run read of its control: the
 // run's status (with the reason of a pause or cancel) and its live knobs,
-// by name ([KnobConcurrency], ...).
+// by name ("concurrency", ...: the knobs of backfill.PGManifest.SetKnob).
 type ControlState struct {
 	Status RunStatus
 	Reason string
 	Knobs  map[string]float64
 }
 
-// Status is a run's progress as the manifest records it, readable from
-// any process ([PGManifest.Status], [Runner.Status]; the run_progress
-// view in SQL). Seconds are float64 seconds of the server's clock; rates
-// are rows per second. Fields a run cannot give yet (a rate before the
-// first checkpoint) are nil.
+// Status is a run's progress as the manifest records it, readable from any
+// process (backfill.PGManifest.Status, backfill.Runner.Status; the
+// run_progress view in SQL). Seconds are float64 seconds of the server's
+// clock; rates are rows per second. Fields a run cannot give yet (a rate
+// before the first checkpoint) are nil.
 type Status struct {
 	BatchID int64     `json:"batch_id"`
 	Job     string    `json:"job"`
 	Status  RunStatus `json:"status"`
-	// Liveness is [LivenessRunning], [LivenessStalled] or [LivenessDead]
-	// for a running run, else its status ([RunLiveness]).
+	// Liveness is backfill.LivenessRunning, backfill.LivenessStalled or
+	// backfill.LivenessDead for a running run, else its status
+	// ([RunLiveness]).
 	Liveness      string     `json:"liveness"`
 	LiveWorkers   int        `json:"live_workers"`
 	LastHeartbeat *time.Time `json:"last_heartbeat,omitempty"`
@@ -37,11 +38,11 @@ type Status struct {
 	// Chunks counts the plan's chunks by status.
 	Chunks StatusChunks `json:"chunks"`
 	// Rows sums the counts of the checkpointed (done or open) chunks, each
-	// as it stands ([Report.Counts]): they never decrease across resumes
-	// and retries, except when an open chunk's re-read lowers one of its
-	// Counts ([Counts.Reread]: it found fewer rows than the earlier
-	// read, or rows that read inserted or rejected now count otherwise)
-	// or a rollback withdraws chunks. RowsProcessed never decreases.
+	// as it stands (backfill.Report.Counts): they never decrease across
+	// resumes and retries, except when an open chunk's re-read lowers one
+	// of its counts ([Counts.Reread]: it found fewer rows than the earlier
+	// read, or rows that read inserted or rejected now count otherwise) or
+	// a rollback withdraws chunks. RowsProcessed never decreases.
 	Rows Counts `json:"rows"`
 	// RowsProcessed sums the rows of every checkpointed read of every
 	// chunk, a re-read open chunk once per read, rolled back chunks
@@ -54,8 +55,9 @@ type Status struct {
 	// Time splits the run's time, from CreatedAt to AsOf.
 	Time StatusTime `json:"time"`
 	// RecentRate is RowsProcessed of the chunks checkpointed within the
-	// recent window ([StatusWindowSeconds], [StatusWindowChunks]) per
-	// working second within it; nil under 1 s of working time or no
+	// recent window (the last 20 seconds of wall time or the last 20
+	// checkpoints, whichever reaches further back) per working second
+	// within it; nil under 1 s of working time or no
 	// rows. WindowStart is where that window starts.
 	RecentRate  *float64  `json:"recent_rate"`
 	WindowStart time.Time `json:"window_start"`
@@ -103,8 +105,8 @@ type StatusChunks struct {
 	// InFlight counts the pending or open chunks leased by a worker.
 	InFlight int `json:"in_flight"`
 	// Skipped counts the done chunks whose staging and merge were
-	// Skipped, their rows unchanged since the load they were compared
-	// with ([Job.SkipUnchanged], [ChunkState.Skipped]); they are among
+	// skipped, their rows unchanged since the load they were compared
+	// with (backfill.Job.SkipUnchanged, [ChunkState.Skipped]); they are among
 	// Done.
 	Skipped int `json:"skipped"`
 }
@@ -255,13 +257,13 @@ func oneLine(s string) string {
 	return b.String()
 }
 
-// ThrottlePeriod is one hold of a [Throttle] by one worker (a call of
-// [Runner.Run]), as recorded in the manifest.
+// ThrottlePeriod is one hold of a backfillthrottle.Throttle by one worker
+// (a call of backfill.Runner.Run), as recorded in the manifest.
 type ThrottlePeriod struct {
 	ID        int64  `db:"id"`
 	BatchID   int64  `db:"batch_id"`
 	WorkerKey string `db:"worker_key"`
-	// Signal is the throttle's [Signal.Name].
+	// Signal is the throttle's backfillthrottle.Signal.Name.
 	Signal string `db:"signal"`
 	// Reason says why it held (the value and the high watermark).
 	Reason string `db:"reason"`
@@ -272,8 +274,8 @@ type ThrottlePeriod struct {
 	Low   float64 `db:"low"`
 	// StartedAt and EndedAt are the server's times. EndedAt is nil while
 	// the hold lasts; a hold whose worker died without ending it ends, as
-	// read by [ManifestThrottle.ThrottlePeriods], at the worker's last
-	// Heartbeat (Ended reports the end used).
+	// read by backfilldriver.ManifestThrottle.ThrottlePeriods, at the
+	// worker's last heartbeat (Ended reports the end used).
 	StartedAt time.Time  `db:"started_at"`
 	EndedAt   *time.Time `db:"ended_at"`
 	// Ended is EndedAt, or the end assumed for a hold still open: the
@@ -281,13 +283,13 @@ type ThrottlePeriod struct {
 	Ended time.Time `db:"ended"`
 }
 
-// Worker is one call of [Runner.Run] working a run, as the manifest's
+// Worker is one call of backfill.Runner.Run working a run, as the manifest's
 // workers table records it.
 type Worker struct {
 	// Key is the call's random key; a chunk's transaction carries it in
 	// application_name ("backfill <key> " before the session's own).
 	Key string `db:"worker_key" json:"key"`
-	// ID is [Config.WorkerID].
+	// ID is backfill.Config.WorkerID.
 	ID string `db:"worker_id" json:"id"`
 	// BatchID and Job are the run worked.
 	BatchID int64  `db:"batch_id" json:"batch_id"`
@@ -296,7 +298,7 @@ type Worker struct {
 	// process ID.
 	Host string `db:"host" json:"host"`
 	PID  int    `db:"pid" json:"pid"`
-	// StaleAfter is the worker's [Config.StaleAfter].
+	// StaleAfter is the worker's backfill.Config.StaleAfter.
 	StaleAfter time.Duration `db:"-" json:"stale_after"`
 	// StartedAt, HeartbeatAt and FinishedAt (nil while working) are the
 	// server's times.
@@ -315,14 +317,15 @@ type Worker struct {
 	Stale bool `db:"stale" json:"stale"`
 }
 
-// RunLiveness is a run's liveness ([ManifestWorkers.RunLiveness]).
+// RunLiveness is a run's liveness
+// (backfilldriver.ManifestWorkers.RunLiveness).
 type RunLiveness struct {
 	// BatchID, Job and Status are the run's.
 	BatchID int64     `db:"batch_id" json:"batch_id"`
 	Job     string    `db:"job_name" json:"job"`
 	Status  RunStatus `db:"status" json:"status"`
-	// Liveness is [LivenessRunning], [LivenessStalled] or [LivenessDead]
-	// for a running run, else the run's status.
+	// Liveness is backfill.LivenessRunning, backfill.LivenessStalled or
+	// backfill.LivenessDead for a running run, else the run's status.
 	Liveness string `db:"liveness" json:"liveness"`
 	// LastHeartbeat is the latest heartbeat of any worker of the run (nil
 	// if none registered).

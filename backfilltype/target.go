@@ -24,7 +24,7 @@ const (
 	// A replayed event resolves to the existing row and writes nothing. An
 	// event whose ID exists with different content is neither overwritten
 	// nor dropped: it goes to the exception queue with the differing
-	// Columns named (reason "conflicting content for existing event: ...").
+	// columns named (reason "conflicting content for existing event: ...").
 	// Inside one chunk, the first row of an ID wins; later identical rows
 	// are deduplicated and later different rows are rejected the same way.
 	// Between chunks (of one run, or of runs in parallel) that carry one
@@ -53,7 +53,7 @@ const (
 	// whitespace collapse, ...) from source columns. Rows whose derived
 	// keys collide with different content, inside a chunk or with the
 	// target, all go to the exception queue (reason "ambiguous derived
-	// Key"); identical rows are deduplicated.
+	// key"); identical rows are deduplicated.
 	Keyless Mode = "keyless"
 )
 
@@ -68,12 +68,12 @@ const (
 	// transaction commits last wins. At Concurrency 1 that is the chunk
 	// planned last; above it, whichever finishes last, which can differ
 	// from run to run. Use a [Target.Version] with NewerVersionWins for a
-	// Result independent of order and concurrency.
+	// result independent of order and concurrency.
 	SourceWins ConflictPolicy = "source_wins"
 	// TargetWins inserts missing keys only; differing existing rows are
 	// kept and counted as unchanged. Order dependent when the same key,
 	// absent from the target, appears in several chunks with different
-	// Content: the chunk whose transaction commits first inserts it and
+	// content: the chunk whose transaction commits first inserts it and
 	// wins, the others find it and leave it (counted unchanged, not
 	// queued). At Concurrency 1 that is the chunk planned first; above it,
 	// whichever commits first, which can differ from run to run. Use a
@@ -118,19 +118,19 @@ type Target struct {
 	// unquoted dot, an empty part or an unterminated quote is refused
 	// with an error wrapping [ErrInvalidConfig]; the name is resolved
 	// through the catalog (to_regclass of the quoted parts), so it names
-	// one table or none. [Merger.Prepare] returns the schema-qualified
-	// Name in this form.
+	// one table or none. backfill.Merger.Prepare returns the schema-qualified
+	// name in this form.
 	Table string
 	// Key lists the business key columns. The table must have a unique
 	// index or constraint on exactly these columns (in History mode: Key
-	// plus ValidFrom), in any order, otherwise [Merger.Prepare] returns
+	// plus ValidFrom), in any order, otherwise backfill.Merger.Prepare returns
 	// [ErrNoUniqueKey]. Required.
 	Key []string
 	// Columns lists, in order, the columns the extractor writes with
-	// [RowWriter.Write]. It must include every Key column (in Keyless mode
-	// the derived key columns are filled by Derive and must not be
-	// listed; in History mode ValidFrom is listed and ValidTo is not).
-	// Empty means all of the table's columns in table order, except
+	// backfill.RowWriter.Write. It must include every Key column (in
+	// Keyless mode the derived key columns are filled by Derive and must
+	// not be listed; in History mode ValidFrom is listed and ValidTo is
+	// not). Empty means all of the table's columns in table order, except
 	// generated columns, identity columns GENERATED ALWAYS, and the columns
 	// the library fills (derived keys, ValidTo, IngestedAt, HashColumn,
 	// lineage). Columns with defaults are included: list Columns to leave
@@ -163,7 +163,7 @@ type Target struct {
 	// chunking dimension, e.g. when extracting by ModifiedAt.
 	EventTime string
 	// ModifiedAt names the column holding the source modification time:
-	// the extraction cursor that watermarks and [Runner.Handoff] use.
+	// the extraction cursor that watermarks and backfill.Runner.Handoff use.
 	// Recorded in the plan.
 	ModifiedAt string
 	// IngestedAt, if set, names a column the library fills with the
@@ -176,7 +176,8 @@ type Target struct {
 	// backfill_updated_by (bigint) when the table has them.
 	Lineage Lineage
 	// HashColumn, if set, names a column that stores a hash of the non-key
-	// Columns (see [RowHash]). The merge then compares hashes instead of
+	// columns (a SHA-256 of their canonical text, computed by the
+	// library's row writer). The merge then compares hashes instead of
 	// every column to detect changes. It never identifies a row.
 	HashColumn string
 }
@@ -199,13 +200,13 @@ type Lineage struct {
 }
 
 // RollbackMechanism is how a job's batches can be withdrawn, chosen before
-// writing and recorded in the plan ([Job.Rollback]).
+// writing and recorded in the plan (backfill.Job.Rollback).
 type RollbackMechanism string
 
 const (
 	// RollbackUndoLog keeps, in the chunk's transaction, the prior image of
 	// every row a batch updated (and the SCD2 intervals it closed), and
-	// finds the rows it inserted by lineage; [Runner.Rollback] restores
+	// finds the rows it inserted by lineage; backfill.Runner.Rollback restores
 	// them. It needs the Lineage UpdatedBy and InsertedBy columns. The
 	// default when the target has them.
 	RollbackUndoLog RollbackMechanism = "undo_log"
@@ -224,7 +225,7 @@ const (
 	// DateUnspecified: the job declared nothing (no date-only values, or
 	// their meaning is not known).
 	DateUnspecified DateMeaning = ""
-	// DateLocalCalendarDay: the local calendar day in [Job.Zone].
+	// DateLocalCalendarDay: the local calendar day in backfill.Job.Zone.
 	DateLocalCalendarDay DateMeaning = "local calendar day"
 	// DateAccountingPeriod: a business period identifier (the day an
 	// entry was booked to), not an instant.

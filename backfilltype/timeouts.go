@@ -14,7 +14,7 @@ type LockRetry struct {
 	Sleep time.Duration
 }
 
-// DefaultLockTimeout is the default of [Config.LockTimeout].
+// DefaultLockTimeout is the default of backfill.Config.LockTimeout.
 const DefaultLockTimeout = 2 * time.Second
 
 // DefaultLockRetries returns the default retry table for lockTimeout

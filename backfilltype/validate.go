@@ -14,7 +14,7 @@ const (
 	SeverityWarn Severity = "warn"
 	// SeverityError halts the run: the chunk rolls back (nothing of it is
 	// published), the run is paused with the reason, and it resumes only
-	// by an explicit [Runner.Resume] recorded with who and why.
+	// by an explicit backfill.Runner.Resume recorded with who and why.
 	SeverityError Severity = "error"
 )
 
@@ -37,8 +37,9 @@ type CheckResult struct {
 	// Detail holds check-specific evidence as a JSON object (optional).
 	Detail json.RawMessage `json:"detail,omitempty"`
 	// Accepted is set by the runner on a failed check of [SeverityError]
-	// that an operator accepted for this chunk ([Runner.AcceptGate]): the
-	// chunk committed despite it, and the result is kept as evidence.
+	// that an operator accepted for this chunk
+	// (backfill.Runner.AcceptGate): the chunk committed despite it, and the
+	// result is kept as evidence.
 	Accepted bool `json:"accepted,omitempty"`
 }
 
@@ -50,11 +51,11 @@ type Validation struct {
 	CreatedAt time.Time `json:"created_at"`
 	// FailedAttempt is 0 for the results of an attempt that committed, and
 	// the attempt number for those of an attempt that a failed gate rolled
-	// back (kept outside it, see [ManifestGates]).
+	// back (kept outside it, see backfilldriver.ManifestGates).
 	FailedAttempt int `json:"failed_attempt,omitempty"`
 }
 
-// Measure is a column that [Aggregates] sums per group.
+// Measure is a column that backfill.Aggregates sums per group.
 type Measure struct {
 	// Column is a staged column of a numeric type (integer, numeric,
 	// real, double precision).
@@ -62,6 +63,6 @@ type Measure struct {
 	// Tolerance is the largest absolute difference between the staged
 	// and the target sum (of the finite values) that still passes; 0
 	// means exact. Sums are exact for every type, floats included (see
-	// [Aggregates]): 0 never fails for the order of addition.
+	// backfill.Aggregates): 0 never fails for the order of addition.
 	Tolerance float64
 }

@@ -20,7 +20,7 @@ type Blocker struct {
 }
 
 // Wait is one try of a chunk that waited and was rolled back
-// ([ManifestWaits]).
+// (backfilldriver.ManifestWaits).
 type Wait struct {
 	// ID is the record's ID, in the order recorded (set by the manifest).
 	ID int64 `db:"id" json:"id"`
@@ -29,7 +29,7 @@ type Wait struct {
 	Seq     int    `db:"seq" json:"seq"`
 	ChunkID string `db:"chunk_id" json:"chunk_id"`
 	// Attempt is the chunk's attempt (as in [ChunkError.Attempt]); Try
-	// is the 1-based row of [Config.LockRetries] the try ran with.
+	// is the 1-based row of backfill.Config.LockRetries the try ran with.
 	Attempt int `db:"attempt" json:"attempt"`
 	Try     int `db:"try" json:"try"`
 	// SQLState is 55P03 (lock timeout), 40P01 (deadlock), 40001
@@ -53,7 +53,7 @@ type Wait struct {
 	// wait was on the table's last row and ended the attempt as failed.
 	Sleep time.Duration `db:"-" json:"sleep"`
 	Final bool          `db:"final" json:"final"`
-	// Worker is [Config.WorkerID]; At is when it was recorded (server
+	// Worker is backfill.Config.WorkerID; At is when it was recorded (server
 	// clock).
 	Worker string    `db:"worker" json:"worker"`
 	At     time.Time `db:"at" json:"at"`

@@ -134,7 +134,7 @@ const (
 	// joinsAsMerged keeps the merge's settings: index nested loops only.
 	joinsAsMerged JoinPolicy = iota
 	// JoinsIfLarge allows hash and merge joins when the chunk is large
-	// Next to the target (see largeChunk).
+	// next to the target (see largeChunk).
 	JoinsIfLarge
 	// JoinsAllowed always allows them: the query probes staging, which has
 	// no index, or a table that may lack one.
@@ -210,7 +210,7 @@ func (c *PGCheck) WithJoins(ctx context.Context, tx sqlx.ExtContext, policy Join
 }
 
 // CountSample runs q, which returns (k text, n bigint) rows: offending
-// keys, at most maxSample, each with the total count of offenders
+// keys, at most MaxSample, each with the total count of offenders
 // (count(*) OVER ()). It returns the count (0 for no rows) and the keys.
 func CountSample(ctx context.Context, tx sqlx.ExtContext, q string, args ...any) (int64, []string, error) {
 	rows, err := tx.QueryxContext(ctx, q, args...)

@@ -13,13 +13,24 @@ import (
 	"github.com/pgbackfill/backfill/internal/sqlgen"
 )
 
-// ComputeFingerprint is the multiset hash of one side: its row count and the sum
-// of its row hashes (a numeric, as text).
+// Fingerprint is the multiset hash of one side of a chunk (its staged
+// rows, or its target rows): its row count and the sum, as a numeric in
+// text, of a 64-bit hash of each row ([RowHashSQL]). The sum is additive
+// (equal rows do not cancel), and each column's hash is seeded with the
+// hash of the columns before it and its position ([PositionKey]), so a
+// value moved to another column or row changes it. Equal fingerprints
+// prove the two sides the same multiset of rows on the hashed columns,
+// up to a collision chance of about 2^-64, and to one structured
+// weakness: PostgreSQL's timestamp hash folds the 64-bit value to 32 bits
+// (low half XOR high half), so timestamps whose halves XOR alike hash
+// alike. The checks then pass without their joins; a mismatch runs them.
+// The design note docs/design/checks-and-fingerprints.md explains the
+// choices.
 type Fingerprint struct {
 	Rows int64  `json:"rows" db:"rows"`
 	Sum  string `json:"hash_sum" db:"hash_sum"`
 	// Shape is the target's shape read with a tuple fingerprint
-	// (tupleShapeSQL, replay_skip.go); "" otherwise.
+	// ([tupleShapeSQL]); "" otherwise.
 	Shape string `json:"shape,omitempty" db:"shape"`
 }
 
@@ -74,7 +85,7 @@ const fingerprintSeed = "7020098106520436578"
 // stricter than equality: 1.0 and 1.00 differ as text, and such a column
 // sends the check to its exact comparison. bigint hashes its high half as
 // well, as hashint8extended folds the value to 32 bits (lo ^ hi); the
-// timestamps keep the fold (see the comment at the top of this file).
+// timestamps keep the fold (see [Fingerprint]).
 var HashFuncs = map[string]struct{ format, zero string }{
 	"int2":        {"hashint2extended(%s, %s)", "'0'"},
 	"int4":        {"hashint4extended(%s, %s)", "'0'"},
@@ -138,7 +149,7 @@ const pinnedSettings = `SELECT set_config('extra_float_digits', '1', true), set_
 	set_config('lc_monetary', 'C', true)`
 
 // HashKind says how a column is hashed: by its type's hash function
-// (hashFuncs), by its text, or not at all ("").
+// (HashFuncs), by its text, or not at all ("").
 func HashKind(col backfilltype.Column) string {
 	if strings.HasPrefix(col.BaseType, "_") && (col.ElemKind != "" || !col.UserType) {
 		// An array (of a user's type, the array type is the user's too):
@@ -153,8 +164,8 @@ func HashKind(col backfilltype.Column) string {
 	case col.Kind == "c" || col.Kind == "p":
 		return ""
 	}
-	// Only types whose own equality is exact (exactEquality, the merge's
-	// rule, merge_decide.go) hash by their type's function; the others
+	// Only types whose own equality is exact ([exactEquality], the merge's
+	// rule) hash by their type's function; the others
 	// (float 0 and -0 hash alike; text under a collation of its own hashes
 	// its sort key) hash their text, as the merge compares it.
 	_, hashable := HashFuncs[col.BaseType]
@@ -188,7 +199,7 @@ func hashesText(col backfilltype.Column) bool {
 // hashStep returns the SQL expression hashing column col of alias with
 // seed (a bigint SQL expression); pos is the column's position in the row
 // hash. The seed is first XORed with a constant of the position
-// (positionKey), another one when the value is NULL, which then hashes as
+// (PositionKey), another one when the value is NULL, which then hashes as
 // the type's stand-in value. Constants per position matter because some
 // values hash to the seed itself (float zero, hashfloat8extended): with a
 // bare seed, (0, 2.5) and (2.5, 0) in a float8 and a real column would
@@ -245,7 +256,7 @@ func RowHashSQL(info backfilltype.TableInfo, cols []string, alias string) string
 }
 
 // FingerprintColumns returns the columns a fingerprint hashes: the
-// Identity, then the content the checks compare (see [Completeness]).
+// Identity, then the content the checks compare ([CompareColumns]).
 func (c *PGCheck) FingerprintColumns() []string {
 	cc := CompareColumns(c.scope.Info)
 	return append(cc.Identity, cc.Checked...)
@@ -326,7 +337,7 @@ func (c *PGCheck) fingerprintTarget(p *FingerprintProof, cols []string, a *SQLAr
 func (c *PGCheck) unhashable(cols []string) string {
 	for _, n := range cols {
 		if col := c.Cols[n]; HashKind(col) == "" {
-			return fmt.Sprintf("column %q: no fingerprint for type %s (see validate_fingerprint.go)", n, cmp.Or(col.Type, col.BaseType))
+			return fmt.Sprintf("column %q: no fingerprint for type %s", n, cmp.Or(col.Type, col.BaseType))
 		}
 	}
 	return ""

@@ -13,8 +13,8 @@ import (
 
 // idMatch returns the condition that rows a and b have the same identity:
 // = for columns that cannot be NULL in staging (Key columns, NOT NULL
-// Columns), IS NOT DISTINCT FROM otherwise (see [Completeness] and the
-// comment at the top of validate_pg.go).
+// Columns), IS NOT DISTINCT FROM otherwise: PostgreSQL uses an index or a
+// hash for = only (see backfill.Completeness).
 func (c *PGCheck) idMatch(a, b string) string {
 	id := c.scope.Info.Identity()
 	parts := make([]string, len(id))
@@ -39,14 +39,14 @@ func (c *PGCheck) idMatch(a, b string) string {
 // after a merge the staged row won: [ComparedColumns].Checked, every
 // staged column but the identity, the columns the library fills for the
 // row (ingestion time, lineage; the hash stays, it is a function of the
-// Content) and, in Keyless mode, the raw sources of derived keys.
+// content) and, in Keyless mode, the raw sources of derived keys.
 func (c *PGCheck) Content() []string { return slices.Clone(CompareColumns(c.scope.Info).Checked) }
 
 // cmpExpr is how the checks compare a column: as text for types without
 // an equality operator (as the merge does), and byte for byte where the
 // column's own equality is looser (see exactForm).
 func (c *PGCheck) cmpExpr(alias, n string) string {
-	// The merge's rule (merge_decide.go): a check that compares content
+	// The merge's rule ([ExactCompare]): a check that compares content
 	// fails when the target holds another form of an equal value.
 	return ExactCompare(c.Cols[n], alias+"."+sqlgen.Ident(n))
 }
@@ -57,7 +57,7 @@ func (c *PGCheck) cmpExpr(alias, n string) string {
 // equating 'a' and 'A', PostgreSQL docs, 24.2.2.4 "Nondeterministic
 // Collations") compares under "C", whose equality is byte for byte;
 // citext (case-insensitive by design) as its text under "C". Other
-// Columns keep their type's equality, which is exact for every built-in
+// columns keep their type's equality, which is exact for every built-in
 // type the checks compare: floats, numerics, timestamps compare their
 // full values, never a rounded form. The database's default collation is
 // always deterministic.
@@ -188,7 +188,7 @@ WHERE NOT EXISTS (SELECT 1 FROM {target} t WHERE {ts}) ORDER BY {sid} LIMIT {max
 }
 
 // DifferingContentSQL lists (k, n) the staged rows whose target row holds
-// Other content where the staged row wins (wins, see sourceWins), with
+// other content where the staged row wins (wins, see SourceWins), with
 // the columns that differ.
 func (c *PGCheck) DifferingContentSQL(wins string) string {
 	id := c.scope.Info.Identity()
@@ -249,9 +249,9 @@ ORDER BY s._backfill_order, {sid}`,
 // AggregatesSQL compares, per group (day, the Day expression of an
 // alias, nil for none, then dims), the row counts and each measure's
 // exact sum, special values and NULLs of staging with those of the
-// target rows of the staged identities (see [Aggregates]). It returns
+// target rows of the staged identities (see backfill.Aggregates). It returns
 // (groups, differing, grp, _sn, _tn, ss, ts, _sz, _tz, _mbad): the counts,
-// then one differing group per row (up to maxSample), or one row of NULLs
+// then one differing group per row (up to MaxSample), or one row of NULLs
 // when no group differs. Tolerances are bound in a.
 func (c *PGCheck) AggregatesSQL(day func(alias string) string, dims []string, measures []backfilltype.Measure, a *SQLArgs) string {
 	var gcols []string
@@ -309,7 +309,7 @@ FROM (SELECT 1) one LEFT JOIN LATERAL (
 }
 
 // aggregatesSideSQL aggregates one side per group: side 0 staging (alias
-// S), side 1 the target rows of the staged identities (alias t). Each
+// s), side 1 the target rows of the staged identities (alias t). Each
 // side fills its own columns and zeros the other's, so that the two
 // combine per group without FILTER, every row aggregated once.
 //
@@ -385,7 +385,7 @@ func (c *PGCheck) aggregatesSideSQL(day func(alias string) string, dims []string
 }
 
 // FingerprintStagingSQL counts the staged rows and sums their row hashes
-// of cols (see rowHashSQL).
+// of cols (see RowHashSQL).
 func (c *PGCheck) FingerprintStagingSQL(cols []string) string {
 	return SQLf(`SELECT count(*) AS rows, coalesce(sum({hash}), 0)::text AS hash_sum FROM {staging} s`,
 		"hash", RowHashSQL(c.scope.Info, cols, "s"), "staging", c.Staging)

@@ -13,25 +13,27 @@ import (
 	"github.com/pgbackfill/backfill/backfilltype"
 )
 
-// Knob names of [PGManifest.SetKnob] (and the SQL function set_knob).
+// Knob names of [Manifest.SetKnob] (and the SQL function set_knob).
 const (
 	// KnobConcurrency is the workers of each process (a whole number, at
-	// least 1); a process runs at most its [Config.Concurrency], so the
+	// least 1); a process runs at most its backfill.Config.Concurrency, so the
 	// knob lowers it or raises it back up to that.
 	KnobConcurrency = "concurrency"
-	// KnobJobConcurrency replaces [Config.JobConcurrency] (a whole number,
-	// at least 1) in the processes that run with a JobConcurrency; others
-	// ignore it.
+	// KnobJobConcurrency replaces backfill.Config.JobConcurrency (a whole
+	// number, at least 1) in the processes that run with a JobConcurrency;
+	// others ignore it.
 	KnobJobConcurrency = "job_concurrency"
-	// KnobRowsPerSecond replaces [Config.RowsPerSecond] (0: no cap).
+	// KnobRowsPerSecond replaces backfill.Config.RowsPerSecond (0: no cap).
 	KnobRowsPerSecond = "rows_per_second"
 )
 
-// KnobThrottleHigh and KnobThrottleLow name the knobs that replace the
-// High and Low watermarks of the [Throttle] whose signal is named signal.
+// KnobThrottleHigh and KnobThrottleLow name the knobs that replace the High
+// and Low watermarks of the backfillthrottle.Throttle whose signal is named
+// signal.
 func KnobThrottleHigh(signal string) string { return "throttle." + signal + ".high" }
 
-// KnobThrottleLow: see [KnobThrottleHigh].
+// KnobThrottleLow names the knob that replaces the Low watermark; see
+// [KnobThrottleHigh].
 func KnobThrottleLow(signal string) string { return "throttle." + signal + ".low" }
 
 // ControlManifest is the control plane as the Runner uses it
@@ -45,33 +47,34 @@ type ControlManifest interface {
 
 var _ ControlManifest = (*Manifest)(nil)
 
-// Pause pauses run batchID through the SQL function pause: no worker of
-// any process claims another chunk; the chunks in flight finish and
-// checkpoint, and each call of [Runner.Run] on the run returns an error
-// wrapping [ErrRunPaused]. actor and why are required (else an error
-// wrapping [ErrInvalidConfig]). A run that is not running or failed gives
-// an error wrapping [ErrRunStatus]; an unknown batch [ErrRunNotFound].
+// Pause pauses run batchID through the SQL function pause: no worker of any
+// process claims another chunk; the chunks in flight finish and checkpoint,
+// and each call of backfill.Runner.Run on the run returns an error wrapping
+// [backfilltype.ErrRunPaused]. actor and why are required (else an error
+// wrapping [backfilltype.ErrInvalidConfig]). A run that is not running or
+// failed gives an error wrapping [backfilltype.ErrRunStatus]; an unknown
+// batch [backfilltype.ErrRunNotFound].
 func (m *Manifest) Pause(ctx context.Context, db sqlx.ExtContext, batchID int64, actor, why string) error {
 	return m.ReadControl(ctx, db, "pause", batchID, actor, why)
 }
 
-// Resume resumes a paused or cancelled run batchID through the SQL
-// function resume: it is running again, and the next [Runner.Run] of its
-// job (or the calls still waiting on it) work it. Errors as
-// [PGManifest.Pause]; a run that is neither paused nor cancelled gives
-// [ErrNotPaused] (and [ErrRunStatus]).
+// Resume resumes a paused or cancelled run batchID through the SQL function
+// resume: it is running again, and the next backfill.Runner.Run of its job
+// (or the calls still waiting on it) work it. Errors as [Manifest.Pause]; a
+// run that is neither paused nor cancelled gives
+// [backfilltype.ErrNotPaused] (and [backfilltype.ErrRunStatus]).
 func (m *Manifest) Resume(ctx context.Context, db sqlx.ExtContext, batchID int64, actor, why string) error {
 	return m.ReadControl(ctx, db, "resume", batchID, actor, why)
 }
 
-// Cancel cancels run batchID through the SQL function cancel: the
-// workers of every process abort their chunks in flight (rolled back:
-// their leases released, the chunks pending, nothing half-merged) and
-// claim nothing more; the run ends [RunCancelled] and each call of
-// [Runner.Run] on it returns an error wrapping [ErrRunCancelled]. Only an
-// explicit resume ([Runner.Resume], [PGManifest.Resume], SQL resume)
-// restarts it; [Job.NewRun] starts a new run instead. Errors as
-// [PGManifest.Pause].
+// Cancel cancels run batchID through the SQL function cancel: the workers
+// of every process abort their chunks in flight (rolled back: their leases
+// released, the chunks pending, nothing half-merged) and claim nothing
+// more; the run ends [backfilltype.RunCancelled] and each call of
+// backfill.Runner.Run on it returns an error wrapping
+// [backfilltype.ErrRunCancelled]. Only an explicit resume
+// (backfill.Runner.Resume, [Manifest.Resume], SQL resume) restarts it;
+// backfill.Job.NewRun starts a new run instead. Errors as [Manifest.Pause].
 func (m *Manifest) Cancel(ctx context.Context, db sqlx.ExtContext, batchID int64, actor, why string) error {
 	return m.ReadControl(ctx, db, "cancel", batchID, actor, why)
 }
@@ -88,14 +91,15 @@ func (m *Manifest) ReadControl(ctx context.Context, db sqlx.ExtContext, action s
 	return nil
 }
 
-// SetKnob sets live knob key of run batchID to value (a number as text,
-// or "default" to go back to each process's [Config]) through the SQL
+// SetKnob sets live knob key of run batchID to value (a number as text, or
+// "default" to go back to each process's backfill.Config) through the SQL
 // function set_knob; every worker of every process applies it within one
-// [Config.ThrottleInterval]. Keys: [KnobConcurrency],
+// backfill.Config.ThrottleInterval. Keys: [KnobConcurrency],
 // [KnobJobConcurrency], [KnobRowsPerSecond], [KnobThrottleHigh] and
-// [KnobThrottleLow]. An unknown key, a bad value or a missing actor or
-// why gives an error wrapping [ErrInvalidConfig] that names the key and
-// value; a completed, rolled back or abandoned run [ErrRunStatus].
+// [KnobThrottleLow]. An unknown key, a bad value or a missing actor or why
+// gives an error wrapping [backfilltype.ErrInvalidConfig] that names the
+// key and value; a completed, rolled back or abandoned run
+// [backfilltype.ErrRunStatus].
 func (m *Manifest) SetKnob(ctx context.Context, db sqlx.ExtContext, p SetKnobParams) error {
 	batchID, key, value := p.BatchID, p.Key, p.Value
 	actor, why := ManifestText(p.Actor), ManifestText(p.Why)
@@ -167,7 +171,8 @@ func controlError(err error, resume bool) error {
 	return err
 }
 
-// knobInt returns knob key of st as a whole number, or def when unset.
+// KnobValue returns the value of knob key in knobs, or def when it is
+// unset or NaN.
 func KnobValue(knobs map[string]float64, key string, def float64) float64 {
 	if v, ok := knobs[key]; ok && !math.IsNaN(v) {
 		return v

@@ -22,7 +22,7 @@ import (
 
 // ChunkFingerprint is an order-independent (multiset) hash of rows: their
 // count and two 64-bit lanes, each the sum modulo 2^64 of a lane of each
-// row's SHA-256 (of encodeSourceRow's encoding). A sum, unlike XOR, does
+// row's SHA-256 (of EncodeSourceRow's encoding). A sum, unlike XOR, does
 // not cancel equal rows. buf is the reused encoding of a row: adding a
 // row allocates nothing.
 type ChunkFingerprint struct {
@@ -31,7 +31,7 @@ type ChunkFingerprint struct {
 	buf  []byte
 }
 
-// SourceEncodingVersion names encodeSourceRow's encoding in a recorded
+// SourceEncodingVersion names EncodeSourceRow's encoding in a recorded
 // source fingerprint (String), so that a fingerprint recorded under
 // another encoding never compares equal to one of this encoding: the
 // chunk is merged once, and records this encoding's. Version 1 (no tag,
@@ -39,7 +39,7 @@ type ChunkFingerprint struct {
 const SourceEncodingVersion = "v2"
 
 // Add adds one converted row: the values of cols (the written columns),
-// as convertValue returns them.
+// as ConvertValue returns them.
 func (f *ChunkFingerprint) Add(cols []backfilltype.Column, values []any) {
 	f.buf = EncodeSourceRow(f.buf[:0], cols, values)
 	sum := sha256.Sum256(f.buf)
@@ -54,7 +54,7 @@ func (f ChunkFingerprint) String() string {
 	return fmt.Sprintf("%s:%d:%016x:%016x", SourceEncodingVersion, f.Rows, f.Sum[0], f.Sum[1])
 }
 
-// Tags of encodeSourceRow: one byte before each value, its type (and a
+// Tags of EncodeSourceRow: one byte before each value, its type (and a
 // bool's value), so that values of different types or NULL never encode
 // alike.
 const (
@@ -70,15 +70,15 @@ const (
 )
 
 // EncodeSourceRow appends to buf an unambiguous encoding of the values of
-// Cols (the written columns) of a converted row, key columns included,
+// cols (the written columns) of a converted row, key columns included,
 // in column order (the
-// encoding of sourceEncodingVersion): per column a tag (NULL, or the
+// encoding of SourceEncodingVersion): per column a tag (NULL, or the
 // value's type), then the value: integers as varints, floats as their 8
 // bytes, strings and byte slices uvarint-length-prefixed, a time as the
 // varints of its Unix seconds, nanoseconds and zone offset. Every part is
 // self-delimiting, so a row decodes in one way: two rows encode alike
 // only when their values are equal, of the same types, NULLs in the same
-// Columns (an empty string is not NULL). The encoding is of the values as
+// columns (an empty string is not NULL). The encoding is of the values as
 // converted, not canonical: a value written in another form (numeric text
 // 1.0 where the last load had 1.00, a time in another zone) encodes
 // differently, so the chunk counts as changed and is merged, which is
@@ -124,8 +124,8 @@ func EncodeSourceRow(buf []byte, cols []backfilltype.Column, values []any) []byt
 // the rows of info's target whose chunkColumn lies within c's bounds (zone
 // for a timestamp or date column, nil for UTC), over every column of info
 // (identity first), computed by the server in tx without writing. It
-// returns an error wrapping [ErrUnsupported] when a column has no
-// ComputeFingerprint (hashKind) or chunkColumn is "", and the query's error.
+// returns an error wrapping [backfilltype.ErrUnsupported] when a column has no
+// fingerprint ([HashKind]) or chunkColumn is "", and the query's error.
 func TargetFingerprint(ctx context.Context, tx sqlx.ExtContext, info backfilltype.TableInfo, chunkColumn string, zone *time.Location, c backfilltype.Chunk) (Fingerprint, error) {
 	if chunkColumn == "" {
 		return Fingerprint{}, fmt.Errorf("backfill: chunk %s: target fingerprint: %w: no ChunkColumn bounds the chunk's target rows", c.ID, backfilltype.ErrUnsupported)
@@ -161,15 +161,15 @@ func TargetFingerprint(ctx context.Context, tx sqlx.ExtContext, info backfilltyp
 // xmin, a DELETE removes one (the count drops), an INSERT adds one. So
 // the rows of a chunk whose identities are the same multiset as at the
 // last load are the same row versions, byte for byte, whatever their
-// width: the target side of a skip is checked without reading a value
-// (issue 15). Freezing keeps the raw xmin (PostgreSQL 9.4 and later); a
+// width: the target side of a skip is checked without reading a value.
+// Freezing keeps the raw xmin (PostgreSQL 9.4 and later); a
 // rewrite (VACUUM FULL, CLUSTER, a column type change) moves every row,
 // and the chunk then merges once (writing nothing) and records the new
 // identities. What it does not see: a row version left behind at a
 // ctid and reused by one whose writer's 32-bit xid equals the first's,
 // which takes about 2^32 transactions between the two loads; and target
 // tables other than heap ones, whose fingerprints hash values
-// (TableInfo.tupleIdentity is false for them).
+// (TableInfo.TupleIdentity is false for them).
 func tupleHashSQL(alias string) string {
 	return fmt.Sprintf("hashtidextended(%[1]s.ctid, hashtextextended(%[1]s.xmin::text, %[1]s.tableoid::int8))", alias)
 }
@@ -181,7 +181,7 @@ func tupleHashSQL(alias string) string {
 // chunk's rows, "" for none), and each one's kind and access method. Row
 // versions read as other values, without a write, when a column is
 // dropped and added again (its values NULL or a constant default), two
-// Columns' names are swapped, or the same is done to a partition
+// columns' names are swapped, or the same is done to a partition
 // detached and attached again: the shape then differs. A partition
 // holding none of the chunk's rows (one created ahead, or dropped) does
 // not change it. It is read by the fingerprint's own statement, in the
@@ -209,7 +209,7 @@ func tupleShapeSQL(target, oids string, a *SQLArgs) string {
 // fingerprintSQL is the statement of a target fingerprint: the count
 // (rows) and hash sum (hash_sum) of the target rows of alias t in from (a
 // FROM clause, its WHERE included) of info's target named target, over
-// Cols' values (rowHashSQL) or, with info.tupleIdentity, over their row
+// cols' values (RowHashSQL) or, with info.TupleIdentity, over their row
 // versions (tupleHashSQL) with the target's shape (shape: tupleShapeSQL,
 // over the partitions holding those rows when it is partitioned). stray,
 // when not "", is a condition on a row whose count is column stray.
@@ -248,9 +248,9 @@ type MergedFingerprint struct {
 
 // TargetFingerprintMerged returns the fingerprint a merged chunk c
 // records (recordAfterMerge), of the target rows a replay compares:
-// with chunkColumn those within c's bounds (targetFingerprint's), for
-// ChunkColumn "" those of the identities in staging, the chunk's
-// Staging table (targetFingerprintKeys' at the replay), and, from the
+// with chunkColumn those within c's bounds (TargetFingerprint's), for
+// chunkColumn "" those of the identities in staging, the chunk's
+// staging table (TargetFingerprintKeys' at the replay), and, from the
 // same statement, the count of
 // those rows that differ from the staged row of their identity or have
 // none. Taking both in one statement matters: under READ COMMITTED
@@ -258,7 +258,7 @@ type MergedFingerprint struct {
 // target rows it leaves unchanged, so another session may change one
 // and commit between the merge and this statement. A zero Stray proves
 // that the state hashed is one a merge of the staged rows leaves as it
-// is, whatever happened since the merge. Errors are targetFingerprint's.
+// is, whatever happened since the merge. Errors are TargetFingerprint's.
 func TargetFingerprintMerged(ctx context.Context, tx sqlx.ExtContext, p TargetFingerprintMergedParams) (MergedFingerprint, error) {
 	info, chunkColumn, c := p.Info, p.ChunkColumn, p.Chunk
 	pc, cols, err := TargetFingerprintCheck(info, backfilldriver.ValidationScope{Chunk: c, Info: info, ChunkColumn: chunkColumn, Zone: p.Zone, Staging: p.Staging})
@@ -286,7 +286,7 @@ func TargetFingerprintMerged(ctx context.Context, tx sqlx.ExtContext, p TargetFi
 			return MergedFingerprint{}, err
 		}
 		// A staged identity is never NULL (the row writer rejects a NULL
-		// Key), so a NULL one is a target row without a staged row. The
+		// key), so a NULL one is a target row without a staged row. The
 		// staged identities are distinct (the merge took every row, none
 		// deduplicated), so each target row joins at most one.
 		q = fingerprintSQL(info, cols, pc.target, SQLf(`{target} t LEFT JOIN {staging} s ON {ts} WHERE {bounds}`,
@@ -318,10 +318,10 @@ type TargetFingerprintMergedParams struct {
 // no index, a nested loop scanning staging once per target row.
 const joinsSettings = `set_config('enable_hashjoin', 'on', true), set_config('enable_mergejoin', 'on', true)`
 
-// TargetFingerprintKeys is targetFingerprint for a job without
+// TargetFingerprintKeys is TargetFingerprint for a job without
 // ChunkColumn: the target rows whose identity is among keys (keys[i]
 // the text forms of identity column i, row by row), sent as arrays. A
-// Key in another text form than the target's (a value the spool holds
+// key in another text form than the target's (a value the spool holds
 // otherwise) matches no row: the count then differs, never a wrong
 // match by equality of another row.
 func TargetFingerprintKeys(ctx context.Context, tx sqlx.ExtContext, info backfilltype.TableInfo, keys [][]string, c backfilltype.Chunk) (Fingerprint, error) {
@@ -338,7 +338,7 @@ func TargetFingerprintKeys(ctx context.Context, tx sqlx.ExtContext, info backfil
 }
 
 // KeysJoin returns the FROM clause of the target rows (alias t) whose
-// Identity is among keys, sent as text arrays (bind parameters added to
+// identity is among keys, sent as text arrays (bind parameters added to
 // a), each cast to its column's type.
 func KeysJoin(pc *PGCheck, keys [][]string, a *SQLArgs) string {
 	identity := pc.scope.Info.Identity()
@@ -355,8 +355,8 @@ func KeysJoin(pc *PGCheck, keys [][]string, a *SQLArgs) string {
 
 // TargetFingerprintCheck is the check that builds a target fingerprint's
 // query for scope, and the columns hashed: every column of the target,
-// Identity first. It returns an error wrapping [ErrUnsupported] when a
-// column has no fingerprint.
+// identity first. It returns an error wrapping
+// [backfilltype.ErrUnsupported] when a column has no fingerprint.
 func TargetFingerprintCheck(info backfilltype.TableInfo, scope backfilldriver.ValidationScope) (*PGCheck, []string, error) {
 	c := scope.Chunk
 	pc, err := NewPGCheck("target fingerprint", backfilltype.SeverityError, scope)
@@ -380,7 +380,7 @@ func TargetFingerprintCheck(info backfilltype.TableInfo, scope backfilldriver.Va
 // pinnedFingerprint runs q (args a) in tx with the text forms the hash
 // reads pinned: set for the statement, restored at its end
 // (set_config(..., true) lasts to the end of the transaction, so a
-// savepoint scopes it). When pin is false (hashReadsSettings: no value's
+// savepoint scopes it). When pin is false (HashReadsSettings: no value's
 // hash depends on a setting) it runs q alone: one statement instead of
 // four (a replay's skipped chunk waits for each).
 func pinnedFingerprint(ctx context.Context, tx sqlx.ExtContext, c backfilltype.Chunk, q string, a SQLArgs, pin bool) (Fingerprint, error) {
@@ -401,9 +401,9 @@ func pinnedFingerprint(ctx context.Context, tx sqlx.ExtContext, c backfilltype.C
 var settingsFreeText = map[string]bool{"text": true, "varchar": true, "bpchar": true, "numeric": true}
 
 // HashReadsSettings reports whether the row hash of cols (pc's target
-// Columns, rowHashSQL) reads a setting of pinnedSettings: a column hashed
+// columns, RowHashSQL) reads a setting of pinnedSettings: a column hashed
 // by its text, unless of a type whose text no setting changes
-// (settingsFreeText). Those hashed by their type's function (hashKind
+// (settingsFreeText). Those hashed by their type's function (HashKind
 // "func") read none: by the binary value, timestamptz AT TIME ZONE 'UTC'
 // named in the expression, the reg* types by OID.
 func HashReadsSettings(pc *PGCheck, cols []string) bool {
@@ -495,7 +495,7 @@ type FingerprintAdder struct {
 	Next RowAdder              `json:"-" db:"-"`
 }
 
-// Add implements rowAdder.
+// Add implements RowAdder.
 func (a *FingerprintAdder) Add(ctx context.Context, row int64, values []any) error {
 	a.Fp.Add(a.Cols, values[:len(a.Cols)])
 	return a.Next.Add(ctx, row, values)

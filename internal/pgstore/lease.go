@@ -28,7 +28,7 @@ type chunkLease struct {
 	State backfilltype.ChunkState `json:"-" db:"-"`
 	Epoch int64                   `json:"-" db:"-"`
 	// Control is the run's control state read by the lease's statement
-	// (the read between two chunks, backfill_control.go).
+	// (the read between two chunks).
 	Control backfilltype.ControlState `json:"-" db:"-"`
 }
 
@@ -49,7 +49,7 @@ func liveLeaseOf(alias, staleArg string) string {
 }
 
 // LeaseChunk leases the first claimable chunk of batchID (the conditions
-// of claimLeased) whose lease is free, not live, or key's own and not in
+// of ClaimLeased) whose lease is free, not live, or key's own and not in
 // l.avoid (the caller lists there the chunks its goroutines work), in a
 // short transaction of its own. ok is false when there is none.
 //
@@ -105,16 +105,16 @@ func (m *Manifest) LeaseChunk(ctx context.Context, db sqlx.ExtContext, batchID i
 	return chunkLease{State: rows[0].state(), Epoch: rows[0].Epoch, Control: st}, true, false, nil
 }
 
-// LeaseQuery leases the first claimable chunk of batch $1 (claimQuery's
+// LeaseQuery leases the first claimable chunk of batch $1 (ClaimQuery's
 // conditions, and the same walk of the index chunks_claimable) not in $2
 // (int[]) whose lease is free, not live ($4: the stale bound in seconds)
 // or key $3's own, and returns it with its new lease_epoch and the run's
-// Control state (Control's columns: run_status, run_reason, run_knobs),
+// control state (Control's columns: run_status, run_reason, run_knobs),
 // so that the read of the control state between two chunks costs no
 // statement of its own.
 //
 // Its commit does not wait for the WAL flush (synchronous_commit off): a
-// Lease lost with a server crash is harmless. The crash ends the chunk's
+// lease lost with a server crash is harmless. The crash ends the chunk's
 // transaction (its connection), and the lease's row is back at its
 // previous lease_key and lease_epoch; a lease taken afterwards by another
 // worker may reuse the lost epoch number, but under its own key, which
@@ -135,14 +135,14 @@ var LeaseQuery = `UPDATE {s}.chunks SET lease_key = $3, lease_epoch = lease_epoc
 				coalesce((SELECT json_object_agg(k.key, k.value) FROM {s}.knobs k WHERE k.batch_id = $1), '{}')::text AS run_knobs`
 
 // FenceLease is the fence of a leased chunk's transaction tx: with the
-// Settings of the lease (claimLeased's), it locks the chunk's row and
+// settings of the lease (ClaimLeased's), it locks the chunk's row and
 // clears its lease WHERE the lease is still key's at epoch, the chunk
 // claimable and the run running or paused (a chunk in flight when the run
 // is paused finishes: only new claims stop). ok is false when it is not:
 // the lease was taken over (or the chunk or run moved on), and tx must
 // not commit the chunk. pid is the backend's.
 //
-// One statement (issue 15, per-chunk round trips): the settings are an
+// One statement, one round trip per chunk: the settings are an
 // uncorrelated subquery in a condition without columns, which PostgreSQL
 // evaluates once, as a one-time filter, before the scan reaches the
 // chunk's row; the wait for that row's lock is so bounded by the try's
@@ -173,7 +173,7 @@ func (m *Manifest) FenceLease(ctx context.Context, tx sqlx.ExtContext, batchID i
 }
 
 // leaseSettings is the condition that sets, locally in the chunk's
-// transaction, the settings claimLeased sets with its claim ($5 to $11:
+// transaction, the settings ClaimLeased sets with its claim ($5 to $11:
 // statement_timeout, lock_timeout, the application_name prefix, the TCP
 // keepalive idle, interval and count, tcp_user_timeout; see
 // Lease.settings).
@@ -187,7 +187,7 @@ const leaseSettings = `set_config('statement_timeout', CASE WHEN set_config('bac
 		AND set_config('tcp_user_timeout', $11, true) IS NOT NULL`
 
 // ReleaseLease clears the lease of chunk seq if it is still key's at
-// Epoch, in a short transaction of its own.
+// epoch, in a short transaction of its own.
 func (m *Manifest) ReleaseLease(ctx context.Context, db sqlx.ExtContext, batchID int64, seq int, key string, epoch int64) error {
 	return InShortTx(ctx, db, func(tx sqlx.ExtContext) error {
 		_, err := tx.ExecContext(ctx, m.SQL(`UPDATE {s}.chunks SET lease_key = NULL, leased_at = NULL

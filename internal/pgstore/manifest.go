@@ -21,9 +21,9 @@ import (
 )
 
 // JobStatus returns the progress of the latest run of the job named job,
-// without the job's code: [PGManifest.LatestRun], then
-// [PGManifest.Status]. A job that never ran gives an error wrapping
-// [ErrRunNotFound].
+// without the job's code: [Manifest.LatestRun], then
+// [Manifest.Status]. A job that never ran gives an error wrapping
+// [backfilltype.ErrRunNotFound].
 func (m *Manifest) JobStatus(ctx context.Context, db sqlx.ExtContext, job string) (backfilltype.Status, error) {
 	run, err := m.LatestRun(ctx, db, job)
 	if err != nil {
@@ -56,8 +56,8 @@ var (
 )
 
 // NewManifest returns a PostgreSQL manifest in schema ("" means
-// "backfill"). The schema is created and migrated by [PGManifest.Migrate]
-// (an administrator's step, "backfill migrate"), or by [PGManifest.Init]
+// "backfill"). The schema is created and migrated by [Manifest.Migrate]
+// (an administrator's step, "backfill migrate"), or by [Manifest.Init]
 // when the role may. schema is one
 // identifier, taken literally and always quoted: "ops.backfill" is the
 // SchemaName of that name (with a dot), never schema backfill of a database
@@ -81,11 +81,11 @@ type txBeginner interface {
 	BeginTxx(ctx context.Context, opts *sql.TxOptions) (*sqlx.Tx, error)
 }
 
-// InTx runs f in a transaction: a new one when db can begin one
-// (*sqlx.DB, or a [DB]), otherwise db itself, which must then be a
+// InTx runs f in a transaction: a new one when db can begin one (*sqlx.DB,
+// or a [backfilldriver.DB]), otherwise db itself, which must then be a
 // transaction.
 //
-// A transaction inTx begins is READ COMMITTED, whatever the database's
+// A transaction InTx begins is READ COMMITTED, whatever the database's
 // default_transaction_isolation: the library's transactions take a lock
 // (an advisory lock, or a row lock with FOR UPDATE) and then read what the
 // holder before them committed, which a snapshot taken before the lock
@@ -98,35 +98,35 @@ func InTx(ctx context.Context, db sqlx.ExtContext, f func(tx sqlx.ExtContext) er
 	return inTxIdle(ctx, db, txPlain, f)
 }
 
-// InShortTx is inTx for a transaction that only runs statements (no
+// InShortTx is InTx for a transaction that only runs statements (no
 // validator, no extractor, nothing of the caller's between them): it
 // also sets idle_in_transaction_session_timeout to manifestIdleTimeout,
 // locally, so that a worker frozen inside it (SIGSTOP, a stalled host)
 // holds its locks, such as the run's row, for that long at most.
 //
-// It also sets lock_timeout ([Config.LockTimeout]) and, when configured,
-// statement_timeout ([Config.StatementTimeout]), locally, in the same
-// statement, and retries a transaction that waited (55P03, 57014; 40001
-// and 40P01 as inTx does) with the sleeps of [Config.LockRetries]
-// (retryWaits). The settings are the Runner's when db is its [DB], the
-// defaults otherwise.
+// It also sets lock_timeout (backfill.Config.LockTimeout) and, when
+// configured, statement_timeout (backfill.Config.StatementTimeout),
+// locally, in the same statement, and retries a transaction that waited
+// (55P03, 57014; 40001 and 40P01 as InTx does) with the sleeps of
+// backfill.Config.LockRetries (retryWaits). The settings are the Runner's
+// when db is its [backfilldriver.DB], the defaults otherwise.
 func InShortTx(ctx context.Context, db sqlx.ExtContext, f func(tx sqlx.ExtContext) error) error {
 	return inTxIdle(ctx, db, txShort, f)
 }
 
-// InBoundedTx is inTx for a transaction that may run long (a rollback,
+// InBoundedTx is InTx for a transaction that may run long (a rollback,
 // the publish at the end of a run, an operator's decision): it sets
-// lock_timeout ([Config.LockTimeout]) locally, but no statement_timeout
+// lock_timeout (backfill.Config.LockTimeout) locally, but no statement_timeout
 // and no idle timeout, and retries a transaction whose lock wait timed
-// out (55P03; 40001 and 40P01 as inTx does) with the sleeps of
-// [Config.LockRetries]. Each wait is logged with the sessions holding
+// out (55P03; 40001 and 40P01 as InTx does) with the sleeps of
+// backfill.Config.LockRetries. Each wait is logged with the sessions holding
 // strong locks. f must be safe to run again.
 func InBoundedTx(ctx context.Context, db sqlx.ExtContext, f func(tx sqlx.ExtContext) error) error {
 	return inTxIdle(ctx, db, txBounded, f)
 }
 
-// inShortTxOwnWaits is inShortTx for a transaction that sets its own
-// lock_timeout and handles its lock timeouts itself (waitInFlight): no
+// inShortTxOwnWaits is InShortTx for a transaction that sets its own
+// lock_timeout and handles its lock timeouts itself (WaitInFlight): no
 // lock_timeout, no retry of 55P03.
 func inShortTxOwnWaits(ctx context.Context, db sqlx.ExtContext, f func(tx sqlx.ExtContext) error) error {
 	return inTxIdle(ctx, db, txShortOwnWaits, f)
@@ -166,7 +166,7 @@ func inTxIdle(ctx context.Context, db sqlx.ExtContext, mode txMode, f func(tx sq
 		return retryTx(ctx, func() error {
 			tx, err := b.BeginTxx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
 			if err != nil {
-				return statementPoolerHint(ctx, b, err) // backfill_pooler.go
+				return statementPoolerHint(ctx, b, err)
 			}
 			var set string
 			switch mode {
@@ -196,7 +196,7 @@ func inTxIdle(ctx context.Context, db sqlx.ExtContext, mode txMode, f func(tx sq
 	}
 	return retryWaits(ctx, settings.Retries, try, func(code, msg string, n int, sleep time.Duration) {
 		// The blocker is gone once the statement timed out; the
-		// Sessions still holding strong locks are the likely ones.
+		// sessions still holding strong locks are the likely ones.
 		hs := strongLockHolders(context.WithoutCancel(ctx), db)
 		log.Warn("backfill: a transaction of the library waited; rolled back, retrying after a pause", "sqlstate", code, "message", msg,
 			"try", n, "lock_timeout", settings.manifestLockTimeout(), "sleep", sleep, "blockers", cmp.Or(DescribeBlockers(hs), "none seen"))
@@ -204,7 +204,7 @@ func inTxIdle(ctx context.Context, db sqlx.ExtContext, mode txMode, f func(tx sq
 }
 
 // manifestIdleTimeout is idle_in_transaction_session_timeout in the
-// transactions inShortTx begins: they only run statements, so a longer
+// transactions InShortTx begins: they only run statements, so a longer
 // idle time means a frozen client.
 const manifestIdleTimeout = 10 * time.Second
 
@@ -269,7 +269,7 @@ const runColumns = `batch_id, job_name, source, code_version, plan_fingerprint, 
 //
 // Abandoning a run (newRun) does not wait behind its chunks in flight
 // with the advisory lock held: the abandon commits first (its chunks stop
-// being claimed: the claim reads the run's status), then waitInFlight
+// being claimed: the claim reads the run's status), then WaitInFlight
 // waits for the chunks claimed before (fencing stale holders), and only
 // then, in a new transaction, is the new run created. Whoever creates a
 // run first waits so for the job's latest run if it is abandoned, so a
@@ -532,8 +532,7 @@ const copyChunksBatch = 100_000
 // transaction can prepare it (a *sqlx.Tx; lib/pq sends the rows as they
 // are added, in messages of up to 64 KiB), else by insertChunks,
 // InsertChunksBatch chunks at a time. COPY spares the server the parse
-// of ten arrays per batch and the client their encoding (at a million
-// chunks, planning 17.0 s -> 15.1 s; cmd/bench/plan).
+// of ten arrays per batch and the client their encoding.
 type chunkInserter struct {
 	m       *Manifest
 	ctx     context.Context
@@ -658,7 +657,7 @@ const analyzeChunksAt = 1000
 // another role skips it, and the autovacuum's analyze of the table
 // follows). Without statistics the planner takes a new plan's chunks
 // for a handful of rows and claims them with a bitmap scan and a sort of
-// every pending chunk (claimQuery), instead of the first entry of the
+// every pending chunk (ClaimQuery), instead of the first entry of the
 // index chunks_claimable. SKIP_LOCKED: a VACUUM or ANALYZE of the table
 // in progress is not waited for.
 func (m *Manifest) analyzeChunks(ctx context.Context, tx sqlx.ExtContext) error {
@@ -736,7 +735,7 @@ func (r pgChunkRow) state() backfilltype.ChunkState {
 // ClaimChunk implements [Manifest.ClaimChunk] with SELECT ... FOR UPDATE
 // SKIP LOCKED (PostgreSQL docs, SELECT, "The Locking Clause"), checking
 // in the same statement that the run is running, without locking the
-// run's row: see claimLeased for the races and why a worker of an
+// run's row: see ClaimLeased for the races and why a worker of an
 // abandoned run still never writes over a newer run.
 func (m *Manifest) ClaimChunk(ctx context.Context, tx sqlx.ExtContext, batchID int64) (backfilltype.ChunkState, bool, error) {
 	st, _, ok, err := m.ClaimLeased(ctx, tx, batchID, Lease{})
@@ -751,7 +750,7 @@ func (m *Manifest) CompleteChunk(ctx context.Context, tx sqlx.ExtContext, batchI
 }
 
 // completeChunk is CompleteChunk recording fp (none when zero) on the
-// chunk's row in the checkpoint statement ([ManifestSkips]).
+// chunk's row in the checkpoint statement ([backfilldriver.ManifestSkips]).
 func (m *Manifest) completeChunk(ctx context.Context, tx sqlx.ExtContext, batchID int64, r backfilltype.ChunkResult, exceptions []backfilltype.Exception, fp backfilldriver.ChunkFingerprints) error {
 	if !r.Balanced() {
 		return fmt.Errorf("backfill: complete chunk %s: %w: %+v", r.Chunk.ID, backfilltype.ErrAccounting, r.Counts)
@@ -759,7 +758,7 @@ func (m *Manifest) completeChunk(ctx context.Context, tx sqlx.ExtContext, batchI
 	// A chunk read again while open: the latest read replaces its
 	// exception queue (a row rejected by every read is queued once), in
 	// this transaction, before the status changes below. A chunk its
-	// transaction found pending (batchTx.fresh, under the fence's row
+	// transaction found pending (BatchTx.Fresh, under the fence's row
 	// lock) has none: the statement would delete nothing.
 	if b, ok := tx.(*BatchTx); !ok || !b.Fresh {
 		if _, err := tx.ExecContext(ctx, m.SQL(`DELETE FROM {s}.exceptions e USING {s}.chunks c
@@ -772,9 +771,9 @@ func (m *Manifest) completeChunk(ctx context.Context, tx sqlx.ExtContext, batchI
 		return fmt.Errorf("backfill: complete chunk %s: exceptions: %w", r.Chunk.ID, err)
 	}
 	// A chunk read before (open) takes this read's counts as
-	// [Counts.Reread] combines them with its own (the same formula, in
-	// SQL: $4+$5+$6 are the rows this read merged); a staged chunk's
-	// rows_read and rows_rejected are this result's.
+	// [backfilltype.Counts.Reread] combines them with its own (the same
+	// formula, in SQL: $4+$5+$6 are the rows this read merged); a staged
+	// chunk's rows_read and rows_rejected are this result's.
 	status := backfilltype.ChunkDone
 	if r.Open {
 		status = backfilltype.ChunkOpen
@@ -844,7 +843,7 @@ func (m *Manifest) FailChunk(ctx context.Context, db sqlx.ExtContext, batchID in
 	}
 	// An open chunk holds rows of earlier reads: it stays open (and
 	// claimable by the next call) whatever this attempt did.
-	// In its own READ COMMITTED transaction (inTx), retried on 40001 and
+	// In its own READ COMMITTED transaction (InTx), retried on 40001 and
 	// 40P01, when db is not one already.
 	err := InShortTx(ctx, db, func(tx sqlx.ExtContext) error {
 		_, err := tx.ExecContext(ctx, m.SQL(`UPDATE {s}.chunks SET attempts = attempts + 1, last_error = $3,
@@ -1000,7 +999,8 @@ func (m *Manifest) Exceptions(ctx context.Context, db sqlx.ExtContext, batchID i
 	return out, nil
 }
 
-// Run returns the run with batchID, or an error wrapping [ErrRunNotFound].
+// Run returns the run with batchID, or an error wrapping
+// [backfilltype.ErrRunNotFound].
 func (m *Manifest) Run(ctx context.Context, db sqlx.ExtContext, batchID int64) (backfilltype.Run, error) {
 	var runs []backfilltype.Run
 	if err := ReadTx(ctx, db, func(tx sqlx.ExtContext) error {
@@ -1017,7 +1017,7 @@ func (m *Manifest) Run(ctx context.Context, db sqlx.ExtContext, batchID int64) (
 
 var errNotTx = errors.New("backfill: executor is not a transaction")
 
-// RecordEvent implements [ManifestAudit.RecordEvent].
+// RecordEvent implements [backfilldriver.ManifestAudit.RecordEvent].
 func (m *Manifest) RecordEvent(ctx context.Context, db sqlx.ExtContext, e backfilltype.Event) error {
 	detail := string(ManifestJSON(e.Detail))
 	if detail == "" {
@@ -1038,7 +1038,7 @@ func (m *Manifest) RecordEvent(ctx context.Context, db sqlx.ExtContext, e backfi
 	return nil
 }
 
-// Events implements [ManifestAudit.Events].
+// Events implements [backfilldriver.ManifestAudit.Events].
 func (m *Manifest) Events(ctx context.Context, db sqlx.ExtContext, batchID int64) ([]backfilltype.Event, error) {
 	var rows []struct {
 		backfilltype.Event
@@ -1062,7 +1062,7 @@ func (m *Manifest) Events(ctx context.Context, db sqlx.ExtContext, batchID int64
 	return out, nil
 }
 
-// LatestRun implements [ManifestAudit.LatestRun].
+// LatestRun implements [backfilldriver.ManifestAudit.LatestRun].
 func (m *Manifest) LatestRun(ctx context.Context, db sqlx.ExtContext, job string, statuses ...backfilltype.RunStatus) (backfilltype.Run, error) {
 	st := make([]string, len(statuses))
 	for i, s := range statuses {
@@ -1083,14 +1083,15 @@ func (m *Manifest) LatestRun(ctx context.Context, db sqlx.ExtContext, job string
 	return runs[0], nil
 }
 
-// AddValidations implements [ManifestValidations.AddValidations].
+// AddValidations implements
+// [backfilldriver.ManifestValidations.AddValidations].
 func (m *Manifest) AddValidations(ctx context.Context, db sqlx.ExtContext, batchID int64, chunkID string, results []backfilltype.CheckResult) error {
 	return m.addValidations(ctx, db, batchID, chunkID, results, sql.NullInt64{})
 }
 
 func (m *Manifest) addValidations(ctx context.Context, db sqlx.ExtContext, batchID int64, chunkID string, results []backfilltype.CheckResult, failedAttempt sql.NullInt64) error {
 	// All or none, in one READ COMMITTED transaction retried on 40001 and
-	// 40P01 (inTx) when db is not one already.
+	// 40P01 (InTx) when db is not one already.
 	return InShortTx(ctx, db, func(tx sqlx.ExtContext) error {
 		return m.insertValidations(ctx, tx, batchID, chunkID, results, failedAttempt)
 	})
@@ -1120,7 +1121,7 @@ func (m *Manifest) insertValidations(ctx context.Context, db sqlx.ExtContext, ba
 	return nil
 }
 
-// Validations implements [ManifestValidations.Validations].
+// Validations implements [backfilldriver.ManifestValidations.Validations].
 func (m *Manifest) Validations(ctx context.Context, db sqlx.ExtContext, batchID int64) ([]backfilltype.Validation, error) {
 	var rows []struct {
 		ChunkID   string         `db:"chunk_id"`
@@ -1158,10 +1159,10 @@ func (m *Manifest) Validations(ctx context.Context, db sqlx.ExtContext, batchID 
 	return out, nil
 }
 
-// RecordGateFailure implements [ManifestGates.RecordGateFailure] in one
-// transaction of its own: the results and exceptions of the rolled back
-// attempt, marked with its number, the pause and its event commit
-// together or not at all.
+// RecordGateFailure implements
+// [backfilldriver.ManifestGates.RecordGateFailure] in one transaction of
+// its own: the results and exceptions of the rolled back attempt, marked
+// with its number, the pause and its event commit together or not at all.
 func (m *Manifest) RecordGateFailure(ctx context.Context, db sqlx.ExtContext, p backfilltype.GateFailure) error {
 	reason := ManifestText(p.Reason)
 	failed := sql.NullInt64{Int64: int64(p.Attempt), Valid: true}
@@ -1185,7 +1186,8 @@ func (m *Manifest) RecordGateFailure(ctx context.Context, db sqlx.ExtContext, p 
 	return nil
 }
 
-// FailedAttemptExceptions implements [ManifestGates.FailedAttemptExceptions].
+// FailedAttemptExceptions implements
+// [backfilldriver.ManifestGates.FailedAttemptExceptions].
 func (m *Manifest) FailedAttemptExceptions(ctx context.Context, db sqlx.ExtContext, batchID int64) ([]backfilltype.Exception, error) {
 	var rows []struct {
 		backfilltype.Exception
@@ -1211,7 +1213,7 @@ func (m *Manifest) FailedAttemptExceptions(ctx context.Context, db sqlx.ExtConte
 	return out, nil
 }
 
-// RollBackChunk implements [ManifestRollback].
+// RollBackChunk implements [backfilldriver.ManifestRollback].
 func (m *Manifest) RollBackChunk(ctx context.Context, tx sqlx.ExtContext, batchID int64, seq int) (bool, error) {
 	var status []string
 	if err := sqlx.SelectContext(ctx, tx, &status, m.SQL(`SELECT status FROM {s}.chunks WHERE batch_id = $1 AND seq = $2 FOR UPDATE`), batchID, seq); err != nil {
@@ -1226,13 +1228,13 @@ func (m *Manifest) RollBackChunk(ctx context.Context, tx sqlx.ExtContext, batchI
 	return true, nil
 }
 
-// RollBackRun implements [ManifestRollback].
+// RollBackRun implements [backfilldriver.ManifestRollback].
 func (m *Manifest) RollBackRun(ctx context.Context, tx sqlx.ExtContext, batchID int64) error {
 	_, err := tx.ExecContext(ctx, m.SQL(`UPDATE {s}.runs SET status = 'rolled_back', updated_at = now() WHERE batch_id = $1`), batchID)
 	return err
 }
 
-// PauseRun implements [ManifestValidations.PauseRun].
+// PauseRun implements [backfilldriver.ManifestValidations.PauseRun].
 func (m *Manifest) PauseRun(ctx context.Context, db sqlx.ExtContext, batchID int64, reason string) error {
 	reason = ManifestText(reason)
 	return InShortTx(ctx, db, func(tx sqlx.ExtContext) error {
@@ -1248,16 +1250,18 @@ func (m *Manifest) PauseRun(ctx context.Context, db sqlx.ExtContext, batchID int
 	})
 }
 
-// ResumeRun implements [ManifestValidations.ResumeRun] with the SQL
-// function resume (manifest_control.go): a cancelled run is resumed too.
+// ResumeRun implements [backfilldriver.ManifestValidations.ResumeRun] with
+// the SQL function resume ([Manifest.Resume]): a cancelled run is resumed
+// too.
 func (m *Manifest) ResumeRun(ctx context.Context, db sqlx.ExtContext, batchID int64, actor, why string) error {
 	return m.ReadControl(ctx, db, "resume", batchID, actor, why)
 }
 
 // StageChunk implements [ManifestStaging.StageChunk]: it checkpoints a
-// chunk of a run published at its end ([PublishAtEnd]): its rows are in the run's persistent staging table and
-// its exceptions in the queue; the merge counts come with the publish.
-// The chunk must be pending (claimed in tx).
+// chunk of a run published at its end (backfill.PublishAtEnd): its rows are
+// in the run's persistent staging table and its exceptions in the queue;
+// the merge counts come with the publish. The chunk must be pending
+// (claimed in tx).
 func (m *Manifest) StageChunk(ctx context.Context, tx sqlx.ExtContext, p backfilldriver.StageChunkParams) error {
 	if p.Read != p.Rejected+p.Staged {
 		return fmt.Errorf("backfill: stage chunk %s: %w: read %d != staged %d + rejected %d", p.Chunk.ID, backfilltype.ErrAccounting, p.Read, p.Staged, p.Rejected)
@@ -1278,7 +1282,7 @@ func (m *Manifest) StageChunk(ctx context.Context, tx sqlx.ExtContext, p backfil
 	return nil
 }
 
-// StagedChunks implements [ManifestStaging.StagedChunks].
+// StagedChunks implements [backfilldriver.ManifestStaging.StagedChunks].
 func (m *Manifest) StagedChunks(ctx context.Context, tx sqlx.ExtContext, batchID int64) ([]backfilldriver.StagedChunk, error) {
 	var out []backfilldriver.StagedChunk
 	err := sqlx.SelectContext(ctx, tx, &out, m.SQL(`SELECT seq, rows_read, rows_rejected, rows_staged FROM {s}.chunks

@@ -27,12 +27,12 @@ func (s *PGStager) EndStaging(ctx context.Context) error {
 	return nil
 }
 
-// CreateStaging implements [MergerStaging.CreateStaging].
-// The DDL runs in a READ COMMITTED transaction of its own (inTx), not
+// CreateStaging implements [backfilldriver.MergerStaging.CreateStaging].
+// The DDL runs in a READ COMMITTED transaction of its own (InTx), not
 // under the server's default isolation outside any transaction, after a
 // transaction-level advisory lock on the table's name: workers starting
 // at once would otherwise race in CREATE TABLE IF NOT EXISTS, which two
-// Sessions can both pass and then collide on the catalog's unique index
+// sessions can both pass and then collide on the catalog's unique index
 // (23505 on pg_type).
 func (m *Merger) CreateStaging(ctx context.Context, db sqlx.ExtContext, table string, info backfilltype.TableInfo) error {
 	return InTx(ctx, db, func(tx sqlx.ExtContext) error {
@@ -43,12 +43,13 @@ func (m *Merger) CreateStaging(ctx context.Context, db sqlx.ExtContext, table st
 	})
 }
 
-// StagePersistent implements [MergerStaging.StagePersistent] with COPY.
+// StagePersistent implements [backfilldriver.MergerStaging.StagePersistent]
+// with COPY.
 func (m *Merger) StagePersistent(ctx context.Context, tx sqlx.ExtContext, table string, info backfilltype.TableInfo, seq int) (backfilldriver.PersistentStager, error) {
 	return newPersistStager(ctx, tx, table, info, seq)
 }
 
-// StageFrom implements [MergerStaging.StageFrom].
+// StageFrom implements [backfilldriver.MergerStaging.StageFrom].
 func (m *Merger) StageFrom(ctx context.Context, tx sqlx.ExtContext, info backfilltype.TableInfo, table string, seq int, rows int64) (backfilldriver.Stager, error) {
 	st, err := m.Stage(ctx, tx, info)
 	if err != nil {
@@ -69,7 +70,7 @@ func (m *Merger) StageFrom(ctx context.Context, tx sqlx.ExtContext, info backfil
 	return st, nil
 }
 
-// DropStaging implements [MergerStaging.DropStaging].
+// DropStaging implements [backfilldriver.MergerStaging.DropStaging].
 func (m *Merger) DropStaging(ctx context.Context, tx sqlx.ExtContext, table string) error {
 	_, err := tx.ExecContext(ctx, `DROP TABLE `+table)
 	return err
@@ -79,7 +80,7 @@ func (m *Merger) DropStaging(ctx context.Context, tx sqlx.ExtContext, table stri
 // in the chunk's transaction.
 func (m *Merger) IsolatesRefusedValues() bool { return true }
 
-// WritesUndoLog implements [UndoLogWriter].
+// WritesUndoLog implements [backfilldriver.UndoLogWriter].
 func (m *Merger) WritesUndoLog() bool { return true }
 
 // fill loads the stager's temporary staging table from query (which must
@@ -122,11 +123,12 @@ func (s *PGStager) fill(ctx context.Context, query string, args ...any) error {
 // row (unlike INSERT ... ON CONFLICT DO UPDATE ... WHERE, which locks every
 // conflicting row). A concurrent insert of the same key by another
 // transaction makes the INSERT fail with unique_violation, which
-// [IsRetryable] reports as retryable: the retried chunk then sees the row.
+// [backfilltype.IsRetryable] reports as retryable: the retried chunk then
+// sees the row.
 //
 // Upsert has a fast path for loads into new ground: when the previous
 // chunk merged into the same table (by this merger) inserted every row, the
-// Next chunk is first tried as a plain INSERT ... SELECT inside a
+// next chunk is first tried as a plain INSERT ... SELECT inside a
 // savepoint, which skips the per-row lookup; a unique violation rolls back
 // to the savepoint and the chunk takes the general path, which it then
 // keeps until a chunk is again all inserts. A replay or an overlapping
@@ -134,7 +136,7 @@ func (s *PGStager) fill(ctx context.Context, query string, args ...any) error {
 type Merger struct {
 	mu       sync.Mutex
 	allFresh map[string]bool // table -> the last chunk merged into it was all inserts
-	hashable map[string]bool // table and key types -> the keys have a hash function (merge_lock.go)
+	hashable map[string]bool // table and key types -> the keys have a hash function (keyHashable)
 }
 
 var _ backfilldriver.Merger = (*Merger)(nil)
@@ -209,7 +211,7 @@ func (m *Merger) prepare(ctx context.Context, db sqlx.ExtContext, t backfilltype
 				info.KeyIndexes = append(append(info.KeyIndexes, k.Name), k.Parts...)
 			}
 		}
-		if err := prepareDecide(ctx, db, oid, &info); err != nil { // merge_decide.go
+		if err := prepareDecide(ctx, db, oid, &info); err != nil {
 			return backfilltype.TableInfo{}, fmt.Errorf("backfill: prepare %s: partition root: %w", t.Table, err)
 		}
 		if info.InheritanceChild, err = inheritanceChild(ctx, db, oid); err != nil {
@@ -220,7 +222,7 @@ func (m *Merger) prepare(ctx context.Context, db sqlx.ExtContext, t backfilltype
 				return backfilltype.TableInfo{}, fmt.Errorf("backfill: prepare %s: partial indexes: %w", t.Table, err)
 			}
 		}
-		if err := prepareInsertOnly(ctx, db, oid, &info); err != nil { // merge_privileges.go
+		if err := prepareInsertOnly(ctx, db, oid, &info); err != nil {
 			return backfilltype.TableInfo{}, fmt.Errorf("backfill: prepare %s: privileges: %w", t.Table, err)
 		}
 	}
@@ -236,7 +238,7 @@ func (m *Merger) prepare(ctx context.Context, db sqlx.ExtContext, t backfilltype
 
 // relation finds table in the catalogs: its oid and its canonical,
 // SchemaName-qualified name (sqlgen.Qualified). A table that does not exist
-// is [ErrTargetNotFound].
+// is [backfilltype.ErrTargetNotFound].
 func relation(ctx context.Context, db sqlx.ExtContext, table string) (oid int64, name string, err error) {
 	var rel []struct {
 		OID    int64  `db:"oid"`
@@ -274,7 +276,7 @@ func tableColumns(ctx context.Context, db sqlx.ExtContext, oid int64) ([]backfil
 	// Domains are resolved to their base type through every level, and so
 	// is an array's element type (an array of a domain over numeric
 	// compares its elements as numerics do): what a column is compared
-	// and converted by is its base type (merge_decide.go). An array of a
+	// and converted by is its base type ([ExactCompare]). An array of a
 	// domain names the array of the element's base type ("_numeric"), and
 	// its collation is told apart from that base's.
 	err := sqlx.SelectContext(ctx, db, &cols, `
@@ -319,7 +321,7 @@ func tableColumns(ctx context.Context, db sqlx.ExtContext, oid int64) ([]backfil
 			continue
 		}
 		col := backfilltype.Column{Name: c.Name, Type: c.Type, BaseType: c.Base, NotNull: c.NotNull, Collation: c.Collation,
-			TextCompare: comparedAsText(c.Base, c.Kind, c.Elem, c.ElemKind), // merge_decide.go
+			TextCompare: comparedAsText(c.Base, c.Kind, c.Elem, c.ElemKind),
 			Kind:        c.Kind, UserType: c.UserType, ElemKind: c.ElemKind, UserElem: c.UserElem}
 		if (c.Base == "varchar" || c.Base == "bpchar") && c.Typmod > 4 {
 			col.MaxLen = c.Typmod - 4
@@ -347,8 +349,8 @@ type uniqueIndex struct {
 }
 
 // uniqueIndexes reads the unique, valid, non-partial indexes on plain
-// Columns of the table oid (PostgreSQL docs, 11.6 "Unique Indexes"): key
-// Columns only, INCLUDE columns (after indnkeyatts) do not count.
+// columns of the table oid (PostgreSQL docs, 11.6 "Unique Indexes"): key
+// columns only, INCLUDE columns (after indnkeyatts) do not count.
 func uniqueIndexes(ctx context.Context, db sqlx.ExtContext, oid int64) ([]uniqueIndex, error) {
 	var keys []uniqueIndex
 	err := sqlx.SelectContext(ctx, db, &keys, `
@@ -363,12 +365,12 @@ func uniqueIndexes(ctx context.Context, db sqlx.ExtContext, oid int64) ([]unique
 	return keys, err
 }
 
-// InheritanceChild returns a child by inheritance (CREATE TABLE ...
+// inheritanceChild returns a child by inheritance (CREATE TABLE ...
 // INHERITS) of the table oid when it is not partitioned, "" for none:
 // its scans read the child's rows, but its unique indexes cover only its
 // own, so a merge would take a key a child holds for absent and insert
-// it again. Prepare records it (TableInfo.inheritanceChild); runs that
-// merge into the table are refused (refuseInheritanceParent), its
+// it again. Prepare records it (TableInfo.InheritanceChild); runs that
+// merge into the table are refused (RefuseInheritanceParent), its
 // rollbacks are not, which touch the rows by key as the batch wrote
 // them. A child added during a run is not seen.
 func inheritanceChild(ctx context.Context, db sqlx.ExtContext, oid int64) (string, error) {
@@ -381,10 +383,10 @@ func inheritanceChild(ctx context.Context, db sqlx.ExtContext, oid int64) (strin
 	return child, err
 }
 
-// RefuseInheritanceParent returns an error wrapping [ErrInvalidConfig]
-// when info, prepared for a run, is of a table with a child by
-// inheritance (inheritanceChild), whatever Merger wraps the PGMerger
-// that prepared it.
+// RefuseInheritanceParent returns an error wrapping
+// [backfilltype.ErrInvalidConfig] when info, prepared for a run, is of a
+// table with a child by inheritance (inheritanceChild), however the
+// [Merger] that prepared it is wrapped.
 func RefuseInheritanceParent(info backfilltype.TableInfo) error {
 	if info.InheritanceChild == "" {
 		return nil
@@ -408,7 +410,8 @@ func (s *PGStager) affected(ctx context.Context, what, query string) (int64, err
 	return n, nil
 }
 
-// undoArgs are the bind parameters of statements that write the undo log.
+// Args returns the bind parameters of query, a statement that writes the
+// undo log: the chunk's batch and Seq when it takes them.
 func (s *PGStager) Args(query string) []any {
 	if strings.Contains(query, "$1::bigint") {
 		return []any{s.Info.Chunk.BatchID, s.Info.Chunk.Seq}
@@ -485,7 +488,7 @@ type PGStager struct {
 	staged int64
 	done   bool
 	// lockWhole: the merge locks the whole target, not its keys
-	// (merge_lock.go).
+	// ([WholeTarget]).
 	lockWhole bool
 
 	// In-Go duplicate detection: while track holds, keys has a 64-bit
@@ -607,10 +610,10 @@ func (s *PGStager) exec(ctx context.Context, what, query string, args ...any) (i
 	return n, nil
 }
 
-// Merge implements [Stager.Merge] in phases: end the COPY, take the key
-// locks and the planner settings (beginMerge), settle the rows whose
-// Identity repeats in the chunk (settleDuplicates), drop the rows that
-// conflict with the target (dropTargetConflicts), then write the rest
+// Merge implements [backfilldriver.Stager.Merge] in phases: end the COPY,
+// take the key locks and the planner settings (beginMerge), settle the rows
+// whose identity repeats in the chunk (settleDuplicates), drop the rows
+// that conflict with the target (dropTargetConflicts), then write the rest
 // (mergeRefusing, which isolates rows the target refuses).
 func (s *PGStager) Merge(ctx context.Context) (_ backfilltype.MergeResult, err error) {
 	if s.done {
@@ -646,7 +649,7 @@ func (s *PGStager) Merge(ctx context.Context) (_ backfilltype.MergeResult, err e
 	return s.mergeRefusing(ctx, res, dup)
 }
 
-// beginMerge locks the chunk's keys (merge_lock.go) and sets the
+// beginMerge locks the chunk's keys ([PGStager.lockKeys]) and sets the
 // planner settings of the merge's statements; restore undoes those not
 // meant to outlast the merge.
 func (s *PGStager) beginMerge(ctx context.Context) (restore func(context.Context) error, err error) {
@@ -735,7 +738,7 @@ func inChunkConflicts(t backfilltype.Target, cs []pgConflict, res *backfilltype.
 }
 
 // dropTargetConflicts rejects and drops from staging the rows whose
-// Identity exists in the target with other content (AppendOnly,
+// identity exists in the target with other content (AppendOnly,
 // Keyless).
 func (s *PGStager) dropTargetConflicts(ctx context.Context, res *backfilltype.MergeResult) error {
 	t := s.Info.Target
@@ -767,7 +770,7 @@ func (s *PGStager) dropTargetConflicts(ctx context.Context, res *backfilltype.Me
 // mergeStaged writes the n rows in staging into the target (deduplicated,
 // conflicts dropped) and returns what it did: Inserted, Updated,
 // Unchanged, Closed. mergeRefusing calls it for the whole chunk and, when
-// the target refuses a row, for parts of it (merge_refuse.go).
+// the target refuses a row, for parts of it ([Isolation]).
 func (s *PGStager) mergeStaged(ctx context.Context, n int64, dup bool) (res backfilltype.MergeResult, err error) {
 	t := s.Info.Target
 	if s.Q.Upsert != "" && !dup && s.m.fresh(t.Table) {
@@ -784,7 +787,7 @@ func (s *PGStager) mergeStaged(ctx context.Context, n int64, dup bool) (res back
 		}
 	}
 	// Lock the rows to change, so that the statements below decide from
-	// their committed versions (merge_decide.go).
+	// their committed versions.
 	settled, err := s.lockChanging(ctx, n)
 	if err != nil {
 		return res, err
@@ -804,8 +807,7 @@ func (s *PGStager) mergeStaged(ctx context.Context, n int64, dup bool) (res back
 			return res, err
 		}
 	}
-	// Deferred constraints fire here, inside the caller's savepoint
-	// (merge_decide.go).
+	// Deferred constraints fire here, inside the caller's savepoint.
 	if err := s.checkDeferred(ctx); err != nil {
 		return res, err
 	}
@@ -821,7 +823,7 @@ func (s *PGStager) mergeStaged(ctx context.Context, n int64, dup bool) (res back
 	if res.Unchanged < 0 {
 		return res, fmt.Errorf("backfill: merge %s: %w: staged %d, merged %+v", t.Table, backfilltype.ErrAccounting, n, res)
 	}
-	if err := s.recordDelivered(ctx, res.Unchanged); err != nil { // rollback_delivered.go
+	if err := s.recordDelivered(ctx, res.Unchanged); err != nil {
 		return res, err
 	}
 	return res, nil
@@ -829,7 +831,7 @@ func (s *PGStager) mergeStaged(ctx context.Context, n int64, dup bool) (res back
 
 // writeStaged runs the mode's writing statements on the n staged rows:
 // the one Upsert statement, or update, close intervals (History) and
-// Insert.
+// insert.
 func (s *PGStager) writeStaged(ctx context.Context, n int64, res *backfilltype.MergeResult) (err error) {
 	if s.Q.Upsert != "" {
 		return s.upsertStaged(ctx, n, res)
@@ -839,7 +841,7 @@ func (s *PGStager) writeStaged(ctx context.Context, n int64, res *backfilltype.M
 	}
 	// Lock the versions whose intervals close first: the closing
 	// statement's snapshot (and the prior images it logs) then holds their
-	// committed versions (merge_sql.go, lockClosing).
+	// committed versions (lockClosing).
 	if _, err = s.exec(ctx, "lock intervals to close", s.Q.lockClosing); err != nil {
 		return err
 	}
@@ -865,7 +867,7 @@ func (s *PGStager) upsertStaged(ctx context.Context, n int64, res *backfilltype.
 		return fmt.Errorf("backfill: merge %s: upsert: %w", t.Table, s.classify(err))
 	}
 	if s.Info.InsertOnly && c.Updated > 0 {
-		return insertOnlyRefused(s.Info, c.Updated) // merge_privileges.go
+		return insertOnlyRefused(s.Info, c.Updated)
 	}
 	res.Updated, res.Inserted = c.Updated, c.Inserted
 	if c.Updated+c.Inserted+c.Unchanged != n {
@@ -875,7 +877,7 @@ func (s *PGStager) upsertStaged(ctx context.Context, n int64, res *backfilltype.
 	return nil
 }
 
-// CheckIntervals fails the merge with historyRace when the versions of
+// checkIntervals fails the merge with historyRace when the versions of
 // the chunk's keys overlap or leave a gap after it inserted versions
 // (History): a concurrent writer of the same keys.
 func (s *PGStager) checkIntervals(ctx context.Context) error {
@@ -902,46 +904,28 @@ func (s *PGStager) checkIntervals(ctx context.Context) error {
 
 // PlannerSettings sets, in the chunk's transaction, the settings the
 // merge's statements run under, and returns a function that restores
-// those not meant to outlast the merge.
+// those not meant to outlast the merge:
 //
-// Index nested loops for every join of staging with the target: a
-// chunk touches a sliver of the target, but before the target is
-// analysed (and long after, below a few hundred thousand rows) the
-// planner prefers hash and merge joins that read all of it per chunk,
-// making a load quadratic (measured by cmd/bench/load). These stay
-// for the rest of the chunk's transaction (PostgreSQL docs, 20.7.1
-// "Planner Method Configuration"; set_config with is_local). Change detection compares
-// values without an equality operator (json, point, composites) as
-// text: floats must print exactly, which extra_float_digits 0 or less
-// (PostgreSQL docs, 20.11.2) would undo; it is raised to 1, the
-// default, for the chunk's transaction.
+//   - hash and merge joins off for the rest of the chunk's transaction,
+//     so every join of staging with the target is an index nested loop
+//     (otherwise a load turns quadratic before the target is analysed);
+//   - sequential scans and JIT off for the merge's statements (restored):
+//     every lookup goes through the identity's unique index;
+//   - extra_float_digits at least 1, so floats compared as text are exact;
+//   - the caller's statement_timeout and the try's lock_timeout put back
+//     from backfill.statement_timeout and backfill.lock_timeout, where
+//     [Manifest.ClaimLeased] and the key locks ([PGStager.lockKeys]) kept
+//     them.
 //
-// Sequential scans are off for the merge's statements (and restored
-// after): every lookup into the target goes through its unique index
-// on the identity, which ResolveTarget requires. A target the planner
-// believes empty (vacuumed while empty, then truncated) otherwise gets
-// a sequential scan as the inner side of the lookup, which the
-// statement's own INSERT then grows row by row: a chunk of n rows into
-// it read n²/2 tuples (a 1,000,000-row chunk ran for hours). Staging
-// has no index and is still scanned sequentially.
-//
-// The penalty that disables a path (disable_cost, 1e10) also lifts
-// every plan's cost over jit_above_cost: JIT is off with it, or each
-// statement of a small chunk would spend 100 ms compiling.
-//
-// It also puts back the caller's statement_timeout, which the claim of
-// the chunk (PGManifest.claimLeased) kept in backfill.statement_timeout
-// and set to 0 for the COPY that stays open while the extractor runs:
-// the merge's statements are bounded by the caller's setting again
-// ([Config.StatementTimeout] when set). Likewise the lock_timeout of the
-// try (backfill.lock_timeout), which the key locks (lockKeys) set to 0.
+// All settings are transaction-local. The design note
+// docs/design/merge.md explains each.
 func (s *PGStager) PlannerSettings(ctx context.Context) (restore func(context.Context) error, err error) {
-	// One statement (issue 15, per-chunk round trips): the subquery
+	// One statement, one round trip per chunk: the subquery
 	// (OFFSET 0 keeps it a subquery, evaluated before the outer target
 	// list) keeps enable_seqscan and jit as they were in transaction-local
 	// custom settings, and sets the others; the outer list then turns
 	// enable_seqscan and jit off. restore puts them back from the saved
-	// Settings, without parameters (one round trip). Everything is local
+	// settings, without parameters (one round trip). Everything is local
 	// to the chunk's transaction, as a pooler in transaction mode needs.
 	if err := Later(ctx, s.tx, `SELECT set_config('enable_seqscan', 'off', true), set_config('jit', 'off', true)
 		FROM (SELECT set_config('backfill.enable_seqscan', current_setting('enable_seqscan'), true),
@@ -1029,7 +1013,7 @@ func (s *PGStager) insertFresh(ctx context.Context, res *backfilltype.MergeResul
 	}
 	n, err := s.affected(ctx, "insert", s.Q.insertAll)
 	if err == nil {
-		err = s.checkDeferred(ctx) // merge_decide.go
+		err = s.checkDeferred(ctx)
 	}
 	if err != nil {
 		// Any unique violation: the upsert, which looks each key up,

@@ -13,6 +13,18 @@ import (
 	"github.com/pgbackfill/backfill/internal/sqlgen"
 )
 
+// What the merge decides from. Change detection must tell apart every two
+// values stored differently: only the types in exactTypes keep their own
+// equality; every other column is compared byte for byte ([ExactCompare]).
+// Before the deciding statement, one statement of its own locks FOR
+// UPDATE the target rows the merge would change ([PGStager.lockChanging]),
+// so that the decision, taken in a new snapshot, cannot be overtaken by a
+// concurrent writer of those rows; unchanged rows are not locked. Every
+// merge ends with SET CONSTRAINTS ALL IMMEDIATE inside its savepoint
+// ([PGStager.checkDeferred]), so that deferred checks fire where refused
+// rows can be isolated. The design note docs/design/merge.md explains the
+// alternatives.
+
 // LooseEquality lists the built-in types whose equality operator equates
 // values stored differently; they are compared by their text.
 var LooseEquality = map[string]bool{"numeric": true, "float4": true, "float8": true, "interval": true, "jsonb": true}
@@ -27,7 +39,7 @@ var LooseEquality = map[string]bool{"numeric": true, "float4": true, "float8": t
 // merge's change detection; everything else (numerics, floats,
 // intervals, jsonb, ranges, composites, types of extensions or users,
 // arrays of any of them, text under a collation of its own) is compared
-// byte for byte by exactCompare. An allow list, not a deny list: a type
+// byte for byte by ExactCompare. An allow list, not a deny list: a type
 // not known to be exact is treated as loose.
 var exactTypes = map[string]bool{
 	"int2": true, "int4": true, "int8": true, "oid": true, "bool": true, "uuid": true, "bytea": true,
@@ -109,8 +121,8 @@ func comparedAsText(base, kind, elem, elemKind string) bool {
 
 // prepareDecide reads what Prepare records for the merge's decision: the
 // partition root naming the key locks; and, for the target fingerprints
-// of replays (replay_skip.go), whether they may hash tuple identities
-// (tupleIdentity: the target and each of its partitions are heap tables,
+// of replays, whether they may hash tuple identities
+// (TupleIdentity: the target and each of its partitions are heap tables,
 // hashtidextended is there, PostgreSQL 14, and every column is of a
 // built-in base type whose values no catalog lookup reads).
 //
@@ -172,8 +184,8 @@ var regTypes = map[string]bool{"regclass": true, "regcollation": true, "regconfi
 
 // lockChanging locks the target rows the merge would change (see above),
 // before the deciding statement. For Upsert it also reports whether the
-// N staged rows are settled: all found in the target and unchanged, so
-// that the upsert has nothing to do (merge_sql.go, upsertLockChanging).
+// n staged rows are settled: all found in the target and unchanged, so
+// that the upsert has nothing to do ([mergeShape.upsertLockChanging]).
 func (s *PGStager) lockChanging(ctx context.Context, n int64) (settled bool, err error) {
 	if s.Q.lockChanging == "" {
 		return false, nil

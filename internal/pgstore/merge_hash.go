@@ -44,7 +44,7 @@ func RowHash(info backfilltype.TableInfo, values []any) []byte {
 }
 
 // canonical returns a type family byte and canonical text for v, a value
-// as convertValue returns it for col.
+// as ConvertValue returns it for col.
 func canonical(col backfilltype.Column, v any) (byte, string) {
 	switch x := v.(type) {
 	case int64:

@@ -12,7 +12,7 @@ import (
 )
 
 // openVersionIndexes returns the partial unique indexes of table oid whose
-// Key columns are exactly key, by name, with their predicate as
+// key columns are exactly key, by name, with their predicate as
 // pg_get_expr prints it: on a History target typically
 // UNIQUE (key) WHERE valid_to IS NULL, one open version per key.
 func openVersionIndexes(ctx context.Context, db sqlx.ExtContext, oid int64, key []string) (map[string]string, error) {
@@ -43,7 +43,7 @@ func openVersionIndexes(ctx context.Context, db sqlx.ExtContext, oid int64, key 
 
 // openVersionConflict explains a unique violation of a partial unique
 // index on the business key of a History target (one open version per
-// Key), or returns nil for any other error. The merge closes a key's
+// key), or returns nil for any other error. The merge closes a key's
 // versions before it inserts new ones and holds the key's lock, so only
 // a writer that does not take the merge's key locks can cause it; the
 // error stays retryable (23505), and the retried chunk sees that
@@ -67,7 +67,7 @@ func (s *PGStager) openVersionConflict(err error) error {
 // from what its statements saw: the intervals tile unless versions of the
 // keys changed between those statements, committed by a writer that does
 // not take the merge's key locks (or a trigger on the target changed
-// them). It wraps [ErrHistoryIntervals] and is retryable.
+// them). It wraps [backfilltype.ErrHistoryIntervals] and is retryable.
 func historyRace(table string, bad []string) error {
 	return fmt.Errorf("backfill: merge %s: %w: valid_from/valid_to intervals overlap or leave a gap for keys %v after the merge recomputed them: "+
 		"another transaction, not a merge of this library, added or changed versions of these keys during the merge (%w; the chunk is retried), "+

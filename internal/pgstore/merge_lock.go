@@ -14,12 +14,24 @@ import (
 	"github.com/pgbackfill/backfill/internal/sqlgen"
 )
 
+// Key locks: merges that touch the same business keys run one after the
+// other. Before its first read of the target, a merge takes
+// transaction-level two-int advisory locks in the target's namespace
+// ([LockNamespace]): [WholeTarget] shared, then one exclusive lock per
+// key hash in ascending order, in one statement, so that no two merges
+// wait in a cycle. A chunk with more than [MergeLockKeys] key hashes, or
+// whose key type has no hash function, takes WholeTarget exclusively, so a
+// transaction never holds more than MergeLockKeys+1 of these locks. A
+// single integer key is locked by ranges of values. The merge relies on
+// READ COMMITTED. The design note docs/design/merge.md explains the
+// alternatives.
+
 // MergeLockKeys is the most key locks one chunk takes; a chunk with more
 // distinct key hashes locks the whole target.
 const MergeLockKeys = 64
 
 // mergeLockScanRows: a chunk of more staged rows locks the whole target
-// without reading its keys (it most likely has more than mergeLockKeys).
+// without reading its keys (it most likely has more than MergeLockKeys).
 const mergeLockScanRows int64 = 4096
 
 // An integer key is locked by ranges of 1<<mergeLockRangeBits values; a
@@ -101,7 +113,7 @@ func (s *PGStager) keyHashable(ctx context.Context) (bool, error) {
 func (s *PGStager) lockKeys(ctx context.Context) error {
 	t := s.Info.Target
 	// A partition and its partitioned parent share one namespace: merges
-	// through either lock the same keys (merge_decide.go).
+	// through either lock the same keys (prepareDecide).
 	ns := LockNamespace(cmp.Or(s.Info.LockRoot, t.Table))
 	whole := func() error {
 		_, err := s.tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock($1::int, $2::int) WHERE `+noLockTimeout, ns, WholeTarget)
@@ -163,8 +175,8 @@ func (s *PGStager) lockKeys(ctx context.Context) error {
 // noLockTimeout is a condition that sets lock_timeout 0 for the rest of
 // the chunk's transaction, keeping the try's value in
 // backfill.lock_timeout (unless kept already) for the merge's planner
-// Settings to put back: the key locks wait only for other merges of the
-// same keys, whatever the try's lock_timeout (backfill_timeouts.go). In
+// settings to put back: the key locks wait only for other merges of the
+// same keys, whatever the try's lock_timeout. In
 // the WHERE clause of a statement without FROM it is evaluated before
 // the statement's lock function.
 const noLockTimeout = `set_config('lock_timeout', CASE WHEN set_config('backfill.lock_timeout',

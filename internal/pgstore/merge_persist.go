@@ -39,7 +39,7 @@ type persistStager struct {
 	buf    []any
 	seq    int
 	staged int64
-	ended  bool // the COPY ended (endStaging)
+	ended  bool // the COPY ended (EndStaging)
 }
 
 func newPersistStager(ctx context.Context, tx sqlx.ExtContext, table string, info backfilltype.TableInfo, seq int) (*persistStager, error) {
@@ -75,7 +75,7 @@ func (s *persistStager) Merge(ctx context.Context) (backfilltype.MergeResult, er
 	return backfilltype.MergeResult{}, s.EndStaging(ctx)
 }
 
-// Staged implements [PersistentStager].
+// Staged implements [backfilldriver.PersistentStager].
 func (s *persistStager) Staged() int64 { return s.staged }
 
 func (s *persistStager) Close() error {

@@ -16,8 +16,8 @@ func upsertMayUpdate(info backfilltype.TableInfo) bool {
 	return info.Target.Mode == backfilltype.Upsert && info.Target.Conflict != backfilltype.TargetWins && len(CompareColumns(info).Content) > 0
 }
 
-// prepareInsertOnly sets info.insertOnly (and info.role and
-// Info.noUpdate) when info is an Upsert that may update rows and the
+// prepareInsertOnly sets info.InsertOnly (and info.Role and
+// info.NoUpdate) when info is an Upsert that may update rows and the
 // session's role lacks UPDATE on a column an update writes.
 func prepareInsertOnly(ctx context.Context, db sqlx.ExtContext, oid int64, info *backfilltype.TableInfo) error {
 	if !upsertMayUpdate(*info) {

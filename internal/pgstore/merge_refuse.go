@@ -16,7 +16,18 @@ import (
 	"github.com/pgbackfill/backfill/internal/sqlgen"
 )
 
-// DefaultMaxMergeRefusals is the default of [Config.MaxMergeRefusals].
+// Rows the target refuses at merge time (a unique index other than the
+// key's, a CHECK, a foreign key, a NOT NULL, a raising trigger, a btree
+// row too large, a data error): the merge runs in the savepoint
+// backfill_refuse; on a refusal ([PGStager.refusal]) it rolls back and
+// [Isolation] finds the refused rows, by set-based pre-checks naming
+// suspects and by bisection inside savepoints, so that the rest of the
+// chunk merges in row order. Refused rows go to the exception queue, at
+// most TableInfo.Chunk.MaxRefused per chunk. Errors not about a row
+// (transientClasses, the key's own unique index) still fail the chunk.
+// The design note docs/design/merge.md explains the alternatives.
+
+// DefaultMaxMergeRefusals is the default of backfill.Config.MaxMergeRefusals.
 const DefaultMaxMergeRefusals = 100
 
 // btreeMaxItem is the largest btree index tuple (bytes) at the default
@@ -51,7 +62,7 @@ func (s *PGStager) mergeRefusing(ctx context.Context, res backfilltype.MergeResu
 	if s.historyIndex(ctx, pe) {
 		return res, err
 	}
-	if e := s.statementTrigger(ctx, pe, err); e != nil { // not a row's fault (merge_decide.go)
+	if e := s.statementTrigger(ctx, pe, err); e != nil { // not a row's fault
 		return res, e
 	}
 	iso := &Isolation{S: s, max: s.Info.Chunk.MaxRefused}
@@ -220,7 +231,7 @@ func (iso *Isolation) bisect(ctx context.Context, lo, hi int64, known *pq.Error,
 		if iso.S.historyIndex(ctx, pe) {
 			return err
 		}
-		if e := iso.S.statementTrigger(ctx, pe, err); e != nil { // merge_decide.go
+		if e := iso.S.statementTrigger(ctx, pe, err); e != nil {
 			return e
 		}
 	}
@@ -238,9 +249,7 @@ func (iso *Isolation) bisect(ctx context.Context, lo, hi int64, known *pq.Error,
 // the savepoint backfill_refuse, which it releases on success and leaves
 // for the caller to roll back on error. Staging is emptied by TRUNCATE,
 // not DELETE: deleted rows would stay in it, dead, until the transaction
-// ends, and every later merge would read them again: a 100,000-row
-// chunk with 10 rows a foreign key refuses took 14 s that way, 3.4 s so
-// (0.9 s without refusals; 1.5 s when a CHECK's pre-check names them).
+// ends, and every later merge of the bisection would read them again.
 func (iso *Isolation) try(ctx context.Context, lo, hi int64) (backfilltype.MergeResult, error) {
 	s := iso.S
 	t := s.Info.Target
@@ -363,7 +372,7 @@ func (iso *Isolation) triggerNames(ctx context.Context, fn string) string {
 // Suspects runs the set-based pre-checks (see the top of this file) and
 // returns the staged rows they name. A pre-check that fails (a CHECK
 // expression that errors on a staged row) is skipped: bisection finds
-// What it would have.
+// what it would have.
 func (iso *Isolation) Suspects(ctx context.Context) []int64 {
 	s := iso.S
 	t := s.Info.Target
@@ -432,7 +441,7 @@ func (iso *Isolation) Suspects(ctx context.Context) []int64 {
 			// A later staged row with an earlier one's values (one sort,
 			// not a join of staging with itself: staging has no index),
 			// and a staged row with the values of a target row of another
-			// Identity that the chunk does not write (one index lookup per
+			// identity that the chunk does not write (one index lookup per
 			// staged row, through the unique index itself).
 			qs = append(qs, fmt.Sprintf(`SELECT x._backfill_row FROM (
 					SELECT s._backfill_row, row_number() OVER (PARTITION BY %[4]s ORDER BY s._backfill_row) AS n
@@ -478,7 +487,7 @@ func identityText(identity []string, raw string) string {
 	return "(" + strings.Join(parts, ", ") + ")"
 }
 
-// TooManyRejects applies [Config.MaxRejectsPerChunk] (max, 0 for no
+// TooManyRejects applies backfill.Config.MaxRejectsPerChunk (max, 0 for no
 // limit) to every reject of chunk c: the written rows the row writer or
 // the extractor rejected (written of them) and the merge's rejects
 // (conflicts, ambiguities, refusals).

@@ -13,10 +13,11 @@ import (
 )
 
 // ComparedColumns is the one definition of what a merge compares: which
-// Columns identify a row, which it writes, and which decide whether a
+// columns identify a row, which it writes, and which decide whether a
 // staged row leaves its target row unchanged or updates it. The merge SQL,
 // the validators, rollback and the fake merger in backfilltest all derive
-// What they compare from it. Column lists are in [TableInfo.Columns] order.
+// what they compare from it. Column lists are in
+// [backfilltype.TableInfo.Columns] order.
 type ComparedColumns struct {
 	// Identity identifies one target row: Key, plus ValidFrom in History
 	// mode.
@@ -43,8 +44,8 @@ type ComparedColumns struct {
 	Cols map[string]backfilltype.Column `json:"-" db:"-"`
 }
 
-// Compared returns the definition of the columns a merge of info compares
-// (see [ComparedColumns]). It is a pure function of info.
+// CompareColumns returns the definition of the columns a merge of info
+// compares (see [ComparedColumns]). It is a pure function of info.
 func CompareColumns(info backfilltype.TableInfo) ComparedColumns {
 	t := info.Target
 	cc := ComparedColumns{Identity: info.Identity(), Cols: map[string]backfilltype.Column{}}
@@ -78,7 +79,7 @@ func CompareColumns(info backfilltype.TableInfo) ComparedColumns {
 }
 
 // expr is how the merge compares column n of alias: byte for byte
-// (exactCompare, merge_decide.go), as text under "C" where the type's
+// ([ExactCompare]), as text under "C" where the type's
 // equality is looser than its stored form or missing.
 func (cc ComparedColumns) expr(alias, n string) string {
 	return ExactCompare(cc.Cols[n], alias+"."+sqlgen.Ident(n))
@@ -126,7 +127,7 @@ func newerVersionWins(s, t, version string, tracked []string, expr func(alias, n
 }
 
 // SQLf replaces each {name} in tmpl by its value; pairs are name, value,
-// Name, value... A brace not opening a known name stays as it is, and
+// name, value... A brace not opening a known name stays as it is, and
 // values are not scanned again.
 func SQLf(tmpl string, pairs ...string) string {
 	var b strings.Builder
@@ -184,13 +185,13 @@ type PGMergeSQL struct {
 	// (updated, inserted); insertAll the fast path's plain INSERT.
 	Upsert, insertAll string `json:"-" db:"-"`
 	// replayCheck counts, without writing, what replaying the merge would
-	// Insert and update (Upsert).
+	// insert and update (Upsert).
 	replayCheck string
 	// disagreed counts the staged rows whose target row this batch ($1)
 	// wrote with other content (TargetWins with lineage); "" otherwise.
 	disagreed string
 	// lockChanging locks the target rows the merge would change, before
-	// the statement that decides (merge_decide.go); "" when none can.
+	// the statement that decides ([PGStager.lockChanging]); "" when none can.
 	lockChanging string
 	Update       string `json:"-" db:"-"`
 	Insert       string `json:"-" db:"-"`
@@ -209,8 +210,8 @@ type mergeShape struct {
 	stage  string   // pg_temp-qualified, quoted staging table
 	target string   // quoted target table
 	undo   string   // quoted undo log table, "" for none
-	// InsertOnly: the upsert counts the rows it would update instead of
-	// updating them (merge_privileges.go).
+	// insertOnly: the upsert counts the rows it would update instead of
+	// updating them (prepareInsertOnly).
 	insertOnly bool
 }
 
@@ -231,7 +232,7 @@ func BuildMergeSQL(info backfilltype.TableInfo) PGMergeSQL {
 	if m.t.Mode == backfilltype.Upsert {
 		q.Upsert, q.insertAll, q.replayCheck, q.lockChanging = m.upsert(), m.insertAll(), m.replayCheck(), m.upsertLockChanging()
 		q.disagreed = m.disagreed()
-		if info.InsertOnly { // merge_privileges.go
+		if info.InsertOnly {
 			ro := m
 			ro.undo, ro.insertOnly = "", true
 			q.Upsert, q.lockChanging = ro.upsert(), ""
@@ -327,7 +328,7 @@ ORDER BY s._backfill_row`,
 		"raw", rawOf("s"), "sf", m.idEq("s", "f"), "os", m.idEq("o", "s"))
 }
 
-// TargetConflicts lists the staged rows whose identity exists in the
+// targetConflicts lists the staged rows whose identity exists in the
 // target with other content (AppendOnly, Keyless).
 func (m mergeShape) targetConflicts() string {
 	return SQLf(`SELECT s._backfill_row AS row, {diffs} AS diffs, {raw} AS raw, (to_jsonb(t.*))::text AS existing
@@ -350,7 +351,7 @@ func (m mergeShape) apply() string {
 	return apply
 }
 
-// Upsert is the whole Upsert merge in one statement, one index lookup per
+// upsert is the whole Upsert merge in one statement, one index lookup per
 // staged row: a materialised LEFT JOIN finds each row's target row and
 // decides, then a data-modifying CTE updates the rows to change and
 // another inserts the absent keys (PostgreSQL docs, 7.8.4
@@ -421,39 +422,19 @@ func (m mergeShape) disagreed() string {
 }
 
 // upsertLockChanging locks the target rows the upsert would update, by
-// its own predicate (merge_decide.go), and tells in the same pass over
-// Staging whether the upsert has anything to do; "" when it updates none.
-// It ends in "count(*) <> " and the caller appends the number of staged
-// rows (a literal integer, so that the statement still has no parameters
-// and goes in the batch after the planner settings).
+// its own predicate (see [PGStager.lockChanging]), and tells in the same
+// pass over Staging whether the upsert has anything to do; "" when it
+// updates none. It ends in "count(*) <> " and the caller appends the
+// number of staged rows (a literal, so that the statement has no
+// parameters and goes in the batch after the planner settings).
 //
-// It returns no row when every staged row found its target row and none
-// would change, and the row count is what the caller said: the chunk is
-// then settled as that many unchanged rows, counted by this statement,
-// and the upsert, whose own join would look every key up a second time
-// (half of an unchanged replay's merge), is not run (issue 15). That is
-// safe because such a merge writes nothing: it is the merge decided at
-// this statement's snapshot, which is what the upsert would have decided
-// but for commits of other transactions between the two statements,
-// which the upsert, taking a new snapshot, could not tell from commits
-// after ours anyway (except for a concurrent change it would then
-// overwrite unlocked, the race merge_decide.go names). With a row, the
-// Upsert runs as before.
-//
-// Each staged row is looked up once by its identity (the LEFT JOIN);
-// only for the rows whose target row differs does a subquery look it up
-// again and lock it FOR UPDATE. The lock re-evaluates apply on the row's
-// latest version (PostgreSQL docs, 13.2.1: the WHERE clause is
-// re-evaluated on the updated row), exactly as the join of lockChanging
-// does: the inner t is the target's row, the s it compares with the outer
-// staged row. CASE makes the lock run only for those rows (the order of
-// a boolean expression's terms is not guaranteed), and an aggregate
-// evaluates its argument on every row whatever the HAVING clause then
-// decides, so every row to change is locked. Every such row counts at
-// least 1, locked or not: a row that differed in the snapshot and that a
-// concurrent writer changed or deleted before the lock leaves the
-// decision to the upsert, so a settled chunk is one decided wholly from
-// one snapshot.
+// It returns no row when every staged row found its target row unchanged
+// and the count matches: the chunk is then settled, decided wholly from
+// this statement's snapshot, and the upsert is not run. Each staged row is
+// looked up once (a LEFT JOIN); only rows whose target row differs are
+// looked up again and locked FOR UPDATE, inside CASE so the lock runs for
+// them only, and each counts at least 1 whether or not the lock found it.
+// The design note docs/design/merge.md explains why this is safe.
 func (m mergeShape) upsertLockChanging() string {
 	apply := m.apply()
 	if apply == "false" {
@@ -467,7 +448,7 @@ HAVING sum(CASE WHEN coalesce({apply}, false)
 }
 
 // historyLockChanging locks the target rows historyUpdate would change
-// (merge_decide.go); "" when it changes none.
+// ([PGStager.lockChanging]); "" when it changes none.
 func (m mergeShape) historyLockChanging() string {
 	if len(m.cc.Written) == 0 || len(m.cc.Compared) == 0 {
 		return ""
@@ -508,7 +489,7 @@ FROM {stage} s LEFT JOIN {target} t ON {ts}`,
 		"stage", m.stage, "target", m.target, "key", sqlgen.Ident(m.t.Key[0]), "apply", m.apply(), "ts", m.idEq("t", "s"))
 }
 
-// Insert inserts the staged rows whose identity is absent from the
+// insert inserts the staged rows whose identity is absent from the
 // target (AppendOnly, Keyless; Upsert's Replay). OFFSET 0 keeps NOT
 // EXISTS a lookup per staged row through the unique index: as an
 // anti-join the planner may read the whole target once and compare it
@@ -520,7 +501,7 @@ func (m mergeShape) insert() string {
 }
 
 // historyUpdate rewrites the versions the chunk restates with other
-// Content, logging their prior images when there is an undo log; "" when
+// content, logging their prior images when there is an undo log; "" when
 // an update would write nothing.
 func (m mergeShape) historyUpdate() string {
 	if len(m.cc.Written) == 0 {
@@ -551,8 +532,8 @@ func (m mergeShape) historyKeyRows() string {
 }
 
 // historyInsert inserts the new versions. A new version ends where the
-// Next version of its key starts, in the target or in this chunk: the
-// Next valid_from among the chunk's versions and the target's versions of
+// next version of its key starts, in the target or in this chunk: the
+// next valid_from among the chunk's versions and the target's versions of
 // the chunk's keys, one sort of both (a window, PostgreSQL docs, 3.5
 // "Window Functions"), not a lookup per staged row into staging, which
 // made a History chunk quadratic.
@@ -570,12 +551,12 @@ WHERE u._backfill_staged AND NOT EXISTS (SELECT 1 FROM {target} t WHERE {tu} OFF
 		"keyRows", m.historyKeyRows())
 }
 
-// CloseIntervals runs before the insert: the target's versions of the
+// closeIntervals runs before the insert: the target's versions of the
 // chunk's keys end where the next version starts, among them and the
 // chunk's new versions (_backfill_new, those absent from the target;
 // nothing changes when there are none). Closing first means the new last
 // version is inserted after the old one was closed: a target with one
-// Open version per key (a partial unique index on the key WHERE valid_to
+// open version per key (a partial unique index on the key WHERE valid_to
 // IS NULL) never holds two. Closing an interval is a change by this
 // batch: it sets UpdatedBy, and logs the prior image to the undo log.
 func (m mergeShape) closeIntervals() string {
@@ -613,7 +594,7 @@ x AS (SELECT {key}, {vf}, lead({vf}) OVER (PARTITION BY {key} ORDER BY {vf}) AS 
 
 // lockClosing locks, FOR UPDATE, the target's versions closeIntervals
 // would change, in a statement before it (as lockChanging does for the
-// Update): closeIntervals' snapshot, taken after the locks are granted,
+// update): closeIntervals' snapshot, taken after the locks are granted,
 // then sees their committed versions, so the prior images it logs to the
 // undo log are the rows it overwrites, not older versions that a
 // concurrent writer (an application's UPDATE) replaced while the merge
@@ -626,7 +607,7 @@ SELECT count(*) FROM (SELECT 1 FROM {target} t JOIN x ON {tx} AND t.{vf} = x.{vf
 		"vf", sqlgen.Ident(m.t.ValidFrom), "vt", sqlgen.Ident(m.t.ValidTo))
 }
 
-// CheckIntervals finds up to 5 keys of the chunk whose versions overlap
+// checkIntervals finds up to 5 keys of the chunk whose versions overlap
 // or leave a gap (a concurrent writer of the same keys).
 func (m mergeShape) checkIntervals() string {
 	return SQLf(`SELECT DISTINCT {key} FROM (

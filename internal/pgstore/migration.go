@@ -18,12 +18,12 @@ import (
 var MigrationFiles embed.FS
 
 // PgMigrations are the manifest's versioned migrations, in version order
-// (pgMigrations[v-1] is version v); "{s}" stands for the quoted schema,
+// (PgMigrations[v-1] is version v); "{s}" stands for the quoted schema,
 // "{schema}" for its name as a string literal. Append only: a released
 // migration never changes.
 var PgMigrations = mustReadMigrations(MigrationFiles, "migration")
 
-// mustReadMigrations is readMigrations, panicking on an error: the
+// mustReadMigrations is ReadMigrations, panicking on an error: the
 // migrations are embedded, so an error is a defect of the build.
 func mustReadMigrations(fsys fs.FS, dir string) []string {
 	m, err := ReadMigrations(fsys, dir)

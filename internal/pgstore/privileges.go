@@ -21,12 +21,12 @@ type Privilege struct {
 	Object string
 	// Privilege is the privilege's name as GRANT spells it: SELECT,
 	// INSERT, UPDATE, DELETE, USAGE, CREATE, TEMPORARY, or OWNER for
-	// What only the object's owner (or a member of its role) may do.
+	// what only the object's owner (or a member of its role) may do.
 	Privilege string
 	// Grant is the statement an administrator runs to give it, with
 	// every identifier quoted. For OWNER it is "ALTER TABLE|VIEW ...
 	// OWNER TO role;", or the GRANT of the owner's role to the session's
-	// Role only when the owner is a plain NOLOGIN role without SUPERUSER,
+	// role only when the owner is a plain NOLOGIN role without SUPERUSER,
 	// CREATEROLE, CREATEDB, REPLICATION, BYPASSRLS or pg_* memberships
 	// (never membership in a superuser or otherwise privileged role).
 	Grant string
@@ -34,8 +34,8 @@ type Privilege struct {
 	Why string
 }
 
-// PrivilegeError lists every privilege the session's role lacks for a
-// job, with the statements to grant them. It wraps [ErrPrivilege].
+// PrivilegeError lists every privilege the session's role lacks for a job,
+// with the statements to grant them. It wraps [backfilltype.ErrPrivilege].
 type PrivilegeError struct {
 	// Role is the session's role (current_user).
 	Role string
@@ -91,7 +91,7 @@ func (e *PrivilegeError) Grants() []string {
 	return out
 }
 
-// Unwrap returns [ErrPrivilege].
+// Unwrap returns [backfilltype.ErrPrivilege].
 func (e *PrivilegeError) Unwrap() error { return backfilltype.ErrPrivilege }
 
 // NewPrivilegeError returns nil when missing is empty, else a
@@ -104,7 +104,7 @@ func NewPrivilegeError(role string, missing []Privilege) error {
 }
 
 // GrantOn is the GRANT statement of privs on object (its kind and quoted
-// Name, such as `TABLE "s"."t"`) to role.
+// name, such as `TABLE "s"."t"`) to role.
 func GrantOn(privs, object, role string) string {
 	return fmt.Sprintf("GRANT %s ON %s TO %s;", privs, object, sqlgen.Ident(role))
 }
@@ -169,12 +169,12 @@ want AS (
 SELECT kind, schema, name, privilege, why, owner FROM want WHERE ok IS FALSE
 ORDER BY ord, name, array_position(ARRAY['USAGE', 'SELECT', 'INSERT', 'UPDATE', 'DELETE', 'TEMPORARY'], privilege)`
 
-// CheckPrivileges returns a [*PrivilegeError] (wrapping [ErrPrivilege])
-// listing the privileges on the manifest and the database that the
-// session's role lacks to run, resume, validate and roll back jobs (see
-// [PGManifest.Grants]), with the GRANT statements to run; nil when it has
-// them all. It runs one catalog query, needs no privilege itself, and
-// does not check the manifest's version ([PGManifest.Version]).
+// CheckPrivileges returns a [*PrivilegeError] (wrapping
+// [backfilltype.ErrPrivilege]) listing the privileges on the manifest and
+// the database that the session's role lacks to run, resume, validate and
+// roll back jobs (see [Manifest.Grants]), with the GRANT statements to run;
+// nil when it has them all. It runs one catalog query, needs no privilege
+// itself, and does not check the manifest's version ([Manifest.Version]).
 func (m *Manifest) CheckPrivileges(ctx context.Context, db sqlx.ExtContext) error {
 	var (
 		missing []Privilege
@@ -204,11 +204,11 @@ func (m *Manifest) MissingPrivileges(ctx context.Context, db sqlx.ExtContext) ([
 
 // Grants returns the GRANT statements that give role every privilege on
 // the manifest and the database that a role running jobs needs once the
-// SchemaName is migrated ([PGManifest.Migrate]): USAGE on the schema; SELECT,
+// SchemaName is migrated ([Manifest.Migrate]): USAGE on the schema; SELECT,
 // INSERT, UPDATE and DELETE on its tables; USAGE on its sequences;
 // TEMPORARY on database. Run them after each migration (ON ALL TABLES
 // covers the tables that exist when it runs). The target's privileges
-// depend on the job ([TargetGrants]). Identifiers are quoted.
+// depend on the job (backfill.TargetGrants). Identifiers are quoted.
 func (m *Manifest) Grants(database, role string) []string {
 	s, r := sqlgen.Ident(m.SchemaName), sqlgen.Ident(role)
 	return []string{
@@ -258,12 +258,12 @@ func (m *Manifest) version(ctx context.Context, db sqlx.ExtContext) (current, la
 	return current, latest, nil
 }
 
-// Init makes sure the manifest's schema is at this library's version.
-// When it is, Init only reads the version: no DDL, no lock, so a role
-// with the privileges of [PGManifest.Grants] can call it. When the schema
-// is behind (or does not exist), Init migrates it ([PGManifest.Migrate])
-// if the session's role may; when the role lacks the privilege (SQLSTATE
-// 42501), it returns an error wrapping [ErrSchemaBehind] naming the
+// Init makes sure the manifest's schema is at this library's version. When
+// it is, Init only reads the version: no DDL, no lock, so a role with the
+// privileges of [Manifest.Grants] can call it. When the schema is behind
+// (or does not exist), Init migrates it ([Manifest.Migrate]) if the
+// session's role may; when the role lacks the privilege (SQLSTATE 42501),
+// it returns an error wrapping [backfilltype.ErrSchemaBehind] naming the
 // SchemaName's and the library's versions: an administrator must run
 // "backfill migrate" once. A schema newer than the library is an error.
 func (m *Manifest) Init(ctx context.Context, db sqlx.ExtContext) error {
@@ -297,16 +297,16 @@ func (m *Manifest) Init(ctx context.Context, db sqlx.ExtContext) error {
 // the error, which then also wraps a [*PrivilegeError] with the GRANT to
 // run (or, for CREATE SCHEMA, says to create the schema first). The
 // transaction is READ COMMITTED whatever the database's default
-// Isolation, so each statement after the lock sees what the caller
-// before it created, and it is retried on 40001 and 40P01 (inTx). When db
+// isolation, so each statement after the lock sees what the caller
+// before it created, and it is retried on 40001 and 40P01 (InTx). When db
 // is a transaction the migration joins it, at that transaction's
-// Isolation level. A schema already current is left alone.
+// isolation level. A schema already current is left alone.
 func (m *Manifest) Migrate(ctx context.Context, db sqlx.ExtContext) error {
 	_, err := m.MigrateGrant(ctx, db)
 	return err
 }
 
-// MigrateResult is what [PGManifest.MigrateGrant] did.
+// MigrateResult is what [Manifest.MigrateGrant] did.
 type MigrateResult struct {
 	// From is the schema's version before this call, read under the
 	// migration's lock: when several callers migrate at once, one reports
@@ -334,16 +334,16 @@ type RolePrivilege struct {
 	Owner string
 }
 
-// MigrateGrant migrates the schema as [PGManifest.Migrate] does and, in
-// the same transaction and under the same advisory lock, runs the
-// statements of [PGManifest.Grants] for each of roles, then checks that
-// each role has every privilege they give (has_*_privilege). Concurrent
-// callers are serialised by the lock, so concurrent GRANTs on the same
-// object cannot fail with "tuple concurrently updated" (XX000), and each
-// caller's MigrateResult says what it did (the version is read after the
-// lock). A privilege a role still lacks (the caller holds it without
-// grant option, so PostgreSQL only warned) is listed in NotGranted and
-// the error wraps [ErrPrivilege], naming the role, the privilege, the
+// MigrateGrant migrates the schema as [Manifest.Migrate] does and, in the
+// same transaction and under the same advisory lock, runs the statements of
+// [Manifest.Grants] for each of roles, then checks that each role has every
+// privilege they give (has_*_privilege). Concurrent callers are serialised
+// by the lock, so concurrent GRANTs on the same object cannot fail with
+// "tuple concurrently updated" (XX000), and each caller's MigrateResult
+// says what it did (the version is read after the lock). A privilege a role
+// still lacks (the caller holds it without grant option, so PostgreSQL only
+// warned) is listed in NotGranted and the error wraps
+// [backfilltype.ErrPrivilege], naming the role, the privilege, the
 // statement and the object's owner who can run it; the migration and the
 // effective grants are committed all the same.
 func (m *Manifest) MigrateGrant(ctx context.Context, db sqlx.ExtContext, roles ...string) (MigrateResult, error) {
@@ -394,7 +394,7 @@ func (m *Manifest) MigrateGrant(ctx context.Context, db sqlx.ExtContext, roles .
 	return res, nil
 }
 
-// grantCovers reports whether the statement q of [PGManifest.Grants]
+// grantCovers reports whether the statement q of [Manifest.Grants]
 // gives the privilege p.
 func grantCovers(q string, p Privilege) bool {
 	kind, _, _ := strings.Cut(p.Object, " ")

@@ -16,7 +16,7 @@ import (
 )
 
 // Report limits: how much of the long lists a [RunReport] keeps. The
-// Counts and sums always cover everything.
+// counts and sums always cover everything.
 const (
 	// reportExceptionGroups is how many (reason, column) groups of
 	// exceptions are kept, the largest first.
@@ -55,7 +55,7 @@ type RunReport struct {
 	Totals ReportTotals `json:"totals"`
 	// Chunks are every chunk of the run, in plan (Seq) order.
 	Chunks []ReportChunk `json:"chunks"`
-	// Workers are the processes (calls of [Runner.Run]) that worked on
+	// Workers are the processes (calls of backfill.Runner.Run) that worked on
 	// the run, in the order they started.
 	Workers []ReportWorker `json:"workers"`
 	// Throughput is rows read per second over time, each chunk's rows
@@ -110,10 +110,10 @@ type ReportPlan struct {
 
 // ReportTotals sums the chunks of a [RunReport].
 type ReportTotals struct {
-	// ChunksByStatus counts the chunks by [ChunkStatus].
+	// ChunksByStatus counts the chunks by [backfilltype.ChunkStatus].
 	ChunksByStatus map[string]int `json:"chunks_by_status"`
 	// ChunksSkipped counts the done chunks whose staging and merge were
-	// Skipped, their rows unchanged ([Job.SkipUnchanged],
+	// skipped, their rows unchanged (backfill.Job.SkipUnchanged,
 	// [ReportChunk.Skipped]); they are among the done ones.
 	ChunksSkipped int `json:"chunks_skipped"`
 	// Rows sums the chunks' counts.
@@ -135,10 +135,11 @@ type ReportChunk struct {
 	ID    string `json:"id"`
 	Lower string `json:"lower"`
 	Upper string `json:"upper"`
-	// Status is the chunk's [ChunkStatus] (or "staged", "rolled_back").
+	// Status is the chunk's [backfilltype.ChunkStatus] (or "staged",
+	// "rolled_back").
 	Status   string `json:"status"`
 	Attempts int    `json:"attempts"`
-	// Worker is the [Config.WorkerID] that completed it ("" if none).
+	// Worker is the backfill.Config.WorkerID that completed it ("" if none).
 	Worker string `json:"worker"`
 	// StartedAt and FinishedAt are the worker's clock (the times the
 	// library recorded at the chunk's start and end), unlike the
@@ -150,12 +151,12 @@ type ReportChunk struct {
 	Counts          backfilltype.Counts `json:"counts"`
 	LastError       string              `json:"last_error,omitempty"`
 	// Skipped is true when the chunk's latest checkpoint skipped its
-	// Staging and merge, its rows unchanged since the load it was
-	// compared with ([Job.SkipUnchanged], [ChunkState.Skipped]).
+	// staging and merge, its rows unchanged since the load it was compared
+	// with (backfill.Job.SkipUnchanged, [backfilltype.ChunkState.Skipped]).
 	Skipped bool `json:"skipped"`
 }
 
-// ReportWorker is one worker (one call of [Runner.Run]) of a run.
+// ReportWorker is one worker (one call of backfill.Runner.Run) of a run.
 type ReportWorker struct {
 	WorkerID    string     `db:"worker_id" json:"worker_id"`
 	Host        string     `db:"host" json:"host"`
@@ -231,7 +232,7 @@ type ReportSpan struct {
 
 // ReportSignal sums the holds of one throttle signal. HeldSeconds adds
 // every worker's holds (so it may exceed the run's throttled time, which
-// Counts each instant once).
+// counts each instant once).
 type ReportSignal struct {
 	Signal      string  `json:"signal"`
 	Holds       int     `json:"holds"`
@@ -248,12 +249,12 @@ type ReportThrottle struct {
 	Low       float64   `json:"low"`
 	StartedAt time.Time `json:"started_at"`
 	// EndedAt is the recorded end, or the end assumed for a hold still
-	// Open ([ThrottlePeriod].Ended); Open reports the latter.
+	// open ([backfilltype.ThrottlePeriod].Ended); Open reports the latter.
 	EndedAt time.Time `json:"ended_at"`
 	Open    bool      `json:"open,omitempty"`
 }
 
-// ReportWaits summarises the waits ([Wait]) of a run's chunks.
+// ReportWaits summarises the waits ([backfilltype.Wait]) of a run's chunks.
 type ReportWaits struct {
 	Total         int     `json:"total"`
 	WaitedSeconds float64 `json:"waited_seconds"`
@@ -262,14 +263,15 @@ type ReportWaits struct {
 	// BySQLState counts the waits by SQLSTATE.
 	BySQLState map[string]int `json:"by_sqlstate"`
 	// Longest are the longest waits, with the sessions that blocked them,
-	// in [Wait]'s own JSON form (its waited and sleep are nanoseconds).
+	// in [backfilltype.Wait]'s own JSON form (its waited and sleep are
+	// nanoseconds).
 	Longest []backfilltype.Wait `json:"longest"`
 }
 
 // ReportExceptions summarises a run's exception queue.
 type ReportExceptions struct {
 	// Total counts the rows in the queue; FailedAttempts the rows kept as
-	// Evidence of attempts a failed quality gate rolled back.
+	// evidence of attempts a failed quality gate rolled back.
 	Total          int64 `db:"total" json:"total"`
 	FailedAttempts int64 `db:"failed_attempts" json:"failed_attempts"`
 	// Groups are the (reason, column) groups, the largest first (at most
@@ -293,7 +295,7 @@ type ReportValidations struct {
 	Checks []ReportCheck `json:"checks"`
 	// Failures are the first failed results (at most 100), including
 	// those of rolled back attempts and accepted ones; FailuresTotal
-	// Counts them all.
+	// counts them all.
 	Failures      []backfilltype.Validation `json:"failures"`
 	FailuresTotal int                       `json:"failures_total"`
 }
@@ -313,12 +315,11 @@ type ReportCheck struct {
 }
 
 // LoadRunReport reads the report of run batchID from manifest m (whose
-// tables db reaches): a handful of queries, whatever the number of
-// chunks. It needs only the manifest, not the job's code. db may be a
-// transaction; otherwise each part is read in a read-only transaction
-// of its own, so the parts of a live run's report may be read moments
-// apart. It returns an error wrapping [ErrRunNotFound] when there is no
-// such run.
+// tables db reaches): a handful of queries, whatever the number of chunks.
+// It needs only the manifest, not the job's code. db may be a transaction;
+// otherwise each part is read in a read-only transaction of its own, so the
+// parts of a live run's report may be read moments apart. It returns an
+// error wrapping [backfilltype.ErrRunNotFound] when there is no such run.
 func LoadRunReport(ctx context.Context, db sqlx.ExtContext, m *Manifest, batchID int64) (RunReport, error) {
 	var rep RunReport
 	err := ReadTx(ctx, db, func(tx sqlx.ExtContext) error {

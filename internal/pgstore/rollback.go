@@ -36,7 +36,7 @@ type pgRollback struct {
 	scope    backfilltype.RollbackScope
 	// noDelete: the role lacks DELETE on the target (load). A DELETE
 	// needs it even when it deletes nothing, so the rollback of a batch
-	// that only updated rows then runs none (backfill_privileges.go).
+	// that only updated rows then runs none.
 	noDelete bool
 }
 
@@ -57,13 +57,14 @@ func (p *Merger) UndoRollback(ctx context.Context, db sqlx.ExtContext, m backfil
 	return rb, nil
 }
 
-// Conflicts implements [UndoRollback].
+// Conflicts implements [backfilldriver.UndoRollback].
 func (rb *pgRollback) Conflicts(ctx context.Context, db sqlx.ExtContext) (backfilltype.RollbackConflicts, error) {
 	return rb.ConflictsOf(ctx, db, rb.scope.Seqs, true)
 }
 
-// ConflictsOf is Conflicts for the chunks seqs of the scope
-// (rollback_lock.go): their undo log and the deliveries, and, when
+// ConflictsOf is Conflicts for the chunks seqs of the scope, checked
+// again under the target's merge lock by each transaction of a rollback:
+// their undo log and the deliveries, and, when
 // lineage is set, the rows the batch (or chunk) inserted found by lineage
 // (a scan of the target, which only Finish's deletes need).
 func (rb *pgRollback) ConflictsOf(ctx context.Context, db sqlx.ExtContext, seqs []int, lineage bool) (backfilltype.RollbackConflicts, error) {
@@ -85,17 +86,17 @@ func (rb *pgRollback) ConflictsOf(ctx context.Context, db sqlx.ExtContext, seqs 
 	return c, nil
 }
 
-// Preview implements [UndoRollback].
+// Preview implements [backfilldriver.UndoRollback].
 func (rb *pgRollback) Preview(ctx context.Context, db sqlx.ExtContext, force bool) (deleted, restored int64, err error) {
 	return rb.preview(ctx, db, rb.scope.BatchID, rb.scope.Seqs, rb.scope.Chunk, force)
 }
 
-// RollBackChunk implements [UndoRollback].
+// RollBackChunk implements [backfilldriver.UndoRollback].
 func (rb *pgRollback) RollBackChunk(ctx context.Context, tx sqlx.ExtContext, seq int, force bool) (deleted, restored int64, done bool, err error) {
 	return rb.chunk(ctx, tx, rb.scope.BatchID, seq, rb.scope.Chunk, force)
 }
 
-// Finish implements [UndoRollback].
+// Finish implements [backfilldriver.UndoRollback].
 func (rb *pgRollback) Finish(ctx context.Context, tx sqlx.ExtContext, whole, force bool, event func(deleted int64) backfilltype.Event) (int64, error) {
 	return rb.finish(ctx, tx, rb.scope.BatchID, whole, force, event)
 }
@@ -135,7 +136,7 @@ func (rb *pgRollback) load(ctx context.Context, db sqlx.ExtContext) error {
 }
 
 // conflicts counts the rows the batch (or one chunk of it) changed that a
-// Later batch changed again: rows of the undo log, and rows it inserted
+// later batch changed again: rows of the undo log, and rows it inserted
 // (found by lineage), with up to 100 of them and the batch that last
 // changed each. Changes by the batches in exclude (rolled back before
 // this one by the same call) do not count.
@@ -193,7 +194,7 @@ func (rb *pgRollback) chunk(ctx context.Context, tx sqlx.ExtContext, batch int64
 		}
 		// The UPDATE needs UPDATE privilege on the target even when it
 		// restores nothing: a chunk that only inserted is rolled back by
-		// a role that may only delete (backfill_privileges.go).
+		// a role that may only delete.
 		var updated bool
 		if err := sqlx.GetContext(ctx, tx, &updated, `SELECT EXISTS (SELECT FROM `+rb.undo+` WHERE batch_id = $1 AND seq = $2 AND op = 'update')`, batch, seq); err != nil {
 			return fmt.Errorf("restore: %w", err)
@@ -245,7 +246,7 @@ func (rb *pgRollback) finish(ctx context.Context, tx sqlx.ExtContext, batch int6
 		if whole {
 			// The rows the batch inserted, found by lineage, in one
 			// statement: a crash before the commit leaves them all, and the
-			// Next call deletes them.
+			// next call deletes them.
 			if err := rb.keysTable(ctx, tx); err != nil {
 				return err
 			}
@@ -303,7 +304,7 @@ func (rb *pgRollback) deleteInserted(ctx context.Context, tx sqlx.ExtContext, ba
 // retile recomputes valid_to for the History keys the chunk's undo log
 // touched, so that the versions left tile each key's history again (a
 // restored prior image may end where a version of a later chunk or batch
-// Now starts), then checks the tiling.
+// now starts), then checks the tiling.
 func (rb *pgRollback) retile(ctx context.Context, tx sqlx.ExtContext, batch int64, seq int) error {
 	_, err := tx.ExecContext(ctx, rb.RetileSQL(), batch, seq)
 	if err != nil {

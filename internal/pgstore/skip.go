@@ -19,9 +19,9 @@ func (m *Manifest) CompleteChunkFingerprinted(ctx context.Context, tx sqlx.ExtCo
 	return m.completeChunk(ctx, tx, batchID, r, exceptions, fp)
 }
 
-// BaseFingerprints implements [ManifestSkips] in one statement: the
-// job's runs by runs_job, each run's chunk by its (batch_id, chunk_id)
-// Key.
+// BaseFingerprints implements [backfilldriver.ManifestSkips] in one
+// statement: the job's runs by runs_job, each run's chunk by its (batch_id,
+// chunk_id) key.
 func (m *Manifest) BaseFingerprints(ctx context.Context, tx sqlx.ExtContext, job, skipKey string, batchID int64, chunkID string) (backfilldriver.ChunkFingerprints, bool, error) {
 	var rows []struct {
 		BatchID int64          `db:"batch_id"`

@@ -18,7 +18,7 @@ type ChunkSummary struct {
 	// status.
 	Done, Open, Other int `json:"-" db:"-"`
 	// Skipped counts the done and open chunks whose latest checkpoint
-	// Skipped their staging and merge (ChunkState.Skipped).
+	// skipped their staging and merge (ChunkState.Skipped).
 	Skipped int `json:"-" db:"-"`
 	// Counts sums the counts of the done and open chunks.
 	Counts backfilltype.Counts `json:"-" db:"-"`
@@ -83,11 +83,12 @@ type statusRow struct {
 	ETASeconds        *float64   `db:"eta_seconds"`
 }
 
-// Status implements [ManifestStatus] with two statements in one read
-// transaction: the run's row of the run_progress view, then its chunks in
-// flight and its exceptions by reason and column, as JSON. Its cost grows
-// with the run's chunks (one pass over them by index) and the distinct
-// reasons of its exception queue (an index-only scan when vacuumed).
+// Status implements [backfilldriver.ManifestStatus] with two statements in
+// one read transaction: the run's row of the run_progress view, then its
+// chunks in flight and its exceptions by reason and column, as JSON. Its
+// cost grows with the run's chunks (one pass over them by index) and the
+// distinct reasons of its exception queue (an index-only scan when
+// vacuumed).
 func (m *Manifest) Status(ctx context.Context, db sqlx.ExtContext, batchID int64) (backfilltype.Status, error) {
 	var (
 		rows       []statusRow

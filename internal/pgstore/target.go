@@ -9,12 +9,13 @@ import (
 	"github.com/pgbackfill/backfill/internal/sqlgen"
 )
 
-// SplitTableName splits a table name of the form [Target.Table] accepts
-// into its schema ("" when the name has none) and table, unquoted. It
-// returns an error wrapping [ErrInvalidConfig] for a name that could mean
-// more than one table (more than one dot outside double quotes) or is
-// malformed (an empty part, an unterminated quote, a quote inside an
-// unquoted part). Mergers call it before looking the table up.
+// SplitTableName splits a table name of the form
+// [backfilltype.Target.Table] accepts into its schema ("" when the name has
+// none) and table, unquoted. It returns an error wrapping
+// [backfilltype.ErrInvalidConfig] for a name that could mean more than one
+// table (more than one dot outside double quotes) or is malformed (an empty
+// part, an unterminated quote, a quote inside an unquoted part). Mergers
+// call it before looking the table up.
 func SplitTableName(name string) (schema, table string, err error) {
 	schema, table, err = sqlgen.ParseTable(name)
 	if err != nil {
@@ -28,9 +29,9 @@ func SplitTableName(name string) (schema, table string, err error) {
 // subquery's computed column, so that none can collide with a user's
 // column. A staged column (written, key, computed or lineage) whose name
 // begins with it is refused by [ResolveTarget] with an error wrapping
-// [ErrInvalidConfig]. Every other generated name is a table alias that
-// the SQL only uses to qualify columns (t."n", never a bare n) or as a
-// whole-row reference written t.*, which no column name can shadow.
+// [backfilltype.ErrInvalidConfig]. Every other generated name is a table
+// alias that the SQL only uses to qualify columns (t."n", never a bare n)
+// or as a whole-row reference written t.*, which no column name can shadow.
 const ReservedPrefix = "_backfill_"
 
 // ResolveTarget checks t against a table and fills in its defaults. It is
@@ -39,15 +40,15 @@ const ReservedPrefix = "_backfill_"
 //
 // table lists the table's writable columns in table order (Name, and, when
 // known, Type, BaseType, MaxLen, NotNull; generated and identity-always
-// Columns excluded). unique lists the column sets of the table's unique
+// columns excluded). unique lists the column sets of the table's unique
 // indexes and constraints. The result's Columns are the written columns
 // (Target.Columns, or by default every table column except derived keys,
 // ValidTo and HashColumn) followed by the computed ones.
 //
-// Errors: [ErrInvalidConfig] for an inconsistent Target,
-// [ErrTargetNotFound] for a column the table lacks, [ErrNoUniqueKey] when
-// no unique index covers exactly the identity (Key; in History mode Key
-// plus ValidFrom).
+// Errors: [backfilltype.ErrInvalidConfig] for an inconsistent Target,
+// [backfilltype.ErrTargetNotFound] for a column the table lacks,
+// [backfilltype.ErrNoUniqueKey] when no unique index covers exactly the
+// identity (Key; in History mode Key plus ValidFrom).
 func ResolveTarget(t backfilltype.Target, table []backfilltype.Column, unique [][]string) (backfilltype.TableInfo, error) {
 	if err := t.Validate(); err != nil {
 		return backfilltype.TableInfo{}, err
@@ -199,7 +200,7 @@ func (r *targetResolver) derivedKeys() error {
 
 // computedColumns adds the other columns the library fills, each of a
 // type that holds its value: HashColumn, IngestedAt and the lineage
-// Columns.
+// columns.
 func (r *targetResolver) computedColumns() error {
 	t := r.t
 	for _, f := range []struct {

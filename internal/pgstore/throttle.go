@@ -12,7 +12,7 @@ import (
 	"github.com/pgbackfill/backfill/internal/sqlgen"
 )
 
-// ThrottleManifest is what a Runner writes for throttles (PGManifest).
+// ThrottleManifest is what a Runner writes for throttles ([Manifest]).
 type ThrottleManifest interface {
 	backfilldriver.ManifestThrottle
 	OpenPeriod(ctx context.Context, db sqlx.ExtContext, p backfilltype.ThrottlePeriod) (int64, error)
@@ -22,7 +22,7 @@ type ThrottleManifest interface {
 	TakeSlot(ctx context.Context, tx sqlx.ExtContext, batchID int64, n int) (bool, error)
 }
 
-// ThrottlePeriods implements [ManifestThrottle].
+// ThrottlePeriods implements [backfilldriver.ManifestThrottle].
 func (m *Manifest) ThrottlePeriods(ctx context.Context, db sqlx.ExtContext, batchID int64) ([]backfilltype.ThrottlePeriod, error) {
 	var out []backfilltype.ThrottlePeriod
 	err := ReadTx(ctx, db, func(tx sqlx.ExtContext) error {

@@ -11,26 +11,27 @@ import (
 	"github.com/pgbackfill/backfill/backfilltype"
 )
 
-// ChunkLeased is the status [PGManifest.JobChunks] gives a pending chunk
+// ChunkLeased is the status [Manifest.JobChunks] gives a pending chunk
 // whose lease a live worker holds: a chunk in flight (short
-// transactions; see doc.go). It is not a status of the manifest's rows.
+// transactions). It is not a status of the manifest's rows.
 const ChunkLeased backfilltype.ChunkStatus = "leased"
 
 // JobChunks is the state of the latest run of a job, as metrics read it
-// from the manifest ([PGManifest.JobChunks]): the same from any process.
+// from the manifest ([Manifest.JobChunks]): the same from any process.
 type JobChunks struct {
 	// Job is the job's name; BatchID and RunStatus its latest run's.
 	Job       string
 	BatchID   int64
 	RunStatus backfilltype.RunStatus
 	// Chunks counts the run's chunks by status: the manifest's (pending,
-	// Done, failed, open, staged) with the pending chunks held by a live
-	// Lease counted as [ChunkLeased] instead. Statuses with no chunk are
+	// done, failed, open, staged) with the pending chunks held by a live
+	// lease counted as [ChunkLeased] instead. Statuses with no chunk are
 	// absent.
 	Chunks map[backfilltype.ChunkStatus]int64
-	// Skipped counts the done chunks whose staging and merge a replay
-	// with [Job.SkipUnchanged] skipped ([ChunkState.Skipped]); they are
-	// among Chunks[ChunkDone].
+	// Skipped counts the done chunks whose staging and merge a replay with
+	// backfill.Job.SkipUnchanged skipped
+	// ([backfilltype.ChunkState.Skipped]); they are among
+	// Chunks[ChunkDone].
 	Skipped int64
 	// Counts are the rows of the run's done, open and staged chunks.
 	Counts backfilltype.Counts
@@ -46,7 +47,7 @@ type JobChunks struct {
 // grouped query on the runs and chunks tables, in a read-only
 // transaction. staleAfter is the bound after which a lease of a worker
 // that stopped heartbeating is not counted as live (0:
-// [DefaultStaleAfter]). A job without a run is absent.
+// [backfilltype.DefaultStaleAfter]). A job without a run is absent.
 func (m *Manifest) JobChunks(ctx context.Context, db sqlx.ExtContext, staleAfter time.Duration, jobs ...string) ([]JobChunks, error) {
 	if staleAfter <= 0 {
 		staleAfter = backfilltype.DefaultStaleAfter

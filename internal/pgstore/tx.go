@@ -31,7 +31,7 @@ type BatchTx struct {
 }
 
 // Later runs statement q (no parameters, no result read) in tx: queued
-// when tx is a batchTx, at once otherwise.
+// when tx is a BatchTx, at once otherwise.
 func Later(ctx context.Context, tx sqlx.ExtContext, q string) error {
 	if b, ok := tx.(*BatchTx); ok {
 		b.pending = append(b.pending, q)
@@ -142,12 +142,13 @@ func (t *BatchTx) Rollback() error {
 	return t.Tx.Rollback()
 }
 
-// OutsideTxHook, when not nil, is called with every statement with bind
-// parameters run on a pgDB outside a transaction. Tests set it.
+// OutsideTxHook is, when not nil, called with every statement with bind
+// parameters run on a [PGDB] outside a transaction. Tests set it.
 var OutsideTxHook func(query string)
 
-// OutsideTxAnyHook, when not nil, is called with every statement run on a
-// PGDB outside a transaction, with or without parameters. Tests set it.
+// OutsideTxAnyHook is, when not nil, called with every statement run on
+// a [PGDB] outside a transaction, with or without parameters. Tests set
+// it.
 var OutsideTxAnyHook atomic.Pointer[func(query string)]
 
 func (d PGDB) checkOutsideTx(query string, args []any) {
@@ -183,7 +184,7 @@ func (d PGDB) QueryRowxContext(ctx context.Context, query string, args ...any) *
 	return d.DB.QueryRowxContext(ctx, query, args...)
 }
 
-// ReadTx runs the reads of f in a transaction when db is not one (inTx:
+// ReadTx runs the reads of f in a transaction when db is not one (InTx:
 // READ COMMITTED, retried on 40001 and 40P01), so that their parameterised
 // statements are safe behind a transaction pooler. f must only read, and
 // must not keep state across attempts.
@@ -219,7 +220,7 @@ var ErrStatementPooler = errors.New("pooler in statement mode")
 type PGDB struct {
 	*sqlx.DB
 	// Settings are the Runner's timeouts for the short manifest
-	// transactions (nil: the defaults; backfill_timeouts.go).
+	// transactions (nil: the defaults).
 	Settings *TxSettings `json:"-" db:"-"`
 	// Log is the Runner's logger, for the waits of those transactions
 	// (nil: slog's default).
@@ -228,14 +229,14 @@ type PGDB struct {
 
 // Begin starts a READ COMMITTED transaction, whatever the database's
 // default_transaction_isolation: the merge takes its key locks
-// (merge_lock.go) and then reads the target in later statements, whose
+// ([PGStager.lockKeys]) and then reads the target in later statements, whose
 // snapshots must show what the merges it waited for committed.
 func (d PGDB) Begin(ctx context.Context) (backfilldriver.Tx, error) {
 	return d.BeginTxx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
 }
 
 // RowAdder is where a row writer puts its converted rows: the chunk's
-// [Stager], or a spool.
+// [backfilldriver.Stager], or a spool.
 type RowAdder interface {
 	Add(ctx context.Context, row int64, values []any) error
 }
@@ -252,7 +253,7 @@ type TxSettings struct {
 }
 
 // defaultTxSettings apply to manifest transactions on a database handle
-// that no Runner configured (a *sqlx.DB passed to PGManifest directly).
+// that no Runner configured (a *sqlx.DB passed to a [Manifest] directly).
 var defaultTxSettings = TxSettings{LockTimeout: backfilltype.DefaultLockTimeout, Retries: backfilltype.DefaultLockRetries(backfilltype.DefaultLockTimeout)}
 
 // TryLockTimeout is the lock_timeout of try n (0-based) of an attempt, as
@@ -334,7 +335,7 @@ func WaitCode(ctx context.Context, err error) (code, msg string, ok bool) {
 }
 
 // retryWaits runs try until it returns nil, an error that is not a wait,
-// or the table's rows are used up: a try that waited (waitCode) is run
+// or the table's rows are used up: a try that waited (WaitCode) is run
 // again after the row's jittered sleep. The short manifest transactions
 // use it; a chunk's tries are retried by the Runner (chunkWaited).
 // Each wait is reported to waited (nil: none) before the sleep.

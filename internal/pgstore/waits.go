@@ -13,7 +13,7 @@ import (
 
 var _ backfilldriver.ManifestWaits = (*Manifest)(nil)
 
-// RecordWait implements [ManifestWaits.RecordWait].
+// RecordWait implements [backfilldriver.ManifestWaits.RecordWait].
 func (m *Manifest) RecordWait(ctx context.Context, db sqlx.ExtContext, w backfilltype.Wait) error {
 	blockers := w.Blockers
 	if blockers == nil {
@@ -37,7 +37,7 @@ func (m *Manifest) RecordWait(ctx context.Context, db sqlx.ExtContext, w backfil
 	return nil
 }
 
-// Waits implements [ManifestWaits.Waits].
+// Waits implements [backfilldriver.ManifestWaits.Waits].
 func (m *Manifest) Waits(ctx context.Context, db sqlx.ExtContext, batchID int64) ([]backfilltype.Wait, error) {
 	var rows []struct {
 		backfilltype.Wait

@@ -13,11 +13,11 @@ import (
 	"github.com/pgbackfill/backfill/backfilltype"
 )
 
-// Liveness values of [RunLiveness.Liveness] for a running run; a run that
-// is not running has its status as its liveness.
+// Liveness values of [backfilltype.RunLiveness.Liveness] for a running run;
+// a run that is not running has its status as its liveness.
 const (
 	// LivenessRunning: a worker of the run heartbeated within its
-	// [Config.StaleAfter].
+	// backfill.Config.StaleAfter.
 	LivenessRunning = "running"
 	// LivenessStalled: no unfinished worker heartbeated within its
 	// StaleAfter, but one did within twice it: a worker is frozen or cut
@@ -41,7 +41,7 @@ type WorkerManifest interface {
 	Holders(ctx context.Context, db sqlx.ExtContext, batchID int64, self string, staleAfter time.Duration, fence, running bool) ([]chunkHolder, error)
 	ClaimLeased(ctx context.Context, tx sqlx.ExtContext, batchID int64, l Lease) (backfilltype.ChunkState, int, bool, error)
 	WaitInFlight(ctx context.Context, db sqlx.ExtContext, batchID int64, w FenceWait) error
-	// Leases across transactions (manifest_lease.go).
+	// Leases across transactions.
 	LeaseChunk(ctx context.Context, db sqlx.ExtContext, batchID int64, l Lease) (cl chunkLease, ok, full bool, err error)
 	FenceLease(ctx context.Context, tx sqlx.ExtContext, batchID int64, seq int, epoch int64, l Lease) (backfilltype.ChunkState, int, bool, error)
 	ReleaseLease(ctx context.Context, db sqlx.ExtContext, batchID int64, seq int, key string, epoch int64) error
@@ -49,7 +49,7 @@ type WorkerManifest interface {
 
 var _ WorkerManifest = (*Manifest)(nil)
 
-// Workers implements [ManifestWorkers.Workers].
+// Workers implements [backfilldriver.ManifestWorkers.Workers].
 func (m *Manifest) Workers(ctx context.Context, db sqlx.ExtContext, batchID int64) ([]backfilltype.Worker, error) {
 	var rows []struct {
 		backfilltype.Worker
@@ -76,7 +76,7 @@ func (m *Manifest) Workers(ctx context.Context, db sqlx.ExtContext, batchID int6
 	return out, nil
 }
 
-// RunLiveness implements [ManifestWorkers.RunLiveness] from the
+// RunLiveness implements [backfilldriver.ManifestWorkers.RunLiveness] from the
 // run_liveness view.
 func (m *Manifest) RunLiveness(ctx context.Context, db sqlx.ExtContext, batchID int64) (backfilltype.RunLiveness, error) {
 	var rows []backfilltype.RunLiveness
@@ -105,7 +105,7 @@ func (m *Manifest) RegisterWorker(ctx context.Context, db sqlx.ExtContext, w bac
 
 // Heartbeat refreshes the worker's heartbeat_at, in a short transaction
 // of its own that does not wait for its WAL to be flushed (a lost
-// Heartbeat is harmless).
+// heartbeat is harmless).
 func (m *Manifest) Heartbeat(ctx context.Context, db sqlx.ExtContext, key string) error {
 	return InShortTx(ctx, db, func(tx sqlx.ExtContext) error {
 		_, err := tx.ExecContext(ctx, m.SQL(`UPDATE {s}.workers SET heartbeat_at = now()
@@ -132,9 +132,9 @@ type Lease struct {
 	StaleAfter time.Duration `json:"-" db:"-"`
 	// LockTimeout is the lock_timeout of the chunk's transaction (the
 	// first row of Config.LockRetries; "" keeps the session's), also kept
-	// in backfill.lock_timeout; stmtTimeout the statement_timeout of its
+	// in backfill.lock_timeout; StmtTimeout the statement_timeout of its
 	// merge and what follows ("" keeps the session's), kept in
-	// backfill.statement_timeout (backfill_timeouts.go).
+	// backfill.statement_timeout.
 	LockTimeout, StmtTimeout string `json:"-" db:"-"`
 	// Avoid are chunks this call does not claim now: they waited and
 	// their pause is not over.
@@ -144,7 +144,7 @@ type Lease struct {
 	JobConcurrency int `json:"-" db:"-"`
 }
 
-// Settings returns the lease's session settings as set_config arguments.
+// settings returns the lease's session settings as set_config arguments.
 func (l Lease) settings() (appName, keepIdle, keepInterval, keepCount, userTimeoutMS string) {
 	s := max(int(l.StaleAfter/time.Second), 3)
 	return "backfill " + l.Key + " ", fmt.Sprint(max(s/3, 1)), fmt.Sprint(max(s/9, 1)), "3",
@@ -166,40 +166,23 @@ const ClaimQuery = `SELECT ` + chunkColumns + ` FROM {s}.chunks
 		ORDER BY seq LIMIT 1 FOR UPDATE SKIP LOCKED`
 
 // ClaimLeased claims like ClaimChunk, in one statement that also checks
-// the run's status (without locking the run's row) and sets the chunk
-// transaction's lease settings:
+// the run's status (without locking the run's row), skips the chunks of
+// l.Avoid, and sets the chunk transaction's lease settings, locally:
 //
-//   - application_name "backfill <worker key> " before the session's
-//     own: the chunk's holder, for the waiting workers' fencing;
-//   - TCP keepalives (idle StaleAfter/3, interval StaleAfter/9, 3
-//     probes) and tcp_user_timeout = StaleAfter: the server ends the
-//     transaction of a worker cut off within the bound. Not
-//     idle_in_transaction_session_timeout: the chunk's transaction is
-//     idle while its validators run in the process, which may take
-//     long; a worker frozen between statements stops heartbeating and is
-//     fenced by the others instead;
-//   - statement_timeout 0, the value of the merge kept in
-//     backfill.statement_timeout ([Config.StatementTimeout], or the
-//     session's): the COPY that stays open while the extractor runs is
-//     not charged with the extractor's time. The merge puts it back
-//     (PGMerger's planner settings) for its statements and what follows;
-//   - lock_timeout, the try's ([Config.LockRetries]), also kept in
-//     backfill.lock_timeout for the merge to put back after its key
-//     locks, which wait without one (backfill_timeouts.go).
+//   - application_name "backfill <worker key> " before the session's own,
+//     naming the chunk's holder for the waiting workers' fencing;
+//   - TCP keepalives and tcp_user_timeout from StaleAfter, so the server
+//     ends a cut-off worker's transaction within the bound (not
+//     idle_in_transaction_session_timeout: validators may run long);
+//   - statement_timeout 0, the merge's kept in backfill.statement_timeout,
+//     and the try's lock_timeout, kept in backfill.lock_timeout, both put
+//     back by [PGStager.PlannerSettings].
 //
-// It also skips the chunks of l.avoid and returns the backend's pid, for
-// the watcher of the chunk's waits.
-//
-// No lock on the run's row: a run that is abandoned or rolled back is
-// first set so (committed), then waitInFlight waits for the chunks in
-// flight. A claim statement that read the run as running either locked
-// its chunk row before waitInFlight reached it (waitInFlight waits for
-// it) or finds it locked by waitInFlight and skips it. A claim whose
-// statement snapshot is older than the change, and that locks its row
-// only after waitInFlight released it, is stopped by the checkpoint,
-// which reads the run's status afresh (CompleteChunk). A run that is
-// failed or paused meanwhile lets its chunks in flight commit: they were
-// claimed while it ran, and a resume or a rollback waits for them.
+// It returns the backend's pid, for the watcher of the chunk's waits. A
+// claim racing an abandon or rollback of the run is stopped by
+// [Manifest.WaitInFlight] or by the checkpoint, which reads the run's
+// status afresh. The design note docs/design/short-transactions.md
+// explains why the run's row is not locked.
 func (m *Manifest) ClaimLeased(ctx context.Context, tx sqlx.ExtContext, batchID int64, l Lease) (backfilltype.ChunkState, int, bool, error) {
 	var rows []struct {
 		pgChunkRow
@@ -281,7 +264,7 @@ func (m *Manifest) Holders(ctx context.Context, db sqlx.ExtContext, batchID int6
 				AND (NOT $5 OR EXISTS (SELECT 1 FROM {s}.runs r WHERE r.batch_id = $1 AND r.status = 'running'))
 			UNION ALL
 			-- Chunks leased by live workers, extracting outside a
-			-- transaction (manifest_lease.go); a lease that is not live
+			-- transaction (the lease); a lease that is not live
 			-- is taken over by the claim.
 			-- Live as the claim judges it (liveLease): a young lease of a
 			-- worker that stopped heartbeating is waited for, not skipped.
@@ -299,7 +282,7 @@ func (m *Manifest) Holders(ctx context.Context, db sqlx.ExtContext, batchID int6
 	return out, nil
 }
 
-// FenceWait says how waitInFlight waits and fences, and where it logs.
+// FenceWait says how WaitInFlight waits and fences, and where it logs.
 type FenceWait struct {
 	self       string
 	StaleAfter time.Duration `json:"-" db:"-"`
@@ -311,7 +294,7 @@ type FenceWait struct {
 // WaitInFlight waits until no transaction holds a chunk of batchID that
 // was pending or open: it locks those rows (FOR UPDATE, which waits for
 // each holder) with lock_timeout = poll, and between tries lists the
-// Holders (logged with the wait's duration) and fences the stale ones. It
+// holders (logged with the wait's duration) and fences the stale ones. It
 // is the barrier after a run stops being running (abandoned, paused for a
 // rollback, failed before a rollback): a chunk claimed while it ran
 // either holds its row (the barrier waits for its commit or rollback) or
@@ -332,7 +315,7 @@ func (m *Manifest) WaitInFlight(ctx context.Context, db sqlx.ExtContext, batchID
 				return err
 			}
 			// Chunks leased by live workers, extracting outside a
-			// transaction (manifest_lease.go), are in flight too.
+			// transaction ([Manifest.LeaseChunk]), are in flight too.
 			return sqlx.GetContext(ctx, tx, &leased, m.SQL(`SELECT count(*) FROM {s}.chunks c WHERE c.batch_id = $1
 				AND c.status IN ('pending', 'open') AND c.lease_key <> $2 AND `+liveLease("$3")), batchID, w.self, w.StaleAfter.Seconds())
 		})
