@@ -293,10 +293,10 @@ func (t *throttler) applyThresholds() {
 		return
 	}
 	for _, h := range t.states {
-		name := h.th.Signal.Name()
-		hi := c.knob(pgstore.KnobThrottleHigh(name), h.cfgHigh)
-		lo := c.knob(pgstore.KnobThrottleLow(name), h.cfgLow)
-		if hi == h.th.High && lo == h.th.Low {
+		name := h.Throttle.Signal.Name()
+		hi := c.knob(pgstore.KnobThrottleHigh(name), h.ConfigHigh)
+		lo := c.knob(pgstore.KnobThrottleLow(name), h.ConfigLow)
+		if hi == h.Throttle.High && lo == h.Throttle.Low {
 			continue
 		}
 		if lo > hi || hi == 0 && lo == 0 || math.IsNaN(hi) || math.IsNaN(lo) {
@@ -304,7 +304,7 @@ func (t *throttler) applyThresholds() {
 			continue
 		}
 		t.ex.log.Info("backfill: throttle watermarks changed by a knob", "signal", name, "high", hi, "low", lo)
-		h.th.High, h.th.Low = hi, lo
+		h.Throttle.High, h.Throttle.Low = hi, lo
 	}
 }
 

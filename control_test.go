@@ -18,6 +18,7 @@ import (
 
 	"github.com/pgbackfill/backfill/backfillthrottle"
 	"github.com/pgbackfill/backfill/backfilltype"
+	"github.com/pgbackfill/backfill/internal/hysteresis"
 	"github.com/pgbackfill/backfill/internal/pgstore"
 	"github.com/pgbackfill/backfill/internal/pgtest"
 )
@@ -127,7 +128,7 @@ func TestControlKnobsApply(t *testing.T) {
 	r := &Runner{cfg: Config{Concurrency: 4, JobConcurrency: 2, RowsPerSecond: 100}, caps: capabilities{control: NewPGManifest("")}}
 	ex := &execution{r: r, ctl: newRunControl(), log: discardLogger()}
 	th := backfillthrottle.Throttle{Signal: constSignal{"lag"}, High: 10, Low: 5}
-	ex.throttle = &throttler{ex: ex, states: []*hysteresis{{th: th, cfgHigh: 10, cfgLow: 5}}, changed: make(chan struct{})}
+	ex.throttle = &throttler{ex: ex, states: []*hysteresis.State{{Throttle: th, ConfigHigh: 10, ConfigLow: 5}}, changed: make(chan struct{})}
 	ctx := context.Background()
 	ex.applyControl(ctx, backfilltype.ControlState{Status: RunRunning, Knobs: map[string]float64{
 		"concurrency": 9, "job_concurrency": 1, "rows_per_second": 7, "throttle.lag.high": 3, "throttle.lag.low": 1, "throttle.other.high": 1}})
@@ -135,14 +136,14 @@ func TestControlKnobsApply(t *testing.T) {
 	require.Equal(t, 4, ex.liveConcurrency(), "capped by Config.Concurrency")
 	require.Equal(t, 1, ex.liveJobConcurrency())
 	require.Equal(t, 7.0, ex.liveRowsPerSecond())
-	require.Equal(t, 3.0, ex.throttle.states[0].th.High)
-	require.Equal(t, 1.0, ex.throttle.states[0].th.Low)
+	require.Equal(t, 3.0, ex.throttle.states[0].Throttle.High)
+	require.Equal(t, 1.0, ex.throttle.states[0].Throttle.Low)
 	ex.applyControl(ctx, backfilltype.ControlState{Status: RunRunning, Knobs: map[string]float64{"concurrency": 2}})
 	ex.throttle.applyThresholds()
 	require.Equal(t, 2, ex.liveConcurrency())
 	require.Equal(t, 2, ex.liveJobConcurrency())
 	require.Equal(t, 100.0, ex.liveRowsPerSecond())
-	require.Equal(t, 10.0, ex.throttle.states[0].th.High)
+	require.Equal(t, 10.0, ex.throttle.states[0].Throttle.High)
 	require.False(t, ex.stopped())
 	ex.applyControl(ctx, backfilltype.ControlState{Status: RunPaused, Knobs: map[string]float64{}})
 	require.True(t, ex.stopped())

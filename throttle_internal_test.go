@@ -7,6 +7,8 @@ import (
 
 	"github.com/pgbackfill/backfill/backfillthrottle"
 	"github.com/pgbackfill/backfill/backfilltype"
+	"github.com/pgbackfill/backfill/internal/hysteresis"
+	"github.com/pgbackfill/backfill/internal/pacer"
 	"github.com/pgbackfill/backfill/internal/pgstore"
 	"github.com/stretchr/testify/require"
 	"pgregory.net/rapid"
@@ -22,7 +24,7 @@ func TestThrottleHysteresis(t *testing.T) {
 		high := rapid.Float64Range(1, 100).Draw(rt, "high")
 		low := high * rapid.Float64Range(0.5, 1).Draw(rt, "low_fraction")
 		minHold := time.Duration(rapid.IntRange(0, 5000).Draw(rt, "min_hold_ms")) * time.Millisecond
-		h := hysteresis{th: backfillthrottle.Throttle{High: high, Low: low, MinHold: minHold}}
+		h := hysteresis.State{Throttle: backfillthrottle.Throttle{High: high, Low: low, MinHold: minHold}}
 		now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 		start := now
 		holds := 0
@@ -33,19 +35,19 @@ func TestThrottleHysteresis(t *testing.T) {
 			// Readings sit at the threshold: within 1% of High or Low.
 			base := rapid.SampledFrom([]float64{high, low}).Draw(rt, "base")
 			v := base * (1 + rapid.Float64Range(-0.01, 0.01).Draw(rt, "jitter"))
-			was := h.held
-			switch h.observe(now, v) {
-			case hold:
+			was := h.Held
+			switch h.Observe(now, v) {
+			case hysteresis.Hold:
 				require.False(rt, was, "reading %d", i)
 				require.GreaterOrEqual(rt, v, high, "held below High")
 				holds++
 				since = now
-			case release:
+			case hysteresis.Release:
 				require.True(rt, was, "reading %d", i)
 				require.Less(rt, v, low, "released at or above Low")
 				require.GreaterOrEqual(rt, now.Sub(since), minHold, "released before MinHold")
-			case stay:
-				require.Equal(rt, was, h.held)
+			case hysteresis.Stay:
+				require.Equal(rt, was, h.Held)
 				if !was {
 					require.Less(rt, v, high, "a reading at or above High did not hold")
 				}
@@ -141,33 +143,33 @@ func TestProbePercentile(t *testing.T) {
 func TestPacer(t *testing.T) {
 	t.Parallel()
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	p := newPacer(100)
-	require.Zero(t, p.delay(t0))
-	p.charge(t0, 100) // the burst: one second of rows
-	require.Zero(t, p.delay(t0))
-	p.charge(t0, 300)
-	require.Equal(t, 3*time.Second, p.delay(t0))
-	require.Equal(t, time.Second, p.delay(t0.Add(2*time.Second)))
-	require.Zero(t, p.delay(t0.Add(3*time.Second)))
+	p := pacer.New(100)
+	require.Zero(t, p.Delay(t0))
+	p.Charge(t0, 100) // the burst: one second of rows
+	require.Zero(t, p.Delay(t0))
+	p.Charge(t0, 300)
+	require.Equal(t, 3*time.Second, p.Delay(t0))
+	require.Equal(t, time.Second, p.Delay(t0.Add(2*time.Second)))
+	require.Zero(t, p.Delay(t0.Add(3*time.Second)))
 
-	q := newPacer(100)
-	q.setLimit(t0, 50)
-	q.charge(t0, 50)
-	q.charge(t0, 300)
-	require.Equal(t, 6*time.Second, q.delay(t0))
-	require.Equal(t, 50.0, q.limit())
+	q := pacer.New(100)
+	q.SetLimit(t0, 50)
+	q.Charge(t0, 50)
+	q.Charge(t0, 300)
+	require.Equal(t, 6*time.Second, q.Delay(t0))
+	require.Equal(t, 50.0, q.Limit())
 
 	// Tries let through reserve the mean rows of a try, so workers
 	// waking together go one after another; a shortfall is credited.
-	a := newPacer(100)
-	a.charge(t0, 100) // the burst; 100 rows is the estimate now
-	require.Zero(t, a.tryAdmit(t0), "the first try")
-	require.Equal(t, time.Second, a.tryAdmit(t0), "a second try at the same instant went through")
-	a.settle(t0, 50) // the first read 50: 50 credited; the estimate 0.8×100 + 0.2×50 = 90
-	require.Zero(t, a.tryAdmit(t0.Add(time.Second)))
-	require.Equal(t, 400*time.Millisecond, a.tryAdmit(t0.Add(time.Second)), "the credit was not used (90 - 50 = 40 rows)")
-	a.settle(t0.Add(time.Second), 0) // nothing read (no chunk claimed): all credited
-	require.Zero(t, a.tryAdmit(t0.Add(1500*time.Millisecond)))
+	a := pacer.New(100)
+	a.Charge(t0, 100) // the burst; 100 rows is the estimate now
+	require.Zero(t, a.TryAdmit(t0), "the first try")
+	require.Equal(t, time.Second, a.TryAdmit(t0), "a second try at the same instant went through")
+	a.Settle(t0, 50) // the first read 50: 50 credited; the estimate 0.8×100 + 0.2×50 = 90
+	require.Zero(t, a.TryAdmit(t0.Add(time.Second)))
+	require.Equal(t, 400*time.Millisecond, a.TryAdmit(t0.Add(time.Second)), "the credit was not used (90 - 50 = 40 rows)")
+	a.Settle(t0.Add(time.Second), 0) // nothing read (no chunk claimed): all credited
+	require.Zero(t, a.TryAdmit(t0.Add(1500*time.Millisecond)))
 }
 
 // TestSplitTime: a run's time splits into working, paused and throttled
@@ -225,42 +227,42 @@ func TestThrottleAdapt(t *testing.T) {
 		low := high * rapid.Float64Range(0.5, 1).Draw(rt, "low_fraction")
 		minHold := time.Duration(rapid.IntRange(0, 3000).Draw(rt, "min_hold_ms")) * time.Millisecond
 		interval := time.Duration(rapid.IntRange(50, 1000).Draw(rt, "interval_ms")) * time.Millisecond
-		h := hysteresis{th: backfillthrottle.Throttle{High: high, Low: low, MinHold: minHold, Adapt: true}}
+		h := hysteresis.State{Throttle: backfillthrottle.Throttle{High: high, Low: low, MinHold: minHold, Adapt: true}}
 		now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 		var lastCut time.Time
 		n := rapid.IntRange(1, 300).Draw(rt, "readings")
 		for i := range n {
 			now = now.Add(interval)
 			v := rapid.SampledFrom([]float64{high * 1.5, high, (high + low) / 2, low * 0.9}).Draw(rt, "v")
-			before := max(h.factor, 0)
+			before := max(h.Factor, 0)
 			if before == 0 {
 				before = 1
 			}
-			tr := h.adapt(now, v, interval)
-			require.GreaterOrEqual(rt, h.factor, adaptFloor, "reading %d", i)
-			require.LessOrEqual(rt, h.factor, 1.0, "reading %d", i)
+			tr := h.Adapt(now, v, interval)
+			require.GreaterOrEqual(rt, h.Factor, hysteresis.AdaptFloor, "reading %d", i)
+			require.LessOrEqual(rt, h.Factor, 1.0, "reading %d", i)
 			switch {
 			case v >= high:
 				if !lastCut.IsZero() && now.Sub(lastCut) < max(minHold, interval) {
-					require.Equal(rt, stay, tr, "cut twice within the hold period")
-					require.Equal(rt, before, h.factor)
+					require.Equal(rt, hysteresis.Stay, tr, "cut twice within the hold period")
+					require.Equal(rt, before, h.Factor)
 					continue
 				}
-				require.Equal(rt, hold, tr)
-				require.InDelta(rt, max(before*adaptDecrease, adaptFloor), h.factor, 1e-12)
+				require.Equal(rt, hysteresis.Hold, tr)
+				require.InDelta(rt, max(before*hysteresis.AdaptDecrease, hysteresis.AdaptFloor), h.Factor, 1e-12)
 				lastCut = now
 			case v < low && before < 1:
-				want := min(before+adaptIncrease*interval.Seconds(), 1)
-				require.InDelta(rt, want, h.factor, 1e-12)
+				want := min(before+hysteresis.AdaptIncrease*interval.Seconds(), 1)
+				require.InDelta(rt, want, h.Factor, 1e-12)
 				if want == 1 {
-					require.Equal(rt, release, tr)
-					require.False(rt, h.held)
+					require.Equal(rt, hysteresis.Release, tr)
+					require.False(rt, h.Held)
 				} else {
-					require.Equal(rt, stay, tr)
+					require.Equal(rt, hysteresis.Stay, tr)
 				}
 			default:
-				require.Equal(rt, stay, tr)
-				require.Equal(rt, before, h.factor, "a reading between the watermarks changed the rate")
+				require.Equal(rt, hysteresis.Stay, tr)
+				require.Equal(rt, before, h.Factor, "a reading between the watermarks changed the rate")
 			}
 		}
 	})

@@ -13,6 +13,8 @@ import (
 
 	"github.com/pgbackfill/backfill/backfillthrottle"
 	"github.com/pgbackfill/backfill/backfilltype"
+	"github.com/pgbackfill/backfill/internal/hysteresis"
+	"github.com/pgbackfill/backfill/internal/pacer"
 	"github.com/pgbackfill/backfill/internal/pgtest"
 )
 
@@ -193,10 +195,10 @@ func TestRowsPerSecondSharedByLiveWorkers(t *testing.T) {
 	}
 	require.NoError(t, m.FinishWorker(t.Context(), r.db, "d"))
 	ex := &execution{r: r, batchID: run.BatchID, base: "live", log: r.cfg.Logger}
-	th := &throttler{ex: ex, now: time.Now, pace: newPacer(1000)}
+	th := &throttler{ex: ex, now: time.Now, pace: pacer.New(1000)}
 	scope := th.scope(t.Context())
 	require.Equal(t, []string{"a", "b", "c"}, scope.WorkerKeys)
-	require.InDelta(t, 1000.0/3, th.pace.limit(), 1e-9)
+	require.InDelta(t, 1000.0/3, th.pace.Limit(), 1e-9)
 	require.Equal(t, `"live"`, scope.Table)
 }
 
@@ -515,7 +517,7 @@ func TestUnreadableSignalFailsClosed(t *testing.T) {
 			if read.Add(1) == 2 {
 				sig.broken.Store(true)
 				before := sig.reads.Load()
-				for sig.reads.Load() < before+unreadableAfter+2 {
+				for sig.reads.Load() < before+hysteresis.UnreadableAfter+2 {
 					time.Sleep(5 * time.Millisecond)
 				}
 			}

@@ -13,8 +13,9 @@ import (
 	"github.com/pgbackfill/backfill/backfillthrottle"
 	"github.com/pgbackfill/backfill/backfilltrace"
 	"github.com/pgbackfill/backfill/backfilltype"
+	"github.com/pgbackfill/backfill/internal/hysteresis"
+	"github.com/pgbackfill/backfill/internal/pacer"
 	"github.com/pgbackfill/backfill/internal/pgstore"
-	"golang.org/x/time/rate"
 )
 
 // throttler is one call of Run's throttle state: a monitor goroutine
@@ -37,12 +38,12 @@ type throttler struct {
 	ex       *execution
 	interval time.Duration
 	now      func() time.Time
-	states   []*hysteresis
-	periods  []int64 // the open throttle period of each state (0: none)
-	pace     *pacer  // nil without Config.RowsPerSecond and without an adaptive throttle
-	share    float64 // this call's share of Config.RowsPerSecond (0: no cap)
-	initial  bool    // the first check, before any claim
-	ceiling  float64 // without a cap: the adaptive throttles' ceiling (rows/s), set at the first cut
+	states   []*hysteresis.State
+	periods  []int64      // the open throttle period of each state (0: none)
+	pace     *pacer.Pacer // nil without Config.RowsPerSecond and without an adaptive throttle
+	share    float64      // this call's share of Config.RowsPerSecond (0: no cap)
+	initial  bool         // the first check, before any claim
+	ceiling  float64      // without a cap: the adaptive throttles' ceiling (rows/s), set at the first cut
 
 	mu      sync.Mutex
 	held    int           // how many states hold
@@ -110,17 +111,17 @@ func newThrottler(ex *execution) *throttler {
 	adapt := slices.ContainsFunc(cfg.Throttles, func(th backfillthrottle.Throttle) bool { return th.Adapt })
 	t := &throttler{ex: ex, interval: cfg.throttleInterval(), now: time.Now, changed: make(chan struct{})}
 	for _, th := range cfg.Throttles {
-		t.states = append(t.states, &hysteresis{th: th, cfgHigh: th.High, cfgLow: th.Low})
+		t.states = append(t.states, &hysteresis.State{Throttle: th, ConfigHigh: th.High, ConfigLow: th.Low})
 	}
 	t.periods = make([]int64, len(t.states))
 	switch {
 	case cfg.RowsPerSecond > 0:
 		t.share = cfg.RowsPerSecond
-		t.pace = newPacer(cfg.RowsPerSecond)
+		t.pace = pacer.New(cfg.RowsPerSecond)
 	case adapt || ex.ctl != nil:
 		// With the control plane the cap is a live knob: an unlimited
 		// pacer until it is set.
-		t.pace = newPacer(math.Inf(1))
+		t.pace = pacer.New(math.Inf(1))
 	}
 	return t
 }
@@ -149,14 +150,14 @@ func (t *throttler) monitor(ctx, mctx context.Context, poke <-chan struct{}) {
 func (t *throttler) endOpen(ctx context.Context) {
 	// Holds still open end with the call.
 	for _, h := range t.states {
-		if h.held {
-			t.ex.traceThrottle(ctx, backfilltrace.ThrottleData{Event: backfilltrace.ThrottleRelease, Signal: h.th.Signal.Name(), Value: h.value,
-				High: h.th.High, Low: h.th.EffectiveLow(), Held: t.now().Sub(h.since)})
+		if h.Held {
+			t.ex.traceThrottle(ctx, backfilltrace.ThrottleData{Event: backfilltrace.ThrottleRelease, Signal: h.Throttle.Signal.Name(), Value: h.Value,
+				High: h.Throttle.High, Low: h.Throttle.EffectiveLow(), Held: t.now().Sub(h.Since)})
 		}
 	}
 	for i, id := range t.periods {
 		if id != 0 {
-			t.closePeriod(context.WithoutCancel(ctx), i, t.states[i].value)
+			t.closePeriod(context.WithoutCancel(ctx), i, t.states[i].Value)
 		}
 	}
 }
@@ -222,9 +223,9 @@ func (t *throttler) check(ctx context.Context) {
 	}
 	for i, h := range t.states {
 		rctx, cancel := context.WithTimeout(ctx, t.interval)
-		v, err := h.th.Signal.Read(rctx, ex.r.db, scope)
+		v, err := h.Throttle.Signal.Read(rctx, ex.r.db, scope)
 		cancel()
-		name := h.th.Signal.Name()
+		name := h.Throttle.Signal.Name()
 		if err != nil {
 			if ctx.Err() != nil {
 				continue
@@ -237,43 +238,43 @@ func (t *throttler) check(ctx context.Context) {
 				t.wake()
 				return
 			}
-			h.fails++
-			if h.fails < unreadableAfter {
-				ex.log.Warn("backfill: throttle signal unreadable; its state is kept", "signal", name, "held", h.held, "error", err, "failures", h.fails)
+			h.Fails++
+			if h.Fails < hysteresis.UnreadableAfter {
+				ex.log.Warn("backfill: throttle signal unreadable; its state is kept", "signal", name, "held", h.Held, "error", err, "failures", h.Fails)
 				continue
 			}
 			// Fail closed: a signal unreadable for unreadableAfter
 			// readings in a row counts as above its high watermark
 			// (never as critical) until it reads again.
-			ex.log.Warn("backfill: throttle signal unreadable; treated as above its high watermark until it reads again", "signal", name, "error", err, "failures", h.fails)
+			ex.log.Warn("backfill: throttle signal unreadable; treated as above its high watermark until it reads again", "signal", name, "error", err, "failures", h.Fails)
 			v = math.Inf(1)
 		} else {
-			h.fails = 0
+			h.Fails = 0
 		}
-		ex.log.Debug("backfill: throttle check", "signal", name, "value", v, "high", h.th.High, "low", h.th.EffectiveLow(), "critical", h.th.Critical, "held", h.held)
-		if !math.IsInf(v, 1) && h.critical(v) {
+		ex.log.Debug("backfill: throttle check", "signal", name, "value", v, "high", h.Throttle.High, "low", h.Throttle.EffectiveLow(), "critical", h.Throttle.Critical, "held", h.Held)
+		if !math.IsInf(v, 1) && h.Critical(v) {
 			t.pauseRun(ctx, h, v)
 			return
 		}
-		if h.th.Adapt {
+		if h.Throttle.Adapt {
 			t.adapt(h, v)
 			continue
 		}
-		switch h.observe(t.now(), v) {
-		case hold:
+		switch h.Observe(t.now(), v) {
+		case hysteresis.Hold:
 			ex.log.Warn("backfill: throttle hold: no chunk is claimed until the signal is below its low watermark",
-				"signal", name, "value", v, "high", h.th.High, "low", h.th.EffectiveLow(), "min_hold", h.th.MinHold)
+				"signal", name, "value", v, "high", h.Throttle.High, "low", h.Throttle.EffectiveLow(), "min_hold", h.Throttle.MinHold)
 			t.setHeld(+1) // the workers first, then the record
-			ex.traceThrottle(ctx, backfilltrace.ThrottleData{Event: backfilltrace.ThrottleHold, Signal: name, Value: v, High: h.th.High, Low: h.th.EffectiveLow()})
+			ex.traceThrottle(ctx, backfilltrace.ThrottleData{Event: backfilltrace.ThrottleHold, Signal: name, Value: v, High: h.Throttle.High, Low: h.Throttle.EffectiveLow()})
 			// Recorded even when the call stops meanwhile: stop
 			// closes what is open once this check returns.
 			t.openPeriod(context.WithoutCancel(ctx), i, v)
-		case release:
-			ex.log.Info("backfill: throttle release", "signal", name, "value", v, "high", h.th.High, "low", h.th.EffectiveLow(),
-				"held_for", t.now().Sub(h.since))
+		case hysteresis.Release:
+			ex.log.Info("backfill: throttle release", "signal", name, "value", v, "high", h.Throttle.High, "low", h.Throttle.EffectiveLow(),
+				"held_for", t.now().Sub(h.Since))
 			t.setHeld(-1)
-			ex.traceThrottle(ctx, backfilltrace.ThrottleData{Event: backfilltrace.ThrottleRelease, Signal: name, Value: v, High: h.th.High, Low: h.th.EffectiveLow(),
-				Held: t.now().Sub(h.since)})
+			ex.traceThrottle(ctx, backfilltrace.ThrottleData{Event: backfilltrace.ThrottleRelease, Signal: name, Value: v, High: h.Throttle.High, Low: h.Throttle.EffectiveLow(),
+				Held: t.now().Sub(h.Since)})
 			t.closePeriod(context.WithoutCancel(ctx), i, v)
 		}
 	}
@@ -332,9 +333,9 @@ func (t *throttler) openPeriod(ctx context.Context, i int, v float64) {
 		return
 	}
 	h := t.states[i]
-	p := backfilltype.ThrottlePeriod{BatchID: t.ex.batchID, WorkerKey: t.workerKey(), Signal: h.th.Signal.Name(),
-		Reason: fmt.Sprintf("%s %g at or above high watermark %g", h.th.Signal.Name(), v, h.th.High),
-		Value:  finite(v), High: finite(h.th.High), Low: finite(h.th.EffectiveLow())}
+	p := backfilltype.ThrottlePeriod{BatchID: t.ex.batchID, WorkerKey: t.workerKey(), Signal: h.Throttle.Signal.Name(),
+		Reason: fmt.Sprintf("%s %g at or above high watermark %g", h.Throttle.Signal.Name(), v, h.Throttle.High),
+		Value:  finite(v), High: finite(h.Throttle.High), Low: finite(h.Throttle.EffectiveLow())}
 	id, err := tm.OpenPeriod(ctx, t.ex.r.db, p)
 	if err != nil {
 		t.ex.log.Warn("backfill: throttle period not recorded", "signal", p.Signal, "error", err)
@@ -349,7 +350,7 @@ func (t *throttler) closePeriod(ctx context.Context, i int, v float64) {
 		return
 	}
 	if err := tm.ClosePeriod(ctx, t.ex.r.db, t.periods[i], finite(v)); err != nil {
-		t.ex.log.Warn("backfill: end of throttle period not recorded", "signal", t.states[i].th.Signal.Name(), "error", err)
+		t.ex.log.Warn("backfill: end of throttle period not recorded", "signal", t.states[i].Throttle.Signal.Name(), "error", err)
 	}
 	t.periods[i] = 0
 }
@@ -362,14 +363,14 @@ func (t *throttler) workerKey() string {
 }
 
 // pauseRun pauses the run: a signal reached its critical level.
-func (t *throttler) pauseRun(ctx context.Context, h *hysteresis, v float64) {
+func (t *throttler) pauseRun(ctx context.Context, h *hysteresis.State, v float64) {
 	ex := t.ex
-	name := h.th.Signal.Name()
-	reason := fmt.Sprintf("throttle %s: value %g at or above critical level %g", name, v, h.th.Critical)
+	name := h.Throttle.Signal.Name()
+	reason := fmt.Sprintf("throttle %s: value %g at or above critical level %g", name, v, h.Throttle.Critical)
 	ex.log.Error("backfill: throttle critical: pausing the run; resume it with Runner.Resume", "signal", name, "value", v,
-		"critical", h.th.Critical, "high", h.th.High, "low", h.th.EffectiveLow())
+		"critical", h.Throttle.Critical, "high", h.Throttle.High, "low", h.Throttle.EffectiveLow())
 	err := fmt.Errorf("backfill: job %q batch %d: %w: %s; resume it with Runner.Resume", ex.job.Name, ex.batchID, ErrRunPaused, reason)
-	ex.traceThrottle(ctx, backfilltrace.ThrottleData{Event: backfilltrace.ThrottleCritical, Signal: name, Value: v, High: h.th.High, Low: h.th.EffectiveLow()})
+	ex.traceThrottle(ctx, backfilltrace.ThrottleData{Event: backfilltrace.ThrottleCritical, Signal: name, Value: v, High: h.Throttle.High, Low: h.Throttle.EffectiveLow()})
 	if mv := ex.r.caps.validations; mv != nil {
 		if perr := ex.retryConn(ctx, "pause run", func() error { return mv.PauseRun(ctx, ex.r.db, ex.batchID, reason) }); perr != nil {
 			err = fmt.Errorf("backfill: job %q batch %d: throttle %s critical (%g), and the run could not be paused: %w", ex.job.Name, ex.batchID, name, v, perr)
@@ -398,7 +399,7 @@ func (t *throttler) wait(ctx context.Context) error {
 	// reserve this try's estimate (tryAdmit, atomically, so that workers
 	// waking together go one after another).
 	for {
-		d := t.pace.tryAdmit(t.now())
+		d := t.pace.TryAdmit(t.now())
 		if d <= 0 {
 			return nil
 		}
@@ -434,7 +435,7 @@ func (t *throttler) waitRelease(ctx context.Context) error {
 // the call's state changes or a knob does. A wait of an interval or more
 // is recorded as a throttle period (ratePeriod); the wait is traced.
 func (t *throttler) waitRate(ctx context.Context, d time.Duration) {
-	lim := t.pace.limit()
+	lim := t.pace.Limit()
 	t.ex.log.Debug("backfill: rows-per-second cap: waiting", "wait", d, "rows_per_second", lim)
 	sig, id := t.ratePeriod(ctx, d, lim)
 	// The wait ends early when the call's state changes (a pause, a
@@ -480,9 +481,9 @@ func (t *throttler) ratePeriod(ctx context.Context, d time.Duration, lim float64
 		Value:  finite(lim), High: finite(lim), Low: finite(lim)}
 	t.mu.Lock()
 	if h := t.cutByLocked(); h != nil {
-		p.Signal, p.Value, p.High, p.Low = h.th.Signal.Name(), finite(h.value), finite(h.th.High), finite(h.th.EffectiveLow())
+		p.Signal, p.Value, p.High, p.Low = h.Throttle.Signal.Name(), finite(h.Value), finite(h.Throttle.High), finite(h.Throttle.EffectiveLow())
 		p.Reason = fmt.Sprintf("%s %g at or above high watermark %g: rate cut to %.0f rows/s (%.0f %% of %.0f), waiting %v",
-			p.Signal, h.value, h.th.High, lim, 100*h.factor, t.ceilingLocked(), d.Round(time.Millisecond))
+			p.Signal, h.Value, h.Throttle.High, lim, 100*h.Factor, t.ceilingLocked(), d.Round(time.Millisecond))
 	}
 	t.mu.Unlock()
 	id, err := tm.OpenPeriod(ctx, t.ex.r.db, p)
@@ -504,7 +505,7 @@ func (t *throttler) settle(rows int64) {
 		return
 	}
 	now := t.now()
-	t.pace.settle(now, rows)
+	t.pace.Settle(now, rows)
 	t.mu.Lock()
 	pending := t.share == 0 && t.ceiling == 0 && t.cutByLocked() != nil
 	t.mu.Unlock()
@@ -513,7 +514,7 @@ func (t *throttler) settle(rows int64) {
 		// anything (its signal was high from the start): the first
 		// chunks read set the ceiling the cut applies to.
 		t.mu.Lock()
-		t.ceiling = t.pace.rateOver(now, adaptWindow)
+		t.ceiling = t.pace.RateOver(now, pacer.Window)
 		t.mu.Unlock()
 		t.applyRate()
 	}
@@ -521,36 +522,32 @@ func (t *throttler) settle(rows int64) {
 
 // adapt applies a reading of an adaptive throttle (Throttle.Adapt): a
 // cut or a raise of the call's rate.
-func (t *throttler) adapt(h *hysteresis, v float64) {
+func (t *throttler) adapt(h *hysteresis.State, v float64) {
 	ex := t.ex
 	now := t.now()
 	t.mu.Lock()
-	before := h.factor
-	tr := h.adapt(now, v, t.interval)
-	factor, since := h.factor, h.since
-	if tr == hold && t.share == 0 && t.ceiling == 0 {
+	before := h.Factor
+	tr := h.Adapt(now, v, t.interval)
+	factor, since := h.Factor, h.Since
+	if tr == hysteresis.Hold && t.share == 0 && t.ceiling == 0 {
 		// Without a cap the ceiling is what the call reads: its best
 		// rate over the last seconds, before this first cut.
-		t.ceiling = t.pace.rateOver(now, adaptWindow)
+		t.ceiling = t.pace.RateOver(now, pacer.Window)
 	}
 	t.mu.Unlock()
-	name := h.th.Signal.Name()
+	name := h.Throttle.Signal.Name()
 	switch {
-	case tr == hold:
-		ex.log.Warn("backfill: adaptive throttle: rate cut", "signal", name, "value", v, "high", h.th.High, "low", h.th.EffectiveLow(),
+	case tr == hysteresis.Hold:
+		ex.log.Warn("backfill: adaptive throttle: rate cut", "signal", name, "value", v, "high", h.Throttle.High, "low", h.Throttle.EffectiveLow(),
 			"rows_per_second", math.Round(t.ceilingNow()*factor), "factor", factor)
-	case tr == release:
-		ex.log.Info("backfill: adaptive throttle: rate back at its ceiling", "signal", name, "value", v, "low", h.th.EffectiveLow(),
+	case tr == hysteresis.Release:
+		ex.log.Info("backfill: adaptive throttle: rate back at its ceiling", "signal", name, "value", v, "low", h.Throttle.EffectiveLow(),
 			"held_for", now.Sub(since))
 	case factor != before:
 		ex.log.Debug("backfill: adaptive throttle: rate raised", "signal", name, "value", v, "factor", factor)
 	}
 	t.applyRate()
 }
-
-// adaptWindow is how far back the call's own rate is read for the
-// ceiling of an adaptive throttle without a rows-per-second cap.
-const adaptWindow = 10 * time.Second
 
 // ceilingNow is the rate the adaptive factors apply to: the call's share
 // of the cap, else the ceiling read at the first cut.
@@ -569,10 +566,10 @@ func (t *throttler) ceilingLocked() float64 {
 
 // cutByLocked is the adaptive throttle whose factor is the lowest below 1,
 // or nil; t.mu is held.
-func (t *throttler) cutByLocked() *hysteresis {
-	var by *hysteresis
+func (t *throttler) cutByLocked() *hysteresis.State {
+	var by *hysteresis.State
 	for _, h := range t.states {
-		if h.th.Adapt && h.factor > 0 && h.factor < 1 && (by == nil || h.factor < by.factor) {
+		if h.Throttle.Adapt && h.Factor > 0 && h.Factor < 1 && (by == nil || h.Factor < by.Factor) {
 			by = h
 		}
 	}
@@ -593,193 +590,15 @@ func (t *throttler) applyRate() {
 	}
 	if h := t.cutByLocked(); h != nil {
 		if c := t.ceilingLocked(); c > 0 {
-			lim = max(c*h.factor, c*adaptFloor, 1)
+			lim = max(c*h.Factor, c*hysteresis.AdaptFloor, 1)
 		}
 	}
 	t.mu.Unlock()
-	if before := t.pace.limit(); before != float64(limitOf(lim)) {
-		t.pace.setLimit(t.now(), lim)
+	if before := t.pace.Limit(); before != float64(pacer.LimitOf(lim)) {
+		t.pace.SetLimit(t.now(), lim)
 		// Workers waiting on the old rate look again.
 		t.wake()
 	}
-}
-
-// pacer is a rows-per-second cap: the rows of a chunk are not known
-// before it is read, so a try let through reserves an estimate (the
-// recent mean rows of a chunk), settled with the rows it read when it
-// ends (a shortfall is credited to the next reservations); a claim waits
-// until what was reserved is paid for. The reservation spaces the tries
-// of a call's workers evenly at the limited rate rather than letting
-// them all through at once, so their commits (and WAL) do not come in
-// bursts. It uses a token bucket (golang.org/x/time/rate) whose burst
-// is one second of rows.
-type pacer struct {
-	mu    sync.Mutex
-	lim   *rate.Limiter
-	until time.Time
-	// est is the recent mean rows of a try (0 before the first);
-	// prepaid the estimates reserved by open tries, open their number;
-	// credit rows paid for and not read.
-	est, prepaid, credit float64
-	open                 int
-	// The charges of the last adaptWindow, oldest first, for rateOver.
-	recent []charged
-}
-
-type charged struct {
-	at   time.Time
-	rows int64
-}
-
-func newPacer(perSecond float64) *pacer {
-	return &pacer{lim: rate.NewLimiter(limitOf(perSecond), burstOf(perSecond))}
-}
-
-// limitOf is perSecond as a rate.Limit (an infinite rate is rate.Inf).
-func limitOf(perSecond float64) rate.Limit {
-	if math.IsInf(perSecond, 1) {
-		return rate.Inf
-	}
-	return rate.Limit(perSecond)
-}
-
-func burstOf(perSecond float64) int {
-	return int(min(max(math.Ceil(perSecond), 1), math.MaxInt32))
-}
-
-func (p *pacer) setLimit(now time.Time, perSecond float64) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if old := float64(p.lim.Limit()); old != perSecond && p.until.After(now) {
-		// What is still owed is paid at the new rate: a lifted cap
-		// (Inf) ends the wait, a lowered one lengthens it.
-		rest := float64(p.until.Sub(now))
-		switch {
-		case math.IsInf(perSecond, 1):
-			p.until = now
-		case !math.IsInf(old, 1) && perSecond > 0:
-			p.until = now.Add(time.Duration(min(rest*old/perSecond, float64(time.Hour))))
-		}
-	}
-	if p.lim.Limit() == limitOf(perSecond) {
-		return
-	}
-	p.lim.SetLimitAt(now, limitOf(perSecond))
-	p.lim.SetBurstAt(now, burstOf(perSecond))
-}
-
-func (p *pacer) limit() float64 {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return float64(p.lim.Limit())
-}
-
-// tryAdmit lets a try through at now when what was reserved is paid
-// for, reserving its estimate, and returns 0; else it returns how long
-// to wait before trying again.
-func (p *pacer) tryAdmit(now time.Time) time.Duration {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if d := p.until.Sub(now); d > 0 {
-		return d
-	}
-	p.admitLocked(now)
-	return 0
-}
-
-func (p *pacer) admitLocked(now time.Time) {
-	p.open++
-	if p.est > 0 && !math.IsInf(float64(p.lim.Limit()), 1) {
-		p.prepaid += p.est
-		p.reserve(now, p.est)
-	}
-}
-
-// settle ends a try admitted before, which read n rows: its share of
-// the estimates is replaced by n.
-func (p *pacer) settle(now time.Time, n int64) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	var e float64
-	if p.open > 0 {
-		e = p.prepaid / float64(p.open)
-		p.prepaid -= e
-		p.open--
-	}
-	if n > 0 {
-		p.recent = append(p.recent, charged{now, n})
-		if i := slices.IndexFunc(p.recent, func(c charged) bool { return now.Sub(c.at) <= adaptWindow }); i > 0 {
-			p.recent = slices.Delete(p.recent, 0, i)
-		}
-		if p.est == 0 {
-			p.est = float64(n)
-		} else {
-			p.est = 0.8*p.est + 0.2*float64(n)
-		}
-	}
-	if d := float64(n) - e; d > 0 {
-		p.reserve(now, d)
-	} else {
-		p.credit -= d
-	}
-}
-
-// charge takes n rows at now, as a try let through and settled at
-// once, whatever the wait.
-func (p *pacer) charge(now time.Time, n int64) {
-	p.mu.Lock()
-	p.open++
-	p.mu.Unlock()
-	p.settle(now, n)
-}
-
-// reserve takes n rows at now, less the credit: the time from which the
-// next claim may start moves past the moment the bucket has paid for
-// them.
-func (p *pacer) reserve(now time.Time, rows float64) {
-	use := min(p.credit, rows)
-	p.credit -= use
-	n := int64(math.Ceil(rows - use))
-	b := int64(p.lim.Burst())
-	for n > 0 {
-		k := min(n, b)
-		r := p.lim.ReserveN(now, int(k))
-		if !r.OK() {
-			return
-		}
-		if at := now.Add(r.DelayFrom(now)); at.After(p.until) {
-			p.until = at
-		}
-		n -= k
-	}
-}
-
-// rateOver is the rows per second charged over the last d before now
-// (over the time since the first charge, when that is shorter).
-func (p *pacer) rateOver(now time.Time, d time.Duration) float64 {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	var rows int64
-	first := now
-	for _, c := range p.recent {
-		if now.Sub(c.at) <= d {
-			rows += c.rows
-			if c.at.Before(first) {
-				first = c.at
-			}
-		}
-	}
-	// The first charge's rows were read before it: count the span from
-	// one chunk earlier, at least a second.
-	span := max(now.Sub(first), time.Second)
-	return float64(rows) / span.Seconds()
-}
-
-// delay is how long a claim at now waits.
-func (p *pacer) delay(now time.Time) time.Duration {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return max(p.until.Sub(now), 0)
 }
 
 func finite(v float64) float64 {
