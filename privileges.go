@@ -8,7 +8,6 @@ import (
 	"strings"
 
 	"github.com/jmoiron/sqlx"
-	"github.com/lib/pq"
 
 	"github.com/pgbackfill/backfill/internal/pgstore"
 	"github.com/pgbackfill/backfill/internal/sqlgen"
@@ -27,169 +26,22 @@ import (
 // ("Privileges") lists them; the design note docs/design/privileges.md
 // says why each is needed.
 
-// privilegeChecker gathers the missing privileges of one check.
-type privilegeChecker struct {
-	db      sqlx.ExtContext
-	role    string
-	missing []pgstore.Privilege
+// privilegeCheck is one privilege check of a run or a rollback: the
+// [pgstore.PrivilegeChecker] that runs the catalog queries and gathers
+// what is missing, and db, the check's read transaction, for the
+// queries of the engine's own decisions (the manifest's privileges, what
+// a rollback will change).
+type privilegeCheck struct {
+	db sqlx.ExtContext
+	pg *pgstore.PrivilegeChecker
 }
 
-func newPrivilegeChecker(ctx context.Context, db sqlx.ExtContext) (*privilegeChecker, error) {
-	c := &privilegeChecker{db: db}
-	if err := sqlx.GetContext(ctx, db, &c.role, `SELECT current_user`); err != nil {
+func newPrivilegeCheck(ctx context.Context, db sqlx.ExtContext) (*privilegeCheck, error) {
+	pg, err := pgstore.NewPrivilegeChecker(ctx, db)
+	if err != nil {
 		return nil, err
 	}
-	return c, nil
-}
-
-func (c *privilegeChecker) add(object, privilege, grant, why string) {
-	c.missing = append(c.missing, pgstore.Privilege{Object: object, Privilege: privilege, Grant: grant, Why: why})
-}
-
-func (c *privilegeChecker) err() error { return pgstore.NewPrivilegeError(c.role, c.missing) }
-
-// schemaOf returns the schema a relation name (in the form of
-// [Target.Table]) is in or would be created in: its qualifier, or the
-// schema it resolves to on the search path, or current_schema(). It
-// needs no privilege on the schema.
-func schemaOf(ctx context.Context, db sqlx.ExtContext, name string) (string, error) {
-	var s string
-	err := sqlx.GetContext(ctx, db, &s, `SELECT CASE WHEN cardinality(p) > 1 THEN p[cardinality(p) - 1]
-		ELSE coalesce((SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-			WHERE c.oid = to_regclass(quote_ident(p[1]))), current_schema(), '') END
-		FROM parse_ident($1) AS p`, sqlgen.Table(name))
-	return s, err
-}
-
-// schema checks privilege (USAGE or CREATE) on schema.
-func (c *privilegeChecker) schema(ctx context.Context, schema, privilege, why string) error {
-	if schema == "" {
-		return nil // no schema on the search path: Prepare says the table is not found
-	}
-	var ok []bool
-	if err := sqlx.SelectContext(ctx, c.db, &ok, `SELECT has_schema_privilege(oid, $2) FROM pg_namespace WHERE nspname = $1`, schema, privilege); err != nil {
-		return err
-	}
-	if len(ok) == 1 && !ok[0] {
-		q := sqlgen.Ident(schema)
-		c.add("schema "+q, privilege, pgstore.GrantOn(privilege, "SCHEMA "+q, c.role), why)
-	}
-	return nil
-}
-
-// columns checks privilege on the columns cols of the table oid (every
-// column when cols is empty): a table-level grant or column-level grants
-// on all of them.
-func (c *privilegeChecker) columns(ctx context.Context, oid int64, table, privilege string, cols []string, why string) error {
-	var ok bool
-	err := sqlx.GetContext(ctx, c.db, &ok, `SELECT coalesce(bool_and(has_column_privilege($1::oid, a.attnum, $2)), true)
-		FROM pg_attribute a WHERE a.attrelid = $1::oid AND a.attnum > 0 AND NOT a.attisdropped
-			AND (coalesce(cardinality($3::text[]), 0) = 0 OR a.attname = ANY ($3::text[]))`, oid, privilege, pq.Array(cols))
-	if err != nil {
-		return err
-	}
-	if !ok {
-		q := sqlgen.Table(table)
-		c.add("table "+q, privilege, pgstore.GrantOn(privilege, "TABLE "+q, c.role), why)
-	}
-	return nil
-}
-
-// table checks a table-level privilege (DELETE) on the table oid.
-func (c *privilegeChecker) table(ctx context.Context, oid int64, table, privilege, why string) error {
-	var ok bool
-	if err := sqlx.GetContext(ctx, c.db, &ok, `SELECT has_table_privilege($1::oid, $2)`, oid, privilege); err != nil {
-		return err
-	}
-	if !ok {
-		q := sqlgen.Table(table)
-		c.add("table "+q, privilege, pgstore.GrantOn(privilege, "TABLE "+q, c.role), why)
-	}
-	return nil
-}
-
-// owner checks that the role owns the relation oid (or is a member of its
-// owner's role), as ALTER TABLE and CREATE OR REPLACE VIEW require. When
-// it does not, the statement it names is never membership in a highly
-// privileged role (see ownerGrant).
-func (c *privilegeChecker) owner(ctx context.Context, oid int64, kind, name, why string) error {
-	var own struct {
-		OK    bool   `db:"ok"`
-		Owner string `db:"owner"`
-		Plain bool   `db:"plain"`
-	}
-	if err := sqlx.GetContext(ctx, c.db, &own, `SELECT pg_has_role(c.relowner, 'USAGE') AS ok, r.rolname AS owner,
-		`+plainOwnerRoleSQL+` AS plain
-		FROM pg_class c JOIN pg_roles r ON r.oid = c.relowner WHERE c.oid = $1::oid`, oid); err != nil {
-		return err
-	}
-	if !own.OK {
-		c.add(kind+" "+sqlgen.Table(name), "OWNER", ownerGrant(kind, sqlgen.Table(name), own.Owner, c.role, own.Plain), why)
-	}
-	return nil
-}
-
-// plainOwnerRoleSQL is true when the role r (of pg_roles, the owner of a
-// relation) is a plain owner role: it cannot log in, has none of
-// SUPERUSER, CREATEROLE, CREATEDB, REPLICATION or BYPASSRLS, is not a
-// predefined role (pg_*), and is not a member, directly or through other
-// roles, of any role that has one of these or is predefined. Membership
-// in such a role gives its owner's rights on what it owns, and nothing
-// more.
-const plainOwnerRoleSQL = `(NOT r.rolcanlogin AND NOT EXISTS (
-		WITH RECURSIVE up(oid) AS (SELECT r.oid UNION SELECT m.roleid FROM pg_auth_members m JOIN up ON m.member = up.oid)
-		SELECT FROM up JOIN pg_roles x ON x.oid = up.oid
-		WHERE x.rolsuper OR x.rolcreaterole OR x.rolcreatedb OR x.rolreplication OR x.rolbypassrls OR x.rolname LIKE 'pg\_%'))`
-
-// ownerGrant is the statement an administrator runs so that role may do
-// what only the owner of the relation object (kind "table" or "view",
-// quoted name) may do. Membership in the owner's role ("GRANT owner TO
-// role") is suggested only when the owner is a plain owner role
-// (plainOwnerRoleSQL): membership in any other role could give role far
-// more than the ownership of one relation (a superuser's rights, CREATEROLE,
-// BYPASSRLS, a pg_* role's, or logging in as a person's role's objects).
-// Otherwise the statement transfers the ownership:
-// "ALTER TABLE object OWNER TO role;", which an administrator (a superuser,
-// or a member of both the old and the new owner's roles) runs and which
-// needs role to have CREATE on the relation's schema.
-func ownerGrant(kind, object, owner, role string, plain bool) string {
-	if plain {
-		return fmt.Sprintf("GRANT %s TO %s;", sqlgen.Ident(owner), sqlgen.Ident(role))
-	}
-	return fmt.Sprintf("ALTER %s %s OWNER TO %s;", strings.ToUpper(kind), object, sqlgen.Ident(role))
-}
-
-// serials checks USAGE on the sequences of the serial columns of the
-// table oid that the merge does not write (their default calls nextval).
-func (c *privilegeChecker) serials(ctx context.Context, oid int64, written []string) error {
-	var rows []struct {
-		Schema string `db:"nspname"`
-		Name   string `db:"relname"`
-	}
-	err := sqlx.SelectContext(ctx, c.db, &rows, `SELECT n.nspname, s.relname
-		FROM pg_depend d
-		JOIN pg_class s ON s.oid = d.objid AND s.relkind = 'S'
-		JOIN pg_namespace n ON n.oid = s.relnamespace
-		JOIN pg_attribute a ON a.attrelid = d.refobjid AND a.attnum = d.refobjsubid
-		WHERE d.classid = 'pg_class'::regclass AND d.refobjid = $1::oid AND d.deptype = 'a'
-			AND NOT a.attname = ANY ($2::text[])
-			AND CASE WHEN s.relkind = 'S' THEN NOT has_sequence_privilege(s.oid, 'USAGE') END
-		ORDER BY 1, 2`, oid, pq.Array(written))
-	for _, r := range rows {
-		s := sqlgen.Ident(r.Schema) + "." + sqlgen.Ident(r.Name)
-		c.add("sequence "+s, "USAGE", pgstore.GrantOn("USAGE", "SEQUENCE "+s, c.role), "defaults of serial columns")
-	}
-	return err
-}
-
-// relationOID returns the oid of table, 0 when it does not exist.
-func relationOID(ctx context.Context, db sqlx.ExtContext, table string) (int64, error) {
-	var oid []int64
-	err := sqlx.SelectContext(ctx, db, &oid, `SELECT oid::bigint FROM pg_class WHERE oid = to_regclass($1)`, sqlgen.Table(table))
-	if err != nil || len(oid) == 0 {
-		return 0, err
-	}
-	return oid[0], nil
+	return &privilegeCheck{db: db, pg: pg}, nil
 }
 
 // pgPrivileges reports whether the Runner checks privileges: on
@@ -211,28 +63,28 @@ func (r *Runner) checkTargetSchema(ctx context.Context, job Job) error {
 		return nil
 	}
 	// In one read transaction: safe behind a transaction pooler.
-	var c *privilegeChecker
+	var c *privilegeCheck
 	err := pgstore.ReadTx(ctx, r.db, func(tx sqlx.ExtContext) error {
 		var err error
-		if c, err = newPrivilegeChecker(ctx, tx); err != nil {
+		if c, err = newPrivilegeCheck(ctx, tx); err != nil {
 			return err
 		}
-		s, err := schemaOf(ctx, tx, job.Target.Table)
+		s, err := pgstore.SchemaOf(ctx, tx, job.Target.Table)
 		if err == nil {
-			err = c.schema(ctx, s, "USAGE", "the target")
+			err = c.pg.Schema(ctx, s, "USAGE", "the target")
 		}
-		if pm, _ := r.pgPrivileges(); err == nil && len(c.missing) > 0 && pm != nil {
+		if pm, _ := r.pgPrivileges(); err == nil && len(c.pg.Missing) > 0 && pm != nil {
 			// The run stops here: name the manifest's missing privileges too.
 			var missing []pgstore.Privilege
 			missing, _, err = pm.MissingPrivileges(ctx, tx)
-			c.missing = append(missing, c.missing...)
+			c.pg.Missing = append(missing, c.pg.Missing...)
 		}
 		return err
 	})
 	if err != nil {
 		return fmt.Errorf("backfill: job %q: privileges: %w", job.Name, err)
 	}
-	if err := c.err(); err != nil {
+	if err := c.pg.Err(); err != nil {
 		return fmt.Errorf("backfill: job %q: %w", job.Name, err)
 	}
 	return nil
@@ -248,10 +100,10 @@ func (r *Runner) checkRunPrivileges(ctx context.Context, job Job, info TableInfo
 		return nil, nil
 	}
 	// In one read transaction: safe behind a transaction pooler.
-	var c *privilegeChecker
+	var c *privilegeCheck
 	err = pgstore.ReadTx(ctx, r.db, func(tx sqlx.ExtContext) error {
 		var err error
-		if c, err = newPrivilegeChecker(ctx, tx); err != nil {
+		if c, err = newPrivilegeCheck(ctx, tx); err != nil {
 			return err
 		}
 		return r.runPrivileges(ctx, c, pm, target, job, info)
@@ -259,18 +111,18 @@ func (r *Runner) checkRunPrivileges(ctx context.Context, job Job, info TableInfo
 	if err != nil {
 		return nil, fmt.Errorf("backfill: job %q: privileges: %w", job.Name, err)
 	}
-	if err := c.err(); err != nil {
+	if err := c.pg.Err(); err != nil {
 		return nil, fmt.Errorf("backfill: job %q: %w", job.Name, err)
 	}
 	if target && info.InsertOnly {
 		what, grant := pgstore.UpdateLacks(info)
 		warnings = append(warnings, fmt.Sprintf("role %s lacks UPDATE on %s: the run only inserts; a chunk with a row to update fails with %v (%s)",
-			sqlgen.Ident(c.role), what, ErrPrivilege, grant))
+			sqlgen.Ident(c.pg.Role), what, ErrPrivilege, grant))
 	}
 	return warnings, nil
 }
 
-func (r *Runner) runPrivileges(ctx context.Context, c *privilegeChecker, pm *PGManifest, target bool, job Job, info TableInfo) error {
+func (r *Runner) runPrivileges(ctx context.Context, c *privilegeCheck, pm *PGManifest, target bool, job Job, info TableInfo) error {
 	if pm != nil {
 		if err := c.runManifest(ctx, pm, job); err != nil {
 			return err
@@ -285,14 +137,14 @@ func (r *Runner) runPrivileges(ctx context.Context, c *privilegeChecker, pm *PGM
 // runManifest adds the manifest's missing privileges and, for
 // [PublishAtEnd], CREATE on the manifest's schema (the run's staging
 // table).
-func (c *privilegeChecker) runManifest(ctx context.Context, pm *PGManifest, job Job) error {
+func (c *privilegeCheck) runManifest(ctx context.Context, pm *PGManifest, job Job) error {
 	missing, _, err := pm.MissingPrivileges(ctx, c.db)
 	if err != nil {
 		return err
 	}
-	c.missing = append(c.missing, missing...)
+	c.pg.Missing = append(c.pg.Missing, missing...)
 	if job.Publish.Mode == PublishAtEnd {
-		if err := c.schema(ctx, pm.SchemaName, "CREATE", "the run's staging table (PublishAtEnd)"); err != nil {
+		if err := c.pg.Schema(ctx, pm.SchemaName, "CREATE", "the run's staging table (PublishAtEnd)"); err != nil {
 			return err
 		}
 	}
@@ -303,9 +155,9 @@ func (c *privilegeChecker) runManifest(ctx context.Context, pm *PGManifest, job 
 // SELECT, INSERT on the written columns, UPDATE in History mode, USAGE on
 // the sequences of unwritten serial columns, and what the publish mode
 // needs (runPublish). A target that does not exist yet needs nothing.
-func (c *privilegeChecker) runTarget(ctx context.Context, job Job, info TableInfo) error {
+func (c *privilegeCheck) runTarget(ctx context.Context, job Job, info TableInfo) error {
 	t := info.Target
-	oid, err := relationOID(ctx, c.db, t.Table)
+	oid, err := pgstore.RelationOID(ctx, c.db, t.Table)
 	if err != nil || oid == 0 {
 		return err
 	}
@@ -313,22 +165,22 @@ func (c *privilegeChecker) runTarget(ctx context.Context, job Job, info TableInf
 	for i, col := range info.Columns {
 		names[i] = col.Name
 	}
-	if err := c.columns(ctx, oid, t.Table, "SELECT", nil, "the merge reads target rows"); err != nil {
+	if err := c.pg.Columns(ctx, oid, t.Table, "SELECT", nil, "the merge reads target rows"); err != nil {
 		return err
 	}
-	if err := c.columns(ctx, oid, t.Table, "INSERT", names, "the merge inserts rows"); err != nil {
+	if err := c.pg.Columns(ctx, oid, t.Table, "INSERT", names, "the merge inserts rows"); err != nil {
 		return err
 	}
 	if t.Mode == History {
 		cols := append(slices.Clone(pgstore.CompareColumns(info).Written), t.ValidTo)
-		if err := c.columns(ctx, oid, t.Table, "UPDATE", cols, "History updates and closes versions"); err != nil {
+		if err := c.pg.Columns(ctx, oid, t.Table, "UPDATE", cols, "History updates and closes versions"); err != nil {
 			return err
 		}
 	}
-	if err := c.serials(ctx, oid, names); err != nil {
+	if err := c.pg.Serials(ctx, oid, names); err != nil {
 		return err
 	}
-	schema, err := schemaOf(ctx, c.db, t.Table)
+	schema, err := pgstore.SchemaOf(ctx, c.db, t.Table)
 	if err != nil {
 		return err
 	}
@@ -340,13 +192,13 @@ func (c *privilegeChecker) runTarget(ctx context.Context, job Job, info TableInf
 // [PublishPartitionSwap]; CREATE on schema and the view's schema, and
 // ownership of the view once it exists, for [PublishVersionedView].
 // Other modes need nothing here.
-func (c *privilegeChecker) runPublish(ctx context.Context, job Job, table string, oid int64, schema string) error {
+func (c *privilegeCheck) runPublish(ctx context.Context, job Job, table string, oid int64, schema string) error {
 	switch job.Publish.Mode {
 	case PublishPartitionSwap:
-		if err := c.schema(ctx, schema, "CREATE", "the partitions PublishPartitionSwap creates"); err != nil {
+		if err := c.pg.Schema(ctx, schema, "CREATE", "the partitions PublishPartitionSwap creates"); err != nil {
 			return err
 		}
-		if err := c.owner(ctx, oid, "table", table, "PublishPartitionSwap detaches and attaches its partitions"); err != nil {
+		if err := c.pg.Owner(ctx, oid, "table", table, "PublishPartitionSwap detaches and attaches its partitions"); err != nil {
 			return err
 		}
 	case PublishVersionedView:
@@ -358,25 +210,25 @@ func (c *privilegeChecker) runPublish(ctx context.Context, job Job, table string
 // runVersionedView checks what [PublishVersionedView] needs: CREATE on
 // the target's schema (the table versions) and on the schema of view when
 // it differs, and ownership of view once it exists.
-func (c *privilegeChecker) runVersionedView(ctx context.Context, view, schema string) error {
-	if err := c.schema(ctx, schema, "CREATE", "the table versions PublishVersionedView creates"); err != nil {
+func (c *privilegeCheck) runVersionedView(ctx context.Context, view, schema string) error {
+	if err := c.pg.Schema(ctx, schema, "CREATE", "the table versions PublishVersionedView creates"); err != nil {
 		return err
 	}
-	vs, err := schemaOf(ctx, c.db, view)
+	vs, err := pgstore.SchemaOf(ctx, c.db, view)
 	if err != nil {
 		return err
 	}
 	if vs != schema {
-		if err := c.schema(ctx, vs, "CREATE", "the view PublishVersionedView creates"); err != nil {
+		if err := c.pg.Schema(ctx, vs, "CREATE", "the view PublishVersionedView creates"); err != nil {
 			return err
 		}
 	}
-	viewOID, err := relationOID(ctx, c.db, view)
+	viewOID, err := pgstore.RelationOID(ctx, c.db, view)
 	if err != nil {
 		return err
 	}
 	if viewOID != 0 {
-		if err := c.owner(ctx, viewOID, "view", view, "PublishVersionedView replaces the view"); err != nil {
+		if err := c.pg.Owner(ctx, viewOID, "view", view, "PublishVersionedView replaces the view"); err != nil {
 			return err
 		}
 	}
@@ -393,10 +245,10 @@ func (r *Runner) checkRollbackPrivileges(ctx context.Context, info TableInfo, ba
 		return nil
 	}
 	// In one read transaction: safe behind a transaction pooler.
-	var c *privilegeChecker
+	var c *privilegeCheck
 	err := pgstore.ReadTx(ctx, r.db, func(tx sqlx.ExtContext) error {
 		var err error
-		if c, err = newPrivilegeChecker(ctx, tx); err != nil {
+		if c, err = newPrivilegeCheck(ctx, tx); err != nil {
 			return err
 		}
 		return r.rollbackPrivileges(ctx, c, pm, target, info, batchID)
@@ -404,13 +256,13 @@ func (r *Runner) checkRollbackPrivileges(ctx context.Context, info TableInfo, ba
 	if err != nil {
 		return fmt.Errorf("backfill: rollback of batch %d: privileges: %w", batchID, err)
 	}
-	if err := c.err(); err != nil {
+	if err := c.pg.Err(); err != nil {
 		return fmt.Errorf("backfill: rollback of batch %d: %w", batchID, err)
 	}
 	return nil
 }
 
-func (r *Runner) rollbackPrivileges(ctx context.Context, c *privilegeChecker, pm *PGManifest, target bool, info TableInfo, batchID int64) error {
+func (r *Runner) rollbackPrivileges(ctx context.Context, c *privilegeCheck, pm *PGManifest, target bool, info TableInfo, batchID int64) error {
 	// Without the manifest's word, both are required.
 	updates, deletes := info.Target.Mode == History, true
 	if pm != nil {
@@ -418,7 +270,7 @@ func (r *Runner) rollbackPrivileges(ctx context.Context, c *privilegeChecker, pm
 		if err != nil {
 			return err
 		}
-		c.missing = append(c.missing, missing...)
+		c.pg.Missing = append(c.pg.Missing, missing...)
 		if len(missing) == 0 {
 			var need struct {
 				Updates bool `db:"updates"`
@@ -442,18 +294,18 @@ func (r *Runner) rollbackPrivileges(ctx context.Context, c *privilegeChecker, pm
 		return nil
 	}
 	t := info.Target
-	oid, err := relationOID(ctx, c.db, t.Table)
+	oid, err := pgstore.RelationOID(ctx, c.db, t.Table)
 	if err != nil || oid == 0 {
 		return err
 	}
-	n := len(c.missing)
-	if err := c.columns(ctx, oid, t.Table, "SELECT", nil, "the rollback reads target rows"); err != nil {
+	n := len(c.pg.Missing)
+	if err := c.pg.Columns(ctx, oid, t.Table, "SELECT", nil, "the rollback reads target rows"); err != nil {
 		return err
 	}
 	if !deletes && t.Lineage.InsertedBy != "" {
 		// The rows lineage finds, whatever the chunks' counts say (a
 		// chunk read again may count its earlier inserts as unchanged).
-		deletes = len(c.missing) > n
+		deletes = len(c.pg.Missing) > n
 		if !deletes {
 			if err := sqlx.GetContext(ctx, c.db, &deletes, fmt.Sprintf(`SELECT EXISTS (SELECT FROM %s WHERE %s = $1)`,
 				sqlgen.Table(t.Table), sqlgen.Ident(t.Lineage.InsertedBy)), batchID); err != nil {
@@ -462,7 +314,7 @@ func (r *Runner) rollbackPrivileges(ctx context.Context, c *privilegeChecker, pm
 		}
 	}
 	if deletes {
-		if err := c.table(ctx, oid, t.Table, "DELETE", "the rollback deletes the rows the batch inserted"); err != nil {
+		if err := c.pg.Table(ctx, oid, t.Table, "DELETE", "the rollback deletes the rows the batch inserted"); err != nil {
 			return err
 		}
 	}
@@ -471,7 +323,7 @@ func (r *Runner) rollbackPrivileges(ctx context.Context, c *privilegeChecker, pm
 		if t.Mode == History {
 			cols = append(cols, t.ValidTo)
 		}
-		if err := c.columns(ctx, oid, t.Table, "UPDATE", cols, "the rollback restores the rows the batch updated"); err != nil {
+		if err := c.pg.Columns(ctx, oid, t.Table, "UPDATE", cols, "the rollback restores the rows the batch updated"); err != nil {
 			return err
 		}
 	}
