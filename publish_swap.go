@@ -9,15 +9,12 @@ import (
 	"time"
 
 	"github.com/jmoiron/sqlx"
-	"github.com/lib/pq"
 
 	"github.com/pgbackfill/backfill/backfilldriver"
 	"github.com/pgbackfill/backfill/backfilltype"
 	"github.com/pgbackfill/backfill/internal/pgstore"
 	"github.com/pgbackfill/backfill/internal/sqlgen"
 )
-
-func pqQuoteLiteral(s string) string { return pq.QuoteLiteral(s) }
 
 // PublishPartitionSwap loads each chunk into a new table beside the
 // target's partition for exactly the chunk's bounds (a copy of it, merged
@@ -43,7 +40,7 @@ func (publishSwap) switchesBack() bool { return true }
 
 // target is a copy of the chunk's partition, beside it.
 func (publishSwap) target(ctx context.Context, ex *execution, tx backfilldriver.Tx, c Chunk) (chunkTarget, error) {
-	part, keyType, err := partitionFor(ctx, tx, ex.info.Target.Table, c)
+	part, keyType, err := pgstore.PartitionFor(ctx, tx, ex.info.Target.Table, c)
 	if err != nil {
 		return chunkTarget{}, err
 	}
@@ -60,9 +57,9 @@ func (publishSwap) target(ctx context.Context, ex *execution, tx backfilldriver.
 // completes the chunk.
 func (publishSwap) beforeCommit(ctx context.Context, ex *execution, tx backfilldriver.Tx, t chunkTarget, res ChunkResult, exceptions []Exception) error {
 	c := res.Chunk
-	if err := swapPartition(ctx, tx, swapParams{
-		parent: ex.info.Target.Table, part: t.part, next: t.info.Target.Table, col: ex.job.ChunkColumn,
-		keyType: t.keyType, chunk: c, lockTimeout: cmp.Or(ex.job.Publish.LockTimeout, "5s"),
+	if err := pgstore.SwapPartition(ctx, tx, pgstore.SwapParams{
+		Parent: ex.info.Target.Table, Part: t.part, Next: t.info.Target.Table, Col: ex.job.ChunkColumn,
+		KeyType: t.keyType, Chunk: c, LockTimeout: cmp.Or(ex.job.Publish.LockTimeout, "5s"),
 	}); err != nil {
 		return err
 	}
@@ -83,65 +80,10 @@ func (publishSwap) rollback(ctx context.Context, r *Runner, _ Job, run Run, plan
 	return rep, true, err
 }
 
-// partitionFor finds the partition of parent whose range bounds are the
-// chunk's, by reading the bounds back from pg_get_expr(relpartbound) and
-// casting them to the partition key's type. When db is not a
-// transaction, it reads in one of its own (readTx).
-func partitionFor(ctx context.Context, db sqlx.ExtContext, parent string, c Chunk) (name, keyType string, err error) {
-	err = pgstore.ReadTx(ctx, db, func(tx sqlx.ExtContext) error {
-		var err error
-		name, keyType, err = partitionForTx(ctx, tx, parent, c)
-		return err
-	})
-	return name, keyType, err
-}
-
-func partitionForTx(ctx context.Context, db sqlx.ExtContext, parent string, c Chunk) (name, keyType string, err error) {
-	var lo, hi any
-	switch c.Kind {
-	case backfilltype.KindTime:
-		lo, hi = c.Start, c.End
-	case backfilltype.KindInt:
-		lo, hi = c.Lo, c.Hi
-	default:
-		return "", "", fmt.Errorf("backfill: partition swap: %w: list chunks have no range partition", ErrUnsupported)
-	}
-	var keyTypes []string
-	if err := sqlx.SelectContext(ctx, db, &keyTypes, `SELECT format_type(a.atttypid, a.atttypmod)
-		FROM pg_partitioned_table p JOIN pg_attribute a ON a.attrelid = p.partrelid AND a.attnum = p.partattrs[0]
-		WHERE p.partrelid = to_regclass($1) AND p.partstrat = 'r' AND p.partnatts = 1`, sqlgen.Table(parent)); err != nil {
-		return "", "", err
-	}
-	if len(keyTypes) != 1 {
-		return "", "", fmt.Errorf("backfill: partition swap: %w: %s is not partitioned by RANGE on one column", ErrInvalidConfig, parent)
-	}
-	keyType = keyTypes[0]
-	var rels []struct {
-		Schema string `db:"nspname"`
-		Name   string `db:"relname"`
-	}
-	err = sqlx.SelectContext(ctx, db, &rels, fmt.Sprintf(`SELECT n.nspname, c.relname FROM pg_inherits i
-		JOIN pg_class c ON c.oid = i.inhrelid JOIN pg_namespace n ON n.oid = c.relnamespace,
-		LATERAL regexp_match(pg_get_expr(c.relpartbound, c.oid), '^FOR VALUES FROM \(''(.*)''\) TO \(''(.*)''\)$') m
-		WHERE i.inhparent = to_regclass($1) AND m IS NOT NULL AND m[1]::%[1]s = $2::%[1]s AND m[2]::%[1]s = $3::%[1]s`, keyType),
-		sqlgen.Table(parent), lo, hi)
-	if err != nil {
-		return "", "", err
-	}
-	var names []string
-	for _, r := range rels {
-		names = append(names, sqlgen.Qualified(r.Schema, r.Name))
-	}
-	if len(names) != 1 {
-		return "", "", fmt.Errorf("backfill: partition swap: %w: %s has no partition for exactly %s", ErrInvalidConfig, parent, c)
-	}
-	return names[0], keyType, nil
-}
-
 // prepareSwap creates the new table of partition part (a copy of it) in
 // tx and prepares the merge into it.
 func (r *Runner) prepareSwap(ctx context.Context, tx sqlx.ExtContext, info TableInfo, part string, batchID int64) (TableInfo, error) {
-	next := versionTable(part, batchID)
+	next := pgstore.VersionTable(part, batchID)
 	if _, err := tx.ExecContext(ctx, fmt.Sprintf(`CREATE TABLE %[1]s (LIKE %[2]s INCLUDING ALL); INSERT INTO %[1]s SELECT * FROM %[2]s`,
 		sqlgen.Table(next), sqlgen.Table(part))); err != nil {
 		return TableInfo{}, fmt.Errorf("backfill: partition swap: copy %s: %w", part, err)
@@ -153,57 +95,6 @@ func (r *Runner) prepareSwap(ctx context.Context, tx sqlx.ExtContext, info Table
 		t.Columns = append(t.Columns, col.Name)
 	}
 	return r.cfg.Merger.Prepare(ctx, tx, t)
-}
-
-// swapParams are the inputs of swapPartition besides its transaction.
-type swapParams struct {
-	// parent is the partitioned table's name, unquoted (sqlgen.Table
-	// quotes it).
-	parent string
-	// part is the partition attached now, to detach, named as parent.
-	part string
-	// next is the table to attach in its place.
-	next string
-	// col is the partition key column.
-	col string
-	// keyType is the key column's SQL type, e.g. "bigint".
-	keyType string
-	// chunk is the chunk whose bounds are the partition's.
-	chunk Chunk
-	// lockTimeout is PostgreSQL's lock_timeout for the swap, e.g. "5s".
-	lockTimeout string
-}
-
-// swapPartition attaches p.next in place of p.part, in tx.
-func swapPartition(ctx context.Context, tx sqlx.ExtContext, p swapParams) error {
-	lo, hi := any(p.chunk.Lo), any(p.chunk.Hi)
-	if p.chunk.Kind == backfilltype.KindTime {
-		lo, hi = p.chunk.Start, p.chunk.End
-	}
-	q := sqlgen.Ident(p.col)
-	// A CHECK constraint matching the bounds lets ATTACH skip its scan.
-	var check string
-	if err := sqlx.GetContext(ctx, tx, &check, fmt.Sprintf(`SELECT format('%%s IS NOT NULL AND %%s >= %%L::%[2]s AND %%s < %%L::%[2]s', %[1]s, %[1]s, $1::%[2]s, %[1]s, $2::%[2]s)`,
-		pqQuoteLiteral(q), p.keyType), lo, hi); err != nil {
-		return err
-	}
-	var bounds string
-	if err := sqlx.GetContext(ctx, tx, &bounds, fmt.Sprintf(`SELECT format('FROM (%%L) TO (%%L)', $1::%[1]s, $2::%[1]s)`, p.keyType), lo, hi); err != nil {
-		return err
-	}
-	stmts := []string{
-		`SELECT set_config('lock_timeout', ` + pqQuoteLiteral(p.lockTimeout) + `, true)`,
-		fmt.Sprintf(`ALTER TABLE %s ADD CONSTRAINT backfill_bounds CHECK (%s)`, sqlgen.Table(p.next), check),
-		fmt.Sprintf(`ALTER TABLE %s DETACH PARTITION %s`, sqlgen.Table(p.parent), sqlgen.Table(p.part)),
-		fmt.Sprintf(`ALTER TABLE %s ATTACH PARTITION %s FOR VALUES %s`, sqlgen.Table(p.parent), sqlgen.Table(p.next), bounds),
-		fmt.Sprintf(`ALTER TABLE %s DROP CONSTRAINT backfill_bounds`, sqlgen.Table(p.next)),
-	}
-	for _, s := range stmts {
-		if _, err := tx.ExecContext(ctx, s); err != nil {
-			return fmt.Errorf("backfill: partition swap of %s: %w", p.part, err)
-		}
-	}
-	return nil
 }
 
 // swapBack withdraws a partition-swap batch: in reverse chunk order, one
@@ -221,7 +112,7 @@ func (r *Runner) swapBack(ctx context.Context, pm backfilldriver.SQLManifest, ru
 		return rep, err
 	}
 	for _, s := range swaps {
-		cur, _, err := partitionFor(ctx, r.db, parent, states[s.Seq].Chunk)
+		cur, _, err := pgstore.PartitionFor(ctx, r.db, parent, states[s.Seq].Chunk)
 		if err != nil {
 			return rep, err
 		}
@@ -324,7 +215,7 @@ func (r *Runner) swapBackChunk(ctx context.Context, pm backfilldriver.SQLManifes
 		if len(status) == 0 || status[0] != string(ChunkDone) {
 			return nil
 		}
-		_, keyType, err := partitionFor(ctx, tx, p.parent, p.chunk)
+		_, keyType, err := pgstore.PartitionFor(ctx, tx, p.parent, p.chunk)
 		if err != nil {
 			return err
 		}
@@ -333,8 +224,8 @@ func (r *Runner) swapBackChunk(ctx context.Context, pm backfilldriver.SQLManifes
 			ON a.attrelid = p.partrelid AND a.attnum = p.partattrs[0] WHERE p.partrelid = to_regclass($1)`, sqlgen.Table(p.parent)); err != nil {
 			return err
 		}
-		if err := swapPartition(ctx, tx, swapParams{
-			parent: p.parent, part: p.swap.New, next: p.swap.Old, col: col, keyType: keyType, chunk: p.chunk, lockTimeout: cmp.Or(p.lockTimeout, "5s"),
+		if err := pgstore.SwapPartition(ctx, tx, pgstore.SwapParams{
+			Parent: p.parent, Part: p.swap.New, Next: p.swap.Old, Col: col, KeyType: keyType, Chunk: p.chunk, LockTimeout: cmp.Or(p.lockTimeout, "5s"),
 		}); err != nil {
 			return err
 		}

@@ -73,61 +73,12 @@ func (publishView) rollback(ctx context.Context, r *Runner, job Job, run Run, pl
 
 func (publishView) publishesOpen() bool { return false }
 
-// versionTable names the table version a batch loads: "<table>__v<batch>"
-// in the table's schema (table is a name [sqlgen.ParseTable] accepts; the
-// result is in the same form). A name longer than PostgreSQL keeps (63
-// bytes) is shortened by [sqlgen.Derived], which keeps "__v<batch>" whole:
-// left to PostgreSQL's truncation, batch 10's version of a 59-byte table
-// would be batch 1's table. Partition swap names its new partitions so too.
-func versionTable(table string, batchID int64) string {
-	s, t := sqlgen.SplitTable(table)
-	return sqlgen.Qualified(s, sqlgen.Derived(t, fmt.Sprintf("__v%d", batchID)))
-}
-
-// versionMarker is the comment prepareVersion puts on the version it
-// creates for batchID of table, in the transaction that creates it: a
-// table of that name without it (a user's table, or another derived name)
-// is never merged into.
-func versionMarker(table string, batchID int64) string {
-	return fmt.Sprintf("backfill: version of %s for batch %d", table, batchID)
-}
-
-// viewSource returns the table the view reads (from pg_depend and
-// pg_rewrite, PostgreSQL docs 53.18 and 53.43), or "" when the view does
-// not exist yet.
-func viewSource(ctx context.Context, db sqlx.ExtContext, view string) (string, error) {
-	var src []string
-	var rels []struct {
-		Schema string `db:"nspname"`
-		Name   string `db:"relname"`
-	}
-	err := sqlx.SelectContext(ctx, db, &rels, `SELECT DISTINCT n.nspname, c.relname
-		FROM pg_rewrite r
-		JOIN pg_depend d ON d.classid = 'pg_rewrite'::regclass AND d.objid = r.oid AND d.deptype = 'n'
-		JOIN pg_class c ON c.oid = d.refobjid AND c.relkind IN ('r', 'p')
-		JOIN pg_namespace n ON n.oid = c.relnamespace
-		WHERE r.ev_class = to_regclass($1) AND d.refobjid <> r.ev_class`, sqlgen.Table(view))
-	if err != nil {
-		return "", fmt.Errorf("backfill: view %s: %w", view, err)
-	}
-	for _, r := range rels {
-		src = append(src, sqlgen.Qualified(r.Schema, r.Name))
-	}
-	if len(src) > 1 {
-		return "", fmt.Errorf("backfill: view %s reads %d tables %v; a versioned view reads one", view, len(src), src)
-	}
-	if len(src) == 0 {
-		return "", nil
-	}
-	return src[0], nil
-}
-
 // prepareVersion creates, once per batch, the table version the run loads
 // (a copy of the version readers see now, or of the target table before
 // the first publish), and prepares the merge into it.
 func (r *Runner) prepareVersion(ctx context.Context, job Job, info TableInfo, batchID int64) (TableInfo, error) {
-	version := versionTable(info.Target.Table, batchID)
-	marker := versionMarker(info.Target.Table, batchID)
+	version := pgstore.VersionTable(info.Target.Table, batchID)
+	marker := pgstore.VersionMarker(info.Target.Table, batchID)
 	err := pgstore.InTx(ctx, r.db, func(tx sqlx.ExtContext) error {
 		if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock(hashtextextended('backfill.version:' || $1, 0))`, version); err != nil {
 			return err
@@ -143,11 +94,11 @@ func (r *Runner) prepareVersion(ctx context.Context, job Job, info TableInfo, ba
 			if found[0].String != marker {
 				return fmt.Errorf("%w: table %s exists but is not the version backfill created for batch %d of %s (its comment is %q, not %q); rename it, "+
 					"or, if an older version of this library created it for this run, mark it with COMMENT ON TABLE %s IS %s",
-					ErrInvalidConfig, version, batchID, info.Target.Table, found[0].String, marker, sqlgen.Table(version), pqQuoteLiteral(marker))
+					ErrInvalidConfig, version, batchID, info.Target.Table, found[0].String, marker, sqlgen.Table(version), pgstore.QuoteLiteral(marker))
 			}
 			return nil
 		}
-		current, err := viewSource(ctx, tx, job.Publish.View)
+		current, err := pgstore.ViewSource(ctx, tx, job.Publish.View)
 		if err != nil {
 			return err
 		}
@@ -157,7 +108,7 @@ func (r *Runner) prepareVersion(ctx context.Context, job Job, info TableInfo, ba
 		if _, err := tx.ExecContext(ctx, fmt.Sprintf(`CREATE TABLE %s (LIKE %s INCLUDING ALL)`, sqlgen.Table(version), sqlgen.Table(current))); err != nil {
 			return err
 		}
-		if _, err := tx.ExecContext(ctx, fmt.Sprintf(`COMMENT ON TABLE %s IS %s`, sqlgen.Table(version), pqQuoteLiteral(marker))); err != nil {
+		if _, err := tx.ExecContext(ctx, fmt.Sprintf(`COMMENT ON TABLE %s IS %s`, sqlgen.Table(version), pgstore.QuoteLiteral(marker))); err != nil {
 			return err
 		}
 		_, err = tx.ExecContext(ctx, fmt.Sprintf(`INSERT INTO %s SELECT * FROM %s`, sqlgen.Table(version), sqlgen.Table(current)))
@@ -213,7 +164,7 @@ func (r *Runner) switchView(ctx context.Context, vs viewSwitch, try func(tx sqlx
 				}
 				var watch func() string
 				if n >= vs.tries {
-					watch = watchBlockers(ctx, r.db, pid)
+					watch = pgstore.WatchBlockers(ctx, r.db, pid)
 				}
 				_, err := tx.ExecContext(ctx, fmt.Sprintf(`CREATE OR REPLACE VIEW %s AS SELECT * FROM %s`, sqlgen.Table(vs.view), sqlgen.Table(source)))
 				if watch != nil {
@@ -232,7 +183,7 @@ func (r *Runner) switchView(ctx context.Context, vs viewSwitch, try func(tx sqlx
 		if n >= vs.tries {
 			blockers := blocking
 			if blockers == "" {
-				blockers = lockHolders(context.WithoutCancel(ctx), r.db, vs.view)
+				blockers = pgstore.LockHolders(context.WithoutCancel(ctx), r.db, vs.view)
 			}
 			return blockers, fmt.Errorf("backfill: %s: %w: view %s not switched to %s after %d tries with lock_timeout %s; held by %s",
 				vs.what, ErrPublishBlocked, vs.view, vs.target, n, vs.timeout, blockers)
@@ -283,7 +234,7 @@ func (r *Runner) lockRunRow(ctx context.Context, tx sqlx.ExtContext, batchID int
 // [ErrPublishBlocked]; running the job again publishes it.
 func (r *Runner) publishVersion(ctx context.Context, job Job, run Run, table string) (bool, error) {
 	audit := r.caps.audit // Run refused the job without it
-	version := versionTable(table, run.BatchID)
+	version := pgstore.VersionTable(table, run.BatchID)
 	vs := viewSwitch{view: job.Publish.View, target: version, timeout: cmp.Or(job.Publish.LockTimeout, "200ms"),
 		tries: cmp.Or(job.Publish.LockRetries, DefaultPublishLockRetries), what: fmt.Sprintf("publish job %q batch %d", job.Name, run.BatchID)}
 	switched := false
@@ -293,7 +244,7 @@ func (r *Runner) publishVersion(ctx context.Context, job Job, run Run, table str
 		if status, err = r.lockRunRow(ctx, tx, run.BatchID); err != nil || status != RunCompleted {
 			return err
 		}
-		previous, err := viewSource(ctx, tx, job.Publish.View)
+		previous, err := pgstore.ViewSource(ctx, tx, job.Publish.View)
 		if err != nil || previous == version {
 			return err
 		}
@@ -393,7 +344,7 @@ func (r *Runner) switchBack(ctx context.Context, job Job, run Run, base string, 
 		kind := "rollback_switch_back"
 		detail := map[string]any{"why": opts.Why}
 		if found {
-			current, err := viewSource(ctx, tx, pub.View)
+			current, err := pgstore.ViewSource(ctx, tx, pub.View)
 			if err != nil {
 				return err
 			}
@@ -428,72 +379,4 @@ func (r *Runner) switchBack(ctx context.Context, job Job, run Run, base string, 
 		return "", err
 	}
 	return outcome, nil
-}
-
-// watchBlockers polls, while session pid waits for a lock, the sessions
-// that block it (blockingSessions); the returned stop function ends the
-// polling and describes the last blockers seen ("" if none were).
-func watchBlockers(ctx context.Context, db sqlx.ExtContext, pid int) (stop func() string) {
-	done := make(chan struct{})
-	result := make(chan string, 1)
-	go func() {
-		last := ""
-		defer func() { result <- last }()
-		tick := time.NewTicker(10 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			select {
-			case <-done:
-				return
-			case <-ctx.Done():
-				return
-			case <-tick.C:
-			}
-			if s := pgstore.DescribeBlockers(blockingSessions(ctx, db, pid)); s != "" {
-				last = s
-			}
-		}
-	}()
-	return func() string {
-		close(done)
-		return <-result
-	}
-}
-
-// blockingSessions returns the sessions that block session pid's lock
-// wait now (pg_blocking_pids, PostgreSQL docs 9.27.1, joined to
-// pg_stat_activity); nil for none or on error.
-func blockingSessions(ctx context.Context, db sqlx.ExtContext, pid int) []backfilltype.Blocker {
-	return pgstore.Sessions(ctx, db, `SELECT b.pid, coalesce(a.application_name, '') AS app, coalesce(a.state, '') AS state,
-		coalesce(a.wait_event_type || ':' || a.wait_event, '') AS wait_event, '' AS mode, coalesce(a.query, '') AS query
-		FROM unnest(pg_blocking_pids($1)) AS b(pid) JOIN pg_stat_activity a ON a.pid = b.pid ORDER BY b.pid`, pid)
-}
-
-// conflictingHolders returns the other sessions that hold a lock on
-// relation rel in a mode that conflicts with ROW EXCLUSIVE (SHARE, SHARE
-// ROW EXCLUSIVE, EXCLUSIVE, ACCESS EXCLUSIVE: PostgreSQL docs 13.3.1),
-// with the mode; nil for none or on error.
-func conflictingHolders(ctx context.Context, db sqlx.ExtContext, rel string) []backfilltype.Blocker {
-	return pgstore.Sessions(ctx, db, `SELECT DISTINCT a.pid, coalesce(a.application_name, '') AS app,
-		coalesce(a.state, '') AS state, '' AS wait_event, l.mode, coalesce(a.query, '') AS query
-		FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
-		WHERE l.locktype = 'relation' AND l.relation = to_regclass($1) AND l.granted AND l.pid <> pg_backend_pid()
-			AND l.mode IN ('ShareLock', 'ShareRowExclusiveLock', 'ExclusiveLock', 'AccessExclusiveLock')
-		ORDER BY a.pid`, sqlgen.Table(rel))
-}
-
-// lockHolders describes the other sessions that hold a lock on relation
-// rel (pg_locks joined to pg_stat_activity, PostgreSQL docs 54.12 and
-// 27.2.3): the sessions pg_blocking_pids would name for a waiter on an
-// ACCESS EXCLUSIVE lock of rel.
-func lockHolders(ctx context.Context, db sqlx.ExtContext, rel string) string {
-	s := pgstore.DescribeBlockers(pgstore.Sessions(ctx, db, `SELECT DISTINCT a.pid, coalesce(a.application_name, '') AS app,
-		coalesce(a.state, '') AS state, '' AS wait_event, l.mode, coalesce(a.query, '') AS query
-		FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
-		WHERE l.locktype = 'relation' AND l.relation = to_regclass($1) AND l.granted AND l.pid <> pg_backend_pid()
-		ORDER BY a.pid`, sqlgen.Table(rel)))
-	if s == "" {
-		return "sessions that have since released it"
-	}
-	return s
 }

@@ -186,7 +186,7 @@ func (ex *execution) chunkWaited(ctx context.Context, ce *ChunkError, cr chunkRu
 		// samples (or before the first). The sessions still holding a
 		// lock on the target that conflicts with the merge's ROW
 		// EXCLUSIVE are then named as its blockers.
-		w.Blockers = conflictingHolders(context.WithoutCancel(ctx), ex.r.db, ex.base)
+		w.Blockers = pgstore.ConflictingHolders(context.WithoutCancel(ctx), ex.r.db, ex.base)
 	}
 	ex.traceRetry(ctx, backfilltrace.RetryData{Chunk: ce.Chunk, Attempt: ce.Attempt, Kind: backfilltrace.RetryWait, Try: n + 1, SQLState: code, Sleep: sleep, Final: final, Err: ce.Err})
 	blockers := pgstore.DescribeBlockers(w.Blockers)
@@ -232,7 +232,7 @@ type watchSeen struct {
 // after delay (half the try's shortest timeout, at most 500 ms) it polls
 // every quarter of it (10 ms to 250 ms) pg_stat_activity for the
 // backend's statement, and, while the backend waits for a lock, the
-// sessions pg_blocking_pids names (blockingSessions, as the view switch). The
+// sessions pg_blocking_pids names (pgstore.BlockingSessions, as the view switch). The
 // returned stop ends the watch and returns what it last saw (nil if
 // nothing). Blockers must be read while the backend waits: after its
 // timeout they are gone.
@@ -298,7 +298,7 @@ func observeBackend(ctx context.Context, db sqlx.ExtContext, pid int) *watchSeen
 	}
 	seen := &watchSeen{at: time.Now(), waited: time.Duration(rows[0].Waited * float64(time.Second))}
 	if rows[0].Lock {
-		seen.blockers = blockingSessions(ctx, db, pid)
+		seen.blockers = pgstore.BlockingSessions(ctx, db, pid)
 	}
 	return seen
 }

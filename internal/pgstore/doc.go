@@ -3,7 +3,10 @@
 // waits, status, the run report's data, privileges and the schema
 // migrations), and the merger (staging by COPY, the merge SQL of each
 // identity mode, key locks, refusals, fingerprints for skip-unchanged,
-// the built-in checks' SQL and rollback from the undo log).
+// the built-in checks' SQL and rollback from the undo log), the catalog
+// checks of a target's privileges (PrivilegeChecker), and the SQL of the
+// publish modes that create or swap tables (table versions, a view's
+// source, partition swaps, the sessions holding a lock).
 //
 // It implements the contracts of package backfilldriver over
 // database/sql through sqlx and lib/pq, and takes the executor on every
