@@ -42,7 +42,7 @@ type measures struct {
 	params7, results4       int
 	cyclo20, cyclo30, funcs int
 	tests, testsMatched     int
-	overThirty, overTwenty  []string
+	overTwenty              []string
 }
 
 func run(dir string) error {
