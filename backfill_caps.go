@@ -36,7 +36,7 @@ type capabilities struct {
 	isolates    bool // StagingIsolator
 	writesUndo  bool // UndoLogWriter
 	// workers: heartbeats, leases and fencing (PGManifest only).
-	workers pgstore.WorkerManifest
+	workers backfilldriver.ManifestLeases
 	// waits records the waits of chunks (backfill_timeouts.go).
 	waits backfilldriver.ManifestWaits
 	// throttle: throttle periods and job slots (PGManifest only).
@@ -57,7 +57,7 @@ func resolveCapabilities(m Manifest, mg Merger) capabilities {
 	c.staging, _ = m.(backfilldriver.ManifestStaging)
 	c.sql, _ = m.(backfilldriver.SQLManifest)
 	c.rollback, _ = m.(backfilldriver.ManifestRollback)
-	c.workers, _ = m.(pgstore.WorkerManifest)
+	c.workers, _ = m.(backfilldriver.ManifestLeases)
 	c.waits, _ = m.(backfilldriver.ManifestWaits)
 	c.throttle, _ = m.(pgstore.ThrottleManifest)
 	c.throttlePeriods, _ = m.(backfilldriver.ManifestThrottle)

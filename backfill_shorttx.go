@@ -7,6 +7,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/pgbackfill/backfill/backfilldriver"
 	"github.com/pgbackfill/backfill/backfilltrace"
 	"github.com/pgbackfill/backfill/backfilltype"
 	"github.com/pgbackfill/backfill/internal/pgstore"
@@ -122,7 +123,7 @@ func (ex *execution) runChunkLeased(ctx context.Context, p *chunkPipe) (cr chunk
 		return cr, nil
 	}
 	s := r.cfg.txSettings()
-	l := pgstore.Lease{Key: ex.worker.key, StaleAfter: r.cfg.StaleAfter, LockTimeout: s.TryLockTimeout(0), StmtTimeout: s.StmtSetting(),
+	l := backfilldriver.Lease{Key: ex.worker.key, StaleAfter: r.cfg.StaleAfter, LockTimeout: s.TryLockTimeout(0), StmtTimeout: s.StmtSetting(),
 		JobConcurrency: r.cfg.JobConcurrency}
 	l.Avoid, _ = ex.avoided()
 

@@ -40,13 +40,13 @@ func newWorkerKey() string {
 	return hex.EncodeToString(b)
 }
 
-func withFenceWait(ctx context.Context, w pgstore.FenceWait) context.Context {
+func withFenceWait(ctx context.Context, w backfilldriver.FenceWait) context.Context {
 	return context.WithValue(ctx, pgstore.FenceCtxKey{}, w)
 }
 
 // fenceWait is how this Runner waits for chunks held by others.
-func (r *Runner) fenceWait(what string) pgstore.FenceWait {
-	return pgstore.FenceWait{StaleAfter: r.cfg.StaleAfter, Poll: r.pollInterval(), Log: r.cfg.Logger, What: what}
+func (r *Runner) fenceWait(what string) backfilldriver.FenceWait {
+	return backfilldriver.FenceWait{StaleAfter: r.cfg.StaleAfter, Poll: r.pollInterval(), Log: r.cfg.Logger, What: what}
 }
 
 // pollInterval is how often a waiting worker looks again:
@@ -128,9 +128,9 @@ func (ex *execution) stopWorker() {
 // the chunks whose pause after a wait is not over, and returns the
 // backend's pid (0 when the manifest does not lease).
 func (ex *execution) claim(ctx context.Context, tx backfilldriver.Tx) (backfilltype.ChunkState, int, bool, error) {
-	if wm := ex.r.caps.workers; wm != nil {
+	if wm, ok := ex.r.cfg.Manifest.(*pgstore.Manifest); ok {
 		s := ex.r.cfg.txSettings()
-		l := pgstore.Lease{StaleAfter: ex.r.cfg.StaleAfter, LockTimeout: s.TryLockTimeout(0), StmtTimeout: s.StmtSetting()}
+		l := backfilldriver.Lease{StaleAfter: ex.r.cfg.StaleAfter, LockTimeout: s.TryLockTimeout(0), StmtTimeout: s.StmtSetting()}
 		if ex.worker != nil {
 			l.Key = ex.worker.key
 		}

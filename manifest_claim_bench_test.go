@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jmoiron/sqlx"
+	"github.com/pgbackfill/backfill/backfilldriver"
 	"github.com/pgbackfill/backfill/internal/pgstore"
 	"github.com/pgbackfill/backfill/internal/pgtest"
 )
@@ -99,7 +100,7 @@ func BenchmarkClaimDone(b *testing.B) {
 				}
 			})
 			lease := func(b *testing.B) {
-				l := pgstore.Lease{Key: "k", StaleAfter: 30 * time.Second, JobConcurrency: 4}
+				l := backfilldriver.Lease{Key: "k", StaleAfter: 30 * time.Second, JobConcurrency: 4}
 				for i := 0; i < b.N; i++ {
 					cl, ok, _, err := pm.LeaseChunk(ctx, db, run.BatchID, l)
 					if err != nil || !ok {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/jmoiron/sqlx"
 	"github.com/lib/pq"
+	"github.com/pgbackfill/backfill/backfilldriver"
 	"github.com/pgbackfill/backfill/backfilltype"
 )
 
@@ -16,20 +17,11 @@ import (
 type FenceCtxKey struct{}
 
 // fenceWaitFrom returns the fenceWait ctx carries, or the defaults.
-func fenceWaitFrom(ctx context.Context) FenceWait {
-	if w, ok := ctx.Value(FenceCtxKey{}).(FenceWait); ok {
+func fenceWaitFrom(ctx context.Context) backfilldriver.FenceWait {
+	if w, ok := ctx.Value(FenceCtxKey{}).(backfilldriver.FenceWait); ok {
 		return w
 	}
-	return FenceWait{StaleAfter: backfilltype.DefaultStaleAfter, Poll: time.Second}
-}
-
-// chunkLease is a chunk leased by a worker.
-type chunkLease struct {
-	State backfilltype.ChunkState `json:"-" db:"-"`
-	Epoch int64                   `json:"-" db:"-"`
-	// Control is the run's control state read by the lease's statement
-	// (the read between two chunks, backfill_control.go).
-	Control backfilltype.ControlState `json:"-" db:"-"`
+	return backfilldriver.FenceWait{StaleAfter: backfilltype.DefaultStaleAfter, Poll: time.Second}
 }
 
 // liveLease is the SQL condition "the lease of chunk row c is held by a
@@ -61,7 +53,7 @@ func liveLeaseOf(alias, staleArg string) string {
 // transactions of a batch take a transaction-level advisory lock first,
 // so that two of them do not both see the last free place; a worker that
 // died holds its place only until its lease is no longer live.
-func (m *Manifest) LeaseChunk(ctx context.Context, db sqlx.ExtContext, batchID int64, l Lease) (cl chunkLease, ok, full bool, err error) {
+func (m *Manifest) LeaseChunk(ctx context.Context, db sqlx.ExtContext, batchID int64, l backfilldriver.Lease) (cl backfilldriver.ChunkLease, ok, full bool, err error) {
 	avoid := make([]int64, len(l.Avoid))
 	for i, seq := range l.Avoid {
 		avoid[i] = int64(seq)
@@ -93,16 +85,16 @@ func (m *Manifest) LeaseChunk(ctx context.Context, db sqlx.ExtContext, batchID i
 		return sqlx.SelectContext(ctx, tx, &rows, m.SQL(LeaseQuery), batchID, pq.Array(avoid), l.Key, l.StaleAfter.Seconds())
 	})
 	if err != nil {
-		return chunkLease{}, false, false, fmt.Errorf("backfill: lease chunk of batch %d: %w", batchID, err)
+		return backfilldriver.ChunkLease{}, false, false, fmt.Errorf("backfill: lease chunk of batch %d: %w", batchID, err)
 	}
 	if len(rows) == 0 {
-		return chunkLease{}, false, full, nil
+		return backfilldriver.ChunkLease{}, false, full, nil
 	}
 	st := backfilltype.ControlState{Status: backfilltype.RunStatus(rows[0].RunStatus), Reason: rows[0].RunReason, Knobs: map[string]float64{}}
 	if err := json.Unmarshal([]byte(rows[0].RunKnobs), &st.Knobs); err != nil {
-		return chunkLease{}, false, false, fmt.Errorf("backfill: lease chunk of batch %d: knobs: %w", batchID, err)
+		return backfilldriver.ChunkLease{}, false, false, fmt.Errorf("backfill: lease chunk of batch %d: knobs: %w", batchID, err)
 	}
-	return chunkLease{State: rows[0].state(), Epoch: rows[0].Epoch, Control: st}, true, false, nil
+	return backfilldriver.ChunkLease{State: rows[0].state(), Epoch: rows[0].Epoch, Control: st}, true, false, nil
 }
 
 // LeaseQuery leases the first claimable chunk of batch $1 (claimQuery's
@@ -149,8 +141,8 @@ var LeaseQuery = `UPDATE {s}.chunks SET lease_key = $3, lease_epoch = lease_epoc
 // lock_timeout, as when the settings were a statement of their own. (The
 // lock of the chunks table itself, which only the manifest's migrations
 // contend for, is taken before, under the session's own lock_timeout.)
-func (m *Manifest) FenceLease(ctx context.Context, tx sqlx.ExtContext, batchID int64, seq int, epoch int64, l Lease) (st backfilltype.ChunkState, pid int, ok bool, err error) {
-	app, kIdle, kInt, kCount, userTO := l.settings()
+func (m *Manifest) FenceLease(ctx context.Context, tx sqlx.ExtContext, batchID int64, seq int, epoch int64, l backfilldriver.Lease) (st backfilltype.ChunkState, pid int, ok bool, err error) {
+	app, kIdle, kInt, kCount, userTO := sessionSettings(l)
 	var rows []struct {
 		pgChunkRow
 		Pid int `db:"backend_pid"`

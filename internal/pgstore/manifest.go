@@ -667,7 +667,7 @@ func (r pgChunkRow) state() backfilltype.ChunkState {
 // run's row: see claimLeased for the races and why a worker of an
 // abandoned run still never writes over a newer run.
 func (m *Manifest) ClaimChunk(ctx context.Context, tx sqlx.ExtContext, batchID int64) (backfilltype.ChunkState, bool, error) {
-	st, _, ok, err := m.ClaimLeased(ctx, tx, batchID, Lease{})
+	st, _, ok, err := m.ClaimLeased(ctx, tx, batchID, backfilldriver.Lease{})
 	return st, ok, err
 }
 

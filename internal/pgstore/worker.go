@@ -29,25 +29,10 @@ const (
 	LivenessDead = "dead"
 )
 
-var _ backfilldriver.ManifestWorkers = (*Manifest)(nil)
-
-// WorkerManifest is the runner's side of [ManifestWorkers]: only
-// [Manifest] has it (it reads pg_locks and pg_stat_activity).
-type WorkerManifest interface {
-	backfilldriver.ManifestWorkers
-	RegisterWorker(ctx context.Context, db sqlx.ExtContext, w backfilltype.Worker) error
-	Heartbeat(ctx context.Context, db sqlx.ExtContext, key string) error
-	FinishWorker(ctx context.Context, db sqlx.ExtContext, key string) error
-	Holders(ctx context.Context, db sqlx.ExtContext, batchID int64, self string, staleAfter time.Duration, fence, running bool) ([]chunkHolder, error)
-	ClaimLeased(ctx context.Context, tx sqlx.ExtContext, batchID int64, l Lease) (backfilltype.ChunkState, int, bool, error)
-	WaitInFlight(ctx context.Context, db sqlx.ExtContext, batchID int64, w FenceWait) error
-	// Leases across transactions (manifest_lease.go).
-	LeaseChunk(ctx context.Context, db sqlx.ExtContext, batchID int64, l Lease) (cl chunkLease, ok, full bool, err error)
-	FenceLease(ctx context.Context, tx sqlx.ExtContext, batchID int64, seq int, epoch int64, l Lease) (backfilltype.ChunkState, int, bool, error)
-	ReleaseLease(ctx context.Context, db sqlx.ExtContext, batchID int64, seq int, key string, epoch int64) error
-}
-
-var _ WorkerManifest = (*Manifest)(nil)
+var (
+	_ backfilldriver.ManifestWorkers = (*Manifest)(nil)
+	_ backfilldriver.ManifestLeases  = (*Manifest)(nil)
+)
 
 // Workers implements [ManifestWorkers.Workers].
 func (m *Manifest) Workers(ctx context.Context, db sqlx.ExtContext, batchID int64) ([]backfilltype.Worker, error) {
@@ -94,6 +79,8 @@ func (m *Manifest) RunLiveness(ctx context.Context, db sqlx.ExtContext, batchID 
 	return rows[0], nil
 }
 
+// RegisterWorker implements [backfilldriver.ManifestLeases.RegisterWorker]:
+// a row of the workers table, in a short transaction of its own.
 func (m *Manifest) RegisterWorker(ctx context.Context, db sqlx.ExtContext, w backfilltype.Worker) error {
 	return InShortTx(ctx, db, func(tx sqlx.ExtContext) error {
 		_, err := tx.ExecContext(ctx, m.SQL(`INSERT INTO {s}.workers (worker_key, worker_id, batch_id, job_name, host, pid, stale_after)
@@ -103,7 +90,8 @@ func (m *Manifest) RegisterWorker(ctx context.Context, db sqlx.ExtContext, w bac
 	})
 }
 
-// Heartbeat refreshes the worker's heartbeat_at, in a short transaction
+// Heartbeat implements [backfilldriver.ManifestLeases.Heartbeat]: it
+// refreshes the worker's heartbeat_at, in a short transaction
 // of its own that does not wait for its WAL to be flushed (a lost
 // Heartbeat is harmless).
 func (m *Manifest) Heartbeat(ctx context.Context, db sqlx.ExtContext, key string) error {
@@ -114,6 +102,7 @@ func (m *Manifest) Heartbeat(ctx context.Context, db sqlx.ExtContext, key string
 	})
 }
 
+// FinishWorker implements [backfilldriver.ManifestLeases.FinishWorker].
 func (m *Manifest) FinishWorker(ctx context.Context, db sqlx.ExtContext, key string) error {
 	return InShortTx(ctx, db, func(tx sqlx.ExtContext) error {
 		_, err := tx.ExecContext(ctx, m.SQL(`UPDATE {s}.workers SET heartbeat_at = now(), finished_at = now(), state = 'finished'
@@ -122,30 +111,9 @@ func (m *Manifest) FinishWorker(ctx context.Context, db sqlx.ExtContext, key str
 	})
 }
 
-// Lease is what a chunk's transaction sets for itself in the claim
-// statement (set_config local: it ends with the transaction).
-type Lease struct {
-	// Key is the worker key, tagged in application_name.
-	Key string `json:"-" db:"-"`
-	// StaleAfter bounds the time a dead peer (network cut) goes
-	// unnoticed (TCP keepalives, tcp_user_timeout).
-	StaleAfter time.Duration `json:"-" db:"-"`
-	// LockTimeout is the lock_timeout of the chunk's transaction (the
-	// first row of Config.LockRetries; "" keeps the session's), also kept
-	// in backfill.lock_timeout; stmtTimeout the statement_timeout of its
-	// merge and what follows ("" keeps the session's), kept in
-	// backfill.statement_timeout (backfill_timeouts.go).
-	LockTimeout, StmtTimeout string `json:"-" db:"-"`
-	// Avoid are chunks this call does not claim now: they waited and
-	// their pause is not over.
-	Avoid []int `json:"-" db:"-"`
-	// JobConcurrency is Config.JobConcurrency: at most this many live
-	// leases in the batch (0: no cap).
-	JobConcurrency int `json:"-" db:"-"`
-}
-
-// Settings returns the lease's session settings as set_config arguments.
-func (l Lease) settings() (appName, keepIdle, keepInterval, keepCount, userTimeoutMS string) {
+// sessionSettings returns the session settings of lease l as set_config
+// arguments.
+func sessionSettings(l backfilldriver.Lease) (appName, keepIdle, keepInterval, keepCount, userTimeoutMS string) {
 	s := max(int(l.StaleAfter/time.Second), 3)
 	return "backfill " + l.Key + " ", fmt.Sprint(max(s/3, 1)), fmt.Sprint(max(s/9, 1)), "3",
 		fmt.Sprint(l.StaleAfter.Milliseconds())
@@ -200,7 +168,7 @@ const ClaimQuery = `SELECT ` + chunkColumns + ` FROM {s}.chunks
 // which reads the run's status afresh (CompleteChunk). A run that is
 // failed or paused meanwhile lets its chunks in flight commit: they were
 // claimed while it ran, and a resume or a rollback waits for them.
-func (m *Manifest) ClaimLeased(ctx context.Context, tx sqlx.ExtContext, batchID int64, l Lease) (backfilltype.ChunkState, int, bool, error) {
+func (m *Manifest) ClaimLeased(ctx context.Context, tx sqlx.ExtContext, batchID int64, l backfilldriver.Lease) (backfilltype.ChunkState, int, bool, error) {
 	var rows []struct {
 		pgChunkRow
 		PID int `db:"backend_pid"`
@@ -217,7 +185,7 @@ func (m *Manifest) ClaimLeased(ctx context.Context, tx sqlx.ExtContext, batchID 
 		AND set_config('backfill.lock_timeout', set_config('lock_timeout', coalesce(nullif($4, ''), current_setting('lock_timeout')), true), true) IS NOT NULL`
 	args := []any{batchID, pq.Array(avoid), l.StmtTimeout, l.LockTimeout}
 	if l.Key != "" {
-		app, kIdle, kInt, kCount, userTO := l.settings()
+		app, kIdle, kInt, kCount, userTO := sessionSettings(l)
 		settings += `
 			AND set_config('application_name', left($5 || current_setting('application_name'), 63), true) IS NOT NULL
 			AND set_config('tcp_keepalives_idle', $6, true) IS NOT NULL
@@ -236,33 +204,14 @@ func (m *Manifest) ClaimLeased(ctx context.Context, tx sqlx.ExtContext, batchID 
 	return rows[0].state(), rows[0].PID, true, nil
 }
 
-// chunkHolder is a chunk of a running run held (row-locked) by a
-// transaction, and that transaction's worker.
-type chunkHolder struct {
-	Seq       int    `db:"seq"`
-	ChunkID   string `db:"chunk_id"`
-	PID       int    `db:"pid"`
-	WorkerKey string `db:"worker_key"`
-	WorkerID  string `db:"worker_id"`
-	Host      string `db:"host"`
-	// OSPID is the worker's process ID on its host (0 when unknown); PID
-	// is the PostgreSQL backend holding the chunk.
-	OSPID int `db:"os_pid"`
-	// AgeSec is the age of the worker's heartbeat in seconds, -1 when
-	// the holder is not a registered worker.
-	AgeSec     float64 `db:"age_sec"`
-	Stale      bool    `db:"stale"`
-	Terminated bool    `db:"terminated"`
-}
-
 // Holders lists the chunks of run batchID (only while it is running,
 // when running) held by transactions other than those of worker self
 // ("" for none). With fence, the same statement
 // terminates the backend of each holder whose worker is stale (heartbeat
 // older than its registered stale bound, or finished) by the server's
 // clock at that moment.
-func (m *Manifest) Holders(ctx context.Context, db sqlx.ExtContext, batchID int64, self string, staleAfter time.Duration, fence, running bool) ([]chunkHolder, error) {
-	var out []chunkHolder
+func (m *Manifest) Holders(ctx context.Context, db sqlx.ExtContext, batchID int64, self string, staleAfter time.Duration, fence, running bool) ([]backfilldriver.ChunkHolder, error) {
+	var out []backfilldriver.ChunkHolder
 	err := InShortTx(ctx, db, func(tx sqlx.ExtContext) error {
 		out = out[:0]
 		return sqlx.SelectContext(ctx, tx, &out, m.SQL(`SELECT * FROM (SELECT c.seq, c.chunk_id, l.pid, coalesce(w.worker_key, '') AS worker_key,
@@ -299,15 +248,6 @@ func (m *Manifest) Holders(ctx context.Context, db sqlx.ExtContext, batchID int6
 	return out, nil
 }
 
-// FenceWait says how waitInFlight waits and fences, and where it logs.
-type FenceWait struct {
-	self       string
-	StaleAfter time.Duration `json:"-" db:"-"`
-	Poll       time.Duration `json:"-" db:"-"`
-	Log        *slog.Logger  `json:"-" db:"-"`
-	What       string        `json:"-" db:"-"` // what waits, for the log
-}
-
 // WaitInFlight waits until no transaction holds a chunk of batchID that
 // was pending or open: it locks those rows (FOR UPDATE, which waits for
 // each holder) with lock_timeout = poll, and between tries lists the
@@ -316,7 +256,7 @@ type FenceWait struct {
 // rollback, failed before a rollback): a chunk claimed while it ran
 // either holds its row (the barrier waits for its commit or rollback) or
 // is skipped by the claim (the barrier holds its row).
-func (m *Manifest) WaitInFlight(ctx context.Context, db sqlx.ExtContext, batchID int64, w FenceWait) error {
+func (m *Manifest) WaitInFlight(ctx context.Context, db sqlx.ExtContext, batchID int64, w backfilldriver.FenceWait) error {
 	begin := time.Now()
 	log := w.Log
 	if log == nil {
@@ -334,10 +274,10 @@ func (m *Manifest) WaitInFlight(ctx context.Context, db sqlx.ExtContext, batchID
 			// Chunks leased by live workers, extracting outside a
 			// transaction (manifest_lease.go), are in flight too.
 			return sqlx.GetContext(ctx, tx, &leased, m.SQL(`SELECT count(*) FROM {s}.chunks c WHERE c.batch_id = $1
-				AND c.status IN ('pending', 'open') AND c.lease_key <> $2 AND `+liveLease("$3")), batchID, w.self, w.StaleAfter.Seconds())
+				AND c.status IN ('pending', 'open') AND c.lease_key <> $2 AND `+liveLease("$3")), batchID, w.Self, w.StaleAfter.Seconds())
 		})
 		if err == nil && leased > 0 {
-			hs, _ := m.Holders(ctx, db, batchID, w.self, w.StaleAfter, false, false)
+			hs, _ := m.Holders(ctx, db, batchID, w.Self, w.StaleAfter, false, false)
 			for _, h := range hs {
 				LogHolder(log, w.What, batchID, h, time.Since(begin))
 			}
@@ -358,12 +298,12 @@ func (m *Manifest) WaitInFlight(ctx context.Context, db sqlx.ExtContext, batchID
 		if !errors.As(err, &pe) || pe.Code != "55P03" {
 			return fmt.Errorf("backfill: wait for the chunks in flight of batch %d: %w", batchID, err)
 		}
-		hs, herr := m.Holders(ctx, db, batchID, w.self, w.StaleAfter, fenceOK, false)
+		hs, herr := m.Holders(ctx, db, batchID, w.Self, w.StaleAfter, fenceOK, false)
 		if herr != nil && IsPermission(herr) {
 			fenceOK = false
 			log.Error("backfill: cannot terminate a stale worker's backend: grant the role pg_signal_backend (or run every worker as the same role)",
 				"batch_id", batchID, "error", herr)
-			hs, herr = m.Holders(ctx, db, batchID, w.self, w.StaleAfter, false, false)
+			hs, herr = m.Holders(ctx, db, batchID, w.Self, w.StaleAfter, false, false)
 		}
 		if herr != nil {
 			log.Warn("backfill: listing chunks in flight failed", "batch_id", batchID, "error", herr)
@@ -380,7 +320,7 @@ func (m *Manifest) WaitInFlight(ctx context.Context, db sqlx.ExtContext, batchID
 // LogHolder logs one chunk a worker waits for: which chunk, its holder
 // (worker, host, backend pid, heartbeat age), how long the wait lasts so
 // far, and whether the holder was fenced.
-func LogHolder(log *slog.Logger, what string, batchID int64, h chunkHolder, waited time.Duration) {
+func LogHolder(log *slog.Logger, what string, batchID int64, h backfilldriver.ChunkHolder, waited time.Duration) {
 	attrs := []any{"what", what, "batch_id", batchID, "seq", h.Seq, "chunk", h.ChunkID, "holder", h.WorkerID, "holder_host", h.Host,
 		"holder_backend_pid", h.PID, "waited", waited}
 	if h.OSPID > 0 {
