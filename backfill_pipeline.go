@@ -8,8 +8,7 @@ import (
 
 // Extract ahead (Config.ExtractAhead).
 //
-// In short transactions (backfill_shorttx.go) a chunk's extraction runs
-// outside any transaction, before the chunk's transaction. Run one after
+// A chunk's extraction runs (backfill_shorttx.go) outside any transaction, before the chunk's transaction. Run one after
 // the other, the client converts rows while the server waits, and the
 // server merges and commits while the client waits. So each worker slot
 // of Config.Concurrency runs two goroutines sharing one chunkPipe, a
@@ -34,7 +33,7 @@ import (
 // throttle holds (both may have changed while it waited); if either did,
 // its lease is released and the chunk stays claimable (a chunk that did
 // not wait goes on, as without the pipeline). A cancel committed meanwhile is caught by the fence
-// (fenceLease), as for any lease; a pause lets it finish, like any chunk
+// (FenceLease), as for any lease; a pause lets it finish, like any chunk
 // in flight.
 //
 // A claimed chunk keeps its stage until next has recorded its outcome
@@ -134,10 +133,7 @@ func (ex *execution) extractAhead() bool {
 		ex.log.Warn("backfill: Config.ExtractAhead is off for this call: "+why, args...)
 		return false
 	}
-	switch {
-	case !ex.leasing():
-		return off("chunks run in one transaction each (no leases: a manifest without them, or the worker could not register)")
-	case c.JobConcurrency > 0:
+	if c.JobConcurrency > 0 {
 		return off("Config.JobConcurrency counts live leases, and a chunk leased ahead would take a place", "job_concurrency", c.JobConcurrency)
 	}
 	if pd, ok := ex.r.db.(pgstore.PGDB); ok && pd.DB != nil {

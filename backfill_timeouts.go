@@ -19,9 +19,9 @@ import (
 // Every transaction of a chunk sets, locally, lock_timeout (the try's row
 // of [Config.LockRetries], at most [Config.LockTimeout]) and keeps the
 // statement_timeout of its merge, validation and checkpoint in
-// backfill.statement_timeout (the COPY that stays open while the
-// extractor runs is not charged: statement_timeout 0 until the merge puts
-// it back). Both are set in the claim statement (claimLeased): no extra
+// backfill.statement_timeout (the COPY that stays open while the spool is
+// replayed is not charged: statement_timeout 0 until the merge puts it
+// back). Both are set in the fence statement (FenceLease): no extra
 // round trip, except one set_config on a retried try, whose lock_timeout
 // is the next row's.
 //

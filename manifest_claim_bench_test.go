@@ -16,7 +16,7 @@ import (
 )
 
 // BenchmarkClaimDone: a claim (ClaimChunk in a transaction rolled back)
-// and a lease (leaseChunk, then releaseLease) of a run whose chunks are
+// and a lease (LeaseChunk, then ReleaseLease) of a run whose chunks are
 // all done but the last 10 (set done in one UPDATE, so the index of
 // claimable chunks still holds their dead entries), at 1,000, 100,000
 // and 1,000,000 chunks (CLAIM_SIZES=n,... for others); then the same

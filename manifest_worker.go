@@ -12,11 +12,10 @@ import "github.com/pgbackfill/backfill/internal/pgstore"
 // clocks of the hosts do not matter.
 //
 // A chunk is leased across transactions (lease_key, lease_epoch;
-// manifest_lease.go) while it is extracted outside any transaction; its
-// short transaction then holds the row lock of the chunk's manifest row
-// (the fence). Without a registered worker, the lease is that row lock
-// alone, taken by claimLeased (FOR UPDATE SKIP LOCKED). The claim
-// statement tags the transaction's backend with application_name
+// internal/pgstore/lease.go, [backfilldriver.ManifestLeases]) while it is
+// extracted outside any transaction; its short transaction then holds the
+// row lock of the chunk's manifest row (the fence). The fence statement
+// tags the transaction's backend with application_name
 // "backfill <worker key> " followed by the session's own (set_config
 // local, reverted when the transaction ends; cut at 63 bytes, the key
 // first), so that pg_locks (the transaction ID the locked row
@@ -29,7 +28,7 @@ import "github.com/pgbackfill/backfill/internal/pgstore"
 //
 // The token that keeps a fenced-out worker from committing: its
 // (lease_key, lease_epoch), checked by the fence under the row lock in the
-// transaction that holds the chunk's writes (manifest_lease.go); and for a
+// transaction that holds the chunk's writes (internal/pgstore/lease.go); and for a
 // worker already in that transaction, the row lock: terminating the
 // backend rolls that transaction back, and the worker can never commit it.
 // A new transaction must claim the chunk again, which only works while the

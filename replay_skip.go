@@ -11,8 +11,8 @@ import (
 // Replays that skip unchanged chunks (issue 15, [Job.SkipUnchanged]):
 // design, and the two fingerprints it rests on. The wiring is in
 // replay_skip_run.go (eligibility, the decision, the skipped chunk's
-// checkpoint), manifest_skip.go (storage, [ManifestSkips]) and the two
-// run paths (runChunk, runChunkLeased), which call it.
+// checkpoint), manifest_skip.go (storage, [ManifestSkips]) and the run
+// path (runChunk, loadChunk), which calls it.
 //
 // A replay (Job.NewRun over a loaded range, or a restatement in which few
 // chunks changed) extracts, converts, stages and merges every chunk,
@@ -112,9 +112,8 @@ import (
 //     delivered summary joins the same arrays.
 //   - Spool, then decide: the row writer puts the rows into the spool
 //     (backfill_spool.go, bounded memory) behind the fingerprintAdder:
-//     runChunkLeased spools always (outside any transaction), runChunk
-//     spools when the option is on (inside the chunk's transaction, as
-//     it extracts today). In the chunk's transaction, after the publish
+//     runChunk spools every chunk, outside any transaction. In the
+//     chunk's transaction, after the publish
 //     mode's target, skipUnchanged looks the base up and compares; a
 //     mismatch replays the spool into COPY (loadChunk, stage).
 //   - The skip key (Plan.skipKey): what a base must share with the

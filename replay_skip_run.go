@@ -158,10 +158,8 @@ func (ex *execution) skipAdder(sp *spool, info TableInfo) (pgstore.RowAdder, *ch
 	return fa, &chunkSkip{source: &fa.Fp}
 }
 
-// extractSpooled extracts chunk c into a spool: in short transactions
-// outside any transaction (runChunkLeased), in one transaction inside the
-// chunk's (runChunk's path with SkipUnchanged, which otherwise stages as
-// it extracts). A job with SkipUnchanged decides after the extraction
+// extractSpooled extracts chunk c into a spool, outside any transaction
+// (runChunk). A job with SkipUnchanged decides after the extraction
 // whether to stage. The caller closes the spool (spooled.close); on an
 // error it is closed already.
 //

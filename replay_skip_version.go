@@ -39,27 +39,22 @@ import (
 //   - the job has a ChunkColumn: the target fingerprint is then taken
 //     within the chunk's bounds, without the extracted rows' keys;
 //   - the chunk is not read again while open, nor open now;
-//   - and, in the chunk's transaction (after the claim, or the lease's
-//     fence), the target fingerprint equals the base's.
+//   - and, in the chunk's transaction (after the lease's fence), the
+//     target fingerprint equals the base's.
 //
 // Then the chunk is checkpointed as skipUnchanged checkpoints a skipped
 // chunk (checkpointSkipped), with the base's Read as read and unchanged,
 // no rejects, and the base's fingerprints and version recorded again,
 // without calling Extract. Otherwise the chunk is extracted and merged as
-// without a version:
-//
-//   - in one transaction (runChunk), inside the chunk's transaction,
-//     after the check, as runChunk extracts without a version;
-//   - in short transactions (runChunkLeased), the decision that the chunk
-//     need not be extracted is taken in the extract stage, in a read
-//     transaction of its own (versionCandidate: the base's version and
-//     rejects); the target fingerprint is taken in the chunk's
-//     transaction. When that transaction finds the chunk must be
-//     extracted after all (its target rows changed, or its base since
-//     rolled back), it rolls back and releases the lease as a fence that
-//     failed does: the chunk stays claimable, and this call's next lease
-//     of it extracts it (execution.versionMissed), outside any
-//     transaction, as usual. Extracting it right there, with the lease
+// without a version. The decision that the chunk need not be extracted
+// is taken in the extract stage (runChunk), in a read transaction of its
+// own (versionCandidate: the base's version and rejects); the target
+// fingerprint is taken in the chunk's transaction. When that transaction
+// finds the chunk must be extracted after all (its target rows changed,
+// or its base since rolled back), it rolls back and releases the lease as
+// a fence that failed does: the chunk stays claimable, and this call's
+// next lease of it extracts it (execution.versionMissed), outside any
+// transaction, as usual. Extracting it right there, with the lease
 //     kept, would run Extract while the slot holds its write stage, which
 //     the pipeline of Config.ExtractAhead forbids (a slot's Extract calls
 //     never overlap, its chunks are written in lease order;
@@ -102,7 +97,7 @@ import (
 // added again or renamed, a default, a view or join behind Extract
 // redefined) must change it too, through a term for that shape or a new
 // CodeVersion. It is called before the chunk's
-// extraction, outside the chunk's transaction in short transactions, and
+// extraction, outside the chunk's transaction, and
 // its result is recorded on the chunk's manifest row: UTF-8 text without
 // NUL, at most 1,024 bytes (else the chunk fails, not retried). "" means
 // unknown: the chunk is extracted. An
@@ -113,9 +108,9 @@ type ChunkVersioner interface {
 	ChunkVersion(ctx context.Context, c Chunk) (string, error)
 }
 
-// errVersionMissed is loadChunk's answer, in short transactions, for a
-// chunk not extracted on its version whose transaction found it must be
-// extracted after all: runChunkLeased rolls the transaction back and
+// errVersionMissed is loadChunk's answer for a chunk not extracted on its
+// version whose transaction found it must be extracted after all:
+// runChunk rolls the transaction back and
 // releases the lease (see the top of this file).
 var errVersionMissed = errors.New("backfill: the chunk's version check found it must be extracted")
 
@@ -199,7 +194,7 @@ func versionBase(base backfilldriver.ChunkFingerprints, ok bool, v string) bool 
 
 // versionCandidate reports, in a read transaction of its own, whether
 // chunk c of version v has a base that lets it skip its extraction
-// (runChunkLeased's extract stage, before the chunk's transaction, which
+// (runChunk's extract stage, before the chunk's transaction, which
 // checks again). A chunk this call found must be extracted after all is
 // none (versionMissed).
 func (ex *execution) versionCandidate(ctx context.Context, c Chunk, v string) (bool, error) {

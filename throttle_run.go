@@ -9,7 +9,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/pgbackfill/backfill/backfilldriver"
 	"github.com/pgbackfill/backfill/backfillthrottle"
 	"github.com/pgbackfill/backfill/backfilltrace"
 	"github.com/pgbackfill/backfill/backfilltype"
@@ -55,13 +54,6 @@ type throttler struct {
 // returns, so a signal already high holds the first claim.
 func (ex *execution) startThrottle(ctx context.Context) {
 	cfg := ex.r.cfg
-	if tm := ex.r.caps.throttle; tm != nil && cfg.JobConcurrency > 0 {
-		err := ex.retryConn(ctx, "create job slots", func() error { return tm.EnsureSlots(ctx, ex.r.db, ex.batchID, cfg.JobConcurrency) })
-		if err != nil {
-			ex.fail(nil, fmt.Errorf("backfill: job %q batch %d: job concurrency slots: %w", ex.job.Name, ex.batchID, err))
-			return
-		}
-	}
 	adapt := slices.ContainsFunc(cfg.Throttles, func(th backfillthrottle.Throttle) bool { return th.Adapt })
 	if len(cfg.Throttles) == 0 && cfg.RowsPerSecond <= 0 && ex.ctl == nil {
 		return
@@ -754,25 +746,15 @@ func (c *Config) validateThrottles() error {
 	return nil
 }
 
-// slotPoll is how often a worker without a job concurrency slot tries
-// again.
+// slotPoll is how often a worker that found every place under
+// Config.JobConcurrency taken tries to lease again.
 const slotPoll = 50 * time.Millisecond
 
-// takeSlot locks a job-wide concurrency slot in tx, the chunk's
-// transaction (true without Config.JobConcurrency).
-func (ex *execution) takeSlot(ctx context.Context, tx backfilldriver.Tx) (bool, error) {
-	n := ex.liveJobConcurrency()
-	tm := ex.r.caps.throttle
-	if n <= 0 || tm == nil {
-		return true, nil
-	}
-	return tm.TakeSlot(ctx, tx, ex.batchID, n)
-}
-
-// waitSlot waits for a job concurrency slot: a poll interval at a time
-// it fences the stale holders of the run's chunks (a frozen worker's
-// transaction holds a slot too), between polls it sleeps slotPoll. It
-// returns false when the call stops.
+// waitSlot waits for a place under Config.JobConcurrency (every place is
+// a live lease of the run): a poll interval at a time it fences the stale
+// holders of the run's chunks (a frozen worker's transaction holds a
+// place too), between polls it sleeps slotPoll. It returns false when the
+// call stops.
 func (ex *execution) waitSlot(ctx context.Context, ws *waitState) bool {
 	if ex.stopped() || ctx.Err() != nil {
 		return false
@@ -781,7 +763,7 @@ func (ex *execution) waitSlot(ctx context.Context, ws *waitState) bool {
 		ws.slotSince = time.Now()
 		ex.log.Debug("backfill: every job concurrency slot is taken; waiting", "job_concurrency", ex.r.cfg.JobConcurrency)
 	}
-	if wm := ex.r.caps.workers; wm != nil && ex.worker != nil && !ws.fenceOff && time.Since(ws.fenced) >= ex.r.pollInterval() {
+	if wm := ex.r.caps.workers; ex.worker != nil && !ws.fenceOff && time.Since(ws.fenced) >= ex.r.pollInterval() {
 		ws.fenced = time.Now()
 		if _, err := wm.Holders(ctx, ex.r.db, ex.batchID, ex.worker.key, ex.r.cfg.StaleAfter, true, true); err != nil && pgstore.IsPermission(err) {
 			ws.fenceOff = true

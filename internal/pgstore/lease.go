@@ -41,11 +41,11 @@ func liveLeaseOf(alias, staleArg string) string {
 }
 
 // LeaseChunk leases the first claimable chunk of batchID (the conditions
-// of claimLeased) whose lease is free, not live, or key's own and not in
-// l.avoid (the caller lists there the chunks its goroutines work), in a
+// of ClaimQuery) whose lease is free, not live, or key's own and not in
+// l.Avoid (the caller lists there the chunks its goroutines work), in a
 // short transaction of its own. ok is false when there is none.
 //
-// With l.jobConcurrency > 0 it leases only while fewer than that many
+// With l.JobConcurrency > 0 it leases only while fewer than that many
 // chunks of the batch hold a live lease (full is then true): the job-wide
 // concurrency cap. A chunk's lease lasts from this claim to the commit of
 // its transaction, which clears it (the fence), so the count covers the
@@ -126,8 +126,9 @@ var LeaseQuery = `UPDATE {s}.chunks SET lease_key = $3, lease_epoch = lease_epoc
 				(SELECT r.last_error FROM {s}.runs r WHERE r.batch_id = $1) AS run_reason,
 				coalesce((SELECT json_object_agg(k.key, k.value) FROM {s}.knobs k WHERE k.batch_id = $1), '{}')::text AS run_knobs`
 
-// FenceLease is the fence of a leased chunk's transaction tx: with the
-// Settings of the lease (claimLeased's), it locks the chunk's row and
+// FenceLease implements [backfilldriver.ManifestLeases.FenceLease]: the
+// fence of a leased chunk's transaction tx. With the settings of the
+// lease (leaseSettings), it locks the chunk's row and
 // clears its lease WHERE the lease is still key's at epoch, the chunk
 // claimable and the run running or paused (a chunk in flight when the run
 // is paused finishes: only new claims stop). ok is false when it is not:
@@ -165,10 +166,26 @@ func (m *Manifest) FenceLease(ctx context.Context, tx sqlx.ExtContext, batchID i
 }
 
 // leaseSettings is the condition that sets, locally in the chunk's
-// transaction, the settings claimLeased sets with its claim ($5 to $11:
-// statement_timeout, lock_timeout, the application_name prefix, the TCP
-// keepalive idle, interval and count, tcp_user_timeout; see
-// Lease.settings).
+// transaction, the lease's settings ($5 to $11, see sessionSettings):
+//
+//   - statement_timeout 0 ($5: the value of the merge, kept in
+//     backfill.statement_timeout; [Config.StatementTimeout], or the
+//     session's when ""): the COPY that stays open while the spool is
+//     replayed is not charged to it. The merge puts it back (PGMerger's
+//     planner settings) for its statements and what follows;
+//   - lock_timeout ($6), the try's ([Config.LockRetries]; "" keeps the
+//     session's), also kept in backfill.lock_timeout for the merge to put
+//     back after its key locks, which wait without one
+//     (backfill_timeouts.go);
+//   - application_name "backfill <worker key> " ($7) before the session's
+//     own: the chunk's holder, for the waiting workers' fencing (Holders);
+//   - TCP keepalives (idle StaleAfter/3, interval StaleAfter/9, 3
+//     probes; $8 to $10) and tcp_user_timeout = StaleAfter ($11): the
+//     server ends the transaction of a worker cut off within the bound.
+//     Not idle_in_transaction_session_timeout: the chunk's transaction is
+//     idle while its validators run in the process, which may take long;
+//     a worker frozen between statements stops heartbeating and is fenced
+//     by the others instead.
 const leaseSettings = `set_config('statement_timeout', CASE WHEN set_config('backfill.statement_timeout',
 			coalesce(nullif($5, ''), current_setting('statement_timeout')), true) IS NOT NULL THEN '0' END, true) IS NOT NULL
 		AND set_config('backfill.lock_timeout', set_config('lock_timeout', coalesce(nullif($6, ''), current_setting('lock_timeout')), true), true) IS NOT NULL
@@ -177,6 +194,14 @@ const leaseSettings = `set_config('statement_timeout', CASE WHEN set_config('bac
 		AND set_config('tcp_keepalives_interval', $9, true) IS NOT NULL
 		AND set_config('tcp_keepalives_count', $10, true) IS NOT NULL
 		AND set_config('tcp_user_timeout', $11, true) IS NOT NULL`
+
+// sessionSettings returns the session settings of lease l as set_config
+// arguments.
+func sessionSettings(l backfilldriver.Lease) (appName, keepIdle, keepInterval, keepCount, userTimeoutMS string) {
+	s := max(int(l.StaleAfter/time.Second), 3)
+	return "backfill " + l.Key + " ", fmt.Sprint(max(s/3, 1)), fmt.Sprint(max(s/9, 1)), "3",
+		fmt.Sprint(l.StaleAfter.Milliseconds())
+}
 
 // ReleaseLease clears the lease of chunk seq if it is still key's at
 // Epoch, in a short transaction of its own.

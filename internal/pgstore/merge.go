@@ -929,9 +929,9 @@ func (s *PGStager) checkIntervals(ctx context.Context) error {
 // every plan's cost over jit_above_cost: JIT is off with it, or each
 // statement of a small chunk would spend 100 ms compiling.
 //
-// It also puts back the caller's statement_timeout, which the claim of
-// the chunk (PGManifest.claimLeased) kept in backfill.statement_timeout
-// and set to 0 for the COPY that stays open while the extractor runs:
+// It also puts back the caller's statement_timeout, which the fence of
+// the chunk (PGManifest.FenceLease) kept in backfill.statement_timeout
+// and set to 0 for the COPY that stays open while the spool is replayed:
 // the merge's statements are bounded by the caller's setting again
 // ([Config.StatementTimeout] when set). Likewise the lock_timeout of the
 // try (backfill.lock_timeout), which the key locks (lockKeys) set to 0.

@@ -111,14 +111,6 @@ func (m *Manifest) FinishWorker(ctx context.Context, db sqlx.ExtContext, key str
 	})
 }
 
-// sessionSettings returns the session settings of lease l as set_config
-// arguments.
-func sessionSettings(l backfilldriver.Lease) (appName, keepIdle, keepInterval, keepCount, userTimeoutMS string) {
-	s := max(int(l.StaleAfter/time.Second), 3)
-	return "backfill " + l.Key + " ", fmt.Sprint(max(s/3, 1)), fmt.Sprint(max(s/9, 1)), "3",
-		fmt.Sprint(l.StaleAfter.Milliseconds())
-}
-
 // ClaimQuery selects and locks the first claimable chunk of batch $1
 // not in $2 (int[]): pending, or open and left by an earlier call of the
 // run, while the run is running. Its condition status IN ('pending',
@@ -132,77 +124,6 @@ const ClaimQuery = `SELECT ` + chunkColumns + ` FROM {s}.chunks
 		AND EXISTS (SELECT 1 FROM {s}.runs WHERE batch_id = $1 AND status = 'running')
 		AND NOT (seq = ANY ($2::int[]))
 		ORDER BY seq LIMIT 1 FOR UPDATE SKIP LOCKED`
-
-// ClaimLeased claims like ClaimChunk, in one statement that also checks
-// the run's status (without locking the run's row) and sets the chunk
-// transaction's lease settings:
-//
-//   - application_name "backfill <worker key> " before the session's
-//     own: the chunk's holder, for the waiting workers' fencing;
-//   - TCP keepalives (idle StaleAfter/3, interval StaleAfter/9, 3
-//     probes) and tcp_user_timeout = StaleAfter: the server ends the
-//     transaction of a worker cut off within the bound. Not
-//     idle_in_transaction_session_timeout: the chunk's transaction is
-//     idle while its validators run in the process, which may take
-//     long; a worker frozen between statements stops heartbeating and is
-//     fenced by the others instead;
-//   - statement_timeout 0, the value of the merge kept in
-//     backfill.statement_timeout ([Config.StatementTimeout], or the
-//     session's): the COPY that stays open while the extractor runs is
-//     not charged with the extractor's time. The merge puts it back
-//     (PGMerger's planner settings) for its statements and what follows;
-//   - lock_timeout, the try's ([Config.LockRetries]), also kept in
-//     backfill.lock_timeout for the merge to put back after its key
-//     locks, which wait without one (backfill_timeouts.go).
-//
-// It also skips the chunks of l.avoid and returns the backend's pid, for
-// the watcher of the chunk's waits.
-//
-// No lock on the run's row: a run that is abandoned or rolled back is
-// first set so (committed), then waitInFlight waits for the chunks in
-// flight. A claim statement that read the run as running either locked
-// its chunk row before waitInFlight reached it (waitInFlight waits for
-// it) or finds it locked by waitInFlight and skips it. A claim whose
-// statement snapshot is older than the change, and that locks its row
-// only after waitInFlight released it, is stopped by the checkpoint,
-// which reads the run's status afresh (CompleteChunk). A run that is
-// failed or paused meanwhile lets its chunks in flight commit: they were
-// claimed while it ran, and a resume or a rollback waits for them.
-func (m *Manifest) ClaimLeased(ctx context.Context, tx sqlx.ExtContext, batchID int64, l backfilldriver.Lease) (backfilltype.ChunkState, int, bool, error) {
-	var rows []struct {
-		pgChunkRow
-		PID int `db:"backend_pid"`
-	}
-	avoid := make([]int64, len(l.Avoid))
-	for i, seq := range l.Avoid {
-		avoid[i] = int64(seq)
-	}
-	// The settings: the lease's (with a worker key), and the timeouts.
-	// statement_timeout is 0 until the merge puts back
-	// backfill.statement_timeout: the configured value, or the session's.
-	settings := `set_config('statement_timeout', CASE WHEN set_config('backfill.statement_timeout',
-			coalesce(nullif($3, ''), current_setting('statement_timeout')), true) IS NOT NULL THEN '0' END, true) IS NOT NULL
-		AND set_config('backfill.lock_timeout', set_config('lock_timeout', coalesce(nullif($4, ''), current_setting('lock_timeout')), true), true) IS NOT NULL`
-	args := []any{batchID, pq.Array(avoid), l.StmtTimeout, l.LockTimeout}
-	if l.Key != "" {
-		app, kIdle, kInt, kCount, userTO := sessionSettings(l)
-		settings += `
-			AND set_config('application_name', left($5 || current_setting('application_name'), 63), true) IS NOT NULL
-			AND set_config('tcp_keepalives_idle', $6, true) IS NOT NULL
-			AND set_config('tcp_keepalives_interval', $7, true) IS NOT NULL
-			AND set_config('tcp_keepalives_count', $8, true) IS NOT NULL
-			AND set_config('tcp_user_timeout', $9, true) IS NOT NULL`
-		args = append(args, app, kIdle, kInt, kCount, userTO)
-	}
-	err := sqlx.SelectContext(ctx, tx, &rows, m.SQL(`SELECT c.*, pg_backend_pid() AS backend_pid FROM (`+ClaimQuery+`) c WHERE `+settings), args...)
-	if err != nil {
-		return backfilltype.ChunkState{}, 0, false, fmt.Errorf("backfill: claim chunk of batch %d: %w", batchID, err)
-	}
-	if len(rows) == 0 {
-		return backfilltype.ChunkState{}, 0, false, nil
-	}
-	return rows[0].state(), rows[0].PID, true, nil
-}
 
 // Holders lists the chunks of run batchID (only while it is running,
 // when running) held by transactions other than those of worker self
@@ -272,7 +193,7 @@ func (m *Manifest) WaitInFlight(ctx context.Context, db sqlx.ExtContext, batchID
 				return err
 			}
 			// Chunks leased by live workers, extracting outside a
-			// transaction (manifest_lease.go), are in flight too.
+			// transaction (lease.go), are in flight too.
 			return sqlx.GetContext(ctx, tx, &leased, m.SQL(`SELECT count(*) FROM {s}.chunks c WHERE c.batch_id = $1
 				AND c.status IN ('pending', 'open') AND c.lease_key <> $2 AND `+liveLease("$3")), batchID, w.Self, w.StaleAfter.Seconds())
 		})
