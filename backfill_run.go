@@ -1169,8 +1169,8 @@ func (ex *execution) runChunk(ctx context.Context, p *chunkPipe) (cr chunkRun, e
 	// Lease. The leases of this call's goroutines share its worker key:
 	// one goroutine leases at a time, avoiding the chunks the others
 	// hold (a lease of the key that none holds is taken again: a release
-	// that failed). The chunk's trace span starts once it is leased, from
-	// here (trace.go); a phase starts at each comment below.
+	// that failed). The chunk's trace span, once it is leased, starts
+	// from here (trace.go).
 	leaseStart := time.Now()
 	ex.leaseMu.Lock()
 	ex.mu.Lock()

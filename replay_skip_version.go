@@ -225,19 +225,17 @@ func (ex *execution) versionMissed(seq int, set bool) bool {
 	return ex.versionMisses[seq]
 }
 
-// skipByVersion skips chunk c, claimed in tx and not extracted, whose
+// skipByVersion skips chunk c, fenced in tx and not extracted, whose
 // version sk.version was read before: when its base (looked up in tx)
 // lets it (versionBase) and its target rows within its bounds hash as
 // the base's, it checkpoints and commits the chunk and returns true.
-// Otherwise it returns false, with sk.base set to the base looked up and
-// sk.targetChanged when only the target fingerprint differed.
+// Otherwise it returns false, and the chunk is to be extracted.
 func (ex *execution) skipByVersion(ctx context.Context, tx backfilldriver.Tx, cr *chunkRun, c Chunk, info TableInfo, started time.Time, sk *chunkSkip) (bool, error) {
 	chunkErr := func(err error) error { return &ChunkError{Chunk: c, Attempt: cr.attempt, Err: err} }
 	base, ok, err := ex.r.caps.skips.BaseFingerprints(ctx, tx, ex.job.Name, ex.skipKey, ex.batchID, c.ID)
 	if err != nil {
 		return false, chunkErr(err)
 	}
-	sk.base = &baseLookup{fp: base, ok: ok}
 	if !versionBase(base, ok, sk.version) {
 		return false, nil
 	}
@@ -246,17 +244,9 @@ func (ex *execution) skipByVersion(ctx context.Context, tx backfilldriver.Tx, cr
 		return false, chunkErr(err)
 	}
 	if fingerprintText(info, tfp) != base.Target {
-		sk.targetChanged = true
 		return false, nil
 	}
 	// The base rejected none (versionBase): its rows read were all
 	// staged, and are the rows Extract would write again.
 	return ex.checkpointSkipped(ctx, tx, cr, c, info, started, base, base.Counts.Read, 0, nil, nil, sk.version)
-}
-
-// baseLookup is a base looked up in the chunk's transaction
-// (BaseFingerprints' answer), kept for skipUnchanged.
-type baseLookup struct {
-	fp backfilldriver.ChunkFingerprints
-	ok bool
 }

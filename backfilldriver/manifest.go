@@ -10,7 +10,8 @@ import (
 // Manifest is the durable ledger of runs, chunks and the exception queue.
 //
 // Every method takes the executor to use: the Runner passes the chunk's
-// transaction to ClaimChunk and CompleteChunk so that the checkpoint
+// transaction to CompleteChunk (after [ManifestLeases.FenceLease], which
+// every Manifest of a Runner must implement) so that the checkpoint
 // commits, or rolls back, with the merge. Implementations must be safe for
 // concurrent use by several goroutines and several processes.
 // [Manifest] is the PostgreSQL implementation; backfilltest.Manifest the
@@ -38,7 +39,9 @@ type Manifest interface {
 	// chunk of a run abandoned or rolled back meanwhile, and whoever
 	// abandons or rolls back a run waits for its chunks in flight. The lock lasts until tx ends: it is the
 	// chunk's lease, released by commit, rollback or the death of the
-	// connection, so a crashed worker never blocks a resume.
+	// connection, so a crashed worker never blocks a resume. (The Runner
+	// leases chunks instead, [ManifestLeases.LeaseChunk]; a fenced chunk
+	// is not claimable either.)
 	ClaimChunk(ctx context.Context, tx sqlx.ExtContext, batchID int64) (c backfilltype.ChunkState, ok bool, err error)
 	// CompleteChunk marks a claimed chunk done (or [ChunkOpen] when r.Open)
 	// with its counts and whether it was skipped (r.Skipped, then
