@@ -44,7 +44,8 @@ type ManifestLeases interface {
 	// PID and StaleAfter; the manifest sets its StartedAt and
 	// HeartbeatAt to now and its State to "working"), in a transaction
 	// of its own. The Runner calls it once per call of Run, before the
-	// first lease. It returns an error when w.Key is already registered.
+	// first lease. It returns an error when w.Key is already registered
+	// or w.BatchID is no run of the manifest.
 	RegisterWorker(ctx context.Context, db sqlx.ExtContext, w backfilltype.Worker) error
 	// Heartbeat sets the HeartbeatAt of worker key to now, unless it is
 	// finished, in a transaction of its own. The Runner calls it every

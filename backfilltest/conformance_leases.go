@@ -117,6 +117,9 @@ func testManifestLeases(t *testing.T,
 	t.Run("Leases/ASecondKeyCannotLeaseALeasedChunk", func(t *testing.T) {
 		t.Parallel()
 		ml, _, db, batch := start(t, 10, long, "a", "b")
+		require.Error(t, ml.RegisterWorker(ctx, db, backfilltype.Worker{Key: "a", ID: "again", BatchID: batch, Job: "job", StaleAfter: long}),
+			"a key registers once")
+		require.NoError(t, ml.Heartbeat(ctx, db, "nobody"), "a heartbeat of an unknown key changes nothing")
 		la, lb := backfilldriver.Lease{Key: "a", StaleAfter: long}, backfilldriver.Lease{Key: "b", StaleAfter: long}
 		first, ok, _ := lease(t, ml, db, batch, la)
 		require.True(t, ok)

@@ -43,6 +43,9 @@ func (m *Manifest) RegisterWorker(ctx context.Context, db sqlx.ExtContext, w bac
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if _, err := m.get(w.BatchID); err != nil {
+		return fmt.Errorf("backfilltest: register worker %q: %w", w.Key, err)
+	}
 	if _, ok := m.workers[w.Key]; ok {
 		return fmt.Errorf("backfilltest: register worker %q: the key is already registered", w.Key)
 	}
