@@ -352,7 +352,6 @@ type Config struct {
 	Concurrency int
 	// ExtractAhead makes each of the Concurrency workers lease and
 	// extract its next chunk while its current chunk's transaction runs,
-	// in short transactions (with [PGManifest], see [Config.StaleAfter]),
 	// so the extractor and the database work at the same time. A worker
 	// then holds at most two chunks (one written, one extracted and
 	// waiting in its spool), still runs one chunk transaction at a time,
@@ -365,9 +364,8 @@ type Config struct {
 	// lease is released and it stays pending). Default false: a worker
 	// extracts a chunk only after its previous chunk's transaction ended.
 	// It has no effect with [Config.JobConcurrency] (which counts live
-	// leases), without short transactions, or when the pool's
-	// MaxOpenConns is below 2×Concurrency+2 (a transaction and a lease per
-	// worker, plus the heartbeat).
+	// leases), or when the pool's MaxOpenConns is below 2×Concurrency+2
+	// (a transaction and a lease per worker, plus the heartbeat).
 	ExtractAhead bool
 	// MaxAttempts is how many times a chunk is tried before the run stops
 	// with it failed; only retryable errors ([IsRetryable]) are retried.
@@ -416,8 +414,11 @@ type Config struct {
 	// row (serialization failures, deadlocks, lock timeouts,
 	// cancellation, lost connections) still fail, and retry, the chunk.
 	MaxMergeRefusals int
-	// Manifest records runs and chunks. Default: [NewPGManifest] with
-	// schema "backfill".
+	// Manifest records runs and chunks, and leases them to workers: it
+	// must implement [backfilldriver.ManifestLeases] (else NewWithDB
+	// returns an error wrapping [ErrUnsupported]), as [PGManifest] and
+	// backfilltest's Manifest do. Default: [NewPGManifest] with schema
+	// "backfill".
 	Manifest Manifest
 	// Merger stages and merges rows. Default: the PostgreSQL merger.
 	Merger Merger
@@ -439,13 +440,12 @@ type Config struct {
 	WorkerID string
 	// HeartbeatInterval is how often a call of [Runner.Run] refreshes its
 	// worker's heartbeat in the manifest
-	// ([backfilldriver.ManifestWorkers]), from a goroutine of its own, and
-	// how often a worker waiting for chunks held by others looks again (at
-	// most every second). Default [DefaultHeartbeatInterval]. The heartbeat
-	// needs a connection of the pool while every chunk holds one: give the
-	// *sql.DB a MaxOpenConns of at least Concurrency + 2 (Run warns
-	// otherwise), and 2×Concurrency + 2 for workers to extract ahead
-	// ([Config.ExtractAhead]).
+	// ([backfilldriver.ManifestLeases]), from a goroutine of its own, and how often a worker waiting for chunks
+	// held by others looks again (at most every second). Default
+	// [DefaultHeartbeatInterval]. The heartbeat needs a connection of
+	// the pool while every chunk holds one: give the *sql.DB a
+	// MaxOpenConns of at least Concurrency + 2 (Run warns otherwise), and
+	// 2×Concurrency + 2 for workers to extract ahead ([Config.ExtractAhead]).
 	HeartbeatInterval time.Duration
 	// StaleAfter is how old a worker's heartbeat may get before other
 	// workers fence it: a worker that finds nothing to claim while chunks
@@ -514,18 +514,13 @@ type Config struct {
 	RowsPerSecond float64
 	// JobConcurrency, when > 0, caps the chunks of the run in progress
 	// at once across every process (each process also runs at most
-	// Concurrency). With [PGManifest] and short transactions (the
-	// default), a chunk is leased only while fewer than JobConcurrency
-	// chunks of the run hold a live lease; a lease lasts from the claim
-	// to the commit of the chunk's transaction, so the cap covers the
-	// extraction and the merge, and a worker that died holds its place
-	// only until its lease is no longer live ([Config.StaleAfter]). A
-	// worker that finds the cap reached waits and tries again. Without
-	// leases (a worker that could not register), each chunk's
-	// transaction locks one of JobConcurrency slot rows of the run
-	// instead, from claim to commit. Give every process the same value.
-	// It needs [PGManifest] (else NewWithDB returns an error wrapping
-	// [ErrUnsupported]).
+	// Concurrency). A chunk is leased only while fewer than
+	// JobConcurrency chunks of the run hold a live lease; a lease lasts
+	// from the claim to the commit of the chunk's transaction, so the cap
+	// covers the extraction and the merge, and a worker that died holds
+	// its place only until its lease is no longer live
+	// ([Config.StaleAfter]). A worker that finds the cap reached waits and
+	// tries again. Give every process the same value.
 	JobConcurrency int
 	// ListenURL is a lib/pq connection string of a direct connection to
 	// the server (not through PgBouncer in transaction mode, where LISTEN

@@ -142,8 +142,15 @@ func TestFakesPublishAtEndGate(t *testing.T) {
 	require.Contains(t, kinds, backfilltype.EventGateAccepted)
 }
 
-// manifestOnly hides every optional interface of the manifest it wraps.
-type manifestOnly struct{ backfill.Manifest }
+// manifestOnly hides every optional interface of the manifest it wraps
+// but the one a Runner requires (ManifestLeases).
+type manifestOnly struct {
+	backfill.Manifest
+	backfilldriver.ManifestLeases
+}
+
+// noLeases hides every optional interface of the manifest it wraps.
+type noLeases struct{ backfill.Manifest }
 
 // mergerOnly hides the optional interfaces of the Merger it wraps.
 type mergerOnly struct{ backfill.Merger }
@@ -153,6 +160,27 @@ type mergerOnly struct{ backfill.Merger }
 type undoWriterOnly struct {
 	backfill.Merger
 	backfilldriver.UndoLogWriter
+}
+
+// A Manifest without ManifestLeases is refused by NewWithDB, before any
+// work, with ErrUnsupported naming the capability: every chunk is leased.
+func TestManifestWithoutLeasesRefused(t *testing.T) {
+	t.Parallel()
+	inner := backfilltest.NewManifest()
+	merger := backfilltest.NewMerger()
+	merger.AddTable("readings", []string{"sensor", "minute"}, "sensor", "minute", "celsius")
+	r, err := backfill.NewWithDB(backfilltest.NewDB(), &backfill.Config{Manifest: noLeases{inner}, Merger: merger})
+	require.ErrorIs(t, err, backfill.ErrUnsupported)
+	require.ErrorContains(t, err, "ManifestLeases")
+	require.Nil(t, r)
+	_, err = inner.LatestRun(context.Background(), nil, "readings")
+	require.ErrorIs(t, err, backfill.ErrRunNotFound, "no batch was created")
+
+	r, err = backfill.NewWithDB(backfilltest.NewDB(), &backfill.Config{Manifest: manifestOnly{inner, inner}, Merger: merger})
+	require.NoError(t, err, "ManifestLeases is all a Manifest needs besides the contract")
+	rep, err := r.Run(context.Background(), readingsJob("", nil))
+	require.NoError(t, err)
+	require.Equal(t, backfill.RunCompleted, rep.Status)
 }
 
 // A job that needs a capability the Runner's Manifest or Merger lacks is
@@ -184,7 +212,7 @@ func TestMissingCapabilityRefusedBeforeRun(t *testing.T) {
 			inner := backfilltest.NewManifest()
 			merger := backfilltest.NewMerger()
 			merger.AddTable("readings", []string{"sensor", "minute"}, "sensor", "minute", "celsius")
-			r, err := backfill.NewWithDB(backfilltest.NewDB(), &backfill.Config{Manifest: manifestOnly{inner}, Merger: merger})
+			r, err := backfill.NewWithDB(backfilltest.NewDB(), &backfill.Config{Manifest: manifestOnly{inner, inner}, Merger: merger})
 			require.NoError(t, err)
 			job := tc.job(readingsJob("", nil))
 			_, err = r.Run(ctx, job)
@@ -205,7 +233,7 @@ func TestMissingCapabilityRefusedBeforeRun(t *testing.T) {
 		merger := backfilltest.NewMerger()
 		merger.AddTableColumns("readings", []string{"sensor", "minute"}, backfill.Column{Name: "sensor"}, backfill.Column{Name: "minute"},
 			backfill.Column{Name: "celsius"}, backfill.Column{Name: "backfill_inserted_by"}, backfill.Column{Name: "backfill_updated_by"})
-		r, err := backfill.NewWithDB(backfilltest.NewDB(), &backfill.Config{Manifest: manifestOnly{inner}, Merger: mergerOnly{merger}})
+		r, err := backfill.NewWithDB(backfilltest.NewDB(), &backfill.Config{Manifest: manifestOnly{inner, inner}, Merger: mergerOnly{merger}})
 		require.NoError(t, err)
 		job := readingsJob("", nil)
 		job.Rollback = backfill.RollbackUndoLog

@@ -13,8 +13,10 @@ import (
 // Conn). A [Runner] looks them up once, when it is built ([NewWithDB]),
 // and refuses a job that needs one its Manifest or Merger lacks before
 // any work, with an error wrapping [ErrUnsupported] that names the
-// capability. A wrapper around a Manifest or Merger hides the
-// capabilities of what it wraps unless it implements them too.
+// capability. One is required of every Manifest:
+// [backfilldriver.ManifestLeases], without which NewWithDB returns such
+// an error. A wrapper around a Manifest or Merger hides the capabilities
+// of what it wraps unless it implements them too.
 
 // RollbackConflicts are the rows a rollback would delete or restore that
 // later batches still applied changed or delivered unchanged.
@@ -35,11 +37,12 @@ type capabilities struct {
 	mergeUndo   backfilldriver.MergerRollback
 	isolates    bool // StagingIsolator
 	writesUndo  bool // UndoLogWriter
-	// workers: heartbeats, leases and fencing (PGManifest only).
-	workers pgstore.WorkerManifest
+	// workers: registration, heartbeats, leases and fencing; required
+	// (never nil in a Runner).
+	workers backfilldriver.ManifestLeases
 	// waits records the waits of chunks.
 	waits backfilldriver.ManifestWaits
-	// throttle: throttle periods and job slots (PGManifest only).
+	// throttle: throttle periods and live workers (PGManifest only).
 	throttle        pgstore.ThrottleManifest
 	throttlePeriods backfilldriver.ManifestThrottle
 	// control: pause, resume, cancel and knobs (PGManifest only).
@@ -48,7 +51,10 @@ type capabilities struct {
 	skips backfilldriver.ManifestSkips
 }
 
-func resolveCapabilities(m Manifest, mg Merger) capabilities {
+// resolveCapabilities looks the capabilities of m and mg up. It returns
+// an error wrapping [ErrUnsupported] naming ManifestLeases when m lacks
+// it: every chunk runs on the leased path ([execution.runChunk]).
+func resolveCapabilities(m Manifest, mg Merger) (capabilities, error) {
 	var c capabilities
 	c.audit, _ = m.(backfilldriver.ManifestAudit)
 	c.validations, _ = m.(backfilldriver.ManifestValidations)
@@ -57,7 +63,7 @@ func resolveCapabilities(m Manifest, mg Merger) capabilities {
 	c.staging, _ = m.(backfilldriver.ManifestStaging)
 	c.sql, _ = m.(backfilldriver.SQLManifest)
 	c.rollback, _ = m.(backfilldriver.ManifestRollback)
-	c.workers, _ = m.(pgstore.WorkerManifest)
+	c.workers, _ = m.(backfilldriver.ManifestLeases)
 	c.waits, _ = m.(backfilldriver.ManifestWaits)
 	c.throttle, _ = m.(pgstore.ThrottleManifest)
 	c.throttlePeriods, _ = m.(backfilldriver.ManifestThrottle)
@@ -71,7 +77,7 @@ func resolveCapabilities(m Manifest, mg Merger) capabilities {
 	if uw, ok := mg.(backfilldriver.UndoLogWriter); ok {
 		c.writesUndo = uw.WritesUndoLog()
 	}
-	return c
+	return c, need(c.workers != nil, "ManifestLeases", "a Runner leases every chunk in the manifest, extracts it outside any transaction and fences the lease in the chunk's transaction")
 }
 
 // need returns an error wrapping [ErrUnsupported] naming capability what

@@ -21,9 +21,9 @@ import (
 // Each call reads its run's control state (status and knobs) from the
 // manifest at every throttle check (Config.ThrottleInterval, default
 // 500 ms: the throttle monitor runs whenever the manifest has the control
-// plane), after each chunk it completes (in short transactions: with the
-// lease of the next chunk, in the lease's statement, or on its own when
-// nothing is leased), and at once when a notification
+// plane), after each chunk it completes (with the lease of the next
+// chunk, in the lease's statement, or on its own when nothing is
+// leased), and at once when a notification
 // for its run arrives on the schema's channel (Config.ListenURL). The
 // claim itself refuses a run that is not running, so no chunk is claimed
 // after a pause or cancel commits, whatever the interval; the reads make
@@ -153,7 +153,6 @@ func (ex *execution) applyControl(ctx context.Context, st backfilltype.ControlSt
 			same = false
 		}
 	}
-	oldJob := pgstore.KnobValue(c.knobs, pgstore.KnobJobConcurrency, 0)
 	if !same {
 		c.knobs = st.Knobs
 	}
@@ -162,13 +161,6 @@ func (ex *execution) applyControl(ctx context.Context, st backfilltype.ControlSt
 		return
 	}
 	ex.log.Info("backfill: live knobs changed", "knobs", st.Knobs)
-	if n := int(pgstore.KnobValue(st.Knobs, pgstore.KnobJobConcurrency, 0)); n > int(oldJob) && n > ex.r.cfg.JobConcurrency && ex.r.cfg.JobConcurrency > 0 {
-		if tm := ex.r.caps.throttle; tm != nil {
-			if err := tm.EnsureSlots(ctx, ex.r.db, ex.batchID, n); err != nil {
-				ex.log.Warn("backfill: creating job concurrency slots for the job_concurrency knob failed", "job_concurrency", n, "error", err)
-			}
-		}
-	}
 	c.broadcast()
 }
 

@@ -346,13 +346,12 @@ func TestControlPauseResumeCancelAcrossRunners(t *testing.T) {
 	require.Equal(t, []string{"run_paused oncall", "run_resumed_by_operator oncall", "run_cancelled oncall", "run_resumed_by_operator oncall"}, kinds)
 }
 
-// TestControlCancelOneTransactionPath: with Config.JobConcurrency each
-// chunk runs in one transaction holding a job slot (no lease): a cancel
-// from SQL while a chunk is extracted aborts it (its transaction rolls
-// back, the chunk stays pending, its slot is freed), the run ends
-// cancelled and Run returns ErrRunCancelled; nothing is recorded as a
-// failure.
-func TestControlCancelOneTransactionPath(t *testing.T) {
+// TestControlCancelWithJobConcurrency: with Config.JobConcurrency (a cap
+// on the run's live leases) a cancel from SQL while a chunk is extracted
+// aborts it (its lease is released, the chunk stays pending and its place
+// is freed), the run ends cancelled and Run returns ErrRunCancelled;
+// nothing is recorded as a failure.
+func TestControlCancelWithJobConcurrency(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := liveDB(t)

@@ -42,23 +42,40 @@ hours), [Every] (fixed durations), [IntRange] (integer keys) and [List]
 
 For each chunk the [Runner]:
 
- 1. claims it in the manifest with SELECT ... FOR UPDATE SKIP LOCKED; the
-    row lock is the chunk's lease, held until the transaction ends, so any
-    number of workers and processes can run the same job, and a crashed
-    worker's chunk is free again the moment its connection drops;
- 2. calls the Extractor; each row is converted to its column's type in Go,
-    and rows that cannot be stored go to the exception queue with the chunk,
-    row number, column, value and reason;
- 3. COPYs the good rows into a temporary staging table;
- 4. merges staging into the target by business key ([Merger]); rows the
+ 1. leases it in the manifest, in a short transaction of its own that
+    commits at once: the lowest-Seq claimable chunk that no live worker
+    leases, under the call's worker key and a new epoch. Any number of
+    workers and processes can run the same job, and the chunk of a worker
+    that crashed or froze is leased by another once its lease is no
+    longer live ([Config.StaleAfter]);
+ 2. calls the Extractor outside any transaction; each row is converted to
+    its column's type in Go, rows that cannot be stored go to the
+    exception queue with the chunk, row number, column, value and reason,
+    and the good rows are kept in a spool (in memory up to 8 MiB, then in
+    a temporary file);
+ 3. begins the chunk's transaction with the fence, which goes on only
+    while the lease is still the worker's at its epoch and locks the
+    chunk's row until the transaction ends; a lease taken over meanwhile
+    rolls the transaction back, and nothing of the chunk is recorded;
+ 4. COPYs the spooled rows into a temporary staging table;
+ 5. merges staging into the target by business key ([Merger]); rows the
     target refuses (another unique constraint, a CHECK, a foreign key, a
     trigger that raises, the btree size limit) go to the exception queue
     with the constraint and PostgreSQL's message, and the rest merges
     ([Config.MaxMergeRefusals]);
- 5. checks the accounting identity
+ 6. checks the accounting identity
     read = inserted + updated + unchanged + rejected + deduplicated;
- 6. writes the exception rows and marks the chunk done with its counts;
- 7. commits.
+ 7. writes the exception rows and marks the chunk done with its counts,
+    which ends its lease;
+ 8. commits.
+
+From the fence to the commit the chunk is one transaction, so a crash
+leaves all of it or none of it; no transaction is open while the source
+is read. A chunk that fails or waits rolls back and has its lease
+released. The Manifest must lease chunks
+([backfilldriver.ManifestLeases]): [PGManifest] does, and so does the
+in-memory Manifest of backfilltest, so a test on the fakes runs the
+path production runs.
 
 # Least privilege
 
@@ -129,7 +146,7 @@ into a spool (rows converted and checked as always, kept in memory up to
 8 MiB, then in a temporary file removed when the chunk ends), then opens
 the chunk's transaction: the fence (the chunk's row locked and its lease
 cleared WHERE lease_key and lease_epoch are still its own, the chunk
-claimable and the run running), the job-wide slot, staging from the
+claimable and the run running), staging from the
 spool (COPY; a value PostgreSQL refuses is isolated by replaying the
 spool, not by extracting again), merge, validation, checkpoint, commit.
 The chunk's transaction lasts as long as staging, merge and checkpoint.
@@ -145,8 +162,8 @@ epoch. A chunk leased by a live worker is in flight, like a chunk whose
 row a transaction holds. A worker killed while it extracts leaves its
 lease to be taken over after StaleAfter (with a row lock, its connection
 closing released it at once): the price of not holding a transaction.
-Manifests without leases (backfilltest's) run the chunk in one
-transaction from claim to commit, the extractor inside it.
+A worker that could not register leases under its key all the same; its
+leases are then live only while younger than StaleAfter.
 
 Liveness. Each call registers in the manifest's workers table (a random
 worker key, [Config.WorkerID], host, pid, its stale bound) and refreshes
@@ -167,7 +184,7 @@ its holder (worker, host, backend pid, heartbeat age) and how long it has
 waited. The holder is the lease's worker, or, for a chunk in its
 transaction, is found through the locked row's transaction
 (pg_locks) and the application_name "backfill <worker key> " that the
-fence (or claim) statement puts before the session's own for the chunk's
+fence statement puts before the session's own for the chunk's
 transaction. A lease whose worker stopped heartbeating is taken over by
 the next claim. A transaction holder whose worker's
 heartbeat is older than [Config.StaleAfter] (default 30 s) is fenced: its
@@ -191,10 +208,9 @@ run, recording a failure) set idle_in_transaction_session_timeout = 10 s
 locally, so a worker frozen inside one holds the run's row at most that
 long. Run-row locks are FOR NO KEY UPDATE, which never blocks a chunk's
 transaction (its rows reference the run's row with FOR KEY SHARE).
-It also sets statement_timeout 0 for the COPY (which, without leases,
-stays open while the extractor runs), so the extractor's time is not
-charged to a role's or database's statement_timeout; the merge's
-statements run under
+It also sets statement_timeout 0 for the COPY (which stays open while
+the spool is replayed into it), so that time is not charged to a role's
+or database's statement_timeout; the merge's statements run under
 [Config.StatementTimeout] or the caller's value again (see "Beside
 production").
 
@@ -205,11 +221,10 @@ and checkpoint: a worker whose lease was taken over (it froze or was cut
 off longer than StaleAfter while extracting) finds no row, rolls back
 and claims again; a taker that finds the row locked by a stale worker's
 transaction skips it, and the waiting workers terminate that backend,
-which rolls it back. Without leases the token is the row lock itself:
-terminating the backend rolls the transaction back; a
-later attempt must claim the chunk again (only while it is pending and
-unheld). In both cases the checkpoint updates the chunk's row only while it is
-pending (or staged, open) and the run is not abandoned or rolled back. A
+which rolls it back; a later attempt must lease the chunk again (only
+while it is pending and unheld). The checkpoint updates the chunk's row
+only while it is pending (or staged, open) and the run is not abandoned
+or rolled back. A
 worker of an abandoned run never writes over a newer run: [Job.NewRun]
 commits the abandon first, then waits for the abandoned run's chunks in
 flight (fencing stale holders, logging the wait) before it creates the
@@ -244,18 +259,17 @@ every process reads its run's control state every
 
 # Beside production
 
-Each chunk's transaction and each short manifest transaction set, locally
-(set_config(..., true): they end with the transaction), lock_timeout and
-statement_timeout. lock_timeout is the try's row of [Config.LockRetries],
-at most [Config.LockTimeout] (default 2 s): an application session queued
-behind a lock the library waits for waits that long at most.
-statement_timeout ([Config.StatementTimeout]; by default the session's,
-role's or database's) bounds the merge, the validators and the checkpoint,
-never the extractor's time (with a lease it runs outside any transaction;
-without one the COPY it feeds runs under statement_timeout 0). Both are set
-by the claim statement, with no extra round trip. The merge's key locks
-(advisory locks that order merges of the same keys) wait without
-lock_timeout: only another chunk's merge holds them.
+Each chunk's transaction and each short manifest transaction set,
+locally (set_config(..., true): they end with the transaction),
+lock_timeout and statement_timeout. lock_timeout is the try's row of
+[Config.LockRetries], at most [Config.LockTimeout] (default 2 s): an
+application session queued behind a lock the library waits for waits
+that long at most. statement_timeout ([Config.StatementTimeout]; by
+default the session's, role's or database's) bounds the merge, the
+validators and the checkpoint, never the extractor's time (it runs
+outside any transaction). Both are set by the fence statement, with no
+extra round trip. The merge's key locks (advisory locks that order merges of the same
+keys) wait without lock_timeout: only another chunk's merge holds them.
 
 A try that ends with a lock timeout (55P03), a deadlock (40P01), a
 serialization failure (40001) or a statement timeout (57014, while the
@@ -287,9 +301,8 @@ and the record loses that one record (the log line says it), nothing
 else.
 
 A retried try leases and extracts its chunk again (the spool is not kept
-across tries). With a lease (the default with a PGManifest) no
-transaction is open while the source is read, also with
-[Config.JobConcurrency], which then caps the run's live leases.
+across tries). No transaction is open while the source is read, also
+with [Config.JobConcurrency], which caps the run's live leases.
 
 # Throttles
 
@@ -334,11 +347,8 @@ charged with each chunk's rows) and [Config.JobConcurrency] (a chunk is
 leased only while fewer than N chunks of the run hold a live lease,
 counted under a transaction-level advisory lock of the run; a lease lasts
 until its chunk's transaction commits, and a dead worker's stops counting
-once it is no longer live; without leases, each chunk's transaction
-locks one of N slot rows of the run in the manifest, FOR UPDATE SKIP
-LOCKED, before it claims; none free: it waits; the lock ends with the
-transaction, so a crash frees the slot and a transaction pooler
-is fine). The rate is divided rather than drawn from a shared bucket row
+once it is no longer live; a worker that finds N live leases waits and
+tries again). The rate is divided rather than drawn from a shared bucket row
 so that no manifest row is written per chunk by every process.
 
 A throttle with [backfillthrottle.Throttle.Adapt] is proportional instead:

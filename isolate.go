@@ -24,7 +24,7 @@ import (
 // a savepoint: a COPY that fails on a data error at line N (PostgreSQL
 // reports the line, column and value in the error's context, PostgreSQL
 // docs, COPY, "File Formats") is rolled back to the savepoint, and the
-// chunk is extracted and staged again with every row that holds the
+// chunk's spool is staged again with every row that holds the
 // refused value in that column queued as an exception naming its column,
 // value and PostgreSQL's message. (An input function or a domain
 // constraint judges the value alone, so the value is refused wherever it
@@ -32,14 +32,12 @@ import (
 // rows hold it.) Everything else of the chunk loads.
 //
 // Each refused value costs one more staging of the chunk (a replay of its
-// spool with short transactions, [spooled.replay]; otherwise one more
-// extraction), so at most
-// [Config.MaxStagingRejects] values are isolated per chunk; then the
-// chunk fails with an error naming its chunk, row, column and value.
-// Rows are found by value, not position, so an extractor that returns its
-// rows in another order on the retry gets the same rows queued. Only when
-// PostgreSQL shortened a long value in its message is the row found by
-// its position in the extraction and the value's first characters.
+// spool, [execution.runChunk]), so at most [Config.MaxStagingRejects]
+// values are isolated per chunk; then the chunk fails with an error
+// naming its chunk, row, column and value. Rows are found by value, not
+// position; only when PostgreSQL shortened a long value in its message is
+// the row found by its position in the spool and the value's first
+// characters.
 
 // DefaultMaxStagingRejects is the default of [Config.MaxStagingRejects].
 const DefaultMaxStagingRejects = 10
@@ -69,7 +67,7 @@ type copyEnder interface {
 
 // stageParams are the inputs of execution.stage besides its transaction.
 type stageParams struct {
-	// chunk is the chunk to extract and stage.
+	// chunk is the chunk to stage.
 	chunk Chunk
 	// info is the staged table's columns.
 	info TableInfo
@@ -81,12 +79,12 @@ type stageParams struct {
 	savepoints bool
 	// newStager makes the stager of one staging attempt.
 	newStager func() (backfilldriver.Stager, error)
-	// spooled, when not nil, is the chunk extracted already: each
-	// staging attempt replays its spool instead of extracting.
+	// spooled is the chunk as extracted: each staging attempt replays
+	// its spool.
 	spooled *spooled
 }
 
-// stage extracts chunk p.chunk into a stager made by p.newStager and
+// stage replays chunk p.chunk's spool into a stager made by p.newStager and
 // ends the staging, isolating rows PostgreSQL refuses (see the top of
 // this file) when p.savepoints is true. It returns the stager, to merge
 // and close, and the row writer with the chunk's counts and exceptions.
@@ -115,7 +113,7 @@ type chunkStaging struct {
 	rejects stagingRejects
 }
 
-// stagingRefusal is how a staging attempt ended: the extractor's error,
+// stagingRefusal is how a staging attempt ended: the spool replay's error,
 // the staging's error and, when that is PostgreSQL refusing a value
 // (isData), the staged line and the value.
 type stagingRefusal struct {
@@ -140,11 +138,7 @@ func (s *chunkStaging) attempt(ctx context.Context) (backfilldriver.Stager, *row
 	}
 	w := newRowWriter(s.chunk, s.ex.job, s.info, st, s.ex.r.cfg.MaxRejectsPerChunk, s.started)
 	w.stagingRejects = &s.rejects
-	if s.spooled != nil {
-		ref.xerr = s.spooled.replay(ctx, w)
-	} else {
-		ref.xerr = extractSafely(ctx, s.ex.job.Extractor, s.chunk, w)
-	}
+	ref.xerr = s.spooled.replay(ctx, w)
 	w.closed = true
 	ref.serr = w.err
 	if ref.serr == nil && ref.xerr == nil {

@@ -2,28 +2,26 @@ package backfill
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
-	"time"
 
-	"github.com/pgbackfill/backfill/backfilltrace"
 	"github.com/pgbackfill/backfill/backfilltype"
-	"github.com/pgbackfill/backfill/internal/pgstore"
 )
 
 // Short transactions (see the package documentation, "Many workers and
-// hosts"). With a manifest that leases chunks across transactions (the
-// PostgreSQL manifest, [PGManifest]) and a registered worker, no
-// transaction of the library is open while the extractor runs: a short
-// transaction leases the chunk and commits; the extractor fills a [spool]
-// outside any transaction; then the chunk's transaction sets the lease's
-// settings, fences the lease (still the worker's at its epoch, under the
-// row lock), stages from the spool, merges, validates and checkpoints. A
-// chunk whose fence finds no row was taken over: it rolls back and records
-// nothing. Any other end without a commit releases the lease before the
-// failure is recorded. The design note docs/design/short-transactions.md
-// explains the alternatives.
+// hosts"). Every chunk runs on one path ([execution.runChunk]) with the
+// Manifest's leases ([backfilldriver.ManifestLeases], which a Runner
+// requires), so no transaction of the library is open while the
+// extractor runs: a short transaction leases the chunk and commits; the
+// extractor fills a [spool] outside any transaction; then the chunk's
+// transaction sets the lease's settings, fences the lease (still the
+// worker's at its epoch, under the row lock), stages from the spool,
+// merges, validates and checkpoints. A chunk whose fence finds no row was
+// taken over: it rolls back and records nothing. Any other end without a
+// commit releases the lease before the failure is recorded. A retried try
+// leases and extracts the chunk again; [Config.JobConcurrency] caps the
+// batch's live leases across processes. The design note
+// docs/design/short-transactions.md explains the alternatives.
 
 // spooled is a chunk extracted into a spool, with the row writer that
 // counted its rows and queued its rejects.
@@ -62,200 +60,4 @@ func (s *spooled) replay(ctx context.Context, w *rowWriter) error {
 		return nil
 	}
 	return err
-}
-
-// leasing reports whether this call's chunks run in short transactions:
-// with a manifest that leases and a registered worker. The job-wide
-// concurrency cap (Config.JobConcurrency) is then a cap on the batch's
-// live leases (pgstore.LeaseChunk).
-func (ex *execution) leasing() bool {
-	return ex.r.caps.workers != nil && ex.worker != nil
-}
-
-// runChunkLeased is runChunk in short transactions (see the top of this
-// file).
-func (ex *execution) runChunkLeased(ctx context.Context, p *chunkPipe) (cr chunkRun, err error) {
-	r, wm := ex.r, ex.r.caps.workers
-	// The slot's extract stage, then its write stage before the chunk's
-	// transaction ([chunkPipe]); the stage held is left on return.
-	turn, ok := p.enterExtract(ctx)
-	defer func() {
-		// A chunk claimed hands its stage to next, which leaves it once
-		// the chunk's outcome is recorded: a failure that stops the call
-		// is known before the slot's other goroutine leases or writes.
-		if cr.claimed {
-			cr.turn = turn
-		} else {
-			turn.leave()
-		}
-	}()
-	if !ok {
-		return cr, ctx.Err()
-	}
-	if p != nil && ex.stopped() {
-		// Stopped while this goroutine waited for the stage.
-		return cr, nil
-	}
-	if p != nil && ex.ctl != nil && p.slot >= ex.liveConcurrency() {
-		// The concurrency knob was lowered while this goroutine waited
-		// for the stage: the slot's other goroutine held it, and this
-		// one must not lease a chunk the knob no longer allows.
-		cr.parked = true
-		return cr, nil
-	}
-	s := r.cfg.txSettings()
-	l := pgstore.Lease{Key: ex.worker.key, StaleAfter: r.cfg.StaleAfter, LockTimeout: s.TryLockTimeout(0), StmtTimeout: s.StmtSetting(),
-		JobConcurrency: r.cfg.JobConcurrency}
-	l.Avoid, _ = ex.avoided()
-
-	// Lease. The leases of this call's goroutines share its worker key:
-	// one goroutine leases at a time, avoiding the chunks the others
-	// hold (a lease of the key that none holds is taken again: a release
-	// that failed).
-	leaseStart := time.Now() // the claim phase's
-	ex.leaseMu.Lock()
-	ex.mu.Lock()
-	for seq := range ex.leased {
-		l.Avoid = append(l.Avoid, seq)
-	}
-	ex.mu.Unlock()
-	cl, ok, full, err := wm.LeaseChunk(ctx, r.db, ex.batchID, l)
-	if err != nil || !ok {
-		ex.leaseMu.Unlock()
-		cr.noSlot = full
-		if err == nil {
-			// No lease: the run may have been paused or cancelled, which
-			// the lease's statement did not report.
-			ex.pollControl(ctx)
-		}
-		return cr, err
-	}
-	if r.caps.control != nil && ex.ctl != nil {
-		// The control state between two chunks, read by the lease.
-		ex.applyControl(ctx, cl.Control)
-	}
-	seq := cl.State.Chunk.Seq
-	ex.mu.Lock()
-	if ex.leased == nil {
-		ex.leased = map[int]bool{}
-	}
-	ex.leased[seq] = true
-	ex.mu.Unlock()
-	ex.leaseMu.Unlock()
-	release := true
-	defer func() {
-		ex.mu.Lock()
-		delete(ex.leased, seq)
-		ex.mu.Unlock()
-		if release {
-			if rerr := wm.ReleaseLease(context.WithoutCancel(ctx), r.db, ex.batchID, seq, l.Key, cl.Epoch); rerr != nil {
-				// Not lost: the lease is this worker's, which claims it
-				// again, and it ends with the worker's call.
-				ex.log.Warn("backfill: releasing a chunk's lease failed", "seq", seq, "error", rerr)
-			}
-		}
-	}()
-	if ex.stopped() {
-		return cr, nil
-	}
-	if ex.throttle.holding() {
-		cr.throttled = true
-		return cr, nil
-	}
-	cr.claimed, cr.attempt, cr.fresh = true, cl.State.Attempts+1, cl.State.Status == ChunkPending
-	ctx = ex.traceChunk(ctx, &cr, cl.State.Chunk, leaseStart)
-	defer func() { cr.span.end(&cr, err) }()
-	c, ok := ex.plan.ChunkOf(cl.State.Chunk)
-	if !ok {
-		return cr, &ChunkError{Chunk: cl.State.Chunk, Attempt: cr.attempt, Err: fmt.Errorf("%w: manifest chunk %d %q is not in the plan (or the Chunker's ChunkOf returned another chunk for it)", backfilltype.ErrNotRetryable, seq, cl.State.Chunk.ID)}
-	}
-	chunkErr := func(err error) error { return &ChunkError{Chunk: c, Attempt: cr.attempt, Err: err} }
-	started := time.Now()
-	cr.reread = cl.State.Status == ChunkOpen
-	xctx := cr.span.next(ctx, backfilltrace.PhaseExtract)
-
-	// A job with SkipUnchanged and a ChunkVersioner: the chunk's version,
-	// before its extraction, and whether its base lets it skip the
-	// extraction ([execution.versionCandidate]): then it is not extracted, and
-	// its transaction decides.
-	var x *spooled
-	version, err := ex.chunkVersion(xctx, c, cr.reread, started)
-	if err != nil {
-		return cr, chunkErr(err)
-	}
-	if ok, err := ex.versionCandidate(xctx, c, version); err != nil {
-		return cr, chunkErr(err)
-	} else if ok {
-		x = &spooled{skip: &chunkSkip{version: version}}
-	}
-
-	// Extract, outside any transaction, into a spool.
-	if x == nil {
-		if x, err = ex.extractSpooled(xctx, c, started, version); err != nil {
-			return cr, chunkErr(err)
-		}
-		defer x.close()
-		cr.span.setRows(x.w.read)
-	}
-
-	// The slot's write stage: the previous chunk leased by the slot is
-	// written first ([chunkPipe]). A chunk that waited for it
-	// checks again what the lease checked.
-	ok, waited := turn.enterWrite(ctx, func() { cr.span.next(ctx, backfilltrace.PhaseQueued) })
-	if !ok {
-		return cr, chunkErr(ctx.Err())
-	}
-	if waited && (ex.stopped() || ex.throttle.holding()) {
-		cr.claimed, cr.throttled = false, !ex.stopped()
-		cr.span.release()
-		return cr, nil
-	}
-
-	// The chunk's transaction.
-	cr.span.next(ctx, backfilltrace.PhaseStage)
-	tx, err := r.db.Begin(ctx)
-	if err != nil {
-		// An attempt of the chunk: recorded as failed, like a failure
-		// inside its transaction.
-		return cr, chunkErr(fmt.Errorf("begin chunk transaction: %w", err))
-	}
-	tx = batched(tx)
-	committed := false
-	defer func() {
-		if !committed {
-			_ = tx.Rollback()
-		}
-	}()
-	// The fence first: the lease still this worker's, the row locked
-	// until the commit.
-	fenced, pid, ok, err := wm.FenceLease(ctx, tx, ex.batchID, seq, cl.Epoch, l)
-	if err != nil {
-		return cr, chunkErr(err)
-	}
-	if b, isBatch := tx.(*pgstore.BatchTx); isBatch {
-		b.Fresh = ok && fenced.Status == ChunkPending
-	}
-	if !ok {
-		// The deferred release clears the lease only if it is still this
-		// worker's at this epoch: a lease taken over is left to its new
-		// holder; one left by a run paused or abandoned meanwhile is freed
-		// for the run's resume.
-		cr.fenced, cr.claimed = true, false
-		cr.span.release()
-		ex.log.Warn("backfill: chunk's fence failed: its lease was taken over (this worker was stale) or the run stopped meanwhile (paused, abandoned); its transaction rolls back", "seq", seq, "chunk", c.ID)
-		return cr, nil
-	}
-	err = ex.loadChunk(ctx, tx, &cr, c, pid, started, x)
-	if errors.Is(err, errVersionMissed) {
-		// Not extracted on its version, but it must be: its transaction
-		// rolls back, its lease is released (deferred) and this call's
-		// next lease of it extracts it.
-		ex.versionMissed(seq, true)
-		cr.requeued, cr.claimed = true, false
-		cr.span.release()
-		return cr, nil
-	}
-	committed = err == nil
-	release = !committed
-	return cr, err
 }

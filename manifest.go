@@ -80,11 +80,13 @@ type Exception = backfilltype.Exception
 // Manifest is the durable ledger of runs, chunks and the exception queue.
 //
 // Every method takes the executor to use: the Runner passes the chunk's
-// transaction to ClaimChunk and CompleteChunk so that the checkpoint
-// commits, or rolls back, with the merge. Implementations must be safe for
-// concurrent use by several goroutines and several processes.
-// [PGManifest] is the PostgreSQL implementation; backfilltest.Manifest the
-// in-memory fake; backfilltest.TestManifest the conformance suite.
+// transaction to CompleteChunk (after the lease's fence,
+// [backfilldriver.ManifestLeases], which every Manifest of a Runner must
+// implement) so that the checkpoint commits, or rolls back, with the
+// merge. Implementations must be safe for concurrent use by several
+// goroutines and several processes. [PGManifest] is the PostgreSQL
+// implementation; backfilltest.Manifest the in-memory fake;
+// backfilltest.TestManifest the conformance suite.
 type Manifest = backfilldriver.Manifest
 
 // PGManifest is the PostgreSQL [Manifest]. It keeps its tables in one

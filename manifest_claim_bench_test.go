@@ -10,12 +10,13 @@ import (
 	"time"
 
 	"github.com/jmoiron/sqlx"
+	"github.com/pgbackfill/backfill/backfilldriver"
 	"github.com/pgbackfill/backfill/internal/pgstore"
 	"github.com/pgbackfill/backfill/internal/pgtest"
 )
 
 // BenchmarkClaimDone: a claim (ClaimChunk in a transaction rolled back)
-// and a lease (leaseChunk, then releaseLease) of a run whose chunks are
+// and a lease (LeaseChunk, then ReleaseLease) of a run whose chunks are
 // all done but the last 10 (set done in one UPDATE, so the index of
 // claimable chunks still holds their dead entries), at 1,000, 100,000
 // and 1,000,000 chunks (CLAIM_SIZES=n,... for others); then the same
@@ -99,7 +100,7 @@ func BenchmarkClaimDone(b *testing.B) {
 				}
 			})
 			lease := func(b *testing.B) {
-				l := pgstore.Lease{Key: "k", StaleAfter: 30 * time.Second, JobConcurrency: 4}
+				l := backfilldriver.Lease{Key: "k", StaleAfter: 30 * time.Second, JobConcurrency: 4}
 				for i := 0; i < b.N; i++ {
 					cl, ok, _, err := pm.LeaseChunk(ctx, db, run.BatchID, l)
 					if err != nil || !ok {

@@ -10,8 +10,8 @@ import (
 	"github.com/pgbackfill/backfill/internal/pgtest"
 )
 
-// TestClaimWalksClaimableIndex: the claim (ClaimChunk, claimLeased) and
-// the lease (leaseChunk) of a long plan walk the index of claimable
+// TestClaimWalksClaimableIndex: the claim (ClaimChunk) and the lease
+// (LeaseChunk) of a long plan walk the index of claimable
 // chunks in seq order and stop at the first row, with no sort of the
 // batch's chunks: a new plan (every chunk pending) and one whose chunks
 // are nearly all done. A bitmap scan and a sort of every pending chunk

@@ -6,18 +6,19 @@ import (
 	"github.com/pgbackfill/backfill/internal/pgstore"
 )
 
-// Extract ahead ([Config.ExtractAhead]). In short transactions each
-// worker slot runs two goroutines sharing a [chunkPipe]: one leases and
-// extracts the next chunk while the other runs the previous chunk's
-// transaction. Invariants: a goroutine takes the write stage before it
-// leaves the extract stage, so a slot writes its chunks in lease order,
-// has at most one chunk transaction open and never overlaps two Extract
-// calls; a chunk that waited for the write stage checks again that the
-// call has not stopped and no throttle holds, else releases its lease; a
-// claimed chunk keeps its stage until its outcome is recorded, so a
-// failure that stops the call is known before the slot writes another
-// chunk. The pipeline is off with [Config.JobConcurrency] and with a pool
-// too small for a transaction and a lease per slot. The design note
+// Extract ahead ([Config.ExtractAhead]). Each worker slot runs two
+// goroutines sharing a [chunkPipe]: one leases and extracts the next
+// chunk while the other runs the previous chunk's transaction.
+// Invariants: a goroutine takes the write stage before it leaves the
+// extract stage, so a slot writes its chunks in lease order, has at most
+// one chunk transaction open and never overlaps two Extract calls; a
+// chunk that waited for the write stage checks again that the call has
+// not stopped and no throttle holds, else releases its lease; a claimed
+// chunk keeps its stage until its outcome is recorded, so a failure that
+// stops the call is known before the slot writes another chunk. The
+// pipeline is off with [Config.JobConcurrency] (the chunk leased ahead
+// would take a place of the cap) and with a pool too small for a
+// transaction and a lease per slot plus the heartbeat. The design note
 // docs/design/short-transactions.md explains the alternatives.
 
 // chunkPipe is a worker slot's pair of stages; a nil *chunkPipe is a slot
@@ -105,10 +106,7 @@ func (ex *execution) extractAhead() bool {
 		ex.log.Warn("backfill: Config.ExtractAhead is off for this call: "+why, args...)
 		return false
 	}
-	switch {
-	case !ex.leasing():
-		return off("chunks run in one transaction each (no leases: a manifest without them, or the worker could not register)")
-	case c.JobConcurrency > 0:
+	if c.JobConcurrency > 0 {
 		return off("Config.JobConcurrency counts live leases, and a chunk leased ahead would take a place", "job_concurrency", c.JobConcurrency)
 	}
 	if pd, ok := ex.r.db.(pgstore.PGDB); ok && pd.DB != nil {

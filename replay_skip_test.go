@@ -12,8 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pgbackfill/backfill/backfilldriver"
-
 	"github.com/google/go-cmp/cmp"
 	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
@@ -140,22 +138,13 @@ func requireBalanced(t *testing.T, db *sqlx.DB, batch int64) {
 func TestSkipUnchangedReplaySkipsEveryChunk(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	for _, path := range []string{"leased", "one transaction"} {
+	for _, path := range []string{"leased", "leased, extract ahead"} {
 		t.Run(path, func(t *testing.T) {
 			t.Parallel()
 			s := newItems(t)
 			src := newSkipSource()
-			cfg := &backfill.Config{Concurrency: 2}
+			cfg := &backfill.Config{Concurrency: 2, ExtractAhead: path == "leased, extract ahead"}
 			job := skipJob(src)
-			if path == "one transaction" {
-				// Without worker leases: runChunk's single transaction.
-				m := backfill.NewPGManifest("")
-				cfg.Manifest = struct {
-					backfill.Manifest
-					backfilldriver.ManifestSkips
-				}{m, m}
-				job.Rollback = backfill.RollbackNone
-			}
 			r, err := backfill.New(s.db, cfg)
 			require.NoError(t, err)
 			rep1, err := r.Run(ctx, job)
@@ -460,7 +449,8 @@ func TestSkipUnchangedRefusesAnIneligibleJob(t *testing.T) {
 	require.NoError(t, s.db.Get(&n, `SELECT count(*) FROM backfill.runs WHERE job_name = 'ineligible'`))
 	require.Zero(t, n)
 	// A manifest without ManifestSkips: unsupported.
-	r, err = backfill.New(s.db, &backfill.Config{Manifest: manifestOnly{backfill.NewPGManifest("")}})
+	pm := backfill.NewPGManifest("")
+	r, err = backfill.New(s.db, &backfill.Config{Manifest: manifestOnly{pm, pm}})
 	require.NoError(t, err)
 	job := skipJob(src)
 	job.Rollback = backfill.RollbackNone
@@ -501,14 +491,9 @@ func TestSkipUnchangedProperty(t *testing.T) {
 		job.Name = fmt.Sprintf("prop-%d", iteration)
 		job.Chunker = backfill.IntRange(0, 20, 10)
 		hooks := &skipHooks{}
-		// Without worker leases (runChunk's one transaction): fewer round
-		// trips per run, and the other path of TestSkipUnchangedReplaySkipsEveryChunk.
-		m := backfill.NewPGManifest("")
+		// Without the undo log: fewer statements per run.
 		job.Rollback = backfill.RollbackNone
-		r, err := backfill.New(s.db, &backfill.Config{Hooks: hooks, Manifest: struct {
-			backfill.Manifest
-			backfilldriver.ManifestSkips
-		}{m, m}})
+		r, err := backfill.New(s.db, &backfill.Config{Hooks: hooks})
 		require.NoError(rt, err)
 		chunkOf := func(id int64) string { return fmt.Sprintf("int:%d/%d", id/10*10, id/10*10+10) }
 		// content per chunk of the source and the target, as text.

@@ -10,8 +10,6 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/pgbackfill/backfill/backfilldriver"
-
 	"github.com/google/go-cmp/cmp"
 	"github.com/stretchr/testify/require"
 
@@ -88,28 +86,19 @@ func (v *versionedSource) ChunkVersion(_ context.Context, c backfill.Chunk) (str
 
 var _ backfill.ChunkVersioner = (*versionedSource)(nil)
 
-// versionRunner is a runner of the versioned items job in short
-// transactions ("leased", with Config.ExtractAhead when ahead) or in one
-// transaction per chunk.
+// versionRunner is a runner of the versioned items job ("leased", with
+// Config.ExtractAhead for "leased, extract ahead").
 func versionRunner(t *testing.T, s *itemsSetup, src *versionedSource, path string, hooks backfill.Hooks) (*backfill.Runner, backfill.Job) {
 	t.Helper()
 	cfg := &backfill.Config{Concurrency: 2, Hooks: hooks, ExtractAhead: path == "leased, extract ahead", MaxAttempts: 1}
 	job := skipJob(src.skipSource)
 	job.Extractor = src
-	if path == "one transaction" {
-		m := backfill.NewPGManifest("")
-		cfg.Manifest = struct {
-			backfill.Manifest
-			backfilldriver.ManifestSkips
-		}{m, m}
-		job.Rollback = backfill.RollbackNone
-	}
 	r, err := backfill.New(s.db, cfg)
 	require.NoError(t, err)
 	return r, job
 }
 
-var versionPaths = []string{"leased", "leased, extract ahead", "one transaction"}
+var versionPaths = []string{"leased", "leased, extract ahead"}
 
 // A replay of an unchanged range with a ChunkVersioner extracts nothing
 // and writes nothing to the target; a changed version extracts and
@@ -213,24 +202,22 @@ func TestChunkVersionExtractsWhenItMust(t *testing.T) {
 			rep1, err := r.Run(ctx, job)
 			require.NoError(t, err)
 			src.calls()
-			if path != "one transaction" { // RollbackNone there
-				// The base batch rolled back: no base, every chunk is
-				// extracted and merged.
-				_, err = r.Rollback(ctx, job, backfill.RollbackOptions{BatchID: rep1.BatchID, Actor: "ann", Why: "test"})
-				require.NoError(t, err)
-				rep, err := r.Run(ctx, job)
-				require.NoError(t, err)
-				extracted, _ := src.calls()
-				require.Len(t, extracted, 10)
-				require.Zero(t, rep.ChunksSkipped)
-				require.Equal(t, backfill.Counts{Read: 1000, Inserted: 999, Rejected: 1}, rep.Counts)
-			}
-
-			// The base of chunk 0 rejected a row: extracted (and skipped
-			// on its fingerprints, its reject queued in this batch).
+			// The base batch rolled back: no base, every chunk is
+			// extracted and merged.
+			_, err = r.Rollback(ctx, job, backfill.RollbackOptions{BatchID: rep1.BatchID, Actor: "ann", Why: "test"})
+			require.NoError(t, err)
 			rep, err := r.Run(ctx, job)
 			require.NoError(t, err)
 			extracted, _ := src.calls()
+			require.Len(t, extracted, 10)
+			require.Zero(t, rep.ChunksSkipped)
+			require.Equal(t, backfill.Counts{Read: 1000, Inserted: 999, Rejected: 1}, rep.Counts)
+
+			// The base of chunk 0 rejected a row: extracted (and skipped
+			// on its fingerprints, its reject queued in this batch).
+			rep, err = r.Run(ctx, job)
+			require.NoError(t, err)
+			extracted, _ = src.calls()
 			require.Equal(t, []string{"int:0/100"}, extracted)
 			require.Equal(t, 10, rep.ChunksSkipped)
 			require.Equal(t, backfill.Counts{Read: 1000, Unchanged: 999, Rejected: 1}, rep.Counts)

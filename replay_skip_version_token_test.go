@@ -22,7 +22,7 @@ func (b binVersion) ChunkVersion(_ context.Context, c backfill.Chunk) (string, e
 // after the merge, with PostgreSQL's "invalid byte sequence".)
 func TestChunkVersionTokenMustBeText(t *testing.T) {
 	ctx := context.Background()
-	for _, path := range []string{"leased", "one transaction"} {
+	for _, path := range versionPaths {
 		t.Run(path, func(t *testing.T) {
 			s := newItems(t)
 			src := newVersionedSource()

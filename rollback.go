@@ -177,7 +177,7 @@ func (r *Runner) rollbackBatch(ctx context.Context, job Job, opts RollbackOption
 			return Run{}, Plan{}, err
 		}
 	}
-	if wm := r.caps.workers; wm != nil && !opts.Preview && (run.Status == RunPaused || run.Status == RunFailed || run.Status == RunCancelled) {
+	if wm := r.caps.workers; !opts.Preview && (run.Status == RunPaused || run.Status == RunFailed || run.Status == RunCancelled) {
 		// Chunks claimed while the run was running may still be in
 		// flight (the run's row is no lock they hold): wait for them,
 		// fencing stale holders, before the rollback reads what to undo.

@@ -109,8 +109,8 @@ func NewWithDB(db DB, cfg *Config) (*Runner, error) {
 		host, _ := os.Hostname()
 		c.WorkerID = fmt.Sprintf("%s:%d", host, os.Getpid())
 	}
-	caps := resolveCapabilities(c.Manifest, c.Merger)
-	if err := need(c.JobConcurrency == 0 || caps.throttle != nil, "PGManifest", "Config.JobConcurrency needs a manifest with job slots"); err != nil {
+	caps, err := resolveCapabilities(c.Manifest, c.Merger)
+	if err != nil {
 		return nil, fmt.Errorf("backfill: new: %w", err)
 	}
 	if pd, ok := db.(pgstore.PGDB); ok {
@@ -169,7 +169,8 @@ func (j Job) validate() error {
 // inheritance (INHERITS, not partitioning), whose unique index does not
 // cover the child's rows, is refused with [ErrInvalidConfig].
 //
-// Each chunk runs in one transaction: claim, extract, COPY into staging,
+// Each chunk is leased in a short transaction, extracted outside any
+// transaction, then loaded in one transaction: fence, COPY into staging,
 // merge, exception queue, checkpoint, commit. Retryable errors
 // ([IsRetryable]) are retried up to [Config.MaxAttempts] times. When a
 // chunk fails for good, Run stops claiming, waits for the chunks in
@@ -624,7 +625,8 @@ type execution struct {
 	progress     *progressNotifier
 	progressOnce sync.Once
 
-	// worker is this call's registration (nil without ManifestWorkers).
+	// worker is this call's registration (its key leases the call's
+	// chunks; nil before startWorker).
 	worker *workerCall
 
 	mu sync.Mutex
@@ -665,7 +667,7 @@ type execution struct {
 	// without the control plane).
 	ctl *runControl
 	// leased are the chunks (Seq) this call's goroutines hold a lease on
-	// (short transactions: [execution.runChunkLeased]).
+	// ([execution.runChunk]).
 	leased  map[int]bool
 	leaseMu sync.Mutex // one lease claim of this call at a time
 	// versionMisses are the chunks (Seq) a transaction of this call
@@ -1012,12 +1014,8 @@ func (ex *execution) chunkDone(ctx context.Context, res ChunkResult, fresh bool,
 		return false
 	}
 	// Between chunks: the run's control state (paused or cancelled by an
-	// operator, knobs), read afresh (pollControl); in short
-	// transactions the next lease's statement reads it, and a try that
-	// leases nothing reads it itself (runChunkLeased).
-	if !ex.leasing() {
-		ex.pollControl(ctx)
-	}
+	// operator, knobs) is read by the next lease's statement, and a try
+	// that leases nothing reads it itself ([execution.runChunk], [execution.pollControl]).
 	return !ex.stopped()
 }
 
@@ -1072,8 +1070,8 @@ func (ex *execution) chunkFailed(ctx context.Context, ce *ChunkError, attempt in
 	return true
 }
 
-// chunkRun is what runChunk did: whether it claimed a chunk, with which
-// attempt, and the chunk's result when it committed.
+// chunkRun is what runChunk did: whether it claimed (leased) a chunk,
+// with which attempt, and the chunk's result when it committed.
 type chunkRun struct {
 	res     ChunkResult
 	claimed bool
@@ -1085,7 +1083,8 @@ type chunkRun struct {
 	// what the watcher ([execution.watchChunk]) last saw of its backend.
 	lockTimeout string
 	seen        *watchSeen
-	// noSlot: every job-wide concurrency slot is taken (JobConcurrency).
+	// noSlot: every place under JobConcurrency is taken (as many live
+	// leases as it allows).
 	noSlot bool
 	// throttled: a throttle began to hold during the claim.
 	throttled bool
@@ -1115,14 +1114,17 @@ type chunkRun struct {
 	turn *pipeTurn
 }
 
-// runChunk claims the next chunk and runs it in one transaction: claim,
-// the publish mode's target, extract and stage, merge, validate,
-// checkpoint, commit. claimed is false (with a nil error) when no chunk
-// is left.
+// runChunk leases the next chunk and runs it (see the design note docs/design/short-transactions.md):
+// the throttle's wait, the lease in a short transaction of its own, the
+// extraction outside any transaction into a spool, then the chunk's
+// transaction: the fence, the publish mode's target, staging from the
+// spool, merge, validation, checkpoint, commit (loadChunk). claimed is
+// false (with a nil error) when no chunk was leased; p is the worker
+// slot's pipe (nil: none; [chunkPipe]).
 func (ex *execution) runChunk(ctx context.Context, p *chunkPipe) (cr chunkRun, err error) {
-	r := ex.r
+	r, wm := ex.r, ex.r.caps.workers
 	// Throttle: the throttles and the rate cap wait here, before the
-	// claim (and its transaction) begins ([throttler.wait]).
+	// lease ([throttler]).
 	if t := ex.throttle; t != nil {
 		if err := t.wait(ctx); err != nil {
 			return cr, err
@@ -1132,19 +1134,153 @@ func (ex *execution) runChunk(ctx context.Context, p *chunkPipe) (cr chunkRun, e
 			return cr, nil
 		}
 	}
-	if ex.leasing() {
-		// Short transactions: lease, extract outside a transaction,
-		// then stage, merge and checkpoint ([execution.runChunkLeased]).
-		lcr, err := ex.runChunkLeased(ctx, p)
-		lcr.admitted = cr.admitted
-		return lcr, err
+	// The slot's extract stage, then its write stage before the chunk's
+	// transaction ([chunkPipe]); the stage held is left on return.
+	turn, ok := p.enterExtract(ctx)
+	defer func() {
+		// A chunk claimed hands its stage to next, which leaves it once
+		// the chunk's outcome is recorded: a failure that stops the call
+		// is known before the slot's other goroutine leases or writes.
+		if cr.claimed {
+			cr.turn = turn
+		} else {
+			turn.leave()
+		}
+	}()
+	if !ok {
+		return cr, ctx.Err()
 	}
-	// Claim. The chunk's trace span starts once it is claimed, from here
-	// ([execution.traceChunk]); a phase starts at each comment below.
-	claimStart := time.Now()
+	if p != nil && ex.stopped() {
+		// Stopped while this goroutine waited for the stage.
+		return cr, nil
+	}
+	if p != nil && ex.ctl != nil && p.slot >= ex.liveConcurrency() {
+		// The concurrency knob was lowered while this goroutine waited
+		// for the stage: the slot's other goroutine held it, and this
+		// one must not lease a chunk the knob no longer allows.
+		cr.parked = true
+		return cr, nil
+	}
+	s := r.cfg.txSettings()
+	l := backfilldriver.Lease{Key: ex.worker.key, StaleAfter: r.cfg.StaleAfter, LockTimeout: s.TryLockTimeout(0), StmtTimeout: s.StmtSetting(),
+		JobConcurrency: r.cfg.JobConcurrency}
+	l.Avoid, _ = ex.avoided()
+
+	// Lease. The leases of this call's goroutines share its worker key:
+	// one goroutine leases at a time, avoiding the chunks the others
+	// hold (a lease of the key that none holds is taken again: a release
+	// that failed). The chunk's trace span, once it is leased, starts
+	// from here ([execution.traceChunk]).
+	leaseStart := time.Now()
+	ex.leaseMu.Lock()
+	ex.mu.Lock()
+	for seq := range ex.leased {
+		l.Avoid = append(l.Avoid, seq)
+	}
+	ex.mu.Unlock()
+	cl, ok, full, err := wm.LeaseChunk(ctx, r.db, ex.batchID, l)
+	if err != nil || !ok {
+		ex.leaseMu.Unlock()
+		cr.noSlot = full
+		if err == nil {
+			// No lease: the run may have been paused or cancelled, which
+			// the lease's statement did not report ([execution.pollControl]).
+			ex.pollControl(ctx)
+		}
+		return cr, err
+	}
+	if r.caps.control != nil && ex.ctl != nil {
+		// The control state between two chunks, read by the lease.
+		ex.applyControl(ctx, cl.Control)
+	}
+	seq := cl.State.Chunk.Seq
+	ex.mu.Lock()
+	if ex.leased == nil {
+		ex.leased = map[int]bool{}
+	}
+	ex.leased[seq] = true
+	ex.mu.Unlock()
+	ex.leaseMu.Unlock()
+	release := true
+	defer func() {
+		ex.mu.Lock()
+		delete(ex.leased, seq)
+		ex.mu.Unlock()
+		if release {
+			if rerr := wm.ReleaseLease(context.WithoutCancel(ctx), r.db, ex.batchID, seq, l.Key, cl.Epoch); rerr != nil {
+				// Not lost: the lease is this worker's, which claims it
+				// again, and it ends with the worker's call.
+				ex.log.Warn("backfill: releasing a chunk's lease failed", "seq", seq, "error", rerr)
+			}
+		}
+	}()
+	if ex.stopped() {
+		// A gate failed meanwhile (possibly on this very chunk): lease
+		// nothing more until the run is paused.
+		return cr, nil
+	}
+	if ex.throttle.holding() {
+		// A throttle began to hold since the wait above: the lease is
+		// released (the chunk stays pending) and the worker waits.
+		cr.throttled = true
+		return cr, nil
+	}
+	cr.claimed, cr.attempt, cr.fresh = true, cl.State.Attempts+1, cl.State.Status == ChunkPending
+	ctx = ex.traceChunk(ctx, &cr, cl.State.Chunk, leaseStart)
+	defer func() { cr.span.end(&cr, err) }()
+	c, ok := ex.plan.ChunkOf(cl.State.Chunk)
+	if !ok {
+		return cr, &ChunkError{Chunk: cl.State.Chunk, Attempt: cr.attempt, Err: fmt.Errorf("%w: manifest chunk %d %q is not in the plan (or the Chunker's ChunkOf returned another chunk for it)", backfilltype.ErrNotRetryable, seq, cl.State.Chunk.ID)}
+	}
+	chunkErr := func(err error) error { return &ChunkError{Chunk: c, Attempt: cr.attempt, Err: err} }
+	started := time.Now()
+	cr.reread = cl.State.Status == ChunkOpen
+	xctx := cr.span.next(ctx, backfilltrace.PhaseExtract)
+
+	// A job with SkipUnchanged and a ChunkVersioner: the chunk's version,
+	// before its extraction, and whether its base lets it skip the
+	// extraction ([execution.versionCandidate]): then it is not extracted, and
+	// its transaction decides.
+	var x *spooled
+	version, err := ex.chunkVersion(xctx, c, cr.reread, started)
+	if err != nil {
+		return cr, chunkErr(err)
+	}
+	if ok, err := ex.versionCandidate(xctx, c, version); err != nil {
+		return cr, chunkErr(err)
+	} else if ok {
+		x = &spooled{skip: &chunkSkip{version: version}}
+	}
+
+	// Extract, outside any transaction, into a spool.
+	if x == nil {
+		if x, err = ex.extractSpooled(xctx, c, started, version); err != nil {
+			return cr, chunkErr(err)
+		}
+		defer x.close()
+		cr.span.setRows(x.w.read)
+	}
+
+	// The slot's write stage: the previous chunk leased by the slot is
+	// written first ([chunkPipe]). A chunk that waited for it
+	// checks again what the lease checked.
+	ok, waited := turn.enterWrite(ctx, func() { cr.span.next(ctx, backfilltrace.PhaseQueued) })
+	if !ok {
+		return cr, chunkErr(ctx.Err())
+	}
+	if waited && (ex.stopped() || ex.throttle.holding()) {
+		cr.claimed, cr.throttled = false, !ex.stopped()
+		cr.span.release()
+		return cr, nil
+	}
+
+	// The chunk's transaction.
+	cr.span.next(ctx, backfilltrace.PhaseStage)
 	tx, err := r.db.Begin(ctx)
 	if err != nil {
-		return cr, fmt.Errorf("backfill: begin chunk transaction: %w", err)
+		// An attempt of the chunk: recorded as failed, like a failure
+		// inside its transaction.
+		return cr, chunkErr(fmt.Errorf("begin chunk transaction: %w", err))
 	}
 	tx = batched(tx)
 	committed := false
@@ -1153,64 +1289,46 @@ func (ex *execution) runChunk(ctx context.Context, p *chunkPipe) (cr chunkRun, e
 			_ = tx.Rollback()
 		}
 	}()
-	// The job-wide concurrency cap: a slot row locked until tx ends.
-	if ok, err := ex.takeSlot(ctx, tx); err != nil || !ok {
-		cr.noSlot = err == nil
-		return cr, err
+	// The fence first: the lease still this worker's, the row locked
+	// until the commit.
+	fenced, pid, ok, err := wm.FenceLease(ctx, tx, ex.batchID, seq, cl.Epoch, l)
+	if err != nil {
+		return cr, chunkErr(err)
 	}
-	st, pid, ok, err := ex.claim(ctx, tx)
-	if err != nil || !ok {
-		return cr, err
+	if b, isBatch := tx.(*pgstore.BatchTx); isBatch {
+		b.Fresh = ok && fenced.Status == ChunkPending
 	}
-	if ex.stopped() {
-		// A gate failed meanwhile (possibly on this very chunk, which its
-		// rollback released): claim nothing more until the run is paused.
-		return cr, nil
-	}
-	if ex.throttle.holding() {
-		// A throttle began to hold since the wait above: the claim rolls
-		// back (the chunk stays pending) and the worker waits.
-		cr.throttled = true
-		return cr, nil
-	}
-	cr.claimed, cr.attempt = true, st.Attempts+1
-	ctx = ex.traceChunk(ctx, &cr, st.Chunk, claimStart)
-	defer func() { cr.span.end(&cr, err) }()
-	c, ok := ex.plan.ChunkOf(st.Chunk)
 	if !ok {
-		return cr, &ChunkError{Chunk: st.Chunk, Attempt: cr.attempt, Err: fmt.Errorf("%w: manifest chunk %d %q is not in the plan (or the Chunker's ChunkOf returned another chunk for it)", backfilltype.ErrNotRetryable, st.Chunk.Seq, st.Chunk.ID)}
+		// The deferred release clears the lease only if it is still this
+		// worker's at this epoch: a lease taken over is left to its new
+		// holder; one left by a run paused or abandoned meanwhile is freed
+		// for the run's resume.
+		cr.fenced, cr.claimed = true, false
+		cr.span.release()
+		ex.log.Warn("backfill: chunk's fence failed: its lease was taken over (this worker was stale) or the run stopped meanwhile (paused, abandoned); its transaction rolls back", "seq", seq, "chunk", c.ID)
+		return cr, nil
 	}
-	started := time.Now()
-	var extracted *spooled
-	if ex.job.SkipUnchanged {
-		// Spool, then decide whether to stage ([execution.skipUnchanged]).
-		cr.reread = st.Status == ChunkOpen
-		// Its version first, before any extraction: a chunk whose
-		// version is its base's is extracted by loadChunk only if it
-		// must be ([execution.skipByVersion]).
-		xctx := cr.span.next(ctx, backfilltrace.PhaseExtract)
-		version, err := ex.chunkVersion(xctx, c, cr.reread, started)
-		if err != nil {
-			return cr, &ChunkError{Chunk: c, Attempt: cr.attempt, Err: err}
-		}
-		if version != "" {
-			extracted = &spooled{skip: &chunkSkip{version: version}}
-		} else if extracted, err = ex.extractSpooled(xctx, c, started, ""); err != nil {
-			return cr, &ChunkError{Chunk: c, Attempt: cr.attempt, Err: err}
-		} else {
-			cr.span.setRows(extracted.w.read)
-		}
-		defer extracted.close()
-		cr.span.next(ctx, backfilltrace.PhaseStage)
+	err = ex.loadChunk(ctx, tx, &cr, c, pid, started, x)
+	if errors.Is(err, errVersionMissed) {
+		// Not extracted on its version, but it must be: its transaction
+		// rolls back, its lease is released (deferred) and this call's
+		// next lease of it extracts it ([execution.versionCandidate]).
+		ex.versionMissed(seq, true)
+		cr.requeued, cr.claimed = true, false
+		cr.span.release()
+		return cr, nil
 	}
-	err = ex.loadChunk(ctx, tx, &cr, c, pid, started, extracted)
 	committed = err == nil
+	release = !committed
 	return cr, err
 }
 
-// loadChunk runs chunk c, claimed in tx by backend pid (0: unknown), from
-// the publish mode's target to the commit; extracted, when a spool with
-// its row writer is given, means the chunk was extracted into it.
+// loadChunk runs chunk c, fenced in tx by backend pid (0: unknown), from
+// the publish mode's target to the commit. extracted is the chunk's
+// spool with the row writer that extracted it, or, for a chunk whose
+// version may spare its extraction ([execution.versionCandidate]), only its
+// version (no spool): loadChunk then skips it, or returns
+// errVersionMissed for runChunk to extract it.
 func (ex *execution) loadChunk(ctx context.Context, tx backfilldriver.Tx, cr *chunkRun, c Chunk, pid int, started time.Time, extracted *spooled) (err error) {
 	r := ex.r
 	chunkErr := func(err error) error { return &ChunkError{Chunk: c, Attempt: cr.attempt, Err: err} }
@@ -1231,27 +1349,15 @@ func (ex *execution) loadChunk(ctx context.Context, tx backfilldriver.Tx, cr *ch
 	// Skip: a job with SkipUnchanged checks the spooled rows' and the
 	// target rows' fingerprints first ([execution.skipUnchanged]).
 	var sk *chunkSkip
-	if extracted != nil && extracted.skip != nil {
+	if extracted.skip != nil {
 		if extracted.sp == nil {
 			// Not extracted: its version may spare the extraction
-			// ([execution.skipByVersion]). If not, in short transactions the
-			// chunk goes back to be extracted outside any transaction;
-			// here it is extracted now, in the chunk's transaction, as
-			// runChunk extracts.
+			// ([execution.versionCandidate]). If not, the chunk goes back to be
+			// extracted outside any transaction (runChunk).
 			if skipped, err := ex.skipByVersion(ctx, tx, cr, c, t.info, started, extracted.skip); err != nil || skipped {
 				return err
 			}
-			if ex.leasing() {
-				return errVersionMissed
-			}
-			x, err := ex.extractSpooled(cr.span.next(ctx, backfilltrace.PhaseExtract), c, started, extracted.skip.version)
-			if err != nil {
-				return chunkErr(err)
-			}
-			x.skip.base, x.skip.targetChanged = extracted.skip.base, extracted.skip.targetChanged
-			*extracted = *x // closed by the caller
-			cr.span.setRows(x.w.read)
-			cr.span.next(ctx, backfilltrace.PhaseStage)
+			return errVersionMissed
 		}
 		sk = extracted.skip
 		if skipped, err := ex.skipUnchanged(ctx, tx, cr, c, t.info, started, extracted); err != nil || skipped {
@@ -1259,12 +1365,8 @@ func (ex *execution) loadChunk(ctx context.Context, tx backfilldriver.Tx, cr *ch
 		}
 	}
 
-	// Extract (unless extracted) and stage.
-	xctx := ctx
-	if extracted == nil {
-		xctx = cr.span.next(ctx, backfilltrace.PhaseExtract)
-	}
-	stager, w, err := ex.stage(xctx, tx, stageParams{chunk: c, info: t.info, started: started, savepoints: t.isolate, newStager: t.newStager, spooled: extracted})
+	// Stage, from the spool.
+	stager, w, err := ex.stage(ctx, tx, stageParams{chunk: c, info: t.info, started: started, savepoints: t.isolate, newStager: t.newStager, spooled: extracted})
 	if err != nil {
 		return chunkErr(err)
 	}

@@ -139,11 +139,6 @@ type chunkSkip struct {
 	// before its extraction ("" for none); recorded with the
 	// fingerprints ([execution.confirmVersion]).
 	version string
-	// base is the base skipByVersion looked up in the chunk's
-	// transaction (nil: none looked up); targetChanged, that the target
-	// fingerprint differed from it (skipUnchanged would find the same).
-	base          *baseLookup
-	targetChanged bool
 }
 
 // skipAdder returns where a row writer of chunk c puts its rows for a
@@ -158,10 +153,8 @@ func (ex *execution) skipAdder(sp *spool, info TableInfo) (pgstore.RowAdder, *ch
 	return fa, &chunkSkip{source: &fa.Fp}
 }
 
-// extractSpooled extracts chunk c into a spool: in short transactions
-// outside any transaction (runChunkLeased), in one transaction inside the
-// chunk's (runChunk's path with SkipUnchanged, which otherwise stages as
-// it extracts). A job with SkipUnchanged decides after the extraction
+// extractSpooled extracts chunk c into a spool, outside any transaction
+// (runChunk). A job with SkipUnchanged decides after the extraction
 // whether to stage. The caller closes the spool (spooled.close); on an
 // error it is closed already.
 //
@@ -192,29 +185,19 @@ func (ex *execution) extractSpooled(ctx context.Context, c Chunk, started time.T
 	return &spooled{sp: sp, w: w, skip: sk}, nil
 }
 
-// skipUnchanged skips chunk c, extracted into x and claimed in tx, when
+// skipUnchanged skips chunk c, extracted into x and fenced in tx, when
 // its source rows and its target rows (info's, within its bounds) are
 // those the base load recorded: it checkpoints and commits the chunk
 // and returns true. It returns false when the chunk must be merged.
 func (ex *execution) skipUnchanged(ctx context.Context, tx backfilldriver.Tx, cr *chunkRun, c Chunk, info TableInfo, started time.Time, x *spooled) (bool, error) {
 	chunkErr := func(err error) error { return &ChunkError{Chunk: c, Attempt: cr.attempt, Err: err} }
-	if cr.reread || ex.open(c, started) || x.skip.targetChanged {
+	if cr.reread || ex.open(c, started) {
 		// Read again while open, or open now: its counts combine with
-		// the earlier reads' (Counts.Reread), never skipped. Or its
-		// target fingerprint was just found to differ from the base's
-		// (skipByVersion, in this transaction).
-		if x.skip.targetChanged {
-			ex.logMerges(c, "its target rows changed since its last load (or the target's shape)")
-		}
+		// the earlier reads' (Counts.Reread), never skipped.
 		return false, nil
 	}
-	var base backfilldriver.ChunkFingerprints
-	var ok bool
-	var err error
-	if b := x.skip.base; b != nil {
-		// Looked up by skipByVersion in this transaction.
-		base, ok = b.fp, b.ok
-	} else if base, ok, err = ex.r.caps.skips.BaseFingerprints(ctx, tx, ex.job.Name, ex.skipKey, ex.batchID, c.ID); err != nil {
+	base, ok, err := ex.r.caps.skips.BaseFingerprints(ctx, tx, ex.job.Name, ex.skipKey, ex.batchID, c.ID)
+	if err != nil {
 		return false, chunkErr(err)
 	}
 	switch {

@@ -23,11 +23,11 @@ import (
 // base's, the base rejected no row, the job has a ChunkColumn, the chunk
 // is not open, and, in the chunk's transaction, the target fingerprint
 // equals the base's ([execution.skipByVersion]). Otherwise the chunk is
-// extracted as without a version; in short transactions a chunk found to
-// need its extraction only in its transaction is rolled back and its
-// lease released ([errVersionMissed]), so that Extract never runs while
-// the slot holds its write stage. The design note
-// docs/design/skip-unchanged.md explains the alternatives.
+// extracted as without a version; a chunk found to need its extraction
+// only in its transaction is rolled back and its lease released
+// ([errVersionMissed]), so that Extract never runs while the slot holds
+// its write stage. The design note docs/design/skip-unchanged.md
+// explains the alternatives.
 
 // ChunkVersioner is implemented by an [Extractor] that can tell, without
 // extracting a chunk, whether the chunk's source rows changed: a replay
@@ -42,20 +42,20 @@ import (
 // rows. A token that changes without the rows changing only costs an
 // extraction. It describes the source, not Extract's code: change
 // [Job.CodeVersion] with that code. It is called before the chunk's
-// extraction (outside the chunk's transaction in short transactions) and
-// again after it; the token is recorded only when both agree. It must be
-// UTF-8 text without NUL, at most 1,024 bytes (else the chunk fails, not
-// retried); "" means unknown: the chunk is extracted. An error fails the
-// chunk's attempt as an extraction error does; a panic is
-// [ErrExtractorPanic]. The README ("Replays that skip unchanged chunks")
-// shows a version for a PostgreSQL table and tokens that are not versions.
+// extraction, outside the chunk's transaction, and again after it; the
+// token is recorded only when both agree. It must be UTF-8 text without
+// NUL, at most 1,024 bytes (else the chunk fails, not retried); "" means
+// unknown: the chunk is extracted. An error fails the chunk's attempt as
+// an extraction error does; a panic is [ErrExtractorPanic]. The README
+// ("Replays that skip unchanged chunks") shows a version for a PostgreSQL
+// table and tokens that are not versions.
 type ChunkVersioner interface {
 	ChunkVersion(ctx context.Context, c Chunk) (string, error)
 }
 
-// errVersionMissed is loadChunk's answer, in short transactions, for a
-// chunk not extracted on its version whose transaction found it must be
-// extracted after all: runChunkLeased rolls the transaction back and
+// errVersionMissed is loadChunk's answer for a chunk not extracted on its
+// version whose transaction found it must be extracted after all:
+// runChunk rolls the transaction back and
 // releases the lease (see the top of this file).
 var errVersionMissed = errors.New("backfill: the chunk's version check found it must be extracted")
 
@@ -139,7 +139,7 @@ func versionBase(base backfilldriver.ChunkFingerprints, ok bool, v string) bool 
 
 // versionCandidate reports, in a read transaction of its own, whether
 // chunk c of version v has a base that lets it skip its extraction
-// (runChunkLeased's extract stage, before the chunk's transaction, which
+// (runChunk's extract stage, before the chunk's transaction, which
 // checks again). A chunk this call found must be extracted after all is
 // none (versionMissed).
 func (ex *execution) versionCandidate(ctx context.Context, c Chunk, v string) (bool, error) {
@@ -170,19 +170,17 @@ func (ex *execution) versionMissed(seq int, set bool) bool {
 	return ex.versionMisses[seq]
 }
 
-// skipByVersion skips chunk c, claimed in tx and not extracted, whose
+// skipByVersion skips chunk c, fenced in tx and not extracted, whose
 // version sk.version was read before: when its base (looked up in tx)
 // lets it (versionBase) and its target rows within its bounds hash as
 // the base's, it checkpoints and commits the chunk and returns true.
-// Otherwise it returns false, with sk.base set to the base looked up and
-// sk.targetChanged when only the target fingerprint differed.
+// Otherwise it returns false, and the chunk is to be extracted.
 func (ex *execution) skipByVersion(ctx context.Context, tx backfilldriver.Tx, cr *chunkRun, c Chunk, info TableInfo, started time.Time, sk *chunkSkip) (bool, error) {
 	chunkErr := func(err error) error { return &ChunkError{Chunk: c, Attempt: cr.attempt, Err: err} }
 	base, ok, err := ex.r.caps.skips.BaseFingerprints(ctx, tx, ex.job.Name, ex.skipKey, ex.batchID, c.ID)
 	if err != nil {
 		return false, chunkErr(err)
 	}
-	sk.base = &baseLookup{fp: base, ok: ok}
 	if !versionBase(base, ok, sk.version) {
 		return false, nil
 	}
@@ -191,17 +189,9 @@ func (ex *execution) skipByVersion(ctx context.Context, tx backfilldriver.Tx, cr
 		return false, chunkErr(err)
 	}
 	if fingerprintText(info, tfp) != base.Target {
-		sk.targetChanged = true
 		return false, nil
 	}
 	// The base rejected none (versionBase): its rows read were all
 	// staged, and are the rows Extract would write again.
 	return ex.checkpointSkipped(ctx, tx, cr, c, info, started, base, base.Counts.Read, 0, nil, nil, sk.version)
-}
-
-// baseLookup is a base looked up in the chunk's transaction
-// (BaseFingerprints' answer), kept for skipUnchanged.
-type baseLookup struct {
-	fp backfilldriver.ChunkFingerprints
-	ok bool
 }

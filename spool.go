@@ -15,7 +15,7 @@ import (
 
 // A chunk's spool: the rows its extractor wrote, converted, kept between
 // the extraction (outside any transaction) and the chunk's short
-// transaction, which stages them ([execution.runChunkLeased]). Rows are
+// transaction, which stages them ([execution.runChunk]). Rows are
 // kept in memory up to spoolMemLimit bytes (an estimate of their values'
 // sizes), then in a temporary file (os.CreateTemp), removed by Close. The
 // spool can be replayed any number of times: the isolation of refused

@@ -9,7 +9,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/pgbackfill/backfill/backfilldriver"
 	"github.com/pgbackfill/backfill/backfillthrottle"
 	"github.com/pgbackfill/backfill/backfilltrace"
 	"github.com/pgbackfill/backfill/backfilltype"
@@ -56,10 +55,6 @@ type throttler struct {
 // returns, so a signal already high holds the first claim.
 func (ex *execution) startThrottle(ctx context.Context) {
 	cfg := ex.r.cfg
-	if err := ex.ensureJobSlots(ctx); err != nil {
-		ex.fail(nil, err)
-		return
-	}
 	if len(cfg.Throttles) == 0 && cfg.RowsPerSecond <= 0 && ex.ctl == nil {
 		return
 	}
@@ -84,22 +79,6 @@ func (ex *execution) startThrottle(ctx context.Context) {
 		wg.Wait()
 		t.endOpen(ctx)
 	}
-}
-
-// ensureJobSlots creates the run's job concurrency slots when the Runner
-// has a throttle manifest and Config.JobConcurrency is set. It returns
-// the error the call fails with when they cannot be created, else nil.
-func (ex *execution) ensureJobSlots(ctx context.Context) error {
-	cfg := ex.r.cfg
-	tm := ex.r.caps.throttle
-	if tm == nil || cfg.JobConcurrency <= 0 {
-		return nil
-	}
-	err := ex.retryConn(ctx, "create job slots", func() error { return tm.EnsureSlots(ctx, ex.r.db, ex.batchID, cfg.JobConcurrency) })
-	if err != nil {
-		return fmt.Errorf("backfill: job %q batch %d: job concurrency slots: %w", ex.job.Name, ex.batchID, err)
-	}
-	return nil
 }
 
 // newThrottler returns ex's throttle state, not yet started: one
@@ -631,25 +610,15 @@ func (c *Config) validateThrottles() error {
 	return nil
 }
 
-// slotPoll is how often a worker without a job concurrency slot tries
-// again.
+// slotPoll is how often a worker that found every place under
+// Config.JobConcurrency taken tries to lease again.
 const slotPoll = 50 * time.Millisecond
 
-// takeSlot locks a job-wide concurrency slot in tx, the chunk's
-// transaction (true without Config.JobConcurrency).
-func (ex *execution) takeSlot(ctx context.Context, tx backfilldriver.Tx) (bool, error) {
-	n := ex.liveJobConcurrency()
-	tm := ex.r.caps.throttle
-	if n <= 0 || tm == nil {
-		return true, nil
-	}
-	return tm.TakeSlot(ctx, tx, ex.batchID, n)
-}
-
-// waitSlot waits for a job concurrency slot: a poll interval at a time
-// it fences the stale holders of the run's chunks (a frozen worker's
-// transaction holds a slot too), between polls it sleeps slotPoll. It
-// returns false when the call stops.
+// waitSlot waits for a place under Config.JobConcurrency (every place is
+// a live lease of the run): a poll interval at a time it fences the stale
+// holders of the run's chunks (a frozen worker's transaction holds a
+// place too), between polls it sleeps slotPoll. It returns false when the
+// call stops.
 func (ex *execution) waitSlot(ctx context.Context, ws *waitState) bool {
 	if ex.stopped() || ctx.Err() != nil {
 		return false
@@ -658,7 +627,7 @@ func (ex *execution) waitSlot(ctx context.Context, ws *waitState) bool {
 		ws.slotSince = time.Now()
 		ex.log.Debug("backfill: every job concurrency slot is taken; waiting", "job_concurrency", ex.r.cfg.JobConcurrency)
 	}
-	if wm := ex.r.caps.workers; wm != nil && ex.worker != nil && !ws.fenceOff && time.Since(ws.fenced) >= ex.r.pollInterval() {
+	if wm := ex.r.caps.workers; ex.worker != nil && !ws.fenceOff && time.Since(ws.fenced) >= ex.r.pollInterval() {
 		ws.fenced = time.Now()
 		if _, err := wm.Holders(ctx, ex.r.db, ex.batchID, ex.worker.key, ex.r.cfg.StaleAfter, true, true); err != nil && pgstore.IsPermission(err) {
 			ws.fenceOff = true

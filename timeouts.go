@@ -20,11 +20,11 @@ import (
 // Every transaction of a chunk sets, locally, lock_timeout (the try's row
 // of [Config.LockRetries], at most [Config.LockTimeout]) and keeps the
 // statement_timeout of its merge, validation and checkpoint in
-// backfill.statement_timeout (the COPY that stays open while the extractor
-// runs is not charged: statement_timeout 0 until the merge puts it back).
-// Both are set in the claim statement (pgstore.ClaimLeased): no extra round
-// trip, except one set_config on a retried try, whose lock_timeout is the
-// next row's.
+// backfill.statement_timeout (the COPY that stays open while the spool is
+// replayed is not charged: statement_timeout 0 until the merge puts it
+// back). Both are set in the fence statement (FenceLease): no extra
+// round trip, except one set_config on a retried try, whose lock_timeout
+// is the next row's.
 //
 // A try that ends with 55P03 (lock timeout), 40P01, 40001 or 57014 (a
 // statement timeout, or a cancel by another session; never while ctx is

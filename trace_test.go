@@ -219,18 +219,12 @@ func (r *recorder) allEvents() []recEvent {
 	return slices.Clone(r.events)
 }
 
-var (
-	leasedPhases = []backfilltrace.Phase{backfilltrace.PhaseClaim, backfilltrace.PhaseExtract, backfilltrace.PhaseStage, backfilltrace.PhaseMerge,
-		backfilltrace.PhaseValidate, backfilltrace.PhaseCheckpoint, backfilltrace.PhaseCommit}
-	oneTxPhases = []backfilltrace.Phase{backfilltrace.PhaseClaim, backfilltrace.PhaseExtract, backfilltrace.PhaseMerge,
-		backfilltrace.PhaseValidate, backfilltrace.PhaseCheckpoint, backfilltrace.PhaseCommit}
-)
+var leasedPhases = []backfilltrace.Phase{backfilltrace.PhaseClaim, backfilltrace.PhaseExtract, backfilltrace.PhaseStage, backfilltrace.PhaseMerge,
+	backfilltrace.PhaseValidate, backfilltrace.PhaseCheckpoint, backfilltrace.PhaseCommit}
 
-// TestTraceSpansOfARun: a run traced by a recording tracer, leased (short
-// transactions) and in one transaction per chunk (a manifest without
-// leases): one
-// span per chunk, under the run's, with every phase in order, ended once;
-// the chunk spans' counts add up to the run's.
+// TestTraceSpansOfARun: a run traced by a recording tracer: one span per
+// chunk, under the run's, with every phase in order, ended once; the
+// chunk spans' counts add up to the run's.
 func TestTraceSpansOfARun(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
@@ -531,10 +525,11 @@ func (c chunkOnly) TraceChunkEnd(_ context.Context, d backfilltrace.ChunkEndData
 	c.ended.Add(1)
 }
 
-// TestTraceOneTransactionPath: with a manifest that does not lease
-// chunks (backfilltest's fakes), each chunk runs in one transaction from
-// claim to commit, and is traced with that path's phases in order.
-func TestTraceOneTransactionPath(t *testing.T) {
+// TestTraceFakesLeasedPath: on backfilltest's fakes each chunk is leased,
+// extracted outside any transaction, then staged, merged and checkpointed
+// in one transaction, as on PostgreSQL, and traced with the leased
+// path's phases in order.
+func TestTraceFakesLeasedPath(t *testing.T) {
 	t.Parallel()
 	s := newFakeSetup(t)
 	rec := newRecorder()
@@ -542,7 +537,7 @@ func TestTraceOneTransactionPath(t *testing.T) {
 	require.NoError(t, err)
 	rep, err := r.Run(context.Background(), readingsJob("", nil))
 	require.NoError(t, err)
-	chunks := rec.check(t, oneTxPhases)
+	chunks := rec.check(t, leasedPhases)
 	require.Len(t, chunks, 4)
 	var sum backfill.Counts
 	for _, c := range chunks {

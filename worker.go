@@ -16,7 +16,7 @@ import (
 )
 
 // A call of Run as a worker among many: its registration and heartbeat
-// ([pgstore.WorkerManifest]), its waits for chunks held by others, and the
+// ([backfilldriver.ManifestLeases]), its waits for chunks held by others, and the
 // retries of connection failures (a server restart, a dropped
 // connection).
 
@@ -40,13 +40,13 @@ func newWorkerKey() string {
 	return hex.EncodeToString(b)
 }
 
-func withFenceWait(ctx context.Context, w pgstore.FenceWait) context.Context {
+func withFenceWait(ctx context.Context, w backfilldriver.FenceWait) context.Context {
 	return context.WithValue(ctx, pgstore.FenceCtxKey{}, w)
 }
 
 // fenceWait is how this Runner waits for chunks held by others.
-func (r *Runner) fenceWait(what string) pgstore.FenceWait {
-	return pgstore.FenceWait{StaleAfter: r.cfg.StaleAfter, Poll: r.pollInterval(), Log: r.cfg.Logger, What: what}
+func (r *Runner) fenceWait(what string) backfilldriver.FenceWait {
+	return backfilldriver.FenceWait{StaleAfter: r.cfg.StaleAfter, Poll: r.pollInterval(), Log: r.cfg.Logger, What: what}
 }
 
 // pollInterval is how often a waiting worker looks again:
@@ -56,14 +56,14 @@ func (r *Runner) pollInterval() time.Duration {
 }
 
 // startWorker registers this call as a worker of the run and starts its
-// heartbeat. Without [backfilldriver.ManifestWorkers] it does nothing. A
-// registration that fails is logged: the run goes on, without fencing by
-// its peers' knowledge of it.
+// heartbeat. Its chunks are leased under the worker's key. A
+// registration that fails is logged, and the run goes on with the key
+// unregistered: its leases are live only while younger than StaleAfter
+// (no heartbeat keeps them), and a peer cannot tell its chunk
+// transactions from a frozen worker's (its fence still keeps a chunk
+// taken over from committing).
 func (ex *execution) startWorker(ctx context.Context) {
 	wm := ex.r.caps.workers
-	if wm == nil {
-		return
-	}
 	if pd, ok := ex.r.db.(pgstore.PGDB); ok && pd.DB != nil {
 		if n := pd.DB.Stats().MaxOpenConnections; n > 0 && n < ex.r.cfg.Concurrency+2 {
 			ex.log.Warn("backfill: the connection pool may starve the heartbeat: MaxOpenConns should be at least Concurrency + 2, or a busy worker may look stale and be fenced",
@@ -74,12 +74,12 @@ func (ex *execution) startWorker(ctx context.Context) {
 	w := &workerCall{key: newWorkerKey()}
 	reg := backfilltype.Worker{Key: w.key, ID: ex.r.cfg.WorkerID, BatchID: ex.batchID, Job: ex.job.Name, Host: host, PID: os.Getpid(), StaleAfter: ex.r.cfg.StaleAfter}
 	fctx := context.WithoutCancel(ctx)
-	if err := ex.retryConn(ctx, "register worker", func() error { return wm.RegisterWorker(fctx, ex.r.db, reg) }); err != nil {
-		ex.log.Warn("backfill: worker not registered; its chunks cannot be told from a frozen worker's", "error", err)
-		return
-	}
 	ex.worker = w
 	ex.log = ex.log.With("worker_key", w.key)
+	if err := ex.retryConn(ctx, "register worker", func() error { return wm.RegisterWorker(fctx, ex.r.db, reg) }); err != nil {
+		ex.log.Warn("backfill: worker not registered; its leases last StaleAfter without a heartbeat, and its chunks cannot be told from a frozen worker's", "error", err)
+		return
+	}
 	ex.log.Info("backfill worker registered", "worker", ex.r.cfg.WorkerID, "heartbeat_interval", ex.r.cfg.HeartbeatInterval, "stale_after", ex.r.cfg.StaleAfter)
 	hctx, cancel := context.WithCancel(fctx)
 	var wg sync.WaitGroup
@@ -122,25 +122,6 @@ func (ex *execution) stopWorker() {
 	}
 }
 
-// claim claims the next chunk in tx: with its lease settings when the
-// manifest has them ([PGManifest.ClaimLeased]).
-// It also sets the transaction's timeouts ([Config.txSettings]), skips
-// the chunks whose pause after a wait is not over, and returns the
-// backend's pid (0 when the manifest does not lease).
-func (ex *execution) claim(ctx context.Context, tx backfilldriver.Tx) (backfilltype.ChunkState, int, bool, error) {
-	if wm := ex.r.caps.workers; wm != nil {
-		s := ex.r.cfg.txSettings()
-		l := pgstore.Lease{StaleAfter: ex.r.cfg.StaleAfter, LockTimeout: s.TryLockTimeout(0), StmtTimeout: s.StmtSetting()}
-		if ex.worker != nil {
-			l.Key = ex.worker.key
-		}
-		l.Avoid, _ = ex.avoided()
-		return wm.ClaimLeased(ctx, tx, ex.batchID, l)
-	}
-	st, ok, err := ex.r.cfg.Manifest.ClaimChunk(ctx, tx, ex.batchID)
-	return st, 0, ok, err
-}
-
 // waitState is one worker goroutine's wait for chunks held by others,
 // and its run of consecutive connection failures.
 type waitState struct {
@@ -148,8 +129,8 @@ type waitState struct {
 	connSince time.Time // zero: no connection failure pending
 	connFails int
 	fenceOff  bool      // pg_terminate_backend refused: wait only
-	fenced    time.Time // the last fencing while waiting for a job slot
-	slotSince time.Time // zero: not waiting for a job slot
+	fenced    time.Time // the last fencing while waiting for a job-wide place
+	slotSince time.Time // zero: not waiting for a job-wide place
 }
 
 // waitHeld is called when nothing is left to claim. While chunks of the
@@ -162,7 +143,7 @@ type waitState struct {
 // manifest cannot tell), and the goroutine ends.
 func (ex *execution) waitHeld(ctx context.Context, ws *waitState) bool {
 	wm := ex.r.caps.workers
-	if wm == nil || ex.worker == nil || ex.stopped() || ctx.Err() != nil {
+	if ex.worker == nil || ex.stopped() || ctx.Err() != nil {
 		return false
 	}
 	hs, err := wm.Holders(ctx, ex.r.db, ex.batchID, ex.worker.key, ex.r.cfg.StaleAfter, !ws.fenceOff, true)

@@ -10,7 +10,8 @@ import (
 // Manifest is the durable ledger of runs, chunks and the exception queue.
 //
 // Every method takes the executor to use: the Runner passes the chunk's
-// transaction to ClaimChunk and CompleteChunk so that the checkpoint
+// transaction to CompleteChunk (after [ManifestLeases.FenceLease], which
+// every Manifest of a Runner must implement) so that the checkpoint
 // commits, or rolls back, with the merge. Implementations must be safe for
 // concurrent use by several goroutines and several processes.
 // [Manifest] is the PostgreSQL implementation; backfilltest.Manifest the
@@ -29,17 +30,18 @@ type Manifest interface {
 	// run.
 	StartRun(ctx context.Context, db sqlx.ExtContext, plan backfilltype.Plan, worker string, newRun bool) (run backfilltype.Run, resumed bool, err error)
 	// ClaimChunk locks the lowest-Seq pending chunk of the batch (or open
-	// chunk left open by an earlier call of the run, see
-	// [backfilltype.ChunkOpen]) that no other transaction holds (FOR UPDATE
-	// SKIP LOCKED) and returns it; ok is false when none is left or the run
-	// is not running (abandoned, completed, failed, paused): a worker of an
-	// abandoned run stops. The run's row is not locked: the run may change
-	// status while a claimed chunk is in flight; the checkpoint
-	// (CompleteChunk) refuses a chunk of a run abandoned or rolled back
-	// meanwhile, and whoever abandons or rolls back a run waits for its
-	// chunks in flight. The lock lasts until tx ends: it is the chunk's
-	// lease, released by commit, rollback or the death of the connection,
-	// so a crashed worker never blocks a resume.
+	// chunk left open by an earlier call of the run, see [ChunkOpen]) that
+	// no other transaction holds (FOR UPDATE SKIP LOCKED) and returns it; ok is
+	// false when none is left or the run is not running (abandoned,
+	// completed, failed, paused): a worker of an abandoned run stops.
+	// The run's row is not locked: the run may change status while a
+	// claimed chunk is in flight; the checkpoint (CompleteChunk) refuses a
+	// chunk of a run abandoned or rolled back meanwhile, and whoever
+	// abandons or rolls back a run waits for its chunks in flight. The lock lasts until tx ends: it is the
+	// chunk's lease, released by commit, rollback or the death of the
+	// connection, so a crashed worker never blocks a resume. (The Runner
+	// leases chunks instead, [ManifestLeases.LeaseChunk]; a fenced chunk
+	// is not claimable either.)
 	ClaimChunk(ctx context.Context, tx sqlx.ExtContext, batchID int64) (c backfilltype.ChunkState, ok bool, err error)
 	// CompleteChunk marks a claimed chunk done (or [backfilltype.ChunkOpen]
 	// when r.Open) with its counts and whether it was skipped (r.Skipped,

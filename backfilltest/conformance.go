@@ -428,5 +428,6 @@ func TestManifest(t *testing.T, newManifest func(t *testing.T) (backfill.Manifes
 		require.ErrorIs(t, err, backfill.ErrRunNotFound)
 	})
 
+	testManifestLeases(t, setup, plan)
 	testManifestCapabilities(t, setup, plan, claim)
 }

@@ -18,9 +18,13 @@ import (
 )
 
 // Manifest is an in-memory [backfill.Manifest] that behaves like
-// [backfill.PGManifest] under [TestManifest]: claims are exclusive until
-// their transaction ends (like FOR UPDATE SKIP LOCKED), and completions and
-// exceptions become visible on commit. Safe for concurrent use.
+// [backfill.PGManifest] under [TestManifest]. It registers workers and
+// leases chunks across transactions ([backfilldriver.ManifestLeases]), so
+// that a Runner on it takes the path it takes on PostgreSQL: lease,
+// extract outside any transaction, then one transaction from the fence to
+// the commit. Claims and fences are exclusive until their transaction ends
+// (like FOR UPDATE SKIP LOCKED), and completions and exceptions become
+// visible on commit. Safe for concurrent use.
 type Manifest struct {
 	mu     sync.Mutex
 	runs   []*fakeRun // index = batch ID - 1
@@ -28,13 +32,20 @@ type Manifest struct {
 	// waits are the recorded waits (RecordWait), nextWait the last ID.
 	waits    []backfilltype.Wait
 	nextWait int64
+	// workers are the registered workers by key (RegisterWorker).
+	workers map[string]*fakeWorker
 }
 
 type fakeRun struct {
-	run         backfill.Run
-	plan        backfill.Plan
-	chunks      []backfilltype.ChunkState
-	locked      map[int]*Tx
+	run    backfill.Run
+	plan   backfill.Plan
+	chunks []backfilltype.ChunkState
+	locked map[int]*Tx
+	// lockKey is the worker key of the transaction that locks a chunk,
+	// per Seq, when FenceLease locked it (Holders).
+	lockKey map[int]string
+	// leases are the chunks' leases, per Seq (LeaseChunk).
+	leases      map[int]*fakeLease
 	calls       int         // calls that started or resumed the run
 	openCall    map[int]int // chunk Seq -> the call that left it open
 	exceptions  []backfill.Exception

@@ -69,26 +69,22 @@ type RetryTracer interface {
 // Phase is a phase of a chunk ([PhaseTracer]).
 type Phase string
 
-// The phases of a chunk, in their order. A chunk runs either leased (a
-// manifest that leases chunks, the default backfill.Manifest with a
-// registered worker; see package backfill, "Many workers and hosts") or
-// in one transaction
-// (backfill.Config.JobConcurrency, or a manifest without leases):
+// The phases of a chunk, in their order. Every chunk is leased in a
+// short transaction, extracted outside any transaction, then staged,
+// merged and checkpointed in one transaction (see package backfill, "One chunk, one transaction"):
 const (
-	// PhaseClaim: leased, the lease's short transaction; in one
-	// transaction, its BEGIN, the job's slot, the claim, and the publish
-	// mode's target.
+	// PhaseClaim: the lease's short transaction.
 	PhaseClaim Phase = "claim"
-	// PhaseExtract: leased, the extractor writing into the chunk's spool,
-	// outside any transaction; in one transaction, the extractor
-	// streaming into staging (COPY), which this phase then includes.
+	// PhaseExtract: the extractor writing into the chunk's spool,
+	// outside any transaction.
 	PhaseExtract Phase = "extract"
-	// PhaseQueued: leased with backfill.Config.ExtractAhead only, and only
-	// when it waits: the extracted chunk waits for its worker's previous
-	// chunk's transaction to end.
+	// PhaseQueued: with [Config.ExtractAhead] only, and only when it
+	// waits: the extracted chunk waits for its worker's previous chunk's
+	// transaction to end.
 	PhaseQueued Phase = "queued"
-	// PhaseStage: leased only: the chunk's transaction begins, its lease
-	// is fenced, and the spool is copied into staging.
+	// PhaseStage: the chunk's transaction begins, its lease is fenced,
+	// the publish mode's target is prepared, and the spool is copied into
+	// staging.
 	PhaseStage Phase = "stage"
 	// PhaseMerge: the staged rows merged into the target (a chunk of
 	// [PublishAtEnd]: its staging ended).

@@ -62,7 +62,7 @@ func Example() {
 	// The spans of the first chunk, in the order they ended.
 	var names []string
 	for _, s := range exp.GetSpans() {
-		if s.Name != "backfill.chunk" && s.Name != "backfill.run" && len(names) < 6 {
+		if s.Name != "backfill.chunk" && s.Name != "backfill.run" && len(names) < 7 {
 			names = append(names, strings.TrimPrefix(s.Name, "backfill."))
 		}
 	}
@@ -85,6 +85,6 @@ func Example() {
 		}
 	}
 	// Output:
-	// claim, extract, merge, validate, checkpoint, commit
+	// claim, extract, stage, merge, validate, checkpoint, commit
 	// rows inserted: 20
 }

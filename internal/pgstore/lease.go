@@ -8,6 +8,7 @@ import (
 
 	"github.com/jmoiron/sqlx"
 	"github.com/lib/pq"
+	"github.com/pgbackfill/backfill/backfilldriver"
 	"github.com/pgbackfill/backfill/backfilltype"
 )
 
@@ -16,20 +17,11 @@ import (
 type FenceCtxKey struct{}
 
 // fenceWaitFrom returns the fenceWait ctx carries, or the defaults.
-func fenceWaitFrom(ctx context.Context) FenceWait {
-	if w, ok := ctx.Value(FenceCtxKey{}).(FenceWait); ok {
+func fenceWaitFrom(ctx context.Context) backfilldriver.FenceWait {
+	if w, ok := ctx.Value(FenceCtxKey{}).(backfilldriver.FenceWait); ok {
 		return w
 	}
-	return FenceWait{StaleAfter: backfilltype.DefaultStaleAfter, Poll: time.Second}
-}
-
-// chunkLease is a chunk leased by a worker.
-type chunkLease struct {
-	State backfilltype.ChunkState `json:"-" db:"-"`
-	Epoch int64                   `json:"-" db:"-"`
-	// Control is the run's control state read by the lease's statement
-	// (the read between two chunks).
-	Control backfilltype.ControlState `json:"-" db:"-"`
+	return backfilldriver.FenceWait{StaleAfter: backfilltype.DefaultStaleAfter, Poll: time.Second}
 }
 
 // liveLease is the SQL condition "the lease of chunk row c is held by a
@@ -49,11 +41,11 @@ func liveLeaseOf(alias, staleArg string) string {
 }
 
 // LeaseChunk leases the first claimable chunk of batchID (the conditions
-// of ClaimLeased) whose lease is free, not live, or key's own and not in
-// l.avoid (the caller lists there the chunks its goroutines work), in a
+// of ClaimQuery) whose lease is free, not live, or key's own and not in
+// l.Avoid (the caller lists there the chunks its goroutines work), in a
 // short transaction of its own. ok is false when there is none.
 //
-// With l.jobConcurrency > 0 it leases only while fewer than that many
+// With l.JobConcurrency > 0 it leases only while fewer than that many
 // chunks of the batch hold a live lease (full is then true): the job-wide
 // concurrency cap. A chunk's lease lasts from this claim to the commit of
 // its transaction, which clears it (the fence), so the count covers the
@@ -61,7 +53,7 @@ func liveLeaseOf(alias, staleArg string) string {
 // transactions of a batch take a transaction-level advisory lock first,
 // so that two of them do not both see the last free place; a worker that
 // died holds its place only until its lease is no longer live.
-func (m *Manifest) LeaseChunk(ctx context.Context, db sqlx.ExtContext, batchID int64, l Lease) (cl chunkLease, ok, full bool, err error) {
+func (m *Manifest) LeaseChunk(ctx context.Context, db sqlx.ExtContext, batchID int64, l backfilldriver.Lease) (cl backfilldriver.ChunkLease, ok, full bool, err error) {
 	avoid := make([]int64, len(l.Avoid))
 	for i, seq := range l.Avoid {
 		avoid[i] = int64(seq)
@@ -93,16 +85,16 @@ func (m *Manifest) LeaseChunk(ctx context.Context, db sqlx.ExtContext, batchID i
 		return sqlx.SelectContext(ctx, tx, &rows, m.SQL(LeaseQuery), batchID, pq.Array(avoid), l.Key, l.StaleAfter.Seconds())
 	})
 	if err != nil {
-		return chunkLease{}, false, false, fmt.Errorf("backfill: lease chunk of batch %d: %w", batchID, err)
+		return backfilldriver.ChunkLease{}, false, false, fmt.Errorf("backfill: lease chunk of batch %d: %w", batchID, err)
 	}
 	if len(rows) == 0 {
-		return chunkLease{}, false, full, nil
+		return backfilldriver.ChunkLease{}, false, full, nil
 	}
 	st := backfilltype.ControlState{Status: backfilltype.RunStatus(rows[0].RunStatus), Reason: rows[0].RunReason, Knobs: map[string]float64{}}
 	if err := json.Unmarshal([]byte(rows[0].RunKnobs), &st.Knobs); err != nil {
-		return chunkLease{}, false, false, fmt.Errorf("backfill: lease chunk of batch %d: knobs: %w", batchID, err)
+		return backfilldriver.ChunkLease{}, false, false, fmt.Errorf("backfill: lease chunk of batch %d: knobs: %w", batchID, err)
 	}
-	return chunkLease{State: rows[0].state(), Epoch: rows[0].Epoch, Control: st}, true, false, nil
+	return backfilldriver.ChunkLease{State: rows[0].state(), Epoch: rows[0].Epoch, Control: st}, true, false, nil
 }
 
 // LeaseQuery leases the first claimable chunk of batch $1 (ClaimQuery's
@@ -134,8 +126,9 @@ var LeaseQuery = `UPDATE {s}.chunks SET lease_key = $3, lease_epoch = lease_epoc
 				(SELECT r.last_error FROM {s}.runs r WHERE r.batch_id = $1) AS run_reason,
 				coalesce((SELECT json_object_agg(k.key, k.value) FROM {s}.knobs k WHERE k.batch_id = $1), '{}')::text AS run_knobs`
 
-// FenceLease is the fence of a leased chunk's transaction tx: with the
-// settings of the lease (ClaimLeased's), it locks the chunk's row and
+// FenceLease implements [backfilldriver.ManifestLeases.FenceLease]: the
+// fence of a leased chunk's transaction tx. With the settings of the
+// lease (leaseSettings), it locks the chunk's row and
 // clears its lease WHERE the lease is still key's at epoch, the chunk
 // claimable and the run running or paused (a chunk in flight when the run
 // is paused finishes: only new claims stop). ok is false when it is not:
@@ -149,8 +142,8 @@ var LeaseQuery = `UPDATE {s}.chunks SET lease_key = $3, lease_epoch = lease_epoc
 // lock_timeout, as when the settings were a statement of their own. (The
 // lock of the chunks table itself, which only the manifest's migrations
 // contend for, is taken before, under the session's own lock_timeout.)
-func (m *Manifest) FenceLease(ctx context.Context, tx sqlx.ExtContext, batchID int64, seq int, epoch int64, l Lease) (st backfilltype.ChunkState, pid int, ok bool, err error) {
-	app, kIdle, kInt, kCount, userTO := l.settings()
+func (m *Manifest) FenceLease(ctx context.Context, tx sqlx.ExtContext, batchID int64, seq int, epoch int64, l backfilldriver.Lease) (st backfilltype.ChunkState, pid int, ok bool, err error) {
+	app, kIdle, kInt, kCount, userTO := sessionSettings(l)
 	var rows []struct {
 		pgChunkRow
 		Pid int `db:"backend_pid"`
@@ -173,10 +166,26 @@ func (m *Manifest) FenceLease(ctx context.Context, tx sqlx.ExtContext, batchID i
 }
 
 // leaseSettings is the condition that sets, locally in the chunk's
-// transaction, the settings ClaimLeased sets with its claim ($5 to $11:
-// statement_timeout, lock_timeout, the application_name prefix, the TCP
-// keepalive idle, interval and count, tcp_user_timeout; see
-// Lease.settings).
+// transaction, the lease's settings ($5 to $11, see sessionSettings):
+//
+//   - statement_timeout 0 ($5: the value of the merge, kept in
+//     backfill.statement_timeout; [Config.StatementTimeout], or the
+//     session's when ""): the COPY that stays open while the spool is
+//     replayed is not charged to it. The merge puts it back (PGMerger's
+//     planner settings) for its statements and what follows;
+//   - lock_timeout ($6), the try's ([Config.LockRetries]; "" keeps the
+//     session's), also kept in backfill.lock_timeout for the merge to put
+//     back after its key locks, which wait without one
+//     (the engine's lock retries);
+//   - application_name "backfill <worker key> " ($7) before the session's
+//     own: the chunk's holder, for the waiting workers' fencing (Holders);
+//   - TCP keepalives (idle StaleAfter/3, interval StaleAfter/9, 3
+//     probes; $8 to $10) and tcp_user_timeout = StaleAfter ($11): the
+//     server ends the transaction of a worker cut off within the bound.
+//     Not idle_in_transaction_session_timeout: the chunk's transaction is
+//     idle while its validators run in the process, which may take long;
+//     a worker frozen between statements stops heartbeating and is fenced
+//     by the others instead.
 const leaseSettings = `set_config('statement_timeout', CASE WHEN set_config('backfill.statement_timeout',
 			coalesce(nullif($5, ''), current_setting('statement_timeout')), true) IS NOT NULL THEN '0' END, true) IS NOT NULL
 		AND set_config('backfill.lock_timeout', set_config('lock_timeout', coalesce(nullif($6, ''), current_setting('lock_timeout')), true), true) IS NOT NULL
@@ -185,6 +194,14 @@ const leaseSettings = `set_config('statement_timeout', CASE WHEN set_config('bac
 		AND set_config('tcp_keepalives_interval', $9, true) IS NOT NULL
 		AND set_config('tcp_keepalives_count', $10, true) IS NOT NULL
 		AND set_config('tcp_user_timeout', $11, true) IS NOT NULL`
+
+// sessionSettings returns the session settings of lease l as set_config
+// arguments.
+func sessionSettings(l backfilldriver.Lease) (appName, keepIdle, keepInterval, keepCount, userTimeoutMS string) {
+	s := max(int(l.StaleAfter/time.Second), 3)
+	return "backfill " + l.Key + " ", fmt.Sprint(max(s/3, 1)), fmt.Sprint(max(s/9, 1)), "3",
+		fmt.Sprint(l.StaleAfter.Milliseconds())
+}
 
 // ReleaseLease clears the lease of chunk seq if it is still key's at
 // epoch, in a short transaction of its own.

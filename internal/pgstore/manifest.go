@@ -735,11 +735,36 @@ func (r pgChunkRow) state() backfilltype.ChunkState {
 // ClaimChunk implements [Manifest.ClaimChunk] with SELECT ... FOR UPDATE
 // SKIP LOCKED (PostgreSQL docs, SELECT, "The Locking Clause"), checking
 // in the same statement that the run is running, without locking the
-// run's row: see ClaimLeased for the races and why a worker of an
-// abandoned run still never writes over a newer run.
+// run's row. The same statement sets the timeouts of the transaction as a
+// fenced chunk's transaction has them (leaseSettings), with the
+// session's values: statement_timeout 0, the session's kept in
+// backfill.statement_timeout for the merge to put back; lock_timeout
+// kept in backfill.lock_timeout.
+//
+// No lock on the run's row (nor in LeaseChunk and FenceLease): a run that
+// is abandoned or rolled back is first set so (committed), then
+// WaitInFlight waits for the chunks in flight. A claim (or fence)
+// statement that read the run as running either locked its chunk row
+// before WaitInFlight reached it (WaitInFlight waits for it) or finds it
+// locked by WaitInFlight and skips it. A statement whose snapshot is
+// older than the change, and that locks its row only after WaitInFlight
+// released it, is stopped by the checkpoint, which reads the run's status
+// afresh (CompleteChunk). A run that is failed or paused meanwhile lets
+// its chunks in flight commit: they were claimed while it ran, and a
+// resume or a rollback waits for them.
 func (m *Manifest) ClaimChunk(ctx context.Context, tx sqlx.ExtContext, batchID int64) (backfilltype.ChunkState, bool, error) {
-	st, _, ok, err := m.ClaimLeased(ctx, tx, batchID, Lease{})
-	return st, ok, err
+	var rows []pgChunkRow
+	err := sqlx.SelectContext(ctx, tx, &rows, m.SQL(`SELECT c.* FROM (`+ClaimQuery+`) c
+		WHERE set_config('statement_timeout', CASE WHEN set_config('backfill.statement_timeout',
+			current_setting('statement_timeout'), true) IS NOT NULL THEN '0' END, true) IS NOT NULL
+		AND set_config('backfill.lock_timeout', current_setting('lock_timeout'), true) IS NOT NULL`), batchID, "{}")
+	if err != nil {
+		return backfilltype.ChunkState{}, false, fmt.Errorf("backfill: claim chunk of batch %d: %w", batchID, err)
+	}
+	if len(rows) == 0 {
+		return backfilltype.ChunkState{}, false, nil
+	}
+	return rows[0].state(), true, nil
 }
 
 // CompleteChunk implements [Manifest.CompleteChunk]. The chunk must be

@@ -910,15 +910,18 @@ func (s *PGStager) checkIntervals(ctx context.Context) error {
 //     so every join of staging with the target is an index nested loop
 //     (otherwise a load turns quadratic before the target is analysed);
 //   - sequential scans and JIT off for the merge's statements (restored):
-//     every lookup goes through the identity's unique index;
+//     every lookup goes through the identity's unique index, which
+//     ResolveTarget requires, even into a target the planner believes
+//     empty; disabling a path lifts every plan's cost over
+//     jit_above_cost, so JIT goes off with it;
 //   - extra_float_digits at least 1, so floats compared as text are exact;
 //   - the caller's statement_timeout and the try's lock_timeout put back
-//     from backfill.statement_timeout and backfill.lock_timeout, where
-//     [Manifest.ClaimLeased] and the key locks ([PGStager.lockKeys]) kept
-//     them.
+//     from backfill.statement_timeout and backfill.lock_timeout, where the
+//     chunk's fence ([Manifest.FenceLease]) and the key locks
+//     ([PGStager.lockKeys]) kept them while the spool was replayed into
+//     COPY and the key locks were taken.
 //
-// All settings are transaction-local. The design note
-// docs/design/merge.md explains each.
+// The design note docs/design/merge.md explains the alternatives.
 func (s *PGStager) PlannerSettings(ctx context.Context) (restore func(context.Context) error, err error) {
 	// One statement, one round trip per chunk: the subquery
 	// (OFFSET 0 keeps it a subquery, evaluated before the outer target

@@ -18,8 +18,6 @@ type ThrottleManifest interface {
 	OpenPeriod(ctx context.Context, db sqlx.ExtContext, p backfilltype.ThrottlePeriod) (int64, error)
 	ClosePeriod(ctx context.Context, db sqlx.ExtContext, id int64, value float64) error
 	LiveWorkers(ctx context.Context, db sqlx.ExtContext, batchID int64) ([]string, error)
-	EnsureSlots(ctx context.Context, db sqlx.ExtContext, batchID int64, n int) error
-	TakeSlot(ctx context.Context, tx sqlx.ExtContext, batchID int64, n int) (bool, error)
 }
 
 // ThrottlePeriods implements [backfilldriver.ManifestThrottle].
@@ -67,26 +65,6 @@ func (m *Manifest) LiveWorkers(ctx context.Context, db sqlx.ExtContext, batchID 
 			WHERE batch_id = $1 AND state = 'working' AND heartbeat_at >= now() - stale_after ORDER BY worker_key`), batchID)
 	})
 	return keys, err
-}
-
-// EnsureSlots makes sure run batchID has slots 1..n.
-func (m *Manifest) EnsureSlots(ctx context.Context, db sqlx.ExtContext, batchID int64, n int) error {
-	return InShortTx(ctx, db, func(tx sqlx.ExtContext) error {
-		_, err := tx.ExecContext(ctx, m.SQL(`INSERT INTO {s}.job_slots (batch_id, slot)
-			SELECT $1, g FROM generate_series(1, $2::int) g ON CONFLICT DO NOTHING`), batchID, n)
-		return err
-	})
-}
-
-// TakeSlot locks a free slot among 1..n of run batchID in tx, the
-// chunk's transaction, until it ends; false when every one is taken.
-func (m *Manifest) TakeSlot(ctx context.Context, tx sqlx.ExtContext, batchID int64, n int) (bool, error) {
-	var slots []int
-	if err := sqlx.SelectContext(ctx, tx, &slots, m.SQL(`SELECT slot FROM {s}.job_slots
-		WHERE batch_id = $1 AND slot <= $2 ORDER BY slot LIMIT 1 FOR UPDATE SKIP LOCKED`), batchID, n); err != nil {
-		return false, fmt.Errorf("backfill: take a job concurrency slot of batch %d: %w", batchID, err)
-	}
-	return len(slots) > 0, nil
 }
 
 // TimeSplit is how a run's time splits: Total = Working + Paused + the

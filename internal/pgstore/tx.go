@@ -25,7 +25,7 @@ type BatchTx struct {
 	backfilldriver.Tx
 	pending []string
 	// Fresh: the chunk this transaction fenced was pending (set by
-	// runChunkLeased): no earlier read of it queued exceptions, and
+	// runChunk): no earlier read of it queued exceptions, and
 	// Manifest.CompleteChunk skips the statement that replaces them.
 	Fresh bool `json:"-" db:"-"`
 }

@@ -29,25 +29,10 @@ const (
 	LivenessDead = "dead"
 )
 
-var _ backfilldriver.ManifestWorkers = (*Manifest)(nil)
-
-// WorkerManifest is the runner's side of [ManifestWorkers]: only
-// [Manifest] has it (it reads pg_locks and pg_stat_activity).
-type WorkerManifest interface {
-	backfilldriver.ManifestWorkers
-	RegisterWorker(ctx context.Context, db sqlx.ExtContext, w backfilltype.Worker) error
-	Heartbeat(ctx context.Context, db sqlx.ExtContext, key string) error
-	FinishWorker(ctx context.Context, db sqlx.ExtContext, key string) error
-	Holders(ctx context.Context, db sqlx.ExtContext, batchID int64, self string, staleAfter time.Duration, fence, running bool) ([]chunkHolder, error)
-	ClaimLeased(ctx context.Context, tx sqlx.ExtContext, batchID int64, l Lease) (backfilltype.ChunkState, int, bool, error)
-	WaitInFlight(ctx context.Context, db sqlx.ExtContext, batchID int64, w FenceWait) error
-	// Leases across transactions.
-	LeaseChunk(ctx context.Context, db sqlx.ExtContext, batchID int64, l Lease) (cl chunkLease, ok, full bool, err error)
-	FenceLease(ctx context.Context, tx sqlx.ExtContext, batchID int64, seq int, epoch int64, l Lease) (backfilltype.ChunkState, int, bool, error)
-	ReleaseLease(ctx context.Context, db sqlx.ExtContext, batchID int64, seq int, key string, epoch int64) error
-}
-
-var _ WorkerManifest = (*Manifest)(nil)
+var (
+	_ backfilldriver.ManifestWorkers = (*Manifest)(nil)
+	_ backfilldriver.ManifestLeases  = (*Manifest)(nil)
+)
 
 // Workers implements [backfilldriver.ManifestWorkers.Workers].
 func (m *Manifest) Workers(ctx context.Context, db sqlx.ExtContext, batchID int64) ([]backfilltype.Worker, error) {
@@ -94,6 +79,8 @@ func (m *Manifest) RunLiveness(ctx context.Context, db sqlx.ExtContext, batchID 
 	return rows[0], nil
 }
 
+// RegisterWorker implements [backfilldriver.ManifestLeases.RegisterWorker]:
+// a row of the workers table, in a short transaction of its own.
 func (m *Manifest) RegisterWorker(ctx context.Context, db sqlx.ExtContext, w backfilltype.Worker) error {
 	return InShortTx(ctx, db, func(tx sqlx.ExtContext) error {
 		_, err := tx.ExecContext(ctx, m.SQL(`INSERT INTO {s}.workers (worker_key, worker_id, batch_id, job_name, host, pid, stale_after)
@@ -103,7 +90,8 @@ func (m *Manifest) RegisterWorker(ctx context.Context, db sqlx.ExtContext, w bac
 	})
 }
 
-// Heartbeat refreshes the worker's heartbeat_at, in a short transaction
+// Heartbeat implements [backfilldriver.ManifestLeases.Heartbeat]: it
+// refreshes the worker's heartbeat_at, in a short transaction
 // of its own that does not wait for its WAL to be flushed (a lost
 // heartbeat is harmless).
 func (m *Manifest) Heartbeat(ctx context.Context, db sqlx.ExtContext, key string) error {
@@ -114,41 +102,13 @@ func (m *Manifest) Heartbeat(ctx context.Context, db sqlx.ExtContext, key string
 	})
 }
 
+// FinishWorker implements [backfilldriver.ManifestLeases.FinishWorker].
 func (m *Manifest) FinishWorker(ctx context.Context, db sqlx.ExtContext, key string) error {
 	return InShortTx(ctx, db, func(tx sqlx.ExtContext) error {
 		_, err := tx.ExecContext(ctx, m.SQL(`UPDATE {s}.workers SET heartbeat_at = now(), finished_at = now(), state = 'finished'
 			WHERE worker_key = $1`), key)
 		return err
 	})
-}
-
-// Lease is what a chunk's transaction sets for itself in the claim
-// statement (set_config local: it ends with the transaction).
-type Lease struct {
-	// Key is the worker key, tagged in application_name.
-	Key string `json:"-" db:"-"`
-	// StaleAfter bounds the time a dead peer (network cut) goes
-	// unnoticed (TCP keepalives, tcp_user_timeout).
-	StaleAfter time.Duration `json:"-" db:"-"`
-	// LockTimeout is the lock_timeout of the chunk's transaction (the
-	// first row of Config.LockRetries; "" keeps the session's), also kept
-	// in backfill.lock_timeout; StmtTimeout the statement_timeout of its
-	// merge and what follows ("" keeps the session's), kept in
-	// backfill.statement_timeout.
-	LockTimeout, StmtTimeout string `json:"-" db:"-"`
-	// Avoid are chunks this call does not claim now: they waited and
-	// their pause is not over.
-	Avoid []int `json:"-" db:"-"`
-	// JobConcurrency is Config.JobConcurrency: at most this many live
-	// leases in the batch (0: no cap).
-	JobConcurrency int `json:"-" db:"-"`
-}
-
-// settings returns the lease's session settings as set_config arguments.
-func (l Lease) settings() (appName, keepIdle, keepInterval, keepCount, userTimeoutMS string) {
-	s := max(int(l.StaleAfter/time.Second), 3)
-	return "backfill " + l.Key + " ", fmt.Sprint(max(s/3, 1)), fmt.Sprint(max(s/9, 1)), "3",
-		fmt.Sprint(l.StaleAfter.Milliseconds())
 }
 
 // ClaimQuery selects and locks the first claimable chunk of batch $1
@@ -165,87 +125,14 @@ const ClaimQuery = `SELECT ` + chunkColumns + ` FROM {s}.chunks
 		AND NOT (seq = ANY ($2::int[]))
 		ORDER BY seq LIMIT 1 FOR UPDATE SKIP LOCKED`
 
-// ClaimLeased claims like ClaimChunk, in one statement that also checks
-// the run's status (without locking the run's row), skips the chunks of
-// l.Avoid, and sets the chunk transaction's lease settings, locally:
-//
-//   - application_name "backfill <worker key> " before the session's own,
-//     naming the chunk's holder for the waiting workers' fencing;
-//   - TCP keepalives and tcp_user_timeout from StaleAfter, so the server
-//     ends a cut-off worker's transaction within the bound (not
-//     idle_in_transaction_session_timeout: validators may run long);
-//   - statement_timeout 0, the merge's kept in backfill.statement_timeout,
-//     and the try's lock_timeout, kept in backfill.lock_timeout, both put
-//     back by [PGStager.PlannerSettings].
-//
-// It returns the backend's pid, for the watcher of the chunk's waits. A
-// claim racing an abandon or rollback of the run is stopped by
-// [Manifest.WaitInFlight] or by the checkpoint, which reads the run's
-// status afresh. The design note docs/design/short-transactions.md
-// explains why the run's row is not locked.
-func (m *Manifest) ClaimLeased(ctx context.Context, tx sqlx.ExtContext, batchID int64, l Lease) (backfilltype.ChunkState, int, bool, error) {
-	var rows []struct {
-		pgChunkRow
-		PID int `db:"backend_pid"`
-	}
-	avoid := make([]int64, len(l.Avoid))
-	for i, seq := range l.Avoid {
-		avoid[i] = int64(seq)
-	}
-	// The settings: the lease's (with a worker key), and the timeouts.
-	// statement_timeout is 0 until the merge puts back
-	// backfill.statement_timeout: the configured value, or the session's.
-	settings := `set_config('statement_timeout', CASE WHEN set_config('backfill.statement_timeout',
-			coalesce(nullif($3, ''), current_setting('statement_timeout')), true) IS NOT NULL THEN '0' END, true) IS NOT NULL
-		AND set_config('backfill.lock_timeout', set_config('lock_timeout', coalesce(nullif($4, ''), current_setting('lock_timeout')), true), true) IS NOT NULL`
-	args := []any{batchID, pq.Array(avoid), l.StmtTimeout, l.LockTimeout}
-	if l.Key != "" {
-		app, kIdle, kInt, kCount, userTO := l.settings()
-		settings += `
-			AND set_config('application_name', left($5 || current_setting('application_name'), 63), true) IS NOT NULL
-			AND set_config('tcp_keepalives_idle', $6, true) IS NOT NULL
-			AND set_config('tcp_keepalives_interval', $7, true) IS NOT NULL
-			AND set_config('tcp_keepalives_count', $8, true) IS NOT NULL
-			AND set_config('tcp_user_timeout', $9, true) IS NOT NULL`
-		args = append(args, app, kIdle, kInt, kCount, userTO)
-	}
-	err := sqlx.SelectContext(ctx, tx, &rows, m.SQL(`SELECT c.*, pg_backend_pid() AS backend_pid FROM (`+ClaimQuery+`) c WHERE `+settings), args...)
-	if err != nil {
-		return backfilltype.ChunkState{}, 0, false, fmt.Errorf("backfill: claim chunk of batch %d: %w", batchID, err)
-	}
-	if len(rows) == 0 {
-		return backfilltype.ChunkState{}, 0, false, nil
-	}
-	return rows[0].state(), rows[0].PID, true, nil
-}
-
-// chunkHolder is a chunk of a running run held (row-locked) by a
-// transaction, and that transaction's worker.
-type chunkHolder struct {
-	Seq       int    `db:"seq"`
-	ChunkID   string `db:"chunk_id"`
-	PID       int    `db:"pid"`
-	WorkerKey string `db:"worker_key"`
-	WorkerID  string `db:"worker_id"`
-	Host      string `db:"host"`
-	// OSPID is the worker's process ID on its host (0 when unknown); PID
-	// is the PostgreSQL backend holding the chunk.
-	OSPID int `db:"os_pid"`
-	// AgeSec is the age of the worker's heartbeat in seconds, -1 when
-	// the holder is not a registered worker.
-	AgeSec     float64 `db:"age_sec"`
-	Stale      bool    `db:"stale"`
-	Terminated bool    `db:"terminated"`
-}
-
 // Holders lists the chunks of run batchID (only while it is running,
 // when running) held by transactions other than those of worker self
 // ("" for none). With fence, the same statement
 // terminates the backend of each holder whose worker is stale (heartbeat
 // older than its registered stale bound, or finished) by the server's
 // clock at that moment.
-func (m *Manifest) Holders(ctx context.Context, db sqlx.ExtContext, batchID int64, self string, staleAfter time.Duration, fence, running bool) ([]chunkHolder, error) {
-	var out []chunkHolder
+func (m *Manifest) Holders(ctx context.Context, db sqlx.ExtContext, batchID int64, self string, staleAfter time.Duration, fence, running bool) ([]backfilldriver.ChunkHolder, error) {
+	var out []backfilldriver.ChunkHolder
 	err := InShortTx(ctx, db, func(tx sqlx.ExtContext) error {
 		out = out[:0]
 		return sqlx.SelectContext(ctx, tx, &out, m.SQL(`SELECT * FROM (SELECT c.seq, c.chunk_id, l.pid, coalesce(w.worker_key, '') AS worker_key,
@@ -282,15 +169,6 @@ func (m *Manifest) Holders(ctx context.Context, db sqlx.ExtContext, batchID int6
 	return out, nil
 }
 
-// FenceWait says how WaitInFlight waits and fences, and where it logs.
-type FenceWait struct {
-	self       string
-	StaleAfter time.Duration `json:"-" db:"-"`
-	Poll       time.Duration `json:"-" db:"-"`
-	Log        *slog.Logger  `json:"-" db:"-"`
-	What       string        `json:"-" db:"-"` // what waits, for the log
-}
-
 // WaitInFlight waits until no transaction holds a chunk of batchID that
 // was pending or open: it locks those rows (FOR UPDATE, which waits for
 // each holder) with lock_timeout = poll, and between tries lists the
@@ -299,7 +177,7 @@ type FenceWait struct {
 // rollback, failed before a rollback): a chunk claimed while it ran
 // either holds its row (the barrier waits for its commit or rollback) or
 // is skipped by the claim (the barrier holds its row).
-func (m *Manifest) WaitInFlight(ctx context.Context, db sqlx.ExtContext, batchID int64, w FenceWait) error {
+func (m *Manifest) WaitInFlight(ctx context.Context, db sqlx.ExtContext, batchID int64, w backfilldriver.FenceWait) error {
 	begin := time.Now()
 	log := w.Log
 	if log == nil {
@@ -315,12 +193,12 @@ func (m *Manifest) WaitInFlight(ctx context.Context, db sqlx.ExtContext, batchID
 				return err
 			}
 			// Chunks leased by live workers, extracting outside a
-			// transaction ([Manifest.LeaseChunk]), are in flight too.
+			// transaction (the lease), are in flight too.
 			return sqlx.GetContext(ctx, tx, &leased, m.SQL(`SELECT count(*) FROM {s}.chunks c WHERE c.batch_id = $1
-				AND c.status IN ('pending', 'open') AND c.lease_key <> $2 AND `+liveLease("$3")), batchID, w.self, w.StaleAfter.Seconds())
+				AND c.status IN ('pending', 'open') AND c.lease_key <> $2 AND `+liveLease("$3")), batchID, w.Self, w.StaleAfter.Seconds())
 		})
 		if err == nil && leased > 0 {
-			hs, _ := m.Holders(ctx, db, batchID, w.self, w.StaleAfter, false, false)
+			hs, _ := m.Holders(ctx, db, batchID, w.Self, w.StaleAfter, false, false)
 			for _, h := range hs {
 				LogHolder(log, w.What, batchID, h, time.Since(begin))
 			}
@@ -341,12 +219,12 @@ func (m *Manifest) WaitInFlight(ctx context.Context, db sqlx.ExtContext, batchID
 		if !errors.As(err, &pe) || pe.Code != "55P03" {
 			return fmt.Errorf("backfill: wait for the chunks in flight of batch %d: %w", batchID, err)
 		}
-		hs, herr := m.Holders(ctx, db, batchID, w.self, w.StaleAfter, fenceOK, false)
+		hs, herr := m.Holders(ctx, db, batchID, w.Self, w.StaleAfter, fenceOK, false)
 		if herr != nil && IsPermission(herr) {
 			fenceOK = false
 			log.Error("backfill: cannot terminate a stale worker's backend: grant the role pg_signal_backend (or run every worker as the same role)",
 				"batch_id", batchID, "error", herr)
-			hs, herr = m.Holders(ctx, db, batchID, w.self, w.StaleAfter, false, false)
+			hs, herr = m.Holders(ctx, db, batchID, w.Self, w.StaleAfter, false, false)
 		}
 		if herr != nil {
 			log.Warn("backfill: listing chunks in flight failed", "batch_id", batchID, "error", herr)
@@ -363,7 +241,7 @@ func (m *Manifest) WaitInFlight(ctx context.Context, db sqlx.ExtContext, batchID
 // LogHolder logs one chunk a worker waits for: which chunk, its holder
 // (worker, host, backend pid, heartbeat age), how long the wait lasts so
 // far, and whether the holder was fenced.
-func LogHolder(log *slog.Logger, what string, batchID int64, h chunkHolder, waited time.Duration) {
+func LogHolder(log *slog.Logger, what string, batchID int64, h backfilldriver.ChunkHolder, waited time.Duration) {
 	attrs := []any{"what", what, "batch_id", batchID, "seq", h.Seq, "chunk", h.ChunkID, "holder", h.WorkerID, "holder_host", h.Host,
 		"holder_backend_pid", h.PID, "waited", waited}
 	if h.OSPID > 0 {
