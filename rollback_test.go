@@ -3,15 +3,18 @@ package backfill_test
 import (
 	"context"
 	"fmt"
+	"slices"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/jmoiron/sqlx"
-	"github.com/stretchr/testify/require"
-
 	"github.com/pgbackfill/backfill"
+	"github.com/pgbackfill/backfill/backfilltype"
 	"github.com/pgbackfill/backfill/internal/pgtest"
+	"github.com/stretchr/testify/require"
 )
 
 // rbSetup has two targets with lineage: items (Upsert) and addr (History).
@@ -311,4 +314,642 @@ func TestRollbackDoesNotDeleteRowALaterBatchDelivered(t *testing.T) {
 	require.Contains(t, err.Error(), fmt.Sprintf(`{"id": 1} (delivered unchanged by batch %d)`, rep2.BatchID))
 	require.NotContains(t, err.Error(), `{"id": 2}`, "batch 2 did not deliver key 2")
 	require.Equal(t, before, tableState(t, db), "a refused rollback changes nothing")
+}
+
+// BenchmarkRollback answers: what does withdrawing a large batch with
+// Runner.Rollback cost, next to the batch's own merge, and how big is the
+// undo log the batch wrote?
+//
+// The target is an order-line table with a composite key (region,
+// order_no), six content columns (text, numeric(12,2), int, timestamptz,
+// bool, varchar(20)) and the lineage columns, so jobs get the undo log by
+// default. Batch 1 loads 500,000 rows (order_no 0..499,999); batch 2
+// (NewRun) writes 1,000,000 rows over order_no 0..999,999: the first
+// 500,000 with other content (updates, whose prior images go to the undo
+// log), the rest new (inserts, whose keys go to the undo log). Both use
+// IntRange chunks of 10,000 rows, one at a time. Then batch 2 is rolled
+// back and the table must equal the state after batch 1, lineage columns
+// included (md5 of the ordered rows).
+//
+// The same batch 2 runs with RollbackNone on a fresh copy (another
+// database loaded the same way), for the undo log's overhead on the load.
+// Each kind runs twice on fresh copies, alternating (none, undo log, none,
+// undo log), and the faster run counts: the server may be shared. The
+// last run is the one measured and rolled back.
+//
+// Metrics: load1-s (batch 1), merge-s (batch 2, wall time of Runner.Run),
+// merge-noundo-s (the same with RollbackNone), undo-overhead (merge-s / merge-noundo-s), rollback-s
+// (wall time of Runner.Rollback), rollback/merge (goal: at most 2),
+// undo-bytes (growth of pg_total_relation_size('backfill.undo') during
+// batch 2), undo-rows, undo-B/changed-row (undo bytes per row batch 2
+// inserted or updated), undo/target-growth (undo bytes / growth of the
+// target's total size during batch 2) and undo/changed-row-bytes (undo
+// bytes / pg_column_size of the rows batch 2 wrote). Run it once (a few
+// minutes on 2 cores):
+//
+//	go test -run '^$' -bench Rollback -benchtime 1x .
+func BenchmarkRollback(b *testing.B) {
+	var res rbbResult
+	for b.Loop() {
+		res = rbbRun(b)
+	}
+	b.ReportMetric(res.load1.Seconds(), "load1-s")
+	b.ReportMetric(res.merge.Seconds(), "merge-s")
+	b.ReportMetric(res.mergeNone.Seconds(), "merge-noundo-s")
+	b.ReportMetric(res.merge.Seconds()/res.mergeNone.Seconds(), "undo-overhead")
+	b.ReportMetric(res.rollback.Seconds(), "rollback-s")
+	b.ReportMetric(res.rollback.Seconds()/res.merge.Seconds(), "rollback/merge")
+	b.ReportMetric(float64(res.undoBytes), "undo-bytes")
+	b.ReportMetric(float64(res.undoRows), "undo-rows")
+	b.ReportMetric(float64(res.undoBytes)/float64(res.changed), "undo-B/changed-row")
+	b.ReportMetric(float64(res.undoBytes)/float64(res.targetGrowth), "undo/target-growth")
+	b.ReportMetric(float64(res.undoBytes)/float64(res.changedRowBytes), "undo/changed-row-bytes")
+
+	mb := func(n int64) string { return fmt.Sprintf("%.1f MB", float64(n)/1e6) }
+	x := func(a, b time.Duration) float64 { return a.Seconds() / b.Seconds() }
+	b.Logf("batch 2: %d inserts + %d updates, chunks of %d; batch 1 load (%d inserts) %.2f s\n"+
+		"                      total   update chunks   insert chunks\n"+
+		"  merge, undo log     %6.2f s  %6.2f s        %6.2f s\n"+
+		"  merge, RollbackNone %6.2f s  %6.2f s        %6.2f s\n"+
+		"  undo log overhead   x%5.2f   x%5.2f         x%5.2f\n"+
+		"  rollback            %6.2f s  (%d restored, %d deleted): rollback/merge %.2f (goal <= 2)\n"+
+		"  undo log of batch 2: %s (heap %s, index %s), %d rows, %d prior images: %.0f B per changed row; key jsonb %s, before jsonb %s\n"+
+		"  target: growth during batch 2 %s (undo/growth %.2f); rows written %s of data (undo/data %.2f); total after %s\n"+
+		"  every batch 2 run, in order: %s",
+		res.inserted, res.updated, rbbStep, rbbBase, res.load1.Seconds(),
+		res.merge.Seconds(), res.split.upd.Seconds(), res.split.ins.Seconds(),
+		res.mergeNone.Seconds(), res.splitNone.upd.Seconds(), res.splitNone.ins.Seconds(),
+		x(res.merge, res.mergeNone), x(res.split.upd, res.splitNone.upd), x(res.split.ins, res.splitNone.ins),
+		res.rollback.Seconds(), res.restored, res.deleted, x(res.rollback, res.merge),
+		mb(res.undoBytes), mb(res.undoHeap), mb(res.undoIndex), res.undoRows, res.undoUpdates, float64(res.undoBytes)/float64(res.changed), mb(res.keyBytes), mb(res.beforeBytes),
+		mb(res.targetGrowth), float64(res.undoBytes)/float64(res.targetGrowth),
+		mb(res.changedRowBytes), float64(res.undoBytes)/float64(res.changedRowBytes), mb(res.targetAfter),
+		strings.Join(res.runs, ", "))
+}
+
+// rbbSplit sums the chunks' durations (from ChunkDone) by kind: chunks
+// that updated rows, chunks that only inserted.
+type rbbSplit struct {
+	mu       sync.Mutex
+	upd, ins time.Duration
+}
+
+func (s *rbbSplit) reset() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.upd, s.ins = 0, 0
+}
+
+func (s *rbbSplit) ChunkDone(ctx context.Context, batchID int64, r backfill.ChunkResult) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if r.Updated > 0 {
+		s.upd += r.FinishedAt.Sub(r.StartedAt)
+	} else {
+		s.ins += r.FinishedAt.Sub(r.StartedAt)
+	}
+}
+
+type rbbResult struct {
+	load1, merge, mergeNone, rollback time.Duration
+	inserted, updated, changed        int64
+	deleted, restored                 int64
+	undoBytes, undoRows, undoUpdates  int64
+	keyBytes, beforeBytes             int64
+	undoHeap, undoIndex               int64
+	targetGrowth, targetAfter         int64
+	changedRowBytes                   int64
+	split, splitNone                  *rbbSplit
+	runs                              []string // every timed batch 2, in order
+}
+
+const (
+	rbbBase  = 500_000   // batch 1: order_no 0..499,999
+	rbbTotal = 1_000_000 // batch 2: order_no 0..999,999
+	rbbStep  = 10_000    // rows per chunk
+)
+
+var rbbRegions = []string{"EU", "US", "APAC", "LATAM"}
+
+// rbbJob writes order_no [0, hi) in chunks of rbbStep; version 2 changes
+// every content column of the rows version 1 wrote.
+func rbbJob(hi int64, version int64, rollback backfill.RollbackMechanism) backfill.Job {
+	start := time.Date(2024, 3, 1, 0, 0, 0, 0, time.UTC)
+	return backfill.Job{Name: "orders", NewRun: true, Rollback: rollback,
+		Chunker: backfill.IntRange(0, hi, rbbStep),
+		Extractor: backfill.ExtractorFunc(func(ctx context.Context, c backfill.Chunk, w backfill.RowWriter) error {
+			for id := c.Lo; id < c.Hi; id++ {
+				if err := w.Write(ctx, rbbRegions[id%4], id,
+					fmt.Sprintf("v%d order line %d: a description of the product", version, id),
+					fmt.Sprintf("%d.%02d", (id*7+version)%100_000, id%100),
+					(id+version)%50,
+					start.Add(time.Duration(id)*time.Second+time.Duration(version)*time.Hour),
+					(id+version)%10 == 0,
+					fmt.Sprintf("SKU-%06d-%d", id%100_000, version),
+				); err != nil {
+					return err
+				}
+			}
+			return nil
+		}),
+		Target: backfill.Target{Table: "orders", Key: []string{"region", "order_no"},
+			Columns: []string{"region", "order_no", "description", "unit_price", "quantity", "ordered_at", "is_returned", "product_code"}}}
+}
+
+// rbbLoad creates the target in a new database and runs batch 1 on it.
+func rbbLoad(b *testing.B, ctx context.Context, split *rbbSplit) (*sqlx.DB, *backfill.Runner, time.Duration) {
+	b.Helper()
+	db := pgtest.New(b)
+	rbbExec(b, db, `CREATE TABLE orders (
+		region text NOT NULL, order_no bigint NOT NULL,
+		description text, unit_price numeric(12,2), quantity int, ordered_at timestamptz, is_returned bool, product_code varchar(20),
+		backfill_inserted_by bigint, backfill_updated_by bigint,
+		PRIMARY KEY (region, order_no))`)
+	r, err := backfill.New(db, &backfill.Config{Concurrency: 1, Hooks: split})
+	if err != nil {
+		b.Fatal(err)
+	}
+	t0 := time.Now()
+	rep, err := r.Run(ctx, rbbJob(rbbBase, 1, ""))
+	if err != nil {
+		b.Fatal(err)
+	}
+	d := time.Since(t0)
+	if rep.Counts.Inserted != rbbBase || rep.Status != backfill.RunCompleted {
+		b.Fatalf("batch 1: %+v", rep)
+	}
+	// As autovacuum would soon after a load: hint bits, visibility map,
+	// statistics; both copies start batch 2 from the same state.
+	rbbExec(b, db, `VACUUM ANALYZE orders`)
+	rbbExec(b, db, `VACUUM ANALYZE backfill.undo`)
+	return db, r, d
+}
+
+func rbbExec(b *testing.B, db *sqlx.DB, q string) {
+	b.Helper()
+	if _, err := db.Exec(q); err != nil {
+		b.Fatalf("%s: %v", q, err)
+	}
+}
+
+func rbbInt(b *testing.B, db *sqlx.DB, q string, args ...any) int64 {
+	b.Helper()
+	var n int64
+	if err := db.Get(&n, q, args...); err != nil {
+		b.Fatalf("%s: %v", q, err)
+	}
+	return n
+}
+
+// rbbState is the md5 of every row, every column, in key order.
+func rbbState(b *testing.B, db *sqlx.DB) string {
+	b.Helper()
+	var s string
+	if err := db.Get(&s, `SELECT count(*) || ' ' || md5(string_agg(o::text, E'\n' ORDER BY region, order_no)) FROM orders o`); err != nil {
+		b.Fatal(err)
+	}
+	return s
+}
+
+// rbbBatch2 is one copy: batch 1 on a new database, then batch 2 with
+// the rollback mechanism given, timed.
+type rbbBatch2 struct {
+	db          *sqlx.DB
+	r           *backfill.Runner
+	job         backfill.Job
+	rep         backfill.Report
+	load1, took time.Duration
+	split       *rbbSplit
+	after1      string // state after batch 1 (with keep)
+	// Sizes before batch 2.
+	undo0, undoHeap0, undoIndex0, target0 int64
+}
+
+func rbbCopy(b *testing.B, ctx context.Context, mech backfill.RollbackMechanism, keep bool) rbbBatch2 {
+	b.Helper()
+	c := rbbBatch2{split: &rbbSplit{}, job: rbbJob(rbbTotal, 2, mech)}
+	c.db, c.r, c.load1 = rbbLoad(b, ctx, c.split)
+	c.split.reset() // batch 2 only
+	if keep {
+		c.after1 = rbbState(b, c.db)
+		c.undo0 = rbbInt(b, c.db, `SELECT pg_total_relation_size('backfill.undo')`)
+		c.undoHeap0 = rbbInt(b, c.db, `SELECT pg_relation_size('backfill.undo')`)
+		c.undoIndex0 = rbbInt(b, c.db, `SELECT pg_indexes_size('backfill.undo')`)
+		c.target0 = rbbInt(b, c.db, `SELECT pg_total_relation_size('orders')`)
+	}
+	t0 := time.Now()
+	rep, err := c.r.Run(ctx, c.job)
+	if err != nil {
+		b.Fatal(err)
+	}
+	c.took, c.rep = time.Since(t0), rep
+	if rep.Counts.Inserted != rbbTotal-rbbBase || rep.Counts.Updated != rbbBase || rep.Status != backfill.RunCompleted {
+		b.Fatalf("batch 2 (rollback %q): %+v", mech, rep)
+	}
+	if !keep {
+		// Free the server of it before the next copy.
+		rbbExec(b, c.db, `DROP TABLE orders; DROP SCHEMA backfill CASCADE`)
+	}
+	return c
+}
+
+func rbbRun(b *testing.B) rbbResult {
+	ctx := context.Background()
+	var res rbbResult
+
+	// Batch 2 runs four times, each on a fresh copy, alternating without
+	// and with the undo log; the faster run of each kind counts (the
+	// machine may be shared). The last one is measured and rolled back.
+	var c rbbBatch2
+	for i := range 2 {
+		none := rbbCopy(b, ctx, backfill.RollbackNone, false)
+		res.runs = append(res.runs, fmt.Sprintf("none %.2f s", none.took.Seconds()))
+		if i == 0 || none.took < res.mergeNone {
+			res.mergeNone, res.splitNone = none.took, none.split
+		}
+		c = rbbCopy(b, ctx, "", i == 1)
+		res.runs = append(res.runs, fmt.Sprintf("undo log %.2f s", c.took.Seconds()))
+		if i == 0 || c.took < res.merge {
+			res.merge, res.split = c.took, c.split
+		}
+		if i == 0 || c.load1 < res.load1 {
+			res.load1 = c.load1
+		}
+	}
+	db, rep := c.db, c.rep
+	res.inserted, res.updated = rep.Counts.Inserted, rep.Counts.Updated
+	res.changed = res.inserted + res.updated
+	res.undoBytes = rbbInt(b, db, `SELECT pg_total_relation_size('backfill.undo')`) - c.undo0
+	res.undoHeap = rbbInt(b, db, `SELECT pg_relation_size('backfill.undo')`) - c.undoHeap0
+	res.undoIndex = rbbInt(b, db, `SELECT pg_indexes_size('backfill.undo')`) - c.undoIndex0
+	res.targetAfter = rbbInt(b, db, `SELECT pg_total_relation_size('orders')`)
+	res.targetGrowth = res.targetAfter - c.target0
+	var u struct {
+		Rows    int64 `db:"n"`
+		Updates int64 `db:"updates"`
+		Key     int64 `db:"key"`
+		Before  int64 `db:"before"`
+	}
+	if err := db.Get(&u, `SELECT count(*) AS n, count(*) FILTER (WHERE op = 'update') AS updates,
+			coalesce(sum(pg_column_size(key)), 0) AS key, coalesce(sum(pg_column_size(before)), 0) AS before
+		FROM backfill.undo WHERE batch_id = $1`, rep.BatchID); err != nil {
+		b.Fatal(err)
+	}
+	res.undoRows, res.undoUpdates, res.keyBytes, res.beforeBytes = u.Rows, u.Updates, u.Key, u.Before
+	// Only updates are logged (prior images); inserts are found by lineage.
+	if u.Rows != res.updated || u.Updates != res.updated {
+		b.Fatalf("undo log of batch 2: %+v, want %d rows, all updates", u, res.updated)
+	}
+	res.changedRowBytes = rbbInt(b, db, `SELECT sum(pg_column_size(o.*)) FROM orders o WHERE backfill_updated_by = $1`, rep.BatchID)
+
+	// As autovacuum would within a minute of the batch: statistics of
+	// the target and of the undo log, which grew by 1,000,000 rows.
+	rbbExec(b, db, `ANALYZE orders`)
+	rbbExec(b, db, `ANALYZE backfill.undo`)
+
+	t0 := time.Now()
+	rb, err := c.r.Rollback(ctx, c.job, backfill.RollbackOptions{BatchID: rep.BatchID, Actor: "bench", Why: "benchmark: withdraw batch 2"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	res.rollback = time.Since(t0)
+	res.deleted, res.restored = rb.Deleted, rb.Restored
+	if rb.Deleted != res.inserted || rb.Restored != res.updated || rb.Status != backfill.RunRolledBack {
+		b.Fatalf("rollback: %+v", rb)
+	}
+	if got := rbbState(b, db); got != c.after1 {
+		b.Fatalf("after the rollback the table is %s, want the state after batch 1, %s", got, c.after1)
+	}
+	return res
+}
+
+// dlvMode is one merge mode's target for the delivered-unchanged
+// rollback tests: rows are id -> name.
+type dlvMode struct {
+	name string
+	ddl  string
+	// job builds a job writing rows; atEnd publishes at the end.
+	job func(name string, rows map[int64]string, atEnd bool) backfill.Job
+	// key is the rollback's JSON key of id.
+	key func(id int64) string
+}
+
+func dlvExtractor(rows map[int64]string, write func(ctx context.Context, w backfill.RowWriter, id int64, name string) error) backfill.Extractor {
+	return backfill.ExtractorFunc(func(ctx context.Context, c backfill.Chunk, w backfill.RowWriter) error {
+		ids := make([]int64, 0, len(rows))
+		for id := range rows {
+			if c.Kind != backfilltype.KindInt || (id >= c.Lo && id < c.Hi) {
+				ids = append(ids, id)
+			}
+		}
+		slices.Sort(ids)
+		for _, id := range ids {
+			if err := write(ctx, w, id, rows[id]); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+func dlvPublish(atEnd bool) backfill.Publish {
+	if atEnd {
+		return backfill.Publish{Mode: backfill.PublishAtEnd}
+	}
+	return backfill.Publish{}
+}
+
+var dlvModes = []dlvMode{
+	{name: "Upsert", ddl: `CREATE TABLE t (id bigint PRIMARY KEY, name text, backfill_inserted_by bigint, backfill_updated_by bigint)`,
+		job: func(name string, rows map[int64]string, atEnd bool) backfill.Job {
+			return backfill.Job{Name: name, NewRun: true, Chunker: backfill.IntRange(0, 10, 5), ChunkColumn: "id", Publish: dlvPublish(atEnd),
+				Extractor: dlvExtractor(rows, func(ctx context.Context, w backfill.RowWriter, id int64, n string) error { return w.Write(ctx, id, n) }),
+				Target:    backfill.Target{Table: "t", Key: []string{"id"}, Columns: []string{"id", "name"}}}
+		},
+		key: func(id int64) string { return fmt.Sprintf(`{"id": %d}`, id) }},
+	{name: "AppendOnly", ddl: `CREATE TABLE t (id bigint PRIMARY KEY, name text, backfill_inserted_by bigint, backfill_updated_by bigint)`,
+		job: func(name string, rows map[int64]string, atEnd bool) backfill.Job {
+			// No ChunkColumn: one list chunk.
+			return backfill.Job{Name: name, NewRun: true, Chunker: backfill.List("all"), Publish: dlvPublish(atEnd),
+				Extractor: dlvExtractor(rows, func(ctx context.Context, w backfill.RowWriter, id int64, n string) error { return w.Write(ctx, id, n) }),
+				Target:    backfill.Target{Table: "t", Key: []string{"id"}, Mode: backfill.AppendOnly, Columns: []string{"id", "name"}}}
+		},
+		key: func(id int64) string { return fmt.Sprintf(`{"id": %d}`, id) }},
+	{name: "History", ddl: `CREATE TABLE t (id bigint, valid_from date, valid_to date, name text,
+			backfill_inserted_by bigint, backfill_updated_by bigint, PRIMARY KEY (id, valid_from))`,
+		job: func(name string, rows map[int64]string, atEnd bool) backfill.Job {
+			return backfill.Job{Name: name, NewRun: true, Chunker: backfill.IntRange(0, 10, 5), ChunkColumn: "id", Publish: dlvPublish(atEnd),
+				Extractor: dlvExtractor(rows, func(ctx context.Context, w backfill.RowWriter, id int64, n string) error {
+					return w.Write(ctx, id, time.Date(2024, 1, 1, 0, 0, 0, 0, time.UTC), n)
+				}),
+				Target: backfill.Target{Table: "t", Key: []string{"id"}, Mode: backfill.History, Columns: []string{"id", "valid_from", "name"}}}
+		},
+		key: func(id int64) string { return fmt.Sprintf(`{"id": %d, "valid_from": "2024-01-01"}`, id) }},
+	{name: "Keyless", ddl: `CREATE TABLE t (k text PRIMARY KEY, src text, name text, backfill_inserted_by bigint, backfill_updated_by bigint)`,
+		job: func(name string, rows map[int64]string, atEnd bool) backfill.Job {
+			return backfill.Job{Name: name, NewRun: true, Chunker: backfill.List("all"), Publish: dlvPublish(atEnd),
+				Extractor: dlvExtractor(rows, func(ctx context.Context, w backfill.RowWriter, id int64, n string) error {
+					return w.Write(ctx, fmt.Sprintf(" %d ", id), n)
+				}),
+				Target: backfill.Target{Table: "t", Key: []string{"k"}, Mode: backfill.Keyless, Columns: []string{"src", "name"},
+					Derive: []backfill.KeyRule{{Column: "k", From: "src", Rules: []backfill.Normalizer{backfill.Trim}}}}}
+		},
+		key: func(id int64) string { return fmt.Sprintf(`{"k": "%d"}`, id) }},
+}
+
+func dlvState(t *testing.T, db *sqlx.DB) []string {
+	t.Helper()
+	var rows []string
+	require.NoError(t, db.Select(&rows, `SELECT row(x.*)::text FROM t x ORDER BY 1`))
+	return rows
+}
+
+// TestRollbackKeepsRowsALaterBatchDelivered is issue 10 item 6: batch 1
+// writes {1: same, 2: old}, batch 2 (a restatement) writes {1: same, 3:
+// new}. Key 1 is unchanged, so its lineage still names batch 1, yet batch
+// 2 delivered it: rolling back batch 1 must not delete it. Every mode,
+// with batch 2 merged per chunk or published at the end; the preview says
+// so too, the refusal names key 1 (and not key 2, which only batch 1
+// delivered) and batch 2, and rolling back batch 2 first, then batch 1,
+// works.
+func TestRollbackKeepsRowsALaterBatchDelivered(t *testing.T) {
+	t.Parallel()
+	for _, m := range dlvModes {
+		for _, atEnd := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/atEnd=%t", m.name, atEnd), func(t *testing.T) {
+				t.Parallel()
+				ctx := context.Background()
+				db := pgtest.New(t)
+				_, err := db.Exec(m.ddl)
+				require.NoError(t, err)
+				r, err := backfill.New(db, nil)
+				require.NoError(t, err)
+				rep1, err := r.Run(ctx, m.job("j", map[int64]string{1: "same", 2: "old"}, false))
+				require.NoError(t, err)
+				rep2, err := r.Run(ctx, m.job("j", map[int64]string{1: "same", 3: "new"}, atEnd))
+				require.NoError(t, err)
+				require.Equal(t, int64(1), rep2.Counts.Inserted)
+				require.Equal(t, int64(1), rep2.Counts.Unchanged)
+				before := dlvState(t, db)
+
+				want := []backfill.RollbackConflict{{Key: m.key(1), Batch: rep2.BatchID, Delivered: true}}
+				pv, err := r.Rollback(ctx, m.job("j", nil, false), backfill.RollbackOptions{BatchID: rep1.BatchID, Preview: true})
+				require.NoError(t, err)
+				require.Equal(t, int64(1), pv.Conflicts)
+				require.Equal(t, int64(1), pv.ConflictsDelivered)
+				require.Equal(t, want, pv.ConflictRows)
+				require.Equal(t, int64(1), pv.Deleted, "without Force only key 2 would go")
+
+				rb, err := r.Rollback(ctx, m.job("j", nil, false), backfill.RollbackOptions{BatchID: rep1.BatchID, Actor: "ann", Why: "t"})
+				require.ErrorIs(t, err, backfill.ErrRollbackConflict)
+				require.Contains(t, err.Error(), fmt.Sprintf("%s (delivered unchanged by batch %d)", m.key(1), rep2.BatchID))
+				require.NotContains(t, err.Error(), m.key(2))
+				require.Equal(t, want, rb.ConflictRows)
+				require.Equal(t, before, dlvState(t, db), "a refused rollback changes nothing")
+
+				// The other order: batch 2, then batch 1.
+				rb, err = r.Rollback(ctx, m.job("j", nil, false), backfill.RollbackOptions{BatchID: rep2.BatchID, Actor: "ann", Why: "t"})
+				require.NoError(t, err)
+				require.Equal(t, int64(1), rb.Deleted)
+				require.Zero(t, rb.Conflicts)
+				rb, err = r.Rollback(ctx, m.job("j", nil, false), backfill.RollbackOptions{BatchID: rep1.BatchID, Actor: "ann", Why: "t"})
+				require.NoError(t, err)
+				require.Equal(t, int64(2), rb.Deleted)
+				require.Empty(t, dlvState(t, db))
+			})
+		}
+	}
+}
+
+// TestRollbackForcedOverDeliveredRowsReports: Force removes the row a
+// later batch delivered and says so, in the report and the audit log.
+func TestRollbackForcedOverDeliveredRowsReports(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t)
+	m := dlvModes[0]
+	_, err := db.Exec(m.ddl)
+	require.NoError(t, err)
+	r, err := backfill.New(db, nil)
+	require.NoError(t, err)
+	rep1, err := r.Run(ctx, m.job("j", map[int64]string{1: "same", 2: "old"}, false))
+	require.NoError(t, err)
+	// Another job on the same target delivers key 1 unchanged.
+	rep2, err := r.Run(ctx, m.job("other", map[int64]string{1: "same", 3: "new"}, false))
+	require.NoError(t, err)
+	rb, err := r.Rollback(ctx, m.job("j", nil, false), backfill.RollbackOptions{BatchID: rep1.BatchID, Force: true, Actor: "ann", Why: "forced"})
+	require.NoError(t, err)
+	require.Equal(t, int64(2), rb.Deleted)
+	require.Equal(t, int64(1), rb.Conflicts)
+	require.Equal(t, int64(1), rb.ConflictsDelivered)
+	require.Equal(t, []backfill.RollbackConflict{{Key: `{"id": 1}`, Batch: rep2.BatchID, Delivered: true}}, rb.ConflictRows)
+	require.Equal(t, []string{`(3,new,2,2)`}, dlvState(t, db))
+	events, err := backfill.NewPGManifest("").Events(ctx, db, rep1.BatchID)
+	require.NoError(t, err)
+	last := events[len(events)-1]
+	require.Equal(t, "rollback", last.Kind)
+	require.Contains(t, string(last.Detail), `"delivered_overridden": 1`)
+	require.Contains(t, string(last.Detail), fmt.Sprintf(`{\"id\": 1} (delivered unchanged by batch %d)`, rep2.BatchID))
+}
+
+// TestRollbackKeepsPriorImageALaterBatchDelivered: batch 2 updated key 1
+// to 'same', batch 3 delivered 'same' unchanged. Rolling back batch 2 must
+// not restore batch 1's 'x' over it; after batch 3 it does.
+func TestRollbackKeepsPriorImageALaterBatchDelivered(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t)
+	for _, m := range []dlvMode{dlvModes[0], dlvModes[2]} { // Upsert, History: the modes that update
+		t.Run(m.name, func(t *testing.T) {
+			_, err := db.Exec(`DROP TABLE IF EXISTS t; ` + m.ddl)
+			require.NoError(t, err)
+			r, err := backfill.New(db, nil)
+			require.NoError(t, err)
+			rep1, err := r.Run(ctx, m.job("j"+m.name, map[int64]string{1: "x"}, false))
+			require.NoError(t, err)
+			rep2, err := r.Run(ctx, m.job("j"+m.name, map[int64]string{1: "same"}, false))
+			require.NoError(t, err)
+			require.Equal(t, int64(1), rep2.Counts.Updated)
+			rep3, err := r.Run(ctx, m.job("j"+m.name, map[int64]string{1: "same"}, false))
+			require.NoError(t, err)
+			require.Equal(t, int64(1), rep3.Counts.Unchanged)
+			before := dlvState(t, db)
+
+			pv, err := r.Rollback(ctx, m.job("j"+m.name, nil, false), backfill.RollbackOptions{BatchID: rep2.BatchID, Preview: true})
+			require.NoError(t, err)
+			require.Equal(t, []backfill.RollbackConflict{{Key: m.key(1), Batch: rep3.BatchID, Delivered: true}}, pv.ConflictRows)
+			require.Zero(t, pv.Restored, "without Force nothing would be restored")
+			_, err = r.Rollback(ctx, m.job("j"+m.name, nil, false), backfill.RollbackOptions{BatchID: rep2.BatchID, Actor: "a", Why: "t"})
+			require.ErrorIs(t, err, backfill.ErrRollbackConflict)
+			require.Contains(t, err.Error(), fmt.Sprintf("delivered unchanged by batch %d", rep3.BatchID))
+			require.Equal(t, before, dlvState(t, db))
+
+			for _, b := range []int64{rep3.BatchID, rep2.BatchID} {
+				_, err = r.Rollback(ctx, m.job("j"+m.name, nil, false), backfill.RollbackOptions{BatchID: b, Actor: "a", Why: "t"})
+				require.NoError(t, err)
+			}
+			var name string
+			require.NoError(t, db.Get(&name, `SELECT name FROM t`))
+			require.Equal(t, "x", name, "batch 1's image is back")
+			_, err = r.Rollback(ctx, m.job("j"+m.name, nil, false), backfill.RollbackOptions{BatchID: rep1.BatchID, Actor: "a", Why: "t"})
+			require.NoError(t, err)
+			require.Empty(t, dlvState(t, db))
+		})
+	}
+}
+
+// TestRollbackOfOneChunkKeepsDeliveredRows: chunk-level rollbacks see
+// deliveries of the chunk's rows only, and a rolled back delivering chunk
+// no longer counts.
+func TestRollbackOfOneChunkKeepsDeliveredRows(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t)
+	m := dlvModes[0]
+	_, err := db.Exec(m.ddl)
+	require.NoError(t, err)
+	r, err := backfill.New(db, nil)
+	require.NoError(t, err)
+	rep1, err := r.Run(ctx, m.job("j", map[int64]string{1: "a", 6: "b"}, false))
+	require.NoError(t, err)
+	rep2, err := r.Run(ctx, m.job("j", map[int64]string{6: "b"}, false))
+	require.NoError(t, err)
+	opts := func(batch int64, chunk string) backfill.RollbackOptions {
+		return backfill.RollbackOptions{BatchID: batch, ChunkID: chunk, Actor: "a", Why: "t"}
+	}
+	rb, err := r.Rollback(ctx, m.job("j", nil, false), opts(rep1.BatchID, "int:0/5"))
+	require.NoError(t, err, "batch 2 delivered nothing of chunk [0, 5)")
+	require.Equal(t, int64(1), rb.Deleted)
+	_, err = r.Rollback(ctx, m.job("j", nil, false), opts(rep1.BatchID, "int:5/10"))
+	require.ErrorIs(t, err, backfill.ErrRollbackConflict)
+	require.Contains(t, err.Error(), fmt.Sprintf(`{"id": 6} (delivered unchanged by batch %d)`, rep2.BatchID))
+	require.Equal(t, []string{`(6,b,1,1)`}, dlvState(t, db))
+	_, err = r.Rollback(ctx, m.job("j", nil, false), opts(rep2.BatchID, "int:5/10"))
+	require.NoError(t, err)
+	rb, err = r.Rollback(ctx, m.job("j", nil, false), opts(rep1.BatchID, "int:5/10"))
+	require.NoError(t, err)
+	require.Equal(t, int64(1), rb.Deleted)
+	require.Empty(t, dlvState(t, db))
+}
+
+// TestRollbackModuleAndDeliveredRows: a module's own later job that
+// delivered a parent's rows is rolled back first and does not block it;
+// a job outside the module does.
+func TestRollbackModuleAndDeliveredRows(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t)
+	m := dlvModes[0]
+	_, err := db.Exec(m.ddl)
+	require.NoError(t, err)
+	r, err := backfill.New(db, nil)
+	require.NoError(t, err)
+	_, err = r.Run(ctx, m.job("parent", map[int64]string{1: "a"}, false))
+	require.NoError(t, err)
+	repC, err := r.Run(ctx, m.job("child", map[int64]string{1: "a", 2: "c"}, false))
+	require.NoError(t, err)
+	require.Equal(t, int64(1), repC.Counts.Unchanged)
+	parent, child := m.job("parent", nil, false), m.job("child", nil, false)
+
+	_, err = r.RollbackModule(ctx, "half", []backfill.Job{parent}, backfill.RollbackOptions{Actor: "a", Why: "t"})
+	require.ErrorIs(t, err, backfill.ErrRollbackConflict)
+	require.Contains(t, err.Error(), fmt.Sprintf(`{"id": 1} (delivered unchanged by batch %d)`, repC.BatchID))
+	require.Len(t, dlvState(t, db), 2)
+
+	reps, err := r.RollbackModule(ctx, "whole", []backfill.Job{parent, child}, backfill.RollbackOptions{Actor: "a", Why: "t"})
+	require.NoError(t, err)
+	require.Len(t, reps, 2)
+	require.Empty(t, dlvState(t, db))
+}
+
+// TestDeliveriesAreSummarisedPerChunk: a replay of an unchanged range
+// records one summary row per chunk and owner batch, not one per row, and
+// a first load none.
+func TestDeliveriesAreSummarisedPerChunk(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t)
+	rbSetup(t, db)
+	r, err := backfill.New(db, nil)
+	require.NoError(t, err)
+	var rows [][]any
+	for i := range int64(100) {
+		rows = append(rows, []any{i, "v", i})
+	}
+	rep1, err := r.Run(ctx, itemsJob("items", rows))
+	require.NoError(t, err)
+	var n int
+	require.NoError(t, db.Get(&n, `SELECT count(*) FROM backfill.delivered`))
+	require.Zero(t, n, "a first load summarises nothing")
+	rep2, err := r.Run(ctx, itemsJob("items", rows))
+	require.NoError(t, err)
+	require.Equal(t, int64(100), rep2.Counts.Unchanged)
+	var got []string
+	require.NoError(t, db.Select(&got, `SELECT format('%s %s %s %s %s', seq, owner, lo, hi, row_count) FROM backfill.delivered WHERE batch_id = $1 ORDER BY seq`, rep2.BatchID))
+	require.Len(t, got, 10)
+	require.Equal(t, fmt.Sprintf(`3 %d {"id": 30} {"id": 39} 10`, rep1.BatchID), got[3])
+}
+
+// TestRollbackSeesDeliveriesOfJobsWithoutUndoLog: a later job that cannot
+// be rolled back itself (RollbackNone) still protects the rows it
+// delivered from the rollback of the batch that wrote them.
+func TestRollbackSeesDeliveriesOfJobsWithoutUndoLog(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t)
+	m := dlvModes[0]
+	_, err := db.Exec(m.ddl)
+	require.NoError(t, err)
+	r, err := backfill.New(db, nil)
+	require.NoError(t, err)
+	rep1, err := r.Run(ctx, m.job("j", map[int64]string{1: "same", 2: "old"}, false))
+	require.NoError(t, err)
+	other := m.job("other", map[int64]string{1: "same"}, false)
+	other.Rollback = backfill.RollbackNone
+	rep2, err := r.Run(ctx, other)
+	require.NoError(t, err)
+	_, err = r.Rollback(ctx, m.job("j", nil, false), backfill.RollbackOptions{BatchID: rep1.BatchID, Actor: "a", Why: "t"})
+	require.ErrorIs(t, err, backfill.ErrRollbackConflict)
+	require.Contains(t, err.Error(), fmt.Sprintf(`{"id": 1} (delivered unchanged by batch %d)`, rep2.BatchID))
+	require.Len(t, dlvState(t, db), 2)
 }
