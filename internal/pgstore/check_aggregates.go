@@ -42,7 +42,7 @@ type AggregatesParams struct {
 // equal, sums within the measure's Tolerance; it passes when no group
 // differs. Unless p.Exact, equal fingerprints covering Day, Dimensions
 // and Measures pass it without computing the groups. Sample lists up to
-// MaxSample differing groups ("(2024-03-01,EU): sum(amount) staged 35.00
+// 10 differing groups ("(2024-03-01,EU): sum(amount) staged 35.00
 // target 30.00"); Detail holds the group columns, measures, tolerances,
 // zone, the counts of groups and every difference. It returns an error
 // wrapping [backfilltype.ErrInvalidConfig] for a column that is not
@@ -53,9 +53,9 @@ func Aggregates(ctx context.Context, tx sqlx.ExtContext, scope backfilldriver.Va
 	if err != nil {
 		return backfilltype.CheckResult{}, err
 	}
-	for _, n := range append(append([]string{p.Day}, p.Dimensions...), MeasureColumns(p.Measures)...) {
+	for _, n := range append(append([]string{p.Day}, p.Dimensions...), measureColumns(p.Measures)...) {
 		if _, ok := c.Cols[n]; n != "" && !ok {
-			return backfilltype.CheckResult{}, c.Errorf("%w: column %q is not a staged column of %s", backfilltype.ErrInvalidConfig, n, scope.Info.Target.Table)
+			return backfilltype.CheckResult{}, c.errorf("%w: column %q is not a staged column of %s", backfilltype.ErrInvalidConfig, n, scope.Info.Target.Table)
 		}
 	}
 	var a SQLArgs
@@ -65,12 +65,12 @@ func Aggregates(ctx context.Context, tx sqlx.ExtContext, scope backfilldriver.Va
 	}
 	for _, m := range p.Measures {
 		if m.Tolerance < 0 || math.IsNaN(m.Tolerance) {
-			return backfilltype.CheckResult{}, c.Errorf("%w: Measure %q: Tolerance must be a number >= 0", backfilltype.ErrInvalidConfig, m.Column)
+			return backfilltype.CheckResult{}, c.errorf("%w: Measure %q: Tolerance must be a number >= 0", backfilltype.ErrInvalidConfig, m.Column)
 		}
 	}
 	q := c.AggregatesSQL(day, p.Dimensions, p.Measures, &a)
 	detail := aggregatesDetail(p, zone)
-	proof, proven, err := c.ProvenBy(ctx, tx, p.Exact, append(append([]string{p.Day}, p.Dimensions...), MeasureColumns(p.Measures)...)...)
+	proof, proven, err := c.provenBy(ctx, tx, p.Exact, append(append([]string{p.Day}, p.Dimensions...), measureColumns(p.Measures)...)...)
 	if err != nil {
 		return backfilltype.CheckResult{}, err
 	}
@@ -78,15 +78,15 @@ func Aggregates(ctx context.Context, tx sqlx.ExtContext, scope backfilldriver.Va
 		// Equal rows: every group's count, sums and NULL counts are equal.
 		detail["differing"], detail["differences"] = 0, []any{}
 		proof.Evidence(detail)
-		return c.Result(true, "0 differing groups", "0 differing groups (staged and target rows equal by fingerprint)", nil, detail)
+		return c.result(true, "0 differing groups", "0 differing groups (staged and target rows equal by fingerprint)", nil, detail)
 	}
 	r, err := compareAggregates(ctx, tx, c, p.Measures, q, a)
 	if err != nil {
-		return backfilltype.CheckResult{}, c.Errorf("%w", err)
+		return backfilltype.CheckResult{}, c.errorf("%w", err)
 	}
 	detail["groups"], detail["differing"], detail["differences"] = r.Groups, r.Differing, r.Differences
 	proof.Evidence(detail)
-	return c.Result(r.Differing == 0, "0 differing groups", fmt.Sprintf("%d of %d groups differ", r.Differing, r.Groups), r.Sample, detail)
+	return c.result(r.Differing == 0, "0 differing groups", fmt.Sprintf("%d of %d groups differ", r.Differing, r.Groups), r.Sample, detail)
 }
 
 // AggregatesDay returns the expression of the calendar day of staged
@@ -116,7 +116,7 @@ func (c *PGCheck) AggregatesDay(col string, a *SQLArgs) (day func(alias string) 
 	case "date":
 		return func(alias string) string { return alias + "." + sqlgen.Ident(col) }, "", nil
 	}
-	return nil, "", c.Errorf("%w: Aggregates.Day %q is %s, not a timestamp, timestamptz or date", backfilltype.ErrInvalidConfig, col, c.Cols[col].Type)
+	return nil, "", c.errorf("%w: Aggregates.Day %q is %s, not a timestamp, timestamptz or date", backfilltype.ErrInvalidConfig, col, c.Cols[col].Type)
 }
 
 // aggregatesDetail is the evidence every Aggregates result has: the group
@@ -131,7 +131,7 @@ func aggregatesDetail(p AggregatesParams, zone string) map[string]any {
 	for _, m := range p.Measures {
 		tolerances[m.Column] = m.Tolerance
 	}
-	detail := map[string]any{"group_by": CmpOrSlice(groupNames, []string{}), "measures": MeasureColumns(p.Measures), "tolerances": tolerances}
+	detail := map[string]any{"group_by": cmpOrSlice(groupNames, []string{}), "measures": measureColumns(p.Measures), "tolerances": tolerances}
 	if zone != "" {
 		detail["zone"] = zone
 	}
@@ -142,15 +142,15 @@ func aggregatesDetail(p AggregatesParams, zone string) map[string]any {
 // collects the differing groups, with hash joins for a large chunk and,
 // for float measures, extra_float_digits pinned (see aggregatesSideSQL),
 // both undone afterwards.
-func compareAggregates(ctx context.Context, tx sqlx.ExtContext, c *PGCheck, measures []backfilltype.Measure, q string, args []any) (r AggregatesResult, err error) {
-	r.Differences = []AggregatesDifference{}
+func compareAggregates(ctx context.Context, tx sqlx.ExtContext, c *PGCheck, measures []backfilltype.Measure, q string, args []any) (r aggregatesResult, err error) {
+	r.Differences = []aggregatesDifference{}
 	floats := false
 	for _, m := range measures {
 		if b := c.Cols[m.Column].BaseType; b == "float4" || b == "float8" {
 			floats = true
 		}
 	}
-	err = c.WithJoins(ctx, tx, JoinsIfLarge, func() (err error) {
+	err = c.withJoins(ctx, tx, joinsIfLarge, func() (err error) {
 		if floats {
 			// Shortest exact float text for the sums (see aggregatesSideSQL),
 			// whatever the session's setting; undone with the savepoint.
@@ -182,7 +182,7 @@ func compareAggregates(ctx context.Context, tx sqlx.ExtContext, c *PGCheck, meas
 // scanAggregates reads one row of AggregatesSQL of measures into r: the
 // group counts, and the differing group it lists, if any, with a sample
 // line naming what differs.
-func scanAggregates(rows *sqlx.Rows, measures []backfilltype.Measure, r *AggregatesResult) error {
+func scanAggregates(rows *sqlx.Rows, measures []backfilltype.Measure, r *aggregatesResult) error {
 	var grp sql.NullString
 	var sn, tn sql.NullInt64
 	var ssv, tsv []sql.NullString
@@ -194,17 +194,17 @@ func scanAggregates(rows *sqlx.Rows, measures []backfilltype.Measure, r *Aggrega
 	if !grp.Valid {
 		return nil // no differing group
 	}
-	d := AggregatesDifference{Group: grp.String, Staged: AggregatesSide{Count: sn.Int64, Sums: map[string]any{}, Nulls: map[string]int64{}},
-		Target: AggregatesSide{Count: tn.Int64, Sums: map[string]any{}, Nulls: map[string]int64{}}}
+	d := aggregatesDifference{Group: grp.String, Staged: aggregatesSide{Count: sn.Int64, Sums: map[string]any{}, Nulls: map[string]int64{}},
+		Target: aggregatesSide{Count: tn.Int64, Sums: map[string]any{}, Nulls: map[string]int64{}}}
 	var parts []string
 	if sn.Int64 != tn.Int64 {
 		parts = append(parts, fmt.Sprintf("count staged %d target %d", sn.Int64, tn.Int64))
 	}
 	for i, m := range measures {
-		d.Staged.Sums[m.Column], d.Target.Sums[m.Column] = NullText(ssv[i]), NullText(tsv[i])
+		d.Staged.Sums[m.Column], d.Target.Sums[m.Column] = nullText(ssv[i]), nullText(tsv[i])
 		d.Staged.Nulls[m.Column], d.Target.Nulls[m.Column] = szv[i], tzv[i]
 		if mbad[i] {
-			parts = append(parts, fmt.Sprintf("sum(%s) staged %s target %s", m.Column, TextOrNull(ssv[i]), TextOrNull(tsv[i])))
+			parts = append(parts, fmt.Sprintf("sum(%s) staged %s target %s", m.Column, textOrNull(ssv[i]), textOrNull(tsv[i])))
 		}
 		if szv[i] != tzv[i] {
 			parts = append(parts, fmt.Sprintf("nulls(%s) staged %d target %d", m.Column, szv[i], tzv[i]))
@@ -213,4 +213,50 @@ func scanAggregates(rows *sqlx.Rows, measures []backfilltype.Measure, r *Aggrega
 	r.Differences = append(r.Differences, d)
 	r.Sample = append(r.Sample, grp.String+": "+strings.Join(parts, ", "))
 	return nil
+}
+
+// aggregatesSide is one side's figures of a differing group.
+type aggregatesSide struct {
+	Count int64            `json:"count"`
+	Sums  map[string]any   `json:"sums,omitempty"`
+	Nulls map[string]int64 `json:"nulls,omitempty"`
+}
+
+// aggregatesDifference is a differing group in the evidence.
+type aggregatesDifference struct {
+	Group  string         `json:"group"`
+	Staged aggregatesSide `json:"staged"`
+	Target aggregatesSide `json:"target"`
+}
+
+// aggregatesResult is what the comparison of the groups found.
+type aggregatesResult struct {
+	Groups, Differing int64                  `json:"-" db:"-"`
+	Differences       []aggregatesDifference `json:"-" db:"-"`
+	Sample            []string               `json:"-" db:"-"`
+}
+
+// measureColumns returns the columns of ms.
+func measureColumns(ms []backfilltype.Measure) []string {
+	out := make([]string, len(ms))
+	for i, m := range ms {
+		out[i] = m.Column
+	}
+	return out
+}
+
+// nullText returns s as a JSON value: its text, or nil for NULL.
+func nullText(s sql.NullString) any {
+	if !s.Valid {
+		return nil
+	}
+	return s.String
+}
+
+// textOrNull returns s's text, or "NULL".
+func textOrNull(s sql.NullString) string {
+	if !s.Valid {
+		return "NULL"
+	}
+	return s.String
 }

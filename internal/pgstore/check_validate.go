@@ -52,7 +52,7 @@ type DuplicateKeysParams struct {
 // DuplicateKeys counts the keys of p.Columns that occur more than once
 // among the chunk's target rows (by ChunkColumn interval, or by staged
 // identity without one; with AcrossTarget, against the whole target) and
-// passes when there are none. Sample lists up to MaxSample keys with their
+// passes when there are none. Sample lists up to 10 keys with their
 // row counts; Detail holds the columns, the count, how the chunk's rows
 // were selected and AcrossTarget.
 func DuplicateKeys(ctx context.Context, tx sqlx.ExtContext, scope backfilldriver.ValidationScope, p DuplicateKeysParams) (backfilltype.CheckResult, error) {
@@ -72,18 +72,18 @@ func DuplicateKeys(ctx context.Context, tx sqlx.ExtContext, scope backfilldriver
 	q := c.DuplicateKeysSQL(cols, chunkRows, p.AcrossTarget)
 	var n int64
 	var sample []string
-	policy := JoinsIfLarge
+	policy := joinsIfLarge
 	if p.AcrossTarget {
-		policy = JoinsAllowed
+		policy = joinsAllowed
 	}
-	err = c.WithJoins(ctx, tx, policy, func() (err error) {
-		n, sample, err = CountSample(ctx, tx, q, a...)
+	err = c.withJoins(ctx, tx, policy, func() (err error) {
+		n, sample, err = countSample(ctx, tx, q, a...)
 		return err
 	})
 	if err != nil {
-		return backfilltype.CheckResult{}, c.Errorf("%w", err)
+		return backfilltype.CheckResult{}, c.errorf("%w", err)
 	}
-	return c.Result(n == 0, "0 duplicate keys", fmt.Sprintf("%d duplicate keys", n), sample, map[string]any{
+	return c.result(n == 0, "0 duplicate keys", fmt.Sprintf("%d duplicate keys", n), sample, map[string]any{
 		"columns": cols, "duplicate_keys": n, "chunk_rows": how, "across_target": p.AcrossTarget,
 	})
 }
@@ -119,30 +119,30 @@ func Completeness(ctx context.Context, tx sqlx.ExtContext, scope backfilldriver.
 	var sample []string
 	add := func(prefix string, s []string) {
 		for _, k := range s {
-			if len(sample) < MaxSample {
+			if len(sample) < maxSample {
 				sample = append(sample, prefix+k)
 			}
 		}
 	}
-	proof, proven, err := c.ProvenBy(ctx, tx, p.Exact)
+	proof, proven, err := c.provenBy(ctx, tx, p.Exact)
 	if err != nil {
 		return backfilltype.CheckResult{}, err
 	}
 	// query runs an exact comparison unless the fingerprints proved its
 	// answer: nothing missing, nothing different.
-	query := func(policy JoinPolicy, q string, args ...any) (n int64, sample []string, err error) {
+	query := func(policy joinPolicy, q string, args ...any) (n int64, sample []string, err error) {
 		if proven {
 			return 0, nil, nil
 		}
-		err = c.WithJoins(ctx, tx, policy, func() (err error) {
-			n, sample, err = CountSample(ctx, tx, q, args...)
+		err = c.withJoins(ctx, tx, policy, func() (err error) {
+			n, sample, err = countSample(ctx, tx, q, args...)
 			return err
 		})
 		return n, sample, err
 	}
-	missingT, s, err := query(JoinsIfLarge, c.MissingFromTargetSQL())
+	missingT, s, err := query(joinsIfLarge, c.MissingFromTargetSQL())
 	if err != nil {
-		return backfilltype.CheckResult{}, c.Errorf("staged rows missing from target: %w", err)
+		return backfilltype.CheckResult{}, c.errorf("staged rows missing from target: %w", err)
 	}
 	add("not in target: ", s)
 	detail["staged_missing_from_target"] = missingT
@@ -156,9 +156,9 @@ func Completeness(ctx context.Context, tx sqlx.ExtContext, scope backfilldriver.
 		if wins == "false" {
 			detail["content"] = "not compared: the target wins every conflict (TargetWins)"
 		} else {
-			differ, s, err = query(JoinsIfLarge, c.DifferingContentSQL(wins))
+			differ, s, err = query(joinsIfLarge, c.DifferingContentSQL(wins))
 			if err != nil {
-				return backfilltype.CheckResult{}, c.Errorf("content: %w", err)
+				return backfilltype.CheckResult{}, c.errorf("content: %w", err)
 			}
 			add("differs: ", s)
 			detail["content_columns"] = c.Content()
@@ -179,9 +179,9 @@ func Completeness(ctx context.Context, tx sqlx.ExtContext, scope backfilldriver.
 		if err != nil {
 			return backfilltype.CheckResult{}, err
 		}
-		missingS, s, err := query(JoinsAllowed, c.MissingFromStagingSQL(bounds), a...)
+		missingS, s, err := query(joinsAllowed, c.MissingFromStagingSQL(bounds), a...)
 		if err != nil {
-			return backfilltype.CheckResult{}, c.Errorf("target rows missing from staging: %w", err)
+			return backfilltype.CheckResult{}, c.errorf("target rows missing from staging: %w", err)
 		}
 		add("not in staging: ", s)
 		detail["target_missing_from_staging"] = missingS
@@ -190,7 +190,7 @@ func Completeness(ctx context.Context, tx sqlx.ExtContext, scope backfilldriver.
 		passed = passed && missingS == 0
 	}
 	proof.Evidence(detail)
-	return c.Result(passed, strings.Join(expected, "; "), strings.Join(actual, "; "), sample, detail)
+	return c.result(passed, strings.Join(expected, "; "), strings.Join(actual, "; "), sample, detail)
 }
 
 // ReferentialIntegrityParams are the settings of
@@ -213,7 +213,7 @@ type ReferentialIntegrityParams struct {
 // ReferentialIntegrity counts the orphans among the target rows of the
 // staged identities: rows whose p.Columns, all not NULL, name no row of
 // p.ParentTable in p.ParentColumns. It passes when there are none; Sample
-// lists up to MaxSample orphans with their missing parent key, Detail the
+// lists up to 10 orphans with their missing parent key, Detail the
 // settings and the count. It returns an error wrapping
 // [backfilltype.ErrInvalidConfig] when Columns or ParentTable is empty,
 // ParentColumns has another length than Columns, or ParentTable does not
@@ -223,29 +223,29 @@ func ReferentialIntegrity(ctx context.Context, tx sqlx.ExtContext, scope backfil
 	if err != nil {
 		return backfilltype.CheckResult{}, err
 	}
-	parentCols := CmpOrSlice(p.ParentColumns, p.Columns)
+	parentCols := cmpOrSlice(p.ParentColumns, p.Columns)
 	switch {
 	case len(p.Columns) == 0:
-		return backfilltype.CheckResult{}, c.Errorf("%w: ReferentialIntegrity.Columns is required", backfilltype.ErrInvalidConfig)
+		return backfilltype.CheckResult{}, c.errorf("%w: ReferentialIntegrity.Columns is required", backfilltype.ErrInvalidConfig)
 	case p.ParentTable == "":
-		return backfilltype.CheckResult{}, c.Errorf("%w: ReferentialIntegrity.ParentTable is required", backfilltype.ErrInvalidConfig)
+		return backfilltype.CheckResult{}, c.errorf("%w: ReferentialIntegrity.ParentTable is required", backfilltype.ErrInvalidConfig)
 	case len(parentCols) != len(p.Columns):
-		return backfilltype.CheckResult{}, c.Errorf("%w: ReferentialIntegrity.ParentColumns has %d columns, Columns %d", backfilltype.ErrInvalidConfig, len(parentCols), len(p.Columns))
+		return backfilltype.CheckResult{}, c.errorf("%w: ReferentialIntegrity.ParentColumns has %d columns, Columns %d", backfilltype.ErrInvalidConfig, len(parentCols), len(p.Columns))
 	}
 	if _, _, err := sqlgen.ParseTable(p.ParentTable); err != nil {
-		return backfilltype.CheckResult{}, c.Errorf("%w: ReferentialIntegrity.ParentTable: %w", backfilltype.ErrInvalidConfig, err)
+		return backfilltype.CheckResult{}, c.errorf("%w: ReferentialIntegrity.ParentTable: %w", backfilltype.ErrInvalidConfig, err)
 	}
 	q := c.OrphansSQL(p.Columns, p.ParentTable, parentCols)
 	var n int64
 	var sample []string
-	err = c.WithJoins(ctx, tx, JoinsAllowed, func() (err error) {
-		n, sample, err = CountSample(ctx, tx, q)
+	err = c.withJoins(ctx, tx, joinsAllowed, func() (err error) {
+		n, sample, err = countSample(ctx, tx, q)
 		return err
 	})
 	if err != nil {
-		return backfilltype.CheckResult{}, c.Errorf("%w", err)
+		return backfilltype.CheckResult{}, c.errorf("%w", err)
 	}
-	return c.Result(n == 0, "0 orphan rows", fmt.Sprintf("%d orphan rows", n), sample, map[string]any{
+	return c.result(n == 0, "0 orphan rows", fmt.Sprintf("%d orphan rows", n), sample, map[string]any{
 		"columns": p.Columns, "parent_table": p.ParentTable, "parent_columns": parentCols, "orphans": n,
 	})
 }
@@ -290,7 +290,7 @@ func ReplayChangesNothing(ctx context.Context, tx sqlx.ExtContext, scope backfil
 		if err != nil {
 			return backfilltype.CheckResult{}, err
 		}
-		_, memo := scope.Stager.(FingerprintMemo)
+		_, memo := scope.Stager.(fingerprintKeeper)
 		if mode := scope.Info.Target.Mode; memo && mode != backfilltype.History {
 			// The proof stands in for the replay where the merge's writes
 			// follow from row equality alone: it inserts the staged rows
@@ -298,7 +298,7 @@ func ReplayChangesNothing(ctx context.Context, tx sqlx.ExtContext, scope backfil
 			// change detection finds different. History also re-tiles
 			// intervals, which the staged rows do not show: it replays.
 			var proven bool
-			proof, proven, err = c.ProvenBy(ctx, tx, p.Exact)
+			proof, proven, err = c.provenBy(ctx, tx, p.Exact)
 			if err != nil {
 				return backfilltype.CheckResult{}, err
 			}
@@ -311,7 +311,7 @@ func ReplayChangesNothing(ctx context.Context, tx sqlx.ExtContext, scope backfil
 		}
 		// A large chunk replays faster with hash joins: as many lookups as
 		// rows otherwise.
-		err = c.WithJoins(ctx, tx, JoinsIfLarge, replay)
+		err = c.withJoins(ctx, tx, joinsIfLarge, replay)
 	} else {
 		err = replay()
 	}
@@ -328,7 +328,7 @@ func replayResult(c *PGCheck, r backfilltype.MergeResult, proof *FingerprintProo
 	if c.Staging != "" {
 		proof.Evidence(detail)
 	}
-	return c.Result(r.Inserted == 0 && r.Updated == 0 && r.Closed == 0, "0 inserted, 0 updated, 0 closed",
+	return c.result(r.Inserted == 0 && r.Updated == 0 && r.Closed == 0, "0 inserted, 0 updated, 0 closed",
 		fmt.Sprintf("%d inserted, %d updated, %d closed", r.Inserted, r.Updated, r.Closed), nil, detail)
 }
 
@@ -347,7 +347,7 @@ type SampleParams struct {
 // Sample compares the p.N staged rows with the smallest md5(identity
 // text || Seed) with their target rows, on the content columns where the
 // mode says the staged row wins, and passes when none differs or is
-// missing from the target. Sample lists up to MaxSample differing rows
+// missing from the target. Sample lists up to 10 differing rows
 // ("(42): amount, qty", "(43): not in target"); Detail holds the sample
 // size, the seed and every difference. It returns an error wrapping
 // [backfilltype.ErrInvalidConfig] for a negative N.
@@ -357,7 +357,7 @@ func Sample(ctx context.Context, tx sqlx.ExtContext, scope backfilldriver.Valida
 		return backfilltype.CheckResult{}, err
 	}
 	if p.N < 0 {
-		return backfilltype.CheckResult{}, c.Errorf("%w: Sample.N cannot be less than zero", backfilltype.ErrInvalidConfig)
+		return backfilltype.CheckResult{}, c.errorf("%w: Sample.N cannot be less than zero", backfilltype.ErrInvalidConfig)
 	}
 	n := cmp.Or(p.N, DefaultSampleSize)
 	wins := c.SourceWins("s", "t")
@@ -365,7 +365,7 @@ func Sample(ctx context.Context, tx sqlx.ExtContext, scope backfilldriver.Valida
 	q := c.SampleSQL(n, p.Seed, wins, &a)
 	rows, err := tx.QueryxContext(ctx, q, a...)
 	if err != nil {
-		return backfilltype.CheckResult{}, c.Errorf("%w", err)
+		return backfilltype.CheckResult{}, c.errorf("%w", err)
 	}
 	defer rows.Close()
 	type difference struct {
@@ -380,25 +380,25 @@ func Sample(ctx context.Context, tx sqlx.ExtContext, scope backfilldriver.Valida
 		var d difference
 		var cols pq.StringArray
 		if err := rows.Scan(&d.Key, &d.Missing, &cols); err != nil {
-			return backfilltype.CheckResult{}, c.Errorf("%w", err)
+			return backfilltype.CheckResult{}, c.errorf("%w", err)
 		}
 		sampled++
 		switch {
 		case d.Missing:
 			differences = append(differences, d)
-			if len(sample) < MaxSample {
+			if len(sample) < maxSample {
 				sample = append(sample, d.Key+": not in target")
 			}
 		case len(cols) > 0:
 			d.Columns = cols
 			differences = append(differences, d)
-			if len(sample) < MaxSample {
+			if len(sample) < maxSample {
 				sample = append(sample, d.Key+": "+strings.Join(cols, ", "))
 			}
 		}
 	}
 	if err := rows.Err(); err != nil {
-		return backfilltype.CheckResult{}, c.Errorf("%w", err)
+		return backfilltype.CheckResult{}, c.errorf("%w", err)
 	}
 	detail := map[string]any{"sampled": sampled, "seed": p.Seed, "differing": len(differences), "differences": differences}
 	if wins == "false" {
@@ -406,7 +406,7 @@ func Sample(ctx context.Context, tx sqlx.ExtContext, scope backfilldriver.Valida
 	} else {
 		detail["content_columns"] = c.Content()
 	}
-	return c.Result(len(differences) == 0, fmt.Sprintf("0 of %d sampled rows differ", sampled),
+	return c.result(len(differences) == 0, fmt.Sprintf("0 of %d sampled rows differ", sampled),
 		fmt.Sprintf("%d of %d sampled rows differ", len(differences), sampled), sample, detail)
 }
 
@@ -429,14 +429,14 @@ type CheckExceptionRateParams struct {
 func CheckExceptionRate(scope backfilldriver.ValidationScope, p CheckExceptionRateParams) (backfilltype.CheckResult, error) {
 	c := &PGCheck{Name: cmp.Or(p.Name, "exception_rate"), Severity: SeverityOr(p.Severity)}
 	if !(p.MaxRate >= 0 && p.MaxRate <= 1) {
-		return backfilltype.CheckResult{}, c.Errorf("%w: CheckExceptionRate.MaxRate %v is not between 0 and 1", backfilltype.ErrInvalidConfig, p.MaxRate)
+		return backfilltype.CheckResult{}, c.errorf("%w: CheckExceptionRate.MaxRate %v is not between 0 and 1", backfilltype.ErrInvalidConfig, p.MaxRate)
 	}
 	read, rejected := scope.Counts.Read, scope.Counts.Rejected
 	rate := 0.0
 	if read > 0 {
 		rate = float64(rejected) / float64(read)
 	}
-	return c.Result(rate <= p.MaxRate, fmt.Sprintf("rejected/read <= %g", p.MaxRate),
+	return c.result(rate <= p.MaxRate, fmt.Sprintf("rejected/read <= %g", p.MaxRate),
 		fmt.Sprintf("%g (%d of %d rows rejected)", rate, rejected, read), nil, map[string]any{
 			"read": read, "rejected": rejected, "rate": rate, "max_rate": p.MaxRate,
 		})
