@@ -318,7 +318,7 @@ FROM (SELECT 1) one LEFT JOIN LATERAL (
 // no query fixes, and loses what is small next to what is large
 // (1e300 + 1e-300); float8::numeric rounds to 15 significant digits.
 // So a float measure is summed as numeric of each value's shortest
-// exact text (extra_float_digits >= 1, pinned by Aggregates.compare,
+// exact text (extra_float_digits >= 1, pinned by compareAggregates,
 // PostgreSQL docs, 8.1.3 "Floating-Point Types"): distinct floats have
 // distinct texts, each names its float exactly, and a numeric sum is
 // exact and does not depend on the order: a float changed by one step
