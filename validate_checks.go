@@ -227,7 +227,7 @@ func (v ReplayChangesNothing) Validate(ctx context.Context, tx sqlx.ExtContext, 
 	return pgstore.ReplayChangesNothing(ctx, tx, scope, pgstore.ReplayChangesNothingParams{Name: v.Name, Severity: v.Severity, Exact: v.Exact})
 }
 
-// DefaultSampleSize is the default of [Sample].N.
+// DefaultSampleSize, 100, is the default of [Sample].N.
 const DefaultSampleSize = pgstore.DefaultSampleSize
 
 // Sample compares a deterministic pseudo-random sample of the staged rows
