@@ -242,7 +242,7 @@ func validateStatements(t *testing.T, scope ValidationScope) [][2]string {
 
 	a = nil
 	v := Aggregates{Day: "version", Dimensions: []string{"name", `Odd "col"`}, Measures: []Measure{{Column: "amount", Tolerance: 0.5}, {Column: "id"}}}
-	day, _, err := v.day(c, &a)
+	day, _, err := c.AggregatesDay(v.Day, &a)
 	require.NoError(t, err)
 	add("aggregates", withArgs(c.AggregatesSQL(day, v.Dimensions, v.Measures, &a), a))
 	a = nil

@@ -15,50 +15,39 @@ import (
 	"github.com/pgbackfill/backfill/internal/sqlgen"
 )
 
-// MaxSample is how many offending keys or groups a CheckResult lists.
-const MaxSample = 10
-
-// AggregatesSide is one side's figures of a differing group.
-type AggregatesSide struct {
-	Count int64            `json:"count"`
-	Sums  map[string]any   `json:"sums,omitempty"`
-	Nulls map[string]int64 `json:"nulls,omitempty"`
-}
-
-// AggregatesDifference is a differing group in the evidence.
-type AggregatesDifference struct {
-	Group  string         `json:"group"`
-	Staged AggregatesSide `json:"staged"`
-	Target AggregatesSide `json:"target"`
-}
-
-// AggregatesResult is what the comparison of the groups found.
-type AggregatesResult struct {
-	Groups, Differing int64                  `json:"-" db:"-"`
-	Differences       []AggregatesDifference `json:"-" db:"-"`
-	Sample            []string               `json:"-" db:"-"`
-}
+// maxSample is how many offending keys or groups a CheckResult lists.
+const maxSample = 10
 
 // PGCheck is one run of a check: its name, severity and the scope's
 // quoted tables.
 type PGCheck struct {
-	Name     string                `json:"-" db:"-"`
+	// Name is the check's name: CheckResult.Check, and the name in its
+	// errors.
+	Name string `json:"-" db:"-"`
+	// Severity is CheckResult.Severity, never empty.
 	Severity backfilltype.Severity `json:"-" db:"-"`
 	scope    backfilldriver.ValidationScope
-	target   string                         // quoted target table
-	Staging  string                         `json:"-" db:"-"` // quoted staging table
-	Cols     map[string]backfilltype.Column `json:"-" db:"-"` // staged columns by name
-	sizes    *[2]int64                      // staging and target sizes in bytes, once known
+	target   string // quoted target table
+	// Staging is the quoted staging table (scope.Staging).
+	Staging string `json:"-" db:"-"`
+	// Cols are the staged columns (scope.Info.Columns) by name.
+	Cols  map[string]backfilltype.Column `json:"-" db:"-"`
+	sizes *[2]int64                      // staging and target sizes in bytes, once known
 }
 
+// NewPGCheck returns the run of check name on scope, with severity sev
+// (empty: SeverityError). It returns an error wrapping
+// [backfilltype.ErrUnsupported] when scope has no staging table, and one
+// wrapping [backfilltype.ErrInvalidConfig] when the target has no Key:
+// the checks join staging with the target by identity.
 func NewPGCheck(name string, sev backfilltype.Severity, scope backfilldriver.ValidationScope) (*PGCheck, error) {
 	c := &PGCheck{Name: name, Severity: SeverityOr(sev), scope: scope, target: sqlgen.Table(scope.Info.Target.Table),
 		Staging: scope.Staging, Cols: map[string]backfilltype.Column{}}
 	if scope.Staging == "" {
-		return nil, c.Errorf("%w: the merger has no staging table (this check needs PGMerger)", backfilltype.ErrUnsupported)
+		return nil, c.errorf("%w: the merger has no staging table (this check needs PGMerger)", backfilltype.ErrUnsupported)
 	}
 	if len(scope.Info.Target.Key) == 0 {
-		return nil, c.Errorf("%w: the target has no Key", backfilltype.ErrInvalidConfig)
+		return nil, c.errorf("%w: the target has no Key", backfilltype.ErrInvalidConfig)
 	}
 	for _, col := range scope.Info.Columns {
 		c.Cols[col.Name] = col
@@ -66,53 +55,37 @@ func NewPGCheck(name string, sev backfilltype.Severity, scope backfilldriver.Val
 	return c, nil
 }
 
-func (c *PGCheck) Errorf(format string, args ...any) error {
+// errorf returns an error prefixed "backfill: validate <name>: ".
+func (c *PGCheck) errorf(format string, args ...any) error {
 	return fmt.Errorf("backfill: validate %s: "+format, append([]any{c.Name}, args...)...)
 }
 
-func (c *PGCheck) Result(passed bool, expected, actual string, sample []string, detail map[string]any) (backfilltype.CheckResult, error) {
+// result returns the check's evidence, with detail marshalled as JSON
+// (none: nil).
+func (c *PGCheck) result(passed bool, expected, actual string, sample []string, detail map[string]any) (backfilltype.CheckResult, error) {
 	r := backfilltype.CheckResult{Check: c.Name, Severity: c.Severity, Passed: passed, Expected: expected, Actual: actual, Sample: sample}
 	if detail != nil {
 		b, err := json.Marshal(detail)
 		if err != nil {
-			return backfilltype.CheckResult{}, c.Errorf("detail: %w", err)
+			return backfilltype.CheckResult{}, c.errorf("detail: %w", err)
 		}
 		r.Detail = b
 	}
 	return r, nil
 }
 
+// SeverityOr returns s, or SeverityError when s is empty: a check's
+// severity.
 func SeverityOr(s backfilltype.Severity) backfilltype.Severity {
 	return cmp.Or(s, backfilltype.SeverityError)
 }
 
-func CmpOrSlice[T any](v, def []T) []T {
+// cmpOrSlice returns v, or def when v is empty.
+func cmpOrSlice[T any](v, def []T) []T {
 	if len(v) == 0 {
 		return def
 	}
 	return v
-}
-
-func MeasureColumns(ms []backfilltype.Measure) []string {
-	out := make([]string, len(ms))
-	for i, m := range ms {
-		out[i] = m.Column
-	}
-	return out
-}
-
-func NullText(s sql.NullString) any {
-	if !s.Valid {
-		return nil
-	}
-	return s.String
-}
-
-func TextOrNull(s sql.NullString) string {
-	if !s.Valid {
-		return "NULL"
-	}
-	return s.String
 }
 
 // Zone returns the name of the scope's zone for PostgreSQL.
@@ -122,23 +95,23 @@ func (c *PGCheck) Zone() (string, error) {
 		loc = time.UTC
 	}
 	if loc == time.Local || loc.String() == "Local" {
-		return "", c.Errorf("%w: Job.Zone is time.Local, whose name PostgreSQL does not know; use time.LoadLocation", backfilltype.ErrInvalidConfig)
+		return "", c.errorf("%w: Job.Zone is time.Local, whose name PostgreSQL does not know; use time.LoadLocation", backfilltype.ErrInvalidConfig)
 	}
 	return loc.String(), nil
 }
 
-// JoinPolicy says which join methods a check's query may use.
-type JoinPolicy int
+// joinPolicy says which join methods a check's query may use.
+type joinPolicy int
 
 const (
 	// joinsAsMerged keeps the merge's settings: index nested loops only.
-	joinsAsMerged JoinPolicy = iota
-	// JoinsIfLarge allows hash and merge joins when the chunk is large
+	joinsAsMerged joinPolicy = iota
+	// joinsIfLarge allows hash and merge joins when the chunk is large
 	// next to the target (see largeChunk).
-	JoinsIfLarge
-	// JoinsAllowed always allows them: the query probes staging, which has
+	joinsIfLarge
+	// joinsAllowed always allows them: the query probes staging, which has
 	// no index, or a table that may lack one.
-	JoinsAllowed
+	joinsAllowed
 )
 
 // largeChunkRatio: a chunk whose staging table is at least 1/8 of the
@@ -174,7 +147,7 @@ func (c *PGCheck) stagingAtLeast(ctx context.Context, tx sqlx.ExtContext, ratio 
 	return c.sizes[0]*ratio >= c.sizes[1], nil
 }
 
-// WithJoins runs fn with hash and merge joins enabled when policy says
+// withJoins runs fn with hash and merge joins enabled when policy says
 // so. The merge turns them off for the rest of the chunk's transaction
 // (index nested loops suit its lookups into the target), but a check that
 // probes staging, which has no index, from the target side needs them,
@@ -183,8 +156,8 @@ func (c *PGCheck) stagingAtLeast(ctx context.Context, tx sqlx.ExtContext, ratio 
 // docs, SET: "The effects of SET or SET LOCAL are also canceled by
 // rolling back to a savepoint that is earlier than the command"); tx must
 // be a transaction.
-func (c *PGCheck) WithJoins(ctx context.Context, tx sqlx.ExtContext, policy JoinPolicy, fn func() error) (err error) {
-	if policy == JoinsIfLarge {
+func (c *PGCheck) withJoins(ctx context.Context, tx sqlx.ExtContext, policy joinPolicy, fn func() error) (err error) {
+	if policy == joinsIfLarge {
 		large, err := c.largeChunk(ctx, tx)
 		if err != nil {
 			return err
@@ -209,10 +182,10 @@ func (c *PGCheck) WithJoins(ctx context.Context, tx sqlx.ExtContext, policy Join
 	return fn()
 }
 
-// CountSample runs q, which returns (k text, n bigint) rows: offending
-// keys, at most MaxSample, each with the total count of offenders
+// countSample runs q, which returns (k text, n bigint) rows: offending
+// keys, at most maxSample, each with the total count of offenders
 // (count(*) OVER ()). It returns the count (0 for no rows) and the keys.
-func CountSample(ctx context.Context, tx sqlx.ExtContext, q string, args ...any) (int64, []string, error) {
+func countSample(ctx context.Context, tx sqlx.ExtContext, q string, args ...any) (int64, []string, error) {
 	rows, err := tx.QueryxContext(ctx, q, args...)
 	if err != nil {
 		return 0, nil, err

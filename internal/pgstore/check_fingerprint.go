@@ -262,9 +262,9 @@ func (c *PGCheck) FingerprintColumns() []string {
 	return append(cc.Identity, cc.Checked...)
 }
 
-// FingerprintMemo is implemented by stagers that keep the chunk's
+// fingerprintKeeper is implemented by stagers that keep the chunk's
 // fingerprints for the checks that follow ([Merger]'s).
-type FingerprintMemo interface {
+type fingerprintKeeper interface {
 	fingerprintMemo() map[string]*FingerprintProof
 }
 
@@ -284,7 +284,7 @@ func (c *PGCheck) fingerprints(ctx context.Context, tx sqlx.ExtContext) (*Finger
 		return nil, err
 	}
 	key := fmt.Sprint(targetQ, a)
-	memo, _ := c.scope.Stager.(FingerprintMemo)
+	memo, _ := c.scope.Stager.(fingerprintKeeper)
 	if memo != nil {
 		if cached := memo.fingerprintMemo()[key]; cached != nil {
 			return cached, nil
@@ -344,7 +344,7 @@ func (c *PGCheck) unhashable(cols []string) string {
 }
 
 // rememberFingerprint keeps p under key in the stager's memo (none: nil).
-func rememberFingerprint(memo FingerprintMemo, key string, p *FingerprintProof) {
+func rememberFingerprint(memo fingerprintKeeper, key string, p *FingerprintProof) {
 	if memo != nil {
 		memo.fingerprintMemo()[key] = p
 	}
@@ -429,11 +429,11 @@ func queryFingerprints(ctx context.Context, tx sqlx.ExtContext, p *FingerprintPr
 	return nil
 }
 
-// ProvenBy returns the chunk's fingerprint proof when it shows the staged
+// provenBy returns the chunk's fingerprint proof when it shows the staged
 // rows equal the chunk's target rows and covers every column of need
 // (staged columns); otherwise nil, and the check runs its exact
 // comparison. exact skips the proof.
-func (c *PGCheck) ProvenBy(ctx context.Context, tx sqlx.ExtContext, exact bool, need ...string) (proof *FingerprintProof, ok bool, err error) {
+func (c *PGCheck) provenBy(ctx context.Context, tx sqlx.ExtContext, exact bool, need ...string) (proof *FingerprintProof, ok bool, err error) {
 	if exact {
 		return nil, false, nil
 	}
@@ -445,7 +445,7 @@ func (c *PGCheck) ProvenBy(ctx context.Context, tx sqlx.ExtContext, exact bool, 
 	}
 	p, err := c.fingerprints(ctx, tx)
 	if err != nil {
-		return nil, false, c.Errorf("fingerprint: %w", err)
+		return nil, false, c.errorf("fingerprint: %w", err)
 	}
 	return p, p.Equal, nil
 }

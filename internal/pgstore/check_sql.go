@@ -144,13 +144,14 @@ func (c *PGCheck) InChunk(alias string, a *SQLArgs) (string, error) {
 	case backfilltype.KindList:
 		return fmt.Sprintf("%s = %s", col, a.Bind(ch.Item)), nil
 	}
-	return "", c.Errorf("%w: chunk %s has no kind", backfilltype.ErrInvalidScope, ch.ID)
+	return "", c.errorf("%w: chunk %s has no kind", backfilltype.ErrInvalidScope, ch.ID)
 }
 
-// SQLArgs collects bind parameters: bind appends one and returns its
-// placeholder.
+// SQLArgs collects bind parameters, in the order of their placeholders
+// $1, $2, ...: pass them with the statement that binds them.
 type SQLArgs []any
 
+// Bind appends v and returns its placeholder ("$n").
 func (a *SQLArgs) Bind(v any) string {
 	*a = append(*a, v)
 	return "$" + strconv.Itoa(len(*a))
@@ -175,7 +176,7 @@ func (c *PGCheck) DuplicateKeysSQL(cols []string, chunkRows string, acrossTarget
 SELECT ROW({xcols})::text || ': ' || x._backfill_n || ' rows' AS k, count(*) OVER () AS n FROM (
 	SELECT {kcols}, count(*) AS _backfill_n FROM k GROUP BY {kcols} HAVING count(*) > 1) x
 ORDER BY {xcols} LIMIT {max}`,
-		"keys", keys, "xcols", sqlgen.List("x.", cols), "kcols", sqlgen.List("k.", cols), "max", strconv.Itoa(MaxSample))
+		"keys", keys, "xcols", sqlgen.List("x.", cols), "kcols", sqlgen.List("k.", cols), "max", strconv.Itoa(maxSample))
 }
 
 // MissingFromTargetSQL lists (k, n) the staged identities the target
@@ -184,7 +185,7 @@ func (c *PGCheck) MissingFromTargetSQL() string {
 	id := c.scope.Info.Identity()
 	return SQLf(`SELECT ROW({sid})::text AS k, count(*) OVER () AS n FROM {staging} s
 WHERE NOT EXISTS (SELECT 1 FROM {target} t WHERE {ts}) ORDER BY {sid} LIMIT {max}`,
-		"sid", sqlgen.List("s.", id), "staging", c.Staging, "target", c.target, "ts", c.idMatch("t", "s"), "max", strconv.Itoa(MaxSample))
+		"sid", sqlgen.List("s.", id), "staging", c.Staging, "target", c.target, "ts", c.idMatch("t", "s"), "max", strconv.Itoa(maxSample))
 }
 
 // DifferingContentSQL lists (k, n) the staged rows whose target row holds
@@ -196,7 +197,7 @@ func (c *PGCheck) DifferingContentSQL(wins string) string {
 FROM (SELECT {sid}, {diffs} AS _backfill_diffs FROM {staging} s JOIN {target} t ON {ts} WHERE {wins}) x
 WHERE cardinality(x._backfill_diffs) > 0 ORDER BY {xid} LIMIT {max}`,
 		"xid", sqlgen.List("x.", id), "sid", sqlgen.List("s.", id), "diffs", c.diffs("s", "t"), "staging", c.Staging,
-		"target", c.target, "ts", c.idMatch("t", "s"), "wins", wins, "max", strconv.Itoa(MaxSample))
+		"target", c.target, "ts", c.idMatch("t", "s"), "wins", wins, "max", strconv.Itoa(maxSample))
 }
 
 // MissingFromStagingSQL lists (k, n) the chunk's target rows (bounds, of
@@ -206,7 +207,7 @@ func (c *PGCheck) MissingFromStagingSQL(bounds string) string {
 	return SQLf(`SELECT ROW({tid})::text AS k, count(*) OVER () AS n FROM {target} t
 WHERE {bounds} AND NOT EXISTS (SELECT 1 FROM {staging} s WHERE {ts}) ORDER BY {tid} LIMIT {max}`,
 		"tid", sqlgen.List("t.", id), "target", c.target, "bounds", bounds, "staging", c.Staging, "ts", c.idMatch("t", "s"),
-		"max", strconv.Itoa(MaxSample))
+		"max", strconv.Itoa(maxSample))
 }
 
 // OrphansSQL lists (k, n) the chunk's target rows whose cols, all not
@@ -225,7 +226,7 @@ WHERE {notNull} AND NOT EXISTS (SELECT 1 FROM {parent} p WHERE {match})
 ORDER BY {tid} LIMIT {max}`,
 		"tid", sqlgen.List("t.", id), "tcols", sqlgen.List("t.", cols), "staging", c.Staging, "target", c.target,
 		"ts", c.idMatch("t", "s"), "notNull", strings.Join(notNull, " AND "), "parent", sqlgen.Table(parentTable),
-		"match", strings.Join(match, " AND "), "max", strconv.Itoa(MaxSample))
+		"match", strings.Join(match, " AND "), "max", strconv.Itoa(maxSample))
 }
 
 // SampleSQL lists (k, missing, diffs) for the n staged rows with the
@@ -251,7 +252,7 @@ ORDER BY s._backfill_order, {sid}`,
 // exact sum, special values and NULLs of staging with those of the
 // target rows of the staged identities (see backfill.Aggregates). It returns
 // (groups, differing, grp, _sn, _tn, ss, ts, _sz, _tz, _mbad): the counts,
-// then one differing group per row (up to MaxSample), or one row of NULLs
+// then one differing group per row (up to maxSample), or one row of NULLs
 // when no group differs. Tolerances are bound in a.
 func (c *PGCheck) AggregatesSQL(day func(alias string) string, dims []string, measures []backfilltype.Measure, a *SQLArgs) string {
 	var gcols []string
@@ -305,7 +306,7 @@ FROM (SELECT 1) one LEFT JOIN LATERAL (
 		"aggs", strings.Join(append(slices.Clone(gcols), aggs...), ", "),
 		"staged", c.aggregatesSideSQL(day, dims, measures, "s", 0), "target", c.aggregatesSideSQL(day, dims, measures, "t", 1),
 		"groupBy", groupBy, "bad", array(bad, "bool"), "groupText", groupText, "ss", array(ss, "text"), "ts", array(ts, "text"),
-		"sz", array(sz, "bigint"), "tz", array(tz, "bigint"), "orderBy", orderBy, "max", strconv.Itoa(MaxSample))
+		"sz", array(sz, "bigint"), "tz", array(tz, "bigint"), "orderBy", orderBy, "max", strconv.Itoa(maxSample))
 }
 
 // aggregatesSideSQL aggregates one side per group: side 0 staging (alias
@@ -317,7 +318,7 @@ FROM (SELECT 1) one LEFT JOIN LATERAL (
 // no query fixes, and loses what is small next to what is large
 // (1e300 + 1e-300); float8::numeric rounds to 15 significant digits.
 // So a float measure is summed as numeric of each value's shortest
-// exact text (extra_float_digits >= 1, pinned by Aggregates.compare,
+// exact text (extra_float_digits >= 1, pinned by compareAggregates,
 // PostgreSQL docs, 8.1.3 "Floating-Point Types"): distinct floats have
 // distinct texts, each names its float exactly, and a numeric sum is
 // exact and does not depend on the order: a float changed by one step
