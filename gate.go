@@ -7,13 +7,13 @@ import (
 	"encoding/json"
 	"fmt"
 	"reflect"
-	"runtime"
 	"slices"
 	"strings"
 
 	"github.com/jmoiron/sqlx"
 	"github.com/pgbackfill/backfill/backfilltype"
 	"github.com/pgbackfill/backfill/internal/pgstore"
+	"github.com/pgbackfill/backfill/internal/valuedump"
 )
 
 // acceptedCheck is one failed check result an operator accepted for a
@@ -260,7 +260,7 @@ func validatorNames(vs []Validator) []string {
 		switch {
 		case !rv.IsValid():
 		case rv.Kind() == reflect.Func:
-			name += " " + funcName(rv)
+			name += " " + valuedump.FuncName(rv)
 		default:
 			if s, ok := v.(fmt.Stringer); ok {
 				name += " " + s.String()
@@ -269,9 +269,9 @@ func validatorNames(vs []Validator) []string {
 			if b, err := json.Marshal(v); err == nil {
 				name += " " + string(b)
 			}
-			if hiddenConfig(rv.Type(), map[reflect.Type]bool{}) {
+			if valuedump.HiddenConfig(rv.Type(), map[reflect.Type]bool{}) {
 				var b strings.Builder
-				dumpValue(&b, rv, 0)
+				valuedump.Dump(&b, rv, 0)
 				d := b.String()
 				if len(d) > 1000 {
 					sum := sha256.Sum256([]byte(d))
@@ -283,135 +283,6 @@ func validatorNames(vs []Validator) []string {
 		out[i] = name
 	}
 	return out
-}
-
-// funcName returns the symbol name of function value f ("nil" for nil).
-func funcName(f reflect.Value) string {
-	if f.IsNil() {
-		return "nil"
-	}
-	if fn := runtime.FuncForPC(f.Pointer()); fn != nil {
-		return fn.Name()
-	}
-	return "func"
-}
-
-// hiddenConfig reports whether values of t hold what encoding/json does
-// not show: unexported struct fields or functions.
-func hiddenConfig(t reflect.Type, seen map[reflect.Type]bool) bool {
-	if seen[t] {
-		return false
-	}
-	seen[t] = true
-	switch t.Kind() {
-	case reflect.Func:
-		return true
-	case reflect.Pointer, reflect.Slice, reflect.Array:
-		return hiddenConfig(t.Elem(), seen)
-	case reflect.Map:
-		return hiddenConfig(t.Key(), seen) || hiddenConfig(t.Elem(), seen)
-	case reflect.Struct:
-		for i := range t.NumField() {
-			if f := t.Field(i); !f.IsExported() || hiddenConfig(f.Type, seen) {
-				return true
-			}
-		}
-	}
-	return false
-}
-
-// dumpValue writes a deterministic description of v: every field,
-// exported or not, functions by symbol name, pointers followed (never
-// their address), map entries sorted; at most 4 levels deep.
-func dumpValue(b *strings.Builder, v reflect.Value, depth int) {
-	if depth > 4 {
-		b.WriteString("…")
-		return
-	}
-	switch v.Kind() {
-	case reflect.Invalid:
-		b.WriteString("nil")
-	case reflect.Func:
-		b.WriteString(funcName(v))
-	case reflect.Pointer, reflect.Interface:
-		if v.IsNil() {
-			b.WriteString("nil")
-			return
-		}
-		dumpValue(b, v.Elem(), depth+1)
-	case reflect.Struct:
-		dumpStruct(b, v, depth)
-	case reflect.Slice, reflect.Array:
-		dumpList(b, v, depth)
-	case reflect.Map:
-		dumpMap(b, v, depth)
-	default:
-		dumpScalar(b, v)
-	}
-}
-
-// dumpStruct writes the struct v as dumpValue does: "{Name:value ...}",
-// every field in declaration order, each field at depth+1.
-func dumpStruct(b *strings.Builder, v reflect.Value, depth int) {
-	b.WriteString("{")
-	for i := range v.NumField() {
-		if i > 0 {
-			b.WriteString(" ")
-		}
-		b.WriteString(v.Type().Field(i).Name + ":")
-		dumpValue(b, v.Field(i), depth+1)
-	}
-	b.WriteString("}")
-}
-
-// dumpList writes the slice or array v as dumpValue does: "[e ...]", its
-// first 100 elements at most, each at depth+1.
-func dumpList(b *strings.Builder, v reflect.Value, depth int) {
-	b.WriteString("[")
-	for i := range min(v.Len(), 100) {
-		if i > 0 {
-			b.WriteString(" ")
-		}
-		dumpValue(b, v.Index(i), depth+1)
-	}
-	b.WriteString("]")
-}
-
-// dumpMap writes the map v as dumpValue does: "map[k:v ...]", the entries
-// (keys and values at depth+1) sorted by their text.
-func dumpMap(b *strings.Builder, v reflect.Value, depth int) {
-	entries := make([]string, 0, v.Len())
-	for it := v.MapRange(); it.Next(); {
-		var e strings.Builder
-		dumpValue(&e, it.Key(), depth+1)
-		e.WriteString(":")
-		dumpValue(&e, it.Value(), depth+1)
-		entries = append(entries, e.String())
-	}
-	slices.Sort(entries)
-	b.WriteString("map[" + strings.Join(entries, " ") + "]")
-}
-
-// dumpScalar writes a value v of no other kind dumpValue handles: a
-// channel or unsafe pointer by its type, a string quoted, a bool or a
-// number in fmt's default format; nothing for any other kind.
-func dumpScalar(b *strings.Builder, v reflect.Value) {
-	switch v.Kind() {
-	case reflect.Chan, reflect.UnsafePointer:
-		b.WriteString(v.Type().String())
-	case reflect.String:
-		fmt.Fprintf(b, "%q", v.String())
-	case reflect.Bool:
-		fmt.Fprint(b, v.Bool())
-	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
-		fmt.Fprint(b, v.Int())
-	case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64, reflect.Uintptr:
-		fmt.Fprint(b, v.Uint())
-	case reflect.Float32, reflect.Float64:
-		fmt.Fprint(b, v.Float())
-	case reflect.Complex64, reflect.Complex128:
-		fmt.Fprint(b, v.Complex())
-	}
 }
 
 // recordValidators appends to the run's audit log the validators this call
