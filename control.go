@@ -344,7 +344,7 @@ func (r *Runner) SetKnob(ctx context.Context, batchID int64, key, value, actor, 
 	if err != nil {
 		return err
 	}
-	return cm.SetKnob(ctx, r.db, pgstore.SetKnobParams{BatchID: batchID, Key: key, Value: value, Actor: actor, Why: why})
+	return cm.SetKnob(ctx, r.db, backfilltype.SetKnobParams{BatchID: batchID, Key: key, Value: value, Actor: actor, Why: why})
 }
 
 func (r *Runner) controlPlane(what string) (pgstore.ControlManifest, error) {

@@ -71,22 +71,22 @@ func TestControlSQLRefusesBadInputAndAudits(t *testing.T) {
 	// Knobs: unknown key, bad values, each named.
 	for _, kv := range [][2]string{{"speed", "3"}, {"concurrency", "two"}, {"concurrency", "0"}, {"concurrency", "1.5"},
 		{"rows_per_second", "-1"}, {"rows_per_second", "NaN"}, {"throttle.lag.high", "Infinity"}, {"job_concurrency", ""}} {
-		err := m.SetKnob(ctx, db, pgstore.SetKnobParams{BatchID: batch, Key: kv[0], Value: kv[1], Actor: "ann", Why: "tune"})
+		err := m.SetKnob(ctx, db, backfilltype.SetKnobParams{BatchID: batch, Key: kv[0], Value: kv[1], Actor: "ann", Why: "tune"})
 		require.ErrorIs(t, err, ErrInvalidConfig, "%v", kv)
 		require.Contains(t, err.Error(), kv[0])
 		require.Contains(t, err.Error(), fmt.Sprintf("%q", kv[1]))
 	}
-	require.ErrorIs(t, m.SetKnob(ctx, db, pgstore.SetKnobParams{BatchID: batch, Key: "concurrency", Value: "2", Actor: "ann", Why: ""}), ErrInvalidConfig)
+	require.ErrorIs(t, m.SetKnob(ctx, db, backfilltype.SetKnobParams{BatchID: batch, Key: "concurrency", Value: "2", Actor: "ann", Why: ""}), ErrInvalidConfig)
 
 	// Decisions taken: a knob by job name, resume, pause, cancel, resume.
 	var v string
 	require.NoError(t, db.Get(&v, `SELECT backfill.set_knob('live', 'rows_per_second', ' 250 ', 'bob', 'night')`))
 	require.Equal(t, "250", v)
-	require.NoError(t, m.SetKnob(ctx, db, pgstore.SetKnobParams{BatchID: batch, Key: pgstore.KnobThrottleHigh("lag"), Value: "2.5", Actor: "bob", Why: "looser"}))
+	require.NoError(t, m.SetKnob(ctx, db, backfilltype.SetKnobParams{BatchID: batch, Key: pgstore.KnobThrottleHigh("lag"), Value: "2.5", Actor: "bob", Why: "looser"}))
 	st, err := m.Control(ctx, db, batch)
 	require.NoError(t, err)
 	require.Equal(t, map[string]float64{"rows_per_second": 250, "throttle.lag.high": 2.5}, st.Knobs)
-	require.NoError(t, m.SetKnob(ctx, db, pgstore.SetKnobParams{BatchID: batch, Key: pgstore.KnobThrottleHigh("lag"), Value: "default", Actor: "bob", Why: "back"}))
+	require.NoError(t, m.SetKnob(ctx, db, backfilltype.SetKnobParams{BatchID: batch, Key: pgstore.KnobThrottleHigh("lag"), Value: "default", Actor: "bob", Why: "back"}))
 	require.NoError(t, db.Get(&v, `SELECT backfill.resume($1::bigint, 'bob', 'checked')`, batch))
 	require.Equal(t, "running", v)
 	require.ErrorIs(t, m.Resume(ctx, db, batch, "bob", "twice"), ErrNotPaused)

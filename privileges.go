@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"github.com/pgbackfill/backfill/backfilltype"
 	"slices"
 	"strings"
 
@@ -75,7 +76,7 @@ func (r *Runner) checkTargetSchema(ctx context.Context, job Job) error {
 		}
 		if pm, _ := r.pgPrivileges(); err == nil && len(c.pg.Missing) > 0 && pm != nil {
 			// The run stops here: name the manifest's missing privileges too.
-			var missing []pgstore.Privilege
+			var missing []backfilltype.Privilege
 			missing, _, err = pm.MissingPrivileges(ctx, tx)
 			c.pg.Missing = append(missing, c.pg.Missing...)
 		}

@@ -2,6 +2,7 @@ package backfill
 
 import (
 	"context"
+	"github.com/pgbackfill/backfill/backfilltype"
 
 	"github.com/jmoiron/sqlx"
 	"github.com/pgbackfill/backfill/internal/pgstore"
@@ -21,7 +22,7 @@ import (
 // form (the json tags) is stable: fields are added, never renamed. Times
 // are UTC, durations are seconds (fields named *_seconds), rates rows per
 // second.
-type RunReport = pgstore.RunReport
+type RunReport = backfilltype.RunReport
 
 // LoadRunReport reads the report of run batchID from manifest m (whose
 // tables db reaches): a handful of queries, whatever the number of

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/pgbackfill/backfill/backfilltype"
 	"math"
 	"os"
 	"path/filepath"
@@ -226,7 +227,7 @@ func TestRunReportMissingRun(t *testing.T) {
 func TestReportThroughputSpreadsRows(t *testing.T) {
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	at := func(s float64) *time.Time { x := t0.Add(time.Duration(s * float64(time.Second))); return &x }
-	chunks := []pgstore.ReportChunk{
+	chunks := []backfilltype.ReportChunk{
 		{StartedAt: at(0), FinishedAt: at(10), Counts: Counts{Read: 100}},
 		{StartedAt: at(5), FinishedAt: at(5), Counts: Counts{Read: 7}}, // instantaneous
 		{StartedAt: at(10), FinishedAt: at(20), Counts: Counts{Read: 50}},
@@ -247,12 +248,12 @@ func TestReportThroughputSpreadsRows(t *testing.T) {
 // timed chunk in exactly one bin, the greatest in the last.
 func TestReportDurationsHistogram(t *testing.T) {
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	var chunks []pgstore.ReportChunk
+	var chunks []backfilltype.ReportChunk
 	for i := 1; i <= 100; i++ {
 		end := t0.Add(time.Duration(i) * time.Second)
-		chunks = append(chunks, pgstore.ReportChunk{StartedAt: &t0, FinishedAt: &end, DurationSeconds: float64(i)})
+		chunks = append(chunks, backfilltype.ReportChunk{StartedAt: &t0, FinishedAt: &end, DurationSeconds: float64(i)})
 	}
-	chunks = append(chunks, pgstore.ReportChunk{}) // pending: no duration
+	chunks = append(chunks, backfilltype.ReportChunk{}) // pending: no duration
 	d := pgstore.BuildReportDurations(chunks, 10)
 	require.Equal(t, 100, d.Count)
 	require.Equal(t, []float64{1, 50, 90, 99, 100, 50.5}, []float64{d.Min, d.P50, d.P90, d.P99, d.Max, d.Mean})
@@ -264,7 +265,7 @@ func TestReportDurationsHistogram(t *testing.T) {
 	require.Equal(t, []int{10, 10, 10, 10, 10, 10, 10, 10, 10, 10}, counts)
 	require.Equal(t, 100.0, d.Bins[9].To)
 	one := pgstore.BuildReportDurations(chunks[:1], 10)
-	require.Equal(t, []pgstore.ReportBin{{From: 1, To: 1, Count: 1}}, one.Bins)
+	require.Equal(t, []backfilltype.ReportBin{{From: 1, To: 1, Count: 1}}, one.Bins)
 }
 
 // TestRunReportManyChunks: a run of 10,000 chunks reports every chunk,

@@ -188,28 +188,28 @@ const (
 // event to the next "run_resumed_by_operator" (or the end). It needs
 // [backfilldriver.ManifestThrottle] and [backfilldriver.ManifestAudit]
 // (else an error wrapping [ErrUnsupported]).
-func (r *Runner) TimeSplit(ctx context.Context, batchID int64) (pgstore.TimeSplit, error) {
+func (r *Runner) TimeSplit(ctx context.Context, batchID int64) (backfilltype.TimeSplit, error) {
 	mt, audit := r.caps.throttlePeriods, r.caps.audit
 	if mt == nil || audit == nil {
-		return pgstore.TimeSplit{}, fmt.Errorf("backfill: time split of batch %d: %w: needs ManifestThrottle and ManifestAudit", batchID, ErrUnsupported)
+		return backfilltype.TimeSplit{}, fmt.Errorf("backfill: time split of batch %d: %w: needs ManifestThrottle and ManifestAudit", batchID, ErrUnsupported)
 	}
 	run, err := mt.Run(ctx, r.db, batchID)
 	if err != nil {
-		return pgstore.TimeSplit{}, err
+		return backfilltype.TimeSplit{}, err
 	}
 	periods, err := mt.ThrottlePeriods(ctx, r.db, batchID)
 	if err != nil {
-		return pgstore.TimeSplit{}, err
+		return backfilltype.TimeSplit{}, err
 	}
 	events, err := audit.Events(ctx, r.db, batchID)
 	if err != nil {
-		return pgstore.TimeSplit{}, err
+		return backfilltype.TimeSplit{}, err
 	}
 	var now time.Time
 	if err := pgstore.ReadTx(ctx, r.db, func(tx sqlx.ExtContext) error {
 		return sqlx.GetContext(ctx, tx, &now, `SELECT now()`)
 	}); err != nil {
-		return pgstore.TimeSplit{}, err
+		return backfilltype.TimeSplit{}, err
 	}
 	end := now
 	if run.FinishedAt != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/pgbackfill/backfill/backfilltype"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -12,7 +13,6 @@ import (
 
 	"github.com/pgbackfill/backfill/backfillthrottle"
 	"github.com/pgbackfill/backfill/backfilltrace"
-	"github.com/pgbackfill/backfill/internal/pgstore"
 
 	"github.com/jmoiron/sqlx"
 	"github.com/lib/pq"
@@ -404,7 +404,7 @@ func TestTraceCancelEndsSpans(t *testing.T) {
 	require.ErrorIs(t, last.chunkEnd.Err, context.Canceled)
 	require.Len(t, rec.runs(), 1)
 
-	require.Equal(t, map[backfill.ChunkStatus]int64{backfill.ChunkDone: 3, pgstore.ChunkLeased: 1, backfill.ChunkPending: 6}, inFlight)
+	require.Equal(t, map[backfill.ChunkStatus]int64{backfill.ChunkDone: 3, backfilltype.ChunkLeased: 1, backfill.ChunkPending: 6}, inFlight)
 	// The manifest's view of the run, as metrics read it: the cancelled
 	// chunk pending again (its lease released), three done.
 	jcs, err := backfill.NewPGManifest("").JobChunks(context.Background(), s.db, 0, "items", "nosuchjob")

@@ -25,7 +25,7 @@ func TestExitCodeOfDeploymentErrors(t *testing.T) {
 		err  error
 		want ExitCode
 	}{
-		{"privilege", fmt.Errorf("backfill: job %q: %w", "j", &PrivilegeError{Role: "loader", Missing: []pgstore.Privilege{{Object: "TABLE t", Privilege: "INSERT"}}}), ExitUsage},
+		{"privilege", fmt.Errorf("backfill: job %q: %w", "j", &PrivilegeError{Role: "loader", Missing: []backfilltype.Privilege{{Object: "TABLE t", Privilege: "INSERT"}}}), ExitUsage},
 		{"schema behind", fmt.Errorf("backfill: manifest init: %w: schema at 11", ErrSchemaBehind), ExitUsage},
 		{"statement pooler", fmt.Errorf("%w: %w: drops the connection at BEGIN", pgstore.ErrStatementPooler, driver.ErrBadConn), ExitUsage},
 		{"wrong password", &pq.Error{Code: "28P01", Message: `password authentication failed for user "loader"`}, ExitUsage},

@@ -5,10 +5,11 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/pgbackfill/backfill/backfilltype"
+
 	"github.com/spf13/cobra"
 
 	"github.com/pgbackfill/backfill"
-	"github.com/pgbackfill/backfill/internal/pgstore"
 )
 
 // controlResult is what pause, resume, cancel and set print with --json.
@@ -136,7 +137,7 @@ func newControlCmd(g *globals, action, short, long, example string) *cobra.Comma
 			case "cancel":
 				err = m.Cancel(ctx, db, run.BatchID, actor, why)
 			case "set":
-				err = m.SetKnob(ctx, db, pgstore.SetKnobParams{BatchID: run.BatchID, Key: key, Value: value, Actor: actor, Why: why})
+				err = m.SetKnob(ctx, db, backfilltype.SetKnobParams{BatchID: run.BatchID, Key: key, Value: value, Actor: actor, Why: why})
 			}
 			if err != nil {
 				if errors.Is(err, backfill.ErrInvalidConfig) {

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/pgbackfill/backfill/internal/pgstore"
+	"github.com/pgbackfill/backfill/backfilltype"
 
 	"github.com/spf13/cobra"
 
@@ -125,7 +125,7 @@ func reportSummary(r backfill.RunReport) string {
 }
 
 // timeSplitText describes where a run's time went.
-func timeSplitText(t pgstore.ReportTime) string {
+func timeSplitText(t backfilltype.ReportTime) string {
 	sec := func(s float64) string { return human(time.Duration(s * float64(time.Second))) }
 	parts := []string{"working " + sec(t.WorkingSeconds)}
 	var throttled float64

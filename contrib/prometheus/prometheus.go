@@ -55,12 +55,12 @@ package backfillprom
 
 import (
 	"context"
+	"github.com/pgbackfill/backfill/backfilltype"
 	"slices"
 	"strconv"
 	"time"
 
 	"github.com/pgbackfill/backfill/backfilltrace"
-	"github.com/pgbackfill/backfill/internal/pgstore"
 
 	"github.com/jmoiron/sqlx"
 	"github.com/prometheus/client_golang/prometheus"
@@ -217,7 +217,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 
 // chunkStatuses are the statuses backfill_chunks always has a series
 // for.
-var chunkStatuses = []backfill.ChunkStatus{backfill.ChunkPending, pgstore.ChunkLeased, backfill.ChunkDone, backfill.ChunkFailed, backfill.ChunkOpen}
+var chunkStatuses = []backfill.ChunkStatus{backfill.ChunkPending, backfilltype.ChunkLeased, backfill.ChunkDone, backfill.ChunkFailed, backfill.ChunkOpen}
 
 // TraceChunkStart implements [backfilltrace.Tracer]; it returns ctx.
 func (c *Collector) TraceChunkStart(ctx context.Context, _ backfilltrace.ChunkStartData) context.Context {

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/pgbackfill/backfill/internal/pgstore"
+	"github.com/pgbackfill/backfill/backfilltype"
 
 	"github.com/pgbackfill/backfill"
 	"github.com/pgbackfill/backfill/contrib/report"
@@ -21,10 +21,10 @@ func ExampleWriteHTML() {
 	rep := backfill.RunReport{
 		GeneratedAt: t0.Add(time.Hour),
 		Schema:      "backfill",
-		Plan: pgstore.ReportPlan{BatchID: 7, Job: "orders-2025", CodeVersion: "a1b2c3", Fingerprint: "9f86d081",
+		Plan: backfilltype.ReportPlan{BatchID: 7, Job: "orders-2025", CodeVersion: "a1b2c3", Fingerprint: "9f86d081",
 			Scope: "days [2025-01-01, 2025-01-03) UTC", ChunksTotal: 2, Status: backfill.RunCompleted,
 			Rollback: backfill.RollbackUndoLog, StartedBy: "alice", CreatedAt: t0, FinishedAt: at(90)},
-		Chunks: []pgstore.ReportChunk{
+		Chunks: []backfilltype.ReportChunk{
 			{Seq: 0, ID: "day:2025-01-01", Status: "done", Worker: "host-a:41", StartedAt: at(1), FinishedAt: at(40), DurationSeconds: 39,
 				Counts: backfill.Counts{Read: 1200, Inserted: 1190, Rejected: 10}},
 			{Seq: 1, ID: "day:2025-01-02", Status: "done", Worker: "host-b:17", StartedAt: at(2), FinishedAt: at(88), DurationSeconds: 86,

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pgbackfill/backfill/internal/pgstore"
+	"github.com/pgbackfill/backfill/backfilltype"
 
 	"github.com/pgbackfill/backfill"
 	"github.com/pgbackfill/backfill/contrib/report"
@@ -19,10 +19,10 @@ import (
 func TestHTMLOfManyChunks(t *testing.T) {
 	t.Parallel()
 	t0 := time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC)
-	rep := backfill.RunReport{Plan: pgstore.ReportPlan{Job: "many", CreatedAt: t0, ChunksTotal: 10_000, Status: backfill.RunCompleted}}
+	rep := backfill.RunReport{Plan: backfilltype.ReportPlan{Job: "many", CreatedAt: t0, ChunksTotal: 10_000, Status: backfill.RunCompleted}}
 	for i := range 10_000 {
 		start, end := t0.Add(time.Duration(i/8)*3*time.Second), t0.Add(time.Duration(i/8)*3*time.Second+time.Duration(1000+i%2000)*time.Millisecond)
-		rep.Chunks = append(rep.Chunks, pgstore.ReportChunk{Seq: i, ID: fmt.Sprint("int:", i), Status: "done", Worker: fmt.Sprint("w", i%8),
+		rep.Chunks = append(rep.Chunks, backfilltype.ReportChunk{Seq: i, ID: fmt.Sprint("int:", i), Status: "done", Worker: fmt.Sprint("w", i%8),
 			StartedAt: &start, FinishedAt: &end, DurationSeconds: end.Sub(start).Seconds(), Counts: backfill.Counts{Read: 1000, Inserted: 1000}})
 	}
 	rep.Time.End = t0.Add(3750 * time.Second)

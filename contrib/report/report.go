@@ -38,7 +38,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/pgbackfill/backfill/internal/pgstore"
+	"github.com/pgbackfill/backfill/backfilltype"
 
 	"github.com/pgbackfill/backfill"
 )
@@ -91,8 +91,8 @@ type view struct {
 	Statuses []statusCount
 	Outcomes []outcome
 	Workers  []workerRow
-	Slowest  []pgstore.ReportChunk
-	Attn     []pgstore.ReportChunk
+	Slowest  []backfilltype.ReportChunk
+	Attn     []backfilltype.ReportChunk
 	AttnMore int
 	Parts    []timePart
 	// Charts, as inline SVG.
@@ -115,7 +115,7 @@ type workerRow struct {
 	Chunks int
 	Rows   int64
 	Busy   float64
-	Procs  []pgstore.ReportWorker
+	Procs  []backfilltype.ReportWorker
 }
 
 type timePart struct {
@@ -166,7 +166,7 @@ func newView(r backfill.RunReport) (view, error) {
 		v.Workers = append(v.Workers, *byID[id])
 	}
 
-	timed := slices.DeleteFunc(slices.Clone(r.Chunks), func(c pgstore.ReportChunk) bool { return c.StartedAt == nil || c.FinishedAt == nil })
+	timed := slices.DeleteFunc(slices.Clone(r.Chunks), func(c backfilltype.ReportChunk) bool { return c.StartedAt == nil || c.FinishedAt == nil })
 	sort.SliceStable(timed, func(i, j int) bool { return timed[i].DurationSeconds > timed[j].DurationSeconds })
 	v.Slowest = timed[:min(len(timed), 10)]
 	for _, c := range r.Chunks {

@@ -16,7 +16,6 @@ import (
 
 	"github.com/pgbackfill/backfill/backfillthrottle"
 	"github.com/pgbackfill/backfill/backfilltype"
-	"github.com/pgbackfill/backfill/internal/pgstore"
 
 	"github.com/jmoiron/sqlx"
 
@@ -159,9 +158,9 @@ func TestHTMLIsSelfContained(t *testing.T) {
 	rep.Plan.Job = hostile
 	rep.Plan.CodeVersion = `javascript:alert(1)`
 	rep.Events = append(rep.Events, backfilltype.Event{Kind: "note", Actor: hostile, Detail: json.RawMessage(`{"see":"http://evil.example/a.css"}`), CreatedAt: rep.GeneratedAt})
-	rep.Exceptions.Groups = append(rep.Exceptions.Groups, pgstore.ReportExceptionGroup{Reason: hostile, Column: "url(http://evil.example/f.woff)", Count: 1,
+	rep.Exceptions.Groups = append(rep.Exceptions.Groups, backfilltype.ReportExceptionGroup{Reason: hostile, Column: "url(http://evil.example/f.woff)", Count: 1,
 		Examples: []backfill.Exception{{ChunkID: "c", Row: 1, Value: `" onload="fetch('//evil.example')`, Raw: json.RawMessage(`{"u":"<link href='https://cdn.example/x.css'>"}`)}}})
-	rep.Workers = append(rep.Workers, pgstore.ReportWorker{WorkerID: hostile, Host: "//evil.example"})
+	rep.Workers = append(rep.Workers, backfilltype.ReportWorker{WorkerID: hostile, Host: "//evil.example"})
 	var buf bytes.Buffer
 	if err := report.WriteHTML(&buf, rep); err != nil {
 		t.Fatal(err)

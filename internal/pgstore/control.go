@@ -40,7 +40,7 @@ func KnobThrottleLow(signal string) string { return "throttle." + signal + ".low
 // ([Manifest]).
 type ControlManifest interface {
 	ReadControl(ctx context.Context, db sqlx.ExtContext, action string, batchID int64, actor, why string) error
-	SetKnob(ctx context.Context, db sqlx.ExtContext, p SetKnobParams) error
+	SetKnob(ctx context.Context, db sqlx.ExtContext, p backfilltype.SetKnobParams) error
 	Control(ctx context.Context, db sqlx.ExtContext, batchID int64) (backfilltype.ControlState, error)
 	Schema() string
 }
@@ -100,7 +100,7 @@ func (m *Manifest) ReadControl(ctx context.Context, db sqlx.ExtContext, action s
 // gives an error wrapping [backfilltype.ErrInvalidConfig] that names the
 // key and value; a completed, rolled back or abandoned run
 // [backfilltype.ErrRunStatus].
-func (m *Manifest) SetKnob(ctx context.Context, db sqlx.ExtContext, p SetKnobParams) error {
+func (m *Manifest) SetKnob(ctx context.Context, db sqlx.ExtContext, p backfilltype.SetKnobParams) error {
 	batchID, key, value := p.BatchID, p.Key, p.Value
 	actor, why := ManifestText(p.Actor), ManifestText(p.Why)
 	err := InShortTx(ctx, db, func(tx sqlx.ExtContext) error {
@@ -112,17 +112,6 @@ func (m *Manifest) SetKnob(ctx context.Context, db sqlx.ExtContext, p SetKnobPar
 		return fmt.Errorf("backfill: set knob %q of run %d to %q: %w", key, batchID, value, controlError(err, false))
 	}
 	return nil
-}
-
-// SetKnobParams are the arguments of [Manifest.SetKnob]: the knob Key of
-// run BatchID is set to Value (a number as text, or "default"), by Actor
-// for the reason Why (both required).
-type SetKnobParams struct {
-	BatchID int64
-	Key     string
-	Value   string
-	Actor   string
-	Why     string
 }
 
 // Control returns run batchID's control state: status, reason and knobs.

@@ -8,6 +8,7 @@ import (
 	"github.com/jmoiron/sqlx"
 	"github.com/lib/pq"
 
+	"github.com/pgbackfill/backfill/backfilltype"
 	"github.com/pgbackfill/backfill/internal/sqlgen"
 )
 
@@ -26,7 +27,7 @@ type PrivilegeChecker struct {
 	// the checks. A caller may add privileges found by other checks (the
 	// manifest's, [Manifest.MissingPrivileges]) in the order the error
 	// should list them.
-	Missing []Privilege
+	Missing []backfilltype.Privilege
 }
 
 // NewPrivilegeChecker returns a checker running its queries on db (a read
@@ -41,7 +42,7 @@ func NewPrivilegeChecker(ctx context.Context, db sqlx.ExtContext) (*PrivilegeChe
 }
 
 func (c *PrivilegeChecker) add(object, privilege, grant, why string) {
-	c.Missing = append(c.Missing, Privilege{Object: object, Privilege: privilege, Grant: grant, Why: why})
+	c.Missing = append(c.Missing, backfilltype.Privilege{Object: object, Privilege: privilege, Grant: grant, Why: why})
 }
 
 // Err returns a [*PrivilegeError] of Role listing Missing, or nil when

@@ -13,34 +13,13 @@ import (
 	"github.com/pgbackfill/backfill/internal/sqlgen"
 )
 
-// Privilege is one privilege the session's role lacks: on which object,
-// which privilege, and the GRANT statement that gives it.
-type Privilege struct {
-	// Object is the object's kind and quoted name, such as
-	// `table "backfill"."runs"` or `database "app"`.
-	Object string
-	// Privilege is the privilege's name as GRANT spells it: SELECT,
-	// INSERT, UPDATE, DELETE, USAGE, CREATE, TEMPORARY, or OWNER for
-	// what only the object's owner (or a member of its role) may do.
-	Privilege string
-	// Grant is the statement an administrator runs to give it, with
-	// every identifier quoted. For OWNER it is "ALTER TABLE|VIEW ...
-	// OWNER TO role;", or the GRANT of the owner's role to the session's
-	// role only when the owner is a plain NOLOGIN role without SUPERUSER,
-	// CREATEROLE, CREATEDB, REPLICATION, BYPASSRLS or pg_* memberships
-	// (never membership in a superuser or otherwise privileged role).
-	Grant string
-	// Why says what needs it.
-	Why string
-}
-
 // PrivilegeError lists every privilege the session's role lacks for a job,
 // with the statements to grant them. It wraps [backfilltype.ErrPrivilege].
 type PrivilegeError struct {
 	// Role is the session's role (current_user).
 	Role string
 	// Missing lists the missing privileges, in a stable order.
-	Missing []Privilege
+	Missing []backfilltype.Privilege
 }
 
 // Error names the role, each missing privilege with its object and what
@@ -96,7 +75,7 @@ func (e *PrivilegeError) Unwrap() error { return backfilltype.ErrPrivilege }
 
 // NewPrivilegeError returns nil when missing is empty, else a
 // *PrivilegeError of role.
-func NewPrivilegeError(role string, missing []Privilege) error {
+func NewPrivilegeError(role string, missing []backfilltype.Privilege) error {
 	if len(missing) == 0 {
 		return nil
 	}
@@ -121,8 +100,8 @@ type pgPrivilegeRow struct {
 }
 
 // privilegeRows turns the query's rows into Privileges of role.
-func privilegeRows(rows []pgPrivilegeRow, role string) []Privilege {
-	out := make([]Privilege, len(rows))
+func privilegeRows(rows []pgPrivilegeRow, role string) []backfilltype.Privilege {
+	out := make([]backfilltype.Privilege, len(rows))
 	for i, r := range rows {
 		var name string
 		switch {
@@ -133,7 +112,7 @@ func privilegeRows(rows []pgPrivilegeRow, role string) []Privilege {
 		default:
 			name = sqlgen.Ident(r.Schema) + "." + sqlgen.Ident(r.Name)
 		}
-		out[i] = Privilege{Object: strings.ToLower(r.Kind) + " " + name, Privilege: r.Privilege,
+		out[i] = backfilltype.Privilege{Object: strings.ToLower(r.Kind) + " " + name, Privilege: r.Privilege,
 			Grant: GrantOn(r.Privilege, r.Kind+" "+name, role), Why: r.Why}
 	}
 	return out
@@ -177,7 +156,7 @@ ORDER BY ord, name, array_position(ARRAY['USAGE', 'SELECT', 'INSERT', 'UPDATE', 
 // itself, and does not check the manifest's version ([Manifest.Version]).
 func (m *Manifest) CheckPrivileges(ctx context.Context, db sqlx.ExtContext) error {
 	var (
-		missing []Privilege
+		missing []backfilltype.Privilege
 		role    string
 	)
 	err := ReadTx(ctx, db, func(tx sqlx.ExtContext) (err error) {
@@ -190,7 +169,7 @@ func (m *Manifest) CheckPrivileges(ctx context.Context, db sqlx.ExtContext) erro
 	return NewPrivilegeError(role, missing)
 }
 
-func (m *Manifest) MissingPrivileges(ctx context.Context, db sqlx.ExtContext) ([]Privilege, string, error) {
+func (m *Manifest) MissingPrivileges(ctx context.Context, db sqlx.ExtContext) ([]backfilltype.Privilege, string, error) {
 	var role string
 	if err := sqlx.GetContext(ctx, db, &role, `SELECT current_user`); err != nil {
 		return nil, "", err
@@ -306,34 +285,6 @@ func (m *Manifest) Migrate(ctx context.Context, db sqlx.ExtContext) error {
 	return err
 }
 
-// MigrateResult is what [Manifest.MigrateGrant] did.
-type MigrateResult struct {
-	// From is the schema's version before this call, read under the
-	// migration's lock: when several callers migrate at once, one reports
-	// the migration and the others From == To.
-	From int
-	// To is the schema's version after the call.
-	To int
-	// Granted lists the GRANT statements run whose privileges the role
-	// has afterwards, in order.
-	Granted []string
-	// NotGranted lists the privileges a role of the call still lacks
-	// after its GRANT statements: PostgreSQL grants nothing, with only a
-	// warning, when the caller holds the privilege without its grant
-	// option. Why names the object's owner, who can grant it.
-	NotGranted []RolePrivilege
-}
-
-// RolePrivilege is a privilege a named role lacks.
-type RolePrivilege struct {
-	// Role is the role that lacks it.
-	Role string
-	Privilege
-	// Owner is the object's owner: the owner (or a superuser, or a role
-	// holding the privilege WITH GRANT OPTION) can grant it.
-	Owner string
-}
-
 // MigrateGrant migrates the schema as [Manifest.Migrate] does and, in the
 // same transaction and under the same advisory lock, runs the statements of
 // [Manifest.Grants] for each of roles, then checks that each role has every
@@ -346,10 +297,10 @@ type RolePrivilege struct {
 // [backfilltype.ErrPrivilege], naming the role, the privilege, the
 // statement and the object's owner who can run it; the migration and the
 // effective grants are committed all the same.
-func (m *Manifest) MigrateGrant(ctx context.Context, db sqlx.ExtContext, roles ...string) (MigrateResult, error) {
-	var res MigrateResult
+func (m *Manifest) MigrateGrant(ctx context.Context, db sqlx.ExtContext, roles ...string) (backfilltype.MigrateResult, error) {
+	var res backfilltype.MigrateResult
 	err := InTx(ctx, db, func(tx sqlx.ExtContext) (err error) {
-		res = MigrateResult{}
+		res = backfilltype.MigrateResult{}
 		if res.From, res.To, err = m.migrate(ctx, tx); err != nil || len(roles) == 0 {
 			return err
 		}
@@ -369,10 +320,10 @@ func (m *Manifest) MigrateGrant(ctx context.Context, db sqlx.ExtContext, roles .
 			}
 			missing := privilegeRows(rows, role)
 			for i, p := range missing {
-				res.NotGranted = append(res.NotGranted, RolePrivilege{Role: role, Privilege: p, Owner: rows[i].Owner})
+				res.NotGranted = append(res.NotGranted, backfilltype.RolePrivilege{Role: role, Privilege: p, Owner: rows[i].Owner})
 			}
 			for _, q := range m.Grants(database, role) {
-				if !slices.ContainsFunc(missing, func(p Privilege) bool { return grantCovers(q, p) }) {
+				if !slices.ContainsFunc(missing, func(p backfilltype.Privilege) bool { return grantCovers(q, p) }) {
 					res.Granted = append(res.Granted, q)
 				}
 			}
@@ -380,7 +331,7 @@ func (m *Manifest) MigrateGrant(ctx context.Context, db sqlx.ExtContext, roles .
 		return nil
 	})
 	if err != nil {
-		return MigrateResult{}, fmt.Errorf("backfill: manifest migrate: %w", err)
+		return backfilltype.MigrateResult{}, fmt.Errorf("backfill: manifest migrate: %w", err)
 	}
 	if len(res.NotGranted) > 0 {
 		var b strings.Builder
@@ -396,7 +347,7 @@ func (m *Manifest) MigrateGrant(ctx context.Context, db sqlx.ExtContext, roles .
 
 // grantCovers reports whether the statement q of [Manifest.Grants]
 // gives the privilege p.
-func grantCovers(q string, p Privilege) bool {
+func grantCovers(q string, p backfilltype.Privilege) bool {
 	kind, _, _ := strings.Cut(p.Object, " ")
 	switch strings.ToUpper(kind) {
 	case "DATABASE":
@@ -461,7 +412,7 @@ func (m *Manifest) migrate(ctx context.Context, tx sqlx.ExtContext) (from, to in
 					return 0, 0, err
 				}
 				db := sqlgen.Ident(who.Database)
-				perr := &PrivilegeError{Role: who.Role, Missing: []Privilege{{Object: "database " + db, Privilege: "CREATE",
+				perr := &PrivilegeError{Role: who.Role, Missing: []backfilltype.Privilege{{Object: "database " + db, Privilege: "CREATE",
 					Grant: GrantOn("CREATE", "DATABASE "+db, who.Role),
 					Why:   fmt.Sprintf("to run CREATE SCHEMA %s; or else an administrator creates the schema first: CREATE SCHEMA %s AUTHORIZATION %s", s, s, sqlgen.Ident(who.Role))}}}
 				return 0, 0, fmt.Errorf("CREATE SCHEMA %s: %w (%w)", s, perr, err)

@@ -15,7 +15,7 @@ import (
 	"github.com/pgbackfill/backfill/backfilltype"
 )
 
-// Report limits: how much of the long lists a [RunReport] keeps. The
+// Report limits: how much of the long lists a [backfilltype.RunReport] keeps. The
 // counts and sums always cover everything.
 const (
 	// reportExceptionGroups is how many (reason, column) groups of
@@ -36,305 +36,27 @@ const (
 	reportHistogramBins = 20
 )
 
-// RunReport is the report of one run: its plan, every chunk with its
-// timing and counts, the throughput over time, the distribution of chunk
-// durations, where the run's time went (working, throttled, paused), the
-// waits of its chunks, its exceptions, its validation evidence and its
-// audit trail. [LoadRunReport] reads it from a [Manifest]. Its JSON
-// form (the json tags) is stable: fields are added, never renamed. Times
-// are UTC, durations are seconds (fields named *_seconds), rates rows per
-// second.
-type RunReport struct {
-	// GeneratedAt is when the report was read (the server's clock).
-	GeneratedAt time.Time `json:"generated_at"`
-	// Schema is the manifest's schema.
-	Schema string `json:"schema"`
-	// Plan is the run's plan and who started it.
-	Plan ReportPlan `json:"plan"`
-	// Totals sums the chunks.
-	Totals ReportTotals `json:"totals"`
-	// Chunks are every chunk of the run, in plan (Seq) order.
-	Chunks []ReportChunk `json:"chunks"`
-	// Workers are the processes (calls of backfill.Runner.Run) that worked on
-	// the run, in the order they started.
-	Workers []ReportWorker `json:"workers"`
-	// Throughput is rows read per second over time, each chunk's rows
-	// spread evenly over its start to finish.
-	Throughput ReportThroughput `json:"throughput"`
-	// Durations is the distribution of the finished chunks' durations, with
-	// a histogram of at most 20 bins.
-	Durations ReportDurations `json:"chunk_durations"`
-	// Time is how the run's time split into working, throttled and paused.
-	Time ReportTime `json:"time"`
-	// Waits are the tries of chunks that waited on a lock or a timeout
-	// and were retried.
-	Waits ReportWaits `json:"waits"`
-	// Exceptions are the rows not loaded, by reason and column.
-	Exceptions ReportExceptions `json:"exceptions"`
-	// Validations is the validation evidence.
-	Validations ReportValidations `json:"validations"`
-	// Events is the run's audit trail, in order.
-	Events []backfilltype.Event `json:"events"`
-}
-
-// ReportPlan is the plan summary of a [RunReport].
-type ReportPlan struct {
-	BatchID     int64  `json:"batch_id"`
-	Job         string `json:"job"`
-	Source      string `json:"source"`
-	CodeVersion string `json:"code_version"`
-	Fingerprint string `json:"fingerprint"`
-	// Scope is the plan's description of its scope; ScopeLower and
-	// ScopeUpper are the bounds of its first and last chunk.
-	Scope      string `json:"scope"`
-	ScopeLower string `json:"scope_lower"`
-	ScopeUpper string `json:"scope_upper"`
-	// ChunkKind is the kind of the chunks ("time", "int", "list").
-	ChunkKind   string                  `json:"chunk_kind"`
-	ChunksTotal int                     `json:"chunks_total"`
-	Target      backfilltype.PlanTarget `json:"target"`
-	// Rollback is the rollback mechanism decided before writing.
-	Rollback backfilltype.RollbackMechanism `json:"rollback"`
-	Publish  string                         `json:"publish"`
-	Time     *backfilltype.PlanTime         `json:"time,omitempty"`
-	Status   backfilltype.RunStatus         `json:"status"`
-	// StartedBy is the worker or person who created the run.
-	StartedBy  string     `json:"started_by"`
-	CreatedAt  time.Time  `json:"created_at"`
-	FinishedAt *time.Time `json:"finished_at,omitempty"`
-	LastError  string     `json:"last_error,omitempty"`
-	Watermark  *time.Time `json:"watermark,omitempty"`
-	// Calls counts the calls that started or resumed the run.
-	Calls int `json:"calls"`
-}
-
-// ReportTotals sums the chunks of a [RunReport].
-type ReportTotals struct {
-	// ChunksByStatus counts the chunks by [backfilltype.ChunkStatus].
-	ChunksByStatus map[string]int `json:"chunks_by_status"`
-	// ChunksSkipped counts the done chunks whose staging and merge were
-	// skipped, their rows unchanged (backfill.Job.SkipUnchanged,
-	// [ReportChunk.Skipped]); they are among the done ones.
-	ChunksSkipped int `json:"chunks_skipped"`
-	// Rows sums the chunks' counts.
-	Rows backfilltype.Counts `json:"rows"`
-	// Attempts sums the chunks' attempts.
-	Attempts int `json:"attempts"`
-	// Workers is how many distinct workers completed chunks.
-	Workers int `json:"workers"`
-	// FirstStart and LastFinish bound the chunks' work (nil before any).
-	FirstStart *time.Time `json:"first_start,omitempty"`
-	LastFinish *time.Time `json:"last_finish,omitempty"`
-	// RowsPerSecond is the rows read over LastFinish - FirstStart.
-	RowsPerSecond float64 `json:"rows_per_second"`
-}
-
-// ReportChunk is one chunk of a [RunReport].
-type ReportChunk struct {
-	Seq   int    `json:"seq"`
-	ID    string `json:"id"`
-	Lower string `json:"lower"`
-	Upper string `json:"upper"`
-	// Status is the chunk's [backfilltype.ChunkStatus] (or "staged",
-	// "rolled_back").
-	Status   string `json:"status"`
-	Attempts int    `json:"attempts"`
-	// Worker is the backfill.Config.WorkerID that completed it ("" if none).
-	Worker string `json:"worker"`
-	// StartedAt and FinishedAt are the worker's clock (the times the
-	// library recorded at the chunk's start and end), unlike the
-	// server-clock times of the run, its events and its throttle holds.
-	StartedAt  *time.Time `json:"started_at,omitempty"`
-	FinishedAt *time.Time `json:"finished_at,omitempty"`
-	// DurationSeconds is FinishedAt - StartedAt (0 when either is unset).
-	DurationSeconds float64             `json:"duration_seconds"`
-	Counts          backfilltype.Counts `json:"counts"`
-	LastError       string              `json:"last_error,omitempty"`
-	// Skipped is true when the chunk's latest checkpoint skipped its
-	// staging and merge, its rows unchanged since the load it was compared
-	// with (backfill.Job.SkipUnchanged, [backfilltype.ChunkState.Skipped]).
-	Skipped bool `json:"skipped"`
-}
-
-// ReportWorker is one worker (one call of backfill.Runner.Run) of a run.
-type ReportWorker struct {
-	WorkerID    string     `db:"worker_id" json:"worker_id"`
-	Host        string     `db:"host" json:"host"`
-	PID         int        `db:"pid" json:"pid"`
-	State       string     `db:"state" json:"state"`
-	StartedAt   time.Time  `db:"started_at" json:"started_at"`
-	HeartbeatAt time.Time  `db:"heartbeat_at" json:"heartbeat_at"`
-	FinishedAt  *time.Time `db:"finished_at" json:"finished_at,omitempty"`
-}
-
-// ReportThroughput is the rows/s series of a [RunReport]: buckets of
-// BucketSeconds from Start.
-type ReportThroughput struct {
-	Start         *time.Time   `json:"start,omitempty"`
-	BucketSeconds float64      `json:"bucket_seconds"`
-	Buckets       []ReportRate `json:"buckets"`
-}
-
-// ReportRate is one bucket of [ReportThroughput]: the rows read within
-// [Start, Start+BucketSeconds) and their rate.
-type ReportRate struct {
-	Start         time.Time `json:"start"`
-	Rows          float64   `json:"rows"`
-	RowsPerSecond float64   `json:"rows_per_second"`
-}
-
-// ReportDurations is the distribution of chunk durations (seconds) of the
-// chunks that have a start and a finish.
-type ReportDurations struct {
-	Count int         `json:"count"`
-	Min   float64     `json:"min_seconds"`
-	Mean  float64     `json:"mean_seconds"`
-	P50   float64     `json:"p50_seconds"`
-	P90   float64     `json:"p90_seconds"`
-	P99   float64     `json:"p99_seconds"`
-	Max   float64     `json:"max_seconds"`
-	Bins  []ReportBin `json:"bins"`
-}
-
-// ReportBin is one bin of a histogram: Count values in [From, To)
-// seconds (the last bin includes To).
-type ReportBin struct {
-	From  float64 `json:"from_seconds"`
-	To    float64 `json:"to_seconds"`
-	Count int     `json:"count"`
-}
-
-// ReportTime is the split of a run's time ([TimeSplit]) in seconds, with
-// its throttle holds.
-type ReportTime struct {
-	Start            time.Time          `json:"start"`
-	End              time.Time          `json:"end"`
-	TotalSeconds     float64            `json:"total_seconds"`
-	WorkingSeconds   float64            `json:"working_seconds"`
-	PausedSeconds    float64            `json:"paused_seconds"`
-	ThrottledSeconds map[string]float64 `json:"throttled_seconds"`
-	// Paused are the spans the run was paused (from each "run_paused"
-	// event to the next operator's resume, or End).
-	Paused []ReportSpan `json:"paused"`
-	// Signals sums the throttle holds per signal, by name.
-	Signals []ReportSignal `json:"signals"`
-	// Periods are the first throttle holds, in the order they started;
-	// PeriodsTotal counts them all.
-	Periods      []ReportThrottle `json:"periods"`
-	PeriodsTotal int              `json:"periods_total"`
-}
-
-// ReportSpan is a span of time.
-type ReportSpan struct {
-	From time.Time `json:"from"`
-	To   time.Time `json:"to"`
-}
-
-// ReportSignal sums the holds of one throttle signal. HeldSeconds adds
-// every worker's holds (so it may exceed the run's throttled time, which
-// counts each instant once).
-type ReportSignal struct {
-	Signal      string  `json:"signal"`
-	Holds       int     `json:"holds"`
-	HeldSeconds float64 `json:"held_seconds"`
-	MaxValue    float64 `json:"max_value"`
-}
-
-// ReportThrottle is one hold of a throttle by one worker.
-type ReportThrottle struct {
-	Signal    string    `json:"signal"`
-	Reason    string    `json:"reason"`
-	Value     float64   `json:"value"`
-	High      float64   `json:"high"`
-	Low       float64   `json:"low"`
-	StartedAt time.Time `json:"started_at"`
-	// EndedAt is the recorded end, or the end assumed for a hold still
-	// open ([backfilltype.ThrottlePeriod].Ended); Open reports the latter.
-	EndedAt time.Time `json:"ended_at"`
-	Open    bool      `json:"open,omitempty"`
-}
-
-// ReportWaits summarises the waits ([backfilltype.Wait]) of a run's chunks.
-type ReportWaits struct {
-	Total         int     `json:"total"`
-	WaitedSeconds float64 `json:"waited_seconds"`
-	// Final counts the waits that ended their attempt as failed.
-	Final int `json:"final"`
-	// BySQLState counts the waits by SQLSTATE.
-	BySQLState map[string]int `json:"by_sqlstate"`
-	// Longest are the longest waits, with the sessions that blocked them,
-	// in [backfilltype.Wait]'s own JSON form (its waited and sleep are
-	// nanoseconds).
-	Longest []backfilltype.Wait `json:"longest"`
-}
-
-// ReportExceptions summarises a run's exception queue.
-type ReportExceptions struct {
-	// Total counts the rows in the queue; FailedAttempts the rows kept as
-	// evidence of attempts a failed quality gate rolled back.
-	Total          int64 `db:"total" json:"total"`
-	FailedAttempts int64 `db:"failed_attempts" json:"failed_attempts"`
-	// Groups are the (reason, column) groups, the largest first (at most
-	// 100); GroupsTotal counts them all.
-	Groups      []ReportExceptionGroup `db:"-" json:"groups"`
-	GroupsTotal int                    `db:"groups_total" json:"groups_total"`
-}
-
-// ReportExceptionGroup is the exceptions of one reason and column, with a
-// few examples (the first recorded).
-type ReportExceptionGroup struct {
-	Reason   string                   `json:"reason"`
-	Column   string                   `json:"column"`
-	Count    int64                    `json:"count"`
-	Examples []backfilltype.Exception `json:"examples"`
-}
-
-// ReportValidations is a run's validation evidence: a summary per check
-// and the failed results.
-type ReportValidations struct {
-	Checks []ReportCheck `json:"checks"`
-	// Failures are the first failed results (at most 100), including
-	// those of rolled back attempts and accepted ones; FailuresTotal
-	// counts them all.
-	Failures      []backfilltype.Validation `json:"failures"`
-	FailuresTotal int                       `json:"failures_total"`
-}
-
-// ReportCheck sums the results of one check over the run's chunks.
-// Results of attempts a failed gate rolled back count in FailedAttempts
-// only.
-type ReportCheck struct {
-	Check    string                `db:"check" json:"check"`
-	Severity backfilltype.Severity `db:"severity" json:"severity"`
-	Results  int                   `db:"results" json:"results"`
-	Passed   int                   `db:"passed" json:"passed"`
-	Failed   int                   `db:"failed" json:"failed"`
-	Accepted int                   `db:"accepted" json:"accepted"`
-	// FailedAttempts counts results of rolled back attempts.
-	FailedAttempts int `db:"failed_attempts" json:"failed_attempts"`
-}
-
 // LoadRunReport reads the report of run batchID from manifest m (whose
 // tables db reaches): a handful of queries, whatever the number of chunks.
 // It needs only the manifest, not the job's code. db may be a transaction;
 // otherwise each part is read in a read-only transaction of its own, so the
 // parts of a live run's report may be read moments apart. It returns an
 // error wrapping [backfilltype.ErrRunNotFound] when there is no such run.
-func LoadRunReport(ctx context.Context, db sqlx.ExtContext, m *Manifest, batchID int64) (RunReport, error) {
-	var rep RunReport
+func LoadRunReport(ctx context.Context, db sqlx.ExtContext, m *Manifest, batchID int64) (backfilltype.RunReport, error) {
+	var rep backfilltype.RunReport
 	err := ReadTx(ctx, db, func(tx sqlx.ExtContext) error {
 		var err error
 		rep, err = m.loadRunReport(ctx, tx, batchID)
 		return err
 	})
 	if err != nil {
-		return RunReport{}, fmt.Errorf("backfill: report of batch %d: %w", batchID, err)
+		return backfilltype.RunReport{}, fmt.Errorf("backfill: report of batch %d: %w", batchID, err)
 	}
 	return rep, nil
 }
 
-func (m *Manifest) loadRunReport(ctx context.Context, tx sqlx.ExtContext, batchID int64) (RunReport, error) {
-	rep := RunReport{Schema: m.SchemaName}
+func (m *Manifest) loadRunReport(ctx context.Context, tx sqlx.ExtContext, batchID int64) (backfilltype.RunReport, error) {
+	rep := backfilltype.RunReport{Schema: m.SchemaName}
 	run, err := m.Run(ctx, tx, batchID)
 	if err != nil {
 		return rep, err
@@ -382,13 +104,13 @@ func (m *Manifest) loadRunReport(ctx context.Context, tx sqlx.ExtContext, batchI
 	paused := PausedSpans(rep.Events, end)
 	rep.Time = reportTime(SplitTime(run.CreatedAt, end, paused, periods), periods)
 	for _, s := range paused {
-		rep.Time.Paused = append(rep.Time.Paused, ReportSpan{From: s.from.UTC(), To: s.to.UTC()})
+		rep.Time.Paused = append(rep.Time.Paused, backfilltype.ReportSpan{From: s.from.UTC(), To: s.to.UTC()})
 	}
 	rep.Waits = reportWaitsOf(waits)
 	return rep, nil
 }
 
-func (m *Manifest) reportPlan(ctx context.Context, tx sqlx.ExtContext, run backfilltype.Run, p *ReportPlan) error {
+func (m *Manifest) reportPlan(ctx context.Context, tx sqlx.ExtContext, run backfilltype.Run, p *backfilltype.ReportPlan) error {
 	var plan backfilltype.Plan
 	if len(run.Plan) > 0 {
 		if err := json.Unmarshal(run.Plan, &plan); err != nil {
@@ -399,7 +121,7 @@ func (m *Manifest) reportPlan(ctx context.Context, tx sqlx.ExtContext, run backf
 	if err := sqlx.GetContext(ctx, tx, &calls, m.SQL(`SELECT calls FROM {s}.runs WHERE batch_id = $1`), run.BatchID); err != nil {
 		return err
 	}
-	*p = ReportPlan{BatchID: run.BatchID, Job: run.Job, Source: run.Source, CodeVersion: run.CodeVersion, Fingerprint: run.Fingerprint,
+	*p = backfilltype.ReportPlan{BatchID: run.BatchID, Job: run.Job, Source: run.Source, CodeVersion: run.CodeVersion, Fingerprint: run.Fingerprint,
 		Scope: plan.Scope, ScopeLower: run.ScopeLower, ScopeUpper: run.ScopeUpper, ChunksTotal: run.ChunksTotal,
 		Target: plan.Target, Rollback: plan.Rollback, Publish: plan.Publish, Time: plan.Time, Status: run.Status,
 		StartedBy: run.Worker, CreatedAt: run.CreatedAt.UTC(), FinishedAt: utcPtr(run.FinishedAt), LastError: run.LastError,
@@ -416,7 +138,7 @@ func utcPtr(t *time.Time) *time.Time {
 }
 
 // reportChunks returns the chunks of the run and their kind.
-func (m *Manifest) reportChunks(ctx context.Context, tx sqlx.ExtContext, batchID int64) ([]ReportChunk, string, error) {
+func (m *Manifest) reportChunks(ctx context.Context, tx sqlx.ExtContext, batchID int64) ([]backfilltype.ReportChunk, string, error) {
 	var rows []struct {
 		Seq        int        `db:"seq"`
 		ID         string     `db:"chunk_id"`
@@ -437,9 +159,9 @@ func (m *Manifest) reportChunks(ctx context.Context, tx sqlx.ExtContext, batchID
 		FROM {s}.chunks WHERE batch_id = $1 ORDER BY seq`), batchID); err != nil {
 		return nil, "", fmt.Errorf("chunks: %w", err)
 	}
-	out := make([]ReportChunk, len(rows))
+	out := make([]backfilltype.ReportChunk, len(rows))
 	for i, r := range rows {
-		c := ReportChunk{Seq: r.Seq, ID: r.ID, Lower: r.Lower, Upper: r.Upper, Status: r.Status, Attempts: r.Attempts, Worker: r.Worker,
+		c := backfilltype.ReportChunk{Seq: r.Seq, ID: r.ID, Lower: r.Lower, Upper: r.Upper, Status: r.Status, Attempts: r.Attempts, Worker: r.Worker,
 			StartedAt: utcPtr(r.StartedAt), FinishedAt: utcPtr(r.FinishedAt), Counts: r.Counts, LastError: r.LastError, Skipped: r.Skipped}
 		if c.StartedAt != nil && c.FinishedAt != nil {
 			c.DurationSeconds = c.FinishedAt.Sub(*c.StartedAt).Seconds()
@@ -453,8 +175,8 @@ func (m *Manifest) reportChunks(ctx context.Context, tx sqlx.ExtContext, batchID
 	return out, kind, nil
 }
 
-func (m *Manifest) reportWorkers(ctx context.Context, tx sqlx.ExtContext, batchID int64) ([]ReportWorker, error) {
-	var rows []ReportWorker
+func (m *Manifest) reportWorkers(ctx context.Context, tx sqlx.ExtContext, batchID int64) ([]backfilltype.ReportWorker, error) {
+	var rows []backfilltype.ReportWorker
 	if err := sqlx.SelectContext(ctx, tx, &rows, m.SQL(`SELECT worker_id, host, pid, state, started_at, heartbeat_at, finished_at
 		FROM {s}.workers WHERE batch_id = $1 ORDER BY started_at, worker_key`), batchID); err != nil {
 		return nil, fmt.Errorf("workers: %w", err)
@@ -463,13 +185,13 @@ func (m *Manifest) reportWorkers(ctx context.Context, tx sqlx.ExtContext, batchI
 		rows[i].StartedAt, rows[i].HeartbeatAt, rows[i].FinishedAt = rows[i].StartedAt.UTC(), rows[i].HeartbeatAt.UTC(), utcPtr(rows[i].FinishedAt)
 	}
 	if rows == nil {
-		rows = []ReportWorker{}
+		rows = []backfilltype.ReportWorker{}
 	}
 	return rows, nil
 }
 
-func (m *Manifest) reportExceptions(ctx context.Context, tx sqlx.ExtContext, batchID int64) (ReportExceptions, error) {
-	var out ReportExceptions
+func (m *Manifest) reportExceptions(ctx context.Context, tx sqlx.ExtContext, batchID int64) (backfilltype.ReportExceptions, error) {
+	var out backfilltype.ReportExceptions
 	if err := sqlx.GetContext(ctx, tx, &out, m.SQL(`SELECT count(*) FILTER (WHERE failed_attempt IS NULL) AS total,
 		count(*) FILTER (WHERE failed_attempt IS NOT NULL) AS failed_attempts,
 		count(DISTINCT (reason, column_name)) FILTER (WHERE failed_attempt IS NULL) AS groups_total
@@ -503,10 +225,10 @@ func (m *Manifest) reportExceptions(ctx context.Context, tx sqlx.ExtContext, bat
 		ORDER BY g.n DESC, g.reason, g.column_name, x.k`), batchID, reportExceptionGroups, reportExceptionExamples); err != nil {
 		return out, fmt.Errorf("exceptions: %w", err)
 	}
-	out.Groups = []ReportExceptionGroup{}
+	out.Groups = []backfilltype.ReportExceptionGroup{}
 	for _, r := range rows {
 		if n := len(out.Groups); n == 0 || out.Groups[n-1].Reason != r.Reason || out.Groups[n-1].Column != r.Column {
-			out.Groups = append(out.Groups, ReportExceptionGroup{Reason: r.Reason, Column: r.Column, Count: r.Count})
+			out.Groups = append(out.Groups, backfilltype.ReportExceptionGroup{Reason: r.Reason, Column: r.Column, Count: r.Count})
 		}
 		e := backfilltype.Exception{BatchID: batchID, ChunkID: r.ChunkID, Row: r.Row, Column: r.Column, Value: r.Value, Reason: r.Reason, CreatedAt: r.At.UTC()}
 		if r.Raw.Valid {
@@ -518,8 +240,8 @@ func (m *Manifest) reportExceptions(ctx context.Context, tx sqlx.ExtContext, bat
 	return out, nil
 }
 
-func (m *Manifest) reportValidations(ctx context.Context, tx sqlx.ExtContext, batchID int64) (ReportValidations, error) {
-	out := ReportValidations{Checks: []ReportCheck{}, Failures: []backfilltype.Validation{}}
+func (m *Manifest) reportValidations(ctx context.Context, tx sqlx.ExtContext, batchID int64) (backfilltype.ReportValidations, error) {
+	out := backfilltype.ReportValidations{Checks: []backfilltype.ReportCheck{}, Failures: []backfilltype.Validation{}}
 	if err := sqlx.SelectContext(ctx, tx, &out.Checks, m.SQL(`SELECT check_name AS "check", severity,
 		count(*) FILTER (WHERE failed_attempt IS NULL) AS results,
 		count(*) FILTER (WHERE failed_attempt IS NULL AND passed) AS passed,
@@ -564,8 +286,8 @@ func (m *Manifest) reportValidations(ctx context.Context, tx sqlx.ExtContext, ba
 }
 
 // reportTotals sums chunks.
-func reportTotals(chunks []ReportChunk) ReportTotals {
-	t := ReportTotals{ChunksByStatus: map[string]int{}}
+func reportTotals(chunks []backfilltype.ReportChunk) backfilltype.ReportTotals {
+	t := backfilltype.ReportTotals{ChunksByStatus: map[string]int{}}
 	workers := map[string]bool{}
 	for _, c := range chunks {
 		t.ChunksByStatus[c.Status]++
@@ -610,8 +332,8 @@ var reportBucketSteps = []time.Duration{
 
 // BuildReportThroughput spreads each timed chunk's rows read evenly over its
 // start to finish and sums them in about n buckets.
-func BuildReportThroughput(chunks []ReportChunk, n int) ReportThroughput {
-	out := ReportThroughput{Buckets: []ReportRate{}}
+func BuildReportThroughput(chunks []backfilltype.ReportChunk, n int) backfilltype.ReportThroughput {
+	out := backfilltype.ReportThroughput{Buckets: []backfilltype.ReportRate{}}
 	first, last := timedSpan(chunks)
 	if first.IsZero() {
 		return out
@@ -629,14 +351,14 @@ func BuildReportThroughput(chunks []ReportChunk, n int) ReportThroughput {
 	out.Start = &first
 	out.BucketSeconds = width.Seconds()
 	for i, r := range tb.rows {
-		out.Buckets = append(out.Buckets, ReportRate{Start: first.Add(time.Duration(i) * width), Rows: r, RowsPerSecond: r / width.Seconds()})
+		out.Buckets = append(out.Buckets, backfilltype.ReportRate{Start: first.Add(time.Duration(i) * width), Rows: r, RowsPerSecond: r / width.Seconds()})
 	}
 	return out
 }
 
 // timedSpan returns the earliest start and the latest finish of the
 // chunks that have both; zero times when none has.
-func timedSpan(chunks []ReportChunk) (first, last time.Time) {
+func timedSpan(chunks []backfilltype.ReportChunk) (first, last time.Time) {
 	for _, c := range chunks {
 		if c.StartedAt == nil || c.FinishedAt == nil {
 			continue
@@ -702,8 +424,8 @@ func (tb *throughputBuckets) add(a, b time.Time, read float64) {
 // BuildReportDurations is the distribution of the timed chunks' durations,
 // with a histogram of equal bins from the least to the greatest: at most
 // bins, about the square root of the number of chunks.
-func BuildReportDurations(chunks []ReportChunk, bins int) ReportDurations {
-	out := ReportDurations{Bins: []ReportBin{}}
+func BuildReportDurations(chunks []backfilltype.ReportChunk, bins int) backfilltype.ReportDurations {
+	out := backfilltype.ReportDurations{Bins: []backfilltype.ReportBin{}}
 	var ds []float64
 	for _, c := range chunks {
 		if c.StartedAt != nil && c.FinishedAt != nil {
@@ -723,14 +445,14 @@ func BuildReportDurations(chunks []ReportChunk, bins int) ReportDurations {
 	out.Count, out.Min, out.Max, out.Mean = len(ds), ds[0], ds[len(ds)-1], sum/float64(len(ds))
 	out.P50, out.P90, out.P99 = pct(0.5), pct(0.9), pct(0.99)
 	if out.Max == out.Min {
-		out.Bins = append(out.Bins, ReportBin{From: out.Min, To: out.Max, Count: len(ds)})
+		out.Bins = append(out.Bins, backfilltype.ReportBin{From: out.Min, To: out.Max, Count: len(ds)})
 		return out
 	}
 	// Fewer bins for few chunks: about the square root of their number.
 	bins = min(bins, max(1, int(math.Ceil(math.Sqrt(float64(len(ds)))))))
 	w := (out.Max - out.Min) / float64(bins)
 	for i := range bins {
-		out.Bins = append(out.Bins, ReportBin{From: out.Min + float64(i)*w, To: out.Min + float64(i+1)*w})
+		out.Bins = append(out.Bins, backfilltype.ReportBin{From: out.Min + float64(i)*w, To: out.Min + float64(i+1)*w})
 	}
 	out.Bins[bins-1].To = out.Max
 	for _, d := range ds {
@@ -740,38 +462,38 @@ func BuildReportDurations(chunks []ReportChunk, bins int) ReportDurations {
 }
 
 // reportTime converts split to seconds and sums periods per signal.
-func reportTime(split TimeSplit, periods []backfilltype.ThrottlePeriod) ReportTime {
-	out := ReportTime{Start: split.Start.UTC(), End: split.End.UTC(), TotalSeconds: split.Total.Seconds(),
+func reportTime(split backfilltype.TimeSplit, periods []backfilltype.ThrottlePeriod) backfilltype.ReportTime {
+	out := backfilltype.ReportTime{Start: split.Start.UTC(), End: split.End.UTC(), TotalSeconds: split.Total.Seconds(),
 		WorkingSeconds: split.Working.Seconds(), PausedSeconds: split.Paused.Seconds(),
-		ThrottledSeconds: map[string]float64{}, Paused: []ReportSpan{}, Signals: []ReportSignal{}, Periods: []ReportThrottle{}, PeriodsTotal: len(periods)}
+		ThrottledSeconds: map[string]float64{}, Paused: []backfilltype.ReportSpan{}, Signals: []backfilltype.ReportSignal{}, Periods: []backfilltype.ReportThrottle{}, PeriodsTotal: len(periods)}
 	for s, d := range split.Throttled {
 		out.ThrottledSeconds[s] = d.Seconds()
 	}
-	bySignal := map[string]*ReportSignal{}
+	bySignal := map[string]*backfilltype.ReportSignal{}
 	for _, p := range periods {
 		s := bySignal[p.Signal]
 		if s == nil {
-			s = &ReportSignal{Signal: p.Signal, MaxValue: p.Value}
+			s = &backfilltype.ReportSignal{Signal: p.Signal, MaxValue: p.Value}
 			bySignal[p.Signal] = s
 		}
 		s.Holds++
 		s.HeldSeconds += p.Ended.Sub(p.StartedAt).Seconds()
 		s.MaxValue = max(s.MaxValue, p.Value)
 		if len(out.Periods) < reportThrottlePeriods {
-			out.Periods = append(out.Periods, ReportThrottle{Signal: p.Signal, Reason: p.Reason, Value: p.Value, High: p.High, Low: p.Low,
+			out.Periods = append(out.Periods, backfilltype.ReportThrottle{Signal: p.Signal, Reason: p.Reason, Value: p.Value, High: p.High, Low: p.Low,
 				StartedAt: p.StartedAt.UTC(), EndedAt: p.Ended.UTC(), Open: p.EndedAt == nil})
 		}
 	}
 	for _, s := range bySignal {
 		out.Signals = append(out.Signals, *s)
 	}
-	slices.SortFunc(out.Signals, func(a, b ReportSignal) int { return cmp.Compare(a.Signal, b.Signal) })
+	slices.SortFunc(out.Signals, func(a, b backfilltype.ReportSignal) int { return cmp.Compare(a.Signal, b.Signal) })
 	return out
 }
 
 // reportWaitsOf summarises waits, keeping the longest.
-func reportWaitsOf(waits []backfilltype.Wait) ReportWaits {
-	out := ReportWaits{Total: len(waits), BySQLState: map[string]int{}, Longest: []backfilltype.Wait{}}
+func reportWaitsOf(waits []backfilltype.Wait) backfilltype.ReportWaits {
+	out := backfilltype.ReportWaits{Total: len(waits), BySQLState: map[string]int{}, Longest: []backfilltype.Wait{}}
 	for _, w := range waits {
 		out.WaitedSeconds += w.Waited.Seconds()
 		out.BySQLState[w.SQLState]++

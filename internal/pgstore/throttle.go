@@ -67,21 +67,6 @@ func (m *Manifest) LiveWorkers(ctx context.Context, db sqlx.ExtContext, batchID 
 	return keys, err
 }
 
-// TimeSplit is how a run's time splits: Total = Working + Paused + the
-// sum of Throttled. Each instant counts once: paused first, then
-// throttled (attributed to the signal whose hold started first, when
-// several hold at once, in any process), else working. Working includes
-// the time no worker ran (between calls of Run).
-type TimeSplit struct {
-	// Start is when the run was created; End when it finished, or now.
-	Start, End time.Time
-	Total      time.Duration
-	Working    time.Duration
-	Paused     time.Duration
-	// Throttled is the time held, by signal name.
-	Throttled map[string]time.Duration
-}
-
 type span struct{ from, to time.Time }
 
 // PausedSpans are the spans between "run_paused" and the next
@@ -111,8 +96,8 @@ func PausedSpans(events []backfilltype.Event, end time.Time) []span {
 
 // SplitTime splits [start, end) by the paused spans and the throttle
 // periods (their Ended).
-func SplitTime(start, end time.Time, paused []span, periods []backfilltype.ThrottlePeriod) TimeSplit {
-	ts := TimeSplit{Start: start, End: end, Throttled: map[string]time.Duration{}}
+func SplitTime(start, end time.Time, paused []span, periods []backfilltype.ThrottlePeriod) backfilltype.TimeSplit {
+	ts := backfilltype.TimeSplit{Start: start, End: end, Throttled: map[string]time.Duration{}}
 	if !end.After(start) {
 		return ts
 	}

@@ -11,44 +11,13 @@ import (
 	"github.com/pgbackfill/backfill/backfilltype"
 )
 
-// ChunkLeased is the status [Manifest.JobChunks] gives a pending chunk
-// whose lease a live worker holds: a chunk in flight (short
-// transactions). It is not a status of the manifest's rows.
-const ChunkLeased backfilltype.ChunkStatus = "leased"
-
-// JobChunks is the state of the latest run of a job, as metrics read it
-// from the manifest ([Manifest.JobChunks]): the same from any process.
-type JobChunks struct {
-	// Job is the job's name; BatchID and RunStatus its latest run's.
-	Job       string
-	BatchID   int64
-	RunStatus backfilltype.RunStatus
-	// Chunks counts the run's chunks by status: the manifest's (pending,
-	// done, failed, open, staged) with the pending chunks held by a live
-	// lease counted as [ChunkLeased] instead. Statuses with no chunk are
-	// absent.
-	Chunks map[backfilltype.ChunkStatus]int64
-	// Skipped counts the done chunks whose staging and merge a replay with
-	// backfill.Job.SkipUnchanged skipped
-	// ([backfilltype.ChunkState.Skipped]); they are among
-	// Chunks[ChunkDone].
-	Skipped int64
-	// Counts are the rows of the run's done, open and staged chunks.
-	Counts backfilltype.Counts
-	// LastDone is when the run's latest chunk was checkpointed (zero
-	// when none was); SinceLastDone is the time since, by the server's
-	// clock (0 when none was).
-	LastDone      time.Time
-	SinceLastDone time.Duration
-}
-
 // JobChunks returns the state of the latest run of each job in jobs (of
 // every job in the manifest when jobs is empty), ordered by job name: one
 // grouped query on the runs and chunks tables, in a read-only
 // transaction. staleAfter is the bound after which a lease of a worker
 // that stopped heartbeating is not counted as live (0:
 // [backfilltype.DefaultStaleAfter]). A job without a run is absent.
-func (m *Manifest) JobChunks(ctx context.Context, db sqlx.ExtContext, staleAfter time.Duration, jobs ...string) ([]JobChunks, error) {
+func (m *Manifest) JobChunks(ctx context.Context, db sqlx.ExtContext, staleAfter time.Duration, jobs ...string) ([]backfilltype.JobChunks, error) {
 	if staleAfter <= 0 {
 		staleAfter = backfilltype.DefaultStaleAfter
 	}
@@ -99,10 +68,10 @@ func (m *Manifest) JobChunks(ctx context.Context, db sqlx.ExtContext, staleAfter
 	if err != nil {
 		return nil, fmt.Errorf("backfill: chunks of the latest runs of jobs %v: %w", jobs, err)
 	}
-	var out []JobChunks
+	var out []backfilltype.JobChunks
 	for _, r := range rows {
 		if len(out) == 0 || out[len(out)-1].BatchID != r.BatchID {
-			out = append(out, JobChunks{Job: r.Job, BatchID: r.BatchID, RunStatus: r.RunStatus, Chunks: map[backfilltype.ChunkStatus]int64{}})
+			out = append(out, backfilltype.JobChunks{Job: r.Job, BatchID: r.BatchID, RunStatus: r.RunStatus, Chunks: map[backfilltype.ChunkStatus]int64{}})
 		}
 		j := &out[len(out)-1]
 		if !r.Status.Valid {

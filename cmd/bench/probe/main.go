@@ -39,7 +39,6 @@ import (
 
 	"github.com/pgbackfill/backfill/backfillthrottle"
 	"github.com/pgbackfill/backfill/backfilltype"
-	"github.com/pgbackfill/backfill/internal/pgstore"
 
 	"github.com/jmoiron/sqlx"
 	_ "github.com/lib/pq"
@@ -133,7 +132,7 @@ type phase struct {
 	rows      int64 // backfill rows committed within pgbench's window
 	probeVals []float64
 	probeLat  []time.Duration // the probe's own latencies (phase alone)
-	split     *pgstore.TimeSplit
+	split     *backfilltype.TimeSplit
 	holds     int
 	// pgbench's p99 and transactions while the throttle held the
 	// backfill, and while it did not.

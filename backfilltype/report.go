@@ -1,0 +1,283 @@
+package backfilltype
+
+import (
+	"time"
+)
+
+// RunReport is the report of one run: its plan, every chunk with its
+// timing and counts, the throughput over time, the distribution of chunk
+// durations, where the run's time went (working, throttled, paused), the
+// waits of its chunks, its exceptions, its validation evidence and its
+// audit trail. [LoadRunReport] reads it from a [Manifest]. Its JSON
+// form (the json tags) is stable: fields are added, never renamed. Times
+// are UTC, durations are seconds (fields named *_seconds), rates rows per
+// second.
+type RunReport struct {
+	// GeneratedAt is when the report was read (the server's clock).
+	GeneratedAt time.Time `json:"generated_at"`
+	// Schema is the manifest's schema.
+	Schema string `json:"schema"`
+	// Plan is the run's plan and who started it.
+	Plan ReportPlan `json:"plan"`
+	// Totals sums the chunks.
+	Totals ReportTotals `json:"totals"`
+	// Chunks are every chunk of the run, in plan (Seq) order.
+	Chunks []ReportChunk `json:"chunks"`
+	// Workers are the processes (calls of backfill.Runner.Run) that worked on
+	// the run, in the order they started.
+	Workers []ReportWorker `json:"workers"`
+	// Throughput is rows read per second over time, each chunk's rows
+	// spread evenly over its start to finish.
+	Throughput ReportThroughput `json:"throughput"`
+	// Durations is the distribution of the finished chunks' durations, with
+	// a histogram of at most 20 bins.
+	Durations ReportDurations `json:"chunk_durations"`
+	// Time is how the run's time split into working, throttled and paused.
+	Time ReportTime `json:"time"`
+	// Waits are the tries of chunks that waited on a lock or a timeout
+	// and were retried.
+	Waits ReportWaits `json:"waits"`
+	// Exceptions are the rows not loaded, by reason and column.
+	Exceptions ReportExceptions `json:"exceptions"`
+	// Validations is the validation evidence.
+	Validations ReportValidations `json:"validations"`
+	// Events is the run's audit trail, in order.
+	Events []Event `json:"events"`
+}
+
+// ReportPlan is the plan summary of a [RunReport].
+type ReportPlan struct {
+	BatchID     int64  `json:"batch_id"`
+	Job         string `json:"job"`
+	Source      string `json:"source"`
+	CodeVersion string `json:"code_version"`
+	Fingerprint string `json:"fingerprint"`
+	// Scope is the plan's description of its scope; ScopeLower and
+	// ScopeUpper are the bounds of its first and last chunk.
+	Scope      string `json:"scope"`
+	ScopeLower string `json:"scope_lower"`
+	ScopeUpper string `json:"scope_upper"`
+	// ChunkKind is the kind of the chunks ("time", "int", "list").
+	ChunkKind   string     `json:"chunk_kind"`
+	ChunksTotal int        `json:"chunks_total"`
+	Target      PlanTarget `json:"target"`
+	// Rollback is the rollback mechanism decided before writing.
+	Rollback RollbackMechanism `json:"rollback"`
+	Publish  string            `json:"publish"`
+	Time     *PlanTime         `json:"time,omitempty"`
+	Status   RunStatus         `json:"status"`
+	// StartedBy is the worker or person who created the run.
+	StartedBy  string     `json:"started_by"`
+	CreatedAt  time.Time  `json:"created_at"`
+	FinishedAt *time.Time `json:"finished_at,omitempty"`
+	LastError  string     `json:"last_error,omitempty"`
+	Watermark  *time.Time `json:"watermark,omitempty"`
+	// Calls counts the calls that started or resumed the run.
+	Calls int `json:"calls"`
+}
+
+// ReportTotals sums the chunks of a [RunReport].
+type ReportTotals struct {
+	// ChunksByStatus counts the chunks by [ChunkStatus].
+	ChunksByStatus map[string]int `json:"chunks_by_status"`
+	// ChunksSkipped counts the done chunks whose staging and merge were
+	// skipped, their rows unchanged (backfill.Job.SkipUnchanged,
+	// [ReportChunk.Skipped]); they are among the done ones.
+	ChunksSkipped int `json:"chunks_skipped"`
+	// Rows sums the chunks' counts.
+	Rows Counts `json:"rows"`
+	// Attempts sums the chunks' attempts.
+	Attempts int `json:"attempts"`
+	// Workers is how many distinct workers completed chunks.
+	Workers int `json:"workers"`
+	// FirstStart and LastFinish bound the chunks' work (nil before any).
+	FirstStart *time.Time `json:"first_start,omitempty"`
+	LastFinish *time.Time `json:"last_finish,omitempty"`
+	// RowsPerSecond is the rows read over LastFinish - FirstStart.
+	RowsPerSecond float64 `json:"rows_per_second"`
+}
+
+// ReportChunk is one chunk of a [RunReport].
+type ReportChunk struct {
+	Seq   int    `json:"seq"`
+	ID    string `json:"id"`
+	Lower string `json:"lower"`
+	Upper string `json:"upper"`
+	// Status is the chunk's [ChunkStatus] (or "staged",
+	// "rolled_back").
+	Status   string `json:"status"`
+	Attempts int    `json:"attempts"`
+	// Worker is the backfill.Config.WorkerID that completed it ("" if none).
+	Worker string `json:"worker"`
+	// StartedAt and FinishedAt are the worker's clock (the times the
+	// library recorded at the chunk's start and end), unlike the
+	// server-clock times of the run, its events and its throttle holds.
+	StartedAt  *time.Time `json:"started_at,omitempty"`
+	FinishedAt *time.Time `json:"finished_at,omitempty"`
+	// DurationSeconds is FinishedAt - StartedAt (0 when either is unset).
+	DurationSeconds float64 `json:"duration_seconds"`
+	Counts          Counts  `json:"counts"`
+	LastError       string  `json:"last_error,omitempty"`
+	// Skipped is true when the chunk's latest checkpoint skipped its
+	// staging and merge, its rows unchanged since the load it was compared
+	// with (backfill.Job.SkipUnchanged, [ChunkState.Skipped]).
+	Skipped bool `json:"skipped"`
+}
+
+// ReportWorker is one worker (one call of backfill.Runner.Run) of a run.
+type ReportWorker struct {
+	WorkerID    string     `db:"worker_id" json:"worker_id"`
+	Host        string     `db:"host" json:"host"`
+	PID         int        `db:"pid" json:"pid"`
+	State       string     `db:"state" json:"state"`
+	StartedAt   time.Time  `db:"started_at" json:"started_at"`
+	HeartbeatAt time.Time  `db:"heartbeat_at" json:"heartbeat_at"`
+	FinishedAt  *time.Time `db:"finished_at" json:"finished_at,omitempty"`
+}
+
+// ReportThroughput is the rows/s series of a [RunReport]: buckets of
+// BucketSeconds from Start.
+type ReportThroughput struct {
+	Start         *time.Time   `json:"start,omitempty"`
+	BucketSeconds float64      `json:"bucket_seconds"`
+	Buckets       []ReportRate `json:"buckets"`
+}
+
+// ReportRate is one bucket of [ReportThroughput]: the rows read within
+// [Start, Start+BucketSeconds) and their rate.
+type ReportRate struct {
+	Start         time.Time `json:"start"`
+	Rows          float64   `json:"rows"`
+	RowsPerSecond float64   `json:"rows_per_second"`
+}
+
+// ReportDurations is the distribution of chunk durations (seconds) of the
+// chunks that have a start and a finish.
+type ReportDurations struct {
+	Count int         `json:"count"`
+	Min   float64     `json:"min_seconds"`
+	Mean  float64     `json:"mean_seconds"`
+	P50   float64     `json:"p50_seconds"`
+	P90   float64     `json:"p90_seconds"`
+	P99   float64     `json:"p99_seconds"`
+	Max   float64     `json:"max_seconds"`
+	Bins  []ReportBin `json:"bins"`
+}
+
+// ReportBin is one bin of a histogram: Count values in [From, To)
+// seconds (the last bin includes To).
+type ReportBin struct {
+	From  float64 `json:"from_seconds"`
+	To    float64 `json:"to_seconds"`
+	Count int     `json:"count"`
+}
+
+// ReportTime is the split of a run's time ([TimeSplit]) in seconds, with
+// its throttle holds.
+type ReportTime struct {
+	Start            time.Time          `json:"start"`
+	End              time.Time          `json:"end"`
+	TotalSeconds     float64            `json:"total_seconds"`
+	WorkingSeconds   float64            `json:"working_seconds"`
+	PausedSeconds    float64            `json:"paused_seconds"`
+	ThrottledSeconds map[string]float64 `json:"throttled_seconds"`
+	// Paused are the spans the run was paused (from each "run_paused"
+	// event to the next operator's resume, or End).
+	Paused []ReportSpan `json:"paused"`
+	// Signals sums the throttle holds per signal, by name.
+	Signals []ReportSignal `json:"signals"`
+	// Periods are the first throttle holds, in the order they started;
+	// PeriodsTotal counts them all.
+	Periods      []ReportThrottle `json:"periods"`
+	PeriodsTotal int              `json:"periods_total"`
+}
+
+// ReportSpan is a span of time.
+type ReportSpan struct {
+	From time.Time `json:"from"`
+	To   time.Time `json:"to"`
+}
+
+// ReportSignal sums the holds of one throttle signal. HeldSeconds adds
+// every worker's holds (so it may exceed the run's throttled time, which
+// counts each instant once).
+type ReportSignal struct {
+	Signal      string  `json:"signal"`
+	Holds       int     `json:"holds"`
+	HeldSeconds float64 `json:"held_seconds"`
+	MaxValue    float64 `json:"max_value"`
+}
+
+// ReportThrottle is one hold of a throttle by one worker.
+type ReportThrottle struct {
+	Signal    string    `json:"signal"`
+	Reason    string    `json:"reason"`
+	Value     float64   `json:"value"`
+	High      float64   `json:"high"`
+	Low       float64   `json:"low"`
+	StartedAt time.Time `json:"started_at"`
+	// EndedAt is the recorded end, or the end assumed for a hold still
+	// open ([ThrottlePeriod].Ended); Open reports the latter.
+	EndedAt time.Time `json:"ended_at"`
+	Open    bool      `json:"open,omitempty"`
+}
+
+// ReportWaits summarises the waits ([Wait]) of a run's chunks.
+type ReportWaits struct {
+	Total         int     `json:"total"`
+	WaitedSeconds float64 `json:"waited_seconds"`
+	// Final counts the waits that ended their attempt as failed.
+	Final int `json:"final"`
+	// BySQLState counts the waits by SQLSTATE.
+	BySQLState map[string]int `json:"by_sqlstate"`
+	// Longest are the longest waits, with the sessions that blocked them,
+	// in [Wait]'s own JSON form (its waited and sleep are
+	// nanoseconds).
+	Longest []Wait `json:"longest"`
+}
+
+// ReportExceptions summarises a run's exception queue.
+type ReportExceptions struct {
+	// Total counts the rows in the queue; FailedAttempts the rows kept as
+	// evidence of attempts a failed quality gate rolled back.
+	Total          int64 `db:"total" json:"total"`
+	FailedAttempts int64 `db:"failed_attempts" json:"failed_attempts"`
+	// Groups are the (reason, column) groups, the largest first (at most
+	// 100); GroupsTotal counts them all.
+	Groups      []ReportExceptionGroup `db:"-" json:"groups"`
+	GroupsTotal int                    `db:"groups_total" json:"groups_total"`
+}
+
+// ReportExceptionGroup is the exceptions of one reason and column, with a
+// few examples (the first recorded).
+type ReportExceptionGroup struct {
+	Reason   string      `json:"reason"`
+	Column   string      `json:"column"`
+	Count    int64       `json:"count"`
+	Examples []Exception `json:"examples"`
+}
+
+// ReportValidations is a run's validation evidence: a summary per check
+// and the failed results.
+type ReportValidations struct {
+	Checks []ReportCheck `json:"checks"`
+	// Failures are the first failed results (at most 100), including
+	// those of rolled back attempts and accepted ones; FailuresTotal
+	// counts them all.
+	Failures      []Validation `json:"failures"`
+	FailuresTotal int          `json:"failures_total"`
+}
+
+// ReportCheck sums the results of one check over the run's chunks.
+// Results of attempts a failed gate rolled back count in FailedAttempts
+// only.
+type ReportCheck struct {
+	Check    string   `db:"check" json:"check"`
+	Severity Severity `db:"severity" json:"severity"`
+	Results  int      `db:"results" json:"results"`
+	Passed   int      `db:"passed" json:"passed"`
+	Failed   int      `db:"failed" json:"failed"`
+	Accepted int      `db:"accepted" json:"accepted"`
+	// FailedAttempts counts results of rolled back attempts.
+	FailedAttempts int `db:"failed_attempts" json:"failed_attempts"`
+}
