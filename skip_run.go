@@ -291,12 +291,11 @@ func (ex *execution) checkpointSkipped(ctx context.Context, t *chunkTry, sc skip
 // recordAfterMerge sets sk.record when the merge of try t's chunk took
 // every row it staged (mr, of the staged rows w counted) and, in one
 // statement in t.tx after the merge (pgstore.TargetFingerprintMerged),
-// the target rows (of t.info) within
-// its bounds (without ChunkColumn: of the identities in stager's staging
-// table) are exactly as many and each equals the staged row of its
-// identity: their fingerprints. Otherwise, or when stager has no staging
-// table ([backfilldriver.StagingTabler]) to compare with, nothing is
-// recorded.
+// the target rows of t.info within its bounds (without ChunkColumn: of
+// the identities in stager's staging table) are exactly as many and
+// each equals the staged row of its identity: their fingerprints.
+// Otherwise, or when stager has no staging table
+// ([backfilldriver.StagingTabler]) to compare with, nothing is recorded.
 //
 // The merge's result alone does not prove the recorded state: it does
 // not lock the rows it leaves unchanged, and under READ COMMITTED
