@@ -880,7 +880,7 @@ func (ex *execution) next(ctx context.Context, ws *waitState, p *chunkPipe) bool
 	// try that claimed nothing or failed ([throttler.settle]).
 	if cr.admitted {
 		var read int64
-		if err == nil && cr.claimed {
+		if err == nil && cr.outcome.claimed() {
 			read = cr.res.Read
 		}
 		ex.throttle.settle(read)
@@ -898,35 +898,54 @@ func (ex *execution) next(ctx context.Context, ws *waitState, p *chunkPipe) bool
 	if err == nil {
 		ws.connSince, ws.connFails = time.Time{}, 0
 	}
-	if !cr.noSlot {
+	if cr.outcome != tryNoSlot {
 		ws.slotSince = time.Time{}
 	}
-	switch {
-	case cr.noSlot:
+	switch cr.outcome {
+	case tryNoSlot:
 		return ex.waitSlot(ctx, ws)
-	case cr.throttled, cr.fenced, cr.requeued, cr.parked:
+	case tryThrottled, tryFenced, tryRequeued, tryParked:
 		return !ex.stopped()
-	case !cr.claimed && err == nil:
-		if _, d := ex.avoided(); d > 0 && !ex.stopped() {
-			// The chunks left are pausing after a wait: claim again
-			// when the first pause is over.
-			select {
-			case <-ctx.Done():
-			case <-time.After(min(d, ex.r.pollInterval())):
-			}
-			return true
-		}
-		return ex.waitHeld(ctx, ws)
-	case err == nil && cr.staged:
+	case tryStaged:
 		ex.log.Info("chunk staged", "seq", cr.res.Chunk.Seq, "chunk", cr.res.Chunk.ID, "read", cr.res.Read, "rejected", cr.res.Rejected)
 		return true
-	case err == nil:
+	case tryDone:
 		return ex.chunkDone(ctx, cr.res, cr.fresh, cr.turn)
-	case ctx.Err() != nil:
+	}
+	// tryNone or tryClaimed: nothing claimed, or an error.
+	if err == nil {
+		return ex.noneClaimed(ctx, ws)
+	}
+	if ctx.Err() != nil {
 		// Cancelled: the chunk rolled back and stays pending.
 		ex.fail(nil, ctx.Err())
 		return false
 	}
+	return ex.tryFailed(ctx, ws, cr, err)
+}
+
+// noneClaimed waits after a try that claimed nothing without an error:
+// until the first pause of the chunks left is over, or for a chunk held
+// by another worker (waitHeld). It returns false when none is left or
+// the run stops.
+func (ex *execution) noneClaimed(ctx context.Context, ws *waitState) bool {
+	if _, d := ex.avoided(); d > 0 && !ex.stopped() {
+		// The chunks left are pausing after a wait: claim again
+		// when the first pause is over.
+		select {
+		case <-ctx.Done():
+		case <-time.After(min(d, ex.r.pollInterval())):
+		}
+		return true
+	}
+	return ex.waitHeld(ctx, ws)
+}
+
+// tryFailed handles err, the error of try cr while ctx is live: a
+// connection failure before a chunk was claimed (connFailed), a quality
+// gate that failed (the run pauses), a wait (chunkWaited) or a failed
+// attempt (chunkFailed). It returns false when the run stops.
+func (ex *execution) tryFailed(ctx context.Context, ws *waitState, cr chunkRun, err error) bool {
 	var ce *ChunkError
 	if !errors.As(err, &ce) {
 		if backfilltype.IsConnectionError(err) {
@@ -1066,35 +1085,63 @@ func (ex *execution) chunkFailed(ctx context.Context, ce *ChunkError, attempt in
 	return true
 }
 
-// chunkRun is what runChunk did: whether it claimed (leased) a chunk,
-// with which attempt, and the chunk's result when it committed.
+// tryOutcome is how one try of runChunk ended: the single value next
+// decodes. tryClaimed is the only outcome that comes with runChunk's
+// error (the attempt failed); tryNone comes with or without one (an
+// error before any lease); tryNoSlot may come with the lease's error;
+// every other outcome comes without an error.
+type tryOutcome uint8
+
+const (
+	// tryNone: nothing was claimed: none left to lease (or held by
+	// other workers), the call stopped, or a step before the lease
+	// failed.
+	tryNone tryOutcome = iota
+	// tryNoSlot: every place under JobConcurrency is taken (as many live
+	// leases as it allows).
+	tryNoSlot
+	// tryThrottled: a throttle began to hold during the claim, or while
+	// the chunk waited for the slot's write stage: its lease is released,
+	// the chunk stays pending, the worker waits.
+	tryThrottled
+	// tryParked: the concurrency knob left this worker slot out while its
+	// goroutine waited for the slot's extract stage (ExtractAhead):
+	// nothing was claimed, the slot waits for its turn (waitTurn).
+	tryParked
+	// tryFenced: the chunk's lease was taken over while it was extracted;
+	// its transaction rolled back.
+	tryFenced
+	// tryRequeued: the chunk was not extracted on its version, and its
+	// transaction found it must be: rolled back, its lease released, the
+	// next lease extracts it ([execution.versionMissed]).
+	tryRequeued
+	// tryClaimed: the chunk was leased and its attempt ran, and did not
+	// commit: at runChunk's return it comes with the attempt's error.
+	tryClaimed
+	// tryStaged: the chunk was only staged and committed; the run's
+	// publish merges it (PublishAtEnd).
+	tryStaged
+	// tryDone: the chunk committed (merged, or skipped unchanged).
+	tryDone
+)
+
+// claimed reports whether o is the outcome of a chunk claimed (leased)
+// by the try and not given back: its attempt failed or committed.
+func (o tryOutcome) claimed() bool {
+	return o == tryClaimed || o == tryStaged || o == tryDone
+}
+
+// chunkRun is what runChunk did: its outcome, with which attempt, and
+// the chunk's result when it committed; fresh, reread and admitted are
+// facts of the try that hold beside any outcome.
 type chunkRun struct {
+	outcome tryOutcome
 	res     ChunkResult
-	claimed bool
 	attempt int
-	// staged: the chunk was only staged; the run's publish merges it
-	// (PublishAtEnd).
-	staged bool
 	// lockTimeout is the try's lock_timeout ("" for the session's); seen
 	// what the watcher ([execution.watchChunk]) last saw of its backend.
 	lockTimeout string
 	seen        *watchSeen
-	// noSlot: every place under JobConcurrency is taken (as many live
-	// leases as it allows).
-	noSlot bool
-	// throttled: a throttle began to hold during the claim.
-	throttled bool
-	// fenced: the chunk's lease was taken over while it was extracted;
-	// its transaction rolled back.
-	fenced bool
-	// requeued: the chunk was not extracted on its version, and its
-	// transaction found it must be: rolled back, its lease released, the
-	// next lease extracts it ([execution.versionMissed]).
-	requeued bool
-	// parked: the concurrency knob left this worker slot out while its
-	// goroutine waited for the slot's extract stage (ExtractAhead):
-	// nothing was claimed, the slot waits for its turn (waitTurn).
-	parked bool
 	// fresh: the chunk was pending when claimed (checkRunRejectRate).
 	fresh bool
 	// admitted: the throttle let the try through (its rate cap reserved
@@ -1110,15 +1157,52 @@ type chunkRun struct {
 	turn *pipeTurn
 }
 
+// chunkTry is one attempt of a leased chunk, as the steps of runChunk
+// (extract, write), loadChunk and the skip paths pass it along; each
+// step takes its context separately. cr, c and started are set when the
+// chunk is claimed, x once it is extracted (or found to need no
+// extraction: x.sp nil), tx and pid once its transaction holds the
+// fence, info and deferred when loadChunk has the publish mode's
+// target. A try lives for one call of runChunk: cr is that call's
+// record, which the steps update; tx is the chunk's transaction, which
+// only loadChunk and the skip paths commit.
+type chunkTry struct {
+	cr      *chunkRun
+	c       Chunk
+	started time.Time
+	// x is the chunk's spool with the row writer that extracted it, or,
+	// for a chunk whose version may spare its extraction
+	// ([execution.versionCandidate]), only its version (no spool).
+	x   *spooled
+	tx  backfilldriver.Tx
+	pid int // the backend holding the fence (0: unknown)
+	// info is the publish mode's target's table; deferred: the target
+	// only stages the chunk (PublishAtEnd).
+	info     TableInfo
+	deferred bool
+}
+
+// chunkErr returns err as a failure of t's attempt.
+func (t *chunkTry) chunkErr(err error) error {
+	return &ChunkError{Chunk: t.c, Attempt: t.cr.attempt, Err: err}
+}
+
+// heldLease is a chunk leased by runChunk's lease step: the claim, the
+// lease's parameters and when the lease began.
+type heldLease struct {
+	cl    backfilldriver.ChunkLease
+	l     backfilldriver.Lease
+	start time.Time
+}
+
 // runChunk leases the next chunk and runs it (see the design note docs/design/short-transactions.md):
 // the throttle's wait, the lease in a short transaction of its own, the
 // extraction outside any transaction into a spool, then the chunk's
 // transaction: the fence, the publish mode's target, staging from the
-// spool, merge, validation, checkpoint, commit (loadChunk). claimed is
-// false (with a nil error) when no chunk was leased; p is the worker
-// slot's pipe (nil: none; [chunkPipe]).
+// spool, merge, validation, checkpoint, commit (loadChunk). cr.outcome
+// is tryNone (with a nil error) when no chunk was leased; p is the
+// worker slot's pipe (nil: none; [chunkPipe]).
 func (ex *execution) runChunk(ctx context.Context, p *chunkPipe) (cr chunkRun, err error) {
-	r, wm := ex.r, ex.r.caps.workers
 	// Throttle: the throttles and the rate cap wait here, before the
 	// lease ([throttler]).
 	if t := ex.throttle; t != nil {
@@ -1137,7 +1221,7 @@ func (ex *execution) runChunk(ctx context.Context, p *chunkPipe) (cr chunkRun, e
 		// A chunk claimed hands its stage to next, which leaves it once
 		// the chunk's outcome is recorded: a failure that stops the call
 		// is known before the slot's other goroutine leases or writes.
-		if cr.claimed {
+		if cr.outcome.claimed() {
 			cr.turn = turn
 		} else {
 			turn.leave()
@@ -1154,9 +1238,62 @@ func (ex *execution) runChunk(ctx context.Context, p *chunkPipe) (cr chunkRun, e
 		// The concurrency knob was lowered while this goroutine waited
 		// for the stage: the slot's other goroutine held it, and this
 		// one must not lease a chunk the knob no longer allows.
-		cr.parked = true
+		cr.outcome = tryParked
 		return cr, nil
 	}
+	h, err := ex.lease(ctx, &cr)
+	if h == nil {
+		return cr, err
+	}
+	release := true
+	defer func() { ex.endLease(ctx, h, release) }()
+	if ex.stopped() {
+		// A gate failed meanwhile (possibly on this very chunk): lease
+		// nothing more until the run is paused.
+		return cr, nil
+	}
+	if ex.throttle.holding() {
+		// A throttle began to hold since the wait above: the lease is
+		// released (the chunk stays pending) and the worker waits.
+		cr.outcome = tryThrottled
+		return cr, nil
+	}
+	cr.outcome, cr.attempt, cr.fresh = tryClaimed, h.cl.State.Attempts+1, h.cl.State.Status == ChunkPending
+	ctx = ex.traceChunk(ctx, &cr, h.cl.State.Chunk, h.start)
+	defer func() { cr.span.end(&cr, err) }()
+	t, err := ex.extract(ctx, &cr, h)
+	if err != nil {
+		return cr, err
+	}
+	defer t.x.close()
+
+	// The slot's write stage: the previous chunk leased by the slot is
+	// written first ([chunkPipe]). A chunk that waited for it
+	// checks again what the lease checked.
+	ok, waited := turn.enterWrite(ctx, func() { cr.span.next(ctx, backfilltrace.PhaseQueued) })
+	if !ok {
+		return cr, t.chunkErr(ctx.Err())
+	}
+	if waited && (ex.stopped() || ex.throttle.holding()) {
+		cr.outcome = tryNone
+		if !ex.stopped() {
+			cr.outcome = tryThrottled
+		}
+		cr.span.release()
+		return cr, nil
+	}
+	committed, err := ex.write(ctx, t, h)
+	release = !committed
+	return cr, err
+}
+
+// lease leases the next chunk for cr's try in a short transaction of its
+// own, avoiding the chunks the call's other goroutines hold or must not
+// claim yet. It returns nil when none was leased, with cr.outcome
+// tryNoSlot when JobConcurrency has no place left, and the lease's
+// error. The chunk leased stays in ex.leased until endLease.
+func (ex *execution) lease(ctx context.Context, cr *chunkRun) (*heldLease, error) {
+	r := ex.r
 	s := r.cfg.txSettings()
 	l := backfilldriver.Lease{Key: ex.worker.key, StaleAfter: r.cfg.StaleAfter, LockTimeout: s.TryLockTimeout(0), StmtTimeout: s.StmtSetting(),
 		JobConcurrency: r.cfg.JobConcurrency}
@@ -1174,112 +1311,103 @@ func (ex *execution) runChunk(ctx context.Context, p *chunkPipe) (cr chunkRun, e
 		l.Avoid = append(l.Avoid, seq)
 	}
 	ex.mu.Unlock()
-	cl, ok, full, err := wm.LeaseChunk(ctx, r.db, ex.batchID, l)
+	cl, ok, full, err := r.caps.workers.LeaseChunk(ctx, r.db, ex.batchID, l)
 	if err != nil || !ok {
 		ex.leaseMu.Unlock()
-		cr.noSlot = full
+		if full {
+			cr.outcome = tryNoSlot
+		}
 		if err == nil {
 			// No lease: the run may have been paused or cancelled, which
 			// the lease's statement did not report ([execution.pollControl]).
 			ex.pollControl(ctx)
 		}
-		return cr, err
+		return nil, err
 	}
 	if r.caps.control != nil && ex.ctl != nil {
 		// The control state between two chunks, read by the lease.
 		ex.applyControl(ctx, cl.Control)
 	}
-	seq := cl.State.Chunk.Seq
 	ex.mu.Lock()
 	if ex.leased == nil {
 		ex.leased = map[int]bool{}
 	}
-	ex.leased[seq] = true
+	ex.leased[cl.State.Chunk.Seq] = true
 	ex.mu.Unlock()
 	ex.leaseMu.Unlock()
-	release := true
-	defer func() {
-		ex.mu.Lock()
-		delete(ex.leased, seq)
-		ex.mu.Unlock()
-		if release {
-			if rerr := wm.ReleaseLease(context.WithoutCancel(ctx), r.db, ex.batchID, seq, l.Key, cl.Epoch); rerr != nil {
-				// Not lost: the lease is this worker's, which claims it
-				// again, and it ends with the worker's call.
-				ex.log.Warn("backfill: releasing a chunk's lease failed", "seq", seq, "error", rerr)
-			}
+	return &heldLease{cl: cl, l: l, start: leaseStart}, nil
+}
+
+// endLease ends runChunk's hold of lease h: the chunk leaves ex.leased
+// and, with release (its transaction did not commit), its lease is
+// released.
+func (ex *execution) endLease(ctx context.Context, h *heldLease, release bool) {
+	seq := h.cl.State.Chunk.Seq
+	ex.mu.Lock()
+	delete(ex.leased, seq)
+	ex.mu.Unlock()
+	if release {
+		if rerr := ex.r.caps.workers.ReleaseLease(context.WithoutCancel(ctx), ex.r.db, ex.batchID, seq, h.l.Key, h.cl.Epoch); rerr != nil {
+			// Not lost: the lease is this worker's, which claims it
+			// again, and it ends with the worker's call.
+			ex.log.Warn("backfill: releasing a chunk's lease failed", "seq", seq, "error", rerr)
 		}
-	}()
-	if ex.stopped() {
-		// A gate failed meanwhile (possibly on this very chunk): lease
-		// nothing more until the run is paused.
-		return cr, nil
 	}
-	if ex.throttle.holding() {
-		// A throttle began to hold since the wait above: the lease is
-		// released (the chunk stays pending) and the worker waits.
-		cr.throttled = true
-		return cr, nil
-	}
-	cr.claimed, cr.attempt, cr.fresh = true, cl.State.Attempts+1, cl.State.Status == ChunkPending
-	ctx = ex.traceChunk(ctx, &cr, cl.State.Chunk, leaseStart)
-	defer func() { cr.span.end(&cr, err) }()
-	c, ok := ex.plan.ChunkOf(cl.State.Chunk)
+}
+
+// extract is runChunk's extract step for the chunk of lease h, claimed
+// by cr: the plan's chunk, its version, and its extraction outside any
+// transaction into a spool, unless its version may spare it. It returns
+// the chunk's try, whose spool the caller closes; on an error none is
+// left open.
+func (ex *execution) extract(ctx context.Context, cr *chunkRun, h *heldLease) (*chunkTry, error) {
+	c, ok := ex.plan.ChunkOf(h.cl.State.Chunk)
 	if !ok {
-		return cr, &ChunkError{Chunk: cl.State.Chunk, Attempt: cr.attempt, Err: fmt.Errorf("%w: manifest chunk %d %q is not in the plan (or the Chunker's ChunkOf returned another chunk for it)", backfilltype.ErrNotRetryable, seq, cl.State.Chunk.ID)}
+		return nil, &ChunkError{Chunk: h.cl.State.Chunk, Attempt: cr.attempt, Err: fmt.Errorf("%w: manifest chunk %d %q is not in the plan (or the Chunker's ChunkOf returned another chunk for it)", backfilltype.ErrNotRetryable, h.cl.State.Chunk.Seq, h.cl.State.Chunk.ID)}
 	}
-	chunkErr := func(err error) error { return &ChunkError{Chunk: c, Attempt: cr.attempt, Err: err} }
-	started := time.Now()
-	cr.reread = cl.State.Status == ChunkOpen
+	t := &chunkTry{cr: cr, c: c, started: time.Now()}
+	cr.reread = h.cl.State.Status == ChunkOpen
 	xctx := cr.span.next(ctx, backfilltrace.PhaseExtract)
 
 	// A job with SkipUnchanged and a ChunkVersioner: the chunk's version,
 	// before its extraction, and whether its base lets it skip the
 	// extraction ([execution.versionCandidate]): then it is not extracted, and
 	// its transaction decides.
-	var x *spooled
-	version, err := ex.chunkVersion(xctx, c, cr.reread, started)
+	version, err := ex.chunkVersion(xctx, c, cr.reread, t.started)
 	if err != nil {
-		return cr, chunkErr(err)
+		return nil, t.chunkErr(err)
 	}
 	if ok, err := ex.versionCandidate(xctx, c, version); err != nil {
-		return cr, chunkErr(err)
+		return nil, t.chunkErr(err)
 	} else if ok {
-		x = &spooled{skip: &chunkSkip{version: version}}
+		t.x = &spooled{skip: &chunkSkip{version: version}}
+		return t, nil
 	}
 
 	// Extract, outside any transaction, into a spool.
-	if x == nil {
-		if x, err = ex.extractSpooled(xctx, c, started, version); err != nil {
-			return cr, chunkErr(err)
-		}
-		defer x.close()
-		cr.span.setRows(x.w.read)
+	if t.x, err = ex.extractSpooled(xctx, c, t.started, version); err != nil {
+		return nil, t.chunkErr(err)
 	}
+	cr.span.setRows(t.x.w.read)
+	return t, nil
+}
 
-	// The slot's write stage: the previous chunk leased by the slot is
-	// written first ([chunkPipe]). A chunk that waited for it
-	// checks again what the lease checked.
-	ok, waited := turn.enterWrite(ctx, func() { cr.span.next(ctx, backfilltrace.PhaseQueued) })
-	if !ok {
-		return cr, chunkErr(ctx.Err())
-	}
-	if waited && (ex.stopped() || ex.throttle.holding()) {
-		cr.claimed, cr.throttled = false, !ex.stopped()
-		cr.span.release()
-		return cr, nil
-	}
-
+// write is runChunk's write step for try t of lease h: the chunk's
+// transaction, fenced first, then loadChunk. committed reports the
+// commit; a transaction that did not commit is rolled back before write
+// returns. A fence that failed (tryFenced) or a chunk found to need its
+// extraction (tryRequeued) is no error.
+func (ex *execution) write(ctx context.Context, t *chunkTry, h *heldLease) (committed bool, err error) {
+	cr, seq := t.cr, h.cl.State.Chunk.Seq
 	// The chunk's transaction.
 	cr.span.next(ctx, backfilltrace.PhaseStage)
-	tx, err := r.db.Begin(ctx)
+	tx, err := ex.r.db.Begin(ctx)
 	if err != nil {
 		// An attempt of the chunk: recorded as failed, like a failure
 		// inside its transaction.
-		return cr, chunkErr(fmt.Errorf("begin chunk transaction: %w", err))
+		return false, t.chunkErr(fmt.Errorf("begin chunk transaction: %w", err))
 	}
 	tx = batched(tx)
-	committed := false
 	defer func() {
 		if !committed {
 			_ = tx.Rollback()
@@ -1287,9 +1415,9 @@ func (ex *execution) runChunk(ctx context.Context, p *chunkPipe) (cr chunkRun, e
 	}()
 	// The fence first: the lease still this worker's, the row locked
 	// until the commit.
-	fenced, pid, ok, err := wm.FenceLease(ctx, tx, ex.batchID, seq, cl.Epoch, l)
+	fenced, pid, ok, err := ex.r.caps.workers.FenceLease(ctx, tx, ex.batchID, seq, h.cl.Epoch, h.l)
 	if err != nil {
-		return cr, chunkErr(err)
+		return false, t.chunkErr(err)
 	}
 	if b, isBatch := tx.(*pgstore.BatchTx); isBatch {
 		b.Fresh = ok && fenced.Status == ChunkPending
@@ -1299,72 +1427,63 @@ func (ex *execution) runChunk(ctx context.Context, p *chunkPipe) (cr chunkRun, e
 		// worker's at this epoch: a lease taken over is left to its new
 		// holder; one left by a run paused or abandoned meanwhile is freed
 		// for the run's resume.
-		cr.fenced, cr.claimed = true, false
+		cr.outcome = tryFenced
 		cr.span.release()
-		ex.log.Warn("backfill: chunk's fence failed: its lease was taken over (this worker was stale) or the run stopped meanwhile (paused, abandoned); its transaction rolls back", "seq", seq, "chunk", c.ID)
-		return cr, nil
+		ex.log.Warn("backfill: chunk's fence failed: its lease was taken over (this worker was stale) or the run stopped meanwhile (paused, abandoned); its transaction rolls back", "seq", seq, "chunk", t.c.ID)
+		return false, nil
 	}
-	err = ex.loadChunk(ctx, tx, &cr, c, pid, started, x)
+	t.tx, t.pid = tx, pid
+	err = ex.loadChunk(ctx, t)
 	if errors.Is(err, errVersionMissed) {
 		// Not extracted on its version, but it must be: its transaction
 		// rolls back, its lease is released (deferred) and this call's
 		// next lease of it extracts it ([execution.versionCandidate]).
 		ex.versionMissed(seq, true)
-		cr.requeued, cr.claimed = true, false
+		cr.outcome = tryRequeued
 		cr.span.release()
-		return cr, nil
+		return false, nil
 	}
 	committed = err == nil
-	release = !committed
-	return cr, err
+	if committed {
+		cr.outcome = tryDone
+		if t.deferred {
+			cr.outcome = tryStaged
+		}
+	}
+	return committed, err
 }
 
-// loadChunk runs chunk c, fenced in tx by backend pid (0: unknown), from
-// the publish mode's target to the commit. extracted is the chunk's
-// spool with the row writer that extracted it, or, for a chunk whose
-// version may spare its extraction ([execution.versionCandidate]), only its
-// version (no spool): loadChunk then skips it, or returns
+// loadChunk runs try t, whose chunk's transaction t.tx holds the fence,
+// from the publish mode's target to the commit. A chunk not extracted
+// (t.x has no spool) is skipped on its version, or loadChunk returns
 // errVersionMissed for runChunk to extract it.
-func (ex *execution) loadChunk(ctx context.Context, tx backfilldriver.Tx, cr *chunkRun, c Chunk, pid int, started time.Time, extracted *spooled) (err error) {
-	r := ex.r
-	chunkErr := func(err error) error { return &ChunkError{Chunk: c, Attempt: cr.attempt, Err: err} }
+func (ex *execution) loadChunk(ctx context.Context, t *chunkTry) (err error) {
+	cr, c, tx := t.cr, t.c, t.tx
 	// A retried try waits longer for locks ([LockRetry]).
-	if pid != 0 {
+	if t.pid != 0 {
 		if cr.lockTimeout, err = ex.setTryLockTimeout(ctx, tx, c.Seq); err != nil {
-			return chunkErr(err)
+			return t.chunkErr(err)
 		}
 	}
 
 	// Target: where the publish mode loads the chunk.
-	t, err := ex.pub.target(ctx, ex, tx, c)
+	tg, err := ex.pub.target(ctx, ex, tx, c)
 	if err != nil {
-		return chunkErr(err)
+		return t.chunkErr(err)
 	}
-	cr.staged = t.deferred
+	t.info, t.deferred = tg.info, tg.deferred
 
 	// Skip: a job with SkipUnchanged checks the spooled rows' and the
 	// target rows' fingerprints first ([execution.skipUnchanged]).
-	var sk *chunkSkip
-	if extracted.skip != nil {
-		if extracted.sp == nil {
-			// Not extracted: its version may spare the extraction
-			// ([execution.versionCandidate]). If not, the chunk goes back to be
-			// extracted outside any transaction (runChunk).
-			if skipped, err := ex.skipByVersion(ctx, tx, cr, c, t.info, started, extracted.skip); err != nil || skipped {
-				return err
-			}
-			return errVersionMissed
-		}
-		sk = extracted.skip
-		if skipped, err := ex.skipUnchanged(ctx, tx, cr, c, t.info, started, extracted); err != nil || skipped {
-			return err
-		}
+	if done, err := ex.trySkip(ctx, t); done {
+		return err
 	}
+	sk := t.x.skip
 
 	// Stage, from the spool.
-	stager, w, err := ex.stage(ctx, tx, stageParams{chunk: c, info: t.info, started: started, savepoints: t.isolate, newStager: t.newStager, spooled: extracted})
+	stager, w, err := ex.stage(ctx, tx, stageParams{chunk: c, info: tg.info, started: t.started, savepoints: tg.isolate, newStager: tg.newStager, spooled: t.x})
 	if err != nil {
-		return chunkErr(err)
+		return t.chunkErr(err)
 	}
 	defer stager.Close()
 	cr.span.setRows(w.read)
@@ -1372,23 +1491,23 @@ func (ex *execution) loadChunk(ctx context.Context, tx backfilldriver.Tx, cr *ch
 	// Merge (a deferred chunk's stager only ends its staging). From here
 	// to the commit the chunk's statements may wait for locks: a watcher
 	// notes the blockers of a wait.
-	stopWatch := ex.watchChunk(ctx, pid, cr.lockTimeout)
+	stopWatch := ex.watchChunk(ctx, t.pid, cr.lockTimeout)
 	defer func() { cr.seen = stopWatch() }()
 	cr.span.next(ctx, backfilltrace.PhaseMerge)
 	mr, err := stager.Merge(ctx)
 	if err != nil {
-		return chunkErr(err)
+		return t.chunkErr(err)
 	}
 	if mr.Disagreed > 0 {
 		ex.log.Warn("chunks of this run disagree on keys: TargetWins kept the row the first chunk to commit wrote, so the result depends on commit order (Config.Concurrency); give the target a Version and use NewerVersionWins for an order-independent result",
 			"seq", c.Seq, "chunk", c.ID, "rows", mr.Disagreed)
 	}
-	if err := pgstore.TooManyRejects(r.cfg.MaxRejectsPerChunk, c, w.rejected, mr.Rejected); err != nil {
-		return chunkErr(err)
+	if err := pgstore.TooManyRejects(ex.r.cfg.MaxRejectsPerChunk, c, w.rejected, mr.Rejected); err != nil {
+		return t.chunkErr(err)
 	}
 	if sk != nil {
-		if err := ex.recordAfterMerge(ctx, tx, sk, t.info, c, w, stager, mr); err != nil {
-			return chunkErr(err)
+		if err := ex.recordAfterMerge(ctx, t, sk, w, stager, mr); err != nil {
+			return t.chunkErr(err)
 		}
 	}
 	for _, e := range mr.Rejected {
@@ -1396,7 +1515,7 @@ func (ex *execution) loadChunk(ctx context.Context, tx backfilldriver.Tx, cr *ch
 		w.exceptions = append(w.exceptions, e)
 	}
 	cr.res = ChunkResult{
-		Chunk: c, Attempt: cr.attempt, StartedAt: started, Worker: r.cfg.WorkerID,
+		Chunk: c, Attempt: cr.attempt, StartedAt: t.started, Worker: ex.r.cfg.WorkerID,
 		Counts: Counts{Read: w.read, Inserted: mr.Inserted, Updated: mr.Updated, Unchanged: mr.Unchanged,
 			Rejected: w.rejected + int64(len(mr.Rejected)), Deduplicated: mr.Deduplicated},
 	}
@@ -1405,19 +1524,50 @@ func (ex *execution) loadChunk(ctx context.Context, tx backfilldriver.Tx, cr *ch
 
 	// Validate: the job's checks and the row accounting (a deferred chunk
 	// is validated when the run's publish merges it).
-	if !t.deferred {
+	if !tg.deferred {
 		cr.span.next(ctx, backfilltrace.PhaseValidate)
-		if err := ex.validateChunk(ctx, tx, t.info, stager, cr.res, w.exceptions); err != nil {
+		if err := ex.validateChunk(ctx, t, stager, w.exceptions); err != nil {
 			return err
 		}
 	}
+	return ex.checkpoint(ctx, t, tg, sk, w.exceptions)
+}
 
-	// Checkpoint.
+// trySkip is loadChunk's skip step for a job with SkipUnchanged: a chunk
+// not extracted is skipped on its version or, if it cannot be, missed
+// (errVersionMissed); an extracted chunk is skipped when its
+// fingerprints are its base's. done reports that loadChunk ends with
+// err (the chunk skipped and committed, missed, or failed).
+func (ex *execution) trySkip(ctx context.Context, t *chunkTry) (done bool, err error) {
+	if t.x.skip == nil {
+		return false, nil
+	}
+	if t.x.sp == nil {
+		// Not extracted: its version may spare the extraction
+		// ([execution.versionCandidate]). If not, the chunk goes back to be
+		// extracted outside any transaction (runChunk).
+		if skipped, err := ex.skipByVersion(ctx, t); err != nil || skipped {
+			return true, err
+		}
+		return true, errVersionMissed
+	}
+	if skipped, err := ex.skipUnchanged(ctx, t); err != nil || skipped {
+		return true, err
+	}
+	return false, nil
+}
+
+// checkpoint is loadChunk's last step for merged try t, loaded through
+// publish target tg: the checkpoint (with sk's fingerprints for a job
+// with SkipUnchanged) of the chunk's result and exceptions, then the
+// commit.
+func (ex *execution) checkpoint(ctx context.Context, t *chunkTry, tg chunkTarget, sk *chunkSkip, exceptions []Exception) (err error) {
+	cr := t.cr
 	cr.span.next(ctx, backfilltrace.PhaseCheckpoint)
 	cr.res.FinishedAt = time.Now()
-	cr.res.Open = ex.open(c, started)
-	for i := range w.exceptions {
-		w.exceptions[i].BatchID = ex.batchID
+	cr.res.Open = ex.open(t.c, t.started)
+	for i := range exceptions {
+		exceptions[i].BatchID = ex.batchID
 	}
 	if sk != nil {
 		// Only chunks published as they commit skip (skipEligible): the
@@ -1426,36 +1576,37 @@ func (ex *execution) loadChunk(ctx context.Context, tx backfilldriver.Tx, cr *ch
 		// fingerprints: the newest chunk of the key is the next base.
 		rec := sk.record
 		rec.SkipKey = ex.skipKey
-		err = ex.r.caps.skips.CompleteChunkFingerprinted(ctx, tx, ex.batchID, cr.res, w.exceptions, rec)
+		err = ex.r.caps.skips.CompleteChunkFingerprinted(ctx, t.tx, ex.batchID, cr.res, exceptions, rec)
 	} else {
-		err = ex.pub.beforeCommit(ctx, ex, tx, t, cr.res, w.exceptions)
+		err = ex.pub.beforeCommit(ctx, ex, t.tx, tg, cr.res, exceptions)
 	}
 	if err != nil {
-		return chunkErr(err)
+		return t.chunkErr(err)
 	}
 
 	// Commit.
 	cr.span.next(ctx, backfilltrace.PhaseCommit)
-	if err := tx.Commit(); err != nil {
-		return chunkErr(fmt.Errorf("commit: %w", err))
+	if err := t.tx.Commit(); err != nil {
+		return t.chunkErr(fmt.Errorf("commit: %w", err))
 	}
 	return nil
 }
 
-// validateChunk runs the job's validators on merged chunk res in tx,
-// records their results there, and checks the row accounting. A failed
-// gate stops the claims of this call and returns a *ChunkError wrapping
-// a *gateError with the attempt's exceptions.
-func (ex *execution) validateChunk(ctx context.Context, tx backfilldriver.Tx, info TableInfo, stager backfilldriver.Stager, res ChunkResult, exceptions []Exception) error {
-	return ex.validateChunkWith(ctx, tx, info, stager, res, exceptions, ex.job.Validators)
+// validateChunk runs the job's validators on try t's merged chunk
+// (t.cr.res) in t.tx, records their results there, and checks the row
+// accounting. A failed gate stops the claims of this call and returns a
+// *ChunkError wrapping a *gateError with the attempt's exceptions.
+func (ex *execution) validateChunk(ctx context.Context, t *chunkTry, stager backfilldriver.Stager, exceptions []Exception) error {
+	return ex.validateChunkWith(ctx, t, stager, exceptions, ex.job.Validators)
 }
 
 // validateChunkWith is validateChunk running validators vs rather than
 // the job's (a skipped chunk's: [skipValidators]).
-func (ex *execution) validateChunkWith(ctx context.Context, tx backfilldriver.Tx, info TableInfo, stager backfilldriver.Stager, res ChunkResult, exceptions []Exception, vs []Validator) error {
+func (ex *execution) validateChunkWith(ctx context.Context, t *chunkTry, stager backfilldriver.Stager, exceptions []Exception, vs []Validator) error {
+	res := t.cr.res
 	c := res.Chunk
 	chunkErr := func(err error) error { return &ChunkError{Chunk: c, Attempt: res.Attempt, Err: err} }
-	checks, err := ex.validateWith(ctx, tx, c, info, stager, res.Counts, vs)
+	checks, err := ex.validateWith(ctx, t.tx, ex.validationScope(c, t.info, stager, res.Counts), vs)
 	var ge *gateError
 	if errors.As(err, &ge) {
 		// No worker of this call claims another chunk (this one
@@ -1477,7 +1628,7 @@ func (ex *execution) validateChunkWith(ctx context.Context, tx backfilldriver.Tx
 	}
 	if len(checks) > 0 {
 		// Run refused validators without ManifestValidations.
-		if err := ex.r.caps.validations.AddValidations(ctx, tx, ex.batchID, c.ID, checks); err != nil {
+		if err := ex.r.caps.validations.AddValidations(ctx, t.tx, ex.batchID, c.ID, checks); err != nil {
 			return chunkErr(err)
 		}
 	}
@@ -1570,17 +1721,25 @@ func rollbackMechanism(job Job, info TableInfo, pub publisher) (RollbackMechanis
 // validate runs the job's validators on a merged chunk in tx. A failed
 // check of SeverityError returns a *gateError carrying every result.
 func (ex *execution) validate(ctx context.Context, tx sqlx.ExtContext, c Chunk, info TableInfo, stager backfilldriver.Stager, counts Counts) ([]CheckResult, error) {
-	return ex.validateWith(ctx, tx, c, info, stager, counts, ex.job.Validators)
+	return ex.validateWith(ctx, tx, ex.validationScope(c, info, stager, counts), ex.job.Validators)
 }
 
-// validateWith is validate running validators vs.
-func (ex *execution) validateWith(ctx context.Context, tx sqlx.ExtContext, c Chunk, info TableInfo, stager backfilldriver.Stager, counts Counts, vs []Validator) ([]CheckResult, error) {
+// validationScope is the scope of the validators of chunk c, merged into
+// info's target through stager with counts, without its staging table,
+// which validateWith reads from the stager.
+func (ex *execution) validationScope(c Chunk, info TableInfo, stager backfilldriver.Stager, counts Counts) ValidationScope {
+	return ValidationScope{BatchID: ex.batchID, Chunk: c, Info: info, ChunkColumn: ex.job.ChunkColumn,
+		Zone: cmp.Or(ex.job.Zone, time.UTC), Stager: stager, Counts: counts}
+}
+
+// validateWith is validate running validators vs in scope (of
+// validationScope).
+func (ex *execution) validateWith(ctx context.Context, tx sqlx.ExtContext, scope ValidationScope, vs []Validator) ([]CheckResult, error) {
 	if len(vs) == 0 {
 		return nil, nil
 	}
-	scope := ValidationScope{BatchID: ex.batchID, Chunk: c, Info: info, ChunkColumn: ex.job.ChunkColumn,
-		Zone: cmp.Or(ex.job.Zone, time.UTC), Stager: stager, Counts: counts}
-	if st, ok := stager.(backfilldriver.StagingTabler); ok {
+	c := scope.Chunk
+	if st, ok := scope.Stager.(backfilldriver.StagingTabler); ok {
 		scope.Staging = st.StagingTable()
 	}
 	var checks []CheckResult

@@ -185,13 +185,15 @@ func (ex *execution) extractSpooled(ctx context.Context, c Chunk, started time.T
 	return &spooled{sp: sp, w: w, skip: sk}, nil
 }
 
-// skipUnchanged skips chunk c, extracted into x and fenced in tx, when
-// its source rows and its target rows (info's, within its bounds) are
-// those the base load recorded: it checkpoints and commits the chunk
-// and returns true. It returns false when the chunk must be merged.
-func (ex *execution) skipUnchanged(ctx context.Context, tx backfilldriver.Tx, cr *chunkRun, c Chunk, info TableInfo, started time.Time, x *spooled) (bool, error) {
-	chunkErr := func(err error) error { return &ChunkError{Chunk: c, Attempt: cr.attempt, Err: err} }
-	if cr.reread || ex.open(c, started) {
+// skipUnchanged skips try t's chunk, extracted into t.x and fenced in
+// t.tx, when its source rows and its target rows (t.info's, within its
+// bounds) are those the base load recorded: it checkpoints and commits
+// the chunk and returns true. It returns false when the chunk must be
+// merged.
+func (ex *execution) skipUnchanged(ctx context.Context, t *chunkTry) (bool, error) {
+	cr, c, tx, info, x := t.cr, t.c, t.tx, t.info, t.x
+	chunkErr := t.chunkErr
+	if cr.reread || ex.open(c, t.started) {
 		// Read again while open, or open now: its counts combine with
 		// the earlier reads' (Counts.Reread), never skipped.
 		return false, nil
@@ -231,19 +233,32 @@ func (ex *execution) skipUnchanged(ctx context.Context, tx backfilldriver.Tx, cr
 	}
 	// The version read before this extraction stands for its rows, which
 	// are the base's: recorded, the next replay need not extract them.
-	return ex.checkpointSkipped(ctx, tx, cr, c, info, started, base, x.w.read, x.w.rejected, x.w.exceptions, keys, x.skip.version)
+	return ex.checkpointSkipped(ctx, t, skippedChunk{base: base, read: x.w.read, rejected: x.w.rejected, exceptions: x.w.exceptions, keys: keys, version: x.skip.version})
 }
 
-// checkpointSkipped checkpoints chunk c, claimed in tx, as skipped on
-// base's fingerprints, and commits: read rows, rejected of them (queued
-// as exceptions), the rest unchanged; the delivered summary of the
-// target rows in its bounds (of the identities keys without
-// ChunkColumn); the validators of skipValidators; and base's
-// fingerprints recorded again, with version.
-func (ex *execution) checkpointSkipped(ctx context.Context, tx backfilldriver.Tx, cr *chunkRun, c Chunk, info TableInfo, started time.Time, base backfilldriver.ChunkFingerprints,
-	read, rejected int64, exceptions []Exception, keys [][]string, version string) (bool, error) {
-	chunkErr := func(err error) error { return &ChunkError{Chunk: c, Attempt: cr.attempt, Err: err} }
-	cr.res = ChunkResult{Chunk: c, Attempt: cr.attempt, StartedAt: started, Worker: ex.r.cfg.WorkerID, Skipped: true,
+// skippedChunk is what checkpointSkipped records of a chunk skipped on
+// base's fingerprints: read rows, rejected of them (queued as
+// exceptions), the identities keys of its target rows without
+// ChunkColumn, and the version recorded with base's fingerprints.
+type skippedChunk struct {
+	base           backfilldriver.ChunkFingerprints
+	read, rejected int64
+	exceptions     []Exception
+	keys           [][]string
+	version        string
+}
+
+// checkpointSkipped checkpoints try t's chunk, claimed in t.tx, as
+// skipped (sc) on sc.base's fingerprints, and commits: sc.read rows,
+// sc.rejected of them (queued as exceptions), the rest unchanged; the
+// delivered summary of the target rows in its bounds (of the identities
+// sc.keys without ChunkColumn); the validators of skipValidators; and
+// the base's fingerprints recorded again, with sc.version.
+func (ex *execution) checkpointSkipped(ctx context.Context, t *chunkTry, sc skippedChunk) (bool, error) {
+	cr, c, tx, info := t.cr, t.c, t.tx, t.info
+	base, read, rejected, exceptions, keys, version := sc.base, sc.read, sc.rejected, sc.exceptions, sc.keys, sc.version
+	chunkErr := t.chunkErr
+	cr.res = ChunkResult{Chunk: c, Attempt: cr.attempt, StartedAt: t.started, Worker: ex.r.cfg.WorkerID, Skipped: true,
 		Counts: Counts{Read: read, Unchanged: read - rejected, Rejected: rejected}}
 	cr.span.setRows(read)
 	// What a merge of the chunk would have summarised: the rows it
@@ -252,7 +267,7 @@ func (ex *execution) checkpointSkipped(ctx context.Context, tx backfilldriver.Tx
 		return false, chunkErr(err)
 	}
 	cr.span.next(ctx, backfilltrace.PhaseValidate)
-	if err := ex.validateChunkWith(ctx, tx, info, nil, cr.res, exceptions, skipValidators(ex.job.Validators, base)); err != nil {
+	if err := ex.validateChunkWith(ctx, t, nil, exceptions, skipValidators(ex.job.Validators, base)); err != nil {
 		return false, err
 	}
 	cr.span.next(ctx, backfilltrace.PhaseCheckpoint)
@@ -273,14 +288,14 @@ func (ex *execution) checkpointSkipped(ctx context.Context, tx backfilldriver.Tx
 	return true, nil
 }
 
-// recordAfterMerge sets sk.record when the merge of chunk c took every row
-// it staged (mr, of the staged rows w counted) and, in one statement in tx
-// after the merge (pgstore.TargetFingerprintMerged), the target rows within
-// its bounds (without ChunkColumn: of the identities in stager's staging
-// table) are exactly as many and each equals the staged row of its
-// identity: their fingerprints. Otherwise, or when stager has no staging
-// table ([backfilldriver.StagingTabler]) to compare with, nothing is
-// recorded.
+// recordAfterMerge sets sk.record when the merge of try t's chunk took
+// every row it staged (mr, of the staged rows w counted) and, in one
+// statement in t.tx after the merge (pgstore.TargetFingerprintMerged),
+// the target rows of t.info within its bounds (without ChunkColumn: of
+// the identities in stager's staging table) are exactly as many and
+// each equals the staged row of its identity: their fingerprints.
+// Otherwise, or when stager has no staging table
+// ([backfilldriver.StagingTabler]) to compare with, nothing is recorded.
 //
 // The merge's result alone does not prove the recorded state: it does
 // not lock the rows it leaves unchanged, and under READ COMMITTED
@@ -290,7 +305,8 @@ func (ex *execution) checkpointSkipped(ctx context.Context, tx backfilldriver.Tx
 // change, where its merge would restore the source's row. A change
 // after the statement is harmless: the next replay's fingerprint then
 // differs from the recorded one and the chunk merges.
-func (ex *execution) recordAfterMerge(ctx context.Context, tx backfilldriver.Tx, sk *chunkSkip, info TableInfo, c Chunk, w *rowWriter, stager backfilldriver.Stager, mr backfilltype.MergeResult) error {
+func (ex *execution) recordAfterMerge(ctx context.Context, t *chunkTry, sk *chunkSkip, w *rowWriter, stager backfilldriver.Stager, mr backfilltype.MergeResult) error {
+	tx, info, c := t.tx, t.info, t.c
 	staged := w.read - w.rejected
 	if len(mr.Rejected) > 0 || mr.Deduplicated > 0 || mr.Inserted+mr.Updated+mr.Unchanged != staged || sk.source.Rows != staged {
 		return nil

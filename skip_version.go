@@ -170,13 +170,15 @@ func (ex *execution) versionMissed(seq int, set bool) bool {
 	return ex.versionMisses[seq]
 }
 
-// skipByVersion skips chunk c, fenced in tx and not extracted, whose
-// version sk.version was read before: when its base (looked up in tx)
-// lets it (versionBase) and its target rows within its bounds hash as
-// the base's, it checkpoints and commits the chunk and returns true.
-// Otherwise it returns false, and the chunk is to be extracted.
-func (ex *execution) skipByVersion(ctx context.Context, tx backfilldriver.Tx, cr *chunkRun, c Chunk, info TableInfo, started time.Time, sk *chunkSkip) (bool, error) {
-	chunkErr := func(err error) error { return &ChunkError{Chunk: c, Attempt: cr.attempt, Err: err} }
+// skipByVersion skips try t's chunk, fenced in t.tx and not extracted,
+// whose version t.x.skip.version was read before: when its base (looked
+// up in t.tx) lets it (versionBase) and its target rows (t.info's)
+// within its bounds hash as the base's, it checkpoints and commits the
+// chunk and returns true. Otherwise it returns false, and the chunk is
+// to be extracted.
+func (ex *execution) skipByVersion(ctx context.Context, t *chunkTry) (bool, error) {
+	c, tx, info, sk := t.c, t.tx, t.info, t.x.skip
+	chunkErr := t.chunkErr
 	base, ok, err := ex.r.caps.skips.BaseFingerprints(ctx, tx, ex.job.Name, ex.skipKey, ex.batchID, c.ID)
 	if err != nil {
 		return false, chunkErr(err)
@@ -193,5 +195,5 @@ func (ex *execution) skipByVersion(ctx context.Context, tx backfilldriver.Tx, cr
 	}
 	// The base rejected none (versionBase): its rows read were all
 	// staged, and are the rows Extract would write again.
-	return ex.checkpointSkipped(ctx, tx, cr, c, info, started, base, base.Counts.Read, 0, nil, nil, sk.version)
+	return ex.checkpointSkipped(ctx, t, skippedChunk{base: base, read: base.Counts.Read, version: sk.version})
 }

@@ -173,7 +173,7 @@ func (s *chunkSpan) end(cr *chunkRun, err error) {
 		d.Outcome = backfilltrace.OutcomeFailed
 	case s.outcome != "":
 		d.Outcome = s.outcome
-	case cr.staged:
+	case cr.outcome == tryStaged:
 		d.Outcome, d.Counts = backfilltrace.OutcomeStaged, cr.res.Counts
 	case cr.res.Open:
 		d.Outcome, d.Counts = backfilltrace.OutcomeOpen, cr.res.Counts
