@@ -23,6 +23,7 @@ import (
 	"github.com/pgbackfill/backfill/backfilltype"
 	"github.com/pgbackfill/backfill/internal/pgstore"
 	"github.com/pgbackfill/backfill/internal/pgtest"
+	"github.com/pgbackfill/backfill/internal/spool"
 	"github.com/stretchr/testify/require"
 )
 
@@ -261,15 +262,15 @@ func BenchmarkRowWriterOrderLine(b *testing.B) {
 	})
 	b.Run("spool", func(b *testing.B) {
 		s := &copySink{}
-		sp := &spool{}
+		sp := &spool.Spool{}
 		w := newRowWriter(c, Job{}, info, sp, 0, time.Now())
 		vals := make([]any, 11)
 		flush := func() {
-			if err := sp.replay(ctx, func(row int64, values []any) error { return s.Add(ctx, row, values) }); err != nil {
+			if err := sp.Replay(ctx, func(row int64, values []any) error { return s.Add(ctx, row, values) }); err != nil {
 				b.Fatal(err)
 			}
 			_ = sp.Close()
-			*sp = spool{}
+			*sp = spool.Spool{}
 		}
 		b.ReportAllocs()
 		for i := 0; b.Loop(); i++ {
@@ -646,14 +647,14 @@ func TestRowAllocs(t *testing.T) {
 	vals := make([]any, 11)
 	orderLine(vals, 123456, at, ship)
 
-	sp := &spool{}
+	sp := &spool.Spool{}
 	defer sp.Close()
 	row := []any{"erp", int64(123456), "SKU-12345", "a description", "1234.56", nil, true}
 	if n := testing.AllocsPerRun(200, func() {
 		if err := sp.Add(ctx, 1, row); err != nil {
 			t.Fatal(err)
 		}
-		sp.mem = sp.mem[:0] // the row slice only, not the spool's growth
+		sp.Mem = sp.Mem[:0] // the row slice only, not the spool's growth
 	}); n > 0 {
 		t.Errorf("spool.Add allocates %v times per row, want 0 (the rows take their values from pooled slabs)", n)
 	}

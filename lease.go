@@ -6,6 +6,7 @@ import (
 	"slices"
 
 	"github.com/pgbackfill/backfill/backfilltype"
+	"github.com/pgbackfill/backfill/internal/spool"
 )
 
 // Short transactions (see the package documentation, "Many workers and
@@ -26,7 +27,7 @@ import (
 // spooled is a chunk extracted into a spool, with the row writer that
 // counted its rows and queued its rejects.
 type spooled struct {
-	sp *spool
+	sp *spool.Spool
 	w  *rowWriter
 	// skip carries the spooled rows' fingerprint (Job.SkipUnchanged; nil
 	// without it).
@@ -50,7 +51,7 @@ func (s *spooled) replay(ctx context.Context, w *rowWriter) error {
 		return fmt.Errorf("%w: the publish target's columns [%v] differ from the columns the chunk was extracted for [%v]", backfilltype.ErrNotRetryable, w.names, s.w.names)
 	}
 	last := w.row
-	err := s.sp.replay(ctx, func(row int64, values []any) error {
+	err := s.sp.Replay(ctx, func(row int64, values []any) error {
 		w.row = row
 		return w.stageRow(ctx, values, values)
 	})

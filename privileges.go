@@ -4,9 +4,10 @@ import (
 	"cmp"
 	"context"
 	"fmt"
-	"github.com/pgbackfill/backfill/backfilltype"
 	"slices"
 	"strings"
+
+	"github.com/pgbackfill/backfill/backfilltype"
 
 	"github.com/jmoiron/sqlx"
 

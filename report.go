@@ -2,6 +2,7 @@ package backfill
 
 import (
 	"context"
+
 	"github.com/pgbackfill/backfill/backfilltype"
 
 	"github.com/jmoiron/sqlx"

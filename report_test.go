@@ -6,13 +6,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/pgbackfill/backfill/backfilltype"
 	"math"
 	"os"
 	"path/filepath"
 	"regexp"
 	"testing"
 	"time"
+
+	"github.com/pgbackfill/backfill/backfilltype"
 
 	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"

@@ -6,6 +6,7 @@ import (
 	"slices"
 
 	"github.com/pgbackfill/backfill/internal/pgstore"
+	"github.com/pgbackfill/backfill/internal/spool"
 )
 
 // Replays that skip unchanged chunks ([Job.SkipUnchanged]). A chunk is
@@ -29,7 +30,7 @@ import (
 
 // spoolKeys returns the identity of every row of sp (converted rows of
 // info), as pgstore.SpoolKeyText forms, one slice per identity column.
-func spoolKeys(ctx context.Context, sp *spool, info TableInfo) ([][]string, error) {
+func spoolKeys(ctx context.Context, sp *spool.Spool, info TableInfo) ([][]string, error) {
 	identity := info.Identity()
 	idx := make([]int, len(identity))
 	for i, n := range identity {
@@ -42,7 +43,7 @@ func spoolKeys(ctx context.Context, sp *spool, info TableInfo) ([][]string, erro
 	for i := range keys {
 		keys[i] = make([]string, 0, sp.Len())
 	}
-	err := sp.replay(ctx, func(_ int64, values []any) error {
+	err := sp.Replay(ctx, func(_ int64, values []any) error {
 		for i, j := range idx {
 			keys[i] = append(keys[i], pgstore.SpoolKeyText(info.Columns[j], values[j]))
 		}

@@ -14,6 +14,7 @@ import (
 	"github.com/pgbackfill/backfill/backfilltrace"
 	"github.com/pgbackfill/backfill/backfilltype"
 	"github.com/pgbackfill/backfill/internal/pgstore"
+	"github.com/pgbackfill/backfill/internal/spool"
 	"github.com/pgbackfill/backfill/internal/sqlgen"
 )
 
@@ -145,7 +146,7 @@ type chunkSkip struct {
 // spool sp: sp itself, or, for a job with SkipUnchanged, sp behind a
 // pgstore.FingerprintAdder, whose fingerprint the chunkSkip returned carries
 // (nil without the option).
-func (ex *execution) skipAdder(sp *spool, info TableInfo) (pgstore.RowAdder, *chunkSkip) {
+func (ex *execution) skipAdder(sp *spool.Spool, info TableInfo) (pgstore.RowAdder, *chunkSkip) {
 	if !ex.job.SkipUnchanged {
 		return sp, nil
 	}
@@ -161,7 +162,7 @@ func (ex *execution) skipAdder(sp *spool, info TableInfo) (pgstore.RowAdder, *ch
 // version is the chunk's version read before (chunkVersion), recorded
 // with its fingerprints.
 func (ex *execution) extractSpooled(ctx context.Context, c Chunk, started time.Time, version string) (*spooled, error) {
-	sp := &spool{}
+	sp := &spool.Spool{}
 	add, sk := ex.skipAdder(sp, ex.chunkInfo(ex.info, c))
 	if sk != nil {
 		sk.version = version

@@ -18,6 +18,7 @@ import (
 	"github.com/pgbackfill/backfill/backfilltype"
 	"github.com/pgbackfill/backfill/internal/pgstore"
 	"github.com/pgbackfill/backfill/internal/pgtest"
+	"github.com/pgbackfill/backfill/internal/spool"
 	"github.com/stretchr/testify/require"
 	"pgregory.net/rapid"
 )
@@ -791,7 +792,7 @@ func BenchmarkSkipRow(b *testing.B) {
 	}
 	run := func(b *testing.B, fingerprint, spooled bool) {
 		var add pgstore.RowAdder = &nopStager{}
-		sp := &spool{}
+		sp := &spool.Spool{}
 		if spooled {
 			add = sp
 		}
@@ -810,7 +811,7 @@ func BenchmarkSkipRow(b *testing.B) {
 			}
 			if sp.Len() == 10000 {
 				_ = sp.Close()
-				*sp = spool{}
+				*sp = spool.Spool{}
 			}
 		}
 		_ = sp.Close()

@@ -1,4 +1,4 @@
-package backfill
+package spool
 
 import (
 	"context"
@@ -30,17 +30,17 @@ func TestSpoolRoundTrip(t *testing.T) {
 		rapid.Map(rapid.Int64Range(-1e15, 1e15), func(us int64) any { return time.UnixMicro(us).UTC() }),
 	)
 	rapid.Check(t, func(t *rapid.T) {
-		old := spoolMemLimit
-		spoolMemLimit = rapid.IntRange(0, 2000).Draw(t, "limit")
-		defer func() { spoolMemLimit = old }()
+		old := MemLimit
+		MemLimit = rapid.IntRange(0, 2000).Draw(t, "limit")
+		defer func() { MemLimit = old }()
 		cols := rapid.IntRange(1, 5).Draw(t, "cols")
 		rows := rapid.SliceOfN(rapid.SliceOfN(value, cols, cols), 0, 50).Draw(t, "rows")
-		sp := &spool{}
+		sp := &Spool{}
 		buf := make([]any, cols)
 		// Another chunk's spool, filled alongside and closed at some row:
 		// its memory goes back to the pools (cleared) and serves sp's
 		// later rows, without touching sp's earlier ones.
-		other, closeAt := &spool{}, rapid.IntRange(0, len(rows)).Draw(t, "closeAt")
+		other, closeAt := &Spool{}, rapid.IntRange(0, len(rows)).Draw(t, "closeAt")
 		for i, r := range rows {
 			if i == closeAt {
 				require.NoError(t, other.Close())
@@ -60,7 +60,7 @@ func TestSpoolRoundTrip(t *testing.T) {
 		require.Equal(t, int64(len(rows)), sp.Len())
 		for range 2 {
 			i := 0
-			require.NoError(t, sp.replay(context.Background(), func(row int64, values []any) error {
+			require.NoError(t, sp.Replay(context.Background(), func(row int64, values []any) error {
 				require.Equal(t, int64(i+1)*2, row)
 				for j, v := range values {
 					want := rows[i][j]
@@ -85,8 +85,8 @@ func TestSpoolRoundTrip(t *testing.T) {
 		}
 		require.NoError(t, other.Close())
 		var name string
-		if sp.f != nil {
-			name = sp.f.Name()
+		if sp.F != nil {
+			name = sp.F.Name()
 		}
 		require.NoError(t, sp.Close())
 		require.NoError(t, sp.Close())

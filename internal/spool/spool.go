@@ -1,4 +1,4 @@
-package backfill
+package spool
 
 import (
 	"bufio"
@@ -13,26 +13,18 @@ import (
 	"time"
 )
 
-// A chunk's spool: the rows its extractor wrote, converted, kept between
-// the extraction (outside any transaction) and the chunk's short
-// transaction, which stages them ([execution.runChunk]). Rows are
-// kept in memory up to spoolMemLimit bytes (an estimate of their values'
-// sizes), then in a temporary file (os.CreateTemp), removed by Close. The
-// spool can be replayed any number of times: the isolation of refused
-// values ([chunkStaging]) stages the chunk again from it.
-
-// spoolMemLimit is how many bytes of rows a spool keeps in memory before
+// MemLimit is how many bytes of rows a spool keeps in memory before
 // it moves them to a temporary file.
-var spoolMemLimit = 8 << 20
+var MemLimit = 8 << 20
 
-// spool records Add calls (row number and converted values).
-type spool struct {
-	mem      []spoolRow
+// Spool records Add calls (row number and converted values).
+type Spool struct {
+	Mem      []spoolRow `json:"-" db:"-"`
 	memBytes int
 	// memOnly: a value of a type the file encoding does not know came
 	// before the spool moved to a file; it stays in memory.
 	memOnly bool
-	f       *os.File
+	F       *os.File `json:"-" db:"-"`
 	w       *bufio.Writer
 	enc     []byte
 	rows    int64
@@ -54,7 +46,7 @@ var (
 )
 
 // values returns a slice of n values for a row in memory.
-func (s *spool) values(n int) []any {
+func (s *Spool) values(n int) []any {
 	if n > spoolSlabLen {
 		return make([]any, n)
 	}
@@ -69,18 +61,18 @@ func (s *spool) values(n int) []any {
 }
 
 // release returns the memory of the rows in memory to the pools.
-func (s *spool) release() {
+func (s *Spool) release() {
 	for _, p := range s.slabs {
 		clear(*p)
 		spoolSlabs.Put(p)
 	}
-	if cap(s.mem) > 0 {
-		m := s.mem[:cap(s.mem)]
+	if cap(s.Mem) > 0 {
+		m := s.Mem[:cap(s.Mem)]
 		clear(m)
 		m = m[:0]
 		spoolMems.Put(&m)
 	}
-	s.mem, s.memBytes, s.slab, s.slabs = nil, 0, nil, nil
+	s.Mem, s.memBytes, s.slab, s.slabs = nil, 0, nil, nil
 }
 
 type spoolRow struct {
@@ -90,14 +82,14 @@ type spoolRow struct {
 
 // Add keeps one row. values is copied (the row writer reuses its
 // buffer), byte slices included.
-func (s *spool) Add(ctx context.Context, row int64, values []any) error {
+func (s *Spool) Add(ctx context.Context, row int64, values []any) error {
 	s.rows++
-	if s.f != nil {
+	if s.F != nil {
 		return s.write(row, values)
 	}
-	if s.mem == nil {
+	if s.Mem == nil {
 		if p, ok := spoolMems.Get().(*[]spoolRow); ok {
-			s.mem = *p
+			s.Mem = *p
 		}
 	}
 	vs := s.values(len(values))
@@ -118,17 +110,17 @@ func (s *spool) Add(ctx context.Context, row int64, values []any) error {
 			size += 16
 		}
 	}
-	s.mem = append(s.mem, spoolRow{row: row, values: vs})
+	s.Mem = append(s.Mem, spoolRow{row: row, values: vs})
 	s.memBytes += size
-	if s.memBytes > spoolMemLimit && !s.memOnly {
+	if s.memBytes > MemLimit && !s.memOnly {
 		return s.spill()
 	}
 	return nil
 }
 
 // spill moves the rows in memory to a temporary file.
-func (s *spool) spill() error {
-	for _, r := range s.mem {
+func (s *Spool) spill() error {
+	for _, r := range s.Mem {
 		for _, v := range r.values {
 			if !spoolable(v) {
 				s.memOnly = true
@@ -140,8 +132,8 @@ func (s *spool) spill() error {
 	if err != nil {
 		return fmt.Errorf("backfill: spool: %w", err)
 	}
-	s.f, s.w = f, bufio.NewWriterSize(f, 64<<10)
-	for _, r := range s.mem {
+	s.F, s.w = f, bufio.NewWriterSize(f, 64<<10)
+	for _, r := range s.Mem {
 		if err := s.write(r.row, r.values); err != nil {
 			return err
 		}
@@ -151,17 +143,17 @@ func (s *spool) spill() error {
 }
 
 // Len is the number of rows kept.
-func (s *spool) Len() int64 { return s.rows }
+func (s *Spool) Len() int64 { return s.rows }
 
 // Close removes the spool's file, if any. It is idempotent.
-func (s *spool) Close() error {
+func (s *Spool) Close() error {
 	s.release()
-	if s.f == nil {
+	if s.F == nil {
 		return nil
 	}
-	name := s.f.Name()
-	err := errors.Join(s.f.Close(), os.Remove(name))
-	s.f, s.w = nil, nil
+	name := s.F.Name()
+	err := errors.Join(s.F.Close(), os.Remove(name))
+	s.F, s.w = nil, nil
 	return err
 }
 
@@ -187,7 +179,7 @@ func spoolable(v any) bool {
 	return false
 }
 
-func (s *spool) write(row int64, values []any) error {
+func (s *Spool) write(row int64, values []any) error {
 	b := binary.AppendVarint(s.enc[:0], row)
 	b = binary.AppendUvarint(b, uint64(len(values)))
 	for _, v := range values {
@@ -237,11 +229,11 @@ func (s *spool) write(row int64, values []any) error {
 	return nil
 }
 
-// replay calls f with each row kept, in order. The values slice is
+// Replay calls f with each row kept, in order. The values slice is
 // reused between calls.
-func (s *spool) replay(ctx context.Context, f func(row int64, values []any) error) error {
-	if s.f == nil {
-		for _, r := range s.mem {
+func (s *Spool) Replay(ctx context.Context, f func(row int64, values []any) error) error {
+	if s.F == nil {
+		for _, r := range s.Mem {
 			if err := f(r.row, r.values); err != nil {
 				return err
 			}
@@ -251,11 +243,11 @@ func (s *spool) replay(ctx context.Context, f func(row int64, values []any) erro
 	if err := s.w.Flush(); err != nil {
 		return fmt.Errorf("backfill: spool: %w", err)
 	}
-	end, err := s.f.Seek(0, io.SeekCurrent)
+	end, err := s.F.Seek(0, io.SeekCurrent)
 	if err != nil {
 		return fmt.Errorf("backfill: spool: %w", err)
 	}
-	r := bufio.NewReaderSize(io.NewSectionReader(s.f, 0, end), 64<<10)
+	r := bufio.NewReaderSize(io.NewSectionReader(s.F, 0, end), 64<<10)
 	var vals []any
 	for n := int64(0); n < s.rows; n++ {
 		if err := ctx.Err(); err != nil {
