@@ -432,5 +432,5 @@ func (m *merge) stagedJSON(r stagedRow) string { return jsonbText(m.names, r.val
 // tracked columns, raw the row as JSON.
 func (m *merge) reject(r stagedRow, diffs []string, raw, reason string) backfill.Exception {
 	return backfill.Exception{Row: r.row, Raw: []byte(raw), Column: strings.Join(diffs, ","),
-		Value: keyText(m.t.Key, m.stagedJSON(r)), Reason: reason}
+		Value: pgstore.KeyText(m.t.Key, m.stagedJSON(r)), Reason: reason}
 }

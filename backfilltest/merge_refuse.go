@@ -2,12 +2,12 @@ package backfilltest
 
 import (
 	"cmp"
-	"encoding/json"
 	"fmt"
 	"slices"
 	"strings"
 
 	"github.com/pgbackfill/backfill"
+	"github.com/pgbackfill/backfill/internal/pgstore"
 )
 
 // Rows the target refuses at merge time, as the PostgreSQL merger refuses
@@ -138,7 +138,7 @@ func (m *merge) violations() []backfill.Exception {
 		if m.t.Mode == backfill.History {
 			identity = append(identity, m.t.ValidFrom)
 		}
-		bad[row] = backfill.Exception{Row: row, Raw: []byte(raw), Column: strings.Join(columns, ","), Value: identityText(identity, raw), Reason: "refused by the target: " + reason}
+		bad[row] = backfill.Exception{Row: row, Raw: []byte(raw), Column: strings.Join(columns, ","), Value: pgstore.IdentityText(identity, raw), Reason: "refused by the target: " + reason}
 	}
 	// CHECK constraints come first, as in PostgreSQL (before the row's
 	// index entries).
@@ -199,20 +199,4 @@ func (m *merge) violations() []backfill.Exception {
 	}
 	slices.SortFunc(out, func(a, b backfill.Exception) int { return cmp.Compare(a.Row, b.Row) })
 	return out
-}
-
-// identityText renders the identity columns of a JSON row as "(a, b)",
-// numbers as printed, like the PostgreSQL merger's exceptions.
-func identityText(identity []string, raw string) string {
-	d := json.NewDecoder(strings.NewReader(raw))
-	d.UseNumber()
-	var m map[string]any
-	if d.Decode(&m) != nil {
-		return ""
-	}
-	parts := make([]string, len(identity))
-	for i, k := range identity {
-		parts[i] = fmt.Sprint(m[k])
-	}
-	return "(" + strings.Join(parts, ", ") + ")"
 }

@@ -176,17 +176,3 @@ func jsonValue(v any) string {
 	}
 	return strings.TrimSuffix(buf.String(), "\n")
 }
-
-// keyText renders the key columns of a JSON row as "(a, b)", as the
-// PostgreSQL merger does for the Value of an exception.
-func keyText(key []string, raw string) string {
-	var m map[string]any
-	if json.Unmarshal([]byte(raw), &m) != nil {
-		return ""
-	}
-	parts := make([]string, len(key))
-	for i, k := range key {
-		parts[i] = fmt.Sprint(m[k])
-	}
-	return "(" + strings.Join(parts, ", ") + ")"
-}

@@ -721,7 +721,7 @@ func inChunkConflicts(t backfilltype.Target, cs []pgConflict, res *backfilltype.
 		switch {
 		case t.Mode == backfilltype.Keyless && len(ambiguous[c.FirstRow]) > 0:
 			res.Rejected = append(res.Rejected, backfilltype.Exception{Row: c.Row, Raw: json.RawMessage(c.Raw), Column: strings.Join(ambiguous[c.FirstRow], ","),
-				Value: keyText(t.Key, c.Raw), Reason: fmt.Sprintf("ambiguous derived key: rows %d and others share it with different content", c.FirstRow)})
+				Value: KeyText(t.Key, c.Raw), Reason: fmt.Sprintf("ambiguous derived key: rows %d and others share it with different content", c.FirstRow)})
 			drop = append(drop, c.Row)
 		case c.Row == c.FirstRow:
 			// AppendOnly keeps the first row; Keyless keeps one of identical rows.
@@ -730,7 +730,7 @@ func inChunkConflicts(t backfilltype.Target, cs []pgConflict, res *backfilltype.
 			drop = append(drop, c.Row)
 		default:
 			res.Rejected = append(res.Rejected, backfilltype.Exception{Row: c.Row, Raw: json.RawMessage(c.Raw), Column: strings.Join(c.Diffs, ","),
-				Value: keyText(t.Key, c.Raw), Reason: fmt.Sprintf("conflicting content for event of row %d in the same chunk: %s differ", c.FirstRow, strings.Join(c.Diffs, ", "))})
+				Value: KeyText(t.Key, c.Raw), Reason: fmt.Sprintf("conflicting content for event of row %d in the same chunk: %s differ", c.FirstRow, strings.Join(c.Diffs, ", "))})
 			drop = append(drop, c.Row)
 		}
 	}
@@ -756,7 +756,7 @@ func (s *PGStager) dropTargetConflicts(ctx context.Context, res *backfilltype.Me
 			reason = "ambiguous derived key: an existing row has the same key with different " + strings.Join(c.Diffs, ", ")
 		}
 		raw := json.RawMessage(fmt.Sprintf(`{"staged": %s, "existing": %s}`, c.Raw, c.Existing.String))
-		res.Rejected = append(res.Rejected, backfilltype.Exception{Row: c.Row, Raw: raw, Column: strings.Join(c.Diffs, ","), Value: keyText(t.Key, c.Raw), Reason: reason})
+		res.Rejected = append(res.Rejected, backfilltype.Exception{Row: c.Row, Raw: raw, Column: strings.Join(c.Diffs, ","), Value: KeyText(t.Key, c.Raw), Reason: reason})
 		drop = append(drop, c.Row)
 	}
 	if len(drop) > 0 {
@@ -1044,8 +1044,8 @@ func (s *PGStager) insertFresh(ctx context.Context, res *backfilltype.MergeResul
 	return true, nil
 }
 
-// keyText renders the key columns of a JSON row as "(a, b)" for messages.
-func keyText(key []string, raw string) string {
+// KeyText renders the key columns of a JSON row as "(a, b)" for messages.
+func KeyText(key []string, raw string) string {
 	var m map[string]any
 	if json.Unmarshal([]byte(raw), &m) != nil {
 		return ""

@@ -282,7 +282,7 @@ func (iso *Isolation) refuse(ctx context.Context, pos int64, pe *pq.Error, err e
 	if err := sqlx.GetContext(ctx, s.tx, &row, fmt.Sprintf(`SELECT _backfill_row AS row, (to_jsonb(h) - '_backfill_row' - '_backfill_pos')::text AS raw FROM %s h WHERE _backfill_pos = $1`, iso.held), pos); err != nil {
 		return fmt.Errorf("backfill: merge %s: refused row: %w", t.Table, err)
 	}
-	key := identityText(s.Info.Identity(), row.Raw)
+	key := IdentityText(s.Info.Identity(), row.Raw)
 	reason := iso.reason(ctx, pe)
 	if len(iso.refused) >= iso.max {
 		return fmt.Errorf("backfill: merge %s: %w: row %d key %s %s; %d rows of this chunk were refused already (Config.MaxMergeRefusals) (%w: %w)",
@@ -471,9 +471,9 @@ func (iso *Isolation) Suspects(ctx context.Context) []int64 {
 	return rows
 }
 
-// identityText renders the identity columns of a JSON row as "(a, b)",
+// IdentityText renders the identity columns of a JSON row as "(a, b)",
 // numbers exactly as PostgreSQL printed them.
-func identityText(identity []string, raw string) string {
+func IdentityText(identity []string, raw string) string {
 	d := json.NewDecoder(strings.NewReader(raw))
 	d.UseNumber()
 	var m map[string]any
