@@ -386,9 +386,10 @@ type Config struct {
 	// enum label, a value a domain's CHECK or NOT NULL refuses, malformed
 	// inet. Every row holding a refused value is queued as an exception
 	// naming its column, value and PostgreSQL's message, and the chunk is
-	// extracted and staged again without them, inside the chunk's
-	// transaction ([chunkStaging]): one more extraction per
-	// refused value, which is what the limit bounds. Past it, the chunk
+	// staged again without them from its spool, inside the chunk's
+	// transaction (rolled back to a savepoint first): one more staging per
+	// refused value, never another extraction, which is what the limit
+	// bounds. Past it, the chunk
 	// fails with an error wrapping [ErrTooManyRejects] that names the
 	// chunk, row, column and value. The rows count toward
 	// MaxRejectsPerChunk too. 0 means [DefaultMaxStagingRejects]; a

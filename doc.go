@@ -127,7 +127,8 @@ statement mode refuses transactions: the error of the first transaction
 says to set pool_mode = transaction. Size the pooler's
 pool (default_pool_size) for [Config.Concurrency] times the number of
 workers plus one: each chunk holds a server connection for its
-transaction.
+transaction, from the fence to the commit, and none while its extractor
+runs; the leases, heartbeats and other manifest transactions are short.
 
 # Many workers and hosts
 
