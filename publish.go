@@ -38,8 +38,8 @@ type Publish struct {
 	// version copies.
 	Mode PublishMode
 	// View is the view readers query, optionally schema-qualified, in the
-	// form of [Target.Table] (PublishVersionedView). It is created on the
-	// first publish.
+	// form of [backfilltype.Target.Table] (PublishVersionedView). It is
+	// created on the first publish.
 	View string
 	// LockTimeout bounds the wait for the parent's lock when swapping a
 	// partition (PublishPartitionSwap), as a PostgreSQL interval; on

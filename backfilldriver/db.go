@@ -13,10 +13,10 @@ import (
 type DB interface {
 	sqlx.ExtContext
 	// Begin starts a transaction. Its Commit makes the chunk's merge,
-	// exceptions and checkpoint durable together. [Merger] needs READ
-	// COMMITTED (or SERIALIZABLE) transactions: it locks the chunk's keys,
-	// then reads the target in statements that must see what the merges
-	// it waited for committed.
+	// exceptions and checkpoint durable together. The PostgreSQL merger
+	// needs READ COMMITTED (or SERIALIZABLE) transactions: it locks the
+	// chunk's keys, then reads the target in statements that must see what
+	// the merges it waited for committed.
 	Begin(ctx context.Context) (Tx, error)
 }
 

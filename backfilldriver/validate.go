@@ -60,8 +60,9 @@ type StagingTabler interface {
 }
 
 // ManifestValidations is implemented by manifests that keep validation
-// Evidence and can pause runs; [Manifest] and backfilltest.Manifest do.
-// backfill.Job.Validators need it ([backfilltype.ErrUnsupported] otherwise).
+// Evidence and can pause runs; backfill.PGManifest and
+// backfilltest.Manifest do. backfill.Job.Validators need it
+// ([backfilltype.ErrUnsupported] otherwise).
 type ManifestValidations interface {
 	// AddValidations appends results for a chunk, joining db's
 	// transaction when db is one.

@@ -78,7 +78,7 @@ const (
 	// PhaseExtract: the extractor writing into the chunk's spool,
 	// outside any transaction.
 	PhaseExtract Phase = "extract"
-	// PhaseQueued: with [Config.ExtractAhead] only, and only when it
+	// PhaseQueued: with backfill.Config.ExtractAhead only, and only when it
 	// waits: the extracted chunk waits for its worker's previous chunk's
 	// transaction to end.
 	PhaseQueued Phase = "queued"
@@ -87,7 +87,7 @@ const (
 	// staging.
 	PhaseStage Phase = "stage"
 	// PhaseMerge: the staged rows merged into the target (a chunk of
-	// [PublishAtEnd]: its staging ended).
+	// backfill.PublishAtEnd: its staging ended).
 	PhaseMerge Phase = "merge"
 	// PhaseValidate: the job's validators and the row accounting (not
 	// for a chunk of PublishAtEnd, validated when the run publishes).
