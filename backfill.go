@@ -391,10 +391,9 @@ type Config struct {
 	// staged again without them from its spool, inside the chunk's
 	// transaction (rolled back to a savepoint first): one more staging per
 	// refused value, never another extraction, which is what the limit
-	// bounds. Past it, the chunk
-	// fails with an error wrapping [ErrTooManyRejects] that names the
-	// chunk, row, column and value. The rows count toward
-	// MaxRejectsPerChunk too. 0 means [DefaultMaxStagingRejects]; a
+	// bounds. Past it, the chunk fails with an error wrapping
+	// [ErrTooManyRejects] that names the chunk, row, column and value. The
+	// rows count toward MaxRejectsPerChunk too. 0 means [DefaultMaxStagingRejects]; a
 	// negative value fails the chunk at the first refused value (still
 	// naming it). Mergers with [backfilldriver.StagingIsolator] only (the
 	// PostgreSQL merger).

@@ -61,6 +61,12 @@ type Publish struct {
 // DefaultPublishLockRetries is the default of [Publish.LockRetries].
 const DefaultPublishLockRetries = 10
 
+// String returns the publish mode as the run's plan records it (the
+// plan's Publish field, part of its fingerprint): "" for
+// [PublishPerChunk], otherwise the mode and the view joined by a colon
+// ("versioned_view:sales.orders_current"; "at_end:" and
+// "partition_swap:" with no view). LockTimeout and LockRetries are not
+// part of it.
 func (p Publish) String() string {
 	if p.Mode == PublishPerChunk {
 		return ""

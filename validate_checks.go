@@ -228,7 +228,7 @@ func (v ReplayChangesNothing) Validate(ctx context.Context, tx sqlx.ExtContext, 
 	return pgstore.ReplayChangesNothing(ctx, tx, scope, pgstore.ReplayChangesNothingParams{Name: v.Name, Severity: v.Severity, Exact: v.Exact})
 }
 
-// DefaultSampleSize, 100, is the default of [Sample].N.
+// DefaultSampleSize is the default of [Sample].N: 100 rows.
 const DefaultSampleSize = pgstore.DefaultSampleSize
 
 // Sample compares a deterministic pseudo-random sample of the staged rows

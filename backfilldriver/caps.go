@@ -149,6 +149,8 @@ type SQLManifest interface {
 	Manifest
 	ManifestRollback
 	ManifestUndoLog
+	// SQL returns q with every {s} replaced by the manifest's schema as a
+	// quoted identifier (and {schema} by its name as a quoted literal).
 	SQL(q string) string
 }
 

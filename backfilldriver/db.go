@@ -23,6 +23,11 @@ type DB interface {
 // Tx is a chunk's transaction. *sqlx.Tx satisfies it.
 type Tx interface {
 	sqlx.ExtContext
+	// Commit makes the transaction's writes durable and ends it; on an
+	// error the Runner counts the chunk's attempt as failed.
 	Commit() error
+	// Rollback discards the transaction's writes and ends it. The Runner
+	// may call it after Commit or after a failed Commit, and ignores its
+	// error then, as database/sql's Tx allows (it returns sql.ErrTxDone).
 	Rollback() error
 }
