@@ -19,8 +19,8 @@ const (
 	// Upsert is for mutable master data: a staged row whose business key
 	// exists replaces the target row when any non-key column differs
 	// (IS DISTINCT FROM, NULL-safe) and is left alone otherwise; absent
-	// keys are inserted. [Target.Conflict] decides who wins a disagreement.
-	// It is the default.
+	// keys are inserted. [backfilltype.Target.Conflict] decides who wins a
+	// disagreement. It is the default.
 	Upsert = backfilltype.Upsert
 	// AppendOnly is for immutable events with a unique event ID (the Key).
 	// A replayed event resolves to the existing row and writes nothing. An
@@ -36,26 +36,26 @@ const (
 	// run to run (the queued loser says which).
 	AppendOnly = backfilltype.AppendOnly
 	// History is versioned history (SCD type 2). Each version is a row
-	// keyed by Key plus [Target.ValidFrom]; [Target.ValidTo] holds the
-	// exclusive end of its half-open interval [valid_from, valid_to), NULL
-	// for the current version (an open end, never a sentinel date). The
-	// extractor writes versions with their valid_from; the merge keeps
-	// every version the source asserted at a distinct valid_from, inserts
-	// late versions at their place (splitting the interval they fall
-	// into) and recomputes valid_to for the keys it touched, so intervals
-	// per key tile its history with no overlap and no gap. A version whose
-	// (key, valid_from) exists is unchanged when its columns are identical
-	// (NULL-safe) and corrects the version in place otherwise. Versions
-	// equal to their predecessor are kept, not collapsed: collapsing
-	// would discard what the source said and make the result depend on
-	// arrival order.
+	// keyed by Key plus [backfilltype.Target.ValidFrom];
+	// [backfilltype.Target.ValidTo] holds the exclusive end of its
+	// half-open interval [valid_from, valid_to), NULL for the current
+	// version (an open end, never a sentinel date). The extractor writes
+	// versions with their valid_from; the merge keeps every version the
+	// source asserted at a distinct valid_from, inserts late versions at
+	// their place (splitting the interval they fall into) and recomputes
+	// valid_to for the keys it touched, so intervals per key tile its
+	// history with no overlap and no gap. A version whose (key, valid_from)
+	// exists is unchanged when its columns are identical (NULL-safe) and
+	// corrects the version in place otherwise. Versions equal to their
+	// predecessor are kept, not collapsed: collapsing would discard what
+	// the source said and make the result depend on arrival order.
 	History = backfilltype.History
 	// Keyless is for legacy sources without a good key: the Key columns
-	// are derived by [Target.Derive] rules (trim, case fold, Unicode NFC,
-	// whitespace collapse, ...) from source columns. Rows whose derived
-	// keys collide with different content, inside a chunk or with the
-	// target, all go to the exception queue (reason "ambiguous derived
-	// key"); identical rows are deduplicated.
+	// are derived by [backfilltype.Target.Derive] rules (trim, case fold,
+	// Unicode NFC, whitespace collapse, ...) from source columns. Rows
+	// whose derived keys collide with different content, inside a chunk or
+	// with the target, all go to the exception queue (reason "ambiguous
+	// derived key"); identical rows are deduplicated.
 	Keyless = backfilltype.Keyless
 )
 
@@ -69,8 +69,8 @@ const (
 	// or of runs in parallel) with different content: the chunk whose
 	// transaction commits last wins. At Concurrency 1 that is the chunk
 	// planned last; above it, whichever finishes last, which can differ
-	// from run to run. Use a [Target.Version] with NewerVersionWins for a
-	// result independent of order and concurrency.
+	// from run to run. Use a [backfilltype.Target.Version] with
+	// NewerVersionWins for a result independent of order and concurrency.
 	SourceWins = backfilltype.SourceWins
 	// TargetWins inserts missing keys only; differing existing rows are
 	// kept and counted as unchanged. Order dependent when the same key,
@@ -79,14 +79,15 @@ const (
 	// wins, the others find it and leave it (counted unchanged, not
 	// queued). At Concurrency 1 that is the chunk planned first; above it,
 	// whichever commits first, which can differ from run to run. Use a
-	// [Target.Version] with NewerVersionWins for a result independent of
-	// order and concurrency.
+	// [backfilltype.Target.Version] with NewerVersionWins for a result
+	// independent of order and concurrency.
 	TargetWins = backfilltype.TargetWins
-	// NewerVersionWins takes the row with the greater [Target.Version]
-	// value (NULL is older than any value). Ties with different content
-	// are broken by the greater text form of the non-key columns, so the
-	// final state is the same whatever the arrival order of versions.
-	// Inside a chunk the same rule picks the surviving row.
+	// NewerVersionWins takes the row with the greater
+	// [backfilltype.Target.Version] value (NULL is older than any value).
+	// Ties with different content are broken by the greater text form of
+	// the non-key columns, so the final state is the same whatever the
+	// arrival order of versions. Inside a chunk the same rule picks the
+	// surviving row.
 	NewerVersionWins = backfilltype.NewerVersionWins
 )
 
@@ -116,7 +117,7 @@ type Target = backfilltype.Target
 // inserted a row and which batch last changed it. They are written on
 // every insert and update, never compared (a replay does not touch them),
 // and they let a rollback refuse to undo rows that a later batch changed.
-// Ingestion time is [Target.IngestedAt].
+// Ingestion time is [backfilltype.Target.IngestedAt].
 type Lineage = backfilltype.Lineage
 
 // RollbackMechanism is how a job's batches can be withdrawn, chosen before
@@ -239,7 +240,7 @@ type Job struct {
 	// its ChunkColumn bounds, else of its identities) equal the base's,
 	// wrongly only with a probability of about 2^-64. A skipped chunk
 	// writes no target row, lineage or undo entry, counts its rows as read,
-	// rejected or unchanged, sets [ChunkResult.Skipped], and its
+	// rejected or unchanged, sets [backfilltype.ChunkResult.Skipped], and its
 	// staging-versus-target validators pass, proven by the fingerprints.
 	// The skip key covers the plan without its scope and chunk list, and
 	// the target's column types. Off by default.
@@ -297,27 +298,27 @@ func (f ExtractorFunc) Extract(ctx context.Context, c Chunk, w RowWriter) error 
 // RowWriter receives the rows of one chunk from an [Extractor]. It is not
 // safe for concurrent use and is invalid once Extract returns.
 type RowWriter interface {
-	// Write adds one row, values in [Target.Columns] order. A value that
-	// its column cannot hold (NULL in a key or NOT NULL column, NUL byte
-	// or invalid UTF-8 in text, text longer than the column allows, a
-	// number or time beyond the column's range, unparsable text) is bad
-	// data: it does not fail the chunk, the row goes to the exception
-	// queue with a reason naming the column, its limit and the value, and
-	// Write returns nil. Every value a column can hold is taken, as a Go
-	// value or as text: NaN and ±Inf floats (also in an unconstrained
-	// numeric), 'infinity' and '-infinity' times ([TimeInfinity],
-	// [TimeNegInfinity]), years 4714 BC to 294276 AD (dates to 5874897
-	// AD; package internal/pgconv reads their text forms). Times are
-	// stored in whole microseconds: a time.Time (or time.Duration) with
-	// nanoseconds is truncated toward the past; date/time text with more
-	// than six fractional digits is rounded as PostgreSQL rounds it.
-	// A row no data can make valid is an extractor bug:
-	// a wrong number of values, or a Go type that no conversion accepts
-	// for its column (a struct for an integer column); Write then returns
-	// an error wrapping [ErrExtractor] and the chunk fails without retry,
-	// even if the extractor ignores the error. Write returns an error also
-	// when the chunk cannot go on (the staging COPY failed, ctx is done,
-	// too many rejects); the extractor should then return it.
+	// Write adds one row, values in [backfilltype.Target.Columns] order. A
+	// value that its column cannot hold (NULL in a key or NOT NULL column,
+	// NUL byte or invalid UTF-8 in text, text longer than the column
+	// allows, a number or time beyond the column's range, unparsable text)
+	// is bad data: it does not fail the chunk, the row goes to the
+	// exception queue with a reason naming the column, its limit and the
+	// value, and Write returns nil. Every value a column can hold is taken,
+	// as a Go value or as text: NaN and ±Inf floats (also in an
+	// unconstrained numeric), 'infinity' and '-infinity' times
+	// ([TimeInfinity], [TimeNegInfinity]), years 4714 BC to 294276 AD
+	// (dates to 5874897 AD; package internal/pgconv reads their text
+	// forms). Times are stored in whole microseconds: a time.Time (or
+	// time.Duration) with nanoseconds is truncated toward the past;
+	// date/time text with more than six fractional digits is rounded as
+	// PostgreSQL rounds it. A row no data can make valid is an extractor
+	// bug: a wrong number of values, or a Go type that no conversion
+	// accepts for its column (a struct for an integer column); Write then
+	// returns an error wrapping [ErrExtractor] and the chunk fails without
+	// retry, even if the extractor ignores the error. Write returns an
+	// error also when the chunk cannot go on (the staging COPY failed, ctx
+	// is done, too many rejects); the extractor should then return it.
 	Write(ctx context.Context, values ...any) error
 	// Reject records a row the extractor could not convert. raw is stored
 	// as jsonb (any JSON-marshalable value; a value that cannot be
@@ -346,9 +347,10 @@ type Config struct {
 	// itself decides by order, the winner is the chunk that commits first
 	// (TargetWins, AppendOnly, Keyless) or last (SourceWins), and above
 	// Concurrency 1 commit order is not plan order: the result can differ
-	// from run to run. Use a [Target.Version] with NewerVersionWins for
-	// an order-independent result; AppendOnly and Keyless queue the loser
-	// to the exception queue, so nothing is lost silently there.
+	// from run to run. Use a [backfilltype.Target.Version] with
+	// NewerVersionWins for an order-independent result; AppendOnly and
+	// Keyless queue the loser to the exception queue, so nothing is lost
+	// silently there.
 	Concurrency int
 	// ExtractAhead makes each of the Concurrency workers lease and
 	// extract its next chunk while its current chunk's transaction runs,
@@ -386,12 +388,12 @@ type Config struct {
 	// enum label, a value a domain's CHECK or NOT NULL refuses, malformed
 	// inet. Every row holding a refused value is queued as an exception
 	// naming its column, value and PostgreSQL's message, and the chunk is
-	// extracted and staged again without them, inside the chunk's
-	// transaction ([chunkStaging]): one more extraction per
-	// refused value, which is what the limit bounds. Past it, the chunk
-	// fails with an error wrapping [ErrTooManyRejects] that names the
-	// chunk, row, column and value. The rows count toward
-	// MaxRejectsPerChunk too. 0 means [DefaultMaxStagingRejects]; a
+	// staged again without them from its spool, inside the chunk's
+	// transaction (rolled back to a savepoint first): one more staging per
+	// refused value, never another extraction, which is what the limit
+	// bounds. Past it, the chunk fails with an error wrapping
+	// [ErrTooManyRejects] that names the chunk, row, column and value. The
+	// rows count toward MaxRejectsPerChunk too. 0 means [DefaultMaxStagingRejects]; a
 	// negative value fails the chunk at the first refused value (still
 	// naming it). Mergers with [backfilldriver.StagingIsolator] only (the
 	// PostgreSQL merger).
@@ -589,8 +591,8 @@ type Report struct {
 	// Counts sums every checkpointed (done or open) chunk of the run (not
 	// only this call's), each as it stands: a chunk read several times
 	// while open counts its rows once, as its latest read found them
-	// ([Counts.Reread]), so a row read by four reads counts once in Read
-	// (and once in Rejected when every read rejected it).
+	// ([backfilltype.Counts.Reread]), so a row read by four reads counts
+	// once in Read (and once in Rejected when every read rejected it).
 	Counts Counts
 	// Warnings says what in the job may lose or hold back rows, e.g. a
 	// scope that reaches into the future, or a date-typed ChunkColumn

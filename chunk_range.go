@@ -45,7 +45,7 @@ func (c *intChunker) Scope() string {
 	return fmt.Sprintf("int [%d, %d) step %d", c.lo, c.hi, c.step)
 }
 
-// Chunks implements [Chunker.Chunks]; see [IntRange].
+// Chunks implements [backfilltype.Chunker.Chunks]; see [IntRange].
 func (c *intChunker) Chunks(ctx context.Context) ([]Chunk, error) {
 	n, err := c.count(ctx)
 	if err != nil {
@@ -93,7 +93,7 @@ func (c *intChunker) chunk(i int) Chunk {
 	return Chunk{ID: "int:" + strconv.FormatInt(lo, 10) + "/" + strconv.FormatInt(hi, 10), Seq: i, Kind: backfilltype.KindInt, Lo: lo, Hi: hi}
 }
 
-// ChunkSeq implements [ChunkStreamer.ChunkSeq]; see [IntRange].
+// ChunkSeq implements [backfilltype.ChunkStreamer.ChunkSeq]; see [IntRange].
 func (c *intChunker) ChunkSeq(ctx context.Context) iter.Seq2[Chunk, error] {
 	return func(yield func(Chunk, error) bool) {
 		n, err := c.count(ctx)
@@ -115,7 +115,7 @@ func (c *intChunker) ChunkSeq(ctx context.Context) iter.Seq2[Chunk, error] {
 	}
 }
 
-// ChunkOf implements [ChunkStreamer.ChunkOf]; see [IntRange].
+// ChunkOf implements [backfilltype.ChunkStreamer.ChunkOf]; see [IntRange].
 func (c *intChunker) ChunkOf(x Chunk) (Chunk, bool) {
 	n, err := c.count(context.Background())
 	if err != nil || x.Kind != backfilltype.KindInt || x.Seq < 0 || x.Seq >= n {
@@ -158,7 +158,7 @@ func (c *listChunker) Scope() string {
 	return fmt.Sprintf("list %d items sha256:%s", len(c.items), hex.EncodeToString(h.Sum(nil)[:8]))
 }
 
-// Chunks implements [Chunker.Chunks]; see [List].
+// Chunks implements [backfilltype.Chunker.Chunks]; see [List].
 func (c *listChunker) Chunks(ctx context.Context) ([]Chunk, error) {
 	if err := c.check(ctx); err != nil {
 		return nil, err
@@ -211,7 +211,7 @@ func (c *listChunker) check(ctx context.Context) error {
 	return nil
 }
 
-// ChunkSeq implements [ChunkStreamer.ChunkSeq]; see [List].
+// ChunkSeq implements [backfilltype.ChunkStreamer.ChunkSeq]; see [List].
 func (c *listChunker) ChunkSeq(ctx context.Context) iter.Seq2[Chunk, error] {
 	return func(yield func(Chunk, error) bool) {
 		if err := c.check(ctx); err != nil {
@@ -226,7 +226,7 @@ func (c *listChunker) ChunkSeq(ctx context.Context) iter.Seq2[Chunk, error] {
 	}
 }
 
-// ChunkOf implements [ChunkStreamer.ChunkOf]; see [List].
+// ChunkOf implements [backfilltype.ChunkStreamer.ChunkOf]; see [List].
 func (c *listChunker) ChunkOf(x Chunk) (Chunk, bool) {
 	if x.Kind != backfilltype.KindList || x.Seq < 0 || x.Seq >= len(c.items) || c.items[x.Seq] != x.Item || x.ID != "list:"+x.Item {
 		return Chunk{}, false

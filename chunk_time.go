@@ -43,17 +43,17 @@ func Hours(start, end time.Time, loc *time.Location) Chunker {
 //
 // A day starts at the first instant at which loc's clock reads that date:
 // local midnight on almost every day, so a day is 24 hours long, or 23 or
-// 25 across a daylight-saving change ([Chunk.Duration] says which). Where
-// a change skips midnight the day starts at the change; where midnight
-// occurs twice, at the first; a date that does not exist has no chunk.
-// Boundaries come from the zone's transitions ([time.Time.ZoneBounds]),
-// not from [time.Date], which is ambiguous there. If start or end is not
-// on a boundary, the first or last chunk is clipped to the scope. IDs and
-// Start and End are as for [Hours], e.g.
+// 25 across a daylight-saving change ([backfilltype.Chunk.Duration] says
+// which). Where a change skips midnight the day starts at the change; where
+// midnight occurs twice, at the first; a date that does not exist has no
+// chunk. Boundaries come from the zone's transitions
+// ([time.Time.ZoneBounds]), not from [time.Date], which is ambiguous there.
+// If start or end is not on a boundary, the first or last chunk is clipped
+// to the scope. IDs and Start and End are as for [Hours], e.g.
 // "time:2024-03-10T00:00:00-05:00/2024-03-11T00:00:00-04:00". Scope is
-// "days [<start>, <end>) <loc>", e.g.
-// "days [2024-03-01T00:00:00-05:00, 2024-04-01T00:00:00-04:00) America/New_York".
-// The Chunker is immutable and safe for concurrent use.
+// "days [<start>, <end>) <loc>", e.g. "days [2024-03-01T00:00:00-05:00,
+// 2024-04-01T00:00:00-04:00) America/New_York". The Chunker is immutable
+// and safe for concurrent use.
 //
 // Chunks returns the same errors as for [Hours]. Pass a location from
 // [time.LoadLocation] rather than [time.Local]. The design note
@@ -191,8 +191,8 @@ func (c *timeChunker) validate() error {
 	return nil
 }
 
-// Chunks implements [Chunker.Chunks]; see [Hours], [Days], [Months] and
-// [Every] for the boundaries and errors.
+// Chunks implements [backfilltype.Chunker.Chunks]; see [Hours], [Days],
+// [Months] and [Every] for the boundaries and errors.
 func (c *timeChunker) Chunks(ctx context.Context) ([]Chunk, error) {
 	if err := c.validate(); err != nil {
 		return nil, err
@@ -288,8 +288,8 @@ func (c *timeChunker) tile(cuts []time.Time) ([]Chunk, error) {
 	return chunks, nil
 }
 
-// ChunkSeq implements [ChunkStreamer.ChunkSeq]: the chunks of Chunks, one
-// boundary at a time.
+// ChunkSeq implements [backfilltype.ChunkStreamer.ChunkSeq]: the chunks of
+// Chunks, one boundary at a time.
 func (c *timeChunker) ChunkSeq(ctx context.Context) iter.Seq2[Chunk, error] {
 	return func(yield func(Chunk, error) bool) {
 		if err := c.validate(); err != nil {
@@ -353,7 +353,7 @@ func (c *timeChunker) chunk(seq int, lo, hi time.Time) (Chunk, error) {
 	}, nil
 }
 
-// ChunkOf implements [ChunkStreamer.ChunkOf]: c's bounds in the
+// ChunkOf implements [backfilltype.ChunkStreamer.ChunkOf]: c's bounds in the
 // chunker's location, when they lie in the scope, give c's ID, and end
 // at the first boundary after the start (or the scope's end). Seq is
 // checked for [Every] only (the k-th chunk starts k steps after the

@@ -315,10 +315,14 @@ func (r *Runner) schemaName() string {
 	return "backfill"
 }
 
-// Pause pauses run batchID (see [PGManifest.Pause]): every worker of
-// every process stops claiming; the chunks in flight finish. actor and
-// why are required. It returns [ErrUnsupported] when the manifest has no
-// control plane.
+// Pause pauses run batchID through the manifest's SQL function pause:
+// every worker of every process stops claiming; the chunks in flight
+// finish and checkpoint, and each call of [Runner.Run] on the run returns
+// an error wrapping [ErrRunPaused]. actor and why are required (else an
+// error wrapping [ErrInvalidConfig]). A run that is not running or failed
+// gives an error wrapping [ErrRunStatus], an unknown batch
+// [ErrRunNotFound]. It returns [ErrUnsupported] when the manifest has no
+// control plane ([PGManifest] has one).
 func (r *Runner) Pause(ctx context.Context, batchID int64, actor, why string) error {
 	cm, err := r.controlPlane("pause")
 	if err != nil {
@@ -327,9 +331,13 @@ func (r *Runner) Pause(ctx context.Context, batchID int64, actor, why string) er
 	return cm.ReadControl(ctx, r.db, "pause", batchID, actor, why)
 }
 
-// Cancel cancels run batchID (see [PGManifest.Cancel]): the chunks in
-// flight roll back, the run ends [RunCancelled]. actor and why are
-// required. Resume it with [Runner.Resume].
+// Cancel cancels run batchID through the manifest's SQL function cancel:
+// the workers of every process abort their chunks in flight (rolled back:
+// leases released, the chunks pending, nothing half-merged) and claim
+// nothing more; the run ends [RunCancelled] and each call of [Runner.Run]
+// on it returns an error wrapping [ErrRunCancelled]. Only an explicit
+// resume ([Runner.Resume], the SQL function resume) restarts it;
+// [Job.NewRun] starts a new run instead. Errors as [Runner.Pause].
 func (r *Runner) Cancel(ctx context.Context, batchID int64, actor, why string) error {
 	cm, err := r.controlPlane("cancel")
 	if err != nil {
@@ -338,7 +346,24 @@ func (r *Runner) Cancel(ctx context.Context, batchID int64, actor, why string) e
 	return cm.ReadControl(ctx, r.db, "cancel", batchID, actor, why)
 }
 
-// SetKnob sets a live knob of run batchID (see [PGManifest.SetKnob]).
+// SetKnob sets live knob key of run batchID to value through the
+// manifest's SQL function set_knob, by actor for the reason why (both
+// required); every worker of every process applies it within one
+// [Config.ThrottleInterval] (at once with [Config.ListenURL]). Keys:
+// "concurrency" (the workers of each process: a whole number ≥ 1; a
+// process runs at most its [Config.Concurrency], so the knob lowers it or
+// raises it back up to that), "job_concurrency" (replaces
+// [Config.JobConcurrency]: a whole number ≥ 1; processes without a
+// JobConcurrency ignore it), "rows_per_second" (replaces
+// [Config.RowsPerSecond]: 0 for no cap, or at least 1), and
+// "throttle.<signal>.high" and "throttle.<signal>.low" (the watermarks of
+// the [backfillthrottle.Throttle] of that signal: finite numbers). value
+// is a number as text, or "default" to drop the knob (each process goes
+// back to its [Config]). An unknown key, a bad value
+// or a missing actor or why gives an error wrapping [ErrInvalidConfig]
+// that names the key and value; a completed, rolled back or abandoned run
+// [ErrRunStatus]. It returns [ErrUnsupported] when the manifest has no
+// control plane ([PGManifest] has one).
 func (r *Runner) SetKnob(ctx context.Context, batchID int64, key, value, actor, why string) error {
 	cm, err := r.controlPlane("set knob")
 	if err != nil {

@@ -80,8 +80,9 @@ path production runs.
 # Least privilege
 
 An administrator creates and migrates the manifest's schema once
-([PGManifest.Migrate], the command "backfill migrate" of the module
-cmd/backfill); [PGManifest.Init] then only reads its version, so the role
+(the Migrate method of [PGManifest], or the command "backfill migrate" of
+the module cmd/backfill); its Init method then only reads the version, so
+the role
 that runs jobs needs no DDL privilege. [Runner.Run] checks, before it
 creates or resumes a batch, every privilege the job needs (USAGE on the
 manifest's schema and DML on its tables, TEMPORARY on the database, USAGE
@@ -99,7 +100,7 @@ database's default_transaction_isolation: each one takes a lock first (an
 advisory lock on the job, the schema or the view; a row lock with FOR
 UPDATE) and then must see what the holder before it committed, which a
 REPEATABLE READ or SERIALIZABLE snapshot taken before the lock would hide.
-So [PGManifest.Init] and the start of a run are safe when any number of
+So the manifest's Init and the start of a run are safe when any number of
 processes start one job at once under any default, and they converge on one
 run. A transaction outside a chunk (Init, starting, finishing and pausing a
 run, recording a failed attempt, an event, validations or gate evidence,
@@ -127,7 +128,8 @@ statement mode refuses transactions: the error of the first transaction
 says to set pool_mode = transaction. Size the pooler's
 pool (default_pool_size) for [Config.Concurrency] times the number of
 workers plus one: each chunk holds a server connection for its
-transaction.
+transaction, from the fence to the commit, and none while its extractor
+runs; the leases, heartbeats and other manifest transactions are short.
 
 # Many workers and hosts
 
@@ -249,8 +251,7 @@ chunks open, database away, or abandoned for a newer run; restart later
 to resume).
 
 Control. The manifest's SQL functions pause, resume and cancel a run and
-set its live knobs, from psql or from Go ([PGManifest.Pause],
-[PGManifest.Cancel], [PGManifest.SetKnob], [Runner.Pause],
+set its live knobs, from psql or from Go ([Runner.Pause],
 [Runner.Cancel], [Runner.SetKnob], [Runner.Resume]); every worker of
 every process reads its run's control state every
 [Config.ThrottleInterval], after each chunk, and on the notification
@@ -277,7 +278,7 @@ context is not done) is a wait, not a failure: the transaction rolls back,
 the worker logs the wait ("backfill: chunk waited", with seq, chunk,
 attempt, try, sqlstate, lock_timeout, statement_timeout, waited and
 blockers) and records it in the manifest's waits table
-([backfilldriver.ManifestWaits], [PGManifest.Waits]), sleeps the row's
+([backfilldriver.ManifestWaits], which [PGManifest] implements), sleeps the row's
 Sleep (jittered ±25 %) while this call's other workers skip the chunk, and
 tries again with the next row. [DefaultLockRetries] is 100 ms/1 s,
 200 ms/1 s, 500 ms/2 s, 1 s/5 s, 2 s/10 s, 2 s/10 s, 2 s/20 s, 2 s
@@ -335,7 +336,7 @@ waiting on locks held by the run's workers),
 [backfillthrottle.ProbeLatencySignal] (p95 or p99 in ms of a probe query
 the library runs every interval, over a sliding window),
 [backfillthrottle.SQLSignal] (any query returning a number or a boolean)
-and schedule windows ([backfillthrottle.ParseSchedule], [ScheduleThrottle]:
+and schedule windows ([backfillthrottle.ParseSchedule], [backfillthrottle.ScheduleThrottle]:
 "Mon-Fri 22:00-06:00 Europe/Berlin", windows crossing midnight, daylight
 saving time by the zone's rules). A [backfillthrottle.Signal] is a small
 interface: any Go code can be one.
@@ -365,7 +366,8 @@ and paused.
 
 # Progress
 
-[Runner.Status] (and [PGManifest.Status], [PGManifest.JobStatus], the
+[Runner.Status] (and [Runner.StatusOf], the Status and JobStatus methods
+of [PGManifest], the
 run_progress and chunks_in_flight views) read a run's progress from the
 manifest, from any process: chunks by status, rows by outcome, chunks in
 flight, exceptions by reason, liveness, the time split (working,
@@ -397,13 +399,13 @@ what a skipped chunk records.
 # Identity first: merge modes
 
 Decide which columns identify a record, which may change, and which side
-wins a disagreement before choosing how to write. [Target.Mode] says it:
+wins a disagreement before choosing how to write. [backfilltype.Target.Mode] says it:
 
   - [Upsert] (default), mutable master data: update by a stable business
     key (composite keys are the norm), insert absent keys.
-    [Target.Conflict] decides who wins: [SourceWins] (default),
+    [backfilltype.Target.Conflict] decides who wins: [SourceWins] (default),
     [TargetWins] (insert missing only) or [NewerVersionWins], which compares
-    [Target.Version] (a source version or modification time) and breaks
+    [backfilltype.Target.Version] (a source version or modification time) and breaks
     ties by content, so versions arriving out of order give the same final
     state as in order.
   - [AppendOnly], immutable events with a unique event ID: a replay
@@ -420,15 +422,15 @@ wins a disagreement before choosing how to write. [Target.Mode] says it:
     other content corrects that version in place. A key's versions are
     closed before new ones are inserted, so a single-open-version index,
     UNIQUE (key) WHERE valid_to IS NULL, is supported.
-  - [Keyless], legacy files without a good key: [Target.Derive] rules
-    ([KeyRule] of composable [Normalizer]s: [Trim], [CollapseSpace],
+  - [Keyless], legacy files without a good key: [backfilltype.Target.Derive] rules
+    ([KeyRule] of composable normalizers, [Normalizer]: [Trim], [CollapseSpace],
     [NFC], [NFKC], [CaseFold], [RemovePunctuation]) derive the key. Rows
     whose derived keys collide with different content all go to the
     exception queue; identical ones are deduplicated.
 
 A NULL in a key column never becomes a silent duplicate: the row is
 rejected ("missing key column"), unless a Keyless rule opts into
-[KeyRule.NullAsEmpty]. A row hash ([Target.HashColumn]) may detect changed
+[backfilltype.KeyRule.NullAsEmpty]. A row hash ([backfilltype.Target.HashColumn]) may detect changed
 content; it never identifies a row. Its input is unambiguous (NULL markers,
 length prefixes) and canonical for numerics (1.0 = 1.00) and floats (-0 =
 0, one NaN).
@@ -446,7 +448,7 @@ rejects rows an extractor wrote outside their chunk ("outside chunk"),
 whatever wrapper delivers it), a Go time.Time is truncated to microseconds
 and time text is rounded to microseconds as PostgreSQL rounds it. Event
 time, source modification time and ingestion time are distinct
-([Target.EventTime], [Target.ModifiedAt], [Target.IngestedAt]).
+([backfilltype.Target.EventTime], [backfilltype.Target.ModifiedAt], [backfilltype.Target.IngestedAt]).
 [Job.Watermark] records a source high-water mark per run and
 [Runner.Handoff] rescans from it, minus a lookback, before live ingestion
 takes over.
@@ -591,7 +593,7 @@ Errors are wrapped with %w; test them with errors.Is against the sentinels
 of this package (such as [ErrInvalidConfig]), and with errors.As for
 [*ChunkError] (which chunk failed), [*PartialError] (what completed before a
 failure). Rejected rows are not errors: they are rows of the exception queue
-([Manifest.Exceptions]). [IsRetryable] tells transient database errors,
+([backfilldriver.Manifest.Exceptions]). [IsRetryable] tells transient database errors,
 which the runner retries up to [Config.MaxAttempts] times (waits first, by
 [Config.LockRetries]).
 */

@@ -6,23 +6,24 @@ import (
 )
 
 var (
-	// ErrEmptyScope is returned by [Chunker.Chunks] when the scope holds no
-	// chunk (start not before end, an empty list).
+	// ErrEmptyScope is returned by [backfilltype.Chunker.Chunks] when the
+	// scope holds no chunk (start not before end, an empty list).
 	ErrEmptyScope = backfilltype.ErrEmptyScope
 	// ErrInvalidScope is returned by chunker constructors and
-	// [Chunker.Chunks] for bounds that cannot be chunked (a non-positive
-	// step, a nil location, duplicate list items).
+	// [backfilltype.Chunker.Chunks] for bounds that cannot be chunked (a
+	// non-positive step, a nil location, duplicate list items).
 	ErrInvalidScope = backfilltype.ErrInvalidScope
 	// ErrPlanChanged is returned by [Runner.Run] when the latest run of the
 	// same job name (incomplete, completed or rolled back) has a different
 	// plan fingerprint and [Job.NewRun] is false. The error text says which
 	// fields changed.
 	ErrPlanChanged = backfilltype.ErrPlanChanged
-	// ErrNoUniqueKey is returned by [Merger.Prepare] when the target has no
-	// unique index or constraint on exactly the business key columns.
+	// ErrNoUniqueKey is returned by [backfilldriver.Merger.Prepare] when
+	// the target has no unique index or constraint on exactly the business
+	// key columns.
 	ErrNoUniqueKey = backfilltype.ErrNoUniqueKey
-	// ErrTargetNotFound is returned by [Merger.Prepare] when the target
-	// table or one of the named columns does not exist.
+	// ErrTargetNotFound is returned by [backfilldriver.Merger.Prepare] when
+	// the target table or one of the named columns does not exist.
 	ErrTargetNotFound = backfilltype.ErrTargetNotFound
 	// ErrAccounting is returned (wrapped in a [*ChunkError]) when a chunk's
 	// counts do not balance: read != inserted + updated + unchanged +
@@ -79,21 +80,21 @@ var (
 	ErrNotPaused = backfilltype.ErrNotPaused
 	// ErrRunPaused is returned by [Runner.Run] when the job's run is
 	// paused: a quality gate failed, a throttle reached its critical
-	// level, or an operator paused it ([PGManifest.Pause], the SQL
+	// level, or an operator paused it ([Runner.Pause], the SQL
 	// function pause), before or during the call (the chunks in flight
 	// finished first). Resume it with [Runner.Resume] or the SQL
 	// function resume.
 	ErrRunPaused = backfilltype.ErrRunPaused
 	// ErrRunCancelled is returned by [Runner.Run] when the job's run was
-	// cancelled ([PGManifest.Cancel], the SQL function cancel), before or
+	// cancelled ([Runner.Cancel], the SQL function cancel), before or
 	// during the call: the chunks in flight rolled back and the run is
 	// [RunCancelled]. A later Run of the job does not restart it (it
 	// returns this error again): resume it explicitly with
 	// [Runner.Resume] or the SQL function resume, or start a new run
 	// with [Job.NewRun].
 	ErrRunCancelled = backfilltype.ErrRunCancelled
-	// ErrRunStatus is returned by the control functions ([PGManifest.Pause],
-	// [PGManifest.Cancel], [PGManifest.Resume], [PGManifest.SetKnob]) when
+	// ErrRunStatus is returned by the control functions ([Runner.Pause],
+	// [Runner.Cancel], [Runner.SetKnob], the SQL functions) when
 	// the run's status does not allow the decision (pausing a completed
 	// run, resuming a running one); the message names the status.
 	ErrRunStatus = backfilltype.ErrRunStatus
@@ -158,12 +159,13 @@ var (
 	// [*ChunkError]) when an Upsert run by a role without UPDATE on the
 	// target meets a row it would update: the chunk rolls back.
 	ErrPrivilege = backfilltype.ErrPrivilege
-	// ErrSchemaBehind is returned by [PGManifest.Init] when the manifest's
+	// ErrSchemaBehind is returned by the manifest's Init (called by
+	// [Runner.Run] and the Runner's other entry points) when the manifest's
 	// schema is older than this library's and the session's role cannot
 	// migrate it (it lacks CREATE on the database or the schema, or does
-	// not own the tables): an administrator runs [PGManifest.Migrate]
-	// (the command "backfill migrate") once. The message names both
-	// versions.
+	// not own the tables): an administrator runs the command "backfill
+	// migrate" (or the Migrate method of [PGManifest]) once. The message
+	// names both versions.
 	ErrSchemaBehind = backfilltype.ErrSchemaBehind
 )
 
@@ -193,9 +195,10 @@ func IsRetryable(err error) bool {
 }
 
 // Least privilege. An administrator creates and migrates the manifest's
-// schema once ([PGManifest.Migrate], the command "backfill migrate"); the
-// role that runs jobs then needs no DDL privilege for the manifest:
-// [PGManifest.Init] only reads the schema's version when it is current.
+// schema once (the command "backfill migrate", or the Migrate method of
+// [PGManifest]); the role that runs jobs then needs no DDL privilege for
+// the manifest: the manifest's Init only reads the schema's version when
+// it is current.
 // What the runtime role needs, and what [Runner.Run] checks before it
 // creates or resumes a batch (the target's part is on [Runner.Run]'s
 // privilege check, [Runner.checkTargetSchema]):

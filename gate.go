@@ -61,11 +61,11 @@ func acceptedResult(acc []acceptedCheck, cr CheckResult) bool {
 // its check, expected and actual values and sample (recorded in the
 // event's "evidence"). The chunk is read again; when an accepted check
 // fails again with the same evidence it no longer stops it: it commits,
-// its failed results are recorded with [CheckResult.Accepted] set, beside
-// the evidence of the attempt that failed. A different verdict (another
-// count, other offending keys, as when an open chunk is read again with
-// new rows) fails the gate again, and so does any other failed check of
-// severity error. Other chunks are judged as before. Like Resume, it
+// its failed results are recorded with [backfilltype.CheckResult.Accepted]
+// set, beside the evidence of the attempt that failed. A different verdict
+// (another count, other offending keys, as when an open chunk is read again
+// with new rows) fails the gate again, and so does any other failed check
+// of severity error. Other chunks are judged as before. Like Resume, it
 // records the run's rows at this point ([backfilltype.EventGateBaseline]).
 //
 // Only a chunk whose latest judgment is a failed gate can be accepted: a

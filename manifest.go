@@ -18,7 +18,7 @@ const (
 	// the failed chunks and resumes.
 	RunFailed = backfilltype.RunFailed
 	// RunPaused: a quality gate failed, a throttle reached its critical
-	// level, or an operator paused the run ([PGManifest.Pause], the SQL
+	// level, or an operator paused the run ([Runner.Pause], the SQL
 	// function pause); nothing more is claimed (chunks in flight finish)
 	// until [Runner.Resume] or the SQL function resume records who resumed
 	// it and why.
@@ -29,7 +29,7 @@ const (
 	// [Job.NewRun]; this run will not be resumed. Its completed chunks
 	// stay in the target.
 	RunAbandoned = backfilltype.RunAbandoned
-	// RunCancelled: an operator cancelled the run ([PGManifest.Cancel],
+	// RunCancelled: an operator cancelled the run ([Runner.Cancel],
 	// the SQL function cancel): its chunks in flight rolled back (pending
 	// again), its done chunks stay in the target. Terminal until resumed
 	// explicitly ([Runner.Resume], the SQL function resume): [Runner.Run]
@@ -58,10 +58,10 @@ const (
 	// reads it again. Its counts and exceptions always describe the chunk
 	// as it stands, not the sum of its reads: each read replaces the
 	// exceptions of the one before, and its counts combine with the
-	// chunk's as [Counts.Reread] says (Read is the latest read's; rows
-	// an earlier read inserted or changed stay counted as such). A run
-	// with an open chunk is not completed: [Runner.Run] returns
-	// [ErrChunksOpen], and [Runner.Rollback] can withdraw it.
+	// chunk's as [backfilltype.Counts.Reread] says (Read is the latest
+	// read's; rows an earlier read inserted or changed stay counted as
+	// such). A run with an open chunk is not completed: [Runner.Run]
+	// returns [ErrChunksOpen], and [Runner.Rollback] can withdraw it.
 	ChunkOpen = backfilltype.ChunkOpen
 )
 
@@ -97,16 +97,16 @@ type Manifest = backfilldriver.Manifest
 type PGManifest = pgstore.Manifest
 
 // NewPGManifest returns a PostgreSQL manifest in schema ("" means
-// "backfill"). The schema is created and migrated by [PGManifest.Migrate]
-// (an administrator's step, "backfill migrate"), or by [PGManifest.Init]
-// when the role may. schema is one
-// identifier, taken literally and always quoted: "ops.backfill" is the
-// schema of that name (with a dot), never schema backfill of a database
-// ops; do not quote it yourself.
+// "backfill"). The schema is created and migrated by its Migrate method
+// (an administrator's step, "backfill migrate"), or by its Init (which
+// [Runner.Run] calls) when the role may. schema is one identifier, taken
+// literally and always quoted: "ops.backfill" is the schema of that name
+// (with a dot), never schema backfill of a database ops; do not quote it
+// yourself.
 func NewPGManifest(schema string) *PGManifest {
 	return pgstore.NewManifest(schema)
 }
 
-// [PGManifest.Init], [PGManifest.Migrate] and [PGManifest.Version] create,
-// migrate and read the manifest's schema; [PrivilegeError] lists what the
+// The Init, Migrate and Version methods of [PGManifest] create, migrate
+// and read the manifest's schema; [PrivilegeError] lists what the
 // runtime role needs.

@@ -11,7 +11,8 @@ type Column = backfilltype.Column
 
 // TableInfo is a prepared target: the Target it came from, with defaults
 // filled in, and its staged columns: first the Written columns of
-// [Target.Columns] in order, then the computed ones (derived keys, hash).
+// [backfilltype.Target.Columns] in order, then the computed ones (derived
+// keys, hash).
 type TableInfo = backfilltype.TableInfo
 
 // Merger loads a chunk's rows into staging and merges them into the target

@@ -25,12 +25,12 @@ import (
 	"pgregory.net/rapid"
 )
 
-// generatedNames are the names the SQL builders (merge_pg.go,
-// merge_keyless.go, validate_pg.go, validate_fingerprint.go,
-// rollback_pg.go, backfill_publish*.go) give to table aliases, CTEs,
-// subquery columns and result columns, collected from their SQL text,
-// plus reserved words, mixed case, quotes, spaces and dots. A user's
-// column or table may carry any of them.
+// generatedNames are the names the SQL builders (the merge of every
+// mode, keyless included; the built-in checks and their fingerprints; the
+// rollback; the publish modes) give to table aliases, CTEs, subquery
+// columns and result columns, collected from their SQL text, plus
+// reserved words, mixed case, quotes, spaces and dots. A user's column or
+// table may carry any of them.
 var generatedNames = []string{
 	// table aliases and CTE names
 	"a", "b", "c", "d", "e", "f", "i", "j", "k", "m", "n", "o", "p", "r", "s", "t", "u", "uu", "v", "x", "y", "z", "one", "w",

@@ -14,8 +14,8 @@ import (
 )
 
 // NewPlan freezes a prepared job into a [Plan] with its fingerprint. info
-// is the target as [Merger.Prepare] resolved it; chunks come from the
-// job's Chunker.
+// is the target as [backfilldriver.Merger.Prepare] resolved it; chunks come
+// from the job's Chunker.
 func NewPlan(job Job, info TableInfo, chunks []Chunk) Plan {
 	p := planOf(job, info)
 	ids := make([]string, len(chunks))
@@ -74,8 +74,8 @@ func planOf(job Job, info TableInfo) Plan {
 // streamPlan freezes job into a plan whose chunks come from s: it reads
 // them once (ChunkSeq) for their number and the fingerprint, which is
 // that of [NewPlan] of the same chunks, and keeps none of them. The
-// plan's Chunks and ChunkIDs are nil; [Plan.Len] and [Plan.AllChunks]
-// give its chunks.
+// plan's Chunks and ChunkIDs are nil; [backfilltype.Plan.Len] and
+// [backfilltype.Plan.AllChunks] give its chunks.
 func streamPlan(ctx context.Context, job Job, info TableInfo, s ChunkStreamer) (Plan, error) {
 	p := planOf(job, info)
 	p.Stream = s

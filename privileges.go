@@ -351,7 +351,8 @@ type GrantOptions struct {
 }
 
 // TargetGrants returns the GRANT statements that give role what a job
-// writing t needs on its target (the manifest's are [PGManifest.Grants]):
+// writing t needs on its target (the manifest's are printed by the command
+// "backfill grants", or returned by the Grants method of [PGManifest]):
 // USAGE on the target's schema; SELECT and INSERT on the table; UPDATE
 // when the runs update rows (History, an Upsert with SourceWins or
 // NewerVersionWins unless o.InsertOnly; not AppendOnly, Keyless or

@@ -38,8 +38,8 @@ type Publish struct {
 	// version copies.
 	Mode PublishMode
 	// View is the view readers query, optionally schema-qualified, in the
-	// form of [Target.Table] (PublishVersionedView). It is created on the
-	// first publish.
+	// form of [backfilltype.Target.Table] (PublishVersionedView). It is
+	// created on the first publish.
 	View string
 	// LockTimeout bounds the wait for the parent's lock when swapping a
 	// partition (PublishPartitionSwap), as a PostgreSQL interval; on
@@ -61,6 +61,12 @@ type Publish struct {
 // DefaultPublishLockRetries is the default of [Publish.LockRetries].
 const DefaultPublishLockRetries = 10
 
+// String returns the publish mode as the run's plan records it (the
+// plan's Publish field, part of its fingerprint): "" for
+// [PublishPerChunk], otherwise the mode and the view joined by a colon
+// ("versioned_view:sales.orders_current"; "at_end:" and
+// "partition_swap:" with no view). LockTimeout and LockRetries are not
+// part of it.
 func (p Publish) String() string {
 	if p.Mode == PublishPerChunk {
 		return ""

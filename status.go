@@ -57,14 +57,14 @@ type ProgressHooks interface {
 	// [ProgressInterval]), and once when the call ends. Calls are never
 	// concurrent and come in order, each from a later read of the
 	// manifest, so its counters never decrease from one call to the
-	// next (see [Status.Rows]). A failed read of the status is logged and
-	// skips the call.
+	// next (see [backfilltype.Status.Rows]). A failed read of the status is
+	// logged and skips the call.
 	Progress(ctx context.Context, s Status)
 }
 
 // ProgressInterval is the least time between two calls of
 // [ProgressHooks.Progress] after chunks, per call of [Runner.Run]: each
-// reads the manifest ([PGManifest.Status]).
+// reads the run's status from the manifest ([Runner.StatusOf]).
 const ProgressInterval = time.Second
 
 // ChunkFailure is a failed attempt of a chunk ([ProgressHooks.ChunkFailed]).
@@ -141,12 +141,12 @@ func (ex *execution) notifyFailed(ctx context.Context, ce *ChunkError, attempt i
 	ex.notifyProgress(ctx, final)
 }
 
-// Progress of a run from the manifest: [PGManifest.Status],
-// [Runner.Status] and the run_progress and chunks_in_flight views,
+// Progress of a run from the manifest: [Runner.Status], [Runner.StatusOf]
+// and the run_progress and chunks_in_flight views,
 // readable from any process and from psql.
 
 // Status is a run's progress as the manifest records it, readable from
-// any process ([PGManifest.Status], [Runner.Status]; the run_progress
+// any process ([Runner.Status], [Runner.StatusOf]; the run_progress
 // view in SQL). Seconds are float64 seconds of the server's clock; rates
 // are rows per second. Fields a run cannot give yet (a rate before the
 // first checkpoint) are nil.

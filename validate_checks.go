@@ -17,14 +17,15 @@ import (
 // transaction, and write nothing.
 //
 // Every check except [CheckExceptionRate] reads the chunk's staging table
-// ([ValidationScope.Staging]), so it needs the PostgreSQL merger; without
-// a staging table Validate returns an error wrapping [ErrUnsupported]. tx
-// must be the chunk's transaction. Evidence: Expected and Actual in words,
-// Sample up to 10 offending keys or groups as PostgreSQL prints a row
-// ("(acme,42)"), Detail a JSON object with the numbers. A check that
-// cannot run returns an error; one that found a defect returns Passed
-// false. The design note docs/design/checks-and-fingerprints.md explains
-// how the checks join staging with the target.
+// ([backfilldriver.ValidationScope.Staging]), so it needs the PostgreSQL
+// merger; without a staging table Validate returns an error wrapping
+// [ErrUnsupported]. tx must be the chunk's transaction. Evidence: Expected
+// and Actual in words, Sample up to 10 offending keys or groups as
+// PostgreSQL prints a row ("(acme,42)"), Detail a JSON object with the
+// numbers. A check that cannot run returns an error; one that found a
+// defect returns Passed false. The design note
+// docs/design/checks-and-fingerprints.md explains how the checks join
+// staging with the target.
 
 var (
 	_ Validator = DuplicateKeys{}
@@ -132,8 +133,8 @@ type ReferentialIntegrity struct {
 	// Columns are the target's referencing columns. Required.
 	Columns []string
 	// ParentTable is the referenced table, optionally schema-qualified
-	// ("sales.customers"), in the form of [Target.Table] (quote a part
-	// that holds a dot: `"we.ird".customers`). Required.
+	// ("sales.customers"), in the form of [backfilltype.Target.Table]
+	// (quote a part that holds a dot: `"we.ird".customers`). Required.
 	ParentTable string
 	// ParentColumns are the referenced columns, in the order of Columns;
 	// empty means the same names as Columns. Give the parent an index on
@@ -227,7 +228,7 @@ func (v ReplayChangesNothing) Validate(ctx context.Context, tx sqlx.ExtContext, 
 	return pgstore.ReplayChangesNothing(ctx, tx, scope, pgstore.ReplayChangesNothingParams{Name: v.Name, Severity: v.Severity, Exact: v.Exact})
 }
 
-// DefaultSampleSize, 100, is the default of [Sample].N.
+// DefaultSampleSize is the default of [Sample].N: 100 rows.
 const DefaultSampleSize = pgstore.DefaultSampleSize
 
 // Sample compares a deterministic pseudo-random sample of the staged rows
@@ -263,10 +264,10 @@ func (v Sample) Validate(ctx context.Context, tx sqlx.ExtContext, scope Validati
 
 // CheckExceptionRate is a quality gate on the exception queue of one
 // chunk: it fails when the chunk's rejected rows divided by its read rows
-// ([ValidationScope.Counts]) exceed MaxRate. A chunk that read nothing
-// passes. It needs no database and runs with any merger, the fakes
-// included. A rate over the whole run is not checked yet: every chunk is
-// judged on its own.
+// ([backfilldriver.ValidationScope.Counts]) exceed MaxRate. A chunk that
+// read nothing passes. It needs no database and runs with any merger, the
+// fakes included. A rate over the whole run is not checked yet: every chunk
+// is judged on its own.
 //
 // Validate returns an error wrapping [ErrInvalidConfig] when MaxRate is
 // not between 0 and 1.

@@ -11,8 +11,8 @@ import (
 // database, the undo log and the delivered summary that a merger writing
 // them ([UndoLogWriter]) fills in each chunk's transaction
 // ([backfilltype.ChunkRef.UndoTable],
-// [backfilltype.ChunkRef.DeliveredTable]). [Manifest] does. A job rolled
-// back with [backfilltype.RollbackUndoLog] needs it.
+// [backfilltype.ChunkRef.DeliveredTable]). backfill.PGManifest does. A job
+// rolled back with [backfilltype.RollbackUndoLog] needs it.
 type ManifestUndoLog interface {
 	// UndoTable returns the undo log's table, quoted and schema-qualified.
 	// It is called once per call of backfill.Runner.Run, does not block,
@@ -26,7 +26,7 @@ type ManifestUndoLog interface {
 // ManifestStaging is implemented by manifests that checkpoint the chunks
 // of a run published at its end (backfill.PublishAtEnd) as staged, their rows
 // kept in a persistent staging table of the run that a merger with
-// [MergerStaging] fills. [Manifest] does.
+// [MergerStaging] fills. backfill.PGManifest does.
 type ManifestStaging interface {
 	// StagingTable returns the run's persistent staging table, quoted and
 	// SchemaName-qualified. It does not block and is safe for concurrent use.
@@ -76,7 +76,7 @@ type StagedChunk struct {
 
 // MergerStaging is implemented by mergers that stage a chunk into a
 // run's persistent staging table and merge it from there later
-// (backfill.PublishAtEnd). [Merger] does.
+// (backfill.PublishAtEnd). The PostgreSQL merger does.
 type MergerStaging interface {
 	// CreateStaging creates the staging table for rows of info, if it does
 	// not exist. It is called once per call of backfill.Runner.Run, before
@@ -110,7 +110,7 @@ type PersistentStager interface {
 // a data error when the staging ends, before the merge: the Runner then
 // rolls back to a savepoint and stages the chunk again without the row,
 // which goes to the exception queue (backfill.Config.MaxStagingRejects).
-// [Merger] does. Without it a refused value fails the chunk.
+// The PostgreSQL merger does. Without it a refused value fails the chunk.
 type StagingIsolator interface {
 	// IsolatesRefusedValues reports whether the Runner may isolate
 	// refused values; it is called once, by backfill.NewWithDB.
@@ -120,8 +120,8 @@ type StagingIsolator interface {
 // UndoLogWriter is implemented by mergers whose stagers write an undo image
 // of every row they change to [backfilltype.ChunkRef.UndoTable] and
 // summarise unchanged deliveries in [backfilltype.ChunkRef.DeliveredTable],
-// in the chunk's transaction. [Merger] does. [backfilltype.RollbackUndoLog]
-// needs it.
+// in the chunk's transaction. The PostgreSQL merger does.
+// [backfilltype.RollbackUndoLog] needs it.
 type UndoLogWriter interface {
 	// WritesUndoLog reports whether the stagers write the undo log; it is
 	// called once, by backfill.NewWithDB.
@@ -129,31 +129,34 @@ type UndoLogWriter interface {
 }
 
 // MergerRollback is implemented by mergers that roll a batch back from
-// the undo log their stagers wrote ([UndoLogWriter]). [Merger] and
-// backfilltest's Merger do. backfill.Runner.Rollback needs it.
+// the undo log their stagers wrote ([UndoLogWriter]). The PostgreSQL merger
+// and backfilltest's Merger do. backfill.Runner.Rollback needs it.
 type MergerRollback interface {
 	// UndoRollback returns the rollback of scope on info's target, whose
 	// manifest is m. It returns an error wrapping
 	// [backfilltype.ErrUnsupported] when it cannot roll back with m (the
-	// PostgreSQL merger needs a [Manifest], whose SchemaName holds the undo
-	// log).
+	// PostgreSQL merger needs a backfill.PGManifest, whose SchemaName holds
+	// the undo log).
 	UndoRollback(ctx context.Context, db sqlx.ExtContext, m ManifestRollback, info backfilltype.TableInfo, scope backfilltype.RollbackScope) (UndoRollback, error)
 }
 
 // SQLManifest is a manifest whose tables live in the target's
 // PostgreSQL database, in the schema sql substitutes for {s}: the undo
 // log's SQL reads them, and the switch back of a publish mode updates
-// them in the same transactions as the target. Only [Manifest] is one.
+// them in the same transactions as the target. Only backfill.PGManifest is
+// one.
 type SQLManifest interface {
 	Manifest
 	ManifestRollback
 	ManifestUndoLog
+	// SQL returns q with every {s} replaced by the manifest's schema as a
+	// quoted identifier (and {schema} by its name as a quoted literal).
 	SQL(q string) string
 }
 
 // ManifestWaits is implemented by manifests that record the waits of
-// chunks ([backfilltype.Wait]): [Manifest] (table waits) and backfilltest's
-// Manifest (in memory). Without it, waits are only logged.
+// chunks ([backfilltype.Wait]): backfill.PGManifest (table waits) and
+// backfilltest's Manifest (in memory). Without it, waits are only logged.
 type ManifestWaits interface {
 	// RecordWait appends w, in a short transaction of its own (db is not
 	// the chunk's transaction, which rolled back).
@@ -164,9 +167,9 @@ type ManifestWaits interface {
 
 // ManifestGates is implemented by manifests that keep the evidence of a
 // failed quality gate outside the chunk attempt it rolled back;
-// [Manifest] and backfilltest.Manifest do. Without it the runner records
-// only the failed attempt's check results, and not atomically with the
-// pause.
+// backfill.PGManifest and backfilltest.Manifest do. Without it the runner
+// records only the failed attempt's check results, and not atomically with
+// the pause.
 type ManifestGates interface {
 	// RecordGateFailure records, in one transaction of its own (db is not
 	// the chunk's transaction, which has rolled back), the evidence of
@@ -189,7 +192,7 @@ type ManifestGates interface {
 
 // ManifestSkips is implemented by manifests that record, with a chunk's
 // checkpoint, the fingerprints a later replay compares to skip the chunk
-// (backfill.Job.SkipUnchanged), and look them up. [Manifest] and
+// (backfill.Job.SkipUnchanged), and look them up. backfill.PGManifest and
 // backfilltest's Manifest do. A job with SkipUnchanged needs it
 // ([backfilltype.ErrUnsupported] otherwise, before any work).
 type ManifestSkips interface {
@@ -258,7 +261,7 @@ type ChunkFingerprints struct {
 func (fp ChunkFingerprints) IsZero() bool { return fp.Source == "" && fp.Target == "" }
 
 // ManifestStatus is implemented by manifests that compute a run's
-// progress ([Manifest]). backfill.Runner.Status needs it.
+// progress (backfill.PGManifest). backfill.Runner.Status needs it.
 type ManifestStatus interface {
 	// Status returns the progress of run batchID, or an error wrapping
 	// [backfilltype.ErrRunNotFound].
@@ -267,7 +270,7 @@ type ManifestStatus interface {
 
 // ManifestThrottle is implemented by manifests that record throttle periods
 // and host the job-wide concurrency slots (backfill.Config.JobConcurrency).
-// [Manifest] does. backfill.Runner.TimeSplit needs it.
+// backfill.PGManifest does. backfill.Runner.TimeSplit needs it.
 type ManifestThrottle interface {
 	// ThrottlePeriods returns the throttle periods of run batchID in the
 	// order they started.
@@ -277,9 +280,10 @@ type ManifestThrottle interface {
 }
 
 // ManifestWorkers is implemented by manifests that record the workers of
-// a run and their heartbeats ([Manifest]). With it, backfill.Runner.Run
-// registers and heartbeats, waits for chunks in flight rather than
-// returning, and fences frozen workers (backfill.Config.StaleAfter).
+// a run and their heartbeats (backfill.PGManifest). With it,
+// backfill.Runner.Run registers and heartbeats, waits for chunks in flight
+// rather than returning, and fences frozen workers
+// (backfill.Config.StaleAfter).
 type ManifestWorkers interface {
 	// Workers returns the workers that worked run batchID, latest first.
 	Workers(ctx context.Context, db sqlx.ExtContext, batchID int64) ([]backfilltype.Worker, error)

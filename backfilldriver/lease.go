@@ -37,7 +37,7 @@ import (
 //
 // Every method is safe for concurrent use by several goroutines and
 // several processes, and returns ctx's error when ctx is done before it
-// finished. Times are the manifest's clock ([Manifest]: the server's
+// finished. Times are the manifest's clock (backfill.PGManifest: the server's
 // now()), so the clocks of the workers' hosts do not matter.
 type ManifestLeases interface {
 	// RegisterWorker records worker w (its Key, ID, BatchID, Job, Host,
@@ -103,8 +103,8 @@ type ManifestLeases interface {
 	// back, records nothing and leases again.
 	//
 	// l's timeouts (LockTimeout, StmtTimeout) and key are the settings of
-	// tx, as far as the manifest has any ([Manifest]: set_config local
-	// lock_timeout, statement_timeout 0 until the merge,
+	// tx, as far as the manifest has any (backfill.PGManifest: set_config
+	// local lock_timeout, statement_timeout 0 until the merge,
 	// application_name "backfill <key> " and TCP keepalives bounded by
 	// l.StaleAfter).
 	FenceLease(ctx context.Context, tx sqlx.ExtContext, batchID int64, seq int, epoch int64, l Lease) (st backfilltype.ChunkState, pid int, ok bool, err error)
@@ -133,8 +133,8 @@ type ManifestLeases interface {
 	// The Runner calls it when a worker finds nothing to lease, to wait
 	// (and log) while others hold chunks, and to fence the stale ones. An
 	// error wrapping a permission failure of ending another worker's
-	// transaction ([Manifest]: SQLSTATE 42501) makes the Runner call it
-	// again without fence.
+	// transaction (backfill.PGManifest: SQLSTATE 42501) makes the Runner
+	// call it again without fence.
 	Holders(ctx context.Context, db sqlx.ExtContext, batchID int64, self string, staleAfter time.Duration, fence, running bool) ([]ChunkHolder, error)
 	// WaitInFlight returns once no pending or open chunk of run batchID is
 	// in flight: locked by a chunk transaction, or leased by a live lease

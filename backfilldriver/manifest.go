@@ -14,8 +14,9 @@ import (
 // every Manifest of a Runner must implement) so that the checkpoint
 // commits, or rolls back, with the merge. Implementations must be safe for
 // concurrent use by several goroutines and several processes.
-// [Manifest] is the PostgreSQL implementation; backfilltest.Manifest the
-// in-memory fake; backfilltest.TestManifest the conformance suite.
+// backfill.PGManifest is the PostgreSQL implementation;
+// backfilltest.Manifest the in-memory fake; backfilltest.TestManifest the
+// conformance suite.
 type Manifest interface {
 	// Init creates or upgrades the manifest's storage. Idempotent and safe
 	// to call concurrently.
@@ -30,18 +31,19 @@ type Manifest interface {
 	// run.
 	StartRun(ctx context.Context, db sqlx.ExtContext, plan backfilltype.Plan, worker string, newRun bool) (run backfilltype.Run, resumed bool, err error)
 	// ClaimChunk locks the lowest-Seq pending chunk of the batch (or open
-	// chunk left open by an earlier call of the run, see [ChunkOpen]) that
-	// no other transaction holds (FOR UPDATE SKIP LOCKED) and returns it; ok is
-	// false when none is left or the run is not running (abandoned,
-	// completed, failed, paused): a worker of an abandoned run stops.
-	// The run's row is not locked: the run may change status while a
-	// claimed chunk is in flight; the checkpoint (CompleteChunk) refuses a
-	// chunk of a run abandoned or rolled back meanwhile, and whoever
-	// abandons or rolls back a run waits for its chunks in flight. The lock lasts until tx ends: it is the
-	// chunk's lease, released by commit, rollback or the death of the
-	// connection, so a crashed worker never blocks a resume. (The Runner
-	// leases chunks instead, [ManifestLeases.LeaseChunk]; a fenced chunk
-	// is not claimable either.)
+	// chunk left open by an earlier call of the run, see
+	// [backfilltype.ChunkOpen]) that no other transaction holds (FOR UPDATE
+	// SKIP LOCKED) and returns it; ok is false when none is left or the run
+	// is not running (abandoned, completed, failed, paused): a worker of an
+	// abandoned run stops. The run's row is not locked: the run may change
+	// status while a claimed chunk is in flight; the checkpoint
+	// (CompleteChunk) refuses a chunk of a run abandoned or rolled back
+	// meanwhile, and whoever abandons or rolls back a run waits for its
+	// chunks in flight. The lock lasts until tx ends: it is the chunk's
+	// lease, released by commit, rollback or the death of the connection,
+	// so a crashed worker never blocks a resume. (The Runner leases chunks
+	// instead, [ManifestLeases.LeaseChunk]; a fenced chunk is not claimable
+	// either.)
 	ClaimChunk(ctx context.Context, tx sqlx.ExtContext, batchID int64) (c backfilltype.ChunkState, ok bool, err error)
 	// CompleteChunk marks a claimed chunk done (or [backfilltype.ChunkOpen]
 	// when r.Open) with its counts and whether it was skipped (r.Skipped,
@@ -66,9 +68,9 @@ type Manifest interface {
 }
 
 // ManifestAudit is implemented by manifests that keep an audit log and look
-// runs up by job name; [Manifest] and backfilltest.Manifest do. Features
-// that record operator decisions (backfill.Runner.Handoff) need it and
-// return [backfilltype.ErrUnsupported] without it.
+// runs up by job name; backfill.PGManifest and backfilltest.Manifest do.
+// Features that record operator decisions (backfill.Runner.Handoff) need it
+// and return [backfilltype.ErrUnsupported] without it.
 type ManifestAudit interface {
 	// RecordEvent appends e (ID and CreatedAt are set by the manifest). It
 	// joins db's transaction when db is one.

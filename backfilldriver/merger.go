@@ -8,9 +8,9 @@ import (
 )
 
 // Merger loads a chunk's rows into staging and merges them into the target
-// by business key. [Merger] is the PostgreSQL implementation;
-// backfilltest.Merger the in-memory fake; backfilltest.TestMerger the
-// conformance suite.
+// by business key. The PostgreSQL merger (backfill.Config's default
+// Merger) is the PostgreSQL implementation; backfilltest.Merger the
+// in-memory fake; backfilltest.TestMerger the conformance suite.
 //
 // Methods take the executor per call; Stage receives the chunk's
 // transaction. Implementations must be safe for concurrent use on

@@ -10,8 +10,8 @@ import (
 // ManifestRollback is implemented by manifests that keep the bookkeeping of
 // a rollback by the undo log (backfill.Runner.Rollback,
 // [backfilltype.RollbackUndoLog]): which run to roll back, which of its
-// chunks are rolled back, and the audit log. [Manifest] and backfilltest's
-// Manifest do. A rollback needs it, and a [MergerRollback].
+// chunks are rolled back, and the audit log. backfill.PGManifest and
+// backfilltest's Manifest do. A rollback needs it, and a [MergerRollback].
 type ManifestRollback interface {
 	ManifestAudit
 	// Run returns the run of batchID ([backfilltype.ErrRunNotFound] if none).

@@ -50,18 +50,25 @@ type Validator interface {
 // leave no trace: it runs inside a savepoint it rolls back, and returns
 // what the merge would have done.
 type Replayer interface {
+	// Replay returns the counts the merge would give if run again on the
+	// staged rows now (after a correct merge every count but Unchanged is
+	// 0), leaving the target as it was; an error means the replay could
+	// not run.
 	Replay(ctx context.Context) (backfilltype.MergeResult, error)
 }
 
 // StagingTabler is implemented by stagers whose rows live in a table
 // (the PostgreSQL merger's): it returns the quoted table name.
 type StagingTabler interface {
+	// StagingTable returns the staging table's name, quoted and
+	// schema-qualified as needed to be used in SQL as it is.
 	StagingTable() string
 }
 
 // ManifestValidations is implemented by manifests that keep validation
-// Evidence and can pause runs; [Manifest] and backfilltest.Manifest do.
-// backfill.Job.Validators need it ([backfilltype.ErrUnsupported] otherwise).
+// Evidence and can pause runs; backfill.PGManifest and
+// backfilltest.Manifest do. backfill.Job.Validators need it
+// ([backfilltype.ErrUnsupported] otherwise).
 type ManifestValidations interface {
 	// AddValidations appends results for a chunk, joining db's
 	// transaction when db is one.

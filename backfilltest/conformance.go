@@ -15,10 +15,10 @@ import (
 	"github.com/pgbackfill/backfill"
 )
 
-// TestManifest is the conformance suite of [backfill.Manifest]. newManifest
-// returns a fresh, empty manifest and the database it lives in; it is
-// called once per subtest. Both [Manifest] and [backfill.PGManifest] pass
-// it; run it against your own implementation too.
+// TestManifest is the conformance suite of [backfilldriver.Manifest].
+// newManifest returns a fresh, empty manifest and the database it lives in;
+// it is called once per subtest. Both [Manifest] and [backfill.PGManifest]
+// pass it; run it against your own implementation too.
 func TestManifest(t *testing.T, newManifest func(t *testing.T) (backfill.Manifest, backfill.DB)) {
 	t.Helper()
 	ctx := context.Background()

@@ -70,9 +70,9 @@ func sortRows(rows [][]any) [][]any {
 
 func day(n int) time.Time { return time.Date(2024, 1, n, 0, 0, 0, 0, time.UTC) }
 
-// TestMerger is the conformance suite of [backfill.Merger]: every mode's
-// semantics, identical for [Merger] and [pgstore.Merger]. newHarness is
-// called once per subtest (and per property-test case set).
+// TestMerger is the conformance suite of [backfilldriver.Merger]: every
+// mode's semantics, identical for [Merger] and the PostgreSQL merger.
+// newHarness is called once per subtest (and per property-test case set).
 func TestMerger(t *testing.T, newHarness func(t *testing.T) MergerHarness) {
 	t.Helper()
 	ctx := context.Background()

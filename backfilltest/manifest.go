@@ -17,7 +17,7 @@ import (
 	"github.com/pgbackfill/backfill"
 )
 
-// Manifest is an in-memory [backfill.Manifest] that behaves like
+// Manifest is an in-memory [backfilldriver.Manifest] that behaves like
 // [backfill.PGManifest] under [TestManifest]. It registers workers and
 // leases chunks across transactions ([backfilldriver.ManifestLeases]), so
 // that a Runner on it takes the path it takes on PostgreSQL: lease,
@@ -124,7 +124,7 @@ func (m *Manifest) LatestRun(ctx context.Context, db sqlx.ExtContext, job string
 	return backfill.Run{}, fmt.Errorf("backfill: latest run of job %q with status %v: %w", job, statuses, backfill.ErrRunNotFound)
 }
 
-// StartRun implements [backfill.Manifest.StartRun].
+// StartRun implements [backfilldriver.Manifest.StartRun].
 func (m *Manifest) StartRun(ctx context.Context, db sqlx.ExtContext, plan backfill.Plan, worker string, newRun bool) (backfill.Run, bool, error) {
 	if err := ctx.Err(); err != nil {
 		return backfill.Run{}, false, err
@@ -200,8 +200,8 @@ func (m *Manifest) get(batchID int64) (*fakeRun, error) {
 	return m.runs[batchID-1], nil
 }
 
-// ClaimChunk implements [backfill.Manifest.ClaimChunk]. tx must be a fake
-// [*Tx]; the claim lasts until it ends.
+// ClaimChunk implements [backfilldriver.Manifest.ClaimChunk]. tx must be a
+// fake [*Tx]; the claim lasts until it ends.
 func (m *Manifest) ClaimChunk(ctx context.Context, tx sqlx.ExtContext, batchID int64) (backfilltype.ChunkState, bool, error) {
 	if err := ctx.Err(); err != nil {
 		return backfilltype.ChunkState{}, false, err
@@ -244,7 +244,7 @@ func (m *Manifest) ClaimChunk(ctx context.Context, tx sqlx.ExtContext, batchID i
 	return backfilltype.ChunkState{}, false, nil
 }
 
-// CompleteChunk implements [backfill.Manifest.CompleteChunk].
+// CompleteChunk implements [backfilldriver.Manifest.CompleteChunk].
 func (m *Manifest) CompleteChunk(ctx context.Context, tx sqlx.ExtContext, batchID int64, res backfill.ChunkResult, exceptions []backfill.Exception) error {
 	return m.completeChunk(ctx, tx, batchID, res, exceptions, backfilldriver.ChunkFingerprints{})
 }
@@ -307,7 +307,7 @@ func (m *Manifest) completeChunk(ctx context.Context, tx sqlx.ExtContext, batchI
 	})
 }
 
-// FailChunk implements [backfill.Manifest.FailChunk].
+// FailChunk implements [backfilldriver.Manifest.FailChunk].
 func (m *Manifest) FailChunk(ctx context.Context, db sqlx.ExtContext, batchID int64, seq int, msg string, final bool) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -334,7 +334,7 @@ func (m *Manifest) FailChunk(ctx context.Context, db sqlx.ExtContext, batchID in
 	return nil
 }
 
-// FinishRun implements [backfill.Manifest.FinishRun].
+// FinishRun implements [backfilldriver.Manifest.FinishRun].
 func (m *Manifest) FinishRun(ctx context.Context, db sqlx.ExtContext, batchID int64, failed bool, msg string) (backfill.Run, error) {
 	msg = pgstore.ManifestText(msg)
 	m.mu.Lock()
@@ -366,7 +366,7 @@ func (m *Manifest) FinishRun(ctx context.Context, db sqlx.ExtContext, batchID in
 	return r.run, nil
 }
 
-// Chunks implements [backfill.Manifest.Chunks].
+// Chunks implements [backfilldriver.Manifest.Chunks].
 func (m *Manifest) Chunks(ctx context.Context, db sqlx.ExtContext, batchID int64) ([]backfilltype.ChunkState, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -377,7 +377,7 @@ func (m *Manifest) Chunks(ctx context.Context, db sqlx.ExtContext, batchID int64
 	return slices.Clone(r.chunks), nil
 }
 
-// Exceptions implements [backfill.Manifest.Exceptions].
+// Exceptions implements [backfilldriver.Manifest.Exceptions].
 func (m *Manifest) Exceptions(ctx context.Context, db sqlx.ExtContext, batchID int64) ([]backfill.Exception, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()

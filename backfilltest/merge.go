@@ -18,8 +18,8 @@ import (
 	"github.com/pgbackfill/backfill"
 )
 
-// Merger is an in-memory [backfill.Merger] with the merge semantics of
-// [pgstore.Merger] under [TestMerger], for every [backfill.Mode] and
+// Merger is an in-memory [backfilldriver.Merger] with the merge semantics of
+// the PostgreSQL merger under [TestMerger], for every [backfill.Mode] and
 // [backfill.ConflictPolicy]: duplicates in a chunk resolved by
 // Target.Duplicates, identical rows left unchanged, AppendOnly conflicts
 // and Keyless ambiguities returned as rejected rows, rows that violate a
@@ -73,7 +73,7 @@ func (m *Merger) AddTable(table string, key []string, columns ...string) {
 }
 
 // AddTableColumns is [Merger.AddTable] with column descriptions: Prepare
-// checks their Type, BaseType and NotNull as [pgstore.Merger] checks
+// checks their Type, BaseType and NotNull as the PostgreSQL merger checks
 // the catalog's (History's ValidFrom and ValidTo must have the same Type,
 // ValidTo must be nullable, a HashColumn must be bytea or text). Only
 // Name is required; Key and Computed are ignored.
@@ -119,8 +119,9 @@ func (m *Merger) Rows(table string) [][]any {
 	return out
 }
 
-// Prepare implements [backfill.Merger.Prepare] with [pgstore.ResolveTarget],
-// like the PostgreSQL merger: the table must have been added
+// Prepare implements [backfilldriver.Merger.Prepare] with the PostgreSQL
+// merger's resolution of a target against the table's columns and unique
+// indexes: the table must have been added
 // ([backfill.ErrTargetNotFound]) and its key must be the target's identity,
 // Target.Key (in History mode plus ValidFrom) ([backfill.ErrNoUniqueKey]).
 // Column types are checked only when declared with
@@ -141,7 +142,7 @@ func (m *Merger) Prepare(ctx context.Context, db sqlx.ExtContext, t backfill.Tar
 	return pgstore.ResolveTarget(t, slices.Clone(tab.info), [][]string{tab.key})
 }
 
-// Stage implements [backfill.Merger.Stage].
+// Stage implements [backfilldriver.Merger.Stage].
 func (m *Merger) Stage(ctx context.Context, tx sqlx.ExtContext, info backfill.TableInfo) (backfilldriver.Stager, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err

@@ -288,13 +288,18 @@ func (p *probe) Read(ctx context.Context, db sqlx.ExtContext, _ SignalScope) (fl
 	return float64(p.win.Percentile(now, p.pct)) / float64(time.Millisecond), nil
 }
 
-// LatencyWindow keeps the latencies measured within span of now.
+// LatencyWindow keeps the latencies measured within Span of now. It is
+// not safe for concurrent use.
 type LatencyWindow struct {
+	// Span is how long a sample stays in the window; samples older than
+	// Span are dropped when the window is added to or read.
 	Span    time.Duration `json:"-" db:"-"`
 	at      []time.Time
 	samples []time.Duration
 }
 
+// Add records latency d measured at now, and drops the samples more
+// than Span older than now. Calls must come in order of now.
 func (w *LatencyWindow) Add(now time.Time, d time.Duration) {
 	w.at = append(w.at, now)
 	w.samples = append(w.samples, d)

@@ -67,6 +67,8 @@ type Throttle struct {
 	Adapt bool
 }
 
+// EffectiveLow returns the watermark below which a hold is released, in
+// the signal's unit: Low, or High when Low is 0 (unset).
 func (t Throttle) EffectiveLow() float64 {
 	if t.Low == 0 {
 		return t.High
@@ -74,6 +76,12 @@ func (t Throttle) EffectiveLow() float64 {
 	return t.Low
 }
 
+// Validate checks t as entry i of backfill.Config.Throttles (i names it
+// in the message): it returns an error wrapping
+// [backfilltype.ErrInvalidConfig] when Signal is nil, a watermark is NaN,
+// High and Low are both 0, [Throttle.EffectiveLow] exceeds High, MinHold
+// is negative, or Critical is set (non-zero) below High; nil otherwise.
+// backfill.NewWithDB calls it for every throttle.
 func (t Throttle) Validate(i int) error {
 	bad := func(format string, args ...any) error {
 		return fmt.Errorf("%w: Throttles[%d]: "+format, append([]any{backfilltype.ErrInvalidConfig, i}, args...)...)

@@ -56,6 +56,12 @@ type ThrottleTracer interface {
 // paused its run (a throttle's critical level, a quality gate, the run
 // reject rate) or found it paused by another process or an operator.
 type PauseTracer interface {
+	// TracePause is called when this call of Run paused the run (data.Source
+	// PauseThrottle or PauseGate, after the manifest recorded the pause)
+	// or stopped because another process or an operator paused it
+	// (PauseObserved); data.Reason is the pause's reason as the manifest
+	// records it. It is called from a worker or the throttle's monitor
+	// goroutine, and must not block.
 	TracePause(ctx context.Context, data PauseData)
 }
 
@@ -63,6 +69,11 @@ type PauseTracer interface {
 // that failed, or a try that waited (backfill.Config.LockRetries), after its
 // chunk's span ended.
 type RetryTracer interface {
+	// TraceRetry is called once per failed attempt (data.Kind
+	// RetryAttempt) and once per try that waited (RetryWait), from the
+	// goroutine that ran the chunk, after the chunk's span ended and
+	// before the Sleep it reports; data.Final says the chunk is not tried
+	// again. It must not block.
 	TraceRetry(ctx context.Context, data RetryData)
 }
 
@@ -78,7 +89,7 @@ const (
 	// PhaseExtract: the extractor writing into the chunk's spool,
 	// outside any transaction.
 	PhaseExtract Phase = "extract"
-	// PhaseQueued: with [Config.ExtractAhead] only, and only when it
+	// PhaseQueued: with backfill.Config.ExtractAhead only, and only when it
 	// waits: the extracted chunk waits for its worker's previous chunk's
 	// transaction to end.
 	PhaseQueued Phase = "queued"
@@ -87,7 +98,7 @@ const (
 	// staging.
 	PhaseStage Phase = "stage"
 	// PhaseMerge: the staged rows merged into the target (a chunk of
-	// [PublishAtEnd]: its staging ended).
+	// backfill.PublishAtEnd: its staging ended).
 	PhaseMerge Phase = "merge"
 	// PhaseValidate: the job's validators and the row accounting (not
 	// for a chunk of PublishAtEnd, validated when the run publishes).

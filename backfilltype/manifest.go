@@ -273,6 +273,16 @@ func (p Plan) ChunkOf(c Chunk) (Chunk, bool) {
 	return p.Chunks[c.Seq], true
 }
 
+// ComputeFingerprint returns the hex SHA-256 (64 lowercase hex digits) of
+// the plan's JSON form: the fields with a json tag (job, source, code
+// version, scope, target, chunk IDs, publish, rollback and time
+// declarations), not Chunks, Watermark, Fingerprint, Stream or N. It
+// neither sets nor reads p.Fingerprint. backfill.NewPlan sets Fingerprint
+// to it. A plan frozen from a [ChunkStreamer] has nil ChunkIDs: its
+// Fingerprint, which hashes the streamed chunk IDs in their place, is not
+// what ComputeFingerprint returns for it. It cannot fail (the JSON form
+// holds only strings and slices of them); it panics if encoding/json
+// ever refuses it.
 func (p Plan) ComputeFingerprint() string {
 	b, err := json.Marshal(p)
 	if err != nil { // only plain strings and slices: cannot happen

@@ -59,8 +59,8 @@ type TableInfo struct {
 	Columns []Column
 	// Written is how many of Columns the extractor writes.
 	Written int
-	// Chunk is set by the runner for each chunk before [Merger.Stage]: the
-	// batch and chunk being merged, for lineage and the undo log.
+	// Chunk is set by the runner for each chunk before the merger's Stage:
+	// the batch and chunk being merged, for lineage and the undo log.
 	Chunk ChunkRef
 
 	// KeyIndexes names the unique indexes that cover the identity, and

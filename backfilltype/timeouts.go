@@ -4,8 +4,8 @@ import (
 	"time"
 )
 
-// LockRetry is one row of [Config.LockRetries]: a try's lock_timeout and,
-// when the try waits, the sleep before the next try.
+// LockRetry is one row of backfill.Config.LockRetries: a try's lock_timeout
+// and, when the try waits, the sleep before the next try.
 type LockRetry struct {
 	// Timeout is the lock_timeout of the try, at most Config.LockTimeout;
 	// 0 means Config.LockTimeout (the bound of every lock wait).

@@ -39,9 +39,14 @@ func KnobThrottleLow(signal string) string { return "throttle." + signal + ".low
 // ControlManifest is the control plane as the Runner uses it
 // ([Manifest]).
 type ControlManifest interface {
+	// ReadControl runs control action "pause", "resume" or "cancel"
+	// ([Manifest.ReadControl]).
 	ReadControl(ctx context.Context, db sqlx.ExtContext, action string, batchID int64, actor, why string) error
+	// SetKnob sets a live knob ([Manifest.SetKnob]).
 	SetKnob(ctx context.Context, db sqlx.ExtContext, p backfilltype.SetKnobParams) error
+	// Control returns a run's control state ([Manifest.Control]).
 	Control(ctx context.Context, db sqlx.ExtContext, batchID int64) (backfilltype.ControlState, error)
+	// Schema returns the manifest's schema name, unquoted.
 	Schema() string
 }
 
@@ -79,6 +84,10 @@ func (m *Manifest) Cancel(ctx context.Context, db sqlx.ExtContext, batchID int64
 	return m.ReadControl(ctx, db, "cancel", batchID, actor, why)
 }
 
+// ReadControl runs control action ("pause", "resume" or "cancel") on run
+// batchID through the SQL function control, by actor for the reason why,
+// in a short transaction of its own: [Manifest.Pause], [Manifest.Resume]
+// and [Manifest.Cancel] are it, with their errors.
 func (m *Manifest) ReadControl(ctx context.Context, db sqlx.ExtContext, action string, batchID int64, actor, why string) error {
 	actor, why = ManifestText(actor), ManifestText(why)
 	err := InShortTx(ctx, db, func(tx sqlx.ExtContext) error {

@@ -72,6 +72,9 @@ func NewManifest(schema string) *Manifest {
 // Schema returns the manifest's schema name, unquoted.
 func (m *Manifest) Schema() string { return m.SchemaName }
 
+// SQL implements [backfilldriver.SQLManifest]: q with every {s} replaced
+// by the manifest's schema as a quoted identifier and every {schema} by
+// its name as a quoted literal.
 func (m *Manifest) SQL(q string) string {
 	q = strings.ReplaceAll(q, "{schema}", quoteLiteral(m.SchemaName))
 	return strings.ReplaceAll(q, "{s}", sqlgen.Ident(m.SchemaName))

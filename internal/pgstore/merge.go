@@ -20,6 +20,10 @@ import (
 	"github.com/pgbackfill/backfill/internal/sqlgen"
 )
 
+// EndStaging ends the chunk's COPY, so that a value PostgreSQL refuses
+// shows as the COPY's error before the merge (the Runner then isolates
+// it); the error names the target. Merge ends the COPY too, so calling it
+// is optional, and a second call does nothing.
 func (s *PGStager) EndStaging(ctx context.Context) error {
 	if err := s.EndCopy(ctx); err != nil {
 		return fmt.Errorf("backfill: stage %s: end copy: %w", s.Info.Target.Table, err)
@@ -419,7 +423,11 @@ func (s *PGStager) Args(query string) []any {
 	return nil
 }
 
+// Preparer is an executor that prepares statements on its connection
+// (*sqlx.Tx, *sql.Tx): COPY FROM STDIN runs through a prepared statement
+// of lib/pq, so staging needs one.
 type Preparer interface {
+	// PrepareContext prepares query, as [sql.Tx.PrepareContext].
 	PrepareContext(ctx context.Context, query string) (*sql.Stmt, error)
 }
 
@@ -478,6 +486,10 @@ func (s *PGStager) releaseKeys() {
 // 40 bytes a key); larger chunks are checked in SQL.
 const maxTrackedKeys = 1 << 20
 
+// PGStager is the PostgreSQL merger's [backfilldriver.Stager] of one
+// chunk ([Merger.Stage]): it COPYs the chunk's rows into a temporary
+// staging table in the chunk's transaction, then merges them into Info's
+// target with the statements of Q. It is used by one goroutine.
 type PGStager struct {
 	m      *Merger
 	tx     sqlx.ExtContext
@@ -560,6 +572,9 @@ func (s *PGStager) trackKey(values []any) {
 	s.keys[k] = struct{}{}
 }
 
+// Add implements [backfilldriver.Stager.Add]: it sends the row to the
+// COPY. It returns [backfilltype.ErrWriterClosed] after Merge or Close; a
+// COPY error names the target and the row.
 func (s *PGStager) Add(ctx context.Context, row int64, values []any) error {
 	if s.done {
 		return backfilltype.ErrWriterClosed
@@ -574,6 +589,8 @@ func (s *PGStager) Add(ctx context.Context, row int64, values []any) error {
 	return nil
 }
 
+// EndCopy ends the COPY and closes its statement, returning the COPY's
+// error (a refused value shows here); once ended, it does nothing.
 func (s *PGStager) EndCopy(ctx context.Context) error { return finishCopy(ctx, &s.copy) }
 
 // finishCopy ends the COPY of *stmt, if any, and closes it.
@@ -1057,6 +1074,10 @@ func KeyText(key []string, raw string) string {
 	return "(" + strings.Join(parts, ", ") + ")"
 }
 
+// Close implements [backfilldriver.Stager.Close]: it closes the COPY's
+// statement if it is still open and releases the stager's memory; later
+// calls of Add and Merge return [backfilltype.ErrWriterClosed]. It is
+// idempotent.
 func (s *PGStager) Close() error {
 	s.done = true
 	s.releaseKeys()

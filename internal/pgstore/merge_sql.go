@@ -215,6 +215,10 @@ type mergeShape struct {
 	insertOnly bool
 }
 
+// BuildMergeSQL returns the SQL that stages and merges a chunk into
+// info's target: the temporary staging table, its COPY, and the merge
+// statements of info's mode (empty where they do not apply). It only
+// builds text: it runs nothing and cannot fail.
 func BuildMergeSQL(info backfilltype.TableInfo) PGMergeSQL {
 	m := mergeShape{t: info.Target, cc: CompareColumns(info), stage: stagingTable(info), target: sqlgen.Table(info.Target.Table),
 		undo: info.Chunk.UndoTable}

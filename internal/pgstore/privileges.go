@@ -169,6 +169,14 @@ func (m *Manifest) CheckPrivileges(ctx context.Context, db sqlx.ExtContext) erro
 	return NewPrivilegeError(role, missing)
 }
 
+// MissingPrivileges returns the privileges on the manifest that the
+// session's role lacks (USAGE on the schema; SELECT, INSERT, UPDATE and
+// DELETE on its tables, SELECT only on schema_migrations; USAGE on its
+// sequences; TEMPORARY on the database), each with its GRANT, in that
+// order (none: nil), and the role's name (current_user). It runs in db as
+// it is (callers outside a transaction use [Manifest.CheckPrivileges],
+// which reads in a read-only transaction); the error is the catalog
+// query's.
 func (m *Manifest) MissingPrivileges(ctx context.Context, db sqlx.ExtContext) ([]backfilltype.Privilege, string, error) {
 	var role string
 	if err := sqlx.GetContext(ctx, db, &role, `SELECT current_user`); err != nil {

@@ -101,6 +101,10 @@ func (rb *pgRollback) Finish(ctx context.Context, tx sqlx.ExtContext, whole, for
 	return rb.finish(ctx, tx, rb.scope.BatchID, whole, force, event)
 }
 
+// NewPGRollback returns the rollback SQL of info's target from the undo
+// log in m's schema, with no scope and nothing read yet:
+// [Merger.UndoRollback] sets its scope and loads the target's columns
+// before use. It runs nothing and cannot fail.
 func NewPGRollback(m backfilldriver.SQLManifest, info backfilltype.TableInfo) *pgRollback {
 	return &pgRollback{m: m, info: info, target: sqlgen.Table(info.Target.Table), undo: m.UndoTable(),
 		identity: CompareColumns(info).Identity, updated: sqlgen.Ident(info.Target.Lineage.UpdatedBy), inserted: sqlgen.Ident(info.Target.Lineage.InsertedBy)}

@@ -15,8 +15,12 @@ import (
 // ThrottleManifest is what a Runner writes for throttles ([Manifest]).
 type ThrottleManifest interface {
 	backfilldriver.ManifestThrottle
+	// OpenPeriod records the start of a throttle period
+	// ([Manifest.OpenPeriod]).
 	OpenPeriod(ctx context.Context, db sqlx.ExtContext, p backfilltype.ThrottlePeriod) (int64, error)
+	// ClosePeriod records its end ([Manifest.ClosePeriod]).
 	ClosePeriod(ctx context.Context, db sqlx.ExtContext, id int64, value float64) error
+	// LiveWorkers returns the run's live workers ([Manifest.LiveWorkers]).
 	LiveWorkers(ctx context.Context, db sqlx.ExtContext, batchID int64) ([]string, error)
 }
 
@@ -38,6 +42,10 @@ func (m *Manifest) ThrottlePeriods(ctx context.Context, db sqlx.ExtContext, batc
 	return out, nil
 }
 
+// OpenPeriod inserts throttle period p (its BatchID, WorkerKey, Signal,
+// Reason, Value, High and Low; started now, by the server's clock, and
+// open) into the throttle_periods table, in a short transaction of its
+// own, and returns its id for [Manifest.ClosePeriod].
 func (m *Manifest) OpenPeriod(ctx context.Context, db sqlx.ExtContext, p backfilltype.ThrottlePeriod) (int64, error) {
 	var id int64
 	err := InShortTx(ctx, db, func(tx sqlx.ExtContext) error {
@@ -48,6 +56,9 @@ func (m *Manifest) OpenPeriod(ctx context.Context, db sqlx.ExtContext, p backfil
 	return id, err
 }
 
+// ClosePeriod ends throttle period id now (the server's clock), with the
+// signal's value at its end, in a short transaction of its own. A period
+// already closed, or no period id, is left as it is, without error.
 func (m *Manifest) ClosePeriod(ctx context.Context, db sqlx.ExtContext, id int64, value float64) error {
 	return InShortTx(ctx, db, func(tx sqlx.ExtContext) error {
 		_, err := tx.ExecContext(ctx, m.SQL(`UPDATE {s}.throttle_periods SET ended_at = now(), end_value = $2 WHERE id = $1 AND ended_at IS NULL`), id, value)

@@ -217,6 +217,9 @@ func statementPoolerHint(ctx context.Context, b txBeginner, err error) error {
 // (statementPoolerHint): a configuration to fix, not a failure to retry.
 var ErrStatementPooler = errors.New("pooler in statement mode")
 
+// PGDB adapts a *sqlx.DB opened with lib/pq to [backfilldriver.DB]
+// (backfill.Postgres returns one): statements outside chunks run on the
+// pool, and Begin starts a chunk's READ COMMITTED transaction.
 type PGDB struct {
 	*sqlx.DB
 	// Settings are the Runner's timeouts for the short manifest
@@ -238,6 +241,8 @@ func (d PGDB) Begin(ctx context.Context) (backfilldriver.Tx, error) {
 // RowAdder is where a row writer puts its converted rows: the chunk's
 // [backfilldriver.Stager], or a spool.
 type RowAdder interface {
+	// Add adds converted row number row (1-based in the chunk), values in
+	// the order of the table's columns, as [backfilldriver.Stager.Add].
 	Add(ctx context.Context, row int64, values []any) error
 }
 
