@@ -447,7 +447,12 @@ func sleepOrDone(d time.Duration, done <-chan struct{}) bool {
 // freeze stops w (SIGSTOP) for d, or cuts its host off for d, and records
 // the window.
 func (r *round) freeze(kind string, w *worker, d time.Duration, done <-chan struct{}) {
-	held := r.isHolding(w)
+	r.freezeHeld(kind, w, d, done, r.isHolding(w))
+}
+
+// freezeHeld is freeze with the caller's word on whether w holds a chunk
+// as it is frozen.
+func (r *round) freezeHeld(kind string, w *worker, d time.Duration, done <-chan struct{}, held bool) {
 	win := window{kind: kind, start: time.Now(), frozen: map[int]bool{}, held: held}
 	for _, o := range r.holding() {
 		if o == w || (kind == "cut" && o.host == w.host) {
@@ -1051,7 +1056,11 @@ func (s *suite) frozen(t *testing.T, seed int64, kind string) {
 	freezeDone := make(chan struct{})
 	go func() {
 		defer close(freezeDone)
-		r.freeze(kind, victim, hold, completed)
+		// The victim holds the chunk it began until it logs that chunk's
+		// end: any other line it logs meanwhile does not release it.
+		e := r.lastEvent(victim)
+		stillHeld := e.seq == held && e.kind != "done" && e.kind != "failed" && e.kind != "exit"
+		r.freezeHeld(kind, victim, hold, completed, stillHeld)
 	}()
 	<-freezeDone
 	select {
