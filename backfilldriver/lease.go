@@ -21,10 +21,9 @@ import (
 //     (LeaseChunk), under the worker's key and a new epoch, and
 //     extracted outside any transaction.
 //  3. The chunk's transaction begins with the fence (FenceLease): the
-//     lease must still be the worker's at that epoch. The fence locks
-//     the chunk until the transaction ends, and its lease is cleared
-//     when the transaction commits, with the chunk's merge and
-//     checkpoint.
+//     lease must still be the worker's at that epoch. The fence locks the
+//     chunk until the transaction ends; a commit clears the lease, with
+//     the chunk's merge and checkpoint.
 //  4. A chunk that ends without a commit has its lease released
 //     (ReleaseLease), if it is still the worker's.
 //
@@ -37,7 +36,7 @@ import (
 //
 // Every method is safe for concurrent use by several goroutines and
 // several processes, and returns ctx's error when ctx is done before it
-// finished. Times are the manifest's clock (backfill.PGManifest: the server's
+// finished. Times are the manifest's clock (PostgreSQL: the server's
 // now()), so the clocks of the workers' hosts do not matter.
 type ManifestLeases interface {
 	// RegisterWorker records worker w (its Key, ID, BatchID, Job, Host,
