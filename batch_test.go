@@ -93,7 +93,7 @@ func BenchmarkRowWriterTimeText(b *testing.B) {
 }
 
 // The per-row cost of the library's row writer beside the raw COPY
-// encoding of the same values (issue 15, "Per-row cost"): run both in one
+// encoding of the same values (the per-row cost): run both in one
 // go test run and compare their ns/op, e.g.
 //
 //	go test -run '^$' -bench 'RowWriter|CopyEncode' -benchmem
@@ -396,7 +396,7 @@ func (p *tripProxy) take() map[string]int {
 // TestChunkRoundTrips counts the client's round trips per chunk of a run
 // on the default path (short transactions, a registered worker), as the
 // difference between a run of 3 chunks and one of 13, divided by 10
-// (issue 15, per-chunk overhead: each one is a wait for the server). The
+// (the per-chunk overhead: each one is a wait for the server). The
 // heartbeats, which are timed, are left out. With -v it logs the round
 // trips of the run of 3 chunks in order.
 func TestChunkRoundTrips(t *testing.T) {
@@ -448,7 +448,7 @@ func TestChunkRoundTrips(t *testing.T) {
 	}
 	sort.Strings(lines)
 	t.Logf("round trips per chunk: %.1f\n%s", float64(total)/10, strings.Join(lines, "\n"))
-	// 41.8 at the start of issue 15's work (a control poll and a totals
+	// 41.8 before the statements were batched (a control poll and a totals
 	// read of their own per chunk, every savepoint, setting and lock a
 	// statement of its own); 20.2 after it.
 	require.LessOrEqual(t, total, 10*22, "round trips per chunk (x10)")
@@ -512,7 +512,7 @@ func (t *stmtTx) PrepareContext(ctx context.Context, q string) (*sql.Stmt, error
 }
 
 // TestChunkTransactionStatements counts the statements of a chunk's
-// transaction on the short-transaction path (issue 15, per-chunk
+// transaction on the short-transaction path (the per-chunk
 // overhead: every statement is a round trip, and a parameterised one
 // two with lib/pq): the merge's planner settings are set in one statement
 // and put back in one without parameters, and none of them is read back
@@ -635,7 +635,7 @@ func TestInTxReadCommittedAndRetriesConflicts(t *testing.T) {
 }
 
 // TestRowAllocs counts the allocations of one order line on the
-// short-transaction path (issue 15, per-row cost): the row writer's
+// short-transaction path (the per-row cost): the row writer's
 // conversions box no value that came in the type it is staged in (an
 // int64, a string), and the spool keeps the values' interfaces as they
 // came, in slabs it takes from a pool (no allocation per row).

@@ -12,7 +12,7 @@ import (
 
 // The pooler guard of the tests: every statement with bind parameters
 // that the library runs on a Postgres DB outside a transaction (which a
-// transaction pooler may mix up with another client's, backfill_pooler.go)
+// transaction pooler may mix up with another client's)
 // is recorded with the library function that ran it, and TestMain fails
 // the test binary when there is any (OutsideTxStatements).
 var outsideTx struct {

@@ -22,7 +22,7 @@ func TestMain(m *testing.M) { pgtest.Main(poolerGuard{m}) }
 
 // poolerGuard fails the test binary when the library ran a statement with
 // bind parameters outside a transaction on a Postgres DB, which a
-// transaction pooler may mix up with another client's (backfill_pooler.go):
+// transaction pooler may mix up with another client's:
 // every test of the package checks the kind, not only those run through a
 // pooler.
 type poolerGuard struct{ m *testing.M }

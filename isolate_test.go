@@ -165,8 +165,7 @@ func TestStagingRejectsFollowTheValue(t *testing.T) {
 	var m string
 	require.NoError(t, db.Get(&m, `SELECT string_agg(DISTINCT m::text, ',') FROM t`))
 	require.Equal(t, "ok", m)
-	// The restaging replays the chunk's spool (short transactions,
-	// backfill_shorttx.go): the extractor runs once.
+	// The restaging replays the chunk's spool (short transactions): the extractor runs once.
 	require.Equal(t, int32(1), calls.Load())
 }
 

@@ -27,10 +27,10 @@ import (
 // (pg_stat_activity.xact_start), heartbeats and the monitor's momentary
 // reads aside (the run's control state and live workers, read every
 // ThrottleInterval in a transaction of one statement): the chunk's
-// transaction begins after its extraction (short transactions,
-// backfill_shorttx.go). It also logs the oldest transaction age of the
+// transaction begins after its extraction (short transactions).
+// It also logs the oldest transaction age of the
 // library's sessions seen in any sample, against the extractor's sleep
-// (BACKFILL_SHORTTX_SLEEP, e.g. 10s, for the measurement of issue 13).
+// (BACKFILL_SHORTTX_SLEEP, e.g. 10s, to measure what a long extraction holds).
 // The same holds with a job-wide concurrency cap (Config.JobConcurrency),
 // which counts leases rather than holding a slot row lock.
 func TestNoTransactionWhileExtracting(t *testing.T) {

@@ -1074,7 +1074,7 @@ func pqLiteral(s string) string {
 // BenchmarkMergeRestatement measures the merge of a 100,000-row Upsert
 // chunk into a table holding its keys: replaying it unchanged, and
 // restating every row (each op writes other values), the case the lock
-// of the rows to change (merge_decide.go) costs most in.
+// of the rows to change (the merge decision) costs most in.
 func BenchmarkMergeRestatement(b *testing.B) {
 	const rows = 100_000
 	ctx := context.Background()

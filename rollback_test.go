@@ -292,7 +292,7 @@ func TestRollbackRetilesAroundLaterVersions(t *testing.T) {
 }
 
 // TestRollbackDoesNotDeleteRowALaterBatchDelivered is the scenario of
-// issue 10 item 6, exactly: batch 1 writes {1: same, 2: old}, batch 2 (a
+// exactly this: batch 1 writes {1: same, 2: old}, batch 2 (a
 // restatement, NewRun) writes {1: same, 3: new}. Rolling back batch 1 must
 // not delete key 1, which batch 2 delivered unchanged: it refuses, naming
 // key 1 and batch 2, and changes nothing.
@@ -704,7 +704,7 @@ func dlvState(t *testing.T, db *sqlx.DB) []string {
 	return rows
 }
 
-// TestRollbackKeepsRowsALaterBatchDelivered is issue 10 item 6: batch 1
+// TestRollbackKeepsRowsALaterBatchDelivered: batch 1
 // writes {1: same, 2: old}, batch 2 (a restatement) writes {1: same, 3:
 // new}. Key 1 is unchanged, so its lineage still names batch 1, yet batch
 // 2 delivered it: rolling back batch 1 must not delete it. Every mode,

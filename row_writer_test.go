@@ -43,7 +43,7 @@ type probe struct {
 	oracle string
 }
 
-// TestSpecialValuesRoundTrip is the property of issue 10 item 3: for
+// TestSpecialValuesRoundTrip is a property: for
 // every base type the row writer converts, values written as Go values
 // and as text, edge values included (non-finite numbers and times, every
 // year a time type holds and the years just outside, BC years, years

@@ -217,7 +217,7 @@ func TestHistoryCloseLogsRowItOverwrites(t *testing.T) {
 // a completed, still-applied batch delivered.
 //
 // The same through PgBouncer in transaction mode: the rollback's lock is a
-// transaction lock in each of its transactions (rollback_lock.go), never a
+// transaction lock in each of its transactions, never a
 // session lock that the pooler would leave on a shared server connection.
 func TestRollbackWaitsForMergeOfSameTarget(t *testing.T) {
 	t.Parallel()

@@ -482,7 +482,7 @@ func TestSkipUnchangedProperty(t *testing.T) {
 			src.rows[id] = [2]string{"a", "1.00"}
 		}
 		job := skipJob(src)
-		// With a ChunkVersioner (replay_skip_version.go) or without: the
+		// With a ChunkVersioner or without: the
 		// same chunks merge; with one, a chunk is extracted only when
 		// merged or its version changed (its source edited, even to the
 		// same value).

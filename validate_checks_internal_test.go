@@ -74,7 +74,7 @@ func TestFingerprintHashTellsValuesApart(t *testing.T) {
 		}
 		return pq.QuoteLiteral(v) + "::" + typ
 	}
-	// Equal as the merge compares (merge_decide.go): byte for byte.
+	// Equal as the merge compares: byte for byte.
 	distinct := func(base, a, b string) string {
 		c := Column{BaseType: base}
 		return pgstore.ExactCompare(c, a) + " IS DISTINCT FROM " + pgstore.ExactCompare(c, b)

@@ -46,7 +46,7 @@ const (
 	// bound is how long a healthy worker may wait behind a frozen or
 	// cut-off one: the documented bound for these settings (doc.go, "Many
 	// workers and hosts": StaleAfter + HeartbeatInterval + 1 s; 36 s with
-	// the defaults, within issue 12's minute).
+	// the defaults, within a minute).
 	bound = staleAfter + heartbeatInterval + time.Second
 	// slack is what the assertions allow beyond the bound: the bound's
 	// worst case (a holder frozen just after its heartbeat, polls that
@@ -966,7 +966,7 @@ func (r *round) restartDuring(a, b time.Time) bool {
 // longestJoinWait is the longest time a worker process took from its
 // start until Run began working (the "backfill run" record), leaving out
 // joins during which the worker was frozen or cut off itself or the
-// server restarted (issue 12 item 4, "a joining worker": the run row is
+// server restarted ("a joining worker": the run row is
 // no longer a lock a joining worker waits on behind chunks in flight).
 func (r *round) longestJoinWait(now time.Time) (time.Duration, string) {
 	r.mu.Lock()
@@ -1139,7 +1139,7 @@ func (r *round) doneEvents() []event {
 }
 
 // restartsSurvived: the server restarts twice mid-run; no worker may
-// exit because of it (issue 12 item 5: retried with backoff).
+// exit because of it (retried with backoff).
 func (s *suite) restartsSurvived(t *testing.T, seed int64) {
 	r := s.newRound(t, t.Name(), seed, roundOptions{chunks: 40, rows: 2500, sleep: 500 * time.Millisecond})
 	stop := make(chan struct{})
@@ -1166,7 +1166,7 @@ func (s *suite) restartsSurvived(t *testing.T, seed int64) {
 
 // joining: a worker that joins a running job (the others keep chunks in
 // flight) must get chunks: it must not wait on the run row for the rest
-// of the run (issue 12 item 4).
+// of the run.
 func (s *suite) joining(t *testing.T, seed int64) {
 	r := s.newRound(t, t.Name(), seed, roundOptions{chunks: 60, rows: 2500, sleep: time.Second})
 	joiner := r.workers[len(r.workers)-1]
@@ -1198,7 +1198,7 @@ func (s *suite) joining(t *testing.T, seed int64) {
 }
 
 // allPooler: every worker goes through PgBouncer in transaction mode
-// with an ordinary URL; no worker may fail (issue 12 item 1).
+// with an ordinary URL; no worker may fail.
 func (s *suite) allPooler(t *testing.T, seed int64) {
 	r := s.newRound(t, t.Name(), seed, roundOptions{chunks: 40, rows: 2500, sleep: 100 * time.Millisecond, allPooler: true})
 	stop := make(chan struct{})

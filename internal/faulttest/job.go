@@ -1,4 +1,4 @@
-// Package faulttest is the fault suite of issue 12 (make test-faults):
+// Package faulttest is the fault suite (make test-faults):
 // workers of one job run as separate processes (the worker subpackage) on
 // simulated hosts, while the test (build tag faults) kills, freezes and
 // cuts them off, restarts the server and puts PgBouncer in their path,

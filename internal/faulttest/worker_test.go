@@ -33,8 +33,7 @@ type event struct {
 	fenced bool          // the holder was fenced
 }
 
-// Messages of the library's wait records (backfill_worker.go,
-// manifest_worker.go): each carries "waited", those about one chunk
+// Messages of the library's wait records: each carries "waited", those about one chunk
 // also "holder".
 var waitMessages = map[string]bool{
 	"backfill: waiting for a chunk in flight":                           true,
@@ -47,7 +46,7 @@ var waitMessages = map[string]bool{
 const fencedMessage = "backfill: fenced a stale worker: terminated the backend holding the chunk; its transaction rolls back and the chunk is claimable"
 
 // leaseLostMessage is what a worker logs when its chunk's fence finds
-// the lease taken over while it extracted (backfill_shorttx.go): the
+// the lease taken over while it extracted: the
 // short-transaction form of being fenced, its attempt cannot commit.
 const leaseLostMessage = "backfill: chunk's fence failed: its lease was taken over (this worker was stale) or the run stopped meanwhile (paused, abandoned); its transaction rolls back"
 

@@ -49,7 +49,7 @@ func TestConvertTimeFormats(t *testing.T) {
 // TestConvertAllocs: converting the common values allocates no more than
 // the value's boxing needs: an int64 is returned as it came (no
 // allocation) and a time.Time becomes its text in one allocation besides
-// the boxing (issue 15, per-row cost). Allocation counts, not times.
+// the boxing (the per-row cost). Allocation counts, not times.
 func TestConvertAllocs(t *testing.T) {
 	at := time.Date(2024, 1, 2, 3, 4, 5, 123456789, time.UTC)
 	for _, c := range []struct {

@@ -180,7 +180,7 @@ func (b *bench) explainChunk(ctx context.Context, out *strings.Builder, table st
 			return err
 		}
 		// The library's planner settings of its merge statements
-		// (merge_pg.go, plannerSettings).
+		// (PGStager.PlannerSettings).
 		if _, err := tx.ExecContext(ctx, `SELECT set_config('enable_seqscan', 'off', true), set_config('jit', 'off', true),
 			set_config('enable_hashjoin', 'off', true), set_config('enable_mergejoin', 'off', true)`); err != nil {
 			return err

@@ -76,7 +76,7 @@ const mergeKey = "merge: Stager.Merge (end COPY + statements)"
 func (s *stats) stmt(q string, start time.Time) {
 	d := time.Since(start)
 	// The library sends statements without parameters after the ones it
-	// queued (backfill_batch.go), joined by "; ": each is recorded by its
+	// queued (the batched transaction), joined by "; ": each is recorded by its
 	// own label, and the time goes to the last, the one that was waited
 	// for.
 	parts := strings.Split(q, "; ")
