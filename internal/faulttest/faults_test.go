@@ -491,6 +491,22 @@ func (r *round) freezeHeld(kind string, w *worker, d time.Duration, done <-chan 
 	r.mu.Unlock()
 }
 
+// chunkEnded reports whether w, since it began chunk seq at began,
+// logged that chunk's end (committed, failed, its lease lost) or exited.
+func (r *round) chunkEnded(w *worker, seq int, began time.Time) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, e := range r.events {
+		if e.worker != w.idx || e.at.Before(began) {
+			continue
+		}
+		if e.kind == "exit" || (e.seq == seq && (e.kind == "done" || e.kind == "failed" || e.kind == "lease-lost")) {
+			return true
+		}
+	}
+	return false
+}
+
 func (r *round) isHolding(w *worker) bool {
 	for _, h := range r.holding() {
 		if h == w {
@@ -1026,13 +1042,14 @@ func (s *suite) frozen(t *testing.T, seed int64, kind string) {
 	// chunks to claim and wait for its chunk for about the bound.
 	var victim *worker
 	var held int
+	var began time.Time
 	for deadline := time.Now().Add(time.Minute); victim == nil && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
 		if len(r.doneEvents()) < r.spec.Chunks-8 {
 			continue
 		}
 		for _, w := range r.holding() {
 			if e := r.lastEvent(w); time.Since(e.at) < r.spec.Sleep/4 {
-				victim, held = w, e.seq
+				victim, held, began = w, e.seq, e.at
 				break
 			}
 		}
@@ -1057,10 +1074,10 @@ func (s *suite) frozen(t *testing.T, seed int64, kind string) {
 	go func() {
 		defer close(freezeDone)
 		// The victim holds the chunk it began until it logs that chunk's
-		// end: any other line it logs meanwhile does not release it.
-		e := r.lastEvent(victim)
-		stillHeld := e.seq == held && e.kind != "done" && e.kind != "failed" && e.kind != "exit"
-		r.freezeHeld(kind, victim, hold, completed, stillHeld)
+		// end or exits: lines about its other chunks (a worker that
+		// extracts ahead logs the previous chunk's commit after it began
+		// this one) do not release it.
+		r.freezeHeld(kind, victim, hold, completed, !r.chunkEnded(victim, held, began))
 	}()
 	<-freezeDone
 	select {
