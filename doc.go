@@ -500,8 +500,8 @@ which last changed it, and the default [Job.Rollback] is
 [RollbackUndoLog]: each chunk's transaction logs the prior images of the
 rows it updated (and SCD2 intervals it closed); the rows it inserted are
 found again by their lineage.
-[Runner.Rollback] withdraws a batch or one chunk in reverse order, one
-transaction per chunk with its own checkpoint, refuses rows a later batch
+[Runner.Rollback] withdraws a batch or one chunk in reverse commit order
+(at Concurrency > 1 chunks commit in any order), one transaction per chunk with its own checkpoint, refuses rows a later batch
 still applied changed or delivered unchanged unless forced (listing each
 row's key and that batch in [RollbackReport.ConflictRows]), previews
 without writing, and records who, why and the counts. Without lineage, a

@@ -76,8 +76,11 @@ type RollbackReport struct {
 // Rollback withdraws a batch of job (or one of its chunks) using the undo
 // log written during the batch ([RollbackUndoLog]): rows the batch
 // inserted are deleted, rows it updated get their prior image back, SCD2
-// intervals it closed or split are restored. It works in reverse chunk
-// order, one transaction per chunk that also marks the chunk rolled_back,
+// intervals it closed or split are restored. It works in reverse commit
+// order (the order in which the chunks' merges committed, which at
+// Concurrency > 1 need not be plan order, so that each row gets back the
+// image it had before the batch), one transaction per chunk that also
+// marks the chunk rolled_back,
 // so a crash mid-rollback leaves whole chunks and running Rollback again
 // completes it; rolling back a rolled back batch changes nothing.
 //
@@ -240,7 +243,7 @@ func (r *Runner) undoRollback(ctx context.Context, job Job, run Run, plan Plan, 
 	if opts.ChunkID != "" && !slices.ContainsFunc(states, func(s backfilltype.ChunkState) bool { return s.Chunk.ID == opts.ChunkID }) {
 		return nil, fmt.Errorf("backfill: rollback of batch %d: %w: no chunk %q", run.BatchID, ErrInvalidConfig, opts.ChunkID)
 	}
-	slices.Reverse(u.seqs) // reverse order: the last change first
+	slices.Reverse(u.seqs) // reverse order: the last change first (OrderChunks below refines it)
 	scope := backfilltype.RollbackScope{BatchID: run.BatchID, Seqs: u.seqs, Exclude: opts.exclude}
 	if plan.Time != nil {
 		scope.ChunkColumn, scope.Zone = plan.Time.ChunkColumn, plan.Time.Zone
@@ -257,7 +260,14 @@ func (r *Runner) undoRollback(ctx context.Context, job Job, run Run, plan Plan, 
 		}
 	}
 	err = pgstore.ReadTx(ctx, r.db, func(tx sqlx.ExtContext) (err error) {
-		u.rb, err = r.caps.mergeUndo.UndoRollback(ctx, tx, r.caps.rollback, info, scope)
+		if u.rb, err = r.caps.mergeUndo.UndoRollback(ctx, tx, r.caps.rollback, info, scope); err != nil {
+			return err
+		}
+		if co, ok := u.rb.(pgstore.ChunkOrder); ok {
+			// Reverse commit order, which at Concurrency > 1 need not be
+			// reverse plan order.
+			u.seqs, err = co.OrderChunks(ctx, tx)
+		}
 		return err
 	})
 	if err != nil {

@@ -124,6 +124,46 @@ func testUndoRollback(t *testing.T, newHarness func(t *testing.T) MergerHarness)
 		require.True(t, slices.ContainsFunc(events, func(e backfilltype.Event) bool { return e.Kind == "rollback" && e.Actor == "ann" }), "recorded in the audit log")
 	})
 
+	t.Run("UndoRollbackOfChunksCommittedOutOfOrder", func(t *testing.T) {
+		t.Parallel()
+		h, r, job := setup(t)
+		_, err := r.Run(ctx, job("first", 0, 2, "v1"))
+		require.NoError(t, err)
+		batch1 := table(t, h)
+		// Both chunks of batch 2 write row 0; chunk 1 commits first (the
+		// extractor of chunk 0 waits for it), so chunk 0's prior image of
+		// row 0 is chunk 1's.
+		done := make(chan struct{})
+		conc, err := backfill.NewWithDB(h.DB, &backfill.Config{Manifest: h.Manifest, Merger: h.Merger, Concurrency: 2,
+			Hooks: backfill.HooksFunc(func(ctx context.Context, batchID int64, r backfill.ChunkResult) {
+				if r.Chunk.Seq == 1 {
+					close(done)
+				}
+			})})
+		require.NoError(t, err)
+		j2 := job("second", 0, 2, "v2")
+		j2.Chunker = backfill.IntRange(0, 2, 1)
+		j2.Extractor = backfill.ExtractorFunc(func(ctx context.Context, c backfill.Chunk, w backfill.RowWriter) error {
+			if c.Seq == 0 {
+				select {
+				case <-done:
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+			}
+			return w.Write(ctx, int64(0), fmt.Sprintf("v2-seq%d", c.Seq))
+		})
+		rep2, err := conc.Run(ctx, j2)
+		require.NoError(t, err)
+		require.Equal(t, "v2-seq0", table(t, h)[0][1], "chunk 0 committed last")
+
+		// Rolled back in reverse commit order: row 0 is batch 1's again.
+		rep, err := r.Rollback(ctx, j2, opts(rep2.BatchID, false))
+		require.NoError(t, err)
+		require.Equal(t, [3]int64{2, 2, 0}, [3]int64{int64(rep.Chunks), rep.Restored, rep.Conflicts}, "each chunk restores its prior image of row 0")
+		require.Empty(t, gocmp.Diff(batch1, table(t, h)), "batch 1's table again, lineage included")
+	})
+
 	t.Run("UndoRollbackForcedOverALaterBatch", func(t *testing.T) {
 		t.Parallel()
 		h, r, job := setup(t)

@@ -1,6 +1,7 @@
 package backfilltest
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"slices"
@@ -19,7 +20,7 @@ import (
 // records, with the changes and on commit of the same fake transaction, one
 // entry per row it writes: the key of a row it inserted, or the prior image
 // of a row it updated. A rollback ([Merger.UndoRollback]) restores them
-// chunk by chunk in reverse order, as the PostgreSQL merger's does from its
+// chunk by chunk in reverse commit order, as the PostgreSQL merger's does from its
 // undo table, and refuses rows that later batches changed (lineage
 // UpdatedBy) unless forced. The fakes keep no summary of unchanged
 // deliveries ([Manifest.DeliveredTable]), and do not roll back History
@@ -37,6 +38,7 @@ type undoEntry struct {
 var (
 	_ backfilldriver.UndoLogWriter  = (*Merger)(nil)
 	_ backfilldriver.MergerRollback = (*Merger)(nil)
+	_ pgstore.ChunkOrder            = (*undoRollback)(nil)
 )
 
 // WritesUndoLog implements [backfilldriver.UndoLogWriter]: it returns true.
@@ -206,6 +208,28 @@ func (u *undoRollback) RollBackChunk(ctx context.Context, tx sqlx.ExtContext, se
 	p := u.plan([]int{seq}, false, force)
 	u.m.mu.Unlock()
 	return int64(len(p.delete)), int64(len(p.restore)), true, u.write(tx, p)
+}
+
+// OrderChunks puts the chunks of the scope in reverse commit order, as
+// the PostgreSQL merger's rollback does: the fake log is appended on
+// commit, so the chunk with the last entry committed last. Chunks that
+// logged nothing come last, in the scope's order.
+func (u *undoRollback) OrderChunks(ctx context.Context, db sqlx.ExtContext) ([]int, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	u.m.mu.Lock()
+	defer u.m.mu.Unlock()
+	last := map[int]int{}
+	for i, e := range u.m.undo[u.table] {
+		if e.batch == u.scope.BatchID {
+			last[e.seq] = i + 1
+		}
+	}
+	seqs := slices.Clone(u.scope.Seqs)
+	slices.SortStableFunc(seqs, func(a, b int) int { return cmp.Compare(last[b], last[a]) })
+	u.scope.Seqs = seqs
+	return seqs, nil
 }
 
 // Finish implements [backfilldriver.UndoRollback.Finish].

@@ -8,7 +8,9 @@ import (
 type RollbackScope struct {
 	// BatchID is the batch rolled back.
 	BatchID int64
-	// Seqs are the chunks rolled back (done or open), in reverse order.
+	// Seqs are the chunks rolled back (done or open), in reverse plan
+	// order; an UndoRollback that knows the order in which their merges
+	// committed may roll them back in reverse commit order instead.
 	Seqs []int
 	// Chunk is the one chunk rolled back
 	// (backfill.RollbackOptions.ChunkID), or nil for the whole batch.

@@ -40,7 +40,10 @@ type pgRollback struct {
 	noDelete bool
 }
 
-var _ backfilldriver.UndoRollback = (*pgRollback)(nil)
+var (
+	_ backfilldriver.UndoRollback = (*pgRollback)(nil)
+	_ ChunkOrder                  = (*pgRollback)(nil)
+)
 
 // UndoRollback implements [MergerRollback]: the rollback by the undo log
 // that m, a [Manifest], holds in its schema.
@@ -323,4 +326,35 @@ func (rb *pgRollback) retile(ctx context.Context, tx sqlx.ExtContext, batch int6
 		return fmt.Errorf("%w: after rollback, keys %v", backfilltype.ErrHistoryIntervals, bad)
 	}
 	return nil
+}
+
+// OrderChunks implements [ChunkOrder]. A merge takes the locks of the
+// keys it writes before it logs anything, so of two chunks that changed
+// the same key, every undo entry of the one that committed second has a
+// greater id than every entry of the first: ordered by their greatest
+// entry, the chunks come in reverse commit order wherever it matters.
+func (rb *pgRollback) OrderChunks(ctx context.Context, db sqlx.ExtContext) ([]int, error) {
+	var last []int
+	if err := sqlx.SelectContext(ctx, db, &last, SQLf(`SELECT seq FROM {undo} WHERE batch_id = $1 AND seq = ANY ($2::int[]) GROUP BY seq ORDER BY max(id) DESC`, "undo", rb.undo),
+		rb.scope.BatchID, pq.Array(rb.scope.Seqs)); err != nil {
+		return nil, fmt.Errorf("backfill: rollback %s: chunks' commit order: %w", rb.info.Target.Table, err)
+	}
+	rb.scope.Seqs = orderSeqs(rb.scope.Seqs, last)
+	return rb.scope.Seqs, nil
+}
+
+// orderSeqs returns first followed by the seqs of seqs that first lacks,
+// in their order.
+func orderSeqs(seqs, first []int) []int {
+	out := append(make([]int, 0, len(seqs)), first...)
+	seen := make(map[int]bool, len(first))
+	for _, s := range first {
+		seen[s] = true
+	}
+	for _, s := range seqs {
+		if !seen[s] {
+			out = append(out, s)
+		}
+	}
+	return out
 }

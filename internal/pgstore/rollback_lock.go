@@ -15,3 +15,17 @@ type ScopedConflicts interface {
 	// of the rows they inserted, found by lineage (a scan of the target).
 	ConflictsOf(ctx context.Context, db sqlx.ExtContext, seqs []int, lineage bool) (backfilltype.RollbackConflicts, error)
 }
+
+// ChunkOrder is an [backfilldriver.UndoRollback] that knows the order in
+// which the chunks of its scope committed their merges. Chunks of one
+// batch run concurrently, so that order need not be their plan order, and
+// a chunk that changed a row another chunk of the batch changed before it
+// logged that chunk's image as its prior image: only undoing the chunks in
+// reverse commit order gives each row back the image it had before the
+// batch.
+type ChunkOrder interface {
+	// OrderChunks reorders the chunks of the scope, the one whose merge
+	// committed last first, and returns them; chunks that logged nothing
+	// come last, in the scope's order.
+	OrderChunks(ctx context.Context, db sqlx.ExtContext) ([]int, error)
+}
