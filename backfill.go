@@ -522,7 +522,9 @@ type Config struct {
 	// covers the extraction and the merge, and a worker that died holds
 	// its place only until its lease is no longer live
 	// ([Config.StaleAfter]). A worker that finds the cap reached waits and
-	// tries again. Give every process the same value.
+	// tries again. Give every process the same value. The run's
+	// job_concurrency knob ([Runner.SetKnob]) replaces it in every
+	// process, also one started with 0.
 	JobConcurrency int
 	// ListenURL is a lib/pq connection string of a direct connection to
 	// the server (not through PgBouncer in transaction mode, where LISTEN

@@ -174,17 +174,15 @@ func (ex *execution) liveConcurrency() int {
 	return n
 }
 
-// liveJobConcurrency is Config.JobConcurrency, or the job_concurrency knob
-// when the Runner has one.
+// liveJobConcurrency is the cap on the run's live leases that this call's
+// leases apply now: the job_concurrency knob when set, also in a process
+// started without a Config.JobConcurrency, otherwise
+// Config.JobConcurrency (0: none).
 func (ex *execution) liveJobConcurrency() int {
-	n := ex.r.cfg.JobConcurrency
-	if n <= 0 {
-		return n
-	}
 	if v := ex.ctl.knob(pgstore.KnobJobConcurrency, 0); v >= 1 {
 		return int(v)
 	}
-	return n
+	return ex.r.cfg.JobConcurrency
 }
 
 // liveRowsPerSecond is the job-wide rate cap now (0: none).
@@ -353,8 +351,9 @@ func (r *Runner) Cancel(ctx context.Context, batchID int64, actor, why string) e
 // "concurrency" (the workers of each process: a whole number ≥ 1; a
 // process runs at most its [Config.Concurrency], so the knob lowers it or
 // raises it back up to that), "job_concurrency" (replaces
-// [Config.JobConcurrency]: a whole number ≥ 1; processes without a
-// JobConcurrency ignore it), "rows_per_second" (replaces
+// [Config.JobConcurrency] in every process, also one started without it:
+// a whole number ≥ 1, the most chunks of the run leased at once across
+// every process), "rows_per_second" (replaces
 // [Config.RowsPerSecond]: 0 for no cap, or at least 1), and
 // "throttle.<signal>.high" and "throttle.<signal>.low" (the watermarks of
 // the [backfillthrottle.Throttle] of that signal: finite numbers). value

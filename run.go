@@ -1290,13 +1290,13 @@ func (ex *execution) runChunk(ctx context.Context, p *chunkPipe) (cr chunkRun, e
 // lease leases the next chunk for cr's try in a short transaction of its
 // own, avoiding the chunks the call's other goroutines hold or must not
 // claim yet. It returns nil when none was leased, with cr.outcome
-// tryNoSlot when JobConcurrency has no place left, and the lease's
+// tryNoSlot when the job concurrency ([execution.liveJobConcurrency]) has no place left, and the lease's
 // error. The chunk leased stays in ex.leased until endLease.
 func (ex *execution) lease(ctx context.Context, cr *chunkRun) (*heldLease, error) {
 	r := ex.r
 	s := r.cfg.txSettings()
 	l := backfilldriver.Lease{Key: ex.worker.key, StaleAfter: r.cfg.StaleAfter, LockTimeout: s.TryLockTimeout(0), StmtTimeout: s.StmtSetting(),
-		JobConcurrency: r.cfg.JobConcurrency}
+		JobConcurrency: ex.liveJobConcurrency()}
 	l.Avoid, _ = ex.avoided()
 
 	// Lease. The leases of this call's goroutines share its worker key:

@@ -614,7 +614,8 @@ func (c *Config) validateThrottles() error {
 // Config.JobConcurrency taken tries to lease again.
 const slotPoll = 50 * time.Millisecond
 
-// waitSlot waits for a place under Config.JobConcurrency (every place is
+// waitSlot waits for a place under the job concurrency (Config.JobConcurrency
+// or its knob: every place is
 // a live lease of the run): a poll interval at a time it fences the stale
 // holders of the run's chunks (a frozen worker's transaction holds a
 // place too), between polls it sleeps slotPoll. It returns false when the
@@ -625,7 +626,7 @@ func (ex *execution) waitSlot(ctx context.Context, ws *waitState) bool {
 	}
 	if ws.slotSince.IsZero() {
 		ws.slotSince = time.Now()
-		ex.log.Debug("backfill: every job concurrency slot is taken; waiting", "job_concurrency", ex.r.cfg.JobConcurrency)
+		ex.log.Debug("backfill: every job concurrency slot is taken; waiting", "job_concurrency", ex.liveJobConcurrency())
 	}
 	if wm := ex.r.caps.workers; ex.worker != nil && !ws.fenceOff && time.Since(ws.fenced) >= ex.r.pollInterval() {
 		ws.fenced = time.Now()

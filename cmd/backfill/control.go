@@ -69,9 +69,8 @@ every process within about a second:
 
   concurrency              chunks at once in each process (up to what
                            each Runner was configured with)
-  job_concurrency          chunks at once across every process (only
-                           processes started with a JobConcurrency
-                           apply it)
+  job_concurrency          chunks at once across every process (also
+                           processes started without a JobConcurrency)
   rows_per_second          the job-wide rate cap: 0 (none) or at least 1
   throttle.SIGNAL.high     a throttle's high watermark, by signal name
   throttle.SIGNAL.low      its low watermark (a signal the workers do not
