@@ -358,9 +358,15 @@ func (r *Runner) Cancel(ctx context.Context, batchID int64, actor, why string) e
 // "throttle.<signal>.high" and "throttle.<signal>.low" (the watermarks of
 // the [backfillthrottle.Throttle] of that signal: finite numbers). value
 // is a number as text, or "default" to drop the knob (each process goes
-// back to its [Config]). An unknown key, a bad value
+// back to its [Config]). A throttle watermark knob (or "default") that
+// would leave the throttle's low watermark above its high one, or both
+// zero, is refused: against the other knob of the pair when set, else
+// against the High or Low of that signal's throttle in the Config of
+// every process that has worked the run (each records them when it
+// starts); setting both knobs makes the pair independent of the Configs.
+// An unknown key, a bad value, such a pair
 // or a missing actor or why gives an error wrapping [ErrInvalidConfig]
-// that names the key and value; a completed, rolled back or abandoned run
+// that names the key and value (for a pair, both knobs and both values); a completed, rolled back or abandoned run
 // [ErrRunStatus]. It returns [ErrUnsupported] when the manifest has no
 // control plane ([PGManifest] has one).
 func (r *Runner) SetKnob(ctx context.Context, batchID int64, key, value, actor, why string) error {

@@ -7,7 +7,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lib/pq"
 	"github.com/stretchr/testify/require"
+
+	"github.com/pgbackfill/backfill/backfillthrottle"
 )
 
 // TestControlJobConcurrencyKnobLimitsExtractions: a run whose
@@ -47,4 +50,72 @@ func TestControlJobConcurrencyKnobLimitsExtractions(t *testing.T) {
 			require.Equal(t, int32(1), most.Load(), "extractions at once with job_concurrency 1")
 		})
 	}
+}
+
+// TestSetKnobRefusesThrottlePairsTheWorkersWouldIgnore: set_knob, through
+// SQL or the Runner, refuses a throttle watermark knob that would leave
+// the throttle's low watermark above its high one, or both zero, whether
+// the other side is a knob or the High and Low a worker of the run was
+// configured with; the error names both knobs and both values, and the
+// knobs stay as they were.
+func TestSetKnobRefusesThrottlePairsTheWorkersWouldIgnore(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := liveDB(t)
+	r := liveRunner(t, db, "w1", nil)
+	r.cfg.Throttles = []backfillthrottle.Throttle{{Signal: constSignal{"lag"}, High: 10, Low: 5}}
+	var batch int64
+	_, err := r.Run(ctx, liveJob(func(c Chunk) {
+		if c.Seq == 0 {
+			require.NoError(t, db.Get(&batch, `SELECT batch_id FROM backfill.runs WHERE job_name = 'live'`))
+			require.NoError(t, r.Pause(ctx, batch, "ann", "tune"))
+		}
+	}))
+	require.ErrorIs(t, err, ErrRunPaused)
+	knobs := func() map[string]float64 {
+		st, err := r.caps.control.Control(ctx, r.db, batch)
+		require.NoError(t, err)
+		return st.Knobs
+	}
+	refused := func(key, value string, mention ...string) {
+		t.Helper()
+		before := knobs()
+		err := r.SetKnob(ctx, batch, key, value, "ann", "tune")
+		require.ErrorIs(t, err, ErrInvalidConfig, "%s=%s", key, value)
+		for _, m := range mention {
+			require.Contains(t, err.Error(), m)
+		}
+		_, err = db.Exec(`SELECT backfill.set_knob($1::bigint, $2, $3, 'ann', 'tune')`, batch, key, value)
+		var pe *pq.Error
+		require.ErrorAs(t, err, &pe, "%s=%s through SQL", key, value)
+		require.Equal(t, "22023", string(pe.Code))
+		for _, m := range mention {
+			require.Contains(t, pe.Message, m)
+		}
+		require.Equal(t, before, knobs(), "a refused knob changes nothing")
+	}
+	set := func(key, value string) {
+		t.Helper()
+		require.NoError(t, r.SetKnob(ctx, batch, key, value, "ann", "tune"), "%s=%s", key, value)
+	}
+
+	// Against the configured watermarks (High 10, Low 5).
+	refused("throttle.lag.low", "20", "throttle.lag.low 20 (this knob)", "throttle.lag.high 10 (the High configured by worker 'w1')")
+	refused("throttle.lag.high", "3", "throttle.lag.low 5 (the Low configured by worker 'w1')", "throttle.lag.high 3 (this knob)")
+	// Against the other knob.
+	set("throttle.lag.high", "30")
+	set("throttle.lag.low", "20")
+	refused("throttle.lag.high", "15", "throttle.lag.low 20 (its knob)", "throttle.lag.high 15 (this knob)")
+	// Dropping a knob: back to the configured High 10, below the low knob.
+	refused("throttle.lag.high", "default", "throttle.lag.low 20 (its knob)", "throttle.lag.high 10 (the High configured by worker 'w1')")
+	set("throttle.lag.low", "default")
+	set("throttle.lag.high", "default")
+	// Both zero.
+	set("throttle.lag.low", "0")
+	refused("throttle.lag.high", "0", "throttle.lag.high 0 (this knob)", "throttle.lag.low 0 (its knob)")
+	// A signal no worker configured: the knobs alone.
+	set("throttle.other.low", "5")
+	refused("throttle.other.high", "4", "throttle.other.low 5 (its knob)", "throttle.other.high 4 (this knob)")
+	set("throttle.other.high", "5")
+	require.Equal(t, map[string]float64{"throttle.lag.low": 0, "throttle.other.low": 5, "throttle.other.high": 5}, knobs())
 }

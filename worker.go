@@ -81,6 +81,16 @@ func (ex *execution) startWorker(ctx context.Context) {
 		return
 	}
 	ex.log.Info("backfill worker registered", "worker", ex.r.cfg.WorkerID, "heartbeat_interval", ex.r.cfg.HeartbeatInterval, "stale_after", ex.r.cfg.StaleAfter)
+	if cm := ex.r.caps.control; cm != nil && len(ex.r.cfg.Throttles) > 0 {
+		// What set_knob checks a throttle watermark knob against.
+		ts := make([]pgstore.ThrottleWatermarks, len(ex.r.cfg.Throttles))
+		for i, th := range ex.r.cfg.Throttles {
+			ts[i] = pgstore.ThrottleWatermarks{Signal: th.Signal.Name(), High: th.High, Low: th.Low}
+		}
+		if err := ex.retryConn(ctx, "record throttles", func() error { return cm.RecordThrottles(fctx, ex.r.db, w.key, ts) }); err != nil {
+			ex.log.Warn("backfill: the throttles' watermarks not recorded; set_knob cannot check a watermark knob against them", "error", err)
+		}
+	}
 	hctx, cancel := context.WithCancel(fctx)
 	var wg sync.WaitGroup
 	wg.Add(1)

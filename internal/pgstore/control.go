@@ -48,6 +48,42 @@ type ControlManifest interface {
 	Control(ctx context.Context, db sqlx.ExtContext, batchID int64) (backfilltype.ControlState, error)
 	// Schema returns the manifest's schema name, unquoted.
 	Schema() string
+	// RecordThrottles records a worker's configured throttle
+	// watermarks ([Manifest.RecordThrottles]).
+	RecordThrottles(ctx context.Context, db sqlx.ExtContext, workerKey string, ts []ThrottleWatermarks) error
+}
+
+// ThrottleWatermarks are the configured High and Low of a worker's
+// throttle of signal Signal (backfillthrottle.Throttle, in the signal's
+// unit).
+type ThrottleWatermarks struct {
+	Signal    string
+	High, Low float64
+}
+
+// RecordThrottles records, in a short transaction of its own, the
+// configured watermarks of the throttles of the registered worker
+// workerKey (table throttle_config), which the SQL function set_knob
+// checks a throttle watermark knob against: it refuses a knob that
+// would leave the low watermark of a worker's throttle above its high one.
+func (m *Manifest) RecordThrottles(ctx context.Context, db sqlx.ExtContext, workerKey string, ts []ThrottleWatermarks) error {
+	if len(ts) == 0 {
+		return nil
+	}
+	signals, highs, lows := make([]string, len(ts)), make([]float64, len(ts)), make([]float64, len(ts))
+	for i, t := range ts {
+		signals[i], highs[i], lows[i] = ManifestText(t.Signal), t.High, t.Low
+	}
+	err := InShortTx(ctx, db, func(tx sqlx.ExtContext) error {
+		_, err := tx.ExecContext(ctx, m.SQL(`INSERT INTO {s}.throttle_config (worker_key, signal, high, low)
+			SELECT $1::text, x.signal, x.high, x.low FROM unnest($2::text[], $3::float8[], $4::float8[]) AS x(signal, high, low)
+			ON CONFLICT DO NOTHING`), workerKey, pq.Array(signals), pq.Array(highs), pq.Array(lows))
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("backfill: record the throttles' watermarks of worker %s: %w", workerKey, err)
+	}
+	return nil
 }
 
 var _ ControlManifest = (*Manifest)(nil)

@@ -1,7 +1,7 @@
 // Package pgstore is the PostgreSQL store of backfill: the manifest
-// (runs, chunks, leases, workers, control and knobs, throttle slots,
-// waits, status, the run report's data, privileges and the schema
-// migrations), and the merger (staging by COPY, the merge SQL of each
+// (runs, chunks, leases, workers, control and knobs, throttle periods
+// and configured watermarks, waits, status, the run report's data,
+// privileges and the schema migrations), and the merger (staging by COPY, the merge SQL of each
 // identity mode, key locks, refusals, fingerprints for skip-unchanged,
 // the built-in checks' SQL and rollback from the undo log), the catalog
 // checks of a target's privileges (PrivilegeChecker), and the SQL of the
