@@ -9,6 +9,7 @@ import (
 
 	"github.com/jmoiron/sqlx"
 	"github.com/pgbackfill/backfill/backfilltype"
+	"github.com/pgbackfill/backfill/internal/calendar"
 )
 
 // Schedule is a set of weekly windows in IANA time zones during which a
@@ -42,8 +43,14 @@ type window struct {
 // (Friday's ends Saturday 06:00). Days name the day a window starts. En
 // dashes may stand for the hyphens. Windows follow daylight saving time:
 // a window is the wall-clock span of its day, so it lasts an hour less or
-// more on the nights the clocks change; a start or end inside a skipped
-// hour moves forward by the gap (time.Date's normalisation).
+// more on the nights the clocks change. Each bound is the first instant at
+// which ZONE's clock reads that time of that day or later, as the
+// boundaries of backfill.Days: a time the clocks skip is the instant they
+// skip it (the first instant after the gap, even when the gap swallows
+// midnight), a time they read twice is its first occurrence, and "24:00"
+// is the start of the next day. So "* 00:00-24:00" covers every instant,
+// and a window crossing midnight into a skipped hour ends when the clocks
+// jump, not an hour early.
 //
 // It returns an error wrapping [backfilltype.ErrInvalidConfig] naming the
 // bad part.
@@ -147,26 +154,31 @@ func (s *Schedule) Contains(t time.Time) bool {
 }
 
 func (w window) contains(t time.Time) bool {
-	lt := t.In(w.loc)
-	y, m, d := lt.Date()
-	// A window that started today or yesterday (crossing midnight).
-	for back := 0; back <= 1; back++ {
-		day := time.Date(y, m, d-back, 12, 0, 0, 0, w.loc)
+	y, m, d := t.In(w.loc).Date()
+	// A window that started today or yesterday (crossing midnight), or
+	// tomorrow: where the clocks went back across midnight, t may read
+	// today again after tomorrow began.
+	for back := -1; back <= 1; back++ {
+		day := time.Date(y, m, d-back, 0, 0, 0, 0, time.UTC) // the date, as calendar arithmetic
 		if !w.days[day.Weekday()] {
 			continue
 		}
-		dy, dm, dd := day.Date()
-		start := time.Date(dy, dm, dd, w.start/60, w.start%60, 0, 0, w.loc)
-		endDay := dd
+		endDay := day
 		if w.end <= w.start {
-			endDay++
+			endDay = day.AddDate(0, 0, 1)
 		}
-		end := time.Date(dy, dm, endDay, w.end/60, w.end%60, 0, 0, w.loc)
-		if !t.Before(start) && t.Before(end) {
+		if !t.Before(w.bound(day, w.start)) && t.Before(w.bound(endDay, w.end)) {
 			return true
 		}
 	}
 	return false
+}
+
+// bound is the instant of a window's bound: the first instant at which
+// the zone's clock reads minute minute (1440: the next day's 00:00) of the
+// date day (midnight UTC of that date) or later (see ParseSchedule).
+func (w window) bound(day time.Time, minute int) time.Time {
+	return calendar.FirstAtOrAfter(day.Add(time.Duration(minute)*time.Minute), w.loc)
 }
 
 // String returns the spec the schedule was parsed from.
