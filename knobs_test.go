@@ -2,15 +2,18 @@ package backfill
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jmoiron/sqlx"
 	"github.com/lib/pq"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgbackfill/backfill/backfillthrottle"
+	"github.com/pgbackfill/backfill/internal/hysteresis"
 )
 
 // TestControlJobConcurrencyKnobLimitsExtractions: a run whose
@@ -118,4 +121,71 @@ func TestSetKnobRefusesThrottlePairsTheWorkersWouldIgnore(t *testing.T) {
 	refused("throttle.other.high", "4", "throttle.other.low 5 (its knob)", "throttle.other.high 4 (this knob)")
 	set("throttle.other.high", "5")
 	require.Equal(t, map[string]float64{"throttle.lag.low": 0, "throttle.other.low": 5, "throttle.other.high": 5}, knobs())
+}
+
+// errSignal reads value, or fails while broken.
+type errSignal struct {
+	broken bool
+	value  float64
+}
+
+func (s *errSignal) Name() string { return "flaky" }
+func (s *errSignal) Read(context.Context, sqlx.ExtContext, backfillthrottle.SignalScope) (float64, error) {
+	if s.broken {
+		return 0, errors.New("permission denied for view pg_stat_replication")
+	}
+	return s.value, nil
+}
+
+// TestSignalReadFailuresAsDocumented: what backfillthrottle.Signal.Read's
+// documentation says of failed readings after the first: the first
+// failures in a row below hysteresis.UnreadableAfter are skipped (the
+// throttle keeps its state, held or not), from the UnreadableAfter-th on
+// the throttle holds (fails closed, not critical), and the first
+// successful reading below Low releases it.
+func TestSignalReadFailuresAsDocumented(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, 3, hysteresis.UnreadableAfter, "Signal.Read's documentation names the third failed reading in a row")
+	ctx := context.Background()
+	sig := &errSignal{}
+	r := &Runner{cfg: Config{Throttles: []backfillthrottle.Throttle{{Signal: sig, High: 10, Low: 5, Critical: 20}}}}
+	ex := &execution{r: r, log: discardLogger(), job: Job{Name: "j"}}
+	th := newThrottler(ex)
+	ex.throttle = th
+	th.check(ctx)
+	require.False(t, th.holding())
+
+	// Not held: two failures keep it released, the third holds.
+	sig.broken = true
+	for i := 1; i < hysteresis.UnreadableAfter; i++ {
+		th.check(ctx)
+		require.False(t, th.holding(), "failed reading %d in a row", i)
+	}
+	th.check(ctx)
+	require.True(t, th.holding(), "failed reading %d in a row", hysteresis.UnreadableAfter)
+	require.False(t, ex.stopped(), "an unreadable signal is never critical")
+	th.check(ctx)
+	require.True(t, th.holding(), "held while it cannot be read")
+	sig.broken, sig.value = false, 1
+	th.check(ctx)
+	require.False(t, th.holding(), "the first reading below Low releases it")
+
+	// Held by a high reading: two failures keep it held, and a success
+	// between failures starts the count again.
+	sig.value = 12
+	th.check(ctx)
+	require.True(t, th.holding())
+	sig.broken = true
+	for i := 1; i < hysteresis.UnreadableAfter; i++ {
+		th.check(ctx)
+		require.True(t, th.holding(), "held, failed reading %d in a row", i)
+	}
+	sig.broken, sig.value = false, 1
+	th.check(ctx)
+	require.False(t, th.holding())
+	sig.broken = true
+	for i := 1; i < hysteresis.UnreadableAfter; i++ {
+		th.check(ctx)
+		require.False(t, th.holding(), "failed reading %d in a row after a success", i)
+	}
 }

@@ -30,8 +30,20 @@ type Signal interface {
 	Name() string
 	// Read returns the signal's value now, in the signal's unit. db is
 	// the Runner's database; a Read with bind parameters must run them
-	// in a transaction (behind a transaction pooler). An error is logged
-	// and the reading skipped: the throttle keeps its state.
+	// in a transaction (behind a transaction pooler).
+	//
+	// An error is logged. A failed first reading, when a call of
+	// backfill.Runner.Run starts and before it claims anything, fails the
+	// call with an error wrapping [backfilltype.ErrInvalidConfig] naming
+	// the signal (a typo in a query, a missing privilege), unless ctx's
+	// deadline ended it. Later, the throttle fails closed: the first and
+	// second failed readings in a row are skipped (the throttle keeps its
+	// state, held or not); from the third in a row on, each failed reading
+	// counts as above High (never as Critical: the run is not paused), so
+	// the throttle holds (an adaptive one, [Throttle.Adapt], cuts its
+	// rate as for such a reading), until a reading succeeds. That reading is then observed as
+	// usual: below Low it releases the hold (once it has lasted MinHold),
+	// and it starts the count of failures in a row again.
 	Read(ctx context.Context, db sqlx.ExtContext, scope SignalScope) (float64, error)
 }
 
