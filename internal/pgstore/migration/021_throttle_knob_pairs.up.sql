@@ -6,7 +6,7 @@
 -- watermarks every worker of the run recorded for that signal. The unused
 -- job_slots table goes (Config.JobConcurrency counts live leases).
 
-DROP TABLE {s}.job_slots;
+DROP TABLE IF EXISTS {s}.job_slots;
 
 CREATE TABLE {s}.throttle_config (
 	worker_key text NOT NULL REFERENCES {s}.workers ON DELETE CASCADE,
