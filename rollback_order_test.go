@@ -80,7 +80,7 @@ func lateState(t *testing.T, db *sqlx.DB) []string {
 // plan order (so a later chunk of a batch changed the row an earlier chunk
 // of the same batch changes again), are rolled back last batch first: each
 // rollback succeeds, and the table is back to its state after batch 1,
-// lineage included.
+// lineage included; rolling back batch 2 first is still refused.
 func TestRollbackOfHistoryBatchesInReverseOrder(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -105,6 +105,14 @@ func TestRollbackOfHistoryBatchesInReverseOrder(t *testing.T) {
 	o.reset()
 	rep3, err := r.Run(ctx, lateVersionsJob(o, 3, map[int][]time.Time{0: {d(2)}, 1: {d(7), d(12)}, 2: {d(13), d(20)}}, "b3"))
 	require.NoError(t, err)
+
+	// Batch 2 under batch 3 is still refused, naming batch 3, and changes
+	// nothing.
+	after3 := lateState(t, db)
+	_, err = r.Rollback(ctx, lateVersionsJob(o, 3, nil, ""), backfill.RollbackOptions{BatchID: rep2.BatchID, Actor: "t", Why: "t"})
+	require.ErrorIs(t, err, backfill.ErrRollbackConflict)
+	require.Contains(t, err.Error(), fmt.Sprintf("(changed by batch %d)", rep3.BatchID))
+	require.Equal(t, after3, lateState(t, db))
 
 	rb3, err := r.Rollback(ctx, lateVersionsJob(o, 3, nil, ""), backfill.RollbackOptions{BatchID: rep3.BatchID, Actor: "t", Why: "t"})
 	require.NoError(t, err, "rollback of batch 3")
