@@ -364,10 +364,10 @@ func (r *Runner) Cancel(ctx context.Context, batchID int64, actor, why string) e
 // against the High or Low of that signal's throttle in the Config of
 // every process that has worked the run (each records them when it
 // starts); setting both knobs makes the pair independent of the Configs.
-// An unknown key, a bad value, such a pair
-// or a missing actor or why gives an error wrapping [ErrInvalidConfig]
-// that names the key and value (for a pair, both knobs and both values); a completed, rolled back or abandoned run
-// [ErrRunStatus]. It returns [ErrUnsupported] when the manifest has no
+// An unknown key, a bad value, such a pair or a missing actor or why
+// gives an error wrapping [ErrInvalidConfig] that names the key and value
+// (for a pair, both knobs and both values); a completed, rolled back or
+// abandoned run [ErrRunStatus]. It returns [ErrUnsupported] when the manifest has no
 // control plane ([PGManifest] has one).
 func (r *Runner) SetKnob(ctx context.Context, batchID int64, key, value, actor, why string) error {
 	cm, err := r.controlPlane("set knob")

@@ -1290,8 +1290,8 @@ func (ex *execution) runChunk(ctx context.Context, p *chunkPipe) (cr chunkRun, e
 // lease leases the next chunk for cr's try in a short transaction of its
 // own, avoiding the chunks the call's other goroutines hold or must not
 // claim yet. It returns nil when none was leased, with cr.outcome
-// tryNoSlot when the job concurrency ([execution.liveJobConcurrency]) has no place left, and the lease's
-// error. The chunk leased stays in ex.leased until endLease.
+// tryNoSlot when the job concurrency ([execution.liveJobConcurrency]) has
+// no place left, and the lease's error. The chunk leased stays in ex.leased until endLease.
 func (ex *execution) lease(ctx context.Context, cr *chunkRun) (*heldLease, error) {
 	r := ex.r
 	s := r.cfg.txSettings()

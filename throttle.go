@@ -614,9 +614,9 @@ func (c *Config) validateThrottles() error {
 // Config.JobConcurrency taken tries to lease again.
 const slotPoll = 50 * time.Millisecond
 
-// waitSlot waits for a place under the job concurrency (Config.JobConcurrency
-// or its knob: every place is
-// a live lease of the run): a poll interval at a time it fences the stale
+// waitSlot waits for a place under the job concurrency
+// (Config.JobConcurrency or its knob: every place is a live lease of the
+// run): a poll interval at a time it fences the stale
 // holders of the run's chunks (a frozen worker's transaction holds a
 // place too), between polls it sleeps slotPoll. It returns false when the
 // call stops.
