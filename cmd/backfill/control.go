@@ -74,7 +74,8 @@ every process within about a second:
   rows_per_second          the job-wide rate cap: 0 (none) or at least 1
   throttle.SIGNAL.high     a throttle's high watermark, by signal name
   throttle.SIGNAL.low      its low watermark (a signal the workers do not
-                           have is logged by them and ignored)`+controlDoc,
+                           have is logged by them and ignored); a pair
+                           with low above high, or both 0, is refused`+controlDoc,
 		`  backfill set rows_per_second=2000 --job flights --why "peak hours"
   backfill set throttle.replica_lag.high=5 --batch 12 --why "tighter during the sale"`)
 }
