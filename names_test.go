@@ -2,8 +2,10 @@ package backfill_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 
+	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgbackfill/backfill"
@@ -89,4 +91,18 @@ func TestTypoOnTheFakes(t *testing.T) {
 	require.ErrorIs(t, err, backfill.ErrTargetNotFound)
 	require.ErrorContains(t, err, `written column "vv"`)
 	require.ErrorContains(t, err, `"id", "v"; did you mean "v"?`)
+}
+
+// TestManifestInitHintsSSLMode: a server without SSL, asked for it (lib/pq's
+// default sslmode is require), is told to be asked with sslmode=disable.
+func TestManifestInitHintsSSLMode(t *testing.T) {
+	t.Parallel()
+	u := pgtest.NewURL(t)
+	ssl := strings.Replace(u, "sslmode=disable", "sslmode=require", 1)
+	require.NotEqual(t, u, ssl, "the test server's URL names sslmode=disable")
+	db := sqlx.MustOpen("postgres", ssl)
+	defer db.Close()
+	err := backfill.NewPGManifest("backfill").Init(context.Background(), db)
+	require.ErrorContains(t, err, "manifest init: pq: SSL is not enabled on the server")
+	require.ErrorContains(t, err, "add sslmode=disable")
 }

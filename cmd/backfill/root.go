@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/pgbackfill/backfill"
+	"github.com/pgbackfill/backfill/internal/pgurl"
 )
 
 // Exit statuses of run (documented in the package comment and in
@@ -161,13 +162,12 @@ func (g *globals) open(ctx context.Context) (*sqlx.DB, error) {
 	if g.databaseURL == "" {
 		return nil, fmt.Errorf("%w: no database: set DATABASE_URL or pass --database-url", errUsage)
 	}
-	db, err := sqlx.Open("postgres", g.databaseURL)
-	if err != nil {
-		return nil, err
+	if err := pgurl.Check(g.databaseURL); err != nil {
+		return nil, fmt.Errorf("%w: --database-url or DATABASE_URL: %w", errUsage, err)
 	}
-	if err := db.PingContext(ctx); err != nil {
-		_ = db.Close()
-		return nil, fmt.Errorf("connect: %w", err)
+	db, err := pgurl.Open(ctx, g.databaseURL)
+	if err != nil {
+		return nil, fmt.Errorf("--database-url or DATABASE_URL: %w", err)
 	}
 	return db, nil
 }

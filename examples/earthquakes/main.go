@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/pgbackfill/backfill/backfilltype"
+	"github.com/pgbackfill/backfill/internal/pgurl"
 
 	"github.com/jmoiron/sqlx"
 	_ "github.com/lib/pq" // the "postgres" database/sql driver
@@ -131,15 +132,12 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	db, err := sqlx.Open("postgres", dsn)
+	db, err := pgurl.Open(ctx, dsn)
 	if err != nil {
-		return err
+		return fmt.Errorf("DATABASE_URL: %w", err)
 	}
 	defer db.Close()
 	db.SetMaxOpenConns(2*o.concurrency + 2)
-	if err := db.PingContext(ctx); err != nil {
-		return fmt.Errorf("connect: %w", err)
-	}
 	var logger *slog.Logger
 	if o.verbose {
 		logger = slog.New(slog.NewTextHandler(os.Stderr, nil))

@@ -22,6 +22,7 @@ import (
 
 	"github.com/pgbackfill/backfill/backfillthrottle"
 	"github.com/pgbackfill/backfill/backfilltype"
+	"github.com/pgbackfill/backfill/internal/pgurl"
 
 	"github.com/jmoiron/sqlx"
 	_ "github.com/lib/pq" // the "postgres" database/sql driver
@@ -188,15 +189,12 @@ func run() error {
 		return dryRun(ctx, os.Stdout, src, days, o.concurrency)
 	}
 
-	db, err := sqlx.Open("postgres", dsn)
+	db, err := pgurl.Open(ctx, dsn)
 	if err != nil {
-		return err
+		return fmt.Errorf("DATABASE_URL: %w", err)
 	}
 	defer db.Close()
 	db.SetMaxOpenConns(2*o.concurrency + 2)
-	if err := db.PingContext(ctx); err != nil {
-		return fmt.Errorf("connect: %w", err)
-	}
 	if o.baseline {
 		return baseline(ctx, os.Stdout, db, src, days, o.concurrency)
 	}
