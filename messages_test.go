@@ -2,6 +2,7 @@ package backfill_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -105,4 +106,61 @@ func TestManifestInitHintsSSLMode(t *testing.T) {
 	err := backfill.NewPGManifest("backfill").Init(context.Background(), db)
 	require.ErrorContains(t, err, "manifest init: pq: SSL is not enabled on the server")
 	require.ErrorContains(t, err, "add sslmode=disable")
+}
+
+// TestRunRejectGateOnTheLastChunkSaysWhatToDo: when the run reject gate
+// pauses the run after its last chunk, the error does not say the batch
+// partially completed; it names Job.MaxRunRejectRate, the rate and the
+// limit, and what to do (the exceptions command, resume, raise the limit,
+// roll back). So does the "no row loaded" gate.
+func TestRunRejectGateOnTheLastChunkSaysWhatToDo(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := newItems(t)
+	job := s.job(1)
+	job.Chunker = backfill.IntRange(0, 20, 10)
+	job.MaxRunRejectRate = 0.05
+	job.Extractor = backfill.ExtractorFunc(func(ctx context.Context, c backfill.Chunk, w backfill.RowWriter) error {
+		for id := c.Lo; id < c.Hi; id++ {
+			var err error
+			if c.Lo == 10 && id%2 == 0 {
+				err = w.Reject(ctx, map[string]any{"id": id}, "", "bad row")
+			} else {
+				err = w.Write(ctx, "acme", id, "x", "1.00", nil)
+			}
+			if err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	r, err := backfill.New(s.db, nil)
+	require.NoError(t, err)
+	rep, err := r.Run(ctx, job)
+	require.ErrorIs(t, err, backfill.ErrGateFailed)
+	require.Equal(t, backfill.RunPaused, rep.Status)
+	require.Equal(t, 2, rep.ChunksDone, "every chunk is done")
+	msg := err.Error()
+	require.NotContains(t, msg, "partially completed")
+	for _, want := range []string{"run reject rate 5/20 = 0.2500 exceeds Job.MaxRunRejectRate 0.0500",
+		fmt.Sprintf("backfill exceptions --batch %d", rep.BatchID), "backfill resume --job " + job.Name, "raise Job.MaxRunRejectRate",
+		fmt.Sprintf("backfill rollback --batch %d", rep.BatchID)} {
+		require.Contains(t, msg, want)
+	}
+
+	// Every row rejected, with the rate gate off: the "no row loaded"
+	// gate says what to do too.
+	s = newItems(t)
+	job = s.job(1)
+	job.Chunker = backfill.IntRange(0, 10, 10)
+	job.MaxRunRejectRate = -1
+	job.Extractor = backfill.ExtractorFunc(func(ctx context.Context, c backfill.Chunk, w backfill.RowWriter) error {
+		return w.Reject(ctx, map[string]any{"id": 1}, "", "bad row")
+	})
+	r, err = backfill.New(s.db, nil)
+	require.NoError(t, err)
+	rep, err = r.Run(ctx, job)
+	require.ErrorIs(t, err, backfill.ErrGateFailed)
+	require.NotContains(t, err.Error(), "partially completed")
+	require.Contains(t, err.Error(), fmt.Sprintf("backfill exceptions --batch %d", rep.BatchID))
 }
