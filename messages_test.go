@@ -164,3 +164,60 @@ func TestRunRejectGateOnTheLastChunkSaysWhatToDo(t *testing.T) {
 	require.NotContains(t, err.Error(), "partially completed")
 	require.Contains(t, err.Error(), fmt.Sprintf("backfill exceptions --batch %d", rep.BatchID))
 }
+
+// TestBuiltInChecksOnTheFakesRefusedBeforeTheRun: every built-in check
+// that reads the staging table with SQL is refused, with the fakes,
+// before any batch is created, naming the check and what to use instead;
+// CheckExceptionRate and a ValidatorFunc run on the fakes.
+func TestBuiltInChecksOnTheFakesRefusedBeforeTheRun(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	for _, c := range []struct {
+		v    backfill.Validator
+		name string
+	}{
+		{backfill.DuplicateKeys{}, "duplicate_keys"},
+		{backfill.Completeness{}, "completeness"},
+		{backfill.ReferentialIntegrity{Columns: []string{"v"}, ParentTable: "p"}, "referential_integrity"},
+		{backfill.Aggregates{}, "aggregates"},
+		{backfill.ReplayChangesNothing{}, "replay_changes_nothing"},
+		{backfill.Sample{Name: "mine"}, "mine"},
+	} {
+		m, man := backfilltest.NewMerger(), backfilltest.NewManifest()
+		m.AddTable("t", []string{"id"}, "id", "v")
+		r, err := backfill.NewWithDB(backfilltest.NewDB(), &backfill.Config{Manifest: man, Merger: m})
+		require.NoError(t, err)
+		extracted := false
+		job := backfill.Job{Name: "fakes", Chunker: backfill.IntRange(0, 2, 1), Rollback: backfill.RollbackNone,
+			Target: backfill.Target{Table: "t", Key: []string{"id"}},
+			Extractor: backfill.ExtractorFunc(func(ctx context.Context, ch backfill.Chunk, w backfill.RowWriter) error {
+				extracted = true
+				return w.Write(ctx, ch.Lo, "x")
+			}),
+			Validators: []backfill.Validator{backfill.CheckExceptionRate{}, c.v}}
+		_, err = r.Run(ctx, job)
+		require.ErrorIs(t, err, backfill.ErrUnsupported, c.name)
+		require.ErrorContains(t, err, "built-in check "+c.name, c.name)
+		require.ErrorContains(t, err, "PostgreSQL merger", c.name)
+		require.False(t, extracted, "refused before any chunk")
+		_, err = man.LatestRun(ctx, nil, "fakes")
+		require.Error(t, err, "no batch was created")
+	}
+
+	m, man := backfilltest.NewMerger(), backfilltest.NewManifest()
+	m.AddTable("t", []string{"id"}, "id", "v")
+	r, err := backfill.NewWithDB(backfilltest.NewDB(), &backfill.Config{Manifest: man, Merger: m})
+	require.NoError(t, err)
+	job := backfill.Job{Name: "fakes", Chunker: backfill.IntRange(0, 2, 1), Rollback: backfill.RollbackNone,
+		Target: backfill.Target{Table: "t", Key: []string{"id"}},
+		Extractor: backfill.ExtractorFunc(func(ctx context.Context, ch backfill.Chunk, w backfill.RowWriter) error {
+			return w.Write(ctx, ch.Lo, "x")
+		}),
+		Validators: []backfill.Validator{backfill.CheckExceptionRate{}, backfill.ValidatorFunc(
+			func(ctx context.Context, tx sqlx.ExtContext, s backfill.ValidationScope) (backfill.CheckResult, error) {
+				return backfill.CheckResult{Check: "mine", Passed: s.Counts.Read == 1}, nil
+			})}}
+	rep, err := r.Run(ctx, job)
+	require.NoError(t, err)
+	require.Equal(t, backfill.RunCompleted, rep.Status)
+}

@@ -389,6 +389,12 @@ func (r *Runner) requires(job Job, pub publisher) error {
 	c := r.caps
 	err := errors.Join(pub.requires(c),
 		need(len(job.Validators) == 0 || c.validations != nil, "ManifestValidations", "Job.Validators record their results in the manifest"))
+	for _, v := range job.Validators {
+		if sc, ok := v.(stagingCheck); ok && !c.tables {
+			err = errors.Join(err, need(false, "TableStager", fmt.Sprintf("the built-in check %s (%T) reads the chunk's staging table with SQL, which the merger (%T) does not stage into: "+
+				"it needs the PostgreSQL merger (the default Config.Merger); with the fakes of backfilltest, use CheckExceptionRate or a ValidatorFunc", sc.checkName(), v, r.cfg.Merger)))
+		}
+	}
 	if job.Rollback == RollbackUndoLog {
 		err = errors.Join(err, need(c.undo != nil, "ManifestUndoLog", "the undo log lives in the manifest's database"),
 			need(c.writesUndo, "UndoLogWriter", "the merger writes the undo log"))

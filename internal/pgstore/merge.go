@@ -85,6 +85,10 @@ func (m *Merger) DropStaging(ctx context.Context, tx sqlx.ExtContext, table stri
 // in the chunk's transaction.
 func (m *Merger) IsolatesRefusedValues() bool { return true }
 
+// StagesIntoTables implements [backfilldriver.TableStager]: its stagers
+// stage into a temporary or persistent table.
+func (m *Merger) StagesIntoTables() bool { return true }
+
 // WritesUndoLog implements [backfilldriver.UndoLogWriter].
 func (m *Merger) WritesUndoLog() bool { return true }
 
