@@ -85,7 +85,10 @@ for people (counts with thousands separators, times in UTC, durations
 rounded), or, with --json, one JSON document with stable field names.
 
 A command about one run selects it with --job NAME (the job's latest
-run) or --batch N (a batch ID, as "backfill runs" lists them).
+run) or --batch N (a batch ID, as "backfill runs" lists them). The
+commands that only read (status, chunks, exceptions, validations,
+events, report) also take the job as their argument (backfill status
+flights) and, when the manifest has runs of one job only, need no name.
 
 Exit status:
   0  done
