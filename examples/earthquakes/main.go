@@ -292,6 +292,11 @@ func runJob(ctx context.Context, out io.Writer, db *sqlx.DB, logger *slog.Logger
 			return rep, errors.Join(cli.RunError(job.Name, planFlag, runErr), err)
 		}
 	}
+	if errors.Is(runErr, backfill.ErrAlreadyCompleted) {
+		// A complete run is a success: the summary said that this call
+		// had nothing to do, and how to run the job again.
+		return rep, nil
+	}
 	return rep, cli.RunError(job.Name, planFlag, runErr)
 }
 
