@@ -221,3 +221,47 @@ func TestBuiltInChecksOnTheFakesRefusedBeforeTheRun(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, backfill.RunCompleted, rep.Status)
 }
+
+// TestCheckAndChunkColumnTyposSuggest: a name a check or Job.ChunkColumn
+// gives that names nothing is refused naming it, listing what exists and
+// suggesting the closest, without an SQL error.
+func TestCheckAndChunkColumnTyposSuggest(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t)
+	db.MustExec(`CREATE TABLE parent (id bigint PRIMARY KEY); INSERT INTO parent VALUES (1)`)
+	db.MustExec(`CREATE TABLE child (id bigint PRIMARY KEY, name text, ref bigint)`)
+	for i, c := range []struct {
+		v     backfill.Validator
+		chunk string
+		want  []string
+	}{
+		{v: backfill.DuplicateKeys{Columns: []string{"nmae"}}, want: []string{`DuplicateKeys.Columns: column "nmae" of table "public.child"`, `did you mean "name"?`}},
+		{v: backfill.ReferentialIntegrity{Columns: []string{"reff"}, ParentTable: "parent", ParentColumns: []string{"id"}},
+			want: []string{`ReferentialIntegrity.Columns: column "reff"`, `did you mean "ref"?`}},
+		{v: backfill.ReferentialIntegrity{Columns: []string{"ref"}, ParentTable: "parnet", ParentColumns: []string{"id"}},
+			want: []string{`table "parnet": no such table in the session's search_path`, `did you mean "parent"?`}},
+		{v: backfill.ReferentialIntegrity{Columns: []string{"ref"}, ParentTable: "parent", ParentColumns: []string{"idd"}},
+			want: []string{`column "idd" of table "parent"`, `did you mean "id"?`}},
+		{v: backfill.Aggregates{Dimensions: []string{"nmae"}}, want: []string{`column "nmae" is not a staged column`, `did you mean "name"?`}},
+		{chunk: "idd", want: []string{`ChunkColumn "idd" is not a written column`, `did you mean "id"?`}},
+	} {
+		r, err := backfill.New(db, &backfill.Config{MaxAttempts: 1})
+		require.NoError(t, err)
+		job := backfill.Job{Name: fmt.Sprint("typo-", i), Chunker: backfill.IntRange(0, 2, 1), Rollback: backfill.RollbackNone, ChunkColumn: c.chunk,
+			Target: backfill.Target{Table: "child", Key: []string{"id"}, Columns: []string{"id", "name", "ref"}},
+			Extractor: backfill.ExtractorFunc(func(ctx context.Context, ch backfill.Chunk, w backfill.RowWriter) error {
+				return w.Write(ctx, ch.Lo, "x", 1)
+			})}
+		if c.v != nil {
+			job.Validators = []backfill.Validator{c.v}
+		}
+		_, err = r.Run(ctx, job)
+		require.ErrorIs(t, err, backfill.ErrInvalidConfig, "%d", i)
+		for _, w := range c.want {
+			require.ErrorContains(t, err, w, "%d", i)
+		}
+		require.NotContains(t, err.Error(), "SQLSTATE", "%d", i)
+		require.NotContains(t, err.Error(), "pq:", "%d", i)
+	}
+}

@@ -21,6 +21,7 @@ import (
 	"github.com/pgbackfill/backfill/backfilltrace"
 	"github.com/pgbackfill/backfill/backfilltype"
 	"github.com/pgbackfill/backfill/internal/pgstore"
+	"github.com/pgbackfill/backfill/internal/suggest"
 )
 
 // DB is what a [Runner] needs from a database: an executor for
@@ -377,7 +378,12 @@ func scanChunks(job Job, chunks iter.Seq2[Chunk, error]) (*Chunk, error) {
 // checkChunkColumn refuses a ChunkColumn the target does not write.
 func checkChunkColumn(job Job, info TableInfo) error {
 	if job.ChunkColumn != "" && !slices.ContainsFunc(info.Columns[:info.Written], func(c Column) bool { return c.Name == job.ChunkColumn }) {
-		return fmt.Errorf("backfill: job %q: %w: ChunkColumn %q is not a written column of %q", job.Name, ErrInvalidConfig, job.ChunkColumn, info.Target.Table)
+		written := make([]string, info.Written)
+		for i, c := range info.Columns[:info.Written] {
+			written[i] = c.Name
+		}
+		return fmt.Errorf("backfill: job %q: %w: ChunkColumn %q is not a written column of %q; %s", job.Name, ErrInvalidConfig, job.ChunkColumn, info.Target.Table,
+			suggest.List("the written columns are", job.ChunkColumn, written))
 	}
 	return nil
 }
