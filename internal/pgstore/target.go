@@ -105,7 +105,7 @@ func (r *targetResolver) missing(name, role string) error {
 	for i, c := range r.table {
 		names[i] = c.Name
 	}
-	return fmt.Errorf("backfill: prepare: %s column %q of table %q: %w: no such column; %s",
+	return fmt.Errorf("backfill: prepare: %s column %q of table %q: %w: no such writable column (generated and identity-always columns are not written); %s",
 		role, name, r.t.Table, backfilltype.ErrTargetNotFound, suggest.List("the table's writable columns are", name, names))
 }
 
