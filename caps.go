@@ -36,6 +36,7 @@ type capabilities struct {
 	mergeStage  backfilldriver.MergerStaging
 	mergeUndo   backfilldriver.MergerRollback
 	isolates    bool // StagingIsolator
+	tables      bool // TableStager
 	writesUndo  bool // UndoLogWriter
 	// workers: registration, heartbeats, leases and fencing; required
 	// (never nil in a Runner).
@@ -73,6 +74,9 @@ func resolveCapabilities(m Manifest, mg Merger) (capabilities, error) {
 	c.mergeUndo, _ = mg.(backfilldriver.MergerRollback)
 	if si, ok := mg.(backfilldriver.StagingIsolator); ok {
 		c.isolates = si.IsolatesRefusedValues()
+	}
+	if ts, ok := mg.(backfilldriver.TableStager); ok {
+		c.tables = ts.StagesIntoTables()
 	}
 	if uw, ok := mg.(backfilldriver.UndoLogWriter); ok {
 		c.writesUndo = uw.WritesUndoLog()

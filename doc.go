@@ -567,11 +567,13 @@ so a pipeline's extractor can be tested without a database:
 	})
 
 The fakes run the per-chunk and at-end publish modes ([PublishAtEnd]),
-validators, quality gates, pause and resume. What they lack is refused
-before any batch is created, with [ErrUnsupported] naming the optional
-interface: the undo log ([backfilldriver.ManifestUndoLog],
-[backfilldriver.UndoLogWriter]) and so [Runner.Rollback], refused values
-isolated while staging ([backfilldriver.StagingIsolator]), and the modes
+validators of your own ([ValidatorFunc]) and [CheckExceptionRate], quality
+gates, pause and resume. What they lack is refused before any batch is
+created, with [ErrUnsupported] naming the optional interface: the undo log
+([backfilldriver.ManifestUndoLog], [backfilldriver.UndoLogWriter]) and so
+[Runner.Rollback], refused values isolated while staging
+([backfilldriver.StagingIsolator]), the other built-in checks, which read
+the staging table with SQL ([backfilldriver.TableStager]), and the modes
 that need PostgreSQL DDL (partition swap, versioned view).
 
 # Capabilities
@@ -582,7 +584,8 @@ their implementations have them: [backfilldriver.ManifestAudit],
 [backfilldriver.ManifestUndoLog], [backfilldriver.ManifestStaging],
 [backfilldriver.ManifestWaits], [backfilldriver.ManifestThrottle],
 [backfilldriver.ManifestSkips], [backfilldriver.MergerStaging],
-[backfilldriver.StagingIsolator] and [backfilldriver.UndoLogWriter].
+[backfilldriver.StagingIsolator], [backfilldriver.TableStager] and
+[backfilldriver.UndoLogWriter].
 [NewWithDB] looks them up once; a job that needs one the Runner lacks is
 refused before any work. The conformance suites of backfilltest test each
 one an implementation has.

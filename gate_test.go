@@ -1062,7 +1062,7 @@ func TestRunRejectGateResumedOnce(t *testing.T) {
 	require.True(t, errors.As(err, &pe))
 	require.Equal(t, []string{"int:0/10"}, pe.Done)
 	require.Nil(t, pe.Failed, "the chunk is done; the run gate is not its failure")
-	require.Contains(t, err.Error(), "1 chunks done in this call, 0 failed")
+	require.Contains(t, err.Error(), "stopped with no chunk failed, 1 chunks done in this call")
 	rep, err := r.Resume(ctx, job, "ann", "the 5 rows are known bad")
 	require.NoError(t, err, "one Resume gets the run past the rejects the operator saw")
 	require.Equal(t, backfill.RunCompleted, rep.Status)

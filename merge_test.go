@@ -1195,7 +1195,7 @@ var refusals = []refusal{
 		want: []string{`duplicate key value violates unique constraint "t_code_key" (SQLSTATE 23505)`}, column: "code"},
 	{name: "Check", ddl: `ALTER TABLE t ADD CONSTRAINT t_qty_check CHECK (qty >= 0)`,
 		spoil: func(_ int, _ *string, qty, _ *int, _ *string) { *qty = -1 },
-		want:  []string{`violates check constraint "t_qty_check" (SQLSTATE 23514)`, `constraint "t_qty_check"`}},
+		want:  []string{`violates check constraint "t_qty_check" (SQLSTATE 23514)`, `constraint "t_qty_check"`}, column: "qty"},
 	// A CHECK that raises a data error (22012) instead of failing: its
 	// pre-check fails and is skipped; bisection finds the rows.
 	{name: "CheckThatErrors", ddl: `ALTER TABLE t ADD CONSTRAINT t_qty_check CHECK (100 / (qty + 1) > 0)`,
@@ -1221,7 +1221,7 @@ var refusals = []refusal{
 		want: []string{"is refused (SQLSTATE ", `trigger "t_refuse"`, "PL/pgSQL function t_refuse_fn() line"}},
 	{name: "BtreeLimit", ddl: `CREATE INDEX t_note_idx ON t (note)`,
 		spoil: func(_ int, _ *string, _, _ *int, note *string) { *note = bigText(3000) },
-		want:  []string{`exceeds btree version 4 maximum 2704 for index "t_note_idx" (SQLSTATE 54000)`}},
+		want:  []string{`exceeds btree version 4 maximum 2704 for index "t_note_idx" (SQLSTATE 54000)`}, column: "note"},
 }
 
 func refusalNamed(name string) refusal {
@@ -1546,6 +1546,7 @@ func TestMergeRefusesKeysOverTheBtreeLimit(t *testing.T) {
 			require.EqualValues(t, 5, ex[0].Row)
 			require.Equal(t, "("+long+", 0)", ex[0].Value)
 			require.Contains(t, ex[0].Reason, `exceeds btree version 4 maximum 2704 for index "k_pkey" (SQLSTATE 54000)`)
+			require.Equal(t, "name,valid_from", ex[0].Column, "the key's columns")
 			var n int
 			require.NoError(t, db.Get(&n, `SELECT count(*) FROM k`))
 			require.Equal(t, 9, n)

@@ -35,6 +35,7 @@ var (
 	_ backfilldriver.MergerStaging   = (*pgstore.Merger)(nil)
 	_ backfilldriver.StagingIsolator = (*pgstore.Merger)(nil)
 	_ backfilldriver.UndoLogWriter   = (*pgstore.Merger)(nil)
+	_ backfilldriver.TableStager     = (*pgstore.Merger)(nil)
 )
 
 func (publishEnd) requires(c capabilities) error {

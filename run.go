@@ -21,6 +21,7 @@ import (
 	"github.com/pgbackfill/backfill/backfilltrace"
 	"github.com/pgbackfill/backfill/backfilltype"
 	"github.com/pgbackfill/backfill/internal/pgstore"
+	"github.com/pgbackfill/backfill/internal/suggest"
 )
 
 // DB is what a [Runner] needs from a database: an executor for
@@ -377,7 +378,12 @@ func scanChunks(job Job, chunks iter.Seq2[Chunk, error]) (*Chunk, error) {
 // checkChunkColumn refuses a ChunkColumn the target does not write.
 func checkChunkColumn(job Job, info TableInfo) error {
 	if job.ChunkColumn != "" && !slices.ContainsFunc(info.Columns[:info.Written], func(c Column) bool { return c.Name == job.ChunkColumn }) {
-		return fmt.Errorf("backfill: job %q: %w: ChunkColumn %q is not a written column of %q", job.Name, ErrInvalidConfig, job.ChunkColumn, info.Target.Table)
+		written := make([]string, info.Written)
+		for i, c := range info.Columns[:info.Written] {
+			written[i] = c.Name
+		}
+		return fmt.Errorf("backfill: job %q: %w: ChunkColumn %q is not a written column of %q; %s", job.Name, ErrInvalidConfig, job.ChunkColumn, info.Target.Table,
+			suggest.List("the written columns are", job.ChunkColumn, written))
 	}
 	return nil
 }
@@ -389,6 +395,12 @@ func (r *Runner) requires(job Job, pub publisher) error {
 	c := r.caps
 	err := errors.Join(pub.requires(c),
 		need(len(job.Validators) == 0 || c.validations != nil, "ManifestValidations", "Job.Validators record their results in the manifest"))
+	for _, v := range job.Validators {
+		if sc, ok := v.(stagingCheck); ok && !c.tables {
+			err = errors.Join(err, need(false, "TableStager", fmt.Sprintf("the built-in check %s (%T) reads the chunk's staging table with SQL, which the merger (%T) does not stage into: "+
+				"it needs the PostgreSQL merger (the default Config.Merger); with the fakes of backfilltest, use CheckExceptionRate or a ValidatorFunc", sc.checkName(), v, r.cfg.Merger)))
+		}
+	}
 	if job.Rollback == RollbackUndoLog {
 		err = errors.Join(err, need(c.undo != nil, "ManifestUndoLog", "the undo log lives in the manifest's database"),
 			need(c.writesUndo, "UndoLogWriter", "the merger writes the undo log"))
@@ -1806,10 +1818,14 @@ func (ex *execution) checkRunRejectRate(ctx context.Context, res ChunkResult, fr
 	if read <= 0 || float64(rejected)/float64(read) <= max {
 		return nil
 	}
-	reason := fmt.Sprintf("run reject rate %d/%d = %.4f exceeds %.4f", rejected, read, float64(rejected)/float64(read), max)
+	reason := fmt.Sprintf("run reject rate %d/%d = %.4f exceeds Job.MaxRunRejectRate %.4f", rejected, read, float64(rejected)/float64(read), max)
+	if ex.job.MaxRunRejectRate == 0 {
+		reason += " (the default)"
+	}
 	if ex.baseline.Read > 0 {
 		reason += fmt.Sprintf(" (rows read since the run was last resumed, at %d read and %d rejected)", ex.baseline.Read, ex.baseline.Rejected)
 	}
+	reason += "; " + ex.gateRemedies(true)
 	if mv := ex.r.caps.validations; mv != nil {
 		fctx := context.WithoutCancel(ctx)
 		if err := ex.retryConn(fctx, "pause the run at its reject rate", func() error { return mv.PauseRun(fctx, ex.r.db, ex.batchID, reason) }); err != nil {
@@ -1818,6 +1834,19 @@ func (ex *execution) checkRunRejectRate(ctx context.Context, res ChunkResult, fr
 		ex.tracePause(fctx, backfilltrace.PauseGate, reason)
 	}
 	return fmt.Errorf("%w: %s", ErrGateFailed, reason)
+}
+
+// gateRemedies says what an operator can do about a run the reject gates
+// paused (checkRunRejectRate, checkLoaded); rate: the run reject rate's,
+// whose limit can be raised.
+func (ex *execution) gateRemedies(rate bool) string {
+	raise := ""
+	if rate {
+		raise = ", or raise Job.MaxRunRejectRate (negative: off) and resume"
+	}
+	return fmt.Sprintf("inspect the rejected rows (backfill exceptions --batch %d), then resume the run to accept them "+
+		"(Runner.Resume; backfill resume --job %s --why TEXT)%s, or roll the batch back (Runner.Rollback; backfill rollback --batch %d --why TEXT)",
+		ex.batchID, ex.job.Name, raise, ex.batchID)
 }
 
 // loadedTotaler is a Manifest that sums the rows read and rejected of a
@@ -1908,10 +1937,11 @@ func (ex *execution) checkLoaded(ctx context.Context) error {
 	if read <= 0 || rejected < read {
 		return nil
 	}
-	reason := fmt.Sprintf("no row loaded: all %d rows read were rejected (see the exception queue)", read)
+	reason := fmt.Sprintf("no row loaded: all %d rows read were rejected", read)
 	if ex.baseline.Read > 0 {
-		reason = fmt.Sprintf("no row loaded: all %d rows read since the run was last resumed were rejected (see the exception queue)", read)
+		reason = fmt.Sprintf("no row loaded: all %d rows read since the run was last resumed were rejected", read)
 	}
+	reason += "; " + ex.gateRemedies(false)
 	ex.log.Warn("run paused", "reason", reason)
 	if mv := ex.r.caps.validations; mv != nil {
 		if err := mv.PauseRun(context.WithoutCancel(ctx), ex.r.db, ex.batchID, reason); err != nil {

@@ -1,6 +1,7 @@
 package backfill
 
 import (
+	"cmp"
 	"context"
 
 	"github.com/jmoiron/sqlx"
@@ -18,14 +19,41 @@ import (
 //
 // Every check except [CheckExceptionRate] reads the chunk's staging table
 // ([backfilldriver.ValidationScope.Staging]), so it needs the PostgreSQL
-// merger; without a staging table Validate returns an error wrapping
-// [ErrUnsupported]. tx must be the chunk's transaction. Evidence: Expected
+// merger: a Runner whose merger does not stage into tables
+// ([backfilldriver.TableStager]; the fakes of backfilltest) refuses a job
+// with one of them before any work, with an error wrapping
+// [ErrUnsupported], and without a staging table Validate returns such an
+// error. tx must be the chunk's transaction. Evidence: Expected
 // and Actual in words, Sample up to 10 offending keys or groups as
 // PostgreSQL prints a row ("(acme,42)"), Detail a JSON object with the
 // numbers. A check that cannot run returns an error; one that found a
 // defect returns Passed false. The design note
 // docs/design/checks-and-fingerprints.md explains how the checks join
 // staging with the target.
+
+// stagingCheck is a built-in check that reads the chunk's staging table
+// with SQL: a Runner whose merger does not stage into tables
+// ([backfilldriver.TableStager]) refuses a job with one before any work.
+type stagingCheck interface {
+	// checkName is the check's name, as in CheckResult.Check.
+	checkName() string
+}
+
+var (
+	_ stagingCheck = DuplicateKeys{}
+	_ stagingCheck = Completeness{}
+	_ stagingCheck = ReferentialIntegrity{}
+	_ stagingCheck = Aggregates{}
+	_ stagingCheck = ReplayChangesNothing{}
+	_ stagingCheck = Sample{}
+)
+
+func (v DuplicateKeys) checkName() string        { return cmp.Or(v.Name, "duplicate_keys") }
+func (v Completeness) checkName() string         { return cmp.Or(v.Name, "completeness") }
+func (v ReferentialIntegrity) checkName() string { return cmp.Or(v.Name, "referential_integrity") }
+func (v Aggregates) checkName() string           { return cmp.Or(v.Name, "aggregates") }
+func (v ReplayChangesNothing) checkName() string { return cmp.Or(v.Name, "replay_changes_nothing") }
+func (v Sample) checkName() string               { return cmp.Or(v.Name, "sample") }
 
 var (
 	_ Validator = DuplicateKeys{}

@@ -117,6 +117,19 @@ type StagingIsolator interface {
 	IsolatesRefusedValues() bool
 }
 
+// TableStager is implemented by mergers whose stagers stage a chunk's
+// rows into a table of the chunk's database and implement
+// [StagingTabler]. The built-in checks of package backfill that read the
+// staging table with SQL (every one but CheckExceptionRate) need it: a
+// Runner refuses a job with one of them, before any work, when its merger
+// lacks it. The PostgreSQL merger has it; the in-memory fakes of
+// backfilltest do not.
+type TableStager interface {
+	// StagesIntoTables reports whether the stagers stage into tables; it
+	// is called once, by backfill.NewWithDB.
+	StagesIntoTables() bool
+}
+
 // UndoLogWriter is implemented by mergers whose stagers write an undo image
 // of every row they change to [backfilltype.ChunkRef.UndoTable] and
 // summarise unchanged deliveries in [backfilltype.ChunkRef.DeliveredTable],

@@ -144,10 +144,10 @@ func testRefusals(t *testing.T, newHarness func(t *testing.T) MergerHarness) {
 			want := []string{
 				fmt.Sprintf(`2 kind (e3): refused by the target: duplicate key value violates unique constraint "%[1]s_kind_key" (SQLSTATE 23505); constraint "%[1]s_kind_key"; Key (kind)=(k1) already exists.`, table),
 				fmt.Sprintf(`4 kind (e5): refused by the target: duplicate key value violates unique constraint "%[1]s_kind_key" (SQLSTATE 23505); constraint "%[1]s_kind_key"; Key (kind)=(k4) already exists.`, table),
-				fmt.Sprintf(`6  (e7): refused by the target: new row for relation "%[1]s" violates check constraint "%[1]s_amount_check" (SQLSTATE 23514); constraint "%[1]s_amount_check"`, table),
+				fmt.Sprintf(`6 amount (e7): refused by the target: new row for relation "%[1]s" violates check constraint "%[1]s_amount_check" (SQLSTATE 23514); constraint "%[1]s_amount_check"`, table),
 			}
 			// PostgreSQL adds a "Failing row contains" detail to a CHECK's.
-			check := len(want[2]) - len("6  (e7): ")
+			check := len(want[2]) - len("6 amount (e7): ")
 			require.Equal(t, want, refused(first.res, map[int64]int{6: check}))
 			require.Equal(t, [4]int64{4, 0, 0, 0}, [4]int64{first.res.Inserted, first.res.Updated, first.res.Unchanged, first.res.Deduplicated})
 			require.Equal(t, sortRows([][]any{{"e1", "k1", int64(1)}, {"e2", "k2", int64(2)}, {"e4", "k4", int64(4)}, {"e6", nil, int64(6)}, {"e8", nil, nil}}),

@@ -3,6 +3,7 @@ package backfilltest
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"sort"
 	"strings"
@@ -12,6 +13,7 @@ import (
 	"github.com/pgbackfill/backfill/backfilldriver"
 	"github.com/pgbackfill/backfill/backfilltype"
 	"github.com/pgbackfill/backfill/internal/pgstore"
+	"github.com/pgbackfill/backfill/internal/suggest"
 
 	"github.com/jmoiron/sqlx"
 
@@ -137,7 +139,8 @@ func (m *Merger) Prepare(ctx context.Context, db sqlx.ExtContext, t backfill.Tar
 	defer m.mu.Unlock()
 	tab := m.tables[t.Table]
 	if tab == nil {
-		return backfill.TableInfo{}, fmt.Errorf("backfill: prepare: table %q: %w", t.Table, backfill.ErrTargetNotFound)
+		return backfill.TableInfo{}, fmt.Errorf("backfill: prepare: table %q: %w: no such table added to the fake merger (Merger.AddTable); %s",
+			t.Table, backfill.ErrTargetNotFound, suggest.List("its tables are", t.Table, slices.Sorted(maps.Keys(m.tables))))
 	}
 	return pgstore.ResolveTarget(t, slices.Clone(tab.info), [][]string{tab.key})
 }

@@ -148,8 +148,19 @@ func (m *merge) violations() []backfill.Exception {
 			continue
 		}
 		for _, c := range tab.checks {
-			if !c.ok(m.ofStored(row)) {
-				refuse(src, nil, fmt.Sprintf("new row for relation %q violates check constraint %q (SQLSTATE 23514); constraint %q", m.t.Table, c.name, c.name))
+			// The columns the check reads are the refusal's columns, in
+			// table order, as PostgreSQL's constraint names them.
+			var read []string
+			stored := m.ofStored(row)
+			column := func(name string) any {
+				if !slices.Contains(read, name) {
+					read = append(read, name)
+				}
+				return stored(name)
+			}
+			if !c.ok(column) {
+				slices.SortFunc(read, func(a, b string) int { return slices.Index(tab.columns, a) - slices.Index(tab.columns, b) })
+				refuse(src, read, fmt.Sprintf("new row for relation %q violates check constraint %q (SQLSTATE 23514); constraint %q", m.t.Table, c.name, c.name))
 				break
 			}
 		}

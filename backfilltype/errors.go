@@ -246,7 +246,9 @@ type PartialError struct {
 	Errs []error
 }
 
-// Error says how many chunks this call completed and the first failure.
+// Error says how many chunks this call completed and the first failure;
+// when no chunk failed (a gate paused the run after a chunk, perhaps the
+// last) it says the batch stopped, not that it partially completed.
 func (e *PartialError) Error() string {
 	var b strings.Builder
 	failed := 0
@@ -256,7 +258,15 @@ func (e *PartialError) Error() string {
 			failed++
 		}
 	}
-	fmt.Fprintf(&b, "backfill: batch %d partially completed: %d chunks done in this call, %d failed", e.BatchID, max(e.DoneCount, len(e.Done)), failed)
+	done := max(e.DoneCount, len(e.Done))
+	if failed == 0 {
+		// No chunk failed: the run stopped after its chunks (a gate
+		// paused it, the run's end could not be recorded...), perhaps
+		// after the last one.
+		fmt.Fprintf(&b, "backfill: batch %d stopped with no chunk failed, %d chunks done in this call", e.BatchID, done)
+	} else {
+		fmt.Fprintf(&b, "backfill: batch %d partially completed: %d chunks done in this call, %d failed", e.BatchID, done, failed)
+	}
 	switch {
 	case e.Failed != nil:
 		fmt.Fprintf(&b, ": %v", e.Failed)

@@ -2,9 +2,11 @@ package main
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
+	"github.com/pgbackfill/backfill"
 	"github.com/pgbackfill/backfill/backfilltype"
 
 	"github.com/spf13/cobra"
@@ -34,6 +36,29 @@ type chunkRow struct {
 	// Skipped: the chunk's staging and merge were skipped, its rows
 	// unchanged (backfill.Job.SkipUnchanged).
 	Skipped bool `json:"skipped"`
+	// Leased: the chunk is in flight, pending or staged with its lease
+	// held by a live worker.
+	Leased bool `json:"leased"`
+}
+
+// chunkFilters are the values chunks --status accepts: the chunk
+// statuses, "leased" (in flight) and "skipped".
+var chunkFilters = append(slices.Clone(chunkStatuses), string(backfilltype.ChunkLeased), "skipped")
+
+// matches reports whether the chunk passes the --status filter f: its
+// status ("pending" and "staged" leave out the chunks in flight), or
+// "leased" for a chunk in flight, or "skipped" for one whose staging and
+// merge a replay skipped.
+func (c chunkRow) matches(f string) bool {
+	switch f {
+	case "":
+		return true
+	case string(backfilltype.ChunkLeased):
+		return c.Leased
+	case "skipped":
+		return c.Skipped
+	}
+	return c.Status == f && !c.Leased
 }
 
 func newChunksCmd(g *globals) *cobra.Command {
@@ -43,27 +68,30 @@ func newChunksCmd(g *globals) *cobra.Command {
 		limit  int
 	)
 	cmd := &cobra.Command{
-		Use:   "chunks (--job NAME | --batch N)",
+		Use:   "chunks [JOB | --job NAME | --batch N]",
 		Short: "List a run's chunks: status, row counts, attempts, error, worker",
 		Long: `chunks lists the chunks of one run in plan order: the sequence number and
 chunk ID, the status (pending, staged, done, open, failed, rolled_back;
 "done (skipped)" for a chunk whose staging and merge a replay with
-SkipUnchanged skipped, its rows unchanged), its rows by outcome, the attempts made, when it started and finished
+SkipUnchanged skipped, its rows unchanged; "pending (leased)" for a chunk
+in flight, its lease held by a live worker), its rows by outcome, the attempts made, when it started and finished
 (UTC) and how long it took, the worker that completed it, and the last
 error (the whole text with --json; cut to one line in the table).
 
-Filters: --status, --limit N (default 0: all).
+Filters: --status (a status, or leased: the chunks in flight, or
+skipped), --limit N (default 0: all).
 
 With --json: {"batch_id", "job", "run_status", "total", "chunks": [{"seq",
 "chunk_id", "status", "attempts", "rows": {"read", "inserted", "updated",
 "unchanged", "rejected", "deduplicated"}, "started_at", "finished_at",
-"seconds", "worker", "error", "skipped"}]}; total counts the chunks that match the
+"seconds", "worker", "error", "skipped", "leased"}]}; total counts the chunks that match the
 filters before --limit.`,
-		Example: `  backfill chunks --job flights
+		Example: `  backfill chunks flights
+  backfill chunks flights --status leased
   backfill chunks --batch 12 --status failed --json`,
-		Args: noArgs,
+		Args: sel.args("chunks"),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := oneOf("status", status, chunkStatuses); err != nil {
+			if err := oneOf("status", status, chunkFilters); err != nil {
 				return err
 			}
 			if err := checkLimit(limit); err != nil {
@@ -79,16 +107,30 @@ filters before --limit.`,
 			if err != nil {
 				return err
 			}
+			// The chunks in flight: pending or staged in the manifest,
+			// their lease held by a live worker.
+			leased := map[string]bool{}
+			if run.Status == backfill.RunRunning || run.Status == backfill.RunPaused {
+				st, err := m.Status(ctx, db, run.BatchID)
+				if err != nil {
+					return err
+				}
+				for _, f := range st.InFlight {
+					leased[f.ChunkID] = true
+				}
+			}
 			res := chunksResult{BatchID: run.BatchID, Job: run.Job, Status: string(run.Status), Chunks: []chunkRow{}}
 			for _, s := range states {
-				if status != "" && string(s.Status) != status {
+				row := chunkRowOf(s)
+				row.Leased = leased[row.ID] && (s.Status == backfilltype.ChunkPending || s.Status == "staged")
+				if !row.matches(status) {
 					continue
 				}
 				res.Total++
 				if limit > 0 && len(res.Chunks) >= limit {
 					continue
 				}
-				res.Chunks = append(res.Chunks, chunkRowOf(s))
+				res.Chunks = append(res.Chunks, row)
 			}
 			if g.json {
 				return g.printJSON(res)
@@ -108,6 +150,9 @@ filters before --limit.`,
 				if c.Skipped {
 					status += " (skipped)"
 				}
+				if c.Leased {
+					status += " (leased)"
+				}
 				t.row(fmt.Sprint(c.Seq), c.ID, status, thousands(c.Rows.Read), thousands(c.Rows.Inserted), thousands(c.Rows.Updated),
 					thousands(c.Rows.Unchanged), thousands(c.Rows.Rejected), thousands(c.Rows.Deduplicated), fmt.Sprint(c.Attempts), took,
 					orDash(c.Worker), orDash(clip(c.Error, 80)))
@@ -123,7 +168,7 @@ filters before --limit.`,
 		},
 	}
 	sel.flags(cmd.Flags())
-	cmd.Flags().StringVar(&status, "status", "", "only chunks with this status: "+strings.Join(chunkStatuses, ", "))
+	cmd.Flags().StringVar(&status, "status", "", "only chunks with this status: "+strings.Join(chunkFilters, ", "))
 	cmd.Flags().IntVar(&limit, "limit", 0, "at most this many chunks, in plan order (0: all)")
 	return cmd
 }

@@ -34,7 +34,7 @@ func newEventsCmd(g *globals) *cobra.Command {
 		limit int
 	)
 	cmd := &cobra.Command{
-		Use:   "events (--job NAME | --batch N)",
+		Use:   "events [JOB | --job NAME | --batch N]",
 		Short: "Show a run's audit trail: who did what, when and why",
 		Long: `events shows the audit trail of one run, oldest first: each entry's time
 (UTC), kind (run_started, run_resumed, run_paused, run_completed,
@@ -49,7 +49,7 @@ With --json: {"batch_id", "job", "events": [{"id", "kind", "actor",
 "detail", "created_at"}]}.`,
 		Example: `  backfill events --job flights
   backfill events --batch 12 --kind rollback --kind run_paused --json`,
-		Args: noArgs,
+		Args: sel.args("events"),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := checkLimit(limit); err != nil {
 				return err

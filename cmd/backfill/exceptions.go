@@ -46,7 +46,7 @@ func newExceptionsCmd(g *globals) *cobra.Command {
 		asCSV                 bool
 	)
 	cmd := &cobra.Command{
-		Use:   "exceptions (--job NAME | --batch N)",
+		Use:   "exceptions [JOB | --job NAME | --batch N]",
 		Short: "List a run's exception queue: the rows not loaded, with the reason and the raw row",
 		Long: `exceptions lists the exception queue of one run: the rows that were not
 loaded, in chunk order and row order within the chunk, each with its chunk,
@@ -70,7 +70,7 @@ With --json: {"batch_id", "job", "total", "exceptions": [{"chunk_id",
 counting the matches before --limit.`,
 		Example: `  backfill exceptions --job flights --reason "outside chunk"
   backfill exceptions --batch 12 --column fare --limit 0 --csv > fares.csv`,
-		Args: noArgs,
+		Args: sel.args("exceptions"),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if asCSV && g.json {
 				return fmt.Errorf("%w: --csv and --json are exclusive", errUsage)

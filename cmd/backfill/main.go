@@ -11,12 +11,12 @@
 // Commands:
 //
 //	backfill runs [--job NAME] [--status S] [--limit N]           recent runs: job, batch, status, times, chunks, rows
-//	backfill chunks (--job NAME | --batch N) [--status S]         a run's chunks: status, counts, attempts, error, worker
-//	backfill exceptions (--job NAME | --batch N) [--reason TEXT] [--column C] [--chunk ID] [--limit N] [--csv]
+//	backfill chunks [JOB | --job NAME | --batch N] [--status S]   a run's chunks: status, counts, attempts, error, worker
+//	backfill exceptions [JOB | --job NAME | --batch N] [--reason TEXT] [--column C] [--chunk ID] [--limit N] [--csv]
 //	                                                              a run's exception queue, with the raw rows
-//	backfill validations (--job NAME | --batch N) [--chunk ID] [--failed]
+//	backfill validations [JOB | --job NAME | --batch N] [--chunk ID] [--failed]
 //	                                                              a run's validation evidence per chunk
-//	backfill events (--job NAME | --batch N) [--kind K]...        a run's audit trail
+//	backfill events [JOB | --job NAME | --batch N] [--kind K]...  a run's audit trail
 //	backfill rollback --preview (--job NAME | --batch N)          what a rollback would do; changes nothing
 //	backfill rollback --batch N --why TEXT [--actor NAME] [--force] [--chunk ID]
 //	                                                              withdraw a batch from what the manifest recorded

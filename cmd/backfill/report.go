@@ -26,7 +26,7 @@ func newReportCmd(g *globals) *cobra.Command {
 		html string
 	)
 	cmd := &cobra.Command{
-		Use:   "report (--job NAME | --batch N) [--html FILE]",
+		Use:   "report [JOB | --job NAME | --batch N] [--html FILE]",
 		Short: "Write a run's report: one self-contained HTML file, or its JSON twin",
 		Long: `report reads everything the manifest recorded about one run and writes
 its report: the plan (fingerprint, code version, scope, rollback
@@ -43,7 +43,7 @@ JSON document (backfill.RunReport: stable snake_case fields, times in
 UTC, durations in *_seconds). Without either it prints a short summary.`,
 		Example: `  backfill report --job flights --html flights-report.html
   backfill report --batch 12 --json > report.json`,
-		Args: noArgs,
+		Args: sel.args("report"),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
 			db, m, run, err := sel.open(ctx, g)

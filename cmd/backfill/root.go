@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/pgbackfill/backfill"
+	"github.com/pgbackfill/backfill/internal/pgurl"
 )
 
 // Exit statuses of run (documented in the package comment and in
@@ -84,7 +85,10 @@ for people (counts with thousands separators, times in UTC, durations
 rounded), or, with --json, one JSON document with stable field names.
 
 A command about one run selects it with --job NAME (the job's latest
-run) or --batch N (a batch ID, as "backfill runs" lists them).
+run) or --batch N (a batch ID, as "backfill runs" lists them). The
+commands that only read (status, chunks, exceptions, validations,
+events, report) also take the job as their argument (backfill status
+flights) and, when the manifest has runs of one job only, need no name.
 
 Exit status:
   0  done
@@ -161,13 +165,12 @@ func (g *globals) open(ctx context.Context) (*sqlx.DB, error) {
 	if g.databaseURL == "" {
 		return nil, fmt.Errorf("%w: no database: set DATABASE_URL or pass --database-url", errUsage)
 	}
-	db, err := sqlx.Open("postgres", g.databaseURL)
-	if err != nil {
-		return nil, err
+	if err := pgurl.Check(g.databaseURL); err != nil {
+		return nil, fmt.Errorf("%w: --database-url or DATABASE_URL: %w", errUsage, err)
 	}
-	if err := db.PingContext(ctx); err != nil {
-		_ = db.Close()
-		return nil, fmt.Errorf("connect: %w", err)
+	db, err := pgurl.Open(ctx, g.databaseURL)
+	if err != nil {
+		return nil, fmt.Errorf("--database-url or DATABASE_URL: %w", err)
 	}
 	return db, nil
 }

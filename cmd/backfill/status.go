@@ -41,15 +41,8 @@ work of every process:
 		Example: `  backfill status flights
   backfill status --batch 12 --watch
   backfill status flights --json`,
+		Args: sel.args("status"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			switch {
-			case len(args) > 1:
-				return fmt.Errorf("%w: status takes at most one JOB, got %q", errUsage, args)
-			case len(args) == 1 && sel.job != "" && sel.job != args[0]:
-				return fmt.Errorf("%w: status %s --job %s: name the job once", errUsage, args[0], sel.job)
-			case len(args) == 1:
-				sel.job = args[0]
-			}
 			if err := sel.check(); err != nil {
 				return err
 			}

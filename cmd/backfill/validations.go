@@ -59,7 +59,7 @@ func newValidationsCmd(g *globals) *cobra.Command {
 		failed bool
 	)
 	cmd := &cobra.Command{
-		Use:   "validations (--job NAME | --batch N)",
+		Use:   "validations [JOB | --job NAME | --batch N]",
 		Short: "List a run's validation evidence: each check's result per chunk",
 		Long: `validations lists the evidence the run's validators recorded, in the order
 recorded: first a summary per check over the run (passed, failed,
@@ -78,7 +78,7 @@ With --json: {"batch_id", "job", "passed", "failed", "accepted",
 "created_at"}]}.`,
 		Example: `  backfill validations --job flights --failed
   backfill validations --batch 12 --json`,
-		Args: noArgs,
+		Args: sel.args("validations"),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
 			db, m, run, err := sel.open(ctx, g)

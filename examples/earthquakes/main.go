@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/pgbackfill/backfill/backfilltype"
+	"github.com/pgbackfill/backfill/internal/pgurl"
 
 	"github.com/jmoiron/sqlx"
 	_ "github.com/lib/pq" // the "postgres" database/sql driver
@@ -131,15 +132,12 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	db, err := sqlx.Open("postgres", dsn)
+	db, err := pgurl.Open(ctx, dsn)
 	if err != nil {
-		return err
+		return fmt.Errorf("DATABASE_URL: %w", err)
 	}
 	defer db.Close()
 	db.SetMaxOpenConns(2*o.concurrency + 2)
-	if err := db.PingContext(ctx); err != nil {
-		return fmt.Errorf("connect: %w", err)
-	}
 	var logger *slog.Logger
 	if o.verbose {
 		logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
@@ -293,6 +291,11 @@ func runJob(ctx context.Context, out io.Writer, db *sqlx.DB, logger *slog.Logger
 		if err := summary(ctx, out, db, backfill.NewPGManifest(""), job.Target.Table, rep, p); err != nil {
 			return rep, errors.Join(cli.RunError(job.Name, planFlag, runErr), err)
 		}
+	}
+	if errors.Is(runErr, backfill.ErrAlreadyCompleted) {
+		// A complete run is a success: the summary said that this call
+		// had nothing to do, and how to run the job again.
+		return rep, nil
 	}
 	return rep, cli.RunError(job.Name, planFlag, runErr)
 }

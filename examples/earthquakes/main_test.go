@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -128,11 +127,17 @@ func TestLoadReplay(t *testing.T) {
 		t.Errorf("replay rewrote rows (reported %d; -before +after):\n%s", rewritten, diff)
 	}
 
-	// Running the job again without NewRun does nothing, and says so: the run is complete.
+	// Running the job again without NewRun does nothing, and says so: the
+	// run is complete, which is a success (the command exits 0 and goes
+	// on to -replay).
 	out.Reset()
 	rep3, err := load(ctx, &out, db, nil, src, days, options{concurrency: 2})
-	if !errors.Is(err, backfill.ErrAlreadyCompleted) || rep3.BatchID != rep2.BatchID || rep3.Resumed || rep3.ChunksRun != 0 {
+	if err != nil || rep3.BatchID != rep2.BatchID || rep3.Resumed || rep3.ChunksRun != 0 || !strings.Contains(out.String(), "nothing to do: the run was complete") {
 		t.Errorf("third call: %+v, %v\n%s", rep3, err, out.String())
+	}
+	out.Reset()
+	if rep4, _, err := replay(ctx, &out, db, nil, src, days, options{concurrency: 2}); err != nil || rep4.BatchID == rep3.BatchID {
+		t.Errorf("replay after a complete load: %+v, %v\n%s", rep4, err, out.String())
 	}
 }
 

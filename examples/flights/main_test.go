@@ -132,4 +132,12 @@ func TestLoadEndToEnd(t *testing.T) {
 	if diff := cmp.Diff(wantCounts, rep.Counts); diff != "" {
 		t.Errorf("replay counts (-want +got):\n%s\n%s", diff, out.String())
 	}
+
+	// The same command once more finds the run complete: a success that
+	// says so (the command exits 0).
+	out.Reset()
+	again, err := load(ctx, &out, db, nil, src, days, airportsPath, options{concurrency: 2})
+	if err != nil || again.BatchID != rep.BatchID || again.ChunksRun != 0 || !strings.Contains(out.String(), "nothing to do: the run was complete") {
+		t.Errorf("load of a complete run: %+v, %v\n%s", again, err, out.String())
+	}
 }

@@ -7,12 +7,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jmoiron/sqlx"
 	"github.com/pgbackfill/backfill/backfilldriver"
 	"github.com/pgbackfill/backfill/backfilltype"
 	"github.com/pgbackfill/backfill/internal/sqlgen"
+	"github.com/pgbackfill/backfill/internal/suggest"
 )
 
 // maxSample is how many offending keys or groups a CheckResult lists.
@@ -53,6 +55,41 @@ func NewPGCheck(name string, sev backfilltype.Severity, scope backfilldriver.Val
 		c.Cols[col.Name] = col
 	}
 	return c, nil
+}
+
+// namedColumns checks the names a check's configuration gives: table (in
+// the form of Target.Table) must exist and have every column of cols,
+// which the check's field role names ("DuplicateKeys.Columns"). Otherwise
+// it returns an error wrapping [backfilltype.ErrInvalidConfig] that names
+// what is missing with where it was looked for: the search_path and its
+// tables, or the table's columns, with the closest name. It reads the
+// catalogs only, so that a typo does not abort the chunk's transaction
+// with an SQL error.
+func (c *PGCheck) namedColumns(ctx context.Context, tx sqlx.ExtContext, role, table string, cols []string) error {
+	var have []struct {
+		Name string `db:"attname"`
+	}
+	var rel []int64
+	if err := sqlx.SelectContext(ctx, tx, &rel, `SELECT to_regclass($1)::oid::bigint WHERE to_regclass($1) IS NOT NULL`, sqlgen.Table(table)); err != nil {
+		return c.errorf("%s: table %q: %w", role, table, err)
+	}
+	if len(rel) == 0 {
+		return c.errorf("%w: %s: table %q: %s", backfilltype.ErrInvalidConfig, role, table, whereTables(ctx, tx, table))
+	}
+	if err := sqlx.SelectContext(ctx, tx, &have, `SELECT attname::text AS attname FROM pg_attribute
+		WHERE attrelid = $1 AND attnum > 0 AND NOT attisdropped ORDER BY attnum`, rel[0]); err != nil {
+		return c.errorf("%s: columns of %q: %w", role, table, err)
+	}
+	names := make([]string, len(have))
+	for i, h := range have {
+		names[i] = h.Name
+	}
+	for _, n := range cols {
+		if !slices.Contains(names, n) {
+			return c.errorf("%w: %s: column %q of table %q: no such column; %s", backfilltype.ErrInvalidConfig, role, n, table, suggest.List("the table's columns are", n, names))
+		}
+	}
+	return nil
 }
 
 // errorf returns an error prefixed "backfill: validate <name>: ".

@@ -14,6 +14,7 @@ import (
 	"github.com/pgbackfill/backfill/backfilldriver"
 	"github.com/pgbackfill/backfill/backfilltype"
 	"github.com/pgbackfill/backfill/internal/sqlgen"
+	"github.com/pgbackfill/backfill/internal/suggest"
 )
 
 // AggregatesParams are the settings of backfill.Aggregates.
@@ -55,7 +56,12 @@ func Aggregates(ctx context.Context, tx sqlx.ExtContext, scope backfilldriver.Va
 	}
 	for _, n := range append(append([]string{p.Day}, p.Dimensions...), measureColumns(p.Measures)...) {
 		if _, ok := c.Cols[n]; n != "" && !ok {
-			return backfilltype.CheckResult{}, c.errorf("%w: column %q is not a staged column of %s", backfilltype.ErrInvalidConfig, n, scope.Info.Target.Table)
+			staged := make([]string, len(scope.Info.Columns))
+			for i, col := range scope.Info.Columns {
+				staged[i] = col.Name
+			}
+			return backfilltype.CheckResult{}, c.errorf("%w: column %q is not a staged column of %s; %s", backfilltype.ErrInvalidConfig, n, scope.Info.Target.Table,
+				suggest.List("the staged columns are", n, staged))
 		}
 	}
 	var a SQLArgs

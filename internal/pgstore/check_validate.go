@@ -63,6 +63,8 @@ func DuplicateKeys(ctx context.Context, tx sqlx.ExtContext, scope backfilldriver
 	cols := p.Columns
 	if len(cols) == 0 {
 		cols = scope.Info.Identity()
+	} else if err := c.namedColumns(ctx, tx, "DuplicateKeys.Columns", scope.Info.Target.Table, cols); err != nil {
+		return backfilltype.CheckResult{}, err
 	}
 	var a SQLArgs
 	chunkRows, how, err := c.ChunkRows("c", &a)
@@ -234,6 +236,12 @@ func ReferentialIntegrity(ctx context.Context, tx sqlx.ExtContext, scope backfil
 	}
 	if _, _, err := sqlgen.ParseTable(p.ParentTable); err != nil {
 		return backfilltype.CheckResult{}, c.errorf("%w: ReferentialIntegrity.ParentTable: %w", backfilltype.ErrInvalidConfig, err)
+	}
+	if err := c.namedColumns(ctx, tx, "ReferentialIntegrity.Columns", scope.Info.Target.Table, p.Columns); err != nil {
+		return backfilltype.CheckResult{}, err
+	}
+	if err := c.namedColumns(ctx, tx, "ReferentialIntegrity.ParentTable and ParentColumns", p.ParentTable, parentCols); err != nil {
+		return backfilltype.CheckResult{}, err
 	}
 	q := c.OrphansSQL(p.Columns, p.ParentTable, parentCols)
 	var n int64

@@ -18,6 +18,7 @@ import (
 	"github.com/pgbackfill/backfill/backfilldriver"
 	"github.com/pgbackfill/backfill/backfilltype"
 	"github.com/pgbackfill/backfill/internal/sqlgen"
+	"github.com/pgbackfill/backfill/internal/suggest"
 )
 
 // EndStaging ends the chunk's COPY, so that a value PostgreSQL refuses
@@ -83,6 +84,10 @@ func (m *Merger) DropStaging(ctx context.Context, tx sqlx.ExtContext, table stri
 // IsolatesRefusedValues implements [StagingIsolator]: its stagers COPY
 // in the chunk's transaction.
 func (m *Merger) IsolatesRefusedValues() bool { return true }
+
+// StagesIntoTables implements [backfilldriver.TableStager]: its stagers
+// stage into a temporary or persistent table.
+func (m *Merger) StagesIntoTables() bool { return true }
 
 // WritesUndoLog implements [backfilldriver.UndoLogWriter].
 func (m *Merger) WritesUndoLog() bool { return true }
@@ -254,9 +259,64 @@ func relation(ctx context.Context, db sqlx.ExtContext, table string) (oid int64,
 		return 0, "", fmt.Errorf("backfill: prepare %s: %w", table, err)
 	}
 	if len(rel) == 0 {
-		return 0, "", fmt.Errorf("backfill: prepare: table %q: %w", table, backfilltype.ErrTargetNotFound)
+		return 0, "", fmt.Errorf("backfill: prepare: table %q: %w: %s", table, backfilltype.ErrTargetNotFound, whereTables(ctx, db, table))
 	}
 	return rel[0].OID, sqlgen.Qualified(rel[0].Schema, rel[0].Name), nil
+}
+
+// whereTables says where a table name that names no table was looked
+// for: the schema it names, or the session's search_path and the
+// schemas of it that exist; then the tables there, with the closest
+// to the name. It is part of an error message: when the catalogs cannot
+// be read it says only what it knows.
+func whereTables(ctx context.Context, db sqlx.ExtContext, table string) string {
+	schema, name, err := sqlgen.ParseTable(table)
+	if err != nil {
+		return "no such table"
+	}
+	var where string
+	var schemas []string
+	if schema != "" {
+		where, schemas = fmt.Sprintf("no such table in schema %q", schema), []string{schema}
+	} else {
+		var sp struct {
+			Path    string         `db:"path"`
+			Schemas pq.StringArray `db:"schemas"`
+		}
+		if err := sqlx.GetContext(ctx, db, &sp, `SELECT current_setting('search_path') AS path, current_schemas(false)::text[] AS schemas`); err != nil {
+			return "no such table in the session's search_path"
+		}
+		where = fmt.Sprintf("no such table in the session's search_path (%s", sp.Path)
+		if len(sp.Schemas) > 0 {
+			where += fmt.Sprintf(": schemas %s", strings.Join(sp.Schemas, ", "))
+		}
+		where += "); qualify the name (schema.table) or set search_path"
+		schemas = sp.Schemas
+	}
+	var rels []struct {
+		Schema string `db:"nspname"`
+		Name   string `db:"relname"`
+	}
+	if err := sqlx.SelectContext(ctx, db, &rels, `SELECT n.nspname, c.relname
+		FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+		WHERE n.nspname = ANY($1) AND c.relkind IN ('r', 'p', 'v', 'm', 'f') AND NOT c.relispartition
+		ORDER BY 1, 2 LIMIT 1000`, pq.StringArray(schemas)); err != nil || len(rels) == 0 {
+		return where
+	}
+	// Listed qualified when they come from more than one schema;
+	// compared by their table name.
+	shown, bare := make([]string, len(rels)), make([]string, len(rels))
+	for i, r := range rels {
+		shown[i], bare[i] = r.Name, r.Name
+		if schema != "" || len(schemas) > 1 {
+			shown[i] = sqlgen.Qualified(r.Schema, r.Name)
+		}
+	}
+	list := suggest.List("tables there:", "", shown)
+	if c := suggest.Closest(name, bare); c != "" {
+		list += fmt.Sprintf("; did you mean %q?", shown[slices.Index(bare, c)])
+	}
+	return where + "; " + list
 }
 
 // tableColumns reads the columns of the table oid that a merge can write:

@@ -291,7 +291,7 @@ func (iso *Isolation) refuse(ctx context.Context, pos int64, pe *pq.Error, err e
 	if _, err := s.tx.ExecContext(ctx, fmt.Sprintf(`DELETE FROM %s WHERE _backfill_pos = $1`, iso.held), pos); err != nil {
 		return fmt.Errorf("backfill: merge %s: refused row: %w", t.Table, err)
 	}
-	iso.refused = append(iso.refused, backfilltype.Exception{Row: row.Row, Raw: json.RawMessage(row.Raw), Column: refusedColumns(pe), Value: key, Reason: reason})
+	iso.refused = append(iso.refused, backfilltype.Exception{Row: row.Row, Raw: json.RawMessage(row.Raw), Column: iso.refusedColumns(ctx, pe), Value: key, Reason: reason})
 	return nil
 }
 
@@ -300,16 +300,43 @@ func (iso *Isolation) refuse(ctx context.Context, pos int64, pe *pq.Error, err e
 var keyDetail = regexp.MustCompile(`^Key \((.+?)\)=\(`)
 
 // refusedColumns names the columns of a refusal, comma-separated: the
-// column PostgreSQL names, or those of the key in the detail of a unique
-// or foreign key violation; "" when it names none (a CHECK, a trigger).
-func refusedColumns(pe *pq.Error) string {
+// column PostgreSQL names, or those of the key in the detail of a unique,
+// exclusion or foreign key violation, or else those of the constraint or
+// index it names (a CHECK's columns; an index entry over the btree limit,
+// 54000, names its index): an index's expressions are written as
+// PostgreSQL does. "" when the error names none of these (a trigger).
+func (iso *Isolation) refusedColumns(ctx context.Context, pe *pq.Error) string {
 	if pe.Column != "" {
 		return pe.Column
 	}
 	if m := keyDetail.FindStringSubmatch(pe.Detail); m != nil {
 		return strings.ReplaceAll(m[1], ", ", ",")
 	}
-	return ""
+	if pe.Constraint == "" {
+		return ""
+	}
+	// A catalog read in the chunk's transaction, in a savepoint: a failure
+	// only leaves the columns out.
+	tx := iso.S.tx
+	if _, err := tx.ExecContext(ctx, `SAVEPOINT backfill_columns`); err != nil {
+		return ""
+	}
+	var cols string
+	err := sqlx.GetContext(ctx, tx, &cols, `SELECT coalesce(
+		(SELECT string_agg(a.attname::text, ',' ORDER BY k.i)
+			FROM pg_constraint co, unnest(co.conkey) WITH ORDINALITY k(attnum, i)
+			JOIN pg_attribute a ON a.attnum = k.attnum
+			WHERE co.conrelid = to_regclass($1) AND co.conname = $2 AND a.attrelid = co.conrelid),
+		(SELECT string_agg(pg_get_indexdef(i.indexrelid, k, true), ',' ORDER BY k)
+			FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid, generate_series(1, i.indnkeyatts) k
+			WHERE i.indrelid = to_regclass($1) AND c.relname = $2),
+		'')`, sqlgen.Table(iso.S.Info.Target.Table), pe.Constraint)
+	if err != nil {
+		cols = ""
+		_, _ = tx.ExecContext(context.WithoutCancel(ctx), `ROLLBACK TO SAVEPOINT backfill_columns`)
+	}
+	_, _ = tx.ExecContext(context.WithoutCancel(ctx), `RELEASE SAVEPOINT backfill_columns`)
+	return cols
 }
 
 // reason describes a refusal: PostgreSQL's message and SQLSTATE, the

@@ -10,6 +10,7 @@ import (
 	"github.com/jmoiron/sqlx"
 	"github.com/lib/pq"
 	"github.com/pgbackfill/backfill/backfilltype"
+	"github.com/pgbackfill/backfill/internal/pgurl"
 	"github.com/pgbackfill/backfill/internal/sqlgen"
 )
 
@@ -256,7 +257,7 @@ func (m *Manifest) version(ctx context.Context, db sqlx.ExtContext) (current, la
 func (m *Manifest) Init(ctx context.Context, db sqlx.ExtContext) error {
 	cur, latest, err := m.Version(ctx, db)
 	if err != nil {
-		return fmt.Errorf("backfill: manifest init: %w", err)
+		return fmt.Errorf("backfill: manifest init: %w", pgurl.Hint(err))
 	}
 	switch {
 	case cur == latest:

@@ -7,6 +7,7 @@ import (
 
 	"github.com/pgbackfill/backfill/backfilltype"
 	"github.com/pgbackfill/backfill/internal/sqlgen"
+	"github.com/pgbackfill/backfill/internal/suggest"
 )
 
 // SplitTableName splits a table name of the form
@@ -91,9 +92,30 @@ func (r *targetResolver) bad(format string, args ...any) error {
 func (r *targetResolver) col(name, role string) (backfilltype.Column, error) {
 	c, ok := r.byName[name]
 	if !ok {
-		return backfilltype.Column{}, fmt.Errorf("backfill: prepare: %s column %q of table %q: %w", role, name, r.t.Table, backfilltype.ErrTargetNotFound)
+		return backfilltype.Column{}, r.missing(name, role)
 	}
 	return c, nil
+}
+
+// missing is the error for a column name the target uses as role and the
+// table lacks: it wraps ErrTargetNotFound, lists the table's columns and
+// suggests the closest.
+func (r *targetResolver) missing(name, role string) error {
+	names := make([]string, len(r.table))
+	for i, c := range r.table {
+		names[i] = c.Name
+	}
+	return fmt.Errorf("backfill: prepare: %s column %q of table %q: %w: no such writable column (generated and identity-always columns are not written); %s",
+		role, name, r.t.Table, backfilltype.ErrTargetNotFound, suggest.List("the table's writable columns are", name, names))
+}
+
+// exists returns the missing error when the table lacks column name, which
+// the target uses as role; nil for "" (not set).
+func (r *targetResolver) exists(name, role string) error {
+	if _, ok := r.byName[name]; ok || name == "" {
+		return nil
+	}
+	return r.missing(name, role)
 }
 
 // deriveRules indexes the Derive rules by key column: at most one per
@@ -105,6 +127,9 @@ func (r *targetResolver) deriveRules() error {
 			return r.bad("two Derive rules for key column %q", k.Column)
 		}
 		if !slices.Contains(r.t.Key, k.Column) {
+			if err := r.exists(k.Column, "Derive rule's key"); err != nil {
+				return err
+			}
 			return r.bad("Derive rule for %q, which is not a Key column", k.Column)
 		}
 		r.derived[k.Column] = k
@@ -170,7 +195,14 @@ func (r *targetResolver) writtenColumns() error {
 	}
 	r.info.Written = len(r.info.Columns)
 	for _, k := range r.t.Key {
-		if _, ok := r.derived[k]; !ok && !slices.Contains(r.t.Columns, k) {
+		_, derived := r.derived[k]
+		if derived {
+			continue // derivedKeys checks it
+		}
+		if err := r.exists(k, "key"); err != nil {
+			return err
+		}
+		if !slices.Contains(r.t.Columns, k) {
 			return r.bad("key column %q is not in Target.Columns", k)
 		}
 	}
@@ -186,6 +218,9 @@ func (r *targetResolver) derivedKeys() error {
 			continue
 		}
 		if !slices.Contains(r.t.Columns, rule.From) {
+			if err := r.exists(rule.From, "Derive source"); err != nil {
+				return err
+			}
 			return r.bad("Derive source %q of key column %q is not in Target.Columns", rule.From, k)
 		}
 		c, err := r.col(k, "derived key")
@@ -239,6 +274,9 @@ func (r *targetResolver) historyColumns() error {
 	if t.Mode != backfilltype.History {
 		return nil
 	}
+	if err := r.exists(t.ValidFrom, "valid_from"); err != nil {
+		return err
+	}
 	if slices.Contains(t.Key, t.ValidFrom) {
 		return r.bad("ValidFrom %q must not be in Key: the version identity is Key plus ValidFrom", t.ValidFrom)
 	}
@@ -267,7 +305,13 @@ func (r *targetResolver) historyColumns() error {
 // version checks that NewerVersionWins compares a written non-key column.
 func (r *targetResolver) version() error {
 	t := r.t
-	if t.Conflict == backfilltype.NewerVersionWins && (!slices.Contains(t.Columns, t.Version) || slices.Contains(t.Key, t.Version)) {
+	if t.Conflict != backfilltype.NewerVersionWins {
+		return nil
+	}
+	if err := r.exists(t.Version, "version"); err != nil {
+		return err
+	}
+	if !slices.Contains(t.Columns, t.Version) || slices.Contains(t.Key, t.Version) {
 		return r.bad("Version %q must be a non-key column of Target.Columns", t.Version)
 	}
 	return nil

@@ -52,6 +52,7 @@ import (
 
 	"github.com/jmoiron/sqlx"
 	_ "github.com/lib/pq" // the "postgres" database/sql driver
+	"github.com/pgbackfill/backfill/internal/pgurl"
 )
 
 // Timeouts. Generous on purpose: they only bound how long a broken setup
@@ -695,7 +696,9 @@ func run(m interface{ Run() int }) int {
 	var srv *Server
 	adminURL, reason := os.Getenv("DATABASE_URL"), ""
 	if adminURL != "" {
-		if err := ping(adminURL); err != nil {
+		if err := pgurl.Check(adminURL); err != nil {
+			adminURL, reason = "", fmt.Sprintf("DATABASE_URL refused: %v", err)
+		} else if err := ping(adminURL); err != nil {
 			adminURL, reason = "", fmt.Sprintf("DATABASE_URL server unreachable: %v", err)
 		}
 	} else {

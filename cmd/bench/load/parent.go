@@ -24,6 +24,7 @@ import (
 	_ "github.com/lib/pq"
 
 	"github.com/pgbackfill/backfill/internal/pgtest"
+	"github.com/pgbackfill/backfill/internal/pgurl"
 )
 
 // variants are the loads measured side by side, alternating: the
@@ -106,6 +107,11 @@ func runParent(o options) error {
 	b.facts.Started = time.Now().UTC()
 	b.adminURL = os.Getenv("DATABASE_URL")
 	b.facts.Server = "DATABASE_URL"
+	if b.adminURL != "" {
+		if err := pgurl.Check(b.adminURL); err != nil {
+			return fmt.Errorf("DATABASE_URL: %w", err)
+		}
+	}
 	if b.adminURL == "" {
 		progress("DATABASE_URL is unset: starting a throwaway server (pgtest.Start)")
 		sctx, cancel := context.WithTimeout(ctx, 2*time.Minute)

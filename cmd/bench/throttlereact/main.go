@@ -36,6 +36,7 @@ import (
 	"github.com/pgbackfill/backfill"
 	"github.com/pgbackfill/backfill/backfillthrottle"
 	"github.com/pgbackfill/backfill/internal/pgtest"
+	"github.com/pgbackfill/backfill/internal/pgurl"
 )
 
 const envURL = "THROTTLEREACT_URL"
@@ -55,6 +56,9 @@ func main() {
 	}
 	ctx := context.Background()
 	url := os.Getenv("DATABASE_URL")
+	if err := pgurl.Check(url); url != "" && err != nil {
+		log.Fatalf("DATABASE_URL: %v", err)
+	}
 	if url == "" {
 		srv, err := pgtest.Start(ctx)
 		if err != nil {

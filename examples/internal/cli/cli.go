@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/pgbackfill/backfill/backfilltype"
+	"github.com/pgbackfill/backfill/internal/pgurl"
 
 	"github.com/jmoiron/sqlx"
 
@@ -67,6 +68,9 @@ func DatabaseURL(hint string) (string, error) {
 	url := os.Getenv("DATABASE_URL")
 	if strings.TrimSpace(url) == "" {
 		return "", fmt.Errorf("DATABASE_URL is not set: refusing to fall back to libpq defaults; set it to the PostgreSQL URL to load into (%s)", hint)
+	}
+	if err := pgurl.Check(url); err != nil {
+		return "", fmt.Errorf("DATABASE_URL: %w", err)
 	}
 	return url, nil
 }

@@ -23,3 +23,14 @@ func TestDatabaseURLRefusesEmpty(t *testing.T) {
 		t.Errorf("got %q, %v", url, err)
 	}
 }
+
+// TestDatabaseURLRefusesAMistypedScheme: a URL lib/pq would not read as a
+// URL (and connect with libpq's defaults instead) is refused, naming the
+// scheme.
+func TestDatabaseURLRefusesAMistypedScheme(t *testing.T) {
+	t.Setenv("DATABASE_URL", "postgress://u@db.example/x?sslmode=disable")
+	url, err := DatabaseURL("")
+	if err == nil || url != "" || !strings.Contains(err.Error(), `scheme "postgress"`) {
+		t.Errorf("got %q, %v; want an error naming the scheme", url, err)
+	}
+}

@@ -27,6 +27,7 @@ import (
 
 	"github.com/pgbackfill/backfill"
 	"github.com/pgbackfill/backfill/internal/faulttest"
+	"github.com/pgbackfill/backfill/internal/pgurl"
 )
 
 func main() {
@@ -57,6 +58,10 @@ func main() {
 func run(ctx context.Context, url string, spec faulttest.Spec, cfg backfill.Config) backfill.ExitCode {
 	if url == "" {
 		cfg.Logger.Error("worker: -url is required")
+		return backfill.ExitUsage
+	}
+	if err := pgurl.Check(url); err != nil {
+		cfg.Logger.Error("worker: -url", "error", err)
 		return backfill.ExitUsage
 	}
 	db, err := sqlx.Open("postgres", url)

@@ -2,12 +2,14 @@ package benchpg
 
 import (
 	"context"
+	"fmt"
 	"os"
 
 	"github.com/jmoiron/sqlx"
 	"github.com/lib/pq"
 
 	"github.com/pgbackfill/backfill/internal/pgtest"
+	"github.com/pgbackfill/backfill/internal/pgurl"
 )
 
 // Setting is one row of pg_settings.
@@ -36,6 +38,8 @@ func Open(ctx context.Context, fast bool, maxConns int, names ...string) (db *sq
 		}
 		stops = append(stops, func() { _ = c.Stop() })
 		url = c.URL()
+	} else if err := pgurl.Check(url); err != nil {
+		return nil, "", nil, stop, fmt.Errorf("DATABASE_URL: %w", err)
 	}
 	if db, err = sqlx.Open("postgres", url); err != nil {
 		return nil, "", nil, stop, err
