@@ -246,9 +246,11 @@ Exit codes. [Work] returns [ExitDone] (0: completed, by this worker or
 others), [ExitFailed] (1: failed; last_error says why; do not restart
 blindly), [ExitCancelled] (3: an operator cancelled the run; do not
 restart until it is resumed), [ExitUsage] (64: bad job or configuration)
-or [ExitTempFail] (75: not finished: the context cancelled, paused,
-chunks open, database away, or abandoned for a newer run; restart later
-to resume).
+or [ExitTempFail] (75: not finished: the context cancelled, chunks
+open, database away, or abandoned for a newer run; restart later to
+resume). A paused run does not end Work: it waits, a live worker of the
+run, and goes on when the run is resumed ([Config.WaitWhilePaused] does
+the same for [Runner.Run] in a long-lived service).
 
 Control. The manifest's SQL functions pause, resume and cancel a run and
 set its live knobs, from psql or from Go ([Runner.Pause],
@@ -323,7 +325,9 @@ MinHold, so a value sitting at a threshold causes at most one hold and
 one release per MinHold. A reading at or above Critical pauses the run
 (status paused, the reason naming the signal, value and level): every
 worker of every process stops claiming, Run returns an error wrapping
-[ErrRunPaused], and a person continues it with [Runner.Resume]. Each
+[ErrRunPaused] (or waits, with [Config.WaitWhilePaused], as [Work]
+does), and a person continues it with the SQL function resume,
+"backfill resume" or [Runner.Resume]. Each
 check is logged at debug level; each hold (warn), release (info) and
 critical pause (error) with signal, value and watermarks.
 
