@@ -366,7 +366,7 @@ signal, reason, value, watermarks, start, end); rate-cap waits of an
 interval or more too (signal [RateSignalName]).
 [backfilldriver.ManifestThrottle.ThrottlePeriods] reads them and
 [Runner.TimeSplit] splits a run's time into working, throttled by signal,
-and paused.
+paused and idle (no live worker), as [Status] and the report do.
 
 # Progress
 
@@ -376,7 +376,9 @@ run_progress and chunks_in_flight views) read a run's progress from the
 manifest, from any process: chunks by status, rows by outcome, chunks in
 flight, exceptions by reason, liveness, the time split (working,
 throttled, paused, idle) and an ETA from the remaining planned work and
-the recent working rate ([Status]). The checkpoint records what it needs
+the rate the run has under the knobs in force now, or, for a run that is
+not working (paused, cancelled, failed, dead, held by a throttle), what
+it waits for ([Status]). The checkpoint records what it needs
 (rows processed, reads, the server's checkpoint time) in the chunk's
 transaction. A [Config.Hooks] that implements [ProgressHooks] gets failed
 attempts and progress snapshots that count the work of earlier calls and

@@ -230,7 +230,7 @@ func TestSplitTime(t *testing.T) {
 	require.Equal(t, map[string]time.Duration{"lag": 20 * time.Second, "wal": 15 * time.Second}, ts.Throttled)
 	require.Equal(t, 40*time.Second, ts.Working)
 	require.Zero(t, ts.Idle, "no worker registered: no idle time")
-	require.Equal(t, ts.Total, ts.Working+ts.Paused+ts.Throttled["lag"]+ts.Throttled["wal"])
+	require.Equal(t, ts.Total, ts.Working+ts.Paused+ts.Idle+ts.Throttled["lag"]+ts.Throttled["wal"])
 
 	// Workers alive 0-50 (then dead: its last heartbeat) and 85-: the
 	// time no worker is alive, neither paused nor throttled, is idle,
@@ -407,7 +407,7 @@ func TestThrottleHoldsRecordsPeriodsAndSplitsTime(t *testing.T) {
 	require.NoError(t, err)
 	require.Positive(t, ts.Throttled["fake"])
 	require.Zero(t, ts.Paused)
-	require.Equal(t, ts.Total, ts.Working+ts.Paused+ts.Throttled["fake"])
+	require.Equal(t, ts.Total, ts.Working+ts.Paused+ts.Idle+ts.Throttled["fake"])
 }
 
 // TestThrottleCriticalPausesAndResumeContinues: a reading at the
@@ -443,7 +443,7 @@ func TestThrottleCriticalPausesAndResumeContinues(t *testing.T) {
 	ts, err := r.TimeSplit(t.Context(), rep.BatchID)
 	require.NoError(t, err)
 	require.Positive(t, ts.Paused)
-	require.Equal(t, ts.Total, ts.Working+ts.Paused+ts.Throttled["fake"])
+	require.Equal(t, ts.Total, ts.Working+ts.Paused+ts.Idle+ts.Throttled["fake"])
 }
 
 // TestJobConcurrencyAcrossRunners: three Runners on separate pools
@@ -591,7 +591,7 @@ func TestRowsPerSecondCapWaitsAndRecords(t *testing.T) {
 	ts, err := r.TimeSplit(t.Context(), rep.BatchID)
 	require.NoError(t, err)
 	require.Positive(t, ts.Throttled[RateSignalName])
-	require.Equal(t, ts.Total, ts.Working+ts.Paused+ts.Throttled[RateSignalName])
+	require.Equal(t, ts.Total, ts.Working+ts.Paused+ts.Idle+ts.Throttled[RateSignalName])
 }
 
 // TestHeldCallStopsWhenRunPausedElsewhere: a call held by a throttle
@@ -728,7 +728,7 @@ func TestAdaptiveThrottleSlowsWithoutHolding(t *testing.T) {
 		ts, err := r.TimeSplit(t.Context(), batch)
 		require.NoError(t, err)
 		require.Positive(t, ts.Throttled["fake"])
-		require.Equal(t, ts.Total, ts.Working+ts.Paused+ts.Throttled["fake"])
+		require.Equal(t, ts.Total, ts.Working+ts.Paused+ts.Idle+ts.Throttled["fake"])
 	}
 	t.Run("cap", func(t *testing.T) {
 		t.Parallel()
