@@ -217,6 +217,7 @@ func (ex *execution) waitResumed(ctx context.Context) bool {
 			ex.mu.Lock()
 			ex.accepted, ex.baseline = accepted, baseline
 			ex.mu.Unlock()
+			ex.pausedMeanwhile(ctx) // this pause is known
 			ex.log.Info("backfill: run resumed: this worker claims chunks again")
 			return true
 		case st.Status == RunPaused:
@@ -233,6 +234,31 @@ func (ex *execution) waitResumed(ctx context.Context) bool {
 		case <-time.After(ex.r.cfg.throttleInterval()):
 		}
 	}
+}
+
+// pausedMeanwhile reports whether the run was paused (a "run_paused"
+// event) since the call last looked; false when the audit trail cannot
+// be read.
+func (ex *execution) pausedMeanwhile(ctx context.Context) bool {
+	audit := ex.r.caps.audit
+	if audit == nil {
+		return false
+	}
+	events, err := audit.Events(ctx, ex.r.db, ex.batchID)
+	if err != nil {
+		return false
+	}
+	n := 0
+	for _, e := range events {
+		if e.Kind == "run_paused" {
+			n++
+		}
+	}
+	ex.mu.Lock()
+	defer ex.mu.Unlock()
+	more := n > ex.pausesSeen
+	ex.pausesSeen = n
+	return more
 }
 
 // pausedErr is the error of a call that ends with its run paused.

@@ -255,6 +255,10 @@ func (r *Runner) run(ctx context.Context, job Job, wait bool) (Report, error) {
 		stopListen := ex.listenControl(ctx)
 		ex.startThrottle(ctx)
 		ex.notifyProgress(ctx, true)
+		if wait {
+			ex.wait = true
+			ex.pausedMeanwhile(ctx)
+		}
 		if run.Status == RunPaused {
 			// Waits below for the resume.
 			ex.halt(RunPaused, run.LastError)
@@ -468,6 +472,13 @@ func (r *Runner) startExecution(ctx context.Context, rs runSetup, run Run, log *
 // and checks that the run loaded rows.
 func (ex *execution) run(ctx context.Context) {
 	ex.work(ctx)
+	if ex.wait && ex.haltedAs() == "" && ctx.Err() == nil && ex.pausedMeanwhile(ctx) {
+		// Paused while this call worked, and perhaps resumed before it
+		// read the control state (a claim refused, then the run running
+		// again): the call waits and works on, rather than end as if
+		// nothing were left.
+		ex.halt(RunPaused, "paused meanwhile")
+	}
 	if ex.haltedAs() != "" {
 		// Paused or cancelled meanwhile: nothing is published or judged.
 		return
@@ -667,6 +678,10 @@ type execution struct {
 	errs   []error
 	failed *ChunkError
 	stop   bool
+	// wait: the call waits while the run is paused (waitResumed);
+	// pausesSeen counts the run's pauses it knows of (pausedMeanwhile).
+	wait       bool
+	pausesSeen int
 	// halted is the status (paused, cancelled) the run's control state
 	// stopped this call with ("" for none; see [runControl]).
 	halted RunStatus

@@ -168,7 +168,7 @@ func TestStatusTimeSplitAndETA(t *testing.T) {
 	}
 	exec(`UPDATE backfill.runs SET created_at = now() - interval '100 s' WHERE batch_id = $1`, b)
 	exec(`INSERT INTO backfill.workers (worker_key, worker_id, batch_id, job_name, stale_after, started_at, heartbeat_at)
-		VALUES ('k', 'w', $1, 'split', interval '30 s', now() - interval '100 s', now())`, b)
+		VALUES ('k', 'w', $1, 'split', interval '30 s', (SELECT created_at FROM backfill.runs WHERE batch_id = $1), now())`, b)
 	exec(`INSERT INTO backfill.throttle_periods (batch_id, worker_key, signal, value, high, low, started_at, ended_at)
 		VALUES ($1, 'k', 'sql', 1, 1, 0, now() - interval '80 s', now() - interval '50 s')`, b)
 	exec(`INSERT INTO backfill.events (batch_id, job_name, kind, created_at) VALUES ($1, 'split', 'run_paused', now() - interval '40 s'),
