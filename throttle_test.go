@@ -427,6 +427,9 @@ func TestThrottleCriticalPausesAndResumeContinues(t *testing.T) {
 	require.ErrorIs(t, err, ErrRunPaused)
 	require.Equal(t, RunPaused, rep.Status)
 	require.Zero(t, rep.ChunksDone)
+	// The error says how to resume: from SQL, from the CLI, from Go.
+	require.Contains(t, err.Error(), fmt.Sprintf("SELECT backfill.resume(%d, 'ACTOR', 'WHY')", rep.BatchID))
+	require.Contains(t, err.Error(), fmt.Sprintf("backfill resume --batch %d", rep.BatchID))
 	var lastError string
 	require.NoError(t, db.Get(&lastError, `SELECT last_error FROM backfill.runs WHERE batch_id = $1`, rep.BatchID))
 	require.Contains(t, lastError, "throttle fake: value 100 at or above critical level 50")
