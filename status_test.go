@@ -212,6 +212,15 @@ func TestStatusTimeSplitAndETA(t *testing.T) {
 	require.InDelta(t, 2, *st.ETARate, 1e-9)
 	require.Contains(t, st.String(), "ETA 5m0s at 2 rows/s (the rows_per_second knob (2))")
 
+	// A wait paced by the rate cap is that rate, not a hold: the ETA stays.
+	exec(`INSERT INTO backfill.throttle_periods (batch_id, worker_key, signal, reason, value, high, low, started_at)
+		VALUES ($1, 'k', $2, 'rate cap', 2, 2, 2, now() - interval '1 s')`, b, RateSignalName)
+	st, err = pm.Status(ctx, db, b)
+	require.NoError(t, err)
+	require.NotNil(t, st.ETASeconds)
+	require.Empty(t, st.Waiting)
+	exec(`DELETE FROM backfill.throttle_periods WHERE signal = $1`, RateSignalName)
+
 	// A throttle that holds every live worker now: no ETA, held by it.
 	exec(`INSERT INTO backfill.throttle_periods (batch_id, worker_key, signal, reason, value, high, low, started_at)
 		VALUES ($1, 'k', 'replica_lag', 'lag 9 s at or above 5 s', 9, 5, 1, now() - interval '1 s')`, b)

@@ -474,7 +474,7 @@ func (t *throttler) ratePeriod(ctx context.Context, d time.Duration, lim float64
 
 // RateSignalName is the signal of the throttle periods that waits for
 // [Config.RowsPerSecond] record (waits of a ThrottleInterval or more).
-const RateSignalName = "rows_per_second"
+const RateSignalName = pgstore.RateSignalName
 
 // settle counts the rows read by a try that wait let through against
 // the rows-per-second cap (0 for a try that claimed nothing or failed):

@@ -192,6 +192,11 @@ type etaInputs struct {
 	knobs map[string]float64
 }
 
+// RateSignalName is the signal of the throttle periods of the rate cap's
+// waits (backfill.RateSignalName): a wait paced by the cap is the rate
+// the ETA uses, not a hold.
+const RateSignalName = "rows_per_second"
+
 // readETAInputs reads in for run batchID, whose recent window runs from
 // windowStart to asOf.
 func (m *Manifest) readETAInputs(ctx context.Context, tx sqlx.ExtContext, batchID int64, windowStart, asOf time.Time, in *etaInputs) error {
@@ -199,12 +204,12 @@ func (m *Manifest) readETAInputs(ctx context.Context, tx sqlx.ExtContext, batchI
 		(SELECT max(e.created_at) FROM {s}.events e WHERE e.batch_id = r.batch_id AND e.kind LIKE 'run\_%') AS since,
 		coalesce((SELECT json_object_agg(k.key, k.value) FROM {s}.knobs k WHERE k.batch_id = r.batch_id), '{}')::text AS knobs,
 		(SELECT count(DISTINCT w.worker_key) FROM {s}.throttle_periods p JOIN {s}.workers w ON w.worker_key = p.worker_key
-			WHERE p.batch_id = r.batch_id AND p.ended_at IS NULL AND w.finished_at IS NULL AND w.heartbeat_at >= now() - w.stale_after) AS holding,
+			WHERE p.batch_id = r.batch_id AND p.ended_at IS NULL AND p.signal <> $4 AND w.finished_at IS NULL AND w.heartbeat_at >= now() - w.stale_after) AS holding,
 		(SELECT string_agg(DISTINCT p.signal || ' (' || p.reason || ')', ', ') FROM {s}.throttle_periods p JOIN {s}.workers w ON w.worker_key = p.worker_key
-			WHERE p.batch_id = r.batch_id AND p.ended_at IS NULL AND w.finished_at IS NULL AND w.heartbeat_at >= now() - w.stale_after) AS holds,
+			WHERE p.batch_id = r.batch_id AND p.ended_at IS NULL AND p.signal <> $4 AND w.finished_at IS NULL AND w.heartbeat_at >= now() - w.stale_after) AS holds,
 		(SELECT sum(extract(epoch FROM c.checkpointed_at - greatest(c.started_at, $2)))::float8
 			FROM {s}.chunks c WHERE c.batch_id = r.batch_id AND c.checkpointed_at > $2 AND c.checkpointed_at <= $3 AND c.started_at IS NOT NULL) AS busy
-		FROM {s}.runs r WHERE r.batch_id = $1`), batchID, windowStart, asOf)
+		FROM {s}.runs r WHERE r.batch_id = $1`), batchID, windowStart, asOf, RateSignalName)
 }
 
 // applyETA sets s's ETA from the rate the run has under the knobs and
