@@ -535,6 +535,18 @@ type Config struct {
 	// its run's control state every ThrottleInterval and after each
 	// chunk, so a decision takes effect within one ThrottleInterval.
 	ListenURL string
+	// WaitWhilePaused makes [Runner.Run] wait while its run is paused
+	// (by an operator, a quality gate or a throttle's critical level)
+	// instead of returning [ErrRunPaused]: the call stays a registered,
+	// heartbeating worker of the run, claims nothing, and goes on working
+	// once the run is resumed (SQL function resume, "backfill resume",
+	// [Runner.Resume] from another process), within one
+	// ThrottleInterval (at once with ListenURL). It still returns when
+	// the run is cancelled ([ErrRunCancelled]) or ctx is done. It needs
+	// the control plane ([PGManifest]); other manifests return as
+	// without it. For long-lived services; [Work] always waits. Default
+	// false: Run returns on a pause.
+	WaitWhilePaused bool
 }
 
 // Defaults of [Config.HeartbeatInterval] and [Config.StaleAfter]: a

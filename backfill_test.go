@@ -270,15 +270,15 @@ func TestBadRowsGoToTheExceptionQueue(t *testing.T) {
 		gots = append(gots, got{e.Row, e.Column, e.Value, e.Reason})
 	}
 	want := []got{
-		{2, "id", "x", "invalid input syntax for type bigint"},
+		{2, "id", "x", "invalid input syntax for type bigint: value x"},
 		{3, "tenant", "NULL", "missing key column: NULL business key value"},
-		{4, "name", `"nul\x00byte"`, "text contains a NUL byte"},
-		{5, "name", `"bad\xffutf8"`, "text is not valid UTF-8"},
-		{6, "name", "much too long for twelve", `value too long: character varying(12) column "name" holds at most 12 characters, got 24`},
-		{7, "amount", "123456789.00", `numeric field overflow: numeric(10,2) column "amount" holds at most 99999999.99 in absolute value`},
+		{4, "name", `"nul\x00byte"`, `text contains a NUL byte: value "nul\x00byte"`},
+		{5, "name", `"bad\xffutf8"`, `text is not valid UTF-8: value "bad\xffutf8"`},
+		{6, "name", "much too long for twelve", `value too long: character varying(12) column "name" holds at most 12 characters, got 24: value much too long for twelve`},
+		{7, "amount", "123456789.00", `numeric field overflow: numeric(10,2) column "amount" holds at most 99999999.99 in absolute value: value 123456789.00`},
 		{8, "seen_at", "2024-01-01 00:00:00", "invalid timestamptz: accepted forms are YYYY-MM-DD[ |T]HH:MM[:SS[.ffffff]] (four or more year digits, optional AD/BC) followed by a zone: " +
 			"Z, an offset ±HH[:MM[:SS]], or an IANA name (America/New_York); and infinity, -infinity, epoch. Without a zone the text would be read in the session's TimeZone; " +
-			"abbreviations (PST) depend on timezone_abbreviations and are refused"},
+			"abbreviations (PST) depend on timezone_abbreviations and are refused: value 2024-01-01 00:00:00"},
 		{10, "", "", "unparseable line"},
 	}
 	if d := cmp.Diff(want, gots); d != "" {

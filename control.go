@@ -34,6 +34,7 @@ import (
 // runControl is a call's view of its run's control state.
 type runControl struct {
 	mu      sync.Mutex
+	status  RunStatus // the run's status as last read
 	knobs   map[string]float64
 	changed chan struct{} // closed and replaced at every change
 	// poke asks the monitor for an immediate check (a notification).
@@ -147,6 +148,8 @@ func (ex *execution) applyControl(ctx context.Context, st backfilltype.ControlSt
 	}
 	c := ex.ctl
 	c.mu.Lock()
+	statusChanged := c.status != st.Status
+	c.status = st.Status
 	same := len(c.knobs) == len(st.Knobs)
 	for k, v := range st.Knobs {
 		if old, ok := c.knobs[k]; !ok || old != v {
@@ -158,10 +161,116 @@ func (ex *execution) applyControl(ctx context.Context, st backfilltype.ControlSt
 	}
 	c.mu.Unlock()
 	if same {
+		if statusChanged {
+			// Wakes a call waiting for the resume (waitResumed).
+			c.broadcast()
+		}
 		return
 	}
 	ex.log.Info("backfill: live knobs changed", "knobs", st.Knobs)
 	c.broadcast()
+}
+
+// waitResumed waits, as a registered worker of the run, while the call is
+// halted by a pause: it reads the run's control state every
+// ThrottleInterval and at each change the throttle monitor reads (at once
+// on a notification with Config.ListenURL). It reports true when the run
+// is running again (the call's halt lifted, the validators' record read
+// again): the caller works on. It reports false at once when the call is
+// not paused, ended with errors of its own, or has no control plane, and
+// when the run is cancelled (the call halted as cancelled) or ends
+// otherwise, or ctx is done.
+func (ex *execution) waitResumed(ctx context.Context) bool {
+	cm := ex.r.caps.control
+	if cm == nil || ex.ctl == nil || ex.haltedAs() != RunPaused || ctx.Err() != nil {
+		return false
+	}
+	ex.mu.Lock()
+	errs := len(ex.errs)
+	ex.mu.Unlock()
+	if errs > 0 {
+		return false
+	}
+	ex.log.Warn("backfill: run paused: this worker waits for it to be resumed", "resume", ex.r.resumeHint(ex.batchID))
+	for {
+		wake := ex.ctl.wakeCh()
+		st, err := cm.Control(ctx, ex.r.db, ex.batchID)
+		switch {
+		case err != nil:
+			if ctx.Err() == nil {
+				ex.log.Warn("backfill: reading the run's control state failed while paused; trying again", "error", err)
+			}
+		case st.Status == RunRunning:
+			ex.mu.Lock()
+			ex.halted, ex.stop = "", false
+			ex.mu.Unlock()
+			ex.ctl.ended.Store(false)
+			ex.applyControl(ctx, st)
+			warning, accepted, baseline, err := ex.r.recordValidators(ctx, ex.job, ex.batchID)
+			if err != nil {
+				ex.fail(nil, fmt.Errorf("backfill: job %q batch %d: validators: %w", ex.job.Name, ex.batchID, err))
+				return false
+			}
+			if warning != "" {
+				ex.log.Warn(warning)
+			}
+			ex.mu.Lock()
+			ex.accepted, ex.baseline = accepted, baseline
+			ex.mu.Unlock()
+			ex.pausedMeanwhile(ctx) // this pause is known
+			ex.log.Info("backfill: run resumed: this worker claims chunks again")
+			return true
+		case st.Status == RunPaused:
+		case st.Status == RunCancelled:
+			ex.halt(RunCancelled, st.Reason)
+			return false
+		default:
+			return false
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-wake:
+		case <-time.After(ex.r.cfg.throttleInterval()):
+		}
+	}
+}
+
+// pausedMeanwhile reports whether the run was paused (a "run_paused"
+// event) since the call last looked; false when the audit trail cannot
+// be read.
+func (ex *execution) pausedMeanwhile(ctx context.Context) bool {
+	audit := ex.r.caps.audit
+	if audit == nil {
+		return false
+	}
+	events, err := audit.Events(ctx, ex.r.db, ex.batchID)
+	if err != nil {
+		return false
+	}
+	n := 0
+	for _, e := range events {
+		if e.Kind == "run_paused" {
+			n++
+		}
+	}
+	ex.mu.Lock()
+	defer ex.mu.Unlock()
+	more := n > ex.pausesSeen
+	ex.pausesSeen = n
+	return more
+}
+
+// pausedErr is the error of a call that ends with its run paused.
+func (r *Runner) pausedErr(job Job, run Run) error {
+	return fmt.Errorf("backfill: job %q batch %d: %w: %s; %s, or run the worker with Config.WaitWhilePaused (backfill.Work does) to wait for the resume",
+		job.Name, run.BatchID, ErrRunPaused, run.LastError, r.resumeHint(run.BatchID))
+}
+
+// resumeHint says how to resume run batchID: from SQL, from the CLI, from Go.
+func (r *Runner) resumeHint(batchID int64) string {
+	return fmt.Sprintf("resume it with SELECT %s.resume(%d, 'ACTOR', 'WHY'), or backfill resume --batch %d --why WHY, or Runner.Resume",
+		r.schemaName(), batchID, batchID)
 }
 
 // liveConcurrency is the workers this call runs now: the concurrency knob,
@@ -300,8 +409,8 @@ func (t *throttler) applyThresholds() {
 
 // cancelledErr is the error of a call whose run was cancelled.
 func (ex *execution) cancelledErr(run Run) error {
-	return fmt.Errorf("backfill: job %q batch %d: %w: %s; resume it with Runner.Resume (or SELECT %s.resume(%d, actor, reason)), or start a new run with Job.NewRun",
-		ex.job.Name, run.BatchID, ErrRunCancelled, run.LastError, ex.r.schemaName(), run.BatchID)
+	return fmt.Errorf("backfill: job %q batch %d: %w: %s; %s (then run the job again), or start a new run with Job.NewRun",
+		ex.job.Name, run.BatchID, ErrRunCancelled, run.LastError, ex.r.resumeHint(run.BatchID))
 }
 
 // schemaName is the manifest's schema for messages ("backfill" without

@@ -557,3 +557,126 @@ func TestControlConcurrencyKnobLoweredWithExtractAhead(t *testing.T) {
 	require.Equal(t, RunCompleted, rep.Status)
 	require.Equal(t, int32(1), most.Load(), "extractions at once after the knob went down to 1")
 }
+
+// waitPausedIdle waits until run batch of job "live" is paused with no
+// chunk leased and done chunks done; a value on returned (a worker that
+// gave up) fails the test.
+func waitPausedIdle[T any](t *testing.T, db *sqlx.DB, done int, returned <-chan T) int64 {
+	t.Helper()
+	for deadline := time.Now().Add(60 * time.Second); ; {
+		select {
+		case v := <-returned:
+			t.Fatalf("the worker returned while the run is paused: %v", v)
+		default:
+		}
+		var st struct {
+			Batch  int64  `db:"batch_id"`
+			Status string `db:"status"`
+			Done   int    `db:"done"`
+			Leased int    `db:"leased"`
+		}
+		err := db.Get(&st, `SELECT r.batch_id, r.status, count(*) FILTER (WHERE c.status = 'done') AS done,
+			count(*) FILTER (WHERE c.lease_key IS NOT NULL) AS leased
+			FROM backfill.runs r JOIN backfill.chunks c USING (batch_id) WHERE r.job_name = 'live' GROUP BY r.batch_id, r.status`)
+		if err == nil && st.Status == "paused" && st.Done >= done && st.Leased == 0 {
+			return st.Batch
+		}
+		require.True(t, time.Now().Before(deadline), "the run never paused idle: %+v %v", st, err)
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestWorkWaitsWhilePausedFromSQL: a worker process (Work) whose run is
+// paused from SQL does not exit: it stays a live worker of the run (the
+// status after the resume shows it running, not dead) and, once the run
+// is resumed from SQL, works it to the end and exits with ExitDone.
+func TestWorkWaitsWhilePausedFromSQL(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := liveDB(t)
+	r := liveRunner(t, db, "w1", nil)
+	r.cfg.ThrottleInterval = 50 * time.Millisecond
+	resumedChunk := make(chan struct{})
+	release := make(chan struct{})
+	var paused atomic.Bool
+	job := liveJob(func(c Chunk) {
+		switch {
+		case c.Seq == 0:
+			_, err := db.Exec(`SELECT backfill.pause('live', 'ann', 'replica lag')`)
+			require.NoError(t, err)
+			paused.Store(true)
+		case paused.Load() && c.Seq == 1:
+			close(resumedChunk)
+			<-release
+		}
+	})
+	codes := make(chan ExitCode, 1)
+	go func() { codes <- Work(ctx, r, job) }()
+	batch := waitPausedIdle(t, db, 1, codes)
+	var unfinished int
+	require.NoError(t, db.Get(&unfinished, `SELECT count(*) FROM backfill.workers WHERE finished_at IS NULL`))
+	require.Equal(t, 1, unfinished, "the waiting worker stays registered")
+
+	_, err := db.Exec(`SELECT backfill.resume($1::bigint, 'ann', 'lag is fine')`, batch)
+	require.NoError(t, err)
+	select {
+	case <-resumedChunk:
+	case code := <-codes:
+		t.Fatalf("Work returned %d instead of working the resumed run", code)
+	}
+	st, err := r.StatusOf(ctx, batch)
+	require.NoError(t, err)
+	require.Equal(t, RunRunning, st.Status)
+	require.NotEqual(t, LivenessDead, st.Liveness, "a waiting worker is not a dead run")
+	close(release)
+	require.Equal(t, ExitDone, <-codes)
+	require.Equal(t, map[string]int{"done": liveChunks}, chunkStatuses(t, db))
+}
+
+// TestRunWaitWhilePaused: with Config.WaitWhilePaused a call of Run on a
+// run already paused waits (it does not return ErrRunPaused) and returns
+// ErrRunCancelled when the run is cancelled from SQL meanwhile; without
+// it, Run returns ErrRunPaused with an error that says how to resume from
+// SQL and from the CLI.
+func TestRunWaitWhilePaused(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := liveDB(t)
+	r := liveRunner(t, db, "w1", nil)
+	_, err := r.Run(ctx, liveJob(func(c Chunk) {
+		if c.Seq == 0 {
+			_, err := db.Exec(`SELECT backfill.pause('live', 'ann', 'replica lag')`)
+			require.NoError(t, err)
+		}
+	}))
+	require.ErrorIs(t, err, ErrRunPaused)
+	var batch int64
+	require.NoError(t, db.Get(&batch, `SELECT batch_id FROM backfill.runs WHERE job_name = 'live'`))
+	require.Contains(t, err.Error(), fmt.Sprintf("SELECT backfill.resume(%d, 'ACTOR', 'WHY')", batch))
+	require.Contains(t, err.Error(), fmt.Sprintf("backfill resume --batch %d", batch))
+	require.Contains(t, err.Error(), "paused by ann: replica lag")
+
+	w := liveRunner(t, db, "w2", nil)
+	w.cfg.WaitWhilePaused = true
+	w.cfg.ThrottleInterval = 50 * time.Millisecond
+	ch := goRun(ctx, w, liveJob(nil))
+	waitPausedIdle(t, db, 1, ch)
+	for {
+		// The waiting call is registered as a worker.
+		var n int
+		require.NoError(t, db.Get(&n, `SELECT count(*) FROM backfill.workers WHERE worker_id = 'w2' AND finished_at IS NULL`))
+		if n == 1 {
+			break
+		}
+		select {
+		case res := <-ch:
+			t.Fatalf("Run returned while paused: %v", res.err)
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	_, err = db.Exec(`SELECT backfill.cancel($1::bigint, 'ann', 'wrong scope')`, batch)
+	require.NoError(t, err)
+	res := <-ch
+	require.ErrorIs(t, res.err, ErrRunCancelled)
+	require.Contains(t, res.err.Error(), "backfill resume --batch")
+}

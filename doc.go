@@ -246,9 +246,11 @@ Exit codes. [Work] returns [ExitDone] (0: completed, by this worker or
 others), [ExitFailed] (1: failed; last_error says why; do not restart
 blindly), [ExitCancelled] (3: an operator cancelled the run; do not
 restart until it is resumed), [ExitUsage] (64: bad job or configuration)
-or [ExitTempFail] (75: not finished: the context cancelled, paused,
-chunks open, database away, or abandoned for a newer run; restart later
-to resume).
+or [ExitTempFail] (75: not finished: the context cancelled, chunks
+open, database away, or abandoned for a newer run; restart later to
+resume). A paused run does not end Work: it waits, a live worker of the
+run, and goes on when the run is resumed ([Config.WaitWhilePaused] does
+the same for [Runner.Run] in a long-lived service).
 
 Control. The manifest's SQL functions pause, resume and cancel a run and
 set its live knobs, from psql or from Go ([Runner.Pause],
@@ -323,7 +325,9 @@ MinHold, so a value sitting at a threshold causes at most one hold and
 one release per MinHold. A reading at or above Critical pauses the run
 (status paused, the reason naming the signal, value and level): every
 worker of every process stops claiming, Run returns an error wrapping
-[ErrRunPaused], and a person continues it with [Runner.Resume]. Each
+[ErrRunPaused] (or waits, with [Config.WaitWhilePaused], as [Work]
+does), and a person continues it with the SQL function resume,
+"backfill resume" or [Runner.Resume]. Each
 check is logged at debug level; each hold (warn), release (info) and
 critical pause (error) with signal, value and watermarks.
 
@@ -362,7 +366,7 @@ signal, reason, value, watermarks, start, end); rate-cap waits of an
 interval or more too (signal [RateSignalName]).
 [backfilldriver.ManifestThrottle.ThrottlePeriods] reads them and
 [Runner.TimeSplit] splits a run's time into working, throttled by signal,
-and paused.
+paused and idle (no live worker), as [Status] and the report do.
 
 # Progress
 
@@ -372,7 +376,9 @@ run_progress and chunks_in_flight views) read a run's progress from the
 manifest, from any process: chunks by status, rows by outcome, chunks in
 flight, exceptions by reason, liveness, the time split (working,
 throttled, paused, idle) and an ETA from the remaining planned work and
-the recent working rate ([Status]). The checkpoint records what it needs
+the rate the run has under the knobs in force now, or, for a run that is
+not working (paused, cancelled, failed, dead, held by a throttle), what
+it waits for ([Status]). The checkpoint records what it needs
 (rows processed, reads, the server's checkpoint time) in the chunk's
 transaction. A [Config.Hooks] that implements [ProgressHooks] gets failed
 attempts and progress snapshots that count the work of earlier calls and

@@ -82,8 +82,10 @@ var (
 	// paused: a quality gate failed, a throttle reached its critical
 	// level, or an operator paused it ([Runner.Pause], the SQL
 	// function pause), before or during the call (the chunks in flight
-	// finished first). Resume it with [Runner.Resume] or the SQL
-	// function resume.
+	// finished first). Resume it with the SQL function resume, the
+	// CLI's "backfill resume" or [Runner.Resume]; the message says how.
+	// [Work] and a Run with [Config.WaitWhilePaused] wait for the resume
+	// instead of returning it.
 	ErrRunPaused = backfilltype.ErrRunPaused
 	// ErrRunCancelled is returned by [Runner.Run] when the job's run was
 	// cancelled ([Runner.Cancel], the SQL function cancel), before or

@@ -3,6 +3,7 @@ package backfill_test
 import (
 	"context"
 	"fmt"
+	"math"
 
 	"github.com/pgbackfill/backfill"
 )
@@ -63,7 +64,8 @@ func ExampleLoadRunReport() {
 	for _, g := range report.Exceptions.Groups {
 		fmt.Printf("exceptions %q on column %s: %d, e.g. row %d of chunk %s\n", g.Reason, g.Column, g.Count, g.Examples[0].Row, g.Examples[0].ChunkID)
 	}
-	fmt.Println("time parts add up:", report.Time.WorkingSeconds+report.Time.PausedSeconds == report.Time.TotalSeconds)
+	t := report.Time
+	fmt.Println("time parts add up:", math.Abs(t.WorkingSeconds+t.PausedSeconds+t.IdleSeconds-t.TotalSeconds) < 1e-6)
 	// Output:
 	// squares v7: int [0, 100) step 25, rollback none, started by loader-1
 	// chunks: map[done:4] rows read: 100 inserted: 99

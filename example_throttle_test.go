@@ -73,7 +73,7 @@ func Example_throttle() {
 		return
 	}
 	fmt.Println("time paused:", split.Paused > 0, "parts sum to total:",
-		split.Working+split.Paused+split.Throttled["pressure"]+split.Throttled[backfill.RateSignalName] == split.Total)
+		split.Working+split.Paused+split.Idle+split.Throttled["pressure"]+split.Throttled[backfill.RateSignalName] == split.Total)
 	// Output:
 	// Saturday 06:30 Berlin in the window: false
 	// paused: true paused chunks done: 0

@@ -92,10 +92,10 @@ func TestStagingIsolatesRefusedRows(t *testing.T) {
 			require.Equal(t, []string{
 				`1 m=happy: invalid input value for enum mood: "happy" (SQLSTATE 22P02)`,
 				`17 ip=10.0.0.x: invalid input syntax for type inet: "10.0.0.x" (SQLSTATE 22P02)`,
-				`18 r=[5,1): range lower bound must be less than or equal to range upper bound (SQLSTATE 22000)`,
+				`18 r=[5,1): range lower bound must be less than or equal to range upper bound (SQLSTATE 22000): value [5,1)`,
 				`40 a={1,: malformed array literal: "{1," (SQLSTATE 22P02)`,
-				`5 id=five: invalid input syntax for type integer`,
-				`6 p=-3: value for domain posint violates check constraint "posint_check" (SQLSTATE 23514)`,
+				`5 id=five: invalid input syntax for type integer: value five`,
+				`6 p=-3: value for domain posint violates check constraint "posint_check" (SQLSTATE 23514): value -3`,
 			}, got)
 			var ids []int
 			require.NoError(t, db.Select(&ids, `SELECT id FROM t ORDER BY id`))
@@ -189,7 +189,7 @@ func TestStagingRejectsFollowTheValueOfAnyType(t *testing.T) {
 		bad          any
 		reason       string
 	}{
-		{"int into CHECK domain", "p", int64(-3), `value for domain posint violates check constraint "posint_check" (SQLSTATE 23514)`},
+		{"int into CHECK domain", "p", int64(-3), `value for domain posint violates check constraint "posint_check" (SQLSTATE 23514): value -3`},
 		{"NULL into NOT NULL domain", "nn", nil, `domain nnint does not allow null values (SQLSTATE 23502)`},
 		{"colon in column name", "a:b", "happy", `invalid input value for enum mood: "happy" (SQLSTATE 22P02)`},
 	} {

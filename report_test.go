@@ -192,7 +192,7 @@ func TestRunReportGolden(t *testing.T) {
 		n += b.Count
 	}
 	require.Equal(t, len(rep.Chunks), n, "the histogram holds every timed chunk")
-	parts := rep.Time.WorkingSeconds + rep.Time.PausedSeconds
+	parts := rep.Time.WorkingSeconds + rep.Time.PausedSeconds + rep.Time.IdleSeconds
 	for _, s := range rep.Time.ThrottledSeconds {
 		parts += s
 	}
@@ -303,4 +303,72 @@ func TestRunReportManyChunks(t *testing.T) {
 	require.Equal(t, "int", rep.Plan.ChunkKind)
 	var buf bytes.Buffer
 	require.NoError(t, json.NewEncoder(&buf).Encode(rep))
+}
+
+// TestReportTimeSplitIsTheStatus: the report and the status split a run's
+// time alike: a run whose first worker stopped (its run left running with
+// no live worker, then paused and cancelled from SQL, then resumed and
+// completed by another call) has idle time in both, not working time, and
+// the same working, paused, throttled and idle seconds in both.
+func TestReportTimeSplitIsTheStatus(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := liveDB(t)
+	r := liveRunner(t, db, "w1", nil)
+	cctx, cancel := context.WithCancel(ctx)
+	_, err := r.Run(cctx, liveJob(func(c Chunk) {
+		if c.Seq == 1 {
+			cancel()
+		}
+	}))
+	require.ErrorIs(t, err, context.Canceled)
+	var batch int64
+	require.NoError(t, db.Get(&batch, `SELECT batch_id FROM backfill.runs WHERE job_name = 'live'`))
+	// The worker finished: the time until the next event is idle.
+	waitServerClock(t, db, 300*time.Millisecond)
+	_, err = db.Exec(`SELECT backfill.pause($1::bigint, 'ann', 'look')`, batch)
+	require.NoError(t, err)
+	waitServerClock(t, db, 100*time.Millisecond)
+	_, err = db.Exec(`SELECT backfill.cancel($1::bigint, 'ann', 'wrong')`, batch)
+	require.NoError(t, err)
+	waitServerClock(t, db, 300*time.Millisecond)
+	_, err = r.Resume(ctx, liveJob(nil), "ann", "fine")
+	require.NoError(t, err)
+
+	rep, err := LoadRunReport(ctx, db, NewPGManifest(""), batch)
+	require.NoError(t, err)
+	st, err := r.StatusOf(ctx, batch)
+	require.NoError(t, err)
+	require.Equal(t, RunCompleted, st.Status)
+	split, err := r.TimeSplit(ctx, batch)
+	require.NoError(t, err)
+	const eps = 0.002 // seconds: the view's epoch arithmetic
+	throttled := 0.0
+	for _, s := range rep.Time.ThrottledSeconds {
+		throttled += s
+	}
+	require.InDelta(t, st.Time.TotalSeconds, rep.Time.TotalSeconds, eps)
+	require.InDelta(t, st.Time.WorkingSeconds, rep.Time.WorkingSeconds, eps)
+	require.InDelta(t, st.Time.PausedSeconds, rep.Time.PausedSeconds, eps)
+	require.InDelta(t, st.Time.IdleSeconds, rep.Time.IdleSeconds, eps)
+	require.InDelta(t, st.Time.ThrottledSeconds, throttled, eps)
+	require.InDelta(t, st.Time.IdleSeconds, split.Idle.Seconds(), eps)
+	require.InDelta(t, st.Time.WorkingSeconds, split.Working.Seconds(), eps)
+	require.GreaterOrEqual(t, rep.Time.IdleSeconds, 0.5, "the time with no worker (dead, then cancelled) is idle")
+	require.GreaterOrEqual(t, rep.Time.PausedSeconds, 0.1)
+}
+
+// waitServerClock waits until d has passed on the server's clock.
+func waitServerClock(t *testing.T, db *sqlx.DB, d time.Duration) {
+	t.Helper()
+	var start time.Time
+	require.NoError(t, db.Get(&start, `SELECT clock_timestamp()`))
+	for {
+		var now time.Time
+		require.NoError(t, db.Get(&now, `SELECT clock_timestamp()`))
+		if now.Sub(start) >= d {
+			return
+		}
+		time.Sleep(d / 10)
+	}
 }

@@ -107,7 +107,8 @@ func (w *rowWriter) Write(ctx context.Context, values ...any) error {
 			if pgconv.TypeMismatch(reason) {
 				return w.extractorBug(values, fmt.Sprintf("column %q (%s, value %d of %d): %s", col.Name, cmp.Or(col.Type, col.BaseType), i+1, n, reason))
 			}
-			return w.reject(pgstore.RawJSON(w.names[:n], values, nil), col.Name, pgstore.DisplayValue(values[i]), reason)
+			shown := pgstore.DisplayValue(values[i])
+			return w.reject(pgstore.RawJSON(w.names[:n], values, nil), col.Name, shown, withValue(reason, shown))
 		}
 		w.buf[i] = v
 	}
@@ -130,7 +131,8 @@ func (w *rowWriter) Write(ctx context.Context, values ...any) error {
 				k, _ = v.(string)
 			}
 			if reason != "" {
-				return w.reject(pgstore.RawJSON(w.names[:n], values, nil), col.Name, pgstore.DisplayValue(src), reason)
+				shown := pgstore.DisplayValue(src)
+				return w.reject(pgstore.RawJSON(w.names[:n], values, nil), col.Name, shown, withValue(reason, shown))
 			}
 			w.buf[i] = k
 		case "ingested":
@@ -160,7 +162,7 @@ func (w *rowWriter) stageRow(ctx context.Context, values, buf []any) error {
 			if i >= 0 && i < n {
 				value = pgstore.DisplayValue(values[i])
 			}
-			return w.reject(pgstore.RawJSON(w.names[:n], values[:n], nil), rej.Column, value, rej.Reason)
+			return w.reject(pgstore.RawJSON(w.names[:n], values[:n], nil), rej.Column, value, withValue(rej.Reason, value))
 		}
 	}
 	w.lines.Add(w.row)
@@ -198,11 +200,28 @@ func (w *rowWriter) Reject(ctx context.Context, raw any, column, reason string) 
 	return w.reject(pgstore.RawJSON(nil, nil, raw), column, "", reason)
 }
 
+// maxReasonValue is the most bytes of a value withValue puts in a reason.
+const maxReasonValue = 100
+
+// withValue is reason with the value it judged, as shown (the exception's
+// value column), unless the reason names it already: "out of range for
+// type smallint: value 70000".
+func withValue(reason, shown string) string {
+	if shown == "" || strings.Contains(reason, "value "+shown) || strings.Contains(reason, `"`+shown+`"`) ||
+		shown == "NULL" && strings.Contains(strings.ToLower(reason), "null") {
+		return reason
+	}
+	if len(shown) > maxReasonValue {
+		shown = pgstore.ValidPrefix(shown, maxReasonValue) + "…"
+	}
+	return reason + ": value " + shown
+}
+
 func (w *rowWriter) reject(raw []byte, column, value, reason string) error {
 	w.rejected++
 	w.exceptions = append(w.exceptions, Exception{ChunkID: w.chunk.ID, Row: w.row, Raw: raw, Column: column, Value: value, Reason: reason})
 	if w.maxRejects > 0 && w.rejected > int64(w.maxRejects) {
-		w.err = fmt.Errorf("%w: more than %d in chunk %s (last: row %d column %q: %s)", ErrTooManyRejects, w.maxRejects, w.chunk.ID, w.row, column, reason)
+		w.err = fmt.Errorf("%w: more than %d in chunk %s (last: row %d column %q: %s)", ErrTooManyRejects, w.maxRejects, w.chunk.ID, w.row, column, withValue(reason, value))
 		return w.err
 	}
 	return nil

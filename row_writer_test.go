@@ -698,3 +698,89 @@ func TestTimestampZoneThroughWrappers(t *testing.T) {
 		require.Equal(t, want, got, "wrappers: %T", wrapped)
 	}
 }
+
+// centsValuer is a custom driver.Valuer: a decimal amount in cents.
+type centsValuer int64
+
+func (c centsValuer) Value() (driver.Value, error) {
+	return fmt.Sprintf("%d.%02d", int64(c)/100, int64(c)%100), nil
+}
+
+// TestExceptionValuesAreValuesNotAddresses: values written through a
+// pointer (of any depth), sql.Null* or a custom driver.Valuer, and
+// refused, show in the exception queue, in the reason text and in the
+// report as the value they deliver (a nil pointer as NULL), never a Go
+// address; an extractor bug's error shows the value too.
+func TestExceptionValuesAreValuesNotAddresses(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t)
+	db.MustExec(`CREATE TABLE vals (id bigint PRIMARY KEY, small smallint, code varchar(3), amount numeric(4,2), must text NOT NULL)`)
+	n70k := 70000
+	long := "abcdef"
+	plong := &long
+	rows := [][]any{
+		{int64(1), &n70k, "a", "1.00", "x"},
+		{int64(2), int16(1), &plong, "1.00", "x"},
+		{int64(3), sql.NullInt64{Int64: 70000, Valid: true}, "a", "1.00", "x"},
+		{int64(4), int16(1), "a", centsValuer(123456), "x"},
+		{int64(5), int16(1), "a", "1.00", (*string)(nil)},
+		{int64(6), int16(1), "a", "1.00", "ok"},
+	}
+	job := backfill.Job{Name: "vals", Chunker: backfill.List("all"), MaxRunRejectRate: -1, Rollback: backfill.RollbackNone,
+		Target: backfill.Target{Table: "vals", Key: []string{"id"}},
+		Extractor: backfill.ExtractorFunc(func(ctx context.Context, c backfill.Chunk, w backfill.RowWriter) error {
+			for _, r := range rows {
+				if err := w.Write(ctx, r...); err != nil {
+					return err
+				}
+			}
+			return nil
+		})}
+	r, err := backfill.New(db, nil)
+	require.NoError(t, err)
+	rep, err := r.Run(ctx, job)
+	require.NoError(t, err)
+	require.Equal(t, int64(5), rep.Counts.Rejected)
+	want := map[int64][2]string{ // row: value, a part of the reason
+		1: {"70000", "value 70000"},
+		2: {"abcdef", "value abcdef"},
+		3: {"70000", "value 70000"},
+		4: {"1234.56", "value 1234.56"},
+		5: {"NULL", "null"},
+	}
+	for _, e := range exceptionsOf(t, db, rep.BatchID) {
+		w, ok := want[e.Row]
+		require.True(t, ok, "row %d: %+v", e.Row, e)
+		require.Equal(t, w[0], e.Value, "row %d", e.Row)
+		require.Contains(t, strings.ToLower(e.Reason), w[1], "row %d", e.Row)
+		require.NotContains(t, e.Value+e.Reason+string(e.Raw), "0x", "row %d", e.Row)
+	}
+	report, err := backfill.LoadRunReport(ctx, db, backfill.NewPGManifest(""), rep.BatchID)
+	require.NoError(t, err)
+	var shown []string
+	for _, g := range report.Exceptions.Groups {
+		for _, x := range g.Examples {
+			shown = append(shown, x.Value+" "+x.Reason)
+		}
+	}
+	require.NotEmpty(t, shown)
+	require.NotContains(t, strings.Join(shown, "\n"), "0x")
+	require.Contains(t, strings.Join(shown, "\n"), "70000")
+
+	// An extractor bug (a bool for a timestamp) names the value, not an
+	// address.
+	db.MustExec(`CREATE TABLE times (id bigint PRIMARY KEY, at timestamptz)`)
+	yes := true
+	pyes := &yes
+	job = backfill.Job{Name: "times", Chunker: backfill.List("all"), Rollback: backfill.RollbackNone,
+		Target: backfill.Target{Table: "times", Key: []string{"id"}},
+		Extractor: backfill.ExtractorFunc(func(ctx context.Context, c backfill.Chunk, w backfill.RowWriter) error {
+			return w.Write(ctx, &n70k, &pyes)
+		})}
+	_, err = r.Run(ctx, job)
+	require.ErrorIs(t, err, backfill.ErrExtractor)
+	require.Contains(t, err.Error(), "70000 (*int)")
+	require.Contains(t, err.Error(), "true (**bool)")
+	require.NotContains(t, err.Error(), "0x")
+}

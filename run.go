@@ -182,12 +182,35 @@ func (j Job) validate() error {
 // Report.ChunksOpen and OpenChunks say which, and the next call reads them
 // again. Report.Warnings (also logged) flags a scope that reaches into the
 // future and a date ChunkColumn under a watermark.
+//
+// A pause of the run (an operator's, a quality gate's, a throttle's
+// critical level) makes Run return an error wrapping [ErrRunPaused] once
+// the chunks in flight are checkpointed, unless [Config.WaitWhilePaused]:
+// then Run stays a worker of the run and waits until it is resumed (or
+// cancelled, or ctx is done), and goes on working.
 func (r *Runner) Run(ctx context.Context, job Job) (Report, error) {
-	return r.traceRun(ctx, job, func(ctx context.Context) (Report, error) { return r.run(ctx, job) })
+	return r.runTraced(ctx, job, r.cfg.WaitWhilePaused)
 }
 
-// run is Run inside its span.
-func (r *Runner) run(ctx context.Context, job Job) (Report, error) {
+// runTraced is Run in its span; wait makes it wait while the run is
+// paused ([Config.WaitWhilePaused]).
+func (r *Runner) runTraced(ctx context.Context, job Job, wait bool) (Report, error) {
+	return r.traceRun(ctx, job, func(ctx context.Context) (Report, error) {
+		for {
+			rep, err := r.run(ctx, job, wait)
+			// A call that ends paused with errors of its own (a quality
+			// gate that failed in it) waits in a new call, which starts
+			// on the paused run and waits as a registered worker.
+			if !wait || r.caps.control == nil || ctx.Err() != nil || !errors.Is(err, ErrRunPaused) || rep.Status != RunPaused {
+				return rep, err
+			}
+		}
+	})
+}
+
+// run is one call of Run inside its span; wait: a call whose run is
+// paused waits for its resume as a worker of the run (waitResumed).
+func (r *Runner) run(ctx context.Context, job Job, wait bool) (Report, error) {
 	begin := time.Now()
 	rs, err := r.planRun(ctx, job)
 	if err != nil {
@@ -207,10 +230,11 @@ func (r *Runner) run(ctx context.Context, job Job) (Report, error) {
 	for _, w := range rs.warnings {
 		log.Warn(w)
 	}
-	if run.Status == RunPaused {
+	wait = wait && r.caps.control != nil
+	if run.Status == RunPaused && !wait {
 		rep, err := r.report(ctx, run, resumed)
 		rep.Warnings = rs.warnings
-		return rep, errors.Join(err, fmt.Errorf("backfill: job %q batch %d: %w: %s; resume it with Runner.Resume", job.Name, run.BatchID, ErrRunPaused, run.LastError))
+		return rep, errors.Join(err, r.pausedErr(job, run))
 	}
 	if run.Status == RunCancelled {
 		// Terminal until resumed explicitly: a plain Run never restarts it.
@@ -232,7 +256,21 @@ func (r *Runner) run(ctx context.Context, job Job) (Report, error) {
 		stopListen := ex.listenControl(ctx)
 		ex.startThrottle(ctx)
 		ex.notifyProgress(ctx, true)
-		ex.run(ctx)
+		if wait {
+			ex.wait = true
+			ex.pausedMeanwhile(ctx)
+		}
+		if run.Status == RunPaused {
+			// Waits below for the resume.
+			ex.halt(RunPaused, run.LastError)
+		}
+		for {
+			ex.run(ctx)
+			if !wait || !ex.waitResumed(ctx) {
+				break
+			}
+			ex.notifyProgress(ctx, true)
+		}
 		ex.stopThrottle()
 		stopListen()
 	}
@@ -446,6 +484,13 @@ func (r *Runner) startExecution(ctx context.Context, rs runSetup, run Run, log *
 // and checks that the run loaded rows.
 func (ex *execution) run(ctx context.Context) {
 	ex.work(ctx)
+	if ex.wait && ex.haltedAs() == "" && ctx.Err() == nil && ex.pausedMeanwhile(ctx) {
+		// Paused while this call worked, and perhaps resumed before it
+		// read the control state (a claim refused, then the run running
+		// again): the call waits and works on, rather than end as if
+		// nothing were left.
+		ex.halt(RunPaused, "paused meanwhile")
+	}
 	if ex.haltedAs() != "" {
 		// Paused or cancelled meanwhile: nothing is published or judged.
 		return
@@ -499,7 +544,7 @@ func (ex *execution) finishRun(ctx context.Context, run Run, resumed, finished b
 	if run.Status == RunPaused && runErr == nil {
 		// Paused meanwhile by another process (a throttle's critical
 		// level) or an operator: not a success.
-		runErr = fmt.Errorf("backfill: job %q batch %d: %w: %s; resume it with Runner.Resume", job.Name, run.BatchID, ErrRunPaused, run.LastError)
+		runErr = r.pausedErr(job, run)
 	}
 	if run.Status == RunCancelled {
 		// Cancelled meanwhile: the chunks in flight rolled back.
@@ -645,6 +690,10 @@ type execution struct {
 	errs   []error
 	failed *ChunkError
 	stop   bool
+	// wait: the call waits while the run is paused (waitResumed);
+	// pausesSeen counts the run's pauses it knows of (pausedMeanwhile).
+	wait       bool
+	pausesSeen int
 	// halted is the status (paused, cancelled) the run's control state
 	// stopped this call with ("" for none; see [runControl]).
 	halted RunStatus

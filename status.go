@@ -184,10 +184,11 @@ const (
 // of each run and the job-wide concurrency slots.
 
 // TimeSplit returns how the time of run batchID splits into working,
-// throttled (by signal) and paused. Paused spans run from each "run_paused"
-// event to the next "run_resumed_by_operator" (or the end). It needs
+// throttled (by signal), paused and idle, as [Status] and the report
+// split it ([backfilltype.TimeSplit]). It needs
 // [backfilldriver.ManifestThrottle] and [backfilldriver.ManifestAudit]
-// (else an error wrapping [ErrUnsupported]).
+// (else an error wrapping [ErrUnsupported]); without
+// [backfilldriver.ManifestWorkers] there is no idle time.
 func (r *Runner) TimeSplit(ctx context.Context, batchID int64) (backfilltype.TimeSplit, error) {
 	mt, audit := r.caps.throttlePeriods, r.caps.audit
 	if mt == nil || audit == nil {
@@ -205,6 +206,24 @@ func (r *Runner) TimeSplit(ctx context.Context, batchID int64) (backfilltype.Tim
 	if err != nil {
 		return backfilltype.TimeSplit{}, err
 	}
+	if pm, ok := r.cfg.Manifest.(*pgstore.Manifest); ok {
+		var split backfilltype.TimeSplit
+		err := pgstore.ReadTx(ctx, r.db, func(tx sqlx.ExtContext) error {
+			var err error
+			split, _, err = pm.RunTimeSplit(ctx, tx, batchID, events, periods)
+			return err
+		})
+		if err != nil {
+			return backfilltype.TimeSplit{}, fmt.Errorf("backfill: time split of batch %d: %w", batchID, err)
+		}
+		return split, nil
+	}
+	var workers []backfilltype.Worker
+	if wm, ok := r.cfg.Manifest.(backfilldriver.ManifestWorkers); ok {
+		if workers, err = wm.Workers(ctx, r.db, batchID); err != nil {
+			return backfilltype.TimeSplit{}, err
+		}
+	}
 	var now time.Time
 	if err := pgstore.ReadTx(ctx, r.db, func(tx sqlx.ExtContext) error {
 		return sqlx.GetContext(ctx, tx, &now, `SELECT now()`)
@@ -215,5 +234,5 @@ func (r *Runner) TimeSplit(ctx context.Context, batchID int64) (backfilltype.Tim
 	if run.FinishedAt != nil {
 		end = *run.FinishedAt
 	}
-	return pgstore.SplitTime(run.CreatedAt, end, pgstore.PausedSpans(events, end), periods), nil
+	return pgstore.SplitTime(run.CreatedAt, end, pgstore.PausedSpans(events, end), periods, pgstore.WorkerSpans(workers, now)), nil
 }

@@ -96,7 +96,9 @@ func TestStatusAndProgressAfterResume(t *testing.T) {
 	require.NotNil(t, st.RemainingRows)
 	// Int chunks of 10 keys each, 41 rows read over 40 keys.
 	require.InDelta(t, 2*10*41.0/40, *st.RemainingRows, 1e-9)
-	require.NotNil(t, st.ETASeconds)
+	require.Nil(t, st.ETASeconds, "a failed run has no ETA")
+	require.Contains(t, st.Waiting, "failed")
+	require.Contains(t, st.String(), "no ETA: failed")
 	require.True(t, st.Chunks.Done+st.Chunks.Failed+st.Chunks.Pending+st.Chunks.Open == st.Chunks.Total)
 
 	// The status is the manifest's: another process, without the job's
@@ -166,7 +168,7 @@ func TestStatusTimeSplitAndETA(t *testing.T) {
 	}
 	exec(`UPDATE backfill.runs SET created_at = now() - interval '100 s' WHERE batch_id = $1`, b)
 	exec(`INSERT INTO backfill.workers (worker_key, worker_id, batch_id, job_name, stale_after, started_at, heartbeat_at)
-		VALUES ('k', 'w', $1, 'split', interval '30 s', now() - interval '100 s', now())`, b)
+		VALUES ('k', 'w', $1, 'split', interval '30 s', (SELECT created_at FROM backfill.runs WHERE batch_id = $1), now())`, b)
 	exec(`INSERT INTO backfill.throttle_periods (batch_id, worker_key, signal, value, high, low, started_at, ended_at)
 		VALUES ($1, 'k', 'sql', 1, 1, 0, now() - interval '80 s', now() - interval '50 s')`, b)
 	exec(`INSERT INTO backfill.events (batch_id, job_name, kind, created_at) VALUES ($1, 'split', 'run_paused', now() - interval '40 s'),
@@ -189,15 +191,69 @@ func TestStatusTimeSplitAndETA(t *testing.T) {
 	require.InDelta(t, 600, *st.RemainingRows, 1e-9)
 	require.Equal(t, 6, st.RemainingChunks)
 	require.InDelta(t, 90, *st.ETASeconds, 2)
+	require.Empty(t, st.Waiting)
+	require.Contains(t, st.String(), "(the recent working rate)")
 
-	// The worker died 20 s ago: its last 20 s are idle, not working.
+	// The knobs in force now set the ETA's rate. Each chunk ran from the
+	// run's start: 0 + 20 + 40 + 60 busy seconds over 60 working seconds
+	// of the window, 2 chunks at once; the concurrency knob allows 1 (one
+	// live worker): half the rate, twice the time.
+	exec(`UPDATE backfill.chunks SET started_at = now() - interval '100 s' WHERE batch_id = $1 AND seq < 4`, b)
+	exec(`SELECT backfill.set_knob($1::bigint, 'concurrency', '1', 'ann', 'quieter')`, b)
+	st, err = pm.Status(ctx, db, b)
+	require.NoError(t, err)
+	require.InDelta(t, 180, *st.ETASeconds, 5)
+	require.Contains(t, st.ETABasis, "concurrency")
+	// rows_per_second 2 is slower still: 600 rows at 2 rows/s.
+	exec(`SELECT backfill.set_knob($1::bigint, 'rows_per_second', '2', 'ann', 'quieter')`, b)
+	st, err = pm.Status(ctx, db, b)
+	require.NoError(t, err)
+	require.InDelta(t, 300, *st.ETASeconds, 1e-6)
+	require.InDelta(t, 2, *st.ETARate, 1e-9)
+	require.Contains(t, st.String(), "ETA 5m0s at 2 rows/s (the rows_per_second knob (2))")
+
+	// A wait paced by the rate cap is that rate, not a hold: the ETA stays.
+	exec(`INSERT INTO backfill.throttle_periods (batch_id, worker_key, signal, reason, value, high, low, started_at)
+		VALUES ($1, 'k', $2, 'rate cap', 2, 2, 2, now() - interval '1 s')`, b, RateSignalName)
+	st, err = pm.Status(ctx, db, b)
+	require.NoError(t, err)
+	require.NotNil(t, st.ETASeconds)
+	require.Empty(t, st.Waiting)
+	exec(`DELETE FROM backfill.throttle_periods WHERE signal = $1`, RateSignalName)
+
+	// A throttle that holds every live worker now: no ETA, held by it.
+	exec(`INSERT INTO backfill.throttle_periods (batch_id, worker_key, signal, reason, value, high, low, started_at)
+		VALUES ($1, 'k', 'replica_lag', 'lag 9 s at or above 5 s', 9, 5, 1, now() - interval '1 s')`, b)
+	st, err = pm.Status(ctx, db, b)
+	require.NoError(t, err)
+	require.Nil(t, st.ETASeconds)
+	require.Contains(t, st.Waiting, "held by throttle replica_lag (lag 9 s at or above 5 s)")
+	exec(`DELETE FROM backfill.throttle_periods WHERE signal = 'replica_lag'`)
+
+	// The worker died 20 s ago: its last 20 s are idle, not working, and
+	// nothing works the run: no ETA, but what it waits for.
 	exec(`UPDATE backfill.workers SET heartbeat_at = now() - interval '20 s', stale_after = interval '5 s'`)
 	st, err = pm.Status(ctx, db, b)
 	require.NoError(t, err)
 	require.InDelta(t, 20, st.Time.IdleSeconds, 1)
 	require.InDelta(t, 40, st.Time.WorkingSeconds, 1)
 	require.Equal(t, LivenessDead, st.Liveness)
-	require.InDelta(t, 600/(400.0/40), *st.ETASeconds, 2)
+	require.Nil(t, st.ETASeconds)
+	require.Contains(t, st.Waiting, "no live worker")
+	require.Contains(t, st.String(), "no ETA: no live worker")
+
+	// Paused: no ETA, by whom and why, and how to resume it.
+	exec(`SELECT backfill.pause($1::bigint, 'ann', 'replica lag')`, b)
+	st, err = pm.Status(ctx, db, b)
+	require.NoError(t, err)
+	require.Nil(t, st.ETASeconds)
+	require.Contains(t, st.Waiting, "paused by ann: replica lag since ")
+	require.Contains(t, st.Waiting, fmt.Sprintf("SELECT backfill.resume(%d, 'ACTOR', 'WHY') or backfill resume --batch %d", b, b))
+	exec(`SELECT backfill.cancel($1::bigint, 'ann', 'wrong scope')`, b)
+	st, err = pm.Status(ctx, db, b)
+	require.NoError(t, err)
+	require.Nil(t, st.ETASeconds)
+	require.Contains(t, st.Waiting, "cancelled by ann: wrong scope")
 }
 
 // TestStatusInFlight: a chunk held by a worker is listed in flight with

@@ -278,7 +278,7 @@ func (t *throttler) paused(ctx context.Context) bool {
 	}
 	ex.log.Warn("backfill: throttle: the run was paused meanwhile; this call stops", "reason", run.LastError)
 	ex.tracePause(ctx, backfilltrace.PauseObserved, run.LastError)
-	ex.fail(nil, fmt.Errorf("backfill: job %q batch %d: %w: %s; resume it with Runner.Resume", ex.job.Name, ex.batchID, ErrRunPaused, run.LastError))
+	ex.fail(nil, fmt.Errorf("backfill: job %q batch %d: %w: %s; %s", ex.job.Name, ex.batchID, ErrRunPaused, run.LastError, ex.r.resumeHint(ex.batchID)))
 	t.wake()
 	return true
 }
@@ -346,9 +346,9 @@ func (t *throttler) pauseRun(ctx context.Context, h *hysteresis.State, v float64
 	ex := t.ex
 	name := h.Throttle.Signal.Name()
 	reason := fmt.Sprintf("throttle %s: value %g at or above critical level %g", name, v, h.Throttle.Critical)
-	ex.log.Error("backfill: throttle critical: pausing the run; resume it with Runner.Resume", "signal", name, "value", v,
+	ex.log.Error("backfill: throttle critical: pausing the run; "+ex.r.resumeHint(ex.batchID), "signal", name, "value", v,
 		"critical", h.Throttle.Critical, "high", h.Throttle.High, "low", h.Throttle.EffectiveLow())
-	err := fmt.Errorf("backfill: job %q batch %d: %w: %s; resume it with Runner.Resume", ex.job.Name, ex.batchID, ErrRunPaused, reason)
+	err := fmt.Errorf("backfill: job %q batch %d: %w: %s; %s", ex.job.Name, ex.batchID, ErrRunPaused, reason, ex.r.resumeHint(ex.batchID))
 	ex.traceThrottle(ctx, backfilltrace.ThrottleData{Event: backfilltrace.ThrottleCritical, Signal: name, Value: v, High: h.Throttle.High, Low: h.Throttle.EffectiveLow()})
 	if mv := ex.r.caps.validations; mv != nil {
 		if perr := ex.retryConn(ctx, "pause run", func() error { return mv.PauseRun(ctx, ex.r.db, ex.batchID, reason) }); perr != nil {
@@ -474,7 +474,7 @@ func (t *throttler) ratePeriod(ctx context.Context, d time.Duration, lim float64
 
 // RateSignalName is the signal of the throttle periods that waits for
 // [Config.RowsPerSecond] record (waits of a ThrottleInterval or more).
-const RateSignalName = "rows_per_second"
+const RateSignalName = pgstore.RateSignalName
 
 // settle counts the rows read by a try that wait let through against
 // the rows-per-second cap (0 for a try that claimed nothing or failed):

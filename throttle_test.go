@@ -224,12 +224,37 @@ func TestSplitTime(t *testing.T) {
 	}
 	slicesSortPeriods(periods)
 	paused := pgstore.PausedSpans([]backfilltype.Event{{Kind: "run_paused", CreatedAt: at(60)}, {Kind: "run_resumed_by_operator", CreatedAt: at(80)}, {Kind: "run_paused", CreatedAt: at(95)}}, at(100))
-	ts := pgstore.SplitTime(t0, at(100), paused, periods)
+	ts := pgstore.SplitTime(t0, at(100), paused, periods, nil)
 	require.Equal(t, 100*time.Second, ts.Total)
 	require.Equal(t, 25*time.Second, ts.Paused)
 	require.Equal(t, map[string]time.Duration{"lag": 20 * time.Second, "wal": 15 * time.Second}, ts.Throttled)
 	require.Equal(t, 40*time.Second, ts.Working)
-	require.Equal(t, ts.Total, ts.Working+ts.Paused+ts.Throttled["lag"]+ts.Throttled["wal"])
+	require.Zero(t, ts.Idle, "no worker registered: no idle time")
+	require.Equal(t, ts.Total, ts.Working+ts.Paused+ts.Idle+ts.Throttled["lag"]+ts.Throttled["wal"])
+
+	// Workers alive 0-50 (then dead: its last heartbeat) and 85-: the
+	// time no worker is alive, neither paused nor throttled, is idle,
+	// not working.
+	fin := at(50)
+	alive := pgstore.WorkerSpans([]backfilltype.Worker{
+		{StartedAt: t0, FinishedAt: &fin},
+		{StartedAt: at(85), HeartbeatAt: at(86), Stale: false},
+	}, at(100))
+	ts = pgstore.SplitTime(t0, at(100), paused, periods, alive)
+	require.Equal(t, 25*time.Second, ts.Paused)
+	require.Equal(t, map[string]time.Duration{"lag": 20 * time.Second, "wal": 15 * time.Second}, ts.Throttled)
+	require.Equal(t, 10*time.Second, ts.Idle, "50-55 and 80-85")
+	require.Equal(t, 30*time.Second, ts.Working)
+
+	// A cancel ends a pause's span; the time after it, with no worker,
+	// is idle.
+	paused = pgstore.PausedSpans([]backfilltype.Event{{Kind: "run_paused", CreatedAt: at(10)}, {Kind: "run_cancelled", CreatedAt: at(20)},
+		{Kind: "run_resumed_by_operator", CreatedAt: at(40)}}, at(100))
+	alive = pgstore.WorkerSpans([]backfilltype.Worker{{StartedAt: t0, FinishedAt: &[]time.Time{at(20)}[0]}, {StartedAt: at(40), HeartbeatAt: at(60), Stale: true}}, at(100))
+	ts = pgstore.SplitTime(t0, at(100), paused, nil, alive)
+	require.Equal(t, 10*time.Second, ts.Paused)
+	require.Equal(t, 60*time.Second, ts.Idle, "20-40 cancelled, 60-100 dead")
+	require.Equal(t, 30*time.Second, ts.Working)
 }
 
 func slicesSortPeriods(ps []backfilltype.ThrottlePeriod) {
@@ -382,7 +407,7 @@ func TestThrottleHoldsRecordsPeriodsAndSplitsTime(t *testing.T) {
 	require.NoError(t, err)
 	require.Positive(t, ts.Throttled["fake"])
 	require.Zero(t, ts.Paused)
-	require.Equal(t, ts.Total, ts.Working+ts.Paused+ts.Throttled["fake"])
+	require.Equal(t, ts.Total, ts.Working+ts.Paused+ts.Idle+ts.Throttled["fake"])
 }
 
 // TestThrottleCriticalPausesAndResumeContinues: a reading at the
@@ -402,6 +427,9 @@ func TestThrottleCriticalPausesAndResumeContinues(t *testing.T) {
 	require.ErrorIs(t, err, ErrRunPaused)
 	require.Equal(t, RunPaused, rep.Status)
 	require.Zero(t, rep.ChunksDone)
+	// The error says how to resume: from SQL, from the CLI, from Go.
+	require.Contains(t, err.Error(), fmt.Sprintf("SELECT backfill.resume(%d, 'ACTOR', 'WHY')", rep.BatchID))
+	require.Contains(t, err.Error(), fmt.Sprintf("backfill resume --batch %d", rep.BatchID))
 	var lastError string
 	require.NoError(t, db.Get(&lastError, `SELECT last_error FROM backfill.runs WHERE batch_id = $1`, rep.BatchID))
 	require.Contains(t, lastError, "throttle fake: value 100 at or above critical level 50")
@@ -418,7 +446,7 @@ func TestThrottleCriticalPausesAndResumeContinues(t *testing.T) {
 	ts, err := r.TimeSplit(t.Context(), rep.BatchID)
 	require.NoError(t, err)
 	require.Positive(t, ts.Paused)
-	require.Equal(t, ts.Total, ts.Working+ts.Paused+ts.Throttled["fake"])
+	require.Equal(t, ts.Total, ts.Working+ts.Paused+ts.Idle+ts.Throttled["fake"])
 }
 
 // TestJobConcurrencyAcrossRunners: three Runners on separate pools
@@ -566,7 +594,7 @@ func TestRowsPerSecondCapWaitsAndRecords(t *testing.T) {
 	ts, err := r.TimeSplit(t.Context(), rep.BatchID)
 	require.NoError(t, err)
 	require.Positive(t, ts.Throttled[RateSignalName])
-	require.Equal(t, ts.Total, ts.Working+ts.Paused+ts.Throttled[RateSignalName])
+	require.Equal(t, ts.Total, ts.Working+ts.Paused+ts.Idle+ts.Throttled[RateSignalName])
 }
 
 // TestHeldCallStopsWhenRunPausedElsewhere: a call held by a throttle
@@ -703,7 +731,7 @@ func TestAdaptiveThrottleSlowsWithoutHolding(t *testing.T) {
 		ts, err := r.TimeSplit(t.Context(), batch)
 		require.NoError(t, err)
 		require.Positive(t, ts.Throttled["fake"])
-		require.Equal(t, ts.Total, ts.Working+ts.Paused+ts.Throttled["fake"])
+		require.Equal(t, ts.Total, ts.Working+ts.Paused+ts.Idle+ts.Throttled["fake"])
 	}
 	t.Run("cap", func(t *testing.T) {
 		t.Parallel()

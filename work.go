@@ -44,10 +44,9 @@ const (
 	// chunks are open (they end after the horizon, see [ErrChunksOpen]),
 	// chunks are still pending when this worker ended ([ErrRunIncomplete]),
 	// the run was abandoned for a newer run of the job (restarting joins
-	// it), or the run is paused by a quality gate, a throttle's critical
-	// level or an operator ([ErrRunPaused]; it resumes after
-	// [Runner.Resume] or the SQL function resume; until then a restart
-	// returns 75 again).
+	// it), or the run is paused ([ErrRunPaused]) and the manifest has no
+	// control plane to wait on (with [PGManifest], Work waits while the
+	// run is paused instead).
 	ExitTempFail ExitCode = 75
 	// ExitCancelled (3): an operator cancelled the run ([ErrRunCancelled],
 	// [RunCancelled]): the chunks in flight rolled back. Do not restart:
@@ -72,6 +71,13 @@ const (
 // other workers hold, fencing frozen ones ([Config.StaleAfter]), so that
 // every worker returns once the run is completed (ExitDone) or failed
 // (ExitFailed).
+//
+// A paused run (by an operator, a quality gate, a throttle's critical
+// level) does not end Work: it waits as a registered worker of the run
+// ([Config.WaitWhilePaused], whatever r's Config says) and goes on once
+// the run is resumed (SQL function resume, "backfill resume",
+// [Runner.Resume]); a cancel ends it with ExitCancelled, ctx with
+// ExitTempFail.
 func Work(ctx context.Context, r *Runner, job Job) ExitCode {
 	log := slog.New(slog.DiscardHandler)
 	if r != nil {
@@ -81,7 +87,7 @@ func Work(ctx context.Context, r *Runner, job Job) ExitCode {
 		log.Error("backfill worker: no runner")
 		return ExitUsage
 	}
-	rep, err := r.Run(ctx, job)
+	rep, err := r.runTraced(ctx, job, true)
 	code := exitCode(ctx, rep, err)
 	attrs := []any{"job", job.Name, "batch_id", rep.BatchID, "exit_code", int(code), "status", rep.Status,
 		"chunks_done", rep.ChunksDone, "chunks_total", rep.ChunksTotal, "chunks_run", rep.ChunksRun}

@@ -172,17 +172,22 @@ type ReportBin struct {
 	Count int     `json:"count"`
 }
 
-// ReportTime is the split of a run's time ([TimeSplit]) in seconds, with
-// its throttle holds.
+// ReportTime is the split of a run's time ([TimeSplit]: the same as the
+// status's, [StatusTime]) in seconds, with its throttle holds.
+// TotalSeconds = WorkingSeconds + PausedSeconds + IdleSeconds + the sum
+// of ThrottledSeconds (by signal).
 type ReportTime struct {
-	Start            time.Time          `json:"start"`
-	End              time.Time          `json:"end"`
-	TotalSeconds     float64            `json:"total_seconds"`
-	WorkingSeconds   float64            `json:"working_seconds"`
-	PausedSeconds    float64            `json:"paused_seconds"`
+	Start          time.Time `json:"start"`
+	End            time.Time `json:"end"`
+	TotalSeconds   float64   `json:"total_seconds"`
+	WorkingSeconds float64   `json:"working_seconds"`
+	PausedSeconds  float64   `json:"paused_seconds"`
+	// IdleSeconds is the time no worker of the run was alive (between
+	// calls of Run, a dead run, a cancelled run until it was resumed).
+	IdleSeconds      float64            `json:"idle_seconds"`
 	ThrottledSeconds map[string]float64 `json:"throttled_seconds"`
 	// Paused are the spans the run was paused (from each "run_paused"
-	// event to the next operator's resume, or End).
+	// event to the run's next event of another "run_..." kind, or End).
 	Paused []ReportSpan `json:"paused"`
 	// Signals sums the throttle holds per signal, by name.
 	Signals []ReportSignal `json:"signals"`

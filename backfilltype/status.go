@@ -77,12 +77,26 @@ type Status struct {
 	// Nil before any chunk was checkpointed.
 	RemainingChunks int      `json:"remaining_chunks"`
 	RemainingRows   *float64 `json:"remaining_rows"`
-	// ETASeconds is RemainingRows / RecentRate (OverallRate when
-	// RecentRate is nil): the time left if the run goes on working at its
-	// recent working rate, with no throttle, pause or idle time from now
-	// on (the time split says how much of the run so far was); 0 when no
-	// chunk remains; nil when unknown.
+	// ETASeconds is RemainingRows / ETARate: the time left if the run
+	// goes on working at the rate it has under the knobs and throttles in
+	// force now; 0 when no chunk remains; nil when unknown or when the run
+	// is not working (Waiting says why). ETARate is the recent working
+	// rate (OverallRate when RecentRate is nil), lowered to what the live
+	// knobs allow: the rows_per_second knob, the chunks_per_second knob
+	// (at the remaining rows per chunk), and the concurrency and
+	// job_concurrency knobs (in proportion, when they allow fewer chunks
+	// at once than the recent window ran); ETABasis names what set it.
+	// Future throttle holds and pauses are not foreseen (the time split
+	// says how much of the run so far they took).
 	ETASeconds *float64 `json:"eta_seconds"`
+	ETARate    *float64 `json:"eta_rate"`
+	ETABasis   string   `json:"eta_basis,omitempty"`
+	// Waiting says what a run that is not working waits for, and how to
+	// end the wait: paused (by whom, why, since when, and the SQL and CLI
+	// ways to resume it), cancelled, failed, dead (no live worker: start
+	// one), or held by a throttle in every live worker (which signals);
+	// empty while it works or once it is completed.
+	Waiting string `json:"waiting,omitempty"`
 	// InFlight lists the chunks being worked, oldest first.
 	InFlight []ChunkInFlight `json:"in_flight"`
 	// Exceptions counts the exception queue by reason and column, most
@@ -115,8 +129,10 @@ type StatusChunks struct {
 // + Paused + Idle. Each instant counts once: paused (from a "run_paused"
 // event to the run's next event of another "run_..." kind), else
 // throttled (any worker's throttle held), else idle (no worker of the run
-// was alive: between calls of Run, after a crash), else working. A run
-// with no registered worker has no idle time.
+// was alive: between calls of Run, a dead run after a crash, a cancelled
+// run until it is resumed), else working. A run with no registered worker
+// has no idle time. The report splits a run's time alike
+// ([TimeSplit], [ReportTime]).
 type StatusTime struct {
 	TotalSeconds     float64 `json:"total_seconds"`
 	WorkingSeconds   float64 `json:"working_seconds"`
@@ -168,7 +184,7 @@ func (s Status) ETA() (eta time.Duration, ok bool) {
 //	chunks 45/100 done, 0 open, 53 pending, 0 failed, 2 in flight
 //	rows read 1200000: inserted 1100000, updated 0, unchanged 90000, rejected 10000, deduplicated 0
 //	rate 5210 rows/s recent, 4800 overall (per working second), 3300 wall
-//	ETA 12m0s at the recent working rate; of 20m0s so far 30% throttled, 0% paused, 1% idle
+//	ETA 12m0s at 5210 rows/s (the recent working rate); of 20m0s so far 30% throttled, 0% paused, 1% idle
 func (s Status) String() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "job %s batch %d: %s (%s, %d live workers)\n", oneLine(s.Job), s.BatchID, s.Status, s.Liveness, s.LiveWorkers)
@@ -204,12 +220,13 @@ func (s Status) String() string {
 		return 100 * x / t.TotalSeconds
 	}
 	eta := "ETA unknown"
-	if d, ok := s.ETA(); ok {
-		basis := "recent"
-		if s.RecentRate == nil {
-			basis = "overall"
-		}
-		eta = fmt.Sprintf("ETA %s at the %s working rate", d.Round(time.Second), basis)
+	switch d, ok := s.ETA(); {
+	case s.Waiting != "":
+		eta = "no ETA: " + oneLine(s.Waiting)
+	case ok && s.ETARate != nil:
+		eta = fmt.Sprintf("ETA %s at %.0f rows/s (%s)", d.Round(time.Second), *s.ETARate, oneLine(s.ETABasis))
+	case ok:
+		eta = fmt.Sprintf("ETA %s", d.Round(time.Second))
 	}
 	fmt.Fprintf(&b, "%s; of %s so far %.0f%% throttled, %.0f%% paused, %.0f%% idle",
 		eta, (time.Duration(t.TotalSeconds * float64(time.Second))).Round(time.Second), pct(t.ThrottledSeconds), pct(t.PausedSeconds), pct(t.IdleSeconds))

@@ -4,17 +4,22 @@ import (
 	"time"
 )
 
-// TimeSplit is how a run's time splits: Total = Working + Paused + the
-// sum of Throttled. Each instant counts once: paused first, then
-// throttled (attributed to the signal whose hold started first, when
-// several hold at once, in any process), else working. Working includes
-// the time no worker ran (between calls of Run).
+// TimeSplit is how a run's time splits: Total = Working + Paused + Idle
+// + the sum of Throttled, by the definition of [StatusTime] (the status
+// and the report split a run's time alike). Each instant counts once:
+// paused first (from a "run_paused" event to the run's next event of
+// another "run_..." kind), then throttled (attributed to the signal whose
+// hold started first, when several hold at once, in any process), then
+// idle (no worker of the run alive: between calls of Run, a dead run
+// after a crash, a cancelled run until it is resumed), else working.
 type TimeSplit struct {
-	// Start is when the run was created; End when it finished, or now.
+	// Start is when the run was created; End when it finished, now while
+	// it is running or paused (else its last update).
 	Start, End time.Time
 	Total      time.Duration
 	Working    time.Duration
 	Paused     time.Duration
+	Idle       time.Duration
 	// Throttled is the time held, by signal name.
 	Throttled map[string]time.Duration
 }

@@ -147,5 +147,8 @@ func timeSplitText(t backfilltype.ReportTime) string {
 	if t.PausedSeconds > 0 {
 		parts = append(parts, "paused "+sec(t.PausedSeconds))
 	}
+	if t.IdleSeconds > 0 {
+		parts = append(parts, "idle (no live worker) "+sec(t.IdleSeconds))
+	}
 	return strings.Join(parts, ", ") + " of " + sec(t.TotalSeconds)
 }

@@ -29,9 +29,13 @@ work of every process:
   deduplicated); they never decrease across resumes;
 - rows/s over the recent window and overall, per working second (time
   throttled, paused or idle excluded), and per wall-clock second;
-- the ETA: the remaining planned rows at the recent working rate, with
-  the share of the run so far that was throttled, paused or idle, which
-  the ETA does not include;
+- the ETA: the remaining planned rows at the rate the run has under the
+  knobs in force now (the recent working rate, lowered by the
+  rows_per_second, chunks_per_second and concurrency knobs), with the
+  share of the run so far that was throttled, paused or idle, which the
+  ETA does not foresee; a paused, cancelled, failed or dead run, or one
+  held by a throttle, shows no ETA but what it waits for and how to end
+  the wait;
 - the chunks in flight with their worker, host, pid and age;
 - the exception queue by reason and column.
 

@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgbackfill/backfill/backfilltype"
+
 	"github.com/chromedp/cdproto/log"
 	"github.com/chromedp/cdproto/network"
 	"github.com/chromedp/cdproto/runtime"
@@ -61,7 +63,8 @@ type chart struct {
 // Chromium (--headless --no-sandbox --disable-gpu) and checks that it
 // loads with no console error and no exception, requests nothing but the
 // file itself, draws each of its four charts at a size above zero with
-// marks in them, and shows the run's key numbers.
+// marks in them, shows the run's key numbers, and is no wider than the
+// window with a long audit detail, actor and exception value.
 func TestHTMLInHeadlessChromium(t *testing.T) {
 	t.Parallel()
 	exe := chromium(t)
@@ -69,6 +72,14 @@ func TestHTMLInHeadlessChromium(t *testing.T) {
 	// Shown as counted (a replay with Job.SkipUnchanged counts them;
 	// backfill's report tests count them from the manifest).
 	rep.Totals.ChunksSkipped = 3
+	// A long audit detail (one token, no break opportunity), a long raw
+	// row and a long blocker query: none may widen the page.
+	long := strings.Repeat("x", 3000)
+	rep.Events = append(rep.Events, backfilltype.Event{BatchID: rep.Plan.BatchID, Job: rep.Plan.Job, Kind: "knob_set", Actor: "oncall-" + long,
+		Detail: []byte(`{"why":"` + long + `","list":[` + strings.Repeat(`1,`, 1500) + `1]}`), CreatedAt: rep.GeneratedAt})
+	if len(rep.Exceptions.Groups) > 0 && len(rep.Exceptions.Groups[0].Examples) > 0 {
+		rep.Exceptions.Groups[0].Examples[0].Value = long
+	}
 	path := writeTemp(t, rep)
 	fileURL := (&url.URL{Scheme: "file", Path: path}).String()
 
@@ -125,6 +136,13 @@ func TestHTMLInHeadlessChromium(t *testing.T) {
 	})`))
 	if err != nil {
 		t.Fatal(err)
+	}
+	widths, err := chromedp.Run(pctx, chromedp.Evaluate[[]float64](`[document.documentElement.scrollWidth, window.innerWidth]`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if widths[0] > widths[1] {
+		t.Errorf("the page is %v px wide in a %v px window: something (the audit trail's JSON?) widens it", widths[0], widths[1])
 	}
 	text, err := chromedp.Run(pctx, chromedp.Evaluate[string](`document.body.innerText`))
 	if err != nil {

@@ -180,7 +180,8 @@ func newView(r backfill.RunReport) (view, error) {
 	}
 
 	t := r.Time
-	v.Parts = []timePart{{"working", t.WorkingSeconds, t.TotalSeconds, colWorking}, {"paused", t.PausedSeconds, t.TotalSeconds, colPaused}}
+	v.Parts = []timePart{{"working", t.WorkingSeconds, t.TotalSeconds, colWorking}, {"paused", t.PausedSeconds, t.TotalSeconds, colPaused},
+		{"idle (no live worker: between calls, dead, cancelled)", t.IdleSeconds, t.TotalSeconds, colOther}}
 	for _, s := range slices.SortedFunc(maps.Keys(t.ThrottledSeconds), cmp.Compare[string]) {
 		v.Parts = append(v.Parts, timePart{"throttled: " + s, t.ThrottledSeconds[s], t.TotalSeconds, colThrottled})
 	}

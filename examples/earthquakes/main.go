@@ -281,7 +281,7 @@ func runJob(ctx context.Context, out io.Writer, db *sqlx.DB, logger *slog.Logger
 	}
 	// Ctrl-C pauses the run (the chunk in flight finishes), a second one
 	// cancels it: through the manifest's control, not the context.
-	stopSignals := cli.PauseOnSignal(db, "backfill", job.Name, out)
+	stopSignals := runner.PauseOnSignal(job.Name, out)
 	ctx = context.WithoutCancel(ctx)
 	rep, runErr := runner.Run(ctx, job)
 	stopSignals()

@@ -283,7 +283,7 @@ func load(ctx context.Context, out io.Writer, db *sqlx.DB, logger *slog.Logger, 
 	scanned0 := src.Scanned()
 	// Ctrl-C pauses the run (the chunk in flight finishes), a second one
 	// cancels it: through the manifest's control, not the context.
-	stopSignals := cli.PauseOnSignal(db, manifest.Schema(), flightsJob, out)
+	stopSignals := runner.PauseOnSignal(flightsJob, out)
 	ctx = context.WithoutCancel(ctx)
 	rep, runErr := runner.Run(ctx, backfill.Job{
 		Name:        flightsJob,

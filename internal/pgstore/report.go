@@ -97,12 +97,11 @@ func (m *Manifest) loadRunReport(ctx context.Context, tx sqlx.ExtContext, batchI
 	rep.Totals = reportTotals(rep.Chunks)
 	rep.Throughput = BuildReportThroughput(rep.Chunks, ReportRateBuckets)
 	rep.Durations = BuildReportDurations(rep.Chunks, reportHistogramBins)
-	end := rep.GeneratedAt
-	if run.FinishedAt != nil {
-		end = *run.FinishedAt
+	split, paused, err := m.RunTimeSplit(ctx, tx, batchID, rep.Events, periods)
+	if err != nil {
+		return rep, err
 	}
-	paused := PausedSpans(rep.Events, end)
-	rep.Time = reportTime(SplitTime(run.CreatedAt, end, paused, periods), periods)
+	rep.Time = reportTime(split, periods)
 	for _, s := range paused {
 		rep.Time.Paused = append(rep.Time.Paused, backfilltype.ReportSpan{From: s.from.UTC(), To: s.to.UTC()})
 	}
@@ -464,7 +463,7 @@ func BuildReportDurations(chunks []backfilltype.ReportChunk, bins int) backfillt
 // reportTime converts split to seconds and sums periods per signal.
 func reportTime(split backfilltype.TimeSplit, periods []backfilltype.ThrottlePeriod) backfilltype.ReportTime {
 	out := backfilltype.ReportTime{Start: split.Start.UTC(), End: split.End.UTC(), TotalSeconds: split.Total.Seconds(),
-		WorkingSeconds: split.Working.Seconds(), PausedSeconds: split.Paused.Seconds(),
+		WorkingSeconds: split.Working.Seconds(), PausedSeconds: split.Paused.Seconds(), IdleSeconds: split.Idle.Seconds(),
 		ThrottledSeconds: map[string]float64{}, Paused: []backfilltype.ReportSpan{}, Signals: []backfilltype.ReportSignal{}, Periods: []backfilltype.ReportThrottle{}, PeriodsTotal: len(periods)}
 	for s, d := range split.Throttled {
 		out.ThrottledSeconds[s] = d.Seconds()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/jmoiron/sqlx"
@@ -94,6 +95,7 @@ func (m *Manifest) Status(ctx context.Context, db sqlx.ExtContext, batchID int64
 		rows       []statusRow
 		inFlightJS string
 		exJS       string
+		in         etaInputs
 	)
 	err := ReadTx(ctx, db, func(tx sqlx.ExtContext) error {
 		rows = rows[:0]
@@ -102,6 +104,9 @@ func (m *Manifest) Status(ctx context.Context, db sqlx.ExtContext, batchID int64
 		}
 		if len(rows) == 0 {
 			return nil
+		}
+		if err := m.readETAInputs(ctx, tx, batchID, rows[0].WindowStart, rows[0].AsOf, &in); err != nil {
+			return err
 		}
 		return tx.QueryRowxContext(ctx, m.SQL(`SELECT
 			coalesce((SELECT json_agg(f ORDER BY f.since NULLS LAST, f.seq) FROM {s}.chunks_in_flight f WHERE f.batch_id = $1), '[]')::text,
@@ -163,5 +168,130 @@ func (m *Manifest) Status(ctx context.Context, db sqlx.ExtContext, batchID int64
 	if err := json.Unmarshal([]byte(exJS), &s.Exceptions); err != nil {
 		return backfilltype.Status{}, fmt.Errorf("backfill: status of batch %d: exceptions: %w", batchID, err)
 	}
+	if err := json.Unmarshal([]byte(in.KnobsJS), &in.knobs); err != nil {
+		return backfilltype.Status{}, fmt.Errorf("backfill: status of batch %d: knobs: %w", batchID, err)
+	}
+	m.applyETA(&s, r, in)
 	return s, nil
+}
+
+// etaInputs is what the ETA reads beside the run_progress view: the
+// run's reason of a pause or cancel and when it came, its knobs, the
+// throttle holds of its live workers, and the busy time of the chunks of
+// the recent window.
+type etaInputs struct {
+	Reason  string     `db:"last_error"`
+	Since   *time.Time `db:"since"`
+	KnobsJS string     `db:"knobs"`
+	Holding int        `db:"holding"`
+	Holds   *string    `db:"holds"`
+	// Busy sums the seconds within the recent window of the chunks
+	// checkpointed in it, from their start: over the window's working
+	// seconds, the chunks at once it ran.
+	Busy  *float64 `db:"busy"`
+	knobs map[string]float64
+}
+
+// RateSignalName is the signal of the throttle periods of the rate cap's
+// waits (backfill.RateSignalName): a wait paced by the cap is the rate
+// the ETA uses, not a hold.
+const RateSignalName = "rows_per_second"
+
+// readETAInputs reads in for run batchID, whose recent window runs from
+// windowStart to asOf.
+func (m *Manifest) readETAInputs(ctx context.Context, tx sqlx.ExtContext, batchID int64, windowStart, asOf time.Time, in *etaInputs) error {
+	return sqlx.GetContext(ctx, tx, in, m.SQL(`SELECT r.last_error,
+		(SELECT max(e.created_at) FROM {s}.events e WHERE e.batch_id = r.batch_id AND e.kind LIKE 'run\_%') AS since,
+		coalesce((SELECT json_object_agg(k.key, k.value) FROM {s}.knobs k WHERE k.batch_id = r.batch_id), '{}')::text AS knobs,
+		(SELECT count(DISTINCT w.worker_key) FROM {s}.throttle_periods p JOIN {s}.workers w ON w.worker_key = p.worker_key
+			WHERE p.batch_id = r.batch_id AND p.ended_at IS NULL AND p.signal <> $4 AND w.finished_at IS NULL AND w.heartbeat_at >= now() - w.stale_after) AS holding,
+		(SELECT string_agg(DISTINCT p.signal || ' (' || p.reason || ')', ', ') FROM {s}.throttle_periods p JOIN {s}.workers w ON w.worker_key = p.worker_key
+			WHERE p.batch_id = r.batch_id AND p.ended_at IS NULL AND p.signal <> $4 AND w.finished_at IS NULL AND w.heartbeat_at >= now() - w.stale_after) AS holds,
+		(SELECT sum(extract(epoch FROM c.checkpointed_at - greatest(c.started_at, $2)))::float8
+			FROM {s}.chunks c WHERE c.batch_id = r.batch_id AND c.checkpointed_at > $2 AND c.checkpointed_at <= $3 AND c.started_at IS NOT NULL) AS busy
+		FROM {s}.runs r WHERE r.batch_id = $1`), batchID, windowStart, asOf, RateSignalName)
+}
+
+// applyETA sets s's ETA from the rate the run has under the knobs and
+// throttles in force now, or, for a run that is not working, says what it
+// waits for instead (backfilltype.Status.Waiting).
+func (m *Manifest) applyETA(s *backfilltype.Status, r statusRow, in etaInputs) {
+	s.ETASeconds, s.ETARate, s.ETABasis = nil, nil, ""
+	since := ""
+	if in.Since != nil {
+		since = " since " + in.Since.UTC().Format("2006-01-02 15:04:05Z")
+	}
+	resume := fmt.Sprintf("SELECT %s.resume(%d, 'ACTOR', 'WHY') or backfill resume --batch %d --why WHY", m.Schema(), s.BatchID, s.BatchID)
+	reason := in.Reason
+	switch s.Status {
+	case backfilltype.RunPaused:
+		if reason == "" {
+			reason = "paused"
+		}
+		s.Waiting = fmt.Sprintf("%s%s: waits to be resumed: %s", reason, since, resume)
+		return
+	case backfilltype.RunCancelled:
+		s.Waiting = fmt.Sprintf("%s%s: to go on, resume it (%s) and run the job again, or start a new run", reason, since, resume)
+		return
+	case backfilltype.RunFailed:
+		s.Waiting = fmt.Sprintf("failed%s: %s: run the job again to retry its failed chunks once the cause is fixed", since, reason)
+		return
+	case backfilltype.RunRunning:
+	default:
+		if r.RemainingChunks == 0 {
+			zero := 0.0
+			s.ETASeconds = &zero
+		}
+		return
+	}
+	if r.RemainingChunks == 0 {
+		zero := 0.0
+		s.ETASeconds = &zero
+		return
+	}
+	if s.Liveness == LivenessDead {
+		hb := "no worker ever registered"
+		if s.LastHeartbeat != nil {
+			hb = "last heartbeat " + s.LastHeartbeat.UTC().Format("2006-01-02 15:04:05Z")
+		}
+		s.Waiting = fmt.Sprintf("no live worker (%s): start a worker (run the job) to go on", hb)
+		return
+	}
+	if in.Holding > 0 && in.Holding >= s.LiveWorkers && in.Holds != nil {
+		s.Waiting = "held by throttle " + *in.Holds + ": no chunk is claimed until it releases"
+		return
+	}
+	rate, basis := r.RecentRate, "the recent working rate"
+	if rate == nil {
+		rate, basis = r.OverallRate, "the overall working rate"
+	}
+	if rate == nil || *rate <= 0 || r.RemainingRows == nil {
+		return
+	}
+	v := *rate
+	// The concurrency knobs in force: fewer chunks at once than the
+	// window saw lower the rate in proportion.
+	if in.Busy != nil && *in.Busy > 0 && r.WindowWorking >= 1 {
+		parallel := *in.Busy / r.WindowWorking
+		now := math.Inf(1)
+		if c, ok := in.knobs[KnobConcurrency]; ok && s.LiveWorkers > 0 {
+			now = c * float64(s.LiveWorkers)
+		}
+		if c, ok := in.knobs[KnobJobConcurrency]; ok {
+			now = min(now, c)
+		}
+		if now < parallel {
+			v, basis = v*now/parallel, fmt.Sprintf("%s scaled to %g chunks at once by the concurrency knobs (%.1f in the window)", basis, now, parallel)
+		}
+	}
+	if c, ok := in.knobs[KnobRowsPerSecond]; ok && c > 0 && c < v {
+		v, basis = c, fmt.Sprintf("the rows_per_second knob (%g)", c)
+	}
+	if c, ok := in.knobs["chunks_per_second"]; ok && c > 0 && r.RemainingChunks > 0 {
+		if cv := c * *r.RemainingRows / float64(r.RemainingChunks); cv < v {
+			v, basis = cv, fmt.Sprintf("the chunks_per_second knob (%g)", c)
+		}
+	}
+	eta := *r.RemainingRows / v
+	s.ETASeconds, s.ETARate, s.ETABasis = &eta, &v, basis
 }

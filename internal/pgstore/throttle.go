@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/jmoiron/sqlx"
@@ -80,34 +81,102 @@ func (m *Manifest) LiveWorkers(ctx context.Context, db sqlx.ExtContext, batchID 
 
 type span struct{ from, to time.Time }
 
-// PausedSpans are the spans between "run_paused" and the next
-// "run_resumed_by_operator" (or end).
+// The split of a run's time, the one definition of the run_progress view
+// (working_seconds, throttled_seconds, paused_seconds, idle_seconds), in
+// Go for the report and Runner.TimeSplit: each instant of [created_at,
+// end) counts once, paused (PausedSpans) first, then throttled (a
+// throttle period, to its Ended), then idle (no worker of the run alive:
+// WorkerSpans; a run with no worker registered has none), else working.
+// end is RunEnd.
+
+// runEndSQL is the end of a run's measured time (the view's as_of): when
+// it finished; now while it is running or paused; else its last update.
+const runEndSQL = `coalesce(r.finished_at, CASE WHEN r.status IN ('running', 'paused') THEN now() ELSE greatest(r.updated_at, r.created_at) END)`
+
+// RunTimeSplit splits the time of run batchID, read in tx with its
+// events and throttle periods, as the run_progress view does; it also
+// returns the paused spans.
+func (m *Manifest) RunTimeSplit(ctx context.Context, tx sqlx.ExtContext, batchID int64, events []backfilltype.Event, periods []backfilltype.ThrottlePeriod) (backfilltype.TimeSplit, []span, error) {
+	var r struct {
+		CreatedAt time.Time `db:"created_at"`
+		End       time.Time `db:"t_end"`
+	}
+	if err := sqlx.GetContext(ctx, tx, &r, m.SQL(`SELECT r.created_at, `+runEndSQL+` AS t_end FROM {s}.runs r WHERE r.batch_id = $1`), batchID); err != nil {
+		return backfilltype.TimeSplit{}, nil, fmt.Errorf("time split: %w", err)
+	}
+	var ws []struct {
+		From time.Time `db:"started_at"`
+		To   time.Time `db:"alive_to"`
+	}
+	if err := sqlx.SelectContext(ctx, tx, &ws, m.SQL(`SELECT started_at, greatest(started_at, coalesce(finished_at,
+		CASE WHEN heartbeat_at < now() - stale_after THEN heartbeat_at END, now())) AS alive_to
+		FROM {s}.workers WHERE batch_id = $1`), batchID); err != nil {
+		return backfilltype.TimeSplit{}, nil, fmt.Errorf("time split: workers: %w", err)
+	}
+	var alive []span
+	for _, w := range ws {
+		alive = append(alive, span{w.From, w.To})
+	}
+	paused := PausedSpans(events, r.End)
+	return SplitTime(r.CreatedAt, r.End, paused, periods, alive), paused, nil
+}
+
+// PausedSpans are the spans from each "run_paused" event to the run's
+// next event of another "run_..." kind (a resume, a cancel, the end), or
+// end. events are in the order recorded.
 func PausedSpans(events []backfilltype.Event, end time.Time) []span {
 	var out []span
-	var from *time.Time
-	for _, e := range events {
-		switch e.Kind {
-		case "run_paused":
-			if from == nil {
-				t := e.CreatedAt
-				from = &t
-			}
-		case "run_resumed_by_operator":
-			if from != nil {
-				out = append(out, span{*from, e.CreatedAt})
-				from = nil
+	for i, e := range events {
+		if e.Kind != "run_paused" {
+			continue
+		}
+		to := end
+		for _, n := range events[i+1:] {
+			if strings.HasPrefix(n.Kind, "run_") && n.Kind != "run_paused" {
+				to = n.CreatedAt
+				break
 			}
 		}
-	}
-	if from != nil {
-		out = append(out, span{*from, end})
+		if to.Before(e.CreatedAt) {
+			to = e.CreatedAt
+		}
+		// Pauses in a row merge into the first's span.
+		if k := len(out); k > 0 && !e.CreatedAt.After(out[k-1].to) {
+			if to.After(out[k-1].to) {
+				out[k-1].to = to
+			}
+			continue
+		}
+		out = append(out, span{e.CreatedAt, to})
 	}
 	return out
 }
 
-// SplitTime splits [start, end) by the paused spans and the throttle
-// periods (their Ended).
-func SplitTime(start, end time.Time, paused []span, periods []backfilltype.ThrottlePeriod) backfilltype.TimeSplit {
+// WorkerSpans are the spans each worker was alive: from its start to its
+// finish, to its last heartbeat when it stopped heartbeating (stale), or
+// to now. Nil when no worker registered.
+func WorkerSpans(workers []backfilltype.Worker, now time.Time) []span {
+	var out []span
+	for _, w := range workers {
+		to := now
+		switch {
+		case w.FinishedAt != nil:
+			to = *w.FinishedAt
+		case w.Stale:
+			to = w.HeartbeatAt
+		}
+		if to.Before(w.StartedAt) {
+			to = w.StartedAt
+		}
+		out = append(out, span{w.StartedAt, to})
+	}
+	return out
+}
+
+// SplitTime splits [start, end) by the paused spans, the throttle periods
+// (their Ended) and the workers' alive spans (nil: no worker registered,
+// no idle time).
+func SplitTime(start, end time.Time, paused []span, periods []backfilltype.ThrottlePeriod, alive []span) backfilltype.TimeSplit {
 	ts := backfilltype.TimeSplit{Start: start, End: end, Throttled: map[string]time.Duration{}}
 	if !end.After(start) {
 		return ts
@@ -129,6 +198,9 @@ func SplitTime(start, end time.Time, paused []span, periods []backfilltype.Throt
 	for _, p := range periods {
 		cuts = append(cuts, clamp(p.StartedAt), clamp(p.Ended))
 	}
+	for _, s := range alive {
+		cuts = append(cuts, clamp(s.from), clamp(s.to))
+	}
 	slices.SortFunc(cuts, func(a, b time.Time) int { return a.Compare(b) })
 	cuts = slices.CompactFunc(cuts, func(a, b time.Time) bool { return a.Equal(b) })
 	in := func(t, from, to time.Time) bool { return !t.Before(from) && t.Before(to) }
@@ -142,6 +214,10 @@ func SplitTime(start, end time.Time, paused []span, periods []backfilltype.Throt
 		// periods are in start order: the first that covers a.
 		if j := slices.IndexFunc(periods, func(p backfilltype.ThrottlePeriod) bool { return in(a, p.StartedAt, p.Ended) }); j >= 0 {
 			ts.Throttled[periods[j].Signal] += d
+			continue
+		}
+		if alive != nil && !slices.ContainsFunc(alive, func(s span) bool { return in(a, s.from, s.to) }) {
+			ts.Idle += d
 			continue
 		}
 		ts.Working += d

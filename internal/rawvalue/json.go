@@ -1,6 +1,7 @@
 package rawvalue
 
 import (
+	"database/sql/driver"
 	"encoding/json"
 	"fmt"
 	"math"
@@ -122,6 +123,12 @@ func (w *rawWalk) safe(v any, depth int) any {
 		return w.safeMap(x, depth)
 	case []any:
 		return w.safeSlice(x, depth)
+	}
+	if _, ok := v.(driver.Valuer); ok {
+		// sql.NullInt64, a decimal type: the value it delivers.
+		if r := Reduce(v); reflect.TypeOf(r) != reflect.TypeOf(v) {
+			return w.safe(r, depth)
+		}
 	}
 	return w.safeOther(v, depth)
 }

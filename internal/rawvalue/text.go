@@ -1,6 +1,7 @@
 package rawvalue
 
 import (
+	"database/sql/driver"
 	"encoding/json"
 	"fmt"
 	"reflect"
@@ -14,13 +15,17 @@ import (
 // MaxDisplay is the most bytes Display keeps.
 const MaxDisplay = 1000
 
-// Display renders v for an exception's value column: text that
-// PostgreSQL can store (NUL bytes and invalid UTF-8 are escaped), at most
-// MaxDisplay bytes. Composite values are printed like fmt's %v, bounded
-// in depth and size and with cycles marked (see boundedText).
+// Display renders v for an exception's value column and for error
+// texts: the value, never a Go address: pointers are followed to any
+// depth (a nil one is NULL), a driver.Valuer (sql.NullInt64, a custom
+// type) shows its Value, a time.Time its RFC 3339 text, []byte its text.
+// The result is text that PostgreSQL can store (NUL bytes and invalid
+// UTF-8 are escaped), at most MaxDisplay bytes. Composite values are
+// printed like fmt's %v, their pointers followed too, bounded in depth
+// and size and with cycles marked (see boundedText).
 func Display(v any) string {
 	var s string
-	switch x := v.(type) {
+	switch x := Reduce(v).(type) {
 	case nil:
 		return "NULL"
 	case string:
@@ -45,6 +50,69 @@ func Display(v any) string {
 		s += "…"
 	}
 	return s
+}
+
+// Reduce returns the value v delivers: a driver.Valuer's Value (a nil
+// pointer Valuer, or an invalid sql.Null*, is nil), the element of a
+// pointer (nil for a nil one), in turn, at most 16 times; a value with a
+// String or Error method of its own (a *big.Int) stays as it is, as does
+// a Valuer whose Value fails or panics.
+func Reduce(v any) any {
+	for range 16 {
+		switch x := v.(type) {
+		case nil:
+			return nil
+		case time.Time, []byte, string:
+			return v
+		case driver.Valuer:
+			rv := reflect.ValueOf(x)
+			if rv.Kind() == reflect.Pointer && rv.IsNil() {
+				return nil
+			}
+			val, ok := valuerValue(x)
+			if !ok {
+				return v
+			}
+			v = val
+			continue
+		case fmt.Stringer, error:
+			// A pointer whose element has the method too (a *time.Time)
+			// is followed; one whose method needs the pointer (a
+			// *big.Int) is not.
+			rv := reflect.ValueOf(v)
+			if rv.Kind() != reflect.Pointer {
+				return v
+			}
+			if rv.IsNil() {
+				return nil
+			}
+			if et := rv.Type().Elem(); !et.Implements(stringerType) && !et.Implements(errorType) {
+				return v
+			}
+			v = rv.Elem().Interface()
+			continue
+		}
+		rv := reflect.ValueOf(v)
+		if rv.Kind() != reflect.Pointer {
+			return v
+		}
+		if rv.IsNil() {
+			return nil
+		}
+		v = rv.Elem().Interface()
+	}
+	return v
+}
+
+// valuerValue calls x.Value; ok is false when it fails or panics.
+func valuerValue(x driver.Valuer) (v any, ok bool) {
+	defer func() {
+		if recover() != nil {
+			v, ok = nil, false
+		}
+	}()
+	v, err := x.Value()
+	return v, err == nil
 }
 
 // boundedText prints v as fmt's %v does (a value's String or Error method
@@ -131,18 +199,15 @@ func (p *textPrinter) within(v reflect.Value, f func()) {
 	f()
 }
 
-// printPointer prints pointer v as fmt does: &{...} for a pointer to a
-// composite at the top, its address deeper down.
+// printPointer prints pointer v as the value it points to, at any depth
+// (never its address): <nil> for a nil one; a pointer cycle ends at
+// maxRawDepth.
 func (p *textPrinter) printPointer(v reflect.Value, depth int) {
-	switch e := v.Type().Elem().Kind(); {
-	case v.IsNil():
+	if v.IsNil() {
 		p.b.WriteString("<nil>")
-	case depth == 0 && (e == reflect.Struct || e == reflect.Map || e == reflect.Slice || e == reflect.Array):
-		p.b.WriteByte('&')
-		p.print(v.Elem(), depth+1)
-	default:
-		fmt.Fprintf(&p.b, "0x%x", v.Pointer())
+		return
 	}
+	p.print(v.Elem(), depth+1)
 }
 
 // printMap prints map v as map[k:v ...], its entries sorted by key text.

@@ -1,10 +1,14 @@
 package rawvalue
 
 import (
+	"database/sql"
+	"database/sql/driver"
 	"fmt"
 	"math"
+	"math/big"
 	"strings"
 	"testing"
+	"time"
 	"unicode/utf8"
 
 	"github.com/pgbackfill/backfill/internal/pgtest"
@@ -26,7 +30,7 @@ func TestDisplayIsBounded(t *testing.T) {
 	for _, v := range []any{1, "s", 2.5, []int{1, 2}, [2]string{"a", "b"}, struct {
 		A int
 		B string
-	}{1, "x"}, map[string]int{"b": 2, "a": 1}, &struct{ A int }{3}, fmt.Errorf("boom"), (*int)(nil), []int(nil)} {
+	}{1, "x"}, map[string]int{"b": 2, "a": 1}, fmt.Errorf("boom"), []int(nil)} {
 		require.Equal(t, fmt.Sprint(v), Display(v), "%T", v)
 	}
 	require.Equal(t, "NULL", Display(nil))
@@ -39,7 +43,9 @@ func TestDisplayIsBounded(t *testing.T) {
 	require.Equal(t, "[1 <cycle>]", Display(s))
 	n := &node{Name: "a"}
 	n.Next = n
-	require.Contains(t, Display(n), "&{a 0x")
+	require.Contains(t, Display(n), "{a {a {a ")
+	require.Contains(t, Display(n), markTooDeep)
+	require.NotContains(t, Display(n), "0x")
 
 	var deep any = 1
 	for range maxRawDepth + 5 {
@@ -66,4 +72,59 @@ func TestValidPrefix(t *testing.T) {
 	require.Equal(t, "a", ValidPrefix("aé", 2))
 	require.Equal(t, "aé", ValidPrefix("aé", 3))
 	require.Equal(t, "", ValidPrefix("€", 2))
+}
+
+// valuer is a custom driver.Valuer.
+type valuer struct{ cents int64 }
+
+func (v valuer) Value() (driver.Value, error) {
+	return fmt.Sprintf("%d.%02d", v.cents/100, v.cents%100), nil
+}
+
+// TestDisplayShowsValuesNotAddresses: a value delivered through pointers
+// (any depth), sql.Null* or another driver.Valuer shows as the value it
+// delivers, a nil pointer or an invalid sql.Null* as NULL; pointers
+// inside composites are followed too; never a Go address.
+func TestDisplayShowsValuesNotAddresses(t *testing.T) {
+	t.Parallel()
+	n := 70000
+	str := "x"
+	ps := &str
+	when := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	for _, c := range []struct {
+		v    any
+		want string
+	}{
+		{&n, "70000"},
+		{&ps, "x"},
+		{(*int)(nil), "NULL"},
+		{(**string)(nil), "NULL"},
+		{sql.NullInt64{Int64: 70000, Valid: true}, "70000"},
+		{&sql.NullInt64{Int64: 70000, Valid: true}, "70000"},
+		{sql.NullInt64{}, "NULL"},
+		{sql.NullString{String: "abc", Valid: true}, "abc"},
+		{sql.Null[int]{V: 5, Valid: true}, "5"},
+		{valuer{12345}, "123.45"},
+		{&valuer{12345}, "123.45"},
+		{(*valuer)(nil), "NULL"},
+		{&when, "2026-01-02T03:04:05Z"},
+		{sql.NullTime{Time: when, Valid: true}, "2026-01-02T03:04:05Z"},
+		{&struct{ A int }{3}, "{3}"},
+		{struct{ P *int }{&n}, "{70000}"},
+		{[]*int{&n, nil}, "[70000 <nil>]"},
+		{big.NewInt(42), "42"},
+	} {
+		got := Display(c.v)
+		require.Equal(t, c.want, got, "%T", c.v)
+		require.NotContains(t, got, "0x", "%T", c.v)
+	}
+}
+
+// TestJSONShowsValuerValues: the raw row of a rejected row holds the
+// value a driver.Valuer delivers, and a pointer's element.
+func TestJSONShowsValuerValues(t *testing.T) {
+	t.Parallel()
+	n := 70000
+	got := JSON([]string{"a", "b", "c", "d"}, []any{sql.NullInt64{Int64: 70000, Valid: true}, &n, sql.NullString{}, valuer{250}}, nil)
+	require.JSONEq(t, `{"a": 70000, "b": 70000, "c": null, "d": "2.50"}`, string(got))
 }

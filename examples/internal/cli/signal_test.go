@@ -73,7 +73,7 @@ func TestSignalPausesThenCancels(t *testing.T) {
 	run := func(n int) (string, error) {
 		signals, once = n, sync.Once{}
 		var out bytes.Buffer
-		stop := PauseOnSignal(db, "backfill", "sig", &out, syscall.SIGUSR1)
+		stop := r.PauseOnSignal("sig", &out, syscall.SIGUSR1)
 		_, err := r.Run(ctx, job)
 		stop()
 		return out.String(), RunError("sig", "-x", err)

@@ -1,0 +1,62 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/jmoiron/sqlx"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgbackfill/backfill"
+	"github.com/pgbackfill/backfill/internal/pgtest"
+)
+
+// TestCLIExceptionValues: values refused after they came through a
+// pointer, a pointer to a pointer or an sql.Null*, or a nil pointer,
+// show in "backfill exceptions" and "backfill report" as the values
+// they deliver (NULL for the nil pointer), never as Go addresses.
+func TestCLIExceptionValues(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	u := pgtest.NewURL(t)
+	db := sqlx.MustOpen("postgres", u)
+	t.Cleanup(func() { _ = db.Close() })
+	db.MustExec(`CREATE TABLE vals (id bigint PRIMARY KEY, small smallint, code varchar(3), must text NOT NULL)`)
+	n := 70000
+	s := "abcdef"
+	ps := &s
+	r, err := backfill.New(db, nil)
+	require.NoError(t, err)
+	rep, err := r.Run(ctx, backfill.Job{Name: "vals", Chunker: backfill.List("all"), MaxRunRejectRate: -1, Rollback: backfill.RollbackNone,
+		Target: backfill.Target{Table: "vals", Key: []string{"id"}},
+		Extractor: backfill.ExtractorFunc(func(ctx context.Context, c backfill.Chunk, w backfill.RowWriter) error {
+			for _, row := range [][]any{
+				{int64(1), &n, "a", "x"},
+				{int64(2), int16(1), &ps, "x"},
+				{int64(3), sql.NullInt64{Int64: 70001, Valid: true}, "a", "x"},
+				{int64(4), int16(1), "a", (*string)(nil)},
+				{int64(5), int16(1), "a", "ok"},
+			} {
+				if err := w.Write(ctx, row...); err != nil {
+					return err
+				}
+			}
+			return nil
+		})})
+	require.NoError(t, err)
+	require.Equal(t, int64(4), rep.Counts.Rejected)
+
+	out := cliOK(t, u, "exceptions", "--batch", fmt.Sprint(rep.BatchID))
+	for _, want := range []string{"70000", "abcdef", "70001", "NULL"} {
+		require.Contains(t, out, want)
+	}
+	require.NotContains(t, out, "0x")
+	out = cliOK(t, u, "exceptions", "--batch", fmt.Sprint(rep.BatchID), "--csv", "--limit", "0")
+	require.Contains(t, out, "70000")
+	require.NotContains(t, out, "0x")
+	out = cliOK(t, u, "report", "--batch", fmt.Sprint(rep.BatchID))
+	require.False(t, strings.Contains(out, "0x"), "report: %s", out)
+}

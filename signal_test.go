@@ -1,0 +1,100 @@
+//go:build unix
+
+package backfill_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgbackfill/backfill"
+	"github.com/pgbackfill/backfill/internal/pgtest"
+)
+
+// TestPauseOnSignal: the first signal (SIGUSR1 here: pgtest owns SIGINT
+// and SIGTERM) pauses the run through the manifest's control (the chunk
+// in flight finishes and is done; Run returns ErrRunPaused saying how to
+// resume), the second cancels it (the chunk in flight rolls back and
+// stays pending; Run returns ErrRunCancelled); each is written to out and
+// recorded in the audit trail. Not parallel: it signals its own process.
+func TestPauseOnSignal(t *testing.T) {
+	ctx := context.Background()
+	db := pgtest.New(t)
+	db.MustExec(`CREATE TABLE t (id bigint PRIMARY KEY)`)
+	r, err := backfill.New(db, &backfill.Config{ThrottleInterval: 20 * time.Millisecond})
+	require.NoError(t, err)
+	status := func() string {
+		var s string
+		_ = db.Get(&s, `SELECT status FROM backfill.runs WHERE job_name = 'sig'`)
+		return s
+	}
+	waitStatus := func(want string) {
+		for deadline := time.Now().Add(30 * time.Second); status() != want; time.Sleep(5 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Errorf("run never %s (is %s)", want, status())
+				return
+			}
+		}
+	}
+	var signals int // signals to send in the chunk in flight
+	var once sync.Once
+	job := backfill.Job{
+		Name: "sig", Chunker: backfill.IntRange(0, 30, 10), Rollback: backfill.RollbackNone,
+		Target: backfill.Target{Table: "t", Key: []string{"id"}},
+		Extractor: backfill.ExtractorFunc(func(ctx context.Context, c backfill.Chunk, w backfill.RowWriter) error {
+			for id := c.Lo; id < c.Hi; id++ {
+				if err := w.Write(ctx, id); err != nil {
+					return err
+				}
+			}
+			once.Do(func() {
+				for i := range signals {
+					_ = syscall.Kill(syscall.Getpid(), syscall.SIGUSR1)
+					waitStatus([]string{"paused", "cancelled"}[i])
+				}
+			})
+			if signals == 2 {
+				<-ctx.Done() // aborted by the cancel
+				return ctx.Err()
+			}
+			return nil
+		}),
+	}
+	run := func(n int) (string, error) {
+		signals, once = n, sync.Once{}
+		var out bytes.Buffer
+		stop := r.PauseOnSignal("sig", &out, syscall.SIGUSR1)
+		_, err := r.Run(ctx, job)
+		stop()
+		return out.String(), err
+	}
+
+	out, err := run(1)
+	require.ErrorIs(t, err, backfill.ErrRunPaused, out)
+	require.Contains(t, err.Error(), "backfill resume --batch")
+	require.Contains(t, out, "pausing")
+	var done int
+	require.NoError(t, db.Get(&done, `SELECT count(*) FROM backfill.chunks WHERE status = 'done'`))
+	require.Equal(t, 1, done, "the chunk in flight finishes")
+
+	db.MustExec(`SELECT backfill.resume('sig', 'test', 'go on')`)
+	out, err = run(2)
+	require.ErrorIs(t, err, backfill.ErrRunCancelled, out)
+	require.Contains(t, out, "cancelling")
+	var st []string
+	require.NoError(t, db.Select(&st, `SELECT status FROM backfill.chunks ORDER BY seq`))
+	require.Equal(t, "[done pending pending]", fmt.Sprint(st))
+	var kinds []string
+	require.NoError(t, db.Select(&kinds, `SELECT kind || ' ' || (detail->>'why') FROM backfill.events WHERE kind IN ('run_paused', 'run_cancelled') ORDER BY id`))
+	require.Len(t, kinds, 3)
+	for _, k := range kinds {
+		require.True(t, strings.HasSuffix(k, "received by pid "+fmt.Sprint(syscall.Getpid())), k)
+	}
+}
