@@ -89,9 +89,10 @@ func TestRowHashIsCanonicalAndUnambiguous(t *testing.T) {
 		return c
 	}
 	same("the key is not hashed", base, with(0, int64(2)))
-	same("numeric scale", base, with(3, "1.00"))
 	same("numeric exponent", base, with(3, "10e-1"))
-	same("negative zero", with(4, 0.0), with(4, math.Copysign(0, -1)))
+	same("numeric spelling", base, with(3, " +01.0"))
+	differ("numeric scale", base, with(3, "1.00"))
+	differ("negative zero", with(4, 0.0), with(4, math.Copysign(0, -1)))
 	same("NaN payloads", with(4, math.NaN()), with(4, math.Float64frombits(0x7ff8000000000001)))
 	same("instant in another zone", base, with(5, time.Date(2023, 12, 31, 19, 0, 0, 0, time.FixedZone("EST", -5*3600)).Format(time.RFC3339Nano)))
 	differ("text changed", base, with(1, "z"))

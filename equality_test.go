@@ -1,0 +1,98 @@
+package backfill_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgbackfill/backfill"
+	"github.com/pgbackfill/backfill/internal/pgtest"
+)
+
+// equalityChecks are the checks that compare a chunk's staged rows with
+// its target rows, each at its strictest.
+func equalityChecks() []backfill.Validator {
+	return []backfill.Validator{
+		backfill.Completeness{CompareContent: true},
+		backfill.Completeness{Name: "completeness_exact", CompareContent: true, Exact: true},
+		backfill.Sample{N: 1000},
+		backfill.ReplayChangesNothing{},
+		backfill.ReplayChangesNothing{Name: "replay_exact", Exact: true},
+		backfill.Aggregates{Exact: true},
+		backfill.DuplicateKeys{},
+	}
+}
+
+// TestHashColumnFollowsTheEqualityRule: with Target.HashColumn the merge
+// judges a replay as it does without one, by the stored form of each
+// value: numeric 1.50 for 1.5 in an unconstrained numeric and -0 for 0
+// are changes (the merge updates the row, and the checks then pass),
+// 1.50 for 15.0e-1 is not. The verdicts are those of the same target
+// without a hash column.
+func TestHashColumnFollowsTheEqualityRule(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t)
+	_, err := db.Exec(`CREATE TABLE hashed (sku text PRIMARY KEY, price numeric, qty float8, row_hash bytea NOT NULL);
+		CREATE TABLE plain (sku text PRIMARY KEY, price numeric, qty float8)`)
+	require.NoError(t, err)
+	r, err := backfill.New(db, nil)
+	require.NoError(t, err)
+	run := func(table, price string, qty float64) backfill.Counts {
+		t.Helper()
+		target := backfill.Target{Table: table, Key: []string{"sku"}, Columns: []string{"sku", "price", "qty"}}
+		if table == "hashed" {
+			target.HashColumn = "row_hash"
+		}
+		rep, err := r.Run(ctx, backfill.Job{Name: table, Chunker: backfill.List("all"), NewRun: true, Rollback: backfill.RollbackNone,
+			Extractor: rowsFunc([]any{"a", price, qty}, []any{"b", "2", 1.0}), Target: target, Validators: equalityChecks()})
+		require.NoError(t, err, "%s: price %s, qty %v", table, price, qty)
+		return rep.Counts
+	}
+	negZero := func() float64 { z := 0.0; return -z }()
+	for _, table := range []string{"plain", "hashed"} {
+		require.Equal(t, backfill.Counts{Read: 2, Inserted: 2}, run(table, "1.5", 0))
+		require.Equal(t, backfill.Counts{Read: 2, Updated: 1, Unchanged: 1}, run(table, "1.50", 0), "%s: 1.50 for 1.5", table)
+		require.Equal(t, backfill.Counts{Read: 2, Unchanged: 2}, run(table, "15.0e-1", 0), "%s: 15.0e-1 for 1.50", table)
+		require.Equal(t, backfill.Counts{Read: 2, Updated: 1, Unchanged: 1}, run(table, "15.0e-1", negZero), "%s: -0 for 0", table)
+	}
+}
+
+// TestRespelledKeysAreTheSameRow: a replay whose business keys are
+// spelled otherwise (numeric 1.00 for 1.0, a timestamptz in another zone,
+// an upper-case uuid, another case under a case-insensitive collation)
+// finds the rows it loaded: the merge leaves them unchanged, and every
+// check agrees that they are present with the same content.
+func TestRespelledKeysAreTheSameRow(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t)
+	_, err := db.Exec(`CREATE COLLATION ci (provider = icu, locale = 'und-u-ks-level2', deterministic = false);
+		CREATE TABLE keyed (n numeric, at timestamptz, u uuid, k text COLLATE ci, v text, row_hash bytea,
+			PRIMARY KEY (n, at, u, k))`)
+	require.NoError(t, err)
+	r, err := backfill.New(db, nil)
+	require.NoError(t, err)
+	for _, hash := range []string{"", "row_hash"} {
+		_, err := db.Exec(`TRUNCATE keyed`)
+		require.NoError(t, err)
+		run := func(rows ...[]any) backfill.Counts {
+			t.Helper()
+			rep, err := r.Run(ctx, backfill.Job{Name: "keyed" + hash, Chunker: backfill.List("all"), NewRun: true, Rollback: backfill.RollbackNone,
+				Extractor: rowsFunc(rows...), Validators: equalityChecks(),
+				Target: backfill.Target{Table: "keyed", Key: []string{"n", "at", "u", "k"}, Columns: []string{"n", "at", "u", "k", "v"}, HashColumn: hash}})
+			require.NoError(t, err, "hash column %q", hash)
+			return rep.Counts
+		}
+		require.Equal(t, backfill.Counts{Read: 2, Inserted: 2}, run(
+			[]any{"1.0", "2024-03-01T10:00:00Z", "a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11", "abc", "x"},
+			[]any{"2", "2024-03-01T11:00:00Z", "b0eebc99-9c0b-4ef8-bb6d-6bb9bd380a12", "Def", "y"}))
+		require.Equal(t, backfill.Counts{Read: 2, Unchanged: 2}, run(
+			[]any{"1.00", "2024-03-01T12:00:00+02:00", "A0EEBC99-9C0B-4EF8-BB6D-6BB9BD380A11", "ABC", "x"},
+			[]any{"2e0", "2024-03-01T06:00:00-05:00", "{b0eebc999c0b4ef8bb6d6bb9bd380a12}", "dEF", "y"}), "hash column %q", hash)
+		var n int
+		require.NoError(t, db.Get(&n, `SELECT count(*) FROM keyed`))
+		require.Equal(t, 2, n)
+	}
+}
