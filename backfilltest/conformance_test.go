@@ -1,8 +1,11 @@
 package backfilltest_test
 
 import (
+	"context"
 	"slices"
 	"testing"
+
+	"github.com/stretchr/testify/require"
 
 	"github.com/pgbackfill/backfill"
 	"github.com/pgbackfill/backfill/backfilltest"
@@ -41,4 +44,36 @@ func TestFakeMergerConformance(t *testing.T) {
 			},
 		}
 	})
+}
+
+// TestFakeMergerFollowsTheEqualityRule: on columns declared with their
+// types, the fake merger decides "same row" and "same content" as the
+// PostgreSQL merger does (package backfill, "Equality"): numeric keys by
+// their number, numeric content by its stored form (the scale of an
+// unconstrained numeric, numeric(p,s) rounded to s), char(n) without its
+// padding.
+func TestFakeMergerFollowsTheEqualityRule(t *testing.T) {
+	ctx := context.Background()
+	m := backfilltest.NewMerger()
+	m.AddTableColumns("t", []string{"k"},
+		backfill.Column{Name: "k", Type: "numeric", BaseType: "numeric", NotNull: true},
+		backfill.Column{Name: "amount", Type: "numeric", BaseType: "numeric"},
+		backfill.Column{Name: "fixed", Type: "numeric(12,2)", BaseType: "numeric", Precision: 12, Scale: 2},
+		backfill.Column{Name: "code", Type: "character(4)", BaseType: "bpchar", MaxLen: 4})
+	r, err := backfill.NewWithDB(backfilltest.NewDB(), &backfill.Config{Manifest: backfilltest.NewManifest(), Merger: m})
+	require.NoError(t, err)
+	run := func(row ...any) backfill.Counts {
+		t.Helper()
+		rep, err := r.Run(ctx, backfill.Job{Name: "t", Chunker: backfill.List("all"), NewRun: true, Rollback: backfill.RollbackNone,
+			Extractor: backfill.ExtractorFunc(func(ctx context.Context, c backfill.Chunk, w backfill.RowWriter) error {
+				return w.Write(ctx, row...)
+			}),
+			Target: backfill.Target{Table: "t", Key: []string{"k"}}})
+		require.NoError(t, err)
+		return rep.Counts
+	}
+	require.Equal(t, backfill.Counts{Read: 1, Inserted: 1}, run("1.0", "1.5", "1.5", "ab"))
+	require.Equal(t, backfill.Counts{Read: 1, Unchanged: 1}, run("1.00", "15e-1", "1.50", "ab  "), "respelled key and values")
+	require.Equal(t, backfill.Counts{Read: 1, Updated: 1}, run("1", "1.50", "1.50", "ab"), "another scale of an unconstrained numeric")
+	require.Len(t, m.Rows("t"), 1)
 }
