@@ -175,7 +175,7 @@ func TestEqualityRuleConformance(t *testing.T) {
 			require.NoError(rt, err, "%s %+v", info.Target.Table, mr)
 			if check {
 				scope := backfill.ValidationScope{Chunk: backfill.Chunk{ID: "list:all", Kind: backfilltype.KindList, Item: "all"}, Info: info,
-					Counts: backfill.Counts{Read: int64(n), Inserted: mr.Inserted, Updated: mr.Updated, Unchanged: mr.Unchanged},
+					Counts:  backfill.Counts{Read: int64(n), Inserted: mr.Inserted, Updated: mr.Updated, Unchanged: mr.Unchanged},
 					Staging: st.(backfilldriver.StagingTabler).StagingTable(), Stager: st}
 				for _, c := range checks {
 					res, err := c.Validate(ctx, tx, scope)
