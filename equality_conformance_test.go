@@ -91,7 +91,9 @@ func keySpellings(i int) [4][]any {
 // changed (compared as PostgreSQL prints the stored values), with or
 // without Target.HashColumn; every check then passes, the target holds
 // what a fresh load of the replay stores, and the replay again changes
-// nothing.
+// nothing. AppendOnly refuses exactly the changed rows instead, and every
+// mode deduplicates a row repeated in the chunk with its key and values
+// spelled otherwise.
 func TestEqualityRuleConformance(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -112,36 +114,57 @@ func TestEqualityRuleConformance(t *testing.T) {
 		names = append(names, c.name)
 	}
 	m := pgstore.NewMerger()
-	prepare := func(table, hash string) backfilltype.TableInfo {
-		info, err := m.Prepare(ctx, db, backfill.Target{Table: table, Key: names[:4], Columns: names, HashColumn: hash})
+	prepare := func(table, hash string, mode backfill.Mode) backfilltype.TableInfo {
+		info, err := m.Prepare(ctx, db, backfill.Target{Table: table, Key: names[:4], Columns: names, HashColumn: hash, Mode: mode})
 		require.NoError(t, err)
 		return info
 	}
-	plain, hashed, fresh := prepare("plain", ""), prepare("hashed", "row_hash"), prepare("fresh", "")
+	modes := map[backfill.Mode][2]backfilltype.TableInfo{}
+	for _, mode := range []backfill.Mode{backfill.Upsert, backfill.AppendOnly} {
+		modes[mode] = [2]backfilltype.TableInfo{prepare("plain", "", mode), prepare("hashed", "row_hash", mode)}
+	}
+	fresh := prepare("fresh", "", backfill.Upsert)
 	// content is a row's content as PostgreSQL prints it, of alias a.
 	content := func(a string) string { return "ROW(" + a + "." + strings.Join(names[4:], ", "+a+".") + ")::text" }
 	checks := append(equalityChecks(), backfill.Aggregates{Name: "aggregates_groups", Dimensions: []string{"t", "c", "ch", "ts", "by"},
 		Measures: []backfill.Measure{{Column: "n"}, {Column: "n2"}, {Column: "f8"}, {Column: "i8"}}, Exact: true})
 
 	rapid.Check(t, func(rt *rapid.T) {
+		mode := rapid.SampledFrom([]backfill.Mode{backfill.Upsert, backfill.AppendOnly}).Draw(rt, "mode")
 		n := rapid.IntRange(1, 6).Draw(rt, "rows")
-		load, replay := make([][]any, n), make([][]any, n)
+		var load, replay [][]any
+		var dups int64
 		for i := range n {
 			keys := keySpellings(i)
-			for _, row := range []*[]any{&load[i], &replay[i]} {
+			// spell draws a row of key i whose column c holds a spelling
+			// of group groups[c].
+			spell := func(groups []int) []any {
+				var row []any
 				for _, k := range keys {
-					*row = append(*row, rapid.SampledFrom(k).Draw(rt, "key"))
+					row = append(row, rapid.SampledFrom(k).Draw(rt, "key"))
 				}
+				for j, c := range spelledColumns {
+					row = append(row, rapid.SampledFrom(append(c.groups, []any{nil})[groups[j]]).Draw(rt, c.name+" spelling"))
+				}
+				return row
 			}
+			var loaded, replayed []int
 			for _, c := range spelledColumns {
-				groups := append(c.groups, []any{nil})
-				g := rapid.IntRange(0, len(groups)-1).Draw(rt, c.name)
-				load[i] = append(load[i], rapid.SampledFrom(groups[g]).Draw(rt, c.name+" spelling"))
+				g := rapid.IntRange(0, len(c.groups)).Draw(rt, c.name)
+				loaded = append(loaded, g)
 				if rapid.IntRange(0, 3).Draw(rt, c.name+" changes") == 0 {
-					g = rapid.IntRange(0, len(groups)-1).Draw(rt, c.name+" replayed")
+					g = rapid.IntRange(0, len(c.groups)).Draw(rt, c.name+" replayed")
 				}
-				replay[i] = append(replay[i], rapid.SampledFrom(groups[g]).Draw(rt, c.name+" replayed spelling"))
+				replayed = append(replayed, g)
 			}
+			load = append(load, spell(loaded))
+			if rapid.IntRange(0, 3).Draw(rt, "duplicate") == 0 {
+				// The same row, spelled otherwise, earlier in the chunk:
+				// deduplicated in every mode.
+				replay = append(replay, spell(replayed))
+				dups++
+			}
+			replay = append(replay, spell(replayed))
 		}
 		tx, err := db.Beginx()
 		require.NoError(rt, err)
@@ -175,7 +198,8 @@ func TestEqualityRuleConformance(t *testing.T) {
 			require.NoError(rt, err, "%s %+v", info.Target.Table, mr)
 			if check {
 				scope := backfill.ValidationScope{Chunk: backfill.Chunk{ID: "list:all", Kind: backfilltype.KindList, Item: "all"}, Info: info,
-					Counts:  backfill.Counts{Read: int64(n), Inserted: mr.Inserted, Updated: mr.Updated, Unchanged: mr.Unchanged},
+					Counts: backfill.Counts{Read: int64(len(rows)), Inserted: mr.Inserted, Updated: mr.Updated, Unchanged: mr.Unchanged,
+						Deduplicated: mr.Deduplicated, Rejected: int64(len(mr.Rejected))},
 					Staging: st.(backfilldriver.StagingTabler).StagingTable(), Stager: st}
 				for _, c := range checks {
 					res, err := c.Validate(ctx, tx, scope)
@@ -195,14 +219,26 @@ func TestEqualityRuleConformance(t *testing.T) {
 				WHERE `+content("x")+` IS DISTINCT FROM `+content("f")))
 			return d
 		}
-		require.Equal(rt, int64(n), merge(fresh, replay, false).Inserted)
-		for _, info := range []backfilltype.TableInfo{plain, hashed} {
+		// verdict is a merge's counts.
+		verdict := func(r backfilltype.MergeResult) [5]int64 {
+			return [5]int64{r.Inserted, r.Updated, r.Unchanged, r.Deduplicated, int64(len(r.Rejected))}
+		}
+		require.Equal(rt, [5]int64{int64(n), 0, 0, dups, 0}, verdict(merge(fresh, replay, false)))
+		for _, info := range modes[mode] {
 			require.Equal(rt, int64(n), merge(info, load, false).Inserted)
 			changed := differing(info.Target.Table)
-			mr := merge(info, replay, true)
-			require.Equal(rt, backfilltype.MergeResult{Updated: changed, Unchanged: int64(n) - changed}, mr, "%s: the replay's verdict", info.Target.Table)
-			require.Zero(rt, differing(info.Target.Table), "%s holds what a fresh load of the replay stores", info.Target.Table)
-			require.Equal(rt, backfilltype.MergeResult{Unchanged: int64(n)}, merge(info, replay, false), "%s: the replay again", info.Target.Table)
+			// Upsert updates the changed rows; AppendOnly refuses them
+			// (an event's content never changes) and keeps the target.
+			want, left := [5]int64{0, changed, int64(n) - changed, dups, 0}, int64(0)
+			if mode == backfill.AppendOnly {
+				want, left = [5]int64{0, 0, int64(n) - changed, dups, changed}, changed
+			}
+			require.Equal(rt, want, verdict(merge(info, replay, true)), "%s, %s: the replay's verdict", info.Target.Table, mode)
+			require.Equal(rt, left, differing(info.Target.Table), "%s, %s: the target against a fresh load of the replay", info.Target.Table, mode)
+			if mode == backfill.Upsert {
+				want = [5]int64{0, 0, int64(n), dups, 0}
+			}
+			require.Equal(rt, want, verdict(merge(info, replay, false)), "%s, %s: the replay again", info.Target.Table, mode)
 		}
 	})
 }
