@@ -478,8 +478,8 @@ The hash column follows the rule: it hashes the canonical text of each
 stored value, so a numeric respelled with its scale (1.50 for 15.0e-1)
 hashes alike and one with another scale does not. Columns whose text the
 row writer passes to PostgreSQL's own input (interval, time, jsonb,
-arrays, enums, types of extensions) are left out of the hash and compared
-beside it. Fingerprints may be stricter than the rule, never looser: a
+arrays, enums, inet and the other types it does not convert) are left out
+of the hash and compared beside it. Fingerprints may be stricter than the rule, never looser: a
 key or value spelled otherwise than at the last load may count as
 changed, which costs the exact comparison or the merge, never a wrong
 verdict. [DuplicateKeys] and [ReferentialIntegrity] group and match

@@ -183,8 +183,9 @@ type Target struct {
 	// equal stored values (numeric 1.50 and 15.0e-1 hash alike, 1.5 and
 	// 1.50 do not in an unconstrained numeric; -0 and 0 do not). Columns
 	// whose text the row writer passes to PostgreSQL's own input
-	// (interval, time, jsonb, arrays, enums, types of extensions) are not
-	// hashed; the merge compares them beside the hash. It never
+	// (interval, time, jsonb, arrays, enums, inet and the other types it
+	// does not convert) are not hashed; the merge compares them beside
+	// the hash. It never
 	// identifies a row. The package documentation of backfill, "Equality",
 	// states the rule.
 	HashColumn string
