@@ -2,6 +2,7 @@ package backfilltest_test
 
 import (
 	"context"
+	"math"
 	"slices"
 	"testing"
 
@@ -76,4 +77,18 @@ func TestFakeMergerFollowsTheEqualityRule(t *testing.T) {
 	require.Equal(t, backfill.Counts{Read: 1, Unchanged: 1}, run("1.00", "15e-1", "1.50", "ab  "), "respelled key and values")
 	require.Equal(t, backfill.Counts{Read: 1, Updated: 1}, run("1", "1.50", "1.50", "ab"), "another scale of an unconstrained numeric")
 	require.Len(t, m.Rows("t"), 1)
+
+	// A float key: -0 is 0 to a unique index.
+	m.AddTableColumns("f", []string{"k"}, backfill.Column{Name: "k", Type: "double precision", BaseType: "float8", NotNull: true},
+		backfill.Column{Name: "v", Type: "text", BaseType: "text"})
+	for i, k := range []float64{0, math.Copysign(0, -1)} {
+		rep, err := r.Run(ctx, backfill.Job{Name: "f", Chunker: backfill.List("all"), NewRun: true, Rollback: backfill.RollbackNone,
+			Extractor: backfill.ExtractorFunc(func(ctx context.Context, c backfill.Chunk, w backfill.RowWriter) error {
+				return w.Write(ctx, k, "x")
+			}),
+			Target: backfill.Target{Table: "f", Key: []string{"k"}}})
+		require.NoError(t, err)
+		require.Equal(t, int64(i), rep.Counts.Unchanged, "key %v", k)
+	}
+	require.Len(t, m.Rows("f"), 1)
 }

@@ -208,8 +208,8 @@ func storedForm(col backfill.Column, v any) any {
 // keyOf renders the key columns of a row (values in names order) as a map
 // key, by the equality rule of the PostgreSQL merger (sameValue): times
 // are rendered as instants, so that the location and the monotonic clock
-// reading do not make two equal times different keys, and integers of
-// any Go integer type by their value.
+// reading do not make two equal times different keys, integers of any
+// Go integer type by their value, and a float -0 as 0.
 // info describes the columns (the table's, by name; nil when unknown):
 // a numeric column's value is its number, 1.0 and 1.00 one key.
 func keyOf(info []backfill.Column, names, key []string, values []any) string {
@@ -226,6 +226,9 @@ func keyOf(info []backfill.Column, names, key []string, values []any) string {
 		if n, ok := integerText(v); ok {
 			fmt.Fprintf(&b, "integer:%s\x00", n)
 			continue
+		}
+		if f, ok := v.(float64); ok && f == 0 {
+			v = 0.0 // -0 = 0, as in a float column's unique index
 		}
 		fmt.Fprintf(&b, "%T:%v\x00", v, v)
 	}
