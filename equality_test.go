@@ -2,11 +2,16 @@ package backfill_test
 
 import (
 	"context"
+	"math"
 	"testing"
 
+	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgbackfill/backfill"
+	"github.com/pgbackfill/backfill/backfilldriver"
+	"github.com/pgbackfill/backfill/backfilltype"
+	"github.com/pgbackfill/backfill/internal/pgstore"
 	"github.com/pgbackfill/backfill/internal/pgtest"
 )
 
@@ -126,5 +131,56 @@ func TestKeylessHashColumnIgnoresDeriveSources(t *testing.T) {
 		}
 		require.Equal(t, backfill.Counts{Read: 1, Inserted: 1}, run("Acme", "Oslo"), table)
 		require.Equal(t, backfill.Counts{Read: 1, Unchanged: 1}, run(" ACME ", "Oslo"), "%s: another spelling of the derived key's source", table)
+	}
+}
+
+// TestAggregatesGroupsByStoredValue: Aggregates groups its Dimensions by
+// the stored value, as the merge compares content: under TargetWins a
+// staged row that lost to a target row whose dimension holds another
+// stored form of an equal value (numeric 1.50 for 1.5, float -0 for 0,
+// interval '24 hours' for '1 day') shows up as a difference, and a
+// respelling of the same stored value (15e-1 for 1.5) does not.
+func TestAggregatesGroupsByStoredValue(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t)
+	_, err := db.Exec(`CREATE TABLE dims (id int PRIMARY KEY, grp numeric, f float8, iv interval)`)
+	require.NoError(t, err)
+	m := pgstore.NewMerger()
+	info, err := m.Prepare(ctx, db, backfill.Target{Table: "dims", Key: []string{"id"}, Conflict: backfill.TargetWins})
+	require.NoError(t, err)
+	stage := func(tx *sqlx.Tx, row ...any) backfilldriver.Stager {
+		st, err := m.Stage(ctx, tx, info)
+		require.NoError(t, err)
+		require.NoError(t, st.Add(ctx, 1, row))
+		_, err = st.Merge(ctx)
+		require.NoError(t, err)
+		return st
+	}
+	tx, err := db.Beginx()
+	require.NoError(t, err)
+	require.NoError(t, stage(tx, 1, "1.5", 0.0, "1 day").Close())
+	require.NoError(t, tx.Commit())
+	for _, c := range []struct {
+		dim    string
+		row    []any
+		passed bool
+	}{
+		{"grp", []any{1, "15e-1", 0.0, "1 day"}, true},
+		{"grp", []any{1, "1.50", 0.0, "1 day"}, false},
+		{"f", []any{1, "1.5", math.Copysign(0, -1), "1 day"}, false},
+		{"iv", []any{1, "1.5", 0.0, "24 hours"}, false},
+		{"iv", []any{1, "1.5", 0.0, "P1D"}, true},
+	} {
+		tx, err := db.Beginx()
+		require.NoError(t, err)
+		st := stage(tx, c.row...)
+		res, err := backfill.Aggregates{Dimensions: []string{c.dim}, Exact: true}.Validate(ctx, tx, backfill.ValidationScope{
+			Chunk: backfill.Chunk{ID: "list:all", Kind: backfilltype.KindList, Item: "all"}, Info: info,
+			Staging: st.(backfilldriver.StagingTabler).StagingTable(), Stager: st})
+		require.NoError(t, err)
+		require.Equal(t, c.passed, res.Passed, "%s %v: %s %v", c.dim, c.row, res.Actual, res.Sample)
+		require.NoError(t, st.Close())
+		require.NoError(t, tx.Rollback())
 	}
 }

@@ -162,7 +162,10 @@ type Measure = backfilltype.Measure
 // exact sum of its finite values, its counts of NaN, Infinity and
 // -Infinity, and its count of NULLs. Counts must match exactly; sums may
 // differ by at most the measure's Tolerance. A group is the day of the
-// Day column and the values of the Dimensions; the zero value compares
+// Day column and the values of the Dimensions, each grouped by the value
+// it stores (the package documentation's "Equality": numeric 1.5 and
+// 1.50 are two groups, 'a' and 'A' under a case-insensitive collation
+// too); the zero value compares
 // the chunk's row counts. The target side holds what the merge left, so
 // under [TargetWins] and [NewerVersionWins] a staged row that lost shows
 // up as a difference. Sample lists the differing groups:
