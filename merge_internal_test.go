@@ -659,9 +659,9 @@ func TestComparedColumns(t *testing.T) {
 			Written: []string{"name", "amount", "doc", "pos", `Odd "col"`}, Tracked: []string{"name", "amount", "doc", "pos", `Odd "col"`},
 			Compared: []string{"name", "amount", "doc", "pos", `Odd "col"`}, Checked: []string{"name", "amount", "doc", "pos", `Odd "col"`}},
 		"upsert_newer_version_wins_lineage_undo": {Identity: []string{"id"},
-			Content:  []string{"name", "amount", "doc", "pos", `Odd "col"`, "version", "row_hash", "ingested_at", "inserted_by", "updated_by"},
-			Written:  []string{"name", "amount", "doc", "pos", `Odd "col"`, "version", "row_hash", "ingested_at", "updated_by"},
-			Tracked:  []string{"name", "amount", "doc", "pos", `Odd "col"`, "version"},
+			Content: []string{"name", "amount", "doc", "pos", `Odd "col"`, "version", "row_hash", "ingested_at", "inserted_by", "updated_by"},
+			Written: []string{"name", "amount", "doc", "pos", `Odd "col"`, "version", "row_hash", "ingested_at", "updated_by"},
+			Tracked: []string{"name", "amount", "doc", "pos", `Odd "col"`, "version"},
 			// pos, a point, is passed to PostgreSQL's input as text: the
 			// row hash leaves it out, the merge compares it beside.
 			Compared: []string{"row_hash", "pos"},
