@@ -4,6 +4,7 @@ import (
 	"context"
 	"math"
 	"testing"
+	"time"
 
 	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
@@ -182,5 +183,46 @@ func TestAggregatesGroupsByStoredValue(t *testing.T) {
 		require.Equal(t, c.passed, res.Passed, "%s %v: %s %v", c.dim, c.row, res.Actual, res.Sample)
 		require.NoError(t, st.Close())
 		require.NoError(t, tx.Rollback())
+	}
+}
+
+// TestHistoryRespelledIdentityIsTheSameVersion: in History mode the
+// identity is Key plus ValidFrom; a replay that spells both otherwise (the
+// customer in another case under a case-insensitive collation, valid_from
+// in another zone, the amount respelled with its scale) finds every
+// version: no version is added or closed, nothing changes, and every
+// check agrees, with a hash column as without one.
+func TestHistoryRespelledIdentityIsTheSameVersion(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t)
+	_, err := db.Exec(`CREATE COLLATION ci (provider = icu, locale = 'und-u-ks-level2', deterministic = false);
+		CREATE TABLE addr (customer text COLLATE ci, valid_from timestamptz, valid_to timestamptz, city text, amount numeric,
+			row_hash bytea, PRIMARY KEY (customer, valid_from))`)
+	require.NoError(t, err)
+	r, err := backfill.New(db, nil)
+	require.NoError(t, err)
+	at := time.Date(2024, 3, 1, 10, 0, 0, 0, time.UTC)
+	east := time.FixedZone("", 2*3600)
+	for _, hash := range []string{"", "row_hash"} {
+		_, err := db.Exec(`TRUNCATE addr`)
+		require.NoError(t, err)
+		run := func(rows ...[]any) backfill.Counts {
+			t.Helper()
+			rep, err := r.Run(ctx, backfill.Job{Name: "addr" + hash, Chunker: backfill.List("all"), NewRun: true, Rollback: backfill.RollbackNone,
+				Extractor: rowsFunc(rows...), Validators: equalityChecks(),
+				Target: backfill.Target{Table: "addr", Key: []string{"customer"}, Mode: backfill.History,
+					Columns: []string{"customer", "valid_from", "city", "amount"}, HashColumn: hash}})
+			require.NoError(t, err, "hash column %q", hash)
+			return rep.Counts
+		}
+		require.Equal(t, backfill.Counts{Read: 2, Inserted: 2}, run(
+			[]any{"acme", at, "Oslo", "1.5"}, []any{"acme", at.AddDate(0, 1, 0), "Bergen", "2.0"}))
+		require.Equal(t, backfill.Counts{Read: 2, Unchanged: 2}, run(
+			[]any{"ACME", at.In(east), "Oslo", "15e-1"}, []any{"Acme", at.AddDate(0, 1, 0).Format(time.RFC3339), "Bergen", "0.20e1"}),
+			"hash column %q", hash)
+		var n int
+		require.NoError(t, db.Get(&n, `SELECT count(*) FROM addr`))
+		require.Equal(t, 2, n)
 	}
 }
