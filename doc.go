@@ -438,13 +438,59 @@ A NULL in a key column never becomes a silent duplicate: the row is
 rejected ("missing key column"), unless a Keyless rule opts into
 [backfilltype.KeyRule.NullAsEmpty]. A row hash ([backfilltype.Target.HashColumn]) may detect changed
 content; it never identifies a row. Its input is unambiguous (NULL markers,
-length prefixes) and canonical for numerics (1.0 = 1.00) and floats (-0 =
-0, one NaN).
+length prefixes) and canonical: equal hashes mean the same content by the
+rule of "Equality" below.
 
 Every mode is idempotent: merging the same chunks again, in any order,
 any number of times, yields the same table (a property test of the
 conformance suite, for the PostgreSQL merger and the fakes alike; for
 SourceWins this holds when chunks do not share keys).
+
+# Equality
+
+One rule decides whether a staged row and a target row are the same row
+and whether they hold the same content, wherever the library compares
+rows: the merge's lookups by key, its deduplication of a chunk's repeated
+keys and its change detection, [backfilltype.Target.HashColumn], the
+fingerprints of the checks and of [Job.SkipUnchanged], every built-in
+check, and rollback's lookups by key.
+
+Values are compared as the target column's type: each staged value is
+first read into the column's type (staging has the target's types and
+collations). Spellings that the type reads into the same stored value are
+the same value: a timestamptz in any zone, a uuid in any case, bool 't' and
+'yes', integer '007' and 7, jsonb with other whitespace, key order or
+repeated keys, interval '1 day' and 'P1D', char(n) with or without
+trailing spaces.
+
+Same row: the identity (Key, plus ValidFrom in [History]) is equal by each
+column's own equality under its collation, the equality of the target's
+unique index. numeric 1.0 and 1.00 are one key, and so are 'abc' and
+'ABC' under a case-insensitive collation or in a citext column. A replay
+that spells a key otherwise finds the row its load inserted; the target
+keeps the key as it was first stored.
+
+Same content: every compared column holds the same stored value, byte for
+byte. Where a type's equality is looser than what it stores, the stored
+form decides: numeric 1.5 and 1.50 differ (an unconstrained numeric stores
+the scale; numeric(p,s) stores every value at scale s, so there they are
+one value), and so do float -0 and 0, interval '1 day' and '24 hours',
+jsonb {"a": 1.0} and {"a": 1}, texts that differ in case under a
+case-insensitive collation, and json as written. The merge updates a row
+whose stored content changed, so the checks then find the target equal to
+staging; a replay of the same stored values changes nothing.
+
+The hash column follows the rule: it hashes the canonical text of each
+stored value, so a numeric respelled with its scale (1.50 for 15.0e-1)
+hashes alike and one with another scale does not. Columns whose text the
+row writer passes to PostgreSQL's own input (interval, time, jsonb,
+arrays, enums, inet and the other types it does not convert) are left out
+of the hash and compared beside it. Fingerprints may be stricter than the rule, never looser: a
+key or value spelled otherwise than at the last load may count as
+changed, which costs the exact comparison or the merge, never a wrong
+verdict. [DuplicateKeys] and [ReferentialIntegrity] group and match
+candidate and foreign keys by equality, as a unique index and a foreign
+key do.
 
 # Time
 

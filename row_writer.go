@@ -29,6 +29,7 @@ type rowWriter struct {
 	maxRejects int
 	buf        []any
 	convs      []pgconv.Converter // per column, resolved once
+	hasher     pgstore.RowHasher  // Target.HashColumn's, built once
 	// timeCols: per written column, whether it is a date, timestamp or
 	// timestamptz (timeValue), resolved once.
 	timeCols []bool
@@ -65,6 +66,9 @@ func newRowWriter(c Chunk, job Job, info TableInfo, st pgstore.RowAdder, maxReje
 		ingested: started.Truncate(time.Microsecond).Format(time.RFC3339Nano)}
 	if job.ChunkColumn != "" {
 		w.chunkCol = slices.Index(names[:info.Written], job.ChunkColumn)
+	}
+	if info.Target.HashColumn != "" {
+		w.hasher = pgstore.NewRowHasher(info)
 	}
 	return w
 }
@@ -140,7 +144,7 @@ func (w *rowWriter) Write(ctx context.Context, values ...any) error {
 		case "inserted_by", "updated_by":
 			w.buf[i] = w.info.Chunk.BatchID
 		case "hash":
-			sum := pgstore.RowHash(w.info, w.buf[:n])
+			sum := w.hasher.Sum(w.buf[:n])
 			if col.BaseType == "bytea" || col.BaseType == "" {
 				w.buf[i] = sum
 			} else {

@@ -115,6 +115,12 @@ func (v DuplicateKeys) Validate(ctx context.Context, tx sqlx.ExtContext, scope V
 //     skipped and Detail says so; an index on it keeps it proportional to
 //     the chunk.
 //
+// Rows are the same row and hold the same content by the rule of the
+// package documentation's "Equality", which the merge follows too: a key
+// spelled otherwise (numeric 1.0 for 1.00, another case under a
+// case-insensitive collation) is the row the merge found, and content is
+// compared by stored value.
+//
 // With CompareContent, rows present on both sides must also hold the same
 // content wherever the mode says the staged row wins. Sample entries say
 // which direction ("not in target: (42)", "differs: (44): amount, qty").
@@ -184,7 +190,10 @@ type Measure = backfilltype.Measure
 // exact sum of its finite values, its counts of NaN, Infinity and
 // -Infinity, and its count of NULLs. Counts must match exactly; sums may
 // differ by at most the measure's Tolerance. A group is the day of the
-// Day column and the values of the Dimensions; the zero value compares
+// Day column and the values of the Dimensions, each grouped by the value
+// it stores (the package documentation's "Equality": numeric 1.5 and
+// 1.50 are two groups, 'a' and 'A' under a case-insensitive collation
+// too); the zero value compares
 // the chunk's row counts. The target side holds what the merge left, so
 // under [TargetWins] and [NewerVersionWins] a staged row that lost shows
 // up as a difference. Sample lists the differing groups:
@@ -230,9 +239,9 @@ func (v Aggregates) Validate(ctx context.Context, tx sqlx.ExtContext, scope Vali
 // savepoint that is rolled back ([backfilldriver.Replayer]), and asserts
 // that it would write nothing: 0 inserted, 0 updated, 0 History intervals
 // closed. A merge that is not idempotent fails it, such as one into a
-// target whose trigger normalises values. It compares as the merge does
-// (values by each column's own equality); use [Completeness] with
-// CompareContent to compare byte for byte.
+// target whose trigger normalises values. It compares as the merge does,
+// by the rule of the package documentation's "Equality", as every check
+// does.
 //
 // Unless Exact, in every mode but History, equal fingerprints of the
 // staged and target rows (see [Completeness]) stand in for the replay:
@@ -261,7 +270,7 @@ const DefaultSampleSize = pgstore.DefaultSampleSize
 
 // Sample compares a deterministic pseudo-random sample of the staged rows
 // with their target rows, column by column and NULL-safe (IS DISTINCT
-// FROM). The sample is the N staged rows with the smallest
+// FROM), by the rule of the package documentation's "Equality". The sample is the N staged rows with the smallest
 // md5(identity text || Seed) (PostgreSQL docs, 9.4 "String Functions"):
 // the same rows for the same data and seed, spread over the chunk
 // whatever the extractor's order. Compared are the columns of

@@ -157,6 +157,27 @@ func TestMerger(t *testing.T, newHarness func(t *testing.T) MergerHarness) {
 		require.Equal(t, [][]any{{"a", int64(1), "y", int64(1), int64(3), day(3)}}, rows(t, h, "stamped"), "the update keeps inserted_by")
 	})
 
+	t.Run("UpsertRespelledValuesAreTheSameRow", func(t *testing.T) {
+		// The equality rule (package backfill, "Equality"): a key or a
+		// value written as another Go type or in another zone that
+		// PostgreSQL stores as the same value is the same row with the
+		// same content, in a chunk and across chunks.
+		t.Parallel()
+		h := newHarness(t)
+		h.CreateTable(t, "spelled", []ColumnDef{{"id", "bigint"}, {"at", "timestamptz"}, {"name", "text"}, {"qty", "bigint"}}, []string{"id", "at"})
+		info := prepare(t, h, backfill.Target{Table: "spelled", Key: []string{"id", "at"}})
+		east := time.FixedZone("UTC+2", 2*3600)
+		require.Equal(t, [5]int64{1, 0, 0, 0, 0}, counts(merge(t, h, info, true, []any{int64(1), day(1), "x", int64(5)})))
+		require.Equal(t, [5]int64{0, 0, 1, 0, 0}, counts(merge(t, h, info, true, []any{1, day(1).In(east), "x", int32(5)})),
+			"an int for a bigint, another zone: the same row, unchanged")
+		require.Equal(t, [5]int64{0, 0, 1, 1, 0}, counts(merge(t, h, info, true, []any{int32(1), day(1), "x", 5}, []any{int64(1), day(1).In(east), "x", int64(5)})),
+			"two spellings of one key in a chunk are duplicates")
+		require.Equal(t, [5]int64{0, 1, 0, 0, 0}, counts(merge(t, h, info, true, []any{1, day(1).In(east), "x", 6})))
+		got := rows(t, h, "spelled")
+		require.Len(t, got, 1)
+		require.EqualValues(t, 6, got[0][3], "the update wrote qty")
+	})
+
 	t.Run("UpsertDuplicatesInAChunk", func(t *testing.T) {
 		t.Parallel()
 		h := newHarness(t)

@@ -9,9 +9,11 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/pgbackfill/backfill/backfilldriver"
 	"github.com/pgbackfill/backfill/backfilltype"
+	"github.com/pgbackfill/backfill/internal/pgconv"
 	"github.com/pgbackfill/backfill/internal/pgstore"
 	"github.com/pgbackfill/backfill/internal/suggest"
 
@@ -52,7 +54,7 @@ type fakeTable struct {
 	columns []string
 	info    []backfill.Column // the columns as Prepare describes them
 	key     []string          // the unique columns: a merge's identity
-	rows    map[string][]any  // keyOf(columns, key, row) -> row in column order
+	rows    map[string][]any  // keyOf(info, columns, key, row) -> row in column order
 	// uniques and checks are the table's other constraints
 	// ([Merger.AddUnique], [Merger.AddCheck]).
 	uniques []fakeUnique
@@ -173,19 +175,63 @@ func (s *stager) Add(ctx context.Context, row int64, values []any) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	s.rows = append(s.rows, stagedRow{row, slices.Clone(values)})
+	values = slices.Clone(values)
+	for i, col := range s.info.Columns {
+		if i < len(values) {
+			values[i] = storedForm(col, values[i])
+		}
+	}
+	s.rows = append(s.rows, stagedRow{row, values})
 	return nil
 }
 
+// storedForm is the value PostgreSQL stores for v, a converted value of
+// col, where its text differs from v's: a numeric as numeric prints it
+// (numeric(p,s) rounded to s digits; the scale of an unconstrained
+// numeric kept), a char(n) padded to n. The fakes store and compare it as
+// the PostgreSQL merger does (package backfill, "Equality").
+func storedForm(col backfill.Column, v any) any {
+	s, ok := v.(string)
+	if !ok {
+		return v
+	}
+	switch col.BaseType {
+	case "numeric":
+		if t, ok := pgconv.NumericText(s, col.Precision, col.Scale); ok {
+			return t
+		}
+	case "bpchar":
+		if n := utf8.RuneCountInString(s); col.MaxLen > n {
+			return s + strings.Repeat(" ", col.MaxLen-n)
+		}
+	}
+	return v
+}
+
 // keyOf renders the key columns of a row (values in names order) as a map
-// key. Times are rendered as instants, so that the location and the
-// monotonic clock reading do not make two equal times different keys.
-func keyOf(names, key []string, values []any) string {
+// key, by the equality rule of the PostgreSQL merger (sameValue): times
+// are rendered as instants, so that the location and the monotonic clock
+// reading do not make two equal times different keys, integers of any
+// Go integer type by their value, and a float -0 as 0.
+// info describes the columns (the table's, by name; nil when unknown):
+// a numeric column's value is its number, 1.0 and 1.00 one key.
+func keyOf(info []backfill.Column, names, key []string, values []any) string {
 	var b strings.Builder
 	for _, k := range key {
 		v := values[slices.Index(names, k)]
+		if s, ok := v.(string); ok && slices.ContainsFunc(info, func(c backfill.Column) bool { return c.Name == k && c.BaseType == "numeric" }) {
+			fmt.Fprintf(&b, "numeric:%s\x00", numericKey(s))
+			continue
+		}
 		if t, ok := v.(time.Time); ok {
 			v = t.UTC().Format(time.RFC3339Nano)
+		}
+		if n, ok := integerText(v); ok {
+			fmt.Fprintf(&b, "integer:%s\x00", n)
+			continue
+		}
+		if f, ok := v.(float64); ok && f == 0 {
+			v = 0.0 // -0 = 0, as in a float column's unique index
 		}
 		fmt.Fprintf(&b, "%T:%v\x00", v, v)
 	}

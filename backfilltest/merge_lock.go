@@ -74,7 +74,7 @@ func (s *stager) lockStaged(ctx context.Context) (unlock func(), err error) {
 	seen := map[string]bool{}
 	var keys []string
 	for _, r := range s.rows {
-		if k := keyOf(names, t.Key, r.values); !seen[k] {
+		if k := keyOf(s.info.Columns, names, t.Key, r.values); !seen[k] {
 			seen[k] = true
 			keys = append(keys, k)
 		}

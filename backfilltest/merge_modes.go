@@ -46,7 +46,7 @@ type merge struct {
 	rows     []stagedRow     // by row number
 
 	res    backfilltype.MergeResult
-	writes map[string][]any // keyOf(tab.columns, tab.key, row) -> row to store on commit
+	writes map[string][]any // keyOf(tab.info, tab.columns, tab.key, row) -> row to store on commit
 	// source is the staged row each write came from (none for History
 	// intervals closed); refused the rows the target refuses (see
 	// [Merger.AddUnique]), skipped after deduplication.
@@ -99,7 +99,7 @@ func (m *merge) ofStaged(r stagedRow) rowView {
 func (m *merge) ofStored(row []any) rowView { return func(c string) any { return row[m.stored[c]] } }
 
 // id is the identity of a staged row, the key of its table row.
-func (m *merge) id(r stagedRow) string { return keyOf(m.names, m.tab.key, r.values) }
+func (m *merge) id(r stagedRow) string { return keyOf(m.tab.info, m.names, m.tab.key, r.values) }
 
 // distinct reports whether a and b differ in a compared column.
 func (m *merge) distinct(a, b rowView) bool {
@@ -267,15 +267,15 @@ func (m *merge) history() error {
 	// The versions of every business key in the chunk, by identity.
 	byKey := map[string]map[string]*version{}
 	for _, r := range rows {
-		byKey[keyOf(m.names, m.t.Key, r.values)] = map[string]*version{}
+		byKey[keyOf(m.tab.info, m.names, m.t.Key, r.values)] = map[string]*version{}
 	}
 	for id, row := range m.tab.rows {
-		if vs := byKey[keyOf(m.tab.columns, m.t.Key, row)]; vs != nil {
+		if vs := byKey[keyOf(m.tab.info, m.tab.columns, m.t.Key, row)]; vs != nil {
 			vs[id] = &version{row: row}
 		}
 	}
 	for _, r := range rows {
-		vs, id := byKey[keyOf(m.names, m.t.Key, r.values)], m.id(r)
+		vs, id := byKey[keyOf(m.tab.info, m.names, m.t.Key, r.values)], m.id(r)
 		v := vs[id]
 		switch {
 		case v == nil:

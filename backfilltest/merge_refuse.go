@@ -179,7 +179,7 @@ func (m *merge) violations() []backfill.Exception {
 			if slices.ContainsFunc(u.columns, func(c string) bool { return row[m.stored[c]] == nil }) {
 				continue
 			}
-			v := keyOf(tab.columns, u.columns, row)
+			v := keyOf(tab.info, tab.columns, u.columns, row)
 			groups[v] = append(groups[v], k)
 		}
 		for _, ids := range groups {

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"math/big"
 	"reflect"
 	"slices"
 	"strconv"
@@ -19,11 +20,18 @@ import (
 // suite uses (text as string, bigint as int64, timestamptz as time.Time)
 // and a few more.
 
-// sameValue is the merger's change detection: nil equals nil only, times
-// are equal when they are the same instant, floats when their bits are.
+// sameValue is the merger's change detection, the equality rule of the
+// PostgreSQL merger (package backfill, "Equality") for the values the
+// fakes store as given: nil equals nil only, times are equal when they
+// are the same instant, integers of any Go integer type when their values
+// are, floats when their bits are.
 func sameValue(a, b any) bool {
 	if a == nil || b == nil {
 		return a == nil && b == nil
+	}
+	if x, ok := integerText(a); ok {
+		y, ok := integerText(b)
+		return ok && x == y
 	}
 	switch x := a.(type) {
 	case time.Time:
@@ -42,6 +50,32 @@ func sameValue(a, b any) bool {
 		return ok && math.Float32bits(x) == math.Float32bits(y)
 	}
 	return reflect.DeepEqual(a, b)
+}
+
+// numericKey returns the number numeric input text s stores as, without
+// its scale ("1.0" and "1.00" give "1"), as numeric's equality compares
+// it; s itself when it is not a finite number (NaN, infinities).
+func numericKey(s string) string {
+	if r, ok := new(big.Rat).SetString(strings.TrimSpace(s)); ok {
+		return r.RatString()
+	}
+	return s
+}
+
+// integerText returns v's decimal text when v is of a Go integer type
+// (named types included): int64(1) and int(1) are one value, as in a
+// PostgreSQL integer column.
+func integerText(v any) (string, bool) {
+	rv := reflect.ValueOf(v)
+	switch {
+	case !rv.IsValid():
+		return "", false
+	case rv.CanInt():
+		return strconv.FormatInt(rv.Int(), 10), true
+	case rv.CanUint():
+		return strconv.FormatUint(rv.Uint(), 10), true
+	}
+	return "", false
 }
 
 // compareValues orders two non-nil values of the same kind: times,

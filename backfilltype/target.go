@@ -176,9 +176,18 @@ type Target struct {
 	// backfill_updated_by (bigint) when the table has them.
 	Lineage Lineage
 	// HashColumn, if set, names a column that stores a hash of the non-key
-	// columns (a SHA-256 of their canonical text, computed by the
-	// library's row writer). The merge then compares hashes instead of
-	// every column to detect changes. It never identifies a row.
+	// columns change detection compares (a SHA-256 of the canonical text
+	// of their stored values, computed by the library's row writer). The
+	// merge then compares hashes instead of those columns to detect
+	// changes, and decides as without a hash column: equal hashes mean
+	// equal stored values (numeric 1.50 and 15.0e-1 hash alike, 1.5 and
+	// 1.50 do not in an unconstrained numeric; -0 and 0 do not). Columns
+	// whose text the row writer passes to PostgreSQL's own input
+	// (interval, time, jsonb, arrays, enums, inet and the other types it
+	// does not convert) are not hashed; the merge compares them beside
+	// the hash. It never
+	// identifies a row. The package documentation of backfill, "Equality",
+	// states the rule.
 	HashColumn string
 }
 

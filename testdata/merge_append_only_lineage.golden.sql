@@ -20,7 +20,7 @@ ORDER BY s._backfill_row;
 -- targetConflicts
 SELECT s._backfill_row AS row, array_remove(ARRAY[CASE WHEN (s."name" COLLATE "C") IS DISTINCT FROM (t."name" COLLATE "C") THEN 'name' END, CASE WHEN (s."amount"::text COLLATE "C") IS DISTINCT FROM (t."amount"::text COLLATE "C") THEN 'amount' END, CASE WHEN (s."doc"::text COLLATE "C") IS DISTINCT FROM (t."doc"::text COLLATE "C") THEN 'doc' END, CASE WHEN (s."pos"::text COLLATE "C") IS DISTINCT FROM (t."pos"::text COLLATE "C") THEN 'pos' END, CASE WHEN s."Odd ""col""" IS DISTINCT FROM t."Odd ""col""" THEN 'Odd "col"' END, CASE WHEN s."version" IS DISTINCT FROM t."version" THEN 'version' END]::text[], NULL) AS diffs, (to_jsonb(s.*) - '_backfill_row')::text AS raw, (to_jsonb(t.*))::text AS existing
 FROM pg_temp."backfill_stage_7a1feba7197bdce2" s JOIN "sales"."orders" t ON t."id" = s."id"
-WHERE ROW(t."row_hash") IS DISTINCT FROM ROW(s."row_hash") ORDER BY s._backfill_row;
+WHERE ROW(t."row_hash", (t."pos"::text COLLATE "C")) IS DISTINCT FROM ROW(s."row_hash", (s."pos"::text COLLATE "C")) ORDER BY s._backfill_row;
 
 -- deleteRows
 DELETE FROM pg_temp."backfill_stage_7a1feba7197bdce2" WHERE _backfill_row = ANY ($1::bigint[]);

@@ -21,7 +21,7 @@ DELETE FROM pg_temp."backfill_stage_b860c350e681ea2d" WHERE _backfill_row = ANY 
 
 -- upsert
 WITH j AS MATERIALIZED (
-	SELECT s.*, t."id" IS NOT NULL AS _backfill_found, coalesce(t."id" IS NOT NULL AND ROW(t."row_hash") IS DISTINCT FROM ROW(s."row_hash"), false) AS _backfill_apply
+	SELECT s.*, t."id" IS NOT NULL AS _backfill_found, coalesce(t."id" IS NOT NULL AND ROW(t."row_hash", (t."pos"::text COLLATE "C")) IS DISTINCT FROM ROW(s."row_hash", (s."pos"::text COLLATE "C")), false) AS _backfill_apply
 	FROM pg_temp."backfill_stage_b860c350e681ea2d" s LEFT JOIN "sales"."orders" t ON t."id" = s."id"),
 u AS (UPDATE "sales"."orders" t SET "name" = j."name", "amount" = j."amount", "doc" = j."doc", "pos" = j."pos", "Odd ""col""" = j."Odd ""col""", "version" = j."version", "row_hash" = j."row_hash" FROM j WHERE j._backfill_apply AND t."id" = j."id" RETURNING 1),
 i AS (INSERT INTO "sales"."orders" ("id", "name", "amount", "doc", "pos", "Odd ""col""", "version", "row_hash") SELECT j."id", j."name", j."amount", j."doc", j."pos", j."Odd ""col""", j."version", j."row_hash" FROM j WHERE NOT j._backfill_found RETURNING 1)
@@ -33,14 +33,14 @@ INSERT INTO "sales"."orders" ("id", "name", "amount", "doc", "pos", "Odd ""col""
 
 -- replayCheck
 SELECT count(*) FILTER (WHERE t."id" IS NULL) AS inserted,
-	count(*) FILTER (WHERE coalesce(t."id" IS NOT NULL AND ROW(t."row_hash") IS DISTINCT FROM ROW(s."row_hash"), false)) AS updated,
-	count(*) FILTER (WHERE t."id" IS NOT NULL AND NOT coalesce(t."id" IS NOT NULL AND ROW(t."row_hash") IS DISTINCT FROM ROW(s."row_hash"), false)) AS unchanged
+	count(*) FILTER (WHERE coalesce(t."id" IS NOT NULL AND ROW(t."row_hash", (t."pos"::text COLLATE "C")) IS DISTINCT FROM ROW(s."row_hash", (s."pos"::text COLLATE "C")), false)) AS updated,
+	count(*) FILTER (WHERE t."id" IS NOT NULL AND NOT coalesce(t."id" IS NOT NULL AND ROW(t."row_hash", (t."pos"::text COLLATE "C")) IS DISTINCT FROM ROW(s."row_hash", (s."pos"::text COLLATE "C")), false)) AS unchanged
 FROM pg_temp."backfill_stage_b860c350e681ea2d" s LEFT JOIN "sales"."orders" t ON t."id" = s."id";
 
 -- lockChanging
 SELECT FROM pg_temp."backfill_stage_b860c350e681ea2d" s LEFT JOIN "sales"."orders" t ON t."id" = s."id"
-HAVING sum(CASE WHEN coalesce(t."id" IS NOT NULL AND ROW(t."row_hash") IS DISTINCT FROM ROW(s."row_hash"), false)
-		THEN 1 + (SELECT count(*) FROM (SELECT 1 FROM "sales"."orders" t WHERE t."id" = s."id" AND t."id" IS NOT NULL AND ROW(t."row_hash") IS DISTINCT FROM ROW(s."row_hash") FOR UPDATE OF t) x) ELSE 0 END) > 0
+HAVING sum(CASE WHEN coalesce(t."id" IS NOT NULL AND ROW(t."row_hash", (t."pos"::text COLLATE "C")) IS DISTINCT FROM ROW(s."row_hash", (s."pos"::text COLLATE "C")), false)
+		THEN 1 + (SELECT count(*) FROM (SELECT 1 FROM "sales"."orders" t WHERE t."id" = s."id" AND t."id" IS NOT NULL AND ROW(t."row_hash", (t."pos"::text COLLATE "C")) IS DISTINCT FROM ROW(s."row_hash", (s."pos"::text COLLATE "C")) FOR UPDATE OF t) x) ELSE 0 END) > 0
 	OR count(*) FILTER (WHERE t."id" IS NULL) > 0 OR count(*) <>;
 
 -- insert

@@ -86,7 +86,7 @@ func Aggregates(ctx context.Context, tx sqlx.ExtContext, scope backfilldriver.Va
 		proof.Evidence(detail)
 		return c.result(true, "0 differing groups", "0 differing groups (staged and target rows equal by fingerprint)", nil, detail)
 	}
-	r, err := compareAggregates(ctx, tx, c, p.Measures, q, a)
+	r, err := compareAggregates(ctx, tx, c, p.Dimensions, p.Measures, q, a)
 	if err != nil {
 		return backfilltype.CheckResult{}, c.errorf("%w", err)
 	}
@@ -146,14 +146,20 @@ func aggregatesDetail(p AggregatesParams, zone string) map[string]any {
 
 // compareAggregates runs q (AggregatesSQL of measures) with args and
 // collects the differing groups, with hash joins for a large chunk and,
-// for float measures, extra_float_digits pinned (see aggregatesSideSQL),
-// both undone afterwards.
-func compareAggregates(ctx context.Context, tx sqlx.ExtContext, c *PGCheck, measures []backfilltype.Measure, q string, args []any) (r aggregatesResult, err error) {
+// for float measures and dimensions grouped by their text (groupForm),
+// extra_float_digits pinned (see aggregatesSideSQL), both undone
+// afterwards.
+func compareAggregates(ctx context.Context, tx sqlx.ExtContext, c *PGCheck, dims []string, measures []backfilltype.Measure, q string, args []any) (r aggregatesResult, err error) {
 	r.Differences = []aggregatesDifference{}
 	floats := false
 	for _, m := range measures {
 		if b := c.Cols[m.Column].BaseType; b == "float4" || b == "float8" {
 			floats = true
+		}
+	}
+	for _, d := range dims {
+		if col := c.Cols[d]; !exactEquality(col) && col.BaseType != "" && !c.collated(d) {
+			floats = true // a float's text, in the dimension, is exact
 		}
 	}
 	err = c.withJoins(ctx, tx, joinsIfLarge, func() (err error) {

@@ -11,10 +11,15 @@ import (
 	"github.com/pgbackfill/backfill/internal/sqlgen"
 )
 
-// idMatch returns the condition that rows a and b have the same identity:
-// = for columns that cannot be NULL in staging (Key columns, NOT NULL
-// Columns), IS NOT DISTINCT FROM otherwise: PostgreSQL uses an index or a
-// hash for = only (see backfill.Completeness).
+// idMatch returns the condition that rows a and b have the same identity,
+// by the rule of the merge (the package documentation of backfill,
+// "Equality"): each identity column by its type's own equality, under
+// its collation, which is the equality of the target's unique index; a
+// key spelled otherwise (numeric 1.0 for 1.00, another case under a
+// case-insensitive collation) is the same row. = for columns that cannot
+// be NULL in staging (Key columns, NOT NULL Columns), IS NOT DISTINCT
+// FROM otherwise: PostgreSQL uses an index or a hash for = only (see
+// backfill.Completeness).
 func (c *PGCheck) idMatch(a, b string) string {
 	id := c.scope.Info.Identity()
 	parts := make([]string, len(id))
@@ -25,12 +30,6 @@ func (c *PGCheck) idMatch(a, b string) string {
 			op = " IS NOT DISTINCT FROM "
 		}
 		parts[i] = a + "." + sqlgen.Ident(n) + op + b + "." + sqlgen.Ident(n)
-		if c.exactlyEqual(n) {
-			// The column's equality first (the target's index serves it),
-			// then byte for byte (see exactForm): staged 'a' is not target
-			// 'A' under a case-insensitive collation.
-			parts[i] += " AND " + c.exactForm(n, a+"."+sqlgen.Ident(n)) + op + c.exactForm(n, b+"."+sqlgen.Ident(n))
-		}
 	}
 	return strings.Join(parts, " AND ")
 }
@@ -74,15 +73,36 @@ func (c *PGCheck) exactForm(n, e string) string {
 	return e
 }
 
+// groupForm returns the expression e, a value of dimension n, in the form
+// Aggregates groups by: the stored value, as the merge compares content
+// (the package documentation of backfill, "Equality"). A column whose
+// equality is exact groups by its value; text under a collation of its
+// own byte for byte (exactForm: 'a' and 'A' are two groups under a
+// case-insensitive collation); any other type by its text under "C"
+// (numeric 1.5 and 1.50, float -0 and 0, interval '1 day' and '24 hours'
+// are two groups), which Aggregates prints exactly (it pins
+// extra_float_digits) and which also groups types without an equality.
+func (c *PGCheck) groupForm(n, e string) string {
+	col := c.Cols[n]
+	switch {
+	case exactEquality(col) || col.BaseType == "":
+		// A column of unknown type groups by its value.
+		return e
+	case c.collated(n):
+		return c.exactForm(n, e)
+	}
+	return "(" + textForm(col, e) + ` COLLATE "C")`
+}
+
+// collated reports whether column n is text (not an array) that
+// exactForm compares byte for byte under "C".
+func (c *PGCheck) collated(n string) bool {
+	return c.exactForm(n, "x") != "x" && !strings.HasPrefix(c.Cols[n].BaseType, "_")
+}
+
 // collatable lists the built-in base types that take a collation.
 var collatable = map[string]bool{"text": true, "varchar": true, "bpchar": true, "name": true,
 	"_text": true, "_varchar": true, "_bpchar": true, "_name": true}
-
-// exactlyEqual reports whether the check compares column n through
-// exactForm, in another form than its own equality.
-func (c *PGCheck) exactlyEqual(n string) bool {
-	return c.exactForm(n, "x") != "x"
-}
 
 // diffs returns a text[] expression naming the content columns in which
 // rows a and b differ (NULL-safe), compared as cmpExpr renders them.
@@ -331,9 +351,7 @@ func (c *PGCheck) aggregatesSideSQL(day func(alias string) string, dims []string
 		groups = append(groups, day(alias))
 	}
 	for _, d := range dims {
-		// Byte for byte: under a case-insensitive collation 'a' and
-		// 'A' would be one group (see exactForm).
-		groups = append(groups, c.exactForm(d, alias+"."+sqlgen.Ident(d)))
+		groups = append(groups, c.groupForm(d, alias+"."+sqlgen.Ident(d)))
 	}
 	var parts, pos []string
 	for i, g := range groups {

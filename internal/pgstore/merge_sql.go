@@ -35,7 +35,8 @@ type ComparedColumns struct {
 	// by their text.
 	Tracked []string
 	// Compared decides whether two rows differ, NULL-safe (IS DISTINCT
-	// FROM): Tracked, or only HashColumn when it is set.
+	// FROM): Tracked, or, when HashColumn is set, HashColumn and the
+	// Tracked columns the row hash does not cover (see NewRowHasher).
 	Compared []string
 	// Checked is what the validators compare after a merge the staged row
 	// won: Tracked plus HashColumn (a function of the content).
@@ -73,7 +74,14 @@ func CompareColumns(info backfilltype.TableInfo) ComparedColumns {
 	}
 	cc.Compared = cc.Tracked
 	if t.HashColumn != "" {
+		// The hash stands for the Tracked columns it covers (see
+		// NewRowHasher); the others are compared beside it.
 		cc.Compared = []string{t.HashColumn}
+		for _, n := range cc.Tracked {
+			if !rowHashed(cc.Cols[n]) {
+				cc.Compared = append(cc.Compared, n)
+			}
+		}
 	}
 	return cc
 }
