@@ -233,10 +233,7 @@ func needOwnServer(t *testing.T) {
 		t.Skip("starts a server of its own")
 	}
 	if _, err := findBinDir(); err != nil {
-		if inCI() {
-			t.Fatal(err)
-		}
-		t.Skip(err)
+		Missing(t, Postgres, err.Error())
 	}
 }
 
@@ -432,8 +429,8 @@ func TestStartWithRestartImmediate(t *testing.T) {
 
 	p, err := StartPooler(ctx, srv.URL(), PoolerOptions{ListenAddresses: []string{"127.0.0.2"}, PoolSize: 7})
 	if err != nil {
-		if _, ferr := findPgBouncer(); ferr != nil && !inCI() {
-			t.Skip(ferr)
+		if _, ferr := findPgBouncer(); ferr != nil {
+			Missing(t, PgBouncer, ferr.Error())
 		}
 		t.Fatal(err)
 	}
