@@ -357,10 +357,11 @@ func TestThrottleHoldsRecordsPeriodsAndSplitsTime(t *testing.T) {
 	})
 	require.Zero(t, read.Load(), "a chunk was read while the throttle held")
 	sig.set(2) // between the watermarks: still held
-	time.Sleep(50 * time.Millisecond)
+	seen := sig.reads.Load()
+	waitFor(t, "readings of the signal between the watermarks", func() bool { return sig.reads.Load() >= seen+3 })
 	require.Zero(t, read.Load(), "released above Low")
 	sig.set(0.5)
-	out := <-res
+	out := testwait.Recv(t, "the run after the release", res)
 	require.NoError(t, out.err)
 	require.Equal(t, RunCompleted, out.rep.Status)
 	require.EqualValues(t, liveChunks, read.Load())
@@ -729,7 +730,11 @@ func TestAdaptiveThrottleSlowsWithoutHolding(t *testing.T) {
 		job := liveJob(func(c Chunk) {
 			if c.Lo == 30 { // half the run read at full speed
 				sig.set(5)
-				time.Sleep(50 * time.Millisecond) // a few readings
+				// A few readings (as many as 50 ms make on an idle machine).
+				seen, deadline := sig.reads.Load(), time.Now().Add(testwait.Timeout)
+				for sig.reads.Load() < seen+5 && time.Now().Before(deadline) {
+					time.Sleep(testwait.Poll)
+				}
 			}
 		})
 		rep, err := r.Run(t.Context(), job)
