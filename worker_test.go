@@ -19,6 +19,7 @@ import (
 	"github.com/jmoiron/sqlx"
 	"github.com/pgbackfill/backfill/internal/pgstore"
 	"github.com/pgbackfill/backfill/internal/pgtest"
+	"github.com/pgbackfill/backfill/internal/testwait"
 	"github.com/stretchr/testify/require"
 )
 
@@ -290,10 +291,20 @@ func TestRunLiveness(t *testing.T) {
 
 	// The worker's heartbeat as if it stopped 1.5 and 3 StaleAfter ago
 	// (its goroutine would refresh it: the hook stops it meanwhile).
-	off := func(id string) bool { return id == "worker-a" }
+	// A heartbeat in flight lands first: the loop is sequential, so once
+	// it skipped one, none is in flight.
+	skipped := make(chan struct{})
+	var skippedOnce sync.Once
+	off := func(id string) bool {
+		if id != "worker-a" {
+			return false
+		}
+		skippedOnce.Do(func() { close(skipped) })
+		return true
+	}
 	testHeartbeatsOff.Store(&off)
 	defer testHeartbeatsOff.Store(nil)
-	time.Sleep(200 * time.Millisecond) // a heartbeat in flight lands first
+	testwait.Recv(t, "a heartbeat of worker-a skipped by the hook", skipped)
 	for _, c := range []struct {
 		age  string
 		want string
@@ -309,7 +320,7 @@ func TestRunLiveness(t *testing.T) {
 	// Interrupted: the run stays running, its worker finished: dead.
 	cancel()
 	once.Do(func() { close(release) })
-	ra := <-aDone
+	ra := testwait.Recv(t, "worker-a's interrupted run", aDone)
 	require.ErrorIs(t, ra.err, context.Canceled)
 	lv, err = m.RunLiveness(ctx, db, batch)
 	require.NoError(t, err)
