@@ -91,10 +91,20 @@ type runResult struct {
 	err error
 }
 
+// goRun runs job on a goroutine of its own and sends the result. The
+// run ends after testwait.Timeout at the latest: a run that never
+// returns (a hold that never releases, a wait never woken) fails its
+// test with the context's error rather than hanging until the package
+// timeout.
 func goRun(ctx context.Context, r *Runner, job Job) <-chan runResult {
 	ch := make(chan runResult, 1)
 	go func() {
+		ctx, cancel := context.WithTimeoutCause(ctx, testwait.Timeout, fmt.Errorf("testwait: the run of job %q did not return within %v", job.Name, testwait.Timeout))
+		defer cancel()
 		rep, err := r.Run(ctx, job)
+		if err != nil && context.Cause(ctx) != nil && ctx.Err() == context.DeadlineExceeded {
+			err = fmt.Errorf("%w (%w)", err, context.Cause(ctx))
+		}
 		ch <- runResult{rep, err}
 	}()
 	return ch
