@@ -724,6 +724,11 @@ func run(m interface{ Run() int }) int {
 	}
 
 	if srv != nil {
+		stopServer = func() {
+			closeAdmin()
+			stopPooler()
+			_ = srv.Stop()
+		}
 		sigs := make(chan os.Signal, 1)
 		signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
 		done := make(chan struct{})
@@ -735,9 +740,7 @@ func run(m interface{ Run() int }) int {
 			select {
 			case sig := <-sigs:
 				fmt.Fprintf(os.Stderr, "pgtest: %v: stopping the test server\n", sig)
-				closeAdmin()
-				stopPooler()
-				_ = srv.Stop()
+				stopServer()
 				os.Exit(1)
 			case <-done:
 			}
@@ -920,6 +923,7 @@ func NewURL(t testing.TB) string {
 		t.Helper()
 		release(t, admin, name, u)
 	})
+	watch(t)
 	return u
 }
 
