@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net"
 	"net/url"
+	"regexp"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -389,9 +390,12 @@ func TestServerRestartDuringChunk(t *testing.T) {
 	<-mid
 	require.NoError(t, srv.RestartImmediate(ctx, func() {
 		close(down)
-		time.Sleep(time.Second) // the failed attempt is recorded while the server is down
+		// The failed attempt is recorded while the server is down: its
+		// recording fails, and is retried.
+		lost := regexp.MustCompile(`"msg":"backfill: connection lost; retrying",[^\n]*"what":"record failed attempt"`)
+		testwait.Until(t, "a failed try to record the failed attempt while the server is down", func() bool { return lost.MatchString(logs.String()) })
 	}))
-	res := <-done
+	res := testwait.Recv(t, "the run after the restart", done)
 	require.NoError(t, res.err)
 	require.Equal(t, RunCompleted, res.rep.Status)
 	require.Regexp(t, `"msg":"backfill: recorded after the connection came back",[^\n]*"what":"record failed attempt"`, logs.String())
