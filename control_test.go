@@ -14,6 +14,7 @@ import (
 
 	"github.com/jmoiron/sqlx"
 	"github.com/lib/pq"
+	"github.com/pgbackfill/backfill/internal/testwait"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgbackfill/backfill/backfillthrottle"
@@ -390,7 +391,8 @@ func TestControlCancelAfterPauseAbortsChunkInFlight(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := liveDB(t)
-	r, err := New(db, &Config{WorkerID: "pause-cancel", ThrottleInterval: 20 * time.Millisecond, Logger: discardLogger()})
+	logger, paused := logEvent("backfill: run paused: no more claims; the chunks in flight finish")
+	r, err := New(db, &Config{WorkerID: "pause-cancel", ThrottleInterval: 20 * time.Millisecond, Logger: logger})
 	require.NoError(t, err)
 	status := func() (s string) {
 		_ = db.Get(&s, `SELECT status FROM backfill.runs WHERE job_name = 'live'`)
@@ -407,7 +409,12 @@ func TestControlCancelAfterPauseAbortsChunkInFlight(t *testing.T) {
 		require.NoError(t, err)
 		// The call sees the pause (its monitor reads the control state
 		// every 20 ms) before the cancel lands.
-		time.Sleep(200 * time.Millisecond)
+		select {
+		case <-paused:
+		case <-time.After(testwait.Timeout):
+			aborted <- errors.New("the call did not see the pause")
+			return nil
+		}
 		_, err = db.Exec(`SELECT backfill.cancel('live', 'ann', 'stop it')`)
 		require.NoError(t, err)
 		select {
@@ -526,8 +533,10 @@ func TestControlConcurrencyKnobLoweredWithExtractAhead(t *testing.T) {
 	ctx := context.Background()
 	db := liveDB(t)
 	r := liveRunner(t, db, "w1", nil)
-	r.cfg.Concurrency, r.cfg.ExtractAhead = 2, true
+	logger, changed := logEvent("backfill: live knobs changed")
+	r.cfg.Concurrency, r.cfg.ExtractAhead, r.cfg.Logger = 2, true, logger
 	var lowered atomic.Bool
+	var unseen atomic.Bool
 	var inFlight, most atomic.Int32
 	job := liveJob(func(c Chunk) {
 		if c.Seq == 2 {
@@ -536,7 +545,11 @@ func TestControlConcurrencyKnobLoweredWithExtractAhead(t *testing.T) {
 			_, err := db.Exec(`SELECT backfill.set_knob($1::bigint, 'concurrency', '1', 'ann', 'one at a time')`, batch)
 			require.NoError(t, err)
 			// The monitor reads the knob within a HeartbeatInterval.
-			time.Sleep(500 * time.Millisecond)
+			select {
+			case <-changed:
+			case <-time.After(testwait.Timeout):
+				unseen.Store(true)
+			}
 			lowered.Store(true)
 			return
 		}
@@ -555,6 +568,7 @@ func TestControlConcurrencyKnobLoweredWithExtractAhead(t *testing.T) {
 	rep, err := r.Run(ctx, job)
 	require.NoError(t, err)
 	require.Equal(t, RunCompleted, rep.Status)
+	require.False(t, unseen.Load(), "the call did not read the knob within %v", testwait.Timeout)
 	require.Equal(t, int32(1), most.Load(), "extractions at once after the knob went down to 1")
 }
 

@@ -13,6 +13,7 @@ import (
 	"github.com/lib/pq"
 	"github.com/pgbackfill/backfill/backfillthrottle"
 	"github.com/pgbackfill/backfill/backfilltrace"
+	"github.com/pgbackfill/backfill/internal/testwait"
 	"github.com/stretchr/testify/require"
 )
 
@@ -408,10 +409,21 @@ func TestShutdownDuringRejectRateCheckLeavesTheRunRunning(t *testing.T) {
 		}
 		_, err := locker.Exec(`LOCK TABLE backfill.chunks IN ACCESS EXCLUSIVE MODE`)
 		require.NoError(t, err)
+		// waiting polls (for at most testwait.Timeout) until whether a
+		// session waits for a lock on the manifest's chunks is want.
+		waiting := func(want bool) {
+			for deadline := time.Now().Add(testwait.Timeout); time.Now().Before(deadline); time.Sleep(testwait.Poll) {
+				var w bool
+				if db.Get(&w, `SELECT EXISTS (SELECT 1 FROM pg_locks WHERE NOT granted AND relation = 'backfill.chunks'::regclass
+					AND database = (SELECT oid FROM pg_database WHERE datname = current_database()))`) == nil && w == want {
+					return
+				}
+			}
+		}
 		go func() {
-			time.Sleep(300 * time.Millisecond)
-			cancel() // SIGTERM: the service shuts down
-			time.Sleep(300 * time.Millisecond)
+			waiting(true) // the check waits behind the locker
+			cancel()      // SIGTERM: the service shuts down
+			waiting(false)
 			_ = locker.Rollback()
 		}()
 	})

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jmoiron/sqlx"
+	"github.com/pgbackfill/backfill/internal/testwait"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgbackfill/backfill"
@@ -74,10 +75,14 @@ func TestVersionedViewReadersNeverSeeAMix(t *testing.T) {
 	}()
 	rep2, err := r.Run(ctx, job(2, true))
 	require.NoError(t, err)
-	time.Sleep(20 * time.Millisecond)
+	v2 := fmt.Sprintf("200/%d", 199*200)
+	testwait.Until(t, "the reader seeing the published version", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return seen[v2] > 0
+	})
 	stop.Store(true)
 	wg.Wait()
-	v2 := fmt.Sprintf("200/%d", 199*200)
 	require.Equal(t, v2, state())
 	for s := range seen {
 		require.Contains(t, []string{v1, v2}, s, "a reader saw a mix of versions")

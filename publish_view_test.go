@@ -11,6 +11,7 @@ import (
 	"github.com/pgbackfill/backfill/backfilltype"
 
 	"github.com/jmoiron/sqlx"
+	"github.com/pgbackfill/backfill/internal/testwait"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgbackfill/backfill"
@@ -105,17 +106,16 @@ func TestVersionedViewRollbackWhilePublishRetries(t *testing.T) {
 	done := make(chan result, 1)
 	go func() { rep, err := r.Run(ctx, job2); done <- result{rep, err} }()
 	// Wait until batch 2 is completed: its publish is retrying.
-	var st string
-	for st != "completed" {
-		time.Sleep(20 * time.Millisecond)
-		_ = db.Get(&st, `SELECT coalesce((SELECT status FROM backfill.runs WHERE batch_id = 2), '')`)
-	}
+	testwait.Until(t, "batch 2 completed, its publish retrying", func() bool {
+		var st string
+		return db.Get(&st, `SELECT coalesce((SELECT status FROM backfill.runs WHERE batch_id = 2), '')`) == nil && st == "completed"
+	})
 	job2.NewRun = false
 	rb, err := r.Rollback(ctx, job2, backfill.RollbackOptions{BatchID: 2, Actor: "ops", Why: "bad prices"})
 	require.NoError(t, err)
 	require.Equal(t, backfill.RunRolledBack, rb.Status)
 	release()
-	out := <-done
+	out := testwait.Recv(t, "the run of batch 2 after the view's release", done)
 	require.ErrorIs(t, out.err, backfill.ErrAlreadyCompleted, "Run must say its batch was rolled back, not published")
 	require.Equal(t, backfill.RunRolledBack, out.rep.Status)
 	require.Equal(t, "orders__v1", viewReads(t, db), "readers see the rolled back batch 2")

@@ -16,6 +16,7 @@ import (
 	"github.com/pgbackfill/backfill/internal/pacer"
 	"github.com/pgbackfill/backfill/internal/pgstore"
 	"github.com/pgbackfill/backfill/internal/pgtest"
+	"github.com/pgbackfill/backfill/internal/testwait"
 	"github.com/stretchr/testify/require"
 	"pgregory.net/rapid"
 )
@@ -356,11 +357,7 @@ func throttleRunner(t *testing.T, db *sqlx.DB, id string, set func(*Config)) *Ru
 
 func waitFor(t *testing.T, what string, f func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !f() {
-		require.True(t, time.Now().Before(deadline), "timed out waiting for %s", what)
-		time.Sleep(5 * time.Millisecond)
-	}
+	testwait.Until(t, what, f)
 }
 
 // TestThrottleHoldsRecordsPeriodsAndSplitsTime: a signal above High
@@ -385,10 +382,11 @@ func TestThrottleHoldsRecordsPeriodsAndSplitsTime(t *testing.T) {
 	})
 	require.Zero(t, read.Load(), "a chunk was read while the throttle held")
 	sig.set(2) // between the watermarks: still held
-	time.Sleep(50 * time.Millisecond)
+	seen := sig.reads.Load()
+	waitFor(t, "readings of the signal between the watermarks", func() bool { return sig.reads.Load() >= seen+3 })
 	require.Zero(t, read.Load(), "released above Low")
 	sig.set(0.5)
-	out := <-res
+	out := testwait.Recv(t, "the run after the release", res)
 	require.NoError(t, out.err)
 	require.Equal(t, RunCompleted, out.rep.Status)
 	require.EqualValues(t, liveChunks, read.Load())
@@ -760,7 +758,11 @@ func TestAdaptiveThrottleSlowsWithoutHolding(t *testing.T) {
 		job := liveJob(func(c Chunk) {
 			if c.Lo == 30 { // half the run read at full speed
 				sig.set(5)
-				time.Sleep(50 * time.Millisecond) // a few readings
+				// A few readings (as many as 50 ms make on an idle machine).
+				seen, deadline := sig.reads.Load(), time.Now().Add(testwait.Timeout)
+				for sig.reads.Load() < seen+5 && time.Now().Before(deadline) {
+					time.Sleep(testwait.Poll)
+				}
 			}
 		})
 		rep, err := r.Run(t.Context(), job)
@@ -815,8 +817,15 @@ func TestUnreadableSignalFailsClosed(t *testing.T) {
 		for _, sig := range []backfillthrottle.Signal{backfillthrottle.SQLSignal("replica_guard", "SELEC 1"), backfillthrottle.ProbeLatencySignal("SELECT 1", 950, time.Second),
 			backfillthrottle.ProbeLatencySignal("SELECT 1", 99, 0)} {
 			db := liveDB(t)
-			r := throttleRunner(t, db, "w1", func(c *Config) { c.Throttles = []backfillthrottle.Throttle{{Signal: sig, High: 1, Critical: 2}} })
-			rep, err := r.Run(t.Context(), liveJob(nil))
+			r := throttleRunner(t, db, "w1", func(c *Config) {
+				c.Throttles = []backfillthrottle.Throttle{{Signal: sig, High: 1, Critical: 2}}
+				// A reading's timeout is the interval, and only a reading
+				// that fails, not one cut at its timeout, fails the run
+				// at the start: at 10 ms a loaded machine cut the typo's
+				// reading, and the run went on (then held for good).
+				c.ThrottleInterval = time.Minute
+			})
+			rep, err := r.Run(testwait.Context(t, "the run with the unreadable signal "+sig.Name()), liveJob(nil))
 			require.ErrorIs(t, err, ErrInvalidConfig, "%s", sig.Name())
 			require.ErrorContains(t, err, "throttle signal "+sig.Name()+" cannot be read")
 			require.Zero(t, rep.ChunksDone, "%s: chunks were claimed", sig.Name())
@@ -831,8 +840,8 @@ func TestUnreadableSignalFailsClosed(t *testing.T) {
 		job := liveJob(func(c Chunk) {
 			if read.Add(1) == 2 {
 				sig.broken.Store(true)
-				before := sig.reads.Load()
-				for sig.reads.Load() < before+hysteresis.UnreadableAfter+2 {
+				before, deadline := sig.reads.Load(), time.Now().Add(testwait.Timeout)
+				for sig.reads.Load() < before+hysteresis.UnreadableAfter+2 && time.Now().Before(deadline) {
 					time.Sleep(5 * time.Millisecond)
 				}
 			}
@@ -841,15 +850,17 @@ func TestUnreadableSignalFailsClosed(t *testing.T) {
 			c.Concurrency = 1
 			c.Throttles = []backfillthrottle.Throttle{{Signal: sig, High: 3, Low: 1}}
 		})
-		res := goRun(t.Context(), r, job)
+		res := goRun(testwait.Context(t, "the run whose signal stops being readable"), r, job)
 		waitFor(t, "the unreadable signal's hold", func() bool {
 			var n int
 			return db.Get(&n, `SELECT count(*) FROM backfill.throttle_periods WHERE ended_at IS NULL`) == nil && n == 1
 		})
-		time.Sleep(50 * time.Millisecond)
+		// Held: a few more (failed) readings, and still no claim.
+		held := sig.reads.Load()
+		waitFor(t, "readings of the signal during the hold", func() bool { return sig.reads.Load() >= held+3 })
 		require.EqualValues(t, 2, read.Load(), "a chunk was claimed while the signal could not be read")
 		sig.broken.Store(false)
-		out := <-res
+		out := testwait.Recv(t, "the run once the signal reads again", res)
 		require.NoError(t, out.err)
 		require.Equal(t, RunCompleted, out.rep.Status)
 	})

@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net"
 	"net/url"
+	"regexp"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -19,6 +20,7 @@ import (
 	"github.com/jmoiron/sqlx"
 	"github.com/pgbackfill/backfill/internal/pgstore"
 	"github.com/pgbackfill/backfill/internal/pgtest"
+	"github.com/pgbackfill/backfill/internal/testwait"
 	"github.com/stretchr/testify/require"
 )
 
@@ -90,10 +92,20 @@ type runResult struct {
 	err error
 }
 
+// goRun runs job on a goroutine of its own and sends the result. The
+// run ends after testwait.Timeout at the latest: a run that never
+// returns (a hold that never releases, a wait never woken) fails its
+// test with the context's error rather than hanging until the package
+// timeout.
 func goRun(ctx context.Context, r *Runner, job Job) <-chan runResult {
 	ch := make(chan runResult, 1)
 	go func() {
+		ctx, cancel := context.WithTimeoutCause(ctx, testwait.Timeout, fmt.Errorf("testwait: the run of job %q did not return within %v", job.Name, testwait.Timeout))
+		defer cancel()
 		rep, err := r.Run(ctx, job)
+		if err != nil && context.Cause(ctx) != nil && ctx.Err() == context.DeadlineExceeded {
+			err = fmt.Errorf("%w (%w)", err, context.Cause(ctx))
+		}
 		ch <- runResult{rep, err}
 	}()
 	return ch
@@ -290,10 +302,20 @@ func TestRunLiveness(t *testing.T) {
 
 	// The worker's heartbeat as if it stopped 1.5 and 3 StaleAfter ago
 	// (its goroutine would refresh it: the hook stops it meanwhile).
-	off := func(id string) bool { return id == "worker-a" }
+	// A heartbeat in flight lands first: the loop is sequential, so once
+	// it skipped one, none is in flight.
+	skipped := make(chan struct{})
+	var skippedOnce sync.Once
+	off := func(id string) bool {
+		if id != "worker-a" {
+			return false
+		}
+		skippedOnce.Do(func() { close(skipped) })
+		return true
+	}
 	testHeartbeatsOff.Store(&off)
 	defer testHeartbeatsOff.Store(nil)
-	time.Sleep(200 * time.Millisecond) // a heartbeat in flight lands first
+	testwait.Recv(t, "a heartbeat of worker-a skipped by the hook", skipped)
 	for _, c := range []struct {
 		age  string
 		want string
@@ -309,7 +331,7 @@ func TestRunLiveness(t *testing.T) {
 	// Interrupted: the run stays running, its worker finished: dead.
 	cancel()
 	once.Do(func() { close(release) })
-	ra := <-aDone
+	ra := testwait.Recv(t, "worker-a's interrupted run", aDone)
 	require.ErrorIs(t, ra.err, context.Canceled)
 	lv, err = m.RunLiveness(ctx, db, batch)
 	require.NoError(t, err)
@@ -368,9 +390,12 @@ func TestServerRestartDuringChunk(t *testing.T) {
 	<-mid
 	require.NoError(t, srv.RestartImmediate(ctx, func() {
 		close(down)
-		time.Sleep(time.Second) // the failed attempt is recorded while the server is down
+		// The failed attempt is recorded while the server is down: its
+		// recording fails, and is retried.
+		lost := regexp.MustCompile(`"msg":"backfill: connection lost; retrying",[^\n]*"what":"record failed attempt"`)
+		testwait.Until(t, "a failed try to record the failed attempt while the server is down", func() bool { return lost.MatchString(logs.String()) })
 	}))
-	res := <-done
+	res := testwait.Recv(t, "the run after the restart", done)
 	require.NoError(t, res.err)
 	require.Equal(t, RunCompleted, res.rep.Status)
 	require.Regexp(t, `"msg":"backfill: recorded after the connection came back",[^\n]*"what":"record failed attempt"`, logs.String())

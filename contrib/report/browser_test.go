@@ -17,22 +17,23 @@ import (
 	"github.com/chromedp/cdproto/network"
 	"github.com/chromedp/cdproto/runtime"
 	"github.com/chromedp/chromedp"
+
+	"github.com/pgbackfill/backfill/internal/pgtest"
 )
 
 // The browser test's environment:
 //   - BACKFILL_CHROMIUM: the browser binary (default: chromium or
 //     chromium-browser on PATH);
-//   - BACKFILL_REPORT_NO_BROWSER=1: skip the test when there is no browser
-//     (otherwise it fails, saying how to install one);
+//   - BACKFILL_REQUIRE_CHROMIUM=1 (or CI=true): fail the test when there
+//     is no browser (otherwise it is skipped, saying how to install one);
 //   - BACKFILL_REPORT_SCREENSHOT=path.png: save a full-page screenshot.
 const (
 	envChromium   = "BACKFILL_CHROMIUM"
-	envNoBrowser  = "BACKFILL_REPORT_NO_BROWSER"
 	envScreenshot = "BACKFILL_REPORT_SCREENSHOT"
 )
 
-// chromium returns the path of the browser, or fails (skips, with
-// BACKFILL_REPORT_NO_BROWSER=1) the test.
+// chromium returns the path of the browser, or skips the test (fails it
+// when Chromium is required).
 func chromium(t *testing.T) string {
 	t.Helper()
 	if p := os.Getenv(envChromium); p != "" {
@@ -43,11 +44,8 @@ func chromium(t *testing.T) string {
 			return p
 		}
 	}
-	if os.Getenv(envNoBrowser) == "1" {
-		t.Skipf("no chromium on PATH and %s=1: skipping the browser test", envNoBrowser)
-	}
-	t.Fatalf("the report's browser test needs Chromium: install it (apt-get install chromium), name it with %s=/path/to/chromium, "+
-		"or set %s=1 to skip this test", envChromium, envNoBrowser)
+	pgtest.Missing(t, pgtest.Chromium, "the report's browser test needs Chromium: no chromium or chromium-browser on PATH; "+
+		"install it (apt-get install chromium) or name it with "+envChromium+"=/path/to/chromium")
 	return ""
 }
 

@@ -178,7 +178,7 @@ func TestFaults(t *testing.T) {
 		s.bouncer = p.Port()
 		s.sum.pooler = "every second worker through PgBouncer (transaction mode, ordinary URL)"
 		t.Logf("pgbouncer: transaction pooling on port %d", s.bouncer)
-	case os.Getenv("CI") == "true":
+	case pgtest.Required(pgtest.PgBouncer):
 		t.Fatal(err)
 	default:
 		t.Logf("pgbouncer: %v; no worker goes through it", err)

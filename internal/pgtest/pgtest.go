@@ -12,9 +12,9 @@
 // be inspected (useful with a DATABASE_URL server that outlives the test
 // binary; a throwaway server is removed when the binary exits).
 //
-// When no server can be had, tests that call New are skipped, except in CI
-// (CI=true), where Main exits with status 1 so that the run fails instead of
-// silently skipping.
+// When no server can be had, tests that call New are skipped, except when
+// [Required] (BACKFILL_REQUIRE_POSTGRES=1, or CI=true), where Main exits
+// with status 1 so that the run fails instead of silently skipping.
 //
 // [NewPoolerURL] gives a fresh database through PgBouncer in transaction
 // pooling mode, started on first use in front of the server and stopped by
@@ -683,7 +683,8 @@ func inCI() bool {
 //
 // It uses DATABASE_URL when set, else starts a throwaway server that it
 // stops after the tests (and on SIGINT/SIGTERM). It runs the tests and
-// exits with their status. Without a server it exits 1 in CI (CI=true);
+// exits with their status. Without a server it exits 1 when [Required]
+// (BACKFILL_REQUIRE_POSTGRES=1 or CI=true);
 // elsewhere it prints a note and the tests that call New are skipped.
 //
 // m is usually the *testing.M of TestMain; a wrapper of it that checks
@@ -718,14 +719,19 @@ func run(m interface{ Run() int }) int {
 	state.mu.Unlock()
 
 	if adminURL == "" {
-		if inCI() {
-			fmt.Fprintf(os.Stderr, "pgtest: no PostgreSQL server in CI: %s\n", reason)
+		if Required(Postgres) {
+			fmt.Fprintf(os.Stderr, "pgtest: no PostgreSQL server (BACKFILL_REQUIRE_POSTGRES or CI is set): %s\n", reason)
 			return 1
 		}
-		fmt.Fprintf(os.Stderr, "pgtest: no PostgreSQL server, tests that need one are skipped: %s\n", reason)
+		fmt.Fprintf(os.Stderr, "pgtest: SKIP: no PostgreSQL server, tests that need one are skipped: %s\n", reason)
 	}
 
 	if srv != nil {
+		stopServer = func() {
+			closeAdmin()
+			stopPooler()
+			_ = srv.Stop()
+		}
 		sigs := make(chan os.Signal, 1)
 		signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
 		done := make(chan struct{})
@@ -737,9 +743,7 @@ func run(m interface{ Run() int }) int {
 			select {
 			case sig := <-sigs:
 				fmt.Fprintf(os.Stderr, "pgtest: %v: stopping the test server\n", sig)
-				closeAdmin()
-				stopPooler()
-				_ = srv.Stop()
+				stopServer()
 				os.Exit(1)
 			case <-done:
 			}
@@ -864,7 +868,7 @@ func adminDB(t testing.TB) (*sql.DB, string) {
 		reason = "DATABASE_URL is unset and TestMain does not call pgtest.Main"
 	}
 	if u == "" {
-		if inCI() || !state.mainCalled {
+		if Required(Postgres) || !state.mainCalled {
 			t.Fatalf("pgtest: no PostgreSQL server: %s", reason)
 		}
 		t.Skipf("pgtest: no PostgreSQL server: %s", reason)
@@ -922,6 +926,7 @@ func NewURL(t testing.TB) string {
 		t.Helper()
 		release(t, admin, name, u)
 	})
+	watch(t)
 	return u
 }
 

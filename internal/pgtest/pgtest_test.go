@@ -2,8 +2,10 @@ package pgtest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -233,10 +235,7 @@ func needOwnServer(t *testing.T) {
 		t.Skip("starts a server of its own")
 	}
 	if _, err := findBinDir(); err != nil {
-		if inCI() {
-			t.Fatal(err)
-		}
-		t.Skip(err)
+		Missing(t, Postgres, err.Error())
 	}
 }
 
@@ -432,8 +431,8 @@ func TestStartWithRestartImmediate(t *testing.T) {
 
 	p, err := StartPooler(ctx, srv.URL(), PoolerOptions{ListenAddresses: []string{"127.0.0.2"}, PoolSize: 7})
 	if err != nil {
-		if _, ferr := findPgBouncer(); ferr != nil && !inCI() {
-			t.Skip(ferr)
+		if _, ferr := findPgBouncer(); ferr != nil {
+			Missing(t, PgBouncer, ferr.Error())
 		}
 		t.Fatal(err)
 	}
@@ -460,5 +459,25 @@ func TestStartWithRestartImmediate(t *testing.T) {
 	}
 	if !strings.Contains(string(ini), "default_pool_size = 7\n") {
 		t.Fatalf("pool size not set:\n%s", ini)
+	}
+}
+
+// TestDeadlineEndsAHungTest runs itself in a child process with a
+// deadline of 2 s, where it takes a database and hangs: the child exits
+// 1 naming the test and its deadline, long before its package timeout.
+func TestDeadlineEndsAHungTest(t *testing.T) {
+	if os.Getenv("PGTEST_HANG") == "1" {
+		NewURL(t)
+		select {}
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^TestDeadlineEndsAHungTest$", "-test.timeout=5m")
+	cmd.Env = append(os.Environ(), "PGTEST_HANG=1", "BACKFILL_TEST_DEADLINE=2s")
+	out, err := cmd.CombinedOutput()
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() != 1 {
+		t.Fatalf("the hung child ended with %v, want exit status 1; output:\n%s", err, out)
+	}
+	if !strings.Contains(string(out), "pgtest: FAIL: TestDeadlineEndsAHungTest passed its deadline of 2s") {
+		t.Fatalf("the child's output does not name the test and its deadline:\n%s", out)
 	}
 }

@@ -309,8 +309,8 @@ func stopPooler() {
 // transaction, [PoolerPoolSize] server connections per database): an
 // ordinary connection string, without binary_parameters. The test binary
 // starts one PgBouncer, on the first call, in front of its server; [Main]
-// stops it. Without pgbouncer installed the test is skipped, or fails in
-// CI (CI=true).
+// stops it. Without pgbouncer installed the test is skipped, or fails
+// when [Required] (BACKFILL_REQUIRE_PGBOUNCER=1 or CI=true).
 func NewPoolerURL(t testing.TB) string {
 	t.Helper()
 	direct := NewURL(t)
@@ -334,10 +334,7 @@ func NewPoolerURL(t testing.TB) string {
 		}
 	}
 	if pooler.p == nil {
-		if inCI() {
-			t.Fatalf("pgtest: no PgBouncer in CI: %s", pooler.unavailable)
-		}
-		t.Skipf("pgtest: no PgBouncer, skipping the test through a pooler: %s", pooler.unavailable)
+		Missing(t, PgBouncer, "pgtest: no PgBouncer for this test, which runs through a pooler: "+pooler.unavailable)
 	}
 	u, err := pooler.p.URL(direct)
 	if err != nil {
