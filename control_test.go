@@ -446,9 +446,26 @@ func TestRateCappedWaitWakesOnControl(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
 			db := liveDB(t)
-			r, err := New(db, &Config{WorkerID: "a", Concurrency: 2, ThrottleInterval: 50 * time.Millisecond, Logger: discardLogger()})
+			logger, knobSeen := logEvent("backfill: live knobs changed")
+			r, err := New(db, &Config{WorkerID: "a", Concurrency: 2, ThrottleInterval: 50 * time.Millisecond, Logger: logger})
 			require.NoError(t, err)
-			ch := goRun(ctx, r, controlJob(20, time.Millisecond, nil))
+			// Every chunk's extraction waits until the worker has read the
+			// cap, so the run cannot end before the cap has chunks to hold.
+			// Chunks of 1,000 rows: at the cap of 1 row/s a single wait
+			// would outlast the test's deadline, so only the control can
+			// end it.
+			job := controlJob(20, time.Millisecond, nil)
+			job.Chunker = IntRange(0, 20_000, 1000)
+			inner := job.Extractor
+			job.Extractor = ExtractorFunc(func(ctx context.Context, c Chunk, w RowWriter) error {
+				select {
+				case <-knobSeen:
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+				return inner.Extract(ctx, c, w)
+			})
+			ch := goRun(ctx, r, job)
 			var batch int64
 			waitFor(t, "the run", func() bool { return db.Get(&batch, `SELECT batch_id FROM backfill.runs`) == nil })
 			_, err = db.Exec(`SELECT backfill.set_knob($1::bigint, 'rows_per_second', '1', 'ann', 'slow')`, batch)
@@ -463,16 +480,17 @@ func TestRateCappedWaitWakesOnControl(t *testing.T) {
 				_, err = db.Exec(`SELECT backfill.set_knob($1::bigint, 'rows_per_second', '0', 'ann', 'lift the cap')`, batch)
 			}
 			require.NoError(t, err)
-			select {
-			case res := <-ch:
-				if action == "pause" {
-					require.ErrorIs(t, res.err, ErrRunPaused)
-				} else {
-					require.NoError(t, res.err)
-					require.Equal(t, RunCompleted, res.rep.Status)
-				}
-			case <-time.After(8 * time.Second): // the cap alone: 18 chunks of 10 rows at 1 row/s
-				t.Fatalf("%s: Run still waiting on the rows-per-second cap", action)
+			// The run returns (goRun's deadline fails it otherwise) because
+			// the control woke the wait.
+			res := testwait.Recv(t, "the run to return after the "+action, ch)
+			if action == "pause" {
+				require.ErrorIs(t, res.err, ErrRunPaused)
+			} else {
+				require.NoError(t, res.err)
+				require.Equal(t, RunCompleted, res.rep.Status)
+				var rest int
+				require.NoError(t, db.Get(&rest, `SELECT count(*) FROM backfill.throttle_periods WHERE ended_at IS NULL AND signal = 'rows_per_second'`))
+				require.Zero(t, rest, "a cap wait still open after the cap was lifted")
 			}
 		})
 	}

@@ -41,7 +41,6 @@ type throttler struct {
 	periods  []int64      // the open throttle period of each state (0: none)
 	pace     *pacer.Pacer // nil without Config.RowsPerSecond and without an adaptive throttle
 	share    float64      // this call's share of Config.RowsPerSecond (0: no cap)
-	initial  bool         // the first check, before any claim
 	ceiling  float64      // without a cap: the adaptive throttles' ceiling (rows/s), set at the first cut
 
 	mu      sync.Mutex
@@ -65,9 +64,7 @@ func (ex *execution) startThrottle(ctx context.Context) {
 	}
 	ex.throttle = t
 	mctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	t.initial = true
 	t.check(mctx)
-	t.initial = false
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
@@ -209,10 +206,12 @@ func (t *throttler) check(ctx context.Context) {
 			if ctx.Err() != nil {
 				continue
 			}
-			if t.initial && !errors.Is(err, context.DeadlineExceeded) {
-				// A signal that cannot be read at all (a typo in its
-				// query, a missing privilege, a bad setting) is a
-				// deployment error, found before anything is claimed.
+			if !h.Read && !errors.Is(err, context.DeadlineExceeded) {
+				// A signal that has never read (a typo in its query, a
+				// missing privilege, a bad setting) is a deployment
+				// error: found at the first reading, before anything is
+				// claimed, or at the first reading that is not cut by
+				// its deadline.
 				ex.fail(nil, fmt.Errorf("backfill: job %q batch %d: %w: throttle signal %s cannot be read: %w", ex.job.Name, ex.batchID, ErrInvalidConfig, name, err))
 				t.wake()
 				return
@@ -229,6 +228,7 @@ func (t *throttler) check(ctx context.Context) {
 			v = math.Inf(1)
 		} else {
 			h.Fails = 0
+			h.Read = true
 		}
 		ex.log.Debug("backfill: throttle check", "signal", name, "value", v, "high", h.Throttle.High, "low", h.Throttle.EffectiveLow(), "critical", h.Throttle.Critical, "held", h.Held)
 		if !math.IsInf(v, 1) && h.Critical(v) {

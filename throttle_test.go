@@ -578,7 +578,7 @@ func TestBuiltinSignalsOnPostgres(t *testing.T) {
 func TestRowsPerSecondCapWaitsAndRecords(t *testing.T) {
 	t.Parallel()
 	db := liveDB(t)
-	r := throttleRunner(t, db, "w1", func(c *Config) { c.RowsPerSecond = 40 }) // 60 rows: 20 past the burst
+	r := throttleRunner(t, db, "w1", func(c *Config) { c.RowsPerSecond = 10 }) // 60 rows: 50 past the burst, about 5 s of waits however slow the machine
 	rep, err := r.Run(t.Context(), liveJob(nil))
 	require.NoError(t, err)
 	require.Equal(t, RunCompleted, rep.Status)
@@ -831,6 +831,23 @@ func TestUnreadableSignalFailsClosed(t *testing.T) {
 			require.Zero(t, rep.ChunksDone, "%s: chunks were claimed", sig.Name())
 		}
 	})
+	t.Run("never read", func(t *testing.T) {
+		// The first reading is cut at its deadline (a slow server), and
+		// the later ones fail: the signal has never read, so the run
+		// fails as a deployment error instead of holding for good.
+		t.Parallel()
+		db := liveDB(t)
+		sig := &cutThenBrokenSignal{}
+		r := throttleRunner(t, db, "w1", func(c *Config) {
+			c.Throttles = []backfillthrottle.Throttle{{Signal: sig, High: 1}}
+		})
+		rep, err := r.Run(testwait.Context(t, "the run with a signal that never read"), liveJob(nil))
+		require.ErrorIs(t, err, ErrInvalidConfig)
+		require.ErrorContains(t, err, "throttle signal cut_then_broken cannot be read")
+		require.ErrorContains(t, err, "relation \"missing\" does not exist")
+		require.Zero(t, rep.ChunksDone)
+		require.GreaterOrEqual(t, sig.reads.Load(), int64(2))
+	})
 	t.Run("later", func(t *testing.T) {
 		t.Parallel()
 		db := liveDB(t)
@@ -864,4 +881,17 @@ func TestUnreadableSignalFailsClosed(t *testing.T) {
 		require.NoError(t, out.err)
 		require.Equal(t, RunCompleted, out.rep.Status)
 	})
+}
+
+// cutThenBrokenSignal's first reading lasts until its deadline; every
+// later one fails at once.
+type cutThenBrokenSignal struct{ reads atomic.Int64 }
+
+func (s *cutThenBrokenSignal) Name() string { return "cut_then_broken" }
+func (s *cutThenBrokenSignal) Read(ctx context.Context, _ sqlx.ExtContext, _ backfillthrottle.SignalScope) (float64, error) {
+	if s.reads.Add(1) == 1 {
+		<-ctx.Done()
+		return 0, ctx.Err()
+	}
+	return 0, errors.New(`pq: relation "missing" does not exist`)
 }

@@ -32,18 +32,21 @@ type Signal interface {
 	// the Runner's database; a Read with bind parameters must run them
 	// in a transaction (behind a transaction pooler).
 	//
-	// An error is logged. A failed first reading, when a call of
-	// backfill.Runner.Run starts and before it claims anything, fails the
-	// call with an error wrapping [backfilltype.ErrInvalidConfig] naming
-	// the signal (a typo in a query, a missing privilege), unless ctx's
-	// deadline ended it. Later, the throttle fails closed: the first and
-	// second failed readings in a row are skipped (the throttle keeps its
-	// state, held or not); from the third in a row on, each failed reading
-	// counts as above High (never as Critical: the run is not paused), so
-	// the throttle holds (an adaptive one, [Throttle.Adapt], cuts its
-	// rate as for such a reading), until a reading succeeds. That reading is then observed as
-	// usual: below Low it releases the hold (once it has lasted MinHold),
-	// and it starts the count of failures in a row again.
+	// An error is logged. Until a reading of the signal has succeeded, a
+	// failed reading that ctx's deadline did not end (a typo in a query,
+	// a missing privilege) fails the call of backfill.Runner.Run with an
+	// error wrapping [backfilltype.ErrInvalidConfig] naming the signal;
+	// the first reading is taken when the call starts, before it claims
+	// anything. Once the signal has read, the throttle fails closed: the
+	// first and second failed readings in a row are skipped (the throttle
+	// keeps its state, held or not); from the third in a row on, each
+	// failed reading counts as above High (never as Critical: the run is
+	// not paused), so the throttle holds (an adaptive one,
+	// [Throttle.Adapt], cuts its rate as for such a reading), until a
+	// reading succeeds. That reading is then observed as usual: below Low
+	// it releases the hold (once it has lasted MinHold), and it starts the
+	// count of failures in a row again. Readings cut by ctx's deadline
+	// before the signal has ever read count as failures in a row too.
 	Read(ctx context.Context, db sqlx.ExtContext, scope SignalScope) (float64, error)
 }
 

@@ -32,6 +32,8 @@ type State struct {
 	cut    time.Time
 	// Fails counts the consecutive readings that failed.
 	Fails int `json:"-" db:"-"`
+	// Read: some reading of the signal has succeeded.
+	Read bool `json:"-" db:"-"`
 }
 
 // UnreadableAfter is how many consecutive failed readings of a signal
