@@ -21,6 +21,7 @@ import (
 	"github.com/pgbackfill/backfill/backfilltrace"
 	"github.com/pgbackfill/backfill/backfilltype"
 	"github.com/pgbackfill/backfill/internal/pgstore"
+	"github.com/pgbackfill/backfill/internal/quote"
 	"github.com/pgbackfill/backfill/internal/suggest"
 )
 
@@ -1895,7 +1896,7 @@ func (ex *execution) gateRemedies(rate bool) string {
 	}
 	return fmt.Sprintf("inspect the rejected rows (backfill exceptions --batch %d), then resume the run to accept them "+
 		"(Runner.Resume; backfill resume --job %s --why TEXT)%s, or roll the batch back (Runner.Rollback; backfill rollback --batch %d --why TEXT)",
-		ex.batchID, ex.job.Name, raise, ex.batchID)
+		ex.batchID, quote.Shell(ex.job.Name), raise, ex.batchID)
 }
 
 // loadedTotaler is a Manifest that sums the rows read and rejected of a

@@ -15,6 +15,7 @@ import (
 
 	"github.com/pgbackfill/backfill"
 	"github.com/pgbackfill/backfill/contrib/report"
+	"github.com/pgbackfill/backfill/internal/quote"
 )
 
 // The variables internal/pgtest/with-postgres.sh (make demo) exports to
@@ -44,9 +45,6 @@ func databaseWhere(dsn string, getenv func(string) string) string {
 func kept(getenv func(string) string) bool {
 	return getenv(throwawayEnv) == "" || getenv(keepEnv) != ""
 }
-
-// plainWord matches a shell word that needs no quotes.
-var plainWord = regexp.MustCompile(`^[A-Za-z0-9._/=:@%+-]+$`)
 
 var dsnPassword = regexp.MustCompile(`(?i)(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)`)
 
@@ -106,15 +104,9 @@ func inspectCommands(job string, batchID int64, schema, where string, kept bool)
 	if schema != "" && schema != "backfill" {
 		cmd += " --schema " + schema
 	}
-	sh := func(s string) string {
-		if plainWord.MatchString(s) {
-			return s
-		}
-		return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
-	}
 	lines := [][2]string{
-		{fmt.Sprintf("status %s", sh(job)), "progress, rates and ETA (--watch to follow a run)"},
-		{fmt.Sprintf("runs --job %s", sh(job)), "the job's runs"},
+		{fmt.Sprintf("status %s", quote.Shell(job)), "progress, rates and ETA (--watch to follow a run)"},
+		{fmt.Sprintf("runs --job %s", quote.Shell(job)), "the job's runs"},
 		{fmt.Sprintf("chunks --batch %d", batchID), "every chunk: status, counts, attempts, worker"},
 		{fmt.Sprintf("exceptions --batch %d --limit 20", batchID), "rows not loaded, with the raw rows (--csv, --json)"},
 		{fmt.Sprintf("validations --batch %d", batchID), "validation evidence"},

@@ -19,6 +19,7 @@ import (
 
 	"github.com/pgbackfill/backfill/backfilltype"
 	"github.com/pgbackfill/backfill/internal/pgurl"
+	"github.com/pgbackfill/backfill/internal/quote"
 
 	"github.com/jmoiron/sqlx"
 
@@ -47,10 +48,10 @@ func RunError(job, planFlag string, err error) error {
 		}
 	}
 	if errors.Is(err, backfill.ErrRunPaused) {
-		return fmt.Errorf("job %s: %w\n(paused: the chunks in flight finished. To resume: go -C cmd/backfill run . resume --job %s --why '<why>' (from the repository's root), or psql \"$DATABASE_URL\" -c \"SELECT backfill.resume('%s', '<you>', '<why>')\"; then run the same command again)", job, err, job, job)
+		return fmt.Errorf("job %s: %w\n(paused: the chunks in flight finished. To resume: %s; then run the same command again)", job, err, resumeCommands(job))
 	}
 	if errors.Is(err, backfill.ErrRunCancelled) {
-		return fmt.Errorf("job %s: %w\n(cancelled: the chunks in flight rolled back. To restart it: go -C cmd/backfill run . resume --job %s --why '<why>' (from the repository's root), or psql \"$DATABASE_URL\" -c \"SELECT backfill.resume('%s', '<you>', '<why>')\"; then run the same command again; or pass -new-run)", job, err, job, job)
+		return fmt.Errorf("job %s: %w\n(cancelled: the chunks in flight rolled back. To restart it: %s; then run the same command again; or pass -new-run)", job, err, resumeCommands(job))
 	}
 	var pe *backfill.PartialError
 	if errors.As(err, &pe) {
@@ -270,4 +271,11 @@ func PeakRSS() string {
 		}
 	}
 	return "unknown"
+}
+
+// resumeCommands says how to resume job's latest run, with the operator's
+// command and with SQL, each pasteable whatever the job's name.
+func resumeCommands(job string) string {
+	sql := "SELECT backfill.resume(" + quote.SQL(job) + ", '<you>', '<why>')"
+	return "go -C cmd/backfill run . resume --job " + quote.Shell(job) + " --why '<why>' (from the repository's root), or psql \"$DATABASE_URL\" -c " + quote.Shell(sql)
 }

@@ -34,3 +34,17 @@ func TestDatabaseURLRefusesAMistypedScheme(t *testing.T) {
 		t.Errorf("got %q, %v; want an error naming the scheme", url, err)
 	}
 }
+
+// TestResumeCommandsQuoteTheJob: the resume commands of a paused or
+// cancelled run can be pasted whatever the job's name.
+func TestResumeCommandsQuoteTheJob(t *testing.T) {
+	got := resumeCommands("it's a job")
+	for _, want := range []string{
+		`resume --job "it's a job" --why '<why>'`,
+		`-c "SELECT backfill.resume('it''s a job', '<you>', '<why>')"`,
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("%s\ndoes not contain %s", got, want)
+		}
+	}
+}

@@ -1,0 +1,42 @@
+// Package quote makes the commands and SQL that messages suggest
+// pasteable: a shell argument is quoted only when it needs to be, and an
+// SQL string literal always is.
+package quote
+
+import (
+	"regexp"
+	"strings"
+)
+
+// plainWord matches a shell word that needs no quotes.
+var plainWord = regexp.MustCompile(`^[A-Za-z0-9._/=:@%+-]+$`)
+
+// Shell returns s as one argument of a POSIX shell command: unchanged
+// when it is a plain word; in double quotes when it holds a single quote
+// but nothing double quotes expand ($, `, \, ", !); else in single
+// quotes, an embedded single quote written as '\''. The empty string is ''.
+func Shell(s string) string {
+	if plainWord.MatchString(s) {
+		return s
+	}
+	if strings.Contains(s, "'") && !strings.ContainsAny(s, "$`\\\"!") {
+		return `"` + s + `"`
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}
+
+// SQL returns s as an SQL string literal: in single quotes, an embedded
+// single quote doubled. Backslashes are literal (standard_conforming_strings).
+func SQL(s string) string {
+	return "'" + strings.ReplaceAll(s, "'", "''") + "'"
+}
+
+// Join returns the names as a comma-separated list, each quoted with
+// Shell, for a message that lists names a command takes.
+func Join(names []string) string {
+	q := make([]string, len(names))
+	for i, n := range names {
+		q[i] = Shell(n)
+	}
+	return strings.Join(q, ", ")
+}
