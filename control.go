@@ -476,7 +476,9 @@ func (r *Runner) Cancel(ctx context.Context, batchID int64, actor, why string) e
 // An unknown key, a bad value, such a pair or a missing actor or why
 // gives an error wrapping [ErrInvalidConfig] that names the key and value
 // (for a pair, both knobs and both values); a completed, rolled back or
-// abandoned run [ErrRunStatus]. It returns [ErrUnsupported] when the manifest has no
+// abandoned run [ErrRunStatus]. A paused, cancelled or failed run accepts
+// knobs: they belong to the run and apply once it is resumed
+// ([Runner.Resume]) or run again. It returns [ErrUnsupported] when the manifest has no
 // control plane ([PGManifest] has one).
 func (r *Runner) SetKnob(ctx context.Context, batchID int64, key, value, actor, why string) error {
 	cm, err := r.controlPlane("set knob")
