@@ -14,7 +14,7 @@ var plainWord = regexp.MustCompile(`^[A-Za-z0-9._/=:@%+-]+$`)
 // Shell returns s as one argument of a POSIX shell command: unchanged
 // when it is a plain word; in double quotes when it holds a single quote
 // but nothing double quotes expand ($, `, \, ", !); else in single
-// quotes, an embedded single quote written as '\''. The empty string is ''.
+// quotes, an embedded single quote written as '\”. The empty string is ”.
 func Shell(s string) string {
 	if plainWord.MatchString(s) {
 		return s
