@@ -14,7 +14,9 @@ var plainWord = regexp.MustCompile(`^[A-Za-z0-9._/=:@%+-]+$`)
 // Shell returns s as one argument of a POSIX shell command: unchanged
 // when it is a plain word; in double quotes when it holds a single quote
 // but nothing double quotes expand ($, `, \, ", !); else in single
-// quotes, an embedded single quote written as '\”. The empty string is ”.
+// quotes, where an embedded single quote closes the quotes, is escaped
+// with a backslash and reopens them. The empty string is a pair of single
+// quotes.
 func Shell(s string) string {
 	if plainWord.MatchString(s) {
 		return s
