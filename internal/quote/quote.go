@@ -42,3 +42,26 @@ func Join(names []string) string {
 	}
 	return strings.Join(q, ", ")
 }
+
+// plainIdent matches an SQL identifier that needs no quotes.
+var plainIdent = regexp.MustCompile(`^[a-z_][a-z0-9_]*$`)
+
+// SQLIdent returns name as an SQL identifier: unchanged when it is a
+// plain lower-case word, else in double quotes, an embedded double quote
+// doubled.
+func SQLIdent(name string) string {
+	if plainIdent.MatchString(name) {
+		return name
+	}
+	return `"` + strings.ReplaceAll(name, `"`, `""`) + `"`
+}
+
+// SchemaFlag returns the operator command's flag that selects the
+// manifest schema, with a leading space: "" for the default schema
+// "backfill" (or none), else " --schema NAME", quoted with Shell.
+func SchemaFlag(schema string) string {
+	if schema == "" || schema == "backfill" {
+		return ""
+	}
+	return " --schema " + Shell(schema)
+}

@@ -30,3 +30,16 @@ func TestSQL(t *testing.T) {
 		}
 	}
 }
+
+func TestSQLIdentAndSchemaFlag(t *testing.T) {
+	for in, want := range map[string]string{"backfill": "backfill", "Ops": `"Ops"`, `a"b c`: `"a""b c"`} {
+		if got := SQLIdent(in); got != want {
+			t.Errorf("SQLIdent(%q) = %s, want %s", in, got, want)
+		}
+	}
+	for in, want := range map[string]string{"backfill": "", "": "", "ops": " --schema ops", "my ops": " --schema 'my ops'"} {
+		if got := SchemaFlag(in); got != want {
+			t.Errorf("SchemaFlag(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
