@@ -13,6 +13,7 @@ import (
 	"github.com/pgbackfill/backfill/backfillthrottle"
 	"github.com/pgbackfill/backfill/backfilltype"
 	"github.com/pgbackfill/backfill/internal/pgstore"
+	"github.com/pgbackfill/backfill/internal/quote"
 )
 
 // How a call of Run obeys the control plane (the manifest's control
@@ -269,8 +270,9 @@ func (r *Runner) pausedErr(job Job, run Run) error {
 
 // resumeHint says how to resume run batchID: from SQL, from the CLI, from Go.
 func (r *Runner) resumeHint(batchID int64) string {
-	return fmt.Sprintf("resume it with SELECT %s.resume(%d, 'ACTOR', 'WHY'), or backfill resume --batch %d --why WHY, or Runner.Resume",
-		r.schemaName(), batchID, batchID)
+	schema := r.schemaName()
+	return fmt.Sprintf("resume it with SELECT %s.resume(%d, 'ACTOR', 'WHY'), or backfill resume%s --batch %d --why WHY, or Runner.Resume",
+		quote.SQLIdent(schema), batchID, quote.SchemaFlag(schema), batchID)
 }
 
 // liveConcurrency is the workers this call runs now: the concurrency knob,
@@ -476,7 +478,9 @@ func (r *Runner) Cancel(ctx context.Context, batchID int64, actor, why string) e
 // An unknown key, a bad value, such a pair or a missing actor or why
 // gives an error wrapping [ErrInvalidConfig] that names the key and value
 // (for a pair, both knobs and both values); a completed, rolled back or
-// abandoned run [ErrRunStatus]. It returns [ErrUnsupported] when the manifest has no
+// abandoned run [ErrRunStatus]. A paused, cancelled or failed run accepts
+// knobs: they belong to the run and apply once it is resumed
+// ([Runner.Resume]) or run again. It returns [ErrUnsupported] when the manifest has no
 // control plane ([PGManifest] has one).
 func (r *Runner) SetKnob(ctx context.Context, batchID int64, key, value, actor, why string) error {
 	cm, err := r.controlPlane("set knob")

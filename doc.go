@@ -257,8 +257,9 @@ set its live knobs, from psql or from Go ([Runner.Pause],
 [Runner.Cancel], [Runner.SetKnob], [Runner.Resume]); every worker of
 every process reads its run's control state every
 [Config.ThrottleInterval], after each chunk, and on the notification
-([Config.ListenURL]). See [backfilltype.ControlState] and the README's
-"Operating".
+([Config.ListenURL]). Knobs belong to the run: set on a paused,
+cancelled or failed run, they apply once it is resumed or run again. See
+[backfilltype.ControlState] and the README's "Operating".
 
 # Beside production
 

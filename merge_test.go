@@ -1554,6 +1554,55 @@ func TestMergeRefusesKeysOverTheBtreeLimit(t *testing.T) {
 	}
 }
 
+// TestMergeRefusesEntriesOverTheIndexLimit: a value of 12 kB (random, so
+// incompressible) cannot enter any index (over 8191 bytes, PostgreSQL
+// names no index): its row is queued naming the index it was too large
+// for and its columns, the business key's for a key value, and saying
+// what to do; a value over the btree limit gets the same advice.
+func TestMergeRefusesEntriesOverTheIndexLimit(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	_, err := db.Exec(`CREATE TABLE big2 (a text, b int, v text, w int CHECK (w > 0), PRIMARY KEY (a, b));
+		CREATE INDEX big2_v_idx ON big2 (v)`)
+	require.NoError(t, err)
+	longKey, longV, midV := bigText(12000), bigText(12000), bigText(3000)
+	var rows [][]any
+	for i := range 10 {
+		a, v := fmt.Sprint("k", i), "v"
+		switch i {
+		case 2:
+			a = longKey
+		case 5:
+			v = longV
+		case 7:
+			v = midV
+		}
+		rows = append(rows, []any{a, i, v, 1})
+	}
+	r, err := backfill.New(db, &backfill.Config{MaxAttempts: 1})
+	require.NoError(t, err)
+	job := backfill.Job{Name: "big2", Chunker: backfill.List("a"), Extractor: rowsFunc(rows...), Rollback: backfill.RollbackNone, MaxRunRejectRate: -1,
+		Target: backfill.Target{Table: "big2", Key: []string{"a", "b"}, Columns: []string{"a", "b", "v", "w"}}}
+	rep, err := r.Run(context.Background(), job)
+	require.NoError(t, err)
+	require.Equal(t, backfill.Counts{Read: 10, Inserted: 7, Rejected: 3}, rep.Counts)
+	ex := exceptionsOf(t, db, rep.BatchID)
+	require.Len(t, ex, 3)
+	require.EqualValues(t, 3, ex[0].Row)
+	require.Equal(t, "a,b", ex[0].Column, "the key's columns")
+	require.Contains(t, ex[0].Reason, "maximum size is 8191 (SQLSTATE 54000)")
+	require.Contains(t, ex[0].Reason, `index "big2_pkey" on (a,b), the business key's index, would get an entry of about`)
+	require.Contains(t, ex[0].Reason, "make the key a hash of it")
+	require.EqualValues(t, 6, ex[1].Row)
+	require.Equal(t, "v", ex[1].Column)
+	require.Contains(t, ex[1].Reason, `index "big2_v_idx" on (v) would get an entry of about`)
+	require.Contains(t, ex[1].Reason, "shorten the value, or index a hash of it")
+	require.EqualValues(t, 8, ex[2].Row)
+	require.Equal(t, "v", ex[2].Column)
+	require.Contains(t, ex[2].Reason, `maximum 2704 for index "big2_v_idx" (SQLSTATE 54000)`)
+	require.Contains(t, ex[2].Reason, `; index "big2_v_idx" on (v) would get an entry over its limit: shorten the value, or index a hash of it`)
+}
+
 // TestMergeHistoryOpenVersionIndexIsNotARefusal: in History mode a
 // unique violation of an index on business key columns only (the
 // single-open-version index UNIQUE (key) WHERE valid_to IS NULL) is the

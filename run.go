@@ -21,6 +21,7 @@ import (
 	"github.com/pgbackfill/backfill/backfilltrace"
 	"github.com/pgbackfill/backfill/backfilltype"
 	"github.com/pgbackfill/backfill/internal/pgstore"
+	"github.com/pgbackfill/backfill/internal/quote"
 	"github.com/pgbackfill/backfill/internal/suggest"
 )
 
@@ -1893,9 +1894,10 @@ func (ex *execution) gateRemedies(rate bool) string {
 	if rate {
 		raise = ", or raise Job.MaxRunRejectRate (negative: off) and resume"
 	}
-	return fmt.Sprintf("inspect the rejected rows (backfill exceptions --batch %d), then resume the run to accept them "+
-		"(Runner.Resume; backfill resume --job %s --why TEXT)%s, or roll the batch back (Runner.Rollback; backfill rollback --batch %d --why TEXT)",
-		ex.batchID, ex.job.Name, raise, ex.batchID)
+	schema := quote.SchemaFlag(ex.r.schemaName())
+	return fmt.Sprintf("inspect the rejected rows (backfill exceptions%s --batch %d), then resume the run to accept them "+
+		"(Runner.Resume; backfill resume%s --job %s --why TEXT)%s, or roll the batch back (Runner.Rollback; backfill rollback%s --batch %d --why TEXT)",
+		schema, ex.batchID, schema, quote.Shell(ex.job.Name), raise, schema, ex.batchID)
 }
 
 // loadedTotaler is a Manifest that sums the rows read and rejected of a

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -602,10 +603,19 @@ func (c *Config) validateThrottles() error {
 	case c.JobConcurrency < 0:
 		return fmt.Errorf("%w: JobConcurrency cannot be less than zero", ErrInvalidConfig)
 	}
+	first := map[string]int{} // signal name -> index of its first throttle
 	for i, t := range c.Throttles {
 		if err := t.Validate(i); err != nil {
 			return err
 		}
+		name := t.Signal.Name()
+		if strings.TrimSpace(name) == "" {
+			return fmt.Errorf("%w: Throttles[%d]: its signal has an empty name, which the knobs throttle.<signal>.high and .low cannot name; give the signal a name (SQLSignal's first argument)", ErrInvalidConfig, i)
+		}
+		if j, ok := first[name]; ok {
+			return fmt.Errorf("%w: Throttles[%d] and Throttles[%d] both watch signal %q, so the knobs throttle.%s.high and .low would be ambiguous; give each signal its own name, or merge the two throttles", ErrInvalidConfig, j, i, name, name)
+		}
+		first[name] = i
 	}
 	return nil
 }

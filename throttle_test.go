@@ -278,6 +278,25 @@ func TestThrottleValidate(t *testing.T) {
 	}
 }
 
+// TestThrottleSignalNames: two throttles of one signal name, or a signal
+// without a name, would make the throttle.<signal>.* knobs ambiguous: New
+// refuses them, naming the throttles.
+func TestThrottleSignalNames(t *testing.T) {
+	t.Parallel()
+	a := backfillthrottle.Throttle{Signal: backfillthrottle.SQLSignal("lag", "SELECT 1"), High: 1}
+	b := backfillthrottle.Throttle{Signal: backfillthrottle.SQLSignal("lag", "SELECT 2"), High: 5}
+	_, err := NewWithDB(Postgres(nil), &Config{Throttles: []backfillthrottle.Throttle{a, b}})
+	require.ErrorIs(t, err, ErrInvalidConfig)
+	require.ErrorContains(t, err, `Throttles[0] and Throttles[1] both watch signal "lag"`)
+	empty := backfillthrottle.Throttle{Signal: backfillthrottle.SQLSignal("", "SELECT 1"), High: 1}
+	_, err = NewWithDB(Postgres(nil), &Config{Throttles: []backfillthrottle.Throttle{a, empty}})
+	require.ErrorIs(t, err, ErrInvalidConfig)
+	require.ErrorContains(t, err, "Throttles[1]: its signal has an empty name")
+	b.Signal = backfillthrottle.SQLSignal("lag2", "SELECT 2")
+	_, err = NewWithDB(Postgres(nil), &Config{Throttles: []backfillthrottle.Throttle{a, b}})
+	require.NoError(t, err)
+}
+
 // TestThrottleAdapt: an adaptive throttle (AIMD) over any sequence of
 // readings on a fake clock: a reading at or above High halves the factor
 // at most once per max(MinHold, interval), a reading below Low raises it

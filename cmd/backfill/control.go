@@ -64,8 +64,11 @@ The chunks done stay in the target: "backfill rollback" withdraws them.`+control
 
 func newSetCmd(g *globals) *cobra.Command {
 	return newControlCmd(g, "set", "Set a live knob of a run: concurrency, job_concurrency, rows_per_second, throttle thresholds",
-		`set KEY=VALUE changes a knob of a running run, read by every worker of
-every process within about a second:
+		`set KEY=VALUE changes a knob of a run, read by every worker of every
+process within about a second. A run that is running applies it at once;
+a paused, cancelled or failed run keeps it for when it is resumed ("backfill
+resume") or run again; a completed, rolled back or abandoned run refuses
+it. The knobs:
 
   concurrency              chunks at once in each process (up to what
                            each Runner was configured with)
@@ -151,14 +154,28 @@ func newControlCmd(g *globals, action, short, long, example string) *cobra.Comma
 			}
 			res := controlResult{BatchID: run.BatchID, Job: run.Job, Action: action, Key: key, Value: value, Actor: actor, Why: why, Status: after.Status}
 			what := map[string]string{"pause": "paused", "resume": "resumed", "cancel": "cancelled"}[action]
+			note := ""
 			if action == "set" {
 				what = "set " + key + " = " + value + " for"
+				note = knobPending(after)
 			}
-			return g.print(res, fmt.Sprintf("%s %s batch %d (now %s), by %s: %s\n", what, run.Job, run.BatchID, after.Status, actor, why))
+			return g.print(res, fmt.Sprintf("%s %s batch %d (now %s), by %s: %s\n%s", what, run.Job, run.BatchID, after.Status, actor, why, note))
 		},
 	}
 	sel.flags(cmd.Flags())
 	cmd.Flags().StringVar(&why, "why", "", "why, recorded in the audit trail (required)")
 	cmd.Flags().StringVar(&actor, "actor", "", "who decides, recorded in the audit trail (default the OS user@host)")
 	return cmd
+}
+
+// knobPending says when a knob set on run, which is not running, takes
+// effect, with the command that resumes it; "" for a running run.
+func knobPending(run backfill.Run) string {
+	switch run.Status {
+	case backfill.RunPaused, backfill.RunCancelled:
+		return fmt.Sprintf("the run is %s: the knob is kept and applies once it is resumed (backfill resume --batch %d --why TEXT)\n", run.Status, run.BatchID)
+	case backfill.RunFailed:
+		return "the run has failed: the knob is kept and applies when the job is run again\n"
+	}
+	return ""
 }

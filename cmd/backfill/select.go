@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 
 	"github.com/jmoiron/sqlx"
 	"github.com/lib/pq"
@@ -12,6 +11,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/pgbackfill/backfill"
+	"github.com/pgbackfill/backfill/internal/quote"
 )
 
 // selection is the run a command is about: --job NAME (its latest run)
@@ -75,7 +75,7 @@ func (s *selection) onlyJob(ctx context.Context, db *sqlx.DB, m *backfill.PGMani
 		s.job = jobs[0]
 		return nil
 	}
-	list := strings.Join(jobs[:min(len(jobs), 20)], ", ")
+	list := quote.Join(jobs[:min(len(jobs), 20)])
 	if len(jobs) > 20 {
 		list += ", ..."
 	}

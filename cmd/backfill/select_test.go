@@ -12,7 +12,7 @@ import (
 
 // TestCLIJobSelection: the read commands take the job as their argument,
 // and need no name while the manifest has runs of one job only; with
-// several jobs they list them and ask. Commands that change a run still
+// several jobs they list them, quoted for the shell, and ask. Commands that change a run still
 // need it named. chunks --status leased lists the chunks in flight.
 func TestCLIJobSelection(t *testing.T) {
 	t.Parallel()
@@ -40,7 +40,7 @@ func TestCLIJobSelection(t *testing.T) {
 	_, err := db.Exec(`CREATE TABLE slow (id bigint PRIMARY KEY)`)
 	require.NoError(t, err)
 	entered, release := make(chan struct{}), make(chan struct{})
-	job := backfill.Job{Name: "slow", Chunker: backfill.IntRange(0, 2, 1), Rollback: backfill.RollbackNone,
+	job := backfill.Job{Name: "slow job", Chunker: backfill.IntRange(0, 2, 1), Rollback: backfill.RollbackNone,
 		Target: backfill.Target{Table: "slow", Key: []string{"id"}},
 		Extractor: backfill.ExtractorFunc(func(ctx context.Context, c backfill.Chunk, w backfill.RowWriter) error {
 			if c.Lo == 0 {
@@ -64,22 +64,22 @@ func TestCLIJobSelection(t *testing.T) {
 		t.Fatal("the first chunk was not extracted")
 	}
 	var leased chunksResult
-	cliJSON(t, u, &leased, "chunks", "slow", "--status", "leased")
+	cliJSON(t, u, &leased, "chunks", "slow job", "--status", "leased")
 	require.Equal(t, 1, leased.Total)
 	require.Equal(t, "int:0/1", leased.Chunks[0].ID)
 	require.True(t, leased.Chunks[0].Leased)
 	var pending chunksResult
-	cliJSON(t, u, &pending, "chunks", "slow", "--status", "pending")
+	cliJSON(t, u, &pending, "chunks", "slow job", "--status", "pending")
 	require.Equal(t, 1, pending.Total, "the chunk in flight is not listed as pending")
-	require.Contains(t, cliOK(t, u, "chunks", "slow"), "pending (leased)")
+	require.Contains(t, cliOK(t, u, "chunks", "slow job"), "pending (leased)")
 
 	code, _, stderr = cli(t, u, "status")
 	require.Equal(t, exitUsage, code, stderr)
-	require.Contains(t, stderr, "several jobs (slow, fares, latest first)")
-	require.Contains(t, cliOK(t, u, "status", "slow"), "slow")
+	require.Contains(t, stderr, "several jobs ('slow job', fares, latest first)")
+	require.Contains(t, cliOK(t, u, "status", "slow job"), "slow job")
 	close(release)
 	require.NoError(t, <-done)
 	for _, s := range chunkFilters {
-		cliOK(t, u, "chunks", "slow", "--status", s)
+		cliOK(t, u, "chunks", "slow job", "--status", s)
 	}
 }

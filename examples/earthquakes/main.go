@@ -73,7 +73,7 @@ COMMENT ON COLUMN earthquakes.depth_km IS 'third coordinate of the Point geometr
 func main() {
 	if err := run(); err != nil {
 		fmt.Fprintln(os.Stderr, "earthquakes:", err)
-		os.Exit(1)
+		os.Exit(cli.ExitCode(err))
 	}
 }
 
@@ -98,15 +98,16 @@ func run() error {
 	flag.BoolVar(&o.correction, "correction", false, "after the load, simulate corrections arriving before, after and with the original versions, in scratch tables")
 	flag.IntVar(&o.corrections, "corrections", 20, "how many events -correction corrects")
 	flag.BoolVar(&o.verbose, "v", false, "log the runner's events to stderr")
+	cli.SetUsage(flag.CommandLine)
 	flag.Parse()
 	if flag.NArg() > 0 {
-		return fmt.Errorf("unexpected arguments %q", flag.Args())
+		return cli.Usage(fmt.Errorf("unexpected arguments %q (the flags are listed by -h)", flag.Args()))
 	}
 	if o.concurrency < 1 {
-		return errors.New("-concurrency must be at least 1")
+		return cli.Usage(errors.New("-concurrency must be at least 1"))
 	}
 	if o.corrections < 1 {
-		return errors.New("-corrections must be at least 1")
+		return cli.Usage(errors.New("-corrections must be at least 1"))
 	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)

@@ -15,6 +15,7 @@ import (
 
 	"github.com/pgbackfill/backfill"
 	"github.com/pgbackfill/backfill/contrib/report"
+	"github.com/pgbackfill/backfill/internal/quote"
 )
 
 // The variables internal/pgtest/with-postgres.sh (make demo) exports to
@@ -45,9 +46,6 @@ func kept(getenv func(string) string) bool {
 	return getenv(throwawayEnv) == "" || getenv(keepEnv) != ""
 }
 
-// plainWord matches a shell word that needs no quotes.
-var plainWord = regexp.MustCompile(`^[A-Za-z0-9._/=:@%+-]+$`)
-
 var dsnPassword = regexp.MustCompile(`(?i)(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)`)
 
 // maskPassword returns dsn, a URL or a key=value connection string, with
@@ -68,15 +66,17 @@ func maskPassword(dsn string) string {
 // prints its absolute path, then the operator's commands (cmd/backfill)
 // that inspect the run.
 func inspect(ctx context.Context, out io.Writer, db *sqlx.DB, m *backfill.PGManifest, batchID int64, o options) error {
+	path := ""
 	if o.report != "" {
 		rr, err := backfill.LoadRunReport(ctx, db, m, batchID)
 		if err != nil {
 			return err
 		}
-		path, err := filepath.Abs(o.report)
+		abs, err := filepath.Abs(o.report)
 		if err != nil {
 			return err
 		}
+		path = abs
 		f, err := os.Create(path)
 		if err != nil {
 			return fmt.Errorf("report: %w", err)
@@ -86,13 +86,15 @@ func inspect(ctx context.Context, out io.Writer, db *sqlx.DB, m *backfill.PGMani
 		}
 		fmt.Fprintf(out, "  report     %s (HTML, self-contained: open it in a browser)\n", path)
 	}
-	fmt.Fprint(out, inspectCommands(flightsJob, batchID, m.Schema(), o.where, kept(os.Getenv)))
+	fmt.Fprint(out, inspectCommands(flightsJob, batchID, m.Schema(), o.where, path, kept(os.Getenv)))
 	return nil
 }
 
 // inspectCommands returns the text that tells how to inspect run batchID
-// of job with the operator's command, run from a checkout's root.
-func inspectCommands(job string, batchID int64, schema, where string, kept bool) string {
+// of job with the operator's command, run from a checkout's root; html is
+// the absolute path of the HTML report the demo wrote ("": none, the
+// command writes flights-report.html in the working directory).
+func inspectCommands(job string, batchID int64, schema, where, html string, kept bool) string {
 	var b strings.Builder
 	b.WriteString("\ninspect the run with the operator's command, from the repository's root (needs only DATABASE_URL")
 	if where != "" {
@@ -106,20 +108,18 @@ func inspectCommands(job string, batchID int64, schema, where string, kept bool)
 	if schema != "" && schema != "backfill" {
 		cmd += " --schema " + schema
 	}
-	sh := func(s string) string {
-		if plainWord.MatchString(s) {
-			return s
-		}
-		return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+	htmlArg := `"$PWD/flights-report.html"`
+	if html != "" {
+		htmlArg = quote.Shell(html)
 	}
 	lines := [][2]string{
-		{fmt.Sprintf("status %s", sh(job)), "progress, rates and ETA (--watch to follow a run)"},
-		{fmt.Sprintf("runs --job %s", sh(job)), "the job's runs"},
+		{fmt.Sprintf("status %s", quote.Shell(job)), "progress, rates and ETA (--watch to follow a run)"},
+		{fmt.Sprintf("runs --job %s", quote.Shell(job)), "the job's runs"},
 		{fmt.Sprintf("chunks --batch %d", batchID), "every chunk: status, counts, attempts, worker"},
 		{fmt.Sprintf("exceptions --batch %d --limit 20", batchID), "rows not loaded, with the raw rows (--csv, --json)"},
 		{fmt.Sprintf("validations --batch %d", batchID), "validation evidence"},
 		{fmt.Sprintf("events --batch %d", batchID), "the audit trail"},
-		{fmt.Sprintf("report --batch %d --html \"$PWD/flights-report.html\"", batchID), "the HTML run report (a relative path is relative to cmd/backfill)"},
+		{fmt.Sprintf("report --batch %d --html %s", batchID, htmlArg), "the HTML run report (a relative path is relative to cmd/backfill)"},
 		{fmt.Sprintf("rollback --preview --batch %d", batchID), "what a rollback would do; changes nothing"},
 		{fmt.Sprintf("rollback --batch %d --why 'TEXT'", batchID), "withdraws the run (careful)"},
 	}

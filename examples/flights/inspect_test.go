@@ -141,7 +141,14 @@ func TestDatabaseWhere(t *testing.T) {
 	if got := databaseWhere(u, env(throwawayEnv, "1", keepEnv, "1")); !strings.Contains(got, "kept after the demo") || !kept(env(throwawayEnv, "1", keepEnv, "1")) {
 		t.Errorf("kept throwaway server: %q", got)
 	}
-	if !strings.Contains(inspectCommands("j", 1, "backfill", "", false), "BACKFILL_KEEP=1 make demo") {
+	if !strings.Contains(inspectCommands("j", 1, "backfill", "", "", false), "BACKFILL_KEEP=1 make demo") {
 		t.Error("commands for a server that goes away do not say how to keep it")
+	}
+	// The report command names the file the demo wrote, quoted.
+	if got := inspectCommands("j", 1, "backfill", "", "/tmp/my report.html", true); !strings.Contains(got, "report --batch 1 --html '/tmp/my report.html'") {
+		t.Errorf("report command: %s", got)
+	}
+	if got := inspectCommands("j", 1, "backfill", "", "", true); !strings.Contains(got, `report --batch 1 --html "$PWD/flights-report.html"`) {
+		t.Errorf("report command without a report: %s", got)
 	}
 }

@@ -86,7 +86,7 @@ COMMENT ON COLUMN flights.distance IS 'miles';
 func main() {
 	if err := run(); err != nil {
 		fmt.Fprintln(os.Stderr, "flights:", err)
-		os.Exit(1)
+		os.Exit(cli.ExitCode(err))
 	}
 }
 
@@ -139,15 +139,16 @@ func run() error {
 	flag.DurationVar(&o.holdFor, "hold-for", 0, "hold the flights run with a throttle (on table demo_throttle) for this long, from -hold-at")
 	flag.BoolVar(&o.etaMarks, "eta-marks", false, "print the ETA shown at 25%, 50% and 75% of the chunks against the time that actually remained")
 	flag.BoolVar(&o.baseline, "baseline", false, "instead of the library, load the same rows by hand (temp table, COPY, INSERT ... ON CONFLICT per day) into flights_baseline; see baseline.go")
+	cli.SetUsage(flag.CommandLine)
 	flag.Parse()
 	if flag.NArg() > 0 {
-		return fmt.Errorf("unexpected arguments %q", flag.Args())
+		return cli.Usage(fmt.Errorf("unexpected arguments %q (the flags are listed by -h)", flag.Args()))
 	}
 	if o.concurrency < 1 {
-		return errors.New("-concurrency must be at least 1")
+		return cli.Usage(errors.New("-concurrency must be at least 1"))
 	}
 	if o.holdAt < 0 || o.holdAt >= 1 || o.holdFor < 0 {
-		return errors.New("-hold-at must be in [0, 1) and -hold-for not negative")
+		return cli.Usage(errors.New("-hold-at must be in [0, 1) and -hold-for not negative"))
 	}
 	o.progress, o.terminal = os.Stderr, cli.IsTerminal(os.Stderr)
 
@@ -355,7 +356,7 @@ func summary(ctx context.Context, out io.Writer, db *sqlx.DB, m *backfill.PGMani
 		return err
 	}
 	fmt.Fprintln(out)
-	l.Summarize(out, rep, p, cli.SummaryFormat{Retried: true, Rerun: "-new-run replays it", Rate: true})
+	l.Summarize(out, rep, p, cli.SummaryFormat{Retried: true, Rerun: "-replay replays it", Rate: true})
 	if _, this := p.Counts(); this.Read > 0 {
 		fmt.Fprintf(out, "  extractor  %d rows iterated for %d emitted (%.3fx)\n", scanned, this.Read, float64(scanned)/float64(this.Read))
 	}

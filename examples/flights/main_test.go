@@ -137,7 +137,7 @@ func TestLoadEndToEnd(t *testing.T) {
 	// says so (the command exits 0).
 	out.Reset()
 	again, err := load(ctx, &out, db, nil, src, days, airportsPath, options{concurrency: 2})
-	if err != nil || again.BatchID != rep.BatchID || again.ChunksRun != 0 || !strings.Contains(out.String(), "nothing to do: the run was complete") {
+	if err != nil || again.BatchID != rep.BatchID || again.ChunksRun != 0 || !strings.Contains(out.String(), "nothing to do: the run was complete (-replay replays it)") {
 		t.Errorf("load of a complete run: %+v, %v\n%s", again, err, out.String())
 	}
 }

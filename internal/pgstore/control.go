@@ -154,7 +154,12 @@ func (m *Manifest) SetKnob(ctx context.Context, db sqlx.ExtContext, p backfillty
 			batchID, ManifestText(key), ManifestText(value), actor, why)
 	})
 	if err != nil {
-		return fmt.Errorf("backfill: set knob %q of run %d to %q: %w", key, batchID, value, controlError(err, false))
+		err = controlError(err, false)
+		if errors.Is(err, backfilltype.ErrRunStatus) {
+			// A finished run never runs again: its knobs would apply to nothing.
+			err = fmt.Errorf("%w (knobs apply to a running, paused, cancelled or failed run, kept for when it resumes; to change how the job runs again, start a new run, Job.NewRun, with the settings in its Config)", err)
+		}
+		return fmt.Errorf("backfill: set knob %q of run %d to %q: %w", key, batchID, value, err)
 	}
 	return nil
 }

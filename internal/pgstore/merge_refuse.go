@@ -284,6 +284,14 @@ func (iso *Isolation) refuse(ctx context.Context, pos int64, pe *pq.Error, err e
 	}
 	key := IdentityText(s.Info.Identity(), row.Raw)
 	reason := iso.reason(ctx, pe)
+	columns := ""
+	if pe.Code == "54000" {
+		var advice string
+		columns, advice = iso.oversized(ctx, pos, pe)
+		reason += advice
+	} else {
+		columns = iso.refusedColumns(ctx, pe)
+	}
 	if len(iso.refused) >= iso.max {
 		return fmt.Errorf("backfill: merge %s: %w: row %d key %s %s; %d rows of this chunk were refused already (Config.MaxMergeRefusals) (%w: %w)",
 			t.Table, backfilltype.ErrTooManyRejects, row.Row, key, reason, len(iso.refused), backfilltype.ErrNotRetryable, err)
@@ -291,8 +299,100 @@ func (iso *Isolation) refuse(ctx context.Context, pos int64, pe *pq.Error, err e
 	if _, err := s.tx.ExecContext(ctx, fmt.Sprintf(`DELETE FROM %s WHERE _backfill_pos = $1`, iso.held), pos); err != nil {
 		return fmt.Errorf("backfill: merge %s: refused row: %w", t.Table, err)
 	}
-	iso.refused = append(iso.refused, backfilltype.Exception{Row: row.Row, Raw: json.RawMessage(row.Raw), Column: iso.refusedColumns(ctx, pe), Value: key, Reason: reason})
+	iso.refused = append(iso.refused, backfilltype.Exception{Row: row.Row, Raw: json.RawMessage(row.Raw), Column: columns, Value: key, Reason: reason})
 	return nil
+}
+
+// indexRowTooLarge is PostgreSQL's message for an index entry over the
+// largest any index can store (INDEX_SIZE_MASK), which names no index.
+var indexRowTooLarge = regexp.MustCompile(`^index row requires (\d+) bytes, maximum size is (\d+)`)
+
+// oversized names the index of a refusal for an index entry too large
+// (54000) of the held row at pos, and its key columns, comma-separated;
+// advice, appended to the reason, says which index and columns and what
+// to do. PostgreSQL names the index of an entry over the btree limit; one
+// over the limit of every index (8191 bytes) names none, so the row's
+// entry for each index of the target is measured (pg_column_size of each
+// of its columns or expressions, the values as the row stores them) and
+// the largest one over the limit named. Both empty when none is found.
+func (iso *Isolation) oversized(ctx context.Context, pos int64, pe *pq.Error) (columns, advice string) {
+	name := pe.Constraint
+	size := int64(0)
+	if name != "" {
+		columns = iso.refusedColumns(ctx, pe)
+	} else {
+		m := indexRowTooLarge.FindStringSubmatch(pe.Message)
+		if m == nil { // another limit than an index entry's
+			return iso.refusedColumns(ctx, pe), ""
+		}
+		limit, _ := strconv.ParseInt(m[2], 10, 64)
+		name, columns, size = iso.largestEntry(ctx, pos, limit)
+		if name == "" {
+			return "", ""
+		}
+	}
+	key := slices.Contains(iso.S.Info.KeyIndexes, name)
+	var b strings.Builder
+	fmt.Fprintf(&b, "; index %s on (%s)", strconv.Quote(name), columns)
+	if key {
+		b.WriteString(", the business key's index,")
+	}
+	if size > 0 {
+		fmt.Fprintf(&b, " would get an entry of about %d bytes", size)
+	} else {
+		b.WriteString(" would get an entry over its limit")
+	}
+	if key {
+		b.WriteString(": shorten the key's value, or make the key a hash of it (a key column holding e.g. md5 of the long value)")
+	} else {
+		fmt.Fprintf(&b, ": shorten the value, or index a hash of it (an index on md5(%s) instead)", columns)
+	}
+	return columns, b.String()
+}
+
+// largestEntry measures the entry the held row at pos would get in each
+// valid index of the target and returns the largest over limit (bytes):
+// the index's name, its key columns and the size.
+// An index whose entry cannot be measured (an expression that fails, a
+// column not staged) is skipped; "" when none is left.
+func (iso *Isolation) largestEntry(ctx context.Context, pos, limit int64) (name, columns string, size int64) {
+	tx := iso.S.tx
+	if _, err := tx.ExecContext(ctx, `SAVEPOINT backfill_columns`); err != nil {
+		return "", "", 0
+	}
+	defer func() { _, _ = tx.ExecContext(context.WithoutCancel(ctx), `RELEASE SAVEPOINT backfill_columns`) }()
+	var idx []struct {
+		Name  string         `db:"name"`
+		Key   int            `db:"key"`
+		Exprs pq.StringArray `db:"exprs"`
+	}
+	if err := sqlx.SelectContext(ctx, tx, &idx, `SELECT c.relname::text AS name, i.indnkeyatts AS key,
+			ARRAY(SELECT pg_get_indexdef(i.indexrelid, k, true) FROM generate_series(1, i.indnatts) k ORDER BY k) AS exprs
+		FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+		WHERE i.indrelid = to_regclass($1) AND i.indisvalid ORDER BY c.relname`, sqlgen.Table(iso.S.Info.Target.Table)); err != nil {
+		_, _ = tx.ExecContext(context.WithoutCancel(ctx), `ROLLBACK TO SAVEPOINT backfill_columns`)
+		return "", "", 0
+	}
+	for _, ix := range idx {
+		sizes := make([]string, len(ix.Exprs))
+		for i, e := range ix.Exprs {
+			sizes[i] = "coalesce(pg_column_size((" + e + ")), 0)"
+		}
+		var n int64
+		if _, err := tx.ExecContext(ctx, `SAVEPOINT backfill_entry`); err != nil {
+			return name, columns, size
+		}
+		err := sqlx.GetContext(ctx, tx, &n, fmt.Sprintf(`SELECT %s FROM %s WHERE _backfill_pos = $1`, strings.Join(sizes, " + "), iso.held), pos)
+		if err != nil {
+			_, _ = tx.ExecContext(context.WithoutCancel(ctx), `ROLLBACK TO SAVEPOINT backfill_entry`)
+		}
+		_, _ = tx.ExecContext(context.WithoutCancel(ctx), `RELEASE SAVEPOINT backfill_entry`)
+		if err != nil || n <= limit || n <= size {
+			continue
+		}
+		name, columns, size = ix.Name, strings.Join(ix.Exprs[:ix.Key], ","), n
+	}
+	return name, columns, size
 }
 
 // keyDetail is the start of the detail of a unique or foreign key

@@ -10,6 +10,7 @@ import (
 	"github.com/jmoiron/sqlx"
 	"github.com/pgbackfill/backfill/backfilldriver"
 	"github.com/pgbackfill/backfill/backfilltype"
+	"github.com/pgbackfill/backfill/internal/quote"
 )
 
 // ChunkSummary is what a run's report and checkLoaded read of its
@@ -221,7 +222,8 @@ func (m *Manifest) applyETA(s *backfilltype.Status, r statusRow, in etaInputs) {
 	if in.Since != nil {
 		since = " since " + in.Since.UTC().Format("2006-01-02 15:04:05Z")
 	}
-	resume := fmt.Sprintf("SELECT %s.resume(%d, 'ACTOR', 'WHY') or backfill resume --batch %d --why WHY", m.Schema(), s.BatchID, s.BatchID)
+	resume := fmt.Sprintf("SELECT %s.resume(%d, 'ACTOR', 'WHY') or backfill resume%s --batch %d --why WHY",
+		quote.SQLIdent(m.Schema()), s.BatchID, quote.SchemaFlag(m.Schema()), s.BatchID)
 	reason := in.Reason
 	switch s.Status {
 	case backfilltype.RunPaused:

@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"strconv"
 	"strings"
 
 	"github.com/jmoiron/sqlx"
@@ -40,11 +41,7 @@ func Check(dsn string) error {
 			}
 			return nil
 		}
-		hint := ""
-		if s := strings.ToLower(m[1]); strings.HasPrefix(s, "postg") || strings.HasPrefix(s, "pg") {
-			hint = " (a typo?)"
-		}
-		return fmt.Errorf("connection URL has scheme %q%s: use postgres:// or postgresql:// (lib/pq would read anything else as key=value pairs and connect with libpq's defaults)", m[1], hint)
+		return errors.New(schemeHint(m[1]))
 	}
 	if !strings.Contains(dsn, "=") {
 		return errors.New("connection string is neither a postgres:// URL nor key=value pairs (host=... dbname=...)")
@@ -52,13 +49,60 @@ func Check(dsn string) error {
 	return nil
 }
 
+// missingEquals matches lib/pq's error for a connection string that is
+// neither a URL it reads nor key=value pairs; the group is the string, as
+// %q quotes it.
+var missingEquals = regexp.MustCompile(`missing "=" after ("(?:[^"\\]|\\.)*") in connection info string`)
+
+// hinted is an error whose text is rewritten (the connection string
+// removed, a hint added); the original stays reachable with errors.Is and
+// errors.As.
+type hinted struct {
+	msg string
+	err error
+}
+
+func (e *hinted) Error() string { return e.msg }
+func (e *hinted) Unwrap() error { return e.err }
+
+// schemeHint says that a URL of scheme, not postgres or postgresql, is
+// not read as a URL, and what to use.
+func schemeHint(scheme string) string {
+	typo := ""
+	if s := strings.ToLower(scheme); strings.HasPrefix(s, "postg") || strings.HasPrefix(s, "pg") {
+		typo = " (a typo?)"
+	}
+	return fmt.Sprintf("connection URL has scheme %q%s: use postgres:// or postgresql:// (lib/pq reads anything else as key=value pairs and connects with libpq's defaults)", scheme, typo)
+}
+
 // Hint adds what to do to a connection error err that has one: a server
 // without SSL asks for sslmode=disable (lib/pq's default is
-// sslmode=require, where libpq's is prefer). Other errors are returned as
-// they are.
+// sslmode=require, where libpq's is prefer); a string lib/pq could not
+// parse as key=value pairs (a mistyped URL scheme, "postgress://") is
+// named by its scheme, and the string itself, which lib/pq repeats and
+// which may hold a password, is removed from the message. Other errors
+// are returned as they are.
 func Hint(err error) error {
 	if err == nil {
 		return nil
+	}
+	msg := err.Error()
+	if m := missingEquals.FindStringSubmatchIndex(msg); m != nil {
+		dsn, qerr := strconv.Unquote(msg[m[2]:m[3]])
+		if qerr != nil {
+			dsn = ""
+		}
+		var hint string
+		switch sm := scheme.FindStringSubmatch(dsn); {
+		case sm == nil:
+			hint = "the connection string is neither a postgres:// URL nor key=value pairs (host=... dbname=...)"
+		case sm[1] == "postgres" || sm[1] == "postgresql":
+			hint = "the connection URL has leading or trailing spaces, so lib/pq did not read it as a URL; remove them"
+		default:
+			hint = schemeHint(sm[1])
+		}
+		msg = msg[:m[2]] + "the connection string (not repeated: it may hold a password)" + msg[m[3]:]
+		return &hinted{msg: msg + " (" + hint + ")", err: err}
 	}
 	if errors.Is(err, pq.ErrSSLNotSupported) || strings.Contains(err.Error(), pq.ErrSSLNotSupported.Error()) {
 		return fmt.Errorf("%w (the server does not accept SSL connections: add sslmode=disable to the URL, postgres://...?sslmode=disable, or to key=value pairs)", err)

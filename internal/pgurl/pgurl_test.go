@@ -2,6 +2,7 @@ package pgurl
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"strings"
@@ -49,6 +50,33 @@ func TestHint(t *testing.T) {
 	other := errors.New("other")
 	if Hint(other) != other || Hint(nil) != nil {
 		t.Error("Hint changed an error without a hint")
+	}
+}
+
+// TestHintMistypedScheme: lib/pq's error for a string it cannot parse
+// names the scheme and says what to use, without repeating the string
+// (its password); the cause stays reachable.
+func TestHintMistypedScheme(t *testing.T) {
+	for dsn, want := range map[string]string{
+		"postgress://u:s3cret@h/db":   `scheme "postgress" (a typo?): use postgres:// or postgresql://`,
+		"mysql://u:s3cret@h/db":       `scheme "mysql": use postgres:// or postgresql://`,
+		" postgres://u:s3cret@h/db":   "leading or trailing spaces",
+		"u:s3cret@h/db":               "neither a postgres:// URL nor key=value pairs",
+		`postgress://u:s3"c\ret@h/db`: `scheme "postgress"`,
+	} {
+		db, err := sql.Open("postgres", dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cause := db.Ping()
+		_ = db.Close()
+		if cause == nil {
+			t.Fatalf("%q: no error", dsn)
+		}
+		err = Hint(fmt.Errorf("backfill: manifest init: %w", cause))
+		if !contains(err.Error(), want) || contains(err.Error(), "s3") || !errors.Is(err, cause) || !contains(err.Error(), "backfill: manifest init: missing") {
+			t.Errorf("%q: Hint = %v", dsn, err)
+		}
 	}
 }
 

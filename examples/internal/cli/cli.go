@@ -9,6 +9,7 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -19,11 +20,57 @@ import (
 
 	"github.com/pgbackfill/backfill/backfilltype"
 	"github.com/pgbackfill/backfill/internal/pgurl"
+	"github.com/pgbackfill/backfill/internal/quote"
 
 	"github.com/jmoiron/sqlx"
 
 	"github.com/pgbackfill/backfill"
 )
+
+// Exit statuses of the example commands, as the operator's command
+// (cmd/backfill) uses them: 1 a failure, 2 a usage error (a bad flag or
+// argument, DATABASE_URL unset or not a PostgreSQL URL).
+const (
+	ExitError = 1
+	ExitUsage = 2
+)
+
+// ExitDoc documents the exit statuses, for a command's -h.
+const ExitDoc = "Exit status: 0 done, 1 the load failed (the message says why and what to do), 2 a usage error: a bad flag or argument, DATABASE_URL unset or not a postgres:// URL.\n"
+
+// usageError is an error in how a command was called.
+type usageError struct{ err error }
+
+func (e usageError) Error() string { return e.err.Error() }
+func (e usageError) Unwrap() error { return e.err }
+
+// Usage marks err as a usage error: [ExitCode] maps it to [ExitUsage].
+func Usage(err error) error {
+	if err == nil {
+		return nil
+	}
+	return usageError{err}
+}
+
+// ExitCode returns the exit status of a command that failed with err:
+// [ExitUsage] for a usage error ([Usage]), else [ExitError].
+func ExitCode(err error) int {
+	var u usageError
+	if errors.As(err, &u) {
+		return ExitUsage
+	}
+	return ExitError
+}
+
+// SetUsage makes flag's -h print the command's flags and then [ExitDoc].
+func SetUsage(fs *flag.FlagSet) {
+	fs.Usage = func() {
+		out := fs.Output()
+		fmt.Fprintf(out, "Usage of %s:\n", fs.Name())
+		fs.PrintDefaults()
+		fmt.Fprint(out, "\n"+ExitDoc)
+	}
+}
 
 // RunError wraps err, the error of running job, with the job's name and,
 // for the errors a user can act on, a hint: for [backfill.ErrPlanChanged]
@@ -47,10 +94,10 @@ func RunError(job, planFlag string, err error) error {
 		}
 	}
 	if errors.Is(err, backfill.ErrRunPaused) {
-		return fmt.Errorf("job %s: %w\n(paused: the chunks in flight finished. To resume: go -C cmd/backfill run . resume --job %s --why '<why>' (from the repository's root), or psql \"$DATABASE_URL\" -c \"SELECT backfill.resume('%s', '<you>', '<why>')\"; then run the same command again)", job, err, job, job)
+		return fmt.Errorf("job %s: %w\n(paused: the chunks in flight finished. To resume: %s; then run the same command again)", job, err, resumeCommands(job))
 	}
 	if errors.Is(err, backfill.ErrRunCancelled) {
-		return fmt.Errorf("job %s: %w\n(cancelled: the chunks in flight rolled back. To restart it: go -C cmd/backfill run . resume --job %s --why '<why>' (from the repository's root), or psql \"$DATABASE_URL\" -c \"SELECT backfill.resume('%s', '<you>', '<why>')\"; then run the same command again; or pass -new-run)", job, err, job, job)
+		return fmt.Errorf("job %s: %w\n(cancelled: the chunks in flight rolled back. To restart it: %s; then run the same command again; or pass -new-run)", job, err, resumeCommands(job))
 	}
 	var pe *backfill.PartialError
 	if errors.As(err, &pe) {
@@ -67,10 +114,10 @@ func RunError(job, planFlag string, err error) error {
 func DatabaseURL(hint string) (string, error) {
 	url := os.Getenv("DATABASE_URL")
 	if strings.TrimSpace(url) == "" {
-		return "", fmt.Errorf("DATABASE_URL is not set: refusing to fall back to libpq defaults; set it to the PostgreSQL URL to load into (%s)", hint)
+		return "", Usage(fmt.Errorf("DATABASE_URL is not set: refusing to fall back to libpq defaults; set it to the PostgreSQL URL to load into (%s)", hint))
 	}
 	if err := pgurl.Check(url); err != nil {
-		return "", fmt.Errorf("DATABASE_URL: %w", err)
+		return "", Usage(fmt.Errorf("DATABASE_URL: %w", err))
 	}
 	return url, nil
 }
@@ -185,7 +232,7 @@ type SummaryFormat struct {
 	// nil: by Reason.
 	ExceptionKey func(backfill.Exception) string
 	// Rerun is the hint printed in parentheses when this call had
-	// nothing to do, e.g. "-new-run replays it".
+	// nothing to do, e.g. "-replay replays it".
 	Rerun string
 	// Rate appends the rows per second of this call.
 	Rate bool
@@ -270,4 +317,11 @@ func PeakRSS() string {
 		}
 	}
 	return "unknown"
+}
+
+// resumeCommands says how to resume job's latest run, with the operator's
+// command and with SQL, each pasteable whatever the job's name.
+func resumeCommands(job string) string {
+	sql := "SELECT backfill.resume(" + quote.SQL(job) + ", '<you>', '<why>')"
+	return "go -C cmd/backfill run . resume --job " + quote.Shell(job) + " --why '<why>' (from the repository's root), or psql \"$DATABASE_URL\" -c " + quote.Shell(sql)
 }

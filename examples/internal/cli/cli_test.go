@@ -1,6 +1,8 @@
 package cli
 
 import (
+	"errors"
+	"fmt"
 	"strings"
 	"testing"
 )
@@ -32,5 +34,37 @@ func TestDatabaseURLRefusesAMistypedScheme(t *testing.T) {
 	url, err := DatabaseURL("")
 	if err == nil || url != "" || !strings.Contains(err.Error(), `scheme "postgress"`) {
 		t.Errorf("got %q, %v; want an error naming the scheme", url, err)
+	}
+}
+
+// TestResumeCommandsQuoteTheJob: the resume commands of a paused or
+// cancelled run can be pasted whatever the job's name.
+func TestResumeCommandsQuoteTheJob(t *testing.T) {
+	got := resumeCommands("it's a job")
+	for _, want := range []string{
+		`resume --job "it's a job" --why '<why>'`,
+		`-c "SELECT backfill.resume('it''s a job', '<you>', '<why>')"`,
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("%s\ndoes not contain %s", got, want)
+		}
+	}
+}
+
+// TestExitCodes: a usage error (a bad DATABASE_URL, a bad argument) exits
+// 2, as the operator's command does; any other failure exits 1.
+func TestExitCodes(t *testing.T) {
+	t.Setenv("DATABASE_URL", "postgress://u:pw@h/db")
+	_, err := DatabaseURL("hint")
+	if ExitCode(err) != ExitUsage {
+		t.Errorf("bad URL: exit %d (%v)", ExitCode(err), err)
+	}
+	t.Setenv("DATABASE_URL", "")
+	_, err = DatabaseURL("hint")
+	if ExitCode(fmt.Errorf("wrapped: %w", err)) != ExitUsage {
+		t.Errorf("empty URL: exit %d (%v)", ExitCode(err), err)
+	}
+	if ExitCode(errors.New("the load failed")) != ExitError {
+		t.Error("a failure is not exit 1")
 	}
 }
