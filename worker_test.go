@@ -325,6 +325,13 @@ func TestRunLiveness(t *testing.T) {
 		lv, err := m.RunLiveness(ctx, db, batch)
 		require.NoError(t, err)
 		require.Equal(t, c.want, lv.Liveness, "heartbeat %s old", c.age)
+		// Stalled or dead, no worker works the run: the status says so,
+		// since when, and what to do.
+		st, err := a.StatusOf(ctx, batch)
+		require.NoError(t, err)
+		require.Equal(t, c.want, st.Liveness)
+		require.Contains(t, st.Waiting, "no live worker since the last heartbeat", "heartbeat %s old", c.age)
+		require.Contains(t, st.Waiting, "start a worker", "heartbeat %s old", c.age)
 	}
 	testHeartbeatsOff.Store(nil)
 

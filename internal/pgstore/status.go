@@ -249,12 +249,19 @@ func (m *Manifest) applyETA(s *backfilltype.Status, r statusRow, in etaInputs) {
 		s.ETASeconds = &zero
 		return
 	}
-	if s.Liveness == LivenessDead {
-		hb := "no worker ever registered"
+	if s.Liveness == LivenessDead || s.Liveness == LivenessStalled {
+		// No worker heartbeats within its stale bound: stalled (a worker
+		// heartbeated within twice it: perhaps only frozen, perhaps
+		// killed) or dead; either way nothing works the run now.
+		hb := " (no worker ever registered)"
 		if s.LastHeartbeat != nil {
-			hb = "last heartbeat " + s.LastHeartbeat.UTC().Format("2006-01-02 15:04:05Z")
+			hb = " since the last heartbeat, " + s.LastHeartbeat.UTC().Format("2006-01-02 15:04:05Z")
 		}
-		s.Waiting = fmt.Sprintf("no live worker (%s): start a worker (run the job) to go on", hb)
+		state := ""
+		if s.Liveness == LivenessStalled {
+			state = "; stalled: its workers stopped heartbeating and count as dead at twice their stale bound"
+		}
+		s.Waiting = fmt.Sprintf("no live worker%s%s: start a worker (backfill.Work, or Runner.Run with the job) to go on", hb, state)
 		return
 	}
 	if in.Holding > 0 && in.Holding >= s.LiveWorkers && in.Holds != nil {
