@@ -883,6 +883,15 @@ func TestUnreadableSignalFailsClosed(t *testing.T) {
 			var n int
 			return db.Get(&n, `SELECT count(*) FROM backfill.throttle_periods WHERE ended_at IS NULL`) == nil && n == 1
 		})
+		// The period says the signal is unreadable and keeps the last
+		// value read, not a stand-in for infinity.
+		var period struct {
+			Value  float64 `db:"value"`
+			Reason string  `db:"reason"`
+		}
+		require.NoError(t, db.Get(&period, `SELECT value, reason FROM backfill.throttle_periods WHERE ended_at IS NULL`))
+		require.Zero(t, period.Value, "the last value read")
+		require.Contains(t, period.Reason, "unreadable")
 		// Held: a few more (failed) readings, and still no claim.
 		held := sig.reads.Load()
 		waitFor(t, "readings of the signal during the hold", func() bool { return sig.reads.Load() >= held+3 })
