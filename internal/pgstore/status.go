@@ -288,7 +288,11 @@ func (m *Manifest) applyETA(s *backfilltype.Status, r statusRow, in etaInputs) {
 			now = min(now, c)
 		}
 		if now < parallel {
-			v, basis = v*now/parallel, fmt.Sprintf("%s scaled to %g chunks at once by the concurrency knobs (%.1f in the window)", basis, now, parallel)
+			chunks := "chunks"
+			if now == 1 {
+				chunks = "chunk"
+			}
+			v, basis = v*now/parallel, fmt.Sprintf("%s scaled to %g %s at once by the concurrency knobs (%.1f in the window)", basis, now, chunks, parallel)
 		}
 	}
 	if c, ok := in.knobs[KnobRowsPerSecond]; ok && c > 0 && c < v {
