@@ -621,13 +621,15 @@ so a pipeline's extractor can be tested without a database:
 
 The fakes run the per-chunk and at-end publish modes ([PublishAtEnd]),
 validators of your own ([ValidatorFunc]) and [CheckExceptionRate], quality
-gates, pause and resume. What they lack is refused before any batch is
-created, with [ErrUnsupported] naming the optional interface: the undo log
-([backfilldriver.ManifestUndoLog], [backfilldriver.UndoLogWriter]) and so
-[Runner.Rollback], refused values isolated while staging
-([backfilldriver.StagingIsolator]), the other built-in checks, which read
-the staging table with SQL ([backfilldriver.TableStager]), and the modes
-that need PostgreSQL DDL (partition swap, versioned view).
+gates, pause and resume, and keep an undo log: a fake target that
+declares the lineage columns (backfill_inserted_by, backfill_updated_by,
+bigint) rolls back with [Runner.Rollback] too (not a [History] target).
+What they lack is refused before any batch is created, with
+[ErrUnsupported] naming the check or the optional interface: refused
+values isolated while staging ([backfilldriver.StagingIsolator]), the
+other built-in checks, which read the staging table with SQL
+([backfilldriver.TableStager]), and the modes that need PostgreSQL DDL
+(partition swap, versioned view).
 
 # Capabilities
 

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"math"
+	"reflect"
 	"runtime/debug"
 	"slices"
 	"strings"
@@ -14,6 +15,7 @@ import (
 	"github.com/pgbackfill/backfill/backfilltype"
 	"github.com/pgbackfill/backfill/internal/pgconv"
 	"github.com/pgbackfill/backfill/internal/pgstore"
+	"github.com/pgbackfill/backfill/internal/rawvalue"
 )
 
 // rowWriter converts, stages and counts one chunk's rows.
@@ -184,7 +186,11 @@ func (w *rowWriter) stageRow(ctx context.Context, values, buf []any) error {
 func (w *rowWriter) extractorBug(values []any, what string) error {
 	shown := make([]string, len(values))
 	for i, v := range values {
-		shown[i] = fmt.Sprintf("%s (%T)", pgstore.DisplayValue(v), v)
+		d := pgstore.DisplayValue(v)
+		shown[i] = fmt.Sprintf("%s (%T)", d, v)
+		if t := reflect.TypeOf(v); t != nil && d == rawvalue.TypeOnly(t) {
+			shown[i] = d // a channel, a function: its type, once
+		}
 		if len(shown[i]) > 200 {
 			shown[i] = pgstore.ValidPrefix(shown[i], 200) + "…"
 		}

@@ -528,6 +528,11 @@ func (ex *execution) finishRun(ctx context.Context, run Run, resumed, finished b
 	} else if ex.runGate != nil {
 		// A manifest that cannot pause the run: the run gate fails it.
 		failed, msg = true, ex.runGate.Error()
+	} else if i := slices.IndexFunc(ex.errs, func(e error) bool { return errors.Is(e, ErrInvalidConfig) }); i >= 0 {
+		// A deployment error found while the run ran (a throttle signal
+		// that cannot be read): restarting cannot help, so the run is
+		// not left running as if a worker still worked it.
+		failed, msg = true, ex.errs[i].Error()
 	}
 	// A server restart does not leave the run's end unrecorded.
 	err := ex.retryConn(fctx, "finish run", func() error {

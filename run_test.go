@@ -549,7 +549,9 @@ func TestExtractorBugFailsTheChunk(t *testing.T) {
 		{"struct into bigint", []any{"acme", struct{ ID int }{5}, "n", "1.00", nil}, false,
 			[]string{`column "id" (bigint, value 2 of 5)`, "wrong type struct { ID int }", "{5} (struct { ID int })"}},
 		{"chan into bigint, error ignored", []any{"acme", make(chan int), "n", "1.00", nil}, true,
-			[]string{`column "id"`, "wrong type chan int"}},
+			[]string{`column "id"`, "wrong type chan int", "acme (string), (chan int), n (string)"}},
+		{"func into bigint", []any{"acme", func() {}, "n", "1.00", nil}, false,
+			[]string{`column "id"`, "acme (string), (func()), n (string)"}},
 		{"bool into timestamptz", []any{"acme", int64(5), "n", "1.00", true}, false,
 			[]string{`column "seen_at"`, "wrong type bool"}},
 		{"int into text", []any{"acme", int64(5), 42, "1.00", nil}, false,
@@ -584,6 +586,7 @@ func TestExtractorBugFailsTheChunk(t *testing.T) {
 			require.True(t, errors.As(err, &ce))
 			require.Equal(t, "int:10/20", ce.Chunk.ID)
 			msg := ce.Error()
+			require.NotContains(t, msg, "0x", "no Go address")
 			for _, want := range append(c.want, "int:10/20 row 4", "columns tenant, id, name, amount, seen_at") {
 				require.Contains(t, msg, want)
 			}

@@ -2,6 +2,7 @@ package backfill
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -17,24 +18,35 @@ import (
 // would (recorded in the audit trail with actor USER@HOST and the reason
 // "SIGNAL received by pid N"):
 //
-//   - the first signal pauses the run ([Runner.Pause]): every worker of
-//     every process stops claiming, the chunks in flight finish and are
+//   - a signal pauses the run ([Runner.Pause]): every worker of every
+//     process stops claiming, the chunks in flight finish and are
 //     checkpointed, and [Runner.Run] returns an error wrapping
 //     [ErrRunPaused] ([Work] and [Config.WaitWhilePaused] wait for a
 //     resume instead);
-//   - the second cancels it ([Runner.Cancel]): the chunks in flight roll
-//     back and stay pending, and Run (or Work) returns [ErrRunCancelled];
-//   - after the second, the signals are no longer caught: a third one has
-//     its default effect (SIGINT and SIGTERM end the process).
+//   - a signal that arrives while the run is still paused by the pause
+//     of the previous signal cancels it ([Runner.Cancel]): the chunks in
+//     flight roll back and stay pending, and Run (or Work) returns
+//     [ErrRunCancelled]; after it the signals are no longer caught: the
+//     next one has its default effect (SIGINT and SIGTERM end the
+//     process).
 //
-// Each signal is counted even when its pause or cancel fails (no run yet,
-// a run already paused); the failure is written to out. Each step is
-// written to out as one line (nil: nothing is written) and logged with
-// [Config.Logger]. Run the job with a context these signals do not cancel
-// (not one of [signal.NotifyContext] on the same signals), or the first
-// signal aborts the chunks in flight. stop stops catching the signals;
-// call it when the run returns. It needs the control plane
-// ([PGManifest]): without it every signal only writes the error wrapping
+// Precisely: a signal cancels when the previous signal paused the run,
+// or found it paused already (its pause refused because the run is
+// paused: that pause counts as the signal's), and the run is still
+// paused by that same pause: the run is paused and no resume (nor a
+// later pause) was recorded in the audit trail since that pause's
+// "run_paused" event. Otherwise, as when the run was resumed meanwhile
+// (from the CLI, SQL or [Runner.Resume]) or the previous signal's pause
+// failed for another reason (no run yet, no control plane), the signal
+// pauses the run again, as the first one did.
+//
+// Each step, and each failure, is written to out as one line (nil:
+// nothing is written) and logged with [Config.Logger]. Run the job with
+// a context these signals do not cancel (not one of
+// [signal.NotifyContext] on the same signals), or the first signal
+// aborts the chunks in flight. stop stops catching the signals; call it
+// when the run returns. It needs the control plane ([PGManifest]):
+// without it every signal only writes the error wrapping
 // [ErrUnsupported].
 func (r *Runner) PauseOnSignal(job string, out io.Writer, sigs ...os.Signal) (stop func()) {
 	if out == nil {
@@ -50,26 +62,41 @@ func (r *Runner) PauseOnSignal(job string, out io.Writer, sigs ...os.Signal) (st
 	var once sync.Once
 	go func() {
 		defer close(finished)
-		for n := 1; ; n++ {
+		var last *pauseMark // the pause of the previous signal, if any
+		for {
 			var s os.Signal
 			select {
 			case <-done:
 				return
 			case s = <-ch:
 			}
+			ctx := context.Background()
+			cancel := last != nil && r.stillPaused(ctx, job, *last)
 			action, says := "pause", "pausing: the chunks in flight finish; send it again to cancel"
-			if n > 1 {
+			if cancel {
 				action, says = "cancel", "cancelling: the chunks in flight roll back"
 				signal.Stop(ch)
 			}
 			fmt.Fprintf(out, "%s received: %s job %s\n", s, says, job)
 			r.cfg.Logger.Warn("backfill: "+s.String()+" received: "+action+" the run", "job", job)
-			if err := r.controlLatest(context.Background(), job, action, fmt.Sprintf("%s received by pid %d", s, os.Getpid())); err != nil {
+			err := r.controlLatest(ctx, job, action, fmt.Sprintf("%s received by pid %d", s, os.Getpid()))
+			if err != nil {
 				fmt.Fprintf(out, "%s of job %s failed: %v\n", action, job, err)
 				r.cfg.Logger.Warn("backfill: "+action+" on a signal failed", "job", job, "error", err)
 			}
-			if n > 1 {
+			if cancel {
 				return
+			}
+			last = nil
+			if err == nil || errors.Is(err, ErrRunStatus) {
+				// Paused now, by this signal or before it: the next
+				// signal cancels while this pause lasts.
+				if m, ok := r.currentPause(ctx, job); ok {
+					last = &m
+					if err != nil {
+						fmt.Fprintf(out, "job %s is paused already; send the signal again to cancel it\n", job)
+					}
+				}
 			}
 		}
 	}()
@@ -80,6 +107,55 @@ func (r *Runner) PauseOnSignal(job string, out io.Writer, sigs ...os.Signal) (st
 		})
 		<-finished
 	}
+}
+
+// pauseMark is a pause in force: run batch, paused by its "run_paused"
+// event event.
+type pauseMark struct{ batch, event int64 }
+
+// currentPause returns the pause in force of the latest run of job: ok is
+// false when the run is not paused or cannot be read.
+func (r *Runner) currentPause(ctx context.Context, job string) (pauseMark, bool) {
+	if r.caps.audit == nil {
+		return pauseMark{}, false
+	}
+	run, err := r.caps.audit.LatestRun(ctx, r.db, job)
+	if err != nil || run.Status != RunPaused {
+		return pauseMark{}, false
+	}
+	events, err := r.caps.audit.Events(ctx, r.db, run.BatchID)
+	if err != nil {
+		return pauseMark{}, false
+	}
+	for i := len(events) - 1; i >= 0; i-- {
+		if events[i].Kind == "run_paused" {
+			return pauseMark{batch: run.BatchID, event: events[i].ID}, true
+		}
+	}
+	return pauseMark{}, false
+}
+
+// stillPaused reports whether the pause m is still in force: its run is
+// the latest of job and paused, and neither a resume nor another pause
+// was recorded after m's "run_paused" event.
+func (r *Runner) stillPaused(ctx context.Context, job string, m pauseMark) bool {
+	if r.caps.audit == nil {
+		return false
+	}
+	run, err := r.caps.audit.LatestRun(ctx, r.db, job)
+	if err != nil || run.BatchID != m.batch || run.Status != RunPaused {
+		return false
+	}
+	events, err := r.caps.audit.Events(ctx, r.db, m.batch)
+	if err != nil {
+		return false
+	}
+	for _, e := range events {
+		if e.ID > m.event && (e.Kind == "run_paused" || e.Kind == "run_resumed_by_operator") {
+			return false
+		}
+	}
+	return true
 }
 
 // controlLatest pauses or cancels the latest run of job by this process's

@@ -16,6 +16,7 @@ import (
 
 	"github.com/pgbackfill/backfill"
 	"github.com/pgbackfill/backfill/internal/pgtest"
+	"github.com/pgbackfill/backfill/internal/testwait"
 )
 
 // TestPauseOnSignal: the first signal (SIGUSR1 here: pgtest owns SIGINT
@@ -97,4 +98,94 @@ func TestPauseOnSignal(t *testing.T) {
 	for _, k := range kinds {
 		require.True(t, strings.HasSuffix(k, "received by pid "+fmt.Sprint(syscall.Getpid())), k)
 	}
+}
+
+// lockedBuffer is a bytes.Buffer safe for a writer goroutine and a
+// reader.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
+}
+
+// TestPauseOnSignalCancelsOnlyThePauseInForce: a signal cancels only
+// while the run is still paused by the previous signal's pause. Paused
+// by a signal, then resumed by an operator, the next signal pauses the
+// run again (the one after cancels); started against a paused run, the
+// first signal's refused pause counts as its pause, but once an
+// operator resumed the run the next signal pauses it again. Not
+// parallel: it signals its own process.
+func TestPauseOnSignalCancelsOnlyThePauseInForce(t *testing.T) {
+	ctx := context.Background()
+	db := pgtest.New(t)
+	db.MustExec(`CREATE TABLE t (id bigint PRIMARY KEY)`)
+	r, err := backfill.New(db, &backfill.Config{RetryBackoff: 1})
+	require.NoError(t, err)
+	// A run of the job to steer: failed at once (an extractor bug).
+	job := backfill.Job{
+		Name: "sig2", Chunker: backfill.IntRange(0, 10, 10), Rollback: backfill.RollbackNone,
+		Target: backfill.Target{Table: "t", Key: []string{"id"}},
+		Extractor: backfill.ExtractorFunc(func(ctx context.Context, c backfill.Chunk, w backfill.RowWriter) error {
+			return w.Write(ctx, c.Lo, "one value too many")
+		}),
+	}
+	_, err = r.Run(ctx, job)
+	require.ErrorIs(t, err, backfill.ErrExtractor)
+	status := func() string {
+		var s string
+		require.NoError(t, db.Get(&s, `SELECT status FROM backfill.runs WHERE job_name = 'sig2'`))
+		return s
+	}
+	// waitChange waits until the run's status is no longer from, and
+	// returns it.
+	waitChange := func(from string) string {
+		var s string
+		testwait.Until(t, "the run's status to change from "+from, func() bool { s = status(); return s != from })
+		return s
+	}
+	signal := func() { require.NoError(t, syscall.Kill(syscall.Getpid(), syscall.SIGUSR1)) }
+	sql := func(q string) { db.MustExec(q) }
+
+	// Paused by a signal, resumed by an operator: the next signal
+	// pauses again, the one after cancels.
+	sql(`SELECT backfill.pause('sig2', 'test', 'start paused')`)
+	sql(`SELECT backfill.resume('sig2', 'test', 'running')`)
+	out := &lockedBuffer{}
+	stop := r.PauseOnSignal("sig2", out, syscall.SIGUSR1)
+	signal()
+	require.Equal(t, "paused", waitChange("running"), out.String())
+	sql(`SELECT backfill.resume('sig2', 'operator', 'go on')`)
+	signal()
+	require.Equal(t, "paused", waitChange("running"), "a signal after a resume pauses again: %s", out.String())
+	signal()
+	require.Equal(t, "cancelled", waitChange("paused"), out.String())
+	stop()
+
+	// Started against a paused run: the first signal finds it paused
+	// (that counts as its pause); an operator resumes it; the next
+	// signal pauses it again, the one after cancels.
+	sql(`SELECT backfill.resume('sig2', 'test', 'running')`)
+	sql(`SELECT backfill.pause('sig2', 'operator', 'paused before the signals')`)
+	out = &lockedBuffer{}
+	stop = r.PauseOnSignal("sig2", out, syscall.SIGUSR1)
+	defer stop()
+	signal()
+	testwait.Until(t, "the signal to find the run paused", func() bool { return strings.Contains(out.String(), "paused already") })
+	require.Equal(t, "paused", status())
+	sql(`SELECT backfill.resume('sig2', 'operator', 'go on')`)
+	signal()
+	require.Equal(t, "paused", waitChange("running"), "a signal after a resume pauses again: %s", out.String())
+	signal()
+	require.Equal(t, "cancelled", waitChange("paused"), out.String())
 }

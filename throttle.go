@@ -230,6 +230,7 @@ func (t *throttler) check(ctx context.Context) {
 		} else {
 			h.Fails = 0
 			h.Read = true
+			h.LastRead = v
 		}
 		ex.log.Debug("backfill: throttle check", "signal", name, "value", v, "high", h.Throttle.High, "low", h.Throttle.EffectiveLow(), "critical", h.Throttle.Critical, "held", h.Held)
 		if !math.IsInf(v, 1) && h.Critical(v) {
@@ -316,6 +317,13 @@ func (t *throttler) openPeriod(ctx context.Context, i int, v float64) {
 	p := backfilltype.ThrottlePeriod{BatchID: t.ex.batchID, WorkerKey: t.workerKey(), Signal: h.Throttle.Signal.Name(),
 		Reason: fmt.Sprintf("%s %g at or above high watermark %g", h.Throttle.Signal.Name(), v, h.Throttle.High),
 		Value:  finite(v), High: finite(h.Throttle.High), Low: finite(h.Throttle.EffectiveLow())}
+	if math.IsInf(v, 1) {
+		// Held because the signal is unreadable (fail closed): no value
+		// was read; the period keeps the last value that was, and says so.
+		p.Reason = fmt.Sprintf("%s unreadable (%d failed readings in a row; last value read %g): held as if at or above high watermark %g",
+			h.Throttle.Signal.Name(), h.Fails, h.LastRead, h.Throttle.High)
+		p.Value = finite(h.LastRead)
+	}
 	id, err := tm.OpenPeriod(ctx, t.ex.r.db, p)
 	if err != nil {
 		t.ex.log.Warn("backfill: throttle period not recorded", "signal", p.Signal, "error", err)

@@ -848,6 +848,7 @@ func TestUnreadableSignalFailsClosed(t *testing.T) {
 			require.ErrorIs(t, err, ErrInvalidConfig, "%s", sig.Name())
 			require.ErrorContains(t, err, "throttle signal "+sig.Name()+" cannot be read")
 			require.Zero(t, rep.ChunksDone, "%s: chunks were claimed", sig.Name())
+			requireRunFailedWith(t, db, rep, "throttle signal "+sig.Name()+" cannot be read")
 		}
 	})
 	t.Run("never read", func(t *testing.T) {
@@ -875,6 +876,7 @@ func TestUnreadableSignalFailsClosed(t *testing.T) {
 		// failed second one; none after it.
 		require.Less(t, rep.ChunksDone, 6, "the run went on after the signal failed")
 		require.GreaterOrEqual(t, sig.reads.Load(), int64(2))
+		requireRunFailedWith(t, db, rep, "throttle signal cut_then_broken cannot be read")
 	})
 	t.Run("later", func(t *testing.T) {
 		t.Parallel()
@@ -900,6 +902,15 @@ func TestUnreadableSignalFailsClosed(t *testing.T) {
 			var n int
 			return db.Get(&n, `SELECT count(*) FROM backfill.throttle_periods WHERE ended_at IS NULL`) == nil && n == 1
 		})
+		// The period says the signal is unreadable and keeps the last
+		// value read, not a stand-in for infinity.
+		var period struct {
+			Value  float64 `db:"value"`
+			Reason string  `db:"reason"`
+		}
+		require.NoError(t, db.Get(&period, `SELECT value, reason FROM backfill.throttle_periods WHERE ended_at IS NULL`))
+		require.Zero(t, period.Value, "the last value read")
+		require.Contains(t, period.Reason, "unreadable")
 		// Held: a few more (failed) readings, and still no claim.
 		held := sig.reads.Load()
 		waitFor(t, "readings of the signal during the hold", func() bool { return sig.reads.Load() >= held+3 })
@@ -909,6 +920,21 @@ func TestUnreadableSignalFailsClosed(t *testing.T) {
 		require.NoError(t, out.err)
 		require.Equal(t, RunCompleted, out.rep.Status)
 	})
+}
+
+// requireRunFailedWith checks that the run of rep is failed in the
+// manifest, not left running, with a last_error containing msg.
+func requireRunFailedWith(t *testing.T, db *sqlx.DB, rep Report, msg string) {
+	t.Helper()
+	require.NotZero(t, rep.BatchID)
+	require.Equal(t, RunFailed, rep.Status)
+	var run struct {
+		Status    string `db:"status"`
+		LastError string `db:"last_error"`
+	}
+	require.NoError(t, db.Get(&run, `SELECT status, last_error FROM backfill.runs WHERE batch_id = $1`, rep.BatchID))
+	require.Equal(t, string(RunFailed), run.Status)
+	require.Contains(t, run.LastError, msg)
 }
 
 // cutThenBrokenSignal's first reading lasts until its deadline; every

@@ -35,8 +35,11 @@ const (
 	// ErrPlanChanged, ErrUnsupported, ErrNoUniqueKey, ErrTargetNotFound;
 	// ErrPrivilege: a missing privilege, with the GRANT to run;
 	// ErrSchemaBehind: the manifest needs "backfill migrate"; the login
-	// refused; a pooler in statement mode): nothing was run. Fix it;
-	// restarting cannot help.
+	// refused; a pooler in statement mode): nothing was run, or, for an
+	// error found once the run was under way (a throttle signal that
+	// cannot be read), the run is marked failed with the reason as its
+	// last_error. Fix it; restarting cannot help (once fixed, running
+	// the job again resumes the failed run).
 	ExitUsage ExitCode = 64
 	// ExitTempFail (75, EX_TEMPFAIL): the run is not finished and
 	// restarting later resumes it: the context was cancelled (SIGTERM),
@@ -100,7 +103,11 @@ func Work(ctx context.Context, r *Runner, job Job) ExitCode {
 	case ExitTempFail:
 		log.Warn("backfill worker: run not finished; restart later to resume it", attrs...)
 	case ExitUsage:
-		log.Error("backfill worker: bad job or configuration; nothing run", attrs...)
+		if rep.Status == RunFailed {
+			log.Error("backfill worker: bad job or configuration; the run is marked failed", attrs...)
+		} else {
+			log.Error("backfill worker: bad job or configuration; nothing run", attrs...)
+		}
 	case ExitCancelled:
 		log.Warn("backfill worker: run cancelled by an operator; do not restart until it is resumed", attrs...)
 	case ExitFailed:

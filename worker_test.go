@@ -325,6 +325,13 @@ func TestRunLiveness(t *testing.T) {
 		lv, err := m.RunLiveness(ctx, db, batch)
 		require.NoError(t, err)
 		require.Equal(t, c.want, lv.Liveness, "heartbeat %s old", c.age)
+		// Stalled or dead, no worker works the run: the status says so,
+		// since when, and what to do.
+		st, err := a.StatusOf(ctx, batch)
+		require.NoError(t, err)
+		require.Equal(t, c.want, st.Liveness)
+		require.Contains(t, st.Waiting, "no live worker since the last heartbeat", "heartbeat %s old", c.age)
+		require.Contains(t, st.Waiting, "start a worker", "heartbeat %s old", c.age)
 	}
 	testHeartbeatsOff.Store(nil)
 
@@ -813,4 +820,82 @@ func TestRollbackOfRunningRunIsRefused(t *testing.T) {
 	res := <-done
 	require.NoError(t, res.err)
 	require.Equal(t, RunCompleted, res.rep.Status)
+}
+
+// TestDeadWorkerLiveUntilLastLife: a worker that stops heartbeating
+// before its first heartbeat (as if killed) was live up to its last sign
+// of life (its last chunk checkpoint or lease), not up to its last
+// heartbeat only, and not up to when another worker completed the run:
+// its work counts as working and the time it lay dead as idle, while it
+// is dead (the run_progress view, Runner.TimeSplit) and once the run
+// completed. The run's times are moved back 64 seconds and the worker's
+// last chunk activity 60 seconds, as if it died 4 seconds in.
+func TestDeadWorkerLiveUntilLastLife(t *testing.T) {
+	// Not parallel: it sets the heartbeat hook of the package.
+	ctx := context.Background()
+	db := liveDB(t)
+	inFlight, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	defer once.Do(func() { close(release) })
+	a := liveRunner(t, db, "worker-a", nil)
+	cctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	aDone := goRun(cctx, a, liveJob(func(c Chunk) {
+		if c.Seq == 2 {
+			close(inFlight)
+			<-release
+		}
+	}))
+	testwait.Recv(t, "worker-a's chunk 2 in flight", inFlight)
+	skipped := make(chan struct{})
+	var skippedOnce sync.Once
+	off := func(id string) bool {
+		if id != "worker-a" {
+			return false
+		}
+		skippedOnce.Do(func() { close(skipped) })
+		return true
+	}
+	testHeartbeatsOff.Store(&off)
+	defer testHeartbeatsOff.Store(nil)
+	testwait.Recv(t, "a heartbeat of worker-a skipped by the hook", skipped)
+
+	var batch int64
+	require.NoError(t, db.Get(&batch, `SELECT batch_id FROM backfill.runs WHERE job_name = 'live'`))
+	for _, q := range []string{
+		`UPDATE backfill.runs SET created_at = now() - interval '64 seconds' WHERE batch_id = $1`,
+		`UPDATE backfill.workers SET started_at = now() - interval '64 seconds', heartbeat_at = now() - interval '64 seconds' WHERE batch_id = $1`,
+		`UPDATE backfill.chunks SET checkpointed_at = now() - interval '60 seconds' WHERE batch_id = $1 AND checkpointed_at IS NOT NULL`,
+		`UPDATE backfill.chunks SET leased_at = now() - interval '60 seconds' WHERE batch_id = $1 AND leased_at IS NOT NULL`,
+	} {
+		_, err := db.Exec(q, batch)
+		require.NoError(t, err, q)
+	}
+	check := func(when string, working, idle float64) {
+		t.Helper()
+		require.Greater(t, working, 3.0, "%s: working", when)
+		require.Less(t, working, 30.0, "%s: working", when)
+		require.Greater(t, idle, 40.0, "%s: idle", when)
+	}
+	st, err := a.StatusOf(ctx, batch)
+	require.NoError(t, err)
+	check("dead, run_progress", st.Time.WorkingSeconds, st.Time.IdleSeconds)
+	split, err := a.TimeSplit(ctx, batch)
+	require.NoError(t, err)
+	check("dead, TimeSplit", split.Working.Seconds(), split.Idle.Seconds())
+
+	rep, err := liveRunner(t, db, "worker-b", nil).Run(ctx, liveJob(nil))
+	require.NoError(t, err)
+	require.Equal(t, batch, rep.BatchID)
+	st, err = a.StatusOf(ctx, batch)
+	require.NoError(t, err)
+	check("completed, run_progress", st.Time.WorkingSeconds, st.Time.IdleSeconds)
+	split, err = a.TimeSplit(ctx, batch)
+	require.NoError(t, err)
+	check("completed, TimeSplit", split.Working.Seconds(), split.Idle.Seconds())
+
+	testHeartbeatsOff.Store(nil)
+	cancel()
+	once.Do(func() { close(release) })
+	testwait.Recv(t, "worker-a's run", aDone)
 }

@@ -93,7 +93,7 @@ type Status struct {
 	ETABasis   string   `json:"eta_basis,omitempty"`
 	// Waiting says what a run that is not working waits for, and how to
 	// end the wait: paused (by whom, why, since when, and the SQL and CLI
-	// ways to resume it), cancelled, failed, dead (no live worker: start
+	// ways to resume it), cancelled, failed, stalled or dead (no live worker: start
 	// one), or held by a throttle in every live worker (which signals);
 	// empty while it works or once it is completed.
 	Waiting string `json:"waiting,omitempty"`

@@ -23,16 +23,20 @@ type chunksResult struct {
 
 // chunkRow is one chunk of chunks.
 type chunkRow struct {
-	Seq        int        `json:"seq"`
-	ID         string     `json:"chunk_id"`
-	Status     string     `json:"status"`
+	Seq    int    `json:"seq"`
+	ID     string `json:"chunk_id"`
+	Status string `json:"status"`
+	// Attempts counts the attempts made, and the one under way of a
+	// chunk in flight.
 	Attempts   int        `json:"attempts"`
 	Rows       rowCounts  `json:"rows"`
 	StartedAt  *time.Time `json:"started_at"`
 	FinishedAt *time.Time `json:"finished_at"`
 	Seconds    *float64   `json:"seconds"`
-	Worker     string     `json:"worker"`
-	Error      string     `json:"error"`
+	// Worker is the worker that completed the chunk, or holds the lease
+	// of a chunk in flight.
+	Worker string `json:"worker"`
+	Error  string `json:"error"`
 	// Skipped: the chunk's staging and merge were skipped, its rows
 	// unchanged (backfill.Job.SkipUnchanged).
 	Skipped bool `json:"skipped"`
@@ -75,8 +79,10 @@ chunk ID, the status (pending, staged, done, open, failed, rolled_back;
 "done (skipped)" for a chunk whose staging and merge a replay with
 SkipUnchanged skipped, its rows unchanged; "pending (leased)" for a chunk
 in flight, its lease held by a live worker), its rows by outcome, the attempts made, when it started and finished
-(UTC) and how long it took, the worker that completed it, and the last
-error (the whole text with --json; cut to one line in the table).
+(UTC) and how long it took, the worker that completed it (for a chunk in
+flight: the worker holding its lease, its attempts counting the one under
+way), and the last error (the whole text with --json; cut to one line in
+the table).
 
 Filters: --status (a status, or leased: the chunks in flight, or
 skipped), --limit N (default 0: all).
@@ -109,20 +115,27 @@ filters before --limit.`,
 			}
 			// The chunks in flight: pending or staged in the manifest,
 			// their lease held by a live worker.
-			leased := map[string]bool{}
+			leased := map[string]backfilltype.ChunkInFlight{}
 			if run.Status == backfill.RunRunning || run.Status == backfill.RunPaused {
 				st, err := m.Status(ctx, db, run.BatchID)
 				if err != nil {
 					return err
 				}
 				for _, f := range st.InFlight {
-					leased[f.ChunkID] = true
+					leased[f.ChunkID] = f
 				}
 			}
 			res := chunksResult{BatchID: run.BatchID, Job: run.Job, Status: string(run.Status), Chunks: []chunkRow{}}
 			for _, s := range states {
 				row := chunkRowOf(s)
-				row.Leased = leased[row.ID] && (s.Status == backfilltype.ChunkPending || s.Status == "staged")
+				f, inFlight := leased[row.ID]
+				row.Leased = inFlight && (s.Status == backfilltype.ChunkPending || s.Status == "staged")
+				if row.Leased {
+					// The lease holder works the chunk now, and its
+					// attempt is under way.
+					row.Worker = holderOf(f)
+					row.Attempts++
+				}
 				if !row.matches(status) {
 					continue
 				}
@@ -179,6 +192,19 @@ func chunkRowOf(s backfilltype.ChunkState) chunkRow {
 		Rows:      rowCounts{Read: s.Read, Inserted: s.Inserted, Updated: s.Updated, Unchanged: s.Unchanged, Rejected: s.Rejected, Deduplicated: s.Deduplicated},
 		StartedAt: utcPtr(s.StartedAt), FinishedAt: utcPtr(s.FinishedAt), Seconds: seconds(s.StartedAt, s.FinishedAt), Worker: s.Worker, Error: s.LastError,
 		Skipped: s.Skipped}
+}
+
+// holderOf names the worker that holds the lease of chunk f: its
+// WorkerID, with its host and PID when known.
+func holderOf(f backfilltype.ChunkInFlight) string {
+	id := f.WorkerID
+	if id == "" {
+		id = f.WorkerKey
+	}
+	if f.Host != "" || f.PID != 0 {
+		id += fmt.Sprintf(" (%s:%d)", f.Host, f.PID)
+	}
+	return strings.TrimSpace(id)
 }
 
 // statusText describes a --status filter.

@@ -49,7 +49,7 @@ func TestCLIJobSelection(t *testing.T) {
 			}
 			return w.Write(ctx, c.Lo)
 		})}
-	r, err := backfill.New(db, &backfill.Config{Concurrency: 1})
+	r, err := backfill.New(db, &backfill.Config{Concurrency: 1, WorkerID: "slow-worker"})
 	require.NoError(t, err)
 	done := make(chan error, 1)
 	go func() {
@@ -68,6 +68,9 @@ func TestCLIJobSelection(t *testing.T) {
 	require.Equal(t, 1, leased.Total)
 	require.Equal(t, "int:0/1", leased.Chunks[0].ID)
 	require.True(t, leased.Chunks[0].Leased)
+	require.Contains(t, leased.Chunks[0].Worker, "slow-worker", "the lease holder of the chunk in flight")
+	require.Equal(t, 1, leased.Chunks[0].Attempts, "the attempt under way")
+	require.Contains(t, cliOK(t, u, "chunks", "slow", "--status", "leased"), "slow-worker")
 	var pending chunksResult
 	cliJSON(t, u, &pending, "chunks", "slow job", "--status", "pending")
 	require.Equal(t, 1, pending.Total, "the chunk in flight is not listed as pending")

@@ -175,6 +175,13 @@ func TestHTMLIsSelfContained(t *testing.T) {
 	if n := strings.Count(html, `<svg class="chart `); n != 4 {
 		t.Errorf("%d charts, want 4", n)
 	}
+	// The time split's note agrees with its idle row.
+	if strings.Contains(html, "Working includes time when no worker ran") || !strings.Contains(html, "then idle (no worker of the run alive") {
+		t.Error("the time split's note does not say that time with no worker alive is idle")
+	}
+	if strings.Contains(html, "</strong>, ") {
+		t.Error("a stray comma after the total")
+	}
 }
 
 // TestExternalRefsFinds: externalRefs finds each kind of outside

@@ -34,6 +34,8 @@ type State struct {
 	Fails int `json:"-" db:"-"`
 	// Read: some reading of the signal has succeeded.
 	Read bool `json:"-" db:"-"`
+	// LastRead is the value of the latest reading that succeeded.
+	LastRead float64 `json:"-" db:"-"`
 }
 
 // UnreadableAfter is how many consecutive failed readings of a signal

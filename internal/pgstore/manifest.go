@@ -922,8 +922,9 @@ func (m *Manifest) FinishRun(ctx context.Context, db sqlx.ExtContext, batchID in
 			return err
 		}
 		// Workers that stopped heartbeating (killed, crashed) never mark
-		// themselves finished: the run's end says they are lost.
-		if _, err := tx.ExecContext(ctx, m.SQL(`UPDATE {s}.workers SET state = 'lost', finished_at = now()
+		// themselves finished: the run's end says they are lost, their
+		// live span ending at their last sign of life, not now.
+		if _, err := tx.ExecContext(ctx, m.SQL(`UPDATE {s}.workers SET state = 'lost', finished_at = least(now(), {s}.worker_last_life(worker_key))
 			WHERE batch_id = $1 AND finished_at IS NULL AND heartbeat_at < now() - stale_after`), batchID); err != nil {
 			return err
 		}

@@ -251,12 +251,19 @@ func (m *Manifest) applyETA(s *backfilltype.Status, r statusRow, in etaInputs) {
 		s.ETASeconds = &zero
 		return
 	}
-	if s.Liveness == LivenessDead {
-		hb := "no worker ever registered"
+	if s.Liveness == LivenessDead || s.Liveness == LivenessStalled {
+		// No worker heartbeats within its stale bound: stalled (a worker
+		// heartbeated within twice it: perhaps only frozen, perhaps
+		// killed) or dead; either way nothing works the run now.
+		hb := " (no worker ever registered)"
 		if s.LastHeartbeat != nil {
-			hb = "last heartbeat " + s.LastHeartbeat.UTC().Format("2006-01-02 15:04:05Z")
+			hb = " since the last heartbeat, " + s.LastHeartbeat.UTC().Format("2006-01-02 15:04:05Z")
 		}
-		s.Waiting = fmt.Sprintf("no live worker (%s): start a worker (run the job) to go on", hb)
+		state := ""
+		if s.Liveness == LivenessStalled {
+			state = "; stalled: its workers stopped heartbeating and count as dead at twice their stale bound"
+		}
+		s.Waiting = fmt.Sprintf("no live worker%s%s: start a worker (backfill.Work, or Runner.Run with the job) to go on", hb, state)
 		return
 	}
 	if in.Holding > 0 && in.Holding >= s.LiveWorkers && in.Holds != nil {
@@ -283,7 +290,11 @@ func (m *Manifest) applyETA(s *backfilltype.Status, r statusRow, in etaInputs) {
 			now = min(now, c)
 		}
 		if now < parallel {
-			v, basis = v*now/parallel, fmt.Sprintf("%s scaled to %g chunks at once by the concurrency knobs (%.1f in the window)", basis, now, parallel)
+			chunks := "chunks"
+			if now == 1 {
+				chunks = "chunk"
+			}
+			v, basis = v*now/parallel, fmt.Sprintf("%s scaled to %g %s at once by the concurrency knobs (%.1f in the window)", basis, now, chunks, parallel)
 		}
 	}
 	if c, ok := in.knobs[KnobRowsPerSecond]; ok && c > 0 && c < v {

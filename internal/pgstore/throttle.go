@@ -33,7 +33,7 @@ func (m *Manifest) ThrottlePeriods(ctx context.Context, db sqlx.ExtContext, batc
 		return sqlx.SelectContext(ctx, tx, &out, m.SQL(`SELECT p.id, p.batch_id, p.worker_key, p.signal, p.reason, p.value, p.high, p.low,
 			p.started_at, p.ended_at,
 			greatest(p.started_at, coalesce(p.ended_at, w.finished_at,
-				CASE WHEN w.heartbeat_at < now() - w.stale_after THEN w.heartbeat_at END, now())) AS ended
+				CASE WHEN w.heartbeat_at < now() - w.stale_after THEN {s}.worker_last_life(w.worker_key) END, now())) AS ended
 			FROM {s}.throttle_periods p LEFT JOIN {s}.workers w ON w.worker_key = p.worker_key
 			WHERE p.batch_id = $1 ORDER BY p.started_at, p.id`), batchID)
 	})
@@ -109,7 +109,7 @@ func (m *Manifest) RunTimeSplit(ctx context.Context, tx sqlx.ExtContext, batchID
 		To   time.Time `db:"alive_to"`
 	}
 	if err := sqlx.SelectContext(ctx, tx, &ws, m.SQL(`SELECT started_at, greatest(started_at, coalesce(finished_at,
-		CASE WHEN heartbeat_at < now() - stale_after THEN heartbeat_at END, now())) AS alive_to
+		CASE WHEN heartbeat_at < now() - stale_after THEN {s}.worker_last_life(worker_key) END, now())) AS alive_to
 		FROM {s}.workers WHERE batch_id = $1`), batchID); err != nil {
 		return backfilltype.TimeSplit{}, nil, fmt.Errorf("time split: workers: %w", err)
 	}

@@ -17,7 +17,8 @@ const MaxDisplay = 1000
 
 // Display renders v for an exception's value column and for error
 // texts: the value, never a Go address: pointers are followed to any
-// depth (a nil one is NULL), a driver.Valuer (sql.NullInt64, a custom
+// depth (a nil one is NULL), a channel, a function or an unsafe.Pointer
+// shows its type only ("(chan int)", at any depth), a driver.Valuer (sql.NullInt64, a custom
 // type) shows its Value, a time.Time its RFC 3339 text, []byte its text.
 // The result is text that PostgreSQL can store (NUL bytes and invalid
 // UTF-8 are escaped), at most MaxDisplay bytes. Composite values are
@@ -182,11 +183,19 @@ func (p *textPrinter) print(v reflect.Value, depth int) {
 		p.printElems("{", "}", v.NumField(), v.Field, depth)
 	case reflect.String:
 		p.b.WriteString(ValidPrefix(v.String(), p.max-p.b.Len()+1))
+	case reflect.Chan, reflect.Func, reflect.UnsafePointer:
+		// No value to show but an address: the type only.
+		p.b.WriteString(TypeOnly(v.Type()))
 	default:
 		// A scalar: fmt prints a reflect.Value as the value it holds.
 		fmt.Fprint(&p.b, v)
 	}
 }
+
+// TypeOnly is how Display shows a value of type t that has no text but
+// its address (a channel, a function, an unsafe.Pointer): its type in
+// parentheses, such as "(chan int)".
+func TypeOnly(t reflect.Type) string { return "(" + t.String() + ")" }
 
 // within prints f() for v, a map or slice entered on the walk's path, or
 // the marker "<cycle>" when v is on it already.

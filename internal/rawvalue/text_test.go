@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 	"unicode/utf8"
+	"unsafe"
 
 	"github.com/pgbackfill/backfill/internal/pgtest"
 	"github.com/stretchr/testify/require"
@@ -113,6 +114,17 @@ func TestDisplayShowsValuesNotAddresses(t *testing.T) {
 		{struct{ P *int }{&n}, "{70000}"},
 		{[]*int{&n, nil}, "[70000 <nil>]"},
 		{big.NewInt(42), "42"},
+		// No value but an address: the type only, at any depth.
+		{make(chan int), "(chan int)"},
+		{func() {}, "(func())"},
+		{unsafe.Pointer(&n), "(unsafe.Pointer)"},
+		{[]any{1, make(chan int), "x"}, "[1 (chan int) x]"},
+		{map[string]any{"f": func() {}}, "map[f:(func())]"},
+		{struct {
+			C chan int
+			P unsafe.Pointer
+		}{make(chan int), unsafe.Pointer(&n)}, "{(chan int) (unsafe.Pointer)}"},
+		{&struct{ F func(int) error }{func(int) error { return nil }}, "{(func(int) error)}"},
 	} {
 		got := Display(c.v)
 		require.Equal(t, c.want, got, "%T", c.v)
