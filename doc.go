@@ -491,7 +491,10 @@ key or value spelled otherwise than at the last load may count as
 changed, which costs the exact comparison or the merge, never a wrong
 verdict. [DuplicateKeys] and [ReferentialIntegrity] group and match
 candidate and foreign keys by equality, as a unique index and a foreign
-key do.
+key do. [Aggregates] groups a Dimension that is content by its stored
+value, and one that is a key column by the key the target row stores: a
+staged row counts in the group of the target row it merged into, however
+its key was spelled.
 
 # Time
 

@@ -89,7 +89,8 @@ func keySpellings(i int) [4][]any {
 // and every check reach the same verdict. The merge of the replay finds
 // every row (no insert), updates exactly the rows whose stored content
 // changed (compared as PostgreSQL prints the stored values), with or
-// without Target.HashColumn; every check then passes, the target holds
+// without Target.HashColumn; every check then passes (Aggregates also
+// with the key columns as its dimensions), the target holds
 // what a fresh load of the replay stores, and the replay again changes
 // nothing. AppendOnly refuses exactly the changed rows instead, and every
 // mode deduplicates a row repeated in the chunk with its key and values
@@ -126,8 +127,14 @@ func TestEqualityRuleConformance(t *testing.T) {
 	fresh := prepare("fresh", "", backfill.Upsert)
 	// content is a row's content as PostgreSQL prints it, of alias a.
 	content := func(a string) string { return "ROW(" + a + "." + strings.Join(names[4:], ", "+a+".") + ")::text" }
+	// Aggregates groups content dimensions by stored value, and key
+	// dimensions by the key the target row stores: a respelled key falls
+	// into the group of the row it merged into, and the Day of a
+	// timestamptz key is its instant's, whatever the zone spelled.
 	checks := append(equalityChecks(), backfill.Aggregates{Name: "aggregates_groups", Dimensions: []string{"t", "c", "ch", "ts", "by"},
-		Measures: []backfill.Measure{{Column: "n"}, {Column: "n2"}, {Column: "f8"}, {Column: "i8"}}, Exact: true})
+		Measures: []backfill.Measure{{Column: "n"}, {Column: "n2"}, {Column: "f8"}, {Column: "i8"}}, Exact: true},
+		backfill.Aggregates{Name: "aggregates_keys", Day: "kt", Dimensions: []string{"kn", "kt", "ku", "kc", "t"},
+			Measures: []backfill.Measure{{Column: "n2"}, {Column: "i2"}}, Exact: true})
 
 	rapid.Check(t, func(rt *rapid.T) {
 		mode := rapid.SampledFrom([]backfill.Mode{backfill.Upsert, backfill.AppendOnly}).Draw(rt, "mode")

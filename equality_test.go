@@ -3,6 +3,7 @@ package backfill_test
 import (
 	"context"
 	"math"
+	"strings"
 	"testing"
 	"time"
 
@@ -257,4 +258,59 @@ func TestRollbackFindsRespelledKeys(t *testing.T) {
 	var rows []string
 	require.NoError(t, db.Select(&rows, `SELECT n || ' ' || k || ' ' || v FROM keyed`))
 	require.Equal(t, []string{"1.0 abc x"}, rows)
+}
+
+// TestAggregatesGroupsKeysByTheTargetRow: a Dimension that is a key column
+// groups a staged row under the key its target row stores (the package
+// documentation's "Equality": the target keeps the key as first stored), so
+// a replay that spells the key otherwise (numeric 1.00 for 1.0, the instant
+// in another zone, an upper-case uuid, another case under a case-insensitive
+// collation or in citext) passes, as does a chunk that repeats a row with
+// its key spelled otherwise, which the merge deduplicates. The Day of a
+// timestamptz key in another zone is the same instant's day.
+func TestAggregatesGroupsKeysByTheTargetRow(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t)
+	_, err := db.Exec(`CREATE EXTENSION IF NOT EXISTS citext;
+		CREATE COLLATION ci (provider = icu, locale = 'und-u-ks-level2', deterministic = false);
+		CREATE TABLE eq_t (k numeric, at timestamptz, id uuid, c text COLLATE ci, ct citext, amt numeric, note text, h bytea,
+			UNIQUE (k, at, id, c, ct))`)
+	require.NoError(t, err)
+	r, err := backfill.New(db, nil)
+	require.NoError(t, err)
+	at := time.Date(2024, 3, 1, 23, 30, 0, 0, time.UTC)
+	east := time.FixedZone("", 5*3600)
+	u := "a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11"
+	loaded := []any{"1.0", at, u, "abc", "Xyz", "1.5", "n"}
+	respelled := []any{"1.00", at.In(east), strings.ToUpper(u), "ABC", "xYZ", "1.5", "n"}
+	other := []any{"2", at.Add(-time.Hour), "b0eebc99-9c0b-4ef8-bb6d-6bb9bd380a12", "def", "uvw", "2.5", "m"}
+	for _, dims := range [][]string{{"note"}, {"k"}, {"k", "id"}, {"c", "ct", "at"}, {"k", "at", "id", "c", "ct", "note"}} {
+		for _, hash := range []string{"", "h"} {
+			_, err := db.Exec(`TRUNCATE eq_t`)
+			require.NoError(t, err)
+			run := func(rows ...[]any) backfill.Counts {
+				t.Helper()
+				rep, err := r.Run(ctx, backfill.Job{Name: "eq_t", NewRun: true, Rollback: backfill.RollbackNone,
+					Chunker: backfill.Days(at.Truncate(24*time.Hour), at.Truncate(24*time.Hour).AddDate(0, 0, 1), time.UTC), ChunkColumn: "at",
+					Extractor: rowsFunc(rows...),
+					Validators: []backfill.Validator{
+						backfill.Aggregates{Day: "at", Dimensions: dims, Measures: []backfill.Measure{{Column: "amt"}}},
+						backfill.Aggregates{Name: "aggregates_exact", Day: "at", Dimensions: dims, Measures: []backfill.Measure{{Column: "amt"}}, Exact: true},
+					},
+					Target: backfill.Target{Table: "eq_t", Key: []string{"k", "at", "id", "c", "ct"}, HashColumn: hash,
+						Columns: []string{"k", "at", "id", "c", "ct", "amt", "note"}}})
+				require.NoError(t, err, "dimensions %v, hash column %q", dims, hash)
+				return rep.Counts
+			}
+			require.Equal(t, backfill.Counts{Read: 2, Inserted: 2}, run(loaded, other))
+			require.Equal(t, backfill.Counts{Read: 2, Unchanged: 2}, run(respelled, other), "dimensions %v, hash column %q: the replay", dims, hash)
+			require.Equal(t, backfill.Counts{Read: 3, Unchanged: 2, Deduplicated: 1}, run(loaded, respelled, other),
+				"dimensions %v, hash column %q: a row repeated with its key spelled otherwise", dims, hash)
+			_, err = db.Exec(`TRUNCATE eq_t`)
+			require.NoError(t, err)
+			require.Equal(t, backfill.Counts{Read: 3, Inserted: 2, Deduplicated: 1}, run(respelled, other, loaded),
+				"dimensions %v, hash column %q: a first load that repeats a row with its key spelled otherwise", dims, hash)
+		}
+	}
 }

@@ -190,13 +190,20 @@ type Measure = backfilltype.Measure
 // exact sum of its finite values, its counts of NaN, Infinity and
 // -Infinity, and its count of NULLs. Counts must match exactly; sums may
 // differ by at most the measure's Tolerance. A group is the day of the
-// Day column and the values of the Dimensions, each grouped by the value
-// it stores (the package documentation's "Equality": numeric 1.5 and
-// 1.50 are two groups, 'a' and 'A' under a case-insensitive collation
-// too); the zero value compares
-// the chunk's row counts. The target side holds what the merge left, so
-// under [TargetWins] and [NewerVersionWins] a staged row that lost shows
-// up as a difference. Sample lists the differing groups:
+// Day column and the values of the Dimensions, by the package
+// documentation's "Equality": a Dimension that is content groups by the
+// value it stores (numeric 1.5 and 1.50 are two groups, 'a' and 'A' under
+// a case-insensitive collation too); a Dimension that is a key column
+// (Key, or ValidFrom in [History]) groups a staged row by the key its
+// target row stores, the row it merged into, so that a replay spelling
+// the key otherwise (numeric 1.00 for 1.0, 'ABC' for 'abc' under a
+// case-insensitive collation, an upper-case uuid) or a chunk repeating a
+// key spelled otherwise falls into that row's group. The Day of a
+// timestamptz is its instant's day in [Job.Zone], whatever zone the value
+// was spelled in. The zero value compares the chunk's row counts. The
+// target side holds what the merge left, so under [TargetWins] and
+// [NewerVersionWins] a staged row that lost shows up as a difference.
+// Sample lists the differing groups:
 // "(2024-03-01,EU): sum(amount) staged 35.00 target 30.00".
 //
 // Validate returns an error wrapping [ErrInvalidConfig] for a column that

@@ -247,6 +247,9 @@ func validateStatements(t *testing.T, scope ValidationScope) [][2]string {
 	add("aggregates", withArgs(c.AggregatesSQL(day, v.Dimensions, v.Measures, &a), a))
 	a = nil
 	add("aggregates: zero value", withArgs(c.AggregatesSQL(nil, nil, nil, &a), a))
+	a = nil
+	keyDims := append(scope.Info.Identity(), `Odd "col"`)
+	add("aggregates: key dimensions", withArgs(c.AggregatesSQL(nil, keyDims, []Measure{{Column: "amount"}}, &a), a))
 
 	a = nil
 	add("sample", withArgs(c.SampleSQL(DefaultSampleSize, 42, c.SourceWins("s", "t"), &a), a))

@@ -55,6 +55,18 @@ FROM (SELECT 1) one LEFT JOIN LATERAL (
 	SELECT '(all rows)' AS grp, _sn, _tn, ARRAY[]::text[] AS ss, ARRAY[]::text[] AS ts, _sz, _tz, _mbad
 	FROM d  LIMIT 10) y ON true;
 
+-- aggregates: key dimensions
+-- args: [0]
+WITH a AS (
+	SELECT _g0, _g1, sum(_sn)::bigint AS _sn, sum(_tn)::bigint AS _tn, sum(_ss0) AS _ss0, sum(_ts0) AS _ts0, sum(_sz0)::bigint AS _sz0, sum(_tz0)::bigint AS _tz0, sum(_sx0_0)::bigint AS _sx0_0, sum(_sx0_1)::bigint AS _sx0_1, sum(_sx0_2)::bigint AS _sx0_2, sum(_tx0_0)::bigint AS _tx0_0, sum(_tx0_1)::bigint AS _tx0_1, sum(_tx0_2)::bigint AS _tx0_2 FROM (SELECT s."id" AS _g0, s."Odd ""col""" AS _g1, count(*) AS _sn, 0 AS _tn, sum(s."amount"::numeric) FILTER (WHERE s."amount" NOT IN ('NaN', 'Infinity', '-Infinity')) AS _ss0, NULL::numeric AS _ts0, count(*) - count(s."amount") AS _sz0, 0 AS _tz0, count(*) FILTER (WHERE s."amount" = 'NaN') AS _sx0_0, 0 AS _tx0_0, count(*) FILTER (WHERE s."amount" = 'Infinity') AS _sx0_1, 0 AS _tx0_1, count(*) FILTER (WHERE s."amount" = '-Infinity') AS _sx0_2, 0 AS _tx0_2 FROM pg_temp."backfill_stage_503052ecb0639772" s GROUP BY 1, 2 UNION ALL SELECT t."id" AS _g0, t."Odd ""col""" AS _g1, 0 AS _sn, count(*) AS _tn, NULL::numeric AS _ss0, sum(t."amount"::numeric) FILTER (WHERE t."amount" NOT IN ('NaN', 'Infinity', '-Infinity')) AS _ts0, 0 AS _sz0, count(*) - count(t."amount") AS _tz0, 0 AS _sx0_0, count(*) FILTER (WHERE t."amount" = 'NaN') AS _tx0_0, 0 AS _sx0_1, count(*) FILTER (WHERE t."amount" = 'Infinity') AS _tx0_1, 0 AS _sx0_2, count(*) FILTER (WHERE t."amount" = '-Infinity') AS _tx0_2 FROM pg_temp."backfill_stage_503052ecb0639772" s JOIN "sales"."orders" t ON t."id" = s."id" GROUP BY 1, 2) x GROUP BY _g0, _g1),
+b AS (SELECT a.*, ARRAY[NOT ((_ss0 IS NOT DISTINCT FROM _ts0 OR abs(coalesce(_ss0, 0) - coalesce(_ts0, 0)) <= $1::numeric)
+	AND _sx0_0 = _tx0_0 AND _sx0_1 = _tx0_1 AND _sx0_2 = _tx0_2)]::bool[] AS _mbad, ARRAY[_sz0]::bigint[] AS _sz, ARRAY[_tz0]::bigint[] AS _tz FROM a),
+d AS (SELECT * FROM b WHERE _sn <> _tn OR true = ANY (_mbad) OR _sz <> _tz)
+SELECT (SELECT count(*) FROM a) AS groups, (SELECT count(*) FROM d) AS differing, y.*
+FROM (SELECT 1) one LEFT JOIN LATERAL (
+	SELECT ROW(_g0, _g1)::text AS grp, _sn, _tn, ARRAY[nullif(concat_ws(' + ', _ss0::text, CASE WHEN _sx0_0 > 0 THEN _sx0_0 || ' NaN' END, CASE WHEN _sx0_1 > 0 THEN _sx0_1 || ' Infinity' END, CASE WHEN _sx0_2 > 0 THEN _sx0_2 || ' -Infinity' END), '')]::text[] AS ss, ARRAY[nullif(concat_ws(' + ', _ts0::text, CASE WHEN _tx0_0 > 0 THEN _tx0_0 || ' NaN' END, CASE WHEN _tx0_1 > 0 THEN _tx0_1 || ' Infinity' END, CASE WHEN _tx0_2 > 0 THEN _tx0_2 || ' -Infinity' END), '')]::text[] AS ts, _sz, _tz, _mbad
+	FROM d ORDER BY _g0, _g1 LIMIT 10) y ON true;
+
 -- sample
 -- args: [42 100]
 SELECT ROW(s."id")::text AS k, t."id" IS NULL AS missing, CASE WHEN true THEN array_remove(ARRAY[CASE WHEN (s."name" COLLATE "C") IS DISTINCT FROM (t."name" COLLATE "C") THEN 'name' END, CASE WHEN (s."amount"::text COLLATE "C") IS DISTINCT FROM (t."amount"::text COLLATE "C") THEN 'amount' END, CASE WHEN (s."doc"::text COLLATE "C") IS DISTINCT FROM (t."doc"::text COLLATE "C") THEN 'doc' END, CASE WHEN (s."pos"::text COLLATE "C") IS DISTINCT FROM (t."pos"::text COLLATE "C") THEN 'pos' END, CASE WHEN s."Odd ""col""" IS DISTINCT FROM t."Odd ""col""" THEN 'Odd "col"' END, CASE WHEN s."version" IS DISTINCT FROM t."version" THEN 'version' END]::text[], NULL) ELSE ARRAY[]::text[] END AS diffs

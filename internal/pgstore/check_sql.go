@@ -82,6 +82,8 @@ func (c *PGCheck) exactForm(n, e string) string {
 // (numeric 1.5 and 1.50, float -0 and 0, interval '1 day' and '24 hours'
 // are two groups), which Aggregates prints exactly (it pins
 // extra_float_digits) and which also groups types without an equality.
+// A staged identity column takes its stored value from the target row
+// the staged row merged into (see groupsByTarget).
 func (c *PGCheck) groupForm(n, e string) string {
 	col := c.Cols[n]
 	switch {
@@ -92,6 +94,19 @@ func (c *PGCheck) groupForm(n, e string) string {
 		return c.exactForm(n, e)
 	}
 	return "(" + textForm(col, e) + ` COLLATE "C")`
+}
+
+// groupsByTarget reports whether dimension n is an identity column that
+// groupForm groups by a form finer than the column's own equality
+// (numeric, text under a collation of its own, citext): a staged row
+// then groups under the value its target row stores, which is the key as
+// first stored (the package documentation of backfill, "Equality"), so
+// that a key spelled otherwise (numeric 1.00 for 1.0, 'ABC' for 'abc'
+// under a case-insensitive collation) is the group of the row it merged
+// into. An identity column of exact equality (timestamptz, uuid, ...)
+// stores one form per key and groups by its value alike on both sides.
+func (c *PGCheck) groupsByTarget(n string) bool {
+	return slices.Contains(c.scope.Info.Identity(), n) && c.groupForm(n, "x") != "x"
 }
 
 // collated reports whether column n is text (not an array) that
@@ -334,6 +349,17 @@ FROM (SELECT 1) one LEFT JOIN LATERAL (
 // side fills its own columns and zeros the other's, so that the two
 // combine per group without FILTER, every row aggregated once.
 //
+// The staged side groups a dimension that is an identity column by the
+// target's stored key (groupsByTarget): it looks up the target row of
+// each staged row by identity, as the merge does (idMatch; at most one,
+// by the target's unique index), and groups by that row's value, or by
+// the staged value where the target has no such row. The staged rows
+// then fall into the groups of the target rows they merged into, and a
+// chunk that repeats a key spelled otherwise (which the merge
+// deduplicates) into one group. The other dimensions are content and
+// group by the staged value. The Day groups by the instant or wall
+// clock, which every spelling of a key stores alike.
+//
 // Sums are exact. A float sum depends on the order of addition, which
 // no query fixes, and loses what is small next to what is large
 // (1e300 + 1e-300); float8::numeric rounds to 15 significant digits.
@@ -350,8 +376,14 @@ func (c *PGCheck) aggregatesSideSQL(day func(alias string) string, dims []string
 	if day != nil {
 		groups = append(groups, day(alias))
 	}
+	byTarget := false
 	for _, d := range dims {
-		groups = append(groups, c.groupForm(d, alias+"."+sqlgen.Ident(d)))
+		e := alias + "." + sqlgen.Ident(d)
+		if side == 0 && c.groupsByTarget(d) {
+			byTarget = true
+			e = "coalesce(t." + sqlgen.Ident(d) + ", " + e + ")"
+		}
+		groups = append(groups, c.groupForm(d, e))
 	}
 	var parts, pos []string
 	for i, g := range groups {
@@ -393,8 +425,13 @@ func (c *PGCheck) aggregatesSideSQL(day func(alias string) string, dims []string
 		}
 	}
 	from := c.Staging + " s"
-	if side == 1 {
+	switch {
+	case side == 1:
 		from = fmt.Sprintf("%s s JOIN %s t ON %s", c.Staging, c.target, c.idMatch("t", "s"))
+	case byTarget:
+		// A matched key is never NULL where the staged one is not
+		// (idMatch), so coalesce picks the target's whenever it matched.
+		from = fmt.Sprintf("%s s LEFT JOIN %s t ON %s", c.Staging, c.target, c.idMatch("t", "s"))
 	}
 	q := "SELECT " + strings.Join(parts, ", ") + " FROM " + from
 	if len(pos) > 0 {
