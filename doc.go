@@ -559,8 +559,11 @@ found again by their lineage.
 [Runner.Rollback] withdraws a batch or one chunk in reverse commit order
 (at Concurrency > 1 chunks commit in any order), one transaction per chunk with its own checkpoint, refuses rows a later batch
 still applied changed or delivered unchanged unless forced (listing each
-row's key and that batch in [RollbackReport.ConflictRows]), previews
-without writing, and records who, why and the counts. Without lineage, a
+row's key and that batch in [RollbackReport.ConflictRows], and naming
+those batches, newest first, in [RollbackReport.ConflictBatches]: rolled
+back first, in that order, they let this rollback restore the rows
+without force), previews without writing (its counts leave the
+conflicting rows out unless forced), and records who, why and the counts. Without lineage, a
 job must accept [RollbackNone] explicitly. [Runner.RollbackBatch] does the
 same by batch ID alone, without the job's code, from the plan the manifest
 recorded ([PlanJob]); the backfill command's rollback uses it.

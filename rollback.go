@@ -61,11 +61,19 @@ type RollbackReport struct {
 	// a later batch that is still applied changed them (lineage) or
 	// delivered them unchanged; ConflictsDelivered counts the latter.
 	// ConflictRows lists up to 100 of them, ordered by key, each with the
-	// later batch; ConflictKeys their keys as JSON.
+	// later batch; ConflictKeys their keys as JSON. Without Force, Deleted
+	// and Restored leave them out: the rollback is refused.
 	Conflicts          int64
 	ConflictsDelivered int64
 	ConflictRows       []RollbackConflict
 	ConflictKeys       []string
+	// ConflictBatches are the later batches of all the conflicts (the
+	// batch that last changed or delivered each row), newest first: the
+	// order in which to roll them back before this batch, so that its
+	// rollback then finds the rows as it left them and restores them
+	// without Force. A row that several later batches changed names only
+	// the last: a preview after rolling that one back names the next.
+	ConflictBatches []int64
 	// Preview is true when nothing was written.
 	Preview bool
 	// Status is the batch's run status after the call.
@@ -135,8 +143,9 @@ func (r *Runner) Rollback(ctx context.Context, job Job, opts RollbackOptions) (R
 	}
 	if rep.Conflicts > 0 && !opts.Force {
 		rep.Elapsed = time.Since(begin)
-		return rep, fmt.Errorf("backfill: rollback of batch %d: %w: %d rows were changed (%d) or delivered unchanged (%d) by later batches still applied: %s; roll those batches back first or use Force",
-			run.BatchID, ErrRollbackConflict, rep.Conflicts, rep.Conflicts-rep.ConflictsDelivered, rep.ConflictsDelivered, conflictList(rep.ConflictRows, rep.Conflicts))
+		return rep, fmt.Errorf("backfill: rollback of batch %d: %w: %d rows were changed (%d) or delivered unchanged (%d) by later batches still applied%s: %s; %s or use Force",
+			run.BatchID, ErrRollbackConflict, rep.Conflicts, rep.Conflicts-rep.ConflictsDelivered, rep.ConflictsDelivered, namedBatches(rep.ConflictBatches),
+			conflictList(rep.ConflictRows, rep.Conflicts), rollBackFirst(rep.ConflictBatches))
 	}
 	if rep.Conflicts > 0 {
 		r.cfg.Logger.Warn("backfill rollback forced over later batches", "job", run.Job, "batch_id", run.BatchID, "conflicts", rep.Conflicts,
@@ -296,6 +305,7 @@ func (u *undoRollback) conflicts(ctx context.Context) (RollbackReport, error) {
 	rep.ConflictsDelivered, u.deliveredDeleted = c.Delivered, c.DeliveredDeleted
 	rep.Conflicts = c.Changed + c.Delivered
 	rep.ConflictRows = c.Rows
+	rep.ConflictBatches = conflictBatches(c)
 	slices.SortFunc(rep.ConflictRows, func(a, b RollbackConflict) int { return strings.Compare(a.Key, b.Key) })
 	rep.ConflictRows = rep.ConflictRows[:min(100, len(rep.ConflictRows))]
 	for _, c := range rep.ConflictRows {
@@ -455,6 +465,58 @@ func conflictList(rows []RollbackConflict, total int64) string {
 	return s
 }
 
+// conflictBatches returns the later batches of c (c.Batches, or those of
+// c.Rows when the UndoRollback lists none), each once, newest first.
+func conflictBatches(c RollbackConflicts) []int64 {
+	bs := slices.Clone(c.Batches)
+	if bs == nil {
+		for _, r := range c.Rows {
+			bs = append(bs, r.Batch)
+		}
+	}
+	bs = slices.DeleteFunc(bs, func(b int64) bool { return b == 0 }) // no lineage: no batch to name
+	slices.Sort(bs)
+	slices.Reverse(bs)
+	return slices.Compact(bs)
+}
+
+// batchesText names batches for a message, in their order: "batch 3",
+// "batches 4 and 3", "batches 5, 4 and 3"; "" for none.
+func batchesText(bs []int64) string {
+	switch len(bs) {
+	case 0:
+		return ""
+	case 1:
+		return fmt.Sprintf("batch %d", bs[0])
+	}
+	s := make([]string, len(bs))
+	for i, b := range bs {
+		s[i] = fmt.Sprint(b)
+	}
+	return "batches " + strings.Join(s[:len(s)-1], ", ") + " and " + s[len(s)-1]
+}
+
+// namedBatches is " (batch 3)" naming the conflicts' later batches bs
+// (ConflictBatches) for an error, or "" for none known.
+func namedBatches(bs []int64) string {
+	if len(bs) == 0 {
+		return ""
+	}
+	return " (" + batchesText(bs) + ")"
+}
+
+// rollBackFirst is the advice of a refused rollback whose conflicts'
+// later batches are bs (ConflictBatches, newest first).
+func rollBackFirst(bs []int64) string {
+	switch len(bs) {
+	case 0:
+		return "roll those batches back first"
+	case 1:
+		return "roll back " + batchesText(bs) + " first, then this batch,"
+	}
+	return "roll back " + batchesText(bs) + " first, newest first, then this batch,"
+}
+
 func conflictStrings(rows []RollbackConflict, n int) []string {
 	out := make([]string, 0, min(n, len(rows)))
 	for _, c := range rows[:min(n, len(rows))] {
@@ -508,8 +570,8 @@ func (r *Runner) RollbackModule(ctx context.Context, module string, jobs []Job, 
 			return nil, err
 		}
 		if rep.Conflicts > 0 && !opts.Force {
-			return nil, fmt.Errorf("backfill: rollback of module %q: job %q: %w: %d rows changed or delivered by later batches still applied: %s",
-				module, jobs[i].Name, ErrRollbackConflict, rep.Conflicts, conflictList(rep.ConflictRows, rep.Conflicts))
+			return nil, fmt.Errorf("backfill: rollback of module %q: job %q: %w: %d rows changed or delivered by later batches still applied%s, outside the module: %s",
+				module, jobs[i].Name, ErrRollbackConflict, rep.Conflicts, namedBatches(rep.ConflictBatches), conflictList(rep.ConflictRows, rep.Conflicts))
 		}
 		reports = append(reports, rep)
 		if rep.Status != RunRolledBack {

@@ -56,9 +56,10 @@ func (u *undoRollback) lockedTx(ctx context.Context, seqs []int, lineage bool, f
 			}
 			if n := c.Changed + c.Delivered; n > 0 {
 				rows := c.Rows[:min(100, len(c.Rows))]
-				return fmt.Errorf("backfill: rollback of batch %d: %w: %d rows were changed (%d) or delivered unchanged (%d) by batches committed while it ran: %s; "+
-					"the chunks rolled back so far stay rolled back; roll those batches back first or use Force",
-					u.run.BatchID, ErrRollbackConflict, n, c.Changed, c.Delivered, conflictList(rows, n))
+				bs := conflictBatches(c)
+				return fmt.Errorf("backfill: rollback of batch %d: %w: %d rows were changed (%d) or delivered unchanged (%d) by batches committed while it ran%s: %s; "+
+					"the chunks rolled back so far stay rolled back; %s or use Force",
+					u.run.BatchID, ErrRollbackConflict, n, c.Changed, c.Delivered, namedBatches(bs), conflictList(rows, n), rollBackFirst(bs))
 			}
 		}
 		return f(tx)

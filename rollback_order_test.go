@@ -112,7 +112,15 @@ func TestRollbackOfHistoryBatchesInReverseOrder(t *testing.T) {
 	_, err = r.Rollback(ctx, lateVersionsJob(o, 3, nil, ""), backfill.RollbackOptions{BatchID: rep2.BatchID, Actor: "t", Why: "t"})
 	require.ErrorIs(t, err, backfill.ErrRollbackConflict)
 	require.Contains(t, err.Error(), fmt.Sprintf("(changed by batch %d)", rep3.BatchID))
+	require.Contains(t, err.Error(), fmt.Sprintf("later batches still applied (batch %d)", rep3.BatchID))
+	require.Contains(t, err.Error(), fmt.Sprintf("roll back batch %d first, then this batch, or use Force", rep3.BatchID))
 	require.Equal(t, after3, lateState(t, db))
+	// Its preview counts what it would do without those rows, and names
+	// the batch to roll back first.
+	pv, err := r.Rollback(ctx, lateVersionsJob(o, 3, nil, ""), backfill.RollbackOptions{BatchID: rep2.BatchID, Preview: true})
+	require.NoError(t, err)
+	require.Positive(t, pv.Conflicts)
+	require.Equal(t, []int64{rep3.BatchID}, pv.ConflictBatches)
 
 	rb3, err := r.Rollback(ctx, lateVersionsJob(o, 3, nil, ""), backfill.RollbackOptions{BatchID: rep3.BatchID, Actor: "t", Why: "t"})
 	require.NoError(t, err, "rollback of batch 3")

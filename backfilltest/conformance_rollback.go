@@ -94,9 +94,11 @@ func testUndoRollback(t *testing.T, newHarness func(t *testing.T) MergerHarness)
 		require.NoError(t, err)
 		require.Equal(t, int64(2), prev.Conflicts, "rows 2 and 3, changed by batch 2")
 		require.Equal(t, []string{`{"id": 2}`, `{"id": 3}`}, prev.ConflictKeys)
+		require.Equal(t, []int64{b2}, prev.ConflictBatches, "the batch to roll back first")
 		require.Equal(t, int64(2), prev.Deleted, "without Force only rows 0 and 1")
 		_, err = r.Rollback(ctx, j1, opts(b1, false))
 		require.ErrorIs(t, err, backfill.ErrRollbackConflict)
+		require.ErrorContains(t, err, fmt.Sprintf("roll back batch %d first, then this batch, or use Force", b2))
 		require.Empty(t, gocmp.Diff(want, table(t, h)), "a refused rollback changes nothing")
 
 		// Batch 2: rows 2 and 3 get batch 1's images back, 4 and 5 go.

@@ -181,6 +181,9 @@ func (u *undoRollback) Conflicts(ctx context.Context, db sqlx.ExtContext) (backf
 	c := backfill.RollbackConflicts{Changed: int64(len(p.conflicts))}
 	for k, by := range p.conflicts {
 		c.Rows = append(c.Rows, backfill.RollbackConflict{Key: u.keyJSON(k), Batch: by})
+		if by != 0 && !slices.Contains(c.Batches, by) {
+			c.Batches = append(c.Batches, by)
+		}
 	}
 	slices.SortFunc(c.Rows, func(a, b backfill.RollbackConflict) int { return strings.Compare(a.Key, b.Key) })
 	c.Rows = c.Rows[:min(100, len(c.Rows))]

@@ -32,6 +32,10 @@ type RollbackConflicts struct {
 	Changed, Delivered, DeliveredDeleted int64
 	// Rows lists up to 100 of each kind, in any order.
 	Rows []RollbackConflict
+	// Batches are the later batches of all of them (each row's
+	// RollbackConflict.Batch, not only those of Rows), in any order; nil
+	// means those of Rows.
+	Batches []int64
 }
 
 // RollbackConflict is one row a rollback would delete or restore although

@@ -8,7 +8,8 @@ WITH c AS (
 	WHERE u.batch_id = $1 AND u.seq = ANY ($2::int[]) AND t."updated_by" IS DISTINCT FROM $1 AND NOT coalesce(t."updated_by" = ANY ($3::bigint[]), false)
 	UNION
 	SELECT jsonb_build_object('id', t."id"), t."updated_by" FROM "sales"."orders" t WHERE t."inserted_by" = $1 AND t."updated_by" IS DISTINCT FROM $1 AND NOT coalesce(t."updated_by" = ANY ($3::bigint[]), false) AND true)
-SELECT (SELECT count(*) FROM c) AS n, c.key::text AS key, coalesce(c.by, 0) AS by FROM c ORDER BY c.key::text LIMIT 100;
+SELECT (SELECT count(*) FROM c) AS n, (SELECT array_agg(DISTINCT c.by) FROM c WHERE c.by IS NOT NULL) AS batches,
+	c.key::text AS key, coalesce(c.by, 0) AS by FROM c ORDER BY c.key::text LIMIT 100;
 
 -- conflicts: chunk
 WITH c AS (
@@ -20,7 +21,8 @@ WITH c AS (
 	WHERE u.batch_id = $1 AND u.seq = ANY ($2::int[]) AND t."updated_by" IS DISTINCT FROM $1 AND NOT coalesce(t."updated_by" = ANY ($3::bigint[]), false)
 	UNION
 	SELECT jsonb_build_object('id', t."id"), t."updated_by" FROM "sales"."orders" t WHERE t."inserted_by" = $1 AND t."updated_by" IS DISTINCT FROM $1 AND NOT coalesce(t."updated_by" = ANY ($3::bigint[]), false) AND t."version" >= $4 AND t."version" < $5)
-SELECT (SELECT count(*) FROM c) AS n, c.key::text AS key, coalesce(c.by, 0) AS by FROM c ORDER BY c.key::text LIMIT 100;
+SELECT (SELECT count(*) FROM c) AS n, (SELECT array_agg(DISTINCT c.by) FROM c WHERE c.by IS NOT NULL) AS batches,
+	c.key::text AS key, coalesce(c.by, 0) AS by FROM c ORDER BY c.key::text LIMIT 100;
 
 -- preview: batch
 SELECT
@@ -83,7 +85,8 @@ hit AS (
 	SELECT jsonb_build_object('id', t."id"), d.batch_id, t."inserted_by" = $1
 	FROM (SELECT DISTINCT d.batch_id FROM d WHERE NOT d.ranged) d CROSS JOIN LATERAL (SELECT * FROM "sales"."orders" t WHERE t."updated_by" = $1 AND true OFFSET 0) t),
 x AS (SELECT DISTINCT ON (key) key, by, del FROM hit ORDER BY key, by)
-SELECT count(*) OVER () AS n, count(*) FILTER (WHERE del) OVER () AS deleted, key::text AS key, by
+SELECT count(*) OVER () AS n, count(*) FILTER (WHERE del) OVER () AS deleted, (SELECT array_agg(DISTINCT x.by) FROM x) AS batches,
+	key::text AS key, by
 FROM x ORDER BY key::text LIMIT 100;
 
 -- delivered: chunk
@@ -108,7 +111,8 @@ hit AS (
 	JOIN d ON (NOT d.ranged OR (ROW(t."id") >= ROW(d._backfill_lo_0) AND ROW(t."id") <= ROW(d._backfill_hi_0)))
 	WHERE u.batch_id = $1 AND u.seq = ANY ($4::int[]) AND t."updated_by" = $1),
 x AS (SELECT DISTINCT ON (key) key, by, del FROM hit ORDER BY key, by)
-SELECT count(*) OVER () AS n, count(*) FILTER (WHERE del) OVER () AS deleted, key::text AS key, by
+SELECT count(*) OVER () AS n, count(*) FILTER (WHERE del) OVER () AS deleted, (SELECT array_agg(DISTINCT x.by) FROM x) AS batches,
+	key::text AS key, by
 FROM x ORDER BY key::text LIMIT 100;
 
 -- record delivered (merge)

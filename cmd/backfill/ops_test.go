@@ -327,6 +327,72 @@ func TestCLIRollback(t *testing.T) {
 	require.Equal(t, after, cliState(t, db), "a repeated rollback changes nothing")
 }
 
+// TestCLIRollbackPreviewNamesLaterBatches: a History job whose batch 2
+// wrote late versions that batches 3 and 4, still applied, changed again.
+// The preview of batch 2 says that its counts leave those rows out, names
+// the later batches newest first, and says that rolling them back first
+// lets this rollback restore the rows; rolled back in that order, each
+// rollback goes through without --force.
+func TestCLIRollbackPreviewNamesLaterBatches(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	u := pgtest.NewURL(t)
+	db := sqlx.MustOpen("postgres", u)
+	t.Cleanup(func() { _ = db.Close() })
+	_, err := db.Exec(`CREATE TABLE addr (customer text, valid_from date, valid_to date, city text,
+		backfill_inserted_by bigint, backfill_updated_by bigint, PRIMARY KEY (customer, valid_from))`)
+	require.NoError(t, err)
+	r, err := backfill.New(db, nil)
+	require.NoError(t, err)
+	run := func(rows ...[]any) int64 {
+		t.Helper()
+		rep, err := r.Run(ctx, backfill.Job{Name: "addr", NewRun: true, Chunker: backfill.List("all"),
+			Extractor: backfill.ExtractorFunc(func(ctx context.Context, c backfill.Chunk, w backfill.RowWriter) error {
+				for _, row := range rows {
+					if err := w.Write(ctx, row...); err != nil {
+						return err
+					}
+				}
+				return nil
+			}),
+			Target: backfill.Target{Table: "addr", Key: []string{"customer"}, Mode: backfill.History, Columns: []string{"customer", "valid_from", "city"}}})
+		require.NoError(t, err)
+		return rep.BatchID
+	}
+	run([]any{"a", "2024-01-01", "Oslo"}, []any{"b", "2024-01-01", "Rome"})
+	b2 := run([]any{"a", "2024-01-10", "Bergen"}, []any{"b", "2024-01-10", "Milan"})
+	b3 := run([]any{"a", "2024-01-05", "Tromsø"})
+	b4 := run([]any{"b", "2024-01-05", "Turin"})
+
+	var pv rollbackResult
+	cliJSON(t, u, &pv, "rollback", "--preview", "--batch", fmt.Sprint(b2))
+	require.Equal(t, int64(2), pv.Conflicts, "the versions of Jan 1 batch 2 closed, closed again by batches 3 and 4")
+	require.Equal(t, []int64{b4, b3}, pv.ConflictBatches, "newest first")
+	out := cliOK(t, u, "rollback", "--preview", "--batch", fmt.Sprint(b2))
+	require.Contains(t, out, fmt.Sprintf("; not counted: the 2 rows below, which later batches %d and %d changed or delivered unchanged since\n", b4, b3))
+	require.Contains(t, out, fmt.Sprintf("2 rows were changed (2) or delivered unchanged (0) by later batches %d and %d, still applied; "+
+		"the rollback is refused unless --force, which overwrites their changes; roll back batches %d and %d first (newest first), "+
+		"and this rollback then restores (or deletes) them as well:\n", b4, b3, b4, b3))
+	require.Regexp(t, fmt.Sprintf(`(?m)^\{"customer": "a", "valid_from": "2024-01-01"\}\s+%d\s+changed$`, b3), out)
+	out = cliOK(t, u, "rollback", "--preview", "--batch", fmt.Sprint(b2), "--force")
+	require.Contains(t, out, "restore 2 rows\n", "with --force the counts include the conflicting rows")
+	require.Contains(t, out, fmt.Sprintf("--force rolls them back too, over those changes (or, without it: roll back batches %d and %d first (newest first), ", b4, b3))
+	code, _, errOut := cli(t, u, "rollback", "--batch", fmt.Sprint(b2), "--why", "wrong cities")
+	require.Equal(t, exitError, code)
+	require.Contains(t, errOut, fmt.Sprintf("later batches still applied (batches %d and %d)", b4, b3))
+	require.Contains(t, errOut, fmt.Sprintf("roll back batches %d and %d first, newest first, then this batch, or use Force", b4, b3))
+
+	for _, b := range []int64{b4, b3} {
+		cliOK(t, u, "rollback", "--batch", fmt.Sprint(b), "--why", "restated by mistake")
+	}
+	out = cliOK(t, u, "rollback", "--preview", "--batch", fmt.Sprint(b2))
+	require.Contains(t, out, "it would roll back 1 chunk: delete 2 rows, restore 2 rows\n", "the later batches rolled back, nothing conflicts")
+	cliOK(t, u, "rollback", "--batch", fmt.Sprint(b2), "--why", "wrong cities")
+	var cities []string
+	require.NoError(t, db.Select(&cities, `SELECT customer || ' ' || valid_from || ' ' || coalesce(valid_to::text, '-') || ' ' || city FROM addr ORDER BY 1`))
+	require.Equal(t, []string{"a 2024-01-01 - Oslo", "b 2024-01-01 - Rome"}, cities)
+}
+
 // TestCLIErrors: bad usage exits 2 saying what is wrong, an unknown run 3,
 // a missing or older manifest 4 saying to run backfill migrate.
 func TestCLIErrors(t *testing.T) {

@@ -24,10 +24,14 @@ type rollbackResult struct {
 	Restored int64 `json:"restored"`
 	// Conflicts counts rows later batches still applied changed or
 	// delivered unchanged (ConflictsDelivered); ConflictRows lists up to
-	// 100 of them.
+	// 100 of them. Without --force, Deleted and Restored leave them out.
 	Conflicts          int64          `json:"conflicts"`
 	ConflictsDelivered int64          `json:"conflicts_delivered"`
 	ConflictRows       []conflictJSON `json:"conflict_rows"`
+	// ConflictBatches are the later batches that last changed or
+	// delivered those rows, newest first: roll them back first, in this
+	// order, and this batch's rollback then restores the rows too.
+	ConflictBatches []int64 `json:"conflict_batches"`
 	// Status is the run's status after the call.
 	Status  string  `json:"status"`
 	Seconds float64 `json:"seconds"`
@@ -71,14 +75,18 @@ rollback would do, and changes nothing.
 Without --preview, --batch N and --why TEXT are required: the rollback
 is recorded in the audit trail with the actor (--actor, default the OS
 user@host) and why. It first looks for rows that later batches, still
-applied, changed or delivered unchanged: it lists them and refuses
-(exit status 1, nothing changed) unless --force, which overwrites their
-changes too (and is recorded). Roll the later batches back first
-instead. --chunk ID rolls back one chunk of the batch.
+applied, changed or delivered unchanged: it names those batches, lists
+the rows and refuses (exit status 1, nothing changed) unless --force,
+which overwrites their changes too (and is recorded). Roll the later
+batches back first instead, newest first: this batch's rollback then
+restores those rows too. A preview counts them apart: without --force
+its rows to delete and restore leave them out. --chunk ID rolls back one
+chunk of the batch.
 
 With --json: {"batch_id", "job", "preview", "chunks", "deleted",
 "restored", "conflicts", "conflicts_delivered", "conflict_rows": [{"key",
-"batch", "delivered"}], "status", "seconds", "actor", "why", "error"}.`,
+"batch", "delivered"}], "conflict_batches" (newest first), "status",
+"seconds", "actor", "why", "error"}.`,
 		Example: `  backfill rollback --preview --job flights
   backfill rollback --batch 12 --why "wrong fares, ticket OPS-231"
   backfill rollback --batch 12 --why "restated" --actor ann --json`,
@@ -121,7 +129,8 @@ With --json: {"batch_id", "job", "preview", "chunks", "deleted",
 				return rerr // nothing to report
 			}
 			res := rollbackResult{BatchID: run.BatchID, Job: run.Job, Preview: preview, Chunks: rep.Chunks, Deleted: rep.Deleted, Restored: rep.Restored,
-				Conflicts: rep.Conflicts, ConflictsDelivered: rep.ConflictsDelivered, ConflictRows: []conflictJSON{}, Status: string(rep.Status),
+				Conflicts: rep.Conflicts, ConflictsDelivered: rep.ConflictsDelivered, ConflictRows: []conflictJSON{},
+				ConflictBatches: append([]int64{}, rep.ConflictBatches...), Status: string(rep.Status),
 				Seconds: rep.Elapsed.Seconds(), Actor: opts.Actor, Why: opts.Why}
 			for _, c := range rep.ConflictRows {
 				res.ConflictRows = append(res.ConflictRows, conflictJSON{Key: c.Key, Batch: c.Batch, Delivered: c.Delivered})
@@ -154,9 +163,14 @@ With --json: {"batch_id", "job", "preview", "chunks", "deleted",
 // printRollback writes res for people.
 func printRollback(g *globals, res rollbackResult, force bool) error {
 	w := g.out
+	later := res.ConflictBatches
 	if res.Preview {
 		fmt.Fprintf(w, "preview of the rollback of batch %d (job %q, status %s); nothing was changed\n", res.BatchID, res.Job, res.Status)
-		fmt.Fprintf(w, "it would roll back %s: delete %s, restore %s\n", plural(int64(res.Chunks), "chunk"), plural(res.Deleted, "row"), plural(res.Restored, "row"))
+		fmt.Fprintf(w, "it would roll back %s: delete %s, restore %s", plural(int64(res.Chunks), "chunk"), plural(res.Deleted, "row"), plural(res.Restored, "row"))
+		if res.Conflicts > 0 && !force {
+			fmt.Fprintf(w, "; not counted: the %s below, which later %s changed or delivered unchanged since", plural(res.Conflicts, "row"), batchNames(later))
+		}
+		fmt.Fprintln(w)
 	} else if res.Error == "" {
 		fmt.Fprintf(w, "rolled back batch %d (job %q): %s, %s deleted, %s restored; status %s (took %s)\n", res.BatchID, res.Job,
 			plural(int64(res.Chunks), "chunk"), plural(res.Deleted, "row"), plural(res.Restored, "row"), res.Status, human(secondsDuration(res.Seconds)))
@@ -164,12 +178,17 @@ func printRollback(g *globals, res rollbackResult, force bool) error {
 	if res.Conflicts == 0 {
 		return nil
 	}
-	verb := "the rollback is refused unless --force"
-	if force {
-		verb = "--force rolls them back too"
+	first := "roll back " + batchNames(later) + " first"
+	if len(later) > 1 {
+		first += " (newest first)"
 	}
-	fmt.Fprintf(w, "%s rows were changed (%s) or delivered unchanged (%s) by later batches still applied; %s; roll those batches back first:\n",
-		thousands(res.Conflicts), thousands(res.Conflicts-res.ConflictsDelivered), thousands(res.ConflictsDelivered), verb)
+	first += ", and this rollback then restores (or deletes) them as well"
+	advice := "the rollback is refused unless --force, which overwrites their changes; " + first
+	if force {
+		advice = "--force rolls them back too, over those changes (or, without it: " + first + ")"
+	}
+	fmt.Fprintf(w, "%s rows were changed (%s) or delivered unchanged (%s) by later %s, still applied; %s:\n",
+		thousands(res.Conflicts), thousands(res.Conflicts-res.ConflictsDelivered), thousands(res.ConflictsDelivered), batchNames(later), advice)
 	t := newTable(w, "KEY", "LATER BATCH", "HOW")
 	shown := res.ConflictRows[:min(10, len(res.ConflictRows))]
 	for _, c := range shown {
@@ -187,6 +206,22 @@ func printRollback(g *globals, res rollbackResult, force bool) error {
 		return err
 	}
 	return nil
+}
+
+// batchNames names batches bs in their order: "batch 3", "batches 4 and
+// 3", "batches 5, 4 and 3"; "batches" for none.
+func batchNames(bs []int64) string {
+	switch len(bs) {
+	case 0:
+		return "batches"
+	case 1:
+		return fmt.Sprintf("batch %d", bs[0])
+	}
+	s := make([]string, len(bs))
+	for i, b := range bs {
+		s[i] = fmt.Sprint(b)
+	}
+	return "batches " + strings.Join(s[:len(s)-1], ", ") + " and " + s[len(s)-1]
 }
 
 // osActor is the OS user@host, the default actor of the audit trail.

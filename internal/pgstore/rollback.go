@@ -74,17 +74,19 @@ func (rb *pgRollback) ConflictsOf(ctx context.Context, db sqlx.ExtContext, seqs 
 	sc := rb.scope
 	sc.Seqs = seqs
 	var c backfilltype.RollbackConflicts
-	changed, rows, err := rb.conflicts(ctx, db, sc, lineage)
+	changed, rows, batches, err := rb.conflicts(ctx, db, sc, lineage)
 	if err != nil {
 		return c, err
 	}
-	c.Changed, c.Rows = changed, rows
+	c.Changed, c.Rows, c.Batches = changed, rows, batches
 	if sc.Chunk == nil || len(sc.Seqs) > 0 {
 		var delivered []backfilltype.RollbackConflict
-		if c.Delivered, c.DeliveredDeleted, delivered, err = rb.delivered(ctx, db, sc.BatchID, sc.Seqs, sc.Chunk, sc.Exclude); err != nil {
+		var by []int64
+		if c.Delivered, c.DeliveredDeleted, delivered, by, err = rb.delivered(ctx, db, sc.BatchID, sc.Seqs, sc.Chunk, sc.Exclude); err != nil {
 			return c, err
 		}
 		c.Rows = append(c.Rows, delivered...)
+		c.Batches = append(c.Batches, by...)
 	}
 	return c, nil
 }
@@ -145,14 +147,16 @@ func (rb *pgRollback) load(ctx context.Context, db sqlx.ExtContext) error {
 // conflicts counts the rows the batch (or one chunk of it) changed that a
 // later batch changed again: rows of the undo log, and rows it inserted
 // (found by lineage), with up to 100 of them and the batch that last
-// changed each. Changes by the batches in exclude (rolled back before
-// this one by the same call) do not count.
-func (rb *pgRollback) conflicts(ctx context.Context, db sqlx.ExtContext, sc backfilltype.RollbackScope, lineage bool) (int64, []backfilltype.RollbackConflict, error) {
+// changed each, and the batches that last changed any of them. Changes by
+// the batches in exclude (rolled back before this one by the same call)
+// do not count.
+func (rb *pgRollback) conflicts(ctx context.Context, db sqlx.ExtContext, sc backfilltype.RollbackScope, lineage bool) (int64, []backfilltype.RollbackConflict, []int64, error) {
 	batch, seqs, chunk, exclude := sc.BatchID, sc.Seqs, sc.Chunk, sc.Exclude
 	var rows []struct {
-		N   int64  `db:"n"`
-		Key string `db:"key"`
-		By  int64  `db:"by"`
+		N       int64         `db:"n"`
+		Batches pq.Int64Array `db:"batches"`
+		Key     string        `db:"key"`
+		By      int64         `db:"by"`
 	}
 	filter, fargs := rb.InsertedFilter(chunk, 4)
 	if !lineage {
@@ -161,16 +165,16 @@ func (rb *pgRollback) conflicts(ctx context.Context, db sqlx.ExtContext, sc back
 	err := sqlx.SelectContext(ctx, db, &rows, rb.ConflictsSQL(filter),
 		append([]any{batch, pq.Array(seqs), pq.Array(append([]int64{}, exclude...))}, fargs...)...)
 	if err != nil {
-		return 0, nil, fmt.Errorf("backfill: rollback %s: conflicts: %w", rb.info.Target.Table, err)
+		return 0, nil, nil, fmt.Errorf("backfill: rollback %s: conflicts: %w", rb.info.Target.Table, err)
 	}
 	if len(rows) == 0 {
-		return 0, nil, nil
+		return 0, nil, nil, nil
 	}
 	out := make([]backfilltype.RollbackConflict, len(rows))
 	for i, r := range rows {
 		out[i] = backfilltype.RollbackConflict{Key: r.Key, Batch: r.By}
 	}
-	return rows[0].N, out, nil
+	return rows[0].N, out, rows[0].Batches, nil
 }
 
 // preview counts the rows a rollback of the chunks would delete and

@@ -31,16 +31,17 @@ func (s *PGStager) recordDelivered(ctx context.Context, unchanged int64) error {
 // (one chunk, or the whole batch when chunk is nil) would delete or
 // restore and that a done chunk of another batch, not in exclude,
 // delivered unchanged (see recordDelivered). It returns how many, how many
-// of them the rollback would delete (the rest it would restore), and up
-// to 100 of them ordered by key.
-func (rb *pgRollback) delivered(ctx context.Context, db sqlx.ExtContext, batch int64, seqs []int, chunk *backfilltype.ChunkState, exclude []int64) (n, deleted int64, rows []backfilltype.RollbackConflict, err error) {
+// of them the rollback would delete (the rest it would restore), up to
+// 100 of them ordered by key, and the batches that delivered any of them.
+func (rb *pgRollback) delivered(ctx context.Context, db sqlx.ExtContext, batch int64, seqs []int, chunk *backfilltype.ChunkState, exclude []int64) (n, deleted int64, rows []backfilltype.RollbackConflict, batches []int64, err error) {
 	filter, fargs := rb.InsertedFilter(chunk, 5)
 	q := rb.DeliveredSQL(chunk != nil, filter)
 	var res []struct {
-		N       int64  `db:"n"`
-		Deleted int64  `db:"deleted"`
-		Key     string `db:"key"`
-		By      int64  `db:"by"`
+		N       int64         `db:"n"`
+		Deleted int64         `db:"deleted"`
+		Batches pq.Int64Array `db:"batches"`
+		Key     string        `db:"key"`
+		By      int64         `db:"by"`
 	}
 	// $1 batch, $2 identity, $3 exclude; for one chunk $4 seqs and the
 	// chunk's bounds from $5.
@@ -49,13 +50,13 @@ func (rb *pgRollback) delivered(ctx context.Context, db sqlx.ExtContext, batch i
 		args = append(append(args, pq.Array(seqs)), fargs...)
 	}
 	if err := sqlx.SelectContext(ctx, db, &res, q, args...); err != nil {
-		return 0, 0, nil, fmt.Errorf("backfill: rollback %s: rows delivered by later batches: %w", rb.info.Target.Table, err)
+		return 0, 0, nil, nil, fmt.Errorf("backfill: rollback %s: rows delivered by later batches: %w", rb.info.Target.Table, err)
 	}
 	if len(res) == 0 {
-		return 0, 0, nil, nil
+		return 0, 0, nil, nil, nil
 	}
 	for _, r := range res {
 		rows = append(rows, backfilltype.RollbackConflict{Key: r.Key, Batch: r.By, Delivered: true})
 	}
-	return res[0].N, res[0].Deleted, rows, nil
+	return res[0].N, res[0].Deleted, rows, res[0].Batches, nil
 }

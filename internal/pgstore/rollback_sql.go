@@ -10,10 +10,11 @@ import (
 	"github.com/pgbackfill/backfill/internal/sqlgen"
 )
 
-// ConflictsSQL counts and lists (n, key, by) the rows the chunks seqs ($2)
-// of batch $1 changed that a later batch, not in $3, changed again: rows
-// of the undo log, and rows it inserted (lineage) that filter selects
-// (bind parameters from $4).
+// ConflictsSQL counts and lists (n, batches, key, by) the rows the chunks
+// seqs ($2) of batch $1 changed that a later batch, not in $3, changed
+// again: rows of the undo log, and rows it inserted (lineage) that filter
+// selects (bind parameters from $4). batches are the later batches of all
+// of them, the rows listed or not.
 func (rb *pgRollback) ConflictsSQL(filter string) string {
 	return SQLf(`WITH c AS (
 	SELECT DISTINCT u.key, t.{ub} AS by FROM {entries} u CROSS JOIN LATERAL {record}
@@ -21,7 +22,8 @@ func (rb *pgRollback) ConflictsSQL(filter string) string {
 	WHERE u.batch_id = $1 AND u.seq = ANY ($2::int[]) AND t.{ub} IS DISTINCT FROM $1 AND NOT coalesce(t.{ub} = ANY ($3::bigint[]), false)
 	UNION
 	SELECT {key}, t.{ub} FROM {target} t WHERE t.{ib} = $1 AND t.{ub} IS DISTINCT FROM $1 AND NOT coalesce(t.{ub} = ANY ($3::bigint[]), false) AND {filter})
-SELECT (SELECT count(*) FROM c) AS n, c.key::text AS key, coalesce(c.by, 0) AS by FROM c ORDER BY c.key::text LIMIT 100`,
+SELECT (SELECT count(*) FROM c) AS n, (SELECT array_agg(DISTINCT c.by) FROM c WHERE c.by IS NOT NULL) AS batches,
+	c.key::text AS key, coalesce(c.by, 0) AS by FROM c ORDER BY c.key::text LIMIT 100`,
 		"entries", rb.entries(), "target", rb.target, "match", rb.match(), "ub", rb.updated, "ib", rb.inserted,
 		"key", keyJSON("t", rb.identity), "filter", filter, "record", rb.keyRecord("u.key", "r"))
 }
@@ -171,9 +173,10 @@ func (rb *pgRollback) InsertedFilter(chunk *backfilltype.ChunkState, first int) 
 	}
 }
 
-// DeliveredSQL lists (n, deleted, key, by) the rows a rollback of batch
-// $1 would delete or restore that a done chunk of another batch, not in
-// $3, delivered unchanged: for the whole batch, or for oneChunk the
+// DeliveredSQL lists (n, deleted, batches, key, by) the rows a rollback
+// of batch $1 would delete or restore that a done chunk of another batch,
+// not in $3, delivered unchanged (batches: the delivering batches of all
+// of them): for the whole batch, or for oneChunk the
 // chunks $4, whose inserted rows filter selects (bind parameters from
 // $5). $2 is the identity's column names.
 func (rb *pgRollback) DeliveredSQL(oneChunk bool, filter string) string {
@@ -235,7 +238,8 @@ hit AS (
 	SELECT {key}, d.batch_id, t.{ib} = $1
 	FROM (SELECT DISTINCT d.batch_id FROM d WHERE NOT d.ranged) d CROSS JOIN LATERAL (SELECT * FROM {target} t WHERE t.{ub} = $1 AND {whole} OFFSET 0) t{undoBranch}),
 x AS (SELECT DISTINCT ON (key) key, by, del FROM hit ORDER BY key, by)
-SELECT count(*) OVER () AS n, count(*) FILTER (WHERE del) OVER () AS deleted, key::text AS key, by
+SELECT count(*) OVER () AS n, count(*) FILTER (WHERE del) OVER () AS deleted, (SELECT array_agg(DISTINCT x.by) FROM x) AS batches,
+	key::text AS key, by
 FROM x ORDER BY key::text LIMIT 100`,
 		"target", rb.target, "delivered", rb.m.SQL("{s}.delivered"), "chunks", rb.m.SQL("{s}.chunks"), "key", keyJSON("t", identity),
 		"ib", rb.inserted, "ub", rb.updated, "ranged", ranged, "whole", whole, "undoBranch", undoBranch,
