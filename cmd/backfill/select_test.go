@@ -70,7 +70,7 @@ func TestCLIJobSelection(t *testing.T) {
 	require.True(t, leased.Chunks[0].Leased)
 	require.Contains(t, leased.Chunks[0].Worker, "slow-worker", "the lease holder of the chunk in flight")
 	require.Equal(t, 1, leased.Chunks[0].Attempts, "the attempt under way")
-	require.Contains(t, cliOK(t, u, "chunks", "slow", "--status", "leased"), "slow-worker")
+	require.Contains(t, cliOK(t, u, "chunks", "slow job", "--status", "leased"), "slow-worker")
 	var pending chunksResult
 	cliJSON(t, u, &pending, "chunks", "slow job", "--status", "pending")
 	require.Equal(t, 1, pending.Total, "the chunk in flight is not listed as pending")
