@@ -27,8 +27,7 @@ import (
 // manifest refuse a missing actor or reason, an unknown knob or a bad
 // value (naming the key and value), and impossible transitions, each with
 // a clear message; every decision taken is an audit row; the audit log
-// refuses UPDATE and DELETE. On the starting commit the functions did not
-// exist.
+// refuses UPDATE and DELETE.
 func TestControlSQLRefusesBadInputAndAudits(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -223,8 +222,7 @@ func controlJob(chunks int, per time.Duration, started *atomic.Int64) Job {
 // flight (each returns ErrRunCancelled, every chunk done or pending, no
 // lease left, the target holds exactly the done chunks' rows); a plain
 // Run does not restart the cancelled run; Runner.Resume does and
-// completes it. On the starting commit a paused run's callers returned
-// nil or waited, and cancel did not exist.
+// completes it.
 func TestControlPauseResumeCancelAcrossRunners(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()

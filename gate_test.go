@@ -709,7 +709,6 @@ func opsJob(src *opsSource, days int) backfill.Job {
 // TestOpenChunkReadAgainDescribesTheChunk: a 21-row open chunk with one
 // bad row, read four times, counts 21 rows and one reject, with one
 // exception row, balanced; rows the first read inserted stay inserted.
-// On the starting commit it reported Read 84, Rejected 4 and 4 exceptions.
 func TestOpenChunkReadAgainDescribesTheChunk(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -846,8 +845,7 @@ var negatives = backfill.ValidatorFunc(func(ctx context.Context, tx sqlx.ExtCont
 // TestAcceptGateBindsTheEvidence: accepting "1 negative" on an open chunk
 // does not accept a later read with 6; accepting a chunk judged again
 // since (completed with an acceptance) while another chunk paused the run
-// is refused with ErrNoFailedGate. On the starting commit both were
-// accepted by check name.
+// is refused with ErrNoFailedGate.
 func TestAcceptGateBindsTheEvidence(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -922,8 +920,7 @@ func TestAcceptGateBindsTheEvidence(t *testing.T) {
 
 // TestValidatorSwapIsAudited: swapping a ValidatorFunc for another (same
 // Go type), or a struct validator for one differing only in unexported
-// fields, is a validators_changed event. On the starting commit both
-// were recorded by Go type alone and looked the same.
+// fields, is a validators_changed event.
 func TestValidatorSwapIsAudited(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -993,7 +990,6 @@ func describeValidators(t *testing.T, ctx context.Context, vs []backfill.Validat
 // TestRunWithOpenChunksIsNotSuccess: a call that ends with open chunks
 // returns ErrChunksOpen (and the report says which), and a run whose
 // chunks, open ones included, loaded none of the rows they read pauses.
-// On the starting commit both calls returned a nil error.
 func TestRunWithOpenChunksIsNotSuccess(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -1032,8 +1028,7 @@ func TestRunWithOpenChunksIsNotSuccess(t *testing.T) {
 // TestRunRejectGateResumedOnce: one chunk rejects 5 of its 10 rows and
 // pauses the run; one Resume lets the three clean chunks after it
 // complete the run, and the gate's error lists the chunk as done, not as
-// failed. On the starting commit the gate re-counted the same 5 rejects
-// after every later chunk and paused after each Resume.
+// failed.
 func TestRunRejectGateResumedOnce(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()

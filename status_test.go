@@ -47,9 +47,7 @@ func (p *progressRecorder) Progress(_ context.Context, s Status) {
 // chunk for good is resumed by a second call; Runner.Status (and the
 // first Progress of the second call) count the first call's chunks and
 // rows, the failures reach ChunkFailed, and the exception queue is
-// counted by reason and column. On the starting commit the only hook was
-// ChunkDone, whose counts a progress bar of the second call had to start
-// from zero, and there was no Status.
+// counted by reason and column.
 func TestStatusAndProgressAfterResume(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -395,8 +393,7 @@ func BenchmarkStatus100k(b *testing.B) {
 // checkpointed only replace counts when it commits, so a rolled back
 // step that would have shrunk them only makes the check stricter).
 // Chunks by status always sum
-// to the plan's total. On the starting commit there was no Status and no
-// rows_processed.
+// to the plan's total.
 func TestStatusCountersNeverDecrease(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()

@@ -130,8 +130,6 @@ func chunkStatuses(t *testing.T, db *sqlx.DB) map[string]int {
 // of the chunks at once (it does not wait on the run's row behind the
 // chunk), then waits for the chunk in flight, saying so in its log with
 // the chunk and its holder, and the run completes when the chunk does.
-// On the starting commit the joining worker's resume waited behind the
-// chunk's share lock on the run row and did nothing.
 func TestJoiningWorkerWorksBesideChunkInFlight(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -364,8 +362,7 @@ func TestRunLiveness(t *testing.T) {
 // server while a chunk is in flight fails that attempt; recording the
 // failed attempt fails too while the server is down, and is retried with
 // backoff until it is back; the chunk is then retried and the run
-// completes. On the starting commit the run ended at the first attempt,
-// its failure unrecorded and the run left running.
+// completes.
 func TestServerRestartDuringChunk(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -674,10 +671,7 @@ func viaProxy(t *testing.T, u string, p *freezeProxy) string {
 // the other workers: their chunks (which insert validations, exceptions
 // and heartbeats referencing the run's row) go on, and the run is
 // finished once the server ends the frozen worker's idle transaction
-// (inShortTx's idle_in_transaction_session_timeout, 8 s here). On
-// the starting commit the run-row lock was FOR UPDATE, which blocks the
-// chunks' foreign-key checks, and no timeout ended it: the healthy worker
-// never finished.
+// (inShortTx's idle_in_transaction_session_timeout, 8 s here).
 func TestFrozenRunRowHolderDoesNotStopOthers(t *testing.T) {
 	prev := pgstore.ManifestIdleMS.Swap(8000)
 	t.Cleanup(func() { pgstore.ManifestIdleMS.Store(prev) })
@@ -779,9 +773,7 @@ func TestSlowValidatorIsNotFenced(t *testing.T) {
 
 // TestRollbackOfRunningRunIsRefused: Rollback without a BatchID while the
 // job's latest run is running (chunks pending) refuses, saying what to do,
-// and does not pick an older completed batch. On the starting commit of
-// this fix the lookup skipped running runs: it rolled back the older
-// batch, or said "run not found" when there was none.
+// and does not pick an older completed batch.
 func TestRollbackOfRunningRunIsRefused(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
