@@ -223,9 +223,7 @@ func TestLostLeaseAfterServerCrash(t *testing.T) {
 // TestPausedRunReleasesLeaseOfChunkInFlight: a run paused while a chunk
 // is extracted (an operator's pause, a gate on another chunk): the
 // chunk's fence fails, and its lease is released, so that a resume by a
-// new process does the chunk at once. On the commit before this fix the
-// lease stayed; the resume neither took it (too young) nor waited for it,
-// and returned nil with the run unfinished.
+// new process does the chunk at once.
 func TestPausedRunReleasesLeaseOfChunkInFlight(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()

@@ -654,7 +654,7 @@ func (w syncWriter) Write(p []byte) (int, error) {
 // quotes only, a quoted part may hold dots, and a name that could mean
 // two tables is refused. The database has both readings of "we.ird.t":
 // table "t" of schema "we.ird" and a decoy, table "ird.t" of schema "we".
-// Before the fix, Target.Table "we.ird.t" wrote into the decoy.
+// Target.Table "we.ird.t" writes into "we.ird"."t", never the decoy.
 func TestDottedTableNames(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
