@@ -13,6 +13,7 @@ import (
 	"github.com/pgbackfill/backfill/backfilldriver"
 	"github.com/pgbackfill/backfill/backfilltype"
 	"github.com/pgbackfill/backfill/internal/pgstore"
+	"github.com/pgbackfill/backfill/internal/quote"
 )
 
 // RollbackOptions configures [Runner.Rollback].
@@ -480,29 +481,13 @@ func conflictBatches(c RollbackConflicts) []int64 {
 	return slices.Compact(bs)
 }
 
-// batchesText names batches for a message, in their order: "batch 3",
-// "batches 4 and 3", "batches 5, 4 and 3"; "" for none.
-func batchesText(bs []int64) string {
-	switch len(bs) {
-	case 0:
-		return ""
-	case 1:
-		return fmt.Sprintf("batch %d", bs[0])
-	}
-	s := make([]string, len(bs))
-	for i, b := range bs {
-		s[i] = fmt.Sprint(b)
-	}
-	return "batches " + strings.Join(s[:len(s)-1], ", ") + " and " + s[len(s)-1]
-}
-
 // namedBatches is " (batch 3)" naming the conflicts' later batches bs
 // (ConflictBatches) for an error, or "" for none known.
 func namedBatches(bs []int64) string {
 	if len(bs) == 0 {
 		return ""
 	}
-	return " (" + batchesText(bs) + ")"
+	return " (" + quote.Batches(bs) + ")"
 }
 
 // rollBackFirst is the advice of a refused rollback whose conflicts'
@@ -512,9 +497,9 @@ func rollBackFirst(bs []int64) string {
 	case 0:
 		return "roll those batches back first"
 	case 1:
-		return "roll back " + batchesText(bs) + " first, then this batch,"
+		return "roll back " + quote.Batches(bs) + " first, then this batch,"
 	}
-	return "roll back " + batchesText(bs) + " first, newest first, then this batch,"
+	return "roll back " + quote.Batches(bs) + " first, newest first, then this batch,"
 }
 
 func conflictStrings(rows []RollbackConflict, n int) []string {

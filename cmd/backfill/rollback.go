@@ -9,6 +9,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/pgbackfill/backfill"
+	"github.com/pgbackfill/backfill/internal/quote"
 )
 
 // rollbackResult is what rollback prints with --json.
@@ -168,7 +169,7 @@ func printRollback(g *globals, res rollbackResult, force bool) error {
 		fmt.Fprintf(w, "preview of the rollback of batch %d (job %q, status %s); nothing was changed\n", res.BatchID, res.Job, res.Status)
 		fmt.Fprintf(w, "it would roll back %s: delete %s, restore %s", plural(int64(res.Chunks), "chunk"), plural(res.Deleted, "row"), plural(res.Restored, "row"))
 		if res.Conflicts > 0 && !force {
-			fmt.Fprintf(w, "; not counted: the %s below, which later %s changed or delivered unchanged since", plural(res.Conflicts, "row"), batchNames(later))
+			fmt.Fprintf(w, "; not counted: the %s below, which later %s changed or delivered unchanged since", plural(res.Conflicts, "row"), quote.Batches(later))
 		}
 		fmt.Fprintln(w)
 	} else if res.Error == "" {
@@ -178,7 +179,7 @@ func printRollback(g *globals, res rollbackResult, force bool) error {
 	if res.Conflicts == 0 {
 		return nil
 	}
-	first := "roll back " + batchNames(later) + " first"
+	first := "roll back " + quote.Batches(later) + " first"
 	if len(later) > 1 {
 		first += " (newest first)"
 	}
@@ -188,7 +189,7 @@ func printRollback(g *globals, res rollbackResult, force bool) error {
 		advice = "--force rolls them back too, over those changes (or, without it: " + first + ")"
 	}
 	fmt.Fprintf(w, "%s rows were changed (%s) or delivered unchanged (%s) by later %s, still applied; %s:\n",
-		thousands(res.Conflicts), thousands(res.Conflicts-res.ConflictsDelivered), thousands(res.ConflictsDelivered), batchNames(later), advice)
+		thousands(res.Conflicts), thousands(res.Conflicts-res.ConflictsDelivered), thousands(res.ConflictsDelivered), quote.Batches(later), advice)
 	t := newTable(w, "KEY", "LATER BATCH", "HOW")
 	shown := res.ConflictRows[:min(10, len(res.ConflictRows))]
 	for _, c := range shown {
@@ -206,22 +207,6 @@ func printRollback(g *globals, res rollbackResult, force bool) error {
 		return err
 	}
 	return nil
-}
-
-// batchNames names batches bs in their order: "batch 3", "batches 4 and
-// 3", "batches 5, 4 and 3"; "batches" for none.
-func batchNames(bs []int64) string {
-	switch len(bs) {
-	case 0:
-		return "batches"
-	case 1:
-		return fmt.Sprintf("batch %d", bs[0])
-	}
-	s := make([]string, len(bs))
-	for i, b := range bs {
-		s[i] = fmt.Sprint(b)
-	}
-	return "batches " + strings.Join(s[:len(s)-1], ", ") + " and " + s[len(s)-1]
 }
 
 // osActor is the OS user@host, the default actor of the audit trail.

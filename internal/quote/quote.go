@@ -4,6 +4,7 @@
 package quote
 
 import (
+	"fmt"
 	"regexp"
 	"strings"
 )
@@ -64,4 +65,20 @@ func SchemaFlag(schema string) string {
 		return ""
 	}
 	return " --schema " + Shell(schema)
+}
+
+// Batches names batches bs for a message, in their order: "batch 3",
+// "batches 4 and 3", "batches 5, 4 and 3"; "batches" for none.
+func Batches(bs []int64) string {
+	switch len(bs) {
+	case 0:
+		return "batches"
+	case 1:
+		return fmt.Sprintf("batch %d", bs[0])
+	}
+	s := make([]string, len(bs))
+	for i, b := range bs {
+		s[i] = fmt.Sprint(b)
+	}
+	return "batches " + strings.Join(s[:len(s)-1], ", ") + " and " + s[len(s)-1]
 }

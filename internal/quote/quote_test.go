@@ -1,6 +1,10 @@
 package quote
 
-import "testing"
+import (
+	"fmt"
+	"strings"
+	"testing"
+)
 
 func TestShell(t *testing.T) {
 	for in, want := range map[string]string{
@@ -40,6 +44,20 @@ func TestSQLIdentAndSchemaFlag(t *testing.T) {
 	for in, want := range map[string]string{"backfill": "", "": "", "ops": " --schema ops", "my ops": " --schema 'my ops'"} {
 		if got := SchemaFlag(in); got != want {
 			t.Errorf("SchemaFlag(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+func TestBatches(t *testing.T) {
+	for bs, want := range map[string]string{"": "batches", "3": "batch 3", "4 3": "batches 4 and 3", "5 4 3": "batches 5, 4 and 3"} {
+		var ids []int64
+		for _, f := range strings.Fields(bs) {
+			var n int64
+			fmt.Sscan(f, &n)
+			ids = append(ids, n)
+		}
+		if got := Batches(ids); got != want {
+			t.Errorf("Batches(%v) = %q, want %q", ids, got, want)
 		}
 	}
 }
