@@ -78,6 +78,7 @@ func TestLeastPrivilegeRunResumeRollback(t *testing.T) {
 	r.exec(t, `GRANT TEMPORARY ON DATABASE "`+dbName(t, r.admin)+`" TO {role}`)
 	r.exec(t, `GRANT USAGE ON SCHEMA backfill TO {role}`)
 	r.exec(t, `GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA backfill TO {role}`)
+	r.exec(t, `GRANT EXECUTE ON FUNCTION backfill.record_event(bigint, text, text, text, jsonb), backfill.library_control(bigint, text, text) TO {role}`)
 	r.exec(t, `GRANT SELECT, INSERT ON items TO {role}`)
 
 	runner, err := backfill.New(r.db, nil)
@@ -166,6 +167,7 @@ func TestPrivilegeCheckedBeforeBatch(t *testing.T) {
 		r.exec(t, `GRANT TEMPORARY ON DATABASE "`+db+`" TO {role}`)
 		r.exec(t, `GRANT USAGE ON SCHEMA backfill, app TO {role}`)
 		r.exec(t, `GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA backfill TO {role}`)
+		r.exec(t, `GRANT EXECUTE ON FUNCTION backfill.record_event(bigint, text, text, text, jsonb), backfill.library_control(bigint, text, text) TO {role}`)
 		r.exec(t, `GRANT SELECT, INSERT ON app.items TO {role}`)
 		r.exec(t, `GRANT USAGE ON SEQUENCE app.items_n_seq TO {role}`)
 		r.exec(t, `GRANT SELECT, INSERT, UPDATE ON app.scd TO {role}`)
@@ -353,6 +355,7 @@ func TestOwnerPrivilegeNeverSuggestsPrivilegedMembership(t *testing.T) {
 	require.NoError(t, backfill.NewPGManifest("").Migrate(ctx, r.admin))
 	r.exec(t, `GRANT USAGE, CREATE ON SCHEMA backfill, app TO {role}`)
 	r.exec(t, `GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA backfill TO {role}`)
+	r.exec(t, `GRANT EXECUTE ON FUNCTION backfill.record_event(bigint, text, text, text, jsonb), backfill.library_control(bigint, text, text) TO {role}`)
 	r.exec(t, `GRANT SELECT, INSERT, UPDATE ON app.items TO {role}`)
 	// Owner roles of the view: privileged ones (each its own way) and a
 	// plain NOLOGIN one.
@@ -436,6 +439,7 @@ func TestInsertOnlyNamesColumns(t *testing.T) {
 	require.NoError(t, backfill.NewPGManifest("").Migrate(ctx, r.admin))
 	r.exec(t, `GRANT USAGE ON SCHEMA backfill TO {role}`)
 	r.exec(t, `GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA backfill TO {role}`)
+	r.exec(t, `GRANT EXECUTE ON FUNCTION backfill.record_event(bigint, text, text, text, jsonb), backfill.library_control(bigint, text, text) TO {role}`)
 	r.exec(t, `GRANT SELECT, INSERT ON items TO {role}`)
 	r.exec(t, `GRANT UPDATE (name, backfill_updated_by) ON items TO {role}`)
 	runner, err := backfill.New(r.db, nil)
@@ -474,6 +478,7 @@ func TestLeastPrivilegeSkipUnchanged(t *testing.T) {
 	r.exec(t, `GRANT TEMPORARY ON DATABASE "`+dbName(t, r.admin)+`" TO {role}`)
 	r.exec(t, `GRANT USAGE ON SCHEMA backfill TO {role}`)
 	r.exec(t, `GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA backfill TO {role}`)
+	r.exec(t, `GRANT EXECUTE ON FUNCTION backfill.record_event(bigint, text, text, text, jsonb), backfill.library_control(bigint, text, text) TO {role}`)
 	r.exec(t, `GRANT SELECT, INSERT, UPDATE ON items TO {role}`)
 
 	runner, err := backfill.New(r.db, nil)

@@ -15,8 +15,10 @@ import (
 // PauseOnSignal steers the latest run of job from the process's signals
 // (SIGINT and SIGTERM, or sigs when given), through the manifest's
 // control plane, as an operator's "backfill pause" and "backfill cancel"
-// would (recorded in the audit trail with actor USER@HOST and the reason
-// "SIGNAL received by pid N"):
+// would (recorded in the audit trail with actor "backfill", the reason
+// "SIGNAL received by pid N (USER@HOST)" and the session's database role,
+// through the manifest's function library_control, which a loader may
+// execute: see [PGManifest.Grants]):
 //
 //   - a signal pauses the run ([Runner.Pause]): every worker of every
 //     process stops claiming, the chunks in flight finish and are
@@ -158,8 +160,10 @@ func (r *Runner) stillPaused(ctx context.Context, job string, m pauseMark) bool 
 	return true
 }
 
-// controlLatest pauses or cancels the latest run of job by this process's
-// user.
+// controlLatest pauses or cancels the latest run of job on the library's
+// own account (actor "backfill"; why names the signal, the process and its
+// user@host), which a loader may do without the operator's control
+// functions.
 func (r *Runner) controlLatest(ctx context.Context, job, action, why string) error {
 	cm, err := r.controlPlane(action)
 	if err != nil {
@@ -172,7 +176,7 @@ func (r *Runner) controlLatest(ctx context.Context, job, action, why string) err
 	if err != nil {
 		return err
 	}
-	return cm.ReadControl(ctx, r.db, action, run.BatchID, osActor(), why)
+	return cm.LibraryControl(ctx, r.db, action, run.BatchID, why+" ("+osActor()+")")
 }
 
 // osActor is USER@HOST of this process, for the audit trail.

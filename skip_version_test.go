@@ -273,6 +273,7 @@ func TestLeastPrivilegeChunkVersion(t *testing.T) {
 	require.NoError(t, backfill.NewPGManifest("").Init(ctx, r.admin))
 	r.exec(t, `GRANT USAGE ON SCHEMA backfill TO {role}`)
 	r.exec(t, `GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA backfill TO {role}`)
+	r.exec(t, `GRANT EXECUTE ON FUNCTION backfill.record_event(bigint, text, text, text, jsonb), backfill.library_control(bigint, text, text) TO {role}`)
 	r.exec(t, `GRANT SELECT, INSERT, UPDATE ON items TO {role}`)
 	runner, err := backfill.New(r.db, &backfill.Config{Concurrency: 2, ExtractAhead: true})
 	require.NoError(t, err)

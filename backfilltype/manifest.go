@@ -215,8 +215,13 @@ type Event struct {
 	// Kind names what happened: "run_started", "run_resumed",
 	// "run_abandoned", "run_completed", "run_failed", "handoff", ...
 	Kind string `db:"kind" json:"kind"`
-	// Actor is who did it: a worker ID or an operator's name.
+	// Actor is who did it: a worker ID or an operator's name, as given.
 	Actor string `db:"actor" json:"actor"`
+	// DBRole is the database role of the session that recorded it
+	// (PostgreSQL's session_user, set by the manifest whatever the
+	// caller gives); "" for the events recorded before manifest version
+	// 23 and in manifests that do not record it.
+	DBRole string `db:"db_role" json:"db_role,omitempty"`
 	// Detail is a JSON object with the event's data (reason, counts, ...).
 	Detail    json.RawMessage `db:"detail" json:"detail"`
 	CreatedAt time.Time       `db:"created_at" json:"created_at"`

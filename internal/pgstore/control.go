@@ -7,10 +7,12 @@ import (
 	"fmt"
 	"math"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/jmoiron/sqlx"
 	"github.com/lib/pq"
 	"github.com/pgbackfill/backfill/backfilltype"
+	"github.com/pgbackfill/backfill/internal/sqlgen"
 )
 
 // Knob names of [Manifest.SetKnob] (and the SQL function set_knob).
@@ -46,6 +48,9 @@ type ControlManifest interface {
 	SetKnob(ctx context.Context, db sqlx.ExtContext, p backfilltype.SetKnobParams) error
 	// Control returns a run's control state ([Manifest.Control]).
 	Control(ctx context.Context, db sqlx.ExtContext, batchID int64) (backfilltype.ControlState, error)
+	// LibraryControl pauses or cancels on the library's own account
+	// ([Manifest.LibraryControl]).
+	LibraryControl(ctx context.Context, db sqlx.ExtContext, action string, batchID int64, why string) error
 	// Schema returns the manifest's schema name, unquoted.
 	Schema() string
 	// RecordThrottles records a worker's configured throttle
@@ -121,19 +126,129 @@ func (m *Manifest) Cancel(ctx context.Context, db sqlx.ExtContext, batchID int64
 }
 
 // ReadControl runs control action ("pause", "resume" or "cancel") on run
-// batchID through the SQL function control, by actor for the reason why,
-// in a short transaction of its own: [Manifest.Pause], [Manifest.Resume]
-// and [Manifest.Cancel] are it, with their errors.
+// batchID through the SQL function of that name, by actor for the reason
+// why, in a short transaction of its own: [Manifest.Pause],
+// [Manifest.Resume] and [Manifest.Cancel] are it, with their errors. An
+// actor over [MaxActorChars] or a why over [MaxReasonChars] characters
+// gives an error wrapping [backfilltype.ErrInvalidConfig] naming the cap
+// and the length; a role that may not execute the function (not an
+// operator: [Manifest.OperatorGrants]) an error wrapping
+// [backfilltype.ErrPrivilege] naming the role, the function and the fix.
 func (m *Manifest) ReadControl(ctx context.Context, db sqlx.ExtContext, action string, batchID int64, actor, why string) error {
 	actor, why = ManifestText(actor), ManifestText(why)
+	if action != "pause" && action != "resume" && action != "cancel" {
+		return fmt.Errorf("backfill: %s run %d: %w: unknown control action %q (pause, resume or cancel)", action, batchID, backfilltype.ErrInvalidConfig, action)
+	}
+	if err := controlCaps(action, actor, why); err != nil {
+		return fmt.Errorf("backfill: %s run %d: %w", action, batchID, err)
+	}
 	err := InShortTx(ctx, db, func(tx sqlx.ExtContext) error {
+		if err := m.controlPrivilege(ctx, tx, action+"(bigint, text, text)"); err != nil {
+			return err
+		}
 		var status string
-		return sqlx.GetContext(ctx, tx, &status, m.SQL(`SELECT {s}.control($1::bigint, $2::text, $3::text, $4::text)`), batchID, action, actor, why)
+		return sqlx.GetContext(ctx, tx, &status, m.SQL(`SELECT {s}.`+action+`($1::bigint, $2::text, $3::text)`), batchID, actor, why)
 	})
 	if err != nil {
 		return fmt.Errorf("backfill: %s run %d: %w", action, batchID, controlError(err, action == "resume"))
 	}
 	return nil
+}
+
+// LibraryControl pauses or cancels (action) run batchID on the library's
+// own account, through the SQL function library_control that a loader may
+// execute ([Manifest.Grants]): the audit trail records actor "backfill"
+// and the session's role, whatever the process claims; why says what
+// happened (the signal, the process). Errors as [Manifest.Pause].
+func (m *Manifest) LibraryControl(ctx context.Context, db sqlx.ExtContext, action string, batchID int64, why string) error {
+	why = ManifestText(why)
+	if err := controlCaps(action, "backfill", why); err != nil {
+		return fmt.Errorf("backfill: %s run %d: %w", action, batchID, err)
+	}
+	err := InShortTx(ctx, db, func(tx sqlx.ExtContext) error {
+		if err := m.controlPrivilege(ctx, tx, "library_control(bigint, text, text)"); err != nil {
+			return err
+		}
+		var status string
+		return sqlx.GetContext(ctx, tx, &status, m.SQL(`SELECT {s}.library_control($1::bigint, $2::text, $3::text)`), batchID, action, why)
+	})
+	if err != nil {
+		return fmt.Errorf("backfill: %s run %d: %w", action, batchID, controlError(err, false))
+	}
+	return nil
+}
+
+// The caps, in characters (Unicode code points), of the text arguments of
+// the control functions (pause, resume, cancel, set_knob): checked by the
+// functions themselves and, with the same message, by this package before
+// the call; a longer text gives an error wrapping
+// [backfilltype.ErrInvalidConfig] that names the argument, its length and
+// the cap.
+const (
+	// MaxActorChars caps an actor (who decides).
+	MaxActorChars = 200
+	// MaxReasonChars caps a reason (why).
+	MaxReasonChars = 2000
+	// MaxJobNameChars caps a job name given to a control function; the
+	// run of a longer name is named by its batch id.
+	MaxJobNameChars = 1000
+	// MaxKnobKeyChars caps a knob's name.
+	MaxKnobKeyChars = 200
+	// MaxKnobValueChars caps a knob's value.
+	MaxKnobValueChars = 100
+)
+
+// CheckCap returns an error wrapping [backfilltype.ErrInvalidConfig] when
+// s, the argument what of action, is longer than max characters; the
+// error names action, what, the length and max, not s.
+func CheckCap(action, what, s string, max int) error {
+	if len(s) <= max { // bytes >= characters
+		return nil
+	}
+	if n := utf8.RuneCountInString(s); n > max {
+		return fmt.Errorf("%w: %s: the %s is %d characters long; at most %d are accepted (shorten it)", backfilltype.ErrInvalidConfig, action, what, n, max)
+	}
+	return nil
+}
+
+// controlCaps checks actor and why against their caps.
+func controlCaps(action, actor, why string) error {
+	if err := CheckCap(action, "actor", actor, MaxActorChars); err != nil {
+		return err
+	}
+	return CheckCap(action, "reason", why, MaxReasonChars)
+}
+
+// controlPrivilege returns an error wrapping [backfilltype.ErrPrivilege]
+// when the session's role lacks USAGE on the schema or EXECUTE on the
+// function fn (name and argument types) of the manifest, naming the role,
+// the privilege and how the manifest's owner grants it. A function the
+// schema does not have (an older version) passes: the call says so.
+func (m *Manifest) controlPrivilege(ctx context.Context, tx sqlx.ExtContext, fn string) error {
+	var p struct {
+		Role  string `db:"role"`
+		Usage bool   `db:"usage"`
+		Exec  bool   `db:"exec"`
+	}
+	obj := sqlgen.Ident(m.SchemaName) + "." + fn
+	if err := sqlx.GetContext(ctx, tx, &p, `SELECT current_user AS role,
+		coalesce((SELECT has_schema_privilege(oid, 'USAGE') FROM pg_namespace WHERE nspname = $1), true) AS usage,
+		coalesce(has_function_privilege(to_regprocedure($2), 'EXECUTE'), true) AS exec`, m.SchemaName, obj); err != nil {
+		return err
+	}
+	if p.Usage && p.Exec {
+		return nil
+	}
+	what := "EXECUTE on function " + obj
+	if !p.Usage {
+		what = "USAGE on schema " + sqlgen.Ident(m.SchemaName) + " (and EXECUTE on function " + obj + ")"
+	}
+	if strings.HasPrefix(fn, "library_control(") {
+		return fmt.Errorf("%w: role %s lacks %s, a loader's privilege: run as the manifest's owner: backfill migrate --schema %s --grant %s",
+			backfilltype.ErrPrivilege, sqlgen.Ident(p.Role), what, sqlgen.Ident(m.SchemaName), sqlgen.Ident(p.Role))
+	}
+	return fmt.Errorf("%w: role %s lacks %s: the control functions are an operator role's; run as the manifest's owner: backfill migrate --schema %s --grant-operator OPERATOR, then GRANT OPERATOR TO %s (or connect as a member of an operator role)",
+		backfilltype.ErrPrivilege, sqlgen.Ident(p.Role), what, sqlgen.Ident(m.SchemaName), sqlgen.Ident(p.Role))
 }
 
 // SetKnob sets live knob key of run batchID to value (a number as text, or
@@ -148,7 +263,23 @@ func (m *Manifest) ReadControl(ctx context.Context, db sqlx.ExtContext, action s
 func (m *Manifest) SetKnob(ctx context.Context, db sqlx.ExtContext, p backfilltype.SetKnobParams) error {
 	batchID, key, value := p.BatchID, p.Key, p.Value
 	actor, why := ManifestText(p.Actor), ManifestText(p.Why)
-	err := InShortTx(ctx, db, func(tx sqlx.ExtContext) error {
+	action := "set_knob"
+	err := CheckCap(action, "knob name", key, MaxKnobKeyChars)
+	if err == nil {
+		action += " " + key
+		err = CheckCap(action, "knob value", value, MaxKnobValueChars)
+	}
+	if err == nil {
+		err = controlCaps(action, actor, why)
+	}
+	if err != nil {
+		// The text is not repeated: it may be too long.
+		return fmt.Errorf("backfill: set a knob of run %d: %w", batchID, err)
+	}
+	err = InShortTx(ctx, db, func(tx sqlx.ExtContext) error {
+		if err := m.controlPrivilege(ctx, tx, "set_knob(bigint, text, text, text, text)"); err != nil {
+			return err
+		}
 		var v string
 		return sqlx.GetContext(ctx, tx, &v, m.SQL(`SELECT {s}.set_knob($1::bigint, $2::text, $3::text, $4::text, $5::text)`),
 			batchID, ManifestText(key), ManifestText(value), actor, why)
@@ -201,6 +332,9 @@ func controlError(err error, resume bool) error {
 		return fmt.Errorf("%w: %s", backfilltype.ErrInvalidConfig, pe.Message)
 	case "P0002":
 		return fmt.Errorf("%w: %s", backfilltype.ErrRunNotFound, pe.Message)
+	case "42501":
+		// insufficient_privilege that controlPrivilege did not foresee.
+		return fmt.Errorf("%w: %s (the control functions are an operator role's: backfill migrate --grant-operator)", backfilltype.ErrPrivilege, pe.Message)
 	case "55000":
 		if resume {
 			return fmt.Errorf("%w: %w: %s", backfilltype.ErrNotPaused, backfilltype.ErrRunStatus, pe.Message)

@@ -694,7 +694,9 @@ func (m *Manifest) event(ctx context.Context, tx sqlx.ExtContext, e pgEvent) err
 	if err != nil {
 		return err
 	}
-	_, err = tx.ExecContext(ctx, m.SQL(`INSERT INTO {s}.events (batch_id, job_name, kind, actor, detail) VALUES ($1, $2, $3, $4, $5)`),
+	// Through record_event: the session's role does not write the audit
+	// log directly (migration 23).
+	_, err = tx.ExecContext(ctx, m.SQL(`SELECT {s}.record_event($1, $2, $3, $4, $5::jsonb)`),
 		e.batchID, e.job, e.kind, ManifestText(e.actor), string(ManifestJSON(b)))
 	return err
 }
@@ -1057,7 +1059,7 @@ func (m *Manifest) RecordEvent(ctx context.Context, db sqlx.ExtContext, e backfi
 		batch = sql.NullInt64{Int64: e.BatchID, Valid: true}
 	}
 	err := InShortTx(ctx, db, func(tx sqlx.ExtContext) error {
-		_, err := tx.ExecContext(ctx, m.SQL(`INSERT INTO {s}.events (batch_id, job_name, kind, actor, detail) VALUES ($1, $2, $3, $4, $5)`),
+		_, err := tx.ExecContext(ctx, m.SQL(`SELECT {s}.record_event($1, $2, $3, $4, $5::jsonb)`),
 			batch, e.Job, e.Kind, ManifestText(e.Actor), detail)
 		return err
 	})
@@ -1076,7 +1078,8 @@ func (m *Manifest) Events(ctx context.Context, db sqlx.ExtContext, batchID int64
 	}
 	err := ReadTx(ctx, db, func(tx sqlx.ExtContext) error {
 		rows = nil // a retried attempt starts over
-		return sqlx.SelectContext(ctx, tx, &rows, m.SQL(`SELECT id, batch_id AS batch, job_name, kind, actor, detail::text AS detail_text, created_at
+		return sqlx.SelectContext(ctx, tx, &rows, m.SQL(`SELECT id, batch_id AS batch, job_name, kind, actor, coalesce(db_role, '') AS db_role,
+		detail::text AS detail_text, created_at
 		FROM {s}.events WHERE batch_id = $1 ORDER BY id`), batchID)
 	})
 	if err != nil {

@@ -98,6 +98,7 @@ type pgPrivilegeRow struct {
 	Privilege string `db:"privilege"`
 	Why       string `db:"why"`
 	Owner     string `db:"owner"` // the object's owner
+	Args      string `db:"args"`  // a function's argument types; "" for others
 }
 
 // privilegeRows turns the query's rows into Privileges of role.
@@ -113,6 +114,9 @@ func privilegeRows(rows []pgPrivilegeRow, role string) []backfilltype.Privilege 
 		default:
 			name = sqlgen.Ident(r.Schema) + "." + sqlgen.Ident(r.Name)
 		}
+		if r.Kind == "FUNCTION" {
+			name += "(" + r.Args + ")"
+		}
 		out[i] = backfilltype.Privilege{Object: strings.ToLower(r.Kind) + " " + name, Privilege: r.Privilege,
 			Grant: GrantOn(r.Privilege, r.Kind+" "+name, role), Why: r.Why}
 	}
@@ -122,7 +126,10 @@ func privilegeRows(rows []pgPrivilegeRow, role string) []backfilltype.Privilege 
 // manifestPrivilegesSQL lists the privileges on the manifest (schema $1)
 // and the database that the role $2 lacks, with each object's owner. It names objects by
 // OID, so it runs without USAGE on the schema. Persistent staging tables
-// (stage_<batch>, created by the runs that use them) are left out.
+// (stage_<batch>, created by the runs that use them) are left out. The
+// audit log (events) and schema_migrations are only read: a loader
+// appends events through the function record_event and pauses on a
+// signal through library_control (manifest version 23 on).
 const manifestPrivilegesSQL = `
 WITH ns AS (SELECT oid, nspname, nspowner FROM pg_namespace WHERE nspname = $1),
 rels AS (
@@ -131,23 +138,46 @@ rels AS (
 	WHERE c.relkind IN ('r', 'p', 'S') AND c.relname !~ '^stage_[0-9]+$'),
 want AS (
 	SELECT 'SCHEMA' AS kind, nspname AS schema, '' AS name, 'USAGE' AS privilege, 'the manifest' AS why,
-		has_schema_privilege($2::name, oid, 'USAGE') AS ok, 0 AS ord, pg_get_userbyid(nspowner) AS owner FROM ns
+		has_schema_privilege($2::name, oid, 'USAGE') AS ok, 0 AS ord, pg_get_userbyid(nspowner) AS owner, '' AS args FROM ns
 	UNION ALL
-	SELECT 'TABLE', r.nspname, r.relname, p, 'the manifest', CASE WHEN r.relkind <> 'S' THEN has_table_privilege($2::name, r.oid, p) END, 1, pg_get_userbyid(r.relowner)
-	FROM rels r, unnest(CASE WHEN r.relname = 'schema_migrations' THEN ARRAY['SELECT']
+	SELECT 'TABLE', r.nspname, r.relname, p, 'the manifest', CASE WHEN r.relkind <> 'S' THEN has_table_privilege($2::name, r.oid, p) END, 1, pg_get_userbyid(r.relowner), ''
+	FROM rels r, unnest(CASE WHEN r.relname IN ('schema_migrations', 'events') THEN ARRAY['SELECT']
 		ELSE ARRAY['SELECT', 'INSERT', 'UPDATE', 'DELETE'] END) WITH ORDINALITY AS x(p, i)
 	WHERE r.relkind <> 'S'
 	UNION ALL
-	SELECT 'SEQUENCE', r.nspname, r.relname, 'USAGE', 'the manifest', CASE WHEN r.relkind = 'S' THEN has_sequence_privilege($2::name, r.oid, 'USAGE') END, 2, pg_get_userbyid(r.relowner)
+	SELECT 'SEQUENCE', r.nspname, r.relname, 'USAGE', 'the manifest', CASE WHEN r.relkind = 'S' THEN has_sequence_privilege($2::name, r.oid, 'USAGE') END, 2, pg_get_userbyid(r.relowner), ''
 	FROM rels r WHERE r.relkind = 'S'
 		-- identity columns' sequences need no privilege of the inserting role
 		AND NOT EXISTS (SELECT 1 FROM pg_depend d WHERE d.classid = 'pg_class'::regclass AND d.objid = r.oid AND d.deptype = 'i')
 	UNION ALL
+	SELECT 'FUNCTION', ns.nspname, p.proname, 'EXECUTE',
+		CASE p.proname WHEN 'record_event' THEN 'the audit log' ELSE 'pausing on a signal' END,
+		has_function_privilege($2::name, p.oid, 'EXECUTE'), 3, pg_get_userbyid(p.proowner), oidvectortypes(p.proargtypes)
+	FROM pg_proc p JOIN ns ON p.pronamespace = ns.oid WHERE p.proname IN ('record_event', 'library_control')
+	UNION ALL
 	SELECT 'DATABASE', '', current_database(), 'TEMPORARY', 'staging tables',
-		has_database_privilege($2::name, current_database(), 'TEMPORARY'), 3,
-		(SELECT pg_get_userbyid(datdba) FROM pg_database WHERE datname = current_database()))
-SELECT kind, schema, name, privilege, why, owner FROM want WHERE ok IS FALSE
-ORDER BY ord, name, array_position(ARRAY['USAGE', 'SELECT', 'INSERT', 'UPDATE', 'DELETE', 'TEMPORARY'], privilege)`
+		has_database_privilege($2::name, current_database(), 'TEMPORARY'), 4,
+		(SELECT pg_get_userbyid(datdba) FROM pg_database WHERE datname = current_database()), '')
+SELECT kind, schema, name, privilege, why, owner, args FROM want WHERE ok IS FALSE
+ORDER BY ord, name, array_position(ARRAY['USAGE', 'SELECT', 'INSERT', 'UPDATE', 'DELETE', 'EXECUTE', 'TEMPORARY'], privilege)`
+
+// operatorPrivilegesSQL lists the privileges on the manifest (schema $1)
+// that the operator role $2 lacks: USAGE on the schema, SELECT on its
+// tables and EXECUTE on the control functions ([ControlFunctions]).
+const operatorPrivilegesSQL = `
+WITH ns AS (SELECT oid, nspname, nspowner FROM pg_namespace WHERE nspname = $1),
+want AS (
+	SELECT 'SCHEMA' AS kind, nspname AS schema, '' AS name, 'USAGE' AS privilege, 'the manifest' AS why,
+		has_schema_privilege($2::name, oid, 'USAGE') AS ok, 0 AS ord, pg_get_userbyid(nspowner) AS owner, '' AS args FROM ns
+	UNION ALL
+	SELECT 'TABLE', ns.nspname, c.relname, 'SELECT', 'status, events, exceptions and report', has_table_privilege($2::name, c.oid, 'SELECT'), 1, pg_get_userbyid(c.relowner), ''
+	FROM pg_class c JOIN ns ON c.relnamespace = ns.oid WHERE c.relkind IN ('r', 'p') AND c.relname !~ '^stage_[0-9]+$'
+	UNION ALL
+	SELECT 'FUNCTION', ns.nspname, p.proname, 'EXECUTE', 'the control functions',
+		has_function_privilege($2::name, p.oid, 'EXECUTE'), 2, pg_get_userbyid(p.proowner), oidvectortypes(p.proargtypes)
+	FROM pg_proc p JOIN ns ON p.pronamespace = ns.oid WHERE p.proname IN ('pause', 'resume', 'cancel', 'set_knob'))
+SELECT kind, schema, name, privilege, why, owner, args FROM want WHERE ok IS FALSE
+ORDER BY ord, name, args`
 
 // CheckPrivileges returns a [*PrivilegeError] (wrapping
 // [backfilltype.ErrPrivilege]) listing the privileges on the manifest and
@@ -190,20 +220,55 @@ func (m *Manifest) MissingPrivileges(ctx context.Context, db sqlx.ExtContext) ([
 	return privilegeRows(rows, role), role, nil
 }
 
-// Grants returns the GRANT statements that give role every privilege on
-// the manifest and the database that a role running jobs needs once the
-// SchemaName is migrated ([Manifest.Migrate]): USAGE on the schema; SELECT,
-// INSERT, UPDATE and DELETE on its tables; USAGE on its sequences;
-// TEMPORARY on database. Run them after each migration (ON ALL TABLES
-// covers the tables that exist when it runs). The target's privileges
-// depend on the job (backfill.TargetGrants). Identifiers are quoted.
+// Grants returns the statements that give role, a loader (the role that
+// runs jobs), every privilege on the manifest and the database it needs
+// once the SchemaName is migrated ([Manifest.Migrate]): USAGE on the
+// schema; SELECT, INSERT, UPDATE and DELETE on its tables but the audit
+// log (events) and schema_migrations, which it only reads (a REVOKE
+// takes back what the GRANT on all tables gave); EXECUTE on the functions
+// record_event (the library's events) and library_control (the pause and
+// cancel of [backfill.Runner.PauseOnSignal]); USAGE on its sequences;
+// TEMPORARY on database. A loader does not steer runs: the control
+// functions are an operator's ([Manifest.OperatorGrants]). Run them after
+// each migration (ON ALL TABLES covers the tables that exist when it
+// runs). The target's privileges depend on the job
+// (backfill.TargetGrants). Identifiers are quoted.
 func (m *Manifest) Grants(database, role string) []string {
 	s, r := sqlgen.Ident(m.SchemaName), sqlgen.Ident(role)
 	return []string{
 		fmt.Sprintf("GRANT USAGE ON SCHEMA %s TO %s;", s, r),
 		fmt.Sprintf("GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA %s TO %s;", s, r),
+		fmt.Sprintf("REVOKE INSERT, UPDATE, DELETE, TRUNCATE ON TABLE %s.events, %s.schema_migrations FROM %s;", s, s, r),
+		fmt.Sprintf("GRANT EXECUTE ON FUNCTION %s.record_event(bigint, text, text, text, jsonb), %s.library_control(bigint, text, text) TO %s;", s, s, r),
 		fmt.Sprintf("GRANT USAGE ON ALL SEQUENCES IN SCHEMA %s TO %s;", s, r),
 		fmt.Sprintf("GRANT TEMPORARY ON DATABASE %s TO %s;", sqlgen.Ident(database), r),
+	}
+}
+
+// ControlFunctions are the manifest's control functions an operator role
+// executes, with their argument types: pause, resume, cancel and set_knob,
+// by batch id and by job name.
+var ControlFunctions = []string{
+	"pause(bigint, text, text)", "resume(bigint, text, text)", "cancel(bigint, text, text)",
+	"pause(text, text, text)", "resume(text, text, text)", "cancel(text, text, text)",
+	"set_knob(bigint, text, text, text, text)", "set_knob(text, text, text, text, text)",
+}
+
+// OperatorGrants returns the GRANT statements that make role an operator
+// of the migrated manifest: USAGE on the schema, SELECT on its tables (the
+// read commands: status, events, exceptions, report) and EXECUTE on the
+// control functions ([ControlFunctions]), which run as the manifest's
+// owner. An operator writes no table directly. Identifiers are quoted.
+func (m *Manifest) OperatorGrants(role string) []string {
+	s, r := sqlgen.Ident(m.SchemaName), sqlgen.Ident(role)
+	fns := make([]string, len(ControlFunctions))
+	for i, f := range ControlFunctions {
+		fns[i] = s + "." + f
+	}
+	return []string{
+		fmt.Sprintf("GRANT USAGE ON SCHEMA %s TO %s;", s, r),
+		fmt.Sprintf("GRANT SELECT ON ALL TABLES IN SCHEMA %s TO %s;", s, r),
+		fmt.Sprintf("GRANT EXECUTE ON FUNCTION %s TO %s;", strings.Join(fns, ", "), r),
 	}
 }
 
@@ -307,34 +372,74 @@ func (m *Manifest) Migrate(ctx context.Context, db sqlx.ExtContext) error {
 // statement and the object's owner who can run it; the migration and the
 // effective grants are committed all the same.
 func (m *Manifest) MigrateGrant(ctx context.Context, db sqlx.ExtContext, roles ...string) (backfilltype.MigrateResult, error) {
+	return m.MigrateGrantRoles(ctx, db, roles, nil)
+}
+
+// MigrateGrantRoles is [Manifest.MigrateGrant] with operator roles too: in
+// the same transaction, under the same lock, it creates each of operators
+// that does not exist (CREATE ROLE ... NOLOGIN, which needs CREATEROLE;
+// an existing role is used as it is, listed in Granted as a comment),
+// runs the statements of [Manifest.OperatorGrants] for it and checks
+// them as it checks the loaders' (loaders get [Manifest.Grants]). A login
+// role becomes an operator by membership: GRANT operator TO person.
+func (m *Manifest) MigrateGrantRoles(ctx context.Context, db sqlx.ExtContext, loaders, operators []string) (backfilltype.MigrateResult, error) {
 	var res backfilltype.MigrateResult
 	err := InTx(ctx, db, func(tx sqlx.ExtContext) (err error) {
 		res = backfilltype.MigrateResult{}
-		if res.From, res.To, err = m.migrate(ctx, tx); err != nil || len(roles) == 0 {
+		if res.From, res.To, err = m.migrate(ctx, tx); err != nil || len(loaders)+len(operators) == 0 {
 			return err
 		}
 		var database string
 		if err := sqlx.GetContext(ctx, tx, &database, `SELECT current_database()`); err != nil {
 			return err
 		}
-		for _, role := range roles {
-			for _, q := range m.Grants(database, role) {
+		// grant runs stmts for role and verifies them with the query check.
+		grant := func(role string, stmts []string, check string) error {
+			for _, q := range stmts {
 				if _, err := tx.ExecContext(ctx, q); err != nil {
 					return fmt.Errorf("%s: %w", q, err)
 				}
 			}
 			var rows []pgPrivilegeRow
-			if err := sqlx.SelectContext(ctx, tx, &rows, manifestPrivilegesSQL, m.SchemaName, role); err != nil {
+			if err := sqlx.SelectContext(ctx, tx, &rows, check, m.SchemaName, role); err != nil {
 				return fmt.Errorf("verify the grants to %s: %w", sqlgen.Ident(role), err)
 			}
 			missing := privilegeRows(rows, role)
 			for i, p := range missing {
 				res.NotGranted = append(res.NotGranted, backfilltype.RolePrivilege{Role: role, Privilege: p, Owner: rows[i].Owner})
 			}
-			for _, q := range m.Grants(database, role) {
+			for _, q := range stmts {
 				if !slices.ContainsFunc(missing, func(p backfilltype.Privilege) bool { return grantCovers(q, p) }) {
 					res.Granted = append(res.Granted, q)
 				}
+			}
+			return nil
+		}
+		for _, role := range loaders {
+			if err := grant(role, m.Grants(database, role), manifestPrivilegesSQL); err != nil {
+				return err
+			}
+		}
+		for _, role := range operators {
+			var exists bool
+			if err := sqlx.GetContext(ctx, tx, &exists, `SELECT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = $1)`, role); err != nil {
+				return err
+			}
+			if exists {
+				res.Granted = append(res.Granted, fmt.Sprintf("-- role %s exists: made an operator as it is", sqlgen.Ident(role)))
+			} else {
+				q := fmt.Sprintf("CREATE ROLE %s NOLOGIN;", sqlgen.Ident(role))
+				if _, err := tx.ExecContext(ctx, q); err != nil {
+					var pe *pq.Error
+					if errors.As(err, &pe) && pe.Code == "42501" {
+						return fmt.Errorf("%s: %w: create the operator role first (as a role with CREATEROLE), or name an existing one (%w)", q, backfilltype.ErrPrivilege, err)
+					}
+					return fmt.Errorf("%s: %w", q, err)
+				}
+				res.Granted = append(res.Granted, q)
+			}
+			if err := grant(role, m.OperatorGrants(role), operatorPrivilegesSQL); err != nil {
+				return err
 			}
 		}
 		return nil
@@ -367,6 +472,8 @@ func grantCovers(q string, p backfilltype.Privilege) bool {
 		return strings.Contains(q, " ON ALL TABLES ")
 	case "SEQUENCE":
 		return strings.Contains(q, " ON ALL SEQUENCES ")
+	case "FUNCTION":
+		return strings.Contains(q, " ON FUNCTION ")
 	}
 	return false
 }
