@@ -22,6 +22,9 @@ type eventRow struct {
 	ID    int64  `json:"id"`
 	Kind  string `json:"kind"`
 	Actor string `json:"actor"`
+	// DBRole is the database role of the session that recorded the event
+	// (absent for events recorded before manifest version 23).
+	DBRole string `json:"db_role,omitempty"`
 	// Detail is the event's data as a JSON object (reason, counts, ...).
 	Detail    json.RawMessage `json:"detail"`
 	CreatedAt time.Time       `json:"created_at"`
@@ -39,13 +42,14 @@ func newEventsCmd(g *globals) *cobra.Command {
 		Long: `events shows the audit trail of one run, oldest first: each entry's time
 (UTC), kind (run_started, run_resumed, run_paused, run_completed,
 run_failed, handoff, rollback_started, rollback, gate decisions, ...),
-actor (a worker ID or an operator's name) and detail (a JSON object with
+actor (a worker ID or an operator's name, as given), the database role
+of the session that recorded it (PostgreSQL's session_user) and detail (a JSON object with
 the reason, the counts, ...). Entries are appended, never changed.
 
 Filters: --kind KIND (repeatable), --limit N (the latest N; default 0:
 all).
 
-With --json: {"batch_id", "job", "events": [{"id", "kind", "actor",
+With --json: {"batch_id", "job", "events": [{"id", "kind", "actor", "db_role",
 "detail", "created_at"}]}.`,
 		Example: `  backfill events --job flights
   backfill events --batch 12 --kind rollback --kind run_paused --json`,
@@ -73,7 +77,7 @@ With --json: {"batch_id", "job", "events": [{"id", "kind", "actor",
 				if len(detail) == 0 {
 					detail = json.RawMessage("{}")
 				}
-				res.Events = append(res.Events, eventRow{ID: e.ID, Kind: e.Kind, Actor: e.Actor, Detail: detail, CreatedAt: utcTime(e.CreatedAt)})
+				res.Events = append(res.Events, eventRow{ID: e.ID, Kind: e.Kind, Actor: e.Actor, DBRole: e.DBRole, Detail: detail, CreatedAt: utcTime(e.CreatedAt)})
 			}
 			if limit > 0 && len(res.Events) > limit {
 				res.Events = res.Events[len(res.Events)-limit:]
@@ -85,14 +89,14 @@ With --json: {"batch_id", "job", "events": [{"id", "kind", "actor",
 			if len(res.Events) == 0 {
 				return nil
 			}
-			t := newTable(g.out, "TIME (UTC)", "KIND", "ACTOR", "DETAIL")
+			t := newTable(g.out, "TIME (UTC)", "KIND", "ACTOR", "DB ROLE", "DETAIL")
 			for _, e := range res.Events {
 				var b bytes.Buffer
 				if json.Compact(&b, e.Detail) != nil {
 					b.Reset()
 					b.Write(e.Detail)
 				}
-				t.row(utc(&e.CreatedAt), e.Kind, orDash(e.Actor), clip(b.String(), 120))
+				t.row(utc(&e.CreatedAt), e.Kind, orDash(e.Actor), orDash(e.DBRole), clip(b.String(), 120))
 			}
 			return t.flush()
 		},

@@ -64,8 +64,8 @@ func TestMigrateThenRuntimeRole(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res.From != 0 || res.To != latest || res.Schema != "ops" || len(res.Granted) != 4 {
-		t.Fatalf("migrate --json: %+v, want from 0 to %d with 4 grants", res, latest)
+	if res.From != 0 || res.To != latest || res.Schema != "ops" || len(res.Granted) != 6 {
+		t.Fatalf("migrate --json: %+v, want from 0 to %d with 6 statements", res, latest)
 	}
 	code, out, _ = cli(t, u, "migrate", "--schema", "ops")
 	if code != 0 || !strings.Contains(out, "nothing to migrate") {
@@ -99,6 +99,8 @@ func TestGrants(t *testing.T) {
 	for _, want := range []string{
 		`GRANT USAGE ON SCHEMA "backfill" TO "loader";`,
 		`GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA "backfill" TO "loader";`,
+		`REVOKE INSERT, UPDATE, DELETE, TRUNCATE ON TABLE "backfill".events, "backfill".schema_migrations FROM "loader";`,
+		`GRANT EXECUTE ON FUNCTION "backfill".record_event(bigint, text, text, text, jsonb), "backfill".library_control(bigint, text, text) TO "loader";`,
 		`GRANT TEMPORARY ON DATABASE "`,
 		`GRANT USAGE ON SCHEMA "app" TO "loader";`,
 		`GRANT SELECT, INSERT, DELETE ON TABLE "app"."events" TO "loader";`,
@@ -193,8 +195,8 @@ func TestMigrateGrantVerified(t *testing.T) {
 			t.Errorf("migrate reports %s as granted", g)
 		}
 	}
-	if len(res.Granted) != 3 {
-		t.Errorf("granted %q, want the 3 grants on the schema", res.Granted)
+	if len(res.Granted) != 5 {
+		t.Errorf("granted %q, want the 5 statements on the schema", res.Granted)
 	}
 	want := jsonNotGranted{Role: runtime, Object: `database "` + database + `"`, Privilege: "TEMPORARY", Grant: tempGrant, Owner: dba}
 	if len(res.NotGranted) != 1 || res.NotGranted[0] != want {
@@ -276,8 +278,8 @@ func TestMigrateConcurrent(t *testing.T) {
 		} else if res.From != latest {
 			t.Errorf("migrate: from %d, want 0 or %d", res.From, latest)
 		}
-		if res.To != latest || len(res.Granted) != 4 {
-			t.Errorf("migrate: %+v, want to %d with 4 grants", res, latest)
+		if res.To != latest || len(res.Granted) != 6 {
+			t.Errorf("migrate: %+v, want to %d with 6 statements", res, latest)
 		}
 	}
 	if migrated != 1 {

@@ -30,7 +30,7 @@ type notGranted struct {
 }
 
 func newMigrateCmd(g *globals) *cobra.Command {
-	var roles []string
+	var roles, operators []string
 	cmd := &cobra.Command{
 		Use:   "migrate",
 		Short: "Create or migrate the manifest's schema (an administrator, once per release)",
@@ -45,7 +45,16 @@ lock, and checks that each role has them afterwards: a privilege
 PostgreSQL did not grant (the caller holds it without grant option) is
 reported with its owner, who can grant it, and the exit status is 1.
 Several migrate calls may run at once: one migrates, the others report
-"nothing to migrate".`,
+"nothing to migrate".
+
+With --grant-operator ROLE (repeatable), it makes each role an operator:
+it creates the role NOLOGIN when it does not exist (which needs
+CREATEROLE; an existing role is used as it is) and grants it USAGE on
+the schema, SELECT on its tables (status, events, exceptions, report) and
+EXECUTE on the control functions (pause, resume, cancel, set_knob), which
+run as the manifest's owner; then a person's login role becomes an
+operator with GRANT ROLE TO person. A loader (--grant) may not steer
+runs, nor write the audit log or schema_migrations.`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
@@ -57,7 +66,7 @@ Several migrate calls may run at once: one migrates, the others report
 			// The version is read, the schema migrated and the roles
 			// granted under one lock, in one transaction: what this call
 			// did, even when others run at once.
-			r, err := backfill.NewPGManifest(g.schema).MigrateGrant(ctx, db, roles...)
+			r, err := backfill.NewPGManifest(g.schema).MigrateGrantRoles(ctx, db, roles, operators)
 			if err != nil && len(r.NotGranted) == 0 {
 				return err
 			}
@@ -83,6 +92,7 @@ Several migrate calls may run at once: one migrates, the others report
 			return err
 		},
 	}
-	cmd.Flags().StringArrayVar(&roles, "grant", nil, "grant this runtime role the manifest's privileges after migrating (repeatable)")
+	cmd.Flags().StringArrayVar(&roles, "grant", nil, "grant this runtime role (a loader) the manifest's privileges after migrating (repeatable)")
+	cmd.Flags().StringArrayVar(&operators, "grant-operator", nil, "create (NOLOGIN, if missing) this operator role and grant it the control functions and reads (repeatable)")
 	return cmd
 }

@@ -211,7 +211,7 @@ func TestCLIReadCommands(t *testing.T) {
 	require.Len(t, ev.Events, 1)
 	require.Equal(t, b2, ev.BatchID)
 	out = cliOK(t, u, "events", "--batch", fmt.Sprint(b1))
-	require.Regexp(t, `(?m)^TIME \(UTC\)\s+KIND\s+ACTOR\s+DETAIL$`, out)
+	require.Regexp(t, `(?m)^TIME \(UTC\)\s+KIND\s+ACTOR\s+DB ROLE\s+DETAIL$`, out)
 	require.Regexp(t, `(?m)^\d{4}-\d\d-\d\d \d\d:\d\d:\d\dZ\s+run_started\s`, out)
 }
 
