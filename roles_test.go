@@ -1,0 +1,204 @@
+package backfill_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/jmoiron/sqlx"
+	"github.com/lib/pq"
+	"github.com/pgbackfill/backfill"
+	"github.com/pgbackfill/backfill/internal/pgstore"
+	"github.com/stretchr/testify/require"
+)
+
+// rolesRun is a test database with a migrated manifest, a loader role
+// granted with PGManifest.Grants, and a run of job "items" set back to
+// running (batch).
+func rolesRun(t *testing.T) (r *leastRole, batch int64) {
+	t.Helper()
+	ctx := context.Background()
+	r = newLeastRole(t)
+	s := &itemsSetup{db: r.admin}
+	r.exec(t, `CREATE TABLE items (tenant text NOT NULL, id bigint NOT NULL, name varchar(12), amount numeric(10,2), seen_at timestamptz,
+		backfill_inserted_by bigint, backfill_updated_by bigint, PRIMARY KEY (tenant, id))`)
+	m := backfill.NewPGManifest("")
+	require.NoError(t, m.Init(ctx, r.admin))
+	for _, g := range m.Grants(dbName(t, r.admin), r.name) {
+		r.exec(t, g)
+	}
+	r.exec(t, `GRANT SELECT, INSERT ON items TO {role}`)
+	runner, err := backfill.New(r.admin, nil)
+	require.NoError(t, err)
+	rep, err := runner.Run(ctx, s.job(1))
+	require.NoError(t, err)
+	r.exec(t, `UPDATE backfill.runs SET status = 'running', finished_at = NULL`)
+	return r, rep.BatchID
+}
+
+// controlEvents counts the events the control functions record.
+func controlEvents(t *testing.T, db *sqlx.DB) int {
+	t.Helper()
+	var n int
+	require.NoError(t, db.Get(&n, `SELECT count(*) FROM backfill.events WHERE kind IN ('run_paused', 'run_resumed_by_operator', 'run_cancelled', 'knob_set')`))
+	return n
+}
+
+// TestControlTextCaps: the control functions refuse an actor, reason, job
+// name, knob name or value over its cap, from SQL and from Go, with an
+// error naming the argument, its length and the cap, and record nothing.
+func TestControlTextCaps(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	r, batch := rolesRun(t)
+	const fiftyMiB = 50 << 20
+	for _, c := range []struct{ q, want string }{
+		{`SELECT backfill.pause($1::bigint, 'ann', repeat('x', 52428800))`, "the reason is 52428800 characters long; at most 2000 are accepted"},
+		{`SELECT backfill.cancel($1::bigint, repeat('é', 201), 'why')`, "the actor is 201 characters long; at most 200 are accepted"},
+		{`SELECT backfill.pause(repeat('j', 1001) || $1::text, 'ann', 'why')`, "the job name is 1001 characters long; at most 1000 are accepted"},
+		{`SELECT backfill.set_knob($1::bigint, repeat('k', 201), '1', 'ann', 'why')`, "the knob name is 201 characters long; at most 200 are accepted"},
+		{`SELECT backfill.set_knob($1::bigint, 'concurrency', repeat('1', 101), 'ann', 'why')`, "the knob value is 101 characters long; at most 100 are accepted"},
+		{`SELECT backfill.set_knob($1::bigint, 'concurrency', '2', 'ann', repeat('x', 2001))`, "the reason is 2001 characters long; at most 2000 are accepted"},
+	} {
+		arg := any(batch)
+		if strings.Contains(c.q, "$1::text") {
+			arg = ""
+		}
+		_, err := r.admin.Exec(c.q, arg)
+		require.ErrorContains(t, err, c.want, c.q)
+		var pe *pq.Error
+		require.ErrorAs(t, err, &pe)
+		require.Equal(t, "22023", string(pe.Code))
+		require.Less(t, len(pe.Message), 400, "the message does not repeat the text")
+	}
+	// The caps the functions allow pass.
+	_, err := r.admin.Exec(`SELECT backfill.set_knob($1::bigint, 'concurrency', '2', repeat('a', 200), repeat('x', 2000))`, batch)
+	require.NoError(t, err)
+
+	runner, err := backfill.New(r.admin, nil)
+	require.NoError(t, err)
+	before := controlEvents(t, r.admin)
+	big := strings.Repeat("x", fiftyMiB)
+	err = runner.Pause(ctx, batch, "ann", big)
+	require.ErrorIs(t, err, backfill.ErrInvalidConfig)
+	require.ErrorContains(t, err, "the reason is 52428800 characters long; at most 2000 are accepted")
+	require.Less(t, len(err.Error()), 400)
+	err = runner.Cancel(ctx, batch, strings.Repeat("a", 201), "why")
+	require.ErrorIs(t, err, backfill.ErrInvalidConfig)
+	require.ErrorContains(t, err, "the actor is 201 characters long; at most 200 are accepted")
+	err = runner.SetKnob(ctx, batch, "concurrency", big, "ann", "why")
+	require.ErrorIs(t, err, backfill.ErrInvalidConfig)
+	require.ErrorContains(t, err, "the knob value is 52428800 characters long; at most 100 are accepted")
+	require.Less(t, len(err.Error()), 400)
+	require.Equal(t, before, controlEvents(t, r.admin), "nothing recorded")
+	var st string
+	require.NoError(t, r.admin.Get(&st, `SELECT status FROM backfill.runs WHERE batch_id = $1`, batch))
+	require.Equal(t, "running", st)
+}
+
+// TestLoaderCannotSteerOrForge: a loader (PGManifest.Grants) gets an error
+// naming its role, the EXECUTE privilege on the control function and the
+// --grant-operator fix from Runner.Pause, Cancel and SetKnob; cannot write
+// the audit log or schema_migrations; records the library's events and
+// its signal pause through the library's functions, with its database
+// role beside the actor.
+func TestLoaderCannotSteerOrForge(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	r, batch := rolesRun(t)
+	runner, err := backfill.New(r.db, nil)
+	require.NoError(t, err)
+	for _, c := range []struct {
+		fn string
+		do func() error
+	}{
+		{"pause(bigint, text, text)", func() error { return runner.Pause(ctx, batch, "alice", "why") }},
+		{"cancel(bigint, text, text)", func() error { return runner.Cancel(ctx, batch, "alice", "why") }},
+		{"set_knob(bigint, text, text, text, text)", func() error { return runner.SetKnob(ctx, batch, "concurrency", "1", "alice", "why") }},
+	} {
+		err := c.do()
+		require.ErrorIs(t, err, backfill.ErrPrivilege, c.fn)
+		for _, w := range []string{`role "` + r.name + `" lacks EXECUTE on function "backfill".` + c.fn, "--grant-operator", `GRANT OPERATOR TO "` + r.name + `"`} {
+			require.ErrorContains(t, err, w)
+		}
+	}
+	for _, q := range []string{
+		`INSERT INTO backfill.events (batch_id, job_name, kind, actor) VALUES ($1, 'items', 'run_paused', 'alice')`,
+		`DELETE FROM backfill.schema_migrations WHERE $1::bigint > 0`,
+	} {
+		_, err := r.db.Exec(q, batch)
+		var pe *pq.Error
+		require.ErrorAs(t, err, &pe, q)
+		require.Equal(t, "42501", string(pe.Code), q)
+	}
+	_, err = r.db.Exec(`SELECT backfill.record_event($1, 'items', 'knob_set', 'alice', '{}')`, batch)
+	require.ErrorContains(t, err, "recorded only by the control functions")
+	require.Equal(t, 0, controlEvents(t, r.admin))
+
+	// The library's own pause, as the loader: actor "backfill", the role.
+	_, err = r.db.Exec(`SELECT backfill.library_control($1, 'pause', 'SIGTERM received by pid 1')`, batch)
+	require.NoError(t, err)
+	_, err = r.db.Exec(`SELECT backfill.library_control($1, 'resume', 'no')`, batch)
+	require.ErrorContains(t, err, "an operator resumes")
+	var ev struct {
+		Actor  string `db:"actor"`
+		DBRole string `db:"db_role"`
+	}
+	require.NoError(t, r.admin.Get(&ev, `SELECT actor, db_role FROM backfill.events WHERE kind = 'run_paused'`))
+	require.Equal(t, "backfill", ev.Actor)
+	require.Equal(t, r.name, ev.DBRole)
+	// The run's events recorded as the loader carry its role.
+	var roles []string
+	require.NoError(t, r.admin.Select(&roles, `SELECT DISTINCT db_role FROM backfill.events WHERE batch_id = $1 ORDER BY 1`, batch))
+	require.Contains(t, roles, r.name)
+	require.NoError(t, backfill.NewPGManifest("").CheckPrivileges(ctx, r.db))
+}
+
+// TestMigrateRolesFromVersion22: a manifest at version 22 whose loader was
+// granted DML on every table (the grants of that version) ends, once
+// migrated, as a fresh install granted with PGManifest.Grants: no INSERT,
+// UPDATE or DELETE on events and schema_migrations, EXECUTE on the
+// library's functions, none on the control functions, and the privilege
+// check passes.
+func TestMigrateRolesFromVersion22(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	r := newLeastRole(t)
+	m := backfill.NewPGManifest("")
+	r.exec(t, `CREATE SCHEMA backfill`)
+	r.exec(t, `CREATE TABLE backfill.schema_migrations (version int PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())`)
+	for v := 1; v <= 22; v++ {
+		r.exec(t, m.SQL(pgstore.PgMigrations[v-1]))
+		_, err := r.admin.Exec(`INSERT INTO backfill.schema_migrations (version) VALUES ($1)`, v)
+		require.NoError(t, err)
+	}
+	r.exec(t, `GRANT USAGE ON SCHEMA backfill TO {role}`)
+	r.exec(t, `GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA backfill TO {role}`)
+	r.exec(t, `GRANT USAGE ON ALL SEQUENCES IN SCHEMA backfill TO {role}`)
+	require.NoError(t, m.Migrate(ctx, r.admin))
+	var p struct {
+		EventsWrite bool `db:"events_write"`
+		MigWrite    bool `db:"mig_write"`
+		Record      bool `db:"record"`
+		Library     bool `db:"library"`
+		Pause       bool `db:"pause"`
+		KnobsWrite  bool `db:"knobs_write"`
+	}
+	require.NoError(t, r.admin.Get(&p, `SELECT
+		has_table_privilege($1, 'backfill.events', 'INSERT') OR has_table_privilege($1, 'backfill.events', 'UPDATE') OR has_table_privilege($1, 'backfill.events', 'DELETE') AS events_write,
+		has_table_privilege($1, 'backfill.schema_migrations', 'INSERT') OR has_table_privilege($1, 'backfill.schema_migrations', 'DELETE') AS mig_write,
+		has_function_privilege($1, 'backfill.record_event(bigint, text, text, text, jsonb)', 'EXECUTE') AS record,
+		has_function_privilege($1, 'backfill.library_control(bigint, text, text)', 'EXECUTE') AS library,
+		has_function_privilege($1, 'backfill.pause(bigint, text, text)', 'EXECUTE') AS pause,
+		has_table_privilege($1, 'backfill.knobs', 'INSERT') AS knobs_write`, r.name))
+	require.Equal(t, struct {
+		EventsWrite bool `db:"events_write"`
+		MigWrite    bool `db:"mig_write"`
+		Record      bool `db:"record"`
+		Library     bool `db:"library"`
+		Pause       bool `db:"pause"`
+		KnobsWrite  bool `db:"knobs_write"`
+	}{Record: true, Library: true, KnobsWrite: true}, p)
+	r.exec(t, `GRANT TEMPORARY ON DATABASE "`+dbName(t, r.admin)+`" TO {role}`)
+	require.NoError(t, m.CheckPrivileges(ctx, r.db))
+}
