@@ -431,7 +431,12 @@ func (r *Runner) schemaName() string {
 // error wrapping [ErrInvalidConfig]). A run that is not running or failed
 // gives an error wrapping [ErrRunStatus], an unknown batch
 // [ErrRunNotFound]. It returns [ErrUnsupported] when the manifest has no
-// control plane ([PGManifest] has one).
+// control plane ([PGManifest] has one). The Runner's role must be an
+// operator's ("backfill migrate --grant-operator", [PGManifest.OperatorGrants]),
+// else the error wraps [ErrPrivilege], naming the role, the function and
+// that fix; an actor over 200 characters or a why over 2000 is refused
+// before the call ([ErrInvalidConfig], naming the cap and the length).
+// Cancel and SetKnob are alike.
 func (r *Runner) Pause(ctx context.Context, batchID int64, actor, why string) error {
 	cm, err := r.controlPlane("pause")
 	if err != nil {

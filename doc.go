@@ -93,6 +93,25 @@ changes anything; a missing one is a [*PrivilegeError] listing them all
 with the GRANT statements to run. An Upsert by a role without UPDATE runs
 insert-only. See the README's "Deploying".
 
+Three roles share a manifest. The owner migrates it ("backfill migrate")
+and owns its tables and its control functions (pause, resume, cancel,
+set_knob), which run as the owner (SECURITY DEFINER) and which PUBLIC may
+not execute. A loader, granted with "backfill migrate --grant ROLE"
+([PGManifest.Grants]), runs jobs: DML on the manifest's tables but the
+audit log (events) and schema_migrations, which it only reads; it
+appends the library's events through the function record_event and
+[Runner.PauseOnSignal] pauses through library_control (actor "backfill").
+An operator, made with "backfill migrate --grant-operator ROLE"
+([PGManifest.OperatorGrants]: created NOLOGIN when missing; people are
+members of it), executes the control functions and reads the manifest.
+[Runner.Pause], [Runner.Cancel] and [Runner.SetKnob] by a role that is no
+operator return an error wrapping [ErrPrivilege] naming the role, the
+function and that fix. Each event records the session's database role
+(Event.DBRole) beside the actor given. The control functions refuse an
+actor over 200 characters, a reason over 2000, a job name over 1000, a
+knob name over 200 and a knob value over 100, with an error naming the
+cap and the length ([ErrInvalidConfig] from Go, checked before the call).
+
 # Isolation levels and conflicts
 
 Every transaction the library begins is READ COMMITTED, whatever the

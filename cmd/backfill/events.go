@@ -43,8 +43,8 @@ func newEventsCmd(g *globals) *cobra.Command {
 (UTC), kind (run_started, run_resumed, run_paused, run_completed,
 run_failed, handoff, rollback_started, rollback, gate decisions, ...),
 actor (a worker ID or an operator's name, as given), the database role
-of the session that recorded it (PostgreSQL's session_user) and detail (a JSON object with
-the reason, the counts, ...). Entries are appended, never changed.
+of the session that recorded it (PostgreSQL's session_user) and detail
+(a JSON object with the reason, the counts, ...). Entries are appended, never changed.
 
 Filters: --kind KIND (repeatable), --limit N (the latest N; default 0:
 all).
