@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"database/sql"
+	"encoding/csv"
 	"fmt"
 	"strings"
 	"testing"
@@ -59,4 +60,63 @@ func TestCLIExceptionValues(t *testing.T) {
 	require.NotContains(t, out, "0x")
 	out = cliOK(t, u, "report", "--batch", fmt.Sprint(rep.BatchID))
 	require.False(t, strings.Contains(out, "0x"), "report: %s", out)
+}
+
+// TestCLIExceptionsCSVFormulas: exceptions --csv neutralises the cells a
+// spreadsheet would run as formulas (OWASP): a value or reason that
+// begins with =, +, -, @, a tab or a carriage return is written with a
+// single quote before it, every field is quoted, and --json keeps the
+// values as stored.
+func TestCLIExceptionsCSVFormulas(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	u := pgtest.NewURL(t)
+	db := sqlx.MustOpen("postgres", u)
+	t.Cleanup(func() { _ = db.Close() })
+	db.MustExec(`CREATE TABLE formulas (id bigint PRIMARY KEY, n boolean)`)
+	values := []string{`=HYPERLINK("http://x","y")`, `+1`, `-2+3`, `@SUM(A1)`, "\t=1+1", "\r=1+1", `plain`}
+	r, err := backfill.New(db, nil)
+	require.NoError(t, err)
+	rep, err := r.Run(ctx, backfill.Job{Name: "formulas", Chunker: backfill.List("all"), MaxRunRejectRate: -1, Rollback: backfill.RollbackNone,
+		Target: backfill.Target{Table: "formulas", Key: []string{"id"}},
+		Extractor: backfill.ExtractorFunc(func(ctx context.Context, c backfill.Chunk, w backfill.RowWriter) error {
+			for i, v := range values {
+				if err := w.Write(ctx, int64(i), v); err != nil {
+					return err
+				}
+			}
+			if err := w.Write(ctx, int64(100), true); err != nil {
+				return err
+			}
+			return w.Reject(ctx, map[string]any{"x": 1}, "n", `=cmd|' /C calc'!A0`)
+		})})
+	require.NoError(t, err)
+	require.Equal(t, int64(len(values)+1), rep.Counts.Rejected)
+
+	out := cliOK(t, u, "exceptions", "--batch", fmt.Sprint(rep.BatchID), "--csv", "--limit", "0")
+	recs, err := csv.NewReader(strings.NewReader(out)).ReadAll()
+	require.NoError(t, err, out)
+	require.Len(t, recs, 1+len(values)+1)
+	for i, v := range values {
+		want := v
+		if v != "plain" {
+			want = "'" + v
+		}
+		require.Equal(t, want, recs[i+1][5], "value of record %d", i+1)
+	}
+	require.Equal(t, `'=cmd|' /C calc'!A0`, recs[len(values)+1][3], "reason")
+	for _, line := range strings.Split(strings.TrimSuffix(out, "\n"), "\n") {
+		require.True(t, strings.HasPrefix(line, `"`) && strings.HasSuffix(line, `"`), "every field quoted: %q", line)
+	}
+	require.Contains(t, out, `"'=HYPERLINK(""http://x"",""y"")"`)
+
+	var res exceptionsResult
+	cliJSON(t, u, &res, "exceptions", "--batch", fmt.Sprint(rep.BatchID), "--limit", "0")
+	got := map[string]bool{}
+	for _, e := range res.Exceptions {
+		got[e.Value] = true
+	}
+	for _, v := range values {
+		require.True(t, got[v], "--json keeps %q as stored: %v", v, got)
+	}
 }
