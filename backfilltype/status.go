@@ -102,6 +102,23 @@ type Status struct {
 	// Exceptions counts the exception queue by reason and column, most
 	// frequent first.
 	Exceptions []ExceptionCount `json:"exceptions"`
+	// ThrottleWarnings lists the run's throttle signals that guard
+	// nothing (backfillthrottle.Observer: a replica lag signal on a server
+	// with no replica), by signal name: each signal whose latest
+	// [EventSignalInert] is not followed by an [EventSignalObserves].
+	// Empty when every signal observes what it guards.
+	ThrottleWarnings []ThrottleWarning `json:"throttle_warnings,omitempty"`
+}
+
+// ThrottleWarning is a throttle signal that guards nothing
+// ([Status.ThrottleWarnings]).
+type ThrottleWarning struct {
+	// Signal is the signal's name (backfillthrottle.Signal.Name).
+	Signal string `json:"signal"`
+	// Why says what the signal cannot observe and what to do.
+	Why string `json:"why"`
+	// Since is when a worker found it (the server's time).
+	Since time.Time `json:"since"`
 }
 
 // StatusChunks counts a run's chunks by [ChunkStatus].
@@ -185,6 +202,9 @@ func (s Status) ETA() (eta time.Duration, ok bool) {
 //	rows read 1200000: inserted 1100000, updated 0, unchanged 90000, rejected 10000, deduplicated 0
 //	rate 5210 rows/s recent, 4800 overall (per working second), 3300 wall
 //	ETA 12m0s at 5210 rows/s (the recent working rate); of 20m0s so far 30% throttled, 0% paused, 1% idle
+//
+// then a line per throttle warning, the chunks in flight and the
+// exceptions by reason.
 func (s Status) String() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "job %s batch %d: %s (%s, %d live workers)\n", oneLine(s.Job), s.BatchID, s.Status, s.Liveness, s.LiveWorkers)
@@ -230,6 +250,9 @@ func (s Status) String() string {
 	}
 	fmt.Fprintf(&b, "%s; of %s so far %.0f%% throttled, %.0f%% paused, %.0f%% idle",
 		eta, (time.Duration(t.TotalSeconds * float64(time.Second))).Round(time.Second), pct(t.ThrottledSeconds), pct(t.PausedSeconds), pct(t.IdleSeconds))
+	for _, w := range s.ThrottleWarnings {
+		fmt.Fprintf(&b, "\nwarning: throttle signal %s guards nothing since %s: %s", oneLine(w.Signal), w.Since.UTC().Format("2006-01-02 15:04:05Z"), oneLine(w.Why))
+	}
 	if n := len(s.InFlight); n > 0 {
 		b.WriteString("\nin flight:")
 		for _, f := range s.InFlight {
