@@ -126,3 +126,48 @@ func TestThrottleSignalWarningClears(t *testing.T) {
 	require.Equal(t, want, signalEvents(t, db, rep.BatchID))
 	require.Equal(t, []string{"autovacuum"}, guardsNothingLogs(t, logs.String()), "no second warning")
 }
+
+// TestBuiltinSignalsObserve: what each built-in signal answers on the
+// tests' server (no replica, archive_mode off) for a superuser and for a
+// role without pg_read_all_stats; a custom SQL signal always observes.
+func TestBuiltinSignalsObserve(t *testing.T) {
+	t.Parallel()
+	db := liveDB(t)
+	ctx := t.Context()
+	scope := backfillthrottle.SignalScope{BatchID: 1, Table: `"public"."live"`}
+	var archiveMode string
+	require.NoError(t, db.Get(&archiveMode, `SELECT current_setting('archive_mode')`))
+	ask := func(ex sqlx.ExtContext, s backfillthrottle.Signal, sc backfillthrottle.SignalScope) string {
+		t.Helper()
+		ok, why, err := s.(backfillthrottle.Observer).Observes(ctx, ex, sc)
+		require.NoError(t, err, s.Name())
+		require.Equal(t, ok, why == "", "%s: ok %v why %q", s.Name(), ok, why)
+		return why
+	}
+	require.Contains(t, ask(db, backfillthrottle.ReplicaLagSignal(), scope), "the server has no replicas")
+	if archiveMode == "off" {
+		require.Contains(t, ask(db, backfillthrottle.ArchiveBacklogSignal(), scope), "archive_mode is off")
+	}
+	require.Empty(t, ask(db, backfillthrottle.AutovacuumSignal(""), scope))
+	require.Contains(t, ask(db, backfillthrottle.AutovacuumSignal("public.nope"), scope), `table "public"."nope" does not exist`)
+	require.Empty(t, ask(db, backfillthrottle.LockWaitersSignal(), scope))
+	require.Empty(t, ask(db, backfillthrottle.SQLSignal("custom", `SELECT 1`), scope))
+	_, isObserver := backfillthrottle.WALRateSignal().(backfillthrottle.Observer)
+	require.False(t, isObserver, "the WAL rate observes wherever it reads")
+
+	// A role without pg_read_all_stats (the tests' server is shared: the
+	// role is named after the database, lower case letters, digits and
+	// underscores, which need no quotes).
+	var role string
+	require.NoError(t, db.Get(&role, `SELECT current_database() || '_nostats'`))
+	_, err := db.Exec(`CREATE ROLE ` + role)
+	require.NoError(t, err)
+	t.Cleanup(func() { _, _ = db.Exec(`DROP ROLE ` + role) })
+	tx, err := db.Beginx()
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback() }()
+	_, err = tx.Exec(`SET LOCAL ROLE ` + role)
+	require.NoError(t, err)
+	require.Contains(t, ask(tx, backfillthrottle.LockWaitersSignal(), scope), "GRANT pg_monitor TO "+role)
+	require.Contains(t, ask(tx, backfillthrottle.AutovacuumSignal(""), scope), "GRANT pg_monitor TO "+role)
+}
