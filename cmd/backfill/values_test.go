@@ -120,3 +120,35 @@ func TestCLIExceptionsCSVFormulas(t *testing.T) {
 		require.True(t, got[v], "--json keeps %q as stored: %v", v, got)
 	}
 }
+
+// TestCLILongTexts: the human output of status, events and exceptions
+// shows the head of a huge stored text (a 50 MiB pause reason, a 1 MiB
+// actor, event detail and exception value) and its full length, in a
+// few kilobytes; --json gives the texts whole.
+func TestCLILongTexts(t *testing.T) {
+	t.Parallel()
+	u, db, b1, _ := loadFares(t)
+	db.MustExec(`UPDATE backfill.runs SET status = 'paused', last_error = repeat('R', 50 << 20) WHERE batch_id = $1`, b1)
+	db.MustExec(`INSERT INTO backfill.events (batch_id, job_name, kind, actor, detail)
+		VALUES ($1, 'fares', 'note', repeat('A', 1 << 20), jsonb_build_object('why', repeat('W', 1 << 20)))`, b1)
+	db.MustExec(`UPDATE backfill.exceptions SET value = repeat('V', 1 << 20) WHERE batch_id = $1`, b1)
+	batch := fmt.Sprint(b1)
+
+	out := cliOK(t, u, "status", "--batch", batch)
+	require.Less(t, len(out), 16<<10, "status: %d bytes", len(out))
+	require.Regexp(t, `RRRR … \(52,428,\d{3} characters in all; [^)]*\) … [^\n]*backfill resume --batch `+batch+` --why WHY`, out, "the reason's head and length, then what to do")
+	out = cliOK(t, u, "events", "--batch", batch)
+	require.Less(t, len(out), 16<<10, "events: %d bytes", len(out))
+	require.Contains(t, out, "AAAA … (1,048,576 characters)")
+	require.Contains(t, out, "WWWW … (1,048,586 characters)") // {"why":"W...W"}
+	out = cliOK(t, u, "exceptions", "--batch", batch)
+	require.Less(t, len(out), 16<<10, "exceptions: %d bytes", len(out))
+	require.Contains(t, out, "VVVV … (1,048,576 characters)")
+
+	var st backfill.Status
+	cliJSON(t, u, &st, "status", "--batch", batch)
+	require.Greater(t, len(st.Waiting), 50<<20, "--json keeps the reason whole")
+	var ex exceptionsResult
+	cliJSON(t, u, &ex, "exceptions", "--batch", batch)
+	require.Len(t, ex.Exceptions[0].Value, 1<<20)
+}

@@ -59,3 +59,32 @@ func Thousands(n int64) string {
 	}
 	return b.String()
 }
+
+// ClipMiddle returns s when it has at most head+tail characters;
+// otherwise its first head characters, " … (N characters in all; more)
+// … ", and its last tail characters: for a text whose end matters too (a
+// reason followed by what to do about it).
+func ClipMiddle(s string, head, tail int, more string) string {
+	if len(s) <= head+tail {
+		return s
+	}
+	total := utf8.RuneCountInString(s)
+	if total <= head+tail {
+		return s
+	}
+	h := 0
+	for i := 0; i < head; i++ {
+		_, size := utf8.DecodeRuneInString(s[h:])
+		h += size
+	}
+	t := len(s)
+	for i := 0; i < tail; i++ {
+		_, size := utf8.DecodeLastRuneInString(s[:t])
+		t -= size
+	}
+	note := " … (" + Thousands(int64(total)) + " characters in all"
+	if more != "" {
+		note += "; " + more
+	}
+	return s[:h] + note + ") … " + s[t:]
+}

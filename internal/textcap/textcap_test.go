@@ -36,3 +36,15 @@ func TestThousands(t *testing.T) {
 		}
 	}
 }
+
+func TestClipMiddle(t *testing.T) {
+	if got := ClipMiddle("abcdef", 3, 3, "x"); got != "abcdef" {
+		t.Errorf("ClipMiddle = %q", got)
+	}
+	if got, want := ClipMiddle("abcdéfgh", 2, 3, "see JSON"), "ab … (8 characters in all; see JSON) … fgh"; got != want {
+		t.Errorf("ClipMiddle = %q, want %q", got, want)
+	}
+	if got := ClipMiddle("ééééé", 1, 1, ""); got != "é … (5 characters in all) … é" {
+		t.Errorf("ClipMiddle = %q", got)
+	}
+}
