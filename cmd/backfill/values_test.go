@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgbackfill/backfill"
+	"github.com/pgbackfill/backfill/backfillthrottle"
 	"github.com/pgbackfill/backfill/internal/pgtest"
 )
 
@@ -151,4 +152,30 @@ func TestCLILongTexts(t *testing.T) {
 	var ex exceptionsResult
 	cliJSON(t, u, &ex, "exceptions", "--batch", batch)
 	require.Len(t, ex.Exceptions[0].Value, 1<<20)
+}
+
+// TestCLIStatusThrottleWarning: backfill status shows a throttle signal
+// that guards nothing (a replica lag signal on the tests' server, which
+// has no replica), and --json lists it.
+func TestCLIStatusThrottleWarning(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	u := pgtest.NewURL(t)
+	db := sqlx.MustOpen("postgres", u)
+	t.Cleanup(func() { _ = db.Close() })
+	db.MustExec(`CREATE TABLE lagged (id bigint PRIMARY KEY)`)
+	r, err := backfill.New(db, &backfill.Config{Throttles: []backfillthrottle.Throttle{{Signal: backfillthrottle.ReplicaLagSignal(), High: 10}}})
+	require.NoError(t, err)
+	rep, err := r.Run(ctx, backfill.Job{Name: "lagged", Chunker: backfill.List("all"), Rollback: backfill.RollbackNone,
+		Target: backfill.Target{Table: "lagged", Key: []string{"id"}},
+		Extractor: backfill.ExtractorFunc(func(ctx context.Context, c backfill.Chunk, w backfill.RowWriter) error {
+			return w.Write(ctx, int64(1))
+		})})
+	require.NoError(t, err)
+	out := cliOK(t, u, "status", "--batch", fmt.Sprint(rep.BatchID))
+	require.Regexp(t, `(?m)^warning: throttle signal replica_lag guards nothing since \S+ \S+: the server has no replicas`, out)
+	var st backfill.Status
+	cliJSON(t, u, &st, "status", "--batch", fmt.Sprint(rep.BatchID))
+	require.Len(t, st.ThrottleWarnings, 1)
+	require.Equal(t, "replica_lag", st.ThrottleWarnings[0].Signal)
 }
