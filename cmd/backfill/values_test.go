@@ -136,13 +136,16 @@ func TestCLILongTexts(t *testing.T) {
 	batch := fmt.Sprint(b1)
 
 	out := cliOK(t, u, "status", "--batch", batch)
+	t.Logf("status: %d bytes", len(out))
 	require.Less(t, len(out), 16<<10, "status: %d bytes", len(out))
 	require.Regexp(t, `RRRR … \(52,428,\d{3} characters in all; [^)]*\) … [^\n]*backfill resume --batch `+batch+` --why WHY`, out, "the reason's head and length, then what to do")
 	out = cliOK(t, u, "events", "--batch", batch)
+	t.Logf("events: %d bytes", len(out))
 	require.Less(t, len(out), 16<<10, "events: %d bytes", len(out))
 	require.Contains(t, out, "AAAA … (1,048,576 characters)")
 	require.Contains(t, out, "WWWW … (1,048,586 characters)") // {"why":"W...W"}
 	out = cliOK(t, u, "exceptions", "--batch", batch)
+	t.Logf("exceptions: %d bytes", len(out))
 	require.Less(t, len(out), 16<<10, "exceptions: %d bytes", len(out))
 	require.Contains(t, out, "VVVV … (1,048,576 characters)")
 
