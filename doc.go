@@ -365,6 +365,15 @@ and schedule windows ([backfillthrottle.ParseSchedule], [backfillthrottle.Schedu
 saving time by the zone's rules). A [backfillthrottle.Signal] is a small
 interface: any Go code can be one.
 
+A signal that implements [backfillthrottle.Observer] says when it guards
+nothing (a replica lag signal on a server with no replica reads 0
+forever): each call of [Runner.Run] asks it when it starts and every
+[backfillthrottle.ObserveInterval], logs a WARN naming the signal and why
+when the answer is new, records it in the audit trail
+([backfilltype.EventSignalInert]) and [Status] lists it
+(ThrottleWarnings; "backfill status" shows it) until a call finds it
+observing again.
+
 Caps for the whole job, whatever number of processes run it:
 [Config.RowsPerSecond] (each call takes the cap divided by the run's live
 workers, re-read every interval; a token bucket of golang.org/x/time/rate

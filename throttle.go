@@ -43,6 +43,11 @@ type throttler struct {
 	pace     *pacer.Pacer // nil without Config.RowsPerSecond and without an adaptive throttle
 	share    float64      // this call's share of Config.RowsPerSecond (0: no cap)
 	ceiling  float64      // without a cap: the adaptive throttles' ceiling (rows/s), set at the first cut
+	// observed is what each state's signal last answered to
+	// backfillthrottle.Observer (the monitor goroutine's alone);
+	// observedAt when the signals were last asked.
+	observed   []observation
+	observedAt time.Time
 
 	mu      sync.Mutex
 	held    int           // how many states hold
@@ -65,6 +70,7 @@ func (ex *execution) startThrottle(ctx context.Context) {
 	}
 	ex.throttle = t
 	mctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	t.observe(mctx)
 	t.check(mctx)
 	var wg sync.WaitGroup
 	wg.Add(1)
@@ -91,6 +97,7 @@ func newThrottler(ex *execution) *throttler {
 		t.states = append(t.states, &hysteresis.State{Throttle: th, ConfigHigh: th.High, ConfigLow: th.Low})
 	}
 	t.periods = make([]int64, len(t.states))
+	t.observed = make([]observation, len(t.states))
 	switch {
 	case cfg.RowsPerSecond > 0:
 		t.share = cfg.RowsPerSecond
@@ -117,7 +124,75 @@ func (t *throttler) monitor(ctx, mctx context.Context, poke <-chan struct{}) {
 		case <-tk.C:
 		case <-poke:
 		}
+		if t.now().Sub(t.observedAt) >= backfillthrottle.ObserveInterval {
+			t.observe(mctx)
+		}
 		t.check(mctx)
+	}
+}
+
+// observation is what a signal answered to backfillthrottle.Observer.
+type observation struct {
+	known, inert bool
+	why          string
+}
+
+// observeTimeout bounds one signal's answer to Observes.
+const observeTimeout = 5 * time.Second
+
+// observe asks each signal that implements backfillthrottle.Observer
+// whether it observes what it guards. An answer that it guards nothing is
+// logged at WARN when it is new (the first, or a change); every change of
+// answer, the first included, is recorded in the run's audit trail
+// (pgstore.SignalNoter, which records only what the trail does not say
+// already), which Status reads back as the run's throttle warnings. A
+// signal that cannot answer keeps its last answer.
+func (t *throttler) observe(ctx context.Context) {
+	ex := t.ex
+	t.observedAt = t.now()
+	if ex.stopped() {
+		return
+	}
+	scope := backfillthrottle.SignalScope{BatchID: ex.batchID, Table: pgstore.QuotedTable(ex.base)}
+	for i, h := range t.states {
+		o, ok := h.Throttle.Signal.(backfillthrottle.Observer)
+		if !ok {
+			continue
+		}
+		name := o.Name()
+		octx, cancel := context.WithTimeout(ctx, max(t.interval, observeTimeout))
+		observes, why, err := o.Observes(octx, ex.r.db, scope)
+		cancel()
+		if err != nil {
+			ex.log.Debug("backfill: throttle: whether the signal observes what it guards is unknown; asked again later", "signal", name, "error", err)
+			continue
+		}
+		now := observation{known: true, inert: !observes, why: why}
+		if observes {
+			now.why = ""
+		}
+		prev := t.observed[i]
+		if prev == now {
+			continue
+		}
+		t.observed[i] = now
+		switch {
+		case now.inert:
+			ex.log.Warn("backfill: throttle signal guards nothing: its throttle never holds for what it should watch", "signal", name, "why", why,
+				"job", ex.job.Name, "batch", ex.batchID)
+		case prev.inert:
+			ex.log.Info("backfill: throttle signal observes what it guards again", "signal", name, "job", ex.job.Name, "batch", ex.batchID)
+		}
+		// A first answer that the signal observes is recorded too: it
+		// clears the warning an earlier call of the run left (the
+		// manifest records nothing for a signal never found inert).
+		if n, ok := ex.r.cfg.Manifest.(pgstore.SignalNoter); ok {
+			err := n.NoteSignal(ctx, ex.r.db, pgstore.SignalNote{BatchID: ex.batchID, Job: ex.job.Name, Worker: ex.r.cfg.WorkerID,
+				Signal: name, Inert: now.inert, Why: now.why})
+			if err != nil {
+				ex.log.Warn("backfill: throttle: whether the signal observes what it guards was not recorded; Status will not show it", "signal", name, "error", err)
+			}
+		}
 	}
 }
 

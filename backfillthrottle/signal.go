@@ -65,13 +65,80 @@ type SignalScope struct {
 	WorkerKeys []string
 }
 
+// Observer is a [Signal] that can tell whether it observes what it
+// guards: a [ReplicaLagSignal] on a server with no replica reads 0 forever,
+// and its throttle never holds. Every call of backfill.Runner.Run asks
+// each of its throttles' signals that implements Observer when the call
+// starts, then every [ObserveInterval]. A signal that guards nothing is
+// logged at WARN (once, and again only when the answer changes), recorded
+// in the run's audit trail (event backfilltype.EventSignalInert, and
+// backfilltype.EventSignalObserves when it observes again) and shown by
+// backfill.Runner.Status (backfilltype.Status.ThrottleWarnings) and by
+// "backfill status". The throttle keeps reading the signal as usual.
+//
+// The built-in signals that implement it: [ReplicaLagSignal] (no replica,
+// or a role that cannot see the replicas' lag), [ArchiveBacklogSignal]
+// (archive_mode off), [AutovacuumSignal] (autovacuum off for the server or
+// the table, no such table, or a role that cannot see autovacuum's
+// progress) and [LockWaitersSignal] (a role that cannot see the waits of
+// other roles' sessions).
+type Observer interface {
+	Signal
+	// Observes reports whether the signal can observe what it guards on
+	// db, the Runner's database (run bind parameters in a transaction, as
+	// Read does). ok false comes with why: a sentence for an operator
+	// naming what is missing and what to do. A non-nil err means the
+	// question could not be answered (it is logged at DEBUG and asked
+	// again after ObserveInterval); ok and why are then ignored.
+	Observes(ctx context.Context, db sqlx.ExtContext, scope SignalScope) (ok bool, why string, err error)
+}
+
+// ObserveInterval is how often a call of backfill.Runner.Run asks its
+// [Observer] signals again whether they observe what they guard (a
+// replica attached since the call started clears the warning), besides
+// once when the call starts.
+const ObserveInterval = time.Minute
+
 type sqlSignal struct {
 	SignalName string `json:"-" db:"-"`
 	query      string
 	args       func(SignalScope) []any
+	// observe, when not "", is a query run with observeArgs that returns
+	// why the signal guards nothing, or '' (or no row) when it observes.
+	observe     string
+	observeArgs func(SignalScope) []any
 }
 
 func (s sqlSignal) Name() string { return s.SignalName }
+
+// Observes implements [Observer]; a signal without an observe query
+// observes.
+func (s sqlSignal) Observes(ctx context.Context, db sqlx.ExtContext, scope SignalScope) (bool, string, error) {
+	if s.observe == "" {
+		return true, "", nil
+	}
+	var args []any
+	if s.observeArgs != nil {
+		args = s.observeArgs(scope)
+	}
+	var why []string
+	err := pgstore.ReadTx(ctx, db, func(tx sqlx.ExtContext) error {
+		why = why[:0]
+		return sqlx.SelectContext(ctx, tx, &why, s.observe, args...)
+	})
+	if err != nil {
+		return false, "", fmt.Errorf("backfill: signal %s: whether it observes what it guards: %w", s.SignalName, err)
+	}
+	if len(why) == 0 || why[0] == "" {
+		return true, "", nil
+	}
+	return false, why[0], nil
+}
+
+// readAllStatsSQL is true when the session's role sees the statistics of
+// every session (pg_read_all_stats, a member of pg_monitor, or a
+// superuser).
+const readAllStatsSQL = `pg_has_role(current_user, 'pg_read_all_stats', 'USAGE')`
 
 func (s sqlSignal) Read(ctx context.Context, db sqlx.ExtContext, scope SignalScope) (float64, error) {
 	var args []any
@@ -139,16 +206,31 @@ func scanNumber(ctx context.Context, db sqlx.ExtContext, query string, args ...a
 // seconds: the largest replay_lag of pg_stat_replication (0 without
 // replicas). The role needs pg_monitor (or pg_read_all_stats) to see the
 // lag of replicas it did not connect. Name "replica_lag".
+//
+// It guards nothing ([Observer]) on a server with no replica
+// (pg_stat_replication empty), and for a role without pg_read_all_stats
+// that sees none of the replicas' state.
 func ReplicaLagSignal() Signal {
-	return sqlSignal{SignalName: "replica_lag", query: `SELECT coalesce(max(extract(epoch FROM replay_lag)), 0)::float8 FROM pg_stat_replication`}
+	return sqlSignal{SignalName: "replica_lag", query: `SELECT coalesce(max(extract(epoch FROM replay_lag)), 0)::float8 FROM pg_stat_replication`,
+		observe: `SELECT CASE
+			WHEN NOT EXISTS (SELECT FROM pg_stat_replication) THEN
+				'the server has no replicas (pg_stat_replication is empty), so replica_lag reads 0 and its throttle never holds'
+				|| CASE WHEN pg_is_in_recovery() THEN ' (it is a standby: run the backfill against the primary)'
+					ELSE '; attach the replicas it should guard, or drop the throttle' END
+			WHEN NOT ` + readAllStatsSQL + ` AND NOT EXISTS (SELECT FROM pg_stat_replication WHERE state IS NOT NULL) THEN
+				format('role %I cannot see the replicas'' lag (pg_stat_replication shows it only to pg_read_all_stats), so replica_lag reads 0; GRANT pg_monitor TO %I', current_user, current_user)
+			ELSE '' END`}
 }
 
 // ArchiveBacklogSignal is the number of WAL segments written but not yet
 // archived (pg_stat_archiver; 0 with archive_mode off or nothing
 // archived yet). Name "archive_backlog". Reading pg_current_wal_lsn
-// needs a primary.
+// needs a primary. It guards nothing ([Observer]) with archive_mode off.
 func ArchiveBacklogSignal() Signal {
-	return sqlSignal{SignalName: "archive_backlog", query: `
+	return sqlSignal{SignalName: "archive_backlog",
+		observe: `SELECT CASE WHEN current_setting('archive_mode') = 'off' THEN
+			'archive_mode is off, so archive_backlog reads 0 and its throttle never holds; turn archiving on, or drop the throttle' ELSE '' END`,
+		query: `
 		SELECT CASE WHEN current_setting('archive_mode') = 'off' OR a.last_archived_wal IS NULL
 			OR length(a.last_archived_wal) <> 24 OR a.last_archived_wal !~ '^[0-9A-F]{24}$' THEN 0
 		ELSE greatest(0,
@@ -200,17 +282,31 @@ func (w *walRate) Read(ctx context.Context, db sqlx.ExtContext, _ SignalScope) (
 // target table (pg_stat_progress_vacuum joined to pg_stat_activity's
 // autovacuum workers), or table when it is not "" (a possibly
 // schema-qualified name, quoted as [backfilltype.Target.Table] is). Name
-// "autovacuum". Hold at High 1 to leave the table to autovacuum.
+// "autovacuum". Hold at High 1 to leave the table to autovacuum. It
+// guards nothing ([Observer]) when autovacuum is off (for the server, or
+// the table's autovacuum_enabled), when the table does not exist, and for
+// a role without pg_read_all_stats, which does not see which table an
+// autovacuum worker processes.
 func AutovacuumSignal(table string) Signal {
-	return sqlSignal{SignalName: "autovacuum", query: `SELECT count(*)::float8 FROM pg_stat_progress_vacuum p
+	args := func(s SignalScope) []any {
+		if table != "" {
+			return []any{pgstore.QuotedTable(table)}
+		}
+		return []any{s.Table}
+	}
+	return sqlSignal{SignalName: "autovacuum", args: args, observeArgs: args, query: `SELECT count(*)::float8 FROM pg_stat_progress_vacuum p
 			JOIN pg_stat_activity a ON a.pid = p.pid
 			WHERE p.relid = to_regclass($1) AND a.backend_type = 'autovacuum worker'`,
-		args: func(s SignalScope) []any {
-			if table != "" {
-				return []any{pgstore.QuotedTable(table)}
-			}
-			return []any{s.Table}
-		}}
+		observe: `SELECT CASE
+			WHEN NOT current_setting('autovacuum')::bool THEN
+				'autovacuum is off on the server, so the autovacuum signal reads 0 and its throttle never holds; drop the throttle'
+			WHEN to_regclass($1::text) IS NULL THEN
+				format('table %s does not exist, so the autovacuum signal reads 0 and its throttle never holds; name the table the backfill writes', $1)
+			WHEN EXISTS (SELECT FROM pg_class c WHERE c.oid = to_regclass($1) AND 'autovacuum_enabled=false' = ANY (c.reloptions)) THEN
+				format('autovacuum is off for table %s (autovacuum_enabled = false), so the autovacuum signal reads 0 and its throttle never holds; drop the throttle', $1)
+			WHEN NOT ` + readAllStatsSQL + ` THEN
+				format('role %I cannot see which table an autovacuum worker processes (pg_stat_progress_vacuum shows it only to pg_read_all_stats), so the autovacuum signal reads 0; GRANT pg_monitor TO %I', current_user, current_user)
+			ELSE '' END`}
 }
 
 // LockWaitersSignal is the number of sessions, not the library's own,
@@ -218,9 +314,14 @@ func AutovacuumSignal(table string) Signal {
 // application_name starts with "backfill <worker key> " while a chunk
 // runs; see pg_blocking_pids). Without registered workers it counts the
 // waiters of any backfill session. Name "lock_waiters". Seeing other
-// roles' sessions needs pg_read_all_stats (or pg_monitor).
+// roles' sessions needs pg_read_all_stats (or pg_monitor): without it
+// the signal guards nothing ([Observer]) but the sessions of its own role.
 func LockWaitersSignal() Signal {
-	return sqlSignal{SignalName: "lock_waiters", query: `SELECT count(DISTINCT w.pid)::float8
+	return sqlSignal{SignalName: "lock_waiters",
+		observe: `SELECT CASE WHEN NOT ` + readAllStatsSQL + ` THEN
+			format('role %I cannot see the waits of other roles'' sessions (pg_stat_activity shows them only to pg_read_all_stats), so lock_waiters counts only the waiters of its own role; GRANT pg_monitor TO %I', current_user, current_user)
+			ELSE '' END`,
+		query: `SELECT count(DISTINCT w.pid)::float8
 			FROM pg_stat_activity w
 			CROSS JOIN LATERAL unnest(pg_blocking_pids(w.pid)) AS b(pid)
 			JOIN pg_stat_activity h ON h.pid = b.pid

@@ -36,3 +36,20 @@ const (
 	// resume's transaction.
 	EventGateBaseline = "gate_baseline"
 )
+
+// Audit event kinds of throttle signals that cannot observe what they
+// guard (backfillthrottle.Observer). Each is recorded by the first worker
+// of the run that finds the signal's state changed (a run has at most one
+// per change, but for workers that tell at the same moment); Detail holds
+// "signal", "why" (empty for EventSignalObserves) and "worker" (the
+// backfill.Config.WorkerID that found it).
+const (
+	// EventSignalInert: the signal guards nothing (a replica lag signal
+	// on a server with no replica): it reads values that never hold its
+	// throttle. [Status.ThrottleWarnings] lists it until an
+	// EventSignalObserves of the signal follows.
+	EventSignalInert = "throttle_signal_inert"
+	// EventSignalObserves: a signal recorded inert observes again (a
+	// replica attached).
+	EventSignalObserves = "throttle_signal_observes"
+)

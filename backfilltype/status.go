@@ -5,6 +5,8 @@ import (
 	"strings"
 	"time"
 	"unicode"
+
+	"github.com/pgbackfill/backfill/internal/textcap"
 )
 
 // ControlState is what the workers of a run read of its control: the
@@ -102,6 +104,23 @@ type Status struct {
 	// Exceptions counts the exception queue by reason and column, most
 	// frequent first.
 	Exceptions []ExceptionCount `json:"exceptions"`
+	// ThrottleWarnings lists the run's throttle signals that guard
+	// nothing (backfillthrottle.Observer: a replica lag signal on a server
+	// with no replica), by signal name: each signal whose latest
+	// [EventSignalInert] is not followed by an [EventSignalObserves].
+	// Empty when every signal observes what it guards.
+	ThrottleWarnings []ThrottleWarning `json:"throttle_warnings,omitempty"`
+}
+
+// ThrottleWarning is a throttle signal that guards nothing
+// ([Status.ThrottleWarnings]).
+type ThrottleWarning struct {
+	// Signal is the signal's name (backfillthrottle.Signal.Name).
+	Signal string `json:"signal"`
+	// Why says what the signal cannot observe and what to do.
+	Why string `json:"why"`
+	// Since is when a worker found it (the server's time).
+	Since time.Time `json:"since"`
 }
 
 // StatusChunks counts a run's chunks by [ChunkStatus].
@@ -185,9 +204,13 @@ func (s Status) ETA() (eta time.Duration, ok bool) {
 //	rows read 1200000: inserted 1100000, updated 0, unchanged 90000, rejected 10000, deduplicated 0
 //	rate 5210 rows/s recent, 4800 overall (per working second), 3300 wall
 //	ETA 12m0s at 5210 rows/s (the recent working rate); of 20m0s so far 30% throttled, 0% paused, 1% idle
+//
+// then a line per throttle warning, the chunks in flight and the
+// exceptions by reason. Each text from the manifest shows at most its
+// first 1,000 characters, then its full length.
 func (s Status) String() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "job %s batch %d: %s (%s, %d live workers)\n", oneLine(s.Job), s.BatchID, s.Status, s.Liveness, s.LiveWorkers)
+	fmt.Fprintf(&b, "job %s batch %d: %s (%s, %d live workers)\n", shown(s.Job), s.BatchID, s.Status, s.Liveness, s.LiveWorkers)
 	c := s.Chunks
 	fmt.Fprintf(&b, "chunks %d/%d done, %d open, %d pending, %d failed, %d in flight", c.Done, c.Total, c.Open, c.Pending, c.Failed, c.InFlight)
 	if c.Skipped > 0 {
@@ -222,18 +245,22 @@ func (s Status) String() string {
 	eta := "ETA unknown"
 	switch d, ok := s.ETA(); {
 	case s.Waiting != "":
-		eta = "no ETA: " + oneLine(s.Waiting)
+		// The end of what a run waits for says how to end the wait.
+		eta = "no ETA: " + oneLine(textcap.ClipMiddle(s.Waiting, statusTextCap, 400, "the whole text is in the Status's fields, or backfill status --json"))
 	case ok && s.ETARate != nil:
-		eta = fmt.Sprintf("ETA %s at %.0f rows/s (%s)", d.Round(time.Second), *s.ETARate, oneLine(s.ETABasis))
+		eta = fmt.Sprintf("ETA %s at %.0f rows/s (%s)", d.Round(time.Second), *s.ETARate, shown(s.ETABasis))
 	case ok:
 		eta = fmt.Sprintf("ETA %s", d.Round(time.Second))
 	}
 	fmt.Fprintf(&b, "%s; of %s so far %.0f%% throttled, %.0f%% paused, %.0f%% idle",
 		eta, (time.Duration(t.TotalSeconds * float64(time.Second))).Round(time.Second), pct(t.ThrottledSeconds), pct(t.PausedSeconds), pct(t.IdleSeconds))
+	for _, w := range s.ThrottleWarnings {
+		fmt.Fprintf(&b, "\nwarning: throttle signal %s guards nothing since %s: %s", shown(w.Signal), w.Since.UTC().Format("2006-01-02 15:04:05Z"), shown(w.Why))
+	}
 	if n := len(s.InFlight); n > 0 {
 		b.WriteString("\nin flight:")
 		for _, f := range s.InFlight {
-			fmt.Fprintf(&b, "\n  %s (seq %d) worker %s on %s pid %d, %s", oneLine(f.ChunkID), f.Seq, oneLine(f.WorkerID), oneLine(f.Host), f.PID,
+			fmt.Fprintf(&b, "\n  %s (seq %d) worker %s on %s pid %d, %s", shown(f.ChunkID), f.Seq, shown(f.WorkerID), shown(f.Host), f.PID,
 				time.Duration(f.AgeSeconds*float64(time.Second)).Round(time.Second))
 			if f.Stale {
 				b.WriteString(" (stale)")
@@ -245,12 +272,22 @@ func (s Status) String() string {
 		for _, e := range s.Exceptions {
 			col := ""
 			if e.Column != "" {
-				col = " [" + oneLine(e.Column) + "]"
+				col = " [" + shown(e.Column) + "]"
 			}
-			fmt.Fprintf(&b, "\n  %d %s%s", e.Count, oneLine(e.Reason), col)
+			fmt.Fprintf(&b, "\n  %d %s%s", e.Count, shown(e.Reason), col)
 		}
 	}
 	return b.String()
+}
+
+// statusTextCap is the most characters of one text (a job name, the
+// reason of a pause, an exception's reason) [Status.String] shows.
+const statusTextCap = 1000
+
+// shown is s on one line (oneLine), cut to statusTextCap characters and
+// then followed by its full length when longer.
+func shown(s string) string {
+	return oneLine(textcap.Clip(s, statusTextCap, "the whole text is in the Status's fields, or backfill status --json"))
 }
 
 // oneLine shows the control characters of s (newlines, terminal escapes)

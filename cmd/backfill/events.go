@@ -96,7 +96,7 @@ With --json: {"batch_id", "job", "events": [{"id", "kind", "actor", "db_role",
 					b.Reset()
 					b.Write(e.Detail)
 				}
-				t.row(utc(&e.CreatedAt), e.Kind, orDash(e.Actor), orDash(e.DBRole), clip(b.String(), 120))
+				t.row(utc(&e.CreatedAt), clip(e.Kind, 40), orDash(clip(e.Actor, 40)), orDash(clip(e.DBRole, 40)), clip(b.String(), 120))
 			}
 			return t.flush()
 		},

@@ -1,11 +1,12 @@
 package main
 
 import (
+	"bufio"
 	"database/sql"
-	"encoding/csv"
 	"encoding/json"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/lib/pq"
@@ -59,11 +60,16 @@ Filters: --reason TEXT (reasons containing TEXT, case-insensitive),
 --column NAME (exactly), --chunk ID (exactly), --limit N (default 100;
 0 for all).
 
-Output: a table (the raw row cut to one line), or --csv: RFC 4180, a
-header line (batch_id, chunk_id, row, reason, column, value, raw,
-created_at), then one record per exception with the raw row as JSON
-text; fields holding commas, quotes or newlines are quoted, quotes
-doubled.
+Output: a table (each text cut to one line and a few dozen characters),
+or --csv: RFC 4180, a header line (batch_id, chunk_id, row, reason,
+column, value, raw, created_at), then one record per exception with the
+raw row as JSON text; every field is quoted, quotes doubled. The CSV is
+safe to open in a spreadsheet (OWASP's defence against CSV injection): a
+field that begins with =, +, -, @, a tab or a carriage return is written
+with a single quote (') before it, so that no cell is read as a formula.
+A value such as -5 is therefore written '-5: the exception queue keeps
+values as text, and telling a number from a formula such as -2+3 is what
+the rule must not guess. --json gives every value exactly as stored.
 
 With --json: {"batch_id", "job", "total", "exceptions": [{"chunk_id",
 "row", "reason", "column", "value", "raw", "created_at"}]}, total
@@ -112,18 +118,17 @@ counting the matches before --limit.`,
 			case g.json:
 				return g.printJSON(res)
 			case asCSV:
-				w := csv.NewWriter(g.raw)
-				_ = w.Write(exceptionsCSVHeader)
+				w := bufio.NewWriter(g.raw)
+				writeCSVRecord(w, exceptionsCSVHeader)
 				for _, e := range res.Exceptions {
 					raw := ""
 					if e.RawText.Valid {
 						raw = e.RawText.String
 					}
-					_ = w.Write([]string{strconv.FormatInt(run.BatchID, 10), e.ChunkID, strconv.FormatInt(e.Row, 10), e.Reason, e.Column, e.Value, raw,
+					writeCSVRecord(w, []string{strconv.FormatInt(run.BatchID, 10), e.ChunkID, strconv.FormatInt(e.Row, 10), e.Reason, e.Column, e.Value, raw,
 						e.CreatedAt.UTC().Format(time.RFC3339Nano)})
 				}
-				w.Flush()
-				return w.Error()
+				return w.Flush()
 			}
 			fmt.Fprintf(g.out, "batch %d of job %q: %s%s\n", run.BatchID, run.Job, plural(res.Total, "exception"), exceptionFilters(reason, column, chunk))
 			if len(res.Exceptions) == 0 {
@@ -168,3 +173,29 @@ func exceptionFilters(reason, column, chunk string) string {
 	}
 	return s
 }
+
+// writeCSVRecord writes fields as one CSV record (RFC 4180, "\n" ending
+// the record) that a spreadsheet opens without running anything, as
+// OWASP recommends against CSV injection: every field is quoted, its
+// quotes doubled, and a field that begins with a character a spreadsheet
+// reads as the start of a formula ([csvFormulaStart]) gets a single quote
+// before it. The errors are the writer's, reported by its Flush.
+func writeCSVRecord(w *bufio.Writer, fields []string) {
+	for i, f := range fields {
+		if i > 0 {
+			w.WriteByte(',')
+		}
+		w.WriteByte('"')
+		if f != "" && strings.ContainsRune(csvFormulaStart, rune(f[0])) {
+			w.WriteByte('\'')
+		}
+		w.WriteString(strings.ReplaceAll(f, `"`, `""`))
+		w.WriteByte('"')
+	}
+	w.WriteByte('\n')
+}
+
+// csvFormulaStart are the first characters that make a spreadsheet read
+// a cell as a formula (OWASP, CSV injection): =, +, -, @, tab and
+// carriage return.
+const csvFormulaStart = "=+-@\t\r"

@@ -8,6 +8,8 @@ import (
 	"time"
 	"unicode"
 	"unicode/utf8"
+
+	"github.com/pgbackfill/backfill/internal/textcap"
 )
 
 // table writes aligned columns for people.
@@ -37,14 +39,11 @@ func oneLine(s string) string {
 	return strings.NewReplacer("\t", " ", "\r\n", " ", "\n", " ", "\r", " ").Replace(s)
 }
 
-// clip cuts s to n runes, ending it with "…" when cut.
+// clip is s on one line, cut to its first n characters when longer and
+// then followed by its full length: "abc … (52,428,800 characters)"
+// (--json shows the whole text).
 func clip(s string, n int) string {
-	s = oneLine(s)
-	r := []rune(s)
-	if len(r) <= n {
-		return s
-	}
-	return string(r[:n-1]) + "…"
+	return oneLine(textcap.Clip(s, n, ""))
 }
 
 // thousands formats n with thousands separators: 1234567 -> "1,234,567".

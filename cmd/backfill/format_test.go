@@ -27,7 +27,10 @@ func TestFormat(t *testing.T) {
 	if got := utc(&ts); got != "2024-03-01 00:02:03Z" {
 		t.Errorf("utc = %q", got)
 	}
-	if got := clip("a\nb\tcdef", 5); got != "a b …" {
+	if got := clip("a\nb\tcdef", 5); got != "a b c … (8 characters)" {
+		t.Errorf("clip = %q", got)
+	}
+	if got := clip("a\nb", 5); got != "a b" {
 		t.Errorf("clip = %q", got)
 	}
 }

@@ -39,6 +39,7 @@ import (
 	"time"
 
 	"github.com/pgbackfill/backfill/backfilltype"
+	"github.com/pgbackfill/backfill/internal/textcap"
 
 	"github.com/pgbackfill/backfill"
 )
@@ -54,6 +55,7 @@ var page = template.Must(template.New("report.html.tmpl").Funcs(template.FuncMap
 	"ptime": fmtTimePtr,
 	"pct":   fmtPct,
 	"json":  fmtJSON,
+	"text":  fmtText,
 }).ParseFS(templates, "report.html.tmpl"))
 
 // WriteJSON writes r as indented JSON: the report's JSON twin, with the
@@ -71,6 +73,13 @@ func WriteJSON(w io.Writer, r backfill.RunReport) error {
 // CSS, charts as inline SVG, no script, no reference to anything outside
 // the file. Every text of the report is escaped. It returns the first
 // error of drawing a chart or writing to w.
+//
+// Each text from the manifest (a reason, an error, an actor, an
+// exception's value or raw row, an event's detail, a validation's
+// evidence) shows at most its first 1,000 characters, followed by
+// "… (N characters; the full text is in the report's JSON twin)" when
+// longer: a 50 MiB pause reason keeps the file a few hundred kilobytes.
+// [WriteJSON] writes every text whole.
 func WriteHTML(w io.Writer, r backfill.RunReport) error {
 	v, err := newView(r)
 	if err != nil {
@@ -319,5 +328,19 @@ func fmtJSON(raw json.RawMessage) string {
 	if s == "" || s == "{}" || s == "null" {
 		return ""
 	}
-	return s
+	return fmtText(s)
+}
+
+// textCap is the most characters of one stored text the HTML shows
+// (see WriteHTML).
+const textCap = 1000
+
+// fmtText is v (a string, or anything fmt prints) cut to textCap
+// characters, a longer text followed by its full length.
+func fmtText(v any) string {
+	s, ok := v.(string)
+	if !ok {
+		s = fmt.Sprint(v)
+	}
+	return textcap.Clip(s, textCap, "the full text is in the report's JSON twin")
 }

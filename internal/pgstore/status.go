@@ -87,7 +87,8 @@ type statusRow struct {
 
 // Status implements [backfilldriver.ManifestStatus] with two statements in
 // one read transaction: the run's row of the run_progress view, then its
-// chunks in flight and its exceptions by reason and column, as JSON. Its
+// chunks in flight, its exceptions by reason and column and its throttle
+// warnings (its events of backfilltype.EventSignalInert), as JSON. Its
 // cost grows with the run's chunks (one pass over them by index) and the
 // distinct reasons of its exception queue (an index-only scan when
 // vacuumed).
@@ -96,6 +97,7 @@ func (m *Manifest) Status(ctx context.Context, db sqlx.ExtContext, batchID int64
 		rows       []statusRow
 		inFlightJS string
 		exJS       string
+		warnJS     string
 		in         etaInputs
 	)
 	err := ReadTx(ctx, db, func(tx sqlx.ExtContext) error {
@@ -113,7 +115,8 @@ func (m *Manifest) Status(ctx context.Context, db sqlx.ExtContext, batchID int64
 			coalesce((SELECT json_agg(f ORDER BY f.since NULLS LAST, f.seq) FROM {s}.chunks_in_flight f WHERE f.batch_id = $1), '[]')::text,
 			coalesce((SELECT json_agg(x ORDER BY x.count DESC, x.reason, x.column) FROM (
 				SELECT reason, column_name AS column, count(*) AS count FROM {s}.exceptions
-				WHERE batch_id = $1 AND failed_attempt IS NULL GROUP BY reason, column_name) x), '[]')::text`), batchID).Scan(&inFlightJS, &exJS)
+				WHERE batch_id = $1 AND failed_attempt IS NULL GROUP BY reason, column_name) x), '[]')::text,
+			`+throttleWarningsSQL), batchID).Scan(&inFlightJS, &exJS, &warnJS)
 	})
 	if err != nil {
 		return backfilltype.Status{}, fmt.Errorf("backfill: status of batch %d: %w", batchID, err)
@@ -168,6 +171,12 @@ func (m *Manifest) Status(ctx context.Context, db sqlx.ExtContext, batchID int64
 	}
 	if err := json.Unmarshal([]byte(exJS), &s.Exceptions); err != nil {
 		return backfilltype.Status{}, fmt.Errorf("backfill: status of batch %d: exceptions: %w", batchID, err)
+	}
+	if err := json.Unmarshal([]byte(warnJS), &s.ThrottleWarnings); err != nil {
+		return backfilltype.Status{}, fmt.Errorf("backfill: status of batch %d: throttle warnings: %w", batchID, err)
+	}
+	if len(s.ThrottleWarnings) == 0 {
+		s.ThrottleWarnings = nil
 	}
 	if err := json.Unmarshal([]byte(in.KnobsJS), &in.knobs); err != nil {
 		return backfilltype.Status{}, fmt.Errorf("backfill: status of batch %d: knobs: %w", batchID, err)

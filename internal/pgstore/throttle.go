@@ -227,3 +227,57 @@ func SplitTime(start, end time.Time, paused []span, periods []backfilltype.Throt
 
 // QuotedTable is name (Target.Table) quoted and schema-qualified.
 func QuotedTable(name string) string { return sqlgen.Table(name) }
+
+// SignalNoter records whether the throttle signals of a run observe what
+// they guard ([Manifest.NoteSignal]).
+type SignalNoter interface {
+	NoteSignal(ctx context.Context, db sqlx.ExtContext, n SignalNote) error
+}
+
+// SignalNote is what a worker found of one throttle signal: Inert, with
+// Why, when it guards nothing.
+type SignalNote struct {
+	BatchID int64
+	Job     string
+	// Worker is the worker's Config.WorkerID.
+	Worker string
+	Signal string
+	Inert  bool
+	Why    string
+}
+
+// NoteSignal records n in run n.BatchID's audit trail, in a short
+// transaction, as an event backfilltype.EventSignalInert (n.Inert) or
+// backfilltype.EventSignalObserves, only when the run's latest such event
+// of the signal says otherwise (another kind, or another why); a signal
+// with no such event counts as observing, so a signal that observes from
+// the start records nothing.
+func (m *Manifest) NoteSignal(ctx context.Context, db sqlx.ExtContext, n SignalNote) error {
+	kind, why := backfilltype.EventSignalObserves, ""
+	if n.Inert {
+		kind, why = backfilltype.EventSignalInert, ManifestText(n.Why)
+	}
+	err := InShortTx(ctx, db, func(tx sqlx.ExtContext) error {
+		// Through record_event, as the library's other events: the
+		// loader does not write the audit log directly.
+		_, err := tx.ExecContext(ctx, m.SQL(`SELECT {s}.record_event($1, $2, $3, '', jsonb_build_object('signal', $4::text, 'why', $5::text, 'worker', $6::text))
+			WHERE (SELECT row(e.kind, coalesce(e.detail->>'why', '')) FROM {s}.events e
+					WHERE e.batch_id = $1 AND e.kind IN ($7, $8) AND e.detail->>'signal' = $4::text ORDER BY e.id DESC LIMIT 1)
+				IS DISTINCT FROM row($3::text, $5::text)
+				AND ($3 <> $8 OR EXISTS (SELECT FROM {s}.events e WHERE e.batch_id = $1 AND e.kind = $7 AND e.detail->>'signal' = $4::text))`),
+			n.BatchID, n.Job, kind, ManifestText(n.Signal), why, ManifestText(n.Worker), backfilltype.EventSignalInert, backfilltype.EventSignalObserves)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("backfill: batch %d: record whether throttle signal %s observes what it guards: %w", n.BatchID, n.Signal, err)
+	}
+	return nil
+}
+
+// throttleWarningsSQL is the run $1's throttle signals whose latest
+// EventSignalInert or EventSignalObserves event is the former, as a JSON
+// array of backfilltype.ThrottleWarning, by signal.
+const throttleWarningsSQL = `coalesce((SELECT json_agg(json_build_object('signal', x.signal, 'why', x.why, 'since', x.created_at) ORDER BY x.signal) FROM (
+				SELECT DISTINCT ON (e.detail->>'signal') e.detail->>'signal' AS signal, coalesce(e.detail->>'why', '') AS why, e.created_at, e.kind
+				FROM {s}.events e WHERE e.batch_id = $1 AND e.kind IN ('` + backfilltype.EventSignalInert + `', '` + backfilltype.EventSignalObserves + `')
+				ORDER BY e.detail->>'signal', e.id DESC) x WHERE x.kind = '` + backfilltype.EventSignalInert + `'), '[]')::text`
