@@ -1,0 +1,143 @@
+package backfill
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/jmoiron/sqlx"
+	"github.com/pgbackfill/backfill/internal/pgstore"
+	"github.com/pgbackfill/backfill/internal/testwait"
+	"github.com/stretchr/testify/require"
+)
+
+// logRecords returns the JSON log records of logs whose msg is msg.
+func logRecords(t *testing.T, logs, msg string) []map[string]any {
+	var out []map[string]any
+	for _, line := range strings.Split(logs, "\n") {
+		var rec map[string]any
+		if line == "" || json.Unmarshal([]byte(line), &rec) != nil {
+			continue
+		}
+		if rec["msg"] == msg {
+			out = append(out, rec)
+		}
+	}
+	return out
+}
+
+// TestFrozenKeyLockHolderIsFenced: a worker frozen between its chunk's
+// merge and its commit (its validator blocks in the process, its
+// heartbeats stop) holds the merge's key locks. Another worker, whose
+// chunk (of another job) merges the same keys, logs its wait with the
+// holder, fences the holder once its heartbeat is stale (terminates its
+// backend), records the wait, and completes.
+func TestFrozenKeyLockHolderIsFenced(t *testing.T) {
+	// Not parallel: it sets the heartbeat hook of the package.
+	ctx := context.Background()
+	db := liveDB(t)
+	var mu sync.Mutex
+	frozen := false
+	off := func(id string) bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return frozen && id == "frozen"
+	}
+	testHeartbeatsOff.Store(&off)
+	defer testHeartbeatsOff.Store(nil)
+
+	merged, thaw := make(chan struct{}), make(chan struct{})
+	var thawOnce, mergedOnce sync.Once
+	defer thawOnce.Do(func() { close(thaw) })
+	ja := liveJob(nil)
+	ja.Name, ja.Chunker = "frozen-keys", IntRange(0, 10, 10)
+	ja.Validators = []Validator{ValidatorFunc(func(ctx context.Context, tx sqlx.ExtContext, s ValidationScope) (CheckResult, error) {
+		// Between the merge and the commit, in the process: frozen.
+		mergedOnce.Do(func() {
+			mu.Lock()
+			frozen = true
+			mu.Unlock()
+			close(merged)
+			<-thaw
+		})
+		return CheckResult{Check: "frozen", Severity: SeverityError, Passed: true, Expected: "ok", Actual: "ok"}, nil
+	})}
+	a := liveRunner(t, db, "frozen", nil)
+	aDone := goRun(ctx, a, ja)
+	<-merged
+
+	var logs syncBuffer
+	b := liveRunner(t, db, "healthy", &logs)
+	jb := liveJob(nil)
+	jb.Name, jb.Chunker = "healthy-keys", IntRange(0, 10, 10)
+	rb := <-goRun(ctx, b, jb)
+	require.NoError(t, rb.err)
+	require.Equal(t, RunCompleted, rb.rep.Status)
+	require.Equal(t, 1, rb.rep.ChunksRun)
+	t.Logf("longest wait of the healthy worker behind the frozen key lock holder: %v (StaleAfter %v, HeartbeatInterval %v)",
+		longestWait(t, logs.String()), b.cfg.StaleAfter, b.cfg.HeartbeatInterval)
+
+	fenced := logRecords(t, logs.String(), "backfill: fenced a stale worker: terminated the backend holding a lock this transaction waits for; its transaction rolls back")
+	require.Len(t, fenced, 1, "the healthy worker fenced the frozen one once: %s", logs.String())
+	require.Equal(t, "frozen", fenced[0]["holder"])
+	require.Equal(t, "key locks of public.live", fenced[0]["what"])
+	require.Contains(t, fenced[0], "holder_heartbeat_age")
+	require.NotEmpty(t, logRecords(t, logs.String(), "backfill: lock granted after waiting"))
+
+	var waits []struct {
+		Message  string `db:"message"`
+		Blockers string `db:"blockers"`
+	}
+	require.NoError(t, db.Select(&waits, `SELECT message, blockers::text AS blockers FROM backfill.waits WHERE batch_id = $1`, rb.rep.BatchID))
+	require.Len(t, waits, 1, "the wait is recorded")
+	require.Equal(t, "waited for the key locks of public.live; granted", waits[0].Message)
+	require.Contains(t, waits[0].Blockers, `"stale worker, fenced"`)
+
+	var vs []string
+	require.NoError(t, db.Select(&vs, `SELECT DISTINCT w.worker_id FROM backfill.chunks c JOIN backfill.workers w ON w.batch_id = c.batch_id
+		WHERE c.batch_id = $1 AND c.status = 'done'`, rb.rep.BatchID))
+	require.Equal(t, []string{"healthy"}, vs)
+
+	// The frozen worker, thawed, finds its chunk's transaction gone.
+	mu.Lock()
+	frozen = false
+	mu.Unlock()
+	thawOnce.Do(func() { close(thaw) })
+	<-aDone
+}
+
+// TestKeyLockHeldByOperatorIsALockWait: a session that is no worker
+// (an operator's) holding the merge's whole-target lock is a lock wait
+// like any other: the chunk's try ends at its lock_timeout, rolls back,
+// is recorded and retried by Config.LockRetries, and the chunk merges
+// once the session lets go.
+func TestKeyLockHeldByOperatorIsALockWait(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := liveDB(t)
+	op, err := db.BeginTxx(ctx, nil)
+	require.NoError(t, err)
+	defer func() { _ = op.Rollback() }()
+	_, err = op.ExecContext(ctx, `SELECT pg_advisory_xact_lock($1::int, $2::int)`, pgstore.LockNamespace("public.live"), pgstore.WholeTarget)
+	require.NoError(t, err)
+
+	var logs syncBuffer
+	r := liveRunner(t, db, "w", &logs)
+	r.cfg.LockRetries = []LockRetry{{Timeout: 200e6, Sleep: 10e6}, {Timeout: 200e6, Sleep: 10e6}, {Timeout: 200e6, Sleep: 10e6},
+		{Timeout: 200e6, Sleep: 10e6}, {Timeout: 200e6, Sleep: 10e6}, {Timeout: 200e6, Sleep: 10e6}}
+	j := liveJob(nil)
+	j.Chunker = IntRange(0, 10, 10)
+	done := goRun(ctx, r, j)
+	testwait.Until(t, "a recorded wait of the chunk behind the operator's lock", func() bool {
+		var n int
+		// An error: the manifest not created yet.
+		return db.Get(&n, `SELECT count(*) FROM backfill.waits WHERE sqlstate = '55P03' AND NOT final`) == nil && n > 0
+	})
+	require.NotEmpty(t, logRecords(t, logs.String(), "backfill: waiting for a lock held by a session that is not a backfill worker"))
+	require.NoError(t, op.Rollback())
+	res := <-done
+	require.NoError(t, res.err)
+	require.Equal(t, RunCompleted, res.rep.Status)
+}
