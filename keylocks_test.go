@@ -9,6 +9,7 @@ import (
 
 	"github.com/jmoiron/sqlx"
 	"github.com/pgbackfill/backfill/internal/pgstore"
+	"github.com/pgbackfill/backfill/internal/pgtest"
 	"github.com/pgbackfill/backfill/internal/testwait"
 	"github.com/stretchr/testify/require"
 )
@@ -38,35 +39,8 @@ func TestFrozenKeyLockHolderIsFenced(t *testing.T) {
 	// Not parallel: it sets the heartbeat hook of the package.
 	ctx := context.Background()
 	db := liveDB(t)
-	var mu sync.Mutex
-	frozen := false
-	off := func(id string) bool {
-		mu.Lock()
-		defer mu.Unlock()
-		return frozen && id == "frozen"
-	}
-	testHeartbeatsOff.Store(&off)
-	defer testHeartbeatsOff.Store(nil)
-
-	merged, thaw := make(chan struct{}), make(chan struct{})
-	var thawOnce, mergedOnce sync.Once
-	defer thawOnce.Do(func() { close(thaw) })
-	ja := liveJob(nil)
-	ja.Name, ja.Chunker = "frozen-keys", IntRange(0, 10, 10)
-	ja.Validators = []Validator{ValidatorFunc(func(ctx context.Context, tx sqlx.ExtContext, s ValidationScope) (CheckResult, error) {
-		// Between the merge and the commit, in the process: frozen.
-		mergedOnce.Do(func() {
-			mu.Lock()
-			frozen = true
-			mu.Unlock()
-			close(merged)
-			<-thaw
-		})
-		return CheckResult{Check: "frozen", Severity: SeverityError, Passed: true, Expected: "ok", Actual: "ok"}, nil
-	})}
-	a := liveRunner(t, db, "frozen", nil)
-	aDone := goRun(ctx, a, ja)
-	<-merged
+	thawFrozen := freezeBetweenMergeAndCommit(t, db)
+	defer thawFrozen()
 
 	var logs syncBuffer
 	b := liveRunner(t, db, "healthy", &logs)
@@ -101,11 +75,83 @@ func TestFrozenKeyLockHolderIsFenced(t *testing.T) {
 	require.Equal(t, []string{"healthy"}, vs)
 
 	// The frozen worker, thawed, finds its chunk's transaction gone.
-	mu.Lock()
-	frozen = false
-	mu.Unlock()
-	thawOnce.Do(func() { close(thaw) })
-	<-aDone
+	thawFrozen()
+}
+
+// freezeBetweenMergeAndCommit runs worker "frozen" on job frozen-keys,
+// which loads ids [0, 10) into table live, and returns once the worker
+// is frozen between its chunk's merge and its commit: its validator
+// blocks in the process and its heartbeats stop, so its chunk's
+// transaction holds the merge's key locks, idle. thaw (idempotent)
+// lets it go on and waits for its run to return. Not for parallel
+// tests: it sets the heartbeat hook of the package.
+func freezeBetweenMergeAndCommit(t *testing.T, db *sqlx.DB) (thaw func()) {
+	var mu sync.Mutex
+	frozen := false
+	off := func(id string) bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return frozen && id == "frozen"
+	}
+	testHeartbeatsOff.Store(&off)
+	merged, thawed := make(chan struct{}), make(chan struct{})
+	var mergedOnce sync.Once
+	j := liveJob(nil)
+	j.Name, j.Chunker = "frozen-keys", IntRange(0, 10, 10)
+	j.Validators = []Validator{ValidatorFunc(func(ctx context.Context, tx sqlx.ExtContext, s ValidationScope) (CheckResult, error) {
+		mergedOnce.Do(func() {
+			mu.Lock()
+			frozen = true
+			mu.Unlock()
+			close(merged)
+			<-thawed
+		})
+		return CheckResult{Check: "frozen", Severity: SeverityError, Passed: true, Expected: "ok", Actual: "ok"}, nil
+	})}
+	done := goRun(context.Background(), liveRunner(t, db, "frozen", nil), j)
+	testwait.Recv(t, "the frozen worker's merge", merged)
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			mu.Lock()
+			frozen = false
+			mu.Unlock()
+			close(thawed)
+			<-done
+			testHeartbeatsOff.Store(nil)
+		})
+	}
+}
+
+// TestRollbackFencesFrozenMergeLockHolder: a rollback waits for the
+// merges into its target (the whole-target merge lock); one frozen
+// between its merge and its commit is fenced once its worker is stale,
+// with a log line naming it, and the rollback completes.
+func TestRollbackFencesFrozenMergeLockHolder(t *testing.T) {
+	// Not parallel: freezeBetweenMergeAndCommit.
+	ctx := context.Background()
+	db := pgtest.New(t)
+	db.MustExec(`CREATE TABLE live (id bigint PRIMARY KEY, v text NOT NULL, backfill_inserted_by bigint, backfill_updated_by bigint)`)
+	var logs syncBuffer
+	r := liveRunner(t, db, "rb", &logs)
+	job := liveJob(nil)
+	job.Rollback = RollbackUndoLog
+	rep, err := r.Run(ctx, job)
+	require.NoError(t, err)
+
+	thaw := freezeBetweenMergeAndCommit(t, db)
+	defer thaw()
+	rctx, cancel := context.WithTimeout(ctx, testwait.Timeout)
+	defer cancel()
+	_, err = r.Rollback(rctx, job, RollbackOptions{BatchID: rep.BatchID, Actor: "t", Why: "fence the frozen merge"})
+	require.NoError(t, err)
+	fenced := logRecords(t, logs.String(), "backfill: fenced a stale worker: terminated the backend holding a lock this transaction waits for; its transaction rolls back")
+	require.Len(t, fenced, 1, "the rollback fenced the frozen worker once: %s", logs.String())
+	require.Equal(t, "frozen", fenced[0]["holder"])
+	require.Equal(t, "merge lock of public.live (rollback)", fenced[0]["what"])
+	var n int
+	require.NoError(t, db.Get(&n, `SELECT count(*) FROM live`))
+	require.Zero(t, n, "the rollback deleted the batch's rows, and the frozen merge did not commit")
 }
 
 // TestKeyLockHeldByOperatorIsALockWait: a session that is no worker
