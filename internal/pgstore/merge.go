@@ -994,9 +994,9 @@ func (s *PGStager) checkIntervals(ctx context.Context) error {
 //   - extra_float_digits at least 1, so floats compared as text are exact;
 //   - the caller's statement_timeout and the try's lock_timeout put back
 //     from backfill.statement_timeout and backfill.lock_timeout, where the
-//     chunk's fence ([Manifest.FenceLease]) and the key locks
-//     ([PGStager.lockKeys]) kept them while the spool was replayed into
-//     COPY and the key locks were taken.
+//     chunk's fence ([Manifest.FenceLease]) kept them while the spool
+//     was replayed into COPY (the key locks, [PGStager.lockKeys], put
+//     back the lock_timeout of their steps themselves).
 //
 // The design note docs/design/merge.md explains the alternatives.
 func (s *PGStager) PlannerSettings(ctx context.Context) (restore func(context.Context) error, err error) {
