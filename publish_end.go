@@ -148,7 +148,13 @@ func (ex *execution) publishStaged(ctx context.Context, tx sqlx.ExtContext, stag
 		return ChunkResult{}, err
 	}
 	defer st.Close()
-	mr, err := st.Merge(ctx)
+	// Its merge lock waits like a chunk's: logged, fencing a stale worker
+	// that holds it ([Runner.lockWaiting]).
+	self := ""
+	if ex.worker != nil {
+		self = ex.worker.key
+	}
+	mr, err := st.Merge(pgstore.WithLockWaiting(ctx, r.lockWaiting(ex.log.With("seq", c.Seq, "chunk", c.ID), ex.batchID, self, nil)))
 	if err != nil {
 		return ChunkResult{}, &ChunkError{Chunk: c, Attempt: 1, Err: err}
 	}
