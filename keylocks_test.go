@@ -6,6 +6,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/jmoiron/sqlx"
 	"github.com/pgbackfill/backfill/internal/pgstore"
@@ -186,4 +187,50 @@ func TestKeyLockHeldByOperatorIsALockWait(t *testing.T) {
 	res := <-done
 	require.NoError(t, res.err)
 	require.Equal(t, RunCompleted, res.rep.Status)
+}
+
+// TestNamedLockWaitNamesItsHolder: a named advisory lock of the library
+// (here the stage lock of a publish at the end) is waited for in steps,
+// each reported to the context's LockWaiting with the session that holds
+// it (LockHolders finds it by the lock's name), and taken once that
+// session lets go.
+func TestNamedLockWaitNamesItsHolder(t *testing.T) {
+	t.Parallel()
+	ctx := testwait.Context(t, "the stage lock")
+	db := pgtest.New(t)
+	m := NewPGManifest("")
+	require.NoError(t, m.Migrate(ctx, db))
+	const table = `"public"."stage_9"`
+	holder, err := db.BeginTxx(ctx, nil)
+	require.NoError(t, err)
+	defer func() { _ = holder.Rollback() }()
+	var holderPID int
+	require.NoError(t, holder.Get(&holderPID, `SELECT pg_backend_pid() FROM (SELECT pg_advisory_xact_lock(hashtextextended('backfill.stage:' || $1, 0))) x`, table))
+
+	var steps []pgstore.LockWait
+	var seen [][]int
+	lw := pgstore.LockWaiting{Step: 50 * time.Millisecond, Wait: func(ctx context.Context, w pgstore.LockWait) bool {
+		steps = append(steps, w)
+		if w.Done {
+			return true
+		}
+		hs, err := m.LockHolders(ctx, db, w, "", time.Second, true)
+		require.NoError(t, err)
+		var pids []int
+		for _, h := range hs {
+			pids = append(pids, h.PID)
+			require.False(t, h.Terminated, "a session that is no worker is not fenced")
+		}
+		seen = append(seen, pids)
+		if len(pids) > 0 {
+			require.NoError(t, holder.Rollback())
+		}
+		return true
+	}}
+	info := TableInfo{Columns: []Column{{Name: "id", Type: "bigint"}}}
+	require.NoError(t, (&pgstore.Merger{}).CreateStaging(pgstore.WithLockWaiting(ctx, lw), pgstore.PGDB{DB: db}, table, info))
+	require.NotEmpty(t, seen, "the wait was reported")
+	require.Equal(t, []int{holderPID}, seen[0], "the holder of the stage lock, found by its name")
+	require.True(t, steps[len(steps)-1].Done, "the last report: the lock was granted")
+	require.Equal(t, "stage lock of "+table, steps[0].What)
 }

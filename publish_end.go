@@ -50,7 +50,7 @@ func (publishEnd) switchesBack() bool { return false }
 func (publishEnd) publishesOpen() bool { return true }
 
 func (publishEnd) prepare(ctx context.Context, ex *execution) error {
-	if err := ex.r.caps.mergeStage.CreateStaging(ctx, ex.r.db, ex.r.caps.staging.StagingTable(ex.batchID), ex.info); err != nil {
+	if err := ex.r.caps.mergeStage.CreateStaging(pgstore.WithLockWaiting(ctx, ex.r.lockWaiting(ex.log, ex.batchID, "", nil)), ex.r.db, ex.r.caps.staging.StagingTable(ex.batchID), ex.info); err != nil {
 		return fmt.Errorf("backfill: job %q: staging table: %w", ex.job.Name, err)
 	}
 	return nil

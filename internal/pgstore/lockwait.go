@@ -206,3 +206,13 @@ func LogLockHolder(log *slog.Logger, w LockWait, batchID int64, h backfilldriver
 		log.Info("backfill: waiting for a lock held by a live worker", attrs...)
 	}
 }
+
+// LockName takes the one-bigint advisory lock hashtextextended(name, 0)
+// of the library (its stage, version and view locks) in tx with
+// WaitLock: in steps, each wait reported to the context's LockWaiting.
+// what names the lock in messages.
+func LockName(ctx context.Context, tx sqlx.ExtContext, what, name string) error {
+	return WaitLock(ctx, tx, what, LockSpec{Name: name}, func(cond string) string {
+		return `SELECT pg_advisory_xact_lock(hashtextextended($1, 0)) WHERE ` + cond
+	}, name)
+}

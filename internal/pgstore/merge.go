@@ -38,10 +38,11 @@ func (s *PGStager) EndStaging(ctx context.Context) error {
 // transaction-level advisory lock on the table's name: workers starting
 // at once would otherwise race in CREATE TABLE IF NOT EXISTS, which two
 // sessions can both pass and then collide on the catalog's unique index
-// (23505 on pg_type).
+// (23505 on pg_type). The lock is taken with LockName: its waits go to
+// the context's LockWaiting.
 func (m *Merger) CreateStaging(ctx context.Context, db sqlx.ExtContext, table string, info backfilltype.TableInfo) error {
 	return InTx(ctx, db, func(tx sqlx.ExtContext) error {
-		if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock(hashtextextended('backfill.stage:' || $1, 0))`, table); err != nil {
+		if err := LockName(ctx, tx, "stage lock of "+table, "backfill.stage:"+table); err != nil {
 			return err
 		}
 		return createStageTable(ctx, tx, table, info)
