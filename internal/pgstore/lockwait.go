@@ -110,7 +110,13 @@ func WaitLock(ctx context.Context, tx sqlx.ExtContext, what string, spec LockSpe
 		}
 		_, err := tx.ExecContext(ctx, q, args...)
 		if err == nil {
-			if err := Later(ctx, tx, `RELEASE SAVEPOINT backfill_lock_wait; SELECT set_config('lock_timeout', current_setting('backfill.lock_wait'), true)`); err != nil {
+			// Queued apart: a query queued after the first may be sent
+			// with it (BatchTx.query), but not after the second, which
+			// returns a row.
+			if err := Later(ctx, tx, `RELEASE SAVEPOINT backfill_lock_wait`); err != nil {
+				return err
+			}
+			if err := Later(ctx, tx, `SELECT set_config('lock_timeout', current_setting('backfill.lock_wait'), true)`); err != nil {
 				return err
 			}
 			if w.PID != 0 {
