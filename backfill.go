@@ -453,7 +453,8 @@ type Config struct {
 	// workers fence it: a worker that finds nothing to claim while chunks
 	// are held by others waits, and terminates the backend of a holder
 	// whose heartbeat is older than StaleAfter, which rolls the
-	// holder's chunk back and frees it. It also bounds, in each chunk's
+	// holder's chunk back and frees it; a chunk whose merge waits for key
+	// locks held by a stale worker fences it likewise. It also bounds, in each chunk's
 	// transaction, the TCP keepalives and tcp_user_timeout, so that the
 	// server itself ends the transaction of a worker cut off. A healthy
 	// worker waits behind
@@ -468,7 +469,10 @@ type Config struct {
 	// and in the short manifest transactions): it caps the timeouts of
 	// LockRetries, and an application session queued behind a lock the
 	// library waits for waits about this long at most. A wait that times
-	// out is retried (LockRetries, [LockRetry]). Default
+	// out is retried (LockRetries, [LockRetry]). One exception: the
+	// merge's key locks wait beyond it for a live worker's merge of the
+	// same keys (in steps that fence a stale holder; see the package
+	// documentation, "Fencing"). Default
 	// [DefaultLockTimeout]; negative: the library sets no lock_timeout
 	// (the session's, role's or database's applies) and retries the waits
 	// that end anyway with LockRetries' sleeps.

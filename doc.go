@@ -211,7 +211,17 @@ the next claim. A transaction holder whose worker's
 heartbeat is older than [Config.StaleAfter] (default 30 s) is fenced: its
 backend is terminated with pg_terminate_backend, in the same statement
 that checks the heartbeat, which rolls its chunk back; the waiting worker
-then claims it. A healthy worker therefore waits behind a frozen one at
+then claims it. The advisory locks a chunk's merge waits for (its key
+locks; a rollback's whole-target lock likewise) are taken in steps of
+that poll interval, each a lock_timeout in a savepoint that keeps the
+chunk's staged rows; after each step the worker logs the holders of the
+conflicting lock (found in pg_locks, with the same application_name)
+and fences a stale one with the same statement, so a worker frozen
+between its merge and its commit stops nobody for longer. A holder
+that is a live worker is waited for (its merge ends on its own); a
+session that is no worker is a lock wait like any other, bounded by the
+try's lock_timeout and retried by [Config.LockRetries]. A healthy worker
+therefore waits behind a frozen one at
 most about StaleAfter + HeartbeatInterval + 1 s (36 s by default), within
 the documented bound of one minute; a slow worker whose heartbeats go on
 is never fenced. Terminating another role's backend needs the role
@@ -292,7 +302,9 @@ default the session's, role's or database's) bounds the merge, the
 validators and the checkpoint, never the extractor's time (it runs
 outside any transaction). Both are set by the fence statement, with no
 extra round trip. The merge's key locks (advisory locks that order merges of the same
-keys) wait without lock_timeout: only another chunk's merge holds them.
+keys) wait for a live worker's merge beyond lock_timeout, in steps that
+fence a stale holder (see Fencing); a holder that is no worker (an
+operator's session) holds them for the try's lock_timeout at most.
 
 A try that ends with a lock timeout (55P03), a deadlock (40P01), a
 serialization failure (40001) or a statement timeout (57014, while the

@@ -50,7 +50,7 @@ func (publishEnd) switchesBack() bool { return false }
 func (publishEnd) publishesOpen() bool { return true }
 
 func (publishEnd) prepare(ctx context.Context, ex *execution) error {
-	if err := ex.r.caps.mergeStage.CreateStaging(ctx, ex.r.db, ex.r.caps.staging.StagingTable(ex.batchID), ex.info); err != nil {
+	if err := ex.r.caps.mergeStage.CreateStaging(pgstore.WithLockWaiting(ctx, ex.r.lockWaiting(ex.log, ex.batchID, "", nil)), ex.r.db, ex.r.caps.staging.StagingTable(ex.batchID), ex.info); err != nil {
 		return fmt.Errorf("backfill: job %q: staging table: %w", ex.job.Name, err)
 	}
 	return nil
@@ -148,7 +148,13 @@ func (ex *execution) publishStaged(ctx context.Context, tx sqlx.ExtContext, stag
 		return ChunkResult{}, err
 	}
 	defer st.Close()
-	mr, err := st.Merge(ctx)
+	// Its merge lock waits like a chunk's: logged, fencing a stale worker
+	// that holds it ([Runner.lockWaiting]).
+	self := ""
+	if ex.worker != nil {
+		self = ex.worker.key
+	}
+	mr, err := st.Merge(pgstore.WithLockWaiting(ctx, r.lockWaiting(ex.log.With("seq", c.Seq, "chunk", c.ID), ex.batchID, self, nil)))
 	if err != nil {
 		return ChunkResult{}, &ChunkError{Chunk: c, Attempt: 1, Err: err}
 	}

@@ -80,7 +80,8 @@ func (r *Runner) prepareVersion(ctx context.Context, job Job, info TableInfo, ba
 	version := pgstore.VersionTable(info.Target.Table, batchID)
 	marker := pgstore.VersionMarker(info.Target.Table, batchID)
 	err := pgstore.InTx(ctx, r.db, func(tx sqlx.ExtContext) error {
-		if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock(hashtextextended('backfill.version:' || $1, 0))`, version); err != nil {
+		lctx := pgstore.WithLockWaiting(ctx, r.lockWaiting(r.cfg.Logger, batchID, "", nil))
+		if err := pgstore.LockName(lctx, tx, "version lock of "+version, "backfill.version:"+version); err != nil {
 			return err
 		}
 		// The name must resolve to the version this batch created (an
@@ -154,7 +155,8 @@ func (r *Runner) switchView(ctx context.Context, vs viewSwitch, try func(tx sqlx
 	for n := 1; ; n++ {
 		var blocking string // what pg_blocking_pids said during the last try
 		err := pgstore.InTx(ctx, r.db, func(tx sqlx.ExtContext) error {
-			if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock(hashtextextended('backfill.view:' || $1, 0))`, vs.view); err != nil {
+			lctx := pgstore.WithLockWaiting(ctx, r.lockWaiting(r.cfg.Logger.With("switch", vs.what), 0, "", nil))
+			if err := pgstore.LockName(lctx, tx, "view lock of "+vs.view, "backfill.view:"+vs.view); err != nil {
 				return err
 			}
 			return try(tx, func(source string) error {

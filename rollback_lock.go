@@ -21,7 +21,12 @@ import (
 // lock, as in a merge, so no cycle forms. The design note
 // docs/design/rollback.md explains the alternatives.
 
-// lockTarget takes the target's merge lock for tx (see above). A runner
+// lockTarget takes the target's merge lock for tx (see above), in
+// bounded steps ([pgstore.WaitLock], [Runner.lockWaiting]): each wait is
+// logged with the holders, a stale worker holding it (a merge frozen
+// before its commit) is fenced, and a session that is no worker holds
+// it for the transaction's lock_timeout at most (InBoundedTx then
+// retries by Config.LockRetries). A runner
 // whose DB is not one of Postgres (a DB of the caller's, such as
 // backfilltest's) takes no lock.
 func (u *undoRollback) lockTarget(ctx context.Context, tx sqlx.ExtContext) error {
@@ -29,7 +34,11 @@ func (u *undoRollback) lockTarget(ctx context.Context, tx sqlx.ExtContext) error
 		return nil
 	}
 	ns := pgstore.LockNamespace(cmp.Or(u.info.LockRoot, u.info.Target.Table))
-	if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock($1::int, $2::int)`, ns, pgstore.WholeTarget); err != nil {
+	lctx := pgstore.WithLockWaiting(ctx, u.r.lockWaiting(u.r.cfg.Logger, u.run.BatchID, "", nil))
+	err := pgstore.WaitLock(lctx, tx, "merge lock of "+u.info.Target.Table+" (rollback)", pgstore.LockSpec{Namespace: ns, Whole: true}, func(cond string) string {
+		return fmt.Sprintf(`SELECT pg_advisory_xact_lock(%d, %d) WHERE %s`, ns, pgstore.WholeTarget, cond)
+	})
+	if err != nil {
 		return fmt.Errorf("backfill: rollback of batch %d: wait for the merges into %s: %w", u.run.BatchID, u.info.Target.Table, err)
 	}
 	return nil

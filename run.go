@@ -1561,7 +1561,7 @@ func (ex *execution) loadChunk(ctx context.Context, t *chunkTry) (err error) {
 	stopWatch := ex.watchChunk(ctx, t.pid, cr.lockTimeout)
 	defer func() { cr.seen = stopWatch() }()
 	cr.span.next(ctx, backfilltrace.PhaseMerge)
-	mr, err := stager.Merge(ctx)
+	mr, err := stager.Merge(ex.chunkLockWaiting(ctx, t))
 	if err != nil {
 		return t.chunkErr(err)
 	}

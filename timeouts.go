@@ -38,9 +38,12 @@ import (
 // table again. The row of a try is counted per call of Run and per chunk:
 // another process that claims the chunk starts at the first row.
 //
-// The advisory key locks of the merge (see [pgstore.MergeLockKeys]) wait
-// without lock_timeout: they wait only for another chunk's merge of the
-// same keys, an intended wait that no application session queues behind.
+// The advisory key locks of the merge (see [pgstore.MergeLockKeys]) are
+// taken in steps ([pgstore.WaitLock], keylocks.go): a live worker's merge
+// of the same keys is waited for beyond the try's lock_timeout (an
+// intended wait, its own waits bounded), a stale worker holding them is
+// fenced, and a session that is no worker holds them for the try's
+// lock_timeout at most: its 55P03 is a wait of the chunk as above.
 
 // LockRetry is one row of [Config.LockRetries]: a try's lock_timeout and,
 // when the try waits, the sleep before the next try.

@@ -195,6 +195,7 @@ func TestFaults(t *testing.T) {
 	if s.nw.mode == "netns" {
 		t.Run("network_split_of_worker_holding_chunk", func(t *testing.T) { s.frozen(t, seed, "cut") })
 	}
+	t.Run("sigstop_random_point_of_chunk", func(t *testing.T) { s.freezeAnywhere(t, seed) })
 	t.Run("joining_worker_gets_chunks", func(t *testing.T) { s.joining(t, seed) })
 	t.Run("server_restart_no_worker_exits", func(t *testing.T) { s.restartsSurvived(t, seed) })
 	if s.bouncer != 0 {
@@ -230,6 +231,11 @@ type round struct {
 	faults  map[string]int
 	exits   []string    // worker exits with a failure, described
 	codes   map[int]int // worker exits by code (-1: killed by the suite)
+
+	// mergedPause is the workers' -merged-pause; merged receives their
+	// "merged" records (kind merged, dropped when full).
+	mergedPause time.Duration
+	merged      chan event
 }
 
 // window is a time a worker (or a host's workers) was frozen or cut off.
@@ -292,6 +298,9 @@ type roundOptions struct {
 	sleep        time.Duration
 	// allPooler: every worker through PgBouncer, not every second one.
 	allPooler bool
+	// mergedPause: the workers pause this long between each chunk's
+	// merge and its commit, and say so (round.merged).
+	mergedPause time.Duration
 }
 
 // newRound creates the round's database, runs the reference job
@@ -315,8 +324,9 @@ func (s *suite) newRound(t *testing.T, name string, seed int64, o roundOptions) 
 	}
 	r := &round{
 		s: s, t: t, name: name, rng: rand.New(rand.NewPCG(uint64(seed), 12)), faults: map[string]int{}, codes: map[int]int{},
-		spec:  Spec{Name: "faults", Table: "target", Chunks: o.chunks, RowsPerChunk: o.rows, Sleep: o.sleep},
-		dbURL: dbURL("127.0.0.1", s.srv.Port(), dbName, "faulttest"),
+		spec:        Spec{Name: "faults", Table: "target", Chunks: o.chunks, RowsPerChunk: o.rows, Sleep: o.sleep},
+		dbURL:       dbURL("127.0.0.1", s.srv.Port(), dbName, "faulttest"),
+		mergedPause: o.mergedPause, merged: make(chan event, 64),
 	}
 	r.db, err = sqlx.Open("postgres", r.dbURL)
 	if err != nil {

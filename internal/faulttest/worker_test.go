@@ -41,7 +41,15 @@ var waitMessages = map[string]bool{
 	fencedMessage: true,
 	"backfill: done waiting for chunks in flight": true,
 	"backfill: chunks in flight ended":            true,
+	// Waits for a lock (the merge's key locks) held by another worker.
+	"backfill: waiting for a lock held by a live worker":                           true,
+	"backfill: waiting for a lock held by a stale worker (not fenced)":             true,
+	"backfill: waiting for a lock held by a session that is not a backfill worker": true,
+	lockFencedMessage: true,
 }
+
+// lockFencedMessage is fencedMessage for the holder of a lock.
+const lockFencedMessage = "backfill: fenced a stale worker: terminated the backend holding a lock this transaction waits for; its transaction rolls back"
 
 const fencedMessage = "backfill: fenced a stale worker: terminated the backend holding the chunk; its transaction rolls back and the chunk is claimable"
 
@@ -125,7 +133,7 @@ func (w *worker) runOnce() (int, error) {
 		"-heartbeat", heartbeatInterval.String(), "-stale-after", staleAfter.String(),
 		// Every other worker extracts ahead (a chunk leased and spooled
 		// while the previous one is written).
-		fmt.Sprintf("-extract-ahead=%t", w.idx%2 == 1))
+		fmt.Sprintf("-extract-ahead=%t", w.idx%2 == 1), "-merged-pause", w.r.mergedPause.String())
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
@@ -171,10 +179,15 @@ func (w *worker) runOnce() (int, error) {
 			w.r.record(event{at: at, worker: w.idx, kind: "done", seq: *rec.Seq})
 		case rec.Msg == "chunk failed" && rec.Seq != nil:
 			w.r.record(event{at: at, worker: w.idx, kind: "failed", seq: *rec.Seq})
+		case rec.Msg == "merged" && rec.Seq != nil:
+			select {
+			case w.r.merged <- event{at: at, worker: w.idx, kind: "merged", seq: *rec.Seq}:
+			default:
+			}
 		case rec.Msg == leaseLostMessage && rec.Seq != nil:
 			w.r.record(event{at: at, worker: w.idx, kind: "lease-lost", seq: *rec.Seq})
 		case waitMessages[rec.Msg] && rec.Waited != nil:
-			e := event{at: at, worker: w.idx, kind: "wait", seq: -1, msg: rec.Msg, holder: rec.Holder, waited: *rec.Waited, fenced: rec.Msg == fencedMessage}
+			e := event{at: at, worker: w.idx, kind: "wait", seq: -1, msg: rec.Msg, holder: rec.Holder, waited: *rec.Waited, fenced: rec.Msg == fencedMessage || rec.Msg == lockFencedMessage}
 			if rec.Seq != nil {
 				e.seq = *rec.Seq
 			}

@@ -175,8 +175,8 @@ func (m *Manifest) FenceLease(ctx context.Context, tx sqlx.ExtContext, batchID i
 //     planner settings) for its statements and what follows;
 //   - lock_timeout ($6), the try's ([Config.LockRetries]; "" keeps the
 //     session's), also kept in backfill.lock_timeout for the merge to put
-//     back after its key locks, which wait without one
-//     (the engine's lock retries);
+//     back (PlannerSettings); its key locks wait in steps of their own
+//     (WaitLock), which put the try's back when granted;
 //   - application_name "backfill <worker key> " ($7) before the session's
 //     own: the chunk's holder, for the waiting workers' fencing (Holders);
 //   - TCP keepalives (idle StaleAfter/3, interval StaleAfter/9, 3

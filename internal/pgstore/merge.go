@@ -38,10 +38,11 @@ func (s *PGStager) EndStaging(ctx context.Context) error {
 // transaction-level advisory lock on the table's name: workers starting
 // at once would otherwise race in CREATE TABLE IF NOT EXISTS, which two
 // sessions can both pass and then collide on the catalog's unique index
-// (23505 on pg_type).
+// (23505 on pg_type). The lock is taken with LockName: its waits go to
+// the context's LockWaiting.
 func (m *Merger) CreateStaging(ctx context.Context, db sqlx.ExtContext, table string, info backfilltype.TableInfo) error {
 	return InTx(ctx, db, func(tx sqlx.ExtContext) error {
-		if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock(hashtextextended('backfill.stage:' || $1, 0))`, table); err != nil {
+		if err := LockName(ctx, tx, "stage lock of "+table, "backfill.stage:"+table); err != nil {
 			return err
 		}
 		return createStageTable(ctx, tx, table, info)
@@ -994,9 +995,9 @@ func (s *PGStager) checkIntervals(ctx context.Context) error {
 //   - extra_float_digits at least 1, so floats compared as text are exact;
 //   - the caller's statement_timeout and the try's lock_timeout put back
 //     from backfill.statement_timeout and backfill.lock_timeout, where the
-//     chunk's fence ([Manifest.FenceLease]) and the key locks
-//     ([PGStager.lockKeys]) kept them while the spool was replayed into
-//     COPY and the key locks were taken.
+//     chunk's fence ([Manifest.FenceLease]) kept them while the spool
+//     was replayed into COPY (the key locks, [PGStager.lockKeys], put
+//     back the lock_timeout of their steps themselves).
 //
 // The design note docs/design/merge.md explains the alternatives.
 func (s *PGStager) PlannerSettings(ctx context.Context) (restore func(context.Context) error, err error) {

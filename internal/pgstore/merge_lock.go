@@ -108,16 +108,20 @@ func (s *PGStager) keyHashable(ctx context.Context) (bool, error) {
 }
 
 // lockKeys takes the key locks of the staged rows in the chunk's
-// transaction (see above). It must run before the merge's first read of
-// the target.
+// transaction (see above), with WaitLock: in steps, each wait reported
+// to the context's LockWaiting (the Runner's fences a stale worker
+// holding them). It must run before the merge's first read of the
+// target.
 func (s *PGStager) lockKeys(ctx context.Context) error {
 	t := s.Info.Target
 	// A partition and its partitioned parent share one namespace: merges
 	// through either lock the same keys (prepareDecide).
 	ns := LockNamespace(cmp.Or(s.Info.LockRoot, t.Table))
+	what := "key locks of " + t.Table
 	whole := func() error {
-		_, err := s.tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock($1::int, $2::int) WHERE `+noLockTimeout, ns, WholeTarget)
-		return err
+		return WaitLock(ctx, s.tx, what, LockSpec{Namespace: ns, Whole: true}, func(cond string) string {
+			return fmt.Sprintf(`SELECT pg_advisory_xact_lock(%d, %d) WHERE %s`, ns, WholeTarget, cond)
+		})
 	}
 	if s.lockWhole {
 		return whole()
@@ -164,23 +168,21 @@ func (s *PGStager) lockKeys(ctx context.Context) error {
 	}
 	// Lock -1 shared first, then the keys in ascending order (unnest keeps
 	// the array's order, the aggregate consumes it in that order), in one
-	// statement: the shared lock (and noLockTimeout) is an uncorrelated
-	// subquery in a condition without columns, which PostgreSQL evaluates
-	// once, as a one-time filter, before the first row of unnest.
-	_, err := s.tx.ExecContext(ctx, `SELECT count(pg_advisory_xact_lock($1::int, b)) FROM unnest($2::int[]) AS b
-		WHERE (SELECT pg_advisory_xact_lock_shared($1::int, $3::int) WHERE `+noLockTimeout+`) IS NOT NULL`, ns, pq.Array(buckets), WholeTarget)
-	return err
+	// statement: the shared lock (and WaitLock's condition) is an
+	// uncorrelated subquery in a condition without columns, which
+	// PostgreSQL evaluates once, as a one-time filter, before the first
+	// row of unnest. The numbers are the library's (hashes and its
+	// constant), written into the statement: without parameters it goes
+	// with WaitLock's savepoint in one round trip.
+	keys := make([]string, len(buckets))
+	for i, b := range buckets {
+		keys[i] = fmt.Sprint(b)
+	}
+	return WaitLock(ctx, s.tx, what, LockSpec{Namespace: ns, Keys: buckets}, func(cond string) string {
+		return fmt.Sprintf(`SELECT count(pg_advisory_xact_lock(%[1]d, b)) FROM unnest('{%[2]s}'::int[]) AS b
+		WHERE (SELECT pg_advisory_xact_lock_shared(%[1]d, %[3]d) WHERE %[4]s) IS NOT NULL`, ns, strings.Join(keys, ","), WholeTarget, cond)
+	})
 }
-
-// noLockTimeout is a condition that sets lock_timeout 0 for the rest of
-// the chunk's transaction, keeping the try's value in
-// backfill.lock_timeout (unless kept already) for the merge's planner
-// settings to put back: the key locks wait only for other merges of the
-// same keys, whatever the try's lock_timeout. In
-// the WHERE clause of a statement without FROM it is evaluated before
-// the statement's lock function.
-const noLockTimeout = `set_config('lock_timeout', CASE WHEN set_config('backfill.lock_timeout',
-	coalesce(nullif(current_setting('backfill.lock_timeout', true), ''), current_setting('lock_timeout')), true) IS NOT NULL THEN '0' END, true) IS NOT NULL`
 
 // rangeKey returns the business key's column when it is a single integer
 // column, whose locks cover ranges of values.

@@ -135,17 +135,10 @@ func (m *Manifest) Holders(ctx context.Context, db sqlx.ExtContext, batchID int6
 	var out []backfilldriver.ChunkHolder
 	err := InShortTx(ctx, db, func(tx sqlx.ExtContext) error {
 		out = out[:0]
-		return sqlx.SelectContext(ctx, tx, &out, m.SQL(`SELECT * FROM (SELECT c.seq, c.chunk_id, l.pid, coalesce(w.worker_key, '') AS worker_key,
-			coalesce(w.worker_id, a.application_name, '') AS worker_id, coalesce(w.host, '') AS host, coalesce(w.pid, 0) AS os_pid,
-			coalesce(extract(epoch FROM now() - w.heartbeat_at)::float8, -1) AS age_sec,
-			coalesce(w.finished_at IS NOT NULL OR w.heartbeat_at < now() - greatest(w.stale_after, make_interval(secs => $3)), false) AS stale,
-			CASE WHEN $4 AND w.worker_key IS NOT NULL AND w.worker_key <> $2
-				AND (w.finished_at IS NOT NULL OR w.heartbeat_at < now() - greatest(w.stale_after, make_interval(secs => $3)))
-				THEN pg_terminate_backend(l.pid) ELSE false END AS terminated
+		return sqlx.SelectContext(ctx, tx, &out, m.SQL(`SELECT * FROM (SELECT c.seq, c.chunk_id, l.pid, `+holderColumns("$4", "$2", "$3")+`
 			FROM {s}.chunks c
 			JOIN pg_locks l ON l.locktype = 'transactionid' AND l.transactionid = c.xmax AND l.granted AND l.mode = 'ExclusiveLock'
-			LEFT JOIN pg_stat_activity a ON a.pid = l.pid
-			LEFT JOIN {s}.workers w ON a.application_name LIKE 'backfill ' || w.worker_key || ' %'
+			`+holderJoin+`
 			WHERE c.batch_id = $1 AND c.status IN ('pending', 'open') AND l.pid <> pg_backend_pid()
 				AND ($2 = '' OR coalesce(w.worker_key, '') <> $2)
 				AND (NOT $5 OR EXISTS (SELECT 1 FROM {s}.runs r WHERE r.batch_id = $1 AND r.status = 'running'))
@@ -237,6 +230,28 @@ func (m *Manifest) WaitInFlight(ctx context.Context, db sqlx.ExtContext, batchID
 		}
 	}
 }
+
+// holderColumns are the columns of a holder (l.pid, its session a and
+// worker w: holderJoin) after its chunk: its worker, whether the worker
+// is stale (finished, or its heartbeat older than its registered stale
+// bound, at least staleArg seconds, by the server's clock), and, when
+// fenceArg, whether its backend was terminated for it (the fence of a
+// stale worker other than selfArg's).
+func holderColumns(fenceArg, selfArg, staleArg string) string {
+	stale := `(w.finished_at IS NOT NULL OR w.heartbeat_at < now() - greatest(w.stale_after, make_interval(secs => ` + staleArg + `)))`
+	return `coalesce(w.worker_key, '') AS worker_key,
+			coalesce(w.worker_id, a.application_name, '') AS worker_id, coalesce(w.host, '') AS host, coalesce(w.pid, 0) AS os_pid,
+			coalesce(extract(epoch FROM now() - w.heartbeat_at)::float8, -1) AS age_sec,
+			coalesce(` + stale + `, false) AS stale,
+			CASE WHEN ` + fenceArg + ` AND w.worker_key IS NOT NULL AND w.worker_key <> ` + selfArg + ` AND ` + stale + `
+				THEN pg_terminate_backend(l.pid) ELSE false END AS terminated`
+}
+
+// holderJoin joins a holder's backend l.pid to its session a and, by
+// the application_name "backfill <worker key> " its chunk's transaction
+// sets (leaseSettings), to its worker w.
+const holderJoin = `LEFT JOIN pg_stat_activity a ON a.pid = l.pid
+			LEFT JOIN {s}.workers w ON a.application_name LIKE 'backfill ' || w.worker_key || ' %'`
 
 // LogHolder logs one chunk a worker waits for: which chunk, its holder
 // (worker, host, backend pid, heartbeat age), how long the wait lasts so

@@ -2,7 +2,8 @@
 // database with backfill.Work, as one of many worker
 // processes of the suite (see package faulttest). It logs JSON records
 // (log/slog) to stderr: the library's, plus "extract" when an extraction
-// starts and "worker exit" with the exit code.
+// starts, "merged" when a chunk's merge is done (with -merged-pause), and
+// "worker exit" with the exit code.
 //
 // It runs the job with backfill.Work and exits with its code (the
 // library's contract): 0 the run is completed, 1 it failed, 64 bad job or
@@ -11,6 +12,11 @@
 // and leaves it alone once it exits 0.
 //
 //	worker -url URL -job NAME -table TABLE -chunks 60 -rows 3000 -sleep 400ms -id host1/w1
+//
+// With -merged-pause D, each chunk's transaction logs "merged" after its
+// merge and pauses D before it goes on to its commit (a validator that
+// sleeps in the process): the suite freezes a worker there, holding the
+// merge's key locks.
 package main
 
 import (
@@ -43,6 +49,7 @@ func main() {
 	heartbeat := flag.Duration("heartbeat", 0, "Config.HeartbeatInterval (0: the library's default)")
 	staleAfter := flag.Duration("stale-after", 0, "Config.StaleAfter (0: the library's default)")
 	ahead := flag.Bool("extract-ahead", false, "Config.ExtractAhead")
+	mergedPause := flag.Duration("merged-pause", 0, "log \"merged\" after each chunk's merge and pause this long before its commit")
 	flag.Parse()
 
 	log := slog.New(slog.NewJSONHandler(os.Stderr, nil)).With("worker", *id, "pid", os.Getpid())
@@ -50,12 +57,12 @@ func main() {
 	defer stop()
 	cfg := backfill.Config{Concurrency: *concurrency, WorkerID: *id, Logger: log, RetryBackoff: 200 * time.Millisecond,
 		HeartbeatInterval: *heartbeat, StaleAfter: *staleAfter, ExtractAhead: *ahead}
-	code := run(ctx, *url, spec, cfg)
+	code := run(ctx, *url, spec, cfg, *mergedPause)
 	log.Info("worker exit", "code", int(code))
 	os.Exit(int(code))
 }
 
-func run(ctx context.Context, url string, spec faulttest.Spec, cfg backfill.Config) backfill.ExitCode {
+func run(ctx context.Context, url string, spec faulttest.Spec, cfg backfill.Config, mergedPause time.Duration) backfill.ExitCode {
 	if url == "" {
 		cfg.Logger.Error("worker: -url is required")
 		return backfill.ExitUsage
@@ -78,5 +85,16 @@ func run(ctx context.Context, url string, spec faulttest.Spec, cfg backfill.Conf
 	job := spec.Job(func(c backfill.Chunk) {
 		cfg.Logger.Info("extract", "seq", c.Seq, "lo", c.Lo, "hi", c.Hi)
 	})
+	if mergedPause > 0 {
+		job.Validators = append(job.Validators, backfill.ValidatorFunc(func(ctx context.Context, tx sqlx.ExtContext, s backfill.ValidationScope) (backfill.CheckResult, error) {
+			cfg.Logger.Info("merged", "seq", s.Chunk.Seq)
+			select {
+			case <-ctx.Done():
+				return backfill.CheckResult{}, ctx.Err()
+			case <-time.After(mergedPause):
+			}
+			return backfill.CheckResult{Check: "merged_pause", Severity: backfill.SeverityError, Passed: true, Expected: "ok", Actual: "ok"}, nil
+		}))
+	}
 	return backfill.Work(ctx, r, job)
 }
