@@ -64,6 +64,7 @@ func (m *Manifest) Workers(ctx context.Context, db sqlx.ExtContext, batchID int6
 // RunLiveness implements [backfilldriver.ManifestWorkers.RunLiveness] from the
 // run_liveness view.
 func (m *Manifest) RunLiveness(ctx context.Context, db sqlx.ExtContext, batchID int64) (backfilltype.RunLiveness, error) {
+	ctx = m.purpose(ctx, "read the run's liveness", batchID)
 	var rows []backfilltype.RunLiveness
 	err := ReadTx(ctx, db, func(tx sqlx.ExtContext) error {
 		rows = rows[:0]
@@ -81,10 +82,14 @@ func (m *Manifest) RunLiveness(ctx context.Context, db sqlx.ExtContext, batchID 
 
 // RegisterWorker implements [backfilldriver.ManifestLeases.RegisterWorker]:
 // a row of the workers table, in a short transaction of its own.
+// The key is the worker's own (one per registration): a transaction run
+// again after a COMMIT that was cut finds the row it inserted and keeps
+// it (ON CONFLICT DO NOTHING).
 func (m *Manifest) RegisterWorker(ctx context.Context, db sqlx.ExtContext, w backfilltype.Worker) error {
+	ctx = m.purpose(ctx, "register the worker", w.BatchID)
 	return InShortTx(ctx, db, func(tx sqlx.ExtContext) error {
 		_, err := tx.ExecContext(ctx, m.SQL(`INSERT INTO {s}.workers (worker_key, worker_id, batch_id, job_name, host, pid, stale_after)
-			VALUES ($1, $2, $3, $4, $5, $6, make_interval(secs => $7))`),
+			VALUES ($1, $2, $3, $4, $5, $6, make_interval(secs => $7)) ON CONFLICT (worker_key) DO NOTHING`),
 			w.Key, ManifestText(w.ID), w.BatchID, w.Job, ManifestText(w.Host), w.PID, w.StaleAfter.Seconds())
 		return err
 	})
@@ -95,6 +100,7 @@ func (m *Manifest) RegisterWorker(ctx context.Context, db sqlx.ExtContext, w bac
 // of its own that does not wait for its WAL to be flushed (a lost
 // heartbeat is harmless).
 func (m *Manifest) Heartbeat(ctx context.Context, db sqlx.ExtContext, key string) error {
+	ctx = m.purpose(ctx, "heartbeat", 0)
 	return InShortTx(ctx, db, func(tx sqlx.ExtContext) error {
 		_, err := tx.ExecContext(ctx, m.SQL(`UPDATE {s}.workers SET heartbeat_at = now()
 			WHERE worker_key = $1 AND finished_at IS NULL AND set_config('synchronous_commit', 'local', true) IS NOT NULL`), key)
@@ -104,6 +110,7 @@ func (m *Manifest) Heartbeat(ctx context.Context, db sqlx.ExtContext, key string
 
 // FinishWorker implements [backfilldriver.ManifestLeases.FinishWorker].
 func (m *Manifest) FinishWorker(ctx context.Context, db sqlx.ExtContext, key string) error {
+	ctx = m.purpose(ctx, "record the worker's end", 0)
 	return InShortTx(ctx, db, func(tx sqlx.ExtContext) error {
 		_, err := tx.ExecContext(ctx, m.SQL(`UPDATE {s}.workers SET heartbeat_at = now(), finished_at = now(), state = 'finished'
 			WHERE worker_key = $1`), key)
@@ -132,6 +139,7 @@ const ClaimQuery = `SELECT ` + chunkColumns + ` FROM {s}.chunks
 // older than its registered stale bound, or finished) by the server's
 // clock at that moment.
 func (m *Manifest) Holders(ctx context.Context, db sqlx.ExtContext, batchID int64, self string, staleAfter time.Duration, fence, running bool) ([]backfilldriver.ChunkHolder, error) {
+	ctx = m.purpose(ctx, "read the chunks' holders", batchID)
 	var out []backfilldriver.ChunkHolder
 	err := InShortTx(ctx, db, func(tx sqlx.ExtContext) error {
 		out = out[:0]
