@@ -17,6 +17,7 @@ import (
 	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgbackfill/backfill/internal/pgstore"
 	"github.com/pgbackfill/backfill/internal/pgtest"
 	"github.com/pgbackfill/backfill/internal/testwait"
 )
@@ -463,4 +464,35 @@ func TestManifestSchemaDroppedNamed(t *testing.T) {
 	require.True(t, errors.Is(res.err, ErrSchemaBehind), "wraps ErrSchemaBehind: %v", res.err)
 	require.NotZero(t, res.rep.BatchID, "the report names the batch")
 	require.Contains(t, msg, fmt.Sprintf("batch %d", res.rep.BatchID))
+}
+
+// TestManifestTransientFaultsBounded: a server that drops every
+// connection (a lost network, a server that never comes back) is retried
+// within the bound (TxSettings.ConnBudget, 2 x StaleAfter for a Runner),
+// each fault logged with the transaction's purpose and batch, and then
+// reported as such: a retryable error naming the batch and the bound.
+func TestManifestTransientFaultsBounded(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			_ = c.Close()
+		}
+	}()
+	db := sqlx.MustOpen("postgres", "postgres://postgres@"+ln.Addr().String()+"/db?sslmode=disable&connect_timeout=5")
+	t.Cleanup(func() { _ = db.Close() })
+	logs := &syncBuffer{}
+	pd := pgstore.PGDB{DB: db, Settings: &pgstore.TxSettings{ConnBudget: 300 * time.Millisecond}, Log: slog.New(slog.NewJSONHandler(logs, nil))}
+	_, err = pgstore.NewManifest("").Run(context.Background(), pd, 7)
+	require.Error(t, err)
+	require.True(t, IsRetryable(err), "retryable: %v", err)
+	require.Contains(t, err.Error(), "backfill: run 7: ")
+	require.Contains(t, err.Error(), "unreachable or refused connections")
+	require.Contains(t, logs.String(), `"what":"read the run","batch_id":7,"sqlstate":"connection","try":1`)
 }

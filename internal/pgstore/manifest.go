@@ -210,8 +210,8 @@ func inTxIdle(ctx context.Context, db sqlx.ExtContext, mode txMode, f func(tx sq
 			})
 			if code, _, ok := WaitCode(ctx, err); ok && blockers != "" {
 				// The retry table is used up: name the holders seen.
-				return fmt.Errorf("%s: waited for locks %d times (lock_timeout %s ms, SQLSTATE %s), blocked by %s; retry later or end the blocking session: %w",
-					p.what, len(settings.Retries), settings.manifestLockTimeout(), code, blockers, err)
+				return fmt.Errorf("waited for locks %d times (lock_timeout %s ms, SQLSTATE %s), blocked by %s; retry later or end the blocking session: %w",
+					len(settings.Retries), settings.manifestLockTimeout(), code, blockers, err)
 			}
 			return err
 		}

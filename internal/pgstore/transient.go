@@ -17,6 +17,11 @@ import (
 // handle that no Runner configured retry transient faults (TxSettings.ConnBudget).
 const DefaultConnBudget = 60 * time.Second
 
+// ErrFaultBound marks the error of a manifest transaction whose transient
+// faults lasted its bound (TxSettings.ConnBudget): the caller does not
+// retry it again.
+var ErrFaultBound = errors.New("transient faults outlasted the bound")
+
 // txPurpose names a manifest transaction in logs and errors: what it
 // does, the batch it is for (0: none), and the manifest's schema.
 type txPurpose struct {
@@ -92,8 +97,8 @@ func retryTransient(ctx context.Context, log *slog.Logger, p txPurpose, budget t
 			first = time.Now()
 		}
 		if time.Since(first) >= budget {
-			return fmt.Errorf("%s: the database was unreachable or refused connections for %s (%d tries, the bound); restart later to resume: %w",
-				p.what, time.Since(first).Round(time.Millisecond), n, err)
+			return fmt.Errorf("the database was unreachable or refused connections for %s (%d tries, %w); restart later to resume: %w",
+				time.Since(first).Round(time.Millisecond), n, ErrFaultBound, err)
 		}
 		sleep := connBackoff(n)
 		log.Warn("backfill: a manifest transaction hit a transient fault; retrying after a pause",
