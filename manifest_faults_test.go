@@ -494,5 +494,6 @@ func TestManifestTransientFaultsBounded(t *testing.T) {
 	require.True(t, IsRetryable(err), "retryable: %v", err)
 	require.Contains(t, err.Error(), "backfill: run 7: ")
 	require.Contains(t, err.Error(), "unreachable or refused connections")
+	require.ErrorIs(t, err, pgstore.ErrFaultBound)
 	require.Contains(t, logs.String(), `"what":"read the run","batch_id":7,"sqlstate":"connection","try":1`)
 }
