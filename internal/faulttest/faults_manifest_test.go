@@ -15,6 +15,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -144,7 +145,25 @@ func (p *commitProxy) serve(c net.Conn) {
 		return
 	}
 	defer func() { _ = c.Close() }()
-	go func() { _, _ = io.Copy(c, s); _ = c.Close(); _ = s.Close() }()
+	// The server's answers, until muted: a cut COMMIT's answer never
+	// reaches the client.
+	var muted atomic.Bool
+	go func() {
+		buf := make([]byte, 32<<10)
+		for {
+			n, err := s.Read(buf)
+			if n > 0 && !muted.Load() {
+				if _, werr := c.Write(buf[:n]); werr != nil {
+					break
+				}
+			}
+			if err != nil || muted.Load() {
+				break
+			}
+		}
+		_ = c.Close()
+		_ = s.Close()
+	}()
 	head := make([]byte, 4)
 	for started := false; !started; {
 		if _, err := io.ReadFull(c, head); err != nil {
@@ -195,6 +214,9 @@ func (p *commitProxy) serve(c net.Conn) {
 		case 'P':
 			name := text(body)
 			stmts = append(stmts, text(body[len(name)+1:]))
+		}
+		if cut {
+			muted.Store(true)
 		}
 		if _, err := s.Write(append(msg, body...)); err != nil {
 			return

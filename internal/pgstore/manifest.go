@@ -917,7 +917,7 @@ func (m *Manifest) addExceptionsOf(ctx context.Context, tx sqlx.ExtContext, batc
 
 // FailChunk implements [Manifest.FailChunk].
 func (m *Manifest) FailChunk(ctx context.Context, db sqlx.ExtContext, batchID int64, seq int, msg string, final bool) error {
-	ctx = m.purpose(ctx, "record a chunk's failure", batchID)
+	ctx = m.purpose(ctx, "record the failure of a chunk", batchID)
 	status := backfilltype.ChunkPending
 	if final {
 		status = backfilltype.ChunkFailed

@@ -81,15 +81,28 @@ func (m *Manifest) RunLiveness(ctx context.Context, db sqlx.ExtContext, batchID 
 }
 
 // RegisterWorker implements [backfilldriver.ManifestLeases.RegisterWorker]:
-// a row of the workers table, in a short transaction of its own.
-// The key is the worker's own (one per registration): a transaction run
-// again after a COMMIT that was cut finds the row it inserted and keeps
-// it (ON CONFLICT DO NOTHING).
+// a row of the workers table, in a short transaction of its own. A key
+// registers once: a second registration fails (unique_violation).
+//
+// A try run again by InShortTx may follow a COMMIT that was cut and did
+// commit: such a try first looks for the row its key, batch and worker
+// ID make, and keeps it.
 func (m *Manifest) RegisterWorker(ctx context.Context, db sqlx.ExtContext, w backfilltype.Worker) error {
 	ctx = m.purpose(ctx, "register the worker", w.BatchID)
+	tries := 0
 	return InShortTx(ctx, db, func(tx sqlx.ExtContext) error {
+		if tries++; tries > 1 {
+			var mine []int
+			if err := sqlx.SelectContext(ctx, tx, &mine, m.SQL(`SELECT 1 FROM {s}.workers WHERE worker_key = $1 AND batch_id = $2 AND worker_id = $3`),
+				w.Key, w.BatchID, ManifestText(w.ID)); err != nil {
+				return err
+			}
+			if len(mine) == 1 {
+				return nil
+			}
+		}
 		_, err := tx.ExecContext(ctx, m.SQL(`INSERT INTO {s}.workers (worker_key, worker_id, batch_id, job_name, host, pid, stale_after)
-			VALUES ($1, $2, $3, $4, $5, $6, make_interval(secs => $7)) ON CONFLICT (worker_key) DO NOTHING`),
+			VALUES ($1, $2, $3, $4, $5, $6, make_interval(secs => $7))`),
 			w.Key, ManifestText(w.ID), w.BatchID, w.Job, ManifestText(w.Host), w.PID, w.StaleAfter.Seconds())
 		return err
 	})
