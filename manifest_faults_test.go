@@ -323,6 +323,7 @@ func newLimitedRole(t *testing.T) *limitedRole {
 	r.exec(t, `GRANT USAGE ON SCHEMA backfill TO {role}`)
 	r.exec(t, `GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA backfill TO {role}`)
 	r.exec(t, `GRANT USAGE ON ALL SEQUENCES IN SCHEMA backfill TO {role}`)
+	r.exec(t, `GRANT EXECUTE ON FUNCTION backfill.record_event(bigint, text, text, text, jsonb), backfill.library_control(bigint, text, text) TO {role}`)
 	r.exec(t, `GRANT SELECT, INSERT, UPDATE ON live TO {role}`)
 	u, err := neturl.Parse(adminURL)
 	require.NoError(t, err)
