@@ -84,7 +84,8 @@ func (p *commitProxy) port() int { return p.ln.Addr().(*net.TCPAddr).Port }
 func txKind(stmts []string) string {
 	all := strings.Join(stmts, "\n")
 	for _, k := range []struct{ kind, needle string }{
-		{"start run", `INSERT INTO "backfill".runs`},
+		{"start run (create)", `INSERT INTO "backfill".runs`},
+		{"start run (resume)", `hashtextextended('backfill.job:'`},
 		{"finish run", `SET status = $2, last_error = $3`},
 		{"register worker", `INSERT INTO "backfill".workers`},
 		{"finish worker", `state = 'finished'`},
@@ -94,7 +95,7 @@ func txKind(stmts []string) string {
 		{"heartbeat", `SET heartbeat_at = now()`},
 		{"fail chunk", `SET attempts = attempts + 1`},
 		{"record wait", `INSERT INTO "backfill".waits`},
-		{"event", `INSERT INTO "backfill".events`},
+		{"event", `record_event(`},
 		{"throttle", `"backfill".throttle`},
 	} {
 		if strings.Contains(all, k.needle) {
