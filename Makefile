@@ -39,8 +39,9 @@ test:
 
 # test-faults: the fault suite (internal/faulttest, build tag faults):
 # worker processes on simulated hosts (network namespaces as root, else
-# loopback) under kill -9, SIGSTOP, network cuts, server restarts and
-# PgBouncer; prints a summary. BACKFILL_FAULTS_SEED replays a seed.
+# loopback) under kill -9, SIGSTOP, network cuts, server restarts,
+# PgBouncer, COMMITs cut and max_connections used up; prints a summary.
+# BACKFILL_FAULTS_SEED replays a seed.
 .PHONY: test-faults
 test-faults:
 	$(GO) test -tags faults -count=1 -timeout 20m -v ./internal/faulttest/...

@@ -339,6 +339,48 @@ A retried try leases and extracts its chunk again (the spool is not kept
 across tries). No transaction is open while the source is read, also
 with [Config.JobConcurrency], which caps the run's live leases.
 
+# Transient faults
+
+The manifest's own transactions (the start-up reads, the start and end
+of a run, leases, heartbeats, a worker's registration, the records of
+failures, waits and events, the reads of status and progress) are
+retried, as a whole, on the transient faults of the connection or the
+server: class 08 (a lost connection, also driver: bad connection and
+an unexpected EOF), 53300 (max_connections or a role's CONNECTION LIMIT
+used up by other clients), 57P01 to 57P03 (a backend terminated, a
+server shutting down or starting), and, as before, 40001 and 40P01. The
+sleeps double from 100 ms to at most 5 s (jittered ±25 %); the bound is
+2 × [Config.StaleAfter] (one minute with the defaults) from the first
+fault. Each fault is logged at WARN ("backfill: a manifest transaction
+hit a transient fault; retrying after a pause", with what, batch_id,
+sqlstate, try, sleep and the error), and the success after faults at
+INFO. Past the bound the call returns an error that names what the
+transaction did, says how long it tried, and wraps the last fault:
+[IsRetryable] reports it, and [Work] exits with [ExitTempFail].
+
+A COMMIT cut mid-flight is ambiguous (the server may have committed), so
+each retried transaction is safe to run twice: the start of a run looks
+for the batch it created before creating one (a batch ID is never
+reused), the end of a run finds the run already completed or failed, a
+worker's registration keeps the row of its own key, a lease taken twice
+is the same worker's (its own key takes its chunk back), and a chunk's
+transaction is fenced by its lease. A record of an event or a wait may
+then appear twice; a chunk's failure may count one attempt more.
+
+Lock waits of the manifest's transactions (an operator's LOCK TABLE on
+backfill.chunks or backfill.runs) are bounded like a chunk's: each
+statement waits at most [Config.LockTimeout], the transaction is tried
+again with the sleeps of [Config.LockRetries], and each wait is logged
+("backfill: a transaction of the library waited", with what, batch_id,
+sqlstate, lock_timeout, sleep and blockers: the sessions holding strong
+locks, with the table and mode, such as "AccessExclusiveLock on
+backfill.chunks"). Reads of the manifest wait so too. Once the table is
+used up, the error names the blockers and stays retryable (55P03).
+
+A manifest schema dropped (or never created) gives an error that names
+the schema, says it is missing and to run backfill migrate, and wraps
+[ErrSchemaBehind]; messages about the end of a run name its batch.
+
 # Throttles
 
 A backfill runs beside production. [Config.Throttles] lists signals that

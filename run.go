@@ -535,14 +535,19 @@ func (ex *execution) finishRun(ctx context.Context, run Run, resumed, finished b
 		failed, msg = true, ex.errs[i].Error()
 	}
 	// A server restart does not leave the run's end unrecorded.
+	// Each try finishes the same batch: a failed try returns no run.
 	err := ex.retryConn(fctx, "finish run", func() error {
-		var err error
-		run, err = r.cfg.Manifest.FinishRun(fctx, r.db, run.BatchID, failed, msg)
+		ended, err := r.cfg.Manifest.FinishRun(fctx, r.db, run.BatchID, failed, msg)
+		if err == nil {
+			run = ended
+		}
 		return err
 	})
 	if err != nil {
-		// Not silent: the manifest still says the run is running.
-		return Report{}, errors.Join(runErr, fmt.Errorf("backfill: job %q batch %d: the end of the run could not be recorded; the manifest still shows it as it was: %w", job.Name, run.BatchID, err))
+		// Not silent: the manifest still says the run is running. The
+		// report names the batch, so that the caller (Work) says which.
+		return Report{BatchID: run.BatchID, Job: job.Name, Status: run.Status, Resumed: resumed},
+			errors.Join(runErr, fmt.Errorf("backfill: job %q batch %d: the end of the run could not be recorded; the manifest still shows it as it was: %w", job.Name, run.BatchID, err))
 	}
 	if run.Status == RunAbandoned {
 		runErr = errors.Join(runErr, fmt.Errorf("backfill: job %q batch %d: %w", job.Name, run.BatchID, ErrRunAbandoned))

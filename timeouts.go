@@ -65,7 +65,7 @@ func DefaultLockRetries(lockTimeout time.Duration) []LockRetry {
 }
 
 func (c *Config) txSettings() pgstore.TxSettings {
-	return pgstore.TxSettings{LockTimeout: c.LockTimeout, StmtTimeout: c.StatementTimeout, Retries: c.LockRetries}
+	return pgstore.TxSettings{LockTimeout: c.LockTimeout, StmtTimeout: c.StatementTimeout, Retries: c.LockRetries, ConnBudget: 2 * c.StaleAfter}
 }
 
 // validateTimeouts checks the timeouts of c.

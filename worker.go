@@ -205,7 +205,7 @@ func (ex *execution) connFailed(ctx context.Context, ws *waitState, err error) b
 	}
 	ws.connFails++
 	budget := ex.r.reconnectBudget()
-	if time.Since(ws.connSince) > budget || ctx.Err() != nil {
+	if time.Since(ws.connSince) > budget || ctx.Err() != nil || errors.Is(err, pgstore.ErrFaultBound) {
 		ex.log.Error("backfill: connection lost; giving up", "failures", ws.connFails, "down_for", time.Since(ws.connSince), "error", err)
 		ex.fail(nil, err)
 		return false
@@ -238,7 +238,9 @@ func (ex *execution) retryConn(ctx context.Context, what string, f func() error)
 	var since time.Time
 	for n := 1; ; n++ {
 		err := f()
-		if err == nil || !backfilltype.IsConnectionError(err) {
+		// A manifest transaction retries its own faults up to the same
+		// bound (pgstore.ErrFaultBound): not again.
+		if err == nil || !backfilltype.IsConnectionError(err) || errors.Is(err, pgstore.ErrFaultBound) {
 			if err == nil && n > 1 {
 				ex.log.Info("backfill: recorded after the connection came back", "what", what, "tries", n, "down_for", time.Since(since))
 			}

@@ -396,13 +396,13 @@ func TestServerRestartDuringChunk(t *testing.T) {
 		close(down)
 		// The failed attempt is recorded while the server is down: its
 		// recording fails, and is retried.
-		lost := regexp.MustCompile(`"msg":"backfill: connection lost; retrying",[^\n]*"what":"record failed attempt"`)
+		lost := regexp.MustCompile(`"msg":"backfill: a manifest transaction hit a transient fault; retrying after a pause",[^\n]*"what":"record the failure of a chunk"`)
 		testwait.Until(t, "a failed try to record the failed attempt while the server is down", func() bool { return lost.MatchString(logs.String()) })
 	}))
 	res := testwait.Recv(t, "the run after the restart", done)
 	require.NoError(t, res.err)
 	require.Equal(t, RunCompleted, res.rep.Status)
-	require.Regexp(t, `"msg":"backfill: recorded after the connection came back",[^\n]*"what":"record failed attempt"`, logs.String())
+	require.Regexp(t, `"msg":"backfill: manifest transaction done after transient faults",[^\n]*"what":"record the failure of a chunk"`, logs.String())
 
 	var attempts int
 	require.NoError(t, db.Get(&attempts, `SELECT attempts FROM backfill.chunks WHERE seq = 2`))

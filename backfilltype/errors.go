@@ -14,8 +14,10 @@ import (
 // IsConnectionError reports whether err is a lost or refused connection
 // or a server shutting down or starting: class 08, 57P01
 // admin_shutdown (also a backend terminated by fencing), 57P02
-// crash_shutdown, 57P03 cannot_connect_now, driver.ErrBadConn, io.EOF,
-// network errors (connection refused, reset, timeouts).
+// crash_shutdown, 57P03 cannot_connect_now, 53300 too_many_connections
+// (max_connections or a CONNECTION LIMIT used up by other clients),
+// driver.ErrBadConn, io.EOF, network errors (connection refused, reset,
+// timeouts).
 func IsConnectionError(err error) bool {
 	if err == nil {
 		return false
@@ -30,7 +32,7 @@ func IsConnectionError(err error) bool {
 	var pe *pq.Error
 	if errors.As(err, &pe) {
 		switch pe.Code {
-		case "57P01", "57P02", "57P03":
+		case "57P01", "57P02", "57P03", "53300":
 			return true
 		}
 		return strings.HasPrefix(string(pe.Code), "08")

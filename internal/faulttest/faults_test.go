@@ -119,18 +119,42 @@ type suite struct {
 // target equal to an uninterrupted run's, every chunk balanced, no
 // healthy worker held up longer than the bound.
 func TestFaults(t *testing.T) {
-	seed := time.Now().UnixNano()
-	if v := os.Getenv(envSeed); v != "" {
-		var err error
-		if seed, err = strconv.ParseInt(v, 10, 64); err != nil {
-			t.Fatalf("%s=%q: %v", envSeed, v, err)
-		}
-	}
+	s, seed := newSuite(t)
 	rounds := 3
 	if v := os.Getenv(envRounds); v != "" {
 		var err error
 		if rounds, err = strconv.Atoi(v); err != nil {
 			t.Fatalf("%s=%q: %v", envRounds, v, err)
+		}
+	}
+	defer s.sum.print(t)
+
+	for i := range rounds {
+		t.Run(fmt.Sprintf("random_round_%d", i+1), func(t *testing.T) {
+			s.random(t, seed+int64(i))
+		})
+	}
+	t.Run("sigstop_worker_holding_chunk", func(t *testing.T) { s.frozen(t, seed, "sigstop") })
+	if s.nw.mode == "netns" {
+		t.Run("network_split_of_worker_holding_chunk", func(t *testing.T) { s.frozen(t, seed, "cut") })
+	}
+	t.Run("sigstop_random_point_of_chunk", func(t *testing.T) { s.freezeAnywhere(t, seed) })
+	t.Run("joining_worker_gets_chunks", func(t *testing.T) { s.joining(t, seed) })
+	t.Run("server_restart_no_worker_exits", func(t *testing.T) { s.restartsSurvived(t, seed) })
+	if s.bouncer != 0 {
+		t.Run("pgbouncer_every_worker", func(t *testing.T) { s.allPooler(t, seed) })
+	}
+}
+
+// newSuite starts the suite's server (and PgBouncer when installed) on
+// the simulated hosts' network and builds the worker program; seed is
+// envSeed's, or the time's.
+func newSuite(t *testing.T) (*suite, int64) {
+	seed := time.Now().UnixNano()
+	if v := os.Getenv(envSeed); v != "" {
+		var err error
+		if seed, err = strconv.ParseInt(v, 10, 64); err != nil {
+			t.Fatalf("%s=%q: %v", envSeed, v, err)
 		}
 	}
 	t.Logf("seed %d (reproduce with %s=%d), bound %v", seed, envSeed, seed, bound)
@@ -184,23 +208,7 @@ func TestFaults(t *testing.T) {
 		t.Logf("pgbouncer: %v; no worker goes through it", err)
 		s.sum.pooler = "no PgBouncer (not installed)"
 	}
-	defer s.sum.print(t)
-
-	for i := range rounds {
-		t.Run(fmt.Sprintf("random_round_%d", i+1), func(t *testing.T) {
-			s.random(t, seed+int64(i))
-		})
-	}
-	t.Run("sigstop_worker_holding_chunk", func(t *testing.T) { s.frozen(t, seed, "sigstop") })
-	if s.nw.mode == "netns" {
-		t.Run("network_split_of_worker_holding_chunk", func(t *testing.T) { s.frozen(t, seed, "cut") })
-	}
-	t.Run("sigstop_random_point_of_chunk", func(t *testing.T) { s.freezeAnywhere(t, seed) })
-	t.Run("joining_worker_gets_chunks", func(t *testing.T) { s.joining(t, seed) })
-	t.Run("server_restart_no_worker_exits", func(t *testing.T) { s.restartsSurvived(t, seed) })
-	if s.bouncer != 0 {
-		t.Run("pgbouncer_every_worker", func(t *testing.T) { s.allPooler(t, seed) })
-	}
+	return s, seed
 }
 
 // buildWorker builds the worker program into dir.

@@ -72,6 +72,7 @@ type ThrottleWatermarks struct {
 // checks a throttle watermark knob against: it refuses a knob that
 // would leave the low watermark of a worker's throttle above its high one.
 func (m *Manifest) RecordThrottles(ctx context.Context, db sqlx.ExtContext, workerKey string, ts []ThrottleWatermarks) error {
+	ctx = m.purpose(ctx, "record throttle watermarks", 0)
 	if len(ts) == 0 {
 		return nil
 	}
@@ -297,6 +298,7 @@ func (m *Manifest) SetKnob(ctx context.Context, db sqlx.ExtContext, p backfillty
 
 // Control returns run batchID's control state: status, reason and knobs.
 func (m *Manifest) Control(ctx context.Context, db sqlx.ExtContext, batchID int64) (backfilltype.ControlState, error) {
+	ctx = m.purpose(ctx, "read the run's control state", batchID)
 	var rows []struct {
 		Status string `db:"status"`
 		Reason string `db:"last_error"`

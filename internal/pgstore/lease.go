@@ -54,6 +54,7 @@ func liveLeaseOf(alias, staleArg string) string {
 // so that two of them do not both see the last free place; a worker that
 // died holds its place only until its lease is no longer live.
 func (m *Manifest) LeaseChunk(ctx context.Context, db sqlx.ExtContext, batchID int64, l backfilldriver.Lease) (cl backfilldriver.ChunkLease, ok, full bool, err error) {
+	ctx = m.purpose(ctx, "lease a chunk", batchID)
 	avoid := make([]int64, len(l.Avoid))
 	for i, seq := range l.Avoid {
 		avoid[i] = int64(seq)
@@ -206,6 +207,7 @@ func sessionSettings(l backfilldriver.Lease) (appName, keepIdle, keepInterval, k
 // ReleaseLease clears the lease of chunk seq if it is still key's at
 // epoch, in a short transaction of its own.
 func (m *Manifest) ReleaseLease(ctx context.Context, db sqlx.ExtContext, batchID int64, seq int, key string, epoch int64) error {
+	ctx = m.purpose(ctx, "release a lease", batchID)
 	return InShortTx(ctx, db, func(tx sqlx.ExtContext) error {
 		_, err := tx.ExecContext(ctx, m.SQL(`UPDATE {s}.chunks SET lease_key = NULL, leased_at = NULL
 			WHERE batch_id = $1 AND seq = $2 AND lease_key = $3 AND lease_epoch = $4`), batchID, seq, key, epoch)

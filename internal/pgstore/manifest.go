@@ -143,6 +143,7 @@ const (
 	txShort
 	txShortOwnWaits
 	txBounded
+	txRead
 )
 
 func inTxIdle(ctx context.Context, db sqlx.ExtContext, mode txMode, f func(tx sqlx.ExtContext) error) error {
@@ -158,12 +159,13 @@ func inTxIdle(ctx context.Context, db sqlx.ExtContext, mode txMode, f func(tx sq
 			log = pd.Log
 		}
 	}
+	p := purposeOf(ctx)
 	if b == nil {
 		if d, ok := db.(backfilldriver.DB); ok {
 			// Another DB, such as backfilltest's: its own transactions.
 			return retryTx(ctx, func() error { return inDBTx(ctx, d, f) })
 		}
-		return f(db)
+		return p.schemaMissing(f(db))
 	}
 	try := func() error {
 		return retryTx(ctx, func() error {
@@ -175,7 +177,7 @@ func inTxIdle(ctx context.Context, db sqlx.ExtContext, mode txMode, f func(tx sq
 			switch mode {
 			case txShort, txShortOwnWaits:
 				set = shortTxSettings(settings, mode == txShortOwnWaits)
-			case txBounded:
+			case txBounded, txRead:
 				if lt := settings.manifestLockTimeout(); lt != "" {
 					set = `SELECT set_config('lock_timeout', '` + lt + `', true)`
 				}
@@ -194,16 +196,30 @@ func inTxIdle(ctx context.Context, db sqlx.ExtContext, mode txMode, f func(tx sq
 			return tx.Commit()
 		})
 	}
-	if mode != txShort && mode != txBounded {
-		return try()
+	if mode == txShort || mode == txBounded || mode == txRead {
+		once := try
+		try = func() error {
+			var blockers string
+			err := retryWaits(ctx, settings.Retries, once, func(code, msg string, n int, sleep time.Duration) {
+				// The blocker is gone once the statement timed out; the
+				// sessions still holding strong locks are the likely ones.
+				hs := strongLockHolders(context.WithoutCancel(ctx), db)
+				blockers = cmp.Or(DescribeBlockers(hs), "none seen")
+				log.Warn("backfill: a transaction of the library waited; rolled back, retrying after a pause", append(p.attrs(), "sqlstate", code, "message", msg,
+					"try", n, "lock_timeout", settings.manifestLockTimeout(), "sleep", sleep, "blockers", blockers)...)
+			})
+			if code, _, ok := WaitCode(ctx, err); ok && blockers != "" {
+				// The retry table is used up: name the holders seen.
+				return fmt.Errorf("waited for locks %d times (lock_timeout %s ms, SQLSTATE %s), blocked by %s; retry later or end the blocking session: %w",
+					len(settings.Retries), settings.manifestLockTimeout(), code, blockers, err)
+			}
+			return err
+		}
 	}
-	return retryWaits(ctx, settings.Retries, try, func(code, msg string, n int, sleep time.Duration) {
-		// The blocker is gone once the statement timed out; the
-		// sessions still holding strong locks are the likely ones.
-		hs := strongLockHolders(context.WithoutCancel(ctx), db)
-		log.Warn("backfill: a transaction of the library waited; rolled back, retrying after a pause", "sqlstate", code, "message", msg,
-			"try", n, "lock_timeout", settings.manifestLockTimeout(), "sleep", sleep, "blockers", cmp.Or(DescribeBlockers(hs), "none seen"))
-	})
+	// A fault of the connection or the server (a lost connection, a
+	// restart, max_connections used up) ends the transaction: it runs
+	// again, within the bound of ConnBudget, fresh waits and all.
+	return p.schemaMissing(retryTransient(ctx, log, p, cmp.Or(settings.ConnBudget, DefaultConnBudget), try))
 }
 
 // manifestIdleTimeout is idle_in_transaction_session_timeout in the
@@ -279,6 +295,7 @@ const runColumns = `batch_id, job_name, source, code_version, plan_fingerprint, 
 // crash between the abandon and the creation leaves no gap.
 func (m *Manifest) StartRun(ctx context.Context, db sqlx.ExtContext, plan backfilltype.Plan, worker string, newRun bool) (backfilltype.Run, bool, error) {
 	st := &runStart{m: m, plan: plan, worker: ManifestText(worker), newRun: newRun}
+	ctx = m.purpose(ctx, "start run of job "+plan.Job, 0)
 	for {
 		err := InShortTx(ctx, db, func(tx sqlx.ExtContext) error { return st.attempt(ctx, tx) })
 		if err != nil {
@@ -306,6 +323,9 @@ type runStart struct {
 
 	run     backfilltype.Run // the run resumed or created
 	resumed bool
+	// created is the run an attempt created (0: none): when its COMMIT
+	// was cut, the next attempt looks for it (createdRun).
+	created int64
 	// abandoned is the run this call abandoned (0: none); waited
 	// the abandoned run whose chunks in flight it waited for.
 	abandoned, waited int64
@@ -320,6 +340,9 @@ type runStart struct {
 func (st *runStart) attempt(ctx context.Context, tx sqlx.ExtContext) error {
 	st.wait = 0
 	if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock(hashtextextended('backfill.job:' || $1, 0))`, st.plan.Job); err != nil {
+		return err
+	}
+	if done, err := st.createdRun(ctx, tx); done || err != nil {
 		return err
 	}
 	prev, ok, err := st.lastRun(ctx, tx)
@@ -345,7 +368,34 @@ func (st *runStart) attempt(ctx context.Context, tx sqlx.ExtContext) error {
 		return nil
 	}
 	st.run, err = st.m.createRun(ctx, tx, st.plan, st.worker)
+	if err == nil {
+		st.created = st.run.BatchID
+	}
 	return err
+}
+
+// createdRun makes the run an earlier attempt of this call created the
+// call's run when that attempt committed: an attempt whose COMMIT was
+// cut (the connection lost) may have committed, and InShortTx runs the
+// call's transaction again. The batch ID, taken from the sequence before
+// the COMMIT, tells: the row exists only if it committed (a sequence
+// value is never reused), so the call neither creates a second run nor
+// abandons the one it created. It reports whether the run was found.
+func (st *runStart) createdRun(ctx context.Context, tx sqlx.ExtContext) (bool, error) {
+	if st.created == 0 {
+		return false, nil
+	}
+	id := st.created
+	st.created = 0
+	var runs []backfilltype.Run
+	if err := sqlx.SelectContext(ctx, tx, &runs, st.m.SQL(`SELECT `+runColumns+` FROM {s}.runs WHERE batch_id = $1`), id); err != nil {
+		return false, err
+	}
+	if len(runs) == 0 {
+		return false, nil
+	}
+	st.run, st.resumed = runs[0], false
+	return true, nil
 }
 
 // lastRun returns the job's latest run that is not abandoned, locked FOR
@@ -867,6 +917,7 @@ func (m *Manifest) addExceptionsOf(ctx context.Context, tx sqlx.ExtContext, batc
 
 // FailChunk implements [Manifest.FailChunk].
 func (m *Manifest) FailChunk(ctx context.Context, db sqlx.ExtContext, batchID int64, seq int, msg string, final bool) error {
+	ctx = m.purpose(ctx, "record the failure of a chunk", batchID)
 	status := backfilltype.ChunkPending
 	if final {
 		status = backfilltype.ChunkFailed
@@ -891,6 +942,10 @@ func (m *Manifest) FailChunk(ctx context.Context, db sqlx.ExtContext, batchID in
 func (m *Manifest) FinishRun(ctx context.Context, db sqlx.ExtContext, batchID int64, failed bool, msg string) (backfilltype.Run, error) {
 	msg = ManifestText(msg)
 	var run backfilltype.Run
+	// Safe to run again after a COMMIT that was cut (InShortTx retries
+	// it): a run that committed completed is returned as it is, and one
+	// that committed failed is left failed while chunks remain.
+	ctx = m.purpose(ctx, "finish run", batchID)
 	err := InShortTx(ctx, db, func(tx sqlx.ExtContext) error {
 		var runs []backfilltype.Run
 		if err := sqlx.SelectContext(ctx, tx, &runs, m.SQL(`SELECT `+runColumns+` FROM {s}.runs WHERE batch_id = $1 FOR NO KEY UPDATE`), batchID); err != nil {
@@ -913,6 +968,8 @@ func (m *Manifest) FinishRun(ctx context.Context, db sqlx.ExtContext, batchID in
 		switch {
 		case open == 0:
 			status = backfilltype.RunCompleted
+		case failed && run.Status == backfilltype.RunFailed:
+			return nil
 		case failed:
 			status = backfilltype.RunFailed
 		default:
@@ -941,6 +998,7 @@ func (m *Manifest) FinishRun(ctx context.Context, db sqlx.ExtContext, batchID in
 // LoadedTotals sums the rows read and rejected of batchID's done and open
 // chunks (see loadedTotaler), in one aggregate.
 func (m *Manifest) LoadedTotals(ctx context.Context, db sqlx.ExtContext, batchID int64) (backfilltype.Counts, error) {
+	ctx = m.purpose(ctx, "read the run's totals", batchID)
 	var sum struct {
 		Read     int64 `db:"read"`
 		Rejected int64 `db:"rejected"`
@@ -957,6 +1015,7 @@ func (m *Manifest) LoadedTotals(ctx context.Context, db sqlx.ExtContext, batchID
 // ChunkSummary counts and sums batchID's chunks (see chunkSummer), in
 // one aggregate.
 func (m *Manifest) ChunkSummary(ctx context.Context, db sqlx.ExtContext, batchID int64) (ChunkSummary, error) {
+	ctx = m.purpose(ctx, "read the chunk summary", batchID)
 	var row struct {
 		Done    int            `db:"done"`
 		Open    int            `db:"open"`
@@ -990,6 +1049,7 @@ func (m *Manifest) ChunkSummary(ctx context.Context, db sqlx.ExtContext, batchID
 
 // Chunks implements [Manifest.Chunks].
 func (m *Manifest) Chunks(ctx context.Context, db sqlx.ExtContext, batchID int64) ([]backfilltype.ChunkState, error) {
+	ctx = m.purpose(ctx, "read the chunks", batchID)
 	var rows []pgChunkRow
 	if err := ReadTx(ctx, db, func(tx sqlx.ExtContext) error {
 		rows = nil // a retried attempt starts over
@@ -1033,6 +1093,7 @@ func (m *Manifest) Exceptions(ctx context.Context, db sqlx.ExtContext, batchID i
 // Run returns the run with batchID, or an error wrapping
 // [backfilltype.ErrRunNotFound].
 func (m *Manifest) Run(ctx context.Context, db sqlx.ExtContext, batchID int64) (backfilltype.Run, error) {
+	ctx = m.purpose(ctx, "read the run", batchID)
 	var runs []backfilltype.Run
 	if err := ReadTx(ctx, db, func(tx sqlx.ExtContext) error {
 		runs = nil // a retried attempt starts over
@@ -1050,6 +1111,7 @@ var errNotTx = errors.New("backfill: executor is not a transaction")
 
 // RecordEvent implements [backfilldriver.ManifestAudit.RecordEvent].
 func (m *Manifest) RecordEvent(ctx context.Context, db sqlx.ExtContext, e backfilltype.Event) error {
+	ctx = m.purpose(ctx, "record an event", e.BatchID)
 	detail := string(ManifestJSON(e.Detail))
 	if detail == "" {
 		detail = "{}"
@@ -1096,6 +1158,7 @@ func (m *Manifest) Events(ctx context.Context, db sqlx.ExtContext, batchID int64
 
 // LatestRun implements [backfilldriver.ManifestAudit.LatestRun].
 func (m *Manifest) LatestRun(ctx context.Context, db sqlx.ExtContext, job string, statuses ...backfilltype.RunStatus) (backfilltype.Run, error) {
+	ctx = m.purpose(ctx, "read the job's latest run", 0)
 	st := make([]string, len(statuses))
 	for i, s := range statuses {
 		st[i] = string(s)
@@ -1118,6 +1181,7 @@ func (m *Manifest) LatestRun(ctx context.Context, db sqlx.ExtContext, job string
 // AddValidations implements
 // [backfilldriver.ManifestValidations.AddValidations].
 func (m *Manifest) AddValidations(ctx context.Context, db sqlx.ExtContext, batchID int64, chunkID string, results []backfilltype.CheckResult) error {
+	ctx = m.purpose(ctx, "record validations", batchID)
 	return m.addValidations(ctx, db, batchID, chunkID, results, sql.NullInt64{})
 }
 
@@ -1196,6 +1260,7 @@ func (m *Manifest) Validations(ctx context.Context, db sqlx.ExtContext, batchID 
 // its own: the results and exceptions of the rolled back attempt, marked
 // with its number, the pause and its event commit together or not at all.
 func (m *Manifest) RecordGateFailure(ctx context.Context, db sqlx.ExtContext, p backfilltype.GateFailure) error {
+	ctx = m.purpose(ctx, "record a gate failure", p.BatchID)
 	reason := ManifestText(p.Reason)
 	failed := sql.NullInt64{Int64: int64(p.Attempt), Valid: true}
 	err := InShortTx(ctx, db, func(tx sqlx.ExtContext) error {
@@ -1268,6 +1333,7 @@ func (m *Manifest) RollBackRun(ctx context.Context, tx sqlx.ExtContext, batchID 
 
 // PauseRun implements [backfilldriver.ManifestValidations.PauseRun].
 func (m *Manifest) PauseRun(ctx context.Context, db sqlx.ExtContext, batchID int64, reason string) error {
+	ctx = m.purpose(ctx, "pause the run", batchID)
 	reason = ManifestText(reason)
 	return InShortTx(ctx, db, func(tx sqlx.ExtContext) error {
 		var runs []backfilltype.Run

@@ -186,6 +186,7 @@ ORDER BY ord, name, args`
 // nil when it has them all. It runs one catalog query, needs no privilege
 // itself, and does not check the manifest's version ([Manifest.Version]).
 func (m *Manifest) CheckPrivileges(ctx context.Context, db sqlx.ExtContext) error {
+	ctx = m.purpose(ctx, "check privileges on the manifest", 0)
 	var (
 		missing []backfilltype.Privilege
 		role    string
@@ -277,6 +278,7 @@ func (m *Manifest) OperatorGrants(role string) []string {
 // library needs. It runs no DDL and takes no lock. A role without USAGE
 // on the schema or SELECT on schema_migrations gets a [*PrivilegeError].
 func (m *Manifest) Version(ctx context.Context, db sqlx.ExtContext) (current, latest int, err error) {
+	ctx = m.purpose(ctx, "read the manifest's version", 0)
 	// In a read transaction: safe behind a transaction pooler.
 	err = ReadTx(ctx, db, func(tx sqlx.ExtContext) (err error) {
 		current, latest, err = m.version(ctx, tx)

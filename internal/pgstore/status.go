@@ -93,6 +93,7 @@ type statusRow struct {
 // distinct reasons of its exception queue (an index-only scan when
 // vacuumed).
 func (m *Manifest) Status(ctx context.Context, db sqlx.ExtContext, batchID int64) (backfilltype.Status, error) {
+	ctx = m.purpose(ctx, "read the run's status", batchID)
 	var (
 		rows       []statusRow
 		inFlightJS string

@@ -48,6 +48,7 @@ func (m *Manifest) ThrottlePeriods(ctx context.Context, db sqlx.ExtContext, batc
 // open) into the throttle_periods table, in a short transaction of its
 // own, and returns its id for [Manifest.ClosePeriod].
 func (m *Manifest) OpenPeriod(ctx context.Context, db sqlx.ExtContext, p backfilltype.ThrottlePeriod) (int64, error) {
+	ctx = m.purpose(ctx, "open a throttle period", p.BatchID)
 	var id int64
 	err := InShortTx(ctx, db, func(tx sqlx.ExtContext) error {
 		return sqlx.GetContext(ctx, tx, &id, m.SQL(`INSERT INTO {s}.throttle_periods (batch_id, worker_key, signal, reason, value, high, low)
@@ -61,6 +62,7 @@ func (m *Manifest) OpenPeriod(ctx context.Context, db sqlx.ExtContext, p backfil
 // signal's value at its end, in a short transaction of its own. A period
 // already closed, or no period id, is left as it is, without error.
 func (m *Manifest) ClosePeriod(ctx context.Context, db sqlx.ExtContext, id int64, value float64) error {
+	ctx = m.purpose(ctx, "close a throttle period", 0)
 	return InShortTx(ctx, db, func(tx sqlx.ExtContext) error {
 		_, err := tx.ExecContext(ctx, m.SQL(`UPDATE {s}.throttle_periods SET ended_at = now(), end_value = $2 WHERE id = $1 AND ended_at IS NULL`), id, value)
 		return err
@@ -70,6 +72,7 @@ func (m *Manifest) ClosePeriod(ctx context.Context, db sqlx.ExtContext, id int64
 // LiveWorkers returns the keys of the run's workers that are working
 // and whose heartbeat is fresh.
 func (m *Manifest) LiveWorkers(ctx context.Context, db sqlx.ExtContext, batchID int64) ([]string, error) {
+	ctx = m.purpose(ctx, "read the live workers", batchID)
 	var keys []string
 	err := ReadTx(ctx, db, func(tx sqlx.ExtContext) error {
 		keys = keys[:0]

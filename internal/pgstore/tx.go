@@ -186,10 +186,14 @@ func (d PGDB) QueryRowxContext(ctx context.Context, query string, args ...any) *
 
 // ReadTx runs the reads of f in a transaction when db is not one (InTx:
 // READ COMMITTED, retried on 40001 and 40P01), so that their parameterised
-// statements are safe behind a transaction pooler. f must only read, and
+// statements are safe behind a transaction pooler. As InBoundedTx, it sets
+// lock_timeout (backfill.Config.LockTimeout) locally and retries a read
+// whose lock wait timed out (an operator's LOCK TABLE on a manifest
+// table) with the sleeps of backfill.Config.LockRetries, logging each
+// wait with the sessions holding strong locks. f must only read, and
 // must not keep state across attempts.
 func ReadTx(ctx context.Context, db sqlx.ExtContext, f func(tx sqlx.ExtContext) error) error {
-	return InTx(ctx, db, f)
+	return inTxIdle(ctx, db, txRead, f)
 }
 
 // statementPoolerHint explains err, the failure of a BEGIN, when it is a
@@ -255,6 +259,10 @@ type TxSettings struct {
 	// none).
 	StmtTimeout time.Duration            `json:"-" db:"-"`
 	Retries     []backfilltype.LockRetry `json:"-" db:"-"`
+	// ConnBudget bounds the time a manifest transaction retries transient
+	// faults of the connection or the server, from the first one (0:
+	// DefaultConnBudget).
+	ConnBudget time.Duration `json:"-" db:"-"`
 }
 
 // defaultTxSettings apply to manifest transactions on a database handle

@@ -15,6 +15,7 @@ var _ backfilldriver.ManifestWaits = (*Manifest)(nil)
 
 // RecordWait implements [backfilldriver.ManifestWaits.RecordWait].
 func (m *Manifest) RecordWait(ctx context.Context, db sqlx.ExtContext, w backfilltype.Wait) error {
+	ctx = m.purpose(ctx, "record a wait", w.BatchID)
 	blockers := w.Blockers
 	if blockers == nil {
 		blockers = []backfilltype.Blocker{}

@@ -64,6 +64,7 @@ func (m *Manifest) Workers(ctx context.Context, db sqlx.ExtContext, batchID int6
 // RunLiveness implements [backfilldriver.ManifestWorkers.RunLiveness] from the
 // run_liveness view.
 func (m *Manifest) RunLiveness(ctx context.Context, db sqlx.ExtContext, batchID int64) (backfilltype.RunLiveness, error) {
+	ctx = m.purpose(ctx, "read the run's liveness", batchID)
 	var rows []backfilltype.RunLiveness
 	err := ReadTx(ctx, db, func(tx sqlx.ExtContext) error {
 		rows = rows[:0]
@@ -80,9 +81,26 @@ func (m *Manifest) RunLiveness(ctx context.Context, db sqlx.ExtContext, batchID 
 }
 
 // RegisterWorker implements [backfilldriver.ManifestLeases.RegisterWorker]:
-// a row of the workers table, in a short transaction of its own.
+// a row of the workers table, in a short transaction of its own. A key
+// registers once: a second registration fails (unique_violation).
+//
+// A try run again by InShortTx may follow a COMMIT that was cut and did
+// commit: such a try first looks for the row its key, batch and worker
+// ID make, and keeps it.
 func (m *Manifest) RegisterWorker(ctx context.Context, db sqlx.ExtContext, w backfilltype.Worker) error {
+	ctx = m.purpose(ctx, "register the worker", w.BatchID)
+	tries := 0
 	return InShortTx(ctx, db, func(tx sqlx.ExtContext) error {
+		if tries++; tries > 1 {
+			var mine []int
+			if err := sqlx.SelectContext(ctx, tx, &mine, m.SQL(`SELECT 1 FROM {s}.workers WHERE worker_key = $1 AND batch_id = $2 AND worker_id = $3`),
+				w.Key, w.BatchID, ManifestText(w.ID)); err != nil {
+				return err
+			}
+			if len(mine) == 1 {
+				return nil
+			}
+		}
 		_, err := tx.ExecContext(ctx, m.SQL(`INSERT INTO {s}.workers (worker_key, worker_id, batch_id, job_name, host, pid, stale_after)
 			VALUES ($1, $2, $3, $4, $5, $6, make_interval(secs => $7))`),
 			w.Key, ManifestText(w.ID), w.BatchID, w.Job, ManifestText(w.Host), w.PID, w.StaleAfter.Seconds())
@@ -95,6 +113,7 @@ func (m *Manifest) RegisterWorker(ctx context.Context, db sqlx.ExtContext, w bac
 // of its own that does not wait for its WAL to be flushed (a lost
 // heartbeat is harmless).
 func (m *Manifest) Heartbeat(ctx context.Context, db sqlx.ExtContext, key string) error {
+	ctx = m.purpose(ctx, "heartbeat", 0)
 	return InShortTx(ctx, db, func(tx sqlx.ExtContext) error {
 		_, err := tx.ExecContext(ctx, m.SQL(`UPDATE {s}.workers SET heartbeat_at = now()
 			WHERE worker_key = $1 AND finished_at IS NULL AND set_config('synchronous_commit', 'local', true) IS NOT NULL`), key)
@@ -104,6 +123,7 @@ func (m *Manifest) Heartbeat(ctx context.Context, db sqlx.ExtContext, key string
 
 // FinishWorker implements [backfilldriver.ManifestLeases.FinishWorker].
 func (m *Manifest) FinishWorker(ctx context.Context, db sqlx.ExtContext, key string) error {
+	ctx = m.purpose(ctx, "record the worker's end", 0)
 	return InShortTx(ctx, db, func(tx sqlx.ExtContext) error {
 		_, err := tx.ExecContext(ctx, m.SQL(`UPDATE {s}.workers SET heartbeat_at = now(), finished_at = now(), state = 'finished'
 			WHERE worker_key = $1`), key)
@@ -132,6 +152,7 @@ const ClaimQuery = `SELECT ` + chunkColumns + ` FROM {s}.chunks
 // older than its registered stale bound, or finished) by the server's
 // clock at that moment.
 func (m *Manifest) Holders(ctx context.Context, db sqlx.ExtContext, batchID int64, self string, staleAfter time.Duration, fence, running bool) ([]backfilldriver.ChunkHolder, error) {
+	ctx = m.purpose(ctx, "read the chunks' holders", batchID)
 	var out []backfilldriver.ChunkHolder
 	err := InShortTx(ctx, db, func(tx sqlx.ExtContext) error {
 		out = out[:0]
