@@ -276,13 +276,17 @@ func (t *throttler) check(ctx context.Context) {
 	for i, h := range t.states {
 		rctx, cancel := context.WithTimeout(ctx, t.interval)
 		v, err := h.Throttle.Signal.Read(rctx, ex.r.db, scope)
+		// A reading cut by its deadline may come back as the server's
+		// 57014 (lib/pq cancels the statement), not as the context's
+		// error: the deadline is told by the reading's context.
+		cut := rctx.Err() != nil
 		cancel()
 		name := h.Throttle.Signal.Name()
 		if err != nil {
 			if ctx.Err() != nil {
 				continue
 			}
-			if !h.Read && !errors.Is(err, context.DeadlineExceeded) {
+			if !h.Read && !cut && !errors.Is(err, context.DeadlineExceeded) {
 				// A signal that has never read (a typo in its query, a
 				// missing privilege, a bad setting) is a deployment
 				// error: found at the first reading, before anything is

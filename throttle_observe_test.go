@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/jmoiron/sqlx"
 	"github.com/pgbackfill/backfill/backfillthrottle"
@@ -55,6 +56,9 @@ func TestThrottleSignalGuardingNothingWarns(t *testing.T) {
 	logs := &syncBuffer{}
 	r := throttleRunner(t, db, "w1", func(c *Config) {
 		c.Logger = slog.New(slog.NewJSONHandler(logs, nil))
+		// Readings a loaded machine does not cut: these tests are about
+		// what the signals observe, not about their deadlines.
+		c.ThrottleInterval = time.Second
 		c.Throttles = []backfillthrottle.Throttle{
 			{Signal: backfillthrottle.ReplicaLagSignal(), High: 10, Low: 2},
 			{Signal: backfillthrottle.LockWaitersSignal(), High: 5},
@@ -91,6 +95,9 @@ func TestThrottleSignalWarningClears(t *testing.T) {
 	logs := &syncBuffer{}
 	r := throttleRunner(t, db, "w1", func(c *Config) {
 		c.Logger = slog.New(slog.NewJSONHandler(logs, nil))
+		// Readings a loaded machine does not cut: these tests are about
+		// what the signals observe, not about their deadlines.
+		c.ThrottleInterval = time.Second
 		c.Throttles = []backfillthrottle.Throttle{{Signal: backfillthrottle.AutovacuumSignal(""), High: 1}}
 	})
 	ctx := t.Context()

@@ -949,3 +949,26 @@ func (s *cutThenBrokenSignal) Read(ctx context.Context, _ sqlx.ExtContext, _ bac
 	}
 	return 0, errors.New(`pq: relation "missing" does not exist`)
 }
+
+// TestSignalReadingCutByTheServerIsNotAConfigError: a first reading cut
+// at its deadline comes back from lib/pq as the server's 57014 (the
+// statement it cancelled), not as the context's error; it is a slow
+// reading, not a deployment error, so the run goes on and completes once
+// the signal reads.
+func TestSignalReadingCutByTheServerIsNotAConfigError(t *testing.T) {
+	t.Parallel()
+	db := liveDB(t)
+	_, err := db.Exec(`CREATE SEQUENCE signal_reads`)
+	require.NoError(t, err)
+	sig := backfillthrottle.SQLSignal("slow_first", `SELECT CASE WHEN nextval('signal_reads') = 1 THEN (SELECT 0 FROM pg_sleep(60)) ELSE 0 END`)
+	r := throttleRunner(t, db, "w1", func(c *Config) {
+		c.Throttles = []backfillthrottle.Throttle{{Signal: sig, High: 1}}
+		c.ThrottleInterval = 200 * time.Millisecond
+	})
+	rep, err := r.Run(testwait.Context(t, "the run whose first signal reading is cut"), liveJob(nil))
+	require.NoError(t, err)
+	require.Equal(t, RunCompleted, rep.Status)
+	var reads int64
+	require.NoError(t, db.Get(&reads, `SELECT last_value FROM signal_reads`))
+	require.GreaterOrEqual(t, reads, int64(1), "the signal was read")
+}
