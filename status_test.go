@@ -159,12 +159,20 @@ func TestStatusTimeSplitAndETA(t *testing.T) {
 	run, _, err := pm.StartRun(ctx, db, plan, "w", false)
 	require.NoError(t, err)
 	b := run.BatchID
+	// One transaction: now() is its start for every statement and every
+	// Status, so the seconds the test states hold however slow the
+	// machine.
+	tx, err := db.Beginx()
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback() }()
 	exec := func(q string, args ...any) {
 		t.Helper()
-		_, err := db.Exec(q, args...)
+		_, err := tx.Exec(q, args...)
 		require.NoError(t, err)
 	}
-	exec(`UPDATE backfill.runs SET created_at = now() - interval '100 s' WHERE batch_id = $1`, b)
+	// The run started half a second before its first chunk's checkpoint
+	// (0.5 s more of everything: within the deltas below).
+	exec(`UPDATE backfill.runs SET created_at = now() - interval '100.5 s' WHERE batch_id = $1`, b)
 	exec(`INSERT INTO backfill.workers (worker_key, worker_id, batch_id, job_name, stale_after, started_at, heartbeat_at)
 		VALUES ('k', 'w', $1, 'split', interval '30 s', (SELECT created_at FROM backfill.runs WHERE batch_id = $1), now())`, b)
 	exec(`INSERT INTO backfill.throttle_periods (batch_id, worker_key, signal, value, high, low, started_at, ended_at)
@@ -174,7 +182,7 @@ func TestStatusTimeSplitAndETA(t *testing.T) {
 	exec(`UPDATE backfill.chunks SET status = 'done', rows_read = 100, rows_inserted = 100, rows_processed = 100, reads = 1,
 		checkpointed_at = now() - (100 - 20 * seq) * interval '1 s' WHERE batch_id = $1 AND seq < 4`, b)
 
-	st, err := pm.Status(ctx, db, b)
+	st, err := pm.Status(ctx, tx, b)
 	require.NoError(t, err)
 	require.InDelta(t, 100, st.Time.TotalSeconds, 1)
 	require.InDelta(t, 30, st.Time.ThrottledSeconds, 0.01)
@@ -198,13 +206,13 @@ func TestStatusTimeSplitAndETA(t *testing.T) {
 	// live worker): half the rate, twice the time.
 	exec(`UPDATE backfill.chunks SET started_at = now() - interval '100 s' WHERE batch_id = $1 AND seq < 4`, b)
 	exec(`SELECT backfill.set_knob($1::bigint, 'concurrency', '1', 'ann', 'quieter')`, b)
-	st, err = pm.Status(ctx, db, b)
+	st, err = pm.Status(ctx, tx, b)
 	require.NoError(t, err)
 	require.InDelta(t, 180, *st.ETASeconds, 5)
 	require.Contains(t, st.ETABasis, "concurrency")
 	// rows_per_second 2 is slower still: 600 rows at 2 rows/s.
 	exec(`SELECT backfill.set_knob($1::bigint, 'rows_per_second', '2', 'ann', 'quieter')`, b)
-	st, err = pm.Status(ctx, db, b)
+	st, err = pm.Status(ctx, tx, b)
 	require.NoError(t, err)
 	require.InDelta(t, 300, *st.ETASeconds, 1e-6)
 	require.InDelta(t, 2, *st.ETARate, 1e-9)
@@ -213,7 +221,7 @@ func TestStatusTimeSplitAndETA(t *testing.T) {
 	// A wait paced by the rate cap is that rate, not a hold: the ETA stays.
 	exec(`INSERT INTO backfill.throttle_periods (batch_id, worker_key, signal, reason, value, high, low, started_at)
 		VALUES ($1, 'k', $2, 'rate cap', 2, 2, 2, now() - interval '1 s')`, b, RateSignalName)
-	st, err = pm.Status(ctx, db, b)
+	st, err = pm.Status(ctx, tx, b)
 	require.NoError(t, err)
 	require.NotNil(t, st.ETASeconds)
 	require.Empty(t, st.Waiting)
@@ -222,7 +230,7 @@ func TestStatusTimeSplitAndETA(t *testing.T) {
 	// A throttle that holds every live worker now: no ETA, held by it.
 	exec(`INSERT INTO backfill.throttle_periods (batch_id, worker_key, signal, reason, value, high, low, started_at)
 		VALUES ($1, 'k', 'replica_lag', 'lag 9 s at or above 5 s', 9, 5, 1, now() - interval '1 s')`, b)
-	st, err = pm.Status(ctx, db, b)
+	st, err = pm.Status(ctx, tx, b)
 	require.NoError(t, err)
 	require.Nil(t, st.ETASeconds)
 	require.Contains(t, st.Waiting, "held by throttle replica_lag (lag 9 s at or above 5 s)")
@@ -231,7 +239,7 @@ func TestStatusTimeSplitAndETA(t *testing.T) {
 	// The worker died 20 s ago: its last 20 s are idle, not working, and
 	// nothing works the run: no ETA, but what it waits for.
 	exec(`UPDATE backfill.workers SET heartbeat_at = now() - interval '20 s', stale_after = interval '5 s'`)
-	st, err = pm.Status(ctx, db, b)
+	st, err = pm.Status(ctx, tx, b)
 	require.NoError(t, err)
 	require.InDelta(t, 20, st.Time.IdleSeconds, 1)
 	require.InDelta(t, 40, st.Time.WorkingSeconds, 1)
@@ -242,13 +250,13 @@ func TestStatusTimeSplitAndETA(t *testing.T) {
 
 	// Paused: no ETA, by whom and why, and how to resume it.
 	exec(`SELECT backfill.pause($1::bigint, 'ann', 'replica lag')`, b)
-	st, err = pm.Status(ctx, db, b)
+	st, err = pm.Status(ctx, tx, b)
 	require.NoError(t, err)
 	require.Nil(t, st.ETASeconds)
 	require.Contains(t, st.Waiting, "paused by ann: replica lag since ")
 	require.Contains(t, st.Waiting, fmt.Sprintf("SELECT backfill.resume(%d, 'ACTOR', 'WHY') or backfill resume --batch %d", b, b))
 	exec(`SELECT backfill.cancel($1::bigint, 'ann', 'wrong scope')`, b)
-	st, err = pm.Status(ctx, db, b)
+	st, err = pm.Status(ctx, tx, b)
 	require.NoError(t, err)
 	require.Nil(t, st.ETASeconds)
 	require.Contains(t, st.Waiting, "cancelled by ann: wrong scope")
