@@ -526,9 +526,17 @@ func TestAheadPauseCancelResumeStorm(t *testing.T) {
 	var rep Report
 	var err error
 	for round := 0; ; round++ {
-		require.Less(t, round, 60)
+		// The storm lasts stormRounds calls; the call after it has no
+		// pause to meet and must complete. (On a loaded machine a call
+		// may end by its pause before any chunk commits, so the rounds
+		// are not a measure of progress.)
+		const stormRounds = 40
+		require.LessOrEqual(t, round, stormRounds)
 		stop := make(chan struct{})
 		go func(round int) {
+			if round == stormRounds {
+				return
+			}
 			select {
 			case <-stop:
 				return
