@@ -4,11 +4,9 @@ import (
 	"context"
 	"database/sql"
 	"database/sql/driver"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/url"
 	"slices"
 	"sort"
@@ -22,6 +20,7 @@ import (
 	"github.com/lib/pq"
 	"github.com/pgbackfill/backfill/backfilldriver"
 	"github.com/pgbackfill/backfill/backfilltype"
+	"github.com/pgbackfill/backfill/internal/pgproxy"
 	"github.com/pgbackfill/backfill/internal/pgstore"
 	"github.com/pgbackfill/backfill/internal/pgtest"
 	"github.com/pgbackfill/backfill/internal/spool"
@@ -294,8 +293,7 @@ func BenchmarkRowWriterOrderLine(b *testing.B) {
 // recorded under the text of the statement it belongs to (for a Sync,
 // the connection's last Parse).
 type tripProxy struct {
-	ln net.Listener
-	to string
+	*pgproxy.Proxy
 
 	mu    sync.Mutex
 	trips map[string]int
@@ -303,46 +301,16 @@ type tripProxy struct {
 }
 
 func newTripProxy(t *testing.T, to string) *tripProxy {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	p := &tripProxy{trips: map[string]int{}}
+	var err error
+	p.Proxy, err = pgproxy.Listen("127.0.0.1:0", to, p.hook)
 	require.NoError(t, err)
-	p := &tripProxy{ln: ln, to: to, trips: map[string]int{}}
-	t.Cleanup(func() { _ = ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go p.serve(c)
-		}
-	}()
+	t.Cleanup(func() { _ = p.Close() })
 	return p
 }
 
-func (p *tripProxy) serve(c net.Conn) {
-	s, err := net.Dial("tcp", p.to)
-	if err != nil {
-		_ = c.Close()
-		return
-	}
-	defer func() { _ = s.Close(); _ = c.Close() }()
-	go func() { _, _ = io.Copy(c, s); _ = c.Close() }()
-	// The startup message (and an SSLRequest before it): a length, no type.
-	head := make([]byte, 4)
-	for started := false; !started; {
-		if _, err := io.ReadFull(c, head); err != nil {
-			return
-		}
-		body := make([]byte, binary.BigEndian.Uint32(head)-4)
-		if _, err := io.ReadFull(c, body); err != nil {
-			return
-		}
-		if _, err := s.Write(append(head, body...)); err != nil {
-			return
-		}
-		started = !(len(body) >= 4 && binary.BigEndian.Uint32(body) == 80877103) // not an SSLRequest
-	}
-	var parsed string
+// hook counts the round trips of one connection.
+func (p *tripProxy) hook() pgproxy.Hook {
 	// The statements of the connection's open transaction: a transaction
 	// of the chunk watcher (observeBackend), whose polls are timed and so
 	// grow with the run's time on a loaded machine, is left out whole.
@@ -366,35 +334,14 @@ func (p *tripProxy) serve(c net.Conn) {
 			p.add(q)
 		}
 	}
-	msg := make([]byte, 5)
-	for {
-		if _, err := io.ReadFull(c, msg); err != nil {
-			return
-		}
-		body := make([]byte, binary.BigEndian.Uint32(msg[1:])-4)
-		if _, err := io.ReadFull(c, body); err != nil {
-			return
-		}
-		text := func(b []byte) string {
-			if i := strings.IndexByte(string(b), 0); i >= 0 {
-				b = b[:i]
-			}
-			return strings.Join(strings.Fields(string(b)), " ")
-		}
-		switch msg[0] {
-		case 'P': // Parse: statement name, then its text
-			name := text(body)
-			parsed = text(body[len(name)+1:])
-		case 'Q':
-			add(text(body))
-		case 'S':
-			add(parsed)
+	return func(m pgproxy.Message) pgproxy.Action {
+		switch m.Type {
+		case 'Q', 'S':
+			add(m.Statement)
 		case 'c':
 			add("CopyDone")
 		}
-		if _, err := s.Write(append(msg, body...)); err != nil {
-			return
-		}
+		return pgproxy.Forward
 	}
 }
 
@@ -436,7 +383,7 @@ func TestChunkRoundTrips(t *testing.T) {
 	pu, err := url.Parse(u)
 	require.NoError(t, err)
 	p := newTripProxy(t, pu.Host)
-	pu.Host = p.ln.Addr().String()
+	pu.Host = p.Addr().String()
 	db, err := sqlx.Open("postgres", pu.String())
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = db.Close() })

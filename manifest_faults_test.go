@@ -2,22 +2,20 @@ package backfill
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	neturl "net/url"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgbackfill/backfill/internal/pgproxy"
 	"github.com/pgbackfill/backfill/internal/pgstore"
 	"github.com/pgbackfill/backfill/internal/pgtest"
 	"github.com/pgbackfill/backfill/internal/testwait"
@@ -31,8 +29,7 @@ import (
 // client cannot know); otherwise it closes the connection before the
 // statement reaches the server (the transaction rolls back).
 type cutProxy struct {
-	ln       net.Listener
-	to       string
+	*pgproxy.Proxy
 	trigger  string
 	atCommit bool
 
@@ -42,19 +39,11 @@ type cutProxy struct {
 }
 
 func newCutProxy(t *testing.T, to, trigger string, atCommit bool) *cutProxy {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	p := &cutProxy{trigger: trigger, atCommit: atCommit, fired: make(chan struct{})}
+	var err error
+	p.Proxy, err = pgproxy.Listen("127.0.0.1:0", to, p.hook)
 	require.NoError(t, err)
-	p := &cutProxy{ln: ln, to: to, trigger: trigger, atCommit: atCommit, fired: make(chan struct{})}
-	t.Cleanup(func() { _ = ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go p.serve(c)
-		}
-	}()
+	t.Cleanup(func() { _ = p.Close() })
 	return p
 }
 
@@ -62,7 +51,7 @@ func newCutProxy(t *testing.T, to, trigger string, atCommit bool) *cutProxy {
 func (p *cutProxy) url(t *testing.T, u string) string {
 	pu, err := neturl.Parse(u)
 	require.NoError(t, err)
-	pu.Host = p.ln.Addr().String()
+	pu.Host = p.Addr().String()
 	return pu.String()
 }
 
@@ -76,112 +65,41 @@ func (p *cutProxy) hasFired() bool {
 	}
 }
 
-// decide reports, for statement q of a connection (mine: whether this
-// connection saw the trigger), whether to cut before forwarding q, after
-// forwarding it, and whether this connection now holds the trigger.
-func (p *cutProxy) decide(q string, mine bool) (before, after, nowMine bool) {
+// decide returns what to do with statement q of a connection (mine:
+// whether this connection saw the trigger), and whether this connection
+// now holds the trigger.
+func (p *cutProxy) decide(q string, mine bool) (act pgproxy.Action, nowMine bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.hasFired() {
-		return false, false, false
+		return pgproxy.Forward, false
 	}
 	if !p.armed && strings.Contains(q, p.trigger) {
 		if !p.atCommit {
 			close(p.fired)
-			return true, false, false
+			return pgproxy.CutBefore, false
 		}
 		p.armed = true
-		return false, false, true
+		return pgproxy.Forward, true
 	}
 	if mine && q == "COMMIT" {
+		// The server commits; its answer finds the client gone.
 		close(p.fired)
-		return false, true, false
+		return pgproxy.CutAfter, false
 	}
-	return false, false, mine
+	return pgproxy.Forward, mine
 }
 
-func (p *cutProxy) serve(c net.Conn) {
-	s, err := net.Dial("tcp", p.to)
-	if err != nil {
-		_ = c.Close()
-		return
-	}
-	defer func() { _ = c.Close() }()
-	// The server's answers, until muted: a cut COMMIT's answer never
-	// reaches the client.
-	var muted atomic.Bool
-	go func() {
-		buf := make([]byte, 32<<10)
-		for {
-			n, err := s.Read(buf)
-			if n > 0 && !muted.Load() {
-				if _, werr := c.Write(buf[:n]); werr != nil {
-					break
-				}
-			}
-			if err != nil || muted.Load() {
-				break
-			}
-		}
-		_ = c.Close()
-		_ = s.Close()
-	}()
-	head := make([]byte, 4)
-	for started := false; !started; {
-		if _, err := io.ReadFull(c, head); err != nil {
-			_ = s.Close()
-			return
-		}
-		body := make([]byte, binary.BigEndian.Uint32(head)-4)
-		if _, err := io.ReadFull(c, body); err != nil {
-			_ = s.Close()
-			return
-		}
-		if _, err := s.Write(append(head, body...)); err != nil {
-			return
-		}
-		started = !(len(body) >= 4 && binary.BigEndian.Uint32(body) == 80877103)
-	}
-	text := func(b []byte) string {
-		if i := strings.IndexByte(string(b), 0); i >= 0 {
-			b = b[:i]
-		}
-		return strings.Join(strings.Fields(string(b)), " ")
-	}
+// hook cuts one connection: its statements (simple Query or Parse) go
+// through decide.
+func (p *cutProxy) hook() pgproxy.Hook {
 	mine := false
-	msg := make([]byte, 5)
-	for {
-		if _, err := io.ReadFull(c, msg); err != nil {
-			_ = s.Close()
-			return
+	return func(m pgproxy.Message) (act pgproxy.Action) {
+		if m.Type != 'Q' && m.Type != 'P' {
+			return pgproxy.Forward
 		}
-		body := make([]byte, binary.BigEndian.Uint32(msg[1:])-4)
-		if _, err := io.ReadFull(c, body); err != nil {
-			_ = s.Close()
-			return
-		}
-		var before, after bool
-		switch msg[0] {
-		case 'Q':
-			before, after, mine = p.decide(text(body), mine)
-		case 'P':
-			name := text(body)
-			before, after, mine = p.decide(text(body[len(name)+1:]), mine)
-		}
-		if before {
-			_ = s.Close()
-			return
-		}
-		if after {
-			muted.Store(true)
-		}
-		if _, err := s.Write(append(msg, body...)); err != nil {
-			return
-		}
-		if after {
-			// The server commits; its answer finds the client gone.
-			return
-		}
+		act, mine = p.decide(m.Statement, mine)
+		return act
 	}
 }
 

@@ -658,7 +658,7 @@ func TestSkippedChunkRoundTrips(t *testing.T) {
 	pu, err := url.Parse(u)
 	require.NoError(t, err)
 	p := newTripProxy(t, pu.Host)
-	pu.Host = p.ln.Addr().String()
+	pu.Host = p.Addr().String()
 	db, err := sqlx.Open("postgres", pu.String())
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = db.Close() })

@@ -4,10 +4,8 @@ package faulttest
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
-	"io"
 	"math/rand/v2"
 	"net"
 	"net/url"
@@ -15,7 +13,6 @@ import (
 	"sort"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -23,6 +20,7 @@ import (
 	"github.com/lib/pq"
 
 	"github.com/pgbackfill/backfill"
+	"github.com/pgbackfill/backfill/internal/pgproxy"
 )
 
 // TestManifestFaults runs the job on the suite's workers while faults
@@ -47,8 +45,7 @@ func TestManifestFaults(t *testing.T) {
 // Each cut is counted by the kind of the transaction it ended (its
 // statements).
 type commitProxy struct {
-	ln    net.Listener
-	to    string
+	*pgproxy.Proxy
 	every int
 
 	mu      sync.Mutex
@@ -60,25 +57,17 @@ type commitProxy struct {
 }
 
 func newCommitProxy(t *testing.T, to string, every int, seed int64) *commitProxy {
-	ln, err := net.Listen("tcp", "0.0.0.0:0")
+	p := &commitProxy{every: every, rng: rand.New(rand.NewPCG(uint64(seed), 7)), cuts: map[string]int{}, seen: map[string]int{}, others: map[string]int{}}
+	var err error
+	p.Proxy, err = pgproxy.Listen("0.0.0.0:0", to, p.hook)
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &commitProxy{ln: ln, to: to, every: every, rng: rand.New(rand.NewPCG(uint64(seed), 7)), cuts: map[string]int{}, seen: map[string]int{}, others: map[string]int{}}
-	t.Cleanup(func() { _ = ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go p.serve(c)
-		}
-	}()
+	t.Cleanup(func() { _ = p.Close() })
 	return p
 }
 
-func (p *commitProxy) port() int { return p.ln.Addr().(*net.TCPAddr).Port }
+func (p *commitProxy) port() int { return p.Addr().(*net.TCPAddr).Port }
 
 // txKind names a transaction by its statements.
 func txKind(stmts []string) string {
@@ -139,93 +128,30 @@ func (p *commitProxy) figures() string {
 		strings.Join(kinds, " "), strings.Join(others, "; "))
 }
 
-func (p *commitProxy) serve(c net.Conn) {
-	s, err := net.Dial("tcp", p.to)
-	if err != nil {
-		_ = c.Close()
-		return
-	}
-	defer func() { _ = c.Close() }()
-	// The server's answers, until muted: a cut COMMIT's answer never
-	// reaches the client.
-	var muted atomic.Bool
-	go func() {
-		buf := make([]byte, 32<<10)
-		for {
-			n, err := s.Read(buf)
-			if n > 0 && !muted.Load() {
-				if _, werr := c.Write(buf[:n]); werr != nil {
-					break
-				}
-			}
-			if err != nil || muted.Load() {
-				break
-			}
-		}
-		_ = c.Close()
-		_ = s.Close()
-	}()
-	head := make([]byte, 4)
-	for started := false; !started; {
-		if _, err := io.ReadFull(c, head); err != nil {
-			_ = s.Close()
-			return
-		}
-		body := make([]byte, binary.BigEndian.Uint32(head)-4)
-		if _, err := io.ReadFull(c, body); err != nil {
-			_ = s.Close()
-			return
-		}
-		if _, err := s.Write(append(head, body...)); err != nil {
-			return
-		}
-		started = !(len(body) >= 4 && binary.BigEndian.Uint32(body) == 80877103) // not an SSLRequest
-	}
-	text := func(b []byte) string {
-		if i := strings.IndexByte(string(b), 0); i >= 0 {
-			b = b[:i]
-		}
-		return strings.Join(strings.Fields(string(b)), " ")
-	}
+// hook collects the statements of each transaction of one connection
+// and asks cut at its COMMIT.
+func (p *commitProxy) hook() pgproxy.Hook {
 	var stmts []string // of the transaction in progress
-	msg := make([]byte, 5)
-	for {
-		if _, err := io.ReadFull(c, msg); err != nil {
-			_ = s.Close()
-			return
-		}
-		body := make([]byte, binary.BigEndian.Uint32(msg[1:])-4)
-		if _, err := io.ReadFull(c, body); err != nil {
-			_ = s.Close()
-			return
-		}
-		cut := false
-		switch msg[0] {
+	return func(m pgproxy.Message) pgproxy.Action {
+		switch m.Type {
 		case 'Q':
-			q := text(body)
-			switch {
+			switch q := m.Statement; {
 			case strings.HasPrefix(q, "BEGIN"):
 				stmts = stmts[:0]
 			case q == "COMMIT":
-				cut = p.cut(stmts)
+				cut := p.cut(stmts)
 				stmts = stmts[:0]
+				if cut {
+					// The server commits; its answer finds the client gone.
+					return pgproxy.CutAfter
+				}
 			default:
 				stmts = append(stmts, q)
 			}
 		case 'P':
-			name := text(body)
-			stmts = append(stmts, text(body[len(name)+1:]))
+			stmts = append(stmts, m.Statement)
 		}
-		if cut {
-			muted.Store(true)
-		}
-		if _, err := s.Write(append(msg, body...)); err != nil {
-			return
-		}
-		if cut {
-			// The server commits; its answer finds the client gone.
-			return
-		}
+		return pgproxy.Forward
 	}
 }
 
