@@ -193,14 +193,7 @@ func (m *Manifest) LockHolders(ctx context.Context, db sqlx.ExtContext, w LockWa
 // backend pid, heartbeat age), how long the wait lasts so far, and
 // whether the holder was fenced.
 func LogLockHolder(log *slog.Logger, w LockWait, batchID int64, h backfilldriver.ChunkHolder) {
-	attrs := []any{"what", w.What, "batch_id", batchID, "holder", h.WorkerID, "holder_host", h.Host,
-		"holder_backend_pid", h.PID, "waited", w.Waited}
-	if h.OSPID > 0 {
-		attrs = append(attrs, "holder_os_pid", h.OSPID)
-	}
-	if h.AgeSec >= 0 {
-		attrs = append(attrs, "holder_heartbeat_age", time.Duration(h.AgeSec*float64(time.Second)))
-	}
+	attrs := holderAttrs([]any{"what", w.What, "batch_id", batchID}, h, w.Waited)
 	switch {
 	case h.Terminated:
 		log.Warn("backfill: fenced a stale worker: terminated the backend holding a lock this transaction waits for; its transaction rolls back", attrs...)

@@ -278,14 +278,7 @@ const holderJoin = `LEFT JOIN pg_stat_activity a ON a.pid = l.pid
 // (worker, host, backend pid, heartbeat age), how long the wait lasts so
 // far, and whether the holder was fenced.
 func LogHolder(log *slog.Logger, what string, batchID int64, h backfilldriver.ChunkHolder, waited time.Duration) {
-	attrs := []any{"what", what, "batch_id", batchID, "seq", h.Seq, "chunk", h.ChunkID, "holder", h.WorkerID, "holder_host", h.Host,
-		"holder_backend_pid", h.PID, "waited", waited}
-	if h.OSPID > 0 {
-		attrs = append(attrs, "holder_os_pid", h.OSPID)
-	}
-	if h.AgeSec >= 0 {
-		attrs = append(attrs, "holder_heartbeat_age", time.Duration(h.AgeSec*float64(time.Second)))
-	}
+	attrs := holderAttrs([]any{"what", what, "batch_id", batchID, "seq", h.Seq, "chunk", h.ChunkID}, h, waited)
 	switch {
 	case h.Terminated:
 		log.Warn("backfill: fenced a stale worker: terminated the backend holding the chunk; its transaction rolls back and the chunk is claimable", attrs...)
@@ -294,6 +287,20 @@ func LogHolder(log *slog.Logger, what string, batchID int64, h backfilldriver.Ch
 	default:
 		log.Info("backfill: waiting for a chunk in flight", attrs...)
 	}
+}
+
+// holderAttrs appends to attrs the log attributes of holder h (worker,
+// host, backend pid, the wait so far, and where known its OS pid and
+// heartbeat age) that LogHolder and LogLockHolder share.
+func holderAttrs(attrs []any, h backfilldriver.ChunkHolder, waited time.Duration) []any {
+	attrs = append(attrs, "holder", h.WorkerID, "holder_host", h.Host, "holder_backend_pid", h.PID, "waited", waited)
+	if h.OSPID > 0 {
+		attrs = append(attrs, "holder_os_pid", h.OSPID)
+	}
+	if h.AgeSec >= 0 {
+		attrs = append(attrs, "holder_heartbeat_age", time.Duration(h.AgeSec*float64(time.Second)))
+	}
+	return attrs
 }
 
 // IsPermission reports whether err is PostgreSQL refusing a privilege
