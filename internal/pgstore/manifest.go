@@ -246,12 +246,8 @@ func retryTx(ctx context.Context, attempt func() error) error {
 			return err
 		}
 		backoff := time.Duration(rand.Int64N(int64(5*time.Millisecond) << min(n, 6)))
-		t := time.NewTimer(backoff)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if !sleepCtx(ctx, backoff) {
 			return err
-		case <-t.C:
 		}
 	}
 }

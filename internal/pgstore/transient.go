@@ -103,12 +103,8 @@ func retryTransient(ctx context.Context, log *slog.Logger, p txPurpose, budget t
 		sleep := connBackoff(n)
 		log.Warn("backfill: a manifest transaction hit a transient fault; retrying after a pause",
 			append(p.attrs(), "sqlstate", code, "try", n, "sleep", sleep, "error", err)...)
-		t := time.NewTimer(sleep)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if !sleepCtx(ctx, sleep) {
 			return err
-		case <-t.C:
 		}
 	}
 }

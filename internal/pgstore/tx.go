@@ -331,6 +331,19 @@ func Jitter(d time.Duration) time.Duration {
 	return time.Duration(float64(d) * (0.75 + rand.Float64()/2))
 }
 
+// sleepCtx sleeps for d, or until ctx is done: it reports whether the
+// sleep ran its course (false: ctx was done first).
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
 // WaitCode returns the SQLSTATE of err when it is a wait: lock timeout
 // (55P03), deadlock (40P01), serialization failure (40001), or a
 // cancelled statement (57014: a statement timeout, or a cancel by another
@@ -363,12 +376,8 @@ func retryWaits(ctx context.Context, retries []backfilltype.LockRetry, try func(
 		if waited != nil {
 			waited(code, msg, n+1, sleep)
 		}
-		t := time.NewTimer(sleep)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if !sleepCtx(ctx, sleep) {
 			return err
-		case <-t.C:
 		}
 	}
 }
