@@ -289,21 +289,28 @@ func TestManifestLockWaitsBoundedAndNamed(t *testing.T) {
 	t.Parallel()
 	retries := []LockRetry{{Timeout: 50 * time.Millisecond, Sleep: 10 * time.Millisecond}, {Timeout: 50 * time.Millisecond, Sleep: 10 * time.Millisecond},
 		{Timeout: 50 * time.Millisecond}}
+	// locked returns a runner with retries, logging to logs, on a new
+	// database whose manifest table backfill.<table> is locked until
+	// release is called.
+	locked := func(t *testing.T, table string, retries []LockRetry) (r *Runner, logs *syncBuffer, release func()) {
+		u := pgtest.NewURL(t)
+		db := sqlx.MustOpen("postgres", u)
+		t.Cleanup(func() { _ = db.Close() })
+		_, err := db.Exec(`CREATE TABLE live (id bigint PRIMARY KEY, v text NOT NULL)`)
+		require.NoError(t, err)
+		require.NoError(t, NewPGManifest("").Init(context.Background(), db))
+		release = lockManifestTable(t, u, table)
+		logs = &syncBuffer{}
+		r, err = New(db, &Config{WorkerID: "locked", HeartbeatInterval: time.Second, LockTimeout: 50 * time.Millisecond, LockRetries: retries, StaleAfter: 10 * time.Second,
+			Logger: slog.New(slog.NewJSONHandler(logs, nil))})
+		require.NoError(t, err)
+		return r, logs, release
+	}
 	for _, table := range []string{"chunks", "runs"} {
 		t.Run(table+" held past the retries", func(t *testing.T) {
 			t.Parallel()
-			u := pgtest.NewURL(t)
-			db := sqlx.MustOpen("postgres", u)
-			t.Cleanup(func() { _ = db.Close() })
-			_, err := db.Exec(`CREATE TABLE live (id bigint PRIMARY KEY, v text NOT NULL)`)
-			require.NoError(t, err)
-			require.NoError(t, NewPGManifest("").Init(context.Background(), db))
-			lockManifestTable(t, u, table)
-			logs := &syncBuffer{}
-			r, err := New(db, &Config{WorkerID: "locked", HeartbeatInterval: time.Second, LockTimeout: 50 * time.Millisecond, LockRetries: retries, StaleAfter: 10 * time.Second,
-				Logger: slog.New(slog.NewJSONHandler(logs, nil))})
-			require.NoError(t, err)
-			_, err = r.Run(testwait.Context(t, "the run"), liveJob(nil))
+			r, logs, _ := locked(t, table, retries)
+			_, err := r.Run(testwait.Context(t, "the run"), liveJob(nil))
 			require.Error(t, err)
 			require.True(t, IsRetryable(err), "retryable: %v", err)
 			require.Contains(t, err.Error(), "AccessExclusiveLock on backfill."+table)
@@ -312,23 +319,13 @@ func TestManifestLockWaitsBoundedAndNamed(t *testing.T) {
 		})
 		t.Run(table+" released", func(t *testing.T) {
 			t.Parallel()
-			u := pgtest.NewURL(t)
-			db := sqlx.MustOpen("postgres", u)
-			t.Cleanup(func() { _ = db.Close() })
-			_, err := db.Exec(`CREATE TABLE live (id bigint PRIMARY KEY, v text NOT NULL)`)
-			require.NoError(t, err)
-			require.NoError(t, NewPGManifest("").Init(context.Background(), db))
-			release := lockManifestTable(t, u, table)
-			logs := &syncBuffer{}
 			// Enough tries that the release, once the wait is logged,
 			// comes before they are used up.
 			long := make([]LockRetry, 200)
 			for i := range long {
 				long[i] = LockRetry{Timeout: 50 * time.Millisecond, Sleep: 50 * time.Millisecond}
 			}
-			r, err := New(db, &Config{WorkerID: "locked", HeartbeatInterval: time.Second, LockTimeout: 50 * time.Millisecond, LockRetries: long, StaleAfter: 10 * time.Second,
-				Logger: slog.New(slog.NewJSONHandler(logs, nil))})
-			require.NoError(t, err)
+			r, logs, release := locked(t, table, long)
 			done := goRun(context.Background(), r, liveJob(nil))
 			testwait.Until(t, "the run to log its wait for the lock", func() bool {
 				return strings.Contains(logs.String(), "AccessExclusiveLock on backfill."+table)

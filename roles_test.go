@@ -176,7 +176,7 @@ func TestMigrateRolesFromVersion22(t *testing.T) {
 	r.exec(t, `GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA backfill TO {role}`)
 	r.exec(t, `GRANT USAGE ON ALL SEQUENCES IN SCHEMA backfill TO {role}`)
 	require.NoError(t, m.Migrate(ctx, r.admin))
-	var p struct {
+	type privileges struct {
 		EventsWrite bool `db:"events_write"`
 		MigWrite    bool `db:"mig_write"`
 		Record      bool `db:"record"`
@@ -184,6 +184,7 @@ func TestMigrateRolesFromVersion22(t *testing.T) {
 		Pause       bool `db:"pause"`
 		KnobsWrite  bool `db:"knobs_write"`
 	}
+	var p privileges
 	require.NoError(t, r.admin.Get(&p, `SELECT
 		has_table_privilege($1, 'backfill.events', 'INSERT') OR has_table_privilege($1, 'backfill.events', 'UPDATE') OR has_table_privilege($1, 'backfill.events', 'DELETE') AS events_write,
 		has_table_privilege($1, 'backfill.schema_migrations', 'INSERT') OR has_table_privilege($1, 'backfill.schema_migrations', 'DELETE') AS mig_write,
@@ -191,14 +192,7 @@ func TestMigrateRolesFromVersion22(t *testing.T) {
 		has_function_privilege($1, 'backfill.library_control(bigint, text, text)', 'EXECUTE') AS library,
 		has_function_privilege($1, 'backfill.pause(bigint, text, text)', 'EXECUTE') AS pause,
 		has_table_privilege($1, 'backfill.knobs', 'INSERT') AS knobs_write`, r.name))
-	require.Equal(t, struct {
-		EventsWrite bool `db:"events_write"`
-		MigWrite    bool `db:"mig_write"`
-		Record      bool `db:"record"`
-		Library     bool `db:"library"`
-		Pause       bool `db:"pause"`
-		KnobsWrite  bool `db:"knobs_write"`
-	}{Record: true, Library: true, KnobsWrite: true}, p)
+	require.Equal(t, privileges{Record: true, Library: true, KnobsWrite: true}, p)
 	r.exec(t, `GRANT TEMPORARY ON DATABASE "`+dbName(t, r.admin)+`" TO {role}`)
 	require.NoError(t, m.CheckPrivileges(ctx, r.db))
 }
