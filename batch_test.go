@@ -370,6 +370,27 @@ func (p *tripProxy) take() map[string]int {
 	return m
 }
 
+// newTripRunner returns a runner, on a new database with the table live,
+// whose connections go through a tripProxy. No timed statement
+// (heartbeat, control state read by the monitor) runs during a run:
+// their number grows with the run's time, which a loaded machine
+// stretches, and is not per chunk.
+func newTripRunner(t *testing.T) (*tripProxy, *Runner) {
+	t.Helper()
+	pu, err := url.Parse(pgtest.NewURL(t))
+	require.NoError(t, err)
+	p := newTripProxy(t, pu.Host)
+	pu.Host = p.Addr().String()
+	db, err := sqlx.Open("postgres", pu.String())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = db.Close() })
+	_, err = db.Exec(`CREATE TABLE live (id bigint PRIMARY KEY, v text NOT NULL)`)
+	require.NoError(t, err)
+	r, err := New(db, &Config{WorkerID: "trips", HeartbeatInterval: time.Hour, StaleAfter: 3 * time.Hour, ThrottleInterval: time.Hour})
+	require.NoError(t, err)
+	return p, r
+}
+
 // TestChunkRoundTrips counts the client's round trips per chunk of a run
 // on the default path (short transactions, a registered worker), as the
 // difference between a run of 3 chunks and one of 13, divided by 10
@@ -379,20 +400,7 @@ func (p *tripProxy) take() map[string]int {
 func TestChunkRoundTrips(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	u := pgtest.NewURL(t)
-	pu, err := url.Parse(u)
-	require.NoError(t, err)
-	p := newTripProxy(t, pu.Host)
-	pu.Host = p.Addr().String()
-	db, err := sqlx.Open("postgres", pu.String())
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = db.Close() })
-	_, err = db.Exec(`CREATE TABLE live (id bigint PRIMARY KEY, v text NOT NULL)`)
-	require.NoError(t, err)
-	// No timed statement (heartbeat, control state) during a run: their
-	// number grows with the run's time, which a loaded machine stretches.
-	r, err := New(db, &Config{WorkerID: "trips", HeartbeatInterval: time.Hour, StaleAfter: 3 * time.Hour, ThrottleInterval: time.Hour})
-	require.NoError(t, err)
+	p, r := newTripRunner(t)
 
 	run := func(name string, chunks int) map[string]int {
 		job := liveJob(nil)

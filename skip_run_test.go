@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"net/url"
 	"reflect"
 	"sort"
 	"strings"
@@ -654,21 +653,7 @@ func TestSourceEncodingKeepsEveryInstant(t *testing.T) {
 func TestSkippedChunkRoundTrips(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	u := pgtest.NewURL(t)
-	pu, err := url.Parse(u)
-	require.NoError(t, err)
-	p := newTripProxy(t, pu.Host)
-	pu.Host = p.Addr().String()
-	db, err := sqlx.Open("postgres", pu.String())
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = db.Close() })
-	_, err = db.Exec(`CREATE TABLE live (id bigint PRIMARY KEY, v text NOT NULL)`)
-	require.NoError(t, err)
-	// No timed statement (heartbeat, control state read by the monitor)
-	// during a replay: their number grows with the replay's time, which a
-	// loaded machine stretches, and is not per chunk.
-	r, err := New(db, &Config{WorkerID: "trips", HeartbeatInterval: time.Hour, StaleAfter: 3 * time.Hour, ThrottleInterval: time.Hour})
-	require.NoError(t, err)
+	p, r := newTripRunner(t)
 
 	run := func(name string, chunks int) map[string]int {
 		job := liveJob(nil)
