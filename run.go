@@ -1885,7 +1885,7 @@ func (ex *execution) checkRunRejectRate(ctx context.Context, res ChunkResult, fr
 	if ex.baseline.Read > 0 {
 		reason += fmt.Sprintf(" (rows read since the run was last resumed, at %d read and %d rejected)", ex.baseline.Read, ex.baseline.Rejected)
 	}
-	reason += "; " + ex.gateRemedies(true)
+	reason += "; " + ex.gateRemedies(true, total.Rejected)
 	if mv := ex.r.caps.validations; mv != nil {
 		fctx := context.WithoutCancel(ctx)
 		if err := ex.retryConn(fctx, "pause the run at its reject rate", func() error { return mv.PauseRun(fctx, ex.r.db, ex.batchID, reason) }); err != nil {
@@ -1898,16 +1898,18 @@ func (ex *execution) checkRunRejectRate(ctx context.Context, res ChunkResult, fr
 
 // gateRemedies says what an operator can do about a run the reject gates
 // paused (checkRunRejectRate, checkLoaded); rate: the run reject rate's,
-// whose limit can be raised.
-func (ex *execution) gateRemedies(rate bool) string {
+// whose limit can be raised; rejected: the run's rejects so far, which a
+// resume accepts.
+func (ex *execution) gateRemedies(rate bool, rejected int64) string {
 	raise := ""
 	if rate {
 		raise = ", or raise Job.MaxRunRejectRate (negative: off) and resume"
 	}
 	schema := quote.SchemaFlag(ex.r.schemaName())
-	return fmt.Sprintf("inspect the rejected rows (backfill exceptions%s --batch %d), then resume the run to accept them "+
+	return fmt.Sprintf("inspect the rejected rows (backfill exceptions%s --batch %d), then resume the run to accept the %d rejects so far, "+
+		"after which the gate judges only the rows read after the resume "+
 		"(Runner.Resume; backfill resume%s --job %s --why TEXT)%s, or roll the batch back (Runner.Rollback; backfill rollback%s --batch %d --why TEXT)",
-		schema, ex.batchID, schema, quote.Shell(ex.job.Name), raise, schema, ex.batchID)
+		schema, ex.batchID, rejected, schema, quote.Shell(ex.job.Name), raise, schema, ex.batchID)
 }
 
 // loadedTotaler is a Manifest that sums the rows read and rejected of a
@@ -2002,7 +2004,7 @@ func (ex *execution) checkLoaded(ctx context.Context) error {
 	if ex.baseline.Read > 0 {
 		reason = fmt.Sprintf("no row loaded: all %d rows read since the run was last resumed were rejected", read)
 	}
-	reason += "; " + ex.gateRemedies(false)
+	reason += "; " + ex.gateRemedies(false, total.Rejected)
 	ex.log.Warn("run paused", "reason", reason)
 	if mv := ex.r.caps.validations; mv != nil {
 		if err := mv.PauseRun(context.WithoutCancel(ctx), ex.r.db, ex.batchID, reason); err != nil {
