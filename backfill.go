@@ -544,8 +544,10 @@ type Config struct {
 	// chunk, so a decision takes effect within one ThrottleInterval.
 	ListenURL string
 	// WaitWhilePaused makes [Runner.Run] wait while its run is paused
-	// (by an operator, a quality gate or a throttle's critical level)
-	// instead of returning [ErrRunPaused]: the call stays a registered,
+	// (by an operator, a quality gate or the run reject gate, including
+	// one that failed on a chunk of this call, or a throttle's critical
+	// level) instead of returning [ErrRunPaused] or [ErrGateFailed]: the
+	// call stays a registered,
 	// heartbeating worker of the run, claims nothing, and goes on working
 	// once the run is resumed (SQL function resume, "backfill resume",
 	// [Runner.Resume] from another process), within one

@@ -185,10 +185,12 @@ func (j Job) validate() error {
 // future and a date ChunkColumn under a watermark.
 //
 // A pause of the run (an operator's, a quality gate's, a throttle's
-// critical level) makes Run return an error wrapping [ErrRunPaused] once
-// the chunks in flight are checkpointed, unless [Config.WaitWhilePaused]:
-// then Run stays a worker of the run and waits until it is resumed (or
-// cancelled, or ctx is done), and goes on working.
+// critical level) makes Run return an error wrapping [ErrRunPaused] (or,
+// for a gate that failed in this call, [ErrGateFailed]) once the chunks
+// in flight are checkpointed, unless [Config.WaitWhilePaused]: then Run
+// stays a worker of the run and waits until it is resumed (or cancelled,
+// or ctx is done), and goes on working, also after a gate of its own
+// chunks paused the run.
 func (r *Runner) Run(ctx context.Context, job Job) (Report, error) {
 	return r.runTraced(ctx, job, r.cfg.WaitWhilePaused)
 }
@@ -200,11 +202,15 @@ func (r *Runner) runTraced(ctx context.Context, job Job, wait bool) (Report, err
 		for {
 			rep, err := r.run(ctx, job, wait)
 			// A call that ends paused with errors of its own (a quality
-			// gate that failed in it) waits in a new call, which starts
-			// on the paused run and waits as a registered worker.
-			if !wait || r.caps.control == nil || ctx.Err() != nil || !errors.Is(err, ErrRunPaused) || rep.Status != RunPaused {
+			// gate or the run reject gate that failed in it and paused
+			// the run, a throttle's critical level) waits in a new call,
+			// which starts on the paused run and waits as a registered
+			// worker.
+			pausedByGate := errors.Is(err, ErrRunPaused) || errors.Is(err, ErrGateFailed)
+			if !wait || r.caps.control == nil || ctx.Err() != nil || !pausedByGate || rep.Status != RunPaused {
 				return rep, err
 			}
+			r.cfg.Logger.Warn("backfill: run paused while this call worked: this worker waits for it to be resumed", "job", job.Name, "batch_id", rep.BatchID, "reason", err)
 		}
 	})
 }
@@ -485,7 +491,13 @@ func (r *Runner) startExecution(ctx context.Context, rs runSetup, run Run, log *
 // and checks that the run loaded rows.
 func (ex *execution) run(ctx context.Context) {
 	ex.work(ctx)
-	if ex.wait && ex.haltedAs() == "" && ctx.Err() == nil && ex.pausedMeanwhile(ctx) {
+	ex.mu.Lock()
+	own := len(ex.errs) > 0
+	ex.mu.Unlock()
+	// A call with errors of its own (a gate of its chunk that paused the
+	// run) ends with them and waits in a new call (runTraced): its pause
+	// is not one found meanwhile.
+	if ex.wait && !own && ex.haltedAs() == "" && ctx.Err() == nil && ex.pausedMeanwhile(ctx) {
 		// Paused while this call worked, and perhaps resumed before it
 		// read the control state (a claim refused, then the run running
 		// again): the call waits and works on, rather than end as if
