@@ -210,10 +210,14 @@ type Job struct {
 	// fraction of their read rows (0.01 = 1%), checked after each chunk,
 	// the run pauses like on a failed [SeverityError] check, until
 	// [Runner.Resume]; Run returns an error wrapping [ErrGateFailed] (not a
-	// [*ChunkError]: the chunk after which it paused is done). After a
-	// Resume (or [Runner.AcceptGate]) the gate judges only the rows read
-	// since ([backfilltype.EventGateBaseline]): the rejects before were the
-	// operator's decision. 0 means [DefaultMaxRunRejectRate] (10%); a
+	// [*ChunkError]: the chunk after which it paused is done). A resume
+	// accepts the rejects so far: whether from SQL (the function resume),
+	// the CLI ("backfill resume"), [Runner.Resume] or [Runner.AcceptGate],
+	// it records the run's rows read and rejected at that point (in the
+	// detail of its "run_resumed_by_operator" event, and in a
+	// [backfilltype.EventGateBaseline] event), and the gate then judges
+	// only the rows read after the resume: the run pauses again only when
+	// those cross the rate. 0 means [DefaultMaxRunRejectRate] (10%); a
 	// negative value disables the gate. Whatever the gate, a run whose
 	// chunks rejected every row they read (none loaded, at least one read)
 	// never completes silently: when the call that ran its last chunks ends
@@ -540,8 +544,10 @@ type Config struct {
 	// chunk, so a decision takes effect within one ThrottleInterval.
 	ListenURL string
 	// WaitWhilePaused makes [Runner.Run] wait while its run is paused
-	// (by an operator, a quality gate or a throttle's critical level)
-	// instead of returning [ErrRunPaused]: the call stays a registered,
+	// (by an operator, a quality gate or the run reject gate, including
+	// one that failed on a chunk of this call, or a throttle's critical
+	// level) instead of returning [ErrRunPaused] or [ErrGateFailed]: the
+	// call stays a registered,
 	// heartbeating worker of the run, claims nothing, and goes on working
 	// once the run is resumed (SQL function resume, "backfill resume",
 	// [Runner.Resume] from another process), within one

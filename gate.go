@@ -204,7 +204,10 @@ func (r *Runner) baselineEvent(ctx context.Context, job string, batchID int64, a
 }
 
 // acceptedGates returns, per chunk ID, the check results accepted by
-// operators in the run's audit log, and the latest resume baseline.
+// operators in the run's audit log, and the latest resume baseline: the
+// counts of the latest [backfilltype.EventGateBaseline] or operator's
+// resume ("run_resumed_by_operator", whose detail holds "read" and
+// "rejected").
 func acceptedGates(events []backfilltype.Event) (map[string][]acceptedCheck, Counts) {
 	out := map[string][]acceptedCheck{}
 	var baseline Counts
@@ -228,13 +231,16 @@ func acceptedGates(events []backfilltype.Event) (map[string][]acceptedCheck, Cou
 			for _, c := range d.Checks {
 				out[d.Chunk] = append(out[d.Chunk], acceptedCheck{Check: c})
 			}
-		case backfilltype.EventGateBaseline:
+		case backfilltype.EventGateBaseline, "run_resumed_by_operator":
+			// A resume from SQL or the CLI records the run's rows in its
+			// own event (manifest version 24 on); a resume recorded
+			// without them leaves the baseline as it was.
 			var d struct {
-				Read     int64 `json:"read"`
-				Rejected int64 `json:"rejected"`
+				Read     *int64 `json:"read"`
+				Rejected *int64 `json:"rejected"`
 			}
-			if json.Unmarshal(e.Detail, &d) == nil {
-				baseline = Counts{Read: d.Read, Rejected: d.Rejected}
+			if json.Unmarshal(e.Detail, &d) == nil && d.Read != nil && d.Rejected != nil {
+				baseline = Counts{Read: *d.Read, Rejected: *d.Rejected}
 			}
 		}
 	}

@@ -95,7 +95,7 @@ func TestQualityGatePausesAndResumes(t *testing.T) {
 			resumedBy = e.Actor + ": " + string(e.Detail)
 		}
 	}
-	require.Equal(t, `ann: {"why": "source fixed in ticket 42"}`, resumedBy)
+	require.Equal(t, `ann: {"why": "source fixed in ticket 42", "read": 400, "rejected": 0}`, resumedBy, "the resume records the rows it accepts")
 }
 
 // TestReportsCanExcludeIncompleteBatches: rows of a batch that has not

@@ -11,12 +11,15 @@ import (
 // pasted whatever the job's name.
 func TestGateRemediesQuoteTheJob(t *testing.T) {
 	ex := &execution{r: &Runner{}, job: Job{Name: "reject gate"}, batchID: 7}
-	got := ex.gateRemedies(true)
+	got := ex.gateRemedies(true, 5931)
 	if !strings.Contains(got, "backfill resume --job 'reject gate' --why TEXT") {
 		t.Fatalf("the resume command does not quote the job name: %s", got)
 	}
+	if !strings.Contains(got, "resume the run to accept the 5931 rejects so far, after which the gate judges only the rows read after the resume") {
+		t.Fatalf("the remedy does not say what a resume accepts: %s", got)
+	}
 	ex.job.Name = "flights"
-	if got := ex.gateRemedies(false); !strings.Contains(got, "backfill resume --job flights --why TEXT") {
+	if got := ex.gateRemedies(false, 0); !strings.Contains(got, "backfill resume --job flights --why TEXT") {
 		t.Fatalf("a plain job name is quoted: %s", got)
 	}
 }
@@ -33,7 +36,7 @@ func TestResumeHintNamesTheSchema(t *testing.T) {
 		}
 	}
 	ex := &execution{r: r, job: Job{Name: "j"}, batchID: 3}
-	if got := ex.gateRemedies(false); !strings.Contains(got, "backfill exceptions --schema 'my ops' --batch 3") || !strings.Contains(got, "backfill rollback --schema 'my ops' --batch 3") {
+	if got := ex.gateRemedies(false, 0); !strings.Contains(got, "backfill exceptions --schema 'my ops' --batch 3") || !strings.Contains(got, "backfill rollback --schema 'my ops' --batch 3") {
 		t.Errorf("gate remedies: %s", got)
 	}
 }

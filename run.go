@@ -185,10 +185,12 @@ func (j Job) validate() error {
 // future and a date ChunkColumn under a watermark.
 //
 // A pause of the run (an operator's, a quality gate's, a throttle's
-// critical level) makes Run return an error wrapping [ErrRunPaused] once
-// the chunks in flight are checkpointed, unless [Config.WaitWhilePaused]:
-// then Run stays a worker of the run and waits until it is resumed (or
-// cancelled, or ctx is done), and goes on working.
+// critical level) makes Run return an error wrapping [ErrRunPaused] (or,
+// for a gate that failed in this call, [ErrGateFailed]) once the chunks
+// in flight are checkpointed, unless [Config.WaitWhilePaused]: then Run
+// stays a worker of the run and waits until it is resumed (or cancelled,
+// or ctx is done), and goes on working, also after a gate of its own
+// chunks paused the run.
 func (r *Runner) Run(ctx context.Context, job Job) (Report, error) {
 	return r.runTraced(ctx, job, r.cfg.WaitWhilePaused)
 }
@@ -200,11 +202,15 @@ func (r *Runner) runTraced(ctx context.Context, job Job, wait bool) (Report, err
 		for {
 			rep, err := r.run(ctx, job, wait)
 			// A call that ends paused with errors of its own (a quality
-			// gate that failed in it) waits in a new call, which starts
-			// on the paused run and waits as a registered worker.
-			if !wait || r.caps.control == nil || ctx.Err() != nil || !errors.Is(err, ErrRunPaused) || rep.Status != RunPaused {
+			// gate or the run reject gate that failed in it and paused
+			// the run, a throttle's critical level) waits in a new call,
+			// which starts on the paused run and waits as a registered
+			// worker.
+			pausedByGate := errors.Is(err, ErrRunPaused) || errors.Is(err, ErrGateFailed)
+			if !wait || r.caps.control == nil || ctx.Err() != nil || !pausedByGate || rep.Status != RunPaused {
 				return rep, err
 			}
+			r.cfg.Logger.Warn("backfill: run paused while this call worked: this worker waits for it to be resumed", "job", job.Name, "batch_id", rep.BatchID, "reason", err)
 		}
 	})
 }
@@ -485,7 +491,13 @@ func (r *Runner) startExecution(ctx context.Context, rs runSetup, run Run, log *
 // and checks that the run loaded rows.
 func (ex *execution) run(ctx context.Context) {
 	ex.work(ctx)
-	if ex.wait && ex.haltedAs() == "" && ctx.Err() == nil && ex.pausedMeanwhile(ctx) {
+	ex.mu.Lock()
+	own := len(ex.errs) > 0
+	ex.mu.Unlock()
+	// A call with errors of its own (a gate of its chunk that paused the
+	// run) ends with them and waits in a new call (runTraced): its pause
+	// is not one found meanwhile.
+	if ex.wait && !own && ex.haltedAs() == "" && ctx.Err() == nil && ex.pausedMeanwhile(ctx) {
 		// Paused while this call worked, and perhaps resumed before it
 		// read the control state (a claim refused, then the run running
 		// again): the call waits and works on, rather than end as if
@@ -1885,7 +1897,7 @@ func (ex *execution) checkRunRejectRate(ctx context.Context, res ChunkResult, fr
 	if ex.baseline.Read > 0 {
 		reason += fmt.Sprintf(" (rows read since the run was last resumed, at %d read and %d rejected)", ex.baseline.Read, ex.baseline.Rejected)
 	}
-	reason += "; " + ex.gateRemedies(true)
+	reason += "; " + ex.gateRemedies(true, total.Rejected)
 	if mv := ex.r.caps.validations; mv != nil {
 		fctx := context.WithoutCancel(ctx)
 		if err := ex.retryConn(fctx, "pause the run at its reject rate", func() error { return mv.PauseRun(fctx, ex.r.db, ex.batchID, reason) }); err != nil {
@@ -1898,16 +1910,18 @@ func (ex *execution) checkRunRejectRate(ctx context.Context, res ChunkResult, fr
 
 // gateRemedies says what an operator can do about a run the reject gates
 // paused (checkRunRejectRate, checkLoaded); rate: the run reject rate's,
-// whose limit can be raised.
-func (ex *execution) gateRemedies(rate bool) string {
+// whose limit can be raised; rejected: the run's rejects so far, which a
+// resume accepts.
+func (ex *execution) gateRemedies(rate bool, rejected int64) string {
 	raise := ""
 	if rate {
 		raise = ", or raise Job.MaxRunRejectRate (negative: off) and resume"
 	}
 	schema := quote.SchemaFlag(ex.r.schemaName())
-	return fmt.Sprintf("inspect the rejected rows (backfill exceptions%s --batch %d), then resume the run to accept them "+
+	return fmt.Sprintf("inspect the rejected rows (backfill exceptions%s --batch %d), then resume the run to accept the %d rejects so far, "+
+		"after which the gate judges only the rows read after the resume "+
 		"(Runner.Resume; backfill resume%s --job %s --why TEXT)%s, or roll the batch back (Runner.Rollback; backfill rollback%s --batch %d --why TEXT)",
-		schema, ex.batchID, schema, quote.Shell(ex.job.Name), raise, schema, ex.batchID)
+		schema, ex.batchID, rejected, schema, quote.Shell(ex.job.Name), raise, schema, ex.batchID)
 }
 
 // loadedTotaler is a Manifest that sums the rows read and rejected of a
@@ -2002,7 +2016,7 @@ func (ex *execution) checkLoaded(ctx context.Context) error {
 	if ex.baseline.Read > 0 {
 		reason = fmt.Sprintf("no row loaded: all %d rows read since the run was last resumed were rejected", read)
 	}
-	reason += "; " + ex.gateRemedies(false)
+	reason += "; " + ex.gateRemedies(false, total.Rejected)
 	ex.log.Warn("run paused", "reason", reason)
 	if mv := ex.r.caps.validations; mv != nil {
 		if err := mv.PauseRun(context.WithoutCancel(ctx), ex.r.db, ex.batchID, reason); err != nil {

@@ -192,3 +192,65 @@ func TestPauseOnSignalCancelsOnlyThePauseInForce(t *testing.T) {
 	signal()
 	require.Equal(t, "cancelled", waitChange("paused"), out.String())
 }
+
+// TestWorkWaitsAfterPauseOnSignal: a worker process (Work) whose run a
+// signal paused (PauseOnSignal) does not exit: it waits as a registered
+// worker of the run and, once an operator resumes the run from SQL,
+// works it to the end and returns ExitDone. Not parallel: it signals its
+// own process.
+func TestWorkWaitsAfterPauseOnSignal(t *testing.T) {
+	db := pgtest.New(t)
+	db.MustExec(`CREATE TABLE t (id bigint PRIMARY KEY)`)
+	r, err := backfill.New(db, &backfill.Config{ThrottleInterval: 20 * time.Millisecond, Concurrency: 1})
+	require.NoError(t, err)
+	status := func() string {
+		var s string
+		_ = db.Get(&s, `SELECT status FROM backfill.runs WHERE job_name = 'sigwork'`)
+		return s
+	}
+	var once sync.Once
+	job := backfill.Job{
+		Name: "sigwork", Chunker: backfill.IntRange(0, 30, 10), Rollback: backfill.RollbackNone,
+		Target: backfill.Target{Table: "t", Key: []string{"id"}},
+		Extractor: backfill.ExtractorFunc(func(ctx context.Context, c backfill.Chunk, w backfill.RowWriter) error {
+			for id := c.Lo; id < c.Hi; id++ {
+				if err := w.Write(ctx, id); err != nil {
+					return err
+				}
+			}
+			once.Do(func() {
+				_ = syscall.Kill(syscall.Getpid(), syscall.SIGUSR1)
+				testwait.Until(t, "the signal paused the run", func() bool { return status() == "paused" })
+			})
+			return nil
+		}),
+	}
+	var out lockedBuffer
+	stop := r.PauseOnSignal("sigwork", &out, syscall.SIGUSR1)
+	defer stop()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	codes := make(chan backfill.ExitCode, 1)
+	go func() { codes <- backfill.Work(ctx, r, job) }()
+	testwait.Until(t, "the paused run idle with its worker waiting", func() bool {
+		select {
+		case code := <-codes:
+			t.Fatalf("Work returned %d when a signal paused the run, instead of waiting for the resume: %s", code, out.String())
+		default:
+		}
+		var st struct {
+			Done     int `db:"done"`
+			Leased   int `db:"leased"`
+			Unfinish int `db:"unfinished"`
+		}
+		// Fails until the first worker created the manifest.
+		err := db.Get(&st, `SELECT count(*) FILTER (WHERE c.status = 'done') AS done,
+			count(*) FILTER (WHERE c.lease_key IS NOT NULL) AS leased,
+			(SELECT count(*) FROM backfill.workers w WHERE w.finished_at IS NULL) AS unfinished
+			FROM backfill.chunks c`)
+		return err == nil && status() == "paused" && st.Done == 1 && st.Leased == 0 && st.Unfinish == 1
+	})
+	db.MustExec(`SELECT backfill.resume('sigwork', 'ann', 'go on')`)
+	require.Equal(t, backfill.ExitDone, testwait.Recv(t, "Work's exit code after the resume", codes), out.String())
+	require.Contains(t, out.String(), "pausing")
+}

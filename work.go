@@ -75,8 +75,10 @@ const (
 // every worker returns once the run is completed (ExitDone) or failed
 // (ExitFailed).
 //
-// A paused run (by an operator, a quality gate, a throttle's critical
-// level) does not end Work: it waits as a registered worker of the run
+// A paused run (by an operator, a signal ([Runner.PauseOnSignal]), a
+// throttle's critical level, a quality gate or the run reject gate,
+// including one that failed on a chunk of this very call) does not end
+// Work: it waits as a registered worker of the run
 // ([Config.WaitWhilePaused], whatever r's Config says) and goes on once
 // the run is resumed (SQL function resume, "backfill resume",
 // [Runner.Resume]); a cancel ends it with ExitCancelled, ctx with

@@ -33,7 +33,9 @@ const (
 	// at that point. The run reject gate (backfill.Job.MaxRunRejectRate)
 	// and the "no row loaded" pause then judge only the rows read after it:
 	// the rejects before were the operator's decision. Recorded in the
-	// resume's transaction.
+	// resume's transaction. A resume through the manifest's SQL function
+	// resume (the CLI's "backfill resume") records the same counts in the
+	// detail of its "run_resumed_by_operator" event instead.
 	EventGateBaseline = "gate_baseline"
 )
 

@@ -48,7 +48,8 @@ func newResumeCmd(g *globals) *cobra.Command {
 		`resume lets a paused run's workers claim chunks again (a quality gate's
 pause, a throttle's critical level or an operator's), or makes a
 cancelled run resumable: its workers must then be started again (run
-the job).`+controlDoc,
+the job). A resume accepts the run's rejects so far: the run reject gate
+(Job.MaxRunRejectRate) then judges only the rows read after it.`+controlDoc,
 		`  backfill resume --job flights --why "lag back under 2 s"`)
 }
 

@@ -1,0 +1,108 @@
+package backfill
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+	"github.com/pgbackfill/backfill/internal/testwait"
+	"github.com/stretchr/testify/require"
+)
+
+// workUntilPausedByItself runs Work on job in the background, waits for
+// the run to be paused by the library itself (a gate of the worker's own
+// chunk) with no chunk in flight, checks that Work keeps running as an
+// unfinished worker of the run, resumes it from SQL as an operator and
+// returns Work's exit code.
+func workUntilPausedByItself(t *testing.T, db *sqlx.DB, r *Runner, job Job, done int) ExitCode {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	codes := make(chan ExitCode, 1)
+	go func() { codes <- Work(ctx, r, job) }()
+	batch := waitPausedIdle(t, db, done, codes)
+	// The pausing worker waits as a registered worker of the run, without
+	// returning.
+	testwait.Until(t, "the worker whose chunk paused the run waits as a registered worker", func() bool {
+		select {
+		case code := <-codes:
+			t.Fatalf("Work returned %d when its own chunk paused the run, instead of waiting for the resume", code)
+		default:
+		}
+		var unfinished int
+		require.NoError(t, db.Get(&unfinished, `SELECT count(*) FROM backfill.workers WHERE batch_id = $1 AND finished_at IS NULL`, batch))
+		return unfinished == 1
+	})
+	_, err := db.Exec(`SELECT backfill.resume($1::bigint, 'ann', 'ok')`, batch)
+	require.NoError(t, err)
+	return testwait.Recv(t, "Work's exit code after the resume", codes)
+}
+
+// requireOwnPauseLogged checks that the worker logged that it waits for
+// the resume of the pause its own chunk made, not a pause found meanwhile.
+func requireOwnPauseLogged(t *testing.T, logs *syncBuffer) {
+	t.Helper()
+	out := logs.String()
+	require.Contains(t, out, "run paused while this call worked: this worker waits for it to be resumed")
+	require.NotContains(t, out, `"reason":"paused meanwhile"`)
+}
+
+// TestWorkWaitsAfterItsOwnQualityGate: the worker (Work) whose chunk fails
+// a quality gate pauses the run and waits for the resume in the same call;
+// resumed from SQL, it works the run to the end and returns ExitDone.
+func TestWorkWaitsAfterItsOwnQualityGate(t *testing.T) {
+	t.Parallel()
+	db := liveDB(t)
+	logs := &syncBuffer{}
+	r := liveRunner(t, db, "w1", logs)
+	r.cfg.ThrottleInterval = 50 * time.Millisecond
+	r.cfg.Concurrency = 1
+	job := liveJob(nil)
+	var tripped atomic.Bool
+	job.Validators = []Validator{ValidatorFunc(func(ctx context.Context, tx sqlx.ExtContext, sc ValidationScope) (CheckResult, error) {
+		failed := sc.Chunk.Seq == 2 && tripped.CompareAndSwap(false, true)
+		return CheckResult{Check: "once", Severity: SeverityError, Passed: !failed, Expected: "pass", Actual: fmt.Sprint("failed: ", failed)}, nil
+	})}
+	require.Equal(t, ExitDone, workUntilPausedByItself(t, db, r, job, 2))
+	require.Equal(t, map[string]int{"done": liveChunks}, chunkStatuses(t, db))
+	requireOwnPauseLogged(t, logs)
+}
+
+// TestWorkWaitsAfterItsOwnRejectGate: the worker (Work) whose chunk
+// trips the run reject gate (Job.MaxRunRejectRate) pauses the run and
+// waits for the resume in the same call; resumed from SQL, it works the
+// run to the end and returns ExitDone.
+func TestWorkWaitsAfterItsOwnRejectGate(t *testing.T) {
+	t.Parallel()
+	db := liveDB(t)
+	logs := &syncBuffer{}
+	r := liveRunner(t, db, "w1", logs)
+	r.cfg.ThrottleInterval = 50 * time.Millisecond
+	r.cfg.Concurrency = 1
+	job := liveJob(nil)
+	inner := job.Extractor
+	job.Extractor = ExtractorFunc(func(ctx context.Context, c Chunk, w RowWriter) error {
+		if c.Seq != 0 {
+			return inner.Extract(ctx, c, w)
+		}
+		// The first chunk rejects every row but one.
+		for id := c.Lo; id < c.Hi; id++ {
+			var err error
+			if id == c.Lo {
+				err = w.Write(ctx, id, fmt.Sprint("v", id))
+			} else {
+				err = w.Reject(ctx, id, "v", "bad source row")
+			}
+			if err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	require.Equal(t, ExitDone, workUntilPausedByItself(t, db, r, job, 1))
+	require.Equal(t, map[string]int{"done": liveChunks}, chunkStatuses(t, db))
+	requireOwnPauseLogged(t, logs)
+}
