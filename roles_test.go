@@ -202,3 +202,41 @@ func TestMigrateRolesFromVersion22(t *testing.T) {
 	r.exec(t, `GRANT TEMPORARY ON DATABASE "`+dbName(t, r.admin)+`" TO {role}`)
 	require.NoError(t, m.CheckPrivileges(ctx, r.db))
 }
+
+// TestStatusRefusalNamesReadPrivileges: Runner.Status and StatusOf as a
+// role with no grant return a *PrivilegeError of ActionRead naming USAGE
+// on the schema and SELECT on its tables and the operator fix, none of a
+// loader's privileges; once the role has the reads, nothing is missing.
+func TestStatusRefusalNamesReadPrivileges(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	r := newLeastRole(t)
+	m := backfill.NewPGManifest("")
+	require.NoError(t, m.Init(ctx, r.admin))
+	runner, err := backfill.New(r.db, nil)
+	require.NoError(t, err)
+	_, err1 := runner.Status(ctx, backfill.Job{Name: "items"})
+	_, err2 := runner.StatusOf(ctx, 1)
+	for _, err := range []error{err1, err2} {
+		require.ErrorIs(t, err, backfill.ErrPrivilege)
+		var pe *backfill.PrivilegeError
+		require.ErrorAs(t, err, &pe)
+		require.Equal(t, backfill.ActionRead, pe.Action)
+		for _, p := range pe.Missing {
+			require.Contains(t, []string{"USAGE", "SELECT"}, p.Privilege, "%v", p)
+		}
+		for _, w := range []string{`role "` + r.name + `" lacks USAGE on schema "backfill", SELECT on tables "backfill".`, "--grant-operator", `GRANT OPERATOR TO "` + r.name + `"`} {
+			require.ErrorContains(t, err, w)
+		}
+		for _, w := range []string{"INSERT", "UPDATE", "DELETE", "TEMPORARY", "EXECUTE"} {
+			require.NotContains(t, err.Error(), w)
+		}
+	}
+	for _, g := range m.OperatorGrants(r.name) {
+		r.exec(t, g)
+	}
+	require.NoError(t, m.CheckAccess(ctx, r.db, backfill.ActionRead))
+	require.NoError(t, m.CheckAccess(ctx, r.db, backfill.ActionControl))
+	_, err = runner.StatusOf(ctx, 1)
+	require.ErrorIs(t, err, backfill.ErrRunNotFound)
+}

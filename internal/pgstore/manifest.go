@@ -1170,7 +1170,7 @@ func (m *Manifest) LatestRun(ctx context.Context, db sqlx.ExtContext, job string
 		WHERE job_name = $1 AND (cardinality($2::text[]) = 0 OR status = ANY ($2::text[])) ORDER BY batch_id DESC LIMIT 1`), job, pq.Array(st))
 	})
 	if err != nil {
-		return backfilltype.Run{}, fmt.Errorf("backfill: latest run of job %q: %w", job, err)
+		return backfilltype.Run{}, fmt.Errorf("backfill: latest run of job %q: %w", job, m.readDenied(ctx, db, err))
 	}
 	if len(runs) == 0 {
 		return backfilltype.Run{}, fmt.Errorf("backfill: latest run of job %q with status %v: %w", job, statuses, backfilltype.ErrRunNotFound)
