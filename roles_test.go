@@ -207,7 +207,9 @@ func TestMigrateRolesFromVersion22(t *testing.T) {
 // TestStatusRefusalNamesReadPrivileges: Runner.Status and StatusOf as a
 // role with no grant return a *PrivilegeError of ActionRead naming USAGE
 // on the schema and SELECT on its tables and the operator fix, none of a
-// loader's privileges; once the role has the reads, nothing is missing.
+// loader's privileges; Runner.Pause names USAGE and EXECUTE on the
+// function and the same fix; once the role is an operator, nothing is
+// missing.
 func TestStatusRefusalNamesReadPrivileges(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -232,6 +234,12 @@ func TestStatusRefusalNamesReadPrivileges(t *testing.T) {
 		for _, w := range []string{"INSERT", "UPDATE", "DELETE", "TEMPORARY", "EXECUTE"} {
 			require.NotContains(t, err.Error(), w)
 		}
+	}
+	// Runner.Pause: USAGE and EXECUTE on the function, the operator fix.
+	err = runner.Pause(ctx, 1, "alice", "why")
+	require.ErrorIs(t, err, backfill.ErrPrivilege)
+	for _, w := range []string{`role "` + r.name + `" lacks USAGE on schema "backfill" (and EXECUTE on function "backfill".pause(bigint, text, text))`, "--grant-operator"} {
+		require.ErrorContains(t, err, w)
 	}
 	for _, g := range m.OperatorGrants(r.name) {
 		r.exec(t, g)
