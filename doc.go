@@ -106,11 +106,18 @@ An operator, made with "backfill migrate --grant-operator ROLE"
 members of it), executes the control functions and reads the manifest.
 [Runner.Pause], [Runner.Cancel] and [Runner.SetKnob] by a role that is no
 operator return an error wrapping [ErrPrivilege] naming the role, the
-function and that fix. Each event records the session's database role
-(Event.DBRole) beside the actor given. The control functions refuse an
-actor over 200 characters, a reason over 2000, a job name over 1000, a
-knob name over 200 and a knob value over 100, with an error naming the
-cap and the length ([ErrInvalidConfig] from Go, checked before the call).
+function and that fix; [Runner.Status] by a role that may not read the
+manifest returns a [*PrivilegeError] of [ActionRead] naming USAGE and
+SELECT and the same fix, and [PGManifest] CheckAccess checks an action's
+privileges ([ActionRun], [ActionRead], [ActionControl]). Each event
+records the session's database role (Event.DBRole) beside the actor
+given. The control functions refuse an actor over 200 characters, a
+reason over 2000, a job name over 1000, a knob name over 200 and a knob
+value over 100, with an error naming the cap and the length
+([ErrInvalidConfig] from Go, checked before the call); record_event
+refuses an actor or kind over 200 characters, a job name over 1000 and a
+detail over 65536 characters of jsonb text, and the library fits its own
+events within these caps.
 
 # Isolation levels and conflicts
 

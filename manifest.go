@@ -107,6 +107,28 @@ func NewPGManifest(schema string) *PGManifest {
 	return pgstore.NewManifest(schema)
 }
 
+// ManifestAction is what a caller is about to do with a [PGManifest]:
+// its CheckAccess and VersionFor methods check, and a [*PrivilegeError]
+// names, the privileges of that action and its fix.
+type ManifestAction = pgstore.Action
+
+// The actions of [ManifestAction].
+const (
+	// ActionRun runs, resumes, validates and rolls back jobs: a loader's
+	// privileges ([PGManifest.Grants]; fix: backfill migrate --grant
+	// ROLE, or the statements of backfill grants ROLE).
+	ActionRun = pgstore.ActionRun
+	// ActionRead reads the manifest (status, events, exceptions, runs,
+	// chunks, report, validations): USAGE on its schema and SELECT on its
+	// tables, an operator role's ([PGManifest.OperatorGrants]; fix:
+	// GRANT OPERATOR TO ROLE).
+	ActionRead = pgstore.ActionRead
+	// ActionControl steers runs (pause, resume, cancel, set): USAGE on
+	// the schema and EXECUTE on the control functions, an operator
+	// role's.
+	ActionControl = pgstore.ActionControl
+)
+
 // The Init, Migrate and Version methods of [PGManifest] create, migrate
 // and read the manifest's schema; [PrivilegeError] lists what the
 // runtime role needs.

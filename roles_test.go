@@ -8,6 +8,7 @@ import (
 	"github.com/jmoiron/sqlx"
 	"github.com/lib/pq"
 	"github.com/pgbackfill/backfill"
+	"github.com/pgbackfill/backfill/backfilltype"
 	"github.com/pgbackfill/backfill/internal/pgstore"
 	"github.com/stretchr/testify/require"
 )
@@ -195,4 +196,167 @@ func TestMigrateRolesFromVersion22(t *testing.T) {
 	require.Equal(t, privileges{Record: true, Library: true, KnobsWrite: true}, p)
 	r.exec(t, `GRANT TEMPORARY ON DATABASE "`+dbName(t, r.admin)+`" TO {role}`)
 	require.NoError(t, m.CheckPrivileges(ctx, r.db))
+}
+
+// TestStatusRefusalNamesReadPrivileges: Runner.Status and StatusOf as a
+// role with no grant return a *PrivilegeError of ActionRead naming USAGE
+// on the schema and SELECT on its tables and the operator fix, none of a
+// loader's privileges; Runner.Pause names USAGE and EXECUTE on the
+// function and the same fix; once the role is an operator, nothing is
+// missing.
+func TestStatusRefusalNamesReadPrivileges(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	r := newLeastRole(t)
+	m := backfill.NewPGManifest("")
+	require.NoError(t, m.Init(ctx, r.admin))
+	runner, err := backfill.New(r.db, nil)
+	require.NoError(t, err)
+	_, err1 := runner.Status(ctx, backfill.Job{Name: "items"})
+	_, err2 := runner.StatusOf(ctx, 1)
+	for _, err := range []error{err1, err2} {
+		require.ErrorIs(t, err, backfill.ErrPrivilege)
+		var pe *backfill.PrivilegeError
+		require.ErrorAs(t, err, &pe)
+		require.Equal(t, backfill.ActionRead, pe.Action)
+		for _, p := range pe.Missing {
+			require.Contains(t, []string{"USAGE", "SELECT"}, p.Privilege, "%v", p)
+		}
+		for _, w := range []string{`role "` + r.name + `" lacks USAGE on schema "backfill", SELECT on tables "backfill".`, "--grant-operator", `GRANT OPERATOR TO "` + r.name + `"`} {
+			require.ErrorContains(t, err, w)
+		}
+		for _, w := range []string{"INSERT", "UPDATE", "DELETE", "TEMPORARY", "EXECUTE"} {
+			require.NotContains(t, err.Error(), w)
+		}
+	}
+	// Runner.Pause: USAGE and EXECUTE on the function, the operator fix.
+	err = runner.Pause(ctx, 1, "alice", "why")
+	require.ErrorIs(t, err, backfill.ErrPrivilege)
+	for _, w := range []string{`role "` + r.name + `" lacks USAGE on schema "backfill" (and EXECUTE on function "backfill".pause(bigint, text, text))`, "--grant-operator"} {
+		require.ErrorContains(t, err, w)
+	}
+	for _, g := range m.OperatorGrants(r.name) {
+		r.exec(t, g)
+	}
+	require.NoError(t, m.CheckAccess(ctx, r.db, backfill.ActionRead))
+	require.NoError(t, m.CheckAccess(ctx, r.db, backfill.ActionControl))
+	_, err = runner.StatusOf(ctx, 1)
+	require.ErrorIs(t, err, backfill.ErrRunNotFound)
+}
+
+// TestRecordEventCaps: record_event, as a loader, refuses a 6 MB actor, a
+// 7 MB detail, a job name over 1000 and a kind over 200 characters with
+// SQLSTATE 22023 naming the argument, its length and the cap, and records
+// nothing; the library's RecordEvent fits the same values within the caps
+// (the actor's head and length, the detail's head, length and a
+// detail_truncated flag) and records them.
+func TestRecordEventCaps(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	r, batch := rolesRun(t)
+	events := func() int {
+		var n int
+		require.NoError(t, r.admin.Get(&n, `SELECT count(*) FROM backfill.events`))
+		return n
+	}
+	before := events()
+	for _, c := range []struct{ q, want string }{
+		{`SELECT backfill.record_event($1, 'items', 'note', repeat('a', 6291456), '{}')`, "record_event: the actor is 6291456 characters long; at most 200 are accepted"},
+		{`SELECT backfill.record_event($1, 'items', 'note', 'w1', jsonb_build_object('x', repeat('d', 7340032)))`, "record_event: the detail is 7340041 characters long; at most 65536 are accepted"},
+		{`SELECT backfill.record_event($1, repeat('j', 1001), 'note', 'w1', '{}')`, "record_event: the job name is 1001 characters long; at most 1000 are accepted"},
+		{`SELECT backfill.record_event($1, 'items', repeat('k', 201), 'w1', '{}')`, "record_event: the kind is 201 characters long; at most 200 are accepted"},
+	} {
+		_, err := r.db.Exec(c.q, batch)
+		require.ErrorContains(t, err, c.want, c.q)
+		var pe *pq.Error
+		require.ErrorAs(t, err, &pe)
+		require.Equal(t, "22023", string(pe.Code), c.q)
+		require.Less(t, len(pe.Message), 400, "the message does not repeat the text")
+	}
+	require.Equal(t, before, events(), "nothing recorded")
+	// At the caps: recorded.
+	_, err := r.db.Exec(`SELECT backfill.record_event($1, repeat('j', 1000), repeat('k', 200), repeat('a', 200), jsonb_build_object('x', repeat('d', 65527)))`, batch)
+	require.NoError(t, err)
+
+	// The library fits its values within the caps.
+	m := backfill.NewPGManifest("")
+	bigActor := strings.Repeat("a", 6<<20)
+	detail := []byte(`{"sample": "` + strings.Repeat("d", 7<<20) + `"}`)
+	require.NoError(t, m.RecordEvent(ctx, r.db, backfilltype.Event{BatchID: batch, Job: "items", Kind: "note", Actor: bigActor, Detail: detail}))
+	var got struct {
+		Actor     string `db:"actor"`
+		Truncated bool   `db:"truncated"`
+		Chars     int    `db:"chars"`
+		Head      string `db:"head"`
+	}
+	require.NoError(t, r.admin.Get(&got, `SELECT actor, (detail->>'detail_truncated')::bool AS truncated,
+		(detail->>'detail_characters')::int AS chars, detail->>'detail_head' AS head
+		FROM backfill.events WHERE kind = 'note' AND job_name = 'items' ORDER BY id DESC LIMIT 1`))
+	require.LessOrEqual(t, len([]rune(got.Actor)), 200)
+	require.Contains(t, got.Actor, "6,291,456 characters")
+	require.True(t, got.Truncated)
+	require.Equal(t, len(detail), got.Chars)
+	require.True(t, strings.HasPrefix(got.Head, `{"sample": "ddd`), got.Head[:40])
+}
+
+// TestMigrateRecordEventCapsKeepsRoles: migrating a manifest at version 23
+// with a loader (PGManifest.Grants) and an operator (OperatorGrants) to
+// the latest version leaves record_event's owner, grants, SECURITY
+// DEFINER and search path as version 23 left them: the loader may execute
+// it, PUBLIC and the operator may not, and the loader's privilege check
+// passes.
+func TestMigrateRecordEventCapsKeepsRoles(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	r := newLeastRole(t)
+	m := backfill.NewPGManifest("")
+	r.exec(t, `CREATE SCHEMA backfill`)
+	r.exec(t, `CREATE TABLE backfill.schema_migrations (version int PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())`)
+	for v := 1; v <= 23; v++ {
+		r.exec(t, m.SQL(pgstore.PgMigrations[v-1]))
+		_, err := r.admin.Exec(`INSERT INTO backfill.schema_migrations (version) VALUES ($1)`, v)
+		require.NoError(t, err)
+	}
+	for _, g := range m.Grants(dbName(t, r.admin), r.name) {
+		r.exec(t, g)
+	}
+	operator := r.name + "_ops"
+	r.exec(t, `CREATE ROLE `+operator+` NOLOGIN`)
+	t.Cleanup(func() {
+		_, _ = r.admin.Exec(`DROP OWNED BY ` + operator)
+		_, _ = r.admin.Exec(`DROP ROLE ` + operator)
+	})
+	for _, g := range m.OperatorGrants(operator) {
+		r.exec(t, g)
+	}
+	type fn struct {
+		Owner    string `db:"owner"`
+		ACL      string `db:"acl"`
+		Definer  bool   `db:"definer"`
+		Config   string `db:"config"`
+		Loader   bool   `db:"loader"`
+		Public   bool   `db:"public"`
+		Operator bool   `db:"operator"`
+	}
+	read := func() fn {
+		var f fn
+		require.NoError(t, r.admin.Get(&f, `SELECT pg_get_userbyid(p.proowner) AS owner, p.proacl::text AS acl, p.prosecdef AS definer,
+			array_to_string(p.proconfig, ',') AS config,
+			has_function_privilege($1, p.oid, 'EXECUTE') AS loader,
+			EXISTS (SELECT FROM aclexplode(p.proacl) a WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE') AS public,
+			has_function_privilege($2, p.oid, 'EXECUTE') AS operator
+			FROM pg_proc p WHERE p.oid = 'backfill.record_event(bigint, text, text, text, jsonb)'::regprocedure`, r.name, operator))
+		return f
+	}
+	at23 := read()
+	require.True(t, at23.Definer)
+	require.True(t, at23.Loader)
+	require.False(t, at23.Public)
+	require.False(t, at23.Operator)
+	require.NoError(t, m.Migrate(ctx, r.admin))
+	require.Equal(t, at23, read())
+	require.NoError(t, m.CheckPrivileges(ctx, r.db))
+	// The migrated function caps, as the loader.
+	_, err := r.db.Exec(`SELECT backfill.record_event(NULL, 'items', 'note', repeat('a', 201), '{}')`)
+	require.ErrorContains(t, err, "the actor is 201 characters long; at most 200 are accepted")
 }

@@ -124,7 +124,12 @@ func newControlCmd(g *globals, action, short, long, example string) *cobra.Comma
 				actor = osActor()
 			}
 			ctx := cmd.Context()
-			db, m, err := g.manifest(ctx)
+			// The control function the command calls, by batch id.
+			fn := action + "(bigint, text, text)"
+			if action == "set" {
+				fn = "set_knob(bigint, text, text, text, text)"
+			}
+			db, m, err := g.manifest(ctx, backfill.ActionControl, fn)
 			if err != nil {
 				return err
 			}

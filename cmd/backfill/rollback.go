@@ -108,7 +108,11 @@ With --json: {"batch_id", "job", "preview", "chunks", "deleted",
 				actor = osActor()
 			}
 			ctx := cmd.Context()
-			db, m, err := g.manifest(ctx)
+			action := backfill.ActionRun
+			if preview {
+				action = backfill.ActionRead
+			}
+			db, m, err := g.manifest(ctx, action)
 			if err != nil {
 				return err
 			}

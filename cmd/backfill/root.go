@@ -178,14 +178,17 @@ func (g *globals) open(ctx context.Context) (*sqlx.DB, error) {
 // manifest connects and checks that the manifest of --schema exists at
 // this program's version: a missing or older one is an errManifest
 // saying to run backfill migrate. Commands that only read or roll back
-// never create or migrate it.
-func (g *globals) manifest(ctx context.Context) (*sqlx.DB, *backfill.PGManifest, error) {
+// never create or migrate it. action is what the command is about to do
+// (fns: the control functions it calls): a role that may not read the
+// version gets the privileges that action needs and their fix; with
+// backfill.ActionRead the role's read privileges are checked too.
+func (g *globals) manifest(ctx context.Context, action backfill.ManifestAction, fns ...string) (*sqlx.DB, *backfill.PGManifest, error) {
 	db, err := g.open(ctx)
 	if err != nil {
 		return nil, nil, err
 	}
 	m := backfill.NewPGManifest(g.schema)
-	cur, latest, err := m.Version(ctx, db)
+	cur, latest, err := m.VersionFor(ctx, db, action, fns...)
 	switch {
 	case err != nil:
 		_ = db.Close()
@@ -202,6 +205,12 @@ func (g *globals) manifest(ctx context.Context) (*sqlx.DB, *backfill.PGManifest,
 		_ = db.Close()
 		return nil, nil, fmt.Errorf("%w: the manifest in schema %q is at version %d, newer than this program knows (%d): use the backfill command of the jobs' release",
 			errManifest, g.schema, cur, latest)
+	}
+	if action == backfill.ActionRead {
+		if err := m.CheckAccess(ctx, db, action); err != nil {
+			_ = db.Close()
+			return nil, nil, err
+		}
 	}
 	return db, m, nil
 }

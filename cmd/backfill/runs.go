@@ -7,6 +7,8 @@ import (
 
 	"github.com/lib/pq"
 	"github.com/spf13/cobra"
+
+	"github.com/pgbackfill/backfill"
 )
 
 // runStatuses are the run statuses --status accepts.
@@ -96,7 +98,7 @@ With --json: {"runs": [{"batch_id", "job", "status", "started_by",
 				return err
 			}
 			ctx := cmd.Context()
-			db, m, err := g.manifest(ctx)
+			db, m, err := g.manifest(ctx, backfill.ActionRead)
 			if err != nil {
 				return err
 			}

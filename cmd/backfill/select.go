@@ -119,7 +119,7 @@ func (s *selection) open(ctx context.Context, g *globals) (*sqlx.DB, *backfill.P
 	if err := s.check(); err != nil {
 		return nil, nil, backfill.Run{}, err
 	}
-	db, m, err := g.manifest(ctx)
+	db, m, err := g.manifest(ctx, backfill.ActionRead)
 	if err != nil {
 		return nil, nil, backfill.Run{}, err
 	}

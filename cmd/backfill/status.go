@@ -54,7 +54,7 @@ work of every process:
 				return fmt.Errorf("%w: --watch %v: an interval is positive", errUsage, watch)
 			}
 			ctx := cmd.Context()
-			db, m, err := g.manifest(ctx)
+			db, m, err := g.manifest(ctx, backfill.ActionRead)
 			if err != nil {
 				return err
 			}

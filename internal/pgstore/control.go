@@ -232,9 +232,12 @@ func (m *Manifest) controlPrivilege(ctx context.Context, tx sqlx.ExtContext, fn 
 		Exec  bool   `db:"exec"`
 	}
 	obj := sqlgen.Ident(m.SchemaName) + "." + fn
+	// The function by its name and argument types in the catalog:
+	// to_regprocedure needs USAGE on the schema.
 	if err := sqlx.GetContext(ctx, tx, &p, `SELECT current_user AS role,
 		coalesce((SELECT has_schema_privilege(oid, 'USAGE') FROM pg_namespace WHERE nspname = $1), true) AS usage,
-		coalesce(has_function_privilege(to_regprocedure($2), 'EXECUTE'), true) AS exec`, m.SchemaName, obj); err != nil {
+		coalesce((SELECT has_function_privilege(p.oid, 'EXECUTE') FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+			WHERE n.nspname = $1 AND p.proname || '(' || oidvectortypes(p.proargtypes) || ')' = $2), true) AS exec`, m.SchemaName, fn); err != nil {
 		return err
 	}
 	if p.Usage && p.Exec {

@@ -741,9 +741,9 @@ func (m *Manifest) event(ctx context.Context, tx sqlx.ExtContext, e pgEvent) err
 		return err
 	}
 	// Through record_event: the session's role does not write the audit
-	// log directly (migration 23).
+	// log directly (migration 23); within its caps (migration 25).
 	_, err = tx.ExecContext(ctx, m.SQL(`SELECT {s}.record_event($1, $2, $3, $4, $5::jsonb)`),
-		e.batchID, e.job, e.kind, ManifestText(e.actor), string(ManifestJSON(b)))
+		e.batchID, e.job, e.kind, EventActor(e.actor), EventDetail(b))
 	return err
 }
 
@@ -1108,17 +1108,14 @@ var errNotTx = errors.New("backfill: executor is not a transaction")
 // RecordEvent implements [backfilldriver.ManifestAudit.RecordEvent].
 func (m *Manifest) RecordEvent(ctx context.Context, db sqlx.ExtContext, e backfilltype.Event) error {
 	ctx = m.purpose(ctx, "record an event", e.BatchID)
-	detail := string(ManifestJSON(e.Detail))
-	if detail == "" {
-		detail = "{}"
-	}
+	detail := EventDetail(e.Detail)
 	var batch sql.NullInt64
 	if e.BatchID != 0 {
 		batch = sql.NullInt64{Int64: e.BatchID, Valid: true}
 	}
 	err := InShortTx(ctx, db, func(tx sqlx.ExtContext) error {
 		_, err := tx.ExecContext(ctx, m.SQL(`SELECT {s}.record_event($1, $2, $3, $4, $5::jsonb)`),
-			batch, e.Job, e.Kind, ManifestText(e.Actor), detail)
+			batch, e.Job, e.Kind, EventActor(e.Actor), detail)
 		return err
 	})
 	if err != nil {
@@ -1166,7 +1163,7 @@ func (m *Manifest) LatestRun(ctx context.Context, db sqlx.ExtContext, job string
 		WHERE job_name = $1 AND (cardinality($2::text[]) = 0 OR status = ANY ($2::text[])) ORDER BY batch_id DESC LIMIT 1`), job, pq.Array(st))
 	})
 	if err != nil {
-		return backfilltype.Run{}, fmt.Errorf("backfill: latest run of job %q: %w", job, err)
+		return backfilltype.Run{}, fmt.Errorf("backfill: latest run of job %q: %w", job, m.readDenied(ctx, db, err))
 	}
 	if len(runs) == 0 {
 		return backfilltype.Run{}, fmt.Errorf("backfill: latest run of job %q with status %v: %w", job, statuses, backfilltype.ErrRunNotFound)

@@ -14,18 +14,31 @@ import (
 	"github.com/pgbackfill/backfill/internal/sqlgen"
 )
 
-// PrivilegeError lists every privilege the session's role lacks for a job,
-// with the statements to grant them. It wraps [backfilltype.ErrPrivilege].
+// PrivilegeError lists every privilege the session's role lacks for what
+// it is about to do (Action), with the fix. It wraps
+// [backfilltype.ErrPrivilege].
 type PrivilegeError struct {
 	// Role is the session's role (current_user).
 	Role string
 	// Missing lists the missing privileges, in a stable order.
 	Missing []backfilltype.Privilege
+	// Action is what the role was about to do: [ActionRun] (the zero
+	// value, a loader's job), [ActionRead] or [ActionControl] (an
+	// operator's).
+	Action Action
+	// Schema is the manifest's schema, named by the fix of [ActionRead]
+	// and [ActionControl].
+	Schema string
 }
 
-// Error names the role, each missing privilege with its object and what
-// needs it, and the GRANT statements to run.
+// Error names the role, each missing privilege with its object and the
+// fix: for [ActionRun], what needs each privilege and the GRANT
+// statements to run; for [ActionRead] and [ActionControl], membership of
+// an operator role (backfill migrate --grant-operator).
 func (e *PrivilegeError) Error() string {
+	if e.Action != ActionRun {
+		return e.operatorError()
+	}
 	var b strings.Builder
 	noun := "privileges"
 	if len(e.Missing) == 1 {
@@ -281,13 +294,15 @@ func (m *Manifest) Version(ctx context.Context, db sqlx.ExtContext) (current, la
 	ctx = m.purpose(ctx, "read the manifest's version", 0)
 	// In a read transaction: safe behind a transaction pooler.
 	err = ReadTx(ctx, db, func(tx sqlx.ExtContext) (err error) {
-		current, latest, err = m.version(ctx, tx)
+		current, latest, err = m.version(ctx, tx, ActionRun)
 		return err
 	})
 	return current, latest, err
 }
 
-func (m *Manifest) version(ctx context.Context, db sqlx.ExtContext) (current, latest int, err error) {
+// version reads the version in db; a role that may not read it gets the
+// error of [Manifest.CheckAccess] for action and fns.
+func (m *Manifest) version(ctx context.Context, db sqlx.ExtContext, action Action, fns ...string) (current, latest int, err error) {
 	latest = len(PgMigrations)
 	var st struct {
 		Table    bool `db:"has_table"`
@@ -303,7 +318,7 @@ func (m *Manifest) version(ctx context.Context, db sqlx.ExtContext) (current, la
 	case !st.Table:
 		return 0, latest, nil
 	case !st.Readable:
-		if err := m.CheckPrivileges(ctx, db); err != nil {
+		if err := m.CheckAccess(ctx, db, action, fns...); err != nil {
 			return 0, latest, fmt.Errorf("backfill: manifest %q version: %w", m.SchemaName, err)
 		}
 	}

@@ -120,7 +120,7 @@ func (m *Manifest) Status(ctx context.Context, db sqlx.ExtContext, batchID int64
 			`+throttleWarningsSQL), batchID).Scan(&inFlightJS, &exJS, &warnJS)
 	})
 	if err != nil {
-		return backfilltype.Status{}, fmt.Errorf("backfill: status of batch %d: %w", batchID, err)
+		return backfilltype.Status{}, fmt.Errorf("backfill: status of batch %d: %w", batchID, m.readDenied(ctx, db, err))
 	}
 	if len(rows) == 0 {
 		return backfilltype.Status{}, fmt.Errorf("backfill: status of batch %d: %w", batchID, backfilltype.ErrRunNotFound)

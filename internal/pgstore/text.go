@@ -8,6 +8,7 @@ import (
 
 	"github.com/pgbackfill/backfill/backfilltype"
 	"github.com/pgbackfill/backfill/internal/pgconv"
+	"github.com/pgbackfill/backfill/internal/textcap"
 )
 
 // nulSymbol replaces NUL characters in manifest text: U+2400 SYMBOL FOR
@@ -103,4 +104,62 @@ func ManifestCheckResult(r backfilltype.CheckResult) backfilltype.CheckResult {
 		r.Detail = ManifestJSON(r.Detail)
 	}
 	return r
+}
+
+// The caps of record_event's arguments (manifest migration 25), in
+// characters, as the SQL function counts them; a longer argument is
+// refused with SQLSTATE 22023. The library fits its own events within
+// them ([EventActor], [EventDetail]).
+const (
+	// MaxEventKindChars caps an event's kind.
+	MaxEventKindChars = 200
+	// MaxEventDetailChars caps an event's detail: the characters of its
+	// jsonb text (64 KiB).
+	MaxEventDetailChars = 65536
+)
+
+// FitChars returns s when it has at most n characters; otherwise its head
+// and its full length (textcap.Clip) in at most n characters.
+func FitChars(s string, n int) string {
+	c := textcap.Clip(s, n, "")
+	if over := utf8.RuneCountInString(c) - n; over > 0 {
+		c = textcap.Clip(s, n-over, "")
+	}
+	return c
+}
+
+// EventActor returns actor as record_event takes it: ManifestText, cut to
+// [MaxActorChars] characters.
+func EventActor(actor string) string {
+	return FitChars(ManifestText(actor), MaxActorChars)
+}
+
+// eventDetailHeadChars is how much of a detail over the cap an event
+// keeps: as a JSON string, at most twice as many characters.
+const eventDetailHeadChars = 16000
+
+// EventDetail returns detail, a JSON document, as record_event takes it:
+// ManifestJSON ("{}" for none) when it fits; otherwise an object
+// {"detail_truncated": true, "detail_characters": N, "detail_head":
+// TEXT}, the first characters of the JSON text and its full length, so
+// that a long value from user data (a validation's sample, a reject, a
+// signal's reason) never fails the run that records it. The jsonb text
+// PostgreSQL counts has at most one space more per ':' and ',' of the
+// JSON text, and escapes no more than encoding/json does, so a detail of
+// at most MaxEventDetailChars/2 characters fits.
+func EventDetail(detail []byte) string {
+	d := string(ManifestJSON(detail))
+	if d == "" {
+		return "{}"
+	}
+	n := utf8.RuneCountInString(d)
+	if n <= MaxEventDetailChars/2 {
+		return d
+	}
+	out, _ := json.Marshal(map[string]any{
+		"detail_truncated":  true,
+		"detail_characters": n,
+		"detail_head":       textcap.Clip(d, eventDetailHeadChars, ""),
+	})
+	return string(out)
 }

@@ -258,7 +258,7 @@ type SignalNote struct {
 func (m *Manifest) NoteSignal(ctx context.Context, db sqlx.ExtContext, n SignalNote) error {
 	kind, why := backfilltype.EventSignalObserves, ""
 	if n.Inert {
-		kind, why = backfilltype.EventSignalInert, ManifestText(n.Why)
+		kind, why = backfilltype.EventSignalInert, FitChars(ManifestText(n.Why), MaxReasonChars)
 	}
 	err := InShortTx(ctx, db, func(tx sqlx.ExtContext) error {
 		// Through record_event, as the library's other events: the
@@ -268,7 +268,8 @@ func (m *Manifest) NoteSignal(ctx context.Context, db sqlx.ExtContext, n SignalN
 					WHERE e.batch_id = $1 AND e.kind IN ($7, $8) AND e.detail->>'signal' = $4::text ORDER BY e.id DESC LIMIT 1)
 				IS DISTINCT FROM row($3::text, $5::text)
 				AND ($3 <> $8 OR EXISTS (SELECT FROM {s}.events e WHERE e.batch_id = $1 AND e.kind = $7 AND e.detail->>'signal' = $4::text))`),
-			n.BatchID, n.Job, kind, ManifestText(n.Signal), why, ManifestText(n.Worker), backfilltype.EventSignalInert, backfilltype.EventSignalObserves)
+			n.BatchID, n.Job, kind, FitChars(ManifestText(n.Signal), MaxActorChars), why, FitChars(ManifestText(n.Worker), MaxActorChars),
+			backfilltype.EventSignalInert, backfilltype.EventSignalObserves)
 		return err
 	})
 	if err != nil {
