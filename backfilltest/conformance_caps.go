@@ -224,7 +224,8 @@ func testManifestCapabilities(t *testing.T,
 		for _, e := range events {
 			if e.Kind == "run_resumed_by_operator" {
 				resumedBy = append(resumedBy, e.Actor)
-				require.JSONEq(t, `{"why": "fixed the source"}`, string(e.Detail))
+				// The reason, and the rows the resume accepts (none read yet).
+				require.JSONEq(t, `{"why": "fixed the source", "read": 0, "rejected": 0}`, string(e.Detail))
 			}
 		}
 		require.Equal(t, []string{"ann"}, resumedBy, "who resumed and why are in the audit log")

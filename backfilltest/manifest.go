@@ -523,8 +523,17 @@ func (m *Manifest) ResumeRun(ctx context.Context, db sqlx.ExtContext, batchID in
 		return fmt.Errorf("backfill: resume run %d: %w", batchID, backfill.ErrNotPaused)
 	}
 	r.run.Status, r.run.LastError = backfill.RunRunning, ""
+	// The rows the resume accepts (the reject gate's baseline): the run's
+	// totals of its done and open chunks, as PostgreSQL's resume records.
+	var read, rejected int64
+	for _, c := range r.chunks {
+		if c.Status == backfill.ChunkDone || c.Status == backfill.ChunkOpen {
+			read += c.Counts.Read
+			rejected += c.Counts.Rejected
+		}
+	}
 	m.events = append(m.events, backfilltype.Event{ID: int64(len(m.events) + 1), BatchID: batchID, Job: r.run.Job,
-		Kind: "run_resumed_by_operator", Actor: actor, Detail: mustJSON(map[string]string{"why": why}), CreatedAt: time.Now()})
+		Kind: "run_resumed_by_operator", Actor: actor, Detail: mustJSON(map[string]any{"why": why, "read": read, "rejected": rejected}), CreatedAt: time.Now()})
 	return nil
 }
 
