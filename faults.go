@@ -37,7 +37,8 @@ type chunkFaults struct {
 // chunkFault returns the SQLSTATE (or "connection") of err, the error of
 // try cr, when it is a connection fault of the chunk's transaction.
 func chunkFault(ctx context.Context, cr chunkRun, err error) (string, bool) {
-	if !cr.inTx || errors.Is(err, backfilltype.ErrNotRetryable) || errors.Is(err, ErrExtractor) || errors.Is(err, ErrExtractorPanic) {
+	if !cr.inTx || errors.Is(err, backfilltype.ErrNotRetryable) || errors.Is(err, ErrExtractor) || errors.Is(err, ErrExtractorPanic) ||
+		errors.Is(err, pgstore.ErrStatementPooler) {
 		return "", false
 	}
 	return pgstore.TransientCode(ctx, err)
