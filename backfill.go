@@ -375,7 +375,10 @@ type Config struct {
 	ExtractAhead bool
 	// MaxAttempts is how many times a chunk is tried before the run stops
 	// with it failed; only retryable errors ([IsRetryable]) are retried.
-	// Default 3.
+	// Default 3. Waits (see LockRetries) and connection faults of the
+	// chunk's transaction (a lost connection, a terminated backend, a
+	// server restarting: retried for up to 2 × StaleAfter, see the
+	// package documentation, "Transient faults") are not attempts.
 	MaxAttempts int
 	// RetryBackoff is the wait before the second attempt; it doubles with
 	// each further attempt. Default 100ms.

@@ -133,7 +133,8 @@ run, recording a failed attempt, an event, validations or gate evidence,
 accepting a gate, resuming, rollback and publish steps) that fails with
 serialization_failure (40001) or deadlock_detected (40P01) is run again, up
 to 8 times with a jittered backoff of at most 320 ms; a chunk's transaction
-is retried as a chunk attempt ([IsRetryable], [Config.MaxAttempts]). Its
+is retried as a chunk attempt ([IsRetryable], [Config.MaxAttempts]; its
+connection faults are not attempts, see Transient faults). Its
 reads outside a chunk (the manifest's Chunks, Run, Events, the catalog
 reads of the PostgreSQL merger's Prepare, ...) run in READ COMMITTED
 transactions of their own too, retried the same way.
@@ -268,15 +269,16 @@ commits the abandon first, then waits for the abandoned run's chunks in
 flight (fencing stale holders, logging the wait) before it creates the
 new run; a rollback of a failed or paused run waits for them likewise.
 
-Restarts. A server restart or a dropped connection (class 08, 57P01,
-57P02, 57P03, a bad connection, EOF, connection refused) fails the
-chunk's attempt, which is retried up to [Config.MaxAttempts]; recording
-the failed attempt, registering, claiming and recording the run's end
-are retried with backoff until the server is back, for up to twice
-StaleAfter. The run ends completed when all chunks are done, failed with
-last_error when a chunk's attempts are exhausted, and a call that
-returns early (cancelled) leaves it running for the next call, its
-liveness dead.
+Restarts. A server restart or a dropped connection (class 08, 53300,
+57P01, 57P02, 57P03, a bad connection, EOF, connection refused) that
+ends a chunk's transaction is a fault, not a failed attempt (see
+Transient faults): the chunk is tried again once the server is back,
+under the same attempt; registering, claiming, recording and the run's
+end are retried with backoff likewise. Both for up to twice StaleAfter.
+The run ends completed when all chunks are done, failed with last_error
+when a chunk's attempts are exhausted, and a call that returns early
+(cancelled, or faults past their bound) leaves it running for the next
+call, its liveness dead.
 
 Exit codes. [Work] returns [ExitDone] (0: completed, by this worker or
 others), [ExitFailed] (1: failed; last_error says why; do not restart
@@ -373,6 +375,26 @@ worker's registration keeps the row of its own key, a lease taken twice
 is the same worker's (its own key takes its chunk back), and a chunk's
 transaction is fenced by its lease. A record of an event or a wait may
 then appear twice; a chunk's failure may count one attempt more.
+
+A chunk's transaction that ends on one of these faults (not 40001 or
+40P01, which are waits, see Beside production; never an error of the
+extraction, which runs outside it) rolls back and is not a failed
+attempt: nothing is recorded against the chunk, this call's claims skip
+it for the same doubling, jittered sleep, and it is tried again under
+the same attempt number; it does not count toward
+[Config.MaxAttempts]. Each fault is logged at WARN ("backfill: chunk's
+connection to the server was lost; rolled back, retrying after a pause
+(not counted toward MaxAttempts)", with seq, chunk, attempt, sqlstate,
+fault, faulty_for, sleep and the error, which says the connection was
+lost and names what the statement was doing, never its SQL). A worker
+fenced by another (its backend terminated: 57P01) leaves the chunk to
+its new holder the same way and claims another. The bound is the
+manifest's, 2 × [Config.StaleAfter] from the chunk's first fault in the
+call: past it the call ends with an error that [IsRetryable] reports
+(wrapping the last fault), the run is not failed, [Work] exits with
+[ExitTempFail], and the next call resumes it. A COMMIT cut mid-flight
+may have committed: the chunk is then done, and the next claim skips
+it.
 
 Lock waits of the manifest's transactions (an operator's LOCK TABLE on
 backfill.chunks or backfill.runs) are bounded like a chunk's: each

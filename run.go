@@ -170,7 +170,10 @@ func (j Job) validate() error {
 // Each chunk is leased in a short transaction, extracted outside any
 // transaction, then loaded in one transaction: fence, COPY into staging,
 // merge, exception queue, checkpoint, commit. Retryable errors
-// ([IsRetryable]) are retried up to [Config.MaxAttempts] times. When a
+// ([IsRetryable]) are retried up to [Config.MaxAttempts] times; waits and
+// connection faults of the chunk's transaction are not attempts (see
+// the package documentation, "Transient faults": past their bound the
+// call returns a retryable error and the run stays resumable). When a
 // chunk fails for good, Run stops claiming, waits for the chunks in
 // progress and returns a [*PartialError]; the run's status is failed.
 // When ctx is done, chunks in progress roll back and stay pending; the
@@ -721,6 +724,9 @@ type execution struct {
 	// stopped this call with ("" for none; see [runControl]).
 	halted RunStatus
 	tries  map[int]int // failed attempts per chunk Seq in this call
+	// faults are the connection faults of this call's chunks
+	// (chunkFaulted), per chunk Seq.
+	faults map[int]*chunkFaults
 	// waits are the waits of this call's chunks.
 	waits chunkWaits
 	// undoTable is where the merger logs undo images ("" for none).
@@ -1048,6 +1054,9 @@ func (ex *execution) tryFailed(ctx context.Context, ws *waitState, cr chunkRun, 
 		ex.fail(ce, ex.recordGate(ctx, ce, ge, ge.reason))
 		return false
 	}
+	if code, ok := chunkFault(ctx, cr, err); ok {
+		return ex.chunkFaulted(ctx, ce, cr, code)
+	}
 	if code, msg, ok := pgstore.WaitCode(ctx, err); ok {
 		if ex.chunkWaited(ctx, ce, cr, code, msg) {
 			return true
@@ -1077,6 +1086,7 @@ func (ex *execution) addDone(id string) {
 func (ex *execution) chunkDone(ctx context.Context, res ChunkResult, fresh bool, turn *pipeTurn) bool {
 	ex.mu.Lock()
 	ex.addDone(res.Chunk.ID)
+	delete(ex.faults, res.Chunk.Seq)
 	ex.mu.Unlock()
 	// The slot's stage is left after the run's reject-rate check below:
 	// a run it pauses writes no chunk extracted ahead.
@@ -1127,6 +1137,7 @@ func (ex *execution) chunkFailed(ctx context.Context, ce *ChunkError, attempt in
 	}
 	ex.tries[ce.Chunk.Seq]++
 	tries := ex.tries[ce.Chunk.Seq]
+	delete(ex.faults, ce.Chunk.Seq)
 	ex.mu.Unlock()
 	// MaxAttempts counts the attempts of this call: a resumed run gives a
 	// chunk that failed before its full share of retries again.
@@ -1236,6 +1247,10 @@ type chunkRun struct {
 	// reread: the chunk was claimed open, read again (never skipped,
 	// Job.SkipUnchanged).
 	reread bool
+	// inTx: the try reached the chunk's transaction (write): a
+	// connection fault from here on is the transaction's
+	// ([execution.chunkFaulted]), not the extractor's.
+	inTx bool
 	// turn is the slot's write stage when the chunk's transaction ran in
 	// a pipeline (nil otherwise; see [chunkPipe]).
 	turn *pipeTurn
@@ -1485,6 +1500,7 @@ func (ex *execution) write(ctx context.Context, t *chunkTry, h *heldLease) (comm
 	cr, seq := t.cr, h.cl.State.Chunk.Seq
 	// The chunk's transaction.
 	cr.span.next(ctx, backfilltrace.PhaseStage)
+	cr.inTx = true
 	tx, err := ex.r.db.Begin(ctx)
 	if err != nil {
 		// An attempt of the chunk: recorded as failed, like a failure

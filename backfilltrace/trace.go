@@ -279,6 +279,14 @@ const (
 	// RetryAttempt: an attempt failed; it is tried again after Sleep
 	// unless Final (not retryable, or backfill.Config.MaxAttempts reached).
 	RetryAttempt = "attempt"
+	// RetryFault: the chunk's transaction lost its connection to the
+	// server (or the server shut down or terminated its backend:
+	// SQLState, "connection" without one) and rolled back; it is tried
+	// again after Sleep, without counting toward
+	// backfill.Config.MaxAttempts, unless Final (the faults lasted their
+	// bound, 2 × backfill.Config.StaleAfter: the call ends, the run stays
+	// resumable). Try counts the faults.
+	RetryFault = "fault"
 )
 
 // RetryData is a failed try or attempt of a chunk.
@@ -287,8 +295,9 @@ type RetryData struct {
 	Job     string
 	Chunk   backfilltype.Chunk
 	Attempt int
-	// Kind is RetryWait or RetryAttempt; Try the 1-based row of
-	// backfill.Config.LockRetries of a wait (0 for an attempt).
+	// Kind is RetryWait, RetryAttempt or RetryFault; Try the 1-based row
+	// of backfill.Config.LockRetries of a wait, the 1-based count of a
+	// fault (0 for an attempt).
 	Kind string
 	Try  int
 	// SQLState is PostgreSQL's error code ("" when the error is not

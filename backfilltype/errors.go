@@ -294,7 +294,9 @@ func (e *PartialError) Unwrap() []error { return e.Errs }
 // context looks like, and a Runner never retries once its context is done).
 // The Runner retries 40001, 40P01, 55P03 and 57014 first as waits, which do
 // not count toward backfill.Config.MaxAttempts
-// (backfill.Config.LockRetries). See
+// (backfill.Config.LockRetries); connection failures of a chunk's
+// transaction are not attempts either (retried for up to 2 ×
+// backfill.Config.StaleAfter). See
 // https://www.postgresql.org/docs/15/errcodes-appendix.html.
 func IsRetryable(err error) bool {
 	if errors.Is(err, ErrNotRetryable) {

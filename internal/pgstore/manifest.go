@@ -1204,7 +1204,7 @@ func (m *Manifest) insertValidations(ctx context.Context, db sqlx.ExtContext, ba
 			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)`), batchID, chunkID, r.Check, string(r.Severity), r.Passed, r.Expected, r.Actual, string(sample), detail,
 			failedAttempt, r.Accepted)
 		if err != nil {
-			return fmt.Errorf("backfill: record validation %s of chunk %s: %w", r.Check, chunkID, err)
+			return fmt.Errorf("backfill: recording the result of check %s of chunk %s: %w", r.Check, chunkID, err)
 		}
 	}
 	return nil

@@ -69,9 +69,10 @@ func TransientCode(ctx context.Context, err error) (string, bool) {
 	return "connection", true
 }
 
-// connBackoff is the sleep after the n-th (1-based) transient fault of a
-// transaction: 100 ms doubled per fault, at most 5 s, jittered.
-func connBackoff(n int) time.Duration {
+// ConnBackoff is the sleep after the n-th (1-based) transient fault of a
+// transaction (a manifest transaction's, or a chunk's): 100 ms doubled per
+// fault, at most 5 s, jittered.
+func ConnBackoff(n int) time.Duration {
 	return Jitter(min(100*time.Millisecond<<min(n-1, 6), 5*time.Second))
 }
 
@@ -100,7 +101,7 @@ func retryTransient(ctx context.Context, log *slog.Logger, p txPurpose, budget t
 			return fmt.Errorf("the database was unreachable or refused connections for %s (%d tries, %w); restart later to resume: %w",
 				time.Since(first).Round(time.Millisecond), n, ErrFaultBound, err)
 		}
-		sleep := connBackoff(n)
+		sleep := ConnBackoff(n)
 		log.Warn("backfill: a manifest transaction hit a transient fault; retrying after a pause",
 			append(p.attrs(), "sqlstate", code, "try", n, "sleep", sleep, "error", err)...)
 		if !sleepCtx(ctx, sleep) {

@@ -47,11 +47,40 @@ func (t *BatchTx) flush(ctx context.Context) error {
 		return nil
 	}
 	q := strings.Join(t.pending, "; ")
+	what := queuedPurpose(t.pending)
 	t.pending = t.pending[:0]
 	if _, err := t.Tx.ExecContext(ctx, q); err != nil {
-		return fmt.Errorf("%s: %w", q, err)
+		return fmt.Errorf("sending the chunk transaction's queued %s: %w", what, err)
 	}
 	return nil
+}
+
+// queuedPurpose says what the queued statements qs do, for an error
+// (their SQL text is no help to an operator): "savepoints" for the
+// savepoints of the merge's steps, "settings" for set_config, or both.
+func queuedPurpose(qs []string) string {
+	var savepoints, settings, other bool
+	for _, q := range qs {
+		switch {
+		case strings.HasPrefix(q, "SAVEPOINT "), strings.HasPrefix(q, "RELEASE SAVEPOINT "), strings.HasPrefix(q, "ROLLBACK TO SAVEPOINT "):
+			savepoints = true
+		case strings.Contains(q, "set_config("):
+			settings = true
+		default:
+			other = true
+		}
+	}
+	var parts []string
+	if savepoints {
+		parts = append(parts, "savepoints")
+	}
+	if settings {
+		parts = append(parts, "settings")
+	}
+	if other || len(parts) == 0 {
+		parts = append(parts, "statements")
+	}
+	return strings.Join(parts, " and ")
 }
 
 // ExecContext runs q after the queued statements: in the same simple
