@@ -57,9 +57,10 @@ func (p txPurpose) attrs() []any {
 // lost without one: driver.ErrBadConn, io.ErrUnexpectedEOF, a network
 // error) of err when it is a transient fault of the connection or the
 // server (backfilltype.IsConnectionError: class 08, 53300, 57P01-57P03)
-// while ctx is not done.
+// while ctx is not done. A pooler in statement mode (ErrStatementPooler)
+// drops every BEGIN: a configuration to fix, never transient.
 func TransientCode(ctx context.Context, err error) (string, bool) {
-	if err == nil || ctx.Err() != nil || !backfilltype.IsConnectionError(err) {
+	if err == nil || ctx.Err() != nil || !backfilltype.IsConnectionError(err) || errors.Is(err, ErrStatementPooler) {
 		return "", false
 	}
 	var pe *pq.Error
