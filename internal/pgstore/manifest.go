@@ -203,7 +203,7 @@ func inTxIdle(ctx context.Context, db sqlx.ExtContext, mode txMode, f func(tx sq
 			err := retryWaits(ctx, settings.Retries, once, func(code, msg string, n int, sleep time.Duration) {
 				// The blocker is gone once the statement timed out; the
 				// sessions still holding strong locks are the likely ones.
-				hs := strongLockHolders(context.WithoutCancel(ctx), db)
+				hs := StrongLockHolders(context.WithoutCancel(ctx), db)
 				blockers = cmp.Or(DescribeBlockers(hs), "none seen")
 				log.Warn("backfill: a transaction of the library waited; rolled back, retrying after a pause", append(p.attrs(), "sqlstate", code, "message", msg,
 					"try", n, "lock_timeout", settings.manifestLockTimeout(), "sleep", sleep, "blockers", blockers)...)
