@@ -1040,6 +1040,14 @@ func (ex *execution) tryFailed(ctx context.Context, ws *waitState, cr chunkRun, 
 		if ex.chunkWaited(ctx, ce, cr, code, msg) {
 			return true
 		}
+		if errors.Is(err, pgstore.ErrManifestLocked) {
+			// The manifest's chunks table stayed locked through the retry
+			// table: a wait of the manifest, as a lease's; the run stops
+			// with a retryable error naming it, the chunk's attempt not
+			// counted.
+			ex.fail(nil, fmt.Errorf("%w (a wait on the last row of Config.LockRetries)", err))
+			return false
+		}
 		ce = &ChunkError{Chunk: ce.Chunk, Attempt: ce.Attempt, Err: fmt.Errorf("%w (a wait on the last row of Config.LockRetries)", ce.Err)}
 		err = ce
 	}
@@ -1487,7 +1495,12 @@ func (ex *execution) write(ctx context.Context, t *chunkTry, h *heldLease) (comm
 	}()
 	// The fence first: the lease still this worker's, the row locked
 	// until the commit.
-	fenced, pid, ok, err := ex.r.caps.workers.FenceLease(ctx, tx, ex.batchID, seq, h.cl.Epoch, h.l)
+	// Its wait for the chunks table (an operator's LOCK TABLE) is
+	// bounded by the try's lock_timeout, a wait of the chunk.
+	l := h.l
+	l.LockTimeout = ex.r.cfg.txSettings().TryLockTimeout(ex.waitTry(seq))
+	cr.lockTimeout = l.LockTimeout
+	fenced, pid, ok, err := ex.r.caps.workers.FenceLease(ctx, tx, ex.batchID, seq, h.cl.Epoch, l)
 	if err != nil {
 		return false, t.chunkErr(err)
 	}

@@ -142,6 +142,8 @@ const (
 	txPlain txMode = iota
 	txShort
 	txShortOwnWaits
+	// txShortOnce is txShort without the retry of its lock waits.
+	txShortOnce
 	txBounded
 	txRead
 )
@@ -175,7 +177,7 @@ func inTxIdle(ctx context.Context, db sqlx.ExtContext, mode txMode, f func(tx sq
 			}
 			var set string
 			switch mode {
-			case txShort, txShortOwnWaits:
+			case txShort, txShortOwnWaits, txShortOnce:
 				set = shortTxSettings(settings, mode == txShortOwnWaits)
 			case txBounded, txRead:
 				if lt := settings.manifestLockTimeout(); lt != "" {
