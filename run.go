@@ -1018,6 +1018,12 @@ func (ex *execution) noneClaimed(ctx context.Context, ws *waitState) bool {
 // gate that failed (the run pauses), a wait (chunkWaited) or a failed
 // attempt (chunkFailed). It returns false when the run stops.
 func (ex *execution) tryFailed(ctx context.Context, ws *waitState, cr chunkRun, err error) bool {
+	if err = pgstore.SchemaMissing(ex.r.schemaName(), err); errors.Is(err, backfilltype.ErrSchemaMissing) {
+		// The manifest's schema is gone (dropped mid-run): no chunk can
+		// be recorded; the run stops, naming the migration.
+		ex.fail(nil, err)
+		return false
+	}
 	var ce *ChunkError
 	if !errors.As(err, &ce) {
 		if backfilltype.IsConnectionError(err) {

@@ -115,11 +115,12 @@ func retryTransient(ctx context.Context, log *slog.Logger, p txPurpose, budget t
 
 // schemaMissing returns err explained when it is a statement that found
 // no manifest schema p.schema, or no table or function of it (3F000,
-// 42P01, 42883 naming the schema): it wraps backfilltype.ErrSchemaBehind.
-// Other errors are returned as they are.
+// 42P01, 42883 naming the schema): it wraps backfilltype.ErrSchemaMissing
+// (which errors.Is reports as backfilltype.ErrSchemaBehind too). Other
+// errors are returned as they are.
 func (p txPurpose) schemaMissing(err error) error {
 	var pe *pq.Error
-	if p.schema == "" || !errors.As(err, &pe) {
+	if p.schema == "" || !errors.As(err, &pe) || errors.Is(err, backfilltype.ErrSchemaMissing) {
 		return err
 	}
 	switch pe.Code {
@@ -130,6 +131,14 @@ func (p txPurpose) schemaMissing(err error) error {
 	if !strings.Contains(pe.Message, `"`+p.schema+`"`) && !strings.Contains(pe.Message, `"`+p.schema+`.`) && !strings.Contains(pe.Message, p.schema+".") {
 		return err
 	}
-	return fmt.Errorf("manifest schema %q is missing or incomplete (%s); an administrator must create it: run backfill migrate (Manifest.Migrate): %w: %w",
-		p.schema, pe.Message, backfilltype.ErrSchemaBehind, err)
+	return fmt.Errorf("manifest schema %q is missing or incomplete (dropped, or never migrated); an administrator must create it: run backfill migrate (Manifest.Migrate): %w: %w",
+		p.schema, backfilltype.ErrSchemaMissing, err)
+}
+
+// SchemaMissing returns err explained as the manifest schema's absence
+// (wrapping backfilltype.ErrSchemaMissing) when it is a statement of a
+// chunk's transaction that found no manifest schema schema, or no table
+// or function of it; other errors as they are.
+func SchemaMissing(schema string, err error) error {
+	return txPurpose{schema: schema}.schemaMissing(err)
 }
