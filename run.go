@@ -223,6 +223,8 @@ func (r *Runner) run(ctx context.Context, job Job, wait bool) (Report, error) {
 	if err != nil {
 		return Report{}, err
 	}
+	// The library's transactions for the run name its batch.
+	ctx = pgstore.WithPurpose(ctx, "", run.BatchID)
 	// Only a run that goes on working is resumed: a completed, rolled back
 	// or paused run is returned as it is.
 	resumed = resumed && run.Status == RunRunning
@@ -1748,6 +1750,7 @@ func (e *gateError) Unwrap() []error { return []error{ErrGateFailed, backfilltyp
 // job's latest run is not paused, and [ErrUnsupported] when the manifest
 // cannot pause runs.
 func (r *Runner) Resume(ctx context.Context, job Job, actor, why string) (Report, error) {
+	ctx = pgstore.WithPurpose(ctx, "resume a run", 0)
 	mv, audit := r.caps.validations, r.caps.audit
 	if mv == nil || audit == nil {
 		return Report{}, fmt.Errorf("backfill: resume job %q: %w: pausing needs ManifestValidations and ManifestAudit", job.Name, ErrUnsupported)

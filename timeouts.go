@@ -291,6 +291,7 @@ func (ex *execution) watchChunk(ctx context.Context, pid int, lockTimeout string
 // run, and, while it waits for a lock, its blockers. nil when it is idle
 // or gone.
 func observeBackend(ctx context.Context, db sqlx.ExtContext, pid int) *watchSeen {
+	ctx = pgstore.WithPurpose(ctx, "observe the chunk's backend", 0)
 	var rows []struct {
 		Waited float64 `db:"waited"`
 		Lock   bool    `db:"lock"`

@@ -12,6 +12,7 @@ import (
 // Sessions runs q (columns pid, app, state, wait_event, mode, query) in
 // a read transaction and returns its sessions, nil on error.
 func Sessions(ctx context.Context, db sqlx.ExtContext, q string, args ...any) []backfilltype.Blocker {
+	ctx = WithPurpose(ctx, "list blocking sessions", 0)
 	var rows []backfilltype.Blocker
 	err := ReadTx(ctx, db, func(tx sqlx.ExtContext) error {
 		rows = nil // a retried attempt starts over

@@ -1068,6 +1068,7 @@ func (m *Manifest) Chunks(ctx context.Context, db sqlx.ExtContext, batchID int64
 
 // Exceptions implements [Manifest.Exceptions].
 func (m *Manifest) Exceptions(ctx context.Context, db sqlx.ExtContext, batchID int64) ([]backfilltype.Exception, error) {
+	ctx = m.purpose(ctx, "read exceptions", batchID)
 	var rows []struct {
 		backfilltype.Exception
 		RawText sql.NullString `db:"raw_text"`
@@ -1135,6 +1136,7 @@ func (m *Manifest) RecordEvent(ctx context.Context, db sqlx.ExtContext, e backfi
 
 // Events implements [backfilldriver.ManifestAudit.Events].
 func (m *Manifest) Events(ctx context.Context, db sqlx.ExtContext, batchID int64) ([]backfilltype.Event, error) {
+	ctx = m.purpose(ctx, "read events", batchID)
 	var rows []struct {
 		backfilltype.Event
 		Batch  sql.NullInt64 `db:"batch"`
@@ -1188,6 +1190,7 @@ func (m *Manifest) AddValidations(ctx context.Context, db sqlx.ExtContext, batch
 }
 
 func (m *Manifest) addValidations(ctx context.Context, db sqlx.ExtContext, batchID int64, chunkID string, results []backfilltype.CheckResult, failedAttempt sql.NullInt64) error {
+	ctx = m.purpose(ctx, "record validations", batchID)
 	// All or none, in one READ COMMITTED transaction retried on 40001 and
 	// 40P01 (InTx) when db is not one already.
 	return InShortTx(ctx, db, func(tx sqlx.ExtContext) error {
@@ -1221,6 +1224,7 @@ func (m *Manifest) insertValidations(ctx context.Context, db sqlx.ExtContext, ba
 
 // Validations implements [backfilldriver.ManifestValidations.Validations].
 func (m *Manifest) Validations(ctx context.Context, db sqlx.ExtContext, batchID int64) ([]backfilltype.Validation, error) {
+	ctx = m.purpose(ctx, "read validations", batchID)
 	var rows []struct {
 		ChunkID   string         `db:"chunk_id"`
 		Check     string         `db:"check_name"`
@@ -1288,6 +1292,7 @@ func (m *Manifest) RecordGateFailure(ctx context.Context, db sqlx.ExtContext, p 
 // FailedAttemptExceptions implements
 // [backfilldriver.ManifestGates.FailedAttemptExceptions].
 func (m *Manifest) FailedAttemptExceptions(ctx context.Context, db sqlx.ExtContext, batchID int64) ([]backfilltype.Exception, error) {
+	ctx = m.purpose(ctx, "read failed attempts' exceptions", batchID)
 	var rows []struct {
 		backfilltype.Exception
 		RawText sql.NullString `db:"raw_text"`

@@ -385,6 +385,7 @@ func (m *Manifest) MigrateGrant(ctx context.Context, db sqlx.ExtContext, roles .
 // them as it checks the loaders' (loaders get [Manifest.Grants]). A login
 // role becomes an operator by membership: GRANT operator TO person.
 func (m *Manifest) MigrateGrantRoles(ctx context.Context, db sqlx.ExtContext, loaders, operators []string) (backfilltype.MigrateResult, error) {
+	ctx = m.purpose(ctx, "grant roles", 0)
 	var res backfilltype.MigrateResult
 	err := InTx(ctx, db, func(tx sqlx.ExtContext) (err error) {
 		res = backfilltype.MigrateResult{}

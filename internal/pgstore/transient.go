@@ -33,9 +33,28 @@ type txPurpose struct {
 type txPurposeKey struct{}
 
 // purpose returns ctx naming the manifest transactions run under it:
-// what they do and for which batch (0: none).
+// what they do and for which batch (0: the batch ctx names, if any).
 func (m *Manifest) purpose(ctx context.Context, what string, batch int64) context.Context {
-	return context.WithValue(ctx, txPurposeKey{}, txPurpose{what: what, batch: batch, schema: m.SchemaName})
+	p := purposeIn(ctx, what, batch)
+	p.schema = m.SchemaName
+	return context.WithValue(ctx, txPurposeKey{}, p)
+}
+
+// WithPurpose returns ctx naming the transactions of the library run
+// under it (InTx, InShortTx, InBoundedTx, ReadTx) in logs and errors:
+// what they do and for which batch (0: the batch ctx names, if any).
+// A run's calls carry its batch so.
+func WithPurpose(ctx context.Context, what string, batch int64) context.Context {
+	return context.WithValue(ctx, txPurposeKey{}, purposeIn(ctx, what, batch))
+}
+
+// purposeIn is the purpose (what, batch) under the one ctx carries: its
+// batch and schema kept where what and batch name none.
+func purposeIn(ctx context.Context, what string, batch int64) txPurpose {
+	p, _ := ctx.Value(txPurposeKey{}).(txPurpose)
+	p.what = cmp.Or(what, p.what)
+	p.batch = cmp.Or(batch, p.batch)
+	return p
 }
 
 func purposeOf(ctx context.Context) txPurpose {

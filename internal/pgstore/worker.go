@@ -37,6 +37,7 @@ var (
 
 // Workers implements [backfilldriver.ManifestWorkers.Workers].
 func (m *Manifest) Workers(ctx context.Context, db sqlx.ExtContext, batchID int64) ([]backfilltype.Worker, error) {
+	ctx = m.purpose(ctx, "read workers", batchID)
 	var rows []struct {
 		backfilltype.Worker
 		StaleSec float64 `db:"stale_sec"`
@@ -193,6 +194,7 @@ func (m *Manifest) Holders(ctx context.Context, db sqlx.ExtContext, batchID int6
 // either holds its row (the barrier waits for its commit or rollback) or
 // is skipped by the claim (the barrier holds its row).
 func (m *Manifest) WaitInFlight(ctx context.Context, db sqlx.ExtContext, batchID int64, w backfilldriver.FenceWait) error {
+	ctx = m.purpose(ctx, "wait for the chunks in flight", batchID)
 	begin := time.Now()
 	log := w.Log
 	if log == nil {
