@@ -319,7 +319,8 @@ func (m *Manifest) version(ctx context.Context, db sqlx.ExtContext) (current, la
 // (or does not exist), Init migrates it ([Manifest.Migrate]) if the
 // session's role may; when the role lacks the privilege (SQLSTATE 42501),
 // it returns an error wrapping [backfilltype.ErrSchemaBehind] naming the
-// SchemaName's and the library's versions: an administrator must run
+// SchemaName's and the library's versions ([backfilltype.ErrSchemaMissing]
+// when the schema has no migration applied): an administrator must run
 // "backfill migrate" once. A schema newer than the library is an error.
 func (m *Manifest) Init(ctx context.Context, db sqlx.ExtContext) error {
 	cur, latest, err := m.Version(ctx, db)
@@ -334,6 +335,11 @@ func (m *Manifest) Init(ctx context.Context, db sqlx.ExtContext) error {
 	}
 	err = m.Migrate(ctx, db)
 	var pe *pq.Error
+	if errors.As(err, &pe) && pe.Code == "42501" && cur == 0 { // insufficient_privilege
+		return fmt.Errorf("backfill: manifest init: %w: schema %q does not exist (no migration applied), this library needs version %d, and role cannot create it (%v); "+
+			"run `backfill migrate --schema %s` (or PGManifest.Migrate) once as a role that may create it",
+			backfilltype.ErrSchemaMissing, m.SchemaName, latest, pe.Message, sqlgen.Ident(m.SchemaName))
+	}
 	if errors.As(err, &pe) && pe.Code == "42501" { // insufficient_privilege
 		return fmt.Errorf("backfill: manifest init: %w: schema %q is at version %d, this library needs version %d, and role cannot migrate it (%v); "+
 			"run `backfill migrate --schema %s` (or PGManifest.Migrate) once as a role that owns the schema or may create it",
