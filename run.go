@@ -1049,10 +1049,10 @@ func (ex *execution) tryFailed(ctx context.Context, ws *waitState, cr chunkRun, 
 			return true
 		}
 		if errors.Is(err, pgstore.ErrManifestLocked) {
-			// The manifest's chunks table stayed locked through the retry
-			// table: a wait of the manifest, as a lease's; the run stops
-			// with a retryable error naming it, the chunk's attempt not
-			// counted.
+			// The manifest's chunks table (or the chunk's row) stayed
+			// locked through the retry table: a wait of the manifest, as
+			// a lease's; the run stops with a retryable error naming it,
+			// the chunk's attempt not counted.
 			ex.fail(nil, fmt.Errorf("%w (a wait on the last row of Config.LockRetries)", err))
 			return false
 		}

@@ -158,10 +158,11 @@ func (m *Manifest) FenceLease(ctx context.Context, tx sqlx.ExtContext, batchID i
 		}
 	}
 	lit := func(v any) string { return QuoteLiteral(fmt.Sprint(v)) }
-	// Longest placeholders first: $1 is a prefix of $10 and $11.
+	// Longest placeholders first: $1 is a prefix of $10 and $11. Replaced
+	// before the schema's name is put in, which may hold a "$".
 	args := strings.NewReplacer("$11", lit(userTO), "$10", lit(kCount), "$1", lit(batchID), "$2", lit(seq), "$3", lit(l.Key),
 		"$4", lit(epoch), "$5", lit(l.StmtTimeout), "$6", lit(l.LockTimeout), "$7", lit(app), "$8", lit(kIdle), "$9", lit(kInt))
-	err = sqlx.SelectContext(ctx, tx, &rows, args.Replace(m.SQL(`UPDATE {s}.chunks c SET lease_key = NULL, leased_at = NULL
+	err = sqlx.SelectContext(ctx, tx, &rows, m.SQL(args.Replace(`UPDATE {s}.chunks c SET lease_key = NULL, leased_at = NULL
 		WHERE (SELECT true WHERE `+leaseSettings+`)
 		AND c.batch_id = $1::bigint AND c.seq = $2::int AND c.lease_key = $3 AND c.lease_epoch = $4::bigint
 		AND (c.status = 'pending' OR c.status = 'open'
@@ -171,8 +172,8 @@ func (m *Manifest) FenceLease(ctx context.Context, tx sqlx.ExtContext, batchID i
 	if err != nil {
 		var pe *pq.Error
 		if errors.As(err, &pe) && pe.Code == "55P03" {
-			return backfilltype.ChunkState{}, 0, false, fmt.Errorf("backfill: fence chunk %d of batch %d: waited lock_timeout %s ms for a lock on the manifest table %s.chunks "+
-				"(a session's LOCK TABLE, see the waits' blockers): end that session or retry later: %w: %w", seq, batchID, l.LockTimeout, m.SchemaName, ErrManifestLocked, err)
+			return backfilltype.ChunkState{}, 0, false, fmt.Errorf("backfill: fence chunk %d of batch %d: waited lock_timeout %s ms for the manifest table %s.chunks or the chunk's row of it "+
+				"(a session's LOCK TABLE, or another worker's transaction on the chunk: see the wait's blockers): end that session or retry later: %w: %w", seq, batchID, l.LockTimeout, m.SchemaName, ErrManifestLocked, err)
 		}
 		return backfilltype.ChunkState{}, 0, false, fmt.Errorf("backfill: fence chunk %d of batch %d: %w", seq, batchID, err)
 	}
@@ -222,7 +223,8 @@ func sessionSettings(l backfilldriver.Lease) (appName, keepIdle, keepInterval, k
 
 // ErrManifestLocked marks the error of a chunk's fence that waited its
 // lock_timeout for the manifest's chunks table (an operator's LOCK
-// TABLE): a wait of the manifest, not of the chunk's data.
+// TABLE) or the chunk's row of it: a wait of the manifest, not of the
+// chunk's data.
 var ErrManifestLocked = errors.New("manifest table locked")
 
 // ReleaseLease clears the lease of chunk seq if it is still key's at
