@@ -11,6 +11,7 @@ import (
 	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgbackfill/backfill/backfilldriver"
 	"github.com/pgbackfill/backfill/internal/pgtest"
 	"github.com/pgbackfill/backfill/internal/testwait"
 )
@@ -91,4 +92,33 @@ func TestChunkFenceWaitForLockedChunksTableBounded(t *testing.T) {
 		require.True(t, IsRetryable(res.err), "retryable: %v", res.err)
 		require.Contains(t, logs.String(), "AccessExclusiveLock on backfill.chunks")
 	})
+}
+
+// TestWaitInFlightLockedChunksTableLogged: the barrier after a run stops
+// (WaitInFlight) behind an operator's LOCK TABLE backfill.chunks logs
+// the wait with the table's holder at each poll, rather than waiting
+// silently for the lock, and returns once the lock is released.
+func TestWaitInFlightLockedChunksTableLogged(t *testing.T) {
+	t.Parallel()
+	logs := &syncBuffer{}
+	r, _, u := fenceLockRunner(t, lockRetries(3, 50*time.Millisecond, 10*time.Millisecond), logs)
+	rep, err := r.Run(context.Background(), liveJob(nil))
+	require.NoError(t, err)
+	release := lockManifestTable(t, u, "chunks")
+	done := make(chan error, 1)
+	go func() {
+		done <- NewPGManifest("").WaitInFlight(testwait.Context(t, "the barrier"), r.db, rep.BatchID, backfilldriver.FenceWait{
+			StaleAfter: 10 * time.Second, Poll: 50 * time.Millisecond, Log: slog.New(slog.NewJSONHandler(logs, nil)), What: "barrier test"})
+	}()
+	testwait.Until(t, "the barrier to log the locked table", func() bool {
+		for _, line := range strings.Split(logs.String(), "\n") {
+			if strings.Contains(line, `"what":"barrier test"`) && strings.Contains(line, "AccessExclusiveLock on backfill.chunks") &&
+				strings.Contains(line, `application_name \"locker\"`) {
+				return true
+			}
+		}
+		return false
+	})
+	release()
+	require.NoError(t, testwait.Recv(t, "the barrier", done))
 }

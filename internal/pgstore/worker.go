@@ -255,7 +255,7 @@ func (m *Manifest) WaitInFlight(ctx context.Context, db sqlx.ExtContext, batchID
 		for _, h := range hs {
 			LogHolder(log, w.What, batchID, h, time.Since(begin))
 		}
-		if herr == nil && len(hs) == 0 {
+		if len(hs) == 0 {
 			// No chunk's holder: a lock of the table (an operator's LOCK
 			// TABLE on the manifest).
 			log.Warn("backfill: waiting for the chunks in flight: the manifest's chunks table is locked", "what", w.What, "batch_id", batchID,
