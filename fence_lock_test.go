@@ -47,7 +47,7 @@ func TestChunkFenceWaitForLockedChunksTableBounded(t *testing.T) {
 		logs := &syncBuffer{}
 		// Enough tries that the release, once the wait is logged, comes
 		// before they are used up.
-		r, _, u := fenceLockRunner(t, lockRetries(400, 50*time.Millisecond, 50*time.Millisecond), logs)
+		r, db, u := fenceLockRunner(t, lockRetries(400, 50*time.Millisecond, 50*time.Millisecond), logs)
 		var release func()
 		locked := make(chan struct{})
 		var once sync.Once
@@ -76,6 +76,9 @@ func TestChunkFenceWaitForLockedChunksTableBounded(t *testing.T) {
 		require.NoError(t, res.err)
 		require.Equal(t, RunCompleted, res.rep.Status)
 		require.Equal(t, liveChunks, res.rep.ChunksDone)
+		var recorded int
+		require.NoError(t, db.Get(&recorded, `SELECT count(*) FROM backfill.waits WHERE sqlstate = '55P03' AND blockers::text LIKE '%backfill.chunks%'`))
+		require.NotZero(t, recorded, "the fence's waits are recorded with their blocker")
 	})
 	t.Run("held past the retries", func(t *testing.T) {
 		t.Parallel()
