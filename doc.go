@@ -408,7 +408,8 @@ used up, the error names the blockers and stays retryable (55P03).
 
 A manifest schema dropped (or never created) gives an error that names
 the schema, says it is missing and to run backfill migrate, and wraps
-[ErrSchemaBehind]; messages about the end of a run name its batch.
+[ErrSchemaMissing] (which errors.Is reports as [ErrSchemaBehind] too);
+messages about the end of a run name its batch.
 
 # Throttles
 

@@ -169,6 +169,12 @@ var (
 	// migrate" (or the Migrate method of [PGManifest]) once. The message
 	// names both versions.
 	ErrSchemaBehind = backfilltype.ErrSchemaBehind
+	// ErrSchemaMissing marks the error of a statement that found no
+	// manifest schema, or no table or function of it (dropped while a run
+	// works, or never migrated): an administrator runs the command
+	// "backfill migrate" (or the Migrate method of [PGManifest]).
+	// errors.Is reports it as [ErrSchemaBehind] too.
+	ErrSchemaMissing = backfilltype.ErrSchemaMissing
 )
 
 // ChunkError says which chunk failed and why. It wraps the cause.

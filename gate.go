@@ -78,6 +78,7 @@ func acceptedResult(acc []acceptedCheck, cr CheckResult) bool {
 // [ErrInvalidConfig] when actor or why is empty, and [ErrUnsupported]
 // when the manifest cannot keep validations and an audit log.
 func (r *Runner) AcceptGate(ctx context.Context, job Job, chunkID, actor, why string) (Report, error) {
+	ctx = pgstore.WithPurpose(ctx, "accept a quality gate", 0)
 	mv, audit := r.caps.validations, r.caps.audit
 	if mv == nil || audit == nil {
 		return Report{}, fmt.Errorf("backfill: accept gate of job %q: %w", job.Name, ErrUnsupported)

@@ -61,6 +61,7 @@ func (r *Runner) pgPrivileges() (pm *PGManifest, target bool) {
 // checkTargetSchema checks USAGE on the schema of job's target, before
 // Prepare (which cannot find a table in a schema it may not use).
 func (r *Runner) checkTargetSchema(ctx context.Context, job Job) error {
+	ctx = pgstore.WithPurpose(ctx, "check the target schema", 0)
 	if _, target := r.pgPrivileges(); !target {
 		return nil
 	}
@@ -97,6 +98,7 @@ func (r *Runner) checkTargetSchema(ctx context.Context, job Job) error {
 // warnings (an insert-only Upsert) or a *PrivilegeError listing all the
 // missing ones. Called by planRun before the run is created or resumed.
 func (r *Runner) checkRunPrivileges(ctx context.Context, job Job, info TableInfo) (warnings []string, err error) {
+	ctx = pgstore.WithPurpose(ctx, "check the run's privileges", 0)
 	pm, target := r.pgPrivileges()
 	if pm == nil && !target {
 		return nil, nil
@@ -242,6 +244,7 @@ func (c *privilegeCheck) runVersionedView(ctx context.Context, view, schema stri
 // inserted rows, UPDATE when its undo log holds prior images, and the
 // manifest's privileges.
 func (r *Runner) checkRollbackPrivileges(ctx context.Context, info TableInfo, batchID int64) error {
+	ctx = pgstore.WithPurpose(ctx, "check the rollback's privileges", batchID)
 	pm, target := r.pgPrivileges()
 	if pm == nil && !target {
 		return nil

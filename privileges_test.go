@@ -261,9 +261,9 @@ func TestPrivilegeCheckedBeforeBatch(t *testing.T) {
 }
 
 // TestInitNoDDLAfterMigrate: once the schema is migrated, Init of a role
-// without any CREATE privilege only reads the version; when the schema is
-// behind and the role cannot migrate it, Init says so, naming both
-// versions and the command to run.
+// without any CREATE privilege only reads the version; when the schema
+// does not exist and the role cannot create it, Init says it is missing,
+// naming the library's version and the command to run.
 func TestInitNoDDLAfterMigrate(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -271,8 +271,10 @@ func TestInitNoDDLAfterMigrate(t *testing.T) {
 	m := backfill.NewPGManifest("ops")
 	err := m.Init(ctx, r.db)
 	require.ErrorIs(t, err, backfill.ErrSchemaBehind)
+	require.ErrorIs(t, err, backfill.ErrSchemaMissing)
+	require.NotContains(t, err.Error(), "behind", "a schema that does not exist is missing")
 	_, latest, _ := m.Version(ctx, r.admin)
-	require.Contains(t, err.Error(), `is at version 0, this library needs version `)
+	require.Contains(t, err.Error(), `"ops" does not exist (no migration applied), this library needs version `)
 	require.Contains(t, err.Error(), "backfill migrate")
 
 	require.NoError(t, m.Migrate(ctx, r.admin))

@@ -88,6 +88,7 @@ func (publishEnd) rollback(context.Context, *Runner, Job, Run, Plan, RollbackOpt
 // publishAtEnd merges every staged chunk of the run in one transaction.
 // It returns the results of the chunks it completed.
 func (ex *execution) publishAtEnd(ctx context.Context) ([]ChunkResult, error) {
+	ctx = pgstore.WithPurpose(ctx, "publish at the end of the run", ex.batchID)
 	r := ex.r
 	stage := r.caps.staging.StagingTable(ex.batchID)
 	var done []ChunkResult

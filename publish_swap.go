@@ -102,6 +102,7 @@ func (r *Runner) prepareSwap(ctx context.Context, tx sqlx.ExtContext, info Table
 // each chunk replaced in place of the chunk's. It refuses, changing
 // nothing, when a later batch swapped one of those partitions again.
 func (r *Runner) swapBack(ctx context.Context, pm backfilldriver.SQLManifest, run Run, parent string, opts RollbackOptions) (RollbackReport, error) {
+	ctx = pgstore.WithPurpose(ctx, "swap partitions back", run.BatchID)
 	rep := RollbackReport{BatchID: run.BatchID, Status: run.Status, Preview: opts.Preview}
 	states, err := pm.Chunks(ctx, r.db, run.BatchID)
 	if err != nil {
@@ -206,6 +207,7 @@ type swapBackParams struct {
 // with the chunk's checkpoint, in one transaction; it reports false when
 // the chunk is no longer done (rolled back meanwhile).
 func (r *Runner) swapBackChunk(ctx context.Context, pm backfilldriver.SQLManifest, p swapBackParams) (bool, error) {
+	ctx = pgstore.WithPurpose(ctx, "swap a chunk's partition back", 0)
 	done := false
 	err := pgstore.InTx(ctx, r.db, func(tx sqlx.ExtContext) error {
 		var status []string

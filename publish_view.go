@@ -77,6 +77,7 @@ func (publishView) publishesOpen() bool { return false }
 // (a copy of the version readers see now, or of the target table before
 // the first publish), and prepares the merge into it.
 func (r *Runner) prepareVersion(ctx context.Context, job Job, info TableInfo, batchID int64) (TableInfo, error) {
+	ctx = pgstore.WithPurpose(ctx, "prepare the table version", batchID)
 	version := pgstore.VersionTable(info.Target.Table, batchID)
 	marker := pgstore.VersionMarker(info.Target.Table, batchID)
 	err := pgstore.InTx(ctx, r.db, func(tx sqlx.ExtContext) error {
@@ -152,6 +153,7 @@ type viewSwitch struct {
 }
 
 func (r *Runner) switchView(ctx context.Context, vs viewSwitch, try func(tx sqlx.ExtContext, replace func(source string) error) error) (blockers string, err error) {
+	ctx = pgstore.WithPurpose(ctx, "switch the view", 0)
 	for n := 1; ; n++ {
 		var blocking string // what pg_blocking_pids said during the last try
 		err := pgstore.InTx(ctx, r.db, func(tx sqlx.ExtContext) error {
@@ -235,6 +237,7 @@ func (r *Runner) lockRunRow(ctx context.Context, tx sqlx.ExtContext, batchID int
 // says the run is completed but unpublished, and returns the error wrapping
 // [ErrPublishBlocked]; running the job again publishes it.
 func (r *Runner) publishVersion(ctx context.Context, job Job, run Run, table string) (bool, error) {
+	ctx = pgstore.WithPurpose(ctx, "publish the table version", run.BatchID)
 	audit := r.caps.audit // Run refused the job without it
 	version := pgstore.VersionTable(table, run.BatchID)
 	vs := viewSwitch{view: job.Publish.View, target: version, timeout: cmp.Or(job.Publish.LockTimeout, "200ms"),

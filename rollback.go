@@ -223,6 +223,7 @@ type undoRollback struct {
 
 // undoRollback readies the rollback of run by the undo log.
 func (r *Runner) undoRollback(ctx context.Context, job Job, run Run, plan Plan, opts RollbackOptions) (*undoRollback, error) {
+	ctx = pgstore.WithPurpose(ctx, "roll back", run.BatchID)
 	if plan.Rollback != RollbackUndoLog {
 		return nil, fmt.Errorf("backfill: rollback of batch %d: %w: it was planned with rollback %q", run.BatchID, ErrUnsupported, cmp.Or(plan.Rollback, "none"))
 	}
@@ -289,6 +290,7 @@ func (r *Runner) undoRollback(ctx context.Context, job Job, run Run, plan Plan, 
 // changed or delivered unchanged. Unless it is a preview, it checks
 // holding the target's merge lock ([undoRollback.lockedTx]).
 func (u *undoRollback) conflicts(ctx context.Context) (RollbackReport, error) {
+	ctx = pgstore.WithPurpose(ctx, "find the rollback's conflicts", 0)
 	rep := RollbackReport{BatchID: u.run.BatchID, Preview: u.opts.Preview, Status: u.run.Status}
 	var c RollbackConflicts
 	err := pgstore.InBoundedTx(ctx, u.r.db, func(tx sqlx.ExtContext) (err error) {
@@ -317,6 +319,7 @@ func (u *undoRollback) conflicts(ctx context.Context) (RollbackReport, error) {
 
 // preview adds to rep what the rollback would delete and restore.
 func (u *undoRollback) preview(ctx context.Context, rep RollbackReport) (RollbackReport, error) {
+	ctx = pgstore.WithPurpose(ctx, "preview the rollback", 0)
 	rep.Chunks = len(u.seqs)
 	err := pgstore.ReadTx(ctx, u.r.db, func(tx sqlx.ExtContext) (err error) {
 		rep.Deleted, rep.Restored, err = u.rb.Preview(ctx, tx, u.opts.Force)
@@ -399,6 +402,7 @@ func (u *undoRollback) apply(ctx context.Context, rep RollbackReport) (RollbackR
 // in flight (open chunks read again) are waited for after the pause
 // commits (rollbackBatch, pgstore.WaitInFlight).
 func (r *Runner) stopOpenRun(ctx context.Context, pm backfilldriver.SQLManifest, run Run, opts RollbackOptions) (Run, error) {
+	ctx = pgstore.WithPurpose(ctx, "stop the open run", run.BatchID)
 	refuse := func(unfinished int) error {
 		return fmt.Errorf("backfill: rollback of batch %d: %w: the run is still running with %d chunks pending or failed; finish it first "+
 			"(run the job again; a run paused by a gate can be resumed, or rolled back as it is), or start a new run with Job.NewRun, "+

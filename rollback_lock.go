@@ -54,6 +54,7 @@ func (u *undoRollback) lockTarget(ctx context.Context, tx sqlx.ExtContext) error
 // are any. (A rollback of the caller's, not the PostgreSQL merger's, takes
 // no lock and checks once.)
 func (u *undoRollback) lockedTx(ctx context.Context, seqs []int, lineage bool, f func(tx sqlx.ExtContext) error) error {
+	ctx = pgstore.WithPurpose(ctx, "roll back chunks", 0)
 	return pgstore.InBoundedTx(ctx, u.r.db, func(tx sqlx.ExtContext) error {
 		if err := u.lockTarget(ctx, tx); err != nil {
 			return err

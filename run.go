@@ -232,6 +232,8 @@ func (r *Runner) run(ctx context.Context, job Job, wait bool) (Report, error) {
 	if err != nil {
 		return Report{}, err
 	}
+	// The library's transactions for the run name its batch.
+	ctx = pgstore.WithPurpose(ctx, "", run.BatchID)
 	// Only a run that goes on working is resumed: a completed, rolled back
 	// or paused run is returned as it is.
 	resumed = resumed && run.Status == RunRunning
@@ -1036,6 +1038,12 @@ func (ex *execution) noneClaimed(ctx context.Context, ws *waitState) bool {
 // gate that failed (the run pauses), a wait (chunkWaited) or a failed
 // attempt (chunkFailed). It returns false when the run stops.
 func (ex *execution) tryFailed(ctx context.Context, ws *waitState, cr chunkRun, err error) bool {
+	if err = pgstore.SchemaMissing(ex.r.schemaName(), err); errors.Is(err, backfilltype.ErrSchemaMissing) {
+		// The manifest's schema is gone (dropped mid-run): no chunk can
+		// be recorded; the run stops, naming the migration.
+		ex.fail(nil, err)
+		return false
+	}
 	var ce *ChunkError
 	if !errors.As(err, &ce) {
 		if backfilltype.IsConnectionError(err) {
@@ -1060,6 +1068,14 @@ func (ex *execution) tryFailed(ctx context.Context, ws *waitState, cr chunkRun, 
 	if code, msg, ok := pgstore.WaitCode(ctx, err); ok {
 		if ex.chunkWaited(ctx, ce, cr, code, msg) {
 			return true
+		}
+		if errors.Is(err, pgstore.ErrManifestLocked) {
+			// The manifest's chunks table (or the chunk's row) stayed
+			// locked through the retry table: a wait of the manifest, as
+			// a lease's; the run stops with a retryable error naming it,
+			// the chunk's attempt not counted.
+			ex.fail(nil, fmt.Errorf("%w (a wait on the last row of Config.LockRetries)", err))
+			return false
 		}
 		ce = &ChunkError{Chunk: ce.Chunk, Attempt: ce.Attempt, Err: fmt.Errorf("%w (a wait on the last row of Config.LockRetries)", ce.Err)}
 		err = ce
@@ -1515,7 +1531,12 @@ func (ex *execution) write(ctx context.Context, t *chunkTry, h *heldLease) (comm
 	}()
 	// The fence first: the lease still this worker's, the row locked
 	// until the commit.
-	fenced, pid, ok, err := ex.r.caps.workers.FenceLease(ctx, tx, ex.batchID, seq, h.cl.Epoch, h.l)
+	// Its wait for the chunks table (an operator's LOCK TABLE) is
+	// bounded by the try's lock_timeout, a wait of the chunk.
+	l := h.l
+	l.LockTimeout = ex.r.cfg.txSettings().TryLockTimeout(ex.waitTry(seq))
+	cr.lockTimeout = l.LockTimeout
+	fenced, pid, ok, err := ex.r.caps.workers.FenceLease(ctx, tx, ex.batchID, seq, h.cl.Epoch, l)
 	if err != nil {
 		return false, t.chunkErr(err)
 	}
@@ -1757,6 +1778,7 @@ func (e *gateError) Unwrap() []error { return []error{ErrGateFailed, backfilltyp
 // job's latest run is not paused, and [ErrUnsupported] when the manifest
 // cannot pause runs.
 func (r *Runner) Resume(ctx context.Context, job Job, actor, why string) (Report, error) {
+	ctx = pgstore.WithPurpose(ctx, "resume a run", 0)
 	mv, audit := r.caps.validations, r.caps.audit
 	if mv == nil || audit == nil {
 		return Report{}, fmt.Errorf("backfill: resume job %q: %w: pausing needs ManifestValidations and ManifestAudit", job.Name, ErrUnsupported)

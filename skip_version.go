@@ -143,6 +143,7 @@ func versionBase(base backfilldriver.ChunkFingerprints, ok bool, v string) bool 
 // checks again). A chunk this call found must be extracted after all is
 // none (versionMissed).
 func (ex *execution) versionCandidate(ctx context.Context, c Chunk, v string) (bool, error) {
+	ctx = pgstore.WithPurpose(ctx, "read the chunk's version", ex.batchID)
 	if v == "" || ex.versionMissed(c.Seq, false) {
 		return false, nil
 	}

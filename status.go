@@ -190,6 +190,7 @@ const (
 // (else an error wrapping [ErrUnsupported]); without
 // [backfilldriver.ManifestWorkers] there is no idle time.
 func (r *Runner) TimeSplit(ctx context.Context, batchID int64) (backfilltype.TimeSplit, error) {
+	ctx = pgstore.WithPurpose(ctx, "read the time split", batchID)
 	mt, audit := r.caps.throttlePeriods, r.caps.audit
 	if mt == nil || audit == nil {
 		return backfilltype.TimeSplit{}, fmt.Errorf("backfill: time split of batch %d: %w: needs ManifestThrottle and ManifestAudit", batchID, ErrUnsupported)

@@ -22,9 +22,10 @@ import (
 // statement_timeout of its merge, validation and checkpoint in
 // backfill.statement_timeout (the COPY that stays open while the spool is
 // replayed is not charged: statement_timeout 0 until the merge puts it
-// back). Both are set in the fence statement (FenceLease): no extra
-// round trip, except one set_config on a retried try, whose lock_timeout
-// is the next row's.
+// back). Both are set with the fence statement (FenceLease), the
+// lock_timeout in front of it in the same simple query, so that it
+// bounds the fence's lock of the manifest's chunks table too: no extra
+// round trip, except one set_config on a retried try.
 //
 // A try that ends with 55P03 (lock timeout), 40P01, 40001 or 57014 (a
 // statement timeout, or a cancel by another session; never while ctx is
@@ -190,6 +191,11 @@ func (ex *execution) chunkWaited(ctx context.Context, ce *ChunkError, cr chunkRu
 		// lock on the target that conflicts with the merge's ROW
 		// EXCLUSIVE are then named as its blockers.
 		w.Blockers = pgstore.ConflictingHolders(context.WithoutCancel(ctx), ex.r.db, ex.base)
+		if len(w.Blockers) == 0 {
+			// Not the target's: the manifest's tables (the fence's lock
+			// of the chunks table) or another relation the chunk locks.
+			w.Blockers = pgstore.StrongLockHolders(context.WithoutCancel(ctx), ex.r.db)
+		}
 	}
 	ex.traceRetry(ctx, backfilltrace.RetryData{Chunk: ce.Chunk, Attempt: ce.Attempt, Kind: backfilltrace.RetryWait, Try: n + 1, SQLState: code, Sleep: sleep, Final: final, Err: ce.Err})
 	blockers := pgstore.DescribeBlockers(w.Blockers)
@@ -285,6 +291,7 @@ func (ex *execution) watchChunk(ctx context.Context, pid int, lockTimeout string
 // run, and, while it waits for a lock, its blockers. nil when it is idle
 // or gone.
 func observeBackend(ctx context.Context, db sqlx.ExtContext, pid int) *watchSeen {
+	ctx = pgstore.WithPurpose(ctx, "observe the chunk's backend", 0)
 	var rows []struct {
 		Waited float64 `db:"waited"`
 		Lock   bool    `db:"lock"`

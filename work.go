@@ -38,7 +38,8 @@ const (
 	// refused; a pooler in statement mode): nothing was run, or, for an
 	// error found once the run was under way (a throttle signal that
 	// cannot be read), the run is marked failed with the reason as its
-	// last_error. Fix it; restarting cannot help (once fixed, running
+	// last_error; a manifest schema dropped while the run works
+	// ([ErrSchemaMissing]) stops it, the chunks done kept in the target. Fix it; restarting cannot help (once fixed, running
 	// the job again resumes the failed run).
 	ExitUsage ExitCode = 64
 	// ExitTempFail (75, EX_TEMPFAIL): the run is not finished and
@@ -105,9 +106,12 @@ func Work(ctx context.Context, r *Runner, job Job) ExitCode {
 	case ExitTempFail:
 		log.Warn("backfill worker: run not finished; restart later to resume it", attrs...)
 	case ExitUsage:
-		if rep.Status == RunFailed {
+		switch {
+		case rep.Status == RunFailed:
 			log.Error("backfill worker: bad job or configuration; the run is marked failed", attrs...)
-		} else {
+		case chunksRun(rep, err) > 0:
+			log.Error("backfill worker: bad job or configuration found while the run worked; it stopped, the chunks done are kept: fix it and restart to resume", attrs...)
+		default:
 			log.Error("backfill worker: bad job or configuration; nothing run", attrs...)
 		}
 	case ExitCancelled:
@@ -120,6 +124,17 @@ func Work(ctx context.Context, r *Runner, job Job) ExitCode {
 		}
 	}
 	return code
+}
+
+// chunksRun is the number of chunks this call completed: rep's, or the
+// PartialError's when the report could not be read (a manifest schema
+// dropped mid-run).
+func chunksRun(rep Report, err error) int {
+	var pe *PartialError
+	if errors.As(err, &pe) {
+		return max(rep.ChunksRun, pe.DoneCount)
+	}
+	return rep.ChunksRun
 }
 
 // isLoginRefused reports whether err is the server (or a pooler in front

@@ -207,6 +207,22 @@ var (
 	ErrSchemaBehind = errors.New("backfill: manifest schema is behind this library; an administrator must run backfill migrate")
 )
 
+// ErrSchemaMissing marks an error of a statement that found no manifest
+// schema, or no table or function of it (dropped, or never migrated):
+// an administrator runs backfill.PGManifest.Migrate (the command
+// "backfill migrate"). errors.Is reports it as [ErrSchemaBehind] too:
+// both are fixed by the migration.
+var ErrSchemaMissing error = schemaMissingError{}
+
+type schemaMissingError struct{}
+
+func (schemaMissingError) Error() string {
+	return "backfill: manifest schema is missing; an administrator must run backfill migrate"
+}
+
+// Is reports target as ErrSchemaBehind: both need the migration.
+func (schemaMissingError) Is(target error) bool { return target == ErrSchemaBehind }
+
 // ErrNotRetryable marks an error that IsRetryable must refuse although its
 // code would otherwise be retried.
 var ErrNotRetryable = errors.New("not retryable")

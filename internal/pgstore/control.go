@@ -136,6 +136,7 @@ func (m *Manifest) Cancel(ctx context.Context, db sqlx.ExtContext, batchID int64
 // operator: [Manifest.OperatorGrants]) an error wrapping
 // [backfilltype.ErrPrivilege] naming the role, the function and the fix.
 func (m *Manifest) ReadControl(ctx context.Context, db sqlx.ExtContext, action string, batchID int64, actor, why string) error {
+	ctx = m.purpose(ctx, "read the control state", batchID)
 	actor, why = ManifestText(actor), ManifestText(why)
 	if action != "pause" && action != "resume" && action != "cancel" {
 		return fmt.Errorf("backfill: %s run %d: %w: unknown control action %q (pause, resume or cancel)", action, batchID, backfilltype.ErrInvalidConfig, action)
@@ -162,6 +163,7 @@ func (m *Manifest) ReadControl(ctx context.Context, db sqlx.ExtContext, action s
 // and the session's role, whatever the process claims; why says what
 // happened (the signal, the process). Errors as [Manifest.Pause].
 func (m *Manifest) LibraryControl(ctx context.Context, db sqlx.ExtContext, action string, batchID int64, why string) error {
+	ctx = m.purpose(ctx, "record a control action ("+action+")", batchID)
 	why = ManifestText(why)
 	if err := controlCaps(action, "backfill", why); err != nil {
 		return fmt.Errorf("backfill: %s run %d: %w", action, batchID, err)
@@ -265,6 +267,7 @@ func (m *Manifest) controlPrivilege(ctx context.Context, tx sqlx.ExtContext, fn 
 // key and value; a completed, rolled back or abandoned run
 // [backfilltype.ErrRunStatus].
 func (m *Manifest) SetKnob(ctx context.Context, db sqlx.ExtContext, p backfilltype.SetKnobParams) error {
+	ctx = m.purpose(ctx, "set a knob", p.BatchID)
 	batchID, key, value := p.BatchID, p.Key, p.Value
 	actor, why := ManifestText(p.Actor), ManifestText(p.Why)
 	action := "set_knob"

@@ -3,7 +3,9 @@ package pgstore
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jmoiron/sqlx"
@@ -136,28 +138,43 @@ var LeaseQuery = `UPDATE {s}.chunks SET lease_key = $3, lease_epoch = lease_epoc
 // the lease was taken over (or the chunk or run moved on), and tx must
 // not commit the chunk. pid is the backend's.
 //
-// One statement, one round trip per chunk: the settings are an
-// uncorrelated subquery in a condition without columns, which PostgreSQL
-// evaluates once, as a one-time filter, before the scan reaches the
-// chunk's row; the wait for that row's lock is so bounded by the try's
-// lock_timeout, as when the settings were a statement of their own. (The
-// lock of the chunks table itself, which only the manifest's migrations
-// contend for, is taken before, under the session's own lock_timeout.)
+// One simple query, one round trip per chunk: the try's lock_timeout
+// first, queued (Later) as SET LOCAL in front of the fence, so that it
+// bounds the lock of the chunks table the fence takes when PostgreSQL
+// parses it (an operator's LOCK TABLE on the manifest: the wait ends in
+// 55P03, a wait of the chunk); then the fence, without parameters (its
+// values are literals), whose other settings are an uncorrelated subquery
+// in a condition without columns, which PostgreSQL evaluates once, as a
+// one-time filter, before the scan reaches the chunk's row.
 func (m *Manifest) FenceLease(ctx context.Context, tx sqlx.ExtContext, batchID int64, seq int, epoch int64, l backfilldriver.Lease) (st backfilltype.ChunkState, pid int, ok bool, err error) {
 	app, kIdle, kInt, kCount, userTO := sessionSettings(l)
 	var rows []struct {
 		pgChunkRow
 		Pid int `db:"backend_pid"`
 	}
-	err = sqlx.SelectContext(ctx, tx, &rows, m.SQL(`UPDATE {s}.chunks c SET lease_key = NULL, leased_at = NULL
+	if l.LockTimeout != "" {
+		if err := Later(ctx, tx, `SET LOCAL lock_timeout = `+QuoteLiteral(l.LockTimeout)); err != nil {
+			return backfilltype.ChunkState{}, 0, false, fmt.Errorf("backfill: fence chunk %d of batch %d: %w", seq, batchID, err)
+		}
+	}
+	lit := func(v any) string { return QuoteLiteral(fmt.Sprint(v)) }
+	// Longest placeholders first: $1 is a prefix of $10 and $11. Replaced
+	// before the schema's name is put in, which may hold a "$".
+	args := strings.NewReplacer("$11", lit(userTO), "$10", lit(kCount), "$1", lit(batchID), "$2", lit(seq), "$3", lit(l.Key),
+		"$4", lit(epoch), "$5", lit(l.StmtTimeout), "$6", lit(l.LockTimeout), "$7", lit(app), "$8", lit(kIdle), "$9", lit(kInt))
+	err = sqlx.SelectContext(ctx, tx, &rows, m.SQL(args.Replace(`UPDATE {s}.chunks c SET lease_key = NULL, leased_at = NULL
 		WHERE (SELECT true WHERE `+leaseSettings+`)
-		AND c.batch_id = $1 AND c.seq = $2 AND c.lease_key = $3 AND c.lease_epoch = $4
+		AND c.batch_id = $1::bigint AND c.seq = $2::int AND c.lease_key = $3 AND c.lease_epoch = $4::bigint
 		AND (c.status = 'pending' OR c.status = 'open'
-			AND c.open_call < (SELECT calls FROM {s}.runs WHERE batch_id = $1 AND status IN ('running', 'paused')))
-		AND EXISTS (SELECT 1 FROM {s}.runs WHERE batch_id = $1 AND status IN ('running', 'paused'))
-		RETURNING `+chunkColumns+`, pg_backend_pid() AS backend_pid`), batchID, seq, l.Key, epoch,
-		l.StmtTimeout, l.LockTimeout, app, kIdle, kInt, kCount, userTO)
+			AND c.open_call < (SELECT calls FROM {s}.runs WHERE batch_id = $1::bigint AND status IN ('running', 'paused')))
+		AND EXISTS (SELECT 1 FROM {s}.runs WHERE batch_id = $1::bigint AND status IN ('running', 'paused'))
+		RETURNING `+chunkColumns+`, pg_backend_pid() AS backend_pid`)))
 	if err != nil {
+		var pe *pq.Error
+		if errors.As(err, &pe) && pe.Code == "55P03" {
+			return backfilltype.ChunkState{}, 0, false, fmt.Errorf("backfill: fence chunk %d of batch %d: waited lock_timeout %s ms for the manifest table %s.chunks or the chunk's row of it "+
+				"(a session's LOCK TABLE, or another worker's transaction on the chunk: see the wait's blockers): end that session or retry later: %w: %w", seq, batchID, l.LockTimeout, m.SchemaName, ErrManifestLocked, err)
+		}
 		return backfilltype.ChunkState{}, 0, false, fmt.Errorf("backfill: fence chunk %d of batch %d: %w", seq, batchID, err)
 	}
 	if len(rows) == 0 {
@@ -204,11 +221,18 @@ func sessionSettings(l backfilldriver.Lease) (appName, keepIdle, keepInterval, k
 		fmt.Sprint(l.StaleAfter.Milliseconds())
 }
 
+// ErrManifestLocked marks the error of a chunk's fence that waited its
+// lock_timeout for the manifest's chunks table (an operator's LOCK
+// TABLE) or the chunk's row of it: a wait of the manifest, not of the
+// chunk's data.
+var ErrManifestLocked = errors.New("manifest table locked")
+
 // ReleaseLease clears the lease of chunk seq if it is still key's at
-// epoch, in a short transaction of its own.
+// epoch, in a short transaction of its own. A lock wait (55P03) is not
+// retried: the lease is key's still, its worker claims the chunk again.
 func (m *Manifest) ReleaseLease(ctx context.Context, db sqlx.ExtContext, batchID int64, seq int, key string, epoch int64) error {
 	ctx = m.purpose(ctx, "release a lease", batchID)
-	return InShortTx(ctx, db, func(tx sqlx.ExtContext) error {
+	return inTxIdle(ctx, db, txShortOnce, func(tx sqlx.ExtContext) error {
 		_, err := tx.ExecContext(ctx, m.SQL(`UPDATE {s}.chunks SET lease_key = NULL, leased_at = NULL
 			WHERE batch_id = $1 AND seq = $2 AND lease_key = $3 AND lease_epoch = $4`), batchID, seq, key, epoch)
 		if err != nil {

@@ -170,6 +170,7 @@ const lockSpecCond = `l.locktype = 'advisory' AND l.granted
 // statement terminates the backend of each holder whose worker is stale,
 // with Holders' condition (the lease fence's), unless the worker is self.
 func (m *Manifest) LockHolders(ctx context.Context, db sqlx.ExtContext, w LockWait, self string, staleAfter time.Duration, fence bool) ([]backfilldriver.ChunkHolder, error) {
+	ctx = m.purpose(ctx, "list lock holders", 0)
 	var out []backfilldriver.ChunkHolder
 	keys := w.Spec.Keys
 	if keys == nil {

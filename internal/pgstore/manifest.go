@@ -142,6 +142,8 @@ const (
 	txPlain txMode = iota
 	txShort
 	txShortOwnWaits
+	// txShortOnce is txShort without the retry of its lock waits.
+	txShortOnce
 	txBounded
 	txRead
 )
@@ -175,7 +177,7 @@ func inTxIdle(ctx context.Context, db sqlx.ExtContext, mode txMode, f func(tx sq
 			}
 			var set string
 			switch mode {
-			case txShort, txShortOwnWaits:
+			case txShort, txShortOwnWaits, txShortOnce:
 				set = shortTxSettings(settings, mode == txShortOwnWaits)
 			case txBounded, txRead:
 				if lt := settings.manifestLockTimeout(); lt != "" {
@@ -203,7 +205,7 @@ func inTxIdle(ctx context.Context, db sqlx.ExtContext, mode txMode, f func(tx sq
 			err := retryWaits(ctx, settings.Retries, once, func(code, msg string, n int, sleep time.Duration) {
 				// The blocker is gone once the statement timed out; the
 				// sessions still holding strong locks are the likely ones.
-				hs := strongLockHolders(context.WithoutCancel(ctx), db)
+				hs := StrongLockHolders(context.WithoutCancel(ctx), db)
 				blockers = cmp.Or(DescribeBlockers(hs), "none seen")
 				log.Warn("backfill: a transaction of the library waited; rolled back, retrying after a pause", append(p.attrs(), "sqlstate", code, "message", msg,
 					"try", n, "lock_timeout", settings.manifestLockTimeout(), "sleep", sleep, "blockers", blockers)...)
@@ -1062,6 +1064,7 @@ func (m *Manifest) Chunks(ctx context.Context, db sqlx.ExtContext, batchID int64
 
 // Exceptions implements [Manifest.Exceptions].
 func (m *Manifest) Exceptions(ctx context.Context, db sqlx.ExtContext, batchID int64) ([]backfilltype.Exception, error) {
+	ctx = m.purpose(ctx, "read exceptions", batchID)
 	var rows []struct {
 		backfilltype.Exception
 		RawText sql.NullString `db:"raw_text"`
@@ -1126,6 +1129,7 @@ func (m *Manifest) RecordEvent(ctx context.Context, db sqlx.ExtContext, e backfi
 
 // Events implements [backfilldriver.ManifestAudit.Events].
 func (m *Manifest) Events(ctx context.Context, db sqlx.ExtContext, batchID int64) ([]backfilltype.Event, error) {
+	ctx = m.purpose(ctx, "read events", batchID)
 	var rows []struct {
 		backfilltype.Event
 		Batch  sql.NullInt64 `db:"batch"`
@@ -1179,6 +1183,7 @@ func (m *Manifest) AddValidations(ctx context.Context, db sqlx.ExtContext, batch
 }
 
 func (m *Manifest) addValidations(ctx context.Context, db sqlx.ExtContext, batchID int64, chunkID string, results []backfilltype.CheckResult, failedAttempt sql.NullInt64) error {
+	ctx = m.purpose(ctx, "record validations", batchID)
 	// All or none, in one READ COMMITTED transaction retried on 40001 and
 	// 40P01 (InTx) when db is not one already.
 	return InShortTx(ctx, db, func(tx sqlx.ExtContext) error {
@@ -1212,6 +1217,7 @@ func (m *Manifest) insertValidations(ctx context.Context, db sqlx.ExtContext, ba
 
 // Validations implements [backfilldriver.ManifestValidations.Validations].
 func (m *Manifest) Validations(ctx context.Context, db sqlx.ExtContext, batchID int64) ([]backfilltype.Validation, error) {
+	ctx = m.purpose(ctx, "read validations", batchID)
 	var rows []struct {
 		ChunkID   string         `db:"chunk_id"`
 		Check     string         `db:"check_name"`
@@ -1279,6 +1285,7 @@ func (m *Manifest) RecordGateFailure(ctx context.Context, db sqlx.ExtContext, p 
 // FailedAttemptExceptions implements
 // [backfilldriver.ManifestGates.FailedAttemptExceptions].
 func (m *Manifest) FailedAttemptExceptions(ctx context.Context, db sqlx.ExtContext, batchID int64) ([]backfilltype.Exception, error) {
+	ctx = m.purpose(ctx, "read failed attempts' exceptions", batchID)
 	var rows []struct {
 		backfilltype.Exception
 		RawText sql.NullString `db:"raw_text"`

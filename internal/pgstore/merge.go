@@ -41,6 +41,7 @@ func (s *PGStager) EndStaging(ctx context.Context) error {
 // (23505 on pg_type). The lock is taken with LockName: its waits go to
 // the context's LockWaiting.
 func (m *Merger) CreateStaging(ctx context.Context, db sqlx.ExtContext, table string, info backfilltype.TableInfo) error {
+	ctx = WithPurpose(ctx, "create the staging table", 0)
 	return InTx(ctx, db, func(tx sqlx.ExtContext) error {
 		if err := LockName(ctx, tx, "stage lock of "+table, "backfill.stage:"+table); err != nil {
 			return err
@@ -180,6 +181,7 @@ var TextCompared = map[string]bool{"json": true, "xml": true, "point": true, "li
 // is not a transaction, the catalog reads run in one READ COMMITTED
 // transaction of their own (readTx: safe behind a transaction pooler).
 func (m *Merger) Prepare(ctx context.Context, db sqlx.ExtContext, t backfilltype.Target) (backfilltype.TableInfo, error) {
+	ctx = WithPurpose(ctx, "read the target table", 0)
 	var info backfilltype.TableInfo
 	err := ReadTx(ctx, db, func(tx sqlx.ExtContext) error {
 		var err error

@@ -334,7 +334,8 @@ func (m *Manifest) version(ctx context.Context, db sqlx.ExtContext, action Actio
 // (or does not exist), Init migrates it ([Manifest.Migrate]) if the
 // session's role may; when the role lacks the privilege (SQLSTATE 42501),
 // it returns an error wrapping [backfilltype.ErrSchemaBehind] naming the
-// SchemaName's and the library's versions: an administrator must run
+// SchemaName's and the library's versions ([backfilltype.ErrSchemaMissing]
+// when the schema has no migration applied): an administrator must run
 // "backfill migrate" once. A schema newer than the library is an error.
 func (m *Manifest) Init(ctx context.Context, db sqlx.ExtContext) error {
 	cur, latest, err := m.Version(ctx, db)
@@ -349,6 +350,11 @@ func (m *Manifest) Init(ctx context.Context, db sqlx.ExtContext) error {
 	}
 	err = m.Migrate(ctx, db)
 	var pe *pq.Error
+	if errors.As(err, &pe) && pe.Code == "42501" && cur == 0 { // insufficient_privilege
+		return fmt.Errorf("backfill: manifest init: %w: schema %q does not exist (no migration applied), this library needs version %d, and role cannot create it (%v); "+
+			"run `backfill migrate --schema %s` (or PGManifest.Migrate) once as a role that may create it",
+			backfilltype.ErrSchemaMissing, m.SchemaName, latest, pe.Message, sqlgen.Ident(m.SchemaName))
+	}
 	if errors.As(err, &pe) && pe.Code == "42501" { // insufficient_privilege
 		return fmt.Errorf("backfill: manifest init: %w: schema %q is at version %d, this library needs version %d, and role cannot migrate it (%v); "+
 			"run `backfill migrate --schema %s` (or PGManifest.Migrate) once as a role that owns the schema or may create it",
@@ -400,6 +406,7 @@ func (m *Manifest) MigrateGrant(ctx context.Context, db sqlx.ExtContext, roles .
 // them as it checks the loaders' (loaders get [Manifest.Grants]). A login
 // role becomes an operator by membership: GRANT operator TO person.
 func (m *Manifest) MigrateGrantRoles(ctx context.Context, db sqlx.ExtContext, loaders, operators []string) (backfilltype.MigrateResult, error) {
+	ctx = m.purpose(ctx, "grant roles", 0)
 	var res backfilltype.MigrateResult
 	err := InTx(ctx, db, func(tx sqlx.ExtContext) (err error) {
 		res = backfilltype.MigrateResult{}

@@ -160,6 +160,7 @@ func LockHolders(ctx context.Context, db sqlx.ExtContext, rel string) string {
 // bounds, one wrapping [backfilltype.ErrInvalidConfig]; query errors are
 // returned as they are.
 func PartitionFor(ctx context.Context, db sqlx.ExtContext, parent string, c backfilltype.Chunk) (name, keyType string, err error) {
+	ctx = WithPurpose(ctx, "find the chunk's partition", 0)
 	err = ReadTx(ctx, db, func(tx sqlx.ExtContext) error {
 		var err error
 		name, keyType, err = partitionForTx(ctx, tx, parent, c)

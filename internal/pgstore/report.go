@@ -43,6 +43,7 @@ const (
 // parts of a live run's report may be read moments apart. It returns an
 // error wrapping [backfilltype.ErrRunNotFound] when there is no such run.
 func LoadRunReport(ctx context.Context, db sqlx.ExtContext, m *Manifest, batchID int64) (backfilltype.RunReport, error) {
+	ctx = m.purpose(ctx, "read the run report", batchID)
 	var rep backfilltype.RunReport
 	err := ReadTx(ctx, db, func(tx sqlx.ExtContext) error {
 		var err error

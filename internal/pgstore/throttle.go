@@ -27,6 +27,7 @@ type ThrottleManifest interface {
 
 // ThrottlePeriods implements [backfilldriver.ManifestThrottle].
 func (m *Manifest) ThrottlePeriods(ctx context.Context, db sqlx.ExtContext, batchID int64) ([]backfilltype.ThrottlePeriod, error) {
+	ctx = m.purpose(ctx, "read throttle periods", batchID)
 	var out []backfilltype.ThrottlePeriod
 	err := ReadTx(ctx, db, func(tx sqlx.ExtContext) error {
 		out = out[:0]
@@ -256,6 +257,7 @@ type SignalNote struct {
 // with no such event counts as observing, so a signal that observes from
 // the start records nothing.
 func (m *Manifest) NoteSignal(ctx context.Context, db sqlx.ExtContext, n SignalNote) error {
+	ctx = m.purpose(ctx, "note a throttle signal", 0)
 	kind, why := backfilltype.EventSignalObserves, ""
 	if n.Inert {
 		kind, why = backfilltype.EventSignalInert, FitChars(ManifestText(n.Why), MaxReasonChars)

@@ -18,6 +18,7 @@ import (
 // that stopped heartbeating is not counted as live (0:
 // [backfilltype.DefaultStaleAfter]). A job without a run is absent.
 func (m *Manifest) JobChunks(ctx context.Context, db sqlx.ExtContext, staleAfter time.Duration, jobs ...string) ([]backfilltype.JobChunks, error) {
+	ctx = m.purpose(ctx, "read the jobs' chunks", 0)
 	if staleAfter <= 0 {
 		staleAfter = backfilltype.DefaultStaleAfter
 	}

@@ -33,9 +33,28 @@ type txPurpose struct {
 type txPurposeKey struct{}
 
 // purpose returns ctx naming the manifest transactions run under it:
-// what they do and for which batch (0: none).
+// what they do and for which batch (0: the batch ctx names, if any).
 func (m *Manifest) purpose(ctx context.Context, what string, batch int64) context.Context {
-	return context.WithValue(ctx, txPurposeKey{}, txPurpose{what: what, batch: batch, schema: m.SchemaName})
+	p := purposeIn(ctx, what, batch)
+	p.schema = m.SchemaName
+	return context.WithValue(ctx, txPurposeKey{}, p)
+}
+
+// WithPurpose returns ctx naming the transactions of the library run
+// under it (InTx, InShortTx, InBoundedTx, ReadTx) in logs and errors:
+// what they do and for which batch (0: the batch ctx names, if any).
+// A run's calls carry its batch so.
+func WithPurpose(ctx context.Context, what string, batch int64) context.Context {
+	return context.WithValue(ctx, txPurposeKey{}, purposeIn(ctx, what, batch))
+}
+
+// purposeIn is the purpose (what, batch) under the one ctx carries: its
+// batch and schema kept where what and batch name none.
+func purposeIn(ctx context.Context, what string, batch int64) txPurpose {
+	p, _ := ctx.Value(txPurposeKey{}).(txPurpose)
+	p.what = cmp.Or(what, p.what)
+	p.batch = cmp.Or(batch, p.batch)
+	return p
 }
 
 func purposeOf(ctx context.Context) txPurpose {
@@ -113,11 +132,12 @@ func retryTransient(ctx context.Context, log *slog.Logger, p txPurpose, budget t
 
 // schemaMissing returns err explained when it is a statement that found
 // no manifest schema p.schema, or no table or function of it (3F000,
-// 42P01, 42883 naming the schema): it wraps backfilltype.ErrSchemaBehind.
-// Other errors are returned as they are.
+// 42P01, 42883 naming the schema): it wraps backfilltype.ErrSchemaMissing
+// (which errors.Is reports as backfilltype.ErrSchemaBehind too). Other
+// errors are returned as they are.
 func (p txPurpose) schemaMissing(err error) error {
 	var pe *pq.Error
-	if p.schema == "" || !errors.As(err, &pe) {
+	if p.schema == "" || !errors.As(err, &pe) || errors.Is(err, backfilltype.ErrSchemaMissing) {
 		return err
 	}
 	switch pe.Code {
@@ -128,6 +148,14 @@ func (p txPurpose) schemaMissing(err error) error {
 	if !strings.Contains(pe.Message, `"`+p.schema+`"`) && !strings.Contains(pe.Message, `"`+p.schema+`.`) && !strings.Contains(pe.Message, p.schema+".") {
 		return err
 	}
-	return fmt.Errorf("manifest schema %q is missing or incomplete (%s); an administrator must create it: run backfill migrate (Manifest.Migrate): %w: %w",
-		p.schema, pe.Message, backfilltype.ErrSchemaBehind, err)
+	return fmt.Errorf("manifest schema %q is missing or incomplete (dropped, or never migrated); an administrator must create it: run backfill migrate (Manifest.Migrate): %w: %w",
+		p.schema, backfilltype.ErrSchemaMissing, err)
+}
+
+// SchemaMissing returns err explained as the manifest schema's absence
+// (wrapping backfilltype.ErrSchemaMissing) when it is a statement of a
+// chunk's transaction that found no manifest schema schema, or no table
+// or function of it; other errors as they are.
+func SchemaMissing(schema string, err error) error {
+	return txPurpose{schema: schema}.schemaMissing(err)
 }

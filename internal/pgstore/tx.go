@@ -107,7 +107,7 @@ func (t *BatchTx) query(ctx context.Context, q string, args []any) (string, erro
 	}
 	rowless := true
 	for _, p := range t.pending {
-		rowless = rowless && (strings.HasPrefix(p, "SAVEPOINT ") || strings.HasPrefix(p, "RELEASE SAVEPOINT ") || strings.HasPrefix(p, "ROLLBACK TO SAVEPOINT "))
+		rowless = rowless && (strings.HasPrefix(p, "SAVEPOINT ") || strings.HasPrefix(p, "SET LOCAL ") || strings.HasPrefix(p, "RELEASE SAVEPOINT ") || strings.HasPrefix(p, "ROLLBACK TO SAVEPOINT "))
 	}
 	if len(args) == 0 && rowless {
 		q = strings.Join(append(t.pending, q), "; ")

@@ -40,6 +40,7 @@ func (m *Manifest) RecordWait(ctx context.Context, db sqlx.ExtContext, w backfil
 
 // Waits implements [backfilldriver.ManifestWaits.Waits].
 func (m *Manifest) Waits(ctx context.Context, db sqlx.ExtContext, batchID int64) ([]backfilltype.Wait, error) {
+	ctx = m.purpose(ctx, "read waits", batchID)
 	var rows []struct {
 		backfilltype.Wait
 		WaitedSec float64 `db:"waited_sec"`

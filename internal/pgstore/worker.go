@@ -1,6 +1,7 @@
 package pgstore
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -36,6 +37,7 @@ var (
 
 // Workers implements [backfilldriver.ManifestWorkers.Workers].
 func (m *Manifest) Workers(ctx context.Context, db sqlx.ExtContext, batchID int64) ([]backfilltype.Worker, error) {
+	ctx = m.purpose(ctx, "read workers", batchID)
 	var rows []struct {
 		backfilltype.Worker
 		StaleSec float64 `db:"stale_sec"`
@@ -192,6 +194,7 @@ func (m *Manifest) Holders(ctx context.Context, db sqlx.ExtContext, batchID int6
 // either holds its row (the barrier waits for its commit or rollback) or
 // is skipped by the claim (the barrier holds its row).
 func (m *Manifest) WaitInFlight(ctx context.Context, db sqlx.ExtContext, batchID int64, w backfilldriver.FenceWait) error {
+	ctx = m.purpose(ctx, "wait for the chunks in flight", batchID)
 	begin := time.Now()
 	log := w.Log
 	if log == nil {
@@ -201,8 +204,14 @@ func (m *Manifest) WaitInFlight(ctx context.Context, db sqlx.ExtContext, batchID
 	for n := 0; ; n++ {
 		leased := 0
 		err := inShortTxOwnWaits(ctx, db, func(tx sqlx.ExtContext) error {
+			// lock_timeout in a statement of its own: it bounds the lock
+			// of the chunks table too, which the next one takes when
+			// PostgreSQL parses it (an operator's LOCK TABLE).
+			if _, err := tx.ExecContext(ctx, fmt.Sprintf(`SET LOCAL lock_timeout = %d`, max(w.Poll.Milliseconds(), 1))); err != nil {
+				return err
+			}
 			_, err := tx.ExecContext(ctx, m.SQL(`SELECT 1 FROM {s}.chunks WHERE batch_id = $1 AND status IN ('pending', 'open')
-				AND set_config('lock_timeout', $2, true) IS NOT NULL ORDER BY seq FOR UPDATE`), batchID, fmt.Sprint(max(w.Poll.Milliseconds(), 1)))
+				ORDER BY seq FOR UPDATE`), batchID)
 			if err != nil {
 				return err
 			}
@@ -245,6 +254,12 @@ func (m *Manifest) WaitInFlight(ctx context.Context, db sqlx.ExtContext, batchID
 		}
 		for _, h := range hs {
 			LogHolder(log, w.What, batchID, h, time.Since(begin))
+		}
+		if len(hs) == 0 {
+			// No chunk's holder: a lock of the table (an operator's LOCK
+			// TABLE on the manifest).
+			log.Warn("backfill: waiting for the chunks in flight: the manifest's chunks table is locked", "what", w.What, "batch_id", batchID,
+				"waited", time.Since(begin), "blockers", cmp.Or(DescribeBlockers(StrongLockHolders(context.WithoutCancel(ctx), db)), "none seen"))
 		}
 		if ctx.Err() != nil {
 			return ctx.Err()
