@@ -212,8 +212,9 @@ func IsRetryable(err error) bool {
 // privilege check, [Runner.checkTargetSchema]):
 //
 //   - USAGE on the manifest's schema; SELECT, INSERT, UPDATE and DELETE on
-//     its tables (SELECT only on schema_migrations); USAGE on its
-//     sequences, if any;
+//     its tables (SELECT only on events and schema_migrations); EXECUTE on
+//     its functions record_event and library_control (the library's own
+//     events and its pause on a signal); USAGE on its sequences, if any;
 //   - TEMPORARY on the database (staging tables are temporary tables).
 
 // PrivilegeError lists every privilege the session's role lacks for a

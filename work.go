@@ -7,7 +7,6 @@ import (
 	"strings"
 
 	"github.com/lib/pq"
-	"github.com/pgbackfill/backfill/backfilltype"
 	"github.com/pgbackfill/backfill/internal/pgstore"
 )
 
@@ -45,6 +44,7 @@ const (
 	// ExitTempFail (75, EX_TEMPFAIL): the run is not finished and
 	// restarting later resumes it: the context was cancelled (SIGTERM),
 	// the database was unreachable for longer than the reconnect budget,
+	// a fault or a lock wait outlasted its bound ([IsRetryable]),
 	// chunks are open (they end after the horizon, see [ErrChunksOpen]),
 	// chunks are still pending when this worker ended ([ErrRunIncomplete]),
 	// the run was abandoned for a newer run of the job (restarting joins
@@ -181,7 +181,10 @@ func exitCode(ctx context.Context, rep Report, err error) ExitCode {
 	case errors.Is(err, ErrChunksOpen), errors.Is(err, ErrRunIncomplete), errors.Is(err, ErrRunPaused), errors.Is(err, ErrRunAbandoned),
 		rep.Status == RunPaused, ctx.Err() != nil, errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return ExitTempFail
-	case backfilltype.IsConnectionError(err):
+	case IsRetryable(err):
+		// A fault or wait the library outlasted its bound on (connection
+		// faults, lock waits on the manifest or the target): the run is
+		// left as it was and a later start resumes it.
 		return ExitTempFail
 	}
 	return ExitFailed

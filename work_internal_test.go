@@ -17,7 +17,8 @@ import (
 // privilege, a manifest behind its version, a refused login, a pooler in
 // statement mode) is ExitUsage, not ExitFailed ("see last_error": there is
 // no run) nor ExitTempFail (a scheduler would restart it forever); a lost
-// connection is ExitTempFail.
+// connection, and lock waits or faults past their bound (IsRetryable),
+// are ExitTempFail.
 func TestExitCodeOfDeploymentErrors(t *testing.T) {
 	ctx := context.Background()
 	for _, c := range []struct {
@@ -35,6 +36,9 @@ func TestExitCodeOfDeploymentErrors(t *testing.T) {
 		{"paused by an operator", fmt.Errorf("backfill: job %q batch 1: %w: paused by ann: lag", "j", ErrRunPaused), ExitTempFail},
 		{"cancelled by an operator", fmt.Errorf("backfill: job %q batch 1: %w: cancelled by ann: scope", "j", ErrRunCancelled), ExitCancelled},
 		{"chunks still pending", fmt.Errorf("backfill: job %q batch 1: %w (5 of 6 chunks done, 0 open)", "j", ErrRunIncomplete), ExitTempFail},
+		{"manifest lock waits used up", fmt.Errorf("backfill: lease a chunk of batch 1: waited for locks 8 times: %w",
+			&pq.Error{Code: "55P03", Message: `canceling statement due to lock timeout`}), ExitTempFail},
+		{"faults past their bound", fmt.Errorf("backfill: batch 1: %w: %w", pgstore.ErrFaultBound, &pq.Error{Code: "53300", Message: "too many connections"}), ExitTempFail},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			require.Equal(t, c.want, exitCode(ctx, Report{}, c.err))
