@@ -62,6 +62,9 @@ func TestWorkSchemaDroppedMidRunCoherent(t *testing.T) {
 	require.NotNil(t, final, "the final line")
 	require.Regexp(t, `[1-9][0-9]* chunks done in this call`, final["error"])
 	require.NotContains(t, final["msg"], "nothing run")
+	// A restart cannot resume a run whose record is gone: the line says so.
+	require.NotContains(t, final["msg"], "restart to resume")
+	require.Contains(t, final["msg"], "starts a new run")
 	require.Contains(t, final["error"], `manifest schema "backfill" is missing`)
 	require.Contains(t, final["error"], "backfill migrate")
 }

@@ -109,6 +109,9 @@ func Work(ctx context.Context, r *Runner, job Job) ExitCode {
 		switch {
 		case rep.Status == RunFailed:
 			log.Error("backfill worker: bad job or configuration; the run is marked failed", attrs...)
+		case errors.Is(err, ErrSchemaMissing) && chunksRun(rep, err) > 0:
+			log.Error("backfill worker: the manifest schema went missing while the run worked: its record of the run is lost, the rows merged are kept in the target; "+
+				"after backfill migrate, running the job again starts a new run, which merges every chunk again (replays change nothing)", attrs...)
 		case chunksRun(rep, err) > 0:
 			log.Error("backfill worker: bad job or configuration found while the run worked; it stopped, the chunks done are kept: fix it and restart to resume", attrs...)
 		default:
