@@ -206,15 +206,7 @@ func TestFencedWorkerDoesNotFailTakenOverChunk(t *testing.T) {
 	// Not parallel: it sets the heartbeat hook of the package.
 	ctx := context.Background()
 	db := liveDB(t)
-	var mu sync.Mutex
-	frozen := false
-	off := func(id string) bool {
-		mu.Lock()
-		defer mu.Unlock()
-		return frozen && id == "frozen"
-	}
-	testHeartbeatsOff.Store(&off)
-	defer testHeartbeatsOff.Store(nil)
+	freeze, _ := heartbeatsOff(t, "frozen")
 	merged, thawed := make(chan struct{}), make(chan struct{})
 	var thawOnce sync.Once
 	var first atomic.Bool
@@ -224,9 +216,7 @@ func TestFencedWorkerDoesNotFailTakenOverChunk(t *testing.T) {
 	job.Chunker = IntRange(0, 10, 10)
 	job.Validators = []Validator{ValidatorFunc(func(ctx context.Context, tx sqlx.ExtContext, s ValidationScope) (CheckResult, error) {
 		if first.CompareAndSwap(false, true) {
-			mu.Lock()
-			frozen = true
-			mu.Unlock()
+			freeze(true)
 			close(merged)
 			<-thawed
 		}
@@ -243,9 +233,7 @@ func TestFencedWorkerDoesNotFailTakenOverChunk(t *testing.T) {
 	require.NoError(t, rb.err)
 	require.Equal(t, RunCompleted, rb.rep.Status)
 
-	mu.Lock()
-	frozen = false
-	mu.Unlock()
+	freeze(false)
 	thaw()
 	ra := testwait.Recv(t, "the fenced worker's run", aDone)
 	require.Zero(t, ra.rep.ChunksRun, "the fenced worker committed nothing: %v", ra.err)

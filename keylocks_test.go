@@ -87,23 +87,14 @@ func TestFrozenKeyLockHolderIsFenced(t *testing.T) {
 // lets it go on and waits for its run to return. Not for parallel
 // tests: it sets the heartbeat hook of the package.
 func freezeBetweenMergeAndCommit(t *testing.T, db *sqlx.DB) (thaw func()) {
-	var mu sync.Mutex
-	frozen := false
-	off := func(id string) bool {
-		mu.Lock()
-		defer mu.Unlock()
-		return frozen && id == "frozen"
-	}
-	testHeartbeatsOff.Store(&off)
+	freeze, _ := heartbeatsOff(t, "frozen")
 	merged, thawed := make(chan struct{}), make(chan struct{})
 	var mergedOnce sync.Once
 	j := liveJob(nil)
 	j.Name, j.Chunker = "frozen-keys", IntRange(0, 10, 10)
 	j.Validators = []Validator{ValidatorFunc(func(ctx context.Context, tx sqlx.ExtContext, s ValidationScope) (CheckResult, error) {
 		mergedOnce.Do(func() {
-			mu.Lock()
-			frozen = true
-			mu.Unlock()
+			freeze(true)
 			close(merged)
 			<-thawed
 		})
@@ -114,9 +105,7 @@ func freezeBetweenMergeAndCommit(t *testing.T, db *sqlx.DB) (thaw func()) {
 	var once sync.Once
 	return func() {
 		once.Do(func() {
-			mu.Lock()
-			frozen = false
-			mu.Unlock()
+			freeze(false)
 			close(thawed)
 			<-done
 			testHeartbeatsOff.Store(nil)

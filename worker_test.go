@@ -184,15 +184,7 @@ func TestFrozenWorkerIsFencedAndCannotCommit(t *testing.T) {
 	// Not parallel: it sets the heartbeat hook of the package.
 	ctx := context.Background()
 	db := liveDB(t)
-	var mu sync.Mutex
-	frozen := false
-	off := func(id string) bool {
-		mu.Lock()
-		defer mu.Unlock()
-		return frozen && id == "frozen"
-	}
-	testHeartbeatsOff.Store(&off)
-	defer testHeartbeatsOff.Store(nil)
+	freeze, _ := heartbeatsOff(t, "frozen")
 
 	inFlight, thaw := make(chan struct{}), make(chan struct{})
 	var once sync.Once
@@ -205,9 +197,7 @@ func TestFrozenWorkerIsFencedAndCannotCommit(t *testing.T) {
 			return
 		}
 		firstOnly.Do(func() {
-			mu.Lock()
-			frozen = true
-			mu.Unlock()
+			freeze(true)
 			close(inFlight)
 			<-thaw
 		})
@@ -302,17 +292,8 @@ func TestRunLiveness(t *testing.T) {
 	// (its goroutine would refresh it: the hook stops it meanwhile).
 	// A heartbeat in flight lands first: the loop is sequential, so once
 	// it skipped one, none is in flight.
-	skipped := make(chan struct{})
-	var skippedOnce sync.Once
-	off := func(id string) bool {
-		if id != "worker-a" {
-			return false
-		}
-		skippedOnce.Do(func() { close(skipped) })
-		return true
-	}
-	testHeartbeatsOff.Store(&off)
-	defer testHeartbeatsOff.Store(nil)
+	freeze, skipped := heartbeatsOff(t, "worker-a")
+	freeze(true)
 	testwait.Recv(t, "a heartbeat of worker-a skipped by the hook", skipped)
 	for _, c := range []struct {
 		age  string
@@ -839,17 +820,8 @@ func TestDeadWorkerLiveUntilLastLife(t *testing.T) {
 		}
 	}))
 	testwait.Recv(t, "worker-a's chunk 2 in flight", inFlight)
-	skipped := make(chan struct{})
-	var skippedOnce sync.Once
-	off := func(id string) bool {
-		if id != "worker-a" {
-			return false
-		}
-		skippedOnce.Do(func() { close(skipped) })
-		return true
-	}
-	testHeartbeatsOff.Store(&off)
-	defer testHeartbeatsOff.Store(nil)
+	freeze, skipped := heartbeatsOff(t, "worker-a")
+	freeze(true)
 	testwait.Recv(t, "a heartbeat of worker-a skipped by the hook", skipped)
 
 	var batch int64
@@ -890,4 +862,25 @@ func TestDeadWorkerLiveUntilLastLife(t *testing.T) {
 	cancel()
 	once.Do(func() { close(release) })
 	testwait.Recv(t, "worker-a's run", aDone)
+}
+
+// heartbeatsOff installs the package's heartbeat hook for the worker
+// whose Config.WorkerID is id: after freeze(true) its heartbeats are
+// skipped, as if its process were frozen, until freeze(false); skipped is
+// closed at the first heartbeat skipped. t's cleanup removes the hook.
+// Not for parallel tests: the hook is the package's.
+func heartbeatsOff(t *testing.T, id string) (freeze func(bool), skipped <-chan struct{}) {
+	var frozen atomic.Bool
+	ch := make(chan struct{})
+	var once sync.Once
+	off := func(worker string) bool {
+		if worker != id || !frozen.Load() {
+			return false
+		}
+		once.Do(func() { close(ch) })
+		return true
+	}
+	testHeartbeatsOff.Store(&off)
+	t.Cleanup(func() { testHeartbeatsOff.Store(nil) })
+	return frozen.Store, ch
 }
