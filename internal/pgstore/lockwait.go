@@ -97,8 +97,13 @@ func lockWaitingFrom(ctx context.Context) LockWaiting {
 // lock timeout, or of the last one, is returned as it is.
 func WaitLock(ctx context.Context, tx sqlx.ExtContext, what string, spec LockSpec, stmt func(cond string) string, args ...any) error {
 	lw := lockWaitingFrom(ctx)
+	// A step never exceeds the transaction's own lock_timeout (when set):
+	// an application session queued behind the wait waits no longer
+	// than that.
+	step := max(lw.Step.Milliseconds(), 1)
 	q := stmt(fmt.Sprintf(`set_config('backfill.lock_wait', current_setting('lock_timeout'), true) IS NOT NULL
-		AND set_config('lock_timeout', '%d', true) IS NOT NULL`, max(lw.Step.Milliseconds(), 1)))
+		AND set_config('lock_timeout', (SELECT CASE WHEN s.setting::bigint > 0 THEN least(s.setting::bigint, %d) ELSE %d END
+			FROM pg_settings s WHERE s.name = 'lock_timeout')::text, true) IS NOT NULL`, step, step))
 	w := LockWait{What: what, Spec: spec}
 	var begin time.Time
 	for {
