@@ -44,12 +44,9 @@ func thousands(n int64) string {
 
 func mib(bytes int64) string { return fmt.Sprintf("%.1f MiB", float64(bytes)/(1<<20)) }
 
-func fmtRate(x float64) string  { return thousands(int64(x + 0.5)) }
-func fmtSec(x float64) string   { return fmt.Sprintf("%.2f s", x) }
-func fmtMiB(x float64) string   { return fmt.Sprintf("%.1f MiB", x/(1<<20)) }
-func fmtPct(x float64) string   { return fmt.Sprintf("%.3f%%", 100*x) }
-func fmtBytes(x float64) string { return fmt.Sprintf("%.0f B", x) }
-func fmtCores(x float64) string { return fmt.Sprintf("%.2f", x) }
+func fmtRate(x float64) string { return thousands(int64(x + 0.5)) }
+func fmtMiB(x float64) string  { return fmt.Sprintf("%.1f MiB", x/(1<<20)) }
+func fmtPct(x float64) string  { return fmt.Sprintf("%.3f%%", 100*x) }
 
 func (s summary) render(format func(float64) string, n int) string {
 	if n == 1 {
