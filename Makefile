@@ -70,10 +70,13 @@ demo: data
 data:
 	bash examples/flights/fetch-data.sh
 
-# bench: the load benchmark (library vs hand-written chunked load, WAL of a
-# replay, peak RSS; see cmd/bench/load/README.md), then the Go
+# bench: the load benchmark (cmd/bench/load/README.md): every variant a
+# whole process timed from exec to exit, the library's defaults against a
+# hand-written chunked load and the other variants, 3 rounds alternating,
+# on a throwaway fast server and a throwaway durable one; then the Go
 # benchmarks if the module has any. No assertions: both only report.
-# Extra flags: make bench BENCHLOAD_FLAGS='-rows 300000 -runs 5 -rss'
+# Quicker: make bench BENCHLOAD_FLAGS='-rows 300000'; one server:
+# BENCHLOAD_FLAGS='-servers durable'.
 BENCHLOAD_FLAGS ?=
 
 .PHONY: bench bench-lock bench-probe bench-control bench-status bench-plan

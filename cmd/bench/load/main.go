@@ -52,6 +52,9 @@ type options struct {
 	// the ExtractAhead variant's setting, or "none" to leave it out.
 	mainAhead, mainSkip optIn
 	aheadVariant        string
+	// baseReplay adds the baseline's replay (its WAL against the
+	// library's).
+	baseReplay bool
 	// skip also measures the order_no-chunked SkipUnchanged loads of
 	// skip.go (ChunkColumn, ChunkVersioner, corrections).
 	skip bool
@@ -78,6 +81,7 @@ func main() {
 	flag.StringVar(&mainAhead, "main-ahead", "", "the main variant's Config.ExtractAhead: on, off, or empty for the library's default")
 	flag.StringVar(&mainSkip, "main-skip", "", "the main variant's Job.SkipUnchanged: on, off, or empty for the library's default")
 	flag.StringVar(&o.aheadVariant, "ahead-variant", "on", "the extra ExtractAhead variant's setting: on, off, or none to leave it out")
+	flag.BoolVar(&o.baseReplay, "base-replay", false, "also replay the baseline's load (its loop again over the loaded rows), to compare its WAL with the library's replay")
 	flag.BoolVar(&o.rss, "rss", false, "also compare peak RSS at the -rss-rows sizes (slower)")
 	flag.StringVar(&rssRows, "rss-rows", "300000,3000000", "row counts of the -rss comparison, comma-separated")
 	flag.StringVar(&o.profile, "profile", "", "directory: also run one profiled load of each variant (CPU profile, time breakdown, auto_explain plans, EXPLAIN ANALYZE of the merge statements) and write the files there (a subdirectory per server)")
