@@ -52,6 +52,10 @@ type options struct {
 	// the ExtractAhead variant's setting, or "none" to leave it out.
 	mainAhead, mainSkip optIn
 	aheadVariant        string
+	// skipChunkColumn: the SkipUnchanged variants chunk by order_no with
+	// ChunkColumn order_no, and every table of the suite has an index on
+	// order_no.
+	skipChunkColumn bool
 	// baseReplay adds the baseline's replay (its WAL against the
 	// library's).
 	baseReplay bool
@@ -81,6 +85,7 @@ func main() {
 	flag.StringVar(&mainAhead, "main-ahead", "", "the main variant's Config.ExtractAhead: on, off, or empty for the library's default")
 	flag.StringVar(&mainSkip, "main-skip", "", "the main variant's Job.SkipUnchanged: on, off, or empty for the library's default")
 	flag.StringVar(&o.aheadVariant, "ahead-variant", "on", "the extra ExtractAhead variant's setting: on, off, or none to leave it out")
+	flag.BoolVar(&o.skipChunkColumn, "skip-chunk-column", true, "the SkipUnchanged variants chunk by order_no (the same rows per chunk) with Job.ChunkColumn order_no, and every table of the suite gets an index on order_no; false: they run the main variant's job (no ChunkColumn: fingerprints by key) and no table has the index")
 	flag.BoolVar(&o.baseReplay, "base-replay", false, "also replay the baseline's load (its loop again over the loaded rows), to compare its WAL with the library's replay")
 	flag.BoolVar(&o.rss, "rss", false, "also compare peak RSS at the -rss-rows sizes (slower)")
 	flag.StringVar(&rssRows, "rss-rows", "300000,3000000", "row counts of the -rss comparison, comma-separated")
@@ -140,6 +145,9 @@ func main() {
 	}
 	if o.rows <= 0 || o.chunk <= 0 || o.runs <= 0 || o.smallChunk < 0 {
 		usage("-rows, -chunk and -runs must be positive, -small-chunk not negative")
+	}
+	if o.skipChunkColumn && (o.chunk%8 != 0 || o.rows%8 != 0) {
+		usage("-skip-chunk-column chunks by order (8 rows each): -rows and -chunk must be multiples of 8")
 	}
 	var err error
 	if o.mainAhead, err = parseOptIn(mainAhead); err != nil {

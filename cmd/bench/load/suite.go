@@ -112,6 +112,11 @@ func (b *bench) chains(r int) []chain {
 	o := b.o
 	mainLib := lib("lib", o.mainAhead, o.mainSkip)
 	skipLib := lib("skip", o.mainAhead, optOn)
+	// With -skip-chunk-column the SkipUnchanged chain chunks by order_no
+	// (the same rows per chunk) and declares ChunkColumn order_no, so
+	// that a chunk's target fingerprint is a range scan of the index on
+	// order_no that every table of the suite then has.
+	skipLib.byOrder = o.skipChunkColumn
 	baseReplay := base("base")
 	baseReplay.newRun, baseReplay.job = true, baseReplay.job+"-replay"
 	cs := []chain{
@@ -166,6 +171,11 @@ func (b *bench) suite(ctx context.Context) ([]result, error) {
 			table := fmt.Sprintf("%s.%s_%d", benchSchema, ch.name, r)
 			if err := b.freshTable(ctx, table); err != nil {
 				return nil, err
+			}
+			if b.o.skipChunkColumn {
+				if _, err := b.db.ExecContext(ctx, `CREATE INDEX ON `+table+` (order_no)`); err != nil {
+					return nil, err
+				}
 			}
 			for _, st := range ch.steps {
 				order++
