@@ -47,6 +47,10 @@ func (b *bench) variantLabel(key string) string {
 			return fmt.Sprintf(v.label, b.o.aheadVariant)
 		case "small", "small-base":
 			return fmt.Sprintf(v.label, thousands(b.o.smallChunk))
+		case "skip", "skip-replay", "skip-restate":
+			if b.o.skipChunkColumn {
+				return strings.Replace(v.label, "SkipUnchanged on", "SkipUnchanged on, ChunkColumn order_no", 1)
+			}
 		}
 		return v.label
 	}
