@@ -115,8 +115,8 @@ func (m *Manifest) Status(ctx context.Context, db sqlx.ExtContext, batchID int64
 		return tx.QueryRowxContext(ctx, m.SQL(`SELECT
 			coalesce((SELECT json_agg(f ORDER BY f.since NULLS LAST, f.seq) FROM {s}.chunks_in_flight f WHERE f.batch_id = $1), '[]')::text,
 			coalesce((SELECT json_agg(x ORDER BY x.count DESC, x.reason, x.column) FROM (
-				SELECT reason, column_name AS column, count(*) AS count FROM {s}.exceptions
-				WHERE batch_id = $1 AND failed_attempt IS NULL GROUP BY reason, column_name) x), '[]')::text,
+				SELECT reason, column_name AS column, sum(n) AS count FROM {s}.exception_counts
+				WHERE batch_id = $1 GROUP BY reason, column_name) x), '[]')::text,
 			`+throttleWarningsSQL), batchID).Scan(&inFlightJS, &exJS, &warnJS)
 	})
 	if err != nil {
