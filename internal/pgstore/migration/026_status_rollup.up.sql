@@ -245,7 +245,12 @@ END
 $do$;
 
 -- run_progress reads the rollup: the same columns and numbers as before,
--- without a pass over the run's chunks.
+-- without a pass over the run's chunks; its time split is computed once
+-- (it was inlined in each of its uses), and the run's pauses and resumes
+-- are read by an index on the run lifecycle events (kind run_*), not
+-- among all its events.
+CREATE INDEX events_run_lifecycle ON {s}.events (batch_id, id) WHERE kind LIKE 'run\_%';
+
 CREATE OR REPLACE VIEW {s}.run_progress AS
 SELECT r.batch_id, r.job_name, r.status, l.liveness, l.live_workers, l.last_heartbeat,
 	r.created_at, t.t_end AS as_of,
@@ -264,7 +269,7 @@ SELECT r.batch_id, r.job_name, r.status, l.liveness, l.live_workers, l.last_hear
 	c.chunks_skipped
 FROM {s}.runs r
 LEFT JOIN {s}.run_liveness l ON l.batch_id = r.batch_id
-CROSS JOIN LATERAL (SELECT coalesce(r.finished_at, CASE WHEN r.status IN ('running', 'paused') THEN now() ELSE greatest(r.updated_at, r.created_at) END) AS t_end) t
+CROSS JOIN LATERAL (SELECT coalesce(r.finished_at, CASE WHEN r.status IN ('running', 'paused') THEN now() ELSE greatest(r.updated_at, r.created_at) END) AS t_end OFFSET 0) t
 CROSS JOIN LATERAL (
 	-- The run's rollup (chunk_counts, a few rows) pivoted; the latest
 	-- checkpoint from the index on checkpointed_at.
@@ -298,13 +303,14 @@ CROSS JOIN LATERAL (
 			x.status IN ('pending', 'failed') AS remaining, x.chunks AS n, x.rows_read, x.rows_inserted, x.rows_updated,
 			x.rows_unchanged, x.rows_rejected, x.rows_deduplicated, x.rows_processed, x.reads, x.span
 		FROM {s}.chunk_counts x WHERE x.batch_id = r.batch_id) g
+	OFFSET 0
 ) c
 CROSS JOIN LATERAL (
 	SELECT tstzmultirange(tstzrange(r.created_at, greatest(r.created_at, t.t_end))) AS total,
 		coalesce((SELECT range_agg(tstzrange(e.created_at, greatest(e.created_at, coalesce(
 				(SELECT min(e2.created_at) FROM {s}.events e2 WHERE e2.batch_id = e.batch_id AND e2.id > e.id
 					AND e2.kind LIKE 'run\_%' AND e2.kind <> 'run_paused'), t.t_end))))
-			FROM {s}.events e WHERE e.batch_id = r.batch_id AND e.kind = 'run_paused'), '{}'::tstzmultirange) AS paused,
+			FROM {s}.events e WHERE e.batch_id = r.batch_id AND e.kind LIKE 'run\_%' AND e.kind = 'run_paused'), '{}'::tstzmultirange) AS paused,
 		coalesce((SELECT range_agg(tstzrange(p.started_at, greatest(p.started_at, coalesce(p.ended_at, pw.finished_at,
 				CASE WHEN pw.heartbeat_at < now() - pw.stale_after THEN {s}.worker_last_life(pw.worker_key) END, now()))))
 			FROM {s}.throttle_periods p LEFT JOIN {s}.workers pw ON pw.worker_key = p.worker_key
@@ -312,12 +318,14 @@ CROSS JOIN LATERAL (
 		(SELECT range_agg(tstzrange(ww.started_at, greatest(ww.started_at, coalesce(ww.finished_at,
 				CASE WHEN ww.heartbeat_at < now() - ww.stale_after THEN {s}.worker_last_life(ww.worker_key) END, now()))))
 			FROM {s}.workers ww WHERE ww.batch_id = r.batch_id) AS workers
+	OFFSET 0 -- computed once, not inlined in each use
 ) m
 CROSS JOIN LATERAL (
 	SELECT m.total * m.paused AS paused,
 		m.total * m.throttled - m.paused AS throttled,
 		m.total - coalesce(m.workers, m.total) - m.paused - m.throttled AS idle,
 		m.total * coalesce(m.workers, m.total) - m.paused - m.throttled AS working
+	OFFSET 0 -- computed once, not inlined in each use
 ) mr
 CROSS JOIN LATERAL (
 	SELECT (SELECT coalesce(sum(extract(epoch FROM upper(z) - lower(z))), 0)::float8 FROM unnest(m.total) z) AS total_seconds,
@@ -325,6 +333,7 @@ CROSS JOIN LATERAL (
 		(SELECT coalesce(sum(extract(epoch FROM upper(z) - lower(z))), 0)::float8 FROM unnest(mr.throttled) z) AS throttled_seconds,
 		(SELECT coalesce(sum(extract(epoch FROM upper(z) - lower(z))), 0)::float8 FROM unnest(mr.paused) z) AS paused_seconds,
 		(SELECT coalesce(sum(extract(epoch FROM upper(z) - lower(z))), 0)::float8 FROM unnest(mr.idle) z) AS idle_seconds
+	OFFSET 0 -- computed once, not inlined in each use
 ) s
 CROSS JOIN LATERAL (
 	SELECT ws.window_start,
@@ -334,7 +343,7 @@ CROSS JOIN LATERAL (
 			FROM unnest(mr.working * tstzmultirange(tstzrange(ws.window_start, greatest(ws.window_start, t.t_end)))) z) AS window_working_seconds
 	FROM (SELECT greatest(r.created_at, least(t.t_end - interval '20 seconds', coalesce(
 			(SELECT k.checkpointed_at FROM {s}.chunks k WHERE k.batch_id = r.batch_id AND k.checkpointed_at IS NOT NULL
-				ORDER BY k.checkpointed_at DESC OFFSET 20 LIMIT 1), r.created_at))) AS window_start) ws
+				ORDER BY k.checkpointed_at DESC OFFSET 20 LIMIT 1), r.created_at))) AS window_start OFFSET 0) ws
 ) w
 CROSS JOIN LATERAL (
 	SELECT CASE WHEN w.window_working_seconds >= 1 AND w.window_rows > 0 THEN w.window_rows / w.window_working_seconds END AS recent_rate,
