@@ -103,7 +103,7 @@ func (m *Manifest) Status(ctx context.Context, db sqlx.ExtContext, batchID int64
 	)
 	err := ReadTx(ctx, db, func(tx sqlx.ExtContext) error {
 		rows = rows[:0]
-		if err := sqlx.SelectContext(ctx, tx, &rows, m.SQL(`SELECT * FROM {s}.run_progress WHERE batch_id = $1`), batchID); err != nil {
+		if err := sqlx.SelectContext(ctx, tx, &rows, m.SQL(`SELECT * FROM {s}.run_progress_of($1)`), batchID); err != nil {
 			return err
 		}
 		if len(rows) == 0 {

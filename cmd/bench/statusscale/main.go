@@ -33,6 +33,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/jmoiron/sqlx"
@@ -79,10 +80,45 @@ func main() {
 		fmt.Printf(", %s %s", s.Name, s.Value)
 	}
 	fmt.Printf(")\n\ncommand: go run ./cmd/bench/statusscale %s\n\n", strings.Join(os.Args[1:], " "))
-	fmt.Println("| chunks | exceptions | read | median | min | max |")
-	fmt.Println("|---:|---:|---|---:|---:|---:|")
+	fmt.Println("| chunks | exceptions | read | median | min | max | CPU median (server + client) |")
+	fmt.Println("|---:|---:|---|---:|---:|---:|---:|")
 
-	r, err := backfill.New(db, &backfill.Config{WorkerID: "benchstatusscale",
+	// The reads go through one connection, whose backend's CPU time
+	// (/proc/PID/schedstat, when the server is on this machine) is
+	// counted with this process's: on a busy machine the wall time
+	// counts the waits for a CPU, the CPU time does not.
+	rdb, err := sqlx.Open("postgres", url)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer rdb.Close()
+	rdb.SetMaxOpenConns(1)
+	rdb.SetMaxIdleConns(1)
+	var backendPID int
+	if err := rdb.GetContext(ctx, &backendPID, `SELECT pg_backend_pid()`); err != nil {
+		log.Fatal(err)
+	}
+	cpu := func() (cpuTime, bool) {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/schedstat", backendPID))
+		if err != nil {
+			return cpuTime{}, false
+		}
+		f := strings.Fields(string(b))
+		if len(f) == 0 {
+			return cpuTime{}, false
+		}
+		ns, err := strconv.ParseInt(f[0], 10, 64)
+		if err != nil {
+			return cpuTime{}, false
+		}
+		var ru syscall.Rusage
+		if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+			return cpuTime{}, false
+		}
+		return cpuTime{server: time.Duration(ns), client: time.Duration(ru.Utime.Nano() + ru.Stime.Nano())}, true
+	}
+
+	r, err := backfill.New(rdb, &backfill.Config{WorkerID: "benchstatusscale",
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
 	if err != nil {
 		log.Fatal(err)
@@ -104,32 +140,38 @@ func main() {
 					_, err := r.Status(ctx, backfill.Job{Name: job})
 					return err
 				}},
-				{"cli (backfill status data load)", func() error { return cliLoad(ctx, db, job) }},
+				{"cli (backfill status data load)", func() error { return cliLoad(ctx, rdb, job) }},
 				{"scrape (JobChunks)", func() error {
-					_, err := pm.JobChunks(ctx, db, 0, job)
+					_, err := pm.JobChunks(ctx, rdb, 0, job)
 					return err
 				}},
 				{"report (LoadRunReport)", func() error {
 					if *reportMax > 0 && n > *reportMax {
 						return errSkipped
 					}
-					_, err := backfill.LoadRunReport(ctx, db, pm, batch)
+					_, err := backfill.LoadRunReport(ctx, rdb, pm, batch)
 					return err
 				}},
 			}
 			for _, rd := range reads {
-				d, err := timeIt(*reps, rd.fn)
+				d, c, err := timeIt(*reps, rd.fn, cpu)
 				if err == errSkipped {
-					fmt.Printf("| %d | %d | %s | skipped | | |\n", n, ne, rd.name)
+					fmt.Printf("| %d | %d | %s | skipped | | | |\n", n, ne, rd.name)
 					continue
 				}
 				if err != nil {
 					log.Fatalf("%s: %v", rd.name, err)
 				}
-				fmt.Printf("| %d | %d | %s | %s | %s | %s |\n", n, ne, rd.name, ms(d[len(d)/2]), ms(d[0]), ms(d[len(d)-1]))
+				cs := "n/a"
+				if len(c) > 0 {
+					slices.SortFunc(c, func(a, b cpuTime) int { return int(a.server + a.client - b.server - b.client) })
+					m := c[len(c)/2]
+					cs = fmt.Sprintf("%s (%s + %s)", ms(m.server+m.client), ms(m.server), ms(m.client))
+				}
+				fmt.Printf("| %d | %d | %s | %s | %s | %s | %s |\n", n, ne, rd.name, ms(d[len(d)/2]), ms(d[0]), ms(d[len(d)-1]), cs)
 			}
 			if *cli != "" {
-				d, err := timeIt(min(*reps, 7), func() error {
+				d, _, err := timeIt(min(*reps, 7), func() error {
 					cmd := exec.Command(*cli, "status", "--batch", strconv.FormatInt(batch, 10))
 					cmd.Env = append(os.Environ(), "DATABASE_URL="+url)
 					out, err := cmd.CombinedOutput()
@@ -137,11 +179,11 @@ func main() {
 						return fmt.Errorf("%w: %s", err, out)
 					}
 					return nil
-				})
+				}, nil)
 				if err != nil {
 					log.Fatalf("cli: %v", err)
 				}
-				fmt.Printf("| %d | %d | %s | %s | %s | %s |\n", n, ne, "cli process (start + connect + load)", ms(d[len(d)/2]), ms(d[0]), ms(d[len(d)-1]))
+				fmt.Printf("| %d | %d | %s | %s | %s | %s | |\n", n, ne, "cli process (start + connect + load)", ms(d[len(d)/2]), ms(d[0]), ms(d[len(d)-1]))
 			}
 		}
 	}
@@ -244,24 +286,36 @@ func addExceptions(ctx context.Context, db *sqlx.DB, batch int64, n, have, want,
 	fmt.Fprintf(os.Stderr, "exceptions of run %d: %d in %v\n", batch, want, time.Since(start).Round(time.Millisecond))
 }
 
+// cpuTime is CPU time spent by the server's backend and by this process.
+type cpuTime struct{ server, client time.Duration }
+
 // timeIt runs fn 3 times, then reps times timed, and returns the sorted
-// durations.
-func timeIt(reps int, fn func() error) ([]time.Duration, error) {
+// wall times and, when cpu (nil: none) can tell, the CPU times.
+func timeIt(reps int, fn func() error, cpu func() (cpuTime, bool)) (wall []time.Duration, cpus []cpuTime, err error) {
 	for range 3 {
 		if err := fn(); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 	}
-	d := make([]time.Duration, 0, reps)
 	for range reps {
+		var c0 cpuTime
+		ok := cpu != nil
+		if ok {
+			c0, ok = cpu()
+		}
 		t := time.Now()
 		if err := fn(); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
-		d = append(d, time.Since(t))
+		wall = append(wall, time.Since(t))
+		if ok {
+			if c1, ok := cpu(); ok {
+				cpus = append(cpus, cpuTime{server: c1.server - c0.server, client: c1.client - c0.client})
+			}
+		}
 	}
-	slices.Sort(d)
-	return d, nil
+	slices.Sort(wall)
+	return wall, cpus, nil
 }
 
 func ms(d time.Duration) string { return fmt.Sprintf("%.1f ms", float64(d.Microseconds())/1000) }

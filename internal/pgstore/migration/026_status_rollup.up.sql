@@ -357,3 +357,15 @@ CROSS JOIN LATERAL (
 			ELSE c.rem_chunks * (c.known_rows / c.known_chunks) END
 		* CASE WHEN c.rem_chunks > 0 THEN 1 - 0.5 * least(c.chunks_leased, c.rem_chunks)::float8 / c.rem_chunks ELSE 1 END AS remaining_rows
 ) rem;
+
+-- The run_progress row of one run through a plan the session keeps
+-- (PL/pgSQL caches it, generic in the batch id): the view's planning
+-- costs more than its execution, and Status reads it on every call.
+CREATE FUNCTION {s}.run_progress_of(p_batch_id bigint) RETURNS SETOF {s}.run_progress
+	LANGUAGE plpgsql STABLE SET plan_cache_mode = force_generic_plan AS $fn$
+BEGIN
+	RETURN QUERY SELECT * FROM {s}.run_progress WHERE batch_id = p_batch_id;
+END
+$fn$;
+COMMENT ON FUNCTION {s}.run_progress_of(bigint) IS
+	'The run_progress row of run p_batch_id (none when there is no such run), through a plan cached by the session.';
