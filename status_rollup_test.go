@@ -62,7 +62,7 @@ func requireStatusIsRecount(t *testing.T, db *sqlx.DB, batch int64) {
 	st, err := pm.Status(ctx, db, batch)
 	require.NoError(t, err)
 	var rc struct {
-		Total, Done, Open, Pending, Failed, Skipped, Leased int
+		Total, Done, Open, Pending, Failed, Skipped, Leased                   int
 		Read, Inserted, Updated, Unchanged, Rejected, Dedup, Processed, Reads int64
 	}
 	require.NoError(t, db.QueryRowx(`SELECT count(*), count(*) FILTER (WHERE status = 'done'), count(*) FILTER (WHERE status = 'open'),

@@ -85,13 +85,18 @@ type statusRow struct {
 	ETASeconds        *float64   `db:"eta_seconds"`
 }
 
-// Status implements [backfilldriver.ManifestStatus] with two statements in
-// one read transaction: the run's row of the run_progress view, then its
-// chunks in flight, its exceptions by reason and column and its throttle
-// warnings (its events of backfilltype.EventSignalInert), as JSON. Its
-// cost grows with the run's chunks (one pass over them by index) and the
-// distinct reasons of its exception queue (an index-only scan when
-// vacuumed).
+// Status implements [backfilldriver.ManifestStatus] with three statements
+// in one read transaction: the run's row of the run_progress view (through
+// run_progress_of, whose plan the session keeps), the inputs of its ETA,
+// then its chunks in flight, its exceptions by reason and column and its
+// throttle warnings (its events of backfilltype.EventSignalInert), as
+// JSON. The counts come from the run's rollups (chunk_counts,
+// exception_counts: a few rows per run, kept by triggers in the writing
+// transactions), the latest checkpoints and the recent window from the
+// index on checkpointed_at, the chunks in flight from the index on leased
+// chunks: its cost does not grow with the run's chunks nor its queued
+// exceptions, only with the distinct reasons and columns of its
+// exception queue.
 func (m *Manifest) Status(ctx context.Context, db sqlx.ExtContext, batchID int64) (backfilltype.Status, error) {
 	ctx = m.purpose(ctx, "read the run's status", batchID)
 	var (

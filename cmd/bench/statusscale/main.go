@@ -118,13 +118,18 @@ func main() {
 		return cpuTime{server: time.Duration(ns), client: time.Duration(ru.Utime.Nano() + ru.Stime.Nano())}, true
 	}
 
-	r, err := backfill.New(rdb, &backfill.Config{WorkerID: "benchstatusscale",
-		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
+	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	// builder runs the small real run each built run starts from; r reads.
+	builder, err := backfill.New(db, &backfill.Config{WorkerID: "benchstatusscale", Logger: logger})
+	if err != nil {
+		log.Fatal(err)
+	}
+	r, err := backfill.New(rdb, &backfill.Config{WorkerID: "benchstatusscale", Logger: logger})
 	if err != nil {
 		log.Fatal(err)
 	}
 	for _, n := range chunkCounts {
-		batch := buildRun(ctx, db, r, n, *events)
+		batch := buildRun(ctx, db, builder, n, *events)
 		have := 0
 		for _, ne := range excCounts {
 			addExceptions(ctx, db, batch, n, have, ne, *reasons)
