@@ -344,6 +344,7 @@ CROSS JOIN LATERAL (
 	FROM (SELECT greatest(r.created_at, least(t.t_end - interval '20 seconds', coalesce(
 			(SELECT k.checkpointed_at FROM {s}.chunks k WHERE k.batch_id = r.batch_id AND k.checkpointed_at IS NOT NULL
 				ORDER BY k.checkpointed_at DESC OFFSET 20 LIMIT 1), r.created_at))) AS window_start OFFSET 0) ws
+	OFFSET 0
 ) w
 CROSS JOIN LATERAL (
 	SELECT CASE WHEN w.window_working_seconds >= 1 AND w.window_rows > 0 THEN w.window_rows / w.window_working_seconds END AS recent_rate,
