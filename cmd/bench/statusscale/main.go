@@ -227,7 +227,9 @@ func cliLoad(ctx context.Context, db *sqlx.DB, job string) error {
 func buildRun(ctx context.Context, db *sqlx.DB, r *backfill.Runner, n, events int) int64 {
 	db.MustExecContext(ctx, `DROP TABLE IF EXISTS bench_status_scale_target`)
 	db.MustExecContext(ctx, `CREATE TABLE bench_status_scale_target (id bigint PRIMARY KEY, v int NOT NULL)`)
-	db.MustExecContext(ctx, `UPDATE backfill.runs SET status = 'abandoned' WHERE job_name = $1 AND status IN ('running', 'failed', 'paused')`, job)
+	// The previous built run goes (its live worker's leases would hold the
+	// new run's workers).
+	db.MustExecContext(ctx, `DELETE FROM backfill.runs WHERE job_name = $1`, job)
 	j := backfill.Job{Name: job, Chunker: backfill.IntRange(0, 2000, 1000), Rollback: backfill.RollbackNone,
 		Target: backfill.Target{Table: "bench_status_scale_target", Key: []string{"id"}},
 		Extractor: backfill.ExtractorFunc(func(ctx context.Context, c backfill.Chunk, w backfill.RowWriter) error {
