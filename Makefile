@@ -79,7 +79,7 @@ data:
 # BENCHLOAD_FLAGS='-servers durable'.
 BENCHLOAD_FLAGS ?=
 
-.PHONY: bench bench-lock bench-probe bench-control bench-status bench-plan
+.PHONY: bench bench-lock bench-probe bench-control bench-status bench-status-scale bench-plan
 bench:
 	$(GO) run ./cmd/bench/load $(BENCHLOAD_FLAGS)
 	@if grep -rqs --include='*_test.go' '^func Benchmark' . ; then \
@@ -126,6 +126,18 @@ BENCHSTATUS_FLAGS ?=
 
 bench-status:
 	$(GO) run ./cmd/bench/status $(BENCHSTATUS_FLAGS)
+
+# bench-status-scale: the operator reads (Runner.Status, the data load of
+# backfill status, the Prometheus scrape's JobChunks, the report's
+# LoadRunReport) of a run of 100,000 and 1,000,000 chunks with 0, 10,000
+# and 1,000,000 queued exceptions, inserted in bulk: median, min and max
+# wall time and the median CPU time of the server's backend and of the
+# client (cmd/bench/statusscale/README.md). Reports only. Extra flags:
+# make bench-status-scale BENCHSTATUSSCALE_FLAGS='-chunks 100000 -reps 31 -cli ./backfill'
+BENCHSTATUSSCALE_FLAGS ?=
+
+bench-status-scale:
+	$(GO) run ./cmd/bench/statusscale $(BENCHSTATUSSCALE_FLAGS)
 
 # bench-plan: a plan of 1,000,000 IntRange chunks on a durable server:
 # time to the first extraction, time per claimed chunk, peak Go heap and
