@@ -213,6 +213,9 @@ func (b *bench) batch(ctx context.Context, scenario, job string, lo, n int64, de
 	if err != nil {
 		return m, err
 	}
+	if _, err := b.db.ExecContext(ctx, `CHECKPOINT`); err != nil {
+		return m, err
+	}
 	wal0, err := b.lsn(ctx)
 	if err != nil {
 		return m, err
