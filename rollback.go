@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -215,7 +216,10 @@ type undoRollback struct {
 	// info is the target, whose merge lock the rollback takes (lockTarget).
 	info TableInfo
 	seqs []int
-	one  *backfilltype.ChunkState
+	// updated is the rows each chunk updated (its undo log's size), which
+	// bounds the slices of a whole-batch rollback (slices).
+	updated map[int]int64
+	one     *backfilltype.ChunkState
 	// deliveredDeleted counts the delivered conflicts the rollback would
 	// delete (conflicts).
 	deliveredDeleted int64
@@ -244,10 +248,11 @@ func (r *Runner) undoRollback(ctx context.Context, job Job, run Run, plan Plan, 
 	if err != nil {
 		return nil, err
 	}
-	u := &undoRollback{r: r, run: run, opts: opts, info: info}
+	u := &undoRollback{r: r, run: run, opts: opts, info: info, updated: map[int]int64{}}
 	for _, s := range states {
 		if (s.Status == ChunkDone || s.Status == ChunkOpen) && (opts.ChunkID == "" || s.Chunk.ID == opts.ChunkID) {
 			u.seqs = append(u.seqs, s.Chunk.Seq)
+			u.updated[s.Chunk.Seq] = s.Updated
 		}
 	}
 	if opts.ChunkID != "" && !slices.ContainsFunc(states, func(s backfilltype.ChunkState) bool { return s.Chunk.ID == opts.ChunkID }) {
@@ -348,7 +353,15 @@ func (u *undoRollback) apply(ctx context.Context, rep RollbackReport) (RollbackR
 			return rep, err
 		}
 	}
-	for _, seq := range u.seqs {
+	seqs := u.seqs
+	if sr, ok := u.rb.(pgstore.SliceRollback); ok && u.one == nil && u.info.Target.Mode != History {
+		// A whole batch: slices of chunks, one transaction each.
+		var err error
+		if rep, seqs, err = u.applySlices(ctx, sr, rep); err != nil {
+			return rep, err
+		}
+	}
+	for _, seq := range seqs {
 		var deleted, restored int64
 		var done bool
 		// Holding the target's merge lock, after a new conflict check.
@@ -390,6 +403,51 @@ func (u *undoRollback) apply(ctx context.Context, rep RollbackReport) (RollbackR
 		rep.Status = RunRolledBack
 	}
 	return rep, nil
+}
+
+// Slices of a whole-batch rollback: at most sliceRows rows updated by the
+// batch (the undo entries restored) and sliceChunks chunks per
+// transaction. A transaction holds the target's merge lock, so merges
+// into the target wait for it: 100,000 restored rows take about 1-2 s on
+// a durable server, and a crash redoes at most that much. Per chunk, the
+// transaction's fixed cost (lock, manifest, conflict checks, round trips)
+// weighed as much as restoring 1,000-row chunks.
+var (
+	sliceRows   int64 = 100_000
+	sliceChunks       = 200
+)
+
+// applySlices rolls the chunks back in slices (consecutive chunks in
+// reverse commit order, sliceRows and sliceChunks at most), one
+// transaction each, and returns the report and the chunks left to roll
+// back one by one (none, unless an undo log written by earlier versions
+// holds inserted keys).
+func (u *undoRollback) applySlices(ctx context.Context, sr pgstore.SliceRollback, rep RollbackReport) (RollbackReport, []int, error) {
+	seqs := u.seqs
+	for len(seqs) > 0 {
+		n, rows := 0, int64(0)
+		for n < len(seqs) && n < sliceChunks && (n == 0 || rows+u.updated[seqs[n]] <= sliceRows) {
+			rows += u.updated[seqs[n]]
+			n++
+		}
+		slice := seqs[:n]
+		var restored int64
+		var done int
+		err := u.sliceTx(ctx, sr, slice, func(tx sqlx.ExtContext) (err error) {
+			restored, done, err = sr.RollBackChunks(ctx, tx, slice, u.opts.Force)
+			return err
+		})
+		if errors.Is(err, pgstore.ErrSliceLegacy) {
+			return rep, seqs, nil // chunk by chunk from here
+		}
+		if err != nil {
+			return rep, nil, fmt.Errorf("backfill: rollback of batch %d chunks %d to %d: %w", u.run.BatchID, slice[0], slice[len(slice)-1], err)
+		}
+		rep.Chunks += done
+		rep.Restored += restored
+		seqs = seqs[n:]
+	}
+	return rep, nil, nil
 }
 
 // stopOpenRun makes a running run whose every unfinished chunk is open
