@@ -80,3 +80,13 @@ func SetRollbackSlices(rows int64, chunks int) func() {
 	sliceRows, sliceChunks = rows, chunks
 	return func() { sliceRows, sliceChunks = r, c }
 }
+
+// SetBeforeRollbackSlice calls f before the transaction of each slice of
+// a whole-batch rollback (nil: none).
+func SetBeforeRollbackSlice(f func(job string, seqs []int)) {
+	if f == nil {
+		testBeforeSlice.Store(nil)
+		return
+	}
+	testBeforeSlice.Store(&f)
+}

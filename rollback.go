@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/jmoiron/sqlx"
@@ -417,6 +418,10 @@ var (
 	sliceChunks       = 200
 )
 
+// testBeforeSlice, set by tests, is called before the transaction of
+// each slice with the job and the slice's chunks.
+var testBeforeSlice atomic.Pointer[func(job string, seqs []int)]
+
 // applySlices rolls the chunks back in slices (consecutive chunks in
 // reverse commit order, sliceRows and sliceChunks at most), one
 // transaction each, and returns the report and the chunks left to roll
@@ -431,6 +436,9 @@ func (u *undoRollback) applySlices(ctx context.Context, sr pgstore.SliceRollback
 			n++
 		}
 		slice := seqs[:n]
+		if h := testBeforeSlice.Load(); h != nil {
+			(*h)(u.run.Job, slice)
+		}
 		var restored int64
 		var done int
 		err := u.sliceTx(ctx, sr, slice, func(tx sqlx.ExtContext) (err error) {
@@ -439,6 +447,9 @@ func (u *undoRollback) applySlices(ctx context.Context, sr pgstore.SliceRollback
 		})
 		if errors.Is(err, pgstore.ErrSliceLegacy) {
 			return rep, seqs, nil // chunk by chunk from here
+		}
+		if errors.Is(err, ErrRollbackConflict) {
+			return rep, nil, err
 		}
 		if err != nil {
 			return rep, nil, fmt.Errorf("backfill: rollback of batch %d chunks %d to %d: %w", u.run.BatchID, slice[0], slice[len(slice)-1], err)
