@@ -90,9 +90,11 @@ type RollbackReport struct {
 // intervals it closed or split are restored. It works in reverse commit
 // order (the order in which the chunks' merges committed, which at
 // Concurrency > 1 need not be plan order, so that each row gets back the
-// image it had before the batch), one transaction per chunk that also
-// marks the chunk rolled_back, so a crash mid-rollback leaves whole
-// chunks and running Rollback again completes it; rolling back a rolled back batch changes nothing.
+// image it had before the batch), one transaction per chunk (for a whole
+// batch, per slice of consecutive chunks, at most 100,000 restored rows
+// and 200 chunks) that also marks its chunks rolled_back, so a crash
+// mid-rollback leaves whole chunks and running Rollback again completes
+// it; rolling back a rolled back batch changes nothing.
 //
 // Before writing anything it refuses with [ErrRollbackConflict], unless
 // opts.Force, when a later batch that is still applied changed rows of
