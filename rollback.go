@@ -443,8 +443,8 @@ func (u *undoRollback) applySlices(ctx context.Context, sr pgstore.SliceRollback
 		}
 		var restored int64
 		var done int
-		err := u.sliceTx(ctx, sr, slice, func(tx sqlx.ExtContext) (err error) {
-			restored, done, err = sr.RollBackChunks(ctx, tx, slice, u.opts.Force)
+		err := u.sliceTx(ctx, sr, slice, func(tx sqlx.ExtContext, checked bool) (err error) {
+			restored, done, err = sr.RollBackChunks(ctx, tx, slice, u.opts.Force, checked)
 			return err
 		})
 		if errors.Is(err, pgstore.ErrSliceLegacy) {

@@ -75,11 +75,13 @@ func (u *undoRollback) lockedTx(ctx context.Context, seqs []int, lineage bool, f
 
 // sliceTx runs f, the rollback of the chunks seqs of a whole batch, in a
 // transaction that holds the target's merge lock, as lockedTx does. Unless
-// the rollback is forced, it checks the deliveries first; the conflicts
-// with rows the chunks updated, f finds in the same pass that restores
-// them ([pgstore.ErrSliceConflict]): the transaction then rolls back, and
-// sliceTx lists them.
-func (u *undoRollback) sliceTx(ctx context.Context, sr pgstore.SliceRollback, seqs []int, f func(tx sqlx.ExtContext) error) error {
+// the rollback is forced, it checks the deliveries first; the rows the
+// chunks updated, it does not check apart: f restores them and counts
+// them against the undo log, and when it restored fewer
+// ([pgstore.ErrSliceRecheck]: a later batch may have changed some) the
+// transaction rolls back and a second one checks for conflicts before f
+// writes (lockedTx), as the rollback of one chunk does.
+func (u *undoRollback) sliceTx(ctx context.Context, sr pgstore.SliceRollback, seqs []int, f func(tx sqlx.ExtContext, checked bool) error) error {
 	ctx = pgstore.WithPurpose(ctx, "roll back chunks", 0)
 	err := pgstore.InBoundedTx(ctx, u.r.db, func(tx sqlx.ExtContext) error {
 		if err := u.lockTarget(ctx, tx); err != nil {
@@ -94,27 +96,12 @@ func (u *undoRollback) sliceTx(ctx context.Context, sr pgstore.SliceRollback, se
 				return err
 			}
 		}
-		return f(tx)
+		return f(tx, false)
 	})
-	if !errors.Is(err, pgstore.ErrSliceConflict) {
+	if !errors.Is(err, pgstore.ErrSliceRecheck) {
 		return err
 	}
-	sc, ok := u.rb.(pgstore.ScopedConflicts)
-	if !ok {
-		return err
-	}
-	var c RollbackConflicts
-	if err := pgstore.ReadTx(ctx, u.r.db, func(tx sqlx.ExtContext) (err error) {
-		c, err = sc.ConflictsOf(ctx, tx, seqs, false)
-		return err
-	}); err != nil {
-		return err
-	}
-	if err := u.conflictError(c); err != nil {
-		return err
-	}
-	return fmt.Errorf("backfill: rollback of batch %d: %w: rows were changed by batches committed while it ran; the chunks rolled back so far stay rolled back; run it again",
-		u.run.BatchID, ErrRollbackConflict)
+	return u.lockedTx(ctx, seqs, false, func(tx sqlx.ExtContext) error { return f(tx, true) })
 }
 
 // conflictError is the error of a check under the merge lock that found

@@ -57,16 +57,11 @@ JOIN "sales"."orders" t ON t."id" = r."id"
 WHERE (t."updated_by" IS NOT DISTINCT FROM $1 OR $3);
 
 -- restore
-WITH u AS (SELECT DISTINCT ON (u.key) u.key, u.before FROM (SELECT u.* FROM unnest($2::int[]) AS _backfill_s(seq)
-	CROSS JOIN LATERAL (SELECT u.key, u.id, u.before FROM "backfill".undo u WHERE u.batch_id = $1 AND u.seq = _backfill_s.seq AND u.op = 'update' OFFSET 0) u) u ORDER BY u.key, u.id),
-x AS MATERIALIZED (SELECT t.ctid AS _backfill_tid, t."updated_by" AS _backfill_by, r."id", r."name", r."amount", r."doc", r."pos", r."Odd ""col""", r."version", r."row_hash", r."ingested_at", r."inserted_by", r."updated_by"
-	FROM u CROSS JOIN LATERAL jsonb_populate_record(NULL::"sales"."orders", u.before) r JOIN "sales"."orders" t ON t."id" = r."id"),
-w AS (UPDATE "sales"."orders" t SET ("id", "name", "amount", "doc", "pos", "Odd ""col""", "version", "row_hash", "ingested_at", "inserted_by", "updated_by") = ROW(x."id", x."name", x."amount", x."doc", x."pos", x."Odd ""col""", x."version", x."row_hash", x."ingested_at", x."inserted_by", x."updated_by") FROM x
-	WHERE t.ctid = x._backfill_tid AND (x._backfill_by IS NOT DISTINCT FROM $1 OR $3) RETURNING 1)
-SELECT (SELECT count(*) FROM w) AS restored,
-	count(*) FILTER (WHERE x._backfill_by IS NOT DISTINCT FROM $1 OR $3) AS eligible,
-	count(*) FILTER (WHERE x._backfill_by IS DISTINCT FROM $1 AND NOT coalesce(x._backfill_by = ANY ($4::bigint[]), false)) AS conflicts
-FROM x;
+UPDATE "sales"."orders" t SET ("id", "name", "amount", "doc", "pos", "Odd ""col""", "version", "row_hash", "ingested_at", "inserted_by", "updated_by") = ROW(r."id", r."name", r."amount", r."doc", r."pos", r."Odd ""col""", r."version", r."row_hash", r."ingested_at", r."inserted_by", r."updated_by")
+FROM (SELECT DISTINCT ON (u.key) u.key, u.before FROM (SELECT u.* FROM unnest($2::int[]) AS _backfill_s(seq)
+	CROSS JOIN LATERAL (SELECT u.key, u.id, u.before FROM "backfill".undo u WHERE u.batch_id = $1 AND u.seq = _backfill_s.seq AND u.op = 'update' OFFSET 0) u) u ORDER BY u.key, u.id) u
+CROSS JOIN LATERAL jsonb_populate_record(NULL::"sales"."orders", u.before) r
+WHERE t."id" = r."id" AND (t."updated_by" IS NOT DISTINCT FROM $1 OR $3);
 
 -- delete logged inserts
 DELETE FROM "sales"."orders" t

@@ -212,7 +212,7 @@ func (rb *pgRollback) chunk(ctx context.Context, tx sqlx.ExtContext, batch int64
 			return fmt.Errorf("restore: %w", err)
 		}
 		if updated {
-			if restored, _, err = rb.restore(ctx, tx, batch, []int{seq}, force); err != nil {
+			if restored, err = rb.restore(ctx, tx, batch, []int{seq}, force); err != nil {
 				return err
 			}
 		}
@@ -250,84 +250,63 @@ func (rb *pgRollback) chunk(ctx context.Context, tx sqlx.ExtContext, batch int64
 }
 
 // restore restores the rows the chunks seqs of batch updated
-// (RestoreSQL) and returns how many, and how many rows it left because a
-// later batch changed them (force: none).
-func (rb *pgRollback) restore(ctx context.Context, tx sqlx.ExtContext, batch int64, seqs []int, force bool) (restored, conflicts int64, err error) {
-	var n struct {
-		Restored  int64 `db:"restored"`
-		Eligible  int64 `db:"eligible"`
-		Conflicts int64 `db:"conflicts"`
+// (RestoreSQL) and returns how many.
+func (rb *pgRollback) restore(ctx context.Context, tx sqlx.ExtContext, batch int64, seqs []int, force bool) (int64, error) {
+	res, err := tx.ExecContext(ctx, rb.RestoreSQL(), batch, pq.Array(seqs), force)
+	if err != nil {
+		return 0, fmt.Errorf("restore: %w", err)
 	}
-	if err := sqlx.GetContext(ctx, tx, &n, rb.RestoreSQL(), batch, pq.Array(seqs), force, pq.Array(append([]int64{}, rb.scope.Exclude...))); err != nil {
-		return 0, 0, fmt.Errorf("restore: %w", err)
-	}
-	if n.Restored < n.Eligible {
-		// A row changed (an application's write) between the statement's
-		// snapshot and its update by ctid: restore by identity, which
-		// follows the row to its latest version.
-		if _, err := tx.ExecContext(ctx, rb.RestoreByKeySQL(), batch, pq.Array(seqs), force); err != nil {
-			return 0, 0, fmt.Errorf("restore: %w", err)
-		}
-	}
-	if force {
-		n.Conflicts = 0
-	}
-	return n.Eligible, n.Conflicts, nil
+	return res.RowsAffected()
 }
 
-// ErrSliceConflict is returned by [SliceRollback.RollBackChunks] when a
-// chunk of the slice updated a row that a later batch, still applied,
-// changed: nothing of the slice must commit, and the caller lists the
-// conflicts ([ScopedConflicts]).
-var ErrSliceConflict = errors.New("backfill: rollback: rows changed by later batches")
+// ErrSliceRecheck is returned by [SliceRollback.RollBackChunks] when it
+// restored fewer rows than the slice's undo log holds: a later batch may
+// have changed some of them (or chunks of the slice changed one row
+// twice, or rows are gone). The transaction must not commit; the caller
+// checks for conflicts first, then calls RollBackChunks again, checked.
+var ErrSliceRecheck = errors.New("backfill: rollback: fewer rows restored than logged")
 
 // RollBackChunks implements [SliceRollback].
-func (rb *pgRollback) RollBackChunks(ctx context.Context, tx sqlx.ExtContext, seqs []int, force bool) (restored int64, done int, err error) {
+func (rb *pgRollback) RollBackChunks(ctx context.Context, tx sqlx.ExtContext, seqs []int, force, checked bool) (restored int64, done int, err error) {
 	batch := rb.scope.BatchID
-	var has struct {
-		Updates bool `db:"updates"`
-		Inserts bool `db:"inserts"`
-	}
-	exists := func(ops string) string {
-		return SQLf(`EXISTS (SELECT FROM unnest($2::int[]) AS s(seq) CROSS JOIN LATERAL (
-			SELECT FROM {undo} u WHERE u.batch_id = $1 AND u.seq = s.seq AND u.op IN ({ops}) LIMIT 1) u)`, "undo", rb.undo, "ops", ops)
-	}
-	if err := sqlx.GetContext(ctx, tx, &has, `SELECT `+exists("'update'")+` AS updates, `+exists("'insert', 'inserts'")+` AS inserts`,
-		batch, pq.Array(seqs)); err != nil {
-		return 0, 0, fmt.Errorf("backfill: rollback %s: %w", rb.info.Target.Table, err)
-	}
-	if has.Inserts {
-		return 0, 0, ErrSliceLegacy
-	}
+	// The chunks still done (a concurrent rollback of the batch may have
+	// rolled some back meanwhile).
 	var rolled []int
 	if err := sqlx.SelectContext(ctx, tx, &rolled, rb.m.SQL(`UPDATE {s}.chunks SET status = 'rolled_back'
 		WHERE batch_id = $1 AND seq = ANY ($2::int[]) AND status IN ('done', 'open') RETURNING seq`), batch, pq.Array(seqs)); err != nil {
 		return 0, 0, fmt.Errorf("backfill: rollback %s: %w", rb.info.Target.Table, err)
 	}
-	if len(rolled) == 0 || !has.Updates {
+	if len(rolled) == 0 {
+		return 0, 0, nil
+	}
+	var n struct {
+		Updates int64 `db:"updates"`
+		Inserts int64 `db:"inserts"`
+	}
+	if err := sqlx.GetContext(ctx, tx, &n, SQLf(`SELECT count(*) FILTER (WHERE u.op = 'update') AS updates, count(*) FILTER (WHERE u.op <> 'update') AS inserts
+		FROM unnest($2::int[]) AS s(seq) CROSS JOIN LATERAL (SELECT u.op FROM {undo} u WHERE u.batch_id = $1 AND u.seq = s.seq OFFSET 0) u`, "undo", rb.undo),
+		batch, pq.Array(rolled)); err != nil {
+		return 0, 0, fmt.Errorf("backfill: rollback %s: %w", rb.info.Target.Table, err)
+	}
+	if n.Inserts > 0 {
+		return 0, 0, ErrSliceLegacy
+	}
+	if n.Updates == 0 {
 		return 0, len(rolled), nil
 	}
-	// The restore sorts the slice's prior images by key (the earliest of
-	// each): in memory, not in temporary files, for a slice of sliceRows
-	// (about 45 MB for 100,000 images of 11 columns; the default 4 MB
-	// wrote them all to disk). For this transaction only.
-	if _, err := tx.ExecContext(ctx, `SELECT set_config('work_mem', greatest(setting::bigint, 65536)::text || 'kB', true) FROM pg_settings WHERE name = 'work_mem'`); err != nil {
+	if restored, err = rb.restore(ctx, tx, batch, rolled, force); err != nil {
 		return 0, 0, fmt.Errorf("backfill: rollback %s: %w", rb.info.Target.Table, err)
 	}
-	restored, conflicts, err := rb.restore(ctx, tx, batch, rolled, force)
-	if err != nil {
-		return 0, 0, fmt.Errorf("backfill: rollback %s: %w", rb.info.Target.Table, err)
-	}
-	if conflicts > 0 {
-		return 0, 0, ErrSliceConflict
+	if restored < n.Updates && !force && !checked {
+		return 0, 0, ErrSliceRecheck
 	}
 	return restored, len(rolled), nil
 }
 
-// ErrSliceLegacy is returned by [SliceRollback.RollBackChunks], before
-// it writes anything, when the slice's undo log holds inserted keys
-// (written by earlier versions of the merge): the caller rolls its chunks
-// back one by one.
+// ErrSliceLegacy is returned by [SliceRollback.RollBackChunks] when the
+// slice's undo log holds inserted keys (written by earlier versions of
+// the merge): the transaction must not commit, and the caller rolls the
+// chunks back one by one.
 var ErrSliceLegacy = errors.New("backfill: rollback: inserted keys in the undo log")
 
 // finish records the rollback in the audit log and, for a whole batch,

@@ -47,34 +47,8 @@ WHERE (t.{ub} IS NOT DISTINCT FROM $1 OR $3)`,
 // RestoreSQL restores the earliest prior image of each row that the
 // chunks $2 (int[]) of batch $1 updated (the state before the first of
 // them touched it), unless a later batch changed the row and not force
-// ($3). It returns (restored, eligible, conflicts): the rows it restored,
-// those it should have (fewer restored means a row changed since the
-// statement's snapshot: RestoreByKeySQL then restores it), and the rows a
-// batch other than $1, not in $4, changed last (conflicts, left as they
-// are unless force).
-//
-// One pass over the target: each logged row is looked up once by its
-// identity, its lineage read for the conflict count, and updated by its
-// ctid (a TID scan), not looked up again.
+// ($3). Each logged row is looked up once by its identity.
 func (rb *pgRollback) RestoreSQL() string {
-	return SQLf(`WITH u AS (SELECT DISTINCT ON (u.key) u.key, u.before FROM {updates} u ORDER BY u.key, u.id),
-x AS MATERIALIZED (SELECT t.ctid AS _backfill_tid, t.{ub} AS _backfill_by, {rcolumns}
-	FROM u CROSS JOIN LATERAL jsonb_populate_record(NULL::{target}, u.before) r JOIN {target} t ON {match}),
-w AS (UPDATE {target} t SET ({columns}) = ROW({xcolumns}) FROM x
-	WHERE t.ctid = x._backfill_tid AND (x._backfill_by IS NOT DISTINCT FROM $1 OR $3) RETURNING 1)
-SELECT (SELECT count(*) FROM w) AS restored,
-	count(*) FILTER (WHERE x._backfill_by IS NOT DISTINCT FROM $1 OR $3) AS eligible,
-	count(*) FILTER (WHERE x._backfill_by IS DISTINCT FROM $1 AND NOT coalesce(x._backfill_by = ANY ($4::bigint[]), false)) AS conflicts
-FROM x`,
-		"updates", rb.updates(), "target", rb.target, "match", rb.match(), "ub", rb.updated,
-		"columns", sqlgen.List("", rb.Columns), "rcolumns", sqlgen.List("r.", rb.Columns), "xcolumns", sqlgen.List("x.", rb.Columns))
-}
-
-// RestoreByKeySQL is RestoreSQL's update alone, each row looked up by its
-// identity (following a row changed since the snapshot): the rows that
-// RestoreSQL's update by ctid missed. Restoring the same prior image
-// twice changes nothing.
-func (rb *pgRollback) RestoreByKeySQL() string {
 	return SQLf(`UPDATE {target} t SET ({columns}) = ROW({rcolumns})
 FROM (SELECT DISTINCT ON (u.key) u.key, u.before FROM {updates} u ORDER BY u.key, u.id) u
 CROSS JOIN LATERAL jsonb_populate_record(NULL::{target}, u.before) r
