@@ -401,7 +401,11 @@ func (rb *pgRollback) retile(ctx context.Context, tx sqlx.ExtContext, batch int6
 // entry, the chunks come in reverse commit order wherever it matters.
 func (rb *pgRollback) OrderChunks(ctx context.Context, db sqlx.ExtContext) ([]int, error) {
 	var last []int
-	if err := sqlx.SelectContext(ctx, db, &last, SQLf(`SELECT seq FROM {undo} WHERE batch_id = $1 AND seq = ANY ($2::int[]) GROUP BY seq ORDER BY max(id) DESC`, "undo", rb.undo),
+	// The greatest entry of each chunk: one backward step in the undo
+	// log's primary key per chunk, not a read of every entry.
+	if err := sqlx.SelectContext(ctx, db, &last, SQLf(`SELECT s.seq FROM unnest($2::int[]) AS s(seq)
+		CROSS JOIN LATERAL (SELECT max(u.id) AS last FROM {undo} u WHERE u.batch_id = $1 AND u.seq = s.seq) u
+		WHERE u.last IS NOT NULL ORDER BY u.last DESC`, "undo", rb.undo),
 		rb.scope.BatchID, pq.Array(rb.scope.Seqs)); err != nil {
 		return nil, fmt.Errorf("backfill: rollback %s: chunks' commit order: %w", rb.info.Target.Table, err)
 	}
