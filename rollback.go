@@ -443,9 +443,27 @@ func (u *undoRollback) applySlices(ctx context.Context, sr pgstore.SliceRollback
 		}
 		var restored int64
 		var done int
+		var deleted int64
 		err := u.sliceTx(ctx, sr, slice, func(tx sqlx.ExtContext, checked bool) (err error) {
-			restored, done, err = sr.RollBackChunks(ctx, tx, slice, u.opts.Force, checked)
-			return err
+			if !checked {
+				restored, done, err = sr.RollBackChunks(ctx, tx, slice, u.opts.Force)
+				return err
+			}
+			// Checked for conflicts: chunk by chunk, in reverse commit
+			// order, each restoring its own prior images.
+			restored, done, deleted = 0, 0, 0
+			for _, seq := range slice {
+				d, rs, ok, err := u.rb.RollBackChunk(ctx, tx, seq, u.opts.Force)
+				if err != nil {
+					return err
+				}
+				if ok {
+					done++
+					restored += rs
+					deleted += d
+				}
+			}
+			return nil
 		})
 		if errors.Is(err, pgstore.ErrSliceLegacy) {
 			return rep, seqs, nil // chunk by chunk from here
@@ -458,6 +476,7 @@ func (u *undoRollback) applySlices(ctx context.Context, sr pgstore.SliceRollback
 		}
 		rep.Chunks += done
 		rep.Restored += restored
+		rep.Deleted += deleted
 		seqs = seqs[n:]
 	}
 	return rep, nil, nil

@@ -78,9 +78,10 @@ func (u *undoRollback) lockedTx(ctx context.Context, seqs []int, lineage bool, f
 // the rollback is forced, it checks the deliveries first; the rows the
 // chunks updated, it does not check apart: f restores them and counts
 // them against the undo log, and when it restored fewer
-// ([pgstore.ErrSliceRecheck]: a later batch may have changed some) the
-// transaction rolls back and a second one checks for conflicts before f
-// writes (lockedTx), as the rollback of one chunk does.
+// ([pgstore.ErrSliceRecheck]: a later batch may have changed some, or
+// chunks of the slice changed one row twice) the transaction rolls back
+// and a second one checks for conflicts (lockedTx) before f rolls the
+// chunks back one by one (checked), as without slices.
 func (u *undoRollback) sliceTx(ctx context.Context, sr pgstore.SliceRollback, seqs []int, f func(tx sqlx.ExtContext, checked bool) error) error {
 	ctx = pgstore.WithPurpose(ctx, "roll back chunks", 0)
 	err := pgstore.InBoundedTx(ctx, u.r.db, func(tx sqlx.ExtContext) error {

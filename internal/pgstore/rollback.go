@@ -263,11 +263,11 @@ func (rb *pgRollback) restore(ctx context.Context, tx sqlx.ExtContext, batch int
 // restored fewer rows than the slice's undo log holds: a later batch may
 // have changed some of them (or chunks of the slice changed one row
 // twice, or rows are gone). The transaction must not commit; the caller
-// checks for conflicts first, then calls RollBackChunks again, checked.
+// rolls the chunks back one by one, each after a conflict check.
 var ErrSliceRecheck = errors.New("backfill: rollback: fewer rows restored than logged")
 
 // RollBackChunks implements [SliceRollback].
-func (rb *pgRollback) RollBackChunks(ctx context.Context, tx sqlx.ExtContext, seqs []int, force, checked bool) (restored int64, done int, err error) {
+func (rb *pgRollback) RollBackChunks(ctx context.Context, tx sqlx.ExtContext, seqs []int, force bool) (restored int64, done int, err error) {
 	batch := rb.scope.BatchID
 	// The chunks still done (a concurrent rollback of the batch may have
 	// rolled some back meanwhile).
@@ -297,7 +297,7 @@ func (rb *pgRollback) RollBackChunks(ctx context.Context, tx sqlx.ExtContext, se
 	if restored, err = rb.restore(ctx, tx, batch, rolled, force); err != nil {
 		return 0, 0, fmt.Errorf("backfill: rollback %s: %w", rb.info.Target.Table, err)
 	}
-	if restored < n.Updates && !force && !checked {
+	if restored < n.Updates && !force {
 		return 0, 0, ErrSliceRecheck
 	}
 	return restored, len(rolled), nil

@@ -40,12 +40,11 @@ type SliceRollback interface {
 	// that are still done or open, in tx, marking them rolled back in the
 	// manifest, and restores the earliest prior image of each row they
 	// updated, unless a later batch changed it and not force. Unless
-	// checked (the caller checked for conflicts in tx) or force, it
-	// returns ErrSliceRecheck when it restored fewer rows than the undo
-	// log holds, and tx must not commit. It returns ErrSliceLegacy,
+	// force, it returns ErrSliceRecheck when it restored fewer rows than
+	// the undo log holds, and tx must not commit. It returns ErrSliceLegacy,
 	// and tx must not commit, when their undo log holds inserted keys.
 	// done is how many of seqs it rolled back.
-	RollBackChunks(ctx context.Context, tx sqlx.ExtContext, seqs []int, force, checked bool) (restored int64, done int, err error)
+	RollBackChunks(ctx context.Context, tx sqlx.ExtContext, seqs []int, force bool) (restored int64, done int, err error)
 	// DeliveredConflicts returns the rows of the whole batch that later
 	// batches still applied delivered unchanged (part of ConflictsOf).
 	DeliveredConflicts(ctx context.Context, db sqlx.ExtContext) (backfilltype.RollbackConflicts, error)
