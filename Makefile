@@ -139,6 +139,16 @@ BENCHSTATUSSCALE_FLAGS ?=
 bench-status-scale:
 	$(GO) run ./cmd/bench/statusscale $(BENCHSTATUSSCALE_FLAGS)
 
+# bench-rollback: Runner.Rollback against the batch it withdraws (a first
+# load, an update-heavy restatement, a mixed batch) on the load
+# benchmark's order-line table: time and WAL of each (cmd/bench/rollback).
+# Reports only. Extra flags: make bench-rollback
+# BENCHROLLBACK_FLAGS='-rows 300000 -runs 1 -durable'
+BENCHROLLBACK_FLAGS ?=
+.PHONY: bench-rollback
+bench-rollback:
+	$(GO) run ./cmd/bench/rollback $(BENCHROLLBACK_FLAGS)
+
 # bench-plan: a plan of 1,000,000 IntRange chunks on a durable server:
 # time to the first extraction, time per claimed chunk, peak Go heap and
 # peak RSS while planning and claiming, then resuming in a new Runner
