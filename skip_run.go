@@ -5,6 +5,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jmoiron/sqlx"
@@ -129,6 +131,59 @@ func fingerprintText(info TableInfo, fp pgstore.Fingerprint) string {
 	return fmt.Sprintf("%d:%s", fp.Rows, fp.Sum)
 }
 
+// insertedText is a target fingerprint of the rows one transaction
+// inserted (pgstore.TargetInserted), as the manifest records it:
+// "inserts:shape:rows:matched:xid", rows the count of the chunk's target
+// rows, matched those of them whose xmin is xid. Recorded with rows and
+// matched both the count the merge inserted; a replay's
+// (pgstore.TargetInsertedCount) equals it only when its rows are those.
+func insertedText(shape string, rows, matched int64, xid string) string {
+	return fmt.Sprintf("inserts:%s:%d:%d:%s", shape, rows, matched, xid)
+}
+
+// insertedXid returns the transaction ID of a base's target fingerprint
+// recorded by insertedText, or "" for one of another form (or a
+// malformed one, which then never matches).
+func insertedXid(target string) string {
+	if !strings.HasPrefix(target, "inserts:") {
+		return ""
+	}
+	xid := target[strings.LastIndexByte(target, ':')+1:]
+	if xid == "" || strings.Trim(xid, "0123456789") != "" || len(xid) > 10 {
+		return ""
+	}
+	return xid
+}
+
+// targetText returns the target fingerprint of try t's chunk (t.info's
+// rows within its bounds, read in t.tx) in the form of baseTarget, the
+// fingerprint its base recorded: the count of the rows the base's merge
+// inserted (insertedText) when the base recorded those, else the rows'
+// fingerprint (fingerprintText).
+func (ex *execution) targetText(ctx context.Context, t *chunkTry, baseTarget string) (string, error) {
+	if xid := insertedXid(baseTarget); xid != "" && t.info.TupleIdentity {
+		fp, err := pgstore.TargetInsertedCount(ctx, t.tx, t.info, ex.job.ChunkColumn, ex.job.Zone, t.c, xid)
+		if err != nil {
+			return "", err
+		}
+		return insertedText(fp.Shape, fp.Rows, parseCount(fp.Sum), xid), nil
+	}
+	fp, err := pgstore.TargetFingerprint(ctx, t.tx, t.info, ex.job.ChunkColumn, ex.job.Zone, t.c)
+	if err != nil {
+		return "", err
+	}
+	return fingerprintText(t.info, fp), nil
+}
+
+// parseCount reads a count the server sent as text (-1 if it is none).
+func parseCount(s string) int64 {
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil {
+		return -1
+	}
+	return n
+}
+
 // chunkSkip is what a chunk of a job with SkipUnchanged carries from
 // its extraction to its checkpoint.
 type chunkSkip struct {
@@ -218,17 +273,21 @@ func (ex *execution) skipUnchanged(ctx context.Context, t *chunkTry) (bool, erro
 	// ChunkColumn, those of the spooled rows' identities.
 	var keys [][]string
 	var tfp pgstore.Fingerprint
+	var tt string
 	if ex.job.ChunkColumn == "" {
 		if keys, err = spoolKeys(ctx, x.sp, info); err == nil {
 			tfp, err = pgstore.TargetFingerprintKeys(ctx, tx, info, keys, c)
 		}
+		if err == nil {
+			tt = fingerprintText(info, tfp)
+		}
 	} else {
-		tfp, err = pgstore.TargetFingerprint(ctx, tx, info, ex.job.ChunkColumn, ex.job.Zone, c)
+		tt, err = ex.targetText(ctx, t, base.Target)
 	}
 	if err != nil {
 		return false, chunkErr(err)
 	}
-	if fingerprintText(info, tfp) != base.Target {
+	if tt != base.Target {
 		ex.logMerges(c, "its target rows changed since its last load (or the target's shape)")
 		return false, nil
 	}
@@ -316,7 +375,21 @@ func (ex *execution) recordAfterMerge(ctx context.Context, t *chunkTry, sk *chun
 	if !ok {
 		return nil
 	}
-	tfp, err := pgstore.TargetFingerprintMerged(ctx, tx, pgstore.TargetFingerprintMergedParams{Info: info, ChunkColumn: ex.job.ChunkColumn, Zone: ex.job.Zone, Staging: st.StagingTable(), Chunk: c})
+	params := pgstore.TargetFingerprintMergedParams{Info: info, ChunkColumn: ex.job.ChunkColumn, Zone: ex.job.Zone, Staging: st.StagingTable(), Chunk: c}
+	if mr.Inserted == staged && staged > 0 && info.TupleIdentity && ex.job.ChunkColumn != "" {
+		// New ground: every staged row is a row version this transaction
+		// inserted. The transaction that inserted them stands for them
+		// (pgstore.TargetInserted), without a scan of the chunk's rows.
+		p, err := pgstore.TargetInserted(ctx, tx, params)
+		if err != nil {
+			return err
+		}
+		if p.Xid != "" && !p.Rewrites {
+			sk.record = backfilldriver.ChunkFingerprints{Source: sk.source.String(), Target: insertedText(p.Shape, staged, staged, p.Xid), Version: sk.version}
+			return nil
+		}
+	}
+	tfp, err := pgstore.TargetFingerprintMerged(ctx, tx, params)
 	if err != nil {
 		return err
 	}
