@@ -1,11 +1,15 @@
 package backfill_test
 
 import (
+	"bytes"
 	"context"
+	"log/slog"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgbackfill/backfill"
@@ -150,4 +154,91 @@ func TestSkipUnchangedNewGroundTrigger(t *testing.T) {
 	if d := cmp.Diff(src.image(), contentOf(snapshot(t, s.db))); d != "" {
 		t.Fatalf("target after the replay (-want +got):\n%s", d)
 	}
+}
+
+// TestSkipUnchangedByDefault: a job that sets neither SkipUnchanged nor
+// MergeEveryChunk skips unchanged chunks when it is eligible; an
+// ineligible job, or a Runner that cannot skip, merges every chunk and
+// logs why once per Runner and job; setting both is refused.
+func TestSkipUnchangedByDefault(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := newItems(t)
+	src := newSkipSource()
+	var logs logBuffer
+	logger := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	r, err := backfill.New(s.db, &backfill.Config{Logger: logger})
+	require.NoError(t, err)
+
+	job := skipJob(src)
+	job.SkipUnchanged = false
+	rep, err := r.Run(ctx, job)
+	require.NoError(t, err)
+	require.Zero(t, rep.ChunksSkipped)
+	rep, err = r.Run(ctx, job)
+	require.NoError(t, err)
+	require.Equal(t, 10, rep.ChunksSkipped, "an eligible job skips by default")
+	require.Equal(t, backfill.Counts{Read: 1000, Unchanged: 1000}, rep.Counts)
+	require.NotContains(t, logs.String(), "merged, not skipped")
+
+	// Ineligible (a validator the fingerprints do not prove): it merges,
+	// and says why once.
+	inel := job
+	inel.Name = "ineligible"
+	inel.Validators = []backfill.Validator{backfill.ValidatorFunc(func(context.Context, sqlx.ExtContext, backfill.ValidationScope) (backfill.CheckResult, error) {
+		return backfill.CheckResult{Check: "mine", Passed: true}, nil
+	})}
+	for range 3 {
+		rep, err = r.Run(ctx, inel)
+		require.NoError(t, err)
+		require.Zero(t, rep.ChunksSkipped)
+	}
+	require.Equal(t, 1, strings.Count(logs.String(), "merged, not skipped"), logs.String())
+	require.Contains(t, logs.String(), "ValidatorFunc")
+	// Asked for, the same job is refused.
+	inel.SkipUnchanged = true
+	_, err = r.Run(ctx, inel)
+	require.ErrorIs(t, err, backfill.ErrInvalidConfig)
+
+	// MergeEveryChunk: merged, nothing recorded.
+	off := job
+	off.MergeEveryChunk = true
+	rep, err = r.Run(ctx, off)
+	require.NoError(t, err)
+	require.Zero(t, rep.ChunksSkipped)
+	require.Empty(t, targetFingerprints(t, ctx, s.db, rep.BatchID))
+	off.SkipUnchanged = true
+	_, err = r.Run(ctx, off)
+	require.ErrorIs(t, err, backfill.ErrInvalidConfig)
+
+	// A Runner whose manifest cannot skip: merged, said once.
+	pm := backfill.NewPGManifest("")
+	r, err = backfill.New(s.db, &backfill.Config{Manifest: manifestOnly{pm, pm}, Logger: logger})
+	require.NoError(t, err)
+	job.Rollback = backfill.RollbackNone
+	for range 2 {
+		rep, err = r.Run(ctx, job)
+		require.NoError(t, err)
+		require.Zero(t, rep.ChunksSkipped)
+	}
+	require.Equal(t, 2, strings.Count(logs.String(), "merged, not skipped"), logs.String())
+	require.Contains(t, logs.String(), "ManifestSkips")
+}
+
+// logBuffer is a log sink safe for concurrent writers.
+type logBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *logBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *logBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
 }

@@ -23,6 +23,31 @@ import (
 // Replays that skip unchanged chunks, wired into a run ([Job.SkipUnchanged];
 // the design note docs/design/skip-unchanged.md explains it).
 
+// skipMode returns job as it runs, whose target is prepared as info:
+// with SkipUnchanged set when it skips unchanged chunks. A job that sets
+// SkipUnchanged must be eligible (skipEligible's error); one that sets
+// MergeEveryChunk never skips; any other skips when it is eligible, and
+// otherwise runs without it, logging why once per Runner and job.
+func (r *Runner) skipMode(job Job, info TableInfo) (Job, error) {
+	switch {
+	case job.SkipUnchanged && job.MergeEveryChunk:
+		return job, fmt.Errorf("backfill: job %q: %w: SkipUnchanged requires skipping unchanged chunks and MergeEveryChunk turns it off: set one", job.Name, ErrInvalidConfig)
+	case job.MergeEveryChunk:
+		return job, nil
+	case job.SkipUnchanged:
+		return job, r.skipEligible(job, info)
+	}
+	auto := job
+	auto.SkipUnchanged = true
+	if err := r.skipEligible(auto, info); err != nil {
+		if _, logged := r.noSkipLogged.LoadOrStore(job.Name, true); !logged {
+			r.cfg.Logger.Info("backfill: unchanged chunks of this job are merged, not skipped (set Job.MergeEveryChunk to say so, Job.SkipUnchanged to require skipping)", "job", job.Name, "reason", err)
+		}
+		return job, nil
+	}
+	return auto, nil
+}
+
 // skipEligible returns why job, whose target is prepared as info, cannot
 // skip unchanged chunks: an error wrapping [ErrInvalidConfig] naming the
 // reason, or [ErrUnsupported] naming the capability the Runner lacks; nil

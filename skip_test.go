@@ -403,7 +403,7 @@ func TestSkipUnchangedOffChangesNothing(t *testing.T) {
 	r, err := backfill.New(s.db, nil)
 	require.NoError(t, err)
 	job := skipJob(src)
-	job.SkipUnchanged = false
+	job.SkipUnchanged, job.MergeEveryChunk = false, true
 	_, err = r.Run(ctx, job)
 	require.NoError(t, err)
 	rep, err := r.Run(ctx, job)
@@ -414,7 +414,7 @@ func TestSkipUnchangedOffChangesNothing(t *testing.T) {
 	var n int
 	require.NoError(t, s.db.Get(&n, `SELECT count(*) FROM backfill.chunks WHERE source_fingerprint IS NOT NULL OR target_fingerprint IS NOT NULL`))
 	require.Zero(t, n)
-	job.SkipUnchanged = true
+	job.SkipUnchanged, job.MergeEveryChunk = true, false
 	rep, err = r.Run(ctx, job)
 	require.NoError(t, err)
 	require.Zero(t, rep.ChunksSkipped)
@@ -887,7 +887,7 @@ func TestSkipUnchangedRecordsOnlyWhatAMergeLeaves(t *testing.T) {
 			// The target already holds the source's rows: the merge of
 			// the recording load leaves every row unchanged.
 			plain := job
-			plain.SkipUnchanged = false
+			plain.SkipUnchanged, plain.MergeEveryChunk = false, true
 			r, err := backfill.New(s.db, nil)
 			require.NoError(t, err)
 			_, err = r.Run(ctx, plain)
@@ -1090,7 +1090,7 @@ func TestReplayIntoPartitionedTarget(t *testing.T) {
 	r, err := backfill.New(db, nil)
 	require.NoError(t, err)
 	job := skipJob(src)
-	job.SkipUnchanged = false
+	job.SkipUnchanged, job.MergeEveryChunk = false, true
 	_, err = r.Run(ctx, job)
 	require.NoError(t, err)
 

@@ -99,7 +99,7 @@ func (r *Runner) warnVersioner(job Job) {
 	log := r.cfg.Logger.With("job", job.Name)
 	switch {
 	case !job.SkipUnchanged:
-		log.Warn("backfill: the Extractor is a ChunkVersioner but Job.SkipUnchanged is off: its versions are not used")
+		log.Warn("backfill: the Extractor is a ChunkVersioner but the job does not skip unchanged chunks (Job.MergeEveryChunk, or not eligible: see Job.SkipUnchanged): its versions are not used")
 	case job.ChunkColumn == "":
 		log.Warn("backfill: the Extractor is a ChunkVersioner but the job has no ChunkColumn: every chunk is extracted (versions need a bounds-based target fingerprint)")
 	case job.CodeVersion == "":
