@@ -300,10 +300,18 @@ func (ex *execution) skipUnchanged(ctx context.Context, t *chunkTry) (bool, erro
 	var tfp pgstore.Fingerprint
 	var tt string
 	if ex.job.ChunkColumn == "" {
-		if keys, err = spoolKeys(ctx, x.sp, info); err == nil {
-			tfp, err = pgstore.TargetFingerprintKeys(ctx, tx, info, keys, c)
+		xid := insertedXid(base.Target)
+		if !info.TupleIdentity {
+			xid = ""
 		}
-		if err == nil {
+		if keys, err = spoolKeys(ctx, x.sp, info); err == nil {
+			tfp, err = pgstore.TargetInsertedCountKeys(ctx, tx, info, keys, c, xid)
+		}
+		switch {
+		case err != nil:
+		case xid != "":
+			tt = insertedText(tfp.Shape, tfp.Rows, parseCount(tfp.Sum), xid)
+		default:
 			tt = fingerprintText(info, tfp)
 		}
 	} else {
@@ -401,7 +409,7 @@ func (ex *execution) recordAfterMerge(ctx context.Context, t *chunkTry, sk *chun
 		return nil
 	}
 	params := pgstore.TargetFingerprintMergedParams{Info: info, ChunkColumn: ex.job.ChunkColumn, Zone: ex.job.Zone, Staging: st.StagingTable(), Chunk: c}
-	if mr.Inserted == staged && staged > 0 && info.TupleIdentity && ex.job.ChunkColumn != "" {
+	if mr.Inserted == staged && staged > 0 && info.TupleIdentity {
 		// New ground: every staged row is a row version this transaction
 		// inserted. The transaction that inserted them stands for them
 		// (pgstore.TargetInserted), without a scan of the chunk's rows.

@@ -367,13 +367,27 @@ const joinsSettings = `set_config('enable_hashjoin', 'on', true), set_config('en
 // otherwise) matches no row: the count then differs, never a wrong
 // match by equality of another row.
 func TargetFingerprintKeys(ctx context.Context, tx sqlx.ExtContext, info backfilltype.TableInfo, keys [][]string, c backfilltype.Chunk) (Fingerprint, error) {
+	return TargetInsertedCountKeys(ctx, tx, info, keys, c, "")
+}
+
+// TargetInsertedCountKeys is TargetInsertedCount for a job without
+// ChunkColumn: the target rows whose identity is among keys (as
+// TargetFingerprintKeys reads them), Sum the count of those whose xmin
+// is xid. With xid "" it is TargetFingerprintKeys.
+func TargetInsertedCountKeys(ctx context.Context, tx sqlx.ExtContext, info backfilltype.TableInfo, keys [][]string, c backfilltype.Chunk, xid string) (Fingerprint, error) {
+	if xid != "" && !info.TupleIdentity {
+		return Fingerprint{}, fmt.Errorf("backfill: chunk %s: target fingerprint: %w: rows inserted by a transaction are counted on a heap target only", c.ID, backfilltype.ErrUnsupported)
+	}
 	pc, cols, err := TargetFingerprintCheck(info, backfilldriver.ValidationScope{Chunk: c, Info: info, Staging: "-"})
 	if err != nil {
 		return Fingerprint{}, err
 	}
 	var a SQLArgs
 	from := KeysJoin(pc, keys, &a)
-	q := fingerprintSQL(info, cols, pc.target, from, "", &a)
+	if xid != "" {
+		xid = a.Bind(xid)
+	}
+	q := fingerprintSQLOf(info, cols, pc.target, from, "", xid, &a)
 	// The keys are text the server reads as their columns' types: pinned
 	// always.
 	return pinnedFingerprint(ctx, tx, c, q, a, true)
@@ -572,11 +586,12 @@ type InsertedProof struct {
 // changed it (Rewrites; a trigger created since the merge would wait
 // for the merge's lock on the target). The chunk records the count of
 // staged rows, Xid and Shape: a replay finds, within the chunk's bounds
-// (TargetInsertedCount), exactly that many rows, all of xmin Xid, under
-// the same shape, only when they are those row versions, unchanged (an
-// UPDATE writes a new version with another xmin, a DELETE removes one),
-// and no other row is in the bounds (a row another session wrote, before
-// or after the merge, is one more). Rows inserted in several
+// (TargetInsertedCount; of the chunk's identities without ChunkColumn,
+// TargetInsertedCountKeys), exactly that many rows, all of xmin Xid,
+// under the same shape, only when they are those row versions, unchanged
+// (an UPDATE writes a new version with another xmin, a DELETE removes
+// one), and no other row is in the bounds (a row another session wrote,
+// before or after the merge, is one more). Rows inserted in several
 // subtransactions (staging restarted, a merge split to isolate a refused
 // row) have several xmins: the count of Xid's falls short and the chunk
 // merges once. Errors are the query's.
