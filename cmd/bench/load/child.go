@@ -240,7 +240,7 @@ func loadLib(ctx context.Context, db *sqlx.DB, o childOpts, st *stats) (backfill
 		if o.versioned {
 			job.Extractor = versionedOrders{job.Extractor.(orderGenerator)}
 		}
-		job.ChunkColumn, job.SkipUnchanged = "order_no", o.skipUnchanged
+		job.ChunkColumn, job.SkipUnchanged, job.MergeEveryChunk = "order_no", o.skipUnchanged, !o.skipUnchanged
 	}
 	rep, err := r.Run(ctx, job)
 	if err != nil {
