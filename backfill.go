@@ -254,13 +254,17 @@ type Job struct {
 	// every target column, no written reg* column, and validators the
 	// fingerprints prove.
 	//
-	// On by default for an eligible job run by a Runner that can skip
-	// (the default manifest and merger): a first load records the
-	// fingerprints (a few percent of its time), and a replay skips. A job
-	// that is not eligible, or a Runner whose Manifest lacks
-	// [backfilldriver.ManifestSkips] or whose Merger is not the PostgreSQL
-	// merger, merges every chunk and logs why, once per Runner and job, at
-	// Info level. Setting SkipUnchanged requires skipping: [Runner.Run]
+	// On by default for an eligible job with a [Job.ChunkColumn] run by a
+	// Runner that can skip (the default manifest and merger): a first
+	// load records the fingerprints (a few percent of its time), and a
+	// replay skips. Without ChunkColumn a skip finds the chunk's target
+	// rows by their keys, one index probe per row, which costs about what
+	// a merge that finds them unchanged does: such a job skips only when
+	// it sets SkipUnchanged. A job that is not eligible, one without
+	// ChunkColumn, or a Runner whose Manifest lacks
+	// [backfilldriver.ManifestSkips] or whose Merger is not the
+	// PostgreSQL merger, merges every chunk and logs why, once per Runner
+	// and job, at Info level. Setting SkipUnchanged requires skipping: [Runner.Run]
 	// then refuses an ineligible job before any work with an error
 	// wrapping [ErrInvalidConfig], and a Runner that cannot skip with
 	// [ErrUnsupported]. [Job.MergeEveryChunk] turns it off; setting both is

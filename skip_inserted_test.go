@@ -200,6 +200,24 @@ func TestSkipUnchangedByDefault(t *testing.T) {
 	_, err = r.Run(ctx, inel)
 	require.ErrorIs(t, err, backfill.ErrInvalidConfig)
 
+	// Without ChunkColumn: merged by default, said once; skipped when
+	// asked for.
+	keys := job
+	keys.Name, keys.ChunkColumn = "keys", ""
+	for range 2 {
+		rep, err = r.Run(ctx, keys)
+		require.NoError(t, err)
+		require.Zero(t, rep.ChunksSkipped)
+	}
+	require.Equal(t, 1, strings.Count(logs.String(), "no ChunkColumn"), logs.String())
+	keys.SkipUnchanged = true
+	rep, err = r.Run(ctx, keys)
+	require.NoError(t, err)
+	require.Zero(t, rep.ChunksSkipped) // its base recorded nothing
+	rep, err = r.Run(ctx, keys)
+	require.NoError(t, err)
+	require.Equal(t, 10, rep.ChunksSkipped)
+
 	// MergeEveryChunk: merged, nothing recorded.
 	off := job
 	off.MergeEveryChunk = true
@@ -221,7 +239,7 @@ func TestSkipUnchangedByDefault(t *testing.T) {
 		require.NoError(t, err)
 		require.Zero(t, rep.ChunksSkipped)
 	}
-	require.Equal(t, 2, strings.Count(logs.String(), "merged, not skipped"), logs.String())
+	require.Equal(t, 3, strings.Count(logs.String(), "merged, not skipped"), logs.String())
 	require.Contains(t, logs.String(), "ManifestSkips")
 }
 

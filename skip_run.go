@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -26,8 +27,9 @@ import (
 // skipMode returns job as it runs, whose target is prepared as info:
 // with SkipUnchanged set when it skips unchanged chunks. A job that sets
 // SkipUnchanged must be eligible (skipEligible's error); one that sets
-// MergeEveryChunk never skips; any other skips when it is eligible, and
-// otherwise runs without it, logging why once per Runner and job.
+// MergeEveryChunk never skips; any other skips when it is eligible and
+// has a ChunkColumn, and otherwise runs without it, logging why once per
+// Runner and job.
 func (r *Runner) skipMode(job Job, info TableInfo) (Job, error) {
 	switch {
 	case job.SkipUnchanged && job.MergeEveryChunk:
@@ -39,7 +41,14 @@ func (r *Runner) skipMode(job Job, info TableInfo) (Job, error) {
 	}
 	auto := job
 	auto.SkipUnchanged = true
-	if err := r.skipEligible(auto, info); err != nil {
+	err := r.skipEligible(auto, info)
+	if err == nil && job.ChunkColumn == "" {
+		// Its target rows would be found by their identities, one index
+		// probe per row: about what a merge that finds them unchanged
+		// costs, so skipping would not pay.
+		err = errors.New("the job has no ChunkColumn: a skip would find the chunk's target rows by their keys, one index probe per row, as its merge does (set Job.SkipUnchanged to skip all the same)")
+	}
+	if err != nil {
 		if _, logged := r.noSkipLogged.LoadOrStore(job.Name, true); !logged {
 			r.cfg.Logger.Info("backfill: unchanged chunks of this job are merged, not skipped (set Job.MergeEveryChunk to say so, Job.SkipUnchanged to require skipping)", "job", job.Name, "reason", err)
 		}
