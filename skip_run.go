@@ -229,9 +229,6 @@ type chunkSkip struct {
 	// before its extraction ("" for none); recorded with the
 	// fingerprints ([execution.confirmVersion]).
 	version string
-	// finish completes source once the extraction ended (nil: nothing
-	// to wait for).
-	finish func()
 }
 
 // skipAdder returns where a row writer of chunk c puts its rows for a
@@ -242,10 +239,8 @@ func (ex *execution) skipAdder(sp *spool.Spool, info TableInfo) (pgstore.RowAdde
 	if !ex.job.SkipUnchanged {
 		return sp, nil
 	}
-	// Hashed beside the extraction: the rows' SHA-256 is most of what a
-	// chunk's fingerprint costs the client.
-	fa := &pgstore.FingerprintAdder{Cols: info.Columns[:info.Written], Next: sp, Parallel: true}
-	return fa, &chunkSkip{source: &fa.Fp, finish: fa.Finish}
+	fa := &pgstore.FingerprintAdder{Cols: info.Columns[:info.Written], Next: sp}
+	return fa, &chunkSkip{source: &fa.Fp}
 }
 
 // extractSpooled extracts chunk c into a spool, outside any transaction
@@ -264,9 +259,6 @@ func (ex *execution) extractSpooled(ctx context.Context, c Chunk, started time.T
 	w := newRowWriter(c, ex.job, ex.chunkInfo(ex.info, c), add, ex.r.cfg.MaxRejectsPerChunk, started)
 	xerr := extractSafely(ctx, ex.job.Extractor, c, w)
 	w.closed = true
-	if sk != nil && sk.finish != nil {
-		sk.finish()
-	}
 	switch {
 	case w.err != nil:
 		_ = sp.Close()

@@ -854,36 +854,3 @@ func benchOrderLineInfo() TableInfo {
 		Written: 9,
 	}
 }
-
-// TestParallelSourceFingerprint: a FingerprintAdder that hashes on a
-// goroutine of its own sums the same fingerprint as one that hashes in
-// Add, over rows that fill several batches, and over none.
-func TestParallelSourceFingerprint(t *testing.T) {
-	info := TableInfo{
-		Target: Target{Table: "t", Key: []string{"id"}},
-		Columns: []Column{
-			{Name: "id", BaseType: "int8", Key: true},
-			{Name: "name", BaseType: "text"},
-			{Name: "at", BaseType: "timestamptz"},
-		},
-		Written: 3,
-	}
-	ctx := context.Background()
-	at := time.Date(2024, 1, 2, 3, 4, 5, 0, time.UTC)
-	for _, n := range []int{0, 1, 5000} {
-		seq := &pgstore.FingerprintAdder{Cols: info.Columns, Next: &nopStager{}}
-		par := &pgstore.FingerprintAdder{Cols: info.Columns, Next: &nopStager{}, Parallel: true}
-		for i := range n {
-			row := []any{int64(i), strings.Repeat("x", i%300), at.Add(time.Duration(i) * time.Second)}
-			if i%7 == 0 {
-				row[1] = nil
-			}
-			require.NoError(t, seq.Add(ctx, int64(i+1), row))
-			require.NoError(t, par.Add(ctx, int64(i+1), row))
-		}
-		par.Finish()
-		par.Finish()
-		require.Equal(t, int64(n), par.Fp.Rows)
-		require.Equal(t, seq.Fp.String(), par.Fp.String(), "%d rows", n)
-	}
-}

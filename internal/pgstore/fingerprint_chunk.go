@@ -42,12 +42,7 @@ const SourceEncodingVersion = "v2"
 // as ConvertValue returns them.
 func (f *ChunkFingerprint) Add(cols []backfilltype.Column, values []any) {
 	f.buf = EncodeSourceRow(f.buf[:0], cols, values)
-	f.addEncoded(f.buf)
-}
-
-// addEncoded adds one row, encoded by EncodeSourceRow.
-func (f *ChunkFingerprint) addEncoded(enc []byte) {
-	sum := sha256.Sum256(enc)
+	sum := sha256.Sum256(f.buf)
 	f.Rows++
 	f.Sum[0] += binary.BigEndian.Uint64(sum[0:8])
 	f.Sum[1] += binary.BigEndian.Uint64(sum[8:16])
@@ -550,94 +545,16 @@ func SpoolKeyText(col backfilltype.Column, v any) string {
 // FingerprintAdder sums the source fingerprint of the rows a row writer
 // stages, then passes them on to next (the chunk's stager or spool).
 // Cols are the written columns (a TableInfo is not copied per row).
-//
-// With Parallel, Add only encodes each row (EncodeSourceRow) into a
-// batch, and a goroutine of the adder's own hashes the batches (SHA-256,
-// most of the cost) while the extraction goes on; Finish waits for it,
-// and Fp is complete only after Finish. Without Parallel, Fp is summed
-// by Add and Finish does nothing.
 type FingerprintAdder struct {
-	Cols     []backfilltype.Column `json:"-" db:"-"`
-	Fp       ChunkFingerprint      `json:"-" db:"-"`
-	Next     RowAdder              `json:"-" db:"-"`
-	Parallel bool                  `json:"-" db:"-"`
-
-	batch []byte      // rows encoded since the last batch sent, each uvarint-length-prefixed
-	work  chan []byte // batches to hash
-	free  chan []byte // batches hashed, for reuse
-	done  chan struct{}
+	Cols []backfilltype.Column `json:"-" db:"-"`
+	Fp   ChunkFingerprint      `json:"-" db:"-"`
+	Next RowAdder              `json:"-" db:"-"`
 }
-
-// fingerprintBatch is the size, in bytes, at which a Parallel adder sends
-// a batch of encoded rows to its hashing goroutine; at most
-// fingerprintBatches batches are in flight (bounded memory).
-const (
-	fingerprintBatch   = 32 << 10
-	fingerprintBatches = 4
-)
 
 // Add implements RowAdder.
 func (a *FingerprintAdder) Add(ctx context.Context, row int64, values []any) error {
-	if !a.Parallel {
-		a.Fp.Add(a.Cols, values[:len(a.Cols)])
-		return a.Next.Add(ctx, row, values)
-	}
-	if a.work == nil {
-		a.start()
-	}
-	// The row's encoding after a length prefix of fixed width, filled in
-	// once the row is encoded.
-	at := len(a.batch)
-	a.batch = append(a.batch, 0, 0, 0, 0)
-	a.batch = EncodeSourceRow(a.batch, a.Cols, values[:len(a.Cols)])
-	binary.BigEndian.PutUint32(a.batch[at:], uint32(len(a.batch)-at-4))
-	if len(a.batch) >= fingerprintBatch {
-		a.send()
-	}
+	a.Fp.Add(a.Cols, values[:len(a.Cols)])
 	return a.Next.Add(ctx, row, values)
-}
-
-// start starts the hashing goroutine of a Parallel adder.
-func (a *FingerprintAdder) start() {
-	a.work, a.free, a.done = make(chan []byte, fingerprintBatches), make(chan []byte, fingerprintBatches+1), make(chan struct{})
-	go func() {
-		defer close(a.done)
-		for b := range a.work {
-			for len(b) > 0 {
-				n := binary.BigEndian.Uint32(b)
-				a.Fp.addEncoded(b[4 : 4+n])
-				b = b[4+n:]
-			}
-			select {
-			case a.free <- b[:0]:
-			default:
-			}
-		}
-	}()
-}
-
-// send hands the batch to the hashing goroutine and takes a free one.
-func (a *FingerprintAdder) send() {
-	a.work <- a.batch
-	select {
-	case a.batch = <-a.free:
-	default:
-		a.batch = make([]byte, 0, fingerprintBatch+512)
-	}
-}
-
-// Finish waits until every row added is in Fp. It may be called more
-// than once; no row may be added after it.
-func (a *FingerprintAdder) Finish() {
-	if a.work == nil {
-		return
-	}
-	if len(a.batch) > 0 {
-		a.send()
-	}
-	close(a.work)
-	<-a.done
-	a.work, a.batch = nil, nil
 }
 
 // InsertedProof is what [TargetInserted] read, in the chunk's
