@@ -51,9 +51,9 @@ func setExtractAhead(cfg *backfill.Config, o optIn) {
 func setSkipUnchanged(job *backfill.Job, o optIn) {
 	switch o {
 	case optOn:
-		job.SkipUnchanged = true
+		job.SkipUnchanged, job.MergeEveryChunk = true, false
 	case optOff:
-		job.SkipUnchanged = false
+		job.SkipUnchanged, job.MergeEveryChunk = false, true
 	}
 }
 
@@ -63,7 +63,7 @@ func setSkipUnchanged(job *backfill.Job, o optIn) {
 func libDefaults() string {
 	var c backfill.Config
 	var j backfill.Job
-	return fmt.Sprintf("Config.Concurrency=0 (1), Config.ExtractAhead=%t, Job.SkipUnchanged=%t", c.ExtractAhead, j.SkipUnchanged)
+	return fmt.Sprintf("Config.Concurrency=0 (1), Config.ExtractAhead=%t, Job.SkipUnchanged=%t, Job.MergeEveryChunk=%t (SkipUnchanged unset and MergeEveryChunk unset: skips unchanged chunks where the job is eligible and has a ChunkColumn)", c.ExtractAhead, j.SkipUnchanged, j.MergeEveryChunk)
 }
 
 // mainVariantDoc says exactly what the main variant (the library's
