@@ -241,10 +241,8 @@ func loadLib(ctx context.Context, db *sqlx.DB, o childOpts, st *stats) (backfill
 		Extractor:   generator{st: st, lo: o.lo, chunk: o.chunk, restate: o.restate},
 		Target:      backfill.Target{Table: o.table, Key: keyColumns, Columns: allColumns},
 		NewRun:      o.newRun,
-		// Required: the target has no lineage columns, so the job must
-		// choose RollbackNone explicitly (the baseline keeps no undo log
-		// either).
-		Rollback: backfill.RollbackNone,
+		// Rollback unset: the target has the default lineage columns, so
+		// the library keeps its default undo log.
 	}
 	setSkipUnchanged(&job, o.skip)
 	if o.byOrder {

@@ -69,5 +69,5 @@ func libDefaults() string {
 // mainVariantDoc says exactly what the main variant (the library's
 // defaults) gives the library.
 const mainVariantDoc = "`backfill.New(db, &backfill.Config{})` (the zero Config) and `Run` of " +
-	"`Job{Name, Source, CodeVersion, Chunker: IntRange(0, rows, chunk), Extractor, Target{Table, Key, Columns}, Rollback: RollbackNone}`: " +
-	"Rollback is required because the target has no lineage columns; nothing else is set"
+	"`Job{Name, Source, CodeVersion, Chunker: IntRange(0, rows, chunk), Extractor, Target{Table, Key, Columns}}`: " +
+	"nothing else is set; the target's default lineage columns give the default rollback mechanism, the undo log"

@@ -239,7 +239,7 @@ func (b *bench) suite(ctx context.Context) ([]result, error) {
 // tableSum is a multiset hash of a table's rows and their count.
 func (b *bench) tableSum(ctx context.Context, table string) (string, error) {
 	var s string
-	err := b.db.GetContext(ctx, &s, `SELECT count(*) || ':' || coalesce(sum(hashtextextended(t::text, 0)::numeric), 0) FROM `+table+` t`)
+	err := b.db.GetContext(ctx, &s, `SELECT count(*) || ':' || coalesce(sum(hashtextextended((`+strings.Join(allColumns, ", ")+`)::text, 0)::numeric), 0) FROM `+table+` t`)
 	return s, err
 }
 
