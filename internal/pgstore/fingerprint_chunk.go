@@ -567,9 +567,10 @@ type InsertedProof struct {
 	// Shape is the target's shape (tupleShapeSQL) over the target and
 	// the partition holding that row.
 	Shape string `db:"shape"`
-	// Rewrites: the target or that partition has an enabled BEFORE ROW
-	// INSERT trigger (which may store other values than the staged ones)
-	// or an INSERT rule.
+	// Rewrites: the target or one of its partitions has an enabled user
+	// trigger that fires on INSERT (a BEFORE trigger may store other
+	// values than the staged ones, an AFTER trigger may update the rows
+	// inserted, keeping their xmin) or an INSERT rule.
 	Rewrites bool `db:"rewrites"`
 }
 
@@ -582,7 +583,7 @@ type InsertedProof struct {
 // Why that is a proof of what TargetFingerprintMerged proves: each staged
 // row is a row version this transaction inserted, which no other
 // session can see, change or delete before it commits, and which holds
-// the staged values unless a BEFORE ROW INSERT trigger or a rule
+// the staged values unless a trigger that fires on INSERT or a rule
 // changed it (Rewrites; a trigger created since the merge would wait
 // for the merge's lock on the target). The chunk records the count of
 // staged rows, Xid and Shape: a replay finds, within the chunk's bounds
@@ -611,11 +612,16 @@ func TargetInserted(ctx context.Context, tx sqlx.ExtContext, p TargetFingerprint
 	}
 	shape := tupleShapeSQL(pc.target, partitions, &a)
 	rel := a.Bind(pc.target) + "::regclass"
-	// tgtype: TRIGGER_TYPE_ROW 1, BEFORE 2, INSERT 4; rules: ev_type '3'
-	// (INSERT).
+	// Any user trigger that fires on INSERT (tgtype & TRIGGER_TYPE_INSERT
+	// 4), row or statement, before or after, on the target or any of its
+	// partitions: an AFTER trigger can update the rows just inserted in
+	// the same transaction, which keeps their xmin. Internal triggers
+	// (foreign key checks) write nothing. Rules: ev_type '3' (INSERT).
 	q := SQLf(`SELECT x.xid, {shape} AS shape,
-	EXISTS (SELECT FROM pg_trigger g WHERE g.tgrelid IN ({rel}, x.tableoid) AND g.tgenabled <> 'D' AND (g.tgtype & 7) = 7)
-	OR EXISTS (SELECT FROM pg_rewrite w WHERE w.ev_class IN ({rel}, x.tableoid) AND w.ev_type = '3') AS rewrites
+	EXISTS (SELECT FROM pg_trigger g WHERE (g.tgrelid = {rel} OR g.tgrelid IN (SELECT pt.relid FROM pg_partition_tree({rel}) pt))
+		AND NOT g.tgisinternal AND g.tgenabled <> 'D' AND (g.tgtype & 4) = 4)
+	OR EXISTS (SELECT FROM pg_rewrite w WHERE (w.ev_class = {rel} OR w.ev_class IN (SELECT pt.relid FROM pg_partition_tree({rel}) pt))
+		AND w.ev_type = '3') AS rewrites
 FROM (SELECT t.xmin::text AS xid, t.tableoid FROM {staging} s JOIN {target} t ON {ts} LIMIT 1) x`,
 		"shape", shape, "rel", rel, "staging", pc.Staging, "target", pc.target, "ts", pc.idMatch("t", "s"))
 	var rows []InsertedProof
