@@ -670,7 +670,7 @@ which last changed it, and the default [Job.Rollback] is
 rows it updated (and SCD2 intervals it closed); the rows it inserted are
 found again by their lineage.
 [Runner.Rollback] withdraws a batch or one chunk in reverse commit order
-(at Concurrency > 1 chunks commit in any order), one transaction per chunk with its own checkpoint, refuses rows a later batch
+(at Concurrency > 1 chunks commit in any order), in transactions of whole chunks (a whole batch in slices of at most 200 chunks and 100,000 restored rows), each with its own checkpoint, refuses rows a later batch
 still applied changed or delivered unchanged unless forced (listing each
 row's key and that batch in [RollbackReport.ConflictRows], and naming
 those batches, newest first, in [RollbackReport.ConflictBatches]: rolled

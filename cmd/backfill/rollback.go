@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"log/slog"
 	"os"
 	"os/user"
 	"strings"
@@ -65,8 +66,9 @@ merge mode, lineage columns, rollback mechanism and publish mode), so
 that it works from any machine without the job's code
 (Runner.RollbackBatch, which does exactly what Runner.Rollback does with
 the job). With the undo log, rows the batch inserted are deleted and rows
-it changed get their prior image back, one transaction per chunk in
-reverse order, each marking its chunk rolled back: an interrupted
+it changed get their prior image back in reverse commit order, in
+transactions of whole chunks (slices of at most 200 chunks and 100,000
+restored rows), each marking its chunks rolled back: an interrupted
 rollback is completed by running it again. A versioned view or
 partition swaps are switched back to the versions the batch replaced.
 
@@ -121,7 +123,12 @@ With --json: {"batch_id", "job", "preview", "chunks", "deleted",
 			if err != nil {
 				return err
 			}
-			r, err := backfill.New(db, &backfill.Config{Manifest: m})
+			// Warnings (a lock held by a session that is not a worker or
+			// by a stale worker, retried lock timeouts, transient faults)
+			// go to stderr as they happen, naming the holder: a rollback
+			// that waits behind an operator's lock is not silent.
+			logger := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: slog.LevelWarn}))
+			r, err := backfill.New(db, &backfill.Config{Manifest: m, Logger: logger})
 			if err != nil {
 				return err
 			}
