@@ -207,6 +207,14 @@ func TestRollupMatchesRecountAfterRuns(t *testing.T) {
 	for _, b := range []int64{b1.BatchID, rep.BatchID, rep3.BatchID} {
 		requireStatusIsRecount(t, db, b)
 	}
+
+	// An owner who empties the exception queue, then the chunks, with
+	// TRUNCATE (which fires no row or statement trigger of DELETE).
+	db.MustExec(`TRUNCATE backfill.exceptions`)
+	require.Empty(t, rollupDiff(t, db, "backfill"))
+	requireStatusIsRecount(t, db, b1.BatchID)
+	db.MustExec(`TRUNCATE backfill.chunks CASCADE`)
+	require.Empty(t, rollupDiff(t, db, "backfill"))
 }
 
 // TestRollupUnderConcurrentTransactions: random writes to chunks and

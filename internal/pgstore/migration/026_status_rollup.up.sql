@@ -211,7 +211,25 @@ CREATE TRIGGER exception_counts_update AFTER UPDATE ON {s}.exceptions REFERENCIN
 CREATE TRIGGER exception_counts_delete AFTER DELETE ON {s}.exceptions REFERENCING OLD TABLE AS old_exceptions
 	FOR EACH STATEMENT EXECUTE FUNCTION {s}.exception_counts_trigger();
 
-REVOKE EXECUTE ON FUNCTION {s}.chunk_counts_apply(bigint[], jsonb), {s}.chunk_counts_trigger(), {s}.exception_counts_trigger() FROM PUBLIC;
+-- TRUNCATE fires no DELETE trigger: an owner who empties chunks or
+-- exceptions that way empties their rollup in the same transaction.
+CREATE FUNCTION {s}.rollups_truncate() RETURNS trigger
+	LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+BEGIN
+	IF TG_TABLE_NAME = 'chunks' THEN
+		DELETE FROM {s}.chunk_counts;
+	ELSE
+		DELETE FROM {s}.exception_counts;
+	END IF;
+	RETURN NULL;
+END
+$fn$;
+CREATE TRIGGER chunk_counts_truncate AFTER TRUNCATE ON {s}.chunks
+	FOR EACH STATEMENT EXECUTE FUNCTION {s}.rollups_truncate();
+CREATE TRIGGER exception_counts_truncate AFTER TRUNCATE ON {s}.exceptions
+	FOR EACH STATEMENT EXECUTE FUNCTION {s}.rollups_truncate();
+
+REVOKE EXECUTE ON FUNCTION {s}.chunk_counts_apply(bigint[], jsonb), {s}.chunk_counts_trigger(), {s}.exception_counts_trigger(), {s}.rollups_truncate() FROM PUBLIC;
 
 -- The existing runs' rollups (the migration holds the tables' locks).
 LOCK TABLE {s}.chunks, {s}.exceptions IN SHARE MODE;
