@@ -179,11 +179,13 @@ claimable and the run running), staging from the
 spool (COPY; a value PostgreSQL refuses is isolated by replaying the
 spool, not by extracting again), merge, validation, checkpoint, commit.
 The chunk's transaction lasts as long as staging, merge and checkpoint.
-With Config.ExtractAhead each worker leases and extracts its next chunk
-while its current chunk's transaction runs, so the client converts rows
-while the server merges and commits; it still runs one chunk transaction
-at a time, writes its chunks in the order it leased them and never runs
-two Extract calls at once (no effect with Config.JobConcurrency).
+By default each worker leases and extracts its next chunk while its
+current chunk's transaction runs, so the client converts rows while the
+server merges and commits; it still runs one chunk transaction at a
+time, writes its chunks in the order it leased them and never runs two
+Extract calls at once. Config.SerialExtract turns this off; a call with
+Config.JobConcurrency, or whose pool's MaxOpenConns is below
+2×Concurrency+2, extracts serially and says so once in the log.
 A lease is live while its worker is unfinished and heartbeats within its
 StaleAfter (or was taken less than the claimer's StaleAfter ago); a
 claim takes a chunk whose lease is not live over, incrementing its

@@ -1162,7 +1162,7 @@ func (ex *execution) chunkFailed(ctx context.Context, ce *ChunkError, attempt in
 	if final {
 		backoff = 0
 	} else {
-		// This call's other goroutines (Concurrency, ExtractAhead) do not
+		// This call's other goroutines (Concurrency, extracting ahead) do not
 		// claim the chunk before its backoff is over either.
 		ex.mu.Lock()
 		ex.waits.avoid(ce.Chunk.Seq, time.Now().Add(backoff))
@@ -1216,7 +1216,7 @@ const (
 	// the chunk stays pending, the worker waits.
 	tryThrottled
 	// tryParked: the concurrency knob left this worker slot out while its
-	// goroutine waited for the slot's extract stage (ExtractAhead):
+	// goroutine waited for the slot's extract stage (extracting ahead):
 	// nothing was claimed, the slot waits for its turn (waitTurn).
 	tryParked
 	// tryFenced: the chunk's lease was taken over while it was extracted;

@@ -46,7 +46,7 @@ type childOpts struct {
 	sqlOut       string // write the SQL statements the load issued here (JSON)
 	pgOptions    string // PostgreSQL startup options ("-c name=value ...") of the load's connections
 	concurrency  int    // library: Config.Concurrency
-	extractAhead bool   // library: Config.ExtractAhead
+	extractAhead bool   // library: extract ahead (the default); false sets Config.SerialExtract
 	// byOrder chunks by order_no with ChunkColumn order_no (skip.go);
 	// skipUnchanged sets Job.SkipUnchanged; restate > 0 changes every
 	// restateEvery-th chunk's rows; correct > 0 changes, in those chunks,
@@ -210,7 +210,7 @@ func openDB(ctx context.Context, url, app, options string, notices *noticeLog) (
 // loadLib loads [lo, lo+rows) with the library: IntRange chunks,
 // Concurrency 1, default manifest and merger.
 func loadLib(ctx context.Context, db *sqlx.DB, o childOpts, st *stats) (backfill.Counts, int, error) {
-	cfg := &backfill.Config{Concurrency: max(o.concurrency, 1), ExtractAhead: o.extractAhead}
+	cfg := &backfill.Config{Concurrency: max(o.concurrency, 1), SerialExtract: !o.extractAhead}
 	var r *backfill.Runner
 	var err error
 	if st != nil {

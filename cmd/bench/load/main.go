@@ -43,7 +43,7 @@ type options struct {
 	libOptions string
 	// libConcurrency is the library's Config.Concurrency.
 	libConcurrency int
-	// extractAhead is the library's Config.ExtractAhead.
+	// extractAhead: the library extracts ahead (its default); false sets Config.SerialExtract.
 	extractAhead bool
 	// durable starts the throwaway server with production durability
 	// (fsync, full_page_writes, synchronous_commit on).
@@ -84,8 +84,8 @@ func main() {
 	flag.StringVar(&c.sqlOut, "sqlout", "", "internal (child): write the SQL statements issued to this file (JSON)")
 	flag.IntVar(&o.libConcurrency, "lib-concurrency", 1, "the library's Config.Concurrency (chunks in flight, each on its own connection); the baseline is always sequential")
 	flag.IntVar(&c.concurrency, "concurrency", 1, "internal (child): library Config.Concurrency")
-	flag.BoolVar(&o.extractAhead, "extract-ahead", false, "the library's Config.ExtractAhead (each worker extracts its next chunk while its current chunk's transaction runs)")
-	flag.BoolVar(&c.extractAhead, "ahead", false, "internal (child): library Config.ExtractAhead")
+	flag.BoolVar(&o.extractAhead, "extract-ahead", true, "the library extracts ahead, its default (each worker extracts its next chunk while its current chunk's transaction runs); -extract-ahead=false sets Config.SerialExtract")
+	flag.BoolVar(&c.extractAhead, "ahead", false, "internal (child): library extracts ahead (false: Config.SerialExtract)")
 	flag.StringVar(&c.pgOptions, "pgoptions", "", "internal (child): PostgreSQL startup options of the load's connections")
 	flag.BoolVar(&o.durable, "durable", false, "throwaway server only: keep production durability (fsync, full_page_writes, synchronous_commit on) instead of trading it for speed")
 	flag.BoolVar(&o.skip, "skip", false, "also measure replays with Job.SkipUnchanged, chunked by order_no: an unchanged replay against its first load, and a restatement with 5% of the chunks changed against a full reload")

@@ -269,7 +269,7 @@ func (b *bench) printFacts() {
 	if b.o.libOptions != "" {
 		fmt.Fprintf(w, "- EXPERIMENT: the library's sessions run with options %q (-lib-options); the baseline's do not\n", b.o.libOptions)
 	}
-	fmt.Fprintf(w, "- load: %s rows, %s-row chunks (IntRange over ids), %d runs per variant alternating, library Concurrency %d, ExtractAhead %t (baseline sequential); client and server on the same machine\n\n",
+	fmt.Fprintf(w, "- load: %s rows, %s-row chunks (IntRange over ids), %d runs per variant alternating, library Concurrency %d, extract ahead %t (baseline sequential); client and server on the same machine\n\n",
 		thousands(b.o.rows), thousands(b.o.chunk), b.o.runs, b.o.libConcurrency, b.o.extractAhead)
 }
 
