@@ -1517,7 +1517,7 @@ func (ex *execution) write(ctx context.Context, t *chunkTry, h *heldLease) (comm
 	// The chunk's transaction.
 	cr.span.next(ctx, backfilltrace.PhaseStage)
 	cr.inTx = true
-	tx, err := ex.r.db.Begin(ctx)
+	tx, err := ex.beginChunk(ctx)
 	if err != nil {
 		// An attempt of the chunk: recorded as failed, like a failure
 		// inside its transaction.
