@@ -559,12 +559,12 @@ const maxTrackedKeys = 1 << 20
 // staging table in the chunk's transaction, then merges them into Info's
 // target with the statements of Q. It is used by one goroutine.
 type PGStager struct {
-	m      *Merger
-	tx     sqlx.ExtContext
-	Info   backfilltype.TableInfo `json:"-" db:"-"`
-	Q      PGMergeSQL             `json:"-" db:"-"`
-	copy   *sql.Stmt
-	buf    []any
+	m    *Merger
+	tx   sqlx.ExtContext
+	Info backfilltype.TableInfo `json:"-" db:"-"`
+	Q    PGMergeSQL             `json:"-" db:"-"`
+	copy *sql.Stmt
+	buf  []any
 	// The COPY on lib/pq's connection (CopyRows): rawConn is the chunk
 	// transaction's connection (nil: none; the COPY runs through copy),
 	// raw the COPY while CopyRows runs, copyErr its end's error for the
@@ -573,8 +573,8 @@ type PGStager struct {
 	raw     *rawCopy
 	copyErr error
 	copied  bool
-	staged int64
-	done   bool
+	staged  int64
+	done    bool
 	// lockWhole: the merge locks the whole target, not its keys
 	// ([WholeTarget]).
 	lockWhole bool
