@@ -811,6 +811,9 @@ func TestDeadWorkerLiveUntilLastLife(t *testing.T) {
 	var once sync.Once
 	defer once.Do(func() { close(release) })
 	a := liveRunner(t, db, "worker-a", nil)
+	// Serial: once chunk 2 is in flight, chunk 1 has committed (extracting
+	// ahead, its commit could land after the times below are moved back).
+	a.cfg.SerialExtract = true
 	cctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	aDone := goRun(cctx, a, liveJob(func(c Chunk) {
