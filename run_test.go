@@ -928,7 +928,9 @@ func TestAheadKillDashNineWithAChunkAhead(t *testing.T) {
 	require.Zero(t, n)
 }
 
-// TestPoolerSkipUnchanged: through PgBouncer (transaction mode), Concurrency 4, SkipUnchanged:
+// TestPoolerSkipUnchanged: through PgBouncer (transaction mode), Concurrency 3
+// (the README's pool sizing: the pooler's 4 server connections are
+// Concurrency + 1), extracting ahead, SkipUnchanged:
 // a staging refusal (bad int text) and a merge refusal (CHECK) in the
 // batched savepoint paths, then a replay with one changed row.
 func TestPoolerSkipUnchanged(t *testing.T) {
@@ -961,7 +963,7 @@ func TestPoolerSkipUnchanged(t *testing.T) {
 				return nil
 			})}
 	}
-	r, err := backfill.New(db, &backfill.Config{Concurrency: 4})
+	r, err := backfill.New(db, &backfill.Config{Concurrency: pgtest.PoolerPoolSize - 1})
 	require.NoError(t, err)
 	rep1, err := r.Run(ctx, job(-1, false))
 	require.NoError(t, err)
