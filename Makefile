@@ -70,13 +70,16 @@ demo: data
 data:
 	bash examples/flights/fetch-data.sh
 
-# bench: the load benchmark (library vs hand-written chunked load, WAL of a
-# replay, peak RSS; see cmd/bench/load/README.md), then the Go
+# bench: the load benchmark (cmd/bench/load/README.md): every variant a
+# whole process timed from exec to exit, the library's defaults against a
+# hand-written chunked load and the other variants, 3 rounds alternating,
+# on a throwaway fast server and a throwaway durable one; then the Go
 # benchmarks if the module has any. No assertions: both only report.
-# Extra flags: make bench BENCHLOAD_FLAGS='-rows 300000 -runs 5 -rss'
+# Quicker: make bench BENCHLOAD_FLAGS='-rows 300000'; one server:
+# BENCHLOAD_FLAGS='-servers durable'.
 BENCHLOAD_FLAGS ?=
 
-.PHONY: bench bench-lock bench-probe bench-control bench-status bench-plan
+.PHONY: bench bench-lock bench-probe bench-control bench-status bench-status-scale bench-plan
 bench:
 	$(GO) run ./cmd/bench/load $(BENCHLOAD_FLAGS)
 	@if grep -rqs --include='*_test.go' '^func Benchmark' . ; then \
@@ -123,6 +126,28 @@ BENCHSTATUS_FLAGS ?=
 
 bench-status:
 	$(GO) run ./cmd/bench/status $(BENCHSTATUS_FLAGS)
+
+# bench-status-scale: the operator reads (Runner.Status, the data load of
+# backfill status, the Prometheus scrape's JobChunks, the report's
+# LoadRunReport) of a run of 100,000 and 1,000,000 chunks with 0, 10,000
+# and 1,000,000 queued exceptions, inserted in bulk: median, min and max
+# wall time and the median CPU time of the server's backend and of the
+# client (cmd/bench/statusscale/README.md). Reports only. Extra flags:
+# make bench-status-scale BENCHSTATUSSCALE_FLAGS='-chunks 100000 -reps 31 -cli ./backfill'
+BENCHSTATUSSCALE_FLAGS ?=
+
+bench-status-scale:
+	$(GO) run ./cmd/bench/statusscale $(BENCHSTATUSSCALE_FLAGS)
+
+# bench-rollback: Runner.Rollback against the batch it withdraws (a first
+# load, an update-heavy restatement, a mixed batch) on the load
+# benchmark's order-line table: time and WAL of each (cmd/bench/rollback).
+# Reports only. Extra flags: make bench-rollback
+# BENCHROLLBACK_FLAGS='-rows 300000 -runs 1 -durable'
+BENCHROLLBACK_FLAGS ?=
+.PHONY: bench-rollback
+bench-rollback:
+	$(GO) run ./cmd/bench/rollback $(BENCHROLLBACK_FLAGS)
 
 # bench-plan: a plan of 1,000,000 IntRange chunks on a durable server:
 # time to the first extraction, time per claimed chunk, peak Go heap and

@@ -247,19 +247,36 @@ type Job struct {
 	// rejected or unchanged, sets [backfilltype.ChunkResult.Skipped], and its
 	// staging-versus-target validators pass, proven by the fingerprints.
 	// The skip key covers the plan without its scope and chunk list, and
-	// the target's column types. Off by default.
+	// the target's column types.
 	//
 	// Eligible jobs only: Target.Mode [Upsert] or [AppendOnly], Conflict
 	// [SourceWins] and no Version, [PublishPerChunk], a fingerprint for
 	// every target column, no written reg* column, and validators the
-	// fingerprints prove. [Runner.Run] refuses any other job before any
-	// work with an error wrapping [ErrInvalidConfig], and a Runner whose
-	// Manifest lacks [backfilldriver.ManifestSkips] or whose Merger is not
-	// the PostgreSQL merger with [ErrUnsupported]. It is not part of the
-	// plan: turning it on or off between calls does not refuse the run.
-	// The README ("Replays that skip unchanged chunks") says what is
-	// hashed; the design note docs/design/skip-unchanged.md why.
+	// fingerprints prove.
+	//
+	// On by default for an eligible job with a [Job.ChunkColumn] run by a
+	// Runner that can skip (the default manifest and merger): a first
+	// load records the fingerprints (a few percent of its time), and a
+	// replay skips. Without ChunkColumn a skip finds the chunk's target
+	// rows by their keys, one index probe per row, which costs about what
+	// a merge that finds them unchanged does: such a job skips only when
+	// it sets SkipUnchanged. A job that is not eligible, one without
+	// ChunkColumn, or a Runner whose Manifest lacks
+	// [backfilldriver.ManifestSkips] or whose Merger is not the
+	// PostgreSQL merger, merges every chunk and logs why, once per Runner
+	// and job, at Info level. Setting SkipUnchanged requires skipping: [Runner.Run]
+	// then refuses an ineligible job before any work with an error
+	// wrapping [ErrInvalidConfig], and a Runner that cannot skip with
+	// [ErrUnsupported]. [Job.MergeEveryChunk] turns it off; setting both is
+	// ErrInvalidConfig. Neither is part of the plan: changing them between
+	// calls does not refuse the run. The README ("Replays that skip
+	// unchanged chunks") says what is hashed; the design note
+	// docs/design/skip-unchanged.md why.
 	SkipUnchanged bool
+	// MergeEveryChunk turns off the default skipping of unchanged chunks
+	// ([Job.SkipUnchanged]): every chunk is staged and merged, and no
+	// fingerprint is recorded (nor hashed). False by default.
+	MergeEveryChunk bool
 }
 
 // DefaultMaxRunRejectRate is the default of [Job.MaxRunRejectRate]: a

@@ -510,8 +510,9 @@ Duplicate business keys inside one chunk are resolved before the merge by
 [DuplicatePolicy] and counted as deduplicated; the target must have a
 unique index on the key ([ErrNoUniqueKey] otherwise).
 
-A replay still reads, converts, stages (COPY) and compares every row. With
-[Job.SkipUnchanged] it compares fingerprints instead: the chunk's rows are
+A replay of an eligible job (by default; see [Job.SkipUnchanged] and
+[Job.MergeEveryChunk]) compares fingerprints instead of staging and
+merging every row: the chunk's rows are
 extracted into a spool, and when their multiset hash and that of the
 target rows within the chunk's [Job.ChunkColumn] bounds equal what the
 chunk's last load recorded with its checkpoint, the chunk is checkpointed

@@ -71,3 +71,22 @@ func OutsideTxStatements() []string {
 	sort.Strings(out)
 	return out
 }
+
+// SetRollbackSlices bounds the slices of a whole-batch rollback (rows
+// updated and chunks per transaction) for the tests of this process, and
+// returns a function that puts the defaults back.
+func SetRollbackSlices(rows int64, chunks int) func() {
+	r, c := sliceRows, sliceChunks
+	sliceRows, sliceChunks = rows, chunks
+	return func() { sliceRows, sliceChunks = r, c }
+}
+
+// SetBeforeRollbackSlice calls f before the transaction of each slice of
+// a whole-batch rollback (nil: none).
+func SetBeforeRollbackSlice(f func(job string, seqs []int)) {
+	if f == nil {
+		testBeforeSlice.Store(nil)
+		return
+	}
+	testBeforeSlice.Store(&f)
+}

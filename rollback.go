@@ -4,9 +4,11 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/jmoiron/sqlx"
@@ -88,9 +90,11 @@ type RollbackReport struct {
 // intervals it closed or split are restored. It works in reverse commit
 // order (the order in which the chunks' merges committed, which at
 // Concurrency > 1 need not be plan order, so that each row gets back the
-// image it had before the batch), one transaction per chunk that also
-// marks the chunk rolled_back, so a crash mid-rollback leaves whole
-// chunks and running Rollback again completes it; rolling back a rolled back batch changes nothing.
+// image it had before the batch), one transaction per chunk (for a whole
+// batch, per slice of consecutive chunks, at most 100,000 restored rows
+// and 200 chunks) that also marks its chunks rolled_back, so a crash
+// mid-rollback leaves whole chunks and running Rollback again completes
+// it; rolling back a rolled back batch changes nothing.
 //
 // Before writing anything it refuses with [ErrRollbackConflict], unless
 // opts.Force, when a later batch that is still applied changed rows of
@@ -215,7 +219,10 @@ type undoRollback struct {
 	// info is the target, whose merge lock the rollback takes (lockTarget).
 	info TableInfo
 	seqs []int
-	one  *backfilltype.ChunkState
+	// updated is the rows each chunk updated (its undo log's size), which
+	// bounds the slices of a whole-batch rollback (slices).
+	updated map[int]int64
+	one     *backfilltype.ChunkState
 	// deliveredDeleted counts the delivered conflicts the rollback would
 	// delete (conflicts).
 	deliveredDeleted int64
@@ -244,10 +251,11 @@ func (r *Runner) undoRollback(ctx context.Context, job Job, run Run, plan Plan, 
 	if err != nil {
 		return nil, err
 	}
-	u := &undoRollback{r: r, run: run, opts: opts, info: info}
+	u := &undoRollback{r: r, run: run, opts: opts, info: info, updated: map[int]int64{}}
 	for _, s := range states {
 		if (s.Status == ChunkDone || s.Status == ChunkOpen) && (opts.ChunkID == "" || s.Chunk.ID == opts.ChunkID) {
 			u.seqs = append(u.seqs, s.Chunk.Seq)
+			u.updated[s.Chunk.Seq] = s.Updated
 		}
 	}
 	if opts.ChunkID != "" && !slices.ContainsFunc(states, func(s backfilltype.ChunkState) bool { return s.Chunk.ID == opts.ChunkID }) {
@@ -348,7 +356,15 @@ func (u *undoRollback) apply(ctx context.Context, rep RollbackReport) (RollbackR
 			return rep, err
 		}
 	}
-	for _, seq := range u.seqs {
+	seqs := u.seqs
+	if sr, ok := u.rb.(pgstore.SliceRollback); ok && u.one == nil && u.info.Target.Mode != History {
+		// A whole batch: slices of chunks, one transaction each.
+		var err error
+		if rep, seqs, err = u.applySlices(ctx, sr, rep); err != nil {
+			return rep, err
+		}
+	}
+	for _, seq := range seqs {
 		var deleted, restored int64
 		var done bool
 		// Holding the target's merge lock, after a new conflict check.
@@ -390,6 +406,80 @@ func (u *undoRollback) apply(ctx context.Context, rep RollbackReport) (RollbackR
 		rep.Status = RunRolledBack
 	}
 	return rep, nil
+}
+
+// Slices of a whole-batch rollback: at most sliceRows rows updated by the
+// batch (the undo entries restored) and sliceChunks chunks per
+// transaction. A transaction holds the target's merge lock, so merges
+// into the target wait for it: 100,000 restored rows take about 1-2 s on
+// a durable server, and a crash redoes at most that much. Per chunk, the
+// transaction's fixed cost (lock, manifest, conflict checks, round trips)
+// weighed as much as restoring 1,000-row chunks.
+var (
+	sliceRows   int64 = 100_000
+	sliceChunks       = 200
+)
+
+// testBeforeSlice, set by tests, is called before the transaction of
+// each slice with the job and the slice's chunks.
+var testBeforeSlice atomic.Pointer[func(job string, seqs []int)]
+
+// applySlices rolls the chunks back in slices (consecutive chunks in
+// reverse commit order, sliceRows and sliceChunks at most), one
+// transaction each, and returns the report and the chunks left to roll
+// back one by one (none, unless an undo log written by earlier versions
+// holds inserted keys).
+func (u *undoRollback) applySlices(ctx context.Context, sr pgstore.SliceRollback, rep RollbackReport) (RollbackReport, []int, error) {
+	seqs := u.seqs
+	for len(seqs) > 0 {
+		n, rows := 0, int64(0)
+		for n < len(seqs) && n < sliceChunks && (n == 0 || rows+u.updated[seqs[n]] <= sliceRows) {
+			rows += u.updated[seqs[n]]
+			n++
+		}
+		slice := seqs[:n]
+		if h := testBeforeSlice.Load(); h != nil {
+			(*h)(u.run.Job, slice)
+		}
+		var restored int64
+		var done int
+		var deleted int64
+		err := u.sliceTx(ctx, sr, slice, func(tx sqlx.ExtContext, checked bool) (err error) {
+			if !checked {
+				restored, done, err = sr.RollBackChunks(ctx, tx, slice, u.opts.Force)
+				return err
+			}
+			// Checked for conflicts: chunk by chunk, in reverse commit
+			// order, each restoring its own prior images.
+			restored, done, deleted = 0, 0, 0
+			for _, seq := range slice {
+				d, rs, ok, err := u.rb.RollBackChunk(ctx, tx, seq, u.opts.Force)
+				if err != nil {
+					return err
+				}
+				if ok {
+					done++
+					restored += rs
+					deleted += d
+				}
+			}
+			return nil
+		})
+		if errors.Is(err, pgstore.ErrSliceLegacy) {
+			return rep, seqs, nil // chunk by chunk from here
+		}
+		if errors.Is(err, ErrRollbackConflict) {
+			return rep, nil, err
+		}
+		if err != nil {
+			return rep, nil, fmt.Errorf("backfill: rollback of batch %d chunks %d to %d: %w", u.run.BatchID, slice[0], slice[len(slice)-1], err)
+		}
+		rep.Chunks += done
+		rep.Restored += restored
+		rep.Deleted += deleted
+		seqs = seqs[n:]
+	}
+	return rep, nil, nil
 }
 
 // stopOpenRun makes a running run whose every unfinished chunk is open

@@ -3,6 +3,7 @@ package backfill
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/jmoiron/sqlx"
@@ -64,14 +65,56 @@ func (u *undoRollback) lockedTx(ctx context.Context, seqs []int, lineage bool, f
 			if err != nil {
 				return err
 			}
-			if n := c.Changed + c.Delivered; n > 0 {
-				rows := c.Rows[:min(100, len(c.Rows))]
-				bs := conflictBatches(c)
-				return fmt.Errorf("backfill: rollback of batch %d: %w: %d rows were changed (%d) or delivered unchanged (%d) by batches committed while it ran%s: %s; "+
-					"the chunks rolled back so far stay rolled back; %s or use Force",
-					u.run.BatchID, ErrRollbackConflict, n, c.Changed, c.Delivered, namedBatches(bs), conflictList(rows, n), rollBackFirst(bs))
+			if err := u.conflictError(c); err != nil {
+				return err
 			}
 		}
 		return f(tx)
 	})
+}
+
+// sliceTx runs f, the rollback of the chunks seqs of a whole batch, in a
+// transaction that holds the target's merge lock, as lockedTx does. Unless
+// the rollback is forced, it checks the deliveries first; the rows the
+// chunks updated, it does not check apart: f restores them and counts
+// them against the undo log, and when it restored fewer
+// ([pgstore.ErrSliceRecheck]: a later batch may have changed some, or
+// chunks of the slice changed one row twice) the transaction rolls back
+// and a second one checks for conflicts (lockedTx) before f rolls the
+// chunks back one by one (checked), as without slices.
+func (u *undoRollback) sliceTx(ctx context.Context, sr pgstore.SliceRollback, seqs []int, f func(tx sqlx.ExtContext, checked bool) error) error {
+	ctx = pgstore.WithPurpose(ctx, "roll back chunks", 0)
+	err := pgstore.InBoundedTx(ctx, u.r.db, func(tx sqlx.ExtContext) error {
+		if err := u.lockTarget(ctx, tx); err != nil {
+			return err
+		}
+		if !u.opts.Force {
+			c, err := sr.DeliveredConflicts(ctx, tx)
+			if err != nil {
+				return err
+			}
+			if err := u.conflictError(c); err != nil {
+				return err
+			}
+		}
+		return f(tx, false)
+	})
+	if !errors.Is(err, pgstore.ErrSliceRecheck) {
+		return err
+	}
+	return u.lockedTx(ctx, seqs, false, func(tx sqlx.ExtContext) error { return f(tx, true) })
+}
+
+// conflictError is the error of a check under the merge lock that found
+// the conflicts c (nil for none).
+func (u *undoRollback) conflictError(c RollbackConflicts) error {
+	n := c.Changed + c.Delivered
+	if n == 0 {
+		return nil
+	}
+	rows := c.Rows[:min(100, len(c.Rows))]
+	bs := conflictBatches(c)
+	return fmt.Errorf("backfill: rollback of batch %d: %w: %d rows were changed (%d) or delivered unchanged (%d) by batches committed while it ran%s: %s; "+
+		"the chunks rolled back so far stay rolled back; %s or use Force",
+		u.run.BatchID, ErrRollbackConflict, n, c.Changed, c.Delivered, namedBatches(bs), conflictList(rows, n), rollBackFirst(bs))
 }

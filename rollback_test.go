@@ -179,6 +179,8 @@ func TestRollbackForceAndChunk(t *testing.T) {
 func init() {
 	// The child process of TestKillDashNineDuringRollback.
 	childProcess("BACKFILL_ROLLBACK_CHILD", func(db *sqlx.DB) error {
+		// Two chunks per transaction: the kill lands between slices.
+		backfill.SetRollbackSlices(1_000, 2)
 		r, err := backfill.New(db, nil)
 		if err != nil {
 			return err

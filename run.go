@@ -45,6 +45,9 @@ type Runner struct {
 	caps capabilities
 	// tracers are cfg.Tracer and its optional interfaces.
 	tracers tracers
+	// noSkipLogged holds the jobs (by name) whose default skipping of
+	// unchanged chunks was found impossible and logged ([Runner.skipMode]).
+	noSkipLogged sync.Map
 }
 
 // New returns a Runner on a PostgreSQL database. cfg may be nil (all
@@ -353,7 +356,7 @@ func (r *Runner) planRun(ctx context.Context, job Job) (runSetup, error) {
 	if err := r.requires(job, rs.pub); err != nil {
 		return runSetup{}, err
 	}
-	if err := r.skipEligible(job, rs.info); err != nil {
+	if job, err = r.skipMode(job, rs.info); err != nil {
 		return runSetup{}, err
 	}
 	if job.SkipUnchanged && rs.info.TupleIdentity {

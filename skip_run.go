@@ -4,7 +4,10 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jmoiron/sqlx"
@@ -20,6 +23,39 @@ import (
 
 // Replays that skip unchanged chunks, wired into a run ([Job.SkipUnchanged];
 // the design note docs/design/skip-unchanged.md explains it).
+
+// skipMode returns job as it runs, whose target is prepared as info:
+// with SkipUnchanged set when it skips unchanged chunks. A job that sets
+// SkipUnchanged must be eligible (skipEligible's error); one that sets
+// MergeEveryChunk never skips; any other skips when it is eligible and
+// has a ChunkColumn, and otherwise runs without it, logging why once per
+// Runner and job.
+func (r *Runner) skipMode(job Job, info TableInfo) (Job, error) {
+	switch {
+	case job.SkipUnchanged && job.MergeEveryChunk:
+		return job, fmt.Errorf("backfill: job %q: %w: SkipUnchanged requires skipping unchanged chunks and MergeEveryChunk turns it off: set one", job.Name, ErrInvalidConfig)
+	case job.MergeEveryChunk:
+		return job, nil
+	case job.SkipUnchanged:
+		return job, r.skipEligible(job, info)
+	}
+	auto := job
+	auto.SkipUnchanged = true
+	err := r.skipEligible(auto, info)
+	if err == nil && job.ChunkColumn == "" {
+		// Its target rows would be found by their identities, one index
+		// probe per row: about what a merge that finds them unchanged
+		// costs, so skipping would not pay.
+		err = errors.New("the job has no ChunkColumn: a skip would find the chunk's target rows by their keys, one index probe per row, as its merge does (set Job.SkipUnchanged to skip all the same)")
+	}
+	if err != nil {
+		if _, logged := r.noSkipLogged.LoadOrStore(job.Name, true); !logged {
+			r.cfg.Logger.Info("backfill: unchanged chunks of this job are merged, not skipped (set Job.MergeEveryChunk to say so, Job.SkipUnchanged to require skipping)", "job", job.Name, "reason", err)
+		}
+		return job, nil
+	}
+	return auto, nil
+}
 
 // skipEligible returns why job, whose target is prepared as info, cannot
 // skip unchanged chunks: an error wrapping [ErrInvalidConfig] naming the
@@ -129,6 +165,59 @@ func fingerprintText(info TableInfo, fp pgstore.Fingerprint) string {
 	return fmt.Sprintf("%d:%s", fp.Rows, fp.Sum)
 }
 
+// insertedText is a target fingerprint of the rows one transaction
+// inserted (pgstore.TargetInserted), as the manifest records it:
+// "inserts:shape:rows:matched:xid", rows the count of the chunk's target
+// rows, matched those of them whose xmin is xid. Recorded with rows and
+// matched both the count the merge inserted; a replay's
+// (pgstore.TargetInsertedCount) equals it only when its rows are those.
+func insertedText(shape string, rows, matched int64, xid string) string {
+	return fmt.Sprintf("inserts:%s:%d:%d:%s", shape, rows, matched, xid)
+}
+
+// insertedXid returns the transaction ID of a base's target fingerprint
+// recorded by insertedText, or "" for one of another form (or a
+// malformed one, which then never matches).
+func insertedXid(target string) string {
+	if !strings.HasPrefix(target, "inserts:") {
+		return ""
+	}
+	xid := target[strings.LastIndexByte(target, ':')+1:]
+	if xid == "" || strings.Trim(xid, "0123456789") != "" || len(xid) > 10 {
+		return ""
+	}
+	return xid
+}
+
+// targetText returns the target fingerprint of try t's chunk (t.info's
+// rows within its bounds, read in t.tx) in the form of baseTarget, the
+// fingerprint its base recorded: the count of the rows the base's merge
+// inserted (insertedText) when the base recorded those, else the rows'
+// fingerprint (fingerprintText).
+func (ex *execution) targetText(ctx context.Context, t *chunkTry, baseTarget string) (string, error) {
+	if xid := insertedXid(baseTarget); xid != "" && t.info.TupleIdentity {
+		fp, err := pgstore.TargetInsertedCount(ctx, t.tx, t.info, ex.job.ChunkColumn, ex.job.Zone, t.c, xid)
+		if err != nil {
+			return "", err
+		}
+		return insertedText(fp.Shape, fp.Rows, parseCount(fp.Sum), xid), nil
+	}
+	fp, err := pgstore.TargetFingerprint(ctx, t.tx, t.info, ex.job.ChunkColumn, ex.job.Zone, t.c)
+	if err != nil {
+		return "", err
+	}
+	return fingerprintText(t.info, fp), nil
+}
+
+// parseCount reads a count the server sent as text (-1 if it is none).
+func parseCount(s string) int64 {
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil {
+		return -1
+	}
+	return n
+}
+
 // chunkSkip is what a chunk of a job with SkipUnchanged carries from
 // its extraction to its checkpoint.
 type chunkSkip struct {
@@ -218,17 +307,29 @@ func (ex *execution) skipUnchanged(ctx context.Context, t *chunkTry) (bool, erro
 	// ChunkColumn, those of the spooled rows' identities.
 	var keys [][]string
 	var tfp pgstore.Fingerprint
+	var tt string
 	if ex.job.ChunkColumn == "" {
+		xid := insertedXid(base.Target)
+		if !info.TupleIdentity {
+			xid = ""
+		}
 		if keys, err = spoolKeys(ctx, x.sp, info); err == nil {
-			tfp, err = pgstore.TargetFingerprintKeys(ctx, tx, info, keys, c)
+			tfp, err = pgstore.TargetInsertedCountKeys(ctx, tx, info, keys, c, xid)
+		}
+		switch {
+		case err != nil:
+		case xid != "":
+			tt = insertedText(tfp.Shape, tfp.Rows, parseCount(tfp.Sum), xid)
+		default:
+			tt = fingerprintText(info, tfp)
 		}
 	} else {
-		tfp, err = pgstore.TargetFingerprint(ctx, tx, info, ex.job.ChunkColumn, ex.job.Zone, c)
+		tt, err = ex.targetText(ctx, t, base.Target)
 	}
 	if err != nil {
 		return false, chunkErr(err)
 	}
-	if fingerprintText(info, tfp) != base.Target {
+	if tt != base.Target {
 		ex.logMerges(c, "its target rows changed since its last load (or the target's shape)")
 		return false, nil
 	}
@@ -316,7 +417,21 @@ func (ex *execution) recordAfterMerge(ctx context.Context, t *chunkTry, sk *chun
 	if !ok {
 		return nil
 	}
-	tfp, err := pgstore.TargetFingerprintMerged(ctx, tx, pgstore.TargetFingerprintMergedParams{Info: info, ChunkColumn: ex.job.ChunkColumn, Zone: ex.job.Zone, Staging: st.StagingTable(), Chunk: c})
+	params := pgstore.TargetFingerprintMergedParams{Info: info, ChunkColumn: ex.job.ChunkColumn, Zone: ex.job.Zone, Staging: st.StagingTable(), Chunk: c}
+	if mr.Inserted == staged && staged > 0 && info.TupleIdentity {
+		// New ground: every staged row is a row version this transaction
+		// inserted. The transaction that inserted them stands for them
+		// (pgstore.TargetInserted), without a scan of the chunk's rows.
+		p, err := pgstore.TargetInserted(ctx, tx, params)
+		if err != nil {
+			return err
+		}
+		if p.Xid != "" && !p.Rewrites {
+			sk.record = backfilldriver.ChunkFingerprints{Source: sk.source.String(), Target: insertedText(p.Shape, staged, staged, p.Xid), Version: sk.version}
+			return nil
+		}
+	}
+	tfp, err := pgstore.TargetFingerprintMerged(ctx, tx, params)
 	if err != nil {
 		return err
 	}

@@ -99,7 +99,7 @@ func (r *Runner) warnVersioner(job Job) {
 	log := r.cfg.Logger.With("job", job.Name)
 	switch {
 	case !job.SkipUnchanged:
-		log.Warn("backfill: the Extractor is a ChunkVersioner but Job.SkipUnchanged is off: its versions are not used")
+		log.Warn("backfill: the Extractor is a ChunkVersioner but the job does not skip unchanged chunks (Job.MergeEveryChunk, or not eligible: see Job.SkipUnchanged): its versions are not used")
 	case job.ChunkColumn == "":
 		log.Warn("backfill: the Extractor is a ChunkVersioner but the job has no ChunkColumn: every chunk is extracted (versions need a bounds-based target fingerprint)")
 	case job.CodeVersion == "":
@@ -178,7 +178,7 @@ func (ex *execution) versionMissed(seq int, set bool) bool {
 // chunk and returns true. Otherwise it returns false, and the chunk is
 // to be extracted.
 func (ex *execution) skipByVersion(ctx context.Context, t *chunkTry) (bool, error) {
-	c, tx, info, sk := t.c, t.tx, t.info, t.x.skip
+	c, tx, sk := t.c, t.tx, t.x.skip
 	chunkErr := t.chunkErr
 	base, ok, err := ex.r.caps.skips.BaseFingerprints(ctx, tx, ex.job.Name, ex.skipKey, ex.batchID, c.ID)
 	if err != nil {
@@ -187,11 +187,11 @@ func (ex *execution) skipByVersion(ctx context.Context, t *chunkTry) (bool, erro
 	if !versionBase(base, ok, sk.version) {
 		return false, nil
 	}
-	tfp, err := pgstore.TargetFingerprint(ctx, tx, info, ex.job.ChunkColumn, ex.job.Zone, c)
+	tt, err := ex.targetText(ctx, t, base.Target)
 	if err != nil {
 		return false, chunkErr(err)
 	}
-	if fingerprintText(info, tfp) != base.Target {
+	if tt != base.Target {
 		return false, nil
 	}
 	// The base rejected none (versionBase): its rows read were all

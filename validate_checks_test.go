@@ -322,6 +322,7 @@ func TestValidateCompleteness(t *testing.T) {
 		s.rows = slices.DeleteFunc(s.rows, func(r sale) bool { return r.ID == 15 })
 		job := s.job(full)
 		job.NewRun = true
+		job.MergeEveryChunk = true // day 1, unchanged, would skip its check
 		rep, vs, err := s.run(t, job)
 		requirePaused(t, rep, err)
 		requireEvidence(t, []evidence{
@@ -759,7 +760,9 @@ func TestValidateCleanInEveryMode(t *testing.T) {
 			db := pgtest.New(t)
 			_, err := db.Exec(tc.ddl)
 			require.NoError(t, err)
-			job := backfill.Job{Name: tc.name, Chunker: tc.chunker, Extractor: rowsFunc(tc.rows...), Target: tc.target, ChunkColumn: tc.chunkCol,
+			// Every chunk merged, replays too: their validators run (a
+			// skipped chunk's pass by construction).
+			job := backfill.Job{Name: tc.name, Chunker: tc.chunker, Extractor: rowsFunc(tc.rows...), Target: tc.target, ChunkColumn: tc.chunkCol, MergeEveryChunk: true,
 				Validators: []backfill.Validator{
 					backfill.DuplicateKeys{}, backfill.Completeness{CompareContent: true}, backfill.ReplayChangesNothing{}, backfill.Sample{},
 					backfill.Aggregates{Day: tc.day, Measures: []backfill.Measure{{Column: "amount"}}}, backfill.CheckExceptionRate{},

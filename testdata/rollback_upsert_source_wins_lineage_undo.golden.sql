@@ -1,11 +1,13 @@
 -- conflicts: batch
 WITH c AS (
-	SELECT DISTINCT u.key, t."updated_by" AS by FROM (SELECT u.batch_id, u.seq, u.id, 'insert' AS op, e.key, NULL::jsonb AS before
-	FROM "backfill".undo u CROSS JOIN LATERAL jsonb_array_elements(u.key) AS e(key) WHERE u.op = 'inserts'
+	SELECT DISTINCT u.key, t."updated_by" AS by FROM (SELECT u.* FROM unnest($2::int[]) AS _backfill_s(seq) CROSS JOIN LATERAL (
+	SELECT u.batch_id, u.seq, u.id, 'insert' AS op, e.key, NULL::jsonb AS before
+	FROM "backfill".undo u CROSS JOIN LATERAL jsonb_array_elements(u.key) AS e(key) WHERE u.batch_id = $1 AND u.seq = _backfill_s.seq AND u.op = 'inserts'
 	UNION ALL
-	SELECT u.batch_id, u.seq, u.id, u.op, u.key, u.before FROM "backfill".undo u WHERE u.op IN ('insert', 'update')) u CROSS JOIN LATERAL jsonb_to_record(u.key) AS r("id" bigint)
+	SELECT u.batch_id, u.seq, u.id, u.op, u.key, u.before FROM "backfill".undo u WHERE u.batch_id = $1 AND u.seq = _backfill_s.seq AND u.op IN ('insert', 'update')
+	OFFSET 0) u) u CROSS JOIN LATERAL jsonb_to_record(u.key) AS r("id" bigint)
 	JOIN "sales"."orders" t ON t."id" = r."id"
-	WHERE u.batch_id = $1 AND u.seq = ANY ($2::int[]) AND t."updated_by" IS DISTINCT FROM $1 AND NOT coalesce(t."updated_by" = ANY ($3::bigint[]), false)
+	WHERE t."updated_by" IS DISTINCT FROM $1 AND NOT coalesce(t."updated_by" = ANY ($3::bigint[]), false)
 	UNION
 	SELECT jsonb_build_object('id', t."id"), t."updated_by" FROM "sales"."orders" t WHERE t."inserted_by" = $1 AND t."updated_by" IS DISTINCT FROM $1 AND NOT coalesce(t."updated_by" = ANY ($3::bigint[]), false) AND true)
 SELECT (SELECT count(*) FROM c) AS n, (SELECT array_agg(DISTINCT c.by) FROM c WHERE c.by IS NOT NULL) AS batches,
@@ -13,12 +15,14 @@ SELECT (SELECT count(*) FROM c) AS n, (SELECT array_agg(DISTINCT c.by) FROM c WH
 
 -- conflicts: chunk
 WITH c AS (
-	SELECT DISTINCT u.key, t."updated_by" AS by FROM (SELECT u.batch_id, u.seq, u.id, 'insert' AS op, e.key, NULL::jsonb AS before
-	FROM "backfill".undo u CROSS JOIN LATERAL jsonb_array_elements(u.key) AS e(key) WHERE u.op = 'inserts'
+	SELECT DISTINCT u.key, t."updated_by" AS by FROM (SELECT u.* FROM unnest($2::int[]) AS _backfill_s(seq) CROSS JOIN LATERAL (
+	SELECT u.batch_id, u.seq, u.id, 'insert' AS op, e.key, NULL::jsonb AS before
+	FROM "backfill".undo u CROSS JOIN LATERAL jsonb_array_elements(u.key) AS e(key) WHERE u.batch_id = $1 AND u.seq = _backfill_s.seq AND u.op = 'inserts'
 	UNION ALL
-	SELECT u.batch_id, u.seq, u.id, u.op, u.key, u.before FROM "backfill".undo u WHERE u.op IN ('insert', 'update')) u CROSS JOIN LATERAL jsonb_to_record(u.key) AS r("id" bigint)
+	SELECT u.batch_id, u.seq, u.id, u.op, u.key, u.before FROM "backfill".undo u WHERE u.batch_id = $1 AND u.seq = _backfill_s.seq AND u.op IN ('insert', 'update')
+	OFFSET 0) u) u CROSS JOIN LATERAL jsonb_to_record(u.key) AS r("id" bigint)
 	JOIN "sales"."orders" t ON t."id" = r."id"
-	WHERE u.batch_id = $1 AND u.seq = ANY ($2::int[]) AND t."updated_by" IS DISTINCT FROM $1 AND NOT coalesce(t."updated_by" = ANY ($3::bigint[]), false)
+	WHERE t."updated_by" IS DISTINCT FROM $1 AND NOT coalesce(t."updated_by" = ANY ($3::bigint[]), false)
 	UNION
 	SELECT jsonb_build_object('id', t."id"), t."updated_by" FROM "sales"."orders" t WHERE t."inserted_by" = $1 AND t."updated_by" IS DISTINCT FROM $1 AND NOT coalesce(t."updated_by" = ANY ($3::bigint[]), false) AND t."version" >= $4 AND t."version" < $5)
 SELECT (SELECT count(*) FROM c) AS n, (SELECT array_agg(DISTINCT c.by) FROM c WHERE c.by IS NOT NULL) AS batches,
@@ -29,47 +33,51 @@ SELECT
 	(SELECT count(*) FROM "sales"."orders" t WHERE t."inserted_by" = $1 AND (t."updated_by" IS NOT DISTINCT FROM $1 OR $3) AND true) +
 	count(DISTINCT u.key) FILTER (WHERE u.op = 'insert') AS deleted,
 	count(DISTINCT u.key) FILTER (WHERE u.op = 'update') AS restored
-FROM (SELECT u.batch_id, u.seq, u.id, 'insert' AS op, e.key, NULL::jsonb AS before
-	FROM "backfill".undo u CROSS JOIN LATERAL jsonb_array_elements(u.key) AS e(key) WHERE u.op = 'inserts'
+FROM (SELECT u.* FROM unnest($2::int[]) AS _backfill_s(seq) CROSS JOIN LATERAL (
+	SELECT u.batch_id, u.seq, u.id, 'insert' AS op, e.key, NULL::jsonb AS before
+	FROM "backfill".undo u CROSS JOIN LATERAL jsonb_array_elements(u.key) AS e(key) WHERE u.batch_id = $1 AND u.seq = _backfill_s.seq AND u.op = 'inserts'
 	UNION ALL
-	SELECT u.batch_id, u.seq, u.id, u.op, u.key, u.before FROM "backfill".undo u WHERE u.op IN ('insert', 'update')) u CROSS JOIN LATERAL jsonb_to_record(u.key) AS r("id" bigint)
+	SELECT u.batch_id, u.seq, u.id, u.op, u.key, u.before FROM "backfill".undo u WHERE u.batch_id = $1 AND u.seq = _backfill_s.seq AND u.op IN ('insert', 'update')
+	OFFSET 0) u) u CROSS JOIN LATERAL jsonb_to_record(u.key) AS r("id" bigint)
 JOIN "sales"."orders" t ON t."id" = r."id"
-WHERE u.batch_id = $1 AND u.seq = ANY ($2::int[]) AND (t."updated_by" IS NOT DISTINCT FROM $1 OR $3);
+WHERE (t."updated_by" IS NOT DISTINCT FROM $1 OR $3);
 
 -- preview: chunk
 SELECT
 	(SELECT count(*) FROM "sales"."orders" t WHERE t."inserted_by" = $1 AND (t."updated_by" IS NOT DISTINCT FROM $1 OR $3) AND t."version" >= $4 AND t."version" < $5) +
 	count(DISTINCT u.key) FILTER (WHERE u.op = 'insert') AS deleted,
 	count(DISTINCT u.key) FILTER (WHERE u.op = 'update') AS restored
-FROM (SELECT u.batch_id, u.seq, u.id, 'insert' AS op, e.key, NULL::jsonb AS before
-	FROM "backfill".undo u CROSS JOIN LATERAL jsonb_array_elements(u.key) AS e(key) WHERE u.op = 'inserts'
+FROM (SELECT u.* FROM unnest($2::int[]) AS _backfill_s(seq) CROSS JOIN LATERAL (
+	SELECT u.batch_id, u.seq, u.id, 'insert' AS op, e.key, NULL::jsonb AS before
+	FROM "backfill".undo u CROSS JOIN LATERAL jsonb_array_elements(u.key) AS e(key) WHERE u.batch_id = $1 AND u.seq = _backfill_s.seq AND u.op = 'inserts'
 	UNION ALL
-	SELECT u.batch_id, u.seq, u.id, u.op, u.key, u.before FROM "backfill".undo u WHERE u.op IN ('insert', 'update')) u CROSS JOIN LATERAL jsonb_to_record(u.key) AS r("id" bigint)
+	SELECT u.batch_id, u.seq, u.id, u.op, u.key, u.before FROM "backfill".undo u WHERE u.batch_id = $1 AND u.seq = _backfill_s.seq AND u.op IN ('insert', 'update')
+	OFFSET 0) u) u CROSS JOIN LATERAL jsonb_to_record(u.key) AS r("id" bigint)
 JOIN "sales"."orders" t ON t."id" = r."id"
-WHERE u.batch_id = $1 AND u.seq = ANY ($2::int[]) AND (t."updated_by" IS NOT DISTINCT FROM $1 OR $3);
+WHERE (t."updated_by" IS NOT DISTINCT FROM $1 OR $3);
 
 -- restore
 UPDATE "sales"."orders" t SET ("id", "name", "amount", "doc", "pos", "Odd ""col""", "version", "ingested_at", "inserted_by", "updated_by") = ROW(r."id", r."name", r."amount", r."doc", r."pos", r."Odd ""col""", r."version", r."ingested_at", r."inserted_by", r."updated_by")
-FROM (SELECT DISTINCT ON (u.key) u.key, u.before FROM "backfill".undo u
-	WHERE u.batch_id = $1 AND u.seq = $2 AND u.op = 'update' ORDER BY u.key, u.id) u
+FROM (SELECT DISTINCT ON (u.key) u.key, u.before FROM (SELECT u.* FROM unnest($2::int[]) AS _backfill_s(seq)
+	CROSS JOIN LATERAL (SELECT u.key, u.id, u.before FROM "backfill".undo u WHERE u.batch_id = $1 AND u.seq = _backfill_s.seq AND u.op = 'update' OFFSET 0) u) u ORDER BY u.key, u.id) u
 CROSS JOIN LATERAL jsonb_populate_record(NULL::"sales"."orders", u.before) r
 WHERE t."id" = r."id" AND (t."updated_by" IS NOT DISTINCT FROM $1 OR $3);
 
 -- delete logged inserts
 DELETE FROM "sales"."orders" t
-USING (SELECT u.batch_id, u.seq, u.id, 'insert' AS op, e.key, NULL::jsonb AS before
-	FROM "backfill".undo u CROSS JOIN LATERAL jsonb_array_elements(u.key) AS e(key) WHERE u.op = 'inserts'
+USING (SELECT u.* FROM unnest($2::int[]) AS _backfill_s(seq) CROSS JOIN LATERAL (
+	SELECT u.batch_id, u.seq, u.id, 'insert' AS op, e.key, NULL::jsonb AS before
+	FROM "backfill".undo u CROSS JOIN LATERAL jsonb_array_elements(u.key) AS e(key) WHERE u.batch_id = $1 AND u.seq = _backfill_s.seq AND u.op = 'inserts'
 	UNION ALL
-	SELECT u.batch_id, u.seq, u.id, u.op, u.key, u.before FROM "backfill".undo u WHERE u.op IN ('insert', 'update')) u CROSS JOIN LATERAL jsonb_to_record(u.key) AS r("id" bigint)
-WHERE u.batch_id = $1 AND u.seq = $2 AND u.op = 'insert' AND t."id" = r."id" AND (t."updated_by" IS NOT DISTINCT FROM $1 OR $3);
+	SELECT u.batch_id, u.seq, u.id, u.op, u.key, u.before FROM "backfill".undo u WHERE u.batch_id = $1 AND u.seq = _backfill_s.seq AND u.op IN ('insert', 'update')
+	OFFSET 0) u) u CROSS JOIN LATERAL jsonb_to_record(u.key) AS r("id" bigint)
+WHERE u.op = 'insert' AND t."id" = r."id" AND (t."updated_by" IS NOT DISTINCT FROM $1 OR $3);
 
 -- delete inserted: batch
-WITH d AS (DELETE FROM "sales"."orders" t WHERE t."inserted_by" = $1 AND (t."updated_by" IS NOT DISTINCT FROM $1 OR $2) AND true RETURNING jsonb_build_object('id', t."id") AS key)
-INSERT INTO backfill_rollback_keys SELECT key FROM d;
+DELETE FROM "sales"."orders" t WHERE t."inserted_by" = $1 AND (t."updated_by" IS NOT DISTINCT FROM $1 OR $2) AND true;
 
 -- delete inserted: chunk
-WITH d AS (DELETE FROM "sales"."orders" t WHERE t."inserted_by" = $1 AND (t."updated_by" IS NOT DISTINCT FROM $1 OR $2) AND t."version" >= $3 AND t."version" < $4 RETURNING jsonb_build_object('id', t."id") AS key)
-INSERT INTO backfill_rollback_keys SELECT key FROM d;
+DELETE FROM "sales"."orders" t WHERE t."inserted_by" = $1 AND (t."updated_by" IS NOT DISTINCT FROM $1 OR $2) AND t."version" >= $3 AND t."version" < $4;
 
 -- delivered: batch
 WITH d AS MATERIALIZED (
@@ -103,13 +111,15 @@ hit AS (
 	SELECT jsonb_build_object('id', t."id"), d.batch_id, t."inserted_by" = $1
 	FROM (SELECT DISTINCT d.batch_id FROM d WHERE NOT d.ranged) d CROSS JOIN LATERAL (SELECT * FROM "sales"."orders" t WHERE t."updated_by" = $1 AND t."inserted_by" = $1 AND t."version" >= $5 AND t."version" < $6 OFFSET 0) t
 	UNION ALL
-	SELECT jsonb_build_object('id', t."id"), d.batch_id, false FROM (SELECT u.batch_id, u.seq, u.id, 'insert' AS op, e.key, NULL::jsonb AS before
-	FROM "backfill".undo u CROSS JOIN LATERAL jsonb_array_elements(u.key) AS e(key) WHERE u.op = 'inserts'
+	SELECT jsonb_build_object('id', t."id"), d.batch_id, false FROM (SELECT u.* FROM unnest($4::int[]) AS _backfill_s(seq) CROSS JOIN LATERAL (
+	SELECT u.batch_id, u.seq, u.id, 'insert' AS op, e.key, NULL::jsonb AS before
+	FROM "backfill".undo u CROSS JOIN LATERAL jsonb_array_elements(u.key) AS e(key) WHERE u.batch_id = $1 AND u.seq = _backfill_s.seq AND u.op = 'inserts'
 	UNION ALL
-	SELECT u.batch_id, u.seq, u.id, u.op, u.key, u.before FROM "backfill".undo u WHERE u.op IN ('insert', 'update')) u CROSS JOIN LATERAL jsonb_to_record(u.key) AS r("id" bigint)
+	SELECT u.batch_id, u.seq, u.id, u.op, u.key, u.before FROM "backfill".undo u WHERE u.batch_id = $1 AND u.seq = _backfill_s.seq AND u.op IN ('insert', 'update')
+	OFFSET 0) u) u CROSS JOIN LATERAL jsonb_to_record(u.key) AS r("id" bigint)
 	JOIN "sales"."orders" t ON t."id" = r."id"
 	JOIN d ON (NOT d.ranged OR (ROW(t."id") >= ROW(d._backfill_lo_0) AND ROW(t."id") <= ROW(d._backfill_hi_0)))
-	WHERE u.batch_id = $1 AND u.seq = ANY ($4::int[]) AND t."updated_by" = $1),
+	WHERE t."updated_by" = $1),
 x AS (SELECT DISTINCT ON (key) key, by, del FROM hit ORDER BY key, by)
 SELECT count(*) OVER () AS n, count(*) FILTER (WHERE del) OVER () AS deleted, (SELECT array_agg(DISTINCT x.by) FROM x) AS batches,
 	key::text AS key, by

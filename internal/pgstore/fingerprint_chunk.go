@@ -127,6 +127,12 @@ func EncodeSourceRow(buf []byte, cols []backfilltype.Column, values []any) []byt
 // returns an error wrapping [backfilltype.ErrUnsupported] when a column has no
 // fingerprint ([HashKind]) or chunkColumn is "", and the query's error.
 func TargetFingerprint(ctx context.Context, tx sqlx.ExtContext, info backfilltype.TableInfo, chunkColumn string, zone *time.Location, c backfilltype.Chunk) (Fingerprint, error) {
+	return targetFingerprint(ctx, tx, info, chunkColumn, zone, c, "")
+}
+
+// targetFingerprint is TargetFingerprint or, when insertedBy is not "",
+// TargetInsertedCount.
+func targetFingerprint(ctx context.Context, tx sqlx.ExtContext, info backfilltype.TableInfo, chunkColumn string, zone *time.Location, c backfilltype.Chunk, insertedBy string) (Fingerprint, error) {
 	if chunkColumn == "" {
 		return Fingerprint{}, fmt.Errorf("backfill: chunk %s: target fingerprint: %w: no ChunkColumn bounds the chunk's target rows", c.ID, backfilltype.ErrUnsupported)
 	}
@@ -148,10 +154,34 @@ func TargetFingerprint(ctx context.Context, tx sqlx.ExtContext, info backfilltyp
 	// an int chunk's are numbers and a time chunk's instants with their
 	// offsets (inChunk), read alike under any setting.
 	if info.TupleIdentity {
-		q := fingerprintSQL(info, cols, pc.target, pc.target+" t WHERE "+bounds, "", &a)
+		xid := ""
+		if insertedBy != "" {
+			xid = a.Bind(insertedBy)
+		}
+		q := fingerprintSQLOf(info, cols, pc.target, pc.target+" t WHERE "+bounds, "", xid, &a)
 		return pinnedFingerprint(ctx, tx, c, q, a, c.Kind == backfilltype.KindList)
 	}
+	if insertedBy != "" {
+		return Fingerprint{}, fmt.Errorf("backfill: chunk %s: target fingerprint: %w: rows inserted by a transaction are counted on a heap target only", c.ID, backfilltype.ErrUnsupported)
+	}
 	return pinnedFingerprint(ctx, tx, c, pc.FingerprintTargetSQL(cols, bounds), a, c.Kind == backfilltype.KindList || HashReadsSettings(pc, cols))
+}
+
+// TargetInsertedCount is TargetFingerprint of a chunk whose base recorded
+// the rows its merge inserted ([InsertedProof]): on a target with
+// TupleIdentity, Sum is the count, as text, of the rows within c's
+// bounds whose xmin is xid (the decimal transaction ID the base
+// recorded), Rows the count of all of them, Shape the target's shape.
+// When both counts are the base's row count and the shape is its shape,
+// the chunk's target rows are the row versions the base's merge
+// inserted, unchanged since. Errors are TargetFingerprint's, and one
+// wrapping [backfilltype.ErrUnsupported] for a target without
+// TupleIdentity.
+func TargetInsertedCount(ctx context.Context, tx sqlx.ExtContext, info backfilltype.TableInfo, chunkColumn string, zone *time.Location, c backfilltype.Chunk, xid string) (Fingerprint, error) {
+	if xid == "" {
+		return Fingerprint{}, fmt.Errorf("backfill: chunk %s: target fingerprint: %w: no transaction ID", c.ID, backfilltype.ErrInvalidConfig)
+	}
+	return targetFingerprint(ctx, tx, info, chunkColumn, zone, c, xid)
 }
 
 // tupleHashSQL is the hash of the tuple identity of the target row of
@@ -214,6 +244,14 @@ func tupleShapeSQL(target, oids string, a *SQLArgs) string {
 // over the partitions holding those rows when it is partitioned). stray,
 // when not "", is a condition on a row whose count is column stray.
 func fingerprintSQL(info backfilltype.TableInfo, cols []string, target, from, stray string, a *SQLArgs) string {
+	return fingerprintSQLOf(info, cols, target, from, stray, "", a)
+}
+
+// fingerprintSQLOf is fingerprintSQL with, when insertedBy is not "" (a
+// tuple fingerprint only), hash_sum the count of the rows whose xmin is
+// insertedBy (a bind parameter: insertedRowsSQL) instead of the sum of
+// their tuple hashes.
+func fingerprintSQLOf(info backfilltype.TableInfo, cols []string, target, from, stray, insertedBy string, a *SQLArgs) string {
 	if stray != "" {
 		stray = ", count(*) FILTER (WHERE " + stray + ") AS stray"
 	}
@@ -228,9 +266,13 @@ func fingerprintSQL(info backfilltype.TableInfo, cols []string, target, from, st
 	if info.Partitioned {
 		oids, partitions = ", array_agg(DISTINCT t.tableoid) AS oids", "x.oids"
 	}
+	hash := "coalesce(sum(" + tupleHashSQL("t") + "), 0)::text"
+	if insertedBy != "" {
+		hash = "count(*) FILTER (WHERE t.xmin = " + insertedBy + "::xid)::text"
+	}
 	return SQLf(`SELECT x.rows, x.hash_sum{outer}, {shape} AS shape
-FROM (SELECT count(*) AS rows, coalesce(sum({hash}), 0)::text AS hash_sum{stray}{oids} FROM {from}) x`,
-		"outer", outer, "shape", tupleShapeSQL(target, partitions, a), "hash", tupleHashSQL("t"), "stray", stray, "oids", oids, "from", from)
+FROM (SELECT count(*) AS rows, {hash} AS hash_sum{stray}{oids} FROM {from}) x`,
+		"outer", outer, "shape", tupleShapeSQL(target, partitions, a), "hash", hash, "stray", stray, "oids", oids, "from", from)
 }
 
 // MergedFingerprint is the target fingerprint a merged chunk records,
@@ -325,13 +367,27 @@ const joinsSettings = `set_config('enable_hashjoin', 'on', true), set_config('en
 // otherwise) matches no row: the count then differs, never a wrong
 // match by equality of another row.
 func TargetFingerprintKeys(ctx context.Context, tx sqlx.ExtContext, info backfilltype.TableInfo, keys [][]string, c backfilltype.Chunk) (Fingerprint, error) {
+	return TargetInsertedCountKeys(ctx, tx, info, keys, c, "")
+}
+
+// TargetInsertedCountKeys is TargetInsertedCount for a job without
+// ChunkColumn: the target rows whose identity is among keys (as
+// TargetFingerprintKeys reads them), Sum the count of those whose xmin
+// is xid. With xid "" it is TargetFingerprintKeys.
+func TargetInsertedCountKeys(ctx context.Context, tx sqlx.ExtContext, info backfilltype.TableInfo, keys [][]string, c backfilltype.Chunk, xid string) (Fingerprint, error) {
+	if xid != "" && !info.TupleIdentity {
+		return Fingerprint{}, fmt.Errorf("backfill: chunk %s: target fingerprint: %w: rows inserted by a transaction are counted on a heap target only", c.ID, backfilltype.ErrUnsupported)
+	}
 	pc, cols, err := TargetFingerprintCheck(info, backfilldriver.ValidationScope{Chunk: c, Info: info, Staging: "-"})
 	if err != nil {
 		return Fingerprint{}, err
 	}
 	var a SQLArgs
 	from := KeysJoin(pc, keys, &a)
-	q := fingerprintSQL(info, cols, pc.target, from, "", &a)
+	if xid != "" {
+		xid = a.Bind(xid)
+	}
+	q := fingerprintSQLOf(info, cols, pc.target, from, "", xid, &a)
 	// The keys are text the server reads as their columns' types: pinned
 	// always.
 	return pinnedFingerprint(ctx, tx, c, q, a, true)
@@ -499,4 +555,75 @@ type FingerprintAdder struct {
 func (a *FingerprintAdder) Add(ctx context.Context, row int64, values []any) error {
 	a.Fp.Add(a.Cols, values[:len(a.Cols)])
 	return a.Next.Add(ctx, row, values)
+}
+
+// InsertedProof is what [TargetInserted] read, in the chunk's
+// transaction after a merge that inserted every staged row.
+type InsertedProof struct {
+	// Xid is the xmin, in decimal, of the target row of the first staged
+	// row's identity: the (sub)transaction that inserted it. "" when
+	// none was found.
+	Xid string `db:"xid"`
+	// Shape is the target's shape (tupleShapeSQL) over the target and
+	// the partition holding that row.
+	Shape string `db:"shape"`
+	// Rewrites: the target or that partition has an enabled BEFORE ROW
+	// INSERT trigger (which may store other values than the staged ones)
+	// or an INSERT rule.
+	Rewrites bool `db:"rewrites"`
+}
+
+// TargetInserted returns, for a chunk whose merge inserted every one of
+// its staged rows (p.Staging) into p.Info's target (TupleIdentity only),
+// the transaction that inserted them and the target's shape: one index
+// probe and the catalog, where TargetFingerprintMerged scans the chunk's
+// target rows and joins them to staging.
+//
+// Why that is a proof of what TargetFingerprintMerged proves: each staged
+// row is a row version this transaction inserted, which no other
+// session can see, change or delete before it commits, and which holds
+// the staged values unless a BEFORE ROW INSERT trigger or a rule
+// changed it (Rewrites; a trigger created since the merge would wait
+// for the merge's lock on the target). The chunk records the count of
+// staged rows, Xid and Shape: a replay finds, within the chunk's bounds
+// (TargetInsertedCount; of the chunk's identities without ChunkColumn,
+// TargetInsertedCountKeys), exactly that many rows, all of xmin Xid,
+// under the same shape, only when they are those row versions, unchanged
+// (an UPDATE writes a new version with another xmin, a DELETE removes
+// one), and no other row is in the bounds (a row another session wrote,
+// before or after the merge, is one more). Rows inserted in several
+// subtransactions (staging restarted, a merge split to isolate a refused
+// row) have several xmins: the count of Xid's falls short and the chunk
+// merges once. Errors are the query's.
+func TargetInserted(ctx context.Context, tx sqlx.ExtContext, p TargetFingerprintMergedParams) (InsertedProof, error) {
+	info, c := p.Info, p.Chunk
+	if !info.TupleIdentity {
+		return InsertedProof{}, fmt.Errorf("backfill: chunk %s: target fingerprint: %w: rows inserted by a transaction are counted on a heap target only", c.ID, backfilltype.ErrUnsupported)
+	}
+	pc, err := NewPGCheck("target fingerprint", backfilltype.SeverityError, backfilldriver.ValidationScope{Chunk: c, Info: info, ChunkColumn: p.ChunkColumn, Zone: p.Zone, Staging: p.Staging})
+	if err != nil {
+		return InsertedProof{}, err
+	}
+	var a SQLArgs
+	partitions := ""
+	if info.Partitioned {
+		partitions = "ARRAY[x.tableoid]"
+	}
+	shape := tupleShapeSQL(pc.target, partitions, &a)
+	rel := a.Bind(pc.target) + "::regclass"
+	// tgtype: TRIGGER_TYPE_ROW 1, BEFORE 2, INSERT 4; rules: ev_type '3'
+	// (INSERT).
+	q := SQLf(`SELECT x.xid, {shape} AS shape,
+	EXISTS (SELECT FROM pg_trigger g WHERE g.tgrelid IN ({rel}, x.tableoid) AND g.tgenabled <> 'D' AND (g.tgtype & 7) = 7)
+	OR EXISTS (SELECT FROM pg_rewrite w WHERE w.ev_class IN ({rel}, x.tableoid) AND w.ev_type = '3') AS rewrites
+FROM (SELECT t.xmin::text AS xid, t.tableoid FROM {staging} s JOIN {target} t ON {ts} LIMIT 1) x`,
+		"shape", shape, "rel", rel, "staging", pc.Staging, "target", pc.target, "ts", pc.idMatch("t", "s"))
+	var rows []InsertedProof
+	if err := sqlx.SelectContext(ctx, tx, &rows, q, a...); err != nil {
+		return InsertedProof{}, fmt.Errorf("backfill: chunk %s: target fingerprint: %w", c.ID, err)
+	}
+	if len(rows) == 0 {
+		return InsertedProof{}, nil
+	}
+	return rows[0], nil
 }

@@ -2,6 +2,7 @@ package pgstore
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/jmoiron/sqlx"
@@ -211,11 +212,9 @@ func (rb *pgRollback) chunk(ctx context.Context, tx sqlx.ExtContext, batch int64
 			return fmt.Errorf("restore: %w", err)
 		}
 		if updated {
-			res, err := tx.ExecContext(ctx, rb.RestoreSQL(), batch, seq, force)
-			if err != nil {
-				return fmt.Errorf("restore: %w", err)
+			if restored, err = rb.restore(ctx, tx, batch, []int{seq}, force); err != nil {
+				return err
 			}
-			restored, _ = res.RowsAffected()
 		}
 		// Likewise DELETE: without the privilege, only when the undo log
 		// has inserted keys.
@@ -226,7 +225,7 @@ func (rb *pgRollback) chunk(ctx context.Context, tx sqlx.ExtContext, batch int64
 			}
 		}
 		if logged {
-			res, err := tx.ExecContext(ctx, rb.DeleteLoggedSQL(), batch, seq, force)
+			res, err := tx.ExecContext(ctx, rb.DeleteLoggedSQL(), batch, pq.Array([]int{seq}), force)
 			if err != nil {
 				return fmt.Errorf("delete: %w", err)
 			}
@@ -249,6 +248,66 @@ func (rb *pgRollback) chunk(ctx context.Context, tx sqlx.ExtContext, batch int64
 	}()
 	return deleted, restored, done, err
 }
+
+// restore restores the rows the chunks seqs of batch updated
+// (RestoreSQL) and returns how many.
+func (rb *pgRollback) restore(ctx context.Context, tx sqlx.ExtContext, batch int64, seqs []int, force bool) (int64, error) {
+	res, err := tx.ExecContext(ctx, rb.RestoreSQL(), batch, pq.Array(seqs), force)
+	if err != nil {
+		return 0, fmt.Errorf("restore: %w", err)
+	}
+	return res.RowsAffected()
+}
+
+// ErrSliceRecheck is returned by [SliceRollback.RollBackChunks] when it
+// restored fewer rows than the slice's undo log holds: a later batch may
+// have changed some of them (or chunks of the slice changed one row
+// twice, or rows are gone). The transaction must not commit; the caller
+// rolls the chunks back one by one, each after a conflict check.
+var ErrSliceRecheck = errors.New("backfill: rollback: fewer rows restored than logged")
+
+// RollBackChunks implements [SliceRollback].
+func (rb *pgRollback) RollBackChunks(ctx context.Context, tx sqlx.ExtContext, seqs []int, force bool) (restored int64, done int, err error) {
+	batch := rb.scope.BatchID
+	// The chunks still done (a concurrent rollback of the batch may have
+	// rolled some back meanwhile).
+	var rolled []int
+	if err := sqlx.SelectContext(ctx, tx, &rolled, rb.m.SQL(`UPDATE {s}.chunks SET status = 'rolled_back'
+		WHERE batch_id = $1 AND seq = ANY ($2::int[]) AND status IN ('done', 'open') RETURNING seq`), batch, pq.Array(seqs)); err != nil {
+		return 0, 0, fmt.Errorf("backfill: rollback %s: %w", rb.info.Target.Table, err)
+	}
+	if len(rolled) == 0 {
+		return 0, 0, nil
+	}
+	var n struct {
+		Updates int64 `db:"updates"`
+		Inserts int64 `db:"inserts"`
+	}
+	if err := sqlx.GetContext(ctx, tx, &n, SQLf(`SELECT count(*) FILTER (WHERE u.op = 'update') AS updates, count(*) FILTER (WHERE u.op <> 'update') AS inserts
+		FROM unnest($2::int[]) AS s(seq) CROSS JOIN LATERAL (SELECT u.op FROM {undo} u WHERE u.batch_id = $1 AND u.seq = s.seq OFFSET 0) u`, "undo", rb.undo),
+		batch, pq.Array(rolled)); err != nil {
+		return 0, 0, fmt.Errorf("backfill: rollback %s: %w", rb.info.Target.Table, err)
+	}
+	if n.Inserts > 0 {
+		return 0, 0, ErrSliceLegacy
+	}
+	if n.Updates == 0 {
+		return 0, len(rolled), nil
+	}
+	if restored, err = rb.restore(ctx, tx, batch, rolled, force); err != nil {
+		return 0, 0, fmt.Errorf("backfill: rollback %s: %w", rb.info.Target.Table, err)
+	}
+	if restored < n.Updates && !force {
+		return 0, 0, ErrSliceRecheck
+	}
+	return restored, len(rolled), nil
+}
+
+// ErrSliceLegacy is returned by [SliceRollback.RollBackChunks] when the
+// slice's undo log holds inserted keys (written by earlier versions of
+// the merge): the transaction must not commit, and the caller rolls the
+// chunks back one by one.
+var ErrSliceLegacy = errors.New("backfill: rollback: inserted keys in the undo log")
 
 // finish records the rollback in the audit log and, for a whole batch,
 // sets the run's status.
@@ -283,6 +342,9 @@ func (rb *pgRollback) finish(ctx context.Context, tx sqlx.ExtContext, batch int6
 // keysTable makes the transaction-local list of keys whose rows this
 // transaction deleted (for re-tiling History keys).
 func (rb *pgRollback) keysTable(ctx context.Context, tx sqlx.ExtContext) error {
+	if rb.info.Target.Mode != backfilltype.History {
+		return nil // only History re-tiles
+	}
 	_, err := tx.ExecContext(ctx, `CREATE TEMP TABLE IF NOT EXISTS backfill_rollback_keys (key jsonb NOT NULL) ON COMMIT DELETE ROWS`)
 	return err
 }
@@ -339,7 +401,11 @@ func (rb *pgRollback) retile(ctx context.Context, tx sqlx.ExtContext, batch int6
 // entry, the chunks come in reverse commit order wherever it matters.
 func (rb *pgRollback) OrderChunks(ctx context.Context, db sqlx.ExtContext) ([]int, error) {
 	var last []int
-	if err := sqlx.SelectContext(ctx, db, &last, SQLf(`SELECT seq FROM {undo} WHERE batch_id = $1 AND seq = ANY ($2::int[]) GROUP BY seq ORDER BY max(id) DESC`, "undo", rb.undo),
+	// The greatest entry of each chunk: one backward step in the undo
+	// log's primary key per chunk, not a read of every entry.
+	if err := sqlx.SelectContext(ctx, db, &last, SQLf(`SELECT s.seq FROM unnest($2::int[]) AS s(seq)
+		CROSS JOIN LATERAL (SELECT max(u.id) AS last FROM {undo} u WHERE u.batch_id = $1 AND u.seq = s.seq) u
+		WHERE u.last IS NOT NULL ORDER BY u.last DESC`, "undo", rb.undo),
 		rb.scope.BatchID, pq.Array(rb.scope.Seqs)); err != nil {
 		return nil, fmt.Errorf("backfill: rollback %s: chunks' commit order: %w", rb.info.Target.Table, err)
 	}
@@ -361,4 +427,12 @@ func orderSeqs(seqs, first []int) []int {
 		}
 	}
 	return out
+}
+
+// DeliveredConflicts implements [SliceRollback].
+func (rb *pgRollback) DeliveredConflicts(ctx context.Context, db sqlx.ExtContext) (backfilltype.RollbackConflicts, error) {
+	var c backfilltype.RollbackConflicts
+	var err error
+	c.Delivered, c.DeliveredDeleted, c.Rows, c.Batches, err = rb.delivered(ctx, db, rb.scope.BatchID, rb.scope.Seqs, nil, rb.scope.Exclude)
+	return c, err
 }

@@ -29,3 +29,23 @@ type ChunkOrder interface {
 	// come last, in the scope's order.
 	OrderChunks(ctx context.Context, db sqlx.ExtContext) ([]int, error)
 }
+
+// SliceRollback is an [backfilldriver.UndoRollback] that rolls back
+// several chunks of a whole batch in one transaction, each statement set
+// based over them (a slice: consecutive chunks in reverse commit order).
+// Rows the batch inserted are left to Finish (lineage); History targets
+// are rolled back chunk by chunk.
+type SliceRollback interface {
+	// RollBackChunks rolls back those of the chunks seqs of the batch
+	// that are still done or open, in tx, marking them rolled back in the
+	// manifest, and restores the earliest prior image of each row they
+	// updated, unless a later batch changed it and not force. Unless
+	// force, it returns ErrSliceRecheck when it restored fewer rows than
+	// the undo log holds, and tx must not commit. It returns ErrSliceLegacy,
+	// and tx must not commit, when their undo log holds inserted keys.
+	// done is how many of seqs it rolled back.
+	RollBackChunks(ctx context.Context, tx sqlx.ExtContext, seqs []int, force bool) (restored int64, done int, err error)
+	// DeliveredConflicts returns the rows of the whole batch that later
+	// batches still applied delivered unchanged (part of ConflictsOf).
+	DeliveredConflicts(ctx context.Context, db sqlx.ExtContext) (backfilltype.RollbackConflicts, error)
+}

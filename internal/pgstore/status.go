@@ -85,13 +85,18 @@ type statusRow struct {
 	ETASeconds        *float64   `db:"eta_seconds"`
 }
 
-// Status implements [backfilldriver.ManifestStatus] with two statements in
-// one read transaction: the run's row of the run_progress view, then its
-// chunks in flight, its exceptions by reason and column and its throttle
-// warnings (its events of backfilltype.EventSignalInert), as JSON. Its
-// cost grows with the run's chunks (one pass over them by index) and the
-// distinct reasons of its exception queue (an index-only scan when
-// vacuumed).
+// Status implements [backfilldriver.ManifestStatus] with three statements
+// in one read transaction: the run's row of the run_progress view (through
+// run_progress_of, whose plan the session keeps), the inputs of its ETA,
+// then its chunks in flight, its exceptions by reason and column and its
+// throttle warnings (its events of backfilltype.EventSignalInert), as
+// JSON. The counts come from the run's rollups (chunk_counts,
+// exception_counts: a few rows per run, kept by triggers in the writing
+// transactions), the latest checkpoints and the recent window from the
+// index on checkpointed_at, the chunks in flight from the index on leased
+// chunks: its cost does not grow with the run's chunks nor its queued
+// exceptions, only with the distinct reasons and columns of its
+// exception queue.
 func (m *Manifest) Status(ctx context.Context, db sqlx.ExtContext, batchID int64) (backfilltype.Status, error) {
 	ctx = m.purpose(ctx, "read the run's status", batchID)
 	var (
@@ -103,7 +108,7 @@ func (m *Manifest) Status(ctx context.Context, db sqlx.ExtContext, batchID int64
 	)
 	err := ReadTx(ctx, db, func(tx sqlx.ExtContext) error {
 		rows = rows[:0]
-		if err := sqlx.SelectContext(ctx, tx, &rows, m.SQL(`SELECT * FROM {s}.run_progress WHERE batch_id = $1`), batchID); err != nil {
+		if err := sqlx.SelectContext(ctx, tx, &rows, m.SQL(`SELECT * FROM {s}.run_progress_of($1)`), batchID); err != nil {
 			return err
 		}
 		if len(rows) == 0 {
@@ -115,8 +120,8 @@ func (m *Manifest) Status(ctx context.Context, db sqlx.ExtContext, batchID int64
 		return tx.QueryRowxContext(ctx, m.SQL(`SELECT
 			coalesce((SELECT json_agg(f ORDER BY f.since NULLS LAST, f.seq) FROM {s}.chunks_in_flight f WHERE f.batch_id = $1), '[]')::text,
 			coalesce((SELECT json_agg(x ORDER BY x.count DESC, x.reason, x.column) FROM (
-				SELECT reason, column_name AS column, count(*) AS count FROM {s}.exceptions
-				WHERE batch_id = $1 AND failed_attempt IS NULL GROUP BY reason, column_name) x), '[]')::text,
+				SELECT reason, column_name AS column, sum(n) AS count FROM {s}.exception_counts
+				WHERE batch_id = $1 GROUP BY reason, column_name) x), '[]')::text,
 			`+throttleWarningsSQL), batchID).Scan(&inFlightJS, &exJS, &warnJS)
 	})
 	if err != nil {

@@ -13,9 +13,10 @@ import (
 
 // JobChunks returns the state of the latest run of each job in jobs (of
 // every job in the manifest when jobs is empty), ordered by job name: one
-// grouped query on the runs and chunks tables, in a read-only
-// transaction. staleAfter is the bound after which a lease of a worker
-// that stopped heartbeating is not counted as live (0:
+// query on the runs, their rollup (chunk_counts) and their leased chunks,
+// in a read-only transaction; its cost does not grow with the runs'
+// chunks. staleAfter is the bound after which a lease of a worker that
+// stopped heartbeating is not counted as live (0:
 // [backfilltype.DefaultStaleAfter]). A job without a run is absent.
 func (m *Manifest) JobChunks(ctx context.Context, db sqlx.ExtContext, staleAfter time.Duration, jobs ...string) ([]backfilltype.JobChunks, error) {
 	ctx = m.purpose(ctx, "read the jobs' chunks", 0)
@@ -43,27 +44,49 @@ func (m *Manifest) JobChunks(ctx context.Context, db sqlx.ExtContext, staleAfter
 	}
 	err := ReadTx(ctx, db, func(tx sqlx.ExtContext) error {
 		rows = nil // a retried attempt starts over
+		// The pending chunks held by a live lease are counted as leased:
+		// few (a lease per chunk being worked), read by the index on
+		// leased chunks. The latest checkpoint of a done, open or staged
+		// chunk walks the index on checkpointed_at from its end.
 		return sqlx.SelectContext(ctx, tx, &rows, m.SQL(`WITH latest AS (
 			SELECT DISTINCT ON (job_name) batch_id, job_name, status FROM {s}.runs
 			WHERE cardinality($1::text[]) = 0 OR job_name = ANY ($1::text[])
 			ORDER BY job_name, batch_id DESC),
+		leased AS (
+			SELECT l.batch_id, count(*) AS n FROM latest l JOIN {s}.chunks c ON c.batch_id = l.batch_id
+			WHERE c.status = 'pending' AND `+liveLease("$2")+`
+			GROUP BY l.batch_id),
 		per AS (
-			SELECT l.job_name, l.batch_id, l.status AS run_status,
-				CASE WHEN c.status = 'pending' AND `+liveLease("$2")+` THEN 'leased' ELSE c.status END AS chunk_status,
-				c.rows_read, c.rows_inserted, c.rows_updated, c.rows_unchanged, c.rows_rejected, c.rows_deduplicated,
-				c.status IN ('done', 'open') AND c.skipped AS skipped,
-				CASE WHEN c.status IN ('done', 'open', 'staged') THEN c.finished_at END AS done_at
-			FROM latest l LEFT JOIN {s}.chunks c ON c.batch_id = l.batch_id)
-		SELECT job_name, batch_id, run_status, chunk_status, count(chunk_status) AS chunks,
-			count(*) FILTER (WHERE skipped) AS skipped,
-			coalesce(sum(rows_read) FILTER (WHERE chunk_status IN ('done', 'open', 'staged')), 0) AS rows_read,
-			coalesce(sum(rows_inserted) FILTER (WHERE chunk_status IN ('done', 'open', 'staged')), 0) AS rows_inserted,
-			coalesce(sum(rows_updated) FILTER (WHERE chunk_status IN ('done', 'open', 'staged')), 0) AS rows_updated,
-			coalesce(sum(rows_unchanged) FILTER (WHERE chunk_status IN ('done', 'open', 'staged')), 0) AS rows_unchanged,
-			coalesce(sum(rows_rejected) FILTER (WHERE chunk_status IN ('done', 'open', 'staged')), 0) AS rows_rejected,
-			coalesce(sum(rows_deduplicated) FILTER (WHERE chunk_status IN ('done', 'open', 'staged')), 0) AS rows_deduplicated,
-			max(done_at) AS last_done, extract(epoch FROM now() - max(done_at))::float8 AS since_last_done
-		FROM per GROUP BY job_name, batch_id, run_status, chunk_status ORDER BY job_name, chunk_status`),
+			SELECT k.batch_id, k.status, sum(k.chunks) AS chunks,
+				sum(k.chunks) FILTER (WHERE k.skipped AND k.status IN ('done', 'open')) AS skipped,
+				sum(k.rows_read) AS rows_read, sum(k.rows_inserted) AS rows_inserted, sum(k.rows_updated) AS rows_updated,
+				sum(k.rows_unchanged) AS rows_unchanged, sum(k.rows_rejected) AS rows_rejected, sum(k.rows_deduplicated) AS rows_deduplicated
+			FROM latest l JOIN {s}.chunk_counts k ON k.batch_id = l.batch_id
+			GROUP BY k.batch_id, k.status),
+		groups AS (
+			SELECT p.batch_id, p.status, p.chunks - CASE WHEN p.status = 'pending' THEN coalesce(le.n, 0) ELSE 0 END AS chunks,
+				coalesce(p.skipped, 0) AS skipped,
+				CASE WHEN p.status IN ('done', 'open', 'staged') THEN p.rows_read ELSE 0 END AS rows_read,
+				CASE WHEN p.status IN ('done', 'open', 'staged') THEN p.rows_inserted ELSE 0 END AS rows_inserted,
+				CASE WHEN p.status IN ('done', 'open', 'staged') THEN p.rows_updated ELSE 0 END AS rows_updated,
+				CASE WHEN p.status IN ('done', 'open', 'staged') THEN p.rows_unchanged ELSE 0 END AS rows_unchanged,
+				CASE WHEN p.status IN ('done', 'open', 'staged') THEN p.rows_rejected ELSE 0 END AS rows_rejected,
+				CASE WHEN p.status IN ('done', 'open', 'staged') THEN p.rows_deduplicated ELSE 0 END AS rows_deduplicated
+			FROM per p LEFT JOIN leased le ON le.batch_id = p.batch_id
+			UNION ALL
+			SELECT le.batch_id, 'leased', le.n, 0, 0, 0, 0, 0, 0, 0 FROM leased le)
+		SELECT l.job_name, l.batch_id, l.status AS run_status, g.status AS chunk_status, coalesce(g.chunks, 0) AS chunks,
+			coalesce(g.skipped, 0) AS skipped,
+			coalesce(g.rows_read, 0) AS rows_read, coalesce(g.rows_inserted, 0) AS rows_inserted, coalesce(g.rows_updated, 0) AS rows_updated,
+			coalesce(g.rows_unchanged, 0) AS rows_unchanged, coalesce(g.rows_rejected, 0) AS rows_rejected,
+			coalesce(g.rows_deduplicated, 0) AS rows_deduplicated,
+			d.last_done, extract(epoch FROM now() - d.last_done)::float8 AS since_last_done
+		FROM latest l
+		LEFT JOIN groups g ON g.batch_id = l.batch_id AND g.chunks > 0
+		CROSS JOIN LATERAL (SELECT (SELECT c.checkpointed_at FROM {s}.chunks c
+			WHERE c.batch_id = l.batch_id AND c.checkpointed_at IS NOT NULL AND c.status IN ('done', 'open', 'staged')
+			ORDER BY c.checkpointed_at DESC LIMIT 1) AS last_done) d
+		ORDER BY l.job_name, g.status`),
 			pq.Array(jobs), staleAfter.Seconds())
 	})
 	if err != nil {

@@ -34,27 +34,27 @@ const resultPrefix = "BENCHLOAD_RESULT "
 
 // childOpts are the flags of a child process: one load of one variant.
 type childOpts struct {
-	variant      string // "lib" or "base"
-	table        string // schema-qualified target
-	job          string // library job name / baseline run label
-	lo, rows     int64
-	chunk        int64
-	newRun       bool   // library: Job.NewRun (a replay of a completed plan)
-	cpuProfile   string // write a CPU profile of the load here
-	breakdown    string // write a per-phase time breakdown here (adds timers)
-	explain      string // capture auto_explain plans of every statement here
-	sqlOut       string // write the SQL statements the load issued here (JSON)
-	pgOptions    string // PostgreSQL startup options ("-c name=value ...") of the load's connections
-	concurrency  int    // library: Config.Concurrency
-	extractAhead bool   // library: extract ahead (the default); false sets Config.SerialExtract
-	// byOrder chunks by order_no with ChunkColumn order_no (skip.go);
-	// skipUnchanged sets Job.SkipUnchanged; restate > 0 changes every
-	// restateEvery-th chunk's rows; correct > 0 changes, in those chunks,
-	// every correctEvery-th row once more.
-	byOrder       bool
-	skipUnchanged bool
-	restate       int
-	correct       int
+	variant     string // "lib" or "base"
+	table       string // schema-qualified target
+	job         string // library job name / baseline run label
+	lo, rows    int64
+	chunk       int64
+	newRun      bool   // library: Job.NewRun (a replay of a completed plan)
+	cpuProfile  string // write a CPU profile of the load here
+	breakdown   string // write a per-phase time breakdown here (adds timers)
+	explain     string // capture auto_explain plans of every statement here
+	sqlOut      string // write the SQL statements the load issued here (JSON)
+	pgOptions   string // PostgreSQL startup options ("-c name=value ...") of the load's connections
+	concurrency int    // library: Config.Concurrency (0: the library's default)
+	ahead       optIn  // library: Config.ExtractAhead (options.go)
+	skip        optIn  // library: Job.SkipUnchanged (options.go)
+	// restate > 0 adds restate to the quantity of every restateEvery-th
+	// chunk's rows (a restatement); correct > 0 changes, in those chunks,
+	// every correctEvery-th row once more (-byorder only).
+	restate int
+	correct int
+	// byOrder chunks by order_no with ChunkColumn order_no (skip.go).
+	byOrder bool
 	// versioned: the extractor is a backfill.ChunkVersioner (skip.go).
 	versioned bool
 }
@@ -85,6 +85,11 @@ type childResult struct {
 	OtherCPU float64 `json:"other_cpu_s"`
 	// ChunksSkipped is the library's Report.ChunksSkipped.
 	ChunksSkipped int `json:"chunks_skipped,omitempty"`
+	// ProcSeconds is set by the parent: the wall time of the whole child
+	// process, from exec to exit (process start, connecting, the plan,
+	// run setup, the load and the finish). Seconds is the load alone,
+	// timed inside the child from after connecting.
+	ProcSeconds float64 `json:"process_seconds"`
 }
 
 func runChild(o childOpts) error {
@@ -207,10 +212,15 @@ func openDB(ctx context.Context, url, app, options string, notices *noticeLog) (
 	return db, be, nil
 }
 
-// loadLib loads [lo, lo+rows) with the library: IntRange chunks,
-// Concurrency 1, default manifest and merger.
+// loadLib loads [lo, lo+rows) with the library: IntRange chunks, the
+// zero Config and a Job with only what a user must give, plus the
+// variant's opt-ins (options.go).
 func loadLib(ctx context.Context, db *sqlx.DB, o childOpts, st *stats) (backfill.Counts, int, error) {
-	cfg := &backfill.Config{Concurrency: max(o.concurrency, 1), SerialExtract: !o.extractAhead}
+	cfg := &backfill.Config{}
+	if o.concurrency > 0 {
+		cfg.Concurrency = o.concurrency
+	}
+	setExtractAhead(cfg, o.ahead)
 	var r *backfill.Runner
 	var err error
 	if st != nil {
@@ -228,19 +238,19 @@ func loadLib(ctx context.Context, db *sqlx.DB, o childOpts, st *stats) (backfill
 		Source:      "benchload",
 		CodeVersion: "benchload-1",
 		Chunker:     backfill.IntRange(o.lo, o.lo+o.rows, o.chunk),
-		Extractor:   generator{st: st},
+		Extractor:   generator{st: st, lo: o.lo, chunk: o.chunk, restate: o.restate},
 		Target:      backfill.Target{Table: o.table, Key: keyColumns, Columns: allColumns},
 		NewRun:      o.newRun,
-		// The baseline keeps no undo log either; the rollback benchmark
-		// measures the undo log's cost.
-		Rollback: backfill.RollbackNone,
+		// Rollback unset: the target has the default lineage columns, so
+		// the library keeps its default undo log.
 	}
+	setSkipUnchanged(&job, o.skip)
 	if o.byOrder {
 		job.Chunker, job.Extractor = byOrderJob(o) // skip.go
 		if o.versioned {
 			job.Extractor = versionedOrders{job.Extractor.(orderGenerator)}
 		}
-		job.ChunkColumn, job.SkipUnchanged = "order_no", o.skipUnchanged
+		job.ChunkColumn = "order_no"
 	}
 	rep, err := r.Run(ctx, job)
 	if err != nil {
@@ -252,12 +262,31 @@ func loadLib(ctx context.Context, db *sqlx.DB, o childOpts, st *stats) (backfill
 	return rep.Counts, rep.ChunksSkipped, nil
 }
 
-// generator is the library's Extractor: the rows of ids [c.Lo, c.Hi).
-type generator struct{ st *stats }
+// generator is the library's Extractor: the rows of ids [c.Lo, c.Hi),
+// with restate added to the quantity of every row of every restateEvery-th
+// chunk (counted from lo in chunks of chunk ids) when restate > 0.
+type generator struct {
+	st        *stats
+	lo, chunk int64
+	restate   int
+}
 
 func (g generator) Extract(ctx context.Context, c backfill.Chunk, w backfill.RowWriter) error {
 	vals := make([]any, len(allColumns))
 	var buf []byte
+	if g.restate > 0 {
+		changed := ((c.Lo-g.lo)/max(g.chunk, 1))%restateEvery == 0
+		for id := c.Lo; id < c.Hi; id++ {
+			buf = genRow(id, vals, buf)
+			if changed {
+				vals[5] = vals[5].(int) + g.restate
+			}
+			if err := w.Write(ctx, vals...); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
 	if g.st == nil {
 		for id := c.Lo; id < c.Hi; id++ {
 			buf = genRow(id, vals, buf)

@@ -18,8 +18,11 @@ var (
 // benchSchema holds the target tables of a benchmark database.
 const benchSchema = "bench"
 
-// createTargetSQL returns the DDL of an empty target table. Library and
-// baseline load identical tables.
+// createTargetSQL returns the DDL of an empty target table of 11 columns:
+// the nine data columns and the library's default lineage columns, so that
+// a job that leaves Rollback unset gets the library's default rollback
+// mechanism (the undo log, which writes lineage on every row). Library and
+// baseline load identical tables; the baseline leaves lineage NULL.
 func createTargetSQL(table string) string {
 	return fmt.Sprintf(`CREATE TABLE %s (
 	source_system text NOT NULL,
@@ -31,6 +34,8 @@ func createTargetSQL(table string) string {
 	unit_price numeric(12,2) NOT NULL,
 	ordered_at timestamptz NOT NULL,
 	is_returned bool NOT NULL,
+	backfill_inserted_by bigint,
+	backfill_updated_by bigint,
 	PRIMARY KEY (source_system, order_no, line_no))`, table)
 }
 

@@ -27,12 +27,6 @@ import (
 	"github.com/pgbackfill/backfill/internal/pgurl"
 )
 
-// variants are the loads measured side by side, alternating: the
-// library, the hand-written chunked baseline, and "once": one COPY and
-// one merge of all rows in one transaction (the baseline's statements
-// with a single chunk), the practical limit of any chunked load.
-var variants = []string{"lib", "base", "once"}
-
 // chunkedVariants are the variants of the -rss and -profile loads.
 var chunkedVariants = []string{"lib", "base"}
 
@@ -42,24 +36,14 @@ func variantName(v string) string {
 		return "library"
 	case "base":
 		return "baseline"
-	case "once":
-		return "one COPY + merge"
 	}
 	return v
-}
-
-// childVariant is the child's -child value of variant v, and its rows per
-// chunk.
-func (b *bench) childVariant(v string) (string, int64) {
-	if v == "once" {
-		return "base", b.o.rows
-	}
-	return v, b.o.chunk
 }
 
 // bench is the parent: it owns the benchmark database and runs children.
 type bench struct {
 	o        options
+	server   string // fast, durable or url
 	adminURL string
 	url      string // the benchmark database
 	dbName   string
@@ -82,20 +66,6 @@ type facts struct {
 	Started     time.Time         `json:"started"`
 }
 
-// measurement is one run of one variant: a first load and a replay.
-type measurement struct {
-	Variant   string      `json:"variant"`
-	Run       int         `json:"run"`
-	Load      childResult `json:"load"`
-	Replay    childResult `json:"replay"`
-	LoadWAL   int64       `json:"load_wal_bytes"`
-	ReplayWAL int64       `json:"replay_wal_bytes"`
-	// Autovacuum and autoanalyze runs in the benchmark database seen
-	// during each window (their WAL is in the window's figure).
-	LoadAutovac   int64 `json:"load_autovacuum_runs"`
-	ReplayAutovac int64 `json:"replay_autovacuum_runs"`
-}
-
 func runParent(o options) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -103,19 +73,34 @@ func runParent(o options) error {
 	if err != nil {
 		return err
 	}
-	b := &bench{o: o, exe: exe, out: os.Stdout}
+	for i, server := range o.servers {
+		if i > 0 {
+			fmt.Fprintln(os.Stdout)
+		}
+		b := &bench{o: o, server: server, exe: exe, out: os.Stdout}
+		if err := b.run(ctx); err != nil {
+			return fmt.Errorf("%s server: %w", server, err)
+		}
+	}
+	return nil
+}
+
+// run runs the whole suite, and the extras asked for, on b.server.
+func (b *bench) run(ctx context.Context) error {
+	o := b.o
 	b.facts.Started = time.Now().UTC()
-	b.adminURL = os.Getenv("DATABASE_URL")
-	b.facts.Server = "DATABASE_URL"
-	if b.adminURL != "" {
+	switch b.server {
+	case "url":
+		b.adminURL = os.Getenv("DATABASE_URL")
+		b.facts.Server = "DATABASE_URL"
 		if err := pgurl.Check(b.adminURL); err != nil {
 			return fmt.Errorf("DATABASE_URL: %w", err)
 		}
-	}
-	if b.adminURL == "" {
-		progress("DATABASE_URL is unset: starting a throwaway server (pgtest.Start)")
+	default:
+		durable := b.server == "durable"
+		progress("starting a throwaway %s server (pgtest.StartWith, Durable %t)", b.server, durable)
 		sctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-		srv, err := pgtest.StartWith(sctx, pgtest.Options{Durable: o.durable})
+		srv, err := pgtest.StartWith(sctx, pgtest.Options{Durable: durable})
 		cancel()
 		if err != nil {
 			return err
@@ -126,9 +111,9 @@ func runParent(o options) error {
 			}
 		}()
 		b.adminURL = srv.URL()
-		b.facts.Server = "throwaway (pgtest.Start: fsync=off, synchronous_commit=off, full_page_writes=off)"
-		if o.durable {
-			b.facts.Server = "throwaway, durable (pgtest.StartWith Durable: fsync, full_page_writes, synchronous_commit on)"
+		b.facts.Server = "fast: throwaway (pgtest.Start: fsync=off, synchronous_commit=off, full_page_writes=off)"
+		if durable {
+			b.facts.Server = "durable: throwaway (pgtest.StartWith Durable: fsync, full_page_writes, synchronous_commit on)"
 		}
 	}
 	if err := b.createDB(ctx); err != nil {
@@ -140,12 +125,13 @@ func runParent(o options) error {
 	}
 	b.printFacts()
 
-	var ms []measurement
+	var rs []result
 	if !(o.skip && o.skipOnly) {
-		if ms, err = b.endToEnd(ctx); err != nil {
+		var err error
+		if rs, err = b.suite(ctx); err != nil { // suite.go
 			return err
 		}
-		b.printEndToEnd(ms)
+		b.printSuite(rs)
 	}
 	if o.skip {
 		sm, err := b.skipBench(ctx) // skip.go
@@ -156,17 +142,18 @@ func runParent(o options) error {
 	}
 	var rss []childResult
 	if o.rss {
+		var err error
 		if rss, err = b.rssCompare(ctx); err != nil {
 			return err
 		}
-		b.printRSS(rss, ms)
+		b.printRSS(rss, rs)
 	}
 	if o.profile != "" {
 		if err := b.profileRun(ctx); err != nil {
 			return err
 		}
 	}
-	b.printMachine(ms, rss)
+	b.printMachine(rs, rss)
 	return nil
 }
 
@@ -251,7 +238,8 @@ func (b *bench) gatherFacts(ctx context.Context) error {
 func (b *bench) printFacts() {
 	f := b.facts
 	w := b.out
-	fmt.Fprintf(w, "# benchload: library vs hand-written chunked load\n\n")
+	fmt.Fprintf(w, "# benchload on the %s server: the library against a hand-written chunked load, whole processes\n\n", b.server)
+	fmt.Fprintf(w, "- command: `%s`\n", commandLine(b.o.args))
 	fmt.Fprintf(w, "- PostgreSQL: %s\n", f.Version)
 	fmt.Fprintf(w, "- server: %s\n", f.Server)
 	keys := make([]string, 0, len(f.Settings))
@@ -264,106 +252,42 @@ func (b *bench) printFacts() {
 		kv = append(kv, k+"="+f.Settings[k])
 	}
 	fmt.Fprintf(w, "- settings: %s\n", strings.Join(kv, ", "))
-	fmt.Fprintf(w, "- machine: nproc=%d, GOMAXPROCS=%d, cpu=%q, memory=%.1f GiB, kernel %s, %s, %s/%s\n",
+	fmt.Fprintf(w, "- machine: nproc=%d, GOMAXPROCS=%d, cpu=%q, memory=%.1f GiB, kernel %s, %s, %s/%s; client and server on the same machine\n",
 		f.NumCPU, f.GOMAXPROCS, f.CPU, float64(f.MemTotalKiB)/(1<<20), f.Kernel, f.GoVersion, runtime.GOOS, runtime.GOARCH)
+	fmt.Fprintf(w, "- library defaults in effect: %s\n", libDefaults())
+	fmt.Fprintf(w, "- main variant (library defaults): %s; ExtractAhead %s, SkipUnchanged %s (-main-ahead, -main-skip); Concurrency %s (-lib-concurrency)\n",
+		mainVariantDoc, optName(b.o.mainAhead), optName(b.o.mainSkip), concurrencyName(b.o.libConcurrency))
 	if b.o.libOptions != "" {
 		fmt.Fprintf(w, "- EXPERIMENT: the library's sessions run with options %q (-lib-options); the baseline's do not\n", b.o.libOptions)
 	}
-	fmt.Fprintf(w, "- load: %s rows, %s-row chunks (IntRange over ids), %d runs per variant alternating, library Concurrency %d, extract ahead %t (baseline sequential); client and server on the same machine\n\n",
-		thousands(b.o.rows), thousands(b.o.chunk), b.o.runs, b.o.libConcurrency, b.o.extractAhead)
+	fmt.Fprintf(w, "- load: %s rows, %s-row chunks (IntRange over ids; small chunks %s rows), %d rounds\n\n",
+		thousands(b.o.rows), thousands(b.o.chunk), thousands(b.o.smallChunk), b.o.runs)
 }
 
-// endToEnd runs each variant o.runs times, alternating, each into a fresh
-// table: first load, then a replay of the same range.
-func (b *bench) endToEnd(ctx context.Context) ([]measurement, error) {
-	var ms []measurement
-	for i := 1; i <= b.o.runs; i++ {
-		var tables []string
-		for _, v := range variants {
-			m, err := b.measure(ctx, v, i)
-			if err != nil {
-				return nil, err
-			}
-			ms = append(ms, m)
-			tables = append(tables, tableName(v, i))
+// commandLine is the invocation as a shell would take it.
+func commandLine(args []string) string {
+	parts := []string{"go run ./cmd/bench/load"}
+	for _, a := range args {
+		if a == "" || strings.ContainsAny(a, " \t'\"$`\\") {
+			a = "'" + strings.ReplaceAll(a, "'", `'\''`) + "'"
 		}
-		if i == 1 {
-			// Every variant must have loaded exactly the same rows.
-			for _, other := range tables[1:] {
-				var d1, d2 int64
-				q := `SELECT (SELECT count(*) FROM (TABLE %[1]s EXCEPT ALL TABLE %[2]s) x), (SELECT count(*) FROM (TABLE %[2]s EXCEPT ALL TABLE %[1]s) y)`
-				if err := b.db.QueryRowContext(ctx, fmt.Sprintf(q, tables[0], other)).Scan(&d1, &d2); err != nil {
-					return nil, err
-				}
-				if d1 != 0 || d2 != 0 {
-					return nil, fmt.Errorf("%s and %s differ: %d and %d rows only in one of them", tables[0], other, d1, d2)
-				}
-				progress("run 1: %s and %s hold identical rows", tables[0], other)
-			}
-		}
-		for _, t := range tables {
-			if _, err := b.db.ExecContext(ctx, `DROP TABLE `+t); err != nil {
-				return nil, err
-			}
-		}
+		parts = append(parts, a)
 	}
-	return ms, nil
+	return strings.Join(parts, " ")
 }
 
-func tableName(v string, run int) string { return fmt.Sprintf("%s.%s_%d", benchSchema, v, run) }
+func optName(o optIn) string {
+	if o == optDefault {
+		return "the library's default"
+	}
+	return "explicitly " + string(o)
+}
 
-func (b *bench) measure(ctx context.Context, v string, run int) (measurement, error) {
-	m := measurement{Variant: v, Run: run}
-	table := tableName(v, run)
-	if err := b.freshTable(ctx, table); err != nil {
-		return m, err
+func concurrencyName(n int) string {
+	if n == 0 {
+		return "the library's default"
 	}
-	job := fmt.Sprintf("benchload-%s-%d", v, run)
-	cv, chunk := b.childVariant(v)
-	c := childOpts{variant: cv, table: table, job: job, rows: b.o.rows, chunk: chunk}
-
-	b.quiesce(ctx)
-	b.checkpoint(ctx)
-	lsn0, av0 := b.lsn(ctx), b.autovac(ctx)
-	progress("run %d: %s: first load of %s rows", run, variantName(v), thousands(b.o.rows))
-	var err error
-	if m.Load, err = b.child(ctx, c); err != nil {
-		return m, err
-	}
-	m.LoadWAL, m.LoadAutovac = b.walSince(ctx, lsn0), b.autovac(ctx)-av0
-	want := int64(b.o.rows)
-	if m.Load.Counts.Read != want || m.Load.Counts.Inserted != want {
-		return m, fmt.Errorf("%s first load: counts %+v, want %d read and inserted", table, m.Load.Counts, want)
-	}
-	var n int64
-	if err := b.db.GetContext(ctx, &n, `SELECT count(*) FROM `+table); err != nil || n != want {
-		return m, fmt.Errorf("%s holds %d rows after the first load, want %d (%v)", table, n, want, err)
-	}
-
-	// The replay measures what the merge writes, not maintenance owed by
-	// the first load (hint bits, visibility map): vacuum first, as
-	// autovacuum would have by the time a backfill is replayed.
-	if _, err := b.db.ExecContext(ctx, `VACUUM (ANALYZE) `+table); err != nil {
-		return m, err
-	}
-	b.quiesce(ctx)
-	b.checkpoint(ctx)
-	lsn2, av2 := b.lsn(ctx), b.autovac(ctx)
-	progress("run %d: %s: replay", run, variantName(v))
-	c.newRun = true
-	if cv == "base" {
-		c.job += "-replay"
-	}
-	if m.Replay, err = b.child(ctx, c); err != nil {
-		return m, err
-	}
-	m.ReplayWAL, m.ReplayAutovac = b.walSince(ctx, lsn2), b.autovac(ctx)-av2
-	if m.Replay.Counts.Read != want || m.Replay.Counts.Unchanged != want {
-		return m, fmt.Errorf("%s replay: counts %+v, want %d read and unchanged", table, m.Replay.Counts, want)
-	}
-	progress("run %d: %s: load %.0f rows/s, WAL %s; replay %.0f rows/s, WAL %s; peak RSS %.1f MiB",
-		run, variantName(v), float64(want)/m.Load.Seconds, mib(m.LoadWAL), float64(want)/m.Replay.Seconds, mib(m.ReplayWAL), float64(m.Load.VmHWMKiB)/1024)
-	return m, nil
+	return strconv.Itoa(n)
 }
 
 func (b *bench) freshTable(ctx context.Context, table string) error {
@@ -430,11 +354,13 @@ func (b *bench) child(ctx context.Context, c childOpts) (childResult, error) {
 		args = append(args, "-newrun")
 	}
 	if c.variant == "lib" {
-		args = append(args, fmt.Sprintf("-concurrency=%d", b.o.libConcurrency), fmt.Sprintf("-ahead=%t", b.o.extractAhead))
+		args = append(args, fmt.Sprintf("-concurrency=%d", b.o.libConcurrency), "-ahead="+string(c.ahead), "-skipunchanged="+string(c.skip))
+	}
+	if c.restate != 0 {
+		args = append(args, fmt.Sprintf("-restate=%d", c.restate))
 	}
 	if c.byOrder {
-		args = append(args, "-byorder", fmt.Sprintf("-skipunchanged=%t", c.skipUnchanged), fmt.Sprintf("-restate=%d", c.restate),
-			fmt.Sprintf("-correct=%d", c.correct), fmt.Sprintf("-versioned=%t", c.versioned))
+		args = append(args, "-byorder", fmt.Sprintf("-correct=%d", c.correct), fmt.Sprintf("-versioned=%t", c.versioned))
 	}
 	if c.variant == "lib" && b.o.libOptions != "" {
 		args = append(args, "-pgoptions="+b.o.libOptions)
@@ -460,9 +386,9 @@ func (b *bench) child(ctx context.Context, c childOpts) (childResult, error) {
 			if err := json.Unmarshal([]byte(line), &r); err != nil {
 				return r, fmt.Errorf("child result: %w", err)
 			}
-			// Scaled to the load's own wall time (the window also holds
-			// the child's start and connection).
-			r.OtherCPU = (busy - r.UserCPU - r.SysCPU - max(r.ServerCPU, 0)) * r.Seconds / wall.Seconds()
+			// The whole process, exec to exit.
+			r.ProcSeconds = wall.Seconds()
+			r.OtherCPU = max(busy-r.UserCPU-r.SysCPU-max(r.ServerCPU, 0), 0)
 			return r, nil
 		}
 	}

@@ -18,7 +18,7 @@ import (
 // ANALYZEs the library's merge statements and the baseline's ON CONFLICT
 // on one chunk of new keys and one chunk of existing, identical rows.
 func (b *bench) profileRun(ctx context.Context) error {
-	dir, err := filepath.Abs(b.o.profile)
+	dir, err := filepath.Abs(filepath.Join(b.o.profile, b.server))
 	if err != nil {
 		return err
 	}

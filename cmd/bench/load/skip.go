@@ -134,7 +134,7 @@ func (b *bench) skipBench(ctx context.Context) ([]skipMeasurement, error) {
 				return nil, err
 			}
 			c := childOpts{variant: "lib", table: table, job: fmt.Sprintf("benchload-%s-%d", v, i), rows: b.o.rows, chunk: b.o.chunk,
-				byOrder: true, skipUnchanged: on, versioned: versioned}
+				byOrder: true, skip: onOff(on), versioned: versioned}
 			step := func(what string, c childOpts, want func(backfill.Counts) bool) (childResult, int64, error) {
 				b.quiesce(ctx)
 				b.checkpoint(ctx)
@@ -148,7 +148,7 @@ func (b *bench) skipBench(ctx context.Context) ([]skipMeasurement, error) {
 				if !want(r.Counts) {
 					return r, wal, fmt.Errorf("%s %s: unexpected counts %+v", table, what, r.Counts)
 				}
-				progress("run %d: %s: %s: %.0f rows/s, WAL %s, %d chunks skipped", i, v, what, float64(r.Rows)/r.Seconds, mib(wal), r.ChunksSkipped)
+				progress("run %d: %s: %s: %.0f rows/s, WAL %s, %d chunks skipped", i, v, what, float64(r.Rows)/r.ProcSeconds, mib(wal), r.ChunksSkipped)
 				return r, wal, nil
 			}
 			rows := b.o.rows
@@ -230,7 +230,7 @@ func (b *bench) skipProfiled(c childOpts, i int, what string, explain bool) chil
 	if b.o.skipProfile == "" || i != 1 {
 		return c
 	}
-	dir, err := filepath.Abs(b.o.skipProfile)
+	dir, err := filepath.Abs(filepath.Join(b.o.skipProfile, b.server))
 	if err == nil {
 		err = os.MkdirAll(dir, 0o755)
 	}
@@ -257,7 +257,7 @@ func (b *bench) printSkip(ms []skipMeasurement) {
 		var xs []float64
 		for _, m := range ms {
 			r := f(m)
-			xs = append(xs, float64(r.Rows)/r.Seconds)
+			xs = append(xs, float64(r.Rows)/r.ProcSeconds)
 		}
 		return summarize(xs)
 	}
@@ -269,7 +269,7 @@ func (b *bench) printSkip(ms []skipMeasurement) {
 		return summarize(xs)
 	}
 	n := len(ms)
-	fmt.Fprintf(w, "## Replays that skip unchanged chunks (Job.SkipUnchanged; chunks of %s rows by order_no, ChunkColumn order_no, index on it)\n\n", thousands(b.o.chunk))
+	fmt.Fprintf(w, "## Replays that skip unchanged chunks (Job.SkipUnchanged; chunks of %s rows by order_no, ChunkColumn order_no, index on it; rows/s of whole processes, exec to exit)\n\n", thousands(b.o.chunk))
 	fmt.Fprintf(w, "| load | rows/s (median [min, max]) | WAL (median) |\n|---|---:|---:|\n")
 	rows := []struct {
 		name string
@@ -298,14 +298,14 @@ func (b *bench) printSkip(ms []skipMeasurement) {
 	// ratio is steadier than the ratio of medians on a busy machine.
 	var replayRuns, restateRuns []float64
 	for _, m := range ms {
-		replayRuns = append(replayRuns, m.OnLoad.Seconds/m.OnReplay.Seconds)
-		restateRuns = append(restateRuns, m.OffRestate.Seconds/m.OnRestate.Seconds)
+		replayRuns = append(replayRuns, m.OnLoad.ProcSeconds/m.OnReplay.ProcSeconds)
+		restateRuns = append(restateRuns, m.OffRestate.ProcSeconds/m.OnRestate.ProcSeconds)
 	}
 	rr, rs := summarize(replayRuns), summarize(restateRuns)
 	var verReplayRuns, verRestateRuns []float64
 	for _, m := range ms {
-		verReplayRuns = append(verReplayRuns, m.VerLoad.Seconds/m.VerReplay.Seconds)
-		verRestateRuns = append(verRestateRuns, m.OffRestate.Seconds/m.VerRestate.Seconds)
+		verReplayRuns = append(verReplayRuns, m.VerLoad.ProcSeconds/m.VerReplay.ProcSeconds)
+		verRestateRuns = append(verRestateRuns, m.OffRestate.ProcSeconds/m.VerRestate.ProcSeconds)
 	}
 	vr, vs := summarize(verReplayRuns), summarize(verRestateRuns)
 	fmt.Fprintf(w, "\nUnchanged replay: %.2f× the first load's rows/s (per run %.2f – %.2f, median %.2f; goal ≥ 3×: %s); its WAL %s of the first load's (goal ≤ 0.1%%: %s; that WAL is the manifest's: no target row is written).\n",
@@ -325,7 +325,7 @@ func (b *bench) printSkip(ms []skipMeasurement) {
 	perRun := func(num, den func(skipMeasurement) childResult) summary {
 		var xs []float64
 		for _, m := range ms {
-			xs = append(xs, den(m).Seconds/num(m).Seconds)
+			xs = append(xs, den(m).ProcSeconds/num(m).ProcSeconds)
 		}
 		return summarize(xs)
 	}
@@ -344,3 +344,5 @@ func (b *bench) printSkip(ms []skipMeasurement) {
 	fmt.Fprintf(w, "| correction / a load of every row into an empty table | %.2f× (%.2f) | %.2f× (%.2f) |\n\n",
 		rows[8].r.Median/rows[1].r.Median, onCL.Median, rows[10].r.Median/rows[1].r.Median, verCL.Median)
 }
+
+func tableName(v string, run int) string { return fmt.Sprintf("%s.%s_%d", benchSchema, v, run) }
