@@ -1298,6 +1298,9 @@ type chunkTry struct {
 	// only stages the chunk (PublishAtEnd).
 	info     TableInfo
 	deferred bool
+	// lockWaits: the merge's lock waits that ended granted, recorded
+	// once the transaction has ended ([execution.recordLockWaits]).
+	lockWaits *lockWaitRecord
 }
 
 // chunkErr returns err as a failure of t's attempt.
@@ -1402,6 +1405,9 @@ func (ex *execution) runChunk(ctx context.Context, p *chunkPipe) (cr chunkRun, e
 	}
 	committed, err := ex.write(ctx, t, h)
 	release = !committed
+	// The merge's lock waits that ended granted, recorded now that the
+	// chunk's transaction no longer holds its connection.
+	ex.recordLockWaits(ctx, t.lockWaits)
 	return cr, err
 }
 
