@@ -206,6 +206,11 @@ func (m *Manifest) LockHolders(ctx context.Context, db sqlx.ExtContext, w LockWa
 	}
 	err := InShortTx(ctx, db, func(tx sqlx.ExtContext) error {
 		out = out[:0]
+		// db may be the waiting transaction itself (LockWait.Tx), whose
+		// view of pg_stat_activity is taken once per transaction: clear it.
+		if _, err := tx.ExecContext(ctx, `SELECT pg_stat_clear_snapshot()`); err != nil {
+			return err
+		}
 		return sqlx.SelectContext(ctx, tx, &out, m.SQL(`SELECT 0 AS seq, '' AS chunk_id, l.pid, `+holderColumns("$8", "$6", "$7")+`
 			FROM (SELECT DISTINCT l.pid FROM pg_locks l WHERE `+lockSpecCond+` AND l.pid <> $5 AND l.pid <> pg_backend_pid()) l
 			`+holderJoin+` ORDER BY l.pid`),
