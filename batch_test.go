@@ -438,8 +438,12 @@ func TestChunkRoundTrips(t *testing.T) {
 	// 41.8 before the statements were batched (a control poll and a totals
 	// read of their own per chunk, every savepoint, setting and lock a
 	// statement of its own); 20.2 after it; 18.0 extracting ahead, with
-	// the COPY on lib/pq's connection (the same round trips).
-	require.LessOrEqual(t, total, 10*18, "round trips per chunk (x10)")
+	// the COPY on lib/pq's connection (the same round trips). Extracting
+	// ahead, a run ends with one or two leases that find nothing (a BEGIN
+	// and a ROLLBACK each), as the slot's two goroutines happen to reach
+	// the end: a run's overhead, not a chunk's, which the difference of
+	// the two runs may carry once (2 round trips).
+	require.LessOrEqual(t, total, 10*18+2, "round trips per chunk (x10)")
 }
 
 // stmtDB is a DB that records the statements of each transaction begun
