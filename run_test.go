@@ -928,9 +928,9 @@ func TestAheadKillDashNineWithAChunkAhead(t *testing.T) {
 	require.Zero(t, n)
 }
 
-// TestPoolerSkipUnchanged: through PgBouncer (transaction mode), Concurrency 3
-// (the README's pool sizing: the pooler's 4 server connections are
-// Concurrency + 1), extracting ahead, SkipUnchanged:
+// TestPoolerSkipUnchanged: through PgBouncer (transaction mode), Concurrency
+// 4 (as many chunks as the pooler's server connections), extracting
+// ahead, SkipUnchanged:
 // a staging refusal (bad int text) and a merge refusal (CHECK) in the
 // batched savepoint paths, then a replay with one changed row.
 func TestPoolerSkipUnchanged(t *testing.T) {
@@ -963,7 +963,7 @@ func TestPoolerSkipUnchanged(t *testing.T) {
 				return nil
 			})}
 	}
-	r, err := backfill.New(db, &backfill.Config{Concurrency: pgtest.PoolerPoolSize - 1})
+	r, err := backfill.New(db, &backfill.Config{Concurrency: pgtest.PoolerPoolSize})
 	require.NoError(t, err)
 	rep1, err := r.Run(ctx, job(-1, false))
 	require.NoError(t, err)

@@ -298,10 +298,8 @@ func TestLeastPrivilegeChunkVersion(t *testing.T) {
 }
 
 // TestPoolerChunkVersion: the same through PgBouncer in transaction mode
-// at Concurrency 3, extracting ahead; the changed target row is restored.
-// The pooler's pgtest.PoolerPoolSize (4) server connections are the
-// README's Concurrency + 1: a chunk waiting for another's key locks
-// records its wait in a short transaction of its own.
+// at Concurrency 4, as many chunks as the pooler's server connections,
+// extracting ahead; the changed target row is restored.
 func TestPoolerChunkVersion(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -309,7 +307,7 @@ func TestPoolerChunkVersion(t *testing.T) {
 	defer db.Close()
 	db.MustExec(`CREATE TABLE items (tenant text NOT NULL, id bigint NOT NULL, name varchar(12), amount numeric(10,2), seen_at timestamptz,
 		backfill_inserted_by bigint, backfill_updated_by bigint, PRIMARY KEY (tenant, id))`)
-	runner, err := backfill.New(db, &backfill.Config{Concurrency: pgtest.PoolerPoolSize - 1})
+	runner, err := backfill.New(db, &backfill.Config{Concurrency: pgtest.PoolerPoolSize})
 	require.NoError(t, err)
 	src := newVersionedSource()
 	job := skipJob(src.skipSource)
