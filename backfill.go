@@ -373,23 +373,25 @@ type Config struct {
 	// Keyless queue the loser to the exception queue, so nothing is lost
 	// silently there.
 	Concurrency int
-	// ExtractAhead makes each of the Concurrency workers lease and
-	// extract its next chunk while its current chunk's transaction runs,
-	// so the extractor and the database work at the same time. A worker
-	// then holds at most two chunks (one written, one extracted and
-	// waiting in its spool), still runs one chunk transaction at a time,
-	// writes its chunks in the order it leased them, and never calls
-	// Extract for two chunks at once; but it reads the source while it
-	// writes the target, and [Status] may show two chunks in flight per
-	// worker. The chunk extracted ahead is in flight like any leased
-	// chunk: a pause or a failure of the chunk before it lets it finish,
-	// unless the call stopped before its transaction began (then its
-	// lease is released and it stays pending). Default false: a worker
-	// extracts a chunk only after its previous chunk's transaction ended.
-	// It has no effect with [Config.JobConcurrency] (which counts live
-	// leases), or when the pool's MaxOpenConns is below 2×Concurrency+2
-	// (a transaction and a lease per worker, plus the heartbeat).
-	ExtractAhead bool
+	// SerialExtract turns extracting ahead off: each worker then extracts
+	// a chunk only after its previous chunk's transaction ended. By
+	// default (false) each of the Concurrency workers leases and extracts
+	// its next chunk while its current chunk's transaction runs, so the
+	// extractor and the database work at the same time. A worker then
+	// holds at most two chunks (one written, one extracted and waiting in
+	// its spool), still runs one chunk transaction at a time, writes its
+	// chunks in the order it leased them, and never calls Extract for two
+	// chunks at once; but it reads the source while it writes the target,
+	// and [Status] may show two chunks in flight per worker. The chunk
+	// extracted ahead is in flight like any leased chunk: a pause or a
+	// failure of the chunk before it lets it finish, unless the call
+	// stopped before its transaction began (then its lease is released
+	// and it stays pending). A call extracts serially, and says why once
+	// in the log, with [Config.JobConcurrency] (which counts live leases)
+	// or when the pool's MaxOpenConns is below 2×Concurrency+2 (a
+	// transaction and a lease per worker, plus the heartbeat). Set it for
+	// a source that must not be read while the target is written.
+	SerialExtract bool
 	// MaxAttempts is how many times a chunk is tried before the run stops
 	// with it failed; only retryable errors ([IsRetryable]) are retried.
 	// Default 3. Waits (see LockRetries) and connection faults of the
@@ -471,7 +473,8 @@ type Config struct {
 	// [DefaultHeartbeatInterval]. The heartbeat needs a connection of
 	// the pool while every chunk holds one: give the *sql.DB a
 	// MaxOpenConns of at least Concurrency + 2 (Run warns otherwise), and
-	// 2×Concurrency + 2 for workers to extract ahead ([Config.ExtractAhead]).
+	// 2×Concurrency + 2 for workers to extract ahead (the default; see
+	// [Config.SerialExtract]).
 	HeartbeatInterval time.Duration
 	// StaleAfter is how old a worker's heartbeat may get before other
 	// workers fence it: a worker that finds nothing to claim while chunks

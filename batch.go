@@ -1,6 +1,8 @@
 package backfill
 
 import (
+	"context"
+
 	"github.com/pgbackfill/backfill/backfilldriver"
 	"github.com/pgbackfill/backfill/internal/pgstore"
 )
@@ -29,4 +31,14 @@ func batched(tx backfilldriver.Tx) backfilldriver.Tx {
 		return &pgstore.BatchTx{Tx: tx}
 	}
 	return tx
+}
+
+// beginChunk begins a chunk's transaction: on a connection of its own
+// when the DB can ([pgstore.ChunkBeginner]), so that staging COPYs on
+// lib/pq's connection ([pgstore.PGStager.CopyRows]).
+func (ex *execution) beginChunk(ctx context.Context) (backfilldriver.Tx, error) {
+	if cb, ok := ex.r.db.(pgstore.ChunkBeginner); ok {
+		return cb.BeginChunk(ctx)
+	}
+	return ex.r.db.Begin(ctx)
 }

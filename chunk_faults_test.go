@@ -135,7 +135,11 @@ func TestChunkConnectionFaultsBounded(t *testing.T) {
 	ctx := context.Background()
 	db := liveDB(t)
 	var logs syncBuffer
-	r, err := New(db, &Config{WorkerID: "w", HeartbeatInterval: 100 * time.Millisecond, StaleAfter: 300 * time.Millisecond,
+	// The bound, 2 × StaleAfter = 2 s, holds more faults than
+	// MaxAttempts (3) also when each retry of the chunk waits for its
+	// worker's other chunk (extracted ahead, written while this one
+	// pauses) on a loaded machine; at 600 ms it held 3 or 4.
+	r, err := New(db, &Config{WorkerID: "w", HeartbeatInterval: 100 * time.Millisecond, StaleAfter: time.Second,
 		RetryBackoff: 10 * time.Millisecond, Logger: slog.New(slog.NewJSONHandler(&logs, nil))})
 	require.NoError(t, err)
 	var cutting atomic.Bool

@@ -538,7 +538,7 @@ func TestAuditTrailCannotBeErased(t *testing.T) {
 	require.ErrorContains(t, err, "a newer run of the job exists")
 }
 
-// TestControlConcurrencyKnobLoweredWithExtractAhead: with ExtractAhead a
+// TestControlConcurrencyKnobLoweredWithExtractAhead: extracting ahead a
 // worker slot runs two goroutines, one of which may be waiting for the
 // slot's extract stage when the concurrency knob goes down: it must not
 // lease a chunk then. Once the knob is 1, one chunk is extracted at a
@@ -549,7 +549,7 @@ func TestControlConcurrencyKnobLoweredWithExtractAhead(t *testing.T) {
 	db := liveDB(t)
 	r := liveRunner(t, db, "w1", nil)
 	logger, changed := logEvent("backfill: live knobs changed")
-	r.cfg.Concurrency, r.cfg.ExtractAhead, r.cfg.Logger = 2, true, logger
+	r.cfg.Concurrency, r.cfg.Logger = 2, logger
 	var lowered atomic.Bool
 	var unseen atomic.Bool
 	var inFlight, most atomic.Int32

@@ -51,8 +51,9 @@ For each chunk the [Runner]:
  2. calls the Extractor outside any transaction; each row is converted to
     its column's type in Go, rows that cannot be stored go to the
     exception queue with the chunk, row number, column, value and reason,
-    and the good rows are kept in a spool (in memory up to 8 MiB, then in
-    a temporary file);
+    and the good rows are kept in a spool (in memory up to 8 MiB a chunk
+    and 16 MiB for all the process's chunks at once, then in a temporary
+    file);
  3. begins the chunk's transaction with the fence, which goes on only
     while the lease is still the worker's at its epoch and locks the
     chunk's row until the transaction ends; a lease taken over meanwhile
@@ -172,18 +173,21 @@ while the extractor reads the source. A worker leases a chunk in a short
 transaction of its own (its worker key in the chunk's lease_key,
 lease_epoch incremented, committed), extracts it outside any transaction
 into a spool (rows converted and checked as always, kept in memory up to
-8 MiB, then in a temporary file removed when the chunk ends), then opens
+8 MiB a chunk and 16 MiB for all the process's chunks at once, then in a
+temporary file removed when the chunk ends), then opens
 the chunk's transaction: the fence (the chunk's row locked and its lease
 cleared WHERE lease_key and lease_epoch are still its own, the chunk
 claimable and the run running), staging from the
 spool (COPY; a value PostgreSQL refuses is isolated by replaying the
 spool, not by extracting again), merge, validation, checkpoint, commit.
 The chunk's transaction lasts as long as staging, merge and checkpoint.
-With Config.ExtractAhead each worker leases and extracts its next chunk
-while its current chunk's transaction runs, so the client converts rows
-while the server merges and commits; it still runs one chunk transaction
-at a time, writes its chunks in the order it leased them and never runs
-two Extract calls at once (no effect with Config.JobConcurrency).
+By default each worker leases and extracts its next chunk while its
+current chunk's transaction runs, so the client converts rows while the
+server merges and commits; it still runs one chunk transaction at a
+time, writes its chunks in the order it leased them and never runs two
+Extract calls at once. Config.SerialExtract turns this off; a call with
+Config.JobConcurrency, or whose pool's MaxOpenConns is below
+2×Concurrency+2, extracts serially and says so once in the log.
 A lease is live while its worker is unfinished and heartbeats within its
 StaleAfter (or was taken less than the claimer's StaleAfter ago); a
 claim takes a chunk whose lease is not live over, incrementing its

@@ -569,9 +569,12 @@ func TestRunGateWhenTheRejectingWorkerDies(t *testing.T) {
 				return nil
 			})}
 	}
+	// A extracts serially: a worker hung with its heartbeat going on, as
+	// here, would otherwise keep the lease of the chunk it extracted
+	// ahead, which a dead one gives up after StaleAfter.
 	runner := func(id string, hooks backfill.Hooks) *backfill.Runner {
 		r, err := backfill.New(db, &backfill.Config{WorkerID: id, HeartbeatInterval: 100 * time.Millisecond, StaleAfter: time.Second,
-			RetryBackoff: 10 * time.Millisecond, MaxRejectsPerChunk: -1, Hooks: hooks})
+			RetryBackoff: 10 * time.Millisecond, MaxRejectsPerChunk: -1, Hooks: hooks, SerialExtract: id == "worker-a"})
 		require.NoError(t, err)
 		return r
 	}

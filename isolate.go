@@ -61,6 +61,12 @@ func (e *stagingRowError) Unwrap() error { return e.err }
 
 // copyEnder is implemented by stagers that stage with COPY: EndStaging
 // ends the COPY, so that a refused value shows before the merge.
+// rowCopier is a stager that Adds a chunk's rows best in one call of
+// f ([pgstore.PGStager.CopyRows]).
+type rowCopier interface {
+	CopyRows(ctx context.Context, f func() error) error
+}
+
 type copyEnder interface {
 	EndStaging(ctx context.Context) error
 }
@@ -138,7 +144,11 @@ func (s *chunkStaging) attempt(ctx context.Context) (backfilldriver.Stager, *row
 	}
 	w := newRowWriter(s.chunk, s.ex.job, s.info, st, s.ex.r.cfg.MaxRejectsPerChunk, s.started)
 	w.stagingRejects = &s.rejects
-	ref.xerr = s.spooled.replay(ctx, w)
+	if rc, ok := st.(rowCopier); ok {
+		ref.xerr = rc.CopyRows(ctx, func() error { return s.spooled.replay(ctx, w) })
+	} else {
+		ref.xerr = s.spooled.replay(ctx, w)
+	}
 	w.closed = true
 	ref.serr = w.err
 	if ref.serr == nil && ref.xerr == nil {

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgbackfill/backfill"
+	"github.com/pgbackfill/backfill/internal/pgstore"
 	"github.com/pgbackfill/backfill/internal/pgtest"
 )
 
@@ -403,5 +404,43 @@ func TestKillDashNineWhileIsolating(t *testing.T) {
 	for _, c := range manifestChunks(t, db, rep.BatchID) {
 		require.Equal(t, backfill.ChunkDone, c.Status)
 		require.True(t, c.Balanced(), "%s: %+v", c.Chunk.ID, c.Counts)
+	}
+}
+
+// TestStagingCopiesOnTheChunkConnection: with the default DB, each
+// staging of a chunk (the first and every restaging after a refused
+// value) COPYs on lib/pq's connection of the chunk's own transaction
+// (pgstore.PGStager.CopyRows), the refused values are isolated as
+// through database/sql, and every connection taken for a chunk's
+// transaction is back in the pool when Run returns, whether the chunk
+// committed or failed on a refused value.
+func TestStagingCopiesOnTheChunkConnection(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	for _, limit := range []int{0, -1} {
+		t.Run(fmt.Sprint("MaxStagingRejects=", limit), func(t *testing.T) {
+			t.Parallel()
+			db := refusedSetup(t)
+			bad := map[int]string{1: "m", 17: "ip", 40: "a"}
+			job := refusedJob(refusedRows(bad))
+			r, err := backfill.New(db, &backfill.Config{MaxStagingRejects: limit, MaxAttempts: 1})
+			require.NoError(t, err)
+			before := pgstore.RawCopies.Load()
+			rep, err := r.Run(ctx, job)
+			// At least one COPY per staging attempt (other tests' runs in
+			// parallel add theirs).
+			if limit < 0 {
+				require.ErrorContains(t, err, `row 1 column "m" value "happy" refused`)
+				require.GreaterOrEqual(t, pgstore.RawCopies.Load()-before, int64(1))
+			} else {
+				require.NoError(t, err)
+				require.Equal(t, backfill.Counts{Read: 40, Inserted: 36, Rejected: 4}, rep.Counts)
+				require.GreaterOrEqual(t, pgstore.RawCopies.Load()-before, int64(4), "one COPY, then one per refused value")
+				var n int
+				require.NoError(t, db.Get(&n, `SELECT count(*) FROM t`))
+				require.Equal(t, 36, n)
+			}
+			require.Zero(t, db.Stats().InUse, "connections of chunk transactions left out of the pool")
+		})
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -34,12 +35,19 @@ type lockHolderLister interface {
 
 // lockWaitRecord is what lockWaiting records of a wait that ended with
 // the locks granted: the chunk's try (nil for a wait outside a chunk,
-// which is logged only).
+// which is logged only). The waits are kept in waits until the chunk's
+// transaction has ended (recordLockWaits): recorded while it holds its
+// connection, a wait would need one more, which a small pool (a
+// pooler's server connections) may not have while every connection is
+// held by a chunk.
 type lockWaitRecord struct {
 	chunk       Chunk
 	attempt     int
 	try         int
 	lockTimeout string
+
+	mu    sync.Mutex
+	waits []backfilltype.Wait
 }
 
 // lockWaiting returns how a transaction of this Runner waits for the
@@ -60,12 +68,27 @@ func (r *Runner) lockWaiting(log *slog.Logger, batchID int64, self string, rec *
 			r.recordLockWait(ctx, log, batchID, w, rec, last)
 			return true
 		}
-		hs, err := lister.LockHolders(ctx, r.db, w, self, r.cfg.StaleAfter, !fenceOff.Load())
+		// The holders are listed (and fenced) in the waiting transaction,
+		// on its connection: on a pool of few server connections (a
+		// pooler's) every connection may be held by a transaction that
+		// waits, and a wait that needed one more to list its holders would
+		// wait for ever ([pgstore.LockWait.Tx]).
+		holders := func(fence bool) (hs []backfilldriver.ChunkHolder, err error) {
+			if w.Tx == nil {
+				return lister.LockHolders(ctx, r.db, w, self, r.cfg.StaleAfter, fence)
+			}
+			err = pgstore.InSavepoint(ctx, w.Tx, func(tx sqlx.ExtContext) error {
+				hs, err = lister.LockHolders(ctx, tx, w, self, r.cfg.StaleAfter, fence)
+				return err
+			})
+			return hs, err
+		}
+		hs, err := holders(!fenceOff.Load())
 		if err != nil && pgstore.IsPermission(err) {
 			fenceOff.Store(true)
 			log.Error("backfill: cannot terminate a stale worker's backend: grant the role pg_signal_backend (or run every worker as the same role); waiting instead",
 				"what", w.What, "error", err)
-			hs, err = lister.LockHolders(ctx, r.db, w, self, r.cfg.StaleAfter, false)
+			hs, err = holders(false)
 		}
 		if err != nil {
 			log.Warn("backfill: listing the holders of a lock failed", "what", w.What, "batch_id", batchID, "waited", w.Waited, "error", err)
@@ -83,13 +106,11 @@ func (r *Runner) lockWaiting(log *slog.Logger, batchID int64, self string, rec *
 	return lw
 }
 
-// recordLockWait records, for chunk try rec, a lock wait that ended
-// with the locks granted ([backfilldriver.ManifestWaits], a short
-// transaction of its own: it survives the chunk's rollback), with the
-// holders last seen as its blockers.
+// recordLockWait keeps, for chunk try rec, a lock wait that ended with
+// the locks granted, with the holders last seen as its blockers, for
+// recordLockWaits.
 func (r *Runner) recordLockWait(ctx context.Context, log *slog.Logger, batchID int64, w pgstore.LockWait, rec *lockWaitRecord, hs []backfilldriver.ChunkHolder) {
-	mw := r.caps.waits
-	if rec == nil || mw == nil {
+	if rec == nil || r.caps.waits == nil {
 		return
 	}
 	bs := make([]backfilltype.Blocker, len(hs))
@@ -105,12 +126,32 @@ func (r *Runner) recordLockWait(ctx context.Context, log *slog.Logger, batchID i
 		}
 		bs[i] = backfilltype.Blocker{PID: h.PID, ApplicationName: h.WorkerID, State: state, Mode: "advisory"}
 	}
-	fctx := context.WithoutCancel(ctx)
 	rw := backfilltype.Wait{BatchID: batchID, Seq: rec.chunk.Seq, ChunkID: rec.chunk.ID, Attempt: rec.attempt, Try: rec.try, SQLState: "55P03",
 		Message: fmt.Sprintf("waited for the %s; granted", w.What), LockTimeout: rec.lockTimeout, StatementTimeout: r.cfg.txSettings().StmtSetting(),
 		Waited: w.Waited, Blockers: bs, Worker: r.cfg.WorkerID}
-	if err := mw.RecordWait(fctx, r.db, rw); err != nil {
-		log.Warn("backfill: wait not recorded in the manifest", "seq", rec.chunk.Seq, "chunk", rec.chunk.ID, "error", err)
+	rec.mu.Lock()
+	rec.waits = append(rec.waits, rw)
+	rec.mu.Unlock()
+}
+
+// recordLockWaits records the lock waits kept for a chunk's try
+// (recordLockWait) once its transaction has ended, committed or rolled
+// back: each in a short transaction of its own
+// ([backfilldriver.ManifestWaits]), which survives the chunk's rollback.
+func (ex *execution) recordLockWaits(ctx context.Context, rec *lockWaitRecord) {
+	mw := ex.r.caps.waits
+	if rec == nil || mw == nil {
+		return
+	}
+	rec.mu.Lock()
+	waits := rec.waits
+	rec.waits = nil
+	rec.mu.Unlock()
+	fctx := context.WithoutCancel(ctx)
+	for _, w := range waits {
+		if err := ex.retryConn(fctx, "record wait", func() error { return mw.RecordWait(fctx, ex.r.db, w) }); err != nil {
+			ex.log.Warn("backfill: wait not recorded in the manifest", "seq", w.Seq, "chunk", w.ChunkID, "error", err)
+		}
 	}
 }
 
@@ -122,5 +163,6 @@ func (ex *execution) chunkLockWaiting(ctx context.Context, t *chunkTry) context.
 		self = ex.worker.key
 	}
 	rec := &lockWaitRecord{chunk: t.c, attempt: t.cr.attempt, try: ex.waitTry(t.c.Seq) + 1, lockTimeout: t.cr.lockTimeout}
+	t.lockWaits = rec
 	return pgstore.WithLockWaiting(ctx, ex.r.lockWaiting(ex.log.With("seq", t.c.Seq, "chunk", t.c.ID), ex.batchID, self, rec))
 }

@@ -6,7 +6,7 @@ import (
 	"github.com/pgbackfill/backfill/internal/pgstore"
 )
 
-// Extract ahead ([Config.ExtractAhead]). Each worker slot runs two
+// Extract ahead (the default; [Config.SerialExtract] turns it off). Each worker slot runs two
 // goroutines sharing a [chunkPipe]: one leases and extracts the next
 // chunk while the other runs the previous chunk's transaction.
 // Invariants: a goroutine takes the write stage before it leaves the
@@ -89,31 +89,32 @@ func (t *pipeTurn) leave() {
 	}
 }
 
-// testExtractAhead turns Config.ExtractAhead on for every call: set by
-// this package's tests from BACKFILL_TEST_EXTRACT_AHEAD, to run the whole
-// suite with the pipeline.
-var testExtractAhead bool
+// testSerialExtract turns Config.SerialExtract on for every call: set by
+// this package's tests from BACKFILL_TEST_SERIAL_EXTRACT, to run the
+// whole suite without the pipeline.
+var testSerialExtract bool
 
 // extractAhead reports whether this call's worker slots extract their
 // next chunk while the current chunk's transaction runs (see the top of
-// this file); asked for and not possible, it says why in the log.
+// this file). Called once per call; when the call cannot, it says why in
+// the log.
 func (ex *execution) extractAhead() bool {
 	c := ex.r.cfg
-	if !(c.ExtractAhead || testExtractAhead) {
-		return false
-	}
-	off := func(why string, args ...any) bool {
-		ex.log.Warn("backfill: Config.ExtractAhead is off for this call: "+why, args...)
+	if c.SerialExtract || testSerialExtract {
 		return false
 	}
 	if c.JobConcurrency > 0 {
-		return off("Config.JobConcurrency counts live leases, and a chunk leased ahead would take a place", "job_concurrency", c.JobConcurrency)
+		ex.log.Info("backfill: extracting serially for this call: Config.JobConcurrency counts live leases, and a chunk leased ahead would take a place",
+			"job_concurrency", c.JobConcurrency)
+		return false
 	}
 	if pd, ok := ex.r.db.(pgstore.PGDB); ok && pd.DB != nil {
 		// A transaction and a lease per slot, the heartbeat and one more
 		// (a release, a control read).
 		if n := pd.DB.Stats().MaxOpenConnections; n > 0 && n < 2*c.Concurrency+2 {
-			return off("the pool's MaxOpenConns is below 2×Concurrency+2", "max_open_conns", n, "concurrency", c.Concurrency)
+			ex.log.Warn("backfill: extracting serially for this call: the pool's MaxOpenConns is below 2×Concurrency+2, so a worker cannot extract its next chunk while its current chunk's transaction runs",
+				"max_open_conns", n, "concurrency", c.Concurrency)
+			return false
 		}
 	}
 	return true

@@ -82,7 +82,7 @@ func (p *pipelineProbe) job(inner Extractor, last int64) Job {
 	return job
 }
 
-// TestExtractAheadOverlapsTheWrite: with ExtractAhead a worker extracts
+// TestExtractAheadOverlapsTheWrite: extracting ahead (the default) a worker extracts
 // its next chunk while its current chunk's transaction runs; its Extract
 // calls never overlap, its chunks are written in plan order, and every
 // row is accounted for. Without it (the default) no extraction runs
@@ -102,7 +102,7 @@ func TestExtractAheadOverlapsTheWrite(t *testing.T) {
 			}
 			job := p.job(liveJob(nil).Extractor, 50)
 			r := liveRunner(t, db, "w1", nil)
-			r.cfg.ExtractAhead = !serial
+			r.cfg.SerialExtract = serial
 			rep, err := r.Run(ctx, job)
 			require.NoError(t, err)
 			require.Equal(t, int64(50), rep.Counts.Read)
@@ -110,7 +110,7 @@ func TestExtractAheadOverlapsTheWrite(t *testing.T) {
 			require.Equal(t, int32(1), p.most.Load(), "Extract calls of one worker overlapped")
 			require.Equal(t, []int64{0, 10, 20, 30, 40}, p.validated, "chunks written out of plan order")
 			if serial {
-				require.Empty(t, p.overlapped, "an extraction ran during a chunk's transaction without ExtractAhead")
+				require.Empty(t, p.overlapped, "an extraction ran during a chunk's transaction with SerialExtract")
 			} else {
 				require.Equal(t, []int64{0, 10, 20, 30}, p.overlapped, "the next chunk was not extracted while a chunk's transaction ran")
 			}
@@ -132,7 +132,6 @@ func TestExtractAheadAtConcurrencyTwo(t *testing.T) {
 	job := p.job(liveJob(nil).Extractor, 200)
 	r := liveRunner(t, db, "w1", nil)
 	r.cfg.Concurrency = 2
-	r.cfg.ExtractAhead = true
 	rep, err := r.Run(ctx, job)
 	require.NoError(t, err)
 	require.Equal(t, int64(200), rep.Counts.Read)
@@ -164,7 +163,6 @@ func testExtractAheadStopped(t *testing.T, gate bool) {
 	ctx := context.Background()
 	db := liveDB(t)
 	r := liveRunner(t, db, "w1", nil)
-	r.cfg.ExtractAhead = true
 	extracted1 := make(chan struct{})
 	var once sync.Once
 	job := liveJob(nil)
@@ -223,16 +221,15 @@ func testExtractAheadStopped(t *testing.T, gate bool) {
 }
 
 func init() {
-	// BACKFILL_TEST_EXTRACT_AHEAD=1 go test .: every test's runs extract
-	// ahead (tests that count extractions or in-flight chunks at
-	// Concurrency 1 then see the pipeline's extra chunk).
-	testExtractAhead = os.Getenv("BACKFILL_TEST_EXTRACT_AHEAD") != ""
+	// BACKFILL_TEST_SERIAL_EXTRACT=1 go test .: every test's runs extract
+	// serially (tests of the pipeline itself then fail).
+	testSerialExtract = os.Getenv("BACKFILL_TEST_SERIAL_EXTRACT") != ""
 }
 
 // TestAheadRetryBackoffHonoured: chunk 0's first attempt fails with a
 // retryable error (40001) inside its transaction; RetryBackoff is 2 s.
 // The second attempt starts >= 2 s after the first failed, with and
-// without ExtractAhead (with it, the slot's other goroutine once leased
+// with SerialExtract and without (extracting ahead, the slot's other goroutine once leased
 // chunk 0 again at once).
 func TestAheadRetryBackoffHonoured(t *testing.T) {
 	t.Parallel()
@@ -241,7 +238,7 @@ func TestAheadRetryBackoffHonoured(t *testing.T) {
 			t.Parallel()
 			db := liveDB(t)
 			r := liveRunner(t, db, "w1", nil)
-			r.cfg.ExtractAhead = ahead
+			r.cfg.SerialExtract = !ahead
 			r.cfg.RetryBackoff = 2 * time.Second
 			var mu sync.Mutex
 			var failedAt time.Time
@@ -312,7 +309,6 @@ func TestAheadTraceExtractPhaseExcludesTheWait(t *testing.T) {
 	db := liveDB(t)
 	tr := &phaseRec{}
 	r := liveRunner(t, db, "w1", nil)
-	r.cfg.ExtractAhead = true
 	r.cfg.Tracer = tr
 	r.tracers = resolveTracers(tr)
 	job := liveJob(nil)
@@ -339,7 +335,6 @@ func TestAheadThrottleHoldsWhileAChunkWaits(t *testing.T) {
 	db.MustExec(`CREATE TABLE pressure (v int NOT NULL); INSERT INTO pressure VALUES (0)`)
 	tr := &phaseRec{}
 	r := liveRunner(t, db, "w1", nil)
-	r.cfg.ExtractAhead = true
 	r.cfg.ThrottleInterval = 50 * time.Millisecond
 	r.cfg.Throttles = []backfillthrottle.Throttle{{Signal: backfillthrottle.SQLSignal("pressure", `SELECT v FROM pressure`), High: 80, Low: 50}}
 	r.cfg.Tracer = tr
@@ -448,7 +443,6 @@ func TestAheadRunRejectRatePausesBeforeTheChunkAhead(t *testing.T) {
 	ctx := context.Background()
 	db := liveDB(t)
 	r := liveRunner(t, db, "w1", nil)
-	r.cfg.ExtractAhead = true
 	r.cfg.Concurrency = 1
 	ahead := make(chan struct{})
 	var once sync.Once
@@ -497,7 +491,7 @@ func TestAheadRunRejectRatePausesBeforeTheChunkAhead(t *testing.T) {
 	require.Zero(t, n)
 }
 
-// TestAheadPauseCancelResumeStorm: Concurrency 2 with ExtractAhead; an
+// TestAheadPauseCancelResumeStorm: Concurrency 2, extracting ahead; an
 // operator pauses or cancels (SQL) at random moments and resumes, until
 // the run completes: every row written once (audit trigger), no lease
 // left, every chunk balanced.
@@ -509,7 +503,6 @@ func TestAheadPauseCancelResumeStorm(t *testing.T) {
 		CREATE FUNCTION audit_f() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN INSERT INTO audit VALUES (NEW.id, TG_OP); RETURN NULL; END $$;
 		CREATE TRIGGER audit_t AFTER INSERT OR UPDATE ON live FOR EACH ROW EXECUTE FUNCTION audit_f();`)
 	r := liveRunner(t, db, "w1", nil)
-	r.cfg.ExtractAhead = true
 	r.cfg.Concurrency = 2
 	r.cfg.ThrottleInterval = 10 * time.Millisecond
 	job := liveJob(nil)
@@ -593,7 +586,7 @@ func TestAheadPauseCancelResumeStorm(t *testing.T) {
 }
 
 // TestAheadTwoRunnersRandomFailures: two Runners (worker IDs w1, w2),
-// Concurrency 3 each, ExtractAhead, random retryable failures in the
+// Concurrency 3 each, extracting ahead, random retryable failures in the
 // extraction and in the transaction; every row inserted once.
 func TestAheadTwoRunnersRandomFailures(t *testing.T) {
 	t.Parallel()
@@ -635,7 +628,7 @@ func TestAheadTwoRunnersRandomFailures(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			r := liveRunner(t, db, fmt.Sprint("w", i+1), nil)
-			r.cfg.ExtractAhead, r.cfg.Concurrency, r.cfg.MaxAttempts, r.cfg.RetryBackoff = true, 3, 20, time.Millisecond
+			r.cfg.Concurrency, r.cfg.MaxAttempts, r.cfg.RetryBackoff = 3, 20, time.Millisecond
 			_, errs[i] = r.Run(ctx, job)
 		}()
 	}
@@ -657,7 +650,7 @@ func TestAheadTwoRunnersRandomFailures(t *testing.T) {
 // TestAheadThrottleDuringAnExtractionThatWaitedForNothing: a throttle
 // begins to hold while chunk 0 is extracted (nothing written before it:
 // it never waits for the write stage). The chunk is written once
-// extracted, with and without ExtractAhead (with it, the extraction was
+// extracted, with and with SerialExtract and without (extracting ahead, the extraction was
 // once thrown away and the chunk read again from the source).
 func TestAheadThrottleDuringAnExtractionThatWaitedForNothing(t *testing.T) {
 	t.Parallel()
@@ -667,7 +660,7 @@ func TestAheadThrottleDuringAnExtractionThatWaitedForNothing(t *testing.T) {
 			db := liveDB(t)
 			db.MustExec(`CREATE TABLE pressure (v int NOT NULL); INSERT INTO pressure VALUES (0)`)
 			r := liveRunner(t, db, "w1", nil)
-			r.cfg.ExtractAhead = ahead
+			r.cfg.SerialExtract = !ahead
 			r.cfg.ThrottleInterval = 50 * time.Millisecond
 			r.cfg.Throttles = []backfillthrottle.Throttle{{Signal: backfillthrottle.SQLSignal("pressure", `SELECT v FROM pressure`), High: 80, Low: 50}}
 			var mu sync.Mutex

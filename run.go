@@ -1165,7 +1165,7 @@ func (ex *execution) chunkFailed(ctx context.Context, ce *ChunkError, attempt in
 	if final {
 		backoff = 0
 	} else {
-		// This call's other goroutines (Concurrency, ExtractAhead) do not
+		// This call's other goroutines (Concurrency, extracting ahead) do not
 		// claim the chunk before its backoff is over either.
 		ex.mu.Lock()
 		ex.waits.avoid(ce.Chunk.Seq, time.Now().Add(backoff))
@@ -1219,7 +1219,7 @@ const (
 	// the chunk stays pending, the worker waits.
 	tryThrottled
 	// tryParked: the concurrency knob left this worker slot out while its
-	// goroutine waited for the slot's extract stage (ExtractAhead):
+	// goroutine waited for the slot's extract stage (extracting ahead):
 	// nothing was claimed, the slot waits for its turn (waitTurn).
 	tryParked
 	// tryFenced: the chunk's lease was taken over while it was extracted;
@@ -1298,6 +1298,9 @@ type chunkTry struct {
 	// only stages the chunk (PublishAtEnd).
 	info     TableInfo
 	deferred bool
+	// lockWaits: the merge's lock waits that ended granted, recorded
+	// once the transaction has ended ([execution.recordLockWaits]).
+	lockWaits *lockWaitRecord
 }
 
 // chunkErr returns err as a failure of t's attempt.
@@ -1402,6 +1405,9 @@ func (ex *execution) runChunk(ctx context.Context, p *chunkPipe) (cr chunkRun, e
 	}
 	committed, err := ex.write(ctx, t, h)
 	release = !committed
+	// The merge's lock waits that ended granted, recorded now that the
+	// chunk's transaction no longer holds its connection.
+	ex.recordLockWaits(ctx, t.lockWaits)
 	return cr, err
 }
 
@@ -1520,7 +1526,7 @@ func (ex *execution) write(ctx context.Context, t *chunkTry, h *heldLease) (comm
 	// The chunk's transaction.
 	cr.span.next(ctx, backfilltrace.PhaseStage)
 	cr.inTx = true
-	tx, err := ex.r.db.Begin(ctx)
+	tx, err := ex.beginChunk(ctx)
 	if err != nil {
 		// An attempt of the chunk: recorded as failed, like a failure
 		// inside its transaction.

@@ -877,12 +877,12 @@ func TestChunkRetriesSerializationFailureAndDeadlock(t *testing.T) {
 }
 
 func init() {
-	// Child: ExtractAhead, Concurrency 1; chunk 2's transaction hangs in
+	// Child: extracting ahead, Concurrency 1; chunk 2's transaction hangs in
 	// its validator (after merge), so chunk 3 is leased and extracted
 	// ahead while it waits.
 	childProcess("BACKFILL_AHEAD_KILL_CHILD", func(db *sqlx.DB) error {
 		cfg := leaseConfig()
-		cfg.Concurrency, cfg.ExtractAhead = 1, true
+		cfg.Concurrency = 1
 		r, err := backfill.New(db, cfg)
 		if err != nil {
 			return err
@@ -901,7 +901,7 @@ func init() {
 
 // TestAheadKillDashNineWithAChunkAhead: kill -9 of a worker whose chunk 2
 // is in its transaction and chunk 3 leased ahead; a second worker (with
-// ExtractAhead too) takes both over after StaleAfter, every row once.
+// extracting ahead too) takes both over after StaleAfter, every row once.
 func TestAheadKillDashNineWithAChunkAhead(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -913,7 +913,6 @@ func TestAheadKillDashNineWithAChunkAhead(t *testing.T) {
 	killChildWhen(t, db, "BACKFILL_AHEAD_KILL_CHILD", url,
 		`SELECT count(*) FROM backfill.chunks WHERE seq IN (2, 3) AND status = 'pending' AND lease_key IS NOT NULL`, 2)
 	cfg := leaseConfig()
-	cfg.ExtractAhead = true
 	r, err := backfill.New(db, cfg)
 	require.NoError(t, err)
 	start := time.Now()
@@ -929,7 +928,9 @@ func TestAheadKillDashNineWithAChunkAhead(t *testing.T) {
 	require.Zero(t, n)
 }
 
-// TestPoolerSkipUnchanged: through PgBouncer (transaction mode), Concurrency 4, SkipUnchanged:
+// TestPoolerSkipUnchanged: through PgBouncer (transaction mode), Concurrency
+// 4 (as many chunks as the pooler's server connections), extracting
+// ahead, SkipUnchanged:
 // a staging refusal (bad int text) and a merge refusal (CHECK) in the
 // batched savepoint paths, then a replay with one changed row.
 func TestPoolerSkipUnchanged(t *testing.T) {
@@ -962,7 +963,7 @@ func TestPoolerSkipUnchanged(t *testing.T) {
 				return nil
 			})}
 	}
-	r, err := backfill.New(db, &backfill.Config{Concurrency: 4})
+	r, err := backfill.New(db, &backfill.Config{Concurrency: pgtest.PoolerPoolSize})
 	require.NoError(t, err)
 	rep1, err := r.Run(ctx, job(-1, false))
 	require.NoError(t, err)

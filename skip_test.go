@@ -146,7 +146,7 @@ func TestSkipUnchangedReplaySkipsEveryChunk(t *testing.T) {
 			t.Parallel()
 			s := newItems(t)
 			src := newSkipSource()
-			cfg := &backfill.Config{Concurrency: 2, ExtractAhead: path == "leased, extract ahead"}
+			cfg := &backfill.Config{Concurrency: 2, SerialExtract: path != "leased, extract ahead"}
 			job := skipJob(src)
 			r, err := backfill.New(s.db, cfg)
 			require.NoError(t, err)

@@ -91,10 +91,10 @@ func (v *versionedSource) ChunkVersion(_ context.Context, c backfill.Chunk) (str
 var _ backfill.ChunkVersioner = (*versionedSource)(nil)
 
 // versionRunner is a runner of the versioned items job ("leased", with
-// Config.ExtractAhead for "leased, extract ahead").
+// Config.SerialExtract except for "leased, extract ahead").
 func versionRunner(t *testing.T, s *itemsSetup, src *versionedSource, path string, hooks backfill.Hooks) (*backfill.Runner, backfill.Job) {
 	t.Helper()
-	cfg := &backfill.Config{Concurrency: 2, Hooks: hooks, ExtractAhead: path == "leased, extract ahead", MaxAttempts: 1}
+	cfg := &backfill.Config{Concurrency: 2, Hooks: hooks, SerialExtract: path != "leased, extract ahead", MaxAttempts: 1}
 	job := skipJob(src.skipSource)
 	job.Extractor = src
 	r, err := backfill.New(s.db, cfg)
@@ -260,7 +260,7 @@ func TestChunkVersionExtractsWhenItMust(t *testing.T) {
 }
 
 // TestLeastPrivilegeChunkVersion: a role with DML only (no ownership, no
-// CREATE, no DELETE on the target), ExtractAhead at Concurrency 2: an
+// CREATE, no DELETE on the target), extracting ahead at Concurrency 2: an
 // unchanged replay with a ChunkVersioner extracts nothing and skips every
 // chunk; a changed target row and a changed source row each make exactly
 // their chunk extracted and merged.
@@ -275,7 +275,7 @@ func TestLeastPrivilegeChunkVersion(t *testing.T) {
 	r.exec(t, `GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA backfill TO {role}`)
 	r.exec(t, `GRANT EXECUTE ON FUNCTION backfill.record_event(bigint, text, text, text, jsonb), backfill.library_control(bigint, text, text) TO {role}`)
 	r.exec(t, `GRANT SELECT, INSERT, UPDATE ON items TO {role}`)
-	runner, err := backfill.New(r.db, &backfill.Config{Concurrency: 2, ExtractAhead: true})
+	runner, err := backfill.New(r.db, &backfill.Config{Concurrency: 2})
 	require.NoError(t, err)
 	src := newVersionedSource()
 	job := skipJob(src.skipSource)
@@ -298,7 +298,8 @@ func TestLeastPrivilegeChunkVersion(t *testing.T) {
 }
 
 // TestPoolerChunkVersion: the same through PgBouncer in transaction mode
-// at Concurrency 4 with ExtractAhead; the changed target row is restored.
+// at Concurrency 4, as many chunks as the pooler's server connections,
+// extracting ahead; the changed target row is restored.
 func TestPoolerChunkVersion(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -306,7 +307,7 @@ func TestPoolerChunkVersion(t *testing.T) {
 	defer db.Close()
 	db.MustExec(`CREATE TABLE items (tenant text NOT NULL, id bigint NOT NULL, name varchar(12), amount numeric(10,2), seen_at timestamptz,
 		backfill_inserted_by bigint, backfill_updated_by bigint, PRIMARY KEY (tenant, id))`)
-	runner, err := backfill.New(db, &backfill.Config{Concurrency: 4, ExtractAhead: true})
+	runner, err := backfill.New(db, &backfill.Config{Concurrency: pgtest.PoolerPoolSize})
 	require.NoError(t, err)
 	src := newVersionedSource()
 	job := skipJob(src.skipSource)
@@ -349,7 +350,6 @@ func versionKillJob() (backfill.Job, *versionedSource) {
 func init() {
 	childProcess("BACKFILL_VERSION_KILL_CHILD", func(db *sqlx.DB) error {
 		cfg := skipKillConfig()
-		cfg.ExtractAhead = true
 		r, err := backfill.New(db, cfg)
 		if err != nil {
 			return err
@@ -362,7 +362,7 @@ func init() {
 
 // TestChunkVersionKilledMidReplay: the version is written only by the
 // chunk's checkpoint statement. A kill -9 in the middle of a replay that
-// skips on versions (ExtractAhead on), then a resume: every chunk is done
+// skips on versions (extracting ahead), then a resume: every chunk is done
 // once and balanced, nine skipped; every chunk of the batch recorded its
 // version, and a further replay extracts nothing and skips all ten.
 func TestChunkVersionKilledMidReplay(t *testing.T) {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"sort"
+	"sync"
 	"time"
 
 	"github.com/jmoiron/sqlx"
@@ -260,11 +261,12 @@ func (ex *execution) watchChunk(ctx context.Context, pid int, lockTimeout string
 	delay := min(timeout/2, 500*time.Millisecond)
 	every := min(max(timeout/4, 10*time.Millisecond), 250*time.Millisecond)
 	done := make(chan struct{})
-	result := make(chan *watchSeen, 1)
+	result := make(chan struct{})
+	var mu sync.Mutex
+	var last *watchSeen
 	wctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	go func() {
-		var last *watchSeen
-		defer func() { result <- last }()
+		defer close(result)
 		t := time.NewTimer(delay)
 		defer t.Stop()
 		for {
@@ -274,7 +276,9 @@ func (ex *execution) watchChunk(ctx context.Context, pid int, lockTimeout string
 			case <-t.C:
 			}
 			if seen := observeBackend(wctx, ex.r.db, pid); seen != nil {
+				mu.Lock()
 				last = seen
+				mu.Unlock()
 			}
 			t.Reset(every)
 		}
@@ -282,9 +286,23 @@ func (ex *execution) watchChunk(ctx context.Context, pid int, lockTimeout string
 	return func() *watchSeen {
 		close(done)
 		cancel()
-		return <-result
+		// An observation under way is waited for, but not for long: on
+		// a pool of few server connections (a pooler's) it may itself
+		// wait for one that the chunk's own transaction, still open,
+		// holds or that chunks waiting for this one's locks hold.
+		select {
+		case <-result:
+		case <-time.After(watchStopWait):
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		return last
 	}
 }
+
+// watchStopWait bounds how long a watcher's stop waits for the
+// observation under way.
+const watchStopWait = time.Second
 
 // observeBackend reads what backend pid is doing: how long its current
 // statement has waited for a lock (pg_locks.waitstart, PostgreSQL 14) or

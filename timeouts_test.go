@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/jmoiron/sqlx"
+	"github.com/pgbackfill/backfill/backfilltype"
 	"github.com/pgbackfill/backfill/internal/testwait"
 	"github.com/stretchr/testify/require"
 
@@ -95,14 +96,20 @@ func TestLockedTargetWaitsAreBoundedRecordedAndRetried(t *testing.T) {
 	waits, err := r.caps.waits.Waits(ctx, db, res.rep.BatchID)
 	require.NoError(t, err)
 	require.GreaterOrEqual(t, len(waits), 2)
+	// Chunk 0 is locked out first; the chunk its worker extracted ahead
+	// (chunk 1) reaches the target while the lock is held too, and its
+	// waits are its own: each chunk's tries are numbered from 1.
 	named := 0
-	for i, w := range waits {
+	tries := map[int]int{}
+	for _, w := range waits {
 		require.Equal(t, "55P03", w.SQLState, "a lock timeout")
 		require.Equal(t, "300", w.LockTimeout, "each try waits at most its lock_timeout")
-		require.Equal(t, 0, w.Seq)
+		require.LessOrEqual(t, w.Seq, 1, "chunk 0, or the chunk extracted ahead of it")
 		require.Equal(t, 1, w.Attempt)
-		require.Equal(t, i+1, w.Try)
+		tries[w.Seq]++
+		require.Equal(t, tries[w.Seq], w.Try, "chunk %d's tries in order", w.Seq)
 		require.False(t, w.Final)
+		require.GreaterOrEqual(t, w.Waited, 250*time.Millisecond, "a wait recorded is a wait waited, about its lock_timeout")
 		for _, b := range w.Blockers {
 			if b.PID == lockerPID && b.ApplicationName == "the-locker" && strings.Contains(b.Query, "LOCK TABLE live IN ACCESS EXCLUSIVE MODE") {
 				named++
@@ -308,9 +315,26 @@ func TestLockRetriesExhaustedFailsTheAttempt(t *testing.T) {
 	require.Equal(t, RunFailed, rep.Status)
 	waits, err := r.caps.waits.Waits(ctx, db, rep.BatchID)
 	require.NoError(t, err)
-	require.Len(t, waits, 2)
-	require.False(t, waits[0].Final)
-	require.True(t, waits[1].Final)
+	// Chunk 0's attempt: two tries, the last final. The chunk its worker
+	// extracted ahead (chunk 1) reaches the target between them, while
+	// the lock is still held: one wait of its own, not final, as the run
+	// stops at chunk 0's failure before chunk 1 is tried again.
+	var first []backfilltype.Wait
+	for _, w := range waits {
+		require.LessOrEqual(t, w.Seq, 1, "chunk 0, or the chunk extracted ahead of it")
+		require.GreaterOrEqual(t, w.Waited, 80*time.Millisecond, "a wait recorded is a wait waited, about its lock_timeout")
+		if w.Seq == 0 {
+			first = append(first, w)
+		} else {
+			require.Equal(t, 1, w.Try)
+			require.False(t, w.Final)
+		}
+	}
+	require.LessOrEqual(t, len(waits), 3)
+	require.Len(t, first, 2)
+	require.Equal(t, []int{1, 2}, []int{first[0].Try, first[1].Try})
+	require.False(t, first[0].Final)
+	require.True(t, first[1].Final)
 }
 
 // TestManifestTxSetsTimeouts: the short manifest transactions run under

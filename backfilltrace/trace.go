@@ -89,7 +89,8 @@ const (
 	// PhaseExtract: the extractor writing into the chunk's spool,
 	// outside any transaction.
 	PhaseExtract Phase = "extract"
-	// PhaseQueued: with backfill.Config.ExtractAhead only, and only when it
+	// PhaseQueued: only when extracting ahead (unless
+	// backfill.Config.SerialExtract), and only when it
 	// waits: the extracted chunk waits for its worker's previous chunk's
 	// transaction to end.
 	PhaseQueued Phase = "queued"

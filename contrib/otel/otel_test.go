@@ -161,6 +161,12 @@ func TestSpansAndMetricsOfARun(t *testing.T) {
 		}
 		switch attr(c.Attributes, "backfill.chunk.outcome").AsString() {
 		case backfilltrace.OutcomeDone:
+			// A chunk extracted ahead (the default) waits for its worker's
+			// previous chunk between its extraction and its transaction:
+			// a queued phase there, and only there.
+			if len(names) > 2 && names[2] == "backfill.queued" {
+				names = slices.Delete(slices.Clone(names), 2, 3)
+			}
 			if !slices.Equal(names, want) {
 				t.Errorf("phases %v, want %v", names, want)
 			}

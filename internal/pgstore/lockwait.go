@@ -56,6 +56,29 @@ type LockWait struct {
 	// Done: the locks were granted after at least one step timed out;
 	// the last report of the wait.
 	Done bool
+	// Tx is the waiting transaction, usable by Wait between two steps
+	// (the step's savepoint is rolled back): a statement Wait needs (the
+	// holders, their fence) runs there, on the connection the wait
+	// already holds, rather than on another one a small pool (a pooler's
+	// server connections) may not have while every connection waits.
+	// An error there must not abort it: run it in a savepoint (InSavepoint).
+	Tx sqlx.ExtContext
+}
+
+// InSavepoint runs f in tx inside a savepoint of its own, rolled back
+// to when f fails, so that a failure of f leaves the rest of tx usable.
+func InSavepoint(ctx context.Context, tx sqlx.ExtContext, f func(tx sqlx.ExtContext) error) error {
+	if _, err := tx.ExecContext(ctx, `SAVEPOINT backfill_lock_holders`); err != nil {
+		return err
+	}
+	if err := f(tx); err != nil {
+		if _, rerr := tx.ExecContext(context.WithoutCancel(ctx), `ROLLBACK TO SAVEPOINT backfill_lock_holders; RELEASE SAVEPOINT backfill_lock_holders`); rerr != nil {
+			return errors.Join(err, rerr)
+		}
+		return err
+	}
+	_, err := tx.ExecContext(ctx, `RELEASE SAVEPOINT backfill_lock_holders`)
+	return err
 }
 
 // LockWaiting is how WaitLock waits: the lock_timeout of each try
@@ -104,7 +127,7 @@ func WaitLock(ctx context.Context, tx sqlx.ExtContext, what string, spec LockSpe
 	q := stmt(fmt.Sprintf(`set_config('backfill.lock_wait', current_setting('lock_timeout'), true) IS NOT NULL
 		AND set_config('lock_timeout', (SELECT CASE WHEN s.setting::bigint > 0 THEN least(s.setting::bigint, %d) ELSE %d END
 			FROM pg_settings s WHERE s.name = 'lock_timeout')::text, true) IS NOT NULL`, step, step))
-	w := LockWait{What: what, Spec: spec}
+	w := LockWait{What: what, Spec: spec, Tx: tx}
 	var begin time.Time
 	for {
 		if begin.IsZero() {
@@ -183,6 +206,11 @@ func (m *Manifest) LockHolders(ctx context.Context, db sqlx.ExtContext, w LockWa
 	}
 	err := InShortTx(ctx, db, func(tx sqlx.ExtContext) error {
 		out = out[:0]
+		// db may be the waiting transaction itself (LockWait.Tx), whose
+		// view of pg_stat_activity is taken once per transaction: clear it.
+		if _, err := tx.ExecContext(ctx, `SELECT pg_stat_clear_snapshot()`); err != nil {
+			return err
+		}
 		return sqlx.SelectContext(ctx, tx, &out, m.SQL(`SELECT 0 AS seq, '' AS chunk_id, l.pid, `+holderColumns("$8", "$6", "$7")+`
 			FROM (SELECT DISTINCT l.pid FROM pg_locks l WHERE `+lockSpecCond+` AND l.pid <> $5 AND l.pid <> pg_backend_pid()) l
 			`+holderJoin+` ORDER BY l.pid`),

@@ -506,11 +506,16 @@ func (m *Merger) Stage(ctx context.Context, tx sqlx.ExtContext, info backfilltyp
 	if _, err := tx.ExecContext(ctx, q.create); err != nil {
 		return nil, fmt.Errorf("backfill: stage %s: create staging table: %w", info.Target.Table, err)
 	}
-	stmt, err := p.PrepareContext(ctx, q.copyIn)
-	if err != nil {
-		return nil, fmt.Errorf("backfill: stage %s: copy: %w", info.Target.Table, err)
+	st := &PGStager{m: m, tx: tx, Info: info, Q: q, buf: make([]any, len(info.Columns)+1), track: true, seed: maphash.MakeSeed()}
+	// With a connection of its own, the COPY starts in CopyRows (or at
+	// the first Add outside it).
+	if st.rawConn = rawConnOf(tx); st.rawConn == nil {
+		stmt, err := p.PrepareContext(ctx, q.copyIn)
+		if err != nil {
+			return nil, fmt.Errorf("backfill: stage %s: copy: %w", info.Target.Table, err)
+		}
+		st.copy = stmt
 	}
-	st := &PGStager{m: m, tx: tx, Info: info, Q: q, copy: stmt, buf: make([]any, len(info.Columns)+1), track: true, seed: maphash.MakeSeed()}
 	for _, name := range info.Identity() {
 		i := slices.IndexFunc(info.Columns, func(c backfilltype.Column) bool { return c.Name == name })
 		st.identity = append(st.identity, i)
@@ -554,14 +559,22 @@ const maxTrackedKeys = 1 << 20
 // staging table in the chunk's transaction, then merges them into Info's
 // target with the statements of Q. It is used by one goroutine.
 type PGStager struct {
-	m      *Merger
-	tx     sqlx.ExtContext
-	Info   backfilltype.TableInfo `json:"-" db:"-"`
-	Q      PGMergeSQL             `json:"-" db:"-"`
-	copy   *sql.Stmt
-	buf    []any
-	staged int64
-	done   bool
+	m    *Merger
+	tx   sqlx.ExtContext
+	Info backfilltype.TableInfo `json:"-" db:"-"`
+	Q    PGMergeSQL             `json:"-" db:"-"`
+	copy *sql.Stmt
+	buf  []any
+	// The COPY on lib/pq's connection (CopyRows): rawConn is the chunk
+	// transaction's connection (nil: none; the COPY runs through copy),
+	// raw the COPY while CopyRows runs, copyErr its end's error for the
+	// next EndCopy, copied that it ran.
+	rawConn rawConner
+	raw     *rawCopy
+	copyErr error
+	copied  bool
+	staged  int64
+	done    bool
 	// lockWhole: the merge locks the whole target, not its keys
 	// ([WholeTarget]).
 	lockWhole bool
@@ -644,7 +657,25 @@ func (s *PGStager) Add(ctx context.Context, row int64, values []any) error {
 	}
 	copy(s.buf, values)
 	s.buf[len(values)] = row
-	if _, err := s.copy.ExecContext(ctx, s.buf...); err != nil {
+	var err error
+	switch {
+	case s.raw != nil:
+		err = s.addRaw(ctx)
+	case s.copied:
+		return backfilltype.ErrWriterClosed
+	default:
+		if s.copy == nil {
+			p, ok := s.tx.(Preparer)
+			if !ok {
+				return fmt.Errorf("backfill: stage %s: %w", s.Info.Target.Table, errNotTx)
+			}
+			if s.copy, err = p.PrepareContext(ctx, s.Q.copyIn); err != nil {
+				return fmt.Errorf("backfill: stage %s: copy: %w", s.Info.Target.Table, err)
+			}
+		}
+		_, err = s.copy.ExecContext(ctx, s.buf...)
+	}
+	if err != nil {
 		return fmt.Errorf("backfill: stage %s row %d: %w", s.Info.Target.Table, row, err)
 	}
 	s.trackKey(values)
@@ -654,7 +685,14 @@ func (s *PGStager) Add(ctx context.Context, row int64, values []any) error {
 
 // EndCopy ends the COPY and closes its statement, returning the COPY's
 // error (a refused value shows here); once ended, it does nothing.
-func (s *PGStager) EndCopy(ctx context.Context) error { return finishCopy(ctx, &s.copy) }
+func (s *PGStager) EndCopy(ctx context.Context) error {
+	if s.copy == nil {
+		err := s.copyErr
+		s.copyErr = nil
+		return err
+	}
+	return finishCopy(ctx, &s.copy)
+}
 
 // finishCopy ends the COPY of *stmt, if any, and closes it.
 func finishCopy(ctx context.Context, stmt **sql.Stmt) error {

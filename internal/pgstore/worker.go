@@ -273,11 +273,15 @@ func (m *Manifest) WaitInFlight(ctx context.Context, db sqlx.ExtContext, batchID
 // bound, at least staleArg seconds, by the server's clock), and, when
 // fenceArg, whether its backend was terminated for it (the fence of a
 // stale worker other than selfArg's).
+//
+// The heartbeat's age is taken at clock_timestamp(), not now(): the
+// columns may be read in a transaction that has waited long (a chunk's
+// whose key locks are held, [Manifest.LockHolders]).
 func holderColumns(fenceArg, selfArg, staleArg string) string {
-	stale := `(w.finished_at IS NOT NULL OR w.heartbeat_at < now() - greatest(w.stale_after, make_interval(secs => ` + staleArg + `)))`
+	stale := `(w.finished_at IS NOT NULL OR w.heartbeat_at < clock_timestamp() - greatest(w.stale_after, make_interval(secs => ` + staleArg + `)))`
 	return `coalesce(w.worker_key, '') AS worker_key,
 			coalesce(w.worker_id, a.application_name, '') AS worker_id, coalesce(w.host, '') AS host, coalesce(w.pid, 0) AS os_pid,
-			coalesce(extract(epoch FROM now() - w.heartbeat_at)::float8, -1) AS age_sec,
+			coalesce(extract(epoch FROM clock_timestamp() - w.heartbeat_at)::float8, -1) AS age_sec,
 			coalesce(` + stale + `, false) AS stale,
 			CASE WHEN ` + fenceArg + ` AND w.worker_key IS NOT NULL AND w.worker_key <> ` + selfArg + ` AND ` + stale + `
 				THEN pg_terminate_backend(l.pid) ELSE false END AS terminated`

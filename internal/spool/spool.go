@@ -10,12 +10,27 @@ import (
 	"math"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
 // MemLimit is how many bytes of rows a spool keeps in memory before
 // it moves them to a temporary file.
 var MemLimit = 8 << 20
+
+// MemBudget is how many bytes of rows all the spools of the process keep
+// in memory at once: a spool whose next row would take the total past it
+// moves its rows to a temporary file, whatever its own size. With
+// Concurrency workers each holding a chunk being written and one
+// extracted ahead, it bounds the memory of the rows in flight.
+var MemBudget int64 = 16 << 20
+
+// inMem is the bytes of rows the spools of the process keep in memory
+// (each spool's memBytes, summed).
+var inMem atomic.Int64
+
+// InMem returns the bytes of rows all spools keep in memory now (tests).
+func InMem() int64 { return inMem.Load() }
 
 // Spool records Add calls (row number and converted values).
 type Spool struct {
@@ -72,6 +87,7 @@ func (s *Spool) release() {
 		m = m[:0]
 		spoolMems.Put(&m)
 	}
+	inMem.Add(-int64(s.memBytes))
 	s.Mem, s.memBytes, s.slab, s.slabs = nil, 0, nil, nil
 }
 
@@ -93,7 +109,8 @@ func (s *Spool) Add(ctx context.Context, row int64, values []any) error {
 		}
 	}
 	vs := s.values(len(values))
-	size := 16
+	// The row's memory: its entry in Mem, its slots, and what they box.
+	size := 32
 	for i, v := range values {
 		switch x := v.(type) {
 		case []byte:
@@ -101,18 +118,25 @@ func (s *Spool) Add(ctx context.Context, row int64, values []any) error {
 				// Empty stays empty, not NULL.
 				vs[i] = append(make([]byte, 0, len(x)), x...)
 			}
-			size += len(x) + 24
+			size += len(x) + 40
 		case string:
 			vs[i] = v // the interface as it came: boxing x again would allocate
-			size += len(x) + 16
-		default:
+			size += len(x) + 32
+		case nil, bool:
 			vs[i] = v
 			size += 16
+		case time.Time:
+			vs[i] = v
+			size += 40
+		default:
+			vs[i] = v
+			size += 24
 		}
 	}
 	s.Mem = append(s.Mem, spoolRow{row: row, values: vs})
 	s.memBytes += size
-	if s.memBytes > MemLimit && !s.memOnly {
+	total := inMem.Add(int64(size))
+	if (s.memBytes > MemLimit || total > MemBudget) && !s.memOnly {
 		return s.spill()
 	}
 	return nil

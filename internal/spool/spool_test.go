@@ -96,3 +96,40 @@ func TestSpoolRoundTrip(t *testing.T) {
 		}
 	})
 }
+
+// TestMemBudgetSharedBySpools: the spools of the process share
+// MemBudget: a spool under its own MemLimit moves to a file once all the
+// spools together would hold more than the budget in memory, and a
+// spool closed or moved to a file gives its share back.
+func TestMemBudgetSharedBySpools(t *testing.T) {
+	oldLimit, oldBudget := MemLimit, MemBudget
+	MemLimit, MemBudget = 1<<20, 64<<10
+	defer func() { MemLimit, MemBudget = oldLimit, oldBudget }()
+	ctx := context.Background()
+	base := InMem()
+	row := []any{"0123456789012345678901234567890123456789", int64(7), time.Unix(0, 0).UTC()}
+	a, b := &Spool{}, &Spool{}
+	for i := range 300 { // about 40 KiB: under the budget alone
+		require.NoError(t, a.Add(ctx, int64(i+1), row))
+	}
+	require.Nil(t, a.F, "a spool under its limit and the budget stays in memory")
+	inA := InMem() - base
+	require.Greater(t, inA, int64(0))
+	for i := range 300 {
+		require.NoError(t, b.Add(ctx, int64(i+1), row))
+	}
+	require.NotNil(t, b.F, "past the shared budget the next spool moves to a file")
+	require.Nil(t, a.F)
+	require.Equal(t, inA, InMem()-base, "a spool in a file holds no share")
+	var n int
+	require.NoError(t, b.Replay(ctx, func(r int64, vs []any) error {
+		n++
+		require.Equal(t, int64(n), r)
+		require.Equal(t, row, vs)
+		return nil
+	}))
+	require.Equal(t, 300, n)
+	require.NoError(t, a.Close())
+	require.NoError(t, b.Close())
+	require.Equal(t, base, InMem(), "closed spools give their share back")
+}

@@ -37,13 +37,15 @@ func onOff(on bool) optIn {
 	return optOff
 }
 
-// setExtractAhead applies a variant's ExtractAhead setting to cfg.
+// setExtractAhead applies a variant's extract-ahead setting to cfg:
+// extracting ahead is the library's default, Config.SerialExtract its
+// opt-out.
 func setExtractAhead(cfg *backfill.Config, o optIn) {
 	switch o {
 	case optOn:
-		cfg.ExtractAhead = true
+		cfg.SerialExtract = false
 	case optOff:
-		cfg.ExtractAhead = false
+		cfg.SerialExtract = true
 	}
 }
 
@@ -63,7 +65,7 @@ func setSkipUnchanged(job *backfill.Job, o optIn) {
 func libDefaults() string {
 	var c backfill.Config
 	var j backfill.Job
-	return fmt.Sprintf("Config.Concurrency=0 (1), Config.ExtractAhead=%t, Job.SkipUnchanged=%t, Job.MergeEveryChunk=%t (SkipUnchanged unset and MergeEveryChunk unset: skips unchanged chunks where the job is eligible and has a ChunkColumn)", c.ExtractAhead, j.SkipUnchanged, j.MergeEveryChunk)
+	return fmt.Sprintf("Config.Concurrency=0 (1), Config.SerialExtract=%t (extracts ahead unless set), Job.SkipUnchanged=%t, Job.MergeEveryChunk=%t (SkipUnchanged unset and MergeEveryChunk unset: skips unchanged chunks where the job is eligible and has a ChunkColumn)", c.SerialExtract, j.SkipUnchanged, j.MergeEveryChunk)
 }
 
 // mainVariantDoc says exactly what the main variant (the library's

@@ -299,3 +299,27 @@ func (s *timedStager) Merge(ctx context.Context) (backfilltype.MergeResult, erro
 }
 
 func (s *timedStager) Close() error { return s.inner.Close() }
+
+// CopyRows forwards the library's one-call COPY (pgstore.PGStager's,
+// lib/pq's connection inside sql.Conn.Raw) when the inner stager has
+// it, so that a profiled load stages the way an unprofiled one does;
+// else the rows are Added one by one, as the library does then.
+func (s *timedStager) CopyRows(ctx context.Context, f func() error) error {
+	if rc, ok := s.inner.(interface {
+		CopyRows(ctx context.Context, f func() error) error
+	}); ok {
+		return rc.CopyRows(ctx, f)
+	}
+	return f()
+}
+
+// EndStaging forwards the end of the COPY before the merge, when the
+// inner stager has it.
+func (s *timedStager) EndStaging(ctx context.Context) error {
+	if ce, ok := s.inner.(interface {
+		EndStaging(ctx context.Context) error
+	}); ok {
+		return ce.EndStaging(ctx)
+	}
+	return nil
+}

@@ -48,7 +48,7 @@ func main() {
 	concurrency := flag.Int("concurrency", 1, "chunks at once")
 	heartbeat := flag.Duration("heartbeat", 0, "Config.HeartbeatInterval (0: the library's default)")
 	staleAfter := flag.Duration("stale-after", 0, "Config.StaleAfter (0: the library's default)")
-	ahead := flag.Bool("extract-ahead", false, "Config.ExtractAhead")
+	ahead := flag.Bool("extract-ahead", true, "extract ahead, the default (false: Config.SerialExtract)")
 	mergedPause := flag.Duration("merged-pause", 0, "log \"merged\" after each chunk's merge and pause this long before its commit")
 	flag.Parse()
 
@@ -56,7 +56,7 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	cfg := backfill.Config{Concurrency: *concurrency, WorkerID: *id, Logger: log, RetryBackoff: 200 * time.Millisecond,
-		HeartbeatInterval: *heartbeat, StaleAfter: *staleAfter, ExtractAhead: *ahead}
+		HeartbeatInterval: *heartbeat, StaleAfter: *staleAfter, SerialExtract: !*ahead}
 	code := run(ctx, *url, spec, cfg, *mergedPause)
 	log.Info("worker exit", "code", int(code))
 	os.Exit(int(code))
