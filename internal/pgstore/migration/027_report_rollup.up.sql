@@ -48,55 +48,23 @@ CREATE INDEX chunks_duration ON {s}.chunks (batch_id, (finished_at - started_at)
 CREATE INDEX chunks_rejects ON {s}.chunks (batch_id, rows_rejected) WHERE rows_rejected > 0;
 CREATE INDEX chunks_failed ON {s}.chunks (batch_id, seq) WHERE status = 'failed';
 
--- The rollup rows of a set of chunks (sign 1 or -1 per chunk), grouped:
--- p_rows is a jsonb array of chunk rows with a sign.
-CREATE FUNCTION {s}.chunk_buckets_apply(p_rows jsonb) RETURNS void
+-- Merges the rollup deltas p_deltas (a jsonb array of chunk_buckets
+-- rows) of runs p_batch_ids into chunk_buckets.
+CREATE FUNCTION {s}.chunk_buckets_apply(p_batch_ids bigint[], p_deltas jsonb) RETURNS void
 	LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
-DECLARE
-	v_ids bigint[];
-	v_deltas jsonb;
 BEGIN
-	WITH c AS (
-		SELECT x.*, r.shift,
-			CASE WHEN x.started_at IS NOT NULL AND x.finished_at IS NOT NULL THEN greatest(extract(epoch FROM x.finished_at - x.started_at), 0) END AS d
-		FROM jsonb_to_recordset(p_rows) AS x(sign int, batch_id bigint, seq int, status text, worker text, attempts int,
-			rows_read bigint, rows_inserted bigint, rows_updated bigint, rows_unchanged bigint, rows_rejected bigint, rows_deduplicated bigint,
-			started_at timestamptz, finished_at timestamptz)
-		JOIN LATERAL (SELECT CASE WHEN coalesce(max(r.chunks_total), 0) <= 512 THEN 0
-				ELSE ceil(log(2, max(r.chunks_total) / 512.0))::int END AS shift
-			FROM {s}.runs r WHERE r.batch_id = x.batch_id) r ON true),
-	k AS (
-		SELECT 's'::"char" AS kind, (c.seq >> c.shift) << c.shift AS lo, c.status AS k_status, ''::text AS k_worker, c.* FROM c
-		UNION ALL
-		SELECT 'w', 0, c.status, c.worker, c.* FROM c
-		UNION ALL
-		SELECT 'd', CASE WHEN c.d * 1000 < 2 ^ 0.25 THEN 0 ELSE floor(4 * log(2, (c.d * 1000)::numeric))::int END, '', '', c.* FROM c WHERE c.d IS NOT NULL),
-	g AS (
-		SELECT k.batch_id, k.kind, k.lo, k.k_status AS status, k.k_worker AS worker, sum(k.sign) AS chunks, sum(k.sign) FILTER (WHERE k.d IS NOT NULL) AS timed,
-			sum(k.sign * k.attempts) AS attempts, sum(k.sign * k.rows_read) AS rows_read, sum(k.sign * k.rows_inserted) AS rows_inserted,
-			sum(k.sign * k.rows_updated) AS rows_updated, sum(k.sign * k.rows_unchanged) AS rows_unchanged, sum(k.sign * k.rows_rejected) AS rows_rejected,
-			sum(k.sign * k.rows_deduplicated) AS rows_deduplicated, coalesce(sum(k.sign * k.d), 0) AS busy_seconds
-		FROM k GROUP BY 1, 2, 3, 4, 5)
-	SELECT array_agg(DISTINCT g.batch_id), jsonb_agg(g) INTO v_ids, v_deltas FROM g
-	WHERE g.chunks <> 0 OR coalesce(g.timed, 0) <> 0 OR g.attempts <> 0 OR g.rows_read <> 0 OR g.rows_inserted <> 0 OR g.rows_updated <> 0
-		OR g.rows_unchanged <> 0 OR g.rows_rejected <> 0 OR g.rows_deduplicated <> 0 OR g.busy_seconds <> 0;
-	IF v_deltas IS NULL THEN
-		RETURN;
-	END IF;
 	-- As chunk_counts_apply: under read committed, merge the committed
 	-- rows of the touched groups that no one else is merging; otherwise
 	-- append the delta.
 	IF current_setting('transaction_isolation') = 'read committed' THEN
 		WITH d AS (
-			SELECT x.batch_id, x.kind, x.lo, x.status, x.worker, x.chunks, coalesce(x.timed, 0) AS timed, x.attempts, x.rows_read, x.rows_inserted,
-				x.rows_updated, x.rows_unchanged, x.rows_rejected, x.rows_deduplicated, x.busy_seconds
-			FROM jsonb_to_recordset(v_deltas) AS x(batch_id bigint, kind "char", lo int, status text, worker text, chunks bigint, timed bigint,
+			SELECT * FROM jsonb_to_recordset(p_deltas) AS x(batch_id bigint, kind "char", lo int, status text, worker text, chunks bigint, timed bigint,
 				attempts bigint, rows_read bigint, rows_inserted bigint, rows_updated bigint, rows_unchanged bigint, rows_rejected bigint,
 				rows_deduplicated bigint, busy_seconds numeric)),
 		old AS (
 			DELETE FROM {s}.chunk_buckets b WHERE b.ctid = ANY (ARRAY(
 				SELECT o.ctid FROM {s}.chunk_buckets o
-				WHERE o.batch_id = ANY (v_ids) AND (o.batch_id, o.kind, o.lo, o.status, o.worker) IN
+				WHERE o.batch_id = ANY (p_batch_ids) AND (o.batch_id, o.kind, o.lo, o.status, o.worker) IN
 					(SELECT d.batch_id, d.kind, d.lo, d.status, d.worker FROM d)
 				FOR UPDATE SKIP LOCKED))
 			RETURNING b.*)
@@ -110,9 +78,7 @@ BEGIN
 			OR sum(a.busy_seconds) <> 0;
 	ELSE
 		INSERT INTO {s}.chunk_buckets
-		SELECT x.batch_id, x.kind, x.lo, x.status, x.worker, x.chunks, coalesce(x.timed, 0), x.attempts, x.rows_read, x.rows_inserted,
-			x.rows_updated, x.rows_unchanged, x.rows_rejected, x.rows_deduplicated, x.busy_seconds
-		FROM jsonb_to_recordset(v_deltas) AS x(batch_id bigint, kind "char", lo int, status text, worker text, chunks bigint, timed bigint,
+		SELECT * FROM jsonb_to_recordset(p_deltas) AS x(batch_id bigint, kind "char", lo int, status text, worker text, chunks bigint, timed bigint,
 			attempts bigint, rows_read bigint, rows_inserted bigint, rows_updated bigint, rows_unchanged bigint, rows_rejected bigint,
 			rows_deduplicated bigint, busy_seconds numeric);
 	END IF;
@@ -122,42 +88,63 @@ $fn$;
 CREATE FUNCTION {s}.chunk_buckets_trigger() RETURNS trigger
 	LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
-	v_rows jsonb;
+	v_src text;
+	v_ids bigint[];
+	v_deltas jsonb;
 BEGIN
-	-- The statement's new rows count +1, its old rows -1; the rows a
-	-- statement leaves as they were (a lease's heartbeat) cancel out.
+	-- The statement's new rows count +1, its old rows -1 (an update's
+	-- rows that it left as the rollup sees them, a lease's heartbeat,
+	-- count neither), grouped in one pass: the deltas are a few rows
+	-- whatever the statement's size. The transition tables are visible
+	-- to this function's EXECUTE.
 	IF TG_OP = 'INSERT' THEN
-		SELECT jsonb_agg(x) INTO v_rows FROM (
-			SELECT 1 AS sign, n.batch_id, n.seq, n.status, n.worker, n.attempts, n.rows_read, n.rows_inserted, n.rows_updated, n.rows_unchanged,
-				n.rows_rejected, n.rows_deduplicated, n.started_at, n.finished_at FROM new_chunks n) x;
+		v_src := 'SELECT 1 AS sign, n.batch_id, n.seq, n.status, n.worker, n.attempts, n.rows_read, n.rows_inserted, n.rows_updated, n.rows_unchanged, n.rows_rejected, n.rows_deduplicated, n.started_at, n.finished_at FROM new_chunks n';
 	ELSIF TG_OP = 'DELETE' THEN
 		DELETE FROM {s}.chunk_buckets b WHERE b.batch_id IN (SELECT DISTINCT o.batch_id FROM old_chunks o)
 			AND NOT EXISTS (SELECT 1 FROM {s}.runs r WHERE r.batch_id = b.batch_id);
-		SELECT jsonb_agg(x) INTO v_rows FROM (
-			SELECT -1 AS sign, o.batch_id, o.seq, o.status, o.worker, o.attempts, o.rows_read, o.rows_inserted, o.rows_updated, o.rows_unchanged,
-				o.rows_rejected, o.rows_deduplicated, o.started_at, o.finished_at FROM old_chunks o
-			-- A run's delete cascades here: its rollup goes with it.
-			WHERE EXISTS (SELECT 1 FROM {s}.runs r WHERE r.batch_id = o.batch_id)) x;
+		-- A run's delete cascades here: its rollup went with it (the join
+		-- on runs in the grouping drops its rows).
+		v_src := 'SELECT -1 AS sign, o.batch_id, o.seq, o.status, o.worker, o.attempts, o.rows_read, o.rows_inserted, o.rows_updated, o.rows_unchanged, o.rows_rejected, o.rows_deduplicated, o.started_at, o.finished_at FROM old_chunks o';
 	ELSE
-		SELECT jsonb_agg(x) INTO v_rows FROM (
-			SELECT 1 AS sign, n.batch_id, n.seq, n.status, n.worker, n.attempts, n.rows_read, n.rows_inserted, n.rows_updated, n.rows_unchanged,
-				n.rows_rejected, n.rows_deduplicated, n.started_at, n.finished_at FROM new_chunks n
+		v_src := 'SELECT 1 AS sign, n.batch_id, n.seq, n.status, n.worker, n.attempts, n.rows_read, n.rows_inserted, n.rows_updated, n.rows_unchanged, n.rows_rejected, n.rows_deduplicated, n.started_at, n.finished_at FROM new_chunks n
 			LEFT JOIN old_chunks o ON o.batch_id = n.batch_id AND o.seq = n.seq
-			WHERE (o.status, o.worker, o.attempts, o.rows_read, o.rows_inserted, o.rows_updated, o.rows_unchanged, o.rows_rejected,
+			WHERE o.seq IS NULL OR (o.status, o.worker, o.attempts, o.rows_read, o.rows_inserted, o.rows_updated, o.rows_unchanged, o.rows_rejected,
 				o.rows_deduplicated, o.started_at, o.finished_at) IS DISTINCT FROM
 				(n.status, n.worker, n.attempts, n.rows_read, n.rows_inserted, n.rows_updated, n.rows_unchanged, n.rows_rejected,
-				n.rows_deduplicated, n.started_at, n.finished_at) OR o.seq IS NULL
+				n.rows_deduplicated, n.started_at, n.finished_at)
 			UNION ALL
-			SELECT -1, o.batch_id, o.seq, o.status, o.worker, o.attempts, o.rows_read, o.rows_inserted, o.rows_updated, o.rows_unchanged,
-				o.rows_rejected, o.rows_deduplicated, o.started_at, o.finished_at FROM old_chunks o
+			SELECT -1 AS sign, o.batch_id, o.seq, o.status, o.worker, o.attempts, o.rows_read, o.rows_inserted, o.rows_updated, o.rows_unchanged, o.rows_rejected, o.rows_deduplicated, o.started_at, o.finished_at FROM old_chunks o
 			LEFT JOIN new_chunks n ON n.batch_id = o.batch_id AND n.seq = o.seq
-			WHERE (o.status, o.worker, o.attempts, o.rows_read, o.rows_inserted, o.rows_updated, o.rows_unchanged, o.rows_rejected,
+			WHERE n.seq IS NULL OR (o.status, o.worker, o.attempts, o.rows_read, o.rows_inserted, o.rows_updated, o.rows_unchanged, o.rows_rejected,
 				o.rows_deduplicated, o.started_at, o.finished_at) IS DISTINCT FROM
 				(n.status, n.worker, n.attempts, n.rows_read, n.rows_inserted, n.rows_updated, n.rows_unchanged, n.rows_rejected,
-				n.rows_deduplicated, n.started_at, n.finished_at) OR n.seq IS NULL) x;
+				n.rows_deduplicated, n.started_at, n.finished_at)';
 	END IF;
-	IF v_rows IS NOT NULL THEN
-		PERFORM {s}.chunk_buckets_apply(v_rows);
+	EXECUTE format($q$
+	WITH c AS (
+		SELECT x.sign, x.batch_id, x.seq, x.status, x.worker, x.attempts, x.rows_read, x.rows_inserted, x.rows_updated, x.rows_unchanged,
+			x.rows_rejected, x.rows_deduplicated,
+			CASE WHEN r.chunks_total <= 512 THEN 0 ELSE ceil(log(2, r.chunks_total / 512.0))::int END AS shift,
+			CASE WHEN x.started_at IS NOT NULL AND x.finished_at IS NOT NULL THEN greatest(extract(epoch FROM x.finished_at - x.started_at), 0) END AS d
+		FROM (%s) x JOIN {s}.runs r ON r.batch_id = x.batch_id),
+	k AS (
+		SELECT 's'::"char" AS kind, (c.seq >> c.shift) << c.shift AS lo, c.status AS k_status, ''::text AS k_worker, c.* FROM c
+		UNION ALL
+		SELECT 'w', 0, c.status, c.worker, c.* FROM c
+		UNION ALL
+		SELECT 'd', CASE WHEN c.d * 1000 < 2 ^ 0.25 THEN 0 ELSE floor(4 * log(2, (c.d * 1000)::numeric))::int END, '', '', c.* FROM c WHERE c.d IS NOT NULL),
+	g AS (
+		SELECT k.batch_id, k.kind, k.lo, k.k_status AS status, k.k_worker AS worker, sum(k.sign) AS chunks,
+			coalesce(sum(k.sign) FILTER (WHERE k.d IS NOT NULL), 0) AS timed,
+			sum(k.sign * k.attempts) AS attempts, sum(k.sign * k.rows_read) AS rows_read, sum(k.sign * k.rows_inserted) AS rows_inserted,
+			sum(k.sign * k.rows_updated) AS rows_updated, sum(k.sign * k.rows_unchanged) AS rows_unchanged, sum(k.sign * k.rows_rejected) AS rows_rejected,
+			sum(k.sign * k.rows_deduplicated) AS rows_deduplicated, coalesce(sum(k.sign * k.d), 0) AS busy_seconds
+		FROM k GROUP BY 1, 2, 3, 4, 5)
+	SELECT array_agg(DISTINCT g.batch_id), jsonb_agg(g) FROM g
+	WHERE g.chunks <> 0 OR g.timed <> 0 OR g.attempts <> 0 OR g.rows_read <> 0 OR g.rows_inserted <> 0 OR g.rows_updated <> 0
+		OR g.rows_unchanged <> 0 OR g.rows_rejected <> 0 OR g.rows_deduplicated <> 0 OR g.busy_seconds <> 0$q$, v_src) INTO v_ids, v_deltas;
+	IF v_deltas IS NOT NULL THEN
+		PERFORM {s}.chunk_buckets_apply(v_ids, v_deltas);
 	END IF;
 	RETURN NULL;
 END
@@ -170,13 +157,34 @@ CREATE TRIGGER chunk_buckets_update AFTER UPDATE ON {s}.chunks REFERENCING OLD T
 CREATE TRIGGER chunk_buckets_delete AFTER DELETE ON {s}.chunks REFERENCING OLD TABLE AS old_chunks
 	FOR EACH STATEMENT EXECUTE FUNCTION {s}.chunk_buckets_trigger();
 
-REVOKE EXECUTE ON FUNCTION {s}.chunk_buckets_apply(jsonb), {s}.chunk_buckets_trigger() FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION {s}.chunk_buckets_apply(bigint[], jsonb), {s}.chunk_buckets_trigger() FROM PUBLIC;
 
 -- The existing runs' rollups (the migration holds the table's lock).
 LOCK TABLE {s}.chunks IN SHARE MODE;
-SELECT {s}.chunk_buckets_apply(jsonb_agg(x)) FROM (
-	SELECT 1 AS sign, c.batch_id, c.seq, c.status, c.worker, c.attempts, c.rows_read, c.rows_inserted, c.rows_updated, c.rows_unchanged,
-		c.rows_rejected, c.rows_deduplicated, c.started_at, c.finished_at FROM {s}.chunks c) x HAVING count(*) > 0;
+WITH c AS (
+		SELECT x.sign, x.batch_id, x.seq, x.status, x.worker, x.attempts, x.rows_read, x.rows_inserted, x.rows_updated, x.rows_unchanged,
+			x.rows_rejected, x.rows_deduplicated,
+			CASE WHEN r.chunks_total <= 512 THEN 0 ELSE ceil(log(2, r.chunks_total / 512.0))::int END AS shift,
+			CASE WHEN x.started_at IS NOT NULL AND x.finished_at IS NOT NULL THEN greatest(extract(epoch FROM x.finished_at - x.started_at), 0) END AS d
+		FROM (SELECT 1 AS sign, c.batch_id, c.seq, c.status, c.worker, c.attempts, c.rows_read, c.rows_inserted, c.rows_updated, c.rows_unchanged, c.rows_rejected, c.rows_deduplicated, c.started_at, c.finished_at FROM {s}.chunks c) x JOIN {s}.runs r ON r.batch_id = x.batch_id),
+	k AS (
+		SELECT 's'::"char" AS kind, (c.seq >> c.shift) << c.shift AS lo, c.status AS k_status, ''::text AS k_worker, c.* FROM c
+		UNION ALL
+		SELECT 'w', 0, c.status, c.worker, c.* FROM c
+		UNION ALL
+		SELECT 'd', CASE WHEN c.d * 1000 < 2 ^ 0.25 THEN 0 ELSE floor(4 * log(2, (c.d * 1000)::numeric))::int END, '', '', c.* FROM c WHERE c.d IS NOT NULL),
+	g AS (
+		SELECT k.batch_id, k.kind, k.lo, k.k_status AS status, k.k_worker AS worker, sum(k.sign) AS chunks,
+			coalesce(sum(k.sign) FILTER (WHERE k.d IS NOT NULL), 0) AS timed,
+			sum(k.sign * k.attempts) AS attempts, sum(k.sign * k.rows_read) AS rows_read, sum(k.sign * k.rows_inserted) AS rows_inserted,
+			sum(k.sign * k.rows_updated) AS rows_updated, sum(k.sign * k.rows_unchanged) AS rows_unchanged, sum(k.sign * k.rows_rejected) AS rows_rejected,
+			sum(k.sign * k.rows_deduplicated) AS rows_deduplicated, coalesce(sum(k.sign * k.d), 0) AS busy_seconds
+		FROM k GROUP BY 1, 2, 3, 4, 5)
+INSERT INTO {s}.chunk_buckets
+SELECT g.batch_id, g.kind, g.lo, g.status, g.worker, g.chunks, g.timed, g.attempts, g.rows_read, g.rows_inserted, g.rows_updated,
+	g.rows_unchanged, g.rows_rejected, g.rows_deduplicated, g.busy_seconds
+FROM g WHERE g.chunks <> 0 OR g.timed <> 0 OR g.attempts <> 0 OR g.rows_read <> 0 OR g.rows_inserted <> 0 OR g.rows_updated <> 0
+		OR g.rows_unchanged <> 0 OR g.rows_rejected <> 0 OR g.rows_deduplicated <> 0 OR g.busy_seconds <> 0;
 
 -- The roles granted on chunks get the same privileges on the rollup, as
 -- in migration 26.
