@@ -59,7 +59,7 @@ func ExampleLoadRunReport() {
 	fmt.Printf("%s %s: %s, rollback %s, started by %s\n", p.Job, p.CodeVersion, p.Scope, p.Rollback, p.StartedBy)
 	fmt.Println("chunks:", report.Totals.ChunksByStatus, "rows read:", report.Totals.Rows.Read, "inserted:", report.Totals.Rows.Inserted)
 	for _, b := range report.Buckets.Buckets {
-		fmt.Printf("chunks %d to %d (%s to %s): %d chunks, %d rows\n", b.FirstSeq, b.LastSeq, b.Lower, b.Upper, b.Chunks, b.Rows.Read)
+		fmt.Printf("chunks %d to %d: %d chunks, %d rows\n", b.FirstSeq, b.LastSeq, b.Chunks, b.Rows.Read)
 	}
 	for _, w := range report.ChunkWorkers {
 		fmt.Printf("%s completed %d chunks, %d rows\n", w.Worker, w.Chunks, w.Rows.Read)
@@ -72,10 +72,10 @@ func ExampleLoadRunReport() {
 	// Output:
 	// squares v7: int [0, 100) step 25, rollback none, started by loader-1
 	// chunks: map[done:4] rows read: 100 inserted: 99
-	// chunks 0 to 0 (0 to 25): 1 chunks, 25 rows
-	// chunks 1 to 1 (25 to 50): 1 chunks, 25 rows
-	// chunks 2 to 2 (50 to 75): 1 chunks, 25 rows
-	// chunks 3 to 3 (75 to 100): 1 chunks, 25 rows
+	// chunks 0 to 0: 1 chunks, 25 rows
+	// chunks 1 to 1: 1 chunks, 25 rows
+	// chunks 2 to 2: 1 chunks, 25 rows
+	// chunks 3 to 3: 1 chunks, 25 rows
 	// loader-1 completed 4 chunks, 100 rows
 	// exceptions "unlucky" on column n: 1, e.g. row 14 of chunk int:0/25
 	// time parts add up: true

@@ -38,6 +38,9 @@ const (
 	ReportNotableRejects  = backfilltype.ReportNotableRejects
 	ReportNotableFailed   = backfilltype.ReportNotableFailed
 	ReportNotableInFlight = backfilltype.ReportNotableInFlight
+	// ReportMaxEvents is how many events [RunReport].Events lists at
+	// most: the first and the last half of the run's audit trail.
+	ReportMaxEvents = backfilltype.ReportMaxEvents
 )
 
 // LoadRunReport reads the report of run batchID from manifest m (whose

@@ -51,8 +51,12 @@ type RunReport struct {
 	Exceptions ReportExceptions `json:"exceptions"`
 	// Validations is the validation evidence.
 	Validations ReportValidations `json:"validations"`
-	// Events is the run's audit trail, in order.
-	Events []Event `json:"events"`
+	// Events is the run's audit trail, in order: every event, or when
+	// there are more than [ReportMaxEvents], the first and the last
+	// ReportMaxEvents/2, and EventsOmitted is true (the events between
+	// them are in the manifest: backfill events).
+	Events        []Event `json:"events"`
+	EventsOmitted bool    `json:"events_omitted,omitempty"`
 }
 
 // Report limits: how much of a run a [RunReport] lists. Its counts and
@@ -74,6 +78,9 @@ const (
 	// ReportNotableInFlight is how many chunks in flight (leased) it
 	// lists, the first in plan order.
 	ReportNotableInFlight = 100
+	// ReportMaxEvents is how many events of the audit trail
+	// [RunReport].Events lists at most: the first and the last half.
+	ReportMaxEvents = 500
 )
 
 // ReportPlan is the plan summary of a [RunReport].
@@ -143,13 +150,11 @@ type ReportBuckets struct {
 }
 
 // ReportBucket is one bucket of [ReportBuckets]: the chunks of Seq
-// FirstSeq to LastSeq, the lower bound of the first and the upper bound
-// of the last.
+// FirstSeq to LastSeq (the chunks' bounds are in the manifest: backfill
+// chunks).
 type ReportBucket struct {
-	FirstSeq int    `json:"first_seq"`
-	LastSeq  int    `json:"last_seq"`
-	Lower    string `json:"lower"`
-	Upper    string `json:"upper"`
+	FirstSeq int `json:"first_seq"`
+	LastSeq  int `json:"last_seq"`
 	// Chunks counts the bucket's chunks, ChunksByStatus by
 	// [ChunkStatus].
 	Chunks         int            `json:"chunks"`

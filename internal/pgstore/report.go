@@ -91,11 +91,14 @@ func (m *Manifest) loadRunReport(ctx context.Context, tx sqlx.ExtContext, batchI
 	if rep.Workers, err = m.reportWorkers(ctx, tx, batchID); err != nil {
 		return rep, err
 	}
-	if rep.Events, err = m.Events(ctx, tx, batchID); err != nil {
+	if rep.Events, rep.EventsOmitted, err = m.reportEvents(ctx, tx, batchID); err != nil {
 		return rep, err
 	}
-	for i := range rep.Events {
-		rep.Events[i].CreatedAt = rep.Events[i].CreatedAt.UTC()
+	// The time split needs the run's lifecycle events (pauses and what
+	// ended them) only, by their partial index.
+	lifecycle, err := m.reportEventRows(ctx, tx, `batch_id = $1 AND kind LIKE 'run\_%' ORDER BY id`, batchID)
+	if err != nil {
+		return rep, err
 	}
 	periods, err := m.ThrottlePeriods(ctx, tx, batchID)
 	if err != nil {
@@ -111,7 +114,7 @@ func (m *Manifest) loadRunReport(ctx context.Context, tx sqlx.ExtContext, batchI
 	if rep.Validations, err = m.reportValidations(ctx, tx, batchID); err != nil {
 		return rep, err
 	}
-	split, paused, err := m.RunTimeSplit(ctx, tx, batchID, rep.Events, periods)
+	split, paused, err := m.RunTimeSplit(ctx, tx, batchID, lifecycle, periods)
 	if err != nil {
 		return rep, err
 	}
@@ -246,8 +249,7 @@ func reportBucketShift(total int) int {
 	return shift
 }
 
-// reportBuckets reads the run's buckets of chunks from chunk_buckets, and
-// the bounds of each bucket's first and last chunk by their seq.
+// reportBuckets reads the run's buckets of chunks from chunk_buckets.
 func (m *Manifest) reportBuckets(ctx context.Context, tx sqlx.ExtContext, batchID int64, total int) (backfilltype.ReportBuckets, error) {
 	shift := reportBucketShift(total)
 	out := backfilltype.ReportBuckets{ChunksPerBucket: 1 << shift, Buckets: []backfilltype.ReportBucket{}}
@@ -259,7 +261,6 @@ func (m *Manifest) reportBuckets(ctx context.Context, tx sqlx.ExtContext, batchI
 		FROM {s}.chunk_buckets WHERE batch_id = $1 AND kind = 's' GROUP BY 1, 2 ORDER BY 1, 2`), batchID, shift); err != nil {
 		return out, fmt.Errorf("chunk buckets: %w", err)
 	}
-	var seqs []int64
 	for _, r := range rows {
 		if r.Chunks == 0 {
 			continue
@@ -272,7 +273,6 @@ func (m *Manifest) reportBuckets(ctx context.Context, tx sqlx.ExtContext, batchI
 				last = max(first, min(last, total-1))
 			}
 			out.Buckets = append(out.Buckets, backfilltype.ReportBucket{FirstSeq: first, LastSeq: last, ChunksByStatus: map[string]int{}})
-			seqs = append(seqs, int64(first), int64(last))
 			n++
 		}
 		b := &out.Buckets[n-1]
@@ -294,25 +294,48 @@ func (m *Manifest) reportBuckets(ctx context.Context, tx sqlx.ExtContext, batchI
 			b.RowsPerSecond = float64(b.Rows.Read) / b.BusySeconds
 		}
 	}
-	if len(seqs) == 0 {
-		return out, nil
+	return out, nil
+}
+
+// reportEvents returns the run's first and last reportEvents/2 events
+// (all of them when they are fewer than reportEvents), in order, and
+// whether events between them were left out.
+func (m *Manifest) reportEvents(ctx context.Context, tx sqlx.ExtContext, batchID int64) ([]backfilltype.Event, bool, error) {
+	half := backfilltype.ReportMaxEvents / 2
+	first, err := m.reportEventRows(ctx, tx, `batch_id = $1 ORDER BY id LIMIT $2`, batchID, half+1)
+	if err != nil || len(first) <= half {
+		return first, false, err
 	}
-	var bounds []struct {
-		Seq   int    `db:"seq"`
-		Lower string `db:"lower_bound"`
-		Upper string `db:"upper_bound"`
+	last, err := m.reportEventRows(ctx, tx, `batch_id = $1 AND id > $2 ORDER BY id DESC LIMIT $3`, batchID, first[half-1].ID, half+1)
+	if err != nil {
+		return nil, false, err
 	}
-	if err := sqlx.SelectContext(ctx, tx, &bounds, m.SQL(`SELECT seq, lower_bound, upper_bound FROM {s}.chunks
-		WHERE batch_id = $1 AND seq = ANY ($2::int[])`), batchID, pq.Array(seqs)); err != nil {
-		return out, fmt.Errorf("chunk bounds: %w", err)
+	slices.Reverse(last)
+	omitted := len(last) > half
+	if omitted {
+		last = last[1:]
 	}
-	lower, upper := map[int]string{}, map[int]string{}
-	for _, b := range bounds {
-		lower[b.Seq], upper[b.Seq] = b.Lower, b.Upper
+	return append(first[:half], last...), omitted, nil
+}
+
+// reportEventRows reads the events that where (a condition on the
+// events, an order and a limit) selects.
+func (m *Manifest) reportEventRows(ctx context.Context, tx sqlx.ExtContext, where string, args ...any) ([]backfilltype.Event, error) {
+	var rows []struct {
+		backfilltype.Event
+		Batch  sql.NullInt64 `db:"batch"`
+		Detail string        `db:"detail_text"`
 	}
-	for i := range out.Buckets {
-		b := &out.Buckets[i]
-		b.Lower, b.Upper = lower[b.FirstSeq], upper[b.LastSeq]
+	if err := sqlx.SelectContext(ctx, tx, &rows, m.SQL(`SELECT id, batch_id AS batch, job_name, kind, actor, coalesce(db_role, '') AS db_role,
+		detail::text AS detail_text, created_at FROM {s}.events WHERE `+where), args...); err != nil {
+		return nil, fmt.Errorf("events: %w", err)
+	}
+	out := make([]backfilltype.Event, len(rows))
+	for i, r := range rows {
+		out[i] = r.Event
+		out[i].BatchID = r.Batch.Int64
+		out[i].Detail = json.RawMessage(r.Detail)
+		out[i].CreatedAt = out[i].CreatedAt.UTC()
 	}
 	return out, nil
 }
