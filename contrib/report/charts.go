@@ -38,18 +38,6 @@ var (
 	colThrottled = color.RGBA{R: 0xe6, G: 0x7e, B: 0x22, A: 0xff} // orange
 )
 
-// timeAxis chooses the unit of an elapsed-time axis for a span of
-// seconds: seconds, minutes or hours.
-func timeAxis(span float64) (unit string, div float64) {
-	switch {
-	case span > 3*3600:
-		return "hours", 3600
-	case span > 3*60:
-		return "minutes", 60
-	}
-	return "seconds", 1
-}
-
 // newPlot returns a plot whose text is in the sans-serif face.
 func newPlot(title, xLabel, yLabel string) *plot.Plot {
 	p := plot.New()
