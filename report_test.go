@@ -335,6 +335,10 @@ func TestRunReportManyChunks(t *testing.T) {
 	require.Equal(t, 32, rep.Buckets.ChunksPerBucket, "the smallest power of two for at most 512 buckets")
 	require.Len(t, rep.Buckets.Buckets, 313)
 	require.Equal(t, 3, rep.Totals.Workers)
+	var attempts, timed int
+	require.NoError(t, db.QueryRow(`SELECT sum(attempts), count(*) FILTER (WHERE started_at IS NOT NULL AND finished_at IS NOT NULL)
+		FROM backfill.chunks WHERE batch_id = $1`, run.BatchID).Scan(&attempts, &timed))
+	require.Equal(t, [2]int{attempts, timed}, [2]int{rep.Totals.Attempts, rep.Totals.TimedChunks})
 	// The buckets are a count of the chunks.
 	var want []struct {
 		First int   `db:"first"`

@@ -58,14 +58,7 @@ func (m *Manifest) loadRunReport(ctx context.Context, tx sqlx.ExtContext, batchI
 	if err != nil {
 		return rep, err
 	}
-	if err := sqlx.GetContext(ctx, tx, &rep.GeneratedAt, `SELECT now()`); err != nil {
-		return rep, err
-	}
-	rep.GeneratedAt = rep.GeneratedAt.UTC()
-	if err := m.reportPlan(ctx, tx, run, &rep.Plan); err != nil {
-		return rep, err
-	}
-	if rep.Plan.ChunkKind, err = m.reportChunkKind(ctx, tx, batchID); err != nil {
+	if err := m.reportPlan(ctx, tx, run, &rep.Plan, &rep.GeneratedAt); err != nil {
 		return rep, err
 	}
 	if rep.Totals, err = m.reportTotals(ctx, tx, batchID); err != nil {
@@ -73,6 +66,11 @@ func (m *Manifest) loadRunReport(ctx context.Context, tx sqlx.ExtContext, batchI
 	}
 	if rep.Buckets, err = m.reportBuckets(ctx, tx, batchID, run.ChunksTotal); err != nil {
 		return rep, err
+	}
+	for _, b := range rep.Buckets.Buckets {
+		rep.Totals.Attempts += b.Attempts
+		rep.Totals.TimedChunks += b.TimedChunks
+		rep.Totals.BusySeconds += b.BusySeconds
 	}
 	if rep.ChunkWorkers, err = m.reportChunkWorkers(ctx, tx, batchID); err != nil {
 		return rep, err
@@ -129,22 +127,33 @@ func (m *Manifest) loadRunReport(ctx context.Context, tx sqlx.ExtContext, batchI
 	return rep, nil
 }
 
-func (m *Manifest) reportPlan(ctx context.Context, tx sqlx.ExtContext, run backfilltype.Run, p *backfilltype.ReportPlan) error {
+// reportPlan fills p from run and the run's row, and now with the
+// server's clock, in one statement.
+func (m *Manifest) reportPlan(ctx context.Context, tx sqlx.ExtContext, run backfilltype.Run, p *backfilltype.ReportPlan, now *time.Time) error {
 	var plan backfilltype.Plan
 	if len(run.Plan) > 0 {
 		if err := json.Unmarshal(run.Plan, &plan); err != nil {
 			return fmt.Errorf("decode plan: %w", err)
 		}
 	}
-	var calls int
-	if err := sqlx.GetContext(ctx, tx, &calls, m.SQL(`SELECT calls FROM {s}.runs WHERE batch_id = $1`), run.BatchID); err != nil {
+	var row struct {
+		Calls int       `db:"calls"`
+		Now   time.Time `db:"now"`
+		// The kind of the run's chunks (a plan's chunks are of one kind).
+		Kind sql.NullString `db:"kind"`
+	}
+	if err := sqlx.GetContext(ctx, tx, &row, m.SQL(`SELECT calls, now() AS now,
+		(SELECT kind FROM {s}.chunks WHERE batch_id = $1 ORDER BY seq LIMIT 1) AS kind
+		FROM {s}.runs WHERE batch_id = $1`), run.BatchID); err != nil {
 		return err
 	}
+	calls := row.Calls
+	*now = row.Now.UTC()
 	*p = backfilltype.ReportPlan{BatchID: run.BatchID, Job: run.Job, Source: run.Source, CodeVersion: run.CodeVersion, Fingerprint: run.Fingerprint,
 		Scope: plan.Scope, ScopeLower: run.ScopeLower, ScopeUpper: run.ScopeUpper, ChunksTotal: run.ChunksTotal,
 		Target: plan.Target, Rollback: plan.Rollback, Publish: plan.Publish, Time: plan.Time, Status: run.Status,
 		StartedBy: run.Worker, CreatedAt: run.CreatedAt.UTC(), FinishedAt: utcPtr(run.FinishedAt), LastError: run.LastError,
-		Watermark: utcPtr(run.Watermark), Calls: calls}
+		Watermark: utcPtr(run.Watermark), Calls: calls, ChunkKind: row.Kind.String}
 	return nil
 }
 
@@ -154,19 +163,6 @@ func utcPtr(t *time.Time) *time.Time {
 	}
 	u := t.UTC()
 	return &u
-}
-
-// reportChunkKind returns the kind of the run's chunks (a plan's chunks
-// are of one kind; "" without chunks).
-func (m *Manifest) reportChunkKind(ctx context.Context, tx sqlx.ExtContext, batchID int64) (string, error) {
-	var kinds []string
-	if err := sqlx.SelectContext(ctx, tx, &kinds, m.SQL(`SELECT kind FROM {s}.chunks WHERE batch_id = $1 ORDER BY seq LIMIT 1`), batchID); err != nil {
-		return "", fmt.Errorf("chunks: %w", err)
-	}
-	if len(kinds) == 0 {
-		return "", nil
-	}
-	return kinds[0], nil
 }
 
 // checkpointed reports whether the rows of a chunk of status count in
@@ -201,8 +197,8 @@ func addCounts(a *backfilltype.Counts, b backfilltype.Counts) {
 }
 
 // reportTotals reads the run's chunk and row counts from its rollup
-// (chunk_counts), as run_progress does, and its attempts and timed
-// chunks from chunk_buckets.
+// (chunk_counts), as run_progress does (reportBuckets adds its attempts
+// and timed chunks).
 func (m *Manifest) reportTotals(ctx context.Context, tx sqlx.ExtContext, batchID int64) (backfilltype.ReportTotals, error) {
 	t := backfilltype.ReportTotals{ChunksByStatus: map[string]int{}}
 	var rows []struct {
@@ -229,12 +225,6 @@ func (m *Manifest) reportTotals(ctx context.Context, tx sqlx.ExtContext, batchID
 			}
 		}
 	}
-	var sums reportCounts
-	if err := sqlx.GetContext(ctx, tx, &sums, m.SQL(`SELECT '' AS status, `+reportCountsSQL+`
-		FROM {s}.chunk_buckets WHERE batch_id = $1 AND kind = 's'`), batchID); err != nil {
-		return t, fmt.Errorf("chunk buckets: %w", err)
-	}
-	t.Attempts, t.TimedChunks, t.BusySeconds = sums.Attempts, sums.Timed, sums.Busy
 	return t, nil
 }
 
