@@ -722,11 +722,14 @@ migrations that are safe to run concurrently. Query it directly:
 A CHECK constraint on backfill.chunks enforces the accounting identity.
 
 [LoadRunReport] gathers what the manifest knows of one run into a
-[RunReport]: the plan, every chunk with its worker, timing and counts,
-rows per second over time, the distribution of chunk durations, the
+[RunReport]: the plan, the run's totals, its chunks in at most 512
+buckets in plan order (rows, rejects, durations, rates), its notable
+chunks (the slowest, the failed, those with the most rejects, those in
+flight), the chunks by worker, the distribution of chunk durations, the
 split of the run's time into working, throttled and paused, the waits of
 chunks, exceptions by reason and column with examples, validation
-evidence and the audit trail. It needs only the database, not the job's
+evidence and the audit trail, in a bounded number of rows whatever the
+number of chunks or exceptions. It needs only the database, not the job's
 code; its JSON form is stable, and package contrib/report renders it as
 one self-contained HTML file.
 

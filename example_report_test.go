@@ -58,8 +58,11 @@ func ExampleLoadRunReport() {
 	p := report.Plan
 	fmt.Printf("%s %s: %s, rollback %s, started by %s\n", p.Job, p.CodeVersion, p.Scope, p.Rollback, p.StartedBy)
 	fmt.Println("chunks:", report.Totals.ChunksByStatus, "rows read:", report.Totals.Rows.Read, "inserted:", report.Totals.Rows.Inserted)
-	for _, c := range report.Chunks {
-		fmt.Printf("chunk %s by %s: %d rows\n", c.ID, c.Worker, c.Counts.Read)
+	for _, b := range report.Buckets.Buckets {
+		fmt.Printf("chunks %d to %d: %d chunks, %d rows\n", b.FirstSeq, b.LastSeq, b.Chunks, b.Rows.Read)
+	}
+	for _, w := range report.ChunkWorkers {
+		fmt.Printf("%s completed %d chunks, %d rows\n", w.Worker, w.Chunks, w.Rows.Read)
 	}
 	for _, g := range report.Exceptions.Groups {
 		fmt.Printf("exceptions %q on column %s: %d, e.g. row %d of chunk %s\n", g.Reason, g.Column, g.Count, g.Examples[0].Row, g.Examples[0].ChunkID)
@@ -69,10 +72,11 @@ func ExampleLoadRunReport() {
 	// Output:
 	// squares v7: int [0, 100) step 25, rollback none, started by loader-1
 	// chunks: map[done:4] rows read: 100 inserted: 99
-	// chunk int:0/25 by loader-1: 25 rows
-	// chunk int:25/50 by loader-1: 25 rows
-	// chunk int:50/75 by loader-1: 25 rows
-	// chunk int:75/100 by loader-1: 25 rows
+	// chunks 0 to 0: 1 chunks, 25 rows
+	// chunks 1 to 1: 1 chunks, 25 rows
+	// chunks 2 to 2: 1 chunks, 25 rows
+	// chunks 3 to 3: 1 chunks, 25 rows
+	// loader-1 completed 4 chunks, 100 rows
 	// exceptions "unlucky" on column n: 1, e.g. row 14 of chunk int:0/25
 	// time parts add up: true
 }

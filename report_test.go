@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"math"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -19,7 +18,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgbackfill/backfill/backfillthrottle"
-	"github.com/pgbackfill/backfill/internal/pgstore"
 	"github.com/pgbackfill/backfill/internal/pgtest"
 )
 
@@ -105,18 +103,23 @@ func normaliseReport(t *testing.T, rep RunReport) []byte {
 	require.NoError(t, err)
 	var v map[string]any
 	require.NoError(t, json.Unmarshal(b, &v))
-	tp := v["throughput"].(map[string]any)
-	sum := 0.0
-	for _, b := range tp["buckets"].([]any) {
-		sum += b.(map[string]any)["rows"].(float64)
-	}
-	tp["buckets"] = map[string]any{"rows_sum": math.Round(sum)}
 	cd := v["chunk_durations"].(map[string]any)
 	n := 0.0
 	for _, b := range cd["bins"].([]any) {
 		n += b.(map[string]any)["count"].(float64)
 	}
 	cd["bins"] = map[string]any{"count_sum": n}
+	// The slowest chunks: which ones depends on the clock.
+	for _, c := range v["notable_chunks"].([]any) {
+		c := c.(map[string]any)
+		var why []any
+		for _, w := range c["notable"].([]any) {
+			if w != "slowest" {
+				why = append(why, w)
+			}
+		}
+		c["notable"] = why
+	}
 	for _, e := range v["events"].([]any) {
 		e.(map[string]any)["id"] = 0 // identities may skip
 	}
@@ -174,8 +177,8 @@ func normaliseReport(t *testing.T, rep RunReport) []byte {
 // TestRunReportGolden: the report of a deterministic run, with the clock
 // and the machine normalised away, is testdata/run_report.golden.json
 // (go test -run TestRunReportGolden -update rewrites it); and its series
-// add up: the rows/s buckets hold every row read, the histogram every
-// timed chunk, the time split its total.
+// add up: the buckets hold every chunk and every row, the histogram
+// every timed chunk, the time split its total.
 func TestRunReportGolden(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -183,17 +186,9 @@ func TestRunReportGolden(t *testing.T) {
 	rep, err := LoadRunReport(ctx, db, NewPGManifest(""), batch)
 	require.NoError(t, err)
 
-	sum := 0.0
-	for _, b := range rep.Throughput.Buckets {
-		sum += b.Rows
-		require.InDelta(t, b.Rows/rep.Throughput.BucketSeconds, b.RowsPerSecond, 1e-6)
-	}
-	require.InDelta(t, float64(rep.Totals.Rows.Read), sum, 1e-6, "the rows/s buckets hold every row read")
-	n := 0
-	for _, b := range rep.Durations.Bins {
-		n += b.Count
-	}
-	require.Equal(t, len(rep.Chunks), n, "the histogram holds every timed chunk")
+	requireReportAddsUp(t, rep)
+	require.Equal(t, 4, rep.Durations.Count)
+	require.Len(t, rep.Notable, 4, "4 chunks, all among the slowest")
 	parts := rep.Time.WorkingSeconds + rep.Time.PausedSeconds + rep.Time.IdleSeconds
 	for _, s := range rep.Time.ThrottledSeconds {
 		parts += s
@@ -224,55 +219,83 @@ func TestRunReportMissingRun(t *testing.T) {
 	require.ErrorIs(t, err, ErrRunNotFound)
 }
 
-// TestReportThroughputSpreadsRows: each chunk's rows spread evenly over
-// its start to finish; buckets cover the run; rates are rows per bucket
-// second.
-func TestReportThroughputSpreadsRows(t *testing.T) {
-	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	at := func(s float64) *time.Time { x := t0.Add(time.Duration(s * float64(time.Second))); return &x }
-	chunks := []backfilltype.ReportChunk{
-		{StartedAt: at(0), FinishedAt: at(10), Counts: Counts{Read: 100}},
-		{StartedAt: at(5), FinishedAt: at(5), Counts: Counts{Read: 7}}, // instantaneous
-		{StartedAt: at(10), FinishedAt: at(20), Counts: Counts{Read: 50}},
-		{Counts: Counts{Read: 1000}}, // never timed
+// requireReportAddsUp checks that the buckets of rep hold every chunk
+// and every row of its totals, the worker sums too, and the histogram
+// every timed chunk.
+func requireReportAddsUp(t *testing.T, rep RunReport) {
+	t.Helper()
+	require.LessOrEqual(t, len(rep.Buckets.Buckets), backfilltype.ReportMaxBuckets)
+	chunks, byStatus, attempts, timed := 0, map[string]int{}, 0, 0
+	var rows, wrows Counts
+	busy := 0.0
+	prev := -1
+	for _, b := range rep.Buckets.Buckets {
+		require.Greater(t, b.FirstSeq, prev, "buckets in plan order")
+		require.LessOrEqual(t, b.LastSeq-b.FirstSeq+1, rep.Buckets.ChunksPerBucket)
+		require.LessOrEqual(t, b.Chunks, b.LastSeq-b.FirstSeq+1)
+		prev = b.LastSeq
+		chunks += b.Chunks
+		for s, n := range b.ChunksByStatus {
+			byStatus[s] += n
+		}
+		attempts += b.Attempts
+		timed += b.TimedChunks
+		busy += b.BusySeconds
+		rows = addReportCounts(rows, b.Rows)
 	}
-	tp := pgstore.BuildReportThroughput(chunks, 4) // 20 s in at most 4 buckets: 5 s each
-	require.Equal(t, 5.0, tp.BucketSeconds)
-	var rows []float64
-	for _, b := range tp.Buckets {
-		rows = append(rows, b.Rows)
+	total := 0
+	for _, n := range rep.Totals.ChunksByStatus {
+		total += n
 	}
-	require.Equal(t, []float64{50, 57, 25, 25, 0}, rows)
-	require.Equal(t, 57.0/5, tp.Buckets[1].RowsPerSecond)
-	require.Equal(t, t0, *tp.Start)
+	require.Equal(t, rep.Plan.ChunksTotal, total)
+	require.Equal(t, total, chunks, "every chunk in a bucket")
+	require.Equal(t, rep.Totals.ChunksByStatus, byStatus)
+	require.Equal(t, rep.Totals.Rows, rows, "every chunk's rows in the buckets")
+	require.Equal(t, rep.Totals.Attempts, attempts)
+	require.Equal(t, rep.Totals.TimedChunks, timed)
+	require.InDelta(t, rep.Totals.BusySeconds, busy, 1e-6)
+	wchunks := 0
+	for _, w := range rep.ChunkWorkers {
+		wchunks += w.Chunks
+		wrows = addReportCounts(wrows, w.Rows)
+	}
+	require.Equal(t, total, wchunks)
+	require.Equal(t, rep.Totals.Rows, wrows)
+	n := 0
+	for _, b := range rep.Durations.Bins {
+		n += b.Count
+	}
+	require.Equal(t, rep.Totals.TimedChunks, n, "the histogram holds every timed chunk")
+	require.Equal(t, rep.Durations.Count, n)
 }
 
-// TestReportDurationsHistogram: percentiles by nearest rank, and every
-// timed chunk in exactly one bin, the greatest in the last.
-func TestReportDurationsHistogram(t *testing.T) {
-	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	var chunks []backfilltype.ReportChunk
-	for i := 1; i <= 100; i++ {
-		end := t0.Add(time.Duration(i) * time.Second)
-		chunks = append(chunks, backfilltype.ReportChunk{StartedAt: &t0, FinishedAt: &end, DurationSeconds: float64(i)})
-	}
-	chunks = append(chunks, backfilltype.ReportChunk{}) // pending: no duration
-	d := pgstore.BuildReportDurations(chunks, 10)
-	require.Equal(t, 100, d.Count)
-	require.Equal(t, []float64{1, 50, 90, 99, 100, 50.5}, []float64{d.Min, d.P50, d.P90, d.P99, d.Max, d.Mean})
-	require.Len(t, d.Bins, 10)
-	counts := make([]int, len(d.Bins))
-	for i, b := range d.Bins {
-		counts[i] = b.Count
-	}
-	require.Equal(t, []int{10, 10, 10, 10, 10, 10, 10, 10, 10, 10}, counts)
-	require.Equal(t, 100.0, d.Bins[9].To)
-	one := pgstore.BuildReportDurations(chunks[:1], 10)
-	require.Equal(t, []backfilltype.ReportBin{{From: 1, To: 1, Count: 1}}, one.Bins)
+func addReportCounts(a, b Counts) Counts {
+	return Counts{Read: a.Read + b.Read, Inserted: a.Inserted + b.Inserted, Updated: a.Updated + b.Updated,
+		Unchanged: a.Unchanged + b.Unchanged, Rejected: a.Rejected + b.Rejected, Deduplicated: a.Deduplicated + b.Deduplicated}
 }
 
-// TestRunReportManyChunks: a run of 10,000 chunks reports every chunk,
-// with the counts summed.
+// requireReportIsTheStatus checks that the report's totals are the
+// run's status counts.
+func requireReportIsTheStatus(t *testing.T, rep RunReport, st Status) {
+	t.Helper()
+	c := st.Chunks
+	want := map[string]int{"done": c.Done, "open": c.Open, "pending": c.Pending, "failed": c.Failed, "staged": c.Staged, "rolled_back": c.RolledBack}
+	for k, n := range want {
+		if n == 0 {
+			delete(want, k)
+		}
+	}
+	require.Equal(t, want, rep.Totals.ChunksByStatus)
+	require.Equal(t, c.Skipped, rep.Totals.ChunksSkipped)
+	require.Equal(t, st.Rows, rep.Totals.Rows)
+}
+
+// TestRunReportManyChunks: a run of more chunks than the buckets' cap
+// reports every chunk and every row in at most ReportMaxBuckets buckets,
+// whose sums are the run's status and a count of its chunks; its
+// notable chunks are the slowest, the failed, those with the most
+// rejects and those in flight; the durations' percentiles are within a
+// bin of the exact ones.
 func TestRunReportManyChunks(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -287,24 +310,93 @@ func TestRunReportManyChunks(t *testing.T) {
 	plan := NewPlan(job, TableInfo{Target: Target{Table: "t", Key: []string{"id"}}}, chunks)
 	run, _, err := m.StartRun(ctx, db, plan, "w", false)
 	require.NoError(t, err)
+	// Durations of 0.1 s to 1.0999 s by seq; chunk 1234 is the slowest.
 	db.MustExec(`UPDATE backfill.chunks SET status = 'done', attempts = 1, worker = 'w' || (seq % 3),
-		started_at = now() - make_interval(secs => 10000 - seq), finished_at = now() - make_interval(secs => 10000 - seq) + interval '0.5 s',
-		rows_read = seq, rows_inserted = seq WHERE batch_id = $1`, run.BatchID)
+		started_at = now() - make_interval(secs => 10000 - seq),
+		finished_at = now() - make_interval(secs => 10000 - seq) + make_interval(secs => CASE WHEN seq = 1234 THEN 30 ELSE 0.1 + seq / 10000.0 END),
+		rows_read = seq, rows_inserted = seq - x.rej, rows_rejected = x.rej, checkpointed_at = now()
+		FROM (SELECT CASE WHEN seq % 1000 = 500 THEN seq / 1000 + 1 ELSE 0 END AS rej, seq AS s FROM backfill.chunks) x
+		WHERE batch_id = $1 AND x.s = seq`, run.BatchID)
+	// Later statements move chunks between groups: the rollup follows.
+	db.MustExec(`UPDATE backfill.chunks SET status = 'failed', attempts = 3, last_error = 'boom', checkpointed_at = NULL
+		WHERE batch_id = $1 AND seq % 1000 = 7`, run.BatchID)
+	db.MustExec(`UPDATE backfill.chunks SET status = 'pending', worker = '', started_at = NULL, finished_at = NULL,
+		rows_read = 0, rows_inserted = 0, rows_rejected = 0, checkpointed_at = NULL WHERE batch_id = $1 AND seq >= 9990`, run.BatchID)
+	db.MustExec(`UPDATE backfill.chunks SET rows_read = 1000, rows_inserted = 0, rows_rejected = 1000 WHERE batch_id = $1 AND seq = 42`, run.BatchID)
 	rep, err := LoadRunReport(ctx, db, m, run.BatchID)
 	require.NoError(t, err)
-	require.Len(t, rep.Chunks, n)
-	require.Equal(t, int64(n*(n-1)/2), rep.Totals.Rows.Read)
+	requireReportAddsUp(t, rep)
+	r, err := New(db, &Config{WorkerID: "reader"})
+	require.NoError(t, err)
+	st, err := r.StatusOf(ctx, run.BatchID)
+	require.NoError(t, err)
+	requireReportIsTheStatus(t, rep, st)
+	require.Equal(t, map[string]int{"done": n - 10 - 10, "failed": 10, "pending": 10}, rep.Totals.ChunksByStatus)
+	require.Equal(t, 32, rep.Buckets.ChunksPerBucket, "the smallest power of two for at most 512 buckets")
+	require.Len(t, rep.Buckets.Buckets, 313)
 	require.Equal(t, 3, rep.Totals.Workers)
-	require.Equal(t, map[string]int{"done": n}, rep.Totals.ChunksByStatus)
-	require.LessOrEqual(t, len(rep.Throughput.Buckets), pgstore.ReportRateBuckets+1)
-	require.InDelta(t, 0.5, rep.Durations.P99, 1e-9)
-	for i, c := range rep.Chunks {
-		require.Equal(t, i, c.Seq, "chunks in plan order")
+	var attempts, timed int
+	require.NoError(t, db.QueryRow(`SELECT sum(attempts), count(*) FILTER (WHERE started_at IS NOT NULL AND finished_at IS NOT NULL)
+		FROM backfill.chunks WHERE batch_id = $1`, run.BatchID).Scan(&attempts, &timed))
+	require.Equal(t, [2]int{attempts, timed}, [2]int{rep.Totals.Attempts, rep.Totals.TimedChunks})
+	// The buckets are a count of the chunks.
+	var want []struct {
+		First int   `db:"first"`
+		N     int   `db:"n"`
+		Read  int64 `db:"read"`
 	}
-	require.Equal(t, "many", rep.Plan.Job)
-	require.Equal(t, "int", rep.Plan.ChunkKind)
+	require.NoError(t, db.Select(&want, `SELECT seq / 32 * 32 AS first, count(*) AS n,
+		coalesce(sum(rows_read) FILTER (WHERE status IN ('done', 'open')), 0) AS read
+		FROM backfill.chunks WHERE batch_id = $1 GROUP BY 1 ORDER BY 1`, run.BatchID))
+	require.Len(t, rep.Buckets.Buckets, len(want))
+	for i, w := range want {
+		b := rep.Buckets.Buckets[i]
+		require.Equal(t, [3]int64{int64(w.First), int64(w.N), w.Read}, [3]int64{int64(b.FirstSeq), int64(b.Chunks), b.Rows.Read}, "bucket %d", i)
+	}
+	// The durations: exact Min, Max, Mean; percentiles within a bin.
+	d := rep.Durations
+	require.Equal(t, n-10, d.Count)
+	require.InDelta(t, 0.1, d.Min, 1e-9)
+	require.InDelta(t, 30, d.Max, 1e-9)
+	require.InDelta(t, 0.6, d.P50, 0.6*0.19+1e-3)
+	require.GreaterOrEqual(t, d.P50, 0.6)
+	require.GreaterOrEqual(t, d.P99, 1.08)
+	require.LessOrEqual(t, d.P99, 1.1*1.19)
+	for _, b := range d.Bins {
+		require.Less(t, b.From, b.To)
+	}
+	// Notable chunks.
+	why := map[int][]string{}
+	for i, c := range rep.Notable {
+		why[c.Seq] = c.Notable
+		if i > 0 {
+			require.Less(t, rep.Notable[i-1].Seq, c.Seq, "in plan order")
+		}
+	}
+	require.Contains(t, why[1234], "slowest")
+	require.Equal(t, []string{"most_rejects"}, why[42])
+	require.Equal(t, []string{"failed"}, why[7])
+	require.Equal(t, []string{"failed"}, why[9007])
+	require.Equal(t, []string{"most_rejects"}, why[1500])
+	require.Nil(t, why[500], "the fewest rejects")
+	require.Len(t, rep.Notable, 10+10+10) // the slowest, the most rejects, the failed; none in flight
+	// The audit trail: the first and the last events of a long one.
+	require.False(t, rep.EventsOmitted)
+	db.MustExec(`INSERT INTO backfill.events (batch_id, job_name, kind, actor, detail)
+		SELECT $1, 'many', 'chunk_retried', 'test', jsonb_build_object('n', g) FROM generate_series(1, 1000) g`, run.BatchID)
+	rep, err = LoadRunReport(ctx, db, m, run.BatchID)
+	require.NoError(t, err)
+	require.True(t, rep.EventsOmitted)
+	require.Len(t, rep.Events, ReportMaxEvents)
+	var ids []int64
+	require.NoError(t, db.Select(&ids, `SELECT id FROM backfill.events WHERE batch_id = $1 ORDER BY id`, run.BatchID))
+	require.Equal(t, rep.Events[0].ID, ids[0])
+	require.Equal(t, rep.Events[ReportMaxEvents/2-1].ID, ids[ReportMaxEvents/2-1])
+	require.Equal(t, rep.Events[ReportMaxEvents/2].ID, ids[len(ids)-ReportMaxEvents/2])
+	require.Equal(t, rep.Events[ReportMaxEvents-1].ID, ids[len(ids)-1])
 	var buf bytes.Buffer
 	require.NoError(t, json.NewEncoder(&buf).Encode(rep))
+	require.Less(t, buf.Len(), 1<<20, "a bounded report")
 }
 
 // TestReportTimeSplitIsTheStatus: the report and the status split a run's

@@ -781,13 +781,6 @@ func TestSkipUnchangedSkippedChunksAreRecorded(t *testing.T) {
 	rr, err := backfill.LoadRunReport(ctx, db, backfill.NewPGManifest(""), rep2.BatchID)
 	require.NoError(t, err)
 	require.Equal(t, 9, rr.Totals.ChunksSkipped)
-	n := 0
-	for _, c := range rr.Chunks {
-		if c.Skipped {
-			n++
-		}
-	}
-	require.Equal(t, 9, n)
 }
 
 // beforeFingerprintDB is a DB whose chunk transactions run hook, once,

@@ -215,6 +215,9 @@ func TestRollupMatchesRecountAfterRuns(t *testing.T) {
 	requireStatusIsRecount(t, db, b1.BatchID)
 	db.MustExec(`TRUNCATE backfill.chunks CASCADE`)
 	require.Empty(t, rollupDiff(t, db, "backfill"))
+	var buckets int
+	require.NoError(t, db.Get(&buckets, `SELECT count(*) FROM backfill.chunk_buckets`))
+	require.Zero(t, buckets, "chunk_buckets after TRUNCATE of the chunks")
 }
 
 // TestRollupUnderConcurrentTransactions: random writes to chunks and

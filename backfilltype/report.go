@@ -4,14 +4,20 @@ import (
 	"time"
 )
 
-// RunReport is the report of one run: its plan, every chunk with its
-// timing and counts, the throughput over time, the distribution of chunk
-// durations, where the run's time went (working, throttled, paused), the
+// RunReport is the report of one run: its plan, its totals, its chunks
+// in at most [ReportMaxBuckets] buckets in plan order (rows, rejects,
+// durations, rates), the distribution of chunk durations, its notable
+// chunks (the slowest, the failed, those with the most rejects, those in
+// flight), where the run's time went (working, throttled, paused), the
 // waits of its chunks, its exceptions, its validation evidence and its
-// audit trail. [LoadRunReport] reads it from a [Manifest]. Its JSON
-// form (the json tags) is stable: fields are added, never renamed. Times
-// are UTC, durations are seconds (fields named *_seconds), rates rows per
-// second.
+// audit trail. [LoadRunReport] reads it from a [Manifest] in a bounded
+// number of rows whatever the number of chunks or exceptions (a rollup
+// kept with the chunks, migration 27). Its JSON form (the json tags) is
+// stable: fields are added, never renamed (before 1.0, version 0.x
+// replaced the list of every chunk, "chunks", and the rows/s over time,
+// "throughput", by "buckets", "notable_chunks" and "chunk_workers").
+// Times are UTC, durations are seconds (fields named *_seconds), rates
+// rows per second.
 type RunReport struct {
 	// GeneratedAt is when the report was read (the server's clock).
 	GeneratedAt time.Time `json:"generated_at"`
@@ -19,18 +25,22 @@ type RunReport struct {
 	Schema string `json:"schema"`
 	// Plan is the run's plan and who started it.
 	Plan ReportPlan `json:"plan"`
-	// Totals sums the chunks.
+	// Totals sums the chunks: the same counts as the run's status.
 	Totals ReportTotals `json:"totals"`
-	// Chunks are every chunk of the run, in plan (Seq) order.
-	Chunks []ReportChunk `json:"chunks"`
+	// Buckets are every chunk of the run in at most [ReportMaxBuckets]
+	// buckets of consecutive chunks, in plan order.
+	Buckets ReportBuckets `json:"buckets"`
+	// Notable are a bounded selection of chunks worth a look, in plan
+	// (Seq) order, each with why ([ReportChunk.Notable]).
+	Notable []ReportChunk `json:"notable_chunks"`
+	// ChunkWorkers sums the chunks by the worker that completed them
+	// (the busiest first; "" for the chunks no worker completed).
+	ChunkWorkers []ReportChunkWorker `json:"chunk_workers"`
 	// Workers are the processes (calls of backfill.Runner.Run) that worked on
 	// the run, in the order they started.
 	Workers []ReportWorker `json:"workers"`
-	// Throughput is rows read per second over time, each chunk's rows
-	// spread evenly over its start to finish.
-	Throughput ReportThroughput `json:"throughput"`
-	// Durations is the distribution of the finished chunks' durations, with
-	// a histogram of at most 20 bins.
+	// Durations is the distribution of the timed chunks' durations, with
+	// a histogram of bins in a geometric progression.
 	Durations ReportDurations `json:"chunk_durations"`
 	// Time is how the run's time split into working, throttled and paused.
 	Time ReportTime `json:"time"`
@@ -41,9 +51,37 @@ type RunReport struct {
 	Exceptions ReportExceptions `json:"exceptions"`
 	// Validations is the validation evidence.
 	Validations ReportValidations `json:"validations"`
-	// Events is the run's audit trail, in order.
-	Events []Event `json:"events"`
+	// Events is the run's audit trail, in order: every event, or when
+	// there are more than [ReportMaxEvents], the first and the last
+	// ReportMaxEvents/2, and EventsOmitted is true (the events between
+	// them are in the manifest: backfill events).
+	Events        []Event `json:"events"`
+	EventsOmitted bool    `json:"events_omitted,omitempty"`
 }
+
+// Report limits: how much of a run a [RunReport] lists. Its counts and
+// sums always cover everything.
+const (
+	// ReportMaxBuckets is the most buckets of [ReportBuckets]: the
+	// chunks per bucket are the smallest power of two that gives at most
+	// this many.
+	ReportMaxBuckets = 512
+	// ReportNotableSlowest is how many of the slowest chunks (the
+	// longest FinishedAt - StartedAt) [RunReport.Notable] lists.
+	ReportNotableSlowest = 10
+	// ReportNotableRejects is how many of the chunks with the most
+	// rejected rows it lists.
+	ReportNotableRejects = 10
+	// ReportNotableFailed is how many failed chunks it lists, the first
+	// in plan order.
+	ReportNotableFailed = 100
+	// ReportNotableInFlight is how many chunks in flight (leased) it
+	// lists, the first in plan order.
+	ReportNotableInFlight = 100
+	// ReportMaxEvents is how many events of the audit trail
+	// [RunReport].Events lists at most: the first and the last half.
+	ReportMaxEvents = 500
+)
 
 // ReportPlan is the plan summary of a [RunReport].
 type ReportPlan struct {
@@ -76,7 +114,8 @@ type ReportPlan struct {
 	Calls int `json:"calls"`
 }
 
-// ReportTotals sums the chunks of a [RunReport].
+// ReportTotals sums the chunks of a [RunReport]: its chunk and row
+// counts are those of the run's status (backfill.Status).
 type ReportTotals struct {
 	// ChunksByStatus counts the chunks by [ChunkStatus].
 	ChunksByStatus map[string]int `json:"chunks_by_status"`
@@ -84,20 +123,68 @@ type ReportTotals struct {
 	// skipped, their rows unchanged (backfill.Job.SkipUnchanged,
 	// [ReportChunk.Skipped]); they are among the done ones.
 	ChunksSkipped int `json:"chunks_skipped"`
-	// Rows sums the chunks' counts.
+	// Rows sums the counts of the checkpointed chunks (done or open), as
+	// the status does.
 	Rows Counts `json:"rows"`
 	// Attempts sums the chunks' attempts.
 	Attempts int `json:"attempts"`
 	// Workers is how many distinct workers completed chunks.
 	Workers int `json:"workers"`
-	// FirstStart and LastFinish bound the chunks' work (nil before any).
-	FirstStart *time.Time `json:"first_start,omitempty"`
-	LastFinish *time.Time `json:"last_finish,omitempty"`
-	// RowsPerSecond is the rows read over LastFinish - FirstStart.
+	// TimedChunks counts the chunks with a start and a finish;
+	// BusySeconds sums their durations (FinishedAt - StartedAt).
+	TimedChunks int     `json:"timed_chunks"`
+	BusySeconds float64 `json:"busy_seconds"`
+	// RowsPerSecond is Rows.Read over the run's working time
+	// ([ReportTime].WorkingSeconds; 0 before any).
 	RowsPerSecond float64 `json:"rows_per_second"`
 }
 
-// ReportChunk is one chunk of a [RunReport].
+// ReportBuckets are the chunks of a run in buckets of ChunksPerBucket
+// consecutive chunks in plan order (a power of two; the last bucket
+// may be shorter), the empty buckets left out. Every chunk of the run
+// counts in one bucket: the buckets' Chunks add up to the run's chunks,
+// their Rows to [ReportTotals].Rows.
+type ReportBuckets struct {
+	ChunksPerBucket int            `json:"chunks_per_bucket"`
+	Buckets         []ReportBucket `json:"buckets"`
+}
+
+// ReportBucket is one bucket of [ReportBuckets]: the chunks of Seq
+// FirstSeq to LastSeq (the chunks' bounds are in the manifest: backfill
+// chunks).
+type ReportBucket struct {
+	FirstSeq int `json:"first_seq"`
+	LastSeq  int `json:"last_seq"`
+	// Chunks counts the bucket's chunks, ChunksByStatus by
+	// [ChunkStatus].
+	Chunks         int            `json:"chunks"`
+	ChunksByStatus map[string]int `json:"chunks_by_status"`
+	Attempts       int            `json:"attempts"`
+	// Rows sums the counts of its checkpointed chunks (done or open).
+	Rows Counts `json:"rows"`
+	// TimedChunks counts its chunks with a start and a finish,
+	// BusySeconds sums their durations, MeanSeconds is their mean (0
+	// when none).
+	TimedChunks int     `json:"timed_chunks"`
+	BusySeconds float64 `json:"busy_seconds"`
+	MeanSeconds float64 `json:"mean_seconds"`
+	// RowsPerSecond is the rows read by its timed chunks over
+	// BusySeconds: the rate of one chunk at a time (0 when none).
+	RowsPerSecond float64 `json:"rows_per_second"`
+}
+
+// ReportChunkWorker sums the chunks that one worker completed
+// (backfill.Config.WorkerID; "" for chunks not completed).
+type ReportChunkWorker struct {
+	Worker string `json:"worker"`
+	Chunks int    `json:"chunks"`
+	// Rows sums the counts of its checkpointed chunks (done or open).
+	Rows Counts `json:"rows"`
+	// BusySeconds sums the durations of its timed chunks.
+	BusySeconds float64 `json:"busy_seconds"`
+}
+
+// ReportChunk is one notable chunk of a [RunReport].
 type ReportChunk struct {
 	Seq   int    `json:"seq"`
 	ID    string `json:"id"`
@@ -122,6 +209,13 @@ type ReportChunk struct {
 	// staging and merge, its rows unchanged since the load it was compared
 	// with (backfill.Job.SkipUnchanged, [ChunkState.Skipped]).
 	Skipped bool `json:"skipped"`
+	// InFlight is true when a worker holds the chunk's lease.
+	InFlight bool `json:"in_flight,omitempty"`
+	// Notable says why the chunk is listed, one or more of "slowest"
+	// (among the [ReportNotableSlowest] longest), "most_rejects" (among
+	// the [ReportNotableRejects] with the most rejected rows), "failed",
+	// "in_flight".
+	Notable []string `json:"notable"`
 }
 
 // ReportWorker is one worker (one call of backfill.Runner.Run) of a run.
@@ -135,33 +229,23 @@ type ReportWorker struct {
 	FinishedAt  *time.Time `db:"finished_at" json:"finished_at,omitempty"`
 }
 
-// ReportThroughput is the rows/s series of a [RunReport]: buckets of
-// BucketSeconds from Start.
-type ReportThroughput struct {
-	Start         *time.Time   `json:"start,omitempty"`
-	BucketSeconds float64      `json:"bucket_seconds"`
-	Buckets       []ReportRate `json:"buckets"`
-}
-
-// ReportRate is one bucket of [ReportThroughput]: the rows read within
-// [Start, Start+BucketSeconds) and their rate.
-type ReportRate struct {
-	Start         time.Time `json:"start"`
-	Rows          float64   `json:"rows"`
-	RowsPerSecond float64   `json:"rows_per_second"`
-}
-
 // ReportDurations is the distribution of chunk durations (seconds) of the
-// chunks that have a start and a finish.
+// chunks that have a start and a finish. Count, Min, Max and Mean are
+// exact; the percentiles are read from the histogram: the upper bound of
+// the bin that holds them (at most Max), within 19% above the exact
+// value (or 1 ms).
 type ReportDurations struct {
-	Count int         `json:"count"`
-	Min   float64     `json:"min_seconds"`
-	Mean  float64     `json:"mean_seconds"`
-	P50   float64     `json:"p50_seconds"`
-	P90   float64     `json:"p90_seconds"`
-	P99   float64     `json:"p99_seconds"`
-	Max   float64     `json:"max_seconds"`
-	Bins  []ReportBin `json:"bins"`
+	Count int     `json:"count"`
+	Min   float64 `json:"min_seconds"`
+	Mean  float64 `json:"mean_seconds"`
+	P50   float64 `json:"p50_seconds"`
+	P90   float64 `json:"p90_seconds"`
+	P99   float64 `json:"p99_seconds"`
+	Max   float64 `json:"max_seconds"`
+	// Bins is the histogram: bins of durations from 2^(k/4) ms to
+	// 2^((k+1)/4) ms (the first from 0), the empty ones left out, in
+	// order.
+	Bins []ReportBin `json:"bins"`
 }
 
 // ReportBin is one bin of a histogram: Count values in [From, To)

@@ -170,7 +170,7 @@ func TestHTMLInHeadlessChromium(t *testing.T) {
 	if len(requests) == 0 {
 		t.Errorf("no request for the page seen: the listener saw nothing")
 	}
-	want := []string{"chart timeline", "chart rate", "chart durations", "chart split"}
+	want := []string{"chart chunks", "chart rate", "chart durations", "chart split"}
 	if len(charts) != len(want) {
 		t.Fatalf("charts on the page: %+v, want %v", charts, want)
 	}

@@ -7,7 +7,6 @@ import (
 	"math"
 	"regexp"
 	"strconv"
-	"time"
 
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/font"
@@ -38,18 +37,6 @@ var (
 	colPaused    = color.RGBA{R: 0x7f, G: 0x8c, B: 0x8d, A: 0xff} // slate
 	colThrottled = color.RGBA{R: 0xe6, G: 0x7e, B: 0x22, A: 0xff} // orange
 )
-
-// timeAxis chooses the unit of an elapsed-time axis for a span of
-// seconds: seconds, minutes or hours.
-func timeAxis(span float64) (unit string, div float64) {
-	switch {
-	case span > 3*3600:
-		return "hours", 3600
-	case span > 3*60:
-		return "minutes", 60
-	}
-	return "seconds", 1
-}
 
 // newPlot returns a plot whose text is in the sans-serif face.
 func newPlot(title, xLabel, yLabel string) *plot.Plot {
@@ -102,44 +89,71 @@ func htmlAttr(s string) string {
 	return b.String()
 }
 
-// timelineChart draws each timed chunk as a bar from its start to its
-// finish on the row of its worker, coloured by status, with the paused
-// spans and throttle holds shaded behind.
-func timelineChart(r backfill.RunReport, workers []string) ([]byte, error) {
-	t0, span := timedSpan(r)
-	unit, div := timeAxis(span)
-	p := newPlot("Chunks by worker", fmt.Sprintf("%s since %s", unit, fmtTime(t0)), "")
-	row := map[string]int{}
-	for i, w := range workers {
-		row[w] = i
-	}
-	tl := &timeline{rows: len(workers), xmax: span / div}
-	for _, c := range r.Chunks {
-		if c.StartedAt == nil || c.FinishedAt == nil {
-			continue
+// chunksChart draws the run's buckets of chunks in plan order, each a
+// stack of its chunks by status: done, open, failed, the others.
+func chunksChart(r backfill.RunReport) ([]byte, error) {
+	p := newPlot("Chunks in plan order", fmt.Sprintf("chunk (seq; %s a bar)", plural(r.Buckets.ChunksPerBucket, "chunk")), "chunks")
+	st := &stacks{}
+	for _, b := range r.Buckets.Buckets {
+		x0, x1 := float64(b.FirstSeq), float64(b.LastSeq+1)
+		y := 0.0
+		for _, part := range []struct {
+			n   int
+			clr color.Color
+		}{
+			{b.ChunksByStatus[string(backfill.ChunkDone)], colDone},
+			{b.ChunksByStatus[string(backfill.ChunkOpen)], colOpen},
+			{b.ChunksByStatus[string(backfill.ChunkFailed)], colFailed},
+			{b.Chunks - b.ChunksByStatus[string(backfill.ChunkDone)] - b.ChunksByStatus[string(backfill.ChunkOpen)] - b.ChunksByStatus[string(backfill.ChunkFailed)], colOther},
+		} {
+			if part.n > 0 {
+				st.bars = append(st.bars, stackBar{x0: x0, x1: x1, y0: y, y1: y + float64(part.n), clr: part.clr})
+				y += float64(part.n)
+			}
 		}
-		clr := colOther
-		switch backfill.ChunkStatus(c.Status) {
-		case backfill.ChunkDone:
-			clr = colDone
-		case backfill.ChunkOpen:
-			clr = colOpen
-		case backfill.ChunkFailed:
-			clr = colFailed
+		st.xmax, st.ymax = max(st.xmax, x1), max(st.ymax, y)
+	}
+	p.Add(st)
+	p.Y.Min = 0
+	p.Y.Tick.Marker = countTicks{}
+	return svgOf(p, chartWidth, chartHeight, "chunks", "Chunks in plan order by status")
+}
+
+// plural is "1 chunk" or "n chunks".
+func plural(n int, what string) string {
+	if n == 1 {
+		return "1 " + what
+	}
+	return fmtInt(n) + " " + what + "s"
+}
+
+type stackBar struct {
+	x0, x1, y0, y1 float64
+	clr            color.Color
+}
+
+// stacks is a plot.Plotter of rectangles.
+type stacks struct {
+	bars       []stackBar
+	xmax, ymax float64
+}
+
+// Plot implements plot.Plotter.
+func (s *stacks) Plot(c draw.Canvas, p *plot.Plot) {
+	trX, trY := p.Transforms(&c)
+	for _, b := range s.bars {
+		x0, x1 := trX(b.x0), trX(b.x1)
+		if x1-x0 < 0.6 {
+			x1 = x0 + 0.6 // a visible sliver
 		}
-		tl.bars = append(tl.bars, bar{y: row[c.Worker], x0: c.StartedAt.Sub(t0).Seconds() / div, x1: c.FinishedAt.Sub(t0).Seconds() / div, clr: clr})
+		y0, y1 := trY(b.y0), trY(b.y1)
+		c.FillPolygon(b.clr, c.ClipPolygonXY([]vg.Point{{X: x0, Y: y0}, {X: x1, Y: y0}, {X: x1, Y: y1}, {X: x0, Y: y1}}))
 	}
-	for _, th := range r.Time.Periods {
-		tl.bands = append(tl.bands, band{x0: th.StartedAt.Sub(t0).Seconds() / div, x1: th.EndedAt.Sub(t0).Seconds() / div, clr: alpha(colThrottled, 0x40)})
-	}
-	for _, s := range r.Time.Paused {
-		tl.bands = append(tl.bands, band{x0: s.From.Sub(t0).Seconds() / div, x1: s.To.Sub(t0).Seconds() / div, clr: alpha(colPaused, 0x50)})
-	}
-	p.Add(tl)
-	p.NominalY(workers...)
-	p.Y.Padding = vg.Points(6)
-	h := max(chartHeight, vg.Length(len(workers))*vg.Points(22)+vg.Inch)
-	return svgOf(p, chartWidth, h, "timeline", "Timeline of chunks by worker")
+}
+
+// DataRange implements plot.DataRanger.
+func (s *stacks) DataRange() (xmin, xmax, ymin, ymax float64) {
+	return 0, max(s.xmax, 1), 0, max(s.ymax, 1)
 }
 
 func alpha(c color.RGBA, a uint8) color.RGBA {
@@ -148,75 +162,17 @@ func alpha(c color.RGBA, a uint8) color.RGBA {
 	return color.RGBA{R: uint8(float64(c.R) * f), G: uint8(float64(c.G) * f), B: uint8(float64(c.B) * f), A: a}
 }
 
-// timedSpan returns the start of the chart's time axis (the run's
-// creation, or the first chunk start if earlier) and its length in
-// seconds (at least 1 ms).
-func timedSpan(r backfill.RunReport) (time.Time, float64) {
-	t0, t1 := r.Plan.CreatedAt, r.Time.End
-	if t1.IsZero() || t1.Before(t0) {
-		t1 = t0
-	}
-	if r.Totals.FirstStart != nil && r.Totals.FirstStart.Before(t0) {
-		t0 = *r.Totals.FirstStart
-	}
-	if r.Totals.LastFinish != nil && r.Totals.LastFinish.After(t1) {
-		t1 = *r.Totals.LastFinish
-	}
-	return t0, max(t1.Sub(t0).Seconds(), 0.001)
-}
-
-type bar struct {
-	y      int
-	x0, x1 float64
-	clr    color.Color
-}
-
-type band struct {
-	x0, x1 float64
-	clr    color.Color
-}
-
-// timeline is a plot.Plotter of bars on nominal rows, over shaded bands.
-type timeline struct {
-	rows  int
-	xmax  float64
-	bars  []bar
-	bands []band
-}
-
-// Plot implements plot.Plotter.
-func (t *timeline) Plot(c draw.Canvas, p *plot.Plot) {
-	trX, trY := p.Transforms(&c)
-	rect := func(x0, x1 vg.Length, y0, y1 vg.Length, clr color.Color) {
-		if x1-x0 < 0.6 {
-			x1 = x0 + 0.6 // a visible sliver for an instant
-		}
-		c.FillPolygon(clr, c.ClipPolygonXY([]vg.Point{{X: x0, Y: y0}, {X: x1, Y: y0}, {X: x1, Y: y1}, {X: x0, Y: y1}}))
-	}
-	for _, b := range t.bands {
-		rect(trX(b.x0), trX(b.x1), trY(-0.5), trY(float64(t.rows)-0.5), b.clr)
-	}
-	for _, b := range t.bars {
-		rect(trX(b.x0), trX(b.x1), trY(float64(b.y)-0.35), trY(float64(b.y)+0.35), b.clr)
-	}
-}
-
-// DataRange implements plot.DataRanger.
-func (t *timeline) DataRange() (xmin, xmax, ymin, ymax float64) {
-	return 0, t.xmax, -0.5, float64(max(t.rows, 1)) - 0.5
-}
-
-// rateChart draws rows/s over time.
+// rateChart draws, in plan order, the rows read per second of chunk
+// time of each bucket of chunks, and the rows rejected per chunk.
 func rateChart(r backfill.RunReport) ([]byte, error) {
-	t0, span := timedSpan(r)
-	unit, div := timeAxis(span)
-	p := newPlot("Rows read per second", fmt.Sprintf("%s since %s", unit, fmtTime(t0)), "rows/s")
-	tp := r.Throughput
-	pts := make(plotter.XYs, 0, 2*len(tp.Buckets))
-	for _, b := range tp.Buckets {
-		// A step per bucket: flat over its width.
-		x := b.Start.Sub(t0).Seconds() / div
-		pts = append(pts, plotter.XY{X: x, Y: b.RowsPerSecond}, plotter.XY{X: x + tp.BucketSeconds/div, Y: b.RowsPerSecond})
+	p := newPlot("Rows read per second of chunk time", fmt.Sprintf("chunk (seq; %s a step)", plural(r.Buckets.ChunksPerBucket, "chunk")), "rows/s")
+	pts := make(plotter.XYs, 0, 2*len(r.Buckets.Buckets))
+	xmax := 1.0
+	for _, b := range r.Buckets.Buckets {
+		// A step per bucket: flat over its chunks.
+		x0, x1 := float64(b.FirstSeq), float64(b.LastSeq+1)
+		pts = append(pts, plotter.XY{X: x0, Y: b.RowsPerSecond}, plotter.XY{X: x1, Y: b.RowsPerSecond})
+		xmax = max(xmax, x1)
 	}
 	if len(pts) == 0 {
 		pts = append(pts, plotter.XY{X: 0, Y: 0})
@@ -228,8 +184,8 @@ func rateChart(r backfill.RunReport) ([]byte, error) {
 	l.Color, l.Width = colWorking, vg.Points(1.5)
 	l.FillColor = alpha(colWorking, 0x30)
 	p.Add(l, plotter.NewGrid())
-	p.X.Min, p.X.Max, p.Y.Min = 0, span/div, 0
-	return svgOf(p, chartWidth, chartHeight, "rate", "Rows read per second over time")
+	p.X.Min, p.X.Max, p.Y.Min = 0, xmax, 0
+	return svgOf(p, chartWidth, chartHeight, "rate", "Rows read per second of chunk time, in plan order")
 }
 
 // durationChart draws the histogram of chunk durations.

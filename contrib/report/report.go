@@ -101,11 +101,14 @@ type view struct {
 	Outcomes []outcome
 	Workers  []workerRow
 	Slowest  []backfilltype.ReportChunk
+	Rejects  []backfilltype.ReportChunk
 	Attn     []backfilltype.ReportChunk
 	AttnMore int
-	Parts    []timePart
+	// EventsHalf is where the events left out would be (RunReport.EventsOmitted).
+	EventsHalf int
+	Parts      []timePart
 	// Charts, as inline SVG.
-	Timeline, Rate, Durations, Split template.HTML
+	Chunks, Rate, Durations, Split template.HTML
 }
 
 type statusCount struct {
@@ -138,7 +141,7 @@ type timePart struct {
 const maxListed = 50
 
 func newView(r backfill.RunReport) (view, error) {
-	v := view{R: r, Done: r.Totals.ChunksByStatus[string(backfill.ChunkDone)], Duration: r.Time.TotalSeconds}
+	v := view{R: r, Done: r.Totals.ChunksByStatus[string(backfill.ChunkDone)], Duration: r.Time.TotalSeconds, EventsHalf: len(r.Events) / 2}
 	for _, s := range slices.Sorted(maps.Keys(r.Totals.ChunksByStatus)) {
 		v.Statuses = append(v.Statuses, statusCount{s, r.Totals.ChunksByStatus[s]})
 	}
@@ -161,32 +164,49 @@ func newView(r backfill.RunReport) (view, error) {
 		wr := row(w.WorkerID)
 		wr.Procs = append(wr.Procs, w)
 	}
-	for _, c := range r.Chunks {
-		if c.Worker == "" || c.StartedAt == nil {
+	for _, c := range r.ChunkWorkers {
+		if c.Worker == "" {
 			continue
 		}
 		wr := row(c.Worker)
-		wr.Chunks++
-		wr.Rows += c.Counts.Read
-		wr.Busy += c.DurationSeconds
+		wr.Chunks += c.Chunks
+		wr.Rows += c.Rows.Read
+		wr.Busy += c.BusySeconds
 	}
 	ids := slices.Sorted(maps.Keys(byID))
 	for _, id := range ids {
 		v.Workers = append(v.Workers, *byID[id])
 	}
 
-	timed := slices.DeleteFunc(slices.Clone(r.Chunks), func(c backfilltype.ReportChunk) bool { return c.StartedAt == nil || c.FinishedAt == nil })
-	sort.SliceStable(timed, func(i, j int) bool { return timed[i].DurationSeconds > timed[j].DurationSeconds })
-	v.Slowest = timed[:min(len(timed), 10)]
-	for _, c := range r.Chunks {
-		if c.Status != string(backfill.ChunkDone) || c.LastError != "" {
+	// The notable chunks: the slowest first, the most rejects first, the
+	// others (failed, in flight) in plan order.
+	notable := func(why string) []backfilltype.ReportChunk {
+		return slices.DeleteFunc(slices.Clone(r.Notable), func(c backfilltype.ReportChunk) bool { return !slices.Contains(c.Notable, why) })
+	}
+	v.Slowest = notable("slowest")
+	sort.SliceStable(v.Slowest, func(i, j int) bool { return v.Slowest[i].DurationSeconds > v.Slowest[j].DurationSeconds })
+	v.Rejects = notable("most_rejects")
+	sort.SliceStable(v.Rejects, func(i, j int) bool { return v.Rejects[i].Counts.Rejected > v.Rejects[j].Counts.Rejected })
+	notDone := 0
+	for s, n := range r.Totals.ChunksByStatus {
+		if s != string(backfill.ChunkDone) {
+			notDone += n
+		}
+	}
+	for _, c := range r.Notable {
+		if c.Status != string(backfill.ChunkDone) || c.LastError != "" || c.InFlight {
 			if len(v.Attn) < maxListed {
 				v.Attn = append(v.Attn, c)
-			} else {
-				v.AttnMore++
 			}
 		}
 	}
+	listedNotDone := 0
+	for _, c := range v.Attn {
+		if c.Status != string(backfill.ChunkDone) {
+			listedNotDone++
+		}
+	}
+	v.AttnMore = max(0, notDone-listedNotDone)
 
 	t := r.Time
 	v.Parts = []timePart{{"working", t.WorkingSeconds, t.TotalSeconds, colWorking}, {"paused", t.PausedSeconds, t.TotalSeconds, colPaused},
@@ -195,21 +215,11 @@ func newView(r backfill.RunReport) (view, error) {
 		v.Parts = append(v.Parts, timePart{"throttled: " + s, t.ThrottledSeconds[s], t.TotalSeconds, colThrottled})
 	}
 
-	// Rows of the timeline: every worker that completed a chunk.
-	var rowsOf []string
-	for _, id := range ids {
-		if byID[id].Chunks > 0 {
-			rowsOf = append(rowsOf, id)
-		}
-	}
-	if len(rowsOf) == 0 {
-		rowsOf = []string{"(no chunk finished)"}
-	}
 	charts := []struct {
 		dst  *template.HTML
 		draw func() ([]byte, error)
 	}{
-		{&v.Timeline, func() ([]byte, error) { return timelineChart(r, rowsOf) }},
+		{&v.Chunks, func() ([]byte, error) { return chunksChart(r) }},
 		{&v.Rate, func() ([]byte, error) { return rateChart(r) }},
 		{&v.Durations, func() ([]byte, error) { return durationChart(r) }},
 		{&v.Split, func() ([]byte, error) { return splitChart(r, v.Parts) }},

@@ -8,10 +8,10 @@ import (
 	"fmt"
 	"math"
 	"slices"
-	"sort"
 	"time"
 
 	"github.com/jmoiron/sqlx"
+	"github.com/lib/pq"
 	"github.com/pgbackfill/backfill/backfilltype"
 )
 
@@ -30,10 +30,6 @@ const (
 	// reportThrottlePeriods is how many throttle periods are kept, the
 	// first ones.
 	reportThrottlePeriods = 200
-	// ReportRateBuckets is about how many buckets the rows/s series has.
-	ReportRateBuckets = 60
-	// reportHistogramBins is how many bins the chunk-duration histogram has.
-	reportHistogramBins = 20
 )
 
 // LoadRunReport reads the report of run batchID from manifest m (whose
@@ -62,24 +58,45 @@ func (m *Manifest) loadRunReport(ctx context.Context, tx sqlx.ExtContext, batchI
 	if err != nil {
 		return rep, err
 	}
-	if err := sqlx.GetContext(ctx, tx, &rep.GeneratedAt, `SELECT now()`); err != nil {
+	if err := m.reportPlan(ctx, tx, run, &rep.Plan, &rep.GeneratedAt); err != nil {
 		return rep, err
 	}
-	rep.GeneratedAt = rep.GeneratedAt.UTC()
-	if err := m.reportPlan(ctx, tx, run, &rep.Plan); err != nil {
+	if rep.Totals, err = m.reportTotals(ctx, tx, batchID); err != nil {
 		return rep, err
 	}
-	if rep.Chunks, rep.Plan.ChunkKind, err = m.reportChunks(ctx, tx, batchID); err != nil {
+	if rep.Buckets, err = m.reportBuckets(ctx, tx, batchID, run.ChunksTotal); err != nil {
+		return rep, err
+	}
+	for _, b := range rep.Buckets.Buckets {
+		rep.Totals.Attempts += b.Attempts
+		rep.Totals.TimedChunks += b.TimedChunks
+		rep.Totals.BusySeconds += b.BusySeconds
+	}
+	if rep.ChunkWorkers, err = m.reportChunkWorkers(ctx, tx, batchID); err != nil {
+		return rep, err
+	}
+	for _, w := range rep.ChunkWorkers {
+		if w.Worker != "" {
+			rep.Totals.Workers++
+		}
+	}
+	if rep.Durations, err = m.reportDurations(ctx, tx, batchID); err != nil {
+		return rep, err
+	}
+	if rep.Notable, err = m.reportNotable(ctx, tx, batchID); err != nil {
 		return rep, err
 	}
 	if rep.Workers, err = m.reportWorkers(ctx, tx, batchID); err != nil {
 		return rep, err
 	}
-	if rep.Events, err = m.Events(ctx, tx, batchID); err != nil {
+	if rep.Events, rep.EventsOmitted, err = m.reportEvents(ctx, tx, batchID); err != nil {
 		return rep, err
 	}
-	for i := range rep.Events {
-		rep.Events[i].CreatedAt = rep.Events[i].CreatedAt.UTC()
+	// The time split needs the run's lifecycle events (pauses and what
+	// ended them) only, by their partial index.
+	lifecycle, err := m.reportEventRows(ctx, tx, `batch_id = $1 AND kind LIKE 'run\_%' ORDER BY id`, batchID)
+	if err != nil {
+		return rep, err
 	}
 	periods, err := m.ThrottlePeriods(ctx, tx, batchID)
 	if err != nil {
@@ -95,14 +112,14 @@ func (m *Manifest) loadRunReport(ctx context.Context, tx sqlx.ExtContext, batchI
 	if rep.Validations, err = m.reportValidations(ctx, tx, batchID); err != nil {
 		return rep, err
 	}
-	rep.Totals = reportTotals(rep.Chunks)
-	rep.Throughput = BuildReportThroughput(rep.Chunks, ReportRateBuckets)
-	rep.Durations = BuildReportDurations(rep.Chunks, reportHistogramBins)
-	split, paused, err := m.RunTimeSplit(ctx, tx, batchID, rep.Events, periods)
+	split, paused, err := m.RunTimeSplit(ctx, tx, batchID, lifecycle, periods)
 	if err != nil {
 		return rep, err
 	}
 	rep.Time = reportTime(split, periods)
+	if rep.Time.WorkingSeconds > 0 {
+		rep.Totals.RowsPerSecond = float64(rep.Totals.Rows.Read) / rep.Time.WorkingSeconds
+	}
 	for _, s := range paused {
 		rep.Time.Paused = append(rep.Time.Paused, backfilltype.ReportSpan{From: s.from.UTC(), To: s.to.UTC()})
 	}
@@ -110,22 +127,33 @@ func (m *Manifest) loadRunReport(ctx context.Context, tx sqlx.ExtContext, batchI
 	return rep, nil
 }
 
-func (m *Manifest) reportPlan(ctx context.Context, tx sqlx.ExtContext, run backfilltype.Run, p *backfilltype.ReportPlan) error {
+// reportPlan fills p from run and the run's row, and now with the
+// server's clock, in one statement.
+func (m *Manifest) reportPlan(ctx context.Context, tx sqlx.ExtContext, run backfilltype.Run, p *backfilltype.ReportPlan, now *time.Time) error {
 	var plan backfilltype.Plan
 	if len(run.Plan) > 0 {
 		if err := json.Unmarshal(run.Plan, &plan); err != nil {
 			return fmt.Errorf("decode plan: %w", err)
 		}
 	}
-	var calls int
-	if err := sqlx.GetContext(ctx, tx, &calls, m.SQL(`SELECT calls FROM {s}.runs WHERE batch_id = $1`), run.BatchID); err != nil {
+	var row struct {
+		Calls int       `db:"calls"`
+		Now   time.Time `db:"now"`
+		// The kind of the run's chunks (a plan's chunks are of one kind).
+		Kind sql.NullString `db:"kind"`
+	}
+	if err := sqlx.GetContext(ctx, tx, &row, m.SQL(`SELECT calls, now() AS now,
+		(SELECT kind FROM {s}.chunks WHERE batch_id = $1 ORDER BY seq LIMIT 1) AS kind
+		FROM {s}.runs WHERE batch_id = $1`), run.BatchID); err != nil {
 		return err
 	}
+	calls := row.Calls
+	*now = row.Now.UTC()
 	*p = backfilltype.ReportPlan{BatchID: run.BatchID, Job: run.Job, Source: run.Source, CodeVersion: run.CodeVersion, Fingerprint: run.Fingerprint,
 		Scope: plan.Scope, ScopeLower: run.ScopeLower, ScopeUpper: run.ScopeUpper, ChunksTotal: run.ChunksTotal,
 		Target: plan.Target, Rollback: plan.Rollback, Publish: plan.Publish, Time: plan.Time, Status: run.Status,
 		StartedBy: run.Worker, CreatedAt: run.CreatedAt.UTC(), FinishedAt: utcPtr(run.FinishedAt), LastError: run.LastError,
-		Watermark: utcPtr(run.Watermark), Calls: calls}
+		Watermark: utcPtr(run.Watermark), Calls: calls, ChunkKind: row.Kind.String}
 	return nil
 }
 
@@ -137,12 +165,298 @@ func utcPtr(t *time.Time) *time.Time {
 	return &u
 }
 
-// reportChunks returns the chunks of the run and their kind.
-func (m *Manifest) reportChunks(ctx context.Context, tx sqlx.ExtContext, batchID int64) ([]backfilltype.ReportChunk, string, error) {
+// checkpointed reports whether the rows of a chunk of status count in
+// the run's rows, as run_progress counts them.
+func checkpointed(status string) bool {
+	return status == string(backfilltype.ChunkDone) || status == string(backfilltype.ChunkOpen)
+}
+
+// reportCounts are the sums of a group of rollup rows.
+type reportCounts struct {
+	Status   string  `db:"status"`
+	Chunks   int     `db:"chunks"`
+	Timed    int     `db:"timed"`
+	Attempts int     `db:"attempts"`
+	Busy     float64 `db:"busy_seconds"`
+	backfilltype.Counts
+}
+
+// reportCountsSQL sums the counters of chunk_buckets rows.
+const reportCountsSQL = `sum(chunks)::int AS chunks, sum(timed)::int AS timed, sum(attempts)::int AS attempts,
+	sum(rows_read)::bigint AS rows_read, sum(rows_inserted)::bigint AS rows_inserted, sum(rows_updated)::bigint AS rows_updated,
+	sum(rows_unchanged)::bigint AS rows_unchanged, sum(rows_rejected)::bigint AS rows_rejected,
+	sum(rows_deduplicated)::bigint AS rows_deduplicated, sum(busy_seconds)::float8 AS busy_seconds`
+
+func addCounts(a *backfilltype.Counts, b backfilltype.Counts) {
+	a.Read += b.Read
+	a.Inserted += b.Inserted
+	a.Updated += b.Updated
+	a.Unchanged += b.Unchanged
+	a.Rejected += b.Rejected
+	a.Deduplicated += b.Deduplicated
+}
+
+// reportTotals reads the run's chunk and row counts from its rollup
+// (chunk_counts), as run_progress does (reportBuckets adds its attempts
+// and timed chunks).
+func (m *Manifest) reportTotals(ctx context.Context, tx sqlx.ExtContext, batchID int64) (backfilltype.ReportTotals, error) {
+	t := backfilltype.ReportTotals{ChunksByStatus: map[string]int{}}
+	var rows []struct {
+		Status  string `db:"status"`
+		Skipped bool   `db:"skipped"`
+		Chunks  int    `db:"chunks"`
+		backfilltype.Counts
+	}
+	if err := sqlx.SelectContext(ctx, tx, &rows, m.SQL(`SELECT status, skipped, sum(chunks)::int AS chunks,
+		sum(rows_read)::bigint AS rows_read, sum(rows_inserted)::bigint AS rows_inserted, sum(rows_updated)::bigint AS rows_updated,
+		sum(rows_unchanged)::bigint AS rows_unchanged, sum(rows_rejected)::bigint AS rows_rejected,
+		sum(rows_deduplicated)::bigint AS rows_deduplicated
+		FROM {s}.chunk_counts WHERE batch_id = $1 GROUP BY status, skipped`), batchID); err != nil {
+		return t, fmt.Errorf("chunk counts: %w", err)
+	}
+	for _, r := range rows {
+		if r.Chunks != 0 {
+			t.ChunksByStatus[r.Status] += r.Chunks
+		}
+		if checkpointed(r.Status) {
+			addCounts(&t.Rows, r.Counts)
+			if r.Skipped {
+				t.ChunksSkipped += r.Chunks
+			}
+		}
+	}
+	return t, nil
+}
+
+// reportBucketShift returns log2 of the chunks per bucket of a run of
+// total chunks: the smallest power of two that gives at most
+// ReportMaxBuckets buckets (the width chunk_buckets uses).
+func reportBucketShift(total int) int {
+	shift := 0
+	for backfilltype.ReportMaxBuckets<<shift < total {
+		shift++
+	}
+	return shift
+}
+
+// reportBuckets reads the run's buckets of chunks from chunk_buckets.
+func (m *Manifest) reportBuckets(ctx context.Context, tx sqlx.ExtContext, batchID int64, total int) (backfilltype.ReportBuckets, error) {
+	shift := reportBucketShift(total)
+	out := backfilltype.ReportBuckets{ChunksPerBucket: 1 << shift, Buckets: []backfilltype.ReportBucket{}}
+	var rows []struct {
+		Bucket int `db:"b"`
+		reportCounts
+	}
+	if err := sqlx.SelectContext(ctx, tx, &rows, m.SQL(`SELECT lo >> $2 AS b, status, `+reportCountsSQL+`
+		FROM {s}.chunk_buckets WHERE batch_id = $1 AND kind = 's' GROUP BY 1, 2 ORDER BY 1, 2`), batchID, shift); err != nil {
+		return out, fmt.Errorf("chunk buckets: %w", err)
+	}
+	for _, r := range rows {
+		if r.Chunks == 0 {
+			continue
+		}
+		first := r.Bucket << shift
+		n := len(out.Buckets)
+		if n == 0 || out.Buckets[n-1].FirstSeq != first {
+			last := first + 1<<shift - 1
+			if total > 0 {
+				last = max(first, min(last, total-1))
+			}
+			out.Buckets = append(out.Buckets, backfilltype.ReportBucket{FirstSeq: first, LastSeq: last, ChunksByStatus: map[string]int{}})
+			n++
+		}
+		b := &out.Buckets[n-1]
+		b.Chunks += r.Chunks
+		b.ChunksByStatus[r.Status] += r.Chunks
+		b.Attempts += r.Attempts
+		b.TimedChunks += r.Timed
+		b.BusySeconds += r.Busy
+		if checkpointed(r.Status) {
+			addCounts(&b.Rows, r.Counts)
+		}
+	}
+	for i := range out.Buckets {
+		b := &out.Buckets[i]
+		if b.TimedChunks > 0 {
+			b.MeanSeconds = b.BusySeconds / float64(b.TimedChunks)
+		}
+		if b.BusySeconds > 0 {
+			b.RowsPerSecond = float64(b.Rows.Read) / b.BusySeconds
+		}
+	}
+	return out, nil
+}
+
+// reportEvents returns the run's first and last reportEvents/2 events
+// (all of them when they are fewer than reportEvents), in order, and
+// whether events between them were left out.
+func (m *Manifest) reportEvents(ctx context.Context, tx sqlx.ExtContext, batchID int64) ([]backfilltype.Event, bool, error) {
+	half := backfilltype.ReportMaxEvents / 2
+	first, err := m.reportEventRows(ctx, tx, `batch_id = $1 ORDER BY id LIMIT $2`, batchID, half+1)
+	if err != nil || len(first) <= half {
+		return first, false, err
+	}
+	last, err := m.reportEventRows(ctx, tx, `batch_id = $1 AND id > $2 ORDER BY id DESC LIMIT $3`, batchID, first[half-1].ID, half+1)
+	if err != nil {
+		return nil, false, err
+	}
+	slices.Reverse(last)
+	omitted := len(last) > half
+	if omitted {
+		last = last[1:]
+	}
+	return append(first[:half], last...), omitted, nil
+}
+
+// reportEventRows reads the events that where (a condition on the
+// events, an order and a limit) selects.
+func (m *Manifest) reportEventRows(ctx context.Context, tx sqlx.ExtContext, where string, args ...any) ([]backfilltype.Event, error) {
+	var rows []struct {
+		backfilltype.Event
+		Batch  sql.NullInt64 `db:"batch"`
+		Detail string        `db:"detail_text"`
+	}
+	if err := sqlx.SelectContext(ctx, tx, &rows, m.SQL(`SELECT id, batch_id AS batch, job_name, kind, actor, coalesce(db_role, '') AS db_role,
+		detail::text AS detail_text, created_at FROM {s}.events WHERE `+where), args...); err != nil {
+		return nil, fmt.Errorf("events: %w", err)
+	}
+	out := make([]backfilltype.Event, len(rows))
+	for i, r := range rows {
+		out[i] = r.Event
+		out[i].BatchID = r.Batch.Int64
+		out[i].Detail = json.RawMessage(r.Detail)
+		out[i].CreatedAt = out[i].CreatedAt.UTC()
+	}
+	return out, nil
+}
+
+// reportChunkWorkers sums the run's chunks by the worker that completed
+// them, from chunk_buckets.
+func (m *Manifest) reportChunkWorkers(ctx context.Context, tx sqlx.ExtContext, batchID int64) ([]backfilltype.ReportChunkWorker, error) {
+	var rows []struct {
+		Worker string `db:"worker"`
+		reportCounts
+	}
+	if err := sqlx.SelectContext(ctx, tx, &rows, m.SQL(`SELECT worker, status, `+reportCountsSQL+`
+		FROM {s}.chunk_buckets WHERE batch_id = $1 AND kind = 'w' GROUP BY 1, 2 ORDER BY 1, 2`), batchID); err != nil {
+		return nil, fmt.Errorf("chunk workers: %w", err)
+	}
+	out := []backfilltype.ReportChunkWorker{}
+	for _, r := range rows {
+		if r.Chunks == 0 {
+			continue
+		}
+		if n := len(out); n == 0 || out[n-1].Worker != r.Worker {
+			out = append(out, backfilltype.ReportChunkWorker{Worker: r.Worker})
+		}
+		w := &out[len(out)-1]
+		w.Chunks += r.Chunks
+		w.BusySeconds += r.Busy
+		if checkpointed(r.Status) {
+			addCounts(&w.Rows, r.Counts)
+		}
+	}
+	slices.SortStableFunc(out, func(a, b backfilltype.ReportChunkWorker) int {
+		return cmp.Or(cmp.Compare(b.Chunks, a.Chunks), cmp.Compare(a.Worker, b.Worker))
+	})
+	return out, nil
+}
+
+// reportDurationBin returns the bounds in seconds of bin k of the
+// durations histogram of chunk_buckets: 2^(k/4) to 2^((k+1)/4) ms, the
+// first from 0.
+func reportDurationBin(k int) (from, to float64) {
+	if k > 0 {
+		from = math.Pow(2, float64(k)/4) / 1000
+	}
+	return from, math.Pow(2, float64(k+1)/4) / 1000
+}
+
+// reportDurations reads the distribution of the timed chunks' durations:
+// its histogram from chunk_buckets, its least and greatest by the index
+// on durations.
+func (m *Manifest) reportDurations(ctx context.Context, tx sqlx.ExtContext, batchID int64) (backfilltype.ReportDurations, error) {
+	out := backfilltype.ReportDurations{Bins: []backfilltype.ReportBin{}}
+	var bins []struct {
+		Bin    int     `db:"lo"`
+		Chunks int     `db:"chunks"`
+		Busy   float64 `db:"busy_seconds"`
+	}
+	if err := sqlx.SelectContext(ctx, tx, &bins, m.SQL(`SELECT lo, sum(chunks)::int AS chunks, sum(busy_seconds)::float8 AS busy_seconds
+		FROM {s}.chunk_buckets WHERE batch_id = $1 AND kind = 'd' GROUP BY lo HAVING sum(chunks) <> 0 ORDER BY lo`), batchID); err != nil {
+		return out, fmt.Errorf("chunk durations: %w", err)
+	}
+	if len(bins) == 0 {
+		return out, nil
+	}
+	var mm struct {
+		Min sql.NullFloat64 `db:"min"`
+		Max sql.NullFloat64 `db:"max"`
+	}
+	if err := sqlx.GetContext(ctx, tx, &mm, m.SQL(`SELECT extract(epoch FROM min(finished_at - started_at))::float8 AS min,
+		extract(epoch FROM max(finished_at - started_at))::float8 AS max
+		FROM {s}.chunks WHERE batch_id = $1 AND started_at IS NOT NULL AND finished_at IS NOT NULL`), batchID); err != nil {
+		return out, fmt.Errorf("chunk durations: %w", err)
+	}
+	out.Min, out.Max = max(mm.Min.Float64, 0), max(mm.Max.Float64, 0)
+	sum := 0.0
+	for _, b := range bins {
+		from, to := reportDurationBin(b.Bin)
+		out.Bins = append(out.Bins, backfilltype.ReportBin{From: from, To: to, Count: b.Chunks})
+		out.Count += b.Chunks
+		sum += b.Busy
+	}
+	out.Mean = sum / float64(out.Count)
+	// Nearest rank, in the bin that holds it.
+	pct := func(p float64) float64 {
+		rank, seen := max(1, int(math.Ceil(p*float64(out.Count)))), 0
+		for _, b := range out.Bins {
+			if seen += b.Count; seen >= rank {
+				return max(out.Min, min(b.To, out.Max))
+			}
+		}
+		return out.Max
+	}
+	out.P50, out.P90, out.P99 = pct(0.5), pct(0.9), pct(0.99)
+	return out, nil
+}
+
+// reportNotable reads the run's notable chunks by their indexes: the
+// slowest, those with the most rejects, the first failed ones and the
+// first in flight.
+func (m *Manifest) reportNotable(ctx context.Context, tx sqlx.ExtContext, batchID int64) ([]backfilltype.ReportChunk, error) {
+	var picks []struct {
+		Seq int    `db:"seq"`
+		Why string `db:"why"`
+	}
+	if err := sqlx.SelectContext(ctx, tx, &picks, m.SQL(`
+		(SELECT seq, 'slowest' AS why FROM {s}.chunks WHERE batch_id = $1 AND started_at IS NOT NULL AND finished_at IS NOT NULL
+			ORDER BY finished_at - started_at DESC LIMIT $2)
+		UNION ALL
+		(SELECT seq, 'most_rejects' FROM {s}.chunks WHERE batch_id = $1 AND rows_rejected > 0 ORDER BY rows_rejected DESC LIMIT $3)
+		UNION ALL
+		(SELECT seq, 'failed' FROM {s}.chunks WHERE batch_id = $1 AND status = 'failed' ORDER BY seq LIMIT $4)
+		UNION ALL
+		(SELECT seq, 'in_flight' FROM {s}.chunks WHERE batch_id = $1 AND lease_key IS NOT NULL ORDER BY seq LIMIT $5)`),
+		batchID, backfilltype.ReportNotableSlowest, backfilltype.ReportNotableRejects, backfilltype.ReportNotableFailed,
+		backfilltype.ReportNotableInFlight); err != nil {
+		return nil, fmt.Errorf("notable chunks: %w", err)
+	}
+	why := map[int][]string{}
+	var seqs []int64
+	for _, p := range picks {
+		if why[p.Seq] == nil {
+			seqs = append(seqs, int64(p.Seq))
+		}
+		why[p.Seq] = append(why[p.Seq], p.Why)
+	}
+	out := []backfilltype.ReportChunk{}
+	if len(seqs) == 0 {
+		return out, nil
+	}
 	var rows []struct {
 		Seq        int        `db:"seq"`
 		ID         string     `db:"chunk_id"`
-		Kind       string     `db:"kind"`
 		Lower      string     `db:"lower_bound"`
 		Upper      string     `db:"upper_bound"`
 		Status     string     `db:"status"`
@@ -152,27 +466,25 @@ func (m *Manifest) reportChunks(ctx context.Context, tx sqlx.ExtContext, batchID
 		FinishedAt *time.Time `db:"finished_at"`
 		LastError  string     `db:"last_error"`
 		Skipped    bool       `db:"skipped"`
+		InFlight   bool       `db:"in_flight"`
 		backfilltype.Counts
 	}
-	if err := sqlx.SelectContext(ctx, tx, &rows, m.SQL(`SELECT seq, chunk_id, kind, lower_bound, upper_bound, status, attempts, worker,
-		started_at, finished_at, last_error, skipped, rows_read, rows_inserted, rows_updated, rows_unchanged, rows_rejected, rows_deduplicated
-		FROM {s}.chunks WHERE batch_id = $1 ORDER BY seq`), batchID); err != nil {
-		return nil, "", fmt.Errorf("chunks: %w", err)
+	if err := sqlx.SelectContext(ctx, tx, &rows, m.SQL(`SELECT seq, chunk_id, lower_bound, upper_bound, status, attempts, worker,
+		started_at, finished_at, last_error, skipped, lease_key IS NOT NULL AS in_flight,
+		rows_read, rows_inserted, rows_updated, rows_unchanged, rows_rejected, rows_deduplicated
+		FROM {s}.chunks WHERE batch_id = $1 AND seq = ANY ($2::int[]) ORDER BY seq`), batchID, pq.Array(seqs)); err != nil {
+		return nil, fmt.Errorf("notable chunks: %w", err)
 	}
-	out := make([]backfilltype.ReportChunk, len(rows))
-	for i, r := range rows {
+	for _, r := range rows {
 		c := backfilltype.ReportChunk{Seq: r.Seq, ID: r.ID, Lower: r.Lower, Upper: r.Upper, Status: r.Status, Attempts: r.Attempts, Worker: r.Worker,
-			StartedAt: utcPtr(r.StartedAt), FinishedAt: utcPtr(r.FinishedAt), Counts: r.Counts, LastError: r.LastError, Skipped: r.Skipped}
+			StartedAt: utcPtr(r.StartedAt), FinishedAt: utcPtr(r.FinishedAt), Counts: r.Counts, LastError: r.LastError, Skipped: r.Skipped,
+			InFlight: r.InFlight, Notable: why[r.Seq]}
 		if c.StartedAt != nil && c.FinishedAt != nil {
 			c.DurationSeconds = c.FinishedAt.Sub(*c.StartedAt).Seconds()
 		}
-		out[i] = c
+		out = append(out, c)
 	}
-	kind := ""
-	if len(rows) > 0 {
-		kind = rows[0].Kind // a plan's chunks are of one kind
-	}
-	return out, kind, nil
+	return out, nil
 }
 
 func (m *Manifest) reportWorkers(ctx context.Context, tx sqlx.ExtContext, batchID int64) ([]backfilltype.ReportWorker, error) {
@@ -190,16 +502,20 @@ func (m *Manifest) reportWorkers(ctx context.Context, tx sqlx.ExtContext, batchI
 	return rows, nil
 }
 
+// reportExceptions reads the run's queued exceptions by reason and column
+// from their rollup (exception_counts), the first few rows of the
+// largest groups by the index on (reason, column, id), and counts the
+// failed attempts' rows by their partial index.
 func (m *Manifest) reportExceptions(ctx context.Context, tx sqlx.ExtContext, batchID int64) (backfilltype.ReportExceptions, error) {
 	var out backfilltype.ReportExceptions
-	if err := sqlx.GetContext(ctx, tx, &out, m.SQL(`SELECT count(*) FILTER (WHERE failed_attempt IS NULL) AS total,
-		count(*) FILTER (WHERE failed_attempt IS NOT NULL) AS failed_attempts,
-		count(DISTINCT (reason, column_name)) FILTER (WHERE failed_attempt IS NULL) AS groups_total
-		FROM {s}.exceptions WHERE batch_id = $1`), batchID); err != nil {
+	if err := sqlx.GetContext(ctx, tx, &out, m.SQL(`WITH g AS (
+			SELECT reason, column_name, sum(n) AS n FROM {s}.exception_counts WHERE batch_id = $1
+			GROUP BY reason, column_name HAVING sum(n) <> 0)
+		SELECT (SELECT coalesce(sum(n), 0) FROM g)::bigint AS total, (SELECT count(*) FROM g)::int AS groups_total,
+			(SELECT count(*) FROM {s}.exceptions WHERE batch_id = $1 AND failed_attempt IS NOT NULL) AS failed_attempts`), batchID); err != nil {
 		return out, fmt.Errorf("exceptions: %w", err)
 	}
-	// The largest groups, each with its first few rows (in chunk and row
-	// order), in one statement.
+	// The largest groups, each with its first few rows, in one statement.
 	var rows []struct {
 		Reason  string         `db:"reason"`
 		Column  string         `db:"column_name"`
@@ -211,18 +527,14 @@ func (m *Manifest) reportExceptions(ctx context.Context, tx sqlx.ExtContext, bat
 		At      time.Time      `db:"created_at"`
 	}
 	if err := sqlx.SelectContext(ctx, tx, &rows, m.SQL(`WITH g AS (
-			SELECT reason, column_name, count(*) AS n FROM {s}.exceptions
-			WHERE batch_id = $1 AND failed_attempt IS NULL
-			GROUP BY reason, column_name ORDER BY n DESC, reason, column_name LIMIT $2),
-		x AS (
-			SELECT e.reason, e.column_name, e.chunk_id, e.row_number, e.value, e.raw::text AS raw_text, e.created_at,
-				row_number() OVER (PARTITION BY e.reason, e.column_name ORDER BY c.seq, e.row_number, e.id) AS k
-			FROM {s}.exceptions e JOIN {s}.chunks c ON c.batch_id = e.batch_id AND c.chunk_id = e.chunk_id
-			JOIN g ON g.reason = e.reason AND g.column_name = e.column_name
-			WHERE e.batch_id = $1 AND e.failed_attempt IS NULL)
-		SELECT g.reason, g.column_name, g.n, x.chunk_id, x.row_number, x.value, x.raw_text, x.created_at
-		FROM g JOIN x ON x.reason = g.reason AND x.column_name = g.column_name AND x.k <= $3
-		ORDER BY g.n DESC, g.reason, g.column_name, x.k`), batchID, reportExceptionGroups, reportExceptionExamples); err != nil {
+			SELECT reason, column_name, sum(n)::bigint AS n FROM {s}.exception_counts WHERE batch_id = $1
+			GROUP BY reason, column_name HAVING sum(n) <> 0 ORDER BY n DESC, reason, column_name LIMIT $2)
+		SELECT g.reason, g.column_name, g.n, x.chunk_id, x.row_number, x.value, x.raw::text AS raw_text, x.created_at
+		FROM g CROSS JOIN LATERAL (
+			SELECT e.id, e.chunk_id, e.row_number, e.value, e.raw, e.created_at FROM {s}.exceptions e
+			WHERE e.batch_id = $1 AND e.reason = g.reason AND e.column_name = g.column_name AND e.failed_attempt IS NULL
+			ORDER BY e.id LIMIT $3) x
+		ORDER BY g.n DESC, g.reason, g.column_name, x.id`), batchID, reportExceptionGroups, reportExceptionExamples); err != nil {
 		return out, fmt.Errorf("exceptions: %w", err)
 	}
 	out.Groups = []backfilltype.ReportExceptionGroup{}
@@ -283,182 +595,6 @@ func (m *Manifest) reportValidations(ctx context.Context, tx sqlx.ExtContext, ba
 		out.Failures = append(out.Failures, v)
 	}
 	return out, nil
-}
-
-// reportTotals sums chunks.
-func reportTotals(chunks []backfilltype.ReportChunk) backfilltype.ReportTotals {
-	t := backfilltype.ReportTotals{ChunksByStatus: map[string]int{}}
-	workers := map[string]bool{}
-	for _, c := range chunks {
-		t.ChunksByStatus[c.Status]++
-		if c.Skipped && (c.Status == string(backfilltype.ChunkDone) || c.Status == string(backfilltype.ChunkOpen)) {
-			t.ChunksSkipped++
-		}
-		t.Attempts += c.Attempts
-		t.Rows.Read += c.Counts.Read
-		t.Rows.Inserted += c.Counts.Inserted
-		t.Rows.Updated += c.Counts.Updated
-		t.Rows.Unchanged += c.Counts.Unchanged
-		t.Rows.Rejected += c.Counts.Rejected
-		t.Rows.Deduplicated += c.Counts.Deduplicated
-		if c.Worker != "" {
-			workers[c.Worker] = true
-		}
-		if c.StartedAt != nil && (t.FirstStart == nil || c.StartedAt.Before(*t.FirstStart)) {
-			t.FirstStart = c.StartedAt
-		}
-		if c.FinishedAt != nil && (t.LastFinish == nil || c.FinishedAt.After(*t.LastFinish)) {
-			t.LastFinish = c.FinishedAt
-		}
-	}
-	t.Workers = len(workers)
-	if t.FirstStart != nil && t.LastFinish != nil {
-		if d := t.LastFinish.Sub(*t.FirstStart).Seconds(); d > 0 {
-			t.RowsPerSecond = float64(t.Rows.Read) / d
-		}
-	}
-	return t
-}
-
-// reportBucketSteps are the widths the rows/s series picks from: the
-// smallest that gives at most the wanted number of buckets.
-var reportBucketSteps = []time.Duration{
-	time.Millisecond, 2 * time.Millisecond, 5 * time.Millisecond, 10 * time.Millisecond, 20 * time.Millisecond,
-	50 * time.Millisecond, 100 * time.Millisecond, 200 * time.Millisecond, 500 * time.Millisecond,
-	time.Second, 2 * time.Second, 5 * time.Second, 10 * time.Second, 15 * time.Second, 30 * time.Second,
-	time.Minute, 2 * time.Minute, 5 * time.Minute, 10 * time.Minute, 15 * time.Minute, 30 * time.Minute,
-	time.Hour, 2 * time.Hour, 3 * time.Hour, 6 * time.Hour, 12 * time.Hour, 24 * time.Hour,
-}
-
-// BuildReportThroughput spreads each timed chunk's rows read evenly over its
-// start to finish and sums them in about n buckets.
-func BuildReportThroughput(chunks []backfilltype.ReportChunk, n int) backfilltype.ReportThroughput {
-	out := backfilltype.ReportThroughput{Buckets: []backfilltype.ReportRate{}}
-	first, last := timedSpan(chunks)
-	if first.IsZero() {
-		return out
-	}
-	width := bucketWidth(last.Sub(first), n)
-	first = first.Truncate(width)
-	k := int(last.Sub(first)/width) + 1
-	tb := throughputBuckets{first: first, width: width, rows: make([]float64, k)}
-	for _, c := range chunks {
-		if c.StartedAt == nil || c.FinishedAt == nil || c.Counts.Read == 0 {
-			continue
-		}
-		tb.add(*c.StartedAt, *c.FinishedAt, float64(c.Counts.Read))
-	}
-	out.Start = &first
-	out.BucketSeconds = width.Seconds()
-	for i, r := range tb.rows {
-		out.Buckets = append(out.Buckets, backfilltype.ReportRate{Start: first.Add(time.Duration(i) * width), Rows: r, RowsPerSecond: r / width.Seconds()})
-	}
-	return out
-}
-
-// timedSpan returns the earliest start and the latest finish of the
-// chunks that have both; zero times when none has.
-func timedSpan(chunks []backfilltype.ReportChunk) (first, last time.Time) {
-	for _, c := range chunks {
-		if c.StartedAt == nil || c.FinishedAt == nil {
-			continue
-		}
-		if first.IsZero() || c.StartedAt.Before(first) {
-			first = *c.StartedAt
-		}
-		if last.IsZero() || c.FinishedAt.After(last) {
-			last = *c.FinishedAt
-		}
-	}
-	return first, last
-}
-
-// bucketWidth returns the smallest of reportBucketSteps that covers span
-// in at most n buckets, else the largest step.
-func bucketWidth(span time.Duration, n int) time.Duration {
-	for _, w := range reportBucketSteps {
-		if span <= w*time.Duration(n) {
-			return w
-		}
-	}
-	return reportBucketSteps[len(reportBucketSteps)-1]
-}
-
-// throughputBuckets are the rows of a throughput series: rows[i] is what
-// was read in the bucket that starts at first + i*width.
-type throughputBuckets struct {
-	first time.Time
-	width time.Duration
-	rows  []float64
-}
-
-// add spreads read rows evenly over the interval from a to b across the
-// buckets it overlaps; a chunk that took no time counts whole in the
-// bucket of a (the last bucket at most).
-func (tb *throughputBuckets) add(a, b time.Time, read float64) {
-	first, width, k := tb.first, tb.width, len(tb.rows)
-	if !b.After(a) {
-		tb.rows[min(int(a.Sub(first)/width), k-1)] += read
-		return
-	}
-	per := read / float64(b.Sub(a))
-	for i := int(a.Sub(first) / width); i < k; i++ {
-		from := first.Add(time.Duration(i) * width)
-		to := from.Add(width)
-		if !from.Before(b) {
-			break
-		}
-		lo, hi := from, to
-		if a.After(lo) {
-			lo = a
-		}
-		if b.Before(hi) {
-			hi = b
-		}
-		if hi.After(lo) {
-			tb.rows[i] += per * float64(hi.Sub(lo))
-		}
-	}
-}
-
-// BuildReportDurations is the distribution of the timed chunks' durations,
-// with a histogram of equal bins from the least to the greatest: at most
-// bins, about the square root of the number of chunks.
-func BuildReportDurations(chunks []backfilltype.ReportChunk, bins int) backfilltype.ReportDurations {
-	out := backfilltype.ReportDurations{Bins: []backfilltype.ReportBin{}}
-	var ds []float64
-	for _, c := range chunks {
-		if c.StartedAt != nil && c.FinishedAt != nil {
-			ds = append(ds, c.DurationSeconds)
-		}
-	}
-	if len(ds) == 0 {
-		return out
-	}
-	sort.Float64s(ds)
-	sum := 0.0
-	for _, d := range ds {
-		sum += d
-	}
-	// Nearest rank.
-	pct := func(p float64) float64 { return ds[max(0, int(math.Ceil(p*float64(len(ds))))-1)] }
-	out.Count, out.Min, out.Max, out.Mean = len(ds), ds[0], ds[len(ds)-1], sum/float64(len(ds))
-	out.P50, out.P90, out.P99 = pct(0.5), pct(0.9), pct(0.99)
-	if out.Max == out.Min {
-		out.Bins = append(out.Bins, backfilltype.ReportBin{From: out.Min, To: out.Max, Count: len(ds)})
-		return out
-	}
-	// Fewer bins for few chunks: about the square root of their number.
-	bins = min(bins, max(1, int(math.Ceil(math.Sqrt(float64(len(ds)))))))
-	w := (out.Max - out.Min) / float64(bins)
-	for i := range bins {
-		out.Bins = append(out.Bins, backfilltype.ReportBin{From: out.Min + float64(i)*w, To: out.Min + float64(i+1)*w})
-	}
-	out.Bins[bins-1].To = out.Max
-	for _, d := range ds {
-		out.Bins[min(int((d-out.Min)/w), bins-1)].Count++
-	}
-	return out
 }
 
 // reportTime converts split to seconds and sums periods per signal.

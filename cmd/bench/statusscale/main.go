@@ -245,6 +245,9 @@ func buildRun(ctx context.Context, db *sqlx.DB, r *backfill.Runner, n, events in
 	tx.MustExecContext(ctx, `DELETE FROM backfill.chunks WHERE batch_id = $1`, b)
 	tx.MustExecContext(ctx, `INSERT INTO backfill.workers (worker_key, worker_id, batch_id, job_name, host, pid, stale_after)
 		VALUES ('bench-live-' || $1::bigint, 'benchstatusscale', $1::bigint, $2, 'benchhost', 1, interval '1 hour')`, b, job)
+	// The run's size first: the report's rollup sizes its buckets by it.
+	tx.MustExecContext(ctx, `UPDATE backfill.runs SET status = 'running', finished_at = NULL, chunks_total = $2,
+		created_at = now() - interval '1 hour' WHERE batch_id = $1`, b, n)
 	done, open, failed := n*90/100, n/200, n/100
 	tx.MustExecContext(ctx, `INSERT INTO backfill.chunks (batch_id, seq, chunk_id, kind, lower_bound, upper_bound, lo, hi, status, attempts,
 			rows_read, rows_inserted, rows_updated, rows_unchanged, rows_rejected, rows_deduplicated, rows_processed, reads,
@@ -262,8 +265,6 @@ func buildRun(ctx context.Context, db *sqlx.DB, r *backfill.Runner, n, events in
 		b, n, done, open, failed)
 	tx.MustExecContext(ctx, `UPDATE backfill.chunks SET rows_read = 0, rows_inserted = 0, rows_updated = 0, rows_unchanged = 0, rows_rejected = 0,
 		rows_deduplicated = 0, rows_processed = 0, checkpointed_at = NULL WHERE batch_id = $1 AND status = 'failed'`, b)
-	tx.MustExecContext(ctx, `UPDATE backfill.runs SET status = 'running', finished_at = NULL, chunks_total = $2,
-		created_at = now() - interval '1 hour' WHERE batch_id = $1`, b, n)
 	// Events: 10 pauses and resumes, throttle warnings, and others.
 	tx.MustExecContext(ctx, `INSERT INTO backfill.events (batch_id, job_name, kind, actor, detail, created_at)
 		SELECT $1, $2, CASE WHEN g % 2 = 0 THEN 'run_paused' ELSE 'run_resumed' END, 'bench', '{}', now() - interval '50 minutes' + g * interval '1 minute'
