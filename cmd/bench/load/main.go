@@ -95,7 +95,7 @@ func main() {
 	flag.IntVar(&o.libConcurrency, "lib-concurrency", 0, "the library's Config.Concurrency (0: the library's default); the baseline is always sequential")
 	flag.BoolVar(&o.skip, "skip", false, "also run the order_no-chunked SkipUnchanged loads (ChunkColumn order_no, with and without a ChunkVersioner, restatements and corrections)")
 	flag.BoolVar(&o.skipOnly, "skip-only", false, "with -skip: leave out the suite")
-	flag.StringVar(&o.skipProfile, "skip-profile", "", "with -skip: directory: the first run's SkipUnchanged replay and restatement write CPU profiles there, and one more unchanged replay its auto_explain plans (profiled timings are not comparable)")
+	flag.StringVar(&o.skipProfile, "skip-profile", "", "with -skip: directory: the first run's SkipUnchanged replay and restatement write CPU profiles there, and one more unchanged replay and restatement their auto_explain plans (profiled timings are not comparable)")
 
 	// Child mode (internal): one load in a process of its own.
 	flag.StringVar(&c.variant, "child", "", "internal: run one load in this process: lib or base")

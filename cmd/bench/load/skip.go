@@ -214,6 +214,14 @@ func (b *bench) skipBench(ctx context.Context) ([]skipMeasurement, error) {
 			default:
 				m.OffCorrect, m.OffCorrectWAL = correct, correctWAL
 			}
+			if pc := b.skipProfiled(c, i, "restate", true); pc.explain != "" && on && !versioned {
+				// One more restatement of the same chunks (another
+				// quantity), not measured, for its plans.
+				pc.restate, pc.correct = 2, 0
+				if _, _, err := step("restatement with auto_explain (not measured)", pc, func(n backfill.Counts) bool { return n.Read == rows && n.Updated > 0 }); err != nil {
+					return nil, err
+				}
+			}
 			if _, err := b.db.ExecContext(ctx, `DROP TABLE `+table); err != nil {
 				return nil, err
 			}
