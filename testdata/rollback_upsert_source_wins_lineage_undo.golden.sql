@@ -126,11 +126,20 @@ SELECT count(*) OVER () AS n, count(*) FILTER (WHERE del) OVER () AS deleted, (S
 FROM x ORDER BY key::text LIMIT 100;
 
 -- record delivered (merge)
+WITH x AS MATERIALIZED (SELECT t.* FROM pg_temp."backfill_stage_ef0f8af3d5d50a91" s CROSS JOIN LATERAL (
+		SELECT t."id", t."updated_by" AS _backfill_owner FROM "sales"."orders" t WHERE t."id" = s."id" OFFSET 0) t
+		WHERE t._backfill_owner <> $1::bigint),
+o AS MATERIALIZED (SELECT x._backfill_owner, count(*) AS _backfill_n FROM x GROUP BY x._backfill_owner)
 INSERT INTO "backfill"."delivered" (owner, batch_id, seq, key_columns, lo, hi, row_count)
 SELECT y._backfill_owner, $1::bigint, $2::int, $3::text[], jsonb_build_object('id', y._backfill_lo_0), jsonb_build_object('id', y._backfill_hi_0), y._backfill_n FROM (
-	SELECT DISTINCT ON (x._backfill_owner) x._backfill_owner, count(*) OVER w AS _backfill_n, first_value(x."id") OVER w AS _backfill_lo_0, last_value(x."id") OVER w AS _backfill_hi_0
-	FROM (SELECT t.* FROM pg_temp."backfill_stage_ef0f8af3d5d50a91" s CROSS JOIN LATERAL (
-		SELECT t."id", t."updated_by" AS _backfill_owner FROM "sales"."orders" t WHERE t."id" = s."id" OFFSET 0) t
-		WHERE t._backfill_owner <> $1::bigint) x
-	WINDOW w AS (PARTITION BY x._backfill_owner ORDER BY x."id" ROWS BETWEEN UNBOUNDED PRECEDING AND UNBOUNDED FOLLOWING)
-	ORDER BY x._backfill_owner) y;
+	SELECT o._backfill_owner, o._backfill_n, l.*, h.* FROM o
+	CROSS JOIN LATERAL (SELECT x."id" AS _backfill_lo_0 FROM x WHERE x._backfill_owner = o._backfill_owner ORDER BY x."id" LIMIT 1) l
+	CROSS JOIN LATERAL (SELECT x."id" AS _backfill_hi_0 FROM x WHERE x._backfill_owner = o._backfill_owner ORDER BY x."id" DESC LIMIT 1) h
+	WHERE (SELECT count(*) FROM o) <= 8
+	UNION ALL
+	SELECT * FROM (
+		SELECT DISTINCT ON (x._backfill_owner) x._backfill_owner, count(*) OVER w AS _backfill_n, first_value(x."id") OVER w AS _backfill_lo_0, last_value(x."id") OVER w AS _backfill_hi_0
+		FROM x
+		WINDOW w AS (PARTITION BY x._backfill_owner ORDER BY x."id" ROWS BETWEEN UNBOUNDED PRECEDING AND UNBOUNDED FOLLOWING)
+		ORDER BY x._backfill_owner) z
+	WHERE (SELECT count(*) FROM o) > 8) y;

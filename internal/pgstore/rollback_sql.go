@@ -3,6 +3,7 @@ package pgstore
 import (
 	"cmp"
 	"fmt"
+	"strconv"
 	"strings"
 
 	"github.com/lib/pq"
@@ -308,22 +309,50 @@ func (s *PGStager) RecordDeliveredSQL() string {
 // greatest identity ($1 batch, $2 chunk, $3 the identity's column names,
 // further parameters rows's own). A merged chunk's stager and a skipped
 // chunk record their deliveries with it.
+//
+// The rows are read once (x). With few owners, the usual case (one per
+// earlier batch that wrote the chunk's rows), each owner's least and
+// greatest identity are two top-1 scans of x (a bounded heap, one
+// comparison per row), not a sort of every row by owner and identity and
+// a window over it, which cost several times more on a skipped chunk.
+// With more than deliveredFewOwners owners, whose scans would add up,
+// one sort and window do it (the other branch, gated off by its
+// one-time filter).
 func DeliveredSummarySQL(delivered string, identity []string, rows string) string {
 	lo, hi := make([]string, len(identity)), make([]string, len(identity))
 	loJSON, hiJSON := make([]string, len(identity)), make([]string, len(identity))
+	topLo, topHi := make([]string, len(identity)), make([]string, len(identity))
+	desc := make([]string, len(identity))
 	for i, c := range identity {
 		lo[i] = fmt.Sprintf("first_value(x.%s) OVER w AS _backfill_lo_%d", sqlgen.Ident(c), i)
 		hi[i] = fmt.Sprintf("last_value(x.%s) OVER w AS _backfill_hi_%d", sqlgen.Ident(c), i)
 		loJSON[i] = fmt.Sprintf("%s, y._backfill_lo_%d", pq.QuoteLiteral(c), i)
 		hiJSON[i] = fmt.Sprintf("%s, y._backfill_hi_%d", pq.QuoteLiteral(c), i)
+		topLo[i] = fmt.Sprintf("x.%s AS _backfill_lo_%d", sqlgen.Ident(c), i)
+		topHi[i] = fmt.Sprintf("x.%s AS _backfill_hi_%d", sqlgen.Ident(c), i)
+		desc[i] = "x." + sqlgen.Ident(c) + " DESC"
 	}
-	return SQLf(`INSERT INTO {delivered} (owner, batch_id, seq, key_columns, lo, hi, row_count)
+	return SQLf(`WITH x AS MATERIALIZED ({rows}),
+o AS MATERIALIZED (SELECT x._backfill_owner, count(*) AS _backfill_n FROM x GROUP BY x._backfill_owner)
+INSERT INTO {delivered} (owner, batch_id, seq, key_columns, lo, hi, row_count)
 SELECT y._backfill_owner, $1::bigint, $2::int, $3::text[], jsonb_build_object({loJSON}), jsonb_build_object({hiJSON}), y._backfill_n FROM (
-	SELECT DISTINCT ON (x._backfill_owner) x._backfill_owner, count(*) OVER w AS _backfill_n, {lo}, {hi}
-	FROM ({rows}) x
-	WINDOW w AS (PARTITION BY x._backfill_owner ORDER BY {xid} ROWS BETWEEN UNBOUNDED PRECEDING AND UNBOUNDED FOLLOWING)
-	ORDER BY x._backfill_owner) y`,
+	SELECT o._backfill_owner, o._backfill_n, l.*, h.* FROM o
+	CROSS JOIN LATERAL (SELECT {topLo} FROM x WHERE x._backfill_owner = o._backfill_owner ORDER BY {xid} LIMIT 1) l
+	CROSS JOIN LATERAL (SELECT {topHi} FROM x WHERE x._backfill_owner = o._backfill_owner ORDER BY {desc} LIMIT 1) h
+	WHERE (SELECT count(*) FROM o) <= {few}
+	UNION ALL
+	SELECT * FROM (
+		SELECT DISTINCT ON (x._backfill_owner) x._backfill_owner, count(*) OVER w AS _backfill_n, {lo}, {hi}
+		FROM x
+		WINDOW w AS (PARTITION BY x._backfill_owner ORDER BY {xid} ROWS BETWEEN UNBOUNDED PRECEDING AND UNBOUNDED FOLLOWING)
+		ORDER BY x._backfill_owner) z
+	WHERE (SELECT count(*) FROM o) > {few}) y`,
 		"delivered", delivered, "rows", rows, "lo", strings.Join(lo, ", "),
 		"hi", strings.Join(hi, ", "), "loJSON", strings.Join(loJSON, ", "), "hiJSON", strings.Join(hiJSON, ", "),
-		"xid", sqlgen.List("x.", identity))
+		"xid", sqlgen.List("x.", identity), "desc", strings.Join(desc, ", "),
+		"topLo", strings.Join(topLo, ", "), "topHi", strings.Join(topHi, ", "), "few", strconv.Itoa(deliveredFewOwners))
 }
+
+// deliveredFewOwners is the most owners of a chunk's delivered rows whose
+// bounds DeliveredSummarySQL finds by top-1 scans rather than one sort.
+const deliveredFewOwners = 8
