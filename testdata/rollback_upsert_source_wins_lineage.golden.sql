@@ -129,7 +129,7 @@ FROM x ORDER BY key::text LIMIT 100;
 WITH x AS MATERIALIZED (SELECT t.* FROM pg_temp."backfill_stage_ef0f8af3d5d50a91" s CROSS JOIN LATERAL (
 		SELECT t."id", t."updated_by" AS _backfill_owner FROM "sales"."orders" t WHERE t."id" = s."id" OFFSET 0) t
 		WHERE t._backfill_owner <> $1::bigint),
-o AS MATERIALIZED (SELECT x._backfill_owner, count(*) AS _backfill_n FROM x GROUP BY x._backfill_owner)
+o AS MATERIALIZED (SELECT x._backfill_owner, count(*) AS _backfill_n FROM x GROUP BY x._backfill_owner LIMIT 8 + 1)
 INSERT INTO "backfill"."delivered" (owner, batch_id, seq, key_columns, lo, hi, row_count)
 SELECT y._backfill_owner, $1::bigint, $2::int, $3::text[], jsonb_build_object('id', y._backfill_lo_0), jsonb_build_object('id', y._backfill_hi_0), y._backfill_n FROM (
 	SELECT o._backfill_owner, o._backfill_n, l.*, h.* FROM o

@@ -317,7 +317,10 @@ func (s *PGStager) RecordDeliveredSQL() string {
 // a window over it, which cost several times more on a skipped chunk.
 // With more than deliveredFewOwners owners, whose scans would add up,
 // one sort and window do it (the other branch, gated off by its
-// one-time filter).
+// one-time filter). o stops at one owner more than the top-1 branch
+// takes: the planner then expects few owners, not its default of 200,
+// whose estimated scans would cost the statement a JIT compilation
+// longer than its run.
 func DeliveredSummarySQL(delivered string, identity []string, rows string) string {
 	lo, hi := make([]string, len(identity)), make([]string, len(identity))
 	loJSON, hiJSON := make([]string, len(identity)), make([]string, len(identity))
@@ -333,7 +336,7 @@ func DeliveredSummarySQL(delivered string, identity []string, rows string) strin
 		desc[i] = "x." + sqlgen.Ident(c) + " DESC"
 	}
 	return SQLf(`WITH x AS MATERIALIZED ({rows}),
-o AS MATERIALIZED (SELECT x._backfill_owner, count(*) AS _backfill_n FROM x GROUP BY x._backfill_owner)
+o AS MATERIALIZED (SELECT x._backfill_owner, count(*) AS _backfill_n FROM x GROUP BY x._backfill_owner LIMIT {few} + 1)
 INSERT INTO {delivered} (owner, batch_id, seq, key_columns, lo, hi, row_count)
 SELECT y._backfill_owner, $1::bigint, $2::int, $3::text[], jsonb_build_object({loJSON}), jsonb_build_object({hiJSON}), y._backfill_n FROM (
 	SELECT o._backfill_owner, o._backfill_n, l.*, h.* FROM o
