@@ -272,6 +272,10 @@ func TestStatusInFlight(t *testing.T) {
 	var once sync.Once
 	defer once.Do(func() { close(release) })
 	r := liveRunner(t, db, "holder", nil)
+	// Serially: extracting ahead, chunk 2's transaction may still hold
+	// its lease while chunk 3 is extracted, so one or two chunks are in
+	// flight as the timing falls.
+	r.cfg.SerialExtract = true
 	done := goRun(ctx, r, liveJob(func(c Chunk) {
 		if c.Seq == 3 {
 			close(inFlight)
