@@ -16,32 +16,17 @@ import (
 // ran it: any machine with the database's URL can produce it.
 
 // RunReport is the report of one run: its plan, its totals (the counts
-// of its status), its chunks in at most [ReportMaxBuckets] buckets in plan
+// of its status), its chunks in at most [backfilltype.ReportMaxBuckets] buckets in plan
 // order (rows, rejects, durations, rates), the distribution of chunk
 // durations, its notable chunks (the slowest, the failed, those with the
-// most rejects, those in flight), the chunks by worker, where the run's
+// most rejects, those in flight; at most the backfilltype.ReportNotable*
+// limits), the chunks by worker, where the run's
 // time went (working, throttled, paused), the waits of its chunks, its
 // exceptions, its validation evidence and its audit trail.
 // [LoadRunReport] reads it from a [PGManifest]. Its JSON form (the json
 // tags) is stable: fields are added, never renamed. Times are UTC,
 // durations are seconds (fields named *_seconds), rates rows per second.
 type RunReport = backfilltype.RunReport
-
-// Report limits: how much of a run a [RunReport] lists.
-const (
-	// ReportMaxBuckets is the most buckets of chunks of a [RunReport].
-	ReportMaxBuckets = backfilltype.ReportMaxBuckets
-	// ReportNotableSlowest, ReportNotableRejects, ReportNotableFailed and
-	// ReportNotableInFlight are how many chunks of each kind
-	// [RunReport].Notable lists at most.
-	ReportNotableSlowest  = backfilltype.ReportNotableSlowest
-	ReportNotableRejects  = backfilltype.ReportNotableRejects
-	ReportNotableFailed   = backfilltype.ReportNotableFailed
-	ReportNotableInFlight = backfilltype.ReportNotableInFlight
-	// ReportMaxEvents is how many events [RunReport].Events lists at
-	// most: the first and the last half of the run's audit trail.
-	ReportMaxEvents = backfilltype.ReportMaxEvents
-)
 
 // LoadRunReport reads the report of run batchID from manifest m (whose
 // tables db reaches): a handful of queries, each reading a bounded number

@@ -387,13 +387,13 @@ func TestRunReportManyChunks(t *testing.T) {
 	rep, err = LoadRunReport(ctx, db, m, run.BatchID)
 	require.NoError(t, err)
 	require.True(t, rep.EventsOmitted)
-	require.Len(t, rep.Events, ReportMaxEvents)
+	require.Len(t, rep.Events, backfilltype.ReportMaxEvents)
 	var ids []int64
 	require.NoError(t, db.Select(&ids, `SELECT id FROM backfill.events WHERE batch_id = $1 ORDER BY id`, run.BatchID))
 	require.Equal(t, rep.Events[0].ID, ids[0])
-	require.Equal(t, rep.Events[ReportMaxEvents/2-1].ID, ids[ReportMaxEvents/2-1])
-	require.Equal(t, rep.Events[ReportMaxEvents/2].ID, ids[len(ids)-ReportMaxEvents/2])
-	require.Equal(t, rep.Events[ReportMaxEvents-1].ID, ids[len(ids)-1])
+	require.Equal(t, rep.Events[backfilltype.ReportMaxEvents/2-1].ID, ids[backfilltype.ReportMaxEvents/2-1])
+	require.Equal(t, rep.Events[backfilltype.ReportMaxEvents/2].ID, ids[len(ids)-backfilltype.ReportMaxEvents/2])
+	require.Equal(t, rep.Events[backfilltype.ReportMaxEvents-1].ID, ids[len(ids)-1])
 	var buf bytes.Buffer
 	require.NoError(t, json.NewEncoder(&buf).Encode(rep))
 	require.Less(t, buf.Len(), 1<<20, "a bounded report")

@@ -34,7 +34,7 @@ func TestHTMLOfManyChunks(t *testing.T) {
 	for i := range 8 {
 		rep.ChunkWorkers = append(rep.ChunkWorkers, backfilltype.ReportChunkWorker{Worker: fmt.Sprint("w", i), Chunks: n / 8})
 	}
-	for i := range backfill.ReportNotableFailed {
+	for i := range backfilltype.ReportNotableFailed {
 		rep.Notable = append(rep.Notable, backfilltype.ReportChunk{Seq: i * 1000, ID: fmt.Sprint("int:", i*1000), Status: "failed", LastError: "boom",
 			Notable: []string{"failed"}})
 	}
