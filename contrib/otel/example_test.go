@@ -34,7 +34,9 @@ func Example() {
 	m := backfilltest.NewMerger()
 	m.AddTable("orders", []string{"order_no"}, "order_no", "amount")
 	r, err := backfill.NewWithDB(backfilltest.NewDB(), &backfill.Config{
-		Manifest: backfilltest.NewManifest(), Merger: m, Tracer: tracer,
+		// SerialExtract: one chunk at a time, so the phases print in a
+		// fixed order (extracting ahead, the next chunk's interleave).
+		Manifest: backfilltest.NewManifest(), Merger: m, Tracer: tracer, SerialExtract: true,
 	})
 	if err != nil {
 		fmt.Println(err)
