@@ -153,8 +153,12 @@ func TestLostLeaseAfterServerCrash(t *testing.T) {
 	db.MustExec(`CREATE TABLE live (id bigint PRIMARY KEY, v text NOT NULL)`)
 
 	cfg := func(id string, logs *syncBuffer) *Config {
+		// Serial extraction: extracting ahead, chunk 1's commit (flushed,
+		// synchronous_commit on) may follow chunk 2's lease and write it
+		// to disk, so that the crash loses nothing.
 		return &Config{WorkerID: id, HeartbeatInterval: 20 * time.Second, StaleAfter: time.Minute,
-			RetryBackoff: 20 * time.Millisecond, Logger: slog.New(slog.NewJSONHandler(logs, nil))}
+			RetryBackoff: 20 * time.Millisecond, SerialExtract: true,
+			Logger: slog.New(slog.NewJSONHandler(logs, nil))}
 	}
 	var logsA, logsB syncBuffer
 	ra, err := New(db, cfg("a", &logsA))
