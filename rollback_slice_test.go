@@ -63,6 +63,19 @@ func TestRollbackSliceRefusesARowChangedMidRollback(t *testing.T) {
 	var names []string
 	require.NoError(t, db.Select(&names, `SELECT name FROM items WHERE id IN (5, 6, 19, 20, 99) ORDER BY id`))
 	require.Equal(t, []string{"v3-5", "v2-6", "v2-19", "v1-20", "v1-99"}, names)
+	// The batch's status is still completed: Status says the rollback
+	// did not finish, how far it got and how to finish it.
+	st, err := r.StatusOf(ctx, rep2.BatchID)
+	require.NoError(t, err)
+	require.Equal(t, backfill.RunCompleted, st.Status)
+	require.Equal(t, 8, st.Chunks.RolledBack)
+	require.Contains(t, st.Waiting, "a rollback of this batch started ")
+	require.Contains(t, st.Waiting, "(ann: bad) did not finish: 8 of 10 chunks rolled back")
+	require.Contains(t, st.Waiting, fmt.Sprintf("backfill rollback --batch %d", rep2.BatchID))
+	// The other job's batch, not rolled back, says nothing of it.
+	other, err := r.StatusOf(ctx, later.BatchID)
+	require.NoError(t, err)
+	require.Empty(t, other.Waiting)
 
 	// Rolled back in order, newest first, the batches leave batch 1's rows.
 	_, err = r.Rollback(ctx, itemsJob("slice-other", nil), backfill.RollbackOptions{BatchID: later.BatchID, Actor: "ann", Why: "bad"})
@@ -71,6 +84,10 @@ func TestRollbackSliceRefusesARowChangedMidRollback(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 2, rep.Chunks)
 	require.Equal(t, int64(20), rep.Restored)
+	st, err = r.StatusOf(ctx, rep2.BatchID)
+	require.NoError(t, err)
+	require.Equal(t, backfill.RunRolledBack, st.Status)
+	require.Empty(t, st.Waiting, "a finished rollback leaves nothing to wait for")
 	var v1 int
 	require.NoError(t, db.Get(&v1, `SELECT count(*) FROM items WHERE name = 'v1-' || id AND backfill_updated_by = 1`))
 	require.Equal(t, 100, v1)

@@ -162,6 +162,13 @@ func TestRollbackForceAndChunk(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 1, rb.Chunks)
 	require.Equal(t, int64(1), rb.Deleted)
+	// A chunk's rollback leaves its batch as it is, finished: nothing
+	// waits.
+	st, err := r.StatusOf(ctx, rep1.BatchID)
+	require.NoError(t, err)
+	require.Equal(t, backfill.RunCompleted, st.Status)
+	require.Equal(t, 1, st.Chunks.RolledBack)
+	require.Empty(t, st.Waiting)
 	// The rest of batch 1 conflicts with batch 2; forcing overrides it.
 	_, err = r.Rollback(ctx, itemsJob("items", nil), backfill.RollbackOptions{BatchID: rep1.BatchID, Actor: "bob", Why: "no force"})
 	require.ErrorIs(t, err, backfill.ErrRollbackConflict)
@@ -237,6 +244,10 @@ func TestKillDashNineDuringRollback(t *testing.T) {
 
 	r, err = backfill.New(db, nil)
 	require.NoError(t, err)
+	// An operator sees the batch partly rolled back, not simply completed.
+	st, err := r.StatusOf(ctx, 2)
+	require.NoError(t, err)
+	require.Contains(t, st.Waiting, fmt.Sprintf("did not finish: %d of 10 chunks rolled back", rolled))
 	rep, err := r.Rollback(ctx, itemsJob("items", nil), backfill.RollbackOptions{BatchID: 2, Actor: "ops", Why: "finish"})
 	require.NoError(t, err)
 	require.Equal(t, 10-rolled, rep.Chunks)

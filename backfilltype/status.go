@@ -97,6 +97,9 @@ type Status struct {
 	// end the wait: paused (by whom, why, since when, and the SQL and CLI
 	// ways to resume it), cancelled, failed, stalled or dead (no live worker: start
 	// one), or held by a throttle in every live worker (which signals);
+	// or, before anything else, a rollback of the whole batch that did
+	// not finish (interrupted between its transactions: who started it,
+	// why, how many chunks it rolled back, and how to finish it); else
 	// empty while it works or once it is completed.
 	Waiting string `json:"waiting,omitempty"`
 	// InFlight lists the chunks being worked, oldest first.

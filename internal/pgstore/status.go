@@ -117,6 +117,23 @@ func (m *Manifest) Status(ctx context.Context, db sqlx.ExtContext, batchID int64
 		if err := m.readETAInputs(ctx, tx, batchID, rows[0].WindowStart, rows[0].AsOf, &in); err != nil {
 			return err
 		}
+		if rows[0].RolledBack > 0 && rows[0].Status != string(backfilltype.RunRolledBack) {
+			// Chunks rolled back in a batch that is not: a chunk's rollback
+			// (which leaves the batch as it is), or a whole batch's that
+			// was interrupted between its slices. The latest rollback
+			// event tells them apart; read only when chunks are rolled back.
+			in.rollback = nil
+			var ev []rollbackEvent
+			if err := sqlx.SelectContext(ctx, tx, &ev, m.SQL(`SELECT kind, actor, coalesce(detail->>'why', '') AS why,
+				coalesce(detail->>'chunk', '') AS chunk, created_at
+				FROM {s}.events WHERE batch_id = $1 AND kind IN ('rollback_started', 'rollback', 'rollback_chunk')
+				ORDER BY id DESC LIMIT 1`), batchID); err != nil {
+				return err
+			}
+			if len(ev) == 1 && ev[0].Kind == "rollback_started" && ev[0].Chunk == "" {
+				in.rollback = &ev[0]
+			}
+		}
 		return tx.QueryRowxContext(ctx, m.SQL(`SELECT
 			coalesce((SELECT json_agg(f ORDER BY f.since NULLS LAST, f.seq) FROM {s}.chunks_in_flight f WHERE f.batch_id = $1), '[]')::text,
 			coalesce((SELECT json_agg(x ORDER BY x.count DESC, x.reason, x.column) FROM (
@@ -206,6 +223,18 @@ type etaInputs struct {
 	// seconds, the chunks at once it ran.
 	Busy  *float64 `db:"busy"`
 	knobs map[string]float64
+	// rollback is the start of a whole batch's rollback that has not
+	// finished (interrupted between its slices), nil if none.
+	rollback *rollbackEvent
+}
+
+// rollbackEvent is a rollback's event in the audit log.
+type rollbackEvent struct {
+	Kind      string    `db:"kind"`
+	Actor     string    `db:"actor"`
+	Why       string    `db:"why"`
+	Chunk     string    `db:"chunk"`
+	CreatedAt time.Time `db:"created_at"`
 }
 
 // RateSignalName is the signal of the throttle periods of the rate cap's
@@ -240,6 +269,17 @@ func (m *Manifest) applyETA(s *backfilltype.Status, r statusRow, in etaInputs) {
 	resume := fmt.Sprintf("SELECT %s.resume(%d, 'ACTOR', 'WHY') or backfill resume%s --batch %d --why WHY",
 		quote.SQLIdent(m.Schema()), s.BatchID, quote.SchemaFlag(m.Schema()), s.BatchID)
 	reason := in.Reason
+	if rb := in.rollback; rb != nil {
+		// A batch partly rolled back: its status stays what it was until
+		// the rollback's last transaction, so say so before anything else.
+		who := rb.Actor
+		if rb.Why != "" {
+			who += ": " + rb.Why
+		}
+		s.Waiting = fmt.Sprintf("a rollback of this batch started %s (%s) did not finish: %d of %d chunks rolled back; the others are as the run left them: run it again to finish it (backfill rollback%s --batch %d, or Runner.RollbackBatch)",
+			rb.CreatedAt.UTC().Format("2006-01-02 15:04:05Z"), who, s.Chunks.RolledBack, s.Chunks.Total, quote.SchemaFlag(m.Schema()), s.BatchID)
+		return
+	}
 	switch s.Status {
 	case backfilltype.RunPaused:
 		if reason == "" {
