@@ -146,6 +146,9 @@ const (
 	txShortOnce
 	txBounded
 	txRead
+	// txReadSnapshot is txRead in one snapshot (REPEATABLE READ, read
+	// only).
+	txReadSnapshot
 )
 
 func inTxIdle(ctx context.Context, db sqlx.ExtContext, mode txMode, f func(tx sqlx.ExtContext) error) error {
@@ -171,7 +174,11 @@ func inTxIdle(ctx context.Context, db sqlx.ExtContext, mode txMode, f func(tx sq
 	}
 	try := func() error {
 		return retryTx(ctx, func() error {
-			tx, err := b.BeginTxx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
+			opts := &sql.TxOptions{Isolation: sql.LevelReadCommitted}
+			if mode == txReadSnapshot {
+				opts = &sql.TxOptions{Isolation: sql.LevelRepeatableRead, ReadOnly: true}
+			}
+			tx, err := b.BeginTxx(ctx, opts)
 			if err != nil {
 				return statementPoolerHint(ctx, b, err)
 			}
@@ -179,7 +186,7 @@ func inTxIdle(ctx context.Context, db sqlx.ExtContext, mode txMode, f func(tx sq
 			switch mode {
 			case txShort, txShortOwnWaits, txShortOnce:
 				set = shortTxSettings(settings, mode == txShortOwnWaits)
-			case txBounded, txRead:
+			case txBounded, txRead, txReadSnapshot:
 				if lt := settings.manifestLockTimeout(); lt != "" {
 					set = `SELECT set_config('lock_timeout', '` + lt + `', true)`
 				}
@@ -198,7 +205,7 @@ func inTxIdle(ctx context.Context, db sqlx.ExtContext, mode txMode, f func(tx sq
 			return tx.Commit()
 		})
 	}
-	if mode == txShort || mode == txBounded || mode == txRead {
+	if mode == txShort || mode == txBounded || mode == txRead || mode == txReadSnapshot {
 		once := try
 		try = func() error {
 			var blockers string

@@ -106,7 +106,7 @@ func (m *Manifest) Status(ctx context.Context, db sqlx.ExtContext, batchID int64
 		warnJS     string
 		in         etaInputs
 	)
-	err := ReadTx(ctx, db, func(tx sqlx.ExtContext) error {
+	err := SnapshotReadTx(ctx, db, func(tx sqlx.ExtContext) error {
 		rows = rows[:0]
 		if err := sqlx.SelectContext(ctx, tx, &rows, m.SQL(`SELECT * FROM {s}.run_progress_of($1)`), batchID); err != nil {
 			return err

@@ -225,6 +225,14 @@ func ReadTx(ctx context.Context, db sqlx.ExtContext, f func(tx sqlx.ExtContext) 
 	return inTxIdle(ctx, db, txRead, f)
 }
 
+// SnapshotReadTx is ReadTx in one snapshot (REPEATABLE READ, read only):
+// every statement of f sees the same committed state, so that figures
+// read by separate statements (a run's counts and its chunks in flight)
+// agree with each other.
+func SnapshotReadTx(ctx context.Context, db sqlx.ExtContext, f func(tx sqlx.ExtContext) error) error {
+	return inTxIdle(ctx, db, txReadSnapshot, f)
+}
+
 // statementPoolerHint explains err, the failure of a BEGIN, when it is a
 // dropped connection (driver.ErrBadConn) on a database that runs a
 // statement without a transaction block: a pooler in statement mode
