@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -33,19 +34,24 @@ func TestMain(m *testing.M) {
 	pgtest.Main(m)
 }
 
-// cluster is a database set up as the migrate Job sets it up: the
+// cluster is a database set up as the example sets it up: ../roles.sql
+// run by the administrator, then, as the owner (no superuser), the
 // ConfigMap's target.sql and the manifest's migration with the loader's
-// and the operator's grants, run as the owner (the test server's
-// administrator here); the workers log in as the loader.
+// and the operator's grants (the migrate Job); the workers log in as the
+// loader, the operator's actions as the on-call role.
 type cluster struct {
-	admin     *sqlx.DB
+	admin     *sqlx.DB // the test server's administrator
+	owner     *sqlx.DB
+	oncall    *sqlx.DB
 	loaderURL string
 	loader    string
-	operator  string
 }
 
-// newCluster sets up a fresh database with a loader and an operator role
-// of their own (roles are the server's, shared by parallel tests).
+// exampleRoles matches the role names of ../roles.sql and the manifests.
+var exampleRoles = regexp.MustCompile(`\b(backfill_owner|backfill_loader|backfill_operator|oncall)\b`)
+
+// newCluster sets up a fresh database with roles of its own: the names of
+// ../roles.sql with a suffix (roles are the server's, shared by tests).
 func newCluster(t *testing.T) cluster {
 	t.Helper()
 	ctx := context.Background()
@@ -53,40 +59,59 @@ func newCluster(t *testing.T) cluster {
 	admin := sqlx.MustOpen("postgres", u)
 	b := make([]byte, 5)
 	_, _ = rand.Read(b)
-	suffix := hex.EncodeToString(b)
-	loader, operator := "k8s_loader_"+suffix, "k8s_operator_"+suffix
+	suffix := "_" + hex.EncodeToString(b)
+	rename := func(sql string) string { return exampleRoles.ReplaceAllString(sql, "${1}"+suffix) }
+	var c cluster
+	c.admin, c.loader = admin, loaderRole+suffix
 	t.Cleanup(func() {
-		for _, r := range []string{loader, operator} {
-			_, _ = admin.Exec(`DROP OWNED BY ` + r)
-			_, _ = admin.Exec(`DROP ROLE IF EXISTS ` + r)
+		for _, db := range []*sqlx.DB{c.owner, c.oncall} {
+			if db != nil {
+				db.Close()
+			}
+		}
+		for _, r := range []string{ownerRole, loaderRole, operatorRole, "oncall"} {
+			_, _ = admin.Exec(`DROP OWNED BY ` + r + suffix)
+			_, _ = admin.Exec(`DROP ROLE IF EXISTS ` + r + suffix)
 		}
 		admin.Close()
 	})
-	exec := func(q string) {
+	exec := func(db *sqlx.DB, q string) {
 		t.Helper()
-		if _, err := admin.ExecContext(ctx, q); err != nil {
+		if _, err := db.ExecContext(ctx, q); err != nil {
 			t.Fatalf("%s: %v", q, err)
 		}
 	}
-	exec(`CREATE ROLE ` + loader + ` LOGIN PASSWORD 'pw'`)
 	var database string
 	if err := admin.GetContext(ctx, &database, `SELECT current_database()`); err != nil {
 		t.Fatal(err)
 	}
-	// TEMPORARY by the migration's grant only, not through PUBLIC.
-	exec(`REVOKE TEMPORARY ON DATABASE "` + database + `" FROM PUBLIC`)
-	sql := find[*corev1.ConfigMap](t, loadManifests(t, manifestsDir), "ConfigMap", sqlConfigMap).Data["target.sql"]
-	exec(strings.ReplaceAll(sql, loaderRole, loader))
-	// backfill migrate --grant LOADER --grant-operator OPERATOR
-	if _, err := backfill.NewPGManifest("").MigrateGrantRoles(ctx, admin, []string{loader}, []string{operator}); err != nil {
-		t.Fatal(err)
-	}
-	pu, err := url.Parse(u)
+	roles, err := os.ReadFile("../roles.sql")
 	if err != nil {
 		t.Fatal(err)
 	}
-	pu.User = url.UserPassword(loader, "pw")
-	return cluster{admin: admin, loaderURL: pu.String(), loader: loader, operator: operator}
+	exec(admin, strings.ReplaceAll(rename(string(roles)), "DATABASE app ", `DATABASE "`+database+`" `))
+	// TEMPORARY by roles.sql's grant only, not through PUBLIC.
+	exec(admin, `REVOKE TEMPORARY ON DATABASE "`+database+`" FROM PUBLIC`)
+	as := func(role string) (*sqlx.DB, string) {
+		pu, err := url.Parse(u)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pu.User = url.UserPassword(role+suffix, "change-me")
+		return sqlx.MustOpen("postgres", pu.String()), pu.String()
+	}
+	c.owner, _ = as(ownerRole)
+	c.oncall, _ = as("oncall")
+	_, c.loaderURL = as(loaderRole)
+
+	// The migrate Job, as the owner: target.sql, then
+	// backfill migrate --grant LOADER --grant-operator OPERATOR.
+	sql := find[*corev1.ConfigMap](t, loadManifests(t, manifestsDir), "ConfigMap", sqlConfigMap).Data["target.sql"]
+	exec(c.owner, rename(sql))
+	if _, err := backfill.NewPGManifest("").MigrateGrantRoles(ctx, c.owner, []string{c.loader}, []string{operatorRole + suffix}); err != nil {
+		t.Fatalf("migrate as the owner: %v", err)
+	}
+	return c
 }
 
 // worker is a worker process: the test binary started as the worker.
@@ -158,16 +183,12 @@ func (c cluster) status(t *testing.T, job string) backfill.Status {
 	return st
 }
 
-// asOperator runs q as the operator role, as "backfill pause" or
-// "backfill cancel" from the on-call pod would.
+// asOperator runs q as the on-call role, a member of the operator role,
+// as "backfill pause" or "backfill cancel" from the on-call pod would.
 func (c cluster) asOperator(t *testing.T, q string) {
 	t.Helper()
-	tx := c.admin.MustBegin()
-	defer func() { _ = tx.Rollback() }()
-	tx.MustExec(`SET LOCAL ROLE ` + c.operator)
-	tx.MustExec(q)
-	if err := tx.Commit(); err != nil {
-		t.Fatal(err)
+	if _, err := c.oncall.Exec(q); err != nil {
+		t.Fatalf("%s as the on-call role: %v", q, err)
 	}
 }
 
@@ -272,8 +293,8 @@ func TestWorkerExitCodes(t *testing.T) {
 	t.Run("failed", func(t *testing.T) {
 		// Every row of ids 1000 and above is refused by the target: far
 		// more than a chunk may refuse, so those chunks fail for good.
-		c.admin.MustExec(`CREATE TABLE demo_refused (LIKE demo_events INCLUDING ALL, CHECK (id < 1000))`)
-		c.admin.MustExec(`GRANT SELECT, INSERT, UPDATE, DELETE ON demo_refused TO ` + c.loader)
+		c.owner.MustExec(`CREATE TABLE demo_refused (LIKE demo_events INCLUDING ALL, CHECK (id < 1000))`)
+		c.owner.MustExec(`GRANT SELECT, INSERT, UPDATE, DELETE ON demo_refused TO ` + c.loader)
 		c.startWorker(t, envJob+"=k8s-failed", envTable+"=demo_refused", envIDs+"=3000", envChunkRows+"=1000", envConcurrency+"=1").
 			expect(t, backfill.ExitFailed, limit)
 	})
