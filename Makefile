@@ -1,6 +1,7 @@
 # Targets for developers and CI (.ci/run calls `make test`).
 #
-# examples/, cmd/backfill (the operator's command) and contrib/<name> (the
+# examples/ (and examples/k8s, whose test needs the Kubernetes API types),
+# cmd/backfill (the operator's command) and contrib/<name> (the
 # adapters with heavy dependencies) are modules of their own; test and lint
 # cover them too.
 #
@@ -15,8 +16,9 @@ STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
 .PHONY: test lint
 
 # SUBMODULES: the modules of their own inside this repository (examples/,
+# examples/<name> (the Kubernetes example, examples/k8s),
 # cmd/backfill, contrib/<name>); test and lint cover each of them.
-SUBMODULES = $(patsubst %/go.mod,%,$(wildcard examples/go.mod cmd/*/go.mod contrib/*/go.mod))
+SUBMODULES = $(patsubst %/go.mod,%,$(wildcard examples/go.mod examples/*/go.mod cmd/*/go.mod contrib/*/go.mod))
 
 # The first line of test says which of the machine's components the tests
 # need were found (.ci/components), and which tests are skipped for lack
