@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -1146,6 +1147,16 @@ func (r *round) checkFenced(kind string, victim *worker, seq int, thawed time.Ti
 	if (!fenced && kind == "sigstop") || by == victim.id || !failed {
 		t.Errorf("%s, frozen holding chunk %d: fenced by another worker %v (want true), chunk committed by %s (want another worker), its attempt failed after the thaw %v (want true)",
 			victim.id, seq, fenced, by, failed)
+		// What the victim logged of the chunk, and its last lines: how its
+		// attempt ended, if it did.
+		b, _ := os.ReadFile(victim.logPath)
+		var of []string
+		for _, l := range strings.Split(string(b), "\n") {
+			if strings.Contains(l, fmt.Sprintf(`"seq":%d,`, seq)) {
+				of = append(of, l)
+			}
+		}
+		t.Logf("--- %s: its lines of chunk %d ---\n%s\n--- its log tail ---\n%s", victim.id, seq, tailString(strings.Join(of, "\n"), 6000), tailString(string(b), 3000))
 	}
 }
 
@@ -1190,8 +1201,25 @@ func (s *suite) restartsSurvived(t *testing.T, seed int64) {
 	r.check()
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if len(r.exits) > 0 {
-		t.Errorf("%d worker exits after server restarts, want 0 (retried with backoff up to MaxAttempts):\n%s", len(r.exits), strings.Join(r.exits, "\n"))
+	// A worker retries a manifest transaction's transient faults for
+	// 2×StaleAfter; a restart whose recovery outlasts that (a loaded
+	// machine) ends the worker with 75, restart later, by contract. Only
+	// other exits, or 75 after a shorter outage, are failures.
+	var outage time.Duration
+	for _, w := range r.windows {
+		if w.kind == "server-restart" {
+			outage = max(outage, w.end.Sub(w.start))
+		}
+	}
+	exits := r.exits
+	if outage >= 2*staleAfter-time.Second {
+		exits = slices.DeleteFunc(slices.Clone(exits), func(e string) bool {
+			return strings.Contains(e, " exited 75: ") && strings.Contains(e, "transient faults outlasted the bound")
+		})
+		t.Logf("a restart took %v, about the workers' bound of 2×StaleAfter (%v): %d exits 75 past the bound allowed", outage.Round(time.Millisecond), 2*staleAfter, len(r.exits)-len(exits))
+	}
+	if len(exits) > 0 {
+		t.Errorf("%d worker exits after server restarts (longest restart %v), want 0 (retried with backoff up to MaxAttempts):\n%s", len(exits), outage.Round(time.Millisecond), strings.Join(exits, "\n"))
 		for _, w := range r.workers {
 			b, _ := os.ReadFile(w.logPath)
 			t.Logf("--- %s (%s) log tail ---\n%s", w.id, w.via, tailString(string(b), 6000))
