@@ -213,13 +213,34 @@ func (r *Runner) runTraced(ctx context.Context, job Job, wait bool) (Report, err
 			// which starts on the paused run and waits as a registered
 			// worker.
 			pausedByGate := errors.Is(err, ErrRunPaused) || errors.Is(err, ErrGateFailed)
-			if !wait || r.caps.control == nil || ctx.Err() != nil || !pausedByGate || rep.Status != RunPaused {
+			if wait && ctx.Err() != nil && errors.Is(err, ErrRunPaused) {
+				// It waited while paused and ctx ended the wait: say so,
+				// not the hint to wait that a call that does not wait gets.
+				return rep, &stoppedWhilePaused{
+					msg: fmt.Sprintf("backfill: job %q batch %d: %v: this call waited while the run was paused and stopped as its context ended (%v); the run stays paused: %s",
+						job.Name, rep.BatchID, ErrRunPaused, context.Cause(ctx), r.resumeHint(rep.BatchID)),
+					errs: []error{err, context.Cause(ctx)}}
+			}
+			// Resumed already (an operator resumed the run before this
+			// call ended): the new call works on at once.
+			if !wait || r.caps.control == nil || ctx.Err() != nil || !pausedByGate || (rep.Status != RunPaused && rep.Status != RunRunning) {
 				return rep, err
 			}
 			r.cfg.Logger.Warn("backfill: run paused while this call worked: this worker waits for it to be resumed", "job", job.Name, "batch_id", rep.BatchID, "reason", err)
 		}
 	})
 }
+
+// stoppedWhilePaused is the error of a call that waited while its run was
+// paused until its context ended: its message says so; it wraps the
+// call's error (ErrRunPaused) and the context's cause.
+type stoppedWhilePaused struct {
+	msg  string
+	errs []error
+}
+
+func (e *stoppedWhilePaused) Error() string   { return e.msg }
+func (e *stoppedWhilePaused) Unwrap() []error { return e.errs }
 
 // run is one call of Run inside its span; wait: a call whose run is
 // paused waits for its resume as a worker of the run (waitResumed).
@@ -542,11 +563,16 @@ func (ex *execution) finishRun(ctx context.Context, run Run, resumed, finished b
 	if len(ex.errs) > 0 {
 		runErr = &PartialError{BatchID: run.BatchID, Done: ex.done, DoneCount: ex.doneN, Failed: ex.failed, Errs: ex.errs}
 	}
-	failed, msg := ex.failed != nil, ""
+	// A chunk whose quality gate failed paused the run (recordGate) and
+	// does not fail it: an operator who resumed the run meanwhile, before
+	// this call ended, finds it running, not failed.
+	failed, msg := ex.failed != nil && !errors.Is(ex.failed, ErrGateFailed), ""
 	if failed {
 		msg = ex.failed.Error()
-	} else if ex.runGate != nil {
-		// A manifest that cannot pause the run: the run gate fails it.
+	} else if ex.runGate != nil && ex.r.caps.validations == nil {
+		// A manifest that cannot pause the run: the run gate fails it
+		// (one that can paused it: an operator who resumed it meanwhile
+		// finds it running).
 		failed, msg = true, ex.runGate.Error()
 	} else if i := slices.IndexFunc(ex.errs, func(e error) bool { return errors.Is(e, ErrInvalidConfig) }); i >= 0 {
 		// A deployment error found while the run ran (a throttle signal

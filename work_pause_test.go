@@ -3,6 +3,8 @@ package backfill
 import (
 	"context"
 	"fmt"
+	"log/slog"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -61,6 +63,11 @@ func TestWorkWaitsAfterItsOwnQualityGate(t *testing.T) {
 	r.cfg.ThrottleInterval = 50 * time.Millisecond
 	r.cfg.Concurrency = 1
 	job := liveJob(nil)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("worker log:\n%s", logs.String())
+		}
+	})
 	var tripped atomic.Bool
 	job.Validators = []Validator{ValidatorFunc(func(ctx context.Context, tx sqlx.ExtContext, sc ValidationScope) (CheckResult, error) {
 		failed := sc.Chunk.Seq == 2 && tripped.CompareAndSwap(false, true)
@@ -83,6 +90,11 @@ func TestWorkWaitsAfterItsOwnRejectGate(t *testing.T) {
 	r.cfg.ThrottleInterval = 50 * time.Millisecond
 	r.cfg.Concurrency = 1
 	job := liveJob(nil)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("worker log:\n%s", logs.String())
+		}
+	})
 	inner := job.Extractor
 	job.Extractor = ExtractorFunc(func(ctx context.Context, c Chunk, w RowWriter) error {
 		if c.Seq != 0 {
@@ -105,4 +117,36 @@ func TestWorkWaitsAfterItsOwnRejectGate(t *testing.T) {
 	require.Equal(t, ExitDone, workUntilPausedByItself(t, db, r, job, 1))
 	require.Equal(t, map[string]int{"done": liveChunks}, chunkStatuses(t, db))
 	requireOwnPauseLogged(t, logs)
+}
+
+// TestStoppedWhilePausedSaysSo: a call that waits while its run is paused
+// (Config.WaitWhilePaused, as Work does) and whose context then ends
+// returns ErrRunPaused with the context's error, saying that it stopped
+// while the run was paused and how to resume the run; not a hint to wait,
+// which it did.
+func TestStoppedWhilePausedSaysSo(t *testing.T) {
+	t.Parallel()
+	db := liveDB(t)
+	logs := &syncBuffer{}
+	r, err := New(db, &Config{WorkerID: "w", WaitWhilePaused: true, HeartbeatInterval: 100 * time.Millisecond, StaleAfter: time.Second,
+		Logger: slog.New(slog.NewJSONHandler(logs, nil))})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var paused atomic.Bool
+	done := goRun(ctx, r, liveJob(func(c Chunk) {
+		if c.Seq == 2 && paused.CompareAndSwap(false, true) {
+			_, err := db.Exec(`SELECT backfill.pause((SELECT max(batch_id) FROM backfill.runs), 'ann', 'maintenance')`)
+			require.NoError(t, err)
+		}
+	}))
+	testwait.Until(t, "the call waits while the run is paused", func() bool {
+		return strings.Contains(logs.String(), "backfill: run paused: this worker waits for it to be resumed")
+	})
+	cancel()
+	res := testwait.Recv(t, "the call's result once its context ended", done)
+	require.ErrorIs(t, res.err, ErrRunPaused)
+	require.ErrorIs(t, res.err, context.Canceled)
+	require.Contains(t, res.err.Error(), "this call waited while the run was paused and stopped as its context ended (context canceled); the run stays paused: resume it with SELECT")
+	require.NotContains(t, res.err.Error(), "WaitWhilePaused")
 }

@@ -291,6 +291,21 @@ func (e *PartialError) Error() string {
 	case len(e.Errs) > 0:
 		fmt.Fprintf(&b, ": %v", e.Errs[0])
 	}
+	// The other errors that are not a chunk's failure (a failure that
+	// could not be recorded, a stop): never hidden behind the first.
+	shown := 0
+	for i, err := range e.Errs {
+		var ce *ChunkError
+		if err == nil || errors.As(err, &ce) || (e.Failed == nil && i == 0) {
+			continue
+		}
+		if shown == 3 {
+			b.WriteString("; and more (PartialError.Errs)")
+			break
+		}
+		fmt.Fprintf(&b, "; also: %v", err)
+		shown++
+	}
 	return b.String()
 }
 
