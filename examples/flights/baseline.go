@@ -12,7 +12,6 @@ import (
 	"github.com/jmoiron/sqlx"
 
 	"github.com/pgbackfill/backfill"
-	"github.com/pgbackfill/backfill/examples/internal/cli"
 )
 
 // baselineDDL creates the hand-written baseline's tables: flights without
@@ -135,7 +134,7 @@ func baseline(ctx context.Context, out io.Writer, db *sqlx.DB, src *Flights, day
 	fmt.Fprintf(out, "  this call  %d chunks, %d rows in %s = %.0f rows/s\n",
 		done.Load(), rows.Load(), elapsed.Round(time.Millisecond), float64(rows.Load())/max(elapsed.Seconds(), 1e-3))
 	fmt.Fprintf(out, "  target     flights_baseline holds %d rows\n", n)
-	fmt.Fprintf(out, "  memory     peak RSS %s\n", cli.PeakRSS())
+	fmt.Fprintf(out, "  memory     %s\n", memoryLine())
 	return nil
 }
 

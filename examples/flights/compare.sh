@@ -52,7 +52,7 @@ run baseline -baseline "$@"
 field() {
 	sed -n 's/^  this call  \([0-9]*\) chunks, \([0-9]*\) rows in \(.*\) = \([0-9]*\) rows\/s$/\1 \2 \3 \4/p' "$work/$1.out"
 }
-rss() { sed -n 's/^  memory     peak RSS \([0-9]*\) kB$/\1/p' "$work/$1.out"; }
+rss() { sed -n 's/^  memory     peak RSS \([0-9]*\) kB.*$/\1/p' "$work/$1.out"; }
 read -r lc lr lt lrs <<<"$(field library)"
 read -r bc br bt brs <<<"$(field baseline)"
 lm=$(rss library)

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/pgbackfill/backfill"
-	"github.com/pgbackfill/backfill/examples/internal/cli"
 )
 
 // dryRun extracts every chunk into a counting writer, without a database,
@@ -114,7 +113,7 @@ func dryRun(ctx context.Context, out io.Writer, src *Flights, days backfill.Chun
 		float64(tot.rows+tot.rejects)/elapsed.Seconds(), sorted[0].Round(time.Microsecond), sorted[len(sorted)/2].Round(time.Microsecond), sorted[len(sorted)-1].Round(time.Microsecond))
 	fmt.Fprintf(out, "  reads       %d rows iterated for %d emitted (%.3fx); index: %d samples every %d rows, built in %s\n",
 		scanned, tot.rows+tot.rejects, float64(scanned)/float64(max(1, tot.rows+tot.rejects)), len(ix.samples), ix.stride, ix.built.Round(time.Millisecond))
-	fmt.Fprintf(out, "  memory      peak RSS %s\n", cli.PeakRSS())
+	fmt.Fprintf(out, "  memory      %s\n", memoryLine())
 	return nil
 }
 

@@ -61,15 +61,17 @@ const batchSize = 1024
 // whose bounds are civil times expressed in UTC (see Extract).
 //
 // OpenFlights scans the date column once and keeps a small index; each
-// Extract then reads only the rows near its interval. Extract is safe for
-// concurrent use: the file is only read with ReadAt, and each call opens
-// its own page readers.
+// Extract then reads only the rows near its interval, from row groups
+// decoded once and shared by the calls in flight (rowGroup). Extract is
+// safe for concurrent use: the file is only read with ReadAt, and a
+// decoded row group is only read.
 type Flights struct {
 	file    *os.File
 	pf      *parquet.File
 	cols    [numCols]int // leaf column index of each source column
 	rgFirst []int64      // global row number of each row group's first row
 	idx     flightIndex
+	rgs     rowGroups // decoded row groups shared by the Extract calls
 
 	// scanned counts the rows Extract iterated over (emitted or skipped),
 	// summed over all calls; it measures read amplification.
@@ -393,72 +395,71 @@ type emitter struct {
 	prev   int64 // effective date of the previous row
 	seq    map[triple]int32
 	seqDep int64 // the dep_local the seq map holds (sorted files only)
-	codes  map[string]string
+	// dep is depAt as the time Write takes, boxed once per minute.
+	dep   any
+	depAt int64
+	args  [6]any // the values of the row being written
 }
 
 // scan reads row group g from row off and emits the rows in [lo, hi). It
 // returns done once a sorted file passes hi.
 func (e *emitter) scan(ctx context.Context, g int, off int64) (done bool, err error) {
 	f := e.f
-	cur, err := f.openCursor(g, off, f.cols[:])
+	rg, release, err := f.rowGroup(g)
 	if err != nil {
 		return false, err
 	}
-	defer cur.close()
-	row := f.rgFirst[g] + off
+	defer release()
+	dates := &rg.cols[iDate]
 	scanned := int64(0)
 	defer func() { f.scanned.Add(scanned) }()
-	for {
-		if err := ctx.Err(); err != nil {
-			return false, err
-		}
-		n, err := cur.next()
-		if err != nil {
-			return false, err
-		}
-		if n == 0 {
-			return false, nil
-		}
-		for r := 0; r < n; r, row = r+1, row+1 {
-			scanned++
-			dv := cur.vals[iDate][r]
-			d := e.prev
-			if !dv.IsNull() {
-				d = dv.Int64()
-				e.prev = d
-			}
-			if d >= e.hi && f.idx.sorted && !dv.IsNull() {
-				return true, nil
-			}
-			if d < e.lo || d >= e.hi {
-				continue
-			}
-			if err := e.emit(ctx, row, d, &cur.vals, r); err != nil {
+	for r := off; r < rg.rows; r++ {
+		if scanned%batchSize == 0 {
+			if err := ctx.Err(); err != nil {
 				return false, err
 			}
 		}
+		scanned++
+		dv := dates.value(r)
+		d := e.prev
+		if !dv.IsNull() {
+			d = dv.Int64()
+			e.prev = d
+		}
+		if d >= e.hi && f.idx.sorted && !dv.IsNull() {
+			return true, nil
+		}
+		if d < e.lo || d >= e.hi {
+			continue
+		}
+		if err := e.emit(ctx, rg, f.rgFirst[g]+r, d, r); err != nil {
+			return false, err
+		}
 	}
+	return false, nil
 }
 
-func (e *emitter) emit(ctx context.Context, row, d int64, vals *[numCols][]parquet.Value, r int) error {
-	date, origin, dest := vals[iDate][r], vals[iOrigin][r], vals[iDestination][r]
+// emit writes row r of rg (row of the file), whose effective date is d.
+func (e *emitter) emit(ctx context.Context, rg *rowGroup, row, d, r int64) error {
+	cols := &rg.cols
+	date, origin, dest := cols[iDate].codes.at(r), cols[iOrigin].codes.at(r), cols[iDestination].codes.at(r)
 	var column, why string
 	switch {
-	case date.IsNull():
+	case date == 0:
 		column, why = "dep_local", "date is null"
-	case origin.IsNull():
+	case origin == 0:
 		column, why = "origin", "origin is null"
-	case dest.IsNull():
+	case dest == 0:
 		column, why = "destination", "destination is null"
-	case strings.TrimSpace(string(origin.ByteArray())) == "":
+	case strings.TrimSpace(cols[iOrigin].boxed[origin].(string)) == "":
 		column, why = "origin", "origin is empty"
-	case strings.TrimSpace(string(dest.ByteArray())) == "":
+	case strings.TrimSpace(cols[iDestination].boxed[dest].(string)) == "":
 		column, why = "destination", "destination is empty"
 	}
 	if why != "" {
-		return e.w.Reject(ctx, rawRow(row, vals, r), column, "cannot derive key: "+why)
+		return e.w.Reject(ctx, rawRow(row, rg, r), column, "cannot derive key: "+why)
 	}
-	k := triple{dep: d, origin: e.code(origin.ByteArray()), destination: e.code(dest.ByteArray())}
+	k := triple{dep: d, origin: cols[iOrigin].boxed[origin].(string), destination: cols[iDestination].boxed[dest].(string)}
 	if e.f.idx.sorted && d != e.seqDep {
 		// Rows of one dep_local are contiguous: the map only ever holds
 		// the current minute's triples.
@@ -466,21 +467,15 @@ func (e *emitter) emit(ctx context.Context, row, d int64, vals *[numCols][]parqu
 		e.seqDep = d
 	}
 	e.seq[k]++
-	return e.w.Write(ctx, civil(d), k.origin, k.destination, e.seq[k],
-		nullableInt(vals[iDelay][r]), nullableInt(vals[iDistance][r]))
-}
-
-// code returns b as a string, sharing one allocation per distinct code.
-func (e *emitter) code(b []byte) string {
-	if s, ok := e.codes[string(b)]; ok {
-		return s
+	if e.dep == nil || d != e.depAt {
+		// Rows of one minute are mostly adjacent: one boxed time each.
+		e.dep, e.depAt = civil(d), d
 	}
-	if e.codes == nil {
-		e.codes = make(map[string]string)
-	}
-	s := string(b)
-	e.codes[s] = s
-	return s
+	delay, distance := &cols[iDelay], &cols[iDistance]
+	// One slice for every row: a variadic call would allocate one per row.
+	e.args = [...]any{e.dep, cols[iOrigin].boxed[origin], cols[iDestination].boxed[dest], e.seq[k],
+		delay.boxed[delay.codes.at(r)], distance.boxed[distance.codes.at(r)]}
+	return e.w.Write(ctx, e.args[:]...)
 }
 
 func nullableInt(v parquet.Value) any {
@@ -492,7 +487,7 @@ func nullableInt(v parquet.Value) any {
 
 // rawRow is the source row as given to Reject: the file's own column names
 // and values, plus its 0-based position in the file.
-func rawRow(row int64, vals *[numCols][]parquet.Value, r int) map[string]any {
+func rawRow(row int64, rg *rowGroup, r int64) map[string]any {
 	str := func(v parquet.Value) any {
 		if v.IsNull() {
 			return nil
@@ -500,16 +495,16 @@ func rawRow(row int64, vals *[numCols][]parquet.Value, r int) map[string]any {
 		return string(v.ByteArray())
 	}
 	var date any
-	if v := vals[iDate][r]; !v.IsNull() {
+	if v := rg.cols[iDate].value(r); !v.IsNull() {
 		date = civil(v.Int64()).Format("2006-01-02T15:04:05.999999")
 	}
 	return map[string]any{
 		"file_row":     row,
 		colDate:        date,
-		colDelay:       nullableInt(vals[iDelay][r]),
-		colDistance:    nullableInt(vals[iDistance][r]),
-		colOrigin:      str(vals[iOrigin][r]),
-		colDestination: str(vals[iDestination][r]),
+		colDelay:       nullableInt(rg.cols[iDelay].value(r)),
+		colDistance:    nullableInt(rg.cols[iDistance].value(r)),
+		colOrigin:      str(rg.cols[iOrigin].value(r)),
+		colDestination: str(rg.cols[iDestination].value(r)),
 	}
 }
 
