@@ -47,10 +47,16 @@ type Activities struct {
 }
 
 // Register registers [BackfillWorkflow] under [WorkflowName] and the
-// activities under [ActivityWork], [ActivityControl] and [ActivityStatus]
-// on r (a worker.Worker).
+// activities ([Activities.RegisterActivities]) on r (a worker.Worker).
 func (a *Activities) Register(r worker.Registry) {
 	r.RegisterWorkflowWithOptions(BackfillWorkflow, workflow.RegisterOptions{Name: WorkflowName})
+	a.RegisterActivities(r)
+}
+
+// RegisterActivities registers the activities only, under [ActivityWork],
+// [ActivityControl] and [ActivityStatus], on r: for workers that run
+// activities but not the workflow.
+func (a *Activities) RegisterActivities(r worker.ActivityRegistry) {
 	r.RegisterActivityWithOptions(a.Work, activity.RegisterOptions{Name: ActivityWork})
 	r.RegisterActivityWithOptions(a.Control, activity.RegisterOptions{Name: ActivityControl})
 	r.RegisterActivityWithOptions(a.Status, activity.RegisterOptions{Name: ActivityStatus})

@@ -338,43 +338,46 @@ func BackfillWorkflow(ctx workflow.Context, in Input) (Result, error) {
 	}); err != nil {
 		return Result{}, err
 	}
-	shortCtx := workflow.WithActivityOptions(ctx, shortOptions(in))
 	// readStatus refreshes st.Progress; a failed read keeps the last one.
 	readStatus := func(ctx workflow.Context) {
+		ctx = workflow.WithActivityOptions(ctx, shortOptions(in))
 		var p Progress
 		if err := workflow.ExecuteActivity(ctx, ActivityStatus, in.Job).Get(ctx, &p); err == nil {
 			st.Progress = &p
 		}
 	}
 
-	// Control signals, one at a time, in the order received.
+	// Control signals, one at a time, in the order received, in a
+	// coroutine of their own.
 	info := workflow.GetInfo(ctx)
-	control := func(action string) func(workflow.ReceiveChannel, bool) {
-		return func(c workflow.ReceiveChannel, more bool) {
-			var req ControlRequest
-			c.Receive(ctx, &req)
-			if req.Actor == "" {
-				req.Actor = "temporal"
-			}
-			if req.Reason == "" {
-				req.Reason = fmt.Sprintf("signal %s to workflow %s (no reason given)", action, info.WorkflowExecution.ID)
-			}
-			rec := ControlRecord{Action: action, Actor: req.Actor, Reason: req.Reason, At: workflow.Now(ctx)}
-			var p Progress
-			err := workflow.ExecuteActivity(shortCtx, ActivityControl, ControlInput{Job: in.Job, Action: action, Actor: req.Actor, Reason: req.Reason}).Get(shortCtx, &p)
-			if err != nil {
-				rec.Error = err.Error()
-			} else {
-				st.Progress = &p
-			}
-			st.Controls = append(st.Controls, rec)
-		}
-	}
-	sel := workflow.NewSelector(ctx)
-	sel.AddReceive(workflow.GetSignalChannel(ctx, SignalPause), control(SignalPause))
-	sel.AddReceive(workflow.GetSignalChannel(ctx, SignalResume), control(SignalResume))
-	sel.AddReceive(workflow.GetSignalChannel(ctx, SignalCancel), control(SignalCancel))
 	workflow.Go(ctx, func(ctx workflow.Context) {
+		actx := workflow.WithActivityOptions(ctx, shortOptions(in))
+		control := func(action string) func(workflow.ReceiveChannel, bool) {
+			return func(c workflow.ReceiveChannel, _ bool) {
+				var req ControlRequest
+				c.Receive(ctx, &req)
+				if req.Actor == "" {
+					req.Actor = "temporal"
+				}
+				if req.Reason == "" {
+					req.Reason = fmt.Sprintf("signal %s to workflow %s (no reason given)", action, info.WorkflowExecution.ID)
+				}
+				rec := ControlRecord{Action: action, Actor: req.Actor, Reason: req.Reason, At: workflow.Now(ctx)}
+				var p Progress
+				err := workflow.ExecuteActivity(actx, ActivityControl,
+					ControlInput{Job: in.Job, Action: action, Actor: req.Actor, Reason: req.Reason}).Get(actx, &p)
+				if err != nil {
+					rec.Error = err.Error()
+				} else {
+					st.Progress = &p
+				}
+				st.Controls = append(st.Controls, rec)
+			}
+		}
+		sel := workflow.NewSelector(ctx)
+		sel.AddReceive(workflow.GetSignalChannel(ctx, SignalPause), control(SignalPause))
+		sel.AddReceive(workflow.GetSignalChannel(ctx, SignalResume), control(SignalResume))
+		sel.AddReceive(workflow.GetSignalChannel(ctx, SignalCancel), control(SignalCancel))
 		for {
 			sel.Select(ctx)
 		}
@@ -413,7 +416,7 @@ func BackfillWorkflow(ctx workflow.Context, in Input) (Result, error) {
 					return
 				}
 				if pending > 0 {
-					readStatus(shortCtx)
+					readStatus(ctx)
 				}
 			}
 		})
@@ -423,7 +426,7 @@ func BackfillWorkflow(ctx workflow.Context, in Input) (Result, error) {
 		// Cancelled: the slots were cancelled and waited for.
 		return res, temporal.NewCanceledError()
 	}
-	readStatus(shortCtx)
+	readStatus(ctx)
 	if st.Progress != nil {
 		res.Progress = *st.Progress
 	}
