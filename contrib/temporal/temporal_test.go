@@ -753,3 +753,62 @@ func TestStatusOfAJobNeverRun(t *testing.T) {
 		t.Fatalf("error %v, want a non-retryable application error of type %s", err, backfilltemporal.ErrTypeUsage)
 	}
 }
+
+// TestWorkflowCancelledThenResumed cancels the workflow (not the run)
+// while a chunk is extracted: the slots' chunks in flight roll back, the
+// workflow ends cancelled and the run stays running in the manifest; a
+// second workflow resumes it and completes it, every chunk committed once
+// over both, the target equal to a plain run's.
+func TestWorkflowCancelledThenResumed(t *testing.T) {
+	db := backfilltest.NewPostgres(t)
+	createItems(t, db)
+	d := newDone()
+	a := &backfilltemporal.Activities{DB: db, Config: config(d)}
+	env := newBareEnv()
+	var once sync.Once
+	a.Job = jobFunc(writeRows(0, func(ctx context.Context, c backfill.Chunk) error {
+		if c.Seq != 3 {
+			return nil
+		}
+		once.Do(func() {
+			env.CancelWorkflow()
+			// The slot hears of it at its next heartbeat.
+			<-ctx.Done()
+		})
+		return ctx.Err()
+	}))
+	register(env, a, nil, nil)
+	in := input(2)
+	// Heartbeats every 3.3 s, sent at most every 8 s: the cancellation
+	// reaches the slots within about 8 s.
+	in.HeartbeatTimeout = 10 * time.Second
+	env.ExecuteWorkflow(backfilltemporal.WorkflowName, in)
+	if err := env.GetWorkflowError(); !temporal.IsCanceledError(err) {
+		t.Fatalf("workflow error %v, want cancelled", err)
+	}
+	var status string
+	if err := db.Get(&status, `SELECT status FROM backfill.runs WHERE job_name = $1`, jobName); err != nil {
+		t.Fatal(err)
+	}
+	if status != "running" {
+		t.Fatalf("run %s after the workflow's cancellation, want running", status)
+	}
+
+	a.Job = jobFunc(nil)
+	env2 := newBareEnv()
+	register(env2, a, nil, nil)
+	env2.ExecuteWorkflow(backfilltemporal.WorkflowName, input(2))
+	if err := env2.GetWorkflowError(); err != nil {
+		t.Fatal(err)
+	}
+	var res backfilltemporal.Result
+	if err := env2.GetWorkflowResult(&res); err != nil {
+		t.Fatal(err)
+	}
+	checkLoaded(t, db, res.Progress)
+	for seq := range chunks {
+		if n := d.bySeq[seq]; n != 1 {
+			t.Errorf("chunk %d committed %d times", seq, n)
+		}
+	}
+}
