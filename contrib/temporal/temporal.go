@@ -152,11 +152,12 @@ type Input struct {
 	StatusEvery time.Duration `json:",omitempty"`
 }
 
-// SlotInput is the input of the [ActivityWork] activity: the workflow's
-// input and the slot's number, from 0.
+// SlotInput is the input of the [ActivityWork] activity.
 type SlotInput struct {
+	// Input is the workflow's input.
 	Input Input
-	Slot  int
+	// Slot is the slot's number, from 0 to Input.Workers-1.
+	Slot int
 }
 
 // ControlRequest is the payload of the signals [SignalPause],
@@ -172,10 +173,13 @@ type ControlRequest struct {
 type ControlInput struct {
 	// Job is the job's name; the action applies to its latest run when
 	// BatchID is 0.
-	Job     string
+	Job string
+	// BatchID is the run's batch ID; 0: the latest run of Job.
 	BatchID int64 `json:",omitempty"`
 	// Action is SignalPause, SignalResume or SignalCancel.
 	Action string
+	// Actor and Reason are recorded in the manifest's audit event
+	// (required: at most 200 and 2000 characters).
 	Actor  string
 	Reason string
 }
