@@ -72,6 +72,18 @@ demo: data
 data:
 	bash examples/flights/fetch-data.sh
 
+# demo-temporal: the flights job through contrib/temporal's workflow
+# (Temporal's Go test suite in this process, no Temporal server): 2 worker
+# slots, the first attempt of one a worker process killed with SIGKILL in
+# the middle of a day, Temporal retrying it; checks that its target equals a
+# plain run's (examples/flights/temporal_test.go). The whole file by
+# default; make demo-temporal DAYS=14 for its first 14 days.
+DAYS ?= 0
+
+.PHONY: demo-temporal
+demo-temporal: data
+	bash internal/pgtest/with-postgres.sh sh -c 'cd examples && FLIGHTS_TEMPORAL_DATA="$$PWD/flights/data/flights-3m.parquet" FLIGHTS_TEMPORAL_DAYS=$(DAYS) $(GO) test -count=1 -timeout 20m -run "^TestFlightsThroughTemporal$$" -v ./flights'
+
 # bench: the load benchmark (cmd/bench/load/README.md): every variant a
 # whole process timed from exec to exit, the library's defaults against a
 # hand-written chunked load and the other variants, 3 rounds alternating,

@@ -9,8 +9,29 @@ require (
 	github.com/parquet-go/parquet-go v0.32.0
 	github.com/pgbackfill/backfill v0.0.0-00010101000000-000000000000
 	github.com/pgbackfill/backfill/contrib/report v0.0.0-00010101000000-000000000000
+	github.com/pgbackfill/backfill/contrib/temporal v0.0.0-00010101000000-000000000000
 	github.com/schollz/progressbar/v3 v3.19.1
+	go.temporal.io/sdk v1.51.0
 	golang.org/x/term v0.48.0
+)
+
+require (
+	github.com/facebookgo/clock v0.0.0-20150410010913-600d898af40a // indirect
+	github.com/gogo/protobuf v1.3.2 // indirect
+	github.com/golang/mock v1.6.0 // indirect
+	github.com/grpc-ecosystem/go-grpc-middleware/v2 v2.3.2 // indirect
+	github.com/grpc-ecosystem/grpc-gateway/v2 v2.22.0 // indirect
+	github.com/nexus-rpc/nexus-proto-annotations v0.1.0 // indirect
+	github.com/nexus-rpc/sdk-go v0.7.0 // indirect
+	github.com/robfig/cron v1.2.0 // indirect
+	github.com/stretchr/objx v0.5.3 // indirect
+	github.com/stretchr/testify v1.12.1 // indirect
+	go.temporal.io/api v1.64.3 // indirect
+	go.yaml.in/yaml/v3 v3.0.5 // indirect
+	golang.org/x/net v0.58.0 // indirect
+	google.golang.org/genproto/googleapis/api v0.0.0-20260526163538-3dc84a4a5aaa // indirect
+	google.golang.org/genproto/googleapis/rpc v0.0.0-20260526163538-3dc84a4a5aaa // indirect
+	google.golang.org/grpc v1.83.2 // indirect
 )
 
 require (
@@ -35,9 +56,11 @@ require (
 	golang.org/x/text v0.44.0 // indirect
 	golang.org/x/time v0.16.0 // indirect
 	gonum.org/v1/plot v0.17.0 // indirect
-	google.golang.org/protobuf v1.34.2 // indirect
+	google.golang.org/protobuf v1.36.11 // indirect
 )
 
 replace github.com/pgbackfill/backfill => ../
 
 replace github.com/pgbackfill/backfill/contrib/report => ../contrib/report
+
+replace github.com/pgbackfill/backfill/contrib/temporal => ../contrib/temporal
