@@ -69,12 +69,16 @@ type options struct {
 	// extra unchanged replay writes
 	// auto_explain plans (that run's timings are not comparable).
 	skipProfile string
+	// only, when not empty, are the chains the suite runs (by chain name:
+	// lib, base, once, skip, ahead, small, small_base); the others are
+	// left out.
+	only map[string]bool
 }
 
 func main() {
 	var o options
 	var c childOpts
-	var rssRows, servers, mainAhead, mainSkip, childAhead, childSkip string
+	var rssRows, servers, mainAhead, mainSkip, childAhead, childSkip, only string
 	var durable bool
 	flag.Int64Var(&o.rows, "rows", 1_000_000, "rows per load")
 	flag.Int64Var(&o.chunk, "chunk", 10_000, "rows per chunk (IntRange step)")
@@ -95,6 +99,7 @@ func main() {
 	flag.IntVar(&o.libConcurrency, "lib-concurrency", 0, "the library's Config.Concurrency (0: the library's default); the baseline is always sequential")
 	flag.BoolVar(&o.skip, "skip", false, "also run the order_no-chunked SkipUnchanged loads (ChunkColumn order_no, with and without a ChunkVersioner, restatements and corrections)")
 	flag.BoolVar(&o.skipOnly, "skip-only", false, "with -skip: leave out the suite")
+	flag.StringVar(&only, "only", "", "comma-separated chains of the suite to run, leaving out the others: lib, base, once, skip, ahead, small, small_base (small = small,small_base); empty runs every chain")
 	flag.StringVar(&o.skipProfile, "skip-profile", "", "with -skip: directory: the first run's SkipUnchanged replay and restatement write CPU profiles there, and one more unchanged replay and restatement their auto_explain plans (profiled timings are not comparable)")
 
 	// Child mode (internal): one load in a process of its own.
@@ -156,6 +161,18 @@ func main() {
 	if o.mainSkip, err = parseOptIn(mainSkip); err != nil {
 		usage("-main-skip: %v", err)
 	}
+	for _, s := range strings.Split(only, ",") {
+		switch s = strings.TrimSpace(s); s {
+		case "":
+		case "lib", "base", "once", "skip", "ahead", "small_base":
+			addOnly(&o, s)
+		case "small":
+			addOnly(&o, "small")
+			addOnly(&o, "small_base")
+		default:
+			usage("-only: unknown chain %q (want lib, base, once, skip, ahead, small or small_base)", s)
+		}
+	}
 	switch o.aheadVariant {
 	case "on", "off", "none":
 	default:
@@ -188,4 +205,12 @@ func main() {
 		fmt.Fprintln(os.Stderr, "benchload:", err)
 		os.Exit(1)
 	}
+}
+
+// addOnly adds chain to the chains -only selects.
+func addOnly(o *options, chain string) {
+	if o.only == nil {
+		o.only = map[string]bool{}
+	}
+	o.only[chain] = true
 }

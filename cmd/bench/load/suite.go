@@ -152,6 +152,15 @@ func (b *bench) chains(r int) []chain {
 			chain{"small", []step{{key: "small", c: small, want: firstLoad}}},
 			chain{"small_base", []step{{key: "small-base", c: smallBase, want: firstLoad}}})
 	}
+	if o.only != nil {
+		var kept []chain
+		for _, ch := range cs {
+			if o.only[ch.name] {
+				kept = append(kept, ch)
+			}
+		}
+		cs = kept
+	}
 	return cs
 }
 
