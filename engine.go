@@ -119,8 +119,11 @@ const (
 	// called.
 	ChunkAlreadyDone ChunkOutcome = "already_done"
 	// ChunkBusy: another worker holds the chunk's live lease, or took it
-	// over while this call extracted it (this call's transaction rolled
-	// back); try again later.
+	// over while this call extracted it, or the chunk's transaction
+	// waited for a lock past its timeout (a deadlock, a statement
+	// timeout): its transaction rolled back and no attempt is recorded;
+	// try again later. The transactions of stale workers that held it
+	// were ended.
 	ChunkBusy ChunkOutcome = "busy"
 	// ChunkRunPaused: the run is paused (an operator, a quality gate, a
 	// throttle's critical level); nothing was loaded. Try again after it
@@ -231,9 +234,31 @@ func (r *Runner) RunChunk(ctx context.Context, job Job, call ChunkCall) (ChunkRu
 	case err == nil:
 		// Nothing leased: done, held by another worker, or the run
 		// paused or ended meanwhile.
-		return r.chunkLeft(ctx, run, call.Seq)
+		rep, err := r.chunkLeft(ctx, run, call.Seq)
+		if rep.Outcome == ChunkBusy {
+			ex.fenceStale(ctx)
+		}
+		return rep, err
 	}
 	return ex.engineFailed(ctx, cr, call, err)
+}
+
+// fenceStale ends the chunk transactions of the run's stale workers (a
+// frozen process whose lease was taken over still holds its chunk's row
+// until then), as a Run's worker does when it finds nothing to lease
+// ([execution.waitHeld]). A role that may not end them is logged.
+func (ex *execution) fenceStale(ctx context.Context) {
+	if ex.worker == nil {
+		return
+	}
+	hs, err := ex.r.caps.workers.Holders(ctx, ex.r.db, ex.batchID, ex.worker.key, ex.r.cfg.StaleAfter, true, true)
+	if err != nil {
+		ex.log.Warn("backfill: fencing stale workers failed (ending another worker's backend needs pg_signal_backend, or the same role)", "error", err)
+		return
+	}
+	for _, h := range hs {
+		pgstore.LogHolder(ex.log, "chunk held by another worker", ex.batchID, h, 0)
+	}
 }
 
 // engineDone records chunk try cr, committed, as [execution.chunkDone]
@@ -290,6 +315,15 @@ func (ex *execution) engineFailed(ctx context.Context, cr chunkRun, call ChunkCa
 		// back and stays pending), or a connection fault: no attempt is
 		// recorded; the caller tries again.
 		return ChunkRunReport{Outcome: ChunkAttemptFailed}, err
+	}
+	if _, _, ok := pgstore.WaitCode(ctx, err); ok {
+		// A wait (a lock held by another transaction, a deadlock, a
+		// statement timeout) rolled the chunk back: not an attempt, as
+		// under Run; the stale holders are fenced and the caller tries
+		// again later.
+		ex.log.Warn("chunk waited; its transaction rolled back", "chunk", ce.Chunk.ID, "error", err)
+		ex.fenceStale(fctx)
+		return ChunkRunReport{Outcome: ChunkBusy, RunStatus: RunRunning, Reason: err.Error()}, nil
 	}
 	var ge *gateError
 	if errors.As(err, &ge) {

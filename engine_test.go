@@ -127,7 +127,7 @@ func TestRunChunkFailureAndBeforeCommitError(t *testing.T) {
 	seq := func(i int) int { return pr.Chunks[i].Chunk.Seq }
 
 	rep, err := r.RunChunk(ctx, job, backfill.ChunkCall{BatchID: pr.BatchID, Seq: seq(0), BeforeCommit: func(context.Context, *sql.Tx, backfill.ChunkResult) error {
-		return &pq.Error{Code: "40001", Message: "could not serialize access"}
+		return &pq.Error{Code: "23505", Message: "duplicate key value violates unique constraint"}
 	}})
 	require.Error(t, err)
 	require.Equal(t, backfill.ChunkAttemptFailed, rep.Outcome)
