@@ -30,6 +30,10 @@ import (
 // worker that blocks inside its first chunk's transaction until killed.
 const childEnv = "BACKFILLRIVER_TEST_CHILD"
 
+// childReleaseEnv, set, makes the child's first chunk wait inside its
+// transaction until table released has a row, then commit.
+const childReleaseEnv = "BACKFILLRIVER_TEST_CHILD_RELEASE"
+
 func TestMain(m *testing.M) {
 	if u := os.Getenv(childEnv); u != "" {
 		if err := child(u); err != nil {
@@ -64,7 +68,8 @@ func newFixture(t *testing.T) *fixture {
 		INSERT INTO src SELECT i, 'n' || i FROM generate_series(0, %d, 50) i;
 		CREATE TABLE via_river (id bigint PRIMARY KEY, name text);
 		CREATE TABLE plain (id bigint PRIMARY KEY, name text);
-		CREATE TABLE reached (seq int)`, rows-1, rows-1))
+		CREATE TABLE reached (seq int);
+		CREATE TABLE released (at timestamptz)`, rows-1, rows-1))
 	require.NoError(t, err)
 	return &fixture{url: u, db: db}
 }
@@ -291,20 +296,40 @@ func child(u string) error {
 	if err != nil {
 		return err
 	}
+	release := os.Getenv(childReleaseEnv) != ""
+	var first atomic.Bool
 	w.beforeCommit = func(ctx context.Context, args ChunkArgs) error {
+		if !first.CompareAndSwap(false, true) {
+			return nil
+		}
 		if _, err := db.ExecContext(ctx, `INSERT INTO reached (seq) VALUES ($1)`, args.Seq); err != nil {
 			return err
 		}
-		select {} // until killed
+		if !release {
+			select {} // until killed
+		}
+		// A worker alive past its River timeout: this wait ignores the
+		// job's context, which River cancels at the timeout.
+		for {
+			var n int
+			if err := db.GetContext(context.Background(), &n, `SELECT count(*) FROM released`); err != nil {
+				return err
+			}
+			if n > 0 {
+				return nil
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
 	}
 	ws := river.NewWorkers()
 	river.AddWorker(ws, w)
 	c, err := river.NewClient(riverdatabasesql.New(db.DB), &river.Config{
-		Queues:            map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: 1}},
-		Workers:           ws,
-		FetchPollInterval: 50 * time.Millisecond,
-		FetchCooldown:     50 * time.Millisecond,
-		JobTimeout:        -1,
+		Queues:               map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: 1}},
+		Workers:              ws,
+		FetchPollInterval:    50 * time.Millisecond,
+		FetchCooldown:        50 * time.Millisecond,
+		JobTimeout:           20 * time.Second,
+		RescueStuckJobsAfter: 20 * time.Second,
 	})
 	if err != nil {
 		return err
@@ -313,6 +338,55 @@ func child(u string) error {
 		return err
 	}
 	select {}
+}
+
+// startChild starts the child worker (release: it commits its first
+// chunk once table released has a row, else it blocks there until
+// killed) and returns once it is inside its first chunk's transaction,
+// after the merge and checkpoint, with the chunk's seq.
+func startChild(t *testing.T, f *fixture, release bool) (*exec.Cmd, int) {
+	t.Helper()
+	cu, err := url.Parse(f.url)
+	require.NoError(t, err)
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), childEnv+"="+cu.String())
+	if release {
+		cmd.Env = append(cmd.Env, childReleaseEnv+"=1")
+	}
+	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGCONT)
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	})
+	deadline := time.Now().Add(2 * time.Minute)
+	var seq int
+	for {
+		if err := f.db.Get(&seq, `SELECT seq FROM reached LIMIT 1`); err == nil {
+			return cmd, seq
+		} else if !errors.Is(err, sql.ErrNoRows) {
+			require.NoError(t, err)
+		}
+		require.True(t, time.Now().Before(deadline), "the child reached no chunk's commit")
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// waitRescued waits until River rescued the job of chunk seq and ran it
+// again, which found the chunk busy and snoozed it.
+func waitRescued(t *testing.T, f *fixture, seq int) {
+	t.Helper()
+	deadline := time.Now().Add(3 * time.Minute)
+	for {
+		var snoozed bool
+		require.NoError(t, f.db.Get(&snoozed, `SELECT coalesce((metadata->>'snoozes')::int, 0) >= 1 FROM river_job WHERE kind = $1 AND (args->>'seq')::int = $2`, Kind, seq))
+		if snoozed {
+			return
+		}
+		require.True(t, time.Now().Before(deadline), "River did not run the stuck job again")
+		time.Sleep(50 * time.Millisecond)
+	}
 }
 
 // TestKill9RiverWorkerMidChunk: of two River workers, one (a child
@@ -343,23 +417,7 @@ func TestKill9RiverWorkerMidChunk(t *testing.T) {
 	c := newClient(t, f.db.DB, w, 2)
 	res := enqueue(t, f, c, r, j)
 
-	cu, err := url.Parse(f.url)
-	require.NoError(t, err)
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), childEnv+"="+cu.String())
-	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
-	require.NoError(t, cmd.Start())
-	deadline := time.Now().Add(2 * time.Minute)
-	var seq int
-	for {
-		if err := f.db.Get(&seq, `SELECT seq FROM reached LIMIT 1`); err == nil {
-			break
-		} else if !errors.Is(err, sql.ErrNoRows) {
-			require.NoError(t, err)
-		}
-		require.True(t, time.Now().Before(deadline), "the child reached no chunk's commit")
-		time.Sleep(10 * time.Millisecond)
-	}
+	cmd, seq := startChild(t, f, false)
 	require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
 	_ = cmd.Wait()
 	reached.Store(true)
@@ -468,5 +526,60 @@ func TestPauseFromSQL(t *testing.T) {
 	_, err = f.db.Exec(`SELECT backfill.resume($1::bigint, 'ops', 'window over')`, res.Run.BatchID)
 	require.NoError(t, err)
 	waitRun(t, f.db, r, res.Run.BatchID, backfill.RunCompleted)
+	checkLoaded(t, f, r, res.Run.BatchID, "via_river")
+}
+
+// TestRescueWhileWorkerAlive: a worker goes on past its River job's
+// timeout (code that ignores the job's context) inside its chunk's
+// transaction, heartbeating. River cancels the job's context, which rolls
+// the chunk's transaction back, rescues the job and runs it again on
+// another worker, which finds the chunk's lease live and snoozes; the
+// slow worker then tries to commit, and cannot. The chunk is merged once,
+// by the other worker, and every River job ends completed.
+func TestRescueWhileWorkerAlive(t *testing.T) {
+	f := newFixture(t)
+	r, err := backfill.New(f.db, runnerConfig())
+	require.NoError(t, err)
+	j := job(f.db, "via_river", nil)
+	ins, err := river.NewClient(riverdatabasesql.New(f.db.DB), &river.Config{})
+	require.NoError(t, err)
+	res := enqueue(t, f, ins, r, j)
+	_, seq := startChild(t, f, true)
+
+	w, err := NewWorker(r, &Options{BusySnooze: 200 * time.Millisecond}, j)
+	require.NoError(t, err)
+	newClient(t, f.db.DB, w, 2)
+	waitRescued(t, f, seq)
+	_, err = f.db.Exec(`INSERT INTO released VALUES (now())`)
+	require.NoError(t, err)
+
+	waitRun(t, f.db, r, res.Run.BatchID, backfill.RunCompleted)
+	checkLoaded(t, f, r, res.Run.BatchID, "via_river")
+}
+
+// TestRescueFrozenWorker: a worker frozen (SIGSTOP) inside its chunk's
+// transaction stops heartbeating; River rescues its job, another worker
+// takes the stale lease over, ends the frozen worker's transaction
+// (fencing) and loads the chunk. The frozen worker, thawed, cannot
+// commit: the chunk is merged once.
+func TestRescueFrozenWorker(t *testing.T) {
+	f := newFixture(t)
+	r, err := backfill.New(f.db, runnerConfig())
+	require.NoError(t, err)
+	j := job(f.db, "via_river", nil)
+	ins, err := river.NewClient(riverdatabasesql.New(f.db.DB), &river.Config{})
+	require.NoError(t, err)
+	res := enqueue(t, f, ins, r, j)
+	cmd, _ := startChild(t, f, true)
+	require.NoError(t, cmd.Process.Signal(syscall.SIGSTOP))
+
+	w, err := NewWorker(r, &Options{BusySnooze: 200 * time.Millisecond}, j)
+	require.NoError(t, err)
+	newClient(t, f.db.DB, w, 2)
+	waitRun(t, f.db, r, res.Run.BatchID, backfill.RunCompleted)
+	// Thawed and released, the frozen worker's transaction is gone.
+	_, err = f.db.Exec(`INSERT INTO released VALUES (now())`)
+	require.NoError(t, err)
+	require.NoError(t, cmd.Process.Signal(syscall.SIGCONT))
 	checkLoaded(t, f, r, res.Run.BatchID, "via_river")
 }
