@@ -101,8 +101,10 @@ type ChunkCall struct {
 	// after its merge and checkpoint, just before its commit, with that
 	// transaction and the chunk's result as checkpointed: what it writes
 	// there commits, or rolls back, with the chunk. An error rolls the
-	// chunk back (a failed attempt). It is called only when this call
-	// loads the chunk.
+	// chunk back: a failed attempt, which is final only when call.Final
+	// is set or the error wraps [ErrNotRetryable] (the engine's failure
+	// says nothing of the chunk's data). It is called only when this
+	// call loads the chunk.
 	BeforeCommit func(ctx context.Context, tx *sql.Tx, res ChunkResult) error
 }
 
@@ -335,7 +337,8 @@ func (ex *execution) engineFailed(ctx context.Context, cr chunkRun, call ChunkCa
 		}
 		return ChunkRunReport{Outcome: ChunkRunPaused, RunStatus: RunPaused, Reason: ge.reason}, nil
 	}
-	final := call.Final || !IsRetryable(err)
+	var bce *beforeCommitError
+	final := call.Final || !IsRetryable(err) && !errors.As(err, &bce) || errors.Is(err, backfilltype.ErrNotRetryable)
 	ex.traceRetry(ctx, backfilltrace.RetryData{Chunk: ce.Chunk, Attempt: cr.attempt, Kind: backfilltrace.RetryAttempt, Final: final, Err: err})
 	ex.log.Warn("chunk failed", "chunk", ce.Chunk.ID, "attempt", cr.attempt, "final", final, "error", err)
 	if ferr := ex.retryConn(fctx, "record failed attempt", func() error {
@@ -438,7 +441,14 @@ func beforeCommit(ctx context.Context, tx backfilldriver.Tx, res ChunkResult) er
 		return err
 	}
 	if err := f(ctx, stx, res); err != nil {
-		return fmt.Errorf("before commit: %w", err)
+		return &beforeCommitError{err: err}
 	}
 	return nil
 }
+
+// beforeCommitError is the error of a [ChunkCall.BeforeCommit]: the
+// engine's, retried by the engine unless it wraps ErrNotRetryable.
+type beforeCommitError struct{ err error }
+
+func (e *beforeCommitError) Error() string { return "before commit: " + e.err.Error() }
+func (e *beforeCommitError) Unwrap() error { return e.err }

@@ -132,6 +132,13 @@ func TestRunChunkFailureAndBeforeCommitError(t *testing.T) {
 	require.Error(t, err)
 	require.Equal(t, backfill.ChunkAttemptFailed, rep.Outcome)
 	require.False(t, rep.Final)
+	// The engine's own error is not the chunk's: retried, not final.
+	rep, err = r.RunChunk(ctx, job, backfill.ChunkCall{BatchID: pr.BatchID, Seq: seq(0), BeforeCommit: func(context.Context, *sql.Tx, backfill.ChunkResult) error {
+		return errors.New("queue unavailable")
+	}})
+	require.ErrorContains(t, err, "queue unavailable")
+	require.Equal(t, backfill.ChunkAttemptFailed, rep.Outcome)
+	require.False(t, rep.Final)
 	var rows int
 	require.NoError(t, db.Get(&rows, `SELECT count(*) FROM fails`))
 	require.Zero(t, rows, "a BeforeCommit that fails rolls the chunk back")
