@@ -168,13 +168,13 @@ type ChunkRunReport struct {
 // job must be the job the run was planned from ([Runner.StartRunTx]):
 // a plan whose fingerprint differs from the run's is refused with an
 // error wrapping [ErrPlanChanged]. The report's Outcome says what
-// happened; the error is not nil for ChunkAttemptFailed, and for a failure
-// before the chunk was leased (a connection lost, the manifest
-// unreadable), with an empty Outcome. A failed attempt is recorded in the
-// manifest (its last error, its attempts); it is final when call.Final is
-// set or the error is not retryable ([IsRetryable]), and then the run
-// fails, as under Run. A connection fault is not recorded: the caller
-// tries again.
+// happened. The error is not nil for ChunkAttemptFailed, and for a failure
+// before the chunk's try (planning the job, reading the run), which comes
+// with an empty Outcome. A failed attempt is recorded in the manifest (its
+// last error, its attempts); it is final when call.Final is set or the
+// error is not retryable ([IsRetryable]), and then the run fails, as under
+// Run. A failure before the lease, a connection fault and ctx done are not
+// recorded (ChunkAttemptFailed, not Final): the caller tries again.
 //
 // Each call plans the job (reading the target's catalog and checking the
 // privileges, as Run does), so it suits chunks that take seconds or more.
