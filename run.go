@@ -1740,7 +1740,10 @@ func (ex *execution) checkpoint(ctx context.Context, t *chunkTry, tg chunkTarget
 		return t.chunkErr(err)
 	}
 
-	// Commit.
+	// Commit, after the BeforeCommit of a chunk run alone (RunChunk).
+	if err := beforeCommit(ctx, t.tx, cr.res); err != nil {
+		return t.chunkErr(err)
+	}
 	cr.span.next(ctx, backfilltrace.PhaseCommit)
 	if err := t.tx.Commit(); err != nil {
 		return t.chunkErr(fmt.Errorf("commit: %w", err))

@@ -9,7 +9,10 @@ require (
 	github.com/parquet-go/parquet-go v0.32.0
 	github.com/pgbackfill/backfill v0.0.0-00010101000000-000000000000
 	github.com/pgbackfill/backfill/contrib/report v0.0.0-00010101000000-000000000000
+	github.com/pgbackfill/backfill/contrib/river v0.0.0-00010101000000-000000000000
 	github.com/pgbackfill/backfill/contrib/temporal v0.0.0-00010101000000-000000000000
+	github.com/riverqueue/river v0.51.2
+	github.com/riverqueue/river/riverdriver/riverdatabasesql v0.51.2
 	github.com/schollz/progressbar/v3 v3.19.1
 	go.temporal.io/sdk v1.51.0
 	golang.org/x/term v0.48.0
@@ -43,12 +46,24 @@ require (
 	github.com/andybalholm/brotli v1.1.1 // indirect
 	github.com/golang/freetype v0.0.0-20170609003504-e2365dfdc4a0 // indirect
 	github.com/google/uuid v1.6.0 // indirect
+	github.com/jackc/pgpassfile v1.0.0 // indirect
+	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
+	github.com/jackc/pgx/v5 v5.11.0 // indirect
+	github.com/jackc/puddle/v2 v2.2.3 // indirect
 	github.com/klauspost/compress v1.17.9 // indirect
 	github.com/mitchellh/colorstring v0.0.0-20190213212951-d06e56a500db // indirect
 	github.com/parquet-go/bitpack v1.0.0 // indirect
 	github.com/parquet-go/jsonlite v1.0.0 // indirect
 	github.com/pierrec/lz4/v4 v4.1.21 // indirect
+	github.com/riverqueue/river/riverdriver v0.51.2 // indirect
+	github.com/riverqueue/river/riverdriver/riverpgxv5 v0.51.2 // indirect
+	github.com/riverqueue/river/rivershared v0.51.2 // indirect
+	github.com/riverqueue/river/rivertype v0.51.2 // indirect
 	github.com/rivo/uniseg v0.4.7 // indirect
+	github.com/tidwall/gjson v1.20.0 // indirect
+	github.com/tidwall/match v1.2.0 // indirect
+	github.com/tidwall/pretty v1.2.1 // indirect
+	github.com/tidwall/sjson v1.2.5 // indirect
 	github.com/twpayne/go-geom v1.6.1 // indirect
 	golang.org/x/image v0.30.0 // indirect
 	golang.org/x/sync v0.25.0 // indirect
@@ -64,3 +79,5 @@ replace github.com/pgbackfill/backfill => ../
 replace github.com/pgbackfill/backfill/contrib/report => ../contrib/report
 
 replace github.com/pgbackfill/backfill/contrib/temporal => ../contrib/temporal
+
+replace github.com/pgbackfill/backfill/contrib/river => ../contrib/river

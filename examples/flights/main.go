@@ -125,6 +125,10 @@ type options struct {
 	// memoryLimit is the soft limit on the Go runtime's memory, in MiB
 	// (0: none).
 	memoryLimit int
+	// river runs the flights job as River jobs (river.go); riverTimeout
+	// is their timeout, after which River rescues a dead worker's job.
+	river        bool
+	riverTimeout time.Duration
 }
 
 func run() error {
@@ -145,6 +149,8 @@ func run() error {
 	flag.BoolVar(&o.etaMarks, "eta-marks", false, "print the ETA shown at 25%, 50% and 75% of the chunks against the time that actually remained")
 	flag.BoolVar(&o.baseline, "baseline", false, "instead of the library, load the same rows by hand (temp table, COPY, INSERT ... ON CONFLICT per day) into flights_baseline; see baseline.go")
 	flag.IntVar(&o.memoryLimit, "memory-limit", defaultMemoryLimit, "soft limit on the Go runtime's memory in MiB (debug.SetMemoryLimit; 0: none); GOMEMLIMIT, when set, takes precedence")
+	flag.BoolVar(&o.river, "river", false, "run the flights job as River jobs (contrib/river) into flights_river, working the queue until the run is done; see river.go")
+	flag.DurationVar(&o.riverTimeout, "river-timeout", time.Minute, "with -river: a River job's timeout, after which River rescues the job of a worker that died")
 	cli.SetUsage(flag.CommandLine)
 	flag.Parse()
 	if flag.NArg() > 0 {
@@ -216,6 +222,10 @@ func run() error {
 	var logger *slog.Logger
 	if o.verbose {
 		logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
+	}
+	if o.river {
+		_, err := riverLoad(ctx, os.Stdout, db, logger, days, src, o)
+		return err
 	}
 	if _, err := load(ctx, os.Stdout, db, logger, src, days, filepath.Join(dir, airportsFile), o); err != nil || !o.replay {
 		return err
