@@ -52,7 +52,8 @@ func (r *Runner) StartRunTx(ctx context.Context, tx *sql.Tx, job Job) (PlannedRu
 	if _, ok := r.db.(pgstore.PGDB); !ok {
 		return PlannedRun{}, fmt.Errorf("backfill: job %q: %w: StartRunTx needs a Runner on PostgreSQL (backfill.New)", job.Name, ErrUnsupported)
 	}
-	if err := engineJob(job); err != nil {
+	job, err := engineJob(job)
+	if err != nil {
 		return PlannedRun{}, err
 	}
 	rs, err := r.planRun(ctx, job)
@@ -75,14 +76,17 @@ func (r *Runner) StartRunTx(ctx context.Context, tx *sql.Tx, job Job) (PlannedRu
 // one at a time: a publish mode other than per chunk publishes at the
 // end of a run, which no single chunk's call runs, and SkipUnchanged
 // commits a skipped chunk on a path without [ChunkCall.BeforeCommit].
-func engineJob(job Job) error {
+func engineJob(job Job) (Job, error) {
 	if job.Publish.Mode != PublishPerChunk {
-		return fmt.Errorf("backfill: job %q: %w: a chunk run alone (RunChunk) publishes per chunk only, not with publish mode %q", job.Name, ErrUnsupported, job.Publish.Mode)
+		return job, fmt.Errorf("backfill: job %q: %w: a chunk run alone (RunChunk) publishes per chunk only, not with publish mode %q", job.Name, ErrUnsupported, job.Publish.Mode)
 	}
 	if job.SkipUnchanged {
-		return fmt.Errorf("backfill: job %q: %w: a chunk run alone (RunChunk) does not skip unchanged chunks yet: unset Job.SkipUnchanged", job.Name, ErrUnsupported)
+		return job, fmt.Errorf("backfill: job %q: %w: a chunk run alone (RunChunk) does not skip unchanged chunks yet: unset Job.SkipUnchanged", job.Name, ErrUnsupported)
 	}
-	return nil
+	// Not the skipping a job with a ChunkColumn gets by default either:
+	// every chunk is merged, in the transaction that calls BeforeCommit.
+	job.MergeEveryChunk = true
+	return job, nil
 }
 
 // ChunkCall names the chunk [Runner.RunChunk] runs and what the caller
@@ -178,8 +182,13 @@ type ChunkRunReport struct {
 //
 // Each call plans the job (reading the target's catalog and checking the
 // privileges, as Run does), so it suits chunks that take seconds or more.
+// Every chunk is merged (as with [Job.MergeEveryChunk]), even one whose
+// rows are unchanged since the last load, so that BeforeCommit runs in
+// each chunk's transaction; a job that sets [Job.SkipUnchanged] is
+// refused with [ErrUnsupported].
 func (r *Runner) RunChunk(ctx context.Context, job Job, call ChunkCall) (ChunkRunReport, error) {
-	if err := engineJob(job); err != nil {
+	job, err := engineJob(job)
+	if err != nil {
 		return ChunkRunReport{}, err
 	}
 	rs, err := r.planRun(ctx, job)

@@ -166,3 +166,48 @@ func TestRunChunkFailureAndBeforeCommitError(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, backfill.ChunkRunEnded, rep.Outcome)
 }
+
+// TestRunChunkMergesEveryChunk: a job with a ChunkColumn skips unchanged
+// chunks by default under Run; through StartRunTx and RunChunk every
+// chunk is merged, so that a replay (NewRun) still calls BeforeCommit in
+// each chunk's transaction, where an engine completes its job.
+func TestRunChunkMergesEveryChunk(t *testing.T) {
+	ctx := context.Background()
+	db := pgtest.New(t)
+	_, err := db.Exec(`CREATE TABLE marks (batch bigint, seq int, PRIMARY KEY (batch, seq))`)
+	require.NoError(t, err)
+	job := engineJob(t, db, "eligible", nil)
+	job.ChunkColumn = "id"
+	r, err := backfill.New(db, nil)
+	require.NoError(t, err)
+	for round := range 2 {
+		job.NewRun = round > 0
+		tx, err := db.BeginTx(ctx, nil)
+		require.NoError(t, err)
+		pr, err := r.StartRunTx(ctx, tx, job)
+		require.NoError(t, err)
+		require.NoError(t, tx.Commit())
+		for _, c := range pr.Chunks {
+			rep, err := r.RunChunk(ctx, job, backfill.ChunkCall{BatchID: pr.BatchID, Seq: c.Chunk.Seq,
+				BeforeCommit: func(ctx context.Context, tx *sql.Tx, res backfill.ChunkResult) error {
+					_, err := tx.ExecContext(ctx, `INSERT INTO marks VALUES ($1, $2)`, pr.BatchID, res.Chunk.Seq)
+					return err
+				}})
+			require.NoError(t, err)
+			require.Equal(t, backfill.ChunkLoaded, rep.Outcome, "round %d chunk %d", round, c.Chunk.Seq)
+			require.False(t, rep.Result.Skipped)
+		}
+		var marks int
+		require.NoError(t, db.Get(&marks, `SELECT count(*) FROM marks WHERE batch = $1`, pr.BatchID))
+		require.Equal(t, 4, marks, "round %d: BeforeCommit in every chunk's transaction", round)
+	}
+	// The same job under Run skips by default (once a run recorded what a
+	// skip compares): it is eligible, and only the engine's calls merge
+	// every chunk.
+	job.NewRun = true
+	_, err = r.Run(ctx, job)
+	require.NoError(t, err)
+	rep, err := r.Run(ctx, job)
+	require.NoError(t, err)
+	require.Equal(t, 4, rep.ChunksSkipped)
+}
