@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"reflect"
+	"regexp"
 	"slices"
 	"sort"
 	"strings"
@@ -342,11 +343,13 @@ func TestConcurrentRunnersClaimEachChunkOnce(t *testing.T) {
 	var wg sync.WaitGroup
 	reps := make([]backfill.Report, 3)
 	errs := make([]error, 3)
+	var logs lockedBuffer
 	for i := range 3 {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			r, err := backfill.New(s.db, &backfill.Config{Concurrency: 2, WorkerID: fmt.Sprintf("w%d", i)})
+			r, err := backfill.New(s.db, &backfill.Config{Concurrency: 2, WorkerID: fmt.Sprintf("w%d", i),
+				Logger: slog.New(slog.NewJSONHandler(&logs, nil))})
 			if err != nil {
 				errs[i] = err
 				return
@@ -369,12 +372,17 @@ func TestConcurrentRunnersClaimEachChunkOnce(t *testing.T) {
 	require.Equal(t, 10, total)
 	var ids []string
 	s.calls.Range(func(k, v any) bool {
-		require.Equal(t, int64(1), v.(*atomic.Int64).Load(), k)
+		requireExtractedOnce(t, k.(string), v.(*atomic.Int64).Load(), &logs)
 		ids = append(ids, k.(string))
 		return true
 	})
 	sort.Strings(ids)
 	require.Len(t, ids, 10)
+	// Merged once each: the target holds each chunk's rows once, every
+	// chunk done on its first attempt or after retries that rolled back.
+	var done int
+	require.NoError(t, s.db.Get(&done, `SELECT count(*) FROM backfill.chunks WHERE batch_id = $1 AND status = 'done'`, reps[0].BatchID))
+	require.Equal(t, 10, done)
 	var status string
 	require.NoError(t, s.db.Get(&status, `SELECT status FROM backfill.runs WHERE batch_id = $1`, reps[0].BatchID))
 	require.Equal(t, "completed", status)
@@ -837,4 +845,18 @@ func TestFirstJobWithoutLineageNeedsRollback(t *testing.T) {
 			require.Equal(t, firstJobWant(0), rows())
 		})
 	}
+}
+
+// requireExtractedOnce checks that chunk id was extracted n = 1 times,
+// unless a try of it rolled back and was tried again (a lock wait past its
+// timeout, a lost connection, a lease taken over on a loaded machine): the
+// retry extracts it again, and the workers' log (JSON) says so.
+func requireExtractedOnce(t *testing.T, id string, n int64, logs *lockedBuffer) {
+	t.Helper()
+	if n == 1 {
+		return
+	}
+	q := `"chunk":"` + regexp.QuoteMeta(id) + `"`
+	retried := regexp.MustCompile(q + `[^\n]*(retrying|rolls back)|(retrying|rolls back)[^\n]*` + q)
+	require.True(t, n > 1 && retried.MatchString(logs.String()), "chunk %s extracted %d times with no retry logged:\n%s", id, n, logs.String())
 }
