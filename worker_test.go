@@ -359,9 +359,7 @@ func TestServerRestartDuringChunk(t *testing.T) {
 	require.NoError(t, err)
 
 	var logs syncBuffer
-	// StaleAfter bounds the retries of transient faults (2×StaleAfter):
-	// long enough for a crash recovery on a loaded machine.
-	r, err := New(db, &Config{WorkerID: "w", HeartbeatInterval: 100 * time.Millisecond, StaleAfter: 30 * time.Second,
+	r, err := New(db, &Config{WorkerID: "w", HeartbeatInterval: 100 * time.Millisecond, StaleAfter: 5 * time.Second,
 		RetryBackoff: 20 * time.Millisecond, Logger: slog.New(slog.NewJSONHandler(&logs, nil))})
 	require.NoError(t, err)
 	mid, down := make(chan struct{}), make(chan struct{})
