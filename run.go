@@ -766,7 +766,7 @@ type execution struct {
 	// their next lease extracts them ([execution.versionMissed]).
 	versionMisses map[int]bool
 	// probeHits and probeMisses count this call's lookups of a base for
-	// a probe that found one it can use, and that did not
+	// a probe that found one, and that found none
 	// ([execution.probeWorth]).
 	probeHits, probeMisses int
 	// runGate is the run reject gate's failure in this call (nil if

@@ -320,13 +320,10 @@ func (ex *execution) baseOutside(ctx context.Context, c Chunk) (base backfilldri
 	return base, ok, err
 }
 
-// probeLookups bounds the lookups of bases (baseOutside) an execution
-// makes that find none a probe can use, while none found one: a first
-// load (no base) stops paying a lookup per chunk after these.
-const probeLookups = 8
-
 // probeWorth reports whether chunks of this execution still look up
-// their base for a probe; found records a lookup's answer (nil: none).
+// their base for a probe: not once a lookup found no base at all while
+// none found one (a first load, which would pay a lookup per chunk);
+// found records a lookup's answer (nil: none).
 func (ex *execution) probeWorth(found *bool) bool {
 	ex.mu.Lock()
 	defer ex.mu.Unlock()
@@ -337,7 +334,7 @@ func (ex *execution) probeWorth(found *bool) bool {
 			ex.probeMisses++
 		}
 	}
-	return ex.probeHits > 0 || ex.probeMisses < probeLookups
+	return ex.probeHits > 0 || ex.probeMisses == 0
 }
 
 // probeBase reports whether base (ok: found) lets a probe skip a chunk's
@@ -350,8 +347,9 @@ func probeBase(base backfilldriver.ChunkFingerprints, ok bool) bool {
 
 // probe is runChunk's extract step's probe of chunk c (extract): for a
 // job with SkipUnchanged and a ChunkColumn, a chunk neither re-read nor
-// open, not found by this call to need its extraction, whose base lets
-// it (probeBase), it extracts the chunk through a probeWriter. It
+// open, not found by this call to need its extraction, without a
+// version (a ChunkVersioner's, which its base did not have), whose base
+// lets it (probeBase), it extracts the chunk through a probeWriter. It
 // returns the chunk's skip state, not spooled, when the fingerprint is
 // the base's (the chunk's transaction decides: skipByProbe); nil when
 // the chunk is to be extracted by the row writer. version is the chunk's
@@ -360,14 +358,18 @@ func (ex *execution) probe(ctx context.Context, c Chunk, reread bool, started ti
 	if !ex.job.SkipUnchanged || ex.job.ChunkColumn == "" || reread || ex.open(c, started) || ex.versionMissed(c.Seq, false) || !ex.probeWorth(nil) {
 		return nil, nil
 	}
+	if version != "" {
+		// A version other than its base's (versionCandidate): its rows
+		// changed, as far as the ChunkVersioner tells.
+		return nil, nil
+	}
 	ctx = pgstore.WithPurpose(ctx, "read the chunk's base load", ex.batchID)
 	base, ok, err := ex.baseOutside(ctx, c)
 	if err != nil {
 		return nil, err
 	}
-	found := probeBase(base, ok)
-	ex.probeWorth(&found)
-	if !found {
+	ex.probeWorth(&ok)
+	if !probeBase(base, ok) {
 		return nil, nil
 	}
 	info := ex.chunkInfo(ex.info, c)
