@@ -785,7 +785,10 @@ func TestTargetFingerprintIgnoresSessionSettings(t *testing.T) {
 // "write+spool" adds the spool, "write+fingerprint" the source
 // fingerprint, "write+fingerprint+spool" is the skip path's row writer
 // (spool cleared every 10,000 rows, a chunk), and "fingerprint" is the
-// fingerprint alone of an already converted row.
+// fingerprint alone of an already converted row. "write+raw+spool" is
+// today's row writer of a changed chunk (its fingerprint of the values
+// as written, then conversion and spool), "probe" a probe's row (its
+// fingerprint alone: the skip path of an unchanged chunk).
 func BenchmarkSkipRow(b *testing.B) {
 	info := benchOrderLineInfo()
 	c := Chunk{ID: "int:0/1", Kind: backfilltype.KindInt, Hi: 1}
@@ -828,6 +831,35 @@ func BenchmarkSkipRow(b *testing.B) {
 	b.Run("write+spool", func(b *testing.B) { run(b, false, true) })
 	b.Run("write+fingerprint", func(b *testing.B) { run(b, true, false) })
 	b.Run("write+fingerprint+spool", func(b *testing.B) { run(b, true, true) })
+	b.Run("write+raw+spool", func(b *testing.B) {
+		sp := &spool.Spool{}
+		w := newRowWriter(c, Job{}, info, sp, 0, time.Now())
+		w.fp = &rawFingerprint{}
+		vals := make([]any, info.Written)
+		b.ReportAllocs()
+		for i := 0; b.Loop(); i++ {
+			row(vals, i)
+			if err := w.Write(ctx, vals...); err != nil {
+				b.Fatal(err)
+			}
+			if sp.Len() == 10000 {
+				_ = sp.Close()
+				*sp = spool.Spool{}
+			}
+		}
+		_ = sp.Close()
+	})
+	b.Run("probe", func(b *testing.B) {
+		p := &probeWriter{written: info.Written}
+		vals := make([]any, info.Written)
+		b.ReportAllocs()
+		for i := 0; b.Loop(); i++ {
+			row(vals, i)
+			if err := p.Write(ctx, vals...); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
 	b.Run("fingerprint", func(b *testing.B) {
 		s := &captureStager{}
 		w := newRowWriter(c, Job{}, info, s, 0, time.Now())
