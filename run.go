@@ -765,10 +765,9 @@ type execution struct {
 	// found must be extracted although their version was their base's:
 	// their next lease extracts them ([execution.versionMissed]).
 	versionMisses map[int]bool
-	// probeHits and probeMisses count this call's lookups of a base for
-	// a probe that found one, and that found none
-	// ([execution.probeWorth]).
-	probeHits, probeMisses int
+	// probes count this call's lookups of a base for a probe and their
+	// probes ([execution.probeWorth]).
+	probes probeCounts
 	// runGate is the run reject gate's failure in this call (nil if
 	// none): the run is paused, or, with a manifest that cannot pause
 	// it, failed.

@@ -322,19 +322,33 @@ func (ex *execution) baseOutside(ctx context.Context, c Chunk) (base backfilldri
 
 // probeWorth reports whether chunks of this execution still look up
 // their base for a probe: not once a lookup found no base at all while
-// none found one (a first load, which would pay a lookup per chunk);
-// found records a lookup's answer (nil: none).
-func (ex *execution) probeWorth(found *bool) bool {
+// none found one (a first load, which would pay a lookup per chunk), nor
+// once probeChangedMost probes found their chunk changed and those are
+// most (a restatement of most chunks, which would extract each twice).
+func (ex *execution) probeWorth() bool {
 	ex.mu.Lock()
 	defer ex.mu.Unlock()
-	if found != nil {
-		if *found {
-			ex.probeHits++
-		} else {
-			ex.probeMisses++
-		}
-	}
-	return ex.probeHits > 0 || ex.probeMisses == 0
+	p := ex.probes
+	return (p.found > 0 || p.missing == 0) && (p.changed < probeChangedMost || p.changed <= p.same)
+}
+
+// probeChangedMost is how many probes of an execution find their chunk
+// changed before probeWorth compares them with those finding it
+// unchanged.
+const probeChangedMost = 4
+
+// probeCounts count an execution's lookups of a base for a probe that
+// found one (found) and none (missing), and its probes that found the
+// chunk unchanged (same) and changed (changed).
+type probeCounts struct {
+	found, missing, same, changed int
+}
+
+// countProbe adds to the execution's probe counts.
+func (ex *execution) countProbe(f func(*probeCounts)) {
+	ex.mu.Lock()
+	defer ex.mu.Unlock()
+	f(&ex.probes)
 }
 
 // probeBase reports whether base (ok: found) lets a probe skip a chunk's
@@ -355,7 +369,7 @@ func probeBase(base backfilldriver.ChunkFingerprints, ok bool) bool {
 // the chunk is to be extracted by the row writer. version is the chunk's
 // version read before, confirmed after the probe.
 func (ex *execution) probe(ctx context.Context, c Chunk, reread bool, started time.Time, version string) (*chunkSkip, error) {
-	if !ex.job.SkipUnchanged || ex.job.ChunkColumn == "" || reread || ex.open(c, started) || ex.versionMissed(c.Seq, false) || !ex.probeWorth(nil) {
+	if !ex.job.SkipUnchanged || ex.job.ChunkColumn == "" || reread || ex.open(c, started) || ex.versionMissed(c.Seq, false) || !ex.probeWorth() {
 		return nil, nil
 	}
 	if version != "" {
@@ -368,7 +382,13 @@ func (ex *execution) probe(ctx context.Context, c Chunk, reread bool, started ti
 	if err != nil {
 		return nil, err
 	}
-	ex.probeWorth(&ok)
+	ex.countProbe(func(p *probeCounts) {
+		if ok {
+			p.found++
+		} else {
+			p.missing++
+		}
+	})
 	if !probeBase(base, ok) {
 		return nil, nil
 	}
@@ -382,9 +402,11 @@ func (ex *execution) probe(ctx context.Context, c Chunk, reread bool, started ti
 	case xerr != nil:
 		return nil, fmt.Errorf("extract: %w", xerr)
 	case p.fp.String() != base.Source:
+		ex.countProbe(func(p *probeCounts) { p.changed++ })
 		ex.logMerges(c, "its source rows changed since its last load")
 		return nil, nil
 	}
+	ex.countProbe(func(p *probeCounts) { p.same++ })
 	sk := &chunkSkip{probed: p.fp.String(), probedRows: p.fp.rows, version: version}
 	if err := ex.confirmVersion(ctx, c, sk, false, started); err != nil {
 		return nil, err

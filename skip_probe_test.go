@@ -250,3 +250,48 @@ func TestProbeSecondExtractionError(t *testing.T) {
 	require.Contains(t, err.Error(), "int:0/3")
 	require.Equal(t, before, read())
 }
+
+// TestProbeStopsWhenMostChunksChanged: a replay in which every chunk
+// changed probes only the first few (probeChangedMost), then extracts
+// each chunk once; every chunk merges its new rows.
+func TestProbeStopsWhenMostChunksChanged(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t)
+	db.MustExec(`CREATE TABLE pm (id bigint PRIMARY KEY, v int)`)
+	var mu sync.Mutex
+	add, extracts, probes := 0, 0, 0
+	x := ExtractorFunc(func(ctx context.Context, c Chunk, w RowWriter) error {
+		mu.Lock()
+		extracts++
+		if _, ok := w.(*probeWriter); ok {
+			probes++
+		}
+		v := add
+		mu.Unlock()
+		for id := c.Lo; id < c.Hi; id++ {
+			if err := w.Write(ctx, id, int(id)+v); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	job := Job{Name: "pm", Chunker: IntRange(0, 40, 2), ChunkColumn: "id", Extractor: x, NewRun: true, Rollback: RollbackNone,
+		Target: Target{Table: "pm", Key: []string{"id"}, Columns: []string{"id", "v"}}}
+	r, err := New(db, &Config{Concurrency: 1, SerialExtract: true})
+	require.NoError(t, err)
+	_, err = r.Run(ctx, job)
+	require.NoError(t, err)
+	mu.Lock()
+	add, extracts, probes = 1, 0, 0
+	mu.Unlock()
+	rep, err := r.Run(ctx, job)
+	require.NoError(t, err)
+	require.Equal(t, int64(40), rep.Counts.Updated)
+	require.Equal(t, 0, rep.ChunksSkipped)
+	require.Equal(t, probeChangedMost, probes)
+	require.Equal(t, 20+probeChangedMost, extracts)
+	var sum int
+	require.NoError(t, db.Get(&sum, `SELECT sum(v - id) FROM pm`))
+	require.Equal(t, 40, sum)
+}
