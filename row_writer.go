@@ -45,7 +45,21 @@ type rowWriter struct {
 	// of the chunk ([chunkStaging]); lines maps staged lines to rows.
 	stagingRejects *stagingRejects
 	lines          stagingLines
+
+	// fp is the source fingerprint of the rows as written (a job with
+	// SkipUnchanged; nil without), summed by Write and Reject; fpState
+	// is the current row's: fpNone, or encoded in fp.buf (fpRaw), or to
+	// be encoded with its converted values (fpMixed).
+	fp      *rawFingerprint
+	fpState uint8
 }
+
+// States of the current row's fingerprint (rowWriter.fpState).
+const (
+	fpNone uint8 = iota
+	fpRaw
+	fpMixed
+)
 
 func newRowWriter(c Chunk, job Job, info TableInfo, st pgstore.RowAdder, maxRejects int, started time.Time) *rowWriter {
 	names := make([]string, len(info.Columns))
@@ -96,6 +110,15 @@ func (w *rowWriter) Write(ctx context.Context, values ...any) error {
 	n := w.info.Written
 	if len(values) != n {
 		return w.extractorBug(values, fmt.Sprintf("wrong number of values: got %d, want %d", len(values), n))
+	}
+	if w.fp != nil {
+		// Before any conversion: the fingerprint is of the values as
+		// written (a probe's, skip_probe.go), added when the row is
+		// staged or rejected (foldRow).
+		w.fpState = fpMixed
+		if w.fp.encodeRaw(values) {
+			w.fpState = fpRaw
+		}
 	}
 	var chunkIn any // the ChunkColumn's value as converted, for inChunk
 	// By index: a Column is large, and copying it per value costs.
@@ -154,6 +177,7 @@ func (w *rowWriter) Write(ctx context.Context, values ...any) error {
 			}
 		}
 	}
+	w.foldRow(values, w.buf)
 	return w.stageRow(ctx, values, w.buf)
 }
 
@@ -200,6 +224,19 @@ func (w *rowWriter) extractorBug(values []any, what string) error {
 	return w.err
 }
 
+// foldRow adds the current row (values as written, converted its
+// converted values, nil for a row rejected before) to the source
+// fingerprint, if it has one pending.
+func (w *rowWriter) foldRow(values, converted []any) {
+	switch w.fpState {
+	case fpRaw:
+		w.fp.add()
+	case fpMixed:
+		w.fp.addMixed(w.info.Columns[:w.info.Written], values, converted)
+	}
+	w.fpState = fpNone
+}
+
 func (w *rowWriter) Reject(ctx context.Context, raw any, column, reason string) error {
 	if err := w.next(); err != nil {
 		return err
@@ -207,7 +244,12 @@ func (w *rowWriter) Reject(ctx context.Context, raw any, column, reason string) 
 	if reason == "" {
 		reason = "rejected by extractor"
 	}
-	return w.reject(pgstore.RawJSON(nil, nil, raw), column, "", reason)
+	js := pgstore.RawJSON(nil, nil, raw)
+	if w.fp != nil {
+		w.fpState = fpNone
+		w.fp.addReject(js, column, reason)
+	}
+	return w.reject(js, column, "", reason)
 }
 
 // maxReasonValue is the most bytes of a value withValue puts in a reason.
@@ -228,6 +270,9 @@ func withValue(reason, shown string) string {
 }
 
 func (w *rowWriter) reject(raw []byte, column, value, reason string) error {
+	// A row Write rejects before staging it: in the fingerprint as
+	// written (its converted values are not all known).
+	w.foldRow(nil, nil)
 	w.rejected++
 	w.exceptions = append(w.exceptions, Exception{ChunkID: w.chunk.ID, Row: w.row, Raw: raw, Column: column, Value: value, Reason: reason})
 	if w.maxRejects > 0 && w.rejected > int64(w.maxRejects) {

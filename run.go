@@ -791,6 +791,9 @@ type execution struct {
 	// found must be extracted although their version was their base's:
 	// their next lease extracts them ([execution.versionMissed]).
 	versionMisses map[int]bool
+	// probes count this call's lookups of a base for a probe and their
+	// probes ([execution.probeWorth]).
+	probes probeCounts
 	// runGate is the run reject gate's failure in this call (nil if
 	// none): the run is paused, or, with a manifest that cannot pause
 	// it, failed.
@@ -1534,6 +1537,18 @@ func (ex *execution) extract(ctx context.Context, cr *chunkRun, h *heldLease) (*
 		return t, nil
 	}
 
+	// A job with SkipUnchanged and a ChunkColumn: a chunk whose base
+	// recorded its rows' fingerprint as written is extracted first only to
+	// fingerprint them ([execution.probe]): unchanged, it is neither
+	// converted nor spooled, and its transaction decides.
+	if sk, err := ex.probe(xctx, c, cr.reread, t.started, version); err != nil {
+		return nil, t.chunkErr(err)
+	} else if sk != nil {
+		t.x = &spooled{skip: sk}
+		cr.span.setRows(sk.probedRows)
+		return t, nil
+	}
+
 	// Extract, outside any transaction, into a spool.
 	if t.x, err = ex.extractSpooled(xctx, c, t.started, version); err != nil {
 		return nil, t.chunkErr(err)
@@ -1700,9 +1715,14 @@ func (ex *execution) trySkip(ctx context.Context, t *chunkTry) (done bool, err e
 	}
 	if t.x.sp == nil {
 		// Not extracted: its version may spare the extraction
-		// ([execution.versionCandidate]). If not, the chunk goes back to be
-		// extracted outside any transaction (runChunk).
-		if skipped, err := ex.skipByVersion(ctx, t); err != nil || skipped {
+		// ([execution.versionCandidate]); or probed as unchanged, not
+		// spooled ([execution.probe]). If not skipped, the chunk goes back
+		// to be extracted outside any transaction (runChunk).
+		skip := ex.skipByVersion
+		if t.x.skip.probed != "" {
+			skip = ex.skipByProbe
+		}
+		if skipped, err := skip(ctx, t); err != nil || skipped {
 			return true, err
 		}
 		return true, errVersionMissed

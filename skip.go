@@ -12,9 +12,11 @@ import (
 // Replays that skip unchanged chunks ([Job.SkipUnchanged]). A chunk is
 // checkpointed without staging or merging when both hold:
 //
-//  1. its converted source rows hash, as a multiset, as at the last load
-//     of the same job, chunk ID and skip key (its base): summed in Go by
-//     the row writer's [pgstore.FingerprintAdder], no round trip;
+//  1. its source rows, as the extractor wrote them (before conversion),
+//     hash as a multiset as at the last load of the same job, chunk ID
+//     and skip key (its base): summed in Go by the row writer, or by a
+//     probe that neither converts nor spools them (skip_probe.go), no
+//     round trip;
 //  2. its target rows (within its ChunkColumn bounds, or of its
 //     identities without one) hash as the base recorded after its merge,
 //     read in the chunk's transaction, after the claim or the fence.

@@ -221,8 +221,13 @@ func parseCount(s string) int64 {
 // chunkSkip is what a chunk of a job with SkipUnchanged carries from
 // its extraction to its checkpoint.
 type chunkSkip struct {
-	// source is the fingerprint of the rows the extraction spooled.
-	source *pgstore.ChunkFingerprint
+	// source is the fingerprint of the rows the extraction spooled, as
+	// written (skip_probe.go).
+	source *rawFingerprint
+	// probed is the fingerprint of a chunk probed as unchanged, not
+	// spooled ([execution.probe]), of probedRows rows ("" for none).
+	probed     string
+	probedRows int64
 	// record is what the checkpoint records (zero: nothing).
 	record backfilldriver.ChunkFingerprints
 	// version is the chunk's source version ([ChunkVersioner]), read
@@ -231,16 +236,16 @@ type chunkSkip struct {
 	version string
 }
 
-// skipAdder returns where a row writer of chunk c puts its rows for a
-// spool sp: sp itself, or, for a job with SkipUnchanged, sp behind a
-// pgstore.FingerprintAdder, whose fingerprint the chunkSkip returned carries
-// (nil without the option).
-func (ex *execution) skipAdder(sp *spool.Spool, info TableInfo) (pgstore.RowAdder, *chunkSkip) {
+// skipFingerprint returns, for a row writer of chunk c of a job with
+// SkipUnchanged, the source fingerprint it sums (of the values written,
+// before their conversion) and the chunkSkip that carries it; nil
+// without the option.
+func (ex *execution) skipFingerprint(info TableInfo) (*rawFingerprint, *chunkSkip) {
 	if !ex.job.SkipUnchanged {
-		return sp, nil
+		return nil, nil
 	}
-	fa := &pgstore.FingerprintAdder{Cols: info.Columns[:info.Written], Next: sp}
-	return fa, &chunkSkip{source: &fa.Fp}
+	fp := &rawFingerprint{context: rawContext(ex.job, info)}
+	return fp, &chunkSkip{source: fp}
 }
 
 // extractSpooled extracts chunk c into a spool, outside any transaction
@@ -252,11 +257,13 @@ func (ex *execution) skipAdder(sp *spool.Spool, info TableInfo) (pgstore.RowAdde
 // with its fingerprints.
 func (ex *execution) extractSpooled(ctx context.Context, c Chunk, started time.Time, version string) (*spooled, error) {
 	sp := &spool.Spool{}
-	add, sk := ex.skipAdder(sp, ex.chunkInfo(ex.info, c))
+	info := ex.chunkInfo(ex.info, c)
+	fp, sk := ex.skipFingerprint(info)
 	if sk != nil {
 		sk.version = version
 	}
-	w := newRowWriter(c, ex.job, ex.chunkInfo(ex.info, c), add, ex.r.cfg.MaxRejectsPerChunk, started)
+	w := newRowWriter(c, ex.job, info, sp, ex.r.cfg.MaxRejectsPerChunk, started)
+	w.fp = fp
 	xerr := extractSafely(ctx, ex.job.Extractor, c, w)
 	w.closed = true
 	switch {
@@ -410,7 +417,13 @@ func (ex *execution) checkpointSkipped(ctx context.Context, t *chunkTry, sc skip
 func (ex *execution) recordAfterMerge(ctx context.Context, t *chunkTry, sk *chunkSkip, w *rowWriter, stager backfilldriver.Stager, mr backfilltype.MergeResult) error {
 	tx, info, c := t.tx, t.info, t.c
 	staged := w.read - w.rejected
-	if len(mr.Rejected) > 0 || mr.Deduplicated > 0 || mr.Inserted+mr.Updated+mr.Unchanged != staged || sk.source.Rows != staged {
+	// The source fingerprint stands for every row the extraction read
+	// (t.x.w), the rows it rejected included; a row refused by the
+	// staging (w's rejects beyond the extraction's) is not decided by
+	// the values written alone, so the chunk records none.
+	x := t.x.w
+	if len(mr.Rejected) > 0 || mr.Deduplicated > 0 || mr.Inserted+mr.Updated+mr.Unchanged != staged ||
+		sk.source == nil || sk.source.rows != x.read || w.rejected != x.rejected || sk.source.String() == "" {
 		return nil
 	}
 	st, ok := stager.(backfilldriver.StagingTabler)

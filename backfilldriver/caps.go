@@ -229,7 +229,7 @@ type ManifestSkips interface {
 }
 
 // ChunkFingerprints are the fingerprints a load recorded for one chunk
-// ([ManifestSkips]): of the chunk's converted source rows, and of its
+// ([ManifestSkips]): of the chunk's source rows, and of its
 // target rows after the merge, as opaque text ("" for none).
 type ChunkFingerprints struct {
 	// BatchID is the batch whose checkpoint recorded them (set by
