@@ -241,6 +241,7 @@ func checkLoaded(t *testing.T, f *fixture, r *backfill.Runner, batch int64, tabl
 // run nor its River jobs; a committed one both, one job per chunk; a
 // second Enqueue of the same run inserts nothing.
 func TestEnqueueInOneTransaction(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	r, err := backfill.New(f.db, runnerConfig())
 	require.NoError(t, err)
@@ -273,6 +274,7 @@ func TestEnqueueInOneTransaction(t *testing.T) {
 // TestRiverRunEqualsPlainRun: two River clients (two workers each) run a
 // run's chunks; the target equals a plain Run's.
 func TestRiverRunEqualsPlainRun(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	r, err := backfill.New(f.db, runnerConfig())
 	require.NoError(t, err)
@@ -407,6 +409,7 @@ func waitRescued(t *testing.T, f *fixture, seq int) {
 // every row once, the target equal to a plain Run's, every River job
 // completed.
 func TestKill9RiverWorkerMidChunk(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	r, err := backfill.New(f.db, runnerConfig())
 	require.NoError(t, err)
@@ -445,6 +448,7 @@ func TestKill9RiverWorkerMidChunk(t *testing.T) {
 // cancelled in River; enqueueing the run again inserts a job for that
 // chunk only, and the run completes equal to a plain Run.
 func TestRiverJobCancelledMidChunk(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	r, err := backfill.New(f.db, runnerConfig())
 	require.NoError(t, err)
@@ -504,6 +508,7 @@ func TestRiverJobCancelledMidChunk(t *testing.T) {
 // run: the jobs snooze and load nothing more; resumed with
 // backfill.resume, the run completes equal to a plain Run.
 func TestPauseFromSQL(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	r, err := backfill.New(f.db, runnerConfig())
 	require.NoError(t, err)
@@ -548,6 +553,7 @@ func TestPauseFromSQL(t *testing.T) {
 // slow worker then tries to commit, and cannot. The chunk is merged once,
 // by the other worker, and every River job ends completed.
 func TestRescueWhileWorkerAlive(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	r, err := backfill.New(f.db, runnerConfig())
 	require.NoError(t, err)
@@ -574,6 +580,7 @@ func TestRescueWhileWorkerAlive(t *testing.T) {
 // (fencing) and loads the chunk. The frozen worker, thawed, cannot
 // commit: the chunk is merged once.
 func TestRescueFrozenWorker(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	r, err := backfill.New(f.db, runnerConfig())
 	require.NoError(t, err)
