@@ -183,7 +183,7 @@ func (ex *execution) applyControl(ctx context.Context, st backfilltype.ControlSt
 // otherwise, or ctx is done.
 func (ex *execution) waitResumed(ctx context.Context) bool {
 	cm := ex.r.caps.control
-	if cm == nil || ex.ctl == nil || ex.haltedAs() != RunPaused || ctx.Err() != nil {
+	if cm == nil || ex.ctl == nil || ex.haltedAs() != RunPaused || ctx.Err() != nil || ex.r.draining.Load() {
 		return false
 	}
 	ex.mu.Lock()
@@ -230,6 +230,8 @@ func (ex *execution) waitResumed(ctx context.Context) bool {
 		}
 		select {
 		case <-ctx.Done():
+			return false
+		case <-ex.r.drained:
 			return false
 		case <-wake:
 		case <-time.After(ex.r.cfg.throttleInterval()):

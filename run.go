@@ -48,6 +48,29 @@ type Runner struct {
 	// noSkipLogged holds the jobs (by name) whose default skipping of
 	// unchanged chunks was found impossible and logged ([Runner.skipMode]).
 	noSkipLogged sync.Map
+	// draining: [Runner.Drain] was called; every call stops claiming.
+	// drained is closed then, waking the calls that wait.
+	draining atomic.Bool
+	drained  chan struct{}
+}
+
+// Drain makes every call of r (Run, Work, Resume, a waiting paused call)
+// stop claiming chunks, for a process that shuts down without stopping the
+// run: the chunks already claimed finish (extracted, merged and
+// checkpointed, or rolled back if they fail, as always), and each call
+// returns once they are done, with the run left running for the other
+// workers. A call ended so returns the run's report with an error
+// wrapping [ErrRunIncomplete] (Work: ExitTempFail, 75). It does not wait
+// and cannot be undone: r claims nothing more. To bound the time, cancel
+// the calls' context after a grace period; the chunks still in flight then
+// roll back.
+func (r *Runner) Drain() {
+	if !r.draining.Swap(true) {
+		if r.drained != nil {
+			close(r.drained)
+		}
+		r.cfg.Logger.Info("backfill: draining: no more chunks are claimed; the chunks in flight finish")
+	}
 }
 
 // New returns a Runner on a PostgreSQL database. cfg may be nil (all
@@ -120,7 +143,7 @@ func NewWithDB(db DB, cfg *Config) (*Runner, error) {
 		pd.Settings, pd.Log = &ts, c.Logger
 		db = pd
 	}
-	return &Runner{db: db, cfg: c, caps: caps, tracers: resolveTracers(c.Tracer)}, nil
+	return &Runner{db: db, cfg: c, caps: caps, tracers: resolveTracers(c.Tracer), drained: make(chan struct{})}, nil
 }
 
 func (c *Config) validate() error {
@@ -223,7 +246,7 @@ func (r *Runner) runTraced(ctx context.Context, job Job, wait bool) (Report, err
 			}
 			// Resumed already (an operator resumed the run before this
 			// call ended): the new call works on at once.
-			if !wait || r.caps.control == nil || ctx.Err() != nil || !pausedByGate || (rep.Status != RunPaused && rep.Status != RunRunning) {
+			if !wait || r.caps.control == nil || ctx.Err() != nil || r.draining.Load() || !pausedByGate || (rep.Status != RunPaused && rep.Status != RunRunning) {
 				return rep, err
 			}
 			r.cfg.Logger.Warn("backfill: run paused while this call worked: this worker waits for it to be resumed", "job", job.Name, "batch_id", rep.BatchID, "reason", err)
@@ -951,7 +974,7 @@ func (ex *execution) work(ctx context.Context) {
 // slot's pipe (nil: none).
 func (ex *execution) workSlot(gctx context.Context, i int, p *chunkPipe) {
 	var ws waitState
-	for !ex.stopped() {
+	for !ex.stopped() && !ex.r.draining.Load() {
 		if gctx.Err() != nil {
 			if !ex.cancelled() {
 				ex.fail(nil, gctx.Err())
@@ -1037,6 +1060,9 @@ func (ex *execution) next(ctx context.Context, ws *waitState, p *chunkPipe) bool
 		return ex.chunkDone(ctx, cr.res, cr.fresh, cr.turn)
 	}
 	// tryNone or tryClaimed: nothing claimed, or an error.
+	if err == nil && ex.r.draining.Load() {
+		return false
+	}
 	if err == nil {
 		return ex.noneClaimed(ctx, ws)
 	}
@@ -1389,6 +1415,10 @@ func (ex *execution) runChunk(ctx context.Context, p *chunkPipe) (cr chunkRun, e
 		// for the stage: the slot's other goroutine held it, and this
 		// one must not lease a chunk the knob no longer allows.
 		cr.outcome = tryParked
+		return cr, nil
+	}
+	if ex.r.draining.Load() {
+		// Draining (Runner.Drain): no lease more; the chunks claimed go on.
 		return cr, nil
 	}
 	h, err := ex.lease(ctx, &cr)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -149,4 +150,72 @@ func TestStoppedWhilePausedSaysSo(t *testing.T) {
 	require.ErrorIs(t, res.err, context.Canceled)
 	require.Contains(t, res.err.Error(), "this call waited while the run was paused and stopped as its context ended (context canceled); the run stays paused: resume it with SELECT")
 	require.NotContains(t, res.err.Error(), "WaitWhilePaused")
+}
+
+// TestDrainFinishesChunksInFlight: Drain stops a worker from claiming
+// chunks; the chunk in flight (held in its extraction when Drain is
+// called) is merged and checkpointed, nothing else is leased, and Work
+// returns ExitTempFail with the run running, which another worker then
+// completes. A worker that waits while the run is paused returns at once.
+func TestDrainFinishesChunksInFlight(t *testing.T) {
+	t.Parallel()
+	db := liveDB(t)
+	r := liveRunner(t, db, "w1", nil)
+	inFlight, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	codes := make(chan ExitCode, 1)
+	go func() {
+		codes <- Work(context.Background(), r, liveJob(func(c Chunk) {
+			if c.Seq == 2 {
+				once.Do(func() { close(inFlight); <-release })
+			}
+		}))
+	}()
+	testwait.Recv(t, "chunk 2 in flight", inFlight)
+	r.Drain()
+	r.Drain() // idempotent
+	close(release)
+	require.Equal(t, ExitTempFail, testwait.Recv(t, "Work's exit code after Drain", codes))
+	st := chunkStatuses(t, db)
+	require.Equal(t, 3, st["done"], "the chunk in flight finished: %v", st)
+	require.Equal(t, liveChunks-3, st["pending"], "%v", st)
+	var leased int
+	require.NoError(t, db.Get(&leased, `SELECT count(*) FROM backfill.chunks WHERE lease_key IS NOT NULL`))
+	require.Zero(t, leased, "nothing stays leased")
+	var status string
+	require.NoError(t, db.Get(&status, `SELECT status FROM backfill.runs`))
+	require.Equal(t, "running", status)
+
+	// Another worker completes the run; a drained one claims nothing.
+	rep, err := r.Run(context.Background(), liveJob(nil))
+	require.ErrorIs(t, err, ErrRunIncomplete)
+	require.Zero(t, rep.ChunksRun)
+	r2 := liveRunner(t, db, "w2", nil)
+	require.Equal(t, ExitDone, Work(context.Background(), r2, liveJob(nil)))
+
+	// A worker waiting while a run is paused returns when drained.
+	db2 := liveDB(t)
+	r3 := liveRunner(t, db2, "w3", nil)
+	var paused sync.Once
+	var pausedDone atomic.Bool
+	go func() {
+		codes <- Work(context.Background(), r3, liveJob(func(c Chunk) {
+			if c.Seq == 1 {
+				paused.Do(func() {
+					_, err := db2.Exec(`SELECT backfill.pause((SELECT max(batch_id) FROM backfill.runs), 'ann', 'maintenance')`)
+					require.NoError(t, err)
+					pausedDone.Store(true)
+				})
+			}
+		}))
+	}()
+	testwait.Until(t, "the run is paused", pausedDone.Load)
+	testwait.Until(t, "the worker waits while the run is paused", func() bool {
+		var n int
+		require.NoError(t, db2.Get(&n, `SELECT count(*) FROM backfill.runs r WHERE r.status = 'paused'
+			AND NOT EXISTS (SELECT 1 FROM backfill.chunks c WHERE c.batch_id = r.batch_id AND c.lease_key IS NOT NULL)`))
+		return n == 1
+	})
+	r3.Drain()
+	require.Equal(t, ExitTempFail, testwait.Recv(t, "the paused worker's exit code after Drain", codes))
 }
