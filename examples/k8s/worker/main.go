@@ -22,12 +22,15 @@
 // server or from PgBouncer.
 //
 // SIGTERM (the kubelet's, when the pod is deleted, evicted or the Job
-// suspended) cancels the context: the chunks in flight roll back and
-// stay pending, the leases are released, the worker is marked finished
-// and Work returns ExitTempFail (75). This pod alone stops; the run goes
-// on with the other pods. It deliberately does not use
-// Runner.PauseOnSignal, whose first signal pauses the run for every
-// worker of every pod.
+// suspended) drains the worker (Runner.Drain): it claims no more chunks,
+// the chunks it claimed finish (merged and checkpointed), the worker is
+// marked finished and Work returns ExitTempFail (75). Past
+// BACKFILL_DRAIN_GRACE (default 30s, below the pod's
+// terminationGracePeriodSeconds), or at a second signal, it cancels the
+// context: the chunks still in flight roll back and stay pending. This pod
+// alone stops; the run goes on with the other pods. It deliberately does
+// not use Runner.PauseOnSignal, whose first signal pauses the run for
+// every worker of every pod.
 package main
 
 import (
@@ -38,6 +41,7 @@ import (
 	"os"
 	"os/signal"
 	"strconv"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -57,7 +61,12 @@ const (
 	envChunkRows    = "BACKFILL_CHUNK_ROWS"
 	envConcurrency  = "BACKFILL_CONCURRENCY"
 	envExtractDelay = "BACKFILL_EXTRACT_DELAY"
+	envDrainGrace   = "BACKFILL_DRAIN_GRACE"
 )
+
+// defaultDrainGrace is how long a worker told to stop lets its chunks in
+// flight finish before it rolls them back.
+const defaultDrainGrace = 30 * time.Second
 
 // codeVersion is the version of the demo job's transformation, part of
 // its plan fingerprint: bump it when the rows a chunk produces change.
@@ -70,9 +79,39 @@ func main() { os.Exit(int(runMain())) }
 // context.
 func runMain() backfill.ExitCode {
 	log := slog.New(slog.NewJSONHandler(os.Stderr, nil))
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
-	defer stop()
-	return work(ctx, os.Getenv, log)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	grace := defaultDrainGrace
+	if v := os.Getenv(envDrainGrace); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d < 0 {
+			log.Error("backfill worker: bad setting", "error", fmt.Sprintf("%s=%q: want a duration such as 30s", envDrainGrace, v), "exit_code", int(backfill.ExitUsage))
+			return backfill.ExitUsage
+		}
+		grace = d
+	}
+	var runner atomic.Pointer[backfill.Runner]
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, syscall.SIGTERM, os.Interrupt)
+	defer signal.Stop(sigs)
+	go func() {
+		sig := <-sigs
+		r := runner.Load()
+		if r == nil {
+			cancel()
+			return
+		}
+		// Stop claiming; let the chunks in flight finish within the grace.
+		log.Info("backfill worker: stopping: draining", "signal", sig.String(), "grace", grace)
+		r.Drain()
+		select {
+		case <-sigs:
+		case <-time.After(grace):
+		case <-ctx.Done():
+		}
+		cancel()
+	}()
+	return work(ctx, os.Getenv, log, runner.Store)
 }
 
 // settings are the worker's parameters, read from the environment.
@@ -131,8 +170,9 @@ func readSettings(getenv func(string) string) (settings, error) {
 func poolSize(concurrency int) int { return 2*concurrency + 2 }
 
 // work runs the demo job as one worker and returns backfill.Work's exit
-// code; a bad setting is ExitUsage, like a bad job.
-func work(ctx context.Context, getenv func(string) string, log *slog.Logger) backfill.ExitCode {
+// code; a bad setting is ExitUsage, like a bad job. started, if not nil,
+// gets the Runner before Work starts (to drain it on a signal).
+func work(ctx context.Context, getenv func(string) string, log *slog.Logger, started func(*backfill.Runner)) backfill.ExitCode {
 	s, err := readSettings(getenv)
 	if err != nil {
 		log.Error("backfill worker: bad setting", "error", err, "exit_code", int(backfill.ExitUsage))
@@ -149,6 +189,9 @@ func work(ctx context.Context, getenv func(string) string, log *slog.Logger) bac
 	if err != nil {
 		log.Error("backfill worker: configuration", "error", err, "exit_code", int(backfill.ExitUsage))
 		return backfill.ExitUsage
+	}
+	if started != nil {
+		started(runner)
 	}
 	return backfill.Work(ctx, runner, demoJob(s))
 }
