@@ -238,11 +238,17 @@ type Job struct {
 	// a restatement in which few chunks changed) skip the staging and
 	// merge of a chunk whose rows did not change since its last load (its
 	// base: the newest done chunk of the same job, chunk ID and skip key,
-	// in a batch not rolled back). Every chunk is still extracted into a
-	// spool (unless a [ChunkVersioner] spares it); it is skipped when the
-	// multiset hashes of its converted rows and of its target rows (within
-	// its ChunkColumn bounds, else of its identities) equal the base's,
-	// wrongly only with a probability of about 2^-64. A skipped chunk
+	// in a batch not rolled back). Every chunk is still extracted (unless
+	// a [ChunkVersioner] spares it); it is skipped when the multiset hashes
+	// of its rows and of its target rows (within its ChunkColumn bounds,
+	// else of its identities) equal the base's, wrongly only with a
+	// probability of about 2^-64. With a ChunkColumn, a chunk whose base
+	// recorded the hash of its values as written is first extracted
+	// through a writer that only hashes them; a chunk found changed is
+	// then extracted a second time to be staged and merged (the extractor
+	// runs twice for it: it must be repeatable, as for any retry), and a
+	// call stops probing once most of its probes found their chunk
+	// changed. Other chunks are extracted once, into a spool. A skipped chunk
 	// writes no target row, lineage or undo entry, counts its rows as read,
 	// rejected or unchanged, sets [backfilltype.ChunkResult.Skipped], and its
 	// staging-versus-target validators pass, proven by the fingerprints.

@@ -513,11 +513,12 @@ unique index on the key ([ErrNoUniqueKey] otherwise).
 A replay of an eligible job (by default; see [Job.SkipUnchanged] and
 [Job.MergeEveryChunk]) compares fingerprints instead of staging and
 merging every row: the chunk's rows are
-extracted into a spool, and when their multiset hash and that of the
-target rows within the chunk's [Job.ChunkColumn] bounds equal what the
-chunk's last load recorded with its checkpoint, the chunk is checkpointed
-unchanged without staging or merging; otherwise the spool is staged and
-merged as always. See [Job.SkipUnchanged] for the jobs it applies to and
+extracted (hashed as written, or into a spool), and when their multiset
+hash and that of the target rows within the chunk's [Job.ChunkColumn]
+bounds equal what the chunk's last load recorded with its checkpoint, the
+chunk is checkpointed unchanged without staging or merging; otherwise it
+is staged and merged as always (a chunk that was only hashed is extracted
+a second time for that). See [Job.SkipUnchanged] for the jobs it applies to and
 what a skipped chunk records.
 
 # Identity first: merge modes

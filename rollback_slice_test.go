@@ -70,7 +70,7 @@ func TestRollbackSliceRefusesARowChangedMidRollback(t *testing.T) {
 	require.Equal(t, backfill.RunCompleted, st.Status)
 	require.Equal(t, 8, st.Chunks.RolledBack)
 	require.Contains(t, st.Waiting, "a rollback of this batch started ")
-	require.Contains(t, st.Waiting, "(ann: bad) did not finish: 8 of 10 chunks rolled back")
+	require.Contains(t, st.Waiting, "(ann: bad) did not finish: 8 of 10 chunks marked rolled back")
 	require.Contains(t, st.Waiting, fmt.Sprintf("backfill rollback --batch %d", rep2.BatchID))
 	// The other job's batch, not rolled back, says nothing of it.
 	other, err := r.StatusOf(ctx, later.BatchID)

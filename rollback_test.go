@@ -247,7 +247,7 @@ func TestKillDashNineDuringRollback(t *testing.T) {
 	// An operator sees the batch partly rolled back, not simply completed.
 	st, err := r.StatusOf(ctx, 2)
 	require.NoError(t, err)
-	require.Contains(t, st.Waiting, fmt.Sprintf("did not finish: %d of 10 chunks rolled back", rolled))
+	require.Contains(t, st.Waiting, fmt.Sprintf("did not finish: %d of 10 chunks marked rolled back", rolled))
 	rep, err := r.Rollback(ctx, itemsJob("items", nil), backfill.RollbackOptions{BatchID: 2, Actor: "ops", Why: "finish"})
 	require.NoError(t, err)
 	require.Equal(t, 10-rolled, rep.Chunks)

@@ -46,7 +46,7 @@ func (s *selection) args(name string) cobra.PositionalArgs {
 // flags adds --job and --batch to f.
 func (s *selection) flags(f *pflag.FlagSet) {
 	f.StringVar(&s.job, "job", "", "the job whose latest run to show")
-	f.Int64Var(&s.batch, "batch", 0, "the batch ID of the run to show (see \"backfill runs\")")
+	f.Int64Var(&s.batch, "batch", 0, "the batch ID of the run (see \"backfill runs\")")
 }
 
 // check refuses a selection that names no run, or a bad batch ID.

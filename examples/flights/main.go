@@ -48,12 +48,16 @@ const (
 	airportsFile = "airports.csv"
 )
 
-// schemaDDL creates the target tables; it is idempotent.
+// schemaDDL creates the target tables; it is idempotent, and safe in two
+// processes started at once: sent as one simple query it runs in one
+// transaction, which first takes a transaction-level advisory lock (CREATE
+// TABLE IF NOT EXISTS alone races on the catalog's unique index).
 //
 // There is deliberately no foreign key from flights to airports: a flight
 // whose airport is missing from airports.csv must still load (the summary
 // counts such rows instead).
 const schemaDDL = `
+SELECT pg_advisory_xact_lock(hashtext('backfill flights demo DDL'));
 CREATE TABLE IF NOT EXISTS airports (
 	iata      varchar(4)       PRIMARY KEY,
 	name      text             NOT NULL,

@@ -276,7 +276,7 @@ func (m *Manifest) applyETA(s *backfilltype.Status, r statusRow, in etaInputs) {
 		if rb.Why != "" {
 			who += ": " + rb.Why
 		}
-		s.Waiting = fmt.Sprintf("a rollback of this batch started %s (%s) did not finish: %d of %d chunks rolled back; the others are as the run left them: run it again to finish it (backfill rollback%s --batch %d --why WHY, or Runner.RollbackBatch)",
+		s.Waiting = fmt.Sprintf("a rollback of this batch started %s (%s) did not finish: %d of %d chunks marked rolled back (the rows they updated restored), the others as the run left them, and the rows the batch inserted stay until the rollback's last step deletes them: run it again to finish it (backfill rollback%s --batch %d --why WHY, or Runner.RollbackBatch)",
 			rb.CreatedAt.UTC().Format("2006-01-02 15:04:05Z"), who, s.Chunks.RolledBack, s.Chunks.Total, quote.SchemaFlag(m.Schema()), s.BatchID)
 		return
 	}
