@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/pgbackfill/backfill/internal/testwait"
 	"os"
 	"strings"
 	"sync"
@@ -487,4 +488,54 @@ func TestStatusCountersNeverDecrease(t *testing.T) {
 			prev = s
 		}
 	})
+}
+
+// TestStatusShowsLockWaits: a chunk's transaction that waits for a lock
+// another session holds on the target is listed in Status.LockWaits with
+// the session that blocks it (its pid and query), and in the status text;
+// once the lock is released the run completes and nothing waits.
+func TestStatusShowsLockWaits(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := liveDB(t)
+	r, err := New(db, &Config{WorkerID: "w", LockTimeout: time.Minute, SerialExtract: true})
+	require.NoError(t, err)
+	locker, err := db.Connx(ctx)
+	require.NoError(t, err)
+	defer locker.Close()
+	var lockerPID int
+	require.NoError(t, locker.GetContext(ctx, &lockerPID, `SELECT pg_backend_pid()`))
+	locked := make(chan struct{})
+	var once sync.Once
+	done := goRun(ctx, r, liveJob(func(c Chunk) {
+		if c.Seq == 1 {
+			once.Do(func() {
+				_, err := locker.ExecContext(ctx, `BEGIN; LOCK TABLE live IN ACCESS EXCLUSIVE MODE`)
+				require.NoError(t, err)
+				close(locked)
+			})
+		}
+	}))
+	<-locked
+	var batch int64
+	require.NoError(t, db.Get(&batch, `SELECT max(batch_id) FROM backfill.runs`))
+	var st Status
+	testwait.Until(t, "the chunk's transaction waits for the lock, in Status", func() bool {
+		st, err = r.StatusOf(ctx, batch)
+		require.NoError(t, err)
+		return len(st.LockWaits) > 0
+	})
+	w := st.LockWaits[0]
+	require.Equal(t, "w", w.WorkerID)
+	require.Equal(t, lockerPID, w.BlockerPID)
+	require.Contains(t, w.BlockerQuery, "LOCK TABLE live")
+	require.Equal(t, "relation", w.WaitEvent)
+	require.Contains(t, st.String(), fmt.Sprintf("blocked by backend %d", lockerPID))
+	_, err = locker.ExecContext(ctx, `COMMIT`)
+	require.NoError(t, err)
+	res := testwait.Recv(t, "the run once the lock is released", done)
+	require.NoError(t, res.err)
+	st, err = r.StatusOf(ctx, batch)
+	require.NoError(t, err)
+	require.Empty(t, st.LockWaits)
 }

@@ -113,6 +113,37 @@ type Status struct {
 	// [EventSignalInert] is not followed by an [EventSignalObserves].
 	// Empty when every signal observes what it guards.
 	ThrottleWarnings []ThrottleWarning `json:"throttle_warnings,omitempty"`
+	// LockWaits lists the sessions of the run's live workers that wait
+	// for a lock now (a chunk's transaction behind another session's
+	// lock on the target, a manifest table), longest first, each with the
+	// session that blocks it. Empty when none waits.
+	LockWaits []LockWait `json:"lock_waits,omitempty"`
+}
+
+// LockWait is a session of a worker waiting for a lock
+// ([Status.LockWaits]), read from pg_stat_activity and
+// pg_blocking_pids: what a role without pg_read_all_stats may not see of
+// another role's session reads "<insufficient privilege>" or is empty.
+type LockWait struct {
+	// WorkerID, Host and PID name the waiting worker; BackendPID its
+	// session.
+	WorkerID   string `json:"worker_id"`
+	Host       string `json:"host"`
+	PID        int    `json:"pid"`
+	BackendPID int    `json:"backend_pid"`
+	// WaitEvent is the lock's kind (pg_stat_activity.wait_event:
+	// relation, tuple, transactionid, advisory...); Seconds how long the
+	// session has waited, by the server's clock.
+	WaitEvent string  `json:"wait_event"`
+	Seconds   float64 `json:"seconds"`
+	// BlockerPID is the first session blocking it (0: none seen, the
+	// lock just granted), with its application_name, user, state and
+	// query (its first 200 characters).
+	BlockerPID   int    `json:"blocker_pid"`
+	BlockerApp   string `json:"blocker_app"`
+	BlockerUser  string `json:"blocker_user"`
+	BlockerState string `json:"blocker_state"`
+	BlockerQuery string `json:"blocker_query"`
 }
 
 // ThrottleWarning is a throttle signal that guards nothing
@@ -259,6 +290,14 @@ func (s Status) String() string {
 		eta, (time.Duration(t.TotalSeconds * float64(time.Second))).Round(time.Second), pct(t.ThrottledSeconds), pct(t.PausedSeconds), pct(t.IdleSeconds))
 	for _, w := range s.ThrottleWarnings {
 		fmt.Fprintf(&b, "\nwarning: throttle signal %s guards nothing since %s: %s", shown(w.Signal), w.Since.UTC().Format("2006-01-02 15:04:05Z"), shown(w.Why))
+	}
+	for _, w := range s.LockWaits {
+		fmt.Fprintf(&b, "\nwaiting for a lock (%s) %s: worker %s on %s pid %d (backend %d)", shown(w.WaitEvent),
+			time.Duration(w.Seconds*float64(time.Second)).Round(time.Second), shown(w.WorkerID), shown(w.Host), w.PID, w.BackendPID)
+		if w.BlockerPID != 0 {
+			fmt.Fprintf(&b, ", blocked by backend %d (%s, user %s, %s): %s", w.BlockerPID, shown(w.BlockerApp), shown(w.BlockerUser), shown(w.BlockerState),
+				oneLine(textcap.ClipMiddle(w.BlockerQuery, 120, 60, "…")))
+		}
 	}
 	if n := len(s.InFlight); n > 0 {
 		b.WriteString("\nin flight:")

@@ -36,6 +36,9 @@ work of every process:
   ETA does not foresee; a paused, cancelled, failed or dead run, or one
   held by a throttle, shows no ETA but what it waits for and how to end
   the wait;
+- the workers' sessions waiting for a lock now (a chunk's merge behind a
+  LOCK TABLE, say), each with the session that blocks it: its pid,
+  application, user, state and query;
 - the chunks in flight with their worker, host, pid and age;
 - the exception queue by reason and column.
 

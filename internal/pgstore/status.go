@@ -104,6 +104,7 @@ func (m *Manifest) Status(ctx context.Context, db sqlx.ExtContext, batchID int64
 		inFlightJS string
 		exJS       string
 		warnJS     string
+		waitsJS    string
 		in         etaInputs
 	)
 	err := SnapshotReadTx(ctx, db, func(tx sqlx.ExtContext) error {
@@ -139,7 +140,8 @@ func (m *Manifest) Status(ctx context.Context, db sqlx.ExtContext, batchID int64
 			coalesce((SELECT json_agg(x ORDER BY x.count DESC, x.reason, x.column) FROM (
 				SELECT reason, column_name AS column, sum(n) AS count FROM {s}.exception_counts
 				WHERE batch_id = $1 GROUP BY reason, column_name) x), '[]')::text,
-			`+throttleWarningsSQL), batchID).Scan(&inFlightJS, &exJS, &warnJS)
+			`+throttleWarningsSQL+`,
+			`+lockWaitsSQL), batchID).Scan(&inFlightJS, &exJS, &warnJS, &waitsJS)
 	})
 	if err != nil {
 		return backfilltype.Status{}, fmt.Errorf("backfill: status of batch %d: %w", batchID, m.readDenied(ctx, db, err))
@@ -200,6 +202,12 @@ func (m *Manifest) Status(ctx context.Context, db sqlx.ExtContext, batchID int64
 	}
 	if len(s.ThrottleWarnings) == 0 {
 		s.ThrottleWarnings = nil
+	}
+	if err := json.Unmarshal([]byte(waitsJS), &s.LockWaits); err != nil {
+		return backfilltype.Status{}, fmt.Errorf("backfill: status of batch %d: lock waits: %w", batchID, err)
+	}
+	if len(s.LockWaits) == 0 {
+		s.LockWaits = nil
 	}
 	if err := json.Unmarshal([]byte(in.KnobsJS), &in.knobs); err != nil {
 		return backfilltype.Status{}, fmt.Errorf("backfill: status of batch %d: knobs: %w", batchID, err)
@@ -363,3 +371,19 @@ func (m *Manifest) applyETA(s *backfilltype.Status, r statusRow, in etaInputs) {
 	eta := *r.RemainingRows / v
 	s.ETASeconds, s.ETARate, s.ETABasis = &eta, &v, basis
 }
+
+// lockWaitsSQL lists, as JSON, the sessions of the live workers of run $1
+// that wait for a lock now (backfilltype.Status.LockWaits): a chunk's
+// transaction sets its application_name to "backfill <worker key> ...",
+// and a worker's other sessions carry its key the same way. Blockers are
+// asked of pg_blocking_pids only for the waiting sessions.
+const lockWaitsSQL = `coalesce((SELECT json_agg(json_build_object('worker_id', x.worker_id, 'host', x.host, 'pid', x.os_pid,
+				'backend_pid', x.pid, 'wait_event', x.wait_event, 'seconds', x.seconds, 'blocker_pid', coalesce(b.pid, 0),
+				'blocker_app', coalesce(b.application_name, ''), 'blocker_user', coalesce(b.usename::text, ''),
+				'blocker_state', coalesce(b.state, ''), 'blocker_query', coalesce(left(b.query, 200), ''))
+				ORDER BY x.seconds DESC, x.pid) FROM (
+				SELECT w.worker_id, w.host, w.pid AS os_pid, a.pid, coalesce(a.wait_event, '') AS wait_event,
+					extract(epoch FROM now() - a.state_change)::float8 AS seconds, (pg_blocking_pids(a.pid))[1] AS blocker
+				FROM {s}.workers w JOIN pg_stat_activity a ON a.application_name LIKE 'backfill ' || w.worker_key || ' %'
+				WHERE w.batch_id = $1 AND w.finished_at IS NULL AND a.wait_event_type = 'Lock') x
+				LEFT JOIN pg_stat_activity b ON b.pid = x.blocker), '[]')::text`
