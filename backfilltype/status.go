@@ -121,9 +121,13 @@ type Status struct {
 }
 
 // LockWait is a session of a worker waiting for a lock
-// ([Status.LockWaits]), read from pg_stat_activity and
-// pg_blocking_pids: what a role without pg_read_all_stats may not see of
-// another role's session reads "<insufficient privilege>" or is empty.
+// ([Status.LockWaits]), read from pg_stat_activity, pg_locks and
+// pg_blocking_pids. PostgreSQL shows the wait of another role's session
+// only to a member of pg_read_all_stats (or a superuser): an operator
+// role without it sees no lock wait of the loader's sessions, and a
+// blocker's query reads "<insufficient privilege>". A chunk between two
+// tries of a lock wait (rolled back, pausing before the next) is not
+// waiting at that moment: the HTML report lists every recorded wait.
 type LockWait struct {
 	// WorkerID, Host and PID name the waiting worker; BackendPID its
 	// session.
@@ -133,7 +137,8 @@ type LockWait struct {
 	BackendPID int    `json:"backend_pid"`
 	// WaitEvent is the lock's kind (pg_stat_activity.wait_event:
 	// relation, tuple, transactionid, advisory...); Seconds how long the
-	// session has waited, by the server's clock.
+	// session has waited for it (pg_locks.waitstart), by the server's
+	// clock.
 	WaitEvent string  `json:"wait_event"`
 	Seconds   float64 `json:"seconds"`
 	// BlockerPID is the first session blocking it (0: none seen, the
@@ -296,7 +301,7 @@ func (s Status) String() string {
 			time.Duration(w.Seconds*float64(time.Second)).Round(time.Second), shown(w.WorkerID), shown(w.Host), w.PID, w.BackendPID)
 		if w.BlockerPID != 0 {
 			fmt.Fprintf(&b, ", blocked by backend %d (%s, user %s, %s): %s", w.BlockerPID, shown(w.BlockerApp), shown(w.BlockerUser), shown(w.BlockerState),
-				oneLine(textcap.ClipMiddle(w.BlockerQuery, 120, 60, "…")))
+				oneLine(w.BlockerQuery))
 		}
 	}
 	if n := len(s.InFlight); n > 0 {

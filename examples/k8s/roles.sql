@@ -20,4 +20,7 @@ GRANT TEMPORARY ON DATABASE app TO backfill_loader; -- staging tables
 -- login. People (here the on-call rota) are its members. The migrate Job
 -- grants it the control functions (--grant-operator).
 CREATE ROLE backfill_operator NOLOGIN;
+-- So that backfill status shows which sessions the loader's chunks wait
+-- for (PostgreSQL hides other roles' waits otherwise).
+GRANT pg_read_all_stats TO backfill_operator;
 CREATE ROLE oncall LOGIN PASSWORD 'change-me' IN ROLE backfill_operator;

@@ -379,11 +379,12 @@ func (m *Manifest) applyETA(s *backfilltype.Status, r statusRow, in etaInputs) {
 // asked of pg_blocking_pids only for the waiting sessions.
 const lockWaitsSQL = `coalesce((SELECT json_agg(json_build_object('worker_id', x.worker_id, 'host', x.host, 'pid', x.os_pid,
 				'backend_pid', x.pid, 'wait_event', x.wait_event, 'seconds', x.seconds, 'blocker_pid', coalesce(b.pid, 0),
-				'blocker_app', coalesce(b.application_name, ''), 'blocker_user', coalesce(b.usename::text, ''),
-				'blocker_state', coalesce(b.state, ''), 'blocker_query', coalesce(left(b.query, 200), ''))
+				'blocker_app', btrim(coalesce(b.application_name, '')), 'blocker_user', coalesce(b.usename::text, ''),
+				'blocker_state', coalesce(b.state, ''), 'blocker_query', left(regexp_replace(coalesce(b.query, ''), '\s+', ' ', 'g'), 200))
 				ORDER BY x.seconds DESC, x.pid) FROM (
 				SELECT w.worker_id, w.host, w.pid AS os_pid, a.pid, coalesce(a.wait_event, '') AS wait_event,
-					extract(epoch FROM now() - a.state_change)::float8 AS seconds, (pg_blocking_pids(a.pid))[1] AS blocker
+					extract(epoch FROM now() - coalesce((SELECT min(l.waitstart) FROM pg_locks l WHERE l.pid = a.pid AND NOT l.granted), a.state_change))::float8 AS seconds,
+					(pg_blocking_pids(a.pid))[1] AS blocker
 				FROM {s}.workers w JOIN pg_stat_activity a ON a.application_name LIKE 'backfill ' || w.worker_key || ' %'
 				WHERE w.batch_id = $1 AND w.finished_at IS NULL AND a.wait_event_type = 'Lock') x
 				LEFT JOIN pg_stat_activity b ON b.pid = x.blocker), '[]')::text`
