@@ -76,6 +76,16 @@ func TestRollbackSliceRefusesARowChangedMidRollback(t *testing.T) {
 	other, err := r.StatusOf(ctx, later.BatchID)
 	require.NoError(t, err)
 	require.Empty(t, other.Waiting)
+	// A worker started on the job meanwhile does not report it completed
+	// (exit 0 would tell a supervisor the batch is in place): it fails,
+	// saying how to finish the rollback.
+	resume := itemsJob("slice-items", rows("v2"))
+	resume.NewRun = false
+	_, err = r.Run(ctx, resume)
+	require.Error(t, err)
+	require.NotErrorIs(t, err, backfill.ErrAlreadyCompleted)
+	require.Contains(t, err.Error(), fmt.Sprintf("a rollback of the batch did not finish (2 of its 10 chunks still done): finish it (backfill rollback --batch %d --why WHY", rep2.BatchID))
+	require.Equal(t, backfill.ExitFailed, backfill.Work(ctx, r, resume))
 
 	// Rolled back in order, newest first, the batches leave batch 1's rows.
 	_, err = r.Rollback(ctx, itemsJob("slice-other", nil), backfill.RollbackOptions{BatchID: later.BatchID, Actor: "ann", Why: "bad"})

@@ -3,6 +3,7 @@ package backfill
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"iter"
@@ -639,13 +640,22 @@ func (ex *execution) finishRun(ctx context.Context, run Run, resumed, finished b
 		rep, rerr := ex.report(fctx, run, resumed, begin)
 		return rep, errors.Join(runErr, err, rerr)
 	}
-	if finished && !published {
-		// Nothing completes silently: a second call on a finished plan did
-		// nothing, and says so.
-		log.Warn("backfill run already "+string(run.Status)+"; nothing done; set Job.NewRun to restate", "status", run.Status)
-		runErr = errors.Join(runErr, fmt.Errorf("%w: job %q batch %d is %s", ErrAlreadyCompleted, job.Name, run.BatchID, run.Status))
-	}
 	rep, err := ex.report(fctx, run, resumed, begin)
+	if finished && !published {
+		if err == nil && run.Status == RunCompleted && rep.ChunksDone < rep.ChunksTotal && ex.rollbackUnfinished(fctx) {
+			// Not completed as a worker's supervisor would read it: part
+			// of the batch is withdrawn, and only an operator can decide.
+			msg := fmt.Sprintf("a rollback of the batch did not finish (%d of its %d chunks still done): finish it (backfill rollback --batch %d --why WHY, or Runner.RollbackBatch), or start a new run (Job.NewRun)",
+				rep.ChunksDone, rep.ChunksTotal, run.BatchID)
+			log.Error("backfill run: "+msg, "status", run.Status)
+			runErr = errors.Join(runErr, fmt.Errorf("backfill: job %q batch %d: %s", job.Name, run.BatchID, msg))
+		} else {
+			// Nothing completes silently: a second call on a finished
+			// plan did nothing, and says so.
+			log.Warn("backfill run already "+string(run.Status)+"; nothing done; set Job.NewRun to restate", "status", run.Status)
+			runErr = errors.Join(runErr, fmt.Errorf("%w: job %q batch %d is %s", ErrAlreadyCompleted, job.Name, run.BatchID, run.Status))
+		}
+	}
 	if err == nil && rep.Status == RunRunning && !failed && rep.ChunksTotal > 0 && rep.ChunksDone == rep.ChunksTotal {
 		// Another worker checkpointed the last chunk between this call's
 		// end of the run and its report: complete the run now rather
@@ -2151,4 +2161,31 @@ func (ex *execution) checkLoaded(ctx context.Context) error {
 		ex.tracePause(ctx, backfilltrace.PauseGate, reason)
 	}
 	return fmt.Errorf("backfill: job %q batch %d: %w: %s", ex.job.Name, ex.batchID, ErrGateFailed, reason)
+}
+
+// rollbackUnfinished reports whether the latest rollback event of the
+// call's batch starts a whole batch's rollback that has not finished
+// (interrupted between its transactions); false when the audit trail
+// cannot be read.
+func (ex *execution) rollbackUnfinished(ctx context.Context) bool {
+	audit := ex.r.caps.audit
+	if audit == nil {
+		return false
+	}
+	events, err := audit.Events(ctx, ex.r.db, ex.batchID)
+	if err != nil {
+		return false
+	}
+	for i := len(events) - 1; i >= 0; i-- {
+		switch e := events[i]; e.Kind {
+		case "rollback", "rollback_chunk":
+			return false
+		case "rollback_started":
+			var d struct {
+				Chunk string `json:"chunk"`
+			}
+			return json.Unmarshal(e.Detail, &d) == nil && d.Chunk == ""
+		}
+	}
+	return false
 }

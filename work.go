@@ -24,8 +24,10 @@ const (
 	ExitDone ExitCode = 0
 	// ExitFailed (1): the run failed: a chunk failed for good (its
 	// attempts exhausted, or an error that is not retryable, such as an
-	// extractor bug), or an error the library cannot classify. The run's
-	// last_error and the chunk's in the manifest say why. Do not restart
+	// extractor bug), a rollback of the batch that was interrupted (the
+	// batch is neither in place nor withdrawn: finish the rollback), or an
+	// error the library cannot classify. The run's last_error and the
+	// chunk's in the manifest, or the worker's log, say why. Do not restart
 	// blindly: restarting resumes the run and retries the failed chunks,
 	// which helps only once the cause is fixed.
 	ExitFailed ExitCode = 1
