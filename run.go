@@ -237,13 +237,18 @@ func (r *Runner) runTraced(ctx context.Context, job Job, wait bool) (Report, err
 			// which starts on the paused run and waits as a registered
 			// worker.
 			pausedByGate := errors.Is(err, ErrRunPaused) || errors.Is(err, ErrGateFailed)
-			if wait && ctx.Err() != nil && errors.Is(err, ErrRunPaused) {
-				// It waited while paused and ctx ended the wait: say so,
-				// not the hint to wait that a call that does not wait gets.
+			if wait && (ctx.Err() != nil || r.draining.Load()) && errors.Is(err, ErrRunPaused) {
+				// It waited while paused and ctx ended the wait, or the
+				// Runner was drained: say so, not the hint to wait that a
+				// call that does not wait gets.
+				why, errs := "as the Runner was drained (Runner.Drain)", []error{err}
+				if ctx.Err() != nil {
+					why, errs = fmt.Sprintf("as its context ended (%v)", context.Cause(ctx)), append(errs, context.Cause(ctx))
+				}
 				return rep, &stoppedWhilePaused{
-					msg: fmt.Sprintf("backfill: job %q batch %d: %v: this call waited while the run was paused and stopped as its context ended (%v); the run stays paused: %s",
-						job.Name, rep.BatchID, ErrRunPaused, context.Cause(ctx), r.resumeHint(rep.BatchID)),
-					errs: []error{err, context.Cause(ctx)}}
+					msg: fmt.Sprintf("backfill: job %q batch %d: %v: this call waited while the run was paused and stopped %s; the run stays paused: %s",
+						job.Name, rep.BatchID, ErrRunPaused, why, r.resumeHint(rep.BatchID)),
+					errs: errs}
 			}
 			// Resumed already (an operator resumed the run before this
 			// call ended): the new call works on at once.

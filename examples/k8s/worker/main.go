@@ -105,8 +105,10 @@ func runMain() backfill.ExitCode {
 		log.Info("backfill worker: stopping: draining", "signal", sig.String(), "grace", grace)
 		r.Drain()
 		select {
-		case <-sigs:
+		case sig := <-sigs:
+			log.Warn("backfill worker: second signal: cancelling; the chunks still in flight roll back", "signal", sig.String())
 		case <-time.After(grace):
+			log.Warn("backfill worker: drain grace over: cancelling; the chunks still in flight roll back", "grace", grace)
 		case <-ctx.Done():
 		}
 		cancel()
