@@ -239,16 +239,23 @@ func (ex *execution) waitResumed(ctx context.Context) bool {
 	}
 }
 
+// auditEvents returns the call's batch's events, oldest first; false when
+// the manifest keeps no audit trail or it cannot be read.
+func (ex *execution) auditEvents(ctx context.Context) ([]backfilltype.Event, bool) {
+	audit := ex.r.caps.audit
+	if audit == nil {
+		return nil, false
+	}
+	events, err := audit.Events(ctx, ex.r.db, ex.batchID)
+	return events, err == nil
+}
+
 // pausedMeanwhile reports whether the run was paused (a "run_paused"
 // event) since the call last looked; false when the audit trail cannot
 // be read.
 func (ex *execution) pausedMeanwhile(ctx context.Context) bool {
-	audit := ex.r.caps.audit
-	if audit == nil {
-		return false
-	}
-	events, err := audit.Events(ctx, ex.r.db, ex.batchID)
-	if err != nil {
+	events, ok := ex.auditEvents(ctx)
+	if !ok {
 		return false
 	}
 	n := 0

@@ -2173,12 +2173,8 @@ func (ex *execution) checkLoaded(ctx context.Context) error {
 // (interrupted between its transactions); false when the audit trail
 // cannot be read.
 func (ex *execution) rollbackUnfinished(ctx context.Context) bool {
-	audit := ex.r.caps.audit
-	if audit == nil {
-		return false
-	}
-	events, err := audit.Events(ctx, ex.r.db, ex.batchID)
-	if err != nil {
+	events, ok := ex.auditEvents(ctx)
+	if !ok {
 		return false
 	}
 	for i := len(events) - 1; i >= 0; i-- {
