@@ -398,6 +398,27 @@ type Config struct {
 	// transaction and a lease per worker, plus the heartbeat). Set it for
 	// a source that must not be read while the target is written.
 	SerialExtract bool
+	// MemoryBudget is how many bytes the Runner's buffers of rows may
+	// hold in memory, across all its calls and chunks at once. It is
+	// shared: a quarter holds the spools of the chunks in flight (the
+	// rows extracted and waiting for their transaction, at most an
+	// eighth in one chunk's spool; past that a spool moves its rows to
+	// a temporary file), an eighth the identities the merge tracks to
+	// find duplicate keys in Go (past it, duplicates are found in SQL),
+	// and an eighth the rejected rows held until their chunk commits.
+	// The rest is left for what is not counted: a row being converted,
+	// the COPY buffer, the Go runtime and its garbage collector's
+	// headroom, so that a process doing only the backfill stays within
+	// about the budget whatever the width of its rows. The bytes counted
+	// are the rows' own (their values' sizes as extracted), so a chunk
+	// of wide rows moves to its file after fewer rows. A chunk whose
+	// rejected rows do not fit in their share fails like one past
+	// MaxRejectsPerChunk (with an error wrapping [ErrTooManyRejects]
+	// that names the chunk, its rejected rows and their bytes): it rolls
+	// back and nothing is dropped. Default [DefaultMemoryBudget] (64
+	// MiB); at least 1 MiB. Setting GOMEMLIMIT to about the budget
+	// makes the garbage collector keep the process's heap near it too.
+	MemoryBudget int64
 	// MaxAttempts is how many times a chunk is tried before the run stops
 	// with it failed; only retryable errors ([IsRetryable]) are retried.
 	// Default 3. Waits (see LockRetries) and connection faults of the
@@ -595,6 +616,9 @@ const (
 	DefaultHeartbeatInterval = backfilltype.DefaultHeartbeatInterval
 	DefaultStaleAfter        = backfilltype.DefaultStaleAfter
 )
+
+// DefaultMemoryBudget is the default of [Config.MemoryBudget]: 64 MiB.
+const DefaultMemoryBudget = 64 << 20
 
 // DefaultMaxRejectsPerChunk is the default of [Config.MaxRejectsPerChunk].
 const DefaultMaxRejectsPerChunk = 100_000
