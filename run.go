@@ -162,8 +162,8 @@ func (c *Config) validate() error {
 		return fmt.Errorf("%w: MaxAttempts cannot be less than zero", ErrInvalidConfig)
 	case c.RetryBackoff < 0:
 		return fmt.Errorf("%w: RetryBackoff cannot be less than zero", ErrInvalidConfig)
-	case c.MemoryBudget < 0 || c.MemoryBudget > 0 && c.MemoryBudget < 1<<20:
-		return fmt.Errorf("%w: MemoryBudget (%d bytes) must be at least 1 MiB (0: the default, %d bytes)", ErrInvalidConfig, c.MemoryBudget, DefaultMemoryBudget)
+	case c.MemoryBudget < 0 || c.MemoryBudget > 0 && c.MemoryBudget < minMemoryBudget:
+		return fmt.Errorf("%w: MemoryBudget (%d bytes) must be at least %d (32 MiB; 0: the default, %d)", ErrInvalidConfig, c.MemoryBudget, minMemoryBudget, DefaultMemoryBudget)
 	case c.HeartbeatInterval < 0 || c.StaleAfter < 0:
 		return fmt.Errorf("%w: HeartbeatInterval and StaleAfter cannot be less than zero", ErrInvalidConfig)
 	case c.StaleAfter > 0 && c.StaleAfter <= 2*cmp.Or(c.HeartbeatInterval, DefaultHeartbeatInterval):
