@@ -38,8 +38,8 @@ type Spool struct {
 	// Budget, when set, is what the spool's rows in memory are counted
 	// against instead of MemBudget (a Runner's share of its
 	// Config.MemoryBudget); Limit, when positive, replaces MemLimit.
-	Budget *Budget `json:"-" db:"-"`
-	Limit  int     `json:"-" db:"-"`
+	Budget   *Budget    `json:"-" db:"-"`
+	Limit    int        `json:"-" db:"-"`
 	Mem      []spoolRow `json:"-" db:"-"`
 	memBytes int
 	// memOnly: a value of a type the file encoding does not know came
