@@ -398,6 +398,28 @@ type Config struct {
 	// transaction and a lease per worker, plus the heartbeat). Set it for
 	// a source that must not be read while the target is written.
 	SerialExtract bool
+	// MemoryBudget is about how much resident memory, in bytes, a process
+	// running the Runner's calls holds at most, whatever the width of its
+	// rows. The library counts its buffers of rows against it, across all
+	// the Runner's calls and chunks at once: 16 MiB are left for what a
+	// process holds with no rows (code, runtime, connections), and half
+	// of the rest for the garbage collector's slack; of the other half,
+	// the spools of the chunks in flight (the rows extracted and waiting
+	// for their transaction) hold a quarter of the rest (an eighth in one
+	// spool; past that a spool moves its rows to a temporary file), the
+	// identities the merge tracks to find duplicate keys in Go an eighth
+	// (past it, duplicates are found in SQL), and the rejected rows held
+	// until their chunk commits an eighth. The bytes counted are the
+	// rows' own (their values' sizes as extracted), so a chunk of wide
+	// rows moves to its file after fewer rows. A chunk whose rejected
+	// rows do not fit in their share fails like one past
+	// MaxRejectsPerChunk (with an error wrapping [ErrTooManyRejects] that
+	// names the chunk, its rejected rows and their bytes): it rolls back
+	// and nothing is dropped. What the extractor itself holds is not
+	// counted. Default [DefaultMemoryBudget] (64 MiB: 12 MiB of spools);
+	// at least 32 MiB. Setting GOMEMLIMIT to the budget makes the garbage
+	// collector hold the heap to it too.
+	MemoryBudget int64
 	// MaxAttempts is how many times a chunk is tried before the run stops
 	// with it failed; only retryable errors ([IsRetryable]) are retried.
 	// Default 3. Waits (see LockRetries) and connection faults of the
@@ -595,6 +617,9 @@ const (
 	DefaultHeartbeatInterval = backfilltype.DefaultHeartbeatInterval
 	DefaultStaleAfter        = backfilltype.DefaultStaleAfter
 )
+
+// DefaultMemoryBudget is the default of [Config.MemoryBudget]: 64 MiB.
+const DefaultMemoryBudget = 64 << 20
 
 // DefaultMaxRejectsPerChunk is the default of [Config.MaxRejectsPerChunk].
 const DefaultMaxRejectsPerChunk = 100_000

@@ -51,9 +51,9 @@ For each chunk the [Runner]:
  2. calls the Extractor outside any transaction; each row is converted to
     its column's type in Go, rows that cannot be stored go to the
     exception queue with the chunk, row number, column, value and reason,
-    and the good rows are kept in a spool (in memory up to 8 MiB a chunk
-    and 16 MiB for all the process's chunks at once, then in a temporary
-    file);
+    and the good rows are kept in a spool (in memory within
+    [Config.MemoryBudget]: by default up to 6 MiB a chunk and 12 MiB for
+    all the Runner's chunks at once, then in a temporary file);
  3. begins the chunk's transaction with the fence, which goes on only
     while the lease is still the worker's at its epoch and locks the
     chunk's row until the transaction ends; a lease taken over meanwhile
@@ -173,8 +173,9 @@ while the extractor reads the source. A worker leases a chunk in a short
 transaction of its own (its worker key in the chunk's lease_key,
 lease_epoch incremented, committed), extracts it outside any transaction
 into a spool (rows converted and checked as always, kept in memory up to
-8 MiB a chunk and 16 MiB for all the process's chunks at once, then in a
-temporary file removed when the chunk ends), then opens
+shares of Config.MemoryBudget, by default 6 MiB a chunk and 12 MiB for
+all the Runner's chunks at once, then in a temporary
+file removed when the chunk ends), then opens
 the chunk's transaction: the fence (the chunk's row locked and its lease
 cleared WHERE lease_key and lease_epoch are still its own, the chunk
 claimable and the run running), staging from the

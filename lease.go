@@ -40,6 +40,9 @@ func (s *spooled) close() {
 	if s != nil && s.sp != nil {
 		_ = s.sp.Close()
 	}
+	if s != nil && s.w != nil {
+		s.w.releaseMem()
+	}
 }
 
 // replay stages the spooled rows with w, a fresh row writer of a staging

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/hex"
 	"fmt"
+	"github.com/pgbackfill/backfill/internal/spool"
 	"math"
 	"reflect"
 	"runtime/debug"
@@ -52,6 +53,20 @@ type rowWriter struct {
 	// be encoded with its converted values (fpMixed).
 	fp      *rawFingerprint
 	fpState uint8
+
+	// mem, when set, is the share of Config.MemoryBudget the held
+	// rejected rows are counted against; held is what this writer's
+	// rejects reserved (given back by releaseMem).
+	mem  *spool.Budget
+	held int64
+}
+
+// releaseMem gives the bytes the writer's held rejects reserved back.
+func (w *rowWriter) releaseMem() {
+	if w.mem != nil && w.held > 0 {
+		w.mem.Release(w.held)
+		w.held = 0
+	}
 }
 
 // States of the current row's fingerprint (rowWriter.fpState).
@@ -274,6 +289,14 @@ func (w *rowWriter) reject(raw []byte, column, value, reason string) error {
 	// written (its converted values are not all known).
 	w.foldRow(nil, nil)
 	w.rejected++
+	if w.mem != nil {
+		n := rejectSize(raw, column, value, reason)
+		if !w.mem.Reserve(n) {
+			w.err = errRejectsOverBudget(w.chunk, w.rejected, w.held+n, w.mem.Limit())
+			return w.err
+		}
+		w.held += n
+	}
 	w.exceptions = append(w.exceptions, Exception{ChunkID: w.chunk.ID, Row: w.row, Raw: raw, Column: column, Value: value, Reason: reason})
 	if w.maxRejects > 0 && w.rejected > int64(w.maxRejects) {
 		w.err = fmt.Errorf("%w: more than %d in chunk %s (last: row %d column %q: %s)", ErrTooManyRejects, w.maxRejects, w.chunk.ID, w.row, column, withValue(reason, value))

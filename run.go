@@ -53,6 +53,8 @@ type Runner struct {
 	// drained is closed then, waking the calls that wait.
 	draining atomic.Bool
 	drained  chan struct{}
+	// mem holds the shares of cfg.MemoryBudget.
+	mem memoryShares
 }
 
 // Drain makes every call of r (Run, Work, Resume, a waiting paused call)
@@ -144,7 +146,12 @@ func NewWithDB(db DB, cfg *Config) (*Runner, error) {
 		pd.Settings, pd.Log = &ts, c.Logger
 		db = pd
 	}
-	return &Runner{db: db, cfg: c, caps: caps, tracers: resolveTracers(c.Tracer), drained: make(chan struct{})}, nil
+	c.MemoryBudget = cmp.Or(c.MemoryBudget, DefaultMemoryBudget)
+	mem := newMemoryShares(c.MemoryBudget)
+	if m, ok := c.Merger.(*pgstore.Merger); ok {
+		m.SetKeyBudget(mem.keys)
+	}
+	return &Runner{db: db, cfg: c, caps: caps, tracers: resolveTracers(c.Tracer), drained: make(chan struct{}), mem: mem}, nil
 }
 
 func (c *Config) validate() error {
@@ -155,6 +162,8 @@ func (c *Config) validate() error {
 		return fmt.Errorf("%w: MaxAttempts cannot be less than zero", ErrInvalidConfig)
 	case c.RetryBackoff < 0:
 		return fmt.Errorf("%w: RetryBackoff cannot be less than zero", ErrInvalidConfig)
+	case c.MemoryBudget < 0 || c.MemoryBudget > 0 && c.MemoryBudget < minMemoryBudget:
+		return fmt.Errorf("%w: MemoryBudget (%d bytes) must be at least %d (32 MiB; 0: the default, %d)", ErrInvalidConfig, c.MemoryBudget, minMemoryBudget, DefaultMemoryBudget)
 	case c.HeartbeatInterval < 0 || c.StaleAfter < 0:
 		return fmt.Errorf("%w: HeartbeatInterval and StaleAfter cannot be less than zero", ErrInvalidConfig)
 	case c.StaleAfter > 0 && c.StaleAfter <= 2*cmp.Or(c.HeartbeatInterval, DefaultHeartbeatInterval):

@@ -17,7 +17,6 @@ import (
 	"github.com/pgbackfill/backfill/backfilltrace"
 	"github.com/pgbackfill/backfill/backfilltype"
 	"github.com/pgbackfill/backfill/internal/pgstore"
-	"github.com/pgbackfill/backfill/internal/spool"
 	"github.com/pgbackfill/backfill/internal/sqlgen"
 )
 
@@ -256,7 +255,7 @@ func (ex *execution) skipFingerprint(info TableInfo) (*rawFingerprint, *chunkSki
 // version is the chunk's version read before (chunkVersion), recorded
 // with its fingerprints.
 func (ex *execution) extractSpooled(ctx context.Context, c Chunk, started time.Time, version string) (*spooled, error) {
-	sp := &spool.Spool{}
+	sp := ex.r.newSpool()
 	info := ex.chunkInfo(ex.info, c)
 	fp, sk := ex.skipFingerprint(info)
 	if sk != nil {
@@ -264,19 +263,23 @@ func (ex *execution) extractSpooled(ctx context.Context, c Chunk, started time.T
 	}
 	w := newRowWriter(c, ex.job, info, sp, ex.r.cfg.MaxRejectsPerChunk, started)
 	w.fp = fp
+	w.mem = ex.r.mem.rejects
 	xerr := extractSafely(ctx, ex.job.Extractor, c, w)
 	w.closed = true
 	switch {
 	case w.err != nil:
 		_ = sp.Close()
+		w.releaseMem()
 		return nil, w.err
 	case xerr != nil:
 		_ = sp.Close()
+		w.releaseMem()
 		return nil, fmt.Errorf("extract: %w", xerr)
 	}
 	// A version was read only for a chunk neither re-read nor open.
 	if err := ex.confirmVersion(ctx, c, sk, false, started); err != nil {
 		_ = sp.Close()
+		w.releaseMem()
 		return nil, err
 	}
 	return &spooled{sp: sp, w: w, skip: sk}, nil

@@ -15,7 +15,6 @@ import (
 
 	"github.com/pgbackfill/backfill"
 	"github.com/pgbackfill/backfill/internal/pgtest"
-	"github.com/pgbackfill/backfill/internal/spool"
 )
 
 // heapSampler records, every millisecond until stopped, the largest live
@@ -57,7 +56,7 @@ func (h *heapSampler) Stop() {
 
 // TestLoadMemory loads the first 20 days of the real file (two row groups)
 // with the demo's defaults and checks that the live heap stays within what
-// the load needs: the rows the library spools (spool.MemBudget, all spools
+// the load needs: the rows the library spools (a quarter of Config.MemoryBudget, all spools
 // of the process together), the extractor's decoded row groups, and the
 // runner's staging and connections. It measures the live heap the garbage
 // collector found, not the heap in use, which also holds garbage and
@@ -100,7 +99,7 @@ func TestLoadMemory(t *testing.T) {
 	// and its dictionaries): allow for two being read and one kept, plus
 	// one column's pages being decoded by parquet-go (about 2 MiB), and 5
 	// MiB for the runner's staging (converted values, keys) and the rest.
-	bound := uint64(spool.MemBudget) + 3*3*mib + 2*mib + 5*mib
+	bound := uint64(backfill.DefaultMemoryBudget/4) + 3*3*mib + 2*mib + 5*mib
 	t.Logf("largest live heap %.1f MiB (bound %.1f MiB), largest heap in use %.1f MiB, %d rows",
 		float64(h.maxLive)/mib, float64(bound)/mib, float64(h.maxObjects)/mib, rep.Counts.Read)
 	if h.maxLive > bound {

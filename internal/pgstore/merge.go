@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/pgbackfill/backfill/internal/spool"
 	"hash/maphash"
 	"slices"
 	"strings"
@@ -145,15 +146,25 @@ func (s *PGStager) fill(ctx context.Context, query string, args ...any) error {
 // keeps until a chunk is again all inserts. A replay or an overlapping
 // load never takes the fast path twice in a row.
 type Merger struct {
-	mu       sync.Mutex
-	allFresh map[string]bool // table -> the last chunk merged into it was all inserts
-	hashable map[string]bool // table and key types -> the keys have a hash function (keyHashable)
+	// keyBudget, when set, is what the stagers' tracked identities are
+	// counted against (SetKeyBudget).
+	keyBudget *spool.Budget
+	mu        sync.Mutex
+	allFresh  map[string]bool // table -> the last chunk merged into it was all inserts
+	hashable  map[string]bool // table and key types -> the keys have a hash function (keyHashable)
 }
 
 var _ backfilldriver.Merger = (*Merger)(nil)
 
 // NewMerger returns the PostgreSQL merger. It is safe for concurrent use.
 func NewMerger() *Merger { return &Merger{allFresh: map[string]bool{}} }
+
+// SetKeyBudget makes the merger's stagers count the identities they
+// track to find duplicate keys in Go against b (about trackedKeyBytes a
+// key): a stager refused a reservation stops tracking and leaves the
+// duplicates to SQL. Without it they track at most maxTrackedKeys. It is
+// set once, before the merger is used.
+func (m *Merger) SetKeyBudget(b *spool.Budget) { m.keyBudget = b }
 
 func (m *Merger) fresh(table string) bool {
 	m.mu.Lock()
@@ -541,6 +552,10 @@ var keySets = sync.Pool{New: func() any { return make(map[uint64]struct{}, 1024)
 
 // releaseKeys returns the set to the pool, emptied.
 func (s *PGStager) releaseKeys() {
+	if s.reservedKeys > 0 {
+		s.m.keyBudget.Release(int64(s.reservedKeys) * trackedKeyBytes)
+		s.reservedKeys = 0
+	}
 	if s.keys != nil {
 		if len(s.keys) <= 1<<16 { // large sets are left to the GC
 			clear(s.keys)
@@ -551,8 +566,16 @@ func (s *PGStager) releaseKeys() {
 }
 
 // maxTrackedKeys bounds the memory of the in-Go duplicate detection (about
-// 40 bytes a key); larger chunks are checked in SQL.
+// trackedKeyBytes a key); larger chunks are checked in SQL.
 const maxTrackedKeys = 1 << 20
+
+// trackedKeyBytes is what one tracked identity is counted as against the
+// merger's key budget: its 8-byte hash in a Go map, with the map's slack.
+const trackedKeyBytes = 40
+
+// keyReserveStep is how many identities a stager reserves budget for at a
+// time.
+const keyReserveStep = 4096
 
 // PGStager is the PostgreSQL merger's [backfilldriver.Stager] of one
 // chunk ([Merger.Stage]): it COPYs the chunk's rows into a temporary
@@ -587,6 +610,9 @@ type PGStager struct {
 	identity []int // indexes of the identity columns in Columns
 	seed     maphash.Seed
 	keys     map[uint64]struct{}
+	// reservedKeys: how many identities the merger's key budget holds
+	// room for on this stager's behalf (given back by releaseKeys).
+	reservedKeys int
 
 	// fingerprints computed by the chunk's checks, by target query.
 	fingerprints map[string]*FingerprintProof
@@ -644,6 +670,14 @@ func (s *PGStager) trackKey(values []any) {
 		s.track = false
 		s.releaseKeys()
 		return
+	}
+	if b := s.m.keyBudget; b != nil && len(s.keys) >= s.reservedKeys {
+		if !b.Reserve(keyReserveStep * trackedKeyBytes) {
+			s.track = false
+			s.releaseKeys()
+			return
+		}
+		s.reservedKeys += keyReserveStep
 	}
 	s.keys[k] = struct{}{}
 }

@@ -25,15 +25,21 @@ var MemLimit = 8 << 20
 // extracted ahead, it bounds the memory of the rows in flight.
 var MemBudget int64 = 16 << 20
 
-// inMem is the bytes of rows the spools of the process keep in memory
-// (each spool's memBytes, summed).
+// inMem is the bytes of rows the spools without a Budget of their own
+// keep in memory (each spool's memBytes, summed).
 var inMem atomic.Int64
 
-// InMem returns the bytes of rows all spools keep in memory now (tests).
+// InMem returns the bytes of rows the spools without a Budget of their
+// own keep in memory now (tests).
 func InMem() int64 { return inMem.Load() }
 
 // Spool records Add calls (row number and converted values).
 type Spool struct {
+	// Budget, when set, is what the spool's rows in memory are counted
+	// against instead of MemBudget (a Runner's share of its
+	// Config.MemoryBudget); Limit, when positive, replaces MemLimit.
+	Budget   *Budget    `json:"-" db:"-"`
+	Limit    int        `json:"-" db:"-"`
 	Mem      []spoolRow `json:"-" db:"-"`
 	memBytes int
 	// memOnly: a value of a type the file encoding does not know came
@@ -87,7 +93,11 @@ func (s *Spool) release() {
 		m = m[:0]
 		spoolMems.Put(&m)
 	}
-	inMem.Add(-int64(s.memBytes))
+	if s.Budget != nil {
+		s.Budget.Release(int64(s.memBytes))
+	} else {
+		inMem.Add(-int64(s.memBytes))
+	}
 	s.Mem, s.memBytes, s.slab, s.slabs = nil, 0, nil, nil
 }
 
@@ -135,8 +145,16 @@ func (s *Spool) Add(ctx context.Context, row int64, values []any) error {
 	}
 	s.Mem = append(s.Mem, spoolRow{row: row, values: vs})
 	s.memBytes += size
-	total := inMem.Add(int64(size))
-	if (s.memBytes > MemLimit || total > MemBudget) && !s.memOnly {
+	limit, over := MemLimit, false
+	if s.Limit > 0 {
+		limit = s.Limit
+	}
+	if s.Budget != nil {
+		over = s.Budget.add(int64(size)) > s.Budget.Limit()
+	} else {
+		over = inMem.Add(int64(size)) > MemBudget
+	}
+	if (s.memBytes > limit || over) && !s.memOnly {
 		return s.spill()
 	}
 	return nil
