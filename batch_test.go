@@ -434,16 +434,20 @@ func TestChunkRoundTrips(t *testing.T) {
 		}
 	}
 	sort.Strings(lines)
-	t.Logf("round trips per chunk: %.1f\n%s", float64(total)/10, strings.Join(lines, "\n"))
+	// A lease that found nothing (a BEGIN and a ROLLBACK) is a run's
+	// overhead: how many a run has depends on how its goroutines reach
+	// the end (more on a loaded machine), not on its chunks.
+	empty := many["ROLLBACK"] - few["ROLLBACK"]
+	total -= 2 * empty
+	t.Logf("round trips per chunk: %.1f (leases that found nothing left out: %d)\n%s", float64(total)/10, empty, strings.Join(lines, "\n"))
 	// 41.8 before the statements were batched (a control poll and a totals
 	// read of their own per chunk, every savepoint, setting and lock a
 	// statement of its own); 20.2 after it; 18.0 extracting ahead, with
 	// the COPY on lib/pq's connection (the same round trips). Extracting
 	// ahead, a run ends with one or two leases that find nothing (a BEGIN
 	// and a ROLLBACK each), as the slot's two goroutines happen to reach
-	// the end: a run's overhead, not a chunk's, which the difference of
-	// the two runs may carry once (2 round trips).
-	require.LessOrEqual(t, total, 10*18+2, "round trips per chunk (x10)")
+	// the end: a run's overhead, not a chunk's, left out above.
+	require.LessOrEqual(t, total, 10*18, "round trips per chunk (x10)")
 }
 
 // stmtDB is a DB that records the statements of each transaction begun

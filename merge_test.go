@@ -5,11 +5,13 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"math"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -1227,6 +1229,24 @@ var refusals = []refusal{
 		want:  []string{`exceeds btree version 4 maximum 2704 for index "t_note_idx" (SQLSTATE 54000)`}, column: "note"},
 }
 
+// value is the Value queued for row i refused by r in mode m: the value
+// r spoiled in its column, or the row's key when r names no column.
+func (r refusal) value(i int, m refusalMode) string {
+	code, qty, ref, note := fmt.Sprintf("c%d", i), i, i%50, fmt.Sprintf("n%d", i)
+	r.spoil(i, &code, &qty, &ref, &note)
+	switch r.column {
+	case "code":
+		return code
+	case "qty":
+		return strconv.Itoa(qty)
+	case "ref":
+		return strconv.Itoa(ref)
+	case "note":
+		return note
+	}
+	return m.key(i)
+}
+
 func refusalNamed(name string) refusal {
 	i := slices.IndexFunc(refusals, func(r refusal) bool { return r.name == name })
 	return refusals[i]
@@ -1361,7 +1381,17 @@ func TestMergeRefusedRows(t *testing.T) {
 					for i, e := range ex {
 						require.Equal(t, "list:b", e.ChunkID)
 						require.EqualValues(t, refusedRowsAt[i], e.Row)
-						require.Equal(t, m.key(refusedRowsAt[i]), e.Value)
+						if r.column == "note" { // random text: the row's own
+							var raw map[string]any
+							require.NoError(t, json.Unmarshal(e.Raw, &raw))
+							require.Equal(t, raw["note"], e.Value, "the refused column's value")
+							require.Len(t, e.Value, 3000)
+						} else {
+							require.Equal(t, r.value(refusedRowsAt[i], m), e.Value, "the refused column's value")
+						}
+						if r.column != "" {
+							require.Contains(t, e.Reason, "; key "+m.key(refusedRowsAt[i]), "the key in the reason")
+						}
 						require.Equal(t, r.column, e.Column)
 						require.Contains(t, e.Reason, "refused by the target: ")
 						for _, w := range r.want {
@@ -1547,7 +1577,7 @@ func TestMergeRefusesKeysOverTheBtreeLimit(t *testing.T) {
 			ex := exceptionsOf(t, db, rep.BatchID)
 			require.Len(t, ex, 1)
 			require.EqualValues(t, 5, ex[0].Row)
-			require.Equal(t, "("+long+", 0)", ex[0].Value)
+			require.Equal(t, "("+long+", 0)", ex[0].Value, "the key's columns' values")
 			require.Contains(t, ex[0].Reason, `exceeds btree version 4 maximum 2704 for index "k_pkey" (SQLSTATE 54000)`)
 			require.Equal(t, "name,valid_from", ex[0].Column, "the key's columns")
 			var n int

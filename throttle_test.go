@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -482,7 +483,9 @@ func TestJobConcurrencyAcrossRunners(t *testing.T) {
 	_, err := db.Exec(`CREATE TABLE live (id bigint PRIMARY KEY, v text NOT NULL)`)
 	require.NoError(t, err)
 	var cur, most, total atomic.Int64
-	job := liveJob(func(Chunk) {
+	var extracted sync.Map // chunk ID -> true
+	job := liveJob(func(c Chunk) {
+		extracted.Store(c.ID, true)
 		n := cur.Add(1)
 		for {
 			m := most.Load()
@@ -504,7 +507,12 @@ func TestJobConcurrencyAcrossRunners(t *testing.T) {
 		out := <-ch
 		require.NoError(t, out.err)
 	}
-	require.EqualValues(t, 24, total.Load())
+	// Every chunk extracted; a chunk retried on a loaded machine (its
+	// attempt failed or its lease went stale) is extracted again.
+	chunks := 0
+	extracted.Range(func(any, any) bool { chunks++; return true })
+	require.Equal(t, 24, chunks)
+	require.GreaterOrEqual(t, total.Load(), int64(24))
 	require.LessOrEqual(t, most.Load(), int64(2), "more chunks at once than JobConcurrency")
 	var n int
 	require.NoError(t, db.Get(&n, `SELECT count(*) FROM live`))

@@ -292,6 +292,17 @@ func (iso *Isolation) refuse(ctx context.Context, pos int64, pe *pq.Error, err e
 	} else {
 		columns = iso.refusedColumns(ctx, pe)
 	}
+	// The offending value: the refused columns' values when they are
+	// columns of the row, else the row's key; the key goes in the reason.
+	value := key
+	if v, ok := columnsText(strings.Split(columns, ","), row.Raw); ok && columns != "" {
+		value = v
+		k := key
+		if len(k) > maxReasonKey {
+			k = ValidPrefix(k, maxReasonKey) + "…" // the reason is indexed; the row keeps the whole key
+		}
+		reason += "; key " + k
+	}
 	if len(iso.refused) >= iso.max {
 		return fmt.Errorf("backfill: merge %s: %w: row %d key %s %s; %d rows of this chunk were refused already (Config.MaxMergeRefusals) (%w: %w)",
 			t.Table, backfilltype.ErrTooManyRejects, row.Row, key, reason, len(iso.refused), backfilltype.ErrNotRetryable, err)
@@ -299,7 +310,7 @@ func (iso *Isolation) refuse(ctx context.Context, pos int64, pe *pq.Error, err e
 	if _, err := s.tx.ExecContext(ctx, fmt.Sprintf(`DELETE FROM %s WHERE _backfill_pos = $1`, iso.held), pos); err != nil {
 		return fmt.Errorf("backfill: merge %s: refused row: %w", t.Table, err)
 	}
-	iso.refused = append(iso.refused, backfilltype.Exception{Row: row.Row, Raw: json.RawMessage(row.Raw), Column: columns, Value: key, Reason: reason})
+	iso.refused = append(iso.refused, backfilltype.Exception{Row: row.Row, Raw: json.RawMessage(row.Raw), Column: columns, Value: value, Reason: reason})
 	return nil
 }
 
@@ -609,9 +620,57 @@ func IdentityText(identity []string, raw string) string {
 	}
 	parts := make([]string, len(identity))
 	for i, k := range identity {
-		parts[i] = fmt.Sprint(m[k])
+		parts[i] = jsonText(m[k])
 	}
 	return "(" + strings.Join(parts, ", ") + ")"
+}
+
+// maxReasonKey is how many bytes of a refused row's key its reason shows.
+const maxReasonKey = 100
+
+// columnsText returns the values of columns in raw, a row as a JSON
+// object: the value of one column as text, several as "(v1, v2)"; false
+// when raw lacks one of them (a column of an expression index).
+func columnsText(columns []string, raw string) (string, bool) {
+	d := json.NewDecoder(strings.NewReader(raw))
+	d.UseNumber()
+	var m map[string]any
+	if d.Decode(&m) != nil || len(columns) == 0 {
+		return "", false
+	}
+	parts := make([]string, len(columns))
+	for i, c := range columns {
+		v, ok := m[c]
+		if !ok {
+			return "", false
+		}
+		parts[i] = jsonText(v)
+	}
+	if len(parts) == 1 {
+		return parts[0], true
+	}
+	return "(" + strings.Join(parts, ", ") + ")", true
+}
+
+// jsonText is a decoded JSON value (UseNumber) as text: NULL for null, a
+// string or number as it is, an object or array as compact JSON.
+func jsonText(v any) string {
+	switch x := v.(type) {
+	case nil:
+		return "NULL"
+	case string:
+		return x
+	case json.Number:
+		return x.String()
+	case bool:
+		return strconv.FormatBool(x)
+	default:
+		b, err := json.Marshal(x)
+		if err != nil {
+			return fmt.Sprint(x)
+		}
+		return string(b)
+	}
 }
 
 // TooManyRejects applies backfill.Config.MaxRejectsPerChunk (max, 0 for no
@@ -626,7 +685,11 @@ func TooManyRejects(max int, c backfilltype.Chunk, written int64, merged []backf
 	last := ""
 	if len(merged) > 0 {
 		e := merged[len(merged)-1]
-		last = fmt.Sprintf(" (last refused by the merge: row %d key %s: %s)", e.Row, e.Value, e.Reason)
+		what := "key"
+		if e.Column != "" {
+			what = fmt.Sprintf("column %q value", e.Column)
+		}
+		last = fmt.Sprintf(" (last refused by the merge: row %d %s %s: %s)", e.Row, what, e.Value, e.Reason)
 	}
 	return fmt.Errorf("%w: %d in chunk %s, more than %d (Config.MaxRejectsPerChunk): %d before the merge, %d by the merge%s",
 		backfilltype.ErrTooManyRejects, total, c.ID, max, written, len(merged), last)
