@@ -539,3 +539,24 @@ func TestStatusShowsLockWaits(t *testing.T) {
 	require.NoError(t, err)
 	require.Empty(t, st.LockWaits)
 }
+
+// TestStatusTextRatesOfEndedRuns: a run that ended shows no recent rate,
+// and a rolled-back run says its rates are its load's, not next to its
+// withdrawn counts as if it were working.
+func TestStatusTextRatesOfEndedRuns(t *testing.T) {
+	t.Parallel()
+	r := 5210.0
+	for st, want := range map[RunStatus]string{
+		RunRunning:    "rate 5210 rows/s recent, 5210 overall",
+		RunPaused:     "rate 5210 rows/s recent, 5210 overall",
+		RunCompleted:  "rate 5210 rows/s overall (per working second), 5210 wall",
+		RunRolledBack: "rate of its load, before the rollback: 5210 rows/s overall",
+	} {
+		s := Status{Job: "j", BatchID: 1, Status: st, RecentRate: &r, OverallRate: &r, WallRate: &r}
+		text := s.String()
+		require.Contains(t, text, want, "%s", st)
+		if st != RunRunning && st != RunPaused {
+			require.NotContains(t, text, "recent", "%s", st)
+		}
+	}
+}

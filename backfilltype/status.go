@@ -273,7 +273,16 @@ func (s Status) String() string {
 		}
 		return fmt.Sprintf("%.0f", *p)
 	}
-	fmt.Fprintf(&b, "rate %s rows/s recent, %s overall (per working second), %s wall\n", rate(s.RecentRate), rate(s.OverallRate), rate(s.WallRate))
+	switch s.Status {
+	case RunRunning, RunPaused:
+		fmt.Fprintf(&b, "rate %s rows/s recent, %s overall (per working second), %s wall\n", rate(s.RecentRate), rate(s.OverallRate), rate(s.WallRate))
+	case RunRolledBack:
+		// Its counts are withdrawn; its rates are those of its load.
+		fmt.Fprintf(&b, "rate of its load, before the rollback: %s rows/s overall (per working second), %s wall\n", rate(s.OverallRate), rate(s.WallRate))
+	default:
+		// An ended run has no recent rate to speak of.
+		fmt.Fprintf(&b, "rate %s rows/s overall (per working second), %s wall\n", rate(s.OverallRate), rate(s.WallRate))
+	}
 	t := s.Time
 	pct := func(x float64) float64 {
 		if t.TotalSeconds <= 0 {
