@@ -106,7 +106,10 @@ func (m *Manifest) LeaseChunk(ctx context.Context, db sqlx.ExtContext, batchID i
 // or key $3's own, and returns it with its new lease_epoch and the run's
 // control state (Control's columns: run_status, run_reason, run_knobs),
 // so that the read of the control state between two chunks costs no
-// statement of its own.
+// statement of its own. The statement is the manifest's function
+// lease_chunk (migration 28), whose plan the session keeps: sent as
+// text, it was parsed and planned again for every chunk. The liveness of
+// a lease there is liveLease's.
 //
 // Its commit does not wait for the WAL flush (synchronous_commit off): a
 // lease lost with a server crash is harmless. The crash ends the chunk's
@@ -115,19 +118,18 @@ func (m *Manifest) LeaseChunk(ctx context.Context, db sqlx.ExtContext, batchID i
 // worker may reuse the lost epoch number, but under its own key, which
 // the lost lease's fence (key and epoch) does not match. The chunk's
 // commit, which flushes the WAL, makes the lease durable with it.
-var LeaseQuery = `UPDATE {s}.chunks SET lease_key = $3, lease_epoch = lease_epoch + 1, leased_at = now()
-			WHERE batch_id = $1 AND seq = (SELECT c.seq FROM {s}.chunks c
-				WHERE c.batch_id = $1 AND c.status IN ('pending', 'open')
-					AND (c.status = 'pending' OR c.open_call < (SELECT calls FROM {s}.runs WHERE batch_id = $1 AND status = 'running'))
-				AND EXISTS (SELECT 1 FROM {s}.runs WHERE batch_id = $1 AND status = 'running')
-				AND NOT (c.seq = ANY ($2::int[]))
-				AND (c.lease_key = $3 OR NOT (` + liveLease("$4") + `))
-				ORDER BY c.seq LIMIT 1 FOR UPDATE SKIP LOCKED)
-			AND set_config('synchronous_commit', 'off', true) IS NOT NULL
-			RETURNING ` + chunkColumns + `, lease_epoch,
-				(SELECT r.status FROM {s}.runs r WHERE r.batch_id = $1) AS run_status,
-				(SELECT r.last_error FROM {s}.runs r WHERE r.batch_id = $1) AS run_reason,
-				coalesce((SELECT json_object_agg(k.key, k.value) FROM {s}.knobs k WHERE k.batch_id = $1), '{}')::text AS run_knobs`
+var LeaseQuery = `SELECT ` + fieldsOf("l.chunk", chunkColumns) + `, (l.chunk).lease_epoch, l.run_status, l.run_reason, l.run_knobs
+			FROM {s}.lease_chunk($1, $2::int[], $3, $4) l`
+
+// fieldsOf returns the comma-separated columns cols as fields of the
+// composite value v: "(v).a, (v).b".
+func fieldsOf(v, cols string) string {
+	fs := strings.Split(cols, ",")
+	for i, f := range fs {
+		fs[i] = "(" + v + ")." + strings.TrimSpace(f)
+	}
+	return strings.Join(fs, ", ")
+}
 
 // FenceLease implements [backfilldriver.ManifestLeases.FenceLease]: the
 // fence of a leased chunk's transaction tx. With the settings of the

@@ -242,3 +242,35 @@ ALTER FUNCTION {s}.chunk_buckets_apply(bigint[], jsonb) SET plan_cache_mode = fo
 ALTER FUNCTION {s}.chunk_counts_trigger() SET plan_cache_mode = force_generic_plan;
 ALTER FUNCTION {s}.chunk_buckets_trigger() SET plan_cache_mode = force_generic_plan;
 ALTER FUNCTION {s}.exception_counts_trigger() SET plan_cache_mode = force_generic_plan;
+
+-- A chunk's lease (LeaseChunk) through a plan the session keeps: the
+-- statement, sent as text, was parsed and planned again for every chunk,
+-- which cost more than running it. The statement of LeaseQuery (see
+-- there), with its parameters as arguments: batch p_batch_id, chunks to
+-- avoid p_avoid, key p_key, stale bound p_stale_after seconds. Runs as
+-- the caller (a loader's privileges on chunks, runs and knobs).
+CREATE FUNCTION {s}.lease_chunk(p_batch_id bigint, p_avoid int[], p_key text, p_stale_after float8)
+	RETURNS TABLE (chunk {s}.chunks, run_status text, run_reason text, run_knobs text)
+	LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $fn$
+BEGIN
+	RETURN QUERY
+	WITH l AS (
+		UPDATE {s}.chunks SET lease_key = p_key, lease_epoch = lease_epoch + 1, leased_at = now()
+		WHERE batch_id = p_batch_id AND seq = (SELECT c.seq FROM {s}.chunks c
+			WHERE c.batch_id = p_batch_id AND c.status IN ('pending', 'open')
+				AND (c.status = 'pending' OR c.open_call < (SELECT calls FROM {s}.runs WHERE batch_id = p_batch_id AND status = 'running'))
+			AND EXISTS (SELECT 1 FROM {s}.runs WHERE batch_id = p_batch_id AND status = 'running')
+			AND NOT (c.seq = ANY (p_avoid))
+			AND (c.lease_key = p_key OR NOT (c.lease_key IS NOT NULL AND (c.leased_at >= now() - make_interval(secs => p_stale_after)
+				OR EXISTS (SELECT 1 FROM {s}.workers w WHERE w.worker_key = c.lease_key AND w.finished_at IS NULL
+					AND w.heartbeat_at >= now() - greatest(w.stale_after, make_interval(secs => p_stale_after))))))
+			ORDER BY c.seq LIMIT 1 FOR UPDATE SKIP LOCKED)
+		AND set_config('synchronous_commit', 'off', true) IS NOT NULL
+		RETURNING chunks)
+	SELECT l.chunks,
+		(SELECT r.status FROM {s}.runs r WHERE r.batch_id = p_batch_id),
+		(SELECT r.last_error FROM {s}.runs r WHERE r.batch_id = p_batch_id),
+		coalesce((SELECT json_object_agg(k.key, k.value) FROM {s}.knobs k WHERE k.batch_id = p_batch_id), '{}')::text
+	FROM l;
+END
+$fn$;
