@@ -142,12 +142,12 @@ func fieldsOf(v, cols string) string {
 //
 // One simple query, one round trip per chunk: the try's lock_timeout
 // first, queued (Later) as SET LOCAL in front of the fence, so that it
-// bounds the lock of the chunks table the fence takes when PostgreSQL
-// parses it (an operator's LOCK TABLE on the manifest: the wait ends in
-// 55P03, a wait of the chunk); then the fence, without parameters (its
-// values are literals), whose other settings are an uncorrelated subquery
-// in a condition without columns, which PostgreSQL evaluates once, as a
-// one-time filter, before the scan reaches the chunk's row.
+// bounds the lock of the chunks table the fence takes (an operator's
+// LOCK TABLE on the manifest: the wait ends in 55P03, a wait of the
+// chunk); then the fence, without parameters (its values are literals):
+// a call of the manifest's function fence_lease (migration 28), whose
+// plan the session keeps, which sets the lease's settings
+// (leaseSettings), then locks the chunk's row and clears its lease.
 func (m *Manifest) FenceLease(ctx context.Context, tx sqlx.ExtContext, batchID int64, seq int, epoch int64, l backfilldriver.Lease) (st backfilltype.ChunkState, pid int, ok bool, err error) {
 	app, kIdle, kInt, kCount, userTO := sessionSettings(l)
 	var rows []struct {
@@ -164,13 +164,8 @@ func (m *Manifest) FenceLease(ctx context.Context, tx sqlx.ExtContext, batchID i
 	// before the schema's name is put in, which may hold a "$".
 	args := strings.NewReplacer("$11", lit(userTO), "$10", lit(kCount), "$1", lit(batchID), "$2", lit(seq), "$3", lit(l.Key),
 		"$4", lit(epoch), "$5", lit(l.StmtTimeout), "$6", lit(l.LockTimeout), "$7", lit(app), "$8", lit(kIdle), "$9", lit(kInt))
-	err = sqlx.SelectContext(ctx, tx, &rows, m.SQL(args.Replace(`UPDATE {s}.chunks c SET lease_key = NULL, leased_at = NULL
-		WHERE (SELECT true WHERE `+leaseSettings+`)
-		AND c.batch_id = $1::bigint AND c.seq = $2::int AND c.lease_key = $3 AND c.lease_epoch = $4::bigint
-		AND (c.status = 'pending' OR c.status = 'open'
-			AND c.open_call < (SELECT calls FROM {s}.runs WHERE batch_id = $1::bigint AND status IN ('running', 'paused')))
-		AND EXISTS (SELECT 1 FROM {s}.runs WHERE batch_id = $1::bigint AND status IN ('running', 'paused'))
-		RETURNING `+chunkColumns+`, pg_backend_pid() AS backend_pid`)))
+	err = sqlx.SelectContext(ctx, tx, &rows, m.SQL(args.Replace(`SELECT `+fieldsOf("f.chunk", chunkColumns)+`, f.backend_pid
+		FROM {s}.fence_lease($1::bigint, $2::int, $3, $4::bigint, $5, $6, $7, $8, $9, $10, $11) f`)))
 	if err != nil {
 		var pe *pq.Error
 		if errors.As(err, &pe) && pe.Code == "55P03" {
@@ -185,38 +180,29 @@ func (m *Manifest) FenceLease(ctx context.Context, tx sqlx.ExtContext, batchID i
 	return rows[0].state(), rows[0].Pid, true, nil
 }
 
-// leaseSettings is the condition that sets, locally in the chunk's
-// transaction, the lease's settings ($5 to $11, see sessionSettings):
+// sessionSettings returns the last five of the lease's settings
+// (leaseSettings) of lease l as arguments of the fence (fence_lease, $7
+// to $11 of FenceLease; $5 and $6 are l.StmtTimeout and l.LockTimeout),
+// which sets them locally in the chunk's transaction:
 //
-//   - statement_timeout 0 ($5: the value of the merge, kept in
+//   - statement_timeout 0 (the value of the merge, kept in
 //     backfill.statement_timeout; [Config.StatementTimeout], or the
 //     session's when ""): the COPY that stays open while the spool is
 //     replayed is not charged to it. The merge puts it back (PGMerger's
 //     planner settings) for its statements and what follows;
-//   - lock_timeout ($6), the try's ([Config.LockRetries]; "" keeps the
+//   - lock_timeout, the try's ([Config.LockRetries]; "" keeps the
 //     session's), also kept in backfill.lock_timeout for the merge to put
 //     back (PlannerSettings); its key locks wait in steps of their own
 //     (WaitLock), which put the try's back when granted;
-//   - application_name "backfill <worker key> " ($7) before the session's
+//   - application_name "backfill <worker key> " before the session's
 //     own: the chunk's holder, for the waiting workers' fencing (Holders);
 //   - TCP keepalives (idle StaleAfter/3, interval StaleAfter/9, 3
-//     probes; $8 to $10) and tcp_user_timeout = StaleAfter ($11): the
-//     server ends the transaction of a worker cut off within the bound.
+//     probes) and tcp_user_timeout = StaleAfter: the server ends the
+//     transaction of a worker cut off within the bound.
 //     Not idle_in_transaction_session_timeout: the chunk's transaction is
 //     idle while its validators run in the process, which may take long;
 //     a worker frozen between statements stops heartbeating and is fenced
 //     by the others instead.
-const leaseSettings = `set_config('statement_timeout', CASE WHEN set_config('backfill.statement_timeout',
-			coalesce(nullif($5, ''), current_setting('statement_timeout')), true) IS NOT NULL THEN '0' END, true) IS NOT NULL
-		AND set_config('backfill.lock_timeout', set_config('lock_timeout', coalesce(nullif($6, ''), current_setting('lock_timeout')), true), true) IS NOT NULL
-		AND set_config('application_name', left($7 || current_setting('application_name'), 63), true) IS NOT NULL
-		AND set_config('tcp_keepalives_idle', $8, true) IS NOT NULL
-		AND set_config('tcp_keepalives_interval', $9, true) IS NOT NULL
-		AND set_config('tcp_keepalives_count', $10, true) IS NOT NULL
-		AND set_config('tcp_user_timeout', $11, true) IS NOT NULL`
-
-// sessionSettings returns the session settings of lease l as set_config
-// arguments.
 func sessionSettings(l backfilldriver.Lease) (appName, keepIdle, keepInterval, keepCount, userTimeoutMS string) {
 	s := max(int(l.StaleAfter/time.Second), 3)
 	return "backfill " + l.Key + " ", fmt.Sprint(max(s/3, 1)), fmt.Sprint(max(s/9, 1)), "3",

@@ -274,3 +274,35 @@ BEGIN
 	FROM l;
 END
 $fn$;
+
+-- A leased chunk's fence (FenceLease) through a plan the session keeps,
+-- as lease_chunk: the lease's settings of the chunk's transaction first
+-- (see leaseSettings: p_stmt_timeout, p_lock_timeout, p_app, the TCP
+-- keepalives p_keep_idle, p_keep_interval, p_keep_count and
+-- p_user_timeout), then the chunk's row locked and its lease cleared
+-- where it is still p_key's at p_epoch, the chunk claimable and the run
+-- running or paused. Runs as the caller.
+CREATE FUNCTION {s}.fence_lease(p_batch_id bigint, p_seq int, p_key text, p_epoch bigint, p_stmt_timeout text, p_lock_timeout text,
+		p_app text, p_keep_idle text, p_keep_interval text, p_keep_count text, p_user_timeout text)
+	RETURNS TABLE (chunk {s}.chunks, backend_pid int)
+	LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $fn$
+BEGIN
+	PERFORM set_config('statement_timeout', CASE WHEN set_config('backfill.statement_timeout',
+			coalesce(nullif(p_stmt_timeout, ''), current_setting('statement_timeout')), true) IS NOT NULL THEN '0' END, true),
+		set_config('backfill.lock_timeout', set_config('lock_timeout', coalesce(nullif(p_lock_timeout, ''), current_setting('lock_timeout')), true), true),
+		set_config('application_name', left(p_app || current_setting('application_name'), 63), true),
+		set_config('tcp_keepalives_idle', p_keep_idle, true),
+		set_config('tcp_keepalives_interval', p_keep_interval, true),
+		set_config('tcp_keepalives_count', p_keep_count, true),
+		set_config('tcp_user_timeout', p_user_timeout, true);
+	RETURN QUERY
+	WITH f AS (
+		UPDATE {s}.chunks c SET lease_key = NULL, leased_at = NULL
+		WHERE c.batch_id = p_batch_id AND c.seq = p_seq AND c.lease_key = p_key AND c.lease_epoch = p_epoch
+			AND (c.status = 'pending' OR c.status = 'open'
+				AND c.open_call < (SELECT calls FROM {s}.runs WHERE batch_id = p_batch_id AND status IN ('running', 'paused')))
+			AND EXISTS (SELECT 1 FROM {s}.runs WHERE batch_id = p_batch_id AND status IN ('running', 'paused'))
+		RETURNING c)
+	SELECT f.c, pg_backend_pid() FROM f;
+END
+$fn$;
