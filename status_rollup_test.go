@@ -408,12 +408,13 @@ func TestLeaseAndFenceWriteNoRollup(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, pm.RegisterWorker(ctx, db, backfilltype.Worker{Key: "k", ID: "worker k", BatchID: run.BatchID, Job: job.Name,
 		Host: "host", PID: 7, StaleAfter: time.Minute}))
-	// The rollup's row versions: a write of the rollup deletes and
-	// inserts rows (new ctids and xmins).
+	// The rollups' row versions: a write of a rollup deletes and inserts
+	// rows (new ctids and xmins).
 	versions := func() string {
 		t.Helper()
 		var v string
-		require.NoError(t, db.Get(&v, `SELECT coalesce(string_agg(ctid::text || '/' || xmin::text, ',' ORDER BY ctid), '') FROM backfill.chunk_counts`))
+		require.NoError(t, db.Get(&v, `SELECT (SELECT coalesce(string_agg(ctid::text || '/' || xmin::text, ',' ORDER BY ctid), '') FROM backfill.chunk_counts)
+			|| ' ' || (SELECT coalesce(string_agg(ctid::text || '/' || xmin::text, ',' ORDER BY ctid), '') FROM backfill.chunk_buckets)`))
 		return v
 	}
 	before := versions()

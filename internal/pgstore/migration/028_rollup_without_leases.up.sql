@@ -195,6 +195,16 @@ BEGIN
 		DELETE FROM {s}.chunk_counts k WHERE k.batch_id IN (SELECT DISTINCT c.batch_id FROM old_chunks c)
 			AND NOT EXISTS (SELECT 1 FROM {s}.runs r WHERE r.batch_id = k.batch_id);
 	ELSE
+		-- An update that changes none of the rollup's columns (a lease,
+		-- its fence, a heartbeat) adds nothing: found without the
+		-- grouping.
+		IF NOT EXISTS (SELECT 1 FROM new_chunks n LEFT JOIN old_chunks o ON o.batch_id = n.batch_id AND o.seq = n.seq
+				WHERE o.seq IS NULL OR (o.status, o.skipped, o.kind, o.start_at, o.end_at, o.lo, o.hi, o.rows_read, o.rows_inserted, o.rows_updated,
+					o.rows_unchanged, o.rows_rejected, o.rows_deduplicated, o.rows_processed, o.reads) IS DISTINCT FROM
+					(n.status, n.skipped, n.kind, n.start_at, n.end_at, n.lo, n.hi, n.rows_read, n.rows_inserted, n.rows_updated,
+					n.rows_unchanged, n.rows_rejected, n.rows_deduplicated, n.rows_processed, n.reads)) THEN
+			RETURN NULL;
+		END IF;
 		SELECT array_agg(DISTINCT g.batch_id), jsonb_agg(g) INTO v_ids, v_deltas FROM (
 			SELECT c.batch_id, c.status, c.skipped, c.has_span,
 				sum(c.sign) AS chunks, sum(c.sign * c.rows_read) AS rows_read, sum(c.sign * c.rows_inserted) AS rows_inserted,
@@ -232,6 +242,123 @@ ALTER TABLE {s}.chunk_counts DROP COLUMN leased;
 CREATE INDEX chunk_counts_batch_group ON {s}.chunk_counts (batch_id, status, skipped, has_span);
 COMMENT ON TABLE {s}.chunk_counts IS
 	'Rollup of the chunks of each run, kept by triggers on chunks in the writing transaction: sum the rows of a run grouped by (status, skipped, has_span) for its chunks by group and the sums of their counters; span is seconds (time chunks) or keys (int chunks), has_span when it is positive. Several rows of one group are deltas to add up. The leased chunks are counted from chunks (the index chunks_leased).';
+
+-- The report's rollup (chunk_buckets, migration 27): its update trigger
+-- as there, with the early end of an update that changes none of its
+-- columns.
+CREATE OR REPLACE FUNCTION {s}.chunk_buckets_trigger() RETURNS trigger
+	LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+	v_ids bigint[];
+	v_deltas jsonb;
+BEGIN
+	-- The statement's new rows count +1, its old rows -1 (an update's
+	-- rows that it left as the rollup sees them, a lease's heartbeat,
+	-- count neither), grouped in one pass: the deltas are a few rows
+	-- whatever the statement's size. Static statements: their plans are
+	-- kept by the session.
+	IF TG_OP = 'INSERT' THEN
+		WITH c AS (
+			SELECT x.sign, x.batch_id, x.seq, x.status, x.worker, x.attempts, x.rows_read, x.rows_inserted, x.rows_updated, x.rows_unchanged,
+				x.rows_rejected, x.rows_deduplicated,
+				CASE WHEN r.chunks_total <= 512 THEN 0 ELSE ceil(log(2, r.chunks_total / 512.0))::int END AS shift,
+				CASE WHEN x.started_at IS NOT NULL AND x.finished_at IS NOT NULL THEN greatest(extract(epoch FROM x.finished_at - x.started_at), 0) END AS d
+			FROM (SELECT 1 AS sign, n.batch_id, n.seq, n.status, n.worker, n.attempts, n.rows_read, n.rows_inserted, n.rows_updated, n.rows_unchanged, n.rows_rejected, n.rows_deduplicated, n.started_at, n.finished_at FROM new_chunks n) x JOIN {s}.runs r ON r.batch_id = x.batch_id),
+		k AS (
+			SELECT 's'::"char" AS kind, (c.seq >> c.shift) << c.shift AS lo, c.status AS k_status, ''::text AS k_worker, c.* FROM c
+			UNION ALL
+			SELECT 'w', 0, c.status, c.worker, c.* FROM c
+			UNION ALL
+			SELECT 'd', CASE WHEN c.d * 1000 < 2 ^ 0.25 THEN 0 ELSE floor(4 * log(2, (c.d * 1000)::numeric))::int END, '', '', c.* FROM c WHERE c.d IS NOT NULL),
+		g AS (
+			SELECT k.batch_id, k.kind, k.lo, k.k_status AS status, k.k_worker AS worker, sum(k.sign) AS chunks,
+				coalesce(sum(k.sign) FILTER (WHERE k.d IS NOT NULL), 0) AS timed,
+				sum(k.sign * k.attempts) AS attempts, sum(k.sign * k.rows_read) AS rows_read, sum(k.sign * k.rows_inserted) AS rows_inserted,
+				sum(k.sign * k.rows_updated) AS rows_updated, sum(k.sign * k.rows_unchanged) AS rows_unchanged, sum(k.sign * k.rows_rejected) AS rows_rejected,
+				sum(k.sign * k.rows_deduplicated) AS rows_deduplicated, coalesce(sum(k.sign * k.d), 0) AS busy_seconds
+			FROM k GROUP BY 1, 2, 3, 4, 5)
+		SELECT array_agg(DISTINCT g.batch_id), jsonb_agg(g) INTO v_ids, v_deltas FROM g
+		WHERE g.chunks <> 0 OR g.timed <> 0 OR g.attempts <> 0 OR g.rows_read <> 0 OR g.rows_inserted <> 0 OR g.rows_updated <> 0
+			OR g.rows_unchanged <> 0 OR g.rows_rejected <> 0 OR g.rows_deduplicated <> 0 OR g.busy_seconds <> 0;
+	ELSIF TG_OP = 'DELETE' THEN
+		DELETE FROM {s}.chunk_buckets b WHERE b.batch_id IN (SELECT DISTINCT o.batch_id FROM old_chunks o)
+			AND NOT EXISTS (SELECT 1 FROM {s}.runs r WHERE r.batch_id = b.batch_id);
+		-- A run's delete cascades here: its rollup went with it (the join
+		-- on runs in the grouping drops its rows).
+		WITH c AS (
+			SELECT x.sign, x.batch_id, x.seq, x.status, x.worker, x.attempts, x.rows_read, x.rows_inserted, x.rows_updated, x.rows_unchanged,
+				x.rows_rejected, x.rows_deduplicated,
+				CASE WHEN r.chunks_total <= 512 THEN 0 ELSE ceil(log(2, r.chunks_total / 512.0))::int END AS shift,
+				CASE WHEN x.started_at IS NOT NULL AND x.finished_at IS NOT NULL THEN greatest(extract(epoch FROM x.finished_at - x.started_at), 0) END AS d
+			FROM (SELECT -1 AS sign, o.batch_id, o.seq, o.status, o.worker, o.attempts, o.rows_read, o.rows_inserted, o.rows_updated, o.rows_unchanged, o.rows_rejected, o.rows_deduplicated, o.started_at, o.finished_at FROM old_chunks o) x JOIN {s}.runs r ON r.batch_id = x.batch_id),
+		k AS (
+			SELECT 's'::"char" AS kind, (c.seq >> c.shift) << c.shift AS lo, c.status AS k_status, ''::text AS k_worker, c.* FROM c
+			UNION ALL
+			SELECT 'w', 0, c.status, c.worker, c.* FROM c
+			UNION ALL
+			SELECT 'd', CASE WHEN c.d * 1000 < 2 ^ 0.25 THEN 0 ELSE floor(4 * log(2, (c.d * 1000)::numeric))::int END, '', '', c.* FROM c WHERE c.d IS NOT NULL),
+		g AS (
+			SELECT k.batch_id, k.kind, k.lo, k.k_status AS status, k.k_worker AS worker, sum(k.sign) AS chunks,
+				coalesce(sum(k.sign) FILTER (WHERE k.d IS NOT NULL), 0) AS timed,
+				sum(k.sign * k.attempts) AS attempts, sum(k.sign * k.rows_read) AS rows_read, sum(k.sign * k.rows_inserted) AS rows_inserted,
+				sum(k.sign * k.rows_updated) AS rows_updated, sum(k.sign * k.rows_unchanged) AS rows_unchanged, sum(k.sign * k.rows_rejected) AS rows_rejected,
+				sum(k.sign * k.rows_deduplicated) AS rows_deduplicated, coalesce(sum(k.sign * k.d), 0) AS busy_seconds
+			FROM k GROUP BY 1, 2, 3, 4, 5)
+		SELECT array_agg(DISTINCT g.batch_id), jsonb_agg(g) INTO v_ids, v_deltas FROM g
+		WHERE g.chunks <> 0 OR g.timed <> 0 OR g.attempts <> 0 OR g.rows_read <> 0 OR g.rows_inserted <> 0 OR g.rows_updated <> 0
+			OR g.rows_unchanged <> 0 OR g.rows_rejected <> 0 OR g.rows_deduplicated <> 0 OR g.busy_seconds <> 0;
+	ELSE
+		-- An update that changes none of the rollup's columns (a lease,
+		-- its fence, a heartbeat) adds nothing: found without the
+		-- grouping.
+		IF NOT EXISTS (SELECT 1 FROM new_chunks n LEFT JOIN old_chunks o ON o.batch_id = n.batch_id AND o.seq = n.seq
+				WHERE o.seq IS NULL OR (o.status, o.worker, o.attempts, o.rows_read, o.rows_inserted, o.rows_updated, o.rows_unchanged, o.rows_rejected,
+					o.rows_deduplicated, o.started_at, o.finished_at) IS DISTINCT FROM
+					(n.status, n.worker, n.attempts, n.rows_read, n.rows_inserted, n.rows_updated, n.rows_unchanged, n.rows_rejected,
+					n.rows_deduplicated, n.started_at, n.finished_at)) THEN
+			RETURN NULL;
+		END IF;
+		WITH c AS (
+			SELECT x.sign, x.batch_id, x.seq, x.status, x.worker, x.attempts, x.rows_read, x.rows_inserted, x.rows_updated, x.rows_unchanged,
+				x.rows_rejected, x.rows_deduplicated,
+				CASE WHEN r.chunks_total <= 512 THEN 0 ELSE ceil(log(2, r.chunks_total / 512.0))::int END AS shift,
+				CASE WHEN x.started_at IS NOT NULL AND x.finished_at IS NOT NULL THEN greatest(extract(epoch FROM x.finished_at - x.started_at), 0) END AS d
+			FROM (SELECT 1 AS sign, n.batch_id, n.seq, n.status, n.worker, n.attempts, n.rows_read, n.rows_inserted, n.rows_updated, n.rows_unchanged, n.rows_rejected, n.rows_deduplicated, n.started_at, n.finished_at FROM new_chunks n
+				LEFT JOIN old_chunks o ON o.batch_id = n.batch_id AND o.seq = n.seq
+				WHERE o.seq IS NULL OR (o.status, o.worker, o.attempts, o.rows_read, o.rows_inserted, o.rows_updated, o.rows_unchanged, o.rows_rejected,
+					o.rows_deduplicated, o.started_at, o.finished_at) IS DISTINCT FROM
+					(n.status, n.worker, n.attempts, n.rows_read, n.rows_inserted, n.rows_updated, n.rows_unchanged, n.rows_rejected,
+					n.rows_deduplicated, n.started_at, n.finished_at)
+				UNION ALL
+				SELECT -1 AS sign, o.batch_id, o.seq, o.status, o.worker, o.attempts, o.rows_read, o.rows_inserted, o.rows_updated, o.rows_unchanged, o.rows_rejected, o.rows_deduplicated, o.started_at, o.finished_at FROM old_chunks o
+				LEFT JOIN new_chunks n ON n.batch_id = o.batch_id AND n.seq = o.seq
+				WHERE n.seq IS NULL OR (o.status, o.worker, o.attempts, o.rows_read, o.rows_inserted, o.rows_updated, o.rows_unchanged, o.rows_rejected,
+					o.rows_deduplicated, o.started_at, o.finished_at) IS DISTINCT FROM
+					(n.status, n.worker, n.attempts, n.rows_read, n.rows_inserted, n.rows_updated, n.rows_unchanged, n.rows_rejected,
+					n.rows_deduplicated, n.started_at, n.finished_at)) x JOIN {s}.runs r ON r.batch_id = x.batch_id),
+		k AS (
+			SELECT 's'::"char" AS kind, (c.seq >> c.shift) << c.shift AS lo, c.status AS k_status, ''::text AS k_worker, c.* FROM c
+			UNION ALL
+			SELECT 'w', 0, c.status, c.worker, c.* FROM c
+			UNION ALL
+			SELECT 'd', CASE WHEN c.d * 1000 < 2 ^ 0.25 THEN 0 ELSE floor(4 * log(2, (c.d * 1000)::numeric))::int END, '', '', c.* FROM c WHERE c.d IS NOT NULL),
+		g AS (
+			SELECT k.batch_id, k.kind, k.lo, k.k_status AS status, k.k_worker AS worker, sum(k.sign) AS chunks,
+				coalesce(sum(k.sign) FILTER (WHERE k.d IS NOT NULL), 0) AS timed,
+				sum(k.sign * k.attempts) AS attempts, sum(k.sign * k.rows_read) AS rows_read, sum(k.sign * k.rows_inserted) AS rows_inserted,
+				sum(k.sign * k.rows_updated) AS rows_updated, sum(k.sign * k.rows_unchanged) AS rows_unchanged, sum(k.sign * k.rows_rejected) AS rows_rejected,
+				sum(k.sign * k.rows_deduplicated) AS rows_deduplicated, coalesce(sum(k.sign * k.d), 0) AS busy_seconds
+			FROM k GROUP BY 1, 2, 3, 4, 5)
+		SELECT array_agg(DISTINCT g.batch_id), jsonb_agg(g) INTO v_ids, v_deltas FROM g
+		WHERE g.chunks <> 0 OR g.timed <> 0 OR g.attempts <> 0 OR g.rows_read <> 0 OR g.rows_inserted <> 0 OR g.rows_updated <> 0
+			OR g.rows_unchanged <> 0 OR g.rows_rejected <> 0 OR g.rows_deduplicated <> 0 OR g.busy_seconds <> 0;
+	END IF;
+	IF v_deltas IS NOT NULL THEN
+		PERFORM {s}.chunk_buckets_apply(v_ids, v_deltas);
+	END IF;
+	RETURN NULL;
+END
+$fn$;
 
 -- The rollups' functions keep one plan of each statement per session
 -- (generic in the functions' arguments and variables): a custom plan,
