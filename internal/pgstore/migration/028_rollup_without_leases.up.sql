@@ -433,3 +433,9 @@ BEGIN
 	SELECT f.c, pg_backend_pid() FROM f;
 END
 $fn$;
+
+-- Both run as the caller, with its privileges on the tables: any role
+-- may execute them (whatever the database's default privileges), as it
+-- could send their statements.
+GRANT EXECUTE ON FUNCTION {s}.lease_chunk(bigint, int[], text, float8),
+	{s}.fence_lease(bigint, int, text, bigint, text, text, text, text, text, text, text) TO PUBLIC;
