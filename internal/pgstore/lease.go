@@ -44,11 +44,14 @@ func liveLeaseOf(alias, staleArg string) string {
 
 // LeaseChunk leases the first claimable chunk of batchID (the conditions
 // of ClaimQuery) whose lease is free, not live, or key's own and not in
-// l.Avoid (the caller lists there the chunks its goroutines work), in a
-// short transaction of its own. ok is false when there is none.
+// l.Avoid (the caller lists there the chunks its goroutines work), in
+// one statement that commits on its own (inOneStatement: no BEGIN, no
+// settings statement, no COMMIT; the statement sets its lock_timeout).
+// ok is false when there is none.
 //
 // With l.JobConcurrency > 0 it leases only while fewer than that many
-// chunks of the batch hold a live lease (full is then true): the job-wide
+// chunks of the batch hold a live lease (full is then true), in a short
+// transaction of its own (InShortTx): the job-wide
 // concurrency cap. A chunk's lease lasts from this claim to the commit of
 // its transaction, which clears it (the fence), so the count covers the
 // chunks extracting and merging across every process. The lease
@@ -68,9 +71,15 @@ func (m *Manifest) LeaseChunk(ctx context.Context, db sqlx.ExtContext, batchID i
 		RunReason string `db:"run_reason"`
 		RunKnobs  string `db:"run_knobs"`
 	}
-	err = InShortTx(ctx, db, func(tx sqlx.ExtContext) error {
-		rows, full = rows[:0], false
-		if l.JobConcurrency > 0 {
+	if l.JobConcurrency <= 0 {
+		// One statement, which commits on its own.
+		err = inOneStatement(ctx, db, func(q sqlx.ExtContext, lockTimeout string) error {
+			rows = rows[:0]
+			return sqlx.SelectContext(ctx, q, &rows, m.SQL(LeaseQuery), batchID, pq.Array(avoid), l.Key, l.StaleAfter.Seconds(), lockTimeout)
+		})
+	} else {
+		err = InShortTx(ctx, db, func(tx sqlx.ExtContext) error {
+			rows, full = rows[:0], false
 			var n int
 			if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock(hashtextextended('backfill job concurrency ' || $1 || ' ' || $2, 0))`,
 				m.SchemaName, batchID); err != nil {
@@ -84,9 +93,9 @@ func (m *Manifest) LeaseChunk(ctx context.Context, db sqlx.ExtContext, batchID i
 				full = true
 				return nil
 			}
-		}
-		return sqlx.SelectContext(ctx, tx, &rows, m.SQL(LeaseQuery), batchID, pq.Array(avoid), l.Key, l.StaleAfter.Seconds())
-	})
+			return sqlx.SelectContext(ctx, tx, &rows, m.SQL(LeaseQuery), batchID, pq.Array(avoid), l.Key, l.StaleAfter.Seconds(), "")
+		})
+	}
 	if err != nil {
 		return backfilldriver.ChunkLease{}, false, false, fmt.Errorf("backfill: lease chunk of batch %d: %w", batchID, err)
 	}
@@ -118,8 +127,8 @@ func (m *Manifest) LeaseChunk(ctx context.Context, db sqlx.ExtContext, batchID i
 // worker may reuse the lost epoch number, but under its own key, which
 // the lost lease's fence (key and epoch) does not match. The chunk's
 // commit, which flushes the WAL, makes the lease durable with it.
-var LeaseQuery = `SELECT ` + fieldsOf("l.chunk", chunkColumns) + `, (l.chunk).lease_epoch, l.run_status, l.run_reason, l.run_knobs
-			FROM {s}.lease_chunk($1, $2::int[], $3, $4) l`
+var LeaseQuery = `SELECT ` + chunkColumns + `, lease_epoch, run_status, run_reason, run_knobs
+			FROM {s}.lease_chunk($1, $2::int[], $3, $4, $5)`
 
 // fieldsOf returns the comma-separated columns cols as fields of the
 // composite value v: "(v).a, (v).b".

@@ -374,12 +374,24 @@ ALTER FUNCTION {s}.exception_counts_trigger() SET plan_cache_mode = force_generi
 -- statement, sent as text, was parsed and planned again for every chunk,
 -- which cost more than running it. The statement of LeaseQuery (see
 -- there), with its parameters as arguments: batch p_batch_id, chunks to
--- avoid p_avoid, key p_key, stale bound p_stale_after seconds. Runs as
--- the caller (a loader's privileges on chunks, runs and knobs).
-CREATE FUNCTION {s}.lease_chunk(p_batch_id bigint, p_avoid int[], p_key text, p_stale_after float8)
-	RETURNS TABLE (chunk {s}.chunks, run_status text, run_reason text, run_knobs text)
+-- avoid p_avoid, key p_key, stale bound p_stale_after seconds; first the
+-- lock_timeout p_lock_timeout, locally, unless it is '' (a call outside
+-- a transaction sets its own). Runs as the caller (a loader's privileges
+-- on chunks, runs and knobs). Its result's columns are of scalar types,
+-- not the chunks' row type: a call outside a transaction would otherwise
+-- wait for a lock of the chunks table, unbounded, to parse its own
+-- columns before the function set lock_timeout.
+CREATE FUNCTION {s}.lease_chunk(p_batch_id bigint, p_avoid int[], p_key text, p_stale_after float8, p_lock_timeout text)
+	RETURNS TABLE (batch_id bigint, seq int, chunk_id text, kind text, start_at timestamptz, end_at timestamptz, lo bigint, hi bigint,
+		item text, status text, attempts int, rows_read bigint, rows_inserted bigint, rows_updated bigint, rows_unchanged bigint,
+		rows_rejected bigint, rows_deduplicated bigint, started_at timestamptz, finished_at timestamptz, last_error text, worker text,
+		skipped boolean, lease_epoch bigint, run_status text, run_reason text, run_knobs text)
 	LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $fn$
+#variable_conflict use_column
 BEGIN
+	IF p_lock_timeout <> '' THEN
+		PERFORM set_config('lock_timeout', p_lock_timeout, true);
+	END IF;
 	RETURN QUERY
 	WITH l AS (
 		UPDATE {s}.chunks SET lease_key = p_key, lease_epoch = lease_epoch + 1, leased_at = now()
@@ -393,8 +405,11 @@ BEGIN
 					AND w.heartbeat_at >= now() - greatest(w.stale_after, make_interval(secs => p_stale_after))))))
 			ORDER BY c.seq LIMIT 1 FOR UPDATE SKIP LOCKED)
 		AND set_config('synchronous_commit', 'off', true) IS NOT NULL
-		RETURNING chunks)
-	SELECT l.chunks,
+		RETURNING chunks.batch_id, chunks.seq, chunks.chunk_id, chunks.kind, chunks.start_at, chunks.end_at, chunks.lo, chunks.hi, chunks.item,
+			chunks.status, chunks.attempts, chunks.rows_read, chunks.rows_inserted, chunks.rows_updated, chunks.rows_unchanged,
+			chunks.rows_rejected, chunks.rows_deduplicated, chunks.started_at, chunks.finished_at, chunks.last_error, chunks.worker,
+			chunks.skipped, chunks.lease_epoch)
+	SELECT l.*,
 		(SELECT r.status FROM {s}.runs r WHERE r.batch_id = p_batch_id),
 		(SELECT r.last_error FROM {s}.runs r WHERE r.batch_id = p_batch_id),
 		coalesce((SELECT json_object_agg(k.key, k.value) FROM {s}.knobs k WHERE k.batch_id = p_batch_id), '{}')::text
@@ -437,5 +452,5 @@ $fn$;
 -- Both run as the caller, with its privileges on the tables: any role
 -- may execute them (whatever the database's default privileges), as it
 -- could send their statements.
-GRANT EXECUTE ON FUNCTION {s}.lease_chunk(bigint, int[], text, float8),
+GRANT EXECUTE ON FUNCTION {s}.lease_chunk(bigint, int[], text, float8, text),
 	{s}.fence_lease(bigint, int, text, bigint, text, text, text, text, text, text, text) TO PUBLIC;
