@@ -47,7 +47,9 @@ func liveLeaseOf(alias, staleArg string) string {
 // l.Avoid (the caller lists there the chunks its goroutines work), in
 // one statement that commits on its own (inOneStatement: no BEGIN, no
 // settings statement, no COMMIT; the statement sets its lock_timeout).
-// ok is false when there is none.
+// Sent again after its answer was lost, it leases the chunk it had
+// leased again (key's own lease), at the next epoch. ok is false when
+// there is none.
 //
 // With l.JobConcurrency > 0 it leases only while fewer than that many
 // chunks of the batch hold a live lease (full is then true), in a short

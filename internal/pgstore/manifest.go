@@ -137,7 +137,10 @@ func InBoundedTx(ctx context.Context, db sqlx.ExtContext, f func(tx sqlx.ExtCont
 // when the statement runs outside a transaction, "" otherwise (the
 // transaction's settings stand). The statement_timeout of InShortTx is
 // not set (PostgreSQL arms it when a statement starts): the statement's
-// waits are its locks, which lock_timeout bounds.
+// waits are its locks, which lock_timeout bounds. The statement must be
+// safe to run twice: one that committed and whose answer was lost may
+// be sent again, by database/sql itself (lib/pq reports the lost
+// connection as driver.ErrBadConn) or by the retries of InShortTx.
 func inOneStatement(ctx context.Context, db sqlx.ExtContext, f func(q sqlx.ExtContext, lockTimeout string) error) error {
 	settings := defaultTxSettings
 	_, pool := db.(*sqlx.DB)
