@@ -327,11 +327,30 @@ func TestClaimWalksClaimableIndex(t *testing.T) {
 			args []any
 		}{
 			"claim": {pgstore.ClaimQuery, []any{run.BatchID, "{}"}},
-			"lease": {pgstore.LeaseQuery, []any{run.BatchID, "{}", "k", 30.0}},
+			// The lease's statement, in its function lease_chunk, with the
+			// generic plan the function keeps.
+			"lease": {"", []any{run.BatchID, "{}", "k", 30.0}},
 		} {
 			err := pgstore.InTx(ctx, db, func(tx sqlx.ExtContext) error {
 				var plan []string
-				if err := sqlx.SelectContext(ctx, tx, &plan, `EXPLAIN (COSTS OFF) `+pm.SQL(q.sql), q.args...); err != nil {
+				if q.sql == "" {
+					var src string
+					if err := sqlx.GetContext(ctx, tx, &src, `SELECT prosrc FROM pg_proc WHERE oid = 'backfill.lease_chunk'::regproc`); err != nil {
+						return err
+					}
+					i, j := strings.Index(src, "RETURN QUERY"), strings.LastIndex(src, ";")
+					if i < 0 || j < i {
+						t.Fatalf("lease_chunk: no RETURN QUERY statement in\n%s", src)
+					}
+					stmt := strings.NewReplacer("p_batch_id", "$1", "p_avoid", "$2", "p_key", "$3", "p_stale_after", "$4").Replace(src[i+len("RETURN QUERY") : j])
+					if _, err := tx.ExecContext(ctx, `SET LOCAL plan_cache_mode = force_generic_plan; PREPARE lease_generic (bigint, int[], text, float8) AS `+stmt); err != nil {
+						return err
+					}
+					defer tx.ExecContext(ctx, `DEALLOCATE lease_generic`)
+					if err := sqlx.SelectContext(ctx, tx, &plan, fmt.Sprintf(`EXPLAIN (COSTS OFF) EXECUTE lease_generic (%d, '{}', 'k', 30)`, run.BatchID)); err != nil {
+						return err
+					}
+				} else if err := sqlx.SelectContext(ctx, tx, &plan, `EXPLAIN (COSTS OFF) `+pm.SQL(q.sql), q.args...); err != nil {
 					return err
 				}
 				p := strings.Join(plan, "\n")

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	neturl "net/url"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -27,11 +28,16 @@ import (
 // forwards the connection's next COMMIT and closes the client's side
 // before the server's answer reaches it (the transaction commits, the
 // client cannot know); otherwise it closes the connection before the
-// statement reaches the server (the transaction rolls back).
+// statement reaches the server (the transaction rolls back). With
+// atSync, for a statement that commits on its own (outside a
+// transaction), it forwards the statement's Execute and the Sync that
+// ends its implicit transaction, and closes the client's side before the
+// server's answer reaches it.
 type cutProxy struct {
 	*pgproxy.Proxy
 	trigger  string
 	atCommit bool
+	atSync   bool
 
 	mu    sync.Mutex
 	armed bool          // the trigger was seen (on some connection)
@@ -90,11 +96,32 @@ func (p *cutProxy) decide(q string, mine bool) (act pgproxy.Action, nowMine bool
 	return pgproxy.Forward, mine
 }
 
+// cutSync cuts the connection after its Sync, once.
+func (p *cutProxy) cutSync() pgproxy.Action {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.hasFired() {
+		return pgproxy.Forward
+	}
+	close(p.fired)
+	return pgproxy.CutAfter
+}
+
 // hook cuts one connection: its statements (simple Query or Parse) go
-// through decide.
+// through decide; with atSync, the Sync after the trigger's Execute
+// through cutSync.
 func (p *cutProxy) hook() pgproxy.Hook {
-	mine := false
+	mine, executed := false, false
 	return func(m pgproxy.Message) (act pgproxy.Action) {
+		if p.atSync {
+			switch {
+			case m.Type == 'E' && strings.Contains(m.Statement, p.trigger):
+				executed = true
+			case m.Type == 'S' && executed:
+				return p.cutSync()
+			}
+			return pgproxy.Forward
+		}
 		if m.Type != 'Q' && m.Type != 'P' {
 			return pgproxy.Forward
 		}
@@ -112,15 +139,16 @@ func (p *cutProxy) hook() pgproxy.Hook {
 func TestManifestTransactionsSurviveCutConnections(t *testing.T) {
 	t.Parallel()
 	cases := []struct {
-		name, trigger string
-		atCommit      bool
+		name, trigger    string
+		atCommit, atSync bool
 	}{
-		{"version read at start", `AS has_table`, false},
-		{"start run commit", `INSERT INTO "backfill".runs`, true},
-		{"lease", `SET lease_key = $3, lease_epoch = lease_epoch + 1`, false},
-		{"lease commit", `SET lease_key = $3, lease_epoch = lease_epoch + 1`, true},
-		{"register worker commit", `INSERT INTO "backfill".workers`, true},
-		{"finish run commit", `SET status = $2, last_error = $3`, true},
+		{"version read at start", `AS has_table`, false, false},
+		{"start run commit", `INSERT INTO "backfill".runs`, true, false},
+		{"lease", `"backfill".lease_chunk(`, false, false},
+		// The lease commits on its own (no transaction).
+		{"lease commit", `"backfill".lease_chunk(`, false, true},
+		{"register worker commit", `INSERT INTO "backfill".workers`, true, false},
+		{"finish run commit", `SET status = $2, last_error = $3`, true, false},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -134,6 +162,7 @@ func TestManifestTransactionsSurviveCutConnections(t *testing.T) {
 			pu, err := neturl.Parse(u)
 			require.NoError(t, err)
 			p := newCutProxy(t, pu.Host, tc.trigger, tc.atCommit)
+			p.atSync = tc.atSync
 			db := sqlx.MustOpen("postgres", p.url(t, u))
 			t.Cleanup(func() { _ = db.Close() })
 			logs := &syncBuffer{}
@@ -147,7 +176,16 @@ func TestManifestTransactionsSurviveCutConnections(t *testing.T) {
 			require.NotZero(t, rep.BatchID)
 			require.Equal(t, RunCompleted, rep.Status)
 			require.False(t, rep.Resumed)
-			require.Contains(t, logs.String(), "transient fault")
+			if tc.atSync {
+				// The statement committed, its answer lost: database/sql
+				// sends it again on another connection (driver.ErrBadConn),
+				// which leases the same chunk again, at the next epoch.
+				var epochs []int64
+				require.NoError(t, admin.Select(&epochs, `SELECT lease_epoch FROM backfill.chunks ORDER BY seq`))
+				require.Equal(t, int64(2), slices.Max(epochs), "epochs %v", epochs)
+			} else {
+				require.Contains(t, logs.String(), "transient fault")
+			}
 			var st struct {
 				Runs      int `db:"runs"`
 				Completed int `db:"completed"`

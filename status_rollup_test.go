@@ -8,11 +8,14 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
 	"pgregory.net/rapid"
 
+	"github.com/pgbackfill/backfill/backfilldriver"
+	"github.com/pgbackfill/backfill/backfilltype"
 	"github.com/pgbackfill/backfill/internal/pgstore"
 	"github.com/pgbackfill/backfill/internal/pgtest"
 )
@@ -28,19 +31,19 @@ func rollupDiff(t interface {
 	t.Helper()
 	var diff []string
 	q := strings.ReplaceAll(`WITH rc AS (
-		SELECT batch_id, status, lease_key IS NOT NULL AS leased, skipped,
+		SELECT batch_id, status, skipped,
 			coalesce(CASE kind WHEN 'time' THEN extract(epoch FROM end_at - start_at) WHEN 'int' THEN (hi - lo)::numeric END > 0, false) AS has_span,
 			count(*)::bigint AS chunks, sum(rows_read)::bigint AS rd, sum(rows_inserted)::bigint AS ins, sum(rows_updated)::bigint AS upd,
 			sum(rows_unchanged)::bigint AS unch, sum(rows_rejected)::bigint AS rej, sum(rows_deduplicated)::bigint AS dedup,
 			sum(rows_processed)::bigint AS processed, sum(reads)::bigint AS reads,
 			coalesce(sum(CASE kind WHEN 'time' THEN extract(epoch FROM end_at - start_at) WHEN 'int' THEN (hi - lo)::numeric END), 0) AS span
-		FROM {s}.chunks GROUP BY 1, 2, 3, 4, 5),
+		FROM {s}.chunks GROUP BY 1, 2, 3, 4),
 	ro AS (
-		SELECT batch_id, status, leased, skipped, has_span, sum(chunks)::bigint AS chunks, sum(rows_read)::bigint AS rd,
+		SELECT batch_id, status, skipped, has_span, sum(chunks)::bigint AS chunks, sum(rows_read)::bigint AS rd,
 			sum(rows_inserted)::bigint AS ins, sum(rows_updated)::bigint AS upd, sum(rows_unchanged)::bigint AS unch,
 			sum(rows_rejected)::bigint AS rej, sum(rows_deduplicated)::bigint AS dedup, sum(rows_processed)::bigint AS processed,
 			sum(reads)::bigint AS reads, sum(span) AS span
-		FROM {s}.chunk_counts GROUP BY 1, 2, 3, 4, 5
+		FROM {s}.chunk_counts GROUP BY 1, 2, 3, 4
 		HAVING sum(chunks) <> 0 OR sum(rows_read) <> 0 OR sum(rows_processed) <> 0 OR sum(reads) <> 0 OR sum(span) <> 0),
 	ec AS (SELECT batch_id, reason, column_name, count(*)::bigint AS n FROM {s}.exceptions WHERE failed_attempt IS NULL GROUP BY 1, 2, 3),
 	eo AS (SELECT batch_id, reason, column_name, sum(n)::bigint AS n FROM {s}.exception_counts GROUP BY 1, 2, 3 HAVING sum(n) <> 0)
@@ -385,4 +388,56 @@ func TestMigrateRollupOfExistingRuns(t *testing.T) {
 	var n int
 	require.NoError(t, db.Get(&n, `SELECT count(*) FROM backfill.exception_counts`))
 	require.Positive(t, n)
+}
+
+// TestLeaseAndFenceWriteNoRollup: a chunk's lease and its fence change
+// only its lease, which the rollup does not group by: neither writes a
+// row of chunk_counts (the chunk's checkpoint is its one write there),
+// and Status counts the leased chunk in flight all the same.
+func TestLeaseAndFenceWriteNoRollup(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t)
+	pm := NewPGManifest("")
+	require.NoError(t, pm.Init(ctx, db))
+	ch := IntRange(0, 40, 10)
+	chunks, err := ch.Chunks(ctx)
+	require.NoError(t, err)
+	job := Job{Name: "lease_rollup", Chunker: ch, Target: Target{Table: "t", Key: []string{"id"}}}
+	run, _, err := pm.StartRun(ctx, db, NewPlan(job, TableInfo{Target: job.Target}, chunks), "w", false)
+	require.NoError(t, err)
+	require.NoError(t, pm.RegisterWorker(ctx, db, backfilltype.Worker{Key: "k", ID: "worker k", BatchID: run.BatchID, Job: job.Name,
+		Host: "host", PID: 7, StaleAfter: time.Minute}))
+	// The rollups' row versions: a write of a rollup deletes and inserts
+	// rows (new ctids and xmins).
+	versions := func() string {
+		t.Helper()
+		var v string
+		require.NoError(t, db.Get(&v, `SELECT (SELECT coalesce(string_agg(ctid::text || '/' || xmin::text, ',' ORDER BY ctid), '') FROM backfill.chunk_counts)
+			|| ' ' || (SELECT coalesce(string_agg(ctid::text || '/' || xmin::text, ',' ORDER BY ctid), '') FROM backfill.chunk_buckets)`))
+		return v
+	}
+	before := versions()
+	l := backfilldriver.Lease{Key: "k", StaleAfter: time.Minute}
+	cl, ok, _, err := pm.LeaseChunk(ctx, db, run.BatchID, l)
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.Equal(t, before, versions(), "the lease wrote the rollup")
+	st, err := pm.Status(ctx, db, run.BatchID)
+	require.NoError(t, err)
+	require.Equal(t, 1, st.Chunks.InFlight)
+	requireStatusIsRecount(t, db, run.BatchID)
+
+	tx, err := db.BeginTxx(ctx, nil)
+	require.NoError(t, err)
+	defer tx.Rollback()
+	_, _, ok, err = pm.FenceLease(ctx, tx, run.BatchID, cl.State.Chunk.Seq, cl.Epoch, l)
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.NoError(t, tx.Commit())
+	require.Equal(t, before, versions(), "the fence wrote the rollup")
+	st, err = pm.Status(ctx, db, run.BatchID)
+	require.NoError(t, err)
+	require.Equal(t, 0, st.Chunks.InFlight)
+	requireStatusIsRecount(t, db, run.BatchID)
 }

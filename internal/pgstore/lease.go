@@ -44,11 +44,16 @@ func liveLeaseOf(alias, staleArg string) string {
 
 // LeaseChunk leases the first claimable chunk of batchID (the conditions
 // of ClaimQuery) whose lease is free, not live, or key's own and not in
-// l.Avoid (the caller lists there the chunks its goroutines work), in a
-// short transaction of its own. ok is false when there is none.
+// l.Avoid (the caller lists there the chunks its goroutines work), in
+// one statement that commits on its own (inOneStatement: no BEGIN, no
+// settings statement, no COMMIT; the statement sets its lock_timeout).
+// Sent again after its answer was lost, it leases the chunk it had
+// leased again (key's own lease), at the next epoch. ok is false when
+// there is none.
 //
 // With l.JobConcurrency > 0 it leases only while fewer than that many
-// chunks of the batch hold a live lease (full is then true): the job-wide
+// chunks of the batch hold a live lease (full is then true), in a short
+// transaction of its own (InShortTx): the job-wide
 // concurrency cap. A chunk's lease lasts from this claim to the commit of
 // its transaction, which clears it (the fence), so the count covers the
 // chunks extracting and merging across every process. The lease
@@ -68,9 +73,15 @@ func (m *Manifest) LeaseChunk(ctx context.Context, db sqlx.ExtContext, batchID i
 		RunReason string `db:"run_reason"`
 		RunKnobs  string `db:"run_knobs"`
 	}
-	err = InShortTx(ctx, db, func(tx sqlx.ExtContext) error {
-		rows, full = rows[:0], false
-		if l.JobConcurrency > 0 {
+	if l.JobConcurrency <= 0 {
+		// One statement, which commits on its own.
+		err = inOneStatement(ctx, db, func(q sqlx.ExtContext, lockTimeout string) error {
+			rows = rows[:0]
+			return sqlx.SelectContext(ctx, q, &rows, m.SQL(LeaseQuery), batchID, pq.Array(avoid), l.Key, l.StaleAfter.Seconds(), lockTimeout)
+		})
+	} else {
+		err = InShortTx(ctx, db, func(tx sqlx.ExtContext) error {
+			rows, full = rows[:0], false
 			var n int
 			if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock(hashtextextended('backfill job concurrency ' || $1 || ' ' || $2, 0))`,
 				m.SchemaName, batchID); err != nil {
@@ -84,9 +95,9 @@ func (m *Manifest) LeaseChunk(ctx context.Context, db sqlx.ExtContext, batchID i
 				full = true
 				return nil
 			}
-		}
-		return sqlx.SelectContext(ctx, tx, &rows, m.SQL(LeaseQuery), batchID, pq.Array(avoid), l.Key, l.StaleAfter.Seconds())
-	})
+			return sqlx.SelectContext(ctx, tx, &rows, m.SQL(LeaseQuery), batchID, pq.Array(avoid), l.Key, l.StaleAfter.Seconds(), "")
+		})
+	}
 	if err != nil {
 		return backfilldriver.ChunkLease{}, false, false, fmt.Errorf("backfill: lease chunk of batch %d: %w", batchID, err)
 	}
@@ -106,7 +117,10 @@ func (m *Manifest) LeaseChunk(ctx context.Context, db sqlx.ExtContext, batchID i
 // or key $3's own, and returns it with its new lease_epoch and the run's
 // control state (Control's columns: run_status, run_reason, run_knobs),
 // so that the read of the control state between two chunks costs no
-// statement of its own.
+// statement of its own. The statement is the manifest's function
+// lease_chunk (migration 28), whose plan the session keeps: sent as
+// text, it was parsed and planned again for every chunk. The liveness of
+// a lease there is liveLease's.
 //
 // Its commit does not wait for the WAL flush (synchronous_commit off): a
 // lease lost with a server crash is harmless. The crash ends the chunk's
@@ -115,19 +129,18 @@ func (m *Manifest) LeaseChunk(ctx context.Context, db sqlx.ExtContext, batchID i
 // worker may reuse the lost epoch number, but under its own key, which
 // the lost lease's fence (key and epoch) does not match. The chunk's
 // commit, which flushes the WAL, makes the lease durable with it.
-var LeaseQuery = `UPDATE {s}.chunks SET lease_key = $3, lease_epoch = lease_epoch + 1, leased_at = now()
-			WHERE batch_id = $1 AND seq = (SELECT c.seq FROM {s}.chunks c
-				WHERE c.batch_id = $1 AND c.status IN ('pending', 'open')
-					AND (c.status = 'pending' OR c.open_call < (SELECT calls FROM {s}.runs WHERE batch_id = $1 AND status = 'running'))
-				AND EXISTS (SELECT 1 FROM {s}.runs WHERE batch_id = $1 AND status = 'running')
-				AND NOT (c.seq = ANY ($2::int[]))
-				AND (c.lease_key = $3 OR NOT (` + liveLease("$4") + `))
-				ORDER BY c.seq LIMIT 1 FOR UPDATE SKIP LOCKED)
-			AND set_config('synchronous_commit', 'off', true) IS NOT NULL
-			RETURNING ` + chunkColumns + `, lease_epoch,
-				(SELECT r.status FROM {s}.runs r WHERE r.batch_id = $1) AS run_status,
-				(SELECT r.last_error FROM {s}.runs r WHERE r.batch_id = $1) AS run_reason,
-				coalesce((SELECT json_object_agg(k.key, k.value) FROM {s}.knobs k WHERE k.batch_id = $1), '{}')::text AS run_knobs`
+var LeaseQuery = `SELECT ` + chunkColumns + `, lease_epoch, run_status, run_reason, run_knobs
+			FROM {s}.lease_chunk($1, $2::int[], $3, $4, $5)`
+
+// fieldsOf returns the comma-separated columns cols as fields of the
+// composite value v: "(v).a, (v).b".
+func fieldsOf(v, cols string) string {
+	fs := strings.Split(cols, ",")
+	for i, f := range fs {
+		fs[i] = "(" + v + ")." + strings.TrimSpace(f)
+	}
+	return strings.Join(fs, ", ")
+}
 
 // FenceLease implements [backfilldriver.ManifestLeases.FenceLease]: the
 // fence of a leased chunk's transaction tx. With the settings of the
@@ -140,12 +153,12 @@ var LeaseQuery = `UPDATE {s}.chunks SET lease_key = $3, lease_epoch = lease_epoc
 //
 // One simple query, one round trip per chunk: the try's lock_timeout
 // first, queued (Later) as SET LOCAL in front of the fence, so that it
-// bounds the lock of the chunks table the fence takes when PostgreSQL
-// parses it (an operator's LOCK TABLE on the manifest: the wait ends in
-// 55P03, a wait of the chunk); then the fence, without parameters (its
-// values are literals), whose other settings are an uncorrelated subquery
-// in a condition without columns, which PostgreSQL evaluates once, as a
-// one-time filter, before the scan reaches the chunk's row.
+// bounds the lock of the chunks table the fence takes (an operator's
+// LOCK TABLE on the manifest: the wait ends in 55P03, a wait of the
+// chunk); then the fence, without parameters (its values are literals):
+// a call of the manifest's function fence_lease (migration 28), whose
+// plan the session keeps, which sets the lease's settings
+// (leaseSettings), then locks the chunk's row and clears its lease.
 func (m *Manifest) FenceLease(ctx context.Context, tx sqlx.ExtContext, batchID int64, seq int, epoch int64, l backfilldriver.Lease) (st backfilltype.ChunkState, pid int, ok bool, err error) {
 	app, kIdle, kInt, kCount, userTO := sessionSettings(l)
 	var rows []struct {
@@ -162,13 +175,8 @@ func (m *Manifest) FenceLease(ctx context.Context, tx sqlx.ExtContext, batchID i
 	// before the schema's name is put in, which may hold a "$".
 	args := strings.NewReplacer("$11", lit(userTO), "$10", lit(kCount), "$1", lit(batchID), "$2", lit(seq), "$3", lit(l.Key),
 		"$4", lit(epoch), "$5", lit(l.StmtTimeout), "$6", lit(l.LockTimeout), "$7", lit(app), "$8", lit(kIdle), "$9", lit(kInt))
-	err = sqlx.SelectContext(ctx, tx, &rows, m.SQL(args.Replace(`UPDATE {s}.chunks c SET lease_key = NULL, leased_at = NULL
-		WHERE (SELECT true WHERE `+leaseSettings+`)
-		AND c.batch_id = $1::bigint AND c.seq = $2::int AND c.lease_key = $3 AND c.lease_epoch = $4::bigint
-		AND (c.status = 'pending' OR c.status = 'open'
-			AND c.open_call < (SELECT calls FROM {s}.runs WHERE batch_id = $1::bigint AND status IN ('running', 'paused')))
-		AND EXISTS (SELECT 1 FROM {s}.runs WHERE batch_id = $1::bigint AND status IN ('running', 'paused'))
-		RETURNING `+chunkColumns+`, pg_backend_pid() AS backend_pid`)))
+	err = sqlx.SelectContext(ctx, tx, &rows, m.SQL(args.Replace(`SELECT `+fieldsOf("f.chunk", chunkColumns)+`, f.backend_pid
+		FROM {s}.fence_lease($1::bigint, $2::int, $3, $4::bigint, $5, $6, $7, $8, $9, $10, $11) f`)))
 	if err != nil {
 		var pe *pq.Error
 		if errors.As(err, &pe) && pe.Code == "55P03" {
@@ -183,38 +191,29 @@ func (m *Manifest) FenceLease(ctx context.Context, tx sqlx.ExtContext, batchID i
 	return rows[0].state(), rows[0].Pid, true, nil
 }
 
-// leaseSettings is the condition that sets, locally in the chunk's
-// transaction, the lease's settings ($5 to $11, see sessionSettings):
+// sessionSettings returns the last five of the lease's settings
+// (leaseSettings) of lease l as arguments of the fence (fence_lease, $7
+// to $11 of FenceLease; $5 and $6 are l.StmtTimeout and l.LockTimeout),
+// which sets them locally in the chunk's transaction:
 //
-//   - statement_timeout 0 ($5: the value of the merge, kept in
+//   - statement_timeout 0 (the value of the merge, kept in
 //     backfill.statement_timeout; [Config.StatementTimeout], or the
 //     session's when ""): the COPY that stays open while the spool is
 //     replayed is not charged to it. The merge puts it back (PGMerger's
 //     planner settings) for its statements and what follows;
-//   - lock_timeout ($6), the try's ([Config.LockRetries]; "" keeps the
+//   - lock_timeout, the try's ([Config.LockRetries]; "" keeps the
 //     session's), also kept in backfill.lock_timeout for the merge to put
 //     back (PlannerSettings); its key locks wait in steps of their own
 //     (WaitLock), which put the try's back when granted;
-//   - application_name "backfill <worker key> " ($7) before the session's
+//   - application_name "backfill <worker key> " before the session's
 //     own: the chunk's holder, for the waiting workers' fencing (Holders);
 //   - TCP keepalives (idle StaleAfter/3, interval StaleAfter/9, 3
-//     probes; $8 to $10) and tcp_user_timeout = StaleAfter ($11): the
-//     server ends the transaction of a worker cut off within the bound.
+//     probes) and tcp_user_timeout = StaleAfter: the server ends the
+//     transaction of a worker cut off within the bound.
 //     Not idle_in_transaction_session_timeout: the chunk's transaction is
 //     idle while its validators run in the process, which may take long;
 //     a worker frozen between statements stops heartbeating and is fenced
 //     by the others instead.
-const leaseSettings = `set_config('statement_timeout', CASE WHEN set_config('backfill.statement_timeout',
-			coalesce(nullif($5, ''), current_setting('statement_timeout')), true) IS NOT NULL THEN '0' END, true) IS NOT NULL
-		AND set_config('backfill.lock_timeout', set_config('lock_timeout', coalesce(nullif($6, ''), current_setting('lock_timeout')), true), true) IS NOT NULL
-		AND set_config('application_name', left($7 || current_setting('application_name'), 63), true) IS NOT NULL
-		AND set_config('tcp_keepalives_idle', $8, true) IS NOT NULL
-		AND set_config('tcp_keepalives_interval', $9, true) IS NOT NULL
-		AND set_config('tcp_keepalives_count', $10, true) IS NOT NULL
-		AND set_config('tcp_user_timeout', $11, true) IS NOT NULL`
-
-// sessionSettings returns the session settings of lease l as set_config
-// arguments.
 func sessionSettings(l backfilldriver.Lease) (appName, keepIdle, keepInterval, keepCount, userTimeoutMS string) {
 	s := max(int(l.StaleAfter/time.Second), 3)
 	return "backfill " + l.Key + " ", fmt.Sprint(max(s/3, 1)), fmt.Sprint(max(s/9, 1)), "3",

@@ -124,9 +124,13 @@ func WaitLock(ctx context.Context, tx sqlx.ExtContext, what string, spec LockSpe
 	// an application session queued behind the wait waits no longer
 	// than that.
 	step := max(lw.Step.Milliseconds(), 1)
+	// The transaction's lock_timeout in milliseconds from its text
+	// ("0", "250ms", "2s", "1min"), which interval input reads with its
+	// unit: the pg_settings view would build every setting's row first,
+	// a cost this statement pays once per chunk.
 	q := stmt(fmt.Sprintf(`set_config('backfill.lock_wait', current_setting('lock_timeout'), true) IS NOT NULL
-		AND set_config('lock_timeout', (SELECT CASE WHEN s.setting::bigint > 0 THEN least(s.setting::bigint, %d) ELSE %d END
-			FROM pg_settings s WHERE s.name = 'lock_timeout')::text, true) IS NOT NULL`, step, step))
+		AND set_config('lock_timeout', (SELECT CASE WHEN s.ms > 0 THEN least(s.ms, %d) ELSE %d END
+			FROM (SELECT (extract(epoch FROM current_setting('lock_timeout')::interval) * 1000)::bigint AS ms) s)::text, true) IS NOT NULL`, step, step))
 	w := LockWait{What: what, Spec: spec, Tx: tx}
 	var begin time.Time
 	for {
