@@ -206,7 +206,7 @@ type PGMergeSQL struct {
 	// not after it.
 	upsertDelivers bool
 	Update         string `json:"-" db:"-"`
-	Insert       string `json:"-" db:"-"`
+	Insert         string `json:"-" db:"-"`
 	// CloseIntervals recomputes, before the insert, valid_to of the
 	// touched keys' versions when the chunk adds versions (History);
 	// lockClosing locks, before it, the versions it would change;
