@@ -638,6 +638,9 @@ func mergeStatements(q pgstore.PGMergeSQL) [][2]string {
 	var out [][2]string
 	for i := range v.NumField() {
 		name := v.Type().Field(i).Name
+		if v.Field(i).Kind() != reflect.String {
+			continue
+		}
 		out = append(out, [2]string{strings.ToLower(name[:1]) + name[1:], v.Field(i).String()})
 	}
 	return out
@@ -689,4 +692,90 @@ func TestComparedColumns(t *testing.T) {
 
 func TestSQLF(t *testing.T) {
 	require.Equal(t, `SELECT "{b}" FROM x WHERE {unknown} AND {`, pgstore.SQLf(`SELECT {a} FROM x WHERE {unknown} AND {`, "a", `"{b}"`, "b", "never"))
+}
+
+// TestUpsertRecordsItsDeliveries: an Upsert that changes some rows of a
+// chunk records the rows it leaves unchanged that an earlier batch wrote
+// (the delivered summary) in its own statement, not in a second pass
+// over the chunk's rows; a settled chunk still records them after its
+// lock statement.
+func TestUpsertRecordsItsDeliveries(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t)
+	_, err := db.Exec(`CREATE TABLE dl (id bigint PRIMARY KEY, v text NOT NULL, backfill_inserted_by bigint, backfill_updated_by bigint)`)
+	require.NoError(t, err)
+	sdb := &stmtDB{DB: Postgres(db)}
+	r, err := NewWithDB(sdb, &Config{WorkerID: "deliveries"})
+	require.NoError(t, err)
+	changed := ""
+	job := Job{Name: "dl", Chunker: IntRange(0, 30, 10), Target: Target{Table: "dl", Key: []string{"id"}, Columns: []string{"id", "v"}},
+		Extractor: ExtractorFunc(func(ctx context.Context, c Chunk, w RowWriter) error {
+			for id := c.Lo; id < c.Hi; id++ {
+				v := fmt.Sprint("v", id)
+				if id == 12 {
+					v += changed
+				}
+				if err := w.Write(ctx, id, v); err != nil {
+					return err
+				}
+			}
+			return nil
+		})}
+	rep1, err := r.Run(ctx, job)
+	require.NoError(t, err)
+
+	// Per chunk transaction with a staging COPY: its upserts and its
+	// delivered summaries of their own.
+	stmts := func() (upserts, summaries []int) {
+		sdb.mu.Lock()
+		defer sdb.mu.Unlock()
+		for _, tx := range sdb.txs {
+			copied, u, d := false, 0, 0
+			for _, q := range tx.stmts {
+				copied = copied || strings.HasPrefix(q, "COPY ") && !strings.Contains(q, `"backfill".chunks`)
+				switch {
+				case strings.Contains(q, "WITH j AS MATERIALIZED"):
+					u++
+				case strings.Contains(q, `INSERT INTO "backfill".delivered`):
+					d++
+				}
+			}
+			if copied {
+				upserts, summaries = append(upserts, u), append(summaries, d)
+			}
+		}
+		sdb.txs = nil
+		return upserts, summaries
+	}
+	stmts()
+
+	changed = "-2"
+	job.NewRun = true
+	rep2, err := r.Run(ctx, job)
+	require.NoError(t, err)
+	require.Equal(t, Counts{Read: 30, Updated: 1, Unchanged: 29}, rep2.Counts)
+	upserts, summaries := stmts()
+	require.Equal(t, []int{0, 1, 0}, upserts, "upserts per chunk")
+	require.Equal(t, []int{1, 0, 1}, summaries, "delivered summaries of their own per chunk")
+	var got []struct {
+		Seq   int    `db:"seq"`
+		Owner int64  `db:"owner"`
+		Lo    string `db:"lo"`
+		Hi    string `db:"hi"`
+		Count int64  `db:"row_count"`
+	}
+	require.NoError(t, db.Select(&got, `SELECT seq, owner, lo::text AS lo, hi::text AS hi, row_count FROM backfill.delivered WHERE batch_id = $1 ORDER BY seq`, rep2.BatchID))
+	require.Len(t, got, 3)
+	for i, d := range got {
+		require.Equal(t, i, d.Seq)
+		require.Equal(t, rep1.BatchID, d.Owner)
+		require.Equal(t, fmt.Sprintf(`{"id": %d}`, 10*i), d.Lo)
+		require.Equal(t, fmt.Sprintf(`{"id": %d}`, 10*i+9), d.Hi)
+		require.Equal(t, int64(10-min(i%2, 1)), d.Count, "chunk %d", i)
+	}
+	// A rollback of batch 1 sees the 29 rows batch 2 delivered unchanged.
+	pv, err := r.Rollback(ctx, job, RollbackOptions{BatchID: rep1.BatchID, Preview: true})
+	require.NoError(t, err)
+	require.Equal(t, int64(29), pv.ConflictsDelivered)
 }

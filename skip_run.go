@@ -208,6 +208,24 @@ func (ex *execution) targetText(ctx context.Context, t *chunkTry, baseTarget str
 	return fingerprintText(t.info, fp), nil
 }
 
+// tupleRows returns the count of rows of a target fingerprint of their
+// tuple identities (fingerprintText with TupleIdentity, or
+// insertedText), read from its end; false for one of another form.
+func tupleRows(target string) (int64, bool) {
+	parts := strings.Split(target, ":")
+	var rows string
+	switch {
+	case strings.HasPrefix(target, "tuples:") && len(parts) >= 4:
+		rows = parts[len(parts)-2]
+	case strings.HasPrefix(target, "inserts:") && len(parts) >= 5:
+		rows = parts[len(parts)-3]
+	default:
+		return 0, false
+	}
+	n, err := strconv.ParseInt(rows, 10, 64)
+	return n, err == nil && n >= 0
+}
+
 // parseCount reads a count the server sent as text (-1 if it is none).
 func parseCount(s string) int64 {
 	n, err := strconv.ParseInt(s, 10, 64)
@@ -375,7 +393,7 @@ func (ex *execution) checkpointSkipped(ctx context.Context, t *chunkTry, sc skip
 	cr.span.setRows(read)
 	// What a merge of the chunk would have summarised: the rows it
 	// delivered unchanged that other batches last wrote.
-	if err := ex.recordSkippedDelivered(ctx, tx, info, c, keys); err != nil {
+	if err := ex.recordSkippedDelivered(ctx, tx, info, c, keys, base); err != nil {
 		return false, chunkErr(err)
 	}
 	cr.span.next(ctx, backfilltrace.PhaseValidate)
@@ -463,22 +481,38 @@ func (ex *execution) recordAfterMerge(ctx context.Context, t *chunkTry, sk *chun
 	return nil
 }
 
-// recordSkippedDelivered records, for a chunk skipped in tx, the
-// delivered summary (see [RollbackConflict]) of the target rows within
-// its bounds (without ChunkColumn: of the identities keys): one row per
-// owner batch (lineage UpdatedBy) other than this one, with how many and
-// the least and greatest identity. It does nothing without lineage or a
-// delivered table.
-func (ex *execution) recordSkippedDelivered(ctx context.Context, tx backfilldriver.Tx, info TableInfo, c Chunk, keys [][]string) error {
+// recordSkippedDelivered records, for a chunk skipped in tx on base's
+// fingerprints, the delivered summary (see [RollbackConflict]) of the
+// target rows within its bounds (without ChunkColumn: of the identities
+// keys): one row per owner batch (lineage UpdatedBy) other than this
+// one, with how many and the least and greatest identity. It does
+// nothing without lineage or a delivered table.
+//
+// When base was skipped too and its target fingerprint is of the rows'
+// tuple identities (equal to this chunk's, checked by the caller: the
+// rows are the row versions the base saw, their lineage too), the
+// base's summary is copied (pgstore.CopyDelivered) when it accounts for
+// every one of those rows; otherwise, or without rows, the rows are
+// read.
+func (ex *execution) recordSkippedDelivered(ctx context.Context, tx backfilldriver.Tx, info TableInfo, c Chunk, keys [][]string, base backfilldriver.ChunkFingerprints) error {
 	t := info.Target
 	if ex.deliveredTable == "" || t.Lineage.UpdatedBy == "" {
 		return nil
+	}
+	identity := info.Identity()
+	if rows, ok := tupleRows(base.Target); ok && base.Skipped && info.TupleIdentity {
+		if rows == 0 {
+			return nil // no target row: no summary
+		}
+		copied, err := pgstore.CopyDelivered(ctx, tx, ex.deliveredTable, ex.batchID, c.Seq, base.BatchID, base.Seq, identity, rows)
+		if err != nil || copied {
+			return err
+		}
 	}
 	pc, err := pgstore.NewPGCheck("delivered", SeverityError, ValidationScope{Chunk: c, Info: info, ChunkColumn: ex.job.ChunkColumn, Zone: ex.job.Zone, Staging: "-"})
 	if err != nil {
 		return err
 	}
-	identity := info.Identity()
 	a := pgstore.SQLArgs{ex.batchID, c.Seq, pq.Array(identity)}
 	from := pgstore.SQLf("{target} t", "target", sqlgen.Table(t.Table))
 	bounds := "true"

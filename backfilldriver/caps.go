@@ -267,6 +267,13 @@ type ChunkFingerprints struct {
 	// that skips without extracting takes its Read, and extracts when its
 	// Rejected is not 0 (rejects are queued only by an extraction).
 	Counts backfilltype.Counts
+	// Seq is the base chunk's seq in its batch, and Skipped whether its
+	// checkpoint skipped its merge (set by BaseFingerprints; ignored by
+	// CompleteChunkFingerprinted). A replay that skips the chunk again
+	// copies a skipped base's delivered summary instead of reading the
+	// chunk's target rows (see pgstore.CopyDelivered).
+	Seq     int
+	Skipped bool
 }
 
 // IsZero reports whether fp records no fingerprint (whatever its

@@ -2,6 +2,7 @@ package backfilltest
 
 import (
 	"context"
+	"slices"
 	"testing"
 	"time"
 
@@ -110,8 +111,8 @@ func testManifestCapabilities(t *testing.T,
 		other := run1.BatchID + 1000 // a batch that is not run1
 		fp, ok := base("job", "k1", other, c0)
 		require.True(t, ok)
-		require.Equal(t, backfilldriver.ChunkFingerprints{BatchID: run1.BatchID, SkipKey: "k1", Source: "s1", Target: "t1", Version: "ver1", Counts: counts}, fp,
-			"the fingerprints, the version and the base's counts")
+		require.Equal(t, backfilldriver.ChunkFingerprints{BatchID: run1.BatchID, SkipKey: "k1", Source: "s1", Target: "t1", Version: "ver1", Counts: counts,
+			Seq: p.Chunks[0].Seq}, fp, "the fingerprints, the version, the base's counts and seq, not skipped")
 		_, ok = base("job", "k1", other, c1)
 		require.False(t, ok, "a chunk checkpointed without fingerprints")
 		_, ok = base("job", "k1", run1.BatchID, c0)
@@ -137,8 +138,10 @@ func testManifestCapabilities(t *testing.T,
 		complete(run2.BatchID, backfilldriver.ChunkFingerprints{SkipKey: "k1", Source: "s2", Target: "t2"}, true)
 		fp, ok = base("job", "k1", other, c0)
 		require.True(t, ok)
-		require.Equal(t, backfilldriver.ChunkFingerprints{BatchID: run2.BatchID, SkipKey: "k1", Source: "s2", Target: "t2", Counts: counts}, fp,
-			"the newest done chunk, whatever its run's scope; recorded without a version, none")
+		seq2 := slices.IndexFunc(p2.Chunks, func(c backfill.Chunk) bool { return c.ID == c0 })
+		require.Equal(t, backfilldriver.ChunkFingerprints{BatchID: run2.BatchID, SkipKey: "k1", Source: "s2", Target: "t2", Counts: counts,
+			Seq: p2.Chunks[seq2].Seq, Skipped: true}, fp,
+			"the newest done chunk, whatever its run's scope; recorded without a version, none; its seq, skipped")
 		fp, ok = base("job", "k1", run2.BatchID, c0)
 		require.True(t, ok)
 		require.Equal(t, run1.BatchID, fp.BatchID)

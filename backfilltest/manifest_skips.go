@@ -44,7 +44,7 @@ func (m *Manifest) BaseFingerprints(ctx context.Context, tx sqlx.ExtContext, job
 			if fp.IsZero() || fp.Source == "" || fp.Target == "" {
 				return backfilldriver.ChunkFingerprints{}, false, nil
 			}
-			fp.BatchID, fp.Counts = r.run.BatchID, c.Counts
+			fp.BatchID, fp.Counts, fp.Seq, fp.Skipped = r.run.BatchID, c.Counts, c.Chunk.Seq, c.Skipped
 			return fp, true, nil
 		}
 	}

@@ -23,11 +23,26 @@ DELETE FROM pg_temp."backfill_stage_7a1feba7197bdce2" WHERE _backfill_row = ANY 
 WITH j AS MATERIALIZED (
 	SELECT s.*, t."id" IS NOT NULL AS _backfill_found, coalesce(t."id" IS NOT NULL AND ROW(t."row_hash", (t."pos"::text COLLATE "C")) IS DISTINCT FROM ROW(s."row_hash", (s."pos"::text COLLATE "C")) AND (s."version" > t."version" OR (t."version" IS NULL AND s."version" IS NOT NULL)
 	OR (s."version" IS NOT DISTINCT FROM t."version" AND ROW((s."name" COLLATE "C"), (s."amount"::text COLLATE "C"), (s."doc"::text COLLATE "C"), (s."pos"::text COLLATE "C"), s."Odd ""col""", s."version")::text COLLATE "C" > ROW((t."name" COLLATE "C"), (t."amount"::text COLLATE "C"), (t."doc"::text COLLATE "C"), (t."pos"::text COLLATE "C"), t."Odd ""col""", t."version")::text COLLATE "C")), false) AS _backfill_apply, CASE WHEN coalesce(t."id" IS NOT NULL AND ROW(t."row_hash", (t."pos"::text COLLATE "C")) IS DISTINCT FROM ROW(s."row_hash", (s."pos"::text COLLATE "C")) AND (s."version" > t."version" OR (t."version" IS NULL AND s."version" IS NOT NULL)
-	OR (s."version" IS NOT DISTINCT FROM t."version" AND ROW((s."name" COLLATE "C"), (s."amount"::text COLLATE "C"), (s."doc"::text COLLATE "C"), (s."pos"::text COLLATE "C"), s."Odd ""col""", s."version")::text COLLATE "C" > ROW((t."name" COLLATE "C"), (t."amount"::text COLLATE "C"), (t."doc"::text COLLATE "C"), (t."pos"::text COLLATE "C"), t."Odd ""col""", t."version")::text COLLATE "C")), false) THEN to_jsonb(t.*) END AS _backfill_before
+	OR (s."version" IS NOT DISTINCT FROM t."version" AND ROW((s."name" COLLATE "C"), (s."amount"::text COLLATE "C"), (s."doc"::text COLLATE "C"), (s."pos"::text COLLATE "C"), s."Odd ""col""", s."version")::text COLLATE "C" > ROW((t."name" COLLATE "C"), (t."amount"::text COLLATE "C"), (t."doc"::text COLLATE "C"), (t."pos"::text COLLATE "C"), t."Odd ""col""", t."version")::text COLLATE "C")), false) THEN to_jsonb(t.*) END AS _backfill_before, t."updated_by" AS _backfill_owner
 	FROM pg_temp."backfill_stage_7a1feba7197bdce2" s LEFT JOIN "sales"."orders" t ON t."id" = s."id"),
 u AS (UPDATE "sales"."orders" t SET "name" = j."name", "amount" = j."amount", "doc" = j."doc", "pos" = j."pos", "Odd ""col""" = j."Odd ""col""", "version" = j."version", "row_hash" = j."row_hash", "ingested_at" = j."ingested_at", "updated_by" = j."updated_by" FROM j WHERE j._backfill_apply AND t."id" = j."id" RETURNING 1),
 i AS (INSERT INTO "sales"."orders" ("id", "name", "amount", "doc", "pos", "Odd ""col""", "version", "row_hash", "ingested_at", "inserted_by", "updated_by") SELECT j."id", j."name", j."amount", j."doc", j."pos", j."Odd ""col""", j."version", j."row_hash", j."ingested_at", j."inserted_by", j."updated_by" FROM j WHERE NOT j._backfill_found RETURNING 1),
-uu AS (INSERT INTO "backfill"."undo" (batch_id, seq, op, key, before) SELECT $1::bigint, $2::int, 'update', jsonb_build_object('id', j."id"), j._backfill_before FROM j WHERE j._backfill_apply)
+uu AS (INSERT INTO "backfill"."undo" (batch_id, seq, op, key, before) SELECT $1::bigint, $2::int, 'update', jsonb_build_object('id', j."id"), j._backfill_before FROM j WHERE j._backfill_apply),
+x AS MATERIALIZED (SELECT j."id", j._backfill_owner FROM j WHERE j._backfill_found AND NOT j._backfill_apply AND j._backfill_owner <> $1::bigint),
+o AS MATERIALIZED (SELECT x._backfill_owner, count(*) AS _backfill_n FROM x GROUP BY x._backfill_owner LIMIT 8 + 1),
+dl AS (INSERT INTO "backfill"."delivered" (owner, batch_id, seq, key_columns, lo, hi, row_count)
+SELECT y._backfill_owner, $1::bigint, $2::int, $3::text[], jsonb_build_object('id', y._backfill_lo_0), jsonb_build_object('id', y._backfill_hi_0), y._backfill_n FROM (
+	SELECT o._backfill_owner, o._backfill_n, l.*, h.* FROM o
+	CROSS JOIN LATERAL (SELECT x."id" AS _backfill_lo_0 FROM x WHERE x._backfill_owner = o._backfill_owner ORDER BY x."id" LIMIT 1) l
+	CROSS JOIN LATERAL (SELECT x."id" AS _backfill_hi_0 FROM x WHERE x._backfill_owner = o._backfill_owner ORDER BY x."id" DESC LIMIT 1) h
+	WHERE (SELECT count(*) FROM o) <= 8
+	UNION ALL
+	SELECT * FROM (
+		SELECT DISTINCT ON (x._backfill_owner) x._backfill_owner, count(*) OVER w AS _backfill_n, first_value(x."id") OVER w AS _backfill_lo_0, last_value(x."id") OVER w AS _backfill_hi_0
+		FROM x
+		WINDOW w AS (PARTITION BY x._backfill_owner ORDER BY x."id" ROWS BETWEEN UNBOUNDED PRECEDING AND UNBOUNDED FOLLOWING)
+		ORDER BY x._backfill_owner) z
+	WHERE (SELECT count(*) FROM o) > 8) y)
 SELECT (SELECT count(*) FROM j WHERE j._backfill_found AND NOT j._backfill_apply) AS unchanged,
 	(SELECT count(*) FROM u) AS updated, (SELECT count(*) FROM i) AS inserted;
 

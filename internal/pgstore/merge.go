@@ -489,12 +489,17 @@ func (s *PGStager) affected(ctx context.Context, what, query string) (int64, err
 }
 
 // Args returns the bind parameters of query, a statement that writes the
-// undo log: the chunk's batch and Seq when it takes them.
+// undo log or the delivered summary: the chunk's batch and Seq when it
+// takes them, and the identity's column names when it takes those
+// ($3, the delivered summary's).
 func (s *PGStager) Args(query string) []any {
-	if strings.Contains(query, "$1::bigint") {
-		return []any{s.Info.Chunk.BatchID, s.Info.Chunk.Seq}
+	if !strings.Contains(query, "$1::bigint") {
+		return nil
 	}
-	return nil
+	if strings.Contains(query, "$3::text[]") {
+		return []any{s.Info.Chunk.BatchID, s.Info.Chunk.Seq, pq.Array(s.Info.Identity())}
+	}
+	return []any{s.Info.Chunk.BatchID, s.Info.Chunk.Seq}
 }
 
 // Preparer is an executor that prepares statements on its connection
@@ -975,8 +980,11 @@ func (s *PGStager) mergeStaged(ctx context.Context, n int64, dup bool) (res back
 	if res.Unchanged < 0 {
 		return res, fmt.Errorf("backfill: merge %s: %w: staged %d, merged %+v", t.Table, backfilltype.ErrAccounting, n, res)
 	}
-	if err := s.recordDelivered(ctx, res.Unchanged); err != nil {
-		return res, err
+	if settled || !s.Q.upsertDelivers {
+		// Otherwise the upsert recorded them.
+		if err := s.recordDelivered(ctx, res.Unchanged); err != nil {
+			return res, err
+		}
 	}
 	return res, nil
 }

@@ -201,8 +201,12 @@ type PGMergeSQL struct {
 	// lockChanging locks the target rows the merge would change, before
 	// the statement that decides ([PGStager.lockChanging]); "" when none can.
 	lockChanging string
-	Update       string `json:"-" db:"-"`
-	Insert       string `json:"-" db:"-"`
+	// upsertDelivers: Upsert records the delivered summary of the rows
+	// it leaves unchanged (mergeShape.upsertDelivered); the stager does
+	// not after it.
+	upsertDelivers bool
+	Update         string `json:"-" db:"-"`
+	Insert         string `json:"-" db:"-"`
 	// CloseIntervals recomputes, before the insert, valid_to of the
 	// touched keys' versions when the chunk adds versions (History);
 	// lockClosing locks, before it, the versions it would change;
@@ -218,6 +222,10 @@ type mergeShape struct {
 	stage  string   // pg_temp-qualified, quoted staging table
 	target string   // quoted target table
 	undo   string   // quoted undo log table, "" for none
+	// delivered: the delivered table, "" for none or without lineage
+	// UpdatedBy (owner): the Upsert records the rows it leaves unchanged
+	// ([PGStager.recordDelivered]) in its own statement.
+	delivered, owner string
 	// insertOnly: the upsert counts the rows it would update instead of
 	// updating them (prepareInsertOnly).
 	insertOnly bool
@@ -230,6 +238,9 @@ type mergeShape struct {
 func BuildMergeSQL(info backfilltype.TableInfo) PGMergeSQL {
 	m := mergeShape{t: info.Target, cc: CompareColumns(info), stage: stagingTable(info), target: sqlgen.Table(info.Target.Table),
 		undo: info.Chunk.UndoTable}
+	if info.Chunk.DeliveredTable != "" && info.Target.Lineage.UpdatedBy != "" {
+		m.delivered, m.owner = info.Chunk.DeliveredTable, info.Target.Lineage.UpdatedBy
+	}
 	for _, c := range info.Columns {
 		m.names = append(m.names, c.Name)
 	}
@@ -243,11 +254,11 @@ func BuildMergeSQL(info backfilltype.TableInfo) PGMergeSQL {
 	}
 	if m.t.Mode == backfilltype.Upsert {
 		q.Upsert, q.insertAll, q.replayCheck, q.lockChanging = m.upsert(), m.insertAll(), m.replayCheck(), m.upsertLockChanging()
-		q.disagreed = m.disagreed()
+		q.disagreed, q.upsertDelivers = m.disagreed(), m.delivered != ""
 		if info.InsertOnly {
 			ro := m
-			ro.undo, ro.insertOnly = "", true
-			q.Upsert, q.lockChanging = ro.upsert(), ""
+			ro.undo, ro.insertOnly, ro.delivered = "", true, ""
+			q.Upsert, q.lockChanging, q.upsertDelivers = ro.upsert(), "", false
 		}
 	}
 	if m.t.Mode == backfilltype.History {
@@ -373,16 +384,35 @@ func (m mergeShape) apply() string {
 func (m mergeShape) upsert() string {
 	apply := m.apply()
 	before, undo := m.upsertUndo(apply)
+	owner, delivered := m.upsertDelivered()
 	return SQLf(`WITH j AS MATERIALIZED (
-	SELECT s.*, t.{key} IS NOT NULL AS _backfill_found, coalesce({apply}, false) AS _backfill_apply{before}
+	SELECT s.*, t.{key} IS NOT NULL AS _backfill_found, coalesce({apply}, false) AS _backfill_apply{before}{owner}
 	FROM {stage} s LEFT JOIN {target} t ON {ts}),
 u AS ({update}),
-i AS (INSERT INTO {target} ({names}) SELECT {jnames} FROM j WHERE NOT j._backfill_found RETURNING 1){undo}
+i AS (INSERT INTO {target} ({names}) SELECT {jnames} FROM j WHERE NOT j._backfill_found RETURNING 1){undo}{delivered}
 SELECT (SELECT count(*) FROM j WHERE j._backfill_found AND NOT j._backfill_apply) AS unchanged,
 	(SELECT count(*) FROM u) AS updated, (SELECT count(*) FROM i) AS inserted`,
 		"stage", m.stage, "target", m.target, "names", sqlgen.List("", m.names), "key", sqlgen.Ident(m.t.Key[0]),
 		"apply", apply, "ts", m.idEq("t", "s"), "update", m.upsertUpdate(apply), "jnames", sqlgen.List("j.", m.names),
-		"before", before, "undo", undo)
+		"before", before, "undo", undo, "owner", owner, "delivered", delivered)
+}
+
+// upsertDelivered returns the upsert's column of the found rows' owner
+// (lineage UpdatedBy) and its CTEs recording the delivered summary
+// (DeliveredSummarySQL) of the rows it finds and leaves unchanged that
+// another batch last wrote: those a separate statement after it would
+// find ([PGStager.recordDelivered]), decided from the upsert's own
+// snapshot and without a second lookup of every staged row. Both are ""
+// without a delivered table.
+func (m mergeShape) upsertDelivered() (owner, ctes string) {
+	if m.delivered == "" {
+		return "", ""
+	}
+	owner = SQLf(`, t.{ub} AS _backfill_owner`, "ub", sqlgen.Ident(m.owner))
+	rows := SQLf(`SELECT {jid}, j._backfill_owner FROM j WHERE j._backfill_found AND NOT j._backfill_apply AND j._backfill_owner <> $1::bigint`,
+		"jid", sqlgen.List("j.", m.cc.Identity))
+	x, insert := deliveredSummaryParts(m.delivered, m.cc.Identity, rows)
+	return owner, ",\n" + x + ",\ndl AS (" + insert + ")"
 }
 
 // upsertUpdate is the upsert's update of the rows j decided to apply.

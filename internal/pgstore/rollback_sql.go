@@ -322,6 +322,15 @@ func (s *PGStager) RecordDeliveredSQL() string {
 // whose estimated scans would cost the statement a JIT compilation
 // longer than its run.
 func DeliveredSummarySQL(delivered string, identity []string, rows string) string {
+	ctes, insert := deliveredSummaryParts(delivered, identity, rows)
+	return "WITH " + ctes + "\n" + insert
+}
+
+// deliveredSummaryParts returns DeliveredSummarySQL's two parts: its
+// common table expressions (x, the rows, and o), and the INSERT that
+// reads them, so that another statement (the Upsert merge) can take
+// both into its own WITH.
+func deliveredSummaryParts(delivered string, identity []string, rows string) (ctes, insert string) {
 	lo, hi := make([]string, len(identity)), make([]string, len(identity))
 	loJSON, hiJSON := make([]string, len(identity)), make([]string, len(identity))
 	topLo, topHi := make([]string, len(identity)), make([]string, len(identity))
@@ -335,9 +344,10 @@ func DeliveredSummarySQL(delivered string, identity []string, rows string) strin
 		topHi[i] = fmt.Sprintf("x.%s AS _backfill_hi_%d", sqlgen.Ident(c), i)
 		desc[i] = "x." + sqlgen.Ident(c) + " DESC"
 	}
-	return SQLf(`WITH x AS MATERIALIZED ({rows}),
-o AS MATERIALIZED (SELECT x._backfill_owner, count(*) AS _backfill_n FROM x GROUP BY x._backfill_owner LIMIT {few} + 1)
-INSERT INTO {delivered} (owner, batch_id, seq, key_columns, lo, hi, row_count)
+	ctes = SQLf(`x AS MATERIALIZED ({rows}),
+o AS MATERIALIZED (SELECT x._backfill_owner, count(*) AS _backfill_n FROM x GROUP BY x._backfill_owner LIMIT {few} + 1)`,
+		"rows", rows, "few", strconv.Itoa(deliveredFewOwners))
+	insert = SQLf(`INSERT INTO {delivered} (owner, batch_id, seq, key_columns, lo, hi, row_count)
 SELECT y._backfill_owner, $1::bigint, $2::int, $3::text[], jsonb_build_object({loJSON}), jsonb_build_object({hiJSON}), y._backfill_n FROM (
 	SELECT o._backfill_owner, o._backfill_n, l.*, h.* FROM o
 	CROSS JOIN LATERAL (SELECT {topLo} FROM x WHERE x._backfill_owner = o._backfill_owner ORDER BY {xid} LIMIT 1) l
@@ -350,10 +360,11 @@ SELECT y._backfill_owner, $1::bigint, $2::int, $3::text[], jsonb_build_object({l
 		WINDOW w AS (PARTITION BY x._backfill_owner ORDER BY {xid} ROWS BETWEEN UNBOUNDED PRECEDING AND UNBOUNDED FOLLOWING)
 		ORDER BY x._backfill_owner) z
 	WHERE (SELECT count(*) FROM o) > {few}) y`,
-		"delivered", delivered, "rows", rows, "lo", strings.Join(lo, ", "),
+		"delivered", delivered, "lo", strings.Join(lo, ", "),
 		"hi", strings.Join(hi, ", "), "loJSON", strings.Join(loJSON, ", "), "hiJSON", strings.Join(hiJSON, ", "),
 		"xid", sqlgen.List("x.", identity), "desc", strings.Join(desc, ", "),
 		"topLo", strings.Join(topLo, ", "), "topHi", strings.Join(topHi, ", "), "few", strconv.Itoa(deliveredFewOwners))
+	return ctes, insert
 }
 
 // deliveredFewOwners is the most owners of a chunk's delivered rows whose

@@ -351,6 +351,31 @@ func (b *bench) printSkip(ms []skipMeasurement) {
 		rows[3].r.Median/rows[1].r.Median, onL.Median, rows[7].r.Median/rows[1].r.Median, verL.Median)
 	fmt.Fprintf(w, "| correction / a load of every row into an empty table | %.2f× (%.2f) | %.2f× (%.2f) |\n\n",
 		rows[8].r.Median/rows[1].r.Median, onCL.Median, rows[10].r.Median/rows[1].r.Median, verCL.Median)
+
+	// The same ratios in CPU (the child's user and system time and its
+	// backends'), per run: what the loads cost, less sensitive than
+	// wall time to other processes on the machine (not a goal, which
+	// is whole-process time).
+	cpu := func(r childResult) float64 { return r.UserCPU + r.SysCPU + max(r.ServerCPU, 0) }
+	cpuRun := func(num, den func(skipMeasurement) childResult) summary {
+		var xs []float64
+		for _, m := range ms {
+			xs = append(xs, cpu(den(m))/cpu(num(m)))
+		}
+		return summarize(xs)
+	}
+	cpuMedian := func(f func(skipMeasurement) childResult) float64 {
+		var xs []float64
+		for _, m := range ms {
+			xs = append(xs, cpu(f(m)))
+		}
+		return summarize(xs).Median
+	}
+	rsC := cpuRun(func(m skipMeasurement) childResult { return m.OnRestate }, func(m skipMeasurement) childResult { return m.OffRestate })
+	coC := cpuRun(func(m skipMeasurement) childResult { return m.OnCorrect }, func(m skipMeasurement) childResult { return m.OffCorrect })
+	fmt.Fprintf(w, "CPU (client and its backends, median of the runs): restatement %.2f s with SkipUnchanged, %.2f s the full reload: %.2f× per run (%.2f – %.2f); correction %.2f s, %.2f s: %.2f× (%.2f – %.2f).\n\n",
+		cpuMedian(func(m skipMeasurement) childResult { return m.OnRestate }), cpuMedian(func(m skipMeasurement) childResult { return m.OffRestate }), rsC.Median, rsC.Min, rsC.Max,
+		cpuMedian(func(m skipMeasurement) childResult { return m.OnCorrect }), cpuMedian(func(m skipMeasurement) childResult { return m.OffCorrect }), coC.Median, coC.Min, coC.Max)
 }
 
 func tableName(v string, run int) string { return fmt.Sprintf("%s.%s_%d", benchSchema, v, run) }
