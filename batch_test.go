@@ -439,17 +439,6 @@ func TestChunkRoundTrips(t *testing.T) {
 	// the end (more on a loaded machine), not on its chunks.
 	empty := many["ROLLBACK"] - few["ROLLBACK"]
 	total -= 2 * empty
-	// Without JobConcurrency a lease is one statement outside a
-	// transaction (two round trips: its Parse, then its Bind and
-	// Execute): those beyond one per chunk found nothing.
-	for q := range many {
-		if strings.Contains(q, ".lease_chunk(") {
-			if extra := (many[q] - few[q] - 2*10) / 2; extra > 0 {
-				empty += extra
-				total -= 2 * extra
-			}
-		}
-	}
 	t.Logf("round trips per chunk: %.1f (leases that found nothing left out: %d)\n%s", float64(total)/10, empty, strings.Join(lines, "\n"))
 	// 41.8 before the statements were batched (a control poll and a totals
 	// read of their own per chunk, every savepoint, setting and lock a
@@ -457,10 +446,13 @@ func TestChunkRoundTrips(t *testing.T) {
 	// the COPY on lib/pq's connection (the same round trips). Extracting
 	// ahead, a run ends with one or two leases that find nothing, as the
 	// slot's two goroutines happen to reach the end: a run's overhead,
-	// not a chunk's, left out above. 15.0 with the lease one statement
-	// outside a transaction (it was BEGIN, a settings statement, the lease
-	// and COMMIT: 5 round trips, now 2).
-	require.LessOrEqual(t, total, 10*15, "round trips per chunk (x10)")
+	// not a chunk's, left out above. The lease is a call of the
+	// manifest's function lease_chunk, in a short transaction of its own
+	// (BEGIN, its settings, the lease, COMMIT: 5 round trips): a lease
+	// outside a transaction takes 2, but through a transaction pooler the
+	// two messages of its bind parameters may reach two server
+	// connections.
+	require.LessOrEqual(t, total, 10*18, "round trips per chunk (x10)")
 }
 
 // stmtDB is a DB that records the statements of each transaction begun

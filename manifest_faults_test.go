@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"net"
 	neturl "net/url"
-	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -28,16 +27,11 @@ import (
 // forwards the connection's next COMMIT and closes the client's side
 // before the server's answer reaches it (the transaction commits, the
 // client cannot know); otherwise it closes the connection before the
-// statement reaches the server (the transaction rolls back). With
-// atSync, for a statement that commits on its own (outside a
-// transaction), it forwards the statement's Execute and the Sync that
-// ends its implicit transaction, and closes the client's side before the
-// server's answer reaches it.
+// statement reaches the server (the transaction rolls back).
 type cutProxy struct {
 	*pgproxy.Proxy
 	trigger  string
 	atCommit bool
-	atSync   bool
 
 	mu    sync.Mutex
 	armed bool          // the trigger was seen (on some connection)
@@ -96,32 +90,11 @@ func (p *cutProxy) decide(q string, mine bool) (act pgproxy.Action, nowMine bool
 	return pgproxy.Forward, mine
 }
 
-// cutSync cuts the connection after its Sync, once.
-func (p *cutProxy) cutSync() pgproxy.Action {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.hasFired() {
-		return pgproxy.Forward
-	}
-	close(p.fired)
-	return pgproxy.CutAfter
-}
-
 // hook cuts one connection: its statements (simple Query or Parse) go
-// through decide; with atSync, the Sync after the trigger's Execute
-// through cutSync.
+// through decide.
 func (p *cutProxy) hook() pgproxy.Hook {
-	mine, executed := false, false
+	mine := false
 	return func(m pgproxy.Message) (act pgproxy.Action) {
-		if p.atSync {
-			switch {
-			case m.Type == 'E' && strings.Contains(m.Statement, p.trigger):
-				executed = true
-			case m.Type == 'S' && executed:
-				return p.cutSync()
-			}
-			return pgproxy.Forward
-		}
 		if m.Type != 'Q' && m.Type != 'P' {
 			return pgproxy.Forward
 		}
@@ -139,16 +112,15 @@ func (p *cutProxy) hook() pgproxy.Hook {
 func TestManifestTransactionsSurviveCutConnections(t *testing.T) {
 	t.Parallel()
 	cases := []struct {
-		name, trigger    string
-		atCommit, atSync bool
+		name, trigger string
+		atCommit      bool
 	}{
-		{"version read at start", `AS has_table`, false, false},
-		{"start run commit", `INSERT INTO "backfill".runs`, true, false},
-		{"lease", `"backfill".lease_chunk(`, false, false},
-		// The lease commits on its own (no transaction).
-		{"lease commit", `"backfill".lease_chunk(`, false, true},
-		{"register worker commit", `INSERT INTO "backfill".workers`, true, false},
-		{"finish run commit", `SET status = $2, last_error = $3`, true, false},
+		{"version read at start", `AS has_table`, false},
+		{"start run commit", `INSERT INTO "backfill".runs`, true},
+		{"lease", `"backfill".lease_chunk(`, false},
+		{"lease commit", `"backfill".lease_chunk(`, true},
+		{"register worker commit", `INSERT INTO "backfill".workers`, true},
+		{"finish run commit", `SET status = $2, last_error = $3`, true},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -162,7 +134,6 @@ func TestManifestTransactionsSurviveCutConnections(t *testing.T) {
 			pu, err := neturl.Parse(u)
 			require.NoError(t, err)
 			p := newCutProxy(t, pu.Host, tc.trigger, tc.atCommit)
-			p.atSync = tc.atSync
 			db := sqlx.MustOpen("postgres", p.url(t, u))
 			t.Cleanup(func() { _ = db.Close() })
 			logs := &syncBuffer{}
@@ -176,16 +147,7 @@ func TestManifestTransactionsSurviveCutConnections(t *testing.T) {
 			require.NotZero(t, rep.BatchID)
 			require.Equal(t, RunCompleted, rep.Status)
 			require.False(t, rep.Resumed)
-			if tc.atSync {
-				// The statement committed, its answer lost: database/sql
-				// sends it again on another connection (driver.ErrBadConn),
-				// which leases the same chunk again, at the next epoch.
-				var epochs []int64
-				require.NoError(t, admin.Select(&epochs, `SELECT lease_epoch FROM backfill.chunks ORDER BY seq`))
-				require.Equal(t, int64(2), slices.Max(epochs), "epochs %v", epochs)
-			} else {
-				require.Contains(t, logs.String(), "transient fault")
-			}
+			require.Contains(t, logs.String(), "transient fault")
 			var st struct {
 				Runs      int `db:"runs"`
 				Completed int `db:"completed"`

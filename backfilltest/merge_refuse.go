@@ -97,8 +97,12 @@ func mergeRefusing(info backfill.TableInfo, tab *fakeTable, rows []stagedRow) (*
 		}
 		for _, e := range bad {
 			if len(refused) >= info.Chunk.MaxRefused {
+				identity := slices.Clone(m.t.Key)
+				if m.t.Mode == backfill.History {
+					identity = append(identity, m.t.ValidFrom)
+				}
 				return nil, fmt.Errorf("backfill: merge %s: %w: row %d key %s %s; %d rows of this chunk were refused already (Config.MaxMergeRefusals)",
-					m.t.Table, backfill.ErrTooManyRejects, e.Row, e.Value, e.Reason, len(refused))
+					m.t.Table, backfill.ErrTooManyRejects, e.Row, pgstore.IdentityText(identity, string(e.Raw)), e.Reason, len(refused))
 			}
 			refused[e.Row] = e
 		}
@@ -138,7 +142,9 @@ func (m *merge) violations() []backfill.Exception {
 		if m.t.Mode == backfill.History {
 			identity = append(identity, m.t.ValidFrom)
 		}
-		bad[row] = backfill.Exception{Row: row, Raw: []byte(raw), Column: strings.Join(columns, ","), Value: pgstore.IdentityText(identity, raw), Reason: "refused by the target: " + reason}
+		col := strings.Join(columns, ",")
+		value, why := pgstore.RefusedValue(identity, col, raw, "refused by the target: "+reason)
+		bad[row] = backfill.Exception{Row: row, Raw: []byte(raw), Column: col, Value: value, Reason: why}
 	}
 	// CHECK constraints come first, as in PostgreSQL (before the row's
 	// index entries).

@@ -44,12 +44,10 @@ func liveLeaseOf(alias, staleArg string) string {
 
 // LeaseChunk leases the first claimable chunk of batchID (the conditions
 // of ClaimQuery) whose lease is free, not live, or key's own and not in
-// l.Avoid (the caller lists there the chunks its goroutines work), in
-// one statement that commits on its own (inOneStatement: no BEGIN, no
-// settings statement, no COMMIT; the statement sets its lock_timeout).
-// Sent again after its answer was lost, it leases the chunk it had
-// leased again (key's own lease), at the next epoch. ok is false when
-// there is none.
+// l.Avoid (the caller lists there the chunks its goroutines work), in a
+// short transaction of its own (InShortTx). Run again after its commit's
+// answer was lost, it leases the chunk it had leased again (key's own
+// lease), at the next epoch. ok is false when there is none.
 //
 // With l.JobConcurrency > 0 it leases only while fewer than that many
 // chunks of the batch hold a live lease (full is then true), in a short
@@ -74,10 +72,13 @@ func (m *Manifest) LeaseChunk(ctx context.Context, db sqlx.ExtContext, batchID i
 		RunKnobs  string `db:"run_knobs"`
 	}
 	if l.JobConcurrency <= 0 {
-		// One statement, which commits on its own.
-		err = inOneStatement(ctx, db, func(q sqlx.ExtContext, lockTimeout string) error {
+		// A transaction of its own, not a statement outside one: through
+		// a transaction pooler (PgBouncer), the two messages of a
+		// statement with bind parameters may reach two server
+		// connections outside a transaction.
+		err = InShortTx(ctx, db, func(tx sqlx.ExtContext) error {
 			rows = rows[:0]
-			return sqlx.SelectContext(ctx, q, &rows, m.SQL(LeaseQuery), batchID, pq.Array(avoid), l.Key, l.StaleAfter.Seconds(), lockTimeout)
+			return sqlx.SelectContext(ctx, tx, &rows, m.SQL(LeaseQuery), batchID, pq.Array(avoid), l.Key, l.StaleAfter.Seconds(), "")
 		})
 	} else {
 		err = InShortTx(ctx, db, func(tx sqlx.ExtContext) error {

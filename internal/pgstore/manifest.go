@@ -128,35 +128,6 @@ func InBoundedTx(ctx context.Context, db sqlx.ExtContext, f func(tx sqlx.ExtCont
 	return inTxIdle(ctx, db, txBounded, f)
 }
 
-// inOneStatement is InShortTx for f that sends one statement, which
-// commits on its own: outside a transaction (implicit) when db is a pool
-// (*sqlx.DB or PGDB), saving the round trips of BEGIN, the settings and
-// COMMIT; in a transaction as InShortTx otherwise (a DB of another kind),
-// or in db itself when it is one. lockTimeout is what the statement must
-// set as its lock_timeout, locally, before its first lock: InShortTx's
-// when the statement runs outside a transaction, "" otherwise (the
-// transaction's settings stand). The statement_timeout of InShortTx is
-// not set (PostgreSQL arms it when a statement starts): the statement's
-// waits are its locks, which lock_timeout bounds. The statement must be
-// safe to run twice: one that committed and whose answer was lost may
-// be sent again, by database/sql itself (lib/pq reports the lost
-// connection as driver.ErrBadConn) or by the retries of InShortTx.
-func inOneStatement(ctx context.Context, db sqlx.ExtContext, f func(q sqlx.ExtContext, lockTimeout string) error) error {
-	settings := defaultTxSettings
-	_, pool := db.(*sqlx.DB)
-	if pd, ok := db.(PGDB); ok {
-		pool = pd.DB != nil
-		if pd.Settings != nil {
-			settings = *pd.Settings
-		}
-	}
-	if !pool {
-		return InShortTx(ctx, db, func(tx sqlx.ExtContext) error { return f(tx, "") })
-	}
-	lt := settings.manifestLockTimeout()
-	return inTxIdle(ctx, db, txOne, func(q sqlx.ExtContext) error { return f(q, lt) })
-}
-
 // inShortTxOwnWaits is InShortTx for a transaction that sets its own
 // lock_timeout and handles its lock timeouts itself (WaitInFlight): no
 // lock_timeout, no retry of 55P03.
@@ -174,10 +145,6 @@ const (
 	// txShortOnce is txShort without the retry of its lock waits.
 	txShortOnce
 	txBounded
-	// txOne is txShort for one statement outside a transaction (an
-	// implicit one: no BEGIN, no settings statement, no COMMIT): the
-	// statement sets its own lock_timeout (shortTxLockTimeout).
-	txOne
 	txRead
 	// txReadSnapshot is txRead in one snapshot (REPEATABLE READ, read
 	// only).
@@ -207,9 +174,6 @@ func inTxIdle(ctx context.Context, db sqlx.ExtContext, mode txMode, f func(tx sq
 	}
 	try := func() error {
 		return retryTx(ctx, func() error {
-			if mode == txOne {
-				return f(b.(sqlx.ExtContext)) // inOneStatement: a pool
-			}
 			opts := &sql.TxOptions{Isolation: sql.LevelReadCommitted}
 			if mode == txReadSnapshot {
 				opts = &sql.TxOptions{Isolation: sql.LevelRepeatableRead, ReadOnly: true}
@@ -241,7 +205,7 @@ func inTxIdle(ctx context.Context, db sqlx.ExtContext, mode txMode, f func(tx sq
 			return tx.Commit()
 		})
 	}
-	if mode == txShort || mode == txOne || mode == txBounded || mode == txRead || mode == txReadSnapshot {
+	if mode == txShort || mode == txBounded || mode == txRead || mode == txReadSnapshot {
 		once := try
 		try = func() error {
 			var blockers string

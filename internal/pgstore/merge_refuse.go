@@ -292,17 +292,7 @@ func (iso *Isolation) refuse(ctx context.Context, pos int64, pe *pq.Error, err e
 	} else {
 		columns = iso.refusedColumns(ctx, pe)
 	}
-	// The offending value: the refused columns' values when they are
-	// columns of the row, else the row's key; the key goes in the reason.
-	value := key
-	if v, ok := columnsText(strings.Split(columns, ","), row.Raw); ok && columns != "" {
-		value = v
-		k := key
-		if len(k) > maxReasonKey {
-			k = ValidPrefix(k, maxReasonKey) + "…" // the reason is indexed; the row keeps the whole key
-		}
-		reason += "; key " + k
-	}
+	value, reason := RefusedValue(s.Info.Identity(), columns, row.Raw, reason)
 	if len(iso.refused) >= iso.max {
 		return fmt.Errorf("backfill: merge %s: %w: row %d key %s %s; %d rows of this chunk were refused already (Config.MaxMergeRefusals) (%w: %w)",
 			t.Table, backfilltype.ErrTooManyRejects, row.Row, key, reason, len(iso.refused), backfilltype.ErrNotRetryable, err)
@@ -623,6 +613,24 @@ func IdentityText(identity []string, raw string) string {
 		parts[i] = jsonText(m[k])
 	}
 	return "(" + strings.Join(parts, ", ") + ")"
+}
+
+// RefusedValue returns the Value and Reason of the exception of a row the
+// target refused (raw, the row as a JSON object, identity its key's
+// columns): the values of the refused columns (comma-separated) as the
+// value and the row's key added to reason; or, when no column is named or
+// one is not a column of the row (an expression index), the key as the
+// value and reason as it is.
+func RefusedValue(identity []string, columns, raw, reason string) (value, withKey string) {
+	key := IdentityText(identity, raw)
+	v, ok := columnsText(strings.Split(columns, ","), raw)
+	if !ok || columns == "" {
+		return key, reason
+	}
+	if len(key) > maxReasonKey {
+		key = ValidPrefix(key, maxReasonKey) + "…" // the reason is indexed; the row keeps the whole key
+	}
+	return v, reason + "; key " + key
 }
 
 // maxReasonKey is how many bytes of a refused row's key its reason shows.
