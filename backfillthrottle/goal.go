@@ -2,6 +2,7 @@ package backfillthrottle
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"sync"
@@ -9,6 +10,8 @@ import (
 
 	"github.com/jmoiron/sqlx"
 	"github.com/pgbackfill/backfill/backfilltype"
+	"github.com/pgbackfill/backfill/internal/pgstore"
+	"github.com/pgbackfill/backfill/internal/quote"
 )
 
 // Calibrator is a [Signal] that measures its own baseline while the
@@ -24,15 +27,50 @@ type Calibrator interface {
 	Calibrating() bool
 }
 
+// GoalSource is what [LatencyGoal] measures.
+type GoalSource int
+
+const (
+	// SourceAuto reads pg_stat_statements when the extension is
+	// installed in the Runner's database and readable, else the probe.
+	SourceAuto GoalSource = iota
+	// SourceStatements reads the application's own statements in
+	// pg_stat_statements (PostgreSQL 13 or later): the mean execution
+	// time of the statements run since the last reading, by every role
+	// but the Runner's own (or by GoalOptions.Roles). The backfill should
+	// then run as a role of its own. With track_utility on (the default)
+	// an application's COMMIT counts, with its WAL flush.
+	SourceStatements
+	// SourceProbe times the probe query.
+	SourceProbe
+)
+
+func (s GoalSource) String() string {
+	switch s {
+	case SourceStatements:
+		return "pg_stat_statements"
+	case SourceProbe:
+		return "probe"
+	}
+	return "auto"
+}
+
 // GoalOptions tunes [LatencyGoal]; its zero value is the recommended
 // setting.
 type GoalOptions struct {
-	// Percentile is the statistic compared, in (0, 100]: the nearest-rank
-	// percentile of the probe's latencies over Window, with the backfill
-	// and without it. Default 90: with the defaults a window holds about
-	// 80 probes, enough for a p90 that moves with the application's tail
-	// (a p99 of 80 probes is their maximum, which moves with the probe's
-	// own outliers instead).
+	// Source is what is measured. Default SourceAuto: the application's
+	// statements when pg_stat_statements can be read, else the probe.
+	Source GoalSource
+	// Roles are the application's roles, whose statements
+	// SourceStatements reads. Default: every role but the Runner's.
+	Roles []string
+	// Percentile is the probe's statistic, in (0, 100]: the nearest-rank
+	// percentile of its latencies over Window, compared with the same
+	// percentile measured while the backfill is held. Default 90: with
+	// the defaults a window holds about 80 probes, enough for a p90 (a
+	// p99 of 80 probes is their maximum, which moves with the probe's own
+	// outliers). The statements' statistic is their mean execution time
+	// over Window (pg_stat_statements keeps no percentiles).
 	Percentile float64
 	// Window is how long a probe's latency counts. Default 5 s.
 	Window time.Duration
@@ -61,40 +99,51 @@ type GoalOptions struct {
 // periods and knobs (throttle.latency_goal.high).
 const GoalSignalName = "latency_goal"
 
-// LatencyGoal returns an adaptive [Throttle] that keeps the latency of
-// query, a transaction like the application's (run without parameters,
-// timed from BEGIN to the end of its COMMIT, as [ProbeLatencySignal]
-// does), within rise of its latency without the backfill: rise 0.3 lets
-// the application's latency grow by 30 %. The user states the goal; the
-// throttle measures the baseline itself.
+// LatencyGoal returns an adaptive [Throttle] that keeps the
+// application's latency within rise of its latency without the backfill:
+// rise 0.3 lets it grow by 30 %. The user states the goal; the throttle
+// measures the baseline itself, comparing like with like (the same
+// statistic of the same source, without the backfill and with it).
+//
+// The source ([GoalOptions.Source]) is the application's own statements
+// in pg_stat_statements when the extension is installed and readable in
+// the Runner's database (their mean execution time), else query: a
+// transaction like the application's, run without parameters and timed
+// from BEGIN to the end of its COMMIT, as [ProbeLatencySignal] does (its
+// o.Percentile). query may be "" when pg_stat_statements is there.
 //
 // Its signal (name [GoalSignalName], a [Calibrator]) holds the backfill
 // for o.Calibrate when the call starts (and again every o.Recalibrate),
-// measures the probe's o.Percentile over that time (the baseline), then
-// reads the same statistic over the last o.Window, with the backfill,
-// divided by the baseline: 1 is the latency alone. The throttle is
-// [Throttle.Adapt] (AIMD on the rows per second) with High 1 + rise, Low
-// 1 + rise/3 and MinHold o.Window: a window above High halves the rate,
-// once per window; below Low the rate is given back step by step. Its
-// fields may be changed before use (e.g. Critical).
+// measures the statistic over that time (the baseline), then reads the
+// same statistic over the last o.Window, with the backfill, divided by
+// the baseline: 1 is the latency alone. The throttle is [Throttle.Adapt]
+// (AIMD on the rows per second) with High 1 + rise, Low 1 + rise/3 and
+// MinHold o.Window: a window above High halves the rate, once per
+// window; below Low the rate is given back step by step. Its fields may
+// be changed before use (e.g. Critical).
 //
-// Each reading runs o.Samples probes on one connection of the Runner's
+// A probe reading runs o.Samples probes on one connection of the Runner's
 // pool. The baseline is per call of backfill.Runner.Run: with several
 // processes on one job, a process that calibrates while another one
 // backfills measures a baseline with that backfill in it (looser than
 // rise).
 //
 // It returns an error wrapping [backfilltype.ErrInvalidConfig] when
-// rise is not a positive finite number, query is empty, or an option is
-// out of range (Percentile outside (0, 100], a negative duration or
-// Samples).
+// rise is not a positive finite number, query is empty with SourceProbe,
+// or an option is out of range (Percentile outside (0, 100], a negative
+// duration or Samples, an unknown Source). The first reading fails the
+// call of backfill.Runner.Run with such an error when the source cannot
+// be read: SourceStatements without a readable pg_stat_statements, or
+// SourceAuto without one and without a query.
 func LatencyGoal(query string, rise float64, o GoalOptions) (Throttle, error) {
 	bad := func(format string, args ...any) (Throttle, error) {
 		return Throttle{}, fmt.Errorf("%w: LatencyGoal: "+format, append([]any{backfilltype.ErrInvalidConfig}, args...)...)
 	}
 	switch {
-	case query == "":
-		return bad("query is required")
+	case query == "" && o.Source == SourceProbe:
+		return bad("query is required with SourceProbe")
+	case o.Source < SourceAuto || o.Source > SourceProbe:
+		return bad("unknown Source %d", o.Source)
 	case !(rise > 0) || math.IsInf(rise, 0):
 		return bad("rise %v is not a positive number (0.3: the latency may rise 30 %%)", rise)
 	case o.Percentile != 0 && !(o.Percentile > 0 && o.Percentile <= 100):
@@ -105,7 +154,7 @@ func LatencyGoal(query string, rise float64, o GoalOptions) (Throttle, error) {
 		return bad("Samples cannot be less than zero")
 	}
 	o = o.withDefaults()
-	s := &goalSignal{query: query, samples: o.Samples, st: newGoalState(o)}
+	s := &goalSignal{query: query, samples: o.Samples, source: o.Source, roles: o.Roles, st: newGoalState(o, false)}
 	return Throttle{Signal: s, High: 1 + rise, Low: 1 + rise/3, MinHold: o.Window, Adapt: true}, nil
 }
 
@@ -134,8 +183,17 @@ func (o GoalOptions) withDefaults() GoalOptions {
 type goalSignal struct {
 	query   string
 	samples int
+	source  GoalSource
+	roles   []string
 	mu      sync.Mutex
 	st      *goalState
+	// chosen is the source in use, settled at the first reading;
+	// statsView the quoted pg_stat_statements view; last the totals of
+	// its previous reading (calls, ms), had whether there is one.
+	chosen    GoalSource
+	statsView string
+	last      [2]float64
+	had       bool
 }
 
 func (g *goalSignal) Name() string { return GoalSignalName }
@@ -148,66 +206,215 @@ func (g *goalSignal) Calibrating() bool {
 }
 
 // Baseline is the latency the signal last calibrated (0 before its
-// first calibration ends).
+// first calibration ends): the probe's percentile, or the application's
+// mean statement time.
 func (g *goalSignal) Baseline() time.Duration {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	return g.st.baseline
 }
 
-// Read runs the reading's probes and returns the ratio of the window's
-// statistic to the baseline; 0 while calibrating.
+// Source is the source the signal reads ([SourceAuto] before its first
+// reading).
+func (g *goalSignal) Source() GoalSource {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.chosen
+}
+
+// Read takes the reading's samples (the probes, or the application's
+// statements since the last reading) and returns the ratio of the
+// window's statistic to the baseline; 0 while calibrating.
 func (g *goalSignal) Read(ctx context.Context, db sqlx.ExtContext, _ SignalScope) (float64, error) {
-	start := time.Now()
-	budget := time.Duration(math.MaxInt64)
-	if dl, ok := ctx.Deadline(); ok {
-		budget = dl.Sub(start) / 2
-	}
-	var took []time.Duration
-	for i := 0; i < g.samples && (i == 0 || time.Since(start) < budget); i++ {
-		d, err := timeProbe(ctx, db, g.query)
-		if err != nil {
-			if len(took) > 0 {
-				break // a later probe cut by the deadline: keep the others
-			}
-			return 0, fmt.Errorf("backfill: signal %s: %w", GoalSignalName, err)
+	g.mu.Lock()
+	chosen := g.chosen
+	g.mu.Unlock()
+	if chosen == SourceAuto {
+		var err error
+		if chosen, err = g.choose(ctx, db); err != nil {
+			return 0, err
 		}
-		took = append(took, d)
+	}
+	var took []sample
+	var err error
+	if chosen == SourceStatements {
+		took, err = g.readStatements(ctx, db)
+	} else {
+		took, err = g.probe(ctx, db)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("backfill: signal %s: %w", GoalSignalName, err)
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	return g.st.observe(time.Now(), took), nil
 }
 
+// choose settles the source at the first reading: pg_stat_statements
+// when it is installed in the database and readable (SourceAuto,
+// SourceStatements), else the probe.
+func (g *goalSignal) choose(ctx context.Context, db sqlx.ExtContext) (GoalSource, error) {
+	chosen := SourceProbe
+	if g.source != SourceProbe {
+		var schema []string
+		err := pgstore.ReadTx(ctx, db, func(tx sqlx.ExtContext) error {
+			schema = schema[:0]
+			return sqlx.SelectContext(ctx, tx, &schema, `SELECT n.nspname FROM pg_extension e JOIN pg_namespace n ON n.oid = e.extnamespace WHERE e.extname = 'pg_stat_statements'`)
+		})
+		var why error
+		switch {
+		case err != nil:
+			why = err
+		case len(schema) == 0:
+			why = errors.New("the extension pg_stat_statements is not installed in this database (CREATE EXTENSION pg_stat_statements)")
+		default:
+			g.statsView = quote.SQLIdent(schema[0]) + ".pg_stat_statements"
+			if _, why = g.statementTotals(ctx, db); why == nil {
+				chosen = SourceStatements
+			}
+		}
+		switch {
+		case why != nil && g.source == SourceStatements:
+			return 0, fmt.Errorf("%w: signal %s: pg_stat_statements cannot be read: %w", backfilltype.ErrInvalidConfig, GoalSignalName, why)
+		case why != nil && g.query == "":
+			return 0, fmt.Errorf("%w: signal %s: no probe query, and pg_stat_statements cannot be read: %w", backfilltype.ErrInvalidConfig, GoalSignalName, why)
+		}
+	}
+	g.mu.Lock()
+	g.chosen = chosen
+	g.st.mean = chosen == SourceStatements
+	g.mu.Unlock()
+	return chosen, nil
+}
+
+// statementTotals reads the calls and total execution time (ms) of the
+// application's statements in this database: those of g.roles, or of
+// every role but the Runner's own.
+func (g *goalSignal) statementTotals(ctx context.Context, db sqlx.ExtContext) ([2]float64, error) {
+	var t struct {
+		Calls float64 `db:"calls"`
+		MS    float64 `db:"ms"`
+	}
+	err := pgstore.ReadTx(ctx, db, func(tx sqlx.ExtContext) error {
+		return sqlx.GetContext(ctx, tx, &t, `SELECT coalesce(sum(s.calls), 0)::float8 AS calls, coalesce(sum(s.total_exec_time), 0)::float8 AS ms
+			FROM `+g.statsView+` s
+			WHERE s.dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
+				AND CASE WHEN cardinality($1::text[]) = 0 THEN s.userid <> (SELECT oid FROM pg_roles WHERE rolname = current_user)
+					ELSE s.userid IN (SELECT oid FROM pg_roles WHERE rolname = ANY ($1::text[])) END`, stringArray(g.roles))
+	})
+	return [2]float64{t.Calls, t.MS}, err
+}
+
+// readStatements is one sample: the application's statements since the
+// previous reading, their total time over their number. None at the
+// first reading, and none when the statistics were reset or evicted
+// meanwhile (a total went down).
+func (g *goalSignal) readStatements(ctx context.Context, db sqlx.ExtContext) ([]sample, error) {
+	now, err := g.statementTotals(ctx, db)
+	if err != nil {
+		return nil, err
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	prev, had := g.last, g.had
+	g.last, g.had = now, true
+	calls, ms := now[0]-prev[0], now[1]-prev[1]
+	if !had || calls <= 0 || ms < 0 {
+		return nil, nil
+	}
+	return []sample{{d: time.Duration(ms * float64(time.Millisecond)), n: calls}}, nil
+}
+
+// probe runs the reading's probes, one after another, until half the
+// reading's deadline has passed.
+func (g *goalSignal) probe(ctx context.Context, db sqlx.ExtContext) ([]sample, error) {
+	start := time.Now()
+	budget := time.Duration(math.MaxInt64)
+	if dl, ok := ctx.Deadline(); ok {
+		budget = dl.Sub(start) / 2
+	}
+	var took []sample
+	for i := 0; i < g.samples && (i == 0 || time.Since(start) < budget); i++ {
+		d, err := timeProbe(ctx, db, g.query)
+		if err != nil {
+			if len(took) > 0 {
+				break // a later probe cut by the end of the call: keep the others
+			}
+			return nil, err
+		}
+		took = append(took, sample{d: d, n: 1})
+	}
+	return took, nil
+}
+
+// sample is what a reading measured: one probe's latency (n 1), or the
+// total time d of n of the application's statements.
+type sample struct {
+	at time.Time
+	d  time.Duration
+	n  float64
+}
+
 // goalState is the pure part of [LatencyGoal]'s signal: the calibration
 // schedule, the baseline and the window. The caller gives the time.
 type goalState struct {
 	o           GoalOptions
+	mean        bool // the statistic: total time over count (statements), else the percentile
 	calibrating bool
 	started     bool
-	calFrom     time.Time // when the current calibration's probes count
+	calFrom     time.Time // when the current calibration's samples count
 	calUntil    time.Time // its earliest end
-	calSamples  []time.Duration
+	calSamples  []sample
 	calibrated  time.Time // when the last calibration ended
 	baseline    time.Duration
-	win         LatencyWindow
+	win         []sample // oldest first
 }
 
-// minCalibration is the least number of probes a baseline is computed
-// from: a calibration lasts until it has them.
+// minCalibration is the least count (probes or statements) a baseline is
+// computed from: a calibration lasts until it has them.
 const minCalibration = 10
 
 // baselineFloor keeps the ratio finite for a probe that takes no time.
 const baselineFloor = 50 * time.Microsecond
 
-func newGoalState(o GoalOptions) *goalState {
-	return &goalState{o: o, win: LatencyWindow{Span: o.Window}}
+func newGoalState(o GoalOptions, mean bool) *goalState {
+	return &goalState{o: o, mean: mean}
 }
 
-// observe records the probes of a reading taken at now and returns the
+// stat is the statistic of samples: the mean of the statements' time,
+// or the percentile of the probes; 0 for none.
+func (s *goalState) stat(ss []sample) time.Duration {
+	if s.mean {
+		var d, n float64
+		for _, x := range ss {
+			d += float64(x.d)
+			n += x.n
+		}
+		if n == 0 {
+			return 0
+		}
+		return time.Duration(d / n)
+	}
+	ds := make([]time.Duration, len(ss))
+	for i, x := range ss {
+		ds[i] = x.d
+	}
+	return Percentile(ds, s.o.Percentile)
+}
+
+func count(ss []sample) float64 {
+	n := 0.0
+	for _, x := range ss {
+		n += x.n
+	}
+	return n
+}
+
+// observe records the samples of a reading taken at now and returns the
 // signal's value: 0 while calibrating (then calibrating is true), else
-// the window's percentile over the baseline.
-func (s *goalState) observe(now time.Time, took []time.Duration) float64 {
+// the window's statistic over the baseline (1 while the window is
+// empty).
+func (s *goalState) observe(now time.Time, took []sample) float64 {
 	if !s.started {
 		// The first reading, before the call claims anything: the
 		// backfill is not running, nothing to settle.
@@ -216,31 +423,37 @@ func (s *goalState) observe(now time.Time, took []time.Duration) float64 {
 	} else if !s.calibrating && s.o.Recalibrate > 0 && now.Sub(s.calibrated) >= s.o.Recalibrate {
 		s.begin(now, s.o.Settle)
 	}
+	for i := range took {
+		took[i].at = now
+	}
 	if s.calibrating {
 		if !now.Before(s.calFrom) {
 			s.calSamples = append(s.calSamples, took...)
 		}
-		if now.Before(s.calUntil) || len(s.calSamples) < minCalibration {
+		if now.Before(s.calUntil) || count(s.calSamples) < minCalibration {
 			return 0
 		}
-		s.baseline = max(Percentile(s.calSamples, s.o.Percentile), baselineFloor)
+		s.baseline = max(s.stat(s.calSamples), baselineFloor)
 		s.calibrating, s.calibrated = false, now
-		// The window compares like with like: only probes taken
+		// The window compares like with like: only samples taken
 		// with the backfill allowed count from here on.
-		s.win = LatencyWindow{Span: s.o.Window}
+		s.win = s.win[:0]
 		return 1
 	}
-	for _, d := range took {
-		s.win.Add(now, d)
+	s.win = append(s.win, took...)
+	i := 0
+	for i < len(s.win) && now.Sub(s.win[i].at) > s.o.Window {
+		i++
 	}
-	p := s.win.Percentile(now, s.o.Percentile)
-	if p == 0 {
+	s.win = s.win[i:]
+	v := s.stat(s.win)
+	if v == 0 {
 		return 1
 	}
-	return float64(p) / float64(s.baseline)
+	return float64(v) / float64(s.baseline)
 }
 
-// begin starts a calibration at now whose probes count after settle.
+// begin starts a calibration at now whose samples count after settle.
 func (s *goalState) begin(now time.Time, settle time.Duration) {
 	s.calibrating = true
 	s.calFrom = now.Add(settle)

@@ -26,6 +26,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"log"
 	"log/slog"
 	"math"
 	"os"
@@ -74,6 +75,7 @@ type options struct {
 	rise    float64
 	goalPct float64
 	samples int
+	source  string
 }
 
 // probes are the -probe presets; anything else is taken as the query.
@@ -126,6 +128,7 @@ func main() {
 	flag.Float64Var(&o.rise, "rise", 0.3, "the goal phase: LatencyGoal's rise (0.3: pgbench's latency may rise 30%)")
 	flag.Float64Var(&o.goalPct, "goal-pct", 0, "the goal phase: GoalOptions.Percentile (0: its default)")
 	flag.IntVar(&o.samples, "samples", 0, "the goal phase: GoalOptions.Samples (0: its default)")
+	flag.StringVar(&o.source, "source", "auto", "the goal phase: GoalOptions.Source (auto, statements, probe)")
 	flag.Parse()
 	if err := run(o); err != nil {
 		fmt.Fprintln(os.Stderr, "benchprobe:", err)
@@ -150,6 +153,7 @@ type phase struct {
 	heldP99, workP99 time.Duration
 	heldTx, workTx   int
 	baseline         time.Duration // the goal signal's calibrated baseline
+	source           string        // the goal signal's source
 	backfillOK       bool // the backfill ran through pgbench's window
 	err              error
 }
@@ -163,10 +167,40 @@ func run(o options) error {
 	if err != nil {
 		return err
 	}
-	db, url, settings, stop, err := benchpg.Open(ctx, *fast, o.concurrency+8, "fsync", "synchronous_commit", "full_page_writes", "shared_buffers", "max_wal_size")
+	if os.Getenv("DATABASE_URL") == "" {
+		// A throwaway server that loads pg_stat_statements, for the goal
+		// throttle's statements source.
+		srv, err := pgtest.StartWith(ctx, pgtest.Options{Durable: !*fast})
+		if err != nil {
+			return err
+		}
+		defer func() { _ = srv.Stop() }()
+		sdb, err := sqlx.Open("postgres", srv.URL())
+		if err != nil {
+			return err
+		}
+		_, err = sdb.Exec(`ALTER SYSTEM SET shared_preload_libraries = 'pg_stat_statements'`)
+		sdb.Close()
+		if err != nil {
+			return err
+		}
+		if err := srv.RestartImmediate(ctx, nil); err != nil {
+			return err
+		}
+		os.Setenv("DATABASE_URL", srv.URL())
+	}
+	db, url, settings, stop, err := benchpg.Open(ctx, *fast, o.concurrency+8, "fsync", "synchronous_commit", "full_page_writes", "shared_buffers", "max_wal_size", "shared_preload_libraries")
 	defer stop()
 	if err != nil {
 		return err
+	}
+	// pgbench runs as a role of its own, so that the goal throttle's
+	// statements source tells its statements from the backfill's.
+	if _, err := db.Exec(`CREATE EXTENSION IF NOT EXISTS pg_stat_statements;
+		DO $$ BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'benchprobe_app') THEN CREATE ROLE benchprobe_app LOGIN; END IF; END $$;
+		GRANT CREATE ON SCHEMA public TO benchprobe_app;
+		DROP TABLE IF EXISTS pgbench_accounts, pgbench_branches, pgbench_tellers, pgbench_history`); err != nil {
+		log.Printf("pg_stat_statements (the goal's statements source) is not available: %v", err)
 	}
 	if _, err := db.Exec(`DROP SCHEMA IF EXISTS backfill CASCADE; DROP TABLE IF EXISTS bench_probe_commits;
 		CREATE TABLE bench_probe_commits (at timestamptz)`); err != nil {
@@ -179,6 +213,9 @@ func run(o options) error {
 	defer os.RemoveAll(work)
 	pgb := filepath.Join(bin, "pgbench")
 	conn := benchpg.Conn(url)
+	if i := slices.Index(conn, "-U"); i >= 0 && i+1 < len(conn) {
+		conn[i+1] = "benchprobe_app"
+	}
 	if out, err := exec.CommandContext(ctx, pgb, append(conn, "-i", "-q", "-s", strconv.Itoa(o.scale))...).CombinedOutput(); err != nil {
 		return fmt.Errorf("pgbench -i: %w\n%s", err, out)
 	}
@@ -246,7 +283,13 @@ func run(o options) error {
 // goalThrottle is the recommended setting: LatencyGoal(query, -rise)
 // with GoalOptions from -goal-pct and -samples (0: the defaults).
 func goalThrottle(o options, query string) (backfillthrottle.Throttle, error) {
-	return backfillthrottle.LatencyGoal(query, o.rise, backfillthrottle.GoalOptions{Percentile: o.goalPct, Samples: o.samples})
+	src := map[string]backfillthrottle.GoalSource{"auto": backfillthrottle.SourceAuto, "statements": backfillthrottle.SourceStatements,
+		"probe": backfillthrottle.SourceProbe}
+	s, ok := src[o.source]
+	if !ok {
+		return backfillthrottle.Throttle{}, fmt.Errorf("-source %q: auto, statements or probe", o.source)
+	}
+	return backfillthrottle.LatencyGoal(query, o.rise, backfillthrottle.GoalOptions{Source: s, Percentile: o.goalPct, Samples: o.samples})
 }
 
 // summary is one run's outcome against the bars.
@@ -338,6 +381,16 @@ func (r *recorder) Read(ctx context.Context, db sqlx.ExtContext, s backfillthrot
 func (r *recorder) Calibrating() bool {
 	c, ok := r.Signal.(backfillthrottle.Calibrator)
 	return ok && c.Calibrating()
+}
+
+// source is the goal signal's source, "" for another.
+func (r *recorder) source() string {
+	if b, ok := r.Signal.(interface {
+		Source() backfillthrottle.GoalSource
+	}); ok {
+		return b.Source().String()
+	}
+	return ""
 }
 
 // baseline is the goal signal's calibrated baseline, 0 for another.
@@ -523,6 +576,7 @@ func runPhase(ctx context.Context, o options, db *sqlx.DB, pgb string, conn []st
 	p.p99, p.p50, p.max = benchpg.Quantile(w, 0.99), benchpg.Quantile(w, 0.5), benchpg.Quantile(w, 1)
 	p.probeVals = rec.within(start, end)
 	p.baseline = rec.baseline()
+	p.source = rec.source()
 	mu.Lock()
 	for _, c := range chunks {
 		if !c.at.Before(start) && c.at.Before(end) {
@@ -611,7 +665,7 @@ func report(o options, settings []benchpg.Setting, query string, alone *phase, p
 		if len(p.probeVals) > 0 {
 			unit := " ms"
 			if p.name != "probe" {
-				unit = " (ratio to baseline " + ms(p.baseline) + ")"
+				unit = " (ratio to baseline " + ms(p.baseline) + ", " + p.source + ")"
 			}
 			probe = fmt.Sprintf("%.2f / %.2f%s", p.probeVals[len(p.probeVals)/2], p.probeVals[len(p.probeVals)-1], unit)
 		}
