@@ -2,6 +2,7 @@ package backfillthrottle
 
 import (
 	"context"
+	"database/sql/driver"
 	"errors"
 	"fmt"
 	"math"
@@ -31,8 +32,12 @@ type Calibrator interface {
 type GoalSource int
 
 const (
-	// SourceAuto reads pg_stat_statements when the extension is
-	// installed in the Runner's database and readable, else the probe.
+	// SourceAuto reads the probe query, or without one
+	// pg_stat_statements. The probe is preferred: pg_stat_statements
+	// times a COMMIT before the commit itself runs, so the statements'
+	// time does not include their WAL flush, where a backfill's WAL
+	// costs an application most (their lock waits behind other
+	// transactions' flushes are in it).
 	SourceAuto GoalSource = iota
 	// SourceStatements reads the application's own statements in
 	// pg_stat_statements (PostgreSQL 13 or later): the mean execution
@@ -41,7 +46,10 @@ const (
 	// then run as a role of its own. With track_utility on (the default)
 	// an application's COMMIT counts, with its WAL flush.
 	SourceStatements
-	// SourceProbe times the probe query.
+	// SourceProbe times the probe query, on the server: from before its
+	// BEGIN to after its COMMIT, in one message of several statements
+	// (the network and the client's own process, busy with the
+	// backfill, are not in it).
 	SourceProbe
 )
 
@@ -58,8 +66,8 @@ func (s GoalSource) String() string {
 // GoalOptions tunes [LatencyGoal]; its zero value is the recommended
 // setting.
 type GoalOptions struct {
-	// Source is what is measured. Default SourceAuto: the application's
-	// statements when pg_stat_statements can be read, else the probe.
+	// Source is what is measured. Default SourceAuto: the probe, or the
+	// application's statements when there is no probe query.
 	Source GoalSource
 	// Roles are the application's roles, whose statements
 	// SourceStatements reads. Default: every role but the Runner's.
@@ -105,12 +113,13 @@ const GoalSignalName = "latency_goal"
 // measures the baseline itself, comparing like with like (the same
 // statistic of the same source, without the backfill and with it).
 //
-// The source ([GoalOptions.Source]) is the application's own statements
-// in pg_stat_statements when the extension is installed and readable in
-// the Runner's database (their mean execution time), else query: a
-// transaction like the application's, run without parameters and timed
-// from BEGIN to the end of its COMMIT, as [ProbeLatencySignal] does (its
-// o.Percentile). query may be "" when pg_stat_statements is there.
+// The source ([GoalOptions.Source]) is query, a transaction like the
+// application's (no parameters; it may be several statements), run in a
+// transaction of its own and timed on the server from before its BEGIN
+// to after its COMMIT, WAL flush included (the o.Percentile of its
+// latencies). With query "" it is the application's own statements in
+// pg_stat_statements (their mean execution time), which must then be
+// installed and readable in the Runner's database.
 //
 // Its signal (name [GoalSignalName], a [Calibrator]) holds the backfill
 // for o.Calibrate when the call starts (and again every o.Recalibrate),
@@ -255,7 +264,10 @@ func (g *goalSignal) Read(ctx context.Context, db sqlx.ExtContext, _ SignalScope
 // SourceStatements), else the probe.
 func (g *goalSignal) choose(ctx context.Context, db sqlx.ExtContext) (GoalSource, error) {
 	chosen := SourceProbe
-	if g.source != SourceProbe {
+	// Auto reads the statements only without a probe: their time does
+	// not include their commit's WAL flush, the backfill's main cost to
+	// an application (see SourceAuto).
+	if g.source == SourceStatements || g.source == SourceAuto && g.query == "" {
 		var schema []string
 		err := pgstore.ReadTx(ctx, db, func(tx sqlx.ExtContext) error {
 			schema = schema[:0]
@@ -335,7 +347,7 @@ func (g *goalSignal) probe(ctx context.Context, db sqlx.ExtContext) ([]sample, e
 	}
 	var took []sample
 	for i := 0; i < g.samples && (i == 0 || time.Since(start) < budget); i++ {
-		d, err := timeProbe(ctx, db, g.query)
+		d, err := timeProbeServer(ctx, db, g.query)
 		if err != nil {
 			if len(took) > 0 {
 				break // a later probe cut by the end of the call: keep the others
@@ -345,6 +357,88 @@ func (g *goalSignal) probe(ctx context.Context, db sqlx.ExtContext) ([]sample, e
 		took = append(took, sample{d: d, n: 1})
 	}
 	return took, nil
+}
+
+// serverTimedSQL runs a probe (%s) in a transaction of its own and
+// returns how long the server took from before its BEGIN to after its
+// COMMIT (the WAL flush included), in microseconds: one message of
+// several statements, so the time of the network and of the client's
+// own process (a backfill busy on the same CPUs) is not in it.
+const serverTimedSQL = `SELECT set_config('backfill.probe_started', clock_timestamp()::text, false);
+BEGIN;
+%s;
+COMMIT;
+SELECT (extract(epoch FROM clock_timestamp() - current_setting('backfill.probe_started')::timestamptz) * 1e6)::float8`
+
+// timeProbeServer times query as serverTimedSQL does, on a connection
+// of its own from db's pool; a failed probe discards its connection (it
+// may be left in the probe's transaction). Without a pool of connections
+// (db has no Connx) it times the probe from the client ([timeProbe]). A
+// probe cut off by ctx's deadline took at least until the deadline.
+func timeProbeServer(ctx context.Context, db sqlx.ExtContext, query string) (time.Duration, error) {
+	c, ok := db.(interface {
+		Connx(context.Context) (*sqlx.Conn, error)
+	})
+	if !ok {
+		return timeProbe(ctx, db, query)
+	}
+	start := time.Now()
+	conn, err := c.Connx(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer conn.Close()
+	us, err := lastValue(ctx, conn, fmt.Sprintf(serverTimedSQL, query))
+	if err != nil {
+		_ = conn.Raw(func(any) error { return driver.ErrBadConn }) // not back to the pool
+		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			if dl, ok := ctx.Deadline(); ok {
+				return max(time.Since(start), dl.Sub(start)), nil
+			}
+		}
+		return 0, err
+	}
+	return time.Duration(us * float64(time.Microsecond)), nil
+}
+
+// lastValue runs query (several statements) and returns the first value
+// of the last row of its last result, a number.
+func lastValue(ctx context.Context, conn *sqlx.Conn, query string) (float64, error) {
+	rows, err := conn.QueryContext(ctx, query)
+	if err != nil {
+		return 0, err
+	}
+	defer rows.Close()
+	var last any
+	for {
+		cols, err := rows.Columns()
+		if err != nil {
+			return 0, err
+		}
+		for rows.Next() {
+			vals := make([]any, len(cols))
+			ptrs := make([]any, len(cols))
+			for i := range vals {
+				ptrs[i] = &vals[i]
+			}
+			if err := rows.Scan(ptrs...); err != nil {
+				return 0, err
+			}
+			if len(vals) > 0 {
+				last = vals[0]
+			}
+		}
+		if !rows.NextResultSet() {
+			break
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return 0, err
+	}
+	if v, ok := last.(float64); ok {
+		return v, nil
+	}
+	return 0, fmt.Errorf("the probe's timing read %v (%T), not a number", last, last)
 }
 
 // sample is what a reading measured: one probe's latency (n 1), or the
@@ -375,7 +469,7 @@ type goalState struct {
 const minCalibration = 10
 
 // baselineFloor keeps the ratio finite for a probe that takes no time.
-const baselineFloor = 50 * time.Microsecond
+const baselineFloor = time.Microsecond
 
 func newGoalState(o GoalOptions, mean bool) *goalState {
 	return &goalState{o: o, mean: mean}
