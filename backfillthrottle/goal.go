@@ -63,6 +63,22 @@ func (s GoalSource) String() string {
 	return "auto"
 }
 
+// ChunkAdvisor is a [Signal] that suggests how long a chunk's
+// transaction should last while its throttle watches the run: a chunk
+// writes its WAL in a burst (its merge), which every commit of the
+// application in the meantime waits to flush, so under a latency goal
+// smaller chunks, spaced evenly by the rate, cost the application's tail
+// less than fewer large ones at the same rows per second. Chunk sizing
+// that adapts toward a target duration may take the smallest suggestion
+// of the run's throttles as the target's ceiling. [LatencyGoal]'s signal
+// implements it.
+type ChunkAdvisor interface {
+	Signal
+	// ChunkDuration is the longest chunk transaction suggested; 0: no
+	// suggestion.
+	ChunkDuration() time.Duration
+}
+
 // GoalOptions tunes [LatencyGoal]; its zero value is the recommended
 // setting.
 type GoalOptions struct {
@@ -97,6 +113,9 @@ type GoalOptions struct {
 	// flight finish, its WAL is flushed). Default 2 s. The calibration
 	// when the call starts does not wait.
 	Settle time.Duration
+	// ChunkDuration is what the signal suggests as the longest chunk
+	// transaction ([ChunkAdvisor]). Default 250 ms; negative: none.
+	ChunkDuration time.Duration
 	// Recalibrate is how often the baseline is measured again, from
 	// the end of the previous calibration (the application's own load
 	// changes). Default 5 min; negative: never.
@@ -183,6 +202,9 @@ func (o GoalOptions) withDefaults() GoalOptions {
 	if o.Settle == 0 {
 		o.Settle = 2 * time.Second
 	}
+	if o.ChunkDuration == 0 {
+		o.ChunkDuration = 250 * time.Millisecond
+	}
 	if o.Recalibrate == 0 {
 		o.Recalibrate = 5 * time.Minute
 	}
@@ -222,6 +244,9 @@ func (g *goalSignal) Baseline() time.Duration {
 	defer g.mu.Unlock()
 	return g.st.baseline
 }
+
+// ChunkDuration implements [ChunkAdvisor].
+func (g *goalSignal) ChunkDuration() time.Duration { return max(g.st.o.ChunkDuration, 0) }
 
 // Source is the source the signal reads ([SourceAuto] before its first
 // reading).
@@ -541,7 +566,11 @@ func (s *goalState) observe(now time.Time, took []sample) float64 {
 	}
 	s.win = s.win[i:]
 	v := s.stat(s.win)
-	if v == 0 {
+	if v == 0 || now.Sub(s.calibrated) < s.o.Window/2 {
+		// Half a window after a calibration at least: a few probes are
+		// no statistic, and the backfill, just released, is still
+		// reaching its pace (an adaptive throttle's first cut takes
+		// the rate read before it as the ceiling).
 		return 1
 	}
 	return float64(v) / float64(s.baseline)

@@ -32,6 +32,9 @@ func TestLatencyGoalSetting(t *testing.T) {
 	require.NoError(t, th.Validate(0))
 	_, ok := th.Signal.(backfillthrottle.Calibrator)
 	require.True(t, ok, "the goal's signal holds the backfill while it calibrates")
+	adv, ok := th.Signal.(backfillthrottle.ChunkAdvisor)
+	require.True(t, ok, "the goal's signal suggests a chunk duration")
+	require.Equal(t, 250*time.Millisecond, adv.ChunkDuration())
 
 	for _, c := range []struct {
 		query string
@@ -77,11 +80,12 @@ func TestGoalCalibratesThenCompares(t *testing.T) {
 	require.False(t, g.Calibrating())
 	require.Equal(t, ms(2), g.Baseline(), "the median of 1,2,3,1,2,3,1,2,2,2 ms")
 
-	// With the backfill: p50 of the window over the baseline. The
+	// With the backfill: p50 of the window over the baseline, from half
+	// a window after the calibration on (1 until then). The
 	// calibration's probes are not in the window.
 	now = now.Add(250 * time.Millisecond)
-	require.InDelta(t, 2.0, g.Observe(now, ms(4)), 1e-9)
-	now = now.Add(250 * time.Millisecond)
+	require.Equal(t, 1.0, g.Observe(now, ms(4)), "too early")
+	now = now.Add(750 * time.Millisecond)
 	require.InDelta(t, 2.0, g.Observe(now, ms(4), ms(4), ms(1)), 1e-9)
 	// The window forgets: 3 s later only the new probes count.
 	now = now.Add(3 * time.Second)
@@ -107,6 +111,7 @@ func TestGoalRecalibrates(t *testing.T) {
 	}
 	require.Equal(t, ms(5), g.Baseline())
 	end := now
+	require.Equal(t, 1.0, step(ms(10)), "half a window after the calibration: 1")
 	for now.Sub(end) < time.Minute-250*time.Millisecond {
 		require.InDelta(t, 2.0, step(ms(10)), 1e-9)
 	}
@@ -124,6 +129,7 @@ func TestGoalRecalibrates(t *testing.T) {
 	}
 	require.Equal(t, ms(8), g.Baseline(), "the settle's 50 ms probes are not in the baseline")
 	require.Equal(t, 13, n, "3 s of probes after a 2 s settle (one reading of the settle counted above)")
+	require.Equal(t, 1.0, step(ms(10)))
 	require.InDelta(t, 1.25, step(ms(10)), 1e-9)
 }
 
