@@ -40,12 +40,13 @@ type throttler struct {
 	now      func() time.Time
 	states   []*hysteresis.State
 	periods  []int64      // the open throttle period of each state (0: none)
-	// calibrating is, per state, the open throttle period of its
-	// signal's calibration (backfillthrottle.Calibrator; 0: none).
-	calibrating []int64
 	pace     *pacer.Pacer // nil without Config.RowsPerSecond and without an adaptive throttle
 	share    float64      // this call's share of Config.RowsPerSecond (0: no cap)
 	ceiling  float64      // without a cap: the adaptive throttles' ceiling (rows/s), set at the first cut
+	// calibrating is, per state, the open throttle period of its
+	// signal's calibration (backfillthrottle.Calibrator; 0: none, -1:
+	// held without a recorded period).
+	calibrating []int64
 	// observed is what each state's signal last answered to
 	// backfillthrottle.Observer (the monitor goroutine's alone);
 	// observedAt when the signals were last asked.

@@ -154,7 +154,7 @@ type phase struct {
 	heldTx, workTx   int
 	baseline         time.Duration // the goal signal's calibrated baseline
 	source           string        // the goal signal's source
-	backfillOK       bool // the backfill ran through pgbench's window
+	backfillOK       bool          // the backfill ran through pgbench's window
 	err              error
 }
 
