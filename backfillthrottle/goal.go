@@ -90,18 +90,19 @@ type GoalOptions struct {
 	Roles []string
 	// Percentile is the probe's statistic, in (0, 100]: the nearest-rank
 	// percentile of its latencies over Window, compared with the same
-	// percentile measured while the backfill is held. Default 90: with
-	// the defaults a window holds about 80 probes, enough for a p90 (a
-	// p99 of 80 probes is their maximum, which moves with the probe's own
-	// outliers). The statements' statistic is their mean execution time
+	// percentile measured while the backfill is held. Default 90: at 4
+	// probes every 250 ms a window holds about 80 probes, enough for a
+	// p90 (a p99 of 80 probes is their maximum, which moves with the
+	// probe's own outliers). The statements' statistic is their mean execution time
 	// over Window (pg_stat_statements keeps no percentiles).
 	Percentile float64
 	// Window is how long a probe's latency counts. Default 5 s.
 	Window time.Duration
-	// Samples is how many probes each reading runs, one after another
-	// in separate transactions on one connection (it stops early past
-	// half the reading's deadline). Default 4: at the default
-	// ThrottleInterval of 250 ms... see the README for the pace.
+	// Samples is how many probes each reading runs, one after another,
+	// each in a transaction of its own (a reading stops early once half
+	// its deadline, one ThrottleInterval, has passed). Default 4: with
+	// a ThrottleInterval of 250 ms, 16 probes a second, 80 in the
+	// default Window.
 	Samples int
 	// Calibrate is how long the backfill is held while the baseline is
 	// measured: when the call starts, and at every recalibration. The

@@ -23,7 +23,8 @@ import (
 // context that ends after that interval. The built-in signals are
 // [ReplicaLagSignal], [WALRateSignal], [ArchiveBacklogSignal],
 // [AutovacuumSignal], [LockWaitersSignal], [ProbeLatencySignal],
-// [SQLSignal] and a [Schedule] ([ScheduleThrottle]).
+// [SQLSignal], a [Schedule] ([ScheduleThrottle]) and the signal of
+// [LatencyGoal] (a whole Throttle).
 type Signal interface {
 	// Name names the signal in logs and in the manifest's throttle
 	// periods (e.g. "replica_lag").
