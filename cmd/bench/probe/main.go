@@ -1,24 +1,26 @@
-// Command benchprobe measures the latency-probe throttle beside a live
-// load: how much a backfill costs pgbench's latency and throughput with
-// and without a ProbeLatencySignal throttle, and what the throttle costs
-// the backfill's rate. On a server with production durability (fsync,
-// full_page_writes and synchronous_commit on) it runs the same pgbench
-// (TPC-B-like, per-transaction logs) three times:
+// Command benchprobe measures the latency throttles beside a live load:
+// how much a backfill costs pgbench's latency and throughput with and
+// without a throttle, and what the throttle costs the backfill's rate. On
+// a server with production durability (fsync, full_page_writes and
+// synchronous_commit on) it runs the same pgbench (TPC-B-like,
+// per-transaction logs) in phases, each pgbench -lead ahead of the
+// backfill:
 //
-//  1. alone: pgbench's p99 latency and TPS (and the probe's own latency,
-//     read beside it, for calibration);
-//  2. beside a backfill (a synthetic job that outlasts the window,
-//     upserting into a table of the pgbench database) without a
-//     throttle; the probe is read (a throttle whose High is never
-//     reached) so that its load is the same as in 3;
-//  3. beside the same backfill with a ProbeLatencySignal throttle, High =
-//     pgbench's p99 alone × -high (Low × -low, MinHold -min-hold).
+//  1. alone: pgbench's p99 latency and TPS (and the goal signal's own
+//     readings beside it, for its noise);
+//  2. free: beside a backfill (a synthetic job that outlasts the window,
+//     upserting into a table of the pgbench database) whose goal signal
+//     is read, and calibrates, but never cuts the rate;
+//  3. goal: beside the same backfill throttled by the recommended
+//     setting, backfillthrottle.LatencyGoal(probe, -rise), no hand-tuning;
+//  4. probe (on request): a ProbeLatencySignal throttle with High =
+//     pgbench's p99 alone × -high.
 //
-// It reports pgbench's p99 and TPS per phase as ratios to alone, the
-// backfill's rows/s (chunks committed within pgbench's window) and, with
-// the throttle, its rows/s as a ratio to without and the run's time split
-// (Runner.TimeSplit). It asserts nothing. See README.md here; make
-// bench-probe runs it.
+// With -runs N it runs the phases N times and reports, per run, pgbench's
+// p99 alone, free and throttled and the backfill's rows/s throttled over
+// free, against the bars (p99 at most 1.3× alone, at least 25 % of the
+// free rate). It asserts nothing. See README.md here; make bench-probe
+// runs it.
 package main
 
 import (
