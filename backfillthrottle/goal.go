@@ -96,7 +96,9 @@ type GoalOptions struct {
 	// probe's own outliers). The statements' statistic is their mean execution time
 	// over Window (pg_stat_statements keeps no percentiles).
 	Percentile float64
-	// Window is how long a probe's latency counts. Default 5 s.
+	// Window is how long a sample counts. Default 5 s. It must be
+	// several ThrottleIntervals: a reading after none for a Window is
+	// taken for a new call of Run, which calibrates again.
 	Window time.Duration
 	// Samples is how many probes each reading runs, one after another,
 	// each in a transaction of its own (a reading stops early once half
@@ -152,7 +154,9 @@ const GoalSignalName = "latency_goal"
 // be changed before use (e.g. Critical).
 //
 // A probe reading runs o.Samples probes on one connection of the Runner's
-// pool. The baseline is per call of backfill.Runner.Run: with several
+// pool. The signal keeps its state between readings: a reading after
+// none for o.Window (a later call of backfill.Runner.Run) calibrates
+// again. The baseline is per call of backfill.Runner.Run: with several
 // processes on one job, a process that calibrates while another one
 // backfills measures a baseline with that backfill in it (looser than
 // rise).
@@ -482,6 +486,7 @@ type goalState struct {
 	mean        bool // the statistic: total time over count (statements), else the percentile
 	calibrating bool
 	started     bool
+	last        time.Time // the latest reading
 	calFrom     time.Time // when the current calibration's samples count
 	calUntil    time.Time // its earliest end
 	calSamples  []sample
@@ -535,14 +540,16 @@ func count(ss []sample) float64 {
 // the window's statistic over the baseline (1 while the window is
 // empty).
 func (s *goalState) observe(now time.Time, took []sample) float64 {
-	if !s.started {
-		// The first reading, before the call claims anything: the
+	if !s.started || now.Sub(s.last) > s.o.Window {
+		// The first reading, before the call claims anything, or the
+		// first of a later call of Run (no reading for a window): the
 		// backfill is not running, nothing to settle.
 		s.started = true
 		s.begin(now, 0)
 	} else if !s.calibrating && s.o.Recalibrate > 0 && now.Sub(s.calibrated) >= s.o.Recalibrate {
 		s.begin(now, s.o.Settle)
 	}
+	s.last = now
 	for i := range took {
 		took[i].at = now
 	}

@@ -87,10 +87,17 @@ func TestGoalCalibratesThenCompares(t *testing.T) {
 	require.Equal(t, 1.0, g.Observe(now, ms(4)), "too early")
 	now = now.Add(750 * time.Millisecond)
 	require.InDelta(t, 2.0, g.Observe(now, ms(4), ms(4), ms(1)), 1e-9)
-	// The window forgets: 3 s later only the new probes count.
-	now = now.Add(3 * time.Second)
-	require.InDelta(t, 1.5, g.Observe(now, ms(3)), 1e-9)
+	// The window forgets: what is older than 2 s no longer counts.
+	now = now.Add(time.Second)
+	require.InDelta(t, 2.0, g.Observe(now, ms(3)), 1e-9, "4, 4, 4, 1, 3 ms")
+	now = now.Add(1500 * time.Millisecond)
+	require.InDelta(t, 1.5, g.Observe(now, ms(3)), 1e-9, "3, 3 ms")
 	require.False(t, g.Calibrating(), "Recalibrate < 0: never again")
+	// A later call of Run: no reading for more than a window.
+	now = now.Add(2*time.Second + time.Millisecond)
+	require.False(t, g.Calibrating())
+	require.Zero(t, g.Observe(now, ms(3)))
+	require.True(t, g.Calibrating(), "a new call calibrates again")
 }
 
 // TestGoalRecalibrates: after Recalibrate the signal calibrates again;
