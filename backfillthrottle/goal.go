@@ -44,12 +44,14 @@ const (
 	// time of the statements run since the last reading, by every role
 	// but the Runner's own (or by GoalOptions.Roles). The backfill should
 	// then run as a role of its own. With track_utility on (the default)
-	// an application's COMMIT counts, with its WAL flush.
+	// an application's COMMIT statements count, but not the commit's WAL
+	// flush, which runs after the statement.
 	SourceStatements
 	// SourceProbe times the probe query, on the server: from before its
 	// BEGIN to after its COMMIT, in one message of several statements
 	// (the network and the client's own process, busy with the
-	// backfill, are not in it).
+	// backfill, are not in it). It sets the session setting
+	// backfill.probe_started on the connection it used.
 	SourceProbe
 )
 
@@ -153,8 +155,9 @@ const GoalSignalName = "latency_goal"
 // window; below Low the rate is given back step by step. Its fields may
 // be changed before use (e.g. Critical).
 //
-// A probe reading runs o.Samples probes on one connection of the Runner's
-// pool. The signal keeps its state between readings: a reading after
+// A probe reading runs o.Samples probes one after another, each on a
+// connection of the Runner's pool (the query must not begin or end
+// transactions of its own). The signal keeps its state between readings: a reading after
 // none for o.Window (a later call of backfill.Runner.Run) calibrates
 // again. The baseline is per call of backfill.Runner.Run: with several
 // processes on one job, a process that calibrates while another one
