@@ -683,8 +683,8 @@ func report(o options, settings []benchpg.Setting, query string, alone *phase, p
 		fmt.Printf("| %s | %d | %.0f | %s | %s | %s | %s | %s | %s | %s | %s | %d | %s |\n", p.name, p.tx, p.tps(), tpsR,
 			ms(p.p50), ms(p.p99), p99R, ms(p.max), probe, rows, rR, p.holds, split)
 		if (p.name == "probe" || p.name == "goal") && p.holds > 0 {
-			defer fmt.Printf("\n- probe phase: pgbench p99 %s over %d tx while the backfill was held, %s over %d tx while it worked\n",
-				ms(p.heldP99), p.heldTx, ms(p.workP99), p.workTx)
+			defer fmt.Printf("\n- %s phase: pgbench p99 %s over %d tx while the backfill was held, %s over %d tx while it worked\n",
+				p.name, ms(p.heldP99), p.heldTx, ms(p.workP99), p.workTx)
 		}
 		if p.err != nil {
 			fmt.Printf("\n(phase %s: %v)\n", p.name, p.err)
