@@ -113,9 +113,9 @@ bench-lock:
 	$(GO) run ./cmd/bench/lock $(BENCHLOCK_FLAGS)
 
 # bench-probe: pgbench alone, beside a backfill, and beside a backfill
-# held by a latency-probe throttle (High = pgbench's p99 alone + 30%), on
-# a durable server (cmd/bench/probe/README.md). Reports only. Extra
-# flags: make bench-probe BENCHPROBE_FLAGS='-duration 60s -chunk 500 -v'
+# throttled by the recommended latency goal (LatencyGoal, rise 0.3), on a
+# durable server (cmd/bench/probe/README.md). Reports only. Extra flags:
+# make bench-probe BENCHPROBE_FLAGS='-runs 5' (a summary against the bars)
 BENCHPROBE_FLAGS ?=
 
 bench-probe:

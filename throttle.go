@@ -43,6 +43,10 @@ type throttler struct {
 	pace     *pacer.Pacer // nil without Config.RowsPerSecond and without an adaptive throttle
 	share    float64      // this call's share of Config.RowsPerSecond (0: no cap)
 	ceiling  float64      // without a cap: the adaptive throttles' ceiling (rows/s), set at the first cut
+	// calibrating is, per state, the open throttle period of its
+	// signal's calibration (backfillthrottle.Calibrator; 0: none, -1:
+	// held without a recorded period).
+	calibrating []int64
 	// observed is what each state's signal last answered to
 	// backfillthrottle.Observer (the monitor goroutine's alone);
 	// observedAt when the signals were last asked.
@@ -97,6 +101,7 @@ func newThrottler(ex *execution) *throttler {
 		t.states = append(t.states, &hysteresis.State{Throttle: th, ConfigHigh: th.High, ConfigLow: th.Low})
 	}
 	t.periods = make([]int64, len(t.states))
+	t.calibrating = make([]int64, len(t.states))
 	t.observed = make([]observation, len(t.states))
 	switch {
 	case cfg.RowsPerSecond > 0:
@@ -212,6 +217,55 @@ func (t *throttler) endOpen(ctx context.Context) {
 			t.closePeriod(context.WithoutCancel(ctx), i, t.states[i].Value)
 		}
 	}
+	for i, id := range t.calibrating {
+		if id != 0 {
+			t.closeCalibration(context.WithoutCancel(ctx), i)
+		}
+	}
+}
+
+// calibrate holds the call while state i's signal measures its baseline
+// (backfillthrottle.Calibrator) and reports whether it does: the reading
+// is then not compared with the watermarks. The hold is a throttle
+// period of the signal of its own, beside the watermarks' holds.
+func (t *throttler) calibrate(ctx context.Context, i int, h *hysteresis.State) bool {
+	c, ok := h.Throttle.Signal.(backfillthrottle.Calibrator)
+	if !ok {
+		return false
+	}
+	on, was := c.Calibrating(), t.calibrating[i] != 0
+	switch {
+	case on && !was:
+		t.ex.log.Info("backfill: throttle calibrating: no chunk is claimed while the signal measures its baseline", "signal", c.Name())
+		t.setHeld(+1)
+		t.calibrating[i] = -1 // held, whether the period is recorded or not
+		if tm := t.ex.r.caps.throttle; tm != nil {
+			p := backfilltype.ThrottlePeriod{BatchID: t.ex.batchID, WorkerKey: t.workerKey(), Signal: c.Name(),
+				Reason: fmt.Sprintf("%s calibrating: measuring its baseline without the backfill", c.Name()),
+				High:   finite(h.Throttle.High), Low: finite(h.Throttle.EffectiveLow())}
+			if id, err := tm.OpenPeriod(context.WithoutCancel(ctx), t.ex.r.db, p); err != nil {
+				t.ex.log.Warn("backfill: throttle period not recorded", "signal", p.Signal, "error", err)
+			} else {
+				t.calibrating[i] = id
+			}
+		}
+	case !on && was:
+		t.ex.log.Info("backfill: throttle calibrated", "signal", c.Name())
+		t.closeCalibration(context.WithoutCancel(ctx), i)
+	}
+	return on
+}
+
+// closeCalibration ends state i's calibration hold.
+func (t *throttler) closeCalibration(ctx context.Context, i int) {
+	id := t.calibrating[i]
+	t.calibrating[i] = 0
+	t.setHeld(-1)
+	if tm := t.ex.r.caps.throttle; tm != nil && id > 0 {
+		if err := tm.ClosePeriod(ctx, t.ex.r.db, id, 0); err != nil {
+			t.ex.log.Warn("backfill: end of throttle period not recorded", "signal", t.states[i].Throttle.Signal.Name(), "error", err)
+		}
+	}
 }
 
 // stopThrottle stops the monitor and closes the call's open periods.
@@ -315,6 +369,9 @@ func (t *throttler) check(ctx context.Context) {
 		if !math.IsInf(v, 1) && h.Critical(v) {
 			t.pauseRun(ctx, h, v)
 			return
+		}
+		if t.calibrate(ctx, i, h) {
+			continue
 		}
 		if h.Throttle.Adapt {
 			t.adapt(h, v)

@@ -980,3 +980,56 @@ func TestSignalReadingCutByTheServerIsNotAConfigError(t *testing.T) {
 	require.NoError(t, db.Get(&reads, `SELECT last_value FROM signal_reads`))
 	require.GreaterOrEqual(t, reads, int64(1), "the signal was read")
 }
+
+// calibratingSignal is a fakeSignal that says it calibrates
+// (backfillthrottle.Calibrator) while cal is set.
+type calibratingSignal struct {
+	fakeSignal
+	cal atomic.Bool
+}
+
+func (c *calibratingSignal) Calibrating() bool { return c.cal.Load() }
+
+// TestCalibratingSignalHoldsTheCall: a signal that calibrates
+// (backfillthrottle.Calibrator) holds the call from its first reading,
+// before anything is claimed, whatever its value (here far above High,
+// and the throttle adaptive: a calibration is a hold, not a rate cut);
+// the hold is a throttle period of the signal saying so. Once the
+// calibration ends, readings below Low let the run complete, and the
+// watermarks apply again.
+func TestCalibratingSignalHoldsTheCall(t *testing.T) {
+	t.Parallel()
+	db := liveDB(t)
+	sig := &calibratingSignal{}
+	sig.set(100)
+	sig.cal.Store(true)
+	var read atomic.Int64
+	job := liveJob(func(Chunk) { read.Add(1) })
+	r := throttleRunner(t, db, "w1", func(c *Config) {
+		c.Throttles = []backfillthrottle.Throttle{{Signal: sig, High: 1.3, Low: 1.1, Adapt: true}}
+	})
+	res := goRun(t.Context(), r, job)
+	waitFor(t, "the calibration's period", func() bool {
+		var n int
+		return db.Get(&n, `SELECT count(*) FROM backfill.throttle_periods WHERE ended_at IS NULL AND reason LIKE '%calibrating%'`) == nil && n == 1
+	})
+	seen := sig.reads.Load()
+	waitFor(t, "more readings while calibrating", func() bool { return sig.reads.Load() >= seen+3 })
+	require.Zero(t, read.Load(), "a chunk was read while the signal calibrated")
+	sig.set(1)
+	sig.cal.Store(false)
+	out := testwait.Recv(t, "the run after the calibration", res)
+	require.NoError(t, out.err)
+	require.Equal(t, RunCompleted, out.rep.Status)
+	require.EqualValues(t, liveChunks, read.Load())
+
+	ps, err := r.caps.throttlePeriods.ThrottlePeriods(t.Context(), r.db, out.rep.BatchID)
+	require.NoError(t, err)
+	require.Len(t, ps, 1, "the calibration only: 1 is below Low")
+	require.Equal(t, "fake", ps[0].Signal)
+	require.Contains(t, ps[0].Reason, "calibrating")
+	require.NotNil(t, ps[0].EndedAt)
+	ts, err := r.TimeSplit(t.Context(), out.rep.BatchID)
+	require.NoError(t, err)
+	require.Positive(t, ts.Throttled["fake"], "the calibration counts as throttled time")
+}

@@ -23,7 +23,8 @@ import (
 // context that ends after that interval. The built-in signals are
 // [ReplicaLagSignal], [WALRateSignal], [ArchiveBacklogSignal],
 // [AutovacuumSignal], [LockWaitersSignal], [ProbeLatencySignal],
-// [SQLSignal] and a [Schedule] ([ScheduleThrottle]).
+// [SQLSignal], a [Schedule] ([ScheduleThrottle]) and the signal of
+// [LatencyGoal] (a whole Throttle).
 type Signal interface {
 	// Name names the signal in logs and in the manifest's throttle
 	// periods (e.g. "replica_lag").
@@ -371,12 +372,28 @@ func (p *probe) Read(ctx context.Context, db sqlx.ExtContext, _ SignalScope) (fl
 	case p.win.Span <= 0:
 		return 0, fmt.Errorf("%w: ProbeLatencySignal: window %v is not positive", backfilltype.ErrInvalidConfig, p.win.Span)
 	}
+	took, err := timeProbe(ctx, db, p.query)
+	if err != nil {
+		return 0, fmt.Errorf("backfill: signal probe_latency: %w", err)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	now := time.Now()
+	p.win.Add(now, took)
+	return float64(p.win.Percentile(now, p.pct)) / float64(time.Millisecond), nil
+}
+
+// timeProbe runs query in a transaction of its own and returns how long
+// that transaction took, from BEGIN to the end of its COMMIT. A probe cut
+// off by ctx's deadline took at least until the deadline: a sample, not
+// an error. A probe that fails otherwise is an error.
+func timeProbe(ctx context.Context, db sqlx.ExtContext, query string) (time.Duration, error) {
 	// Timed from BEGIN to COMMIT, as an application's transaction is: a
 	// probe that writes waits for its commit's WAL flush
 	// (synchronous_commit), often the larger part of its latency.
 	start := time.Now()
 	err := pgstore.ReadTx(ctx, db, func(tx sqlx.ExtContext) error {
-		rows, err := tx.QueryContext(ctx, p.query)
+		rows, err := tx.QueryContext(ctx, query)
 		if err == nil {
 			for rows.Next() {
 			}
@@ -388,7 +405,7 @@ func (p *probe) Read(ctx context.Context, db sqlx.ExtContext, _ SignalScope) (fl
 	took := time.Since(start)
 	if err != nil && !errors.Is(ctx.Err(), context.DeadlineExceeded) {
 		// A probe that fails (or a call that ends) measures nothing.
-		return 0, fmt.Errorf("backfill: signal probe_latency: %w", err)
+		return 0, err
 	}
 	// A probe cut off by the reading's deadline (one throttle
 	// interval) took at least that long: a sample.
@@ -397,11 +414,7 @@ func (p *probe) Read(ctx context.Context, db sqlx.ExtContext, _ SignalScope) (fl
 			took = max(took, dl.Sub(start))
 		}
 	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	now := time.Now()
-	p.win.Add(now, took)
-	return float64(p.win.Percentile(now, p.pct)) / float64(time.Millisecond), nil
+	return took, nil
 }
 
 // LatencyWindow keeps the latencies measured within Span of now. It is

@@ -1,24 +1,26 @@
-// Command benchprobe measures the latency-probe throttle beside a live
-// load: how much a backfill costs pgbench's latency and throughput with
-// and without a ProbeLatencySignal throttle, and what the throttle costs
-// the backfill's rate. On a server with production durability (fsync,
-// full_page_writes and synchronous_commit on) it runs the same pgbench
-// (TPC-B-like, per-transaction logs) three times:
+// Command benchprobe measures the latency throttles beside a live load:
+// how much a backfill costs pgbench's latency and throughput with and
+// without a throttle, and what the throttle costs the backfill's rate. On
+// a server with production durability (fsync, full_page_writes and
+// synchronous_commit on) it runs the same pgbench (TPC-B-like,
+// per-transaction logs) in phases, each pgbench -lead ahead of the
+// backfill:
 //
-//  1. alone: pgbench's p99 latency and TPS (and the probe's own latency,
-//     read beside it, for calibration);
-//  2. beside a backfill (a synthetic job that outlasts the window,
-//     upserting into a table of the pgbench database) without a
-//     throttle; the probe is read (a throttle whose High is never
-//     reached) so that its load is the same as in 3;
-//  3. beside the same backfill with a ProbeLatencySignal throttle, High =
-//     pgbench's p99 alone × -high (Low × -low, MinHold -min-hold).
+//  1. alone: pgbench's p99 latency and TPS (and the goal signal's own
+//     readings beside it, for its noise);
+//  2. free: beside a backfill (a synthetic job that outlasts the window,
+//     upserting into a table of the pgbench database) whose goal signal
+//     is read, and calibrates, but never cuts the rate;
+//  3. goal: beside the same backfill throttled by the recommended
+//     setting, backfillthrottle.LatencyGoal(probe, -rise), no hand-tuning;
+//  4. probe (on request): a ProbeLatencySignal throttle with High =
+//     pgbench's p99 alone × -high.
 //
-// It reports pgbench's p99 and TPS per phase as ratios to alone, the
-// backfill's rows/s (chunks committed within pgbench's window) and, with
-// the throttle, its rows/s as a ratio to without and the run's time split
-// (Runner.TimeSplit). It asserts nothing. See README.md here; make
-// bench-probe runs it.
+// With -runs N it runs the phases N times and reports, per run, pgbench's
+// p99 alone, free and throttled and the backfill's rows/s throttled over
+// free, against the bars (p99 at most 1.3× alone, at least 25 % of the
+// free rate). It asserts nothing. See README.md here; make bench-probe
+// runs it.
 package main
 
 import (
@@ -26,6 +28,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"log"
 	"log/slog"
 	"math"
 	"os"
@@ -68,6 +71,13 @@ type options struct {
 	adapt       bool
 	phases      string
 	verbose     bool
+	// The goal phase (backfillthrottle.LatencyGoal).
+	runs    int
+	lead    time.Duration
+	rise    float64
+	goalPct float64
+	samples int
+	source  string
 }
 
 // probes are the -probe presets; anything else is taken as the query.
@@ -113,8 +123,14 @@ func main() {
 	flag.Float64Var(&o.low, "low", 1.1, "Low = pgbench's p99 alone × this")
 	flag.DurationVar(&o.minHold, "min-hold", 3*time.Second, "Throttle.MinHold")
 	flag.BoolVar(&o.adapt, "adapt", true, "Throttle.Adapt: steer the rows per second (AIMD) instead of holding")
-	flag.StringVar(&o.phases, "phases", "alone,free,probe", "the phases to run, in order (alone is needed for the others' High and ratios)")
+	flag.StringVar(&o.phases, "phases", "alone,free,goal", "the phases to run, in order (alone is needed for the others' High and ratios)")
 	flag.BoolVar(&o.verbose, "v", false, "the backfill's throttle log (holds and releases) on stderr")
+	flag.IntVar(&o.runs, "runs", 1, "how many times to run the phases (each run from its own alone phase)")
+	flag.DurationVar(&o.lead, "lead", 12*time.Second, "how long pgbench runs before the backfill starts (the goal throttle calibrates then)")
+	flag.Float64Var(&o.rise, "rise", 0.3, "the goal phase: LatencyGoal's rise (0.3: pgbench's latency may rise 30%)")
+	flag.Float64Var(&o.goalPct, "goal-pct", 0, "the goal phase: GoalOptions.Percentile (0: its default)")
+	flag.IntVar(&o.samples, "samples", 0, "the goal phase: GoalOptions.Samples (0: its default)")
+	flag.StringVar(&o.source, "source", "auto", "the goal phase: GoalOptions.Source (auto, statements, probe)")
 	flag.Parse()
 	if err := run(o); err != nil {
 		fmt.Fprintln(os.Stderr, "benchprobe:", err)
@@ -138,7 +154,9 @@ type phase struct {
 	// backfill, and while it did not.
 	heldP99, workP99 time.Duration
 	heldTx, workTx   int
-	backfillOK       bool // the backfill ran through pgbench's window
+	baseline         time.Duration // the goal signal's calibrated baseline
+	source           string        // the goal signal's source
+	backfillOK       bool          // the backfill ran through pgbench's window
 	err              error
 }
 
@@ -151,10 +169,40 @@ func run(o options) error {
 	if err != nil {
 		return err
 	}
-	db, url, settings, stop, err := benchpg.Open(ctx, *fast, o.concurrency+8, "fsync", "synchronous_commit", "full_page_writes", "shared_buffers", "max_wal_size")
+	if os.Getenv("DATABASE_URL") == "" {
+		// A throwaway server that loads pg_stat_statements, for the goal
+		// throttle's statements source.
+		srv, err := pgtest.StartWith(ctx, pgtest.Options{Durable: !*fast})
+		if err != nil {
+			return err
+		}
+		defer func() { _ = srv.Stop() }()
+		sdb, err := sqlx.Open("postgres", srv.URL())
+		if err != nil {
+			return err
+		}
+		_, err = sdb.Exec(`ALTER SYSTEM SET shared_preload_libraries = 'pg_stat_statements'`)
+		sdb.Close()
+		if err != nil {
+			return err
+		}
+		if err := srv.RestartImmediate(ctx, nil); err != nil {
+			return err
+		}
+		os.Setenv("DATABASE_URL", srv.URL())
+	}
+	db, url, settings, stop, err := benchpg.Open(ctx, *fast, o.concurrency+8, "fsync", "synchronous_commit", "full_page_writes", "shared_buffers", "max_wal_size", "shared_preload_libraries")
 	defer stop()
 	if err != nil {
 		return err
+	}
+	// pgbench runs as a role of its own, so that the goal throttle's
+	// statements source tells its statements from the backfill's.
+	if _, err := db.Exec(`CREATE EXTENSION IF NOT EXISTS pg_stat_statements;
+		DO $$ BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'benchprobe_app') THEN CREATE ROLE benchprobe_app LOGIN; END IF; END $$;
+		GRANT CREATE ON SCHEMA public TO benchprobe_app;
+		DROP TABLE IF EXISTS pgbench_accounts, pgbench_branches, pgbench_tellers, pgbench_history`); err != nil {
+		log.Printf("pg_stat_statements (the goal's statements source) is not available: %v", err)
 	}
 	if _, err := db.Exec(`DROP SCHEMA IF EXISTS backfill CASCADE; DROP TABLE IF EXISTS bench_probe_commits;
 		CREATE TABLE bench_probe_commits (at timestamptz)`); err != nil {
@@ -167,6 +215,9 @@ func run(o options) error {
 	defer os.RemoveAll(work)
 	pgb := filepath.Join(bin, "pgbench")
 	conn := benchpg.Conn(url)
+	if i := slices.Index(conn, "-U"); i >= 0 && i+1 < len(conn) {
+		conn[i+1] = "benchprobe_app"
+	}
 	if out, err := exec.CommandContext(ctx, pgb, append(conn, "-i", "-q", "-s", strconv.Itoa(o.scale))...).CombinedOutput(); err != nil {
 		return fmt.Errorf("pgbench -i: %w\n%s", err, out)
 	}
@@ -175,36 +226,134 @@ func run(o options) error {
 		query = fmt.Sprintf(q, 100_000*o.scale, o.scale, 10*o.scale)
 	}
 
-	var alone *phase
-	var results []phase
-	for i, name := range strings.Split(o.phases, ",") {
-		var p phase
-		switch name {
-		case "alone":
-			p, err = runPhase(ctx, o, db, pgb, conn, work, name, query, nil)
-			alone = &p
-		case "free":
-			// The probe is read (same load as with the throttle) but
-			// never holds.
-			p, err = runPhase(ctx, o, db, pgb, conn, work, fmt.Sprint(name, i), query, &backfillthrottle.Throttle{High: math.MaxFloat64})
-		case "probe":
-			if alone == nil {
-				return fmt.Errorf("phase probe needs phase alone first (its High)")
+	var sums []summary
+	for run := 1; run <= o.runs; run++ {
+		var alone *phase
+		var results []phase
+		for i, name := range strings.Split(o.phases, ",") {
+			var p phase
+			switch name {
+			case "alone":
+				p, err = runPhase(ctx, o, db, pgb, conn, work, name, query, nil)
+				alone = &p
+			case "free":
+				// The goal signal is read (the same load, and the same
+				// calibration hold at the start, as in the goal phase)
+				// but never cuts the rate.
+				th, gerr := goalThrottle(o, query)
+				if gerr != nil {
+					return gerr
+				}
+				th.High, th.Low = math.MaxFloat64, math.MaxFloat64
+				p, err = runPhase(ctx, o, db, pgb, conn, work, fmt.Sprint(name, i), query, &th)
+			case "goal":
+				th, gerr := goalThrottle(o, query)
+				if gerr != nil {
+					return gerr
+				}
+				p, err = runPhase(ctx, o, db, pgb, conn, work, fmt.Sprint(name, i), query, &th)
+			case "probe":
+				if alone == nil {
+					return fmt.Errorf("phase probe needs phase alone first (its High)")
+				}
+				ms := float64(alone.p99) / float64(time.Millisecond)
+				p, err = runPhase(ctx, o, db, pgb, conn, work, fmt.Sprint(name, i), query,
+					&backfillthrottle.Throttle{Signal: backfillthrottle.ProbeLatencySignal(query, o.pct, o.window),
+						High: ms * o.high, Low: ms * o.low, MinHold: o.minHold, Adapt: o.adapt})
+			default:
+				return fmt.Errorf("unknown phase %q (alone, free, goal, probe)", name)
 			}
-			ms := float64(alone.p99) / float64(time.Millisecond)
-			p, err = runPhase(ctx, o, db, pgb, conn, work, fmt.Sprint(name, i), query,
-				&backfillthrottle.Throttle{High: ms * o.high, Low: ms * o.low, MinHold: o.minHold, Adapt: o.adapt})
-		default:
-			return fmt.Errorf("unknown phase %q (alone, free, probe)", name)
+			if err != nil {
+				return fmt.Errorf("run %d phase %s: %w", run, name, err)
+			}
+			p.name = name
+			results = append(results, p)
 		}
-		if err != nil {
-			return fmt.Errorf("phase %s: %w", name, err)
+		if o.runs > 1 {
+			fmt.Printf("## run %d of %d (load average %s)\n\n", run, o.runs, loadAvg())
 		}
-		p.name = name
-		results = append(results, p)
+		report(o, settings, query, alone, results)
+		fmt.Println()
+		sums = append(sums, summarize(run, alone, results))
 	}
-	report(o, settings, query, alone, results)
+	if o.runs > 1 {
+		reportRuns(o, sums)
+	}
 	return nil
+}
+
+// goalThrottle is the recommended setting: LatencyGoal(query, -rise)
+// with GoalOptions from -goal-pct and -samples (0: the defaults).
+func goalThrottle(o options, query string) (backfillthrottle.Throttle, error) {
+	src := map[string]backfillthrottle.GoalSource{"auto": backfillthrottle.SourceAuto, "statements": backfillthrottle.SourceStatements,
+		"probe": backfillthrottle.SourceProbe}
+	s, ok := src[o.source]
+	if !ok {
+		return backfillthrottle.Throttle{}, fmt.Errorf("-source %q: auto, statements or probe", o.source)
+	}
+	return backfillthrottle.LatencyGoal(query, o.rise, backfillthrottle.GoalOptions{Source: s, Percentile: o.goalPct, Samples: o.samples})
+}
+
+// summary is one run's outcome against the bars.
+type summary struct {
+	run                    int
+	load                   string
+	alone, free, throttled time.Duration // pgbench's p99
+	rowsRatio              float64
+	baseline               time.Duration
+	name                   string // the throttled phase
+}
+
+// summarize takes the last throttled phase (goal or probe) of a run.
+func summarize(run int, alone *phase, ps []phase) summary {
+	s := summary{run: run, load: loadAvg(), rowsRatio: math.NaN()}
+	if alone != nil {
+		s.alone = alone.p99
+	}
+	var free *phase
+	for i := range ps {
+		switch p := &ps[i]; p.name {
+		case "free":
+			free = p
+			s.free = p.p99
+		case "goal", "probe":
+			s.name, s.throttled, s.baseline = p.name, p.p99, p.baseline
+			if free != nil && free.rows > 0 {
+				s.rowsRatio = p.rps() / free.rps()
+			}
+		}
+	}
+	return s
+}
+
+func reportRuns(o options, sums []summary) {
+	fmt.Printf("## %d runs: pgbench's p99 alone, beside the free backfill and beside the throttled one; the backfill's rows/s throttled / free\n\n", len(sums))
+	fmt.Println("| run | load avg (1/5/15 min) | p99 alone | p99 free (ratio) | throttled phase | baseline | p99 throttled | p99 ratio | rows/s ratio | both bars |")
+	fmt.Println("|---|---|---|---|---|---|---|---|---|---|")
+	met := 0
+	for _, s := range sums {
+		r := float64(s.throttled) / math.Max(float64(s.alone), 1)
+		ok := r <= 1.3 && s.rowsRatio >= 0.25
+		if ok {
+			met++
+		}
+		fmt.Printf("| %d | %s | %s | %s (%.2f) | %s | %s | %s | **%.2f** | **%.2f** | %v |\n", s.run, s.load, ms(s.alone), ms(s.free),
+			float64(s.free)/math.Max(float64(s.alone), 1), s.name, ms(s.baseline), ms(s.throttled), r, s.rowsRatio, ok)
+	}
+	fmt.Printf("\nboth bars (p99 at most 1.3x alone, at least 25%% of the free rows/s) met in %d of %d runs\n", met, len(sums))
+}
+
+// loadAvg is the machine's load average (Linux), "?" elsewhere.
+func loadAvg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "?"
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return "?"
+	}
+	return strings.Join(f[:3], " ")
 }
 
 // recorder wraps a Signal and keeps its readings.
@@ -227,6 +376,31 @@ func (r *recorder) Read(ctx context.Context, db sqlx.ExtContext, s backfillthrot
 		r.mu.Unlock()
 	}
 	return v, err
+}
+
+// Calibrating forwards backfillthrottle.Calibrator: the wrapped goal
+// signal still holds the backfill while it calibrates.
+func (r *recorder) Calibrating() bool {
+	c, ok := r.Signal.(backfillthrottle.Calibrator)
+	return ok && c.Calibrating()
+}
+
+// source is the goal signal's source, "" for another.
+func (r *recorder) source() string {
+	if b, ok := r.Signal.(interface {
+		Source() backfillthrottle.GoalSource
+	}); ok {
+		return b.Source().String()
+	}
+	return ""
+}
+
+// baseline is the goal signal's calibrated baseline, 0 for another.
+func (r *recorder) baseline() time.Duration {
+	if b, ok := r.Signal.(interface{ Baseline() time.Duration }); ok {
+		return b.Baseline()
+	}
+	return 0
 }
 
 func (r *recorder) within(from, to time.Time) []float64 {
@@ -256,7 +430,18 @@ func runPhase(ctx context.Context, o options, db *sqlx.DB, pgb string, conn []st
 			return p, err
 		}
 	}
-	rec := &recorder{Signal: backfillthrottle.ProbeLatencySignal(query, o.pct, o.window)}
+	var rec *recorder
+	if th != nil {
+		rec = &recorder{Signal: th.Signal}
+	} else {
+		// Beside pgbench alone: the goal signal, its readings (ratios to
+		// its own baseline, which it measures here too) show its noise.
+		g, err := goalThrottle(o, query)
+		if err != nil {
+			return p, err
+		}
+		rec = &recorder{Signal: g.Signal}
+	}
 
 	type done struct {
 		at   time.Time
@@ -269,6 +454,7 @@ func runPhase(ctx context.Context, o options, db *sqlx.DB, pgb string, conn []st
 	defer cancel()
 	bfDone := make(chan error, 1)
 	var r *backfill.Runner
+	var startBackfill func()
 	if th != nil {
 		level := slog.LevelError
 		if o.verbose {
@@ -311,48 +497,64 @@ func runPhase(ctx context.Context, o options, db *sqlx.DB, pgb string, conn []st
 			Rollback: backfill.RollbackNone,
 			Target:   backfill.Target{Table: table, Key: []string{"id"}},
 		}
-		go func() {
-			_, err := r.Run(bctx, job)
-			bfDone <- err
-		}()
-		time.Sleep(o.warmup)
+		startBackfill = func() {
+			go func() {
+				_, err := r.Run(bctx, job)
+				bfDone <- err
+			}()
+		}
 	} else {
 		// The probe's own latency beside pgbench alone, one reading
 		// per interval as a throttle would.
-		go func() {
-			tk := time.NewTicker(o.interval)
-			defer tk.Stop()
-			for {
-				select {
-				case <-bctx.Done():
-					bfDone <- nil
-					return
-				case <-tk.C:
+		startBackfill = func() {
+			go func() {
+				tk := time.NewTicker(o.interval)
+				defer tk.Stop()
+				for {
+					select {
+					case <-bctx.Done():
+						bfDone <- nil
+						return
+					case <-tk.C:
+					}
+					rctx, c := context.WithTimeout(bctx, o.interval)
+					start := time.Now()
+					_, err := rec.Read(rctx, db, backfillthrottle.SignalScope{})
+					c()
+					if err == nil {
+						mu.Lock()
+						p.probeLat = append(p.probeLat, time.Since(start))
+						mu.Unlock()
+					}
 				}
-				rctx, c := context.WithTimeout(bctx, o.interval)
-				start := time.Now()
-				_, err := rec.Read(rctx, db, backfillthrottle.SignalScope{})
-				c()
-				if err == nil {
-					mu.Lock()
-					p.probeLat = append(p.probeLat, time.Since(start))
-					mu.Unlock()
-				}
-			}
-		}()
+			}()
+		}
 	}
 
 	prefix := filepath.Join(work, name)
-	args := append(slices.Clone(conn), "-n", "-T", strconv.Itoa(int(o.duration/time.Second)), "-c", strconv.Itoa(o.clients), "-j", "2",
+	// pgbench first (the application runs before the backfill starts,
+	// and the goal throttle calibrates beside it), the backfill o.lead
+	// later; pgbench's window is its last o.duration, o.warmup after the
+	// backfill started.
+	total := o.lead + o.warmup + o.duration
+	args := append(slices.Clone(conn), "-n", "-T", strconv.Itoa(int(total/time.Second)), "-c", strconv.Itoa(o.clients), "-j", "2",
 		"-b", "tpcb-like", "-l", "--log-prefix", prefix)
 	cmd := exec.CommandContext(ctx, pgb, args...)
 	cmd.Env = append(os.Environ(), "PGAPPNAME=pgbench")
 	cmd.Dir = work
-	start := time.Now()
-	out, err := cmd.CombinedOutput()
+	var out strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &out
+	began := time.Now()
+	if err := cmd.Start(); err != nil {
+		return p, fmt.Errorf("pgbench: %w", err)
+	}
+	time.Sleep(o.lead)
+	startBackfill()
+	start := began.Add(o.lead + o.warmup)
+	err := cmd.Wait()
 	end := time.Now()
 	if err != nil {
-		return p, fmt.Errorf("pgbench: %w\n%s", err, out)
+		return p, fmt.Errorf("pgbench: %w\n%s", err, out.String())
 	}
 	// Did the backfill outlast pgbench?
 	select {
@@ -375,6 +577,8 @@ func runPhase(ctx context.Context, o options, db *sqlx.DB, pgb string, conn []st
 	p.tx, p.secs = len(w), end.Sub(start).Seconds()
 	p.p99, p.p50, p.max = benchpg.Quantile(w, 0.99), benchpg.Quantile(w, 0.5), benchpg.Quantile(w, 1)
 	p.probeVals = rec.within(start, end)
+	p.baseline = rec.baseline()
+	p.source = rec.source()
 	mu.Lock()
 	for _, c := range chunks {
 		if !c.at.Before(start) && c.at.Before(end) {
@@ -431,7 +635,12 @@ func report(o options, settings []benchpg.Setting, query string, alone *phase, p
 		fmt.Printf("- throttle: High %.2f ms (p99 alone × %g), Low %.2f ms (× %g), MinHold %v\n", a*o.high, o.high, a*o.low, o.low, o.minHold)
 		sort := slices.Clone(alone.probeLat)
 		slices.Sort(sort)
-		fmt.Printf("- the probe alone (%d probes beside pgbench): p50 %s, p99 %s\n", len(sort), ms(benchpg.Quantile(sort, 0.5)), ms(benchpg.Quantile(sort, 0.99)))
+		fmt.Printf("- the goal signal's readings beside pgbench alone (%d readings of up to %d probes): time per reading p50 %s, p99 %s; its calibrated baseline %s\n",
+			len(sort), max(o.samples, 4), ms(benchpg.Quantile(sort, 0.5)), ms(benchpg.Quantile(sort, 0.99)), ms(alone.baseline))
+	}
+	if strings.Contains(o.phases, "goal") {
+		fmt.Printf("- goal: LatencyGoal(probe, %g, GoalOptions{Percentile: %g, Samples: %d}) (0: default), ThrottleInterval %v, pgbench %v ahead of the backfill\n",
+			o.rise, o.goalPct, o.samples, o.interval, o.lead)
 	}
 	fmt.Println()
 	fmt.Println("| phase | pgbench tx | TPS | TPS ratio | p50 | p99 | p99 ratio | max | probe reading p50 / max | backfill rows/s | rows/s ratio | holds | time split |")
@@ -450,16 +659,20 @@ func report(o options, settings []benchpg.Setting, query string, alone *phase, p
 		rows := "-"
 		if p.name != "alone" {
 			rows = fmt.Sprintf("%.0f", p.rps())
-			if p.name == "probe" && free != nil && free.rows > 0 {
+			if (p.name == "probe" || p.name == "goal") && free != nil && free.rows > 0 {
 				rR = fmt.Sprintf("%.2f", p.rps()/free.rps())
 			}
 		}
 		probe := "-"
 		if len(p.probeVals) > 0 {
-			probe = fmt.Sprintf("%.1f / %.1f ms", p.probeVals[len(p.probeVals)/2], p.probeVals[len(p.probeVals)-1])
+			unit := " ms"
+			if p.name != "probe" {
+				unit = " (ratio to baseline " + ms(p.baseline) + ", " + p.source + ")"
+			}
+			probe = fmt.Sprintf("%.2f / %.2f%s", p.probeVals[len(p.probeVals)/2], p.probeVals[len(p.probeVals)-1], unit)
 		}
 		split := "-"
-		if p.split != nil && p.name == "probe" {
+		if p.split != nil && (p.name == "probe" || p.name == "goal") {
 			var th time.Duration
 			for _, d := range p.split.Throttled {
 				th += d
@@ -469,9 +682,9 @@ func report(o options, settings []benchpg.Setting, query string, alone *phase, p
 		}
 		fmt.Printf("| %s | %d | %.0f | %s | %s | %s | %s | %s | %s | %s | %s | %d | %s |\n", p.name, p.tx, p.tps(), tpsR,
 			ms(p.p50), ms(p.p99), p99R, ms(p.max), probe, rows, rR, p.holds, split)
-		if p.name == "probe" && p.holds > 0 {
-			defer fmt.Printf("\n- probe phase: pgbench p99 %s over %d tx while the backfill was held, %s over %d tx while it worked\n",
-				ms(p.heldP99), p.heldTx, ms(p.workP99), p.workTx)
+		if (p.name == "probe" || p.name == "goal") && p.holds > 0 {
+			defer fmt.Printf("\n- %s phase: pgbench p99 %s over %d tx while the backfill was held, %s over %d tx while it worked\n",
+				p.name, ms(p.heldP99), p.heldTx, ms(p.workP99), p.workTx)
 		}
 		if p.err != nil {
 			fmt.Printf("\n(phase %s: %v)\n", p.name, p.err)

@@ -1,0 +1,9 @@
+package backfillthrottle_test
+
+import (
+	"testing"
+
+	"github.com/pgbackfill/backfill/internal/pgtest"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
