@@ -81,8 +81,13 @@ type RehearsalChunk struct {
 	TargetBytes int64 `json:"target_bytes"`
 	IndexBytes  int64 `json:"index_bytes"`
 	UndoBytes   int64 `json:"undo_bytes"`
-	// TempBytes is the size of the temporary relations the transaction
-	// created (the chunk's staging), before its rollback.
+	// TempBytes is the growth of the backend's temporary relations (the
+	// chunk's staging table).
+	//
+	// Growth is of the relations' files: a rolled back chunk leaves its
+	// pages (empty once vacuumed), so a chunk rehearsed after another
+	// that fit in the pages it left shows none; chunks of many pages
+	// measure what they add.
 	TempBytes int64 `json:"temp_bytes"`
 	// HeapBytes is the peak of the process's Go heap (live and unswept
 	// objects, runtime/metrics) while the chunk ran, sampled every few

@@ -101,8 +101,10 @@ func (m *Manifest) RecordRehearsal(ctx context.Context, db sqlx.ExtContext, rh b
 func (m *Manifest) Rehearsals(ctx context.Context, db sqlx.ExtContext, job string, limit int) ([]backfilltype.Rehearsal, error) {
 	var rows []rehearsalRow
 	lim := sql.NullInt64{Int64: int64(limit), Valid: limit > 0}
-	if err := sqlx.SelectContext(ctx, db, &rows, m.SQL(`SELECT `+rehearsalColumns+` FROM {s}.rehearsals
-		WHERE job_name = $1 ORDER BY id DESC LIMIT $2`), job, lim); err != nil {
+	if err := SnapshotReadTx(ctx, db, func(tx sqlx.ExtContext) error {
+		return sqlx.SelectContext(ctx, tx, &rows, m.SQL(`SELECT `+rehearsalColumns+` FROM {s}.rehearsals
+		WHERE job_name = $1 ORDER BY id DESC LIMIT $2`), job, lim)
+	}); err != nil {
 		return nil, fmt.Errorf("backfill: rehearsals of job %q: %w", job, err)
 	}
 	out := make([]backfilltype.Rehearsal, 0, len(rows))
@@ -123,9 +125,11 @@ func (m *Manifest) Rehearsals(ctx context.Context, db sqlx.ExtContext, job strin
 // has no rehearsal.
 func (m *Manifest) ForecastCheck(ctx context.Context, db sqlx.ExtContext, s backfilltype.Status) (*backfilltype.ForecastCheck, error) {
 	var rows []rehearsalRow
-	err := sqlx.SelectContext(ctx, db, &rows, m.SQL(`SELECT `+qualified("h", rehearsalColumns)+` FROM {s}.rehearsals h
+	err := SnapshotReadTx(ctx, db, func(tx sqlx.ExtContext) error {
+		return sqlx.SelectContext(ctx, tx, &rows, m.SQL(`SELECT `+qualified("h", rehearsalColumns)+` FROM {s}.rehearsals h
 		JOIN {s}.runs r ON r.job_name = h.job_name AND r.plan_fingerprint = h.plan_fingerprint AND h.created_at <= r.created_at
 		WHERE r.batch_id = $1 ORDER BY h.id DESC LIMIT 1`), s.BatchID)
+	})
 	if err != nil {
 		var pe interface{ SQLState() string }
 		if errors.As(err, &pe) && pe.SQLState() == "42P01" {
@@ -178,8 +182,8 @@ type RehearsalMark struct {
 func MarkRehearsal(ctx context.Context, tx sqlx.ExtContext, table, undo string) (RehearsalMark, error) {
 	var mk RehearsalMark
 	err := sqlx.GetContext(ctx, tx, &mk, `SELECT pg_current_wal_insert_lsn()::text AS wal, pg_backend_pid() AS pid,
-		(SELECT sum(pg_table_size(relid)) FROM pg_partition_tree($1::regclass))::bigint AS table_bytes,
-		(SELECT sum(pg_indexes_size(relid)) FROM pg_partition_tree($1::regclass))::bigint AS index_bytes,
+		coalesce((SELECT sum(pg_table_size(relid)) FROM pg_partition_tree($1::regclass)), pg_table_size($1::regclass))::bigint AS table_bytes,
+		coalesce((SELECT sum(pg_indexes_size(relid)) FROM pg_partition_tree($1::regclass)), pg_indexes_size($1::regclass))::bigint AS index_bytes,
 		CASE WHEN $2 = '' THEN 0 ELSE pg_total_relation_size($2::regclass) END AS undo_bytes,
 		coalesce((SELECT sum(pg_total_relation_size(c.oid)) FROM pg_class c
 			WHERE c.relnamespace = pg_my_temp_schema() AND c.relkind = 'r'), 0)::bigint AS temp_bytes`, sqlgen.Table(table), undo)
