@@ -436,6 +436,7 @@ func project(rcs []RehearsalChunk, est []int64, n, conc int) RehearsalForecast {
 			lo, hi = min(lo, r), max(hi, r)
 		}
 	}
+	f.Duration = time.Duration(dur / float64(conc))
 	f.DurationLow = time.Duration(dur * lo / float64(conc))
 	f.DurationHigh = time.Duration(dur*hi/float64(conc) + longest*hi)
 	wal, _, _ := total(func(rc RehearsalChunk) float64 { return float64(rc.WALBytes) })

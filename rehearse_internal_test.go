@@ -26,6 +26,7 @@ func TestProjectRows(t *testing.T) {
 	// 10 chunks × 1 s + 4400 rows × 1 ms = 14.4 s of chunks; 7.2 s over
 	// two workers, ±10% (the fit is exact); the high end adds the
 	// longest chunk (2 s), +10%.
+	require.InDelta(t, 7.2, f.Duration.Seconds(), 1e-6)
 	require.InDelta(t, 0.9*7.2, f.DurationLow.Seconds(), 1e-6)
 	require.InDelta(t, 1.1*7.2+1.1*2, f.DurationHigh.Seconds(), 1e-6)
 	require.Equal(t, int64(440_000), f.WALBytes)

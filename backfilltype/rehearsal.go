@@ -111,11 +111,13 @@ type RehearsalForecast struct {
 	Rows   int64 `json:"rows"`
 	// Concurrency is the number of chunks assumed to run at once.
 	Concurrency int `json:"concurrency"`
-	// DurationLow and DurationHigh bound the run's wall time: the chunks'
-	// time divided among Concurrency workers, from the rehearsed chunks'
-	// least and most costly rate relative to the fit (at least ±10%), the
-	// high end plus the longest projected chunk (the last to finish runs
-	// alone). Contention between concurrent chunks is not rehearsed.
+	// Duration is the run's projected wall time: the chunks' time
+	// divided among Concurrency workers. DurationLow and DurationHigh
+	// bound it: from the rehearsed chunks' least and most costly rate
+	// relative to the fit (at least ±10%), the high end plus the longest
+	// projected chunk (the last to finish may run alone). Contention
+	// between concurrent chunks is not rehearsed.
+	Duration     time.Duration `json:"duration"`
 	DurationLow  time.Duration `json:"duration_low"`
 	DurationHigh time.Duration `json:"duration_high"`
 	// WALBytes, TargetBytes, IndexBytes and UndoBytes are the projected
@@ -144,13 +146,14 @@ type ForecastCheck struct {
 	Done     bool          `json:"done"`
 }
 
-// String is the comparison on one line, e.g. "rehearsal 3: duration 1m0s
-// (forecast 50s-1m10s), rows 1000 (forecast 980)".
+// String is the comparison on one line, e.g. "rehearsal 3 (2026-01-02T03:04:05Z):
+// duration 1m0s (forecast 55s, 50s-1m10s, within the forecast), rows 1000
+// (forecast 980), ...".
 func (f ForecastCheck) String() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "rehearsal %d (%s): duration %s (forecast %s-%s, %s)", f.RehearsalID, f.RehearsedAt.UTC().Format(time.RFC3339),
-		f.Duration.Round(time.Millisecond), f.Forecast.DurationLow.Round(time.Millisecond), f.Forecast.DurationHigh.Round(time.Millisecond),
-		within(f.Duration, f.Forecast.DurationLow, f.Forecast.DurationHigh))
+	fmt.Fprintf(&b, "rehearsal %d (%s): duration %s (forecast %s, %s-%s, %s)", f.RehearsalID, f.RehearsedAt.UTC().Format(time.RFC3339),
+		f.Duration.Round(time.Millisecond), f.Forecast.Duration.Round(time.Millisecond), f.Forecast.DurationLow.Round(time.Millisecond),
+		f.Forecast.DurationHigh.Round(time.Millisecond), within(f.Duration, f.Forecast.DurationLow, f.Forecast.DurationHigh))
 	fmt.Fprintf(&b, ", rows %d (forecast %d)", f.Rows, f.Forecast.Rows)
 	fmt.Fprintf(&b, ", forecast WAL %d B, table +%d B, indexes +%d B, undo log +%d B", f.Forecast.WALBytes, f.Forecast.TargetBytes,
 		f.Forecast.IndexBytes, f.Forecast.UndoBytes)

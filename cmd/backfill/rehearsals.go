@@ -94,8 +94,8 @@ func printRehearsal(g *globals, rh backfill.Rehearsal) error {
 	}
 	fmt.Fprintf(g.out, "rehearsal %d of job %s (plan %s, code %s) at %s by %s: %d of %d chunks\n", rh.ID, visible(rh.Job, false), fp,
 		orDash(visible(rh.CodeVersion, false)), utc(&rh.CreatedAt), orDash(visible(rh.Worker, false)), len(rh.Chunks), rh.ChunksTotal)
-	fmt.Fprintf(g.out, "forecast (by %s, concurrency %d): duration %s to %s, %s rows, WAL %s, table +%s, indexes +%s, undo log +%s, peak heap %s\n",
-		f.Basis, f.Concurrency, human(f.DurationLow), human(f.DurationHigh), thousands(f.Rows), bytesText(f.WALBytes),
+	fmt.Fprintf(g.out, "forecast (by %s, concurrency %d): duration %s (%s to %s), %s rows, WAL %s, table +%s, indexes +%s, undo log +%s, peak heap %s\n",
+		f.Basis, f.Concurrency, human(f.Duration), human(f.DurationLow), human(f.DurationHigh), thousands(f.Rows), bytesText(f.WALBytes),
 		bytesText(f.TargetBytes), bytesText(f.IndexBytes), bytesText(f.UndoBytes), bytesText(f.HeapBytes))
 	t := newTable(g.out, "SEQ", "CHUNK", "EST", "READ", "TIME", "EXTRACT", "STAGE", "MERGE", "VALIDATE", "CHECKPOINT",
 		"WAL", "TABLE+", "INDEX+", "UNDO+", "TEMP", "HEAP", "LOCK WAIT", "LOCKS")

@@ -66,8 +66,8 @@ func rehearse(ctx context.Context, out io.Writer, runner *backfill.Runner, job b
 			mib(c.UndoBytes), mib(c.TempBytes), mib(c.HeapBytes))
 	}
 	f := rh.Forecast
-	fmt.Fprintf(out, "  forecast (by %s, concurrency %d): %s to %s, %d rows, WAL %s, table +%s, indexes +%s, undo log +%s, heap %s\n",
-		f.Basis, f.Concurrency, f.DurationLow.Round(time.Millisecond), f.DurationHigh.Round(time.Millisecond), f.Rows, mib(f.WALBytes),
+	fmt.Fprintf(out, "  forecast (by %s, concurrency %d): %s (%s to %s), %d rows, WAL %s, table +%s, indexes +%s, undo log +%s, heap %s\n",
+		f.Basis, f.Concurrency, f.Duration.Round(time.Millisecond), f.DurationLow.Round(time.Millisecond), f.DurationHigh.Round(time.Millisecond), f.Rows, mib(f.WALBytes),
 		mib(f.TargetBytes), mib(f.IndexBytes), mib(f.UndoBytes), mib(f.HeapBytes))
 	return rh, nil
 }
@@ -97,10 +97,9 @@ func compareForecast(ctx context.Context, out io.Writer, db *sqlx.DB, rh backfil
 		return err
 	}
 	f := rh.Forecast
-	mid := (f.DurationLow + f.DurationHigh) / 2
-	fmt.Fprintf(out, "  forecast   rehearsal %d against the run: duration %s (forecast %s to %s, mid %s: %+.0f%%), rows %d (forecast %d: %+.1f%%)\n",
-		rh.ID, took.Round(time.Millisecond), f.DurationLow.Round(time.Millisecond), f.DurationHigh.Round(time.Millisecond),
-		mid.Round(time.Millisecond), pct(float64(mid), float64(took)), rows, f.Rows, pct(float64(f.Rows), float64(rows)))
+	fmt.Fprintf(out, "  forecast   rehearsal %d against the run: duration %s (forecast %s: %+.0f%%, range %s to %s), rows %d (forecast %d: %+.1f%%)\n",
+		rh.ID, took.Round(time.Millisecond), f.Duration.Round(time.Millisecond), pct(float64(f.Duration), float64(took)),
+		f.DurationLow.Round(time.Millisecond), f.DurationHigh.Round(time.Millisecond), rows, f.Rows, pct(float64(f.Rows), float64(rows)))
 	fmt.Fprintf(out, "             WAL %s (forecast %s: %+.0f%%), table +%s (forecast +%s: %+.0f%%), indexes +%s (forecast +%s: %+.0f%%)\n",
 		mib(wal), mib(f.WALBytes), pct(float64(f.WALBytes), float64(wal)),
 		mib(after.Table-before.Table), mib(f.TargetBytes), pct(float64(f.TargetBytes), float64(after.Table-before.Table)),
