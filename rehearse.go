@@ -53,6 +53,14 @@ type RehearseOptions struct {
 	// Concurrency is the number of chunks the projection assumes at
 	// once; 0 means Config.Concurrency.
 	Concurrency int
+	// WarmExtract extracts each rehearsed chunk once, untimed and
+	// discarded, before the extraction that is measured and loaded: for
+	// an extractor whose cost a run spreads over neighbouring chunks (a
+	// cache of a file's blocks or row groups that consecutive chunks
+	// share), which a rehearsal of scattered chunks would otherwise pay
+	// in full for each. Leave it unset for a source each chunk reads
+	// afresh in a run too (a database's rows of another day).
+	WarmExtract bool
 	// NoRecord leaves the rehearsal out of the manifest.
 	NoRecord bool
 }
@@ -132,7 +140,7 @@ func (r *Runner) Rehearse(ctx context.Context, job Job, opts RehearseOptions) (R
 		if est != nil {
 			e = est[i]
 		}
-		rc, err := ex.rehearseChunk(ctx, rm, chunks[i], e)
+		rc, err := ex.rehearseChunk(ctx, rm, chunks[i], e, opts.WarmExtract)
 		if err != nil {
 			return Rehearsal{}, err
 		}
@@ -143,6 +151,7 @@ func (r *Runner) Rehearse(ctx context.Context, job Job, opts RehearseOptions) (R
 		conc = r.cfg.Concurrency
 	}
 	rh.Forecast = project(rh.Chunks, est, len(chunks), max(conc, 1))
+	rh.Forecast.WarmExtract = opts.WarmExtract
 	if opts.NoRecord {
 		return rh, nil
 	}
@@ -208,9 +217,17 @@ func rehearsalSample(chunks []Chunk, est []int64, opts RehearseOptions) ([]int, 
 
 // rehearseChunk runs chunk c (estimate est, -1 for none) on runChunk's
 // steps, extract and loadChunk, with its transaction rolled back where
-// the commit would be, and returns what it measured.
-func (ex *execution) rehearseChunk(ctx context.Context, rm *pgstore.Manifest, c Chunk, est int64) (rc RehearsalChunk, err error) {
+// the commit would be, and returns what it measured. warm extracts it
+// once before, untimed (RehearseOptions.WarmExtract).
+func (ex *execution) rehearseChunk(ctx context.Context, rm *pgstore.Manifest, c Chunk, est int64, warm bool) (rc RehearsalChunk, err error) {
 	rc = RehearsalChunk{Chunk: c, EstimatedRows: est}
+	if warm {
+		x, err := ex.extractSpooled(ctx, c, time.Now(), "")
+		if err != nil {
+			return rc, &ChunkError{Chunk: c, Attempt: 1, Err: err}
+		}
+		x.close()
+	}
 	heap := startHeapPeak()
 	defer func() { rc.HeapBaseBytes, rc.HeapBytes = heap.stop() }()
 

@@ -163,6 +163,19 @@ func TestRehearseChunksAndEstimates(t *testing.T) {
 	require.Equal(t, []int{1, 2, 0}, seqs, "smallest, median (the upper of two), largest by estimate")
 	require.Equal(t, "rows", rh.Forecast.Basis)
 	require.Equal(t, before, manifestState(t, db, "named"))
+
+	// WarmExtract: each chunk extracted twice, loaded once.
+	calls := 0
+	warm := job
+	warm.Extractor = backfill.ExtractorFunc(func(ctx context.Context, c backfill.Chunk, w backfill.RowWriter) error {
+		calls++
+		return job.Extractor.Extract(ctx, c, w)
+	})
+	rh, err = r.Rehearse(ctx, warm, backfill.RehearseOptions{Chunks: []string{"0"}, WarmExtract: true, NoRecord: true})
+	require.NoError(t, err)
+	require.Equal(t, 2, calls)
+	require.Equal(t, backfill.Counts{Read: 10, Inserted: 10}, rh.Chunks[0].Counts)
+	require.True(t, rh.Forecast.WarmExtract)
 	var runs int
 	require.NoError(t, db.Get(&runs, `SELECT count(*) FROM backfill.runs`))
 	require.Zero(t, runs)

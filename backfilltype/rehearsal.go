@@ -130,6 +130,9 @@ type RehearsalForecast struct {
 	// HeapBytes is the projected peak Go heap: the base heap plus
 	// Concurrency times the largest growth of a rehearsed chunk.
 	HeapBytes int64 `json:"heap_bytes"`
+	// WarmExtract: each chunk's extraction was timed on a warm source
+	// (backfill.RehearseOptions.WarmExtract).
+	WarmExtract bool `json:"warm_extract,omitempty"`
 }
 
 // ForecastCheck compares a run with the forecast of the latest rehearsal

@@ -124,29 +124,39 @@ func (m *Manifest) Rehearsals(ctx context.Context, db sqlx.ExtContext, job strin
 // run's time less its paused time. A manifest older than migration 30
 // has no rehearsal.
 func (m *Manifest) ForecastCheck(ctx context.Context, db sqlx.ExtContext, s backfilltype.Status) (*backfilltype.ForecastCheck, error) {
-	var rows []rehearsalRow
+	var fc *backfilltype.ForecastCheck
+	d := time.Duration((s.Time.TotalSeconds - s.Time.PausedSeconds) * float64(time.Second))
 	err := SnapshotReadTx(ctx, db, func(tx sqlx.ExtContext) error {
-		return sqlx.SelectContext(ctx, tx, &rows, m.SQL(`SELECT `+qualified("h", rehearsalColumns)+` FROM {s}.rehearsals h
-		JOIN {s}.runs r ON r.job_name = h.job_name AND r.plan_fingerprint = h.plan_fingerprint AND h.created_at <= r.created_at
-		WHERE r.batch_id = $1 ORDER BY h.id DESC LIMIT 1`), s.BatchID)
+		var err error
+		fc, err = m.forecastOf(ctx, tx, s.BatchID, d, s.Rows.Read, s.Status == backfilltype.RunCompleted)
+		return err
 	})
+	return fc, err
+}
+
+// forecastOf is ForecastCheck of run batchID, which took d and read rows
+// (done: completed), in tx.
+func (m *Manifest) forecastOf(ctx context.Context, tx sqlx.ExtContext, batchID int64, d time.Duration, rows int64, done bool) (*backfilltype.ForecastCheck, error) {
+	var rs []rehearsalRow
+	err := sqlx.SelectContext(ctx, tx, &rs, m.SQL(`SELECT `+qualified("h", rehearsalColumns)+` FROM {s}.rehearsals h
+		JOIN {s}.runs r ON r.job_name = h.job_name AND r.plan_fingerprint = h.plan_fingerprint AND h.created_at <= r.created_at
+		WHERE r.batch_id = $1 ORDER BY h.id DESC LIMIT 1`), batchID)
 	if err != nil {
 		var pe interface{ SQLState() string }
 		if errors.As(err, &pe) && pe.SQLState() == "42P01" {
 			return nil, nil
 		}
-		return nil, fmt.Errorf("backfill: forecast of batch %d: %w", s.BatchID, err)
+		return nil, fmt.Errorf("backfill: forecast of batch %d: %w", batchID, err)
 	}
-	if len(rows) == 0 {
+	if len(rs) == 0 {
 		return nil, nil
 	}
-	rh, err := rows[0].rehearsal()
+	rh, err := rs[0].rehearsal()
 	if err != nil {
 		return nil, err
 	}
-	d := time.Duration((s.Time.TotalSeconds - s.Time.PausedSeconds) * float64(time.Second))
 	return &backfilltype.ForecastCheck{RehearsalID: rh.ID, RehearsedAt: rh.CreatedAt, Forecast: rh.Forecast,
-		Duration: d, Rows: s.Rows.Read, Done: s.Status == backfilltype.RunCompleted}, nil
+		Duration: d, Rows: rows, Done: done}, nil
 }
 
 // qualified prefixes each column of cols (a comma-separated list) with
