@@ -461,14 +461,15 @@ func project(rcs []RehearsalChunk, est []int64, n, conc int) RehearsalForecast {
 	ib, _, _ := total(func(rc RehearsalChunk) float64 { return float64(rc.IndexBytes) })
 	ub, _, _ := total(func(rc RehearsalChunk) float64 { return float64(rc.UndoBytes) })
 	f.WALBytes, f.TargetBytes, f.IndexBytes, f.UndoBytes = int64(wal), int64(tb), int64(ib), int64(ub)
-	var base, grow int64
+	var base, grow, peak int64
 	for i, rc := range rcs {
 		if i == 0 || rc.HeapBaseBytes < base {
 			base = rc.HeapBaseBytes
 		}
 		grow = max(grow, rc.HeapBytes-rc.HeapBaseBytes)
+		peak = max(peak, rc.HeapBytes)
 	}
-	f.HeapBytes = base + int64(conc)*grow
+	f.HeapBytes = max(peak, base+int64(conc)*grow)
 	return f
 }
 

@@ -127,8 +127,10 @@ type RehearsalForecast struct {
 	TargetBytes int64 `json:"target_bytes"`
 	IndexBytes  int64 `json:"index_bytes"`
 	UndoBytes   int64 `json:"undo_bytes"`
-	// HeapBytes is the projected peak Go heap: the base heap plus
-	// Concurrency times the largest growth of a rehearsed chunk.
+	// HeapBytes is the projected peak Go heap: the least base heap of a
+	// rehearsed chunk plus Concurrency times the largest growth of one, at
+	// least the highest peak seen. The heap counts garbage not yet
+	// collected: a bound to set a memory limit by, not a need.
 	HeapBytes int64 `json:"heap_bytes"`
 	// WarmExtract: each chunk's extraction was timed on a warm source
 	// (backfill.RehearseOptions.WarmExtract).
