@@ -272,3 +272,26 @@ func TestStatusForecast(t *testing.T) {
 	require.Nil(t, s.Forecast, "no rehearsal of this plan")
 	require.False(t, strings.Contains(s.String(), "forecast:"))
 }
+
+// TestRehearseLeastPrivilege: the loader's grants (those of
+// backfill grants, after an administrator's migration) suffice to
+// rehearse: the WAL, sizes and locks it reads need no more.
+func TestRehearseLeastPrivilege(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	r := newLeastRole(t)
+	r.exec(t, `CREATE TABLE least (id bigint PRIMARY KEY, name text, backfill_inserted_by bigint, backfill_updated_by bigint)`)
+	m := backfill.NewPGManifest("")
+	require.NoError(t, m.Init(ctx, r.admin))
+	for _, g := range m.Grants(dbName(t, r.admin), r.name) {
+		r.exec(t, g)
+	}
+	r.exec(t, `GRANT SELECT, INSERT, UPDATE ON least TO {role}`)
+	runner, err := backfill.New(r.db, nil)
+	require.NoError(t, err)
+	rh, err := runner.Rehearse(ctx, rehearseJob(t, r.admin, "least", "v1", nil), backfill.RehearseOptions{})
+	require.NoError(t, err)
+	require.Len(t, rh.Chunks, 3)
+	require.Positive(t, rh.Chunks[0].WALBytes)
+	require.NotZero(t, rh.ID)
+}
