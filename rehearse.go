@@ -11,7 +11,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/jmoiron/sqlx"
 	"github.com/pgbackfill/backfill/backfilldriver"
 	"github.com/pgbackfill/backfill/backfilltrace"
 	"github.com/pgbackfill/backfill/backfilltype"
@@ -495,10 +494,4 @@ func fitLine(xs, ys []float64) func(float64) float64 {
 	}
 	b := sy / sx
 	return func(x float64) float64 { return b * x }
-}
-
-// forecastChecker is a manifest that compares a run with its rehearsal
-// ([pgstore.Manifest.ForecastCheck]).
-type forecastChecker interface {
-	ForecastCheck(ctx context.Context, db sqlx.ExtContext, s backfilltype.Status, fingerprint string) (*backfilltype.ForecastCheck, error)
 }
