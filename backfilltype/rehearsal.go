@@ -115,8 +115,12 @@ type RehearsalForecast struct {
 	// divided among Concurrency workers. DurationLow and DurationHigh
 	// bound it: from the rehearsed chunks' least and most costly rate
 	// relative to the fit (at least ±10%), the high end plus the longest
-	// projected chunk (the last to finish may run alone). Contention
-	// between concurrent chunks is not rehearsed.
+	// projected chunk (the last to finish may run alone). Not rehearsed:
+	// the contention of Concurrency chunks for the client's and the
+	// server's CPUs (the rehearsed chunks run one at a time, so a run on
+	// a machine with fewer free cores than Concurrency takes longer), each
+	// chunk's lease and commit (a WAL flush on a durable server), and the
+	// run's start and end.
 	Duration     time.Duration `json:"duration"`
 	DurationLow  time.Duration `json:"duration_low"`
 	DurationHigh time.Duration `json:"duration_high"`
