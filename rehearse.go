@@ -93,7 +93,7 @@ var errRehearsed = errors.New("backfill: rehearsed: rolled back")
 //
 // The job is refused as [Runner.RunChunk] refuses it (a publish mode
 // other than per chunk, SkipUnchanged): every chunk is merged. Rehearse
-// needs a Runner on PostgreSQL ([New]). Chunks run one at a time.
+// needs a Runner on PostgreSQL ([New]). Chunks run one at a time, then, with a Concurrency (RehearseOptions, else Config) over 1, again that many at once for the timing (RehearsalChunk.ConcurrentDuration).
 func (r *Runner) Rehearse(ctx context.Context, job Job, opts RehearseOptions) (Rehearsal, error) {
 	rm, ok := r.cfg.Manifest.(*pgstore.Manifest)
 	if _, pg := r.db.(pgstore.PGDB); !pg || !ok {
@@ -131,23 +131,36 @@ func (r *Runner) Rehearse(ctx context.Context, job Job, opts RehearseOptions) (R
 		return Rehearsal{}, fmt.Errorf("backfill: job %q: %w", job.Name, err)
 	}
 
-	ex := &execution{r: r, job: rs.job, info: rs.info, base: rs.info.Target.Table, plan: rs.plan, pub: rs.pub, log: r.cfg.Logger.With("job", job.Name, "rehearsal", true),
-		undoTable: rs.undoTable, deliveredTable: rs.deliveredTable, watermark: rs.plan.Watermark, warnings: rs.warnings}
-	rh := Rehearsal{Job: job.Name, Fingerprint: rs.plan.Fingerprint, CodeVersion: job.CodeVersion, Worker: r.cfg.WorkerID, ChunksTotal: len(chunks)}
-	for _, i := range picked {
-		e := int64(-1)
-		if est != nil {
-			e = est[i]
+	newEx := func() *execution {
+		return &execution{r: r, job: rs.job, info: rs.info, base: rs.info.Target.Table, plan: rs.plan, pub: rs.pub, log: r.cfg.Logger.With("job", job.Name, "rehearsal", true),
+			undoTable: rs.undoTable, deliveredTable: rs.deliveredTable, watermark: rs.plan.Watermark, warnings: rs.warnings}
+	}
+	estOf := func(i int) int64 {
+		if est == nil {
+			return -1
 		}
-		rc, err := ex.rehearseChunk(ctx, rm, chunks[i], e, opts.WarmExtract)
+		return est[i]
+	}
+	conc := opts.Concurrency
+	if conc == 0 {
+		conc = r.cfg.Concurrency
+	}
+	conc = max(conc, 1)
+	rh := Rehearsal{Job: job.Name, Fingerprint: rs.plan.Fingerprint, CodeVersion: job.CodeVersion, Worker: r.cfg.WorkerID, ChunksTotal: len(chunks)}
+	// The measures: one chunk at a time, so that the WAL and the growth
+	// each reads are its own.
+	for _, i := range picked {
+		rc, err := newEx().rehearseChunk(ctx, rm, chunks[i], estOf(i), opts.WarmExtract, 0)
 		if err != nil {
 			return Rehearsal{}, err
 		}
 		rh.Chunks = append(rh.Chunks, rc)
 	}
-	conc := opts.Concurrency
-	if conc == 0 {
-		conc = r.cfg.Concurrency
+	// The timing: again, conc at a time, as a run's workers contend.
+	if conc > 1 && len(picked) > 1 {
+		if err := rehearseConcurrently(ctx, rm, newEx, chunks, picked, estOf, opts.WarmExtract, conc, rh.Chunks); err != nil {
+			return Rehearsal{}, err
+		}
 	}
 	rh.Forecast = project(rh.Chunks, est, len(chunks), max(conc, 1))
 	rh.Forecast.WarmExtract = opts.WarmExtract
@@ -214,11 +227,62 @@ func rehearsalSample(chunks []Chunk, est []int64, opts RehearseOptions) ([]int, 
 	return out, nil
 }
 
+// rehearseConcurrently rehearses the chunks picked again, conc at a time
+// (slots of their own: [pgstore.Manifest.RehearsalRun]), and sets the
+// phases each took then in rcs (in picked's order). The first conc-1 of
+// them run once more at the end, unmeasured, so that the last measured
+// ones too run beside others.
+func rehearseConcurrently(ctx context.Context, rm *pgstore.Manifest, newEx func() *execution, chunks []Chunk, picked []int, estOf func(int) int64,
+	warm bool, conc int, rcs []RehearsalChunk) error {
+	queue := make(chan int, len(picked)+conc)
+	for k := range picked {
+		queue <- k
+	}
+	for k := range min(conc-1, len(picked)) {
+		queue <- -1 - k // a filler: picked[k] again, unmeasured
+	}
+	close(queue)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var (
+		mu    sync.Mutex
+		first error
+		wg    sync.WaitGroup
+	)
+	for slot := range conc {
+		wg.Go(func() {
+			for k := range queue {
+				measured := k >= 0
+				if !measured {
+					k = -1 - k
+				}
+				i := picked[k]
+				rc, err := newEx().rehearseChunk(ctx, rm, chunks[i], estOf(i), warm, slot+1)
+				mu.Lock()
+				if err != nil && first == nil {
+					first = err
+					cancel()
+				}
+				if err == nil && measured {
+					rcs[k].Concurrent, rcs[k].ConcurrentDuration = rc.Phases, rc.Duration
+				}
+				mu.Unlock()
+				if err != nil {
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return first
+}
+
 // rehearseChunk runs chunk c (estimate est, -1 for none) on runChunk's
 // steps, extract and loadChunk, with its transaction rolled back where
 // the commit would be, and returns what it measured. warm extracts it
-// once before, untimed (RehearseOptions.WarmExtract).
-func (ex *execution) rehearseChunk(ctx context.Context, rm *pgstore.Manifest, c Chunk, est int64, warm bool) (rc RehearsalChunk, err error) {
+// once before, untimed (RehearseOptions.WarmExtract); slot tells its
+// transaction's run from those of the rehearsal's concurrent others.
+func (ex *execution) rehearseChunk(ctx context.Context, rm *pgstore.Manifest, c Chunk, est int64, warm bool, slot int) (rc RehearsalChunk, err error) {
 	rc = RehearsalChunk{Chunk: c, EstimatedRows: est}
 	if warm {
 		x, err := ex.extractSpooled(ctx, c, time.Now(), "")
@@ -254,7 +318,7 @@ func (ex *execution) rehearseChunk(ctx context.Context, rm *pgstore.Manifest, c 
 	tx = batched(tx)
 	defer func() { _ = tx.Rollback() }()
 	// The run that holds the chunk's checkpoint, in the transaction.
-	run, err := rm.RehearsalRun(ctx, tx, ex.plan, ex.r.cfg.WorkerID)
+	run, err := rm.RehearsalRun(ctx, tx, ex.plan, ex.r.cfg.WorkerID, slot)
 	if err != nil {
 		return rc, err
 	}
@@ -444,11 +508,18 @@ func project(rcs []RehearsalChunk, est []int64, n, conc int) RehearsalForecast {
 		}
 		return sum, largest, fit
 	}
-	dur, longest, fit := total(func(rc RehearsalChunk) float64 { return float64(rc.Duration) })
+	// A chunk's time beside others when the timing pass ran.
+	took := func(rc RehearsalChunk) float64 {
+		if rc.ConcurrentDuration > 0 {
+			return float64(rc.ConcurrentDuration)
+		}
+		return float64(rc.Duration)
+	}
+	dur, longest, fit := total(took)
 	lo, hi := 0.9, 1.1
 	for i, rc := range rcs {
 		if p := fit(xs[i]); p > 0 {
-			r := float64(rc.Duration) / p
+			r := took(rc) / p
 			lo, hi = min(lo, r), max(hi, r)
 		}
 	}

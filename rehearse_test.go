@@ -85,6 +85,8 @@ func TestRehearseRollsBack(t *testing.T) {
 		require.Positive(t, c.WALBytes, "chunk %d: WAL of its merge", c.Chunk.Seq)
 		require.Positive(t, c.Phases.Merge, "chunk %d", c.Chunk.Seq)
 		require.Equal(t, c.Phases.Total(), c.Duration)
+		require.Positive(t, c.ConcurrentDuration, "chunk %d: timed again beside another (Concurrency 2)", c.Chunk.Seq)
+		require.Equal(t, c.Concurrent.Total(), c.ConcurrentDuration)
 		require.Positive(t, c.HeapBytes)
 		require.Equal(t, int64(-1), c.EstimatedRows)
 		locked := false

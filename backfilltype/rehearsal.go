@@ -63,6 +63,13 @@ type RehearsalChunk struct {
 	// Phases are the durations of its phases; Duration their sum.
 	Phases   RehearsalPhases `json:"phases"`
 	Duration time.Duration   `json:"duration"`
+	// Concurrent and ConcurrentDuration are the same when the chunk was
+	// rehearsed again beside others, as many at once as the forecast's
+	// Concurrency (zero when it is 1 or one chunk was rehearsed): the
+	// forecast's duration takes them, for the run's chunks contend so.
+	// The other measures are of the chunk rehearsed alone.
+	Concurrent         RehearsalPhases `json:"concurrent"`
+	ConcurrentDuration time.Duration   `json:"concurrent_duration"`
 	// Counts are its rows, as its checkpoint would have recorded them.
 	Counts Counts `json:"counts"`
 	// WALBytes is the WAL inserted from the transaction's start to just
@@ -115,12 +122,12 @@ type RehearsalForecast struct {
 	// divided among Concurrency workers. DurationLow and DurationHigh
 	// bound it: from the rehearsed chunks' least and most costly rate
 	// relative to the fit (at least ±10%), the high end plus the longest
-	// projected chunk (the last to finish may run alone). Not rehearsed:
-	// the contention of Concurrency chunks for the client's and the
-	// server's CPUs (the rehearsed chunks run one at a time, so a run on
-	// a machine with fewer free cores than Concurrency takes longer), each
-	// chunk's lease and commit (a WAL flush on a durable server), and the
-	// run's start and end.
+	// projected chunk (the last to finish may run alone). A chunk's time
+	// is the one it took beside Concurrency-1 others
+	// (RehearsalChunk.ConcurrentDuration) when it was rehearsed so. Not
+	// rehearsed: each chunk's lease and commit (a WAL flush on a durable
+	// server), the run's start and end, and a load on the machines that
+	// changes between the rehearsal and the run.
 	Duration     time.Duration `json:"duration"`
 	DurationLow  time.Duration `json:"duration_low"`
 	DurationHigh time.Duration `json:"duration_high"`

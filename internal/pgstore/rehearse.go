@@ -15,14 +15,19 @@ import (
 )
 
 // RehearsalRun creates, in tx, a run of plan for a rehearsal to load its
-// chunks into, as StartRun creates a new run, under the job's advisory
-// lock (held until tx ends). The caller rolls tx back: the run never
-// exists for anyone else. A job whose latest run is running, paused or
-// failed (a run a call would resume) is refused with an error wrapping
+// chunks into, as StartRun creates a new run. The caller rolls tx back:
+// the run never exists for anyone else. It holds the job's advisory lock
+// in shared mode until tx ends: the rehearsal's transactions run side by
+// side, and a StartRun of the job (which takes it exclusively) waits for
+// them. The run's job name is the job's with " (rehearsal N)" appended,
+// N being slot: concurrent transactions of one rehearsal (distinct slots)
+// do not wait for each other on the index that allows one active run per
+// job. A job whose latest run is running, paused or failed (a run a call
+// would resume) is refused with an error wrapping
 // [backfilltype.ErrRunStatus]: the rehearsal would measure a target half
-// loaded by it, and a second active run of the job cannot exist.
-func (m *Manifest) RehearsalRun(ctx context.Context, tx sqlx.ExtContext, plan backfilltype.Plan, worker string) (backfilltype.Run, error) {
-	if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock(hashtextextended('backfill.job:' || $1, 0))`, plan.Job); err != nil {
+// loaded by it.
+func (m *Manifest) RehearsalRun(ctx context.Context, tx sqlx.ExtContext, plan backfilltype.Plan, worker string, slot int) (backfilltype.Run, error) {
+	if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock_shared(hashtextextended('backfill.job:' || $1, 0))`, plan.Job); err != nil {
 		return backfilltype.Run{}, fmt.Errorf("backfill: rehearse job %q: %w", plan.Job, err)
 	}
 	var active []struct {
@@ -37,9 +42,11 @@ func (m *Manifest) RehearsalRun(ctx context.Context, tx sqlx.ExtContext, plan ba
 		return backfilltype.Run{}, fmt.Errorf("backfill: rehearse job %q: %w: its run (batch %d) is %s; rehearse before a run or after it ended (completed, cancelled, rolled back)",
 			plan.Job, backfilltype.ErrRunStatus, active[0].BatchID, active[0].Status)
 	}
+	job := plan.Job
+	plan.Job = fmt.Sprintf("%s (rehearsal %d)", plan.Job, slot)
 	run, err := m.createRun(ctx, tx, plan, ManifestText(worker))
 	if err != nil {
-		return backfilltype.Run{}, fmt.Errorf("backfill: rehearse job %q: %w", plan.Job, err)
+		return backfilltype.Run{}, fmt.Errorf("backfill: rehearse job %q: %w", job, err)
 	}
 	return run, nil
 }
