@@ -64,9 +64,9 @@ func rehearse(ctx context.Context, out io.Writer, runner *backfill.Runner, job b
 	fmt.Fprintf(out, "rehearsal %d: %d of %d days in %s, rolled back:\n", rh.ID, len(rh.Chunks), rh.ChunksTotal, time.Since(begin).Round(time.Millisecond))
 	for _, c := range rh.Chunks {
 		p := c.Phases
-		fmt.Fprintf(out, "  %s est %6d read %6d  %6.2fs (extract %.2fs stage %.2fs merge %.2fs validate %.2fs checkpoint %.2fs)  WAL %s  table +%s  indexes +%s  undo +%s  staging %s  heap %s\n",
+		fmt.Fprintf(out, "  %s est %6d read %6d  %6.2fs (extract %.2fs stage %.2fs merge %.2fs validate %.2fs checkpoint %.2fs; beside others %.2fs)  WAL %s  table +%s  indexes +%s  undo +%s  staging %s  heap %s\n",
 			c.Chunk.Start.Format("2006-01-02"), c.EstimatedRows, c.Counts.Read, c.Duration.Seconds(), p.Extract.Seconds(), p.Stage.Seconds(),
-			p.Merge.Seconds(), p.Validate.Seconds(), p.Checkpoint.Seconds(), mib(c.WALBytes), mib(c.TargetBytes), mib(c.IndexBytes),
+			p.Merge.Seconds(), p.Validate.Seconds(), p.Checkpoint.Seconds(), c.ConcurrentDuration.Seconds(), mib(c.WALBytes), mib(c.TargetBytes), mib(c.IndexBytes),
 			mib(c.UndoBytes), mib(c.TempBytes), mib(c.HeapBytes))
 	}
 	f := rh.Forecast
