@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
@@ -20,6 +21,11 @@ func rehearseJob(t *testing.T, db *sqlx.DB, table, version string, fail func(seq
 	t.Helper()
 	_, err := db.Exec(fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %q (id bigint PRIMARY KEY, name text, backfill_inserted_by bigint, backfill_updated_by bigint)`, table))
 	require.NoError(t, err)
+	return rehearseJobOf(table, version, fail)
+}
+
+// rehearseJobOf is rehearseJob's job, its table already created.
+func rehearseJobOf(table, version string, fail func(seq int) error) backfill.Job {
 	return backfill.Job{
 		Name:        table,
 		CodeVersion: version,
@@ -296,4 +302,52 @@ func TestRehearseLeastPrivilege(t *testing.T) {
 	require.Len(t, rh.Chunks, 3)
 	require.Positive(t, rh.Chunks[0].WALBytes)
 	require.NotZero(t, rh.ID)
+}
+
+// rehearseKillJob is the job the child of TestRehearseKilled rehearses
+// into table killed: a validator sleeps inside each chunk's transaction,
+// holding it open.
+func rehearseKillJob() backfill.Job {
+	job := rehearseJobOf("killed", "v1", nil)
+	job.Validators = []backfill.Validator{backfill.ValidatorFunc(func(ctx context.Context, tx sqlx.ExtContext, s backfill.ValidationScope) (backfill.CheckResult, error) {
+		time.Sleep(300 * time.Millisecond)
+		return backfill.CheckResult{Check: "slow", Severity: backfill.SeverityWarn, Passed: true}, nil
+	})}
+	return job
+}
+
+func init() {
+	childProcess("BACKFILL_REHEARSE_CHILD", func(db *sqlx.DB) error {
+		r, err := backfill.New(db, nil)
+		if err != nil {
+			return err
+		}
+		_, err = r.Rehearse(context.Background(), rehearseKillJob(), backfill.RehearseOptions{Sample: 4})
+		return err
+	})
+}
+
+// TestRehearseKilled: a rehearsal killed (SIGKILL) inside a chunk's
+// transaction leaves the target and the manifest as they were, records
+// no rehearsal, and holds nothing: a run of the job then works.
+func TestRehearseKilled(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := pgtest.NewURL(t)
+	db := sqlx.MustOpen("postgres", url)
+	t.Cleanup(func() { _ = db.Close() })
+	job := rehearseJob(t, db, "killed", "v1", nil)
+	r, err := backfill.New(db, nil)
+	require.NoError(t, err)
+	require.NoError(t, backfill.NewPGManifest("").Init(ctx, db))
+	before := manifestState(t, db, "killed")
+	// The rehearsal's chunk transaction holds the job's lock, shared.
+	killChildWhen(t, db, "BACKFILL_REHEARSE_CHILD", url, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND mode = 'ShareLock' AND granted`, 1)
+	require.Equal(t, before, manifestState(t, db, "killed"))
+	var n int
+	require.NoError(t, db.Get(&n, `SELECT count(*) FROM backfill.rehearsals`))
+	require.Zero(t, n)
+	rep, err := r.Run(ctx, job)
+	require.NoError(t, err)
+	require.Equal(t, int64(40), rep.Counts.Inserted)
 }
