@@ -57,6 +57,9 @@ type RunReport struct {
 	// them are in the manifest: backfill events).
 	Events        []Event `json:"events"`
 	EventsOmitted bool    `json:"events_omitted,omitempty"`
+	// Forecast compares the run with the forecast of the latest
+	// rehearsal of its plan before it (nil for none), as [Status.Forecast].
+	Forecast *ForecastCheck `json:"forecast,omitempty"`
 }
 
 // Report limits: how much of a run a [RunReport] lists. Its counts and

@@ -118,6 +118,10 @@ type Status struct {
 	// lock on the target, a manifest table), longest first, each with the
 	// session that blocks it. Empty when none waits.
 	LockWaits []LockWait `json:"lock_waits,omitempty"`
+	// Forecast compares the run with the forecast of the latest
+	// rehearsal of its job's plan recorded before the run was created
+	// (backfill.Runner.Rehearse); nil for none.
+	Forecast *ForecastCheck `json:"forecast,omitempty"`
 }
 
 // LockWait is a session of a worker waiting for a lock
@@ -304,6 +308,9 @@ func (s Status) String() string {
 		eta, (time.Duration(t.TotalSeconds * float64(time.Second))).Round(time.Second), pct(t.ThrottledSeconds), pct(t.PausedSeconds), pct(t.IdleSeconds))
 	for _, w := range s.ThrottleWarnings {
 		fmt.Fprintf(&b, "\nwarning: throttle signal %s guards nothing since %s: %s", shown(w.Signal), w.Since.UTC().Format("2006-01-02 15:04:05Z"), shown(w.Why))
+	}
+	if s.Forecast != nil {
+		fmt.Fprintf(&b, "\nforecast: %s", s.Forecast)
 	}
 	for _, w := range s.LockWaits {
 		fmt.Fprintf(&b, "\nwaiting for a lock (%s) %s: worker %s on %s pid %d (backend %d)", shown(w.WaitEvent),

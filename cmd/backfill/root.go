@@ -137,7 +137,7 @@ func newRoot(g *globals, getenv func(string) string) *cobra.Command {
 			root.AddCommand(c)
 		}
 	}
-	add(groupInspect, newStatusCmd(g), newRunsCmd(g), newChunksCmd(g), newExceptionsCmd(g), newValidationsCmd(g), newEventsCmd(g), newReportCmd(g))
+	add(groupInspect, newStatusCmd(g), newRunsCmd(g), newChunksCmd(g), newExceptionsCmd(g), newValidationsCmd(g), newEventsCmd(g), newReportCmd(g), newRehearsalsCmd(g))
 	add(groupOperate, newPauseCmd(g), newResumeCmd(g), newCancelCmd(g), newSetCmd(g), newRollbackCmd(g))
 	add(groupAdmin, newMigrateCmd(g), newGrantsCmd(g))
 	root.SetHelpCommandGroupID(groupAdmin)

@@ -40,7 +40,10 @@ work of every process:
   LOCK TABLE, say), each with the session that blocks it: its pid,
   application, user, state and query;
 - the chunks in flight with their worker, host, pid and age;
-- the exception queue by reason and column.
+- the exception queue by reason and column;
+- when the job's plan was rehearsed before the run (backfill rehearsals),
+  the run against the rehearsal's forecast: duration and rows, with the
+  WAL, table, index and undo log growth forecast.
 
 --watch refreshes it every 2s (--watch=INTERVAL: every INTERVAL, e.g.
 --watch=10s) while the run is running or paused, until Ctrl-C. With --json: one backfill.Status document

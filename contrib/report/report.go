@@ -56,6 +56,8 @@ var page = template.Must(template.New("report.html.tmpl").Funcs(template.FuncMap
 	"pct":   fmtPct,
 	"json":  fmtJSON,
 	"text":  fmtText,
+	"dur":   func(d time.Duration) string { return fmtSeconds(d.Seconds()) },
+	"bytes": fmtBytes,
 }).ParseFS(templates, "report.html.tmpl"))
 
 // WriteJSON writes r as indented JSON: the report's JSON twin, with the
@@ -282,6 +284,20 @@ func fmtFloat(x float64) string {
 
 // fmtSeconds formats a duration of s seconds with its unit: 850 ms,
 // 12.3 s, 4 min 05 s, 2 h 03 min.
+// fmtBytes formats n bytes in binary units: "512 B", "12.3 MiB".
+func fmtBytes(n int64) string {
+	const unit = 1024
+	if n < unit && n > -unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	v, i := float64(n), 0
+	for (v >= unit || v <= -unit) && i < 5 {
+		v /= unit
+		i++
+	}
+	return fmt.Sprintf("%.1f %ciB", v, "KMGTP"[i-1])
+}
+
 func fmtSeconds(s float64) string {
 	d := time.Duration(s * float64(time.Second))
 	switch {

@@ -133,6 +133,9 @@ type options struct {
 	// is their timeout, after which River rescues a dead worker's job.
 	river        bool
 	riverTimeout time.Duration
+	// rehearse: rehearse this many days of the flights job before its
+	// run, and compare the run with the forecast (rehearse.go).
+	rehearse int
 }
 
 func run() error {
@@ -155,6 +158,7 @@ func run() error {
 	flag.IntVar(&o.memoryLimit, "memory-limit", defaultMemoryLimit, "soft limit on the Go runtime's memory in MiB (debug.SetMemoryLimit; 0: none); GOMEMLIMIT, when set, takes precedence")
 	flag.BoolVar(&o.river, "river", false, "run the flights job as River jobs (contrib/river) into flights_river, working the queue until the run is done; see river.go")
 	flag.DurationVar(&o.riverTimeout, "river-timeout", time.Minute, "with -river: a River job's timeout, after which River rescues the job of a worker that died")
+	flag.IntVar(&o.rehearse, "rehearse", 0, "before the flights run, rehearse N of its days (loaded in transactions that roll back), print the forecast of the run, and after the run compare it with the forecast; see rehearse.go")
 	cli.SetUsage(flag.CommandLine)
 	flag.Parse()
 	if flag.NArg() > 0 {
@@ -165,6 +169,9 @@ func run() error {
 	}
 	if o.holdAt < 0 || o.holdAt >= 1 || o.holdFor < 0 {
 		return cli.Usage(errors.New("-hold-at must be in [0, 1) and -hold-for not negative"))
+	}
+	if o.rehearse < 0 {
+		return cli.Usage(errors.New("-rehearse must not be negative"))
 	}
 	if o.memoryLimit < 0 {
 		return cli.Usage(errors.New("-memory-limit must not be negative"))
@@ -307,12 +314,7 @@ func load(ctx context.Context, out io.Writer, db *sqlx.DB, logger *slog.Logger, 
 		return backfill.Report{}, err
 	}
 	fmt.Fprintf(out, "flights: %s, %d chunks, concurrency %d\n", days.Scope(), len(chunks), o.concurrency)
-	scanned0 := src.Scanned()
-	// Ctrl-C pauses the run (the chunk in flight finishes), a second one
-	// cancels it: through the manifest's control, not the context.
-	stopSignals := runner.PauseOnSignal(flightsJob, out)
-	ctx = context.WithoutCancel(ctx)
-	rep, runErr := runner.Run(ctx, backfill.Job{
+	job := backfill.Job{
 		Name:        flightsJob,
 		Source:      flightsSrc,
 		CodeVersion: codeVersion,
@@ -320,7 +322,34 @@ func load(ctx context.Context, out io.Writer, db *sqlx.DB, logger *slog.Logger, 
 		Extractor:   src,
 		Target:      backfill.Target{Table: "flights", Key: flightKey, Columns: flightColumns},
 		NewRun:      o.newRun,
-	})
+	}
+	var (
+		rh     backfill.Rehearsal
+		before runMark
+	)
+	if o.rehearse > 0 {
+		if rh, err = rehearse(ctx, out, runner, job, src, o); err != nil {
+			return backfill.Report{}, err
+		}
+		if !o.noCreate {
+			// The rehearsal's rolled back rows leave pages: VACUUM gives
+			// back the empty ones at the table's end, for the run's growth
+			// to be measured from where it was.
+			if _, err := db.ExecContext(ctx, `VACUUM flights`); err != nil {
+				return backfill.Report{}, fmt.Errorf("vacuum after the rehearsal: %w", err)
+			}
+		}
+		if before, err = markRun(ctx, db); err != nil {
+			return backfill.Report{}, err
+		}
+	}
+	scanned0 := src.Scanned()
+	// Ctrl-C pauses the run (the chunk in flight finishes), a second one
+	// cancels it: through the manifest's control, not the context.
+	stopSignals := runner.PauseOnSignal(flightsJob, out)
+	ctx = context.WithoutCancel(ctx)
+	runStart := time.Now()
+	rep, runErr := runner.Run(ctx, job)
 	stopSignals()
 	ended := time.Now()
 	live.Finish()
@@ -329,6 +358,9 @@ func load(ctx context.Context, out io.Writer, db *sqlx.DB, logger *slog.Logger, 
 		// The run exists in the manifest: summarise it even after a
 		// failure, then report the failure.
 		err := summary(ctx, out, db, manifest, rep, fp, src.Scanned()-scanned0)
+		if err == nil && rh.ID != 0 && runErr == nil {
+			err = compareForecast(ctx, out, db, rh, before, ended.Sub(runStart), rep.Counts.Read)
+		}
 		if err == nil && o.etaMarks {
 			hold.printMarks(out, ended)
 		}

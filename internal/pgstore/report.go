@@ -124,6 +124,11 @@ func (m *Manifest) loadRunReport(ctx context.Context, tx sqlx.ExtContext, batchI
 		rep.Time.Paused = append(rep.Time.Paused, backfilltype.ReportSpan{From: s.from.UTC(), To: s.to.UTC()})
 	}
 	rep.Waits = reportWaitsOf(waits)
+	// Last: the forecast of the run's rehearsal, if any.
+	d := time.Duration((rep.Time.TotalSeconds - rep.Time.PausedSeconds) * float64(time.Second))
+	if rep.Forecast, err = m.forecastOf(ctx, tx, batchID, d, rep.Totals.Rows.Read, run.Status == backfilltype.RunCompleted); err != nil {
+		return rep, err
+	}
 	return rep, nil
 }
 
