@@ -264,7 +264,7 @@ func (ex *execution) extractSpooled(ctx context.Context, c Chunk, started time.T
 	}
 	w := newRowWriter(c, ex.job, info, sp, ex.r.cfg.MaxRejectsPerChunk, started)
 	w.fp = fp
-	xerr := extractSafely(ctx, ex.job.Extractor, c, w)
+	xerr := extractSafely(ctx, ex.job.Extractor, ex.extractorChunk(c), w)
 	w.closed = true
 	switch {
 	case w.err != nil:

@@ -1,0 +1,2 @@
+-- Placeholder so that this branch's migration 031 has no gap; the migration 030 of another branch replaces it.
+SELECT 1;
