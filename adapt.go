@@ -107,6 +107,10 @@ type adaptState struct {
 	mu      sync.Mutex
 	rate    float64 // rows per second of a chunk transaction; 0: unknown
 	density float64 // rows per unit of the chunking dimension; 0: unknown
+	// ceiling caps the rows of a sub-chunk after a timeout: half the
+	// rows that timed out, raised by a quarter by each transaction that
+	// commits near it (0: none).
+	ceiling float64
 
 	once sync.Once
 	why  string // why the call runs chunks whole ("" : it adapts)
@@ -134,6 +138,9 @@ func (a *adaptState) observe(rows int64, span uint64, d time.Duration) {
 	if span > 0 {
 		a.density = float64(rows) / float64(span)
 	}
+	if a.ceiling > 0 && float64(rows) >= 0.9*a.ceiling {
+		a.ceiling *= 1.25
+	}
 }
 
 // timedOut lowers the rate after a transaction of rows rows that ran d
@@ -148,6 +155,9 @@ func (a *adaptState) timedOut(rows int64, d time.Duration) {
 	if a.rate == 0 || r < a.rate {
 		a.rate = r
 	}
+	if c := float64(rows) / 2; a.ceiling == 0 || c < a.ceiling {
+		a.ceiling = c
+	}
 }
 
 // adaptLimits are the sizing parameters of one sub-chunk, read when it
@@ -161,11 +171,14 @@ type adaptLimits struct {
 // within the bounds, adaptBootstrapRows while the rate is unknown.
 func (a *adaptState) wantRows(lim adaptLimits) float64 {
 	a.mu.Lock()
-	rate := a.rate
+	rate, ceiling := a.rate, a.ceiling
 	a.mu.Unlock()
 	want := float64(adaptBootstrapRows)
 	if rate > 0 {
 		want = rate * lim.target.Seconds()
+	}
+	if ceiling > 0 {
+		want = min(want, ceiling)
 	}
 	want = max(want, float64(lim.minRows))
 	if lim.maxRows > 0 {
@@ -400,6 +413,8 @@ func (ex *execution) extractSub(ctx context.Context, a *adaptState, t *chunkTry,
 	width, minSpan := chunkWidth(st.plan)
 	rest := width - st.off
 	want := a.wantRows(lim)
+	// A span given (a split after a timeout) is never grown.
+	grown := span != 0
 	if span == 0 {
 		d := st.density
 		if d <= 0 {
@@ -410,7 +425,6 @@ func (ex *execution) extractSub(ctx context.Context, a *adaptState, t *chunkTry,
 		span = spanFor(want, d, minSpan, rest)
 	}
 	span = min(span, rest)
-	grown := false
 	for {
 		st.span = span
 		st.last = span >= rest
