@@ -40,8 +40,9 @@ package backfill
 // integer, one nanosecond). The next sub-chunk's rows are rate × target,
 // within [ChunkMinRows, ChunkMaxRows], and its span those rows over the
 // density. The rate comes down fast (a slower observation weighs 0.7)
-// and goes up slowly (a faster one weighs 0.2); density goes up fast and
-// down slowly, so a dense stretch shrinks the next sub-chunk at once. A
+// and goes up slowly (a faster one, or one slower by less than a fifth,
+// weighs 0.2); the density is the last sub-chunk's, so a dense stretch
+// shrinks the next sub-chunk at once. A
 // sub-chunk's rows are known once it is extracted, before its
 // transaction begins: one with more than 1.5× the rows wanted is given
 // back and a shorter sub-range extracted instead, so a chunk 50× denser
@@ -96,9 +97,10 @@ const adaptOversize = 1.5
 
 // Weights of an observation in the moving averages: down fast, up slowly
 // (rate); up fast, down slowly (density).
+// A reading under rateSlow × the estimate is a slowdown, not noise.
 const (
-	rateDown, rateUp       = 0.7, 0.2
-	densityUp, densityDown = 0.7, 0.2
+	rateDown, rateUp = 0.7, 0.2
+	rateSlow         = 0.8
 )
 
 // adaptState is a call's estimates for sizing sub-chunks, shared by its
@@ -109,8 +111,9 @@ type adaptState struct {
 	density float64 // rows per unit of the chunking dimension; 0: unknown
 	// ceiling caps the rows of a sub-chunk after a timeout: half the
 	// rows that timed out, raised by a quarter by each transaction that
-	// commits near it (0: none).
-	ceiling float64
+	// commits near it, up to 0.8 × the fewest rows that timed out,
+	// timedOutRows (0: none).
+	ceiling, timedOutRows float64
 
 	once sync.Once
 	why  string // why the call runs chunks whole ("" : it adapts)
@@ -130,16 +133,18 @@ func (a *adaptState) observe(rows int64, span uint64, d time.Duration) {
 	switch {
 	case a.rate == 0:
 		a.rate = r
-	case r < a.rate:
+	case r < rateSlow*a.rate:
 		a.rate = rateDown*r + (1-rateDown)*a.rate
 	default:
+		// Faster, or slower within the noise: slowly (a fast fall on
+		// every slower reading would bias the estimate low).
 		a.rate = rateUp*r + (1-rateUp)*a.rate
 	}
 	if span > 0 {
 		a.density = float64(rows) / float64(span)
 	}
 	if a.ceiling > 0 && float64(rows) >= 0.9*a.ceiling {
-		a.ceiling *= 1.25
+		a.ceiling = min(a.ceiling*1.25, 0.8*a.timedOutRows)
 	}
 }
 
@@ -157,6 +162,9 @@ func (a *adaptState) timedOut(rows int64, d time.Duration) {
 	}
 	if c := float64(rows) / 2; a.ceiling == 0 || c < a.ceiling {
 		a.ceiling = c
+	}
+	if a.timedOutRows == 0 || float64(rows) < a.timedOutRows {
+		a.timedOutRows = float64(rows)
 	}
 }
 
@@ -189,8 +197,9 @@ func (a *adaptState) wantRows(lim adaptLimits) float64 {
 
 // spanFor is the span (units) of a sub-chunk of want rows at density
 // rows per unit, at least minSpan, and at most rest, divided evenly: the
-// rest in as few sub-chunks of at most that span as it takes, each the
-// same span (so the last is no remainder). 0 density: the rest.
+// rest in the whole number of equal sub-chunks nearest to rest/span (so
+// the last is no remainder, and each is within 0.75× and 1.5× of the
+// span: 1.5 spans make two of 0.75, 1.49 one). 0 density: the rest.
 func spanFor(want, density float64, minSpan, rest uint64) uint64 {
 	if density <= 0 || rest == 0 {
 		return rest
@@ -199,9 +208,8 @@ func spanFor(want, density float64, minSpan, rest uint64) uint64 {
 	if s >= float64(rest) {
 		return rest
 	}
-	span := max(uint64(s), minSpan)
-	k := (rest + span - 1) / span
-	return max((rest+k-1)/k, minSpan)
+	k := max(math.Round(float64(rest)/max(s, float64(minSpan))), 1)
+	return max(uint64(math.Ceil(float64(rest)/k)), minSpan)
 }
 
 // subTry is the plan chunk a try's sub-chunk refines, and where the
@@ -215,6 +223,8 @@ type subTry struct {
 	prior Counts // the sums of the sub-chunks committed before
 	split bool   // cut after a timeout of a larger one
 	rows  int64  // rows extracted
+	// began is when the sub-chunk's transaction began.
+	began time.Time
 	// density is the rows per unit the chunk's last sub-chunk (committed
 	// or extracted) had; 0: none yet (the call's).
 	density float64
@@ -477,9 +487,9 @@ func splitCode(ctx context.Context, err error) bool {
 func (ex *execution) writeSubchunks(ctx context.Context, t *chunkTry, h *heldLease) (committed bool, err error) {
 	a, cr := &ex.adapt, t.cr
 	for {
-		begin := time.Now()
+		t.sub.began = time.Now()
 		committed, err = ex.write(ctx, t, h)
-		d := time.Since(begin)
+		d := time.Since(t.sub.began)
 		ex.recordLockWaits(ctx, t.lockWaits)
 		st := *t.sub
 		t.x.close()
@@ -554,7 +564,7 @@ func (ex *execution) checkpointSub(ctx context.Context, t *chunkTry, exceptions 
 	res := &t.cr.res
 	lo, hi := t.c.Bounds()
 	s := backfilltype.Subchunk{Seq: st.plan.Seq, Pos: st.pos, Lo: lo, Hi: hi, Counts: res.Counts, Split: st.split,
-		Duration: time.Since(t.started), Worker: ex.r.cfg.WorkerID}
+		Duration: time.Since(st.began), Worker: ex.r.cfg.WorkerID}
 	if st.last {
 		// The plan chunk's checkpoint queues the last one's exceptions.
 		exceptions = nil

@@ -21,6 +21,9 @@ func TestAdaptRateShrinksFastGrowsSlowly(t *testing.T) {
 	a.observe(1000, 100, 10*time.Second) // 100 rows/s: down fast
 	require.InDelta(t, 0.7*100+0.3*1000, a.rate, 1e-9)
 	before := a.rate
+	a.observe(int64(0.9*before), 100, time.Second) // within the noise: slowly
+	require.InDelta(t, 0.2*0.9*before+0.8*before, a.rate, 1)
+	before = a.rate
 	a.observe(10000, 100, time.Second) // 10000 rows/s: up slowly
 	require.InDelta(t, 0.2*10000+0.8*before, a.rate, 1e-9)
 	a.rate = 1e9
@@ -35,6 +38,10 @@ func TestAdaptRateShrinksFastGrowsSlowly(t *testing.T) {
 	require.Equal(t, float64(400), a.wantRows(adaptLimits{target: time.Hour, minRows: 1}))
 	a.observe(390, 10, time.Millisecond)
 	require.Equal(t, float64(500), a.wantRows(adaptLimits{target: time.Hour, minRows: 1}))
+	a.observe(490, 10, time.Millisecond)
+	require.Equal(t, float64(625), a.wantRows(adaptLimits{target: time.Hour, minRows: 1}))
+	a.observe(620, 10, time.Millisecond)
+	require.Equal(t, float64(640), a.wantRows(adaptLimits{target: time.Hour, minRows: 1}), "never above 0.8 × the rows that timed out")
 }
 
 // TestAdaptSpanFor: the span of the rows wanted at a density, at least

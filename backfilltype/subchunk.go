@@ -23,7 +23,7 @@ type Subchunk struct {
 	// lock_timeout.
 	Split bool `db:"split"`
 	// Duration is the sub-range's transaction, from its begin to its
-	// checkpoint.
+	// checkpoint (the commit's own time not included).
 	Duration time.Duration `db:"-"`
 	// Worker is the Config.WorkerID of the process that committed it.
 	Worker string `db:"worker"`
