@@ -328,7 +328,7 @@ func subchunkID(c Chunk) string {
 // extractorChunk is c as the job's Extractor sees it: a sub-chunk with
 // its own ID.
 func (ex *execution) extractorChunk(c Chunk) Chunk {
-	if ex.adapt.sub != nil && ex.adapt.why == "" && (c.Kind == backfilltype.KindInt || c.Kind == backfilltype.KindTime) {
+	if (c.Kind == backfilltype.KindInt || c.Kind == backfilltype.KindTime) && ex.adaptive() != nil {
 		c.ID = subchunkID(c)
 	}
 	return c
