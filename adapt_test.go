@@ -355,3 +355,73 @@ func TestAdaptRollbackRestores(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, before, snapshot())
 }
+
+func init() {
+	// The child process of TestAdaptKillDashNineBetweenSubchunks: the
+	// skewed job in sub-chunks of 100 rows, each extraction a little slow
+	// (the heavy chunk's 50 sub-chunks take half a second at least), until
+	// the parent kills it.
+	childProcess("BACKFILL_ADAPT_CRASH_CHILD", func(db *sqlx.DB) error {
+		r, err := backfill.New(db, adaptCrashConfig())
+		if err != nil {
+			return err
+		}
+		var calls extractCalls
+		job := skewedJob("crash", 50, &calls)
+		inner := job.Extractor
+		job.Extractor = backfill.ExtractorFunc(func(ctx context.Context, c backfill.Chunk, w backfill.RowWriter) error {
+			time.Sleep(10 * time.Millisecond)
+			return inner.Extract(ctx, c, w)
+		})
+		_, err = r.Run(context.Background(), job)
+		return err
+	})
+}
+
+func adaptCrashConfig() *backfill.Config {
+	return &backfill.Config{Concurrency: 1, ChunkTarget: time.Hour, ChunkMaxRows: 100,
+		HeartbeatInterval: 100 * time.Millisecond, StaleAfter: time.Second}
+}
+
+// TestAdaptKillDashNineBetweenSubchunks: a worker process killed (SIGKILL)
+// twice while it works the heavy chunk in sub-chunks leaves the chunk
+// pending with the sub-chunks it committed; the resume goes on from the
+// last of them, and every row is loaded once, the plan chunk's counts the
+// sums of its sub-chunks', in one batch.
+func TestAdaptKillDashNineBetweenSubchunks(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("spawns processes")
+	}
+	url := pgtest.NewURL(t)
+	db := sqlx.MustOpen("postgres", url)
+	t.Cleanup(func() { db.Close() })
+	rbSetup(t, db)
+	var after []int
+	for _, n := range []int{3, 20} {
+		killChildWhen(t, db, "BACKFILL_ADAPT_CRASH_CHILD", url, `SELECT count(*) FROM backfill.subchunks WHERE seq = 3`, n)
+		var got int
+		require.NoError(t, db.Get(&got, `SELECT count(*) FROM backfill.subchunks WHERE seq = 3`))
+		after = append(after, got)
+	}
+	require.Less(t, after[1], 50, "killed before the heavy chunk's end")
+	var status string
+	require.NoError(t, db.Get(&status, `SELECT status FROM backfill.chunks WHERE seq = 3`))
+	require.Equal(t, "pending", status)
+
+	r, err := backfill.New(db, adaptCrashConfig())
+	require.NoError(t, err)
+	var calls extractCalls
+	rep, err := r.Run(context.Background(), skewedJob("crash", 50, &calls))
+	require.NoError(t, err)
+	require.True(t, rep.Resumed)
+	requireItemsOnce(t, db, 50)
+	requireTiles(t, db, rep.BatchID, 3, "300", "400", 150)
+	require.Equal(t, backfill.Counts{Read: 5900, Inserted: 5900}, rep.Counts, "no row counted twice")
+	for _, c := range calls.all() {
+		require.False(t, c.Seq == 3 && c.Lo < 300+int64(after[1])*2, "sub-chunk %s committed before the kills extracted again", c.ID)
+	}
+	var runs int
+	require.NoError(t, db.Get(&runs, `SELECT count(*) FROM backfill.runs`))
+	require.Equal(t, 1, runs)
+}
