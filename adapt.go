@@ -33,16 +33,17 @@ package backfill
 // Only the user's Extractor sees the sub-chunk's own ID, derived from its
 // bounds as a chunker's would be ([subchunkID]).
 //
-// Sizing. A call keeps two estimates, each an exponentially weighted
-// moving average: the rate of a chunk transaction in rows per second
-// (rows actually merged over the transaction's duration, from its begin
-// to its commit) and the rows per unit of the chunking dimension (one
-// integer, one nanosecond). The next sub-chunk's rows are rate × target,
-// within [ChunkMinRows, ChunkMaxRows], and its span those rows over the
-// density. The rate comes down fast (a slower observation weighs 0.7)
-// and goes up slowly (a faster one, or one slower by less than a fifth,
-// weighs 0.2); the density is the last sub-chunk's, so a dense stretch
-// shrinks the next sub-chunk at once. A
+// Sizing. A call keeps two estimates: the rate of a chunk transaction in
+// rows per second (rows actually merged over the transaction's duration,
+// from its begin to its commit) and the rows per unit of the chunking
+// dimension (one integer, one nanosecond). The next sub-chunk's rows are
+// rate × target, within [ChunkMinRows, ChunkMaxRows], and its span those
+// rows over the density. The rate comes down fast (a reading under half
+// the estimate weighs 0.7, as in an exponentially weighted moving
+// average) and goes up slowly (otherwise the estimate is the median of
+// the last 9 readings, rising by a quarter at most per reading: a mean
+// would leave noise biasing it); the density is the last sub-chunk's, so
+// a dense stretch shrinks the next sub-chunk at once. A
 // sub-chunk's rows are known once it is extracted, before its
 // transaction begins: one with more than 1.5× the rows wanted is given
 // back and a shorter sub-range extracted instead, so a chunk 50× denser
@@ -73,6 +74,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -97,10 +99,14 @@ const adaptOversize = 1.5
 
 // Weights of an observation in the moving averages: down fast, up slowly
 // (rate); up fast, down slowly (density).
-// A reading under rateSlow × the estimate is a slowdown, not noise.
+// The rate: a reading under rateSlow × the estimate is a slowdown, not
+// noise, and weighs rateDown; otherwise the estimate is the median of
+// the last rateWindow readings, rising by at most rateUp a reading.
 const (
-	rateDown, rateUp = 0.7, 0.2
-	rateSlow         = 0.8
+	rateDown   = 0.7
+	rateSlow   = 0.5
+	rateUp     = 1.25
+	rateWindow = 9
 )
 
 // adaptState is a call's estimates for sizing sub-chunks, shared by its
@@ -114,6 +120,8 @@ type adaptState struct {
 	// commits near it, up to 0.8 × the fewest rows that timed out,
 	// timedOutRows (0: none).
 	ceiling, timedOutRows float64
+	// readings are the last rateWindow rates observed.
+	readings []float64
 
 	once sync.Once
 	why  string // why the call runs chunks whole ("" : it adapts)
@@ -130,15 +138,21 @@ func (a *adaptState) observe(rows int64, span uint64, d time.Duration) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	r := float64(rows) / d.Seconds()
+	if a.readings = append(a.readings, r); len(a.readings) > rateWindow {
+		a.readings = a.readings[1:]
+	}
 	switch {
 	case a.rate == 0:
 		a.rate = r
 	case r < rateSlow*a.rate:
 		a.rate = rateDown*r + (1-rateDown)*a.rate
 	default:
-		// Faster, or slower within the noise: slowly (a fast fall on
-		// every slower reading would bias the estimate low).
-		a.rate = rateUp*r + (1-rateUp)*a.rate
+		// The median, not a mean: noise of a loaded server either way
+		// leaves it where half the transactions take longer than the
+		// target and half shorter.
+		s := slices.Clone(a.readings)
+		slices.Sort(s)
+		a.rate = min(s[len(s)/2], rateUp*a.rate)
 	}
 	if span > 0 {
 		a.density = float64(rows) / float64(span)

@@ -9,9 +9,10 @@ import (
 	"github.com/pgbackfill/backfill/backfilltype"
 )
 
-// TestAdaptRateShrinksFastGrowsSlowly: a slower transaction pulls the
-// rate estimate most of the way down at once; a faster one moves it up a
-// fifth of the way; the rows wanted stay within the bounds.
+// TestAdaptRateShrinksFastGrowsSlowly: a transaction at less than half
+// the rate estimate pulls it most of the way down at once; otherwise the
+// estimate is the median of the last readings, rising by a quarter at
+// most; the rows wanted stay within the bounds.
 func TestAdaptRateShrinksFastGrowsSlowly(t *testing.T) {
 	var a adaptState
 	lim := adaptLimits{target: time.Second, minRows: 100, maxRows: 5000}
@@ -20,12 +21,14 @@ func TestAdaptRateShrinksFastGrowsSlowly(t *testing.T) {
 	require.InDelta(t, 1000, a.wantRows(lim), 1e-9)
 	a.observe(1000, 100, 10*time.Second) // 100 rows/s: down fast
 	require.InDelta(t, 0.7*100+0.3*1000, a.rate, 1e-9)
-	before := a.rate
-	a.observe(int64(0.9*before), 100, time.Second) // within the noise: slowly
-	require.InDelta(t, 0.2*0.9*before+0.8*before, a.rate, 1)
-	before = a.rate
-	a.observe(10000, 100, time.Second) // 10000 rows/s: up slowly
-	require.InDelta(t, 0.2*10000+0.8*before, a.rate, 1e-9)
+	a.observe(333, 100, time.Second) // readings 1000, 100, 333: the median
+	require.InDelta(t, 333, a.rate, 1e-9)
+	a.observe(10000, 100, time.Second) // 10000 rows/s: up a quarter at most
+	require.InDelta(t, 1.25*333, a.rate, 1e-9)
+	for range 9 {
+		a.observe(2000, 100, time.Second)
+	}
+	require.InDelta(t, 2000, a.rate, 1e-9, "the median of the last 9 readings")
 	a.rate = 1e9
 	require.Equal(t, float64(5000), a.wantRows(lim), "capped by maxRows")
 	a.rate = 1

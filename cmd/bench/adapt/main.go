@@ -46,6 +46,7 @@ type options struct {
 	runs                 int
 	fast                 bool
 	concurrency          int
+	variants             string
 }
 
 func main() {
@@ -59,6 +60,7 @@ func main() {
 	flag.IntVar(&o.runs, "runs", 3, "rounds")
 	flag.IntVar(&o.concurrency, "concurrency", 1, "Config.Concurrency")
 	flag.BoolVar(&o.fast, "fast", false, "the test server (fsync off), not production durability")
+	flag.StringVar(&o.variants, "variants", "adapt,plain,timeout", "the variants to run, comma-separated")
 	flag.Parse()
 	if err := run(o); err != nil {
 		fmt.Fprintln(os.Stderr, "benchadapt:", err)
@@ -124,7 +126,7 @@ func run(o options) error {
 
 	var adapt, plain, tmo []result
 	for i := range o.runs {
-		variants := []string{"adapt", "plain", "timeout"}
+		variants := strings.Split(o.variants, ",")
 		if i%2 == 1 {
 			slices.Reverse(variants)
 		}
