@@ -9,7 +9,8 @@
 //     table with ChunkTarget -target. It reports the p50, p90, p99 and
 //     maximum of the chunk transactions' durations (the sub-chunks'
 //     recorded durations, from begin to checkpoint, and each plan chunk
-//     run whole, from the chunks table) against the target, the sub-chunks
+//     run whole, its stage, merge, validate and checkpoint phases as a
+//     Tracer sees them) against the target, the sub-chunks
 //     of the heavy chunk, and the same load without ChunkTarget for
 //     comparison (the heavy chunk's one transaction).
 //   - timeout: the heavy chunk alone with StatementTimeout -timeout and a
@@ -28,12 +29,14 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jmoiron/sqlx"
 	_ "github.com/lib/pq"
 
 	"github.com/pgbackfill/backfill"
+	"github.com/pgbackfill/backfill/backfilltrace"
 	"github.com/pgbackfill/backfill/cmd/bench/internal/benchpg"
 	"github.com/pgbackfill/backfill/cmd/bench/internal/orderlines"
 )
@@ -107,6 +110,34 @@ type result struct {
 	heavyWholeTx time.Duration
 }
 
+// txTracer sums the phases of each chunk's transaction but its commit
+// (stage, merge, validate, checkpoint), by Seq: a whole chunk's
+// transaction from its begin to its checkpoint, as a sub-chunk records
+// its own.
+type txTracer struct {
+	mu sync.Mutex
+	tx map[int]time.Duration
+}
+
+func (t *txTracer) TraceChunkStart(ctx context.Context, _ backfilltrace.ChunkStartData) context.Context {
+	return ctx
+}
+
+func (t *txTracer) TraceChunkEnd(context.Context, backfilltrace.ChunkEndData) {}
+
+func (t *txTracer) TracePhaseStart(ctx context.Context, _ backfilltrace.PhaseStartData) context.Context {
+	return ctx
+}
+
+func (t *txTracer) TracePhaseEnd(_ context.Context, d backfilltrace.PhaseEndData) {
+	switch d.Phase {
+	case backfilltrace.PhaseStage, backfilltrace.PhaseMerge, backfilltrace.PhaseValidate, backfilltrace.PhaseCheckpoint:
+		t.mu.Lock()
+		t.tx[d.Chunk.Seq] += d.Duration
+		t.mu.Unlock()
+	}
+}
+
 func run(o options) error {
 	ctx := context.Background()
 	db, url, settings, stop, err := benchpg.Open(ctx, o.fast, 3*o.concurrency+4, "fsync", "synchronous_commit", "full_page_writes", "shared_buffers")
@@ -162,7 +193,7 @@ func run(o options) error {
 	fmt.Printf("\nMedian of runs: p50 %.2f× target (bar: 0.80–1.20: %s), p99 %.2f× target (bar: under 2: %s).\n\n", m50, yes(m50 >= 0.8 && m50 <= 1.2), m99, yes(m99 < 2))
 	fmt.Println("## The same load without ChunkTarget")
 	fmt.Println()
-	fmt.Println("| run | wall | heavy chunk's transaction (begin of extract to checkpoint, chunks table) |")
+	fmt.Println("| run | wall | heavy chunk's transaction |")
 	fmt.Println("|---|---|---|")
 	for i, r := range plain {
 		fmt.Printf("| %d | %v | %v |\n", i+1, r.wall.Round(time.Millisecond), ms(r.heavyWholeTx))
@@ -220,7 +251,8 @@ func (o options) skew(ctx context.Context, db *sqlx.DB, target time.Duration) (r
 	if err := reset(ctx, db); err != nil {
 		return result{}, err
 	}
-	r, err := backfill.New(db, &backfill.Config{Concurrency: o.concurrency, ChunkTarget: target,
+	tr := &txTracer{tx: map[int]time.Duration{}}
+	r, err := backfill.New(db, &backfill.Config{Concurrency: o.concurrency, ChunkTarget: target, Tracer: tr,
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
 	if err != nil {
 		return result{}, err
@@ -231,12 +263,12 @@ func (o options) skew(ctx context.Context, db *sqlx.DB, target time.Duration) (r
 	if err != nil {
 		return res, err
 	}
-	return res, collect(ctx, db, rep.BatchID, o.chunks/2, &res)
+	return res, collect(ctx, db, rep.BatchID, o.chunks/2, tr, &res)
 }
 
 // collect reads the run's transactions: each sub-chunk's, and each plan
-// chunk's that ran whole.
-func collect(ctx context.Context, db *sqlx.DB, batch, heavy int64, res *result) error {
+// chunk's that ran whole (tr's).
+func collect(ctx context.Context, db *sqlx.DB, batch, heavy int64, tr *txTracer, res *result) error {
 	var subs []struct {
 		Seq   int64   `db:"seq"`
 		MS    float64 `db:"duration_ms"`
@@ -256,19 +288,18 @@ func collect(ctx context.Context, db *sqlx.DB, batch, heavy int64, res *result) 
 			res.split++
 		}
 	}
-	var whole []struct {
-		Seq int64   `db:"seq"`
-		MS  float64 `db:"ms"`
-	}
-	if err := db.SelectContext(ctx, &whole, `SELECT seq, extract(epoch FROM finished_at - started_at) * 1000 AS ms FROM backfill.chunks c
+	var whole []int
+	if err := db.SelectContext(ctx, &whole, `SELECT seq FROM backfill.chunks c
 		WHERE batch_id = $1 AND NOT EXISTS (SELECT 1 FROM backfill.subchunks s WHERE s.batch_id = c.batch_id AND s.seq = c.seq)`, batch); err != nil {
 		return err
 	}
-	for _, w := range whole {
-		d := time.Duration(w.MS * float64(time.Millisecond))
+	for _, seq := range whole {
+		tr.mu.Lock()
+		d := tr.tx[seq]
+		tr.mu.Unlock()
 		res.txs = append(res.txs, d)
 		res.wholeChunks++
-		if w.Seq == heavy {
+		if int64(seq) == heavy {
 			res.heavyWholeTx = d
 		}
 	}
@@ -290,7 +321,8 @@ func (o options) timeoutRun(ctx context.Context, db *sqlx.DB) (result, error) {
 		CREATE TRIGGER slow_bulk BEFORE INSERT ON lines FOR EACH ROW EXECUTE FUNCTION slow_bulk();`, o.timeoutRows+1)); err != nil {
 		return result{}, err
 	}
-	r, err := backfill.New(db, &backfill.Config{Concurrency: 1, ChunkTarget: time.Hour, StatementTimeout: o.timeout, MaxAttempts: 1,
+	tr := &txTracer{tx: map[int]time.Duration{}}
+	r, err := backfill.New(db, &backfill.Config{Concurrency: 1, ChunkTarget: time.Hour, StatementTimeout: o.timeout, MaxAttempts: 1, Tracer: tr,
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
 	if err != nil {
 		return result{}, err
@@ -302,5 +334,5 @@ func (o options) timeoutRun(ctx context.Context, db *sqlx.DB) (result, error) {
 	if err != nil {
 		return res, nil
 	}
-	return res, collect(ctx, db, rep.BatchID, 0, &res)
+	return res, collect(ctx, db, rep.BatchID, 0, tr, &res)
 }
