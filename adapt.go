@@ -79,6 +79,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jmoiron/sqlx"
+
 	"github.com/pgbackfill/backfill/backfilldriver"
 	"github.com/pgbackfill/backfill/backfilltrace"
 	"github.com/pgbackfill/backfill/backfilltype"
@@ -599,4 +601,19 @@ func (ex *execution) checkpointSub(ctx context.Context, t *chunkTry, exceptions 
 	}
 	ex.log.Debug("sub-chunk done", "seq", st.plan.Seq, "chunk", st.plan.ID, "sub_chunk", t.c.String(), "pos", st.pos, "read", res.Read)
 	return true, nil
+}
+
+// splitChunks returns the plan chunks of batch that have sub-chunks
+// committed, with the rows their sub-chunks updated, for a rollback: a
+// chunk not done holds the rows of the sub-chunks it committed. nil when
+// the manifest cannot tell (none are recorded without
+// [backfilldriver.ManifestSubchunks]).
+func splitChunks(ctx context.Context, r *Runner, batch int64) (map[int]int64, error) {
+	sc, ok := r.cfg.Manifest.(interface {
+		SubchunkedChunks(ctx context.Context, db sqlx.ExtContext, batchID int64) (map[int]int64, error)
+	})
+	if !ok {
+		return nil, nil
+	}
+	return sc.SubchunkedChunks(ctx, r.db, batch)
 }

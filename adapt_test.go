@@ -425,3 +425,43 @@ func TestAdaptKillDashNineBetweenSubchunks(t *testing.T) {
 	require.NoError(t, db.Get(&runs, `SELECT count(*) FROM backfill.runs`))
 	require.Equal(t, 1, runs)
 }
+
+// TestAdaptRollbackOfChunkLeftMidway: a run that failed in the middle of
+// a split chunk (its third sub-chunk's validation fails, the chunk's
+// last attempt) leaves the chunk failed with two sub-chunks committed;
+// a rollback of the batch restores their rows too, exactly.
+func TestAdaptRollbackOfChunkLeftMidway(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t)
+	rbSetup(t, db)
+	db.MustExec(`INSERT INTO items (id, name, qty) SELECT k * 100 + j, 'old', -1 FROM generate_series(300, 399) k, generate_series(0, 9) j`)
+	snapshot := func() string {
+		var s string
+		require.NoError(t, db.Get(&s, `SELECT coalesce(string_agg(format('%s/%s/%s', id, name, qty), ',' ORDER BY id), '') FROM items`))
+		return s
+	}
+	before := snapshot()
+	r, err := backfill.New(db, &backfill.Config{Concurrency: 1, ChunkTarget: time.Hour, ChunkMaxRows: 100, MaxAttempts: 1})
+	require.NoError(t, err)
+	var calls extractCalls
+	job := skewedJob("midway", 50, &calls)
+	job.Validators = []backfill.Validator{backfill.ValidatorFunc(func(ctx context.Context, _ sqlx.ExtContext, s backfill.ValidationScope) (backfill.CheckResult, error) {
+		if s.Chunk.Seq == 3 && s.Chunk.Lo >= 304 {
+			return backfill.CheckResult{}, errors.New("cut")
+		}
+		return backfill.CheckResult{Check: "cut", Severity: backfill.SeverityError, Passed: true}, nil
+	})}
+	_, err = r.Run(ctx, job)
+	require.Error(t, err)
+	var batch int64
+	require.NoError(t, db.Get(&batch, `SELECT batch_id FROM backfill.runs WHERE job_name = 'midway'`))
+	require.Len(t, subchunkRows(t, db, batch), 2)
+	var status string
+	require.NoError(t, db.Get(&status, `SELECT status FROM backfill.chunks WHERE batch_id = $1 AND seq = 3`, batch))
+	require.NotEqual(t, "done", status)
+	require.NotEqual(t, before, snapshot(), "the two sub-chunks' rows are in the target")
+	_, err = r.Rollback(ctx, job, backfill.RollbackOptions{BatchID: batch, Actor: "ann", Why: "test"})
+	require.NoError(t, err)
+	require.Equal(t, before, snapshot())
+}

@@ -73,3 +73,28 @@ func (m *Manifest) CompleteSubchunk(ctx context.Context, tx sqlx.ExtContext, bat
 	}
 	return nil
 }
+
+// SubchunkedChunks returns the plan chunks of batchID that have
+// sub-chunks committed and are not done (pending or failed), with the
+// rows their sub-chunks updated: a rollback of the batch restores them.
+func (m *Manifest) SubchunkedChunks(ctx context.Context, db sqlx.ExtContext, batchID int64) (map[int]int64, error) {
+	ctx = m.purpose(ctx, "read the chunks split and not done", batchID)
+	var rows []struct {
+		Seq     int   `db:"seq"`
+		Updated int64 `db:"updated"`
+	}
+	err := InShortTx(ctx, db, func(tx sqlx.ExtContext) error {
+		rows = rows[:0]
+		return sqlx.SelectContext(ctx, tx, &rows, m.SQL(`SELECT s.seq, sum(s.rows_updated) AS updated FROM {s}.subchunks s
+			JOIN {s}.chunks c ON c.batch_id = s.batch_id AND c.seq = s.seq AND c.status IN ('pending', 'failed')
+			WHERE s.batch_id = $1 GROUP BY s.seq`), batchID)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("backfill: chunks split of batch %d: %w", batchID, err)
+	}
+	out := make(map[int]int64, len(rows))
+	for _, r := range rows {
+		out[r.Seq] = r.Updated
+	}
+	return out, nil
+}
