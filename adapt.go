@@ -30,6 +30,10 @@ package backfill
 // key on batch_id and seq; exceptions and validations, which key on the
 // chunk's ID), so a rollback of the chunk or of the batch finds the rows
 // of all its sub-chunks, and the status and report read the plan chunk.
+// A plan chunk left pending or failed with sub-chunks committed (its run
+// failed or was stopped midway) is rolled back as a done one
+// ([splitChunks]). Until its last sub-chunk commits, a plan chunk's rows
+// are not in its counts (the status and report count chunks done).
 // Only the user's Extractor sees the sub-chunk's own ID, derived from its
 // bounds as a chunker's would be ([subchunkID]).
 //
