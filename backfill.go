@@ -573,6 +573,30 @@ type Config struct {
 	// bucket of golang.org/x/time/rate with one second of burst). Zero
 	// means no cap.
 	RowsPerSecond float64
+	// ChunkTarget is the duration a chunk's transaction aims at: a
+	// chunk of IntRange or of a time chunker (Hours, Days, Months, Every)
+	// whose rows would take longer is worked through in sub-chunks, each
+	// a half-open sub-interval of it with its own transaction and
+	// checkpoint, sized from a moving average of the rate the call
+	// observes (rows per second of a transaction); a sub-chunk whose
+	// transaction hits statement_timeout or lock_timeout is split and
+	// retried without counting an attempt. The plan (its chunks and
+	// fingerprint) does not change: sub-chunks are recorded as
+	// refinements of their plan chunk, which is done, with their summed
+	// counts, when its last sub-chunk commits; a resumed run goes on
+	// from the last sub-chunk committed. The Extractor is called with
+	// each sub-chunk (its ID derived from its bounds). Other chunkers,
+	// Job.SkipUnchanged and publish modes other than PublishPerChunk run
+	// chunks whole. 0 (the default): off, every chunk is one
+	// transaction. The knob chunk_target_ms (Runner.SetKnob, set_knob)
+	// replaces it live for a run, 0 turning adaptation off.
+	ChunkTarget time.Duration
+	// ChunkMinRows is the fewest rows a sub-chunk is sized for (the
+	// last of a chunk may have fewer). Default [DefaultChunkMinRows].
+	ChunkMinRows int64
+	// ChunkMaxRows caps the rows of a sub-chunk when ChunkTarget is set
+	// (0: no cap); the knob chunk_max_rows replaces it live.
+	ChunkMaxRows int64
 	// JobConcurrency, when > 0, caps the chunks of the run in progress
 	// at once across every process (each process also runs at most
 	// Concurrency). A chunk is leased only while fewer than

@@ -252,10 +252,18 @@ func (r *Runner) undoRollback(ctx context.Context, job Job, run Run, plan Plan, 
 		return nil, err
 	}
 	u := &undoRollback{r: r, run: run, opts: opts, info: info, updated: map[int]int64{}}
+	split, err := splitChunks(ctx, r, run.BatchID)
+	if err != nil {
+		return nil, err
+	}
 	for _, s := range states {
 		if (s.Status == ChunkDone || s.Status == ChunkOpen) && (opts.ChunkID == "" || s.Chunk.ID == opts.ChunkID) {
 			u.seqs = append(u.seqs, s.Chunk.Seq)
 			u.updated[s.Chunk.Seq] = s.Updated
+		} else if n, ok := split[s.Chunk.Seq]; ok && (s.Status == ChunkPending || s.Status == ChunkFailed) && (opts.ChunkID == "" || s.Chunk.ID == opts.ChunkID) {
+			// Sub-chunks committed, the plan chunk not done (adapt.go).
+			u.seqs = append(u.seqs, s.Chunk.Seq)
+			u.updated[s.Chunk.Seq] = n
 		}
 	}
 	if opts.ChunkID != "" && !slices.ContainsFunc(states, func(s backfilltype.ChunkState) bool { return s.Chunk.ID == opts.ChunkID }) {

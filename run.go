@@ -168,6 +168,8 @@ func (c *Config) validate() error {
 		return fmt.Errorf("%w: HeartbeatInterval and StaleAfter cannot be less than zero", ErrInvalidConfig)
 	case c.StaleAfter > 0 && c.StaleAfter <= 2*cmp.Or(c.HeartbeatInterval, DefaultHeartbeatInterval):
 		return fmt.Errorf("%w: StaleAfter (%v) must exceed twice HeartbeatInterval (%v)", ErrInvalidConfig, c.StaleAfter, cmp.Or(c.HeartbeatInterval, DefaultHeartbeatInterval))
+	case c.ChunkTarget < 0 || c.ChunkMinRows < 0 || c.ChunkMaxRows < 0:
+		return fmt.Errorf("%w: ChunkTarget, ChunkMinRows and ChunkMaxRows cannot be less than zero", ErrInvalidConfig)
 	}
 	if err := c.validateTimeouts(); err != nil {
 		return err
@@ -845,6 +847,8 @@ type execution struct {
 	// none): the run is paused, or, with a manifest that cannot pause
 	// it, failed.
 	runGate error
+	// adapt sizes the sub-chunks of adaptive chunks (adapt.go).
+	adapt adaptState
 }
 
 // open reports whether chunk c, read at started, is still open: a time
@@ -1380,6 +1384,9 @@ type chunkTry struct {
 	// lockWaits: the merge's lock waits that ended granted, recorded
 	// once the transaction has ended ([execution.recordLockWaits]).
 	lockWaits *lockWaitRecord
+	// sub: c is a sub-chunk of an adapted plan chunk (adapt.go); nil: c
+	// is the plan chunk.
+	sub *subTry
 }
 
 // chunkErr returns err as a failure of t's attempt.
@@ -1486,6 +1493,12 @@ func (ex *execution) runChunk(ctx context.Context, p *chunkPipe) (cr chunkRun, e
 		cr.span.release()
 		return cr, nil
 	}
+	if t.sub != nil {
+		// A plan chunk worked in sub-chunks (adapt.go).
+		committed, err := ex.writeSubchunks(ctx, t, h)
+		release = !committed
+		return cr, err
+	}
 	committed, err := ex.write(ctx, t, h)
 	release = !committed
 	// The merge's lock waits that ended granted, recorded now that the
@@ -1574,6 +1587,12 @@ func (ex *execution) extract(ctx context.Context, cr *chunkRun, h *heldLease) (*
 	}
 	t := &chunkTry{cr: cr, c: c, started: time.Now()}
 	cr.reread = h.cl.State.Status == ChunkOpen
+	// Adaptive chunks: the plan chunk's next sub-chunk (adapt.go).
+	if ok, err := ex.adaptExtract(ctx, t); err != nil {
+		return nil, t.chunkErr(err)
+	} else if ok {
+		return t, nil
+	}
 	xctx := cr.span.next(ctx, backfilltrace.PhaseExtract)
 
 	// A job with SkipUnchanged and a ChunkVersioner: the chunk's version,
@@ -1798,6 +1817,13 @@ func (ex *execution) checkpoint(ctx context.Context, t *chunkTry, tg chunkTarget
 	cr.res.Open = ex.open(t.c, t.started)
 	for i := range exceptions {
 		exceptions[i].BatchID = ex.batchID
+	}
+	if t.sub != nil {
+		// A sub-chunk: its own checkpoint, or the plan chunk's sums
+		// (adapt.go).
+		if done, err := ex.checkpointSub(ctx, t, exceptions); done {
+			return err
+		}
 	}
 	if sk != nil {
 		// Only chunks published as they commit skip (skipEligible): the

@@ -282,7 +282,7 @@ func (ex *execution) extractSpooled(ctx context.Context, c Chunk, started time.T
 	w := newRowWriter(c, ex.job, info, sp, ex.r.cfg.MaxRejectsPerChunk, started)
 	w.fp = fp
 	w.mem = ex.r.mem.rejects
-	xerr := extractSafely(ctx, ex.job.Extractor, c, w)
+	xerr := extractSafely(ctx, ex.job.Extractor, ex.extractorChunk(c), w)
 	w.closed = true
 	switch {
 	case w.err != nil:

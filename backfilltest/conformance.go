@@ -430,4 +430,5 @@ func TestManifest(t *testing.T, newManifest func(t *testing.T) (backfill.Manifes
 
 	testManifestLeases(t, setup, plan)
 	testManifestCapabilities(t, setup, plan, claim)
+	testManifestSubchunks(t, setup, plan)
 }

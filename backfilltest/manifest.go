@@ -34,6 +34,9 @@ type Manifest struct {
 	nextWait int64
 	// workers are the registered workers by key (RegisterWorker).
 	workers map[string]*fakeWorker
+	// subchunks are the sub-chunks committed per plan chunk
+	// (CompleteSubchunk).
+	subchunks map[subchunkKey][]backfilltype.Subchunk
 }
 
 type fakeRun struct {

@@ -64,7 +64,7 @@ The chunks done stay in the target: "backfill rollback" withdraws them.`+control
 }
 
 func newSetCmd(g *globals) *cobra.Command {
-	return newControlCmd(g, "set", "Set a live knob of a run: concurrency, job_concurrency, rows_per_second, throttle thresholds",
+	return newControlCmd(g, "set", "Set a live knob of a run: concurrency, job_concurrency, rows_per_second, throttle thresholds, adaptive chunks",
 		`set KEY=VALUE changes a knob of a run, read by every worker of every
 process within about a second. A run that is running applies it at once;
 a paused, cancelled or failed run keeps it for when it is resumed ("backfill
@@ -79,9 +79,14 @@ it. The knobs:
   throttle.SIGNAL.high     a throttle's high watermark, by signal name
   throttle.SIGNAL.low      its low watermark (a signal the workers do not
                            have is logged by them and ignored); a pair
-                           with low above high, or both 0, is refused`+controlDoc,
+                           with low above high, or both 0, is refused
+  chunk_target_ms          the target duration of a chunk's transaction
+                           (Config.ChunkTarget) in milliseconds: a larger
+                           chunk is worked in sub-chunks; 0 turns it off
+  chunk_max_rows           a cap on the rows of a sub-chunk (0: none)`+controlDoc,
 		`  backfill set rows_per_second=2000 --job flights --why "peak hours"
-  backfill set throttle.replica_lag.high=5 --batch 12 --why "tighter during the sale"`)
+  backfill set throttle.replica_lag.high=5 --batch 12 --why "tighter during the sale"
+  backfill set chunk_target_ms=0 --job flights --why "run chunks whole again"`)
 }
 
 // newControlCmd builds pause, resume, cancel and set (which takes

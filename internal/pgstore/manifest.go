@@ -1320,7 +1320,11 @@ func (m *Manifest) FailedAttemptExceptions(ctx context.Context, db sqlx.ExtConte
 // RollBackChunk implements [backfilldriver.ManifestRollback].
 func (m *Manifest) RollBackChunk(ctx context.Context, tx sqlx.ExtContext, batchID int64, seq int) (bool, error) {
 	var status []string
-	if err := sqlx.SelectContext(ctx, tx, &status, m.SQL(`SELECT status FROM {s}.chunks WHERE batch_id = $1 AND seq = $2 FOR UPDATE`), batchID, seq); err != nil {
+	// A chunk pending or failed with sub-chunks committed (adaptive
+	// chunks) holds their rows: rolled back as a done one.
+	if err := sqlx.SelectContext(ctx, tx, &status, m.SQL(`SELECT CASE WHEN status IN ('pending', 'failed') AND EXISTS (SELECT 1 FROM {s}.subchunks s
+			WHERE s.batch_id = c.batch_id AND s.seq = c.seq) THEN 'done' ELSE status END
+		FROM {s}.chunks c WHERE batch_id = $1 AND seq = $2 FOR UPDATE OF c`), batchID, seq); err != nil {
 		return false, err
 	}
 	if len(status) == 0 || status[0] != string(backfilltype.ChunkDone) && status[0] != string(backfilltype.ChunkOpen) {

@@ -272,8 +272,11 @@ func (rb *pgRollback) RollBackChunks(ctx context.Context, tx sqlx.ExtContext, se
 	// The chunks still done (a concurrent rollback of the batch may have
 	// rolled some back meanwhile).
 	var rolled []int
-	if err := sqlx.SelectContext(ctx, tx, &rolled, rb.m.SQL(`UPDATE {s}.chunks SET status = 'rolled_back'
-		WHERE batch_id = $1 AND seq = ANY ($2::int[]) AND status IN ('done', 'open') RETURNING seq`), batch, pq.Array(seqs)); err != nil {
+	// A chunk pending or failed with sub-chunks committed (adaptive
+	// chunks) holds their rows: rolled back as a done one.
+	if err := sqlx.SelectContext(ctx, tx, &rolled, rb.m.SQL(`UPDATE {s}.chunks c SET status = 'rolled_back'
+		WHERE batch_id = $1 AND seq = ANY ($2::int[]) AND (status IN ('done', 'open') OR status IN ('pending', 'failed')
+			AND EXISTS (SELECT 1 FROM {s}.subchunks s WHERE s.batch_id = c.batch_id AND s.seq = c.seq)) RETURNING seq`), batch, pq.Array(seqs)); err != nil {
 		return 0, 0, fmt.Errorf("backfill: rollback %s: %w", rb.info.Target.Table, err)
 	}
 	if len(rolled) == 0 {

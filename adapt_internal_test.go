@@ -1,0 +1,91 @@
+package backfill
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgbackfill/backfill/backfilltype"
+)
+
+// TestAdaptRateShrinksFastGrowsSlowly: a transaction at less than half
+// the rate estimate pulls it most of the way down at once; otherwise the
+// estimate is the median of the last readings, rising by a quarter at
+// most; the rows wanted stay within the bounds.
+func TestAdaptRateShrinksFastGrowsSlowly(t *testing.T) {
+	var a adaptState
+	lim := adaptLimits{target: time.Second, minRows: 100, maxRows: 5000}
+	require.Equal(t, float64(adaptBootstrapRows), a.wantRows(lim), "no rate yet: the bootstrap")
+	a.observe(1000, 100, time.Second) // 1000 rows/s
+	require.InDelta(t, 1000, a.wantRows(lim), 1e-9)
+	a.observe(1000, 100, 10*time.Second) // 100 rows/s: down fast
+	require.InDelta(t, 0.7*100+0.3*1000, a.rate, 1e-9)
+	a.observe(333, 100, time.Second) // readings 1000, 100, 333: the median
+	require.InDelta(t, 333, a.rate, 1e-9)
+	a.observe(10000, 100, time.Second) // 10000 rows/s: up a quarter at most
+	require.InDelta(t, 1.25*333, a.rate, 1e-9)
+	for range 9 {
+		a.observe(2000, 100, time.Second)
+	}
+	require.InDelta(t, 2000, a.rate, 1e-9, "the median of the last 9 readings")
+	a.rate = 1e9
+	require.Equal(t, float64(5000), a.wantRows(lim), "capped by maxRows")
+	a.rate = 1
+	require.Equal(t, float64(100), a.wantRows(lim), "at least minRows")
+
+	// A timeout caps the rows at half of what timed out, raised by a
+	// quarter by each commit near the cap.
+	a.rate = 1e6
+	a.timedOut(800, time.Second)
+	require.Equal(t, float64(400), a.wantRows(adaptLimits{target: time.Hour, minRows: 1}))
+	a.observe(390, 10, time.Millisecond)
+	require.Equal(t, float64(500), a.wantRows(adaptLimits{target: time.Hour, minRows: 1}))
+	a.observe(490, 10, time.Millisecond)
+	require.Equal(t, float64(625), a.wantRows(adaptLimits{target: time.Hour, minRows: 1}))
+	a.observe(620, 10, time.Millisecond)
+	require.Equal(t, float64(640), a.wantRows(adaptLimits{target: time.Hour, minRows: 1}), "never above 0.8 × the rows that timed out")
+}
+
+// TestAdaptSpanFor: the span of the rows wanted at a density, at least
+// the least span, the rest divided into equal sub-chunks.
+func TestAdaptSpanFor(t *testing.T) {
+	require.Equal(t, uint64(100), spanFor(100, 0, 1, 100), "unknown density: the rest")
+	require.Equal(t, uint64(100), spanFor(1000, 1, 1, 100), "fits: the rest")
+	require.Equal(t, uint64(2), spanFor(100, 50, 1, 100))
+	require.Equal(t, uint64(84), spanFor(100, 1, 1, 250), "250 in 3 equal spans, not 100+100+50")
+	require.Equal(t, uint64(1), spanFor(1, 1000, 1, 100), "at least the least span")
+}
+
+// TestAdaptSubchunkOf: sub-chunks are half-open sub-intervals of their
+// plan chunk with its Seq and ID; the last ends at the plan chunk's end;
+// offsets parse back from the manifest's bounds.
+func TestAdaptSubchunkOf(t *testing.T) {
+	c := Chunk{ID: "int:-5/95", Seq: 7, Kind: backfilltype.KindInt, Lo: -5, Hi: 95}
+	s := subchunkOf(c, 10, 20)
+	require.Equal(t, Chunk{ID: c.ID, Seq: 7, Kind: backfilltype.KindInt, Lo: 5, Hi: 25}, s)
+	require.Equal(t, "int:5/25", subchunkID(s))
+	require.Equal(t, int64(95), subchunkOf(c, 90, 50).Hi, "clipped")
+	off, err := subOffset(c, "25")
+	require.NoError(t, err)
+	require.Equal(t, uint64(30), off)
+	_, err = subOffset(c, "96")
+	require.Error(t, err)
+
+	loc, err := time.LoadLocation("America/New_York")
+	require.NoError(t, err)
+	start := time.Date(2024, 3, 10, 0, 0, 0, 0, loc)
+	tc := Chunk{ID: "time:x", Seq: 1, Kind: backfilltype.KindTime, Start: start, End: start.AddDate(0, 0, 1)}
+	w, m := chunkWidth(tc)
+	require.Equal(t, uint64(23*time.Hour), w, "the day of the change to daylight saving time")
+	require.Equal(t, uint64(time.Millisecond), m)
+	ts := subchunkOf(tc, uint64(time.Hour), uint64(2*time.Hour))
+	require.Equal(t, start.Add(time.Hour), ts.Start)
+	require.Equal(t, start.Add(3*time.Hour), ts.End)
+	require.Equal(t, loc, ts.Start.Location())
+	_, hi := ts.Bounds()
+	off, err = subOffset(tc, hi)
+	require.NoError(t, err)
+	require.Equal(t, uint64(3*time.Hour), off)
+	require.True(t, subchunkOf(tc, uint64(22*time.Hour), uint64(5*time.Hour)).End.Equal(tc.End))
+}
