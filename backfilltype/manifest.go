@@ -91,6 +91,10 @@ type Plan struct {
 	Rollback RollbackMechanism `json:"rollback,omitempty"`
 	// Time records the job's time declarations (omitted when none).
 	Time *PlanTime `json:"time,omitempty"`
+	// Approval is the job's approval policy (omitted when none): a run of
+	// the plan awaits approvals of its fingerprint before it writes
+	// ([RunAwaitingApproval]).
+	Approval *PlanApproval `json:"approval,omitempty"`
 	// Chunks are the plan's chunks (not part of the JSON form). A plan a
 	// Runner froze from a [ChunkStreamer] holds none, and no ChunkIDs
 	// either (its fingerprint is the same): use [Plan.Len] and

@@ -102,6 +102,9 @@ type Status struct {
 	// why, how many chunks it rolled back, and how to finish it); else
 	// empty while it works or once it is completed.
 	Waiting string `json:"waiting,omitempty"`
+	// Approval is the run's approval policy, author and approvals so far
+	// (nil when its plan has no approval policy).
+	Approval *ApprovalState `json:"approval,omitempty"`
 	// InFlight lists the chunks being worked, oldest first.
 	InFlight []ChunkInFlight `json:"in_flight"`
 	// Exceptions counts the exception queue by reason and column, most

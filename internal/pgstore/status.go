@@ -213,6 +213,9 @@ func (m *Manifest) Status(ctx context.Context, db sqlx.ExtContext, batchID int64
 		return backfilltype.Status{}, fmt.Errorf("backfill: status of batch %d: knobs: %w", batchID, err)
 	}
 	m.applyETA(&s, r, in)
+	if err := m.statusApproval(ctx, db, &s); err != nil {
+		return backfilltype.Status{}, fmt.Errorf("backfill: status of batch %d: %w", batchID, err)
+	}
 	return s, nil
 }
 
