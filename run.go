@@ -307,6 +307,9 @@ func (r *Runner) run(ctx context.Context, job Job, wait bool) (Report, error) {
 	for _, w := range rs.warnings {
 		log.Warn(w)
 	}
+	if err := r.recordBlueprint(ctx, rs, run); err != nil {
+		return Report{}, err
+	}
 	wait = wait && r.caps.control != nil
 	if run.Status == RunAwaitingApproval {
 		// Nothing is leased until approved: wait, or say what is missing.
