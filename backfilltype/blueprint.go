@@ -29,9 +29,9 @@ type Blueprint struct {
 	BatchID int64     `json:"batch_id,omitempty"`
 	Status  RunStatus `json:"status,omitempty"`
 	// Fingerprint is the plan's: what approvals bind to.
-	Fingerprint string `json:"fingerprint"`
-	CodeVersion string `json:"code_version"`
-	Source      string `json:"source"`
+	Fingerprint string         `json:"fingerprint"`
+	CodeVersion string         `json:"code_version"`
+	Source      string         `json:"source"`
 	Scope       BlueprintScope `json:"scope"`
 	// Modules are the parts of the backfill, each with its jobs; today a
 	// blueprint has one module, its job.
