@@ -145,3 +145,6 @@ func (r *Runner) waitApproved(ctx context.Context, job Job, run Run) error {
 		}
 	}
 }
+
+// ApproveParams are the arguments of [PGManifest.Approve].
+type ApproveParams = pgstore.ApproveParams

@@ -327,6 +327,12 @@ func (s Status) String() string {
 			fmt.Fprintf(&b, "\n  %d %s%s", e.Count, shown(e.Reason), col)
 		}
 	}
+	if a := s.Approval; a != nil && a.Policy != nil {
+		fmt.Fprintf(&b, "\napprovals %d of %d of plan fingerprint %s (author %s, role %s):", len(a.Approvals), a.Policy.Approvers, a.Fingerprint, shown(a.Author), shown(a.AuthorRole))
+		for _, ap := range a.Approvals {
+			fmt.Fprintf(&b, "\n  %s by %s (role %s): %s", ap.CreatedAt.UTC().Format("2006-01-02 15:04:05Z"), shown(ap.Approver), shown(ap.DBRole), shown(ap.Reason))
+		}
+	}
 	return b.String()
 }
 

@@ -50,18 +50,59 @@ func (m *Manifest) RecordedBlueprint(ctx context.Context, db sqlx.ExtContext, ru
 			return backfilltype.Blueprint{}, false, fmt.Errorf("backfill: blueprint of batch %d: %w", run.BatchID, err)
 		}
 		full = true
-	} else {
-		var p backfilltype.Plan
-		if err := json.Unmarshal(run.Plan, &p); err != nil {
-			return backfilltype.Blueprint{}, false, fmt.Errorf("backfill: plan of batch %d: %w", run.BatchID, err)
-		}
-		p.Fingerprint = run.Fingerprint
-		if p.ChunkIDs == nil {
-			p.N = run.ChunksTotal
-		}
-		b = backfilltype.PlanBlueprint(p)
+	} else if b, err = RunPlanBlueprint(run); err != nil {
+		return backfilltype.Blueprint{}, false, err
 	}
 	b.BatchID, b.Status = run.BatchID, run.Status
 	b.Previous, b.Changes = nil, []string{}
 	return b, full, nil
+}
+
+// RunPlanBlueprint returns the blueprint of run's plan as the manifest
+// recorded it (runs.plan): its fingerprinted fields only
+// ([backfilltype.PlanBlueprint]), with the run's batch ID and status.
+func RunPlanBlueprint(run backfilltype.Run) (backfilltype.Blueprint, error) {
+	var p backfilltype.Plan
+	if err := json.Unmarshal(run.Plan, &p); err != nil {
+		return backfilltype.Blueprint{}, fmt.Errorf("backfill: plan of batch %d: %w", run.BatchID, err)
+	}
+	p.Fingerprint = run.Fingerprint
+	if p.ChunkIDs == nil {
+		p.N = run.ChunksTotal
+	}
+	b := backfilltype.PlanBlueprint(p)
+	b.BatchID, b.Status = run.BatchID, run.Status
+	return b, nil
+}
+
+// RunBlueprint returns the blueprint of run as the manifest records it
+// ([Manifest.RecordedBlueprint]) with the job's previous run (the newest
+// with a lower batch ID) as its Previous and the changes from it; when
+// either was recorded without a blueprint, both are compared by their
+// plans' fields only.
+func (m *Manifest) RunBlueprint(ctx context.Context, db sqlx.ExtContext, run backfilltype.Run) (backfilltype.Blueprint, error) {
+	b, full, err := m.RecordedBlueprint(ctx, db, run)
+	if err != nil {
+		return backfilltype.Blueprint{}, err
+	}
+	prev, ok, err := m.PreviousRun(ctx, db, run.Job, run.BatchID)
+	if err != nil || !ok {
+		return b, err
+	}
+	pb, pfull, err := m.RecordedBlueprint(ctx, db, prev)
+	if err != nil {
+		return backfilltype.Blueprint{}, err
+	}
+	cur := b
+	if !full || !pfull {
+		if cur, err = RunPlanBlueprint(run); err != nil {
+			return backfilltype.Blueprint{}, err
+		}
+		if pb, err = RunPlanBlueprint(prev); err != nil {
+			return backfilltype.Blueprint{}, err
+		}
+	}
+	b.Previous = &backfilltype.BlueprintPrevious{BatchID: prev.BatchID, Status: prev.Status, Fingerprint: prev.Fingerprint}
+	b.Changes = backfilltype.BlueprintDiff(pb, cur)
+	return b, nil
 }
