@@ -10,6 +10,7 @@ import (
 
 	"github.com/jmoiron/sqlx"
 	"github.com/pgbackfill/backfill"
+	"github.com/pgbackfill/backfill/backfilltest"
 	"github.com/pgbackfill/backfill/internal/pgtest"
 	"github.com/stretchr/testify/require"
 )
@@ -254,4 +255,31 @@ func TestApprovalPlanChange(t *testing.T) {
 func changed2(job backfill.Job) backfill.Job {
 	job.NewRun = false
 	return job
+}
+
+// TestApprovalNeedsApprovals: a job with an approval policy on a manifest
+// without approvals (the fakes) is refused before any run exists, and
+// so is a negative number of approvers.
+func TestApprovalNeedsApprovals(t *testing.T) {
+	t.Parallel()
+	m := backfilltest.NewMerger()
+	m.AddTable("items", []string{"tenant", "id"}, "tenant", "id", "name", "amount", "seen_at")
+	man := backfilltest.NewManifest()
+	r, err := backfill.NewWithDB(backfilltest.NewDB(), &backfill.Config{Manifest: man, Merger: m})
+	require.NoError(t, err)
+	job := (&itemsSetup{}).job(1)
+	job.Rollback = backfill.RollbackNone
+	job.Approval = backfill.ApprovalPolicy{Approvers: 1}
+	_, err = r.Blueprint(t.Context(), job)
+	require.ErrorIs(t, err, backfill.ErrUnsupported, "the blueprint checks what Run checks")
+	_, err = r.Run(t.Context(), job)
+	require.ErrorIs(t, err, backfill.ErrUnsupported)
+	require.ErrorContains(t, err, "Job.Approval")
+	_, err = man.LatestRun(t.Context(), backfilltest.NewDB(), "items")
+	require.ErrorIs(t, err, backfill.ErrRunNotFound)
+	job.Approval.Approvers = -1
+	_, err = r.Run(t.Context(), job)
+	require.ErrorIs(t, err, backfill.ErrInvalidConfig)
+	require.ErrorContains(t, err, "Job.Approval.Approvers -1")
+	require.Error(t, r.Approve(t.Context(), 1, "fp", "ann", "why"))
 }
