@@ -216,8 +216,11 @@ type Event struct {
 	ID      int64  `db:"id" json:"id"`
 	BatchID int64  `db:"batch_id" json:"batch_id"`
 	Job     string `db:"job_name" json:"job"`
-	// Kind names what happened: "run_started", "run_resumed",
-	// "run_abandoned", "run_completed", "run_failed", "handoff", ...
+	// Kind names what happened: "run_started" (Detail: "fingerprint",
+	// "chunks", and "to": the status it started in), "run_resumed",
+	// "run_abandoned", "run_completed", "run_failed", "handoff",
+	// [EventApprovalRecorded], [EventBlueprint],
+	// [EventRollbackPreviewed], ... ([ReplayControl] replays them).
 	Kind string `db:"kind" json:"kind"`
 	// Actor is who did it: a worker ID or an operator's name, as given.
 	Actor string `db:"actor" json:"actor"`
