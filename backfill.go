@@ -283,6 +283,13 @@ type Job struct {
 	// ([Job.SkipUnchanged]): every chunk is staged and merged, and no
 	// fingerprint is recorded (nor hashed). False by default.
 	MergeEveryChunk bool
+	// Approval, with Approvers > 0, makes each new run of the job start
+	// [RunAwaitingApproval]: nothing is leased or written until
+	// Approvers approvals of the run's plan fingerprint are recorded
+	// ([Runner.Approve], the SQL function approve, "backfill approve").
+	// It is part of the plan. The zero value needs no approval. Needs
+	// [PGManifest] ([ErrUnsupported] otherwise).
+	Approval ApprovalPolicy
 }
 
 // DefaultMaxRunRejectRate is the default of [Job.MaxRunRejectRate]: a

@@ -50,6 +50,8 @@ type capabilities struct {
 	control pgstore.ControlManifest
 	// skips records and looks up the fingerprints of Job.SkipUnchanged.
 	skips backfilldriver.ManifestSkips
+	// approvals: Job.Approval (PGManifest only).
+	approvals pgstore.ApprovalManifest
 }
 
 // resolveCapabilities looks the capabilities of m and mg up. It returns
@@ -70,6 +72,7 @@ func resolveCapabilities(m Manifest, mg Merger) (capabilities, error) {
 	c.throttlePeriods, _ = m.(backfilldriver.ManifestThrottle)
 	c.control, _ = m.(pgstore.ControlManifest)
 	c.skips, _ = m.(backfilldriver.ManifestSkips)
+	c.approvals, _ = m.(pgstore.ApprovalManifest)
 	c.mergeStage, _ = mg.(backfilldriver.MergerStaging)
 	c.mergeUndo, _ = mg.(backfilldriver.MergerRollback)
 	if si, ok := mg.(backfilldriver.StagingIsolator); ok {

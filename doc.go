@@ -709,6 +709,26 @@ extracts a completed chunk again; a completed run is not repeated. A
 changed plan is refused with [ErrPlanChanged] naming what changed, unless
 [Job.NewRun] asks for a new batch.
 
+# Blueprints and approvals
+
+[Runner.Blueprint] returns the plan a run of a job would freeze as a
+document for reviewers, writing nothing: scope and chunking, the modules
+and their jobs with target, key, columns, identity mode, validators and
+thresholds, publish mode, rollback mechanism and what it restores, the
+Runner's limits, the approval policy, and the changes since the job's
+previous plan ([backfilltype.BlueprintDiff]). Run records each run's
+blueprint in the audit log; "backfill plan" prints it. A [Job.Approval]
+policy starts each new run [RunAwaitingApproval]: nothing is leased or
+written until [Runner.Approve] (the SQL function approve, "backfill
+approve") has recorded the approvals of the run's fingerprint the policy
+requires, by distinct names and database roles; Run returns
+[ErrAwaitingApproval] meanwhile, or waits with [Config.WaitWhilePaused].
+A refused approval ([ErrApprovalRefused]: stale fingerprint, the author,
+the same approver twice) records nothing. Every decision about a run is
+an event of the append-only audit log, which
+[backfilltype.ReplayControl] replays into the run's status, knobs and
+approvals.
+
 # The manifest
 
 [PGManifest] keeps runs, chunks, the exception queue and an audit log of

@@ -59,6 +59,7 @@ func planOf(job Job, info TableInfo) Plan {
 		},
 		Rollback: job.Rollback,
 		Publish:  job.Publish.String(),
+		Approval: planApproval(job),
 	}
 	pt := backfilltype.PlanTime{ChunkColumn: job.ChunkColumn, DateMeaning: job.DateMeaning,
 		EventTime: info.Target.EventTime, ModifiedAt: info.Target.ModifiedAt, IngestedAt: info.Target.IngestedAt}

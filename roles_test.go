@@ -327,7 +327,9 @@ func TestMigrateRecordEventCapsKeepsRoles(t *testing.T) {
 		_, _ = r.admin.Exec(`DROP ROLE ` + operator)
 	})
 	for _, g := range m.OperatorGrants(operator) {
-		r.exec(t, g)
+		// approve comes with version 32, which grants it to the
+		// operators of earlier versions.
+		r.exec(t, strings.ReplaceAll(g, `, "backfill".approve(bigint, text, text, text)`, ""))
 	}
 	type fn struct {
 		Owner    string `db:"owner"`
@@ -355,6 +357,14 @@ func TestMigrateRecordEventCapsKeepsRoles(t *testing.T) {
 	require.False(t, at23.Operator)
 	require.NoError(t, m.Migrate(ctx, r.admin))
 	require.Equal(t, at23, read())
+	var approve struct {
+		Operator bool `db:"operator"`
+		Loader   bool `db:"loader"`
+	}
+	require.NoError(t, r.admin.Get(&approve, `SELECT has_function_privilege($1, 'backfill.approve(bigint, text, text, text)', 'EXECUTE') AS loader,
+		has_function_privilege($2, 'backfill.approve(bigint, text, text, text)', 'EXECUTE') AS operator`, r.name, operator))
+	require.True(t, approve.Operator, "an operator of an earlier version may approve")
+	require.False(t, approve.Loader, "a loader may not")
 	require.NoError(t, m.CheckPrivileges(ctx, r.db))
 	// The migrated function caps, as the loader.
 	_, err := r.db.Exec(`SELECT backfill.record_event(NULL, 'items', 'note', repeat('a', 201), '{}')`)

@@ -143,6 +143,9 @@ func (r *Runner) Rollback(ctx context.Context, job Job, opts RollbackOptions) (R
 	}
 	if opts.Preview {
 		rep, err = u.preview(ctx, rep)
+		if err == nil {
+			err = r.recordPreview(ctx, run, opts, rep)
+		}
 		rep.Elapsed = time.Since(begin)
 		return rep, err
 	}
@@ -400,6 +403,7 @@ func (u *undoRollback) apply(ctx context.Context, rep RollbackReport) (RollbackR
 	err := u.lockedTx(ctx, []int{}, true, func(tx sqlx.ExtContext) (err error) {
 		deleted, err = u.rb.Finish(ctx, tx, opts.ChunkID == "", opts.Force, func(deleted int64) backfilltype.Event {
 			detail, _ := json.Marshal(map[string]any{"why": opts.Why, "chunk": opts.ChunkID, "force": opts.Force, "chunks": rep.Chunks,
+				"from": run.Status, "to": rollbackStatus(run.Status, opts.ChunkID),
 				"deleted": rep.Deleted + deleted, "restored": rep.Restored, "conflicts_overridden": rep.Conflicts * boolInt(opts.Force),
 				"delivered_overridden": rep.ConflictsDelivered * boolInt(opts.Force), "conflict_rows": conflictStrings(rep.ConflictRows, 20)})
 			return backfilltype.Event{BatchID: run.BatchID, Job: run.Job, Kind: kind, Actor: opts.Actor, Detail: detail}

@@ -189,6 +189,9 @@ func (j Job) validate() error {
 	if err := j.Publish.validate(j.Name, j.ChunkColumn); err != nil {
 		return err
 	}
+	if err := j.validateApproval(); err != nil {
+		return err
+	}
 	return j.Target.Validate()
 }
 
@@ -306,7 +309,22 @@ func (r *Runner) run(ctx context.Context, job Job, wait bool) (Report, error) {
 	for _, w := range rs.warnings {
 		log.Warn(w)
 	}
+	if err := r.recordBlueprint(ctx, rs, run); err != nil {
+		return Report{}, err
+	}
 	wait = wait && r.caps.control != nil
+	if run.Status == RunAwaitingApproval {
+		// Nothing is leased until approved: wait, or say what is missing.
+		rep, err := r.report(ctx, run, false)
+		rep.Warnings = rs.warnings
+		if !wait || err != nil {
+			return rep, errors.Join(err, r.awaitingErr(ctx, job, run))
+		}
+		if err := r.waitApproved(ctx, job, run); err != nil {
+			return rep, err
+		}
+		return r.run(ctx, job, wait)
+	}
 	if run.Status == RunPaused && !wait {
 		rep, err := r.report(ctx, run, resumed)
 		rep.Warnings = rs.warnings
@@ -508,7 +526,8 @@ func checkChunkColumn(job Job, info TableInfo) error {
 func (r *Runner) requires(job Job, pub publisher) error {
 	c := r.caps
 	err := errors.Join(pub.requires(c),
-		need(len(job.Validators) == 0 || c.validations != nil, "ManifestValidations", "Job.Validators record their results in the manifest"))
+		need(len(job.Validators) == 0 || c.validations != nil, "ManifestValidations", "Job.Validators record their results in the manifest"),
+		need(job.Approval.Approvers == 0 || c.approvals != nil && c.control != nil, "approvals (PGManifest)", "Job.Approval records approvals in the manifest"))
 	for _, v := range job.Validators {
 		if sc, ok := v.(stagingCheck); ok && !c.tables {
 			err = errors.Join(err, need(false, "TableStager", fmt.Sprintf("the built-in check %s (%T) reads the chunk's staging table with SQL, which the merger (%T) does not stage into: "+

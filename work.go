@@ -184,6 +184,7 @@ func exitCode(ctx context.Context, rep Report, err error) ExitCode {
 	case rep.Status == RunFailed:
 		return ExitFailed
 	case errors.Is(err, ErrChunksOpen), errors.Is(err, ErrRunIncomplete), errors.Is(err, ErrRunPaused), errors.Is(err, ErrRunAbandoned),
+		errors.Is(err, ErrAwaitingApproval), rep.Status == RunAwaitingApproval,
 		rep.Status == RunPaused, ctx.Err() != nil, errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return ExitTempFail
 	case IsRetryable(err):

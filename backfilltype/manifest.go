@@ -91,6 +91,10 @@ type Plan struct {
 	Rollback RollbackMechanism `json:"rollback,omitempty"`
 	// Time records the job's time declarations (omitted when none).
 	Time *PlanTime `json:"time,omitempty"`
+	// Approval is the job's approval policy (omitted when none): a run of
+	// the plan awaits approvals of its fingerprint before it writes
+	// ([RunAwaitingApproval]).
+	Approval *PlanApproval `json:"approval,omitempty"`
 	// Chunks are the plan's chunks (not part of the JSON form). A plan a
 	// Runner froze from a [ChunkStreamer] holds none, and no ChunkIDs
 	// either (its fingerprint is the same): use [Plan.Len] and
@@ -212,8 +216,11 @@ type Event struct {
 	ID      int64  `db:"id" json:"id"`
 	BatchID int64  `db:"batch_id" json:"batch_id"`
 	Job     string `db:"job_name" json:"job"`
-	// Kind names what happened: "run_started", "run_resumed",
-	// "run_abandoned", "run_completed", "run_failed", "handoff", ...
+	// Kind names what happened: "run_started" (Detail: "fingerprint",
+	// "chunks", and "to": the status it started in), "run_resumed",
+	// "run_abandoned", "run_completed", "run_failed", "handoff",
+	// [EventApprovalRecorded], [EventBlueprint],
+	// [EventRollbackPreviewed], ... ([ReplayControl] replays them).
 	Kind string `db:"kind" json:"kind"`
 	// Actor is who did it: a worker ID or an operator's name, as given.
 	Actor string `db:"actor" json:"actor"`

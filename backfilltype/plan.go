@@ -72,6 +72,15 @@ func PlanDiff(a, b Plan) []string {
 	add("time.event_time", at.EventTime, bt.EventTime)
 	add("time.modified_at", at.ModifiedAt, bt.ModifiedAt)
 	add("time.ingested_at", at.IngestedAt, bt.IngestedAt)
+	var aa, ba PlanApproval
+	if a.Approval != nil {
+		aa = *a.Approval
+	}
+	if b.Approval != nil {
+		ba = *b.Approval
+	}
+	add("approval.approvers", aa.Approvers, ba.Approvers)
+	add("approval.author_may_approve", aa.AuthorMayApprove, ba.AuthorMayApprove)
 	if msg := chunksDiff(a, b); msg != "" {
 		d = append(d, msg)
 	}

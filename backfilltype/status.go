@@ -102,6 +102,9 @@ type Status struct {
 	// why, how many chunks it rolled back, and how to finish it); else
 	// empty while it works or once it is completed.
 	Waiting string `json:"waiting,omitempty"`
+	// Approval is the run's approval policy, author and approvals so far
+	// (nil when its plan has no approval policy).
+	Approval *ApprovalState `json:"approval,omitempty"`
 	// InFlight lists the chunks being worked, oldest first.
 	InFlight []ChunkInFlight `json:"in_flight"`
 	// Exceptions counts the exception queue by reason and column, most
@@ -338,6 +341,12 @@ func (s Status) String() string {
 				col = " [" + shown(e.Column) + "]"
 			}
 			fmt.Fprintf(&b, "\n  %d %s%s", e.Count, shown(e.Reason), col)
+		}
+	}
+	if a := s.Approval; a != nil && a.Policy != nil {
+		fmt.Fprintf(&b, "\napprovals %d of %d of plan fingerprint %s (author %s, role %s):", len(a.Approvals), a.Policy.Approvers, a.Fingerprint, shown(a.Author), shown(a.AuthorRole))
+		for _, ap := range a.Approvals {
+			fmt.Fprintf(&b, "\n  %s by %s (role %s): %s", ap.CreatedAt.UTC().Format("2006-01-02 15:04:05Z"), shown(ap.Approver), shown(ap.DBRole), shown(ap.Reason))
 		}
 	}
 	return b.String()

@@ -137,8 +137,8 @@ func newRoot(g *globals, getenv func(string) string) *cobra.Command {
 			root.AddCommand(c)
 		}
 	}
-	add(groupInspect, newStatusCmd(g), newRunsCmd(g), newChunksCmd(g), newExceptionsCmd(g), newValidationsCmd(g), newEventsCmd(g), newReportCmd(g), newRehearsalsCmd(g))
-	add(groupOperate, newPauseCmd(g), newResumeCmd(g), newCancelCmd(g), newSetCmd(g), newRollbackCmd(g))
+	add(groupInspect, newStatusCmd(g), newRunsCmd(g), newChunksCmd(g), newExceptionsCmd(g), newValidationsCmd(g), newEventsCmd(g), newReportCmd(g), newRehearsalsCmd(g), newPlanCmd(g))
+	add(groupOperate, newPauseCmd(g), newResumeCmd(g), newCancelCmd(g), newSetCmd(g), newRollbackCmd(g), newApproveCmd(g))
 	add(groupAdmin, newMigrateCmd(g), newGrantsCmd(g))
 	root.SetHelpCommandGroupID(groupAdmin)
 	root.SetCompletionCommandGroupID(groupAdmin)

@@ -444,7 +444,7 @@ func (st *runStart) continueFrom(ctx context.Context, tx sqlx.ExtContext, prev b
 	case !same && !st.newRun:
 		return true, planChangedFrom(st.plan, prev)
 	}
-	if prev.Status == backfilltype.RunRunning || prev.Status == backfilltype.RunFailed || prev.Status == backfilltype.RunPaused {
+	if prev.Status == backfilltype.RunRunning || prev.Status == backfilltype.RunFailed || prev.Status == backfilltype.RunPaused || prev.Status == backfilltype.RunAwaitingApproval {
 		return true, st.abandon(ctx, tx, prev)
 	}
 	return false, nil
@@ -456,7 +456,8 @@ func (st *runStart) continueFrom(ctx context.Context, tx sqlx.ExtContext, prev b
 // event is recorded.
 func (st *runStart) resume(ctx context.Context, tx sqlx.ExtContext, prev backfilltype.Run) error {
 	m := st.m
-	if prev.Status != backfilltype.RunCompleted && prev.Status != backfilltype.RunPaused && prev.Status != backfilltype.RunRolledBack && prev.Status != backfilltype.RunCancelled {
+	if prev.Status != backfilltype.RunCompleted && prev.Status != backfilltype.RunPaused && prev.Status != backfilltype.RunRolledBack && prev.Status != backfilltype.RunCancelled &&
+		prev.Status != backfilltype.RunAwaitingApproval {
 		if _, err := tx.ExecContext(ctx, m.SQL(`UPDATE {s}.chunks SET status = 'pending' WHERE batch_id = $1 AND status = 'failed'`), prev.BatchID); err != nil {
 			return err
 		}
@@ -523,8 +524,8 @@ func (m *Manifest) createRun(ctx context.Context, tx sqlx.ExtContext, plan backf
 	var run backfilltype.Run
 	err = sqlx.GetContext(ctx, tx, &run, m.SQL(`INSERT INTO {s}.runs
 		(job_name, source, code_version, plan_fingerprint, plan, scope, scope_lower, scope_upper, status, chunks_total, started_by, watermark)
-		VALUES ($1, $2, $3, $4, $5, $6, '', '', 'running', $7, $8, $9) RETURNING `+runColumns),
-		plan.Job, plan.Source, plan.CodeVersion, plan.Fingerprint, string(pj), plan.Scope, plan.Len(), worker, plan.Watermark)
+		VALUES ($1, $2, $3, $4, $5, $6, '', '', $10, $7, $8, $9) RETURNING `+runColumns),
+		plan.Job, plan.Source, plan.CodeVersion, plan.Fingerprint, string(pj), plan.Scope, plan.Len(), worker, plan.Watermark, initialStatus(plan))
 	if err != nil {
 		return backfilltype.Run{}, err
 	}
@@ -568,7 +569,7 @@ func (m *Manifest) createRun(ctx context.Context, tx sqlx.ExtContext, plan backf
 			return backfilltype.Run{}, fmt.Errorf("analyze chunks: %w", err)
 		}
 	}
-	if err := m.event(ctx, tx, pgEvent{batchID: run.BatchID, job: plan.Job, kind: "run_started", actor: worker, detail: map[string]any{"fingerprint": plan.Fingerprint, "chunks": n}}); err != nil {
+	if err := m.event(ctx, tx, pgEvent{batchID: run.BatchID, job: plan.Job, kind: "run_started", actor: worker, detail: map[string]any{"fingerprint": plan.Fingerprint, "chunks": n, "to": run.Status}}); err != nil {
 		return backfilltype.Run{}, err
 	}
 	return run, nil

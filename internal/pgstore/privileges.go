@@ -261,11 +261,12 @@ func (m *Manifest) Grants(database, role string) []string {
 
 // ControlFunctions are the manifest's control functions an operator role
 // executes, with their argument types: pause, resume, cancel and set_knob,
-// by batch id and by job name.
+// by batch id and by job name, and approve by batch id.
 var ControlFunctions = []string{
 	"pause(bigint, text, text)", "resume(bigint, text, text)", "cancel(bigint, text, text)",
 	"pause(text, text, text)", "resume(text, text, text)", "cancel(text, text, text)",
 	"set_knob(bigint, text, text, text, text)", "set_knob(text, text, text, text, text)",
+	"approve(bigint, text, text, text)",
 }
 
 // OperatorGrants returns the GRANT statements that make role an operator

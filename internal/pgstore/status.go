@@ -216,6 +216,9 @@ func (m *Manifest) Status(ctx context.Context, db sqlx.ExtContext, batchID int64
 	if s.Forecast, err = m.ForecastCheck(ctx, db, s); err != nil {
 		return backfilltype.Status{}, err
 	}
+	if err := m.statusApproval(ctx, db, &s); err != nil {
+		return backfilltype.Status{}, fmt.Errorf("backfill: status of batch %d: %w", batchID, err)
+	}
 	return s, nil
 }
 
