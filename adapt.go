@@ -103,6 +103,13 @@ const adaptBootstrapRows = 1000
 // may be before it is given back for a shorter one.
 const adaptOversize = 1.5
 
+// adaptGrowth bounds how much a sub-chunk's span changes from one
+// extraction to the next (grown at most this many times, shrunk to at
+// least this fraction): the density of a stretch says little of the next
+// one, and a span sized from a sparse stretch that reaches a dense burst,
+// then from the burst's average, would go back and forth between them.
+const adaptGrowth = 4
+
 // Weights of an observation in the moving averages: down fast, up slowly
 // (rate); up fast, down slowly (density).
 // The rate: a reading under rateSlow × the estimate is a slowdown, not
@@ -316,6 +323,19 @@ func chunkWidth(c Chunk) (width, minSpan uint64) {
 	return uint64(c.Hi - c.Lo), 1
 }
 
+// alignSpan is span, short of rest, cut to whole microseconds in a time
+// chunk (at least one): PostgreSQL keeps timestamps to the microsecond,
+// so a bound between two would be rounded by the server (the extractor's
+// query) but not by the row writer's check of the sub-chunk's bounds.
+// Every sub-chunk's offset is then a whole number of microseconds too.
+func alignSpan(c Chunk, span, rest uint64) uint64 {
+	if c.Kind != backfilltype.KindTime || span >= rest {
+		return span
+	}
+	const us = uint64(time.Microsecond)
+	return min(max(span-span%us, us), rest)
+}
+
 // subchunkOf is the sub-chunk [off, off+span) of plan chunk c (clipped to
 // c), with c's Seq and ID.
 func subchunkOf(c Chunk, off, span uint64) Chunk {
@@ -447,15 +467,23 @@ func (ex *execution) extractSub(ctx context.Context, a *adaptState, t *chunkTry,
 	grown := span != 0
 	if span == 0 {
 		d := st.density
-		if d <= 0 {
+		if d <= 0 && st.span == 0 {
+			// The call's density, for the first sub-chunk of a plan
+			// chunk; after an empty one, its span grows (below).
 			a.mu.Lock()
 			d = a.density
 			a.mu.Unlock()
 		}
 		span = spanFor(want, d, minSpan, rest)
+		if st.span > 0 {
+			// After the sub-chunk before it: at most adaptGrowth times
+			// its span, whatever the density says (a sparse stretch
+			// does not say how far it goes).
+			span = min(span, st.span*adaptGrowth)
+		}
 	}
-	span = min(span, rest)
 	for {
+		span = alignSpan(st.plan, min(span, rest), rest)
 		st.span = span
 		st.last = span >= rest
 		c := subchunkOf(st.plan, st.off, span)
@@ -472,8 +500,11 @@ func (ex *execution) extractSub(ctx context.Context, a *adaptState, t *chunkTry,
 		if float64(n) > adaptOversize*want && span > minSpan {
 			// Too many rows for one transaction: a shorter sub-range,
 			// at the density this extraction found.
+			// At most an adaptGrowth-th at a time: the rows may be
+			// bunched at its end (a dense burst after a sparse
+			// stretch), which the average density does not say.
 			x.close()
-			span = min(spanFor(want, st.density, minSpan, rest), max(span/2, minSpan))
+			span = max(min(spanFor(want, st.density, minSpan, rest), span/2), span/adaptGrowth, minSpan)
 			grown = true
 			continue
 		}
@@ -482,7 +513,12 @@ func (ex *execution) extractSub(ctx context.Context, a *adaptState, t *chunkTry,
 			// estimate): once, a longer sub-range at the density found.
 			x.close()
 			grown = true
-			span = spanFor(want, st.density, minSpan, rest)
+			g := spanFor(want, st.density, minSpan, rest)
+			if st.pos > 0 {
+				// Within a plan chunk whose stretches before differ.
+				g = min(g, span*adaptGrowth)
+			}
+			span = g
 			continue
 		}
 		st.rows = n

@@ -89,3 +89,21 @@ func TestAdaptSubchunkOf(t *testing.T) {
 	require.Equal(t, uint64(3*time.Hour), off)
 	require.True(t, subchunkOf(tc, uint64(22*time.Hour), uint64(5*time.Hour)).End.Equal(tc.End))
 }
+
+// TestAdaptAlignSpan: a time chunk's sub-chunk spans are whole
+// microseconds (at least one), short of the rest; an int chunk's are
+// left as they are.
+func TestAdaptAlignSpan(t *testing.T) {
+	day := time.Date(2024, 3, 10, 0, 0, 0, 0, time.UTC)
+	tc := Chunk{Kind: backfilltype.KindTime, Start: day, End: day.Add(time.Hour)}
+	rest := uint64(time.Hour)
+	for _, span := range []uint64{714286, 999, 1, 156250, 2_500_000} {
+		got := alignSpan(tc, span, rest)
+		require.Zero(t, got%uint64(time.Microsecond), "span %d", span)
+		require.LessOrEqual(t, got, max(span, uint64(time.Microsecond)))
+		require.Greater(t, got, uint64(0))
+	}
+	require.Equal(t, uint64(1234567), alignSpan(tc, 1234567, 1234567), "the rest as it is")
+	ic := Chunk{Kind: backfilltype.KindInt, Lo: 0, Hi: 1000}
+	require.Equal(t, uint64(333), alignSpan(ic, 333, 1000))
+}

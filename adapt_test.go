@@ -465,3 +465,65 @@ func TestAdaptRollbackOfChunkLeftMidway(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, before, snapshot())
 }
+
+// TestAdaptTimeSubchunksOnMicroseconds: sub-chunks of a time chunk have
+// bounds on whole microseconds (PostgreSQL's precision), so an extractor
+// that selects ts >= Start AND ts < End gets exactly the sub-chunk's rows:
+// with a row every microsecond, none falls outside its sub-chunk. Then a
+// dense burst after a sparse stretch of one chunk: the sizer reaches it
+// in a bounded number of extractions instead of going back and forth.
+func TestAdaptTimeSubchunksOnMicroseconds(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t)
+	_, err := db.Exec(`CREATE TABLE src (ts timestamptz PRIMARY KEY);
+		CREATE TABLE ev (ts timestamptz PRIMARY KEY, backfill_inserted_by bigint, backfill_updated_by bigint);
+		INSERT INTO src SELECT timestamptz '2024-03-10 12:00:00Z' + make_interval(secs => i / 1e6) FROM generate_series(1, 20000) i;
+		INSERT INTO src SELECT timestamptz '2024-03-10 00:00:00Z' + make_interval(mins => i) FROM generate_series(0, 1439) i
+			ON CONFLICT DO NOTHING`)
+	require.NoError(t, err)
+	var extracts atomic.Int64
+	job := func(name string, c backfill.Chunker) backfill.Job {
+		return backfill.Job{Name: name, Chunker: c, MergeEveryChunk: true,
+			Extractor: backfill.ExtractorFunc(func(ctx context.Context, c backfill.Chunk, w backfill.RowWriter) error {
+				extracts.Add(1)
+				rows, err := db.QueryContext(ctx, `SELECT ts FROM src WHERE ts >= $1 AND ts < $2`, c.Start, c.End)
+				if err != nil {
+					return err
+				}
+				defer rows.Close()
+				for rows.Next() {
+					var ts time.Time
+					if err := rows.Scan(&ts); err != nil {
+						return err
+					}
+					if err := w.Write(ctx, ts); err != nil {
+						return err
+					}
+				}
+				return rows.Err()
+			}),
+			Target: backfill.Target{Table: "ev", Key: []string{"ts"}, Columns: []string{"ts"}}}
+	}
+	noon := time.Date(2024, 3, 10, 12, 0, 0, 0, time.UTC)
+	r, err := backfill.New(db, &backfill.Config{ChunkTarget: time.Hour, ChunkMaxRows: 333})
+	require.NoError(t, err)
+	rep, err := r.Run(ctx, job("micro", backfill.Every(noon, noon.Add(30*time.Millisecond), 10*time.Millisecond, time.UTC)))
+	require.NoError(t, err)
+	require.Zero(t, rep.Counts.Rejected, "no row outside its sub-chunk")
+	require.Equal(t, int64(20001), rep.Counts.Inserted, "noon's minute row and the burst's")
+
+	// One day: a row a minute, and the 20,000 rows of noon's 20 ms.
+	_, err = db.Exec(`TRUNCATE ev`)
+	require.NoError(t, err)
+	extracts.Store(0)
+	day := time.Date(2024, 3, 10, 0, 0, 0, 0, time.UTC)
+	rep, err = r.Run(ctx, job("burst", backfill.Days(day, day.AddDate(0, 0, 1), time.UTC)))
+	require.NoError(t, err)
+	require.Zero(t, rep.Counts.Rejected)
+	require.Equal(t, int64(20000+1440), rep.Counts.Inserted)
+	subs := subchunkRows(t, db, rep.BatchID)
+	t.Logf("%d sub-chunks, %d extractions", len(subs), extracts.Load())
+	require.Less(t, len(subs), 120, "about 30 sub-chunks of the burst, a few of the sparse hours")
+	require.Less(t, extracts.Load(), int64(3*len(subs)+40), "extractions per sub-chunk stay bounded")
+}

@@ -132,8 +132,12 @@ func (r *Runner) Rehearse(ctx context.Context, job Job, opts RehearseOptions) (R
 	}
 
 	newEx := func() *execution {
-		return &execution{r: r, job: rs.job, info: rs.info, base: rs.info.Target.Table, plan: rs.plan, pub: rs.pub, log: r.cfg.Logger.With("job", job.Name, "rehearsal", true),
+		ex := &execution{r: r, job: rs.job, info: rs.info, base: rs.info.Target.Table, plan: rs.plan, pub: rs.pub, log: r.cfg.Logger.With("job", job.Name, "rehearsal", true),
 			undoTable: rs.undoTable, deliveredTable: rs.deliveredTable, watermark: rs.plan.Watermark, warnings: rs.warnings}
+		// A rehearsed chunk runs whole (Config.ChunkTarget's sub-chunks
+		// are checkpointed under a lease a rehearsal does not take).
+		ex.adapt.once.Do(func() { ex.adapt.why = "a rehearsal runs its chunks whole" })
+		return ex
 	}
 	estOf := func(i int) int64 {
 		if est == nil {

@@ -351,3 +351,21 @@ func TestRehearseKilled(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, int64(40), rep.Counts.Inserted)
 }
+
+// TestRehearseWithChunkTarget: a Runner with Config.ChunkTarget rehearses
+// its chunks whole (their sub-chunks would be checkpointed under a lease
+// a rehearsal does not take), and the target is left as it was.
+func TestRehearseWithChunkTarget(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t)
+	r, err := backfill.New(db, &backfill.Config{ChunkTarget: time.Millisecond, ChunkMaxRows: 2})
+	require.NoError(t, err)
+	job := rehearseJob(t, db, "adaptive", "v1", nil)
+	require.NoError(t, backfill.NewPGManifest("").Init(ctx, db))
+	before := manifestState(t, db, "adaptive")
+	rh, err := r.Rehearse(ctx, job, backfill.RehearseOptions{Sample: 2, NoRecord: true})
+	require.NoError(t, err)
+	require.NotEmpty(t, rh.Chunks)
+	require.Equal(t, before, manifestState(t, db, "adaptive"))
+}
