@@ -283,3 +283,36 @@ func TestApprovalNeedsApprovals(t *testing.T) {
 	require.ErrorContains(t, err, "Job.Approval.Approvers -1")
 	require.Error(t, r.Approve(t.Context(), 1, "fp", "ann", "why"))
 }
+
+// TestRunChunkAwaitingApproval: an engine's RunChunk on a run awaiting
+// approval reports run_paused (try again), not run_ended (which an engine
+// takes as "never"), and loads the chunk once the plan is approved.
+func TestRunChunkAwaitingApproval(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := newApprovalSetup(t)
+	job := s.job(1)
+	job.Approval = backfill.ApprovalPolicy{Approvers: 1}
+	r, err := backfill.New(s.db, &backfill.Config{WorkerID: "engine"})
+	require.NoError(t, err)
+	tx, err := s.db.BeginTx(ctx, nil)
+	require.NoError(t, err)
+	pr, err := r.StartRunTx(ctx, tx, job)
+	require.NoError(t, err)
+	require.NoError(t, tx.Commit())
+	require.Equal(t, backfill.RunAwaitingApproval, pr.Status)
+	rep, err := r.RunChunk(ctx, job, backfill.ChunkCall{BatchID: pr.BatchID, Seq: pr.Chunks[0].Chunk.Seq})
+	require.NoError(t, err)
+	require.Equal(t, backfill.ChunkRunPaused, rep.Outcome, "awaiting approval is a wait, not an end")
+	require.Contains(t, rep.Reason, "approval")
+
+	var fp string
+	require.NoError(t, s.db.Get(&fp, `SELECT plan_fingerprint FROM backfill.runs WHERE batch_id = $1`, pr.BatchID))
+	_, aliceDB := s.operator(t, "alice")
+	alice, err := backfill.New(aliceDB, nil)
+	require.NoError(t, err)
+	require.NoError(t, alice.Approve(ctx, pr.BatchID, fp, "alice", "reviewed"))
+	rep, err = r.RunChunk(ctx, job, backfill.ChunkCall{BatchID: pr.BatchID, Seq: pr.Chunks[0].Chunk.Seq})
+	require.NoError(t, err)
+	require.Equal(t, backfill.ChunkLoaded, rep.Outcome)
+}

@@ -29,7 +29,9 @@ type PlannedRun struct {
 	// BatchID is the run's batch ID.
 	BatchID int64
 	// Status is the run's status: RunRunning for a run created or
-	// resumed; a completed, paused or cancelled run is returned as it is.
+	// resumed, RunAwaitingApproval for one whose Job.Approval policy
+	// awaits approvals (its chunks report ChunkRunPaused until then); a
+	// completed, paused or cancelled run is returned as it is.
 	Status RunStatus
 	// Resumed is true when the run existed before the call.
 	Resumed bool
@@ -132,8 +134,9 @@ const (
 	// were ended.
 	ChunkBusy ChunkOutcome = "busy"
 	// ChunkRunPaused: the run is paused (an operator, a quality gate, a
-	// throttle's critical level); nothing was loaded. Try again after it
-	// is resumed.
+	// throttle's critical level) or awaits the approvals of its plan
+	// (Job.Approval); nothing was loaded. Try again after it is resumed
+	// or approved.
 	ChunkRunPaused ChunkOutcome = "run_paused"
 	// ChunkRunEnded: the run is cancelled, failed, abandoned or rolled
 	// back; nothing was loaded, and no later call of this run loads the
@@ -398,6 +401,10 @@ func (r *Runner) chunkLeft(ctx context.Context, run Run, seq int) (ChunkRunRepor
 	switch run.Status {
 	case RunRunning:
 		rep.Outcome = ChunkBusy
+	case RunAwaitingApproval:
+		// Not started yet: loadable once its approvals are recorded.
+		rep.Outcome = ChunkRunPaused
+		rep.Reason = "the run awaits approval of its plan (Runner.Approve, backfill approve)"
 	case RunPaused:
 		rep.Outcome = ChunkRunPaused
 		if cm := r.caps.control; cm != nil {
