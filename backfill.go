@@ -422,7 +422,9 @@ type Config struct {
 	// rows do not fit in their share fails like one past
 	// MaxRejectsPerChunk (with an error wrapping [ErrTooManyRejects] that
 	// names the chunk, its rejected rows and their bytes): it rolls back
-	// and nothing is dropped. What the extractor itself holds is not
+	// and nothing is dropped; it is retried ([IsRetryable]) when its own
+	// rejects hold at most half the share and the other chunks in flight
+	// the rest. What the extractor itself holds is not
 	// counted. Default [DefaultMemoryBudget] (64 MiB: 12 MiB of spools);
 	// at least 32 MiB. Setting GOMEMLIMIT to the budget makes the garbage
 	// collector hold the heap to it too.

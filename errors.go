@@ -1,6 +1,8 @@
 package backfill
 
 import (
+	"errors"
+
 	"github.com/pgbackfill/backfill/backfilltype"
 	"github.com/pgbackfill/backfill/internal/pgstore"
 )
@@ -198,7 +200,13 @@ type PartialError = backfilltype.PartialError
 // never retries once its context is done). The Runner retries 40001, 40P01,
 // 55P03 and 57014 first as waits, which do not count toward
 // [Config.MaxAttempts] ([Config.LockRetries]). See https://www.postgresql.org/docs/15/errcodes-appendix.html.
+// A chunk whose rejected rows passed their share of
+// [Config.MemoryBudget] only with those the other chunks in flight hold
+// is retryable too.
 func IsRetryable(err error) bool {
+	if errors.Is(err, errMemoryShare) && !errors.Is(err, backfilltype.ErrNotRetryable) {
+		return true
+	}
 	return backfilltype.IsRetryable(err)
 }
 

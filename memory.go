@@ -1,6 +1,7 @@
 package backfill
 
 import (
+	"errors"
 	"fmt"
 
 	"github.com/pgbackfill/backfill/internal/spool"
@@ -53,9 +54,20 @@ func rejectSize(raw []byte, column, value, reason string) int64 {
 	return int64(len(raw)+len(column)+len(value)+len(reason)) + 160
 }
 
+// errMemoryShare marks a chunk that failed because the other chunks in
+// flight held most of a share of the budget its own rows fit in:
+// [IsRetryable] accepts it, the retry runs once they released it.
+var errMemoryShare = errors.New("the memory budget's share is held by other chunks in flight")
+
 // errRejectsOverBudget is the error of a chunk whose held rejected rows
-// do not fit in their share of the budget.
+// do not fit in their share of the budget: retryable (errMemoryShare)
+// when its own hold at most half the share, the rest held by other
+// chunks in flight.
 func errRejectsOverBudget(c Chunk, rejected int64, held, share int64) error {
+	if held <= share/2 {
+		return fmt.Errorf("%w: chunk %s: its %d rejected rows hold %d bytes, but with those the other chunks in flight hold they pass their share of Config.MemoryBudget (%d bytes): the chunk rolls back and is tried again (%w)",
+			ErrTooManyRejects, c.ID, rejected, held, share, errMemoryShare)
+	}
 	return fmt.Errorf("%w: chunk %s: its %d rejected rows hold %d bytes until the chunk commits, past their share of Config.MemoryBudget (%d bytes); the chunk rolls back: raise MemoryBudget, lower MaxRejectsPerChunk or fix the source",
 		ErrTooManyRejects, c.ID, rejected, held, share)
 }

@@ -136,3 +136,18 @@ func TestMemoryBudgetValidated(t *testing.T) {
 		require.ErrorIs(t, c.validate(), ErrInvalidConfig, "budget %d", b)
 	}
 }
+
+// TestRejectsOverBudgetRetryable: a chunk whose own rejects hold at most
+// half their share, the other chunks in flight the rest, is retried; one
+// whose own rejects hold more fails for good.
+func TestRejectsOverBudgetRetryable(t *testing.T) {
+	t.Parallel()
+	c := Chunk{ID: "int:0/10"}
+	shared := errRejectsOverBudget(c, 3, 1000, 4096)
+	require.ErrorIs(t, shared, ErrTooManyRejects)
+	require.True(t, IsRetryable(shared), "%v", shared)
+	require.Contains(t, shared.Error(), "other chunks in flight")
+	own := errRejectsOverBudget(c, 9, 3000, 4096)
+	require.ErrorIs(t, own, ErrTooManyRejects)
+	require.False(t, IsRetryable(own), "%v", own)
+}
