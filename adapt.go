@@ -270,7 +270,7 @@ func (ex *execution) adaptive() *adaptState {
 		case !splittable(ex.job.Chunker):
 			a.why = "its chunker's chunks cannot be split (only IntRange and the time chunkers' can)"
 		case ex.job.SkipUnchanged:
-			a.why = "Job.SkipUnchanged fingerprints whole chunks"
+			a.why = "skipping unchanged chunks (Job.SkipUnchanged, on by default for a job with a ChunkColumn unless MergeEveryChunk) fingerprints whole chunks"
 		default:
 			if _, ok := ex.pub.(publishChunk); !ok {
 				a.why = "only PublishPerChunk splits chunks"

@@ -87,7 +87,7 @@ func (r *Runner) blueprintOf(ctx context.Context, rs runSetup) (Blueprint, error
 	c := r.cfg
 	b.Limits = backfilltype.BlueprintLimits{Concurrency: c.Concurrency, JobConcurrency: c.JobConcurrency, RowsPerSecond: c.RowsPerSecond,
 		MemoryBudget: c.MemoryBudget, MaxAttempts: c.MaxAttempts, RetryBackoff: c.RetryBackoff.String(),
-		MaxRejectsPerChunk: c.MaxRejectsPerChunk, MaxStagingRejects: c.MaxStagingRejects, MaxMergeRefusals: c.MaxMergeRefusals,
+		MaxRejectsPerChunk: noLimit(c.MaxRejectsPerChunk), MaxStagingRejects: c.MaxStagingRejects, MaxMergeRefusals: c.MaxMergeRefusals,
 		LockTimeout: c.LockTimeout.String(), StatementTimeout: c.StatementTimeout.String(), HeartbeatInterval: c.HeartbeatInterval.String(),
 		StaleAfter: c.StaleAfter.String(), ThrottleInterval: c.throttleInterval().String(), Throttles: []string{}}
 	for _, t := range c.Throttles {
@@ -188,4 +188,13 @@ func (r *Runner) recordBlueprint(ctx context.Context, rs runSetup, run Run) erro
 		break
 	}
 	return audit.RecordEvent(ctx, r.db, backfilltype.Event{BatchID: run.BatchID, Job: rs.job.Name, Kind: backfilltype.EventBlueprint, Actor: r.cfg.WorkerID, Detail: detail})
+}
+
+// noLimit is Config.MaxRejectsPerChunk as the blueprint shows it: 0 (the
+// Runner's "no limit" once defaults are applied) as -1.
+func noLimit(n int) int {
+	if n == 0 {
+		return -1
+	}
+	return n
 }

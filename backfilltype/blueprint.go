@@ -103,7 +103,9 @@ type BlueprintRollback struct {
 
 // BlueprintLimits are the throttles and limits of the Runner that made the
 // blueprint (backfill.Config, with defaults applied). Durations are Go
-// duration strings.
+// duration strings. MaxRejectsPerChunk -1 is no limit. They are the document's, not the plan's:
+// they are outside its fingerprint, so changing one does not invalidate
+// approvals (the blueprint recorded for the run shows the change).
 type BlueprintLimits struct {
 	Concurrency        int      `json:"concurrency"`
 	JobConcurrency     int      `json:"job_concurrency"`

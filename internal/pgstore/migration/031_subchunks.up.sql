@@ -81,8 +81,8 @@ BEGIN
 			RAISE EXCEPTION 'backfill: set_knob: knob % value % is not a finite number (or default)', p_key, quote_nullable(p_value)
 				USING ERRCODE = '22023';
 		END IF;
-		IF v < 0 OR v <> trunc(v) THEN
-			RAISE EXCEPTION 'backfill: set_knob: knob % value % must be a whole number, 0 (off) or more', p_key, quote_literal(p_value)
+		IF v < 0 OR v <> trunc(v) OR v > 1e15 THEN
+			RAISE EXCEPTION 'backfill: set_knob: knob % value % must be a whole number from 0 (off) to 1e15', p_key, quote_literal(p_value)
 				USING ERRCODE = '22023';
 		END IF;
 	END IF;
