@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"strconv"
 
@@ -61,6 +62,14 @@ of its plan before it. With --json: {"rehearsals": [backfill.Rehearsal]}.`,
 			rhs, err := m.Rehearsals(ctx, db, args[0], limit)
 			if err != nil {
 				return err
+			}
+			if len(rhs) == 0 {
+				// A job the manifest has never seen is not found (exit 3).
+				if _, err := m.LatestRun(ctx, db, args[0]); errors.Is(err, backfill.ErrRunNotFound) {
+					return fmt.Errorf("%w: no run or rehearsal of job %q in the manifest (schema %q); \"backfill runs\" lists the jobs' runs", errNotFound, args[0], m.Schema())
+				} else if err != nil {
+					return err
+				}
 			}
 			if g.json {
 				return g.printJSON(rehearsalsResult{Rehearsals: append([]backfill.Rehearsal{}, rhs...)})

@@ -25,7 +25,9 @@ func TestCLIRehearsals(t *testing.T) {
 	r, err := backfill.New(db, nil)
 	require.NoError(t, err)
 	cliOK(t, u, "migrate")
-	require.Contains(t, cliOK(t, u, "rehearsals", "fares"), "no rehearsals of job fares")
+	code, _, stderr := cli(t, u, "rehearsals", "fares")
+	require.Equal(t, 3, code, "a job the manifest has never seen is not found")
+	require.Contains(t, stderr, `no run or rehearsal of job "fares"`)
 
 	job := faresJob(3000, 1, false)
 	rh, err := r.Rehearse(ctx, job, backfill.RehearseOptions{Sample: 2})
