@@ -57,8 +57,10 @@ BEGIN
 	SELECT e.actor, coalesce(e.db_role, '') INTO v_author, v_author_role FROM {s}.events e
 		WHERE e.batch_id = p_batch_id AND e.kind = 'run_started' ORDER BY e.id LIMIT 1;
 	IF NOT v_author_may AND (p_approver = v_author OR session_user::text = v_author_role) THEN
-		RAISE EXCEPTION 'backfill: approval of batch % of job % refused: % (role %) is its author (started by % as role %), and its policy forbids the author to approve',
-			p_batch_id, quote_literal(r.job_name), quote_literal(p_approver), session_user, quote_literal(v_author), v_author_role USING ERRCODE = 'BFA02';
+		RAISE EXCEPTION 'backfill: approval of batch % of job % refused: % (role %) is its author by % (started by % as role %), and its policy forbids the author to approve',
+			p_batch_id, quote_literal(r.job_name), quote_literal(p_approver), session_user,
+			CASE WHEN p_approver = v_author THEN 'name' ELSE 'database role' END,
+			quote_literal(v_author), v_author_role USING ERRCODE = 'BFA02';
 	END IF;
 	SELECT e.actor, e.db_role, e.created_at INTO v_prior FROM {s}.events e
 		WHERE e.batch_id = p_batch_id AND e.kind = 'approval_recorded'
