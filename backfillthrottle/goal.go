@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strings"
 	"sync"
 	"time"
 
@@ -188,6 +189,8 @@ func LatencyGoal(query string, rise float64, o GoalOptions) (Throttle, error) {
 		return bad("Window, Calibrate and Settle cannot be less than zero")
 	case o.Samples < 0:
 		return bad("Samples cannot be less than zero")
+	case controlsTransaction(query):
+		return bad("query %q begins or ends a transaction: the probe runs it inside one of its own", query)
 	}
 	o = o.withDefaults()
 	s := &goalSignal{query: query, samples: o.Samples, source: o.Source, roles: o.Roles, st: newGoalState(o, false)}
@@ -593,4 +596,20 @@ func (s *goalState) begin(now time.Time, settle time.Duration) {
 	s.calFrom = now.Add(settle)
 	s.calUntil = s.calFrom.Add(s.o.Calibrate)
 	s.calSamples = s.calSamples[:0]
+}
+
+// controlsTransaction reports whether one of query's statements (split at
+// semicolons) is a transaction control statement.
+func controlsTransaction(query string) bool {
+	for _, st := range strings.Split(query, ";") {
+		f := strings.Fields(strings.ToLower(st))
+		if len(f) == 0 {
+			continue
+		}
+		switch f[0] {
+		case "begin", "start", "commit", "end", "rollback", "abort", "savepoint", "release", "prepare":
+			return true
+		}
+	}
+	return false
 }

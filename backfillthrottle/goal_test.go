@@ -48,6 +48,8 @@ func TestLatencyGoalSetting(t *testing.T) {
 		{"SELECT 1", math.NaN(), backfillthrottle.GoalOptions{}},
 		{"SELECT 1", math.Inf(1), backfillthrottle.GoalOptions{}},
 		{"SELECT 1", 0.3, backfillthrottle.GoalOptions{Percentile: 101}},
+		{"BEGIN; SELECT 1; COMMIT", 0.3, backfillthrottle.GoalOptions{}},
+		{"SELECT 1; rollback", 0.3, backfillthrottle.GoalOptions{}},
 		{"SELECT 1", 0.3, backfillthrottle.GoalOptions{Window: -time.Second}},
 		{"SELECT 1", 0.3, backfillthrottle.GoalOptions{Samples: -1}},
 	} {
