@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/jmoiron/sqlx"
@@ -53,10 +54,50 @@ func (r *Runner) Blueprint(ctx context.Context, job Job) (Blueprint, error) {
 	if err == nil {
 		err = r.compareBlueprint(ctx, rs, &b)
 	}
+	if err == nil {
+		err = r.blueprintRehearsal(ctx, &b)
+	}
 	if err != nil {
 		return Blueprint{}, fmt.Errorf("backfill: blueprint of job %q: %w", job.Name, err)
 	}
 	return b, nil
+}
+
+// blueprintRehearsal sets b.Rehearsal to the forecast of the latest
+// rehearsal recorded of b's plan (same job and fingerprint), if any
+// (PGManifest only).
+func (r *Runner) blueprintRehearsal(ctx context.Context, b *Blueprint) error {
+	pm, _ := r.pgPrivileges()
+	if pm == nil {
+		return nil
+	}
+	rhs, err := pm.Rehearsals(ctx, r.db, b.Job, 0)
+	if err != nil {
+		return err
+	}
+	for _, rh := range rhs {
+		if rh.Fingerprint != b.Fingerprint {
+			continue
+		}
+		if b.Rehearsal == nil || rh.ID > idOf(b.Rehearsal.ID) {
+			f := rh.Forecast
+			doc, err := json.Marshal(f)
+			if err != nil {
+				return err
+			}
+			b.Rehearsal = &backfilltype.BlueprintRehearsal{ID: strconv.FormatInt(rh.ID, 10), Rows: f.Rows, Forecast: doc,
+				Summary: fmt.Sprintf("rehearsed %s: %d chunks, %d rows, duration %s (%s to %s), WAL %d bytes, target %d bytes, indexes %d bytes",
+					rh.CreatedAt.UTC().Format(time.RFC3339), f.Chunks, f.Rows, f.Duration.Round(time.Millisecond),
+					f.DurationLow.Round(time.Millisecond), f.DurationHigh.Round(time.Millisecond), f.WALBytes, f.TargetBytes, f.IndexBytes)}
+		}
+	}
+	return nil
+}
+
+// idOf is a rehearsal ID as a number (0 if it is none).
+func idOf(id string) int64 {
+	n, _ := strconv.ParseInt(id, 10, 64)
+	return n
 }
 
 // blueprintOf is the blueprint of rs without the previous plan. The
@@ -157,6 +198,9 @@ func (r *Runner) recordBlueprint(ctx context.Context, rs runSetup, run Run) erro
 	b, err := r.blueprintOf(ctx, rs)
 	if err == nil {
 		err = r.compareBlueprint(ctx, rs, &b)
+	}
+	if err == nil {
+		err = r.blueprintRehearsal(ctx, &b)
 	}
 	if err != nil {
 		return fmt.Errorf("backfill: job %q batch %d: blueprint: %w", rs.job.Name, run.BatchID, err)

@@ -369,3 +369,29 @@ func TestRehearseWithChunkTarget(t *testing.T) {
 	require.NotEmpty(t, rh.Chunks)
 	require.Equal(t, before, manifestState(t, db, "adaptive"))
 }
+
+// TestBlueprintShowsRehearsal: the blueprint of a plan that was rehearsed
+// carries the latest rehearsal's forecast; another plan's carries none.
+func TestBlueprintShowsRehearsal(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t)
+	r, err := backfill.New(db, nil)
+	require.NoError(t, err)
+	job := rehearseJob(t, db, "planned", "v1", nil)
+	bp, err := r.Blueprint(ctx, job)
+	require.NoError(t, err)
+	require.Nil(t, bp.Rehearsal)
+	rh, err := r.Rehearse(ctx, job, backfill.RehearseOptions{Sample: 2})
+	require.NoError(t, err)
+	bp, err = r.Blueprint(ctx, job)
+	require.NoError(t, err)
+	require.NotNil(t, bp.Rehearsal, "the plan's rehearsal")
+	require.Equal(t, fmt.Sprint(rh.ID), bp.Rehearsal.ID)
+	require.Equal(t, rh.Forecast.Rows, bp.Rehearsal.Rows)
+	require.Regexp(t, `rehearsal: +`+fmt.Sprint(rh.ID)+`: rehearsed `, bp.Text())
+	job.CodeVersion = "v2"
+	bp, err = r.Blueprint(ctx, job)
+	require.NoError(t, err)
+	require.Nil(t, bp.Rehearsal, "another plan's blueprint has none")
+}
