@@ -491,7 +491,7 @@ func (ex *execution) extractSub(ctx context.Context, a *adaptState, t *chunkTry,
 			c = st.plan
 		}
 		t.c, t.started = c, time.Now()
-		x, err := ex.extractSpooled(t.cr.span.next(ctx, backfilltrace.PhaseExtract), c, t.started, "")
+		x, err := ex.extractSpooled(t.cr.span.next(ctx, backfilltrace.PhaseExtract), c, t.started, "", st.prior.Read)
 		if err != nil {
 			return err
 		}

@@ -527,3 +527,50 @@ func TestAdaptTimeSubchunksOnMicroseconds(t *testing.T) {
 	require.Less(t, len(subs), 120, "about 30 sub-chunks of the burst, a few of the sparse hours")
 	require.Less(t, extracts.Load(), int64(3*len(subs)+40), "extractions per sub-chunk stay bounded")
 }
+
+// TestAdaptRowNumbersNameThePlanChunksRows: the exceptions of a chunk
+// worked through in sub-chunks are numbered on through the plan chunk
+// (filed under its ID), not from 1 in each sub-chunk: each (chunk, row)
+// names one row.
+func TestAdaptRowNumbersNameThePlanChunksRows(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t)
+	_, err := db.Exec(`CREATE TABLE nums (id bigint PRIMARY KEY, backfill_inserted_by bigint, backfill_updated_by bigint)`)
+	require.NoError(t, err)
+	job := backfill.Job{Name: "nums", Chunker: backfill.IntRange(0, 2000, 1000), MaxRunRejectRate: 1,
+		Extractor: backfill.ExtractorFunc(func(ctx context.Context, c backfill.Chunk, w backfill.RowWriter) error {
+			for id := c.Lo; id < c.Hi; id++ {
+				var err error
+				if id%13 == 0 {
+					err = w.Reject(ctx, id, "id", "unlucky")
+				} else {
+					err = w.Write(ctx, id)
+				}
+				if err != nil {
+					return err
+				}
+			}
+			return nil
+		}),
+		Target: backfill.Target{Table: "nums", Key: []string{"id"}, Columns: []string{"id"}}}
+	r, err := backfill.New(db, &backfill.Config{ChunkTarget: time.Hour, ChunkMaxRows: 100})
+	require.NoError(t, err)
+	rep, err := r.Run(ctx, job)
+	require.NoError(t, err)
+	require.Greater(t, len(subchunkRows(t, db, rep.BatchID)), 2, "the chunks were split")
+	var ex []struct {
+		Chunk string `db:"chunk_id"`
+		Row   int64  `db:"row_number"`
+		Raw   string `db:"raw"`
+	}
+	require.NoError(t, db.Select(&ex, `SELECT chunk_id, row_number, raw::text AS raw FROM backfill.exceptions WHERE batch_id = $1`, rep.BatchID))
+	require.Len(t, ex, 154) // 0, 13, ..., 1989
+	for _, e := range ex {
+		lo := int64(0)
+		if e.Chunk == "int:1000/2000" {
+			lo = 1000
+		}
+		require.Equal(t, fmt.Sprint(lo+e.Row-1), e.Raw, "row %d of %s", e.Row, e.Chunk)
+	}
+}

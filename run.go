@@ -1642,7 +1642,7 @@ func (ex *execution) extract(ctx context.Context, cr *chunkRun, h *heldLease) (*
 	}
 
 	// Extract, outside any transaction, into a spool.
-	if t.x, err = ex.extractSpooled(xctx, c, t.started, version); err != nil {
+	if t.x, err = ex.extractSpooled(xctx, c, t.started, version, 0); err != nil {
 		return nil, t.chunkErr(err)
 	}
 	cr.span.setRows(t.x.w.read)

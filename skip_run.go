@@ -271,8 +271,11 @@ func (ex *execution) skipFingerprint(info TableInfo) (*rawFingerprint, *chunkSki
 // error it is closed already.
 //
 // version is the chunk's version read before (chunkVersion), recorded
-// with its fingerprints.
-func (ex *execution) extractSpooled(ctx context.Context, c Chunk, started time.Time, version string) (*spooled, error) {
+// with its fingerprints. rowBase is the number of the row before the
+// chunk's first: 0, or for a sub-chunk the rows its plan chunk read in
+// the sub-chunks before it, so that row numbers name a row of the plan
+// chunk.
+func (ex *execution) extractSpooled(ctx context.Context, c Chunk, started time.Time, version string, rowBase int64) (*spooled, error) {
 	sp := ex.r.newSpool()
 	info := ex.chunkInfo(ex.info, c)
 	fp, sk := ex.skipFingerprint(info)
@@ -282,6 +285,7 @@ func (ex *execution) extractSpooled(ctx context.Context, c Chunk, started time.T
 	w := newRowWriter(c, ex.job, info, sp, ex.r.cfg.MaxRejectsPerChunk, started)
 	w.fp = fp
 	w.mem = ex.r.mem.rejects
+	w.row = rowBase // a sub-chunk's rows are numbered on from its plan chunk's rows before it
 	xerr := extractSafely(ctx, ex.job.Extractor, ex.extractorChunk(c), w)
 	w.closed = true
 	switch {
