@@ -1091,14 +1091,24 @@ func TestThroughPoolerConcurrentRunners(t *testing.T) {
 		require.Equal(t, reps[0].BatchID, reps[i].BatchID, "worker %d", i)
 	}
 	require.Equal(t, 10, total)
+	// Every chunk was extracted; one extracted again (a retry, or a lease
+	// taken over from a runner slowed by the machine) is allowed by the
+	// contract, so what must hold once per chunk is its merge: ten chunks
+	// run across the runners and each chunk's manifest row balanced.
+	extracted := 0
 	s.calls.Range(func(k, v any) bool {
-		require.Equal(t, int64(1), v.(*atomic.Int64).Load(), k)
+		require.GreaterOrEqual(t, v.(*atomic.Int64).Load(), int64(1), k)
+		extracted++
 		return true
 	})
+	require.Equal(t, 10, extracted)
 	var bad int
 	require.NoError(t, s.db.Get(&bad, `SELECT count(*) FROM backfill.chunks WHERE status <> 'done'
 		OR rows_read <> rows_inserted + rows_updated + rows_unchanged + rows_rejected + rows_deduplicated OR rows_read <> 100`))
 	require.Zero(t, bad)
+	var inserted int
+	require.NoError(t, s.db.Get(&inserted, `SELECT coalesce(sum(rows_inserted), 0) FROM backfill.chunks`))
+	require.Equal(t, 1000, inserted, "every row inserted once across the runners")
 
 	// Version 2, validated, then rolled back, still through the pooler.
 	r, err := backfill.New(s.db, &backfill.Config{Concurrency: 4})
