@@ -557,8 +557,10 @@ type Config struct {
 	// of an attempt runs with lock_timeout LockRetries[n].Timeout (at most
 	// LockTimeout); a try that waits is rolled back, recorded
 	// ([backfilldriver.ManifestWaits]) and logged with its blockers, and
-	// the chunk is tried again after a jittered LockRetries[n].Sleep,
-	// without counting toward MaxAttempts; a wait on the table's last row
+	// the chunk is tried again after a jittered LockRetries[n].Sleep
+	// (after a serialization failure or a deadlock, which wait on nobody:
+	// 20 ms doubled on each try, at most that Sleep), without counting
+	// toward MaxAttempts; a wait on the table's last row
 	// ends the attempt as failed (its Sleep is not used). Nil means
 	// [DefaultLockRetries](LockTimeout). Rows must have a Timeout and Sleep
 	// of at least zero (a zero Timeout: no lock_timeout on that try).

@@ -327,8 +327,10 @@ the worker logs the wait ("backfill: chunk waited", with seq, chunk,
 attempt, try, sqlstate, lock_timeout, statement_timeout, waited and
 blockers) and records it in the manifest's waits table
 ([backfilldriver.ManifestWaits], which [PGManifest] implements), sleeps the row's
-Sleep (jittered ±25 %) while this call's other workers skip the chunk, and
-tries again with the next row. [DefaultLockRetries] is 100 ms/1 s,
+Sleep (jittered ±25 %; after a serialization failure or a deadlock, which
+wait on nobody, 20 ms doubled on each try, at most the row's Sleep) while
+this call's other workers skip the chunk, and tries again with the next
+row. [DefaultLockRetries] is 100 ms/1 s,
 200 ms/1 s, 500 ms/2 s, 1 s/5 s, 2 s/10 s, 2 s/10 s, 2 s/20 s, 2 s
 (lock_timeout/sleep for the default LockTimeout): about a minute of
 patience per attempt. Waits do not count toward [Config.MaxAttempts]; a

@@ -169,7 +169,7 @@ func (ex *execution) chunkWaited(ctx context.Context, ce *ChunkError, cr chunkRu
 		delete(ex.waits.tries, seq)
 	} else {
 		ex.waits.tries[seq] = n + 1
-		sleep = pgstore.Jitter(s.Retries[n].Sleep)
+		sleep = pgstore.Jitter(waitSleep(code, n, s.Retries[n].Sleep))
 		ex.waits.avoid(seq, time.Now().Add(sleep))
 	}
 	ex.mu.Unlock()
@@ -226,6 +226,24 @@ func (ex *execution) chunkWaited(ctx context.Context, ce *ChunkError, cr chunkRu
 	case <-time.After(sleep):
 	}
 	return true
+}
+
+// conflictSleep is the first sleep after a serialization failure or a
+// deadlock, doubled on each try up to the retry table's row.
+const conflictSleep = 20 * time.Millisecond
+
+// waitSleep is the sleep before try n+1 of a chunk whose try n ended with
+// code, row being the retry table's sleep. A serialization failure
+// (40001) or a deadlock (40P01) waited on nobody: the other transaction
+// has committed or rolled back by the time the error is raised, so the
+// chunk is tried again after a short, growing, jittered pause (the jitter
+// moves two chunks that conflicted apart) instead of the table's sleep,
+// which gives a lock holder time to finish.
+func waitSleep(code string, n int, row time.Duration) time.Duration {
+	if code != "40001" && code != "40P01" {
+		return row
+	}
+	return min(row, conflictSleep<<min(n, 10))
 }
 
 // watchSeen is what a chunk's watcher last saw of its backend while the
