@@ -79,7 +79,10 @@ var errRehearsed = errors.New("backfill: rehearsed: rolled back")
 // each chunk's transaction back where Run would commit it. It measures
 // each chunk ([RehearsalChunk]: its phases' durations, rows, WAL, locks,
 // growth of the target, its indexes and the undo log, its staging, the
-// Go heap), projects the full run ([RehearsalForecast]) and records the
+// Go heap), times a short committed transaction (what each chunk's lease
+// and commit cost the run beyond its rolled back transaction: on a
+// server with fsync and synchronous_commit on, a WAL flush), projects
+// the full run ([RehearsalForecast]) and records the
 // rehearsal in the manifest (unless opts.NoRecord); [Runner.Status]
 // compares a later run of the same plan with the forecast.
 //

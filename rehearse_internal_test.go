@@ -75,7 +75,7 @@ func TestProjectOverhead(t *testing.T) {
 	require.Equal(t, 530*time.Millisecond, f.Overhead)
 	require.Equal(t, 5*time.Millisecond, f.CommitTime)
 	require.Equal(t, 20*time.Millisecond, f.RunStart)
-	require.Equal(t, 20*time.Millisecond+0*time.Millisecond, bare.Overhead)
+	require.Equal(t, 20*time.Millisecond, bare.Overhead, "no commit time: the start alone")
 	require.Equal(t, bare.Duration+510*time.Millisecond, f.Duration)
 	require.Equal(t, bare.DurationLow+510*time.Millisecond, f.DurationLow)
 	require.Equal(t, bare.DurationHigh+510*time.Millisecond, f.DurationHigh)

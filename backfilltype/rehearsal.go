@@ -30,7 +30,9 @@ type Rehearsal struct {
 // tracer sees them (backfilltrace.Phase): the extraction into the spool,
 // the transaction's start and staging, the merge (with the undo log), the
 // validators and the checkpoint. The commit is not rehearsed (the
-// transaction rolls back).
+// transaction rolls back; the forecast adds it: RehearsalForecast.Overhead),
+// nor the creation of the run that holds the chunk's checkpoint
+// (RehearsalChunk.RunStart).
 type RehearsalPhases struct {
 	Extract    time.Duration `json:"extract"`
 	Stage      time.Duration `json:"stage"`
