@@ -40,7 +40,8 @@ type RehearseOptions struct {
 	// Sample is the number of chunks of the default sample: the chunks at
 	// evenly spaced ranks of the plan's chunks ordered by their estimate
 	// (with Estimate; 3: the smallest, the median and the largest), or in
-	// plan order (without). 0 means 3; capped at the plan's chunks.
+	// plan order (without), rehearsed in plan order. 0 means 3; capped at
+	// the plan's chunks.
 	Sample int
 	// Estimate, if not nil, estimates the rows of a chunk of the plan
 	// (the count of its source rows, say). It is called once for every
@@ -243,6 +244,11 @@ func rehearsalSample(chunks []Chunk, est []int64, opts RehearseOptions) ([]int, 
 			out = append(out, i)
 		}
 	}
+	// Rehearsed in plan order, as a run takes them: a rolled back chunk
+	// leaves its index entries (dead until a vacuum), and a chunk whose
+	// keys fall between those of chunks rehearsed before it would split
+	// index pages a run, appending in key order, does not split.
+	slices.Sort(out)
 	return out, nil
 }
 

@@ -116,7 +116,7 @@ func TestRehearsalSample(t *testing.T) {
 	est := []int64{70, 10, 60, 20, 50, 30, 40}
 	got, err = rehearsalSample(chunks, est, RehearseOptions{})
 	require.NoError(t, err)
-	require.Equal(t, []int{1, 6, 0}, got, "smallest, median, largest")
+	require.Equal(t, []int{0, 1, 6}, got, "smallest (1), median (6), largest (0), in plan order")
 	got, err = rehearsalSample(chunks, est, RehearseOptions{Chunks: []string{"cc", "5", "cc"}})
 	require.NoError(t, err)
 	require.Equal(t, []int{2, 5}, got)

@@ -170,7 +170,7 @@ func TestRehearseChunksAndEstimates(t *testing.T) {
 		seqs = append(seqs, c.Chunk.Seq)
 		require.Equal(t, est[c.Chunk.Seq], c.EstimatedRows)
 	}
-	require.Equal(t, []int{1, 2, 0}, seqs, "smallest, median (the upper of two), largest by estimate")
+	require.Equal(t, []int{0, 1, 2}, seqs, "smallest (1), median (the upper of two: 2), largest (0) by estimate, in plan order")
 	require.Equal(t, "rows", rh.Forecast.Basis)
 	require.Equal(t, before, manifestState(t, db, "named"))
 
