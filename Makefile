@@ -62,6 +62,9 @@ lint:
 # Fetches the data once, then runs against DATABASE_URL or a throwaway
 # server. Extra flags: make demo ARGS='-limit-days 7'. BACKFILL_KEEP=1 make
 # demo keeps the throwaway server afterwards for inspection (Ctrl-C stops it).
+# BACKFILL_DURABLE=1 make demo starts it with production durability (fsync,
+# full_page_writes, synchronous_commit on); PGTEST_TMPDIR=DIR puts its files
+# in DIR (by default /dev/shm when it has room: RAM, where fsync costs little).
 ARGS ?=
 
 .PHONY: demo data

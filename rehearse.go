@@ -40,7 +40,8 @@ type RehearseOptions struct {
 	// Sample is the number of chunks of the default sample: the chunks at
 	// evenly spaced ranks of the plan's chunks ordered by their estimate
 	// (with Estimate; 3: the smallest, the median and the largest), or in
-	// plan order (without). 0 means 3; capped at the plan's chunks.
+	// plan order (without), rehearsed in plan order. 0 means 3; capped at
+	// the plan's chunks.
 	Sample int
 	// Estimate, if not nil, estimates the rows of a chunk of the plan
 	// (the count of its source rows, say). It is called once for every
@@ -64,6 +65,10 @@ type RehearseOptions struct {
 	NoRecord bool
 }
 
+// rehearsalCommits is the number of short transactions a rehearsal
+// commits to time one (pgstore.CommitTime).
+const rehearsalCommits = 7
+
 // errRehearsed aborts a rehearsed chunk's transaction where its commit
 // would be.
 var errRehearsed = errors.New("backfill: rehearsed: rolled back")
@@ -75,7 +80,10 @@ var errRehearsed = errors.New("backfill: rehearsed: rolled back")
 // each chunk's transaction back where Run would commit it. It measures
 // each chunk ([RehearsalChunk]: its phases' durations, rows, WAL, locks,
 // growth of the target, its indexes and the undo log, its staging, the
-// Go heap), projects the full run ([RehearsalForecast]) and records the
+// Go heap), times a short committed transaction (what each chunk's lease
+// and commit cost the run beyond its rolled back transaction: on a
+// server with fsync and synchronous_commit on, a WAL flush), projects
+// the full run ([RehearsalForecast]) and records the
 // rehearsal in the manifest (unless opts.NoRecord); [Runner.Status]
 // compares a later run of the same plan with the forecast.
 //
@@ -166,7 +174,15 @@ func (r *Runner) Rehearse(ctx context.Context, job Job, opts RehearseOptions) (R
 			return Rehearsal{}, err
 		}
 	}
-	rh.Forecast = project(rh.Chunks, est, len(chunks), max(conc, 1))
+	// The commits the rolled back chunks did not pay: timed on the
+	// server, alone.
+	pg := r.db.(pgstore.PGDB)
+	commit, durability, err := pgstore.CommitTime(ctx, pg.DB, rehearsalCommits)
+	if err != nil {
+		return Rehearsal{}, fmt.Errorf("backfill: job %q: %w", job.Name, err)
+	}
+	rh.Forecast = project(rh.Chunks, est, len(chunks), max(conc, 1), commit)
+	rh.Forecast.Durability = durability
 	rh.Forecast.WarmExtract = opts.WarmExtract
 	if opts.NoRecord {
 		return rh, nil
@@ -228,6 +244,11 @@ func rehearsalSample(chunks []Chunk, est []int64, opts RehearseOptions) ([]int, 
 			out = append(out, i)
 		}
 	}
+	// Rehearsed in plan order, as a run takes them: a rolled back chunk
+	// leaves its index entries (dead until a vacuum), and a chunk whose
+	// keys fall between those of chunks rehearsed before it would split
+	// index pages a run, appending in key order, does not split.
+	slices.Sort(out)
 	return out, nil
 }
 
@@ -315,17 +336,27 @@ func (ex *execution) rehearseChunk(ctx context.Context, rm *pgstore.Manifest, c 
 	}
 	defer t.x.close()
 
+	cr.span.next(ctx, backfilltrace.PhaseStage)
 	tx, err := ex.beginChunk(ctx)
 	if err != nil {
 		return rc, t.chunkErr(fmt.Errorf("begin chunk transaction: %w", err))
 	}
 	tx = batched(tx)
 	defer func() { _ = tx.Rollback() }()
-	// The run that holds the chunk's checkpoint, in the transaction.
+	// The run that holds the chunk's checkpoint, in the transaction: a
+	// run's start, timed apart from the chunk's phases (a phase the
+	// clock does not count).
+	cr.span.next(ctx, backfilltrace.PhaseQueued)
+	start, err := pgstore.WALInsert(ctx, tx)
+	if err != nil {
+		return rc, t.chunkErr(err)
+	}
+	began := time.Now()
 	run, err := rm.RehearsalRun(ctx, tx, ex.plan, ex.r.cfg.WorkerID, slot)
 	if err != nil {
 		return rc, err
 	}
+	rc.RunStart = time.Since(began)
 	ex.batchID = run.BatchID
 	if b, ok := tx.(*pgstore.BatchTx); ok {
 		b.Fresh = true
@@ -333,6 +364,9 @@ func (ex *execution) rehearseChunk(ctx context.Context, rm *pgstore.Manifest, c 
 	cr.span.next(ctx, backfilltrace.PhaseStage)
 	before, err := pgstore.MarkRehearsal(ctx, tx, ex.info.Target.Table, ex.undoTable)
 	if err != nil {
+		return rc, t.chunkErr(err)
+	}
+	if rc.RunStartWALBytes, err = pgstore.WALSince(ctx, tx, start); err != nil {
 		return rc, t.chunkErr(err)
 	}
 	t.tx, t.pid = tx, before.PID
@@ -457,13 +491,25 @@ func (h *heapPeak) stop() (base, peak int64) {
 }
 
 // project projects a run of n chunks at concurrency conc from the
-// rehearsed chunks rcs; est are the estimates of the plan's n chunks
-// (nil for none). See [RehearsalForecast] for the model.
-func project(rcs []RehearsalChunk, est []int64, n, conc int) RehearsalForecast {
-	f := RehearsalForecast{Basis: "chunks", Chunks: n, Concurrency: conc}
+// rehearsed chunks rcs, commit being the time of a short committed
+// transaction; est are the estimates of the plan's n chunks (nil for
+// none). See [RehearsalForecast] for the model.
+func project(rcs []RehearsalChunk, est []int64, n, conc int, commit time.Duration) RehearsalForecast {
+	f := RehearsalForecast{Basis: "chunks", Chunks: n, Concurrency: conc, CommitTime: commit}
 	if len(rcs) == 0 || n == 0 {
 		return f
 	}
+	// What the run pays beyond its chunks' transactions: each chunk's
+	// lease and commit, spread over the workers; the run's start (its
+	// creation, as the quickest rehearsed chunk created it, and a
+	// commit) and end (a commit). Its WAL: the run's creation's.
+	var startWAL int64
+	for i, rc := range rcs {
+		if i == 0 || rc.RunStart < f.RunStart {
+			f.RunStart, startWAL = rc.RunStart, rc.RunStartWALBytes
+		}
+	}
+	f.Overhead = time.Duration(n)*2*commit/time.Duration(conc) + f.RunStart + 2*commit
 	xs := make([]float64, len(rcs))
 	var read, estSampled float64
 	for i, rc := range rcs {
@@ -527,10 +573,11 @@ func project(rcs []RehearsalChunk, est []int64, n, conc int) RehearsalForecast {
 			lo, hi = min(lo, r), max(hi, r)
 		}
 	}
-	f.Duration = time.Duration(dur / float64(conc))
-	f.DurationLow = time.Duration(dur * lo / float64(conc))
-	f.DurationHigh = time.Duration(dur*hi/float64(conc) + longest*hi)
+	f.Duration = time.Duration(dur/float64(conc)) + f.Overhead
+	f.DurationLow = time.Duration(dur*lo/float64(conc)) + f.Overhead
+	f.DurationHigh = time.Duration(dur*hi/float64(conc)+longest*hi) + f.Overhead
 	wal, _, _ := total(func(rc RehearsalChunk) float64 { return float64(rc.WALBytes) })
+	wal += float64(startWAL)
 	tb, _, _ := total(func(rc RehearsalChunk) float64 { return float64(rc.TargetBytes) })
 	ib, _, _ := total(func(rc RehearsalChunk) float64 { return float64(rc.IndexBytes) })
 	ub, _, _ := total(func(rc RehearsalChunk) float64 { return float64(rc.UndoBytes) })

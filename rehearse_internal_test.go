@@ -19,7 +19,7 @@ func TestProjectRows(t *testing.T) {
 	}
 	rcs := []RehearsalChunk{chunk(100), chunk(400), chunk(1000)}
 	est := []int64{200, 200, 400, 400, 800, 800, 1000, 1000, 2000, 2000} // rows: half
-	f := project(rcs, est, len(est), 2)
+	f := project(rcs, est, len(est), 2, 0)
 	require.Equal(t, "rows", f.Basis)
 	require.Equal(t, 10, f.Chunks)
 	require.Equal(t, int64(4400), f.Rows)
@@ -38,7 +38,7 @@ func TestProjectRows(t *testing.T) {
 	// A chunk twice as slow as the fit widens the range to its ratio.
 	slow := rcs[1]
 	slow.Duration = 2 * (time.Second + 400*time.Millisecond)
-	f = project([]RehearsalChunk{rcs[0], slow, rcs[2]}, est, len(est), 1)
+	f = project([]RehearsalChunk{rcs[0], slow, rcs[2]}, est, len(est), 1, 0)
 	require.Greater(t, f.DurationHigh, 2*f.DurationLow)
 }
 
@@ -50,13 +50,36 @@ func TestProjectChunks(t *testing.T) {
 		{EstimatedRows: -1, Counts: Counts{Read: 10}, Duration: 1 * time.Second, WALBytes: 1000},
 		{EstimatedRows: -1, Counts: Counts{Read: 30}, Duration: 3 * time.Second, WALBytes: 3000},
 	}
-	f := project(rcs, nil, 8, 1)
+	f := project(rcs, nil, 8, 1, 0)
 	require.Equal(t, "chunks", f.Basis)
 	require.Equal(t, int64(160), f.Rows)
 	require.Equal(t, int64(16000), f.WALBytes)
 	// 8 × 2 s; each chunk at 0.5 and 1.5 times the mean.
 	require.InDelta(t, 8.0, f.DurationLow.Seconds(), 1e-6)
 	require.InDelta(t, 16*1.5+2*1.5, f.DurationHigh.Seconds(), 1e-6)
+}
+
+// TestProjectOverhead: the run's leases, commits, start and end, which
+// rehearsed chunks do not pay, are added to each bound of the duration;
+// the run's creation's WAL to the WAL.
+func TestProjectOverhead(t *testing.T) {
+	t.Parallel()
+	rcs := []RehearsalChunk{
+		{EstimatedRows: -1, Counts: Counts{Read: 10}, Duration: time.Second, WALBytes: 1000, RunStart: 30 * time.Millisecond, RunStartWALBytes: 700},
+		{EstimatedRows: -1, Counts: Counts{Read: 10}, Duration: time.Second, WALBytes: 1000, RunStart: 20 * time.Millisecond, RunStartWALBytes: 600},
+	}
+	bare := project(rcs, nil, 100, 2, 0)
+	f := project(rcs, nil, 100, 2, 5*time.Millisecond)
+	// 100 chunks × 2 commits × 5 ms over 2 workers = 500 ms, plus the
+	// quickest start (20 ms) and 2 commits (10 ms).
+	require.Equal(t, 530*time.Millisecond, f.Overhead)
+	require.Equal(t, 5*time.Millisecond, f.CommitTime)
+	require.Equal(t, 20*time.Millisecond, f.RunStart)
+	require.Equal(t, 20*time.Millisecond, bare.Overhead, "no commit time: the start alone")
+	require.Equal(t, bare.Duration+510*time.Millisecond, f.Duration)
+	require.Equal(t, bare.DurationLow+510*time.Millisecond, f.DurationLow)
+	require.Equal(t, bare.DurationHigh+510*time.Millisecond, f.DurationHigh)
+	require.Equal(t, int64(100*1000+600), f.WALBytes)
 }
 
 // TestFitLine: the least-squares line, through the origin when its
@@ -93,7 +116,7 @@ func TestRehearsalSample(t *testing.T) {
 	est := []int64{70, 10, 60, 20, 50, 30, 40}
 	got, err = rehearsalSample(chunks, est, RehearseOptions{})
 	require.NoError(t, err)
-	require.Equal(t, []int{1, 6, 0}, got, "smallest, median, largest")
+	require.Equal(t, []int{0, 1, 6}, got, "smallest (1), median (6), largest (0), in plan order")
 	got, err = rehearsalSample(chunks, est, RehearseOptions{Chunks: []string{"cc", "5", "cc"}})
 	require.NoError(t, err)
 	require.Equal(t, []int{2, 5}, got)

@@ -2,9 +2,11 @@ package backfill_test
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -168,7 +170,7 @@ func TestRehearseChunksAndEstimates(t *testing.T) {
 		seqs = append(seqs, c.Chunk.Seq)
 		require.Equal(t, est[c.Chunk.Seq], c.EstimatedRows)
 	}
-	require.Equal(t, []int{1, 2, 0}, seqs, "smallest, median (the upper of two), largest by estimate")
+	require.Equal(t, []int{0, 1, 2}, seqs, "smallest (1), median (the upper of two: 2), largest (0) by estimate, in plan order")
 	require.Equal(t, "rows", rh.Forecast.Basis)
 	require.Equal(t, before, manifestState(t, db, "named"))
 
@@ -394,4 +396,106 @@ func TestBlueprintShowsRehearsal(t *testing.T) {
 	bp, err = r.Blueprint(ctx, job)
 	require.NoError(t, err)
 	require.Nil(t, bp.Rehearsal, "another plan's blueprint has none")
+}
+
+// TestRunRecordsWAL: a run records, in the transactions that create it,
+// checkpoint each chunk and complete it, the server's WAL position and
+// its target's sizes; a chunk whose transaction rolled back (a validator
+// failed after its merge) records nothing. Status compares them with
+// the rehearsal's forecast: the WAL to the latest checkpoint while the
+// run is not completed, the growth once it is.
+func TestRunRecordsWAL(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t)
+	r, err := backfill.New(db, &backfill.Config{MaxAttempts: 1})
+	require.NoError(t, err)
+	job := rehearseJob(t, db, "walled", "v1", nil)
+	rh, err := r.Rehearse(ctx, job, backfill.RehearseOptions{})
+	require.NoError(t, err)
+	require.Positive(t, rh.Forecast.CommitTime)
+	require.Positive(t, rh.Forecast.Overhead)
+	require.Contains(t, rh.Forecast.Durability, "synchronous_commit=")
+	// The rehearsal's rolled back rows leave pages: VACUUM gives them back,
+	// for the run's growth to start from an empty table.
+	db.MustExec(`VACUUM walled`)
+
+	var failing atomic.Bool
+	failing.Store(true)
+	job.Validators = []backfill.Validator{backfill.ValidatorFunc(func(ctx context.Context, tx sqlx.ExtContext, s backfill.ValidationScope) (backfill.CheckResult, error) {
+		if s.Chunk.Seq == 3 && failing.Load() {
+			return backfill.CheckResult{}, errors.New("checker unreachable")
+		}
+		return backfill.CheckResult{Check: "ok", Severity: backfill.SeverityWarn, Passed: true}, nil
+	})}
+	var lsn0 string
+	require.NoError(t, db.Get(&lsn0, `SELECT pg_current_wal_insert_lsn()::text`))
+	rep, err := r.Run(ctx, job)
+	require.Error(t, err, "chunk 3's validator fails")
+
+	type chunkWAL struct {
+		Seq    int            `db:"seq"`
+		Status string         `db:"status"`
+		LSN    sql.NullString `db:"wal_lsn"`
+	}
+	var chunks []chunkWAL
+	require.NoError(t, db.Select(&chunks, `SELECT seq, status, wal_lsn::text FROM backfill.chunks WHERE batch_id = $1 ORDER BY seq`, rep.BatchID))
+	require.Len(t, chunks, 4)
+	for _, c := range chunks {
+		require.Equal(t, c.Status == "done", c.LSN.Valid, "chunk %d (%s): its WAL position is recorded with its checkpoint only", c.Seq, c.Status)
+	}
+	require.Equal(t, "failed", chunks[3].Status)
+	var run struct {
+		Start       sql.NullString `db:"wal_start"`
+		End         sql.NullString `db:"wal_end"`
+		TargetStart sql.NullInt64  `db:"target_start_bytes"`
+		TargetEnd   sql.NullInt64  `db:"target_end_bytes"`
+		IndexEnd    sql.NullInt64  `db:"index_end_bytes"`
+		Started     int64          `db:"started"`
+	}
+	const runQuery = `SELECT wal_start::text, wal_end::text, target_start_bytes, target_end_bytes, index_end_bytes,
+		pg_wal_lsn_diff(wal_start, $2::pg_lsn)::bigint AS started FROM backfill.runs WHERE batch_id = $1`
+	require.NoError(t, db.Get(&run, runQuery, rep.BatchID, lsn0))
+	require.True(t, run.Start.Valid, "the run's creation records its WAL position")
+	require.GreaterOrEqual(t, run.Started, int64(0), "recorded by the run's creation")
+	require.True(t, run.TargetStart.Valid, "the run's creation records its target's size")
+	require.False(t, run.End.Valid || run.TargetEnd.Valid, "not completed: no end recorded")
+
+	s, err := r.Status(ctx, job)
+	require.NoError(t, err)
+	require.NotNil(t, s.Forecast)
+	require.False(t, s.Forecast.Done)
+	require.Positive(t, s.Forecast.WALBytes, "WAL to the latest checkpoint")
+	require.Equal(t, int64(-1), s.Forecast.TargetBytes, "growth: not before the run completed")
+
+	// The run resumed completes: its end and its growth are recorded.
+	failing.Store(false)
+	rep, err = r.Run(ctx, job)
+	require.NoError(t, err)
+	var lsn1 string
+	require.NoError(t, db.Get(&lsn1, `SELECT pg_current_wal_insert_lsn()::text`))
+	require.NoError(t, db.Get(&run, runQuery, rep.BatchID, lsn0))
+	require.True(t, run.End.Valid)
+	require.True(t, run.TargetEnd.Valid && run.IndexEnd.Valid)
+	require.Greater(t, run.TargetEnd.Int64, run.TargetStart.Int64, "40 rows loaded into a table vacuumed empty")
+	var latest string
+	require.NoError(t, db.Get(&latest, `SELECT max(wal_lsn)::text FROM backfill.chunks WHERE batch_id = $1`, rep.BatchID))
+	var order []bool
+	require.NoError(t, db.Select(&order, `SELECT x FROM unnest(ARRAY[$1::pg_lsn <= $2::pg_lsn, $2::pg_lsn <= $3::pg_lsn, $3::pg_lsn <= $4::pg_lsn]) x`,
+		run.Start.String, latest, run.End.String, lsn1))
+	require.Equal(t, []bool{true, true, true}, order, "start %s <= latest checkpoint %s <= end %s <= after the run %s", run.Start.String, latest, run.End.String, lsn1)
+
+	s, err = r.Status(ctx, job)
+	require.NoError(t, err)
+	f := s.Forecast
+	require.NotNil(t, f)
+	require.True(t, f.Done)
+	var outside int64
+	require.NoError(t, db.Get(&outside, `SELECT pg_wal_lsn_diff($1::pg_lsn, $2::pg_lsn)::bigint`, lsn1, lsn0))
+	require.Positive(t, f.WALBytes)
+	require.LessOrEqual(t, f.WALBytes, outside, "the run's WAL is within the WAL around it")
+	require.Equal(t, run.TargetEnd.Int64-run.TargetStart.Int64, f.TargetBytes)
+	require.GreaterOrEqual(t, f.IndexBytes, int64(0))
+	require.Contains(t, s.String(), fmt.Sprintf("WAL %d B (forecast %d B", f.WALBytes, rh.Forecast.WALBytes))
+	require.Contains(t, s.String(), fmt.Sprintf("table +%d B (forecast +%d B", f.TargetBytes, rh.Forecast.TargetBytes))
 }

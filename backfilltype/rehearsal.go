@@ -30,7 +30,9 @@ type Rehearsal struct {
 // tracer sees them (backfilltrace.Phase): the extraction into the spool,
 // the transaction's start and staging, the merge (with the undo log), the
 // validators and the checkpoint. The commit is not rehearsed (the
-// transaction rolls back).
+// transaction rolls back; the forecast adds it: RehearsalForecast.Overhead),
+// nor the creation of the run that holds the chunk's checkpoint
+// (RehearsalChunk.RunStart).
 type RehearsalPhases struct {
 	Extract    time.Duration `json:"extract"`
 	Stage      time.Duration `json:"stage"`
@@ -88,6 +90,12 @@ type RehearsalChunk struct {
 	TargetBytes int64 `json:"target_bytes"`
 	IndexBytes  int64 `json:"index_bytes"`
 	UndoBytes   int64 `json:"undo_bytes"`
+	// RunStart is the time the chunk's transaction took to create the run
+	// that holds its checkpoint (the run's row and its chunks' rows, as a
+	// run's start creates them): not counted in Phases.
+	RunStart time.Duration `json:"run_start"`
+	// RunStartWALBytes is the WAL inserted meanwhile (the server's).
+	RunStartWALBytes int64 `json:"run_start_wal_bytes"`
 	// TempBytes is the growth of the backend's temporary relations (the
 	// chunk's staging table).
 	//
@@ -124,13 +132,29 @@ type RehearsalForecast struct {
 	// relative to the fit (at least ±10%), the high end plus the longest
 	// projected chunk (the last to finish may run alone). A chunk's time
 	// is the one it took beside Concurrency-1 others
-	// (RehearsalChunk.ConcurrentDuration) when it was rehearsed so. Not
-	// rehearsed: each chunk's lease and commit (a WAL flush on a durable
-	// server), the run's start and end, and a load on the machines that
+	// (RehearsalChunk.ConcurrentDuration) when it was rehearsed so. The
+	// three include Overhead. Not rehearsed: a load on the machines that
 	// changes between the rehearsal and the run.
 	Duration     time.Duration `json:"duration"`
 	DurationLow  time.Duration `json:"duration_low"`
 	DurationHigh time.Duration `json:"duration_high"`
+	// Overhead is what the run pays beyond its chunks' transactions,
+	// which a rehearsal rolls back instead of committing: each chunk's
+	// lease (a short transaction of its own) and commit, counted as two
+	// CommitTime each, divided among the Concurrency workers; and the
+	// run's start and end, counted as RunStart and two CommitTime.
+	Overhead time.Duration `json:"overhead"`
+	// CommitTime is the median time of a short transaction committed by
+	// the rehearsal (BEGIN, SELECT txid_current(), COMMIT: three round
+	// trips and a commit record, whose WAL a server with fsync and
+	// synchronous_commit on flushes to disk before the COMMIT returns).
+	CommitTime time.Duration `json:"commit_time"`
+	// RunStart is the time a run's creation took (the least
+	// RehearsalChunk.RunStart).
+	RunStart time.Duration `json:"run_start"`
+	// Durability is the server's fsync and synchronous_commit settings
+	// at the rehearsal, e.g. "fsync=on synchronous_commit=on".
+	Durability string `json:"durability,omitempty"`
 	// WALBytes, TargetBytes, IndexBytes and UndoBytes are the projected
 	// WAL volume and growth of the target's table, its indexes and the
 	// undo log over the whole run.
@@ -160,23 +184,59 @@ type ForecastCheck struct {
 	Duration time.Duration `json:"duration"`
 	Rows     int64         `json:"rows"`
 	Done     bool          `json:"done"`
+	// WALBytes is the WAL the server inserted from the run's creation to
+	// its completion, or to its latest chunk's checkpoint while it is not
+	// completed: WAL positions (pg_current_wal_insert_lsn) the run records
+	// in the transactions that create it, checkpoint each chunk and
+	// complete it. It is the server's, as a rehearsal's measures are: it
+	// includes the WAL of other sessions meanwhile (and, for a run
+	// resumed after a while, of the time between). -1 when the run did
+	// not record it (created before the manifest's migration 34).
+	WALBytes int64 `json:"wal_bytes"`
+	// TargetBytes and IndexBytes are the growth of the target's table
+	// (pg_table_size) and of its indexes (pg_indexes_size), summed over
+	// its partitions, from the run's creation to its completion, as the
+	// run records them in those transactions. -1 before the run completed
+	// or when it did not record them.
+	TargetBytes int64 `json:"target_bytes"`
+	IndexBytes  int64 `json:"index_bytes"`
 }
 
 // String is the comparison on one line, e.g. "rehearsal 3 (2026-01-02T03:04:05Z):
 // duration 1m0s (forecast 55s, 50s-1m10s, within the forecast), rows 1000
-// (forecast 980), ...".
+// (forecast 980: -2%), WAL 5000000 B (forecast 5200000 B: +4%), ...": the
+// forecast's distance from what the run took, in percent of the latter.
 func (f ForecastCheck) String() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "rehearsal %d (%s): duration %s (forecast %s, %s-%s, %s)", f.RehearsalID, f.RehearsedAt.UTC().Format(time.RFC3339),
 		f.Duration.Round(time.Millisecond), f.Forecast.Duration.Round(time.Millisecond), f.Forecast.DurationLow.Round(time.Millisecond),
 		f.Forecast.DurationHigh.Round(time.Millisecond), within(f.Duration, f.Forecast.DurationLow, f.Forecast.DurationHigh))
-	fmt.Fprintf(&b, ", rows %d (forecast %d)", f.Rows, f.Forecast.Rows)
-	fmt.Fprintf(&b, ", forecast WAL %d B, table +%d B, indexes +%d B, undo log +%d B", f.Forecast.WALBytes, f.Forecast.TargetBytes,
-		f.Forecast.IndexBytes, f.Forecast.UndoBytes)
+	fmt.Fprintf(&b, ", rows %d (forecast %d%s)", f.Rows, f.Forecast.Rows, off(f.Forecast.Rows, f.Rows))
+	fmt.Fprintf(&b, ", WAL %s (forecast %d B%s)", measured(f.WALBytes, ""), f.Forecast.WALBytes, off(f.Forecast.WALBytes, f.WALBytes))
+	fmt.Fprintf(&b, ", table %s (forecast +%d B%s)", measured(f.TargetBytes, "+"), f.Forecast.TargetBytes, off(f.Forecast.TargetBytes, f.TargetBytes))
+	fmt.Fprintf(&b, ", indexes %s (forecast +%d B%s)", measured(f.IndexBytes, "+"), f.Forecast.IndexBytes, off(f.Forecast.IndexBytes, f.IndexBytes))
+	fmt.Fprintf(&b, ", undo log forecast +%d B", f.Forecast.UndoBytes)
 	if !f.Done {
 		b.WriteString(" (run not completed)")
 	}
 	return b.String()
+}
+
+// measured is n bytes prefixed with sign, or "not recorded" for -1.
+func measured(n int64, sign string) string {
+	if n < 0 {
+		return "not recorded"
+	}
+	return fmt.Sprintf("%s%d B", sign, n)
+}
+
+// off is how far forecast is from actual, as ": +12%" (nothing when
+// actual is not recorded or 0).
+func off(forecast, actual int64) string {
+	if actual <= 0 {
+		return ""
+	}
+	return fmt.Sprintf(": %+.1f%%", 100*(float64(forecast)-float64(actual))/float64(actual))
 }
 
 func within(d, lo, hi time.Duration) string {

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -106,6 +107,10 @@ func printRehearsal(g *globals, rh backfill.Rehearsal) error {
 	fmt.Fprintf(g.out, "forecast (by %s, concurrency %d): duration %s (%s to %s), %s rows, WAL %s, table +%s, indexes +%s, undo log +%s, peak heap %s\n",
 		f.Basis, f.Concurrency, human(f.Duration), human(f.DurationLow), human(f.DurationHigh), thousands(f.Rows), bytesText(f.WALBytes),
 		bytesText(f.TargetBytes), bytesText(f.IndexBytes), bytesText(f.UndoBytes), bytesText(f.HeapBytes))
+	if f.CommitTime > 0 {
+		fmt.Fprintf(g.out, "overhead %s of the duration beyond the chunks' transactions: leases, commits (%s each, %s), the run's start (%s) and end\n",
+			human(f.Overhead), f.CommitTime.Round(time.Microsecond), orDash(f.Durability), human(f.RunStart))
+	}
 	t := newTable(g.out, "SEQ", "CHUNK", "EST", "READ", "TIME", "EXTRACT", "STAGE", "MERGE", "VALIDATE", "CHECKPOINT",
 		"WAL", "TABLE+", "INDEX+", "UNDO+", "TEMP", "HEAP", "LOCK WAIT", "LOCKS")
 	for _, c := range rh.Chunks {

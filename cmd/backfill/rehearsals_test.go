@@ -46,5 +46,7 @@ func TestCLIRehearsals(t *testing.T) {
 	require.NoError(t, err)
 	out = cliOK(t, u, "status", "fares")
 	require.Contains(t, out, "forecast: rehearsal 1 (")
-	require.Contains(t, out, "rows 3005 (forecast 3000)")
+	require.Contains(t, out, "rows 3005 (forecast 3000: -0.2%)")
+	// The run's own WAL and growth, beside the forecast's.
+	require.Regexp(t, `WAL [1-9][0-9]* B \(forecast [0-9]+ B: [-+][0-9.]+%\), table \+[0-9]+ B \(forecast \+[0-9]+ B`, out)
 }

@@ -52,12 +52,18 @@ func TestReportForecast(t *testing.T) {
 	if rr.Forecast == nil || rr.Forecast.RehearsalID != rh.ID || rr.Forecast.Rows != 60 || rr.Forecast.Forecast.Rows != 60 || !rr.Forecast.Done {
 		t.Fatalf("report's forecast %+v, want rehearsal %d's, 60 rows both, done", rr.Forecast, rh.ID)
 	}
+	// The run recorded its WAL and its target's growth: the report shows
+	// them beside the forecast.
+	if f := rr.Forecast; f.WALBytes <= 0 || f.TargetBytes < 0 || f.IndexBytes < 0 {
+		t.Fatalf("report's forecast: the run's WAL %d B, table +%d B, indexes +%d B: want recorded (WAL > 0, growth >= 0)", f.WALBytes, f.TargetBytes, f.IndexBytes)
+	}
 	var buf bytes.Buffer
 	if err := report.WriteHTML(&buf, rr); err != nil {
 		t.Fatal(err)
 	}
 	html := buf.String()
-	for _, w := range []string{"Against the rehearsal", "s forecast</h3>", fmt.Sprintf("Rehearsal %d of ", rh.ID), "at their mean per chunk"} {
+	walRow := fmt.Sprintf(`<tr><td>WAL</td><td class="n">%s</td>`, report.FormatBytes(rr.Forecast.WALBytes))
+	for _, w := range []string{"Against the rehearsal", "s forecast</h3>", fmt.Sprintf("Rehearsal %d of ", rh.ID), "at their mean per chunk", walRow} {
 		if !strings.Contains(html, w) {
 			t.Errorf("the HTML lacks %q", w)
 		}

@@ -58,6 +58,15 @@ var page = template.Must(template.New("report.html.tmpl").Funcs(template.FuncMap
 	"text":  fmtText,
 	"dur":   func(d time.Duration) string { return fmtSeconds(d.Seconds()) },
 	"bytes": fmtBytes,
+	// measured is bytes the run recorded, "—" for none (-1).
+	"measured": func(n int64) string {
+		if n < 0 {
+			return "—"
+		}
+		return fmtBytes(n)
+	},
+	"int64": func(d time.Duration) int64 { return int64(d) },
+	"off":   fmtOff,
 }).ParseFS(templates, "report.html.tmpl"))
 
 // WriteJSON writes r as indented JSON: the report's JSON twin, with the
@@ -329,6 +338,15 @@ func fmtTimePtr(t *time.Time) string {
 }
 
 // fmtPct formats part of whole as a percentage.
+// fmtOff is how far forecast is from actual in percent of actual, e.g.
+// "+12 %"; "—" when actual is not known (negative) or 0.
+func fmtOff(forecast, actual int64) string {
+	if actual <= 0 {
+		return "—"
+	}
+	return fmt.Sprintf("%+.0f %%", 100*(float64(forecast)-float64(actual))/float64(actual))
+}
+
 func fmtPct(part, whole any) string {
 	f := func(x any) float64 {
 		switch x := x.(type) {

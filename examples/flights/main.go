@@ -360,6 +360,13 @@ func load(ctx context.Context, out io.Writer, db *sqlx.DB, logger *slog.Logger, 
 		err := summary(ctx, out, db, manifest, rep, fp, src.Scanned()-scanned0)
 		if err == nil && rh.ID != 0 && runErr == nil {
 			err = compareForecast(ctx, out, db, rh, before, ended.Sub(runStart), rep.Counts.Read)
+			if err == nil {
+				// The library's own comparison, from what the run recorded.
+				var st backfill.Status
+				if st, err = runner.StatusOf(ctx, rep.BatchID); err == nil && st.Forecast != nil {
+					fmt.Fprintf(out, "  status     %s\n", st.Forecast)
+				}
+			}
 		}
 		if err == nil && o.etaMarks {
 			hold.printMarks(out, ended)

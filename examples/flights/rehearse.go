@@ -73,6 +73,8 @@ func rehearse(ctx context.Context, out io.Writer, runner *backfill.Runner, job b
 	fmt.Fprintf(out, "  forecast (by %s, concurrency %d): %s (%s to %s), %d rows, WAL %s, table +%s, indexes +%s, undo log +%s, heap %s\n",
 		f.Basis, f.Concurrency, f.Duration.Round(time.Millisecond), f.DurationLow.Round(time.Millisecond), f.DurationHigh.Round(time.Millisecond), f.Rows, mib(f.WALBytes),
 		mib(f.TargetBytes), mib(f.IndexBytes), mib(f.UndoBytes), mib(f.HeapBytes))
+	fmt.Fprintf(out, "  overhead   %s of it beyond the chunks' transactions (a commit %s on a server with %s; the run's creation %s)\n",
+		f.Overhead.Round(time.Millisecond), f.CommitTime.Round(10*time.Microsecond), f.Durability, f.RunStart.Round(time.Millisecond))
 	return rh, nil
 }
 

@@ -522,10 +522,18 @@ func (m *Manifest) createRun(ctx context.Context, tx sqlx.ExtContext, plan backf
 		return backfilltype.Run{}, err
 	}
 	var run backfilltype.Run
+	// What a rehearsal's forecast is compared with (ForecastCheck): the
+	// WAL position and the target's sizes, read in this transaction.
+	var target sql.NullString
+	if _, _, err := sqlgen.ParseTable(plan.Target.Table); err == nil && plan.Target.Table != "" {
+		target = sql.NullString{String: sqlgen.Table(plan.Target.Table), Valid: true}
+	}
 	err = sqlx.GetContext(ctx, tx, &run, m.SQL(`INSERT INTO {s}.runs
-		(job_name, source, code_version, plan_fingerprint, plan, scope, scope_lower, scope_upper, status, chunks_total, started_by, watermark)
-		VALUES ($1, $2, $3, $4, $5, $6, '', '', $10, $7, $8, $9) RETURNING `+runColumns),
-		plan.Job, plan.Source, plan.CodeVersion, plan.Fingerprint, string(pj), plan.Scope, plan.Len(), worker, plan.Watermark, initialStatus(plan))
+		(job_name, source, code_version, plan_fingerprint, plan, scope, scope_lower, scope_upper, status, chunks_total, started_by, watermark,
+		wal_start, target_relid, target_start_bytes, index_start_bytes)
+		SELECT $1, $2, $3, $4, $5, $6, '', '', $10, $7, $8, $9, pg_current_wal_insert_lsn(), t.relid, `+relationSizes("t.relid")+`
+		FROM (SELECT to_regclass($11)::oid AS relid) t RETURNING `+runColumns),
+		plan.Job, plan.Source, plan.CodeVersion, plan.Fingerprint, string(pj), plan.Scope, plan.Len(), worker, plan.Watermark, initialStatus(plan), target)
 	if err != nil {
 		return backfilltype.Run{}, err
 	}
@@ -874,7 +882,7 @@ func (m *Manifest) completeChunk(ctx context.Context, tx sqlx.ExtContext, batchI
 		rows_deduplicated = $8,
 		started_at = $9, finished_at = $10, last_error = '', worker = $11,
 		rows_processed = rows_processed + CASE WHEN status = 'staged' THEN 0 ELSE $3::bigint END,
-		reads = reads + CASE WHEN status = 'staged' THEN 0 ELSE 1 END, checkpointed_at = clock_timestamp(),
+		reads = reads + CASE WHEN status = 'staged' THEN 0 ELSE 1 END, checkpointed_at = clock_timestamp(), wal_lsn = pg_current_wal_insert_lsn(),
 		open_call = CASE WHEN $12 = 'open' THEN (SELECT calls FROM {s}.runs WHERE batch_id = $1) END,
 		source_fingerprint = $13, target_fingerprint = $14, skip_key = $15, skipped = $16, source_version = $17
 		WHERE batch_id = $1 AND seq = $2 AND status IN ('pending', 'staged', 'open')
@@ -981,8 +989,12 @@ func (m *Manifest) FinishRun(ctx context.Context, db sqlx.ExtContext, batchID in
 		default:
 			return nil
 		}
+		// A completed run records its WAL position and its target's sizes
+		// (ForecastCheck).
 		err := sqlx.GetContext(ctx, tx, &run, m.SQL(`UPDATE {s}.runs SET status = $2, last_error = $3, updated_at = now(),
-			finished_at = CASE WHEN $2 = 'completed' THEN now() END WHERE batch_id = $1 RETURNING `+runColumns), batchID, string(status), msg)
+			finished_at = CASE WHEN $2 = 'completed' THEN now() END,
+			(wal_end, target_end_bytes, index_end_bytes) = (SELECT pg_current_wal_insert_lsn(), `+relationSizes("target_relid")+` WHERE $2 = 'completed')
+			WHERE batch_id = $1 RETURNING `+runColumns), batchID, string(status), msg)
 		if err != nil {
 			return err
 		}

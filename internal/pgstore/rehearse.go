@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -162,8 +163,46 @@ func (m *Manifest) forecastOf(ctx context.Context, tx sqlx.ExtContext, batchID i
 	if err != nil {
 		return nil, err
 	}
-	return &backfilltype.ForecastCheck{RehearsalID: rh.ID, RehearsedAt: rh.CreatedAt, Forecast: rh.Forecast,
-		Duration: d, Rows: rows, Done: done}, nil
+	fc := &backfilltype.ForecastCheck{RehearsalID: rh.ID, RehearsedAt: rh.CreatedAt, Forecast: rh.Forecast,
+		Duration: d, Rows: rows, Done: done, WALBytes: -1, TargetBytes: -1, IndexBytes: -1}
+	// What the run recorded (migration 34): its WAL from its creation to
+	// its completion or its latest checkpoint, its target's growth once
+	// completed. A savepoint: a manifest without the columns leaves the
+	// transaction usable.
+	if _, err := tx.ExecContext(ctx, `SAVEPOINT backfill_forecast`); err != nil {
+		return nil, fmt.Errorf("backfill: forecast of batch %d: %w", batchID, err)
+	}
+	var got struct {
+		WAL     sql.NullInt64 `db:"wal"`
+		Target  sql.NullInt64 `db:"target"`
+		Indexes sql.NullInt64 `db:"indexes"`
+	}
+	err = sqlx.GetContext(ctx, tx, &got, m.SQL(`SELECT
+		pg_wal_lsn_diff(coalesce(r.wal_end, (SELECT max(c.wal_lsn) FROM {s}.chunks c WHERE c.batch_id = r.batch_id), r.wal_start), r.wal_start)::bigint AS wal,
+		r.target_end_bytes - r.target_start_bytes AS target, r.index_end_bytes - r.index_start_bytes AS indexes
+		FROM {s}.runs r WHERE r.batch_id = $1`), batchID)
+	if err != nil {
+		var pe interface{ SQLState() string }
+		if !errors.As(err, &pe) || pe.SQLState() != "42703" {
+			return nil, fmt.Errorf("backfill: forecast of batch %d: %w", batchID, err)
+		}
+		if _, err := tx.ExecContext(ctx, `ROLLBACK TO SAVEPOINT backfill_forecast`); err != nil {
+			return nil, fmt.Errorf("backfill: forecast of batch %d: %w", batchID, err)
+		}
+		return fc, nil
+	}
+	if _, err := tx.ExecContext(ctx, `RELEASE SAVEPOINT backfill_forecast`); err != nil {
+		return nil, fmt.Errorf("backfill: forecast of batch %d: %w", batchID, err)
+	}
+	for _, v := range []struct {
+		dst *int64
+		src sql.NullInt64
+	}{{&fc.WALBytes, got.WAL}, {&fc.TargetBytes, got.Target}, {&fc.IndexBytes, got.Indexes}} {
+		if v.src.Valid {
+			*v.dst = v.src.Int64
+		}
+	}
+	return fc, nil
 }
 
 // qualified prefixes each column of cols (a comma-separated list) with
@@ -210,6 +249,50 @@ func MarkRehearsal(ctx context.Context, tx sqlx.ExtContext, table, undo string) 
 	return mk, nil
 }
 
+// WALInsert returns pg_current_wal_insert_lsn, as text.
+func WALInsert(ctx context.Context, tx sqlx.ExtContext) (string, error) {
+	var lsn string
+	if err := sqlx.GetContext(ctx, tx, &lsn, `SELECT pg_current_wal_insert_lsn()::text`); err != nil {
+		return "", fmt.Errorf("rehearsal: WAL: %w", err)
+	}
+	return lsn, nil
+}
+
+// CommitTime commits n short transactions on db, one after the other,
+// each BEGIN, SELECT txid_current() (a transaction ID, so that its
+// COMMIT writes a commit record and, as the server's synchronous_commit
+// has it, waits for its flush), COMMIT, and returns the median time of
+// one, and the server's durability settings ("fsync=on
+// synchronous_commit=on"). Nothing persists but the transaction IDs
+// taken.
+func CommitTime(ctx context.Context, db *sqlx.DB, n int) (time.Duration, string, error) {
+	var settings string
+	if err := db.GetContext(ctx, &settings, `SELECT 'fsync=' || current_setting('fsync') || ' synchronous_commit=' || current_setting('synchronous_commit')`); err != nil {
+		return 0, "", fmt.Errorf("rehearsal: durability settings: %w", err)
+	}
+	took := make([]time.Duration, 0, n)
+	for range n {
+		began := time.Now()
+		tx, err := db.BeginTxx(ctx, nil)
+		if err != nil {
+			return 0, "", fmt.Errorf("rehearsal: time a commit: %w", err)
+		}
+		if _, err := tx.ExecContext(ctx, `SELECT txid_current()`); err != nil {
+			_ = tx.Rollback()
+			return 0, "", fmt.Errorf("rehearsal: time a commit: %w", err)
+		}
+		if err := tx.Commit(); err != nil {
+			return 0, "", fmt.Errorf("rehearsal: time a commit: %w", err)
+		}
+		took = append(took, time.Since(began))
+	}
+	if n == 0 {
+		return 0, settings, nil
+	}
+	slices.Sort(took)
+	return took[n/2], settings, nil
+}
+
 // WALSince returns the WAL bytes inserted since lsn (a
 // pg_current_wal_insert_lsn read earlier).
 func WALSince(ctx context.Context, tx sqlx.ExtContext, lsn string) (int64, error) {
@@ -233,4 +316,14 @@ func OwnLocks(ctx context.Context, tx sqlx.ExtContext) ([]backfilltype.Rehearsal
 		return nil, fmt.Errorf("rehearsal: locks: %w", err)
 	}
 	return ls, nil
+}
+
+// relationSizes is the SQL of two columns: the pg_table_size and
+// pg_indexes_size of relation relid (an SQL expression of type oid),
+// summed over its partitions; NULL when relid is NULL or no longer
+// exists.
+func relationSizes(relid string) string {
+	// pg_partition_tree has no row for a table outside a partition tree.
+	return `coalesce((SELECT sum(pg_table_size(p.relid)) FROM pg_partition_tree(` + relid + `) p), pg_table_size(` + relid + `))::bigint,
+		coalesce((SELECT sum(pg_indexes_size(p.relid)) FROM pg_partition_tree(` + relid + `) p), pg_indexes_size(` + relid + `))::bigint`
 }

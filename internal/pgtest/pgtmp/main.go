@@ -1,7 +1,9 @@
 // Command pgtmp runs a throwaway PostgreSQL server for as long as its
 // standard input stays open.
 //
-// It starts a server with pgtest.Start, prints DATABASE_URL=<url> as the
+// It starts a server with pgtest.Start (with production durability,
+// fsync, full_page_writes and synchronous_commit on, when BACKFILL_DURABLE
+// is set: pgtest.Options.Durable), prints DATABASE_URL=<url> as the
 // first line of its standard output, then waits until standard input is
 // closed (EOF) or it gets SIGINT or SIGTERM, stops the server and removes
 // its files. internal/pgtest/with-postgres.sh uses it to run a command
@@ -29,7 +31,7 @@ func run() int {
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	srv, err := pgtest.Start(ctx)
+	srv, err := pgtest.StartWith(ctx, pgtest.Options{Durable: os.Getenv("BACKFILL_DURABLE") != ""})
 	cancel()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "pgtmp:", err)

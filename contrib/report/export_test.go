@@ -1,0 +1,4 @@
+package report
+
+// FormatBytes is fmtBytes, for the tests.
+var FormatBytes = fmtBytes
