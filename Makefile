@@ -63,8 +63,9 @@ lint:
 # server. Extra flags: make demo ARGS='-limit-days 7'. BACKFILL_KEEP=1 make
 # demo keeps the throwaway server afterwards for inspection (Ctrl-C stops it).
 # BACKFILL_DURABLE=1 make demo starts it with production durability (fsync,
-# full_page_writes, synchronous_commit on); PGTEST_TMPDIR=DIR puts its files
-# in DIR (by default /dev/shm when it has room: RAM, where fsync costs little).
+# full_page_writes, synchronous_commit on), its files on disk (the system's
+# temporary directory, never /dev/shm, where fsync costs nothing);
+# PGTEST_TMPDIR=DIR puts a server's files in DIR.
 ARGS ?=
 
 .PHONY: demo data

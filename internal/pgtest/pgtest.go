@@ -205,7 +205,9 @@ type Options struct {
 	SynchronousCommit bool
 	// Durable keeps production durability: fsync, full_page_writes and
 	// synchronous_commit on, for benchmarks beside a live load
-	// (cmd/bench/lock, cmd/bench/load's durable runs).
+	// (cmd/bench/lock, cmd/bench/load's durable runs); its directory is on
+	// disk, never in /dev/shm (unless PGTEST_TMPDIR names a directory
+	// there).
 	Durable bool
 }
 
@@ -226,7 +228,7 @@ func StartWith(ctx context.Context, opts Options) (srv *Server, err error) {
 	}
 	removeStaleDirs()
 
-	dir, err := makeTempDir(cred)
+	dir, err := makeTempDir(cred, opts.Durable)
 	if err != nil {
 		return nil, err
 	}
@@ -472,9 +474,14 @@ func credential() (*syscall.Credential, error) {
 }
 
 // makeTempDir creates the server's directory, owned by the user the server
-// runs as, and records the creating process for removeStaleDirs.
-func makeTempDir(cred *syscall.Credential) (string, error) {
+// runs as, and records the creating process for removeStaleDirs. A
+// durable server's directory is on disk (not /dev/shm, where fsync costs
+// nothing) unless PGTEST_TMPDIR says otherwise.
+func makeTempDir(cred *syscall.Credential, durable bool) (string, error) {
 	base := baseDir()
+	if durable && base == shmDir {
+		base = os.TempDir()
+	}
 	if cred != nil && !othersCanTraverse(base) {
 		// The server user must reach its directory; a TMPDIR under
 		// root's home would not do.

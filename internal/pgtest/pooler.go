@@ -113,7 +113,7 @@ func StartPooler(ctx context.Context, serverURL string, opts PoolerOptions) (p *
 	if err != nil {
 		return nil, err
 	}
-	dir, err := makeTempDir(cred)
+	dir, err := makeTempDir(cred, false)
 	if err != nil {
 		return nil, err
 	}

@@ -11,10 +11,9 @@
 # Exits with COMMAND's exit status.
 #
 # BACKFILL_DURABLE=1 starts the throwaway server with production
-# durability (fsync, full_page_writes and synchronous_commit on);
-# PGTEST_TMPDIR=DIR puts its files in DIR (the default is RAM-backed when
-# /dev/shm has room, where fsync costs little: pass a directory on disk to
-# measure a durable server's commits).
+# durability (fsync, full_page_writes and synchronous_commit on), its
+# files on disk (never /dev/shm, where fsync costs nothing);
+# PGTEST_TMPDIR=DIR puts a server's files in DIR.
 #
 # BACKFILL_KEEP=1 keeps the throwaway server after COMMAND ends, for
 # inspection (psql, cmd/backfill): the script prints its DATABASE_URL and
