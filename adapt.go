@@ -33,7 +33,9 @@ package backfill
 // A plan chunk left pending or failed with sub-chunks committed (its run
 // failed or was stopped midway) is rolled back as a done one
 // ([splitChunks]). Until its last sub-chunk commits, a plan chunk's rows
-// are not in its counts (the status and report count chunks done).
+// are not in its counts (the report counts chunks done); the status adds
+// the committed sub-chunks of the plan chunks not done to its rows and
+// rates, so that a long chunk shows its progress.
 // Only the user's Extractor sees the sub-chunk's own ID, derived from its
 // bounds as a chunker's would be ([subchunkID]).
 //

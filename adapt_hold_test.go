@@ -182,3 +182,61 @@ func untilCtx(ctx context.Context, f func() (bool, error)) error {
 		}
 	}
 }
+
+// TestAdaptStatusCountsCommittedSubchunks: while a plan chunk is worked
+// in sub-chunks, and once it is left pending midway (the run paused),
+// Status counts the rows of its committed sub-chunks (they are in the
+// target), not only the chunks done; once the chunk is done its rows
+// count once.
+func TestAdaptStatusCountsCommittedSubchunks(t *testing.T) {
+	t.Parallel()
+	db := liveDB(t)
+	var r *Runner
+	var during Status
+	var subRead int64
+	var once sync.Once
+	job := heavyLiveJob(db, func(ctx context.Context, batch int64, committed int) error {
+		var err error
+		switch committed {
+		case 3:
+			once.Do(func() {
+				// From another session: the fourth sub-chunk's
+				// transaction is not committed.
+				if err = db.GetContext(ctx, &subRead, `SELECT sum(rows_read) FROM backfill.subchunks WHERE batch_id = $1`, batch); err != nil {
+					return
+				}
+				during, err = r.StatusOf(ctx, batch)
+			})
+		case 5:
+			_, err = db.ExecContext(ctx, `SELECT backfill.pause($1::bigint, 'ann', 'look at the status')`, batch)
+		}
+		return err
+	})
+	r = liveRunner(t, db, "w1", nil)
+	r.cfg.Concurrency, r.cfg.ChunkTarget, r.cfg.ChunkMaxRows = 1, time.Hour, 100
+	out := testwait.Recv(t, "the paused run", goRun(t.Context(), r, job))
+	require.ErrorIs(t, out.err, ErrRunPaused)
+
+	require.Positive(t, subRead)
+	require.Zero(t, during.Chunks.Done)
+	require.Equal(t, Counts{Read: subRead, Inserted: subRead}, during.Rows, "the committed sub-chunks of the chunk in progress")
+	require.Equal(t, subRead, during.RowsProcessed)
+
+	n, status, _ := subchunkState(t, db, out.rep.BatchID)
+	require.Equal(t, 6, n)
+	require.Equal(t, "pending", status)
+	var read int64
+	require.NoError(t, db.Get(&read, `SELECT sum(rows_read) FROM backfill.subchunks WHERE batch_id = $1`, out.rep.BatchID))
+	paused, err := r.StatusOf(t.Context(), out.rep.BatchID)
+	require.NoError(t, err)
+	require.Equal(t, Counts{Read: read, Inserted: read}, paused.Rows, "the chunk left pending midway")
+	require.Equal(t, read, paused.RowsProcessed)
+
+	rep, err := r.Resume(t.Context(), job, "ann", "go on")
+	require.NoError(t, err)
+	requireHeavyLoaded(t, db, rep.BatchID)
+	done, err := r.StatusOf(t.Context(), rep.BatchID)
+	require.NoError(t, err)
+	require.Equal(t, Counts{Read: 2000, Inserted: 2000}, done.Rows, "once done, counted once")
+	require.Equal(t, int64(2000), done.RowsProcessed)
+}

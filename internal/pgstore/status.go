@@ -118,6 +118,9 @@ func (m *Manifest) Status(ctx context.Context, db sqlx.ExtContext, batchID int64
 		if err := m.readETAInputs(ctx, tx, batchID, rows[0].WindowStart, rows[0].AsOf, &in); err != nil {
 			return err
 		}
+		if err := sqlx.GetContext(ctx, tx, &in.sub, m.SQL(subchunksInProgressSQL), batchID, rows[0].WindowStart, rows[0].AsOf); err != nil {
+			return err
+		}
 		if rows[0].RolledBack > 0 && rows[0].Status != string(backfilltype.RunRolledBack) {
 			// Chunks rolled back in a batch that is not: a chunk's rollback
 			// (which leaves the batch as it is), or a whole batch's that
@@ -150,6 +153,7 @@ func (m *Manifest) Status(ctx context.Context, db sqlx.ExtContext, batchID int64
 		return backfilltype.Status{}, fmt.Errorf("backfill: status of batch %d: %w", batchID, backfilltype.ErrRunNotFound)
 	}
 	r := rows[0]
+	in.sub.addTo(&r)
 	s := backfilltype.Status{BatchID: r.BatchID, Job: r.Job, Status: backfilltype.RunStatus(r.Status), LastHeartbeat: r.LastHeartbeat,
 		CreatedAt: r.CreatedAt, AsOf: r.AsOf,
 		Chunks: backfilltype.StatusChunks{Total: r.Total, Done: r.Done, Open: r.Open, Pending: r.Pending, Failed: r.Failed,
@@ -237,9 +241,67 @@ type etaInputs struct {
 	// seconds, the chunks at once it ran.
 	Busy  *float64 `db:"busy"`
 	knobs map[string]float64
+	// sub is what the committed sub-chunks of plan chunks not done add.
+	sub subchunkProgress
 	// rollback is the start of a whole batch's rollback that has not
 	// finished (interrupted between its slices), nil if none.
 	rollback *rollbackEvent
+}
+
+// subchunkProgress sums the committed sub-chunks of a run's plan
+// chunks that are not done (pending or failed: worked in sub-chunks,
+// adaptive chunks): their rows are in the target, not yet in their plan
+// chunk's counts (which take the sums when the last sub-chunk commits).
+type subchunkProgress struct {
+	Read         int64 `db:"rows_read"`
+	Inserted     int64 `db:"rows_inserted"`
+	Updated      int64 `db:"rows_updated"`
+	Unchanged    int64 `db:"rows_unchanged"`
+	Rejected     int64 `db:"rows_rejected"`
+	Deduplicated int64 `db:"rows_deduplicated"`
+	// WindowRead are the rows read of those committed within the recent
+	// window.
+	WindowRead int64 `db:"window_read"`
+}
+
+// subchunksInProgressSQL reads the subchunkProgress of run $1 with the
+// recent window ($2, $3]: the plan chunks with sub-chunks, by a skip
+// scan of the sub-chunks' primary key (one probe per such plan chunk),
+// those pending or failed, and their sub-chunks.
+const subchunksInProgressSQL = `WITH RECURSIVE split(seq) AS (
+		SELECT min(seq) FROM {s}.subchunks WHERE batch_id = $1
+		UNION ALL
+		SELECT (SELECT min(x.seq) FROM {s}.subchunks x WHERE x.batch_id = $1 AND x.seq > split.seq) FROM split WHERE split.seq IS NOT NULL)
+	SELECT coalesce(sum(s.rows_read), 0)::bigint AS rows_read, coalesce(sum(s.rows_inserted), 0)::bigint AS rows_inserted,
+		coalesce(sum(s.rows_updated), 0)::bigint AS rows_updated, coalesce(sum(s.rows_unchanged), 0)::bigint AS rows_unchanged,
+		coalesce(sum(s.rows_rejected), 0)::bigint AS rows_rejected, coalesce(sum(s.rows_deduplicated), 0)::bigint AS rows_deduplicated,
+		coalesce(sum(s.rows_read) FILTER (WHERE s.committed_at > $2 AND s.committed_at <= $3), 0)::bigint AS window_read
+	FROM split JOIN {s}.chunks c ON c.batch_id = $1 AND c.seq = split.seq AND c.status IN ('pending', 'failed')
+	JOIN {s}.subchunks s ON s.batch_id = $1 AND s.seq = split.seq`
+
+// addTo adds p to the counts of r, the rows processed, and the recent
+// window's rows and rate.
+func (p subchunkProgress) addTo(r *statusRow) {
+	r.Read += p.Read
+	r.Inserted += p.Inserted
+	r.Updated += p.Updated
+	r.Unchanged += p.Unchanged
+	r.Rejected += p.Rejected
+	r.Deduplicated += p.Deduplicated
+	r.Processed += p.Read
+	if p.Read > 0 && r.WorkingSeconds > 0 {
+		v := float64(r.Processed) / r.WorkingSeconds
+		r.OverallRate = &v
+	}
+	if p.Read > 0 && r.TotalSeconds > 0 {
+		v := float64(r.Processed) / r.TotalSeconds
+		r.WallRate = &v
+	}
+	if p.WindowRead > 0 && r.WindowWorking >= 1 {
+		r.WindowRows += p.WindowRead
+		v := float64(r.WindowRows) / r.WindowWorking
+		r.RecentRate = &v
+	}
 }
 
 // rollbackEvent is a rollback's event in the audit log.
