@@ -88,7 +88,11 @@ type Status struct {
 	// goes on working at the rate it has under the knobs and throttles in
 	// force now; 0 when no chunk remains; nil when unknown or when the run
 	// is not working (Waiting says why). ETARate is the recent working
-	// rate (OverallRate when RecentRate is nil), lowered to what the live
+	// rate (OverallRate when RecentRate is nil) or, when a knob was set
+	// within the recent window (a throttle's watermark, the rate cap, a
+	// concurrency), the rate since the change, throttle holds included,
+	// once it ran a second and committed rows (until then the rate
+	// before, and ETABasis says so), lowered to what the live
 	// knobs allow: the rows_per_second knob, the chunks_per_second knob
 	// (at the remaining rows per chunk), and the concurrency and
 	// job_concurrency knobs (in proportion, when they allow fewer chunks
