@@ -96,7 +96,8 @@ type statusRow struct {
 // index on checkpointed_at, the chunks in flight from the index on leased
 // chunks: its cost does not grow with the run's chunks nor its queued
 // exceptions, only with the distinct reasons and columns of its
-// exception queue.
+// exception queue, and with the plan chunks worked in sub-chunks (one
+// index probe each: subchunksInProgressSQL).
 func (m *Manifest) Status(ctx context.Context, db sqlx.ExtContext, batchID int64) (backfilltype.Status, error) {
 	ctx = m.purpose(ctx, "read the run's status", batchID)
 	var (
