@@ -249,7 +249,7 @@ type etaInputs struct {
 	KnobKey   *string    `db:"knob_key"`
 	ResumedAt *time.Time `db:"resumed_at"`
 	KnobRows  *int64     `db:"knob_rows"`
-	knobs    map[string]float64
+	knobs     map[string]float64
 	// sub is what the committed sub-chunks of plan chunks not done add.
 	sub subchunkProgress
 	// rollback is the start of a whole batch's rollback that has not
