@@ -33,30 +33,38 @@ package backfill
 // A plan chunk left pending or failed with sub-chunks committed (its run
 // failed or was stopped midway) is rolled back as a done one
 // ([splitChunks]). Until its last sub-chunk commits, a plan chunk's rows
-// are not in its counts (the status and report count chunks done).
+// are not in its counts (the report counts chunks done); the status adds
+// the committed sub-chunks of the plan chunks not done to its rows and
+// rates, so that a long chunk shows its progress.
 // Only the user's Extractor sees the sub-chunk's own ID, derived from its
 // bounds as a chunker's would be ([subchunkID]).
 //
-// Sizing. A call keeps two estimates: the rate of a chunk transaction in
-// rows per second (rows actually merged over the transaction's duration,
-// from its begin to its commit) and the rows per unit of the chunking
-// dimension (one integer, one nanosecond). The next sub-chunk's rows are
-// rate × target, within [ChunkMinRows, ChunkMaxRows], and its span those
-// rows over the density. The rate comes down fast (a reading under half
-// the estimate weighs 0.7, as in an exponentially weighted moving
-// average) and goes up slowly (otherwise the estimate is the median of
-// the last 9 readings, rising by a quarter at most per reading: a mean
-// would leave noise biasing it); the density is the last sub-chunk's, so
-// a dense stretch shrinks the next sub-chunk at once. A
-// sub-chunk's rows are known once it is extracted, before its
-// transaction begins: one with more than 1.5× the rows wanted is given
-// back and a shorter sub-range extracted instead, so a chunk 50× denser
-// than the rest costs one extraction more, not a long transaction; one
-// with less than 1/1.5 of them is given back once for a longer one, at
-// the density found (the first sub-chunk of a plan chunk after a dense
-// one, a sparse stretch). The
-// first chunk transaction of a call, with no rate yet, is held to
-// adaptBootstrapRows rows.
+// Sizing. A call keeps two estimates, carried from one plan chunk to
+// the next: the rate of a chunk transaction in rows per second (rows
+// actually merged over the transaction's duration, from its begin to its
+// commit, so the cost of a transaction whatever its rows is in it) and
+// the rows per unit of the chunking dimension (one integer, one
+// nanosecond). The next sub-chunk's rows are rate × target, within
+// [ChunkMinRows, ChunkMaxRows], and its span those rows over the
+// density. The rate is a moving average of the logarithm of the readings
+// that comes down fast and goes up slowly (a reading under it weighs
+// rateDown, over it rateUp): it sits below most readings, so that the
+// noise of a loaded server leaves most transactions under the target,
+// and follows a slowdown (a checkpoint's full-page writes, a larger
+// table) within a few transactions. The first transaction of a call,
+// with no rate yet, is held to adaptBootstrapRows rows; until one runs
+// half the target, the rate is the last reading (each transaction
+// sizing the next, at most adaptGrowth times larger). The density is
+// the last sub-chunk's, so a dense stretch shrinks the next sub-chunk at
+// once. A sub-chunk's rows are known once it is extracted, before its
+// transaction begins: one with more than adaptOversize (1.2) × the rows
+// wanted is given back and a shorter sub-range extracted instead, so a
+// chunk 50× denser than the rest costs one extraction more, not a long
+// transaction; one with less than 1/adaptUndersize of them is given back
+// once for a longer one, at the density found (the first sub-chunk of a
+// plan chunk after a dense one, a sparse stretch). A plan chunk of at
+// most 1.2 × the rows wanted runs whole; a larger one is divided into
+// the fewest equal sub-chunks of at most 1.2 × those rows ([spanFor]).
 //
 // Timeouts. A sub-chunk whose transaction fails with statement_timeout
 // (57014) or a lock wait beyond its lock_timeout (55P03) while the call
@@ -76,9 +84,9 @@ package backfill
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
-	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -99,9 +107,15 @@ const DefaultChunkMinRows = 100
 // transaction, before any rate is known.
 const adaptBootstrapRows = 1000
 
-// adaptOversize is how far over the rows wanted an extracted sub-chunk
-// may be before it is given back for a shorter one.
-const adaptOversize = 1.5
+// adaptOversize is how far over the rows wanted a sub-chunk may be:
+// one extracted with more is given back for a shorter one, and the rest
+// of a plan chunk is divided into sub-chunks of at most this many times
+// the rows wanted. adaptUndersize: one extracted with fewer than the rows
+// wanted over this is given back once for a longer one.
+const (
+	adaptOversize  = 1.2
+	adaptUndersize = 1.5
+)
 
 // adaptGrowth bounds how much a sub-chunk's span changes from one
 // extraction to the next (grown at most this many times, shrunk to at
@@ -110,16 +124,12 @@ const adaptOversize = 1.5
 // then from the burst's average, would go back and forth between them.
 const adaptGrowth = 4
 
-// Weights of an observation in the moving averages: down fast, up slowly
-// (rate); up fast, down slowly (density).
-// The rate: a reading under rateSlow × the estimate is a slowdown, not
-// noise, and weighs rateDown; otherwise the estimate is the median of
-// the last rateWindow readings, rising by at most rateUp a reading.
+// Weights of a reading in the rate estimate, a moving average of the
+// logarithm of the readings: a reading under the estimate weighs
+// rateDown, one over it rateUp (down fast, up slowly).
 const (
-	rateDown   = 0.7
-	rateSlow   = 0.5
-	rateUp     = 1.25
-	rateWindow = 9
+	rateDown = 0.5
+	rateUp   = 0.2
 )
 
 // adaptState is a call's estimates for sizing sub-chunks, shared by its
@@ -128,44 +138,53 @@ type adaptState struct {
 	mu      sync.Mutex
 	rate    float64 // rows per second of a chunk transaction; 0: unknown
 	density float64 // rows per unit of the chunking dimension; 0: unknown
+	// warm: a transaction observed ran at least half the target (until
+	// then, the rate is the last reading).
+	warm bool
 	// ceiling caps the rows of a sub-chunk after a timeout: half the
 	// rows that timed out, raised by a quarter by each transaction that
 	// commits near it, up to 0.8 × the fewest rows that timed out,
 	// timedOutRows (0: none).
 	ceiling, timedOutRows float64
-	// readings are the last rateWindow rates observed.
-	readings []float64
 
 	once sync.Once
 	why  string // why the call runs chunks whole ("" : it adapts)
 	sub  backfilldriver.ManifestSubchunks
 }
 
-// observe folds a committed transaction of rows rows that took d into
-// the rate, and its density (rows per unit over span units) in as the
-// density of the next chunk's start.
-func (a *adaptState) observe(rows int64, span uint64, d time.Duration) {
+// observe folds a committed transaction of rows rows that took d, under
+// target, into the rate, and its density (rows per unit over span units)
+// in as the density of the next chunk's start.
+func (a *adaptState) observe(rows int64, span uint64, d, target time.Duration) {
 	if rows <= 0 || d <= 0 {
 		return
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	r := float64(rows) / d.Seconds()
-	if a.readings = append(a.readings, r); len(a.readings) > rateWindow {
-		a.readings = a.readings[1:]
-	}
 	switch {
-	case a.rate == 0:
+	case a.rate == 0 || !a.warm:
+		// Warming up: the transactions so far were short (the first is
+		// adaptBootstrapRows), their rates understated by the cost of a
+		// transaction whatever its rows; each sizes the next, at most
+		// adaptGrowth times larger.
+		if a.rate > 0 {
+			r = min(r, adaptGrowth*a.rate)
+		}
 		a.rate = r
-	case r < rateSlow*a.rate:
-		a.rate = rateDown*r + (1-rateDown)*a.rate
+		a.warm = d >= target/2
 	default:
-		// The median, not a mean: noise of a loaded server either way
-		// leaves it where half the transactions take longer than the
-		// target and half shorter.
-		s := slices.Clone(a.readings)
-		slices.Sort(s)
-		a.rate = min(s[len(s)/2], rateUp*a.rate)
+		// A moving average of the logarithm (a reading twice the
+		// estimate and one half of it move it as far), down fast, up
+		// slowly: at rest the estimate sits below most readings, so a
+		// transaction ends under the target more often than over it,
+		// and a slowdown lasting a few transactions (a checkpoint, a
+		// larger table) brings it down within a few.
+		w := rateUp
+		if r < a.rate {
+			w = rateDown
+		}
+		a.rate *= math.Pow(r/a.rate, w)
 	}
 	if span > 0 {
 		a.density = float64(rows) / float64(span)
@@ -224,19 +243,21 @@ func (a *adaptState) wantRows(lim adaptLimits) float64 {
 
 // spanFor is the span (units) of a sub-chunk of want rows at density
 // rows per unit, at least minSpan, and at most rest, divided evenly: the
-// rest in the whole number of equal sub-chunks nearest to rest/span (so
-// the last is no remainder, and each is within 0.75× and 1.5× of the
-// span: 1.5 spans make two of 0.75, 1.49 one). 0 density: the rest.
+// rest in the fewest equal sub-chunks of at most adaptOversize × the
+// span (so the last is no remainder; each is within 0.6× and 1.2× of the
+// span: 1.21 spans make two of 0.605, 1.2 one). 0 density: the rest.
 func spanFor(want, density float64, minSpan, rest uint64) uint64 {
 	if density <= 0 || rest == 0 {
 		return rest
 	}
 	s := want / density
-	if s >= float64(rest) {
+	if s*adaptOversize >= float64(rest) {
 		return rest
 	}
-	k := max(math.Round(float64(rest)/max(s, float64(minSpan))), 1)
-	return max(uint64(math.Ceil(float64(rest)/k)), minSpan)
+	most := max(adaptOversize*s, float64(minSpan))
+	k := max(math.Ceil(float64(rest)/most), 1)
+	// Whole units: never over the most either (a span of a few units).
+	return max(min(uint64(math.Ceil(float64(rest)/k)), uint64(most)), minSpan)
 }
 
 // subTry is the plan chunk a try's sub-chunk refines, and where the
@@ -491,7 +512,16 @@ func (ex *execution) extractSub(ctx context.Context, a *adaptState, t *chunkTry,
 			c = st.plan
 		}
 		t.c, t.started = c, time.Now()
-		x, err := ex.extractSpooled(t.cr.span.next(ctx, backfilltrace.PhaseExtract), c, t.started, "", st.prior.Read)
+		x, err := ex.extractSpooled(t.cr.span.next(ctx, backfilltrace.PhaseExtract), c, t.started, "", st.prior)
+		var re *rejectsError
+		if errors.As(err, &re) && float64(re.read) > adaptOversize*want && span > minSpan {
+			// Too many rejects, but in more rows than the sub-chunk would
+			// have kept: a shorter sub-range, which the limit (the plan
+			// chunk's) may allow.
+			span = max(span/adaptGrowth, minSpan)
+			grown = true
+			continue
+		}
 		if err != nil {
 			return err
 		}
@@ -508,7 +538,7 @@ func (ex *execution) extractSub(ctx context.Context, a *adaptState, t *chunkTry,
 			grown = true
 			continue
 		}
-		if !grown && float64(n)*adaptOversize < want && span < rest {
+		if !grown && float64(n)*adaptUndersize < want && span < rest {
 			// Far fewer rows than wanted (a sparser stretch than the
 			// estimate): once, a longer sub-range at the density found.
 			x.close()
@@ -564,16 +594,36 @@ func (ex *execution) writeSubchunks(ctx context.Context, t *chunkTry, h *heldLea
 			}
 			continue
 		}
-		a.observe(st.counts(t.cr.res).Read, st.span, d)
+		a.observe(st.counts(t.cr.res).Read, st.span, d, ex.adaptLimits().target)
 		if st.last {
 			return true, nil
 		}
 		// The next sub-chunk, under the same lease, unless the call
 		// stopped (paused, cancelled, draining) or the knob turned
-		// adaptation off meanwhile (then the rest runs as one).
+		// adaptation off meanwhile (then the rest runs as one). Between
+		// two sub-chunks as between two chunks: the run's control state
+		// is read (a pause, a cancel, the knobs: between two chunks the
+		// lease reads it), and the throttles hold and the rate cap paces
+		// the worker, which keeps the plan chunk's lease meanwhile.
 		if ctx.Err() != nil {
 			cr.outcome = tryNone
 			return false, ctx.Err()
+		}
+		if ex.ctl != nil {
+			ex.pollControl(ctx)
+		}
+		if th := ex.throttle; th != nil && !ex.stopped() {
+			if cr.admitted {
+				n := st.counts(t.cr.res).Read
+				th.settle(n)
+				cr.settled += n
+			}
+			cr.admitted = false
+			if err := th.wait(ctx); err != nil {
+				cr.outcome = tryNone
+				return false, err
+			}
+			cr.admitted = true
 		}
 		if ex.stopped() || ex.r.draining.Load() {
 			cr.outcome = tryThrottled

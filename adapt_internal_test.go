@@ -1,6 +1,7 @@
 package backfill
 
 import (
+	"math"
 	"testing"
 	"time"
 
@@ -9,26 +10,30 @@ import (
 	"github.com/pgbackfill/backfill/backfilltype"
 )
 
-// TestAdaptRateShrinksFastGrowsSlowly: a transaction at less than half
-// the rate estimate pulls it most of the way down at once; otherwise the
-// estimate is the median of the last readings, rising by a quarter at
-// most; the rows wanted stay within the bounds.
+// TestAdaptRateShrinksFastGrowsSlowly: while transactions are short
+// the rate is the last reading (at most adaptGrowth times the one
+// before); then a moving average of the logarithm of the readings that
+// falls fast and rises slowly; the rows wanted stay within the bounds.
 func TestAdaptRateShrinksFastGrowsSlowly(t *testing.T) {
 	var a adaptState
-	lim := adaptLimits{target: time.Second, minRows: 100, maxRows: 5000}
+	target := time.Second
+	lim := adaptLimits{target: target, minRows: 100, maxRows: 5000}
 	require.Equal(t, float64(adaptBootstrapRows), a.wantRows(lim), "no rate yet: the bootstrap")
-	a.observe(1000, 100, time.Second) // 1000 rows/s
+	a.observe(100, 100, 100*time.Millisecond, target) // 1000 rows/s in a short transaction
 	require.InDelta(t, 1000, a.wantRows(lim), 1e-9)
-	a.observe(1000, 100, 10*time.Second) // 100 rows/s: down fast
-	require.InDelta(t, 0.7*100+0.3*1000, a.rate, 1e-9)
-	a.observe(333, 100, time.Second) // readings 1000, 100, 333: the median
-	require.InDelta(t, 333, a.rate, 1e-9)
-	a.observe(10000, 100, time.Second) // 10000 rows/s: up a quarter at most
-	require.InDelta(t, 1.25*333, a.rate, 1e-9)
-	for range 9 {
-		a.observe(2000, 100, time.Second)
+	a.observe(1000, 100, 100*time.Millisecond, target) // 10000 rows/s, short: at most 4× up
+	require.InDelta(t, 4000, a.rate, 1e-9)
+	a.observe(3000, 100, time.Second, target) // 3000 rows/s over half the target: warm
+	require.InDelta(t, 3000, a.rate, 1e-9)
+	require.True(t, a.warm)
+	a.observe(750, 100, time.Second, target) // a quarter: down half the way (in the logarithm)
+	require.InDelta(t, 1500, a.rate, 1e-9)
+	a.observe(3000, 100, time.Second, target) // twice: up a fifth of the way
+	require.InDelta(t, 1500*math.Pow(2, 0.2), a.rate, 1e-9)
+	for range 40 {
+		a.observe(2000, 100, time.Second, target)
 	}
-	require.InDelta(t, 2000, a.rate, 1e-9, "the median of the last 9 readings")
+	require.InDelta(t, 2000, a.rate, 1, "steady readings: the estimate reaches them")
 	a.rate = 1e9
 	require.Equal(t, float64(5000), a.wantRows(lim), "capped by maxRows")
 	a.rate = 1
@@ -39,11 +44,11 @@ func TestAdaptRateShrinksFastGrowsSlowly(t *testing.T) {
 	a.rate = 1e6
 	a.timedOut(800, time.Second)
 	require.Equal(t, float64(400), a.wantRows(adaptLimits{target: time.Hour, minRows: 1}))
-	a.observe(390, 10, time.Millisecond)
+	a.observe(390, 10, time.Millisecond, time.Hour)
 	require.Equal(t, float64(500), a.wantRows(adaptLimits{target: time.Hour, minRows: 1}))
-	a.observe(490, 10, time.Millisecond)
+	a.observe(490, 10, time.Millisecond, time.Hour)
 	require.Equal(t, float64(625), a.wantRows(adaptLimits{target: time.Hour, minRows: 1}))
-	a.observe(620, 10, time.Millisecond)
+	a.observe(620, 10, time.Millisecond, time.Hour)
 	require.Equal(t, float64(640), a.wantRows(adaptLimits{target: time.Hour, minRows: 1}), "never above 0.8 × the rows that timed out")
 }
 
@@ -54,6 +59,9 @@ func TestAdaptSpanFor(t *testing.T) {
 	require.Equal(t, uint64(100), spanFor(1000, 1, 1, 100), "fits: the rest")
 	require.Equal(t, uint64(2), spanFor(100, 50, 1, 100))
 	require.Equal(t, uint64(84), spanFor(100, 1, 1, 250), "250 in 3 equal spans, not 100+100+50")
+	require.Equal(t, uint64(120), spanFor(100, 1, 1, 120), "at most 1.2 × the rows wanted: whole")
+	require.Equal(t, uint64(61), spanFor(100, 1, 1, 121), "over 1.2 ×: two halves")
+	require.Equal(t, uint64(100), spanFor(100, 1, 1, 200))
 	require.Equal(t, uint64(1), spanFor(1, 1000, 1, 100), "at least the least span")
 }
 

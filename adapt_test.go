@@ -124,7 +124,7 @@ func requireItemsOnce(t *testing.T, db *sqlx.DB, heavy int64) {
 
 // TestAdaptSplitsSkewedChunk: with ChunkTarget and ChunkMaxRows, the
 // chunk with 50 times the rows of the others is worked through in
-// sub-chunks of at most 1.5 × ChunkMaxRows rows (the sizer's oversize
+// sub-chunks of at most 1.2 × ChunkMaxRows rows (the sizer's oversize
 // margin), recorded in the manifest as a tiling of the plan chunk whose
 // counts are the plan chunk's; the others run whole; the Extractor sees
 // each sub-chunk with its own ID; the plan is unchanged.
@@ -573,4 +573,53 @@ func TestAdaptRowNumbersNameThePlanChunksRows(t *testing.T) {
 		}
 		require.Equal(t, fmt.Sprint(lo+e.Row-1), e.Raw, "row %d of %s", e.Row, e.Chunk)
 	}
+}
+
+// TestAdaptMaxRejectsPerPlanChunk: MaxRejectsPerChunk bounds a plan
+// chunk's rejects summed over its sub-chunks, not each sub-chunk's: the
+// heavy chunk rejects one row in ten (500 rows in sub-chunks of at most
+// 120, none with more than 12), and a limit of 100 fails it with an
+// error wrapping ErrTooManyRejects that names the chunk; the sub-chunks
+// committed before hold at most 100 rejects.
+func TestAdaptMaxRejectsPerPlanChunk(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t)
+	rbSetup(t, db)
+	r, err := backfill.New(db, &backfill.Config{Concurrency: 1, ChunkTarget: time.Hour, ChunkMaxRows: 100, MaxRejectsPerChunk: 100, MaxAttempts: 1})
+	require.NoError(t, err)
+	job := backfill.Job{Name: "rejects", Chunker: backfill.IntRange(0, 1000, 100),
+		Extractor: backfill.ExtractorFunc(func(ctx context.Context, c backfill.Chunk, w backfill.RowWriter) error {
+			for k := c.Lo; k < c.Hi; k++ {
+				n := int64(1)
+				if k >= 300 && k < 400 {
+					n = 50
+				}
+				for j := range n {
+					var qty any = k
+					if n > 1 && j%10 == 0 {
+						qty = "not a number"
+					}
+					if err := w.Write(ctx, k*100+j, fmt.Sprintf("k%d", k), qty); err != nil {
+						return err
+					}
+				}
+			}
+			return nil
+		}),
+		Target: backfill.Target{Table: "items", Key: []string{"id"}, Columns: []string{"id", "name", "qty"}}}
+	_, err = r.Run(ctx, job)
+	require.ErrorIs(t, err, backfill.ErrTooManyRejects)
+	require.ErrorContains(t, err, "int:300/400")
+	require.ErrorContains(t, err, "sub-chunks committed before")
+	var batch int64
+	require.NoError(t, db.Get(&batch, `SELECT batch_id FROM backfill.runs WHERE job_name = 'rejects'`))
+	var rejected, subs int64
+	require.NoError(t, db.QueryRow(`SELECT coalesce(sum(rows_rejected), 0), count(*) FROM backfill.subchunks WHERE batch_id = $1 AND seq = 3`, batch).Scan(&rejected, &subs))
+	require.Greater(t, subs, int64(1), "the chunk was worked in sub-chunks")
+	require.LessOrEqual(t, rejected, int64(100))
+	require.Greater(t, rejected, int64(80), "the sub-chunks before the failing one committed")
+	var status string
+	require.NoError(t, db.Get(&status, `SELECT status FROM backfill.chunks WHERE batch_id = $1 AND seq = 3`, batch))
+	require.Equal(t, "failed", status)
 }

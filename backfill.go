@@ -440,7 +440,11 @@ type Config struct {
 	// each further attempt. Default 100ms.
 	RetryBackoff time.Duration
 	// MaxRejectsPerChunk fails a chunk that rejects more rows than this
-	// (the chunk rolls back: nothing is dropped). Rejected rows are held
+	// (the chunk rolls back: nothing is dropped). A chunk worked in
+	// sub-chunks (ChunkTarget) counts the rejects of all its sub-chunks:
+	// the sub-chunk that takes the plan chunk past the limit fails, and
+	// the sub-chunks committed before it stay (the chunk fails with them
+	// recorded, as any failure between two sub-chunks). Rejected rows are held
 	// in memory until the chunk commits (at most 64 KiB of raw row each),
 	// so the limit also bounds that memory. 0 means
 	// [DefaultMaxRejectsPerChunk]; a negative value means no limit.

@@ -48,7 +48,7 @@ func (s *spooled) close() {
 // replay stages the spooled rows with w, a fresh row writer of a staging
 // attempt: w starts from the extraction's counts and exceptions.
 func (s *spooled) replay(ctx context.Context, w *rowWriter) error {
-	w.row, w.read, w.rejected = s.w.row, s.w.read, s.w.rejected
+	w.row, w.read, w.rejected, w.priorRejected = s.w.row, s.w.read, s.w.rejected, s.w.priorRejected
 	w.exceptions = slices.Clone(s.w.exceptions)
 	if !slices.Equal(w.names, s.w.names) {
 		return fmt.Errorf("%w: the publish target's columns [%v] differ from the columns the chunk was extracted for [%v]", backfilltype.ErrNotRetryable, w.names, s.w.names)

@@ -159,7 +159,7 @@ func (ex *execution) publishStaged(ctx context.Context, tx sqlx.ExtContext, stag
 	if err != nil {
 		return ChunkResult{}, &ChunkError{Chunk: c, Attempt: 1, Err: err}
 	}
-	if err := pgstore.TooManyRejects(r.cfg.MaxRejectsPerChunk, c, sc.Rejected, mr.Rejected); err != nil {
+	if err := pgstore.TooManyRejects(r.cfg.MaxRejectsPerChunk, c, 0, sc.Rejected, mr.Rejected); err != nil {
 		return ChunkResult{}, &ChunkError{Chunk: c, Attempt: 1, Err: err}
 	}
 	res := ChunkResult{Chunk: c, Attempt: 1, StartedAt: started, Worker: r.cfg.WorkerID,

@@ -310,7 +310,7 @@ func rehearseConcurrently(ctx context.Context, rm *pgstore.Manifest, newEx func(
 func (ex *execution) rehearseChunk(ctx context.Context, rm *pgstore.Manifest, c Chunk, est int64, warm bool, slot int) (rc RehearsalChunk, err error) {
 	rc = RehearsalChunk{Chunk: c, EstimatedRows: est}
 	if warm {
-		x, err := ex.extractSpooled(ctx, c, time.Now(), "", 0)
+		x, err := ex.extractSpooled(ctx, c, time.Now(), "", Counts{})
 		if err != nil {
 			return rc, &ChunkError{Chunk: c, Attempt: 1, Err: err}
 		}

@@ -30,9 +30,13 @@ type rowWriter struct {
 	ingested   string
 	stager     pgstore.RowAdder // the chunk's Stager, or its spool
 	maxRejects int
-	buf        []any
-	convs      []pgconv.Converter // per column, resolved once
-	hasher     pgstore.RowHasher  // Target.HashColumn's, built once
+	// priorRejected are the rows the sub-chunks of the chunk committed
+	// before this one rejected: maxRejects bounds the plan chunk's
+	// rejects, theirs and this sub-chunk's together.
+	priorRejected int64
+	buf           []any
+	convs         []pgconv.Converter // per column, resolved once
+	hasher        pgstore.RowHasher  // Target.HashColumn's, built once
 	// timeCols: per written column, whether it is a date, timestamp or
 	// timestamptz (timeValue), resolved once.
 	timeCols []bool
@@ -298,8 +302,12 @@ func (w *rowWriter) reject(raw []byte, column, value, reason string) error {
 		w.held += n
 	}
 	w.exceptions = append(w.exceptions, Exception{ChunkID: w.chunk.ID, Row: w.row, Raw: raw, Column: column, Value: value, Reason: reason})
-	if w.maxRejects > 0 && w.rejected > int64(w.maxRejects) {
-		w.err = fmt.Errorf("%w: more than %d in chunk %s (last: row %d column %q: %s)", ErrTooManyRejects, w.maxRejects, w.chunk.ID, w.row, column, withValue(reason, value))
+	if w.maxRejects > 0 && w.rejected+w.priorRejected > int64(w.maxRejects) {
+		before := ""
+		if w.priorRejected > 0 {
+			before = fmt.Sprintf("%d of them in its sub-chunks committed before; ", w.priorRejected)
+		}
+		w.err = fmt.Errorf("%w: more than %d in chunk %s (%slast: row %d column %q: %s)", ErrTooManyRejects, w.maxRejects, w.chunk.ID, before, w.row, column, withValue(reason, value))
 		return w.err
 	}
 	return nil

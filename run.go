@@ -1075,7 +1075,7 @@ func (ex *execution) next(ctx context.Context, ws *waitState, p *chunkPipe) bool
 	if cr.admitted {
 		var read int64
 		if err == nil && cr.outcome.claimed() {
-			read = cr.res.Read
+			read = max(cr.res.Read-cr.settled, 0)
 		}
 		ex.throttle.settle(read)
 	}
@@ -1360,6 +1360,9 @@ type chunkRun struct {
 	seen        *watchSeen
 	// fresh: the chunk was pending when claimed (checkRunRejectRate).
 	fresh bool
+	// settled: the rows of the sub-chunks the try committed that the
+	// rate cap was settled with between them (adapt.go).
+	settled int64
 	// admitted: the throttle let the try through (its rate cap reserved
 	// an estimate, settled when the try ends).
 	admitted bool
@@ -1642,7 +1645,7 @@ func (ex *execution) extract(ctx context.Context, cr *chunkRun, h *heldLease) (*
 	}
 
 	// Extract, outside any transaction, into a spool.
-	if t.x, err = ex.extractSpooled(xctx, c, t.started, version, 0); err != nil {
+	if t.x, err = ex.extractSpooled(xctx, c, t.started, version, Counts{}); err != nil {
 		return nil, t.chunkErr(err)
 	}
 	cr.span.setRows(t.x.w.read)
@@ -1765,7 +1768,11 @@ func (ex *execution) loadChunk(ctx context.Context, t *chunkTry) (err error) {
 		ex.log.Warn("chunks of this run disagree on keys: TargetWins kept the row the first chunk to commit wrote, so the result depends on commit order (Config.Concurrency); give the target a Version and use NewerVersionWins for an order-independent result",
 			"seq", c.Seq, "chunk", c.ID, "rows", mr.Disagreed)
 	}
-	if err := pgstore.TooManyRejects(ex.r.cfg.MaxRejectsPerChunk, c, w.rejected, mr.Rejected); err != nil {
+	var prior int64 // a sub-chunk's: the rejects of its plan chunk's sub-chunks before it
+	if t.sub != nil {
+		prior = t.sub.prior.Rejected
+	}
+	if err := pgstore.TooManyRejects(ex.r.cfg.MaxRejectsPerChunk, c, prior, w.rejected, mr.Rejected); err != nil {
 		return t.chunkErr(err)
 	}
 	if sk != nil {

@@ -275,7 +275,7 @@ func (ex *execution) skipFingerprint(info TableInfo) (*rawFingerprint, *chunkSki
 // chunk's first: 0, or for a sub-chunk the rows its plan chunk read in
 // the sub-chunks before it, so that row numbers name a row of the plan
 // chunk.
-func (ex *execution) extractSpooled(ctx context.Context, c Chunk, started time.Time, version string, rowBase int64) (*spooled, error) {
+func (ex *execution) extractSpooled(ctx context.Context, c Chunk, started time.Time, version string, prior Counts) (*spooled, error) {
 	sp := ex.r.newSpool()
 	info := ex.chunkInfo(ex.info, c)
 	fp, sk := ex.skipFingerprint(info)
@@ -285,13 +285,18 @@ func (ex *execution) extractSpooled(ctx context.Context, c Chunk, started time.T
 	w := newRowWriter(c, ex.job, info, sp, ex.r.cfg.MaxRejectsPerChunk, started)
 	w.fp = fp
 	w.mem = ex.r.mem.rejects
-	w.row = rowBase // a sub-chunk's rows are numbered on from its plan chunk's rows before it
+	// A sub-chunk's rows are numbered on from its plan chunk's rows
+	// before it, and its rejects count toward the plan chunk's limit.
+	w.row, w.priorRejected = prior.Read, prior.Rejected
 	xerr := extractSafely(ctx, ex.job.Extractor, ex.extractorChunk(c), w)
 	w.closed = true
 	switch {
 	case w.err != nil:
 		_ = sp.Close()
 		w.releaseMem()
+		if errors.Is(w.err, ErrTooManyRejects) {
+			return nil, &rejectsError{read: w.read, err: w.err}
+		}
 		return nil, w.err
 	case xerr != nil:
 		_ = sp.Close()
@@ -306,6 +311,18 @@ func (ex *execution) extractSpooled(ctx context.Context, c Chunk, started time.T
 	}
 	return &spooled{sp: sp, w: w, skip: sk}, nil
 }
+
+// rejectsError is an extraction stopped by too many rejected rows, after
+// read rows: an adaptive call gives back a sub-range that had more rows
+// than it wanted by then, rather than fail it (a shorter one may hold
+// fewer rejects).
+type rejectsError struct {
+	read int64
+	err  error
+}
+
+func (e *rejectsError) Error() string { return e.err.Error() }
+func (e *rejectsError) Unwrap() error { return e.err }
 
 // skipUnchanged skips try t's chunk, extracted into t.x and fenced in
 // t.tx, when its source rows and its target rows (t.info's, within its

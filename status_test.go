@@ -560,3 +560,50 @@ func TestStatusTextRatesOfEndedRuns(t *testing.T) {
 		}
 	}
 }
+
+// TestStatusETASinceKnobChange: a throttle's watermark set 10 s ago,
+// within the recent window, after which one chunk of 100 rows was
+// checkpointed: the ETA's rate is the rate since the change (100 rows in
+// 10 s, throttle holds included), not the window's (400 rows in 60
+// working seconds), and the status text says which.
+func TestStatusETASinceKnobChange(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t)
+	pm := NewPGManifest("")
+	require.NoError(t, pm.Init(ctx, db))
+	start := time.Date(2024, 1, 1, 0, 0, 0, 0, time.UTC)
+	ch := Hours(start, start.Add(10*time.Hour), time.UTC)
+	chunks, err := ch.Chunks(ctx)
+	require.NoError(t, err)
+	job := Job{Name: "knob", Chunker: ch, Target: Target{Table: "t", Key: []string{"id"}}}
+	run, _, err := pm.StartRun(ctx, db, NewPlan(job, TableInfo{Target: job.Target}, chunks), "w", false)
+	require.NoError(t, err)
+	b := run.BatchID
+	// One transaction: now() is the same for every statement.
+	tx, err := db.Beginx()
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback() }()
+	exec := func(q string, args ...any) {
+		t.Helper()
+		_, err := tx.Exec(q, args...)
+		require.NoError(t, err)
+	}
+	exec(`UPDATE backfill.runs SET created_at = now() - interval '60 s' WHERE batch_id = $1`, b)
+	exec(`INSERT INTO backfill.workers (worker_key, worker_id, batch_id, job_name, stale_after, started_at, heartbeat_at)
+		VALUES ('k', 'w', $1, 'knob', interval '30 s', now() - interval '60 s', now())`, b)
+	// As set_knob records it, 10 s ago.
+	exec(`INSERT INTO backfill.knobs (batch_id, key, value, set_by, reason) VALUES ($1, 'throttle.lag.high', 5, 'ann', 'gentler')`, b)
+	exec(`INSERT INTO backfill.events (batch_id, job_name, kind, actor, detail, created_at) VALUES ($1, 'knob', 'knob_set', 'ann',
+		'{"key": "throttle.lag.high", "value": 5}', now() - interval '10 s')`, b)
+	exec(`UPDATE backfill.chunks SET status = 'done', rows_read = 100, rows_inserted = 100, rows_processed = 100, reads = 1,
+		checkpointed_at = now() - (50 - 15 * seq) * interval '1 s' WHERE batch_id = $1 AND seq < 4`, b)
+
+	st, err := pm.Status(ctx, tx, b)
+	require.NoError(t, err)
+	require.InDelta(t, 400.0/60, *st.RecentRate, 0.2)
+	require.InDelta(t, 10, *st.ETARate, 0.1, "100 rows in the 10 s since the change")
+	require.InDelta(t, 60, *st.ETASeconds, 1)
+	require.Contains(t, st.String(), "the rate since knob throttle.lag.high was set at")
+	require.Contains(t, st.ETABasis, "throttle holds included")
+}

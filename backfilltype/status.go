@@ -40,7 +40,10 @@ type Status struct {
 	// Chunks counts the plan's chunks by status.
 	Chunks StatusChunks `json:"chunks"`
 	// Rows sums the counts of the checkpointed (done or open) chunks, each
-	// as it stands (backfill.Report.Counts): they never decrease across
+	// as it stands (backfill.Report.Counts), and of the committed
+	// sub-chunks of the chunks worked in sub-chunks that are not done
+	// yet (backfill.Config.ChunkTarget: a chunk in progress, or left
+	// pending or failed midway), whose rows are in the target: they never decrease across
 	// resumes and retries, except when an open chunk's re-read lowers one
 	// of its counts ([Counts.Reread]: it found fewer rows than the earlier
 	// read, or rows that read inserted or rejected now count otherwise) or
@@ -48,7 +51,8 @@ type Status struct {
 	Rows Counts `json:"rows"`
 	// RowsProcessed sums the rows of every checkpointed read of every
 	// chunk, a re-read open chunk once per read, rolled back chunks
-	// included: the work done. It never decreases. ChunkReads counts
+	// included, and the rows of the committed sub-chunks of chunks not
+	// done (as Rows): the work done. It never decreases. ChunkReads counts
 	// those reads.
 	RowsProcessed int64 `json:"rows_processed"`
 	ChunkReads    int64 `json:"chunk_reads"`
@@ -58,7 +62,8 @@ type Status struct {
 	Time StatusTime `json:"time"`
 	// RecentRate is RowsProcessed of the chunks checkpointed within the
 	// recent window (the last 20 seconds of wall time or the last 20
-	// checkpoints, whichever reaches further back) per working second
+	// checkpoints, whichever reaches further back), and of the sub-chunks
+	// of chunks not done committed within it, per working second
 	// within it; nil under 1 s of working time or no
 	// rows. WindowStart is where that window starts.
 	RecentRate  *float64  `json:"recent_rate"`
@@ -83,7 +88,11 @@ type Status struct {
 	// goes on working at the rate it has under the knobs and throttles in
 	// force now; 0 when no chunk remains; nil when unknown or when the run
 	// is not working (Waiting says why). ETARate is the recent working
-	// rate (OverallRate when RecentRate is nil), lowered to what the live
+	// rate (OverallRate when RecentRate is nil) or, when a knob was set
+	// within the recent window (a throttle's watermark, the rate cap, a
+	// concurrency), the rate since the change, throttle holds included,
+	// once it ran a second and committed rows (until then the rate
+	// before, and ETABasis says so), lowered to what the live
 	// knobs allow: the rows_per_second knob, the chunks_per_second knob
 	// (at the remaining rows per chunk), and the concurrency and
 	// job_concurrency knobs (in proportion, when they allow fewer chunks

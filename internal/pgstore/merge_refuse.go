@@ -684,9 +684,10 @@ func jsonText(v any) string {
 // TooManyRejects applies backfill.Config.MaxRejectsPerChunk (max, 0 for no
 // limit) to every reject of chunk c: the written rows the row writer or
 // the extractor rejected (written of them) and the merge's rejects
-// (conflicts, ambiguities, refusals).
-func TooManyRejects(max int, c backfilltype.Chunk, written int64, merged []backfilltype.Exception) error {
-	total := written + int64(len(merged))
+// (conflicts, ambiguities, refusals), with prior, the rejects of the
+// sub-chunks of c's plan chunk committed before c (0 for a whole chunk).
+func TooManyRejects(max int, c backfilltype.Chunk, prior, written int64, merged []backfilltype.Exception) error {
+	total := prior + written + int64(len(merged))
 	if max <= 0 || total <= int64(max) {
 		return nil
 	}
@@ -699,6 +700,10 @@ func TooManyRejects(max int, c backfilltype.Chunk, written int64, merged []backf
 		}
 		last = fmt.Sprintf(" (last refused by the merge: row %d %s %s: %s)", e.Row, what, e.Value, e.Reason)
 	}
-	return fmt.Errorf("%w: %d in chunk %s, more than %d (Config.MaxRejectsPerChunk): %d before the merge, %d by the merge%s",
-		backfilltype.ErrTooManyRejects, total, c.ID, max, written, len(merged), last)
+	before := ""
+	if prior > 0 {
+		before = fmt.Sprintf("%d in its sub-chunks committed before, ", prior)
+	}
+	return fmt.Errorf("%w: %d in chunk %s, more than %d (Config.MaxRejectsPerChunk): %s%d before the merge, %d by the merge%s",
+		backfilltype.ErrTooManyRejects, total, c.ID, max, before, written, len(merged), last)
 }

@@ -96,7 +96,8 @@ type statusRow struct {
 // index on checkpointed_at, the chunks in flight from the index on leased
 // chunks: its cost does not grow with the run's chunks nor its queued
 // exceptions, only with the distinct reasons and columns of its
-// exception queue.
+// exception queue, and with the plan chunks worked in sub-chunks (one
+// index probe each: subchunksInProgressSQL).
 func (m *Manifest) Status(ctx context.Context, db sqlx.ExtContext, batchID int64) (backfilltype.Status, error) {
 	ctx = m.purpose(ctx, "read the run's status", batchID)
 	var (
@@ -116,6 +117,9 @@ func (m *Manifest) Status(ctx context.Context, db sqlx.ExtContext, batchID int64
 			return nil
 		}
 		if err := m.readETAInputs(ctx, tx, batchID, rows[0].WindowStart, rows[0].AsOf, &in); err != nil {
+			return err
+		}
+		if err := sqlx.GetContext(ctx, tx, &in.sub, m.SQL(subchunksInProgressSQL), batchID, rows[0].WindowStart, rows[0].AsOf, in.knobFrom()); err != nil {
 			return err
 		}
 		if rows[0].RolledBack > 0 && rows[0].Status != string(backfilltype.RunRolledBack) {
@@ -150,6 +154,7 @@ func (m *Manifest) Status(ctx context.Context, db sqlx.ExtContext, batchID int64
 		return backfilltype.Status{}, fmt.Errorf("backfill: status of batch %d: %w", batchID, backfilltype.ErrRunNotFound)
 	}
 	r := rows[0]
+	in.sub.addTo(&r)
 	s := backfilltype.Status{BatchID: r.BatchID, Job: r.Job, Status: backfilltype.RunStatus(r.Status), LastHeartbeat: r.LastHeartbeat,
 		CreatedAt: r.CreatedAt, AsOf: r.AsOf,
 		Chunks: backfilltype.StatusChunks{Total: r.Total, Done: r.Done, Open: r.Open, Pending: r.Pending, Failed: r.Failed,
@@ -235,11 +240,93 @@ type etaInputs struct {
 	// Busy sums the seconds within the recent window of the chunks
 	// checkpointed in it, from their start: over the window's working
 	// seconds, the chunks at once it ran.
-	Busy  *float64 `db:"busy"`
-	knobs map[string]float64
+	Busy *float64 `db:"busy"`
+	// KnobAt is when a knob of the run was last set, KnobKey which, when
+	// that falls within the recent window (else nil); ResumedAt when the
+	// run was last resumed; KnobRows the rows of the chunks checkpointed
+	// since the later of the two (knobFrom).
+	KnobAt    *time.Time `db:"knob_at"`
+	KnobKey   *string    `db:"knob_key"`
+	ResumedAt *time.Time `db:"resumed_at"`
+	KnobRows  *int64     `db:"knob_rows"`
+	knobs     map[string]float64
+	// sub is what the committed sub-chunks of plan chunks not done add.
+	sub subchunkProgress
 	// rollback is the start of a whole batch's rollback that has not
 	// finished (interrupted between its slices), nil if none.
 	rollback *rollbackEvent
+}
+
+// subchunkProgress sums the committed sub-chunks of a run's plan
+// chunks that are not done (pending or failed: worked in sub-chunks,
+// adaptive chunks): their rows are in the target, not yet in their plan
+// chunk's counts (which take the sums when the last sub-chunk commits).
+type subchunkProgress struct {
+	Read         int64 `db:"rows_read"`
+	Inserted     int64 `db:"rows_inserted"`
+	Updated      int64 `db:"rows_updated"`
+	Unchanged    int64 `db:"rows_unchanged"`
+	Rejected     int64 `db:"rows_rejected"`
+	Deduplicated int64 `db:"rows_deduplicated"`
+	// WindowRead are the rows read of those committed within the recent
+	// window, KnobRead since the latest knob change (etaInputs.knobFrom).
+	WindowRead int64 `db:"window_read"`
+	KnobRead   int64 `db:"knob_read"`
+}
+
+// subchunksInProgressSQL reads the subchunkProgress of run $1 with the
+// recent window ($2, $3] and the latest knob change $4 (null: none in
+// the window): the plan chunks with sub-chunks, by a skip
+// scan of the sub-chunks' primary key (one probe per such plan chunk),
+// those pending or failed, and their sub-chunks.
+const subchunksInProgressSQL = `WITH RECURSIVE split(seq) AS (
+		SELECT min(seq) FROM {s}.subchunks WHERE batch_id = $1
+		UNION ALL
+		SELECT (SELECT min(x.seq) FROM {s}.subchunks x WHERE x.batch_id = $1 AND x.seq > split.seq) FROM split WHERE split.seq IS NOT NULL)
+	SELECT coalesce(sum(s.rows_read), 0)::bigint AS rows_read, coalesce(sum(s.rows_inserted), 0)::bigint AS rows_inserted,
+		coalesce(sum(s.rows_updated), 0)::bigint AS rows_updated, coalesce(sum(s.rows_unchanged), 0)::bigint AS rows_unchanged,
+		coalesce(sum(s.rows_rejected), 0)::bigint AS rows_rejected, coalesce(sum(s.rows_deduplicated), 0)::bigint AS rows_deduplicated,
+		coalesce(sum(s.rows_read) FILTER (WHERE s.committed_at > $2 AND s.committed_at <= $3), 0)::bigint AS window_read,
+		coalesce(sum(s.rows_read) FILTER (WHERE s.committed_at > $4 AND s.committed_at <= $3), 0)::bigint AS knob_read
+	FROM split JOIN {s}.chunks c ON c.batch_id = $1 AND c.seq = split.seq AND c.status IN ('pending', 'failed')
+	JOIN {s}.subchunks s ON s.batch_id = $1 AND s.seq = split.seq`
+
+// addTo adds p to the counts of r, the rows processed, and the recent
+// window's rows and rate.
+func (p subchunkProgress) addTo(r *statusRow) {
+	r.Read += p.Read
+	r.Inserted += p.Inserted
+	r.Updated += p.Updated
+	r.Unchanged += p.Unchanged
+	r.Rejected += p.Rejected
+	r.Deduplicated += p.Deduplicated
+	r.Processed += p.Read
+	if p.Read > 0 && r.WorkingSeconds > 0 {
+		v := float64(r.Processed) / r.WorkingSeconds
+		r.OverallRate = &v
+	}
+	if p.Read > 0 && r.TotalSeconds > 0 {
+		v := float64(r.Processed) / r.TotalSeconds
+		r.WallRate = &v
+	}
+	if p.WindowRead > 0 && r.WindowWorking >= 1 {
+		r.WindowRows += p.WindowRead
+		v := float64(r.WindowRows) / r.WindowWorking
+		r.RecentRate = &v
+	}
+}
+
+// knobFrom is where the rate since the latest knob change starts: the
+// change, or the run's latest resume when later (the time paused is no
+// working time); nil when no knob changed within the recent window.
+func (in etaInputs) knobFrom() *time.Time {
+	if in.KnobAt == nil {
+		return nil
+	}
+	if in.ResumedAt != nil && in.ResumedAt.After(*in.KnobAt) {
+		return in.ResumedAt
+	}
+	return in.KnobAt
 }
 
 // rollbackEvent is a rollback's event in the audit log.
@@ -259,8 +346,9 @@ const RateSignalName = "rows_per_second"
 // readETAInputs reads in for run batchID, whose recent window runs from
 // windowStart to asOf.
 func (m *Manifest) readETAInputs(ctx context.Context, tx sqlx.ExtContext, batchID int64, windowStart, asOf time.Time, in *etaInputs) error {
-	return sqlx.GetContext(ctx, tx, in, m.SQL(`SELECT r.last_error,
-		(SELECT max(e.created_at) FROM {s}.events e WHERE e.batch_id = r.batch_id AND e.kind LIKE 'run\_%') AS since,
+	return sqlx.GetContext(ctx, tx, in, m.SQL(`SELECT r.last_error, ev.since, k.knob_at, k.knob_key, k.resumed_at,
+		CASE WHEN k.knob_at IS NOT NULL THEN (SELECT coalesce(sum(c.rows_read), 0)::bigint FROM {s}.chunks c WHERE c.batch_id = r.batch_id
+			AND c.checkpointed_at > greatest(k.knob_at, k.resumed_at) AND c.checkpointed_at <= $3) END AS knob_rows,
 		coalesce((SELECT json_object_agg(k.key, k.value) FROM {s}.knobs k WHERE k.batch_id = r.batch_id), '{}')::text AS knobs,
 		(SELECT count(DISTINCT w.worker_key) FROM {s}.throttle_periods p JOIN {s}.workers w ON w.worker_key = p.worker_key
 			WHERE p.batch_id = r.batch_id AND p.ended_at IS NULL AND p.signal <> $4 AND w.finished_at IS NULL AND w.heartbeat_at >= now() - w.stale_after) AS holding,
@@ -268,7 +356,12 @@ func (m *Manifest) readETAInputs(ctx context.Context, tx sqlx.ExtContext, batchI
 			WHERE p.batch_id = r.batch_id AND p.ended_at IS NULL AND p.signal <> $4 AND w.finished_at IS NULL AND w.heartbeat_at >= now() - w.stale_after) AS holds,
 		(SELECT sum(extract(epoch FROM c.checkpointed_at - greatest(c.started_at, $2)))::float8
 			FROM {s}.chunks c WHERE c.batch_id = r.batch_id AND c.checkpointed_at > $2 AND c.checkpointed_at <= $3 AND c.started_at IS NOT NULL) AS busy
-		FROM {s}.runs r WHERE r.batch_id = $1`), batchID, windowStart, asOf, RateSignalName)
+		FROM {s}.runs r
+		CROSS JOIN LATERAL (SELECT max(e.created_at) AS since FROM {s}.events e WHERE e.batch_id = r.batch_id AND e.kind LIKE 'run\_%') ev
+		LEFT JOIN LATERAL (SELECT e.created_at AS knob_at, e.detail->>'key' AS knob_key,
+			(SELECT max(x.created_at) FROM {s}.events x WHERE x.batch_id = r.batch_id AND x.kind LIKE 'run\_resumed%') AS resumed_at
+			FROM {s}.events e WHERE e.batch_id = r.batch_id AND e.kind = 'knob_set' ORDER BY e.id DESC LIMIT 1) k ON k.knob_at > $2
+		WHERE r.batch_id = $1`), batchID, windowStart, asOf, RateSignalName)
 }
 
 // applyETA sets s's ETA from the rate the run has under the knobs and
@@ -347,9 +440,32 @@ func (m *Manifest) applyETA(s *backfilltype.Status, r statusRow, in etaInputs) {
 		return
 	}
 	v := *rate
+	measured := false
+	if from := in.knobFrom(); from != nil {
+		// A knob (a throttle's watermark, the rate cap, the concurrency,
+		// the chunk size) was set within the recent window, whose rate
+		// mixes the setting before: the rate since the change, throttle
+		// holds included (what a throttle's setting changes), once it
+		// ran a second and committed rows; until then the recent rate,
+		// saying so.
+		key, at := "", from.UTC().Format("2006-01-02 15:04:05Z")
+		if in.KnobKey != nil {
+			key = *in.KnobKey
+		}
+		rows := in.sub.KnobRead
+		if in.KnobRows != nil {
+			rows += *in.KnobRows
+		}
+		if secs := r.AsOf.Sub(*from).Seconds(); secs >= 1 && rows > 0 {
+			v, basis, measured = float64(rows)/secs, fmt.Sprintf("the rate since knob %s was set at %s, throttle holds included", key, at), true
+		} else {
+			basis = fmt.Sprintf("%s before knob %s was set at %s: too recent to measure its effect", basis, key, at)
+		}
+	}
 	// The concurrency knobs in force: fewer chunks at once than the
-	// window saw lower the rate in proportion.
-	if in.Busy != nil && *in.Busy > 0 && r.WindowWorking >= 1 {
+	// window saw lower the rate in proportion (a rate measured since the
+	// latest knob change has them).
+	if in.Busy != nil && *in.Busy > 0 && r.WindowWorking >= 1 && !measured {
 		parallel := *in.Busy / r.WindowWorking
 		now := math.Inf(1)
 		if c, ok := in.knobs[KnobConcurrency]; ok && s.LiveWorkers > 0 {

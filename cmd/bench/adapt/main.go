@@ -50,6 +50,8 @@ type options struct {
 	fast                 bool
 	concurrency          int
 	variants             string
+	detail               int
+	detailAll            bool
 }
 
 func main() {
@@ -64,6 +66,8 @@ func main() {
 	flag.IntVar(&o.concurrency, "concurrency", 1, "Config.Concurrency")
 	flag.BoolVar(&o.fast, "fast", false, "the test server (fsync off), not production durability")
 	flag.StringVar(&o.variants, "variants", "adapt,plain,timeout", "the variants to run, comma-separated")
+	flag.IntVar(&o.detail, "detail", 0, "print each adapt run's longest n transactions (phases, rows, the one before) to stderr")
+	flag.BoolVar(&o.detailAll, "detail-all", false, "with -detail, print every transaction of each adapt run in order too")
 	flag.Parse()
 	if err := run(o); err != nil {
 		fmt.Fprintln(os.Stderr, "benchadapt:", err)
@@ -117,6 +121,25 @@ type result struct {
 type txTracer struct {
 	mu sync.Mutex
 	tx map[int]time.Duration
+	// txs are every chunk transaction's phases in the order they began
+	// (-detail).
+	txs []*txPhases
+	cur map[string]*txPhases
+}
+
+// txPhases is one chunk transaction's phases (a sub-chunk's or a whole
+// chunk's), for -detail.
+type txPhases struct {
+	n      int
+	seq    int
+	bounds string
+	rows   int64
+	phases map[backfilltrace.Phase]time.Duration
+}
+
+// tx is the sum of t's phases from stage to checkpoint.
+func (t *txPhases) tx() time.Duration {
+	return t.phases[backfilltrace.PhaseStage] + t.phases[backfilltrace.PhaseMerge] + t.phases[backfilltrace.PhaseValidate] + t.phases[backfilltrace.PhaseCheckpoint]
 }
 
 func (t *txTracer) TraceChunkStart(ctx context.Context, _ backfilltrace.ChunkStartData) context.Context {
@@ -131,9 +154,23 @@ func (t *txTracer) TracePhaseStart(ctx context.Context, _ backfilltrace.PhaseSta
 
 func (t *txTracer) TracePhaseEnd(_ context.Context, d backfilltrace.PhaseEndData) {
 	switch d.Phase {
-	case backfilltrace.PhaseStage, backfilltrace.PhaseMerge, backfilltrace.PhaseValidate, backfilltrace.PhaseCheckpoint:
+	case backfilltrace.PhaseStage, backfilltrace.PhaseMerge, backfilltrace.PhaseValidate, backfilltrace.PhaseCheckpoint, backfilltrace.PhaseCommit:
 		t.mu.Lock()
-		t.tx[d.Chunk.Seq] += d.Duration
+		if d.Phase != backfilltrace.PhaseCommit {
+			t.tx[d.Chunk.Seq] += d.Duration
+		}
+		lo, hi := d.Chunk.Bounds()
+		key := fmt.Sprintf("%d %d [%s, %s)", d.Chunk.Seq, d.Attempt, lo, hi)
+		p := t.cur[key]
+		if p == nil || d.Phase == backfilltrace.PhaseStage {
+			p = &txPhases{n: len(t.txs), seq: d.Chunk.Seq, bounds: "[" + lo + ", " + hi + ")", phases: map[backfilltrace.Phase]time.Duration{}}
+			t.txs = append(t.txs, p)
+			t.cur[key] = p
+		}
+		p.phases[d.Phase] += d.Duration
+		if d.Phase == backfilltrace.PhaseMerge {
+			p.rows = d.Rows
+		}
 		t.mu.Unlock()
 	}
 }
@@ -214,6 +251,34 @@ func run(o options) error {
 	return nil
 }
 
+// printDetail prints the longest o.detail transactions tr saw, with
+// their phases, rows and the transaction before each, to stderr.
+func (o options) printDetail(tr *txTracer, target time.Duration) {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	s := slices.Clone(tr.txs)
+	slices.SortFunc(s, func(a, b *txPhases) int { return int(b.tx() - a.tx()) })
+	line := func(p *txPhases) string {
+		return fmt.Sprintf("#%d seq %d %s rows %d tx %v (%.2f×) stage %v merge %v validate %v checkpoint %v commit %v", p.n, p.seq, p.bounds, p.rows,
+			ms(p.tx()), ratio(p.tx(), target), ms(p.phases[backfilltrace.PhaseStage]), ms(p.phases[backfilltrace.PhaseMerge]),
+			ms(p.phases[backfilltrace.PhaseValidate]), ms(p.phases[backfilltrace.PhaseCheckpoint]), ms(p.phases[backfilltrace.PhaseCommit]))
+	}
+	if o.detailAll {
+		fmt.Fprintf(os.Stderr, "all %d transactions in order:\n", len(s))
+		for _, p := range tr.txs {
+			fmt.Fprintf(os.Stderr, "  #%d seq %d rows %d tx %v (%.2f×) rate %.0f rows/s commit %v\n", p.n, p.seq, p.rows, ms(p.tx()), ratio(p.tx(), target),
+				float64(p.rows)/p.tx().Seconds(), ms(p.phases[backfilltrace.PhaseCommit]))
+		}
+	}
+	fmt.Fprintf(os.Stderr, "longest of %d transactions:\n", len(s))
+	for _, p := range s[:min(o.detail, len(s))] {
+		fmt.Fprintln(os.Stderr, "  "+line(p))
+		if p.n > 0 {
+			fmt.Fprintln(os.Stderr, "    after "+line(tr.txs[p.n-1]))
+		}
+	}
+}
+
 func yes(b bool) string {
 	if b {
 		return "met"
@@ -251,7 +316,7 @@ func (o options) skew(ctx context.Context, db *sqlx.DB, target time.Duration) (r
 	if err := reset(ctx, db); err != nil {
 		return result{}, err
 	}
-	tr := &txTracer{tx: map[int]time.Duration{}}
+	tr := &txTracer{tx: map[int]time.Duration{}, cur: map[string]*txPhases{}}
 	r, err := backfill.New(db, &backfill.Config{Concurrency: o.concurrency, ChunkTarget: target, Tracer: tr,
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
 	if err != nil {
@@ -262,6 +327,9 @@ func (o options) skew(ctx context.Context, db *sqlx.DB, target time.Duration) (r
 	res := result{wall: time.Since(begin)}
 	if err != nil {
 		return res, err
+	}
+	if target > 0 && o.detail > 0 {
+		o.printDetail(tr, target)
 	}
 	return res, collect(ctx, db, rep.BatchID, o.chunks/2, tr, &res)
 }
@@ -321,7 +389,7 @@ func (o options) timeoutRun(ctx context.Context, db *sqlx.DB) (result, error) {
 		CREATE TRIGGER slow_bulk BEFORE INSERT ON lines FOR EACH ROW EXECUTE FUNCTION slow_bulk();`, o.timeoutRows+1)); err != nil {
 		return result{}, err
 	}
-	tr := &txTracer{tx: map[int]time.Duration{}}
+	tr := &txTracer{tx: map[int]time.Duration{}, cur: map[string]*txPhases{}}
 	r, err := backfill.New(db, &backfill.Config{Concurrency: 1, ChunkTarget: time.Hour, StatementTimeout: o.timeout, MaxAttempts: 1, Tracer: tr,
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
 	if err != nil {
