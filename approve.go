@@ -35,9 +35,9 @@ type ApprovalState = backfilltype.ApprovalState
 const RunAwaitingApproval = backfilltype.RunAwaitingApproval
 
 var (
-	// ErrAwaitingApproval is returned by [Runner.Run] (without
-	// [Config.WaitWhilePaused]; [Work] waits) when the job's run awaits
-	// approvals: the message says how many are missing, of which plan
+	// ErrAwaitingApproval is returned by [Runner.Run] with
+	// [Config.ReturnOnPause] (by default Run waits for the approval) when
+	// the job's run awaits approvals: the message says how many are missing, of which plan
 	// fingerprint, and the command that records one.
 	ErrAwaitingApproval = backfilltype.ErrAwaitingApproval
 	// ErrApprovalRefused is returned by [Runner.Approve] when an approval
@@ -127,7 +127,9 @@ func (r *Runner) awaitingErr(ctx context.Context, job Job, run Run) error {
 // Runner is drained first. Nothing is leased meanwhile: the run is not
 // claimable, and this call is not a registered worker of it.
 func (r *Runner) waitApproved(ctx context.Context, job Job, run Run) error {
-	r.cfg.Logger.Warn("backfill: run awaits approval: this call waits for it", "job", job.Name, "batch_id", run.BatchID)
+	// Once: what is missing and how to approve, for a person watching.
+	r.cfg.Logger.Warn("backfill: run awaits approval: this call waits for it (claims nothing)", "job", job.Name, "batch_id", run.BatchID,
+		"approve", r.awaitingErr(ctx, job, run).Error())
 	for {
 		st, err := r.caps.control.Control(ctx, r.db, run.BatchID)
 		if err == nil && st.Status != RunAwaitingApproval {

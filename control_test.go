@@ -662,16 +662,17 @@ func TestWorkWaitsWhilePausedFromSQL(t *testing.T) {
 	require.Equal(t, map[string]int{"done": liveChunks}, chunkStatuses(t, db))
 }
 
-// TestRunWaitWhilePaused: with Config.WaitWhilePaused a call of Run on a
-// run already paused waits (it does not return ErrRunPaused) and returns
-// ErrRunCancelled when the run is cancelled from SQL meanwhile; without
-// it, Run returns ErrRunPaused with an error that says how to resume from
-// SQL and from the CLI.
+// TestRunWaitWhilePaused: by default a call of Run on a run already
+// paused waits (it does not return ErrRunPaused) and returns
+// ErrRunCancelled when the run is cancelled from SQL meanwhile; with
+// Config.ReturnOnPause, Run returns ErrRunPaused with an error that says
+// how to resume from SQL and from the CLI.
 func TestRunWaitWhilePaused(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := liveDB(t)
 	r := liveRunner(t, db, "w1", nil)
+	r.cfg.ReturnOnPause = true
 	_, err := r.Run(ctx, liveJob(func(c Chunk) {
 		if c.Seq == 0 {
 			_, err := db.Exec(`SELECT backfill.pause('live', 'ann', 'replica lag')`)
@@ -685,8 +686,7 @@ func TestRunWaitWhilePaused(t *testing.T) {
 	require.Contains(t, err.Error(), fmt.Sprintf("backfill resume --batch %d", batch))
 	require.Contains(t, err.Error(), "paused by ann: replica lag")
 
-	w := liveRunner(t, db, "w2", nil)
-	w.cfg.WaitWhilePaused = true
+	w := liveRunner(t, db, "w2", nil) // the default: waits
 	w.cfg.ThrottleInterval = 50 * time.Millisecond
 	ch := goRun(ctx, w, liveJob(nil))
 	waitPausedIdle(t, db, 1, ch)
