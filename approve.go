@@ -124,9 +124,10 @@ func (r *Runner) awaitingErr(ctx context.Context, job Job, run Run) error {
 // while run awaits approval. It returns nil once the run no longer awaits
 // approval (the caller starts the call again: it finds the run running,
 // or whatever it became), and the call's error when ctx ends or the
-// Runner is drained first. Nothing is leased meanwhile: the run is not
+// Runner is drained first, or, with endOnSignal, once a signal of the
+// Runner's PauseOnSignal arrived. Nothing is leased meanwhile: the run is not
 // claimable, and this call is not a registered worker of it.
-func (r *Runner) waitApproved(ctx context.Context, job Job, run Run) error {
+func (r *Runner) waitApproved(ctx context.Context, job Job, run Run, endOnSignal bool) error {
 	// Once: what is missing and how to approve, for a person watching.
 	r.cfg.Logger.Warn("backfill: run awaits approval: this call waits for it (claims nothing)", "job", job.Name, "batch_id", run.BatchID,
 		"approve", r.awaitingErr(ctx, job, run).Error())
@@ -134,6 +135,10 @@ func (r *Runner) waitApproved(ctx context.Context, job Job, run Run) error {
 		st, err := r.caps.control.Control(ctx, r.db, run.BatchID)
 		if err == nil && st.Status != RunAwaitingApproval {
 			return nil
+		}
+		if endOnSignal && r.signalledAwaiting(run.BatchID) {
+			// The person at this process pressed Ctrl-C.
+			return r.awaitingErr(ctx, job, run)
 		}
 		if err != nil && ctx.Err() == nil {
 			r.cfg.Logger.Warn("backfill: reading the run's status failed while awaiting approval; trying again", "error", err)

@@ -23,10 +23,13 @@ import (
 //   - a signal pauses the run ([Runner.Pause]): every worker of every
 //     process stops claiming, the chunks in flight finish and are
 //     checkpointed, and this Runner's [Runner.Run] returns an error
-//     wrapping [ErrRunPaused]: the person who pressed Ctrl-C gets the
-//     process back, while a Run waits on a pause made by anyone else
-//     (SQL, the CLI, another process); [Work] waits on this pause too,
-//     as on any;
+//     wrapping [ErrRunPaused], so that the person who pressed Ctrl-C
+//     gets the process back (a Run waits on a pause made by anyone
+//     else: SQL, the CLI, another process; [Work] waits on this pause
+//     too, as on any). A signal that finds the run paused already takes
+//     that pause as its own (Run returns, the run stays paused); one
+//     that finds it awaiting approval makes Run return an error
+//     wrapping [ErrAwaitingApproval];
 //   - a signal that arrives while the run is still paused by the pause
 //     of the previous signal cancels it ([Runner.Cancel]): the chunks in
 //     flight roll back and stay pending, and Run (or Work) returns
@@ -101,6 +104,11 @@ func (r *Runner) PauseOnSignal(job string, out io.Writer, sigs ...os.Signal) (st
 					if err != nil {
 						fmt.Fprintf(out, "job %s is paused already; send the signal again to cancel it\n", job)
 					}
+				} else if batch, ok := r.awaitingApproval(ctx, job); ok {
+					// Nothing to pause: the call of Run waiting for the
+					// approval returns.
+					r.signalPauses.Store(batch, awaitingMark)
+					fmt.Fprintf(out, "job %s awaits approval: this process stops waiting for it\n", job)
 				}
 			}
 		}
@@ -112,6 +120,26 @@ func (r *Runner) PauseOnSignal(job string, out io.Writer, sigs ...os.Signal) (st
 		})
 		<-finished
 	}
+}
+
+// awaitingMark in signalPauses marks a run that awaited approval when a
+// signal of PauseOnSignal arrived: Run stops waiting for the approval.
+const awaitingMark = int64(-1)
+
+// awaitingApproval returns the latest run of job when it awaits approval.
+func (r *Runner) awaitingApproval(ctx context.Context, job string) (int64, bool) {
+	if r.caps.audit == nil {
+		return 0, false
+	}
+	run, err := r.caps.audit.LatestRun(ctx, r.db, job)
+	return run.BatchID, err == nil && run.Status == RunAwaitingApproval
+}
+
+// signalledAwaiting reports whether a signal of this Runner's
+// PauseOnSignal arrived while run batchID awaited approval.
+func (r *Runner) signalledAwaiting(batchID int64) bool {
+	v, ok := r.signalPauses.Load(batchID)
+	return ok && v.(int64) == awaitingMark
 }
 
 // pausedBySignal reports whether the pause in force of run batchID is
