@@ -364,7 +364,7 @@ func (r *Runner) run(ctx context.Context, job Job, mode pauseMode) (Report, erro
 		if !wait || err != nil {
 			return rep, errors.Join(err, r.awaitingErr(ctx, job, run))
 		}
-		if err := r.waitApproved(ctx, job, run); err != nil {
+		if err := r.waitApproved(ctx, job, run, mode == waitUnlessSignalled); err != nil {
 			return rep, err
 		}
 		return r.run(ctx, job, mode)
