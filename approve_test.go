@@ -207,7 +207,7 @@ func TestApprovalPlanChange(t *testing.T) {
 	s := newApprovalSetup(t)
 	job := s.job(1)
 	job.Approval = backfill.ApprovalPolicy{Approvers: 1}
-	author, err := backfill.New(s.db, nil)
+	author, err := backfill.New(s.db, &backfill.Config{ReturnOnPause: true})
 	require.NoError(t, err)
 	rep, err := author.Run(ctx, job)
 	require.ErrorIs(t, err, backfill.ErrAwaitingApproval)

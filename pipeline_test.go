@@ -505,6 +505,7 @@ func TestAheadPauseCancelResumeStorm(t *testing.T) {
 	r := liveRunner(t, db, "w1", nil)
 	r.cfg.Concurrency = 2
 	r.cfg.ThrottleInterval = 10 * time.Millisecond
+	r.cfg.ReturnOnPause = true // each call ends on the storm's pause
 	job := liveJob(nil)
 	job.Chunker = IntRange(0, 600, 10)
 	inner := job.Extractor
