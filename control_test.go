@@ -33,6 +33,7 @@ func TestControlSQLRefusesBadInputAndAudits(t *testing.T) {
 	ctx := context.Background()
 	db := liveDB(t)
 	r := liveRunner(t, db, "w1", nil)
+	r.cfg.ReturnOnPause = true
 	var batch int64
 	_, err := r.Run(ctx, liveJob(func(c Chunk) {
 		if c.Seq == 0 {
@@ -163,6 +164,7 @@ func TestControlConcurrencyKnobLimitsWorkers(t *testing.T) {
 	ctx := context.Background()
 	db := liveDB(t)
 	r := liveRunner(t, db, "w1", nil)
+	r.cfg.ReturnOnPause = true
 	var batch int64
 	_, err := r.Run(ctx, liveJob(func(c Chunk) {
 		if c.Seq == 0 {
@@ -243,7 +245,7 @@ func TestControlPauseResumeCancelAcrossRunners(t *testing.T) {
 		db := sqlx.MustOpen("postgres", url)
 		t.Cleanup(func() { db.Close() })
 		r, err := New(db, &Config{WorkerID: id, Concurrency: 2, HeartbeatInterval: 100 * time.Millisecond, StaleAfter: 2 * time.Second,
-			ThrottleInterval: 50 * time.Millisecond, ListenURL: listen, Logger: discardLogger()})
+			ThrottleInterval: 50 * time.Millisecond, ListenURL: listen, Logger: discardLogger(), ReturnOnPause: true})
 		require.NoError(t, err)
 		return r
 	}
@@ -722,6 +724,7 @@ func TestControlJobConcurrencyKnobLimitsExtractions(t *testing.T) {
 			ctx := context.Background()
 			db := liveDB(t)
 			r := liveRunner(t, db, "w1", nil)
+			r.cfg.ReturnOnPause = true
 			var batch int64
 			_, err := r.Run(ctx, liveJob(func(c Chunk) {
 				if c.Seq == 0 {
@@ -760,6 +763,7 @@ func TestSetKnobRefusesThrottlePairsTheWorkersWouldIgnore(t *testing.T) {
 	ctx := context.Background()
 	db := liveDB(t)
 	r := liveRunner(t, db, "w1", nil)
+	r.cfg.ReturnOnPause = true
 	r.cfg.Throttles = []backfillthrottle.Throttle{{Signal: constSignal{"lag"}, High: 10, Low: 5}}
 	var batch int64
 	_, err := r.Run(ctx, liveJob(func(c Chunk) {

@@ -657,7 +657,7 @@ func TestRunRejectGateIsOnByDefault(t *testing.T) {
 			}
 			return nil
 		})
-		r, err := backfill.New(s.db, nil)
+		r, err := backfill.New(s.db, &backfill.Config{ReturnOnPause: true})
 		require.NoError(t, err)
 		return r.Run(ctx, job)
 	}
