@@ -163,6 +163,7 @@ func testExtractAheadStopped(t *testing.T, gate bool) {
 	ctx := context.Background()
 	db := liveDB(t)
 	r := liveRunner(t, db, "w1", nil)
+	r.cfg.ReturnOnPause = true
 	extracted1 := make(chan struct{})
 	var once sync.Once
 	job := liveJob(nil)
