@@ -37,8 +37,9 @@ const RunAwaitingApproval = backfilltype.RunAwaitingApproval
 var (
 	// ErrAwaitingApproval is returned by [Runner.Run] with
 	// [Config.ReturnOnPause] (by default Run waits for the approval) when
-	// the job's run awaits approvals: the message says how many are missing, of which plan
-	// fingerprint, and the command that records one.
+	// the job's run awaits approvals: the message says how many are
+	// missing, of which plan fingerprint, and the command that records
+	// one.
 	ErrAwaitingApproval = backfilltype.ErrAwaitingApproval
 	// ErrApprovalRefused is returned by [Runner.Approve] when an approval
 	// is refused (a stale fingerprint, the author under a policy that
