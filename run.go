@@ -233,23 +233,25 @@ func (j Job) validate() error {
 // future and a date ChunkColumn under a watermark.
 //
 // A pause does not end Run: while its run is paused (by an operator from
-// SQL, the CLI or [Runner.Pause] in another process, a quality gate or the
-// run reject gate, including one that failed on a chunk of this call, a
-// throttle's critical level) or awaits approval, Run stays a registered,
-// heartbeating worker of the run, claims nothing, logs once what it waits
-// for (who paused and why, or the approvals missing, with the command that
-// resumes or approves), and goes on working once the run is resumed (SQL
-// function resume, "backfill resume", [Runner.Resume], [Runner.AcceptGate])
-// or approved, within one [Config.ThrottleInterval] (at once with
-// [Config.ListenURL]). It returns when the run is cancelled (an error
-// wrapping [ErrRunCancelled]) or ctx is done (an error wrapping
-// [ErrRunPaused] and ctx's cause). Two exceptions: a pause made by this
-// Runner's [Runner.PauseOnSignal] (the signal of the person at this
-// process) makes Run return an error wrapping [ErrRunPaused] once the
-// chunks in flight are checkpointed; and [Config.ReturnOnPause] makes
-// every pause return so (a gate that failed in this call: [ErrGateFailed];
-// awaiting approval: [ErrAwaitingApproval]). Waiting needs the control
-// plane ([PGManifest]); with other manifests Run returns on a pause.
+// SQL, the CLI or [Runner.Pause] in another process, a quality gate or
+// the run reject gate, including one that failed on a chunk of this
+// call, a throttle's critical level) or awaits approval, Run stays a
+// registered, heartbeating worker of the run, claims nothing, logs once
+// what it waits for (who paused and why, or the approvals missing, with
+// the command that resumes or approves), and goes on working once the
+// run is resumed (SQL function resume, "backfill resume",
+// [Runner.Resume], [Runner.AcceptGate]) or approved, within one
+// [Config.ThrottleInterval] (at once with [Config.ListenURL]). It
+// returns when the run is cancelled (an error wrapping
+// [ErrRunCancelled]) or ctx is done (an error wrapping [ErrRunPaused],
+// or [ErrAwaitingApproval], and ctx's cause). Two exceptions: a pause
+// made by this Runner's [Runner.PauseOnSignal] (the signal of the person
+// at this process) makes Run return an error wrapping [ErrRunPaused]
+// once the chunks in flight are checkpointed; and [Config.ReturnOnPause]
+// makes every pause return so (a gate that failed in this call:
+// [ErrGateFailed]; awaiting approval: [ErrAwaitingApproval]). Waiting
+// needs the control plane ([PGManifest]); with other manifests Run
+// returns on a pause.
 func (r *Runner) Run(ctx context.Context, job Job) (Report, error) {
 	mode := waitUnlessSignalled
 	if r.cfg.ReturnOnPause {
