@@ -235,10 +235,11 @@ func (j Job) validate() error {
 // A pause does not end Run: while its run is paused (by an operator from
 // SQL, the CLI or [Runner.Pause] in another process, a quality gate or
 // the run reject gate, including one that failed on a chunk of this
-// call, a throttle's critical level) or awaits approval, Run stays a
-// registered, heartbeating worker of the run, claims nothing, logs once
-// what it waits for (who paused and why, or the approvals missing, with
-// the command that resumes or approves), and goes on working once the
+// call, a throttle's critical level), Run stays a registered,
+// heartbeating worker of the run and claims nothing; while it awaits
+// approval, Run waits too (nothing leased). It logs once what it waits
+// for (who paused and why, or the approvals missing, with the command
+// that resumes or approves), and goes on working once the
 // run is resumed (SQL function resume, "backfill resume",
 // [Runner.Resume], [Runner.AcceptGate]) or approved, within one
 // [Config.ThrottleInterval] (at once with [Config.ListenURL]). It
