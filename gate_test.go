@@ -864,7 +864,7 @@ func TestAcceptGateBindsTheEvidence(t *testing.T) {
 		}
 		job := opsJob(src, 2)
 		job.Rollback, job.Validators = backfill.RollbackNone, []backfill.Validator{negatives}
-		r, err := backfill.New(db, &backfill.Config{Concurrency: 2})
+		r, err := backfill.New(db, &backfill.Config{Concurrency: 2, ReturnOnPause: true})
 		require.NoError(t, err)
 		for i := 0; i < 2; i++ {
 			rep, err := r.Run(ctx, job)

@@ -444,6 +444,7 @@ func TestAheadRunRejectRatePausesBeforeTheChunkAhead(t *testing.T) {
 	ctx := context.Background()
 	db := liveDB(t)
 	r := liveRunner(t, db, "w1", nil)
+	r.cfg.ReturnOnPause = true
 	r.cfg.Concurrency = 1
 	ahead := make(chan struct{})
 	var once sync.Once
