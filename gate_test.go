@@ -902,7 +902,7 @@ func TestAcceptGateBindsTheEvidence(t *testing.T) {
 		})
 		job := s.job(1)
 		job.Validators = []backfill.Validator{fails}
-		r, err := backfill.New(s.db, nil)
+		r, err := backfill.New(s.db, &backfill.Config{ReturnOnPause: true})
 		require.NoError(t, err)
 		_, err = r.Run(ctx, job)
 		require.ErrorIs(t, err, backfill.ErrGateFailed)
