@@ -35,10 +35,11 @@ type ApprovalState = backfilltype.ApprovalState
 const RunAwaitingApproval = backfilltype.RunAwaitingApproval
 
 var (
-	// ErrAwaitingApproval is returned by [Runner.Run] (without
-	// [Config.WaitWhilePaused]; [Work] waits) when the job's run awaits
-	// approvals: the message says how many are missing, of which plan
-	// fingerprint, and the command that records one.
+	// ErrAwaitingApproval is returned by [Runner.Run] with
+	// [Config.ReturnOnPause] (by default Run waits for the approval) when
+	// the job's run awaits approvals: the message says how many are
+	// missing, of which plan fingerprint, and the command that records
+	// one.
 	ErrAwaitingApproval = backfilltype.ErrAwaitingApproval
 	// ErrApprovalRefused is returned by [Runner.Approve] when an approval
 	// is refused (a stale fingerprint, the author under a policy that
@@ -124,14 +125,21 @@ func (r *Runner) awaitingErr(ctx context.Context, job Job, run Run) error {
 // while run awaits approval. It returns nil once the run no longer awaits
 // approval (the caller starts the call again: it finds the run running,
 // or whatever it became), and the call's error when ctx ends or the
-// Runner is drained first. Nothing is leased meanwhile: the run is not
+// Runner is drained first, or, with endOnSignal, once a signal of the
+// Runner's PauseOnSignal arrived. Nothing is leased meanwhile: the run is not
 // claimable, and this call is not a registered worker of it.
-func (r *Runner) waitApproved(ctx context.Context, job Job, run Run) error {
-	r.cfg.Logger.Warn("backfill: run awaits approval: this call waits for it", "job", job.Name, "batch_id", run.BatchID)
+func (r *Runner) waitApproved(ctx context.Context, job Job, run Run, endOnSignal bool) error {
+	// Once: what is missing and how to approve, for a person watching.
+	r.cfg.Logger.Warn("backfill: run awaits approval: this call waits for it (claims nothing)", "job", job.Name, "batch_id", run.BatchID,
+		"approve", r.awaitingErr(ctx, job, run).Error())
 	for {
 		st, err := r.caps.control.Control(ctx, r.db, run.BatchID)
 		if err == nil && st.Status != RunAwaitingApproval {
 			return nil
+		}
+		if endOnSignal && r.signalledAwaiting(run.BatchID) {
+			// The person at this process pressed Ctrl-C.
+			return r.awaitingErr(ctx, job, run)
 		}
 		if err != nil && ctx.Err() == nil {
 			r.cfg.Logger.Warn("backfill: reading the run's status failed while awaiting approval; trying again", "error", err)

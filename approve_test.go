@@ -89,7 +89,7 @@ func approvalEvents(t *testing.T, db *sqlx.DB) int {
 // leases no chunk, and says what is missing and how to approve. The
 // refusals (a stale fingerprint, the author, the same approver twice by
 // name or by role) record nothing. Two approvals by two operator roles
-// set the run running; a call waiting for it (WaitWhilePaused) then
+// set the run running; a call waiting for it (Run's default) then
 // completes the run. Status shows the approvals; the audit log records
 // each with its database role.
 func TestApprovalFlow(t *testing.T) {
@@ -98,7 +98,7 @@ func TestApprovalFlow(t *testing.T) {
 	s := newApprovalSetup(t)
 	job := s.job(1)
 	job.Approval = backfill.ApprovalPolicy{Approvers: 2}
-	author, err := backfill.New(s.db, &backfill.Config{WorkerID: "author-worker"})
+	author, err := backfill.New(s.db, &backfill.Config{WorkerID: "author-worker", ReturnOnPause: true})
 	require.NoError(t, err)
 
 	before := itemsChecksum(t, s.db)
@@ -121,7 +121,7 @@ func TestApprovalFlow(t *testing.T) {
 	require.JSONEq(t, `{"approvers": 2}`, policy, "the policy is SQL-visible in the plan")
 
 	// A call that waits for the approvals.
-	waiter, err := backfill.New(s.db, &backfill.Config{WaitWhilePaused: true, ThrottleInterval: 20 * time.Millisecond})
+	waiter, err := backfill.New(s.db, &backfill.Config{ThrottleInterval: 20 * time.Millisecond})
 	require.NoError(t, err)
 	type result struct {
 		rep backfill.Report
@@ -207,7 +207,7 @@ func TestApprovalPlanChange(t *testing.T) {
 	s := newApprovalSetup(t)
 	job := s.job(1)
 	job.Approval = backfill.ApprovalPolicy{Approvers: 1}
-	author, err := backfill.New(s.db, nil)
+	author, err := backfill.New(s.db, &backfill.Config{ReturnOnPause: true})
 	require.NoError(t, err)
 	rep, err := author.Run(ctx, job)
 	require.ErrorIs(t, err, backfill.ErrAwaitingApproval)

@@ -23,7 +23,7 @@ func TestAuditReplay(t *testing.T) {
 	m := backfill.NewPGManifest("")
 	job := s.job(1)
 	job.Approval = backfill.ApprovalPolicy{Approvers: 2}
-	author, err := backfill.New(s.db, &backfill.Config{WorkerID: "author"})
+	author, err := backfill.New(s.db, &backfill.Config{WorkerID: "author", ReturnOnPause: true})
 	require.NoError(t, err)
 	aliceRole, aliceDB := s.operator(t, "alice")
 	bobRole, bobDB := s.operator(t, "bob")

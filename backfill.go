@@ -633,20 +633,15 @@ type Config struct {
 	// its run's control state every ThrottleInterval and after each
 	// chunk, so a decision takes effect within one ThrottleInterval.
 	ListenURL string
-	// WaitWhilePaused makes [Runner.Run] wait while its run is paused
-	// (by an operator, a quality gate or the run reject gate, including
-	// one that failed on a chunk of this call, or a throttle's critical
-	// level) instead of returning [ErrRunPaused] or [ErrGateFailed]: the
-	// call stays a registered,
-	// heartbeating worker of the run, claims nothing, and goes on working
-	// once the run is resumed (SQL function resume, "backfill resume",
-	// [Runner.Resume] from another process), within one
-	// ThrottleInterval (at once with ListenURL). It still returns when
-	// the run is cancelled ([ErrRunCancelled]) or ctx is done. It needs
-	// the control plane ([PGManifest]); other manifests return as
-	// without it. For long-lived services; [Work] always waits. Default
-	// false: Run returns on a pause.
-	WaitWhilePaused bool
+	// ReturnOnPause makes [Runner.Run] return instead of waiting while
+	// its run is paused or awaits approval: an error wrapping
+	// [ErrRunPaused] (an operator's pause, a throttle's critical level),
+	// [ErrGateFailed] (a quality gate or the run reject gate that failed
+	// on a chunk of this call) or [ErrAwaitingApproval], once the chunks
+	// in flight are checkpointed: for scripts that want to end on a
+	// pause. Default false: Run waits for the resume or the approval (see
+	// [Runner.Run]). [Work] always waits, whatever it says.
+	ReturnOnPause bool
 }
 
 // Defaults of [Config.HeartbeatInterval] and [Config.StaleAfter]: a

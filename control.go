@@ -192,10 +192,23 @@ func (ex *execution) waitResumed(ctx context.Context) bool {
 	if errs > 0 {
 		return false
 	}
-	ex.log.Warn("backfill: run paused: this worker waits for it to be resumed", "resume", ex.r.resumeHint(ex.batchID))
+	logged := false
 	for {
 		wake := ex.ctl.wakeCh()
 		st, err := cm.Control(ctx, ex.r.db, ex.batchID)
+		if err == nil && st.Status == RunPaused {
+			if ex.endOnSignal && ex.r.pausedBySignal(ctx, ex.batchID) {
+				// Paused by this Runner's PauseOnSignal: the call ends.
+				return false
+			}
+			if !logged {
+				// Once per wait: a person watching the process knows it
+				// is alive, why it is idle and what lets it go on.
+				ex.log.Warn("backfill: run paused: this worker waits for it to be resumed (claims nothing, stays registered)",
+					"paused", st.Reason, "resume", ex.r.resumeHint(ex.batchID))
+				logged = true
+			}
+		}
 		switch {
 		case err != nil:
 			if ctx.Err() == nil {
@@ -273,7 +286,7 @@ func (ex *execution) pausedMeanwhile(ctx context.Context) bool {
 
 // pausedErr is the error of a call that ends with its run paused.
 func (r *Runner) pausedErr(job Job, run Run) error {
-	return fmt.Errorf("backfill: job %q batch %d: %w: %s; %s, or run the worker with Config.WaitWhilePaused (backfill.Work does) to wait for the resume",
+	return fmt.Errorf("backfill: job %q batch %d: %w: %s; %s, then run the job again (a Run without Config.ReturnOnPause waits for the resume)",
 		job.Name, run.BatchID, ErrRunPaused, run.LastError, r.resumeHint(run.BatchID))
 }
 

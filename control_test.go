@@ -33,6 +33,7 @@ func TestControlSQLRefusesBadInputAndAudits(t *testing.T) {
 	ctx := context.Background()
 	db := liveDB(t)
 	r := liveRunner(t, db, "w1", nil)
+	r.cfg.ReturnOnPause = true
 	var batch int64
 	_, err := r.Run(ctx, liveJob(func(c Chunk) {
 		if c.Seq == 0 {
@@ -163,6 +164,7 @@ func TestControlConcurrencyKnobLimitsWorkers(t *testing.T) {
 	ctx := context.Background()
 	db := liveDB(t)
 	r := liveRunner(t, db, "w1", nil)
+	r.cfg.ReturnOnPause = true
 	var batch int64
 	_, err := r.Run(ctx, liveJob(func(c Chunk) {
 		if c.Seq == 0 {
@@ -243,7 +245,7 @@ func TestControlPauseResumeCancelAcrossRunners(t *testing.T) {
 		db := sqlx.MustOpen("postgres", url)
 		t.Cleanup(func() { db.Close() })
 		r, err := New(db, &Config{WorkerID: id, Concurrency: 2, HeartbeatInterval: 100 * time.Millisecond, StaleAfter: 2 * time.Second,
-			ThrottleInterval: 50 * time.Millisecond, ListenURL: listen, Logger: discardLogger()})
+			ThrottleInterval: 50 * time.Millisecond, ListenURL: listen, Logger: discardLogger(), ReturnOnPause: true})
 		require.NoError(t, err)
 		return r
 	}
@@ -662,16 +664,17 @@ func TestWorkWaitsWhilePausedFromSQL(t *testing.T) {
 	require.Equal(t, map[string]int{"done": liveChunks}, chunkStatuses(t, db))
 }
 
-// TestRunWaitWhilePaused: with Config.WaitWhilePaused a call of Run on a
-// run already paused waits (it does not return ErrRunPaused) and returns
-// ErrRunCancelled when the run is cancelled from SQL meanwhile; without
-// it, Run returns ErrRunPaused with an error that says how to resume from
-// SQL and from the CLI.
+// TestRunWaitWhilePaused: by default a call of Run on a run already
+// paused waits (it does not return ErrRunPaused) and returns
+// ErrRunCancelled when the run is cancelled from SQL meanwhile; with
+// Config.ReturnOnPause, Run returns ErrRunPaused with an error that says
+// how to resume from SQL and from the CLI.
 func TestRunWaitWhilePaused(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := liveDB(t)
 	r := liveRunner(t, db, "w1", nil)
+	r.cfg.ReturnOnPause = true
 	_, err := r.Run(ctx, liveJob(func(c Chunk) {
 		if c.Seq == 0 {
 			_, err := db.Exec(`SELECT backfill.pause('live', 'ann', 'replica lag')`)
@@ -685,8 +688,7 @@ func TestRunWaitWhilePaused(t *testing.T) {
 	require.Contains(t, err.Error(), fmt.Sprintf("backfill resume --batch %d", batch))
 	require.Contains(t, err.Error(), "paused by ann: replica lag")
 
-	w := liveRunner(t, db, "w2", nil)
-	w.cfg.WaitWhilePaused = true
+	w := liveRunner(t, db, "w2", nil) // the default: waits
 	w.cfg.ThrottleInterval = 50 * time.Millisecond
 	ch := goRun(ctx, w, liveJob(nil))
 	waitPausedIdle(t, db, 1, ch)
@@ -722,6 +724,7 @@ func TestControlJobConcurrencyKnobLimitsExtractions(t *testing.T) {
 			ctx := context.Background()
 			db := liveDB(t)
 			r := liveRunner(t, db, "w1", nil)
+			r.cfg.ReturnOnPause = true
 			var batch int64
 			_, err := r.Run(ctx, liveJob(func(c Chunk) {
 				if c.Seq == 0 {
@@ -760,6 +763,7 @@ func TestSetKnobRefusesThrottlePairsTheWorkersWouldIgnore(t *testing.T) {
 	ctx := context.Background()
 	db := liveDB(t)
 	r := liveRunner(t, db, "w1", nil)
+	r.cfg.ReturnOnPause = true
 	r.cfg.Throttles = []backfillthrottle.Throttle{{Signal: constSignal{"lag"}, High: 10, Low: 5}}
 	var batch int64
 	_, err := r.Run(ctx, liveJob(func(c Chunk) {

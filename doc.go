@@ -292,8 +292,9 @@ restart until it is resumed), [ExitUsage] (64: bad job or configuration)
 or [ExitTempFail] (75: not finished: the context cancelled, chunks
 open, database away, or abandoned for a newer run; restart later to
 resume). A paused run does not end Work: it waits, a live worker of the
-run, and goes on when the run is resumed ([Config.WaitWhilePaused] does
-the same for [Runner.Run] in a long-lived service).
+run, and goes on when the run is resumed; so does [Runner.Run] by
+default (except on its own [Runner.PauseOnSignal]; [Config.ReturnOnPause]
+makes it return instead).
 
 Control. The manifest's SQL functions pause, resume and cancel a run and
 set its live knobs, from psql or from Go ([Runner.Pause],
@@ -435,9 +436,9 @@ releases only when a reading is below Low and the hold has lasted
 MinHold, so a value sitting at a threshold causes at most one hold and
 one release per MinHold. A reading at or above Critical pauses the run
 (status paused, the reason naming the signal, value and level): every
-worker of every process stops claiming, Run returns an error wrapping
-[ErrRunPaused] (or waits, with [Config.WaitWhilePaused], as [Work]
-does), and a person continues it with the SQL function resume,
+worker of every process stops claiming and waits (Run returns an error
+wrapping [ErrRunPaused] instead with [Config.ReturnOnPause]), and a
+person continues it with the SQL function resume,
 "backfill resume" or [Runner.Resume]. Each
 check is logged at debug level; each hold (warn), release (info) and
 critical pause (error) with signal, value and watermarks.
@@ -723,8 +724,8 @@ blueprint in the audit log; "backfill plan" prints it. A [Job.Approval]
 policy starts each new run [RunAwaitingApproval]: nothing is leased or
 written until [Runner.Approve] (the SQL function approve, "backfill
 approve") has recorded the approvals of the run's fingerprint the policy
-requires, by distinct names and database roles; Run returns
-[ErrAwaitingApproval] meanwhile, or waits with [Config.WaitWhilePaused].
+requires, by distinct names and database roles; Run waits meanwhile (it
+returns [ErrAwaitingApproval] with [Config.ReturnOnPause]).
 A refused approval ([ErrApprovalRefused]: stale fingerprint, the author,
 the same approver twice) records nothing. Every decision about a run is
 an event of the append-only audit log, which

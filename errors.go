@@ -81,13 +81,15 @@ var (
 	// run is not paused.
 	ErrNotPaused = backfilltype.ErrNotPaused
 	// ErrRunPaused is returned by [Runner.Run] when the job's run is
-	// paused: a quality gate failed, a throttle reached its critical
-	// level, or an operator paused it ([Runner.Pause], the SQL
-	// function pause), before or during the call (the chunks in flight
-	// finished first). Resume it with the SQL function resume, the
-	// CLI's "backfill resume" or [Runner.Resume]; the message says how.
-	// [Work] and a Run with [Config.WaitWhilePaused] wait for the resume
-	// instead of returning it.
+	// paused (a quality gate failed, a throttle reached its critical
+	// level, or an operator paused it: [Runner.Pause], the SQL function
+	// pause) and the call does not wait for the resume: the pause is one
+	// of this Runner's [Runner.PauseOnSignal], or [Config.ReturnOnPause]
+	// is set, or ctx ended the wait, or the manifest has no control plane
+	// (the chunks in flight finished first). By default Run waits for
+	// the resume instead, as [Work] always does. Resume it with the SQL
+	// function resume, the CLI's "backfill resume" or [Runner.Resume];
+	// the message says how.
 	ErrRunPaused = backfilltype.ErrRunPaused
 	// ErrRunCancelled is returned by [Runner.Run] when the job's run was
 	// cancelled ([Runner.Cancel], the SQL function cancel), before or

@@ -134,7 +134,7 @@ func TestRunRejectGateOnTheLastChunkSaysWhatToDo(t *testing.T) {
 		}
 		return nil
 	})
-	r, err := backfill.New(s.db, nil)
+	r, err := backfill.New(s.db, &backfill.Config{ReturnOnPause: true})
 	require.NoError(t, err)
 	rep, err := r.Run(ctx, job)
 	require.ErrorIs(t, err, backfill.ErrGateFailed)
@@ -157,7 +157,7 @@ func TestRunRejectGateOnTheLastChunkSaysWhatToDo(t *testing.T) {
 	job.Extractor = backfill.ExtractorFunc(func(ctx context.Context, c backfill.Chunk, w backfill.RowWriter) error {
 		return w.Reject(ctx, map[string]any{"id": 1}, "", "bad row")
 	})
-	r, err = backfill.New(s.db, nil)
+	r, err = backfill.New(s.db, &backfill.Config{ReturnOnPause: true})
 	require.NoError(t, err)
 	rep, err = r.Run(ctx, job)
 	require.ErrorIs(t, err, backfill.ErrGateFailed)

@@ -30,7 +30,8 @@ func Example_throttle() {
 	fmt.Println("Saturday 06:30 Berlin in the window:", night.Contains(sat))
 
 	r, err := backfill.New(db, &backfill.Config{
-		JobConcurrency: 2, // across every process running the job
+		JobConcurrency: 2,    // across every process running the job
+		ReturnOnPause:  true, // Run returns on the critical pause below, rather than wait for a resume
 		RowsPerSecond:  100_000,
 		Throttles: []backfillthrottle.Throttle{
 			{Signal: backfillthrottle.SQLSignal("pressure", `SELECT v FROM pressure`), High: 80, Low: 50, MinHold: time.Second, Critical: 100},

@@ -55,6 +55,7 @@ func TestResumeAcceptsTheRejectsSoFar(t *testing.T) {
 	t.Parallel()
 	db := liveDB(t)
 	r := liveRunner(t, db, "w1", nil)
+	r.cfg.ReturnOnPause = true
 	r.cfg.Concurrency = 1
 	job := rejectingJob(func(seq int) int {
 		if seq == 0 {
@@ -77,6 +78,7 @@ func TestResumeAcceptsOnlyTheRejectsSoFar(t *testing.T) {
 	t.Parallel()
 	db := liveDB(t)
 	r := liveRunner(t, db, "w1", nil)
+	r.cfg.ReturnOnPause = true
 	r.cfg.Concurrency = 1
 	job := rejectingJob(func(seq int) int {
 		switch {

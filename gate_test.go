@@ -50,7 +50,7 @@ func TestQualityGatePausesAndResumes(t *testing.T) {
 		return inner.Extract(ctx, c, w)
 	})
 	job.Validators = []backfill.Validator{noBadNames}
-	r, err := backfill.New(s.db, nil)
+	r, err := backfill.New(s.db, &backfill.Config{ReturnOnPause: true})
 	require.NoError(t, err)
 	rep, err := r.Run(ctx, job)
 	require.ErrorIs(t, err, backfill.ErrGateFailed)
@@ -153,7 +153,7 @@ func TestRunRejectRateGate(t *testing.T) {
 		return inner.Extract(ctx, c, w)
 	})
 	job.MaxRunRejectRate = 0.05
-	r, err := backfill.New(s.db, nil)
+	r, err := backfill.New(s.db, &backfill.Config{ReturnOnPause: true})
 	require.NoError(t, err)
 	rep, err := r.Run(ctx, job)
 	require.ErrorIs(t, err, backfill.ErrGateFailed)
@@ -214,7 +214,7 @@ func TestGateEvidenceSurvivesRollback(t *testing.T) {
 	s := newItems(t)
 	m := backfill.NewPGManifest("")
 	job := badChunkJob(s)
-	r, err := backfill.New(s.db, &backfill.Config{Concurrency: 3})
+	r, err := backfill.New(s.db, &backfill.Config{Concurrency: 3, ReturnOnPause: true})
 	require.NoError(t, err)
 	rep, err := r.Run(ctx, job)
 	require.ErrorIs(t, err, backfill.ErrGateFailed)
@@ -312,7 +312,7 @@ func TestGateJudgedTwiceCountsOnce(t *testing.T) {
 	})
 	job := s.job(1)
 	job.Validators = []backfill.Validator{flaky}
-	r, err := backfill.New(s.db, &backfill.Config{Concurrency: 4})
+	r, err := backfill.New(s.db, &backfill.Config{Concurrency: 4, ReturnOnPause: true})
 	require.NoError(t, err)
 	rep, err := r.Run(ctx, job)
 	require.ErrorIs(t, err, backfill.ErrGateFailed)
@@ -338,7 +338,7 @@ func TestValidatorChangesAreAudited(t *testing.T) {
 	s := newItems(t)
 	m := backfill.NewPGManifest("")
 	job := badChunkJob(s)
-	r, err := backfill.New(s.db, nil)
+	r, err := backfill.New(s.db, &backfill.Config{ReturnOnPause: true})
 	require.NoError(t, err)
 	rep, err := r.Run(ctx, job)
 	require.ErrorIs(t, err, backfill.ErrGateFailed)
@@ -471,7 +471,7 @@ func TestKillDashNineWhileRecordingGateEvidence(t *testing.T) {
 	}
 	require.Equal(t, backfill.ChunkPending, cs[4].Status)
 
-	r, err := backfill.New(db, &backfill.Config{HeartbeatInterval: 100 * time.Millisecond, StaleAfter: time.Second})
+	r, err := backfill.New(db, &backfill.Config{ReturnOnPause: true, HeartbeatInterval: 100 * time.Millisecond, StaleAfter: time.Second})
 	require.NoError(t, err)
 	rep, err := r.Run(ctx, badChunkJob(&itemsSetup{db: db}))
 	require.ErrorIs(t, err, backfill.ErrGateFailed)
@@ -512,7 +512,7 @@ func TestGateEvidenceSurvivesPublishAtEnd(t *testing.T) {
 		}
 		return backfill.CheckResult{Check: "no_chunk_100", Severity: backfill.SeverityError, Passed: ok, Expected: "not 100", Actual: fmt.Sprint(sc.Chunk.Lo), Sample: sample}, nil
 	})}
-	r, err := backfill.New(db, nil)
+	r, err := backfill.New(db, &backfill.Config{ReturnOnPause: true})
 	require.NoError(t, err)
 	rep, err := r.Run(ctx, job)
 	require.ErrorIs(t, err, backfill.ErrGateFailed)
@@ -573,7 +573,7 @@ func TestRunGateWhenTheRejectingWorkerDies(t *testing.T) {
 	// here, would otherwise keep the lease of the chunk it extracted
 	// ahead, which a dead one gives up after StaleAfter.
 	runner := func(id string, hooks backfill.Hooks) *backfill.Runner {
-		r, err := backfill.New(db, &backfill.Config{WorkerID: id, HeartbeatInterval: 100 * time.Millisecond, StaleAfter: time.Second,
+		r, err := backfill.New(db, &backfill.Config{WorkerID: id, ReturnOnPause: true, HeartbeatInterval: 100 * time.Millisecond, StaleAfter: time.Second,
 			RetryBackoff: 10 * time.Millisecond, MaxRejectsPerChunk: -1, Hooks: hooks, SerialExtract: id == "worker-a"})
 		require.NoError(t, err)
 		return r
@@ -663,7 +663,7 @@ func TestRunGateAfterACrashAfterTheLastChunk(t *testing.T) {
 	cmd.Env = append(os.Environ(), "BACKFILL_GATE_CRASH_CHILD="+url)
 	out, err := cmd.CombinedOutput()
 	require.Error(t, err, string(out))
-	r, err := backfill.New(db, &backfill.Config{Concurrency: 1, MaxRejectsPerChunk: -1})
+	r, err := backfill.New(db, &backfill.Config{ReturnOnPause: true, Concurrency: 1, MaxRejectsPerChunk: -1})
 	require.NoError(t, err)
 	rep, err := r.Run(ctx, gateCrashJob())
 	t.Logf("resumed: status %s resumed %v err %v", rep.Status, rep.Resumed, err)
@@ -864,7 +864,7 @@ func TestAcceptGateBindsTheEvidence(t *testing.T) {
 		}
 		job := opsJob(src, 2)
 		job.Rollback, job.Validators = backfill.RollbackNone, []backfill.Validator{negatives}
-		r, err := backfill.New(db, &backfill.Config{Concurrency: 2})
+		r, err := backfill.New(db, &backfill.Config{Concurrency: 2, ReturnOnPause: true})
 		require.NoError(t, err)
 		for i := 0; i < 2; i++ {
 			rep, err := r.Run(ctx, job)
@@ -902,7 +902,7 @@ func TestAcceptGateBindsTheEvidence(t *testing.T) {
 		})
 		job := s.job(1)
 		job.Validators = []backfill.Validator{fails}
-		r, err := backfill.New(s.db, nil)
+		r, err := backfill.New(s.db, &backfill.Config{ReturnOnPause: true})
 		require.NoError(t, err)
 		_, err = r.Run(ctx, job)
 		require.ErrorIs(t, err, backfill.ErrGateFailed)
@@ -929,7 +929,7 @@ func TestValidatorSwapIsAudited(t *testing.T) {
 	ctx := context.Background()
 	s := newItems(t)
 	job := badChunkJob(s)
-	r, err := backfill.New(s.db, nil)
+	r, err := backfill.New(s.db, &backfill.Config{ReturnOnPause: true})
 	require.NoError(t, err)
 	rep, err := r.Run(ctx, job)
 	require.ErrorIs(t, err, backfill.ErrGateFailed)
@@ -1005,7 +1005,7 @@ func TestRunWithOpenChunksIsNotSuccess(t *testing.T) {
 	src.set(2, today.Add(time.Minute), 1)
 	job := opsJob(src, 2)
 	job.Rollback = backfill.RollbackNone
-	r, err := backfill.New(db, nil)
+	r, err := backfill.New(db, &backfill.Config{ReturnOnPause: true})
 	require.NoError(t, err)
 	rep, err := r.Run(ctx, job)
 	require.ErrorIs(t, err, backfill.ErrChunksOpen)
@@ -1052,7 +1052,7 @@ func TestRunRejectGateResumedOnce(t *testing.T) {
 		}
 		return nil
 	})
-	r, err := backfill.New(s.db, nil)
+	r, err := backfill.New(s.db, &backfill.Config{ReturnOnPause: true})
 	require.NoError(t, err)
 	_, err = r.Run(ctx, job)
 	require.ErrorIs(t, err, backfill.ErrGateFailed)

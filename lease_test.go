@@ -239,6 +239,7 @@ func TestPausedRunReleasesLeaseOfChunkInFlight(t *testing.T) {
 	ctx := context.Background()
 	db := liveDB(t)
 	r1 := liveRunner(t, db, "w1", nil)
+	r1.cfg.ReturnOnPause = true // the first process ends on the pause
 	r1.cfg.StaleAfter, r1.cfg.HeartbeatInterval = 30*time.Second, time.Second
 	_, _ = r1.Run(ctx, liveJob(func(c Chunk) {
 		if c.Seq == 0 {

@@ -1055,7 +1055,7 @@ func TestChecksCompareExactly(t *testing.T) {
 	ctx := context.Background()
 	db := pgtest.New(t)
 	db.MustExec(looseSetup)
-	r, err := backfill.New(db, nil)
+	r, err := backfill.New(db, &backfill.Config{ReturnOnPause: true})
 	require.NoError(t, err)
 	for i, c := range looseCases {
 		name := fmt.Sprintf("eq_%d", i)

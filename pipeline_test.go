@@ -163,6 +163,7 @@ func testExtractAheadStopped(t *testing.T, gate bool) {
 	ctx := context.Background()
 	db := liveDB(t)
 	r := liveRunner(t, db, "w1", nil)
+	r.cfg.ReturnOnPause = true
 	extracted1 := make(chan struct{})
 	var once sync.Once
 	job := liveJob(nil)
@@ -443,6 +444,7 @@ func TestAheadRunRejectRatePausesBeforeTheChunkAhead(t *testing.T) {
 	ctx := context.Background()
 	db := liveDB(t)
 	r := liveRunner(t, db, "w1", nil)
+	r.cfg.ReturnOnPause = true
 	r.cfg.Concurrency = 1
 	ahead := make(chan struct{})
 	var once sync.Once
@@ -505,6 +507,7 @@ func TestAheadPauseCancelResumeStorm(t *testing.T) {
 	r := liveRunner(t, db, "w1", nil)
 	r.cfg.Concurrency = 2
 	r.cfg.ThrottleInterval = 10 * time.Millisecond
+	r.cfg.ReturnOnPause = true // each call ends on the storm's pause
 	job := liveJob(nil)
 	job.Chunker = IntRange(0, 600, 10)
 	inner := job.Extractor

@@ -38,6 +38,7 @@ func reportFixtureRun(t *testing.T) (*sqlx.DB, int64) {
 		WorkerID:         "worker-a",
 		Concurrency:      1,
 		ThrottleInterval: 50 * time.Millisecond,
+		ReturnOnPause:    true, // the first call ends on the critical throttle's pause
 		Throttles: []backfillthrottle.Throttle{
 			// 150 (critical) until the operator lowers it to 0; then 90
 			// (a hold) for two readings, then 10.

@@ -480,7 +480,7 @@ func TestWriteGoSlicesAndBigNumbers(t *testing.T) {
 			}
 			return nil
 		})}
-	r, err := backfill.New(db, nil)
+	r, err := backfill.New(db, &backfill.Config{ReturnOnPause: true}) // ends on its gate below
 	require.NoError(t, err)
 	rep, err := r.Run(ctx, job)
 	require.NoError(t, err)
@@ -676,7 +676,7 @@ func TestTimestampZoneThroughWrappers(t *testing.T) {
 				}
 				return nil
 			})}
-		r, err := backfill.New(db, &backfill.Config{MaxStagingRejects: 100})
+		r, err := backfill.New(db, &backfill.Config{MaxStagingRejects: 100, ReturnOnPause: true})
 		require.NoError(t, err)
 		rep, err := r.Run(ctx, job)
 		if !tc.inChunk {

@@ -55,6 +55,10 @@ type Runner struct {
 	drained  chan struct{}
 	// mem holds the shares of cfg.MemoryBudget.
 	mem memoryShares
+	// signalPauses holds, per batch, the "run_paused" event of the pause
+	// that a signal of PauseOnSignal made or found (int64 -> int64): a
+	// call of Run returns while that pause lasts, rather than wait.
+	signalPauses sync.Map
 }
 
 // Drain makes every call of r (Run, Work, Resume, a waiting paused call)
@@ -228,23 +232,56 @@ func (j Job) validate() error {
 // again. Report.Warnings (also logged) flags a scope that reaches into the
 // future and a date ChunkColumn under a watermark.
 //
-// A pause of the run (an operator's, a quality gate's, a throttle's
-// critical level) makes Run return an error wrapping [ErrRunPaused] (or,
-// for a gate that failed in this call, [ErrGateFailed]) once the chunks
-// in flight are checkpointed, unless [Config.WaitWhilePaused]: then Run
-// stays a worker of the run and waits until it is resumed (or cancelled,
-// or ctx is done), and goes on working, also after a gate of its own
-// chunks paused the run.
+// A pause does not end Run: while its run is paused (by an operator from
+// SQL, the CLI or [Runner.Pause] in another process, a quality gate or
+// the run reject gate, including one that failed on a chunk of this
+// call, a throttle's critical level), Run stays a registered,
+// heartbeating worker of the run and claims nothing; while it awaits
+// approval, Run waits too (nothing leased). It logs once what it waits
+// for (who paused and why, or the approvals missing, with the command
+// that resumes or approves), and goes on working once the
+// run is resumed (SQL function resume, "backfill resume",
+// [Runner.Resume], [Runner.AcceptGate]) or approved, within one
+// [Config.ThrottleInterval] (at once with [Config.ListenURL]). It
+// returns when the run is cancelled (an error wrapping
+// [ErrRunCancelled]) or ctx is done (an error wrapping [ErrRunPaused],
+// or [ErrAwaitingApproval], and ctx's cause). Two exceptions: a pause
+// made by this Runner's [Runner.PauseOnSignal] (the signal of the person
+// at this process) makes Run return an error wrapping [ErrRunPaused]
+// once the chunks in flight are checkpointed; and [Config.ReturnOnPause]
+// makes every pause return so (a gate that failed in this call:
+// [ErrGateFailed]; awaiting approval: [ErrAwaitingApproval]). Waiting
+// needs the control plane ([PGManifest]); with other manifests Run
+// returns on a pause.
 func (r *Runner) Run(ctx context.Context, job Job) (Report, error) {
-	return r.runTraced(ctx, job, r.cfg.WaitWhilePaused)
+	mode := waitUnlessSignalled
+	if r.cfg.ReturnOnPause {
+		mode = returnOnPause
+	}
+	return r.runTraced(ctx, job, mode)
 }
 
-// runTraced is Run in its span; wait makes it wait while the run is
-// paused ([Config.WaitWhilePaused]).
-func (r *Runner) runTraced(ctx context.Context, job Job, wait bool) (Report, error) {
+// pauseMode says what a call of Run does while its run is paused or
+// awaits approval.
+type pauseMode uint8
+
+const (
+	// returnOnPause: the call returns (Config.ReturnOnPause).
+	returnOnPause pauseMode = iota
+	// waitUnlessSignalled: the call waits, unless the pause in force is
+	// one of this Runner's PauseOnSignal (Run's default).
+	waitUnlessSignalled
+	// waitAlways: the call waits whoever paused (Work).
+	waitAlways
+)
+
+// runTraced is Run in its span; mode says whether it waits while the run
+// is paused.
+func (r *Runner) runTraced(ctx context.Context, job Job, mode pauseMode) (Report, error) {
+	wait := mode != returnOnPause
 	return r.traceRun(ctx, job, func(ctx context.Context) (Report, error) {
 		for {
-			rep, err := r.run(ctx, job, wait)
+			rep, err := r.run(ctx, job, mode)
 			// A call that ends paused with errors of its own (a quality
 			// gate or the run reject gate that failed in it and paused
 			// the run, a throttle's critical level) waits in a new call,
@@ -269,6 +306,11 @@ func (r *Runner) runTraced(ctx context.Context, job Job, wait bool) (Report, err
 			if !wait || r.caps.control == nil || ctx.Err() != nil || r.draining.Load() || !pausedByGate || (rep.Status != RunPaused && rep.Status != RunRunning) {
 				return rep, err
 			}
+			if mode == waitUnlessSignalled && r.pausedBySignal(ctx, rep.BatchID) {
+				// This Runner's PauseOnSignal paused the run: the person
+				// at this process wants it to end.
+				return rep, err
+			}
 			r.cfg.Logger.Warn("backfill: run paused while this call worked: this worker waits for it to be resumed", "job", job.Name, "batch_id", rep.BatchID, "reason", err)
 		}
 	})
@@ -285,9 +327,10 @@ type stoppedWhilePaused struct {
 func (e *stoppedWhilePaused) Error() string   { return e.msg }
 func (e *stoppedWhilePaused) Unwrap() []error { return e.errs }
 
-// run is one call of Run inside its span; wait: a call whose run is
-// paused waits for its resume as a worker of the run (waitResumed).
-func (r *Runner) run(ctx context.Context, job Job, wait bool) (Report, error) {
+// run is one call of Run inside its span; mode: a call whose run is
+// paused waits for its resume as a worker of the run (waitResumed), or
+// returns.
+func (r *Runner) run(ctx context.Context, job Job, mode pauseMode) (Report, error) {
 	begin := time.Now()
 	rs, err := r.planRun(ctx, job)
 	if err != nil {
@@ -312,7 +355,11 @@ func (r *Runner) run(ctx context.Context, job Job, wait bool) (Report, error) {
 	if err := r.recordBlueprint(ctx, rs, run); err != nil {
 		return Report{}, err
 	}
-	wait = wait && r.caps.control != nil
+	wait := mode != returnOnPause && r.caps.control != nil
+	if run.Status == RunPaused && wait && mode == waitUnlessSignalled && r.pausedBySignal(ctx, run.BatchID) {
+		// Paused by this Runner's PauseOnSignal: returned, not waited on.
+		wait = false
+	}
 	if run.Status == RunAwaitingApproval {
 		// Nothing is leased until approved: wait, or say what is missing.
 		rep, err := r.report(ctx, run, false)
@@ -320,10 +367,10 @@ func (r *Runner) run(ctx context.Context, job Job, wait bool) (Report, error) {
 		if !wait || err != nil {
 			return rep, errors.Join(err, r.awaitingErr(ctx, job, run))
 		}
-		if err := r.waitApproved(ctx, job, run); err != nil {
+		if err := r.waitApproved(ctx, job, run, mode == waitUnlessSignalled); err != nil {
 			return rep, err
 		}
-		return r.run(ctx, job, wait)
+		return r.run(ctx, job, mode)
 	}
 	if run.Status == RunPaused && !wait {
 		rep, err := r.report(ctx, run, resumed)
@@ -351,7 +398,7 @@ func (r *Runner) run(ctx context.Context, job Job, wait bool) (Report, error) {
 		ex.startThrottle(ctx)
 		ex.notifyProgress(ctx, true)
 		if wait {
-			ex.wait = true
+			ex.wait, ex.endOnSignal = true, mode == waitUnlessSignalled
 			ex.pausedMeanwhile(ctx)
 		}
 		if run.Status == RunPaused {
@@ -816,9 +863,10 @@ type execution struct {
 	failed *ChunkError
 	stop   bool
 	// wait: the call waits while the run is paused (waitResumed);
+	// endOnSignal: except for a pause of the Runner's PauseOnSignal;
 	// pausesSeen counts the run's pauses it knows of (pausedMeanwhile).
-	wait       bool
-	pausesSeen int
+	wait, endOnSignal bool
+	pausesSeen        int
 	// halted is the status (paused, cancelled) the run's control state
 	// stopped this call with ("" for none; see [runControl]).
 	halted RunStatus

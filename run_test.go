@@ -89,7 +89,7 @@ func TestAccountingProperty(t *testing.T) {
 		})
 		job := backfill.Job{Name: fmt.Sprintf("prop-%d", iteration), Chunker: backfill.IntRange(0, int64(nChunks)*100, 100), Extractor: extract, MaxRunRejectRate: -1,
 			Target: backfill.Target{Table: "items", Key: []string{"tenant", "id"}, Columns: []string{"tenant", "id", "name", "amount", "seen_at"}}}
-		r, err := backfill.New(db, &backfill.Config{Concurrency: 2})
+		r, err := backfill.New(db, &backfill.Config{Concurrency: 2, ReturnOnPause: true})
 		require.NoError(rt, err)
 		rep, runErr := r.Run(ctx, job)
 
@@ -657,7 +657,7 @@ func TestRunRejectGateIsOnByDefault(t *testing.T) {
 			}
 			return nil
 		})
-		r, err := backfill.New(s.db, nil)
+		r, err := backfill.New(s.db, &backfill.Config{ReturnOnPause: true})
 		require.NoError(t, err)
 		return r.Run(ctx, job)
 	}

@@ -22,9 +22,14 @@ import (
 //
 //   - a signal pauses the run ([Runner.Pause]): every worker of every
 //     process stops claiming, the chunks in flight finish and are
-//     checkpointed, and [Runner.Run] returns an error wrapping
-//     [ErrRunPaused] ([Work] and [Config.WaitWhilePaused] wait for a
-//     resume instead);
+//     checkpointed, and this Runner's [Runner.Run] returns an error
+//     wrapping [ErrRunPaused], so that the person who pressed Ctrl-C
+//     gets the process back (a Run waits on a pause made by anyone
+//     else: SQL, the CLI, another process; [Work] waits on this pause
+//     too, as on any). A signal that finds the run paused already takes
+//     that pause as its own (Run returns, the run stays paused); one
+//     that finds it awaiting approval makes Run return an error
+//     wrapping [ErrAwaitingApproval];
 //   - a signal that arrives while the run is still paused by the pause
 //     of the previous signal cancels it ([Runner.Cancel]): the chunks in
 //     flight roll back and stay pending, and Run (or Work) returns
@@ -95,9 +100,15 @@ func (r *Runner) PauseOnSignal(job string, out io.Writer, sigs ...os.Signal) (st
 				// signal cancels while this pause lasts.
 				if m, ok := r.currentPause(ctx, job); ok {
 					last = &m
+					r.signalPauses.Store(m.batch, m.event)
 					if err != nil {
 						fmt.Fprintf(out, "job %s is paused already; send the signal again to cancel it\n", job)
 					}
+				} else if batch, ok := r.awaitingApproval(ctx, job); ok {
+					// Nothing to pause: the call of Run waiting for the
+					// approval returns.
+					r.signalPauses.Store(batch, awaitingMark)
+					fmt.Fprintf(out, "job %s awaits approval: this process stops waiting for it\n", job)
 				}
 			}
 		}
@@ -109,6 +120,51 @@ func (r *Runner) PauseOnSignal(job string, out io.Writer, sigs ...os.Signal) (st
 		})
 		<-finished
 	}
+}
+
+// awaitingMark in signalPauses marks a run that awaited approval when a
+// signal of PauseOnSignal arrived: Run stops waiting for the approval.
+const awaitingMark = int64(-1)
+
+// awaitingApproval returns the latest run of job when it awaits approval.
+func (r *Runner) awaitingApproval(ctx context.Context, job string) (int64, bool) {
+	if r.caps.audit == nil {
+		return 0, false
+	}
+	run, err := r.caps.audit.LatestRun(ctx, r.db, job)
+	return run.BatchID, err == nil && run.Status == RunAwaitingApproval
+}
+
+// signalledAwaiting reports whether a signal of this Runner's
+// PauseOnSignal arrived while run batchID awaited approval.
+func (r *Runner) signalledAwaiting(batchID int64) bool {
+	v, ok := r.signalPauses.Load(batchID)
+	return ok && v.(int64) == awaitingMark
+}
+
+// pausedBySignal reports whether the pause in force of run batchID is
+// one that this Runner's PauseOnSignal made or found: Run returns on it
+// rather than wait. It reads the audit trail only when a signal paused
+// batchID.
+func (r *Runner) pausedBySignal(ctx context.Context, batchID int64) bool {
+	v, ok := r.signalPauses.Load(batchID)
+	if !ok || r.caps.audit == nil {
+		return false
+	}
+	events, err := r.caps.audit.Events(ctx, r.db, batchID)
+	if err != nil {
+		return false
+	}
+	for i := len(events) - 1; i >= 0; i-- {
+		switch events[i].Kind {
+		case "run_paused":
+			return events[i].ID == v.(int64)
+		case "run_resumed_by_operator":
+			// Resumed since (and paused again by a gate or a throttle).
+			return false
+		}
+	}
+	return false
 }
 
 // pauseMark is a pause in force: run batch, paused by its "run_paused"

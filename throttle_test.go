@@ -440,6 +440,7 @@ func TestThrottleCriticalPausesAndResumeContinues(t *testing.T) {
 	job := liveJob(nil)
 	r := throttleRunner(t, db, "w1", func(c *Config) {
 		c.Throttles = []backfillthrottle.Throttle{{Signal: sig, High: 10, Low: 5, Critical: 50}}
+		c.ReturnOnPause = true
 	})
 	rep, err := r.Run(t.Context(), job)
 	require.ErrorIs(t, err, ErrRunPaused)

@@ -461,7 +461,7 @@ func TestTraceThrottleAndPause(t *testing.T) {
 			released.Store(true)
 		}
 	}
-	r, err := backfill.New(s.db, &backfill.Config{Tracer: rec, ThrottleInterval: 10 * time.Millisecond,
+	r, err := backfill.New(s.db, &backfill.Config{ReturnOnPause: true, Tracer: rec, ThrottleInterval: 10 * time.Millisecond,
 		Throttles: []backfillthrottle.Throttle{{Signal: sig, High: 10, Critical: 100}}})
 	require.NoError(t, err)
 	job := s.job(1)

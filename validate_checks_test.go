@@ -109,7 +109,7 @@ func (s *salesSetup) job(validators ...backfill.Validator) backfill.Job {
 // error.
 func (s *salesSetup) run(t *testing.T, job backfill.Job) (backfill.Report, []backfilltype.Validation, error) {
 	t.Helper()
-	r, err := backfill.New(s.db, nil)
+	r, err := backfill.New(s.db, &backfill.Config{ReturnOnPause: true})
 	require.NoError(t, err)
 	rep, err := r.Run(context.Background(), job)
 	vs, verr := backfill.NewPGManifest("").Validations(context.Background(), s.db, rep.BatchID)

@@ -81,9 +81,9 @@ const (
 // A paused run (by an operator, a signal ([Runner.PauseOnSignal]), a
 // throttle's critical level, a quality gate or the run reject gate,
 // including one that failed on a chunk of this very call) does not end
-// Work: it waits as a registered worker of the run
-// ([Config.WaitWhilePaused], whatever r's Config says) and goes on once
-// the run is resumed (SQL function resume, "backfill resume",
+// Work: it waits as a registered worker of the run (as [Runner.Run] does
+// by default, but also on a pause of [Runner.PauseOnSignal], and whatever
+// [Config.ReturnOnPause] says) and goes on once the run is resumed (SQL function resume, "backfill resume",
 // [Runner.Resume]); a cancel ends it with ExitCancelled, ctx with
 // ExitTempFail.
 func Work(ctx context.Context, r *Runner, job Job) ExitCode {
@@ -95,7 +95,7 @@ func Work(ctx context.Context, r *Runner, job Job) ExitCode {
 		log.Error("backfill worker: no runner")
 		return ExitUsage
 	}
-	rep, err := r.runTraced(ctx, job, true)
+	rep, err := r.runTraced(ctx, job, waitAlways)
 	code := exitCode(ctx, rep, err)
 	attrs := []any{"job", job.Name, "batch_id", rep.BatchID, "exit_code", int(code), "status", rep.Status,
 		"chunks_done", rep.ChunksDone, "chunks_total", rep.ChunksTotal, "chunks_run", rep.ChunksRun}

@@ -121,7 +121,7 @@ func TestWorkWaitsAfterItsOwnRejectGate(t *testing.T) {
 }
 
 // TestStoppedWhilePausedSaysSo: a call that waits while its run is paused
-// (Config.WaitWhilePaused, as Work does) and whose context then ends
+// (Run's default, as Work does) and whose context then ends
 // returns ErrRunPaused with the context's error, saying that it stopped
 // while the run was paused and how to resume the run; not a hint to wait,
 // which it did.
@@ -129,7 +129,7 @@ func TestStoppedWhilePausedSaysSo(t *testing.T) {
 	t.Parallel()
 	db := liveDB(t)
 	logs := &syncBuffer{}
-	r, err := New(db, &Config{WorkerID: "w", WaitWhilePaused: true, HeartbeatInterval: 100 * time.Millisecond, StaleAfter: time.Second,
+	r, err := New(db, &Config{WorkerID: "w", HeartbeatInterval: 100 * time.Millisecond, StaleAfter: time.Second,
 		Logger: slog.New(slog.NewJSONHandler(logs, nil))})
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -149,7 +149,7 @@ func TestStoppedWhilePausedSaysSo(t *testing.T) {
 	require.ErrorIs(t, res.err, ErrRunPaused)
 	require.ErrorIs(t, res.err, context.Canceled)
 	require.Contains(t, res.err.Error(), "this call waited while the run was paused and stopped as its context ended (context canceled); the run stays paused: resume it with SELECT")
-	require.NotContains(t, res.err.Error(), "WaitWhilePaused")
+	require.NotContains(t, res.err.Error(), "ReturnOnPause")
 }
 
 // TestDrainFinishesChunksInFlight: Drain stops a worker from claiming

@@ -14,8 +14,8 @@ import (
 const RunAwaitingApproval RunStatus = "awaiting_approval"
 
 var (
-	// ErrAwaitingApproval is returned by backfill.Runner.Run (without
-	// backfill.Config.WaitWhilePaused) when the job's run awaits
+	// ErrAwaitingApproval is returned by backfill.Runner.Run (with
+	// backfill.Config.ReturnOnPause) when the job's run awaits
 	// approvals: the message says how many are missing, of which plan
 	// fingerprint, and the command that records one.
 	ErrAwaitingApproval = errors.New("backfill: run is awaiting approval")

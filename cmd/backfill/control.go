@@ -38,8 +38,9 @@ between chunks and every throttle interval).`
 func newPauseCmd(g *globals) *cobra.Command {
 	return newControlCmd(g, "pause", "Pause a run: the chunks in flight finish, nothing more is claimed",
 		`pause pauses a running run: no worker claims another chunk; the chunks
-in flight finish and are checkpointed. Run.Run of the job returns
-ErrRunPaused. "backfill resume" continues it.`+controlDoc,
+in flight finish and are checkpointed; the workers (Runner.Run,
+backfill.Work) wait, claiming nothing, until "backfill resume" continues
+it (a Run with Config.ReturnOnPause returns ErrRunPaused).`+controlDoc,
 		`  backfill pause --job flights --why "replica lag during the sale"`)
 }
 

@@ -40,7 +40,7 @@ func TestCLIPlanApprove(t *testing.T) {
 	// A run awaiting one approval, not the author's.
 	job := faresJob(1000, 3, true)
 	job.Approval = backfill.ApprovalPolicy{Approvers: 1}
-	r, err := backfill.New(db, nil)
+	r, err := backfill.New(db, &backfill.Config{ReturnOnPause: true}) // returns while it awaits approval
 	require.NoError(t, err)
 	rep, err := r.Run(ctx, job)
 	require.ErrorIs(t, err, backfill.ErrAwaitingApproval)

@@ -45,6 +45,7 @@ func realRun(t *testing.T) backfill.RunReport {
 			WorkerID:         worker,
 			Concurrency:      1,
 			ThrottleInterval: 50 * time.Millisecond,
+			ReturnOnPause:    true, // the first call ends on the critical throttle's pause
 			Throttles: []backfillthrottle.Throttle{
 				// 150 (critical) until lowered; then 90 (a hold) for
 				// three readings, then 10.

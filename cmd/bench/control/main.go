@@ -261,7 +261,9 @@ func runChild(id string, conc int, chunkTime, interval time.Duration, listen boo
 	db := sqlx.MustOpen("postgres", url)
 	defer db.Close()
 	db.SetMaxOpenConns(conc + 4)
-	cfg := &backfill.Config{WorkerID: id, Concurrency: conc, ThrottleInterval: interval,
+	// ReturnOnPause: the bench measures when each Run returns on a pause
+	// (by default Run waits for the resume).
+	cfg := &backfill.Config{WorkerID: id, Concurrency: conc, ThrottleInterval: interval, ReturnOnPause: true,
 		Logger: slog.New(observer{slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError})})}
 	if listen {
 		cfg.ListenURL = url
