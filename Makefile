@@ -31,13 +31,36 @@ SUBMODULES = $(patsubst %/go.mod,%,$(wildcard examples/go.mod examples/*/go.mod 
 # loaded 2-core machine (it took 15 minutes beside other test suites).
 TEST_TIMEOUT ?= 30m
 
+# TEST_PARALLEL: how many parallel tests (t.Parallel) of a package of the
+# root module run at once (go test -parallel; Go's default is GOMAXPROCS,
+# 2 on a 2-core machine). The tests mostly wait on PostgreSQL, child
+# processes and timers rather than use the CPU, so more of them at once
+# than cores shortens the run.
+TEST_PARALLEL ?= 6
+
+# The root module's tests and the submodules' (vet and tests, one module
+# after another) run as two streams at once: the root module's output as it
+# comes, the submodules' kept in a file and printed after it, so that
+# neither interleaves with the other. Every submodule is tested even after
+# one fails; make test fails if anything failed, and its last lines say
+# where.
 test:
 	@bash .ci/components
 	$(GO) vet ./...
-	$(GO) test -count=1 -timeout $(TEST_TIMEOUT) ./...
-	for m in $(SUBMODULES); do \
-		(cd $$m && $(GO) vet ./... && $(GO) test -count=1 -timeout $(TEST_TIMEOUT) ./...) || exit 1; \
-	done
+	@log=$$(mktemp); \
+	( fails=""; \
+	  for m in $(SUBMODULES); do \
+		echo "== $$m: $(GO) vet ./... && $(GO) test -count=1 -timeout $(TEST_TIMEOUT) ./..."; \
+		(cd $$m && $(GO) vet ./... && $(GO) test -count=1 -timeout $(TEST_TIMEOUT) ./...) || fails="$$fails $$m"; \
+	  done; \
+	  if [ -n "$$fails" ]; then echo "make test: FAILED in submodule(s):$$fails"; exit 1; fi \
+	) >"$$log" 2>&1 & sub=$$!; \
+	echo "$(GO) test -count=1 -parallel $(TEST_PARALLEL) -timeout $(TEST_TIMEOUT) ./...   (submodules tested meanwhile: $(SUBMODULES))"; \
+	$(GO) test -count=1 -parallel $(TEST_PARALLEL) -timeout $(TEST_TIMEOUT) ./...; root=$$?; \
+	wait $$sub; subrc=$$?; \
+	echo "== submodules, tested while the root module's tests ran:"; cat "$$log"; rm -f "$$log"; \
+	if [ $$root -ne 0 ]; then echo "make test: FAILED in the root module (go test ./... above)"; fi; \
+	[ $$root -eq 0 ] && [ $$subrc -eq 0 ]
 
 # test-faults: the fault suite (internal/faulttest, build tag faults):
 # worker processes on simulated hosts (network namespaces as root, else

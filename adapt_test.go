@@ -226,16 +226,21 @@ func TestAdaptKnobs(t *testing.T) {
 			tc.subs(t, db, rep.BatchID)
 		})
 	}
-	// A bad value is refused, naming the knob.
-	db := pgtest.New(t)
-	rbSetup(t, db)
-	r, err := backfill.New(db, &backfill.Config{Concurrency: 1})
-	require.NoError(t, err)
-	var calls extractCalls
-	rep, err := r.Run(ctx, skewedJob("bad", 1, &calls))
-	require.NoError(t, err)
-	_, err = db.Exec(`SELECT backfill.set_knob($1::bigint, 'chunk_max_rows', '-3', 'ann', 'test')`, rep.BatchID)
-	require.ErrorContains(t, err, "chunk_max_rows")
+	// A bad value is refused, naming the knob. A subtest of its own (not
+	// parallel): a database the parent took would keep its pgtest
+	// deadline running while the parallel subtests above wait for a
+	// place, for minutes in a long package run.
+	t.Run("bad value", func(t *testing.T) {
+		db := pgtest.New(t)
+		rbSetup(t, db)
+		r, err := backfill.New(db, &backfill.Config{Concurrency: 1})
+		require.NoError(t, err)
+		var calls extractCalls
+		rep, err := r.Run(ctx, skewedJob("bad", 1, &calls))
+		require.NoError(t, err)
+		_, err = db.Exec(`SELECT backfill.set_knob($1::bigint, 'chunk_max_rows', '-3', 'ann', 'test')`, rep.BatchID)
+		require.ErrorContains(t, err, "chunk_max_rows")
+	})
 }
 
 // TestAdaptResumesBetweenSubchunks: a call stopped in the middle of a

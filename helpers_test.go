@@ -79,6 +79,18 @@ func killChildWhen(t *testing.T, db *sqlx.DB, env, url, query string, n int) {
 	}
 }
 
+// quickFencing is cfg with a short StaleAfter (2 s, heartbeats every
+// 100 ms), for a child killed with SIGKILL and the run that resumes after
+// it: a worker's StaleAfter is recorded with it in the manifest, and the
+// resuming run takes a killed worker's leased chunks over once its
+// heartbeat is older than the larger of the two workers' StaleAfter
+// ([backfill.DefaultStaleAfter], 30 s, by default: TestKillDashNine keeps
+// the defaults).
+func quickFencing(cfg backfill.Config) *backfill.Config {
+	cfg.HeartbeatInterval, cfg.StaleAfter = 100*time.Millisecond, 2*time.Second
+	return &cfg
+}
+
 // childAppName is the application_name of the connections of the child
 // process pid (PostgreSQL docs, 20.11.1 "Statement Behavior"); a chunk's
 // transaction puts "backfill <worker key> " before it.

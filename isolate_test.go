@@ -340,7 +340,7 @@ func refusedKillJob() backfill.Job {
 
 func init() {
 	childProcess("BACKFILL_REFUSED_CHILD", func(db *sqlx.DB) error {
-		r, err := backfill.New(db, &backfill.Config{Concurrency: 2})
+		r, err := backfill.New(db, quickFencing(backfill.Config{Concurrency: 2}))
 		if err != nil {
 			return err
 		}
@@ -384,7 +384,7 @@ func TestKillDashNineWhileIsolating(t *testing.T) {
 	db.MustExec(create)
 	killChildWhen(t, db, "BACKFILL_REFUSED_CHILD", url, `SELECT count(*) FROM backfill.chunks WHERE status = 'done'`, 5)
 
-	r, err = backfill.New(db, nil)
+	r, err = backfill.New(db, quickFencing(backfill.Config{}))
 	require.NoError(t, err)
 	rep, err := r.Run(ctx, refusedKillJob())
 	require.NoError(t, err)

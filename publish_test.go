@@ -119,7 +119,7 @@ func viewJob(slow bool) backfill.Job {
 func init() {
 	// The child process of TestKillDashNineBeforePublish.
 	childProcess("BACKFILL_VIEW_CHILD", func(db *sqlx.DB) error {
-		r, err := backfill.New(db, nil)
+		r, err := backfill.New(db, quickFencing(backfill.Config{}))
 		if err != nil {
 			return err
 		}
@@ -160,7 +160,7 @@ func TestKillDashNineBeforePublish(t *testing.T) {
 	require.NoError(t, db.Get(&visible, `SELECT count(*) || '/' || sum(amount) FROM orders_current`))
 	require.Equal(t, "10/0", visible, "nothing of the interrupted run is visible before the publish")
 
-	r, err = backfill.New(db, nil)
+	r, err = backfill.New(db, quickFencing(backfill.Config{}))
 	require.NoError(t, err)
 	rep, err := r.Run(ctx, viewJob(false))
 	require.NoError(t, err)
@@ -275,7 +275,7 @@ func atEndJob(slow bool) backfill.Job {
 func init() {
 	// The child process of TestKillDashNineDuringStaging.
 	childProcess("BACKFILL_ATEND_CHILD", func(db *sqlx.DB) error {
-		r, err := backfill.New(db, nil)
+		r, err := backfill.New(db, quickFencing(backfill.Config{}))
 		if err != nil {
 			return err
 		}
@@ -316,7 +316,7 @@ func TestKillDashNineDuringStaging(t *testing.T) {
 	require.NoError(t, db.Get(&visible, `SELECT count(*) || '/' || sum(amount) FROM orders`))
 	require.Equal(t, "10/0", visible, "nothing is visible before the publish")
 
-	r, err = backfill.New(db, nil)
+	r, err = backfill.New(db, quickFencing(backfill.Config{}))
 	require.NoError(t, err)
 	rep, err := r.Run(ctx, atEndJob(false))
 	require.NoError(t, err)

@@ -336,11 +336,13 @@ func crashJob(s *itemsSetup) backfill.Job {
 	return job
 }
 
-func init() {
-	// The child process of TestKillDashNine: run the crash job; its last
-	// chunks never finish by themselves, the parent kills it.
-	childProcess("BACKFILL_CRASH_CHILD", func(db *sqlx.DB) error {
-		r, err := backfill.New(db, &backfill.Config{Concurrency: 2})
+// crashChild is the child process of TestKillDashNine (the library's
+// default timings) and of TestThroughPoolerKillDashNine (pooledFencing): it
+// runs the crash job with cfg; its last chunks never finish by themselves,
+// the parent kills it.
+func crashChild(cfg *backfill.Config) func(db *sqlx.DB) error {
+	return func(db *sqlx.DB) error {
+		r, err := backfill.New(db, cfg)
 		if err != nil {
 			return err
 		}
@@ -354,7 +356,12 @@ func init() {
 		})
 		_, err = r.Run(context.Background(), job)
 		return err
-	})
+	}
+}
+
+func init() {
+	childProcess("BACKFILL_CRASH_CHILD", crashChild(&backfill.Config{Concurrency: 2}))
+	childProcess("BACKFILL_CRASH_POOLED_CHILD", crashChild(pooledFencing(backfill.Config{Concurrency: 2})))
 }
 
 func createItems(t *testing.T, db *sqlx.DB) {
@@ -414,6 +421,9 @@ func TestKillDashNine(t *testing.T) {
 	require.NoError(t, db.Get(&done, `SELECT count(*) FROM backfill.chunks WHERE status = 'done'`))
 	require.Less(t, done, 40, "the child was killed before the end")
 
+	// The resume with the library's defaults: it takes the killed child's
+	// chunks over after DefaultStaleAfter (the other kill -9 tests resume
+	// with a short StaleAfter, quickFencing).
 	r, err = backfill.New(db, nil)
 	require.NoError(t, err)
 	rep, err := r.Run(ctx, crashJob(&itemsSetup{db: db}))
@@ -456,7 +466,7 @@ func waitsConfig() *backfill.Config {
 func init() {
 	// The child process of TestKillDashNineWhileWaiting.
 	childProcess("BACKFILL_WAITS_CHILD", func(db *sqlx.DB) error {
-		r, err := backfill.New(db, waitsConfig())
+		r, err := backfill.New(db, quickFencing(*waitsConfig()))
 		if err != nil {
 			return err
 		}
@@ -510,7 +520,7 @@ func TestKillDashNineWhileWaiting(t *testing.T) {
 	var done int
 	require.NoError(t, db.Get(&done, `SELECT count(*) FROM backfill.chunks WHERE status = 'done'`))
 	require.Less(t, done, 10, "killed while a chunk waited")
-	r, err := backfill.New(db, waitsConfig())
+	r, err := backfill.New(db, quickFencing(*waitsConfig()))
 	require.NoError(t, err)
 	rep, err := r.Run(ctx, waitsJob(&itemsSetup{db: db}))
 	require.NoError(t, err)
@@ -1142,6 +1152,16 @@ func TestThroughPoolerConcurrentRunners(t *testing.T) {
 	require.Zero(t, locks)
 }
 
+// pooledFencing is quickFencing for workers behind the test pooler, with
+// more slack: StaleAfter 5 s, heartbeats every 250 ms. A heartbeat there
+// waits for one of the pooler's few server connections
+// (pgtest.PoolerPoolSize), which the chunks' transactions hold, for
+// longer on a loaded machine.
+func pooledFencing(cfg backfill.Config) *backfill.Config {
+	cfg.HeartbeatInterval, cfg.StaleAfter = 250*time.Millisecond, 5*time.Second
+	return &cfg
+}
+
 // TestThroughPoolerKillDashNine is TestKillDashNine through the pooler:
 // the child process runs the crash job with the pooler's URL and is killed
 // with SIGKILL twice, at chunk boundaries it does not know of; the resumed
@@ -1161,7 +1181,7 @@ func TestThroughPoolerKillDashNine(t *testing.T) {
 
 	for _, doneBeforeKill := range []int{4, 15} {
 		cmd := exec.Command(os.Args[0], "-test.run=^$")
-		cmd.Env = append(os.Environ(), "BACKFILL_CRASH_CHILD="+pooled)
+		cmd.Env = append(os.Environ(), "BACKFILL_CRASH_POOLED_CHILD="+pooled)
 		require.NoError(t, cmd.Start())
 		for deadline := time.Now().Add(60 * time.Second); ; {
 			var got int
@@ -1194,7 +1214,7 @@ func TestThroughPoolerKillDashNine(t *testing.T) {
 
 	pdb := sqlx.MustOpen("postgres", pooled)
 	t.Cleanup(func() { pdb.Close() })
-	r, err := backfill.New(pdb, &backfill.Config{Concurrency: 3})
+	r, err := backfill.New(pdb, pooledFencing(backfill.Config{Concurrency: 3}))
 	require.NoError(t, err)
 	rep, err := r.Run(ctx, crashJob(&itemsSetup{db: pdb}))
 	require.NoError(t, err)

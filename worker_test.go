@@ -373,19 +373,28 @@ func TestServerRestartDuringChunk(t *testing.T) {
 		}
 	}))
 	<-mid
+	// The chunk's transaction cannot begin (or is cut) while the server
+	// is down: a fault of the chunk, retried after a pause. Extracting
+	// ahead (the default), chunk 2 is extracted while chunk 1's
+	// transaction runs: the transaction the restart cuts, or that cannot
+	// begin, is chunk 1's or chunk 2's.
+	lost := regexp.MustCompile(`"msg":"backfill: chunk's connection to the server was lost; rolled back, retrying after a pause \(not counted toward MaxAttempts\)",[^\n]*"seq":[12],[^\n]*"attempt":1`)
+	// The chunk's goroutine logs the fault once it has released the
+	// chunk's lease and read the run's control state, each retried up
+	// to its own bound while the server is down (seconds): the server
+	// comes back once the release was tried, which follows the fault.
+	releasing := regexp.MustCompile(`"msg":"backfill: a manifest transaction hit a transient fault; retrying after a pause","what":"release a lease"`)
 	require.NoError(t, srv.RestartImmediate(ctx, func() {
 		close(down)
-		// The chunk's transaction cannot begin (or is cut) while the
-		// server is down: a fault of the chunk, retried after a pause.
-		// Extracting ahead (the default), chunk 2 is extracted while
-		// chunk 1's transaction runs: the transaction the restart cuts,
-		// or that cannot begin, is chunk 1's or chunk 2's.
-		lost := regexp.MustCompile(`"msg":"backfill: chunk's connection to the server was lost; rolled back, retrying after a pause \(not counted toward MaxAttempts\)",[^\n]*"seq":[12],[^\n]*"attempt":1`)
-		testwait.Until(t, "a fault of a chunk's transaction while the server is down", func() bool { return lost.MatchString(logs.String()) })
+		testwait.Until(t, "a fault of a chunk's transaction while the server is down", func() bool {
+			l := logs.String()
+			return lost.MatchString(l) || releasing.MatchString(l)
+		})
 	}))
 	res := testwait.Recv(t, "the run after the restart", done)
 	require.NoError(t, res.err)
 	require.Equal(t, RunCompleted, res.rep.Status)
+	require.Regexp(t, lost, logs.String(), "the fault of chunk 1's or 2's transaction, at its first attempt")
 	require.NotContains(t, logs.String(), `"msg":"chunk failed"`)
 
 	var attempts int

@@ -23,6 +23,7 @@ import (
 	"go.temporal.io/sdk/converter"
 	"go.temporal.io/sdk/temporal"
 	"go.temporal.io/sdk/testsuite"
+	"go.temporal.io/sdk/worker"
 	"go.temporal.io/sdk/workflow"
 
 	"github.com/pgbackfill/backfill"
@@ -165,6 +166,10 @@ func newEnv(t *testing.T, a *backfilltemporal.Activities) *testsuite.TestWorkflo
 	var s testsuite.WorkflowTestSuite
 	env := s.NewTestWorkflowEnvironment()
 	env.SetTestTimeout(5 * time.Minute)
+	// The workflow's code yields within the SDK's default 1 s, unless a
+	// loaded machine does not schedule it for longer ("potential deadlock
+	// detected").
+	env.SetWorkerOptions(worker.Options{DeadlockDetectionTimeout: time.Minute})
 	a.Register(env)
 	return env
 }
@@ -306,6 +311,7 @@ func newBareEnv() *testsuite.TestWorkflowEnvironment {
 	var s testsuite.WorkflowTestSuite
 	env := s.NewTestWorkflowEnvironment()
 	env.SetTestTimeout(testTimeout)
+	env.SetWorkerOptions(worker.Options{DeadlockDetectionTimeout: time.Minute}) // as newEnv
 	return env
 }
 

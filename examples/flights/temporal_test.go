@@ -17,6 +17,7 @@ import (
 	"go.temporal.io/sdk/activity"
 	"go.temporal.io/sdk/temporal"
 	"go.temporal.io/sdk/testsuite"
+	"go.temporal.io/sdk/worker"
 	"go.temporal.io/sdk/workflow"
 
 	"github.com/pgbackfill/backfill"
@@ -182,6 +183,10 @@ func TestFlightsThroughTemporal(t *testing.T) {
 	var s testsuite.WorkflowTestSuite
 	env := s.NewTestWorkflowEnvironment()
 	env.SetTestTimeout(4 * time.Minute)
+	// The workflow's code yields within the SDK's default 1 s, unless a
+	// loaded machine does not schedule it for longer ("potential deadlock
+	// detected").
+	env.SetWorkerOptions(worker.Options{DeadlockDetectionTimeout: time.Minute})
 	env.RegisterWorkflowWithOptions(backfilltemporal.BackfillWorkflow, workflow.RegisterOptions{Name: backfilltemporal.WorkflowName})
 	env.RegisterActivityWithOptions(work, activity.RegisterOptions{Name: backfilltemporal.ActivityWork})
 	env.RegisterActivityWithOptions(acts.Control, activity.RegisterOptions{Name: backfilltemporal.ActivityControl})

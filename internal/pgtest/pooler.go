@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -35,6 +36,10 @@ type Pooler struct {
 	cmd     *exec.Cmd
 	exited  chan struct{}
 	waitErr error
+	// ready is set once the pooler answered; stopping before it is
+	// stopped or killed on purpose. An exit in between is reported on
+	// stderr.
+	ready, stopping atomic.Bool
 
 	stopOnce sync.Once
 	stopErr  error
@@ -207,6 +212,12 @@ func startPgBouncer(ctx context.Context, bin, dir, host, serverPort, user string
 	p := &Pooler{dir: dir, port: port, logPath: logPath, cmd: cmd, exited: make(chan struct{})}
 	go func() {
 		p.waitErr = cmd.Wait()
+		if p.ready.Load() && !p.stopping.Load() {
+			// Its clients then fail with EOF or "connection refused"
+			// and nothing else says why.
+			fmt.Fprintf(os.Stderr, "pgtest: pgbouncer (pid %d, port %d) exited unexpectedly: %v\n--- pgbouncer log ---\n%s\n",
+				cmd.Process.Pid, port, p.waitErr, readTail(logPath))
+		}
 		close(p.exited)
 	}()
 	if err := p.waitReady(ctx, user); err != nil {
@@ -217,6 +228,7 @@ func startPgBouncer(ctx context.Context, bin, dir, host, serverPort, user string
 		}
 		return nil, fmt.Errorf("%w\n--- pgbouncer log ---\n%s", err, logTail)
 	}
+	p.ready.Store(true)
 	return p, nil
 }
 
@@ -250,6 +262,7 @@ func (p *Pooler) waitReady(ctx context.Context, user string) error {
 }
 
 func (p *Pooler) kill() {
+	p.stopping.Store(true)
 	select {
 	case <-p.exited:
 	default:
@@ -267,6 +280,7 @@ func (p *Pooler) Stop() error {
 		select {
 		case <-p.exited:
 		default:
+			p.stopping.Store(true)
 			_ = p.cmd.Process.Signal(syscall.SIGTERM)
 			select {
 			case <-p.exited:
