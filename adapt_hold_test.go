@@ -132,7 +132,7 @@ func TestAdaptThrottleHoldsBetweenSubchunks(t *testing.T) {
 // TestAdaptPauseFromSQLBetweenSubchunks: a pause from SQL while a plan
 // chunk is worked in sub-chunks (with no throttle, whose monitor would
 // read the control state too) stops the worker after the sub-chunk in
-// flight commits: Run returns ErrRunPaused with the plan chunk pending
+// flight commits: Run (ReturnOnPause) returns ErrRunPaused with the plan chunk pending
 // and its three sub-chunks committed, and a resume finishes it from the
 // fourth.
 func TestAdaptPauseFromSQLBetweenSubchunks(t *testing.T) {
@@ -150,6 +150,7 @@ func TestAdaptPauseFromSQLBetweenSubchunks(t *testing.T) {
 	})
 	r := liveRunner(t, db, "w1", nil)
 	r.cfg.Concurrency, r.cfg.ChunkTarget, r.cfg.ChunkMaxRows = 1, time.Hour, 100
+	r.cfg.ReturnOnPause = true
 	out := testwait.Recv(t, "the paused run", goRun(t.Context(), r, job))
 	require.ErrorIs(t, out.err, ErrRunPaused)
 	n, status, leased := subchunkState(t, db, out.rep.BatchID)
@@ -214,6 +215,7 @@ func TestAdaptStatusCountsCommittedSubchunks(t *testing.T) {
 	})
 	r = liveRunner(t, db, "w1", nil)
 	r.cfg.Concurrency, r.cfg.ChunkTarget, r.cfg.ChunkMaxRows = 1, time.Hour, 100
+	r.cfg.ReturnOnPause = true
 	out := testwait.Recv(t, "the paused run", goRun(t.Context(), r, job))
 	require.ErrorIs(t, out.err, ErrRunPaused)
 
