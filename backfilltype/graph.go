@@ -1,0 +1,114 @@
+package backfilltype
+
+// ModuleClass is how a module of a graph behaves under load: essential
+// modules keep running (at a reduced rate) while a throttle holds,
+// deferrable ones park until it releases.
+type ModuleClass string
+
+const (
+	// ModuleEssential modules run while a throttle holds, one chunk at a
+	// time. The default ("" is essential).
+	ModuleEssential ModuleClass = "essential"
+	// ModuleDeferrable modules claim no chunk while a throttle holds.
+	ModuleDeferrable ModuleClass = "deferrable"
+)
+
+// EventModuleFlag: a module of a graph was enabled or disabled
+// (backfill.Runner.SetModuleEnabled, the SQL function set_module_flag,
+// "backfill module enable|disable"), recorded on the graph's latest run;
+// Actor is the name given, DBRole the session's role; Detail holds
+// "graph", "module", "old" and "new" (booleans: enabled before and
+// after), "why", and "abandoned" (the batch of the graph's run awaiting
+// approval the switch abandoned, when one did).
+const EventModuleFlag = "module_flag_set"
+
+// PlanModule is one module of a graph's frozen plan (the runs.plan of the
+// graph's run, under "modules"): its jobs with the fingerprints of their
+// plans, its dependencies, priority, class and flag. All of it is part of
+// the graph's fingerprint.
+type PlanModule struct {
+	Name      string          `json:"name"`
+	Jobs      []PlanModuleJob `json:"jobs"`
+	DependsOn []string        `json:"depends_on"`
+	Priority  int             `json:"priority"`
+	Class     ModuleClass     `json:"class"`
+	Enabled   bool            `json:"enabled"`
+}
+
+// PlanModuleJob is one job of a [PlanModule] and its plan's fingerprint.
+type PlanModuleJob struct {
+	Name        string `json:"name"`
+	Fingerprint string `json:"fingerprint"`
+}
+
+// ModuleState is the state of a module of a graph ([ModuleStatus]).
+type ModuleState string
+
+const (
+	// ModulePending: enabled, nothing of it loaded yet, nothing holds it.
+	ModulePending ModuleState = "pending"
+	// ModuleRunning: some of its chunks are loaded, not all.
+	ModuleRunning ModuleState = "running"
+	// ModuleHeld: an ancestor module (ModuleStatus.HeldBy) is failed,
+	// paused or disabled: none of its chunks run until it is not.
+	ModuleHeld ModuleState = "held"
+	// ModuleParked: a deferrable module waiting for a throttle's hold to
+	// release.
+	ModuleParked ModuleState = "parked"
+	// ModulePaused: one of its jobs' runs is paused (an operator, a
+	// validation gate, a throttle's critical level); its descendants are
+	// held.
+	ModulePaused ModuleState = "paused"
+	// ModuleDisabled: its flag is off; its jobs do not run and its
+	// descendants are held.
+	ModuleDisabled ModuleState = "disabled"
+	// ModuleCompleted: every chunk of every job of it is loaded.
+	ModuleCompleted ModuleState = "completed"
+	// ModuleFailed: a chunk of one of its jobs failed for good; its
+	// descendants are held.
+	ModuleFailed ModuleState = "failed"
+)
+
+// ModuleStatus is the progress of one module of a graph.
+type ModuleStatus struct {
+	Name      string      `json:"name"`
+	DependsOn []string    `json:"depends_on"`
+	Priority  int         `json:"priority"`
+	Class     ModuleClass `json:"class"`
+	Enabled   bool        `json:"enabled"`
+	State     ModuleState `json:"state"`
+	// HeldBy names the ancestor module that holds a held module (its
+	// nearest one that is failed, paused or disabled).
+	HeldBy string `json:"held_by,omitempty"`
+	// Reason says why a module is failed, paused, held or parked.
+	Reason string `json:"reason,omitempty"`
+	// ChunksDone and ChunksTotal count the chunks of the module's jobs'
+	// runs (done or open count as done); Rows the rows they read.
+	ChunksDone  int   `json:"chunks_done"`
+	ChunksTotal int   `json:"chunks_total"`
+	Rows        int64 `json:"rows"`
+	// Jobs are the module's jobs and their runs, in the module's order.
+	Jobs []ModuleJobStatus `json:"jobs"`
+}
+
+// ModuleJobStatus is one job of a module and its run (BatchID 0: no run
+// of the job's plan yet).
+type ModuleJobStatus struct {
+	Job         string    `json:"job"`
+	BatchID     int64     `json:"batch_id,omitempty"`
+	Status      RunStatus `json:"status,omitempty"`
+	ChunksDone  int       `json:"chunks_done"`
+	ChunksTotal int       `json:"chunks_total"`
+	Rows        int64     `json:"rows"`
+}
+
+// GraphStatus is the progress of a graph of modules: its latest run (the
+// run of the graph's plan: BatchID, Status, Fingerprint) and each of its
+// modules, in the graph's order.
+type GraphStatus struct {
+	Graph       string         `json:"graph"`
+	BatchID     int64          `json:"batch_id"`
+	Status      RunStatus      `json:"status"`
+	Fingerprint string         `json:"fingerprint"`
+	Modules     []ModuleStatus `json:"modules"`
+}
