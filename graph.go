@@ -144,7 +144,13 @@ var ErrGraphIncomplete = errors.New("backfill: graph incomplete")
 // crash: a chunk of a child is never committed before the overlapping
 // chunks of its parents, whichever process runs them.
 func (r *Runner) RunGraph(ctx context.Context, g Graph) (GraphReport, error) {
-	return GraphReport{}, fmt.Errorf("backfill: graph %q: %w: not implemented yet", g.Name, ErrUnsupported)
+	begin := time.Now()
+	for {
+		rep, again, err := r.runGraph(ctx, g, begin)
+		if !again {
+			return rep, err
+		}
+	}
 }
 
 // GraphBlueprint returns g's blueprint as a run of it would start now,
@@ -155,7 +161,15 @@ func (r *Runner) RunGraph(ctx context.Context, g Graph) (GraphReport, error) {
 // (a flag switched shows as `module.NAME.enabled: "false" -> "true"`).
 // Errors as [Runner.RunGraph]'s refusals.
 func (r *Runner) GraphBlueprint(ctx context.Context, g Graph) (Blueprint, error) {
-	return Blueprint{}, fmt.Errorf("backfill: graph %q: %w: not implemented yet", g.Name, ErrUnsupported)
+	gs, err := r.planGraph(ctx, g)
+	if err != nil {
+		return Blueprint{}, err
+	}
+	b, err := r.graphBlueprint(ctx, gs)
+	if err != nil {
+		return Blueprint{}, fmt.Errorf("backfill: blueprint of graph %q: %w", g.Name, err)
+	}
+	return b, nil
 }
 
 // GraphStatus returns the progress of the graph named graph, from the
@@ -164,7 +178,11 @@ func (r *Runner) GraphBlueprint(ctx context.Context, g Graph) (Blueprint, error)
 // jobs' plans. It needs a [PGManifest]; a graph with no run gives
 // [ErrRunNotFound].
 func (r *Runner) GraphStatus(ctx context.Context, graph string) (GraphStatus, error) {
-	return GraphStatus{}, fmt.Errorf("backfill: graph %q: %w: not implemented yet", graph, ErrUnsupported)
+	pm, _ := r.pgPrivileges()
+	if pm == nil {
+		return GraphStatus{}, fmt.Errorf("backfill: status of graph %q: %w: needs PGManifest", graph, ErrUnsupported)
+	}
+	return pm.GraphStatus(ctx, r.db, graph)
 }
 
 // SetModuleEnabled switches module of graph on (enabled) or off, as
@@ -183,7 +201,19 @@ func (r *Runner) GraphStatus(ctx context.Context, graph string) (GraphStatus, er
 // set_module_flag [ErrPrivilege]; a manifest other than [PGManifest]
 // [ErrUnsupported].
 func (r *Runner) SetModuleEnabled(ctx context.Context, graph, module string, enabled bool, actor, why string) error {
-	return fmt.Errorf("backfill: graph %q: %w: not implemented yet", graph, ErrUnsupported)
+	pm, _ := r.pgPrivileges()
+	if pm == nil {
+		return fmt.Errorf("backfill: set module %q of graph %q: %w: module flags need PGManifest", module, graph, ErrUnsupported)
+	}
+	if err := pm.Init(ctx, r.db); err != nil {
+		return err
+	}
+	res, err := pm.SetModuleFlag(ctx, r.db, graph, module, enabled, actor, why)
+	if err != nil {
+		return err
+	}
+	r.cfg.Logger.Info("backfill: module flag", "graph", graph, "module", module, "enabled", enabled, "result", res, "actor", actor)
+	return nil
 }
 
 // validate refuses a graph that cannot be planned, naming the culprit;

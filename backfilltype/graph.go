@@ -112,3 +112,85 @@ type GraphStatus struct {
 	Fingerprint string         `json:"fingerprint"`
 	Modules     []ModuleStatus `json:"modules"`
 }
+
+// SettleModules sets the State, HeldBy and Reason of each module of ms
+// (a graph's modules, each with its Enabled flag and its jobs' runs set)
+// from its flag and its jobs' runs: disabled; failed when a job's run is
+// failed, cancelled, abandoned or rolled back; paused when one is
+// paused; completed when every job's run is; running when a chunk is
+// done; pending otherwise. Then every pending or running module whose
+// ancestor is failed, paused, disabled or held is held, HeldBy
+// naming the nearest such ancestor that is not itself held. A Reason
+// already set is kept for failed and paused modules.
+func SettleModules(ms []ModuleStatus) {
+	index := make(map[string]int, len(ms))
+	for i, m := range ms {
+		index[m.Name] = i
+	}
+	for i := range ms {
+		m := &ms[i]
+		m.HeldBy = ""
+		switch {
+		case !m.Enabled:
+			m.State, m.Reason = ModuleDisabled, "disabled"
+			continue
+		}
+		state, reason := ModuleCompleted, ""
+		for _, j := range m.Jobs {
+			switch j.Status {
+			case RunFailed, RunCancelled, RunAbandoned, RunRolledBack:
+				if state != ModuleFailed {
+					state, reason = ModuleFailed, "job "+j.Job+"'s run is "+string(j.Status)
+				}
+			case RunPaused:
+				if state != ModuleFailed {
+					state, reason = ModulePaused, "job "+j.Job+"'s run is paused"
+				}
+			case RunCompleted:
+			default:
+				if state == ModuleCompleted {
+					state = ModulePending
+				}
+			}
+		}
+		if state == ModulePending && m.ChunksDone > 0 {
+			state = ModuleRunning
+		}
+		if (state == ModuleFailed || state == ModulePaused) && m.Reason != "" && m.State == state {
+			reason = m.Reason
+		}
+		m.State, m.Reason = state, reason
+	}
+	// Held: in dependency order, so that a parent is settled first.
+	settled := make([]bool, len(ms))
+	var settle func(i int)
+	settle = func(i int) {
+		if settled[i] {
+			return
+		}
+		settled[i] = true
+		m := &ms[i]
+		for _, d := range m.DependsOn {
+			p, ok := index[d]
+			if !ok {
+				continue
+			}
+			settle(p)
+			if m.State != ModulePending && m.State != ModuleRunning {
+				continue
+			}
+			switch pm := ms[p]; pm.State {
+			case ModuleHeld:
+				m.HeldBy = pm.HeldBy
+			case ModuleFailed, ModulePaused, ModuleDisabled:
+				m.HeldBy = pm.Name
+			}
+			if m.HeldBy != "" {
+				m.State, m.Reason = ModuleHeld, "held by module "+m.HeldBy+" ("+string(ms[index[m.HeldBy]].State)+")"
+			}
+		}
+	}
+	for i := range ms {
+		settle(i)
+	}
+}
