@@ -401,9 +401,19 @@ func (s *graphSched) start(ctx context.Context) error {
 			gm.parents = append(gm.parents, s.mods[g.moduleIndex(d)])
 		}
 	}
+	// A module under a disabled one (even indirectly) is held: its jobs'
+	// runs are not started.
+	off := make([]bool, len(s.mods))
 	for _, i := range s.gs.order {
 		gm := s.mods[i]
-		if !gm.enabled {
+		off[i] = !gm.enabled
+		for _, p := range gm.parents {
+			off[i] = off[i] || off[p.i]
+		}
+	}
+	for _, i := range s.gs.order {
+		gm := s.mods[i]
+		if off[i] {
 			continue
 		}
 		for _, gj := range gm.jobs {
