@@ -68,68 +68,71 @@ func (m *Manifest) GraphStatus(ctx context.Context, db sqlx.ExtContext, graph st
 	ctx = m.purpose(ctx, "status of graph "+graph, 0)
 	var st backfilltype.GraphStatus
 	err := SnapshotReadTx(ctx, db, func(tx sqlx.ExtContext) error {
-		var runs []struct {
-			BatchID     int64  `db:"batch_id"`
-			Status      string `db:"status"`
-			Fingerprint string `db:"plan_fingerprint"`
-			Plan        []byte `db:"plan"`
-		}
-		if err := sqlx.SelectContext(ctx, tx, &runs, m.SQL(`SELECT batch_id, status, plan_fingerprint, plan FROM {s}.runs
+		var runs []backfilltype.Run
+		if err := sqlx.SelectContext(ctx, tx, &runs, m.SQL(`SELECT `+runColumns+` FROM {s}.runs
 			WHERE job_name = $1 AND plan ? 'modules' ORDER BY batch_id DESC LIMIT 1`), graph); err != nil {
 			return err
 		}
 		if len(runs) == 0 {
 			return fmt.Errorf("%w: graph %q has no run", backfilltype.ErrRunNotFound, graph)
 		}
-		var plan backfilltype.Plan
-		if err := json.Unmarshal(runs[0].Plan, &plan); err != nil {
-			return fmt.Errorf("plan of batch %d: %w", runs[0].BatchID, err)
-		}
-		st = backfilltype.GraphStatus{Graph: graph, BatchID: runs[0].BatchID, Status: backfilltype.RunStatus(runs[0].Status),
-			Fingerprint: runs[0].Fingerprint, Modules: make([]backfilltype.ModuleStatus, len(plan.Modules))}
-		for i, pm := range plan.Modules {
-			ms := backfilltype.ModuleStatus{Name: pm.Name, DependsOn: append([]string{}, pm.DependsOn...), Priority: pm.Priority, Class: pm.Class,
-				Enabled: pm.Enabled, Jobs: []backfilltype.ModuleJobStatus{}}
-			for _, j := range pm.Jobs {
-				var jr []struct {
-					BatchID   int64  `db:"batch_id"`
-					Status    string `db:"status"`
-					Total     int    `db:"chunks_total"`
-					LastError string `db:"last_error"`
-					Done      int    `db:"done"`
-					Rows      int64  `db:"rows"`
-				}
-				if err := sqlx.SelectContext(ctx, tx, &jr, m.SQL(`SELECT r.batch_id, r.status, r.chunks_total, r.last_error,
-						(SELECT count(*) FROM {s}.chunks c WHERE c.batch_id = r.batch_id AND c.status IN ('done', 'open')) AS done,
-						(SELECT coalesce(sum(c.rows_read), 0) FROM {s}.chunks c WHERE c.batch_id = r.batch_id AND c.status IN ('done', 'open')) AS rows
-					FROM {s}.runs r WHERE r.job_name = $1 AND r.plan_fingerprint = $2 AND r.status <> 'abandoned'
-					ORDER BY r.batch_id DESC LIMIT 1`), j.Name, j.Fingerprint); err != nil {
-					return err
-				}
-				js := backfilltype.ModuleJobStatus{Job: j.Name}
-				if len(jr) == 1 {
-					js = backfilltype.ModuleJobStatus{Job: j.Name, BatchID: jr[0].BatchID, Status: backfilltype.RunStatus(jr[0].Status),
-						ChunksDone: jr[0].Done, ChunksTotal: jr[0].Total, Rows: jr[0].Rows}
-					if (js.Status == backfilltype.RunFailed || js.Status == backfilltype.RunPaused) && jr[0].LastError != "" && ms.Reason == "" {
-						ms.Reason = "job " + j.Name + ": " + jr[0].LastError
-						ms.State = backfilltype.ModuleFailed
-						if js.Status == backfilltype.RunPaused {
-							ms.State = backfilltype.ModulePaused
-						}
-					}
-				}
-				ms.ChunksDone += js.ChunksDone
-				ms.ChunksTotal += js.ChunksTotal
-				ms.Rows += js.Rows
-				ms.Jobs = append(ms.Jobs, js)
-			}
-			st.Modules[i] = ms
-		}
-		backfilltype.SettleModules(st.Modules)
-		return nil
+		var err error
+		st, err = m.graphStatus(ctx, tx, runs[0])
+		return err
 	})
 	if err != nil {
 		return backfilltype.GraphStatus{}, fmt.Errorf("backfill: status of graph %q: %w", graph, err)
 	}
+	return st, nil
+}
+
+// graphStatus is the progress of the graph whose run is run (its plan's
+// modules), read in tx.
+func (m *Manifest) graphStatus(ctx context.Context, tx sqlx.ExtContext, run backfilltype.Run) (backfilltype.GraphStatus, error) {
+	var plan backfilltype.Plan
+	if err := json.Unmarshal(run.Plan, &plan); err != nil {
+		return backfilltype.GraphStatus{}, fmt.Errorf("plan of batch %d: %w", run.BatchID, err)
+	}
+	st := backfilltype.GraphStatus{Graph: run.Job, BatchID: run.BatchID, Status: run.Status,
+		Fingerprint: run.Fingerprint, Modules: make([]backfilltype.ModuleStatus, len(plan.Modules))}
+	for i, pm := range plan.Modules {
+		ms := backfilltype.ModuleStatus{Name: pm.Name, DependsOn: append([]string{}, pm.DependsOn...), Priority: pm.Priority, Class: pm.Class,
+			Enabled: pm.Enabled, Jobs: []backfilltype.ModuleJobStatus{}}
+		for _, j := range pm.Jobs {
+			var jr []struct {
+				BatchID   int64  `db:"batch_id"`
+				Status    string `db:"status"`
+				Total     int    `db:"chunks_total"`
+				LastError string `db:"last_error"`
+				Done      int    `db:"done"`
+				Rows      int64  `db:"rows"`
+			}
+			if err := sqlx.SelectContext(ctx, tx, &jr, m.SQL(`SELECT r.batch_id, r.status, r.chunks_total, r.last_error,
+					(SELECT count(*) FROM {s}.chunks c WHERE c.batch_id = r.batch_id AND c.status IN ('done', 'open')) AS done,
+					(SELECT coalesce(sum(c.rows_read), 0) FROM {s}.chunks c WHERE c.batch_id = r.batch_id AND c.status IN ('done', 'open')) AS rows
+				FROM {s}.runs r WHERE r.job_name = $1 AND r.plan_fingerprint = $2 AND r.status <> 'abandoned'
+				ORDER BY r.batch_id DESC LIMIT 1`), j.Name, j.Fingerprint); err != nil {
+				return backfilltype.GraphStatus{}, err
+			}
+			js := backfilltype.ModuleJobStatus{Job: j.Name}
+			if len(jr) == 1 {
+				js = backfilltype.ModuleJobStatus{Job: j.Name, BatchID: jr[0].BatchID, Status: backfilltype.RunStatus(jr[0].Status),
+					ChunksDone: jr[0].Done, ChunksTotal: jr[0].Total, Rows: jr[0].Rows}
+				if (js.Status == backfilltype.RunFailed || js.Status == backfilltype.RunPaused) && jr[0].LastError != "" && ms.Reason == "" {
+					ms.Reason = "job " + j.Name + ": " + jr[0].LastError
+					ms.State = backfilltype.ModuleFailed
+					if js.Status == backfilltype.RunPaused {
+						ms.State = backfilltype.ModulePaused
+					}
+				}
+			}
+			ms.ChunksDone += js.ChunksDone
+			ms.ChunksTotal += js.ChunksTotal
+			ms.Rows += js.Rows
+			ms.Jobs = append(ms.Jobs, js)
+		}
+		st.Modules[i] = ms
+	}
+	backfilltype.SettleModules(st.Modules)
 	return st, nil
 }
