@@ -428,14 +428,11 @@ func (s *graphSched) start(ctx context.Context) error {
 		}
 	}
 	for _, gj := range s.jobs {
-		for _, c := range gj.chunks {
-			for _, p := range gj.mod.parents {
-				for _, pj := range p.jobs {
-					for _, pc := range pj.chunks {
-						if overlaps(c.c, pc.c) {
-							c.deps = append(c.deps, pc)
-						}
-					}
+		for _, p := range gj.mod.parents {
+			for _, pj := range p.jobs {
+				idx := newSpanIndex(pj.chunks)
+				for _, c := range gj.chunks {
+					c.deps = idx.overlapping(c, c.deps)
 				}
 			}
 		}
@@ -444,6 +441,78 @@ func (s *graphSched) start(ctx context.Context) error {
 		s.states = append(s.states, &hysteresis.State{Throttle: th, ConfigHigh: th.High, ConfigLow: th.Low})
 	}
 	return nil
+}
+
+// spanIndex finds the chunks of a parent job that a child's chunk waits
+// for: by binary search over the parent's chunks sorted by their lower
+// bound when they are all of one range kind and do not overlap (a
+// range chunker's), else by comparing every chunk.
+type spanIndex struct {
+	chunks []*graphChunk
+	kind   backfilltype.ChunkKind // KindTime or KindInt when sorted; "" otherwise
+}
+
+func newSpanIndex(chunks []*graphChunk) spanIndex {
+	sorted := slices.Clone(chunks)
+	if len(sorted) == 0 {
+		return spanIndex{}
+	}
+	kind := sorted[0].c.Kind
+	if kind != backfilltype.KindTime && kind != backfilltype.KindInt {
+		return spanIndex{chunks: chunks}
+	}
+	for _, c := range sorted {
+		if c.c.Kind != kind {
+			return spanIndex{chunks: chunks}
+		}
+	}
+	slices.SortFunc(sorted, func(a, b *graphChunk) int { return cmpLower(a.c, b.c) })
+	for i := 1; i < len(sorted); i++ {
+		if overlaps(sorted[i-1].c, sorted[i].c) {
+			return spanIndex{chunks: chunks}
+		}
+	}
+	return spanIndex{chunks: sorted, kind: kind}
+}
+
+// cmpLower compares the lower bounds of two chunks of one range kind.
+func cmpLower(a, b Chunk) int {
+	if a.Kind == backfilltype.KindTime {
+		return a.Start.Compare(b.Start)
+	}
+	return cmp.Compare(a.Lo, b.Lo)
+}
+
+// overlapping appends to deps the indexed chunks child c waits for.
+func (x spanIndex) overlapping(c *graphChunk, deps []*graphChunk) []*graphChunk {
+	if x.kind == "" || c.c.Kind != x.kind {
+		for _, p := range x.chunks {
+			if overlaps(c.c, p.c) {
+				deps = append(deps, p)
+			}
+		}
+		return deps
+	}
+	// The first chunk that ends after c starts; then on while they start
+	// before c ends.
+	i, _ := slices.BinarySearchFunc(x.chunks, c, func(p, c *graphChunk) int {
+		if overlaps(c.c, p.c) || !endsBefore(p.c, c.c) {
+			return 1
+		}
+		return -1
+	})
+	for ; i < len(x.chunks) && overlaps(c.c, x.chunks[i].c); i++ {
+		deps = append(deps, x.chunks[i])
+	}
+	return deps
+}
+
+// endsBefore reports whether range chunk p ends at or before c starts.
+func endsBefore(p, c Chunk) bool {
+	if p.Kind == backfilltype.KindTime {
+		return !p.End.After(c.Start)
+	}
+	return p.Hi <= c.Lo
 }
 
 // overlaps reports whether child chunk c must wait for parent chunk p:
