@@ -297,3 +297,35 @@ func TestRunGraphOnFakes(t *testing.T) {
 	// interval is loaded (the child is listed first: ties go to it).
 	require.Equal(t, []string{"parent int:0/20", "child int:0/20", "parent int:20/40", "child int:20/40"}, order)
 }
+
+// TestRunGraphGatedModuleHoldsDescendants: a module whose validation
+// gate fails (its run paused) holds the modules that depend on it and
+// only them; once resumed, the next call completes the graph.
+func TestRunGraphGatedModuleHoldsDescendants(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t)
+	g, violations := flightsGraph(t, db, nil)
+	var strict atomic.Bool
+	strict.Store(true)
+	g.Modules[1].Jobs[0].Validators = []backfill.Validator{backfill.ValidatorFunc(func(ctx context.Context, tx sqlx.ExtContext, s backfill.ValidationScope) (backfill.CheckResult, error) {
+		return backfill.CheckResult{Check: "no_second_half", Severity: backfill.SeverityError, Passed: !strict.Load() || s.Chunk.Lo < 20, Expected: "a chunk before 20", Actual: s.Chunk.ID}, nil
+	})}
+	r, err := backfill.New(db, nil)
+	require.NoError(t, err)
+	rep, err := r.RunGraph(ctx, g)
+	require.ErrorIs(t, err, backfill.ErrGraphIncomplete)
+	require.Equal(t, map[string]string{"airports": "completed", "flights": "paused", "route_stats": "held by flights", "weather": "completed"}, moduleStates(rep.Modules))
+	require.Contains(t, rep.Modules[1].Reason, "no_second_half")
+	st, err := r.GraphStatus(ctx, g.Name)
+	require.NoError(t, err)
+	require.Equal(t, moduleStates(rep.Modules), moduleStates(st.Modules))
+
+	strict.Store(false)
+	require.NoError(t, backfill.NewPGManifest("").ResumeRun(ctx, db, rep.Modules[1].Jobs[0].BatchID, "ops", "check relaxed"))
+	rep, err = r.RunGraph(ctx, g)
+	require.NoError(t, err)
+	require.Equal(t, map[string]string{"airports": "completed", "flights": "completed", "route_stats": "completed", "weather": "completed"}, moduleStates(rep.Modules))
+	require.Empty(t, *violations)
+	requireGraphOrder(t, db, "route_stats", "flights")
+}
