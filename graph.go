@@ -59,8 +59,10 @@ type Module struct {
 	// ModuleEssential).
 	Class ModuleClass
 	// Disabled is the module's flag until one is switched: a disabled
-	// module's jobs do not run, and the modules that depend on it, even
-	// indirectly, are held. Once a flag is switched for the graph's
+	// module's jobs do not run (no run of them is started), and the
+	// modules that depend on it, even indirectly, are held. Its jobs are
+	// still planned (their targets must exist): their plans'
+	// fingerprints are part of the graph's. Once a flag is switched for the graph's
 	// module ([Runner.SetModuleEnabled], the SQL function
 	// set_module_flag, "backfill module enable|disable"), the latest
 	// switch recorded in the manifest wins over this field.
