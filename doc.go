@@ -729,8 +729,22 @@ returns [ErrAwaitingApproval] with [Config.ReturnOnPause]).
 A refused approval ([ErrApprovalRefused]: stale fingerprint, the author,
 the same approver twice) records nothing. Every decision about a run is
 an event of the append-only audit log, which
-[backfilltype.ReplayControl] replays into the run's status, knobs and
-approvals.
+[backfilltype.ReplayControl] replays into the run's status, knobs,
+approvals and module flags.
+
+# Graphs of modules
+
+A [Graph] is a backfill made of [Module]s (each one or more jobs) with
+dependencies, priorities, classes (essential or deferrable) and flags,
+frozen into one plan and fingerprint. [Runner.RunGraph] refuses a cycle,
+an unknown dependency, duplicate names, a job in two modules or an empty
+module before writing anything, and runs each chunk of a module after the
+overlapping chunks of its parents are committed, on [Runner.RunChunk]'s
+path; a failed, paused or disabled module holds only its descendants
+([ErrGraphIncomplete]), and under a throttle's hold deferrable modules
+park. [Runner.SetModuleEnabled] switches a module's flag as a recorded
+plan change; [Runner.GraphBlueprint], [Runner.GraphStatus] and
+[Runner.RollbackModule] (which cascades to dependents) complete it.
 
 # The manifest
 

@@ -116,6 +116,9 @@ var readmePlaceholders = map[string]readmePlaceholder{
 	"buildRevision": {"buildRevision string", nil},
 	"extractOrders": {"extractOrders func(context.Context, backfill.Chunk, backfill.RowWriter) error", []string{"context", "backfill"}},
 	"orderJob":      {"orderJob func() backfill.Job", []string{"backfill"}},
+	"airportsJob":   {"airportsJob backfill.Job", []string{"backfill"}},
+	"flightsJob":    {"flightsJob backfill.Job", []string{"backfill"}},
+	"statsJob":      {"statsJob backfill.Job", []string{"backfill"}},
 }
 
 // readmeSnippet is one ```go block of a README.

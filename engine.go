@@ -221,6 +221,14 @@ func (r *Runner) RunChunk(ctx context.Context, job Job, call ChunkCall) (ChunkRu
 	if target == nil {
 		return ChunkRunReport{}, fmt.Errorf("backfill: job %q batch %d: %w: no chunk %d in the plan", job.Name, run.BatchID, ErrInvalidConfig, call.Seq)
 	}
+	return r.runPlannedChunk(ctx, rs, run, seqs, call)
+}
+
+// runPlannedChunk is RunChunk once the job is planned (rs) and its run
+// read (run, the plan's): it runs chunk call.Seq, leasing none of the
+// chunks others (the plan's other chunks).
+func (r *Runner) runPlannedChunk(ctx context.Context, rs runSetup, run Run, others []int, call ChunkCall) (ChunkRunReport, error) {
+	job := rs.job
 	if run.Status != RunRunning {
 		return r.chunkLeft(ctx, run, call.Seq)
 	}
@@ -233,7 +241,7 @@ func (r *Runner) RunChunk(ctx context.Context, job Job, call ChunkCall) (ChunkRu
 	// Only the chunk called for is leased: the lease avoids every other
 	// chunk of the plan, as it avoids those of a call's retry backoffs.
 	forever := time.Now().Add(100 * 365 * 24 * time.Hour)
-	for _, seq := range seqs {
+	for _, seq := range others {
 		ex.waits.avoid(seq, forever)
 	}
 	ex.startWorker(ctx)

@@ -641,30 +641,64 @@ func (r *Runner) rollbackRun(ctx context.Context, pm backfilldriver.ManifestRoll
 	return run, nil
 }
 
-// RollbackModule rolls back the latest batch of each job of a module (a
-// named group of jobs), children before parents: jobs are given parents
-// first, and rolled back in reverse order. It previews every job first
-// and refuses, changing nothing, if any has conflicts (unless Force):
-// rows a later batch outside the module changed or delivered unchanged
-// (see [Runner.Rollback]); the module's own later batches, rolled back
-// first, do not count. opts.BatchID and opts.ChunkID must be zero.
-func (r *Runner) RollbackModule(ctx context.Context, module string, jobs []Job, opts RollbackOptions) ([]RollbackReport, error) {
+// RollbackModule rolls back module of graph g and every module that
+// depends on it, even indirectly (rolling back "flights" rolls back
+// "route_stats" built from it too): the latest batch of each of their
+// jobs, children before parents (the modules in reverse dependency
+// order, a module's jobs in reverse order). Jobs with no run (a disabled
+// module never run) are skipped. It previews every job first and
+// refuses, changing nothing, if any has conflicts (unless opts.Force):
+// rows a later batch outside the set changed or delivered unchanged (see
+// [Runner.Rollback]); the set's own later batches, rolled back first, do
+// not count. Rows of the other modules' jobs are left as they are.
+// opts.BatchID and opts.ChunkID must be zero; g is refused as
+// [Runner.RunGraph] refuses it, and an unknown module with
+// [ErrInvalidConfig]. The reports are in the order of the rollbacks
+// (with opts.Preview, of the previews).
+func (r *Runner) RollbackModule(ctx context.Context, g Graph, module string, opts RollbackOptions) ([]RollbackReport, error) {
 	if opts.BatchID != 0 || opts.ChunkID != "" {
 		return nil, fmt.Errorf("backfill: rollback of module %q: %w: BatchID and ChunkID apply to one job", module, ErrInvalidConfig)
+	}
+	order, err := g.validate()
+	if err != nil {
+		return nil, err
+	}
+	m := g.moduleIndex(module)
+	if m < 0 {
+		return nil, fmt.Errorf("backfill: rollback of module %q: %w: graph %q has no such module", module, ErrInvalidConfig, g.Name)
+	}
+	set := g.descendants(m)
+	// Children first: the dependency order reversed.
+	var jobs []Job
+	var names []string
+	for i := len(order) - 1; i >= 0; i-- {
+		if !set[order[i]] {
+			continue
+		}
+		mod := g.Modules[order[i]]
+		names = append(names, mod.Name)
+		for k := len(mod.Jobs) - 1; k >= 0; k-- {
+			jobs = append(jobs, mod.Jobs[k])
+		}
 	}
 	preview := opts
 	preview.Preview = true
 	var reports []RollbackReport
-	for i := len(jobs) - 1; i >= 0; i-- {
-		rep, err := r.Rollback(ctx, jobs[i], preview)
+	var run []Job
+	for _, job := range jobs {
+		rep, err := r.Rollback(ctx, job, preview)
+		if errors.Is(err, ErrRunNotFound) {
+			continue
+		}
 		if err != nil {
 			return nil, err
 		}
 		if rep.Conflicts > 0 && !opts.Force {
-			return nil, fmt.Errorf("backfill: rollback of module %q: job %q: %w: %d rows changed or delivered by later batches still applied%s, outside the module: %s",
-				module, jobs[i].Name, ErrRollbackConflict, rep.Conflicts, namedBatches(rep.ConflictBatches), conflictList(rep.ConflictRows, rep.Conflicts))
+			return nil, fmt.Errorf("backfill: rollback of module %q: job %q: %w: %d rows changed or delivered by later batches still applied%s, outside the modules rolled back (%s): %s",
+				module, job.Name, ErrRollbackConflict, rep.Conflicts, namedBatches(rep.ConflictBatches), joinNames(names, ", "), conflictList(rep.ConflictRows, rep.Conflicts))
 		}
 		reports = append(reports, rep)
+		run = append(run, job)
 		if rep.Status != RunRolledBack {
 			preview.exclude = append(preview.exclude, rep.BatchID)
 		}
@@ -673,9 +707,9 @@ func (r *Runner) RollbackModule(ctx context.Context, module string, jobs []Job, 
 		return reports, nil
 	}
 	reports = reports[:0]
-	opts.Why = fmt.Sprintf("module %s: %s", module, opts.Why)
-	for i := len(jobs) - 1; i >= 0; i-- {
-		rep, err := r.Rollback(ctx, jobs[i], opts)
+	opts.Why = fmt.Sprintf("module %s of graph %s (with its dependents %s): %s", module, g.Name, joinNames(names, ", "), opts.Why)
+	for _, job := range run {
+		rep, err := r.Rollback(ctx, job, opts)
 		reports = append(reports, rep)
 		if err != nil {
 			return reports, err

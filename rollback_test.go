@@ -885,9 +885,9 @@ func TestRollbackOfOneChunkKeepsDeliveredRows(t *testing.T) {
 	require.Empty(t, dlvState(t, db))
 }
 
-// TestRollbackModuleAndDeliveredRows: a module's own later job that
-// delivered a parent's rows is rolled back first and does not block it;
-// a job outside the module does.
+// TestRollbackModuleAndDeliveredRows: a dependent module's later job
+// that delivered a parent's rows is rolled back first (the rollback
+// cascades to it) and does not block it; a job outside the set does.
 func TestRollbackModuleAndDeliveredRows(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -904,12 +904,16 @@ func TestRollbackModuleAndDeliveredRows(t *testing.T) {
 	require.Equal(t, int64(1), repC.Counts.Unchanged)
 	parent, child := m.job("parent", nil, false), m.job("child", nil, false)
 
-	_, err = r.RollbackModule(ctx, "half", []backfill.Job{parent}, backfill.RollbackOptions{Actor: "a", Why: "t"})
+	half := backfill.Graph{Name: "g", Modules: []backfill.Module{{Name: "half", Jobs: []backfill.Job{parent}}}}
+	_, err = r.RollbackModule(ctx, half, "half", backfill.RollbackOptions{Actor: "a", Why: "t"})
 	require.ErrorIs(t, err, backfill.ErrRollbackConflict)
 	require.Contains(t, err.Error(), fmt.Sprintf(`{"id": 1} (delivered unchanged by batch %d)`, repC.BatchID))
 	require.Len(t, dlvState(t, db), 2)
 
-	reps, err := r.RollbackModule(ctx, "whole", []backfill.Job{parent, child}, backfill.RollbackOptions{Actor: "a", Why: "t"})
+	// Rolling back the parent's module cascades to the child's, which
+	// depends on it, child first.
+	whole := backfill.Graph{Name: "g", Modules: []backfill.Module{{Name: "p", Jobs: []backfill.Job{parent}}, {Name: "c", Jobs: []backfill.Job{child}, DependsOn: []string{"p"}}}}
+	reps, err := r.RollbackModule(ctx, whole, "p", backfill.RollbackOptions{Actor: "a", Why: "t"})
 	require.NoError(t, err)
 	require.Len(t, reps, 2)
 	require.Empty(t, dlvState(t, db))

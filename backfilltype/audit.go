@@ -20,6 +20,10 @@ type ReplayedControl struct {
 	Knobs  map[string]float64
 	// Approvals are the approvals recorded, oldest first, as "name@role".
 	Approvals []string
+	// Modules are the module flags switched on the run, a graph's
+	// ([EventModuleFlag]): module name to enabled, the latest switch of
+	// each; nil when none was.
+	Modules map[string]bool
 }
 
 // ReplayControl replays the audit log of one run (its events in order)
@@ -27,7 +31,8 @@ type ReplayedControl struct {
 // (run_started, run_resumed, run_paused, run_resumed_by_operator,
 // run_cancelled, run_completed, run_failed, run_abandoned,
 // approval_recorded, a whole batch's rollback), the live knobs
-// (knob_set; a null value drops the knob) and the approvals. Events that
+// (knob_set; a null value drops the knob), the approvals and a graph's
+// module flags (module_flag_set). Events that
 // decide nothing about control (chunk evidence, blueprints, validators)
 // are skipped.
 func ReplayControl(events []Event) ReplayedControl {
@@ -38,6 +43,9 @@ func ReplayControl(events []Event) ReplayedControl {
 			Key   string    `json:"key"`
 			Value *float64  `json:"value"`
 			Chunk string    `json:"chunk"`
+			// A module flag's.
+			Module string `json:"module"`
+			New    *bool  `json:"new"`
 		}
 		_ = json.Unmarshal(e.Detail, &d)
 		switch e.Kind {
@@ -64,6 +72,13 @@ func ReplayControl(events []Event) ReplayedControl {
 			st.Approvals = append(st.Approvals, e.Actor+"@"+e.DBRole)
 			if d.To != "" {
 				st.Status = d.To
+			}
+		case EventModuleFlag:
+			if d.Module != "" && d.New != nil {
+				if st.Modules == nil {
+					st.Modules = map[string]bool{}
+				}
+				st.Modules[d.Module] = *d.New
 			}
 		case "knob_set":
 			if d.Value == nil {

@@ -33,8 +33,9 @@ type Blueprint struct {
 	CodeVersion string         `json:"code_version"`
 	Source      string         `json:"source"`
 	Scope       BlueprintScope `json:"scope"`
-	// Modules are the parts of the backfill, each with its jobs; today a
-	// blueprint has one module, its job.
+	// Modules are the parts of the backfill, each with its jobs: a
+	// graph's modules (backfill.Runner.GraphBlueprint), or for a job's
+	// blueprint one module, the job.
 	Modules []BlueprintModule `json:"modules"`
 	Limits  BlueprintLimits   `json:"limits"`
 	// Approval is the plan's approval policy (nil: none).
@@ -72,14 +73,23 @@ type BlueprintScope struct {
 // BlueprintModule is one module of a backfill: one or more jobs that are
 // processed, validated and rolled back together.
 type BlueprintModule struct {
-	Name string         `json:"name"`
-	Jobs []BlueprintJob `json:"jobs"`
+	Name string `json:"name"`
+	// DependsOn, Priority, Class and Enabled are a graph's module's
+	// (Enabled nil: the blueprint of a job, whose one module is the job).
+	DependsOn []string       `json:"depends_on,omitempty"`
+	Priority  int            `json:"priority,omitempty"`
+	Class     ModuleClass    `json:"class,omitempty"`
+	Enabled   *bool          `json:"enabled,omitempty"`
+	Jobs      []BlueprintJob `json:"jobs"`
 }
 
 // BlueprintJob is one job of a module: its target and identity, its
 // success metrics and its fallback path.
 type BlueprintJob struct {
 	Name string `json:"name"`
+	// Fingerprint is the job's plan's, in a graph's blueprint ("" in a
+	// job's: the blueprint's Fingerprint is the job's).
+	Fingerprint string `json:"fingerprint,omitempty"`
 	// Target is the frozen target: table, business key, written columns,
 	// identity mode and its policies.
 	Target PlanTarget `json:"target"`
@@ -158,6 +168,19 @@ func PlanBlueprint(p Plan) Blueprint {
 	pub := p.Publish
 	if pub == "" {
 		pub = "per chunk"
+	}
+	if len(p.Modules) > 0 {
+		// A graph's plan: its modules, their jobs by name and fingerprint.
+		b.Modules = make([]BlueprintModule, len(p.Modules))
+		for i, m := range p.Modules {
+			en := m.Enabled
+			bm := BlueprintModule{Name: m.Name, DependsOn: append([]string{}, m.DependsOn...), Priority: m.Priority, Class: m.Class, Enabled: &en}
+			for _, j := range m.Jobs {
+				bm.Jobs = append(bm.Jobs, BlueprintJob{Name: j.Name, Fingerprint: j.Fingerprint, Validators: []string{}})
+			}
+			b.Modules[i] = bm
+		}
+		return b
 	}
 	b.Modules = []BlueprintModule{{Name: p.Job, Jobs: []BlueprintJob{{Name: p.Job, Target: p.Target, Validators: []string{}, Publish: pub,
 		Rollback: BlueprintRollback{Mechanism: p.Rollback, Restores: RollbackRestores(p.Rollback, p.Target)}}}}}
@@ -240,10 +263,25 @@ func (b Blueprint) Fields() []BlueprintField {
 	}
 	add("modules", names)
 	for _, m := range b.Modules {
+		if m.Enabled != nil {
+			p := "module." + m.Name + "."
+			add(p+"depends_on", append([]string{}, m.DependsOn...))
+			add(p+"priority", m.Priority)
+			add(p+"class", string(m.Class))
+			add(p+"enabled", strconv.FormatBool(*m.Enabled))
+			jobs := make([]string, len(m.Jobs))
+			for i, j := range m.Jobs {
+				jobs[i] = j.Name
+			}
+			add(p+"jobs", jobs)
+		}
 		for _, j := range m.Jobs {
 			p := "module." + m.Name + ".job." + j.Name + "."
-			if m.Name == j.Name && len(m.Jobs) == 1 {
+			if m.Name == j.Name && len(m.Jobs) == 1 && m.Enabled == nil {
 				p = "job." + j.Name + "."
+			}
+			if j.Fingerprint != "" {
+				add(p+"fingerprint", j.Fingerprint)
 			}
 			t := j.Target
 			add(p+"target.table", t.Table)
@@ -300,7 +338,11 @@ func (b Blueprint) Fields() []BlueprintField {
 // and the changes from it.
 func (b Blueprint) Text() string {
 	var sb strings.Builder
-	sb.WriteString("Blueprint of job " + strconv.Quote(b.Job) + "\n")
+	what := "job"
+	if len(b.Modules) > 0 && b.Modules[0].Enabled != nil {
+		what = "graph"
+	}
+	sb.WriteString("Blueprint of " + what + " " + strconv.Quote(b.Job) + "\n")
 	for _, f := range b.Fields() {
 		v := f.Value
 		if v == "" || v == "[]" {
@@ -311,7 +353,7 @@ func (b Blueprint) Text() string {
 	if p := b.Previous; p != nil {
 		fmt.Fprintf(&sb, "Changes since the previous plan (batch %d, %s, fingerprint %s):\n", p.BatchID, p.Status, p.Fingerprint)
 	} else {
-		sb.WriteString("Changes: none (no previous plan of the job)\n")
+		sb.WriteString("Changes: none (no previous plan of the " + what + ")\n")
 		return sb.String()
 	}
 	if len(b.Changes) == 0 {

@@ -95,6 +95,9 @@ type Plan struct {
 	// the plan awaits approvals of its fingerprint before it writes
 	// ([RunAwaitingApproval]).
 	Approval *PlanApproval `json:"approval,omitempty"`
+	// Modules are the modules of a graph's plan (omitted for a job's):
+	// a graph's run has no chunks; its jobs have runs of their own.
+	Modules []PlanModule `json:"modules,omitempty"`
 	// Chunks are the plan's chunks (not part of the JSON form). A plan a
 	// Runner froze from a [ChunkStreamer] holds none, and no ChunkIDs
 	// either (its fingerprint is the same): use [Plan.Len] and

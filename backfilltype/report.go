@@ -60,6 +60,10 @@ type RunReport struct {
 	// Forecast compares the run with the forecast of the latest
 	// rehearsal of its plan before it (nil for none), as [Status.Forecast].
 	Forecast *ForecastCheck `json:"forecast,omitempty"`
+	// Graph is, for the run of a graph of modules (backfill.Runner.RunGraph),
+	// the progress of each of its modules, as backfill.Runner.GraphStatus
+	// reads it (nil for a job's run).
+	Graph *GraphStatus `json:"graph,omitempty"`
 }
 
 // Report limits: how much of a run a [RunReport] lists. Its counts and

@@ -261,12 +261,14 @@ func (m *Manifest) Grants(database, role string) []string {
 
 // ControlFunctions are the manifest's control functions an operator role
 // executes, with their argument types: pause, resume, cancel and set_knob,
-// by batch id and by job name, and approve by batch id.
+// by batch id and by job name, approve by batch id, and set_module_flag
+// by graph and module name.
 var ControlFunctions = []string{
 	"pause(bigint, text, text)", "resume(bigint, text, text)", "cancel(bigint, text, text)",
 	"pause(text, text, text)", "resume(text, text, text)", "cancel(text, text, text)",
 	"set_knob(bigint, text, text, text, text)", "set_knob(text, text, text, text, text)",
 	"approve(bigint, text, text, text)",
+	"set_module_flag(text, text, boolean, text, text)",
 }
 
 // OperatorGrants returns the GRANT statements that make role an operator

@@ -64,6 +64,13 @@ func (m *Manifest) loadRunReport(ctx context.Context, tx sqlx.ExtContext, batchI
 	if rep.Totals, err = m.reportTotals(ctx, tx, batchID); err != nil {
 		return rep, err
 	}
+	if backfilltype.IsGraphPlan(run.Plan) {
+		gs, err := m.graphStatus(ctx, tx, run)
+		if err != nil {
+			return rep, err
+		}
+		rep.Graph = &gs
+	}
 	if rep.Buckets, err = m.reportBuckets(ctx, tx, batchID, run.ChunksTotal); err != nil {
 		return rep, err
 	}
