@@ -19,13 +19,17 @@ import (
 // name with no chunks) carries the graph's plan and its approvals.
 
 // ModuleClass is how a module behaves under a throttle's hold:
-// [ModuleEssential] (the default) keeps running at a reduced rate,
-// [ModuleDeferrable] parks until the hold releases.
+// [ModuleDeferrable] parks until the hold releases, [ModuleEssential]
+// (the default) keeps running: a hold sheds the deferrable modules' work
+// first, and only when none is left does it slow the essential ones to
+// one chunk at a time.
 type ModuleClass = backfilltype.ModuleClass
 
 const (
-	// ModuleEssential: runs while a throttle holds, one chunk at a time
-	// (the default: a Module with Class "").
+	// ModuleEssential: runs while a throttle holds, with its concurrency
+	// while deferrable modules have chunks left (they park), one chunk
+	// at a time once they have none (the default: a Module with Class
+	// "").
 	ModuleEssential = backfilltype.ModuleEssential
 	// ModuleDeferrable: claims no chunk while a throttle holds.
 	ModuleDeferrable = backfilltype.ModuleDeferrable
@@ -128,8 +132,9 @@ var ErrGraphIncomplete = errors.New("backfill: graph incomplete")
 // module's parents that overlap it have been loaded, the ready chunk of
 // the highest Priority first. A module that fails, is paused or is gated
 // holds only the modules that depend on it; the others run on. While one
-// of Config.Throttles holds, deferrable modules park and essential ones
-// run one chunk at a time.
+// of Config.Throttles holds, deferrable modules park (the load a hold
+// sheds first) and essential ones run on, with their concurrency while
+// parked deferrable work is left and one chunk at a time once none is.
 //
 // It refuses before writing anything, with an error wrapping
 // [ErrInvalidConfig] that names the culprit: an empty graph or module,
@@ -138,9 +143,10 @@ var ErrGraphIncomplete = errors.New("backfill: graph incomplete")
 // from the graph's latest run's (a job's plan, a flag, a dependency)
 // starts a new run of the graph, with a new fingerprint; an unfinished
 // run of the old plan is abandoned, and with it its approvals. With
-// g.Approval, the graph's run awaits approvals and RunGraph returns
-// [ErrAwaitingApproval] (or, with Config.WaitWhilePaused, waits) before
-// any job's run exists. It returns [ErrGraphIncomplete] when enabled
+// g.Approval, the graph's run awaits approvals and RunGraph waits for
+// them, as [Runner.Run] does, before any job's run exists (with
+// Config.ReturnOnPause, or a manifest without the control plane, it
+// returns [ErrAwaitingApproval]). It returns [ErrGraphIncomplete] when enabled
 // modules are left failed, paused or held; a call again resumes them
 // (failed chunks are tried again). Runs of a graph converge after a
 // crash: a chunk of a child is never committed before the overlapping

@@ -44,7 +44,7 @@ func TestGraphApprovalsAndFlags(t *testing.T) {
 		{Name: "airports", Jobs: []backfill.Job{graphTable(t, db, "ap_airports", 10, nil)}},
 		{Name: "stats", Jobs: []backfill.Job{graphTable(t, db, "ap_stats", 20, nil)}, DependsOn: []string{"airports"}, Disabled: true},
 	}}
-	author, err := backfill.New(db, &backfill.Config{WorkerID: "author"})
+	author, err := backfill.New(db, &backfill.Config{WorkerID: "author", ReturnOnPause: true})
 	require.NoError(t, err)
 	aliceRole, aliceDB := s.operator(t, "alice")
 	_, bobDB := s.operator(t, "bob")

@@ -255,11 +255,11 @@ func (r *Runner) runGraph(ctx context.Context, g Graph, begin time.Time) (rep Gr
 	switch grun.Status {
 	case RunAwaitingApproval:
 		aerr := r.awaitingGraphErr(ctx, g.Name, grun)
-		if !r.cfg.WaitWhilePaused {
+		if r.cfg.ReturnOnPause || r.caps.control == nil {
 			rep.Modules = gs.pendingModules()
 			return rep, false, aerr
 		}
-		if err := r.waitApproved(ctx, Job{Name: g.Name}, grun); err != nil {
+		if err := r.waitApproved(ctx, Job{Name: g.Name}, grun, true); err != nil {
 			return rep, false, err
 		}
 		return rep, true, nil
@@ -335,8 +335,12 @@ type graphSched struct {
 	jobs []*graphJob
 
 	// throttle: the states of Config.Throttles and how many hold.
-	states    []*hysteresis.State
-	held      int
+	states []*hysteresis.State
+	held   int
+	// shed: while a throttle holds, a deferrable module has chunks
+	// left, which the hold parks; the essential modules then keep their
+	// concurrency.
+	shed      bool
 	checkedAt time.Time
 	polledAt  time.Time
 	// stop says why the call stops claiming (the graph's run no longer
@@ -667,9 +671,11 @@ func (s *graphSched) run(ctx context.Context) error {
 			if inflight >= concurrency {
 				break
 			}
-			if s.held > 0 && inflight > 0 {
-				// Essential modules run one chunk at a time while a
-				// throttle holds.
+			if s.held > 0 && !s.shed && inflight > 0 {
+				// A hold sheds deferrable work first: while a
+				// deferrable module has chunks left (parked), the
+				// essential ones keep their concurrency; with none
+				// left to park, they run one chunk at a time.
 				break
 			}
 			if cfg.JobConcurrency > 0 && c.job.inflight >= cfg.JobConcurrency {
@@ -728,6 +734,7 @@ func (s *graphSched) ready(now time.Time) ([]*graphChunk, bool) {
 	blocked := s.blocked()
 	var ready []*graphChunk
 	waiting := false
+	s.shed = false
 	for _, gm := range s.mods {
 		gm.parked = false
 		if !gm.enabled || blocked[gm.i] {
@@ -740,6 +747,11 @@ func (s *graphSched) ready(now time.Time) ([]*graphChunk, bool) {
 			for _, c := range gj.chunks {
 				if c.done() || c.inflight || c.status == "rolled_back" {
 					continue
+				}
+				if s.held > 0 && gm.m.Class == ModuleDeferrable {
+					// Deferrable work left: the hold parks it (below,
+					// or as it becomes ready).
+					s.shed = true
 				}
 				if now.Before(c.notBefore) {
 					waiting = true

@@ -34,34 +34,49 @@ func (s untilLoaded) Read(ctx context.Context, db sqlx.ExtContext, _ backfillthr
 }
 
 // TestGraphThrottleParksDeferrable: while a throttle holds, the
-// deferrable module (of the higher priority) parks and the essential
-// one runs, one chunk at a time; once the hold releases the deferrable
-// one runs. Asserted from the manifest's chunk times, not from timing.
+// deferrable module (of the higher priority) parks, the load the hold
+// sheds first, and the essential one runs on; once the hold releases the
+// deferrable one runs. With no deferrable module (nothing to shed), the
+// essential one runs one chunk at a time under the hold. Asserted from
+// the manifest's chunk times, not from timing.
 func TestGraphThrottleParksDeferrable(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	db := pgtest.New(t)
-	g := backfill.Graph{Name: "load", Modules: []backfill.Module{
-		{Name: "reports", Jobs: []backfill.Job{graphTable(t, db, "th_reports", 5, nil)}, Class: backfill.ModuleDeferrable, Priority: 10},
-		{Name: "orders", Jobs: []backfill.Job{graphTable(t, db, "th_orders", 5, nil)}},
-	}}
-	r, err := backfill.New(db, &backfill.Config{Concurrency: 3, ThrottleInterval: 10 * time.Millisecond,
-		Throttles: []backfillthrottle.Throttle{{Signal: untilLoaded{table: "th_orders", n: 40}, High: 1, Low: 0.5}}})
-	require.NoError(t, err)
-	rep, err := r.RunGraph(ctx, g)
-	require.NoError(t, err)
-	require.Equal(t, map[string]string{"reports": "completed", "orders": "completed"}, moduleStates(rep.Modules))
+	for _, withDeferrable := range []bool{true, false} {
+		t.Run(map[bool]string{true: "deferrable_parks", false: "essential_alone"}[withDeferrable], func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			db := pgtest.New(t)
+			mods := []backfill.Module{{Name: "orders", Jobs: []backfill.Job{graphTable(t, db, "th_orders", 5, nil)}}}
+			if withDeferrable {
+				mods = append([]backfill.Module{{Name: "reports", Jobs: []backfill.Job{graphTable(t, db, "th_reports", 5, nil)},
+					Class: backfill.ModuleDeferrable, Priority: 10}}, mods...)
+			}
+			r, err := backfill.New(db, &backfill.Config{Concurrency: 3, ThrottleInterval: 10 * time.Millisecond,
+				Throttles: []backfillthrottle.Throttle{{Signal: untilLoaded{table: "th_orders", n: 40}, High: 1, Low: 0.5}}})
+			require.NoError(t, err)
+			rep, err := r.RunGraph(ctx, backfill.Graph{Name: "load", Modules: mods})
+			require.NoError(t, err)
+			want := map[string]string{"orders": "completed"}
+			if withDeferrable {
+				want["reports"] = "completed"
+			}
+			require.Equal(t, want, moduleStates(rep.Modules))
 
-	var o struct {
-		Early   int `db:"early"`
-		Overlap int `db:"overlap"`
-		Orders  int `db:"orders"`
+			var o struct {
+				Early   int `db:"early"`
+				Overlap int `db:"overlap"`
+				Orders  int `db:"orders"`
+			}
+			require.NoError(t, db.Get(&o, `WITH c AS (SELECT r.job_name, c.started_at, c.finished_at FROM backfill.chunks c JOIN backfill.runs r USING (batch_id) WHERE c.status = 'done')
+				SELECT (SELECT count(*) FROM c d WHERE d.job_name = 'th_reports' AND d.started_at < (SELECT max(finished_at) FROM c WHERE job_name = 'th_orders')) AS early,
+					(SELECT count(*) FROM c a, c b WHERE a.job_name = 'th_orders' AND b.job_name = 'th_orders' AND a.started_at < b.started_at AND b.started_at < a.finished_at) AS overlap,
+					(SELECT count(*) FROM c WHERE job_name = 'th_orders') AS orders`))
+			require.Equal(t, 8, o.Orders)
+			if withDeferrable {
+				require.Zero(t, o.Early, "a deferrable chunk started while the throttle held")
+			} else {
+				require.Zero(t, o.Overlap, "with nothing deferrable to park, essential chunks ran more than one at a time under the hold")
+			}
+		})
 	}
-	require.NoError(t, db.Get(&o, `WITH c AS (SELECT r.job_name, c.started_at, c.finished_at FROM backfill.chunks c JOIN backfill.runs r USING (batch_id) WHERE c.status = 'done')
-		SELECT (SELECT count(*) FROM c d WHERE d.job_name = 'th_reports' AND d.started_at < (SELECT max(finished_at) FROM c WHERE job_name = 'th_orders')) AS early,
-			(SELECT count(*) FROM c a, c b WHERE a.job_name = 'th_orders' AND b.job_name = 'th_orders' AND a.started_at < b.started_at AND b.started_at < a.finished_at) AS overlap,
-			(SELECT count(*) FROM c WHERE job_name = 'th_orders') AS orders`))
-	require.Equal(t, 8, o.Orders)
-	require.Zero(t, o.Early, "a deferrable chunk started while the throttle held")
-	require.Zero(t, o.Overlap, "essential chunks ran more than one at a time under the hold")
 }

@@ -8,8 +8,9 @@ import (
 )
 
 // ModuleClass is how a module of a graph behaves under load: essential
-// modules keep running (at a reduced rate) while a throttle holds,
-// deferrable ones park until it releases.
+// modules keep running while a throttle holds (one chunk at a time once
+// no deferrable work is left to park), deferrable ones park until it
+// releases.
 type ModuleClass string
 
 const (
