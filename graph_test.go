@@ -23,6 +23,11 @@ func graphTable(t *testing.T, db *sqlx.DB, table string, step int64, before func
 	t.Helper()
 	_, err := db.Exec(fmt.Sprintf(`CREATE TABLE %q (id bigint PRIMARY KEY, v text, backfill_inserted_by bigint, backfill_updated_by bigint)`, table))
 	require.NoError(t, err)
+	return graphJobOf(table, step, before)
+}
+
+// graphJobOf is graphTable's job, the table created already.
+func graphJobOf(table string, step int64, before func(c backfill.Chunk) error) backfill.Job {
 	return backfill.Job{
 		Name:        table,
 		Chunker:     backfill.IntRange(0, 40, step),
