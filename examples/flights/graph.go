@@ -184,16 +184,15 @@ func flightsGraph(db *sqlx.DB, flights backfill.Extractor, days backfill.Chunker
 // graphRunner is the Runner of the graph's run: o.concurrency chunks at
 // once, throttles (the priority benchmark's hold), and the options of a
 // test (o.staleAfter: how soon a killed worker's chunk is taken over).
-func graphRunner(db *sqlx.DB, logger *slog.Logger, o options, throttles []backfillthrottle.Throttle) (*backfill.Runner, error) {
+// With wait, RunGraph waits for the graph's run's approvals.
+func graphRunner(db *sqlx.DB, logger *slog.Logger, o options, throttles []backfillthrottle.Throttle, wait bool) (*backfill.Runner, error) {
 	cfg := &backfill.Config{
-		Concurrency: o.concurrency,
-		Manifest:    backfill.NewPGManifest(""),
-		Logger:      logger,
-		Throttles:   throttles,
-		WorkerID:    o.workerID,
-		// With -approvers the call waits for the approvals (recorded
-		// from another session: "backfill approve").
-		WaitWhilePaused: o.approvers > 0 && o.waitApproval,
+		Concurrency:     o.concurrency,
+		Manifest:        backfill.NewPGManifest(""),
+		Logger:          logger,
+		Throttles:       throttles,
+		WorkerID:        o.workerID,
+		WaitWhilePaused: wait,
 	}
 	if o.staleAfter > 0 {
 		cfg.HeartbeatInterval = o.staleAfter / 4
@@ -216,7 +215,7 @@ func graphLoad(ctx context.Context, out io.Writer, db *sqlx.DB, logger *slog.Log
 			return backfill.GraphReport{}, fmt.Errorf("create tables: %w", err)
 		}
 	}
-	runner, err := graphRunner(db, logger, o, nil)
+	runner, err := graphRunner(db, logger, o, nil, false)
 	if err != nil {
 		return backfill.GraphReport{}, err
 	}
@@ -230,7 +229,15 @@ func graphLoad(ctx context.Context, out io.Writer, db *sqlx.DB, logger *slog.Log
 	rep, err := runner.RunGraph(ctx, g)
 	if errors.Is(err, backfill.ErrAwaitingApproval) {
 		fmt.Fprintf(out, "graph %s: batch %d awaits approval of plan fingerprint %s; nothing is written until then\n", graphName, rep.BatchID, rep.Fingerprint)
-		return rep, err
+		if !o.waitApproval {
+			return rep, err
+		}
+		fmt.Fprintf(out, "  %v\n  waiting; each approver (an operator role other than this command's): backfill approve --job %s --fingerprint %s --reason TEXT\n",
+			err, graphName, rep.Fingerprint)
+		if runner, err = graphRunner(db, logger, o, nil, true); err != nil {
+			return rep, err
+		}
+		rep, err = runner.RunGraph(ctx, g)
 	}
 	printModules(out, rep)
 	if err != nil {

@@ -622,3 +622,73 @@ func TestGraphKilledMidRunConverges(t *testing.T) {
 		t.Fatal("the synthetic file has no unkeyable row")
 	}
 }
+
+// TestGraphDemoWaitsForApprovals: the demo with -approvers 2 prints the
+// blueprint and how to approve, and waits, writing nothing, until two
+// operator roles approve the fingerprint; then it runs the graph.
+func TestGraphDemoWaitsForApprovals(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := newGraphFixture(t, 41, 600, 2)
+	_, aliceDB := f.operator(t, "alice")
+	_, bobDB := f.operator(t, "bob")
+	type result struct {
+		rep backfill.GraphReport
+		err error
+	}
+	var out bytes.Buffer
+	done := make(chan result, 1)
+	go func() {
+		rep, err := graphLoad(ctx, &out, f.db, nil, f.src, f.days, f.airportsPath, options{concurrency: 2, approvers: 2, waitApproval: true, workerID: "demo"})
+		done <- result{rep, err}
+	}()
+	var run struct {
+		BatchID     int64  `db:"batch_id"`
+		Fingerprint string `db:"fingerprint"`
+	}
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		err := f.db.Get(&run, `SELECT batch_id, plan_fingerprint AS fingerprint FROM backfill.runs WHERE job_name = $1 AND status = 'awaiting_approval'`, graphName)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, sql.ErrNoRows) {
+			t.Fatal(err)
+		}
+		select {
+		case res := <-done:
+			t.Fatalf("the demo returned before the approvals: %+v, %v\n%s", res.rep, res.err, out.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no run of the graph awaits approval")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if n := targetRows(t, f.db); n != 0 || jobRuns(t, f.db) != 0 {
+		t.Fatalf("written before the approvals: %d rows, %d job runs", n, jobRuns(t, f.db))
+	}
+	for _, a := range []struct {
+		db   *sqlx.DB
+		name string
+	}{{aliceDB, "alice"}, {bobDB, "bob"}} {
+		if _, err := a.db.Exec(`SELECT backfill.approve($1, $2, $3, 'blueprint reviewed')`, run.BatchID, run.Fingerprint, a.name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var res result
+	select {
+	case res = <-done:
+	case <-time.After(2 * time.Minute):
+		t.Fatal("the demo did not run the graph once approved")
+	}
+	if res.err != nil || res.rep.Status != backfill.RunCompleted || res.rep.BatchID != run.BatchID {
+		t.Fatalf("approved: %+v, %v\n%s", res.rep, res.err, out.String())
+	}
+	for _, s := range []string{`Blueprint of graph "flights-graph"`, "awaits approval of plan fingerprint " + run.Fingerprint,
+		"backfill approve --job flights-graph --fingerprint " + run.Fingerprint, "module route_stats  deferrable completed"} {
+		if !strings.Contains(out.String(), s) {
+			t.Errorf("the output lacks %q:\n%s", s, out.String())
+		}
+	}
+}

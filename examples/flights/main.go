@@ -197,7 +197,7 @@ func run() error {
 	if o.approvers > 0 && !o.graph {
 		return cli.Usage(errors.New("-approvers needs -graph"))
 	}
-	o.waitApproval = true
+	o.waitApproval = o.approvers > 0
 	if o.memoryLimit < 0 {
 		return cli.Usage(errors.New("-memory-limit must not be negative"))
 	}
