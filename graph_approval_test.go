@@ -239,3 +239,34 @@ func TestRollbackModuleCascades(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, map[string]string{"airports": "completed", "flights": "failed", "route_stats": "failed", "weather": "completed"}, moduleStates(st.Modules))
 }
+
+// TestGraphBlueprintGolden: a graph's blueprint lists its modules with
+// their dependencies, priority, class, flag and jobs, each job's plan
+// fingerprint and details, in a stable order (text and JSON); making it
+// writes nothing.
+func TestGraphBlueprintGolden(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := newApprovalSetup(t)
+	db := s.db
+	g := backfill.Graph{Name: "flights_bp", Approval: backfill.ApprovalPolicy{Approvers: 2}, Modules: []backfill.Module{
+		{Name: "airports", Jobs: []backfill.Job{graphTable(t, db, "bp_airports", 10, nil)}, Priority: 2},
+		{Name: "flights", Jobs: []backfill.Job{graphTable(t, db, "bp_flights", 20, nil)}, DependsOn: []string{"airports"}, Priority: 1},
+		{Name: "route_stats", Jobs: []backfill.Job{graphTable(t, db, "bp_route_stats", 10, nil)}, DependsOn: []string{"flights", "airports"},
+			Class: backfill.ModuleDeferrable, Disabled: true},
+	}}
+	r, err := backfill.New(db, &backfill.Config{Concurrency: 2, MemoryBudget: 48 << 20})
+	require.NoError(t, err)
+	b, err := r.GraphBlueprint(ctx, g)
+	require.NoError(t, err)
+	js, err := json.MarshalIndent(b, "", "  ")
+	require.NoError(t, err)
+	golden(t, "graph_blueprint.golden.json", string(js)+"\n")
+	golden(t, "graph_blueprint.golden.txt", b.Text())
+	var n int
+	require.NoError(t, db.Get(&n, `SELECT (SELECT count(*) FROM backfill.runs) + (SELECT count(*) FROM backfill.events)`))
+	require.Zero(t, n, "a blueprint creates no run and records nothing")
+	var back backfill.Blueprint
+	require.NoError(t, json.Unmarshal(js, &back))
+	require.Equal(t, b.Text(), back.Text())
+}

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgbackfill/backfill"
+	"github.com/pgbackfill/backfill/backfilltest"
 	"github.com/pgbackfill/backfill/backfilltype"
 	"github.com/pgbackfill/backfill/internal/pgtest"
 )
@@ -258,4 +259,41 @@ func TestGraphRefusals(t *testing.T) {
 	require.NoError(t, db.Get(&rows, `SELECT (SELECT count(*) FROM ra) + (SELECT count(*) FROM rb) + (SELECT count(*) FROM rc)`))
 	require.Zero(t, runs+events+rows, "nothing written")
 	require.False(t, errors.Is(err, backfill.ErrGraphIncomplete))
+}
+
+// TestRunGraphOnFakes: a graph runs against the fakes of backfilltest
+// (the manifest and merger in memory), in dependency order.
+func TestRunGraphOnFakes(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	m := backfilltest.NewMerger()
+	cols := []backfill.Column{{Name: "id", Type: "bigint", BaseType: "int8", NotNull: true}, {Name: "v", Type: "text", BaseType: "text"}}
+	var order []string
+	var mu sync.Mutex
+	job := func(table string, step int64) backfill.Job {
+		m.AddTableColumns(table, []string{"id"}, cols...)
+		j := graphJobOf(table, step, func(c backfill.Chunk) error {
+			mu.Lock()
+			order = append(order, fmt.Sprintf("%s %s", table, c.ID))
+			mu.Unlock()
+			return nil
+		})
+		j.Rollback = backfill.RollbackNone
+		return j
+	}
+	r, err := backfill.NewWithDB(backfilltest.NewDB(), &backfill.Config{Manifest: backfilltest.NewManifest(), Merger: m})
+	require.NoError(t, err)
+	g := backfill.Graph{Name: "fake", Modules: []backfill.Module{
+		{Name: "child", Jobs: []backfill.Job{job("child", 20)}, DependsOn: []string{"parent"}},
+		{Name: "parent", Jobs: []backfill.Job{job("parent", 20)}},
+	}}
+	rep, err := r.RunGraph(ctx, g)
+	require.NoError(t, err)
+	require.Equal(t, backfill.RunCompleted, rep.Status)
+	require.Equal(t, map[string]string{"child": "completed", "parent": "completed"}, moduleStates(rep.Modules))
+	require.Len(t, m.Rows("parent"), 40)
+	require.Len(t, m.Rows("child"), 40)
+	// One chunk at a time: a child's chunk as soon as its parent's
+	// interval is loaded (the child is listed first: ties go to it).
+	require.Equal(t, []string{"parent int:0/20", "child int:0/20", "parent int:20/40", "child int:20/40"}, order)
 }

@@ -116,6 +116,7 @@ func TestLoaderCannotSteerOrForge(t *testing.T) {
 		{"pause(bigint, text, text)", func() error { return runner.Pause(ctx, batch, "alice", "why") }},
 		{"cancel(bigint, text, text)", func() error { return runner.Cancel(ctx, batch, "alice", "why") }},
 		{"set_knob(bigint, text, text, text, text)", func() error { return runner.SetKnob(ctx, batch, "concurrency", "1", "alice", "why") }},
+		{"set_module_flag(text, text, boolean, text, text)", func() error { return runner.SetModuleEnabled(ctx, "items", "m", true, "alice", "why") }},
 	} {
 		err := c.do()
 		require.ErrorIs(t, err, backfill.ErrPrivilege, c.fn)
@@ -134,6 +135,8 @@ func TestLoaderCannotSteerOrForge(t *testing.T) {
 	}
 	_, err = r.db.Exec(`SELECT backfill.record_event($1, 'items', 'knob_set', 'alice', '{}')`, batch)
 	require.ErrorContains(t, err, "recorded only by the control functions")
+	_, err = r.db.Exec(`SELECT backfill.record_event($1, 'items', 'module_flag_set', 'alice', '{"module": "m", "new": true}')`, batch)
+	require.ErrorContains(t, err, "recorded only by the control functions", "a loader cannot forge a module's flag")
 	require.Equal(t, 0, controlEvents(t, r.admin))
 
 	// The library's own pause, as the loader: actor "backfill", the role.
@@ -327,8 +330,9 @@ func TestMigrateRecordEventCapsKeepsRoles(t *testing.T) {
 		_, _ = r.admin.Exec(`DROP ROLE ` + operator)
 	})
 	for _, g := range m.OperatorGrants(operator) {
-		// approve comes with version 32, which grants it to the
-		// operators of earlier versions.
+		// approve comes with version 32 and set_module_flag with 33,
+		// which grant them to the operators of earlier versions.
+		g = strings.ReplaceAll(g, `, "backfill".set_module_flag(text, text, boolean, text, text)`, "")
 		r.exec(t, strings.ReplaceAll(g, `, "backfill".approve(bigint, text, text, text)`, ""))
 	}
 	type fn struct {
@@ -364,6 +368,10 @@ func TestMigrateRecordEventCapsKeepsRoles(t *testing.T) {
 	require.NoError(t, r.admin.Get(&approve, `SELECT has_function_privilege($1, 'backfill.approve(bigint, text, text, text)', 'EXECUTE') AS loader,
 		has_function_privilege($2, 'backfill.approve(bigint, text, text, text)', 'EXECUTE') AS operator`, r.name, operator))
 	require.True(t, approve.Operator, "an operator of an earlier version may approve")
+	require.False(t, approve.Loader, "a loader may not")
+	require.NoError(t, r.admin.Get(&approve, `SELECT has_function_privilege($1, 'backfill.set_module_flag(text, text, boolean, text, text)', 'EXECUTE') AS loader,
+		has_function_privilege($2, 'backfill.set_module_flag(text, text, boolean, text, text)', 'EXECUTE') AS operator`, r.name, operator))
+	require.True(t, approve.Operator, "an operator of an earlier version may switch a module's flag")
 	require.False(t, approve.Loader, "a loader may not")
 	require.NoError(t, m.CheckPrivileges(ctx, r.db))
 	// The migrated function caps, as the loader.

@@ -353,7 +353,7 @@ func (b Blueprint) Text() string {
 	if p := b.Previous; p != nil {
 		fmt.Fprintf(&sb, "Changes since the previous plan (batch %d, %s, fingerprint %s):\n", p.BatchID, p.Status, p.Fingerprint)
 	} else {
-		sb.WriteString("Changes: none (no previous plan of the job)\n")
+		sb.WriteString("Changes: none (no previous plan of the " + what + ")\n")
 		return sb.String()
 	}
 	if len(b.Changes) == 0 {

@@ -10,8 +10,8 @@ import (
 )
 
 // ModuleFlags returns the flags switched for graph's modules (module
-// name to enabled), the latest switch of each (migration 33's
-// module_flags); a module never switched is absent.
+// name to enabled): the latest module_flag_set event of each in the
+// audit log (migration 33); a module never switched is absent.
 func (m *Manifest) ModuleFlags(ctx context.Context, db sqlx.ExtContext, graph string) (map[string]bool, error) {
 	ctx = m.purpose(ctx, "read the module flags of graph "+graph, 0)
 	var rows []struct {
@@ -19,7 +19,8 @@ func (m *Manifest) ModuleFlags(ctx context.Context, db sqlx.ExtContext, graph st
 		Enabled bool   `db:"enabled"`
 	}
 	err := ReadTx(ctx, db, func(tx sqlx.ExtContext) error {
-		return sqlx.SelectContext(ctx, tx, &rows, m.SQL(`SELECT module, enabled FROM {s}.module_flags WHERE graph_name = $1`), graph)
+		return sqlx.SelectContext(ctx, tx, &rows, m.SQL(`SELECT DISTINCT ON (detail->>'module') detail->>'module' AS module, (detail->>'new')::boolean AS enabled
+			FROM {s}.events WHERE job_name = $1 AND kind = 'module_flag_set' ORDER BY detail->>'module', id DESC`), graph)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("backfill: module flags of graph %q: %w", graph, err)

@@ -154,7 +154,7 @@ want AS (
 		has_schema_privilege($2::name, oid, 'USAGE') AS ok, 0 AS ord, pg_get_userbyid(nspowner) AS owner, '' AS args FROM ns
 	UNION ALL
 	SELECT 'TABLE', r.nspname, r.relname, p, 'the manifest', CASE WHEN r.relkind <> 'S' THEN has_table_privilege($2::name, r.oid, p) END, 1, pg_get_userbyid(r.relowner), ''
-	FROM rels r, unnest(CASE WHEN r.relname IN ('schema_migrations', 'events', 'module_flags') THEN ARRAY['SELECT']
+	FROM rels r, unnest(CASE WHEN r.relname IN ('schema_migrations', 'events') THEN ARRAY['SELECT']
 		ELSE ARRAY['SELECT', 'INSERT', 'UPDATE', 'DELETE'] END) WITH ORDINALITY AS x(p, i)
 	WHERE r.relkind <> 'S'
 	UNION ALL
@@ -238,7 +238,7 @@ func (m *Manifest) MissingPrivileges(ctx context.Context, db sqlx.ExtContext) ([
 // runs jobs), every privilege on the manifest and the database it needs
 // once the SchemaName is migrated ([Manifest.Migrate]): USAGE on the
 // schema; SELECT, INSERT, UPDATE and DELETE on its tables but the audit
-// log (events), schema_migrations and module_flags, which it only reads (a REVOKE
+// log (events) and schema_migrations, which it only reads (a REVOKE
 // takes back what the GRANT on all tables gave); EXECUTE on the functions
 // record_event (the library's events) and library_control (the pause and
 // cancel of [backfill.Runner.PauseOnSignal]); USAGE on its sequences;
@@ -252,7 +252,7 @@ func (m *Manifest) Grants(database, role string) []string {
 	return []string{
 		fmt.Sprintf("GRANT USAGE ON SCHEMA %s TO %s;", s, r),
 		fmt.Sprintf("GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA %s TO %s;", s, r),
-		fmt.Sprintf("REVOKE INSERT, UPDATE, DELETE, TRUNCATE ON TABLE %s.events, %s.schema_migrations, %s.module_flags FROM %s;", s, s, s, r),
+		fmt.Sprintf("REVOKE INSERT, UPDATE, DELETE, TRUNCATE ON TABLE %s.events, %s.schema_migrations FROM %s;", s, s, r),
 		fmt.Sprintf("GRANT EXECUTE ON FUNCTION %s.record_event(bigint, text, text, text, jsonb), %s.library_control(bigint, text, text) TO %s;", s, s, r),
 		fmt.Sprintf("GRANT USAGE ON ALL SEQUENCES IN SCHEMA %s TO %s;", s, r),
 		fmt.Sprintf("GRANT TEMPORARY ON DATABASE %s TO %s;", sqlgen.Ident(database), r),

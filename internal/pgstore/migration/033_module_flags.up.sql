@@ -3,10 +3,10 @@
 -- A graph's run (a run named after the graph, with no chunks) carries
 -- the graph's plan: runs.plan->'modules', each module with its jobs,
 -- dependencies, priority, class and flag ("enabled"). A module's flag is
--- switched by set_module_flag, which records it in module_flags (the
--- latest switch wins over the flag the code gives: the next plan of the
--- graph reads it) and in the audit log of the graph's latest run (kind
--- module_flag_set: actor, db_role, the old and new value, why). The
+-- switched by set_module_flag, which records it in the audit log of the
+-- graph's latest run (kind module_flag_set: actor, db_role, the old and
+-- new value, why); the latest switch of a module wins over the flag the
+-- code gives: the next plan of the graph reads it. The
 -- flag is part of the graph's fingerprint, so a switch is a plan change:
 -- an unfinished run of the graph (awaiting approval, running, paused or
 -- failed) is abandoned with it (its approvals cannot complete; the next
@@ -16,16 +16,10 @@
 -- the graph are serialised. It runs as the owner; operator roles execute
 -- it (ControlFunctions); record_event refuses the kind.
 
-CREATE TABLE {s}.module_flags (
-	graph_name text NOT NULL,
-	module text NOT NULL,
-	enabled boolean NOT NULL,
-	actor text NOT NULL,
-	db_role text NOT NULL DEFAULT session_user,
-	reason text NOT NULL,
-	changed_at timestamptz NOT NULL DEFAULT now(),
-	PRIMARY KEY (graph_name, module)
-);
+-- The flags switched are read from the audit log itself (the latest
+-- module_flag_set event of each module of the graph): append-only, and
+-- written only by set_module_flag.
+CREATE INDEX events_module_flags ON {s}.events (job_name, id) WHERE kind = 'module_flag_set';
 
 CREATE FUNCTION {s}.set_module_flag(p_graph text, p_module text, p_enabled boolean, p_actor text, p_reason text) RETURNS text
 	LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
@@ -52,16 +46,14 @@ BEGIN
 		RAISE EXCEPTION 'backfill: set_module_flag: graph % has no module % (its modules: %)', quote_literal(p_graph), quote_literal(p_module),
 			(SELECT string_agg(m->>'name', ', ') FROM jsonb_array_elements(r.plan->'modules') m) USING ERRCODE = 'P0002';
 	END IF;
-	SELECT f.enabled INTO v_old FROM {s}.module_flags f WHERE f.graph_name = p_graph AND f.module = p_module FOR UPDATE;
+	SELECT (e.detail->>'new')::boolean INTO v_old FROM {s}.events e
+		WHERE e.job_name = p_graph AND e.kind = 'module_flag_set' AND e.detail->>'module' = p_module ORDER BY e.id DESC LIMIT 1;
 	IF NOT FOUND THEN
 		v_old := v_plan_flag;
 	END IF;
 	IF v_old = p_enabled THEN
 		RETURN 'unchanged';
 	END IF;
-	INSERT INTO {s}.module_flags (graph_name, module, enabled, actor, reason) VALUES (p_graph, p_module, p_enabled, p_actor, p_reason)
-		ON CONFLICT (graph_name, module) DO UPDATE SET enabled = EXCLUDED.enabled, actor = EXCLUDED.actor, db_role = session_user,
-			reason = EXCLUDED.reason, changed_at = now();
 	IF r.status IN ('awaiting_approval', 'running', 'paused', 'failed') THEN
 		UPDATE {s}.runs SET status = 'abandoned', updated_at = now(),
 			last_error = format('plan changed: module %s %s by %s', p_module, CASE WHEN p_enabled THEN 'enabled' ELSE 'disabled' END, p_actor)
