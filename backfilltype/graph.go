@@ -1,5 +1,12 @@
 package backfilltype
 
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+	"text/tabwriter"
+)
+
 // ModuleClass is how a module of a graph behaves under load: essential
 // modules keep running (at a reduced rate) while a throttle holds,
 // deferrable ones park until it releases.
@@ -193,4 +200,42 @@ func SettleModules(ms []ModuleStatus) {
 	for i := range ms {
 		settle(i)
 	}
+}
+
+// IsGraphPlan reports whether plan, a run's plan as the manifest stores
+// it (runs.plan), is a graph's: it lists modules.
+func IsGraphPlan(plan []byte) bool {
+	var p struct {
+		Modules []json.RawMessage `json:"modules"`
+	}
+	return json.Unmarshal(plan, &p) == nil && len(p.Modules) > 0
+}
+
+// Text returns the graph's status as text: its run, then one line per
+// module: state (and the ancestor that holds it), chunks done of total,
+// rows, class, priority, flag and dependencies, then why a module is
+// not running.
+func (s GraphStatus) Text() string {
+	var sb strings.Builder
+	fmt.Fprintf(&sb, "graph %s: batch %d, %s, fingerprint %s\n", s.Graph, s.BatchID, s.Status, s.Fingerprint)
+	w := tabwriter.NewWriter(&sb, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(w, "MODULE\tSTATE\tCHUNKS\tROWS\tCLASS\tPRIORITY\tENABLED\tDEPENDS ON")
+	for _, m := range s.Modules {
+		state := string(m.State)
+		if m.HeldBy != "" {
+			state += " by " + m.HeldBy
+		}
+		deps := strings.Join(m.DependsOn, ", ")
+		if deps == "" {
+			deps = "-"
+		}
+		fmt.Fprintf(w, "%s\t%s\t%d/%d\t%d\t%s\t%d\t%t\t%s\n", m.Name, state, m.ChunksDone, m.ChunksTotal, m.Rows, m.Class, m.Priority, m.Enabled, deps)
+	}
+	_ = w.Flush()
+	for _, m := range s.Modules {
+		if m.Reason != "" && m.State != ModuleCompleted {
+			fmt.Fprintf(&sb, "%s: %s\n", m.Name, m.Reason)
+		}
+	}
+	return sb.String()
 }

@@ -51,7 +51,7 @@ With --grant-operator ROLE (repeatable), it makes each role an operator:
 it creates the role NOLOGIN when it does not exist (which needs
 CREATEROLE; an existing role is used as it is) and grants it USAGE on
 the schema, SELECT on its tables (status, events, exceptions, report) and
-EXECUTE on the control functions (pause, resume, cancel, set_knob, approve), which
+EXECUTE on the control functions (pause, resume, cancel, set_knob, approve, set_module_flag), which
 run as the manifest's owner; then a person's login role becomes an
 operator with GRANT ROLE TO person. A loader (--grant) may not steer
 runs, nor write the audit log or schema_migrations.`,

@@ -138,7 +138,7 @@ func newRoot(g *globals, getenv func(string) string) *cobra.Command {
 		}
 	}
 	add(groupInspect, newStatusCmd(g), newRunsCmd(g), newChunksCmd(g), newExceptionsCmd(g), newValidationsCmd(g), newEventsCmd(g), newReportCmd(g), newRehearsalsCmd(g), newPlanCmd(g))
-	add(groupOperate, newPauseCmd(g), newResumeCmd(g), newCancelCmd(g), newSetCmd(g), newRollbackCmd(g), newApproveCmd(g))
+	add(groupOperate, newPauseCmd(g), newResumeCmd(g), newCancelCmd(g), newSetCmd(g), newRollbackCmd(g), newApproveCmd(g), newModuleCmd(g))
 	add(groupAdmin, newMigrateCmd(g), newGrantsCmd(g))
 	root.SetHelpCommandGroupID(groupAdmin)
 	root.SetCompletionCommandGroupID(groupAdmin)

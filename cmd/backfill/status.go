@@ -6,7 +6,10 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/jmoiron/sqlx"
+
 	"github.com/pgbackfill/backfill"
+	"github.com/pgbackfill/backfill/backfilltype"
 )
 
 func newStatusCmd(g *globals) *cobra.Command {
@@ -45,10 +48,17 @@ work of every process:
   the run against the rehearsal's forecast: duration and rows, with the
   WAL, table, index and undo log growth forecast.
 
+For a graph of modules (Runner.RunGraph: the graph's run is a run of
+the graph's name), status shows each module: its state (pending,
+running, held by which ancestor, paused, disabled, completed, failed),
+chunks done of total and rows, class, priority, flag and dependencies,
+and why a module is not running (a backfill.GraphStatus with --json).
+
 --watch refreshes it every 2s (--watch=INTERVAL: every INTERVAL, e.g.
 --watch=10s) while the run is running or paused, until Ctrl-C. With --json: one backfill.Status document
 (with --watch, one per line).`,
 		Example: `  backfill status flights
+  backfill status flights_graph
   backfill status --batch 12 --watch
   backfill status flights --json`,
 		Args: sel.args("status"),
@@ -68,6 +78,9 @@ work of every process:
 			run, err := sel.run(ctx, db, m)
 			if err != nil {
 				return err
+			}
+			if backfilltype.IsGraphPlan(run.Plan) {
+				return graphStatus(cmd, g, db, m, run, watch)
 			}
 			for first := true; ; first = false {
 				st, err := m.Status(ctx, db, run.BatchID)
@@ -102,4 +115,34 @@ work of every process:
 	cmd.Flags().DurationVar(&watch, "watch", 0, "refresh every 2s, or every INTERVAL with --watch=INTERVAL, while the run is running or paused")
 	cmd.Flags().Lookup("watch").NoOptDefVal = "2s"
 	return cmd
+}
+
+// graphStatus prints the status of the graph whose run is run, per
+// module, every watch while it is running or paused.
+func graphStatus(cmd *cobra.Command, g *globals, db *sqlx.DB, m *backfill.PGManifest, run backfill.Run, watch time.Duration) error {
+	ctx := cmd.Context()
+	for first := true; ; first = false {
+		st, err := m.GraphStatus(ctx, db, run.Job)
+		if err != nil {
+			return err
+		}
+		if g.json {
+			if err := g.printJSONLine(st, watch > 0); err != nil {
+				return err
+			}
+		} else {
+			if watch > 0 && !first {
+				fmt.Fprint(g.out, "\n")
+			}
+			fmt.Fprint(g.out, st.Text())
+		}
+		if watch <= 0 || st.Status != backfill.RunRunning && st.Status != backfill.RunPaused {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(watch):
+		}
+	}
 }
