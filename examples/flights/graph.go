@@ -251,7 +251,7 @@ func printModules(out io.Writer, rep backfill.GraphReport) {
 	fmt.Fprintf(out, "graph %s: batch %d %s, %d chunks loaded by this call in %s\n", graphName, rep.BatchID, rep.Status, rep.Chunks, rep.Elapsed.Round(time.Millisecond))
 	for _, m := range rep.Modules {
 		line := fmt.Sprintf("  module %-12s %-10s %-10s chunks %d/%d  rows %d", m.Name, m.Class, m.State, m.ChunksDone, m.ChunksTotal, m.Rows)
-		if m.Reason != "" && m.State != backfilltype.ModuleCompleted {
+		if m.Reason != "" && m.Reason != string(m.State) && m.State != backfilltype.ModuleCompleted {
 			line += "  (" + m.Reason + ")"
 		}
 		fmt.Fprintln(out, line)
