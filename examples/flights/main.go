@@ -136,6 +136,21 @@ type options struct {
 	// rehearse: rehearse this many days of the flights job before its
 	// run, and compare the run with the forecast (rehearse.go).
 	rehearse int
+	// graph runs the three modules airports, flights and route_stats as
+	// one graph (graph.go); approvers is its approval policy, and
+	// waitApproval makes the call wait for the approvals (the command
+	// does) rather than return.
+	graph        bool
+	approvers    int
+	waitApproval bool
+	// benchPriority runs the priority benchmark this many rounds
+	// (benchprio.go).
+	benchPriority int
+	// workerID, staleAfter and throttleEvery set the Runner's Config of a
+	// graph's run (tests: 0 keeps the defaults).
+	workerID      string
+	staleAfter    time.Duration
+	throttleEvery time.Duration
 }
 
 func run() error {
@@ -159,6 +174,9 @@ func run() error {
 	flag.BoolVar(&o.river, "river", false, "run the flights job as River jobs (contrib/river) into flights_river, working the queue until the run is done; see river.go")
 	flag.DurationVar(&o.riverTimeout, "river-timeout", time.Minute, "with -river: a River job's timeout, after which River rescues the job of a worker that died")
 	flag.IntVar(&o.rehearse, "rehearse", 0, "before the flights run, rehearse N of its days (loaded in transactions that roll back), print the forecast of the run, and after the run compare it with the forecast; see rehearse.go")
+	flag.BoolVar(&o.graph, "graph", false, "run airports, flights and route_stats (daily statistics per route, read from the flights table) as one graph of modules: print its blueprint, then run it; see graph.go")
+	flag.IntVar(&o.approvers, "approvers", 0, "with -graph: the graph's run awaits this many approvals of its plan fingerprint (backfill approve, by operators other than this command's role) and waits for them")
+	flag.IntVar(&o.benchPriority, "bench-priority", 0, "run the priority benchmark of the graph this many rounds (each: unloaded, then under a throttle's hold) on fresh tables; see benchprio.go")
 	cli.SetUsage(flag.CommandLine)
 	flag.Parse()
 	if flag.NArg() > 0 {
@@ -173,6 +191,13 @@ func run() error {
 	if o.rehearse < 0 {
 		return cli.Usage(errors.New("-rehearse must not be negative"))
 	}
+	if o.approvers < 0 || o.benchPriority < 0 {
+		return cli.Usage(errors.New("-approvers and -bench-priority must not be negative"))
+	}
+	if o.approvers > 0 && !o.graph {
+		return cli.Usage(errors.New("-approvers needs -graph"))
+	}
+	o.waitApproval = o.approvers > 0
 	if o.memoryLimit < 0 {
 		return cli.Usage(errors.New("-memory-limit must not be negative"))
 	}
@@ -227,12 +252,24 @@ func run() error {
 	}
 	defer db.Close()
 	db.SetMaxOpenConns(2*o.concurrency + 2)
+	if o.graph || o.benchPriority > 0 {
+		// route_stats's extractor reads the flights table through the
+		// pool as well.
+		db.SetMaxOpenConns(3*o.concurrency + 3)
+	}
 	if o.baseline {
 		return baseline(ctx, os.Stdout, db, src, days, o.concurrency)
 	}
 	var logger *slog.Logger
 	if o.verbose {
 		logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
+	}
+	if o.benchPriority > 0 {
+		return benchPriority(ctx, os.Stdout, db, logger, src, days, filepath.Join(dir, airportsFile), o)
+	}
+	if o.graph {
+		_, err := graphLoad(ctx, os.Stdout, db, logger, src, days, filepath.Join(dir, airportsFile), o)
+		return err
 	}
 	if o.river {
 		_, err := riverLoad(ctx, os.Stdout, db, logger, days, src, o)
