@@ -187,12 +187,12 @@ func flightsGraph(db *sqlx.DB, flights backfill.Extractor, days backfill.Chunker
 // With wait, RunGraph waits for the graph's run's approvals.
 func graphRunner(db *sqlx.DB, logger *slog.Logger, o options, throttles []backfillthrottle.Throttle, wait bool) (*backfill.Runner, error) {
 	cfg := &backfill.Config{
-		Concurrency:     o.concurrency,
-		Manifest:        backfill.NewPGManifest(""),
-		Logger:          logger,
-		Throttles:       throttles,
-		WorkerID:        o.workerID,
-		WaitWhilePaused: wait,
+		Concurrency:   o.concurrency,
+		Manifest:      backfill.NewPGManifest(""),
+		Logger:        logger,
+		Throttles:     throttles,
+		WorkerID:      o.workerID,
+		ReturnOnPause: !wait,
 	}
 	if o.staleAfter > 0 {
 		cfg.HeartbeatInterval = o.staleAfter / 4
