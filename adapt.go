@@ -568,6 +568,18 @@ func (ex *execution) writeSubchunks(ctx context.Context, t *chunkTry, h *heldLea
 		if st.last {
 			return true, nil
 		}
+		// The rate cap (Config.RowsPerSecond, an adaptive throttle's
+		// cut) paces sub-chunks as it paces chunks: this one's rows are
+		// charged now, and the next one waits until they are paid for,
+		// the plan chunk's lease held. Each commit's WAL then comes at
+		// the rate's pace rather than in a burst of the plan chunk's
+		// sub-chunks one after another.
+		if cr.admitted {
+			if err := ex.throttle.paceSub(ctx, cr, st.counts(t.cr.res).Read); err != nil {
+				cr.outcome = tryNone
+				return false, err
+			}
+		}
 		// The next sub-chunk, under the same lease, unless the call
 		// stopped (paused, cancelled, draining) or the knob turned
 		// adaptation off meanwhile (then the rest runs as one).

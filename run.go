@@ -1075,7 +1075,7 @@ func (ex *execution) next(ctx context.Context, ws *waitState, p *chunkPipe) bool
 	if cr.admitted {
 		var read int64
 		if err == nil && cr.outcome.claimed() {
-			read = cr.res.Read
+			read = max(cr.res.Read-cr.settled, 0)
 		}
 		ex.throttle.settle(read)
 	}
@@ -1361,8 +1361,10 @@ type chunkRun struct {
 	// fresh: the chunk was pending when claimed (checkRunRejectRate).
 	fresh bool
 	// admitted: the throttle let the try through (its rate cap reserved
-	// an estimate, settled when the try ends).
+	// an estimate, settled when the try ends). settled: the rows of the
+	// try's sub-chunks already settled ([throttler.paceSub]).
 	admitted bool
+	settled  int64
 	// span is the chunk's trace span (nil without Config.Tracer).
 	span *chunkSpan
 	// reread: the chunk was claimed open, read again (never skipped,

@@ -644,6 +644,37 @@ func (t *throttler) settle(rows int64) {
 	}
 }
 
+// paceSub ends the rate cap's try of a sub-chunk that committed rows
+// rows ([throttler.settle]) and admits the next sub-chunk of the same
+// plan chunk as a try of its own, after waiting, as wait does before a
+// claim, until what was reserved is paid for. A throttle's hold does not
+// stop it (a hold stops claims; the chunk is leased). cr.settled keeps
+// the rows settled, which the plan chunk's own settle leaves out; a call
+// that stops meanwhile leaves cr not admitted (no try open). It returns
+// ctx's error, or nil.
+func (t *throttler) paceSub(ctx context.Context, cr *chunkRun, rows int64) error {
+	if t == nil || t.pace == nil {
+		return nil
+	}
+	t.settle(rows)
+	cr.settled += rows
+	cr.admitted = false
+	for {
+		d := t.pace.TryAdmit(t.now())
+		if d <= 0 {
+			cr.admitted = true
+			return nil
+		}
+		t.waitRate(ctx, d)
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if t.ex.stopped() {
+			return nil
+		}
+	}
+}
+
 // adapt applies a reading of an adaptive throttle (Throttle.Adapt): a
 // cut or a raise of the call's rate.
 func (t *throttler) adapt(h *hysteresis.State, v float64) {

@@ -640,13 +640,12 @@ func runPhase(ctx context.Context, o options, db *sqlx.DB, pgb string, conn []st
 	}
 	// The goal's backfill starts early, o.calStart after pgbench: its
 	// first calibration (the backfill held) is over before the window,
-	// as it is over before the steady state of a long run. The other
-	// backfills start o.lead after pgbench.
+	// as it is over before the steady state of a long run. The free
+	// backfill starts o.lead after pgbench.
 	lead := o.lead
-	if th != nil && o.calStart < o.lead {
-		if _, cal := th.Signal.(backfillthrottle.Calibrator); cal {
-			lead = o.calStart
-		}
+	if _, cal := recSignal(rec).(backfillthrottle.Calibrator); cal && o.calStart < o.lead {
+		// The goal signal beside pgbench alone starts then too.
+		lead = o.calStart
 	}
 	time.Sleep(lead)
 	startBackfill()
@@ -818,3 +817,11 @@ func report(o options, settings []benchpg.Setting, query string, alone *phase, p
 }
 
 func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }
+
+// recSignal is the signal rec records, nil without one.
+func recSignal(rec *recorder) backfillthrottle.Signal {
+	if rec == nil {
+		return nil
+	}
+	return rec.Signal
+}
