@@ -3,24 +3,26 @@
 // without a throttle, and what the throttle costs the backfill's rate. On
 // a server with production durability (fsync, full_page_writes and
 // synchronous_commit on) it runs the same pgbench (TPC-B-like,
-// per-transaction logs) in phases, each pgbench -lead ahead of the
-// backfill:
+// per-transaction logs) in phases, measured over the same window of each:
 //
-//  1. alone: pgbench's p99 latency and TPS (and the goal signal's own
-//     readings beside it, for its noise);
-//  2. free: beside a backfill (a synthetic job that outlasts the window,
-//     upserting into a table of the pgbench database) whose goal signal
-//     is read, and calibrates, but never cuts the rate;
+//  1. alone, before and after the others: pgbench's p99 latency and TPS
+//     (the reference is the mean of the two), and the goal signal's own
+//     readings beside it, for its noise;
+//  2. free: beside a backfill with no throttle (a synthetic job that
+//     outlasts the window, upserting into a table of the pgbench
+//     database, ChunkTarget -chunk-target);
 //  3. goal: beside the same backfill throttled by the recommended
-//     setting, backfillthrottle.LatencyGoal(probe, -rise), no hand-tuning;
+//     setting, backfillthrottle.LatencyGoal(probe, -rise), no hand-tuning,
+//     started early enough that its first calibration is over before the
+//     window (goal90, goal95, goal99: the same with that percentile);
 //  4. probe (on request): a ProbeLatencySignal throttle with High =
 //     pgbench's p99 alone × -high.
 //
-// With -runs N it runs the phases N times and reports, per run, pgbench's
-// p99 alone, free and throttled and the backfill's rows/s throttled over
-// free, against the bars (p99 at most 1.3× alone, at least 25 % of the
-// free rate). It asserts nothing. See README.md here; make bench-probe
-// runs it.
+// Every other run reverses the order of the backfill phases. With -runs N
+// it runs the phases N times and reports, per run, pgbench's p99 alone,
+// free and throttled and the backfill's rows/s throttled over free,
+// against the bars (p99 at most 1.3× alone, at least 25 % of the free
+// rate). It asserts nothing. See README.md here; make bench-probe runs it.
 package main
 
 import (
