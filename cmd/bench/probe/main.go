@@ -164,12 +164,12 @@ type phase struct {
 	// backfill, and while it did not.
 	heldP99, workP99 time.Duration
 	heldTx, workTx   int
-	baseline         time.Duration // the goal signal's calibrated baseline
+	baseline         time.Duration   // the goal signal's calibrated baseline
 	aloneP99s        []time.Duration // the alone phases' p99s, for their mean
 	calEnded         time.Duration   // the goal's first calibration ended this long before the window (negative: after)
 	calHeld          time.Duration   // the goal's calibration holds within the window
-	source           string        // the goal signal's source
-	backfillOK       bool          // the backfill ran through pgbench's window
+	source           string          // the goal signal's source
+	backfillOK       bool            // the backfill ran through pgbench's window
 	err              error
 }
 
