@@ -273,11 +273,14 @@ func run(o options) error {
 				// No throttle: the backfill's unthrottled rate, and what
 				// it costs pgbench, over the same window.
 				p, err = runPhase(ctx, o, db, pgb, conn, work, fmt.Sprint(name, i), query, &backfillthrottle.Throttle{})
-			case "goal", "goal90", "goal95", "goal99":
-				// goal, or a variant with another percentile.
+			case "goal", "goal90", "goal95", "goal99", "goalstmt":
+				// goal, or a variant with another percentile, or reading
+				// pgbench's statements in pg_stat_statements.
 				oo := o
-				if pct, ok := strings.CutPrefix(name, "goal"); ok && pct != "" {
-					oo.goalPct, _ = strconv.ParseFloat(pct, 64)
+				if v, _ := strings.CutPrefix(name, "goal"); v == "stmt" {
+					oo.source = "statements"
+				} else if v != "" {
+					oo.goalPct, _ = strconv.ParseFloat(v, 64)
 				}
 				th, gerr := goalThrottle(oo, query)
 				if gerr != nil {
