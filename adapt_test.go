@@ -628,3 +628,38 @@ func TestAdaptMaxRejectsPerPlanChunk(t *testing.T) {
 	require.NoError(t, db.Get(&status, `SELECT status FROM backfill.chunks WHERE batch_id = $1 AND seq = 3`, batch))
 	require.Equal(t, "failed", status)
 }
+
+// TestAdaptSubchunksPacedByRate: the rows-per-second cap paces the
+// sub-chunks of a plan chunk as it paces chunks: a sub-chunk's rows are
+// charged when it commits, and the next sub-chunk waits until they are
+// paid for, so a plan chunk of 400 rows in sub-chunks of about 100 at 100
+// rows per second waits (throttle periods of signal rows_per_second)
+// before its own end; without the pacing its sub-chunks ran one after
+// another and the only wait came at the next claim.
+func TestAdaptSubchunksPacedByRate(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	rbSetup(t, db)
+	r, err := backfill.New(db, &backfill.Config{Concurrency: 1, ChunkTarget: time.Hour, ChunkMaxRows: 100, RowsPerSecond: 100,
+		ThrottleInterval: 100 * time.Millisecond})
+	require.NoError(t, err)
+	job := backfill.Job{Name: "paced", Chunker: backfill.IntRange(0, 400, 400),
+		Extractor: backfill.ExtractorFunc(func(ctx context.Context, c backfill.Chunk, w backfill.RowWriter) error {
+			for k := c.Lo; k < c.Hi; k++ {
+				if err := w.Write(ctx, k, fmt.Sprintf("k%d", k), k); err != nil {
+					return err
+				}
+			}
+			return nil
+		}),
+		Target: backfill.Target{Table: "items", Key: []string{"id"}, Columns: []string{"id", "name", "qty"}}}
+	rep, err := r.Run(t.Context(), job)
+	require.NoError(t, err)
+	require.Equal(t, int64(400), rep.Counts.Inserted)
+	n := requireTiles(t, db, rep.BatchID, 0, "0", "400", 150)
+	require.GreaterOrEqual(t, n, 3, "400 rows in sub-chunks of at most 150")
+	var waits int
+	require.NoError(t, db.Get(&waits, `SELECT count(*) FROM backfill.throttle_periods p JOIN backfill.chunks c USING (batch_id)
+		WHERE p.batch_id = $1 AND p.signal = 'rows_per_second' AND p.ended_at <= c.finished_at`, rep.BatchID))
+	require.GreaterOrEqual(t, waits, n-2, "every sub-chunk after the first two (the first admitted with nothing reserved, the second within the burst) waited for the cap")
+}

@@ -585,8 +585,11 @@ type Config struct {
 	// ThrottleInterval; the whole cap without
 	// [backfilldriver.ManifestWorkers]). A chunk's rows are charged when it
 	// ends, and the next claim waits until they are paid for (a token
-	// bucket of golang.org/x/time/rate with one second of burst). Zero
-	// means no cap.
+	// bucket of golang.org/x/time/rate with one second of burst); with
+	// ChunkTarget, a sub-chunk's rows are charged when it commits, and
+	// the next sub-chunk of the same chunk waits likewise, its lease held.
+	// An adaptive throttle's cut paces them the same way. Zero means no
+	// cap.
 	RowsPerSecond float64
 	// ChunkTarget is the duration a chunk's transaction aims at: a
 	// chunk of IntRange or of a time chunker (Hours, Days, Months, Every)

@@ -8,9 +8,9 @@ import "time"
 type GoalState struct{ s *goalState }
 
 // NewGoalState is the state of a probe (mean false: the percentile) or
-// of the statements (mean true).
+// of the statements (mean true), for a goal of rise 0.3.
 func NewGoalState(o GoalOptions, mean bool) GoalState {
-	return GoalState{newGoalState(o.withDefaults(), mean)}
+	return GoalState{newGoalState(o.withDefaults(), 0.3, mean)}
 }
 
 // Observe takes probes' latencies.

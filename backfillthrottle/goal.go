@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -93,38 +94,47 @@ type GoalOptions struct {
 	Roles []string
 	// Percentile is the probe's statistic, in (0, 100]: the nearest-rank
 	// percentile of its latencies over Window, compared with the same
-	// percentile measured while the backfill is held. Default 90: at 4
-	// probes every 250 ms a window holds about 80 probes, enough for a
-	// p90 (a p99 of 80 probes is their maximum, which moves with the
-	// probe's own outliers). The statements' statistic is their mean execution time
-	// over Window (pg_stat_statements keeps no percentiles).
+	// percentile over windows of the same length measured while the
+	// backfill is held. Default 95: at 8 probes every 250 ms a window
+	// holds about 160 probes, and their p95 is the 8th slowest, which
+	// rises once a few percent of the application's transactions wait
+	// behind the backfill (a p90 rises only at a tenth of them, when the
+	// application's p99 has long risen), and moves less with the probe's
+	// own outliers than their p99 (the 2nd slowest). The statements'
+	// statistic is their mean execution time over Window
+	// (pg_stat_statements keeps no percentiles).
 	Percentile float64
-	// Window is how long a sample counts. Default 5 s. It must be
-	// several ThrottleIntervals: a reading after none for a Window is
-	// taken for a new call of Run, which calibrates again.
+	// Window is how long a sample counts, and how long each calibration
+	// window lasts. Default 5 s. It must be several ThrottleIntervals: a
+	// reading after none for a Window is taken for a new call of Run,
+	// which calibrates again.
 	Window time.Duration
 	// Samples is how many probes each reading runs, one after another,
 	// each in a transaction of its own (a reading stops early once half
-	// its deadline, one ThrottleInterval, has passed). Default 4: with
-	// a ThrottleInterval of 250 ms, 16 probes a second, 80 in the
+	// its deadline, one ThrottleInterval, has passed). Default 8: with
+	// a ThrottleInterval of 250 ms, 32 probes a second, 160 in the
 	// default Window.
 	Samples int
-	// Calibrate is how long the backfill is held while the baseline is
-	// measured: when the call starts, and at every recalibration. The
-	// baseline takes at least 10 probes, so a calibration lasts longer
-	// when the probes are slow. Default 10 s.
+	// Calibrate is how long the backfill is held when the call starts,
+	// while the baseline is first measured, in windows of Window (Calibrate
+	// over Window of them, at least one; one window of Calibrate when it
+	// is shorter than Window). A window lasts until it has at least 10
+	// probes. Default 15 s: three windows, whose median is the first
+	// baseline.
 	Calibrate time.Duration
 	// Settle is how long a recalibration waits, once the backfill is
 	// held, before it counts the probes (the backfill's chunks in
-	// flight finish, its WAL is flushed). Default 2 s. The calibration
+	// flight finish, its WAL is flushed). Default 1 s. The calibration
 	// when the call starts does not wait.
 	Settle time.Duration
 	// ChunkDuration is what the signal suggests as the longest chunk
 	// transaction ([ChunkAdvisor]). Default 250 ms; negative: none.
 	ChunkDuration time.Duration
-	// Recalibrate is how often the baseline is measured again, from
-	// the end of the previous calibration (the application's own load
-	// changes). Default 5 min; negative: never.
+	// Recalibrate is how often one more calibration window is measured,
+	// the backfill held for Settle and one Window, from the end of the
+	// previous calibration; the baseline is the median of the last 5
+	// windows measured. Default 2 min (5 % of the run held); negative:
+	// only when the call starts, and on drift (see [LatencyGoal]).
 	Recalibrate time.Duration
 }
 
@@ -147,14 +157,28 @@ const GoalSignalName = "latency_goal"
 // installed and readable in the Runner's database.
 //
 // Its signal (name [GoalSignalName], a [Calibrator]) holds the backfill
-// for o.Calibrate when the call starts (and again every o.Recalibrate),
-// measures the statistic over that time (the baseline), then reads the
-// same statistic over the last o.Window, with the backfill, divided by
-// the baseline: 1 is the latency alone. The throttle is [Throttle.Adapt]
-// (AIMD on the rows per second) with High 1 + rise, Low 1 + rise/3 and
-// MinHold o.Window: a window above High halves the rate, once per
-// window; below Low the rate is given back step by step. Its fields may
-// be changed before use (e.g. Critical).
+// for o.Calibrate when the call starts and measures the statistic over
+// windows of o.Window without the backfill; the baseline is the median
+// of the last 5 such windows. Then it reads the same statistic over the
+// last o.Window, with the backfill, divided by the baseline: 1 is the
+// latency alone. Every o.Recalibrate it holds the backfill again for
+// o.Settle and one window, which joins the baseline's median. It also
+// recalibrates early when its readings stay at or above 1 + rise, or at
+// or below 1/(1 + rise), for 3 windows (the latency moved and the rate
+// did not explain it), and a calibration that reads the application
+// alone outside that band around the baseline is measured for one more
+// window and, if that one is outside it too, on the same side, replaces
+// the baseline (the load changed without the backfill). The throttle is [Throttle.Adapt] (AIMD on the
+// rows per second) with High 1 + rise, Low 1 + rise/3 and MinHold
+// o.Window: a window above High halves the rate, once per window; below
+// Low the rate is given back step by step. Its fields may be changed
+// before use (e.g. Critical).
+//
+// A chunk's commit flushes its WAL at once, and every commit of the
+// application meanwhile waits for it: pair the goal with
+// backfill.Config.ChunkTarget (adaptive chunks, e.g. 50 ms) so that each
+// commit is small, and the rate the throttle sets spaces small commits
+// rather than a few large ones.
 //
 // A probe reading runs o.Samples probes one after another, each on a
 // connection of the Runner's pool (the query must not begin or end
@@ -193,31 +217,31 @@ func LatencyGoal(query string, rise float64, o GoalOptions) (Throttle, error) {
 		return bad("query %q begins or ends a transaction: the probe runs it inside one of its own", query)
 	}
 	o = o.withDefaults()
-	s := &goalSignal{query: query, samples: o.Samples, source: o.Source, roles: o.Roles, st: newGoalState(o, false)}
+	s := &goalSignal{query: query, samples: o.Samples, source: o.Source, roles: o.Roles, st: newGoalState(o, rise, false)}
 	return Throttle{Signal: s, High: 1 + rise, Low: 1 + rise/3, MinHold: o.Window, Adapt: true}, nil
 }
 
 func (o GoalOptions) withDefaults() GoalOptions {
 	if o.Percentile == 0 {
-		o.Percentile = 90
+		o.Percentile = 95
 	}
 	if o.Window == 0 {
 		o.Window = 5 * time.Second
 	}
 	if o.Samples == 0 {
-		o.Samples = 4
+		o.Samples = 8
 	}
 	if o.Calibrate == 0 {
-		o.Calibrate = 10 * time.Second
+		o.Calibrate = 15 * time.Second
 	}
 	if o.Settle == 0 {
-		o.Settle = 2 * time.Second
+		o.Settle = time.Second
 	}
 	if o.ChunkDuration == 0 {
 		o.ChunkDuration = 250 * time.Millisecond
 	}
 	if o.Recalibrate == 0 {
-		o.Recalibrate = 5 * time.Minute
+		o.Recalibrate = 2 * time.Minute
 	}
 	return o
 }
@@ -487,29 +511,70 @@ type sample struct {
 
 // goalState is the pure part of [LatencyGoal]'s signal: the calibration
 // schedule, the baseline and the window. The caller gives the time.
+//
+// The baseline is the median of the statistics of the last
+// baselineHistory calibration windows, each as long as the window the
+// backfill is then compared over (o.Window, or o.Calibrate when that is
+// shorter) and of the same statistic: one calibration window read in a
+// quiet or a busy moment of a loaded server moves the median less than
+// it moved a single baseline. A call's first calibration holds the
+// backfill for o.Calibrate, several windows; each recalibration (every
+// o.Recalibrate, or early on drift, below) holds it for o.Settle and one
+// window, whose statistic joins the history.
+//
+// Drift. A calibration whose median is outside the goal's band around
+// the baseline ([baseline/band, baseline×band], band 1 + rise) measured
+// the application alone at a latency the goal would call a change: the
+// load changed without the backfill. It is measured again for one more
+// window (the hold goes on); if the median of its windows is still
+// outside the band on the same side, the history is replaced by its
+// windows (the new load), else they join it. Readings (with the backfill) that stay at or
+// above band, or at or below 1/band, for driftAfter windows start a
+// recalibration early: above, the rate has been halved that many times
+// already and the latency did not come down, so the backfill is not what
+// raised it; below, the baseline was read in a busy moment.
 type goalState struct {
 	o           GoalOptions
-	mean        bool // the statistic: total time over count (statements), else the percentile
+	band        float64 // 1 + rise
+	mean        bool    // the statistic: total time over count (statements), else the percentile
 	calibrating bool
 	started     bool
 	last        time.Time // the latest reading
-	calFrom     time.Time // when the current calibration's samples count
-	calUntil    time.Time // its earliest end
-	calSamples  []sample
-	calibrated  time.Time // when the last calibration ended
-	baseline    time.Duration
-	win         []sample // oldest first
+	// The calibration in progress: the current window's samples count
+	// from calFrom; calWindows windows are wanted (one more when drift is
+	// suspected: extended), calStats are those measured so far.
+	calFrom    time.Time
+	calWindows int
+	calSamples []sample
+	calStats   []time.Duration
+	extended   bool
+	calibrated time.Time       // when the last calibration ended
+	history    []time.Duration // the last calibration windows' statistics, oldest first
+	baseline   time.Duration
+	win        []sample // oldest first
+	// The readings' side of the band (+1 at or above band, -1 at or
+	// below 1/band, 0 within) and since when they are on it.
+	drift      int
+	driftSince time.Time
 }
 
-// minCalibration is the least count (probes or statements) a baseline is
-// computed from: a calibration lasts until it has them.
+// minCalibration is the least count (probes or statements) a calibration
+// window's statistic is computed from: a window lasts until it has them.
 const minCalibration = 10
+
+// baselineHistory is how many calibration windows the baseline is the
+// median of.
+const baselineHistory = 5
+
+// driftAfter is how many windows of readings outside the band start a
+// recalibration early.
+const driftAfter = 3
 
 // baselineFloor keeps the ratio finite for a probe that takes no time.
 const baselineFloor = time.Microsecond
 
-func newGoalState(o GoalOptions, mean bool) *goalState {
-	return &goalState{o: o, mean: mean}
+func newGoalState(o GoalOptions, rise float64, mean bool) *goalState {
+	return &goalState{o: o, band: 1 + rise, mean: mean}
 }
 
 // stat is the statistic of samples: the mean of the statements' time,
@@ -541,37 +606,49 @@ func count(ss []sample) float64 {
 	return n
 }
 
+// median is the median of ds (the mean of the middle two for an even
+// count); 0 for none.
+func median(ds []time.Duration) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	if n := len(s); n%2 == 0 {
+		return (s[n/2-1] + s[n/2]) / 2
+	}
+	return s[len(s)/2]
+}
+
+// calWindow is the length of a calibration window: the comparison's
+// window, or the whole calibration when that is shorter.
+func (s *goalState) calWindow() time.Duration { return min(s.o.Window, s.o.Calibrate) }
+
 // observe records the samples of a reading taken at now and returns the
 // signal's value: 0 while calibrating (then calibrating is true), else
 // the window's statistic over the baseline (1 while the window is
-// empty).
+// empty, and for half a window after a calibration).
 func (s *goalState) observe(now time.Time, took []sample) float64 {
-	if !s.started || now.Sub(s.last) > s.o.Window {
+	switch {
+	case !s.started || now.Sub(s.last) > s.o.Window:
 		// The first reading, before the call claims anything, or the
 		// first of a later call of Run (no reading for a window): the
-		// backfill is not running, nothing to settle.
+		// backfill is not running, nothing to settle. A new call
+		// measures its own baseline.
 		s.started = true
-		s.begin(now, 0)
-	} else if !s.calibrating && s.o.Recalibrate > 0 && now.Sub(s.calibrated) >= s.o.Recalibrate {
-		s.begin(now, s.o.Settle)
+		s.history = s.history[:0]
+		s.begin(now, 0, max(int(math.Round(float64(s.o.Calibrate)/float64(s.calWindow()))), 1))
+	case s.calibrating:
+	case s.o.Recalibrate > 0 && now.Sub(s.calibrated) >= s.o.Recalibrate,
+		s.drift != 0 && now.Sub(s.driftSince) >= driftAfter*s.o.Window:
+		s.begin(now, s.o.Settle, 1)
 	}
 	s.last = now
 	for i := range took {
 		took[i].at = now
 	}
 	if s.calibrating {
-		if !now.Before(s.calFrom) {
-			s.calSamples = append(s.calSamples, took...)
-		}
-		if now.Before(s.calUntil) || count(s.calSamples) < minCalibration {
-			return 0
-		}
-		s.baseline = max(s.stat(s.calSamples), baselineFloor)
-		s.calibrating, s.calibrated = false, now
-		// The window compares like with like: only samples taken
-		// with the backfill allowed count from here on.
-		s.win = s.win[:0]
-		return 1
+		return s.calibrate(now, took)
 	}
 	s.win = append(s.win, took...)
 	i := 0
@@ -587,15 +664,92 @@ func (s *goalState) observe(now time.Time, took []sample) float64 {
 		// the rate read before it as the ceiling).
 		return 1
 	}
-	return float64(v) / float64(s.baseline)
+	r := float64(v) / float64(s.baseline)
+	side := 0
+	switch {
+	case r >= s.band:
+		side = 1
+	case r <= 1/s.band:
+		side = -1
+	}
+	if side != s.drift {
+		s.drift, s.driftSince = side, now
+	}
+	return r
 }
 
-// begin starts a calibration at now whose samples count after settle.
-func (s *goalState) begin(now time.Time, settle time.Duration) {
+// calibrate takes a reading's samples while calibrating and returns 0,
+// or 1 when the calibration ends with it. A calibration window is
+// [calFrom, calFrom + calWindow), extended until it holds minCalibration
+// samples; the reading that closes it starts the next one (its samples
+// are dropped when it ends the calibration: the backfill is released).
+func (s *goalState) calibrate(now time.Time, took []sample) float64 {
+	if now.Before(s.calFrom) {
+		return 0 // settling
+	}
+	if now.Sub(s.calFrom) < s.calWindow() || count(s.calSamples) < minCalibration {
+		s.calSamples = append(s.calSamples, took...)
+		return 0
+	}
+	s.calStats = append(s.calStats, max(s.stat(s.calSamples), baselineFloor))
+	s.calSamples, s.calFrom = append(s.calSamples[:0], took...), now
+	if len(s.calStats) < s.calWindows {
+		return 0
+	}
+	last := s.calStats[len(s.calStats)-1]
+	switch {
+	case len(s.history) == 0:
+		s.history = append(s.history, s.calStats...)
+	case !s.extended && !s.inBand(median(s.calStats)):
+		// The application alone, outside the band: measure one more
+		// window before calling it a change of load.
+		s.extended = true
+		s.calWindows++
+		return 0
+	case s.extended && s.side(last) != 0 && s.side(last) == s.side(s.calStats[0]):
+		// Confirmed by a second window on the same side: the load
+		// changed without the backfill; the old windows are no longer
+		// the application alone.
+		s.history = append(s.history[:0], s.calStats...)
+	default:
+		// Within the band, or one odd window: the median of the
+		// history absorbs it.
+		s.history = append(s.history, s.calStats...)
+	}
+	if n := len(s.history); n > baselineHistory {
+		s.history = append(s.history[:0], s.history[n-baselineHistory:]...)
+	}
+	s.baseline = median(s.history)
+	s.calibrating, s.calibrated = false, now
+	s.drift = 0
+	// The window compares like with like: only samples taken with the
+	// backfill allowed count from here on.
+	s.win = s.win[:0]
+	return 1
+}
+
+// inBand reports whether d is within the goal's band around the baseline.
+func (s *goalState) inBand(d time.Duration) bool { return s.side(d) == 0 }
+
+// side is +1 when d is above the goal's band around the baseline, -1
+// below it, 0 within it.
+func (s *goalState) side(d time.Duration) int {
+	switch {
+	case float64(d) > float64(s.baseline)*s.band:
+		return 1
+	case float64(d)*s.band < float64(s.baseline):
+		return -1
+	}
+	return 0
+}
+
+// begin starts a calibration at now of windows windows, whose samples
+// count after settle.
+func (s *goalState) begin(now time.Time, settle time.Duration, windows int) {
 	s.calibrating = true
 	s.calFrom = now.Add(settle)
-	s.calUntil = s.calFrom.Add(s.o.Calibrate)
-	s.calSamples = s.calSamples[:0]
+	s.calWindows, s.extended = windows, false
+	s.calSamples, s.calStats = s.calSamples[:0], s.calStats[:0]
 }
 
 // controlsTransaction reports whether one of query's statements (split at

@@ -78,7 +78,10 @@ func TestGoalCalibratesThenCompares(t *testing.T) {
 	require.Zero(t, g.Observe(now, ms(2)))
 	require.True(t, g.Calibrating(), "9 probes: not yet a baseline")
 	now = now.Add(250 * time.Millisecond)
-	require.Equal(t, 1.0, g.Observe(now, ms(2)))
+	require.Zero(t, g.Observe(now, ms(2)))
+	require.True(t, g.Calibrating(), "10 probes: the reading after them closes the window")
+	now = now.Add(250 * time.Millisecond)
+	require.Equal(t, 1.0, g.Observe(now, ms(9)), "the probe of the reading that ends the calibration is not counted")
 	require.False(t, g.Calibrating())
 	require.Equal(t, ms(2), g.Baseline(), "the median of 1,2,3,1,2,3,1,2,2,2 ms")
 
@@ -102,44 +105,174 @@ func TestGoalCalibratesThenCompares(t *testing.T) {
 	require.True(t, g.Calibrating(), "a new call calibrates again")
 }
 
-// TestGoalRecalibrates: after Recalibrate the signal calibrates again;
-// the probes of its first Settle (chunks in flight finishing) do not
-// count, and the new baseline replaces the old one.
+// goalClock feeds a goal state one reading of one probe every step.
+type goalClock struct {
+	g    backfillthrottle.GoalState
+	now  time.Time
+	step time.Duration
+}
+
+func (c *goalClock) read(d time.Duration) float64 {
+	v := c.g.Observe(c.now, d)
+	c.now = c.now.Add(c.step)
+	return v
+}
+
+// calibrateWindows runs a calibration to its end, one window of 10
+// probes (1 s) of each latency in ds after another, and returns the value
+// of the reading that ends it (a probe of the last latency, not
+// counted).
+func (c *goalClock) calibrateWindows(t *testing.T, ds ...time.Duration) float64 {
+	t.Helper()
+	for i, d := range ds {
+		for range 10 {
+			require.Zero(t, c.read(d), "window %d", i)
+			require.True(t, c.g.Calibrating(), "window %d of %d", i, len(ds))
+		}
+	}
+	v := c.read(ds[len(ds)-1])
+	require.False(t, c.g.Calibrating(), "the calibration ends after %d windows", len(ds))
+	return v
+}
+
+// TestGoalBaselineIsMedianOfWindows: the first calibration is
+// Calibrate/Window windows, each of the same length as the window the
+// backfill is then compared over, and the baseline is the median of
+// their statistics: a burst in one window (20 ms) does not make it the
+// baseline, where the percentile of all the calibration's probes pooled
+// would be the burst.
+func TestGoalBaselineIsMedianOfWindows(t *testing.T) {
+	t.Parallel()
+	c := &goalClock{g: backfillthrottle.NewGoalState(backfillthrottle.GoalOptions{Percentile: 90, Window: time.Second,
+		Calibrate: 3 * time.Second, Recalibrate: -1}, false), now: t0, step: 100 * time.Millisecond}
+	require.Equal(t, 1.0, c.calibrateWindows(t, ms(4), ms(20), ms(5)))
+	require.Equal(t, ms(5), c.g.Baseline(), "the median of 4, 20 and 5 ms")
+	for range 4 {
+		require.Equal(t, 1.0, c.read(ms(6)), "half a window after the calibration: 1")
+	}
+	require.InDelta(t, 1.2, c.read(ms(6)), 1e-9, "the p90 of the window over the baseline")
+}
+
+// TestGoalRecalibrates: every Recalibrate the signal holds the backfill
+// for Settle and one window (the Settle's probes do not count), and the
+// window's statistic joins the history the baseline is the median of.
 func TestGoalRecalibrates(t *testing.T) {
 	t.Parallel()
-	g := backfillthrottle.NewGoalState(backfillthrottle.GoalOptions{Percentile: 90, Window: time.Second, Samples: 1,
-		Calibrate: 3 * time.Second, Settle: 2 * time.Second, Recalibrate: time.Minute}, false)
-	now := t0
-	step := func(d time.Duration) float64 {
-		v := g.Observe(now, d)
-		now = now.Add(250 * time.Millisecond)
-		return v
+	c := &goalClock{g: backfillthrottle.NewGoalState(backfillthrottle.GoalOptions{Percentile: 90, Window: time.Second,
+		Calibrate: 3 * time.Second, Settle: 2 * time.Second, Recalibrate: time.Minute}, false), now: t0, step: 100 * time.Millisecond}
+	c.calibrateWindows(t, ms(4), ms(20), ms(5))
+	end := c.now
+	for c.now.Sub(end) < time.Minute-c.step {
+		v := c.read(ms(6))
+		require.False(t, c.g.Calibrating())
+		require.True(t, v == 1 || math.Abs(v-1.2) < 1e-9, "%v", v)
 	}
-	for g.Calibrating() || now.Equal(t0) {
-		step(ms(5))
-	}
-	require.Equal(t, ms(5), g.Baseline())
-	end := now
-	require.Equal(t, 1.0, step(ms(10)), "half a window after the calibration: 1")
-	for now.Sub(end) < time.Minute-250*time.Millisecond {
-		require.InDelta(t, 2.0, step(ms(10)), 1e-9)
-	}
-	require.Zero(t, step(ms(50)), "a minute after the last calibration, the next one starts")
-	require.True(t, g.Calibrating())
+	require.Zero(t, c.read(ms(50)), "a minute after the last calibration, the next one starts")
+	require.True(t, c.g.Calibrating())
 	// The settle: slow probes (the backfill's last chunk committing).
-	for range 7 {
-		require.Zero(t, step(ms(50)))
+	for range 19 {
+		require.Zero(t, c.read(ms(50)))
 	}
-	// The application got slower on its own meanwhile: 8 ms alone.
+	// One window of the application alone, 6 ms: within the band, it
+	// joins 4, 20 and 5 ms.
+	c.calibrateWindows(t, ms(6))
+	require.Equal(t, ms(5.5), c.g.Baseline(), "the median of 4, 20, 5 and 6 ms; not the settle's 50 ms")
+}
+
+// TestGoalDriftRebaselines: readings at or above 1 + rise for 3 windows
+// while the backfill runs (its rate has been halved three times and the
+// latency has not come down) start a recalibration early; its window
+// reads the application alone outside the band around the baseline, so
+// one more window is measured, and when that one is outside it too the
+// baseline is the new windows' alone: the load changed without the
+// backfill.
+func TestGoalDriftRebaselines(t *testing.T) {
+	t.Parallel()
+	c := &goalClock{g: backfillthrottle.NewGoalState(backfillthrottle.GoalOptions{Percentile: 90, Window: time.Second,
+		Calibrate: 3 * time.Second, Settle: time.Second, Recalibrate: -1}, false), now: t0, step: 100 * time.Millisecond}
+	c.calibrateWindows(t, ms(5), ms(5), ms(5))
+	for range 5 {
+		c.read(ms(10))
+	}
+	// 2x the baseline from here on (the first such reading was the
+	// last one above): 3 windows of it, then a calibration.
 	n := 0
-	for g.Calibrating() {
-		step(ms(8))
+	for v := c.read(ms(10)); v != 0; v = c.read(ms(10)) {
+		require.Less(t, n, 40, "no recalibration after 4 s of readings at 2x")
+		require.InDelta(t, 2.0, v, 1e-9)
 		n++
 	}
-	require.Equal(t, ms(8), g.Baseline(), "the settle's 50 ms probes are not in the baseline")
-	require.Equal(t, 13, n, "3 s of probes after a 2 s settle (one reading of the settle counted above)")
-	require.Equal(t, 1.0, step(ms(10)))
-	require.InDelta(t, 1.25, step(ms(10)), 1e-9)
+	require.True(t, c.g.Calibrating())
+	require.Equal(t, 29, n, "3 s (3 windows) of readings at 2x, then the next reading calibrates")
+	for range 9 {
+		require.Zero(t, c.read(ms(10)), "the settle")
+	}
+	// The application alone at 10 ms: out of the band (5 ms × 1.3), one
+	// more window; it is still out, on the same side.
+	c.calibrateWindows(t, ms(10), ms(11))
+	require.Equal(t, ms(10.5), c.g.Baseline(), "the two new windows, not the old 5 ms")
+	for range 5 {
+		c.read(ms(10))
+	}
+	require.InDelta(t, 10.0/10.5, c.read(ms(10)), 1e-9)
+}
+
+// TestGoalDriftOddWindow: a recalibration whose first window is out of
+// the band but whose second is within it was one odd window: both join
+// the history and its median absorbs the odd one.
+func TestGoalDriftOddWindow(t *testing.T) {
+	t.Parallel()
+	c := &goalClock{g: backfillthrottle.NewGoalState(backfillthrottle.GoalOptions{Percentile: 90, Window: time.Second,
+		Calibrate: 3 * time.Second, Settle: time.Second, Recalibrate: 10 * time.Second}, false), now: t0, step: 100 * time.Millisecond}
+	c.calibrateWindows(t, ms(5), ms(6), ms(5))
+	for !c.g.Calibrating() {
+		c.read(ms(6))
+	}
+	for range 9 {
+		require.Zero(t, c.read(ms(6)), "the settle")
+	}
+	c.calibrateWindows(t, ms(30), ms(5))
+	require.Equal(t, ms(5), c.g.Baseline(), "the median of 5, 6, 5, 30 and 5 ms")
+}
+
+// TestGoalDriftBelow: readings at or below 1/(1 + rise) for 3 windows
+// (the baseline was read in a busy moment: the backfill at full rate
+// reads below it) start a recalibration early too, and a calibration
+// that confirms the lower latency replaces the baseline.
+func TestGoalDriftBelow(t *testing.T) {
+	t.Parallel()
+	c := &goalClock{g: backfillthrottle.NewGoalState(backfillthrottle.GoalOptions{Percentile: 90, Window: time.Second,
+		Calibrate: 3 * time.Second, Settle: time.Second, Recalibrate: -1}, false), now: t0, step: 100 * time.Millisecond}
+	c.calibrateWindows(t, ms(10), ms(10), ms(10))
+	n := 0
+	for !c.g.Calibrating() {
+		require.Less(t, n, 45, "no recalibration after readings at 0.5x")
+		c.read(ms(5))
+		n++
+	}
+	for range 9 {
+		require.Zero(t, c.read(ms(5)), "the settle")
+	}
+	c.calibrateWindows(t, ms(4), ms(4))
+	require.Equal(t, ms(4), c.g.Baseline())
+}
+
+// TestGoalWithinBandNoDrift: readings within the band (below 1 + rise,
+// above 1/(1 + rise)) never start a recalibration, and neither do
+// readings that leave the band for less than 3 windows at a time.
+func TestGoalWithinBandNoDrift(t *testing.T) {
+	t.Parallel()
+	c := &goalClock{g: backfillthrottle.NewGoalState(backfillthrottle.GoalOptions{Percentile: 90, Window: time.Second,
+		Calibrate: time.Second, Recalibrate: -1}, false), now: t0, step: 100 * time.Millisecond}
+	c.calibrateWindows(t, ms(10))
+	for i := range 2000 {
+		d := ms(12)
+		if i/15%2 == 1 {
+			d = ms(20) // 1.5 s out of the band (2.5 s of readings out of it, with the window), then back in it
+		}
+		c.read(d)
+		require.False(t, c.g.Calibrating(), "reading %d", i)
+	}
 }
 
 // TestGoalStatementsMean: with the statements source the statistic is
@@ -153,7 +286,9 @@ func TestGoalStatementsMean(t *testing.T) {
 	now = now.Add(500 * time.Millisecond)
 	require.Zero(t, g.ObserveStatements(now, ms(2), 4)) // 0.5 ms each
 	now = now.Add(500 * time.Millisecond)
-	require.Equal(t, 1.0, g.ObserveStatements(now, ms(6), 4)) // 1.5 ms each
+	require.Zero(t, g.ObserveStatements(now, ms(6), 4)) // 1.5 ms each; 12 statements
+	now = now.Add(500 * time.Millisecond)
+	require.Equal(t, 1.0, g.ObserveStatements(now, ms(100), 4), "the reading that ends the calibration: not counted")
 	require.Equal(t, ms(1.5), g.Baseline(), "18 ms over 12 statements")
 	now = now.Add(500 * time.Millisecond)
 	require.InDelta(t, 2.0, g.ObserveStatements(now, ms(30), 10), 1e-9)
@@ -168,10 +303,11 @@ func TestGoalStatementsMean(t *testing.T) {
 // what Run applies) with a fake clock, for 10 minutes of readings every
 // 250 ms. While the backfill works at a share rate of its free rate, the
 // application slows down: a probe waits for a chunk's commit (+12 ms)
-// with a probability proportional to rate (the p90 of the probes jumps
-// once that exceeds 10 %), or the statements' mean time grows in
-// proportion to rate (free: 1.8x). The goal throttle (rise 0.3) must
-// calibrate while the backfill is held, at the start only, then keep
+// with a probability proportional to rate (the p95 of the probes, the
+// default statistic, jumps once that exceeds 5 %), or the statements'
+// mean time grows in proportion to rate (free: 1.8x). The goal throttle
+// (rise 0.3) must calibrate while the backfill is held, at the start
+// only (the readings never drift: the backfill explains them), then keep
 // the statistic near 1.3x of alone in the steady state (the last 8
 // minutes) while the backfill keeps at least 60 % of the highest rate
 // that meets the goal (0.25 and 0.375 of the free rate).
@@ -187,11 +323,11 @@ func TestGoalControlLoop(t *testing.T) {
 		best    float64 // the highest rate within the goal
 		perfect time.Duration
 	}{
-		{name: "probe", best: 0.25, perfect: ms(3.8), read: func(rng *rand.Rand, rate float64) ([]time.Duration, float64) {
+		{name: "probe", best: 0.25, perfect: ms(3.9), read: func(rng *rand.Rand, rate float64) ([]time.Duration, float64) {
 			var took []time.Duration
-			for range 4 {
+			for range 8 {
 				d := ms(2 + 2*rng.Float64())
-				if rng.Float64() < 0.4*rate {
+				if rng.Float64() < 0.2*rate {
 					d += ms(12)
 				}
 				took = append(took, d)

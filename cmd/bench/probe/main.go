@@ -3,24 +3,26 @@
 // without a throttle, and what the throttle costs the backfill's rate. On
 // a server with production durability (fsync, full_page_writes and
 // synchronous_commit on) it runs the same pgbench (TPC-B-like,
-// per-transaction logs) in phases, each pgbench -lead ahead of the
-// backfill:
+// per-transaction logs) in phases, measured over the same window of each:
 //
-//  1. alone: pgbench's p99 latency and TPS (and the goal signal's own
-//     readings beside it, for its noise);
-//  2. free: beside a backfill (a synthetic job that outlasts the window,
-//     upserting into a table of the pgbench database) whose goal signal
-//     is read, and calibrates, but never cuts the rate;
+//  1. alone, before and after the others: pgbench's p99 latency and TPS
+//     (the reference is the mean of the two), and the goal signal's own
+//     readings beside it, for its noise;
+//  2. free: beside a backfill with no throttle (a synthetic job that
+//     outlasts the window, upserting into a table of the pgbench
+//     database, ChunkTarget -chunk-target);
 //  3. goal: beside the same backfill throttled by the recommended
-//     setting, backfillthrottle.LatencyGoal(probe, -rise), no hand-tuning;
+//     setting, backfillthrottle.LatencyGoal(probe, -rise), no hand-tuning,
+//     started early enough that its first calibration is over before the
+//     window (goal90, goal95, goal99: the same with that percentile);
 //  4. probe (on request): a ProbeLatencySignal throttle with High =
 //     pgbench's p99 alone × -high.
 //
-// With -runs N it runs the phases N times and reports, per run, pgbench's
-// p99 alone, free and throttled and the backfill's rows/s throttled over
-// free, against the bars (p99 at most 1.3× alone, at least 25 % of the
-// free rate). It asserts nothing. See README.md here; make bench-probe
-// runs it.
+// Every other run reverses the order of the backfill phases. With -runs N
+// it runs the phases N times and reports, per run, pgbench's p99 alone,
+// free and throttled and the backfill's rows/s throttled over free,
+// against the bars (p99 at most 1.3× alone, at least 25 % of the free
+// rate). It asserts nothing. See README.md here; make bench-probe runs it.
 package main
 
 import (
@@ -78,6 +80,11 @@ type options struct {
 	goalPct float64
 	samples int
 	source  string
+	// calStart is how long after pgbench the goal phase's backfill
+	// starts (its first calibration runs then, before the window).
+	calStart    time.Duration
+	chunkTarget time.Duration
+	alternate   bool
 }
 
 // probes are the -probe presets; anything else is taken as the query.
@@ -123,14 +130,17 @@ func main() {
 	flag.Float64Var(&o.low, "low", 1.1, "Low = pgbench's p99 alone × this")
 	flag.DurationVar(&o.minHold, "min-hold", 3*time.Second, "Throttle.MinHold")
 	flag.BoolVar(&o.adapt, "adapt", true, "Throttle.Adapt: steer the rows per second (AIMD) instead of holding")
-	flag.StringVar(&o.phases, "phases", "alone,free,goal", "the phases to run, in order (alone is needed for the others' High and ratios)")
+	flag.StringVar(&o.phases, "phases", "alone,free,goal,alone", "the phases to run, in order (alone is needed for the others' High and ratios; with several, the reference is their mean p99)")
+	flag.BoolVar(&o.alternate, "alternate", true, "swap the free and goal phases in every other run (neither is always the later one)")
 	flag.BoolVar(&o.verbose, "v", false, "the backfill's throttle log (holds and releases) on stderr")
 	flag.IntVar(&o.runs, "runs", 1, "how many times to run the phases (each run from its own alone phase)")
-	flag.DurationVar(&o.lead, "lead", 12*time.Second, "how long pgbench runs before the backfill starts (the goal throttle calibrates then)")
+	flag.DurationVar(&o.lead, "lead", 20*time.Second, "how long pgbench runs before the backfill starts (the goal throttle calibrates then)")
 	flag.Float64Var(&o.rise, "rise", 0.3, "the goal phase: LatencyGoal's rise (0.3: pgbench's latency may rise 30%)")
 	flag.Float64Var(&o.goalPct, "goal-pct", 0, "the goal phase: GoalOptions.Percentile (0: its default)")
 	flag.IntVar(&o.samples, "samples", 0, "the goal phase: GoalOptions.Samples (0: its default)")
 	flag.StringVar(&o.source, "source", "auto", "the goal phase: GoalOptions.Source (auto, statements, probe)")
+	flag.DurationVar(&o.calStart, "cal-start", 2*time.Second, "the goal phase: how long after pgbench its backfill starts (and calibrates, before the window)")
+	flag.DurationVar(&o.chunkTarget, "chunk-target", 50*time.Millisecond, "Config.ChunkTarget of the backfill phases (adaptive chunks; 0: whole chunks)")
 	flag.Parse()
 	if err := run(o); err != nil {
 		fmt.Fprintln(os.Stderr, "benchprobe:", err)
@@ -154,9 +164,12 @@ type phase struct {
 	// backfill, and while it did not.
 	heldP99, workP99 time.Duration
 	heldTx, workTx   int
-	baseline         time.Duration // the goal signal's calibrated baseline
-	source           string        // the goal signal's source
-	backfillOK       bool          // the backfill ran through pgbench's window
+	baseline         time.Duration   // the goal signal's calibrated baseline
+	aloneP99s        []time.Duration // the alone phases' p99s, for their mean
+	calEnded         time.Duration   // the goal's first calibration ended this long before the window (negative: after)
+	calHeld          time.Duration   // the goal's calibration holds within the window
+	source           string          // the goal signal's source
+	backfillOK       bool            // the backfill ran through pgbench's window
 	err              error
 }
 
@@ -229,25 +242,47 @@ func run(o options) error {
 	var sums []summary
 	for run := 1; run <= o.runs; run++ {
 		var alone *phase
+		var alones []phase
 		var results []phase
-		for i, name := range strings.Split(o.phases, ",") {
+		names := strings.Split(o.phases, ",")
+		if o.alternate && run%2 == 0 {
+			// Every other run reverses the order of the backfill phases
+			// (free, goal, its variants), the alone phases staying in
+			// place: the load drifts, and no phase should always be
+			// measured later than another.
+			var idx []int
+			for i, n := range names {
+				if n != "alone" {
+					idx = append(idx, i)
+				}
+			}
+			for i, j := 0, len(idx)-1; i < j; i, j = i+1, j-1 {
+				names[idx[i]], names[idx[j]] = names[idx[j]], names[idx[i]]
+			}
+		}
+		for i, name := range names {
 			var p phase
 			switch name {
 			case "alone":
 				p, err = runPhase(ctx, o, db, pgb, conn, work, name, query, nil)
-				alone = &p
-			case "free":
-				// The goal signal is read (the same load, and the same
-				// calibration hold at the start, as in the goal phase)
-				// but never cuts the rate.
-				th, gerr := goalThrottle(o, query)
-				if gerr != nil {
-					return gerr
+				if alone == nil {
+					alone = &p
 				}
-				th.High, th.Low = math.MaxFloat64, math.MaxFloat64
-				p, err = runPhase(ctx, o, db, pgb, conn, work, fmt.Sprint(name, i), query, &th)
-			case "goal":
-				th, gerr := goalThrottle(o, query)
+				alones = append(alones, p)
+			case "free":
+				// No throttle: the backfill's unthrottled rate, and what
+				// it costs pgbench, over the same window.
+				p, err = runPhase(ctx, o, db, pgb, conn, work, fmt.Sprint(name, i), query, &backfillthrottle.Throttle{})
+			case "goal", "goal90", "goal95", "goal99", "goalstmt":
+				// goal, or a variant with another percentile, or reading
+				// pgbench's statements in pg_stat_statements.
+				oo := o
+				if v, _ := strings.CutPrefix(name, "goal"); v == "stmt" {
+					oo.source = "statements"
+				} else if v != "" {
+					oo.goalPct, _ = strconv.ParseFloat(v, 64)
+				}
+				th, gerr := goalThrottle(oo, query)
 				if gerr != nil {
 					return gerr
 				}
@@ -269,12 +304,29 @@ func run(o options) error {
 			p.name = name
 			results = append(results, p)
 		}
+		if len(alones) > 1 {
+			// pgbench alone before and after the backfill phases: the
+			// reference is their mean p99 (the machine's load moves
+			// between phases; one side alone would favour or
+			// penalise the phase next to it).
+			ref := phase{name: "alone (mean)"}
+			for _, a := range alones {
+				ref.p99 += a.p99 / time.Duration(len(alones))
+				ref.p50 += a.p50 / time.Duration(len(alones))
+				ref.tx += a.tx
+				ref.secs += a.secs
+				ref.probeLat = append(ref.probeLat, a.probeLat...)
+				ref.baseline = a.baseline
+				ref.aloneP99s = append(ref.aloneP99s, a.p99)
+			}
+			alone = &ref
+		}
 		if o.runs > 1 {
 			fmt.Printf("## run %d of %d (load average %s)\n\n", run, o.runs, loadAvg())
 		}
 		report(o, settings, query, alone, results)
 		fmt.Println()
-		sums = append(sums, summarize(run, alone, results))
+		sums = append(sums, summarize(run, alone, results)...)
 	}
 	if o.runs > 1 {
 		reportRuns(o, sums)
@@ -302,45 +354,73 @@ type summary struct {
 	rowsRatio              float64
 	baseline               time.Duration
 	name                   string // the throttled phase
+	aloneP99s              []time.Duration
+	calEnded, calHeld      time.Duration
+	freeRPS, goalRPS       float64
 }
 
-// summarize takes the last throttled phase (goal or probe) of a run.
-func summarize(run int, alone *phase, ps []phase) summary {
-	s := summary{run: run, load: loadAvg(), rowsRatio: math.NaN()}
-	if alone != nil {
-		s.alone = alone.p99
-	}
+// summarize takes each throttled phase (goal, its variants, probe) of a
+// run.
+func summarize(run int, alone *phase, ps []phase) []summary {
 	var free *phase
 	for i := range ps {
-		switch p := &ps[i]; p.name {
-		case "free":
-			free = p
-			s.free = p.p99
-		case "goal", "probe":
-			s.name, s.throttled, s.baseline = p.name, p.p99, p.baseline
-			if free != nil && free.rows > 0 {
+		if ps[i].name == "free" {
+			free = &ps[i]
+		}
+	}
+	var out []summary
+	for i := range ps {
+		p := &ps[i]
+		if !throttled(p.name) {
+			continue
+		}
+		s := summary{run: run, load: loadAvg(), rowsRatio: math.NaN()}
+		if alone != nil {
+			s.alone = alone.p99
+			s.aloneP99s = alone.aloneP99s
+		}
+		if free != nil {
+			s.free, s.freeRPS = free.p99, free.rps()
+			if free.rows > 0 {
 				s.rowsRatio = p.rps() / free.rps()
 			}
 		}
+		s.name, s.throttled, s.baseline = p.name, p.p99, p.baseline
+		s.calEnded, s.calHeld, s.goalRPS = p.calEnded, p.calHeld, p.rps()
+		out = append(out, s)
 	}
-	return s
+	return out
 }
+
+// throttled reports whether phase name runs a throttled backfill.
+func throttled(name string) bool { return name == "probe" || strings.HasPrefix(name, "goal") }
 
 func reportRuns(o options, sums []summary) {
 	fmt.Printf("## %d runs: pgbench's p99 alone, beside the free backfill and beside the throttled one; the backfill's rows/s throttled / free\n\n", len(sums))
-	fmt.Println("| run | load avg (1/5/15 min) | p99 alone | p99 free (ratio) | throttled phase | baseline | p99 throttled | p99 ratio | rows/s ratio | both bars |")
-	fmt.Println("|---|---|---|---|---|---|---|---|---|---|")
-	met := 0
+	fmt.Println("| run | load avg (1/5/15 min) | p99 alone (each) | p99 free (ratio) | throttled phase | baseline | first calibration ended before the window | calibrating in the window | p99 throttled | p99 ratio | rows/s free, throttled | rows/s ratio | both bars |")
+	fmt.Println("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+	met, of := map[string]int{}, map[string]int{}
+	var names []string
 	for _, s := range sums {
 		r := float64(s.throttled) / math.Max(float64(s.alone), 1)
 		ok := r <= 1.3 && s.rowsRatio >= 0.25
-		if ok {
-			met++
+		if of[s.name] == 0 {
+			names = append(names, s.name)
 		}
-		fmt.Printf("| %d | %s | %s | %s (%.2f) | %s | %s | %s | **%.2f** | **%.2f** | %v |\n", s.run, s.load, ms(s.alone), ms(s.free),
-			float64(s.free)/math.Max(float64(s.alone), 1), s.name, ms(s.baseline), ms(s.throttled), r, s.rowsRatio, ok)
+		of[s.name]++
+		if ok {
+			met[s.name]++
+		}
+		each := make([]string, len(s.aloneP99s))
+		for i, d := range s.aloneP99s {
+			each[i] = fmt.Sprintf("%.1f", float64(d)/float64(time.Millisecond))
+		}
+		fmt.Printf("| %d | %s | %s (%s) | %s (%.2f) | %s | %s | %.1f s | %.1f s | %s | **%.2f** | %.0f, %.0f | **%.2f** | %v |\n", s.run, s.load, ms(s.alone), strings.Join(each, ", "), ms(s.free),
+			float64(s.free)/math.Max(float64(s.alone), 1), s.name, ms(s.baseline), s.calEnded.Seconds(), s.calHeld.Seconds(), ms(s.throttled), r, s.freeRPS, s.goalRPS, s.rowsRatio, ok)
 	}
-	fmt.Printf("\nboth bars (p99 at most 1.3x alone, at least 25%% of the free rows/s) met in %d of %d runs\n", met, len(sums))
+	for _, n := range names {
+		fmt.Printf("\n%s: both bars (p99 at most 1.3x alone, at least 25%% of the free rows/s) met in %d of %d runs\n", n, met[n], of[n])
+	}
 }
 
 // loadAvg is the machine's load average (Linux), "?" elsewhere.
@@ -361,6 +441,10 @@ type recorder struct {
 	backfillthrottle.Signal
 	mu   sync.Mutex
 	vals []reading
+	// calEnd is when the goal signal's first calibration ended (zero:
+	// not yet); wasCal whether it calibrated at the last question.
+	calEnd time.Time
+	wasCal bool
 }
 
 type reading struct {
@@ -382,7 +466,14 @@ func (r *recorder) Read(ctx context.Context, db sqlx.ExtContext, s backfillthrot
 // signal still holds the backfill while it calibrates.
 func (r *recorder) Calibrating() bool {
 	c, ok := r.Signal.(backfillthrottle.Calibrator)
-	return ok && c.Calibrating()
+	on := ok && c.Calibrating()
+	r.mu.Lock()
+	if r.wasCal && !on && r.calEnd.IsZero() {
+		r.calEnd = time.Now()
+	}
+	r.wasCal = on
+	r.mu.Unlock()
+	return on
 }
 
 // source is the goal signal's source, "" for another.
@@ -431,9 +522,9 @@ func runPhase(ctx context.Context, o options, db *sqlx.DB, pgb string, conn []st
 		}
 	}
 	var rec *recorder
-	if th != nil {
+	if th != nil && th.Signal != nil {
 		rec = &recorder{Signal: th.Signal}
-	} else {
+	} else if th == nil {
 		// Beside pgbench alone: the goal signal, its readings (ratios to
 		// its own baseline, which it measures here too) show its noise.
 		g, err := goalThrottle(o, query)
@@ -460,15 +551,19 @@ func runPhase(ctx context.Context, o options, db *sqlx.DB, pgb string, conn []st
 		if o.verbose {
 			level = slog.LevelWarn // holds and unreadable signals
 		}
-		t := *th
-		t.Signal = rec
+		var ths []backfillthrottle.Throttle
+		if th.Signal != nil {
+			t := *th
+			t.Signal = rec
+			ths = append(ths, t)
+		}
 		conc, rate := o.concurrency, 0.0
 		if strings.HasPrefix(name, "probe") {
 			conc, rate = cmp.Or(o.probeConc, o.concurrency), o.probeRate
 		}
 		var err error
 		r, err = backfill.New(db, &backfill.Config{Concurrency: conc, WorkerID: "benchprobe-" + name, RowsPerSecond: rate,
-			Throttles: []backfillthrottle.Throttle{t}, ThrottleInterval: o.interval,
+			Throttles: ths, ThrottleInterval: o.interval, ChunkTarget: o.chunkTarget,
 			Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})),
 			Hooks: backfill.HooksFunc(func(_ context.Context, b int64, c backfill.ChunkResult) {
 				mu.Lock()
@@ -548,7 +643,16 @@ func runPhase(ctx context.Context, o options, db *sqlx.DB, pgb string, conn []st
 	if err := cmd.Start(); err != nil {
 		return p, fmt.Errorf("pgbench: %w", err)
 	}
-	time.Sleep(o.lead)
+	// The goal's backfill starts early, o.calStart after pgbench: its
+	// first calibration (the backfill held) is over before the window,
+	// as it is over before the steady state of a long run. The free
+	// backfill starts o.lead after pgbench.
+	lead := o.lead
+	if _, cal := recSignal(rec).(backfillthrottle.Calibrator); cal && o.calStart < o.lead {
+		// The goal signal beside pgbench alone starts then too.
+		lead = o.calStart
+	}
+	time.Sleep(lead)
 	startBackfill()
 	start := began.Add(o.lead + o.warmup)
 	err := cmd.Wait()
@@ -576,9 +680,16 @@ func runPhase(ctx context.Context, o options, db *sqlx.DB, pgb string, conn []st
 	w := benchpg.Window(lat, start, end.Add(time.Second))
 	p.tx, p.secs = len(w), end.Sub(start).Seconds()
 	p.p99, p.p50, p.max = benchpg.Quantile(w, 0.99), benchpg.Quantile(w, 0.5), benchpg.Quantile(w, 1)
-	p.probeVals = rec.within(start, end)
-	p.baseline = rec.baseline()
-	p.source = rec.source()
+	if rec != nil {
+		rec.mu.Lock()
+		if !rec.calEnd.IsZero() {
+			p.calEnded = start.Sub(rec.calEnd)
+		}
+		rec.mu.Unlock()
+		p.probeVals = rec.within(start, end)
+		p.baseline = rec.baseline()
+		p.source = rec.source()
+	}
 	mu.Lock()
 	for _, c := range chunks {
 		if !c.at.Before(start) && c.at.Before(end) {
@@ -595,6 +706,22 @@ func runPhase(ctx context.Context, o options, db *sqlx.DB, pgb string, conn []st
 		}
 		if ps, err := backfill.NewPGManifest("").ThrottlePeriods(ctx, db, b); err == nil {
 			p.holds = len(ps)
+			// The calibrations' holds within the window.
+			for _, q := range ps {
+				if !strings.Contains(q.Reason, "calibrating") {
+					continue
+				}
+				from, to := q.StartedAt, q.Ended
+				if to.IsZero() || to.After(end) {
+					to = end
+				}
+				if from.Before(start) {
+					from = start
+				}
+				if to.After(from) {
+					p.calHeld += to.Sub(from)
+				}
+			}
 			// pgbench's latencies while the backfill was held, and
 			// while it worked.
 			var held, working []benchpg.Tx
@@ -636,16 +763,21 @@ func report(o options, settings []benchpg.Setting, query string, alone *phase, p
 		sort := slices.Clone(alone.probeLat)
 		slices.Sort(sort)
 		fmt.Printf("- the goal signal's readings beside pgbench alone (%d readings of up to %d probes): time per reading p50 %s, p99 %s; its calibrated baseline %s\n",
-			len(sort), max(o.samples, 4), ms(benchpg.Quantile(sort, 0.5)), ms(benchpg.Quantile(sort, 0.99)), ms(alone.baseline))
+			len(sort), max(o.samples, 8), ms(benchpg.Quantile(sort, 0.5)), ms(benchpg.Quantile(sort, 0.99)), ms(alone.baseline))
 	}
 	if strings.Contains(o.phases, "goal") {
-		fmt.Printf("- goal: LatencyGoal(probe, %g, GoalOptions{Percentile: %g, Samples: %d}) (0: default), ThrottleInterval %v, pgbench %v ahead of the backfill\n",
-			o.rise, o.goalPct, o.samples, o.interval, o.lead)
+		fmt.Printf("- goal: LatencyGoal(probe, %g, GoalOptions{Percentile: %g, Samples: %d}) (0: default), ThrottleInterval %v, ChunkTarget %v; its backfill starts %v after pgbench (the free one %v), the window %v after pgbench\n",
+			o.rise, o.goalPct, o.samples, o.interval, o.chunkTarget, o.calStart, o.lead, o.lead+o.warmup)
 	}
 	fmt.Println()
 	fmt.Println("| phase | pgbench tx | TPS | TPS ratio | p50 | p99 | p99 ratio | max | probe reading p50 / max | backfill rows/s | rows/s ratio | holds | time split |")
 	fmt.Println("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 	var free *phase
+	for i := range ps {
+		if ps[i].name == "free" {
+			free = &ps[i]
+		}
+	}
 	for i := range ps {
 		p := &ps[i]
 		tpsR, p99R, rR := "-", "-", "-"
@@ -653,13 +785,10 @@ func report(o options, settings []benchpg.Setting, query string, alone *phase, p
 			tpsR = fmt.Sprintf("%.2f", p.tps()/alone.tps())
 			p99R = fmt.Sprintf("%.2f", float64(p.p99)/float64(alone.p99))
 		}
-		if p.name == "free" {
-			free = p
-		}
 		rows := "-"
 		if p.name != "alone" {
 			rows = fmt.Sprintf("%.0f", p.rps())
-			if (p.name == "probe" || p.name == "goal") && free != nil && free.rows > 0 {
+			if throttled(p.name) && free != nil && free.rows > 0 {
 				rR = fmt.Sprintf("%.2f", p.rps()/free.rps())
 			}
 		}
@@ -672,7 +801,7 @@ func report(o options, settings []benchpg.Setting, query string, alone *phase, p
 			probe = fmt.Sprintf("%.2f / %.2f%s", p.probeVals[len(p.probeVals)/2], p.probeVals[len(p.probeVals)-1], unit)
 		}
 		split := "-"
-		if p.split != nil && (p.name == "probe" || p.name == "goal") {
+		if p.split != nil && throttled(p.name) {
 			var th time.Duration
 			for _, d := range p.split.Throttled {
 				th += d
@@ -682,7 +811,7 @@ func report(o options, settings []benchpg.Setting, query string, alone *phase, p
 		}
 		fmt.Printf("| %s | %d | %.0f | %s | %s | %s | %s | %s | %s | %s | %s | %d | %s |\n", p.name, p.tx, p.tps(), tpsR,
 			ms(p.p50), ms(p.p99), p99R, ms(p.max), probe, rows, rR, p.holds, split)
-		if (p.name == "probe" || p.name == "goal") && p.holds > 0 {
+		if throttled(p.name) && p.holds > 0 {
 			defer fmt.Printf("\n- %s phase: pgbench p99 %s over %d tx while the backfill was held, %s over %d tx while it worked\n",
 				p.name, ms(p.heldP99), p.heldTx, ms(p.workP99), p.workTx)
 		}
@@ -693,3 +822,11 @@ func report(o options, settings []benchpg.Setting, query string, alone *phase, p
 }
 
 func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }
+
+// recSignal is the signal rec records, nil without one.
+func recSignal(rec *recorder) backfillthrottle.Signal {
+	if rec == nil {
+		return nil
+	}
+	return rec.Signal
+}
