@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -479,5 +480,73 @@ func TestDeadlineEndsAHungTest(t *testing.T) {
 	}
 	if !strings.Contains(string(out), "pgtest: FAIL: TestDeadlineEndsAHungTest passed its deadline of 2s") {
 		t.Fatalf("the child's output does not name the test and its deadline:\n%s", out)
+	}
+}
+
+// TestPoolerRestartsAfterItsProcessDies: a pooler whose pgbouncer is
+// killed (SIGKILL, as when it exits on a fatal error) is started again on
+// the same port, and a new connection through its URL works; after Stop
+// it stays down.
+func TestPoolerRestartsAfterItsProcessDies(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	direct := NewURL(t)
+	p, err := StartPooler(ctx, AdminURL(), PoolerOptions{})
+	if err != nil {
+		if _, ferr := findPgBouncer(); ferr != nil {
+			Missing(t, PgBouncer, ferr.Error())
+		}
+		t.Fatal(err)
+	}
+	defer p.Stop()
+	u, err := p.URL(direct)
+	if err != nil {
+		t.Fatal(err)
+	}
+	query := func() error {
+		db, err := sqlx.Open("postgres", u)
+		if err != nil {
+			return err
+		}
+		defer db.Close()
+		var one int
+		return db.GetContext(ctx, &one, `SELECT 1`)
+	}
+	if err := query(); err != nil {
+		t.Fatalf("before the kill: %v", err)
+	}
+	for round := 1; round <= 2; round++ {
+		dead := p.current()
+		if err := syscall.Kill(-dead.cmd.Process.Pid, syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		<-dead.exited
+		var next *poolerProc
+		select {
+		case next = <-p.restarted:
+		case <-ctx.Done():
+			t.Fatalf("round %d: pgbouncer was not restarted after SIGKILL", round)
+		}
+		if next == dead || next != p.current() {
+			t.Fatalf("round %d: the restarted process is not the pooler's current one", round)
+		}
+		if err := query(); err != nil {
+			t.Fatalf("round %d: a new connection after the restart: %v", round, err)
+		}
+	}
+	if err := p.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	last := p.current()
+	<-last.exited
+	p.mu.Lock()
+	restarts := p.restarts
+	p.mu.Unlock()
+	if restarts != 2 || len(p.restarted) != 0 {
+		t.Fatalf("after Stop: %d restarts (want 2), %d pending", restarts, len(p.restarted))
+	}
+	if err := query(); err == nil {
+		t.Fatal("a connection through a stopped pooler succeeded")
 	}
 }

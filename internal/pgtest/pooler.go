@@ -29,20 +29,49 @@ const PoolerPoolSize = 4
 // It listens on 127.0.0.1 (and [PoolerOptions.ListenAddresses]) on a
 // free port. Every database of the server is
 // reachable through it under its own name, as the user of the server URL.
+//
+// PgBouncer 1.18 can exit on its own (a fatal "bad client state" after a
+// cancel request whose client went away first, which lib/pq sends when a
+// context ends mid-query). The pooler is supervised: when its process
+// exits without [Pooler.Stop], it is started again at once on the same
+// port with the same configuration, at most [poolerRestarts] times, and
+// the cause is written to stderr. Connections open through the dying
+// process fail; later ones work.
 type Pooler struct {
 	dir     string
 	port    int
 	logPath string
-	cmd     *exec.Cmd
-	exited  chan struct{}
-	waitErr error
-	// ready is set once the pooler answered; stopping before it is
-	// stopped or killed on purpose. An exit in between is reported on
-	// stderr.
-	ready, stopping atomic.Bool
+	bin     string
+	iniPath string
+	cred    *syscall.Credential
+	user    string
+
+	// mu guards proc, stopping and restarts: a restart happens only
+	// while stopping is false, so Stop, having set it, signals the last
+	// process.
+	mu       sync.Mutex
+	proc     *poolerProc
+	stopping bool
+	restarts int
+	// ready is set once the first process answered: an exit before it
+	// is a failed start, not a crash.
+	ready atomic.Bool
+	// restarted receives the process of each restart once it answers.
+	restarted chan *poolerProc
 
 	stopOnce sync.Once
 	stopErr  error
+}
+
+// poolerRestarts bounds the restarts of a crashed pooler, so that one that
+// cannot stay up fails its tests instead of looping.
+const poolerRestarts = 20
+
+// poolerProc is one pgbouncer process of a [Pooler].
+type poolerProc struct {
+	cmd     *exec.Cmd
+	exited  chan struct{} // closed once cmd.Wait returned
+	waitErr error         // cmd.Wait's result, once exited is closed
 }
 
 // StatementPoolUser is the user whose connections the test pooler pools
@@ -197,30 +226,15 @@ func startPgBouncer(ctx context.Context, bin, dir, host, serverPort, user string
 		return nil, err
 	}
 	_ = os.Remove(logPath)
-	cmd := exec.Command(bin, iniPath)
-	cmd.Dir = dir
-	cmd.Env = childEnv()
-	cmd.SysProcAttr = &syscall.SysProcAttr{
-		Credential: cred,
-		Setpgid:    true,
-		// Gone with the test binary, whatever ends it.
-		Pdeathsig: syscall.SIGTERM,
+	p := &Pooler{dir: dir, port: port, logPath: logPath, bin: bin, iniPath: iniPath, cred: cred, user: user,
+		restarted: make(chan *poolerProc, poolerRestarts)}
+	p.mu.Lock()
+	proc, err := p.spawn()
+	p.mu.Unlock()
+	if err != nil {
+		return nil, err
 	}
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("pgtest: starting %s: %w", bin, err)
-	}
-	p := &Pooler{dir: dir, port: port, logPath: logPath, cmd: cmd, exited: make(chan struct{})}
-	go func() {
-		p.waitErr = cmd.Wait()
-		if p.ready.Load() && !p.stopping.Load() {
-			// Its clients then fail with EOF or "connection refused"
-			// and nothing else says why.
-			fmt.Fprintf(os.Stderr, "pgtest: pgbouncer (pid %d, port %d) exited unexpectedly: %v\n--- pgbouncer log ---\n%s\n",
-				cmd.Process.Pid, port, p.waitErr, readTail(logPath))
-		}
-		close(p.exited)
-	}()
-	if err := p.waitReady(ctx, user); err != nil {
+	if err := p.waitReady(ctx, proc); err != nil {
 		logTail := readTail(logPath)
 		p.kill()
 		if strings.Contains(logTail, "Address already in use") {
@@ -232,12 +246,84 @@ func startPgBouncer(ctx context.Context, bin, dir, host, serverPort, user string
 	return p, nil
 }
 
+// spawn starts a pgbouncer process with p's configuration, makes it
+// p.proc and supervises it. p.mu must be held.
+func (p *Pooler) spawn() (*poolerProc, error) {
+	cmd := exec.Command(p.bin, p.iniPath)
+	cmd.Dir = p.dir
+	cmd.Env = childEnv()
+	cmd.SysProcAttr = &syscall.SysProcAttr{
+		Credential: p.cred,
+		Setpgid:    true,
+		// Gone with the test binary, whatever ends it.
+		Pdeathsig: syscall.SIGTERM,
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("pgtest: starting %s: %w", p.bin, err)
+	}
+	proc := &poolerProc{cmd: cmd, exited: make(chan struct{})}
+	p.proc = proc
+	go func() {
+		proc.waitErr = cmd.Wait()
+		close(proc.exited)
+		p.restart(proc)
+	}()
+	return proc, nil
+}
+
+// restart starts pgbouncer again after proc exited, unless it was stopped
+// on purpose, had not started yet, or has used up its restarts. Its
+// clients fail with EOF or "connection refused" and nothing else says why,
+// hence the report on stderr.
+func (p *Pooler) restart(proc *poolerProc) {
+	p.mu.Lock()
+	if p.stopping || !p.ready.Load() || p.proc != proc {
+		p.mu.Unlock()
+		return
+	}
+	cause := fmt.Sprintf("pgtest: pgbouncer (pid %d, port %d) exited unexpectedly: %v\n--- pgbouncer log ---\n%s\n",
+		proc.cmd.Process.Pid, p.port, proc.waitErr, readTail(p.logPath))
+	if p.restarts >= poolerRestarts {
+		p.mu.Unlock()
+		fmt.Fprintf(os.Stderr, "%spgtest: not restarting pgbouncer: %d restarts already\n", cause, poolerRestarts)
+		return
+	}
+	p.restarts++
+	n := p.restarts
+	// A process killed outright leaves its pidfile behind.
+	_ = os.Remove(filepath.Join(p.dir, "pgbouncer.pid"))
+	next, err := p.spawn()
+	p.mu.Unlock()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "%spgtest: restarting pgbouncer: %v\n", cause, err)
+		return
+	}
+	fmt.Fprintf(os.Stderr, "%spgtest: restarting pgbouncer (restart %d of at most %d, pid %d, same port)\n",
+		cause, n, poolerRestarts, next.cmd.Process.Pid)
+	// Outside p.mu, so that Stop is not held up; an exit meanwhile is
+	// next's own goroutine's to handle.
+	ctx, cancel := context.WithTimeout(context.Background(), readyTimeout)
+	defer cancel()
+	if err := p.waitReady(ctx, next); err != nil {
+		fmt.Fprintf(os.Stderr, "pgtest: restarted pgbouncer (pid %d) not ready: %v\n", next.cmd.Process.Pid, err)
+		return
+	}
+	p.restarted <- next
+}
+
+// current returns the pooler's current process.
+func (p *Pooler) current() *poolerProc {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.proc
+}
+
 // waitReady polls until the pooler answers a query on the server's
 // postgres database.
-func (p *Pooler) waitReady(ctx context.Context, user string) error {
+func (p *Pooler) waitReady(ctx context.Context, proc *poolerProc) error {
 	ctx, cancel := context.WithTimeout(ctx, readyTimeout)
 	defer cancel()
-	u := fmt.Sprintf("postgres://%s@127.0.0.1:%d/postgres?sslmode=disable&connect_timeout=5", url.User(user).String(), p.port)
+	u := fmt.Sprintf("postgres://%s@127.0.0.1:%d/postgres?sslmode=disable&connect_timeout=5", url.User(p.user).String(), p.port)
 	db, err := sql.Open("postgres", u)
 	if err != nil {
 		return fmt.Errorf("pgtest: %w", err)
@@ -252,8 +338,8 @@ func (p *Pooler) waitReady(ctx context.Context, user string) error {
 			return nil
 		}
 		select {
-		case <-p.exited:
-			return fmt.Errorf("pgtest: pgbouncer exited during startup: %v", p.waitErr)
+		case <-proc.exited:
+			return fmt.Errorf("pgtest: pgbouncer exited during startup: %v", proc.waitErr)
 		case <-ctx.Done():
 			return fmt.Errorf("pgtest: pgbouncer not ready on port %d: %w (last error: %v)", p.port, ctx.Err(), last)
 		case <-time.After(20 * time.Millisecond):
@@ -261,29 +347,36 @@ func (p *Pooler) waitReady(ctx context.Context, user string) error {
 	}
 }
 
+// kill stops the pooler with SIGKILL, without a restart.
 func (p *Pooler) kill() {
-	p.stopping.Store(true)
+	p.mu.Lock()
+	p.stopping = true
+	proc := p.proc
+	p.mu.Unlock()
 	select {
-	case <-p.exited:
+	case <-proc.exited:
 	default:
-		_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
-		<-p.exited
+		_ = syscall.Kill(-proc.cmd.Process.Pid, syscall.SIGKILL)
+		<-proc.exited
 	}
 }
 
 // Stop shuts the pooler down (SIGTERM, PgBouncer's immediate shutdown,
 // then SIGKILL if it does not exit in time) and removes its directory.
-// It is safe to call more than once.
+// It is not restarted after. It is safe to call more than once.
 func (p *Pooler) Stop() error {
 	p.stopOnce.Do(func() {
 		var errs []error
+		p.mu.Lock()
+		p.stopping = true
+		proc := p.proc
+		p.mu.Unlock()
 		select {
-		case <-p.exited:
+		case <-proc.exited:
 		default:
-			p.stopping.Store(true)
-			_ = p.cmd.Process.Signal(syscall.SIGTERM)
+			_ = proc.cmd.Process.Signal(syscall.SIGTERM)
 			select {
-			case <-p.exited:
+			case <-proc.exited:
 			case <-time.After(stopTimeout):
 				p.kill()
 				errs = append(errs, fmt.Errorf("pgtest: pgbouncer did not stop within %v, killed it", stopTimeout))
