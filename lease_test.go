@@ -266,6 +266,10 @@ func TestPausedRunReleasesLeaseOfChunkInFlight(t *testing.T) {
 // take it over, not return with the chunk pending. On the commit before
 // this fix the claim judged the lease live and the wait judged it dead:
 // the resume returned nil, status running, a chunk pending.
+//
+// The lease is kept young (leased now) until the new process says it
+// waits for it, then made stale: whatever the machine's load, the new
+// process meets a live lease of a dead worker.
 func TestYoungLeaseOfDeadWorkerIsWaitedFor(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -273,11 +277,11 @@ func TestYoungLeaseOfDeadWorkerIsWaitedFor(t *testing.T) {
 	r1 := liveRunner(t, db, "w1", nil)
 	rep, err := r1.Run(ctx, liveJob(nil))
 	require.NoError(t, err)
-	// As after a kill -9: the run running, chunk 0 pending, leased 29 s
-	// ago by a worker whose last heartbeat is 31 s old.
+	// As after a kill -9: the run running, chunk 0 pending, leased just
+	// now by a worker whose last heartbeat is 31 s old.
 	db.MustExec(`UPDATE backfill.runs SET status = 'running', finished_at = NULL WHERE batch_id = $1`, rep.BatchID)
 	db.MustExec(`UPDATE backfill.chunks SET status = 'pending', lease_key = 'dead', lease_epoch = lease_epoch + 1,
-		leased_at = now() - interval '29 s' WHERE batch_id = $1 AND seq = 0`, rep.BatchID)
+		leased_at = now() WHERE batch_id = $1 AND seq = 0`, rep.BatchID)
 	db.MustExec(`DELETE FROM live WHERE id < 10`)
 	m := r1.cfg.Manifest.(*PGManifest)
 	require.NoError(t, m.RegisterWorker(ctx, r1.db, backfilltype.Worker{Key: "dead", ID: "killed", BatchID: rep.BatchID, Job: "live", StaleAfter: 30 * time.Second}))
@@ -286,11 +290,27 @@ func TestYoungLeaseOfDeadWorkerIsWaitedFor(t *testing.T) {
 	var logs syncBuffer
 	r2 := liveRunner(t, db, "w2", &logs)
 	r2.cfg.StaleAfter, r2.cfg.HeartbeatInterval = 30*time.Second, time.Second
-	rep, err = r2.Run(ctx, liveJob(nil))
-	require.NoError(t, err)
-	require.Equal(t, RunCompleted, rep.Status)
-	require.Equal(t, 1, rep.ChunksRun, "the new process took the lease over")
-	require.Contains(t, logs.String(), `"msg":"backfill: waiting for a chunk in flight"`)
+	done := make(chan runResult, 1)
+	go func() {
+		rep, err := r2.Run(ctx, liveJob(nil))
+		done <- runResult{rep, err}
+	}()
+	const waiting = `"msg":"backfill: waiting for a chunk in flight"`
+	deadline := time.Now().Add(time.Minute)
+	for !strings.Contains(logs.String(), waiting) {
+		select {
+		case res := <-done:
+			t.Fatalf("the new process returned without waiting for the young lease: %+v, %v\nchunks: %v", res.rep, res.err, chunkStatuses(t, db))
+		case <-time.After(10 * time.Millisecond):
+		}
+		require.True(t, time.Now().Before(deadline), "the new process never waited for the young lease")
+	}
+	// The lease goes stale: the waiting process takes it over.
+	db.MustExec(`UPDATE backfill.chunks SET leased_at = now() - interval '31 s' WHERE batch_id = $1 AND seq = 0`, rep.BatchID)
+	res := <-done
+	require.NoError(t, res.err)
+	require.Equal(t, RunCompleted, res.rep.Status)
+	require.Equal(t, 1, res.rep.ChunksRun, "the new process took the lease over")
 	var n int
 	require.NoError(t, db.Get(&n, `SELECT count(*) FROM live`))
 	require.Equal(t, 10*liveChunks, n)

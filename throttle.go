@@ -282,9 +282,13 @@ func (t *throttler) scope(ctx context.Context) backfillthrottle.SignalScope {
 	s := backfillthrottle.SignalScope{BatchID: ex.batchID, Table: pgstore.QuotedTable(ex.base)}
 	if tm := ex.r.caps.throttle; tm != nil {
 		keys, err := tm.LiveWorkers(ctx, ex.r.db, ex.batchID)
-		if err != nil {
+		switch {
+		case err != nil && ctx.Err() != nil:
+			// The monitor is stopping (the call's end): its own cancel,
+			// nothing to warn about.
+		case err != nil:
 			ex.log.Warn("backfill: throttle: listing the run's live workers failed", "error", err)
-		} else {
+		default:
 			s.WorkerKeys = keys
 			if t.pace != nil {
 				// The job-wide cap (a live knob), shared evenly by the
