@@ -34,7 +34,7 @@ const PoolerPoolSize = 4
 // cancel request whose client went away first, which lib/pq sends when a
 // context ends mid-query). The pooler is supervised: when its process
 // exits without [Pooler.Stop], it is started again at once on the same
-// port with the same configuration, at most [poolerRestarts] times, and
+// port with the same configuration, at most 20 times, and
 // the cause is written to stderr. Connections open through the dying
 // process fail; later ones work.
 type Pooler struct {
