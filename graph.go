@@ -146,7 +146,13 @@ var ErrGraphIncomplete = errors.New("backfill: graph incomplete")
 // g.Approval, the graph's run awaits approvals and RunGraph waits for
 // them, as [Runner.Run] does, before any job's run exists (with
 // Config.ReturnOnPause, or a manifest without the control plane, it
-// returns [ErrAwaitingApproval]). It returns [ErrGraphIncomplete] when enabled
+// returns [ErrAwaitingApproval]). Likewise, while the graph's run is
+// paused by an operator (the SQL function pause, "backfill pause" or
+// [Runner.Pause] on the graph's name), RunGraph claims nothing, lets the
+// chunks in flight finish and waits for the resume; with
+// Config.ReturnOnPause, or a manifest without the control plane, it
+// returns an error wrapping [ErrRunPaused] that says how to resume. It
+// returns [ErrGraphIncomplete] when enabled
 // modules are left failed, paused or held; a call again resumes them
 // (failed chunks are tried again). Runs of a graph converge after a
 // crash: a chunk of a child is never committed before the overlapping
