@@ -205,8 +205,10 @@ func (r *Runner) GraphStatus(ctx context.Context, graph string) (GraphStatus, er
 // --grant-operator"). The switch is a plan change: it is recorded in
 // the audit log of the graph's latest run (event
 // [backfilltype.EventModuleFlag], with the old and new value and the
-// session's database role), a run of the graph awaiting approval is
-// abandoned (its approvals cannot complete), and the next
+// session's database role), the graph's unfinished run (awaiting
+// approval, running, paused or failed) is abandoned (its approvals
+// cannot complete; a RunGraph in progress lets its chunks in flight
+// finish and returns [ErrPlanChanged]), and the next
 // [Runner.RunGraph] plans the graph with the new flag: a new
 // fingerprint, which needs its own approvals. Switching to the value the
 // flag has changes nothing and records nothing. actor and why are
