@@ -636,7 +636,8 @@ type Config struct {
 	// its run's control state every ThrottleInterval and after each
 	// chunk, so a decision takes effect within one ThrottleInterval.
 	ListenURL string
-	// ReturnOnPause makes [Runner.Run] return instead of waiting while
+	// ReturnOnPause makes [Runner.Run] (and [Runner.RunGraph], for its
+	// graph's run) return instead of waiting while
 	// its run is paused or awaits approval: an error wrapping
 	// [ErrRunPaused] (an operator's pause, a throttle's critical level),
 	// [ErrGateFailed] (a quality gate or the run reject gate that failed

@@ -146,7 +146,13 @@ var ErrGraphIncomplete = errors.New("backfill: graph incomplete")
 // g.Approval, the graph's run awaits approvals and RunGraph waits for
 // them, as [Runner.Run] does, before any job's run exists (with
 // Config.ReturnOnPause, or a manifest without the control plane, it
-// returns [ErrAwaitingApproval]). It returns [ErrGraphIncomplete] when enabled
+// returns [ErrAwaitingApproval]). Likewise, while the graph's run is
+// paused by an operator (the SQL function pause, "backfill pause" or
+// [Runner.Pause] on the graph's name), RunGraph claims nothing, lets the
+// chunks in flight finish and waits for the resume; with
+// Config.ReturnOnPause, or a manifest without the control plane, it
+// returns an error wrapping [ErrRunPaused] that says how to resume. It
+// returns [ErrGraphIncomplete] when enabled
 // modules are left failed, paused or held; a call again resumes them
 // (failed chunks are tried again). Runs of a graph converge after a
 // crash: a chunk of a child is never committed before the overlapping
@@ -199,8 +205,10 @@ func (r *Runner) GraphStatus(ctx context.Context, graph string) (GraphStatus, er
 // --grant-operator"). The switch is a plan change: it is recorded in
 // the audit log of the graph's latest run (event
 // [backfilltype.EventModuleFlag], with the old and new value and the
-// session's database role), a run of the graph awaiting approval is
-// abandoned (its approvals cannot complete), and the next
+// session's database role), the graph's unfinished run (awaiting
+// approval, running, paused or failed) is abandoned (its approvals
+// cannot complete; a RunGraph in progress lets its chunks in flight
+// finish and returns [ErrPlanChanged]), and the next
 // [Runner.RunGraph] plans the graph with the new flag: a new
 // fingerprint, which needs its own approvals. Switching to the value the
 // flag has changes nothing and records nothing. actor and why are

@@ -263,6 +263,17 @@ func (r *Runner) runGraph(ctx context.Context, g Graph, begin time.Time) (rep Gr
 			return rep, false, err
 		}
 		return rep, true, nil
+	case RunPaused:
+		// Paused by an operator (the graph's run): wait for the resume
+		// as Run does, unless the caller asked to return on a pause.
+		perr := r.pausedErr(Job{Name: g.Name}, grun)
+		if r.cfg.ReturnOnPause || r.caps.control == nil {
+			return rep, false, perr
+		}
+		if err := r.waitGraphResumed(ctx, g.Name, grun); err != nil {
+			return rep, false, errors.Join(perr, err)
+		}
+		return rep, true, nil
 	case RunRunning, RunCompleted:
 	default:
 		return rep, false, fmt.Errorf("backfill: graph %q batch %d: %w: the graph's run is %s", g.Name, grun.BatchID, ErrRunStatus, grun.Status)
@@ -292,6 +303,11 @@ func (r *Runner) runGraph(ctx context.Context, g Graph, begin time.Time) (rep Gr
 		rep.Status = fin.Status
 	}
 	rep.Elapsed = time.Since(begin)
+	if errors.Is(runErr, ErrRunPaused) && !r.cfg.ReturnOnPause && r.caps.control != nil && ctx.Err() == nil && !r.draining.Load() {
+		// The graph's run was paused during the call, the chunks in
+		// flight are checkpointed: the next round waits for the resume.
+		return rep, true, nil
+	}
 	if runErr != nil {
 		return rep, false, runErr
 	}
@@ -300,6 +316,31 @@ func (r *Runner) runGraph(ctx context.Context, g Graph, begin time.Time) (rep Gr
 	}
 	r.cfg.Logger.Info("backfill: graph completed", "graph", g.Name, "batch_id", grun.BatchID, "chunks", rep.Chunks, "elapsed", rep.Elapsed)
 	return rep, false, nil
+}
+
+// waitGraphResumed waits, reading the graph's run's status every
+// ThrottleInterval, while it is paused. It returns nil once the run is no
+// longer paused (the caller starts the call again), and an error when
+// ctx ends or the Runner is drained first. Nothing is claimed meanwhile.
+func (r *Runner) waitGraphResumed(ctx context.Context, graph string, run Run) error {
+	r.cfg.Logger.Warn("backfill: graph's run is paused: this call waits for the resume (claims nothing)", "graph", graph, "batch_id", run.BatchID,
+		"resume", r.resumeHint(run.BatchID))
+	for {
+		st, err := r.caps.control.Control(ctx, r.db, run.BatchID)
+		if err == nil && st.Status != RunPaused {
+			return nil
+		}
+		if err != nil && ctx.Err() == nil {
+			r.cfg.Logger.Warn("backfill: reading the graph's run failed while paused; trying again", "graph", graph, "error", err)
+		}
+		select {
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		case <-r.drained:
+			return errors.New("backfill: the Runner was drained (Runner.Drain)")
+		case <-time.After(r.cfg.throttleInterval()):
+		}
+	}
 }
 
 // pendingModules is the modules of a graph none of whose jobs started.
@@ -857,6 +898,8 @@ func (s *graphSched) pollGraph(ctx context.Context, now time.Time, interval time
 	case RunRunning, RunCompleted:
 	case RunAbandoned:
 		s.stop = fmt.Errorf("backfill: graph %q batch %d: %w: the graph's run was abandoned (%s): run the graph again for its new plan", s.gs.g.Name, run.BatchID, ErrPlanChanged, run.LastError)
+	case RunPaused:
+		s.stop = s.r.pausedErr(Job{Name: s.gs.g.Name}, run)
 	default:
 		s.stop = fmt.Errorf("backfill: graph %q batch %d: %w: the graph's run is %s", s.gs.g.Name, run.BatchID, ErrRunStatus, run.Status)
 	}
