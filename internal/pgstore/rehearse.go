@@ -320,10 +320,9 @@ func OwnLocks(ctx context.Context, tx sqlx.ExtContext) ([]backfilltype.Rehearsal
 
 // relationSizes is the SQL of two columns: the pg_table_size and
 // pg_indexes_size of relation relid (an SQL expression of type oid),
-// summed over its partitions; NULL when relid is NULL or no longer
-// exists.
+// summed over its partitions; NULL when relid is NULL, no longer exists,
+// or is locked by another session for longer than 50 ms (the manifest's
+// function relation_sizes, which never waits longer).
 func relationSizes(relid string) string {
-	// pg_partition_tree has no row for a table outside a partition tree.
-	return `coalesce((SELECT sum(pg_table_size(p.relid)) FROM pg_partition_tree(` + relid + `) p), pg_table_size(` + relid + `))::bigint,
-		coalesce((SELECT sum(pg_indexes_size(p.relid)) FROM pg_partition_tree(` + relid + `) p), pg_indexes_size(` + relid + `))::bigint`
+	return `(SELECT table_bytes FROM {s}.relation_sizes(` + relid + `)), (SELECT index_bytes FROM {s}.relation_sizes(` + relid + `))`
 }
