@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jmoiron/sqlx"
+	"github.com/pgbackfill/backfill/backfilldriver"
 	"github.com/pgbackfill/backfill/backfilltype"
 )
 
@@ -205,6 +206,23 @@ func (r *Runner) recordBlueprint(ctx context.Context, rs runSetup, run Run) erro
 	if err != nil {
 		return fmt.Errorf("backfill: job %q batch %d: blueprint: %w", rs.job.Name, run.BatchID, err)
 	}
+	return r.recordBlueprintEvent(ctx, audit, run, rs.job.Name, b)
+}
+
+// noLimit is Config.MaxRejectsPerChunk as the blueprint shows it: 0 (the
+// Runner's "no limit" once defaults are applied) as -1.
+func noLimit(n int) int {
+	if n == 0 {
+		return -1
+	}
+	return n
+}
+
+// recordBlueprintEvent records b as run's blueprint event of job (a job's
+// or a graph's name), unless the latest one recorded for the run is the
+// same document: the blueprint is recorded when a call first works the
+// run and again whenever it changes.
+func (r *Runner) recordBlueprintEvent(ctx context.Context, audit backfilldriver.ManifestAudit, run Run, job string, b Blueprint) error {
 	b.BatchID, b.Status = run.BatchID, ""
 	detail, err := json.Marshal(b)
 	if err != nil {
@@ -231,14 +249,5 @@ func (r *Runner) recordBlueprint(ctx context.Context, rs runSetup, run Run) erro
 		}
 		break
 	}
-	return audit.RecordEvent(ctx, r.db, backfilltype.Event{BatchID: run.BatchID, Job: rs.job.Name, Kind: backfilltype.EventBlueprint, Actor: r.cfg.WorkerID, Detail: detail})
-}
-
-// noLimit is Config.MaxRejectsPerChunk as the blueprint shows it: 0 (the
-// Runner's "no limit" once defaults are applied) as -1.
-func noLimit(n int) int {
-	if n == 0 {
-		return -1
-	}
-	return n
+	return audit.RecordEvent(ctx, r.db, backfilltype.Event{BatchID: run.BatchID, Job: job, Kind: backfilltype.EventBlueprint, Actor: r.cfg.WorkerID, Detail: detail})
 }

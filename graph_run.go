@@ -3,7 +3,6 @@ package backfill
 import (
 	"cmp"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -180,33 +179,7 @@ func (r *Runner) recordGraphBlueprint(ctx context.Context, gs graphSetup, run Ru
 	if err != nil {
 		return fmt.Errorf("backfill: graph %q batch %d: blueprint: %w", gs.g.Name, run.BatchID, err)
 	}
-	b.BatchID, b.Status = run.BatchID, ""
-	detail, err := json.Marshal(b)
-	if err != nil {
-		return err
-	}
-	if len(detail) > maxBlueprintDetail {
-		detail, _ = json.Marshal(map[string]any{"job": b.Job, "batch_id": b.BatchID, "fingerprint": b.Fingerprint, "truncated": true,
-			"bytes": len(detail), "recorded_at": time.Now().UTC()})
-	}
-	events, err := audit.Events(ctx, r.db, run.BatchID)
-	if err != nil {
-		return err
-	}
-	for i := len(events) - 1; i >= 0; i-- {
-		if events[i].Kind != backfilltype.EventBlueprint {
-			continue
-		}
-		var old Blueprint
-		if json.Unmarshal(events[i].Detail, &old) == nil {
-			old.Status = ""
-			if o, err := json.Marshal(old); err == nil && string(o) == string(detail) {
-				return nil
-			}
-		}
-		break
-	}
-	return audit.RecordEvent(ctx, r.db, backfilltype.Event{BatchID: run.BatchID, Job: gs.g.Name, Kind: backfilltype.EventBlueprint, Actor: r.cfg.WorkerID, Detail: detail})
+	return r.recordBlueprintEvent(ctx, audit, run, gs.g.Name, b)
 }
 
 // startGraphRun creates or continues the run of the graph's plan; an
