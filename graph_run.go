@@ -902,7 +902,7 @@ func (s *graphSched) checkThrottle(ctx context.Context, now time.Time, interval 
 		switch h.Observe(now, v) {
 		case hysteresis.Hold:
 			s.held++
-			s.log.Warn("backfill: graph throttle hold: deferrable modules park, essential ones run one chunk at a time", "signal", h.Throttle.Signal.Name(), "value", v)
+			s.log.Warn("backfill: graph throttle hold: deferrable modules park first, essential ones run on (one chunk at a time once no deferrable work is left)", "signal", h.Throttle.Signal.Name(), "value", v)
 		case hysteresis.Release:
 			s.held--
 			s.log.Info("backfill: graph throttle release", "signal", h.Throttle.Signal.Name(), "value", v)
