@@ -423,23 +423,36 @@ func TestChunkRoundTrips(t *testing.T) {
 	}
 	// A first run warms up what a runner does once (migrations).
 	run("warm", 1)
-	few, many := run("few", 3), run("many", 13)
-	var lines []string
-	total := 0
-	for q, n := range many {
-		d := n - few[q]
-		total += d
-		if d != 0 {
-			lines = append(lines, fmt.Sprintf("%5.1f %s", float64(d)/10, q))
+	// Timed statements (a watcher's sample of a chunk's backend, a lock
+	// step tried again) only ever add round trips, more on a loaded
+	// machine: the bound below holds for the fewest of up to three
+	// measurements.
+	total := -1
+	for i := range 3 {
+		few, many := run(fmt.Sprint("few", i), 3), run(fmt.Sprint("many", i), 13)
+		var lines []string
+		n := 0
+		for q, c := range many {
+			d := c - few[q]
+			n += d
+			if d != 0 {
+				lines = append(lines, fmt.Sprintf("%5.1f %s", float64(d)/10, q))
+			}
+		}
+		sort.Strings(lines)
+		// A lease that found nothing (a BEGIN and a ROLLBACK) is a run's
+		// overhead: how many a run has depends on how its goroutines reach
+		// the end (more on a loaded machine), not on its chunks.
+		empty := many["ROLLBACK"] - few["ROLLBACK"]
+		n -= 2 * empty
+		t.Logf("round trips per chunk: %.1f (leases that found nothing left out: %d)\n%s", float64(n)/10, empty, strings.Join(lines, "\n"))
+		if total < 0 || n < total {
+			total = n
+		}
+		if total <= 10*18 {
+			break
 		}
 	}
-	sort.Strings(lines)
-	// A lease that found nothing (a BEGIN and a ROLLBACK) is a run's
-	// overhead: how many a run has depends on how its goroutines reach
-	// the end (more on a loaded machine), not on its chunks.
-	empty := many["ROLLBACK"] - few["ROLLBACK"]
-	total -= 2 * empty
-	t.Logf("round trips per chunk: %.1f (leases that found nothing left out: %d)\n%s", float64(total)/10, empty, strings.Join(lines, "\n"))
 	// 41.8 before the statements were batched (a control poll and a totals
 	// read of their own per chunk, every savepoint, setting and lock a
 	// statement of its own); 20.2 after it; 18.0 extracting ahead, with
