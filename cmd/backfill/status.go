@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"time"
 
@@ -82,33 +83,17 @@ and why a module is not running (a backfill.GraphStatus with --json).
 			if backfilltype.IsGraphPlan(run.Plan) {
 				return graphStatus(cmd, g, db, m, run, watch)
 			}
-			for first := true; ; first = false {
+			return watchStatus(ctx, g, watch, func() (any, string, backfill.RunStatus, error) {
 				st, err := m.Status(ctx, db, run.BatchID)
 				if err != nil {
-					return err
+					return nil, "", "", err
 				}
-				if g.json {
-					if err := g.printJSONLine(st, watch > 0); err != nil {
-						return err
-					}
-				} else {
-					if watch > 0 && !first {
-						fmt.Fprint(g.out, "\n")
-					}
-					if watch > 0 {
-						fmt.Fprintf(g.out, "%s\n", st.AsOf.UTC().Format("2006-01-02 15:04:05Z"))
-					}
-					fmt.Fprintln(g.out, st.String())
+				text := st.String() + "\n"
+				if watch > 0 {
+					text = st.AsOf.UTC().Format("2006-01-02 15:04:05Z") + "\n" + text
 				}
-				if watch <= 0 || st.Status != backfill.RunRunning && st.Status != backfill.RunPaused {
-					return nil
-				}
-				select {
-				case <-ctx.Done():
-					return nil
-				case <-time.After(watch):
-				}
-			}
+				return st, text, st.Status, nil
+			})
 		},
 	}
 	sel.flags(cmd.Flags())
@@ -121,22 +106,35 @@ and why a module is not running (a backfill.GraphStatus with --json).
 // module, every watch while it is running or paused.
 func graphStatus(cmd *cobra.Command, g *globals, db *sqlx.DB, m *backfill.PGManifest, run backfill.Run, watch time.Duration) error {
 	ctx := cmd.Context()
-	for first := true; ; first = false {
+	return watchStatus(ctx, g, watch, func() (any, string, backfill.RunStatus, error) {
 		st, err := m.GraphStatus(ctx, db, run.Job)
+		if err != nil {
+			return nil, "", "", err
+		}
+		return st, st.Text(), st.Status, nil
+	})
+}
+
+// watchStatus prints what read returns (v as a JSON line with --json,
+// else text), once, or every watch while the status it returns is
+// running or paused; a blank line separates the refreshes.
+func watchStatus(ctx context.Context, g *globals, watch time.Duration, read func() (v any, text string, status backfill.RunStatus, err error)) error {
+	for first := true; ; first = false {
+		v, text, status, err := read()
 		if err != nil {
 			return err
 		}
 		if g.json {
-			if err := g.printJSONLine(st, watch > 0); err != nil {
+			if err := g.printJSONLine(v, watch > 0); err != nil {
 				return err
 			}
 		} else {
 			if watch > 0 && !first {
 				fmt.Fprint(g.out, "\n")
 			}
-			fmt.Fprint(g.out, st.Text())
+			fmt.Fprint(g.out, text)
 		}
-		if watch <= 0 || st.Status != backfill.RunRunning && st.Status != backfill.RunPaused {
+		if watch <= 0 || status != backfill.RunRunning && status != backfill.RunPaused {
 			return nil
 		}
 		select {
