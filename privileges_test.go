@@ -505,3 +505,36 @@ func TestLeastPrivilegeSkipUnchanged(t *testing.T) {
 	require.NoError(t, r.admin.Get(&name, `SELECT name FROM items WHERE id = 250`))
 	require.Equal(t, "changed", name)
 }
+
+// TestMigrateIgnoresStatementTimeout: the migrations run with no
+// statement_timeout whatever the caller's (an event trigger records the
+// setting each DDL statement ran under), and the caller's value is in
+// force again after them.
+func TestMigrateIgnoresStatementTimeout(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := sqlx.MustOpen("postgres", pgtest.NewURL(t))
+	defer db.Close()
+	_, err := db.ExecContext(ctx, `CREATE TABLE ddl_timeouts (tag text, timeout text);
+		CREATE FUNCTION record_ddl_timeout() RETURNS event_trigger LANGUAGE plpgsql AS $$
+		BEGIN INSERT INTO ddl_timeouts VALUES (tg_tag, current_setting('statement_timeout')); END $$;
+		CREATE EVENT TRIGGER record_ddl_timeout ON ddl_command_end EXECUTE FUNCTION record_ddl_timeout()`)
+	require.NoError(t, err)
+	tx, err := db.BeginTxx(ctx, nil)
+	require.NoError(t, err)
+	defer tx.Rollback()
+	_, err = tx.ExecContext(ctx, `SET LOCAL statement_timeout = '10min'`)
+	require.NoError(t, err)
+	m := backfill.NewPGManifest("tight")
+	require.NoError(t, m.Migrate(ctx, tx))
+	var v string
+	require.NoError(t, tx.GetContext(ctx, &v, `SELECT current_setting('statement_timeout')`))
+	require.Equal(t, "10min", v)
+	require.NoError(t, tx.Commit())
+	var timeouts []string
+	require.NoError(t, db.SelectContext(ctx, &timeouts, `SELECT DISTINCT timeout FROM ddl_timeouts`))
+	require.Equal(t, []string{"0"}, timeouts, "every DDL statement of the migrations ran without a statement_timeout")
+	cur, latest, err := m.Version(ctx, db)
+	require.NoError(t, err)
+	require.Equal(t, latest, cur)
+}

@@ -451,7 +451,7 @@ func TestStatementTimeoutNotChargedWithExtractor(t *testing.T) {
 	require.NoError(t, err)
 	var name string
 	require.NoError(t, db.Get(&name, `SELECT current_database()`))
-	_, err = db.Exec(`ALTER DATABASE "` + name + `" SET statement_timeout = '300ms'`)
+	_, err = db.Exec(`ALTER DATABASE "` + name + `" SET statement_timeout = '1s'`)
 	require.NoError(t, err)
 	db.SetMaxIdleConns(0) // new sessions: they take the database's setting
 	db2 := sqlx.MustOpen("postgres", u)
@@ -460,7 +460,7 @@ func TestStatementTimeoutNotChargedWithExtractor(t *testing.T) {
 	r := liveRunner(t, db2, "w", nil)
 	job := liveJob(func(c Chunk) {
 		if c.Seq == 0 {
-			time.Sleep(900 * time.Millisecond) // 3 times the statement_timeout
+			time.Sleep(3 * time.Second) // 3 times the statement_timeout
 		}
 	})
 	job.Chunker = IntRange(0, 20, 10)
@@ -479,7 +479,7 @@ func TestStatementTimeoutNotChargedWithExtractor(t *testing.T) {
 	rep, err := r.Run(ctx, job)
 	require.NoError(t, err)
 	require.Equal(t, RunCompleted, rep.Status)
-	require.Equal(t, []string{"300ms", "300ms"}, seen, "the merge and what follows run under the database's statement_timeout")
+	require.Equal(t, []string{"1s", "1s"}, seen, "the merge and what follows run under the database's statement_timeout")
 }
 
 // TestAbandonWaitsForChunksInFlight: a new run (Job.NewRun) abandons the

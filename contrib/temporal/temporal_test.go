@@ -413,10 +413,23 @@ func testLostWorker(t *testing.T, sig syscall.Signal) {
 			_ = cmd.Wait()
 		}
 	})
+	// reached is closed once the worker process is mid-chunk (or failed
+	// to get there): the other slot starts only then, so that it cannot
+	// take every chunk while the process starts.
+	reached := make(chan struct{})
+	var reachedOnce sync.Once
 	work := func(ctx context.Context, in backfilltemporal.SlotInput) (backfilltemporal.SlotResult, error) {
 		if in.Slot != 0 || activity.GetInfo(ctx).Attempt != 1 {
+			if in.Slot != 0 {
+				select {
+				case <-reached:
+				case <-ctx.Done():
+					return backfilltemporal.SlotResult{}, ctx.Err()
+				}
+			}
 			return a.Work(ctx, in)
 		}
+		defer reachedOnce.Do(func() { close(reached) })
 		cmd = exec.Command(os.Args[0], "-test.run=^$")
 		cmd.Env = append(os.Environ(), childEnv+"="+sig.String(), "BACKFILL_TEMPORAL_CHILD_URL="+url)
 		cmd.Stderr = os.Stderr
@@ -456,6 +469,7 @@ func testLostWorker(t *testing.T, sig syscall.Signal) {
 		if err := cmd.Process.Signal(sig); err != nil {
 			return fail(err.Error())
 		}
+		reachedOnce.Do(func() { close(reached) })
 		if sig == syscall.SIGKILL {
 			_ = cmd.Wait()
 		}

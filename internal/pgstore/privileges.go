@@ -534,6 +534,23 @@ func (m *Manifest) migrate(ctx context.Context, tx sqlx.ExtContext) (from, to in
 		FROM (SELECT 1) x LEFT JOIN pg_namespace n ON n.nspname = $1`, m.SchemaName); err != nil {
 		return 0, 0, err
 	}
+	// The migrations are DDL on the manifest's own, small tables: they run
+	// whatever the session's or the database's statement_timeout (a
+	// database set to 300 ms for its application would fail them on a busy
+	// server); the caller's value comes back for the rest of the
+	// transaction. lock_timeout is left as it is.
+	var timeout string
+	if err := sqlx.GetContext(ctx, tx, &timeout, `SELECT current_setting('statement_timeout')`); err != nil {
+		return 0, 0, err
+	}
+	if _, err := tx.ExecContext(ctx, `SELECT set_config('statement_timeout', '0', true)`); err != nil {
+		return 0, 0, err
+	}
+	defer func() {
+		if err == nil {
+			_, err = tx.ExecContext(ctx, `SELECT set_config('statement_timeout', $1, true)`, timeout)
+		}
+	}()
 	s := sqlgen.Ident(m.SchemaName)
 	// denied names the statement q refused for a missing privilege.
 	denied := func(q string, err error) error {
