@@ -221,13 +221,16 @@ func (r *Runner) RunChunk(ctx context.Context, job Job, call ChunkCall) (ChunkRu
 	if target == nil {
 		return ChunkRunReport{}, fmt.Errorf("backfill: job %q batch %d: %w: no chunk %d in the plan", job.Name, run.BatchID, ErrInvalidConfig, call.Seq)
 	}
-	return r.runPlannedChunk(ctx, rs, run, seqs, call)
+	return r.runPlannedChunk(ctx, rs, run, seqs, call, true)
 }
 
 // runPlannedChunk is RunChunk once the job is planned (rs) and its run
 // read (run, the plan's): it runs chunk call.Seq, leasing none of the
-// chunks others (the plan's other chunks).
-func (r *Runner) runPlannedChunk(ctx context.Context, rs runSetup, run Run, others []int, call ChunkCall) (ChunkRunReport, error) {
+// chunks others (the plan's other chunks). With end, a chunk that was
+// the run's last records the run's end (RunChunk); without, the caller
+// ends the run (the graph's scheduler: Runner.endRun, after the gates
+// Run judges a run by at its end).
+func (r *Runner) runPlannedChunk(ctx context.Context, rs runSetup, run Run, others []int, call ChunkCall, end bool) (ChunkRunReport, error) {
 	job := rs.job
 	if run.Status != RunRunning {
 		return r.chunkLeft(ctx, run, call.Seq)
@@ -250,7 +253,7 @@ func (r *Runner) runPlannedChunk(ctx context.Context, rs runSetup, run Run, othe
 	cr, err := ex.runChunk(withBeforeCommit(ctx, call.BeforeCommit), nil)
 	switch {
 	case err == nil && cr.outcome == tryDone:
-		return ex.engineDone(ctx, cr)
+		return ex.engineDone(ctx, cr, end)
 	case err == nil && cr.outcome == tryFenced:
 		return ChunkRunReport{Outcome: ChunkBusy, RunStatus: RunRunning}, nil
 	case err == nil:
@@ -284,9 +287,9 @@ func (ex *execution) fenceStale(ctx context.Context) {
 }
 
 // engineDone records chunk try cr, committed, as [execution.chunkDone]
-// does (the hooks, the run reject gate), and completes the run when it
-// was its last chunk.
-func (ex *execution) engineDone(ctx context.Context, cr chunkRun) (ChunkRunReport, error) {
+// does (the hooks, the run reject gate), and, with end, completes the
+// run when it was its last chunk.
+func (ex *execution) engineDone(ctx context.Context, cr chunkRun, end bool) (ChunkRunReport, error) {
 	rep := ChunkRunReport{Outcome: ChunkLoaded, Result: cr.res, RunStatus: RunRunning}
 	if !ex.chunkDone(ctx, cr.res, cr.fresh, nil) {
 		// The chunk is done; the run reject gate paused the run after it,
@@ -297,6 +300,9 @@ func (ex *execution) engineDone(ctx context.Context, cr chunkRun) (ChunkRunRepor
 		if gate != nil {
 			rep.RunStatus, rep.Reason = RunPaused, gate.Error()
 		}
+		return rep, nil
+	}
+	if !end {
 		return rep, nil
 	}
 	fctx := context.WithoutCancel(ctx)

@@ -370,6 +370,13 @@ type graphMod struct {
 	parents []*graphMod
 	jobs    []*graphJob
 	parked  bool
+	// inflight counts the module's chunks in flight; busy says why a
+	// chunk of it last came back unloaded (a lock wait on its target,
+	// another process holding it: "" since one of its chunks loaded):
+	// while it is set, the module runs at most one chunk at a time
+	// while other modules have chunks ready (graphSched.run).
+	inflight int
+	busy     string
 }
 
 type graphJob struct {
@@ -382,6 +389,8 @@ type graphJob struct {
 	failure  string
 	reason   string
 	inflight int
+	// loaded counts the chunks of the job this call loaded.
+	loaded int
 }
 
 type graphChunk struct {
@@ -572,18 +581,8 @@ func (s *graphSched) refresh(ctx context.Context) error {
 		if gj.run.BatchID == 0 {
 			continue
 		}
-		if st := gj.run.Status; st == RunRunning {
-			allDone := len(gj.chunks) > 0
-			for _, c := range gj.chunks {
-				allDone = allDone && c.done()
-			}
-			if allDone {
-				// Done by this call or another: the run's end is
-				// recorded (FinishRun is idempotent).
-				if run, err := s.r.cfg.Manifest.FinishRun(ctx, s.r.db, gj.run.BatchID, false, ""); err == nil {
-					gj.run.Status = run.Status
-				}
-			}
+		if err := s.readChunks(ctx, gj); err != nil {
+			return err
 		}
 		if run, err := s.r.runOf(ctx, gj.run.BatchID); err == nil {
 			gj.run.Status = run.Status
@@ -591,9 +590,9 @@ func (s *graphSched) refresh(ctx context.Context) error {
 				gj.reason = run.LastError
 			}
 		}
-		if err := s.readChunks(ctx, gj); err != nil {
-			return err
-		}
+		// Done by this call or another (a process that died after
+		// its last chunk): the run is judged and its end recorded.
+		s.endJob(ctx, gj)
 	}
 	return nil
 }
@@ -681,9 +680,21 @@ func (s *graphSched) run(ctx context.Context) error {
 		if ctx.Err() == nil && s.stop == nil {
 			ready, waiting = s.ready(now)
 		}
+		readyMods := map[*graphMod]bool{}
+		for _, c := range ready {
+			readyMods[c.job.mod] = true
+		}
 		for _, c := range ready {
 			if inflight >= concurrency {
 				break
+			}
+			if gm := c.job.mod; gm.busy != "" && gm.inflight >= min(1, concurrency-1) && len(readyMods) > 1 {
+				// A module whose chunks come back unloaded (waiting
+				// on a locked target) takes no more than one slot,
+				// none with a concurrency of one, while another
+				// module has chunks ready: it cannot hold every slot
+				// while independent modules wait.
+				continue
 			}
 			if s.held > 0 && !s.shed && inflight > 0 {
 				// A hold sheds deferrable work first: while a
@@ -697,6 +708,7 @@ func (s *graphSched) run(ctx context.Context) error {
 			}
 			c.inflight = true
 			c.job.inflight++
+			c.job.mod.inflight++
 			inflight++
 			call := ChunkCall{BatchID: c.job.run.BatchID, Seq: c.c.Seq, Final: c.attempts+1 >= cfg.MaxAttempts}
 			others := make([]int, 0, len(c.job.chunks)-1)
@@ -708,7 +720,7 @@ func (s *graphSched) run(ctx context.Context) error {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				rep, err := s.r.runPlannedChunk(ctx, c.job.rs, c.job.run, others, call)
+				rep, err := s.r.runPlannedChunk(ctx, c.job.rs, c.job.run, others, call, false)
 				results <- graphResult{c: c, rep: rep, err: err}
 			}()
 		}
@@ -810,6 +822,7 @@ func (s *graphSched) handle(ctx context.Context, res graphResult) {
 	c, gj := res.c, res.c.job
 	c.inflight = false
 	gj.inflight--
+	gj.mod.inflight--
 	cfg := s.r.cfg
 	switch res.rep.Outcome {
 	case ChunkLoaded:
@@ -818,14 +831,19 @@ func (s *graphSched) handle(ctx context.Context, res graphResult) {
 			c.status = ChunkOpen
 		}
 		s.loaded++
+		gj.loaded++
+		gj.mod.busy = ""
 		if res.rep.RunStatus != "" {
 			gj.run.Status = res.rep.RunStatus
 			gj.reason = res.rep.Reason
 		}
+		s.endJob(ctx, gj)
 	case ChunkAlreadyDone:
 		c.status = ChunkDone
+		s.endJob(ctx, gj)
 	case ChunkBusy:
 		c.notBefore = time.Now().Add(cfg.throttleInterval())
+		gj.mod.busy = cmp.Or(res.rep.Reason, "chunk "+c.c.ID+" held by another process")
 	case ChunkRunPaused, ChunkRunEnded:
 		gj.run.Status, gj.reason = res.rep.RunStatus, res.rep.Reason
 	case ChunkAttemptFailed:
@@ -849,6 +867,33 @@ func (s *graphSched) handle(ctx context.Context, res graphResult) {
 		}
 		gj.failure = fmt.Sprint(res.err)
 		s.log.Warn("backfill: graph job stopped in this call", "job", gj.rs.job.Name, "chunk", c.c.ID, "error", res.err)
+	}
+}
+
+// endJob ends gj's run once every chunk of it is loaded and none is in
+// flight, as a call of Run ends its run: judged by the gates Run judges
+// a run by at its end ("no row loaded" when this call loaded chunks of
+// it, the run reject rate over the batch's totals), then its end
+// recorded (Runner.endRun). A gate that fails pauses the run: the
+// module is paused and holds its descendants.
+func (s *graphSched) endJob(ctx context.Context, gj *graphJob) {
+	if gj.run.Status != RunRunning || gj.inflight > 0 || gj.failure != "" || len(gj.chunks) == 0 {
+		return
+	}
+	for _, c := range gj.chunks {
+		if !c.done() {
+			return
+		}
+	}
+	run, err := s.r.endRun(ctx, gj.rs, gj.run, gj.loaded)
+	if err != nil {
+		gj.failure = fmt.Sprintf("the end of its run: %v", err)
+		s.log.Warn("backfill: graph job's run not ended; the next call tries again", "job", gj.rs.job.Name, "error", err)
+		return
+	}
+	gj.run.Status = run.Status
+	if run.Status != RunCompleted {
+		gj.reason = run.LastError
 	}
 }
 

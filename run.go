@@ -646,6 +646,13 @@ func (ex *execution) run(ctx context.Context) {
 	if len(ex.errs) == 0 {
 		ex.pub.finish(ctx, ex)
 	}
+	ex.judgeLoaded(ctx)
+}
+
+// judgeLoaded runs the "no row loaded" gate (checkLoaded) at the end of a
+// call that completed chunks without errors; a gate that fails is the
+// call's error (the run is paused).
+func (ex *execution) judgeLoaded(ctx context.Context) {
 	if len(ex.errs) == 0 && ex.doneN > 0 {
 		if err := ex.checkLoaded(ctx); err != nil {
 			ex.fail(nil, err)
@@ -669,37 +676,11 @@ func (ex *execution) finishRun(ctx context.Context, run Run, resumed, finished b
 	if len(ex.errs) > 0 {
 		runErr = &PartialError{BatchID: run.BatchID, Done: ex.done, DoneCount: ex.doneN, Failed: ex.failed, Errs: ex.errs}
 	}
-	// A chunk whose quality gate failed paused the run (recordGate) and
-	// does not fail it: an operator who resumed the run meanwhile, before
-	// this call ended, finds it running, not failed.
-	failed, msg := ex.failed != nil && !errors.Is(ex.failed, ErrGateFailed), ""
-	if failed {
-		msg = ex.failed.Error()
-	} else if ex.runGate != nil && ex.r.caps.validations == nil {
-		// A manifest that cannot pause the run: the run gate fails it
-		// (one that can paused it: an operator who resumed it meanwhile
-		// finds it running).
-		failed, msg = true, ex.runGate.Error()
-	} else if i := slices.IndexFunc(ex.errs, func(e error) bool { return errors.Is(e, ErrInvalidConfig) }); i >= 0 {
-		// A deployment error found while the run ran (a throttle signal
-		// that cannot be read): restarting cannot help, so the run is
-		// not left running as if a worker still worked it.
-		failed, msg = true, ex.errs[i].Error()
-	}
-	// A server restart does not leave the run's end unrecorded.
-	// Each try finishes the same batch: a failed try returns no run.
-	err := ex.retryConn(fctx, "finish run", func() error {
-		ended, err := r.cfg.Manifest.FinishRun(fctx, r.db, run.BatchID, failed, msg)
-		if err == nil {
-			run = ended
-		}
-		return err
-	})
+	run, err := ex.recordEnd(fctx, run)
 	if err != nil {
 		// Not silent: the manifest still says the run is running. The
 		// report names the batch, so that the caller (Work) says which.
-		return Report{BatchID: run.BatchID, Job: job.Name, Status: run.Status, Resumed: resumed},
-			errors.Join(runErr, fmt.Errorf("backfill: job %q batch %d: the end of the run could not be recorded; the manifest still shows it as it was: %w", job.Name, run.BatchID, err))
+		return Report{BatchID: run.BatchID, Job: job.Name, Status: run.Status, Resumed: resumed}, errors.Join(runErr, err)
 	}
 	if run.Status == RunAbandoned {
 		runErr = errors.Join(runErr, fmt.Errorf("backfill: job %q batch %d: %w", job.Name, run.BatchID, ErrRunAbandoned))
@@ -738,7 +719,7 @@ func (ex *execution) finishRun(ctx context.Context, run Run, resumed, finished b
 			runErr = errors.Join(runErr, fmt.Errorf("%w: job %q batch %d is %s", ErrAlreadyCompleted, job.Name, run.BatchID, run.Status))
 		}
 	}
-	if err == nil && rep.Status == RunRunning && !failed && rep.ChunksTotal > 0 && rep.ChunksDone == rep.ChunksTotal {
+	if failed, _ := ex.outcome(); err == nil && rep.Status == RunRunning && !failed && rep.ChunksTotal > 0 && rep.ChunksDone == rep.ChunksTotal {
 		// Another worker checkpointed the last chunk between this call's
 		// end of the run and its report: complete the run now rather
 		// than leave it running with every chunk done, once the run gate
@@ -768,6 +749,75 @@ func (ex *execution) finishRun(ctx context.Context, run Run, resumed, finished b
 	log.Info("backfill run ended", "status", rep.Status, "chunks_done", rep.ChunksDone, "chunks_total", rep.ChunksTotal,
 		"chunks_run", rep.ChunksRun, "rows_read", rep.Counts.Read, "elapsed", rep.Elapsed)
 	return rep, errors.Join(runErr, err)
+}
+
+// outcome says how this call ends its run: failed (with msg, the run's
+// last error) or not.
+func (ex *execution) outcome() (failed bool, msg string) {
+	// A chunk whose quality gate failed paused the run (recordGate) and
+	// does not fail it: an operator who resumed the run meanwhile, before
+	// this call ended, finds it running, not failed.
+	failed, msg = ex.failed != nil && !errors.Is(ex.failed, ErrGateFailed), ""
+	if failed {
+		msg = ex.failed.Error()
+	} else if ex.runGate != nil && ex.r.caps.validations == nil {
+		// A manifest that cannot pause the run: the run gate fails it
+		// (one that can paused it: an operator who resumed it meanwhile
+		// finds it running).
+		failed, msg = true, ex.runGate.Error()
+	} else if i := slices.IndexFunc(ex.errs, func(e error) bool { return errors.Is(e, ErrInvalidConfig) }); i >= 0 {
+		// A deployment error found while the run ran (a throttle signal
+		// that cannot be read): restarting cannot help, so the run is
+		// not left running as if a worker still worked it.
+		failed, msg = true, ex.errs[i].Error()
+	}
+	return failed, msg
+}
+
+// recordEnd records the end of this call on run in the manifest
+// (FinishRun) as the call's outcome says, and returns the run as
+// recorded: completed when every chunk is done, failed when a chunk
+// failed for good or a deployment error stopped the call, else as it
+// was. An error says the end could not be recorded; the manifest then
+// shows the run as it was.
+func (ex *execution) recordEnd(fctx context.Context, run Run) (Run, error) {
+	r := ex.r
+	failed, msg := ex.outcome()
+	// A server restart does not leave the run's end unrecorded.
+	// Each try finishes the same batch: a failed try returns no run.
+	err := ex.retryConn(fctx, "finish run", func() error {
+		ended, err := r.cfg.Manifest.FinishRun(fctx, r.db, run.BatchID, failed, msg)
+		if err == nil {
+			run = ended
+		}
+		return err
+	})
+	if err != nil {
+		return run, fmt.Errorf("backfill: job %q batch %d: the end of the run could not be recorded; the manifest still shows it as it was: %w", ex.job.Name, run.BatchID, err)
+	}
+	return run, nil
+}
+
+// endRun judges run, whose chunks a caller found all loaded (loaded of
+// them by the caller), as a call of Run judges its run at its end, and
+// records its end: the "no row loaded" gate (judgeLoaded, when the
+// caller loaded chunks), the run reject gate over the batch's totals
+// (finalGate), then the end (recordEnd). A gate that fails pauses the
+// run, which is returned paused with its reason. The graph's scheduler
+// ends its jobs' runs so, having run their chunks one call each
+// (runPlannedChunk).
+func (r *Runner) endRun(ctx context.Context, rs runSetup, run Run, loaded int) (Run, error) {
+	ctx = pgstore.WithPurpose(context.WithoutCancel(ctx), "", run.BatchID)
+	ex, err := r.startExecution(ctx, rs, run, r.cfg.Logger.With("job", rs.job.Name, "batch_id", run.BatchID))
+	if err != nil {
+		return run, err
+	}
+	ex.doneN = loaded
+	ex.judgeLoaded(ctx)
+	if err := ex.finalGate(ctx); err != nil {
+		return run, err
+	}
+	return ex.recordEnd(ctx, run)
 }
 
 // finalGate checks the run reject rate over the batch's totals at the end
