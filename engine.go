@@ -344,12 +344,13 @@ func (ex *execution) engineFailed(ctx context.Context, cr chunkRun, call ChunkCa
 		// recorded; the caller tries again.
 		return ChunkRunReport{Outcome: ChunkAttemptFailed}, err
 	}
-	if _, _, ok := pgstore.WaitCode(ctx, err); ok {
+	if code, msg, ok := pgstore.WaitCode(ctx, err); ok {
 		// A wait (a lock held by another transaction, a deadlock, a
 		// statement timeout) rolled the chunk back: not an attempt, as
-		// under Run; the stale holders are fenced and the caller tries
-		// again later.
-		ex.log.Warn("chunk waited; its transaction rolled back", "chunk", ce.Chunk.ID, "error", err)
+		// under Run; it is logged and recorded with its blockers as
+		// under Run (the caller's next call is its next try), the
+		// stale holders are fenced and the caller tries again later.
+		ex.noteWait(ctx, ce, cr, code, msg, 1, 0, false)
 		ex.fenceStale(fctx)
 		return ChunkRunReport{Outcome: ChunkBusy, RunStatus: RunRunning, Reason: err.Error()}, nil
 	}

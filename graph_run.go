@@ -132,7 +132,7 @@ func (r *Runner) graphBlueprint(ctx context.Context, gs graphSetup) (Blueprint, 
 				return Blueprint{}, err
 			}
 			j := jb.Modules[0].Jobs[0]
-			j.Fingerprint = rs.plan.Fingerprint
+			j.Fingerprint, j.Chunks = rs.plan.Fingerprint, jb.Scope.Chunks
 			b.Modules[i].Jobs[k] = j
 			b.Scope.Chunks += jb.Scope.Chunks
 			b.Limits = jb.Limits
@@ -348,9 +348,16 @@ type graphSched struct {
 	mods []*graphMod
 	jobs []*graphJob
 
-	// throttle: the states of Config.Throttles and how many hold.
-	states []*hysteresis.State
-	held   int
+	// throttle: the states of Config.Throttles and how many hold;
+	// periods are the ids of their open throttle periods (0: none).
+	states  []*hysteresis.State
+	held    int
+	periods []int64
+	// worker is the call's worker of the graph's run (registered and
+	// heartbeating while it runs): its throttle periods tell every
+	// process that the call's holds park the deferrable modules
+	// (GraphStatus).
+	worker *execution
 	// shed: while a throttle holds, a deferrable module has chunks
 	// left, which the hold parks; the essential modules then keep their
 	// concurrency.
@@ -467,6 +474,7 @@ func (s *graphSched) start(ctx context.Context) error {
 	for _, th := range s.r.cfg.Throttles {
 		s.states = append(s.states, &hysteresis.State{Throttle: th, ConfigHigh: th.High, ConfigLow: th.Low})
 	}
+	s.periods = make([]int64, len(s.states))
 	return nil
 }
 
@@ -633,6 +641,9 @@ func (s *graphSched) statuses() []ModuleStatus {
 		if gm.parked && (ms[i].State == backfilltype.ModulePending || ms[i].State == backfilltype.ModuleRunning) {
 			ms[i].State, ms[i].Reason = backfilltype.ModuleParked, "deferrable: parked while a throttle holds"
 		}
+		if gm.busy != "" && (ms[i].State == backfilltype.ModulePending || ms[i].State == backfilltype.ModuleRunning) {
+			ms[i].Waiting = gm.busy
+		}
 	}
 	return ms
 }
@@ -666,6 +677,9 @@ func (s *graphSched) run(ctx context.Context) error {
 	interval := cfg.throttleInterval()
 	concurrency := max(1, cfg.Concurrency)
 	results := make(chan graphResult)
+	s.worker = &execution{r: s.r, job: Job{Name: s.gs.g.Name}, batchID: s.grun.BatchID, log: s.log}
+	s.worker.startWorker(ctx)
+	defer s.stopWorker(context.WithoutCancel(ctx))
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	inflight := 0
@@ -933,7 +947,7 @@ func (s *graphSched) checkThrottle(ctx context.Context, now time.Time, interval 
 		return
 	}
 	s.checkedAt = now
-	for _, h := range s.states {
+	for i, h := range s.states {
 		if h.Throttle.Signal == nil {
 			continue
 		}
@@ -947,10 +961,50 @@ func (s *graphSched) checkThrottle(ctx context.Context, now time.Time, interval 
 		switch h.Observe(now, v) {
 		case hysteresis.Hold:
 			s.held++
+			s.openPeriod(ctx, i, v)
 			s.log.Warn("backfill: graph throttle hold: deferrable modules park first, essential ones run on (one chunk at a time once no deferrable work is left)", "signal", h.Throttle.Signal.Name(), "value", v)
 		case hysteresis.Release:
 			s.held--
+			s.closePeriod(ctx, i, v)
 			s.log.Info("backfill: graph throttle release", "signal", h.Throttle.Signal.Name(), "value", v)
 		}
 	}
+}
+
+// openPeriod records the hold of throttle i (its signal read v) as a
+// throttle period of the graph's run by the call's worker: while it is
+// open and the worker alive, GraphStatus shows the deferrable modules
+// parked.
+func (s *graphSched) openPeriod(ctx context.Context, i int, v float64) {
+	tm := s.r.caps.throttle
+	if tm == nil || s.worker == nil || s.worker.worker == nil {
+		return
+	}
+	id, err := tm.OpenPeriod(ctx, s.r.db, holdPeriod(s.grun.BatchID, s.worker.worker.key, s.states[i], v))
+	if err != nil {
+		s.log.Warn("backfill: graph throttle period not recorded", "signal", s.states[i].Throttle.Signal.Name(), "error", err)
+		return
+	}
+	s.periods[i] = id
+}
+
+// closePeriod ends the throttle period of throttle i, its signal at v.
+func (s *graphSched) closePeriod(ctx context.Context, i int, v float64) {
+	tm := s.r.caps.throttle
+	if tm == nil || s.periods[i] == 0 {
+		return
+	}
+	if err := tm.ClosePeriod(ctx, s.r.db, s.periods[i], finite(v)); err != nil {
+		s.log.Warn("backfill: graph throttle period not closed", "signal", s.states[i].Throttle.Signal.Name(), "error", err)
+	}
+	s.periods[i] = 0
+}
+
+// stopWorker ends the call's open throttle periods (at the signal's
+// last reading) and marks its worker finished.
+func (s *graphSched) stopWorker(ctx context.Context) {
+	for i, h := range s.states {
+		s.closePeriod(ctx, i, h.LastRead)
+	}
+	s.worker.stopWorker()
 }

@@ -448,13 +448,10 @@ func (t *throttler) holding() bool {
 // wake lets the waiting workers look at the call's state again.
 func (t *throttler) wake() { t.setHeld(0) }
 
-func (t *throttler) openPeriod(ctx context.Context, i int, v float64) {
-	tm := t.ex.r.caps.throttle
-	if tm == nil {
-		return
-	}
-	h := t.states[i]
-	p := backfilltype.ThrottlePeriod{BatchID: t.ex.batchID, WorkerKey: t.workerKey(), Signal: h.Throttle.Signal.Name(),
+// holdPeriod is the throttle period of a hold of h, whose signal read
+// v (+Inf: unreadable), by worker workerKey of run batchID.
+func holdPeriod(batchID int64, workerKey string, h *hysteresis.State, v float64) backfilltype.ThrottlePeriod {
+	p := backfilltype.ThrottlePeriod{BatchID: batchID, WorkerKey: workerKey, Signal: h.Throttle.Signal.Name(),
 		Reason: fmt.Sprintf("%s %g at or above high watermark %g", h.Throttle.Signal.Name(), v, h.Throttle.High),
 		Value:  finite(v), High: finite(h.Throttle.High), Low: finite(h.Throttle.EffectiveLow())}
 	if math.IsInf(v, 1) {
@@ -464,6 +461,15 @@ func (t *throttler) openPeriod(ctx context.Context, i int, v float64) {
 			h.Throttle.Signal.Name(), h.Fails, h.LastRead, h.Throttle.High)
 		p.Value = finite(h.LastRead)
 	}
+	return p
+}
+
+func (t *throttler) openPeriod(ctx context.Context, i int, v float64) {
+	tm := t.ex.r.caps.throttle
+	if tm == nil {
+		return
+	}
+	p := holdPeriod(t.ex.batchID, t.workerKey(), t.states[i], v)
 	id, err := tm.OpenPeriod(ctx, t.ex.r.db, p)
 	if err != nil {
 		t.ex.log.Warn("backfill: throttle period not recorded", "signal", p.Signal, "error", err)

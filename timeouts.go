@@ -173,8 +173,25 @@ func (ex *execution) chunkWaited(ctx context.Context, ce *ChunkError, cr chunkRu
 		ex.waits.avoid(seq, time.Now().Add(sleep))
 	}
 	ex.mu.Unlock()
+	ex.noteWait(ctx, ce, cr, code, msg, n+1, sleep, final)
+	if final {
+		return false
+	}
+	select {
+	case <-ctx.Done():
+	case <-time.After(sleep):
+	}
+	return true
+}
 
-	w := backfilltype.Wait{BatchID: ex.batchID, Seq: seq, ChunkID: ce.Chunk.ID, Attempt: ce.Attempt, Try: n + 1, SQLState: code, Message: msg,
+// noteWait logs try (1-based) of ce's chunk, which ended with a wait
+// (code, msg), and records it in the manifest's waits with what the
+// watcher saw of its blockers; sleep is the pause before the chunk's
+// next try, final says the wait ends the attempt as failed.
+func (ex *execution) noteWait(ctx context.Context, ce *ChunkError, cr chunkRun, code, msg string, try int, sleep time.Duration, final bool) {
+	s := ex.r.cfg.txSettings()
+	seq := ce.Chunk.Seq
+	w := backfilltype.Wait{BatchID: ex.batchID, Seq: seq, ChunkID: ce.Chunk.ID, Attempt: ce.Attempt, Try: try, SQLState: code, Message: msg,
 		LockTimeout: cr.lockTimeout, StatementTimeout: s.StmtSetting(), Sleep: sleep, Final: final, Worker: ex.r.cfg.WorkerID}
 	if cr.seen != nil && !cr.seen.at.IsZero() {
 		w.Waited = cr.seen.waited + time.Since(cr.seen.at)
@@ -198,12 +215,12 @@ func (ex *execution) chunkWaited(ctx context.Context, ce *ChunkError, cr chunkRu
 			w.Blockers = pgstore.StrongLockHolders(context.WithoutCancel(ctx), ex.r.db)
 		}
 	}
-	ex.traceRetry(ctx, backfilltrace.RetryData{Chunk: ce.Chunk, Attempt: ce.Attempt, Kind: backfilltrace.RetryWait, Try: n + 1, SQLState: code, Sleep: sleep, Final: final, Err: ce.Err})
+	ex.traceRetry(ctx, backfilltrace.RetryData{Chunk: ce.Chunk, Attempt: ce.Attempt, Kind: backfilltrace.RetryWait, Try: try, SQLState: code, Sleep: sleep, Final: final, Err: ce.Err})
 	blockers := pgstore.DescribeBlockers(w.Blockers)
 	if blockers == "" {
 		blockers = "none seen"
 	}
-	attrs := []any{"seq", seq, "chunk", ce.Chunk.ID, "attempt", ce.Attempt, "try", n + 1, "sqlstate", code, "message", msg,
+	attrs := []any{"seq", seq, "chunk", ce.Chunk.ID, "attempt", ce.Attempt, "try", try, "sqlstate", code, "message", msg,
 		"lock_timeout", cr.lockTimeout, "statement_timeout", w.StatementTimeout, "waited", w.Waited, "blockers", blockers}
 	if final {
 		ex.log.Warn("backfill: chunk waited on the retry table's last row; the attempt counts as failed", attrs...)
@@ -218,14 +235,6 @@ func (ex *execution) chunkWaited(ctx context.Context, ce *ChunkError, cr chunkRu
 			ex.log.Warn("backfill: wait not recorded in the manifest", "seq", seq, "chunk", ce.Chunk.ID, "error", err)
 		}
 	}
-	if final {
-		return false
-	}
-	select {
-	case <-ctx.Done():
-	case <-time.After(sleep):
-	}
-	return true
 }
 
 // conflictSleep is the first sleep after a serialization failure or a

@@ -90,6 +90,9 @@ type BlueprintJob struct {
 	// Fingerprint is the job's plan's, in a graph's blueprint ("" in a
 	// job's: the blueprint's Fingerprint is the job's).
 	Fingerprint string `json:"fingerprint,omitempty"`
+	// Chunks is the number of chunks of the job's plan, in a graph's
+	// blueprint (0 in a job's: the blueprint's Scope.Chunks).
+	Chunks int `json:"chunks,omitempty"`
 	// Target is the frozen target: table, business key, written columns,
 	// identity mode and its policies.
 	Target PlanTarget `json:"target"`
@@ -343,12 +346,19 @@ func (b Blueprint) Text() string {
 		what = "graph"
 	}
 	sb.WriteString("Blueprint of " + what + " " + strconv.Quote(b.Job) + "\n")
-	for _, f := range b.Fields() {
+	fields := b.Fields()
+	// The values start in one column, after the longest name (at least
+	// the 40th).
+	width := 40
+	for _, f := range fields {
+		width = max(width, len(f.Name)+1)
+	}
+	for _, f := range fields {
 		v := f.Value
 		if v == "" || v == "[]" {
 			v = "-"
 		}
-		fmt.Fprintf(&sb, "  %-40s %s\n", f.Name+":", v)
+		fmt.Fprintf(&sb, "  %-*s %s\n", width, f.Name+":", v)
 	}
 	if p := b.Previous; p != nil {
 		fmt.Fprintf(&sb, "Changes since the previous plan (batch %d, %s, fingerprint %s):\n", p.BatchID, p.Status, p.Fingerprint)

@@ -90,8 +90,16 @@ type ModuleStatus struct {
 	HeldBy string `json:"held_by,omitempty"`
 	// Reason says why a module is failed, paused, held or parked.
 	Reason string `json:"reason,omitempty"`
+	// Waiting says, when the manifest knows, what a pending or running
+	// module's chunks wait for: a chunk of one of its jobs waiting for a
+	// lock now, or the latest recorded wait (a lock timeout) of a chunk
+	// not loaded since, with the session that blocks it; "" otherwise.
+	Waiting string `json:"waiting,omitempty"`
 	// ChunksDone and ChunksTotal count the chunks of the module's jobs'
-	// runs (done or open count as done); Rows the rows they read.
+	// runs (done or open count as done); Rows the rows they read. A
+	// job with no run of its plan yet (the graph awaits approval, or its
+	// module has not started) counts the chunks of its plan, from the
+	// blueprint recorded for the graph's run.
 	ChunksDone  int   `json:"chunks_done"`
 	ChunksTotal int   `json:"chunks_total"`
 	Rows        int64 `json:"rows"`
@@ -100,7 +108,7 @@ type ModuleStatus struct {
 }
 
 // ModuleJobStatus is one job of a module and its run (BatchID 0: no run
-// of the job's plan yet).
+// of the job's plan yet: ChunksTotal is then its plan's, when known).
 type ModuleJobStatus struct {
 	Job         string    `json:"job"`
 	BatchID     int64     `json:"batch_id,omitempty"`
@@ -114,11 +122,18 @@ type ModuleJobStatus struct {
 // run of the graph's plan: BatchID, Status, Fingerprint) and each of its
 // modules, in the graph's order.
 type GraphStatus struct {
-	Graph       string         `json:"graph"`
-	BatchID     int64          `json:"batch_id"`
-	Status      RunStatus      `json:"status"`
-	Fingerprint string         `json:"fingerprint"`
-	Modules     []ModuleStatus `json:"modules"`
+	Graph       string    `json:"graph"`
+	BatchID     int64     `json:"batch_id"`
+	Status      RunStatus `json:"status"`
+	Fingerprint string    `json:"fingerprint"`
+	// Approval is the graph's run's approval policy, author and
+	// approvals so far (nil when the graph has no approval policy).
+	Approval *ApprovalState `json:"approval,omitempty"`
+	// Waiting says what the graph's run waits for before any module
+	// runs: the approvals missing and the commands that record one
+	// (awaiting approval); "" otherwise.
+	Waiting string         `json:"waiting,omitempty"`
+	Modules []ModuleStatus `json:"modules"`
 }
 
 // SettleModules sets the State, HeldBy and Reason of each module of ms
@@ -212,13 +227,22 @@ func IsGraphPlan(plan []byte) bool {
 	return json.Unmarshal(plan, &p) == nil && len(p.Modules) > 0
 }
 
-// Text returns the graph's status as text: its run, then one line per
-// module: state (and the ancestor that holds it), chunks done of total,
-// rows, class, priority, flag and dependencies, then why a module is
-// not running.
+// Text returns the graph's status as text: its run, its approvals and
+// what it waits for, then one line per module: state (and the ancestor
+// that holds it), chunks done of total, rows, class, priority, flag and
+// dependencies, then why a module is not running and what it waits for.
 func (s GraphStatus) Text() string {
 	var sb strings.Builder
 	fmt.Fprintf(&sb, "graph %s: batch %d, %s, fingerprint %s\n", s.Graph, s.BatchID, s.Status, s.Fingerprint)
+	if a := s.Approval; a != nil && a.Policy != nil {
+		fmt.Fprintf(&sb, "approvals %d of %d of plan fingerprint %s (author %s, role %s)\n", len(a.Approvals), a.Policy.Approvers, a.Fingerprint, shown(a.Author), shown(a.AuthorRole))
+		for _, ap := range a.Approvals {
+			fmt.Fprintf(&sb, "  %s by %s (role %s): %s\n", ap.CreatedAt.UTC().Format("2006-01-02 15:04:05Z"), shown(ap.Approver), shown(ap.DBRole), shown(ap.Reason))
+		}
+	}
+	if s.Waiting != "" {
+		sb.WriteString(oneLine(s.Waiting) + "\n")
+	}
 	w := tabwriter.NewWriter(&sb, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(w, "MODULE\tSTATE\tCHUNKS\tROWS\tCLASS\tPRIORITY\tENABLED\tDEPENDS ON")
 	for _, m := range s.Modules {
@@ -236,6 +260,9 @@ func (s GraphStatus) Text() string {
 	for _, m := range s.Modules {
 		if m.Reason != "" && m.State != ModuleCompleted {
 			fmt.Fprintf(&sb, "%s: %s\n", m.Name, m.Reason)
+		}
+		if m.Waiting != "" {
+			fmt.Fprintf(&sb, "%s: waiting: %s\n", m.Name, oneLine(m.Waiting))
 		}
 	}
 	return sb.String()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"time"
 
 	"github.com/jmoiron/sqlx"
 	"github.com/pgbackfill/backfill/backfilltype"
@@ -95,6 +96,20 @@ func (m *Manifest) graphStatus(ctx context.Context, tx sqlx.ExtContext, run back
 	}
 	st := backfilltype.GraphStatus{Graph: run.Job, BatchID: run.BatchID, Status: run.Status,
 		Fingerprint: run.Fingerprint, Modules: make([]backfilltype.ModuleStatus, len(plan.Modules))}
+	approval, err := m.Approvals(ctx, tx, run.BatchID)
+	if err != nil {
+		return backfilltype.GraphStatus{}, err
+	}
+	if approval.Policy != nil {
+		st.Approval = &approval
+		if run.Status == backfilltype.RunAwaitingApproval {
+			st.Waiting = AwaitingText(m.Schema(), approval)
+		}
+	}
+	planned, err := m.plannedChunks(ctx, tx, run.BatchID)
+	if err != nil {
+		return backfilltype.GraphStatus{}, err
+	}
 	for i, pm := range plan.Modules {
 		ms := backfilltype.ModuleStatus{Name: pm.Name, DependsOn: append([]string{}, pm.DependsOn...), Priority: pm.Priority, Class: pm.Class,
 			Enabled: pm.Enabled, Jobs: []backfilltype.ModuleJobStatus{}}
@@ -114,7 +129,7 @@ func (m *Manifest) graphStatus(ctx context.Context, tx sqlx.ExtContext, run back
 				ORDER BY r.batch_id DESC LIMIT 1`), j.Name, j.Fingerprint); err != nil {
 				return backfilltype.GraphStatus{}, err
 			}
-			js := backfilltype.ModuleJobStatus{Job: j.Name}
+			js := backfilltype.ModuleJobStatus{Job: j.Name, ChunksTotal: planned[j.Name]}
 			if len(jr) == 1 {
 				js = backfilltype.ModuleJobStatus{Job: j.Name, BatchID: jr[0].BatchID, Status: backfilltype.RunStatus(jr[0].Status),
 					ChunksDone: jr[0].Done, ChunksTotal: jr[0].Total, Rows: jr[0].Rows}
@@ -123,6 +138,15 @@ func (m *Manifest) graphStatus(ctx context.Context, tx sqlx.ExtContext, run back
 					ms.State = backfilltype.ModuleFailed
 					if js.Status == backfilltype.RunPaused {
 						ms.State = backfilltype.ModulePaused
+					}
+				}
+				if js.Status == backfilltype.RunRunning && js.ChunksDone < js.ChunksTotal && ms.Waiting == "" {
+					w, err := m.runWait(ctx, tx, js.BatchID)
+					if err != nil {
+						return backfilltype.GraphStatus{}, err
+					}
+					if w != "" {
+						ms.Waiting = "job " + j.Name + ": " + w
 					}
 				}
 			}
@@ -134,5 +158,99 @@ func (m *Manifest) graphStatus(ctx context.Context, tx sqlx.ExtContext, run back
 		st.Modules[i] = ms
 	}
 	backfilltype.SettleModules(st.Modules)
+	// The holds of the throttles of a live call of RunGraph (its
+	// worker's open throttle periods on the graph's run) park the
+	// deferrable modules that have chunks left.
+	var holds *string
+	if err := sqlx.GetContext(ctx, tx, &holds, m.SQL(`SELECT string_agg(DISTINCT p.signal || ' (' || p.reason || ')', ', ')
+		FROM {s}.throttle_periods p JOIN {s}.workers w ON w.worker_key = p.worker_key
+		WHERE p.batch_id = $1 AND p.ended_at IS NULL AND w.finished_at IS NULL AND w.heartbeat_at >= now() - w.stale_after`), run.BatchID); err != nil {
+		return backfilltype.GraphStatus{}, err
+	}
+	for i := range st.Modules {
+		ms := &st.Modules[i]
+		if holds != nil && ms.Class == backfilltype.ModuleDeferrable && (ms.State == backfilltype.ModulePending || ms.State == backfilltype.ModuleRunning) {
+			ms.State, ms.Reason = backfilltype.ModuleParked, "deferrable: parked while a throttle holds: "+*holds
+		}
+		if ms.State != backfilltype.ModulePending && ms.State != backfilltype.ModuleRunning {
+			ms.Waiting = ""
+		}
+	}
 	return st, nil
+}
+
+// plannedChunks returns the number of chunks of each job's plan (by job
+// name) in the latest blueprint recorded for the graph's run batchID
+// (empty when none is).
+func (m *Manifest) plannedChunks(ctx context.Context, tx sqlx.ExtContext, batchID int64) (map[string]int, error) {
+	var details [][]byte
+	if err := sqlx.SelectContext(ctx, tx, &details, m.SQL(`SELECT detail FROM {s}.events
+		WHERE batch_id = $1 AND kind = $2 ORDER BY id DESC LIMIT 1`), batchID, backfilltype.EventBlueprint); err != nil {
+		return nil, err
+	}
+	out := map[string]int{}
+	if len(details) == 0 {
+		return out, nil
+	}
+	var b backfilltype.Blueprint
+	if err := json.Unmarshal(details[0], &b); err != nil {
+		return nil, fmt.Errorf("blueprint of batch %d: %w", batchID, err)
+	}
+	for _, mod := range b.Modules {
+		for _, j := range mod.Jobs {
+			out[j.Name] = j.Chunks
+		}
+	}
+	return out, nil
+}
+
+// runWait says what the unfinished chunks of running run batchID wait
+// for, when the manifest knows: a session of a live worker of the run
+// waiting for a lock now, with the session that blocks it; else the
+// latest recorded wait (waits) of a chunk not loaded, unless a chunk of
+// the run was checkpointed after it. "" for neither.
+func (m *Manifest) runWait(ctx context.Context, tx sqlx.ExtContext, batchID int64) (string, error) {
+	var liveJS string
+	if err := sqlx.GetContext(ctx, tx, &liveJS, m.SQL(`SELECT `+lockWaitsSQL), batchID); err != nil {
+		return "", err
+	}
+	var live []backfilltype.LockWait
+	if err := json.Unmarshal([]byte(liveJS), &live); err != nil {
+		return "", fmt.Errorf("lock waits of batch %d: %w", batchID, err)
+	}
+	if len(live) > 0 {
+		w := live[0]
+		s := fmt.Sprintf("a chunk's session waits for a lock (%s) since %.0f s", w.WaitEvent, w.Seconds)
+		if w.BlockerPID != 0 {
+			s += fmt.Sprintf(", blocked by pid %d (application_name %q, user %q, %s, query %q)", w.BlockerPID, w.BlockerApp, w.BlockerUser, w.BlockerState, w.BlockerQuery)
+		}
+		return s, nil
+	}
+	var rows []struct {
+		ChunkID  string    `db:"chunk_id"`
+		SQLState string    `db:"sqlstate"`
+		Message  string    `db:"message"`
+		Blockers []byte    `db:"blockers"`
+		At       time.Time `db:"at"`
+	}
+	if err := sqlx.SelectContext(ctx, tx, &rows, m.SQL(`SELECT w.chunk_id, w.sqlstate, w.message, w.blockers, w.at
+		FROM {s}.waits w JOIN {s}.chunks c ON c.batch_id = w.batch_id AND c.seq = w.seq
+		WHERE w.batch_id = $1 AND c.status NOT IN ('done', 'open')
+			AND w.at >= coalesce((SELECT max(x.checkpointed_at) FROM {s}.chunks x WHERE x.batch_id = $1), '-infinity')
+		ORDER BY w.id DESC LIMIT 1`), batchID); err != nil {
+		return "", err
+	}
+	if len(rows) == 0 {
+		return "", nil
+	}
+	w := rows[0]
+	var bs []backfilltype.Blocker
+	if err := json.Unmarshal(w.Blockers, &bs); err != nil {
+		return "", fmt.Errorf("waits of batch %d: blockers: %w", batchID, err)
+	}
+	blockers := DescribeBlockers(bs)
+	if blockers == "" {
+		blockers = "none seen"
+	}
+	return fmt.Sprintf("chunk %s waited at %s (%s %s) and is tried again; blocked by %s", w.ChunkID, w.At.UTC().Format("2006-01-02 15:04:05Z"), w.SQLState, w.Message, blockers), nil
 }
