@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/jmoiron/sqlx"
@@ -263,6 +264,18 @@ func TestGraphBlueprintGolden(t *testing.T) {
 	require.NoError(t, err)
 	golden(t, "graph_blueprint.golden.json", string(js)+"\n")
 	golden(t, "graph_blueprint.golden.txt", b.Text())
+	// Every value starts in one column, after the longest field name.
+	fields, _, _ := strings.Cut(b.Text(), "\nChanges")
+	col := 0
+	for _, line := range strings.Split(fields, "\n")[1:] {
+		name, _, ok := strings.Cut(strings.TrimPrefix(line, "  "), ": ")
+		require.True(t, ok, line)
+		value := strings.TrimLeft(line[2+len(name)+1:], " ")
+		if col == 0 {
+			col = len(line) - len(value)
+		}
+		require.Equal(t, col, len(line)-len(value), "value of %s not aligned", name)
+	}
 	var n int
 	require.NoError(t, db.Get(&n, `SELECT (SELECT count(*) FROM backfill.runs) + (SELECT count(*) FROM backfill.events)`))
 	require.Zero(t, n, "a blueprint creates no run and records nothing")

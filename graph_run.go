@@ -321,8 +321,10 @@ func (gs graphSetup) pendingModules() []ModuleStatus {
 	ms := make([]ModuleStatus, len(gs.plan.Modules))
 	for i, pm := range gs.plan.Modules {
 		ms[i] = ModuleStatus{Name: pm.Name, DependsOn: pm.DependsOn, Priority: pm.Priority, Class: pm.Class, Enabled: pm.Enabled, Jobs: []backfilltype.ModuleJobStatus{}}
-		for _, j := range pm.Jobs {
-			ms[i].Jobs = append(ms[i].Jobs, backfilltype.ModuleJobStatus{Job: j.Name})
+		for k, j := range pm.Jobs {
+			total := gs.jobs[i][k].plan.Len()
+			ms[i].Jobs = append(ms[i].Jobs, backfilltype.ModuleJobStatus{Job: j.Name, ChunksTotal: total})
+			ms[i].ChunksTotal += total
 		}
 	}
 	backfilltype.SettleModules(ms)
@@ -613,6 +615,10 @@ func (s *graphSched) statuses() []ModuleStatus {
 		m := ModuleStatus{Name: pm.Name, DependsOn: pm.DependsOn, Priority: pm.Priority, Class: pm.Class, Enabled: pm.Enabled, Jobs: []backfilltype.ModuleJobStatus{}}
 		for _, gj := range gm.jobs {
 			js := backfilltype.ModuleJobStatus{Job: gj.rs.job.Name, BatchID: gj.run.BatchID, Status: gj.run.Status, ChunksTotal: len(gj.chunks)}
+			if gj.run.BatchID == 0 {
+				// No run (a disabled or held module): its plan's chunks.
+				js.ChunksTotal = gj.rs.plan.Len()
+			}
 			if gj.failure != "" && js.Status == RunRunning {
 				js.Status = RunFailed
 			}

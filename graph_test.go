@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
@@ -328,4 +330,156 @@ func TestRunGraphGatedModuleHoldsDescendants(t *testing.T) {
 	require.Equal(t, map[string]string{"airports": "completed", "flights": "completed", "route_stats": "completed", "weather": "completed"}, moduleStates(rep.Modules))
 	require.Empty(t, *violations)
 	requireGraphOrder(t, db, "route_stats", "flights")
+}
+
+// rejectingJob creates table (id, amount numeric(10,2), lineage) and
+// returns a job whose every row is rejected (an amount the column cannot
+// hold), with the run reject gate off and a warning check that records
+// each chunk's rows read.
+func rejectingJob(t *testing.T, db *sqlx.DB, table string) backfill.Job {
+	t.Helper()
+	_, err := db.Exec(fmt.Sprintf(`CREATE TABLE %q (id bigint PRIMARY KEY, amount numeric(10,2), backfill_inserted_by bigint, backfill_updated_by bigint)`, table))
+	require.NoError(t, err)
+	return backfill.Job{
+		Name:             table,
+		Chunker:          backfill.IntRange(0, 20, 10),
+		ChunkColumn:      "id",
+		MaxRunRejectRate: -1,
+		Extractor: backfill.ExtractorFunc(func(ctx context.Context, c backfill.Chunk, w backfill.RowWriter) error {
+			for id := c.Lo; id < c.Hi; id++ {
+				if err := w.Write(ctx, id, "1e20"); err != nil {
+					return err
+				}
+			}
+			return nil
+		}),
+		Validators: []backfill.Validator{backfill.ValidatorFunc(func(ctx context.Context, tx sqlx.ExtContext, s backfill.ValidationScope) (backfill.CheckResult, error) {
+			return backfill.CheckResult{Check: "rows_read", Severity: backfill.SeverityWarn, Passed: s.Counts.Read == 10, Expected: "10", Actual: fmt.Sprint(s.Counts.Read)}, nil
+		})},
+		Target: backfill.Target{Table: table, Key: []string{"id"}, Columns: []string{"id", "amount"}},
+	}
+}
+
+// TestRunGraphJudgesRunEndAsRun: a job run through RunGraph is judged at
+// its run's end as through Run: every row rejected with the run reject
+// gate off, both pause the job's run ("no row loaded"), with the same
+// validations, reason and events recorded; the module is paused and
+// holds its dependent. Resumed, the next call completes the graph.
+func TestRunGraphJudgesRunEndAsRun(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t)
+	r, err := backfill.New(db, &backfill.Config{ReturnOnPause: true})
+	require.NoError(t, err)
+	alone, err := r.Run(ctx, rejectingJob(t, db, "end_alone"))
+	require.ErrorIs(t, err, backfill.ErrGateFailed)
+	require.Equal(t, backfill.RunPaused, alone.Status)
+
+	g := backfill.Graph{Name: "end_graph", Modules: []backfill.Module{
+		{Name: "loads", Jobs: []backfill.Job{rejectingJob(t, db, "end_in_graph")}},
+		{Name: "after", Jobs: []backfill.Job{graphTable(t, db, "end_after", 10, nil)}, DependsOn: []string{"loads"}},
+	}}
+	rep, err := r.RunGraph(ctx, g)
+	require.ErrorIs(t, err, backfill.ErrGraphIncomplete)
+	require.Equal(t, map[string]string{"loads": "paused", "after": "held by loads"}, moduleStates(rep.Modules))
+	require.Contains(t, rep.Modules[0].Reason, "no row loaded: all 20 rows read were rejected")
+	inGraph := rep.Modules[0].Jobs[0].BatchID
+
+	type judged struct {
+		Status     string
+		Reason     string
+		Events     []string
+		Validation []string
+	}
+	judgedOf := func(batchID int64) judged {
+		var j judged
+		var lastError string
+		require.NoError(t, db.QueryRow(`SELECT status, last_error FROM backfill.runs WHERE batch_id = $1`, batchID).Scan(&j.Status, &lastError))
+		j.Reason, _, _ = strings.Cut(lastError, ";")
+		require.NoError(t, db.Select(&j.Events, `SELECT kind FROM backfill.events WHERE batch_id = $1 AND kind LIKE 'run\_%' ORDER BY id`, batchID))
+		require.NoError(t, db.Select(&j.Validation, `SELECT chunk_id || ' ' || check_name || ' ' || passed || ' ' || expected || ' ' || actual
+			FROM backfill.validations WHERE batch_id = $1 ORDER BY chunk_id, id`, batchID))
+		return j
+	}
+	want := judgedOf(alone.BatchID)
+	require.Equal(t, "paused", want.Status)
+	require.Len(t, want.Validation, 2)
+	require.Equal(t, want, judgedOf(inGraph))
+
+	require.NoError(t, backfill.NewPGManifest("").ResumeRun(ctx, db, inGraph, "ops", "the source is empty on purpose"))
+	rep, err = r.RunGraph(ctx, g)
+	require.NoError(t, err)
+	require.Equal(t, map[string]string{"loads": "completed", "after": "completed"}, moduleStates(rep.Modules))
+}
+
+// TestRunGraphLockedModuleLeavesSlots: while another session holds a
+// lock on the target of one module (of many chunks, listed first), its
+// chunks come back unloaded, and an independent module still gets a
+// slot and completes; GraphStatus says what the locked module waits for
+// (the session that holds the lock). Once the lock is released, the
+// graph completes.
+func TestRunGraphLockedModuleLeavesSlots(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t)
+	g := backfill.Graph{Name: "lk", Modules: []backfill.Module{
+		{Name: "locked", Jobs: []backfill.Job{graphTable(t, db, "lk_locked", 1, nil)}},
+		{Name: "free", Jobs: []backfill.Job{graphTable(t, db, "lk_free", 10, nil)}},
+	}}
+	lock, err := db.Beginx()
+	require.NoError(t, err)
+	defer func() { _ = lock.Rollback() }()
+	_, err = lock.Exec(`LOCK TABLE lk_locked IN ACCESS EXCLUSIVE MODE`)
+	require.NoError(t, err)
+	var lockPID int
+	require.NoError(t, lock.Get(&lockPID, `SELECT pg_backend_pid()`))
+
+	r, err := backfill.New(db, &backfill.Config{Concurrency: 2})
+	require.NoError(t, err)
+	type result struct {
+		rep backfill.GraphReport
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		rep, err := r.RunGraph(ctx, g)
+		done <- result{rep, err}
+	}()
+	// Until the free module completes and the locked one's wait is
+	// known: a bound for a hang (the locked module holding every slot),
+	// not a timing goal.
+	deadline := time.Now().Add(2 * time.Minute)
+	var st backfill.GraphStatus
+	for {
+		st, err = r.GraphStatus(ctx, g.Name)
+		if err == nil && st.Modules[1].State == backfilltype.ModuleCompleted && st.Modules[0].Waiting != "" {
+			break
+		}
+		select {
+		case res := <-done:
+			t.Fatalf("RunGraph returned while the lock was held: %v", res.err)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the free module did not complete while lk_locked was locked: %+v (%v)", st.Modules, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	require.Equal(t, backfilltype.ModulePending, st.Modules[0].State)
+	require.Contains(t, st.Modules[0].Waiting, "job lk_locked: ")
+	require.Contains(t, st.Modules[0].Waiting, fmt.Sprintf("pid %d ", lockPID), "the session holding the lock")
+	require.Contains(t, st.Text(), "locked: waiting: job lk_locked: ")
+	var n int
+	require.NoError(t, db.Get(&n, `SELECT count(*) FROM lk_free`))
+	require.Equal(t, 40, n)
+
+	require.NoError(t, lock.Rollback())
+	res := <-done
+	require.NoError(t, res.err)
+	require.Equal(t, map[string]string{"locked": "completed", "free": "completed"}, moduleStates(res.rep.Modules))
+	require.NoError(t, db.Get(&n, `SELECT count(*) FROM lk_locked`))
+	require.Equal(t, 40, n)
+	st, err = r.GraphStatus(ctx, g.Name)
+	require.NoError(t, err)
+	require.Empty(t, st.Modules[0].Waiting)
 }

@@ -36,7 +36,8 @@ func graphJob(t *testing.T, db *sqlx.DB, table string) backfill.Job {
 // TestCLIGraph: plan GRAPH prints the graph's blueprint with its
 // modules; status GRAPH shows each module's state (a disabled one, its
 // dependent held by it); module enable, as an operator, is a recorded
-// plan change the next blueprint shows, and refuses without a reason.
+// plan change the next blueprint shows, and refuses without a reason; a
+// graph awaiting approval shows its plan's chunks and its approvals.
 func TestCLIGraph(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -62,8 +63,8 @@ func TestCLIGraph(t *testing.T) {
 	out = cliOK(t, u, "status", "routes")
 	require.Contains(t, out, "graph routes: batch ")
 	require.Regexp(t, `(?m)^airports\s+completed\s+2/2\s+20\s+essential\s+0\s+true\s+-$`, out)
-	require.Regexp(t, `(?m)^stats\s+disabled\s+0/0\s+0\s+essential\s+0\s+false\s+airports$`, out)
-	require.Regexp(t, `(?m)^daily\s+held by stats\s+0/0\s+0\s+deferrable\s+0\s+true\s+stats$`, out)
+	require.Regexp(t, `(?m)^stats\s+disabled\s+0/2\s+0\s+essential\s+0\s+false\s+airports$`, out)
+	require.Regexp(t, `(?m)^daily\s+held by stats\s+0/2\s+0\s+deferrable\s+0\s+true\s+stats$`, out)
 	require.Contains(t, out, "daily: held by module stats (disabled)")
 	var st backfilltype.GraphStatus
 	cliJSON(t, u, &st, "status", "routes")
@@ -111,4 +112,17 @@ func TestCLIGraph(t *testing.T) {
 	require.Contains(t, out, `module.stats.enabled: "false" -> "true"`)
 	out = cliOK(t, u, "status", "routes")
 	require.Regexp(t, `(?m)^daily\s+completed\s+2/2\s+20\s+`, out)
+
+	// A graph awaiting approval: its plan's chunks, its approvals and
+	// the command that records one.
+	ag := backfill.Graph{Name: "awaiting", Approval: backfill.ApprovalPolicy{Approvers: 1}, Modules: []backfill.Module{
+		{Name: "hubs", Jobs: []backfill.Job{graphJob(t, db, "hubs")}}}}
+	ar, err := backfill.New(db, &backfill.Config{ReturnOnPause: true})
+	require.NoError(t, err)
+	arep, err := ar.RunGraph(ctx, ag)
+	require.ErrorIs(t, err, backfill.ErrAwaitingApproval)
+	out = cliOK(t, u, "status", "awaiting")
+	require.Regexp(t, `(?m)^hubs\s+pending\s+0/2\s+0\s+`, out)
+	require.Contains(t, out, "approvals 0 of 1 of plan fingerprint "+arep.Fingerprint)
+	require.Contains(t, out, fmt.Sprintf("backfill approve --batch %d --fingerprint %s", arep.BatchID, arep.Fingerprint))
 }

@@ -3,6 +3,7 @@ package report_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"testing"
 
@@ -76,5 +77,42 @@ func TestGraphReportShowsModules(t *testing.T) {
 	}
 	if !bytes.Contains(js.Bytes(), []byte(`"held_by": "stats"`)) {
 		t.Errorf("JSON lacks the held module: %s", js.String())
+	}
+}
+
+// TestGraphReportAwaitingApproval: the report of a graph awaiting
+// approval shows its approvals with the command that records one, and
+// each module's chunks from its plan (no job has a run yet).
+func TestGraphReportAwaitingApproval(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := sqlx.MustOpen("postgres", pgtest.NewURL(t))
+	t.Cleanup(func() { db.Close() })
+	db.MustExec(`CREATE TABLE hubs (id bigint PRIMARY KEY, v text)`)
+	job := backfill.Job{Name: "hubs", Chunker: backfill.IntRange(0, 30, 10), Rollback: backfill.RollbackNone,
+		Extractor: backfill.ExtractorFunc(func(ctx context.Context, c backfill.Chunk, w backfill.RowWriter) error { return nil }),
+		Target:    backfill.Target{Table: "hubs", Key: []string{"id"}, Columns: []string{"id", "v"}}}
+	g := backfill.Graph{Name: "hubs_graph", Approval: backfill.ApprovalPolicy{Approvers: 2}, Modules: []backfill.Module{{Name: "hubs", Jobs: []backfill.Job{job}}}}
+	r, err := backfill.New(db, &backfill.Config{ReturnOnPause: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep, err := r.RunGraph(ctx, g)
+	if !errors.Is(err, backfill.ErrAwaitingApproval) {
+		t.Fatalf("RunGraph: %v, want awaiting approval", err)
+	}
+	rr, err := backfill.LoadRunReport(ctx, db, backfill.NewPGManifest(""), rep.BatchID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var html bytes.Buffer
+	if err := report.WriteHTML(&html, rr); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"Approvals: 0 of 2 of plan fingerprint <code>" + rep.Fingerprint + "</code>",
+		fmt.Sprintf("backfill approve --batch %d --fingerprint %s", rep.BatchID, rep.Fingerprint), "0 / 3"} {
+		if !bytes.Contains(html.Bytes(), []byte(want)) {
+			t.Errorf("HTML lacks %q", want)
+		}
 	}
 }
