@@ -130,11 +130,19 @@ var ErrGraphIncomplete = errors.New("backfill: graph incomplete")
 // the path of [Runner.RunChunk], up to Config.Concurrency at once (and
 // Config.JobConcurrency per job): a chunk only once the chunks of its
 // module's parents that overlap it have been loaded, the ready chunk of
-// the highest Priority first. A module that fails, is paused or is gated
-// holds only the modules that depend on it; the others run on. While one
-// of Config.Throttles holds, deferrable modules park (the load a hold
-// sheds first) and essential ones run on, with their concurrency while
-// parked deferrable work is left and one chunk at a time once none is.
+// the highest Priority first; a module whose chunks come back unloaded
+// (waiting on a locked target, held by another process) takes at most one
+// of the slots while other modules have chunks ready (none with a
+// Concurrency of 1). Once a job's chunks are all loaded, its run is
+// judged and ended as [Runner.Run] ends a run: the "no row loaded" gate
+// and the run reject gate over the batch's totals
+// ([Job.MaxRunRejectRate]) pause it when they fail. A module that fails,
+// is paused or is gated holds only the modules that depend on it; the
+// others run on. While one of Config.Throttles holds, deferrable modules
+// park (the load a hold sheds first) and essential ones run on, with
+// their concurrency while parked deferrable work is left and one chunk
+// at a time once none is; each hold is recorded as a throttle period of
+// the graph's run by a worker of it that the call registers.
 //
 // It refuses before writing anything, with an error wrapping
 // [ErrInvalidConfig] that names the culprit: an empty graph or module,
@@ -187,9 +195,16 @@ func (r *Runner) GraphBlueprint(ctx context.Context, g Graph) (Blueprint, error)
 }
 
 // GraphStatus returns the progress of the graph named graph, from the
-// manifest: its latest run, and per module its state, the ancestor that
-// holds it, chunks done of total and rows, read from the runs of its
-// jobs' plans. It needs a [PGManifest]; a graph with no run gives
+// manifest: its latest run with its approvals (and, awaiting approval,
+// what is missing and the command that records an approval), and per
+// module its state, the ancestor that holds it, chunks done of total
+// (a job whose run has not started counts its plan's chunks, from the
+// blueprint recorded for the graph's run) and rows, read from the runs
+// of its jobs' plans, and what its chunks wait for (a lock on its
+// target, with the session that holds it) when the manifest knows. A
+// deferrable module with chunks left is parked while a live call of
+// [Runner.RunGraph] holds on a throttle (its hold is a throttle period of
+// the graph's run). It needs a [PGManifest]; a graph with no run gives
 // [ErrRunNotFound].
 func (r *Runner) GraphStatus(ctx context.Context, graph string) (GraphStatus, error) {
 	pm, _ := r.pgPrivileges()

@@ -683,9 +683,11 @@ func (s *graphSched) run(ctx context.Context) error {
 	interval := cfg.throttleInterval()
 	concurrency := max(1, cfg.Concurrency)
 	results := make(chan graphResult)
-	s.worker = &execution{r: s.r, job: Job{Name: s.gs.g.Name}, batchID: s.grun.BatchID, log: s.log}
-	s.worker.startWorker(ctx)
-	defer s.stopWorker(context.WithoutCancel(ctx))
+	if s.grun.Status == RunRunning {
+		s.worker = &execution{r: s.r, job: Job{Name: s.gs.g.Name}, batchID: s.grun.BatchID, log: s.log}
+		s.worker.startWorker(ctx)
+		defer s.stopWorker(context.WithoutCancel(ctx))
+	}
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	inflight := 0
