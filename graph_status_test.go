@@ -168,6 +168,8 @@ func TestGraphErrorsSayBackfillOnce(t *testing.T) {
 
 	for _, err := range errs {
 		require.NotContains(t, err.Error(), "backfill: backfill:")
+		// Nor after a sentinel's text ("backfill: run not found: ...").
+		require.NotRegexp(t, `backfill: [a-z ]+: backfill: `, err.Error())
 		require.True(t, strings.HasPrefix(err.Error(), "backfill: "), "%v", err)
 	}
 }

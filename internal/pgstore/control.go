@@ -335,19 +335,22 @@ func controlError(err error, resume bool) error {
 	if !errors.As(err, &pe) {
 		return err
 	}
+	// The functions' messages begin with "backfill: " (for a psql
+	// session); after the sentinel's, once is enough.
+	msg := strings.TrimPrefix(pe.Message, "backfill: ")
 	switch pe.Code {
 	case "22023":
-		return fmt.Errorf("%w: %s", backfilltype.ErrInvalidConfig, pe.Message)
+		return fmt.Errorf("%w: %s", backfilltype.ErrInvalidConfig, msg)
 	case "P0002":
-		return fmt.Errorf("%w: %s", backfilltype.ErrRunNotFound, pe.Message)
+		return fmt.Errorf("%w: %s", backfilltype.ErrRunNotFound, msg)
 	case "42501":
 		// insufficient_privilege that controlPrivilege did not foresee.
-		return fmt.Errorf("%w: %s (the control functions are an operator role's: backfill migrate --grant-operator)", backfilltype.ErrPrivilege, pe.Message)
+		return fmt.Errorf("%w: %s (the control functions are an operator role's: backfill migrate --grant-operator)", backfilltype.ErrPrivilege, msg)
 	case "55000":
 		if resume {
-			return fmt.Errorf("%w: %w: %s", backfilltype.ErrNotPaused, backfilltype.ErrRunStatus, pe.Message)
+			return fmt.Errorf("%w: %w: %s", backfilltype.ErrNotPaused, backfilltype.ErrRunStatus, msg)
 		}
-		return fmt.Errorf("%w: %s", backfilltype.ErrRunStatus, pe.Message)
+		return fmt.Errorf("%w: %s", backfilltype.ErrRunStatus, msg)
 	}
 	return err
 }
