@@ -130,6 +130,12 @@ func TestGraphErrorsSayBackfillOnce(t *testing.T) {
 		{Name: "eb", Modules: []backfill.Module{mod("a", a, "b"), mod("b", b, "a")}},
 		{Name: "eb", Modules: []backfill.Module{mod("a", a, "x")}},
 		{Name: "eb_a", Modules: []backfill.Module{mod("a", a)}},
+	} {
+		note(r.RunGraph(ctx, g))
+		note(r.GraphBlueprint(ctx, g))
+		note(r.RollbackModule(ctx, g, "a", backfill.RollbackOptions{Actor: "ops", Why: "t"}))
+	}
+	for _, g := range []backfill.Graph{
 		{Name: "eb", Modules: []backfill.Module{mod("a", func() backfill.Job { j := a; j.NewRun = true; return j }())}},
 		{Name: "eb", Modules: []backfill.Module{mod("a", func() backfill.Job { j := a; j.Approval.Approvers = 1; return j }())}},
 		{Name: "eb", Modules: []backfill.Module{mod("a", func() backfill.Job { j := a; j.Publish.Mode = backfill.PublishAtEnd; return j }())}},
@@ -137,7 +143,6 @@ func TestGraphErrorsSayBackfillOnce(t *testing.T) {
 	} {
 		note(r.RunGraph(ctx, g))
 		note(r.GraphBlueprint(ctx, g))
-		note(r.RollbackModule(ctx, g, "a", backfill.RollbackOptions{Actor: "ops", Why: "t"}))
 	}
 	note(r.GraphStatus(ctx, "eb_none"))
 	note(nil, r.SetModuleEnabled(ctx, "eb_none", "a", true, "ops", "no run"))
