@@ -375,9 +375,13 @@ func TestRunGraphJudgesRunEndAsRun(t *testing.T) {
 	require.ErrorIs(t, err, backfill.ErrGateFailed)
 	require.Equal(t, backfill.RunPaused, alone.Status)
 
+	// Each chunk of after overlaps one of loads: the one whose parent
+	// chunk is loaded last cannot start before loads is judged.
+	after := graphTable(t, db, "end_after", 10, nil)
+	after.Chunker = backfill.IntRange(0, 20, 10)
 	g := backfill.Graph{Name: "end_graph", Modules: []backfill.Module{
 		{Name: "loads", Jobs: []backfill.Job{rejectingJob(t, db, "end_in_graph")}},
-		{Name: "after", Jobs: []backfill.Job{graphTable(t, db, "end_after", 10, nil)}, DependsOn: []string{"loads"}},
+		{Name: "after", Jobs: []backfill.Job{after}, DependsOn: []string{"loads"}},
 	}}
 	rep, err := r.RunGraph(ctx, g)
 	require.ErrorIs(t, err, backfill.ErrGraphIncomplete)
