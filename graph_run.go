@@ -739,10 +739,13 @@ func (s *graphSched) run(ctx context.Context) error {
 					others = append(others, o.c.Seq)
 				}
 			}
+			// The job's run as now: handle updates it while the chunk
+			// runs.
+			rs, run := c.job.rs, c.job.run
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				rep, err := s.r.runPlannedChunk(ctx, c.job.rs, c.job.run, others, call, false)
+				rep, err := s.r.runPlannedChunk(ctx, rs, run, others, call, false)
 				results <- graphResult{c: c, rep: rep, err: err}
 			}()
 		}
