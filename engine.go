@@ -129,7 +129,8 @@ const (
 	// ChunkBusy: another worker holds the chunk's live lease, or took it
 	// over while this call extracted it, or the chunk's transaction
 	// waited for a lock past its timeout (a deadlock, a statement
-	// timeout): its transaction rolled back and no attempt is recorded;
+	// timeout): its transaction rolled back and no attempt is recorded
+	// (a wait is, with the sessions that blocked it, as under Run);
 	// try again later. The transactions of stale workers that held it
 	// were ended.
 	ChunkBusy ChunkOutcome = "busy"

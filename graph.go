@@ -91,7 +91,8 @@ type Graph struct {
 
 // ModuleStatus is the progress of one module: its state (pending,
 // running, held by an ancestor, parked, paused, disabled, completed,
-// failed), chunks done of total, rows read, and its jobs' runs.
+// failed), chunks done of total, rows read, its jobs' runs, and what its
+// chunks wait for when the manifest knows.
 type ModuleStatus = backfilltype.ModuleStatus
 
 // GraphStatus is a graph's latest run and the progress of each of its
