@@ -301,6 +301,18 @@ func run(o options) error {
 					return gerr
 				}
 				p, err = runPhase(ctx, o, db, pgb, conn, work, fmt.Sprint(name, i), query, &th)
+			case "cap10", "cap25", "cap50":
+				// No throttle, RowsPerSecond at that share of this run's
+				// free rate: what the application pays at a fixed rate,
+				// the trade-off any throttle chooses a point of.
+				i := slices.IndexFunc(results, func(p phase) bool { return p.name == "free" })
+				if i < 0 {
+					return fmt.Errorf("phase %s needs phase free before it in the run (-alternate=false)", name)
+				}
+				pct, _ := strconv.ParseFloat(strings.TrimPrefix(name, "cap"), 64)
+				oo := o
+				oo.probeRate = pct / 100 * results[i].rps()
+				p, err = runPhase(ctx, oo, db, pgb, conn, work, fmt.Sprint(name, "_", i), query, &backfillthrottle.Throttle{})
 			case "probe":
 				if alone == nil {
 					return fmt.Errorf("phase probe needs phase alone first (its High)")
@@ -310,7 +322,7 @@ func run(o options) error {
 					&backfillthrottle.Throttle{Signal: backfillthrottle.ProbeLatencySignal(query, o.pct, o.window),
 						High: ms * o.high, Low: ms * o.low, MinHold: o.minHold, Adapt: o.adapt})
 			default:
-				return fmt.Errorf("unknown phase %q (alone, free, goal, probe)", name)
+				return fmt.Errorf("unknown phase %q (alone, free, goal, goal90, goal95, goal99, goalstmt, cap10, cap25, cap50, probe)", name)
 			}
 			if err != nil {
 				return fmt.Errorf("run %d phase %s: %w", run, name, err)
@@ -407,7 +419,9 @@ func summarize(run int, alone *phase, ps []phase) []summary {
 }
 
 // throttled reports whether phase name runs a throttled backfill.
-func throttled(name string) bool { return name == "probe" || strings.HasPrefix(name, "goal") }
+func throttled(name string) bool {
+	return name == "probe" || strings.HasPrefix(name, "goal") || strings.HasPrefix(name, "cap")
+}
 
 func reportRuns(o options, sums []summary) {
 	fmt.Printf("## %d runs: pgbench's p99 alone, beside the free backfill and beside the throttled one; the backfill's rows/s throttled / free\n\n", len(sums))
@@ -572,7 +586,7 @@ func runPhase(ctx context.Context, o options, db *sqlx.DB, pgb string, conn []st
 			ths = append(ths, t)
 		}
 		conc, rate := o.concurrency, 0.0
-		if strings.HasPrefix(name, "probe") {
+		if strings.HasPrefix(name, "probe") || strings.HasPrefix(name, "cap") {
 			conc, rate = cmp.Or(o.probeConc, o.concurrency), o.probeRate
 		}
 		var err error
