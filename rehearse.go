@@ -537,18 +537,25 @@ func project(rcs []RehearsalChunk, est []int64, n, conc int, commit time.Duratio
 	f.Rows = int64(rows + 0.5)
 	// total sums a fitted quantity over the plan's chunks; largest is
 	// its largest chunk.
+	var robust bool
 	total := func(y func(RehearsalChunk) float64) (sum, largest float64, fit func(x float64) float64) {
 		ys := make([]float64, len(rcs))
 		for i, rc := range rcs {
 			ys[i] = y(rc)
 		}
 		fit = fitLine(xs, ys)
+		if robust {
+			fit = fitRobust(xs, ys)
+		}
 		if f.Basis == "chunks" {
 			var m float64
 			for _, v := range ys {
 				m += v
 			}
 			m /= float64(len(ys))
+			if robust {
+				m = median(ys)
+			}
 			fit = func(float64) float64 { return m }
 		}
 		for _, s := range sizes {
@@ -565,7 +572,12 @@ func project(rcs []RehearsalChunk, est []int64, n, conc int, commit time.Duratio
 		}
 		return float64(rc.Duration)
 	}
+	// Durations are fitted robustly: one rehearsed chunk that stalled
+	// (a checkpoint, another process's burst) would tilt a least-squares
+	// line, and with it every chunk's projection.
+	robust = true
 	dur, longest, fit := total(took)
+	robust = false
 	lo, hi := 0.9, 1.1
 	for i, rc := range rcs {
 		if p := fit(xs[i]); p > 0 {
@@ -592,6 +604,50 @@ func project(rcs []RehearsalChunk, est []int64, n, conc int, commit time.Duratio
 	}
 	f.HeapBytes = max(peak, base+int64(conc)*grow)
 	return f
+}
+
+// fitRobust fits y = a + b·x as Theil and Sen do: b the median of the
+// slopes between every two points with different xs, a the median of
+// y - b·x, so that one point of five far off the line (a stalled chunk)
+// moves neither. With a or b negative, or fewer than three points, it is
+// fitLine.
+func fitRobust(xs, ys []float64) func(float64) float64 {
+	if len(xs) < 3 {
+		return fitLine(xs, ys)
+	}
+	var slopes []float64
+	for i := range xs {
+		for j := i + 1; j < len(xs); j++ {
+			if xs[i] != xs[j] {
+				slopes = append(slopes, (ys[j]-ys[i])/(xs[j]-xs[i]))
+			}
+		}
+	}
+	if len(slopes) == 0 {
+		return fitLine(xs, ys)
+	}
+	b := median(slopes)
+	rs := make([]float64, len(xs))
+	for i := range xs {
+		rs[i] = ys[i] - b*xs[i]
+	}
+	a := median(rs)
+	if a < 0 || b < 0 {
+		return fitLine(xs, ys)
+	}
+	return func(x float64) float64 { return a + b*x }
+}
+
+// median is the median of vs (the mean of the middle two of an even
+// count); vs is not changed.
+func median(vs []float64) float64 {
+	s := slices.Clone(vs)
+	slices.Sort(s)
+	n := len(s)
+	if n%2 == 1 {
+		return s[n/2]
+	}
+	return (s[n/2-1] + s[n/2]) / 2
 }
 
 // fitLine fits y = a + b·x by least squares, with a, b >= 0: through the

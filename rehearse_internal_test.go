@@ -1,6 +1,8 @@
 package backfill
 
 import (
+	"math"
+	"slices"
 	"testing"
 	"time"
 
@@ -124,4 +126,25 @@ func TestRehearsalSample(t *testing.T) {
 	require.ErrorIs(t, err, ErrInvalidConfig)
 	_, err = rehearsalSample(nil, nil, RehearseOptions{})
 	require.ErrorIs(t, err, ErrEmptyScope)
+}
+
+// TestProjectDurationRobust: one rehearsed chunk of five that stalled
+// (three times its time) widens the forecast's range but does not move
+// its duration, which a least-squares line through the five would.
+func TestProjectDurationRobust(t *testing.T) {
+	t.Parallel()
+	chunk := func(read int64, stall time.Duration) RehearsalChunk {
+		return RehearsalChunk{EstimatedRows: read, Counts: Counts{Read: read}, Duration: time.Second + time.Duration(read)*time.Millisecond + stall}
+	}
+	est := []int64{100, 200, 400, 800, 1000, 100, 200, 400, 800, 1000}
+	even := []RehearsalChunk{chunk(100, 0), chunk(200, 0), chunk(400, 0), chunk(800, 0), chunk(1000, 0)}
+	want := project(even, est, len(est), 1, 0)
+	require.InDelta(t, 10+2*2.5, want.Duration.Seconds(), 1e-6)
+	stalled := slices.Clone(even)
+	stalled[2] = chunk(400, 2*(time.Second+400*time.Millisecond))
+	f := project(stalled, est, len(est), 1, 0)
+	require.InDelta(t, want.Duration.Seconds(), f.Duration.Seconds(), 1e-6, "the stalled chunk moved the forecast")
+	require.Greater(t, f.DurationHigh, want.DurationHigh, "the stalled chunk widens the range")
+	ls := fitLine([]float64{100, 200, 400, 800, 1000}, []float64{1.1, 1.2, 3 * 1.4, 1.8, 2.0})
+	require.Greater(t, math.Abs(ls(500)-1.5)/1.5, 0.1, "least squares through the stall is off by more than 10%")
 }

@@ -42,7 +42,16 @@ type throttler struct {
 	periods  []int64      // the open throttle period of each state (0: none)
 	pace     *pacer.Pacer // nil without Config.RowsPerSecond and without an adaptive throttle
 	share    float64      // this call's share of Config.RowsPerSecond (0: no cap)
-	ceiling  float64      // without a cap: the adaptive throttles' ceiling (rows/s), set at the first cut
+	// ceiling is, without a cap, the rate the adaptive throttles' factors
+	// apply to (rows/s): best as of the latest cut made while no cut was
+	// in force (0: none yet). best is the highest rate the call read over
+	// pacer.Window at a reading while no cut was in force: the rate it
+	// reaches unthrottled, learnt again at every release, so that a first
+	// cut during the call's first seconds (chunks still growing toward
+	// their target) does not bound the rest of the call.
+	ceiling   float64
+	best      float64
+	firstRead time.Time // the first reading of an adaptive throttle while no cut was in force
 	// calibrating is, per state, the open throttle period of its
 	// signal's calibration (backfillthrottle.Calibrator; 0: none, -1:
 	// held without a recorded period).
@@ -660,13 +669,31 @@ func (t *throttler) adapt(h *hysteresis.State, v float64) {
 	ex := t.ex
 	now := t.now()
 	t.mu.Lock()
+	uncut := t.share == 0 && t.cutByLocked() == nil
+	var rate float64
+	if uncut {
+		rate = t.pace.RateOver(now, pacer.Window)
+		if t.firstRead.IsZero() {
+			t.firstRead = now
+		}
+		if now.Sub(t.firstRead) >= pacer.Window {
+			// A whole window read: a shorter one counts the rows of its
+			// first chunk over less than their time.
+			t.best = max(t.best, rate)
+		}
+	}
 	before := h.Factor
 	tr := h.Adapt(now, v, t.interval)
 	factor, since := h.Factor, h.Since
-	if tr == hysteresis.Hold && t.share == 0 && t.ceiling == 0 {
+	if tr == hysteresis.Hold && uncut {
 		// Without a cap the ceiling is what the call reads: its best
-		// rate over the last seconds, before this first cut.
-		t.ceiling = t.pace.RateOver(now, pacer.Window)
+		// rate over pacer.Window while no cut was in force (before a
+		// whole window, the rate read so far).
+		c := t.best
+		if c == 0 {
+			c = rate
+		}
+		t.ceiling = max(t.ceiling, c)
 	}
 	t.mu.Unlock()
 	name := h.Throttle.Signal.Name()

@@ -1034,3 +1034,37 @@ func TestCalibratingSignalHoldsTheCall(t *testing.T) {
 	require.NoError(t, err)
 	require.Positive(t, ts.Throttled["fake"], "the calibration counts as throttled time")
 }
+
+// TestAdaptiveCeilingLearntAgain: without a cap, the rate an adaptive
+// throttle's cut applies to is the best the call read while no cut was
+// in force, learnt again after each release: a first cut while the call
+// read slowly (its chunks still growing) does not bound its later cuts.
+func TestAdaptiveCeilingLearntAgain(t *testing.T) {
+	t.Parallel()
+	clock := time.Unix(1_000_000, 0)
+	const interval = 250 * time.Millisecond
+	h := &hysteresis.State{Throttle: backfillthrottle.Throttle{Signal: constSignal{"lag"}, High: 3, Low: 1, Adapt: true}, ConfigHigh: 3, ConfigLow: 1}
+	th := &throttler{ex: &execution{log: discardLogger()}, interval: interval, now: func() time.Time { return clock },
+		states: []*hysteresis.State{h}, pace: pacer.New(math.Inf(1)), changed: make(chan struct{})}
+	// read reads rate rows per second for d, the signal at v at each
+	// interval.
+	read := func(d time.Duration, rate, v float64) {
+		for end := clock.Add(d); clock.Before(end); clock = clock.Add(interval) {
+			th.pace.Charge(clock, int64(rate*interval.Seconds()))
+			th.adapt(h, v)
+		}
+	}
+	read(10*time.Second, 1000, 0)
+	th.adapt(h, 5)
+	require.InDelta(t, 500, th.pace.Limit(), 60, "the first cut halves the rate read so far")
+	read(11*time.Second, 500, 0)
+	require.Equal(t, 1.0, h.Factor, "readings below Low gave the rate back")
+	require.Greater(t, th.pace.Limit(), 1e12, "released: no limit")
+	read(10*time.Second, 4000, 0)
+	th.adapt(h, 5)
+	require.InDelta(t, 2000, th.pace.Limit(), 240, "the cut after the release halves the rate read since, not the first ceiling")
+	// A cut while one is in force does not learn from the cut rate.
+	read(5*time.Second, 2000, 0)
+	th.adapt(h, 5)
+	require.Less(t, th.pace.Limit(), 2000.0)
+}

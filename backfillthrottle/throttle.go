@@ -53,7 +53,8 @@ type Throttle struct {
 	// each reading below Low raises it by 5 % of its ceiling per second of
 	// ThrottleInterval, until it is back at the ceiling. The ceiling is the
 	// call's share of backfill.Config.RowsPerSecond or, without a cap, the
-	// highest rate the call read over its last 10 s before the first cut.
+	// highest rate the call read over 10 s while no cut was in force (as
+	// of the latest cut made at full speed).
 	// The rate never falls below 1 % of the ceiling (Critical is for
 	// stopping). The waits the cut rate causes are recorded as throttle
 	// periods of this signal (each wait of at least ThrottleInterval), so

@@ -114,11 +114,15 @@ type RehearsalChunk struct {
 // RehearsalForecast projects a full run from a rehearsal's chunks.
 //
 // With estimates (Basis "rows"), each rehearsed quantity y (duration, WAL,
-// growth) is fitted as y = a + b·rows over the rehearsed chunks (least
-// squares; through the origin when fewer than two distinct sizes or when
-// a fit is negative) and summed over the plan's chunks at their estimated
-// rows, scaled by the rehearsed chunks' rows read per estimated row.
-// Without (Basis "chunks"), a chunk takes the mean of the rehearsed ones.
+// growth) is fitted as y = a + b·rows over the rehearsed chunks and
+// summed over the plan's chunks at their estimated rows, scaled by the
+// rehearsed chunks' rows read per estimated row. Bytes are fitted by
+// least squares (through the origin when fewer than two distinct sizes
+// or when a fit is negative); durations, from three chunks on, by the
+// medians of Theil and Sen, so that one chunk that stalled widens
+// DurationHigh without moving Duration. Without estimates (Basis
+// "chunks"), a chunk takes the mean of the rehearsed ones (their median
+// for the duration).
 type RehearsalForecast struct {
 	Basis string `json:"basis"`
 	// Chunks is the number of chunks projected; Rows their rows.

@@ -69,7 +69,7 @@ func TestGraphReportShowsModules(t *testing.T) {
 	if err := report.WriteJSON(&js, rr); err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{`<h3 id="modules">Modules</h3>`, `<td>airports</td><td><span class="status completed">completed</span>`,
+	for _, want := range []string{`<h2 id="modules">Modules</h2>`, `<td>airports</td><td><span class="status completed">completed</span>`,
 		`<span class="status disabled">disabled</span>`, `<span class="status held">held</span> by stats`, `3 / 3`} {
 		if !bytes.Contains(html.Bytes(), []byte(want)) {
 			t.Errorf("HTML lacks %q", want)

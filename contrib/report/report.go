@@ -12,6 +12,13 @@
 // waits of chunks on locks; exceptions by reason and column, with
 // examples; validation evidence; the audit trail. Times are UTC.
 //
+// The report of a graph's run ([backfill.Runner.RunGraph]), which has no
+// chunks of its own, shows its modules instead of those chunk sections:
+// each module's state (what holds it, why it failed), chunks done of
+// total, rows, class, priority, flag, dependencies and its jobs' runs
+// (each with a report of its own); its summary counts the modules'
+// chunks and rows. Its plan, pauses and audit trail follow.
+//
 // A report is read from the manifest alone, by
 // [backfill.LoadRunReport], so it can be produced from any machine that
 // reaches the database, without the job's code:
@@ -37,6 +44,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
 
 	"github.com/pgbackfill/backfill/backfilltype"
 	"github.com/pgbackfill/backfill/internal/textcap"
@@ -56,6 +64,7 @@ var page = template.Must(template.New("report.html.tmpl").Funcs(template.FuncMap
 	"pct":   fmtPct,
 	"json":  fmtJSON,
 	"text":  fmtText,
+	"wrap":  fmtWrap,
 	"dur":   func(d time.Duration) string { return fmtSeconds(d.Seconds()) },
 	"bytes": fmtBytes,
 	// measured is bytes the run recorded, "—" for none (-1).
@@ -105,16 +114,21 @@ func WriteHTML(w io.Writer, r backfill.RunReport) error {
 // view is what the template shows.
 type view struct {
 	R backfill.RunReport
-	// Done counts the done chunks; Duration is the run's time.
-	Done     int
-	Duration float64
-	Statuses []statusCount
-	Outcomes []outcome
-	Workers  []workerRow
-	Slowest  []backfilltype.ReportChunk
-	Rejects  []backfilltype.ReportChunk
-	Attn     []backfilltype.ReportChunk
-	AttnMore int
+	// Done counts the done chunks of ChunksTotal, RowsRead their rows;
+	// for a graph's run (which has no chunks), its modules' jobs' runs',
+	// and ModulesDone its modules completed. Duration is the run's time.
+	Done        int
+	ChunksTotal int
+	RowsRead    int64
+	ModulesDone int
+	Duration    float64
+	Statuses    []statusCount
+	Outcomes    []outcome
+	Workers     []workerRow
+	Slowest     []backfilltype.ReportChunk
+	Rejects     []backfilltype.ReportChunk
+	Attn        []backfilltype.ReportChunk
+	AttnMore    int
 	// EventsHalf is where the events left out would be (RunReport.EventsOmitted).
 	EventsHalf int
 	Parts      []timePart
@@ -152,7 +166,19 @@ type timePart struct {
 const maxListed = 50
 
 func newView(r backfill.RunReport) (view, error) {
-	v := view{R: r, Done: r.Totals.ChunksByStatus[string(backfill.ChunkDone)], Duration: r.Time.TotalSeconds, EventsHalf: len(r.Events) / 2}
+	v := view{R: r, Done: r.Totals.ChunksByStatus[string(backfill.ChunkDone)], ChunksTotal: r.Plan.ChunksTotal, RowsRead: r.Totals.Rows.Read,
+		Duration: r.Time.TotalSeconds, EventsHalf: len(r.Events) / 2}
+	if r.Graph != nil {
+		v.Done, v.ChunksTotal, v.RowsRead = 0, 0, 0
+		for _, m := range r.Graph.Modules {
+			v.Done += m.ChunksDone
+			v.ChunksTotal += m.ChunksTotal
+			v.RowsRead += m.Rows
+			if m.State == backfilltype.ModuleCompleted {
+				v.ModulesDone++
+			}
+		}
+	}
 	for _, s := range slices.Sorted(maps.Keys(r.Totals.ChunksByStatus)) {
 		v.Statuses = append(v.Statuses, statusCount{s, r.Totals.ChunksByStatus[s]})
 	}
@@ -378,6 +404,33 @@ func fmtJSON(raw json.RawMessage) string {
 // textCap is the most characters of one stored text the HTML shows
 // (see WriteHTML).
 const textCap = 1000
+
+// wrapRun is the most characters fmtWrap leaves without a break
+// opportunity.
+const wrapRun = 16
+
+// fmtWrap is fmtText(v) escaped for HTML, with a break opportunity
+// (<wbr>) after each punctuation a name, a URL or a list breaks at
+// (_ - . / , ; : & ? =) and within every run of wrapRun characters
+// without one: a long name or error wraps inside its table cell instead
+// of widening the page, and a short word is never broken.
+func fmtWrap(v any) template.HTML {
+	var b strings.Builder
+	run := 0
+	for _, r := range fmtText(v) {
+		b.WriteString(template.HTMLEscapeString(string(r)))
+		run++
+		if unicode.IsSpace(r) {
+			run = 0
+			continue
+		}
+		if strings.ContainsRune("_-./,;:&?=", r) || run >= wrapRun {
+			b.WriteString("<wbr>")
+			run = 0
+		}
+	}
+	return template.HTML(b.String())
+}
 
 // fmtText is v (a string, or anything fmt prints) cut to textCap
 // characters, a longer text followed by its full length.

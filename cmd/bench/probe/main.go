@@ -85,6 +85,7 @@ type options struct {
 	calStart    time.Duration
 	chunkTarget time.Duration
 	alternate   bool
+	warm        bool
 }
 
 // probes are the -probe presets; anything else is taken as the query.
@@ -131,6 +132,7 @@ func main() {
 	flag.DurationVar(&o.minHold, "min-hold", 3*time.Second, "Throttle.MinHold")
 	flag.BoolVar(&o.adapt, "adapt", true, "Throttle.Adapt: steer the rows per second (AIMD) instead of holding")
 	flag.StringVar(&o.phases, "phases", "alone,free,goal,alone", "the phases to run, in order (alone is needed for the others' High and ratios; with several, the reference is their mean p99)")
+	flag.BoolVar(&o.warm, "prime", true, "one free phase before the runs, not reported (a new server creates and zero-fills its WAL segments until it can recycle them: pgbench's p99 fell run after run without it)")
 	flag.BoolVar(&o.alternate, "alternate", true, "swap the free and goal phases in every other run (neither is always the later one)")
 	flag.BoolVar(&o.verbose, "v", false, "the backfill's throttle log (holds and releases) on stderr")
 	flag.IntVar(&o.runs, "runs", 1, "how many times to run the phases (each run from its own alone phase)")
@@ -239,6 +241,18 @@ func run(o options) error {
 		query = fmt.Sprintf(q, 100_000*o.scale, o.scale, 10*o.scale)
 	}
 
+	if o.warm {
+		// A new server writes new WAL segments (each zero-filled and
+		// fsynced) until max_wal_size worth of them can be recycled: its
+		// commits wait on that in the first runs, and pgbench's p99 alone
+		// fell by 2-3x from the first run to the fifth. One unreported
+		// free phase writes them.
+		began := time.Now()
+		if _, err := runPhase(ctx, o, db, pgb, conn, work, "prime", query, &backfillthrottle.Throttle{}); err != nil {
+			return fmt.Errorf("priming phase: %w", err)
+		}
+		fmt.Printf("- priming: one free phase, not reported (%s)\n\n", time.Since(began).Round(time.Second))
+	}
 	var sums []summary
 	for run := 1; run <= o.runs; run++ {
 		var alone *phase
@@ -287,6 +301,18 @@ func run(o options) error {
 					return gerr
 				}
 				p, err = runPhase(ctx, o, db, pgb, conn, work, fmt.Sprint(name, i), query, &th)
+			case "cap10", "cap25", "cap50":
+				// No throttle, RowsPerSecond at that share of this run's
+				// free rate: what the application pays at a fixed rate,
+				// the trade-off any throttle chooses a point of.
+				i := slices.IndexFunc(results, func(p phase) bool { return p.name == "free" })
+				if i < 0 {
+					return fmt.Errorf("phase %s needs phase free before it in the run (-alternate=false)", name)
+				}
+				pct, _ := strconv.ParseFloat(strings.TrimPrefix(name, "cap"), 64)
+				oo := o
+				oo.probeRate = pct / 100 * results[i].rps()
+				p, err = runPhase(ctx, oo, db, pgb, conn, work, fmt.Sprint(name, "_", i), query, &backfillthrottle.Throttle{})
 			case "probe":
 				if alone == nil {
 					return fmt.Errorf("phase probe needs phase alone first (its High)")
@@ -296,7 +322,7 @@ func run(o options) error {
 					&backfillthrottle.Throttle{Signal: backfillthrottle.ProbeLatencySignal(query, o.pct, o.window),
 						High: ms * o.high, Low: ms * o.low, MinHold: o.minHold, Adapt: o.adapt})
 			default:
-				return fmt.Errorf("unknown phase %q (alone, free, goal, probe)", name)
+				return fmt.Errorf("unknown phase %q (alone, free, goal, goal90, goal95, goal99, goalstmt, cap10, cap25, cap50, probe)", name)
 			}
 			if err != nil {
 				return fmt.Errorf("run %d phase %s: %w", run, name, err)
@@ -393,7 +419,9 @@ func summarize(run int, alone *phase, ps []phase) []summary {
 }
 
 // throttled reports whether phase name runs a throttled backfill.
-func throttled(name string) bool { return name == "probe" || strings.HasPrefix(name, "goal") }
+func throttled(name string) bool {
+	return name == "probe" || strings.HasPrefix(name, "goal") || strings.HasPrefix(name, "cap")
+}
 
 func reportRuns(o options, sums []summary) {
 	fmt.Printf("## %d runs: pgbench's p99 alone, beside the free backfill and beside the throttled one; the backfill's rows/s throttled / free\n\n", len(sums))
@@ -558,7 +586,7 @@ func runPhase(ctx context.Context, o options, db *sqlx.DB, pgb string, conn []st
 			ths = append(ths, t)
 		}
 		conc, rate := o.concurrency, 0.0
-		if strings.HasPrefix(name, "probe") {
+		if strings.HasPrefix(name, "probe") || strings.HasPrefix(name, "cap") {
 			conc, rate = cmp.Or(o.probeConc, o.concurrency), o.probeRate
 		}
 		var err error
