@@ -222,7 +222,9 @@ type adaptLimits struct {
 }
 
 // wantRows is the rows a sub-chunk should have under lim: rate × target
-// within the bounds, adaptBootstrapRows while the rate is unknown.
+// within the bounds, adaptBootstrapRows while the rate is unknown; with
+// a maxRows, at most maxRows / adaptOversize, so that no sub-chunk
+// (at most adaptOversize × the rows wanted) has more than maxRows.
 func (a *adaptState) wantRows(lim adaptLimits) float64 {
 	a.mu.Lock()
 	rate, ceiling := a.rate, a.ceiling
@@ -236,7 +238,9 @@ func (a *adaptState) wantRows(lim adaptLimits) float64 {
 	}
 	want = max(want, float64(lim.minRows))
 	if lim.maxRows > 0 {
-		want = min(want, float64(lim.maxRows))
+		// A cap: a sub-chunk may have adaptOversize × the rows wanted
+		// before it is given back, so that many stay within maxRows.
+		want = min(want, float64(lim.maxRows)/adaptOversize)
 	}
 	return want
 }

@@ -124,8 +124,7 @@ func requireItemsOnce(t *testing.T, db *sqlx.DB, heavy int64) {
 
 // TestAdaptSplitsSkewedChunk: with ChunkTarget and ChunkMaxRows, the
 // chunk with 50 times the rows of the others is worked through in
-// sub-chunks of at most 1.2 × ChunkMaxRows rows (the sizer's oversize
-// margin), recorded in the manifest as a tiling of the plan chunk whose
+// sub-chunks of at most ChunkMaxRows rows, recorded in the manifest as a tiling of the plan chunk whose
 // counts are the plan chunk's; the others run whole; the Extractor sees
 // each sub-chunk with its own ID; the plan is unchanged.
 func TestAdaptSplitsSkewedChunk(t *testing.T) {
@@ -143,8 +142,8 @@ func TestAdaptSplitsSkewedChunk(t *testing.T) {
 	require.Equal(t, int64(5900), rep.Counts.Inserted)
 	requireItemsOnce(t, db, 50)
 
-	n := requireTiles(t, db, rep.BatchID, 3, "300", "400", 150)
-	require.GreaterOrEqual(t, n, 34, "5000 rows in sub-chunks of at most 150")
+	n := requireTiles(t, db, rep.BatchID, 3, "300", "400", 100)
+	require.GreaterOrEqual(t, n, 50, "5000 rows in sub-chunks of at most 100")
 	for _, s := range subchunkRows(t, db, rep.BatchID) {
 		require.Equal(t, 3, s.Seq, "the other chunks run whole")
 		require.False(t, s.Split)
@@ -167,7 +166,7 @@ func TestAdaptSplitsSkewedChunk(t *testing.T) {
 	rep2, err := r.Run(ctx, job)
 	require.NoError(t, err)
 	require.Equal(t, int64(5900), rep2.Counts.Unchanged)
-	requireTiles(t, db, rep2.BatchID, 3, "300", "400", 150)
+	requireTiles(t, db, rep2.BatchID, 3, "300", "400", 100)
 	// A run without adaptation has the same plan.
 	plain, err := backfill.New(db, &backfill.Config{Concurrency: 1})
 	require.NoError(t, err)
@@ -177,6 +176,33 @@ func TestAdaptSplitsSkewedChunk(t *testing.T) {
 	var fps []string
 	require.NoError(t, db.Select(&fps, `SELECT DISTINCT plan_fingerprint FROM backfill.runs WHERE job_name = 'skew'`))
 	require.Len(t, fps, 1, "the plan is frozen: sub-chunks do not change it")
+}
+
+// TestAdaptMaxRowsIsACap: ChunkMaxRows caps the rows of every sub-chunk,
+// whatever the sizer's margin over the rows it wants: a chunk of one row
+// per unit, where a span of 1.2 × the cap would hold 1.2 × the cap rows,
+// is worked through in sub-chunks of at most ChunkMaxRows rows.
+func TestAdaptMaxRowsIsACap(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	rbSetup(t, db)
+	r, err := backfill.New(db, &backfill.Config{Concurrency: 1, ChunkTarget: time.Hour, ChunkMaxRows: 100})
+	require.NoError(t, err)
+	job := backfill.Job{Name: "cap", Chunker: backfill.IntRange(0, 1000, 1000),
+		Extractor: backfill.ExtractorFunc(func(ctx context.Context, c backfill.Chunk, w backfill.RowWriter) error {
+			for k := c.Lo; k < c.Hi; k++ {
+				if err := w.Write(ctx, k, fmt.Sprintf("k%d", k), k); err != nil {
+					return err
+				}
+			}
+			return nil
+		}),
+		Target: backfill.Target{Table: "items", Key: []string{"id"}, Columns: []string{"id", "name", "qty"}}}
+	rep, err := r.Run(t.Context(), job)
+	require.NoError(t, err)
+	require.Equal(t, int64(1000), rep.Counts.Inserted)
+	n := requireTiles(t, db, rep.BatchID, 0, "0", "1000", 100)
+	require.GreaterOrEqual(t, n, 10, "1000 rows in sub-chunks of at most 100")
 }
 
 // TestAdaptKnobs: the knobs change a running run's sizing from the next

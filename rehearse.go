@@ -97,7 +97,9 @@ var errRehearsed = errors.New("backfill: rehearsed: rolled back")
 // a job whose latest run is running, paused or failed is refused with an
 // error wrapping [ErrRunStatus]. A failure of a chunk (its extractor, a
 // validator's gate, a rejected row past the limits) ends the rehearsal
-// with a [*ChunkError] naming it; nothing is recorded.
+// with a [*ChunkError] naming it; nothing is recorded. So does a lock
+// another session holds on the target (a LOCK TABLE, a DDL) for longer
+// than [Config.LockTimeout]: the error names the sessions holding it.
 //
 // The job is refused as [Runner.RunChunk] refuses it (a publish mode
 // other than per chunk, SkipUnchanged): every chunk is merged. Rehearse
@@ -343,6 +345,32 @@ func (ex *execution) rehearseChunk(ctx context.Context, rm *pgstore.Manifest, c 
 	}
 	tx = batched(tx)
 	defer func() { _ = tx.Rollback() }()
+	// A run's claim sets its chunk transaction's lock_timeout; a
+	// rehearsal claims nothing, so it sets the longest of the retry
+	// table itself. Without it a session holding a lock on the target
+	// (a LOCK TABLE, a DDL) held the rehearsal, and the job's advisory
+	// lock with it, for as long as it kept the lock, silently.
+	s := ex.r.cfg.txSettings()
+	lt := s.TryLockTimeout(len(s.Retries) - 1)
+	if lt != "" {
+		if _, err := tx.ExecContext(ctx, `SELECT set_config('backfill.lock_timeout', set_config('lock_timeout', $1, true), true)`, lt); err != nil {
+			return rc, t.chunkErr(fmt.Errorf("rehearsal: set lock_timeout: %w", err))
+		}
+		defer func() {
+			if code, _, ok := pgstore.WaitCode(ctx, err); ok && code == "55P03" {
+				bctx := context.WithoutCancel(ctx)
+				bs := pgstore.ConflictingHolders(bctx, ex.r.db, ex.base)
+				if len(bs) == 0 {
+					bs = pgstore.StrongLockHolders(bctx, ex.r.db)
+				}
+				held := pgstore.DescribeBlockers(bs)
+				if held == "" {
+					held = "none seen"
+				}
+				err = fmt.Errorf("%w; waited lock_timeout %s ms (Config.LockTimeout) for a lock held by: %s; rehearse again once it is released", err, lt, held)
+			}
+		}()
+	}
 	// The run that holds the chunk's checkpoint, in the transaction: a
 	// run's start, timed apart from the chunk's phases (a phase the
 	// clock does not count).

@@ -218,6 +218,41 @@ func TestRehearseChunkFails(t *testing.T) {
 	require.Zero(t, n)
 }
 
+// TestRehearseTargetLocked: a rehearsal whose target another session
+// holds locked (LOCK TABLE, a DDL) waits for it no longer than
+// Config.LockTimeout, as a run's chunk does, and fails naming the lock
+// timeout and the session that holds the lock; nothing is recorded.
+func TestRehearseTargetLocked(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	r, err := backfill.New(db, &backfill.Config{LockTimeout: 200 * time.Millisecond})
+	require.NoError(t, err)
+	job := rehearseJob(t, db, "locked", "v1", nil)
+	// Held until the rehearsal returned: a rehearsal that waited for it
+	// would end only at the context's deadline.
+	holder, err := db.Conn(t.Context())
+	require.NoError(t, err)
+	defer holder.Close()
+	_, err = holder.ExecContext(t.Context(), `SET application_name = 'lock holder'`)
+	require.NoError(t, err)
+	_, err = holder.ExecContext(t.Context(), `BEGIN; LOCK TABLE locked IN ACCESS EXCLUSIVE MODE`)
+	require.NoError(t, err)
+	defer func() { _, _ = holder.ExecContext(context.Background(), `ROLLBACK`) }()
+
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	_, err = r.Rehearse(ctx, job, backfill.RehearseOptions{})
+	require.Error(t, err)
+	require.NotErrorIs(t, err, context.DeadlineExceeded, "the wait is bounded by LockTimeout")
+	var ce *backfill.ChunkError
+	require.ErrorAs(t, err, &ce)
+	require.Contains(t, err.Error(), "lock timeout")
+	require.Contains(t, err.Error(), "lock holder", "the session holding the lock is named")
+	var n int
+	require.NoError(t, db.Get(&n, `SELECT count(*) FROM backfill.rehearsals`))
+	require.Zero(t, n)
+}
+
 // TestRehearseActiveRun: a job whose run is running or paused is
 // refused; once the run is cancelled, it is rehearsed.
 func TestRehearseActiveRun(t *testing.T) {
