@@ -607,3 +607,49 @@ func TestStatusETASinceKnobChange(t *testing.T) {
 	require.Contains(t, st.String(), "the rate since knob throttle.lag.high was set at")
 	require.Contains(t, st.ETABasis, "throttle holds included")
 }
+
+// TestStatusETAIncludesThrottleWaits: a run paced by a rate cap set in
+// its Config (no knob: the manifest does not know the cap) waits between
+// its chunks; those waits are throttle periods, which the working rate
+// leaves out, so the ETA counts them: the rows over the window's working
+// and throttled time, not over its working time alone.
+func TestStatusETAIncludesThrottleWaits(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t)
+	pm := NewPGManifest("")
+	require.NoError(t, pm.Init(ctx, db))
+	start := time.Date(2024, 1, 1, 0, 0, 0, 0, time.UTC)
+	ch := Hours(start, start.Add(10*time.Hour), time.UTC)
+	chunks, err := ch.Chunks(ctx)
+	require.NoError(t, err)
+	job := Job{Name: "paced", Chunker: ch, Target: Target{Table: "t", Key: []string{"id"}}}
+	run, _, err := pm.StartRun(ctx, db, NewPlan(job, TableInfo{Target: job.Target}, chunks), "w", false)
+	require.NoError(t, err)
+	b := run.BatchID
+	tx, err := db.Beginx() // one transaction: now() is the same for every statement
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback() }()
+	exec := func(q string, args ...any) {
+		t.Helper()
+		_, err := tx.Exec(q, args...)
+		require.NoError(t, err)
+	}
+	exec(`UPDATE backfill.runs SET created_at = now() - interval '60 s' WHERE batch_id = $1`, b)
+	exec(`INSERT INTO backfill.workers (worker_key, worker_id, batch_id, job_name, stale_after, started_at, heartbeat_at)
+		VALUES ('k', 'w', $1, 'paced', interval '30 s', now() - interval '60 s', now())`, b)
+	exec(`UPDATE backfill.chunks SET status = 'done', rows_read = 100, rows_inserted = 100, rows_processed = 100, reads = 1,
+		started_at = now() - (54 - 15 * seq) * interval '1 s', checkpointed_at = now() - (50 - 15 * seq) * interval '1 s' WHERE batch_id = $1 AND seq < 4`, b)
+	// The cap's waits: 9 s after each of the first three chunks, 27 s of
+	// the 60.
+	for _, ago := range []int{45, 30, 15} {
+		exec(`INSERT INTO backfill.throttle_periods (batch_id, worker_key, signal, reason, value, high, low, started_at, ended_at)
+			VALUES ($1, 'k', 'rows_per_second', 'rows-per-second cap 7', 7, 7, 7, now() - $2 * interval '1 s', now() - ($2 - 9) * interval '1 s')`, b, ago)
+	}
+	st, err := pm.Status(ctx, tx, b)
+	require.NoError(t, err)
+	require.InDelta(t, 400.0/33, *st.RecentRate, 0.3, "the working rate: 400 rows over the 33 s not throttled")
+	require.InDelta(t, 400.0/60, *st.ETARate, 0.2, "the ETA's rate counts the waits")
+	require.Contains(t, st.ETABasis, "rate-cap waits included (45% of the window)")
+	require.Contains(t, st.String(), "rate-cap waits included")
+}

@@ -249,6 +249,11 @@ type etaInputs struct {
 	KnobKey   *string    `db:"knob_key"`
 	ResumedAt *time.Time `db:"resumed_at"`
 	KnobRows  *int64     `db:"knob_rows"`
+	// Throttled is the time within the recent window some worker of the
+	// run waited for the pace of the rate cap or of an adaptive
+	// throttle's cut rate (their throttle periods' union): the window's
+	// working time leaves it out. Holds are not in it: they end.
+	Throttled float64 `db:"window_throttled"`
 	knobs     map[string]float64
 	// sub is what the committed sub-chunks of plan chunks not done add.
 	sub subchunkProgress
@@ -355,7 +360,11 @@ func (m *Manifest) readETAInputs(ctx context.Context, tx sqlx.ExtContext, batchI
 		(SELECT string_agg(DISTINCT p.signal || ' (' || p.reason || ')', ', ') FROM {s}.throttle_periods p JOIN {s}.workers w ON w.worker_key = p.worker_key
 			WHERE p.batch_id = r.batch_id AND p.ended_at IS NULL AND p.signal <> $4 AND w.finished_at IS NULL AND w.heartbeat_at >= now() - w.stale_after) AS holds,
 		(SELECT sum(extract(epoch FROM c.checkpointed_at - greatest(c.started_at, $2)))::float8
-			FROM {s}.chunks c WHERE c.batch_id = r.batch_id AND c.checkpointed_at > $2 AND c.checkpointed_at <= $3 AND c.started_at IS NOT NULL) AS busy
+			FROM {s}.chunks c WHERE c.batch_id = r.batch_id AND c.checkpointed_at > $2 AND c.checkpointed_at <= $3 AND c.started_at IS NOT NULL) AS busy,
+		(SELECT coalesce(sum(extract(epoch FROM upper(z) - lower(z))), 0)::float8 FROM unnest((
+			SELECT range_agg(tstzrange(greatest(p.started_at, $2), least(coalesce(p.ended_at, $3), $3)))
+			FROM {s}.throttle_periods p WHERE p.batch_id = r.batch_id AND p.started_at < $3 AND coalesce(p.ended_at, $3) > $2
+				AND (p.signal = $4 OR p.reason LIKE '%rate cut to %'))) z) AS window_throttled
 		FROM {s}.runs r
 		CROSS JOIN LATERAL (SELECT max(e.created_at) AS since FROM {s}.events e WHERE e.batch_id = r.batch_id AND e.kind LIKE 'run\_%') ev
 		LEFT JOIN LATERAL (SELECT e.created_at AS knob_at, e.detail->>'key' AS knob_key,
@@ -440,6 +449,14 @@ func (m *Manifest) applyETA(s *backfilltype.Status, r statusRow, in etaInputs) {
 		return
 	}
 	v := *rate
+	if r.RecentRate != nil && in.Throttled >= 1 && r.WindowRows > 0 {
+		// The run was paced within the window (a rate cap's waits, an
+		// adaptive throttle's cut rate): the working rate leaves those
+		// waits out, but they go on, so the ETA counts them, whether the
+		// cap is a knob or in the Config.
+		paced := float64(r.WindowRows) / (r.WindowWorking + in.Throttled)
+		v, basis = paced, fmt.Sprintf("the recent rate, rate-cap waits included (%.0f%% of the window)", 100*in.Throttled/(r.WindowWorking+in.Throttled))
+	}
 	measured := false
 	if from := in.knobFrom(); from != nil {
 		// A knob (a throttle's watermark, the rate cap, the concurrency,
