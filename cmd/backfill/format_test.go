@@ -1,8 +1,12 @@
 package main
 
 import (
+	"log/slog"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/stretchr/testify/require"
 )
 
 // TestFormat: thousands separators and human durations.
@@ -33,4 +37,25 @@ func TestFormat(t *testing.T) {
 	if got := clip("a\nb", 5); got != "a b" {
 		t.Errorf("clip = %q", got)
 	}
+}
+
+// TestWaitNotes: the rollback command's log passes warnings on, and of
+// the INFO records only the first wait for a chunk in flight and the
+// end of the wait.
+func TestWaitNotes(t *testing.T) {
+	var buf strings.Builder
+	log := slog.New(newWaitNotes(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelInfo}))).With("cmd", "rollback")
+	for range 3 {
+		log.Info("backfill: waiting for a chunk in flight", "seq", 4)
+	}
+	log.Info("backfill: something else")
+	log.Warn("backfill: fenced a stale worker")
+	log.Info("backfill: chunks in flight ended")
+	out := buf.String()
+	require.Equal(t, 1, strings.Count(out, "waiting for a chunk in flight"), out)
+	require.Contains(t, out, "seq=4")
+	require.Contains(t, out, "cmd=rollback")
+	require.NotContains(t, out, "something else")
+	require.Contains(t, out, "fenced a stale worker")
+	require.Contains(t, out, "chunks in flight ended")
 }

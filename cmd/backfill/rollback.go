@@ -1,11 +1,13 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"os"
 	"os/user"
 	"strings"
+	"sync"
 
 	"github.com/spf13/cobra"
 
@@ -126,8 +128,10 @@ With --json: {"batch_id", "job", "preview", "chunks", "deleted",
 			// Warnings (a lock held by a session that is not a worker or
 			// by a stale worker, retried lock timeouts, transient faults)
 			// go to stderr as they happen, naming the holder: a rollback
-			// that waits behind an operator's lock is not silent.
-			logger := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: slog.LevelWarn}))
+			// that waits behind an operator's lock is not silent. So does,
+			// once, a wait for a chunk in flight of a live worker (until
+			// it ends or its lease goes stale), and its end.
+			logger := slog.New(newWaitNotes(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: slog.LevelInfo})))
 			r, err := backfill.New(db, &backfill.Config{Manifest: m, Logger: logger})
 			if err != nil {
 				return err
@@ -231,4 +235,50 @@ func osActor() string {
 		host = "unknown"
 	}
 	return name + "@" + host
+}
+
+// waitNotes passes on the warnings and errors of the handler it wraps
+// (whose level must let INFO through), and of the INFO records only the
+// first of each of waitMessages: a command that waits for a chunk in
+// flight says so once, and when the wait ended, rather than nothing (or
+// a line every poll).
+type waitNotes struct {
+	slog.Handler
+	mu   *sync.Mutex
+	seen map[string]bool
+}
+
+// waitMessages are the INFO messages waitNotes passes on, once each.
+var waitMessages = map[string]bool{
+	"backfill: waiting for a chunk in flight": true,
+	"backfill: chunks in flight ended":        true,
+}
+
+func newWaitNotes(h slog.Handler) slog.Handler {
+	return waitNotes{Handler: h, mu: new(sync.Mutex), seen: map[string]bool{}}
+}
+
+func (w waitNotes) Enabled(ctx context.Context, l slog.Level) bool {
+	return l >= slog.LevelInfo && w.Handler.Enabled(ctx, l)
+}
+
+func (w waitNotes) Handle(ctx context.Context, r slog.Record) error {
+	if r.Level < slog.LevelWarn {
+		w.mu.Lock()
+		pass := waitMessages[r.Message] && !w.seen[r.Message]
+		w.seen[r.Message] = true
+		w.mu.Unlock()
+		if !pass {
+			return nil
+		}
+	}
+	return w.Handler.Handle(ctx, r)
+}
+
+func (w waitNotes) WithAttrs(as []slog.Attr) slog.Handler {
+	return waitNotes{Handler: w.Handler.WithAttrs(as), mu: w.mu, seen: w.seen}
+}
+
+func (w waitNotes) WithGroup(name string) slog.Handler {
+	return waitNotes{Handler: w.Handler.WithGroup(name), mu: w.mu, seen: w.seen}
 }
