@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/pgbackfill/backfill/internal/pgtest"
 	"github.com/stretchr/testify/require"
@@ -150,4 +151,24 @@ func TestRejectsOverBudgetRetryable(t *testing.T) {
 	own := errRejectsOverBudget(c, 9, 3000, 4096)
 	require.ErrorIs(t, own, ErrTooManyRejects)
 	require.False(t, IsRetryable(own), "%v", own)
+}
+
+// TestChunkSizingValidated: a bad adaptive-chunk setting is refused
+// naming the field and its value.
+func TestChunkSizingValidated(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		cfg  Config
+		want string
+	}{
+		{Config{ChunkTarget: -time.Second}, "ChunkTarget (-1s)"},
+		{Config{ChunkMinRows: -5}, "ChunkMinRows (-5)"},
+		{Config{ChunkMaxRows: -7}, "ChunkMaxRows (-7)"},
+		{Config{ChunkMinRows: 1000, ChunkMaxRows: 10}, "ChunkMinRows (1000) exceeds ChunkMaxRows (10)"},
+	} {
+		err := c.cfg.validate()
+		require.ErrorIs(t, err, ErrInvalidConfig, c.want)
+		require.ErrorContains(t, err, c.want)
+	}
+	require.NoError(t, (&Config{ChunkMinRows: 10, ChunkMaxRows: 10}).validate())
 }

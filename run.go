@@ -172,8 +172,14 @@ func (c *Config) validate() error {
 		return fmt.Errorf("%w: HeartbeatInterval and StaleAfter cannot be less than zero", ErrInvalidConfig)
 	case c.StaleAfter > 0 && c.StaleAfter <= 2*cmp.Or(c.HeartbeatInterval, DefaultHeartbeatInterval):
 		return fmt.Errorf("%w: StaleAfter (%v) must exceed twice HeartbeatInterval (%v)", ErrInvalidConfig, c.StaleAfter, cmp.Or(c.HeartbeatInterval, DefaultHeartbeatInterval))
-	case c.ChunkTarget < 0 || c.ChunkMinRows < 0 || c.ChunkMaxRows < 0:
-		return fmt.Errorf("%w: ChunkTarget, ChunkMinRows and ChunkMaxRows cannot be less than zero", ErrInvalidConfig)
+	case c.ChunkTarget < 0:
+		return fmt.Errorf("%w: ChunkTarget (%v) cannot be less than zero (0: plan chunks run whole)", ErrInvalidConfig, c.ChunkTarget)
+	case c.ChunkMinRows < 0:
+		return fmt.Errorf("%w: ChunkMinRows (%d) cannot be less than zero (0: the default, %d)", ErrInvalidConfig, c.ChunkMinRows, DefaultChunkMinRows)
+	case c.ChunkMaxRows < 0:
+		return fmt.Errorf("%w: ChunkMaxRows (%d) cannot be less than zero (0: no cap)", ErrInvalidConfig, c.ChunkMaxRows)
+	case c.ChunkMaxRows > 0 && c.ChunkMinRows > c.ChunkMaxRows:
+		return fmt.Errorf("%w: ChunkMinRows (%d) exceeds ChunkMaxRows (%d)", ErrInvalidConfig, c.ChunkMinRows, c.ChunkMaxRows)
 	}
 	if err := c.validateTimeouts(); err != nil {
 		return err
