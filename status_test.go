@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"github.com/pgbackfill/backfill/internal/testwait"
 	"os"
 	"strings"
 	"sync"
@@ -12,8 +11,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jmoiron/sqlx"
 	"github.com/pgbackfill/backfill/backfilltype"
 	"github.com/pgbackfill/backfill/internal/pgtest"
+	"github.com/pgbackfill/backfill/internal/testwait"
 	"github.com/stretchr/testify/require"
 	"pgregory.net/rapid"
 )
@@ -569,26 +570,7 @@ func TestStatusTextRatesOfEndedRuns(t *testing.T) {
 func TestStatusETASinceKnobChange(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db := pgtest.New(t)
-	pm := NewPGManifest("")
-	require.NoError(t, pm.Init(ctx, db))
-	start := time.Date(2024, 1, 1, 0, 0, 0, 0, time.UTC)
-	ch := Hours(start, start.Add(10*time.Hour), time.UTC)
-	chunks, err := ch.Chunks(ctx)
-	require.NoError(t, err)
-	job := Job{Name: "knob", Chunker: ch, Target: Target{Table: "t", Key: []string{"id"}}}
-	run, _, err := pm.StartRun(ctx, db, NewPlan(job, TableInfo{Target: job.Target}, chunks), "w", false)
-	require.NoError(t, err)
-	b := run.BatchID
-	// One transaction: now() is the same for every statement.
-	tx, err := db.Beginx()
-	require.NoError(t, err)
-	defer func() { _ = tx.Rollback() }()
-	exec := func(q string, args ...any) {
-		t.Helper()
-		_, err := tx.Exec(q, args...)
-		require.NoError(t, err)
-	}
+	pm, tx, b, exec := hourRunInTx(t, "knob")
 	exec(`UPDATE backfill.runs SET created_at = now() - interval '60 s' WHERE batch_id = $1`, b)
 	exec(`INSERT INTO backfill.workers (worker_key, worker_id, batch_id, job_name, stale_after, started_at, heartbeat_at)
 		VALUES ('k', 'w', $1, 'knob', interval '30 s', now() - interval '60 s', now())`, b)
@@ -616,25 +598,7 @@ func TestStatusETASinceKnobChange(t *testing.T) {
 func TestStatusETAIncludesThrottleWaits(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db := pgtest.New(t)
-	pm := NewPGManifest("")
-	require.NoError(t, pm.Init(ctx, db))
-	start := time.Date(2024, 1, 1, 0, 0, 0, 0, time.UTC)
-	ch := Hours(start, start.Add(10*time.Hour), time.UTC)
-	chunks, err := ch.Chunks(ctx)
-	require.NoError(t, err)
-	job := Job{Name: "paced", Chunker: ch, Target: Target{Table: "t", Key: []string{"id"}}}
-	run, _, err := pm.StartRun(ctx, db, NewPlan(job, TableInfo{Target: job.Target}, chunks), "w", false)
-	require.NoError(t, err)
-	b := run.BatchID
-	tx, err := db.Beginx() // one transaction: now() is the same for every statement
-	require.NoError(t, err)
-	defer func() { _ = tx.Rollback() }()
-	exec := func(q string, args ...any) {
-		t.Helper()
-		_, err := tx.Exec(q, args...)
-		require.NoError(t, err)
-	}
+	pm, tx, b, exec := hourRunInTx(t, "paced")
 	exec(`UPDATE backfill.runs SET created_at = now() - interval '60 s' WHERE batch_id = $1`, b)
 	exec(`INSERT INTO backfill.workers (worker_key, worker_id, batch_id, job_name, stale_after, started_at, heartbeat_at)
 		VALUES ('k', 'w', $1, 'paced', interval '30 s', now() - interval '60 s', now())`, b)
@@ -652,4 +616,34 @@ func TestStatusETAIncludesThrottleWaits(t *testing.T) {
 	require.InDelta(t, 400.0/60, *st.ETARate, 0.2, "the ETA's rate counts the waits")
 	require.Contains(t, st.ETABasis, "rate-cap waits included (45% of the window)")
 	require.Contains(t, st.String(), "rate-cap waits included")
+}
+
+// hourRunInTx starts a run of job name (10 hourly chunks, into table t)
+// in a new manifest and returns the manifest, a transaction to write its
+// history in (now() is its start for every statement and every Status,
+// so the seconds a test states hold however slow the machine), the
+// run's batch and an exec that fails the test on an error. The
+// transaction is rolled back at the end of the test.
+func hourRunInTx(t *testing.T, name string) (*PGManifest, *sqlx.Tx, int64, func(q string, args ...any)) {
+	t.Helper()
+	ctx := context.Background()
+	db := pgtest.New(t)
+	pm := NewPGManifest("")
+	require.NoError(t, pm.Init(ctx, db))
+	start := time.Date(2024, 1, 1, 0, 0, 0, 0, time.UTC)
+	ch := Hours(start, start.Add(10*time.Hour), time.UTC)
+	chunks, err := ch.Chunks(ctx)
+	require.NoError(t, err)
+	job := Job{Name: name, Chunker: ch, Target: Target{Table: "t", Key: []string{"id"}}}
+	run, _, err := pm.StartRun(ctx, db, NewPlan(job, TableInfo{Target: job.Target}, chunks), "w", false)
+	require.NoError(t, err)
+	tx, err := db.Beginx()
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = tx.Rollback() })
+	exec := func(q string, args ...any) {
+		t.Helper()
+		_, err := tx.Exec(q, args...)
+		require.NoError(t, err)
+	}
+	return pm, tx, run.BatchID, exec
 }
