@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jmoiron/sqlx"
@@ -219,7 +220,12 @@ func (m *Manifest) runWait(ctx context.Context, tx sqlx.ExtContext, batchID int6
 		return "", fmt.Errorf("lock waits of batch %d: %w", batchID, err)
 	}
 	if len(live) > 0 {
+		// The longest wait whose blocker is known (a wait just begun, or
+		// one on another chunk's advisory lock, may show none yet).
 		w := live[0]
+		if i := slices.IndexFunc(live, func(l backfilltype.LockWait) bool { return l.BlockerPID != 0 }); i >= 0 {
+			w = live[i]
+		}
 		s := fmt.Sprintf("a chunk's session waits for a lock (%s) since %.0f s", w.WaitEvent, w.Seconds)
 		if w.BlockerPID != 0 {
 			s += fmt.Sprintf(", blocked by pid %d (application_name %q, user %q, %s, query %q)", w.BlockerPID, w.BlockerApp, w.BlockerUser, w.BlockerState, w.BlockerQuery)
