@@ -40,6 +40,21 @@ func skewedJob(name string, heavy int64, calls *extractCalls) backfill.Job {
 		Target: backfill.Target{Table: "items", Key: []string{"id"}, Columns: []string{"id", "name", "qty"}}}
 }
 
+// itemsRange is job name over the items table: one row (k, "k<k>", k)
+// for each key k of its chunker's integer chunks.
+func itemsRange(name string, ch backfill.Chunker) backfill.Job {
+	return backfill.Job{Name: name, Chunker: ch,
+		Extractor: backfill.ExtractorFunc(func(ctx context.Context, c backfill.Chunk, w backfill.RowWriter) error {
+			for k := c.Lo; k < c.Hi; k++ {
+				if err := w.Write(ctx, k, fmt.Sprintf("k%d", k), k); err != nil {
+					return err
+				}
+			}
+			return nil
+		}),
+		Target: backfill.Target{Table: "items", Key: []string{"id"}, Columns: []string{"id", "name", "qty"}}}
+}
+
 type extractCalls struct {
 	mu sync.Mutex
 	cs []backfill.Chunk
@@ -188,16 +203,7 @@ func TestAdaptMaxRowsIsACap(t *testing.T) {
 	rbSetup(t, db)
 	r, err := backfill.New(db, &backfill.Config{Concurrency: 1, ChunkTarget: time.Hour, ChunkMaxRows: 100})
 	require.NoError(t, err)
-	job := backfill.Job{Name: "cap", Chunker: backfill.IntRange(0, 1000, 1000),
-		Extractor: backfill.ExtractorFunc(func(ctx context.Context, c backfill.Chunk, w backfill.RowWriter) error {
-			for k := c.Lo; k < c.Hi; k++ {
-				if err := w.Write(ctx, k, fmt.Sprintf("k%d", k), k); err != nil {
-					return err
-				}
-			}
-			return nil
-		}),
-		Target: backfill.Target{Table: "items", Key: []string{"id"}, Columns: []string{"id", "name", "qty"}}}
+	job := itemsRange("cap", backfill.IntRange(0, 1000, 1000))
 	rep, err := r.Run(t.Context(), job)
 	require.NoError(t, err)
 	require.Equal(t, int64(1000), rep.Counts.Inserted)
@@ -669,16 +675,7 @@ func TestAdaptSubchunksPacedByRate(t *testing.T) {
 	r, err := backfill.New(db, &backfill.Config{Concurrency: 1, ChunkTarget: time.Hour, ChunkMaxRows: 100, RowsPerSecond: 100,
 		ThrottleInterval: 100 * time.Millisecond})
 	require.NoError(t, err)
-	job := backfill.Job{Name: "paced", Chunker: backfill.IntRange(0, 400, 400),
-		Extractor: backfill.ExtractorFunc(func(ctx context.Context, c backfill.Chunk, w backfill.RowWriter) error {
-			for k := c.Lo; k < c.Hi; k++ {
-				if err := w.Write(ctx, k, fmt.Sprintf("k%d", k), k); err != nil {
-					return err
-				}
-			}
-			return nil
-		}),
-		Target: backfill.Target{Table: "items", Key: []string{"id"}, Columns: []string{"id", "name", "qty"}}}
+	job := itemsRange("paced", backfill.IntRange(0, 400, 400))
 	rep, err := r.Run(t.Context(), job)
 	require.NoError(t, err)
 	require.Equal(t, int64(400), rep.Counts.Inserted)
